@@ -1,0 +1,222 @@
+"""Commands: every change to the cluster state is one of these, applied by ``apply``.
+
+Commands carry their own time (``now_ms``) and any randomness seed, so that applying
+the same command on every replica gives the same result. Each command is a frozen
+dataclass; the codec turns it into a versioned, canonical envelope.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from synapse_ha.core.model import ClusterConfig, JobSpec, MemberPlacement, NodeInfo, NodeStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """Set the cluster configuration. Refused while it would orphan a topology level in use."""
+
+    config: ClusterConfig
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """No change; a new leader commits one to learn that its log is current."""
+
+    leader_id: str = ""
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterNode:
+    """Add a node or refresh its description. A dead node comes back ready and empty."""
+
+    info: NodeInfo
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SetNodeStatus:
+    """Cordon, drain or uncordon (``status`` ready) a node. Not for marking it dead."""
+
+    node_id: str
+    status: NodeStatus
+    reason: str = ""
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MarkNodeDead:
+    """Declare a node dead: every attempt with a member on it fails (and may retry)."""
+
+    node_id: str
+    reason: str = ""
+    jitter_seed: int = 0
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitJob:
+    """Add a job. Idempotent: the same ``request_id`` returns the existing job."""
+
+    spec: JobSpec
+    request_id: str
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob:
+    job_id: str
+    reason: str = "cancelled by user"
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlacement:
+    """One gang's whole placement: every member of ``job_id`` with its node and GPUs.
+
+    ``attempts_made`` is the number of attempts the planner saw; a placement planned
+    against an older view of the job is stale and rejected.
+    """
+
+    job_id: str
+    attempts_made: int
+    members: tuple[MemberPlacement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    """The result of one scheduling pass.
+
+    Each gang is verified against the state at apply time and bound all-or-nothing;
+    a stale gang is rejected whole without affecting the others. ``reasons`` updates the
+    pending reason of jobs left waiting.
+    """
+
+    placements: tuple[GangPlacement, ...] = ()
+    reasons: tuple[tuple[str, str], ...] = ()
+    now_ms: int = 0
+
+
+class MemberEventKind(enum.StrEnum):
+    STARTED = "started"
+    EXITED = "exited"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEvent:
+    job_id: str
+    fencing_token: int
+    rank: int
+    kind: MemberEventKind
+    exit_code: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportMembers:
+    """What a worker observed since its last report (started and exited members).
+
+    Events whose fencing token is not the job's current one, or whose member is not
+    bound to ``node_id``, are ignored and counted as stale.
+    """
+
+    node_id: str
+    events: tuple[MemberEvent, ...]
+    jitter_seed: int = 0
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FailAttempt:
+    """Fail the current attempt of a job (for example members that never started)."""
+
+    job_id: str
+    fencing_token: int
+    reason: str
+    jitter_seed: int = 0
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireTimeLimit:
+    """Stop a job whose attempt ran past its ``time_limit``; it ends FAILED, not retried."""
+
+    job_id: str
+    fencing_token: int
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeFinished:
+    """Remove finished jobs older than the retention window from the replicated state."""
+
+    now_ms: int = 0
+
+
+Command = (
+    Configure
+    | Barrier
+    | RegisterNode
+    | SetNodeStatus
+    | MarkNodeDead
+    | SubmitJob
+    | CancelJob
+    | BindPlan
+    | ReportMembers
+    | FailAttempt
+    | ExpireTimeLimit
+    | PurgeFinished
+)
+
+COMMAND_TYPES: tuple[type, ...] = (
+    Configure,
+    Barrier,
+    RegisterNode,
+    SetNodeStatus,
+    MarkNodeDead,
+    SubmitJob,
+    CancelJob,
+    BindPlan,
+    ReportMembers,
+    FailAttempt,
+    ExpireTimeLimit,
+    PurgeFinished,
+)
+
+
+class ResultCode(enum.StrEnum):
+    OK = "ok"
+    INVALID = "invalid"  # the command itself is malformed
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"  # valid, but not in the current state (stale, wrong status)
+    INTERNAL = "internal"  # a bug: apply caught an unexpected error
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What applying a command did. ``apply`` returns one; it never raises."""
+
+    code: ResultCode
+    message: str = ""
+    job_id: str = ""
+    # BindPlan: job ids bound, and (job_id, reason) rejected. ReportMembers: counts.
+    bound: tuple[str, ...] = ()
+    rejected: tuple[tuple[str, str], ...] = ()
+    accepted_events: int = 0
+    stale_events: int = 0
+    details: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return self.code is ResultCode.OK
+
+
+def ok(message: str = "", **kwargs: object) -> Result:
+    return Result(ResultCode.OK, message, **kwargs)  # type: ignore[arg-type]
+
+
+def error(code: ResultCode, message: str, **kwargs: object) -> Result:
+    return Result(code, message, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,84 @@
+"""Invariants of the cluster state, checked after every apply in tests and chaos runs.
+
+``check(state)`` returns a list of violations, each a sentence; empty means healthy.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from synapse_ha.core.model import ClusterState, JobState, MemberState, NodeStatus, Resources
+
+
+def check(state: ClusterState) -> list[str]:
+    problems: list[str] = []
+    expected: dict[str, Resources] = {node_id: Resources() for node_id in state.nodes}
+    expected_gpus: dict[str, set[int]] = {node_id: set() for node_id in state.nodes}
+    tokens: list[tuple[int, str]] = []
+
+    for job_id, job in sorted(state.jobs.items()):
+        attempt = job.attempt
+        if attempt is not None:
+            tokens.append((attempt.fencing_token, job_id))
+            if attempt.fencing_token > state.last_fencing_token:
+                problems.append(
+                    f"{job_id}: token {attempt.fencing_token} is beyond the last issued"
+                )
+            if attempt.number != job.attempts_made:
+                problems.append(f"{job_id}: attempt {attempt.number} of {job.attempts_made} made")
+        if job.state.holds_resources:
+            if attempt is None:
+                problems.append(f"{job_id}: {job.state.value} without an attempt")
+                continue
+            if len(attempt.members) != job.spec.replicas:
+                problems.append(
+                    f"{job_id}: partial gang, {len(attempt.members)} of {job.spec.replicas} bound"
+                )
+            if len(attempt.member_status) != len(attempt.members):
+                problems.append(f"{job_id}: member status does not match members")
+            for member in attempt.members:
+                node = state.nodes.get(member.node_id)
+                if node is None or node.status is NodeStatus.DEAD:
+                    problems.append(f"{job_id}: rank {member.rank} is on a missing or dead node")
+                    continue
+                expected[member.node_id] = expected[member.node_id] + job.spec.resources
+                clash = expected_gpus[member.node_id] & set(member.gpus)
+                if clash:
+                    problems.append(
+                        f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked"
+                    )
+                expected_gpus[member.node_id].update(member.gpus)
+            if job.state is JobState.SCHEDULED and any(
+                s.state is not MemberState.BOUND for s in attempt.member_status
+            ):
+                problems.append(f"{job_id}: SCHEDULED but a member already started")
+        elif attempt is not None and attempt.ended_at_ms is None:
+            problems.append(f"{job_id}: {job.state.value} but attempt {attempt.number} never ended")
+
+    ordered = sorted(tokens)
+    for (a, ja), (b, jb) in itertools.pairwise(ordered):
+        if a == b:
+            problems.append(f"fencing token {a} used by both {ja} and {jb}")
+
+    for node_id, node in sorted(state.nodes.items()):
+        if node.allocated != expected[node_id]:
+            problems.append(
+                f"node {node_id}: allocated {node.allocated} but its members hold "
+                f"{expected[node_id]}"
+            )
+        if node.allocated_gpus != expected_gpus[node_id]:
+            problems.append(f"node {node_id}: allocated GPUs disagree with its members")
+        if not node.allocated.fits_in(node.info.capacity) or node.allocated.is_negative():
+            problems.append(
+                f"node {node_id}: over-committed ({node.allocated} of {node.info.capacity})"
+            )
+        if node.status is NodeStatus.DEAD and node.allocated != Resources():
+            problems.append(f"node {node_id}: dead but holds resources")
+
+    for request_id, job_id in sorted(state.request_ids.items()):
+        owner = state.jobs.get(job_id)
+        if owner is None or owner.request_id != request_id:
+            problems.append(f"request id {request_id!r} points at a missing job {job_id}")
+    if state.jobs and max(j.seq for j in state.jobs.values()) >= state.next_job_seq:
+        problems.append("a job's sequence number is not below next_job_seq")
+    return problems

@@ -1,0 +1,309 @@
+"""Plain data of the cluster: nodes, jobs, attempts, configuration and the whole state.
+
+Everything here is standard-library Python with explicit, deterministic ordering. Times are
+integer milliseconds supplied by commands (the core never reads a clock); CPU is in
+millicores and memory in MiB so that all arithmetic is exact.
+
+Values that travel in commands (``Resources``, ``JobSpec``, ``NodeInfo``...) are frozen.
+The replicated ``ClusterState`` and its ``Node``/``Job``/``Attempt`` records are mutable:
+only :func:`synapse_ha.core.machine.apply` changes them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# --------------------------------------------------------------------------- enums
+
+
+class NodeStatus(enum.StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"  # no new members; running members continue
+    DRAINING = "draining"  # no new members; becomes cordoned once empty
+    DEAD = "dead"  # declared dead by the leader; holds nothing
+
+
+class JobState(enum.StrEnum):
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED_JOB_STATES
+
+    @property
+    def holds_resources(self) -> bool:
+        return self in (JobState.SCHEDULED, JobState.RUNNING)
+
+
+FINISHED_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class MemberState(enum.StrEnum):
+    BOUND = "bound"  # placed; the worker has not reported it started yet
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+# ----------------------------------------------------------------------- resources
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Resources:
+    """A quantity of CPU (millicores), memory (MiB) and whole GPUs."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu_milli + other.cpu_milli,
+            self.memory_mib + other.memory_mib,
+            self.gpu + other.gpu,
+        )
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(
+            self.cpu_milli - other.cpu_milli,
+            self.memory_mib - other.memory_mib,
+            self.gpu - other.gpu,
+        )
+
+    def times(self, n: int) -> Resources:
+        return Resources(self.cpu_milli * n, self.memory_mib * n, self.gpu * n)
+
+    def fits_in(self, other: Resources) -> bool:
+        return (
+            self.cpu_milli <= other.cpu_milli
+            and self.memory_mib <= other.memory_mib
+            and self.gpu <= other.gpu
+        )
+
+    def is_negative(self) -> bool:
+        return self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu < 0
+
+    def describe(self) -> str:
+        cpu = self.cpu_milli / 1000
+        cpu_text = f"{cpu:g}"
+        return f"{self.gpu} GPU, {cpu_text} CPU, {self.memory_mib} MiB"
+
+
+ZERO = Resources()
+
+
+# --------------------------------------------------------------------------- config
+
+
+DEFAULT_TOPOLOGY_LEVELS: tuple[str, ...] = ("zone", "block", "rack")
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """The timeouts that together guarantee no duplicate execution (DESIGN §4)."""
+
+    heartbeat_interval_ms: int = 1_000
+    lease_ttl_ms: int = 4_000
+    leader_step_down_ms: int = 2_000
+    dead_timeout_ms: int = 10_000
+    safety_margin_ms: int = 1_000
+
+    def violations(self) -> list[str]:
+        """Reasons these timeouts are unsafe; empty when they are fine."""
+        problems = []
+        for name in ("heartbeat_interval_ms", "lease_ttl_ms", "leader_step_down_ms"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0")
+        if self.lease_ttl_ms <= self.heartbeat_interval_ms:
+            problems.append(
+                f"lease_ttl ({self.lease_ttl_ms} ms) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval_ms} ms)"
+            )
+        bound = self.lease_ttl_ms + self.leader_step_down_ms + self.safety_margin_ms
+        if self.dead_timeout_ms <= bound:
+            problems.append(
+                f"dead_timeout ({self.dead_timeout_ms} ms) must exceed lease_ttl + "
+                f"leader_step_down + margin ({bound} ms)"
+            )
+        return problems
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Cluster-wide settings, part of the replicated state.
+
+    ``topology_levels`` are the named levels above a host, outermost first; the host
+    itself is always the innermost level and is not listed.
+    """
+
+    topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    retention_ms: int = 3_600_000
+    master_port_base: int = 29_500
+    master_port_span: int = 10_000
+
+    def levels_with_host(self) -> tuple[str, ...]:
+        return (*self.topology_levels, "host")
+
+
+# ---------------------------------------------------------------------------- nodes
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What a worker reports about its machine when it registers."""
+
+    node_id: str
+    address: str
+    capacity: Resources
+    # GPU indices grouped by NVLink island; every index 0..gpu-1 in exactly one island.
+    gpu_islands: tuple[tuple[int, ...], ...] = ()
+    gpu_model: str = ""
+    # Values for ClusterConfig.topology_levels, as (level, value) pairs sorted by level.
+    topology: tuple[tuple[str, str], ...] = ()
+    features: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Node:
+    info: NodeInfo
+    status: NodeStatus
+    registered_at_ms: int
+    # Derived from bound attempts; kept for O(1) fit checks and verified by invariants.
+    allocated: Resources = ZERO
+    allocated_gpus: set[int] = field(default_factory=set)
+    status_reason: str = ""
+
+    @property
+    def node_id(self) -> str:
+        return self.info.node_id
+
+    @property
+    def free(self) -> Resources:
+        return self.info.capacity - self.allocated
+
+    def schedulable(self) -> bool:
+        return self.status is NodeStatus.READY
+
+
+def topology_path(info: NodeInfo, levels: tuple[str, ...]) -> tuple[str, ...]:
+    """The node's domain names from the outermost level down to the host.
+
+    A level the node carries no label for is named ``"-"``: all unlabelled nodes share
+    that domain, so a cluster without labels is one flat domain.
+    """
+    labels = dict(info.topology)
+    return (*(labels.get(level, "-") for level in levels), info.node_id)
+
+
+# ----------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_retries: int = 0
+    backoff_ms: int = 10_000
+    max_backoff_ms: int = 600_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A validated job specification (DESIGN §6). Validation lives outside the core."""
+
+    name: str
+    replicas: int
+    resources: Resources
+    command: tuple[str, ...]
+    shell: bool = True  # a string command runs under /bin/sh -c
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = ""
+    priority: int = 0
+    topology_required: str = ""
+    topology_preferred: str = ""
+    time_limit_ms: int = 0  # 0 means no limit
+    retries: RetryPolicy = field(default_factory=RetryPolicy)
+    image: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPlacement:
+    rank: int
+    node_id: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class MemberStatus:
+    state: MemberState = MemberState.BOUND
+    exit_code: int | None = None
+    started_at_ms: int | None = None
+    finished_at_ms: int | None = None
+
+
+@dataclass(slots=True)
+class Attempt:
+    number: int
+    fencing_token: int
+    members: tuple[MemberPlacement, ...]
+    master_port: int
+    bound_at_ms: int
+    member_status: list[MemberStatus]
+    started_at_ms: int | None = None  # when the first member reported running
+    ended_at_ms: int | None = None
+    outcome: str = ""  # empty while live; otherwise a sentence for people
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: str
+    spec: JobSpec
+    request_id: str
+    seq: int  # submission order, cluster-wide
+    submitted_at_ms: int
+    state: JobState = JobState.PENDING
+    reason: str = "waiting for the next scheduling pass"
+    attempt: Attempt | None = None  # current or last attempt
+    attempts_made: int = 0
+    retry_not_before_ms: int = 0
+    finished_at_ms: int = 0
+
+    @property
+    def fencing_token(self) -> int:
+        return self.attempt.fencing_token if self.attempt is not None else 0
+
+    def live_attempt(self) -> Attempt | None:
+        """The attempt that holds resources, if any."""
+        if self.state.holds_resources:
+            return self.attempt
+        return None
+
+
+# ---------------------------------------------------------------------------- state
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """The whole replicated state. Change it only through ``apply``."""
+
+    config: ClusterConfig = field(default_factory=ClusterConfig)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    request_ids: dict[str, str] = field(default_factory=dict)  # request_id -> job_id
+    next_job_seq: int = 1
+    last_fencing_token: int = 0
+    applied_commands: int = 0
+    last_time_ms: int = 0  # the newest command time seen; never goes backwards
+
+    def pending_jobs(self) -> list[Job]:
+        """Pending jobs in queue order: priority (higher first), then submission order."""
+        pending = [j for j in self.jobs.values() if j.state is JobState.PENDING]
+        pending.sort(key=lambda j: (-j.spec.priority, j.seq))
+        return pending
+
+    def live_jobs(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state.holds_resources]

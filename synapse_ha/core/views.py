@@ -1,0 +1,72 @@
+"""Read-only questions the control plane asks of the state: what should run where,
+and which time limits are due. Pure functions of a snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from synapse_ha.core.commands import ExpireTimeLimit
+from synapse_ha.core.machine import time_limit_deadline
+from synapse_ha.core.model import ClusterState, JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredMember:
+    """One gang member a worker should be running, with its rank environment."""
+
+    job_id: str
+    attempt: int
+    fencing_token: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    gpus: tuple[int, ...]
+    master_addr: str
+    master_port: int
+    member_hosts: tuple[str, ...]
+    spec: JobSpec
+
+
+def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
+    """Members of live attempts bound to ``node_id``, ordered by (job id, rank)."""
+    out: list[DesiredMember] = []
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        attempt = job.live_attempt()
+        if attempt is None or all(m.node_id != node_id for m in attempt.members):
+            continue
+        hosts = tuple(
+            state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
+            for m in attempt.members
+        )
+        local = [m for m in attempt.members if m.node_id == node_id]
+        for local_rank, member in enumerate(local):
+            out.append(
+                DesiredMember(
+                    job_id=job_id,
+                    attempt=attempt.number,
+                    fencing_token=attempt.fencing_token,
+                    rank=member.rank,
+                    world_size=len(attempt.members),
+                    local_rank=local_rank,
+                    local_world_size=len(local),
+                    gpus=member.gpus,
+                    master_addr=hosts[0],
+                    master_port=attempt.master_port,
+                    member_hosts=hosts,
+                    spec=job.spec,
+                )
+            )
+    return out
+
+
+def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
+    """Commands stopping every live attempt whose time limit has passed at ``now_ms``."""
+    due = []
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        deadline = time_limit_deadline(job)
+        if deadline is not None and now_ms >= deadline:
+            due.append(ExpireTimeLimit(job_id, job.fencing_token, now_ms))
+    return due

@@ -1,0 +1,168 @@
+"""Property tests: random command sequences keep every invariant after every apply, and
+replaying the same commands from empty state gives byte-identical state."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from synapse_ha.core import commands as c
+from synapse_ha.core import invariants
+from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import ClusterState, JobState, NodeStatus
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.views import due_time_limits
+from tests.core.harness import job, node
+
+NODE_IDS = [f"n{i}" for i in range(6)]
+
+
+class ClusterMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = ClusterState()
+        self.log: list[bytes] = []
+        self.now = 0
+        self.last_token = 0
+        self.tokens: dict[str, int] = {}
+
+    def do(self, command: c.Command) -> c.Result:
+        data = encode_command(command)
+        decoded = decode_command(data)
+        assert decoded == command
+        self.log.append(data)
+        result = apply(self.state, decoded)
+        assert result.code is not c.ResultCode.INTERNAL, result.message
+        return result
+
+    @rule(
+        node_id=st.sampled_from(NODE_IDS),
+        gpus=st.sampled_from([0, 2, 4, 8]),
+        rack=st.sampled_from(["r1", "r2", "r3"]),
+        paired=st.booleans(),
+    )
+    def register(self, node_id: str, gpus: int, rack: str, paired: bool) -> None:
+        islands = tuple((i, i + 1) for i in range(0, gpus, 2)) if paired else ()
+        self.do(
+            c.RegisterNode(node(node_id, gpus=gpus, cpu=16, rack=rack, islands=islands), self.now)
+        )
+
+    @rule(
+        replicas=st.integers(1, 5),
+        gpu=st.sampled_from([0, 1, 2, 4, 8]),
+        cpu=st.sampled_from([0.5, 1, 4]),
+        priority=st.integers(0, 2),
+        required=st.sampled_from(["", "rack", "host", "zone"]),
+        time_limit=st.sampled_from([0, 5, 60]),
+        retries=st.integers(0, 2),
+        request=st.integers(0, 30),
+    )
+    def submit(
+        self,
+        replicas: int,
+        gpu: int,
+        cpu: float,
+        priority: int,
+        required: str,
+        time_limit: int,
+        retries: int,
+        request: int,
+    ) -> None:
+        spec = job(
+            replicas=replicas,
+            gpu=gpu,
+            cpu=cpu,
+            priority=priority,
+            required=required,
+            time_limit_s=time_limit,
+            retries=retries,
+            backoff_s=2,
+        )
+        self.do(c.SubmitJob(spec, f"req-{request}", self.now))
+
+    @rule()
+    def scheduling_pass(self) -> None:
+        plan = schedule(self.state, self.now)
+        command = plan.command(self.now)
+        if command is not None:
+            result = self.do(command)
+            # A fresh plan on the current state is never stale.
+            assert result.rejected == (), result.rejected
+
+    @rule(data=st.data(), exit_code=st.sampled_from([None, 0, 0, 1]), seed=st.integers(0, 9))
+    @precondition(lambda self: any(j.state.holds_resources for j in self.state.jobs.values()))
+    def report(self, data: st.DataObject, exit_code: int | None, seed: int) -> None:
+        live = sorted(j.job_id for j in self.state.jobs.values() if j.state.holds_resources)
+        job_id = data.draw(st.sampled_from(live))
+        attempt = self.state.jobs[job_id].attempt
+        assert attempt is not None
+        member = data.draw(st.sampled_from(attempt.members))
+        stale = data.draw(st.booleans())
+        token = attempt.fencing_token - (1 if stale else 0)
+        if exit_code is None:
+            event = c.MemberEvent(job_id, token, member.rank, c.MemberEventKind.STARTED)
+        else:
+            event = c.MemberEvent(job_id, token, member.rank, c.MemberEventKind.EXITED, exit_code)
+        self.do(c.ReportMembers(member.node_id, (event,), seed, self.now))
+
+    @rule(node_id=st.sampled_from(NODE_IDS), seed=st.integers(0, 9))
+    def mark_dead(self, node_id: str, seed: int) -> None:
+        self.do(c.MarkNodeDead(node_id, "silent", seed, self.now))
+
+    @rule(
+        node_id=st.sampled_from(NODE_IDS),
+        status=st.sampled_from([NodeStatus.READY, NodeStatus.CORDONED, NodeStatus.DRAINING]),
+    )
+    def set_status(self, node_id: str, status: NodeStatus) -> None:
+        self.do(c.SetNodeStatus(node_id, status, "", self.now))
+
+    @rule(which=st.integers(0, 40))
+    def cancel(self, which: int) -> None:
+        self.do(c.CancelJob(f"job-{which:06d}", "user", self.now))
+
+    @rule(ms=st.sampled_from([1, 1_000, 5_000, 70_000]))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+    @rule()
+    def expire(self) -> None:
+        for command in due_time_limits(self.state, self.now):
+            assert self.do(command).ok
+
+    @rule()
+    def purge(self) -> None:
+        self.do(c.PurgeFinished(self.now))
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        problems = invariants.check(self.state)
+        assert not problems, problems
+
+    @invariant()
+    def tokens_only_grow(self) -> None:
+        assert self.state.last_fencing_token >= self.last_token
+        self.last_token = self.state.last_fencing_token
+        for job_id, j in self.state.jobs.items():
+            assert j.fencing_token >= self.tokens.get(job_id, 0)
+            self.tokens[job_id] = j.fencing_token
+            if j.state is JobState.RUNNING:
+                assert j.attempt is not None and j.attempt.started_at_ms is not None
+
+    def teardown(self) -> None:
+        replayed = ClusterState()
+        for data in self.log:
+            apply(replayed, decode_command(data))
+        encoded = encode_state(self.state)
+        assert encode_state(replayed) == encoded
+        assert decode_state(encoded) == self.state
+
+
+ClusterMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestClusterMachine = ClusterMachine.TestCase

@@ -1,0 +1,271 @@
+"""Placement decisions, table-tested through the harness (no network, no clock)."""
+
+from __future__ import annotations
+
+from synapse_ha.core import commands as c
+from synapse_ha.core.model import JobState, MemberPlacement, NodeStatus
+from synapse_ha.core.scheduler import explain, schedule
+from tests.core.harness import Cluster, job, node
+
+
+def test_gang_waits_until_a_fourth_node_joins_then_binds_all_four_at_once() -> None:
+    cl = Cluster()
+    cl.add(*(node(f"cpu{i}", gpus=0, cpu=1) for i in range(3)))
+    j = cl.submit(job(replicas=4, cpu=1))
+    plan = cl.run_pass()
+    assert plan.placements == []
+    assert cl.state_of(j) is JobState.PENDING
+    assert "needs 4 member(s)" in cl.state.jobs[j].reason
+    assert "room for 3" in cl.state.jobs[j].reason
+    # Nothing of the gang is bound while it waits.
+    assert all(n.allocated.cpu_milli == 0 for n in cl.state.nodes.values())
+
+    cl.add(node("cpu3", gpus=0, cpu=1))
+    plan = cl.run_pass()
+    assert [p.job_id for p in plan.placements] == [j]
+    assert cl.state_of(j) is JobState.SCHEDULED
+    assert sorted(cl.nodes_of(j)) == ["cpu0", "cpu1", "cpu2", "cpu3"]
+
+
+def test_four_gpu_gang_lands_inside_one_rack_when_a_rack_can_hold_it() -> None:
+    cl = Cluster()
+    # Rack r1: two 2-GPU hosts (4 GPUs). Rack r2: three 2-GPU hosts (6 GPUs).
+    cl.add(node("a1", gpus=2, rack="r1"), node("a2", gpus=2, rack="r1"))
+    cl.add(*(node(f"b{i}", gpus=2, rack="r2") for i in range(3)))
+    j = cl.submit(job(replicas=4, gpu=1))
+    cl.run_pass()
+    assert len(cl.racks_of(j)) == 1
+    # Best fit: the rack left with the least free capacity is r1 (exactly full).
+    assert cl.racks_of(j) == {"r1"}
+
+
+def test_gang_uses_fewest_hosts_and_contiguous_ranks() -> None:
+    cl = Cluster()
+    cl.add(*(node(f"h{i}", gpus=8, rack="r1") for i in range(4)))
+    j = cl.submit(job(replicas=16, gpu=1))
+    cl.run_pass()
+    nodes = cl.nodes_of(j)
+    assert len(set(nodes)) == 2
+    # Ranks on one host are contiguous: member 0..7 on the first, 8..15 on the second.
+    assert nodes[:8] == [nodes[0]] * 8 and nodes[8:] == [nodes[8]] * 8
+
+
+def test_required_rack_waits_rather_than_spread() -> None:
+    cl = Cluster()
+    cl.add(node("a1", gpus=2, rack="r1"), node("b1", gpus=2, rack="r2"))
+    strict = cl.submit(job("strict", replicas=4, gpu=1, required="rack"))
+    cl.run_pass()
+    assert cl.state_of(strict) is JobState.PENDING
+    reason = cl.state.jobs[strict].reason
+    assert "in one rack" in reason and "room for 2" in reason
+
+    loose = cl.submit(job("loose", replicas=4, gpu=1, priority=-1))
+    cl.run_pass()
+    # The strict gang still waits; the unconstrained one spreads over both racks.
+    # (It is lower priority, so it may only backfill around the strict gang's
+    # reservation: the strict gang can never fit in one rack here, so none is made.)
+    assert cl.state_of(strict) is JobState.PENDING
+    assert cl.state_of(loose) is JobState.SCHEDULED
+    assert cl.racks_of(loose) == {"r1", "r2"}
+
+
+def test_required_block_spans_racks_of_one_block_only() -> None:
+    cl = Cluster()
+    cl.add(node("a", gpus=4, block="b1", rack="r1"), node("b", gpus=4, block="b1", rack="r2"))
+    cl.add(node("c", gpus=8, block="b2", rack="r3"))
+    cl.do(c.SetNodeStatus("c", NodeStatus.CORDONED))
+    j = cl.submit(job(replicas=2, gpu=4, required="block"))
+    cl.run_pass()
+    assert sorted(cl.nodes_of(j)) == ["a", "b"]
+
+
+def test_best_fit_keeps_the_emptier_rack_whole_for_a_later_large_gang() -> None:
+    cl = Cluster()
+    cl.add(*(node(f"a{i}", gpus=8, rack="r1") for i in range(4)))
+    cl.add(*(node(f"b{i}", gpus=8, rack="r2") for i in range(4)))
+    filler = cl.submit(job("filler", replicas=2, gpu=8, required="rack"))
+    cl.run_pass()
+    filled_rack = cl.racks_of(filler)
+    small = cl.submit(job("small", replicas=2, gpu=8))
+    cl.run_pass()
+    # The small gang goes where the filler already is, not into the untouched rack.
+    assert cl.racks_of(small) == filled_rack
+    big = cl.submit(job("big", replicas=4, gpu=8, required="rack"))
+    cl.run_pass()
+    assert cl.state_of(big) is JobState.SCHEDULED
+    assert cl.racks_of(big) != filled_rack
+
+
+def test_nvlink_pair_chosen_over_split_gpus() -> None:
+    cl = Cluster()
+    islands = ((0, 1), (2, 3), (4, 5), (6, 7))
+    cl.add(node("n", gpus=8, islands=islands))
+    # GPUs 0, 2 and 4 are taken (bound explicitly), leaving 1, 3, 5 split and 6+7 paired.
+    for gpu in (0, 2, 4):
+        j = cl.submit(job(gpu=1))
+        members = (MemberPlacement(0, "n", (gpu,)),)
+        assert cl.do(c.BindPlan((c.GangPlacement(j, 0, members),), now_ms=cl.now)).bound
+    pair = cl.submit(job("pair", gpu=2))
+    cl.run_pass()
+    attempt = cl.state.jobs[pair].attempt
+    assert attempt is not None
+    assert attempt.members[0].gpus == (6, 7)
+
+
+def test_single_gpu_jobs_fill_broken_islands_first() -> None:
+    cl = Cluster()
+    cl.add(node("n", gpus=4, islands=((0, 1), (2, 3))))
+    first = cl.submit(job(gpu=1))
+    second = cl.submit(job(gpu=1))
+    cl.run_pass()
+    gpus = [cl.state.jobs[j].attempt.members[0].gpus for j in (first, second)]  # type: ignore[union-attr]
+    # The second one-GPU job completes the island the first one broke.
+    assert gpus == [(0,), (1,)]
+
+
+def _busy_two_node_cluster() -> tuple[Cluster, str]:
+    cl = Cluster()
+    cl.add(node("n1", gpus=8), node("n2", gpus=8))
+    a = cl.submit(job("a", gpu=8, time_limit_s=100))
+    b = cl.submit(job("b", gpu=4, time_limit_s=50))
+    cl.run_pass()
+    cl.start_all(a)
+    cl.start_all(b)
+    big = cl.submit(job("big", replicas=2, gpu=8, priority=10))
+    return cl, big
+
+
+def test_head_of_line_gang_is_not_starved_by_a_stream_of_small_jobs() -> None:
+    cl, big = _busy_two_node_cluster()
+    small = [cl.submit(job(f"s{i}", gpu=4)) for i in range(3)]  # no time limit
+    plan = cl.run_pass()
+    assert plan.reservation is not None and plan.reservation.job_id == big
+    assert plan.reservation.start_ms == cl.now + 100_000
+    # 4 GPUs are free right now, but they are reserved for the big gang.
+    assert all(cl.state_of(s) is JobState.PENDING for s in small)
+    assert "reserved for" in cl.state.jobs[small[0]].reason
+    assert "first in line" in cl.state.jobs[big].reason
+    # Both running jobs end; the big gang binds before any small job.
+    for jid in ("job-000001", "job-000002"):
+        cl.exit_member(jid, 0, 0)
+    cl.now += 1
+    cl.run_pass()
+    assert cl.state_of(big) is JobState.SCHEDULED
+    assert all(cl.state_of(s) is JobState.PENDING for s in small)
+
+
+def test_short_job_with_a_time_limit_backfills_without_delaying_the_reservation() -> None:
+    cl, big = _busy_two_node_cluster()
+    short = cl.submit(job("short", gpu=4, time_limit_s=30))
+    too_long = cl.submit(job("long", gpu=4, time_limit_s=500))
+    cl.run_pass()
+    assert cl.state_of(short) is JobState.SCHEDULED
+    assert cl.state_of(too_long) is JobState.PENDING
+    assert cl.state_of(big) is JobState.PENDING
+
+
+def test_backfill_may_use_capacity_the_reservation_does_not_need() -> None:
+    cl, _ = _busy_two_node_cluster()
+    cl.add(node("spare", gpus=4, rack="r9"))
+    other = cl.submit(job("other", gpu=4))  # no time limit, but the spare node is free
+    cl.run_pass()
+    assert cl.nodes_of(other) == ["spare"]
+
+
+def test_gang_larger_than_the_cluster_is_accepted_and_waits_with_a_reason() -> None:
+    cl = Cluster()
+    cl.add(node("n1", gpus=8))
+    huge = cl.submit(job("huge", replicas=4, gpu=8))
+    small = cl.submit(job("small", gpu=1))
+    plan = cl.run_pass()
+    assert plan.reservation is None  # no point reserving: it cannot fit even when empty
+    assert cl.state_of(huge) is JobState.PENDING
+    assert cl.state_of(small) is JobState.SCHEDULED
+    assert "room for" in cl.state.jobs[huge].reason
+
+
+def test_priority_then_submission_order() -> None:
+    cl = Cluster()
+    cl.add(node("n1", gpus=1))
+    low = cl.submit(job("low", gpu=1))
+    high = cl.submit(job("high", gpu=1, priority=5))
+    cl.run_pass()
+    assert cl.state_of(high) is JobState.SCHEDULED
+    assert cl.state_of(low) is JobState.PENDING
+
+
+def test_cordoned_draining_and_dead_nodes_are_never_chosen() -> None:
+    cl = Cluster()
+    cl.add(node("c", gpus=8), node("d", gpus=8), node("x", gpus=8), node("ok", gpus=1))
+    cl.do(c.SetNodeStatus("c", NodeStatus.CORDONED))
+    cl.do(c.SetNodeStatus("d", NodeStatus.DRAINING))
+    cl.do(c.MarkNodeDead("x"))
+    jobs = [cl.submit(job(f"j{i}", gpu=1)) for i in range(2)]
+    cl.run_pass()
+    assert cl.nodes_of(jobs[0]) == ["ok"]
+    assert cl.state_of(jobs[1]) is JobState.PENDING
+
+
+def test_image_jobs_only_go_to_nodes_with_a_container_runtime() -> None:
+    cl = Cluster()
+    cl.add(node("plain", gpus=1), node("runtime", gpus=1, features=("images",)))
+    j = cl.submit(job(gpu=1, image="nvcr.io/pytorch:24.05"))
+    cl.run_pass()
+    assert cl.nodes_of(j) == ["runtime"]
+
+
+def test_stale_plan_is_rejected_whole_and_binds_nothing() -> None:
+    cl = Cluster()
+    cl.add(node("n1", gpus=8), node("n2", gpus=8))
+    j = cl.submit(job(replicas=2, gpu=8))
+    plan = schedule(cl.state, cl.now)
+    command = plan.command(cl.now)
+    assert command is not None
+    # Meanwhile one of the chosen nodes is cordoned.
+    cl.do(c.SetNodeStatus("n2", NodeStatus.CORDONED))
+    result = cl.do(command)
+    assert result.bound == ()
+    assert result.rejected[0][0] == j and "n2 is cordoned" in result.rejected[0][1]
+    assert cl.state_of(j) is JobState.PENDING
+    assert all(n.allocated.gpu == 0 for n in cl.state.nodes.values())
+
+
+def test_plan_against_an_older_attempt_is_stale() -> None:
+    cl = Cluster()
+    cl.add(node("n1", gpus=8))
+    j = cl.submit(job(gpu=8, retries=2, backoff_s=0))
+    stale = schedule(cl.state, cl.now).command(cl.now)
+    assert stale is not None
+    cl.do(stale)
+    cl.start_all(j)
+    cl.exit_member(j, 0, 1)  # fails, retried with zero back-off
+    assert cl.state_of(j) is JobState.PENDING
+    result = cl.do(stale)
+    assert result.bound == () and "stale plan" in result.rejected[0][1]
+
+
+def test_schedule_does_not_mutate_its_input_and_is_deterministic() -> None:
+    from synapse_ha.core.codec import encode_state
+
+    cl = Cluster()
+    cl.add(*(node(f"n{i}", gpus=8, rack=f"r{i % 3}") for i in range(9)))
+    for i in range(6):
+        cl.submit(job(f"j{i}", replicas=i + 1, gpu=4, required="rack" if i % 2 else ""))
+    before = encode_state(cl.state)
+    first = schedule(cl.state, cl.now)
+    second = schedule(cl.state, cl.now)
+    assert encode_state(cl.state) == before
+    assert first.placements == second.placements and first.reasons == second.reasons
+
+
+def test_explain_pending_and_placed() -> None:
+    cl = Cluster()
+    cl.add(node("n1", gpus=2, rack="r3"))
+    waiting = cl.submit(job("w", replicas=2, gpu=2, required="rack"))
+    assert "needs 2 member(s)" in explain(cl.state, waiting, cl.now)
+    assert "rack r3 has room for 1" in explain(cl.state, waiting, cl.now)
+    placed = cl.submit(job("p", gpu=1))
+    cl.run_pass()
+    text = explain(cl.state, placed, cl.now)
+    assert "rank 0: z1/b1/r3/n1 gpus 0 bound" in text
+    assert explain(cl.state, "job-999999", cl.now).startswith("no job")
