@@ -23,6 +23,7 @@ Every pending job left unplaced gets a sentence saying why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from synapse_ha.core.commands import BindPlan, GangPlacement
@@ -366,8 +367,16 @@ class _Running:
     members: tuple[MemberPlacement, ...]
 
 
-def schedule(state: ClusterState, now_ms: int) -> Plan:
-    """Plan one scheduling pass over ``state`` at time ``now_ms``. Pure; never mutates."""
+def schedule(
+    state: ClusterState,
+    now_ms: int,
+    on_decision: Callable[[str, bool], None] | None = None,
+) -> Plan:
+    """Plan one scheduling pass over ``state`` at time ``now_ms``. Pure; never mutates.
+
+    ``on_decision(job_id, placed)`` is called after each gang's decision; benchmarks
+    use it to time decisions without the core reading a clock.
+    """
     plan = Plan()
     view = _View.build(state)
     restricted: _View | None = None  # the view without the reserved nodes
@@ -400,6 +409,8 @@ def schedule(state: ClusterState, now_ms: int) -> Plan:
             plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
             end = now_ms + spec.time_limit_ms if spec.time_limit_ms else None
             running[job.job_id] = _Running(end, spec.resources, members)
+            if on_decision is not None:
+                on_decision(job.job_id, True)
             continue
         if reservation is None:
             made = _reserve(gang, view, depths, running)
@@ -412,6 +423,8 @@ def schedule(state: ClusterState, now_ms: int) -> Plan:
             plan.reasons[job.job_id] = explainer.why_waiting(
                 gang, view, depths, None, now_ms, behind=reservation if blocked else None
             )
+        if on_decision is not None:
+            on_decision(job.job_id, False)
 
     plan.changed_reasons = [
         (job_id, reason)
