@@ -160,7 +160,7 @@ class ClusterMachine(RuleBasedStateMachine):
 
 
 ClusterMachine.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=150,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
