@@ -1,0 +1,131 @@
+"""``synapse-sim``: replay a workload under several policies and compare them.
+
+Examples::
+
+    synapse-sim --workload synthetic --jobs 2000 --nodes 512 --out bench/results/sim
+    synapse-sim --workload openb --trace ../shared/data/alibaba-openb-v2023 --limit 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from synapse_ha.sim.engine import Result, simulate
+from synapse_ha.sim.policies import POLICIES
+from synapse_ha.sim.workload import Workload, load_openb, synthetic
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.workload == "openb":
+        return load_openb(Path(args.trace), limit=args.limit)
+    return synthetic(seed=args.seed, jobs=args.jobs, nodes=args.nodes, load=args.load)
+
+
+def compare(results: list[Result]) -> dict[str, Any]:
+    """Side-by-side headline figures, with ratios of ours to each baseline."""
+    by_name = {r.policy: r.metrics for r in results}
+    ours = by_name.get("ours")
+    ratios: dict[str, dict[str, float | None]] = {}
+    if ours is not None:
+        for name, m in by_name.items():
+            if name == "ours":
+                continue
+            ratios[name] = {
+                "mean_queue_delay": _ratio(
+                    ours["queue_delay_s"]["mean"], m["queue_delay_s"]["mean"]
+                ),
+                "big_gang_max_delay": _ratio(
+                    ours["queue_delay_big_gangs_s"]["max"], m["queue_delay_big_gangs_s"]["max"]
+                ),
+                "gpu_allocation": _ratio(ours["gpu_allocation"], m["gpu_allocation"]),
+            }
+    return {"ours_over_baseline": ratios}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def table(results: list[Result]) -> str:
+    rows = [
+        ("policy", "alloc", "delay mean", "p95", "big max", "in one rack*", "frag", "cpu ms/dec"),
+    ]
+    for r in results:
+        m = r.metrics
+        rows.append(
+            (
+                r.policy,
+                f"{m['gpu_allocation']:.1%}",
+                f"{m['queue_delay_s']['mean']:.0f}s",
+                f"{m['queue_delay_s']['p95']:.0f}s",
+                f"{m['queue_delay_big_gangs_s']['max']:.0f}s",
+                "-"
+                if m["rack_fitting_gangs_in_one_rack"] is None
+                else f"{m['rack_fitting_gangs_in_one_rack']:.1%}",
+                f"{m['fragmentation_gpus']:.1f}",
+                f"{m['scheduler_cpu_ms_per_decision']:.3f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.append("* of multi-member gangs that fit in one rack")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="synapse-sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--workload", choices=["synthetic", "openb"], default="synthetic")
+    parser.add_argument(
+        "--trace",
+        default="../shared/data/alibaba-openb-v2023",
+        help="folder of the openb CSV files",
+    )
+    parser.add_argument("--limit", type=int, default=None, help="openb: first N pods only")
+    parser.add_argument("--jobs", type=int, default=2_000, help="synthetic: number of jobs")
+    parser.add_argument("--nodes", type=int, default=512, help="synthetic: 8-GPU hosts")
+    parser.add_argument("--load", type=float, default=0.9, help="synthetic: offered load")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, from {', '.join(POLICIES)}",
+    )
+    parser.add_argument("--out", default=None, help="folder for report.json and PNG plots")
+    args = parser.parse_args(argv)
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        parser.error(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+    try:
+        workload = _workload(args)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"cannot load the {args.workload} workload: {exc}")
+    results = [simulate(workload, POLICIES[name]()) for name in names]
+    report = {
+        "workload": workload.notes,
+        "results": {r.policy: r.metrics for r in results},
+        **compare(results),
+    }
+    print(table(results), file=sys.stderr)
+    print(json.dumps(report, indent=2))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        from synapse_ha.sim.plots import write_plots
+
+        for line in write_plots(results, out):
+            print(line, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""The simulator replays workloads through the real core and compares policies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.sim.cli import main
+from synapse_ha.sim.engine import simulate
+from synapse_ha.sim.policies import POLICIES, FifoFirstFit, NaiveHeadOfLine, Ours
+from synapse_ha.sim.workload import SimJob, Workload, load_openb, synthetic, synthetic_cluster
+from tests.core.harness import job
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-openb-v2023"
+
+
+def _tiny() -> Workload:
+    nodes = synthetic_cluster(4, hosts_per_rack=2)
+    jobs = (
+        SimJob(0, job("a", replicas=2, gpu=8), 100_000),
+        SimJob(1_000, job("b", replicas=4, gpu=8), 50_000),
+        SimJob(2_000, job("c", gpu=1), 10_000),
+    )
+    return Workload("tiny", nodes, jobs, "tiny")
+
+
+@pytest.mark.parametrize(
+    "policy", [Ours(), NaiveHeadOfLine(), FifoFirstFit()], ids=lambda p: p.name
+)
+def test_every_policy_runs_every_job_to_completion(policy: object) -> None:
+    result = simulate(_tiny(), policy)  # type: ignore[arg-type]
+    m = result.metrics
+    assert m["jobs_started"] == 3
+    assert m["job_completion_s"]["n"] == 3
+    assert m["never_started"] == []
+
+
+def test_head_of_line_baseline_makes_small_jobs_wait_behind_the_big_gang() -> None:
+    naive = simulate(_tiny(), NaiveHeadOfLine()).metrics
+    fifo = simulate(_tiny(), FifoFirstFit()).metrics
+    # Job c (1 GPU) could start at once beside a, but naive holds it behind b.
+    assert naive["queue_delay_s"]["max"] >= 99
+    assert fifo["queue_delay_s"]["max"] < naive["queue_delay_s"]["max"]
+
+
+def test_synthetic_workload_is_seeded_and_sized_for_its_load() -> None:
+    a = synthetic(seed=3, jobs=200, nodes=64, load=0.85)
+    b = synthetic(seed=3, jobs=200, nodes=64, load=0.85)
+    assert a == b
+    span = a.jobs[-1].arrival_ms - a.jobs[0].arrival_ms
+    work = sum(j.spec.resources.gpu * j.spec.replicas * j.duration_ms for j in a.jobs)
+    assert 0.5 < work / (span * a.total_gpus) < 1.5
+    assert any(j.spec.topology_required for j in a.jobs)
+    assert any(j.spec.time_limit_ms for j in a.jobs)
+
+
+def test_ours_keeps_rack_sized_gangs_in_one_rack_more_often_than_topology_blind_fifo() -> None:
+    w = synthetic(seed=2, jobs=300, nodes=64, load=0.8)
+    ours = simulate(w, Ours()).metrics
+    fifo = simulate(w, FifoFirstFit()).metrics
+    assert ours["rack_fitting_gangs_in_one_rack"] > fifo["rack_fitting_gangs_in_one_rack"]
+
+
+@pytest.mark.skipif(
+    not TRACE.is_dir(), reason="the shared Alibaba trace is not beside the checkout"
+)
+def test_openb_loader_converts_pods_to_one_member_jobs() -> None:
+    w = load_openb(TRACE, limit=200)
+    assert len(w.nodes) == 1213
+    assert len(w.jobs) == 200
+    assert all(j.spec.replicas == 1 and j.duration_ms > 0 for j in w.jobs)
+    assert all(0 <= j.spec.resources.gpu <= 8 for j in w.jobs)
+
+
+def test_cli_prints_a_side_by_side_report(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["--jobs", "60", "--nodes", "16", "--out", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["results"]) == set(POLICIES)
+    assert "naive" in report["ours_over_baseline"]
+    assert json.loads((tmp_path / "report.json").read_text()) == report
+
+
+def test_cli_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--policies", "ours,lottery"])
+    assert exit_info.value.code == 2
+    assert "unknown lottery" in capsys.readouterr().err
