@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck layers unit demo bench clean
+.PHONY: venv test lint typecheck layers unit demo bench clean protos protos-check
 
 venv: $(STAMP)
 
@@ -27,7 +27,13 @@ layers: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck layers unit
+protos: $(STAMP)
+	PYTHON=$(BIN)/python scripts/gen_protos.sh
+
+protos-check: $(STAMP)
+	PYTHON=$(BIN)/python scripts/gen_protos.sh --check
+
+test: lint typecheck layers protos-check unit
 
 demo: $(STAMP)
 	$(BIN)/python -m synapse_ha.demo
@@ -35,6 +41,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	mkdir -p bench/results
 	$(BIN)/python bench/placement.py | tee bench/results/placement.json
+	$(BIN)/python bench/quorum.py | tee bench/results/quorum.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,336 @@
+"""Quorum benchmark: three real replicas on loopback, driven through gRPC.
+
+(a) acknowledged submissions per second (many submissions in flight at once);
+(b) gang members bound per second while ~1,000 simulated nodes heartbeat from this
+    process;
+(c) leader kills (kill -9) under a stream of submissions: time from the kill to the first
+    committed write and to the next committed bind, p50 and max, and how many
+    acknowledged writes were lost (must be 0).
+
+Prints one JSON object. ``--smoke`` runs a tiny version in seconds (a test runs it).
+Targets on a two-core machine: >= 2,000 submissions/s, >= 5,000 members bound/s,
+failover p50 <= 1 s and max <= 2 s, 0 lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from tests.integration.cluster import LocalCluster, register_request, wait_for
+
+
+def small_spec(name: str, replicas: int = 1, gpu: int = 0) -> pb.JobSpec:
+    return pb.JobSpec(
+        name=name,
+        replicas=replicas,
+        resources=pb.Resources(cpu_milli=10, memory_mib=16, gpu=gpu),
+        shell_command="true",
+    )
+
+
+def pipelined(
+    stub_call: Callable[..., Any], requests: list[Any], window: int, timeout_s: float = 30.0
+) -> tuple[list[Any], float]:
+    """Send ``requests`` keeping ``window`` in flight; return responses and seconds."""
+    responses: list[Any] = [None] * len(requests)
+    lock = threading.Lock()
+    slots = threading.Semaphore(window)
+    done = threading.Event()
+    remaining = [len(requests)]
+    errors: list[BaseException] = []
+
+    def finished(i: int, future: grpc.Future) -> None:
+        try:
+            responses[i] = future.result()
+        except grpc.RpcError as exc:
+            errors.append(exc)
+        slots.release()
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.set()
+
+    start = time.perf_counter()
+    for i, request in enumerate(requests):
+        slots.acquire()
+        future = stub_call.future(request, timeout=timeout_s)
+        future.add_done_callback(lambda f, i=i: finished(i, f))
+    if requests:
+        done.wait(timeout_s * 2)
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
+    return responses, elapsed
+
+
+# ------------------------------------------------------------------------ (a)
+
+
+def bench_submissions(root: Path, count: int) -> dict[str, Any]:
+    cluster = LocalCluster(root / "a")
+    try:
+        cluster.start()
+        leader = cluster.serving_leader()
+        with grpc.insecure_channel(leader.grpc) as channel:
+            stub = pb_grpc.SchedulerServiceStub(channel)
+            warm = [
+                pb.SubmitJobRequest(spec=small_spec("warm"), request_id=f"w{i}") for i in range(200)
+            ]
+            pipelined(stub.SubmitJob, warm, 64)
+            requests = [
+                pb.SubmitJobRequest(spec=small_spec(f"s{i}"), request_id=f"s{i}")
+                for i in range(count)
+            ]
+            responses, elapsed = pipelined(stub.SubmitJob, requests, 128)
+        ids = {r.job_id for r in responses}
+        assert len(ids) == count
+        return {
+            "submissions": count,
+            "seconds": round(elapsed, 3),
+            "submissions_per_s": round(count / elapsed, 1),
+        }
+    finally:
+        cluster.close()
+
+
+# ------------------------------------------------------------------------ (b)
+
+
+class Heartbeater(threading.Thread):
+    """Heartbeats every node once per interval from this process (pipelined)."""
+
+    def __init__(self, address: str, node_ids: list[str], interval_s: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.NodeAgentServiceStub(self.channel)
+        self.node_ids = node_ids
+        self.interval_s = interval_s
+        self.stop = threading.Event()
+        self.sent = 0
+        self.failed = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            futures = [
+                self.stub.Heartbeat.future(pb.HeartbeatRequest(node_id=n), timeout=5.0)
+                for n in self.node_ids
+            ]
+            for f in futures:
+                try:
+                    f.result()
+                    self.sent += 1
+                except grpc.RpcError:
+                    self.failed += 1
+            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        self.channel.close()
+
+
+def bench_binding(root: Path, nodes: int, jobs: int, members: int) -> dict[str, Any]:
+    cluster = LocalCluster(root / "b")
+    heartbeater = None
+    try:
+        cluster.start()
+        leader = cluster.serving_leader()
+        with grpc.insecure_channel(leader.grpc) as channel:
+            agent = pb_grpc.NodeAgentServiceStub(channel)
+            stub = pb_grpc.SchedulerServiceStub(channel)
+            node_ids = [f"node-{i:05d}" for i in range(nodes)]
+            registrations = [
+                register_request(n, f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", gpu=8)
+                for i, n in enumerate(node_ids)
+            ]
+            pipelined(agent.RegisterNode, registrations, 64)
+            heartbeater = Heartbeater(leader.grpc, node_ids)
+            heartbeater.start()
+            requests = [
+                pb.SubmitJobRequest(spec=small_spec(f"g{i}", members, gpu=1), request_id=f"g{i}")
+                for i in range(jobs)
+            ]
+            start = time.perf_counter()
+            _, submit_s = pipelined(stub.SubmitJob, requests, 128)
+
+            def all_bound() -> bool:
+                left = stub.ListJobs(pb.ListJobsRequest(states=["PENDING"], limit=1), timeout=5)
+                return not left.jobs
+
+            wait_for("every gang to be bound", all_bound, timeout_s=120, every_s=0.02)
+            elapsed = time.perf_counter() - start
+        bound = jobs * members
+        return {
+            "nodes": nodes,
+            "gangs": jobs,
+            "members_per_gang": members,
+            "members_bound": bound,
+            "seconds_submit_to_all_bound": round(elapsed, 3),
+            "members_bound_per_s": round(bound / elapsed, 1),
+            "bind_window_after_last_ack_s": round(max(0.0, elapsed - submit_s), 3),
+            "heartbeats_sent": heartbeater.sent,
+            "heartbeats_failed": heartbeater.failed,
+        }
+    finally:
+        if heartbeater is not None:
+            heartbeater.stop.set()
+            heartbeater.join(timeout=10)
+        cluster.close()
+
+
+# ------------------------------------------------------------------------ (c)
+
+
+class Stream(threading.Thread):
+    """Submits one job at a time through the redirect-following client."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.client = ClusterClient(
+            addresses, timeout_s=15.0, per_try_timeout_s=0.5, backoff_s=0.02
+        )
+        # (sent at, acknowledged at, request_id, job_id), monotonic seconds
+        self.acks: list[tuple[float, float, str, str]] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            request_id = f"k{i}"
+            sent = time.monotonic()
+            try:
+                answer = self.client.submit_job(small_spec(f"k{i}"), request_id=request_id)
+            except (ClusterUnavailable, grpc.RpcError):
+                continue
+            with self.lock:
+                self.acks.append((sent, time.monotonic(), request_id, answer.job_id))
+            i += 1
+        self.client.close()
+
+    def first_ack_after(self, t: float) -> float | None:
+        """When the first write sent after ``t`` was acknowledged (a write sent before
+        could have been committed by the old leader)."""
+        with self.lock:
+            for sent, acked, _, _ in self.acks:
+                if sent > t:
+                    return acked
+        return None
+
+
+def bench_failover(root: Path, kills: int) -> dict[str, Any]:
+    cluster = LocalCluster(root / "c")
+    stream = None
+    heartbeater = None
+    to_write: list[float] = []
+    to_bind: list[float] = []
+    try:
+        cluster.start()
+        cluster.serving_leader()
+        with ClusterClient(cluster.grpc_addresses) as client:
+            node_ids = [f"fo-{i}" for i in range(4)]
+            for i, n in enumerate(node_ids):
+                client.register_node(register_request(n, f"10.9.0.{i + 1}", gpu=0))
+        stream = Stream(cluster.grpc_addresses)
+        stream.start()
+        for _ in range(kills):
+            leader = cluster.serving_leader(timeout_s=30)
+            if heartbeater is not None:
+                heartbeater.stop.set()
+                heartbeater.join(timeout=10)
+            heartbeater = Heartbeater(leader.grpc, node_ids, interval_s=0.5)
+            heartbeater.start()
+            wait_for("acks before the kill", lambda: len(stream.acks) > 0, timeout_s=30)
+            time.sleep(0.3)
+            kill_mono, kill_wall_ms = time.monotonic(), time.time() * 1000
+            cluster.kill(leader)
+            new_leader = cluster.serving_leader(timeout_s=30)
+            first = wait_for(
+                "a write after the kill", lambda t=kill_mono: stream.first_ack_after(t), 30
+            )
+            to_write.append(first - kill_mono)
+            # The next committed bind: the earliest bind time after the kill.
+            with grpc.insecure_channel(new_leader.grpc) as channel:
+                stub = pb_grpc.SchedulerServiceStub(channel)
+
+                def bound_after(
+                    stub: pb_grpc.SchedulerServiceStub = stub, kill_wall_ms: float = kill_wall_ms
+                ) -> float | None:
+                    jobs = stub.ListJobs(pb.ListJobsRequest(states=["SCHEDULED"]), timeout=5).jobs
+                    times = [
+                        j.attempt.bound_at_ms for j in jobs if j.attempt.bound_at_ms > kill_wall_ms
+                    ]
+                    return min(times) if times else None
+
+                bound_ms = wait_for("a bind after the kill", bound_after, timeout_s=30, every_s=0.1)
+            to_bind.append((bound_ms - kill_wall_ms) / 1000)
+            cluster.start(leader)
+            target = cluster.local_status(new_leader).commit_index
+            wait_for(
+                "the restarted replica to catch up",
+                lambda r=leader, t=target: cluster.local_status(r).last_applied >= t,
+                timeout_s=30,
+            )
+        stream.stop.set()
+        stream.join(timeout=20)
+        acked = {request_id: job_id for _, _, request_id, job_id in stream.acks}
+        with ClusterClient(cluster.grpc_addresses) as client:
+            present = {j.request_id: j.job_id for j in client.list_jobs(name="")}
+        lost = sum(1 for r, j in acked.items() if present.get(r) != j)
+        return {
+            "kills": kills,
+            "acknowledged_writes": len(acked),
+            "acknowledged_writes_lost": lost,
+            "failover_to_first_write_s_p50": round(statistics.median(to_write), 3),
+            "failover_to_first_write_s_max": round(max(to_write), 3),
+            "failover_to_next_bind_s_p50": round(statistics.median(to_bind), 3),
+            "failover_to_next_bind_s_max": round(max(to_bind), 3),
+        }
+    except Exception:
+        print(cluster.logs(), file=sys.stderr)
+        raise
+    finally:
+        if stream is not None:
+            stream.stop.set()
+        if heartbeater is not None:
+            heartbeater.stop.set()
+        cluster.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that takes seconds")
+    parser.add_argument("--only", choices=["a", "b", "c"], help="run one part only")
+    args = parser.parse_args()
+    if args.smoke:
+        sizes = {"submissions": 300, "nodes": 50, "jobs": 50, "members": 4, "kills": 1}
+    else:
+        sizes = {"submissions": 10_000, "nodes": 1_000, "jobs": 1_000, "members": 8, "kills": 20}
+    report: dict[str, Any] = {"smoke": args.smoke}
+    with tempfile.TemporaryDirectory(prefix="synapse-quorum-") as tmp:
+        root = Path(tmp)
+        if args.only in (None, "a"):
+            report["submit"] = bench_submissions(root, sizes["submissions"])
+        if args.only in (None, "b"):
+            report["bind"] = bench_binding(root, sizes["nodes"], sizes["jobs"], sizes["members"])
+        if args.only in (None, "c"):
+            report["failover"] = bench_failover(root, sizes["kills"])
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Leader-only control loops and read projections, over the core through small Protocols."""

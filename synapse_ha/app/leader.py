@@ -1,0 +1,333 @@
+"""The leader's duties: barrier, scheduling passes, the reaper, time limits and purges.
+
+Only the Raft leader runs these. Every decision is proposed as a command carrying its own
+time and seeds; the state machine re-verifies it when it is applied, so a decision made
+on a stale view is rejected rather than acted on.
+
+:class:`LeaderLoop` is a step function: the composition root calls :meth:`LeaderLoop.step`
+when the state changes and on a short period, and tests call it with a fake clock. Each
+step returns one sentence saying what it decided (in the manner of Patroni's HA loop).
+
+Rules it keeps:
+
+* On becoming leader it first commits a :class:`Barrier`; until that commits, the log may
+  hold entries from earlier terms that are not applied yet, so it decides nothing.
+* A new leader treats every node as heard from at its election (:class:`Liveness`), so
+  no node is reaped before it had a whole ``dead_timeout`` to find the new leader.
+* At most one bind command is in flight; the next pass plans on the state it produced.
+* Proposals in flight are forgotten when leadership is lost: their outcomes, should they
+  arrive, are ignored, and the next term starts from a clean slate.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+
+from synapse_ha.app.ports import Proposer, StateReader
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import ClusterState, NodeStatus, Timeouts
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.views import due_time_limits
+
+
+class Liveness:
+    """When the leader last heard from each node. Local to the leader, never replicated.
+
+    ``baseline_ms`` is the current leader's election time: a node not heard from since
+    counts as heard at the election. Thread-safe (heartbeat handlers record, the loop reads).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._heard: dict[str, int] = {}
+        self._baseline_ms = 0
+
+    def reset(self, now_ms: int) -> None:
+        with self._lock:
+            self._heard.clear()
+            self._baseline_ms = now_ms
+
+    def heard(self, node_id: str, now_ms: int) -> None:
+        with self._lock:
+            if now_ms > self._heard.get(node_id, 0):
+                self._heard[node_id] = now_ms
+
+    def last_heard(self, node_id: str) -> int:
+        with self._lock:
+            return max(self._heard.get(node_id, 0), self._baseline_ms)
+
+    def heard_since_election(self, node_id: str) -> int | None:
+        with self._lock:
+            return self._heard.get(node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    """How often the leader acts.
+
+    A scheduling pass runs when the state changed, but no sooner than
+    ``min_pass_gap_ms`` and ``pass_gap_factor`` times the previous pass's cost after the
+    previous pass: a pass holds the state lock, and passes back to back would starve the
+    log of applies. It also runs every ``schedule_period_ms`` (back-off timers expire
+    without any state change). Reaper and time limits are checked every
+    ``housekeeping_period_ms``.
+    """
+
+    schedule_period_ms: int = 500
+    min_pass_gap_ms: int = 20
+    pass_gap_factor: float = 3.0
+    housekeeping_period_ms: int = 100
+    purge_period_ms: int = 60_000
+    proposal_timeout_ms: int = 5_000
+
+
+class _InFlight:
+    """One proposal this term. A proposal with no outcome after ``timeout_ms`` counts
+    as settled with an unknown outcome (its callback may never come once leadership
+    moved); the state machine re-verifies whatever is proposed next."""
+
+    __slots__ = ("future", "since_ms", "timeout_ms")
+
+    def __init__(self, future: Future[cmd.Result], since_ms: int, timeout_ms: int) -> None:
+        self.future = future
+        self.since_ms = since_ms
+        self.timeout_ms = timeout_ms
+
+    def settled(self, now_ms: int) -> bool:
+        return self.future.done() or now_ms - self.since_ms >= self.timeout_ms
+
+    def error(self) -> BaseException | None:
+        if not self.future.done():
+            return TimeoutError(f"no outcome within {self.timeout_ms} ms")
+        return self.future.exception()
+
+    def result(self) -> cmd.Result | None:
+        return self.future.result() if self.future.done() and self.error() is None else None
+
+
+class LeaderLoop:
+    """The leader-only control loop. Not thread-safe: one driver thread calls it."""
+
+    def __init__(
+        self,
+        state: StateReader,
+        proposer: Proposer,
+        liveness: Liveness,
+        replica_id: str,
+        settings: LoopSettings | None = None,
+        rng: random.Random | None = None,
+        on_ready: Callable[[bool], None] | None = None,
+        desired_timeouts: Timeouts | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._state = state
+        self._proposer = proposer
+        self._liveness = liveness
+        self._replica_id = replica_id
+        self._settings = settings or LoopSettings()
+        self._rng = rng or random.Random()
+        self._on_ready = on_ready
+        self._desired_timeouts = desired_timeouts
+        self._timer = timer
+        self._pass_cost_ms = 0.0
+        self._last_housekeeping_ms = -(1 << 62)
+        self._configure: _InFlight | None = None
+        self._leader = False
+        self._term = 0
+        self._ready = False
+        self._barrier: _InFlight | None = None
+        self._bind: _InFlight | None = None
+        self._node_deaths: dict[str, _InFlight] = {}
+        self._expiries: dict[str, _InFlight] = {}
+        self._purge: _InFlight | None = None
+        self._dirty = True
+        self._last_pass_ms = 0
+        self._last_purge_ms = 0
+
+    # ------------------------------------------------------------ notifications
+
+    @property
+    def ready(self) -> bool:
+        """True once this leader's barrier committed: it may serve reads and decide."""
+        return self._ready
+
+    def on_role_change(self, is_leader: bool, term: int, now_ms: int) -> None:
+        """Leadership gained or lost. Forgets every proposal of the previous term."""
+        self._leader = is_leader
+        self._term = term
+        self._barrier = None
+        self._bind = None
+        self._node_deaths.clear()
+        self._expiries.clear()
+        self._purge = None
+        self._configure = None
+        self._dirty = True
+        self._last_pass_ms = 0
+        self._last_housekeeping_ms = -(1 << 62)
+        self._last_purge_ms = now_ms
+        self._set_ready(False)
+        if is_leader:
+            self._liveness.reset(now_ms)
+
+    def note_state_changed(self) -> None:
+        self._dirty = True
+
+    # --------------------------------------------------------------------- step
+
+    def step(self, now_ms: int) -> str:
+        """Decide and propose what is due; return a sentence saying what was decided."""
+        if not self._leader:
+            return "not the leader: nothing to do"
+        if not self._ready:
+            return self._await_barrier(now_ms)
+        housekeeping = now_ms - self._last_housekeeping_ms >= self._settings.housekeeping_period_ms
+        if housekeeping:
+            self._last_housekeeping_ms = now_ms
+        with self._state.reading() as state:
+            sentences = [self._configure_timeouts(state, now_ms)]
+            if housekeeping:
+                sentences += self._reap(state, now_ms)
+                sentences += self._expire_time_limits(state, now_ms)
+            sentences += [self._schedule(state, now_ms), self._purge_finished(now_ms)]
+        said = [s for s in sentences if s]
+        return "; ".join(said) if said else "leader: nothing to do"
+
+    # ----------------------------------------------------------------- barrier
+
+    def _await_barrier(self, now_ms: int) -> str:
+        if self._barrier is None:
+            self._barrier = self._start(
+                cmd.Barrier(leader_id=self._replica_id, now_ms=now_ms), now_ms
+            )
+            return f"became leader in term {self._term}: committing a barrier before acting"
+        barrier = self._barrier
+        if not barrier.settled(now_ms):
+            return f"leader in term {self._term}: waiting for the barrier to commit"
+        self._barrier = None
+        error = barrier.error()
+        if error is not None:
+            return f"leader in term {self._term}: barrier failed ({error}); retrying"
+        self._set_ready(True)
+        return f"leader in term {self._term}: barrier committed, now scheduling"
+
+    def _set_ready(self, ready: bool) -> None:
+        if ready != self._ready:
+            self._ready = ready
+            if self._on_ready is not None:
+                self._on_ready(ready)
+
+    def _start(self, command: cmd.Command, now_ms: int) -> _InFlight:
+        future = self._proposer.propose(command)
+        return _InFlight(future, now_ms, self._settings.proposal_timeout_ms)
+
+    # ------------------------------------------------------------------- config
+
+    def _configure_timeouts(self, state: ClusterState, now_ms: int) -> str:
+        """Replicate this replica's configured timeouts when the state differs."""
+        wanted = self._desired_timeouts
+        if wanted is None or state.config.timeouts == wanted:
+            return ""
+        if self._configure is not None:
+            if not self._configure.settled(now_ms):
+                return ""
+            result = self._configure.result()
+            self._configure = None
+            if result is not None and not result.ok:
+                self._desired_timeouts = None  # refused: keep the replicated ones
+                return f"the configured timeouts were refused: {result.message}"
+        command = cmd.Configure(config=replace(state.config, timeouts=wanted), now_ms=now_ms)
+        self._configure = self._start(command, now_ms)
+        return "replicating the configured timeouts"
+
+    # ------------------------------------------------------------------ reaper
+
+    def _reap(self, state: ClusterState, now_ms: int) -> list[str]:
+        dead_after = state.config.timeouts.dead_timeout_ms
+        said: list[str] = []
+        for node_id in list(self._node_deaths):
+            if self._node_deaths[node_id].settled(now_ms):
+                del self._node_deaths[node_id]
+        for node_id in sorted(state.nodes):
+            node = state.nodes[node_id]
+            if node.status is NodeStatus.DEAD or node_id in self._node_deaths:
+                continue
+            silent = now_ms - self._liveness.last_heard(node_id)
+            if silent <= dead_after:
+                continue
+            command = cmd.MarkNodeDead(
+                node_id=node_id,
+                reason=f"no heartbeat for {silent} ms (dead_timeout {dead_after} ms)",
+                jitter_seed=self._rng.getrandbits(63),
+                now_ms=now_ms,
+            )
+            self._node_deaths[node_id] = self._start(command, now_ms)
+            said.append(f"declaring node {node_id} dead after {silent} ms of silence")
+        return said
+
+    # ------------------------------------------------------------- time limits
+
+    def _expire_time_limits(self, state: ClusterState, now_ms: int) -> list[str]:
+        said: list[str] = []
+        for job_id in list(self._expiries):
+            if self._expiries[job_id].settled(now_ms):
+                del self._expiries[job_id]
+        for command in due_time_limits(state, now_ms):
+            if command.job_id in self._expiries:
+                continue
+            self._expiries[command.job_id] = self._start(command, now_ms)
+            said.append(f"stopping {command.job_id} at its time limit")
+        return said
+
+    # -------------------------------------------------------------- scheduling
+
+    def _schedule(self, state: ClusterState, now_ms: int) -> str:
+        if self._bind is not None:
+            if not self._bind.settled(now_ms):
+                return "a bind is in flight"
+            error = self._bind.error()
+            self._bind = None
+            self._dirty = True
+            if error is not None:
+                return f"the last bind did not commit ({error}); planning again"
+        since = now_ms - self._last_pass_ms
+        settings = self._settings
+        gap = max(settings.min_pass_gap_ms, settings.pass_gap_factor * self._pass_cost_ms)
+        periodic = since >= settings.schedule_period_ms
+        if not periodic and not (self._dirty and since >= gap):
+            return ""
+        self._dirty = False
+        self._last_pass_ms = now_ms
+        started = self._timer()
+        plan = schedule(state, now_ms)
+        command = plan.command(now_ms)
+        self._pass_cost_ms = (self._timer() - started) * 1000
+        if command is None:
+            pending = len(plan.reasons)
+            return f"scheduling pass: nothing to bind ({pending} pending)" if pending else ""
+        self._bind = self._start(command, now_ms)
+        waiting = len(plan.reasons)
+        if not command.placements:
+            return f"updating why {len(command.reasons)} jobs wait ({waiting} pending)"
+        members = sum(len(p.members) for p in command.placements)
+        return (
+            f"proposing to bind {len(command.placements)} gangs ({members} members); "
+            f"{waiting} jobs keep waiting"
+        )
+
+    # ------------------------------------------------------------------- purge
+
+    def _purge_finished(self, now_ms: int) -> str:
+        if self._purge is not None:
+            if not self._purge.settled(now_ms):
+                return ""
+            self._purge = None
+        if now_ms - self._last_purge_ms < self._settings.purge_period_ms:
+            return ""
+        self._last_purge_ms = now_ms
+        self._purge = self._start(cmd.PurgeFinished(now_ms=now_ms), now_ms)
+        return "purging finished jobs past the retention window"

@@ -1,0 +1,1 @@
+"""Raft wiring over pysyncobj: the only package that imports it."""

@@ -1,0 +1,256 @@
+"""A client for a cluster of replicas that finds the leader by itself.
+
+:class:`ClusterClient` takes every replica's gRPC address. Each call goes to the replica
+it last found to be the leader; a FAILED_PRECONDITION carrying the ``synapse-leader``
+metadata sends it straight to the named leader, UNAVAILABLE (replica down, no leader yet)
+moves it to the next address, and after a full round without an answer it backs off
+(exponentially, with jitter) until the call's overall deadline. DEADLINE_EXCEEDED on a
+write means the outcome is unknown; the call is retried only when ``idempotent`` is set
+(every submission carries a request id, so resubmitting returns the same job).
+
+When no replica answers in time it raises :class:`ClusterUnavailable`, listing each
+address tried and what it answered.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+
+LEADER_METADATA_KEY = "synapse-leader"
+
+Response = TypeVar("Response")
+
+
+class ClusterUnavailable(Exception):
+    """No replica gave an answer before the deadline."""
+
+    def __init__(self, method: str, attempts: list[tuple[str, str]]) -> None:
+        tried = "; ".join(f"{address}: {why}" for address, why in attempts[-12:]) or "none"
+        super().__init__(f"{method}: no replica answered before the deadline (tried {tried})")
+        self.attempts = attempts
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class ClusterClient:
+    """Thread-safe; reuse one per process. Close it (or use ``with``) to free channels."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        timeout_s: float = 10.0,
+        per_try_timeout_s: float = 2.0,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one replica address is required")
+        self.addresses = list(dict.fromkeys(addresses))
+        self.timeout_s = timeout_s
+        self.per_try_timeout_s = per_try_timeout_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._preferred = self.addresses[0]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            channel.close()
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def leader_hint(self) -> str:
+        return self._preferred
+
+    def channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = grpc.insecure_channel(address)
+                self._channels[address] = channel
+            return channel
+
+    def scheduler(self, address: str) -> pb_grpc.SchedulerServiceStub:
+        return pb_grpc.SchedulerServiceStub(self.channel(address))  # type: ignore[no-untyped-call]
+
+    def agent(self, address: str) -> pb_grpc.NodeAgentServiceStub:
+        return pb_grpc.NodeAgentServiceStub(self.channel(address))  # type: ignore[no-untyped-call]
+
+    def call(
+        self,
+        method: str,
+        invoke: Callable[[str, float], Response],
+        *,
+        idempotent: bool = True,
+        timeout_s: float | None = None,
+    ) -> Response:
+        """Run ``invoke(address, per_try_timeout)`` against the leader, following
+        redirects and retrying as described in the module docstring."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        attempts: list[tuple[str, str]] = []
+        address = self._preferred
+        failures_in_round = 0
+        backoff = self.backoff_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ClusterUnavailable(method, attempts)
+            try:
+                result = invoke(address, min(self.per_try_timeout_s, remaining))
+            except grpc.RpcError as exc:
+                code = exc.code()
+                detail = f"{code.name if code else 'UNKNOWN'}: {exc.details()}"
+                attempts.append((address, detail))
+                hint = _leader_hint(exc)
+                if code is grpc.StatusCode.FAILED_PRECONDITION and hint:
+                    address = hint
+                    continue
+                retriable = code is grpc.StatusCode.UNAVAILABLE or (
+                    code is grpc.StatusCode.DEADLINE_EXCEEDED and idempotent
+                )
+                if not retriable:
+                    raise
+                failures_in_round += 1
+                if code is grpc.StatusCode.UNAVAILABLE and "just elected" in detail:
+                    failures_in_round = len(self.addresses)  # wait for its barrier here
+                else:
+                    address = self._next_address(address)
+                if failures_in_round >= len(self.addresses):
+                    failures_in_round = 0
+                    pause = min(backoff, max(0.0, deadline - time.monotonic()))
+                    time.sleep(self._rng.uniform(pause / 2, pause))
+                    backoff = min(backoff * 2, self.max_backoff_s)
+                continue
+            self._preferred = address
+            return result
+
+    def _next_address(self, address: str) -> str:
+        try:
+            i = self.addresses.index(address)
+        except ValueError:
+            return self.addresses[0]
+        return self.addresses[(i + 1) % len(self.addresses)]
+
+    # -------------------------------------------------------------- typed calls
+
+    def submit_job(
+        self, spec: pb.JobSpec, request_id: str | None = None, timeout_s: float | None = None
+    ) -> pb.SubmitJobResponse:
+        """Submit with an idempotency key (generated when not given) reused on retries."""
+        request = pb.SubmitJobRequest(spec=spec, request_id=request_id or new_request_id())
+        response: pb.SubmitJobResponse = self.call(
+            "SubmitJob",
+            lambda a, t: self.scheduler(a).SubmitJob(request, timeout=t),
+            timeout_s=timeout_s,
+        )
+        return response
+
+    def get_job(self, job_id: str, allow_stale: bool = False) -> pb.Job:
+        request = pb.GetJobRequest(job_id=job_id, allow_stale=allow_stale)
+        response = self.call("GetJob", lambda a, t: self.scheduler(a).GetJob(request, timeout=t))
+        job: pb.Job = response.job
+        return job
+
+    def list_jobs(self, **filters: Any) -> list[pb.Job]:
+        request = pb.ListJobsRequest(**filters)
+        response = self.call(
+            "ListJobs", lambda a, t: self.scheduler(a).ListJobs(request, timeout=t)
+        )
+        return list(response.jobs)
+
+    def cancel_job(self, job_id: str, reason: str = "") -> pb.CancelJobResponse:
+        request = pb.CancelJobRequest(job_id=job_id, reason=reason)
+        response: pb.CancelJobResponse = self.call(
+            "CancelJob", lambda a, t: self.scheduler(a).CancelJob(request, timeout=t)
+        )
+        return response
+
+    def explain_job(self, job_id: str) -> pb.ExplainJobResponse:
+        request = pb.ExplainJobRequest(job_id=job_id)
+        response: pb.ExplainJobResponse = self.call(
+            "ExplainJob", lambda a, t: self.scheduler(a).ExplainJob(request, timeout=t)
+        )
+        return response
+
+    def set_node_status(self, node_id: str, action: str, reason: str = "") -> str:
+        """``action`` is ``cordon``, ``uncordon`` or ``drain``; returns the new status."""
+        methods = {"cordon": "CordonNode", "uncordon": "UncordonNode", "drain": "DrainNode"}
+        if action not in methods:
+            raise ValueError(f"action must be one of {sorted(methods)}, got {action!r}")
+        method = methods[action]
+        request = pb.NodeStatusRequest(node_id=node_id, reason=reason)
+        response: pb.NodeStatusResponse = self.call(
+            method, lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t)
+        )
+        return response.status
+
+    def list_nodes(self) -> list[pb.Node]:
+        request = pb.ListNodesRequest()
+        response = self.call(
+            "ListNodes", lambda a, t: self.scheduler(a).ListNodes(request, timeout=t)
+        )
+        return list(response.nodes)
+
+    def cluster_status(self) -> pb.GetClusterStatusResponse:
+        """Asked of any replica that answers (no leader needed)."""
+        request = pb.GetClusterStatusRequest()
+        attempts: list[tuple[str, str]] = []
+        for address in [self._preferred, *self.addresses]:
+            try:
+                response: pb.GetClusterStatusResponse = self.scheduler(address).GetClusterStatus(
+                    request, timeout=self.per_try_timeout_s
+                )
+                return response
+            except grpc.RpcError as exc:
+                attempts.append((address, f"{exc.code()}: {exc.details()}"))
+        raise ClusterUnavailable("GetClusterStatus", attempts)
+
+    def register_node(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
+        response: pb.RegisterNodeResponse = self.call(
+            "RegisterNode", lambda a, t: self.agent(a).RegisterNode(request, timeout=t)
+        )
+        return response
+
+    def heartbeat(
+        self, request: pb.HeartbeatRequest, timeout_s: float | None = None
+    ) -> pb.HeartbeatResponse:
+        response: pb.HeartbeatResponse = self.call(
+            "Heartbeat",
+            lambda a, t: self.agent(a).Heartbeat(request, timeout=t),
+            timeout_s=timeout_s,
+        )
+        return response
+
+
+def _leader_hint(exc: grpc.RpcError) -> str:
+    trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for item in trailing or ():
+        key, value = item[0], item[1]
+        if key == LEADER_METADATA_KEY and isinstance(value, str):
+            return value
+    return ""

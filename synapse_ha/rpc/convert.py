@@ -1,0 +1,247 @@
+"""Conversions between protobuf messages and core values. No I/O, no policy."""
+
+from __future__ import annotations
+
+import re
+
+from synapse_ha.app.desired import host_of
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import (
+    Attempt,
+    Job,
+    JobSpec,
+    Node,
+    NodeInfo,
+    Resources,
+    RetryPolicy,
+)
+from synapse_ha.core.views import DesiredMember
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.spec import SpecError, check_job_spec
+
+NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
+_INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------- job spec
+
+
+def spec_from_proto(msg: pb.JobSpec, topology_levels: tuple[str, ...]) -> JobSpec:
+    """Build and validate a core spec; raises :class:`SpecError` naming the field."""
+    which = msg.WhichOneof("command")
+    if which == "shell_command":
+        command: tuple[str, ...] = (msg.shell_command,)
+        shell = True
+    elif which == "argv":
+        command = tuple(msg.argv.args)
+        shell = False
+    else:
+        raise SpecError("command", "is required (shell_command or argv)")
+    names = [e.name for e in msg.env]
+    retries = msg.retries if msg.HasField("retries") else None
+    defaults = RetryPolicy()
+    spec = JobSpec(
+        name=msg.name,
+        replicas=msg.replicas,
+        resources=Resources(
+            cpu_milli=msg.resources.cpu_milli,
+            memory_mib=msg.resources.memory_mib,
+            gpu=msg.resources.gpu,
+        ),
+        command=command,
+        shell=shell,
+        env=tuple(zip(names, (e.value for e in msg.env), strict=True)),
+        workdir=msg.workdir,
+        priority=msg.priority,
+        topology_required=msg.topology_required,
+        topology_preferred=msg.topology_preferred,
+        time_limit_ms=msg.time_limit_ms,
+        retries=RetryPolicy(
+            max_retries=retries.max,
+            backoff_ms=retries.backoff_ms or defaults.backoff_ms,
+            max_backoff_ms=retries.max_backoff_ms or defaults.max_backoff_ms,
+        )
+        if retries is not None
+        else defaults,
+    )
+    check_job_spec(spec, topology_levels)
+    return spec
+
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    msg = pb.JobSpec(
+        name=spec.name,
+        replicas=spec.replicas,
+        resources=resources_to_proto(spec.resources),
+        env=[pb.EnvVar(name=k, value=v) for k, v in spec.env],
+        workdir=spec.workdir,
+        priority=spec.priority,
+        topology_required=spec.topology_required,
+        topology_preferred=spec.topology_preferred,
+        time_limit_ms=spec.time_limit_ms,
+        retries=pb.RetryPolicy(
+            max=spec.retries.max_retries,
+            backoff_ms=spec.retries.backoff_ms,
+            max_backoff_ms=spec.retries.max_backoff_ms,
+        ),
+    )
+    if spec.shell:
+        msg.shell_command = spec.command[0] if spec.command else ""
+    else:
+        msg.argv.args.extend(spec.command)
+    return msg
+
+
+def resources_to_proto(r: Resources) -> pb.Resources:
+    return pb.Resources(cpu_milli=r.cpu_milli, memory_mib=r.memory_mib, gpu=r.gpu)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def attempt_to_proto(a: Attempt) -> pb.Attempt:
+    members = []
+    for placement, status in zip(a.members, a.member_status, strict=False):
+        members.append(
+            pb.Member(
+                rank=placement.rank,
+                node_id=placement.node_id,
+                gpus=list(placement.gpus),
+                state=str(status.state),
+                has_exit_code=status.exit_code is not None,
+                exit_code=status.exit_code or 0,
+            )
+        )
+    return pb.Attempt(
+        number=a.number,
+        fencing_token=a.fencing_token,
+        master_port=a.master_port,
+        bound_at_ms=a.bound_at_ms,
+        started_at_ms=a.started_at_ms,
+        ended_at_ms=a.ended_at_ms,
+        outcome=a.outcome,
+        members=members,
+    )
+
+
+def job_to_proto(job: Job) -> pb.Job:
+    msg = pb.Job(
+        job_id=job.job_id,
+        request_id=job.request_id,
+        spec=spec_to_proto(job.spec),
+        state=str(job.state),
+        reason=job.reason,
+        submitted_at_ms=job.submitted_at_ms,
+        finished_at_ms=job.finished_at_ms,
+        attempts_made=job.attempts_made,
+        retry_not_before_ms=job.retry_not_before_ms,
+        seq=job.seq,
+    )
+    if job.attempt is not None:
+        msg.attempt.CopyFrom(attempt_to_proto(job.attempt))
+    return msg
+
+
+# -------------------------------------------------------------------------- nodes
+
+
+def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
+    return pb.Node(
+        node_id=node.node_id,
+        address=node.info.address,
+        status=str(node.status),
+        status_reason=node.status_reason,
+        capacity=resources_to_proto(node.info.capacity),
+        allocated=resources_to_proto(node.allocated),
+        allocated_gpus=sorted(node.allocated_gpus),
+        topology=[pb.TopologyLabel(level=k, value=v) for k, v in node.info.topology],
+        gpu_model=node.info.gpu_model,
+        registered_at_ms=node.registered_at_ms,
+        last_heartbeat_age_ms=heartbeat_age_ms,
+    )
+
+
+def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
+    """Build a node description; raises :class:`SpecError` naming the field."""
+    if not NODE_ID_PATTERN.match(msg.node_id):
+        raise SpecError("node_id", "1 to 128 characters of letters, digits and . _ -")
+    host, sep, port = msg.address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError("address", f"{msg.address!r} is not host:port")
+    capacity = Resources(msg.capacity.cpu_milli, msg.capacity.memory_mib, msg.capacity.gpu)
+    if capacity.is_negative():
+        raise SpecError("capacity", "must not be negative")
+    islands = tuple(tuple(island.gpus) for island in msg.gpu_islands)
+    if not islands and capacity.gpu:
+        islands = (tuple(range(capacity.gpu)),)
+    flat = sorted(g for island in islands for g in island)
+    if flat != list(range(capacity.gpu)):
+        raise SpecError(
+            "gpu_islands", f"must hold every GPU index 0..{capacity.gpu - 1} exactly once"
+        )
+    levels = [label.level for label in msg.topology]
+    if len(set(levels)) != len(levels):
+        raise SpecError("topology", "a level appears twice")
+    return NodeInfo(
+        node_id=msg.node_id,
+        address=msg.address,
+        capacity=capacity,
+        gpu_islands=islands,
+        gpu_model=msg.gpu_model,
+        topology=tuple(sorted((label.level, label.value) for label in msg.topology)),
+        features=tuple(sorted(set(msg.features))),
+    )
+
+
+# ---------------------------------------------------------------------- heartbeats
+
+
+def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.MemberEvent, ...]:
+    events = []
+    for i, report in enumerate(reports):
+        if report.kind == pb.MemberReport.STARTED:
+            kind = cmd.MemberEventKind.STARTED
+        elif report.kind == pb.MemberReport.EXITED:
+            kind = cmd.MemberEventKind.EXITED
+        else:
+            raise SpecError(f"reports[{i}].kind", "must be STARTED or EXITED")
+        if not report.job_id:
+            raise SpecError(f"reports[{i}].job_id", "is required")
+        if report.rank < 0 or report.fencing_token <= 0:
+            raise SpecError(f"reports[{i}]", "rank must be >= 0 and fencing_token > 0")
+        events.append(
+            cmd.MemberEvent(
+                job_id=report.job_id,
+                fencing_token=report.fencing_token,
+                rank=report.rank,
+                kind=kind,
+                exit_code=report.exit_code,
+                detail=report.detail[:1024],
+            )
+        )
+    return tuple(events)
+
+
+def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
+    return pb.DesiredMember(
+        job_id=d.job_id,
+        fencing_token=d.fencing_token,
+        attempt=d.attempt,
+        rank=d.rank,
+        world_size=d.world_size,
+        gpus=list(d.gpus),
+        master_addr=host_of(d.master_addr),
+        master_port=d.master_port,
+        member_hosts=[host_of(h) for h in d.member_hosts],
+        local_rank=d.local_rank,
+        local_world_size=d.local_world_size,
+        command=list(d.spec.command),
+        shell=d.spec.shell,
+        env=[pb.EnvVar(name=k, value=v) for k, v in d.spec.env],
+        workdir=d.spec.workdir,
+        time_limit_ms=d.spec.time_limit_ms,
+    )
+
+
+def clamp_int32(value: int) -> int:
+    return max(-_INT32_MAX, min(_INT32_MAX, value))

@@ -1,0 +1,453 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Resources(_message.Message):
+    __slots__ = ("cpu_milli", "memory_mib", "gpu")
+    CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    cpu_milli: int
+    memory_mib: int
+    gpu: int
+    def __init__(self, cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpu: _Optional[int] = ...) -> None: ...
+
+class TopologyLabel(_message.Message):
+    __slots__ = ("level", "value")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    level: str
+    value: str
+    def __init__(self, level: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class EnvVar(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class RetryPolicy(_message.Message):
+    __slots__ = ("max", "backoff_ms", "max_backoff_ms")
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKOFF_MS_FIELD_NUMBER: _ClassVar[int]
+    max: int
+    backoff_ms: int
+    max_backoff_ms: int
+    def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SHELL_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_PREFERRED_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    replicas: int
+    resources: Resources
+    shell_command: str
+    argv: CommandArgs
+    env: _containers.RepeatedCompositeFieldContainer[EnvVar]
+    workdir: str
+    priority: int
+    topology_required: str
+    topology_preferred: str
+    time_limit_ms: int
+    retries: RetryPolicy
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ...) -> None: ...
+
+class CommandArgs(_message.Message):
+    __slots__ = ("args",)
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    args: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, args: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("rank", "node_id", "gpus", "state", "has_exit_code", "exit_code")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node_id: str
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    state: str
+    has_exit_code: bool
+    exit_code: int
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("number", "fencing_token", "master_port", "bound_at_ms", "started_at_ms", "ended_at_ms", "outcome", "members")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    BOUND_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    fencing_token: int
+    master_port: int
+    bound_at_ms: int
+    started_at_ms: int
+    ended_at_ms: int
+    outcome: str
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., master_port: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_MADE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_NOT_BEFORE_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    request_id: str
+    spec: JobSpec
+    state: str
+    reason: str
+    submitted_at_ms: int
+    finished_at_ms: int
+    attempts_made: int
+    retry_not_before_ms: int
+    attempt: Attempt
+    seq: int
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts_made: _Optional[int] = ..., retry_not_before_ms: _Optional[int] = ..., attempt: _Optional[_Union[Attempt, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec", "request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: JobSpec
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job_id", "created")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    created: bool
+    def __init__(self, job_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id", "allow_stale")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    allow_stale: bool
+    def __init__(self, job_id: _Optional[str] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
+
+class GetJobResponse(_message.Message):
+    __slots__ = ("job", "stale")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    stale: bool
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("states", "name", "node_id", "limit", "allow_stale")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    node_id: str
+    limit: int
+    allow_stale: bool
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node_id: _Optional[str] = ..., limit: _Optional[int] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "stale")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    stale: bool
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("state", "message")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    message: str
+    def __init__(self, state: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ExplainJobRequest(_message.Message):
+    __slots__ = ("job_id", "allow_stale")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    allow_stale: bool
+    def __init__(self, job_id: _Optional[str] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
+
+class ExplainJobResponse(_message.Message):
+    __slots__ = ("job_id", "state", "explanation", "stale")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: str
+    explanation: str
+    stale: bool
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., explanation: _Optional[str] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_REASON_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    status: str
+    status_reason: str
+    capacity: Resources
+    allocated: Resources
+    allocated_gpus: _containers.RepeatedScalarFieldContainer[int]
+    topology: _containers.RepeatedCompositeFieldContainer[TopologyLabel]
+    gpu_model: str
+    registered_at_ms: int
+    last_heartbeat_age_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("allow_stale",)
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    allow_stale: bool
+    def __init__(self, allow_stale: _Optional[bool] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes", "stale")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    stale: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class NodeStatusRequest(_message.Message):
+    __slots__ = ("node_id", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NodeStatusResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    def __init__(self, status: _Optional[str] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica_id", "raft_address", "grpc_address", "role", "term", "commit_index", "last_applied", "leader_id", "healthy", "error")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    raft_address: str
+    grpc_address: str
+    role: str
+    term: int
+    commit_index: int
+    last_applied: int
+    leader_id: str
+    healthy: bool
+    error: str
+    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class GetClusterStatusRequest(_message.Message):
+    __slots__ = ("local_only",)
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    local_only: bool
+    def __init__(self, local_only: _Optional[bool] = ...) -> None: ...
+
+class GetClusterStatusResponse(_message.Message):
+    __slots__ = ("answered_by", "leader_id", "leader_address", "replicas", "nodes", "jobs", "pending_jobs", "running_jobs")
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    answered_by: str
+    leader_id: str
+    leader_address: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    nodes: int
+    jobs: int
+    pending_jobs: int
+    running_jobs: int
+    def __init__(self, answered_by: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., nodes: _Optional[int] = ..., jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features")
+    class GpuIsland(_message.Message):
+        __slots__ = ("gpus",)
+        GPUS_FIELD_NUMBER: _ClassVar[int]
+        gpus: _containers.RepeatedScalarFieldContainer[int]
+        def __init__(self, gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    GPU_ISLANDS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    capacity: Resources
+    gpu_islands: _containers.RepeatedCompositeFieldContainer[RegisterNodeRequest.GpuIsland]
+    gpu_model: str
+    topology: _containers.RepeatedCompositeFieldContainer[TopologyLabel]
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    heartbeat_interval_ms: int
+    lease_ttl_ms: int
+    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class MemberReport(_message.Message):
+    __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[MemberReport.Kind]
+        STARTED: _ClassVar[MemberReport.Kind]
+        EXITED: _ClassVar[MemberReport.Kind]
+    KIND_UNSPECIFIED: MemberReport.Kind
+    STARTED: MemberReport.Kind
+    EXITED: MemberReport.Kind
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    fencing_token: int
+    rank: int
+    kind: MemberReport.Kind
+    exit_code: int
+    detail: str
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class DesiredMember(_message.Message):
+    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    SHELL_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_MS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    fencing_token: int
+    attempt: int
+    rank: int
+    world_size: int
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    master_addr: str
+    master_port: int
+    member_hosts: _containers.RepeatedScalarFieldContainer[str]
+    local_rank: int
+    local_world_size: int
+    command: _containers.RepeatedScalarFieldContainer[str]
+    shell: bool
+    env: _containers.RepeatedCompositeFieldContainer[EnvVar]
+    workdir: str
+    time_limit_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "reports", "running")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    running: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("desired", "lease_ttl_ms", "heartbeat_interval_ms", "acked_reports", "node_status", "leader_term")
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
+    desired: _containers.RepeatedCompositeFieldContainer[DesiredMember]
+    lease_ttl_ms: int
+    heartbeat_interval_ms: int
+    acked_reports: int
+    node_status: str
+    leader_term: int
+    def __init__(self, desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., acked_reports: _Optional[int] = ..., node_status: _Optional[str] = ..., leader_term: _Optional[int] = ...) -> None: ...

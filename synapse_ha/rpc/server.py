@@ -1,0 +1,485 @@
+"""gRPC servicers of one replica: thin adapters that convert, call and convert back.
+
+Routing (see protos/synapse/v1/control.proto): writes and fresh reads need the serving
+leader (leader whose term barrier has committed). Elsewhere a request gets
+FAILED_PRECONDITION with the leader's gRPC address in the trailing metadata key
+``synapse-leader``, or UNAVAILABLE when no leader is known. Writes wait for their commit
+with a deadline; an unknown outcome is DEADLINE_EXCEEDED (safe to retry with the same
+request id).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import NoReturn, Protocol
+
+import grpc
+
+from synapse_ha.app.desired import desired_by_node
+from synapse_ha.app.leader import Liveness
+from synapse_ha.app.ports import ProposalError
+from synapse_ha.core import commands as cmd
+from synapse_ha.core import validation
+from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, NodeStatus
+from synapse_ha.core.scheduler import explain
+from synapse_ha.core.views import DesiredMember
+from synapse_ha.rpc import convert
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.spec import SpecError, check_request_id
+
+log = logging.getLogger(__name__)
+
+LEADER_METADATA_KEY = "synapse-leader"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAddress:
+    replica_id: str
+    raft: str
+    grpc: str
+
+
+class RaftStatusView(Protocol):
+    @property
+    def role(self) -> str: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def commit_index(self) -> int: ...
+    @property
+    def last_applied(self) -> int: ...
+    @property
+    def leader(self) -> str: ...
+    @property
+    def has_quorum(self) -> bool: ...
+
+
+class Backend(Protocol):
+    """What the servicers need from the replica (implemented by the Raft replica)."""
+
+    def propose(self, command: cmd.Command) -> futures.Future[cmd.Result]: ...
+    def reading(self) -> AbstractContextManager[ClusterState]: ...
+    def cluster_config(self) -> ClusterConfig: ...
+    def status(self) -> RaftStatusView: ...
+    def is_leader(self) -> bool: ...
+    def leader_address(self) -> str: ...
+
+
+@dataclass(slots=True)
+class ReplicaContext:
+    """Everything the servicers share. ``serving`` says whether this replica is the leader
+    and its term barrier has committed; ``clock_ms`` is wall-clock milliseconds."""
+
+    self_id: str
+    replicas: Sequence[ReplicaAddress]
+    backend: Backend
+    liveness: Liveness
+    serving: Callable[[], bool]
+    clock_ms: Callable[[], int]
+    write_timeout_s: float = 5.0
+
+    def by_raft(self, raft_address: str) -> ReplicaAddress | None:
+        for r in self.replicas:
+            if r.raft == raft_address:
+                return r
+        return None
+
+
+_RESULT_STATUS = {
+    cmd.ResultCode.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    cmd.ResultCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    cmd.ResultCode.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
+    cmd.ResultCode.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+class _Base:
+    def __init__(self, ctx: ReplicaContext) -> None:
+        self.ctx = ctx
+
+    # ----------------------------------------------------------------- routing
+
+    def _require_serving_leader(self, context: grpc.ServicerContext) -> None:
+        ctx = self.ctx
+        if ctx.serving():
+            return
+        if ctx.backend.is_leader():
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "this replica was just elected leader and is committing its barrier; retry",
+            )
+        leader = ctx.by_raft(ctx.backend.leader_address())
+        if leader is None or leader.replica_id == ctx.self_id:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no leader is elected; retry shortly")
+        context.set_trailing_metadata(((LEADER_METADATA_KEY, leader.grpc),))
+        context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"not the leader; the leader is {leader.replica_id} at {leader.grpc}",
+        )
+
+    def _read_mode(self, context: grpc.ServicerContext, allow_stale: bool) -> bool:
+        """Check a read may be served here; return whether the answer is stale."""
+        if self.ctx.serving():
+            return False
+        if allow_stale:
+            return True
+        self._require_serving_leader(context)
+        return False
+
+    def _propose(self, context: grpc.ServicerContext, command: cmd.Command) -> cmd.Result:
+        """Commit ``command`` and return its result; abort on any failure."""
+        self._require_serving_leader(context)
+        remaining = context.time_remaining()
+        timeout = self.ctx.write_timeout_s
+        if remaining is not None:
+            timeout = max(0.0, min(timeout, remaining - 0.05))
+        future = self.ctx.backend.propose(command)
+        try:
+            result = future.result(timeout=timeout)
+        except futures.TimeoutError:
+            context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "the outcome is unknown (not committed within the deadline); "
+                "retrying with the same request is safe",
+            )
+        except ProposalError as exc:
+            if exc.committed_unknown:
+                context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"the outcome is unknown ({exc}); retrying with the same request is safe",
+                )
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed: {exc}; retry")
+        return result
+
+    def _check(self, context: grpc.ServicerContext, result: cmd.Result) -> cmd.Result:
+        if not result.ok:
+            context.abort(_RESULT_STATUS.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
+        return result
+
+
+def _invalid(context: grpc.ServicerContext, error: SpecError) -> NoReturn:
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
+    # ------------------------------------------------------------------- writes
+
+    def SubmitJob(
+        self, request: pb.SubmitJobRequest, context: grpc.ServicerContext
+    ) -> pb.SubmitJobResponse:
+        if not request.HasField("spec"):
+            _invalid(context, SpecError("spec", "is required"))
+        config = self.ctx.backend.cluster_config()
+        levels = config.topology_levels
+        levels_with_host = config.levels_with_host()
+        try:
+            spec = convert.spec_from_proto(request.spec, levels)
+            check_request_id(request.request_id)
+        except SpecError as exc:
+            _invalid(context, exc)
+        problems = validation.check_job_spec(spec, levels_with_host)
+        if problems:
+            field, _, rule = problems[0].partition(":")
+            _invalid(context, SpecError(field.strip(), rule.strip()))
+        request_id = request.request_id or f"srv-{uuid.uuid4().hex}"
+        command = cmd.SubmitJob(spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms())
+        result = self._check(context, self._propose(context, command))
+        created = not result.message.startswith("duplicate")
+        return pb.SubmitJobResponse(job_id=result.job_id, created=created)
+
+    def CancelJob(
+        self, request: pb.CancelJobRequest, context: grpc.ServicerContext
+    ) -> pb.CancelJobResponse:
+        if not request.job_id:
+            _invalid(context, SpecError("job_id", "is required"))
+        command = cmd.CancelJob(
+            job_id=request.job_id,
+            reason=request.reason[:1024] or "cancelled by user",
+            now_ms=self.ctx.clock_ms(),
+        )
+        result = self._check(context, self._propose(context, command))
+        with self.ctx.backend.reading() as state:
+            job = state.jobs.get(request.job_id)
+            job_state = str(job.state) if job is not None else str(JobState.CANCELLED)
+        return pb.CancelJobResponse(state=job_state, message=result.message)
+
+    def _set_node_status(
+        self, request: pb.NodeStatusRequest, context: grpc.ServicerContext, status: NodeStatus
+    ) -> pb.NodeStatusResponse:
+        if not request.node_id:
+            _invalid(context, SpecError("node_id", "is required"))
+        command = cmd.SetNodeStatus(
+            node_id=request.node_id,
+            status=status,
+            reason=request.reason[:1024],
+            now_ms=self.ctx.clock_ms(),
+        )
+        self._check(context, self._propose(context, command))
+        with self.ctx.backend.reading() as state:
+            node = state.nodes.get(request.node_id)
+            return pb.NodeStatusResponse(status=str(node.status) if node else "")
+
+    def CordonNode(
+        self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
+    ) -> pb.NodeStatusResponse:
+        return self._set_node_status(request, context, NodeStatus.CORDONED)
+
+    def UncordonNode(
+        self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
+    ) -> pb.NodeStatusResponse:
+        return self._set_node_status(request, context, NodeStatus.READY)
+
+    def DrainNode(
+        self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
+    ) -> pb.NodeStatusResponse:
+        return self._set_node_status(request, context, NodeStatus.DRAINING)
+
+    # -------------------------------------------------------------------- reads
+
+    def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.GetJobResponse:
+        if not request.job_id:
+            _invalid(context, SpecError("job_id", "is required"))
+        stale = self._read_mode(context, request.allow_stale)
+        with self.ctx.backend.reading() as state:
+            job = state.jobs.get(request.job_id)
+            if job is not None:
+                return pb.GetJobResponse(job=convert.job_to_proto(job), stale=stale)
+        context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+
+    def ListJobs(
+        self, request: pb.ListJobsRequest, context: grpc.ServicerContext
+    ) -> pb.ListJobsResponse:
+        wanted_states = set()
+        for i, name in enumerate(request.states):
+            try:
+                wanted_states.add(JobState(name.upper()))
+            except ValueError:
+                allowed = ", ".join(s.value for s in JobState)
+                _invalid(context, SpecError(f"states[{i}]", f"{name!r} is not one of {allowed}"))
+        if request.limit < 0:
+            _invalid(context, SpecError("limit", "must not be negative"))
+        stale = self._read_mode(context, request.allow_stale)
+        out = []
+        with self.ctx.backend.reading() as state:
+            for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+                if wanted_states and job.state not in wanted_states:
+                    continue
+                if request.name and job.spec.name != request.name:
+                    continue
+                if request.node_id and not (
+                    job.attempt is not None
+                    and any(m.node_id == request.node_id for m in job.attempt.members)
+                ):
+                    continue
+                out.append(convert.job_to_proto(job))
+                if request.limit and len(out) >= request.limit:
+                    break
+        return pb.ListJobsResponse(jobs=out, stale=stale)
+
+    def ExplainJob(
+        self, request: pb.ExplainJobRequest, context: grpc.ServicerContext
+    ) -> pb.ExplainJobResponse:
+        if not request.job_id:
+            _invalid(context, SpecError("job_id", "is required"))
+        stale = self._read_mode(context, request.allow_stale)
+        now = self.ctx.clock_ms()
+        with self.ctx.backend.reading() as state:
+            job = state.jobs.get(request.job_id)
+            if job is not None:
+                return pb.ExplainJobResponse(
+                    job_id=job.job_id,
+                    state=str(job.state),
+                    explanation=explain(state, job.job_id, now),
+                    stale=stale,
+                )
+        context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+
+    def ListNodes(
+        self, request: pb.ListNodesRequest, context: grpc.ServicerContext
+    ) -> pb.ListNodesResponse:
+        stale = self._read_mode(context, request.allow_stale)
+        now = self.ctx.clock_ms()
+        out = []
+        with self.ctx.backend.reading() as state:
+            for node_id in sorted(state.nodes):
+                heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
+                age = -1 if heard is None else max(0, now - heard)
+                out.append(convert.node_to_proto(state.nodes[node_id], age))
+        return pb.ListNodesResponse(nodes=out, stale=stale)
+
+    def GetClusterStatus(
+        self, request: pb.GetClusterStatusRequest, context: grpc.ServicerContext
+    ) -> pb.GetClusterStatusResponse:
+        ctx = self.ctx
+        own = self._local_status()
+        replicas = [own]
+        if not request.local_only:
+            replicas = [
+                own if r.replica_id == ctx.self_id else _ask_replica(r) for r in ctx.replicas
+            ]
+        leader = ctx.by_raft(ctx.backend.leader_address())
+        with ctx.backend.reading() as state:
+            jobs = list(state.jobs.values())
+            response = pb.GetClusterStatusResponse(
+                answered_by=ctx.self_id,
+                leader_id=leader.replica_id if leader else "",
+                leader_address=leader.grpc if leader else "",
+                replicas=replicas,
+                nodes=len(state.nodes),
+                jobs=len(jobs),
+                pending_jobs=sum(1 for j in jobs if j.state is JobState.PENDING),
+                running_jobs=sum(1 for j in jobs if j.state.holds_resources),
+            )
+        return response
+
+    def _local_status(self) -> pb.ReplicaStatus:
+        ctx = self.ctx
+        raft = ctx.backend.status()
+        me = next(r for r in ctx.replicas if r.replica_id == ctx.self_id)
+        leader = ctx.by_raft(raft.leader)
+        healthy = raft.has_quorum and leader is not None
+        error = ""
+        if not raft.has_quorum:
+            error = "cannot reach a majority of replicas"
+        elif leader is None:
+            error = "no leader known"
+        return pb.ReplicaStatus(
+            replica_id=me.replica_id,
+            raft_address=me.raft,
+            grpc_address=me.grpc,
+            role=raft.role,
+            term=raft.term,
+            commit_index=raft.commit_index,
+            last_applied=raft.last_applied,
+            leader_id=leader.replica_id if leader else "",
+            healthy=healthy,
+            error=error,
+        )
+
+
+def _ask_replica(replica: ReplicaAddress) -> pb.ReplicaStatus:
+    try:
+        with grpc.insecure_channel(replica.grpc) as channel:
+            stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+            answer = stub.GetClusterStatus(pb.GetClusterStatusRequest(local_only=True), timeout=0.5)
+        if answer.replicas:
+            status: pb.ReplicaStatus = answer.replicas[0]
+            return status
+        raise RuntimeError("empty answer")
+    except (grpc.RpcError, RuntimeError) as exc:
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+        return pb.ReplicaStatus(
+            replica_id=replica.replica_id,
+            raft_address=replica.raft,
+            grpc_address=replica.grpc,
+            role="unreachable",
+            healthy=False,
+            error=str(detail),
+        )
+
+
+class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
+    """Register and Heartbeat, for synapse-worker agents. Leader only."""
+
+    def __init__(self, ctx: ReplicaContext) -> None:
+        super().__init__(ctx)
+        self._desired_lock = threading.Lock()
+        self._desired_version = -1
+        self._desired: dict[str, list[DesiredMember]] = {}
+
+    def RegisterNode(
+        self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterNodeResponse:
+        try:
+            info = convert.node_info_from_proto(request)
+        except SpecError as exc:
+            _invalid(context, exc)
+        problems = validation.check_node_info(info)
+        if problems:
+            field, _, rule = problems[0].partition(":")
+            _invalid(context, SpecError(field.strip(), rule.strip()))
+        now = self.ctx.clock_ms()
+        self._check(context, self._propose(context, cmd.RegisterNode(info=info, now_ms=now)))
+        self.ctx.liveness.heard(info.node_id, now)
+        with self.ctx.backend.reading() as state:
+            timeouts = state.config.timeouts
+            node = state.nodes.get(info.node_id)
+            return pb.RegisterNodeResponse(
+                status=str(node.status) if node else "",
+                heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
+                lease_ttl_ms=timeouts.lease_ttl_ms,
+            )
+
+    def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        if not request.node_id:
+            _invalid(context, SpecError("node_id", "is required"))
+        try:
+            events = convert.member_events_from_proto(list(request.reports))
+        except SpecError as exc:
+            _invalid(context, exc)
+        self._require_serving_leader(context)
+        now = self.ctx.clock_ms()
+        with self.ctx.backend.reading() as state:
+            known = request.node_id in state.nodes
+        if not known:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"node {request.node_id!r} is not registered; call RegisterNode",
+            )
+        self.ctx.liveness.heard(request.node_id, now)
+        acked = 0
+        if events:
+            command = cmd.ReportMembers(
+                node_id=request.node_id,
+                events=events,
+                jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
+                now_ms=now,
+            )
+            self._check(context, self._propose(context, command))
+            acked = len(events)
+        term = self.ctx.backend.status().term
+        with self.ctx.backend.reading() as state:
+            desired = self._desired_for(state, request.node_id)
+            node = state.nodes.get(request.node_id)
+            timeouts = state.config.timeouts
+            node_status = str(node.status) if node else str(NodeStatus.DEAD)
+        return pb.HeartbeatResponse(
+            desired=[convert.desired_to_proto(d) for d in desired],
+            lease_ttl_ms=timeouts.lease_ttl_ms,
+            heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
+            acked_reports=acked,
+            node_status=node_status,
+            leader_term=term,
+        )
+
+    def _desired_for(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
+        """Desired members, computed once per state version and shared by heartbeats.
+        The caller holds the state lock."""
+        with self._desired_lock:
+            if self._desired_version != state.applied_commands:
+                self._desired = desired_by_node(state)
+                self._desired_version = state.applied_commands
+            return self._desired.get(node_id, [])
+
+
+def build_server(ctx: ReplicaContext, address: str, max_workers: int = 32) -> grpc.Server:
+    """A gRPC server with both services bound to ``address`` (not started)."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(ctx), server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_NodeAgentServiceServicer_to_server(NodeAgentServicer(ctx), server)  # type: ignore[no-untyped-call]
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot bind the gRPC address {address}")
+    return server

@@ -1,0 +1,391 @@
+"""``synapse-scheduler``: one replica of the control plane (composition root).
+
+Configuration comes from flags and/or a TOML file (flags win)::
+
+    replica_id = "r1"
+    data_dir = "/var/lib/synapse/r1"
+    raft_password_file = "/etc/synapse/raft.password"   # or env SYNAPSE_RAFT_PASSWORD
+    [[replicas]]
+    id = "r1"
+    raft = "10.0.0.1:7001"
+    grpc = "10.0.0.1:7101"
+    # ... one table per replica, the same list on every replica
+    [timeouts]
+    heartbeat_interval = "1s"
+    lease_ttl = "4s"
+    leader_step_down = "2s"
+    dead_timeout = "10s"
+    [raft]
+    election_min = "400ms"
+    election_max = "800ms"
+
+The process runs in the foreground, logs to stderr, logs ``ready: ...`` once it has joined
+a quorum with a known leader, and stops gracefully on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import random
+import signal
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
+from synapse_ha.core.model import Timeouts
+from synapse_ha.raft.replica import RaftReplica, RaftTiming
+from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
+from synapse_ha.spec import SpecError, parse_duration
+
+log = logging.getLogger("synapse.scheduler")
+
+
+class ConfigError(Exception):
+    """A configuration the replica refuses to start with; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    replica_id: str
+    replicas: tuple[ReplicaAddress, ...]
+    data_dir: str
+    raft_password: str
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    timing: RaftTiming = field(default_factory=RaftTiming)
+    log_level: str = "INFO"
+
+    @property
+    def me(self) -> ReplicaAddress:
+        return next(r for r in self.replicas if r.replica_id == self.replica_id)
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+def _address(value: str, what: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what}: {value!r} is not host:port")
+    return value
+
+
+def parse_replica(value: str) -> ReplicaAddress:
+    """``ID=RAFT_HOST:PORT,GRPC_HOST:PORT``."""
+    replica_id, sep, rest = value.partition("=")
+    addresses = rest.split(",")
+    if not sep or not replica_id or len(addresses) != 2:
+        raise ConfigError(
+            f"--replica {value!r}: expected ID=RAFT_HOST:PORT,GRPC_HOST:PORT "
+            "(e.g. r1=10.0.0.1:7001,10.0.0.1:7101)"
+        )
+    return ReplicaAddress(
+        replica_id=replica_id,
+        raft=_address(addresses[0].strip(), f"replica {replica_id} raft address"),
+        grpc=_address(addresses[1].strip(), f"replica {replica_id} grpc address"),
+    )
+
+
+def _ms(value: object, what: str) -> int:
+    try:
+        return parse_duration(value, what)
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="synapse-scheduler", description="Run one replica of the synapse control plane."
+    )
+    p.add_argument("--config", help="TOML configuration file")
+    p.add_argument("--id", dest="replica_id", help="this replica's id (one of --replica)")
+    p.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        metavar="ID=RAFT,GRPC",
+        help="a replica as ID=RAFT_HOST:PORT,GRPC_HOST:PORT; repeat for every replica",
+    )
+    p.add_argument("--data-dir", help="directory for the Raft journal and snapshot")
+    p.add_argument(
+        "--raft-password-file",
+        help="file holding the Raft password (or set SYNAPSE_RAFT_PASSWORD)",
+    )
+    for name in ("heartbeat-interval", "lease-ttl", "leader-step-down", "dead-timeout"):
+        p.add_argument(f"--{name}", help="a duration such as 1s, 500ms or 10s")
+    p.add_argument("--election-min", help="Raft election timeout, lower bound (e.g. 400ms)")
+    p.add_argument("--election-max", help="Raft election timeout, upper bound (e.g. 800ms)")
+    p.add_argument(
+        "--compaction-entries",
+        type=int,
+        help="write a snapshot and trim the journal after this many entries (default 20000)",
+    )
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> SchedulerConfig:
+    """Merge the TOML file and flags; raise :class:`ConfigError` on anything wrong."""
+    environ = dict(os.environ if environ is None else environ)
+    args = build_parser().parse_args(list(argv))
+    doc: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                doc = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"--config {args.config}: {exc}") from None
+
+    replica_id = args.replica_id or doc.get("replica_id", "")
+    if not replica_id or not isinstance(replica_id, str):
+        raise ConfigError("replica id is required (--id or replica_id)")
+    replicas: list[ReplicaAddress] = [parse_replica(v) for v in args.replica]
+    if not replicas:
+        for i, table in enumerate(doc.get("replicas", [])):
+            if not isinstance(table, dict) or set(table) != {"id", "raft", "grpc"}:
+                raise ConfigError(f"replicas[{i}]: expected a table with id, raft and grpc")
+            replicas.append(parse_replica(f"{table['id']}={table['raft']},{table['grpc']}"))
+    if not replicas:
+        raise ConfigError("no replicas configured (--replica or [[replicas]])")
+    ids = [r.replica_id for r in replicas]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"replica ids must be unique, got {ids}")
+    for kind in ("raft", "grpc"):
+        addresses = [getattr(r, kind) for r in replicas]
+        if len(set(addresses)) != len(addresses):
+            raise ConfigError(f"{kind} addresses must be unique, got {addresses}")
+    if replica_id not in ids:
+        raise ConfigError(f"replica id {replica_id!r} is not among the replicas {ids}")
+    if len(replicas) % 2 == 0:
+        raise ConfigError(f"use an odd number of replicas (3 or 5), got {len(replicas)}")
+
+    data_dir = args.data_dir or doc.get("data_dir", "")
+    if not data_dir:
+        raise ConfigError("a data directory is required (--data-dir or data_dir)")
+    _check_writable(data_dir)
+
+    password = environ.get("SYNAPSE_RAFT_PASSWORD", "")
+    password_file = args.raft_password_file or doc.get("raft_password_file", "")
+    if password_file:
+        try:
+            with open(password_file, encoding="utf-8") as pw:
+                password = pw.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"raft password file: {exc}") from None
+    if not password:
+        raise ConfigError(
+            "a Raft password is required (--raft-password-file or SYNAPSE_RAFT_PASSWORD): "
+            "it encrypts the replicas' traffic"
+        )
+
+    t_doc = doc.get("timeouts", {})
+    defaults = Timeouts()
+
+    def pick(flag: str | None, key: str, default_ms: int) -> int:
+        raw = flag if flag is not None else t_doc.get(key)
+        return default_ms if raw is None else _ms(raw, key)
+
+    timeouts = replace(
+        defaults,
+        heartbeat_interval_ms=pick(
+            args.heartbeat_interval, "heartbeat_interval", defaults.heartbeat_interval_ms
+        ),
+        lease_ttl_ms=pick(args.lease_ttl, "lease_ttl", defaults.lease_ttl_ms),
+        leader_step_down_ms=pick(
+            args.leader_step_down, "leader_step_down", defaults.leader_step_down_ms
+        ),
+        dead_timeout_ms=pick(args.dead_timeout, "dead_timeout", defaults.dead_timeout_ms),
+    )
+    problems = timeouts.violations()
+    if problems:
+        raise ConfigError("unsafe timeouts: " + "; ".join(problems))
+
+    r_doc = doc.get("raft", {})
+    timing = RaftTiming()
+    election_min = args.election_min or r_doc.get("election_min")
+    election_max = args.election_max or r_doc.get("election_max")
+    timing = replace(
+        timing,
+        election_min_s=_ms(election_min, "election_min") / 1000
+        if election_min
+        else timing.election_min_s,
+        election_max_s=_ms(election_max, "election_max") / 1000
+        if election_max
+        else timing.election_max_s,
+        leader_step_down_s=timeouts.leader_step_down_ms / 1000,
+    )
+    compaction = args.compaction_entries or r_doc.get("compaction_entries")
+    if compaction is not None:
+        if not isinstance(compaction, int) or compaction < 10:
+            raise ConfigError("compaction_entries must be an integer >= 10")
+        timing = replace(timing, log_compaction_min_entries=compaction)
+    if timing.election_max_s <= timing.election_min_s:
+        raise ConfigError("election_max must exceed election_min")
+    if timing.election_min_s <= 3 * timing.append_entries_period_s:
+        raise ConfigError(f"election_min must exceed {3 * timing.append_entries_period_s}s")
+    if timing.leader_step_down_s <= timing.append_entries_period_s:
+        raise ConfigError("leader_step_down is too short")
+    return SchedulerConfig(
+        replica_id=replica_id,
+        replicas=tuple(replicas),
+        data_dir=data_dir,
+        raft_password=password,
+        timeouts=timeouts,
+        timing=timing,
+        log_level=(args.log_level or doc.get("log_level", "INFO")).upper(),
+    )
+
+
+def _check_writable(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".write-probe")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write("ok")
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"data directory {path!r} is not writable: {exc}") from None
+
+
+# ------------------------------------------------------------------------ running
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Replica:
+    """Wires the Raft replica, the leader loop and the gRPC server together."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+        self._roles: queue.SimpleQueue[tuple[bool, int, int]] = queue.SimpleQueue()
+        self.liveness = Liveness()
+        me = config.me
+        self.raft = RaftReplica(
+            me.raft,
+            [r.raft for r in config.replicas],
+            config.data_dir,
+            config.raft_password,
+            timing=config.timing,
+            on_role_change=self._role_changed,
+            on_applied=self._wake.set,
+        )
+        self.loop = LeaderLoop(
+            self.raft,
+            self.raft,
+            self.liveness,
+            config.replica_id,
+            settings=LoopSettings(),
+            rng=random.Random(),
+            desired_timeouts=config.timeouts,
+        )
+        self.context = ReplicaContext(
+            self_id=config.replica_id,
+            replicas=config.replicas,
+            backend=self.raft,
+            liveness=self.liveness,
+            serving=lambda: self.loop.ready and self.raft.is_leader(),
+            clock_ms=_now_ms,
+        )
+        self.server = build_server(self.context, me.grpc)
+        self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
+
+    def _role_changed(self, is_leader: bool, term: int) -> None:
+        self._roles.put((is_leader, term, _now_ms()))
+        self._wake.set()
+
+    def start(self) -> None:
+        self.server.start()
+        self._driver.start()
+        log.info(
+            "replica %s started: raft %s, grpc %s, data %s",
+            self.config.replica_id,
+            self.config.me.raft,
+            self.config.me.grpc,
+            self.config.data_dir,
+        )
+
+    def _drive(self) -> None:
+        said_ready = False
+        last = ""
+        while not self.stopping.is_set():
+            self._wake.wait(0.05)
+            self._wake.clear()
+            try:
+                while True:
+                    try:
+                        is_leader, term, at = self._roles.get_nowait()
+                    except queue.Empty:
+                        break
+                    self.loop.on_role_change(is_leader, term, at)
+                    log.info("%s leadership in term %d", "gained" if is_leader else "lost", term)
+                self.loop.note_state_changed()
+                sentence = self.loop.step(_now_ms())
+                if sentence != last and "nothing to do" not in sentence:
+                    # Leadership and node deaths matter to operators; passes are routine.
+                    routine = "term" not in sentence and "dead" not in sentence
+                    log.log(logging.DEBUG if routine else logging.INFO, "%s", sentence)
+                last = sentence
+                if not said_ready:
+                    status = self.raft.status()
+                    if status.ready and status.leader and status.has_quorum:
+                        leader = self.context.by_raft(status.leader)
+                        log.info(
+                            "ready: joined the quorum as %s in term %d; leader is %s",
+                            status.role,
+                            status.term,
+                            leader.replica_id if leader else status.leader,
+                        )
+                        said_ready = True
+            except Exception:
+                log.exception("leader loop step failed")
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._wake.set()
+        self.server.stop(grace=1.0).wait(2.0)
+        self._driver.join(timeout=2.0)
+        self.raft.stop()
+        log.info("replica %s stopped", self.config.replica_id)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"synapse-scheduler: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(config.log_level)
+    replica = Replica(config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    replica.start()
+    while not stop.wait(1.0):
+        pass
+    replica.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

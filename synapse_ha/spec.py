@@ -1,0 +1,328 @@
+"""Validation of job specifications (DESIGN §6) into a core :class:`JobSpec`.
+
+Two entry points share one set of rules:
+
+* :func:`parse_job_spec` turns a plain mapping (parsed YAML or JSON, with human quantities
+  such as ``"500m"``, ``"256Gi"`` or ``"12h"``) into a :class:`ParsedJob`.
+* :func:`check_job_spec` re-checks an already built :class:`JobSpec` (for example one
+  converted from a gRPC request, whose quantities are exact integers).
+
+Both raise :class:`SpecError` naming the offending field and the rule it broke, so that
+nothing invalid ever reaches the replicated log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec, Resources, RetryPolicy
+
+NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+MAX_NAME = 63
+MAX_REPLICAS = 10_000
+MAX_CPU_MILLI = 100_000 * 1000  # 100,000 cores per member
+MAX_MEMORY_MIB = 1024 * 1024 * 1024  # 1 PiB per member
+MAX_GPU = 1024
+MAX_PRIORITY = 1_000_000
+MAX_TIME_LIMIT_MS = 366 * 24 * 3600 * 1000
+MAX_RETRIES = 1000
+MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
+MAX_ENV = 1024
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_PATH = 4096
+
+_TOP_FIELDS = frozenset(
+    {
+        "name",
+        "replicas",
+        "resources",
+        "command",
+        "env",
+        "workdir",
+        "priority",
+        "topology",
+        "time_limit",
+        "retries",
+        "request_id",
+    }
+)
+_RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
+_TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
+_RETRY_FIELDS = frozenset({"max", "backoff", "max_backoff"})
+
+_MEMORY_UNITS_MIB: dict[str, float] = {
+    "Ki": 1 / 1024,
+    "Mi": 1,
+    "Gi": 1024,
+    "Ti": 1024**2,
+    "Pi": 1024**3,
+    "K": 1000 / 1024**2,
+    "k": 1000 / 1024**2,
+    "M": 1000**2 / 1024**2,
+    "G": 1000**3 / 1024**2,
+    "T": 1000**4 / 1024**2,
+    "P": 1000**5 / 1024**2,
+}
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
+
+
+class SpecError(ValueError):
+    """A job specification broke a rule. ``field`` is a dotted path such as
+    ``resources.memory``; ``rule`` says what is allowed."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+        self.rule = rule
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedJob:
+    spec: JobSpec
+    request_id: str  # empty when the document carried none
+
+
+# ---------------------------------------------------------------------- quantities
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_cpu(value: object, field: str = "resources.cpu") -> int:
+    """CPU as millicores: ``32``, ``0.5``, ``"2"`` or ``"500m"``."""
+    if _is_int(value) or isinstance(value, float):
+        milli = float(value) * 1000  # type: ignore[arg-type]
+    elif isinstance(value, str):
+        match = _QUANTITY.match(value.strip())
+        if match is None or match.group(2) not in ("", "m"):
+            raise SpecError(field, f"{value!r} is not a CPU quantity (e.g. 32, 0.5 or 500m)")
+        number = float(match.group(1))
+        milli = number if match.group(2) == "m" else number * 1000
+    else:
+        raise SpecError(field, f"expected a number or a string like 500m, got {_kind(value)}")
+    if milli != int(milli):
+        raise SpecError(field, f"{value!r} is finer than one millicore")
+    result = int(milli)
+    if not 0 <= result <= MAX_CPU_MILLI:
+        raise SpecError(field, f"must be between 0 and {MAX_CPU_MILLI // 1000} cores")
+    return result
+
+
+def parse_memory(value: object, field: str = "resources.memory") -> int:
+    """Memory as MiB: ``"256Gi"``, ``"512Mi"``, ``"1G"``; a bare integer means bytes."""
+    if _is_int(value):
+        mib = float(value) / (1024 * 1024)  # type: ignore[arg-type]
+    elif isinstance(value, str):
+        match = _QUANTITY.match(value.strip())
+        unit = match.group(2) if match else ""
+        if match is None or (unit and unit not in _MEMORY_UNITS_MIB):
+            raise SpecError(field, f"{value!r} is not a memory quantity (e.g. 256Gi, 512Mi or 1G)")
+        number = float(match.group(1))
+        mib = number / (1024 * 1024) if not unit else number * _MEMORY_UNITS_MIB[unit]
+    else:
+        raise SpecError(field, f"expected a string like 256Gi, got {_kind(value)}")
+    result = int(-(-mib // 1))  # round up to whole MiB
+    if not 0 <= result <= MAX_MEMORY_MIB:
+        raise SpecError(field, "must be between 0 and 1Pi")
+    return result
+
+
+def parse_duration(value: object, field: str) -> int:
+    """A duration as milliseconds: ``"10s"``, ``"10m"``, ``"12h"``, ``"2d"``, ``"500ms"``;
+    a bare number means seconds."""
+    if _is_int(value) or isinstance(value, float):
+        ms = float(value) * 1000  # type: ignore[arg-type]
+    elif isinstance(value, str):
+        match = _QUANTITY.match(value.strip())
+        if match is None or match.group(2) not in _DURATION_UNITS_MS:
+            raise SpecError(field, f"{value!r} is not a duration (e.g. 10s, 10m or 12h)")
+        ms = float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
+    else:
+        raise SpecError(field, f"expected a duration like 10m, got {_kind(value)}")
+    if ms < 0:
+        raise SpecError(field, "must not be negative")
+    return int(ms)
+
+
+# -------------------------------------------------------------------- whole specs
+
+
+def parse_job_spec(
+    data: object, topology_levels: Sequence[str] = DEFAULT_TOPOLOGY_LEVELS
+) -> ParsedJob:
+    """Validate a plain job document and build the core spec.
+
+    ``topology_levels`` are the cluster's levels above a host; ``host`` is always allowed.
+    """
+    doc = _mapping(data, "spec", _TOP_FIELDS)
+    if "name" not in doc:
+        raise SpecError("name", "is required")
+    if "replicas" not in doc:
+        raise SpecError("replicas", "is required")
+    if "command" not in doc:
+        raise SpecError("command", "is required")
+    resources_doc = _mapping(doc.get("resources", {}), "resources", _RESOURCE_FIELDS)
+    gpu = resources_doc.get("gpu", 0)
+    if not _is_int(gpu):
+        raise SpecError("resources.gpu", f"expected an integer, got {_kind(gpu)}")
+    resources = Resources(
+        cpu_milli=parse_cpu(resources_doc.get("cpu", 0)),
+        memory_mib=parse_memory(resources_doc.get("memory", 0)),
+        gpu=gpu,
+    )
+    command, shell = _command(doc["command"])
+    env_doc = _mapping(doc.get("env", {}), "env", None)
+    env = []
+    for key, value in env_doc.items():
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise SpecError(f"env.{key}", f"expected a string, got {_kind(value)}")
+        env.append((str(key), str(value)))
+    topology_doc = _mapping(doc.get("topology", {}), "topology", _TOPOLOGY_FIELDS)
+    retries_doc = _mapping(doc.get("retries", {}), "retries", _RETRY_FIELDS)
+    max_retries = retries_doc.get("max", 0)
+    if not _is_int(max_retries):
+        raise SpecError("retries.max", f"expected an integer, got {_kind(max_retries)}")
+    defaults = RetryPolicy()
+    retries = RetryPolicy(
+        max_retries=max_retries,
+        backoff_ms=parse_duration(retries_doc.get("backoff", "10s"), "retries.backoff")
+        if "backoff" in retries_doc
+        else defaults.backoff_ms,
+        max_backoff_ms=parse_duration(retries_doc["max_backoff"], "retries.max_backoff")
+        if "max_backoff" in retries_doc
+        else defaults.max_backoff_ms,
+    )
+    replicas = doc["replicas"]
+    priority = doc.get("priority", 0)
+    for field, value in (("replicas", replicas), ("priority", priority)):
+        if not _is_int(value):
+            raise SpecError(field, f"expected an integer, got {_kind(value)}")
+    spec = JobSpec(
+        name=_string(doc["name"], "name"),
+        replicas=replicas,
+        resources=resources,
+        command=command,
+        shell=shell,
+        env=tuple(env),
+        workdir=_string(doc.get("workdir", ""), "workdir"),
+        priority=priority,
+        topology_required=_string(topology_doc.get("required", ""), "topology.required"),
+        topology_preferred=_string(topology_doc.get("preferred", ""), "topology.preferred"),
+        time_limit_ms=parse_duration(doc["time_limit"], "time_limit") if "time_limit" in doc else 0,
+        retries=retries,
+    )
+    request_id = _string(doc.get("request_id", ""), "request_id")
+    check_request_id(request_id)
+    check_job_spec(spec, topology_levels)
+    return ParsedJob(spec=spec, request_id=request_id)
+
+
+def check_request_id(request_id: str) -> None:
+    if request_id and not REQUEST_ID_PATTERN.match(request_id):
+        raise SpecError(
+            "request_id", "1 to 128 characters of letters, digits and . _ : - (or empty)"
+        )
+
+
+def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] = DEFAULT_TOPOLOGY_LEVELS) -> None:
+    """Raise :class:`SpecError` for the first rule ``spec`` breaks."""
+    if not spec.name:
+        raise SpecError("name", "is required")
+    if len(spec.name) > MAX_NAME or not NAME_PATTERN.match(spec.name):
+        raise SpecError(
+            "name",
+            f"{spec.name!r} must be 1 to {MAX_NAME} characters of a-z, 0-9 and '-', "
+            "starting and ending with a letter or digit",
+        )
+    if not 1 <= spec.replicas <= MAX_REPLICAS:
+        raise SpecError("replicas", f"must be between 1 and {MAX_REPLICAS}, got {spec.replicas}")
+    res = spec.resources
+    if not 0 <= res.cpu_milli <= MAX_CPU_MILLI:
+        raise SpecError("resources.cpu", f"must be between 0 and {MAX_CPU_MILLI // 1000} cores")
+    if not 0 <= res.memory_mib <= MAX_MEMORY_MIB:
+        raise SpecError("resources.memory", "must be between 0 and 1Pi")
+    if not 0 <= res.gpu <= MAX_GPU:
+        raise SpecError("resources.gpu", f"must be between 0 and {MAX_GPU}, got {res.gpu}")
+    if not spec.command or not all(spec.command):
+        raise SpecError("command", "must be a non-empty string or a list of non-empty strings")
+    if spec.shell and len(spec.command) != 1:
+        raise SpecError("command", "a shell command is exactly one string")
+    if sum(len(part) for part in spec.command) > MAX_COMMAND_BYTES:
+        raise SpecError("command", f"must be at most {MAX_COMMAND_BYTES} characters")
+    if len(spec.env) > MAX_ENV:
+        raise SpecError("env", f"at most {MAX_ENV} variables")
+    seen: set[str] = set()
+    for name, _ in spec.env:
+        if not ENV_NAME_PATTERN.match(name):
+            raise SpecError(f"env.{name}", "variable names are letters, digits and _")
+        if name in seen:
+            raise SpecError(f"env.{name}", "appears twice")
+        seen.add(name)
+    if len(spec.workdir) > MAX_PATH or (spec.workdir and not spec.workdir.startswith("/")):
+        raise SpecError("workdir", "must be an absolute path")
+    if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
+        raise SpecError("priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+    levels = (*topology_levels, "host")
+    for field, level in (
+        ("topology.required", spec.topology_required),
+        ("topology.preferred", spec.topology_preferred),
+    ):
+        if level and level not in levels:
+            raise SpecError(field, f"{level!r} is not a topology level ({', '.join(levels)})")
+    if not 0 <= spec.time_limit_ms <= MAX_TIME_LIMIT_MS:
+        raise SpecError("time_limit", "must be between 0 (none) and 366d")
+    retries = spec.retries
+    if not 0 <= retries.max_retries <= MAX_RETRIES:
+        raise SpecError("retries.max", f"must be between 0 and {MAX_RETRIES}")
+    if not 0 < retries.backoff_ms <= MAX_BACKOFF_MS:
+        raise SpecError("retries.backoff", "must be more than 0 and at most 7d")
+    if not retries.backoff_ms <= retries.max_backoff_ms <= MAX_BACKOFF_MS:
+        raise SpecError("retries.max_backoff", "must be at least retries.backoff and at most 7d")
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _mapping(value: object, field: str, allowed: frozenset[str] | None) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(field, f"expected a mapping, got {_kind(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise SpecError(field, f"keys must be strings, got {_kind(key)}")
+        if allowed is not None and key not in allowed:
+            prefix = "" if field == "spec" else f"{field}."
+            raise SpecError(
+                f"{prefix}{key}", f"unknown field (allowed: {', '.join(sorted(allowed))})"
+            )
+    return value
+
+
+def _string(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise SpecError(field, f"expected a string, got {_kind(value)}")
+    return value
+
+
+def _command(value: object) -> tuple[tuple[str, ...], bool]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise SpecError("command", "must not be empty")
+        return (value,), True
+    if isinstance(value, list) and value:
+        for i, part in enumerate(value):
+            if not isinstance(part, str) or not part:
+                raise SpecError(f"command[{i}]", "expected a non-empty string")
+        return tuple(value), False
+    raise SpecError("command", "expected a string or a non-empty list of strings")

@@ -1,0 +1,343 @@
+"""The agent loop: register, heartbeat, reconcile members, fence itself.
+
+:class:`Agent` is a step function over injected parts (control plane, executor, clock),
+in the manner of an HA loop: the composition root calls :meth:`Agent.step` every few tens
+of milliseconds, tests call it with a fake clock and fakes. Each step returns one sentence
+saying what it did.
+
+Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
+
+* Heartbeats go out every ``heartbeat_interval`` (as the leader says), and sooner when a
+  member started or exited, so reports reach the leader without waiting a whole period.
+* Reports (STARTED, EXITED) are kept, in order, until a reply acknowledges them, and are
+  resent until then; an acknowledged exit is marked on disk and never reported again.
+* Desired state is applied idempotently by (job_id, fencing_token, rank): a key that ever
+  started on this node is never started again (also after an agent restart); a member not
+  in the desired list, or one whose token is lower than the highest seen for its job, is
+  stopped; a member whose token is lower than one seen for its job is never started, and
+  a newer attempt's member starts only once this node runs nothing of an older one.
+* Self-fencing: when no reply from a leader has arrived for ``lease_ttl`` (measured from
+  when the last acknowledged request was sent) every member is killed and nothing starts
+  until a reply to a later request arrives; the fenced exits are reported then. The
+  per-member supervisors enforce the same deadline on their own (the lease file).
+* NOT_FOUND (node unknown) or node status ``dead``: kill every member, register again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
+from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey
+
+log = logging.getLogger("synapse.worker.agent")
+
+MIN_REPORT_GAP_S = 0.02  # an early heartbeat for fresh reports waits at least this long
+REGISTER_RETRY_S = 0.5
+
+
+class NotRegistered(Exception):
+    """The leader does not know this node (NOT_FOUND)."""
+
+
+class ControlPlaneUnreachable(Exception):
+    """No leader answered in time."""
+
+
+class ControlPlane(Protocol):
+    def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse: ...
+
+    def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        """Raises :class:`NotRegistered` or :class:`ControlPlaneUnreachable`."""
+        ...
+
+
+class Executor(Protocol):
+    known: set[MemberKey]
+    highest_token: dict[str, int]
+
+    def start(self, spec: LaunchSpec) -> object: ...
+    def stop(self, key: MemberKey) -> None: ...
+    def poll(self) -> list[tuple[MemberKey, MemberExit]]: ...
+    def running(self) -> list[MemberKey]: ...
+    def kill_all(self, detail: str) -> list[tuple[MemberKey, MemberExit]]: ...
+    def mark_reported(self, key: MemberKey) -> None: ...
+
+
+class GrpcControlPlane:
+    """The control plane through :class:`ClusterClient` (leader discovery, redirects)."""
+
+    def __init__(self, client: ClusterClient) -> None:
+        self.client = client
+
+    def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
+        try:
+            return self.client.register_node(request)
+        except ClusterUnavailable as exc:
+            raise ControlPlaneUnreachable(str(exc)) from None
+        except grpc.RpcError as exc:
+            raise ControlPlaneUnreachable(f"{exc.code()}: {exc.details()}") from None
+
+    def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        try:
+            return self.client.heartbeat(request, timeout_s=timeout_s)
+        except ClusterUnavailable as exc:
+            raise ControlPlaneUnreachable(str(exc)) from None
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                raise NotRegistered(str(exc.details())) from None
+            raise ControlPlaneUnreachable(f"{exc.code()}: {exc.details()}") from None
+
+
+def launch_spec_from_proto(d: pb.DesiredMember) -> LaunchSpec:
+    """The worker's view of a desired member. Fields the control plane does not send yet
+    (image, per-member cpu/memory) are read when present."""
+    fields = d.DESCRIPTOR.fields_by_name
+    return LaunchSpec(
+        job_id=d.job_id,
+        attempt=d.attempt,
+        fencing_token=d.fencing_token,
+        rank=d.rank,
+        world_size=d.world_size,
+        local_rank=d.local_rank,
+        local_world_size=d.local_world_size,
+        gpus=tuple(d.gpus),
+        master_addr=d.master_addr,
+        master_port=d.master_port,
+        member_hosts=tuple(d.member_hosts),
+        command=tuple(d.command),
+        shell=d.shell,
+        env=tuple((e.name, e.value) for e in d.env),
+        workdir=d.workdir,
+        time_limit_ms=d.time_limit_ms,
+        image=str(getattr(d, "image", "")) if "image" in fields else "",
+        cpu_milli=int(getattr(d, "cpu_milli", 0)) if "cpu_milli" in fields else 0,
+        memory_mib=int(getattr(d, "memory_mib", 0)) if "memory_mib" in fields else 0,
+    )
+
+
+def _report(key: MemberKey, kind: int, exit_: MemberExit | None = None) -> pb.MemberReport:
+    return pb.MemberReport(
+        job_id=key.job_id,
+        fencing_token=key.fencing_token,
+        rank=key.rank,
+        kind=kind,  # type: ignore[arg-type]
+        exit_code=exit_.exit_code if exit_ else 0,
+        detail=exit_.detail if exit_ else "",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTimings:
+    """Used until the leader says otherwise (its replies carry the cluster's values)."""
+
+    heartbeat_interval_s: float = 1.0
+    lease_ttl_s: float = 4.0
+
+
+class Agent:
+    def __init__(
+        self,
+        registration: pb.RegisterNodeRequest,
+        control: ControlPlane,
+        executor: Executor,
+        clock: Callable[[], float],
+        lease_file: LeaseFile | None = None,
+        timings: AgentTimings | None = None,
+    ) -> None:
+        self.registration = registration
+        self.node_id = registration.node_id
+        self.control = control
+        self.executor = executor
+        self.clock = clock
+        self.timings = timings or AgentTimings()
+        self.interval_s = self.timings.heartbeat_interval_s
+        self.lease = Lease(self.timings.lease_ttl_s, clock)
+        self.lease_file = lease_file
+        self.registered = False
+        self.pending: list[pb.MemberReport] = []
+        self.next_heartbeat_at = 0.0
+        self.next_register_at = 0.0
+        self.last_sent_at = -1.0
+        self.fresh_reports = False
+        self.desired_seen: set[MemberKey] = set()
+        if lease_file is not None:
+            lease_file.revoke()
+
+    # ------------------------------------------------------------------ entry
+
+    def add_recovered(self, exits: Sequence[tuple[MemberKey, MemberExit]]) -> None:
+        """Exits found at start-up (a previous life's members) to report."""
+        for key, exit_ in exits:
+            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+        self.fresh_reports = bool(exits) or self.fresh_reports
+
+    def step(self) -> str:
+        """One pass: collect exits, fence if the lease ran out, register or heartbeat when
+        due. Returns a sentence describing what happened ("" when nothing did)."""
+        said: list[str] = []
+        self._collect_exits()
+        if self.lease.must_fence():
+            said.append(self._fence("fenced: no heartbeat reply from a leader for lease_ttl"))
+        now = self.clock()
+        if not self.registered:
+            if now < self.next_register_at:
+                return "; ".join(said)
+            registered, sentence = self._register()
+            said.append(sentence)
+            if not registered:
+                return "; ".join(said)
+            now = self.clock()
+        due = now >= self.next_heartbeat_at
+        early = self.fresh_reports and now >= self.last_sent_at + MIN_REPORT_GAP_S
+        if due or early:
+            said.append(self._heartbeat())
+        return "; ".join(s for s in said if s)
+
+    def next_wakeup_in(self) -> float:
+        """Seconds until the loop has something to do by the clock."""
+        now = self.clock()
+        targets = [self.next_heartbeat_at if self.registered else self.next_register_at]
+        if self.lease.state is LeaseState.HELD:
+            targets.append(self.lease.valid_until)
+        return max(0.0, min(targets) - now)
+
+    def shutdown(self, stop: Callable[[], list[tuple[MemberKey, MemberExit]]]) -> str:
+        """Graceful exit: ``stop`` ends every member; their exits are reported with one
+        last heartbeat when a leader answers."""
+        exits = stop()
+        for key, exit_ in exits:
+            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+        if self.registered and self.pending:
+            self._heartbeat(apply_desired=False)
+        return f"stopped {len(exits)} member(s)"
+
+    # --------------------------------------------------------------- internals
+
+    def _collect_exits(self) -> None:
+        for key, exit_ in self.executor.poll():
+            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+            self.fresh_reports = True
+            log.info("member %s exited with %d %s", key, exit_.exit_code, exit_.detail)
+
+    def _fence(self, detail: str) -> str:
+        if self.lease_file is not None:
+            self.lease_file.revoke()
+        exits = self.executor.kill_all(detail)
+        for key, exit_ in exits:
+            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+        self.lease.fence()
+        log.warning("%s; killed %d member(s)", detail, len(exits))
+        return f"{detail}; killed {len(exits)} member(s)"
+
+    def _register(self) -> tuple[bool, str]:
+        try:
+            answer = self.control.register(self.registration)
+        except ControlPlaneUnreachable as exc:
+            self.next_register_at = self.clock() + REGISTER_RETRY_S
+            return False, f"could not register: {exc}"
+        self.registered = True
+        if answer.heartbeat_interval_ms > 0:
+            self.interval_s = answer.heartbeat_interval_ms / 1000
+        if answer.lease_ttl_ms > 0:
+            self.lease.ttl_s = answer.lease_ttl_ms / 1000
+        self.next_heartbeat_at = self.clock()
+        log.info("registered as %s (status %s)", self.node_id, answer.status)
+        return True, f"registered (status {answer.status})"
+
+    def _heartbeat(self, apply_desired: bool = True) -> str:
+        reports = list(self.pending)
+        running = [_report(k, pb.MemberReport.STARTED) for k in self.executor.running()]
+        request = pb.HeartbeatRequest(node_id=self.node_id, reports=reports, running=running)
+        sent_at = self.clock()
+        self.last_sent_at = sent_at
+        self.fresh_reports = False
+        self.next_heartbeat_at = sent_at + self.interval_s
+        try:
+            answer = self.control.heartbeat(request, timeout_s=max(0.2, self.interval_s))
+        except NotRegistered as exc:
+            self.registered = False
+            return self._forgotten(f"the leader does not know this node ({exc})")
+        except ControlPlaneUnreachable as exc:
+            return f"no heartbeat reply: {exc}"
+        acked = max(0, min(answer.acked_reports, len(reports)))
+        for report in reports[:acked]:
+            if report.kind == pb.MemberReport.EXITED:
+                self.executor.mark_reported(
+                    MemberKey(report.job_id, report.fencing_token, report.rank)
+                )
+        del self.pending[:acked]
+        if answer.heartbeat_interval_ms > 0:
+            self.interval_s = answer.heartbeat_interval_ms / 1000
+        if answer.node_status == "dead":
+            self.registered = False
+            return self._forgotten("the leader declared this node dead")
+        was_fenced = self.lease.state is LeaseState.FENCED
+        ttl = answer.lease_ttl_ms / 1000 if answer.lease_ttl_ms > 0 else None
+        if not self.lease.renew(sent_at, ttl):
+            return "heartbeat reply came too late to renew the lease"
+        if self.lease_file is not None:
+            self.lease_file.write(self.lease.valid_until)
+        said = "lease renewed after fencing" if was_fenced else ""
+        if not apply_desired:
+            return said
+        applied = self._apply(answer.desired)
+        return "; ".join(s for s in (said, applied) if s)
+
+    def _forgotten(self, why: str) -> str:
+        self.next_register_at = self.clock()
+        if self.lease_file is not None:
+            self.lease_file.revoke()
+        exits = self.executor.kill_all(f"killed: {why}")
+        for key, exit_ in exits:
+            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+        if self.lease.state is LeaseState.HELD:
+            self.lease.fence()
+        return f"{why}; killed {len(exits)} member(s); registering again"
+
+    def _apply(self, desired: Sequence[pb.DesiredMember]) -> str:
+        """Reconcile with the leader's desired list (idempotent)."""
+        highest = self.executor.highest_token
+        for d in desired:
+            if d.fencing_token > highest.get(d.job_id, 0):
+                highest[d.job_id] = d.fencing_token
+        wanted: dict[MemberKey, pb.DesiredMember] = {}
+        for d in desired:
+            key = MemberKey(d.job_id, d.fencing_token, d.rank)
+            if d.fencing_token >= highest.get(d.job_id, 0):
+                wanted[key] = d
+        stopped = 0
+        for key in self.executor.running():
+            if key not in wanted:
+                self.executor.stop(key)
+                stopped += 1
+        started = 0
+        running = self.executor.running()
+        for key, d in wanted.items():
+            if key in self.executor.known:
+                continue
+            if any(r.job_id == key.job_id and r.fencing_token < key.fencing_token for r in running):
+                # An older attempt of this job is still stopping here; start the new
+                # member once it is gone, never alongside it.
+                continue
+            try:
+                self.executor.start(launch_spec_from_proto(d))
+            except (OSError, ValueError) as exc:
+                log.error("could not start %s: %s", key, exc)
+                continue
+            self.pending.append(_report(key, pb.MemberReport.STARTED))
+            self.fresh_reports = True
+            started += 1
+        parts = []
+        if started:
+            parts.append(f"started {started} member(s)")
+        if stopped:
+            parts.append(f"stopped {stopped} member(s) no longer desired")
+        return ", ".join(parts)

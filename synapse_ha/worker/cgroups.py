@@ -1,0 +1,64 @@
+"""CPU and memory limits for members through cgroup v2, where the hierarchy is writable.
+
+Layout: ``ROOT/synapse/MEMBER/`` with ``cpu.max`` (quota per 100 ms period from the
+member's millicores) and ``memory.max`` (bytes). The member's process joins its cgroup
+before it execs (the supervisor writes to ``cgroup.procs`` in the child), so nothing it
+forks escapes the limits; ``cgroup.kill`` then also reaches descendants that left the
+member's process group.
+
+:func:`probe_cgroups` answers whether limits can be enforced here, with the reason when
+they cannot; the agent says that once and runs members without limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+CPU_PERIOD_US = 100_000
+
+
+class CgroupLimiter:
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+
+    def create(self, name: str, cpu_milli: int, memory_mib: int) -> str:
+        """Create the member's cgroup with its limits (0 means unlimited); returns its
+        path, or "" when it could not be created (the member then runs unlimited)."""
+        path = self.parent / name
+        try:
+            path.mkdir(exist_ok=True)
+            cpu = f"{cpu_milli * CPU_PERIOD_US // 1000} {CPU_PERIOD_US}" if cpu_milli else "max"
+            (path / "cpu.max").write_text(cpu, encoding="ascii")
+            memory = str(memory_mib * 1024 * 1024) if memory_mib else "max"
+            (path / "memory.max").write_text(memory, encoding="ascii")
+        except OSError:
+            return ""
+        return str(path)
+
+    def remove(self, name: str) -> None:
+        """Remove an empty member cgroup; a cgroup still holding processes stays."""
+        with contextlib.suppress(OSError):
+            os.rmdir(self.parent / name)
+
+
+def probe_cgroups(root: Path = Path("/sys/fs/cgroup")) -> tuple[CgroupLimiter | None, str]:
+    """A limiter when cgroup v2 with the cpu and memory controllers is writable under
+    ``root``; otherwise None and why not."""
+    controllers_file = root / "cgroup.controllers"
+    try:
+        controllers = set(controllers_file.read_text(encoding="ascii").split())
+    except OSError:
+        return None, f"no cgroup v2 hierarchy at {root}"
+    missing = {"cpu", "memory"} - controllers
+    if missing:
+        return None, f"cgroup v2 at {root} lacks the {', '.join(sorted(missing))} controller"
+    parent = root / "synapse"
+    try:
+        (root / "cgroup.subtree_control").write_text("+cpu +memory", encoding="ascii")
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text("+cpu +memory", encoding="ascii")
+    except OSError as exc:
+        return None, f"cgroup v2 at {root} is not writable: {exc}"
+    return CgroupLimiter(parent), f"members run in cgroups under {parent}"

@@ -1,0 +1,543 @@
+"""Gang members on this node: their environment, their launch and their records.
+
+Every member runs under its own supervisor (:mod:`synapse_ha.worker.shim`), which starts
+it as a process group of its own and kills that group when the lease expires, when the
+agent goes away, on a stop request, or at the time limit. This module is the agent's side:
+
+* :func:`member_environment` is the DESIGN §5 contract (torchrun variables and ours);
+* :class:`MemberExecutor` starts, stops and polls members, and keeps one directory per
+  member under ``DATA_DIR/members/JOB_ID/`` holding the launch description, the output
+  log, the supervisor's pid record and the exit record. A member directory is never
+  removed while the agent runs, so a (job, fencing token, rank) that ever started here is
+  never started again, also after an agent restart;
+* :meth:`MemberExecutor.recover` runs at agent start: anything left from a previous life
+  of the agent is killed (never re-adopted) and reported as lost.
+
+Identity is (job_id, fencing_token, rank): :class:`MemberKey`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from synapse_ha.worker.cgroups import CgroupLimiter
+from synapse_ha.worker.shim import (
+    group_alive,
+    process_start_ticks,
+    signal_group,
+    write_json_atomic,
+)
+
+log = logging.getLogger("synapse.worker.members")
+
+EXIT_LOST = 137
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class MemberKey(NamedTuple):
+    job_id: str
+    fencing_token: int
+    rank: int
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/token {self.fencing_token}/rank {self.rank}"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything needed to launch one member (the worker's view of a desired member)."""
+
+    job_id: str
+    attempt: int
+    fencing_token: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    gpus: tuple[int, ...]
+    master_addr: str
+    master_port: int
+    member_hosts: tuple[str, ...]
+    command: tuple[str, ...]
+    shell: bool = True
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = ""
+    time_limit_ms: int = 0
+    image: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def key(self) -> MemberKey:
+        return MemberKey(self.job_id, self.fencing_token, self.rank)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberExit:
+    exit_code: int
+    detail: str
+    ended_at_ms: int
+
+
+# ---------------------------------------------------------------- environment
+
+
+def member_environment(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """The member's environment: ``base``, then the job's ``env``, then the DESIGN §5
+    variables (which the job cannot override: they define the gang)."""
+    env = dict(base)
+    env.update(spec.env)
+    env.update(
+        {
+            "MASTER_ADDR": spec.master_addr,
+            "MASTER_PORT": str(spec.master_port),
+            "WORLD_SIZE": str(spec.world_size),
+            "RANK": str(spec.rank),
+            "NNODES": str(spec.world_size),
+            "NODE_RANK": str(spec.rank),
+            "LOCAL_RANK": str(spec.local_rank),
+            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus),
+            "SYNAPSE_JOB_ID": spec.job_id,
+            "SYNAPSE_ATTEMPT": str(spec.attempt),
+            "SYNAPSE_FENCING_TOKEN": str(spec.fencing_token),
+            "SYNAPSE_MEMBER_HOSTS": ",".join(spec.member_hosts),
+        }
+    )
+    return env
+
+
+class ImageRuntime:
+    """A container runtime command template, such as
+    ``podman run --rm --network host {env} {image} {command}``.
+
+    The template is split like a shell line. ``{image}`` becomes the image name,
+    ``{command}`` becomes the member's argv (``/bin/sh -c CMD`` for a string command) and
+    ``{env}`` (optional) becomes ``--env NAME`` for every DESIGN §5 and job variable, for
+    runtimes that do not pass the environment through.
+    """
+
+    def __init__(self, template: str) -> None:
+        try:
+            self.tokens = shlex.split(template)
+        except ValueError as exc:
+            raise ValueError(f"image runtime template: {exc}") from None
+        if "{image}" not in self.tokens or "{command}" not in self.tokens:
+            raise ValueError(
+                "image runtime template must contain {image} and {command} as separate words"
+            )
+        self.template = template
+
+    def wrap(self, image: str, argv: Sequence[str], env_names: Iterable[str]) -> list[str]:
+        out: list[str] = []
+        for token in self.tokens:
+            if token == "{command}":
+                out.extend(argv)
+            elif token == "{env}":
+                for name in env_names:
+                    out += ["--env", name]
+            else:
+                out.append(token.replace("{image}", image))
+        return out
+
+
+def member_argv(spec: LaunchSpec, runtime: ImageRuntime | None = None) -> list[str]:
+    """The argv to exec: a string command under ``/bin/sh -c``, a list as is, wrapped in
+    the image runtime when the job names an image."""
+    if spec.shell:
+        argv = ["/bin/sh", "-c", spec.command[0] if spec.command else ""]
+    else:
+        argv = list(spec.command)
+    if not argv or not argv[0]:
+        raise ValueError("empty command")
+    if spec.image:
+        if runtime is None:
+            raise ValueError(f"job names image {spec.image!r} but this node has no image runtime")
+        names = [*(k for k, _ in spec.env), *member_environment(spec, {})]
+        argv = runtime.wrap(spec.image, argv, dict.fromkeys(names))
+    return argv
+
+
+# ------------------------------------------------------------------- executor
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorSettings:
+    stop_grace_s: float = 5.0  # SIGTERM → SIGKILL on a graceful stop and at the time limit
+    fence_grace_s: float = 0.5  # SIGTERM → SIGKILL when the lease is lost
+    python: str = sys.executable  # interpreter that runs the supervisor
+    base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+@dataclass(slots=True)
+class Member:
+    spec: LaunchSpec
+    dir: Path
+    shim: subprocess.Popen[bytes] | None
+    started_at_ms: int
+    exit: MemberExit | None = None
+    stop_sent: bool = False
+
+    @property
+    def key(self) -> MemberKey:
+        return self.spec.key
+
+
+def member_dir_name(attempt: int, fencing_token: int, rank: int) -> str:
+    return f"a{attempt}.t{fencing_token}.r{rank}"
+
+
+_DIR_PATTERN = re.compile(r"^a(\d+)\.t(\d+)\.r(\d+)$")
+
+
+def parse_member_dir_name(name: str) -> tuple[int, int, int] | None:
+    """(attempt, fencing token, rank) from a member directory name."""
+    m = _DIR_PATTERN.match(name)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def kill_recorded_process(record: dict[str, Any] | None, pid_key: str = "pid") -> bool:
+    """SIGKILL the process group named by a pid record, if that very process (same pid
+    and start time) still exists. Returns whether something was killed."""
+    if not record or not isinstance(record.get(pid_key), int):
+        return False
+    pid = int(record[pid_key])
+    ticks = record.get("start_ticks")
+    alive_ticks = process_start_ticks(pid)
+    if alive_ticks is None or (ticks is not None and alive_ticks != ticks):
+        # The leader of the group is gone (or the pid was reused); the rest of the group
+        # may still exist, and a pgid is not reused while any member of it lives.
+        if group_alive(pid) and ticks is not None and alive_ticks is None:
+            signal_group(pid, signal.SIGKILL)
+            return True
+        return False
+    signal_group(pid, signal.SIGKILL)
+    return True
+
+
+def running_groups() -> set[int]:
+    """Process group ids with at least one process that is not a zombie (from /proc)."""
+    groups: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X"):
+            groups.add(int(fields[2]))
+    return groups
+
+
+class MemberExecutor:
+    """Starts, stops and observes the members of this node. Not thread-safe: the agent
+    loop is its only caller (the log server only reads files)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        lease_path: Path,
+        settings: ExecutorSettings | None = None,
+        *,
+        image_runtime: ImageRuntime | None = None,
+        cgroups: CgroupLimiter | None = None,
+        wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.root = data_dir / "members"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.lease_path = lease_path
+        self.settings = settings or ExecutorSettings()
+        self.image_runtime = image_runtime
+        self.cgroups = cgroups
+        self.wall_clock_ms = wall_clock_ms
+        self.members: dict[MemberKey, Member] = {}
+        # Every key that ever started on this node (persisted as member directories).
+        self.known: set[MemberKey] = set()
+        self.highest_token: dict[str, int] = {}
+        # Members that failed before a supervisor could start (bad command, no runtime).
+        self._immediate_exits: list[tuple[MemberKey, MemberExit]] = []
+
+    # ------------------------------------------------------------- lifecycle
+
+    def member_dir(self, key: MemberKey, attempt: int) -> Path:
+        return self.root / key.job_id / member_dir_name(attempt, key.fencing_token, key.rank)
+
+    def start(self, spec: LaunchSpec) -> Member:
+        """Start one member under its supervisor. Never raises for a bad command: that
+        comes back as an exit (code 127) on the next :meth:`poll`.
+
+        Not idempotent by itself: the caller checks :attr:`known` first.
+        """
+        key = spec.key
+        if not _SAFE_NAME.match(spec.job_id):
+            raise ValueError(f"job id {spec.job_id!r} is not a safe file name")
+        mdir = self.member_dir(key, spec.attempt)
+        mdir.mkdir(parents=True, exist_ok=False)
+        self.known.add(key)
+        self.highest_token[key.job_id] = max(
+            self.highest_token.get(key.job_id, 0), key.fencing_token
+        )
+        now_ms = self.wall_clock_ms()
+        member = Member(spec=spec, dir=mdir, shim=None, started_at_ms=now_ms)
+        self.members[key] = member
+        log_path = mdir / "output.log"
+        log_path.touch()
+        try:
+            argv = member_argv(spec, self.image_runtime)
+        except ValueError as exc:
+            self._record_exit(member, MemberExit(127, f"could not exec: {exc}", now_ms))
+            return member
+        cgroup_dir = ""
+        if self.cgroups is not None:
+            cgroup_dir = self.cgroups.create(
+                f"{key.job_id}.t{key.fencing_token}.r{key.rank}", spec.cpu_milli, spec.memory_mib
+            )
+        write_json_atomic(
+            mdir / "launch.json",
+            {
+                "key": list(key),
+                "attempt": spec.attempt,
+                "argv": argv,
+                "env": member_environment(spec, self.settings.base_env),
+                "cwd": spec.workdir,
+                "log_path": str(log_path),
+                "lease_path": str(self.lease_path),
+                "parent_pid": os.getpid(),
+                "stop_grace_s": self.settings.stop_grace_s,
+                "fence_grace_s": self.settings.fence_grace_s,
+                "time_limit_ms": spec.time_limit_ms,
+                "cgroup_dir": cgroup_dir,
+            },
+        )
+        shim_log = open(mdir / "shim.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            member.shim = subprocess.Popen(
+                [self.settings.python, "-m", "synapse_ha.worker.shim", str(mdir)],
+                stdin=subprocess.DEVNULL,
+                stdout=shim_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            self._record_exit(member, MemberExit(127, f"could not start supervisor: {exc}", now_ms))
+            return member
+        finally:
+            shim_log.close()
+        write_json_atomic(
+            mdir / "shim.json",
+            {"pid": member.shim.pid, "start_ticks": process_start_ticks(member.shim.pid)},
+        )
+        return member
+
+    def stop(self, key: MemberKey) -> None:
+        """Ask a member's supervisor to stop it (SIGTERM, grace, SIGKILL). Asynchronous and
+        idempotent; the exit shows up in :meth:`poll`."""
+        member = self.members.get(key)
+        if member is None or member.exit is not None or member.stop_sent:
+            return
+        member.stop_sent = True
+        if member.shim is not None and member.shim.poll() is None:
+            member.shim.send_signal(signal.SIGTERM)
+
+    def poll(self) -> list[tuple[MemberKey, MemberExit]]:
+        """Members whose supervisor has finished since the last call, with their exit."""
+        out, self._immediate_exits = self._immediate_exits, []
+        for member in self.members.values():
+            if member.exit is not None or member.shim is None:
+                continue
+            if member.shim.poll() is None:
+                continue
+            out.append((member.key, self._collect_exit(member)))
+        return out
+
+    def running(self) -> list[MemberKey]:
+        return [k for k, m in self.members.items() if m.exit is None]
+
+    def kill_all(self, detail: str, timeout_s: float = 10.0) -> list[tuple[MemberKey, MemberExit]]:
+        """Fence: kill every running member now (SIGTERM, ``fence_grace_s``, SIGKILL) and
+        wait until their supervisors are gone. Returns the exits, each naming ``detail``."""
+        live = [m for m in self.members.values() if m.exit is None]
+        for m in live:
+            # The supervisor fences its member (also one it is starting right now); the
+            # group is signalled directly too in case the supervisor is stuck.
+            if m.shim is not None and m.shim.poll() is None:
+                m.shim.send_signal(signal.SIGUSR1)
+            self._signal_member_group(m, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.fence_grace_s + 1.0
+        while time.monotonic() < deadline and any(self._tree_alive(m) for m in live):
+            time.sleep(0.01)
+        for m in live:
+            self._signal_member_group(m, signal.SIGKILL)
+            if m.shim is not None and m.shim.poll() is None:
+                m.shim.kill()
+        out = []
+        for m in live:
+            if m.shim is not None:
+                try:
+                    m.shim.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    log.error("supervisor of %s did not exit after SIGKILL", m.key)
+            found = self._collect_exit(m)
+            exit_code = found.exit_code if found.exit_code != 0 else EXIT_LOST
+            m.exit = MemberExit(exit_code, detail, found.ended_at_ms)
+            self._write_exit_record(m)
+            out.append((m.key, m.exit))
+        return out
+
+    def stop_all(self, timeout_s: float) -> list[tuple[MemberKey, MemberExit]]:
+        """Graceful shutdown: stop every member and wait up to ``timeout_s``; whatever is
+        left then is killed."""
+        for key in self.running():
+            self.stop(key)
+        deadline = time.monotonic() + timeout_s
+        out = []
+        while self.running() and time.monotonic() < deadline:
+            out += self.poll()
+            time.sleep(0.02)
+        out += self.poll()
+        if self.running():
+            out += self.kill_all("killed at worker shutdown")
+        return out
+
+    # ---------------------------------------------------------------- records
+
+    def recover(self) -> list[tuple[MemberKey, MemberExit]]:
+        """At agent start: learn every member this node ever ran, kill whatever a previous
+        life of the agent left running, and return the exits not yet reported (members
+        left running come back as lost, exit code 137). Nothing is re-adopted."""
+        out = []
+        killed_groups: list[int] = []
+        for job_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for mdir in sorted(p for p in job_dir.iterdir() if p.is_dir()):
+                parsed = parse_member_dir_name(mdir.name)
+                if parsed is None:
+                    continue
+                attempt, token, rank = parsed
+                key = MemberKey(job_dir.name, token, rank)
+                self.known.add(key)
+                self.highest_token[key.job_id] = max(self.highest_token.get(key.job_id, 0), token)
+                killed_shim = kill_recorded_process(read_json(mdir / "shim.json"))
+                member_record = read_json(mdir / "member.json")
+                killed_member = kill_recorded_process(member_record)
+                if killed_member and member_record is not None:
+                    killed_groups.append(int(member_record["pid"]))
+                if (mdir / "reported").exists():
+                    continue
+                record = read_json(mdir / "exit.json")
+                if record is None or killed_shim or killed_member:
+                    ended = self.wall_clock_ms()
+                    exit_ = MemberExit(
+                        EXIT_LOST, "lost: left running by a previous worker agent; killed", ended
+                    )
+                else:
+                    exit_ = MemberExit(
+                        int(record.get("exit_code", EXIT_LOST)),
+                        str(record.get("detail", "")),
+                        int(record.get("ended_at_ms", 0)),
+                    )
+                spec = LaunchSpec(
+                    job_id=key.job_id,
+                    attempt=attempt,
+                    fencing_token=token,
+                    rank=rank,
+                    world_size=0,
+                    local_rank=0,
+                    local_world_size=0,
+                    gpus=(),
+                    master_addr="",
+                    master_port=0,
+                    member_hosts=(),
+                    command=(),
+                )
+                member = Member(spec=spec, dir=mdir, shim=None, started_at_ms=0, exit=exit_)
+                self._write_exit_record(member)
+                self.members[key] = member
+                out.append((key, exit_))
+        # Report them lost only once nothing of them runs any more.
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and running_groups() & set(killed_groups):
+            time.sleep(0.01)
+        return out
+
+    def mark_reported(self, key: MemberKey) -> None:
+        """The control plane has acknowledged this member's exit; it is never reported
+        again, also after an agent restart."""
+        member = self.members.pop(key, None)
+        if member is not None:
+            (member.dir / "reported").touch()
+            if self.cgroups is not None:
+                self.cgroups.remove(f"{key.job_id}.t{key.fencing_token}.r{key.rank}")
+
+    # ---------------------------------------------------------------- helpers
+
+    def _collect_exit(self, member: Member) -> MemberExit:
+        record = read_json(member.dir / "exit.json")
+        if record is not None:
+            exit_ = MemberExit(
+                int(record.get("exit_code", EXIT_LOST)),
+                str(record.get("detail", "")),
+                int(record.get("ended_at_ms", self.wall_clock_ms())),
+            )
+        else:
+            # The supervisor died without a record: make sure nothing of the member lives.
+            kill_recorded_process(read_json(member.dir / "member.json"))
+            exit_ = MemberExit(EXIT_LOST, "lost: its supervisor died", self.wall_clock_ms())
+            write_json_atomic(
+                member.dir / "exit.json",
+                {"exit_code": exit_.exit_code, "detail": exit_.detail, "ended_at_ms": 0},
+            )
+        member.exit = exit_
+        return exit_
+
+    def _record_exit(self, member: Member, exit_: MemberExit) -> None:
+        member.exit = exit_
+        self._write_exit_record(member)
+        with open(member.dir / "output.log", "ab") as f:
+            f.write(f"synapse-worker: {exit_.detail}\n".encode())
+        self._immediate_exits.append((member.key, exit_))
+
+    def _write_exit_record(self, member: Member) -> None:
+        assert member.exit is not None
+        write_json_atomic(
+            member.dir / "exit.json",
+            {
+                "exit_code": member.exit.exit_code,
+                "detail": member.exit.detail,
+                "ended_at_ms": member.exit.ended_at_ms,
+            },
+        )
+
+    def _signal_member_group(self, member: Member, sig: int) -> None:
+        record = read_json(member.dir / "member.json")
+        if record and isinstance(record.get("pgid"), int):
+            signal_group(int(record["pgid"]), sig)
+
+    def _tree_alive(self, member: Member) -> bool:
+        record = read_json(member.dir / "member.json")
+        if record and isinstance(record.get("pgid"), int) and group_alive(int(record["pgid"])):
+            return True
+        return member.shim is not None and member.shim.poll() is None

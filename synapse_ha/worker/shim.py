@@ -1,0 +1,285 @@
+"""The per-member supervisor: ``python -m synapse_ha.worker.shim MEMBER_DIR``.
+
+One shim runs per gang member, in a session of its own, started by the agent. It reads
+``launch.json`` from the member directory, starts the member as its own process group
+(``setsid``) and then holds the member's lease on the agent's behalf:
+
+* the lease file (written by the agent after every acknowledged heartbeat) holds a
+  ``CLOCK_MONOTONIC`` deadline; once it has passed, or the file is unreadable, the shim
+  kills the member's process group (SIGTERM, ``fence_grace_s``, SIGKILL);
+* when the agent that started it is gone (its parent changed), the shim does the same,
+  so a crashed, killed or restarted agent never leaves a member behind;
+* SIGTERM to the shim is the agent's graceful stop: SIGTERM to the group,
+  ``stop_grace_s``, SIGKILL; SIGUSR1 is the agent fencing: the same with ``fence_grace_s``;
+* ``time_limit_ms`` (when > 0) is enforced the same way.
+
+Because the deadline is checked every ``POLL_S`` seconds, a member's whole process tree is
+gone at most ``POLL_S + fence_grace_s`` after its lease deadline, whatever happened to the
+agent (killed, paused or partitioned). The shim is a child subreaper, so descendants that
+the member orphans are reparented to it and reaped; where the member runs in a cgroup,
+``cgroup.kill`` also reaches descendants that left the process group.
+
+The shim writes ``member.json`` (pid and start time of the member) once the member runs,
+and ``exit.json`` (exit code, detail, end time) atomically when it is gone; the agent reads
+both. Exit codes follow the shell: 128 + N for death by signal N. A member stopped by the
+shim never reports 0: a fenced member that exits cleanly on SIGTERM did not succeed.
+
+This module imports only the standard library so that it starts in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.05
+PR_SET_CHILD_SUBREAPER = 36
+EXIT_TIME_LIMIT = 124
+EXIT_COULD_NOT_EXEC = 127
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` so that readers see either the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22),
+    or None when no such process exists. Together with the pid it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def read_lease_deadline(path: Path) -> float:
+    """The monotonic deadline in the lease file; 0 (expired) when it cannot be read."""
+    try:
+        return float(path.read_text(encoding="utf-8").strip() or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _become_subreaper() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Shim:
+    def __init__(self, member_dir: Path) -> None:
+        self.dir = member_dir
+        self.launch: dict[str, Any] = json.loads((member_dir / "launch.json").read_text("utf-8"))
+        self.lease_path = Path(self.launch["lease_path"])
+        self.parent_pid = int(self.launch["parent_pid"])
+        self.stop_requested = False
+        self.fence_requested = False
+        self.member_pid = 0
+        self.member_status: int | None = None
+        self.started_monotonic = 0.0
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.stop_requested = True
+
+    def _on_sigusr1(self, signum: int, frame: object) -> None:
+        self.fence_requested = True
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> str | None:
+        """Start the member; return why it could not be started, or None."""
+        launch = self.launch
+        log = open(launch["log_path"], "ab")  # noqa: SIM115 - handed to the child
+        cgroup_procs = launch.get("cgroup_dir") and os.path.join(
+            launch["cgroup_dir"], "cgroup.procs"
+        )
+
+        def join_cgroup() -> None:
+            if cgroup_procs:
+                with open(cgroup_procs, "w", encoding="ascii") as f:
+                    f.write("0")
+
+        try:
+            proc = subprocess.Popen(
+                launch["argv"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=launch["env"],
+                cwd=launch.get("cwd") or None,
+                start_new_session=True,
+                preexec_fn=join_cgroup if cgroup_procs else None,
+                close_fds=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.write(f"synapse-worker: could not exec {launch['argv']!r}: {exc}\n".encode())
+            log.close()
+            return f"could not exec: {exc}"
+        log.close()
+        self.member_pid = proc.pid
+        # The shim reaps with waitpid itself; Popen must not try again.
+        proc.returncode = 0
+        self.started_monotonic = time.monotonic()
+        write_json_atomic(
+            self.dir / "member.json",
+            {
+                "pid": proc.pid,
+                "pgid": proc.pid,
+                "start_ticks": process_start_ticks(proc.pid),
+                "started_at_ms": int(time.time() * 1000),
+            },
+        )
+        return None
+
+    # ------------------------------------------------------------ supervising
+
+    def reap(self) -> None:
+        """Reap every exited child; remember the member's own status."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.member_pid:
+                self.member_status = status
+
+    def wait_group_gone(self, grace_s: float) -> None:
+        """SIGTERM was sent; wait up to ``grace_s`` for the group, then SIGKILL it."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self.reap()
+            if self.member_status is not None and not group_alive(self.member_pid):
+                return
+            time.sleep(0.01)
+        self.kill_everything()
+
+    def kill_everything(self) -> None:
+        signal_group(self.member_pid, signal.SIGKILL)
+        cgroup_dir = self.launch.get("cgroup_dir")
+        if cgroup_dir:
+            try:
+                with open(os.path.join(cgroup_dir, "cgroup.kill"), "w", encoding="ascii") as f:
+                    f.write("1")
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            self.reap()
+            if self.member_status is not None and not group_alive(self.member_pid):
+                return
+            time.sleep(0.005)
+
+    def terminate(self, grace_s: float) -> None:
+        signal_group(self.member_pid, signal.SIGTERM)
+        self.wait_group_gone(grace_s)
+
+    def supervise(self) -> tuple[int | None, str]:
+        """Run until the member is gone; return (forced exit code or None, detail)."""
+        launch = self.launch
+        time_limit_s = int(launch.get("time_limit_ms", 0)) / 1000
+        stop_grace = float(launch.get("stop_grace_s", 5.0))
+        fence_grace = float(launch.get("fence_grace_s", 0.5))
+        while True:
+            self.reap()
+            if self.member_status is not None:
+                # The member's main process ended; nothing it started may outlive it.
+                if group_alive(self.member_pid):
+                    self.terminate(min(stop_grace, 1.0))
+                # The agent may have signalled the group itself while asking us to stop.
+                if self.fence_requested:
+                    return 137, "fenced by the worker agent"
+                if self.stop_requested:
+                    return 143, "stopped by the worker"
+                return None, ""
+            now = time.monotonic()
+            if self.fence_requested or now >= read_lease_deadline(self.lease_path):
+                self.terminate(fence_grace)
+                return 137, "fenced: the node's lease expired"
+            if os.getppid() != self.parent_pid:
+                self.terminate(fence_grace)
+                return 137, "fenced: the worker agent went away"
+            if self.stop_requested:
+                self.terminate(stop_grace)
+                return 143, "stopped by the worker"
+            if time_limit_s > 0 and now - self.started_monotonic >= time_limit_s:
+                self.terminate(stop_grace)
+                return EXIT_TIME_LIMIT, f"time limit of {launch['time_limit_ms']} ms exceeded"
+            time.sleep(POLL_S)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGUSR1, self._on_sigusr1)
+        _become_subreaper()
+        if os.getppid() != self.parent_pid or time.monotonic() >= read_lease_deadline(
+            self.lease_path
+        ):
+            self.finish(137, "fenced before start: no valid lease")
+            return 0
+        failure = self.start()
+        if failure is not None:
+            self.finish(EXIT_COULD_NOT_EXEC, failure)
+            return 0
+        forced, detail = self.supervise()
+        status = self.member_status if self.member_status is not None else 0
+        code = os.waitstatus_to_exitcode(status)
+        exit_code = 128 - code if code < 0 else code
+        if code < 0 and not detail:
+            detail = f"killed by signal {-code}"
+        if forced is not None and (forced == EXIT_TIME_LIMIT or exit_code == 0):
+            exit_code = forced
+        self.finish(exit_code, detail)
+        return 0
+
+    def finish(self, exit_code: int, detail: str) -> None:
+        write_json_atomic(
+            self.dir / "exit.json",
+            {"exit_code": exit_code, "detail": detail, "ended_at_ms": int(time.time() * 1000)},
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m synapse_ha.worker.shim MEMBER_DIR", file=sys.stderr)
+        return 2
+    return Shim(Path(args[0])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

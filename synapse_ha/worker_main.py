@@ -1,0 +1,419 @@
+"""``synapse-worker``: the node agent's composition root.
+
+Configuration comes from flags and/or a TOML file (``--config``); a flag wins over the
+file. TOML keys are the flag names with underscores, for example::
+
+    schedulers = ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"]
+    node_id = "gpu-017"
+    listen = "0.0.0.0:7070"
+    advertise = "10.0.1.17:7070"
+    topology = "zone=z1,block=b1,rack=r3"
+    data_dir = "/var/lib/synapse-worker"
+    cpu = "60"            # override what the OS reports
+    memory = "480Gi"
+    mock_gpus = 8         # machines without GPUs: declare them
+    mock_nvlink = "0-3,4-7"
+    image_runtime = "podman run --rm --network host {env} {image} {command}"
+    features = ["ib"]
+
+It runs in the foreground; SIGTERM or SIGINT stops every member gracefully, reports their
+exits when a leader answers, and exits. Members are supervised by per-member shims
+(:mod:`synapse_ha.worker.shim`) that kill them when the lease lapses even if this process
+is killed or frozen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from synapse_ha.core.machine import FEATURE_IMAGES
+from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.spec import SpecError, parse_cpu, parse_duration, parse_memory
+from synapse_ha.worker import discovery
+from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
+from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
+from synapse_ha.worker.lease import LeaseFile
+from synapse_ha.worker.logs import add_log_service
+from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
+
+log = logging.getLogger("synapse.worker")
+
+TICK_S = 0.02
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    schedulers: tuple[str, ...]
+    node_id: str
+    listen: str
+    advertise: str
+    topology: tuple[tuple[str, str], ...]
+    data_dir: Path
+    cpu_milli: int | None
+    memory_mib: int | None
+    mock_gpus: int | None
+    mock_nvlink: str
+    mock_gpu_model: str
+    image_runtime: str
+    features: tuple[str, ...]
+    heartbeat_interval_s: float
+    lease_ttl_s: float
+    stop_grace_s: float
+    fence_grace_s: float
+    cgroups: bool
+    cgroup_root: Path
+    log_level: str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="synapse-worker", description="Run the synapse node agent on this machine."
+    )
+    p.add_argument("--config", help="TOML configuration file")
+    p.add_argument(
+        "--scheduler",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a scheduler replica's gRPC address; repeat or separate with commas",
+    )
+    p.add_argument("--node-id", help="this node's id (default: the host name)")
+    p.add_argument("--listen", help="where the log service listens (default 0.0.0.0:7070)")
+    p.add_argument("--advertise", help="HOST:PORT other machines reach this node at")
+    p.add_argument("--topology", help="labels such as zone=z1,block=b1,rack=r3")
+    p.add_argument("--data-dir", help="directory for member logs and pid records")
+    p.add_argument("--cpu", help="CPU capacity to offer, e.g. 32 or 500m (default: the OS)")
+    p.add_argument("--memory", help="memory to offer, e.g. 256Gi (default: the OS)")
+    p.add_argument("--mock-gpus", type=int, help="declare this many GPUs instead of NVML")
+    p.add_argument("--mock-nvlink", help="mock NVLink islands: all, none or 0-1,2-3")
+    p.add_argument("--mock-gpu-model", help="model name of mock GPUs")
+    p.add_argument(
+        "--image-runtime",
+        help='container runtime template, e.g. "podman run --rm {image} {command}"',
+    )
+    p.add_argument("--feature", action="append", default=[], help="an extra node feature")
+    p.add_argument("--heartbeat-interval", help="until the leader says otherwise (default 1s)")
+    p.add_argument("--lease-ttl", help="until the leader says otherwise (default 4s)")
+    p.add_argument("--stop-grace", help="SIGTERM to SIGKILL on a graceful stop (default 5s)")
+    p.add_argument("--fence-grace", help="SIGTERM to SIGKILL when fencing (default 500ms)")
+    p.add_argument("--no-cgroups", action="store_true", help="do not use cgroup limits")
+    p.add_argument("--cgroup-root", help="cgroup v2 mount point (default /sys/fs/cgroup)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+def parse_topology(text: str) -> tuple[tuple[str, str], ...]:
+    labels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        level, sep, value = part.partition("=")
+        if not sep or not level.strip() or not value.strip():
+            raise ConfigError(f"--topology: {part!r} is not LEVEL=VALUE (e.g. rack=r3)")
+        if level.strip() in labels:
+            raise ConfigError(f"--topology: level {level.strip()!r} appears twice")
+        labels[level.strip()] = value.strip()
+    return tuple(sorted(labels.items()))
+
+
+def _check_address(value: str, what: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{what}: {value!r} is not HOST:PORT")
+    return value
+
+
+def _seconds(value: object, what: str, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        ms = parse_duration(value, what)
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from None
+    if ms <= 0:
+        raise ConfigError(f"{what}: must be positive")
+    return ms / 1000
+
+
+def load_config(argv: Sequence[str]) -> WorkerConfig:
+    """Merge the TOML file and flags; raise :class:`ConfigError` on anything wrong."""
+    args = build_parser().parse_args(list(argv))
+    doc: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                doc = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"--config {args.config}: {exc}") from None
+
+    def pick(flag: object, key: str) -> Any:
+        return flag if flag is not None else doc.get(key)
+
+    schedulers: list[str] = []
+    raw = args.scheduler or doc.get("schedulers", [])
+    if isinstance(raw, str):
+        raw = [raw]
+    for item in raw:
+        schedulers += [s.strip() for s in str(item).split(",") if s.strip()]
+    if not schedulers:
+        raise ConfigError("at least one scheduler address is required (--scheduler HOST:PORT)")
+    for s in schedulers:
+        _check_address(s, "--scheduler")
+
+    node_id = str(pick(args.node_id, "node_id") or socket.gethostname())
+    listen = _check_address(str(pick(args.listen, "listen") or "0.0.0.0:7070"), "--listen")
+    advertise = str(pick(args.advertise, "advertise") or "")
+    if advertise:
+        _check_address(advertise, "--advertise")
+    data_dir = pick(args.data_dir, "data_dir")
+    if not data_dir:
+        raise ConfigError("a data directory is required (--data-dir)")
+    try:
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        probe = Path(data_dir) / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"data directory {data_dir!r} is not writable: {exc}") from None
+
+    try:
+        cpu = pick(args.cpu, "cpu")
+        cpu_milli = parse_cpu(cpu, "--cpu") if cpu is not None else None
+        memory = pick(args.memory, "memory")
+        memory_mib = parse_memory(memory, "--memory") if memory is not None else None
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from None
+
+    mock = pick(args.mock_gpus, "mock_gpus")
+    if mock is not None and (not isinstance(mock, int) or mock < 0):
+        raise ConfigError("--mock-gpus: must be an integer >= 0")
+    mock_nvlink = str(pick(args.mock_nvlink, "mock_nvlink") or "all")
+    if mock is not None:
+        try:
+            discovery.parse_mock_nvlink(mock_nvlink, mock)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    elif pick(args.mock_nvlink, "mock_nvlink") is not None:
+        raise ConfigError("--mock-nvlink needs --mock-gpus")
+
+    image_runtime = str(pick(args.image_runtime, "image_runtime") or "")
+    if image_runtime:
+        try:
+            ImageRuntime(image_runtime)
+        except ValueError as exc:
+            raise ConfigError(f"--image-runtime: {exc}") from None
+
+    features = [*doc.get("features", []), *args.feature]
+    heartbeat = _seconds(
+        pick(args.heartbeat_interval, "heartbeat_interval"), "--heartbeat-interval", 1.0
+    )
+    lease = _seconds(pick(args.lease_ttl, "lease_ttl"), "--lease-ttl", 4.0)
+    if lease <= heartbeat:
+        raise ConfigError("--lease-ttl must exceed --heartbeat-interval")
+    return WorkerConfig(
+        schedulers=tuple(dict.fromkeys(schedulers)),
+        node_id=node_id,
+        listen=listen,
+        advertise=advertise,
+        topology=parse_topology(str(pick(args.topology, "topology") or "")),
+        data_dir=Path(data_dir).resolve(),
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        mock_gpus=mock,
+        mock_nvlink=mock_nvlink,
+        mock_gpu_model=str(pick(args.mock_gpu_model, "mock_gpu_model") or "mock-gpu"),
+        image_runtime=image_runtime,
+        features=tuple(sorted({str(f) for f in features})),
+        heartbeat_interval_s=heartbeat,
+        lease_ttl_s=lease,
+        stop_grace_s=_seconds(pick(args.stop_grace, "stop_grace"), "--stop-grace", 5.0),
+        fence_grace_s=_seconds(pick(args.fence_grace, "fence_grace"), "--fence-grace", 0.5),
+        cgroups=not (args.no_cgroups or doc.get("no_cgroups", False)),
+        cgroup_root=Path(str(pick(args.cgroup_root, "cgroup_root") or "/sys/fs/cgroup")),
+        log_level=str(pick(args.log_level, "log_level") or "INFO").upper(),
+    )
+
+
+# ---------------------------------------------------------------------- running
+
+
+def _warn_once() -> Any:
+    said: set[str] = set()
+
+    def warn(message: str) -> None:
+        if message not in said:
+            said.add(message)
+            log.warning("%s", message)
+
+    return warn
+
+
+def registration(config: WorkerConfig, advertise: str) -> pb.RegisterNodeRequest:
+    warn = _warn_once()
+    if config.mock_gpus is not None:
+        gpus = discovery.mock_gpus(config.mock_gpus, config.mock_nvlink, config.mock_gpu_model)
+    else:
+        gpus = discovery.discover_gpus(discovery.load_nvml(), warn)
+    features = set(config.features)
+    if config.image_runtime:
+        features.add(FEATURE_IMAGES)
+    return pb.RegisterNodeRequest(
+        node_id=config.node_id,
+        address=advertise,
+        capacity=pb.Resources(
+            cpu_milli=config.cpu_milli if config.cpu_milli is not None else discovery.cpu_milli(),
+            memory_mib=config.memory_mib
+            if config.memory_mib is not None
+            else discovery.memory_mib(),
+            gpu=gpus.count,
+        ),
+        gpu_islands=[pb.RegisterNodeRequest.GpuIsland(gpus=list(i)) for i in gpus.islands],
+        gpu_model=gpus.model,
+        topology=[pb.TopologyLabel(level=k, value=v) for k, v in config.topology],
+        features=sorted(features),
+    )
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    fd = os.open(data_dir / "agent.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError(f"another synapse-worker uses the data directory {data_dir}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def run(config: WorkerConfig, stop: threading.Event) -> int:
+    lock_fd = _lock_data_dir(config.data_dir)
+    cgroups: CgroupLimiter | None = None
+    if config.cgroups:
+        cgroups, why = probe_cgroups(config.cgroup_root)
+        if cgroups is None:
+            log.warning("cpu/memory limits are not enforced: %s", why)
+        else:
+            log.info("%s", why)
+    else:
+        log.warning("cpu/memory limits are not enforced: cgroups disabled by configuration")
+
+    lease_file = LeaseFile(config.data_dir / "lease")
+    lease_file.revoke()
+    executor = MemberExecutor(
+        config.data_dir,
+        lease_file.path,
+        ExecutorSettings(stop_grace_s=config.stop_grace_s, fence_grace_s=config.fence_grace_s),
+        image_runtime=ImageRuntime(config.image_runtime) if config.image_runtime else None,
+        cgroups=cgroups,
+    )
+    recovered = executor.recover()
+    for key, exit_ in recovered:
+        log.warning("member %s from a previous life: %s", key, exit_.detail)
+
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="logs"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    add_log_service(server, executor.root)
+    port = server.add_insecure_port(config.listen)
+    if port == 0:
+        raise ConfigError(f"cannot listen on {config.listen}")
+    server.start()
+    listen_host = config.listen.rpartition(":")[0]
+    advertise = config.advertise or (
+        f"{listen_host if listen_host not in ('0.0.0.0', '::', '[::]') else socket.getfqdn()}"
+        f":{port}"
+    )
+    request = registration(config, advertise)
+    log.info(
+        "node %s at %s: %d mCPU, %d MiB, %d GPU (%s) islands %s, features %s",
+        config.node_id,
+        advertise,
+        request.capacity.cpu_milli,
+        request.capacity.memory_mib,
+        request.capacity.gpu,
+        request.gpu_model or "-",
+        [list(i.gpus) for i in request.gpu_islands],
+        list(request.features) or "-",
+    )
+    client = ClusterClient(
+        config.schedulers,
+        timeout_s=config.heartbeat_interval_s,
+        per_try_timeout_s=min(1.0, config.heartbeat_interval_s),
+        max_backoff_s=0.2,
+    )
+    agent = Agent(
+        request,
+        GrpcControlPlane(client),
+        executor,
+        time.monotonic,
+        lease_file=lease_file,
+        timings=AgentTimings(config.heartbeat_interval_s, config.lease_ttl_s),
+    )
+    agent.add_recovered(recovered)
+    last = ""
+    try:
+        while not stop.is_set():
+            sentence = agent.step()
+            if sentence and sentence != last:
+                log.info("%s", sentence)
+            last = sentence or last
+            stop.wait(min(TICK_S, agent.next_wakeup_in()))
+    finally:
+        log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
+        lease_file.revoke()
+        server.stop(grace=0.5).wait(1.0)
+        client.close()
+        os.close(lock_fd)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"synapse-worker: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(config.log_level)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("received %s; stopping members", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return run(config, stop)
+    except ConfigError as exc:
+        print(f"synapse-worker: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

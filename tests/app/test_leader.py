@@ -1,0 +1,204 @@
+"""The leader loop with a fake log and a fake clock: no threads, no sleeps."""
+
+from __future__ import annotations
+
+import random
+
+from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import JobState, NodeStatus, Timeouts
+from tests.app.fakes import FakeLog
+from tests.core.harness import job, node
+
+DEAD_MS = Timeouts().dead_timeout_ms
+
+
+def make_loop(log: FakeLog, **kwargs: object) -> tuple[LeaderLoop, Liveness]:
+    liveness = Liveness()
+    loop = LeaderLoop(
+        log,
+        log,
+        liveness,
+        "r1",
+        settings=LoopSettings(schedule_period_ms=500, purge_period_ms=60_000),
+        rng=random.Random(7),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return loop, liveness
+
+
+def elected(log: FakeLog, now: int = 1_000, **kwargs: object) -> tuple[LeaderLoop, Liveness]:
+    loop, liveness = make_loop(log, **kwargs)
+    loop.on_role_change(True, 3, now)
+    assert "committing a barrier" in loop.step(now)
+    assert "barrier committed" in loop.step(now)
+    assert loop.ready
+    return loop, liveness
+
+
+def test_a_follower_does_nothing() -> None:
+    log = FakeLog()
+    loop, _ = make_loop(log)
+    assert loop.step(0) == "not the leader: nothing to do"
+    assert log.proposed == []
+
+
+def test_a_new_leader_commits_a_barrier_before_anything_else() -> None:
+    log = FakeLog()
+    log.hold = True
+    log.propose(cmd.RegisterNode(info=node("n1"), now_ms=0))
+    log.commit_pending()
+    loop, _ = make_loop(log)
+    loop.on_role_change(True, 5, 100)
+    assert loop.step(100) == "became leader in term 5: committing a barrier before acting"
+    assert loop.step(200) == "leader in term 5: waiting for the barrier to commit"
+    assert isinstance(log.pending[0][0], cmd.Barrier)
+    assert not loop.ready
+    # Nothing but the barrier is proposed while it is pending, however long that takes.
+    assert "waiting for the barrier" in loop.step(100 + LoopSettings().proposal_timeout_ms - 1)
+    assert [type(c) for c in log.proposed] == [cmd.RegisterNode, cmd.Barrier]
+    log.commit_pending()
+    assert loop.step(300) == "leader in term 5: barrier committed, now scheduling"
+    assert loop.ready
+
+
+def test_a_failed_barrier_is_retried() -> None:
+    log = FakeLog()
+    log.hold = True
+    loop, _ = make_loop(log)
+    loop.on_role_change(True, 2, 0)
+    loop.step(0)
+    log.fail_pending()
+    assert "barrier failed" in loop.step(10)
+    assert "committing a barrier" in loop.step(20)
+    assert len(log.of_type(cmd.Barrier)) == 2
+
+
+def test_scheduling_binds_a_gang_and_waits_for_the_bind_to_commit() -> None:
+    log = FakeLog()
+    for n in ("a", "b"):
+        log.propose(cmd.RegisterNode(info=node(n), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("g", replicas=2, gpu=8), request_id="r", now_ms=0))
+    loop, _ = elected(log)
+    log.hold = True
+    said = loop.step(1_100)
+    assert "proposing to bind 1 gangs (2 members)" in said
+    assert "a bind is in flight" in loop.step(1_110)
+    assert len(log.of_type(cmd.BindPlan)) == 1
+    log.commit_pending()
+    loop.step(1_120)
+    (job_state,) = [j.state for j in log.state.jobs.values()]
+    assert job_state is JobState.SCHEDULED
+
+
+def test_a_node_is_reaped_only_after_dead_timeout_counted_from_the_election() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("quiet"), now_ms=0))
+    # Elected long after the node was last heard of by anyone: it gets a full timeout.
+    start = 50_000
+    loop, _ = elected(log, now=start)
+    assert "declaring" not in loop.step(start + DEAD_MS)
+    said = loop.step(start + DEAD_MS + 100)
+    assert "declaring node quiet dead" in said
+    (dead,) = log.of_type(cmd.MarkNodeDead)
+    assert isinstance(dead, cmd.MarkNodeDead)
+    assert dead.now_ms == start + DEAD_MS + 100
+    assert log.state.nodes["quiet"].status is NodeStatus.DEAD
+    # Declared once, not on every step.
+    loop.step(start + DEAD_MS + 200)
+    assert len(log.of_type(cmd.MarkNodeDead)) == 1
+
+
+def test_a_heartbeat_keeps_a_node_alive() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("chatty"), now_ms=0))
+    loop, liveness = elected(log, now=0)
+    liveness.heard("chatty", DEAD_MS - 1)
+    assert "declaring" not in loop.step(DEAD_MS + 5)
+    assert "declaring node chatty dead" in loop.step(2 * DEAD_MS)
+
+
+def test_scheduling_passes_are_spaced_by_their_own_cost() -> None:
+    log = FakeLog()
+    ticks = iter([0.0, 0.2, 1.0, 1.2, 2.0, 2.2, 3.0, 3.2])  # every pass costs 200 ms
+    loop, _ = elected(log, now=0, timer=lambda: next(ticks))
+    log.propose(cmd.SubmitJob(spec=job("a", gpu=8), request_id="a", now_ms=0))
+    loop.note_state_changed()
+    assert loop.step(1_000) == "updating why 1 jobs wait (1 pending)"
+    log.propose(cmd.SubmitJob(spec=job("b", gpu=8), request_id="b", now_ms=0))
+    loop.note_state_changed()
+    # The state changed, but the last pass cost 200 ms: wait 3 x 200 ms before the next.
+    assert loop.step(1_400) == "leader: nothing to do"
+    assert loop.step(1_600) == "updating why 1 jobs wait (2 pending)"
+
+
+def test_losing_leadership_forgets_proposals_in_flight() -> None:
+    log = FakeLog()
+    for n in ("a", "b"):
+        log.propose(cmd.RegisterNode(info=node(n), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("g", replicas=2, gpu=8), request_id="r", now_ms=0))
+    loop, _ = elected(log)
+    log.hold = True
+    assert "proposing to bind" in loop.step(1_100)  # bind in flight
+    loop.on_role_change(False, 4, 1_100)
+    assert not loop.ready
+    assert loop.step(1_200) == "not the leader: nothing to do"
+    loop.on_role_change(True, 6, 1_300)
+    # The new term starts with a barrier, not with the old bind.
+    assert "committing a barrier" in loop.step(1_300)
+    assert isinstance(log.pending[-1][0], cmd.Barrier)
+
+
+def test_time_limits_are_enforced_by_the_leader() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("a"), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("t", time_limit_s=60), request_id="r", now_ms=0))
+    loop, liveness = elected(log, now=0)
+    loop.step(1_000)  # binds
+    (j,) = log.state.jobs.values()
+    assert j.state is JobState.SCHEDULED
+    liveness.heard("a", 61_000)
+    said = loop.step(61_000)
+    assert f"stopping {j.job_id} at its time limit" in said
+    assert j.state is JobState.FAILED
+
+
+def test_finished_jobs_are_purged_periodically() -> None:
+    log = FakeLog()
+    loop, _ = elected(log, now=0)
+    assert "purging" not in loop.step(59_999)
+    assert "purging finished jobs" in loop.step(60_000)
+    assert len(log.of_type(cmd.PurgeFinished)) == 1
+
+
+def test_configured_timeouts_are_replicated_once() -> None:
+    log = FakeLog()
+    wanted = Timeouts(dead_timeout_ms=20_000)
+    loop, _ = elected(log, now=0, desired_timeouts=wanted)
+    assert "replicating the configured timeouts" in loop.step(1)
+    assert log.state.config.timeouts == wanted
+    loop.step(2)
+    assert len(log.of_type(cmd.Configure)) == 1
+
+
+def test_an_idle_leader_says_so() -> None:
+    log = FakeLog()
+    loop, _ = elected(log, now=0)
+    loop.step(0)
+    assert loop.step(1) == "leader: nothing to do"
+
+
+def test_a_bind_without_outcome_is_abandoned_and_planned_again() -> None:
+    log = FakeLog()
+    for n in ("a", "b"):
+        log.propose(cmd.RegisterNode(info=node(n), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("g", replicas=2, gpu=8), request_id="r", now_ms=0))
+    loop, _ = elected(log)
+    log.hold = True
+    assert "proposing to bind" in loop.step(1_100)
+    timeout = LoopSettings().proposal_timeout_ms
+    assert "a bind is in flight" in loop.step(1_100 + timeout - 1)
+    said = loop.step(1_100 + timeout)
+    assert "did not commit (no outcome within" in said
+    assert "proposing to bind" in loop.step(1_100 + timeout + 600)
+    assert len(log.of_type(cmd.BindPlan)) == 2

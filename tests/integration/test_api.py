@@ -1,0 +1,214 @@
+"""The gRPC API against three real replicas: routing, jobs, nodes, status codes."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from synapse_ha.rpc.client import LEADER_METADATA_KEY
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from tests.integration.cluster import LocalCluster, job_spec, register_request, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _call_error(fn: object, *args: object, **kwargs: object) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, **kwargs)  # type: ignore[operator]
+    return info.value
+
+
+def test_one_leader_is_elected_and_every_replica_is_healthy(cluster: LocalCluster) -> None:
+    leader = cluster.serving_leader()
+    with cluster.client() as client:
+        status = client.cluster_status()
+    assert status.leader_id == leader.replica_id
+    assert status.leader_address == leader.grpc
+    roles = {r.replica_id: r.role for r in status.replicas}
+    assert roles[leader.replica_id] == "leader"
+    assert sorted(roles.values()) == ["follower", "follower", "leader"]
+    assert all(r.healthy for r in status.replicas)
+    assert len({r.term for r in status.replicas}) == 1
+
+
+def test_a_follower_redirects_writes_and_fresh_reads_to_the_leader(
+    cluster: LocalCluster,
+) -> None:
+    leader = cluster.serving_leader()
+    follower = cluster.followers(leader)[0]
+    stub = cluster.stub(follower)
+    error = _call_error(
+        stub.SubmitJob, pb.SubmitJobRequest(spec=job_spec(), request_id="redirect-1"), timeout=5
+    )
+    assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert (LEADER_METADATA_KEY, leader.grpc) in tuple(error.trailing_metadata() or ())
+
+    error = _call_error(stub.ListJobs, pb.ListJobsRequest(), timeout=5)
+    assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+    with cluster.client() as client:
+        submitted = client.submit_job(job_spec("redirected"), request_id="redirect-2")
+    # The follower may answer a stale read, and says so, once it has applied the entry.
+    answer = wait_for(
+        "the follower to apply the submission",
+        lambda: stub.GetJob(pb.GetJobRequest(job_id=submitted.job_id, allow_stale=True), timeout=2),
+    )
+    assert answer.stale
+    assert answer.job.spec.name == "redirected"
+
+
+def test_submit_get_list_cancel_and_idempotent_resubmission(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        first = client.submit_job(job_spec("lifecycle", replicas=4, gpu=8), request_id="life-1")
+        again = client.submit_job(job_spec("lifecycle", replicas=4, gpu=8), request_id="life-1")
+        assert first.created
+        assert not again.created
+        assert again.job_id == first.job_id
+
+        job = client.get_job(first.job_id)
+        assert job.spec.name == "lifecycle"
+        assert job.spec.replicas == 4
+        assert job.state == "PENDING"
+        assert job.reason
+
+        listed = client.list_jobs(name="lifecycle")
+        assert [j.job_id for j in listed] == [first.job_id]
+        assert client.list_jobs(states=["SUCCEEDED"], name="lifecycle") == []
+
+        explained = client.explain_job(first.job_id)
+        assert explained.state == "PENDING"
+        assert explained.explanation
+
+        cancelled = client.cancel_job(first.job_id, reason="changed my mind")
+        assert cancelled.state == "CANCELLED"
+        assert client.get_job(first.job_id).state == "CANCELLED"
+        assert [j.job_id for j in client.list_jobs(states=["cancelled"], name="lifecycle")] == [
+            first.job_id
+        ]
+
+
+def test_a_gang_is_placed_and_its_members_reach_the_workers(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        for i in (1, 2):
+            client.register_node(register_request(f"gang-node-{i}", f"10.0.0.{i}", gpu=8))
+        submitted = client.submit_job(job_spec("gang", replicas=2, gpu=8), request_id="gang-1")
+        job = wait_for(
+            "the gang to be bound",
+            lambda: (j := client.get_job(submitted.job_id)).state == "SCHEDULED" and j,
+        )
+        members = sorted((m.rank, m.node_id, tuple(m.gpus)) for m in job.attempt.members)
+        assert [m[0] for m in members] == [0, 1]
+        assert {m[1] for m in members} == {"gang-node-1", "gang-node-2"}
+        assert all(m[2] == tuple(range(8)) for m in members)
+
+        by_rank = {m.rank: m.node_id for m in job.attempt.members}
+        desired = {}
+        for node_id in ("gang-node-1", "gang-node-2"):
+            reply = client.heartbeat(pb.HeartbeatRequest(node_id=node_id))
+            assert reply.lease_ttl_ms > reply.heartbeat_interval_ms > 0
+            (member,) = [d for d in reply.desired if d.job_id == submitted.job_id]
+            desired[member.rank] = member
+            assert by_rank[member.rank] == node_id
+        master = desired[0]
+        assert master.world_size == 2
+        assert master.master_addr == "10.0.0." + by_rank[0][-1]
+        assert list(master.member_hosts) == [
+            "10.0.0." + by_rank[0][-1],
+            "10.0.0." + by_rank[1][-1],
+        ]
+        assert master.fencing_token == job.attempt.fencing_token
+        assert master.shell and list(master.command) == ["echo $RANK"]
+        assert (master.local_rank, master.local_world_size) == (0, 1)
+
+        token = job.attempt.fencing_token
+        for rank, node_id in by_rank.items():
+            started = pb.MemberReport(
+                job_id=submitted.job_id,
+                fencing_token=token,
+                rank=rank,
+                kind=pb.MemberReport.STARTED,
+            )
+            reply = client.heartbeat(pb.HeartbeatRequest(node_id=node_id, reports=[started]))
+            assert reply.acked_reports == 1
+        assert client.get_job(submitted.job_id).state == "RUNNING"
+        for rank, node_id in by_rank.items():
+            exited = pb.MemberReport(
+                job_id=submitted.job_id,
+                fencing_token=token,
+                rank=rank,
+                kind=pb.MemberReport.EXITED,
+                exit_code=0,
+            )
+            client.heartbeat(pb.HeartbeatRequest(node_id=node_id, reports=[exited]))
+        assert client.get_job(submitted.job_id).state == "SUCCEEDED"
+
+        nodes = {n.node_id: n for n in client.list_nodes()}
+        assert nodes["gang-node-1"].status == "ready"
+        assert nodes["gang-node-1"].last_heartbeat_age_ms >= 0
+
+        assert client.set_node_status("gang-node-1", "cordon") == "cordoned"
+        assert client.set_node_status("gang-node-1", "uncordon") == "ready"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (pb.JobSpec(name="Bad_Name", replicas=1, shell_command="x"), "name"),
+        (pb.JobSpec(name="ok", replicas=0, shell_command="x"), "replicas"),
+        (pb.JobSpec(name="ok", replicas=10001, shell_command="x"), "replicas"),
+        (pb.JobSpec(name="ok", replicas=1), "command"),
+        (
+            pb.JobSpec(name="ok", replicas=1, shell_command="x", resources=pb.Resources(gpu=-1)),
+            "resources.gpu",
+        ),
+        (
+            pb.JobSpec(name="ok", replicas=1, shell_command="x", topology_required="galaxy"),
+            "topology.required",
+        ),
+        (
+            pb.JobSpec(name="ok", replicas=1, shell_command="x", workdir="relative/dir"),
+            "workdir",
+        ),
+    ],
+)
+def test_invalid_submissions_are_refused_naming_the_field(
+    cluster: LocalCluster, spec: pb.JobSpec, field: str
+) -> None:
+    stub = cluster.stub(cluster.serving_leader())
+    error = _call_error(stub.SubmitJob, pb.SubmitJobRequest(spec=spec), timeout=5)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith(f"{field}:")
+
+
+def test_unknown_ids_and_bad_requests_get_the_right_codes(cluster: LocalCluster) -> None:
+    leader = cluster.serving_leader()
+    stub = cluster.stub(leader)
+    agent = pb_grpc.NodeAgentServiceStub(grpc.insecure_channel(leader.grpc))
+    cases = [
+        (stub.GetJob, pb.GetJobRequest(job_id="job-999999"), grpc.StatusCode.NOT_FOUND),
+        (stub.CancelJob, pb.CancelJobRequest(job_id="job-999999"), grpc.StatusCode.NOT_FOUND),
+        (stub.ExplainJob, pb.ExplainJobRequest(job_id="nope"), grpc.StatusCode.NOT_FOUND),
+        (stub.CordonNode, pb.NodeStatusRequest(node_id="ghost"), grpc.StatusCode.NOT_FOUND),
+        (stub.GetJob, pb.GetJobRequest(), grpc.StatusCode.INVALID_ARGUMENT),
+        (stub.ListJobs, pb.ListJobsRequest(states=["BOGUS"]), grpc.StatusCode.INVALID_ARGUMENT),
+        (agent.Heartbeat, pb.HeartbeatRequest(node_id="ghost"), grpc.StatusCode.NOT_FOUND),
+        (
+            agent.RegisterNode,
+            pb.RegisterNodeRequest(node_id="n", address="no-port"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            agent.RegisterNode,
+            pb.RegisterNodeRequest(
+                node_id="n",
+                address="h:1",
+                capacity=pb.Resources(gpu=2),
+                gpu_islands=[pb.RegisterNodeRequest.GpuIsland(gpus=[0])],
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+    ]
+    for method, request, code in cases:
+        error = _call_error(method, request, timeout=5)
+        assert error.code() is code, (request, error.details())

@@ -1,0 +1,109 @@
+"""The replicated entry point, batch framing and the snapshot file, without a network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.app.desired import desired_by_node, host_of
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.codec import decode_result, encode_command, encode_state
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import ClusterState
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.views import desired_members
+from synapse_ha.raft.batch import FrameError, frame, unframe
+from synapse_ha.raft.replica import ReplicatedState
+from synapse_ha.raft.snapshot import read_snapshot, write_snapshot
+from tests.core.harness import job, node
+
+
+def apply_framed(machine: ReplicatedState, items: list[bytes]) -> list[cmd.Result]:
+    # ``_doApply`` runs the replicated method locally, as pysyncobj does when applying.
+    out = machine.apply_commands(frame(items), _doApply=True)
+    return [decode_result(r) for r in unframe(out)]
+
+
+def test_framing_round_trips_and_rejects_garbage() -> None:
+    items = [b"", b"a", b"\x00" * 70_000]
+    assert unframe(frame(items)) == items
+    assert unframe(frame([])) == []
+    for bad in (b"", b"nope", frame([b"abc"])[:-1]):
+        with pytest.raises(FrameError):
+            unframe(bad)
+
+
+def test_the_replicated_method_applies_in_order_and_never_raises() -> None:
+    machine = ReplicatedState()
+    submit = cmd.SubmitJob(spec=job("a"), request_id="r1", now_ms=5)
+    results = apply_framed(
+        machine,
+        [
+            encode_command(cmd.RegisterNode(info=node("n1"), now_ms=1)),
+            b"not json at all",
+            b'{"v": 99, "type": "Barrier", "body": {}}',
+            encode_command(submit),
+            encode_command(submit),
+        ],
+    )
+    codes = [r.code for r in results]
+    assert codes == [
+        cmd.ResultCode.OK,
+        cmd.ResultCode.INVALID,
+        cmd.ResultCode.INVALID,
+        cmd.ResultCode.OK,
+        cmd.ResultCode.OK,
+    ]
+    assert results[3].job_id == results[4].job_id
+    assert list(machine.state.nodes) == ["n1"]
+    assert len(machine.state.jobs) == 1
+    # A malformed frame applies nothing and answers with an empty frame.
+    assert unframe(machine.apply_commands(b"garbage", _doApply=True)) == []
+
+
+def test_a_snapshot_restores_the_exact_state(tmp_path: Path) -> None:
+    state = ClusterState()
+    apply(state, cmd.RegisterNode(info=node("n1"), now_ms=1))
+    apply(state, cmd.SubmitJob(spec=job("a", gpu=8), request_id="r", now_ms=2))
+    bind = schedule(state, 3).command(3)
+    assert bind is not None
+    apply(state, bind)
+    path = str(tmp_path / "raft.dump")
+    entries = ((b"\x01newest", 7, 2), (b"\x01older", 6, 2))
+    write_snapshot(path, state, entries)
+    restored, restored_entries = read_snapshot(path)
+    assert encode_state(restored) == encode_state(state)
+    assert restored_entries == entries
+
+    machine = ReplicatedState()
+    assert machine.read_dump(path) == (entries[0], entries[1], None)
+    assert encode_state(machine.state) == encode_state(state)
+
+
+def test_the_all_nodes_projection_matches_the_per_node_view() -> None:
+    state = ClusterState()
+    for n in ("a", "b", "c"):
+        apply(state, cmd.RegisterNode(info=node(n), now_ms=1))
+    for i, replicas in enumerate((3, 2, 1, 5)):
+        apply(
+            state,
+            cmd.SubmitJob(
+                spec=job(f"j{i}", replicas=replicas, gpu=2), request_id=f"r{i}", now_ms=2
+            ),
+        )
+    bind = schedule(state, 3).command(3)
+    assert bind is not None
+    apply(state, bind)
+    everything = desired_by_node(state)
+    assert sum(len(v) for v in everything.values()) > 0
+    for n in state.nodes:
+        assert everything.get(n, []) == desired_members(state, n)
+
+
+@pytest.mark.parametrize(
+    ("address", "host"),
+    [("10.0.0.1:7070", "10.0.0.1"), ("10.0.0.1", "10.0.0.1"), ("[::1]:80", "::1"), ("h", "h")],
+)
+def test_host_of(address: str, host: str) -> None:
+    assert host_of(address) == host

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.worker.lease import LeaseFile
+from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
+from tests.worker.helpers import Fifo
+
+MakeExecutor = Callable[..., MemberExecutor]
+
+
+@pytest.fixture
+def make_executor(tmp_path: Path) -> Iterator[MakeExecutor]:
+    """Executors over data directories under ``tmp_path`` with a lease valid for an hour;
+    every member they started is killed at teardown, also when the test fails."""
+    made: list[MemberExecutor] = []
+
+    def make(
+        name: str = "node",
+        *,
+        stop_grace_s: float = 2.0,
+        lease_s: float = 3600.0,
+        image_runtime: str = "",
+    ) -> MemberExecutor:
+        data = tmp_path / name
+        data.mkdir(exist_ok=True)
+        lease = LeaseFile(data / "lease")
+        lease.write(time.monotonic() + lease_s)
+        executor = MemberExecutor(
+            data,
+            lease.path,
+            ExecutorSettings(stop_grace_s=stop_grace_s, fence_grace_s=0.2),
+            image_runtime=ImageRuntime(image_runtime) if image_runtime else None,
+        )
+        made.append(executor)
+        return executor
+
+    yield make
+    for executor in made:
+        executor.kill_all("test teardown")
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Iterator[Fifo]:
+    f = Fifo(tmp_path / "fifo")
+    yield f
+    f.close()

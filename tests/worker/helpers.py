@@ -1,0 +1,89 @@
+"""Shared helpers for the worker tests: fake clock, processes, FIFOs."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from pathlib import Path
+
+from synapse_ha.worker.members import LaunchSpec
+
+
+class FakeClock:
+    """Monotonic seconds that only move when a test advances them."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def spec(
+    command: str | tuple[str, ...],
+    *,
+    job_id: str = "job-1",
+    token: int = 1,
+    rank: int = 0,
+    attempt: int = 1,
+    world_size: int = 1,
+    **overrides: object,
+) -> LaunchSpec:
+    shell = isinstance(command, str)
+    fields: dict[str, object] = {
+        "job_id": job_id,
+        "attempt": attempt,
+        "fencing_token": token,
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": 0,
+        "local_world_size": 1,
+        "gpus": (),
+        "master_addr": "127.0.0.1",
+        "master_port": 29500,
+        "member_hosts": ("127.0.0.1",) * world_size,
+        "command": (command,) if isinstance(command, str) else command,
+        "shell": shell,
+    }
+    fields.update(overrides)
+    return LaunchSpec(**fields)  # type: ignore[arg-type]
+
+
+def process_gone(pid: int) -> bool:
+    """No such process, or only a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 :].split()[0] in ("Z", "X")
+
+
+class Fifo:
+    """A named pipe members write lines to; the test blocks on it with a deadline
+    (opened read-write so that it never reports end-of-file between writers)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        os.mkfifo(path)
+        self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        self.buffer = b""
+
+    def read_line(self, timeout_s: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"nothing written to {self.path} within {timeout_s}s")
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if ready:
+                self.buffer += os.read(self.fd, 4096)
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -1,0 +1,346 @@
+"""The agent loop against a fake control plane, a fake executor and a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker.agent import (
+    Agent,
+    AgentTimings,
+    ControlPlaneUnreachable,
+    NotRegistered,
+)
+from synapse_ha.worker.lease import Lease, LeaseState
+from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey
+from tests.worker.helpers import FakeClock
+
+STARTED, EXITED = pb.MemberReport.STARTED, pb.MemberReport.EXITED
+
+
+class FakeExecutor:
+    def __init__(self) -> None:
+        self.known: set[MemberKey] = set()
+        self.highest_token: dict[str, int] = {}
+        self.live: set[MemberKey] = set()
+        self.started: list[MemberKey] = []
+        self.stopped: list[MemberKey] = []
+        self.exits: list[tuple[MemberKey, MemberExit]] = []
+        self.reported: list[MemberKey] = []
+        self.kill_all_calls: list[str] = []
+
+    def start(self, spec: LaunchSpec) -> object:
+        self.known.add(spec.key)
+        self.live.add(spec.key)
+        self.started.append(spec.key)
+        return spec
+
+    def stop(self, key: MemberKey) -> None:
+        self.stopped.append(key)
+
+    def exit(self, key: MemberKey, code: int) -> None:
+        self.live.discard(key)
+        self.exits.append((key, MemberExit(code, "", 0)))
+
+    def poll(self) -> list[tuple[MemberKey, MemberExit]]:
+        out, self.exits = self.exits, []
+        return out
+
+    def running(self) -> list[MemberKey]:
+        return sorted(self.live)
+
+    def kill_all(self, detail: str) -> list[tuple[MemberKey, MemberExit]]:
+        self.kill_all_calls.append(detail)
+        out = [(k, MemberExit(137, detail, 0)) for k in sorted(self.live)]
+        self.live.clear()
+        return out
+
+    def mark_reported(self, key: MemberKey) -> None:
+        self.reported.append(key)
+
+
+class FakeControl:
+    """Answers with ``desired``; ``fail`` makes calls raise; records every request."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.desired: list[pb.DesiredMember] = []
+        self.fail: Exception | None = None
+        self.node_status = "ready"
+        self.call_takes_s = 0.0
+        self.registrations = 0
+        self.heartbeats: list[pb.HeartbeatRequest] = []
+        self.on_heartbeat: Callable[[], None] | None = None
+
+    def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
+        if isinstance(self.fail, ControlPlaneUnreachable):
+            raise self.fail
+        self.registrations += 1
+        return pb.RegisterNodeResponse(
+            status="ready", heartbeat_interval_ms=1000, lease_ttl_ms=4000
+        )
+
+    def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        copy = pb.HeartbeatRequest()
+        copy.CopyFrom(request)
+        self.heartbeats.append(copy)
+        self.clock.advance(self.call_takes_s)
+        if self.fail is not None:
+            raise self.fail
+        return pb.HeartbeatResponse(
+            desired=self.desired,
+            lease_ttl_ms=4000,
+            heartbeat_interval_ms=1000,
+            acked_reports=len(request.reports),
+            node_status=self.node_status,
+        )
+
+
+def desired(job: str, token: int, rank: int) -> pb.DesiredMember:
+    return pb.DesiredMember(
+        job_id=job,
+        fencing_token=token,
+        attempt=token,
+        rank=rank,
+        world_size=2,
+        command=["true"],
+        shell=True,
+    )
+
+
+def reports(request: pb.HeartbeatRequest) -> list[tuple[str, int, int, int]]:
+    return [(r.job_id, r.fencing_token, r.rank, r.kind) for r in request.reports]
+
+
+@pytest.fixture
+def setup() -> tuple[Agent, FakeControl, FakeExecutor, FakeClock]:
+    clock = FakeClock()
+    control = FakeControl(clock)
+    executor = FakeExecutor()
+    agent = Agent(
+        pb.RegisterNodeRequest(node_id="n1", address="127.0.0.1:7070"),
+        control,
+        executor,
+        clock,
+        timings=AgentTimings(heartbeat_interval_s=1.0, lease_ttl_s=4.0),
+    )
+    return agent, control, executor, clock
+
+
+Setup = tuple[Agent, FakeControl, FakeExecutor, FakeClock]
+
+
+def test_registers_then_starts_desired_members_and_reports_them(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 5, 0), desired("j", 5, 1)]
+    said = agent.step()
+    assert "registered" in said
+    assert "started 2 member(s)" in said
+    assert executor.started == [MemberKey("j", 5, 0), MemberKey("j", 5, 1)]
+    clock.advance(0.05)
+    agent.step()  # fresh reports go out early
+    assert reports(control.heartbeats[-1]) == [("j", 5, 0, STARTED), ("j", 5, 1, STARTED)]
+    assert {(r.job_id, r.rank) for r in control.heartbeats[-1].running} == {("j", 0), ("j", 1)}
+
+
+def test_applying_the_same_desired_state_again_changes_nothing(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 5, 0)]
+    for _ in range(5):
+        agent.step()
+        clock.advance(1.0)
+    assert executor.started == [MemberKey("j", 5, 0)]
+    assert executor.stopped == []
+
+
+def test_an_exited_member_is_never_restarted_and_its_exit_is_reported_until_acked(
+    setup: Setup,
+) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 5, 0)]
+    agent.step()
+    executor.exit(MemberKey("j", 5, 0), 1)
+    control.fail = ControlPlaneUnreachable("partition")
+    clock.advance(0.05)
+    agent.step()
+    assert ("j", 5, 0, EXITED) in reports(control.heartbeats[-1])
+    assert executor.reported == []
+    control.fail = None
+    clock.advance(1.0)
+    agent.step()  # resent, acknowledged this time
+    assert ("j", 5, 0, EXITED) in reports(control.heartbeats[-1])
+    assert executor.reported == [MemberKey("j", 5, 0)]
+    clock.advance(1.0)
+    agent.step()
+    assert reports(control.heartbeats[-1]) == []
+    assert executor.started == [MemberKey("j", 5, 0)]  # still desired, never restarted
+
+
+def test_members_no_longer_desired_are_stopped(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("a", 1, 0), desired("b", 2, 0)]
+    agent.step()
+    control.desired = [desired("b", 2, 0)]
+    clock.advance(1.0)
+    said = agent.step()
+    assert executor.stopped == [MemberKey("a", 1, 0)]
+    assert "stopped 1 member(s)" in said
+
+
+def test_a_member_with_a_lower_token_than_one_seen_is_never_started(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 7, 0)]
+    agent.step()
+    control.desired = [desired("j", 6, 1), desired("j", 7, 0)]  # a stale entry
+    clock.advance(1.0)
+    agent.step()
+    assert executor.started == [MemberKey("j", 7, 0)]
+
+
+def test_a_newer_token_stops_the_older_attempt_and_starts_the_new_one(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 3, 0)]
+    agent.step()
+    control.desired = [desired("j", 3, 0), desired("j", 4, 0)]
+    clock.advance(1.0)
+    agent.step()
+    assert executor.stopped == [MemberKey("j", 3, 0)]
+    assert executor.started == [MemberKey("j", 3, 0)]  # not while the old one still runs
+    executor.exit(MemberKey("j", 3, 0), 143)
+    clock.advance(1.0)
+    agent.step()
+    assert executor.started == [MemberKey("j", 3, 0), MemberKey("j", 4, 0)]
+
+
+def test_tokens_seen_before_a_restart_still_count(setup: Setup) -> None:
+    agent, control, executor, _ = setup
+    executor.highest_token["j"] = 9  # recovered from member records
+    executor.known.add(MemberKey("j", 9, 0))
+    control.desired = [desired("j", 8, 0), desired("j", 9, 0)]
+    agent.step()
+    assert executor.started == []
+
+
+def test_no_reply_for_lease_ttl_kills_every_member_and_starts_nothing(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 5, 0), desired("j", 5, 1)]
+    agent.step()
+    assert agent.lease.state is LeaseState.HELD
+    control.fail = ControlPlaneUnreachable("leader unreachable")
+    clock.advance(3.9)
+    agent.step()
+    assert executor.kill_all_calls == []  # still inside the lease
+    clock.advance(0.1)
+    said = agent.step()
+    assert "fenced" in said
+    assert executor.kill_all_calls == ["fenced: no heartbeat reply from a leader for lease_ttl"]
+    assert agent.lease.state is LeaseState.FENCED
+    assert executor.live == set()
+
+    # Back in touch: the fenced exits are reported; killed members are not restarted.
+    control.fail = None
+    control.desired = [desired("j", 5, 0), desired("j", 5, 1), desired("k", 6, 0)]
+    clock.advance(1.0)
+    said = agent.step()
+    assert "lease renewed after fencing" in said
+    sent = reports(control.heartbeats[-1])
+    assert ("j", 5, 0, EXITED) in sent
+    assert ("j", 5, 1, EXITED) in sent
+    assert [r.exit_code for r in control.heartbeats[-1].reports if r.kind == EXITED] == [137, 137]
+    assert executor.started == [MemberKey("j", 5, 0), MemberKey("j", 5, 1), MemberKey("k", 6, 0)]
+
+
+def test_a_reply_to_a_request_sent_before_the_fencing_does_not_lift_it(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    agent.step()
+    control.fail = ControlPlaneUnreachable("slow")
+    clock.advance(4.5)
+    agent.step()  # fences
+    assert agent.lease.state is LeaseState.FENCED
+    # A reply that takes longer than the lease ttl renews nothing and starts nothing.
+    control.fail = None
+    control.call_takes_s = 4.5
+    control.desired = [desired("j", 5, 0)]
+    clock.advance(1.0)
+    said = agent.step()
+    assert "too late" in said
+    assert executor.started == []
+    assert agent.lease.state is LeaseState.FENCED
+
+
+def test_an_unknown_node_kills_its_members_and_registers_again(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 5, 0)]
+    agent.step()
+    control.fail = NotRegistered("node 'n1' is not registered")
+    clock.advance(1.0)
+    said = agent.step()
+    assert "registering again" in said
+    assert executor.live == set()
+    control.fail = None
+    clock.advance(0.01)
+    agent.step()
+    assert control.registrations == 2
+    assert ("j", 5, 0, EXITED) in reports(control.heartbeats[-1])
+
+
+def test_a_node_declared_dead_kills_its_members_and_registers_again(setup: Setup) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 5, 0)]
+    agent.step()
+    control.node_status = "dead"
+    clock.advance(1.0)
+    agent.step()
+    assert len(executor.kill_all_calls) == 1
+    assert not agent.registered
+
+
+def test_registration_retries_until_a_scheduler_answers(setup: Setup) -> None:
+    agent, control, _, clock = setup
+    control.fail = ControlPlaneUnreachable("nobody home")
+    assert "could not register" in agent.step()
+    assert agent.step() == ""  # waits before the next try
+    clock.advance(0.5)
+    control.fail = None
+    assert "registered" in agent.step()
+
+
+def test_shutdown_reports_the_final_exits(setup: Setup) -> None:
+    agent, control, executor, _ = setup
+    control.desired = [desired("j", 5, 0)]
+    agent.step()
+    agent.shutdown(lambda: executor.kill_all("stopped at worker shutdown"))
+    assert ("j", 5, 0, EXITED) in reports(control.heartbeats[-1])
+
+
+# ------------------------------------------------------------------------ lease
+
+
+def test_lease_runs_from_when_the_request_was_sent() -> None:
+    clock = FakeClock()
+    lease = Lease(4.0, clock)
+    assert not lease.held()
+    sent = clock()
+    clock.advance(1.5)  # the reply took a while
+    assert lease.renew(sent)
+    assert lease.valid_until == sent + 4.0
+    clock.advance(2.4)
+    assert lease.held() and not lease.must_fence()
+    clock.advance(0.1)
+    assert lease.must_fence()
+    lease.fence()
+    assert not lease.must_fence()
+    assert not lease.renew(sent)  # sent before the fencing
+    assert lease.renew(clock())
+    assert lease.held()
+
+
+def test_lease_takes_the_ttl_the_leader_announces() -> None:
+    clock = FakeClock()
+    lease = Lease(4.0, clock)
+    lease.renew(clock(), ttl_s=2.0)
+    assert lease.valid_until == clock() + 2.0
+    with pytest.raises(ValueError, match="positive"):
+        Lease(0, clock)

@@ -1,0 +1,419 @@
+"""Members as supervised process groups: environment, output, stop, limits, records."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker.agent import launch_spec_from_proto
+from synapse_ha.worker.members import (
+    ImageRuntime,
+    LaunchSpec,
+    Member,
+    MemberExecutor,
+    MemberExit,
+    MemberKey,
+    member_argv,
+)
+from tests.worker.conftest import MakeExecutor
+from tests.worker.helpers import Fifo, process_gone, spec
+
+
+def finish(executor: MemberExecutor, member: Member, timeout_s: float = 10.0) -> MemberExit:
+    """Block until the member's supervisor exits, then collect the exit."""
+    if member.shim is not None:
+        member.shim.wait(timeout=timeout_s)
+    executor.poll()
+    assert member.exit is not None, f"no exit for {member.key}"
+    return member.exit
+
+
+def log_text(member: Member) -> str:
+    return (member.dir / "output.log").read_text()
+
+
+def parse_env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+# ------------------------------------------------------------------ environment
+
+
+def gang_of_three_on_two_nodes() -> list[tuple[str, pb.DesiredMember]]:
+    """What a leader sends for a 3-member gang: ranks 0 and 2 on node a, rank 1 on b."""
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.1"]
+    placement = [("a", 0, [0, 1]), ("b", 0, [3]), ("a", 1, [2, 5])]
+    out = []
+    for rank, (node, local_rank, gpus) in enumerate(placement):
+        out.append(
+            (
+                node,
+                pb.DesiredMember(
+                    job_id="job-42",
+                    fencing_token=17,
+                    attempt=2,
+                    rank=rank,
+                    world_size=3,
+                    gpus=gpus,
+                    master_addr="10.0.0.1",
+                    master_port=29517,
+                    member_hosts=hosts,
+                    local_rank=local_rank,
+                    local_world_size=2 if node == "a" else 1,
+                    command=["env"],
+                    shell=True,
+                    env=[pb.EnvVar(name="HF_HOME", value="/data/hf")],
+                ),
+            )
+        )
+    return out
+
+
+def test_every_member_of_a_gang_sees_the_torchrun_environment(
+    make_executor: MakeExecutor,
+) -> None:
+    nodes = {"a": make_executor("a"), "b": make_executor("b")}
+    started = [
+        (node, nodes[node].start(launch_spec_from_proto(d)))
+        for node, d in gang_of_three_on_two_nodes()
+    ]
+    expected_local = {0: ("0", "2"), 1: ("0", "1"), 2: ("1", "2")}
+    expected_gpus = {0: "0,1", 1: "3", 2: "2,5"}
+    for node, member in started:
+        assert finish(nodes[node], member).exit_code == 0
+        env = parse_env(log_text(member))
+        rank = member.spec.rank
+        assert env["MASTER_ADDR"] == "10.0.0.1"
+        assert env["MASTER_PORT"] == "29517"
+        assert env["WORLD_SIZE"] == env["NNODES"] == "3"
+        assert env["RANK"] == env["NODE_RANK"] == str(rank)
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == expected_local[rank]
+        assert env["CUDA_VISIBLE_DEVICES"] == expected_gpus[rank]
+        assert env["SYNAPSE_JOB_ID"] == "job-42"
+        assert env["SYNAPSE_ATTEMPT"] == "2"
+        assert env["SYNAPSE_FENCING_TOKEN"] == "17"
+        assert env["SYNAPSE_MEMBER_HOSTS"] == "10.0.0.1,10.0.0.2,10.0.0.1"
+        assert env["HF_HOME"] == "/data/hf"
+
+
+def test_job_env_and_workdir_apply_but_cannot_override_the_gang_variables(
+    make_executor: MakeExecutor, tmp_path: Path
+) -> None:
+    executor = make_executor()
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    member = executor.start(
+        spec(
+            "pwd; echo RANK=$RANK; echo CUDA=[$CUDA_VISIBLE_DEVICES]; echo MINE=$MINE",
+            env=(("RANK", "99"), ("MINE", "yes")),
+            workdir=str(workdir),
+        )
+    )
+    assert finish(executor, member).exit_code == 0
+    lines = log_text(member).splitlines()
+    assert lines == [str(workdir), "RANK=0", "CUDA=[]", "MINE=yes"]
+
+
+def test_a_list_command_runs_without_a_shell(make_executor: MakeExecutor) -> None:
+    executor = make_executor()
+    member = executor.start(spec(("/bin/echo", "$RANK", "a b")))
+    assert finish(executor, member).exit_code == 0
+    assert log_text(member) == "$RANK a b\n"
+
+
+def test_stdout_and_stderr_go_to_the_log_and_the_exit_code_is_kept(
+    make_executor: MakeExecutor,
+) -> None:
+    executor = make_executor()
+    member = executor.start(spec("echo to-out; echo to-err >&2; exit 3"))
+    result = finish(executor, member)
+    assert result.exit_code == 3
+    assert log_text(member) == "to-out\nto-err\n"
+
+
+def test_a_member_killed_by_a_signal_reports_128_plus_the_signal(
+    make_executor: MakeExecutor,
+) -> None:
+    executor = make_executor()
+    member = executor.start(spec("kill -9 $$"))
+    result = finish(executor, member)
+    assert result.exit_code == 137
+    assert "signal 9" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("command", "workdir"),
+    [(("/nonexistent/binary",), ""), (("/bin/true",), "/nonexistent/dir")],
+)
+def test_a_member_that_cannot_start_exits_127_with_the_reason(
+    make_executor: MakeExecutor, command: tuple[str, ...], workdir: str
+) -> None:
+    executor = make_executor()
+    member = executor.start(spec(command, workdir=workdir))
+    result = finish(executor, member)
+    assert result.exit_code == 127
+    assert "could not exec" in result.detail
+    assert "could not exec" in log_text(member)
+
+
+# --------------------------------------------------------------- process groups
+
+
+def test_stop_kills_the_members_whole_process_group(
+    make_executor: MakeExecutor, fifo: Fifo
+) -> None:
+    executor = make_executor()
+    member = executor.start(
+        spec(f"sleep 300 & echo $$ $! > {fifo.path}; (sleep 301; true) & wait", job_id="grp")
+    )
+    shell_pid, child_pid = map(int, fifo.read_line().split())
+    assert os.getpgid(child_pid) == shell_pid  # its own group, not the agent's
+    assert os.getsid(shell_pid) == shell_pid
+    executor.stop(member.key)
+    executor.stop(member.key)  # idempotent
+    result = finish(executor, member)
+    assert result.exit_code == 143
+    assert result.detail == "stopped by the worker"
+    assert process_gone(shell_pid)
+    assert process_gone(child_pid)
+    assert executor.running() == []
+
+
+def test_a_member_that_ignores_sigterm_is_killed_after_the_grace(
+    make_executor: MakeExecutor, fifo: Fifo
+) -> None:
+    executor = make_executor(stop_grace_s=0.3)
+    member = executor.start(spec(f"trap '' TERM; echo $$ > {fifo.path}; sleep 300 & wait"))
+    pid = int(fifo.read_line())
+    executor.stop(member.key)
+    result = finish(executor, member)
+    assert result.exit_code == 137  # SIGKILL after the grace
+    assert process_gone(pid)
+
+
+def test_children_left_behind_by_a_finished_member_are_killed(
+    make_executor: MakeExecutor, fifo: Fifo
+) -> None:
+    executor = make_executor()
+    member = executor.start(spec(f"sleep 300 & echo $! > {fifo.path}; exit 0"))
+    child = int(fifo.read_line())
+    assert finish(executor, member).exit_code == 0
+    assert process_gone(child)
+
+
+def test_the_time_limit_stops_the_member_with_code_124(make_executor: MakeExecutor) -> None:
+    executor = make_executor()
+    member = executor.start(spec("exec sleep 300", time_limit_ms=200))
+    result = finish(executor, member)
+    assert result.exit_code == 124
+    assert "time limit" in result.detail
+
+
+def test_a_lapsed_lease_file_fences_the_member(make_executor: MakeExecutor, fifo: Fifo) -> None:
+    executor = make_executor(lease_s=0.5)
+    member = executor.start(spec(f"sleep 300 & echo $! > {fifo.path}; wait"))
+    child = int(fifo.read_line())
+    result = finish(executor, member)
+    assert result.exit_code == 143
+    assert result.detail.startswith("fenced")
+    assert process_gone(child)
+
+
+def test_kill_all_fences_every_member_and_never_reports_success(
+    make_executor: MakeExecutor, fifo: Fifo
+) -> None:
+    executor = make_executor()
+    members = [
+        executor.start(spec(f"trap 'exit 0' TERM; echo $$ > {fifo.path}; sleep 300 & wait", rank=r))
+        for r in range(3)
+    ]
+    pids = [int(fifo.read_line()) for _ in members]
+    exits = dict(executor.kill_all("fenced: test"))
+    assert set(exits) == {m.key for m in members}
+    assert all(e.exit_code != 0 and e.detail == "fenced: test" for e in exits.values())
+    assert all(process_gone(p) for p in pids)
+    assert executor.running() == []
+
+
+# -------------------------------------------------------------------- records
+
+
+AGENT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from synapse_ha.worker.lease import LeaseFile
+    from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
+    from tests.worker.helpers import spec
+
+    data, fifo, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    lease = LeaseFile(data / "lease")
+    lease.write(time.monotonic() + 1.0)
+    executor = MemberExecutor(data, lease.path, ExecutorSettings(fence_grace_s=0.2))
+    executor.start(spec(f"sleep 300 & echo $$ $! > {fifo}; wait"))
+    while True:  # renew the lease like a healthy agent, until killed or stopped
+        lease.write(time.monotonic() + 1.0)
+        time.sleep(0.1)
+    """
+)
+
+
+@pytest.fixture
+def fake_agent(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Start a stand-in agent process (lease 1 s) that runs one member."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(fifo: Fifo, mode: str = "") -> subprocess.Popen[bytes]:
+        data = tmp_path / "agent"
+        data.mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", AGENT_SCRIPT, str(data), str(fifo.path), mode],
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        proc.wait(timeout=10)
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> float:
+    """Seconds until every pid is gone; fails after ``timeout_s``."""
+    start = time.monotonic()
+    while not all(process_gone(p) for p in pids):
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"processes {pids} still alive after {timeout_s}s")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+LEASE_TTL_S = 1.0
+
+
+def test_kill_9_of_the_agent_leaves_no_member_behind(fake_agent, fifo: Fifo) -> None:  # type: ignore[no-untyped-def]
+    agent = fake_agent(fifo)
+    pids = list(map(int, fifo.read_line().split()))
+    os.kill(agent.pid, signal.SIGKILL)
+    wait_gone(pids, LEASE_TTL_S + 1.0)
+
+
+def test_a_frozen_agent_loses_its_members_when_the_lease_lapses(fake_agent, fifo: Fifo) -> None:  # type: ignore[no-untyped-def]
+    agent = fake_agent(fifo)
+    pids = list(map(int, fifo.read_line().split()))
+    os.kill(agent.pid, signal.SIGSTOP)
+    wait_gone(pids, LEASE_TTL_S + 1.0)
+
+
+def test_a_restarted_agent_kills_leftovers_and_reports_them_lost(
+    make_executor: MakeExecutor, fifo: Fifo
+) -> None:
+    first_life = make_executor("node")
+    member = first_life.start(spec(f"sleep 300 & echo $$ $! > {fifo.path}; wait", token=9))
+    done = first_life.start(spec("exit 4", token=9, rank=1))
+    assert finish(first_life, done).exit_code == 4
+    pids = list(map(int, fifo.read_line().split()))
+
+    second_life = make_executor("node")  # same data directory, as after a crash
+    recovered = dict(second_life.recover())
+    assert member.shim is not None
+    member.shim.wait(timeout=10)
+    wait_gone(pids, 2.0)
+    running_key = MemberKey("job-1", 9, 0)
+    assert recovered[running_key].exit_code == 137
+    assert recovered[running_key].detail.startswith("lost")
+    assert recovered[MemberKey("job-1", 9, 1)].exit_code == 4  # finished, not yet reported
+    assert second_life.known == {running_key, MemberKey("job-1", 9, 1)}
+    assert second_life.highest_token == {"job-1": 9}
+
+    second_life.mark_reported(running_key)
+    second_life.mark_reported(MemberKey("job-1", 9, 1))
+    third_life = make_executor("node")
+    assert third_life.recover() == []  # acknowledged exits are never reported again
+    assert len(third_life.known) == 2
+
+
+# ---------------------------------------------------------------------- images
+
+
+def test_an_image_runtime_wraps_the_command(make_executor: MakeExecutor, tmp_path: Path) -> None:
+    runtime = tmp_path / "fake-runtime"
+    runtime.write_text(
+        textwrap.dedent(
+            """\
+            #!/bin/sh
+            [ "$1" = run ] || exit 90
+            image=$2; shift 2
+            n=0
+            while [ "$1" = --env ]; do n=$((n+1)); shift 2; done
+            echo "runtime image=$image env=$n"
+            exec "$@"
+            """
+        )
+    )
+    runtime.chmod(runtime.stat().st_mode | stat.S_IEXEC)
+    executor = make_executor(image_runtime=f"{runtime} run {{image}} {{env}} {{command}}")
+    member = executor.start(spec("echo inside rank=$RANK", image="pytorch:24.01", rank=0))
+    assert finish(executor, member).exit_code == 0
+    first, second = log_text(member).splitlines()
+    assert first.startswith("runtime image=pytorch:24.01 env=")
+    assert int(first.rsplit("=", 1)[1]) >= 13  # every DESIGN §5 variable is passed
+    assert second == "inside rank=0"
+
+
+def test_image_runtime_argv() -> None:
+    runtime = ImageRuntime("podman run --rm {env} {image} {command}")
+    argv = member_argv(spec("echo $RANK", image="img:1", env=(("A", "1"),)), runtime)
+    assert argv[:3] == ["podman", "run", "--rm"]
+    assert argv[-4:] == ["img:1", "/bin/sh", "-c", "echo $RANK"]
+    assert argv[3:5] == ["--env", "A"]
+    assert "RANK" in argv
+    with pytest.raises(ValueError, match="no image runtime"):
+        member_argv(spec("true", image="img:1"), None)
+    with pytest.raises(ValueError, match="must contain"):
+        ImageRuntime("podman run {image}")
+
+
+def test_a_member_naming_an_image_without_a_runtime_fails_to_start(
+    make_executor: MakeExecutor,
+) -> None:
+    executor = make_executor()
+    member = executor.start(spec("true", image="img:1"))
+    exits = dict(executor.poll())
+    assert exits[member.key].exit_code == 127
+    assert "no image runtime" in exits[member.key].detail
+
+
+def test_launch_spec_keeps_every_field_of_a_desired_member() -> None:
+    _, desired = gang_of_three_on_two_nodes()[2]
+    launch = launch_spec_from_proto(desired)
+    assert launch == LaunchSpec(
+        job_id="job-42",
+        attempt=2,
+        fencing_token=17,
+        rank=2,
+        world_size=3,
+        local_rank=1,
+        local_world_size=2,
+        gpus=(2, 5),
+        master_addr="10.0.0.1",
+        master_port=29517,
+        member_hosts=("10.0.0.1", "10.0.0.2", "10.0.0.1"),
+        command=("env",),
+        shell=True,
+        env=(("HF_HOME", "/data/hf"),),
+    )
