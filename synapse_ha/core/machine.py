@@ -156,6 +156,16 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
             c.jitter_seed,
             now,
         )
+    # Members on a dead node are gone: its worker fenced itself before the node was
+    # declared dead (dead_timeout > lease_ttl + leader_step_down).
+    for job_id in sorted(state.jobs):
+        attempt = state.jobs[job_id].attempt
+        if attempt is None or attempt.ended_at_ms is None:
+            continue
+        for member, status in zip(attempt.members, attempt.member_status, strict=True):
+            if member.node_id == c.node_id and status.state is not MemberState.EXITED:
+                status.state = MemberState.EXITED
+                status.finished_at_ms = now
     return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", bound=tuple(affected))
 
 
@@ -230,6 +240,8 @@ def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> str
         return f"stale plan: planned for attempt {p.attempts_made + 1}"
     if now < job.retry_not_before_ms:
         return "job is still in its retry back-off"
+    if unconfirmed_members(job):
+        return "members of the previous attempt have not been confirmed stopped"
     spec = job.spec
     if len(p.members) != spec.replicas:
         return f"plan has {len(p.members)} members, job needs {spec.replicas}"
@@ -327,6 +339,9 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     accepted = stale = 0
     for event in c.events:
         job = state.jobs.get(event.job_id)
+        if job is not None and _confirm_stopped(job, c.node_id, event, now):
+            accepted += 1
+            continue
         attempt = job.live_attempt() if job is not None else None
         if (
             job is None
@@ -369,6 +384,42 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     return ok(
         f"{accepted} event(s) accepted, {stale} stale", accepted_events=accepted, stale_events=stale
     )
+
+
+def unconfirmed_members(job: Job) -> list[int]:
+    """Ranks of the job's ended attempt not yet known to have stopped.
+
+    A job whose attempt failed is not bound again until every member of that attempt
+    has reported its exit or its node was declared dead (which happens only after the
+    node's lease has run out and its worker fenced itself). Otherwise a member still
+    being stopped on one node could overlap the next attempt on another.
+    """
+    attempt = job.attempt
+    if attempt is None or attempt.ended_at_ms is None or job.state.finished:
+        return []
+    return [
+        rank for rank, s in enumerate(attempt.member_status) if s.state is not MemberState.EXITED
+    ]
+
+
+def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -> bool:
+    """Record that a member of the job's ended attempt has stopped; False if not such."""
+    attempt = job.attempt
+    if (
+        attempt is None
+        or attempt.ended_at_ms is None
+        or event.kind is not cmd.MemberEventKind.EXITED
+        or attempt.fencing_token != event.fencing_token
+        or not 0 <= event.rank < len(attempt.members)
+        or attempt.members[event.rank].node_id != node_id
+    ):
+        return False
+    status = attempt.member_status[event.rank]
+    if status.state is not MemberState.EXITED:
+        status.state = MemberState.EXITED
+        status.exit_code = event.exit_code
+        status.finished_at_ms = now
+    return True
 
 
 def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from synapse_ha.core.commands import BindPlan, GangPlacement
-from synapse_ha.core.machine import FEATURE_IMAGES, time_limit_deadline
+from synapse_ha.core.machine import FEATURE_IMAGES, time_limit_deadline, unconfirmed_members
 from synapse_ha.core.model import (
     ClusterState,
     Job,
@@ -392,6 +392,14 @@ def schedule(
         spec = job.spec
         if now_ms < job.retry_not_before_ms:
             continue  # its reason was set when the attempt failed
+        stopping = unconfirmed_members(job)
+        if stopping:
+            plan.reasons[job.job_id] = (
+                f"retrying: waiting for {len(stopping)} member(s) of attempt "
+                f"{job.attempts_made} to be confirmed stopped (ranks "
+                f"{', '.join(map(str, stopping[:8]))}{', ...' if len(stopping) > 8 else ''})"
+            )
+            continue
         gang = _Gang(job, spec, spec.resources, spec.replicas)
         depths = _search_depths(state, spec, levels)
         reservation = plan.reservation

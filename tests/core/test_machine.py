@@ -80,10 +80,30 @@ def test_one_member_failing_fails_the_gang_and_retries_with_a_new_token() -> Non
     cl.run_pass()
     assert cl.state_of(j) is JobState.PENDING
     cl.now = record.retry_not_before_ms
+    # Rank 0 of the failed attempt has not been confirmed stopped: no new attempt yet,
+    # or it could overlap the old one.
+    cl.run_pass()
+    assert cl.state_of(j) is JobState.PENDING
+    assert "waiting for 1 member(s) of attempt 1 to be confirmed stopped" in record.reason
+    stopped = c.MemberEvent(j, old_token, 0, c.MemberEventKind.EXITED, exit_code=143)
+    assert cl.do(c.ReportMembers("n1", (stopped,), now_ms=cl.now)).accepted_events == 1
     cl.run_pass()
     assert cl.state_of(j) is JobState.SCHEDULED
     assert cl.state.jobs[j].fencing_token > old_token
     assert cl.state.jobs[j].attempt.number == 2  # type: ignore[union-attr]
+
+
+def test_a_dead_node_confirms_its_members_of_a_failed_attempt_stopped() -> None:
+    cl, j = bound_cluster(retries=1, backoff_s=0)
+    cl.add(node("n3", gpus=8, rack="r1"))
+    cl.start_all(j)
+    cl.exit_member(j, 1, 1)  # rank 1 on n2 fails; rank 0 on n1 goes silent
+    cl.run_pass()
+    assert cl.state_of(j) is JobState.PENDING
+    cl.do(c.MarkNodeDead("n1", "silent", now_ms=cl.now))
+    cl.run_pass()
+    assert cl.state_of(j) is JobState.SCHEDULED
+    assert "n1" not in cl.nodes_of(j)
 
 
 def test_retries_exhausted_fail_the_job() -> None:
@@ -99,6 +119,7 @@ def test_reports_with_a_stale_token_or_wrong_node_are_ignored() -> None:
     cl.start_all(j)
     old = cl.state.jobs[j].fencing_token
     cl.exit_member(j, 0, 1)
+    cl.exit_member(j, 1, 143)  # the worker stopped rank 1 and reports it
     cl.run_pass()
     new = cl.state.jobs[j].fencing_token
     assert new > old
@@ -133,6 +154,13 @@ def test_dead_node_fails_its_gangs_and_they_are_replaced_elsewhere() -> None:
     assert cl.state.nodes["n1"].status is NodeStatus.DEAD
     assert cl.state_of(j) is JobState.PENDING
     assert "node n1 was declared dead" in cl.state.jobs[j].reason
+    old = cl.state.jobs[j].attempt
+    assert old is not None
+    on_n2 = next(m.rank for m in old.members if m.node_id == "n2")
+    cl.run_pass()
+    assert cl.state_of(j) is JobState.PENDING  # the member on n2 is still being stopped
+    stopped = c.MemberEvent(j, old.fencing_token, on_n2, c.MemberEventKind.EXITED, 143)
+    cl.do(c.ReportMembers("n2", (stopped,), now_ms=cl.now))
     cl.run_pass()
     assert sorted(cl.nodes_of(j)) == ["n2", "n3"]
     # The node returns: it is ready and empty.
