@@ -113,12 +113,13 @@ def bench_submissions(root: Path, count: int) -> dict[str, Any]:
 
 
 class Heartbeater(threading.Thread):
-    """Heartbeats every node once per interval from this process (pipelined)."""
+    """Heartbeats every node once per interval from this process (pipelined), following
+    the leader like real workers do."""
 
-    def __init__(self, address: str, node_ids: list[str], interval_s: float = 1.0) -> None:
+    def __init__(self, addresses: list[str], node_ids: list[str], interval_s: float = 1.0) -> None:
         super().__init__(daemon=True)
-        self.channel = grpc.insecure_channel(address)
-        self.stub = pb_grpc.NodeAgentServiceStub(self.channel)
+        self.client = ClusterClient(addresses, per_try_timeout_s=0.5)
+        self.address = addresses[0]
         self.node_ids = node_ids
         self.interval_s = interval_s
         self.stop = threading.Event()
@@ -128,18 +129,28 @@ class Heartbeater(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             started = time.monotonic()
+            stub = self.client.agent(self.address)
             futures = [
-                self.stub.Heartbeat.future(pb.HeartbeatRequest(node_id=n), timeout=5.0)
+                stub.Heartbeat.future(pb.HeartbeatRequest(node_id=n), timeout=5.0)
                 for n in self.node_ids
             ]
+            failed = 0
             for f in futures:
                 try:
                     f.result()
                     self.sent += 1
                 except grpc.RpcError:
-                    self.failed += 1
+                    failed += 1
+            self.failed += failed
+            if failed:
+                try:
+                    leader = self.client.cluster_status().leader_address
+                    self.address = leader or self.address
+                except ClusterUnavailable:
+                    pass
+                continue
             self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-        self.channel.close()
+        self.client.close()
 
 
 def bench_binding(root: Path, nodes: int, jobs: int, members: int) -> dict[str, Any]:
@@ -157,7 +168,7 @@ def bench_binding(root: Path, nodes: int, jobs: int, members: int) -> dict[str, 
                 for i, n in enumerate(node_ids)
             ]
             pipelined(agent.RegisterNode, registrations, 64)
-            heartbeater = Heartbeater(leader.grpc, node_ids)
+            heartbeater = Heartbeater([leader.grpc], node_ids)
             heartbeater.start()
             requests = [
                 pb.SubmitJobRequest(spec=small_spec(f"g{i}", members, gpu=1), request_id=f"g{i}")
@@ -248,11 +259,9 @@ def bench_failover(root: Path, kills: int) -> dict[str, Any]:
         stream.start()
         for _ in range(kills):
             leader = cluster.serving_leader(timeout_s=30)
-            if heartbeater is not None:
-                heartbeater.stop.set()
-                heartbeater.join(timeout=10)
-            heartbeater = Heartbeater(leader.grpc, node_ids, interval_s=0.5)
-            heartbeater.start()
+            if heartbeater is None:
+                heartbeater = Heartbeater(cluster.grpc_addresses, node_ids, interval_s=0.5)
+                heartbeater.start()
             wait_for("acks before the kill", lambda: len(stream.acks) > 0, timeout_s=30)
             time.sleep(0.3)
             kill_mono, kill_wall_ms = time.monotonic(), time.time() * 1000
