@@ -116,7 +116,7 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
                 if kind == EXPIRE:
                     apply(state, c.ExpireTimeLimit(job_id, int(token), now))
                 else:
-                    _finish_members(state, job_id, int(token), now)
+                    _report_all(state, job_id, int(token), c.MemberEventKind.EXITED, now)
                 if before.holds_resources and not state.jobs[job_id].state.holds_resources:
                     allocated -= records[job_id].gpus
                     records[job_id].end_ms = now
@@ -139,7 +139,9 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
                     rec.hosts = len(nodes)
                     rec.racks = len({rack_of[n] for n in nodes})
                     rec.blocks = len({block_of[n] for n in nodes})
-                    _start_members(state, job_id, attempt.fencing_token, now)
+                    _report_all(
+                        state, job_id, attempt.fencing_token, c.MemberEventKind.STARTED, now
+                    )
                     spec = state.jobs[job_id].spec
                     run = workload.jobs[index_of[job_id]].duration_ms
                     tag = f"{job_id}@{attempt.fencing_token}"
@@ -224,23 +226,14 @@ def _unusable_free_gpus(state: ClusterState) -> int:
     )
 
 
-def _start_members(state: ClusterState, job_id: str, token: int, now: int) -> None:
+def _report_all(
+    state: ClusterState, job_id: str, token: int, kind: c.MemberEventKind, now: int
+) -> None:
+    """Report every member of the attempt started (or exited 0), node by node."""
     attempt = state.jobs[job_id].attempt
     assert attempt is not None
     by_node: dict[str, list[c.MemberEvent]] = {}
     for m in attempt.members:
-        event = c.MemberEvent(job_id, token, m.rank, c.MemberEventKind.STARTED)
-        by_node.setdefault(m.node_id, []).append(event)
-    for node_id, events in sorted(by_node.items()):
-        apply(state, c.ReportMembers(node_id, tuple(events), now_ms=now))
-
-
-def _finish_members(state: ClusterState, job_id: str, token: int, now: int) -> None:
-    attempt = state.jobs[job_id].attempt
-    assert attempt is not None
-    by_node: dict[str, list[c.MemberEvent]] = {}
-    for m in attempt.members:
-        event = c.MemberEvent(job_id, token, m.rank, c.MemberEventKind.EXITED, 0)
-        by_node.setdefault(m.node_id, []).append(event)
+        by_node.setdefault(m.node_id, []).append(c.MemberEvent(job_id, token, m.rank, kind, 0))
     for node_id, events in sorted(by_node.items()):
         apply(state, c.ReportMembers(node_id, tuple(events), now_ms=now))
