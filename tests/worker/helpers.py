@@ -87,3 +87,13 @@ class Fifo:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def wait_gone(pids: list[int], bound_s: float) -> float:
+    """Seconds until every pid is gone; fails once ``bound_s`` has passed."""
+    start = time.monotonic()
+    while not all(process_gone(p) for p in pids):
+        if time.monotonic() - start > bound_s:
+            raise AssertionError(f"processes {pids} still alive after {bound_s}s")
+        time.sleep(0.02)
+    return time.monotonic() - start

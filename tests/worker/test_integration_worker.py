@@ -17,7 +17,7 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.worker.members import read_json
 from tests.integration.cluster import LocalCluster, wait_for
-from tests.worker.helpers import process_gone
+from tests.worker.helpers import process_gone, wait_gone
 from tests.worker.workers import LocalWorkers
 
 pytestmark = pytest.mark.integration
@@ -116,14 +116,6 @@ def _read(path: Path) -> str | None:
     except OSError:
         return None
     return text or None
-
-
-def wait_gone(pids: list[int], bound_s: float) -> float:
-    start = time.monotonic()
-    while not all(process_gone(p) for p in pids):
-        assert time.monotonic() - start <= bound_s, f"{pids} still alive after {bound_s}s"
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 def member_dirs(workers: LocalWorkers, job_id: str) -> list[Path]:

@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from synapse_ha.worker.members import (
     member_argv,
 )
 from tests.worker.conftest import MakeExecutor
-from tests.worker.helpers import Fifo, process_gone, spec
+from tests.worker.helpers import Fifo, process_gone, spec, wait_gone
 
 
 def finish(executor: MemberExecutor, member: Member, timeout_s: float = 10.0) -> MemberExit:
@@ -290,16 +289,6 @@ def fake_agent(tmp_path: Path):  # type: ignore[no-untyped-def]
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
         proc.wait(timeout=10)
-
-
-def wait_gone(pids: list[int], timeout_s: float) -> float:
-    """Seconds until every pid is gone; fails after ``timeout_s``."""
-    start = time.monotonic()
-    while not all(process_gone(p) for p in pids):
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"processes {pids} still alive after {timeout_s}s")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 LEASE_TTL_S = 1.0
