@@ -1,0 +1,715 @@
+"""A real local cluster on 127.0.0.1: three scheduler replicas and mock-GPU workers.
+
+This is the engine behind ``synctl dev up`` and ``make demo``. Every program is a real
+``synapse-scheduler`` or ``synapse-worker`` process, started as ``python -m`` with this
+interpreter, in a process group of its own, with its log under ``DATA_DIR/logs``.
+
+Ports. By default the replicas listen on fixed loopback ports so that ``synctl`` works
+without ``--cluster``:
+
+=================  ====================================
+gRPC (clients)     127.0.0.1:7101, 7102, 7103  (``DEFAULT_CLUSTER``)
+Raft               127.0.0.1:7111, 7112, 7113
+worker log service 127.0.0.1:7121, 7122, ... (one per worker)
+=================  ====================================
+
+``DevClusterOptions(ephemeral_ports=True)`` picks free ports instead, so tests and the
+demo never clash with a running dev cluster.
+
+Workers are spread over racks in contiguous blocks (``w1``, ``w2`` in ``r1``; ``w3``,
+``w4`` in ``r2`` for four workers and two racks), with the topology labels
+``zone=z1,block=b1,rack=rK``. Each declares ``gpus_per_worker`` mock GPUs in one NVLink
+island and a fixed CPU and memory capacity, so results do not depend on the machine.
+
+Lifecycle. :meth:`DevCluster.start` returns once a leader serves requests and every
+worker is registered and ready; every wait is bounded by ``ready_timeout_s`` and fails
+with :class:`DevClusterError` naming what it waited for and the tail of the relevant log.
+:meth:`DevCluster.stop` is idempotent: it stops workers gracefully (their members get
+SIGTERM, then SIGKILL after the stop grace), then the replicas, SIGKILLs any process
+group that is still there (including members' supervisors and members, found through
+the workers' pid records) and, for a temporary data directory, removes it.
+
+A fresh Raft password is generated for every run; it reaches the replicas only through
+their environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.spec import SpecError, parse_cpu, parse_duration, parse_memory
+from synapse_ha.worker.members import kill_recorded_process, read_json, running_groups
+
+T = TypeVar("T")
+
+HOST = "127.0.0.1"
+REPLICA_IDS = ("a", "b", "c")
+DEFAULT_GRPC_PORTS = (7101, 7102, 7103)
+DEFAULT_RAFT_PORTS = (7111, 7112, 7113)
+DEFAULT_WORKER_PORT_BASE = 7121
+DEFAULT_CLUSTER = ",".join(f"{HOST}:{port}" for port in DEFAULT_GRPC_PORTS)
+MAX_WORKERS = 64
+
+_POLL_S = 0.1
+_REPLICA_STOP_S = 5.0
+_KILL_WAIT_S = 5.0
+
+
+class DevClusterError(Exception):
+    """The local cluster could not start or do what was asked; the message says why."""
+
+
+class PortBusy(DevClusterError):
+    """A fixed port the cluster needs is already in use."""
+
+
+@dataclass(frozen=True)
+class DevClusterOptions:
+    """What to start. ``data_dir=None`` means a temporary directory removed on stop."""
+
+    workers: int = 4
+    racks: int = 2
+    gpus_per_worker: int = 8
+    data_dir: Path | None = None
+    ephemeral_ports: bool = False  # free ports chosen by the OS instead of 7101...
+    worker_cpu: str = "32"  # capacity each worker offers (mock, like its GPUs)
+    worker_memory: str = "256Gi"
+    stop_grace: str = "2s"  # members' SIGTERM-to-SIGKILL grace on a graceful stop
+    ready_timeout_s: float = 60.0  # bound on every wait for readiness
+    keep_data: bool = False  # keep a temporary data directory after stop
+
+    def check(self) -> None:
+        """Raise :class:`ValueError` naming the option and the rule it breaks."""
+        if not 0 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers: must be between 0 and {MAX_WORKERS}, got {self.workers}")
+        if not 1 <= self.racks <= MAX_WORKERS:
+            raise ValueError(f"racks: must be between 1 and {MAX_WORKERS}, got {self.racks}")
+        if self.workers and self.racks > self.workers:
+            raise ValueError(
+                f"racks: {self.racks} racks need at least as many workers, got {self.workers}"
+            )
+        if not 0 <= self.gpus_per_worker <= 64:
+            raise ValueError(
+                f"gpus_per_worker: must be between 0 and 64, got {self.gpus_per_worker}"
+            )
+        if self.ready_timeout_s <= 0:
+            raise ValueError("ready_timeout_s: must be positive")
+        try:
+            parse_cpu(self.worker_cpu, "worker_cpu")
+            parse_memory(self.worker_memory, "worker_memory")
+            if parse_duration(self.stop_grace, "stop_grace") <= 0:
+                raise SpecError("stop_grace", "must be positive")
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
+        if self.data_dir is not None:
+            try:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                probe = self.data_dir / ".write-probe"
+                probe.write_text("ok")
+                probe.unlink()
+            except OSError as exc:
+                raise ValueError(f"data_dir: {self.data_dir} is not writable: {exc}") from None
+
+
+@dataclass
+class DevProcess:
+    """One started program: a replica or a worker."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    process: subprocess.Popen[bytes] | None = None
+    expect_running: bool = True  # False once stopped or killed on purpose
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-chars:]
+
+
+@dataclass
+class DevReplica(DevProcess):
+    replica_id: str = ""
+    raft: str = ""
+    grpc: str = ""
+    data_dir: Path = field(default_factory=Path)
+
+
+@dataclass
+class DevWorker(DevProcess):
+    node_id: str = ""
+    rack: str = ""
+    gpus: int = 0
+    listen: str = ""
+    data_dir: Path = field(default_factory=Path)
+    address: str = ""  # as registered with the control plane
+
+    @property
+    def topology(self) -> str:
+        return f"zone=z1,block=b1,rack={self.rack}"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports that were free a moment ago."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on (or holds) 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
+class DevCluster:
+    """Three replicas and mock-GPU workers on loopback; a context manager.
+
+    Not thread-safe, except :meth:`stop`, which may be called from any thread once.
+    """
+
+    def __init__(
+        self, options: DevClusterOptions | None = None, *, abort: threading.Event | None = None
+    ) -> None:
+        self.options = options or DevClusterOptions()
+        self.options.check()
+        self._stop_grace_s = parse_duration(self.options.stop_grace, "stop_grace") / 1000
+        self._abort = abort or threading.Event()
+        self.owns_data_dir = self.options.data_dir is None
+        self.keep_data = self.options.keep_data  # may be set before stop() to keep logs
+        self.data_dir = Path(
+            tempfile.mkdtemp(prefix="synapse-dev-")
+            if self.options.data_dir is None
+            else self.options.data_dir
+        ).resolve()
+        self.logs_dir = self.data_dir / "logs"
+        self.raft_password = secrets.token_urlsafe(24)
+        self.replicas: list[DevReplica] = []
+        self.workers: list[DevWorker] = []
+        self._groups: set[int] = set()
+        self._client: ClusterClient | None = None
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._started = False
+        if self.options.ephemeral_ports:
+            ports = free_ports(6)
+            grpc_ports, raft_ports = ports[:3], ports[3:]
+        else:
+            grpc_ports, raft_ports = list(DEFAULT_GRPC_PORTS), list(DEFAULT_RAFT_PORTS)
+        for rid, gport, rport in zip(REPLICA_IDS, grpc_ports, raft_ports, strict=True):
+            self.replicas.append(
+                DevReplica(
+                    name=f"replica {rid}",
+                    argv=[],
+                    log_path=self.logs_dir / f"scheduler-{rid}.log",
+                    replica_id=rid,
+                    raft=f"{HOST}:{rport}",
+                    grpc=f"{HOST}:{gport}",
+                    data_dir=self.data_dir / "replicas" / rid,
+                )
+            )
+        for replica in self.replicas:
+            replica.argv = self._replica_argv(replica)
+            replica.env = {**os.environ, "SYNAPSE_RAFT_PASSWORD": self.raft_password}
+
+    # ------------------------------------------------------------------ access
+
+    @property
+    def cluster_addresses(self) -> list[str]:
+        """gRPC addresses of the replicas (what ``--cluster`` takes)."""
+        return [r.grpc for r in self.replicas]
+
+    @property
+    def cluster(self) -> str:
+        """The value for ``SYNAPSE_CLUSTER``."""
+        return ",".join(self.cluster_addresses)
+
+    def client(self, timeout_s: float = 10.0) -> ClusterClient:
+        """A new client for this cluster; the caller closes it."""
+        return ClusterClient(self.cluster_addresses, timeout_s=timeout_s, per_try_timeout_s=1.0)
+
+    def replica(self, replica_id: str) -> DevReplica:
+        for r in self.replicas:
+            if r.replica_id == replica_id:
+                return r
+        raise DevClusterError(f"no replica {replica_id!r} (replicas are {list(REPLICA_IDS)})")
+
+    def worker(self, node_id: str) -> DevWorker:
+        for w in self.workers:
+            if w.node_id == node_id:
+                return w
+        raise DevClusterError(f"no worker {node_id!r}")
+
+    @property
+    def process_groups(self) -> set[int]:
+        """Every process group this cluster started so far: replicas, workers, and the
+        members' supervisors and members recorded in the workers' data directories
+        (still complete after :meth:`stop` has removed those directories)."""
+        if not self._stopped:
+            self._remember_member_groups()
+        return set(self._groups)
+
+    def replica_status(self, replica: DevReplica, timeout_s: float = 1.0) -> pb.ReplicaStatus:
+        """The replica's own view of itself (raises ``grpc.RpcError`` when it is down)."""
+        with grpc.insecure_channel(replica.grpc) as channel:
+            stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+            answer = stub.GetClusterStatus(
+                pb.GetClusterStatusRequest(local_only=True), timeout=timeout_s
+            )
+        status: pb.ReplicaStatus = answer.replicas[0]
+        return status
+
+    def leader_id(self) -> str | None:
+        """The id of the live replica that says it leads (highest term wins), or None."""
+        best: tuple[int, str] | None = None
+        for r in self.replicas:
+            if not r.alive:
+                continue
+            try:
+                status = self.replica_status(r)
+            except grpc.RpcError:
+                continue
+            if status.role == "leader" and (best is None or status.term > best[0]):
+                best = (status.term, r.replica_id)
+        return best[1] if best else None
+
+    # --------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> DevCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the replicas and workers and wait until they serve. Raises
+        :class:`PortBusy` before starting anything when a fixed port is taken, and
+        :class:`DevClusterError` when a process dies or a wait times out (the caller
+        then calls :meth:`stop`, as ``with`` does)."""
+        if self._started:
+            raise DevClusterError("this cluster was already started")
+        self._started = True
+        if not self.options.ephemeral_ports:
+            self._check_ports()
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        for replica in self.replicas:
+            replica.data_dir.mkdir(parents=True, exist_ok=True)
+            self._launch(replica)
+        self.wait_for_leader()
+        racks = self._initial_racks()
+        for rack in racks:
+            self._start_worker(rack, self.options.gpus_per_worker)
+        self._wait_workers_ready(list(self.workers))
+
+    def stop(self) -> None:
+        """Stop everything this cluster started; safe to call more than once."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        grace = self._stop_grace_s + 5.0
+        for w in self.workers:
+            self._signal(w, signal.SIGTERM)
+        for w in self.workers:
+            self._wait_or_kill(w, grace)
+        self._remember_member_groups()
+        self._kill_recorded_members()
+        for r in self.replicas:
+            self._signal(r, signal.SIGTERM)
+        for r in self.replicas:
+            self._wait_or_kill(r, _REPLICA_STOP_S)
+        self._sweep_groups()
+        if self.owns_data_dir and not self.keep_data:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    # ----------------------------------------------------------------- faults
+
+    def kill_replica(self, replica_id: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL, SIGTERM or SIGINT) to a replica's process group and wait
+        until it has exited (SIGKILL after a bounded wait)."""
+        if sig not in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            raise ValueError(f"sig: {sig} does not end a process; use SIGKILL or SIGTERM")
+        replica = self.replica(replica_id)
+        replica.expect_running = False
+        self._signal(replica, sig)
+        self._wait_or_kill(replica, _KILL_WAIT_S)
+
+    def restart_replica(self, replica_id: str) -> None:
+        """Start a stopped replica again on its ports and data directory."""
+        replica = self.replica(replica_id)
+        if replica.alive:
+            raise DevClusterError(f"replica {replica_id} is still running")
+        self._launch(replica)
+        replica.expect_running = True
+
+    def add_worker(self, rack: str | None = None, gpus: int | None = None) -> DevWorker:
+        """Start one more worker (in ``rack``, default the rack with the fewest workers)
+        and wait until the control plane lists it as ready."""
+        if len(self.workers) >= MAX_WORKERS:
+            raise DevClusterError(f"at most {MAX_WORKERS} workers")
+        if rack is None:
+            counts = {f"r{i + 1}": 0 for i in range(self.options.racks)}
+            for w in self.workers:
+                counts[w.rack] = counts.get(w.rack, 0) + 1
+            rack = min(counts, key=lambda k: (counts[k], int(k[1:]) if k[1:].isdigit() else 0))
+        if not rack or any(c in rack for c in ",= "):
+            raise DevClusterError(f"rack: {rack!r} is not a rack name (e.g. r3)")
+        worker_gpus = self.options.gpus_per_worker if gpus is None else gpus
+        if not 0 <= worker_gpus <= 64:
+            raise DevClusterError(f"gpus: must be between 0 and 64, got {worker_gpus}")
+        worker = self._start_worker(rack, worker_gpus)
+        self._wait_workers_ready([worker])
+        return worker
+
+    def stop_worker(self, node_id: str) -> None:
+        """Stop one worker gracefully (its members are stopped too)."""
+        worker = self.worker(node_id)
+        worker.expect_running = False
+        self._signal(worker, signal.SIGTERM)
+        self._wait_or_kill(worker, self._stop_grace_s + 5.0)
+
+    # ---------------------------------------------------------------- waiting
+
+    def wait_for_leader(self, timeout_s: float | None = None) -> str:
+        """Wait until a leader serves writes (a leader-only read succeeds); its id."""
+
+        def probe() -> str | None:
+            self._check_alive(self.replicas)
+            leader = self.leader_id()
+            if leader is None:
+                return None
+            with self.client(timeout_s=1.0) as client:
+                client.list_nodes()
+            return leader
+
+        return self._wait("a serving leader", probe, timeout_s, self.replicas)
+
+    def _wait_workers_ready(self, workers: list[DevWorker]) -> None:
+        wanted = {w.node_id: w for w in workers}
+
+        def probe() -> bool | None:
+            self._check_alive(workers)
+            with self.client(timeout_s=1.0) as client:
+                nodes = {n.node_id: n for n in client.list_nodes()}
+            ready = [nid for nid in wanted if nid in nodes and nodes[nid].status == "ready"]
+            for nid in ready:
+                wanted[nid].address = nodes[nid].address
+            return True if len(ready) == len(wanted) else None
+
+        names = ", ".join(wanted) or "no workers"
+        self._wait(f"workers {names} to register", probe, None, list(workers))
+
+    def _wait(
+        self,
+        what: str,
+        probe: Callable[[], T | None],
+        timeout_s: float | None,
+        processes: list[DevReplica] | list[DevWorker],
+    ) -> T:
+        limit = self.options.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        last = ""
+        while time.monotonic() < deadline:
+            if self._abort.is_set():
+                raise DevClusterError(f"interrupted while waiting for {what}")
+            try:
+                value = probe()
+                if value is not None:
+                    return value
+            except (grpc.RpcError, ClusterUnavailable, OSError) as exc:
+                last = str(exc).splitlines()[0][:300]
+            self._abort.wait(_POLL_S * 3)
+        tails = "\n".join(f"--- {p.log_path} ---\n{p.log_tail(1200)}" for p in processes)
+        raise DevClusterError(
+            f"timed out after {limit:.0f}s waiting for {what} (last error: {last or 'none'})\n"
+            f"{tails}"
+        )
+
+    def _check_alive(self, processes: list[DevReplica] | list[DevWorker]) -> None:
+        for p in processes:
+            if p.expect_running and p.process is not None and p.process.poll() is not None:
+                raise DevClusterError(
+                    f"{p.name} exited with code {p.process.returncode}; "
+                    f"its log {p.log_path} ends with:\n{p.log_tail()}"
+                )
+
+    # --------------------------------------------------------------- internals
+
+    def _check_ports(self) -> None:
+        wanted: list[tuple[int, str]] = []
+        for r in self.replicas:
+            wanted.append((int(r.grpc.rpartition(":")[2]), f"gRPC of replica {r.replica_id}"))
+            wanted.append((int(r.raft.rpartition(":")[2]), f"Raft of replica {r.replica_id}"))
+        for i in range(self.options.workers):
+            wanted.append((DEFAULT_WORKER_PORT_BASE + i, f"log service of worker w{i + 1}"))
+        for port, role in wanted:
+            if port_in_use(port):
+                raise PortBusy(
+                    f"{HOST}:{port} ({role}) is already in use; is another dev cluster "
+                    "running? Stop it, or free the port"
+                )
+
+    def _initial_racks(self) -> list[str]:
+        n, racks = self.options.workers, self.options.racks
+        return [f"r{i * racks // n + 1}" for i in range(n)]
+
+    def _replica_argv(self, replica: DevReplica) -> list[str]:
+        argv = [sys.executable, "-m", "synapse_ha.scheduler_main", "--id", replica.replica_id]
+        for r in self.replicas:
+            argv += ["--replica", f"{r.replica_id}={r.raft},{r.grpc}"]
+        return [*argv, "--data-dir", str(replica.data_dir)]
+
+    def _start_worker(self, rack: str, gpus: int) -> DevWorker:
+        index = len(self.workers) + 1
+        node_id = f"w{index}"
+        if self.options.ephemeral_ports:
+            listen = f"{HOST}:0"
+        else:
+            port = DEFAULT_WORKER_PORT_BASE + index - 1
+            if port_in_use(port):
+                raise PortBusy(f"{HOST}:{port} (log service of worker {node_id}) is in use")
+            listen = f"{HOST}:{port}"
+        data = self.data_dir / "workers" / node_id
+        worker = DevWorker(
+            name=f"worker {node_id}",
+            argv=[],
+            log_path=self.logs_dir / f"worker-{node_id}.log",
+            node_id=node_id,
+            rack=rack,
+            gpus=gpus,
+            listen=listen,
+            data_dir=data,
+        )
+        worker.argv = [
+            sys.executable,
+            "-m",
+            "synapse_ha.worker_main",
+            "--scheduler",
+            self.cluster,
+            "--node-id",
+            node_id,
+            "--listen",
+            listen,
+            "--data-dir",
+            str(data),
+            "--topology",
+            worker.topology,
+            "--mock-gpus",
+            str(gpus),
+            "--cpu",
+            self.options.worker_cpu,
+            "--memory",
+            self.options.worker_memory,
+            "--no-cgroups",  # capacities are declared, not measured, on a dev machine
+            "--stop-grace",
+            self.options.stop_grace,
+        ]
+        self.workers.append(worker)
+        self._launch(worker)
+        return worker
+
+    def _launch(self, p: DevProcess) -> None:
+        if self._stopped:
+            raise DevClusterError("this cluster was stopped")
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        with open(p.log_path, "ab") as log:
+            p.process = subprocess.Popen(
+                p.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                env=p.env,
+            )
+        self._groups.add(p.process.pid)
+
+    def _signal(self, p: DevProcess, sig: int) -> None:
+        if p.alive and p.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.process.pid, sig)
+
+    def _wait_or_kill(self, p: DevProcess, grace_s: float) -> None:
+        if p.process is None:
+            return
+        try:
+            p.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.process.wait(timeout=_KILL_WAIT_S)
+
+    def _member_records(self) -> Iterator[dict[str, object]]:
+        for w in self.workers:
+            members = w.data_dir / "members"
+            if not members.is_dir():
+                continue
+            for name in ("shim.json", "member.json"):
+                for path in members.glob(f"*/*/{name}"):
+                    record = read_json(path)
+                    if record is not None:
+                        yield record
+
+    def _remember_member_groups(self) -> None:
+        for record in self._member_records():
+            pid = record.get("pid")
+            if isinstance(pid, int) and pid > 0:
+                self._groups.add(pid)  # shims and members each lead their own session
+
+    def _kill_recorded_members(self) -> None:
+        for record in self._member_records():
+            kill_recorded_process(record)
+
+    def _sweep_groups(self) -> None:
+        """SIGKILL whatever is left in the groups this cluster started; bounded."""
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while True:
+            left = self._groups & running_groups()
+            if not left or time.monotonic() >= deadline:
+                break
+            for pgid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            time.sleep(_POLL_S)
+
+
+# ------------------------------------------------------------------ foreground
+
+
+def describe(cluster: DevCluster) -> list[str]:
+    """Lines describing a running cluster: replicas, workers, data, the export line."""
+    leader = cluster.leader_id()
+    lines = ["replicas:"]
+    for r in cluster.replicas:
+        role = "leader" if r.replica_id == leader else "follower"
+        lines.append(f"  {r.replica_id}  grpc {r.grpc}  raft {r.raft}  {role}")
+    lines.append("workers:")
+    for w in cluster.workers:
+        lines.append(
+            f"  {w.node_id:<4} {w.gpus} GPU  {w.topology}  log service {w.address or w.listen}"
+        )
+    lines.append(f"data and logs: {cluster.data_dir}")
+    lines.append("")
+    lines.append(f"export SYNAPSE_CLUSTER={cluster.cluster}")
+    return lines
+
+
+def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> int:
+    """Start a cluster, print where it is, and keep it up until SIGINT or SIGTERM; then
+    stop everything and return 0. Returns 2 (after printing why) when the options are
+    invalid or a fixed port is busy, 1 when the cluster failed to start or a replica
+    died while running."""
+    stop = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        try:
+            cluster = DevCluster(options, abort=stop)
+        except ValueError as exc:
+            out(f"error: {exc}")
+            return 2
+        try:
+            out(
+                f"starting 3 replicas and {options.workers} worker(s) in "
+                f"{options.racks} rack(s) on {HOST} ..."
+            )
+            cluster.start()
+        except PortBusy as exc:
+            cluster.stop()
+            out(f"error: {exc}")
+            return 2
+        except DevClusterError as exc:
+            keep = not stop.is_set()
+            cluster.keep_data = cluster.keep_data or keep
+            cluster.stop()
+            if stop.is_set():
+                out("interrupted; stopped everything")
+                return 0
+            out(f"error: {exc}")
+            out(f"logs kept in {cluster.logs_dir}")
+            return 1
+        except BaseException:
+            cluster.stop()
+            raise
+        try:
+            for line in describe(cluster):
+                out(line)
+            out("")
+            out("ready; press Ctrl-C to stop")
+            code = 0
+            reported: set[str] = set()
+            while not stop.wait(1.0):
+                for p in [*cluster.replicas, *cluster.workers]:
+                    if p.name not in reported and not p.alive:
+                        reported.add(p.name)
+                        out(f"warning: {p.name} exited; see {p.log_path}")
+                if sum(not r.alive for r in cluster.replicas) >= 2:
+                    out("error: a majority of the replicas is gone; stopping")
+                    cluster.keep_data = True
+                    code = 1
+                    break
+            out("stopping ...")
+        finally:
+            cluster.stop()
+        out("stopped")
+        return code
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
