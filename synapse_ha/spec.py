@@ -13,22 +13,25 @@ nothing invalid ever reaches the replicated log.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec, Resources, RetryPolicy
+from synapse_ha.core.validation import MAX_GPUS_PER_NODE
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LEVEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 MAX_NAME = 63
 MAX_REPLICAS = 10_000
 MAX_CPU_MILLI = 100_000 * 1000  # 100,000 cores per member
 MAX_MEMORY_MIB = 1024 * 1024 * 1024  # 1 PiB per member
-MAX_GPU = 1024
+MAX_GPU = MAX_GPUS_PER_NODE  # a member runs on one node
 MAX_PRIORITY = 1_000_000
 MAX_TIME_LIMIT_MS = 366 * 24 * 3600 * 1000
 MAX_RETRIES = 1000
@@ -96,8 +99,31 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Larger plain numbers are rejected before float conversion, which would overflow.
+_MAX_PLAIN_NUMBER = 2**53
+
+
+def _check_plain_number(value: object, field: str, limit: str) -> None:
+    """Reject negative, non-finite and absurdly large numbers (and negative strings)
+    before a quantity is converted; ``limit`` says what is allowed."""
+    if isinstance(value, str):
+        if value.strip().startswith("-"):
+            raise SpecError(field, f"must not be negative, got {value!r}")
+        return
+    if not (_is_int(value) or isinstance(value, float)):
+        return
+    number: float = value  # type: ignore[assignment]
+    if isinstance(number, float) and not math.isfinite(number):
+        raise SpecError(field, f"must be a finite number, got {number}")
+    if number < 0:
+        raise SpecError(field, f"must not be negative, got {number}")
+    if number > _MAX_PLAIN_NUMBER:
+        raise SpecError(field, limit)
+
+
 def parse_cpu(value: object, field: str = "resources.cpu") -> int:
     """CPU as millicores: ``32``, ``0.5``, ``"2"`` or ``"500m"``."""
+    _check_plain_number(value, field, f"must be between 0 and {MAX_CPU_MILLI // 1000} cores")
     if _is_int(value) or isinstance(value, float):
         milli = float(value) * 1000  # type: ignore[arg-type]
     elif isinstance(value, str):
@@ -118,6 +144,7 @@ def parse_cpu(value: object, field: str = "resources.cpu") -> int:
 
 def parse_memory(value: object, field: str = "resources.memory") -> int:
     """Memory as MiB: ``"256Gi"``, ``"512Mi"``, ``"1G"``; a bare integer means bytes."""
+    _check_plain_number(value, field, "must be between 0 and 1Pi")
     if _is_int(value):
         mib = float(value) / (1024 * 1024)  # type: ignore[arg-type]
     elif isinstance(value, str):
@@ -138,6 +165,7 @@ def parse_memory(value: object, field: str = "resources.memory") -> int:
 def parse_duration(value: object, field: str) -> int:
     """A duration as milliseconds: ``"10s"``, ``"10m"``, ``"12h"``, ``"2d"``, ``"500ms"``;
     a bare number means seconds."""
+    _check_plain_number(value, field, "is too long")
     if _is_int(value) or isinstance(value, float):
         ms = float(value) * 1000  # type: ignore[arg-type]
     elif isinstance(value, str):
@@ -156,11 +184,13 @@ def parse_duration(value: object, field: str) -> int:
 
 
 def parse_job_spec(
-    data: object, topology_levels: Sequence[str] = DEFAULT_TOPOLOGY_LEVELS
+    data: object, topology_levels: Sequence[str] | None = DEFAULT_TOPOLOGY_LEVELS
 ) -> ParsedJob:
     """Validate a plain job document and build the core spec.
 
     ``topology_levels`` are the cluster's levels above a host; ``host`` is always allowed.
+    ``None`` means they are not known here (a client of a cluster whose levels are
+    configured there): any well-formed level name passes, and the cluster checks it.
     """
     doc = _mapping(data, "spec", _TOP_FIELDS)
     if "name" not in doc:
@@ -232,8 +262,11 @@ def check_request_id(request_id: str) -> None:
         )
 
 
-def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] = DEFAULT_TOPOLOGY_LEVELS) -> None:
-    """Raise :class:`SpecError` for the first rule ``spec`` breaks."""
+def check_job_spec(
+    spec: JobSpec, topology_levels: Sequence[str] | None = DEFAULT_TOPOLOGY_LEVELS
+) -> None:
+    """Raise :class:`SpecError` for the first rule ``spec`` breaks; ``topology_levels``
+    as for :func:`parse_job_spec`."""
     if not spec.name:
         raise SpecError("name", "is required")
     if len(spec.name) > MAX_NAME or not NAME_PATTERN.match(spec.name):
@@ -270,12 +303,18 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] = DEFAULT_TOPOL
         raise SpecError("workdir", "must be an absolute path")
     if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
         raise SpecError("priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
-    levels = (*topology_levels, "host")
     for field, level in (
         ("topology.required", spec.topology_required),
         ("topology.preferred", spec.topology_preferred),
     ):
-        if level and level not in levels:
+        if not level:
+            continue
+        if topology_levels is None:
+            if not LEVEL_NAME_PATTERN.match(level):
+                raise SpecError(field, f"{level!r} is not a topology level name")
+            continue
+        levels = (*topology_levels, "host")
+        if level not in levels:
             raise SpecError(field, f"{level!r} is not a topology level ({', '.join(levels)})")
     if not 0 <= spec.time_limit_ms <= MAX_TIME_LIMIT_MS:
         raise SpecError("time_limit", "must be between 0 (none) and 366d")

@@ -1,0 +1,3 @@
+from synapse_ha.cli.main import main
+
+main()

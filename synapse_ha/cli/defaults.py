@@ -1,0 +1,25 @@
+"""Defaults and exit codes of ``synctl``."""
+
+from __future__ import annotations
+
+import enum
+
+# gRPC addresses of the three replicas that ``synctl dev up`` starts.
+DEFAULT_CLUSTER = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+CLUSTER_ENV = "SYNAPSE_CLUSTER"
+
+# Seconds one command may spend finding the leader and getting an answer.
+DEFAULT_TIMEOUT_S = 5.0
+# Upper bound on one RPC attempt, so that a silent replica does not eat the whole budget.
+PER_TRY_TIMEOUT_S = 2.0
+# How often --wait and --follow ask for the job's state.
+POLL_INTERVAL_S = 0.5
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    JOB_FAILED = 1  # --wait: the job ended FAILED or CANCELLED; also any other error
+    USAGE = 2  # bad options or arguments, or an invalid job spec
+    UNREACHABLE = 3  # no replica (or worker) answered within --timeout
+    NOT_FOUND = 4  # no such job or node
+    INTERRUPTED = 130  # Ctrl-C

@@ -1,0 +1,753 @@
+"""``synctl``: the command-line client of a synapse cluster.
+
+Every command is a thin adapter: it turns its arguments into one or a few gRPC calls
+through :class:`ClusterClient` (which finds the leader by itself) and hands the answer to
+:mod:`synapse_ha.cli.render`. Errors are one line on stderr and an exit code from
+:class:`ExitCode`: 0 ok, 1 job failed (``--wait``) or another error, 2 usage or invalid
+spec, 3 cluster (or worker) unreachable within ``--timeout``, 4 no such job or node.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+import grpc
+
+from synapse_ha.cli import render
+from synapse_ha.cli.defaults import (
+    CLUSTER_ENV,
+    DEFAULT_CLUSTER,
+    DEFAULT_TIMEOUT_S,
+    PER_TRY_TIMEOUT_S,
+    POLL_INTERVAL_S,
+    ExitCode,
+)
+from synapse_ha.cli.logs import LinePrinter, MemberFollower, MemberLog, WorkerUnreachable, read_log
+from synapse_ha.core.model import JobSpec
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.specfile import SpecFileError, line_in_file, load_job_file
+
+FINISHED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+ACTIVE_STATES = ("PENDING", "SCHEDULED", "RUNNING")
+ALL_STATES = (*ACTIVE_STATES, *sorted(FINISHED_STATES))
+# After a followed job ends, how long its members' log streams may take to deliver the
+# rest of their output.
+FOLLOW_DRAIN_S = 5.0
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# -------------------------------------------------------------------------- errors
+
+
+class CommandFailed(Exception):
+    """Ends a command with one line on stderr and ``code``."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _one_line(text: str, width: int = 240) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def unreachable_message(exc: ClusterUnavailable, addresses: Sequence[str], timeout: float) -> str:
+    """Every configured address with the last answer it gave (or that it was not tried)."""
+    last: dict[str, str] = {}
+    for address, why in exc.attempts:
+        last[address] = why
+    tried = [
+        f"{a} ({_one_line(last[a], 160)})" if a in last else f"{a} (not tried)"
+        for a in dict.fromkeys([*addresses, *last])
+    ]
+    return (
+        f"cannot reach the cluster within {timeout:g}s; tried {'; '.join(tried)}. "
+        f"Is it running? Set --cluster or {CLUSTER_ENV}."
+    )
+
+
+def _exit_code_for(code: grpc.StatusCode | None) -> ExitCode:
+    if code is grpc.StatusCode.NOT_FOUND:
+        return ExitCode.NOT_FOUND
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        return ExitCode.USAGE
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return ExitCode.UNREACHABLE
+    return ExitCode.JOB_FAILED
+
+
+class SynctlGroup(click.Group):
+    """Turns the errors of every command into one stderr line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CommandFailed as exc:
+            _fail(exc.code, str(exc))
+        except SpecFileError as exc:
+            _fail(ExitCode.USAGE, f"invalid job spec: {exc}")
+        except ClusterUnavailable as exc:
+            settings = ctx.obj if isinstance(ctx.obj, Settings) else None
+            addresses = settings.addresses if settings else []
+            timeout = settings.timeout if settings else DEFAULT_TIMEOUT_S
+            _fail(ExitCode.UNREACHABLE, unreachable_message(exc, addresses, timeout))
+        except WorkerUnreachable as exc:
+            _fail(ExitCode.UNREACHABLE, str(exc))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            detail = _one_line(exc.details() or "")
+            _fail(_exit_code_for(code), f"{detail} ({code.name if code else 'UNKNOWN'})")
+        except KeyboardInterrupt:
+            _fail(ExitCode.INTERRUPTED, "interrupted")
+
+
+def _fail(code: ExitCode, message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    raise click.exceptions.Exit(int(code))
+
+
+def note(message: str) -> None:
+    """Progress for people; stderr, so that stdout stays the command's answer."""
+    click.echo(message, err=True)
+
+
+# ------------------------------------------------------------------------ settings
+
+
+@dataclass
+class Settings:
+    addresses: list[str]
+    output: str
+    timeout: float
+    _client: ClusterClient | None = field(default=None, repr=False)
+
+    def client(self) -> ClusterClient:
+        if self._client is None:
+            self._client = ClusterClient(
+                self.addresses,
+                timeout_s=self.timeout,
+                per_try_timeout_s=min(PER_TRY_TIMEOUT_S, self.timeout),
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def parse_cluster(value: str) -> list[str]:
+    """``host:port,host:port,...`` into a list; raises :class:`ValueError` naming the
+    address that is not ``host:port``."""
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("no address given (expected host:port,host:port,...)")
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{address!r} is not host:port")
+    return addresses
+
+
+def _cluster_callback(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    try:
+        return parse_cluster(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
+
+
+def output_option(func: F) -> F:
+    """``-o`` on a command as well, so that ``synctl jobs -o json`` works like
+    ``synctl -o json jobs``."""
+    return click.option(
+        "-o",
+        "--output",
+        "command_output",
+        type=click.Choice(render.OUTPUT_FORMATS),
+        default=None,
+        help="Output format (overrides the global -o).",
+    )(func)
+
+
+def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Pass the global settings, with a command's own ``-o`` applied, as ``settings``."""
+
+    @click.pass_obj
+    @functools.wraps(func)
+    def wrapper(settings: Settings, *args: Any, **kwargs: Any) -> Any:
+        command_output = kwargs.pop("command_output", None)
+        if command_output:
+            settings.output = command_output
+        return func(settings, *args, **kwargs)
+
+    return wrapper
+
+
+def emit(settings: Settings, document: object, table: Callable[[], str]) -> None:
+    if settings.output == "table":
+        click.echo(table())
+    else:
+        click.echo(render.structured(document, settings.output))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------------- completion
+
+
+def _completion_client(ctx: click.Context) -> ClusterClient | None:
+    root = ctx.find_root()
+    value = root.params.get("cluster") or os.environ.get(CLUSTER_ENV) or DEFAULT_CLUSTER
+    try:
+        addresses = value if isinstance(value, list) else parse_cluster(str(value))
+    except ValueError:
+        return None
+    return ClusterClient(addresses, timeout_s=1.0, per_try_timeout_s=0.5)
+
+
+def complete_job_ids(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    client = _completion_client(ctx)
+    if client is None:
+        return []
+    try:
+        with client:
+            jobs = client.list_jobs()
+    except (ClusterUnavailable, grpc.RpcError):
+        return []
+    return [
+        click.shell_completion.CompletionItem(j.job_id, help=f"{j.spec.name} {j.state}")
+        for j in jobs
+        if j.job_id.startswith(incomplete)
+    ]
+
+
+def complete_node_ids(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    client = _completion_client(ctx)
+    if client is None:
+        return []
+    try:
+        with client:
+            nodes = client.list_nodes()
+    except (ClusterUnavailable, grpc.RpcError):
+        return []
+    return [
+        click.shell_completion.CompletionItem(n.node_id, help=n.status)
+        for n in nodes
+        if n.node_id.startswith(incomplete)
+    ]
+
+
+# --------------------------------------------------------------------------- group
+
+
+@click.group(
+    cls=SynctlGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=(
+        "Exit codes: 0 ok, 1 job failed (--wait) or other error, 2 usage or invalid spec, "
+        "3 cluster unreachable, 4 not found.\n\n"
+        'Shell completion (bash): eval "$(_SYNCTL_COMPLETE=bash_source synctl)"; '
+        "zsh: zsh_source; fish: fish_source."
+    ),
+)
+@click.option(
+    "--cluster",
+    envvar=CLUSTER_ENV,
+    default=DEFAULT_CLUSTER,
+    show_default=True,
+    show_envvar=True,
+    callback=_cluster_callback,
+    help="gRPC addresses of the scheduler replicas, comma-separated (any one will do; "
+    "requests find the leader).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(render.OUTPUT_FORMATS),
+    default="table",
+    show_default=True,
+    help="table for people; json or yaml for scripts (stable, see docs/cli.md).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1, max=3600),
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds each call may take, leader search and retries included.",
+)
+@click.version_option(package_name="synapse-ha", prog_name="synctl")
+@click.pass_context
+def cli(ctx: click.Context, cluster: list[str], output: str, timeout: float) -> None:
+    """Submit and watch gang jobs, and look after the nodes and replicas of a synapse
+    cluster.
+
+    \b
+    Examples:
+      synctl submit examples/cpu-gang.yaml --wait
+      synctl jobs -o json
+      synctl --cluster 10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000 cluster
+    """
+    settings = Settings(addresses=cluster, output=output, timeout=timeout)
+    ctx.obj = settings
+    ctx.call_on_close(settings.close)
+
+
+# -------------------------------------------------------------------------- submit
+
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    msg = pb.JobSpec(
+        name=spec.name,
+        replicas=spec.replicas,
+        resources=pb.Resources(
+            cpu_milli=spec.resources.cpu_milli,
+            memory_mib=spec.resources.memory_mib,
+            gpu=spec.resources.gpu,
+        ),
+        env=[pb.EnvVar(name=k, value=v) for k, v in spec.env],
+        workdir=spec.workdir,
+        priority=spec.priority,
+        topology_required=spec.topology_required,
+        topology_preferred=spec.topology_preferred,
+        time_limit_ms=spec.time_limit_ms,
+        retries=pb.RetryPolicy(
+            max=spec.retries.max_retries,
+            backoff_ms=spec.retries.backoff_ms,
+            max_backoff_ms=spec.retries.max_backoff_ms,
+        ),
+    )
+    if spec.shell:
+        msg.shell_command = spec.command[0]
+    else:
+        msg.argv.args.extend(spec.command)
+    return msg
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--wait", is_flag=True, help="Wait for the job to end; exit 1 unless it succeeded.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Stream every member's output ([rank N] prefix) until the job ends; implies --wait.",
+)
+@output_option
+@with_settings
+def submit(settings: Settings, file: Path, wait: bool, follow: bool) -> None:
+    """Validate the job spec FILE (YAML, see docs/cli.md) and submit it; print the job id.
+
+    The spec is checked before anything is sent: an invalid one exits 2 naming the file
+    line, the field and the rule. The submission carries the spec's request_id (a fresh
+    one when it has none), reused on every retry, so a retry never creates a second job;
+    submitting a file with the same request_id again returns the same job.
+
+    \b
+    Examples:
+      synctl submit examples/cpu-gang.yaml
+      synctl submit job.yaml --wait && echo done
+      synctl submit job.yaml --follow
+    """
+    # The topology level names are the cluster's configuration: the cluster checks them.
+    parsed = load_job_file(file, topology_levels=None)
+    request_id = parsed.request_id or new_request_id()
+    client = settings.client()
+    try:
+        answer = client.submit_job(spec_to_proto(parsed.spec), request_id)
+    except grpc.RpcError as exc:
+        if exc.code() is not grpc.StatusCode.INVALID_ARGUMENT:
+            raise
+        field, sep, rule = (exc.details() or "").partition(": ")
+        if not sep or " " in field:
+            raise
+        line = line_in_file(file, field)
+        raise SpecFileError(str(file), line, field, f"{rule} (the cluster's rule)") from exc
+    job_id = answer.job_id
+    if not answer.created:
+        note(f"job {job_id} already submitted (request_id {request_id}); not submitted again")
+    document: dict[str, Any] = {"id": job_id, "request_id": request_id, "created": answer.created}
+    if not (wait or follow):
+        emit(settings, document, lambda: job_id)
+        return
+    if settings.output == "table":
+        click.echo(job_id)
+    job = follow_job(settings, job_id, None) if follow else wait_for_job(settings, job_id)
+    note(f"job {job_id} {job.state}" + (f": {job.reason}" if job.reason else ""))
+    if settings.output != "table":
+        document["state"] = job.state
+        click.echo(render.structured(document, settings.output))
+    if job.state != "SUCCEEDED":
+        raise click.exceptions.Exit(int(ExitCode.JOB_FAILED))
+
+
+def _describe_progress(job: pb.Job) -> str:
+    text = f"job {job.job_id}: {job.state}"
+    if job.HasField("attempt") and job.state in ("SCHEDULED", "RUNNING"):
+        text += f" (attempt {job.attempt.number})"
+    elif job.reason and job.state == "PENDING":
+        text += f" ({job.reason})"
+    return text
+
+
+def wait_for_job(settings: Settings, job_id: str) -> pb.Job:
+    """Poll until the job reaches a final state, noting each change on stderr."""
+    client = settings.client()
+    last = ""
+    while True:
+        job = client.get_job(job_id)
+        progress = _describe_progress(job)
+        if progress != last and job.state not in FINISHED_STATES:
+            note(progress)
+            last = progress
+        if job.state in FINISHED_STATES:
+            return job
+        time.sleep(POLL_INTERVAL_S)
+
+
+# ---------------------------------------------------------------------------- logs
+
+
+def node_addresses(settings: Settings) -> dict[str, str]:
+    return {n.node_id: n.address for n in settings.client().list_nodes()}
+
+
+def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> list[MemberLog]:
+    members = list(job.attempt.members)
+    if member is not None:
+        members = [m for m in members if m.rank == member]
+        if not members:
+            raise CommandFailed(
+                ExitCode.NOT_FOUND,
+                f"job {job.job_id} has no member {member} (ranks 0..{job.spec.replicas - 1})",
+            )
+    out = []
+    for m in members:
+        address = addresses.get(m.node_id)
+        if not address:
+            note(f"[rank {m.rank}] node {m.node_id} is no longer registered; no log")
+            continue
+        out.append(MemberLog(job.job_id, job.attempt.number, m.rank, m.node_id, address))
+    return out
+
+
+def _stop_followers(followers: list[MemberFollower], drain_s: float) -> None:
+    deadline = time.monotonic() + drain_s
+    for follower in followers:
+        follower.join(max(0.0, deadline - time.monotonic()))
+    for follower in followers:
+        follower.stop()
+    for follower in followers:
+        follower.join(2.0)
+        if not follower.done and follower.last_error:
+            note(f"[rank {follower.member.rank}] log may be incomplete: {follower.last_error}")
+    followers.clear()
+
+
+def follow_job(settings: Settings, job_id: str, member: int | None) -> pb.Job:
+    """Stream the members' output until the job ends; a retry's new attempt is followed
+    from its start. Returns the final job."""
+    client = settings.client()
+    printer = LinePrinter(click.echo, prefixed=member is None)
+    followers: list[MemberFollower] = []
+    followed = 0
+    last = ""
+    try:
+        while True:
+            job = client.get_job(job_id)
+            progress = _describe_progress(job)
+            if progress != last and job.state not in FINISHED_STATES:
+                note(progress)
+                last = progress
+            attempt = job.attempt.number if job.HasField("attempt") else 0
+            if attempt and attempt != followed:
+                if followers:
+                    _stop_followers(followers, FOLLOW_DRAIN_S)
+                    note(f"job {job_id}: following attempt {attempt}")
+                addresses = node_addresses(settings)
+                for log in member_logs(job, addresses, member):
+                    follower = MemberFollower(log, printer)
+                    follower.start()
+                    followers.append(follower)
+                followed = attempt
+            if job.state in FINISHED_STATES:
+                _stop_followers(followers, FOLLOW_DRAIN_S)
+                return job
+            time.sleep(POLL_INTERVAL_S)
+    finally:
+        for follower in followers:
+            follower.stop()
+
+
+@cli.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@click.option("--member", type=click.IntRange(min=0), help="Only this rank's output.")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new output until the job ends.")
+@with_settings
+def logs(settings: Settings, job_id: str, member: int | None, follow: bool) -> None:
+    """Print the output of a job's members (of its current or last attempt).
+
+    Each line is prefixed with [rank N] unless --member picks one rank. Logs are read
+    straight from the workers that run the members.
+
+    \b
+    Examples:
+      synctl logs 42
+      synctl logs 42 --member 0 -f
+    """
+    if follow:
+        job = follow_job(settings, job_id, member)
+        note(f"job {job_id} {job.state}")
+        return
+    job = settings.client().get_job(job_id)
+    if not job.HasField("attempt"):
+        raise CommandFailed(
+            ExitCode.JOB_FAILED,
+            f"job {job_id} is {job.state} and has never started, so it has no output"
+            + (f" ({job.reason})" if job.reason else ""),
+        )
+    printer = LinePrinter(click.echo, prefixed=member is None)
+    unreachable: list[str] = []
+    for log in member_logs(job, node_addresses(settings), member):
+        try:
+            for data in read_log(log, settings.timeout):
+                printer.feed(log.rank, data)
+        except LookupError:
+            note(f"[rank {log.rank}] no output yet (not started on {log.node_id})")
+        except WorkerUnreachable as exc:
+            note(f"[rank {log.rank}] {exc}")
+            unreachable.append(log.node_id)
+        finally:
+            printer.flush(log.rank)
+    if unreachable:
+        raise CommandFailed(
+            ExitCode.UNREACHABLE, f"could not read logs from {', '.join(unreachable)}"
+        )
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+@cli.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@output_option
+@with_settings
+def status(settings: Settings, job_id: str) -> None:
+    """Show one job: state, reason, attempt and fencing token, and where each member runs.
+
+    \b
+    Example:
+      synctl status 42 -o json
+    """
+    document = render.job_document(settings.client().get_job(job_id))
+    emit(settings, document, lambda: render.job_table(document, now_ms()))
+
+
+@cli.command()
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(ALL_STATES, case_sensitive=False),
+    help="Only jobs in this state (repeatable). Default: PENDING, SCHEDULED and RUNNING.",
+)
+@click.option("-a", "--all", "show_all", is_flag=True, help="Finished jobs too.")
+@click.option("--name", default="", help="Only jobs with this exact name.")
+@click.option("--node", default="", help="Only jobs with a member on this node.")
+@output_option
+@with_settings
+def jobs(settings: Settings, states: tuple[str, ...], show_all: bool, name: str, node: str) -> None:
+    """List jobs in submission order: active ones, or --all, or those in --state.
+
+    \b
+    Examples:
+      synctl jobs
+      synctl jobs --all -o json
+      synctl jobs --state pending --state failed
+    """
+    wanted = [s.upper() for s in states] or ([] if show_all else list(ACTIVE_STATES))
+    found = settings.client().list_jobs(states=wanted, name=name, node_id=node)
+    documents = [render.job_document(j) for j in found]
+    emit(settings, {"jobs": documents}, lambda: render.jobs_table(documents, now_ms()))
+
+
+@cli.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@output_option
+@with_settings
+def explain(settings: Settings, job_id: str) -> None:
+    """Say why a job is pending, or where each member runs (node, GPUs, rack).
+
+    \b
+    Example:
+      synctl explain 42
+    """
+    client = settings.client()
+    answer = client.explain_job(job_id)
+    job = client.get_job(job_id)
+    nodes = client.list_nodes() if job.HasField("attempt") else []
+    document = render.explain_document(answer, job, nodes)
+    emit(settings, document, lambda: render.explain_table(document))
+
+
+@cli.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@click.option("--reason", default="", help="Recorded with the cancellation.")
+@output_option
+@with_settings
+def cancel(settings: Settings, job_id: str, reason: str) -> None:
+    """Cancel a job: a pending one never starts, a running one's members are stopped.
+
+    \b
+    Example:
+      synctl cancel 42 --reason "wrong dataset"
+    """
+    client = settings.client()
+    try:
+        answer = client.cancel_job(job_id, reason)
+        document = {"id": job_id, "state": answer.state, "message": answer.message}
+    except grpc.RpcError as exc:
+        if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+        # Already finished. A retried cancel whose first try went through lands here too.
+        job = client.get_job(job_id)
+        if job.state != "CANCELLED":
+            raise CommandFailed(
+                ExitCode.JOB_FAILED, f"job {job_id} already finished as {job.state}"
+            ) from exc
+        document = {"id": job_id, "state": job.state, "message": job.reason}
+    emit(settings, document, lambda: f"job {job_id}: {document['state']}")
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@cli.command()
+@output_option
+@with_settings
+def nodes(settings: Settings) -> None:
+    """List nodes: status, topology path, free GPUs, CPU and memory in use, last heartbeat.
+
+    \b
+    Example:
+      synctl nodes -o yaml
+    """
+    documents = [render.node_document(n) for n in settings.client().list_nodes()]
+    emit(settings, {"nodes": documents}, lambda: render.nodes_table(documents))
+
+
+def _node_status_command(action: str, summary: str, example: str) -> None:
+    @cli.command(name=action, help=f"{summary}\n\n\b\nExample:\n  {example}")
+    @click.argument("node_id", metavar="NODE", shell_complete=complete_node_ids)
+    @click.option("--reason", default="", help="Shown in `synctl nodes -o json`.")
+    @output_option
+    @with_settings
+    def command(settings: Settings, node_id: str, reason: str) -> None:
+        new_status = settings.client().set_node_status(node_id, action, reason)
+        document = {"id": node_id, "status": new_status}
+        emit(settings, document, lambda: f"node {node_id}: {new_status}")
+
+
+_node_status_command(
+    "cordon",
+    "Stop placing new members on NODE; members already there keep running.",
+    'synctl cordon gpu-017 --reason "flaky NIC"',
+)
+_node_status_command("uncordon", "Let NODE take new members again.", "synctl uncordon gpu-017")
+_node_status_command(
+    "drain",
+    "Place nothing new on NODE and let its members finish; it is cordoned once empty.",
+    'synctl drain gpu-017 --reason "maintenance"',
+)
+
+
+# ------------------------------------------------------------------------- cluster
+
+
+@cli.command()
+@output_option
+@with_settings
+def cluster(settings: Settings) -> None:
+    """Show the replicas: role, term, commit index, leader and health.
+
+    Any replica answers (no leader needed), so this also works while there is none.
+
+    \b
+    Example:
+      synctl cluster
+    """
+    client = settings.client()
+    request = pb.GetClusterStatusRequest()
+    answer: pb.GetClusterStatusResponse = client.call(
+        "GetClusterStatus", lambda a, t: client.scheduler(a).GetClusterStatus(request, timeout=t)
+    )
+    document = render.cluster_document(answer)
+    emit(settings, document, lambda: render.cluster_table(document))
+
+
+# ----------------------------------------------------------------------------- dev
+
+
+@cli.group()
+def dev() -> None:
+    """Tools for trying synapse on one machine."""
+
+
+@dev.command("up")
+@click.option("--workers", type=click.IntRange(0, 64), default=4, show_default=True)
+@click.option("--racks", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option(
+    "--gpus-per-worker",
+    type=click.IntRange(0, 64),
+    default=8,
+    show_default=True,
+    help="Mock GPUs each worker declares.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep replica and worker data here (default: a temporary directory, removed).",
+)
+def dev_up(workers: int, racks: int, gpus_per_worker: int, data_dir: Path | None) -> None:
+    """Run three scheduler replicas and mock-GPU workers on 127.0.0.1 in the foreground,
+    until Ctrl-C; then stop them all.
+
+    \b
+    Example:
+      synctl dev up --workers 4 --racks 2
+      export SYNAPSE_CLUSTER=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103  # printed
+    """
+    from synapse_ha.devcluster import DevClusterOptions, run_foreground
+
+    sys.exit(
+        run_foreground(
+            DevClusterOptions(
+                workers=workers, racks=racks, gpus_per_worker=gpus_per_worker, data_dir=data_dir
+            ),
+            out=click.echo,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cli.main(args=list(argv) if argv is not None else None, prog_name="synctl")

@@ -1,0 +1,418 @@
+"""How ``synctl`` shows things: one document per answer, rendered as a table, JSON or YAML.
+
+Every command first turns the API's messages into plain documents (the ``*_document``
+functions below); ``-o json`` and ``-o yaml`` print those documents as they are, and
+``-o table`` lays the same documents out for people. Scripts should use JSON.
+
+JSON output is a stable interface (version 1): fields are only ever added, never renamed,
+removed or retyped. Quantities are exact integers: CPU in millicores, memory in MiB,
+durations and ages in milliseconds, times in milliseconds since the Unix epoch. Absent
+values are ``null``.
+
+A **job** (``status``, ``jobs`` → ``{"jobs": [...]}``)::
+
+    id, name, state, reason, request_id       strings; state is PENDING, SCHEDULED,
+                                              RUNNING, SUCCEEDED, FAILED or CANCELLED
+    attempt            int    number of the current or last attempt (0: never bound)
+    fencing_token      int | null   that attempt's token
+    replicas, priority int
+    resources          {gpu, cpu_milli, memory_mib}   per member
+    topology           {required, preferred}          level names or ""
+    time_limit_ms      int    0: none
+    retries            {max, backoff_ms, max_backoff_ms}
+    command            [str]  one string when shell is true
+    shell              bool
+    submitted_at_ms, finished_at_ms   int | null
+    attempt_outcome    str    "" while the attempt is live
+    members            [{rank, node, gpus: [int], state, exit_code: int | null}]
+                       of the current or last attempt; state is bound, running or exited
+
+A **node** (``nodes`` → ``{"nodes": [...]}``)::
+
+    id, address, status, status_reason   status is ready, cordoned, draining or dead
+    topology           {level: value}    e.g. {"zone": "z1", "block": "b1", "rack": "r1"}
+    topology_path      str               e.g. "z1/b1/r1"
+    capacity, allocated                  {gpu, cpu_milli, memory_mib}
+    free_gpus          int
+    allocated_gpus     [int]
+    gpu_model          str
+    registered_at_ms   int
+    last_heartbeat_age_ms   int | null   null when the answering leader has not heard
+                                         from the node since its election
+
+``explain``: ``{id, state, explanation, reason, attempt, fencing_token, members}`` where
+each member also has ``rack``, ``topology`` and ``topology_path`` of its node.
+``cluster``: ``{healthy, leader, leader_address, answered_by, nodes, jobs, pending_jobs,
+running_jobs, replicas: [{id, role, term, commit_index, last_applied, leader, healthy,
+grpc_address, raft_address, error}]}``.
+``submit``: ``{id, request_id, created}`` (with ``--wait``/``--follow`` also ``state``).
+``cancel``: ``{id, state, message}``. ``cordon``/``uncordon``/``drain``: ``{id, status}``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+from tabulate import tabulate  # type: ignore[import-untyped]
+
+from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+OUTPUT_FORMATS = ("table", "json", "yaml")
+
+Document = dict[str, Any]
+
+
+# ----------------------------------------------------------------------- documents
+
+
+def resources_document(r: pb.Resources) -> Document:
+    return {"gpu": r.gpu, "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
+
+
+def member_document(m: pb.Member) -> Document:
+    return {
+        "rank": m.rank,
+        "node": m.node_id,
+        "gpus": list(m.gpus),
+        "state": m.state,
+        "exit_code": m.exit_code if m.has_exit_code else None,
+    }
+
+
+def job_document(job: pb.Job) -> Document:
+    spec = job.spec
+    has_attempt = job.HasField("attempt")
+    if spec.WhichOneof("command") == "argv":
+        command, shell = list(spec.argv.args), False
+    else:
+        command, shell = [spec.shell_command], True
+    return {
+        "id": job.job_id,
+        "name": spec.name,
+        "state": job.state,
+        "reason": job.reason,
+        "request_id": job.request_id,
+        "attempt": job.attempt.number if has_attempt else 0,
+        "fencing_token": job.attempt.fencing_token if has_attempt else None,
+        "replicas": spec.replicas,
+        "priority": spec.priority,
+        "resources": resources_document(spec.resources),
+        "topology": {"required": spec.topology_required, "preferred": spec.topology_preferred},
+        "time_limit_ms": spec.time_limit_ms,
+        "retries": {
+            "max": spec.retries.max,
+            "backoff_ms": spec.retries.backoff_ms,
+            "max_backoff_ms": spec.retries.max_backoff_ms,
+        },
+        "command": command,
+        "shell": shell,
+        "submitted_at_ms": job.submitted_at_ms or None,
+        "finished_at_ms": job.finished_at_ms or None,
+        "attempt_outcome": job.attempt.outcome if has_attempt else "",
+        "members": [member_document(m) for m in job.attempt.members] if has_attempt else [],
+    }
+
+
+def ordered_levels(labels: Iterable[str]) -> list[str]:
+    """Topology levels from the outermost down: the default levels in their order, then
+    any others alphabetically."""
+    present = set(labels)
+    known = [level for level in DEFAULT_TOPOLOGY_LEVELS if level in present]
+    return known + sorted(present - set(known))
+
+
+def topology_document(labels: Iterable[pb.TopologyLabel]) -> dict[str, str]:
+    by_level = {label.level: label.value for label in labels}
+    return {level: by_level[level] for level in ordered_levels(by_level)}
+
+
+def topology_path(topology: Mapping[str, str]) -> str:
+    return "/".join(topology.values()) or "-"
+
+
+def node_document(node: pb.Node) -> Document:
+    topology = topology_document(node.topology)
+    return {
+        "id": node.node_id,
+        "address": node.address,
+        "status": node.status,
+        "status_reason": node.status_reason,
+        "topology": topology,
+        "topology_path": topology_path(topology),
+        "capacity": resources_document(node.capacity),
+        "allocated": resources_document(node.allocated),
+        "free_gpus": node.capacity.gpu - len(node.allocated_gpus),
+        "allocated_gpus": list(node.allocated_gpus),
+        "gpu_model": node.gpu_model,
+        "registered_at_ms": node.registered_at_ms,
+        "last_heartbeat_age_ms": (
+            node.last_heartbeat_age_ms if node.last_heartbeat_age_ms >= 0 else None
+        ),
+    }
+
+
+def explain_document(
+    answer: pb.ExplainJobResponse, job: pb.Job, nodes: Sequence[pb.Node]
+) -> Document:
+    job_doc = job_document(job)
+    by_id = {n.node_id: topology_document(n.topology) for n in nodes}
+    members = []
+    for member in job_doc["members"]:
+        topology = by_id.get(member["node"], {})
+        members.append(
+            {
+                **member,
+                "rack": topology.get("rack", ""),
+                "topology": topology,
+                "topology_path": topology_path(topology),
+            }
+        )
+    return {
+        "id": answer.job_id,
+        "state": answer.state,
+        "explanation": answer.explanation,
+        "reason": job.reason,
+        "attempt": job_doc["attempt"],
+        "fencing_token": job_doc["fencing_token"],
+        "members": members,
+    }
+
+
+def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
+    replicas = [
+        {
+            "id": r.replica_id,
+            "role": r.role,
+            "term": r.term,
+            "commit_index": r.commit_index,
+            "last_applied": r.last_applied,
+            "leader": r.leader_id,
+            "healthy": r.healthy,
+            "grpc_address": r.grpc_address,
+            "raft_address": r.raft_address,
+            "error": r.error,
+        }
+        for r in status.replicas
+    ]
+    healthy_count = sum(1 for r in replicas if r["healthy"])
+    return {
+        "healthy": bool(status.leader_id) and healthy_count > len(replicas) // 2,
+        "leader": status.leader_id,
+        "leader_address": status.leader_address,
+        "answered_by": status.answered_by,
+        "nodes": status.nodes,
+        "jobs": status.jobs,
+        "pending_jobs": status.pending_jobs,
+        "running_jobs": status.running_jobs,
+        "replicas": replicas,
+    }
+
+
+# ---------------------------------------------------------------------- formatting
+
+
+def to_json(document: object) -> str:
+    return json.dumps(document, indent=2, sort_keys=False)
+
+
+def to_yaml(document: object) -> str:
+    text: str = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+    return text.rstrip("\n")
+
+
+def structured(document: object, output: str) -> str:
+    """The JSON or YAML text of a document."""
+    if output == "json":
+        return to_json(document)
+    if output == "yaml":
+        return to_yaml(document)
+    raise ValueError(f"not a structured output format: {output!r}")
+
+
+def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
+    text: str = tabulate(
+        [["-" if cell is None or cell == "" else cell for cell in row] for row in rows],
+        headers=list(headers),
+        tablefmt="plain",
+        disable_numparse=True,
+    )
+    return text
+
+
+def cpu_text(milli: int) -> str:
+    return f"{milli / 1000:g}"
+
+
+def memory_text(mib: int) -> str:
+    if mib == 0:
+        return "0"
+    for unit, size in (("Ti", 1024 * 1024), ("Gi", 1024)):
+        if mib >= size and mib % size == 0:
+            return f"{mib // size}{unit}"
+    if mib >= 1024:
+        return f"{mib / 1024:.1f}Gi"
+    return f"{mib}Mi"
+
+
+def resources_text(r: Mapping[str, int]) -> str:
+    return f"{r['gpu']} GPU, {cpu_text(r['cpu_milli'])} CPU, {memory_text(r['memory_mib'])}"
+
+
+def duration_text(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    seconds = ms / 1000
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def time_text(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+def age_text(since_ms: int | None, now_ms: int) -> str:
+    return "-" if not since_ms else duration_text(max(0, now_ms - since_ms))
+
+
+def _short(text: str, width: int) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def members_table(members: Sequence[Mapping[str, Any]], with_topology: bool = False) -> str:
+    headers = ["RANK", "NODE", "GPUS", "STATE", "EXIT"]
+    if with_topology:
+        headers[3:3] = ["RACK", "TOPOLOGY"]
+    rows = []
+    for m in members:
+        row: list[object] = [
+            m["rank"],
+            m["node"],
+            ",".join(map(str, m["gpus"])),
+            m["state"],
+            m["exit_code"],
+        ]
+        if with_topology:
+            row[3:3] = [m["rack"], m["topology_path"]]
+        rows.append(row)
+    return table(rows, headers)
+
+
+def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
+    topology = ", ".join(f"{k}: {v}" for k, v in doc["topology"].items() if v)
+    fields: list[tuple[str, object]] = [
+        ("ID", doc["id"]),
+        ("NAME", doc["name"]),
+        ("STATE", doc["state"]),
+        ("REASON", doc["reason"]),
+        ("ATTEMPT", doc["attempt"] or None),
+        ("FENCING TOKEN", doc["fencing_token"]),
+        ("REPLICAS", doc["replicas"]),
+        ("RESOURCES", f"{resources_text(doc['resources'])} per member"),
+        ("PRIORITY", doc["priority"]),
+        ("TOPOLOGY", topology),
+        ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
+        (
+            "SUBMITTED",
+            f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",
+        ),
+        ("FINISHED", time_text(doc["finished_at_ms"]) if doc["finished_at_ms"] else None),
+        ("REQUEST ID", doc["request_id"]),
+    ]
+    lines = [
+        f"{name + ':':<15}{'-' if value is None or value == '' else value}"
+        for name, value in fields
+    ]
+    if doc["members"]:
+        lines += ["", members_table(doc["members"])]
+    return "\n".join(lines)
+
+
+def jobs_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
+    rows = [
+        [
+            d["id"],
+            d["name"],
+            d["state"],
+            d["replicas"],
+            d["resources"]["gpu"],
+            d["attempt"] or None,
+            age_text(d["submitted_at_ms"], now_ms),
+            _short(d["reason"], 60),
+        ]
+        for d in docs
+    ]
+    return table(rows, ["ID", "NAME", "STATE", "MEMBERS", "GPU/MEMBER", "ATTEMPT", "AGE", "REASON"])
+
+
+def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            d["id"],
+            d["status"],
+            d["topology_path"],
+            f"{d['free_gpus']}/{d['capacity']['gpu']}",
+            f"{cpu_text(d['allocated']['cpu_milli'])}/{cpu_text(d['capacity']['cpu_milli'])}",
+            f"{memory_text(d['allocated']['memory_mib'])}/"
+            f"{memory_text(d['capacity']['memory_mib'])}",
+            duration_text(d["last_heartbeat_age_ms"]) + " ago"
+            if d["last_heartbeat_age_ms"] is not None
+            else None,
+            d["address"],
+        ]
+        for d in docs
+    ]
+    headers = ["NODE", "STATUS", "TOPOLOGY", "FREE GPU", "CPU USED", "MEMORY USED"]
+    return table(rows, [*headers, "HEARTBEAT", "ADDRESS"])
+
+
+def explain_table(doc: Mapping[str, Any]) -> str:
+    lines = [f"job {doc['id']} is {doc['state']}"]
+    if doc["attempt"]:
+        lines[0] += f", attempt {doc['attempt']} (fencing token {doc['fencing_token']})"
+    if doc["state"] == "PENDING" or not doc["members"]:
+        lines.append(doc["explanation"])
+    elif doc["reason"] and doc["state"] not in ("SCHEDULED", "RUNNING"):
+        lines.append(doc["reason"])
+    if doc["members"]:
+        lines += ["", members_table(doc["members"], with_topology=True)]
+    return "\n".join(lines)
+
+
+def cluster_table(doc: Mapping[str, Any]) -> str:
+    leader = doc["leader"] or "none"
+    if doc["leader_address"]:
+        leader += f" ({doc['leader_address']})"
+    head = [
+        f"health:  {'healthy' if doc['healthy'] else 'UNHEALTHY'}",
+        f"leader:  {leader}",
+        f"nodes:   {doc['nodes']}    jobs: {doc['jobs']} "
+        f"({doc['pending_jobs']} pending, {doc['running_jobs']} running)",
+        "",
+    ]
+    rows = [
+        [
+            r["id"],
+            r["role"],
+            r["term"],
+            r["commit_index"],
+            r["last_applied"],
+            "yes" if r["healthy"] else "no",
+            r["grpc_address"],
+            r["error"],
+        ]
+        for r in doc["replicas"]
+    ]
+    headers = ["REPLICA", "ROLE", "TERM", "COMMIT", "APPLIED", "HEALTHY", "ADDRESS", "ERROR"]
+    return "\n".join(head) + table(rows, headers)

@@ -1,0 +1,148 @@
+"""Job spec files (DESIGN §6): YAML in, a validated :class:`JobSpec` out, and errors that
+point at the file line.
+
+The document is parsed twice from the same text: once into plain data for
+:func:`synapse_ha.spec.parse_job_spec`, once into PyYAML's node tree, whose marks give the
+line of every key and list item. A :class:`SpecError` naming ``resources.memory`` is then
+reported as ``job.yaml:5: resources.memory: '...' is not a memory quantity``. A field that
+is absent from the file (a required one, or a rule that relates two fields) is reported at
+the line of its nearest enclosing field, or without a line at the top level.
+
+Duplicate keys, which PyYAML would silently collapse to the last value, are rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec
+from synapse_ha.spec import ParsedJob, SpecError, parse_job_spec
+
+MAX_SPEC_FILE_BYTES = 1024 * 1024
+
+
+class SpecFileError(SpecError):
+    """A job spec file is unreadable, not YAML, or breaks a spec rule.
+
+    ``field`` is a dotted path such as ``resources.memory`` (``spec`` for the document as a
+    whole), ``line`` the 1-based line in the file when known, ``rule`` what is allowed.
+    ``str()`` gives ``path:line: field: rule``.
+    """
+
+    def __init__(self, path: str, line: int | None, field: str, rule: str) -> None:
+        super().__init__(field, rule)
+        self.path = path
+        self.line = line
+        self.args = (self.render(),)
+
+    def render(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else self.path
+        return f"{where}: {self.field}: {self.rule}"
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def field_lines(root: yaml.Node | None) -> dict[str, int]:
+    """Map every field path of a composed document (``resources.gpu``, ``command[1]``) to
+    the 1-based line where it starts (the key's line for mapping entries). Raises
+    :class:`SpecError` for a key that appears twice in one mapping."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+                child = f"{path}.{key}" if path else key
+                if key in seen and key != "<<":
+                    raise _LocatedError(child, key_node.start_mark.line + 1, "appears twice")
+                seen.add(key)
+                lines.setdefault(child, key_node.start_mark.line + 1)
+                walk(value_node, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                child = f"{path}[{i}]"
+                lines.setdefault(child, item.start_mark.line + 1)
+                walk(item, child)
+
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+def line_of(field: str, lines: dict[str, int]) -> int | None:
+    """The line of ``field``, else of its nearest enclosing field that is in the file."""
+    candidate = field
+    while candidate:
+        if candidate in lines:
+            return lines[candidate]
+        cut = max(candidate.rfind("."), candidate.rfind("["))
+        candidate = candidate[:cut] if cut > 0 else ""
+    return None
+
+
+def load_job_file(
+    path: str | Path, topology_levels: Sequence[str] | None = DEFAULT_TOPOLOGY_LEVELS
+) -> ParsedJob:
+    """Read and validate a job spec file; the result carries the spec and the file's
+    ``request_id`` (empty when it has none). Raises :class:`SpecFileError`.
+
+    ``topology_levels=None`` accepts any well-formed level name (see
+    :func:`synapse_ha.spec.parse_job_spec`)."""
+    name = str(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SPEC_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SpecFileError(name, None, "spec", f"cannot read the file: {exc.strerror}") from exc
+    if len(raw) > MAX_SPEC_FILE_BYTES:
+        raise SpecFileError(name, None, "spec", f"file larger than {MAX_SPEC_FILE_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecFileError(name, None, "spec", "the file is not UTF-8 text") from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        raise SpecFileError(name, line, "spec", f"not valid YAML: {problem}") from exc
+    except yaml.YAMLError as exc:
+        raise SpecFileError(name, None, "spec", f"not valid YAML: {exc}") from exc
+    try:
+        lines = field_lines(root)
+    except _LocatedError as exc:
+        raise SpecFileError(name, exc.line, exc.field, exc.rule) from exc
+    try:
+        return parse_job_spec(data, topology_levels)
+    except SpecError as exc:
+        raise SpecFileError(name, line_of(exc.field, lines), exc.field, exc.rule) from exc
+
+
+def load_job_spec_file(
+    path: str | Path, topology_levels: Sequence[str] | None = DEFAULT_TOPOLOGY_LEVELS
+) -> JobSpec:
+    """Like :func:`load_job_file`, for callers that need only the spec."""
+    return load_job_file(path, topology_levels).spec
+
+
+def line_in_file(path: str | Path, field: str) -> int | None:
+    """The line of ``field`` (or of its nearest enclosing field) in a spec file, for errors
+    found elsewhere, such as a cluster's own topology levels; None when unknown."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        return line_of(field, field_lines(root))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, SpecError):
+        return None
+
+
+class _LocatedError(SpecError):
+    def __init__(self, field: str, line: int, rule: str) -> None:
+        super().__init__(field, rule)
+        self.line = line

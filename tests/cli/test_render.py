@@ -1,0 +1,173 @@
+"""The documents behind -o json/yaml (a stable interface) and their table layouts."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from synapse_ha.cli import render
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+JOB_KEYS = [
+    "id", "name", "state", "reason", "request_id", "attempt", "fencing_token", "replicas",
+    "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
+    "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members",
+]  # fmt: skip
+NODE_KEYS = [
+    "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
+    "allocated", "free_gpus", "allocated_gpus", "gpu_model", "registered_at_ms",
+    "last_heartbeat_age_ms",
+]  # fmt: skip
+
+
+def running_job() -> pb.Job:
+    return pb.Job(
+        job_id="job-000007",
+        request_id="r-7",
+        spec=pb.JobSpec(
+            name="train",
+            replicas=2,
+            resources=pb.Resources(cpu_milli=1500, memory_mib=262144, gpu=4),
+            argv=pb.CommandArgs(args=["python", "train.py"]),
+            topology_required="rack",
+            time_limit_ms=3_600_000,
+            retries=pb.RetryPolicy(max=2, backoff_ms=10_000, max_backoff_ms=600_000),
+        ),
+        state="RUNNING",
+        reason="attempt 2 running",
+        submitted_at_ms=1_700_000_000_000,
+        attempts_made=2,
+        attempt=pb.Attempt(
+            number=2,
+            fencing_token=41,
+            members=[
+                pb.Member(rank=0, node_id="w1", gpus=[0, 1, 2, 3], state="running"),
+                pb.Member(
+                    rank=1, node_id="w2", gpus=[4, 5, 6, 7], state="exited",
+                    has_exit_code=True, exit_code=0,
+                ),
+            ],
+        ),
+    )  # fmt: skip
+
+
+def node(node_id: str, rack: str, used: list[int], age_ms: int) -> pb.Node:
+    return pb.Node(
+        node_id=node_id,
+        address=f"{node_id}.example:7070",
+        status="ready",
+        capacity=pb.Resources(cpu_milli=64_000, memory_mib=512 * 1024, gpu=8),
+        allocated=pb.Resources(cpu_milli=1500, memory_mib=1024, gpu=len(used)),
+        allocated_gpus=used,
+        topology=[
+            pb.TopologyLabel(level="rack", value=rack),
+            pb.TopologyLabel(level="zone", value="z1"),
+            pb.TopologyLabel(level="block", value="b1"),
+        ],
+        last_heartbeat_age_ms=age_ms,
+    )
+
+
+def test_a_job_document_has_every_documented_field() -> None:
+    doc = render.job_document(running_job())
+    assert list(doc) == JOB_KEYS
+    assert doc["attempt"] == 2 and doc["fencing_token"] == 41
+    assert doc["resources"] == {"gpu": 4, "cpu_milli": 1500, "memory_mib": 262144}
+    assert doc["command"] == ["python", "train.py"] and doc["shell"] is False
+    assert doc["finished_at_ms"] is None
+    assert doc["members"] == [
+        {"rank": 0, "node": "w1", "gpus": [0, 1, 2, 3], "state": "running", "exit_code": None},
+        {"rank": 1, "node": "w2", "gpus": [4, 5, 6, 7], "state": "exited", "exit_code": 0},
+    ]
+    assert json.loads(render.structured(doc, "json")) == doc
+    assert yaml.safe_load(render.structured(doc, "yaml")) == doc
+
+
+def test_a_job_never_bound_has_no_attempt() -> None:
+    job = pb.Job(
+        job_id="j", state="PENDING", reason="waits", spec=pb.JobSpec(shell_command="echo hi")
+    )
+    doc = render.job_document(job)
+    assert (doc["attempt"], doc["fencing_token"], doc["members"]) == (0, None, [])
+    assert doc["command"] == ["echo hi"] and doc["shell"] is True
+
+
+def test_a_node_document_orders_topology_from_the_outside_in() -> None:
+    doc = render.node_document(node("w1", "r3", [0, 1], -1))
+    assert list(doc) == NODE_KEYS
+    assert list(doc["topology"].items()) == [("zone", "z1"), ("block", "b1"), ("rack", "r3")]
+    assert doc["topology_path"] == "z1/b1/r3"
+    assert doc["free_gpus"] == 6
+    assert doc["last_heartbeat_age_ms"] is None
+
+
+def test_unknown_topology_levels_follow_the_known_ones() -> None:
+    assert render.ordered_levels(["pod", "rack", "zone", "aisle"]) == [
+        "zone",
+        "rack",
+        "aisle",
+        "pod",
+    ]
+
+
+def test_explain_adds_each_members_rack() -> None:
+    answer = pb.ExplainJobResponse(job_id="job-000007", state="RUNNING", explanation="...")
+    nodes = [node("w1", "r1", [0, 1, 2, 3], 10), node("w2", "r2", [4, 5, 6, 7], 10)]
+    doc = render.explain_document(answer, running_job(), nodes)
+    assert [(m["rank"], m["rack"], m["topology_path"]) for m in doc["members"]] == [
+        (0, "r1", "z1/b1/r1"),
+        (1, "r2", "z1/b1/r2"),
+    ]
+    text = render.explain_table(doc)
+    assert text.splitlines()[0] == "job job-000007 is RUNNING, attempt 2 (fencing token 41)"
+    assert text.splitlines()[2].split() == [
+        "RANK", "NODE", "GPUS", "RACK", "TOPOLOGY", "STATE", "EXIT",
+    ]  # fmt: skip
+    assert text.splitlines()[3].split() == ["0", "w1", "0,1,2,3", "r1", "z1/b1/r1", "running", "-"]
+
+
+def test_tables_for_people() -> None:
+    now = 1_700_000_090_000
+    jobs = render.jobs_table([render.job_document(running_job())], now)
+    assert jobs.splitlines()[1].split()[:7] == [
+        "job-000007", "train", "RUNNING", "2", "4", "2", "1m",
+    ]  # fmt: skip
+    nodes = render.nodes_table([render.node_document(node("w1", "r1", [0, 1], 1500))])
+    assert nodes.splitlines()[1].split() == [
+        "w1", "ready", "z1/b1/r1", "6/8", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
+        "w1.example:7070",
+    ]  # fmt: skip
+    status = render.job_table(render.job_document(running_job()), now)
+    assert "RESOURCES:     4 GPU, 1.5 CPU, 256Gi per member" in status
+    assert "FENCING TOKEN: 41" in status
+    assert "TIME LIMIT:    1h" in status
+
+
+def test_the_cluster_is_healthy_with_a_leader_and_a_healthy_majority() -> None:
+    replicas = [
+        pb.ReplicaStatus(replica_id="a", role="leader", term=3, healthy=True),
+        pb.ReplicaStatus(replica_id="b", role="follower", term=3, healthy=True),
+        pb.ReplicaStatus(replica_id="c", role="unreachable", healthy=False, error="refused"),
+    ]
+    status = pb.GetClusterStatusResponse(answered_by="b", leader_id="a", replicas=replicas)
+    doc = render.cluster_document(status)
+    assert doc["healthy"] is True
+    assert [r["id"] for r in doc["replicas"]] == ["a", "b", "c"]
+    assert "refused" in render.cluster_table(doc)
+    del replicas[1]
+    lonely = pb.GetClusterStatusResponse(answered_by="a", leader_id="a", replicas=replicas)
+    assert render.cluster_document(lonely)["healthy"] is False
+    no_leader = pb.GetClusterStatusResponse(answered_by="b", replicas=replicas)
+    assert render.cluster_table(render.cluster_document(no_leader)).startswith(
+        "health:  UNHEALTHY\nleader:  none"
+    )
+
+
+def test_quantities_and_durations_read_well() -> None:
+    assert [render.memory_text(m) for m in (0, 512, 1024, 1536, 262144, 1 << 20)] == [
+        "0", "512Mi", "1Gi", "1.5Gi", "256Gi", "1Ti",
+    ]  # fmt: skip
+    assert [render.duration_text(ms) for ms in (None, 400, 59_000, 3_600_000, 2 * 86_400_000)] == [
+        "-", "0.4s", "59s", "1h", "2d",
+    ]  # fmt: skip
