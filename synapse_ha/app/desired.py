@@ -12,14 +12,6 @@ from synapse_ha.core.model import ClusterState
 from synapse_ha.core.views import DesiredMember
 
 
-def host_of(address: str) -> str:
-    """The host part of ``host:port`` (``[v6]:port`` too); the address itself otherwise."""
-    if address.startswith("["):
-        return address[1 : address.find("]")] if "]" in address else address
-    host, sep, port = address.rpartition(":")
-    return host if sep and port.isdigit() else address
-
-
 def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
     """``{node_id: desired_members(state, node_id)}`` for every node with members."""
     wanted: dict[str, list[DesiredMember]] = {}

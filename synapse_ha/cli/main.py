@@ -31,8 +31,8 @@ from synapse_ha.cli.defaults import (
     ExitCode,
 )
 from synapse_ha.cli.logs import LinePrinter, MemberFollower, MemberLog, WorkerUnreachable, read_log
-from synapse_ha.core.model import JobSpec
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.specfile import SpecFileError, line_in_file, load_job_file
 
@@ -310,34 +310,6 @@ def cli(ctx: click.Context, cluster: list[str], output: str, timeout: float) -> 
 
 
 # -------------------------------------------------------------------------- submit
-
-
-def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
-    msg = pb.JobSpec(
-        name=spec.name,
-        replicas=spec.replicas,
-        resources=pb.Resources(
-            cpu_milli=spec.resources.cpu_milli,
-            memory_mib=spec.resources.memory_mib,
-            gpu=spec.resources.gpu,
-        ),
-        env=[pb.EnvVar(name=k, value=v) for k, v in spec.env],
-        workdir=spec.workdir,
-        priority=spec.priority,
-        topology_required=spec.topology_required,
-        topology_preferred=spec.topology_preferred,
-        time_limit_ms=spec.time_limit_ms,
-        retries=pb.RetryPolicy(
-            max=spec.retries.max_retries,
-            backoff_ms=spec.retries.backoff_ms,
-            max_backoff_ms=spec.retries.max_backoff_ms,
-        ),
-    )
-    if spec.shell:
-        msg.shell_command = spec.command[0]
-    else:
-        msg.argv.args.extend(spec.command)
-    return msg
 
 
 @cli.command()

@@ -70,3 +70,11 @@ def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
         if deadline is not None and now_ms >= deadline:
             due.append(ExpireTimeLimit(job_id, job.fencing_token, now_ms))
     return due
+
+
+def host_of(address: str) -> str:
+    """The host part of ``host:port`` (``[v6]:port`` too); the address itself otherwise."""
+    if address.startswith("["):
+        return address[1 : address.find("]")] if "]" in address else address
+    host, sep, port = address.rpartition(":")
+    return host if sep and port.isdigit() else address

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from synapse_ha.app.desired import host_of
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import (
     Attempt,
@@ -15,7 +14,7 @@ from synapse_ha.core.model import (
     Resources,
     RetryPolicy,
 )
-from synapse_ha.core.views import DesiredMember
+from synapse_ha.core.views import DesiredMember, host_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.spec import SpecError, check_job_spec
 

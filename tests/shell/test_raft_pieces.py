@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.app.desired import desired_by_node, host_of
+from synapse_ha.app.desired import desired_by_node
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import decode_result, encode_command, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule
-from synapse_ha.core.views import desired_members
+from synapse_ha.core.views import desired_members, host_of
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.replica import ReplicatedState
 from synapse_ha.raft.snapshot import read_snapshot, write_snapshot
