@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck layers unit demo bench clean protos protos-check
+.PHONY: venv test lint typecheck layers unit demo bench clean protos protos-check chaos
 
 venv: $(STAMP)
 
@@ -33,15 +33,41 @@ protos: $(STAMP)
 protos-check: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen_protos.sh --check
 
-test: lint typecheck layers protos-check unit
+test: lint typecheck layers protos-check unit chaos
+
+# The chaos suite: real partitions (network namespaces + nftables), kill -9 and SIGSTOP
+# against a real cluster, then the checker. Needs root; installs nftables/iproute2 when
+# missing. Soak: make chaos SEEDS=1-20 DURATION=120 CHAOS_SCENARIOS=random
+SEEDS ?= 1
+DURATION ?= 60
+CHAOS_SCENARIOS ?= targeted,random,broken-build
+chaos: $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then \
+	  (command -v nft >/dev/null && command -v ip >/dev/null) || \
+	  (apt-get update && apt-get install -y nftables iproute2); fi
+	$(BIN)/python -m chaos preflight
+	$(BIN)/python -m chaos run --seeds $(SEEDS) --duration $(DURATION) --scenarios $(CHAOS_SCENARIOS)
 
 demo: $(STAMP)
 	$(BIN)/python -m synapse_ha.demo
 
+# Each benchmark writes bench/results/<name>.json and prints it; the simulator also prints
+# its side-by-side table and writes PNG plots to bench/results/sim/. Ray is optional:
+# without a wheel for this platform, vs_ray measures synapse_ha only and says so.
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m pip install --quiet -e '.[ray]' || echo "bench: Ray not installable here"
 	mkdir -p bench/results
-	$(BIN)/python bench/placement.py | tee bench/results/placement.json
-	$(BIN)/python bench/quorum.py | tee bench/results/quorum.json
+	$(BIN)/python bench/placement.py > bench/results/placement.json
+	cat bench/results/placement.json
+	$(BIN)/python bench/quorum.py > bench/results/quorum.json
+	cat bench/results/quorum.json
+	$(BIN)/python bench/gang_start.py > bench/results/gang_start.json
+	cat bench/results/gang_start.json
+	$(BIN)/synapse-sim --workload synthetic --jobs 20000 --nodes 2000 \
+	  --out bench/results/sim > bench/results/simulator.json
+	$(BIN)/python bench/vs_ray.py > bench/results/vs_ray.json
+	cat bench/results/vs_ray.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

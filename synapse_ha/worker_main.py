@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +56,12 @@ from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExec
 log = logging.getLogger("synapse.worker")
 
 TICK_S = 0.02
+
+# A deliberately broken build for the chaos suite, which must catch it: with this variable
+# set to 1 AND the confirmation flag below, neither the agent nor the member supervisors
+# fence themselves when the lease runs out. Either one alone is refused at start-up.
+UNSAFE_NO_SELF_FENCING_ENV = "SYNAPSE_TEST_UNSAFE_NO_SELF_FENCING"
+UNSAFE_NO_SELF_FENCING_FLAG = "--i-know-this-is-unsafe-no-self-fencing"
 
 
 class ConfigError(Exception):
@@ -84,6 +90,7 @@ class WorkerConfig:
     cgroups: bool
     cgroup_root: Path
     log_level: str
+    self_fencing: bool = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,7 +127,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cgroups", action="store_true", help="do not use cgroup limits")
     p.add_argument("--cgroup-root", help="cgroup v2 mount point (default /sys/fs/cgroup)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        UNSAFE_NO_SELF_FENCING_FLAG,
+        dest="unsafe_no_self_fencing",
+        action="store_true",
+        help=argparse.SUPPRESS,  # test-only; see UNSAFE_NO_SELF_FENCING_ENV
+    )
     return p
+
+
+def _self_fencing(flag: bool, environ: Mapping[str, str]) -> bool:
+    """Self-fencing is off only when the test variable and the flag are both given."""
+    env_value = environ.get(UNSAFE_NO_SELF_FENCING_ENV, "")
+    if env_value not in ("", "0", "1"):
+        raise ConfigError(f"{UNSAFE_NO_SELF_FENCING_ENV}: must be 1 or unset, got {env_value!r}")
+    wants_off = env_value == "1"
+    if wants_off and not flag:
+        raise ConfigError(
+            f"{UNSAFE_NO_SELF_FENCING_ENV}=1 disables self-fencing (test-only, unsafe); "
+            f"refusing to start without {UNSAFE_NO_SELF_FENCING_FLAG}"
+        )
+    if flag and not wants_off:
+        raise ConfigError(
+            f"{UNSAFE_NO_SELF_FENCING_FLAG} needs {UNSAFE_NO_SELF_FENCING_ENV}=1 (test-only)"
+        )
+    return not wants_off
 
 
 def parse_topology(text: str) -> tuple[tuple[str, str], ...]:
@@ -154,9 +185,12 @@ def _seconds(value: object, what: str, default: float) -> float:
     return ms / 1000
 
 
-def load_config(argv: Sequence[str]) -> WorkerConfig:
+def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> WorkerConfig:
     """Merge the TOML file and flags; raise :class:`ConfigError` on anything wrong."""
     args = build_parser().parse_args(list(argv))
+    self_fencing = _self_fencing(
+        args.unsafe_no_self_fencing, os.environ if environ is None else environ
+    )
     doc: dict[str, Any] = {}
     if args.config:
         try:
@@ -250,6 +284,7 @@ def load_config(argv: Sequence[str]) -> WorkerConfig:
         cgroups=not (args.no_cgroups or doc.get("no_cgroups", False)),
         cgroup_root=Path(str(pick(args.cgroup_root, "cgroup_root") or "/sys/fs/cgroup")),
         log_level=str(pick(args.log_level, "log_level") or "INFO").upper(),
+        self_fencing=self_fencing,
     )
 
 
@@ -322,7 +357,11 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     executor = MemberExecutor(
         config.data_dir,
         lease_file.path,
-        ExecutorSettings(stop_grace_s=config.stop_grace_s, fence_grace_s=config.fence_grace_s),
+        ExecutorSettings(
+            stop_grace_s=config.stop_grace_s,
+            fence_grace_s=config.fence_grace_s,
+            self_fencing=config.self_fencing,
+        ),
         image_runtime=ImageRuntime(config.image_runtime) if config.image_runtime else None,
         cgroups=cgroups,
     )
@@ -369,7 +408,12 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         time.monotonic,
         lease_file=lease_file,
         timings=AgentTimings(config.heartbeat_interval_s, config.lease_ttl_s),
+        self_fencing=config.self_fencing,
     )
+    if not config.self_fencing:
+        log.critical(
+            "SELF-FENCING IS DISABLED (%s): a test-only, unsafe build", UNSAFE_NO_SELF_FENCING_ENV
+        )
     agent.add_recovered(recovered)
     last = ""
     try:

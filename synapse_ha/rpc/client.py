@@ -230,6 +230,13 @@ class ClusterClient:
                 attempts.append((address, f"{exc.code()}: {exc.details()}"))
         raise ClusterUnavailable("GetClusterStatus", attempts)
 
+    def replica_state(self, address: str) -> pb.GetReplicaStateResponse:
+        """The replica at ``address`` answers from its own copy (no redirect, no retry)."""
+        response: pb.GetReplicaStateResponse = self.scheduler(address).GetReplicaState(
+            pb.GetReplicaStateRequest(), timeout=self.per_try_timeout_s
+        )
+        return response
+
     def register_node(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
         response: pb.RegisterNodeResponse = self.call(
             "RegisterNode", lambda a, t: self.agent(a).RegisterNode(request, timeout=t)

@@ -10,6 +10,7 @@ request id).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import uuid
@@ -26,6 +27,7 @@ from synapse_ha.app.leader import Liveness
 from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
+from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, NodeStatus
 from synapse_ha.core.scheduler import explain
 from synapse_ha.core.views import DesiredMember
@@ -339,6 +341,22 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
                 running_jobs=sum(1 for j in jobs if j.state.holds_resources),
             )
         return response
+
+    def GetReplicaState(
+        self, request: pb.GetReplicaStateRequest, context: grpc.ServicerContext
+    ) -> pb.GetReplicaStateResponse:
+        """This replica's own state, never redirected. Encoded while applies are held off
+        (the state lock), so the bytes are one consistent state."""
+        backend = self.ctx.backend
+        with backend.reading() as state:
+            encoded = encode_state(state)
+            last_applied = backend.status().last_applied
+        return pb.GetReplicaStateResponse(
+            replica_id=self.ctx.self_id,
+            last_applied=last_applied,
+            encoded_state=encoded,
+            state_sha256=hashlib.sha256(encoded).hexdigest(),
+        )
 
     def _local_status(self) -> pb.ReplicaStatus:
         ctx = self.ctx

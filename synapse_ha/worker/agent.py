@@ -151,7 +151,12 @@ class Agent:
         clock: Callable[[], float],
         lease_file: LeaseFile | None = None,
         timings: AgentTimings | None = None,
+        *,
+        self_fencing: bool = True,
     ) -> None:
+        """``self_fencing=False`` exists only so the chaos suite can prove it catches a
+        build without self-fencing (see ``synapse_ha.worker_main``); never in production."""
+        self.self_fencing = self_fencing
         self.registration = registration
         self.node_id = registration.node_id
         self.control = control
@@ -184,7 +189,7 @@ class Agent:
         due. Returns a sentence describing what happened ("" when nothing did)."""
         said: list[str] = []
         self._collect_exits()
-        if self.lease.must_fence():
+        if self.self_fencing and self.lease.must_fence():
             said.append(self._fence("fenced: no heartbeat reply from a leader for lease_ttl"))
         now = self.clock()
         if not self.registered:
@@ -205,7 +210,7 @@ class Agent:
         """Seconds until the loop has something to do by the clock."""
         now = self.clock()
         targets = [self.next_heartbeat_at if self.registered else self.next_register_at]
-        if self.lease.state is LeaseState.HELD:
+        if self.self_fencing and self.lease.state is LeaseState.HELD:
             targets.append(self.lease.valid_until)
         return max(0.0, min(targets) - now)
 

@@ -179,6 +179,9 @@ class ExecutorSettings:
     fence_grace_s: float = 0.5  # SIGTERM → SIGKILL when the lease is lost
     python: str = sys.executable  # interpreter that runs the supervisor
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # False only in the deliberately broken test build (synapse_ha.worker_main): the
+    # supervisors then ignore the lease file and the agent's disappearance.
+    self_fencing: bool = True
 
 
 @dataclass(slots=True)
@@ -330,6 +333,7 @@ class MemberExecutor:
                 "fence_grace_s": self.settings.fence_grace_s,
                 "time_limit_ms": spec.time_limit_ms,
                 "cgroup_dir": cgroup_dir,
+                "self_fencing": self.settings.self_fencing,
             },
         )
         shim_log = open(mdir / "shim.log", "ab")  # noqa: SIM115 - handed to the child

@@ -106,6 +106,8 @@ class Shim:
         self.launch: dict[str, Any] = json.loads((member_dir / "launch.json").read_text("utf-8"))
         self.lease_path = Path(self.launch["lease_path"])
         self.parent_pid = int(self.launch["parent_pid"])
+        # False only in the deliberately broken test build (see synapse_ha.worker_main).
+        self.self_fencing = bool(self.launch.get("self_fencing", True))
         self.stop_requested = False
         self.fence_requested = False
         self.member_pid = 0
@@ -228,10 +230,11 @@ class Shim:
                     return 143, "stopped by the worker"
                 return None, ""
             now = time.monotonic()
-            if self.fence_requested or now >= read_lease_deadline(self.lease_path):
+            lease_over = self.self_fencing and now >= read_lease_deadline(self.lease_path)
+            if self.fence_requested or lease_over:
                 self.terminate(fence_grace)
                 return 137, "fenced: the node's lease expired"
-            if os.getppid() != self.parent_pid:
+            if self.self_fencing and os.getppid() != self.parent_pid:
                 self.terminate(fence_grace)
                 return 137, "fenced: the worker agent went away"
             if self.stop_requested:
@@ -246,8 +249,9 @@ class Shim:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGUSR1, self._on_sigusr1)
         _become_subreaper()
-        if os.getppid() != self.parent_pid or time.monotonic() >= read_lease_deadline(
-            self.lease_path
+        if self.self_fencing and (
+            os.getppid() != self.parent_pid
+            or time.monotonic() >= read_lease_deadline(self.lease_path)
         ):
             self.finish(137, "fenced before start: no valid lease")
             return 0

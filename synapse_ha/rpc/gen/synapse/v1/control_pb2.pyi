@@ -333,6 +333,22 @@ class GetClusterStatusResponse(_message.Message):
     running_jobs: int
     def __init__(self, answered_by: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., nodes: _Optional[int] = ..., jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
 
+class GetReplicaStateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetReplicaStateResponse(_message.Message):
+    __slots__ = ("replica_id", "last_applied", "encoded_state", "state_sha256")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    last_applied: int
+    encoded_state: bytes
+    state_sha256: str
+    def __init__(self, replica_id: _Optional[str] = ..., last_applied: _Optional[int] = ..., encoded_state: _Optional[bytes] = ..., state_sha256: _Optional[str] = ...) -> None: ...
+
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features")
     class GpuIsland(_message.Message):

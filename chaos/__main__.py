@@ -1,0 +1,233 @@
+"""``python -m chaos``: preflight, sweep, run scenarios, or re-check a saved run.
+
+    python -m chaos preflight
+    python -m chaos sweep
+    python -m chaos run [--seeds 1,2 | 1-20] [--duration S] [--out DIR]
+                        [--scenarios targeted,random,broken-build]
+    python -m chaos check RUN_DIR
+
+``run`` prints one line per scenario and then the summary
+``chaos: <faults> faults, <jobs> jobs, <violations> violations``; it exits non-zero when a
+scenario has a violation or aborts, and when the broken build (self-fencing disabled) is
+NOT caught. Each failure prints the line that reproduces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from chaos import nemesis, net
+from chaos.checker import check_run
+from chaos.report import write_report
+from chaos.run import REPO, ScenarioConfig, ScenarioResult, run_scenario
+
+SCENARIOS = ("targeted", "random", "broken-build")
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, sep, high = part.partition("-")
+        try:
+            if sep:
+                seeds += list(range(int(low), int(high) + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--seeds: {part!r} is not an integer or a range like 1-20"
+            ) from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds: give at least one seed")
+    return seeds
+
+
+def parse_scenarios(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    for name in names:
+        if name not in SCENARIOS:
+            raise argparse.ArgumentTypeError(
+                f"--scenarios: {name!r} is not one of {', '.join(SCENARIOS)}"
+            )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("preflight", help="prove namespaces and nftables partitions work here")
+    sub.add_parser("sweep", help="remove namespaces, links, tables and processes of ours")
+    run = sub.add_parser("run", help="run scenarios and check them")
+    run.add_argument("--seeds", type=parse_seeds, default=[1])
+    run.add_argument("--duration", type=float, default=60.0, help="random scenario length (s)")
+    run.add_argument("--scenarios", type=parse_scenarios, default=list(SCENARIOS))
+    run.add_argument("--out", type=Path, default=REPO / "chaos" / "runs")
+    check = sub.add_parser("check", help="re-run the checker on a saved run directory")
+    check.add_argument("run_dir", type=Path)
+    return p
+
+
+def configs(seeds: list[int], scenarios: list[str], duration_s: float) -> list[ScenarioConfig]:
+    out: list[ScenarioConfig] = []
+    for seed in seeds:
+        if "targeted" in scenarios:
+            out.append(ScenarioConfig("targeted", seed, nemesis.targeted_schedule(seed)))
+        if "random" in scenarios:
+            out.append(ScenarioConfig("random", seed, nemesis.random_schedule(seed, duration_s)))
+    if "broken-build" in scenarios:
+        out.append(
+            ScenarioConfig(
+                "broken-build",
+                seeds[0],
+                nemesis.broken_build_schedule(),
+                member_ms=(15000, 18000),
+                # Small gangs and a light load, so that the cut gang's next attempt
+                # finds room at once and overlaps the members the broken build leaves
+                # running on the cut worker.
+                submit_interval_s=5.0,
+                gang_sizes=(2,),
+                gpus_per_member=(1,),
+                unsafe_no_self_fencing=True,
+            )
+        )
+    return out
+
+
+def describe(result: ScenarioResult, duration_s: float) -> str:
+    reproduce = (
+        f"python -m chaos run --scenarios {result.name} --seeds {result.seed} "
+        f"--duration {duration_s:g}"
+    )
+    if result.expect_violations:
+        if result.error:
+            return f"chaos: broken-build check ABORTED ({result.error}); run dir {result.run_dir}"
+        if result.violations:
+            kinds = sorted({v.kind for v in result.violations})
+            return (
+                f"chaos: broken build (self-fencing disabled) caught as it should be: "
+                f"{len(result.violations)} violations ({', '.join(kinds)})"
+            )
+        return (
+            "chaos: broken build (self-fencing disabled) was NOT caught; reproduce: "
+            f"{reproduce}; run directory kept: {result.run_dir}"
+        )
+    if result.error:
+        return (
+            f"chaos: scenario {result.name} seed {result.seed} ABORTED: {result.error}; "
+            f"reproduce: {reproduce}; run directory kept: {result.run_dir}"
+        )
+    if result.violations:
+        return (
+            f"chaos: {len(result.violations)} violations in scenario {result.name} seed "
+            f"{result.seed}; reproduce: {reproduce}; run directory kept: {result.run_dir}"
+        )
+    return (
+        f"chaos: scenario {result.name} seed {result.seed}: {result.faults} faults, "
+        f"{result.jobs} jobs, 0 violations ({result.run_dir})"
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """The machine lock is taken per scenario, so that a long soak lets other runs take
+    turns with it instead of making them wait for hours."""
+    try:
+        with net.machine_lock():
+            backends = net.preflight()
+    except net.NetError as exc:
+        print(f"chaos: preflight failed: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"chaos: backends: partitions {backends.partitions}; latency {backends.latency}; "
+        f"toxiproxy {backends.toxiproxy}",
+        flush=True,
+    )
+    out = args.out / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[ScenarioResult] = []
+    failed = False
+    for cfg in configs(args.seeds, args.scenarios, args.duration):
+        started = time.monotonic()
+        try:
+            with net.machine_lock():
+                result = run_scenario(cfg, out, backends)
+        except net.NetError as exc:
+            print(f"chaos: {exc}", file=sys.stderr)
+            return 2
+        time.sleep(net.LOCK_POLL_S * 3)  # a waiting run gets its turn before the next scenario
+        write_report(result.run_dir, result.violations, result.faults, result.jobs)
+        results.append(result)
+        print(f"{describe(result, args.duration)} [{time.monotonic() - started:.0f} s]", flush=True)
+        for v in result.violations[:20] if not result.expect_violations else []:
+            print(f"  {v}", flush=True)
+        failed = failed or not result.passed
+    real = [r for r in results if not r.expect_violations]
+    summary = {
+        "faults": sum(r.faults for r in real),
+        "jobs": sum(r.jobs for r in real),
+        "violations": sum(len(r.violations) for r in real),
+    }
+    (out / "summary.json").write_text(
+        json.dumps(
+            {**summary, "scenarios": [describe(r, args.duration) for r in results]}, indent=2
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    print(
+        f"chaos: {summary['faults']} faults, {summary['jobs']} jobs, "
+        f"{summary['violations']} violations",
+        flush=True,
+    )
+    return 1 if failed else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    run_dir: Path = args.run_dir
+    if not (run_dir / "meta.json").exists():
+        print(f"chaos check: {run_dir} is not a run directory (no meta.json)", file=sys.stderr)
+        return 2
+    violations = check_run(run_dir)
+    for v in violations:
+        print(v)
+    print(f"chaos check: {len(violations)} violations in {run_dir}")
+    return 1 if violations else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.command == "preflight":
+        try:
+            with net.machine_lock():
+                backends = net.preflight()
+        except net.NetError as exc:
+            print(f"chaos: preflight failed: {exc}", file=sys.stderr)
+            return 2
+        print("chaos: preflight ok")
+        print(
+            f"  partitions: {backends.partitions}\n  latency: {backends.latency}\n"
+            f"  toxiproxy: {backends.toxiproxy}"
+        )
+        return 0
+    if args.command == "sweep":
+        try:
+            with net.machine_lock():
+                removed = net.sweep()
+        except net.NetError as exc:
+            print(f"chaos: sweep failed: {exc}", file=sys.stderr)
+            return 2
+        for item in removed:
+            print(f"removed {item}")
+        return 0
+    if args.command == "run":
+        return cmd_run(args)
+    return cmd_check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""The checker: a pure function from a saved history to the list of violations.
+
+:func:`check_history` takes a :class:`History` (built by :func:`load_history` from a run
+directory, or by hand in tests) and reports every broken promise. The rules:
+
+``overlap``
+    Attempts of one job are identified by fencing token. Once any member of a newer
+    attempt has written its ``start`` record, no member of an older attempt may write any
+    record (a member paused past its lease and resumed afterwards counts: it is doing
+    work). This is "no two attempts of one job overlap in time".
+``stale-effect``
+    The sink accepted an effect under a token lower than one it had already seen for that
+    job, or an older attempt's member asked for an effect after a newer attempt began.
+``token-order``
+    Fencing tokens only grow: a job's attempts, ordered by their first record, carry
+    strictly increasing tokens and attempt numbers, and no token is shared by two
+    (job, attempt) pairs.
+``duplicate-member``
+    One (job, token, rank) started by two processes: a member was launched twice.
+``duplicate-effect`` / ``completed-twice`` / ``not-completed``
+    Exactly once, defined at the sink (:mod:`chaos.sink`): a job *completes* under a
+    token when every rank 0..N-1 has an accepted effect under that token; the sink then
+    treats the job's output as committed and answers later requests with ``done``. Every
+    job must complete under exactly one token, and no (job, token, rank) may be accepted
+    twice. The job's SUCCEEDED attempt must be the completing one, or a later one whose
+    every rank was told ``done`` (a re-run after the completing attempt's success reports
+    were lost with its node: at-least-once execution made effectively-once by the
+    idempotent commit; the report counts these re-runs). A failed attempt may have
+    committed some ranks before it was fenced: that is what the sink's fencing is for,
+    and it is not a completion.
+``lost``
+    An acknowledged (``ok``) submission whose job is absent from the final state, or that
+    did not succeed.
+``unknown-twice`` / ``failed-ran``
+    A submission whose outcome was unknown may have created its job at most once (at most
+    one completion); a failed submission never created a job, and nothing of it ran.
+``phantom``
+    A job in the final state, or a ledger record, for a request nobody submitted.
+``divergence`` / ``invariant``
+    After healing every replica's encoded state is byte-identical, and passes
+    :func:`synapse_ha.core.invariants.check`.
+``deadline``
+    Every job reached a final state within ``final_deadline_ms`` after the heal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos import ledger
+from synapse_ha.core import invariants
+from synapse_ha.core.codec import CodecError, decode_state
+from synapse_ha.core.model import ClusterState, JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str
+    job: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} [{self.job or '-'}]: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    type: str  # start | heartbeat | effect | end | term
+    job: str
+    attempt: int
+    token: int
+    rank: int
+    node: str
+    mono_ns: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    job: str
+    token: int
+    rank: int
+    accepted: bool
+    mono_ns: int
+    highest_before: int = 0
+    done: bool = False  # refused because the job's output was already committed
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    request_id: str
+    outcome: str  # ok | failed | unknown
+    job_id: str = ""
+
+
+@dataclass(slots=True)
+class History:
+    members: list[MemberRecord] = field(default_factory=list)
+    effects: list[EffectRecord] = field(default_factory=list)  # in the sink's order
+    submissions: list[Submission] = field(default_factory=list)
+    replica_states: dict[str, bytes] = field(default_factory=dict)  # replica id -> encoding
+    heal_wall_ms: int = 0
+    final_deadline_ms: int = 60_000
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def load_history(run_dir: Path) -> History:
+    """Read a run directory written by :mod:`chaos.run`."""
+    history = History()
+    for r in ledger.read_records(run_dir / ledger.LEDGER):
+        history.members.append(
+            MemberRecord(
+                type=str(r["type"]),
+                job=str(r["job"]),
+                attempt=int(r["attempt"]),
+                token=int(r["token"]),
+                rank=int(r["rank"]),
+                node=str(r.get("node", "")),
+                mono_ns=int(r["mono_ns"]),
+                pid=int(r.get("pid", 0)),
+            )
+        )
+    for r in ledger.read_records(run_dir / ledger.EFFECTS):
+        history.effects.append(
+            EffectRecord(
+                job=str(r["job"]),
+                token=int(r["token"]),
+                rank=int(r["rank"]),
+                accepted=bool(r["accepted"]),
+                mono_ns=int(r["mono_ns"]),
+                highest_before=int(r.get("highest_before", 0)),
+                done=bool(r.get("done", False)),
+            )
+        )
+    outcomes: dict[str, Submission] = {}
+    for r in ledger.read_records(run_dir / ledger.SUBMISSIONS):
+        rid = str(r["request_id"])
+        if r["type"] == "begin":
+            outcomes.setdefault(rid, Submission(rid, "unknown"))
+        else:
+            outcomes[rid] = Submission(rid, str(r["type"]), str(r.get("job_id", "")))
+    history.submissions = list(outcomes.values())
+    states_dir = run_dir / "replica_states"
+    if states_dir.is_dir():
+        for path in sorted(states_dir.glob("*.state")):
+            history.replica_states[path.stem] = path.read_bytes()
+    meta_path = run_dir / "meta.json"
+    if meta_path.exists():
+        meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
+        history.heal_wall_ms = int(meta.get("heal_wall_ms", 0))
+        history.final_deadline_ms = int(meta.get("final_deadline_ms", history.final_deadline_ms))
+    return history
+
+
+def check_run(run_dir: Path) -> list[Violation]:
+    return check_history(load_history(run_dir))
+
+
+# --------------------------------------------------------------------- checking
+
+
+def check_history(history: History) -> list[Violation]:
+    """Every violation in ``history``, in a stable order. Pure: reads nothing else."""
+    out: list[Violation] = []
+    state, state_problems = _final_state(history)
+    out += state_problems
+    out += _check_overlap(history)
+    out += _check_duplicate_members(history)
+    out += _check_tokens(history)
+    out += _check_sink_fencing(history)
+    out += _check_exactly_once(history, state)
+    return out
+
+
+def _final_state(history: History) -> tuple[ClusterState | None, list[Violation]]:
+    out: list[Violation] = []
+    if not history.replica_states:
+        return None, [Violation("divergence", "", "no replica state was collected")]
+    digests = {
+        rid: hashlib.sha256(data).hexdigest()[:12] for rid, data in history.replica_states.items()
+    }
+    if len(set(digests.values())) > 1:
+        out.append(Violation("divergence", "", f"replica states differ: {digests}"))
+    state: ClusterState | None = None
+    for rid in sorted(history.replica_states):
+        try:
+            decoded = decode_state(history.replica_states[rid])
+        except CodecError as exc:
+            out.append(Violation("invariant", "", f"replica {rid}: undecodable state: {exc}"))
+            continue
+        for problem in invariants.check(decoded):
+            out.append(Violation("invariant", "", f"replica {rid}: {problem}"))
+        if state is None:
+            state = decoded
+    return state, out
+
+
+def _attempt_starts(history: History) -> dict[str, dict[int, int]]:
+    """job -> token -> time of the attempt's first ``start`` record."""
+    starts: dict[str, dict[int, int]] = defaultdict(dict)
+    for r in history.members:
+        if r.type == "start":
+            known = starts[r.job].get(r.token)
+            if known is None or r.mono_ns < known:
+                starts[r.job][r.token] = r.mono_ns
+    return starts
+
+
+def _check_overlap(history: History) -> list[Violation]:
+    out: list[Violation] = []
+    starts = _attempt_starts(history)
+    reported: set[tuple[str, int, int]] = set()
+    for r in sorted(history.members, key=lambda r: r.mono_ns):
+        for newer_token, started in starts.get(r.job, {}).items():
+            if newer_token <= r.token or r.mono_ns < started:
+                continue
+            key = (r.job, r.token, newer_token)
+            if key in reported:
+                continue
+            reported.add(key)
+            kind = "stale-effect" if r.type == "effect" else "overlap"
+            out.append(
+                Violation(
+                    kind,
+                    r.job,
+                    f"rank {r.rank} of token {r.token} on {r.node} (pid {r.pid}) wrote "
+                    f"'{r.type}' {(r.mono_ns - started) / 1e6:.0f} ms after attempt with "
+                    f"token {newer_token} started",
+                )
+            )
+    return out
+
+
+def _check_duplicate_members(history: History) -> list[Violation]:
+    pids: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    for r in history.members:
+        if r.type == "start":
+            pids[(r.job, r.token, r.rank)].add(r.pid)
+    return [
+        Violation(
+            "duplicate-member", job, f"rank {rank} of token {token} started by pids {sorted(p)}"
+        )
+        for (job, token, rank), p in sorted(pids.items())
+        if len(p) > 1
+    ]
+
+
+def reruns(history: History) -> list[str]:
+    """Jobs that ran again after their output was committed (told ``done``)."""
+    return sorted({e.job for e in history.effects if e.done})
+
+
+def _check_tokens(history: History) -> list[Violation]:
+    out: list[Violation] = []
+    owner: dict[int, tuple[str, int]] = {}
+    first: dict[tuple[str, int], tuple[int, int]] = {}  # (job, token) -> (first ns, attempt)
+    for r in history.members:
+        pair = owner.setdefault(r.token, (r.job, r.attempt))
+        if pair != (r.job, r.attempt):
+            out.append(
+                Violation(
+                    "token-order",
+                    r.job,
+                    f"token {r.token} used by {pair[0]} attempt {pair[1]} and by "
+                    f"{r.job} attempt {r.attempt}",
+                )
+            )
+        seen = first.get((r.job, r.token))
+        if seen is None or r.mono_ns < seen[0]:
+            first[(r.job, r.token)] = (r.mono_ns, r.attempt)
+    by_job: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for (job, token), (ns, attempt) in first.items():
+        by_job[job].append((ns, token, attempt))
+    for job_id, attempts in sorted(by_job.items()):
+        attempts.sort()
+        for (_, t0, a0), (_, t1, a1) in itertools.pairwise(attempts):
+            if t1 <= t0 or a1 <= a0:
+                out.append(
+                    Violation(
+                        "token-order",
+                        job_id,
+                        f"attempt {a1} (token {t1}) began after attempt {a0} (token {t0})",
+                    )
+                )
+    return out
+
+
+def _check_sink_fencing(history: History) -> list[Violation]:
+    out: list[Violation] = []
+    highest: dict[str, int] = {}
+    for e in history.effects:
+        top = highest.get(e.job, 0)
+        if e.accepted and e.token < top:
+            out.append(
+                Violation(
+                    "stale-effect",
+                    e.job,
+                    f"sink accepted rank {e.rank} under token {e.token} after token {top}",
+                )
+            )
+        highest[e.job] = max(top, e.token)
+    return out
+
+
+def _check_exactly_once(history: History, state: ClusterState | None) -> list[Violation]:
+    out: list[Violation] = []
+    accepted: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
+    for e in history.effects:
+        if not e.accepted:
+            continue
+        ranks = accepted[e.job][e.token]
+        ranks[e.rank] = ranks.get(e.rank, 0) + 1
+    for job_id, by_token in sorted(accepted.items()):
+        for token, ranks in sorted(by_token.items()):
+            for rank, count in sorted(ranks.items()):
+                if count > 1:
+                    out.append(
+                        Violation(
+                            "duplicate-effect",
+                            job_id,
+                            f"rank {rank} under token {token} was accepted {count} times",
+                        )
+                    )
+    if state is None:
+        return out
+
+    def completions(job_id: str, world: int) -> list[int]:
+        return sorted(
+            token
+            for token, ranks in accepted.get(job_id, {}).items()
+            if all(r in ranks for r in range(world))
+        )
+
+    by_request = {s.request_id: s for s in history.submissions}
+    for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+        submission = by_request.get(job.request_id)
+        done = completions(job.job_id, job.spec.replicas)
+        if submission is None:
+            out.append(
+                Violation("phantom", job.job_id, f"request {job.request_id} was never submitted")
+            )
+            continue
+        if submission.outcome == "failed":
+            out.append(Violation("failed-ran", job.job_id, "a failed submission created a job"))
+            continue
+        if submission.outcome == "ok" and submission.job_id and submission.job_id != job.job_id:
+            out.append(
+                Violation(
+                    "phantom",
+                    job.job_id,
+                    f"request {job.request_id} was acknowledged as {submission.job_id}",
+                )
+            )
+        if len(done) > 1:
+            kind = "completed-twice" if submission.outcome == "ok" else "unknown-twice"
+            out.append(Violation(kind, job.job_id, f"completed under tokens {done}"))
+        if job.state is not JobState.SUCCEEDED:
+            if job.state.finished:
+                out.append(
+                    Violation("not-completed", job.job_id, f"ended {job.state}: {job.reason}")
+                )
+            else:
+                out.append(
+                    Violation(
+                        "deadline",
+                        job.job_id,
+                        f"still {job.state} at the end of the run ({job.reason})",
+                    )
+                )
+            continue
+        token = job.fencing_token
+        told_done = {
+            e.rank for e in history.effects if e.job == job.job_id and e.token == token and e.done
+        }
+        rerun_ok = len(done) == 1 and done[0] < token and told_done >= set(range(job.spec.replicas))
+        if done != [token] and not rerun_ok:
+            out.append(
+                Violation(
+                    "not-completed",
+                    job.job_id,
+                    f"SUCCEEDED under token {token} but the sink saw completions under {done}",
+                )
+            )
+        if history.heal_wall_ms and job.finished_at_ms > (
+            history.heal_wall_ms + history.final_deadline_ms
+        ):
+            out.append(
+                Violation(
+                    "deadline",
+                    job.job_id,
+                    f"finished {(job.finished_at_ms - history.heal_wall_ms) / 1000:.1f} s "
+                    f"after the heal (deadline {history.final_deadline_ms / 1000:.0f} s)",
+                )
+            )
+    known_jobs = set(state.jobs)
+    for s in history.submissions:
+        if s.outcome == "ok" and s.job_id not in known_jobs:
+            out.append(Violation("lost", s.job_id, f"acknowledged request {s.request_id} is gone"))
+    for job_id in sorted({r.job for r in history.members} - known_jobs):
+        out.append(Violation("phantom", job_id, "members ran for a job the cluster never had"))
+    for job_id in sorted(set(accepted) - known_jobs):
+        out.append(Violation("phantom", job_id, "the sink saw effects of an unknown job"))
+    return out

@@ -1,0 +1,102 @@
+"""The gang member the chaos workload runs: ``python -m chaos.member LEDGER SINK MS``.
+
+It reads its identity from the DESIGN §5 environment (``SYNAPSE_JOB_ID``,
+``SYNAPSE_ATTEMPT``, ``SYNAPSE_FENCING_TOKEN``, ``RANK``, ``SYNAPSE_MEMBER_HOSTS``),
+appends a ``start`` record to the ledger, a ``heartbeat`` every 100 ms while it "trains"
+for MS milliseconds, then performs its effect by asking the sink (HOST:PORT) to accept
+(job, token, rank, world size), and ends with an ``end`` record naming the answer. It
+exits 0 when the sink accepted, or answered that the job's output is already committed;
+3 when it refused (a newer attempt exists); 4 when the sink could not be reached.
+SIGTERM writes ``term`` and exits 143.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos.ledger import Appender, now_ns
+
+HEARTBEAT_S = 0.1
+
+
+def identity() -> dict[str, Any]:
+    hosts = os.environ.get("SYNAPSE_MEMBER_HOSTS", "").split(",")
+    rank = int(os.environ["RANK"])
+    node = hosts[rank] if rank < len(hosts) else ""
+    return {
+        "job": os.environ["SYNAPSE_JOB_ID"],
+        "attempt": int(os.environ["SYNAPSE_ATTEMPT"]),
+        "token": int(os.environ["SYNAPSE_FENCING_TOKEN"]),
+        "rank": rank,
+        "world": int(os.environ.get("WORLD_SIZE", "0")),
+        "node": node,
+        "pid": os.getpid(),
+    }
+
+
+def ask_sink(address: str, request: dict[str, Any], timeout_s: float = 2.0) -> dict[str, Any]:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    answer = json.loads(data)
+    if not isinstance(answer, dict):
+        raise ValueError("bad sink answer")
+    return answer
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print("usage: python -m chaos.member LEDGER SINK_HOST:PORT DURATION_MS", file=sys.stderr)
+        return 2
+    ledger_path, sink, duration_ms = args[0], args[1], int(args[2])
+    me = identity()
+    out = Appender(Path(ledger_path))
+
+    def record(kind: str, **extra: Any) -> None:
+        out.append({"type": kind, **me, "mono_ns": now_ns(), **extra})
+
+    def on_term(signum: int, frame: object) -> None:
+        record("term")
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    record("start")
+    end_at = time.monotonic() + duration_ms / 1000
+    while time.monotonic() < end_at:
+        time.sleep(min(HEARTBEAT_S, max(0.0, end_at - time.monotonic())))
+        record("heartbeat")
+    record("effect")
+    answer: dict[str, Any] | None = None
+    for _ in range(5):
+        try:
+            answer = ask_sink(sink, me)
+            break
+        except (OSError, ValueError):
+            time.sleep(0.2)
+    if answer is None:
+        record("end", outcome="sink unreachable")
+        return 4
+    if answer.get("done"):
+        record("end", outcome="already committed")
+        return 0
+    accepted = bool(answer.get("accepted"))
+    record("end", outcome="accepted" if accepted else "rejected")
+    return 0 if accepted else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

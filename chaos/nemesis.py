@@ -1,0 +1,136 @@
+"""The fault schedule, generated up front from a seed and saved with the run.
+
+A schedule is a list of :class:`Step` values: which fault, how long it lasts and how long
+to wait before it. Targets that only exist at run time ("the leader", "a worker running a
+gang") are resolved then, with ``pick`` choosing among candidates deterministically; the
+run records what each step hit. Durations derive from the cluster's timeouts so that each
+fault crosses the threshold it is meant to (lease, dead timeout, election timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ISOLATE_LEADER = "isolate-leader"
+ISOLATE_FOLLOWER = "isolate-follower"
+BRIDGE = "bridge"
+CUT_WORKER_FROM_LEADER = "cut-worker-from-leader"
+CUT_WORKER_FROM_REPLICAS = "cut-worker-from-replicas"
+PARTITION_CLIENT = "partition-client"
+KILL_LEADER = "kill-leader"
+KILL_ALL_REPLICAS = "kill-all-replicas"
+KILL_WORKER = "kill-worker"
+PAUSE_WORKER = "pause-worker"
+PAUSE_LEADER = "pause-leader"
+
+ALL_FAULTS = (
+    ISOLATE_LEADER,
+    ISOLATE_FOLLOWER,
+    BRIDGE,
+    CUT_WORKER_FROM_LEADER,
+    CUT_WORKER_FROM_REPLICAS,
+    PARTITION_CLIENT,
+    KILL_LEADER,
+    KILL_ALL_REPLICAS,
+    KILL_WORKER,
+    PAUSE_WORKER,
+    PAUSE_LEADER,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultTimeouts:
+    """The chaos cluster's timeouts in seconds (they shape fault durations)."""
+
+    heartbeat_s: float = 0.2
+    lease_ttl_s: float = 1.5
+    leader_step_down_s: float = 1.0
+    dead_timeout_s: float = 4.0
+    election_max_s: float = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    index: int
+    kind: str
+    gap_before_s: float  # wait this long (and until gangs run) before the fault
+    duration_s: float  # how long the fault lasts (partition, pause, downtime)
+    pick: int  # chooses among run-time candidates (followers, workers)
+
+
+def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
+    """A duration that makes ``kind`` cross the threshold it exists to test."""
+    ranges = {
+        ISOLATE_LEADER: (t.leader_step_down_s + 1.5, t.leader_step_down_s + 3.0),
+        ISOLATE_FOLLOWER: (2.0, 3.5),
+        BRIDGE: (3.0, 5.0),
+        CUT_WORKER_FROM_LEADER: (t.lease_ttl_s + 0.5, t.lease_ttl_s + 1.5),
+        CUT_WORKER_FROM_REPLICAS: (t.dead_timeout_s + 1.0, t.dead_timeout_s + 2.5),
+        PARTITION_CLIENT: (2.0, 4.0),
+        KILL_LEADER: (1.0, 3.0),
+        KILL_ALL_REPLICAS: (0.5, 2.0),
+        KILL_WORKER: (0.5, 2.0),
+        PAUSE_WORKER: (t.lease_ttl_s + 0.5, t.lease_ttl_s + 1.5),
+        PAUSE_LEADER: (
+            t.election_max_s + t.leader_step_down_s + 0.5,
+            t.election_max_s + t.leader_step_down_s + 1.5,
+        ),
+    }
+    low, high = ranges[kind]
+    return round(rng.uniform(low, high), 3)
+
+
+def targeted_schedule(seed: int, t: FaultTimeouts | None = None) -> list[Step]:
+    """Every fault kind once, in an order shuffled by ``seed``."""
+    t = t or FaultTimeouts()
+    rng = random.Random(f"targeted-{seed}")
+    kinds = list(ALL_FAULTS)
+    rng.shuffle(kinds)
+    return [
+        Step(
+            i,
+            kind,
+            round(rng.uniform(1.5, 3.0), 3),
+            duration_for(kind, rng, t),
+            rng.randrange(1 << 16),
+        )
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def random_schedule(seed: int, duration_s: float, t: FaultTimeouts | None = None) -> list[Step]:
+    """Faults drawn at random (with replacement) until they fill ``duration_s``."""
+    t = t or FaultTimeouts()
+    rng = random.Random(f"random-{seed}")
+    steps: list[Step] = []
+    used = 0.0
+    while True:
+        kind = rng.choice(ALL_FAULTS)
+        gap = round(rng.uniform(0.5, 3.0), 3)
+        length = duration_for(kind, rng, t)
+        if steps and used + gap + length > duration_s:
+            break
+        steps.append(Step(len(steps), kind, gap, length, rng.randrange(1 << 16)))
+        used += gap + length
+    return steps
+
+
+def broken_build_schedule(t: FaultTimeouts | None = None) -> list[Step]:
+    """The scenario that must catch a build without self-fencing: cut a worker running a
+    gang from every replica for longer than the dead timeout, three times."""
+    t = t or FaultTimeouts()
+    length = t.dead_timeout_s + 3.0
+    return [Step(i, CUT_WORKER_FROM_REPLICAS, 1.5, length, i) for i in range(3)]
+
+
+def save(steps: list[Step], path: Path, **meta: object) -> None:
+    doc = {**meta, "steps": [asdict(s) for s in steps]}
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def load(path: Path) -> list[Step]:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    return [Step(**s) for s in doc["steps"]]

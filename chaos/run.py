@@ -1,0 +1,674 @@
+"""One chaos scenario end to end: build the network, start the cluster and the workload,
+play the nemesis schedule, heal, quiesce, collect the replicas' states and check.
+
+:func:`run_scenario` owns everything it creates: namespaces, links, the nftables table and
+every process are removed in its ``finally`` (and swept before it starts, in case an
+earlier run crashed). The caller holds :func:`chaos.net.machine_lock`, so that only one
+run uses the machine at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+from chaos import ledger, nemesis, net
+from chaos.checker import Violation, check_run
+from chaos.nemesis import FaultTimeouts, Step
+from chaos.procs import ChaosProcess, stop_all
+from chaos.workload import WorkloadConfig, write_config
+from synapse_ha.core.codec import decode_state
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.worker_main import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SELF_FENCING_FLAG
+
+log = logging.getLogger("chaos")
+
+REPO = Path(__file__).resolve().parent.parent
+RAFT_PASSWORD = "chaos-suite-raft-password"
+SINK_PORT = 7900
+RAFT_PORT = 7001
+GRPC_PORT = 7101
+WORKER_PORT = 7070
+WORKER_GPUS = 4
+FINAL_DEADLINE_S = 90.0
+CONVERGE_S = 30.0
+GANG_WAIT_S = 20.0
+_PROXY_VARS = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioConfig:
+    name: str  # targeted | random | broken-build
+    seed: int
+    steps: list[Step]
+    member_ms: tuple[int, int] = (1500, 5000)
+    submit_interval_s: float = 1.2
+    gang_sizes: tuple[int, ...] = (2, 3)
+    gpus_per_member: tuple[int, ...] = (1, 2)
+    unsafe_no_self_fencing: bool = False
+    workers: int = 4
+    timeouts: FaultTimeouts = field(default_factory=FaultTimeouts)
+
+    @property
+    def dir_name(self) -> str:
+        return f"{self.name}-seed{self.seed}"
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    seed: int
+    run_dir: Path
+    faults: int
+    jobs: int
+    violations: list[Violation]
+    expect_violations: bool
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        if self.error:
+            return False
+        return bool(self.violations) if self.expect_violations else not self.violations
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def _duration_flag(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
+class LedgerTail:
+    """New complete records of an append-only file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, object]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        out = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    out.append(record)
+        return out
+
+
+# -------------------------------------------------------------------- cluster
+
+
+class ChaosCluster:
+    """Replicas, workers, the client's submitter and the sink of one scenario."""
+
+    def __init__(self, cfg: ScenarioConfig, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.dir = run_dir
+        t = cfg.timeouts
+        self.replica_hosts = [net.Host(f"r{i}", f"{net.SUBNET_PREFIX}{10 + i}") for i in (1, 2, 3)]
+        self.worker_hosts = [
+            net.Host(f"w{i}", f"{net.SUBNET_PREFIX}{20 + i}") for i in range(1, cfg.workers + 1)
+        ]
+        self.client_host = net.Host("client", f"{net.SUBNET_PREFIX}30")
+        self.sink_address = f"{net.BRIDGE_ADDRESS}:{SINK_PORT}"
+        self.grpc = {h.name: f"{h.address}:{GRPC_PORT}" for h in self.replica_hosts}
+        env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS}
+        env["PYTHONPATH"] = str(REPO)
+        self.base_env = env
+        replica_flags = [
+            f"--replica={h.name}={h.address}:{RAFT_PORT},{h.address}:{GRPC_PORT}"
+            for h in self.replica_hosts
+        ]
+        timeout_flags = [
+            f"--heartbeat-interval={_duration_flag(t.heartbeat_s)}",
+            f"--lease-ttl={_duration_flag(t.lease_ttl_s)}",
+            f"--leader-step-down={_duration_flag(t.leader_step_down_s)}",
+            f"--dead-timeout={_duration_flag(t.dead_timeout_s)}",
+        ]
+        self.replicas = {
+            h.name: ChaosProcess(
+                h.name,
+                h,
+                [
+                    sys.executable,
+                    "-m",
+                    "synapse_ha.scheduler_main",
+                    f"--id={h.name}",
+                    *replica_flags,
+                    f"--data-dir={run_dir / h.name}",
+                    *timeout_flags,
+                    "--election-min=400ms",
+                    f"--election-max={_duration_flag(t.election_max_s)}",
+                ],
+                run_dir / f"{h.name}.log",
+                env={"SYNAPSE_RAFT_PASSWORD": RAFT_PASSWORD},
+            )
+            for h in self.replica_hosts
+        }
+        worker_env: dict[str, str] = {}
+        unsafe_flags: list[str] = []
+        if cfg.unsafe_no_self_fencing:
+            worker_env[UNSAFE_NO_SELF_FENCING_ENV] = "1"
+            unsafe_flags = [UNSAFE_NO_SELF_FENCING_FLAG]
+        self.workers = {
+            h.name: ChaosProcess(
+                h.name,
+                h,
+                [
+                    sys.executable,
+                    "-m",
+                    "synapse_ha.worker_main",
+                    f"--scheduler={','.join(self.grpc.values())}",
+                    f"--node-id={h.name}",
+                    f"--listen={h.address}:{WORKER_PORT}",
+                    f"--data-dir={run_dir / h.name}",
+                    "--cpu=8",
+                    "--memory=16Gi",
+                    f"--mock-gpus={WORKER_GPUS}",
+                    f"--topology=rack=rack{1 + i % 2}",
+                    f"--heartbeat-interval={_duration_flag(t.heartbeat_s)}",
+                    f"--lease-ttl={_duration_flag(t.lease_ttl_s)}",
+                    "--fence-grace=200ms",
+                    "--stop-grace=1s",
+                    "--no-cgroups",
+                    *unsafe_flags,
+                ],
+                run_dir / f"{h.name}.log",
+                env=worker_env,
+            )
+            for i, h in enumerate(self.worker_hosts)
+        }
+        self.submitter = ChaosProcess(
+            "client",
+            self.client_host,
+            [sys.executable, "-m", "chaos.workload", str(run_dir / "workload.json")],
+            run_dir / "client.log",
+        )
+        self.sink: subprocess.Popen[bytes] | None = None
+        self.observer = ClusterClient(
+            list(self.grpc.values()), timeout_s=5.0, per_try_timeout_s=1.0
+        )
+        self.leader = ""
+        self.leaders_out = ledger.Appender(run_dir / ledger.LEADERS)
+        self.ledger_tail = LedgerTail(run_dir / ledger.LEDGER)
+        self.last_beat: dict[str, int] = {}  # worker name -> newest member record time
+        self.last_start: dict[str, int] = {}  # worker name -> newest member start time
+        # (job, token, worker) -> newest record time: which gangs run where.
+        self.last_seen: dict[tuple[str, int, str], int] = {}
+        self.node_by_address = {h.address: h.name for h in self.worker_hosts}
+        self._stop_observer = threading.Event()
+        self._observer = threading.Thread(target=self._observe, name="observer", daemon=True)
+
+    @property
+    def hosts(self) -> list[net.Host]:
+        return [*self.replica_hosts, *self.worker_hosts, self.client_host]
+
+    @property
+    def processes(self) -> list[ChaosProcess]:
+        return [*self.replicas.values(), *self.workers.values(), self.submitter]
+
+    def address(self, name: str) -> str:
+        return next(h.address for h in self.hosts if h.name == name)
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        net.create(self.hosts)
+        for h in [*self.replica_hosts, *self.worker_hosts]:
+            (self.dir / h.name).mkdir(exist_ok=True)
+        sink_log = open(self.dir / "sink.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.sink = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "chaos.sink",
+                    self.sink_address,
+                    str(self.dir / ledger.EFFECTS),
+                ],
+                stdout=sink_log,
+                stderr=sink_log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=self.base_env,
+            )
+        finally:
+            sink_log.close()
+        for p in self.replicas.values():
+            p.env = {**self.base_env, **p.env}
+            p.start()
+        self._observer.start()
+        self.wait("a serving leader", self._serving_leader, 60.0)
+        for p in self.workers.values():
+            p.env = {**self.base_env, **p.env}
+            p.start()
+        self.wait("every worker to register", self._all_registered, 60.0)
+        write_config(
+            WorkloadConfig(
+                seed=self.cfg.seed,
+                replicas=list(self.grpc.values()),
+                submissions=str(self.dir / ledger.SUBMISSIONS),
+                ledger=str(self.dir / ledger.LEDGER),
+                sink=self.sink_address,
+                stop_file=str(self.dir / "stop-workload"),
+                python=sys.executable,
+                pythonpath=str(REPO),
+                member_ms=self.cfg.member_ms,
+                interval_s=self.cfg.submit_interval_s,
+                gang_sizes=self.cfg.gang_sizes,
+                gpus_per_member=self.cfg.gpus_per_member,
+            ),
+            self.dir / "workload.json",
+        )
+        self.submitter.env = dict(self.base_env)
+        self.submitter.start()
+
+    def close(self) -> None:
+        self._stop_observer.set()
+        with contextlib.suppress(RuntimeError):
+            self._observer.join(timeout=5.0)
+        stop_all(self.processes, grace_s=3.0)
+        if self.sink is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.sink.pid, 9)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.sink.wait(timeout=5.0)
+        self.observer.close()
+        self.leaders_out.close()
+
+    @staticmethod
+    def wait(what: str, probe: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(grpc.RpcError, ClusterUnavailable, OSError):
+                if probe():
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+    # --------------------------------------------------------------- observing
+
+    def _local_status(self, name: str) -> pb.ReplicaStatus | None:
+        try:
+            answer = self.observer.scheduler(self.grpc[name]).GetClusterStatus(
+                pb.GetClusterStatusRequest(local_only=True), timeout=0.5
+            )
+        except grpc.RpcError:
+            return None
+        return answer.replicas[0] if answer.replicas else None
+
+    def _observe(self) -> None:
+        seen: dict[str, tuple[str, int]] = {}
+        while not self._stop_observer.wait(0.2):
+            best: tuple[int, str] = (-1, "")
+            for name, process in self.replicas.items():
+                status = None if process.paused else self._local_status(name)
+                role = (
+                    "down"
+                    if not process.alive
+                    else "paused"
+                    if process.paused
+                    else (status.role if status else "unreachable")
+                )
+                term = status.term if status else 0
+                if role == "leader" and term > best[0]:
+                    best = (term, name)
+                if seen.get(name) != (role, term):
+                    seen[name] = (role, term)
+                    self.leaders_out.append(
+                        {
+                            "type": "role",
+                            "replica": name,
+                            "role": role,
+                            "term": term,
+                            "mono_ns": ledger.now_ns(),
+                        }
+                    )
+            if best[1]:
+                self.leader = best[1]
+            self._read_ledger()
+
+    def _read_ledger(self) -> None:
+        for record in self.ledger_tail.read():
+            node = self.node_by_address.get(str(record.get("node", "")).rpartition(":")[0])
+            if node is None:
+                node = self.node_by_address.get(str(record.get("node", "")), "")
+            if node:
+                at = int(str(record["mono_ns"]))
+                self.last_beat[node] = max(self.last_beat.get(node, 0), at)
+                if record.get("type") == "start":
+                    self.last_start[node] = max(self.last_start.get(node, 0), at)
+                key = (str(record["job"]), int(str(record["token"])), node)
+                self.last_seen[key] = max(self.last_seen.get(key, 0), at)
+
+    def _serving_leader(self) -> bool:
+        if not self.leader:
+            return False
+        stub = pb_grpc.SchedulerServiceStub(self.observer.channel(self.grpc[self.leader]))  # type: ignore[no-untyped-call]
+        stub.ListNodes(pb.ListNodesRequest(), timeout=1.0)
+        return True
+
+    def _all_registered(self) -> bool:
+        nodes = self.observer.list_nodes()
+        return sum(1 for n in nodes if n.status == "ready") == len(self.workers)
+
+    def busy_workers(self, within_s: float = 0.6, fresh_s: float = 0.0) -> list[str]:
+        """Workers whose members wrote a ledger record in the last ``within_s``; with
+        ``fresh_s``, only those where a member started in the last ``fresh_s``."""
+        now = ledger.now_ns()
+        busy = sorted(
+            n
+            for n, t in self.last_beat.items()
+            if t >= now - int(within_s * 1e9) and self.workers[n].alive
+        )
+        if fresh_s > 0:
+            return [n for n in busy if self.last_start.get(n, 0) >= now - int(fresh_s * 1e9)]
+        return busy
+
+    def running_gangs(self, workers: list[str] | None = None, within_s: float = 0.6) -> list[str]:
+        """``job/token@worker`` for members that wrote a record in the last ``within_s``."""
+        horizon = ledger.now_ns() - int(within_s * 1e9)
+        return sorted(
+            f"{job}/t{token}@{node}"
+            for (job, token, node), at in self.last_seen.items()
+            if at >= horizon and (workers is None or node in workers)
+        )
+
+    def followers(self) -> list[str]:
+        return sorted(n for n in self.replicas if n != self.leader)
+
+    def in_flight_submission(self) -> bool:
+        path = self.dir / ledger.SUBMISSIONS
+        if not path.exists():
+            return False
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 600))
+            tail = f.read().decode(errors="replace").strip().splitlines()
+        return bool(tail) and '"type":"begin"' in tail[-1]
+
+    def fresh_leader(self, timeout_s: float = 20.0) -> str:
+        self.wait("a leader", lambda: bool(self.leader) and self._leader_role(), timeout_s)
+        return self.leader
+
+    def _leader_role(self) -> bool:
+        status = self._local_status(self.leader)
+        return status is not None and status.role == "leader"
+
+    # ---------------------------------------------------------------- quiesce
+
+    def all_jobs_final(self) -> tuple[bool, str]:
+        jobs = self.observer.list_jobs()
+        waiting = [j for j in jobs if j.state not in ("SUCCEEDED", "FAILED", "CANCELLED")]
+        return not waiting, f"{len(waiting)} of {len(jobs)} jobs not final"
+
+    def collect_states(self) -> dict[str, pb.GetReplicaStateResponse]:
+        return {name: self.observer.replica_state(addr) for name, addr in self.grpc.items()}
+
+
+# -------------------------------------------------------------------- faults
+
+
+class Nemesis:
+    """Plays steps against a :class:`ChaosCluster`, logging each to ``faults.jsonl``."""
+
+    def __init__(self, cluster: ChaosCluster) -> None:
+        self.c = cluster
+        self.out = ledger.Appender(cluster.dir / ledger.FAULTS)
+
+    def close(self) -> None:
+        self.out.close()
+
+    def wait_for_gangs(self, need_worker: bool) -> list[str]:
+        """Wait (bounded) until gangs run. For a fault aimed at a worker, prefer workers
+        where a gang member has just started, so that the fault hits a gang in the middle
+        of its run rather than at its end; fall back to any busy worker."""
+        deadline = time.monotonic() + GANG_WAIT_S
+        while time.monotonic() < deadline:
+            fresh = self.c.busy_workers(fresh_s=1.0)
+            if fresh or (not need_worker and self.c.busy_workers()):
+                return fresh or self.c.busy_workers()
+            time.sleep(0.02)
+        busy = self.c.busy_workers()
+        if busy or not need_worker:
+            return busy
+        return sorted(w for w, p in self.c.workers.items() if p.alive)
+
+    def play(self, step: Step) -> dict[str, object]:
+        c = self.c
+        time.sleep(step.gap_before_s)
+        worker_fault = step.kind in (
+            nemesis.CUT_WORKER_FROM_LEADER,
+            nemesis.CUT_WORKER_FROM_REPLICAS,
+            nemesis.KILL_WORKER,
+            nemesis.PAUSE_WORKER,
+        )
+        busy = self.wait_for_gangs(worker_fault)
+        leader = c.fresh_leader()
+        rng = random.Random(step.pick)
+        replicas = [h.address for h in c.replica_hosts]
+        targets: list[str] = []
+        detail = ""
+        start_ns = ledger.now_ns()
+        heal: Callable[[], None] = lambda: net.set_blocked([])  # noqa: E731
+        if step.kind == nemesis.ISOLATE_LEADER:
+            targets = [leader]
+            others = [h.address for h in c.hosts if h.name != leader]
+            net.set_blocked(net.cut([c.address(leader)], others))
+        elif step.kind == nemesis.ISOLATE_FOLLOWER:
+            targets = [rng.choice(c.followers())]
+            others = [h.address for h in c.hosts if h.name != targets[0]]
+            net.set_blocked(net.cut([c.address(targets[0])], others))
+        elif step.kind == nemesis.BRIDGE:
+            bridge, far = rng.sample(c.followers(), 2)
+            targets = [leader, bridge, far]
+            detail = f"{bridge} sees both {leader} and {far}, who cannot see each other"
+            net.set_blocked(net.cut([c.address(leader)], [c.address(far)]))
+        elif step.kind in (nemesis.CUT_WORKER_FROM_LEADER, nemesis.CUT_WORKER_FROM_REPLICAS):
+            worker = busy[step.pick % len(busy)]
+            peers = [c.address(leader)] if step.kind == nemesis.CUT_WORKER_FROM_LEADER else replicas
+            targets = [worker]
+            detail = f"cut from {'leader ' + leader if len(peers) == 1 else 'every replica'}"
+            net.set_blocked(net.cut([c.address(worker)], peers))
+        elif step.kind == nemesis.PARTITION_CLIENT:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and not c.in_flight_submission():
+                time.sleep(0.002)
+            caught = c.in_flight_submission()
+            net.set_blocked(net.cut([c.client_host.address], replicas))
+            targets = ["client"]
+            detail = (
+                "cut while a submission was in flight"
+                if caught
+                else ("cut between submissions (none was in flight within 10 s)")
+            )
+        elif step.kind == nemesis.KILL_LEADER:
+            targets = [leader]
+            c.replicas[leader].kill9()
+            heal = c.replicas[leader].start
+        elif step.kind == nemesis.KILL_ALL_REPLICAS:
+            targets = sorted(c.replicas)
+            for p in c.replicas.values():
+                p.kill9()
+
+            def restart_all() -> None:
+                for p in c.replicas.values():
+                    p.start()
+
+            heal = restart_all
+        elif step.kind == nemesis.KILL_WORKER:
+            worker = busy[step.pick % len(busy)]
+            targets = [worker]
+            c.workers[worker].kill9()
+            heal = c.workers[worker].start
+        elif step.kind == nemesis.PAUSE_WORKER:
+            worker = busy[step.pick % len(busy)]
+            targets = [worker]
+            c.workers[worker].pause()
+            heal = c.workers[worker].resume
+        elif step.kind == nemesis.PAUSE_LEADER:
+            targets = [leader]
+            c.replicas[leader].pause()
+            heal = c.replicas[leader].resume
+        else:
+            raise ValueError(f"unknown fault {step.kind!r}")
+        on_workers = [t for t in targets if t in c.workers] or None
+        gangs = c.running_gangs(on_workers)
+        time.sleep(step.duration_s)
+        heal()
+        record: dict[str, object] = {
+            "type": "fault",
+            "step": step.index,
+            "kind": step.kind,
+            "targets": targets,
+            "hit": {
+                "leader": leader,
+                "workers_running_gangs": busy,
+                "gangs_running" + (" on targets" if on_workers else ""): gangs,
+            },
+            "detail": detail,
+            "start_ns": start_ns,
+            "end_ns": ledger.now_ns(),
+        }
+        self.out.append(record)
+        log.info(
+            "fault %d %s on %s for %.1f s %s; gangs hit: %s",
+            step.index,
+            step.kind,
+            targets,
+            step.duration_s,
+            detail,
+            ", ".join(gangs) or "none",
+        )
+        return record
+
+    def heal_all(self) -> None:
+        net.set_blocked([])
+        for p in [*self.c.replicas.values(), *self.c.workers.values()]:
+            p.resume()
+            if not p.alive:
+                p.start()
+
+
+# ------------------------------------------------------------------ scenario
+
+
+def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> ScenarioResult:
+    run_dir = out_dir / cfg.dir_name
+    run_dir.mkdir(parents=True, exist_ok=False)
+    nemesis.save(cfg.steps, run_dir / "schedule.json", scenario=cfg.name, seed=cfg.seed)
+    meta: dict[str, object] = {
+        "scenario": cfg.name,
+        "seed": cfg.seed,
+        "timeouts": asdict(cfg.timeouts),
+        "backends": asdict(backends),
+        "unsafe_no_self_fencing": cfg.unsafe_no_self_fencing,
+        "final_deadline_ms": int(FINAL_DEADLINE_S * 1000),
+        "member_ms": list(cfg.member_ms),
+        "submit_interval_s": cfg.submit_interval_s,
+    }
+    error = ""
+    faults = 0
+    net.sweep()
+    cluster = ChaosCluster(cfg, run_dir)
+    player = Nemesis(cluster)
+    try:
+        cluster.start()
+        meta["start_ns"] = ledger.now_ns()
+        for step in cfg.steps:
+            player.play(step)
+            faults += 1
+        (run_dir / "stop-workload").touch()
+        cluster.submitter.stop(grace_s=cluster_submit_grace())
+        player.heal_all()
+        meta["heal_ns"] = ledger.now_ns()
+        meta["heal_wall_ms"] = int(time.time() * 1000)
+        quiesce(cluster, meta)
+    except (TimeoutError, net.NetError, ClusterUnavailable, grpc.RpcError, OSError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        log.error("scenario %s seed %d aborted: %s", cfg.name, cfg.seed, error)
+    finally:
+        player.close()
+        cluster.close()
+        net.sweep()
+    meta["end_ns"] = ledger.now_ns()
+    meta["error"] = error
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    violations = check_run(run_dir)
+    jobs = len({str(r["job"]) for r in ledger.read_records(run_dir / ledger.LEDGER)})
+    return ScenarioResult(
+        name=cfg.name,
+        seed=cfg.seed,
+        run_dir=run_dir,
+        faults=faults,
+        jobs=jobs,
+        violations=violations,
+        expect_violations=cfg.unsafe_no_self_fencing,
+        error=error,
+    )
+
+
+def cluster_submit_grace() -> float:
+    return 8.0  # one submission's deadline (5 s) plus its record
+
+
+def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
+    """Wait (bounded) for every job to finish and every replica to hold the same state;
+    save the states whatever happens, for the checker."""
+    last = ""
+    deadline = time.monotonic() + FINAL_DEADLINE_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+            done, last = cluster.all_jobs_final()
+            if done:
+                break
+        time.sleep(0.5)
+    meta["quiesce"] = last or "every job final"
+    states_dir = cluster.dir / "replica_states"
+    states_dir.mkdir(exist_ok=True)
+    states: dict[str, pb.GetReplicaStateResponse] = {}
+    deadline = time.monotonic() + CONVERGE_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(grpc.RpcError):
+            states = cluster.collect_states()
+            if len({s.state_sha256 for s in states.values()}) == 1:
+                break
+        time.sleep(0.5)
+    for name, answer in states.items():
+        (states_dir / f"{name}.state").write_bytes(answer.encoded_state)
+        (states_dir / f"{name}.json").write_text(
+            json.dumps(
+                {
+                    "replica_id": answer.replica_id,
+                    "last_applied": answer.last_applied,
+                    "state_sha256": answer.state_sha256,
+                    "jobs": len(decode_state(answer.encoded_state).jobs),
+                }
+            )
+            + "\n",
+            encoding="utf-8",
+        )

@@ -1,0 +1,131 @@
+"""The submitter: ``python -m chaos.workload CONFIG_JSON``, run in the client namespace.
+
+It submits gang jobs through :class:`synapse_ha.rpc.client.ClusterClient` (leader
+discovery, redirects, idempotent retries by request id) until the stop file appears, and
+records every submission in ``submissions.jsonl``: ``begin`` before the call, then
+
+* ``ok`` with the job id when a replica acknowledged it;
+* ``failed`` when a replica refused it with a definitive status (nothing was created);
+* ``unknown`` when no answer came in time: the job may or may not exist.
+
+Unknown submissions are not retried, so the checker can verify "at most once" for them.
+Jobs are drawn from a seeded random generator: gangs of 2-3 members of 1-2 mock GPUs each
+(configurable), each member running :mod:`chaos.member` for a drawn number of
+milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+
+from chaos.ledger import Appender, now_ns
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+# Statuses by which a replica refused a submission outright (nothing was committed).
+DEFINITIVE = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    seed: int
+    replicas: list[str]  # gRPC addresses
+    submissions: str  # path of submissions.jsonl
+    ledger: str  # path of ledger.jsonl (for the members)
+    sink: str  # HOST:PORT of the sink
+    stop_file: str
+    python: str
+    pythonpath: str
+    interval_s: float = 1.2
+    member_ms: tuple[int, int] = (1500, 5000)
+    gang_sizes: tuple[int, ...] = (2, 3)
+    gpus_per_member: tuple[int, ...] = (1, 2)
+    submit_timeout_s: float = 5.0
+
+
+def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int) -> pb.JobSpec:
+    duration = rng.randint(*cfg.member_ms)
+    return pb.JobSpec(
+        name=f"chaos-{cfg.seed}-{index}",
+        replicas=rng.choice(cfg.gang_sizes),
+        resources=pb.Resources(cpu_milli=500, memory_mib=256, gpu=rng.choice(cfg.gpus_per_member)),
+        argv=pb.CommandArgs(
+            args=[cfg.python, "-m", "chaos.member", cfg.ledger, cfg.sink, str(duration)]
+        ),
+        env=[pb.EnvVar(name="PYTHONPATH", value=cfg.pythonpath)],
+        retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
+    )
+
+
+def submit_one(client: ClusterClient, spec: pb.JobSpec, out: Appender, timeout_s: float) -> str:
+    request_id = new_request_id()
+    base = {"request_id": request_id, "name": spec.name}
+    out.append({"type": "begin", **base, "mono_ns": now_ns()})
+    try:
+        answer = client.submit_job(spec, request_id=request_id, timeout_s=timeout_s)
+    except ClusterUnavailable as exc:
+        out.append({"type": "unknown", **base, "detail": str(exc)[:500], "mono_ns": now_ns()})
+        return "unknown"
+    except grpc.RpcError as exc:
+        code = exc.code()
+        kind = "failed" if code in DEFINITIVE else "unknown"
+        detail = f"{code.name if code else 'UNKNOWN'}: {exc.details()}"
+        out.append({"type": kind, **base, "detail": detail[:500], "mono_ns": now_ns()})
+        return kind
+    out.append({"type": "ok", **base, "job_id": answer.job_id, "mono_ns": now_ns()})
+    return "ok"
+
+
+def run(cfg: WorkloadConfig) -> int:
+    rng = random.Random(f"workload-{cfg.seed}")
+    stop = Path(cfg.stop_file)
+    counts: dict[str, int] = {}
+    with (
+        Appender(Path(cfg.submissions)) as out,
+        ClusterClient(
+            cfg.replicas, timeout_s=cfg.submit_timeout_s, per_try_timeout_s=1.0
+        ) as client,
+    ):
+        index = 0
+        while not stop.exists():
+            outcome = submit_one(client, job_spec(cfg, rng, index), out, cfg.submit_timeout_s)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            index += 1
+            deadline = time.monotonic() + cfg.interval_s * rng.uniform(0.5, 1.5)
+            while time.monotonic() < deadline and not stop.exists():
+                time.sleep(0.05)
+    print(json.dumps({"submissions": counts}), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m chaos.workload CONFIG_JSON", file=sys.stderr)
+        return 2
+    doc = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    for key in ("member_ms", "gang_sizes", "gpus_per_member"):
+        doc[key] = tuple(doc[key])
+    return run(WorkloadConfig(**doc))
+
+
+def write_config(cfg: WorkloadConfig, path: Path) -> None:
+    path.write_text(json.dumps(asdict(cfg), indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
