@@ -10,7 +10,9 @@ submission order) and places each gang whole or not at all:
 * **Best fit.** Among domains of a level that fit, the one left with the least free
   capacity is chosen, so large contiguous domains stay free for large gangs. Inside the
   domain, members go to the fewest hosts (fullest sub-domain first), the last host chosen
-  by best fit.
+  by best fit. A gang that fits on one host takes the host left with the fewest free
+  GPUs; among equally good hosts, the one in the rack (innermost level) with the fewest
+  free GPUs, so that empty racks stay whole.
 * **NVLink.** Inside a node a member's GPUs come from one NVLink island when any island
   has enough free GPUs (the tightest such island), otherwise from the largest islands.
 * **Reservation and backfill.** The first gang that cannot be placed gets a reservation:
@@ -19,12 +21,22 @@ submission order) and places each gang whole or not at all:
   those nodes only if their own time limit ends before the reservation starts.
 
 Every pending job left unplaced gets a sentence saying why.
+
+**Cost.** The free-capacity table is kept between passes and brought up to date from
+the nodes whose allocation changed (see ``_CachedTable``); a pass's own changes are
+journalled and undone. Searches skip domains whose free GPUs cannot hold the gang, and
+the reservation search tries a placement only when a release may have made room. None
+of this changes a plan: ``schedule(..., use_cache=False)`` builds everything afresh and
+tests compare the two.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
 
 from synapse_ha.core.commands import BindPlan, GangPlacement
 from synapse_ha.core.machine import FEATURE_IMAGES, time_limit_deadline, unconfirmed_members
@@ -35,6 +47,7 @@ from synapse_ha.core.model import (
     JobState,
     MemberPlacement,
     MemberState,
+    Node,
     Resources,
     topology_path,
 )
@@ -81,106 +94,139 @@ class Plan:
 class _NodeFree:
     node_id: str
     path: Domain
+    pos: int  # position in topology-path order
     cpu: int
     mem: int
     gpu: int
-    islands: list[list[int]]  # free GPU indices per NVLink island
+    islands: list[list[int]]  # free GPU indices per NVLink island, each sorted
     island_of: dict[int, int]  # GPU index -> island position
     images: bool
+    domains: tuple[Domain, ...]  # the path's prefixes above the host, cluster first
 
     def slots(self, req: Resources, cap: int) -> int:
         """How many members of ``req`` fit here, at most ``cap``."""
         n = cap
         if req.gpu:
-            n = min(n, self.gpu // req.gpu)
+            k = self.gpu // req.gpu
+            if k < n:
+                n = k
         if req.cpu_milli:
-            n = min(n, self.cpu // req.cpu_milli)
+            k = self.cpu // req.cpu_milli
+            if k < n:
+                n = k
         if req.memory_mib:
-            n = min(n, self.mem // req.memory_mib)
-        return max(n, 0)
+            k = self.mem // req.memory_mib
+            if k < n:
+                n = k
+        return n if n > 0 else 0
 
 
-class _View:
-    """Free capacity per node with per-domain totals, kept in step as gangs are placed."""
+def _node_free(node: Node, path: Domain, pos: int, empty: bool = False) -> _NodeFree:
+    """A node's free capacity; with ``empty``, as if nothing were bound to it."""
+    free = node.info.capacity if empty else node.free
+    used: set[int] = set() if empty else node.allocated_gpus
+    islands = [[g for g in island if g not in used] for island in node.info.gpu_islands]
+    return _NodeFree(
+        node_id=node.node_id,
+        path=path,
+        pos=pos,
+        cpu=free.cpu_milli,
+        mem=free.memory_mib,
+        gpu=free.gpu,
+        islands=islands,
+        island_of={g: i for i, island in enumerate(node.info.gpu_islands) for g in island},
+        images=FEATURE_IMAGES in node.info.features,
+        domains=tuple(path[:depth] for depth in range(len(path))),
+    )
+
+
+class _Table:
+    """Free capacity of every schedulable node, shared by the views of one pass.
+
+    Its indexes (nodes in path order, domain membership, nodes by free GPU count in path
+    order) depend only on the nodes' current free capacity, never on the order in which
+    changes arrived, so an updated table equals a freshly built one. Changes made during
+    a pass are journalled and undone at its end (``mark``/``undo``).
+    """
 
     def __init__(self, levels: int) -> None:
         self.levels = levels  # number of topology levels above the host
         self.nodes: dict[str, _NodeFree] = {}
-        self.order: list[str] = []  # node ids by topology path
-        self.members: dict[Domain, list[str]] = {}  # domain -> node ids, in order
-        self.totals: dict[Domain, list[int]] = {}  # domain -> [gpu, cpu, mem]
-        self.by_free_gpu: dict[int, dict[str, None]] = {}  # free GPUs -> nodes (ordered)
+        self.at: list[_NodeFree] = []  # by position (topology-path order)
+        self.members: dict[Domain, list[str]] = {}  # domain -> node ids, in path order
+        self.domains: list[list[Domain]] = [[] for _ in range(levels + 1)]  # by depth
+        self.by_free_gpu: dict[int, list[int]] = {}  # free GPUs -> sorted positions
+        self.views: list[_View] = []  # views kept in step with every change
+        self.journal: list[tuple[str, Resources, tuple[int, ...], int]] = []
         self.version = 0
 
     @classmethod
-    def build(cls, state: ClusterState) -> _View:
+    def build(cls, state: ClusterState, empty: bool = False) -> _Table:
+        """The table of ``state``'s schedulable nodes; with ``empty``, as if no gang held
+        any capacity."""
         levels = state.config.topology_levels
-        view = cls(len(levels))
-        entries = []
-        for node in state.nodes.values():
-            if not node.schedulable():
-                continue
-            free = node.free
-            used = node.allocated_gpus
-            islands = [[g for g in island if g not in used] for island in node.info.gpu_islands]
-            island_of = {g: i for i, island in enumerate(node.info.gpu_islands) for g in island}
-            entries.append(
-                _NodeFree(
-                    node_id=node.node_id,
-                    path=topology_path(node.info, levels),
-                    cpu=free.cpu_milli,
-                    mem=free.memory_mib,
-                    gpu=free.gpu,
-                    islands=islands,
-                    island_of=island_of,
-                    images=FEATURE_IMAGES in node.info.features,
-                )
-            )
-        entries.sort(key=lambda e: e.path)
-        for entry in entries:
-            view._add(entry)
-        return view
+        table = cls(len(levels))
+        ready = [
+            (topology_path(node.info, levels), node)
+            for node in state.nodes.values()
+            if node.schedulable()
+        ]
+        ready.sort(key=lambda item: item[0])
+        for pos, (path, node) in enumerate(ready):
+            n = _node_free(node, path, pos, empty)
+            table.nodes[n.node_id] = n
+            table.at.append(n)
+            for depth in range(table.levels + 1):
+                domain = path[:depth]
+                members = table.members.get(domain)
+                if members is None:
+                    members = table.members[domain] = []
+                    table.domains[depth].append(domain)
+                members.append(n.node_id)
+            table.by_free_gpu.setdefault(n.gpu, []).append(pos)
+        return table
 
-    def _add(self, n: _NodeFree) -> None:
-        self.nodes[n.node_id] = n
-        self.order.append(n.node_id)
-        for depth in range(self.levels + 1):
-            domain = n.path[:depth]
-            self.members.setdefault(domain, []).append(n.node_id)
-            t = self.totals.setdefault(domain, [0, 0, 0])
-            t[0] += n.gpu
-            t[1] += n.cpu
-            t[2] += n.mem
-        self.by_free_gpu.setdefault(n.gpu, {})[n.node_id] = None
+    def _move(self, n: _NodeFree, gpu: int) -> None:
+        """Give ``n`` a new free GPU count, keeping every index and view in step."""
+        bucket = self.by_free_gpu[n.gpu]
+        del bucket[bisect_left(bucket, n.pos)]
+        if not bucket:
+            del self.by_free_gpu[n.gpu]
+        insort(self.by_free_gpu.setdefault(gpu, []), n.pos)
+        for view in self.views:
+            if n.node_id not in view.excluded:
+                view.move_hist(n.domains, n.gpu, gpu)
+        n.gpu = gpu
 
-    def copy_without(self, excluded: frozenset[str]) -> _View:
-        view = _View(self.levels)
-        for node_id in self.order:
-            if node_id not in excluded:
-                n = self.nodes[node_id]
-                islands = [list(i) for i in n.islands]
-                view._add(
-                    _NodeFree(
-                        n.node_id, n.path, n.cpu, n.mem, n.gpu, islands, n.island_of, n.images
-                    )
-                )
-        return view
+    def set_free(self, node: Node) -> None:
+        """Take a node's free capacity from the state (outside a pass; not journalled)."""
+        n = self.nodes[node.node_id]
+        fresh = _node_free(node, n.path, n.pos)
+        for view in self.views:
+            if n.node_id not in view.excluded:
+                view.add_totals(n.domains, fresh.gpu - n.gpu, fresh.cpu - n.cpu, fresh.mem - n.mem)
+        self._move(n, fresh.gpu)
+        n.cpu, n.mem, n.islands = fresh.cpu, fresh.mem, fresh.islands
+        self.version += 1
 
     def adjust(self, node_id: str, req: Resources, gpus: tuple[int, ...], sign: int) -> None:
         """Take (sign -1) or give back (sign +1) ``req`` and ``gpus`` on a node."""
         n = self.nodes.get(node_id)
         if n is None:
             return
-        del self.by_free_gpu[n.gpu][node_id]
-        n.gpu += sign * req.gpu
+        self.journal.append((node_id, req, gpus, sign))
+        self._change(n, req, gpus, sign)
+
+    def _change(self, n: _NodeFree, req: Resources, gpus: tuple[int, ...], sign: int) -> None:
+        node_id = n.node_id
+        for view in self.views:
+            if node_id not in view.excluded:
+                view.add_totals(
+                    n.domains, sign * req.gpu, sign * req.cpu_milli, sign * req.memory_mib
+                )
+        self._move(n, n.gpu + sign * req.gpu)
         n.cpu += sign * req.cpu_milli
         n.mem += sign * req.memory_mib
-        self.by_free_gpu.setdefault(n.gpu, {})[node_id] = None
-        for depth in range(self.levels + 1):
-            t = self.totals[n.path[:depth]]
-            t[0] += sign * req.gpu
-            t[1] += sign * req.cpu_milli
-            t[2] += sign * req.memory_mib
         if sign < 0:
             taken = set(gpus)
             for island in n.islands:
@@ -192,8 +238,181 @@ class _View:
                 island.sort()
         self.version += 1
 
+    def mark(self) -> int:
+        return len(self.journal)
+
+    def undo(self, mark: int) -> None:
+        """Revert every change since ``mark``, newest first (islands stay sorted, so the
+        result equals the table before the changes)."""
+        while len(self.journal) > mark:
+            node_id, req, gpus, sign = self.journal.pop()
+            self._change(self.nodes[node_id], req, gpus, -sign)
+
+
+class _View:
+    """The table seen without some nodes (``excluded``), with per-domain free totals
+    and, per domain, how many nodes have each free GPU count."""
+
+    def __init__(self, table: _Table) -> None:
+        self.table = table
+        self.levels = table.levels
+        self.nodes = table.nodes
+        self.members = table.members
+        self.by_free_gpu = table.by_free_gpu
+        self.excluded: frozenset[str] = frozenset()
+        self.totals: dict[Domain, list[int]] = {}  # domain -> [gpu, cpu, mem]
+        self.hist: dict[Domain, dict[int, int]] = {}  # domain -> {free GPUs: nodes}
+        for n in table.at:
+            self._count(n, +1)
+        table.views.append(self)
+
+    def _count(self, n: _NodeFree, sign: int) -> None:
+        for depth in range(self.levels + 1):
+            domain = n.path[:depth]
+            t = self.totals.get(domain)
+            if t is None:
+                t = self.totals[domain] = [0, 0, 0]
+                self.hist[domain] = {}
+            t[0] += sign * n.gpu
+            t[1] += sign * n.cpu
+            t[2] += sign * n.mem
+            h = self.hist[domain]
+            left = h.get(n.gpu, 0) + sign
+            if left:
+                h[n.gpu] = left
+            else:
+                del h[n.gpu]
+            if sign < 0 and not h:  # no node of this view left in the domain
+                del self.totals[domain], self.hist[domain]
+
+    def without(self, excluded: frozenset[str]) -> _View:
+        """This view without ``excluded`` nodes, kept in step with the table."""
+        view = _View.__new__(_View)
+        view.table, view.levels, view.nodes = self.table, self.levels, self.nodes
+        view.members, view.by_free_gpu = self.members, self.by_free_gpu
+        view.excluded = self.excluded | excluded
+        view.totals = {d: list(t) for d, t in self.totals.items()}
+        view.hist = {d: dict(h) for d, h in self.hist.items()}
+        for node_id in sorted(excluded - self.excluded):
+            n = self.nodes.get(node_id)
+            if n is not None:
+                view._count(n, -1)
+        self.table.views.append(view)
+        return view
+
+    def detach(self) -> None:
+        self.table.views.remove(self)
+
+    @property
+    def version(self) -> int:
+        return self.table.version
+
+    def add_totals(self, domains: tuple[Domain, ...], gpu: int, cpu: int, mem: int) -> None:
+        for domain in domains:
+            t = self.totals[domain]
+            t[0] += gpu
+            t[1] += cpu
+            t[2] += mem
+
+    def move_hist(self, domains: tuple[Domain, ...], old: int, new: int) -> None:
+        for domain in domains:
+            h = self.hist[domain]
+            left = h[old] - 1
+            if left:
+                h[old] = left
+            else:
+                del h[old]
+            h[new] = h.get(new, 0) + 1
+
     def domains_at(self, depth: int) -> list[Domain]:
-        return [d for d in self.members if len(d) == depth]
+        """Domains at ``depth`` with at least one node in this view."""
+        return [d for d in self.table.domains[depth] if d in self.totals]
+
+    def gpu_slots(self, domain: Domain, gpu: int) -> int:
+        """Members of ``gpu`` GPUs each that the domain's free GPUs could hold (an upper
+        bound on its room: CPU, memory and images may allow fewer)."""
+        hist = self.hist.get(domain)
+        if hist is None:
+            return 0
+        return sum(count * (free // gpu) for free, count in hist.items())
+
+
+class _CachedTable:
+    """A table kept between passes and brought up to date from the state.
+
+    For each node it keeps the very objects the table was built from (node, info,
+    status, allocated resources) and a copy of its allocated GPUs. Holding them
+    keeps their identities unique, so an identity match proves the node is unchanged;
+    a node whose capacity changed is updated in place; any other change (a node added,
+    removed, re-registered or changing status, or new topology levels) rebuilds the
+    table. The refreshed table therefore always equals ``_Table.build(state)``.
+    """
+
+    def __init__(self, state: ClusterState) -> None:
+        self.levels = state.config.topology_levels
+        self.table = _Table.build(state)
+        self.view = _View(self.table)
+        self.node_list = list(state.nodes.values())
+        self.infos = [node.info for node in self.node_list]
+        self.statuses = [node.status for node in self.node_list]
+        self.allocated = [node.allocated for node in self.node_list]
+        self.gpus = [frozenset(node.allocated_gpus) for node in self.node_list]
+        self._empty: _View | None = None
+
+    def empty_view(self, state: ClusterState) -> _View:
+        """The schedulable nodes as if no gang held anything (rebuilt with the table)."""
+        if self._empty is None:
+            self._empty = _View(_Table.build(state, empty=True))
+        return self._empty
+
+    def refresh(self, state: ClusterState) -> bool:
+        """Bring the table up to date; False when it must be rebuilt instead."""
+        nodes = list(state.nodes.values())
+        if (
+            state.config.topology_levels != self.levels
+            or len(nodes) != len(self.node_list)
+            or not all(map(operator.is_, nodes, self.node_list))
+            or not all(map(operator.is_, [n.info for n in nodes], self.infos))
+            or not all(map(operator.is_, [n.status for n in nodes], self.statuses))
+        ):
+            return False
+        allocated = [n.allocated for n in nodes]
+        changed = set(compress(range(len(nodes)), map(operator.is_not, allocated, self.allocated)))
+        changed.update(
+            compress(
+                range(len(nodes)),
+                map(operator.ne, [n.allocated_gpus for n in nodes], self.gpus),
+            )
+        )
+        for i in sorted(changed):
+            node = nodes[i]
+            self.allocated[i] = node.allocated
+            self.gpus[i] = frozenset(node.allocated_gpus)
+            if node.node_id in self.table.nodes:
+                self.table.set_free(node)
+        return True
+
+
+# One table kept between passes. A pass takes it out of the list and puts it back when
+# done, so concurrent passes never share it (one of them builds its own).
+_TABLE_CACHE: list[_CachedTable] = []
+
+
+def _take_table(state: ClusterState, use_cache: bool) -> _CachedTable:
+    cached: _CachedTable | None = None
+    if use_cache:
+        try:
+            cached = _TABLE_CACHE.pop()
+        except IndexError:
+            cached = None
+    if cached is None or not cached.refresh(state):
+        cached = _CachedTable(state)
+    return cached
+
+
+def _return_table(cached: _CachedTable) -> None:
+    if not _TABLE_CACHE:
+        _TABLE_CACHE.append(cached)
 
 
 # ---------------------------------------------------------------------------- placing
@@ -237,13 +456,20 @@ def _place(gang: _Gang, view: _View, depths: list[int]) -> list[tuple[str, int]]
     cluster_total = view.totals.get(())
     if cluster_total is None or not _fits_totals(cluster_total, req, n):
         return None
+    if req.gpu and view.gpu_slots((), req.gpu) < n:
+        return None
     for depth in depths:
         if depth == view.levels + 1:
             host = _best_single_host(gang, view)
             if host is not None:
                 return [(host, n)]
             continue
-        candidates = [d for d in view.domains_at(depth) if _fits_totals(view.totals[d], req, n)]
+        candidates = [
+            d
+            for d in view.domains_at(depth)
+            if _fits_totals(view.totals[d], req, n)
+            and (not req.gpu or view.gpu_slots(d, req.gpu) >= n)
+        ]
         candidates.sort(key=lambda d: (_leftover(view.totals[d], req, n), d))
         for domain in candidates:
             chosen = _fill_domain(gang, view, domain)
@@ -252,22 +478,80 @@ def _place(gang: _Gang, view: _View, depths: list[int]) -> list[tuple[str, int]]
     return None
 
 
+def _candidates(view: _View, domain: Domain, req: Resources) -> Iterator[_NodeFree]:
+    """The view's nodes in ``domain`` that may hold a member of ``req`` (for the whole
+    cluster, only nodes with enough free GPUs; the order is not significant)."""
+    excluded = view.excluded
+    if not domain and req.gpu:
+        at = view.table.at
+        for free, positions in view.by_free_gpu.items():
+            if free >= req.gpu:
+                for pos in positions:
+                    node = at[pos]
+                    if node.node_id not in excluded:
+                        yield node
+        return
+    for node_id in view.members[domain]:
+        if node_id not in excluded:
+            yield view.nodes[node_id]
+
+
+def _fits(gang: _Gang, view: _View, depths: list[int]) -> bool:
+    """Whether ``_place`` would find room for the whole gang, without choosing where.
+
+    The gang fits exactly when some domain at its widest allowed level has room for
+    every member: any placement lies inside one such domain, and ``_place`` fills any
+    domain with enough room.
+    """
+    req, n = gang.req, gang.n
+    widest = min(depths)
+    if widest > view.levels:
+        return _best_single_host(gang, view) is not None
+    for domain in view.domains_at(widest):
+        if not _fits_totals(view.totals[domain], req, n):
+            continue
+        if req.gpu and view.gpu_slots(domain, req.gpu) < n:
+            continue
+        room = 0
+        for node in _candidates(view, domain, req):
+            if _eligible(node, gang.spec):
+                room += node.slots(req, n)
+                if room >= n:
+                    return True
+    return False
+
+
 def _best_single_host(gang: _Gang, view: _View) -> str | None:
     req, n = gang.req, gang.n
     if req.gpu:
+        # Best fit on GPUs; among equally good hosts, the one in the fullest rack (the
+        # innermost level above hosts), so that empty racks stay whole for gangs.
+        at = view.table.at
+        totals = view.totals
         for free in sorted(k for k in view.by_free_gpu if k >= req.gpu * n):
-            for node_id in view.by_free_gpu[free]:
-                node = view.nodes[node_id]
-                if node.slots(req, n) >= n and _eligible(node, gang.spec):
-                    return node_id
+            best_key: tuple[int, int] | None = None
+            best_id = ""
+            for pos in view.by_free_gpu[free]:
+                node = at[pos]
+                if (
+                    node.slots(req, n) >= n
+                    and _eligible(node, gang.spec)
+                    and node.node_id not in view.excluded
+                ):
+                    key = (totals[node.domains[-1]][0], pos)
+                    if best_key is None or key < best_key:
+                        best_key, best_id = key, node.node_id
+            if best_key is not None:
+                return best_id
         return None
     best: tuple[tuple[int, int], str] | None = None
-    for node_id in view.order:
-        node = view.nodes[node_id]
+    for node in view.table.at:
+        if node.node_id in view.excluded:
+            continue
         if node.slots(req, n) >= n and _eligible(node, gang.spec):
             key = (node.cpu - req.cpu_milli * n, node.mem - req.memory_mib * n)
             if best is None or key < best[0]:
-                best = (key, node_id)
+                best = (key, node.node_id)
     return best[1] if best else None
 
 
@@ -276,11 +560,10 @@ def _fill_domain(gang: _Gang, view: _View, domain: Domain) -> list[tuple[str, in
     req, n = gang.req, gang.n
     slots: dict[str, int] = {}
     room = 0
-    for node_id in view.members[domain]:
-        node = view.nodes[node_id]
+    for node in _candidates(view, domain, req):
         s = node.slots(req, n) if _eligible(node, gang.spec) else 0
         if s:
-            slots[node_id] = s
+            slots[node.node_id] = s
             room += s
     if room < n:
         return None
@@ -349,10 +632,9 @@ def _members_for(
     return tuple(members)
 
 
-def _commit(views: list[_View], req: Resources, members: tuple[MemberPlacement, ...]) -> None:
-    for view in views:
-        for m in members:
-            view.adjust(m.node_id, req, m.gpus, -1)
+def _commit(table: _Table, req: Resources, members: tuple[MemberPlacement, ...]) -> None:
+    for m in members:
+        table.adjust(m.node_id, req, m.gpus, -1)
 
 
 # ------------------------------------------------------------------------- the pass
@@ -371,22 +653,43 @@ def schedule(
     state: ClusterState,
     now_ms: int,
     on_decision: Callable[[str, bool], None] | None = None,
+    *,
+    use_cache: bool = True,
 ) -> Plan:
     """Plan one scheduling pass over ``state`` at time ``now_ms``. Pure; never mutates.
 
     ``on_decision(job_id, placed)`` is called after each gang's decision; benchmarks
     use it to time decisions without the core reading a clock.
+
+    The free-capacity table is kept between passes and updated from the nodes that
+    changed, which makes a pass cost what changed rather than the cluster's size. The
+    plan is the same with ``use_cache=False`` (a table built from scratch).
     """
+    cached = _take_table(state, use_cache)
+    table = cached.table
+    # Should _plan raise, the table may be mid-change: it is dropped, never reused.
+    plan = _plan(state, now_ms, on_decision, cached.view, cached.empty_view)
+    for extra in table.views[1:]:
+        extra.detach()
+    table.undo(0)
+    if use_cache:
+        _return_table(cached)
+    return plan
+
+
+def _plan(
+    state: ClusterState,
+    now_ms: int,
+    on_decision: Callable[[str, bool], None] | None,
+    view: _View,
+    empty_view: Callable[[ClusterState], _View],
+) -> Plan:
     plan = Plan()
-    view = _View.build(state)
+    table = view.table
     restricted: _View | None = None  # the view without the reserved nodes
     levels = len(state.config.topology_levels)
     explainer = _Explainer(state.config.levels_with_host())
-    running = {
-        job.job_id: _Running(time_limit_deadline(job), job.spec.resources, attempt.members)
-        for job in state.live_jobs()
-        if (attempt := job.attempt) is not None
-    }
+    placed: dict[str, _Running] = {}  # gangs placed by this pass
 
     for job in state.pending_jobs():
         spec = job.spec
@@ -413,21 +716,21 @@ def schedule(
         hosts = _place(gang, target, depths)
         if hosts is not None:
             members = _members_for(gang, target, hosts)
-            _commit([v for v in (view, restricted) if v is not None], spec.resources, members)
+            _commit(table, spec.resources, members)
             plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
             end = now_ms + spec.time_limit_ms if spec.time_limit_ms else None
-            running[job.job_id] = _Running(end, spec.resources, members)
+            placed[job.job_id] = _Running(end, spec.resources, members)
             if on_decision is not None:
                 on_decision(job.job_id, True)
             continue
         if reservation is None:
-            made = _reserve(gang, view, depths, running)
+            made = _reserve(gang, view, depths, _running(state, placed), lambda: empty_view(state))
             if made is not None:
                 plan.reservation = made
-                restricted = view.copy_without(made.nodes)
+                restricted = view.without(made.nodes)
             plan.reasons[job.job_id] = explainer.why_waiting(gang, view, depths, made, now_ms)
         else:
-            blocked = _place(gang, view, depths) is not None
+            blocked = _fits(gang, view, depths)
             plan.reasons[job.job_id] = explainer.why_waiting(
                 gang, view, depths, None, now_ms, behind=reservation if blocked else None
             )
@@ -442,29 +745,104 @@ def schedule(
     return plan
 
 
+def _running(state: ClusterState, placed: dict[str, _Running]) -> dict[str, _Running]:
+    """Every gang holding capacity: live attempts, and gangs placed earlier this pass."""
+    running = {
+        job.job_id: _Running(time_limit_deadline(job), job.spec.resources, attempt.members)
+        for job in state.live_jobs()
+        if (attempt := job.attempt) is not None
+    }
+    running.update(placed)
+    return running
+
+
 def _reserve(
-    gang: _Gang, view: _View, depths: list[int], running: dict[str, _Running]
+    gang: _Gang,
+    view: _View,
+    depths: list[int],
+    running: dict[str, _Running],
+    empty_view: Callable[[], _View],
 ) -> Reservation | None:
     """The earliest start for the head-of-line gang as running gangs end, and its nodes.
 
-    Gangs are released in order of their end time; those without a time limit last
-    (their end is unknown, so a reservation that needs them has no start time).
+    Gangs with a time limit are released in order of their end time, gangs ending at
+    the same moment together; the reservation is the first release after which the gang
+    fits, placed on the capacity free at that moment. Gangs without a time limit end at
+    an unknown time, after all the others: a reservation that needs them has no start
+    time and is placed on the cluster as it is once every running gang has ended, with
+    nothing bound. (Every bound member belongs to a live attempt, so that is the
+    capacity left after releasing them all.)
+
+    Releases are applied to the pass's table only when a cheap bound says the gang may
+    fit, and undone before returning. The bound is exact in what it skips: whether a
+    gang fits only grows as capacity frees, it fits exactly when some domain at its
+    widest allowed level has room for all members, and the room of a domain untouched
+    since the last failed try has not changed.
     """
-    future = view.copy_without(frozenset())
-    order = sorted(
-        running.items(),
-        key=lambda item: (item[1].end_ms is None, item[1].end_ms or 0, item[0]),
-    )
-    for i, (_, gone) in enumerate(order):
-        for m in gone.members:
-            future.adjust(m.node_id, gone.req, m.gpus, +1)
-        nxt = order[i + 1][1] if i + 1 < len(order) else None
-        if nxt is not None and nxt.end_ms == gone.end_ms:
-            continue  # gangs ending at the same moment free their capacity together
-        hosts = _place(gang, future, depths)
-        if hosts is not None:
-            return Reservation(gang.job.job_id, gone.end_ms, frozenset(h for h, _ in hosts))
-    return None
+    table = view.table
+    req, n = gang.req, gang.n
+    widest = min(depths)
+    limited = sorted((r.end_ms, job_id, r) for job_id, r in running.items() if r.end_ms is not None)
+    light: dict[str, list[int]] = {}  # node id -> its free [gpu, cpu, mem] once released
+    bounds: dict[Domain, list[int]] = {}  # domain -> [gpu, cpu, mem, members by GPUs]
+    touched: set[Domain] = set()  # domains whose room grew since the last try
+    unapplied: list[_Running] = []
+    mark = table.mark()
+    try:
+        for i, (end, _, gone) in enumerate(limited):
+            for m in gone.members:
+                node = table.nodes.get(m.node_id)
+                if node is None:
+                    continue
+                domain = node.path[:widest]
+                free = light.get(m.node_id)
+                if free is None:
+                    free = light[m.node_id] = [node.gpu, node.cpu, node.mem]
+                bound = bounds.get(domain)
+                if bound is None:
+                    bound = bounds[domain] = _domain_bound(view, node, domain, req)
+                if req.gpu:
+                    bound[3] += (free[0] + gone.req.gpu) // req.gpu - free[0] // req.gpu
+                free[0] += gone.req.gpu
+                free[1] += gone.req.cpu_milli
+                free[2] += gone.req.memory_mib
+                bound[0] += gone.req.gpu
+                bound[1] += gone.req.cpu_milli
+                bound[2] += gone.req.memory_mib
+                touched.add(domain)
+            unapplied.append(gone)
+            if i + 1 < len(limited) and limited[i + 1][0] == end:
+                continue  # gangs ending at the same moment free their capacity together
+            if not any(
+                _fits_totals(bounds[d], req, n) and (not req.gpu or bounds[d][3] >= n)
+                for d in touched
+            ):
+                continue
+            touched.clear()
+            for g in unapplied:
+                for m in g.members:
+                    table.adjust(m.node_id, g.req, m.gpus, +1)
+            unapplied.clear()
+            hosts = _place(gang, view, depths)
+            if hosts is not None:
+                return Reservation(gang.job.job_id, end, frozenset(h for h, _ in hosts))
+    finally:
+        table.undo(mark)
+    if len(limited) == len(running):
+        return None
+    hosts = _place(gang, empty_view(), depths)
+    if hosts is None:
+        return None
+    return Reservation(gang.job.job_id, None, frozenset(h for h, _ in hosts))
+
+
+def _domain_bound(view: _View, node: _NodeFree, domain: Domain, req: Resources) -> list[int]:
+    """[gpu, cpu, mem, members of ``req`` its free GPUs could hold] for ``domain``."""
+    if len(domain) > view.levels:  # a single host
+        slots = node.gpu // req.gpu if req.gpu else 0
+        return [node.gpu, node.cpu, node.mem, slots]
+    t = view.totals[domain]
+    return [t[0], t[1], t[2], view.gpu_slots(domain, req.gpu) if req.gpu else 0]
 
 
 # --------------------------------------------------------------------------- reasons
@@ -492,7 +870,11 @@ class _Explainer:
             best: tuple[int, Domain] = (min(room, _bound(view.totals.get(()), req)), ())
         elif depth > view.levels:
             best = max(
-                ((n.slots(req, _UNLIMITED), n.path) for n in view.nodes.values()),
+                (
+                    (n.slots(req, _UNLIMITED), n.path)
+                    for n in view.table.at
+                    if n.node_id not in view.excluded
+                ),
                 key=lambda item: (item[0], [-ord(c) for c in "/".join(item[1])]),
                 default=(0, ()),
             )

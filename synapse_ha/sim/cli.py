@@ -52,7 +52,17 @@ def _ratio(a: float, b: float) -> float | None:
 
 def table(results: list[Result]) -> str:
     rows = [
-        ("policy", "alloc", "delay mean", "p95", "big max", "in one rack*", "frag", "cpu ms/dec"),
+        (
+            "policy",
+            "alloc",
+            "delay mean",
+            "p95",
+            "big max",
+            "one rack*",
+            "one rack**",
+            "frag",
+            "cpu ms/dec",
+        ),
     ]
     for r in results:
         m = r.metrics
@@ -63,17 +73,21 @@ def table(results: list[Result]) -> str:
                 f"{m['queue_delay_s']['mean']:.0f}s",
                 f"{m['queue_delay_s']['p95']:.0f}s",
                 f"{m['queue_delay_big_gangs_s']['max']:.0f}s",
-                "-"
-                if m["rack_fitting_gangs_in_one_rack"] is None
-                else f"{m['rack_fitting_gangs_in_one_rack']:.1%}",
+                _percent(m["rack_fitting_gangs_in_one_rack"]),
+                _percent(m["gangs_with_rack_room_at_bind_in_one_rack"]),
                 f"{m['fragmentation_gpus']:.1f}",
                 f"{m['scheduler_cpu_ms_per_decision']:.3f}",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.append("* of multi-member gangs that fit in one rack")
+    lines.append("*  of multi-member gangs no larger than a rack, the share placed in one rack")
+    lines.append("** of multi-member gangs bound while some rack had room, the share in one rack")
     return "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
 
 
 def main(argv: list[str] | None = None) -> int:

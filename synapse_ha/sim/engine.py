@@ -1,17 +1,39 @@
 """The simulation loop: arrivals and completions on a simulated clock, each scheduling
-pass planned by a policy and bound through the real ``apply``."""
+pass planned by a policy and bound through the real ``apply``.
+
+A pass runs at every moment something happened (arrivals, ends) while jobs wait.
+Metrics, per policy:
+
+* ``gpu_allocation``: time-weighted share of GPUs bound to gangs, first arrival to last
+  event.
+* ``queue_delay_s``: arrival until bound; ``queue_delay_big_gangs_s`` the same for gangs
+  of at least 64 GPUs. ``job_completion_s``: arrival until the job ended.
+* Locality, for multi-member gangs: ``multi_node_in_one_rack``/``_block`` is the share of
+  gangs spread over several hosts that stayed in one rack/block.
+  ``rack_fitting_gangs_in_one_rack`` judges against rack *size*: of the gangs no larger
+  than the largest rack, the share placed in one rack (a gang bound while every rack was
+  partly busy counts as a miss). ``gangs_with_rack_room_at_bind_in_one_rack`` judges
+  against *free* capacity: of the gangs bound while some rack had room for all their
+  members (ignoring reservations), the share placed in one rack.
+* ``fragmentation_gpus``: time-weighted free GPUs on nodes whose free GPUs are fewer than
+  the smallest per-member GPU request among waiting jobs (counted while jobs wait).
+* ``scheduler_cpu_ms_per_decision``: process CPU time inside the policy divided by the
+  number of pending jobs it considered, summed over passes.
+"""
 
 from __future__ import annotations
 
 import heapq
 import statistics
 import time
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterConfig, ClusterState, JobState
+from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState
 from synapse_ha.sim.policies import Policy
 from synapse_ha.sim.workload import Workload
 
@@ -30,7 +52,8 @@ class _Record:
     racks: int = 0
     blocks: int = 0
     hosts: int = 0
-    fits_one_rack: bool = False
+    fits_one_rack: bool = False  # the gang is no larger than the largest rack
+    rack_had_room: bool = False  # some rack had room for the whole gang when it was bound
 
 
 @dataclass(slots=True)
@@ -66,6 +89,9 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
     for n in workload.nodes:
         rack_gpus[rack_of[n.node_id]] = rack_gpus.get(rack_of[n.node_id], 0) + n.capacity.gpu
     largest_rack = max(rack_gpus.values(), default=0)
+    rack_nodes: dict[str, list[str]] = {}
+    for n in workload.nodes:
+        rack_nodes.setdefault(rack_of[n.node_id], []).append(n.node_id)
 
     events: list[tuple[int, int, int, str]] = []
     for i, job in enumerate(workload.jobs):
@@ -84,15 +110,17 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
     decisions = 0
     passes = 0
     applied = 0
+    pending: dict[str, int] = {}  # pending job id -> GPUs per member
+    free = _FreeGpus(state)
     wall_start = time.perf_counter()
 
     while events:
         now = events[0][0]
-        pending_count = sum(1 for j in state.jobs.values() if j.state is JobState.PENDING)
+        pending_count = len(pending)
         dt = now - last_t
         alloc_area += allocated * dt
         queue_area += pending_count * dt
-        frag_area += _unusable_free_gpus(state) * dt if pending_count else 0.0
+        frag_area += free.unusable(pending.values()) * dt if pending_count else 0.0
         last_t = now
         while events and events[0][0] == now:
             _, _, kind, key = heapq.heappop(events)
@@ -107,6 +135,7 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
                     fits_one_rack=job.spec.resources.gpu * job.spec.replicas <= largest_rack,
                 )
                 index_of[res.job_id] = int(key)
+                pending[res.job_id] = job.spec.resources.gpu
             else:
                 job_id, token = key.rsplit("@", 1)
                 record = state.jobs.get(job_id)
@@ -120,16 +149,34 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
                 if before.holds_resources and not state.jobs[job_id].state.holds_resources:
                     allocated -= records[job_id].gpus
                     records[job_id].end_ms = now
+                    free.update(state, record)
             applied += 1
-        if any(j.state is JobState.PENDING for j in state.jobs.values()):
+        if pending:
             t0 = time.process_time()
             command = policy.plan(state, now)
             cpu_in_policy += time.process_time() - t0
             passes += 1
             decisions += pending_count
             if command is not None:
-                result = apply(state, command)
-                for job_id in result.bound:
+                bound = []
+                # One placement at a time (as apply does within one plan), so that the
+                # room each gang had is judged on the cluster it was bound into.
+                for placement in command.placements:
+                    rec = records[placement.job_id]
+                    had_room = (
+                        rec.members > 1
+                        and rec.fits_one_rack
+                        and _some_rack_has_room(state, placement.job_id, rack_nodes)
+                    )
+                    one = c.BindPlan((placement,), (), command.now_ms)
+                    if apply(state, one).bound:
+                        rec.rack_had_room = had_room
+                        bound.append(placement.job_id)
+                if command.reasons:
+                    apply(state, c.BindPlan((), command.reasons, command.now_ms))
+                for job_id in bound:
+                    del pending[job_id]
+                    free.update(state, state.jobs[job_id])
                     rec = records[job_id]
                     rec.start_ms = now
                     allocated += rec.gpus
@@ -167,6 +214,7 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
     jct = [(r.end_ms - r.arrival_ms) / 1000 for r in done if r.end_ms is not None]
     multi = [r for r in done if r.members > 1 and r.hosts > 1]
     could_rack = [r for r in done if r.members > 1 and r.fits_one_rack]
+    rack_had_room = [r for r in done if r.rack_had_room]
     metrics: dict[str, Any] = {
         "jobs": len(records),
         "jobs_started": len(done),
@@ -178,8 +226,13 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
         "multi_node_gangs": len(multi),
         "multi_node_in_one_rack": _share(sum(1 for r in multi if r.racks == 1), len(multi)),
         "multi_node_in_one_block": _share(sum(1 for r in multi if r.blocks == 1), len(multi)),
+        "rack_fitting_gangs": len(could_rack),
         "rack_fitting_gangs_in_one_rack": _share(
             sum(1 for r in could_rack if r.racks == 1), len(could_rack)
+        ),
+        "gangs_with_rack_room_at_bind": len(rack_had_room),
+        "gangs_with_rack_room_at_bind_in_one_rack": _share(
+            sum(1 for r in rack_had_room if r.racks == 1), len(rack_had_room)
         ),
         "fragmentation_gpus": round(frag_area / span, 2),
         "scheduler_cpu_ms_per_decision": round(1000 * cpu_in_policy / max(decisions, 1), 4),
@@ -215,15 +268,56 @@ def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-def _unusable_free_gpus(state: ClusterState) -> int:
-    """Free GPUs on nodes where no waiting gang could place even one member."""
-    waiting = [j.spec.resources.gpu for j in state.jobs.values() if j.state is JobState.PENDING]
-    smallest = min((g for g in waiting if g > 0), default=0)
-    if smallest == 0:
-        return 0
-    return sum(
-        n.free.gpu for n in state.nodes.values() if n.schedulable() and 0 < n.free.gpu < smallest
-    )
+class _FreeGpus:
+    """Free GPUs per schedulable node, kept in step with binds and releases."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.by_node = {nid: n.free.gpu for nid, n in state.nodes.items() if n.schedulable()}
+        self.count: Counter[int] = Counter(self.by_node.values())  # free GPUs -> nodes
+
+    def update(self, state: ClusterState, job: Job) -> None:
+        """Re-read the free GPUs of the nodes ``job``'s attempt was bound to."""
+        attempt = job.attempt
+        assert attempt is not None
+        for node_id in {m.node_id for m in attempt.members}:
+            old = self.by_node.get(node_id)
+            if old is None:
+                continue
+            new = state.nodes[node_id].free.gpu
+            self.count[old] -= 1
+            self.count[new] += 1
+            self.by_node[node_id] = new
+
+    def unusable(self, waiting_gpus: Iterable[int]) -> int:
+        """Free GPUs on nodes where no waiting gang could place even one member."""
+        smallest = min((g for g in waiting_gpus if g > 0), default=0)
+        return sum(free * nodes for free, nodes in self.count.items() if 0 < free < smallest)
+
+
+def _some_rack_has_room(state: ClusterState, job_id: str, rack_nodes: dict[str, list[str]]) -> bool:
+    """Whether one rack's free capacity could hold every member of the pending job now."""
+    spec = state.jobs[job_id].spec
+    req, n = spec.resources, spec.replicas
+    for node_ids in rack_nodes.values():
+        room = 0
+        for node_id in node_ids:
+            node = state.nodes[node_id]
+            if not node.schedulable():
+                continue
+            free = node.free
+            fit = [
+                have // need
+                for have, need in (
+                    (free.gpu, req.gpu),
+                    (free.cpu_milli, req.cpu_milli),
+                    (free.memory_mib, req.memory_mib),
+                )
+                if need
+            ]
+            room += min(fit, default=n)
+            if room >= n:
+                return True
+    return False
 
 
 def _report_all(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from synapse_ha.core import commands as c
 from synapse_ha.core.model import JobState, MemberPlacement, NodeStatus
 from synapse_ha.core.scheduler import explain, schedule
@@ -269,3 +273,103 @@ def test_explain_pending_and_placed() -> None:
     text = explain(cl.state, placed, cl.now)
     assert "rank 0: z1/b1/r3/n1 gpus 0 bound" in text
     assert explain(cl.state, "job-999999", cl.now).startswith("no job")
+
+
+# ----------------------------------------------------------- cached free-capacity table
+
+
+def _random_step(cl: Cluster, rng: random.Random, step: int) -> None:
+    """One random change: submissions, member exits (some failing), node status changes,
+    a node re-registering or joining, time passing."""
+    cl.now += rng.choice([0, 1_000, 30_000, 600_000])
+    kind = rng.random()
+    if kind < 0.45:
+        cl.submit(
+            job(
+                f"j{step}",
+                replicas=rng.choice([1, 1, 2, 3, 4, 8]),
+                gpu=rng.choice([0, 1, 2, 4, 8]),
+                cpu=rng.choice([1, 4, 16]),
+                priority=rng.choice([0, 0, 0, 5]),
+                required=rng.choice(["", "", "rack", "block", "host"]),
+                time_limit_s=rng.choice([0, 0, 600, 3_600]),
+                retries=rng.choice([0, 2]),
+                backoff_s=1,
+                image=rng.choice(["", "", "", "img"]),
+            )
+        )
+    elif kind < 0.75:
+        live = sorted(j.job_id for j in cl.state.live_jobs())
+        if live:
+            job_id = rng.choice(live)
+            attempt = cl.state.jobs[job_id].attempt
+            assert attempt is not None
+            for rank in range(len(attempt.members)):
+                if cl.state.jobs[job_id].state.holds_resources:
+                    cl.exit_member(job_id, rank, rng.choice([0, 0, 0, 1]), seed=step)
+    elif kind < 0.85:
+        node_id = rng.choice(sorted(cl.state.nodes))
+        status = rng.choice([NodeStatus.CORDONED, NodeStatus.READY, NodeStatus.DRAINING])
+        cl.do(c.SetNodeStatus(node_id, status, "test", now_ms=cl.now))
+    elif kind < 0.9:
+        node_id = rng.choice(sorted(cl.state.nodes))
+        cl.do(c.MarkNodeDead(node_id, "test", jitter_seed=step, now_ms=cl.now))
+        cl.do(c.RegisterNode(cl.state.nodes[node_id].info, cl.now))
+    elif kind < 0.93:
+        rack = rng.choice(["r1", "r2", "r3"])
+        cl.add(node(f"late{step}", gpus=rng.choice([4, 8]), rack=rack, features=("images",)))
+    for job_id in sorted(j.job_id for j in cl.state.live_jobs()):
+        if cl.state.jobs[job_id].state is JobState.SCHEDULED:
+            cl.start_all(job_id)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cached_table_plans_exactly_as_a_table_built_from_scratch(seed: int) -> None:
+    rng = random.Random(seed)
+    clusters = []
+    for _ in range(2):  # two clusters in turn: the cache must follow each one
+        cl = Cluster()
+        for i in range(12):
+            gpus = rng.choice([4, 8])
+            half = tuple(range(gpus // 2))
+            cl.add(
+                node(
+                    f"n{i}",
+                    gpus=gpus,
+                    cpu=rng.choice([32, 64]),
+                    rack=f"r{i // 4 + 1}",
+                    block=f"b{i // 8 + 1}",
+                    islands=(half, tuple(g + gpus // 2 for g in half)) if i % 3 == 0 else (),
+                    features=("images",) if i % 2 else (),
+                )
+            )
+        clusters.append(cl)
+    compared = 0
+    for step in range(150):
+        cl = clusters[0] if step % 7 else clusters[1]
+        _random_step(cl, rng, step)
+        cached = schedule(cl.state, cl.now)
+        fresh = schedule(cl.state, cl.now, use_cache=False)
+        assert cached == fresh, f"step {step}"
+        again = schedule(cl.state, cl.now)  # the pass left the cached table unchanged
+        assert again == fresh, f"step {step}, second pass"
+        compared += len(fresh.placements) + len(fresh.reasons)
+        command = cached.command(cl.now)
+        if command is not None:
+            assert not cl.do(command).rejected
+    assert compared > 100  # the sequences placed and explained real work
+
+
+def test_a_single_host_job_takes_the_empty_host_in_the_fuller_rack() -> None:
+    cl = Cluster()
+    cl.add(node("a1", rack="r1"), node("a2", rack="r1"))
+    cl.add(node("b1", gpus=4, rack="r2"), node("b2", rack="r2"))
+    # a1, a2 and b2 are equally good for 8 GPUs; r1 has 16 free, r2 12: r2 is fuller.
+    whole = cl.submit(job("whole", gpu=8))
+    cl.run_pass()
+    assert cl.nodes_of(whole) == ["b2"]
+    # So rack r1 stays whole for a gang that needs both of its hosts in one rack.
+    gang = cl.submit(job("gang", replicas=2, gpu=8, required="rack"))
+    cl.run_pass()
+    assert cl.state_of(gang) is JobState.SCHEDULED
+    assert cl.racks_of(gang) == {"r1"}

@@ -89,3 +89,21 @@ def test_cli_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> No
         main(["--policies", "ours,lottery"])
     assert exit_info.value.code == 2
     assert "unknown lottery" in capsys.readouterr().err
+
+
+def test_locality_is_judged_against_the_racks_free_when_each_gang_was_bound() -> None:
+    # Two racks of two 8-GPU hosts. A 1-GPU job takes part of the first host; then a
+    # 2 x 8 GPU gang arrives while rack 1 is entirely free.
+    nodes = synthetic_cluster(4, hosts_per_rack=2)
+    jobs = (
+        SimJob(0, job("small", gpu=1), 1_000_000),
+        SimJob(1_000, job("gang", replicas=2, gpu=8), 10_000),
+    )
+    w = Workload("racks", nodes, jobs, "racks")
+    ours = simulate(w, Ours()).metrics
+    fifo = simulate(w, FifoFirstFit()).metrics
+    assert ours["gangs_with_rack_room_at_bind"] == fifo["gangs_with_rack_room_at_bind"] == 1
+    assert ours["gangs_with_rack_room_at_bind_in_one_rack"] == 1.0
+    # First fit by node id takes the rest of rack 0's second host and one host of rack 1.
+    assert fifo["gangs_with_rack_room_at_bind_in_one_rack"] == 0.0
+    assert fifo["rack_fitting_gangs_in_one_rack"] == 0.0
