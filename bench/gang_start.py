@@ -26,81 +26,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.loopback import loopback_cluster, percentile, read_stamps
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from tests.integration.cluster import LocalCluster, wait_for
-from tests.worker.workers import LocalWorkers
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
+from tests.integration.cluster import wait_for
 
 
 def run(gangs: int, members: int, n_workers: int, heartbeat: str) -> dict[str, object]:
-    with tempfile.TemporaryDirectory(prefix="synapse-bench-") as tmp:
-        root = Path(tmp)
-        cluster = LocalCluster(
-            root / "cluster",
-            extra_args=["--heartbeat-interval", heartbeat, "--log-level", "WARNING"],
-        )
-        workers = LocalWorkers(root / "workers", [])
-        try:
-            cluster.start()
-            cluster.serving_leader()
-            workers.schedulers = cluster.grpc_addresses
-            workers.root.mkdir(parents=True)
-            for i in range(n_workers):
-                workers.start(
-                    f"w{i + 1}",
-                    "--mock-gpus",
-                    "8",
-                    "--cpu",
-                    "64",
-                    "--memory",
-                    "256Gi",
-                    "--log-level",
-                    "WARNING",
-                )
-            out = root / "stamps"
-            out.mkdir()
-            with cluster.client() as client:
-                wait_for(
-                    "workers to register",
-                    lambda: len(client.list_nodes()) == n_workers,
-                    timeout_s=30,
-                )
-                latencies: list[float] = []
-                for g in range(gangs):
-                    spec = pb.JobSpec(
-                        name=f"gang-{g}",
-                        replicas=members,
-                        resources=pb.Resources(cpu_milli=1000, memory_mib=1024, gpu=1),
-                        shell_command=f"date +%s.%N > {out}/$SYNAPSE_JOB_ID-$RANK",
-                    )
-                    submitted = time.time()
-                    job_id = client.submit_job(spec).job_id
-                    paths = [out / f"{job_id}-{r}" for r in range(members)]
-                    deadline = time.monotonic() + 30
-                    stamps: list[float] = []
-                    while time.monotonic() < deadline:
-                        try:
-                            stamps = [float(p.read_text()) for p in paths]
-                            break
-                        except (OSError, ValueError):
-                            time.sleep(0.002)
-                    if len(stamps) != members:
-                        raise RuntimeError(f"gang {job_id} did not start within 30 s")
-                    latencies.append((max(stamps) - submitted) * 1000)
-                    wait_for(
-                        f"{job_id} to finish",
-                        lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
-                        timeout_s=30,
-                        every_s=0.01,
-                    )
-        finally:
-            workers.close()
-            cluster.close()
+    nodes = [
+        (f"w{i + 1}", ["--mock-gpus", "8", "--cpu", "64", "--memory", "256Gi"])
+        for i in range(n_workers)
+    ]
+    latencies: list[float] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="synapse-bench-") as tmp,
+        loopback_cluster(Path(tmp), heartbeat, nodes) as client,
+    ):
+        out = Path(tmp) / "stamps"
+        out.mkdir()
+        for g in range(gangs):
+            spec = pb.JobSpec(
+                name=f"gang-{g}",
+                replicas=members,
+                resources=pb.Resources(cpu_milli=1000, memory_mib=1024, gpu=1),
+                shell_command=f"date +%s.%N > {out}/$SYNAPSE_JOB_ID-$RANK",
+            )
+            submitted = time.time()
+            job_id = client.submit_job(spec).job_id
+            paths = [out / f"{job_id}-{r}" for r in range(members)]
+            stamps = read_stamps(paths, time.monotonic() + 30)
+            latencies.append((max(stamps) - submitted) * 1000)
+            wait_for(
+                f"{job_id} to finish",
+                lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
+                timeout_s=30,
+                every_s=0.01,
+            )
     p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
     return {
         "benchmark": "gang_start",

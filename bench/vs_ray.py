@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # first imported.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
+from bench.loopback import loopback_cluster, percentile, read_stamps
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from tests.integration.cluster import LocalCluster, wait_for
-from tests.worker.workers import LocalWorkers
+from tests.integration.cluster import wait_for
 
 NODES = 8
 GPUS_PER_NODE = 8
@@ -87,11 +87,6 @@ FAIRNESS = {
 }
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def summary(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
@@ -103,16 +98,6 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------ synapse_ha
-
-
-def _read_stamps(paths: list[Path], deadline: float) -> list[float]:
-    while True:
-        try:
-            return [float(p.read_text()) for p in paths]
-        except (OSError, ValueError):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"members did not start in time: {paths[0].name}...") from None
-            time.sleep(0.002)
 
 
 def _our_gang(
@@ -130,77 +115,64 @@ def _our_gang(
 
 
 def measure_ours(gangs: int, many: int, heartbeat: str) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="synapse-vs-ray-") as tmp:
-        root = Path(tmp)
-        cluster = LocalCluster(
-            root / "cluster",
-            extra_args=["--heartbeat-interval", heartbeat, "--log-level", "WARNING"],
+    nodes = [
+        (
+            f"w{i + 1}",
+            [
+                "--mock-gpus",
+                str(GPUS_PER_NODE),
+                "--cpu",
+                str(CPUS_PER_NODE),
+                "--memory",
+                "64Gi",
+                "--topology",
+                f"rack={RACKS[i * len(RACKS) // NODES]}",
+            ],
         )
-        workers = LocalWorkers(root / "workers", [])
-        try:
-            cluster.start()
-            cluster.serving_leader()
-            workers.schedulers = cluster.grpc_addresses
-            workers.root.mkdir(parents=True)
-            for i in range(NODES):
-                workers.start(
-                    f"w{i + 1}",
-                    "--mock-gpus",
-                    str(GPUS_PER_NODE),
-                    "--cpu",
-                    str(CPUS_PER_NODE),
-                    "--memory",
-                    "64Gi",
-                    "--topology",
-                    f"rack={RACKS[i * len(RACKS) // NODES]}",
-                    "--log-level",
-                    "WARNING",
+        for i in range(NODES)
+    ]
+    with (
+        tempfile.TemporaryDirectory(prefix="synapse-vs-ray-") as tmp,
+        loopback_cluster(Path(tmp), heartbeat, nodes) as client,
+    ):
+        out = Path(tmp) / "stamps"
+        out.mkdir()
+        report: dict[str, Any] = {
+            "replicas": 3,
+            "heartbeat_interval": heartbeat,
+            "burst_submit_threads": BURST_THREADS,
+        }
+        for label, (members, gpu) in SHAPES.items():
+            latencies = []
+            for g in range(gangs):
+                submitted = time.time()
+                job_id, paths = _our_gang(
+                    client, out, f"{label}-{g}", members, gpu, 1000, rack=gpu == 8
                 )
-            out = root / "stamps"
-            out.mkdir()
-            with cluster.client() as client:
+                stamps = read_stamps(paths, time.monotonic() + DEADLINE_S)
+                latencies.append((max(stamps) - submitted) * 1000)
                 wait_for(
-                    "workers to register", lambda: len(client.list_nodes()) == NODES, timeout_s=60
+                    f"{job_id} to finish",
+                    lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
+                    timeout_s=DEADLINE_S,
+                    every_s=0.01,
                 )
-                report: dict[str, Any] = {
-                    "replicas": 3,
-                    "heartbeat_interval": heartbeat,
-                    "burst_submit_threads": BURST_THREADS,
-                }
-                for label, (members, gpu) in SHAPES.items():
-                    latencies = []
-                    for g in range(gangs):
-                        submitted = time.time()
-                        job_id, paths = _our_gang(
-                            client, out, f"{label}-{g}", members, gpu, 1000, rack=gpu == 8
-                        )
-                        stamps = _read_stamps(paths, time.monotonic() + DEADLINE_S)
-                        latencies.append((max(stamps) - submitted) * 1000)
-                        wait_for(
-                            f"{job_id} to finish",
-                            lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
-                            timeout_s=DEADLINE_S,
-                            every_s=0.01,
-                        )
-                    report[label] = summary(latencies)
-                # Submitted from several threads at once: a submission returns only once
-                # it is committed by a quorum, where Ray's placement_group() returns at
-                # once; one thread would measure 50 round trips, not the scheduler.
-                started = time.time()
-                with ThreadPoolExecutor(max_workers=BURST_THREADS) as pool:
-                    submitted_all = list(
-                        pool.map(
-                            lambda g: _our_gang(client, out, f"many-{g}", 2, 0, 1000, False),
-                            range(many),
-                        )
-                    )
-                deadline = time.monotonic() + DEADLINE_S
-                last = max(max(_read_stamps(paths, deadline)) for _, paths in submitted_all)
-                report[f"start_{many}_gangs_ms"] = round((last - started) * 1000, 1)
-                return report
-        finally:
-            workers.close()
-            cluster.close()
+            report[label] = summary(latencies)
+        # Submitted from several threads at once: a submission returns only once
+        # it is committed by a quorum, where Ray's placement_group() returns at
+        # once; one thread would measure 50 round trips, not the scheduler.
+        started = time.time()
+        with ThreadPoolExecutor(max_workers=BURST_THREADS) as pool:
+            submitted_all = list(
+                pool.map(
+                    lambda g: _our_gang(client, out, f"many-{g}", 2, 0, 1000, False),
+                    range(many),
+                )
+            )
+        deadline = time.monotonic() + DEADLINE_S
+        last = max(max(read_stamps(paths, deadline)) for _, paths in submitted_all)
+        report[f"start_{many}_gangs_ms"] = round((last - started) * 1000, 1)
+        return report
 
 
 # ------------------------------------------------------------------------------- Ray

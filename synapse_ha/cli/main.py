@@ -218,40 +218,41 @@ def _completion_client(ctx: click.Context) -> ClusterClient | None:
     return ClusterClient(addresses, timeout_s=1.0, per_try_timeout_s=0.5)
 
 
-def complete_job_ids(
-    ctx: click.Context, param: click.Parameter, incomplete: str
+def _complete(
+    ctx: click.Context,
+    fetch: Callable[[ClusterClient], list[tuple[str, str]]],
+    incomplete: str,
 ) -> list[click.shell_completion.CompletionItem]:
+    """Completion items ``(value, help)`` from the cluster; none when it cannot answer."""
     client = _completion_client(ctx)
     if client is None:
         return []
     try:
         with client:
-            jobs = client.list_jobs()
+            items = fetch(client)
     except (ClusterUnavailable, grpc.RpcError):
         return []
     return [
-        click.shell_completion.CompletionItem(j.job_id, help=f"{j.spec.name} {j.state}")
-        for j in jobs
-        if j.job_id.startswith(incomplete)
+        click.shell_completion.CompletionItem(value, help=text)
+        for value, text in items
+        if value.startswith(incomplete)
     ]
+
+
+def complete_job_ids(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    return _complete(
+        ctx,
+        lambda c: [(j.job_id, f"{j.spec.name} {j.state}") for j in c.list_jobs()],
+        incomplete,
+    )
 
 
 def complete_node_ids(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[click.shell_completion.CompletionItem]:
-    client = _completion_client(ctx)
-    if client is None:
-        return []
-    try:
-        with client:
-            nodes = client.list_nodes()
-    except (ClusterUnavailable, grpc.RpcError):
-        return []
-    return [
-        click.shell_completion.CompletionItem(n.node_id, help=n.status)
-        for n in nodes
-        if n.node_id.startswith(incomplete)
-    ]
+    return _complete(ctx, lambda c: [(n.node_id, n.status) for n in c.list_nodes()], incomplete)
 
 
 # --------------------------------------------------------------------------- group
