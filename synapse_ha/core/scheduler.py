@@ -690,6 +690,7 @@ def _plan(
     levels = len(state.config.topology_levels)
     explainer = _Explainer(state.config.levels_with_host())
     placed: dict[str, _Running] = {}  # gangs placed by this pass
+    running: dict[str, _Running] | None = None  # every gang holding capacity; on first need
 
     for job in state.pending_jobs():
         spec = job.spec
@@ -720,11 +721,15 @@ def _plan(
             plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
             end = now_ms + spec.time_limit_ms if spec.time_limit_ms else None
             placed[job.job_id] = _Running(end, spec.resources, members)
+            if running is not None:
+                running[job.job_id] = placed[job.job_id]
             if on_decision is not None:
                 on_decision(job.job_id, True)
             continue
         if reservation is None:
-            made = _reserve(gang, view, depths, _running(state, placed), lambda: empty_view(state))
+            if running is None:
+                running = _running(state, placed)
+            made = _reserve(gang, view, depths, running, lambda: empty_view(state))
             if made is not None:
                 plan.reservation = made
                 restricted = view.without(made.nodes)

@@ -373,3 +373,26 @@ def test_a_single_host_job_takes_the_empty_host_in_the_fuller_rack() -> None:
     cl.run_pass()
     assert cl.state_of(gang) is JobState.SCHEDULED
     assert cl.racks_of(gang) == {"r1"}
+
+
+def test_a_pass_gathers_running_gangs_once_however_many_gangs_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Gangs that can never fit each look for a reservation; the running gangs they weigh
+    # are gathered once per pass, or a long queue makes the pass quadratic (and a leader
+    # holding the state for that long stops answering Raft).
+    cl = Cluster()
+    cl.add(node("n1", gpus=8))
+    for i in range(50):
+        cl.submit(job(f"big-{i}", replicas=4, gpu=8))
+    calls = []
+    original = type(cl.state).live_jobs
+
+    def counting(self: object) -> object:
+        calls.append(1)
+        return original(self)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(cl.state), "live_jobs", counting)
+    plan = cl.plan()
+    assert len(plan.reasons) == 50
+    assert len(calls) <= 1
