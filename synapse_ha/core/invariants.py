@@ -14,6 +14,7 @@ def check(state: ClusterState) -> list[str]:
     problems: list[str] = []
     expected: dict[str, Resources] = {node_id: Resources() for node_id in state.nodes}
     expected_gpus: dict[str, set[int]] = {node_id: set() for node_id in state.nodes}
+    expected_ports: dict[str, list[int]] = {node_id: [] for node_id in state.nodes}
     tokens: list[tuple[int, str]] = []
 
     for job_id, job in sorted(state.jobs.items()):
@@ -36,6 +37,8 @@ def check(state: ClusterState) -> list[str]:
                 )
             if len(attempt.member_status) != len(attempt.members):
                 problems.append(f"{job_id}: member status does not match members")
+            if attempt.members and attempt.members[0].node_id in expected_ports:
+                expected_ports[attempt.members[0].node_id].append(attempt.master_port)
             for member in attempt.members:
                 node = state.nodes.get(member.node_id)
                 if node is None or node.status is NodeStatus.DEAD:
@@ -68,6 +71,11 @@ def check(state: ClusterState) -> list[str]:
             )
         if node.allocated_gpus != expected_gpus[node_id]:
             problems.append(f"node {node_id}: allocated GPUs disagree with its members")
+        if node.master_ports != sorted(expected_ports[node_id]):
+            problems.append(
+                f"node {node_id}: master ports {node.master_ports} but its rank-0 members "
+                f"use {sorted(expected_ports[node_id])}"
+            )
         if not node.allocated.fits_in(node.info.capacity) or node.allocated.is_negative():
             problems.append(
                 f"node {node_id}: over-committed ({node.allocated} of {node.info.capacity})"

@@ -10,6 +10,7 @@ command becomes an error :class:`Result`, and an unexpected exception becomes an
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.model import (
     Attempt,
+    ClusterConfig,
     ClusterState,
     Job,
     JobSpec,
@@ -298,11 +300,14 @@ def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
         node.allocated = node.allocated + spec.resources
         node.allocated_gpus.update(member.gpus)
     job.attempts_made += 1
+    master = state.nodes[p.members[0].node_id]
+    master_port = _choose_master_port(state.config, master, token)
+    bisect.insort(master.master_ports, master_port)
     job.attempt = Attempt(
         number=job.attempts_made,
         fencing_token=token,
         members=p.members,
-        master_port=_choose_master_port(state, p.members[0].node_id, token),
+        master_port=master_port,
         bound_at_ms=now,
         member_status=[MemberStatus() for _ in p.members],
     )
@@ -313,19 +318,16 @@ def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
     )
 
 
-def _choose_master_port(state: ClusterState, master_node: str, token: int) -> int:
-    """A port for the rendezvous, not used by another live attempt on the same master node."""
-    config = state.config
-    in_use = {
-        job.attempt.master_port
-        for job in state.jobs.values()
-        if job.attempt is not None
-        and job.state.holds_resources
-        and job.attempt.members[0].node_id == master_node
-    }
+def _choose_master_port(config: ClusterConfig, master: Node, token: int) -> int:
+    """A port for the rendezvous, not used by another live attempt on the same master node.
+
+    Probing starts at the token's own slot, which is almost always free because tokens
+    grow; each probe is a binary search of the node's sorted ports."""
+    in_use = master.master_ports
     for step in range(config.master_port_span):
         port = config.master_port_base + (token + step) % config.master_port_span
-        if port not in in_use:
+        i = bisect.bisect_left(in_use, port)
+        if i == len(in_use) or in_use[i] != port:
             return port
     return config.master_port_base + token % config.master_port_span
 
@@ -484,6 +486,12 @@ def _end_attempt(state: ClusterState, job: Job, outcome: str, now: int) -> None:
         if node is not None:
             node.allocated = node.allocated - job.spec.resources
             node.allocated_gpus.difference_update(member.gpus)
+    master = state.nodes.get(attempt.members[0].node_id)
+    if master is not None:
+        ports = master.master_ports
+        i = bisect.bisect_left(ports, attempt.master_port)
+        if i < len(ports) and ports[i] == attempt.master_port:
+            del ports[i]
     attempt.ended_at_ms = now
     attempt.outcome = outcome
 

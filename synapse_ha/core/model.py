@@ -177,6 +177,9 @@ class Node:
     # Derived from bound attempts; kept for O(1) fit checks and verified by invariants.
     allocated: Resources = ZERO
     allocated_gpus: set[int] = field(default_factory=set)
+    # Rendezvous ports of the live attempts whose rank 0 runs here, sorted; derived the
+    # same way, so choosing a free port never scans every job.
+    master_ports: list[int] = field(default_factory=list)
     status_reason: str = ""
 
     @property

@@ -297,3 +297,19 @@ def test_retry_delay_is_full_jitter_within_the_exponential_cap() -> None:
     assert max(retry_delay_ms(spec, 1, s, "job-1") for s in range(50)) <= 10_000
     assert retry_delay_ms(spec, 3, 5, "job-1") == retry_delay_ms(spec, 3, 5, "job-1")
     assert len({retry_delay_ms(spec, 3, s, "job-1") for s in range(20)}) > 1
+
+
+def test_live_attempts_on_one_master_node_get_distinct_ports_and_release_them() -> None:
+    cl = Cluster()
+    cl.add(node("a", gpus=8))
+    first, second = cl.submit(job(gpu=1)), cl.submit(job(gpu=1))
+    cl.run_pass()
+    ports = [cl.state.jobs[j].attempt.master_port for j in (first, second)]  # type: ignore[union-attr]
+    assert len(set(ports)) == 2
+    assert cl.state.nodes["a"].master_ports == sorted(ports)
+    assert cl.do(c.CancelJob(first, now_ms=cl.now)).ok
+    assert cl.state.nodes["a"].master_ports == [ports[1]]
+    third = cl.submit(job(gpu=1))
+    cl.run_pass()
+    assert cl.state.jobs[third].attempt.master_port != ports[1]  # type: ignore[union-attr]
+    assert len(cl.state.nodes["a"].master_ports) == 2
