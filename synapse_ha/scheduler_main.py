@@ -42,6 +42,7 @@ from typing import Any
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core.model import Timeouts
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
+from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from synapse_ha.spec import SpecError, parse_duration
 
@@ -270,6 +271,7 @@ class Replica:
         self._wake = threading.Event()
         self._roles: queue.SimpleQueue[tuple[bool, int, int]] = queue.SimpleQueue()
         self.liveness = Liveness()
+        self.nudger = WorkerNudger()
         me = config.me
         self.raft = RaftReplica(
             me.raft,
@@ -288,6 +290,8 @@ class Replica:
             settings=LoopSettings(),
             rng=random.Random(),
             desired_timeouts=config.timeouts,
+            nudger=self.nudger,
+            wake=self._wake.set,
         )
         self.context = ReplicaContext(
             self_id=config.replica_id,
@@ -319,7 +323,8 @@ class Replica:
         said_ready = False
         last = ""
         while not self.stopping.is_set():
-            self._wake.wait(0.05)
+            due_ms = self.loop.next_step_in_ms(_now_ms())
+            self._wake.wait(0.05 if due_ms is None else min(0.05, due_ms / 1000))
             self._wake.clear()
             try:
                 while True:
@@ -355,6 +360,7 @@ class Replica:
         self._wake.set()
         self.server.stop(grace=1.0).wait(2.0)
         self._driver.join(timeout=2.0)
+        self.nudger.close()
         self.raft.stop()
         log.info("replica %s stopped", self.config.replica_id)
 

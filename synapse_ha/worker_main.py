@@ -50,7 +50,7 @@ from synapse_ha.worker import discovery
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.logs import add_log_service
+from synapse_ha.worker.logs import add_worker_service
 from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
 
 log = logging.getLogger("synapse.worker")
@@ -373,7 +373,18 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="logs"),
         options=[("grpc.so_reuseport", 0)],
     )
-    add_log_service(server, executor.root)
+    # The leader's nudges reach the agent through this box once it exists, and wake its
+    # loop so a bound member starts without waiting for the next tick.
+    wake = threading.Event()
+    agents: list[Agent] = []
+
+    def on_nudge(node_id: str) -> bool:
+        accepted = bool(agents) and agents[0].nudge(node_id)
+        if accepted:
+            wake.set()
+        return accepted
+
+    add_worker_service(server, executor.root, on_nudge)
     port = server.add_insecure_port(config.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
@@ -415,14 +426,16 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
             "SELF-FENCING IS DISABLED (%s): a test-only, unsafe build", UNSAFE_NO_SELF_FENCING_ENV
         )
     agent.add_recovered(recovered)
+    agents.append(agent)
     last = ""
     try:
         while not stop.is_set():
+            wake.clear()
             sentence = agent.step()
             if sentence and sentence != last:
                 log.info("%s", sentence)
             last = sentence or last
-            stop.wait(min(TICK_S, agent.next_wakeup_in()))
+            wake.wait(min(TICK_S, agent.next_wakeup_in()))
     finally:
         log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
         lease_file.revoke()

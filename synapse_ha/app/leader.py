@@ -15,12 +15,15 @@ Rules it keeps:
 * A new leader treats every node as heard from at its election (:class:`Liveness`), so
   no node is reaped before it had a whole ``dead_timeout`` to find the new leader.
 * At most one bind command is in flight; the next pass plans on the state it produced.
+  Once a bind commits, the workers it placed members on are nudged to heartbeat at once
+  (a hint; they would learn it at their next heartbeat anyway).
 * Proposals in flight are forgotten when leadership is lost: their outcomes, should they
   arrive, are ignored, and the next term starts from a clean slate.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -28,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
-from synapse_ha.app.ports import Proposer, StateReader
+from synapse_ha.app.ports import Nudger, Proposer, StateReader
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, NodeStatus, Timeouts
 from synapse_ha.core.scheduler import schedule
@@ -79,7 +82,7 @@ class LoopSettings:
     """
 
     schedule_period_ms: int = 500
-    min_pass_gap_ms: int = 20
+    min_pass_gap_ms: int = 5
     pass_gap_factor: float = 3.0
     housekeeping_period_ms: int = 100
     purge_period_ms: int = 60_000
@@ -124,7 +127,11 @@ class LeaderLoop:
         on_ready: Callable[[bool], None] | None = None,
         desired_timeouts: Timeouts | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        nudger: Nudger | None = None,
+        wake: Callable[[], None] | None = None,
     ) -> None:
+        """``wake`` is called (on another thread) when one of this loop's proposals
+        settles, so the driver can step at once instead of at its next tick."""
         self._state = state
         self._proposer = proposer
         self._liveness = liveness
@@ -134,6 +141,10 @@ class LeaderLoop:
         self._on_ready = on_ready
         self._desired_timeouts = desired_timeouts
         self._timer = timer
+        self._nudger = nudger
+        self._wake = wake
+        self._bind_nodes: tuple[str, ...] = ()
+        self._next_pass_ms: int | None = None
         self._pass_cost_ms = 0.0
         self._last_housekeeping_ms = -(1 << 62)
         self._configure: _InFlight | None = None
@@ -162,6 +173,8 @@ class LeaderLoop:
         self._term = term
         self._barrier = None
         self._bind = None
+        self._bind_nodes = ()
+        self._next_pass_ms = None
         self._node_deaths.clear()
         self._expiries.clear()
         self._purge = None
@@ -223,7 +236,17 @@ class LeaderLoop:
 
     def _start(self, command: cmd.Command, now_ms: int) -> _InFlight:
         future = self._proposer.propose(command)
+        if self._wake is not None:
+            wake = self._wake
+            future.add_done_callback(lambda _f: wake())
         return _InFlight(future, now_ms, self._settings.proposal_timeout_ms)
+
+    def next_step_in_ms(self, now_ms: int) -> int | None:
+        """When a scheduling pass that is waiting out the gap after the previous one
+        becomes due, in ms from ``now_ms``; None when none is waiting."""
+        if self._next_pass_ms is None or not self._leader:
+            return None
+        return max(0, self._next_pass_ms - now_ms)
 
     # ------------------------------------------------------------------- config
 
@@ -286,6 +309,7 @@ class LeaderLoop:
     # -------------------------------------------------------------- scheduling
 
     def _schedule(self, state: ClusterState, now_ms: int) -> str:
+        self._next_pass_ms = None
         if self._bind is not None:
             if not self._bind.settled(now_ms):
                 return "a bind is in flight"
@@ -293,12 +317,16 @@ class LeaderLoop:
             self._bind = None
             self._dirty = True
             if error is not None:
+                self._bind_nodes = ()
                 return f"the last bind did not commit ({error}); planning again"
+            self._nudge(state)
         since = now_ms - self._last_pass_ms
         settings = self._settings
         gap = max(settings.min_pass_gap_ms, settings.pass_gap_factor * self._pass_cost_ms)
         periodic = since >= settings.schedule_period_ms
         if not periodic and not (self._dirty and since >= gap):
+            if self._dirty:
+                self._next_pass_ms = self._last_pass_ms + math.ceil(gap)
             return ""
         self._dirty = False
         self._last_pass_ms = now_ms
@@ -310,6 +338,7 @@ class LeaderLoop:
             pending = len(plan.reasons)
             return f"scheduling pass: nothing to bind ({pending} pending)" if pending else ""
         self._bind = self._start(command, now_ms)
+        self._bind_nodes = tuple(sorted({m.node_id for p in command.placements for m in p.members}))
         waiting = len(plan.reasons)
         if not command.placements:
             return f"updating why {len(command.reasons)} jobs wait ({waiting} pending)"
@@ -318,6 +347,18 @@ class LeaderLoop:
             f"proposing to bind {len(command.placements)} gangs ({members} members); "
             f"{waiting} jobs keep waiting"
         )
+
+    def _nudge(self, state: ClusterState) -> None:
+        """Tell the workers of the bind that just committed to heartbeat now."""
+        nodes, self._bind_nodes = self._bind_nodes, ()
+        if self._nudger is None or not nodes:
+            return
+        targets = [
+            (node_id, state.nodes[node_id].info.address)
+            for node_id in nodes
+            if node_id in state.nodes
+        ]
+        self._nudger.nudge(targets)
 
     # ------------------------------------------------------------------- purge
 

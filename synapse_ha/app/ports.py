@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Protocol
@@ -36,4 +37,11 @@ class Proposer(Protocol):
         :class:`ProposalError`; it may never resolve when leadership moves, so callers
         wait with a deadline and treat a timeout as an unknown outcome.
         """
+        ...
+
+
+class Nudger(Protocol):
+    def nudge(self, targets: Sequence[tuple[str, str]]) -> None:
+        """Ask each ``(node_id, address)`` worker to heartbeat now. A hint that must not
+        block and never raises: a lost nudge costs one heartbeat interval, nothing more."""
         ...

@@ -8,7 +8,9 @@ saying what it did.
 Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
 
 * Heartbeats go out every ``heartbeat_interval`` (as the leader says), and sooner when a
-  member started or exited, so reports reach the leader without waiting a whole period.
+  member started or exited, so reports reach the leader without waiting a whole period,
+  or when the leader nudged this node because it bound members here. Early heartbeats
+  keep at least ``MIN_REPORT_GAP_S`` between them.
 * Reports (STARTED, EXITED) are kept, in order, until a reply acknowledges them, and are
   resent until then; an acknowledged exit is marked on disk and never reported again.
 * Desired state is applied idempotently by (job_id, fencing_token, rank): a key that ever
@@ -172,6 +174,7 @@ class Agent:
         self.next_register_at = 0.0
         self.last_sent_at = -1.0
         self.fresh_reports = False
+        self.nudged = False
         self.desired_seen: set[MemberKey] = set()
         if lease_file is not None:
             lease_file.revoke()
@@ -183,6 +186,14 @@ class Agent:
         for key, exit_ in exits:
             self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
         self.fresh_reports = bool(exits) or self.fresh_reports
+
+    def nudge(self, node_id: str) -> bool:
+        """The leader asks for a heartbeat now. Called from another thread; it only sets a
+        flag the next :meth:`step` reads. False when the nudge names another node."""
+        if node_id != self.node_id:
+            return False
+        self.nudged = True
+        return True
 
     def step(self) -> str:
         """One pass: collect exits, fence if the lease ran out, register or heartbeat when
@@ -201,7 +212,7 @@ class Agent:
                 return "; ".join(said)
             now = self.clock()
         due = now >= self.next_heartbeat_at
-        early = self.fresh_reports and now >= self.last_sent_at + MIN_REPORT_GAP_S
+        early = (self.fresh_reports or self.nudged) and now >= self.last_sent_at + MIN_REPORT_GAP_S
         if due or early:
             said.append(self._heartbeat())
         return "; ".join(s for s in said if s)
@@ -210,6 +221,8 @@ class Agent:
         """Seconds until the loop has something to do by the clock."""
         now = self.clock()
         targets = [self.next_heartbeat_at if self.registered else self.next_register_at]
+        if self.registered and (self.fresh_reports or self.nudged):
+            targets.append(self.last_sent_at + MIN_REPORT_GAP_S)
         if self.self_fencing and self.lease.state is LeaseState.HELD:
             targets.append(self.lease.valid_until)
         return max(0.0, min(targets) - now)
@@ -264,6 +277,7 @@ class Agent:
         sent_at = self.clock()
         self.last_sent_at = sent_at
         self.fresh_reports = False
+        self.nudged = False
         self.next_heartbeat_at = sent_at + self.interval_s
         try:
             answer = self.control.heartbeat(request, timeout_s=max(0.2, self.interval_s))

@@ -1,9 +1,9 @@
-"""``WorkerService.ReadLog``: members' output, read (and followed) from this node.
+"""``WorkerService``: members' output, read (and followed) from this node; nudges.
 
 Logs are the per-member files ``DATA_DIR/members/JOB_ID/aATTEMPT.tTOKEN.rRANK/output.log``.
 A member has finished writing once its ``exit.json`` exists; a follow stream then sends
 what is left and a final chunk with ``eof`` set. The servicer only reads files, so it
-never contends with the agent loop.
+never contends with the agent loop. A nudge only sets a flag the agent loop reads.
 """
 
 from __future__ import annotations
@@ -74,9 +74,19 @@ def read_chunks(
             wait(poll_s)
 
 
-class LogServicer(wpb_grpc.WorkerServiceServicer):
-    def __init__(self, members_root: Path) -> None:
+class WorkerServicer(wpb_grpc.WorkerServiceServicer):
+    """The worker's own API: members' logs, and nudges from the leader.
+
+    ``on_nudge(node_id)`` returns whether the nudge was for this node; it must return at
+    once (it runs on a gRPC thread and only flags the agent loop)."""
+
+    def __init__(self, members_root: Path, on_nudge: Callable[[str], bool] | None = None) -> None:
         self.members_root = members_root
+        self.on_nudge = on_nudge
+
+    def Nudge(self, request: wpb.NudgeRequest, context: grpc.ServicerContext) -> wpb.NudgeResponse:
+        accepted = self.on_nudge is not None and self.on_nudge(request.node_id)
+        return wpb.NudgeResponse(accepted=accepted)
 
     def ReadLog(
         self, request: wpb.ReadLogRequest, context: grpc.ServicerContext
@@ -97,5 +107,8 @@ class LogServicer(wpb_grpc.WorkerServiceServicer):
         )
 
 
-def add_log_service(server: grpc.Server, members_root: Path) -> None:
-    wpb_grpc.add_WorkerServiceServicer_to_server(LogServicer(members_root), server)  # type: ignore[no-untyped-call]
+def add_worker_service(
+    server: grpc.Server, members_root: Path, on_nudge: Callable[[str], bool] | None = None
+) -> None:
+    servicer = WorkerServicer(members_root, on_nudge)
+    wpb_grpc.add_WorkerServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from synapse_ha.worker import shim
 from synapse_ha.worker.cgroups import CgroupLimiter
 from synapse_ha.worker.shim import (
     group_alive,
@@ -43,6 +44,10 @@ from synapse_ha.worker.shim import (
 log = logging.getLogger("synapse.worker.members")
 
 EXIT_LOST = 137
+# The supervisor runs as a script in isolated mode without site-packages (-I -S): it
+# needs only the standard library, and skipping site setup saves tens of milliseconds
+# on every member start.
+SHIM_COMMAND = ("-I", "-S", str(Path(shim.__file__).resolve()))
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -339,7 +344,7 @@ class MemberExecutor:
         shim_log = open(mdir / "shim.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             member.shim = subprocess.Popen(
-                [self.settings.python, "-m", "synapse_ha.worker.shim", str(mdir)],
+                [self.settings.python, *SHIM_COMMAND, str(mdir)],
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,
                 stderr=subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""The per-member supervisor: ``python -m synapse_ha.worker.shim MEMBER_DIR``.
+"""The per-member supervisor: ``python -I -S .../synapse_ha/worker/shim.py MEMBER_DIR``.
 
 One shim runs per gang member, in a session of its own, started by the agent. It reads
 ``launch.json`` from the member directory, starts the member as its own process group
@@ -24,7 +24,8 @@ and ``exit.json`` (exit code, detail, end time) atomically when it is gone; the 
 both. Exit codes follow the shell: 128 + N for death by signal N. A member stopped by the
 shim never reports 0: a fenced member that exits cleanly on SIGTERM did not succeed.
 
-This module imports only the standard library so that it starts in a few milliseconds.
+This module imports only the standard library, so that it runs as a plain script in
+isolated mode without site-packages and starts in a few milliseconds; keep it so.
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ class Shim:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m synapse_ha.worker.shim MEMBER_DIR", file=sys.stderr)
+        print("usage: python -I -S shim.py MEMBER_DIR", file=sys.stderr)
         return 2
     return Shim(Path(args[0])).run()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core import commands as cmd
@@ -202,3 +203,64 @@ def test_a_bind_without_outcome_is_abandoned_and_planned_again() -> None:
     assert "did not commit (no outcome within" in said
     assert "proposing to bind" in loop.step(1_100 + timeout + 600)
     assert len(log.of_type(cmd.BindPlan)) == 2
+
+
+class RecordingNudger:
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, str]]] = []
+
+    def nudge(self, targets: Sequence[tuple[str, str]]) -> None:
+        self.calls.append(list(targets))
+
+
+def test_the_nodes_of_a_committed_bind_are_nudged_once() -> None:
+    log = FakeLog()
+    for n in ("a", "b", "c"):
+        log.propose(cmd.RegisterNode(info=node(n), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("g", replicas=2, gpu=8), request_id="r", now_ms=0))
+    nudger = RecordingNudger()
+    wakes: list[int] = []
+    loop, _ = elected(log, nudger=nudger, wake=lambda: wakes.append(1))
+    log.hold = True
+    assert "proposing to bind" in loop.step(1_100)
+    loop.step(1_110)
+    assert nudger.calls == []  # not before the bind commits
+    wakes.clear()
+    log.commit_pending()
+    assert wakes == [1]  # the settled proposal wakes the driver
+    loop.step(1_120)
+    (bound,) = log.state.jobs.values()
+    assert bound.attempt is not None
+    nodes = sorted({m.node_id for m in bound.attempt.members})
+    assert nudger.calls == [[(n, log.state.nodes[n].info.address) for n in nodes]]
+    loop.step(1_130)
+    assert len(nudger.calls) == 1
+
+
+def test_a_bind_that_fails_nudges_nobody() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("a"), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("g", gpu=8), request_id="r", now_ms=0))
+    nudger = RecordingNudger()
+    loop, _ = elected(log, nudger=nudger)
+    log.hold = True
+    loop.step(1_100)
+    log.fail_pending()
+    assert "did not commit" in loop.step(1_110)
+    assert nudger.calls == []
+
+
+def test_a_pass_held_back_by_the_gap_says_when_it_is_due() -> None:
+    log = FakeLog()
+    ticks = iter([0.0, 0.2, 1.0, 1.2])  # every pass costs 200 ms
+    loop, _ = elected(log, now=0, timer=lambda: next(ticks))
+    assert loop.next_step_in_ms(0) is None
+    log.propose(cmd.SubmitJob(spec=job("a", gpu=8), request_id="a", now_ms=0))
+    loop.note_state_changed()
+    loop.step(1_000)
+    loop.note_state_changed()
+    loop.step(1_100)  # held back: the last pass cost 200 ms, so the gap is 600 ms
+    assert loop.next_step_in_ms(1_100) == 500
+    assert loop.next_step_in_ms(1_700) == 0
+    loop.step(1_600)
+    assert loop.next_step_in_ms(1_600) is None

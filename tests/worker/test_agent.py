@@ -344,3 +344,36 @@ def test_lease_takes_the_ttl_the_leader_announces() -> None:
     assert lease.valid_until == clock() + 2.0
     with pytest.raises(ValueError, match="positive"):
         Lease(0, clock)
+
+
+def test_a_nudge_brings_the_next_heartbeat_forward_but_keeps_the_minimum_gap(
+    setup: Setup,
+) -> None:
+    agent, control, _, clock = setup
+    agent.step()  # registers and heartbeats
+    sent = len(control.heartbeats)
+    clock.advance(0.01)
+    assert agent.nudge("n1")
+    assert agent.next_wakeup_in() == pytest.approx(0.01)
+    agent.step()
+    assert len(control.heartbeats) == sent  # within MIN_REPORT_GAP_S of the last one
+    clock.advance(0.01)
+    control.desired = [desired("j", 7, 0)]
+    assert "started 1 member(s)" in agent.step()
+    assert len(control.heartbeats) == sent + 1
+    clock.advance(0.05)
+    agent.step()  # the started report goes out early; the nudge was consumed
+    clock.advance(0.05)
+    before = len(control.heartbeats)
+    agent.step()
+    assert len(control.heartbeats) == before  # no nudge, no fresh reports: waits the interval
+
+
+def test_a_nudge_for_another_node_is_refused(setup: Setup) -> None:
+    agent, control, _, clock = setup
+    agent.step()
+    clock.advance(0.1)
+    assert not agent.nudge("n2")
+    sent = len(control.heartbeats)
+    agent.step()
+    assert len(control.heartbeats) == sent

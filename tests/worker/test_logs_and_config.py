@@ -13,7 +13,7 @@ import pytest
 from synapse_ha.core.machine import FEATURE_IMAGES
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
-from synapse_ha.worker.logs import add_log_service, find_member_dir, read_chunks
+from synapse_ha.worker.logs import add_worker_service, find_member_dir, read_chunks
 from synapse_ha.worker.members import MemberExecutor
 from synapse_ha.worker_main import ConfigError, load_config, registration
 from tests.worker.conftest import MakeExecutor
@@ -28,7 +28,7 @@ def executor(make_executor: MakeExecutor) -> MemberExecutor:
 @pytest.fixture
 def log_stub(executor: MemberExecutor) -> Iterator[wpb_grpc.WorkerServiceStub]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    add_log_service(server, executor.root)
+    add_worker_service(server, executor.root)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")

@@ -16,6 +16,7 @@ import pytest
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import launch_spec_from_proto
 from synapse_ha.worker.members import (
+    SHIM_COMMAND,
     ImageRuntime,
     LaunchSpec,
     Member,
@@ -406,3 +407,17 @@ def test_launch_spec_keeps_every_field_of_a_desired_member() -> None:
         shell=True,
         env=(("HF_HOME", "/data/hf"),),
     )
+
+
+def test_the_supervisor_runs_isolated_on_the_standard_library_alone(tmp_path: Path) -> None:
+    # Members start through ``python -I -S shim.py``: no site-packages, no project on the
+    # path. An import of anything else would fail here before the usage line.
+    done = subprocess.run(
+        [sys.executable, *SHIM_COMMAND],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "usage:" in done.stderr

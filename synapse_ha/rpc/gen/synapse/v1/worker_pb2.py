@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*synapse_ha/rpc/gen/synapse/v1/worker.proto\x12\nsynapse.v1\"r\n\x0eReadLogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\tmax_bytes\x18\x05 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\"5\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x32N\n\rWorkerService\x12=\n\x07ReadLog\x12\x1a.synapse.v1.ReadLogRequest\x1a\x14.synapse.v1.LogChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*synapse_ha/rpc/gen/synapse/v1/worker.proto\x12\nsynapse.v1\"r\n\x0eReadLogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\tmax_bytes\x18\x05 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\"5\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\"\x1f\n\x0cNudgeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"!\n\rNudgeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\x8c\x01\n\rWorkerService\x12=\n\x07ReadLog\x12\x1a.synapse.v1.ReadLogRequest\x1a\x14.synapse.v1.LogChunk0\x01\x12<\n\x05Nudge\x12\x18.synapse.v1.NudgeRequest\x1a\x19.synapse.v1.NudgeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READLOGREQUEST']._serialized_end=172
   _globals['_LOGCHUNK']._serialized_start=174
   _globals['_LOGCHUNK']._serialized_end=227
-  _globals['_WORKERSERVICE']._serialized_start=229
-  _globals['_WORKERSERVICE']._serialized_end=307
+  _globals['_NUDGEREQUEST']._serialized_start=229
+  _globals['_NUDGEREQUEST']._serialized_end=260
+  _globals['_NUDGERESPONSE']._serialized_start=262
+  _globals['_NUDGERESPONSE']._serialized_end=295
+  _globals['_WORKERSERVICE']._serialized_start=298
+  _globals['_WORKERSERVICE']._serialized_end=438
 # @@protoc_insertion_point(module_scope)

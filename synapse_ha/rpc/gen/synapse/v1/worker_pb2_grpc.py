@@ -39,6 +39,11 @@ class WorkerServiceStub:
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.ReadLogRequest.SerializeToString,
                 response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.Nudge = channel.unary_unary(
+                '/synapse.v1.WorkerService/Nudge',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.NudgeRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.NudgeResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -51,6 +56,14 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Nudge(self, request, context):
+        """Heartbeat now: the desired state of this node changed. Early heartbeats keep the
+        agent's minimum gap between heartbeats, so nudges cannot make it flood the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +71,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.ReadLog,
                     request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.ReadLogRequest.FromString,
                     response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.LogChunk.SerializeToString,
+            ),
+            'Nudge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nudge,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.NudgeRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.NudgeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +105,33 @@ class WorkerService:
             '/synapse.v1.WorkerService/ReadLog',
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.ReadLogRequest.SerializeToString,
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nudge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.WorkerService/Nudge',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.NudgeRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_worker__pb2.NudgeResponse.FromString,
             options,
             channel_credentials,
             insecure,

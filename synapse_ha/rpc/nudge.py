@@ -1,0 +1,83 @@
+"""The leader's nudges to workers: ``WorkerService.Nudge``, fire and forget.
+
+After a bind commits, the leader asks the workers it placed members on to heartbeat now,
+so members start within a round trip of the decision instead of up to a heartbeat
+interval later. A nudge carries no state: the heartbeat reply stays the only source of
+what should run, and a nudge that is lost, late or refused costs one interval at most.
+Calls never block the caller; channels are kept per worker address, at most
+``max_channels`` of them (least recently used closed first).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import grpc
+
+from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
+from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+
+log = logging.getLogger("synapse.rpc.nudge")
+
+
+class WorkerNudger:
+    def __init__(self, timeout_s: float = 1.0, max_channels: int = 4096) -> None:
+        if max_channels < 1:
+            raise ValueError("max_channels must be at least 1")
+        self.timeout_s = timeout_s
+        self.max_channels = max_channels
+        self._lock = threading.Lock()
+        self._channels: OrderedDict[str, tuple[grpc.Channel, wpb_grpc.WorkerServiceStub]] = (
+            OrderedDict()
+        )
+        self._closed = False
+
+    def nudge(self, targets: Sequence[tuple[str, str]]) -> None:
+        for node_id, address in targets:
+            stub = self._stub(address)
+            if stub is None:
+                return
+            try:
+                call = stub.Nudge.future(wpb.NudgeRequest(node_id=node_id), timeout=self.timeout_s)
+            except Exception as exc:  # a hint: never let it reach the leader loop
+                log.debug("could not nudge %s at %s: %s", node_id, address, exc)
+                continue
+            call.add_done_callback(lambda f, n=node_id, a=address: _settled(f, n, a))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels = [channel for channel, _ in self._channels.values()]
+            self._channels.clear()
+        for channel in channels:
+            channel.close()
+
+    def _stub(self, address: str) -> wpb_grpc.WorkerServiceStub | None:
+        evicted: list[grpc.Channel] = []
+        with self._lock:
+            if self._closed:
+                return None
+            entry = self._channels.get(address)
+            if entry is not None:
+                self._channels.move_to_end(address)
+                return entry[1]
+            channel = grpc.insecure_channel(address)
+            stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
+            self._channels[address] = (channel, stub)
+            while len(self._channels) > self.max_channels:
+                _, (old, _) = self._channels.popitem(last=False)
+                evicted.append(old)
+        for old in evicted:
+            old.close()
+        return stub
+
+
+def _settled(call: grpc.Future[wpb.NudgeResponse], node_id: str, address: str) -> None:
+    exc = call.exception()
+    if exc is not None:
+        log.debug("nudge to %s at %s failed: %s", node_id, address, exc)
+    elif not call.result().accepted:
+        log.info("the worker at %s is not node %s; nudge ignored", address, node_id)
