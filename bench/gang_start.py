@@ -6,10 +6,11 @@ the wall-clock time to a file; a gang's latency is the latest of its members' ti
 the time just before SubmitJob was called. Members exit 0 at once, so every gang frees
 its capacity for the next.
 
-The figure is dominated by how often workers ask for their desired state: a worker learns
-of new members only in a heartbeat reply (DESIGN §2, pull), so the expected wait is half a
-heartbeat interval. ``--heartbeat-interval`` sets the cluster's interval (default 100ms;
-the production default is 1s).
+A worker learns of new members in a heartbeat reply (DESIGN §2, pull); once the bind
+commits the leader nudges the workers concerned to heartbeat at once, so the figure is
+the bind, one heartbeat round trip and the process starts, not the heartbeat interval.
+``--heartbeat-interval`` sets the cluster's interval (default 100ms; the production
+default is 1s); it matters only when a nudge is lost.
 
 Prints one JSON object. ``--smoke`` runs a few gangs on 2 workers (a few seconds).
 """

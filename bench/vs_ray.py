@@ -61,8 +61,8 @@ FAIRNESS = {
     "synapse_ha": [
         "every decision is replicated through Raft on 3 scheduler processes before any "
         "worker acts on it (survives the loss of a replica; Ray's GCS is one process)",
-        "workers learn of new members by pulling desired state in heartbeat replies "
-        "(--heartbeat-interval, 100ms here): half an interval is the expected wait",
+        "workers learn of new members from heartbeat replies; the leader nudges a "
+        "worker to heartbeat as soon as a bind placing members on it commits",
         "each member is a new OS process in its own process group with its rank "
         "environment (MASTER_ADDR, RANK, CUDA_VISIBLE_DEVICES...), as torchrun expects",
         "chooses the rack itself (tightest fit, best fit among racks, NVLink islands); "
