@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
-from synapse_ha.core.model import Timeouts
+from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
@@ -62,6 +62,7 @@ class SchedulerConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     timing: RaftTiming = field(default_factory=RaftTiming)
     log_level: str = "INFO"
+    locality_wait_ms: int = LOCALITY_WAIT_MS
 
     @property
     def me(self) -> ReplicaAddress:
@@ -121,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name in ("heartbeat-interval", "lease-ttl", "leader-step-down", "dead-timeout"):
         p.add_argument(f"--{name}", help="a duration such as 1s, 500ms or 10s")
+    p.add_argument(
+        "--locality-wait",
+        help="how long a gang that fits in one rack waits for one before spreading "
+        "across racks (e.g. 10m, the default; 0s turns it off)",
+    )
     p.add_argument("--election-min", help="Raft election timeout, lower bound (e.g. 400ms)")
     p.add_argument("--election-max", help="Raft election timeout, upper bound (e.g. 800ms)")
     p.add_argument(
@@ -208,6 +214,12 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     if problems:
         raise ConfigError("unsafe timeouts: " + "; ".join(problems))
 
+    s_doc = doc.get("scheduling", {})
+    raw_wait = args.locality_wait if args.locality_wait is not None else s_doc.get("locality_wait")
+    locality_wait_ms = LOCALITY_WAIT_MS if raw_wait is None else _ms(raw_wait, "locality_wait")
+    if locality_wait_ms > MAX_LOCALITY_WAIT_MS:
+        raise ConfigError(f"locality_wait must be at most {MAX_LOCALITY_WAIT_MS // 3_600_000}h")
+
     r_doc = doc.get("raft", {})
     timing = RaftTiming()
     election_min = args.election_min or r_doc.get("election_min")
@@ -241,6 +253,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         timeouts=timeouts,
         timing=timing,
         log_level=(args.log_level or doc.get("log_level", "INFO")).upper(),
+        locality_wait_ms=locality_wait_ms,
     )
 
 
@@ -290,6 +303,7 @@ class Replica:
             settings=LoopSettings(),
             rng=random.Random(),
             desired_timeouts=config.timeouts,
+            desired_locality_wait_ms=config.locality_wait_ms,
             nudger=self.nudger,
             wake=self._wake.set,
         )

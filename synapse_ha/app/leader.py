@@ -127,6 +127,7 @@ class LeaderLoop:
         on_ready: Callable[[bool], None] | None = None,
         desired_timeouts: Timeouts | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        desired_locality_wait_ms: int | None = None,
         nudger: Nudger | None = None,
         wake: Callable[[], None] | None = None,
     ) -> None:
@@ -140,6 +141,7 @@ class LeaderLoop:
         self._rng = rng or random.Random()
         self._on_ready = on_ready
         self._desired_timeouts = desired_timeouts
+        self._desired_locality_wait_ms = desired_locality_wait_ms
         self._timer = timer
         self._nudger = nudger
         self._wake = wake
@@ -202,7 +204,7 @@ class LeaderLoop:
         if housekeeping:
             self._last_housekeeping_ms = now_ms
         with self._state.reading() as state:
-            sentences = [self._configure_timeouts(state, now_ms)]
+            sentences = [self._configure_cluster(state, now_ms)]
             if housekeeping:
                 sentences += self._reap(state, now_ms)
                 sentences += self._expire_time_limits(state, now_ms)
@@ -250,10 +252,15 @@ class LeaderLoop:
 
     # ------------------------------------------------------------------- config
 
-    def _configure_timeouts(self, state: ClusterState, now_ms: int) -> str:
-        """Replicate this replica's configured timeouts when the state differs."""
-        wanted = self._desired_timeouts
-        if wanted is None or state.config.timeouts == wanted:
+    def _configure_cluster(self, state: ClusterState, now_ms: int) -> str:
+        """Replicate this replica's configured timeouts and locality wait when the
+        replicated configuration differs."""
+        wanted = state.config
+        if self._desired_timeouts is not None:
+            wanted = replace(wanted, timeouts=self._desired_timeouts)
+        if self._desired_locality_wait_ms is not None:
+            wanted = replace(wanted, locality_wait_ms=self._desired_locality_wait_ms)
+        if wanted == state.config:
             return ""
         if self._configure is not None:
             if not self._configure.settled(now_ms):
@@ -261,11 +268,12 @@ class LeaderLoop:
             result = self._configure.result()
             self._configure = None
             if result is not None and not result.ok:
-                self._desired_timeouts = None  # refused: keep the replicated ones
-                return f"the configured timeouts were refused: {result.message}"
-        command = cmd.Configure(config=replace(state.config, timeouts=wanted), now_ms=now_ms)
-        self._configure = self._start(command, now_ms)
-        return "replicating the configured timeouts"
+                # Refused: keep the replicated values.
+                self._desired_timeouts = None
+                self._desired_locality_wait_ms = None
+                return f"the configured settings were refused: {result.message}"
+        self._configure = self._start(cmd.Configure(config=wanted, now_ms=now_ms), now_ms)
+        return "replicating the configured settings"
 
     # ------------------------------------------------------------------ reaper
 

@@ -18,6 +18,7 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.model import (
+    MAX_LOCALITY_WAIT_MS,
     Attempt,
     ClusterConfig,
     ClusterState,
@@ -69,6 +70,8 @@ def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:
         or c.config.master_port_base + c.config.master_port_span - 1 > 65535
     ):
         problems.append("master port range must lie within 1024..65535")
+    if not 0 <= c.config.locality_wait_ms <= MAX_LOCALITY_WAIT_MS:
+        problems.append(f"locality_wait_ms must be between 0 and {MAX_LOCALITY_WAIT_MS}")
     if problems:
         return error(ResultCode.INVALID, "; ".join(problems))
     state.config = c.config

@@ -101,6 +101,8 @@ ZERO = Resources()
 
 
 DEFAULT_TOPOLOGY_LEVELS: tuple[str, ...] = ("zone", "block", "rack")
+LOCALITY_WAIT_MS = 600_000  # see ClusterConfig.locality_wait_ms
+MAX_LOCALITY_WAIT_MS = 86_400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,11 @@ class ClusterConfig:
 
     ``topology_levels`` are the named levels above a host, outermost first; the host
     itself is always the innermost level and is not listed.
+
+    ``locality_wait_ms`` bounds how long a multi-member gang that could fit inside one
+    domain of its preferred level (by default the innermost level, e.g. one rack) waits,
+    counted from when it was queued, for such a domain to have room before it accepts
+    a placement across domains; 0 places it across domains at once.
     """
 
     topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
@@ -146,6 +153,7 @@ class ClusterConfig:
     retention_ms: int = 3_600_000
     master_port_base: int = 29_500
     master_port_span: int = 10_000
+    locality_wait_ms: int = LOCALITY_WAIT_MS
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

@@ -6,7 +6,15 @@ submission order) and places each gang whole or not at all:
 * **Topology.** Levels are searched from the tightest (one host) outwards to the whole
   cluster; the first level with a domain that can hold the whole gang wins. A
   ``topology.required`` level caps the search; ``topology.preferred`` is satisfied by the
-  same tightest-first search and only changes what the reason says when it is missed.
+  same tightest-first search and names the level a gang waits for (below).
+* **Locality wait.** A gang of several members that could fit inside one domain of its
+  ``topology.preferred`` level (by default the innermost level, the rack) but finds no
+  such domain with room waits for one, at most ``ClusterConfig.locality_wait_ms``
+  counted from when it was queued (submitted, or due for a retry); after that it takes
+  the tightest fit across domains. This departs on purpose from a pure "tightest fit
+  now" (DESIGN §3): a short wait for a whole rack is worth more to a training job than
+  starting at once across racks. A waiting gang holds no reservation and blocks no one;
+  a gang that does not fit even across domains is handled as any gang that cannot fit.
 * **Best fit.** Among domains of a level that fit, the one left with the least free
   capacity is chosen, so large contiguous domains stay free for large gangs. Inside the
   domain, members go to the fewest hosts (fullest sub-domain first), the last host chosen
@@ -75,6 +83,9 @@ class Plan:
     reasons: dict[str, str] = field(default_factory=dict)  # every unplaced pending job
     changed_reasons: list[tuple[str, str]] = field(default_factory=list)
     reservation: Reservation | None = None
+    # The earliest later time at which time alone may change a decision (a locality
+    # wait ending); a caller that plans only on events should plan again then.
+    wake_ms: int | None = None
 
     def command(self, now_ms: int) -> BindPlan | None:
         """The command to propose, or None when the pass changes nothing."""
@@ -450,6 +461,26 @@ def _search_depths(state: ClusterState, spec: JobSpec, levels: int) -> list[int]
     return list(range(deepest, shallowest - 1, -1))
 
 
+def _locality_depths(state: ClusterState, spec: JobSpec, depths: list[int]) -> list[int] | None:
+    """The depths a gang searches while it waits for locality, or None when it never
+    waits: its ``topology.preferred`` level, else the innermost configured level, when
+    that is tighter than what the gang already requires."""
+    names = state.config.levels_with_host()
+    level = spec.topology_preferred or (names[-2] if len(names) > 1 else "")
+    if not level or level not in names:
+        return None
+    deepest = names.index(level) + 1
+    local = [d for d in depths if d >= deepest]
+    if not local or len(local) == len(depths):
+        return None
+    return local
+
+
+def _pending_since(job: Job) -> int:
+    """When the job joined the queue for its next attempt."""
+    return max(job.submitted_at_ms, job.retry_not_before_ms)
+
+
 def _place(gang: _Gang, view: _View, depths: list[int]) -> list[tuple[str, int]] | None:
     """Choose hosts for the whole gang: [(node_id, members)], or None when it cannot fit."""
     req, n = gang.req, gang.n
@@ -690,6 +721,8 @@ def _plan(
     levels = len(state.config.topology_levels)
     explainer = _Explainer(state.config.levels_with_host())
     placed: dict[str, _Running] = {}  # gangs placed by this pass
+    wait_ms = state.config.locality_wait_ms
+    fits_local: dict[tuple[Resources, int, bool, int], bool] = {}  # on an empty cluster
     running: dict[str, _Running] | None = None  # every gang holding capacity; on first need
 
     for job in state.pending_jobs():
@@ -714,7 +747,27 @@ def _plan(
             and now_ms + spec.time_limit_ms <= reservation.start_ms
         )
         target = restricted if restricted is not None and not backfill_ok else view
-        hosts = _place(gang, target, depths)
+        local = _locality_depths(state, spec, depths) if wait_ms and gang.n > 1 else None
+        deadline = _pending_since(job) + wait_ms
+        if local is not None and now_ms < deadline:
+            key = (gang.req, gang.n, bool(spec.image), local[-1])
+            possible = fits_local.get(key)
+            if possible is None:
+                possible = fits_local[key] = _fits(gang, empty_view(state), local)
+            if not possible:
+                local = None
+        else:
+            local = None
+        hosts = _place(gang, target, local if local is not None else depths)
+        if hosts is None and local is not None and _fits(gang, target, depths):
+            plan.reasons[job.job_id] = explainer.why_waiting_for_locality(
+                gang, target, local, wait_ms
+            )
+            if plan.wake_ms is None or deadline < plan.wake_ms:
+                plan.wake_ms = deadline
+            if on_decision is not None:
+                on_decision(job.job_id, False)
+            continue
         if hosts is not None:
             members = _members_for(gang, target, hosts)
             _commit(table, spec.resources, members)
@@ -858,7 +911,8 @@ class _Explainer:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self.cache: dict[tuple[Resources, int, int], tuple[int, Domain]] = {}
+        # Keyed by the view's identity too: the views of one pass share a version.
+        self.cache: dict[tuple[Resources, int, int, int], tuple[int, Domain]] = {}
 
     def best_room(self, view: _View, req: Resources, depth: int) -> tuple[int, Domain]:
         """Roughly how many members of ``req`` the roomiest domain at ``depth`` holds now.
@@ -866,7 +920,7 @@ class _Explainer:
         Exact in GPUs for the whole cluster and for single hosts; for other domains an
         upper bound from the domain's free totals (fragmentation may lower it).
         """
-        key = (req, depth, view.version)
+        key = (req, depth, view.version, id(view))
         hit = self.cache.get(key)
         if hit is not None:
             return hit
@@ -922,6 +976,23 @@ class _Explainer:
         if reservation is None and room < gang.n:
             return f"{need}; {have}; it waits for capacity to free or for nodes to join"
         return f"{need}; {have}, but not in a shape the gang can use; it waits for capacity"
+
+    def why_waiting_for_locality(
+        self, gang: _Gang, view: _View, local: list[int], wait_ms: int
+    ) -> str:
+        spec = gang.spec
+        depth = min(local)
+        level = self.names[depth - 1]
+        need = f"needs {gang.n} member(s) x ({spec.resources.describe()})"
+        if spec.topology_required:
+            need += f" in one {spec.topology_required}"
+        room, domain = self.best_room(view, gang.req, depth)
+        have = f"best {describe_domain(domain, self.names)} has room for {room}" if domain else ""
+        return (
+            f"{need}; it would fit across {level}s now, but it waits for one {level} with "
+            f"room{f' ({have})' if have else ''}, for up to {wait_ms / 1000:.0f}s after it was "
+            f"queued (locality_wait_ms), then takes the tightest fit across {level}s"
+        )
 
 
 def _bound(total: list[int] | None, req: Resources) -> int:

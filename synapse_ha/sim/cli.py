@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, ClusterConfig
 from synapse_ha.sim.engine import Result, simulate
 from synapse_ha.sim.policies import POLICIES
 from synapse_ha.sim.workload import Workload, load_openb, synthetic
@@ -112,8 +113,18 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(POLICIES),
         help=f"comma-separated, from {', '.join(POLICIES)}",
     )
+    parser.add_argument(
+        "--locality-wait",
+        type=float,
+        default=LOCALITY_WAIT_MS / 1000,
+        help="seconds a gang that fits in one rack waits for one with room (0: never); "
+        "the cluster's locality_wait_ms (default %(default)g)",
+    )
     parser.add_argument("--out", default=None, help="folder for report.json and PNG plots")
     args = parser.parse_args(argv)
+    if not 0 <= args.locality_wait * 1000 <= MAX_LOCALITY_WAIT_MS:
+        parser.error(f"--locality-wait: seconds between 0 and {MAX_LOCALITY_WAIT_MS // 1000}")
+    config = ClusterConfig(retention_ms=0, locality_wait_ms=round(args.locality_wait * 1000))
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
@@ -122,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         workload = _workload(args)
     except (OSError, ValueError, KeyError) as exc:
         parser.error(f"cannot load the {args.workload} workload: {exc}")
-    results = [simulate(workload, POLICIES[name]()) for name in names]
+    results = [simulate(workload, POLICIES[name](), config=config) for name in names]
     report = {
         "workload": workload.notes,
+        "locality_wait_s": args.locality_wait,
         "results": {r.policy: r.metrics for r in results},
         **compare(results),
     }

@@ -1,13 +1,15 @@
 """The simulation loop: arrivals and completions on a simulated clock, each scheduling
 pass planned by a policy and bound through the real ``apply``.
 
-A pass runs at every moment something happened (arrivals, ends) while jobs wait.
+A pass runs at every moment something happened (arrivals, ends) while jobs wait, and
+at the time a policy asks to plan again (a gang's locality wait ending).
 Metrics, per policy:
 
 * ``gpu_allocation``: time-weighted share of GPUs bound to gangs, first arrival to last
   event.
 * ``queue_delay_s``: arrival until bound; ``queue_delay_big_gangs_s`` the same for gangs
-  of at least 64 GPUs. ``job_completion_s``: arrival until the job ended.
+  of at least 64 GPUs, ``queue_delay_rack_fitting_gangs_s`` for the rack-fitting gangs
+  below (those a locality wait may hold back). ``job_completion_s``: arrival until the job ended.
 * Locality, for multi-member gangs: ``multi_node_in_one_rack``/``_block`` is the share of
   gangs spread over several hosts that stayed in one rack/block.
   ``rack_fitting_gangs_in_one_rack`` judges against rack *size*: of the gangs no larger
@@ -37,7 +39,7 @@ from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState
 from synapse_ha.sim.policies import Policy
 from synapse_ha.sim.workload import Workload
 
-ARRIVE, FINISH, EXPIRE = 0, 1, 2
+ARRIVE, FINISH, EXPIRE, WAKE = 0, 1, 2, 3
 BIG_GANG_GPUS = 64
 
 
@@ -72,12 +74,23 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
-def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Result:
-    """Replay ``workload`` under ``policy``; every job runs to completion or its limit."""
+def simulate(
+    workload: Workload,
+    policy: Policy,
+    purge_every: int = 500,
+    config: ClusterConfig | None = None,
+) -> Result:
+    """Replay ``workload`` under ``policy``; every job runs to completion or its limit.
+
+    ``config`` is the simulated cluster's configuration (default: the defaults, with
+    finished jobs purged at once); a configuration ``apply`` refuses raises ValueError.
+    """
     if not policy.topology_aware:
         workload = workload.without_topology()
     state = ClusterState()
-    apply(state, c.Configure(ClusterConfig(retention_ms=0)))
+    configured = apply(state, c.Configure(config or ClusterConfig(retention_ms=0)))
+    if not configured.ok:
+        raise ValueError(f"cluster configuration: {configured.message}")
     for info in workload.nodes:
         result = apply(state, c.RegisterNode(info, 0))
         if not result.ok:
@@ -112,6 +125,7 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
     applied = 0
     pending: dict[str, int] = {}  # pending job id -> GPUs per member
     free = _FreeGpus(state)
+    wakes: set[int] = set()  # times of WAKE events in the queue
     wall_start = time.perf_counter()
 
     while events:
@@ -124,7 +138,9 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
         last_t = now
         while events and events[0][0] == now:
             _, _, kind, key = heapq.heappop(events)
-            if kind == ARRIVE:
+            if kind == WAKE:
+                wakes.discard(now)
+            elif kind == ARRIVE:
                 job = workload.jobs[int(key)]
                 res = apply(state, c.SubmitJob(job.spec, f"sim-{key}", now))
                 records[res.job_id] = _Record(
@@ -197,6 +213,11 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
                         heapq.heappush(events, (now + spec.time_limit_ms, seq, EXPIRE, tag))
                     else:
                         heapq.heappush(events, (now + run, seq, FINISH, tag))
+            wake = policy.wake_ms
+            if wake is not None and wake > now and wake not in wakes:
+                wakes.add(wake)
+                seq += 1
+                heapq.heappush(events, (wake, seq, WAKE, ""))
         if applied % purge_every == 0:
             apply(state, c.PurgeFinished(now))
         series_alloc.append((now / 3_600_000, allocated / total_gpus))
@@ -211,9 +232,9 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
         for r in done
         if r.start_ms is not None and r.gpus >= BIG_GANG_GPUS
     ]
+    could_rack = [r for r in done if r.members > 1 and r.fits_one_rack]
     jct = [(r.end_ms - r.arrival_ms) / 1000 for r in done if r.end_ms is not None]
     multi = [r for r in done if r.members > 1 and r.hosts > 1]
-    could_rack = [r for r in done if r.members > 1 and r.fits_one_rack]
     rack_had_room = [r for r in done if r.rack_had_room]
     metrics: dict[str, Any] = {
         "jobs": len(records),
@@ -221,6 +242,9 @@ def simulate(workload: Workload, policy: Policy, purge_every: int = 500) -> Resu
         "gpu_allocation": round(alloc_area / (total_gpus * span), 4),
         "queue_delay_s": _summary(delays),
         "queue_delay_big_gangs_s": _summary(big),
+        "queue_delay_rack_fitting_gangs_s": _summary(
+            [(r.start_ms - r.arrival_ms) / 1000 for r in could_rack if r.start_ms is not None]
+        ),
         "job_completion_s": _summary(jct),
         "mean_queue_length": round(queue_area / span, 2),
         "multi_node_gangs": len(multi),

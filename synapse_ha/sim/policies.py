@@ -13,6 +13,9 @@ from synapse_ha.core.scheduler import schedule
 class Policy(Protocol):
     name: str
     topology_aware: bool
+    # After ``plan``: the later time at which the policy wants to plan again even if
+    # nothing arrives or ends (None: only on events).
+    wake_ms: int | None
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None: ...
 
@@ -23,8 +26,13 @@ class Ours:
     name = "ours"
     topology_aware = True
 
+    def __init__(self) -> None:
+        self.wake_ms: int | None = None
+
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
-        return schedule(state, now_ms).command(now_ms)
+        result = schedule(state, now_ms)
+        self.wake_ms = result.wake_ms
+        return result.command(now_ms)
 
 
 def _greedy_members(job: Job, nodes: list[Node]) -> tuple[MemberPlacement, ...] | None:
@@ -56,6 +64,7 @@ class NaiveHeadOfLine:
 
     name = "naive"
     topology_aware = False
+    wake_ms: int | None = None
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         queue = _fifo_queue(state, now_ms)
@@ -77,6 +86,7 @@ class FifoFirstFit:
 
     name = "fifo-first-fit"
     topology_aware = False
+    wake_ms: int | None = None
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         nodes = sorted(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import JobState, NodeStatus, Timeouts
+from synapse_ha.core.model import ClusterConfig, JobState, NodeStatus, Timeouts
 from tests.app.fakes import FakeLog
 from tests.core.harness import job, node
 
@@ -176,9 +176,28 @@ def test_configured_timeouts_are_replicated_once() -> None:
     log = FakeLog()
     wanted = Timeouts(dead_timeout_ms=20_000)
     loop, _ = elected(log, now=0, desired_timeouts=wanted)
-    assert "replicating the configured timeouts" in loop.step(1)
+    assert "replicating the configured settings" in loop.step(1)
     assert log.state.config.timeouts == wanted
     loop.step(2)
+    assert len(log.of_type(cmd.Configure)) == 1
+
+
+def test_the_configured_locality_wait_is_replicated_and_a_refused_one_dropped() -> None:
+    log = FakeLog()
+    loop, _ = elected(log, now=0, desired_locality_wait_ms=0)
+    assert "replicating the configured settings" in loop.step(1)
+    assert log.state.config.locality_wait_ms == 0
+    loop.step(2)
+    assert len(log.of_type(cmd.Configure)) == 1
+
+    log = FakeLog()
+    loop, _ = elected(log, now=0, desired_locality_wait_ms=-1)
+    log.hold = True
+    loop.step(1)
+    log.commit_pending()
+    assert "refused" in loop.step(2)
+    assert log.state.config.locality_wait_ms == ClusterConfig().locality_wait_ms
+    loop.step(3)
     assert len(log.of_type(cmd.Configure)) == 1
 
 

@@ -6,8 +6,16 @@ import random
 
 import pytest
 
+from synapse_ha.core import codec
 from synapse_ha.core import commands as c
-from synapse_ha.core.model import JobState, MemberPlacement, NodeStatus
+from synapse_ha.core.model import (
+    MAX_LOCALITY_WAIT_MS,
+    ClusterConfig,
+    ClusterState,
+    JobState,
+    MemberPlacement,
+    NodeStatus,
+)
 from synapse_ha.core.scheduler import explain, schedule
 from tests.core.harness import Cluster, job, node
 
@@ -396,3 +404,141 @@ def test_a_pass_gathers_running_gangs_once_however_many_gangs_wait(
     plan = cl.plan()
     assert len(plan.reasons) == 50
     assert len(calls) <= 1
+
+
+# ------------------------------------------------------------------ locality wait
+
+
+def _two_half_busy_racks(wait_ms: int | None = None) -> tuple[Cluster, list[str]]:
+    """Racks r1 and r2 of two 8-GPU hosts each, one host of each rack busy: a 2 x 8 GPU
+    gang fits across the racks now, and in one rack once a rack frees a host."""
+    config = ClusterConfig() if wait_ms is None else ClusterConfig(locality_wait_ms=wait_ms)
+    cl = Cluster(ClusterState(config=config))
+    cl.add(node("a1", rack="r1"), node("a2", rack="r1"))
+    cl.add(node("b1", rack="r2"), node("b2", rack="r2"))
+    fillers = []
+    for host in ("a1", "b1"):
+        f = cl.submit(job(f"fill-{host}", gpu=8))
+        members = (MemberPlacement(0, host, tuple(range(8))),)
+        assert cl.do(c.BindPlan((c.GangPlacement(f, 0, members),), now_ms=cl.now)).bound
+        cl.start_all(f)
+        fillers.append(f)
+    return cl, fillers
+
+
+def test_a_gang_that_fits_in_one_rack_waits_for_one_rather_than_spread() -> None:
+    cl, fillers = _two_half_busy_racks()
+    wait = cl.state.config.locality_wait_ms
+    assert wait > 0  # on by default
+    gang = cl.submit(job("gang", replicas=2, gpu=8))
+    queued = cl.now
+    plan = cl.run_pass()
+    assert cl.state_of(gang) is JobState.PENDING
+    assert plan.reservation is None  # a waiting gang reserves nothing
+    assert plan.wake_ms == queued + wait
+    reason = cl.state.jobs[gang].reason
+    assert "waits for one rack with room" in reason
+    assert f"up to {wait // 1000}s after it was queued" in reason
+    assert "room for 1" in reason
+    # Still inside its wait, a host of rack r2 frees: the gang takes the whole of r2.
+    cl.now += wait - 1
+    cl.exit_member(fillers[1], 0, 0)
+    cl.run_pass()
+    assert cl.state_of(gang) is JobState.SCHEDULED
+    assert sorted(cl.nodes_of(gang)) == ["b1", "b2"]
+
+
+def test_after_its_locality_wait_a_gang_takes_the_tightest_fit_across_racks() -> None:
+    cl, _ = _two_half_busy_racks()
+    gang = cl.submit(job("gang", replicas=2, gpu=8))
+    deadline = cl.now + cl.state.config.locality_wait_ms
+    cl.now = deadline - 1
+    cl.run_pass()
+    assert cl.state_of(gang) is JobState.PENDING
+    cl.now = deadline
+    plan = cl.run_pass()
+    assert plan.wake_ms is None
+    assert cl.state_of(gang) is JobState.SCHEDULED
+    assert cl.racks_of(gang) == {"r1", "r2"}
+
+
+def test_a_zero_locality_wait_spreads_a_gang_at_once() -> None:
+    cl, _ = _two_half_busy_racks(wait_ms=0)
+    gang = cl.submit(job("gang", replicas=2, gpu=8))
+    plan = cl.run_pass()
+    assert plan.wake_ms is None
+    assert cl.racks_of(gang) == {"r1", "r2"}
+
+
+def test_a_gang_waiting_for_locality_blocks_no_later_job() -> None:
+    cl, _ = _two_half_busy_racks()
+    gang = cl.submit(job("gang", replicas=2, gpu=8, priority=5))
+    small = cl.submit(job("small", gpu=4))  # no time limit: it could never backfill
+    plan = cl.run_pass()
+    assert cl.state_of(gang) is JobState.PENDING
+    assert plan.reservation is None
+    assert cl.state_of(small) is JobState.SCHEDULED
+
+
+def test_only_gangs_that_could_fit_in_one_rack_wait_for_one() -> None:
+    cl, _ = _two_half_busy_racks()
+    # Three hosts never fit in a rack of two, and a required rack already waits for one.
+    wide = cl.submit(job("wide", replicas=2, gpu=8))
+    cl.do(c.CancelJob(wide, now_ms=cl.now))
+    too_big = cl.submit(job("too-big", replicas=3, gpu=8, priority=1))
+    strict = cl.submit(job("strict", replicas=2, gpu=8, required="rack", priority=2))
+    plan = cl.run_pass()
+    assert plan.wake_ms is None
+    assert "waits for one rack" not in cl.state.jobs[strict].reason
+    assert "in one rack" in cl.state.jobs[strict].reason
+    # Two free hosts exist, one per rack: the three-host gang cannot fit at all and
+    # holds the reservation as before.
+    assert cl.state_of(too_big) is JobState.PENDING
+    assert plan.reservation is not None and plan.reservation.job_id == strict
+
+
+def test_a_preferred_level_sets_the_domain_a_gang_waits_for() -> None:
+    cl, _ = _two_half_busy_racks()
+    # Both racks are in block b1: the gang prefers one block, which it has now.
+    gang = cl.submit(job("gang", replicas=2, gpu=8, preferred="block"))
+    plan = cl.run_pass()
+    assert plan.wake_ms is None
+    assert cl.state_of(gang) is JobState.SCHEDULED
+    assert cl.racks_of(gang) == {"r1", "r2"}
+
+
+def test_a_retried_gang_counts_its_locality_wait_from_its_retry_time() -> None:
+    cl, fillers = _two_half_busy_racks()
+    cl.exit_member(fillers[1], 0, 0)  # rack r2 is whole again
+    gang = cl.submit(job("gang", replicas=2, gpu=8, retries=1, backoff_s=10))
+    cl.run_pass()
+    assert cl.racks_of(gang) == {"r2"}
+    cl.start_all(gang)
+    cl.exit_member(gang, 0, 1)  # the attempt fails; the job retries after a back-off
+    cl.exit_member(gang, 1, 0)
+    refill = cl.submit(job("refill", gpu=8))
+    members = (MemberPlacement(0, "b1", tuple(range(8))),)
+    assert cl.do(c.BindPlan((c.GangPlacement(refill, 0, members),), now_ms=cl.now)).bound
+    retry_at = cl.state.jobs[gang].retry_not_before_ms
+    wait = cl.state.config.locality_wait_ms
+    # Past the wait counted from submission, but not from the retry: it still waits.
+    cl.now = max(cl.state.jobs[gang].submitted_at_ms + wait, retry_at)
+    plan = cl.run_pass()
+    assert cl.state_of(gang) is JobState.PENDING
+    assert plan.wake_ms == retry_at + wait
+    cl.now = retry_at + wait
+    cl.run_pass()
+    assert cl.racks_of(gang) == {"r1", "r2"}
+
+
+def test_configure_refuses_a_negative_or_absurd_locality_wait() -> None:
+    cl = Cluster()
+    for bad in (-1, MAX_LOCALITY_WAIT_MS + 1):
+        result = cl.do(c.Configure(ClusterConfig(locality_wait_ms=bad), now_ms=cl.now))
+        assert result.code is c.ResultCode.INVALID
+        assert "locality_wait_ms" in result.message
+    assert cl.state.config == ClusterConfig()
+    command = c.Configure(ClusterConfig(locality_wait_ms=0), now_ms=cl.now)
+    assert codec.decode_command(codec.encode_command(command)) == command
+    assert cl.do(command).ok
+    assert cl.state.config.locality_wait_ms == 0

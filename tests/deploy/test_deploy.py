@@ -139,6 +139,22 @@ def test_the_three_replica_configs_load_and_form_one_quorum(tmp_path: Path) -> N
     assert [x.replica_id for x in configs[0].replicas] == list(REPLICAS)
     assert len({c.me.grpc for c in configs}) == 3
     assert all(c.timeouts.violations() == [] for c in configs)
+    assert {c.locality_wait_ms for c in configs} == {600_000}
+
+
+def test_the_locality_wait_comes_from_the_flag_or_the_file_and_is_bounded(
+    tmp_path: Path,
+) -> None:
+    base = ["--config", str(DEPLOY / "scheduler-a.toml"), "--data-dir", str(tmp_path)]
+    env = {"SYNAPSE_RAFT_PASSWORD": "example"}
+    assert scheduler_main.load_config([*base, "--locality-wait", "0s"], env).locality_wait_ms == 0
+    assert (
+        scheduler_main.load_config([*base, "--locality-wait", "90s"], env).locality_wait_ms
+        == 90_000
+    )
+    for bad in ("soon", "25h"):
+        with pytest.raises(scheduler_main.ConfigError, match="locality_wait"):
+            scheduler_main.load_config([*base, "--locality-wait", bad], env)
 
 
 def test_a_config_without_the_raft_password_is_refused(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.model import ClusterConfig
 from synapse_ha.sim.cli import main
 from synapse_ha.sim.engine import simulate
 from synapse_ha.sim.policies import POLICIES, FifoFirstFit, NaiveHeadOfLine, Ours
@@ -107,3 +108,46 @@ def test_locality_is_judged_against_the_racks_free_when_each_gang_was_bound() ->
     # First fit by node id takes the rest of rack 0's second host and one host of rack 1.
     assert fifo["gangs_with_rack_room_at_bind_in_one_rack"] == 0.0
     assert fifo["rack_fitting_gangs_in_one_rack"] == 0.0
+
+
+def _waiting_gang(wait_s: int) -> Workload:
+    # Two racks of two 8-GPU hosts. Three whole-host jobs fill rack 0 and one host of
+    # rack 1; the first ends at once, leaving one free host per rack. Then a 2 x 8 GPU
+    # gang arrives: it fits across the racks, in one rack only when a long job ends.
+    nodes = synthetic_cluster(4, hosts_per_rack=2)
+    long_ms = 10 * (wait_s + 1) * 1000
+    jobs = (
+        SimJob(0, job("short", gpu=8), 500),
+        SimJob(0, job("fill-a", gpu=8), long_ms),
+        SimJob(0, job("fill-b", gpu=8), long_ms),
+        SimJob(1_000, job("gang", replicas=2, gpu=8), 10_000),
+    )
+    return Workload("waiting", nodes, jobs, "waiting")
+
+
+@pytest.mark.parametrize("wait_s", [0, 90])
+def test_a_locality_wait_ends_on_time_even_when_nothing_else_happens(wait_s: int) -> None:
+    config = ClusterConfig(retention_ms=0, locality_wait_ms=wait_s * 1000)
+    m = simulate(_waiting_gang(wait_s), Ours(), config=config).metrics
+    # The gang starts across the racks exactly when its wait ends, not at the next
+    # arrival or completion (the fillers end much later).
+    assert m["queue_delay_rack_fitting_gangs_s"]["max"] == wait_s
+    assert m["rack_fitting_gangs_in_one_rack"] == 0.0
+
+
+def test_simulate_refuses_a_configuration_the_cluster_would_refuse() -> None:
+    with pytest.raises(ValueError, match="locality_wait_ms"):
+        simulate(_tiny(), Ours(), config=ClusterConfig(locality_wait_ms=-1))
+
+
+def test_cli_passes_the_locality_wait_to_the_simulated_cluster(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(["--jobs", "40", "--nodes", "16", "--policies", "ours", "--locality-wait", "0"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["locality_wait_s"] == 0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--locality-wait", "-5"])
+    assert exit_info.value.code == 2
+    assert "--locality-wait" in capsys.readouterr().err
