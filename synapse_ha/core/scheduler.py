@@ -911,8 +911,9 @@ class _Explainer:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        # Keyed by the view's identity too: the views of one pass share a version.
-        self.cache: dict[tuple[Resources, int, int, int], tuple[int, Domain]] = {}
+        # Keyed by the view itself too (the views of one pass share a version); holding
+        # the view keeps its identity from being reused by a later one in the pass.
+        self.cache: dict[tuple[Resources, int, int, _View], tuple[int, Domain]] = {}
 
     def best_room(self, view: _View, req: Resources, depth: int) -> tuple[int, Domain]:
         """Roughly how many members of ``req`` the roomiest domain at ``depth`` holds now.
@@ -920,7 +921,7 @@ class _Explainer:
         Exact in GPUs for the whole cluster and for single hosts; for other domains an
         upper bound from the domain's free totals (fragmentation may lower it).
         """
-        key = (req, depth, view.version, id(view))
+        key = (req, depth, view.version, view)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
