@@ -49,7 +49,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m chaos run --seeds $(SEEDS) --duration $(DURATION) --scenarios $(CHAOS_SCENARIOS)
 
 demo: $(STAMP)
-	$(BIN)/python -m synapse_ha.demo
+	$(BIN)/python -m synapse_ha.local.demo
 
 # Each benchmark writes bench/results/<name>.json and prints it; the simulator also prints
 # its side-by-side table and writes PNG plots to bench/results/sim/. Ray is optional:

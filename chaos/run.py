@@ -30,10 +30,10 @@ from chaos.nemesis import FaultTimeouts, Step
 from chaos.procs import ChaosProcess, stop_all
 from chaos.workload import WorkloadConfig, write_config
 from synapse_ha.core.codec import decode_state
+from synapse_ha.programs.worker import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SELF_FENCING_FLAG
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.worker_main import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SELF_FENCING_FLAG
 
 log = logging.getLogger("chaos")
 
@@ -157,7 +157,7 @@ class ChaosCluster:
                 [
                     sys.executable,
                     "-m",
-                    "synapse_ha.scheduler_main",
+                    "synapse_ha.programs.scheduler",
                     f"--id={h.name}",
                     *replica_flags,
                     f"--data-dir={run_dir / h.name}",
@@ -182,7 +182,7 @@ class ChaosCluster:
                 [
                     sys.executable,
                     "-m",
-                    "synapse_ha.worker_main",
+                    "synapse_ha.programs.worker",
                     f"--scheduler={','.join(self.grpc.values())}",
                     f"--node-id={h.name}",
                     f"--listen={h.address}:{WORKER_PORT}",

@@ -31,10 +31,10 @@ from synapse_ha.cli.defaults import (
     ExitCode,
 )
 from synapse_ha.cli.logs import LinePrinter, MemberFollower, MemberLog, WorkerUnreachable, read_log
+from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.specfile import SpecFileError, line_in_file, load_job_file
 
 FINISHED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 ACTIVE_STATES = ("PENDING", "SCHEDULED", "RUNNING")
@@ -707,7 +707,7 @@ def dev_up(workers: int, racks: int, gpus_per_worker: int, data_dir: Path | None
       synctl dev up --workers 4 --racks 2
       export SYNAPSE_CLUSTER=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103  # printed
     """
-    from synapse_ha.devcluster import DevClusterOptions, run_foreground
+    from synapse_ha.local.devcluster import DevClusterOptions, run_foreground
 
     sys.exit(
         run_foreground(

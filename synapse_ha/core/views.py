@@ -28,21 +28,28 @@ class DesiredMember:
     spec: JobSpec
 
 
-def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
-    """Members of live attempts bound to ``node_id``, ordered by (job id, rank)."""
-    out: list[DesiredMember] = []
+def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
+    """What every node should be running: ``{node_id: members}`` for each node with
+    members of a live attempt, each list ordered by (job id, rank). One pass over the
+    jobs serves every node, so heartbeats share it per state version."""
+    wanted: dict[str, list[DesiredMember]] = {}
     for job_id in sorted(state.jobs):
         job = state.jobs[job_id]
         attempt = job.live_attempt()
-        if attempt is None or all(m.node_id != node_id for m in attempt.members):
+        if attempt is None:
             continue
         hosts = tuple(
             state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
             for m in attempt.members
         )
-        local = [m for m in attempt.members if m.node_id == node_id]
-        for local_rank, member in enumerate(local):
-            out.append(
+        per_node: dict[str, int] = {}
+        for member in attempt.members:
+            per_node[member.node_id] = per_node.get(member.node_id, 0) + 1
+        local_ranks: dict[str, int] = {}
+        for member in attempt.members:
+            local_rank = local_ranks.get(member.node_id, 0)
+            local_ranks[member.node_id] = local_rank + 1
+            wanted.setdefault(member.node_id, []).append(
                 DesiredMember(
                     job_id=job_id,
                     attempt=attempt.number,
@@ -50,7 +57,7 @@ def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
                     rank=member.rank,
                     world_size=len(attempt.members),
                     local_rank=local_rank,
-                    local_world_size=len(local),
+                    local_world_size=per_node[member.node_id],
                     gpus=member.gpus,
                     master_addr=hosts[0],
                     master_port=attempt.master_port,
@@ -58,7 +65,12 @@ def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
                     spec=job.spec,
                 )
             )
-    return out
+    return wanted
+
+
+def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
+    """Members of live attempts bound to ``node_id``, ordered by (job id, rank)."""
+    return desired_by_node(state).get(node_id, [])
 
 
 def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:

@@ -14,9 +14,9 @@ from synapse_ha.core.model import (
     Resources,
     RetryPolicy,
 )
+from synapse_ha.core.spec import SpecError, check_job_spec
 from synapse_ha.core.views import DesiredMember, host_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.spec import SpecError, check_job_spec
 
 NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
 _INT32_MAX = 2**31 - 1

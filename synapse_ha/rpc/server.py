@@ -22,7 +22,6 @@ from typing import NoReturn, Protocol
 
 import grpc
 
-from synapse_ha.app.desired import desired_by_node
 from synapse_ha.app.leader import Liveness
 from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
@@ -30,11 +29,11 @@ from synapse_ha.core import validation
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, NodeStatus
 from synapse_ha.core.scheduler import explain
-from synapse_ha.core.views import DesiredMember
+from synapse_ha.core.spec import SpecError, check_request_id
+from synapse_ha.core.views import DesiredMember, desired_by_node
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.spec import SpecError, check_request_id
 
 log = logging.getLogger(__name__)
 

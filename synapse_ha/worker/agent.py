@@ -157,7 +157,7 @@ class Agent:
         self_fencing: bool = True,
     ) -> None:
         """``self_fencing=False`` exists only so the chaos suite can prove it catches a
-        build without self-fencing (see ``synapse_ha.worker_main``); never in production."""
+        build without self-fencing (see ``synapse_ha.programs.worker``); never in production."""
         self.self_fencing = self_fencing
         self.registration = registration
         self.node_id = registration.node_id

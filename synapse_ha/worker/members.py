@@ -184,7 +184,7 @@ class ExecutorSettings:
     fence_grace_s: float = 0.5  # SIGTERM → SIGKILL when the lease is lost
     python: str = sys.executable  # interpreter that runs the supervisor
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    # False only in the deliberately broken test build (synapse_ha.worker_main): the
+    # False only in the deliberately broken test build (synapse_ha.programs.worker): the
     # supervisors then ignore the lease file and the agent's disappearance.
     self_fencing: bool = True
 

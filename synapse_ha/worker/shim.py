@@ -116,7 +116,7 @@ class Shim:
             self.launch: dict[str, Any] = json.load(f)
         self.lease_path: str = self.launch["lease_path"]
         self.parent_pid = int(self.launch["parent_pid"])
-        # False only in the deliberately broken test build (see synapse_ha.worker_main).
+        # False only in the deliberately broken test build (see synapse_ha.programs.worker).
         self.self_fencing = bool(self.launch.get("self_fencing", True))
         self.stop_requested = False
         self.fence_requested = False

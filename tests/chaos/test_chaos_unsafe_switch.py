@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.worker_main import (
+from synapse_ha.programs.worker import (
     UNSAFE_NO_SELF_FENCING_ENV,
     UNSAFE_NO_SELF_FENCING_FLAG,
     ConfigError,

@@ -209,7 +209,7 @@ def test_an_unreachable_cluster_on_submit_exits_3(tmp_path: Path) -> None:
 def test_dev_up_hands_its_options_to_the_dev_cluster(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import synapse_ha.devcluster as devcluster
+    import synapse_ha.local.devcluster as devcluster
 
     seen: list[devcluster.DevClusterOptions] = []
 

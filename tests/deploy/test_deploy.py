@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha import scheduler_main, worker_main
+from synapse_ha.programs import scheduler as scheduler_main
+from synapse_ha.programs import worker as worker_main
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 REPLICAS = ("a", "b", "c")
@@ -41,7 +42,7 @@ def shim(directory: Path, program: str) -> Path:
     """An executable standing in for the installed program: the unit's ExecStart must
     name an existing executable for ``verify``; this one runs the real program."""
     path = directory / program
-    path.write_text(f'#!/bin/sh\nexec {sys.executable} -m synapse_ha.{program} "$@"\n')
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} -m synapse_ha.programs.{program} "$@"\n')
     path.chmod(0o755)
     return path
 
@@ -54,8 +55,8 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     units.mkdir()
     bin_dir.mkdir()
     programs = {
-        "/opt/synapse/venv/bin/synapse-scheduler": shim(bin_dir, "scheduler_main"),
-        "/opt/synapse/venv/bin/synapse-worker": shim(bin_dir, "worker_main"),
+        "/opt/synapse/venv/bin/synapse-scheduler": shim(bin_dir, "scheduler"),
+        "/opt/synapse/venv/bin/synapse-worker": shim(bin_dir, "worker"),
     }
     for name in ("synapse-scheduler@.service", "synapse-worker.service"):
         text = (DEPLOY / name).read_text()
@@ -87,7 +88,7 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def test_the_shim_runs_the_real_programs(tmp_path: Path) -> None:
-    for program in ("scheduler_main", "worker_main"):
+    for program in ("scheduler", "worker"):
         result = subprocess.run(
             [str(shim(tmp_path, program)), "--help"],
             capture_output=True,

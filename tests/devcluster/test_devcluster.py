@@ -17,7 +17,7 @@ from typing import TypeVar
 import grpc
 import pytest
 
-from synapse_ha.devcluster import (
+from synapse_ha.local.devcluster import (
     DEFAULT_CLUSTER,
     DevCluster,
     DevClusterOptions,
@@ -237,7 +237,7 @@ def test_a_killed_leader_is_replaced_and_restarts_as_a_follower(
 FOREGROUND = """
 import sys
 from pathlib import Path
-from synapse_ha.devcluster import DevClusterOptions, run_foreground
+from synapse_ha.local.devcluster import DevClusterOptions, run_foreground
 options = DevClusterOptions(workers=2, racks=2, gpus_per_worker=1, ephemeral_ports=True)
 sys.exit(run_foreground(options, lambda line: print(line, flush=True)))
 """
@@ -289,7 +289,7 @@ def test_run_foreground_stops_everything_on_sigint(marker: str, tmp_path: Path) 
 @pytest.mark.integration
 def test_the_demo_passes_and_leaves_nothing_running(marker: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "synapse_ha.demo"],
+        [sys.executable, "-m", "synapse_ha.local.demo"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -99,7 +99,7 @@ class LocalCluster:
     # ------------------------------------------------------------- processes
 
     def command(self, replica: ReplicaProcess) -> list[str]:
-        args = [sys.executable, "-m", "synapse_ha.scheduler_main", "--id", replica.replica_id]
+        args = [sys.executable, "-m", "synapse_ha.programs.scheduler", "--id", replica.replica_id]
         for r in self.replicas:
             args += ["--replica", f"{r.replica_id}={r.raft},{r.grpc}"]
         return [*args, "--data-dir", str(replica.data_dir), *self.extra_args]

@@ -131,7 +131,7 @@ def test_a_cold_restart_of_every_replica_keeps_all_state(fresh_cluster: LocalClu
 
 def test_the_replica_refuses_bad_configuration(tmp_path: Path) -> None:
     root = tmp_path
-    base = [sys.executable, "-m", "synapse_ha.scheduler_main", "--id", "r1"]
+    base = [sys.executable, "-m", "synapse_ha.programs.scheduler", "--id", "r1"]
     ok_replicas = [
         "--replica",
         "r1=127.0.0.1:1,127.0.0.1:2",

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.app.desired import desired_by_node
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import decode_result, encode_command, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule
-from synapse_ha.core.views import desired_members, host_of
+from synapse_ha.core.views import host_of
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.replica import ReplicatedState
 from synapse_ha.raft.snapshot import read_snapshot, write_snapshot
@@ -79,26 +78,6 @@ def test_a_snapshot_restores_the_exact_state(tmp_path: Path) -> None:
     machine = ReplicatedState()
     assert machine.read_dump(path) == (entries[0], entries[1], None)
     assert encode_state(machine.state) == encode_state(state)
-
-
-def test_the_all_nodes_projection_matches_the_per_node_view() -> None:
-    state = ClusterState()
-    for n in ("a", "b", "c"):
-        apply(state, cmd.RegisterNode(info=node(n), now_ms=1))
-    for i, replicas in enumerate((3, 2, 1, 5)):
-        apply(
-            state,
-            cmd.SubmitJob(
-                spec=job(f"j{i}", replicas=replicas, gpu=2), request_id=f"r{i}", now_ms=2
-            ),
-        )
-    bind = schedule(state, 3).command(3)
-    assert bind is not None
-    apply(state, bind)
-    everything = desired_by_node(state)
-    assert sum(len(v) for v in everything.values()) > 0
-    for n in state.nodes:
-        assert everything.get(n, []) == desired_members(state, n)
 
 
 @pytest.mark.parametrize(

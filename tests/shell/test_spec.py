@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from synapse_ha.spec import SpecError, parse_cpu, parse_duration, parse_job_spec, parse_memory
+from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_job_spec, parse_memory
 
 
 def doc(**overrides: Any) -> dict[str, Any]:

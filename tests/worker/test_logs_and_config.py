@@ -11,11 +11,11 @@ import grpc
 import pytest
 
 from synapse_ha.core.machine import FEATURE_IMAGES
+from synapse_ha.programs.worker import ConfigError, load_config, registration
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.worker.logs import add_worker_service, find_member_dir, read_chunks
 from synapse_ha.worker.members import MemberExecutor
-from synapse_ha.worker_main import ConfigError, load_config, registration
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import Fifo, spec
 

@@ -46,7 +46,7 @@ class LocalWorkers:
             args=[
                 sys.executable,
                 "-m",
-                "synapse_ha.worker_main",
+                "synapse_ha.programs.worker",
                 "--scheduler",
                 ",".join(self.schedulers),
                 "--node-id",

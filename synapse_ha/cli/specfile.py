@@ -2,7 +2,7 @@
 point at the file line.
 
 The document is parsed twice from the same text: once into plain data for
-:func:`synapse_ha.spec.parse_job_spec`, once into PyYAML's node tree, whose marks give the
+:func:`synapse_ha.core.spec.parse_job_spec`, once into PyYAML's node tree, whose marks give the
 line of every key and list item. A :class:`SpecError` naming ``resources.memory`` is then
 reported as ``job.yaml:5: resources.memory: '...' is not a memory quantity``. A field that
 is absent from the file (a required one, or a rule that relates two fields) is reported at
@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec
-from synapse_ha.spec import ParsedJob, SpecError, parse_job_spec
+from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
 
 MAX_SPEC_FILE_BYTES = 1024 * 1024
 
@@ -92,7 +92,7 @@ def load_job_file(
     ``request_id`` (empty when it has none). Raises :class:`SpecFileError`.
 
     ``topology_levels=None`` accepts any well-formed level name (see
-    :func:`synapse_ha.spec.parse_job_spec`)."""
+    :func:`synapse_ha.core.spec.parse_job_spec`)."""
     name = str(path)
     try:
         with open(path, "rb") as f:

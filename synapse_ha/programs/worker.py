@@ -43,9 +43,9 @@ from typing import Any
 import grpc
 
 from synapse_ha.core.machine import FEATURE_IMAGES
+from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.worker import discovery
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups

@@ -41,10 +41,10 @@ from typing import Any
 
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
+from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
-from synapse_ha.spec import SpecError, parse_duration
 
 log = logging.getLogger("synapse.scheduler")
 

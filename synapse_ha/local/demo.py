@@ -1,6 +1,6 @@
 """``make demo``: a narrated run of a real three-replica cluster on 127.0.0.1.
 
-It starts a :class:`~synapse_ha.devcluster.DevCluster` (three ``synapse-scheduler``
+It starts a :class:`~synapse_ha.local.devcluster.DevCluster` (three ``synapse-scheduler``
 replicas, four mock-GPU ``synapse-worker`` processes in racks r1 and r2, free ports),
 then shows and checks, step by step:
 
@@ -35,13 +35,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from synapse_ha.devcluster import DevCluster, DevClusterError, DevClusterOptions
+from synapse_ha.core.spec import parse_job_spec
+from synapse_ha.local.devcluster import DevCluster, DevClusterError, DevClusterOptions
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
-from synapse_ha.spec import parse_job_spec
 
 T = TypeVar("T")
 

@@ -54,10 +54,10 @@ from typing import TypeVar
 
 import grpc
 
+from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.worker.members import kill_recorded_process, read_json, running_groups
 
 T = TypeVar("T")
@@ -507,7 +507,7 @@ class DevCluster:
         return [f"r{i * racks // n + 1}" for i in range(n)]
 
     def _replica_argv(self, replica: DevReplica) -> list[str]:
-        argv = [sys.executable, "-m", "synapse_ha.scheduler_main", "--id", replica.replica_id]
+        argv = [sys.executable, "-m", "synapse_ha.programs.scheduler", "--id", replica.replica_id]
         for r in self.replicas:
             argv += ["--replica", f"{r.replica_id}={r.raft},{r.grpc}"]
         return [*argv, "--data-dir", str(replica.data_dir)]
@@ -536,7 +536,7 @@ class DevCluster:
         worker.argv = [
             sys.executable,
             "-m",
-            "synapse_ha.worker_main",
+            "synapse_ha.programs.worker",
             "--scheduler",
             self.cluster,
             "--node-id",

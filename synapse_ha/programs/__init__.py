@@ -1,0 +1,1 @@
+"""Composition roots: the synapse-scheduler and synapse-worker programs."""
