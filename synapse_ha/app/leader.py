@@ -19,6 +19,10 @@ Rules it keeps:
   (a hint; they would learn it at their next heartbeat anyway).
 * Proposals in flight are forgotten when leadership is lost: their outcomes, should they
   arrive, are ignored, and the next term starts from a clean slate.
+* It decides on snapshots (:meth:`StateReader.snapshot`), never on the live state: a
+  scheduling pass, however long, holds no lock that the log's applies need. The free
+  capacity table is kept between passes in the loop's own :class:`CapacityCache`, and the
+  last pass's plan is kept so that ``explain`` answers from it instead of planning again.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass, replace
 from synapse_ha.app.ports import Nudger, Proposer, StateReader
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, NodeStatus, Timeouts
-from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
 from synapse_ha.core.views import due_time_limits
 
 
@@ -75,10 +79,10 @@ class LoopSettings:
 
     A scheduling pass runs when the state changed, but no sooner than
     ``min_pass_gap_ms`` and ``pass_gap_factor`` times the previous pass's cost after the
-    previous pass: a pass holds the state lock, and passes back to back would starve the
-    log of applies. It also runs every ``schedule_period_ms`` (back-off timers expire
-    without any state change). Reaper and time limits are checked every
-    ``housekeeping_period_ms``.
+    previous pass: a pass holds no lock, but it takes CPU (and the interpreter lock) that
+    applies and heartbeats need, so passes back to back would starve them. It also runs
+    every ``schedule_period_ms`` (back-off timers expire without any state change).
+    Reaper and time limits are checked every ``housekeeping_period_ms``.
     """
 
     schedule_period_ms: int = 500
@@ -161,6 +165,9 @@ class LeaderLoop:
         self._dirty = True
         self._last_pass_ms = 0
         self._last_purge_ms = 0
+        self._cache = CapacityCache()
+        self._last_plan: Plan | None = None
+        self._notable: list[str] = []
 
     # ------------------------------------------------------------ notifications
 
@@ -185,12 +192,30 @@ class LeaderLoop:
         self._last_pass_ms = 0
         self._last_housekeeping_ms = -(1 << 62)
         self._last_purge_ms = now_ms
+        self._last_plan = None
         self._set_ready(False)
         if is_leader:
             self._liveness.reset(now_ms)
 
     def note_state_changed(self) -> None:
         self._dirty = True
+
+    def take_notable(self) -> list[str]:
+        """Sentences since the last call that an operator should see (leadership, node
+        deaths, refused settings), as opposed to routine passes."""
+        notable, self._notable = self._notable, []
+        return notable
+
+    def _note(self, sentence: str) -> str:
+        self._notable.append(sentence)
+        return sentence
+
+    @property
+    def last_plan(self) -> Plan | None:
+        """The plan of this term's newest scheduling pass (why each pending job waits,
+        and what it placed), or None before the first. Safe to read from any thread:
+        a plan is never changed once made."""
+        return self._last_plan
 
     # --------------------------------------------------------------------- step
 
@@ -203,12 +228,12 @@ class LeaderLoop:
         housekeeping = now_ms - self._last_housekeeping_ms >= self._settings.housekeeping_period_ms
         if housekeeping:
             self._last_housekeeping_ms = now_ms
-        with self._state.reading() as state:
-            sentences = [self._configure_cluster(state, now_ms)]
-            if housekeeping:
-                sentences += self._reap(state, now_ms)
-                sentences += self._expire_time_limits(state, now_ms)
-            sentences += [self._schedule(state, now_ms), self._purge_finished(now_ms)]
+        state = self._state.snapshot()
+        sentences = [self._configure_cluster(state, now_ms)]
+        if housekeeping:
+            sentences += self._reap(state, now_ms)
+            sentences += self._expire_time_limits(state, now_ms)
+        sentences += [self._schedule(state, now_ms), self._purge_finished(now_ms)]
         said = [s for s in sentences if s]
         return "; ".join(said) if said else "leader: nothing to do"
 
@@ -219,16 +244,18 @@ class LeaderLoop:
             self._barrier = self._start(
                 cmd.Barrier(leader_id=self._replica_id, now_ms=now_ms), now_ms
             )
-            return f"became leader in term {self._term}: committing a barrier before acting"
+            return self._note(
+                f"became leader in term {self._term}: committing a barrier before acting"
+            )
         barrier = self._barrier
         if not barrier.settled(now_ms):
             return f"leader in term {self._term}: waiting for the barrier to commit"
         self._barrier = None
         error = barrier.error()
         if error is not None:
-            return f"leader in term {self._term}: barrier failed ({error}); retrying"
+            return self._note(f"leader in term {self._term}: barrier failed ({error}); retrying")
         self._set_ready(True)
-        return f"leader in term {self._term}: barrier committed, now scheduling"
+        return self._note(f"leader in term {self._term}: barrier committed, now scheduling")
 
     def _set_ready(self, ready: bool) -> None:
         if ready != self._ready:
@@ -271,7 +298,7 @@ class LeaderLoop:
                 # Refused: keep the replicated values.
                 self._desired_timeouts = None
                 self._desired_locality_wait_ms = None
-                return f"the configured settings were refused: {result.message}"
+                return self._note(f"the configured settings were refused: {result.message}")
         self._configure = self._start(cmd.Configure(config=wanted, now_ms=now_ms), now_ms)
         return "replicating the configured settings"
 
@@ -297,7 +324,7 @@ class LeaderLoop:
                 now_ms=now_ms,
             )
             self._node_deaths[node_id] = self._start(command, now_ms)
-            said.append(f"declaring node {node_id} dead after {silent} ms of silence")
+            said.append(self._note(f"declaring node {node_id} dead after {silent} ms of silence"))
         return said
 
     # ------------------------------------------------------------- time limits
@@ -339,9 +366,10 @@ class LeaderLoop:
         self._dirty = False
         self._last_pass_ms = now_ms
         started = self._timer()
-        plan = schedule(state, now_ms)
+        plan = schedule(state, now_ms, cache=self._cache)
         command = plan.command(now_ms)
         self._pass_cost_ms = (self._timer() - started) * 1000
+        self._last_plan = plan
         if command is None:
             pending = len(plan.reasons)
             return f"scheduling pass: nothing to bind ({pending} pending)" if pending else ""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
 from typing import Protocol
 
 from synapse_ha.core import commands as cmd
@@ -24,8 +23,10 @@ class ProposalError(Exception):
 
 
 class StateReader(Protocol):
-    def reading(self) -> AbstractContextManager[ClusterState]:
-        """The replica's local state, locked against applies while the block runs."""
+    def snapshot(self) -> ClusterState:
+        """An immutable snapshot of the replica's local state as of the newest applied
+        command, bought in O(changes) under the apply lock and read without it. The
+        caller must never change it."""
         ...
 
 

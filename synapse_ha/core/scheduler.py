@@ -30,12 +30,12 @@ submission order) and places each gang whole or not at all:
 
 Every pending job left unplaced gets a sentence saying why.
 
-**Cost.** The free-capacity table is kept between passes and brought up to date from
-the nodes whose allocation changed (see ``_CachedTable``); a pass's own changes are
-journalled and undone. Searches skip domains whose free GPUs cannot hold the gang, and
-the reservation search tries a placement only when a release may have made room. None
-of this changes a plan: ``schedule(..., use_cache=False)`` builds everything afresh and
-tests compare the two.
+**Cost.** The free-capacity table can be kept between passes in a ``CapacityCache`` that
+the planner owns, and is then brought up to date from the nodes whose allocation changed
+(see ``_CachedTable``); a pass's own changes are journalled and undone. Searches skip
+domains whose free GPUs cannot hold the gang, and the reservation search tries a
+placement only when a release may have made room. None of this changes a plan:
+``schedule`` without a cache builds everything afresh and tests compare the two.
 """
 
 from __future__ import annotations
@@ -351,18 +351,20 @@ class _View:
 class _CachedTable:
     """A table kept between passes and brought up to date from the state.
 
-    For each node it keeps the very objects the table was built from (node, info,
-    status, allocated resources) and a copy of its allocated GPUs. Holding them
-    keeps their identities unique, so an identity match proves the node is unchanged;
-    a node whose capacity changed is updated in place; any other change (a node added,
-    removed, re-registered or changing status, or new topology levels) rebuilds the
-    table. The refreshed table therefore always equals ``_Table.build(state)``.
+    For each node it keeps the immutable values the table was built from (info, status,
+    allocated resources) and a copy of its allocated GPUs. Holding them keeps their
+    identities unique, so an identity match proves the value is unchanged; a node whose
+    capacity changed is updated in place; any other change (a node added, removed,
+    re-registered or changing status, or new topology levels) rebuilds the table. The
+    refreshed table therefore always equals ``_Table.build(state)``. Snapshots
+    (:mod:`synapse_ha.core.snapshot`) copy changed node records but share these values.
     """
 
     def __init__(self, state: ClusterState) -> None:
         self.levels = state.config.topology_levels
         self.table = _Table.build(state)
         self.view = _View(self.table)
+        self.node_ids = list(state.nodes)
         self.node_list = list(state.nodes.values())
         self.infos = [node.info for node in self.node_list]
         self.statuses = [node.status for node in self.node_list]
@@ -382,7 +384,7 @@ class _CachedTable:
         if (
             state.config.topology_levels != self.levels
             or len(nodes) != len(self.node_list)
-            or not all(map(operator.is_, nodes, self.node_list))
+            or list(state.nodes) != self.node_ids
             or not all(map(operator.is_, [n.info for n in nodes], self.infos))
             or not all(map(operator.is_, [n.status for n in nodes], self.statuses))
         ):
@@ -404,26 +406,26 @@ class _CachedTable:
         return True
 
 
-# One table kept between passes. A pass takes it out of the list and puts it back when
-# done, so concurrent passes never share it (one of them builds its own).
-_TABLE_CACHE: list[_CachedTable] = []
+class CapacityCache:
+    """The free-capacity table kept from one scheduling pass to the next.
 
+    Owned by whoever plans (the leader loop, the simulator) and passed to
+    :func:`schedule`; a pass borrows the table and leaves it as it found it. Not
+    thread-safe: one planner at a time. Planning without one builds the table afresh,
+    with the same plan.
+    """
 
-def _take_table(state: ClusterState, use_cache: bool) -> _CachedTable:
-    cached: _CachedTable | None = None
-    if use_cache:
-        try:
-            cached = _TABLE_CACHE.pop()
-        except IndexError:
-            cached = None
-    if cached is None or not cached.refresh(state):
-        cached = _CachedTable(state)
-    return cached
+    def __init__(self) -> None:
+        self._cached: _CachedTable | None = None
 
+    def borrow(self, state: ClusterState) -> _CachedTable:
+        cached, self._cached = self._cached, None
+        if cached is None or not cached.refresh(state):
+            cached = _CachedTable(state)
+        return cached
 
-def _return_table(cached: _CachedTable) -> None:
-    if not _TABLE_CACHE:
-        _TABLE_CACHE.append(cached)
+    def give_back(self, cached: _CachedTable) -> None:
+        self._cached = cached
 
 
 # ---------------------------------------------------------------------------- placing
@@ -685,26 +687,26 @@ def schedule(
     now_ms: int,
     on_decision: Callable[[str, bool], None] | None = None,
     *,
-    use_cache: bool = True,
+    cache: CapacityCache | None = None,
 ) -> Plan:
     """Plan one scheduling pass over ``state`` at time ``now_ms``. Pure; never mutates.
 
     ``on_decision(job_id, placed)`` is called after each gang's decision; benchmarks
     use it to time decisions without the core reading a clock.
 
-    The free-capacity table is kept between passes and updated from the nodes that
-    changed, which makes a pass cost what changed rather than the cluster's size. The
-    plan is the same with ``use_cache=False`` (a table built from scratch).
+    With a ``cache``, the free-capacity table is kept between passes and updated from
+    the nodes that changed, which makes a pass cost what changed rather than the
+    cluster's size. The plan is the same without one (a table built from scratch).
     """
-    cached = _take_table(state, use_cache)
+    cached = cache.borrow(state) if cache is not None else _CachedTable(state)
     table = cached.table
     # Should _plan raise, the table may be mid-change: it is dropped, never reused.
     plan = _plan(state, now_ms, on_decision, cached.view, cached.empty_view)
     for extra in table.views[1:]:
         extra.detach()
     table.undo(0)
-    if use_cache:
-        _return_table(cached)
+    if cache is not None:
+        cache.give_back(cached)
     return plan
 
 
@@ -1016,21 +1018,29 @@ def _when(reservation: Reservation, now_ms: int) -> str:
 # --------------------------------------------------------------------------- explain
 
 
-def explain(state: ClusterState, job_id: str, now_ms: int) -> str:
-    """Why a job is where it is: its wait reason, or where each member runs."""
+def explain(state: ClusterState, job_id: str, now_ms: int, last_plan: Plan | None = None) -> str:
+    """Why a job is where it is: its wait reason, or where each member runs.
+
+    A pending job is explained from ``last_plan``, the leader's newest scheduling pass,
+    never by planning again: a pass over a large cluster is far too costly to run per
+    question. A job that pass did not consider (submitted since, or planned by an
+    earlier leader) is explained by its replicated reason.
+    """
     job = state.jobs.get(job_id)
     if job is None:
         return f"no job {job_id!r}"
     if job.state is JobState.PENDING:
-        if now_ms < job.retry_not_before_ms:
+        if now_ms < job.retry_not_before_ms or last_plan is None:
             return job.reason
-        plan = schedule(state, now_ms)
-        if job_id in plan.reasons:
-            return plan.reasons[job_id]
-        for p in plan.placements:
-            if p.job_id == job_id:
+        if job_id in last_plan.reasons:
+            return last_plan.reasons[job_id]
+        for p in last_plan.placements:
+            if p.job_id == job_id and p.attempts_made == job.attempts_made:
                 hosts = sorted({m.node_id for m in p.members})
-                return f"fits now on {', '.join(hosts)}; it will be bound by the next pass"
+                return (
+                    f"placed on {', '.join(hosts)} by the latest scheduling pass; "
+                    "waiting for the bind to commit"
+                )
         return job.reason
     attempt = job.attempt
     if attempt is None or job.state.finished:

@@ -314,6 +314,7 @@ class Replica:
             liveness=self.liveness,
             serving=lambda: self.loop.ready and self.raft.is_leader(),
             clock_ms=_now_ms,
+            last_plan=lambda: self.loop.last_plan,
         )
         self.server = build_server(self.context, me.grpc)
         self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
@@ -350,10 +351,10 @@ class Replica:
                     log.info("%s leadership in term %d", "gained" if is_leader else "lost", term)
                 self.loop.note_state_changed()
                 sentence = self.loop.step(_now_ms())
-                if sentence != last and "nothing to do" not in sentence:
-                    # Leadership and node deaths matter to operators; passes are routine.
-                    routine = "term" not in sentence and "dead" not in sentence
-                    log.log(logging.DEBUG if routine else logging.INFO, "%s", sentence)
+                for notable in self.loop.take_notable():
+                    log.info("%s", notable)
+                if sentence != last:
+                    log.debug("%s", sentence)
                 last = sentence
                 if not said_ready:
                     status = self.raft.status()

@@ -28,7 +28,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, NodeStatus
-from synapse_ha.core.scheduler import explain
+from synapse_ha.core.scheduler import Plan, explain
 from synapse_ha.core.spec import SpecError, check_request_id
 from synapse_ha.core.views import DesiredMember, desired_by_node
 from synapse_ha.rpc import convert
@@ -66,6 +66,7 @@ class Backend(Protocol):
     """What the servicers need from the replica (implemented by the Raft replica)."""
 
     def propose(self, command: cmd.Command) -> futures.Future[cmd.Result]: ...
+    def snapshot(self) -> ClusterState: ...
     def reading(self) -> AbstractContextManager[ClusterState]: ...
     def cluster_config(self) -> ClusterConfig: ...
     def status(self) -> RaftStatusView: ...
@@ -76,7 +77,10 @@ class Backend(Protocol):
 @dataclass(slots=True)
 class ReplicaContext:
     """Everything the servicers share. ``serving`` says whether this replica is the leader
-    and its term barrier has committed; ``clock_ms`` is wall-clock milliseconds."""
+    and its term barrier has committed; ``clock_ms`` is wall-clock milliseconds.
+
+    Reads are served from immutable snapshots (``backend.snapshot()``), never while
+    holding the lock the log's applies need."""
 
     self_id: str
     replicas: Sequence[ReplicaAddress]
@@ -85,6 +89,8 @@ class ReplicaContext:
     serving: Callable[[], bool]
     clock_ms: Callable[[], int]
     write_timeout_s: float = 5.0
+    # The leader's newest scheduling pass, which ExplainJob answers from.
+    last_plan: Callable[[], Plan | None] = lambda: None
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -207,9 +213,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             now_ms=self.ctx.clock_ms(),
         )
         result = self._check(context, self._propose(context, command))
-        with self.ctx.backend.reading() as state:
-            job = state.jobs.get(request.job_id)
-            job_state = str(job.state) if job is not None else str(JobState.CANCELLED)
+        job = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        job_state = str(job.state) if job is not None else str(JobState.CANCELLED)
         return pb.CancelJobResponse(state=job_state, message=result.message)
 
     def _set_node_status(
@@ -224,9 +229,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             now_ms=self.ctx.clock_ms(),
         )
         self._check(context, self._propose(context, command))
-        with self.ctx.backend.reading() as state:
-            node = state.nodes.get(request.node_id)
-            return pb.NodeStatusResponse(status=str(node.status) if node else "")
+        node = self.ctx.backend.snapshot().nodes.get(request.node_id)
+        return pb.NodeStatusResponse(status=str(node.status) if node else "")
 
     def CordonNode(
         self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
@@ -249,10 +253,9 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         if not request.job_id:
             _invalid(context, SpecError("job_id", "is required"))
         stale = self._read_mode(context, request.allow_stale)
-        with self.ctx.backend.reading() as state:
-            job = state.jobs.get(request.job_id)
-            if job is not None:
-                return pb.GetJobResponse(job=convert.job_to_proto(job), stale=stale)
+        job = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        if job is not None:
+            return pb.GetJobResponse(job=convert.job_to_proto(job), stale=stale)
         context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
 
     def ListJobs(
@@ -269,20 +272,20 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             _invalid(context, SpecError("limit", "must not be negative"))
         stale = self._read_mode(context, request.allow_stale)
         out = []
-        with self.ctx.backend.reading() as state:
-            for job in sorted(state.jobs.values(), key=lambda j: j.seq):
-                if wanted_states and job.state not in wanted_states:
-                    continue
-                if request.name and job.spec.name != request.name:
-                    continue
-                if request.node_id and not (
-                    job.attempt is not None
-                    and any(m.node_id == request.node_id for m in job.attempt.members)
-                ):
-                    continue
-                out.append(convert.job_to_proto(job))
-                if request.limit and len(out) >= request.limit:
-                    break
+        state = self.ctx.backend.snapshot()
+        for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+            if wanted_states and job.state not in wanted_states:
+                continue
+            if request.name and job.spec.name != request.name:
+                continue
+            if request.node_id and not (
+                job.attempt is not None
+                and any(m.node_id == request.node_id for m in job.attempt.members)
+            ):
+                continue
+            out.append(convert.job_to_proto(job))
+            if request.limit and len(out) >= request.limit:
+                break
         return pb.ListJobsResponse(jobs=out, stale=stale)
 
     def ExplainJob(
@@ -292,15 +295,16 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             _invalid(context, SpecError("job_id", "is required"))
         stale = self._read_mode(context, request.allow_stale)
         now = self.ctx.clock_ms()
-        with self.ctx.backend.reading() as state:
-            job = state.jobs.get(request.job_id)
-            if job is not None:
-                return pb.ExplainJobResponse(
-                    job_id=job.job_id,
-                    state=str(job.state),
-                    explanation=explain(state, job.job_id, now),
-                    stale=stale,
-                )
+        state = self.ctx.backend.snapshot()
+        job = state.jobs.get(request.job_id)
+        if job is not None:
+            last_plan = None if stale else self.ctx.last_plan()
+            return pb.ExplainJobResponse(
+                job_id=job.job_id,
+                state=str(job.state),
+                explanation=explain(state, job.job_id, now, last_plan),
+                stale=stale,
+            )
         context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
 
     def ListNodes(
@@ -309,11 +313,11 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         stale = self._read_mode(context, request.allow_stale)
         now = self.ctx.clock_ms()
         out = []
-        with self.ctx.backend.reading() as state:
-            for node_id in sorted(state.nodes):
-                heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
-                age = -1 if heard is None else max(0, now - heard)
-                out.append(convert.node_to_proto(state.nodes[node_id], age))
+        state = self.ctx.backend.snapshot()
+        for node_id in sorted(state.nodes):
+            heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
+            age = -1 if heard is None else max(0, now - heard)
+            out.append(convert.node_to_proto(state.nodes[node_id], age))
         return pb.ListNodesResponse(nodes=out, stale=stale)
 
     def GetClusterStatus(
@@ -327,29 +331,30 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
                 own if r.replica_id == ctx.self_id else _ask_replica(r) for r in ctx.replicas
             ]
         leader = ctx.by_raft(ctx.backend.leader_address())
-        with ctx.backend.reading() as state:
-            jobs = list(state.jobs.values())
-            response = pb.GetClusterStatusResponse(
-                answered_by=ctx.self_id,
-                leader_id=leader.replica_id if leader else "",
-                leader_address=leader.grpc if leader else "",
-                replicas=replicas,
-                nodes=len(state.nodes),
-                jobs=len(jobs),
-                pending_jobs=sum(1 for j in jobs if j.state is JobState.PENDING),
-                running_jobs=sum(1 for j in jobs if j.state.holds_resources),
-            )
-        return response
+        state = ctx.backend.snapshot()
+        jobs = state.jobs.values()
+        return pb.GetClusterStatusResponse(
+            answered_by=ctx.self_id,
+            leader_id=leader.replica_id if leader else "",
+            leader_address=leader.grpc if leader else "",
+            replicas=replicas,
+            nodes=len(state.nodes),
+            jobs=len(jobs),
+            pending_jobs=sum(1 for j in jobs if j.state is JobState.PENDING),
+            running_jobs=sum(1 for j in jobs if j.state.holds_resources),
+        )
 
     def GetReplicaState(
         self, request: pb.GetReplicaStateRequest, context: grpc.ServicerContext
     ) -> pb.GetReplicaStateResponse:
-        """This replica's own state, never redirected. Encoded while applies are held off
-        (the state lock), so the bytes are one consistent state."""
+        """This replica's own state, never redirected: a snapshot taken while applies are
+        held off (the state lock), with the applied index of that moment, so the bytes
+        are one consistent state. It is encoded after the lock is released."""
         backend = self.ctx.backend
-        with backend.reading() as state:
-            encoded = encode_state(state)
+        with backend.reading():
+            state = backend.snapshot()
             last_applied = backend.status().last_applied
+        encoded = encode_state(state)
         return pb.GetReplicaStateResponse(
             replica_id=self.ctx.self_id,
             last_applied=last_applied,
@@ -426,14 +431,14 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         now = self.ctx.clock_ms()
         self._check(context, self._propose(context, cmd.RegisterNode(info=info, now_ms=now)))
         self.ctx.liveness.heard(info.node_id, now)
-        with self.ctx.backend.reading() as state:
-            timeouts = state.config.timeouts
-            node = state.nodes.get(info.node_id)
-            return pb.RegisterNodeResponse(
-                status=str(node.status) if node else "",
-                heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
-                lease_ttl_ms=timeouts.lease_ttl_ms,
-            )
+        state = self.ctx.backend.snapshot()
+        timeouts = state.config.timeouts
+        node = state.nodes.get(info.node_id)
+        return pb.RegisterNodeResponse(
+            status=str(node.status) if node else "",
+            heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
+            lease_ttl_ms=timeouts.lease_ttl_ms,
+        )
 
     def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
@@ -446,9 +451,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
             _invalid(context, exc)
         self._require_serving_leader(context)
         now = self.ctx.clock_ms()
-        with self.ctx.backend.reading() as state:
-            known = request.node_id in state.nodes
-        if not known:
+        if request.node_id not in self.ctx.backend.snapshot().nodes:
             context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"node {request.node_id!r} is not registered; call RegisterNode",
@@ -465,11 +468,11 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
             self._check(context, self._propose(context, command))
             acked = len(events)
         term = self.ctx.backend.status().term
-        with self.ctx.backend.reading() as state:
-            desired = self._desired_for(state, request.node_id)
-            node = state.nodes.get(request.node_id)
-            timeouts = state.config.timeouts
-            node_status = str(node.status) if node else str(NodeStatus.DEAD)
+        state = self.ctx.backend.snapshot()
+        desired = self._desired_for(state, request.node_id)
+        node = state.nodes.get(request.node_id)
+        timeouts = state.config.timeouts
+        node_status = str(node.status) if node else str(NodeStatus.DEAD)
         return pb.HeartbeatResponse(
             desired=[convert.desired_to_proto(d) for d in desired],
             lease_ttl_ms=timeouts.lease_ttl_ms,
@@ -480,10 +483,11 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         )
 
     def _desired_for(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
-        """Desired members, computed once per state version and shared by heartbeats.
-        The caller holds the state lock."""
+        """Desired members, computed once per snapshot version and shared by heartbeats
+        (outside the apply lock: ``state`` is a snapshot)."""
         with self._desired_lock:
-            if self._desired_version != state.applied_commands:
+            # A heartbeat holding an older snapshot than another's gets the newer answer.
+            if self._desired_version < state.applied_commands:
                 self._desired = desired_by_node(state)
                 self._desired_version = state.applied_commands
             return self._desired.get(node_id, [])

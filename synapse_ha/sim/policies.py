@@ -7,7 +7,7 @@ from typing import Protocol
 
 from synapse_ha.core.commands import BindPlan, GangPlacement
 from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Node, Resources
-from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.scheduler import CapacityCache, schedule
 
 
 class Policy(Protocol):
@@ -28,9 +28,10 @@ class Ours:
 
     def __init__(self) -> None:
         self.wake_ms: int | None = None
+        self.cache = CapacityCache()
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
-        result = schedule(state, now_ms)
+        result = schedule(state, now_ms, cache=self.cache)
         self.wake_ms = result.wake_ms
         return result.command(now_ms)
 

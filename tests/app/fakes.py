@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 
 from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.snapshot import full_copy
 
 
 class FakeLog:
@@ -22,9 +21,10 @@ class FakeLog:
         self.pending: list[tuple[cmd.Command, Future[cmd.Result]]] = []
         self.hold = False
 
-    @contextmanager
-    def reading(self) -> Iterator[ClusterState]:
-        yield self.state
+    def snapshot(self) -> ClusterState:
+        """A copy, as the replica's snapshots are: the loop must never see later applies
+        through it, nor change the state it plans on."""
+        return full_copy(self.state)
 
     def propose(self, command: cmd.Command) -> Future[cmd.Result]:
         self.proposed.append(command)

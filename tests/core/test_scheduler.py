@@ -16,7 +16,7 @@ from synapse_ha.core.model import (
     MemberPlacement,
     NodeStatus,
 )
-from synapse_ha.core.scheduler import explain, schedule
+from synapse_ha.core.scheduler import CapacityCache, explain, schedule
 from tests.core.harness import Cluster, job, node
 
 
@@ -274,11 +274,18 @@ def test_explain_pending_and_placed() -> None:
     cl = Cluster()
     cl.add(node("n1", gpus=2, rack="r3"))
     waiting = cl.submit(job("w", replicas=2, gpu=2, required="rack"))
-    assert "needs 2 member(s)" in explain(cl.state, waiting, cl.now)
-    assert "rack r3 has room for 1" in explain(cl.state, waiting, cl.now)
-    placed = cl.submit(job("p", gpu=1))
+    fits = cl.submit(job("f", gpu=1))
+    # Before any pass there is only the replicated reason.
+    assert explain(cl.state, waiting, cl.now) == cl.state.jobs[waiting].reason
+    plan = schedule(cl.state, cl.now)
+    # Explained from the pass's recorded reasons, without planning again.
+    assert "needs 2 member(s)" in explain(cl.state, waiting, cl.now, plan)
+    assert "rack r3 has room for 1" in explain(cl.state, waiting, cl.now, plan)
+    assert "placed on n1 by the latest scheduling pass" in explain(cl.state, fits, cl.now, plan)
+    late = cl.submit(job("late", gpu=1))  # the pass never saw it
+    assert explain(cl.state, late, cl.now, plan) == cl.state.jobs[late].reason
     cl.run_pass()
-    text = explain(cl.state, placed, cl.now)
+    text = explain(cl.state, fits, cl.now, plan)
     assert "rank 0: z1/b1/r3/n1 gpus 0 bound" in text
     assert explain(cl.state, "job-999999", cl.now).startswith("no job")
 
@@ -353,13 +360,14 @@ def test_the_cached_table_plans_exactly_as_a_table_built_from_scratch(seed: int)
             )
         clusters.append(cl)
     compared = 0
+    cache = CapacityCache()  # one cache, following both clusters in turn
     for step in range(150):
         cl = clusters[0] if step % 7 else clusters[1]
         _random_step(cl, rng, step)
-        cached = schedule(cl.state, cl.now)
-        fresh = schedule(cl.state, cl.now, use_cache=False)
+        cached = schedule(cl.state, cl.now, cache=cache)
+        fresh = schedule(cl.state, cl.now)
         assert cached == fresh, f"step {step}"
-        again = schedule(cl.state, cl.now)  # the pass left the cached table unchanged
+        again = schedule(cl.state, cl.now, cache=cache)  # the pass left the table unchanged
         assert again == fresh, f"step {step}, second pass"
         compared += len(fresh.placements) + len(fresh.reasons)
         command = cached.command(cl.now)

@@ -1,0 +1,266 @@
+"""Copy-on-write snapshots of the replicated state, for the planner and for readers.
+
+``apply`` changes the live :class:`ClusterState` in place, under the replica's apply lock.
+Anything that only reads — a scheduling pass, ``explain``, ``ListJobs``, the heartbeat's
+desired state — works on a snapshot instead, so it never holds that lock while it thinks.
+
+A snapshot is a ``ClusterState`` whose records are never changed after it is made. It is
+bought in O(what changed): :func:`apply_tracked` notes which node and job records each
+command may touch (a superset, judged by the command's type, before and after it is
+applied), and :meth:`SnapshotBuilder.take` copies only those records, sharing every other
+one with the previous snapshot. The dictionaries themselves are copied (a C-speed copy of
+references). A command type it does not know and a restored state make the
+next snapshot a full copy, so an unknown change can cost time but never correctness.
+
+Nothing here reads a clock or does I/O. The caller holds the apply lock while it calls
+:func:`apply_tracked` and :meth:`SnapshotBuilder.take`; it may read the snapshot anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import ClusterState, Job
+
+
+@dataclasses.dataclass(slots=True)
+class Changes:
+    """Records touched since the last snapshot."""
+
+    nodes: set[str] = dataclasses.field(default_factory=set)
+    jobs: set[str] = dataclasses.field(default_factory=set)
+    request_ids: bool = False
+    everything: bool = False
+
+    def clear(self) -> None:
+        self.nodes.clear()
+        self.jobs.clear()
+        self.request_ids = False
+        self.everything = False
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes or self.jobs or self.request_ids or self.everything)
+
+
+def _job_and_its_nodes(state: ClusterState, job_id: str, changes: Changes) -> None:
+    changes.jobs.add(job_id)
+    job = state.jobs.get(job_id)
+    if job is not None and job.attempt is not None:
+        changes.nodes.update(m.node_id for m in job.attempt.members)
+
+
+def _jobs_on_node(state: ClusterState, node_id: str) -> list[Job]:
+    return [
+        job
+        for job in state.jobs.values()
+        if job.attempt is not None and any(m.node_id == node_id for m in job.attempt.members)
+    ]
+
+
+def _nothing(state: ClusterState, command: Any, changes: Changes) -> None:
+    """Barrier; Configure (the configuration is an immutable value every snapshot shares)."""
+
+
+def _node_status(state: ClusterState, command: Any, changes: Changes) -> None:
+    changes.nodes.add(command.node_id)
+
+
+def _register(state: ClusterState, command: cmd.RegisterNode, changes: Changes) -> None:
+    changes.nodes.add(command.info.node_id)
+
+
+def _node_dead(state: ClusterState, command: cmd.MarkNodeDead, changes: Changes) -> None:
+    changes.nodes.add(command.node_id)
+    for job in _jobs_on_node(state, command.node_id):
+        _job_and_its_nodes(state, job.job_id, changes)
+
+
+def _submit(state: ClusterState, command: cmd.SubmitJob, changes: Changes) -> None:
+    changes.request_ids = True
+    job_id = state.request_ids.get(command.request_id)
+    if job_id is not None:
+        changes.jobs.add(job_id)
+
+
+def _one_job(state: ClusterState, command: Any, changes: Changes) -> None:
+    _job_and_its_nodes(state, command.job_id, changes)
+
+
+def _bind(state: ClusterState, command: cmd.BindPlan, changes: Changes) -> None:
+    for placement in command.placements:
+        _job_and_its_nodes(state, placement.job_id, changes)
+        changes.nodes.update(m.node_id for m in placement.members)
+    changes.jobs.update(job_id for job_id, _ in command.reasons)
+
+
+def _report(state: ClusterState, command: cmd.ReportMembers, changes: Changes) -> None:
+    changes.nodes.add(command.node_id)
+    for event in command.events:
+        _job_and_its_nodes(state, event.job_id, changes)
+
+
+def _purge(state: ClusterState, command: cmd.PurgeFinished, changes: Changes) -> None:
+    changes.request_ids = True
+    changes.jobs.update(job.job_id for job in state.jobs.values() if job.state.finished)
+
+
+# What each command type may touch. A type missing here makes the next snapshot a full
+# copy (tests/core/test_snapshot.py checks every command type is listed).
+_TOUCHES: dict[type, Callable[[ClusterState, Any, Changes], None]] = {
+    cmd.Configure: _nothing,
+    cmd.Barrier: _nothing,
+    cmd.RegisterNode: _register,
+    cmd.SetNodeStatus: _node_status,
+    cmd.MarkNodeDead: _node_dead,
+    cmd.SubmitJob: _submit,
+    cmd.CancelJob: _one_job,
+    cmd.BindPlan: _bind,
+    cmd.ReportMembers: _report,
+    cmd.FailAttempt: _one_job,
+    cmd.ExpireTimeLimit: _one_job,
+    cmd.PurgeFinished: _purge,
+}
+
+
+def note_touched(state: ClusterState, command: cmd.Command, changes: Changes) -> None:
+    """Add to ``changes`` every record ``command`` may change in ``state``.
+
+    Called once before and once after the command is applied: before, to catch records
+    it may release or remove (an attempt's old nodes, purged jobs); after, to catch the
+    ones it creates or binds (a new job, a new attempt's nodes).
+    """
+    touches = _TOUCHES.get(type(command))
+    if touches is None:
+        changes.everything = True
+    else:
+        touches(state, command, changes)
+
+
+def apply_tracked(state: ClusterState, command: cmd.Command, changes: Changes) -> cmd.Result:
+    """:func:`apply`, noting in ``changes`` what the command may have touched."""
+    note_touched(state, command, changes)
+    result = apply(state, command)
+    note_touched(state, command, changes)
+    return result
+
+
+# ----------------------------------------------------------------------- copying
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    """The fields of a mutable dataclass; None for a frozen one (shared, never copied)."""
+    try:
+        return _FIELD_NAMES[kind]
+    except KeyError:
+        pass
+    frozen = kind.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    names = None if frozen else tuple(f.name for f in dataclasses.fields(kind))
+    _FIELD_NAMES[kind] = names
+    return names
+
+
+def clone(value: Any) -> Any:
+    """A copy of a state record that shares every immutable part (frozen dataclasses,
+    strings, numbers, enums, tuples of those) and copies every mutable one."""
+    if value is None or isinstance(value, (str, int, float, enum.Enum, tuple, frozenset)):
+        return value
+    kind = type(value)
+    if dataclasses.is_dataclass(value):
+        names = _field_names(kind)
+        if names is None:
+            return value
+        return kind(**{name: clone(getattr(value, name)) for name in names})
+    if kind is list:
+        return [clone(item) for item in value]
+    if kind is set:
+        return set(value)  # sets hold immutable members (GPU indices)
+    if kind is dict:
+        return {key: clone(item) for key, item in value.items()}
+    raise TypeError(f"cannot snapshot a {kind.__name__}")
+
+
+def full_copy(state: ClusterState) -> ClusterState:
+    """A snapshot that shares no mutable record with ``state``."""
+    copied: ClusterState = clone(state)
+    return copied
+
+
+# The state's other fields: counters and clocks, immutable values.
+_COUNTERS = tuple(
+    f.name
+    for f in dataclasses.fields(ClusterState)
+    if f.name not in ("config", "nodes", "jobs", "request_ids")
+)
+
+
+class SnapshotBuilder:
+    """Makes snapshots of one live state, each from the previous one and the changes.
+
+    Not thread-safe: the owner calls :func:`apply_tracked` and :meth:`take` under the
+    same lock. ``changes`` is the set :func:`apply_tracked` must be given.
+    """
+
+    def __init__(self) -> None:
+        self.changes = Changes(everything=True)
+        self._last: ClusterState | None = None
+
+    def reset(self) -> None:
+        """The live state was replaced (a restored dump): the next snapshot copies all."""
+        self.changes.everything = True
+
+    def take(self, state: ClusterState) -> ClusterState:
+        """A snapshot equal to ``state`` now. Costs O(records changed since the last one)
+        plus a copy of the two record dictionaries' references."""
+        last, changes = self._last, self.changes
+        if last is not None and not changes and last.applied_commands == state.applied_commands:
+            return last
+        if last is None or changes.everything:
+            snap = full_copy(state)
+        else:
+            nodes = last.nodes
+            if changes.nodes:
+                nodes = dict(nodes)
+                added = False
+                for node_id in changes.nodes:
+                    node = state.nodes.get(node_id)
+                    if node is None:
+                        nodes.pop(node_id, None)
+                    else:
+                        added = added or node_id not in nodes
+                        nodes[node_id] = clone(node)
+                if added:  # rare: keep registration order, as the live dictionary has it
+                    nodes = {node_id: nodes[node_id] for node_id in state.nodes}
+            jobs = last.jobs
+            if changes.jobs:
+                jobs = dict(jobs)
+                new: list[Job] = []
+                for job_id in changes.jobs:
+                    job = state.jobs.get(job_id)
+                    if job is None:
+                        jobs.pop(job_id, None)
+                    elif job_id in jobs:
+                        jobs[job_id] = clone(job)
+                    else:
+                        new.append(job)
+                # New jobs go last in submission order, as in the live dictionary.
+                for job in sorted(new, key=lambda j: j.seq):
+                    jobs[job.job_id] = clone(job)
+            snap = ClusterState(
+                config=state.config,
+                nodes=nodes,
+                jobs=jobs,
+                request_ids=dict(state.request_ids) if changes.request_ids else last.request_ids,
+            )
+            for name in _COUNTERS:
+                setattr(snap, name, clone(getattr(state, name)))
+        changes.clear()
+        self._last = snap
+        return snap

@@ -1,0 +1,98 @@
+"""Copy-on-write snapshots: after any command sequence a snapshot equals the live state,
+and a snapshot once taken never changes, whatever is applied afterwards."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule
+
+from synapse_ha.core import commands as c
+from synapse_ha.core import snapshot
+from synapse_ha.core.codec import encode_command, encode_state
+from synapse_ha.core.model import ClusterState
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked, full_copy
+from tests.core.harness import job, node
+from tests.core.test_properties import ClusterMachine
+
+
+class SnapshotMachine(ClusterMachine):
+    """Every rule of the property machine, applied with change tracking; snapshots are
+    taken at random moments, so changes from several commands accumulate between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.builder = SnapshotBuilder()
+        self.kept: list[tuple[ClusterState, bytes]] = []
+
+    def do(self, command: c.Command) -> c.Result:
+        self.log.append(encode_command(command))
+        result = apply_tracked(self.state, command, self.builder.changes)
+        assert result.code is not c.ResultCode.INTERNAL, result.message
+        return result
+
+    @rule(keep=st.booleans())
+    def take_snapshot(self, keep: bool) -> None:
+        snap = self.builder.take(self.state)
+        encoded = encode_state(snap)
+        assert encoded == encode_state(self.state)
+        assert list(snap.jobs) == list(self.state.jobs)  # same (submission) order
+        assert list(snap.nodes) == list(self.state.nodes)
+        for node_id, record in snap.nodes.items():
+            assert record is not self.state.nodes[node_id]  # never a live record
+        for job_id, record in snap.jobs.items():
+            assert record is not self.state.jobs[job_id]
+        if keep:
+            self.kept = [*self.kept[-4:], (snap, encoded)]
+
+    @rule()
+    def plan_on_a_snapshot(self) -> None:
+        snap = self.builder.take(self.state)
+        on_snapshot = schedule(snap, self.now)
+        assert on_snapshot == schedule(self.state, self.now)
+
+    @invariant()
+    def kept_snapshots_never_change(self) -> None:
+        for snap, encoded in self.kept:
+            assert encode_state(snap) == encoded
+
+
+SnapshotMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestSnapshotMachine = SnapshotMachine.TestCase
+
+
+def test_every_command_type_says_what_it_touches() -> None:
+    missing = [t.__name__ for t in c.COMMAND_TYPES if t not in snapshot._TOUCHES]
+    assert missing == []
+
+
+def test_an_unchanged_state_gives_the_same_snapshot_and_shares_untouched_records() -> None:
+    state = ClusterState()
+    builder = SnapshotBuilder()
+    for n in ("a", "b"):
+        apply_tracked(state, c.RegisterNode(node(n, gpus=4), 1), builder.changes)
+    first = builder.take(state)
+    assert builder.take(state) is first
+    apply_tracked(state, c.SubmitJob(job("j", gpu=1), "r1", 2), builder.changes)
+    second = builder.take(state)
+    assert second is not first
+    assert second.nodes["a"] is first.nodes["a"]  # untouched: shared, not copied
+    assert "job-000001" in second.jobs and "job-000001" not in first.jobs
+
+
+def test_an_unknown_command_type_makes_a_full_copy() -> None:
+    state = ClusterState()
+    builder = SnapshotBuilder()
+    apply_tracked(state, c.RegisterNode(node("a", gpus=4), 1), builder.changes)
+    first = builder.take(state)
+    snapshot.note_touched(state, object(), builder.changes)  # type: ignore[arg-type]
+    assert builder.changes.everything
+    second = builder.take(state)
+    assert second.nodes["a"] is not first.nodes["a"]
+    assert encode_state(second) == encode_state(state) == encode_state(full_copy(state))
