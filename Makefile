@@ -60,6 +60,8 @@ bench: $(STAMP)
 	mkdir -p bench/results
 	$(BIN)/python bench/placement.py > bench/results/placement.json
 	cat bench/results/placement.json
+	$(BIN)/python bench/lock_hold.py > bench/results/lock_hold.json
+	cat bench/results/lock_hold.json
 	$(BIN)/python bench/quorum.py > bench/results/quorum.json
 	cat bench/results/quorum.json
 	$(BIN)/python bench/gang_start.py > bench/results/gang_start.json

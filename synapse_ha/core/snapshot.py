@@ -152,39 +152,38 @@ def apply_tracked(state: ClusterState, command: cmd.Command, changes: Changes) -
 # ----------------------------------------------------------------------- copying
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
-
-
-def _field_names(kind: type) -> tuple[str, ...] | None:
-    """The fields of a mutable dataclass; None for a frozen one (shared, never copied)."""
-    try:
-        return _FIELD_NAMES[kind]
-    except KeyError:
-        pass
-    frozen = kind.__dataclass_params__.frozen  # type: ignore[attr-defined]
-    names = None if frozen else tuple(f.name for f in dataclasses.fields(kind))
-    _FIELD_NAMES[kind] = names
-    return names
+# Types whose values are never changed in place: shared by every copy. Enum types and
+# frozen dataclasses join on first sight. Tuples in the state hold only such values.
+_IMMUTABLE: set[type] = {str, int, float, bool, type(None), tuple, frozenset, bytes}
+_FIELDS: dict[type, tuple[str, ...]] = {}  # mutable dataclass -> its field names
 
 
 def clone(value: Any) -> Any:
     """A copy of a state record that shares every immutable part (frozen dataclasses,
     strings, numbers, enums, tuples of those) and copies every mutable one."""
-    if value is None or isinstance(value, (str, int, float, enum.Enum, tuple, frozenset)):
-        return value
     kind = type(value)
-    if dataclasses.is_dataclass(value):
-        names = _field_names(kind)
-        if names is None:
+    if kind in _IMMUTABLE:
+        return value
+    names = _FIELDS.get(kind)
+    if names is None:
+        if kind is list:
+            return [clone(item) for item in value]
+        if kind is set:
+            return set(value)  # sets hold immutable members (GPU indices)
+        if kind is dict:
+            return {key: clone(item) for key, item in value.items()}
+        frozen = dataclasses.is_dataclass(value) and kind.__dataclass_params__.frozen
+        if frozen or isinstance(value, enum.Enum):
+            _IMMUTABLE.add(kind)
             return value
-        return kind(**{name: clone(getattr(value, name)) for name in names})
-    if kind is list:
-        return [clone(item) for item in value]
-    if kind is set:
-        return set(value)  # sets hold immutable members (GPU indices)
-    if kind is dict:
-        return {key: clone(item) for key, item in value.items()}
-    raise TypeError(f"cannot snapshot a {kind.__name__}")
+        if not dataclasses.is_dataclass(value):
+            raise TypeError(f"cannot snapshot a {kind.__name__}")
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(value))
+    copied = object.__new__(kind)
+    for name in names:
+        item = getattr(value, name)
+        setattr(copied, name, item if type(item) in _IMMUTABLE else clone(item))
+    return copied
 
 
 def full_copy(state: ClusterState) -> ClusterState:

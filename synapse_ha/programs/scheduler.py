@@ -26,6 +26,7 @@ a quorum with a known leader, and stops gracefully on SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import queue
@@ -271,6 +272,20 @@ def _check_writable(path: str) -> None:
 # ------------------------------------------------------------------------ running
 
 
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector's pauses short on a large state.
+
+    The replicated state of a big cluster is millions of long-lived objects; a full
+    collection walks all of them and, landing inside the apply lock or a heartbeat, stalls
+    it for a hundred milliseconds and more. Objects alive now (the state loaded from the
+    snapshot and the journal) are moved out of the collector's view, and the youngest
+    generation is collected less often. Called at start and once the replica has caught up.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -367,6 +382,7 @@ class Replica:
                             leader.replica_id if leader else status.leader,
                         )
                         said_ready = True
+                        tune_gc()
             except Exception:
                 log.exception("leader loop step failed")
 
@@ -392,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"synapse-scheduler: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(config.log_level)
+    tune_gc()
     replica = Replica(config)
     stop = threading.Event()
 
