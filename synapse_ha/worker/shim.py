@@ -13,6 +13,12 @@ One shim runs per gang member, in a session of its own, started by the agent. It
   ``stop_grace_s``, SIGKILL; SIGUSR1 is the agent fencing: the same with ``fence_grace_s``;
 * ``time_limit_ms`` (when > 0) is enforced the same way.
 
+A member whose job names an image runs as the container runtime's client (``podman run``
+and the like). Killing that client does not end the container, which lives under the
+runtime's monitor, so whenever the shim forces the member down, or the client dies of a
+signal, it also runs the launch record's ``container_stop`` commands (``RUNTIME kill NAME``,
+``RUNTIME rm -f NAME``). The agent runs the same commands for a member whose shim died.
+
 Because the deadline is checked every ``POLL_S`` seconds, a member's whole process tree is
 gone at most ``POLL_S + fence_grace_s`` after its lease deadline, whatever happened to the
 agent (killed, paused or partitioned). The shim is a child subreaper, so descendants that
