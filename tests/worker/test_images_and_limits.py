@@ -14,7 +14,8 @@ import pytest
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.core.views import DesiredMember
 from synapse_ha.rpc.convert import desired_to_proto
-from synapse_ha.worker.agent import launch_spec_from_proto
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker.agent import Agent, launch_spec_from_proto
 from synapse_ha.worker.cgroups import CgroupLimits, cgroup_limits, probe_cgroups
 from synapse_ha.worker.members import (
     ImageRuntime,
@@ -24,7 +25,8 @@ from synapse_ha.worker.members import (
     member_argv,
 )
 from tests.worker.conftest import MakeExecutor
-from tests.worker.helpers import spec
+from tests.worker.helpers import FakeClock, spec
+from tests.worker.test_agent import FakeControl
 
 IMAGE = "registry.example/train:24.01"
 SECTION_5 = (
@@ -251,6 +253,47 @@ def test_a_member_with_an_image_runs_through_the_runtime(
     assert (member.dir / "output.log").read_text() == "inside rank=1 gpus=0,1 hf=/data/hf\n"
     # A member that ended on its own leaves no container to stop.
     assert not (tmp_path / "stops").exists()
+
+
+def test_the_agent_runs_what_the_leader_sends_through_the_runtime(
+    make_executor: MakeExecutor, tmp_path: Path
+) -> None:
+    # The leader's projection of a core JobSpec naming an image, through the heartbeat
+    # reply, the agent and the executor, to the runtime's argv and environment.
+    job_spec = JobSpec(
+        name="train",
+        replicas=1,
+        resources=Resources(cpu_milli=2000, memory_mib=128, gpu=0),
+        command=("echo from-$SYNAPSE_JOB_ID",),
+        image=IMAGE,
+    )
+    member = DesiredMember(
+        job_id="job-3",
+        attempt=1,
+        fencing_token=5,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        gpus=(),
+        master_addr="127.0.0.1:7070",
+        master_port=29500,
+        member_hosts=("127.0.0.1:7070",),
+        spec=job_spec,
+    )
+    clock = FakeClock()
+    control = FakeControl(clock)
+    control.desired = [desired_to_proto(member)]
+    executor = make_executor(image_runtime=ImageRuntime.parse(str(fake_runtime(tmp_path))))
+    agent = Agent(
+        pb.RegisterNodeRequest(node_id="n1", address="127.0.0.1:7070"), control, executor, clock
+    )
+    assert "started 1 member(s)" in agent.step()
+    assert finish(executor, MemberKey("job-3", 5, 0)) == (0, "")
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[argv.index("--cpus") + 1 :][:3] == ["2.000", "--memory", "128m"]
+    assert argv[-4:] == [IMAGE, "/bin/sh", "-c", "echo from-$SYNAPSE_JOB_ID"]
+    assert (executor.root / "job-3" / "a1.t5.r0" / "output.log").read_text() == "from-job-3\n"
 
 
 def test_a_fenced_member_s_container_is_stopped(
