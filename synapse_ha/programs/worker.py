@@ -13,7 +13,8 @@ file. TOML keys are the flag names with underscores, for example::
     memory = "480Gi"
     mock_gpus = 8         # machines without GPUs: declare them
     mock_nvlink = "0-3,4-7"
-    image_runtime = "podman run --rm --network host {env} {image} {command}"
+    image_runtime = "podman"           # run members whose job names an image
+    image_run_args = "--ipc host --shm-size 16g"   # extra options for `podman run`
     features = ["ib"]
 
 It runs in the foreground; SIGTERM or SIGINT stops every member gracefully, reports their
@@ -28,6 +29,7 @@ import argparse
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -82,6 +84,7 @@ class WorkerConfig:
     mock_nvlink: str
     mock_gpu_model: str
     image_runtime: str
+    image_run_args: str
     features: tuple[str, ...]
     heartbeat_interval_s: float
     lease_ttl_s: float
@@ -117,7 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mock-gpu-model", help="model name of mock GPUs")
     p.add_argument(
         "--image-runtime",
-        help='container runtime template, e.g. "podman run --rm {image} {command}"',
+        help="container runtime command, e.g. podman or docker; members whose job names an "
+        "image run through it and the node offers the images feature",
+    )
+    p.add_argument(
+        "--image-run-args",
+        help='extra options for the runtime\'s run command, e.g. "--ipc host --shm-size 16g"',
     )
     p.add_argument("--feature", action="append", default=[], help="an extra node feature")
     p.add_argument("--heartbeat-interval", help="until the leader says otherwise (default 1s)")
@@ -250,11 +258,16 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
         raise ConfigError("--mock-nvlink needs --mock-gpus")
 
     image_runtime = str(pick(args.image_runtime, "image_runtime") or "")
+    image_run_args = str(pick(args.image_run_args, "image_run_args") or "")
+    if image_run_args and not image_runtime:
+        raise ConfigError("--image-run-args needs --image-runtime")
     if image_runtime:
         try:
-            ImageRuntime(image_runtime)
+            runtime = ImageRuntime.parse(image_runtime, image_run_args)
         except ValueError as exc:
             raise ConfigError(f"--image-runtime: {exc}") from None
+        if shutil.which(runtime.command[0]) is None:
+            raise ConfigError(f"--image-runtime: {runtime.command[0]!r} is not an executable")
 
     features = [*doc.get("features", []), *args.feature]
     heartbeat = _seconds(
@@ -276,6 +289,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
         mock_nvlink=mock_nvlink,
         mock_gpu_model=str(pick(args.mock_gpu_model, "mock_gpu_model") or "mock-gpu"),
         image_runtime=image_runtime,
+        image_run_args=image_run_args,
         features=tuple(sorted({str(f) for f in features})),
         heartbeat_interval_s=heartbeat,
         lease_ttl_s=lease,
@@ -362,7 +376,14 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
             fence_grace_s=config.fence_grace_s,
             self_fencing=config.self_fencing,
         ),
-        image_runtime=ImageRuntime(config.image_runtime) if config.image_runtime else None,
+        image_runtime=ImageRuntime.parse(
+            config.image_runtime,
+            config.image_run_args,
+            # Mock GPUs have no devices to hand to a container.
+            gpu_devices=config.mock_gpus is None,
+        )
+        if config.image_runtime
+        else None,
         cgroups=cgroups,
     )
     recovered = executor.recover()

@@ -239,6 +239,9 @@ def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
         env=[pb.EnvVar(name=k, value=v) for k, v in d.spec.env],
         workdir=d.spec.workdir,
         time_limit_ms=d.spec.time_limit_ms,
+        image=d.spec.image,
+        cpu_milli=d.spec.resources.cpu_milli,
+        memory_mib=d.spec.resources.memory_mib,
     )
 
 

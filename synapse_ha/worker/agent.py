@@ -99,9 +99,8 @@ class GrpcControlPlane:
 
 
 def launch_spec_from_proto(d: pb.DesiredMember) -> LaunchSpec:
-    """The worker's view of a desired member. Fields the control plane does not send yet
-    (image, per-member cpu/memory) are read when present."""
-    fields = d.DESCRIPTOR.fields_by_name
+    """The worker's view of a desired member (the inverse of the control plane's
+    ``desired_to_proto``)."""
     return LaunchSpec(
         job_id=d.job_id,
         attempt=d.attempt,
@@ -119,9 +118,9 @@ def launch_spec_from_proto(d: pb.DesiredMember) -> LaunchSpec:
         env=tuple((e.name, e.value) for e in d.env),
         workdir=d.workdir,
         time_limit_ms=d.time_limit_ms,
-        image=str(getattr(d, "image", "")) if "image" in fields else "",
-        cpu_milli=int(getattr(d, "cpu_milli", 0)) if "cpu_milli" in fields else 0,
-        memory_mib=int(getattr(d, "memory_mib", 0)) if "memory_mib" in fields else 0,
+        image=d.image,
+        cpu_milli=d.cpu_milli,
+        memory_mib=d.memory_mib,
     )
 
 

@@ -14,9 +14,37 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 CPU_PERIOD_US = 100_000
+# The kernel refuses a cpu.max quota below 1 ms per period.
+CPU_MIN_QUOTA_US = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLimits:
+    """The contents of a member cgroup's ``cpu.max`` and ``memory.max``."""
+
+    cpu_max: str
+    memory_max: str
+
+
+def cgroup_limits(cpu_milli: int, memory_mib: int) -> CgroupLimits:
+    """Limits for a member asking for ``cpu_milli`` millicores and ``memory_mib`` MiB;
+    0 (or less) means no limit ("max").
+
+    ``cpu.max`` is "QUOTA PERIOD" in microseconds: ``cpu_milli`` millicores may run
+    ``cpu_milli / 1000`` periods' worth per period (1500m -> "150000 100000"), never less
+    than the kernel's minimum quota. ``memory.max`` is in bytes.
+    """
+    if cpu_milli > 0:
+        quota = max(CPU_MIN_QUOTA_US, cpu_milli * CPU_PERIOD_US // 1000)
+        cpu_max = f"{quota} {CPU_PERIOD_US}"
+    else:
+        cpu_max = "max"
+    memory_max = str(memory_mib * 1024 * 1024) if memory_mib > 0 else "max"
+    return CgroupLimits(cpu_max, memory_max)
 
 
 class CgroupLimiter:
@@ -27,12 +55,11 @@ class CgroupLimiter:
         """Create the member's cgroup with its limits (0 means unlimited); returns its
         path, or "" when it could not be created (the member then runs unlimited)."""
         path = self.parent / name
+        limits = cgroup_limits(cpu_milli, memory_mib)
         try:
             path.mkdir(exist_ok=True)
-            cpu = f"{cpu_milli * CPU_PERIOD_US // 1000} {CPU_PERIOD_US}" if cpu_milli else "max"
-            (path / "cpu.max").write_text(cpu, encoding="ascii")
-            memory = str(memory_mib * 1024 * 1024) if memory_mib else "max"
-            (path / "memory.max").write_text(memory, encoding="ascii")
+            (path / "cpu.max").write_text(limits.cpu_max, encoding="ascii")
+            (path / "memory.max").write_text(limits.memory_max, encoding="ascii")
         except OSError:
             return ""
         return str(path)
@@ -50,10 +77,19 @@ def probe_cgroups(root: Path = Path("/sys/fs/cgroup")) -> tuple[CgroupLimiter | 
     try:
         controllers = set(controllers_file.read_text(encoding="ascii").split())
     except OSError:
+        unified = root / "unified" / "cgroup.controllers"
+        if unified.exists():
+            return None, (
+                f"{root} is a cgroup v1/v2 hybrid: cpu and memory belong to the v1 "
+                f"hierarchies, so the v2 hierarchy at {unified.parent} cannot limit them"
+            )
         return None, f"no cgroup v2 hierarchy at {root}"
     missing = {"cpu", "memory"} - controllers
     if missing:
-        return None, f"cgroup v2 at {root} lacks the {', '.join(sorted(missing))} controller"
+        return None, (
+            f"cgroup v2 at {root} lacks the {', '.join(sorted(missing))} controller "
+            "(not delegated, or bound to a cgroup v1 hierarchy)"
+        )
     parent = root / "synapse"
     try:
         (root / "cgroup.subtree_control").write_text("+cpu +memory", encoding="ascii")

@@ -38,6 +38,7 @@ from synapse_ha.worker.shim import (
     group_alive,
     process_start_ticks,
     signal_group,
+    stop_containers,
     write_json_atomic,
 )
 
@@ -124,54 +125,142 @@ def member_environment(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, s
     return env
 
 
-class ImageRuntime:
-    """A container runtime command template, such as
-    ``podman run --rm --network host {env} {image} {command}``.
+CDI_GPU_DEVICE = "nvidia.com/gpu={index}"
 
-    The template is split like a shell line. ``{image}`` becomes the image name,
-    ``{command}`` becomes the member's argv (``/bin/sh -c CMD`` for a string command) and
-    ``{env}`` (optional) becomes ``--env NAME`` for every DESIGN §5 and job variable, for
-    runtimes that do not pass the environment through.
+
+@dataclass(frozen=True, slots=True)
+class ImageRuntime:
+    """A container runtime's command line (podman, or docker with the same flags) that
+    runs members whose job names an image.
+
+    ``command`` is the runtime's own argv prefix (``("podman",)`` or
+    ``("podman", "--runtime", "runc")``); ``run_args`` are extra ``run`` options from the
+    node's configuration (``--ipc host``, ``--shm-size 16g``, ``--ulimit ...``). A member
+    becomes::
+
+        COMMAND run --rm --name synapse-JOB-TOKEN-RANK --network host
+            [--device nvidia.com/gpu=I ...] [--cpus C] [--memory Mm] RUN_ARGS
+            --env NAME ... [--workdir DIR] IMAGE ARGV...
+
+    * ``--env NAME`` (no value) makes the runtime copy the variable from its own
+      environment, which the supervisor sets to the member's: every job variable and every
+      DESIGN §5 variable reaches the container, and no value shows in a process listing.
+    * GPUs are passed as CDI devices only when ``gpu_devices`` is set (GPUs discovered
+      through NVML; mock GPUs have no devices). The container then sees only its own GPUs,
+      numbered from 0, so ``CUDA_VISIBLE_DEVICES`` inside it is ``0..k-1``
+      (:func:`container_environment`).
+    * CPU and memory limits go to the runtime (``--cpus``, ``--memory``): the container's
+      processes are children of the runtime's monitor, not of the supervisor, so the
+      member cgroup would not hold them.
+    * The container is named after the member, so the supervisor (and a restarted agent)
+      can stop it by name: :meth:`stop_argvs` (``kill`` and then ``rm -f``).
     """
 
-    def __init__(self, template: str) -> None:
-        try:
-            self.tokens = shlex.split(template)
-        except ValueError as exc:
-            raise ValueError(f"image runtime template: {exc}") from None
-        if "{image}" not in self.tokens or "{command}" not in self.tokens:
-            raise ValueError(
-                "image runtime template must contain {image} and {command} as separate words"
-            )
-        self.template = template
+    command: tuple[str, ...]
+    run_args: tuple[str, ...] = ()
+    gpu_devices: bool = False
 
-    def wrap(self, image: str, argv: Sequence[str], env_names: Iterable[str]) -> list[str]:
-        out: list[str] = []
-        for token in self.tokens:
-            if token == "{command}":
-                out.extend(argv)
-            elif token == "{env}":
-                for name in env_names:
-                    out += ["--env", name]
-            else:
-                out.append(token.replace("{image}", image))
+    @classmethod
+    def parse(cls, command: str, run_args: str = "", *, gpu_devices: bool = False) -> ImageRuntime:
+        """From configuration text split like a shell line; raises ValueError naming what
+        is wrong."""
+        try:
+            words = tuple(shlex.split(command))
+            extra = tuple(shlex.split(run_args))
+        except ValueError as exc:
+            raise ValueError(f"image runtime: {exc}") from None
+        if not words:
+            raise ValueError("image runtime: the runtime command is empty")
+        if any("{" in w for w in words):
+            raise ValueError(
+                "image runtime: give the runtime command (e.g. podman), not a template; "
+                "synapse builds the run command itself"
+            )
+        if any(w in ("run", "create") for w in words[1:]):
+            raise ValueError(
+                "image runtime: give the runtime command without its subcommand "
+                "(e.g. podman, not podman run); extra run options go to the run arguments"
+            )
+        return cls(words, extra, gpu_devices)
+
+    @staticmethod
+    def container_name(key: MemberKey) -> str:
+        return f"synapse-{key.job_id}-{key.fencing_token}-{key.rank}"
+
+    def run_argv(
+        self, spec: LaunchSpec, argv: Sequence[str], env_names: Iterable[str]
+    ) -> list[str]:
+        out = [
+            *self.command,
+            "run",
+            "--rm",
+            "--name",
+            self.container_name(spec.key),
+            "--network",
+            "host",
+        ]
+        if self.gpu_devices:
+            for gpu in spec.gpus:
+                out += ["--device", CDI_GPU_DEVICE.format(index=gpu)]
+        if spec.cpu_milli > 0:
+            out += ["--cpus", f"{spec.cpu_milli // 1000}.{spec.cpu_milli % 1000:03d}"]
+        if spec.memory_mib > 0:
+            out += ["--memory", f"{spec.memory_mib}m"]
+        out += self.run_args
+        for name in env_names:
+            out += ["--env", name]
+        if spec.workdir:
+            out += ["--workdir", spec.workdir]
+        out.append(spec.image)
+        out += argv
         return out
 
+    def stop_argvs(self, key: MemberKey) -> list[list[str]]:
+        """Commands that end the member's container whatever state it is in (each may
+        fail harmlessly when the container is already gone)."""
+        name = self.container_name(key)
+        return [[*self.command, "kill", name], [*self.command, "rm", "-f", name]]
 
-def member_argv(spec: LaunchSpec, runtime: ImageRuntime | None = None) -> list[str]:
-    """The argv to exec: a string command under ``/bin/sh -c``, a list as is, wrapped in
-    the image runtime when the job names an image."""
+
+class NoImageRuntime(ValueError):
+    """The member names an image and this node has no image runtime."""
+
+
+def command_argv(spec: LaunchSpec) -> list[str]:
+    """The member's own argv: a string command under ``/bin/sh -c``, a list as is."""
     if spec.shell:
         argv = ["/bin/sh", "-c", spec.command[0] if spec.command else ""]
     else:
         argv = list(spec.command)
     if not argv or not argv[0]:
         raise ValueError("empty command")
+    return argv
+
+
+def container_environment(
+    spec: LaunchSpec, env: Mapping[str, str], runtime: ImageRuntime
+) -> dict[str, str]:
+    """The environment handed to a containerised member: as on the host, except that
+    with GPU devices the container numbers its GPUs from 0."""
+    out = dict(env)
+    if runtime.gpu_devices:
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(spec.gpus)))
+    return out
+
+
+def member_argv(spec: LaunchSpec, runtime: ImageRuntime | None = None) -> list[str]:
+    """The argv to exec, wrapped in the image runtime when the job names an image.
+    Raises :class:`NoImageRuntime` for an image on a node without a runtime, ValueError
+    for an empty command."""
+    argv = command_argv(spec)
     if spec.image:
         if runtime is None:
-            raise ValueError(f"job names image {spec.image!r} but this node has no image runtime")
+            raise NoImageRuntime(
+                f"job names image {spec.image!r} but this node has no image runtime "
+                "(synapse-worker --image-runtime)"
+            )
         names = [*(k for k, _ in spec.env), *member_environment(spec, {})]
-        argv = runtime.wrap(spec.image, argv, dict.fromkeys(names))
+        argv = runtime.run_argv(spec, argv, dict.fromkeys(names))
     return argv
 
 
@@ -240,6 +329,17 @@ def kill_recorded_process(record: dict[str, Any] | None, pid_key: str = "pid") -
             return True
         return False
     signal_group(pid, signal.SIGKILL)
+    return True
+
+
+def stop_recorded_container(member_dir: Path) -> bool:
+    """End the container a member directory's launch record names, if any (a supervisor
+    that died or was killed could not). Returns whether the member ran in a container."""
+    launch = read_json(member_dir / "launch.json")
+    argvs = launch.get("container_stop") if launch else None
+    if not isinstance(argvs, list) or not argvs:
+        return False
+    stop_containers([[str(word) for word in argv] for argv in argvs if isinstance(argv, list)])
     return True
 
 
@@ -318,8 +418,17 @@ class MemberExecutor:
         except ValueError as exc:
             self._record_exit(member, MemberExit(127, f"could not exec: {exc}", now_ms))
             return member
+        env = member_environment(spec, self.settings.base_env)
         cgroup_dir = ""
-        if self.cgroups is not None:
+        container_stop: list[list[str]] = []
+        cwd = spec.workdir
+        if spec.image and self.image_runtime is not None:
+            # The runtime enforces the limits and sets the working directory inside
+            # the container; the runtime's own client runs in the member directory.
+            env = container_environment(spec, env, self.image_runtime)
+            container_stop = self.image_runtime.stop_argvs(key)
+            cwd = str(mdir)
+        elif self.cgroups is not None:
             cgroup_dir = self.cgroups.create(
                 f"{key.job_id}.t{key.fencing_token}.r{key.rank}", spec.cpu_milli, spec.memory_mib
             )
@@ -329,8 +438,9 @@ class MemberExecutor:
                 "key": list(key),
                 "attempt": spec.attempt,
                 "argv": argv,
-                "env": member_environment(spec, self.settings.base_env),
-                "cwd": spec.workdir,
+                "env": env,
+                "cwd": cwd,
+                "container_stop": container_stop,
                 "log_path": str(log_path),
                 "lease_path": str(self.lease_path),
                 "parent_pid": os.getpid(),
@@ -458,6 +568,7 @@ class MemberExecutor:
                     continue
                 record = read_json(mdir / "exit.json")
                 if record is None or killed_shim or killed_member:
+                    stop_recorded_container(mdir)
                     ended = self.wall_clock_ms()
                     exit_ = MemberExit(
                         EXIT_LOST, "lost: left running by a previous worker agent; killed", ended
@@ -514,6 +625,7 @@ class MemberExecutor:
         else:
             # The supervisor died without a record: make sure nothing of the member lives.
             kill_recorded_process(read_json(member.dir / "member.json"))
+            stop_recorded_container(member.dir)
             exit_ = MemberExit(EXIT_LOST, "lost: its supervisor died", self.wall_clock_ms())
             write_json_atomic(
                 member.dir / "exit.json",

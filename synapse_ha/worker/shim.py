@@ -13,6 +13,12 @@ One shim runs per gang member, in a session of its own, started by the agent. It
   ``stop_grace_s``, SIGKILL; SIGUSR1 is the agent fencing: the same with ``fence_grace_s``;
 * ``time_limit_ms`` (when > 0) is enforced the same way.
 
+A member whose job names an image runs as the container runtime's client (``podman run``
+and the like). Killing that client does not end the container, which lives under the
+runtime's monitor, so whenever the shim forces the member down, or the client dies of a
+signal, it also runs the launch record's ``container_stop`` commands (``RUNTIME kill NAME``,
+``RUNTIME rm -f NAME``). The agent runs the same commands for a member whose shim died.
+
 Because the deadline is checked every ``POLL_S`` seconds, a member's whole process tree is
 gone at most ``POLL_S + fence_grace_s`` after its lease deadline, whatever happened to the
 agent (killed, paused or partitioned). The shim is a child subreaper, so descendants that
@@ -51,6 +57,7 @@ POLL_S = 0.05
 PR_SET_CHILD_SUBREAPER = 36
 EXIT_TIME_LIMIT = 124
 EXIT_COULD_NOT_EXEC = 127
+CONTAINER_STOP_TIMEOUT_S = 10.0
 
 
 def write_json_atomic(path: StrPath, doc: dict[str, Any]) -> None:
@@ -101,6 +108,22 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def stop_containers(argvs: list[list[str]], timeout_s: float = CONTAINER_STOP_TIMEOUT_S) -> None:
+    """Run each command that ends a member's container (``RUNTIME kill NAME``, then
+    ``RUNTIME rm -f NAME``), in order. Failures are ignored: the container may be gone
+    already, and the next command or a later agent start tries again."""
+    for argv in argvs:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout_s,
+                check=False,
+            )
+
+
 def _become_subreaper() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -123,6 +146,11 @@ class Shim:
         self.member_pid = 0
         self.member_status: int | None = None
         self.started_monotonic = 0.0
+        # Commands that end the member's container (empty when it runs on the host).
+        self.container_stop: list[list[str]] = [
+            [str(word) for word in argv] for argv in self.launch.get("container_stop", [])
+        ]
+        self.container_stopped = False
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -201,8 +229,16 @@ class Shim:
             time.sleep(0.01)
         self.kill_everything()
 
+    def stop_container(self) -> None:
+        """End the member's container, once. The runtime's monitor keeps a container
+        running when only the runtime client in the member's group is killed."""
+        if self.container_stop and not self.container_stopped:
+            self.container_stopped = True
+            stop_containers(self.container_stop)
+
     def kill_everything(self) -> None:
         signal_group(self.member_pid, signal.SIGKILL)
+        self.stop_container()
         cgroup_dir = self.launch.get("cgroup_dir")
         if cgroup_dir:
             try:
@@ -277,6 +313,10 @@ class Shim:
             detail = f"killed by signal {-code}"
         if forced is not None and (forced == EXIT_TIME_LIMIT or exit_code == 0):
             exit_code = forced
+        if forced is not None or code < 0:
+            # The runtime client was stopped or died by a signal: its container may
+            # still run under the runtime's monitor.
+            self.stop_container()
         self.finish(exit_code, detail)
         return 0
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.worker.cgroups import CgroupLimiter
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
 from tests.worker.helpers import Fifo
@@ -24,7 +25,8 @@ def make_executor(tmp_path: Path) -> Iterator[MakeExecutor]:
         *,
         stop_grace_s: float = 2.0,
         lease_s: float = 3600.0,
-        image_runtime: str = "",
+        image_runtime: ImageRuntime | None = None,
+        cgroups: CgroupLimiter | None = None,
     ) -> MemberExecutor:
         data = tmp_path / name
         data.mkdir(exist_ok=True)
@@ -34,7 +36,8 @@ def make_executor(tmp_path: Path) -> Iterator[MakeExecutor]:
             data,
             lease.path,
             ExecutorSettings(stop_grace_s=stop_grace_s, fence_grace_s=0.2),
-            image_runtime=ImageRuntime(image_runtime) if image_runtime else None,
+            image_runtime=image_runtime,
+            cgroups=cgroups,
         )
         made.append(executor)
         return executor

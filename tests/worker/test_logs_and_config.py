@@ -129,9 +129,12 @@ def test_flags_make_a_registration(tmp_path: Path) -> None:
             "--mock-nvlink",
             "0-1,2-3",
             "--image-runtime",
-            "podman run --rm {image} {command}",
+            "/bin/sh",
+            "--image-run-args",
+            "--ipc host",
         ]
     )
+    assert (config.image_runtime, config.image_run_args) == ("/bin/sh", "--ipc host")
     assert config.schedulers == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
     request = registration(config, "10.1.1.7:7070")
     assert request.node_id == "gpu-7"
@@ -175,7 +178,13 @@ def test_toml_configuration(tmp_path: Path) -> None:
         ([*BASE, "--data-dir", "{tmp}", "--memory", "12 parsecs"], "--memory"),
         ([*BASE, "--data-dir", "{tmp}", "--mock-nvlink", "all"], "needs --mock-gpus"),
         ([*BASE, "--data-dir", "{tmp}", "--mock-gpus", "2", "--mock-nvlink", "0-5"], "outside"),
-        ([*BASE, "--data-dir", "{tmp}", "--image-runtime", "podman run"], "must contain"),
+        ([*BASE, "--data-dir", "{tmp}", "--image-runtime", "podman run"], "without its subcommand"),
+        (
+            [*BASE, "--data-dir", "{tmp}", "--image-runtime", "x {image} {command}"],
+            "not a template",
+        ),
+        ([*BASE, "--data-dir", "{tmp}", "--image-runtime", "/no/such/podman"], "not an executable"),
+        ([*BASE, "--data-dir", "{tmp}", "--image-run-args", "--ipc host"], "needs --image-runtime"),
         ([*BASE, "--data-dir", "{tmp}", "--lease-ttl", "1s"], "must exceed"),
         (["--scheduler", "nohost", "--data-dir", "{tmp}"], "not HOST:PORT"),
         ([*BASE, "--data-dir", "/proc/forbidden"], "not writable"),

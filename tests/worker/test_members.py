@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
@@ -17,13 +16,11 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import launch_spec_from_proto
 from synapse_ha.worker.members import (
     SHIM_COMMAND,
-    ImageRuntime,
     LaunchSpec,
     Member,
     MemberExecutor,
     MemberExit,
     MemberKey,
-    member_argv,
 )
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import Fifo, process_gone, spec, wait_gone
@@ -338,44 +335,6 @@ def test_a_restarted_agent_kills_leftovers_and_reports_them_lost(
 
 
 # ---------------------------------------------------------------------- images
-
-
-def test_an_image_runtime_wraps_the_command(make_executor: MakeExecutor, tmp_path: Path) -> None:
-    runtime = tmp_path / "fake-runtime"
-    runtime.write_text(
-        textwrap.dedent(
-            """\
-            #!/bin/sh
-            [ "$1" = run ] || exit 90
-            image=$2; shift 2
-            n=0
-            while [ "$1" = --env ]; do n=$((n+1)); shift 2; done
-            echo "runtime image=$image env=$n"
-            exec "$@"
-            """
-        )
-    )
-    runtime.chmod(runtime.stat().st_mode | stat.S_IEXEC)
-    executor = make_executor(image_runtime=f"{runtime} run {{image}} {{env}} {{command}}")
-    member = executor.start(spec("echo inside rank=$RANK", image="pytorch:24.01", rank=0))
-    assert finish(executor, member).exit_code == 0
-    first, second = log_text(member).splitlines()
-    assert first.startswith("runtime image=pytorch:24.01 env=")
-    assert int(first.rsplit("=", 1)[1]) >= 13  # every DESIGN §5 variable is passed
-    assert second == "inside rank=0"
-
-
-def test_image_runtime_argv() -> None:
-    runtime = ImageRuntime("podman run --rm {env} {image} {command}")
-    argv = member_argv(spec("echo $RANK", image="img:1", env=(("A", "1"),)), runtime)
-    assert argv[:3] == ["podman", "run", "--rm"]
-    assert argv[-4:] == ["img:1", "/bin/sh", "-c", "echo $RANK"]
-    assert argv[3:5] == ["--env", "A"]
-    assert "RANK" in argv
-    with pytest.raises(ValueError, match="no image runtime"):
-        member_argv(spec("true", image="img:1"), None)
-    with pytest.raises(ValueError, match="must contain"):
-        ImageRuntime("podman run {image}")
 
 
 def test_a_member_naming_an_image_without_a_runtime_fails_to_start(

@@ -407,7 +407,7 @@ class MemberReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class DesiredMember(_message.Message):
-    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms")
+    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -424,6 +424,9 @@ class DesiredMember(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_MS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     fencing_token: int
     attempt: int
@@ -440,7 +443,10 @@ class DesiredMember(_message.Message):
     env: _containers.RepeatedCompositeFieldContainer[EnvVar]
     workdir: str
     time_limit_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ...) -> None: ...
+    image: str
+    cpu_milli: int
+    memory_mib: int
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "reports", "running")

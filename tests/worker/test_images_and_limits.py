@@ -1,0 +1,369 @@
+"""Container images and CPU/memory limits: what the control plane sends reaches the
+member (image, env, command through the runtime; cgroup v2 limits where writable)."""
+
+from __future__ import annotations
+
+import dataclasses
+import stat
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.core.model import JobSpec, Resources
+from synapse_ha.core.views import DesiredMember
+from synapse_ha.rpc.convert import desired_to_proto
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker.agent import Agent, launch_spec_from_proto
+from synapse_ha.worker.cgroups import CgroupLimits, cgroup_limits, probe_cgroups
+from synapse_ha.worker.members import (
+    ImageRuntime,
+    MemberExecutor,
+    MemberKey,
+    NoImageRuntime,
+    member_argv,
+)
+from tests.worker.conftest import MakeExecutor
+from tests.worker.helpers import FakeClock, spec
+from tests.worker.test_agent import FakeControl
+
+IMAGE = "registry.example/train:24.01"
+SECTION_5 = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "NNODES",
+    "NODE_RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "SYNAPSE_JOB_ID",
+    "SYNAPSE_ATTEMPT",
+    "SYNAPSE_FENCING_TOKEN",
+    "SYNAPSE_MEMBER_HOSTS",
+)
+
+
+# ------------------------------------------------------------ the wire, both ways
+
+
+def test_image_cpu_and_memory_travel_in_the_desired_member() -> None:
+    job_spec = JobSpec(
+        name="train",
+        replicas=2,
+        resources=Resources(cpu_milli=1500, memory_mib=2048, gpu=1),
+        command=("python", "train.py"),
+        shell=False,
+        workdir="/data/run1",
+        image=IMAGE,
+    )
+    desired = DesiredMember(
+        job_id="job-7",
+        attempt=3,
+        fencing_token=41,
+        rank=1,
+        world_size=2,
+        local_rank=0,
+        local_world_size=1,
+        gpus=(3,),
+        master_addr="10.0.0.1:7070",
+        master_port=29500,
+        member_hosts=("10.0.0.1:7070", "10.0.0.2:7070"),
+        spec=job_spec,
+    )
+    # Through bytes, as a heartbeat reply carries it.
+    wire = type(desired_to_proto(desired)).FromString(desired_to_proto(desired).SerializeToString())
+    launch = launch_spec_from_proto(wire)
+    assert (launch.image, launch.cpu_milli, launch.memory_mib) == (IMAGE, 1500, 2048)
+    assert (launch.command, launch.shell, launch.workdir) == (
+        ("python", "train.py"),
+        False,
+        "/data/run1",
+    )
+    assert launch.key == MemberKey("job-7", 41, 1)
+    on_host = JobSpec(name="h", replicas=1, resources=Resources(0, 0, 0), command=("true",))
+    host_only = desired_to_proto(dataclasses.replace(desired, spec=on_host))
+    assert (host_only.image, host_only.cpu_milli, host_only.memory_mib) == ("", 0, 0)
+
+
+# -------------------------------------------------------------- the run command
+
+
+def test_the_run_command_names_the_container_and_passes_everything() -> None:
+    runtime = ImageRuntime.parse("podman --runtime runc", "--ipc host", gpu_devices=True)
+    member = spec(
+        "echo $RANK",
+        job_id="job-7",
+        token=41,
+        rank=1,
+        world_size=2,
+        image=IMAGE,
+        gpus=(2, 5),
+        env=(("HF_HOME", "/data/hf"),),
+        workdir="/data/run1",
+        cpu_milli=1500,
+        memory_mib=512,
+    )
+    argv = member_argv(member, runtime)
+    env_names = ["HF_HOME", *SECTION_5]
+    assert argv == [
+        "podman",
+        "--runtime",
+        "runc",
+        "run",
+        "--rm",
+        "--name",
+        "synapse-job-7-41-1",
+        "--network",
+        "host",
+        "--device",
+        "nvidia.com/gpu=2",
+        "--device",
+        "nvidia.com/gpu=5",
+        "--cpus",
+        "1.500",
+        "--memory",
+        "512m",
+        "--ipc",
+        "host",
+        *[word for name in env_names for word in ("--env", name)],
+        "--workdir",
+        "/data/run1",
+        IMAGE,
+        "/bin/sh",
+        "-c",
+        "echo $RANK",
+    ]
+    assert runtime.stop_argvs(member.key) == [
+        ["podman", "--runtime", "runc", "kill", "synapse-job-7-41-1"],
+        ["podman", "--runtime", "runc", "rm", "-f", "synapse-job-7-41-1"],
+    ]
+    # Mock GPUs (no devices), no limits, no workdir: none of those flags.
+    plain = member_argv(
+        spec(("train", "--fast"), image=IMAGE, gpus=(0,)), ImageRuntime(("docker",))
+    )
+    assert not {"--device", "--cpus", "--memory", "--workdir"} & set(plain)
+    assert plain[-3:] == [IMAGE, "train", "--fast"]
+
+
+@pytest.mark.parametrize(
+    ("command", "run_args", "message"),
+    [
+        ("", "", "empty"),
+        ("podman run", "", "without its subcommand"),
+        ("podman run --rm {env} {image} {command}", "", "not a template"),
+        ("podman 'unclosed", "", "image runtime"),
+        ("podman", "--ipc 'unclosed", "image runtime"),
+    ],
+)
+def test_a_bad_runtime_is_refused(command: str, run_args: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ImageRuntime.parse(command, run_args)
+
+
+def test_an_image_without_a_runtime_is_a_typed_failure() -> None:
+    with pytest.raises(NoImageRuntime, match="no image runtime"):
+        member_argv(spec("true", image=IMAGE), None)
+    assert member_argv(spec("true"), None) == ["/bin/sh", "-c", "true"]
+
+
+# ------------------------------------------------------- through a fake runtime
+
+
+def fake_runtime(tmp_path: Path) -> Path:
+    """A runtime that records its argv, its environment and its stop commands, then
+    execs the member's command (the words after the image) on the host."""
+    script = tmp_path / "fake-runtime"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            #!/bin/sh
+            if [ "$1" != run ]; then
+                echo "$*" >> {tmp_path}/stops
+                exit 0
+            fi
+            printf '%s\\n' "$@" > {tmp_path}/argv
+            env > {tmp_path}/env
+            while [ "$#" -gt 0 ] && [ "$1" != "{IMAGE}" ]; do shift; done
+            shift
+            exec "$@"
+            """
+        )
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def finish(executor: MemberExecutor, key: MemberKey, timeout_s: float = 20.0) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for done, exit_ in executor.poll():
+            if done == key:
+                return exit_.exit_code, exit_.detail
+        time.sleep(0.01)
+    raise AssertionError(f"{key} did not finish within {timeout_s} s")
+
+
+def test_a_member_with_an_image_runs_through_the_runtime(
+    make_executor: MakeExecutor, tmp_path: Path
+) -> None:
+    runtime = ImageRuntime.parse(str(fake_runtime(tmp_path)), "--ipc host", gpu_devices=True)
+    executor = make_executor(image_runtime=runtime)
+    member = executor.start(
+        spec(
+            "echo inside rank=$RANK gpus=$CUDA_VISIBLE_DEVICES hf=$HF_HOME",
+            job_id="job-7",
+            token=41,
+            rank=1,
+            world_size=2,
+            image=IMAGE,
+            gpus=(4, 6),
+            env=(("HF_HOME", "/data/hf"),),
+            # Exists only inside the image: the runtime client must not start there.
+            workdir="/only/inside/the/image",
+            cpu_milli=250,
+            memory_mib=64,
+        )
+    )
+    assert finish(executor, member.key) == (0, "")
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[:6] == ["run", "--rm", "--name", "synapse-job-7-41-1", "--network", "host"]
+    assert argv[6:10] == ["--device", "nvidia.com/gpu=4", "--device", "nvidia.com/gpu=6"]
+    assert argv[argv.index(IMAGE) :] == [
+        IMAGE,
+        "/bin/sh",
+        "-c",
+        "echo inside rank=$RANK gpus=$CUDA_VISIBLE_DEVICES hf=$HF_HOME",
+    ]
+    passed = {argv[i + 1] for i, word in enumerate(argv) if word == "--env"}
+    assert passed == {"HF_HOME", *SECTION_5}
+    assert argv[argv.index("--workdir") + 1] == "/only/inside/the/image"
+    assert argv[argv.index("--cpus") + 1] == "0.250"
+    assert argv[argv.index("--memory") + 1] == "64m"
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
+    assert env["RANK"] == "1"
+    assert env["WORLD_SIZE"] == "2"
+    assert env["SYNAPSE_JOB_ID"] == "job-7"
+    assert env["SYNAPSE_FENCING_TOKEN"] == "41"
+    assert env["HF_HOME"] == "/data/hf"
+    # The container sees only its two GPUs, numbered from 0.
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert (member.dir / "output.log").read_text() == "inside rank=1 gpus=0,1 hf=/data/hf\n"
+    # A member that ended on its own leaves no container to stop.
+    assert not (tmp_path / "stops").exists()
+
+
+def test_the_agent_runs_what_the_leader_sends_through_the_runtime(
+    make_executor: MakeExecutor, tmp_path: Path
+) -> None:
+    # The leader's projection of a core JobSpec naming an image, through the heartbeat
+    # reply, the agent and the executor, to the runtime's argv and environment.
+    job_spec = JobSpec(
+        name="train",
+        replicas=1,
+        resources=Resources(cpu_milli=2000, memory_mib=128, gpu=0),
+        command=("echo from-$SYNAPSE_JOB_ID",),
+        image=IMAGE,
+    )
+    member = DesiredMember(
+        job_id="job-3",
+        attempt=1,
+        fencing_token=5,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        gpus=(),
+        master_addr="127.0.0.1:7070",
+        master_port=29500,
+        member_hosts=("127.0.0.1:7070",),
+        spec=job_spec,
+    )
+    clock = FakeClock()
+    control = FakeControl(clock)
+    control.desired = [desired_to_proto(member)]
+    executor = make_executor(image_runtime=ImageRuntime.parse(str(fake_runtime(tmp_path))))
+    agent = Agent(
+        pb.RegisterNodeRequest(node_id="n1", address="127.0.0.1:7070"), control, executor, clock
+    )
+    assert "started 1 member(s)" in agent.step()
+    assert finish(executor, MemberKey("job-3", 5, 0)) == (0, "")
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[argv.index("--cpus") + 1 :][:3] == ["2.000", "--memory", "128m"]
+    assert argv[-4:] == [IMAGE, "/bin/sh", "-c", "echo from-$SYNAPSE_JOB_ID"]
+    assert (executor.root / "job-3" / "a1.t5.r0" / "output.log").read_text() == "from-job-3\n"
+
+
+def test_a_fenced_member_s_container_is_stopped(
+    make_executor: MakeExecutor, tmp_path: Path
+) -> None:
+    # The lease runs out after a second: the supervisor kills the runtime client's group
+    # and stops the container by name, since the runtime's monitor would keep it running.
+    executor = make_executor(
+        image_runtime=ImageRuntime.parse(str(fake_runtime(tmp_path))), lease_s=1.0
+    )
+    member = executor.start(spec("sleep 60", image=IMAGE))
+    code, detail = finish(executor, member.key)
+    assert code == 143  # the runtime client died of the SIGTERM
+    assert detail == "fenced: the node's lease expired"
+    assert (tmp_path / "stops").read_text().splitlines() == [
+        f"kill {ImageRuntime.container_name(member.key)}",
+        f"rm -f {ImageRuntime.container_name(member.key)}",
+    ]
+
+
+def test_a_member_naming_an_image_without_a_runtime_says_so(make_executor: MakeExecutor) -> None:
+    executor = make_executor()
+    member = executor.start(spec("true", image=IMAGE))
+    code, detail = finish(executor, member.key)
+    assert code == 127
+    assert "no image runtime" in detail and IMAGE in detail
+    assert "no image runtime" in (member.dir / "output.log").read_text()
+
+
+# -------------------------------------------------------------------- cgroups
+
+
+@pytest.mark.parametrize(
+    ("cpu_milli", "memory_mib", "expected"),
+    [
+        (1500, 512, CgroupLimits("150000 100000", str(512 * 1024 * 1024))),
+        (1000, 1, CgroupLimits("100000 100000", "1048576")),
+        (64000, 0, CgroupLimits("6400000 100000", "max")),
+        (5, 0, CgroupLimits("1000 100000", "max")),  # the kernel's minimum quota
+        (0, 0, CgroupLimits("max", "max")),
+    ],
+)
+def test_cgroup_limit_values(cpu_milli: int, memory_mib: int, expected: CgroupLimits) -> None:
+    assert cgroup_limits(cpu_milli, memory_mib) == expected
+
+
+def test_a_hybrid_hierarchy_is_named_as_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "unified").mkdir()
+    (tmp_path / "unified" / "cgroup.controllers").write_text("hugetlb\n")
+    limiter, why = probe_cgroups(tmp_path)
+    assert limiter is None
+    assert "hybrid" in why
+
+
+def test_a_member_runs_inside_its_limited_cgroup_on_a_real_hierarchy(
+    make_executor: MakeExecutor,
+) -> None:
+    limiter, why = probe_cgroups(Path("/sys/fs/cgroup"))
+    if limiter is None:
+        pytest.skip(f"no writable cgroup v2 with cpu and memory here: {why}")
+    executor = make_executor(cgroups=limiter)
+    member = executor.start(spec("cat /proc/self/cgroup", cpu_milli=1500, memory_mib=64))
+    name = f"{member.key.job_id}.t{member.key.fencing_token}.r{member.key.rank}"
+    cgroup = limiter.parent / name
+    try:
+        assert finish(executor, member.key) == (0, "")
+        assert (cgroup / "cpu.max").read_text().split() == ["150000", "100000"]
+        assert (cgroup / "memory.max").read_text().strip() == str(64 * 1024 * 1024)
+        inside = (member.dir / "output.log").read_text().strip()
+        assert inside.endswith(f"/synapse/{name}"), inside
+    finally:
+        executor.mark_reported(member.key)
+    assert not cgroup.exists()
