@@ -41,6 +41,7 @@ MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
 MAX_ENV = 1024
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_PATH = 4096
+MAX_ADDRESS = 261  # a 253-character host name, ':' and a port
 
 HOST_LEVEL = "host"
 
@@ -122,8 +123,8 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
     retries = spec.retries
     if not 0 <= retries.max_retries <= MAX_RETRIES:
         out.append(invalid("retries.max", f"must be between 0 and {MAX_RETRIES}"))
-    if not 0 < retries.backoff_ms <= MAX_BACKOFF_MS:
-        out.append(invalid("retries.backoff", "must be more than 0 and at most 7d"))
+    if not 0 <= retries.backoff_ms <= MAX_BACKOFF_MS:
+        out.append(invalid("retries.backoff", "must be between 0 (retry at once) and 7d"))
     elif not retries.backoff_ms <= retries.max_backoff_ms <= MAX_BACKOFF_MS:
         out.append(
             invalid("retries.max_backoff", "must be at least retries.backoff and at most 7d")
@@ -205,9 +206,9 @@ def check_node_info(info: NodeInfo) -> list[Violation]:
     out: list[Violation] = []
     if not NODE_ID_PATTERN.match(info.node_id):
         out.append(invalid("node_id", "1 to 128 characters of letters, digits and . _ -"))
-    host, sep, port = info.address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        out.append(invalid("address", f"{info.address!r} is not host:port"))
+    problem = _address_problem(info.address)
+    if problem:
+        out.append(invalid("address", problem))
     out.extend(_check_resources(info.capacity, "capacity", per_member=False))
     if info.gpu_islands:
         indices = sorted(i for island in info.gpu_islands for i in island)
@@ -222,3 +223,18 @@ def check_node_info(info: NodeInfo) -> list[Violation]:
     if len(set(levels)) != len(levels):
         out.append(invalid("topology", "a level appears twice"))
     return out
+
+
+def _address_problem(address: str) -> str:
+    """Empty when ``address`` is ``host`` or ``host:port`` (``[v6]:port`` too), else the rule.
+    The host is what gang members see as ``MASTER_ADDR``; a worker also gives the port of
+    its own services."""
+    rule = "must be host or host:port, without spaces"
+    if not address or len(address) > MAX_ADDRESS or any(c.isspace() for c in address):
+        return rule
+    host, sep, port = address.rpartition(":")
+    if sep and not port:
+        return f"{address!r} {rule}"
+    if sep and port.isdigit() and (not host or not 0 < int(port) < 65536):
+        return f"{address!r}: the port must be between 1 and 65535, after a host"
+    return ""
