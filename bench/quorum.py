@@ -30,6 +30,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from tests.integration.cluster import LocalCluster, register_request, wait_for
@@ -82,9 +83,7 @@ _RESEND = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _leader_moved(exc: grpc.RpcError) -> bool:
-    return exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "not the leader" in str(
-        exc.details()
-    )
+    return failure_of(exc).reason is Reason.NOT_LEADER
 
 
 class LeaderStubs:

@@ -4,7 +4,10 @@ Every command is a thin adapter: it turns its arguments into one or a few gRPC c
 through :class:`ClusterClient` (which finds the leader by itself) and hands the answer to
 :mod:`synapse_ha.cli.render`. Errors are one line on stderr and an exit code from
 :class:`ExitCode`: 0 ok, 1 job failed (``--wait``) or another error, 2 usage or invalid
-spec, 3 cluster (or worker) unreachable within ``--timeout``, 4 no such job or node.
+spec, 3 cluster (or worker) unreachable within ``--timeout``, 4 no such job or node. With
+``-o json`` or ``-o yaml`` the error is a document instead, ``{"error": {"code": ...,
+"message": ...}}``, whose code is the cluster's reason (docs/errors.md) or one of synctl's
+own (``UNREACHABLE``, ``INTERRUPTED``, ...). The exit code is the same either way.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from synapse_ha.cli.logs import LinePrinter, MemberFollower, MemberLog, WorkerUn
 from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
 from synapse_ha.rpc.convert import spec_to_proto
+from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 FINISHED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -50,11 +54,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class CommandFailed(Exception):
-    """Ends a command with one line on stderr and ``code``."""
+    """Ends a command with one line on stderr and ``code``; ``reason`` is the error's code
+    in structured output."""
 
-    def __init__(self, code: ExitCode, message: str) -> None:
+    def __init__(self, code: ExitCode, message: str, reason: str) -> None:
         super().__init__(message)
         self.code = code
+        self.reason = reason
 
 
 def _one_line(text: str, width: int = 240) -> str:
@@ -77,6 +83,26 @@ def unreachable_message(exc: ClusterUnavailable, addresses: Sequence[str], timeo
     )
 
 
+_EXIT_FOR_REASON = {
+    Reason.INVALID_FIELD: ExitCode.USAGE,
+    Reason.JOB_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.NODE_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.NO_LEADER: ExitCode.UNREACHABLE,
+    Reason.LEADER_NOT_READY: ExitCode.UNREACHABLE,
+    Reason.NOT_COMMITTED: ExitCode.UNREACHABLE,
+    Reason.OUTCOME_UNKNOWN: ExitCode.UNREACHABLE,
+}
+
+
+def exit_code_for(failure: RpcFailure) -> ExitCode:
+    """By the error's reason; by its status code when it carried none."""
+    if failure.reason in _EXIT_FOR_REASON:
+        return _EXIT_FOR_REASON[failure.reason]
+    if failure.reason is not Reason.UNKNOWN:
+        return ExitCode.JOB_FAILED
+    return _exit_code_for(failure.code)
+
+
 def _exit_code_for(code: grpc.StatusCode | None) -> ExitCode:
     if code is grpc.StatusCode.NOT_FOUND:
         return ExitCode.NOT_FOUND
@@ -94,26 +120,56 @@ class SynctlGroup(click.Group):
         try:
             return super().invoke(ctx)
         except CommandFailed as exc:
-            _fail(exc.code, str(exc))
+            _fail(ctx, exc.code, render.error_document(exc.reason, str(exc)))
         except SpecFileError as exc:
-            _fail(ExitCode.USAGE, f"invalid job spec: {exc}")
+            document = render.error_document(
+                str(Reason.INVALID_FIELD),
+                f"invalid job spec: {exc}",
+                field=exc.field,
+                rule=exc.rule,
+                violation=str(exc.code),
+                file=exc.path,
+                line=exc.line,
+            )
+            _fail(ctx, ExitCode.USAGE, document)
         except ClusterUnavailable as exc:
-            settings = ctx.obj if isinstance(ctx.obj, Settings) else None
+            settings = _settings_of(ctx)
             addresses = settings.addresses if settings else []
             timeout = settings.timeout if settings else DEFAULT_TIMEOUT_S
-            _fail(ExitCode.UNREACHABLE, unreachable_message(exc, addresses, timeout))
+            message = unreachable_message(exc, addresses, timeout)
+            _fail(ctx, ExitCode.UNREACHABLE, render.error_document("UNREACHABLE", message))
         except WorkerUnreachable as exc:
-            _fail(ExitCode.UNREACHABLE, str(exc))
+            _fail(ctx, ExitCode.UNREACHABLE, render.error_document("UNREACHABLE", str(exc)))
         except grpc.RpcError as exc:
-            code = exc.code()
-            detail = _one_line(exc.details() or "")
-            _fail(_exit_code_for(code), f"{detail} ({code.name if code else 'UNKNOWN'})")
+            failure = failure_of(exc)
+            code = failure.reason if failure.reason is not Reason.UNKNOWN else failure.code.name
+            message = f"{_one_line(failure.message)} ({code})"
+            fields: dict[str, object] = dict(sorted(failure.metadata.items()))
+            if failure.violations:
+                fields["violations"] = [
+                    {"field": v.field, "rule": v.rule, "violation": str(v.code)}
+                    for v in failure.violations
+                ]
+            fields["status"] = failure.code.name
+            document = render.error_document(str(code), message, **fields)
+            _fail(ctx, exit_code_for(failure), document)
         except KeyboardInterrupt:
-            _fail(ExitCode.INTERRUPTED, "interrupted")
+            _fail(ctx, ExitCode.INTERRUPTED, render.error_document("INTERRUPTED", "interrupted"))
 
 
-def _fail(code: ExitCode, message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+def _settings_of(ctx: click.Context) -> Settings | None:
+    return ctx.obj if isinstance(ctx.obj, Settings) else None
+
+
+def _fail(ctx: click.Context, code: ExitCode, document: render.Document) -> NoReturn:
+    """One line on stderr, ``error: <message>``; with ``-o json``/``-o yaml`` the error
+    document instead (also on stderr: stdout carries only answers)."""
+    settings = _settings_of(ctx)
+    output = settings.output if settings else "table"
+    if output == "table":
+        click.echo(f"error: {document['error']['message']}", err=True)
+    else:
+        click.echo(render.structured(document, output).rstrip("\n"), err=True)
     raise click.exceptions.Exit(int(code))
 
 
@@ -345,13 +401,18 @@ def submit(settings: Settings, file: Path, wait: bool, follow: bool) -> None:
     try:
         answer = client.submit_job(spec_to_proto(parsed.spec), request_id)
     except grpc.RpcError as exc:
-        if exc.code() is not grpc.StatusCode.INVALID_ARGUMENT:
+        failure = failure_of(exc)
+        if failure.reason is not Reason.INVALID_FIELD or not failure.field:
             raise
-        field, sep, rule = (exc.details() or "").partition(": ")
-        if not sep or " " in field:
-            raise
-        line = line_in_file(file, field)
-        raise SpecFileError(str(file), line, field, f"{rule} (the cluster's rule)") from exc
+        line = line_in_file(file, failure.field)
+        violation = failure.violations[0] if failure.violations else None
+        raise SpecFileError(
+            str(file),
+            line,
+            failure.field,
+            f"{failure.rule} (the cluster's rule)",
+            violation.code if violation else None,
+        ) from exc
     job_id = answer.job_id
     if not answer.created:
         note(f"job {job_id} already submitted (request_id {request_id}); not submitted again")
@@ -409,6 +470,7 @@ def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> l
             raise CommandFailed(
                 ExitCode.NOT_FOUND,
                 f"job {job.job_id} has no member {member} (ranks 0..{job.spec.replicas - 1})",
+                "MEMBER_NOT_FOUND",
             )
     out = []
     for m in members:
@@ -494,6 +556,7 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool) -> N
             ExitCode.JOB_FAILED,
             f"job {job_id} is {job.state} and has never started, so it has no output"
             + (f" ({job.reason})" if job.reason else ""),
+            "NOT_STARTED",
         )
     printer = LinePrinter(click.echo, prefixed=member is None)
     unreachable: list[str] = []
@@ -510,7 +573,9 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool) -> N
             printer.flush(log.rank)
     if unreachable:
         raise CommandFailed(
-            ExitCode.UNREACHABLE, f"could not read logs from {', '.join(unreachable)}"
+            ExitCode.UNREACHABLE,
+            f"could not read logs from {', '.join(unreachable)}",
+            "UNREACHABLE",
         )
 
 
@@ -596,13 +661,15 @@ def cancel(settings: Settings, job_id: str, reason: str) -> None:
         answer = client.cancel_job(job_id, reason)
         document = {"id": job_id, "state": answer.state, "message": answer.message}
     except grpc.RpcError as exc:
-        if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+        if failure_of(exc).reason is not Reason.CONFLICT:
             raise
         # Already finished. A retried cancel whose first try went through lands here too.
         job = client.get_job(job_id)
         if job.state != "CANCELLED":
             raise CommandFailed(
-                ExitCode.JOB_FAILED, f"job {job_id} already finished as {job.state}"
+                ExitCode.JOB_FAILED,
+                f"job {job_id} already finished as {job.state}",
+                str(Reason.CONFLICT),
             ) from exc
         document = {"id": job_id, "state": job.state, "message": job.reason}
     emit(settings, document, lambda: f"job {job_id}: {document['state']}")

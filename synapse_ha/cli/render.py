@@ -47,6 +47,21 @@ running_jobs, replicas: [{id, role, term, commit_index, last_applied, leader, he
 grpc_address, raft_address, error}]}``.
 ``submit``: ``{id, request_id, created}`` (with ``--wait``/``--follow`` also ``state``).
 ``cancel``: ``{id, state, message}``. ``cordon``/``uncordon``/``drain``: ``{id, status}``.
+
+An **error** (on stderr, with the command's exit code)::
+
+    {"error": {code, message, ...}}
+    code               str    the cluster's reason (INVALID_FIELD, JOB_NOT_FOUND, CONFLICT,
+                              ...; see docs/errors.md), else synctl's own: UNREACHABLE,
+                              INTERRUPTED, MEMBER_NOT_FOUND, NOT_STARTED; or the gRPC status
+                              name when the cluster gave no reason
+    message            str    the sentence that table output prints
+    field, rule, violation    INVALID_FIELD: the first offending field, its rule, and the
+                              kind of rule (required, unknown_field, wrong_type,
+                              invalid_field); file and line for a spec file
+    violations         [{field, rule, violation}]   every rule the cluster found broken
+    status             str    the gRPC status code name, for errors from the cluster
+    other keys                the reason's metadata (job_id, node_id, leader_address, ...)
 """
 
 from __future__ import annotations
@@ -223,6 +238,11 @@ def to_json(document: object) -> str:
 def to_yaml(document: object) -> str:
     text: str = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
     return text.rstrip("\n")
+
+
+def error_document(code: str, message: str, **fields: object) -> Document:
+    """``{"error": {"code", "message", ...fields}}`` (see the module docstring)."""
+    return {"error": {"code": code, "message": message, **fields}}
 
 
 def structured(document: object, output: str) -> str:

@@ -2,8 +2,9 @@
 point at the file line.
 
 The document is parsed twice from the same text: once into plain data for
-:func:`synapse_ha.core.spec.parse_job_spec`, once into PyYAML's node tree, whose marks give the
-line of every key and list item. A :class:`SpecError` naming ``resources.memory`` is then
+:func:`synapse_ha.core.spec.parse_job_spec` (which applies the core's one rule set,
+:mod:`synapse_ha.core.validation`), once into PyYAML's node tree, whose marks give the
+line of every key and list item. A violation naming ``resources.memory`` is then
 reported as ``job.yaml:5: resources.memory: '...' is not a memory quantity``. A field that
 is absent from the file (a required one, or a rule that relates two fields) is reported at
 the line of its nearest enclosing field, or without a line at the top level.
@@ -20,6 +21,7 @@ import yaml
 
 from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec
 from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
+from synapse_ha.core.validation import ViolationCode
 
 MAX_SPEC_FILE_BYTES = 1024 * 1024
 
@@ -29,11 +31,18 @@ class SpecFileError(SpecError):
 
     ``field`` is a dotted path such as ``resources.memory`` (``spec`` for the document as a
     whole), ``line`` the 1-based line in the file when known, ``rule`` what is allowed.
-    ``str()`` gives ``path:line: field: rule``.
+    ``str()`` gives ``path:line: field: rule``; ``code`` says which kind of rule it was.
     """
 
-    def __init__(self, path: str, line: int | None, field: str, rule: str) -> None:
-        super().__init__(field, rule)
+    def __init__(
+        self,
+        path: str,
+        line: int | None,
+        field: str,
+        rule: str,
+        code: ViolationCode | None = None,
+    ) -> None:
+        super().__init__(field, rule, code or ViolationCode.INVALID_FIELD)
         self.path = path
         self.line = line
         self.args = (self.render(),)
@@ -122,7 +131,8 @@ def load_job_file(
     try:
         return parse_job_spec(data, topology_levels)
     except SpecError as exc:
-        raise SpecFileError(name, line_of(exc.field, lines), exc.field, exc.rule) from exc
+        line = line_of(exc.field, lines)
+        raise SpecFileError(name, line, exc.field, exc.rule, exc.code) from exc
 
 
 def load_job_spec_file(

@@ -202,6 +202,9 @@ class Result:
     code: ResultCode
     message: str = ""
     job_id: str = ""
+    # SubmitJob: True when this command added the job, False when its request id was
+    # already known (the existing job's id is returned).
+    created: bool = False
     # BindPlan: job ids bound, and (job_id, reason) rejected. ReportMembers: counts.
     bound: tuple[str, ...] = ()
     rejected: tuple[tuple[str, str], ...] = ()

@@ -34,7 +34,7 @@ from synapse_ha.core.model import (
     topology_path,
 )
 from synapse_ha.core.topology import domain_at
-from synapse_ha.core.validation import check_job_spec, check_node_info
+from synapse_ha.core.validation import check_job_spec, check_node_info, describe
 
 FEATURE_IMAGES = "images"  # a node that can run jobs naming a container image
 
@@ -86,9 +86,9 @@ def _barrier(state: ClusterState, c: cmd.Barrier, now: int) -> Result:
 
 
 def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result:
-    problems = check_node_info(c.info)
-    if problems:
-        return error(ResultCode.INVALID, "; ".join(problems))
+    violations = check_node_info(c.info)
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
     info = _normalised(c.info)
     node = state.nodes.get(info.node_id)
     if node is None:
@@ -183,9 +183,9 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     existing = state.request_ids.get(c.request_id)
     if existing is not None:
         return ok("duplicate request: returning the existing job", job_id=existing)
-    problems = check_job_spec(c.spec, state.config.levels_with_host())
-    if problems:
-        return error(ResultCode.INVALID, "; ".join(problems))
+    violations = check_job_spec(c.spec, state.config.topology_levels)
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
     seq = state.next_job_seq
     job_id = f"job-{seq:06d}"
     state.next_job_seq = seq + 1
@@ -193,7 +193,7 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
         job_id=job_id, spec=c.spec, request_id=c.request_id, seq=seq, submitted_at_ms=now
     )
     state.request_ids[c.request_id] = job_id
-    return ok(f"submitted {job_id}", job_id=job_id)
+    return ok(f"submitted {job_id}", job_id=job_id, created=True)
 
 
 def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:

@@ -1,14 +1,14 @@
-"""Validation of job specifications (DESIGN §6) into a core :class:`JobSpec`.
+"""Job specification documents (DESIGN §6) into a core :class:`JobSpec`.
 
-Two entry points share one set of rules:
+:func:`parse_job_spec` turns a plain mapping (parsed YAML or JSON, with human quantities
+such as ``"500m"``, ``"256Gi"`` or ``"12h"``) into a :class:`ParsedJob`. This module owns
+only the document's shape: which fields exist, their types and how quantities and
+durations are written. Every rule on the values, and every limit, belongs to
+:mod:`synapse_ha.core.validation`, which the parser calls on the spec it built.
 
-* :func:`parse_job_spec` turns a plain mapping (parsed YAML or JSON, with human quantities
-  such as ``"500m"``, ``"256Gi"`` or ``"12h"``) into a :class:`ParsedJob`.
-* :func:`check_job_spec` re-checks an already built :class:`JobSpec` (for example one
-  converted from a gRPC request, whose quantities are exact integers).
-
-Both raise :class:`SpecError` naming the offending field and the rule it broke, so that
-nothing invalid ever reaches the replicated log.
+Errors are :class:`SpecError`, carrying a :class:`~synapse_ha.core.validation.Violation`
+that names the offending field and the rule it broke, so that nothing invalid ever
+reaches the replicated log.
 """
 
 from __future__ import annotations
@@ -20,25 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec, Resources, RetryPolicy
-from synapse_ha.core.validation import MAX_GPUS_PER_NODE
-
-NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LEVEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
-REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-
-MAX_NAME = 63
-MAX_REPLICAS = 10_000
-MAX_CPU_MILLI = 100_000 * 1000  # 100,000 cores per member
-MAX_MEMORY_MIB = 1024 * 1024 * 1024  # 1 PiB per member
-MAX_GPU = MAX_GPUS_PER_NODE  # a member runs on one node
-MAX_PRIORITY = 1_000_000
-MAX_TIME_LIMIT_MS = 366 * 24 * 3600 * 1000
-MAX_RETRIES = 1000
-MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
-MAX_ENV = 1024
-MAX_COMMAND_BYTES = 64 * 1024
-MAX_PATH = 4096
+from synapse_ha.core.validation import (
+    MAX_CPU_MILLI,
+    MAX_MEMORY_MIB,
+    Violation,
+    ViolationCode,
+    check_job_spec,
+    check_request_id,
+)
 
 _TOP_FIELDS = frozenset(
     {
@@ -77,13 +66,42 @@ _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
 
 
 class SpecError(ValueError):
-    """A job specification broke a rule. ``field`` is a dotted path such as
-    ``resources.memory``; ``rule`` says what is allowed."""
+    """A job specification (or another document read by a program) broke a rule.
 
-    def __init__(self, field: str, rule: str) -> None:
+    ``violation`` is the first rule broken, as a value; ``violations`` every one found
+    (the parser stops at the first malformed field, the rule check reports them all).
+    ``field`` is a dotted path such as ``resources.memory``; ``rule`` says what is allowed.
+    """
+
+    def __init__(
+        self,
+        field: str,
+        rule: str,
+        code: ViolationCode = ViolationCode.INVALID_FIELD,
+        *,
+        violations: Sequence[Violation] = (),
+    ) -> None:
         super().__init__(f"{field}: {rule}")
-        self.field = field
-        self.rule = rule
+        self.violation = Violation(code, field, rule)
+        self.violations: tuple[Violation, ...] = tuple(violations) or (self.violation,)
+
+    @classmethod
+    def of(cls, violations: Sequence[Violation]) -> SpecError:
+        """The error for a non-empty list of violations (the first one is its message)."""
+        first = violations[0]
+        return cls(first.field, first.rule, first.code, violations=violations)
+
+    @property
+    def field(self) -> str:
+        return self.violation.field
+
+    @property
+    def rule(self) -> str:
+        return self.violation.rule
+
+    @property
+    def code(self) -> ViolationCode:
+        return self.violation.code
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +151,11 @@ def parse_cpu(value: object, field: str = "resources.cpu") -> int:
         number = float(match.group(1))
         milli = number if match.group(2) == "m" else number * 1000
     else:
-        raise SpecError(field, f"expected a number or a string like 500m, got {_kind(value)}")
+        raise SpecError(
+            field,
+            f"expected a number or a string like 500m, got {_kind(value)}",
+            ViolationCode.WRONG_TYPE,
+        )
     if milli != int(milli):
         raise SpecError(field, f"{value!r} is finer than one millicore")
     result = int(milli)
@@ -155,7 +177,9 @@ def parse_memory(value: object, field: str = "resources.memory") -> int:
         number = float(match.group(1))
         mib = number / (1024 * 1024) if not unit else number * _MEMORY_UNITS_MIB[unit]
     else:
-        raise SpecError(field, f"expected a string like 256Gi, got {_kind(value)}")
+        raise SpecError(
+            field, f"expected a string like 256Gi, got {_kind(value)}", ViolationCode.WRONG_TYPE
+        )
     result = int(-(-mib // 1))  # round up to whole MiB
     if not 0 <= result <= MAX_MEMORY_MIB:
         raise SpecError(field, "must be between 0 and 1Pi")
@@ -174,7 +198,9 @@ def parse_duration(value: object, field: str) -> int:
             raise SpecError(field, f"{value!r} is not a duration (e.g. 10s, 10m or 12h)")
         ms = float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
     else:
-        raise SpecError(field, f"expected a duration like 10m, got {_kind(value)}")
+        raise SpecError(
+            field, f"expected a duration like 10m, got {_kind(value)}", ViolationCode.WRONG_TYPE
+        )
     if ms < 0:
         raise SpecError(field, "must not be negative")
     return int(ms)
@@ -194,15 +220,17 @@ def parse_job_spec(
     """
     doc = _mapping(data, "spec", _TOP_FIELDS)
     if "name" not in doc:
-        raise SpecError("name", "is required")
+        raise SpecError("name", "is required", ViolationCode.REQUIRED)
     if "replicas" not in doc:
-        raise SpecError("replicas", "is required")
+        raise SpecError("replicas", "is required", ViolationCode.REQUIRED)
     if "command" not in doc:
-        raise SpecError("command", "is required")
+        raise SpecError("command", "is required", ViolationCode.REQUIRED)
     resources_doc = _mapping(doc.get("resources", {}), "resources", _RESOURCE_FIELDS)
     gpu = resources_doc.get("gpu", 0)
     if not _is_int(gpu):
-        raise SpecError("resources.gpu", f"expected an integer, got {_kind(gpu)}")
+        raise SpecError(
+            "resources.gpu", f"expected an integer, got {_kind(gpu)}", ViolationCode.WRONG_TYPE
+        )
     resources = Resources(
         cpu_milli=parse_cpu(resources_doc.get("cpu", 0)),
         memory_mib=parse_memory(resources_doc.get("memory", 0)),
@@ -213,13 +241,19 @@ def parse_job_spec(
     env = []
     for key, value in env_doc.items():
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise SpecError(f"env.{key}", f"expected a string, got {_kind(value)}")
+            raise SpecError(
+                f"env.{key}", f"expected a string, got {_kind(value)}", ViolationCode.WRONG_TYPE
+            )
         env.append((str(key), str(value)))
     topology_doc = _mapping(doc.get("topology", {}), "topology", _TOPOLOGY_FIELDS)
     retries_doc = _mapping(doc.get("retries", {}), "retries", _RETRY_FIELDS)
     max_retries = retries_doc.get("max", 0)
     if not _is_int(max_retries):
-        raise SpecError("retries.max", f"expected an integer, got {_kind(max_retries)}")
+        raise SpecError(
+            "retries.max",
+            f"expected an integer, got {_kind(max_retries)}",
+            ViolationCode.WRONG_TYPE,
+        )
     defaults = RetryPolicy()
     retries = RetryPolicy(
         max_retries=max_retries,
@@ -234,7 +268,9 @@ def parse_job_spec(
     priority = doc.get("priority", 0)
     for field, value in (("replicas", replicas), ("priority", priority)):
         if not _is_int(value):
-            raise SpecError(field, f"expected an integer, got {_kind(value)}")
+            raise SpecError(
+                field, f"expected an integer, got {_kind(value)}", ViolationCode.WRONG_TYPE
+            )
     spec = JobSpec(
         name=_string(doc["name"], "name"),
         replicas=replicas,
@@ -250,81 +286,10 @@ def parse_job_spec(
         retries=retries,
     )
     request_id = _string(doc.get("request_id", ""), "request_id")
-    check_request_id(request_id)
-    check_job_spec(spec, topology_levels)
+    violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)
+    if violations:
+        raise SpecError.of(violations)
     return ParsedJob(spec=spec, request_id=request_id)
-
-
-def check_request_id(request_id: str) -> None:
-    if request_id and not REQUEST_ID_PATTERN.match(request_id):
-        raise SpecError(
-            "request_id", "1 to 128 characters of letters, digits and . _ : - (or empty)"
-        )
-
-
-def check_job_spec(
-    spec: JobSpec, topology_levels: Sequence[str] | None = DEFAULT_TOPOLOGY_LEVELS
-) -> None:
-    """Raise :class:`SpecError` for the first rule ``spec`` breaks; ``topology_levels``
-    as for :func:`parse_job_spec`."""
-    if not spec.name:
-        raise SpecError("name", "is required")
-    if len(spec.name) > MAX_NAME or not NAME_PATTERN.match(spec.name):
-        raise SpecError(
-            "name",
-            f"{spec.name!r} must be 1 to {MAX_NAME} characters of a-z, 0-9 and '-', "
-            "starting and ending with a letter or digit",
-        )
-    if not 1 <= spec.replicas <= MAX_REPLICAS:
-        raise SpecError("replicas", f"must be between 1 and {MAX_REPLICAS}, got {spec.replicas}")
-    res = spec.resources
-    if not 0 <= res.cpu_milli <= MAX_CPU_MILLI:
-        raise SpecError("resources.cpu", f"must be between 0 and {MAX_CPU_MILLI // 1000} cores")
-    if not 0 <= res.memory_mib <= MAX_MEMORY_MIB:
-        raise SpecError("resources.memory", "must be between 0 and 1Pi")
-    if not 0 <= res.gpu <= MAX_GPU:
-        raise SpecError("resources.gpu", f"must be between 0 and {MAX_GPU}, got {res.gpu}")
-    if not spec.command or not all(spec.command):
-        raise SpecError("command", "must be a non-empty string or a list of non-empty strings")
-    if spec.shell and len(spec.command) != 1:
-        raise SpecError("command", "a shell command is exactly one string")
-    if sum(len(part) for part in spec.command) > MAX_COMMAND_BYTES:
-        raise SpecError("command", f"must be at most {MAX_COMMAND_BYTES} characters")
-    if len(spec.env) > MAX_ENV:
-        raise SpecError("env", f"at most {MAX_ENV} variables")
-    seen: set[str] = set()
-    for name, _ in spec.env:
-        if not ENV_NAME_PATTERN.match(name):
-            raise SpecError(f"env.{name}", "variable names are letters, digits and _")
-        if name in seen:
-            raise SpecError(f"env.{name}", "appears twice")
-        seen.add(name)
-    if len(spec.workdir) > MAX_PATH or (spec.workdir and not spec.workdir.startswith("/")):
-        raise SpecError("workdir", "must be an absolute path")
-    if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
-        raise SpecError("priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
-    for field, level in (
-        ("topology.required", spec.topology_required),
-        ("topology.preferred", spec.topology_preferred),
-    ):
-        if not level:
-            continue
-        if topology_levels is None:
-            if not LEVEL_NAME_PATTERN.match(level):
-                raise SpecError(field, f"{level!r} is not a topology level name")
-            continue
-        levels = (*topology_levels, "host")
-        if level not in levels:
-            raise SpecError(field, f"{level!r} is not a topology level ({', '.join(levels)})")
-    if not 0 <= spec.time_limit_ms <= MAX_TIME_LIMIT_MS:
-        raise SpecError("time_limit", "must be between 0 (none) and 366d")
-    retries = spec.retries
-    if not 0 <= retries.max_retries <= MAX_RETRIES:
-        raise SpecError("retries.max", f"must be between 0 and {MAX_RETRIES}")
-    if not 0 < retries.backoff_ms <= MAX_BACKOFF_MS:
-        raise SpecError("retries.backoff", "must be more than 0 and at most 7d")
-    if not retries.backoff_ms <= retries.max_backoff_ms <= MAX_BACKOFF_MS:
-        raise SpecError("retries.max_backoff", "must be at least retries.backoff and at most 7d")
 
 
 # ------------------------------------------------------------------------ helpers
@@ -336,21 +301,25 @@ def _kind(value: object) -> str:
 
 def _mapping(value: object, field: str, allowed: frozenset[str] | None) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise SpecError(field, f"expected a mapping, got {_kind(value)}")
+        raise SpecError(field, f"expected a mapping, got {_kind(value)}", ViolationCode.WRONG_TYPE)
     for key in value:
         if not isinstance(key, str):
-            raise SpecError(field, f"keys must be strings, got {_kind(key)}")
+            raise SpecError(
+                field, f"keys must be strings, got {_kind(key)}", ViolationCode.WRONG_TYPE
+            )
         if allowed is not None and key not in allowed:
             prefix = "" if field == "spec" else f"{field}."
             raise SpecError(
-                f"{prefix}{key}", f"unknown field (allowed: {', '.join(sorted(allowed))})"
+                f"{prefix}{key}",
+                f"unknown field (allowed: {', '.join(sorted(allowed))})",
+                ViolationCode.UNKNOWN_FIELD,
             )
     return value
 
 
 def _string(value: object, field: str) -> str:
     if not isinstance(value, str):
-        raise SpecError(field, f"expected a string, got {_kind(value)}")
+        raise SpecError(field, f"expected a string, got {_kind(value)}", ViolationCode.WRONG_TYPE)
     return value
 
 
@@ -362,6 +331,10 @@ def _command(value: object) -> tuple[tuple[str, ...], bool]:
     if isinstance(value, list) and value:
         for i, part in enumerate(value):
             if not isinstance(part, str) or not part:
-                raise SpecError(f"command[{i}]", "expected a non-empty string")
+                raise SpecError(
+                    f"command[{i}]", "expected a non-empty string", ViolationCode.WRONG_TYPE
+                )
         return tuple(value), False
-    raise SpecError("command", "expected a string or a non-empty list of strings")
+    raise SpecError(
+        "command", "expected a string or a non-empty list of strings", ViolationCode.WRONG_TYPE
+    )

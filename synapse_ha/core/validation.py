@@ -1,72 +1,240 @@
-"""Structural checks of what reaches the state machine.
+"""The one rule set for job specs and node registrations, and every limit they obey.
 
-The user-facing edge (job spec parsing, gRPC request conversion) gives friendlier
-messages first; these checks make sure nothing malformed is ever applied, whatever
-sent the command. Each returns a list of problems, empty when all is well.
+Everything that accepts a job spec or a node description calls these checks: the state
+machine (so nothing malformed is ever applied, whatever sent the command), the gRPC
+server (to refuse a request before it is proposed), the job spec parser and ``synctl``
+(which adds the file line). No other module states a rule or a limit of its own.
+
+A check returns every rule broken, in a fixed order (the order of the fields in the
+spec), as :class:`Violation` values; an empty list means all is well. A violation is data:
+a code, the dotted path of the field and the rule in words, so each edge can render it as
+it needs (a gRPC BadRequest, a line in a file, a ``Result`` message).
 """
 
 from __future__ import annotations
 
+import enum
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from synapse_ha.core.model import JobSpec, NodeInfo
+from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# ------------------------------------------------------------------------- limits
+
+NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LEVEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
+IMAGE_PATTERN = re.compile(r"^\S{1,1024}$")
+
+MAX_NAME = 63
 MAX_REPLICAS = 10_000
+MAX_GPUS_PER_NODE = 64  # a member runs on one node, so also the most GPUs per member
+MAX_CPU_MILLI = 100_000 * 1000  # 100,000 cores
+MAX_MEMORY_MIB = 1024 * 1024 * 1024  # 1 PiB
 MAX_PRIORITY = 1_000_000
-MAX_GPUS_PER_NODE = 64
+MAX_TIME_LIMIT_MS = 366 * 24 * 3600 * 1000
+MAX_RETRIES = 1000
+MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
+MAX_ENV = 1024
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_PATH = 4096
+MAX_ADDRESS = 261  # a 253-character host name, ':' and a port
+
+HOST_LEVEL = "host"
 
 
-def check_job_spec(spec: JobSpec, levels_with_host: tuple[str, ...]) -> list[str]:
-    problems: list[str] = []
-    if not NAME_RE.match(spec.name):
-        problems.append(
-            "name: must be 1-63 characters of [a-z0-9-], starting and ending alphanumeric"
+class ViolationCode(enum.StrEnum):
+    """Why a field was refused. Stable: clients may branch on it."""
+
+    REQUIRED = "required"  # the field is absent
+    UNKNOWN_FIELD = "unknown_field"  # the field does not exist
+    WRONG_TYPE = "wrong_type"  # present, but not of the expected type
+    INVALID_FIELD = "invalid_field"  # present and well typed, but breaks a rule
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken rule: ``field`` is a dotted path such as ``resources.memory`` (``spec``
+    for a whole document), ``rule`` says in words what is allowed."""
+
+    code: ViolationCode
+    field: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.rule}"
+
+
+def invalid(field: str, rule: str) -> Violation:
+    return Violation(ViolationCode.INVALID_FIELD, field, rule)
+
+
+def describe(violations: Sequence[Violation]) -> str:
+    """All violations as one sentence (``field: rule; field: rule``)."""
+    return "; ".join(str(v) for v in violations)
+
+
+# ------------------------------------------------------------------------ job specs
+
+
+def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list[Violation]:
+    """Every rule ``spec`` breaks (DESIGN §6), in field order.
+
+    ``topology_levels`` are the cluster's level names (``host`` is always allowed, and may
+    be included). ``None`` means they are not known here, as in a client of a cluster whose
+    levels are its own configuration: then any well-formed level name passes.
+    """
+    out: list[Violation] = []
+    if not spec.name:
+        out.append(Violation(ViolationCode.REQUIRED, "name", "is required"))
+    elif len(spec.name) > MAX_NAME or not NAME_PATTERN.match(spec.name):
+        out.append(
+            invalid(
+                "name",
+                f"{spec.name!r} must be 1 to {MAX_NAME} characters of a-z, 0-9 and '-', "
+                "starting and ending with a letter or digit",
+            )
         )
     if not 1 <= spec.replicas <= MAX_REPLICAS:
-        problems.append(f"replicas: must be between 1 and {MAX_REPLICAS}")
-    if spec.resources.is_negative():
-        problems.append("resources: must not be negative")
-    if spec.resources.gpu > MAX_GPUS_PER_NODE:
-        problems.append(f"resources.gpu: at most {MAX_GPUS_PER_NODE} per member")
-    if not spec.command or any(not part for part in spec.command[:1]):
-        problems.append("command: must not be empty")
-    if spec.shell and len(spec.command) != 1:
-        problems.append("command: a shell command is a single string")
+        out.append(
+            invalid("replicas", f"must be between 1 and {MAX_REPLICAS}, got {spec.replicas}")
+        )
+    out.extend(_check_resources(spec.resources, "resources", per_member=True))
+    out.extend(_check_command(spec.command, spec.shell))
+    out.extend(_check_env(spec.env))
+    if len(spec.workdir) > MAX_PATH or (spec.workdir and not spec.workdir.startswith("/")):
+        out.append(invalid("workdir", f"must be an absolute path of at most {MAX_PATH} characters"))
+    if spec.image and not IMAGE_PATTERN.match(spec.image):
+        out.append(invalid("image", "must be an image name of at most 1024 characters, no spaces"))
     if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
-        problems.append(f"priority: must be between -{MAX_PRIORITY} and {MAX_PRIORITY}")
-    for field_name, level in (
+        out.append(invalid("priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"))
+    for field, level in (
         ("topology.required", spec.topology_required),
         ("topology.preferred", spec.topology_preferred),
     ):
-        if level and level not in levels_with_host:
-            problems.append(f"{field_name}: {level!r} is not one of {', '.join(levels_with_host)}")
-    if spec.time_limit_ms < 0:
-        problems.append("time_limit: must not be negative")
+        problem = _check_level(level, topology_levels)
+        if problem:
+            out.append(invalid(field, problem))
+    if not 0 <= spec.time_limit_ms <= MAX_TIME_LIMIT_MS:
+        out.append(invalid("time_limit", "must be between 0 (none) and 366d"))
     retries = spec.retries
-    if retries.max_retries < 0 or retries.backoff_ms < 0 or retries.max_backoff_ms < 0:
-        problems.append("retries: values must not be negative")
-    if len({k for k, _ in spec.env}) != len(spec.env):
-        problems.append("env: duplicate variable names")
-    return problems
+    if not 0 <= retries.max_retries <= MAX_RETRIES:
+        out.append(invalid("retries.max", f"must be between 0 and {MAX_RETRIES}"))
+    if not 0 <= retries.backoff_ms <= MAX_BACKOFF_MS:
+        out.append(invalid("retries.backoff", "must be between 0 (retry at once) and 7d"))
+    elif not retries.backoff_ms <= retries.max_backoff_ms <= MAX_BACKOFF_MS:
+        out.append(
+            invalid("retries.max_backoff", "must be at least retries.backoff and at most 7d")
+        )
+    return out
 
 
-def check_node_info(info: NodeInfo) -> list[str]:
-    problems: list[str] = []
-    if not info.node_id or len(info.node_id) > 253:
-        problems.append("node_id: must be 1-253 characters")
-    if not info.address:
-        problems.append("address: must not be empty")
-    if info.capacity.is_negative():
-        problems.append("capacity: must not be negative")
-    if info.capacity.gpu > MAX_GPUS_PER_NODE:
-        problems.append(f"capacity.gpu: at most {MAX_GPUS_PER_NODE}")
+def check_request_id(request_id: str) -> list[Violation]:
+    """A submission's idempotency key; empty means "none given" here (the server makes one)."""
+    if request_id and not REQUEST_ID_PATTERN.match(request_id):
+        return [
+            invalid("request_id", "1 to 128 characters of letters, digits and . _ : - (or empty)")
+        ]
+    return []
+
+
+def _check_resources(r: Resources, prefix: str, *, per_member: bool) -> list[Violation]:
+    out = []
+    unit = " per member" if per_member else ""
+    if not 0 <= r.cpu_milli <= MAX_CPU_MILLI:
+        out.append(
+            invalid(f"{prefix}.cpu", f"must be between 0 and {MAX_CPU_MILLI // 1000} cores{unit}")
+        )
+    if not 0 <= r.memory_mib <= MAX_MEMORY_MIB:
+        out.append(invalid(f"{prefix}.memory", f"must be between 0 and 1Pi{unit}"))
+    if not 0 <= r.gpu <= MAX_GPUS_PER_NODE:
+        out.append(
+            invalid(f"{prefix}.gpu", f"must be between 0 and {MAX_GPUS_PER_NODE}, got {r.gpu}")
+        )
+    return out
+
+
+def _check_command(command: tuple[str, ...], shell: bool) -> list[Violation]:
+    if not command or not all(command):
+        return [invalid("command", "must be a non-empty string or a list of non-empty strings")]
+    if shell and len(command) != 1:
+        return [invalid("command", "a shell command is exactly one string")]
+    if sum(len(part) for part in command) > MAX_COMMAND_BYTES:
+        return [invalid("command", f"must be at most {MAX_COMMAND_BYTES} characters")]
+    return []
+
+
+def _check_env(env: tuple[tuple[str, str], ...]) -> list[Violation]:
+    if len(env) > MAX_ENV:
+        return [invalid("env", f"at most {MAX_ENV} variables")]
+    out = []
+    seen: set[str] = set()
+    for name, _ in env:
+        if not ENV_NAME_PATTERN.match(name):
+            out.append(invalid(f"env.{name}", "variable names are letters, digits and _"))
+        elif name in seen:
+            out.append(invalid(f"env.{name}", "appears twice"))
+        seen.add(name)
+    return out
+
+
+def _check_level(level: str, topology_levels: Sequence[str] | None) -> str:
+    """Empty when ``level`` (possibly empty: no constraint) is acceptable, else the rule."""
+    if not level:
+        return ""
+    if topology_levels is None:
+        return "" if LEVEL_NAME_PATTERN.match(level) else f"{level!r} is not a topology level name"
+    levels = tuple(dict.fromkeys((*topology_levels, HOST_LEVEL)))
+    if level not in levels:
+        return f"{level!r} is not a topology level ({', '.join(levels)})"
+    return ""
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def check_node_info(info: NodeInfo) -> list[Violation]:
+    """Every rule a node description breaks, in field order.
+
+    ``gpu_islands`` may be empty: the state machine then gives each GPU an island of its
+    own (no NVLink is assumed where none was reported). Otherwise the islands must hold
+    every GPU index ``0..gpu-1`` exactly once.
+    """
+    out: list[Violation] = []
+    if not NODE_ID_PATTERN.match(info.node_id):
+        out.append(invalid("node_id", "1 to 128 characters of letters, digits and . _ -"))
+    problem = _address_problem(info.address)
+    if problem:
+        out.append(invalid("address", problem))
+    out.extend(_check_resources(info.capacity, "capacity", per_member=False))
     if info.gpu_islands:
         indices = sorted(i for island in info.gpu_islands for i in island)
         if indices != list(range(info.capacity.gpu)):
-            problems.append(
-                f"gpu_islands: must cover GPU indices 0..{info.capacity.gpu - 1} exactly once"
+            out.append(
+                invalid(
+                    "gpu_islands",
+                    f"must hold every GPU index 0..{info.capacity.gpu - 1} exactly once",
+                )
             )
-    if len({level for level, _ in info.topology}) != len(info.topology):
-        problems.append("topology: a level is labelled twice")
-    return problems
+    levels = [level for level, _ in info.topology]
+    if len(set(levels)) != len(levels):
+        out.append(invalid("topology", "a level appears twice"))
+    return out
+
+
+def _address_problem(address: str) -> str:
+    """Empty when ``address`` is ``host`` or ``host:port`` (``[v6]:port`` too), else the rule.
+    The host is what gang members see as ``MASTER_ADDR``; a worker also gives the port of
+    its own services."""
+    rule = "must be host or host:port, without spaces"
+    if not address or len(address) > MAX_ADDRESS or any(c.isspace() for c in address):
+        return rule
+    host, sep, port = address.rpartition(":")
+    if sep and not port:
+        return f"{address!r} {rule}"
+    if sep and port.isdigit() and (not host or not 0 < int(port) < 65536):
+        return f"{address!r}: the port must be between 1 and 65535, after a host"
+    return ""

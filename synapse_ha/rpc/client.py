@@ -1,12 +1,20 @@
 """A client for a cluster of replicas that finds the leader by itself.
 
 :class:`ClusterClient` takes every replica's gRPC address. Each call goes to the replica
-it last found to be the leader; a FAILED_PRECONDITION carrying the ``synapse-leader``
-metadata sends it straight to the named leader, UNAVAILABLE (replica down, no leader yet)
-moves it to the next address, and after a full round without an answer it backs off
-(exponentially, with jitter) until the call's overall deadline. DEADLINE_EXCEEDED on a
-write means the outcome is unknown; the call is retried only when ``idempotent`` is set
-(every submission carries a request id, so resubmitting returns the same job).
+it last found to be the leader, and branches on the error's reason
+(:class:`~synapse_ha.rpc.errors.Reason`, read from its ErrorInfo), never on its text:
+
+* NOT_LEADER sends it straight to the leader named in the ErrorInfo metadata;
+* LEADER_NOT_READY (a new leader committing its barrier) waits and asks it again;
+* NO_LEADER, NOT_COMMITTED and a replica that does not answer at all (UNAVAILABLE without
+  a reason) move it to the next address;
+* OUTCOME_UNKNOWN (or a deadline with no answer) is retried only when ``idempotent`` is
+  set (every submission carries a request id, so resubmitting returns the same job);
+* every other error is raised to the caller as the ``grpc.RpcError`` it is (read it with
+  :func:`synapse_ha.rpc.errors.failure_of`).
+
+After a full round without an answer it backs off (exponentially, with jitter) until the
+call's overall deadline.
 
 When no replica answers in time it raises :class:`ClusterUnavailable`, listing each
 address tried and what it answered.
@@ -23,10 +31,14 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
-LEADER_METADATA_KEY = "synapse-leader"
+__all__ = ["LEADER_METADATA_KEY", "ClusterClient", "ClusterUnavailable", "new_request_id"]
+
+# Reasons after which the same call is sent again (to the next replica, or the leader).
+_MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
 
 Response = TypeVar("Response")
 
@@ -123,20 +135,16 @@ class ClusterClient:
             try:
                 result = invoke(address, min(self.per_try_timeout_s, remaining))
             except grpc.RpcError as exc:
-                code = exc.code()
-                detail = f"{code.name if code else 'UNKNOWN'}: {exc.details()}"
-                attempts.append((address, detail))
-                hint = _leader_hint(exc)
-                if code is grpc.StatusCode.FAILED_PRECONDITION and hint:
+                failure = failure_of(exc)
+                attempts.append((address, failure.describe()))
+                hint = failure.metadata.get("leader_address", "")
+                if failure.reason is Reason.NOT_LEADER and hint:
                     address = hint
                     continue
-                retriable = code is grpc.StatusCode.UNAVAILABLE or (
-                    code is grpc.StatusCode.DEADLINE_EXCEEDED and idempotent
-                )
-                if not retriable:
+                if not _retriable(failure, idempotent):
                     raise
                 failures_in_round += 1
-                if code is grpc.StatusCode.UNAVAILABLE and "just elected" in detail:
+                if failure.reason is Reason.LEADER_NOT_READY:
                     failures_in_round = len(self.addresses)  # wait for its barrier here
                 else:
                     address = self._next_address(address)
@@ -227,7 +235,7 @@ class ClusterClient:
                 )
                 return response
             except grpc.RpcError as exc:
-                attempts.append((address, f"{exc.code()}: {exc.details()}"))
+                attempts.append((address, failure_of(exc).describe()))
         raise ClusterUnavailable("GetClusterStatus", attempts)
 
     def replica_state(self, address: str) -> pb.GetReplicaStateResponse:
@@ -254,10 +262,17 @@ class ClusterClient:
         return response
 
 
-def _leader_hint(exc: grpc.RpcError) -> str:
-    trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    for item in trailing or ():
-        key, value = item[0], item[1]
-        if key == LEADER_METADATA_KEY and isinstance(value, str):
-            return value
-    return ""
+def _retriable(failure: RpcFailure, idempotent: bool) -> bool:
+    """Whether the call may be sent again: a replica that could not take it (no leader,
+    not committed, a barrier pending, or no answer at all), or, for an idempotent call, an
+    unknown outcome."""
+    if failure.reason in _MOVE_ON or failure.reason is Reason.LEADER_NOT_READY:
+        return True
+    if failure.reason is Reason.OUTCOME_UNKNOWN:
+        return idempotent
+    if failure.reason is not Reason.UNKNOWN:
+        return False
+    # No ErrorInfo: the transport answered (replica down, or the per-try deadline passed).
+    if failure.code is grpc.StatusCode.UNAVAILABLE:
+        return True
+    return failure.code is grpc.StatusCode.DEADLINE_EXCEEDED and idempotent

@@ -1,8 +1,11 @@
-"""Conversions between protobuf messages and core values. No I/O, no policy."""
+"""Conversions between protobuf messages and core values. No I/O, no policy.
+
+Conversion states no rule of its own: a spec or node description built here is checked
+by :mod:`synapse_ha.core.validation`, the one rule set (the server before proposing, the
+state machine again when applying).
+"""
 
 from __future__ import annotations
-
-import re
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import (
@@ -14,28 +17,27 @@ from synapse_ha.core.model import (
     Resources,
     RetryPolicy,
 )
-from synapse_ha.core.spec import SpecError, check_job_spec
+from synapse_ha.core.spec import SpecError
 from synapse_ha.core.views import DesiredMember, host_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
-NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
 _INT32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------- job spec
 
 
-def spec_from_proto(msg: pb.JobSpec, topology_levels: tuple[str, ...]) -> JobSpec:
-    """Build and validate a core spec; raises :class:`SpecError` naming the field."""
+def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
+    """Build a core spec (not yet checked). A message with neither ``shell_command`` nor
+    ``argv`` gets an empty command, which the rule set refuses."""
     which = msg.WhichOneof("command")
+    command: tuple[str, ...] = ()
+    shell = True
     if which == "shell_command":
-        command: tuple[str, ...] = (msg.shell_command,)
-        shell = True
+        command = (msg.shell_command,)
     elif which == "argv":
         command = tuple(msg.argv.args)
         shell = False
-    else:
-        raise SpecError("command", "is required (shell_command or argv)")
     names = [e.name for e in msg.env]
     retries = msg.retries if msg.HasField("retries") else None
     defaults = RetryPolicy()
@@ -63,7 +65,6 @@ def spec_from_proto(msg: pb.JobSpec, topology_levels: tuple[str, ...]) -> JobSpe
         if retries is not None
         else defaults,
     )
-    check_job_spec(spec, topology_levels)
     return spec
 
 
@@ -161,31 +162,13 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
 
 
 def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
-    """Build a node description; raises :class:`SpecError` naming the field."""
-    if not NODE_ID_PATTERN.match(msg.node_id):
-        raise SpecError("node_id", "1 to 128 characters of letters, digits and . _ -")
-    host, sep, port = msg.address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SpecError("address", f"{msg.address!r} is not host:port")
-    capacity = Resources(msg.capacity.cpu_milli, msg.capacity.memory_mib, msg.capacity.gpu)
-    if capacity.is_negative():
-        raise SpecError("capacity", "must not be negative")
-    islands = tuple(tuple(island.gpus) for island in msg.gpu_islands)
-    if not islands and capacity.gpu:
-        islands = (tuple(range(capacity.gpu)),)
-    flat = sorted(g for island in islands for g in island)
-    if flat != list(range(capacity.gpu)):
-        raise SpecError(
-            "gpu_islands", f"must hold every GPU index 0..{capacity.gpu - 1} exactly once"
-        )
-    levels = [label.level for label in msg.topology]
-    if len(set(levels)) != len(levels):
-        raise SpecError("topology", "a level appears twice")
+    """Build a node description (not yet checked). No NVLink islands stay no islands: the
+    state machine decides what that means (each GPU on its own)."""
     return NodeInfo(
         node_id=msg.node_id,
         address=msg.address,
-        capacity=capacity,
-        gpu_islands=islands,
+        capacity=Resources(msg.capacity.cpu_milli, msg.capacity.memory_mib, msg.capacity.gpu),
+        gpu_islands=tuple(tuple(island.gpus) for island in msg.gpu_islands),
         gpu_model=msg.gpu_model,
         topology=tuple(sorted((label.level, label.value) for label in msg.topology)),
         features=tuple(sorted(set(msg.features))),

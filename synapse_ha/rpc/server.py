@@ -1,11 +1,14 @@
 """gRPC servicers of one replica: thin adapters that convert, call and convert back.
 
 Routing (see protos/synapse/v1/control.proto): writes and fresh reads need the serving
-leader (leader whose term barrier has committed). Elsewhere a request gets
-FAILED_PRECONDITION with the leader's gRPC address in the trailing metadata key
-``synapse-leader``, or UNAVAILABLE when no leader is known. Writes wait for their commit
-with a deadline; an unknown outcome is DEADLINE_EXCEEDED (safe to retry with the same
-request id).
+leader (leader whose term barrier has committed). Elsewhere a request gets NOT_LEADER
+(FAILED_PRECONDITION, the leader's id and gRPC address in the ErrorInfo metadata and, for
+older clients, in the trailing metadata key ``synapse-leader``), or LEADER_NOT_READY /
+NO_LEADER (UNAVAILABLE). Writes wait for their commit with a deadline; an unknown outcome
+is OUTCOME_UNKNOWN (DEADLINE_EXCEEDED, safe to retry with the same request id).
+
+Every error is built by :mod:`synapse_ha.rpc.errors` and carries a machine-readable
+reason (docs/errors.md).
 """
 
 from __future__ import annotations
@@ -29,15 +32,15 @@ from synapse_ha.core import validation
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, NodeStatus
 from synapse_ha.core.scheduler import Plan, explain
-from synapse_ha.core.spec import SpecError, check_request_id
+from synapse_ha.core.spec import SpecError
+from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.core.views import DesiredMember, desired_by_node
 from synapse_ha.rpc import convert
+from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-
-LEADER_METADATA_KEY = "synapse-leader"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +102,11 @@ class ReplicaContext:
         return None
 
 
-_RESULT_STATUS = {
-    cmd.ResultCode.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
-    cmd.ResultCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    cmd.ResultCode.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
-    cmd.ResultCode.INTERNAL: grpc.StatusCode.INTERNAL,
+# The reason for each error result of ``apply``; NOT_FOUND depends on what was looked up.
+_RESULT_REASON = {
+    cmd.ResultCode.INVALID: Reason.INVALID_FIELD,
+    cmd.ResultCode.CONFLICT: Reason.CONFLICT,
+    cmd.ResultCode.INTERNAL: Reason.INTERNAL,
 }
 
 
@@ -118,17 +121,21 @@ class _Base:
         if ctx.serving():
             return
         if ctx.backend.is_leader():
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE,
+            abort(
+                context,
+                Reason.LEADER_NOT_READY,
                 "this replica was just elected leader and is committing its barrier; retry",
+                {"leader_id": ctx.self_id},
             )
         leader = ctx.by_raft(ctx.backend.leader_address())
         if leader is None or leader.replica_id == ctx.self_id:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "no leader is elected; retry shortly")
-        context.set_trailing_metadata(((LEADER_METADATA_KEY, leader.grpc),))
-        context.abort(
-            grpc.StatusCode.FAILED_PRECONDITION,
+            abort(context, Reason.NO_LEADER, "no leader is elected; retry shortly")
+        abort(
+            context,
+            Reason.NOT_LEADER,
             f"not the leader; the leader is {leader.replica_id} at {leader.grpc}",
+            {"leader_id": leader.replica_id, "leader_address": leader.grpc},
+            trailing=((LEADER_METADATA_KEY, leader.grpc),),
         )
 
     def _read_mode(self, context: grpc.ServicerContext, allow_stale: bool) -> bool:
@@ -151,29 +158,48 @@ class _Base:
         try:
             result = future.result(timeout=timeout)
         except futures.TimeoutError:
-            context.abort(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
+            abort(
+                context,
+                Reason.OUTCOME_UNKNOWN,
                 "the outcome is unknown (not committed within the deadline); "
                 "retrying with the same request is safe",
             )
         except ProposalError as exc:
             if exc.committed_unknown:
-                context.abort(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                abort(
+                    context,
+                    Reason.OUTCOME_UNKNOWN,
                     f"the outcome is unknown ({exc}); retrying with the same request is safe",
                 )
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"not committed: {exc}; retry")
+            abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
         return result
 
-    def _check(self, context: grpc.ServicerContext, result: cmd.Result) -> cmd.Result:
-        if not result.ok:
-            context.abort(_RESULT_STATUS.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
-        return result
+    def _check(
+        self,
+        context: grpc.ServicerContext,
+        result: cmd.Result,
+        not_found: tuple[Reason, str, str] = (Reason.JOB_NOT_FOUND, "job_id", ""),
+    ) -> cmd.Result:
+        """Abort unless ``result`` is OK. ``not_found`` is the reason for a NOT_FOUND
+        result, with the metadata key and value naming what was looked up."""
+        if result.ok:
+            return result
+        if result.code is cmd.ResultCode.NOT_FOUND:
+            reason, key, value = not_found
+            abort(context, reason, result.message, {key: value})
+        abort(context, _RESULT_REASON.get(result.code, Reason.INTERNAL), result.message)
 
 
 def _invalid(context: grpc.ServicerContext, error: SpecError) -> NoReturn:
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-    raise AssertionError("unreachable")  # context.abort raises
+    abort_invalid(context, error.violations)
+
+
+def _required(context: grpc.ServicerContext, field: str) -> NoReturn:
+    abort_invalid(context, [Violation(ViolationCode.REQUIRED, field, "is required")])
+
+
+def _job_not_found(context: grpc.ServicerContext, job_id: str) -> NoReturn:
+    abort(context, Reason.JOB_NOT_FOUND, f"no job {job_id!r}", {"job_id": job_id})
 
 
 class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
@@ -183,36 +209,33 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         self, request: pb.SubmitJobRequest, context: grpc.ServicerContext
     ) -> pb.SubmitJobResponse:
         if not request.HasField("spec"):
-            _invalid(context, SpecError("spec", "is required"))
-        config = self.ctx.backend.cluster_config()
-        levels = config.topology_levels
-        levels_with_host = config.levels_with_host()
-        try:
-            spec = convert.spec_from_proto(request.spec, levels)
-            check_request_id(request.request_id)
-        except SpecError as exc:
-            _invalid(context, exc)
-        problems = validation.check_job_spec(spec, levels_with_host)
-        if problems:
-            field, _, rule = problems[0].partition(":")
-            _invalid(context, SpecError(field.strip(), rule.strip()))
+            _required(context, "spec")
+        spec = convert.spec_from_proto(request.spec)
+        levels = self.ctx.backend.cluster_config().topology_levels
+        violations = validation.check_job_spec(spec, levels)
+        violations += validation.check_request_id(request.request_id)
+        if violations:
+            abort_invalid(context, violations)
         request_id = request.request_id or f"srv-{uuid.uuid4().hex}"
         command = cmd.SubmitJob(spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms())
         result = self._check(context, self._propose(context, command))
-        created = not result.message.startswith("duplicate")
-        return pb.SubmitJobResponse(job_id=result.job_id, created=created)
+        return pb.SubmitJobResponse(job_id=result.job_id, created=result.created)
 
     def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.ServicerContext
     ) -> pb.CancelJobResponse:
         if not request.job_id:
-            _invalid(context, SpecError("job_id", "is required"))
+            _required(context, "job_id")
         command = cmd.CancelJob(
             job_id=request.job_id,
             reason=request.reason[:1024] or "cancelled by user",
             now_ms=self.ctx.clock_ms(),
         )
-        result = self._check(context, self._propose(context, command))
+        result = self._check(
+            context,
+            self._propose(context, command),
+            (Reason.JOB_NOT_FOUND, "job_id", request.job_id),
+        )
         job = self.ctx.backend.snapshot().jobs.get(request.job_id)
         job_state = str(job.state) if job is not None else str(JobState.CANCELLED)
         return pb.CancelJobResponse(state=job_state, message=result.message)
@@ -221,14 +244,18 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         self, request: pb.NodeStatusRequest, context: grpc.ServicerContext, status: NodeStatus
     ) -> pb.NodeStatusResponse:
         if not request.node_id:
-            _invalid(context, SpecError("node_id", "is required"))
+            _required(context, "node_id")
         command = cmd.SetNodeStatus(
             node_id=request.node_id,
             status=status,
             reason=request.reason[:1024],
             now_ms=self.ctx.clock_ms(),
         )
-        self._check(context, self._propose(context, command))
+        self._check(
+            context,
+            self._propose(context, command),
+            (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
+        )
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
         return pb.NodeStatusResponse(status=str(node.status) if node else "")
 
@@ -251,12 +278,12 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
 
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.GetJobResponse:
         if not request.job_id:
-            _invalid(context, SpecError("job_id", "is required"))
+            _required(context, "job_id")
         stale = self._read_mode(context, request.allow_stale)
         job = self.ctx.backend.snapshot().jobs.get(request.job_id)
         if job is not None:
             return pb.GetJobResponse(job=convert.job_to_proto(job), stale=stale)
-        context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+        _job_not_found(context, request.job_id)
 
     def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.ServicerContext
@@ -292,7 +319,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         self, request: pb.ExplainJobRequest, context: grpc.ServicerContext
     ) -> pb.ExplainJobResponse:
         if not request.job_id:
-            _invalid(context, SpecError("job_id", "is required"))
+            _required(context, "job_id")
         stale = self._read_mode(context, request.allow_stale)
         now = self.ctx.clock_ms()
         state = self.ctx.backend.snapshot()
@@ -305,7 +332,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
                 explanation=explain(state, job.job_id, now, last_plan),
                 stale=stale,
             )
-        context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+        _job_not_found(context, request.job_id)
 
     def ListNodes(
         self, request: pb.ListNodesRequest, context: grpc.ServicerContext
@@ -420,16 +447,16 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
     def RegisterNode(
         self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
     ) -> pb.RegisterNodeResponse:
-        try:
-            info = convert.node_info_from_proto(request)
-        except SpecError as exc:
-            _invalid(context, exc)
-        problems = validation.check_node_info(info)
-        if problems:
-            field, _, rule = problems[0].partition(":")
-            _invalid(context, SpecError(field.strip(), rule.strip()))
+        info = convert.node_info_from_proto(request)
+        violations = validation.check_node_info(info)
+        if violations:
+            abort_invalid(context, violations)
         now = self.ctx.clock_ms()
-        self._check(context, self._propose(context, cmd.RegisterNode(info=info, now_ms=now)))
+        self._check(
+            context,
+            self._propose(context, cmd.RegisterNode(info=info, now_ms=now)),
+            (Reason.NODE_NOT_FOUND, "node_id", info.node_id),
+        )
         self.ctx.liveness.heard(info.node_id, now)
         state = self.ctx.backend.snapshot()
         timeouts = state.config.timeouts
@@ -444,7 +471,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.HeartbeatResponse:
         if not request.node_id:
-            _invalid(context, SpecError("node_id", "is required"))
+            _required(context, "node_id")
         try:
             events = convert.member_events_from_proto(list(request.reports))
         except SpecError as exc:
@@ -452,9 +479,11 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         self._require_serving_leader(context)
         now = self.ctx.clock_ms()
         if request.node_id not in self.ctx.backend.snapshot().nodes:
-            context.abort(
-                grpc.StatusCode.NOT_FOUND,
+            abort(
+                context,
+                Reason.NODE_NOT_FOUND,
                 f"node {request.node_id!r} is not registered; call RegisterNode",
+                {"node_id": request.node_id},
             )
         self.ctx.liveness.heard(request.node_id, now)
         acked = 0
@@ -465,7 +494,11 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
                 now_ms=now,
             )
-            self._check(context, self._propose(context, command))
+            self._check(
+                context,
+                self._propose(context, command),
+                (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
+            )
             acked = len(events)
         term = self.ctx.backend.status().term
         state = self.ctx.backend.snapshot()

@@ -3,6 +3,7 @@ unreachable cluster."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from synapse_ha.cli.defaults import DEFAULT_CLUSTER, ExitCode
@@ -237,3 +239,25 @@ def test_dev_up_hands_its_options_to_the_dev_cluster(
         None,
     )
     assert run("dev", "up", "--workers", "-1").exit_code == ExitCode.USAGE
+
+
+def test_with_json_output_an_invalid_spec_is_an_error_document(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: job\nreplicas: two\ncommand: x\n")
+    result = run("--cluster", "127.0.0.1:1", "-o", "json", "submit", str(path))
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert result.stdout == ""
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "INVALID_FIELD"
+    assert (error["field"], error["line"], error["violation"]) == ("replicas", 2, "wrong_type")
+    assert error["file"] == str(path)
+    assert error["message"].startswith(f"invalid job spec: {path}:2: replicas: expected")
+
+
+def test_with_yaml_output_an_unreachable_cluster_is_an_error_document() -> None:
+    (port,) = free_ports(1)
+    result = run("--cluster", f"127.0.0.1:{port}", "--timeout", "0.5", "jobs", "-o", "yaml")
+    assert result.exit_code == ExitCode.UNREACHABLE, result.output
+    error = yaml.safe_load(result.stderr)["error"]
+    assert error["code"] == "UNREACHABLE"
+    assert error["message"].startswith("cannot reach the cluster within 0.5s")

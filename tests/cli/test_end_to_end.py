@@ -265,6 +265,32 @@ def test_unknown_ids_exit_4(synctl: Synctl, args: tuple[str, ...]) -> None:
     assert args[1] in result.stderr and result.stderr.startswith("error: ")
 
 
+def test_json_errors_carry_the_clusters_reason(synctl: Synctl, tmp_path: Path) -> None:
+    missing = synctl("-o", "json", "status", "no-such-job")
+    assert missing.exit_code == ExitCode.NOT_FOUND, missing.output
+    error = as_json(missing.stderr)["error"]
+    assert (error["code"], error["job_id"], error["status"]) == (
+        "JOB_NOT_FOUND",
+        "no-such-job",
+        "NOT_FOUND",
+    )
+    assert "no-such-job" in error["message"]
+    node = as_json(synctl("-o", "json", "cordon", "no-such-node").stderr)["error"]
+    assert (node["code"], node["node_id"]) == ("NODE_NOT_FOUND", "no-such-node")
+    path = spec_file(
+        tmp_path, "galaxy", "replicas: 1\ncommand: 'true'\ntopology:\n  preferred: galaxy\n"
+    )
+    refused = synctl("-o", "json", "submit", str(path))
+    assert refused.exit_code == ExitCode.USAGE, refused.output
+    error = as_json(refused.stderr)["error"]
+    assert (error["code"], error["field"], error["line"]) == (
+        "INVALID_FIELD",
+        "topology.preferred",
+        5,
+    )
+    assert error["rule"].endswith("(the cluster's rule)")
+
+
 def test_an_invalid_spec_never_reaches_the_cluster(synctl: Synctl, tmp_path: Path) -> None:
     before = len(synctl.client.list_jobs())
     path = spec_file(tmp_path, "bad", "replicas: 1\nresources: {memory: lots}\ncommand: x\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from synapse_ha.rpc.client import LEADER_METADATA_KEY
+from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from tests.integration.cluster import LocalCluster, job_spec, register_request, wait_for
@@ -42,10 +42,14 @@ def test_a_follower_redirects_writes_and_fresh_reads_to_the_leader(
         stub.SubmitJob, pb.SubmitJobRequest(spec=job_spec(), request_id="redirect-1"), timeout=5
     )
     assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    failure = failure_of(error)
+    assert failure.reason is Reason.NOT_LEADER
+    assert failure.metadata == {"leader_id": leader.replica_id, "leader_address": leader.grpc}
     assert (LEADER_METADATA_KEY, leader.grpc) in tuple(error.trailing_metadata() or ())
 
     error = _call_error(stub.ListJobs, pb.ListJobsRequest(), timeout=5)
     assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert failure_of(error).reason is Reason.NOT_LEADER
 
     with cluster.client() as client:
         submitted = client.submit_job(job_spec("redirected"), request_id="redirect-2")
@@ -142,6 +146,9 @@ def test_a_gang_is_placed_and_its_members_reach_the_workers(cluster: LocalCluste
             )
             client.heartbeat(pb.HeartbeatRequest(node_id=node_id, reports=[exited]))
         assert client.get_job(submitted.job_id).state == "SUCCEEDED"
+        with pytest.raises(grpc.RpcError) as cancelled:
+            client.cancel_job(submitted.job_id)
+        assert failure_of(cancelled.value).reason is Reason.CONFLICT
 
         nodes = {n.node_id: n for n in client.list_nodes()}
         assert nodes["gang-node-1"].status == "ready"
@@ -178,25 +185,31 @@ def test_invalid_submissions_are_refused_naming_the_field(
     stub = cluster.stub(cluster.serving_leader())
     error = _call_error(stub.SubmitJob, pb.SubmitJobRequest(spec=spec), timeout=5)
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert (error.details() or "").startswith(f"{field}:")
+    failure = failure_of(error)
+    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.metadata["field"] == field
+    assert [v.field for v in failure.violations] == [field]
 
 
 def test_unknown_ids_and_bad_requests_get_the_right_codes(cluster: LocalCluster) -> None:
     leader = cluster.serving_leader()
     stub = cluster.stub(leader)
     agent = pb_grpc.NodeAgentServiceStub(grpc.insecure_channel(leader.grpc))
+    not_found = grpc.StatusCode.NOT_FOUND
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
     cases = [
-        (stub.GetJob, pb.GetJobRequest(job_id="job-999999"), grpc.StatusCode.NOT_FOUND),
-        (stub.CancelJob, pb.CancelJobRequest(job_id="job-999999"), grpc.StatusCode.NOT_FOUND),
-        (stub.ExplainJob, pb.ExplainJobRequest(job_id="nope"), grpc.StatusCode.NOT_FOUND),
-        (stub.CordonNode, pb.NodeStatusRequest(node_id="ghost"), grpc.StatusCode.NOT_FOUND),
-        (stub.GetJob, pb.GetJobRequest(), grpc.StatusCode.INVALID_ARGUMENT),
-        (stub.ListJobs, pb.ListJobsRequest(states=["BOGUS"]), grpc.StatusCode.INVALID_ARGUMENT),
-        (agent.Heartbeat, pb.HeartbeatRequest(node_id="ghost"), grpc.StatusCode.NOT_FOUND),
+        (stub.GetJob, pb.GetJobRequest(job_id="job-999999"), not_found, Reason.JOB_NOT_FOUND),
+        (stub.CancelJob, pb.CancelJobRequest(job_id="job-999999"), not_found, Reason.JOB_NOT_FOUND),
+        (stub.ExplainJob, pb.ExplainJobRequest(job_id="nope"), not_found, Reason.JOB_NOT_FOUND),
+        (stub.CordonNode, pb.NodeStatusRequest(node_id="ghost"), not_found, Reason.NODE_NOT_FOUND),
+        (stub.GetJob, pb.GetJobRequest(), invalid, Reason.INVALID_FIELD),
+        (stub.ListJobs, pb.ListJobsRequest(states=["BOGUS"]), invalid, Reason.INVALID_FIELD),
+        (agent.Heartbeat, pb.HeartbeatRequest(node_id="ghost"), not_found, Reason.NODE_NOT_FOUND),
         (
             agent.RegisterNode,
-            pb.RegisterNodeRequest(node_id="n", address="no-port"),
-            grpc.StatusCode.INVALID_ARGUMENT,
+            pb.RegisterNodeRequest(node_id="n", address="h:99999"),
+            invalid,
+            Reason.INVALID_FIELD,
         ),
         (
             agent.RegisterNode,
@@ -206,9 +219,23 @@ def test_unknown_ids_and_bad_requests_get_the_right_codes(cluster: LocalCluster)
                 capacity=pb.Resources(gpu=2),
                 gpu_islands=[pb.RegisterNodeRequest.GpuIsland(gpus=[0])],
             ),
-            grpc.StatusCode.INVALID_ARGUMENT,
+            invalid,
+            Reason.INVALID_FIELD,
         ),
     ]
-    for method, request, code in cases:
+    for method, request, code, reason in cases:
         error = _call_error(method, request, timeout=5)
         assert error.code() is code, (request, error.details())
+        assert failure_of(error).reason is reason, (request, error.details())
+    ghost = failure_of(_call_error(stub.CancelJob, pb.CancelJobRequest(job_id="job-999999")))
+    assert ghost.metadata == {"job_id": "job-999999"}
+    cordon = failure_of(_call_error(stub.CordonNode, pb.NodeStatusRequest(node_id="ghost")))
+    assert cordon.metadata == {"node_id": "ghost"}
+
+
+def test_a_missing_field_is_named_as_required(cluster: LocalCluster) -> None:
+    stub = cluster.stub(cluster.serving_leader())
+    error = _call_error(stub.CordonNode, pb.NodeStatusRequest(node_id=""), timeout=5)
+    failure = failure_of(error)
+    assert (failure.reason, failure.field) == (Reason.INVALID_FIELD, "node_id")
+    assert failure.violations[0].code == "required"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
+from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_job_spec, parse_memory
+from synapse_ha.core.validation import Violation, ViolationCode, check_job_spec
 
 
 def doc(**overrides: Any) -> dict[str, Any]:
@@ -113,3 +116,39 @@ def test_required_fields(missing: str) -> None:
 def test_a_document_must_be_a_mapping() -> None:
     with pytest.raises(SpecError):
         parse_job_spec(["not", "a", "mapping"])
+
+
+@pytest.mark.parametrize(
+    ("document", "code"),
+    [
+        ({"replicas": 1, "command": "x"}, ViolationCode.REQUIRED),
+        (doc(colour="blue"), ViolationCode.UNKNOWN_FIELD),
+        (doc(replicas="8"), ViolationCode.WRONG_TYPE),
+        (doc(resources={"memory": 12}, env="x"), ViolationCode.WRONG_TYPE),
+        (doc(replicas=0), ViolationCode.INVALID_FIELD),
+    ],
+)
+def test_each_error_says_which_kind_of_rule_it_broke(
+    document: dict[str, Any], code: ViolationCode
+) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(document)
+    assert info.value.code is code
+    assert info.value.violation == Violation(code, info.value.field, info.value.rule)
+
+
+def test_the_parser_reports_every_rule_the_built_spec_breaks() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(doc(replicas=0, workdir="relative", request_id="has space"))
+    assert [v.field for v in info.value.violations] == ["replicas", "workdir", "request_id"]
+    assert info.value.field == "replicas"
+
+
+def test_the_parser_and_the_state_machine_share_one_rule_set() -> None:
+    # A rule that once lived only at the edge: the core refuses it too.
+    spec = parse_job_spec(doc()).spec
+    relative = dataclasses.replace(spec, workdir="relative")
+    assert [v.field for v in check_job_spec(relative, DEFAULT_TOPOLOGY_LEVELS)] == ["workdir"]
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(doc(workdir="relative"))
+    assert info.value.violations == tuple(check_job_spec(relative, DEFAULT_TOPOLOGY_LEVELS))

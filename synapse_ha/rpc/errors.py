@@ -1,0 +1,208 @@
+"""Machine-readable gRPC errors: one builder for the servers, one parser for the clients.
+
+Every error a replica returns carries, besides its status code and sentence, a
+``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer (the ``grpcio-status``
+convention) holding an ``ErrorInfo`` with ``domain="synapse.v1"``, a :class:`Reason` and
+string metadata; an ``INVALID_ARGUMENT`` also carries a ``BadRequest`` with one field
+violation per broken rule. Clients branch on the reason and read the metadata (the
+leader's address, the field), never on the sentence, which is for people.
+
+The reasons are documented in ``docs/errors.md`` and in the header of
+``protos/synapse/v1/control.proto``; the status code that goes with each is fixed by
+:data:`STATUS_OF`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from synapse_ha.core.validation import Violation, ViolationCode
+
+DOMAIN = "synapse.v1"
+# Kept for clients that predate ErrorInfo; the reason's metadata is what clients read.
+LEADER_METADATA_KEY = "synapse-leader"
+
+
+class Reason(enum.StrEnum):
+    """Why a call failed (``ErrorInfo.reason``). Stable: values are only ever added."""
+
+    NOT_LEADER = "NOT_LEADER"  # this replica follows; metadata leader_id, leader_address
+    LEADER_NOT_READY = "LEADER_NOT_READY"  # just elected; its term barrier is not committed
+    NO_LEADER = "NO_LEADER"  # no leader is known (election under way, or no quorum)
+    INVALID_FIELD = "INVALID_FIELD"  # a request field breaks a rule; metadata field, rule
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"  # metadata job_id
+    NODE_NOT_FOUND = "NODE_NOT_FOUND"  # metadata node_id (a heartbeat: register first)
+    CONFLICT = "CONFLICT"  # valid, but not in the current state (finished job, dead node)
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # a write was not confirmed in time; retry is safe
+    NOT_COMMITTED = "NOT_COMMITTED"  # a write was refused before commit; retry
+    INTERNAL = "INTERNAL"  # a bug in the replica
+    UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
+
+
+STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
+    Reason.NOT_LEADER: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.LEADER_NOT_READY: grpc.StatusCode.UNAVAILABLE,
+    Reason.NO_LEADER: grpc.StatusCode.UNAVAILABLE,
+    Reason.INVALID_FIELD: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.JOB_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.NODE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.OUTCOME_UNKNOWN: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Reason.NOT_COMMITTED: grpc.StatusCode.UNAVAILABLE,
+    Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+    Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
+}
+
+
+# ----------------------------------------------------------------------- server side
+
+
+@dataclass(frozen=True, slots=True)
+class _Status(grpc.Status):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+def build_status(
+    reason: Reason,
+    message: str,
+    metadata: Mapping[str, str] | None = None,
+    violations: Sequence[Violation] = (),
+    trailing: Sequence[tuple[str, str]] = (),
+) -> grpc.Status:
+    """The status for ``reason``: its fixed code, ``message`` for people, and the
+    ``ErrorInfo`` (plus a ``BadRequest`` when there are ``violations``) for programs.
+    ``trailing`` adds plain trailing metadata (the legacy ``synapse-leader`` key)."""
+    code = STATUS_OF[reason]
+    status = status_pb2.Status(code=code.value[0], message=message)
+    info = error_details_pb2.ErrorInfo(reason=str(reason), domain=DOMAIN)
+    for key, value in sorted((metadata or {}).items()):
+        info.metadata[key] = value
+    status.details.add().Pack(info)
+    if violations:
+        bad = error_details_pb2.BadRequest()
+        for v in violations:
+            bad.field_violations.add(field=v.field, description=v.rule, reason=v.code.upper())
+        status.details.add().Pack(bad)
+    base: Any = rpc_status.to_status(status)
+    return _Status(
+        code=base.code, details=base.details, trailing_metadata=(*base.trailing_metadata, *trailing)
+    )
+
+
+def abort(
+    context: grpc.ServicerContext,
+    reason: Reason,
+    message: str,
+    metadata: Mapping[str, str] | None = None,
+    violations: Sequence[Violation] = (),
+    trailing: Sequence[tuple[str, str]] = (),
+) -> NoReturn:
+    """End the call with :func:`build_status` (``context.abort_with_status`` raises)."""
+    context.abort_with_status(build_status(reason, message, metadata, violations, trailing))
+    raise AssertionError("unreachable")  # abort_with_status raises
+
+
+def abort_invalid(context: grpc.ServicerContext, violations: Sequence[Violation]) -> NoReturn:
+    """INVALID_FIELD for a non-empty list of violations; the first names the field in the
+    metadata and the message, the BadRequest lists them all."""
+    first = violations[0]
+    message = "; ".join(str(v) for v in violations)
+    metadata = {"field": first.field, "rule": first.rule, "violation": str(first.code)}
+    abort(context, Reason.INVALID_FIELD, message, metadata, violations)
+
+
+# ----------------------------------------------------------------------- client side
+
+
+@dataclass(frozen=True, slots=True)
+class RpcFailure:
+    """A failed call, as a value: ``reason`` from the ErrorInfo (``UNKNOWN`` when the
+    answer had none, for example a transport error), its metadata, and the field
+    violations of a BadRequest."""
+
+    code: grpc.StatusCode
+    reason: Reason
+    message: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    violations: tuple[Violation, ...] = ()
+
+    @property
+    def field(self) -> str:
+        """The (first) offending field of an INVALID_FIELD, else empty."""
+        if self.violations:
+            return self.violations[0].field
+        return self.metadata.get("field", "")
+
+    @property
+    def rule(self) -> str:
+        if self.violations:
+            return self.violations[0].rule
+        return self.metadata.get("rule", "")
+
+    def describe(self) -> str:
+        """``CODE: message`` for people (logs, a list of attempts)."""
+        return f"{self.reason if self.reason is not Reason.UNKNOWN else self.code.name}: " + (
+            self.message
+        )
+
+
+def failure_of(exc: grpc.RpcError) -> RpcFailure:
+    """Read the code, reason, metadata and violations of a failed call. Never raises:
+    an error without (or with unreadable) details gives ``Reason.UNKNOWN``."""
+    code_of: Any = getattr(exc, "code", None)
+    details_of: Any = getattr(exc, "details", None)
+    code = code_of() if callable(code_of) else None
+    message = details_of() if callable(details_of) else None
+    failure = RpcFailure(
+        code=code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN,
+        reason=Reason.UNKNOWN,
+        message=message if isinstance(message, str) else str(exc),
+    )
+    call: Any = exc  # a grpc.Call at run time (a test's stand-in need only have its methods)
+    if not callable(getattr(call, "trailing_metadata", None)):
+        return failure
+    try:
+        status: Any = rpc_status.from_call(call)
+    except (AttributeError, TypeError, ValueError):
+        return failure
+    if status is None:
+        return failure
+    reason = Reason.UNKNOWN
+    metadata: dict[str, str] = {}
+    violations: list[Violation] = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain != DOMAIN:
+                continue
+            try:
+                reason = Reason(info.reason)
+            except ValueError:
+                reason = Reason.UNKNOWN
+            metadata = dict(info.metadata)
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            for fv in bad.field_violations:
+                try:
+                    violation_code = ViolationCode(fv.reason.lower())
+                except ValueError:
+                    violation_code = ViolationCode.INVALID_FIELD
+                violations.append(Violation(violation_code, fv.field, fv.description))
+    return RpcFailure(
+        code=failure.code,
+        reason=reason,
+        message=failure.message,
+        metadata=metadata,
+        violations=tuple(violations),
+    )
