@@ -28,7 +28,8 @@ submission order) and places each gang whole or not at all:
   one never end, for this purpose), and the nodes it would use then. Later gangs may use
   those nodes only if their own time limit ends before the reservation starts.
 
-Every pending job left unplaced gets a sentence saying why.
+Every pending job left unplaced gets a :class:`~synapse_ha.core.reasons.Reason` saying
+why, with the numbers as fields (rendered to a sentence only at the edges).
 
 **Cost.** The free-capacity table is kept between passes and brought up to date from
 the nodes whose allocation changed (see ``_CachedTable``); a pass's own changes are
@@ -59,6 +60,7 @@ from synapse_ha.core.model import (
     Resources,
     topology_path,
 )
+from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason, render
 from synapse_ha.core.topology import CLUSTER, describe_domain
 
 Domain = tuple[str, ...]
@@ -80,8 +82,8 @@ class Plan:
     """What one scheduling pass decided."""
 
     placements: list[GangPlacement] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)  # every unplaced pending job
-    changed_reasons: list[tuple[str, str]] = field(default_factory=list)
+    reasons: dict[str, Reason] = field(default_factory=dict)  # every unplaced pending job
+    changed_reasons: list[tuple[str, Reason]] = field(default_factory=list)
     reservation: Reservation | None = None
     # The earliest later time at which time alone may change a decision (a locality
     # wait ending); a caller that plans only on events should plan again then.
@@ -731,10 +733,12 @@ def _plan(
             continue  # its reason was set when the attempt failed
         stopping = unconfirmed_members(job)
         if stopping:
-            plan.reasons[job.job_id] = (
-                f"retrying: waiting for {len(stopping)} member(s) of attempt "
-                f"{job.attempts_made} to be confirmed stopped (ranks "
-                f"{', '.join(map(str, stopping[:8]))}{', ...' if len(stopping) > 8 else ''})"
+            plan.reasons[job.job_id] = reason(
+                ReasonCode.WAITING_STOP_CONFIRMED,
+                job.attempt.outcome if job.attempt is not None else None,
+                attempt=job.attempts_made,
+                count=len(stopping),
+                ranks=ranks_text(stopping),
             )
             continue
         gang = _Gang(job, spec, spec.resources, spec.replicas)
@@ -955,45 +959,55 @@ class _Explainer:
         reservation: Reservation | None,
         now_ms: int,
         behind: Reservation | None = None,
-    ) -> str:
+    ) -> Reason:
         spec = gang.spec
-        level = spec.topology_required
-        where = f" in one {level}" if level else ""
-        need = f"needs {gang.n} member(s) x ({spec.resources.describe()}){where}"
+        need = _need(gang)
         if behind is not None:
-            return (
-                f"{need}; it would fit, but the nodes are reserved for {behind.job_id} "
-                f"{_when(behind, now_ms)}; a time_limit ending before then would let it backfill"
+            return reason(
+                ReasonCode.RESERVED_FOR_OTHER,
+                holder=behind.job_id,
+                start_in_ms=_start_in(behind, now_ms),
+                **need,
             )
-        room, domain = self.best_room(view, gang.req, min(depths) if level else 0)
-        if domain:
-            have = f"best {describe_domain(domain, self.names)} has room for {room}"
-        else:
-            have = f"the cluster has room for {room}"
-        if spec.image:
-            have += " (only nodes that run container images qualify)"
+        room, domain = self.best_room(view, gang.req, min(depths) if spec.topology_required else 0)
+        have: dict[str, int | str | None] = {
+            "room": room,
+            "domain": describe_domain(domain, self.names) if domain else None,
+            "images": 1 if spec.image else None,
+        }
         if reservation is not None:
-            return f"{need}; {have}; first in line, capacity reserved {_when(reservation, now_ms)}"
-        if reservation is None and room < gang.n:
-            return f"{need}; {have}; it waits for capacity to free or for nodes to join"
-        return f"{need}; {have}, but not in a shape the gang can use; it waits for capacity"
+            return reason(
+                ReasonCode.FIRST_IN_LINE_RESERVED,
+                start_in_ms=_start_in(reservation, now_ms),
+                **need,
+                **have,
+            )
+        if room < gang.n:
+            return reason(ReasonCode.WAITING_CAPACITY, **need, **have)
+        return reason(ReasonCode.WAITING_SHAPE, **need, **have)
 
     def why_waiting_for_locality(
         self, gang: _Gang, view: _View, local: list[int], wait_ms: int
-    ) -> str:
-        spec = gang.spec
+    ) -> Reason:
         depth = min(local)
-        level = self.names[depth - 1]
-        need = f"needs {gang.n} member(s) x ({spec.resources.describe()})"
-        if spec.topology_required:
-            need += f" in one {spec.topology_required}"
         room, domain = self.best_room(view, gang.req, depth)
-        have = f"best {describe_domain(domain, self.names)} has room for {room}" if domain else ""
-        return (
-            f"{need}; it would fit across {level}s now, but it waits for one {level} with "
-            f"room{f' ({have})' if have else ''}, for up to {wait_ms / 1000:.0f}s after it was "
-            f"queued (locality_wait_ms), then takes the tightest fit across {level}s"
+        return reason(
+            ReasonCode.WAITING_LOCALITY,
+            wait_level=self.names[depth - 1],
+            wait_ms=wait_ms,
+            room=room if domain else None,
+            domain=describe_domain(domain, self.names) if domain else None,
+            **_need(gang),
         )
+
+
+def _need(gang: _Gang) -> dict[str, int | str | None]:
+    """The fields every wait reason carries: the gang's size, request and required level."""
+    return {
+        "members": gang.n,
+        "request": gang.spec.resources.describe(),
+        "level": gang.spec.topology_required or None,
+    }
 
 
 def _bound(total: list[int] | None, req: Resources) -> int:
@@ -1007,36 +1021,48 @@ def _bound(total: list[int] | None, req: Resources) -> int:
     return max(min(bounds, default=_UNLIMITED), 0)
 
 
-def _when(reservation: Reservation, now_ms: int) -> str:
+def _start_in(reservation: Reservation, now_ms: int) -> int | None:
+    """How long until the reservation starts; None: once jobs without a time limit end."""
     if reservation.start_ms is None:
-        return "until jobs without a time limit end"
-    return f"from t+{max(reservation.start_ms - now_ms, 0) / 1000:.0f}s"
+        return None
+    return max(reservation.start_ms - now_ms, 0)
 
 
 # --------------------------------------------------------------------------- explain
 
 
+def why_pending(state: ClusterState, job_id: str, now_ms: int) -> Reason | None:
+    """Why a pending job waits now (``FITS_NOW`` when the next pass would bind it);
+    None when the job is not pending."""
+    job = state.jobs.get(job_id)
+    if job is None or job.state is not JobState.PENDING:
+        return None
+    if now_ms < job.retry_not_before_ms:
+        return job.reason
+    plan = schedule(state, now_ms)
+    if job_id in plan.reasons:
+        return plan.reasons[job_id]
+    for p in plan.placements:
+        if p.job_id == job_id:
+            hosts = sorted({m.node_id for m in p.members})
+            return reason(ReasonCode.FITS_NOW, nodes=", ".join(hosts))
+    return job.reason
+
+
 def explain(state: ClusterState, job_id: str, now_ms: int) -> str:
-    """Why a job is where it is: its wait reason, or where each member runs."""
+    """Why a job is where it is, for people: its wait reason, or where each member runs."""
     job = state.jobs.get(job_id)
     if job is None:
         return f"no job {job_id!r}"
     if job.state is JobState.PENDING:
-        if now_ms < job.retry_not_before_ms:
-            return job.reason
-        plan = schedule(state, now_ms)
-        if job_id in plan.reasons:
-            return plan.reasons[job_id]
-        for p in plan.placements:
-            if p.job_id == job_id:
-                hosts = sorted({m.node_id for m in p.members})
-                return f"fits now on {', '.join(hosts)}; it will be bound by the next pass"
-        return job.reason
+        return render(why_pending(state, job_id, now_ms))
     attempt = job.attempt
     if attempt is None or job.state.finished:
-        return f"{job.state.value}: {job.reason}"
+        return f"{job.state.value}: {render(job.reason)}"
     levels = state.config.topology_levels
     lines = [f"{job.state.value}, attempt {attempt.number} (token {attempt.fencing_token})"]
+    if job.requeues:
+        lines[0] += f", {job.requeues} requeue(s) after disruptions"
     for m, status in zip(attempt.members, attempt.member_status, strict=True):
         node = state.nodes.get(m.node_id)
         path = "/".join(topology_path(node.info, levels)) if node else m.node_id
