@@ -76,6 +76,19 @@ REQUEUE_CODES: dict[ReasonCode, ReasonCode] = {
     ReasonCode.MEMBER_LOST: ReasonCode.REQUEUED_LOST,
 }
 
+# Reasons of a job waiting in the queue; with a cause, the outcome of its last attempt.
+WAIT_CODES = frozenset(
+    {
+        ReasonCode.WAITING_CAPACITY,
+        ReasonCode.WAITING_SHAPE,
+        ReasonCode.WAITING_LOCALITY,
+        ReasonCode.RESERVED_FOR_OTHER,
+        ReasonCode.FIRST_IN_LINE_RESERVED,
+        ReasonCode.WAITING_STOP_CONFIRMED,
+        ReasonCode.FITS_NOW,
+    }
+)
+
 # Failures: the job's final reason when retries are used up, by the outcome's code.
 FAILURE_CODES: dict[ReasonCode, ReasonCode] = {
     ReasonCode.MEMBER_EXITED: ReasonCode.FAILED_EXIT,
@@ -129,7 +142,11 @@ def render(r: Reason | None) -> str:
     if r is None:
         return ""
     fn = _RENDER.get(r.code)
-    return fn(r) if fn is not None else r.code.value
+    sentence = fn(r) if fn is not None else r.code.value
+    if r.code in WAIT_CODES and r.cause is not None:
+        how = "requeued after a disruption" if r.cause.code in REQUEUE_CODES else "retrying after"
+        sentence += f" ({how}: {render(r.cause)})"
+    return sentence
 
 
 def _seconds(ms: int) -> str:

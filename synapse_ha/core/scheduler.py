@@ -735,7 +735,6 @@ def _plan(
         if stopping:
             plan.reasons[job.job_id] = reason(
                 ReasonCode.WAITING_STOP_CONFIRMED,
-                job.attempt.outcome if job.attempt is not None else None,
                 attempt=job.attempts_made,
                 count=len(stopping),
                 ranks=ranks_text(stopping),
@@ -799,10 +798,16 @@ def _plan(
         if on_decision is not None:
             on_decision(job.job_id, False)
 
+    # A gang queued again after an attempt ended says how that attempt ended (a
+    # disruption that requeued it, or a failure being retried).
+    for job_id, why in plan.reasons.items():
+        last = state.jobs[job_id].attempt
+        if why.cause is None and last is not None and last.outcome is not None:
+            plan.reasons[job_id] = Reason(why.code, why.params, last.outcome)
     plan.changed_reasons = [
-        (job_id, reason)
-        for job_id, reason in sorted(plan.reasons.items())
-        if state.jobs[job_id].reason != reason
+        (job_id, why)
+        for job_id, why in sorted(plan.reasons.items())
+        if state.jobs[job_id].reason != why
     ]
     return plan
 
@@ -1045,7 +1050,8 @@ def why_pending(state: ClusterState, job_id: str, now_ms: int) -> Reason | None:
     for p in plan.placements:
         if p.job_id == job_id:
             hosts = sorted({m.node_id for m in p.members})
-            return reason(ReasonCode.FITS_NOW, nodes=", ".join(hosts))
+            last = job.attempt.outcome if job.attempt is not None else None
+            return reason(ReasonCode.FITS_NOW, last, nodes=", ".join(hosts))
     return job.reason
 
 

@@ -75,6 +75,7 @@ def test_node_death_requeues_without_a_retry_or_back_off_and_keeps_the_fencing_r
     assert cl.state_of(j) is JobState.PENDING
     assert record.reason.code is ReasonCode.WAITING_STOP_CONFIRMED
     assert record.reason.cause is not None and record.reason.cause.code is ReasonCode.NODE_DEAD
+    assert "(requeued after a disruption: node " in render(record.reason)
     confirm_stopped(cl, j)
     cl.run_pass()
     assert cl.state_of(j) is JobState.SCHEDULED
