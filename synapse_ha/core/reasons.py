@@ -247,8 +247,8 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"{r.num('retries')} after a {r.num('backoff_ms') / 1000:.1f}s back-off"
     ),
     ReasonCode.WAITING_STOP_CONFIRMED: lambda r: (
-        f"retrying: waiting for {r.num('count')} member(s) of attempt {r.num('attempt')} "
-        f"to be confirmed stopped (ranks {r.text('ranks')})"
+        f"waiting for {r.num('count')} member(s) of attempt {r.num('attempt')} "
+        f"to be confirmed stopped before the next attempt (ranks {r.text('ranks')})"
     ),
     ReasonCode.REQUEUED_NODE_DEAD: lambda r: _requeued(r, "requeue"),
     ReasonCode.REQUEUED_FENCED: lambda r: _requeued(r, "requeue"),
