@@ -57,6 +57,7 @@ from chaos import ledger
 from synapse_ha.core import invariants
 from synapse_ha.core.codec import CodecError, decode_state
 from synapse_ha.core.model import ClusterState, JobState
+from synapse_ha.core.reasons import render
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,14 +366,16 @@ def _check_exactly_once(history: History, state: ClusterState | None) -> list[Vi
         if job.state is not JobState.SUCCEEDED:
             if job.state.finished:
                 out.append(
-                    Violation("not-completed", job.job_id, f"ended {job.state}: {job.reason}")
+                    Violation(
+                        "not-completed", job.job_id, f"ended {job.state}: {render(job.reason)}"
+                    )
                 )
             else:
                 out.append(
                     Violation(
                         "deadline",
                         job.job_id,
-                        f"still {job.state} at the end of the run ({job.reason})",
+                        f"still {job.state} at the end of the run ({render(job.reason)})",
                     )
                 )
             continue

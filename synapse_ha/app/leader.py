@@ -1,4 +1,5 @@
-"""The leader's duties: barrier, scheduling passes, the reaper, time limits and purges.
+"""The leader's duties: barrier, scheduling passes, the reaper, time limits, start
+timeouts and purges.
 
 Only the Raft leader runs these. Every decision is proposed as a command carrying its own
 time and seeds; the state machine re-verifies it when it is applied, so a decision made
@@ -38,8 +39,9 @@ from dataclasses import dataclass, replace
 from synapse_ha.app.ports import Nudger, Proposer, StateReader
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, NodeStatus, Timeouts
+from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
-from synapse_ha.core.views import due_time_limits
+from synapse_ha.core.views import due_start_timeouts, due_time_limits
 
 
 class Liveness:
@@ -161,6 +163,7 @@ class LeaderLoop:
         self._bind: _InFlight | None = None
         self._node_deaths: dict[str, _InFlight] = {}
         self._expiries: dict[str, _InFlight] = {}
+        self._start_timeouts: dict[str, _InFlight] = {}
         self._purge: _InFlight | None = None
         self._dirty = True
         self._last_pass_ms = 0
@@ -186,6 +189,7 @@ class LeaderLoop:
         self._next_pass_ms = None
         self._node_deaths.clear()
         self._expiries.clear()
+        self._start_timeouts.clear()
         self._purge = None
         self._configure = None
         self._dirty = True
@@ -233,6 +237,7 @@ class LeaderLoop:
         if housekeeping:
             sentences += self._reap(state, now_ms)
             sentences += self._expire_time_limits(state, now_ms)
+            sentences += self._fail_unstarted(state, now_ms)
         sentences += [self._schedule(state, now_ms), self._purge_finished(now_ms)]
         said = [s for s in sentences if s]
         return "; ".join(said) if said else "leader: nothing to do"
@@ -339,6 +344,23 @@ class LeaderLoop:
                 continue
             self._expiries[command.job_id] = self._start(command, now_ms)
             said.append(f"stopping {command.job_id} at its time limit")
+        return said
+
+    # ---------------------------------------------------------- start timeouts
+
+    def _fail_unstarted(self, state: ClusterState, now_ms: int) -> list[str]:
+        """Fail attempts with a member not running ``start_timeout_ms`` after the bind;
+        at most one proposal in flight per job."""
+        said: list[str] = []
+        for job_id in list(self._start_timeouts):
+            if self._start_timeouts[job_id].settled(now_ms):
+                del self._start_timeouts[job_id]
+        for command in due_start_timeouts(state, now_ms):
+            if command.job_id in self._start_timeouts:
+                continue
+            command = replace(command, jitter_seed=self._rng.getrandbits(63))
+            self._start_timeouts[command.job_id] = self._start(command, now_ms)
+            said.append(f"failing {command.job_id}: {render(command.reason)}")
         return said
 
     # -------------------------------------------------------------- scheduling

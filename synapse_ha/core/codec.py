@@ -22,8 +22,11 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState
 
-COMMAND_VERSION = 1
-STATE_VERSION = 1
+# Version 2: reasons and attempt outcomes are Reason values (code, params, cause), not
+# sentences. Version 1 envelopes still decode: their sentences become TEXT reasons.
+COMMAND_VERSION = 2
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 _COMMANDS_BY_NAME: dict[str, type] = {t.__name__: t for t in cmd.COMMAND_TYPES}
 
@@ -169,14 +172,71 @@ def decode_command(data: bytes) -> cmd.Command:
     if not isinstance(envelope, dict):
         raise CodecError("command: expected an envelope object")
     version = envelope.get("v")
-    if version != COMMAND_VERSION:
+    if version not in _READABLE_VERSIONS:
         raise CodecError(f"command: unsupported envelope version {version!r}")
     name = envelope.get("type")
     command_type = _COMMANDS_BY_NAME.get(name) if isinstance(name, str) else None
     if command_type is None:
         raise CodecError(f"command: unknown command type {name!r}")
-    result: cmd.Command = from_plain(command_type, envelope.get("body"), str(name))
+    body = envelope.get("body")
+    if version == 1:
+        body = _upgrade_command_v1(str(name), body)
+    result: cmd.Command = from_plain(command_type, body, str(name))
     return result
+
+
+def _text_reason(value: Any) -> Any:
+    """A version 1 sentence as a version 2 TEXT reason (anything else as it is, for the
+    type check to judge)."""
+    if isinstance(value, str):
+        return {"code": "text", "params": [["text", value]], "cause": None}
+    return value
+
+
+def _upgrade_command_v1(name: str, body: Any) -> Any:
+    if not isinstance(body, dict):
+        return body
+    body = dict(body)
+    if name == "BindPlan" and isinstance(body.get("reasons"), list):
+        body["reasons"] = [
+            [pair[0], _text_reason(pair[1])] if isinstance(pair, list) and len(pair) == 2 else pair
+            for pair in body["reasons"]
+        ]
+    if name == "FailAttempt" and "reason" in body:
+        body["reason"] = _text_reason(body["reason"])
+    return body
+
+
+def _upgrade_state_v1(state: Any) -> Any:
+    if not isinstance(state, dict) or not isinstance(state.get("jobs"), dict):
+        return state
+    jobs = {}
+    for job_id, job in state["jobs"].items():
+        if isinstance(job, dict):
+            job = dict(job)
+            if "reason" in job:
+                job["reason"] = _text_reason(job["reason"])
+            attempt = job.get("attempt")
+            made = job.get("attempts_made", 0)
+            if isinstance(attempt, dict) and "outcome" in attempt:
+                attempt = dict(attempt)
+                outcome = attempt["outcome"]
+                attempt["outcome"] = None if outcome == "" else _text_reason(outcome)
+                # Version 1 kept no attempt state: derive it from the times and the job.
+                if attempt.get("ended_at_ms") is None:
+                    live = "bound" if attempt.get("started_at_ms") is None else "running"
+                    attempt["state"] = live
+                else:
+                    attempt["state"] = {"SUCCEEDED": "succeeded", "CANCELLED": "stopped"}.get(
+                        str(job.get("state")), "failed"
+                    )
+                job["attempt"] = attempt
+            # Version 1 had no requeues: every attempt after the first was a retry.
+            if isinstance(made, int) and made > 0:
+                pending_retry = job.get("state") == "PENDING"
+                job["retries_used"] = made if pending_retry else made - 1
+        jobs[job_id] = job
+    return {**state, "jobs": jobs}
 
 
 def encode_state(state: ClusterState) -> bytes:
@@ -186,9 +246,12 @@ def encode_state(state: ClusterState) -> bytes:
 
 def decode_state(data: bytes) -> ClusterState:
     envelope = _loads(data, "state")
-    if not isinstance(envelope, dict) or envelope.get("v") != STATE_VERSION:
+    if not isinstance(envelope, dict) or envelope.get("v") not in _READABLE_VERSIONS:
         raise CodecError("state: unsupported snapshot version")
-    state: ClusterState = from_plain(ClusterState, envelope.get("state"), "state")
+    body = envelope.get("state")
+    if envelope.get("v") == 1:
+        body = _upgrade_state_v1(body)
+    state: ClusterState = from_plain(ClusterState, body, "state")
     return state
 
 

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.model import ClusterConfig, JobSpec, MemberPlacement, NodeInfo, NodeStatus
+from synapse_ha.core.reasons import Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,8 @@ class SetNodeStatus:
 
 @dataclass(frozen=True, slots=True)
 class MarkNodeDead:
-    """Declare a node dead: every attempt with a member on it fails (and may retry)."""
+    """Declare a node dead: every attempt with a member on it ends and its gang is requeued
+    as a disruption (not counted against ``retries.max``; bounded by ``max_requeues``)."""
 
     node_id: str
     reason: str = ""
@@ -96,13 +98,32 @@ class BindPlan:
     """
 
     placements: tuple[GangPlacement, ...] = ()
-    reasons: tuple[tuple[str, str], ...] = ()
+    reasons: tuple[tuple[str, Reason], ...] = ()
     now_ms: int = 0
 
 
 class MemberEventKind(enum.StrEnum):
     STARTED = "started"
     EXITED = "exited"
+
+
+class ExitCause(enum.StrEnum):
+    """Why a member exited, as its worker knows it.
+
+    ``PROGRAM``: the member's own exit (its code is the job's doing). ``FENCED``: its
+    worker killed it because the lease ran out or the leader forgot the node. ``LOST``:
+    its worker killed or lost it for a reason of its own (agent restart or shutdown, its
+    supervisor gone). Only ``PROGRAM`` exits count against ``retries.max``; the others
+    are disruptions and requeue the gang (DESIGN §4).
+    """
+
+    PROGRAM = "program"
+    FENCED = "fenced"
+    LOST = "lost"
+
+    @property
+    def disruption(self) -> bool:
+        return self is not ExitCause.PROGRAM
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +134,7 @@ class MemberEvent:
     kind: MemberEventKind
     exit_code: int = 0
     detail: str = ""
+    cause: ExitCause = ExitCause.PROGRAM
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +153,17 @@ class ReportMembers:
 
 @dataclass(frozen=True, slots=True)
 class FailAttempt:
-    """Fail the current attempt of a job (for example members that never started)."""
+    """Fail the current attempt of a job (for example members that never started).
+
+    The failure counts against ``retries.max``, unless ``reason`` is a disruption
+    (``NODE_DEAD``, ``MEMBER_FENCED``, ``MEMBER_LOST``), which requeues the gang. A
+    ``START_TIMEOUT`` is refused while every member has reported running or before
+    ``start_timeout_ms`` has passed since the bind.
+    """
 
     job_id: str
     fencing_token: int
-    reason: str
+    reason: Reason
     jitter_seed: int = 0
     now_ms: int = 0
 
@@ -187,6 +215,35 @@ COMMAND_TYPES: tuple[type, ...] = (
 )
 
 
+class RejectCode(enum.StrEnum):
+    """Why one gang of a :class:`BindPlan` was not bound."""
+
+    NO_JOB = "no_job"
+    NOT_PENDING = "not_pending"
+    STALE_PLAN = "stale_plan"
+    IN_BACKOFF = "in_backoff"
+    UNCONFIRMED_MEMBERS = "unconfirmed_members"
+    WRONG_SIZE = "wrong_size"
+    WRONG_RANKS = "wrong_ranks"
+    NO_NODE = "no_node"
+    NODE_UNSCHEDULABLE = "node_unschedulable"
+    NO_IMAGES = "no_images"
+    WRONG_GPU_COUNT = "wrong_gpu_count"
+    NO_SUCH_GPU = "no_such_gpu"
+    GPU_IN_USE = "gpu_in_use"
+    NO_ROOM = "no_room"
+    TOPOLOGY_SPAN = "topology_span"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """One gang of a plan that was not bound: the code, and a sentence for people."""
+
+    job_id: str
+    code: RejectCode
+    message: str
+
+
 class ResultCode(enum.StrEnum):
     OK = "ok"
     INVALID = "invalid"  # the command itself is malformed
@@ -205,9 +262,12 @@ class Result:
     # SubmitJob: True when this command added the job, False when its request id was
     # already known (the existing job's id is returned).
     created: bool = False
-    # BindPlan: job ids bound, and (job_id, reason) rejected. ReportMembers: counts.
+    # BindPlan: job ids bound, and the gangs rejected. ReportMembers: counts.
     bound: tuple[str, ...] = ()
-    rejected: tuple[tuple[str, str], ...] = ()
+    rejected: tuple[Rejection, ...] = ()
+    # MarkNodeDead: jobs whose attempt it stopped. PurgeFinished: jobs removed.
+    stopped: tuple[str, ...] = ()
+    purged: tuple[str, ...] = ()
     accepted_events: int = 0
     stale_events: int = 0
     details: tuple[tuple[str, str], ...] = field(default_factory=tuple)

@@ -27,6 +27,26 @@ def check(state: ClusterState) -> list[str]:
                 )
             if attempt.number != job.attempts_made:
                 problems.append(f"{job_id}: attempt {attempt.number} of {job.attempts_made} made")
+            if attempt.state.live != (attempt.ended_at_ms is None):
+                problems.append(
+                    f"{job_id}: attempt {attempt.number} is {attempt.state.value} but "
+                    f"{'has not ended' if attempt.ended_at_ms is None else 'has ended'}"
+                )
+            if attempt.state.live != job.state.holds_resources:
+                problems.append(f"{job_id}: {job.state.value} with attempt {attempt.state.value}")
+            if attempt.ended_at_ms is not None and attempt.outcome is None:
+                problems.append(f"{job_id}: attempt {attempt.number} ended without an outcome")
+        # Every ended attempt was retried, requeued or ended the job: never more of those
+        # than attempts made, and never more retries than the job allows.
+        if job.retries_used + job.requeues > job.attempts_made:
+            problems.append(
+                f"{job_id}: {job.retries_used} retries and {job.requeues} requeues "
+                f"from {job.attempts_made} attempts"
+            )
+        if job.retries_used > job.spec.retries.max_retries:
+            problems.append(
+                f"{job_id}: {job.retries_used} retries used of {job.spec.retries.max_retries}"
+            )
         if job.state.holds_resources:
             if attempt is None:
                 problems.append(f"{job_id}: {job.state.value} without an attempt")
@@ -58,6 +78,14 @@ def check(state: ClusterState) -> list[str]:
         elif attempt is not None and attempt.ended_at_ms is None:
             problems.append(f"{job_id}: {job.state.value} but attempt {attempt.number} never ended")
 
+    unconfirmed_on = {
+        m.node_id
+        for job in state.jobs.values()
+        if job.attempt is not None and job.attempt.ended_at_ms is not None
+        for m, st in zip(job.attempt.members, job.attempt.member_status, strict=True)
+        if st.state is not MemberState.EXITED
+    }
+
     ordered = sorted(tokens)
     for (a, ja), (b, jb) in itertools.pairwise(ordered):
         if a == b:
@@ -82,6 +110,12 @@ def check(state: ClusterState) -> list[str]:
             )
         if node.status is NodeStatus.DEAD and node.allocated != Resources():
             problems.append(f"node {node_id}: dead but holds resources")
+        if (
+            node.status is NodeStatus.DRAINING
+            and node.allocated == Resources()
+            and node_id not in unconfirmed_on
+        ):
+            problems.append(f"node {node_id}: draining but holds no members (should be cordoned)")
 
     for request_id, job_id in sorted(state.request_ids.items()):
         owner = state.jobs.get(job_id)

@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.commands import RejectCode, Rejection, Result, ResultCode, error, ok
+from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, NODE, move, transition
 from synapse_ha.core.model import (
     MAX_LOCALITY_WAIT_MS,
+    MAX_REQUEUES_LIMIT,
+    MAX_START_TIMEOUT_MS,
+    MIN_START_TIMEOUT_MS,
+    ZERO,
     Attempt,
+    AttemptState,
     ClusterConfig,
     ClusterState,
     Job,
@@ -33,7 +40,15 @@ from synapse_ha.core.model import (
     Resources,
     topology_path,
 )
-from synapse_ha.core.topology import domain_at
+from synapse_ha.core.reasons import (
+    FAILURE_CODES,
+    REQUEUE_CODES,
+    Reason,
+    ReasonCode,
+    ranks_text,
+    reason,
+)
+from synapse_ha.core.topology import CLUSTER, domain_at
 from synapse_ha.core.validation import check_job_spec, check_node_info, describe
 
 FEATURE_IMAGES = "images"  # a node that can run jobs naming a container image
@@ -72,10 +87,50 @@ def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:
         problems.append("master port range must lie within 1024..65535")
     if not 0 <= c.config.locality_wait_ms <= MAX_LOCALITY_WAIT_MS:
         problems.append(f"locality_wait_ms must be between 0 and {MAX_LOCALITY_WAIT_MS}")
+    if not 0 <= c.config.max_requeues <= MAX_REQUEUES_LIMIT:
+        problems.append(f"max_requeues must be between 0 and {MAX_REQUEUES_LIMIT}")
+    if not MIN_START_TIMEOUT_MS <= c.config.start_timeout_ms <= MAX_START_TIMEOUT_MS:
+        problems.append(
+            f"start_timeout_ms must be between {MIN_START_TIMEOUT_MS} and {MAX_START_TIMEOUT_MS}"
+        )
     if problems:
         return error(ResultCode.INVALID, "; ".join(problems))
+    orphaned = orphaned_levels(state, c.config)
+    if orphaned:
+        named = "; ".join(
+            f"topology level {level!r} is used by {', '.join(jobs[:5])}"
+            + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
+            for level, jobs in orphaned
+        )
+        return error(
+            ResultCode.CONFLICT,
+            f"{named}; the new topology_levels would orphan it (let those jobs finish or "
+            f"cancel them first)",
+            details=tuple((level, ",".join(jobs)) for level, jobs in orphaned),
+        )
     state.config = c.config
     return ok("configured")
+
+
+def orphaned_levels(state: ClusterState, config: ClusterConfig) -> list[tuple[str, list[str]]]:
+    """Topology levels that unfinished jobs name (``topology.required`` or ``preferred``)
+    and ``config`` no longer has, each with those jobs in id order.
+
+    Only jobs count: node labels for a level that goes away are merely ignored, and a
+    level added later finds them again, so they never block a change.
+    """
+    known = {*config.levels_with_host(), CLUSTER}
+    users: dict[str, list[str]] = {}
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        if job.state.finished:
+            continue
+        for level in (job.spec.topology_required, job.spec.topology_preferred):
+            if level and level not in known:
+                jobs = users.setdefault(level, [])
+                if not jobs or jobs[-1] != job_id:
+                    jobs.append(job_id)
+    return sorted(users.items())
 
 
 def _barrier(state: ClusterState, c: cmd.Barrier, now: int) -> Result:
@@ -103,8 +158,9 @@ def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result
             f"what is bound to it ({node.allocated.describe()}); report its members' exits first",
         )
     node.info = info
-    if node.status is NodeStatus.DEAD:
-        node.status = NodeStatus.READY
+    was_dead = node.status is NodeStatus.DEAD
+    node.status = move(NODE, node.status, lc.NodeEvent.REGISTER)
+    if was_dead:
         node.status_reason = ""
         node.registered_at_ms = now
         return ok(f"node {info.node_id} is back")
@@ -130,13 +186,19 @@ def _set_node_status(state: ClusterState, c: cmd.SetNodeStatus, now: int) -> Res
     node = state.nodes.get(c.node_id)
     if node is None:
         return error(ResultCode.NOT_FOUND, f"no node {c.node_id!r}")
-    if c.status is NodeStatus.DEAD:
+    event = lc.NODE_EVENT_FOR_STATUS.get(c.status)
+    if event is None:
         return error(ResultCode.INVALID, "use MarkNodeDead to declare a node dead")
-    if node.status is NodeStatus.DEAD:
-        return error(ResultCode.CONFLICT, f"node {c.node_id} is dead; it must register again")
-    node.status = c.status
+    after = transition(NODE, node.status, event)
+    if isinstance(after, lc.Refusal):
+        return error(
+            ResultCode.CONFLICT,
+            f"node {c.node_id} is {node.status.value}; it must register again",
+        )
+    node.status = after
     node.status_reason = c.reason
-    return ok(f"node {c.node_id} is {c.status.value}")
+    _settle_drained(state, (c.node_id,))
+    return ok(f"node {c.node_id} is {node.status.value}")
 
 
 def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Result:
@@ -145,7 +207,7 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
         return error(ResultCode.NOT_FOUND, f"no node {c.node_id!r}")
     if node.status is NodeStatus.DEAD:
         return ok(f"node {c.node_id} was already dead")
-    node.status = NodeStatus.DEAD
+    node.status = move(NODE, node.status, lc.NodeEvent.DIE)
     node.status_reason = c.reason or "declared dead"
     affected = sorted(
         job.job_id
@@ -153,14 +215,13 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
         if (attempt := job.live_attempt()) is not None
         and any(m.node_id == c.node_id for m in attempt.members)
     )
+    outcome = reason(ReasonCode.NODE_DEAD, node=c.node_id, detail=node.status_reason)
+    touched: set[str] = set()
     for job_id in affected:
-        _fail_attempt_and_retry(
-            state,
-            state.jobs[job_id],
-            f"node {c.node_id} was declared dead ({node.status_reason})",
-            c.jitter_seed,
-            now,
-        )
+        job = state.jobs[job_id]
+        if job.attempt is not None:
+            touched.update(m.node_id for m in job.attempt.members)
+        _end_attempt_for(state, job, outcome, c.jitter_seed, now)
     # Members on a dead node are gone: its worker fenced itself before the node was
     # declared dead (dead_timeout > lease_ttl + leader_step_down).
     for job_id in sorted(state.jobs):
@@ -169,9 +230,11 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
             continue
         for member, status in zip(attempt.members, attempt.member_status, strict=True):
             if member.node_id == c.node_id and status.state is not MemberState.EXITED:
-                status.state = MemberState.EXITED
+                status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
                 status.finished_at_ms = now
-    return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", bound=tuple(affected))
+                touched.update(m.node_id for m in attempt.members)
+    _settle_drained(state, sorted(touched))
+    return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", stopped=tuple(affected))
 
 
 # ------------------------------------------------------------------------------- jobs
@@ -204,9 +267,14 @@ def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
         return ok(f"{c.job_id} was already cancelled", job_id=c.job_id)
     if job.state.finished:
         return error(ResultCode.CONFLICT, f"{c.job_id} already finished as {job.state.value}")
-    if job.live_attempt() is not None:
-        _end_attempt(state, job, f"cancelled: {c.reason}", now)
-    _finish(job, JobState.CANCELLED, c.reason, now)
+    attempt = job.live_attempt()
+    if attempt is not None:
+        _end_attempt(
+            state, job, lc.AttemptEvent.STOP, reason(ReasonCode.CANCELLED_BY, text=c.reason), now
+        )
+    _finish(job, lc.JobEvent.CANCEL, reason(ReasonCode.CANCELLED, text=c.reason), now)
+    if attempt is not None:
+        _settle_drained(state, sorted({m.node_id for m in attempt.members}))
     return ok(f"{c.job_id} cancelled", job_id=c.job_id)
 
 
@@ -215,18 +283,18 @@ def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
 
 def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
     bound: list[str] = []
-    rejected: list[tuple[str, str]] = []
+    rejected: list[Rejection] = []
     for placement in c.placements:
         problem = verify_placement(state, placement, now)
-        if problem:
-            rejected.append((placement.job_id, problem))
+        if problem is not None:
+            rejected.append(problem)
         else:
             _bind(state, placement, now)
             bound.append(placement.job_id)
-    for job_id, reason in c.reasons:
+    for job_id, why in c.reasons:
         job = state.jobs.get(job_id)
         if job is not None and job.state is JobState.PENDING:
-            job.reason = reason
+            job.reason = why
     return ok(
         f"bound {len(bound)} gang(s), rejected {len(rejected)}",
         bound=tuple(bound),
@@ -234,50 +302,76 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
     )
 
 
-def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> str:
-    """Why ``p`` cannot be bound to ``state`` now, or ``""`` when it can (whole gang)."""
+def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rejection | None:
+    """Why ``p`` cannot be bound to ``state`` now, or None when it can (whole gang)."""
+
+    def no(code: RejectCode, message: str) -> Rejection:
+        return Rejection(p.job_id, code, message)
+
     job = state.jobs.get(p.job_id)
     if job is None:
-        return "no such job"
+        return no(RejectCode.NO_JOB, "no such job")
     if job.state is not JobState.PENDING:
-        return f"job is {job.state.value}, not PENDING"
+        return no(RejectCode.NOT_PENDING, f"job is {job.state.value}, not PENDING")
     if job.attempts_made != p.attempts_made:
-        return f"stale plan: planned for attempt {p.attempts_made + 1}"
+        return no(RejectCode.STALE_PLAN, f"stale plan: planned for attempt {p.attempts_made + 1}")
     if now < job.retry_not_before_ms:
-        return "job is still in its retry back-off"
+        return no(RejectCode.IN_BACKOFF, "job is still in its retry back-off")
     if unconfirmed_members(job):
-        return "members of the previous attempt have not been confirmed stopped"
+        return no(
+            RejectCode.UNCONFIRMED_MEMBERS,
+            "members of the previous attempt have not been confirmed stopped",
+        )
     spec = job.spec
     if len(p.members) != spec.replicas:
-        return f"plan has {len(p.members)} members, job needs {spec.replicas}"
+        return no(
+            RejectCode.WRONG_SIZE, f"plan has {len(p.members)} members, job needs {spec.replicas}"
+        )
     per_node: dict[str, Resources] = {}
     gpus_taken: dict[str, set[int]] = {}
     for rank, member in enumerate(p.members):
         if member.rank != rank:
-            return f"member ranks must be 0..{spec.replicas - 1} in order"
+            return no(
+                RejectCode.WRONG_RANKS, f"member ranks must be 0..{spec.replicas - 1} in order"
+            )
         node = state.nodes.get(member.node_id)
         if node is None:
-            return f"rank {rank}: no node {member.node_id!r}"
+            return no(RejectCode.NO_NODE, f"rank {rank}: no node {member.node_id!r}")
         if not node.schedulable():
-            return f"rank {rank}: node {member.node_id} is {node.status.value}"
+            return no(
+                RejectCode.NODE_UNSCHEDULABLE,
+                f"rank {rank}: node {member.node_id} is {node.status.value}",
+            )
         if spec.image and FEATURE_IMAGES not in node.info.features:
-            return f"rank {rank}: node {member.node_id} cannot run container images"
+            return no(
+                RejectCode.NO_IMAGES,
+                f"rank {rank}: node {member.node_id} cannot run container images",
+            )
         if len(member.gpus) != spec.resources.gpu:
-            return f"rank {rank}: {len(member.gpus)} GPUs given, {spec.resources.gpu} needed"
+            return no(
+                RejectCode.WRONG_GPU_COUNT,
+                f"rank {rank}: {len(member.gpus)} GPUs given, {spec.resources.gpu} needed",
+            )
         taken = gpus_taken.setdefault(member.node_id, set())
         for gpu in member.gpus:
             if not 0 <= gpu < node.info.capacity.gpu:
-                return f"rank {rank}: node {member.node_id} has no GPU {gpu}"
+                return no(
+                    RejectCode.NO_SUCH_GPU, f"rank {rank}: node {member.node_id} has no GPU {gpu}"
+                )
             if gpu in node.allocated_gpus or gpu in taken:
-                return f"rank {rank}: GPU {gpu} on {member.node_id} is already in use"
+                return no(
+                    RejectCode.GPU_IN_USE,
+                    f"rank {rank}: GPU {gpu} on {member.node_id} is already in use",
+                )
             taken.add(gpu)
         per_node[member.node_id] = per_node.get(member.node_id, Resources()) + spec.resources
     for node_id, request in sorted(per_node.items()):
         node = state.nodes[node_id]
         if not request.fits_in(node.free):
-            return (
+            return no(
+                RejectCode.NO_ROOM,
                 f"node {node_id} no longer fits: needs {request.describe()}, "
-                f"has {node.free.describe()} free"
+                f"has {node.free.describe()} free",
             )
     level = spec.topology_required
     if level:
@@ -289,8 +383,11 @@ def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> str
             for n in per_node
         }
         if len(domains) > 1:
-            return f"members span {len(domains)} {level}s; the job requires one"
-    return ""
+            return no(
+                RejectCode.TOPOLOGY_SPAN,
+                f"members span {len(domains)} {level}s; the job requires one",
+            )
+    return None
 
 
 def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
@@ -314,11 +411,9 @@ def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
         bound_at_ms=now,
         member_status=[MemberStatus() for _ in p.members],
     )
-    job.state = JobState.SCHEDULED
+    job.state = move(JOB, job.state, lc.JobEvent.BIND)
     hosts = len({m.node_id for m in p.members})
-    job.reason = (
-        f"attempt {job.attempts_made} bound to {hosts} node(s); waiting for members to start"
-    )
+    job.reason = reason(ReasonCode.BOUND, attempt=job.attempts_made, hosts=hosts)
 
 
 def _choose_master_port(config: ClusterConfig, master: Node, token: int) -> int:
@@ -342,10 +437,12 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     if c.node_id not in state.nodes:
         return error(ResultCode.NOT_FOUND, f"no node {c.node_id!r}")
     accepted = stale = 0
+    touched: set[str] = set()
     for event in c.events:
         job = state.jobs.get(event.job_id)
         if job is not None and _confirm_stopped(job, c.node_id, event, now):
             accepted += 1
+            touched.add(c.node_id)
             continue
         attempt = job.live_attempt() if job is not None else None
         if (
@@ -365,27 +462,48 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
             status.started_at_ms = now
         if attempt.started_at_ms is None:
             attempt.started_at_ms = now
+        if attempt.state is AttemptState.BOUND:
+            attempt.state = move(ATTEMPT, attempt.state, lc.AttemptEvent.START)
         if job.state is JobState.SCHEDULED:
-            job.state = JobState.RUNNING
-            job.reason = f"attempt {attempt.number} running"
+            job.state = move(JOB, job.state, lc.JobEvent.START)
+            job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
         if event.kind is cmd.MemberEventKind.STARTED:
-            status.state = MemberState.RUNNING
+            status.state = move(MEMBER, status.state, lc.MemberEvent.START)
             continue
-        status.state = MemberState.EXITED
+        status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
         status.exit_code = event.exit_code
         status.finished_at_ms = now
-        if event.exit_code != 0:
-            detail = f": {event.detail}" if event.detail else ""
-            _fail_attempt_and_retry(
+        if event.cause.disruption or event.exit_code != 0:
+            code = {
+                cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
+                cmd.ExitCause.FENCED: ReasonCode.MEMBER_FENCED,
+                cmd.ExitCause.LOST: ReasonCode.MEMBER_LOST,
+            }[event.cause]
+            outcome = reason(
+                code,
+                rank=event.rank,
+                node=c.node_id,
+                exit_code=event.exit_code,
+                detail=event.detail or None,
+            )
+            _end_attempt_for(state, job, outcome, c.jitter_seed, now)
+            touched.update(m.node_id for m in attempt.members)
+        elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
+            _end_attempt(
                 state,
                 job,
-                f"rank {event.rank} on {c.node_id} exited with code {event.exit_code}{detail}",
-                c.jitter_seed,
+                lc.AttemptEvent.SUCCEED,
+                reason(ReasonCode.ALL_EXITED_ZERO, members=len(attempt.members)),
                 now,
             )
-        elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
-            _end_attempt(state, job, "succeeded", now)
-            _finish(job, JobState.SUCCEEDED, f"all {len(attempt.members)} members exited 0", now)
+            _finish(
+                job,
+                lc.JobEvent.SUCCEED,
+                reason(ReasonCode.SUCCEEDED, members=len(attempt.members)),
+                now,
+            )
+            touched.update(m.node_id for m in attempt.members)
+    _settle_drained(state, sorted(touched))
     return ok(
         f"{accepted} event(s) accepted, {stale} stale", accepted_events=accepted, stale_events=stale
     )
@@ -421,7 +539,7 @@ def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -
         return False
     status = attempt.member_status[event.rank]
     if status.state is not MemberState.EXITED:
-        status.state = MemberState.EXITED
+        status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
         status.exit_code = event.exit_code
         status.finished_at_ms = now
     return True
@@ -434,8 +552,36 @@ def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
     attempt = job.live_attempt()
     if attempt is None or attempt.fencing_token != c.fencing_token:
         return error(ResultCode.CONFLICT, f"{c.job_id}: token {c.fencing_token} is not current")
-    _fail_attempt_and_retry(state, job, c.reason, c.jitter_seed, now)
+    if c.reason.code is ReasonCode.START_TIMEOUT:
+        late = not_started_members(job)
+        if not late:
+            return error(ResultCode.CONFLICT, f"{c.job_id}: every member has started")
+        if now < attempt.bound_at_ms + state.config.start_timeout_ms:
+            return error(ResultCode.CONFLICT, f"{c.job_id} has not reached its start timeout")
+    _end_attempt_for(state, job, c.reason, c.jitter_seed, now)
+    _settle_drained(state, sorted({m.node_id for m in attempt.members}))
     return ok(f"{c.job_id} attempt {attempt.number} failed", job_id=c.job_id)
+
+
+def not_started_members(job: Job) -> list[int]:
+    """Ranks of the job's live attempt not reported running (nor exited) yet."""
+    attempt = job.live_attempt()
+    if attempt is None:
+        return []
+    return [r for r, s in enumerate(attempt.member_status) if s.state is MemberState.BOUND]
+
+
+def start_timeout_reason(state: ClusterState, job: Job) -> Reason:
+    """The ``START_TIMEOUT`` outcome naming the live attempt's members not yet running."""
+    attempt = job.live_attempt()
+    late = not_started_members(job)
+    nodes = sorted({attempt.members[r].node_id for r in late}) if attempt is not None else []
+    return reason(
+        ReasonCode.START_TIMEOUT,
+        ranks=ranks_text(late),
+        nodes=", ".join(nodes[:8]) + (", ..." if len(nodes) > 8 else ""),
+        timeout_ms=state.config.start_timeout_ms,
+    )
 
 
 def _expire_time_limit(state: ClusterState, c: cmd.ExpireTimeLimit, now: int) -> Result:
@@ -448,9 +594,13 @@ def _expire_time_limit(state: ClusterState, c: cmd.ExpireTimeLimit, now: int) ->
     deadline = time_limit_deadline(job)
     if deadline is None or now < deadline:
         return error(ResultCode.CONFLICT, f"{c.job_id} has not reached its time limit")
-    limit_s = job.spec.time_limit_ms // 1000
-    _end_attempt(state, job, "time limit exceeded", now)
-    _finish(job, JobState.FAILED, f"time limit of {limit_s}s exceeded", now)
+    limit = job.spec.time_limit_ms
+    nodes = sorted({m.node_id for m in attempt.members})
+    _end_attempt(
+        state, job, lc.AttemptEvent.STOP, reason(ReasonCode.TIME_LIMIT, limit_ms=limit), now
+    )
+    _finish(job, lc.JobEvent.FAIL, reason(ReasonCode.FAILED_TIME_LIMIT, limit_ms=limit), now)
+    _settle_drained(state, nodes)
     return ok(f"{c.job_id} stopped at its time limit", job_id=c.job_id)
 
 
@@ -474,16 +624,19 @@ def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Resu
         job = state.jobs.pop(job_id)
         if state.request_ids.get(job.request_id) == job_id:
             del state.request_ids[job.request_id]
-    return ok(f"purged {len(gone)} finished job(s)", bound=tuple(gone))
+    return ok(f"purged {len(gone)} finished job(s)", purged=tuple(gone))
 
 
 # ------------------------------------------------------------------------------ helpers
 
 
-def _end_attempt(state: ClusterState, job: Job, outcome: str, now: int) -> None:
+def _end_attempt(
+    state: ClusterState, job: Job, event: lc.AttemptEvent, outcome: Reason, now: int
+) -> None:
     """Release everything the live attempt holds and record how it ended."""
     attempt = job.attempt
     assert attempt is not None
+    attempt.state = move(ATTEMPT, attempt.state, event)
     for member in attempt.members:
         node = state.nodes.get(member.node_id)
         if node is not None:
@@ -499,9 +652,9 @@ def _end_attempt(state: ClusterState, job: Job, outcome: str, now: int) -> None:
     attempt.outcome = outcome
 
 
-def _finish(job: Job, final: JobState, reason: str, now: int) -> None:
-    job.state = final
-    job.reason = reason
+def _finish(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
+    job.state = move(JOB, job.state, event)
+    job.reason = why
     job.finished_at_ms = now
 
 
@@ -512,24 +665,106 @@ def retry_delay_ms(spec: JobSpec, attempt_number: int, seed: int, job_id: str) -
     return random.Random(f"{seed}:{job_id}:{attempt_number}").randint(0, max(cap, 0))
 
 
-def _fail_attempt_and_retry(state: ClusterState, job: Job, why: str, seed: int, now: int) -> None:
+def _end_attempt_for(state: ClusterState, job: Job, outcome: Reason, seed: int, now: int) -> None:
+    """End the live attempt as ``outcome`` says: a disruption requeues the gang, anything
+    else is the job's own failure and retries it."""
+    if outcome.code in REQUEUE_CODES:
+        _requeue_attempt(state, job, outcome, now)
+    else:
+        _fail_attempt_and_retry(state, job, outcome, seed, now)
+
+
+def _requeue_attempt(state: ClusterState, job: Job, cause: Reason, now: int) -> None:
+    """Stop the whole gang after a disruption it did not cause (node death, fencing, a
+    lost member; later preemption) and queue it again as a new attempt.
+
+    The requeue does not touch ``retries.max`` and has no back-off: the gang keeps its
+    place in line (its submission order) and may bind again at the next pass, once every
+    member of this attempt is confirmed stopped (the fencing rule of
+    :func:`unconfirmed_members`). Its locality wait counts from the requeue. A job
+    already requeued ``max_requeues`` times fails instead: something about it keeps
+    taking its nodes down.
+    """
+    attempt = job.attempt
+    assert attempt is not None
+    _end_attempt(state, job, lc.AttemptEvent.REQUEUE, cause, now)
+    limit = state.config.max_requeues
+    if job.requeues >= limit:
+        _finish(
+            job,
+            lc.JobEvent.FAIL,
+            reason(
+                ReasonCode.FAILED_MAX_REQUEUES,
+                cause,
+                attempt=attempt.number,
+                requeues=job.requeues,
+                max_requeues=limit,
+            ),
+            now,
+        )
+        return
+    job.requeues += 1
+    job.state = move(JOB, job.state, lc.JobEvent.REQUEUE)
+    job.retry_not_before_ms = now
+    job.reason = reason(
+        REQUEUE_CODES[cause.code],
+        cause,
+        attempt=attempt.number,
+        requeue=job.requeues,
+        max_requeues=limit,
+    )
+
+
+def _fail_attempt_and_retry(
+    state: ClusterState, job: Job, why: Reason, seed: int, now: int
+) -> None:
     """Stop the whole gang; retry it as a new attempt later, or fail the job for good."""
-    _end_attempt(state, job, f"failed: {why}", now)
+    _end_attempt(state, job, lc.AttemptEvent.FAIL, why, now)
     number = job.attempts_made
-    retries_used = number - 1
-    if retries_used < job.spec.retries.max_retries:
+    if job.retries_used < job.spec.retries.max_retries:
         delay = retry_delay_ms(job.spec, number, seed, job.job_id)
-        job.state = JobState.PENDING
+        job.retries_used += 1
+        job.state = move(JOB, job.state, lc.JobEvent.RETRY)
         job.retry_not_before_ms = now + delay
-        job.reason = (
-            f"attempt {number} failed ({why}); retry {retries_used + 1} of "
-            f"{job.spec.retries.max_retries} after a {delay / 1000:.1f}s back-off"
+        job.reason = reason(
+            ReasonCode.RETRY_BACKOFF,
+            why,
+            attempt=number,
+            retry=job.retries_used,
+            retries=job.spec.retries.max_retries,
+            backoff_ms=delay,
         )
     else:
-        retries = job.spec.retries.max_retries
+        code = FAILURE_CODES.get(why.code, ReasonCode.FAILED_ATTEMPT)
         _finish(
-            job, JobState.FAILED, f"attempt {number} failed ({why}); {retries} retries used", now
+            job, lc.JobEvent.FAIL, reason(code, why, attempt=number, retries=job.retries_used), now
         )
+
+
+def _settle_drained(state: ClusterState, node_ids: Iterable[str]) -> None:
+    """Draining nodes among ``node_ids`` that hold no members any more become cordoned.
+
+    A node holds members while a live attempt has one on it, or an ended attempt has one
+    on it not yet confirmed stopped. Called wherever members leave a node.
+    """
+    for node_id in node_ids:
+        node = state.nodes.get(node_id)
+        if node is None or node.status is not NodeStatus.DRAINING:
+            continue
+        if node.allocated != ZERO or node.allocated_gpus or _has_unconfirmed(state, node_id):
+            continue
+        node.status = move(NODE, node.status, lc.NodeEvent.EMPTIED)
+
+
+def _has_unconfirmed(state: ClusterState, node_id: str) -> bool:
+    for job in state.jobs.values():
+        attempt = job.attempt
+        if attempt is None or attempt.ended_at_ms is None:
+            continue
+        for member, status in zip(attempt.members, attempt.member_status, strict=True):
+            if member.node_id == node_id and status.state is not MemberState.EXITED:
+                return True
+    return False
 
 
 _HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {

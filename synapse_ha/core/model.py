@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
+
 # --------------------------------------------------------------------------- enums
 
 
@@ -42,6 +44,19 @@ class JobState(enum.StrEnum):
 
 
 FINISHED_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class AttemptState(enum.StrEnum):
+    BOUND = "bound"  # no member reported running yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the job's own failure (counts against retries.max)
+    REQUEUED = "requeued"  # ended by a disruption (counts against max_requeues)
+    STOPPED = "stopped"  # cancelled or stopped at its time limit
+
+    @property
+    def live(self) -> bool:
+        return self in (AttemptState.BOUND, AttemptState.RUNNING)
 
 
 class MemberState(enum.StrEnum):
@@ -103,6 +118,11 @@ ZERO = Resources()
 DEFAULT_TOPOLOGY_LEVELS: tuple[str, ...] = ("zone", "block", "rack")
 LOCALITY_WAIT_MS = 600_000  # see ClusterConfig.locality_wait_ms
 MAX_LOCALITY_WAIT_MS = 86_400_000
+MAX_REQUEUES = 5  # see ClusterConfig.max_requeues
+MAX_REQUEUES_LIMIT = 1_000
+START_TIMEOUT_MS = 60_000  # see ClusterConfig.start_timeout_ms
+MIN_START_TIMEOUT_MS = 1_000
+MAX_START_TIMEOUT_MS = 86_400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +166,15 @@ class ClusterConfig:
     domain of its preferred level (by default the innermost level, e.g. one rack) waits,
     counted from when it was queued, for such a domain to have room before it accepts
     a placement across domains; 0 places it across domains at once.
+
+    ``max_requeues`` bounds how often one job is requeued by disruptions it did not cause
+    (its node declared dead, its members fenced or lost by their worker); these do not
+    count against the job's ``retries.max`` (DESIGN §4). A job disrupted once more fails.
+
+    ``start_timeout_ms``: an attempt with a member not reported running this long after
+    it was bound fails (the leader proposes :class:`~synapse_ha.core.commands.FailAttempt`);
+    it counts against ``retries.max``, since a member that does not start is most often
+    the job's own doing (an image that does not pull, a command that hangs before exec).
     """
 
     topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
@@ -154,6 +183,8 @@ class ClusterConfig:
     master_port_base: int = 29_500
     master_port_span: int = 10_000
     locality_wait_ms: int = LOCALITY_WAIT_MS
+    max_requeues: int = MAX_REQUEUES
+    start_timeout_ms: int = START_TIMEOUT_MS
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")
@@ -266,7 +297,8 @@ class Attempt:
     member_status: list[MemberStatus]
     started_at_ms: int | None = None  # when the first member reported running
     ended_at_ms: int | None = None
-    outcome: str = ""  # empty while live; otherwise a sentence for people
+    state: AttemptState = AttemptState.BOUND
+    outcome: Reason | None = None  # None while live; how it ended otherwise
 
 
 @dataclass(slots=True)
@@ -277,9 +309,13 @@ class Job:
     seq: int  # submission order, cluster-wide
     submitted_at_ms: int
     state: JobState = JobState.PENDING
-    reason: str = "waiting for the next scheduling pass"
+    reason: Reason = PENDING_FIRST_PASS
     attempt: Attempt | None = None  # current or last attempt
     attempts_made: int = 0
+    # Attempts that failed and were retried (counted against retries.max), and attempts
+    # ended by disruptions and requeued (counted against ClusterConfig.max_requeues).
+    retries_used: int = 0
+    requeues: int = 0
     retry_not_before_ms: int = 0
     finished_at_ms: int = 0
 

@@ -28,7 +28,8 @@ submission order) and places each gang whole or not at all:
   one never end, for this purpose), and the nodes it would use then. Later gangs may use
   those nodes only if their own time limit ends before the reservation starts.
 
-Every pending job left unplaced gets a sentence saying why.
+Every pending job left unplaced gets a :class:`~synapse_ha.core.reasons.Reason` saying
+why, with the numbers as fields (rendered to a sentence only at the edges).
 
 **Cost.** The free-capacity table can be kept between passes in a ``CapacityCache`` that
 the planner owns, and is then brought up to date from the nodes whose allocation changed
@@ -59,6 +60,7 @@ from synapse_ha.core.model import (
     Resources,
     topology_path,
 )
+from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason, render
 from synapse_ha.core.topology import CLUSTER, describe_domain
 
 Domain = tuple[str, ...]
@@ -80,8 +82,8 @@ class Plan:
     """What one scheduling pass decided."""
 
     placements: list[GangPlacement] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)  # every unplaced pending job
-    changed_reasons: list[tuple[str, str]] = field(default_factory=list)
+    reasons: dict[str, Reason] = field(default_factory=dict)  # every unplaced pending job
+    changed_reasons: list[tuple[str, Reason]] = field(default_factory=list)
     reservation: Reservation | None = None
     # The earliest later time at which time alone may change a decision (a locality
     # wait ending); a caller that plans only on events should plan again then.
@@ -733,10 +735,11 @@ def _plan(
             continue  # its reason was set when the attempt failed
         stopping = unconfirmed_members(job)
         if stopping:
-            plan.reasons[job.job_id] = (
-                f"retrying: waiting for {len(stopping)} member(s) of attempt "
-                f"{job.attempts_made} to be confirmed stopped (ranks "
-                f"{', '.join(map(str, stopping[:8]))}{', ...' if len(stopping) > 8 else ''})"
+            plan.reasons[job.job_id] = reason(
+                ReasonCode.WAITING_STOP_CONFIRMED,
+                attempt=job.attempts_made,
+                count=len(stopping),
+                ranks=ranks_text(stopping),
             )
             continue
         gang = _Gang(job, spec, spec.resources, spec.replicas)
@@ -797,10 +800,16 @@ def _plan(
         if on_decision is not None:
             on_decision(job.job_id, False)
 
+    # A gang queued again after an attempt ended says how that attempt ended (a
+    # disruption that requeued it, or a failure being retried).
+    for job_id, why in plan.reasons.items():
+        last = state.jobs[job_id].attempt
+        if why.cause is None and last is not None and last.outcome is not None:
+            plan.reasons[job_id] = Reason(why.code, why.params, last.outcome)
     plan.changed_reasons = [
-        (job_id, reason)
-        for job_id, reason in sorted(plan.reasons.items())
-        if state.jobs[job_id].reason != reason
+        (job_id, why)
+        for job_id, why in sorted(plan.reasons.items())
+        if state.jobs[job_id].reason != why
     ]
     return plan
 
@@ -957,45 +966,55 @@ class _Explainer:
         reservation: Reservation | None,
         now_ms: int,
         behind: Reservation | None = None,
-    ) -> str:
+    ) -> Reason:
         spec = gang.spec
-        level = spec.topology_required
-        where = f" in one {level}" if level else ""
-        need = f"needs {gang.n} member(s) x ({spec.resources.describe()}){where}"
+        need = _need(gang)
         if behind is not None:
-            return (
-                f"{need}; it would fit, but the nodes are reserved for {behind.job_id} "
-                f"{_when(behind, now_ms)}; a time_limit ending before then would let it backfill"
+            return reason(
+                ReasonCode.RESERVED_FOR_OTHER,
+                holder=behind.job_id,
+                start_in_ms=_start_in(behind, now_ms),
+                **need,
             )
-        room, domain = self.best_room(view, gang.req, min(depths) if level else 0)
-        if domain:
-            have = f"best {describe_domain(domain, self.names)} has room for {room}"
-        else:
-            have = f"the cluster has room for {room}"
-        if spec.image:
-            have += " (only nodes that run container images qualify)"
+        room, domain = self.best_room(view, gang.req, min(depths) if spec.topology_required else 0)
+        have: dict[str, int | str | None] = {
+            "room": room,
+            "domain": describe_domain(domain, self.names) if domain else None,
+            "images": 1 if spec.image else None,
+        }
         if reservation is not None:
-            return f"{need}; {have}; first in line, capacity reserved {_when(reservation, now_ms)}"
-        if reservation is None and room < gang.n:
-            return f"{need}; {have}; it waits for capacity to free or for nodes to join"
-        return f"{need}; {have}, but not in a shape the gang can use; it waits for capacity"
+            return reason(
+                ReasonCode.FIRST_IN_LINE_RESERVED,
+                start_in_ms=_start_in(reservation, now_ms),
+                **need,
+                **have,
+            )
+        if room < gang.n:
+            return reason(ReasonCode.WAITING_CAPACITY, **need, **have)
+        return reason(ReasonCode.WAITING_SHAPE, **need, **have)
 
     def why_waiting_for_locality(
         self, gang: _Gang, view: _View, local: list[int], wait_ms: int
-    ) -> str:
-        spec = gang.spec
+    ) -> Reason:
         depth = min(local)
-        level = self.names[depth - 1]
-        need = f"needs {gang.n} member(s) x ({spec.resources.describe()})"
-        if spec.topology_required:
-            need += f" in one {spec.topology_required}"
         room, domain = self.best_room(view, gang.req, depth)
-        have = f"best {describe_domain(domain, self.names)} has room for {room}" if domain else ""
-        return (
-            f"{need}; it would fit across {level}s now, but it waits for one {level} with "
-            f"room{f' ({have})' if have else ''}, for up to {wait_ms / 1000:.0f}s after it was "
-            f"queued (locality_wait_ms), then takes the tightest fit across {level}s"
+        return reason(
+            ReasonCode.WAITING_LOCALITY,
+            wait_level=self.names[depth - 1],
+            wait_ms=wait_ms,
+            room=room if domain else None,
+            domain=describe_domain(domain, self.names) if domain else None,
+            **_need(gang),
         )
+
+
+def _need(gang: _Gang) -> dict[str, int | str | None]:
+    """The fields every wait reason carries: the gang's size, request and required level."""
+    return {
+        "members": gang.n,
+        "request": gang.spec.resources.describe(),
+        "level": gang.spec.topology_required or None,
+    }
 
 
 def _bound(total: list[int] | None, req: Resources) -> int:
@@ -1009,44 +1028,57 @@ def _bound(total: list[int] | None, req: Resources) -> int:
     return max(min(bounds, default=_UNLIMITED), 0)
 
 
-def _when(reservation: Reservation, now_ms: int) -> str:
+def _start_in(reservation: Reservation, now_ms: int) -> int | None:
+    """How long until the reservation starts; None: once jobs without a time limit end."""
     if reservation.start_ms is None:
-        return "until jobs without a time limit end"
-    return f"from t+{max(reservation.start_ms - now_ms, 0) / 1000:.0f}s"
+        return None
+    return max(reservation.start_ms - now_ms, 0)
 
 
 # --------------------------------------------------------------------------- explain
 
 
-def explain(state: ClusterState, job_id: str, now_ms: int, last_plan: Plan | None = None) -> str:
-    """Why a job is where it is: its wait reason, or where each member runs.
+def why_pending(
+    state: ClusterState, job_id: str, now_ms: int, last_plan: Plan | None = None
+) -> Reason | None:
+    """Why a pending job waits now; None when the job is not pending.
 
-    A pending job is explained from ``last_plan``, the leader's newest scheduling pass,
-    never by planning again: a pass over a large cluster is far too costly to run per
-    question. A job that pass did not consider (submitted since, or planned by an
-    earlier leader) is explained by its replicated reason.
+    The answer comes from ``last_plan``, the leader's newest scheduling pass, never from
+    planning again: a pass over a large cluster is far too costly to run per question.
+    ``FITS_NOW`` when that pass placed the job (its bind is on its way); the job's
+    replicated reason when the pass did not consider it (submitted since, or planned by
+    an earlier leader) or while it waits out a retry back-off.
     """
+    job = state.jobs.get(job_id)
+    if job is None or job.state is not JobState.PENDING:
+        return None
+    if now_ms < job.retry_not_before_ms or last_plan is None:
+        return job.reason
+    if job_id in last_plan.reasons:
+        return last_plan.reasons[job_id]
+    for p in last_plan.placements:
+        if p.job_id == job_id and p.attempts_made == job.attempts_made:
+            hosts = sorted({m.node_id for m in p.members})
+            last = job.attempt.outcome if job.attempt is not None else None
+            return reason(ReasonCode.FITS_NOW, last, nodes=", ".join(hosts))
+    return job.reason
+
+
+def explain(state: ClusterState, job_id: str, now_ms: int, last_plan: Plan | None = None) -> str:
+    """Why a job is where it is, for people: its wait reason (see :func:`why_pending`),
+    or where each member runs."""
     job = state.jobs.get(job_id)
     if job is None:
         return f"no job {job_id!r}"
     if job.state is JobState.PENDING:
-        if now_ms < job.retry_not_before_ms or last_plan is None:
-            return job.reason
-        if job_id in last_plan.reasons:
-            return last_plan.reasons[job_id]
-        for p in last_plan.placements:
-            if p.job_id == job_id and p.attempts_made == job.attempts_made:
-                hosts = sorted({m.node_id for m in p.members})
-                return (
-                    f"placed on {', '.join(hosts)} by the latest scheduling pass; "
-                    "waiting for the bind to commit"
-                )
-        return job.reason
+        return render(why_pending(state, job_id, now_ms, last_plan))
     attempt = job.attempt
     if attempt is None or job.state.finished:
-        return f"{job.state.value}: {job.reason}"
+        return f"{job.state.value}: {render(job.reason)}"
     levels = state.config.topology_levels
     lines = [f"{job.state.value}, attempt {attempt.number} (token {attempt.fencing_token})"]
+    if job.requeues:
+        lines[0] += f", {job.requeues} requeue(s) after disruptions"
     for m, status in zip(attempt.members, attempt.member_status, strict=True):
         node = state.nodes.get(m.node_id)
         path = "/".join(topology_path(node.info, levels)) if node else m.node_id

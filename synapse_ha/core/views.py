@@ -1,12 +1,12 @@
 """Read-only questions the control plane asks of the state: what should run where,
-and which time limits are due. Pure functions of a snapshot."""
+and which time limits and start timeouts are due. Pure functions of a snapshot."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synapse_ha.core.commands import ExpireTimeLimit
-from synapse_ha.core.machine import time_limit_deadline
+from synapse_ha.core.commands import ExpireTimeLimit, FailAttempt
+from synapse_ha.core.machine import not_started_members, start_timeout_reason, time_limit_deadline
 from synapse_ha.core.model import ClusterState, JobSpec
 
 
@@ -81,6 +81,25 @@ def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
         deadline = time_limit_deadline(job)
         if deadline is not None and now_ms >= deadline:
             due.append(ExpireTimeLimit(job_id, job.fencing_token, now_ms))
+    return due
+
+
+def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
+    """Commands failing every live attempt with a member not reported running
+    ``start_timeout_ms`` after the attempt was bound, in job id order. Each names the
+    late ranks and their nodes; ``jitter_seed`` is 0 (the proposer fills in its own)."""
+    timeout = state.config.start_timeout_ms
+    due = []
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        attempt = job.live_attempt()
+        if attempt is None or now_ms < attempt.bound_at_ms + timeout:
+            continue
+        if not not_started_members(job):
+            continue
+        due.append(
+            FailAttempt(job_id, attempt.fencing_token, start_timeout_reason(state, job), 0, now_ms)
+        )
     return due
 
 

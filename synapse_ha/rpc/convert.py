@@ -17,6 +17,7 @@ from synapse_ha.core.model import (
     Resources,
     RetryPolicy,
 )
+from synapse_ha.core.reasons import render
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.views import DesiredMember, host_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -119,7 +120,7 @@ def attempt_to_proto(a: Attempt) -> pb.Attempt:
         bound_at_ms=a.bound_at_ms,
         started_at_ms=a.started_at_ms,
         ended_at_ms=a.ended_at_ms,
-        outcome=a.outcome,
+        outcome=render(a.outcome),
         members=members,
     )
 
@@ -130,7 +131,7 @@ def job_to_proto(job: Job) -> pb.Job:
         request_id=job.request_id,
         spec=spec_to_proto(job.spec),
         state=str(job.state),
-        reason=job.reason,
+        reason=render(job.reason),
         submitted_at_ms=job.submitted_at_ms,
         finished_at_ms=job.finished_at_ms,
         attempts_made=job.attempts_made,
@@ -178,6 +179,13 @@ def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
 # ---------------------------------------------------------------------- heartbeats
 
 
+_EXIT_CAUSES = {
+    pb.MemberReport.PROGRAM: cmd.ExitCause.PROGRAM,
+    pb.MemberReport.FENCED: cmd.ExitCause.FENCED,
+    pb.MemberReport.LOST: cmd.ExitCause.LOST,
+}
+
+
 def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.MemberEvent, ...]:
     events = []
     for i, report in enumerate(reports):
@@ -199,6 +207,7 @@ def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.Member
                 kind=kind,
                 exit_code=report.exit_code,
                 detail=report.detail[:1024],
+                cause=_EXIT_CAUSES.get(report.cause, cmd.ExitCause.PROGRAM),
             )
         )
     return tuple(events)

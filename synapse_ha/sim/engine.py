@@ -36,6 +36,7 @@ from typing import Any
 from synapse_ha.core import commands as c
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState
+from synapse_ha.core.reasons import render
 from synapse_ha.sim.policies import Policy
 from synapse_ha.sim.workload import Workload
 
@@ -263,7 +264,9 @@ def simulate(
         "scheduling_passes": passes,
         "wall_s": round(wall, 2),
         "never_started": sorted(
-            f"{j.job_id}: {j.reason}" for j in state.jobs.values() if j.state is JobState.PENDING
+            f"{j.job_id}: {render(j.reason)}"
+            for j in state.jobs.values()
+            if j.state is JobState.PENDING
         )[:5],
     }
     return Result(

@@ -124,7 +124,17 @@ def launch_spec_from_proto(d: pb.DesiredMember) -> LaunchSpec:
     )
 
 
-def _report(key: MemberKey, kind: int, exit_: MemberExit | None = None) -> pb.MemberReport:
+def _report(
+    key: MemberKey, kind: int, exit_: MemberExit | None = None, *, fenced: bool = False
+) -> pb.MemberReport:
+    """A report for the control plane. An exit the worker caused is FENCED (``fenced``:
+    the lease was lost or the leader forgot this node) or LOST (any other disruption);
+    only a PROGRAM exit counts against the job's retries."""
+    cause = pb.MemberReport.PROGRAM
+    if fenced:
+        cause = pb.MemberReport.FENCED
+    elif exit_ is not None and exit_.disrupted:
+        cause = pb.MemberReport.LOST
     return pb.MemberReport(
         job_id=key.job_id,
         fencing_token=key.fencing_token,
@@ -132,6 +142,7 @@ def _report(key: MemberKey, kind: int, exit_: MemberExit | None = None) -> pb.Me
         kind=kind,  # type: ignore[arg-type]
         exit_code=exit_.exit_code if exit_ else 0,
         detail=exit_.detail if exit_ else "",
+        cause=cause if exit_ is not None else pb.MemberReport.PROGRAM,
     )
 
 
@@ -249,7 +260,7 @@ class Agent:
             self.lease_file.revoke()
         exits = self.executor.kill_all(detail)
         for key, exit_ in exits:
-            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_, fenced=True))
         self.lease.fence()
         log.warning("%s; killed %d member(s)", detail, len(exits))
         return f"{detail}; killed {len(exits)} member(s)"
@@ -315,7 +326,7 @@ class Agent:
             self.lease_file.revoke()
         exits = self.executor.kill_all(f"killed: {why}")
         for key, exit_ in exits:
-            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_, fenced=True))
         if self.lease.state is LeaseState.HELD:
             self.lease.fence()
         return f"{why}; killed {len(exits)} member(s); registering again"

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -95,6 +95,9 @@ class MemberExit:
     exit_code: int
     detail: str
     ended_at_ms: int
+    # True when the worker, not the member's own program, ended it (fenced, killed at
+    # shutdown or restart, supervisor gone): a disruption, not the job's failure.
+    disrupted: bool = False
 
 
 # ---------------------------------------------------------------- environment
@@ -522,14 +525,15 @@ class MemberExecutor:
                     log.error("supervisor of %s did not exit after SIGKILL", m.key)
             found = self._collect_exit(m)
             exit_code = found.exit_code if found.exit_code != 0 else EXIT_LOST
-            m.exit = MemberExit(exit_code, detail, found.ended_at_ms)
+            m.exit = MemberExit(exit_code, detail, found.ended_at_ms, disrupted=True)
             self._write_exit_record(m)
             out.append((m.key, m.exit))
         return out
 
     def stop_all(self, timeout_s: float) -> list[tuple[MemberKey, MemberExit]]:
         """Graceful shutdown: stop every member and wait up to ``timeout_s``; whatever is
-        left then is killed."""
+        left then is killed. Every exit it returns counts as a disruption: the members
+        ended because the worker stopped, not by their own doing."""
         for key in self.running():
             self.stop(key)
         deadline = time.monotonic() + timeout_s
@@ -540,7 +544,7 @@ class MemberExecutor:
         out += self.poll()
         if self.running():
             out += self.kill_all("killed at worker shutdown")
-        return out
+        return [(key, replace(exit_, disrupted=True)) for key, exit_ in out]
 
     # ---------------------------------------------------------------- records
 
@@ -571,13 +575,17 @@ class MemberExecutor:
                     stop_recorded_container(mdir)
                     ended = self.wall_clock_ms()
                     exit_ = MemberExit(
-                        EXIT_LOST, "lost: left running by a previous worker agent; killed", ended
+                        EXIT_LOST,
+                        "lost: left running by a previous worker agent; killed",
+                        ended,
+                        disrupted=True,
                     )
                 else:
                     exit_ = MemberExit(
                         int(record.get("exit_code", EXIT_LOST)),
                         str(record.get("detail", "")),
                         int(record.get("ended_at_ms", 0)),
+                        bool(record.get("disrupted", False)),
                     )
                 spec = LaunchSpec(
                     job_id=key.job_id,
@@ -621,15 +629,23 @@ class MemberExecutor:
                 int(record.get("exit_code", EXIT_LOST)),
                 str(record.get("detail", "")),
                 int(record.get("ended_at_ms", self.wall_clock_ms())),
+                bool(record.get("disrupted", False)),
             )
         else:
             # The supervisor died without a record: make sure nothing of the member lives.
             kill_recorded_process(read_json(member.dir / "member.json"))
             stop_recorded_container(member.dir)
-            exit_ = MemberExit(EXIT_LOST, "lost: its supervisor died", self.wall_clock_ms())
+            exit_ = MemberExit(
+                EXIT_LOST, "lost: its supervisor died", self.wall_clock_ms(), disrupted=True
+            )
             write_json_atomic(
                 member.dir / "exit.json",
-                {"exit_code": exit_.exit_code, "detail": exit_.detail, "ended_at_ms": 0},
+                {
+                    "exit_code": exit_.exit_code,
+                    "detail": exit_.detail,
+                    "ended_at_ms": 0,
+                    "disrupted": True,
+                },
             )
         member.exit = exit_
         return exit_
@@ -648,6 +664,7 @@ class MemberExecutor:
             {
                 "exit_code": member.exit.exit_code,
                 "detail": member.exit.detail,
+                "disrupted": member.exit.disrupted,
                 "ended_at_ms": member.exit.ended_at_ms,
             },
         )

@@ -257,8 +257,9 @@ class Shim:
         signal_group(self.member_pid, signal.SIGTERM)
         self.wait_group_gone(grace_s)
 
-    def supervise(self) -> tuple[int | None, str]:
-        """Run until the member is gone; return (forced exit code or None, detail)."""
+    def supervise(self) -> tuple[int | None, str, bool]:
+        """Run until the member is gone; return (forced exit code or None, detail, whether
+        it was fenced: a disruption the job did not cause)."""
         launch = self.launch
         time_limit_s = int(launch.get("time_limit_ms", 0)) / 1000
         stop_grace = float(launch.get("stop_grace_s", 5.0))
@@ -271,24 +272,25 @@ class Shim:
                     self.terminate(min(stop_grace, 1.0))
                 # The agent may have signalled the group itself while asking us to stop.
                 if self.fence_requested:
-                    return 137, "fenced by the worker agent"
+                    return 137, "fenced by the worker agent", True
                 if self.stop_requested:
-                    return 143, "stopped by the worker"
-                return None, ""
+                    return 143, "stopped by the worker", False
+                return None, "", False
             now = time.monotonic()
             lease_over = self.self_fencing and now >= read_lease_deadline(self.lease_path)
             if self.fence_requested or lease_over:
                 self.terminate(fence_grace)
-                return 137, "fenced: the node's lease expired"
+                return 137, "fenced: the node's lease expired", True
             if self.self_fencing and os.getppid() != self.parent_pid:
                 self.terminate(fence_grace)
-                return 137, "fenced: the worker agent went away"
+                return 137, "fenced: the worker agent went away", True
             if self.stop_requested:
                 self.terminate(stop_grace)
-                return 143, "stopped by the worker"
+                return 143, "stopped by the worker", False
             if time_limit_s > 0 and now - self.started_monotonic >= time_limit_s:
                 self.terminate(stop_grace)
-                return EXIT_TIME_LIMIT, f"time limit of {launch['time_limit_ms']} ms exceeded"
+                limit = launch["time_limit_ms"]
+                return EXIT_TIME_LIMIT, f"time limit of {limit} ms exceeded", False
             time.sleep(POLL_S)
 
     def run(self) -> int:
@@ -299,13 +301,13 @@ class Shim:
             os.getppid() != self.parent_pid
             or time.monotonic() >= read_lease_deadline(self.lease_path)
         ):
-            self.finish(137, "fenced before start: no valid lease")
+            self.finish(137, "fenced before start: no valid lease", disrupted=True)
             return 0
         failure = self.start()
         if failure is not None:
             self.finish(EXIT_COULD_NOT_EXEC, failure)
             return 0
-        forced, detail = self.supervise()
+        forced, detail, fenced = self.supervise()
         status = self.member_status if self.member_status is not None else 0
         code = os.waitstatus_to_exitcode(status)
         exit_code = 128 - code if code < 0 else code
@@ -317,13 +319,18 @@ class Shim:
             # The runtime client was stopped or died by a signal: its container may
             # still run under the runtime's monitor.
             self.stop_container()
-        self.finish(exit_code, detail)
+        self.finish(exit_code, detail, disrupted=fenced)
         return 0
 
-    def finish(self, exit_code: int, detail: str) -> None:
+    def finish(self, exit_code: int, detail: str, disrupted: bool = False) -> None:
         write_json_atomic(
             os.path.join(self.dir, "exit.json"),
-            {"exit_code": exit_code, "detail": detail, "ended_at_ms": int(time.time() * 1000)},
+            {
+                "exit_code": exit_code,
+                "detail": detail,
+                "ended_at_ms": int(time.time() * 1000),
+                "disrupted": disrupted,
+            },
         )
 
 

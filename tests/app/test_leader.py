@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterConfig, JobState, NodeStatus, Timeouts
+from synapse_ha.core.reasons import ReasonCode
 from tests.app.fakes import FakeLog
 from tests.core.harness import job, node
 
@@ -283,3 +284,53 @@ def test_a_pass_held_back_by_the_gap_says_when_it_is_due() -> None:
     assert loop.next_step_in_ms(1_700) == 0
     loop.step(1_600)
     assert loop.next_step_in_ms(1_600) is None
+
+
+def test_members_that_never_start_fail_their_attempt_at_the_start_timeout() -> None:
+    log = FakeLog()
+    for n in ("a", "b"):
+        log.propose(cmd.RegisterNode(info=node(n), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("g", replicas=2, gpu=8), request_id="r", now_ms=0))
+    loop, liveness = elected(log, now=0)
+    loop.step(1_000)  # binds at t=1s
+    (j,) = log.state.jobs.values()
+    attempt = j.attempt
+    assert attempt is not None and j.state is JobState.SCHEDULED
+    started = cmd.MemberEvent(j.job_id, attempt.fencing_token, 0, cmd.MemberEventKind.STARTED)
+    log.propose(cmd.ReportMembers(attempt.members[0].node_id, (started,), now_ms=2_000))
+    timeout = log.state.config.start_timeout_ms
+    due = attempt.bound_at_ms + timeout
+    for n in ("a", "b"):
+        liveness.heard(n, due + 1_000)
+    log.hold = True
+    assert "failing" not in loop.step(due - 1)
+    said = loop.step(due + 100)  # the next housekeeping round
+    late = attempt.members[1].node_id
+    assert f"failing {j.job_id}: rank(s) 1 on {late} not running 60s after bind" in said
+    # One proposal in flight per job: nothing more while it is pending.
+    assert "failing" not in loop.step(due + 300)
+    (fail,) = log.of_type(cmd.FailAttempt)
+    assert isinstance(fail, cmd.FailAttempt)
+    assert fail.reason.code is ReasonCode.START_TIMEOUT and fail.fencing_token == j.fencing_token
+    log.commit_pending()
+    assert j.state is JobState.FAILED
+    assert j.reason.code is ReasonCode.FAILED_START_TIMEOUT
+    assert "failing" not in loop.step(due + 500)
+    assert len(log.of_type(cmd.FailAttempt)) == 1
+
+
+def test_members_all_running_are_never_failed_for_start_timeout() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("a"), now_ms=0))
+    log.propose(cmd.SubmitJob(spec=job("g", gpu=8), request_id="r", now_ms=0))
+    loop, liveness = elected(log, now=0)
+    loop.step(1_000)
+    (j,) = log.state.jobs.values()
+    assert j.attempt is not None
+    started = cmd.MemberEvent(j.job_id, j.fencing_token, 0, cmd.MemberEventKind.STARTED)
+    log.propose(cmd.ReportMembers("a", (started,), now_ms=1_500))
+    later = j.attempt.bound_at_ms + 10 * log.state.config.start_timeout_ms
+    liveness.heard("a", later)
+    loop.step(later)
+    assert log.of_type(cmd.FailAttempt) == []
+    assert j.state is JobState.RUNNING

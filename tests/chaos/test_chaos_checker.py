@@ -18,6 +18,7 @@ from chaos.checker import (
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import (
     Attempt,
+    AttemptState,
     ClusterState,
     Job,
     JobSpec,
@@ -27,6 +28,7 @@ from synapse_ha.core.model import (
     MemberStatus,
     Resources,
 )
+from synapse_ha.core.reasons import ReasonCode, reason
 
 MS = 1_000_000  # nanoseconds per millisecond
 HEAL_WALL_MS = 1_000_000
@@ -50,7 +52,8 @@ def final_state(*jobs: tuple[str, str, int, int, JobState]) -> ClusterState:
             ],
             started_at_ms=HEAL_WALL_MS - 4_000,
             ended_at_ms=HEAL_WALL_MS + 1_000,
-            outcome="succeeded",
+            outcome=reason(ReasonCode.ALL_EXITED_ZERO, members=2),
+            state=AttemptState.SUCCEEDED,
         )
         state.jobs[job_id] = Job(
             job_id=job_id,

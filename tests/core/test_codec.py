@@ -17,6 +17,7 @@ from synapse_ha.core.codec import (
     encode_state,
 )
 from synapse_ha.core.model import ClusterConfig, MemberPlacement, NodeStatus
+from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from tests.core.harness import Cluster, job, node
 
 EXAMPLES: list[c.Command] = [
@@ -29,7 +30,19 @@ EXAMPLES: list[c.Command] = [
     c.CancelJob("job-000001", "user asked", 7),
     c.BindPlan(
         (c.GangPlacement("job-000001", 0, (MemberPlacement(0, "n1", (0, 1)),)),),
-        (("job-000002", "needs 2 member(s)"),),
+        (
+            (
+                "job-000002",
+                reason(
+                    ReasonCode.RETRY_BACKOFF,
+                    reason(ReasonCode.MEMBER_EXITED, rank=1, node="n1", exit_code=3),
+                    attempt=1,
+                    retry=1,
+                    retries=2,
+                    backoff_ms=1500,
+                ),
+            ),
+        ),
         8,
     ),
     c.ReportMembers(
@@ -37,11 +50,20 @@ EXAMPLES: list[c.Command] = [
         (
             c.MemberEvent("job-000001", 4, 0, c.MemberEventKind.STARTED),
             c.MemberEvent("job-000001", 4, 1, c.MemberEventKind.EXITED, 137, "killed"),
+            c.MemberEvent(
+                "job-000001", 4, 2, c.MemberEventKind.EXITED, 137, "fenced", c.ExitCause.FENCED
+            ),
         ),
         42,
         9,
     ),
-    c.FailAttempt("job-000001", 4, "members never started", 1, 10),
+    c.FailAttempt(
+        "job-000001",
+        4,
+        reason(ReasonCode.START_TIMEOUT, ranks="0, 1", nodes="n1", timeout_ms=60_000),
+        1,
+        10,
+    ),
     c.ExpireTimeLimit("job-000001", 4, 11),
     c.PurgeFinished(12),
 ]
@@ -75,7 +97,14 @@ def test_state_round_trip_and_canonical_bytes() -> None:
 
 
 def test_result_round_trip() -> None:
-    result = c.Result(c.ResultCode.OK, "bound", bound=("job-1",), rejected=(("job-2", "x"),))
+    result = c.Result(
+        c.ResultCode.OK,
+        "bound",
+        bound=("job-1",),
+        rejected=(c.Rejection("job-2", c.RejectCode.GPU_IN_USE, "x"),),
+        stopped=("job-3",),
+        purged=("job-4",),
+    )
     assert decode_result(encode_result(result)) == result
 
 
@@ -84,7 +113,7 @@ def test_result_round_trip() -> None:
     [
         (b"not json", "not valid JSON"),
         (b"[]", "envelope"),
-        (b'{"v": 2, "type": "Barrier", "body": {}}', "version 2"),
+        (b'{"v": 3, "type": "Barrier", "body": {}}', "version 3"),
         (b'{"v": 1, "type": "DropTables", "body": {}}', "unknown command type 'DropTables'"),
         (b'{"v": 1, "type": "Barrier", "body": {"leader_id": 5}}', "Barrier.leader_id"),
         (b'{"v": 1, "type": "Barrier", "body": {"evil": 1}}', "unknown field 'evil'"),
@@ -104,4 +133,47 @@ def test_malformed_commands_name_the_problem(payload: bytes, message: str) -> No
 
 def test_envelope_is_versioned_json() -> None:
     envelope = json.loads(encode_command(c.Barrier("a", 1)))
-    assert envelope == {"v": 1, "type": "Barrier", "body": {"leader_id": "a", "now_ms": 1}}
+    assert envelope == {"v": 2, "type": "Barrier", "body": {"leader_id": "a", "now_ms": 1}}
+
+
+def test_version_1_commands_decode_with_their_sentences_as_text_reasons() -> None:
+    bind = b'{"v":1,"type":"BindPlan","body":{"placements":[],"reasons":[["job-1","needs 2"]]}}'
+    decoded = decode_command(bind)
+    assert isinstance(decoded, c.BindPlan)
+    assert decoded.reasons == (("job-1", Reason(ReasonCode.TEXT, (("text", "needs 2"),))),)
+    assert render(decoded.reasons[0][1]) == "needs 2"
+    fail = b'{"v":1,"type":"FailAttempt","body":{"job_id":"j","fencing_token":3,"reason":"x"}}'
+    decoded_fail = decode_command(fail)
+    assert isinstance(decoded_fail, c.FailAttempt) and render(decoded_fail.reason) == "x"
+    # A version 1 report carries no cause: it is the member's own exit.
+    report = (
+        b'{"v":1,"type":"ReportMembers","body":{"node_id":"n","events":[{"job_id":"j",'
+        b'"fencing_token":3,"rank":0,"kind":"exited","exit_code":1,"detail":""}]}}'
+    )
+    decoded_report = decode_command(report)
+    assert isinstance(decoded_report, c.ReportMembers)
+    assert decoded_report.events[0].cause is c.ExitCause.PROGRAM
+
+
+def test_version_1_state_decodes_with_derived_attempt_state_and_retries() -> None:
+    cl = Cluster()
+    cl.add(node("a", gpus=8))
+    j = cl.submit(job(replicas=1, gpu=4, retries=2, backoff_s=0))
+    cl.run_pass()
+    cl.start_all(j)
+    cl.exit_member(j, 0, 1)  # retry 1 of 2 pending
+    plain = json.loads(encode_state(cl.state))
+    # Make it look like version 1: sentences, no attempt state, no counters.
+    record = plain["state"]["jobs"][j]
+    record["reason"] = render(cl.state.jobs[j].reason)
+    record["attempt"]["outcome"] = "failed: rank 0 exited with code 1"
+    for name in ("retries_used", "requeues"):
+        del record[name]
+    del record["attempt"]["state"]
+    v1 = json.dumps({"v": 1, "state": plain["state"]}).encode()
+    restored = decode_state(v1)
+    again = restored.jobs[j]
+    assert again.reason.code is ReasonCode.TEXT
+    assert render(again.reason) == render(cl.state.jobs[j].reason)
+    assert again.attempt is not None and again.attempt.state is cl.state.jobs[j].attempt.state  # type: ignore[union-attr]
+    assert again.retries_used == 1 and again.requeues == 0

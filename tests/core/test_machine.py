@@ -15,6 +15,7 @@ from synapse_ha.core.model import (
     Resources,
     Timeouts,
 )
+from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.views import desired_members, due_time_limits
 from tests.core.harness import Cluster, job, node
 
@@ -72,8 +73,8 @@ def test_one_member_failing_fails_the_gang_and_retries_with_a_new_token() -> Non
     cl.exit_member(j, 1, 3, seed=11)
     record = cl.state.jobs[j]
     assert record.state is JobState.PENDING
-    assert "rank 1 on n2 exited with code 3" in record.reason
-    assert "retry 1 of 2" in record.reason
+    assert "rank 1 on n2 exited with code 3" in render(record.reason)
+    assert "retry 1 of 2" in render(record.reason)
     assert record.retry_not_before_ms == cl.now + retry_delay_ms(record.spec, 1, 11, j)
     assert desired_members(cl.state, "n1") == []  # rank 0 must be stopped too
     # Not before the back-off ends.
@@ -84,7 +85,7 @@ def test_one_member_failing_fails_the_gang_and_retries_with_a_new_token() -> Non
     # or it could overlap the old one.
     cl.run_pass()
     assert cl.state_of(j) is JobState.PENDING
-    assert "waiting for 1 member(s) of attempt 1 to be confirmed stopped" in record.reason
+    assert "waiting for 1 member(s) of attempt 1 to be confirmed stopped" in render(record.reason)
     stopped = c.MemberEvent(j, old_token, 0, c.MemberEventKind.EXITED, exit_code=143)
     assert cl.do(c.ReportMembers("n1", (stopped,), now_ms=cl.now)).accepted_events == 1
     cl.run_pass()
@@ -111,7 +112,7 @@ def test_retries_exhausted_fail_the_job() -> None:
     cl.start_all(j)
     cl.exit_member(j, 0, 1)
     assert cl.state_of(j) is JobState.FAILED
-    assert "0 retries used" in cl.state.jobs[j].reason
+    assert "0 retries used" in render(cl.state.jobs[j].reason)
 
 
 def test_reports_with_a_stale_token_or_wrong_node_are_ignored() -> None:
@@ -145,15 +146,19 @@ def test_duplicate_reports_are_harmless() -> None:
     assert cl.state_of(j) is JobState.SUCCEEDED
 
 
-def test_dead_node_fails_its_gangs_and_they_are_replaced_elsewhere() -> None:
-    cl, j = bound_cluster(retries=1, backoff_s=0)
+def test_dead_node_requeues_its_gangs_and_they_are_replaced_elsewhere() -> None:
+    cl, j = bound_cluster(retries=0)
     cl.add(node("n3", gpus=8, rack="r1"))
     cl.start_all(j)
     result = cl.do(c.MarkNodeDead("n1", "silent for 10s", jitter_seed=3, now_ms=cl.now))
-    assert result.ok and result.bound == (j,)
+    assert result.ok and result.stopped == (j,) and result.bound == ()
     assert cl.state.nodes["n1"].status is NodeStatus.DEAD
-    assert cl.state_of(j) is JobState.PENDING
-    assert "node n1 was declared dead" in cl.state.jobs[j].reason
+    assert cl.state_of(j) is JobState.PENDING  # no retries, yet requeued
+    why = cl.state.jobs[j].reason
+    assert why.code is ReasonCode.REQUEUED_NODE_DEAD
+    assert why.cause is not None and why.cause.text("node") == "n1"
+    assert "node n1 was declared dead" in render(why)
+    assert (cl.state.jobs[j].requeues, cl.state.jobs[j].retries_used) == (1, 0)
     old = cl.state.jobs[j].attempt
     assert old is not None
     on_n2 = next(m.rank for m in old.members if m.node_id == "n2")
@@ -187,7 +192,7 @@ def test_time_limit_expiry_stops_the_job_without_retry() -> None:
     assert [d.job_id for d in due] == [j]
     assert cl.do(due[0]).ok
     assert cl.state_of(j) is JobState.FAILED
-    assert "time limit" in cl.state.jobs[j].reason
+    assert "time limit" in render(cl.state.jobs[j].reason)
 
 
 def test_desired_members_carry_the_rank_environment() -> None:
@@ -212,16 +217,19 @@ def test_finished_jobs_leave_the_state_after_the_retention_window() -> None:
     cl, j = bound_cluster()
     assert cl.do(c.CancelJob(j, now_ms=cl.now)).ok
     retention = cl.state.config.retention_ms
-    assert cl.do(c.PurgeFinished(cl.now + retention - 1)).bound == ()
-    assert cl.do(c.PurgeFinished(cl.now + retention)).bound == (j,)
+    assert cl.do(c.PurgeFinished(cl.now + retention - 1)).purged == ()
+    assert cl.do(c.PurgeFinished(cl.now + retention)).purged == (j,)
     assert j not in cl.state.jobs and cl.state.request_ids == {}
 
 
 def test_node_status_commands() -> None:
     cl = Cluster()
     cl.add(node("n1"))
+    assert cl.do(c.SetNodeStatus("n1", NodeStatus.CORDONED, "maintenance")).ok
+    assert cl.state.nodes["n1"].status is NodeStatus.CORDONED
+    # Draining a node that holds nothing leaves it cordoned at once.
     assert cl.do(c.SetNodeStatus("n1", NodeStatus.DRAINING, "maintenance")).ok
-    assert cl.state.nodes["n1"].status is NodeStatus.DRAINING
+    assert cl.state.nodes["n1"].status is NodeStatus.CORDONED
     assert cl.do(c.SetNodeStatus("n1", NodeStatus.DEAD)).code is c.ResultCode.INVALID
     assert cl.do(c.SetNodeStatus("nope", NodeStatus.READY)).code is c.ResultCode.NOT_FOUND
     cl.do(c.MarkNodeDead("n1"))
@@ -287,7 +295,7 @@ def test_gpus_double_booked_within_one_plan_are_rejected() -> None:
     same = (MemberPlacement(0, "n1", (0,)),)
     result = cl.do(c.BindPlan((c.GangPlacement(a, 0, same), c.GangPlacement(b, 0, same))))
     assert result.bound == (a,)
-    assert "GPU 0 on n1 is already in use" in result.rejected[0][1]
+    assert "GPU 0 on n1 is already in use" in result.rejected[0].message
 
 
 def test_retry_delay_is_full_jitter_within_the_exponential_cap() -> None:

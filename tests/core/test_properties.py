@@ -3,17 +3,26 @@ replaying the same commands from empty state gives byte-identical state."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from dataclasses import replace
+
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
-from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterState, JobState, NodeStatus
+from synapse_ha.core.machine import apply, unconfirmed_members
+from synapse_ha.core.model import ClusterState, JobState, MemberState, NodeStatus
+from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
-from synapse_ha.core.views import due_time_limits
+from synapse_ha.core.views import due_start_timeouts, due_time_limits
 from tests.core.harness import job, node
 
 NODE_IDS = [f"n{i}" for i in range(6)]
@@ -27,6 +36,8 @@ class ClusterMachine(RuleBasedStateMachine):
         self.now = 0
         self.last_token = 0
         self.tokens: dict[str, int] = {}
+        self.saw_requeue = False
+        self.saw_max_requeues = False
 
     def do(self, command: c.Command) -> c.Result:
         data = encode_command(command)
@@ -36,6 +47,12 @@ class ClusterMachine(RuleBasedStateMachine):
         result = apply(self.state, decoded)
         assert result.code is not c.ResultCode.INTERNAL, result.message
         return result
+
+    @initialize(racks=st.lists(st.sampled_from(["r1", "r2"]), min_size=0, max_size=3))
+    def some_nodes(self, racks: list[str]) -> None:
+        """Start most runs with a few ready nodes, so that gangs bind (and get disrupted)."""
+        for i, rack in enumerate(racks):
+            self.do(c.RegisterNode(node(NODE_IDS[i], gpus=8, cpu=16, rack=rack), self.now))
 
     @rule(
         node_id=st.sampled_from(NODE_IDS),
@@ -91,9 +108,16 @@ class ClusterMachine(RuleBasedStateMachine):
             # A fresh plan on the current state is never stale.
             assert result.rejected == (), result.rejected
 
-    @rule(data=st.data(), exit_code=st.sampled_from([None, 0, 0, 1]), seed=st.integers(0, 9))
+    @rule(
+        data=st.data(),
+        exit_code=st.sampled_from([None, 0, 0, 1, 137]),
+        seed=st.integers(0, 9),
+        cause=st.sampled_from(list(c.ExitCause)),
+    )
     @precondition(lambda self: any(j.state.holds_resources for j in self.state.jobs.values()))
-    def report(self, data: st.DataObject, exit_code: int | None, seed: int) -> None:
+    def report(
+        self, data: st.DataObject, exit_code: int | None, seed: int, cause: c.ExitCause
+    ) -> None:
         live = sorted(j.job_id for j in self.state.jobs.values() if j.state.holds_resources)
         job_id = data.draw(st.sampled_from(live))
         attempt = self.state.jobs[job_id].attempt
@@ -104,8 +128,57 @@ class ClusterMachine(RuleBasedStateMachine):
         if exit_code is None:
             event = c.MemberEvent(job_id, token, member.rank, c.MemberEventKind.STARTED)
         else:
-            event = c.MemberEvent(job_id, token, member.rank, c.MemberEventKind.EXITED, exit_code)
+            event = c.MemberEvent(
+                job_id, token, member.rank, c.MemberEventKind.EXITED, exit_code, "", cause
+            )
         self.do(c.ReportMembers(member.node_id, (event,), seed, self.now))
+
+    @rule(data=st.data(), cause=st.sampled_from([c.ExitCause.FENCED, c.ExitCause.LOST]))
+    @precondition(lambda self: any(j.state.holds_resources for j in self.state.jobs.values()))
+    def disrupt(self, data: st.DataObject, cause: c.ExitCause) -> None:
+        """A worker reports a member it killed (fenced or lost): the gang requeues."""
+        live = sorted(j.job_id for j in self.state.jobs.values() if j.state.holds_resources)
+        job_id = data.draw(st.sampled_from(live))
+        attempt = self.state.jobs[job_id].attempt
+        assert attempt is not None
+        # A member that already exited cannot be killed again; a live attempt always
+        # has one that has not.
+        running = [
+            m
+            for m, s in zip(attempt.members, attempt.member_status, strict=True)
+            if s.state is not MemberState.EXITED
+        ]
+        member = data.draw(st.sampled_from(running))
+        event = c.MemberEvent(
+            job_id, attempt.fencing_token, member.rank, c.MemberEventKind.EXITED, 137, "", cause
+        )
+        self.do(c.ReportMembers(member.node_id, (event,), 0, self.now))
+        assert not self.state.jobs[job_id].state.holds_resources
+
+    @rule(data=st.data())
+    @precondition(lambda self: any(unconfirmed_members(j) for j in self.state.jobs.values()))
+    def confirm_stopped(self, data: st.DataObject) -> None:
+        """A worker reports a member of an ended attempt stopped (so it may bind again)."""
+        waiting = sorted(j.job_id for j in self.state.jobs.values() if unconfirmed_members(j))
+        job_id = data.draw(st.sampled_from(waiting))
+        attempt = self.state.jobs[job_id].attempt
+        assert attempt is not None
+        rank = data.draw(st.sampled_from(unconfirmed_members(self.state.jobs[job_id])))
+        event = c.MemberEvent(job_id, attempt.fencing_token, rank, c.MemberEventKind.EXITED, 143)
+        result = self.do(c.ReportMembers(attempt.members[rank].node_id, (event,), 0, self.now))
+        assert result.accepted_events == 1
+
+    @rule(max_requeues=st.integers(0, 3), start_timeout_s=st.sampled_from([1, 5, 60]))
+    def configure(self, max_requeues: int, start_timeout_s: int) -> None:
+        config = replace(
+            self.state.config, max_requeues=max_requeues, start_timeout_ms=start_timeout_s * 1000
+        )
+        assert self.do(c.Configure(config, self.now)).ok
+
+    @rule()
+    def start_timeouts(self) -> None:
+        for command in due_start_timeouts(self.state, self.now):
+            assert self.do(command).ok
 
     @rule(node_id=st.sampled_from(NODE_IDS), seed=st.integers(0, 9))
     def mark_dead(self, node_id: str, seed: int) -> None:
@@ -149,8 +222,18 @@ class ClusterMachine(RuleBasedStateMachine):
             self.tokens[job_id] = j.fencing_token
             if j.state is JobState.RUNNING:
                 assert j.attempt is not None and j.attempt.started_at_ms is not None
+            if j.state is JobState.FAILED and j.reason.code is ReasonCode.FAILED_MAX_REQUEUES:
+                why = j.reason
+                assert j.requeues == why.num("requeues") >= why.num("max_requeues")
+                self.saw_max_requeues = True
+            if j.requeues:
+                self.saw_requeue = True
 
     def teardown(self) -> None:
+        if self.saw_requeue:
+            event("a job was requeued")
+        if self.saw_max_requeues:
+            event("a job failed at max_requeues")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))

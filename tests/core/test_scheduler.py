@@ -16,6 +16,7 @@ from synapse_ha.core.model import (
     MemberPlacement,
     NodeStatus,
 )
+from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler import CapacityCache, explain, schedule
 from tests.core.harness import Cluster, job, node
 
@@ -27,8 +28,11 @@ def test_gang_waits_until_a_fourth_node_joins_then_binds_all_four_at_once() -> N
     plan = cl.run_pass()
     assert plan.placements == []
     assert cl.state_of(j) is JobState.PENDING
-    assert "needs 4 member(s)" in cl.state.jobs[j].reason
-    assert "room for 3" in cl.state.jobs[j].reason
+    assert "needs 4 member(s)" in render(cl.state.jobs[j].reason)
+    assert "room for 3" in render(cl.state.jobs[j].reason)
+    why = cl.state.jobs[j].reason
+    assert why.code is ReasonCode.WAITING_CAPACITY
+    assert (why.num("members"), why.num("room")) == (4, 3)
     # Nothing of the gang is bound while it waits.
     assert all(n.allocated.cpu_milli == 0 for n in cl.state.nodes.values())
 
@@ -68,7 +72,7 @@ def test_required_rack_waits_rather_than_spread() -> None:
     strict = cl.submit(job("strict", replicas=4, gpu=1, required="rack"))
     cl.run_pass()
     assert cl.state_of(strict) is JobState.PENDING
-    reason = cl.state.jobs[strict].reason
+    reason = render(cl.state.jobs[strict].reason)
     assert "in one rack" in reason and "room for 2" in reason
 
     loose = cl.submit(job("loose", replicas=4, gpu=1, priority=-1))
@@ -155,8 +159,11 @@ def test_head_of_line_gang_is_not_starved_by_a_stream_of_small_jobs() -> None:
     assert plan.reservation.start_ms == cl.now + 100_000
     # 4 GPUs are free right now, but they are reserved for the big gang.
     assert all(cl.state_of(s) is JobState.PENDING for s in small)
-    assert "reserved for" in cl.state.jobs[small[0]].reason
-    assert "first in line" in cl.state.jobs[big].reason
+    assert "reserved for" in render(cl.state.jobs[small[0]].reason)
+    assert "first in line" in render(cl.state.jobs[big].reason)
+    assert cl.state.jobs[small[0]].reason.code is ReasonCode.RESERVED_FOR_OTHER
+    assert cl.state.jobs[small[0]].reason.text("holder") == big
+    assert cl.state.jobs[big].reason.code is ReasonCode.FIRST_IN_LINE_RESERVED
     # Both running jobs end; the big gang binds before any small job.
     for jid in ("job-000001", "job-000002"):
         cl.exit_member(jid, 0, 0)
@@ -193,7 +200,7 @@ def test_gang_larger_than_the_cluster_is_accepted_and_waits_with_a_reason() -> N
     assert plan.reservation is None  # no point reserving: it cannot fit even when empty
     assert cl.state_of(huge) is JobState.PENDING
     assert cl.state_of(small) is JobState.SCHEDULED
-    assert "room for" in cl.state.jobs[huge].reason
+    assert "room for" in render(cl.state.jobs[huge].reason)
 
 
 def test_priority_then_submission_order() -> None:
@@ -237,7 +244,7 @@ def test_stale_plan_is_rejected_whole_and_binds_nothing() -> None:
     cl.do(c.SetNodeStatus("n2", NodeStatus.CORDONED))
     result = cl.do(command)
     assert result.bound == ()
-    assert result.rejected[0][0] == j and "n2 is cordoned" in result.rejected[0][1]
+    assert result.rejected[0].job_id == j and "n2 is cordoned" in result.rejected[0].message
     assert cl.state_of(j) is JobState.PENDING
     assert all(n.allocated.gpu == 0 for n in cl.state.nodes.values())
 
@@ -253,7 +260,7 @@ def test_plan_against_an_older_attempt_is_stale() -> None:
     cl.exit_member(j, 0, 1)  # fails, retried with zero back-off
     assert cl.state_of(j) is JobState.PENDING
     result = cl.do(stale)
-    assert result.bound == () and "stale plan" in result.rejected[0][1]
+    assert result.bound == () and "stale plan" in result.rejected[0].message
 
 
 def test_schedule_does_not_mutate_its_input_and_is_deterministic() -> None:
@@ -276,14 +283,14 @@ def test_explain_pending_and_placed() -> None:
     waiting = cl.submit(job("w", replicas=2, gpu=2, required="rack"))
     fits = cl.submit(job("f", gpu=1))
     # Before any pass there is only the replicated reason.
-    assert explain(cl.state, waiting, cl.now) == cl.state.jobs[waiting].reason
+    assert explain(cl.state, waiting, cl.now) == render(cl.state.jobs[waiting].reason)
     plan = schedule(cl.state, cl.now)
     # Explained from the pass's recorded reasons, without planning again.
     assert "needs 2 member(s)" in explain(cl.state, waiting, cl.now, plan)
     assert "rack r3 has room for 1" in explain(cl.state, waiting, cl.now, plan)
     assert "placed on n1 by the latest scheduling pass" in explain(cl.state, fits, cl.now, plan)
     late = cl.submit(job("late", gpu=1))  # the pass never saw it
-    assert explain(cl.state, late, cl.now, plan) == cl.state.jobs[late].reason
+    assert explain(cl.state, late, cl.now, plan) == render(cl.state.jobs[late].reason)
     cl.run_pass()
     text = explain(cl.state, fits, cl.now, plan)
     assert "rank 0: z1/b1/r3/n1 gpus 0 bound" in text
@@ -444,7 +451,9 @@ def test_a_gang_that_fits_in_one_rack_waits_for_one_rather_than_spread() -> None
     assert cl.state_of(gang) is JobState.PENDING
     assert plan.reservation is None  # a waiting gang reserves nothing
     assert plan.wake_ms == queued + wait
-    reason = cl.state.jobs[gang].reason
+    assert cl.state.jobs[gang].reason.code is ReasonCode.WAITING_LOCALITY
+    assert cl.state.jobs[gang].reason.num("wait_ms") == wait
+    reason = render(cl.state.jobs[gang].reason)
     assert "waits for one rack with room" in reason
     assert f"up to {wait // 1000}s after it was queued" in reason
     assert "room for 1" in reason
@@ -497,8 +506,8 @@ def test_only_gangs_that_could_fit_in_one_rack_wait_for_one() -> None:
     strict = cl.submit(job("strict", replicas=2, gpu=8, required="rack", priority=2))
     plan = cl.run_pass()
     assert plan.wake_ms is None
-    assert "waits for one rack" not in cl.state.jobs[strict].reason
-    assert "in one rack" in cl.state.jobs[strict].reason
+    assert "waits for one rack" not in render(cl.state.jobs[strict].reason)
+    assert "in one rack" in render(cl.state.jobs[strict].reason)
     # Two free hosts exist, one per rack: the three-host gang cannot fit at all and
     # holds the reservation as before.
     assert cl.state_of(too_big) is JobState.PENDING

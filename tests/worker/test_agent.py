@@ -171,6 +171,8 @@ def test_an_exited_member_is_never_restarted_and_its_exit_is_reported_until_acke
     clock.advance(1.0)
     agent.step()  # resent, acknowledged this time
     assert ("j", 5, 0, EXITED) in reports(control.heartbeats[-1])
+    exited = [r for r in control.heartbeats[-1].reports if r.kind == EXITED]
+    assert exited and all(r.cause == pb.MemberReport.PROGRAM for r in exited)
     assert executor.reported == [MemberKey("j", 5, 0)]
     clock.advance(1.0)
     agent.step()
@@ -249,6 +251,9 @@ def test_no_reply_for_lease_ttl_kills_every_member_and_starts_nothing(setup: Set
     assert ("j", 5, 0, EXITED) in sent
     assert ("j", 5, 1, EXITED) in sent
     assert [r.exit_code for r in control.heartbeats[-1].reports if r.kind == EXITED] == [137, 137]
+    # Killed by fencing: a disruption, which the control plane requeues without a retry.
+    fenced = pb.MemberReport.FENCED
+    assert [r.cause for r in control.heartbeats[-1].reports if r.kind == EXITED] == [fenced] * 2
     assert executor.started == [MemberKey("j", 5, 0), MemberKey("j", 5, 1), MemberKey("k", 6, 0)]
 
 

@@ -223,6 +223,7 @@ def test_a_lapsed_lease_file_fences_the_member(make_executor: MakeExecutor, fifo
     result = finish(executor, member)
     assert result.exit_code == 143
     assert result.detail.startswith("fenced")
+    assert result.disrupted  # the supervisor fenced it: not the job's failure
     assert process_gone(child)
 
 
@@ -323,7 +324,9 @@ def test_a_restarted_agent_kills_leftovers_and_reports_them_lost(
     running_key = MemberKey("job-1", 9, 0)
     assert recovered[running_key].exit_code == 137
     assert recovered[running_key].detail.startswith("lost")
+    assert recovered[running_key].disrupted  # killed by the worker: not the job's failure
     assert recovered[MemberKey("job-1", 9, 1)].exit_code == 4  # finished, not yet reported
+    assert not recovered[MemberKey("job-1", 9, 1)].disrupted
     assert second_life.known == {running_key, MemberKey("job-1", 9, 1)}
     assert second_life.highest_token == {"job-1": 9}
 

@@ -383,7 +383,7 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class MemberReport(_message.Message):
-    __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail")
+    __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail", "cause")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[MemberReport.Kind]
@@ -392,19 +392,29 @@ class MemberReport(_message.Message):
     KIND_UNSPECIFIED: MemberReport.Kind
     STARTED: MemberReport.Kind
     EXITED: MemberReport.Kind
+    class Cause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PROGRAM: _ClassVar[MemberReport.Cause]
+        FENCED: _ClassVar[MemberReport.Cause]
+        LOST: _ClassVar[MemberReport.Cause]
+    PROGRAM: MemberReport.Cause
+    FENCED: MemberReport.Cause
+    LOST: MemberReport.Cause
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     fencing_token: int
     rank: int
     kind: MemberReport.Kind
     exit_code: int
     detail: str
-    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    cause: MemberReport.Cause
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., cause: _Optional[_Union[MemberReport.Cause, str]] = ...) -> None: ...
 
 class DesiredMember(_message.Message):
     __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib")

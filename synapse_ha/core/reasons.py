@@ -1,0 +1,284 @@
+"""Why a job is where it is, and how an attempt ended, as values.
+
+A :class:`Reason` is a code, typed parameters (sorted ``(name, value)`` pairs, values are
+integers or strings) and, for reasons that follow from something else, the ``cause`` that
+led to it (an attempt that failed because a member exited, a requeue because a node
+died). Code that decides branches on ``code`` and reads parameters with :meth:`Reason.get`;
+the sentence a person reads is made once, by :func:`render`, at the edges (gRPC
+conversion, CLI, logs).
+
+Two families of codes share the enum:
+
+* *attempt outcomes* (``MEMBER_EXITED``, ``NODE_DEAD``, ``MEMBER_FENCED``, ...): how an
+  attempt ended; they appear as ``Attempt.outcome`` and as the ``cause`` of a job reason;
+* *job reasons* (``WAITING_CAPACITY``, ``RETRY_BACKOFF``, ``REQUEUED_NODE_DEAD``,
+  ``FAILED_EXIT``, ...): the state a job is in and why.
+
+``TEXT`` carries a sentence as is: a reason recorded by a version that had no codes, or
+free text given by an operator.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Param = tuple[str, int | str]
+
+
+class ReasonCode(enum.StrEnum):
+    TEXT = "text"
+
+    # -- attempt outcomes (also the causes of job reasons)
+    ALL_EXITED_ZERO = "all_exited_zero"  # members
+    MEMBER_EXITED = "member_exited"  # rank, node, exit_code, detail
+    MEMBER_FENCED = "member_fenced"  # rank, node, exit_code, detail
+    MEMBER_LOST = "member_lost"  # rank, node, exit_code, detail
+    NODE_DEAD = "node_dead"  # node, detail
+    START_TIMEOUT = "start_timeout"  # ranks, nodes, timeout_ms
+    TIME_LIMIT = "time_limit"  # limit_ms
+    CANCELLED_BY = "cancelled_by"  # text
+
+    # -- pending
+    PENDING_FIRST_PASS = "pending_first_pass"
+    WAITING_CAPACITY = "waiting_capacity"  # members, request, level?, room, domain?, images?
+    WAITING_SHAPE = "waiting_shape"  # as WAITING_CAPACITY
+    WAITING_LOCALITY = "waiting_locality"  # members, request, level, room?, domain?, wait_ms
+    RESERVED_FOR_OTHER = "reserved_for_other"  # members, request, holder, start_in_ms?
+    FIRST_IN_LINE_RESERVED = "first_in_line_reserved"  # as WAITING_CAPACITY + start_in_ms?
+    FITS_NOW = "fits_now"  # nodes
+    RETRY_BACKOFF = "retry_backoff"  # attempt, retry, retries, backoff_ms; cause
+    WAITING_STOP_CONFIRMED = "waiting_stop_confirmed"  # attempt, count, ranks
+    REQUEUED_NODE_DEAD = "requeued_node_dead"  # attempt, requeue, max_requeues; cause
+    REQUEUED_FENCED = "requeued_fenced"  # as REQUEUED_NODE_DEAD
+    REQUEUED_LOST = "requeued_lost"  # as REQUEUED_NODE_DEAD
+
+    # -- holding resources
+    BOUND = "bound"  # attempt, hosts
+    RUNNING = "running"  # attempt
+
+    # -- finished
+    SUCCEEDED = "succeeded"  # members
+    FAILED_EXIT = "failed_exit"  # attempt, retries; cause
+    FAILED_START_TIMEOUT = "failed_start_timeout"  # attempt, retries; cause
+    FAILED_ATTEMPT = "failed_attempt"  # attempt, retries; cause (any other failure)
+    FAILED_TIME_LIMIT = "failed_time_limit"  # limit_ms
+    FAILED_MAX_REQUEUES = "failed_max_requeues"  # attempt, requeues, max_requeues; cause
+    CANCELLED = "cancelled"  # text
+
+
+# Disruptions: outcomes the job did not cause. They requeue the gang without touching
+# ``retries.max`` (DESIGN §4), each to its own requeue reason.
+REQUEUE_CODES: dict[ReasonCode, ReasonCode] = {
+    ReasonCode.NODE_DEAD: ReasonCode.REQUEUED_NODE_DEAD,
+    ReasonCode.MEMBER_FENCED: ReasonCode.REQUEUED_FENCED,
+    ReasonCode.MEMBER_LOST: ReasonCode.REQUEUED_LOST,
+}
+
+# Reasons of a job waiting in the queue; with a cause, the outcome of its last attempt.
+WAIT_CODES = frozenset(
+    {
+        ReasonCode.WAITING_CAPACITY,
+        ReasonCode.WAITING_SHAPE,
+        ReasonCode.WAITING_LOCALITY,
+        ReasonCode.RESERVED_FOR_OTHER,
+        ReasonCode.FIRST_IN_LINE_RESERVED,
+        ReasonCode.WAITING_STOP_CONFIRMED,
+        ReasonCode.FITS_NOW,
+    }
+)
+
+# Failures: the job's final reason when retries are used up, by the outcome's code.
+FAILURE_CODES: dict[ReasonCode, ReasonCode] = {
+    ReasonCode.MEMBER_EXITED: ReasonCode.FAILED_EXIT,
+    ReasonCode.START_TIMEOUT: ReasonCode.FAILED_START_TIMEOUT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """A code with typed parameters and an optional cause. Build with :func:`reason`."""
+
+    code: ReasonCode
+    params: tuple[Param, ...] = ()
+    cause: Reason | None = None
+
+    def get(self, name: str, default: int | str = "") -> int | str:
+        for key, value in self.params:
+            if key == name:
+                return value
+        return default
+
+    def num(self, name: str) -> int:
+        value = self.get(name, 0)
+        return value if isinstance(value, int) else 0
+
+    def text(self, name: str) -> str:
+        return str(self.get(name, ""))
+
+    def has(self, name: str) -> bool:
+        return any(key == name for key, _ in self.params)
+
+
+def reason(code: ReasonCode, cause: Reason | None = None, /, **params: int | str | None) -> Reason:
+    """A :class:`Reason` with ``params`` sorted by name; ``None`` values are left out."""
+    return Reason(code, tuple(sorted((k, v) for k, v in params.items() if v is not None)), cause)
+
+
+def text(sentence: str) -> Reason:
+    """A reason that is only a sentence (older records, operator text)."""
+    return Reason(ReasonCode.TEXT, (("text", sentence),))
+
+
+PENDING_FIRST_PASS = Reason(ReasonCode.PENDING_FIRST_PASS)
+
+
+# --------------------------------------------------------------------------- render
+
+
+def render(r: Reason | None) -> str:
+    """The sentence for people. The only place reasons become words."""
+    if r is None:
+        return ""
+    fn = _RENDER.get(r.code)
+    sentence = fn(r) if fn is not None else r.code.value
+    if r.code in WAIT_CODES and r.cause is not None:
+        how = "requeued after a disruption" if r.cause.code in REQUEUE_CODES else "retrying after"
+        sentence += f" ({how}: {render(r.cause)})"
+    return sentence
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:g}s"
+
+
+def _need(r: Reason) -> str:
+    level = r.text("level")
+    where = f" in one {level}" if level else ""
+    return f"needs {r.num('members')} member(s) x ({r.text('request')}){where}"
+
+
+def _have(r: Reason) -> str:
+    domain = r.text("domain")
+    have = (
+        f"best {domain} has room for {r.num('room')}"
+        if domain
+        else f"the cluster has room for {r.num('room')}"
+    )
+    if r.has("images"):
+        have += " (only nodes that run container images qualify)"
+    return have
+
+
+def _when(r: Reason) -> str:
+    if not r.has("start_in_ms"):
+        return "until jobs without a time limit end"
+    return f"from t+{r.num('start_in_ms') / 1000:.0f}s"
+
+
+def _ranks(r: Reason) -> str:
+    return r.text("ranks")
+
+
+def _member(r: Reason, what: str) -> str:
+    detail = r.text("detail")
+    return f"rank {r.num('rank')} on {r.text('node')} {what} {r.num('exit_code')}" + (
+        f": {detail}" if detail else ""
+    )
+
+
+def _cause(r: Reason) -> str:
+    return render(r.cause) if r.cause is not None else "unknown cause"
+
+
+def _requeued(r: Reason, what: str) -> str:
+    return (
+        f"attempt {r.num('attempt')} ended by a disruption ({_cause(r)}); {what} "
+        f"{r.num('requeue')} of {r.num('max_requeues')}, not counted against retries; "
+        f"the gang keeps its place in line"
+    )
+
+
+_RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
+    ReasonCode.TEXT: lambda r: r.text("text"),
+    ReasonCode.ALL_EXITED_ZERO: lambda r: f"all {r.num('members')} members exited 0",
+    ReasonCode.MEMBER_EXITED: lambda r: _member(r, "exited with code"),
+    ReasonCode.MEMBER_FENCED: lambda r: _member(
+        r, "was stopped by fencing (its worker lost its lease), code"
+    ),
+    ReasonCode.MEMBER_LOST: lambda r: _member(r, "was lost by its worker, code"),
+    ReasonCode.NODE_DEAD: lambda r: (
+        f"node {r.text('node')} was declared dead"
+        + (f" ({r.text('detail')})" if r.text("detail") else "")
+    ),
+    ReasonCode.START_TIMEOUT: lambda r: (
+        f"rank(s) {_ranks(r)} on {r.text('nodes')} not running "
+        f"{_seconds(r.num('timeout_ms'))} after bind (start_timeout_ms)"
+    ),
+    ReasonCode.TIME_LIMIT: lambda r: f"time limit of {r.num('limit_ms') // 1000}s exceeded",
+    ReasonCode.CANCELLED_BY: lambda r: f"cancelled: {r.text('text')}",
+    ReasonCode.PENDING_FIRST_PASS: lambda r: "waiting for the next scheduling pass",
+    ReasonCode.WAITING_CAPACITY: lambda r: (
+        f"{_need(r)}; {_have(r)}; it waits for capacity to free or for nodes to join"
+    ),
+    ReasonCode.WAITING_SHAPE: lambda r: (
+        f"{_need(r)}; {_have(r)}, but not in a shape the gang can use; it waits for capacity"
+    ),
+    ReasonCode.WAITING_LOCALITY: lambda r: (
+        f"{_need(r)}; it would fit across {r.text('wait_level')}s now, but it waits for one "
+        f"{r.text('wait_level')} with room"
+        + (f" (best {r.text('domain')} has room for {r.num('room')})" if r.text("domain") else "")
+        + f", for up to {r.num('wait_ms') / 1000:.0f}s after it was queued "
+        f"(locality_wait_ms), then takes the tightest fit across {r.text('wait_level')}s"
+    ),
+    ReasonCode.RESERVED_FOR_OTHER: lambda r: (
+        f"{_need(r)}; it would fit, but the nodes are reserved for {r.text('holder')} "
+        f"{_when(r)}; a time_limit ending before then would let it backfill"
+    ),
+    ReasonCode.FIRST_IN_LINE_RESERVED: lambda r: (
+        f"{_need(r)}; {_have(r)}; first in line, capacity reserved {_when(r)}"
+    ),
+    ReasonCode.FITS_NOW: lambda r: (
+        f"placed on {r.text('nodes')} by the latest scheduling pass; waiting for the bind to commit"
+    ),
+    ReasonCode.RETRY_BACKOFF: lambda r: (
+        f"attempt {r.num('attempt')} failed ({_cause(r)}); retry {r.num('retry')} of "
+        f"{r.num('retries')} after a {r.num('backoff_ms') / 1000:.1f}s back-off"
+    ),
+    ReasonCode.WAITING_STOP_CONFIRMED: lambda r: (
+        f"waiting for {r.num('count')} member(s) of attempt {r.num('attempt')} "
+        f"to be confirmed stopped before the next attempt (ranks {r.text('ranks')})"
+    ),
+    ReasonCode.REQUEUED_NODE_DEAD: lambda r: _requeued(r, "requeue"),
+    ReasonCode.REQUEUED_FENCED: lambda r: _requeued(r, "requeue"),
+    ReasonCode.REQUEUED_LOST: lambda r: _requeued(r, "requeue"),
+    ReasonCode.BOUND: lambda r: (
+        f"attempt {r.num('attempt')} bound to {r.num('hosts')} node(s); "
+        f"waiting for members to start"
+    ),
+    ReasonCode.RUNNING: lambda r: f"attempt {r.num('attempt')} running",
+    ReasonCode.SUCCEEDED: lambda r: f"all {r.num('members')} members exited 0",
+    ReasonCode.FAILED_EXIT: lambda r: (
+        f"attempt {r.num('attempt')} failed ({_cause(r)}); {r.num('retries')} retries used"
+    ),
+    ReasonCode.FAILED_START_TIMEOUT: lambda r: (
+        f"attempt {r.num('attempt')} failed to start ({_cause(r)}); {r.num('retries')} retries used"
+    ),
+    ReasonCode.FAILED_ATTEMPT: lambda r: (
+        f"attempt {r.num('attempt')} failed ({_cause(r)}); {r.num('retries')} retries used"
+    ),
+    ReasonCode.FAILED_TIME_LIMIT: lambda r: f"time limit of {r.num('limit_ms') // 1000}s exceeded",
+    ReasonCode.FAILED_MAX_REQUEUES: lambda r: (
+        f"attempt {r.num('attempt')} ended by a disruption ({_cause(r)}) after "
+        f"{r.num('requeues')} requeue(s); max_requeues ({r.num('max_requeues')}) reached, "
+        f"so the job failed"
+    ),
+    ReasonCode.CANCELLED: lambda r: r.text("text"),
+}
+
+
+def ranks_text(ranks: list[int], limit: int = 8) -> str:
+    """``0, 1, 2`` — at most ``limit`` ranks, then ``...``."""
+    shown = ", ".join(map(str, ranks[:limit]))
+    return shown + (", ..." if len(ranks) > limit else "")
