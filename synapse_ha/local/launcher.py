@@ -272,8 +272,8 @@ class Launcher:
     process's own ``env`` replaces it. The marker variable is added to both. ``logs_dir``
     holds the log of a process started without an explicit log path.
 
-    Thread-safety: :meth:`close` may be called from any thread; starting is meant for
-    one thread.
+    Thread-safety: :meth:`start` and :meth:`close` may be called from any thread; once
+    :meth:`close` has begun, :meth:`start` raises :class:`LaunchError`.
     """
 
     def __init__(self, logs_dir: Path, env: Mapping[str, str] | None = None) -> None:
@@ -368,26 +368,27 @@ class Launcher:
         """Start ``p`` (again, after it exited) in a session of its own, its output
         appended to its log. Raises :class:`LaunchError` once the launcher is closed or
         while ``p`` still runs."""
-        if self._closed:
-            raise LaunchError(f"cannot start {p.name}: the launcher was closed")
-        if p.alive:
-            raise LaunchError(f"{p.name} is already running")
-        env = dict(self.env if p.env is None else p.env)
-        env[MARKER_VARIABLE] = self.marker
-        p.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(p.log_path, "ab") as log:
-            p.process = subprocess.Popen(
-                [*p.prefix, *p.argv],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                env=env,
-            )
-        p.paused = False
-        p.expect_running = True
+        # Under the lock, so that no process starts once close() has begun.
         with self._lock:
-            if p not in self.processes:
+            if self._closed:
+                raise LaunchError(f"cannot start {p.name}: the launcher was closed")
+            if p.alive:
+                raise LaunchError(f"{p.name} is already running")
+            env = dict(self.env if p.env is None else p.env)
+            env[MARKER_VARIABLE] = self.marker
+            p.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(p.log_path, "ab") as log:
+                p.process = subprocess.Popen(
+                    [*p.prefix, *p.argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    env=env,
+                )
+            p.paused = False
+            p.expect_running = True
+            if not any(q is p for q in self.processes):
                 self.processes.append(p)
             self._groups.add(p.process.pid)
         return p
