@@ -27,9 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loopback import loopback_cluster, percentile, read_stamps
+from bench.loopback import loopback_cluster, percentile, read_stamps, wait_for
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from tests.integration.cluster import wait_for
 
 
 def run(gangs: int, members: int, n_workers: int, heartbeat: str) -> dict[str, object]:

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
+from synapse_ha.local.launcher import RPC_ERRORS, Launcher, LocalReplicas, wait_until
 from synapse_ha.rpc.client import ClusterClient
-from tests.integration.cluster import LocalCluster, wait_for
-from tests.worker.workers import LocalWorkers
+
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout_s: float = 15.0, every_s: float = 0.05
+) -> T:
+    """Call ``probe`` until it returns something other than None/False; bounded."""
+    return wait_until(what, probe, timeout_s, every_s=every_s, retry_on=RPC_ERRORS)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -42,18 +51,33 @@ def loopback_cluster(
 
     Returns once every agent has registered; stops every process on the way out.
     """
-    cluster = LocalCluster(
+    launcher = Launcher(root / "logs")
+    cluster = LocalReplicas(
         root / "cluster",
         extra_args=["--heartbeat-interval", heartbeat, "--log-level", "WARNING"],
+        launcher=launcher,
     )
-    agents = LocalWorkers(root / "workers", [])
     try:
         cluster.start()
         cluster.serving_leader()
-        agents.schedulers = cluster.grpc_addresses
-        agents.root.mkdir(parents=True)
         for node_id, args in workers:
-            agents.start(node_id, *args, "--log-level", "WARNING")
+            launcher.start(
+                launcher.worker(
+                    cluster.grpc_addresses,
+                    node_id,
+                    root / "workers" / node_id,
+                    extra=[
+                        "--no-cgroups",
+                        "--stop-grace",
+                        "1s",
+                        "--fence-grace",
+                        "200ms",
+                        *args,
+                        "--log-level",
+                        "WARNING",
+                    ],
+                )
+            )
         with cluster.client() as client:
             wait_for(
                 "workers to register",
@@ -62,5 +86,4 @@ def loopback_cluster(
             )
             yield client
     finally:
-        agents.close()
-        cluster.close()
+        launcher.close()

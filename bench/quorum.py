@@ -29,11 +29,22 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.loopback import wait_for
+from synapse_ha.local.launcher import LocalReplicas
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from tests.integration.cluster import LocalCluster, register_request, wait_for
+
+
+def register_request(node_id: str, host: str, gpu: int = 8) -> pb.RegisterNodeRequest:
+    return pb.RegisterNodeRequest(
+        node_id=node_id,
+        address=f"{host}:7070",
+        capacity=pb.Resources(cpu_milli=64_000, memory_mib=512 * 1024, gpu=gpu),
+        gpu_islands=[pb.RegisterNodeRequest.GpuIsland(gpus=list(range(gpu)))] if gpu else [],
+        topology=[pb.TopologyLabel(level="rack", value="r1")],
+    )
 
 
 def small_spec(name: str, replicas: int = 1, gpu: int = 0) -> pb.JobSpec:
@@ -90,7 +101,7 @@ class LeaderStubs:
     """Scheduler stubs on whichever replica serves as leader now (channels closed at
     the end)."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalReplicas) -> None:
         self.cluster = cluster
         self.channels: list[grpc.Channel] = []
 
@@ -153,7 +164,7 @@ def pipelined(
 
 
 def bench_submissions(root: Path, count: int) -> dict[str, Any]:
-    cluster = LocalCluster(root / "a")
+    cluster = LocalReplicas(root / "a")
     leaders = LeaderStubs(cluster)
     try:
         cluster.start()
@@ -228,7 +239,7 @@ class Heartbeater(threading.Thread):
 
 
 def bench_binding(root: Path, nodes: int, jobs: int, members: int) -> dict[str, Any]:
-    cluster = LocalCluster(root / "b")
+    cluster = LocalReplicas(root / "b")
     heartbeater = None
     try:
         cluster.start()
@@ -317,7 +328,7 @@ class Stream(threading.Thread):
 
 
 def bench_failover(root: Path, kills: int) -> dict[str, Any]:
-    cluster = LocalCluster(root / "c")
+    cluster = LocalReplicas(root / "c")
     stream = None
     heartbeater = None
     to_write: list[float] = []

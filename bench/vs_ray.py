@@ -43,10 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # first imported.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-from bench.loopback import loopback_cluster, percentile, read_stamps
+from bench.loopback import loopback_cluster, percentile, read_stamps, wait_for
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from tests.integration.cluster import wait_for
 
 NODES = 8
 GPUS_PER_NODE = 8

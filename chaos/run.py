@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -27,9 +26,9 @@ import grpc
 from chaos import ledger, nemesis, net
 from chaos.checker import Violation, check_run
 from chaos.nemesis import FaultTimeouts, Step
-from chaos.procs import ChaosProcess, stop_all
 from chaos.workload import WorkloadConfig, write_config
 from synapse_ha.core.codec import decode_state
+from synapse_ha.local.launcher import Launcher, Peer, Process, Replica, Worker
 from synapse_ha.programs.worker import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SELF_FENCING_FLAG
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -139,54 +138,45 @@ class ChaosCluster:
         self.grpc = {h.name: f"{h.address}:{GRPC_PORT}" for h in self.replica_hosts}
         env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS}
         env["PYTHONPATH"] = str(REPO)
-        self.base_env = env
-        replica_flags = [
-            f"--replica={h.name}={h.address}:{RAFT_PORT},{h.address}:{GRPC_PORT}"
+        # Every process runs inside its host's namespace (``ip netns exec`` execs it, so
+        # the pid is the program's own) and leads a process group of its own.
+        self.launcher = Launcher(run_dir, env=env)
+        peers = [
+            Peer(h.name, f"{h.address}:{RAFT_PORT}", f"{h.address}:{GRPC_PORT}")
             for h in self.replica_hosts
         ]
-        timeout_flags = [
-            f"--heartbeat-interval={_duration_flag(t.heartbeat_s)}",
-            f"--lease-ttl={_duration_flag(t.lease_ttl_s)}",
-            f"--leader-step-down={_duration_flag(t.leader_step_down_s)}",
-            f"--dead-timeout={_duration_flag(t.dead_timeout_s)}",
-        ]
-        self.replicas = {
-            h.name: ChaosProcess(
-                h.name,
-                h,
-                [
-                    sys.executable,
-                    "-m",
-                    "synapse_ha.programs.scheduler",
-                    f"--id={h.name}",
-                    *replica_flags,
-                    f"--data-dir={run_dir / h.name}",
-                    *timeout_flags,
+        self.replicas: dict[str, Replica] = {
+            h.name: self.launcher.replica(
+                peer,
+                peers,
+                run_dir / h.name,
+                extra=[
+                    f"--heartbeat-interval={_duration_flag(t.heartbeat_s)}",
+                    f"--lease-ttl={_duration_flag(t.lease_ttl_s)}",
+                    f"--leader-step-down={_duration_flag(t.leader_step_down_s)}",
+                    f"--dead-timeout={_duration_flag(t.dead_timeout_s)}",
                     "--election-min=400ms",
                     f"--election-max={_duration_flag(t.election_max_s)}",
                 ],
-                run_dir / f"{h.name}.log",
-                env={"SYNAPSE_RAFT_PASSWORD": RAFT_PASSWORD},
+                log_path=run_dir / f"{h.name}.log",
+                env={**env, "SYNAPSE_RAFT_PASSWORD": RAFT_PASSWORD},
+                prefix=net.exec_prefix(h),
+                name=h.name,
             )
-            for h in self.replica_hosts
+            for h, peer in zip(self.replica_hosts, peers, strict=True)
         }
-        worker_env: dict[str, str] = {}
+        worker_env = dict(env)
         unsafe_flags: list[str] = []
         if cfg.unsafe_no_self_fencing:
             worker_env[UNSAFE_NO_SELF_FENCING_ENV] = "1"
             unsafe_flags = [UNSAFE_NO_SELF_FENCING_FLAG]
-        self.workers = {
-            h.name: ChaosProcess(
+        self.workers: dict[str, Worker] = {
+            h.name: self.launcher.worker(
+                list(self.grpc.values()),
                 h.name,
-                h,
-                [
-                    sys.executable,
-                    "-m",
-                    "synapse_ha.programs.worker",
-                    f"--scheduler={','.join(self.grpc.values())}",
-                    f"--node-id={h.name}",
-                    f"--listen={h.address}:{WORKER_PORT}",
-                    f"--data-dir={run_dir / h.name}",
+                run_dir / h.name,
+                listen=f"{h.address}:{WORKER_PORT}",
+                extra=[
                     "--cpu=8",
                     "--memory=16Gi",
                     f"--mock-gpus={WORKER_GPUS}",
@@ -198,18 +188,21 @@ class ChaosCluster:
                     "--no-cgroups",
                     *unsafe_flags,
                 ],
-                run_dir / f"{h.name}.log",
+                log_path=run_dir / f"{h.name}.log",
                 env=worker_env,
+                prefix=net.exec_prefix(h),
+                name=h.name,
             )
             for i, h in enumerate(self.worker_hosts)
         }
-        self.submitter = ChaosProcess(
+        self.submitter = Process(
             "client",
-            self.client_host,
             [sys.executable, "-m", "chaos.workload", str(run_dir / "workload.json")],
             run_dir / "client.log",
+            env=dict(env),
+            prefix=net.exec_prefix(self.client_host),
         )
-        self.sink: subprocess.Popen[bytes] | None = None
+        self.sink: Process | None = None
         self.observer = ClusterClient(
             list(self.grpc.values()), timeout_s=5.0, per_try_timeout_s=1.0
         )
@@ -229,7 +222,7 @@ class ChaosCluster:
         return [*self.replica_hosts, *self.worker_hosts, self.client_host]
 
     @property
-    def processes(self) -> list[ChaosProcess]:
+    def processes(self) -> list[Process]:
         return [*self.replicas.values(), *self.workers.values(), self.submitter]
 
     def address(self, name: str) -> str:
@@ -241,32 +234,17 @@ class ChaosCluster:
         net.create(self.hosts)
         for h in [*self.replica_hosts, *self.worker_hosts]:
             (self.dir / h.name).mkdir(exist_ok=True)
-        sink_log = open(self.dir / "sink.log", "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.sink = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "chaos.sink",
-                    self.sink_address,
-                    str(self.dir / ledger.EFFECTS),
-                ],
-                stdout=sink_log,
-                stderr=sink_log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=self.base_env,
-            )
-        finally:
-            sink_log.close()
+        self.sink = self.launcher.process(
+            "sink",
+            [sys.executable, "-m", "chaos.sink", self.sink_address, str(self.dir / ledger.EFFECTS)],
+            log_path=self.dir / "sink.log",
+        )
         for p in self.replicas.values():
-            p.env = {**self.base_env, **p.env}
-            p.start()
+            self.launcher.start(p)
         self._observer.start()
         self.wait("a serving leader", self._serving_leader, 60.0)
-        for p in self.workers.values():
-            p.env = {**self.base_env, **p.env}
-            p.start()
+        for w in self.workers.values():
+            self.launcher.start(w)
         self.wait("every worker to register", self._all_registered, 60.0)
         write_config(
             WorkloadConfig(
@@ -285,19 +263,21 @@ class ChaosCluster:
             ),
             self.dir / "workload.json",
         )
-        self.submitter.env = dict(self.base_env)
-        self.submitter.start()
+        self.launcher.start(self.submitter)
+
+    def restart(self, p: Process) -> None:
+        """Start a killed replica or worker again (same command, same log)."""
+        self.launcher.start(p)
 
     def close(self) -> None:
         self._stop_observer.set()
         with contextlib.suppress(RuntimeError):
             self._observer.join(timeout=5.0)
-        stop_all(self.processes, grace_s=3.0)
-        if self.sink is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.sink.pid, 9)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.sink.wait(timeout=5.0)
+        try:
+            # The sink outlives the members' last writes: stop the cluster first.
+            self.launcher.stop_all(self.processes, grace_s=3.0)
+        finally:
+            self.launcher.close()
         self.observer.close()
         self.leaders_out.close()
 
@@ -508,23 +488,25 @@ class Nemesis:
             )
         elif step.kind == nemesis.KILL_LEADER:
             targets = [leader]
-            c.replicas[leader].kill9()
-            heal = c.replicas[leader].start
+            victim: Process = c.replicas[leader]
+            victim.kill()
+            heal = lambda: c.restart(victim)  # noqa: E731
         elif step.kind == nemesis.KILL_ALL_REPLICAS:
             targets = sorted(c.replicas)
             for p in c.replicas.values():
-                p.kill9()
+                p.kill()
 
             def restart_all() -> None:
                 for p in c.replicas.values():
-                    p.start()
+                    c.restart(p)
 
             heal = restart_all
         elif step.kind == nemesis.KILL_WORKER:
             worker = busy[step.pick % len(busy)]
             targets = [worker]
-            c.workers[worker].kill9()
-            heal = c.workers[worker].start
+            killed: Process = c.workers[worker]
+            killed.kill()
+            heal = lambda: c.restart(killed)  # noqa: E731
         elif step.kind == nemesis.PAUSE_WORKER:
             worker = busy[step.pick % len(busy)]
             targets = [worker]
@@ -571,7 +553,7 @@ class Nemesis:
         for p in [*self.c.replicas.values(), *self.c.workers.values()]:
             p.resume()
             if not p.alive:
-                p.start()
+                self.c.restart(p)
 
 
 # ------------------------------------------------------------------ scenario

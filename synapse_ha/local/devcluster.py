@@ -1,8 +1,9 @@
 """A real local cluster on 127.0.0.1: three scheduler replicas and mock-GPU workers.
 
 This is the engine behind ``synctl dev up`` and ``make demo``. Every program is a real
-``synapse-scheduler`` or ``synapse-worker`` process, started as ``python -m`` with this
-interpreter, in a process group of its own, with its log under ``DATA_DIR/logs``.
+``synapse-scheduler`` or ``synapse-worker`` process, started by
+:mod:`synapse_ha.local.launcher` as ``python -m`` with this interpreter, in a process group
+of its own, with its log under ``DATA_DIR/logs``.
 
 Ports. By default the replicas listen on fixed loopback ports so that ``synctl`` works
 without ``--cluster``:
@@ -27,7 +28,8 @@ with :class:`DevClusterError` naming what it waited for and the tail of the rele
 :meth:`DevCluster.stop` is idempotent: it stops workers gracefully (their members get
 SIGTERM, then SIGKILL after the stop grace), then the replicas, SIGKILLs any process
 group that is still there (including members' supervisors and members, found through
-the workers' pid records) and, for a temporary data directory, removes it.
+the workers' pid records, and every process carrying the launcher's marker) and, for a
+temporary data directory, removes it.
 
 A fresh Raft password is generated for every run; it reaches the replicas only through
 their environment.
@@ -35,34 +37,49 @@ their environment.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
-
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.local.launcher import (
+    HOST,
+    RPC_ERRORS,
+    Launcher,
+    LaunchError,
+    LocalReplicas,
+    Process,
+    Replica,
+    Worker,
+    free_ports,
+    loopback_peers,
+    port_in_use,
+    replica_status,
+    wait_until,
+    worker_argv,
+)
+from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.worker.members import kill_recorded_process, read_json, running_groups
+from synapse_ha.worker.members import kill_recorded_process, read_json
+
+__all__ = [
+    "HOST",
+    "DevCluster",
+    "DevClusterError",
+    "DevClusterOptions",
+    "free_ports",
+    "port_in_use",
+]
 
 T = TypeVar("T")
 
-HOST = "127.0.0.1"
 REPLICA_IDS = ("a", "b", "c")
 DEFAULT_GRPC_PORTS = (7101, 7102, 7103)
 DEFAULT_RAFT_PORTS = (7111, 7112, 7113)
@@ -70,7 +87,7 @@ DEFAULT_WORKER_PORT_BASE = 7121
 DEFAULT_CLUSTER = ",".join(f"{HOST}:{port}" for port in DEFAULT_GRPC_PORTS)
 MAX_WORKERS = 64
 
-_POLL_S = 0.1
+_POLL_S = 0.3
 _REPLICA_STOP_S = 5.0
 _KILL_WAIT_S = 5.0
 
@@ -132,79 +149,17 @@ class DevClusterOptions:
 
 
 @dataclass
-class DevProcess:
-    """One started program: a replica or a worker."""
+class DevWorker(Worker):
+    """A worker agent of the dev cluster, in one rack, with mock GPUs."""
 
-    name: str
-    argv: list[str]
-    log_path: Path
-    env: dict[str, str] | None = None
-    process: subprocess.Popen[bytes] | None = None
-    expect_running: bool = True  # False once stopped or killed on purpose
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def log_tail(self, chars: int = 2000) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return text[-chars:]
-
-
-@dataclass
-class DevReplica(DevProcess):
-    replica_id: str = ""
-    raft: str = ""
-    grpc: str = ""
-    data_dir: Path = field(default_factory=Path)
-
-
-@dataclass
-class DevWorker(DevProcess):
-    node_id: str = ""
     rack: str = ""
     gpus: int = 0
     listen: str = ""
-    data_dir: Path = field(default_factory=Path)
     address: str = ""  # as registered with the control plane
 
     @property
     def topology(self) -> str:
         return f"zone=z1,block=b1,rack={self.rack}"
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports that were free a moment ago."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def port_in_use(port: int) -> bool:
-    """Whether something listens on (or holds) 127.0.0.1:``port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return True
-            raise
-    return False
 
 
 class DevCluster:
@@ -229,33 +184,25 @@ class DevCluster:
         ).resolve()
         self.logs_dir = self.data_dir / "logs"
         self.raft_password = secrets.token_urlsafe(24)
-        self.replicas: list[DevReplica] = []
+        self.launcher = Launcher(self.logs_dir, env=os.environ)
         self.workers: list[DevWorker] = []
-        self._groups: set[int] = set()
         self._client: ClusterClient | None = None
         self._stop_lock = threading.Lock()
         self._stopped = False
         self._started = False
         if self.options.ephemeral_ports:
-            ports = free_ports(6)
-            grpc_ports, raft_ports = ports[:3], ports[3:]
+            peers = loopback_peers(REPLICA_IDS)
         else:
-            grpc_ports, raft_ports = list(DEFAULT_GRPC_PORTS), list(DEFAULT_RAFT_PORTS)
-        for rid, gport, rport in zip(REPLICA_IDS, grpc_ports, raft_ports, strict=True):
-            self.replicas.append(
-                DevReplica(
-                    name=f"replica {rid}",
-                    argv=[],
-                    log_path=self.logs_dir / f"scheduler-{rid}.log",
-                    replica_id=rid,
-                    raft=f"{HOST}:{rport}",
-                    grpc=f"{HOST}:{gport}",
-                    data_dir=self.data_dir / "replicas" / rid,
-                )
-            )
-        for replica in self.replicas:
-            replica.argv = self._replica_argv(replica)
-            replica.env = {**os.environ, "SYNAPSE_RAFT_PASSWORD": self.raft_password}
+            peers = loopback_peers(REPLICA_IDS, HOST, DEFAULT_GRPC_PORTS, DEFAULT_RAFT_PORTS)
+        self._replicas = LocalReplicas(
+            self.data_dir / "replicas",
+            peers=peers,
+            logs_dir=self.logs_dir,
+            log_name="scheduler-{id}.log",
+            password=self.raft_password,
+            launcher=self.launcher,
+        )
+        self.replicas: list[Replica] = self._replicas.replicas
 
     # ------------------------------------------------------------------ access
 
@@ -273,11 +220,11 @@ class DevCluster:
         """A new client for this cluster; the caller closes it."""
         return ClusterClient(self.cluster_addresses, timeout_s=timeout_s, per_try_timeout_s=1.0)
 
-    def replica(self, replica_id: str) -> DevReplica:
-        for r in self.replicas:
-            if r.replica_id == replica_id:
-                return r
-        raise DevClusterError(f"no replica {replica_id!r} (replicas are {list(REPLICA_IDS)})")
+    def replica(self, replica_id: str) -> Replica:
+        try:
+            return self._replicas.replica(replica_id)
+        except LaunchError as exc:
+            raise DevClusterError(str(exc)) from None
 
     def worker(self, node_id: str) -> DevWorker:
         for w in self.workers:
@@ -292,31 +239,16 @@ class DevCluster:
         (still complete after :meth:`stop` has removed those directories)."""
         if not self._stopped:
             self._remember_member_groups()
-        return set(self._groups)
+        return self.launcher.groups
 
-    def replica_status(self, replica: DevReplica, timeout_s: float = 1.0) -> pb.ReplicaStatus:
+    def replica_status(self, replica: Replica, timeout_s: float = 1.0) -> pb.ReplicaStatus:
         """The replica's own view of itself (raises ``grpc.RpcError`` when it is down)."""
-        with grpc.insecure_channel(replica.grpc) as channel:
-            stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
-            answer = stub.GetClusterStatus(
-                pb.GetClusterStatusRequest(local_only=True), timeout=timeout_s
-            )
-        status: pb.ReplicaStatus = answer.replicas[0]
-        return status
+        return replica_status(replica.grpc, timeout_s)
 
     def leader_id(self) -> str | None:
         """The id of the live replica that says it leads (highest term wins), or None."""
-        best: tuple[int, str] | None = None
-        for r in self.replicas:
-            if not r.alive:
-                continue
-            try:
-                status = self.replica_status(r)
-            except grpc.RpcError:
-                continue
-            if status.role == "leader" and (best is None or status.term > best[0]):
-                best = (status.term, r.replica_id)
-        return best[1] if best else None
+        leader = self._replicas.leader()
+        return leader.replica_id if leader is not None else None
 
     # --------------------------------------------------------------- lifecycle
 
@@ -360,18 +292,16 @@ class DevCluster:
         if self._client is not None:
             self._client.close()
             self._client = None
-        grace = self._stop_grace_s + 5.0
-        for w in self.workers:
-            self._signal(w, signal.SIGTERM)
-        for w in self.workers:
-            self._wait_or_kill(w, grace)
-        self._remember_member_groups()
-        self._kill_recorded_members()
-        for r in self.replicas:
-            self._signal(r, signal.SIGTERM)
-        for r in self.replicas:
-            self._wait_or_kill(r, _REPLICA_STOP_S)
-        self._sweep_groups()
+        try:
+            # Workers first, while the replicas still run: their members get SIGTERM and
+            # the stop grace. Then what the pid records name, then the replicas; the
+            # launcher's close SIGKILLs whatever is left (groups and marked processes).
+            self.launcher.stop_all(self.workers, self._stop_grace_s + 5.0)
+            self._remember_member_groups()
+            self._kill_recorded_members()
+            self.launcher.stop_all(self.replicas, _REPLICA_STOP_S)
+        finally:
+            self.launcher.close()
         if self.owns_data_dir and not self.keep_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -382,10 +312,7 @@ class DevCluster:
         until it has exited (SIGKILL after a bounded wait)."""
         if sig not in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
             raise ValueError(f"sig: {sig} does not end a process; use SIGKILL or SIGTERM")
-        replica = self.replica(replica_id)
-        replica.expect_running = False
-        self._signal(replica, sig)
-        self._wait_or_kill(replica, _KILL_WAIT_S)
+        self.replica(replica_id).kill(sig, _KILL_WAIT_S)
 
     def restart_replica(self, replica_id: str) -> None:
         """Start a stopped replica again on its ports and data directory."""
@@ -416,32 +343,23 @@ class DevCluster:
 
     def stop_worker(self, node_id: str) -> None:
         """Stop one worker gracefully (its members are stopped too)."""
-        worker = self.worker(node_id)
-        worker.expect_running = False
-        self._signal(worker, signal.SIGTERM)
-        self._wait_or_kill(worker, self._stop_grace_s + 5.0)
+        self.worker(node_id).stop(self._stop_grace_s + 5.0)
 
     # ---------------------------------------------------------------- waiting
 
     def wait_for_leader(self, timeout_s: float | None = None) -> str:
         """Wait until a leader serves writes (a leader-only read succeeds); its id."""
 
-        def probe() -> str | None:
-            self._check_alive(self.replicas)
-            leader = self.leader_id()
-            if leader is None:
-                return None
-            with self.client(timeout_s=1.0) as client:
-                client.list_nodes()
-            return leader
-
-        return self._wait("a serving leader", probe, timeout_s, self.replicas)
+        limit = self.options.ready_timeout_s if timeout_s is None else timeout_s
+        try:
+            return self._replicas.serving_leader(limit, abort=self._abort).replica_id
+        except LaunchError as exc:
+            raise DevClusterError(str(exc)) from None
 
     def _wait_workers_ready(self, workers: list[DevWorker]) -> None:
         wanted = {w.node_id: w for w in workers}
 
         def probe() -> bool | None:
-            self._check_alive(workers)
             with self.client(timeout_s=1.0) as client:
                 nodes = {n.node_id: n for n in client.list_nodes()}
             ready = [nid for nid in wanted if nid in nodes and nodes[nid].status == "ready"]
@@ -457,34 +375,23 @@ class DevCluster:
         what: str,
         probe: Callable[[], T | None],
         timeout_s: float | None,
-        processes: list[DevReplica] | list[DevWorker],
+        processes: list[DevWorker],
     ) -> T:
+        """Wait for ``probe``, bounded by ``ready_timeout_s``; a :class:`DevClusterError`
+        names what it waited for (with the watched logs) or which process exited."""
         limit = self.options.ready_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + limit
-        last = ""
-        while time.monotonic() < deadline:
-            if self._abort.is_set():
-                raise DevClusterError(f"interrupted while waiting for {what}")
-            try:
-                value = probe()
-                if value is not None:
-                    return value
-            except (grpc.RpcError, ClusterUnavailable, OSError) as exc:
-                last = str(exc).splitlines()[0][:300]
-            self._abort.wait(_POLL_S * 3)
-        tails = "\n".join(f"--- {p.log_path} ---\n{p.log_tail(1200)}" for p in processes)
-        raise DevClusterError(
-            f"timed out after {limit:.0f}s waiting for {what} (last error: {last or 'none'})\n"
-            f"{tails}"
-        )
-
-    def _check_alive(self, processes: list[DevReplica] | list[DevWorker]) -> None:
-        for p in processes:
-            if p.expect_running and p.process is not None and p.process.poll() is not None:
-                raise DevClusterError(
-                    f"{p.name} exited with code {p.process.returncode}; "
-                    f"its log {p.log_path} ends with:\n{p.log_tail()}"
-                )
+        try:
+            return wait_until(
+                what,
+                probe,
+                limit,
+                every_s=_POLL_S,
+                watch=processes,
+                retry_on=RPC_ERRORS,
+                abort=self._abort,
+            )
+        except LaunchError as exc:
+            raise DevClusterError(str(exc)) from None
 
     # --------------------------------------------------------------- internals
 
@@ -505,12 +412,6 @@ class DevCluster:
     def _initial_racks(self) -> list[str]:
         n, racks = self.options.workers, self.options.racks
         return [f"r{i * racks // n + 1}" for i in range(n)]
-
-    def _replica_argv(self, replica: DevReplica) -> list[str]:
-        argv = [sys.executable, "-m", "synapse_ha.programs.scheduler", "--id", replica.replica_id]
-        for r in self.replicas:
-            argv += ["--replica", f"{r.replica_id}={r.raft},{r.grpc}"]
-        return [*argv, "--data-dir", str(replica.data_dir)]
 
     def _start_worker(self, rack: str, gpus: int) -> DevWorker:
         index = len(self.workers) + 1
@@ -533,64 +434,36 @@ class DevCluster:
             listen=listen,
             data_dir=data,
         )
-        worker.argv = [
-            sys.executable,
-            "-m",
-            "synapse_ha.programs.worker",
-            "--scheduler",
-            self.cluster,
-            "--node-id",
+        worker.argv = worker_argv(
+            self.cluster_addresses,
             node_id,
-            "--listen",
             listen,
-            "--data-dir",
-            str(data),
-            "--topology",
-            worker.topology,
-            "--mock-gpus",
-            str(gpus),
-            "--cpu",
-            self.options.worker_cpu,
-            "--memory",
-            self.options.worker_memory,
-            "--no-cgroups",  # capacities are declared, not measured, on a dev machine
-            "--stop-grace",
-            self.options.stop_grace,
-        ]
+            data,
+            [
+                "--topology",
+                worker.topology,
+                "--mock-gpus",
+                str(gpus),
+                "--cpu",
+                self.options.worker_cpu,
+                "--memory",
+                self.options.worker_memory,
+                "--no-cgroups",  # capacities are declared, not measured, on a dev machine
+                "--stop-grace",
+                self.options.stop_grace,
+            ],
+        )
         self.workers.append(worker)
         self._launch(worker)
         return worker
 
-    def _launch(self, p: DevProcess) -> None:
+    def _launch(self, p: Process) -> None:
         if self._stopped:
             raise DevClusterError("this cluster was stopped")
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        with open(p.log_path, "ab") as log:
-            p.process = subprocess.Popen(
-                p.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                env=p.env,
-            )
-        self._groups.add(p.process.pid)
-
-    def _signal(self, p: DevProcess, sig: int) -> None:
-        if p.alive and p.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.process.pid, sig)
-
-    def _wait_or_kill(self, p: DevProcess, grace_s: float) -> None:
-        if p.process is None:
-            return
         try:
-            p.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.process.wait(timeout=_KILL_WAIT_S)
+            self.launcher.start(p)
+        except LaunchError as exc:
+            raise DevClusterError(str(exc)) from None
 
     def _member_records(self) -> Iterator[dict[str, object]]:
         for w in self.workers:
@@ -607,23 +480,11 @@ class DevCluster:
         for record in self._member_records():
             pid = record.get("pid")
             if isinstance(pid, int) and pid > 0:
-                self._groups.add(pid)  # shims and members each lead their own session
+                self.launcher.adopt(pid)  # shims and members each lead their own session
 
     def _kill_recorded_members(self) -> None:
         for record in self._member_records():
             kill_recorded_process(record)
-
-    def _sweep_groups(self) -> None:
-        """SIGKILL whatever is left in the groups this cluster started; bounded."""
-        deadline = time.monotonic() + _KILL_WAIT_S
-        while True:
-            left = self._groups & running_groups()
-            if not left or time.monotonic() >= deadline:
-                break
-            for pgid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-            time.sleep(_POLL_S)
 
 
 # ------------------------------------------------------------------ foreground

@@ -5,6 +5,7 @@ No network, no clock: time is an integer the test advances.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 
@@ -25,6 +26,13 @@ from synapse_ha.core.scheduler import Plan, schedule
 _ids = itertools.count(1)
 
 
+def node_address(node_id: str) -> str:
+    """A made-up address that depends on ``node_id`` only: a stable digest, not
+    ``hash()``, whose value for a string changes with PYTHONHASHSEED."""
+    digest = hashlib.sha256(node_id.encode()).digest()
+    return f"10.0.0.{int.from_bytes(digest[:4], 'big') % 250 + 1}"
+
+
 def node(
     name: str | None = None,
     *,
@@ -40,7 +48,7 @@ def node(
     node_id = name or f"n{next(_ids)}"
     return NodeInfo(
         node_id=node_id,
-        address=f"10.0.0.{abs(hash(node_id)) % 250 + 1}",
+        address=node_address(node_id),
         capacity=Resources(cpu * 1000, memory_gib * 1024, gpus),
         gpu_islands=islands,
         topology=(("block", block), ("rack", rack), ("zone", zone)),

@@ -2,7 +2,9 @@
 
 Every process a dev cluster starts (replicas, workers, member supervisors, members)
 inherits the environment of the process that started the cluster, so a unique variable
-set there identifies all of them, whatever session or process group they are in.
+set there identifies all of them, whatever session or process group they are in. The
+launcher marks its own processes the same way; this marker is set by the test itself, so
+it also catches what a launcher failed to stop.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import signal
 import time
 import uuid
 
+from synapse_ha.local.launcher import processes_with_env
+
 MARKER_VARIABLE = "SYNAPSE_TEST_MARKER"
 
 
@@ -22,22 +26,7 @@ def new_marker() -> str:
 
 def marked_processes(marker: str) -> list[int]:
     """Pids of live (non-zombie) processes whose environment carries ``marker``."""
-    needle = f"{MARKER_VARIABLE}={marker}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                environ = f.read()
-            with open(f"/proc/{entry.name}/stat", encoding="utf-8") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        state = stat[stat.rfind(")") + 2 :].split()[:1]
-        if needle in environ.split(b"\0") and state not in (["Z"], ["X"]):
-            found.append(int(entry.name))
-    return found
+    return processes_with_env(MARKER_VARIABLE, marker)
 
 
 def wait_no_marked_processes(marker: str, timeout_s: float = 10.0) -> list[int]:

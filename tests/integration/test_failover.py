@@ -46,6 +46,30 @@ class Submitter(threading.Thread):
             return len(self.acked)
 
 
+def answers(cluster: LocalCluster) -> dict[str, pb.ReplicaStatus]:
+    """Each replica's own status, for every replica that answers (whatever the test
+    believes about its process)."""
+    seen = {}
+    for r in cluster.replicas:
+        try:
+            seen[r.replica_id] = cluster.local_status(r)
+        except grpc.RpcError:
+            continue
+    return seen
+
+
+def agreed_leader(cluster: LocalCluster, killed: str) -> dict[str, pb.ReplicaStatus] | None:
+    """The answering replicas' statuses once every one names the same leader other than
+    ``killed`` and that leader says it leads; None before."""
+    seen = answers(cluster)
+    named = {s.leader_id for s in seen.values()}
+    if len(named) != 1 or killed in named or "" in named:
+        return None
+    (leader_id,) = named
+    leader = seen.get(leader_id)
+    return seen if leader is not None and leader.role == "leader" else None
+
+
 def test_killing_the_leader_loses_no_acknowledged_submission(
     fresh_cluster: LocalCluster,
 ) -> None:
@@ -56,10 +80,22 @@ def test_killing_the_leader_loses_no_acknowledged_submission(
     submitter.start()
     try:
         wait_for("submissions to flow", lambda: submitter.count() >= 50)
+        old_term = cluster.local_status(old_leader).term
         cluster.kill(old_leader)
         killed_at = submitter.count()
-        new_leader = cluster.serving_leader()
-        assert new_leader is not old_leader
+        seen = wait_for(
+            "the live replicas to agree on a new leader",
+            lambda: agreed_leader(cluster, old_leader.replica_id),
+        )
+        # The killed replica answers nobody, and no live replica names it as leader.
+        assert old_leader.replica_id not in seen
+        assert sorted(seen) == sorted(r.replica_id for r in cluster.followers(old_leader))
+        (new_id,) = {s.leader_id for s in seen.values()}
+        assert new_id != old_leader.replica_id
+        # One new leader, elected in a later term, that every live replica follows.
+        assert [rid for rid, s in seen.items() if s.role == "leader"] == [new_id]
+        assert all(s.term > old_term for s in seen.values()), (old_term, seen)
+        assert cluster.serving_leader().replica_id == new_id
         wait_for("submissions to resume", lambda: submitter.count() >= killed_at + 50)
     finally:
         submitter.stop.set()

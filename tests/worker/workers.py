@@ -1,106 +1,57 @@
-"""Real synapse-worker processes on 127.0.0.1 for integration tests and benchmarks.
+"""Real synapse-worker processes on 127.0.0.1 for integration tests.
 
-Each worker runs in its own process group; :meth:`LocalWorkers.close` kills every group
-it started, and any member left behind (via the member pid records), so a failing test
-never leaks processes.
+Agents are started by :mod:`synapse_ha.local.launcher`; :meth:`LocalWorkers.close` stops
+them, the member supervisors and members they left behind (via the member pid records,
+then the launcher's marker sweep), so a failing test never leaks processes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from synapse_ha.local.launcher import Launcher, Worker
 from synapse_ha.worker.members import kill_recorded_process, read_json
 
-
-@dataclass
-class WorkerProcess:
-    node_id: str
-    data_dir: Path
-    log_path: Path
-    args: list[str]
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+__all__ = ["LocalWorkers", "Worker"]
 
 
-@dataclass
 class LocalWorkers:
-    root: Path
-    schedulers: list[str]
-    workers: list[WorkerProcess] = field(default_factory=list)
+    """Agents ``node_id`` with data in ``root/node_id`` and logs ``root/node_id.log``."""
 
-    def start(self, node_id: str, *extra: str) -> WorkerProcess:
-        data = self.root / node_id
-        worker = WorkerProcess(
-            node_id=node_id,
-            data_dir=data,
-            log_path=self.root / f"{node_id}.log",
-            args=[
-                sys.executable,
-                "-m",
-                "synapse_ha.programs.worker",
-                "--scheduler",
-                ",".join(self.schedulers),
-                "--node-id",
-                node_id,
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                str(data),
-                "--no-cgroups",
-                "--stop-grace",
-                "1s",
-                "--fence-grace",
-                "200ms",
-                *extra,
-            ],
+    def __init__(self, root: Path, schedulers: list[str]) -> None:
+        self.root = root
+        self.schedulers = schedulers
+        self.launcher = Launcher(root)
+        self.workers: list[Worker] = []
+
+    def start(self, node_id: str, *extra: str) -> Worker:
+        worker = self.launcher.worker(
+            self.schedulers,
+            node_id,
+            self.root / node_id,
+            extra=["--no-cgroups", "--stop-grace", "1s", "--fence-grace", "200ms", *extra],
         )
         self.workers.append(worker)
-        self.launch(worker)
+        self.launcher.start(worker)
         return worker
 
-    def launch(self, worker: WorkerProcess) -> None:
-        log = open(worker.log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            worker.process = subprocess.Popen(
-                worker.args,
-                stdout=log,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-
-    def kill(self, worker: WorkerProcess, sig: int = signal.SIGKILL) -> None:
-        """Signal the agent process only (not its members' supervisors)."""
-        if worker.process is not None and worker.process.poll() is None:
-            os.kill(worker.process.pid, sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM) and worker.process is not None:
-            worker.process.wait(timeout=30)
+    def kill(self, worker: Worker, sig: int = signal.SIGKILL) -> None:
+        """Signal the agent process only (not its members' supervisors); wait for it to
+        exit on SIGKILL or SIGTERM."""
+        worker.signal_process(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            worker.expect_running = False
+            worker.wait(30)
 
     def close(self) -> None:
         for w in self.workers:
-            if w.process is not None and w.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(w.process.pid, signal.SIGKILL)
-                w.process.wait(timeout=10)
+            w.kill(signal.SIGKILL)
             members = w.data_dir / "members"
             for record in members.glob("*/*/shim.json") if members.exists() else ():
                 kill_recorded_process(read_json(record))
                 kill_recorded_process(read_json(record.with_name("member.json")))
+        self.launcher.close()
 
     def logs(self) -> str:
-        parts = []
-        for w in self.workers:
-            text = w.log_path.read_text(errors="replace") if w.log_path.exists() else ""
-            parts.append(f"----- {w.node_id} -----\n{text[-3000:]}")
-        return "\n".join(parts)
+        return "\n".join(f"----- {w.node_id} -----\n{w.log_tail(3000)}" for w in self.workers)
