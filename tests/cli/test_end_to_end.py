@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from synapse_ha.cli.defaults import ExitCode
-from synapse_ha.local.launcher import WaitTimeout
 from tests.cli.conftest import Synctl
 from tests.integration.cluster import wait_for
 
@@ -246,12 +245,6 @@ def test_cordon_drain_uncordon(synctl: Synctl, tmp_path: Path) -> None:
     assert back.exit_code == 0 and back.stdout.strip() == "node w2: ready"
 
 
-@pytest.mark.xfail(
-    raises=WaitTimeout,
-    strict=True,
-    reason="MUST HOLD once the core implements DRAINING -> CORDONED once empty (issue 12, "
-    "item 5); until then a drained empty node stays draining. Remove this mark then.",
-)
 def test_a_drained_node_is_cordoned_once_empty(synctl: Synctl) -> None:
     try:
         assert synctl("drain", "w2", "--reason", "empty").exit_code == 0
