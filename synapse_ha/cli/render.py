@@ -13,6 +13,10 @@ A **job** (``status``, ``jobs`` → ``{"jobs": [...]}``)::
 
     id, name, state, reason, request_id       strings; state is PENDING, SCHEDULED,
                                               RUNNING, SUCCEEDED, FAILED or CANCELLED
+    reason_code        str    the reason's machine-readable code (e.g. waiting_capacity,
+                              requeued_node_dead, failed_exit)
+    retries_used, requeues   int   attempts retried after failures; after disruptions
+    image              str    container image ("" runs on the host)
     attempt            int    number of the current or last attempt (0: never bound)
     fencing_token      int | null   that attempt's token
     replicas, priority int
@@ -40,7 +44,8 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
     last_heartbeat_age_ms   int | null   null when the answering leader has not heard
                                          from the node since its election
 
-``explain``: ``{id, state, explanation, reason, attempt, fencing_token, members}`` where
+``explain``: ``{id, state, explanation, reason_code, reason, attempt, fencing_token,
+members}`` (``reason_code`` is the explanation's code) where
 each member also has ``rack``, ``topology`` and ``topology_path`` of its node.
 ``cluster``: ``{healthy, leader, leader_address, answered_by, nodes, jobs, pending_jobs,
 running_jobs, replicas: [{id, role, term, commit_index, last_applied, leader, healthy,
@@ -111,6 +116,10 @@ def job_document(job: pb.Job) -> Document:
         "name": spec.name,
         "state": job.state,
         "reason": job.reason,
+        "reason_code": job.reason_code,
+        "retries_used": job.retries_used,
+        "requeues": job.requeues,
+        "image": spec.image,
         "request_id": job.request_id,
         "attempt": job.attempt.number if has_attempt else 0,
         "fencing_token": job.attempt.fencing_token if has_attempt else None,
@@ -191,6 +200,7 @@ def explain_document(
         "id": answer.job_id,
         "state": answer.state,
         "explanation": answer.explanation,
+        "reason_code": answer.reason_code,
         "reason": job.reason,
         "attempt": job_doc["attempt"],
         "fencing_token": job_doc["fencing_token"],

@@ -42,6 +42,7 @@ _TOP_FIELDS = frozenset(
         "time_limit",
         "retries",
         "request_id",
+        "image",
     }
 )
 _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
@@ -284,6 +285,7 @@ def parse_job_spec(
         topology_preferred=_string(topology_doc.get("preferred", ""), "topology.preferred"),
         time_limit_ms=parse_duration(doc["time_limit"], "time_limit") if "time_limit" in doc else 0,
         retries=retries,
+        image=_string(doc.get("image", ""), "image"),
     )
     request_id = _string(doc.get("request_id", ""), "request_id")
     violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)

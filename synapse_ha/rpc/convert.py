@@ -58,6 +58,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         topology_required=msg.topology_required,
         topology_preferred=msg.topology_preferred,
         time_limit_ms=msg.time_limit_ms,
+        image=msg.image,
         retries=RetryPolicy(
             max_retries=retries.max,
             backoff_ms=retries.backoff_ms or defaults.backoff_ms,
@@ -80,6 +81,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         topology_required=spec.topology_required,
         topology_preferred=spec.topology_preferred,
         time_limit_ms=spec.time_limit_ms,
+        image=spec.image,
         retries=pb.RetryPolicy(
             max=spec.retries.max_retries,
             backoff_ms=spec.retries.backoff_ms,
@@ -132,6 +134,9 @@ def job_to_proto(job: Job) -> pb.Job:
         spec=spec_to_proto(job.spec),
         state=str(job.state),
         reason=render(job.reason),
+        reason_code=str(job.reason.code),
+        retries_used=job.retries_used,
+        requeues=job.requeues,
         submitted_at_ms=job.submitted_at_ms,
         finished_at_ms=job.finished_at_ms,
         attempts_made=job.attempts_made,

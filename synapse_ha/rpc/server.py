@@ -31,7 +31,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, NodeStatus
-from synapse_ha.core.scheduler import Plan, explain
+from synapse_ha.core.scheduler import Plan, explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.core.views import DesiredMember, desired_by_node
@@ -326,11 +326,13 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         job = state.jobs.get(request.job_id)
         if job is not None:
             last_plan = None if stale else self.ctx.last_plan()
+            waiting = why_pending(state, job.job_id, now, last_plan)
             return pb.ExplainJobResponse(
                 job_id=job.job_id,
                 state=str(job.state),
                 explanation=explain(state, job.job_id, now, last_plan),
                 stale=stale,
+                reason_code=str((waiting or job.reason).code),
             )
         _job_not_found(context, request.job_id)
 

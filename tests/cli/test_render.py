@@ -10,7 +10,8 @@ from synapse_ha.cli import render
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 JOB_KEYS = [
-    "id", "name", "state", "reason", "request_id", "attempt", "fencing_token", "replicas",
+    "id", "name", "state", "reason", "reason_code", "retries_used", "requeues", "image",
+    "request_id", "attempt", "fencing_token", "replicas",
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
     "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members",
 ]  # fmt: skip
@@ -25,6 +26,8 @@ def running_job() -> pb.Job:
     return pb.Job(
         job_id="job-000007",
         request_id="r-7",
+        reason_code="running",
+        requeues=1,
         spec=pb.JobSpec(
             name="train",
             replicas=2,
@@ -73,6 +76,7 @@ def test_a_job_document_has_every_documented_field() -> None:
     doc = render.job_document(running_job())
     assert list(doc) == JOB_KEYS
     assert doc["attempt"] == 2 and doc["fencing_token"] == 41
+    assert (doc["reason_code"], doc["requeues"], doc["retries_used"]) == ("running", 1, 0)
     assert doc["resources"] == {"gpu": 4, "cpu_milli": 1500, "memory_mib": 262144}
     assert doc["command"] == ["python", "train.py"] and doc["shell"] is False
     assert doc["finished_at_ms"] is None

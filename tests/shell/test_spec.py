@@ -152,3 +152,14 @@ def test_the_parser_and_the_state_machine_share_one_rule_set() -> None:
     with pytest.raises(SpecError) as info:
         parse_job_spec(doc(workdir="relative"))
     assert info.value.violations == tuple(check_job_spec(relative, DEFAULT_TOPOLOGY_LEVELS))
+
+
+def test_an_image_reaches_the_core_spec_and_survives_the_wire() -> None:
+    from synapse_ha.rpc.convert import spec_from_proto, spec_to_proto
+
+    spec = parse_job_spec(doc(image="registry.local/train:1.2")).spec
+    assert spec.image == "registry.local/train:1.2"
+    assert spec_from_proto(spec_to_proto(spec)) == spec
+    with pytest.raises(SpecError) as bad:
+        parse_job_spec(doc(image="two words"))
+    assert bad.value.field == "image"
