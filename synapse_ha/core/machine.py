@@ -20,6 +20,7 @@ from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ResultCode, error, ok
 from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, NODE, move, transition
 from synapse_ha.core.model import (
+    FEATURE_IMAGES,
     MAX_LOCALITY_WAIT_MS,
     MAX_REQUEUES_LIMIT,
     MAX_START_TIMEOUT_MS,
@@ -38,7 +39,9 @@ from synapse_ha.core.model import (
     NodeInfo,
     NodeStatus,
     Resources,
+    time_limit_deadline,
     topology_path,
+    unconfirmed_members,
 )
 from synapse_ha.core.reasons import (
     FAILURE_CODES,
@@ -50,8 +53,6 @@ from synapse_ha.core.reasons import (
 )
 from synapse_ha.core.topology import CLUSTER, domain_at
 from synapse_ha.core.validation import check_job_spec, check_node_info, describe
-
-FEATURE_IMAGES = "images"  # a node that can run jobs naming a container image
 
 
 def apply(state: ClusterState, command: cmd.Command) -> Result:
@@ -509,22 +510,6 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     )
 
 
-def unconfirmed_members(job: Job) -> list[int]:
-    """Ranks of the job's ended attempt not yet known to have stopped.
-
-    A job whose attempt failed is not bound again until every member of that attempt
-    has reported its exit or its node was declared dead (which happens only after the
-    node's lease has run out and its worker fenced itself). Otherwise a member still
-    being stopped on one node could overlap the next attempt on another.
-    """
-    attempt = job.attempt
-    if attempt is None or attempt.ended_at_ms is None or job.state.finished:
-        return []
-    return [
-        rank for rank, s in enumerate(attempt.member_status) if s.state is not MemberState.EXITED
-    ]
-
-
 def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -> bool:
     """Record that a member of the job's ended attempt has stopped; False if not such."""
     attempt = job.attempt
@@ -602,15 +587,6 @@ def _expire_time_limit(state: ClusterState, c: cmd.ExpireTimeLimit, now: int) ->
     _finish(job, lc.JobEvent.FAIL, reason(ReasonCode.FAILED_TIME_LIMIT, limit_ms=limit), now)
     _settle_drained(state, nodes)
     return ok(f"{c.job_id} stopped at its time limit", job_id=c.job_id)
-
-
-def time_limit_deadline(job: Job) -> int | None:
-    """When the live attempt of ``job`` must be stopped, or None without a limit."""
-    attempt = job.live_attempt()
-    if attempt is None or job.spec.time_limit_ms <= 0:
-        return None
-    start = attempt.bound_at_ms if attempt.started_at_ms is None else attempt.started_at_ms
-    return start + job.spec.time_limit_ms
 
 
 def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Result:

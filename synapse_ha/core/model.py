@@ -354,3 +354,33 @@ class ClusterState:
 
     def live_jobs(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.state.holds_resources]
+
+
+# ---------------------------------------------------------------- job predicates
+
+FEATURE_IMAGES = "images"  # a node that can run jobs naming a container image
+
+
+def unconfirmed_members(job: Job) -> list[int]:
+    """Ranks of the job's ended attempt not yet known to have stopped.
+
+    A job whose attempt failed is not bound again until every member of that attempt
+    has reported its exit or its node was declared dead (which happens only after the
+    node's lease has run out and its worker fenced itself). Otherwise a member still
+    being stopped on one node could overlap the next attempt on another.
+    """
+    attempt = job.attempt
+    if attempt is None or attempt.ended_at_ms is None or job.state.finished:
+        return []
+    return [
+        rank for rank, s in enumerate(attempt.member_status) if s.state is not MemberState.EXITED
+    ]
+
+
+def time_limit_deadline(job: Job) -> int | None:
+    """When the live attempt of ``job`` must be stopped, or None without a limit."""
+    attempt = job.live_attempt()
+    if attempt is None or job.spec.time_limit_ms <= 0:
+        return None
+    start = attempt.bound_at_ms if attempt.started_at_ms is None else attempt.started_at_ms
+    return start + job.spec.time_limit_ms

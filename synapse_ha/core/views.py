@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse_ha.core.commands import ExpireTimeLimit, FailAttempt
-from synapse_ha.core.machine import not_started_members, start_timeout_reason, time_limit_deadline
-from synapse_ha.core.model import ClusterState, JobSpec
+from synapse_ha.core.machine import not_started_members, start_timeout_reason
+from synapse_ha.core.model import ClusterState, JobSpec, time_limit_deadline
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from typing import Any
 
 import grpc
 
-from synapse_ha.core.machine import FEATURE_IMAGES
+from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -18,8 +18,14 @@ from hypothesis.stateful import (
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
-from synapse_ha.core.machine import apply, unconfirmed_members
-from synapse_ha.core.model import ClusterState, JobState, MemberState, NodeStatus
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import (
+    ClusterState,
+    JobState,
+    MemberState,
+    NodeStatus,
+    unconfirmed_members,
+)
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import due_start_timeouts, due_time_limits

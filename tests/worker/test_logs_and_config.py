@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from synapse_ha.core.machine import FEATURE_IMAGES
+from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.programs.worker import ConfigError, load_config, registration
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc

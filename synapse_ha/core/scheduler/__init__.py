@@ -1,0 +1,20 @@
+"""Gang placement: a pure function from a state snapshot to a plan.
+
+``schedule(state, now_ms)`` never changes ``state``. It walks the queue (priority, then
+submission order) and places each gang whole or not at all. The package is split along these seams:
+
+* :mod:`.capacity`: the free-capacity table, its views and the cache kept between passes;
+* :mod:`.placement`: placing one gang (topology, locality wait, best fit, NVLink);
+* :mod:`.reservation`: the head-of-line reservation and backfill;
+* :mod:`.explainer`: why a gang waits, ``why_pending`` and ``explain``;
+* :mod:`.plan` and :mod:`.passes`: the plan and the pass that makes it.
+
+The scheduler plans; it never imports the state machine (an import-linter contract).
+"""
+
+from synapse_ha.core.scheduler.capacity import CapacityCache
+from synapse_ha.core.scheduler.explainer import explain, why_pending
+from synapse_ha.core.scheduler.passes import schedule
+from synapse_ha.core.scheduler.plan import Plan, Reservation
+
+__all__ = ["CapacityCache", "Plan", "Reservation", "explain", "schedule", "why_pending"]

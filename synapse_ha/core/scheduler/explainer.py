@@ -1,0 +1,182 @@
+"""Why a gang waits, and answers to "why is my job where it is".
+
+Every pending job left unplaced gets a :class:`~synapse_ha.core.reasons.Reason` saying
+why, with the numbers as fields (rendered to a sentence only at the edges).
+"""
+
+from __future__ import annotations
+
+from synapse_ha.core.model import ClusterState, JobState, MemberState, Resources, topology_path
+from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
+from synapse_ha.core.scheduler.capacity import UNLIMITED, Domain, View
+from synapse_ha.core.scheduler.placement import Gang
+from synapse_ha.core.scheduler.plan import Plan, Reservation
+from synapse_ha.core.topology import describe_domain
+
+
+class Explainer:
+    """Sentences for people: why a gang waits, with the numbers that matter."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        # Keyed by the view itself too (the views of one pass share a version); holding
+        # the view keeps its identity from being reused by a later one in the pass.
+        self.cache: dict[tuple[Resources, int, int, View], tuple[int, Domain]] = {}
+
+    def best_room(self, view: View, req: Resources, depth: int) -> tuple[int, Domain]:
+        """Roughly how many members of ``req`` the roomiest domain at ``depth`` holds now.
+
+        Exact in GPUs for the whole cluster and for single hosts; for other domains an
+        upper bound from the domain's free totals (fragmentation may lower it).
+        """
+        key = (req, depth, view.version, view)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        if depth == 0 and req.gpu:
+            room = sum(len(nodes) * (free // req.gpu) for free, nodes in view.by_free_gpu.items())
+            best: tuple[int, Domain] = (min(room, _bound(view.totals.get(()), req)), ())
+        elif depth > view.levels:
+            best = max(
+                (
+                    (n.slots(req, UNLIMITED), n.path)
+                    for n in view.table.at
+                    if n.node_id not in view.excluded
+                ),
+                key=lambda item: (item[0], [-ord(c) for c in "/".join(item[1])]),
+                default=(0, ()),
+            )
+        else:
+            best = (0, ())
+            for domain in sorted(view.domains_at(depth)):
+                room = _bound(view.totals[domain], req)
+                if room > best[0] or not best[1]:
+                    best = (room, domain)
+        self.cache[key] = best
+        return best
+
+    def why_waiting(
+        self,
+        gang: Gang,
+        view: View,
+        depths: list[int],
+        reservation: Reservation | None,
+        now_ms: int,
+        behind: Reservation | None = None,
+    ) -> Reason:
+        spec = gang.spec
+        need = _need(gang)
+        if behind is not None:
+            return reason(
+                ReasonCode.RESERVED_FOR_OTHER,
+                holder=behind.job_id,
+                start_in_ms=_start_in(behind, now_ms),
+                **need,
+            )
+        room, domain = self.best_room(view, gang.req, min(depths) if spec.topology_required else 0)
+        have: dict[str, int | str | None] = {
+            "room": room,
+            "domain": describe_domain(domain, self.names) if domain else None,
+            "images": 1 if spec.image else None,
+        }
+        if reservation is not None:
+            return reason(
+                ReasonCode.FIRST_IN_LINE_RESERVED,
+                start_in_ms=_start_in(reservation, now_ms),
+                **need,
+                **have,
+            )
+        if room < gang.n:
+            return reason(ReasonCode.WAITING_CAPACITY, **need, **have)
+        return reason(ReasonCode.WAITING_SHAPE, **need, **have)
+
+    def why_waiting_for_locality(
+        self, gang: Gang, view: View, local: list[int], wait_ms: int
+    ) -> Reason:
+        depth = min(local)
+        room, domain = self.best_room(view, gang.req, depth)
+        return reason(
+            ReasonCode.WAITING_LOCALITY,
+            wait_level=self.names[depth - 1],
+            wait_ms=wait_ms,
+            room=room if domain else None,
+            domain=describe_domain(domain, self.names) if domain else None,
+            **_need(gang),
+        )
+
+
+def _need(gang: Gang) -> dict[str, int | str | None]:
+    """The fields every wait reason carries: the gang's size, request and required level."""
+    return {
+        "members": gang.n,
+        "request": gang.spec.resources.describe(),
+        "level": gang.spec.topology_required or None,
+    }
+
+
+def _bound(total: list[int] | None, req: Resources) -> int:
+    if total is None:
+        return 0
+    bounds = [
+        t // r
+        for t, r in zip(total, (req.gpu, req.cpu_milli, req.memory_mib), strict=True)
+        if r > 0
+    ]
+    return max(min(bounds, default=UNLIMITED), 0)
+
+
+def _start_in(reservation: Reservation, now_ms: int) -> int | None:
+    """How long until the reservation starts; None: once jobs without a time limit end."""
+    if reservation.start_ms is None:
+        return None
+    return max(reservation.start_ms - now_ms, 0)
+
+
+def why_pending(
+    state: ClusterState, job_id: str, now_ms: int, last_plan: Plan | None = None
+) -> Reason | None:
+    """Why a pending job waits now; None when the job is not pending.
+
+    The answer comes from ``last_plan``, the leader's newest scheduling pass, never from
+    planning again: a pass over a large cluster is far too costly to run per question.
+    ``FITS_NOW`` when that pass placed the job (its bind is on its way); the job's
+    replicated reason when the pass did not consider it (submitted since, or planned by
+    an earlier leader) or while it waits out a retry back-off.
+    """
+    job = state.jobs.get(job_id)
+    if job is None or job.state is not JobState.PENDING:
+        return None
+    if now_ms < job.retry_not_before_ms or last_plan is None:
+        return job.reason
+    if job_id in last_plan.reasons:
+        return last_plan.reasons[job_id]
+    for p in last_plan.placements:
+        if p.job_id == job_id and p.attempts_made == job.attempts_made:
+            hosts = sorted({m.node_id for m in p.members})
+            last = job.attempt.outcome if job.attempt is not None else None
+            return reason(ReasonCode.FITS_NOW, last, nodes=", ".join(hosts))
+    return job.reason
+
+
+def explain(state: ClusterState, job_id: str, now_ms: int, last_plan: Plan | None = None) -> str:
+    """Why a job is where it is, for people: its wait reason (see :func:`why_pending`),
+    or where each member runs."""
+    job = state.jobs.get(job_id)
+    if job is None:
+        return f"no job {job_id!r}"
+    if job.state is JobState.PENDING:
+        return render(why_pending(state, job_id, now_ms, last_plan))
+    attempt = job.attempt
+    if attempt is None or job.state.finished:
+        return f"{job.state.value}: {render(job.reason)}"
+    levels = state.config.topology_levels
+    lines = [f"{job.state.value}, attempt {attempt.number} (token {attempt.fencing_token})"]
+    if job.requeues:
+        lines[0] += f", {job.requeues} requeue(s) after disruptions"
+    for m, status in zip(attempt.members, attempt.member_status, strict=True):
+        node = state.nodes.get(m.node_id)
+        path = "/".join(topology_path(node.info, levels)) if node else m.node_id
+        gpus = ",".join(map(str, m.gpus)) or "-"
+        extra = f" exit {status.exit_code}" if status.state is MemberState.EXITED else ""
+        lines.append(f"  rank {m.rank}: {path} gpus {gpus} {status.state.value}{extra}")
+    return "\n".join(lines)

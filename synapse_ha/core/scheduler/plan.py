@@ -1,0 +1,38 @@
+"""What a scheduling pass decides: the plan and the head-of-line reservation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from synapse_ha.core.commands import BindPlan, GangPlacement
+from synapse_ha.core.reasons import Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: str
+    start_ms: int | None  # None: only once jobs without a time limit end
+    nodes: frozenset[str]
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one scheduling pass decided."""
+
+    placements: list[GangPlacement] = field(default_factory=list)
+    reasons: dict[str, Reason] = field(default_factory=dict)  # every unplaced pending job
+    changed_reasons: list[tuple[str, Reason]] = field(default_factory=list)
+    reservation: Reservation | None = None
+    # The earliest later time at which time alone may change a decision (a locality
+    # wait ending); a caller that plans only on events should plan again then.
+    wake_ms: int | None = None
+
+    def command(self, now_ms: int) -> BindPlan | None:
+        """The command to propose, or None when the pass changes nothing."""
+        if not self.placements and not self.changed_reasons:
+            return None
+        return BindPlan(
+            placements=tuple(self.placements),
+            reasons=tuple(self.changed_reasons),
+            now_ms=now_ms,
+        )

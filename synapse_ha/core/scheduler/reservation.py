@@ -1,0 +1,126 @@
+"""Reservation and backfill for the first gang that cannot be placed.
+
+The first gang that cannot be placed gets a reservation: the earliest time enough
+capacity frees, from running jobs' time limits (jobs without one never end, for this
+purpose), and the nodes it would use then. Later gangs may use those nodes only if their
+own time limit ends before the reservation starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from synapse_ha.core.model import ClusterState, MemberPlacement, Resources, time_limit_deadline
+from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
+from synapse_ha.core.scheduler.placement import Gang, fits_totals, place
+from synapse_ha.core.scheduler.plan import Reservation
+
+
+@dataclass(slots=True)
+class Running:
+    """A gang that holds capacity during this pass: its end time and what it holds."""
+
+    end_ms: int | None  # None: no time limit
+    req: Resources
+    members: tuple[MemberPlacement, ...]
+
+
+def running_gangs(state: ClusterState, placed: dict[str, Running]) -> dict[str, Running]:
+    """Every gang holding capacity: live attempts, and gangs placed earlier this pass."""
+    running = {
+        job.job_id: Running(time_limit_deadline(job), job.spec.resources, attempt.members)
+        for job in state.live_jobs()
+        if (attempt := job.attempt) is not None
+    }
+    running.update(placed)
+    return running
+
+
+def reserve(
+    gang: Gang,
+    view: View,
+    depths: list[int],
+    running: dict[str, Running],
+    empty_view: Callable[[], View],
+) -> Reservation | None:
+    """The earliest start for the head-of-line gang as running gangs end, and its nodes.
+
+    Gangs with a time limit are released in order of their end time, gangs ending at
+    the same moment together; the reservation is the first release after which the gang
+    fits, placed on the capacity free at that moment. Gangs without a time limit end at
+    an unknown time, after all the others: a reservation that needs them has no start
+    time and is placed on the cluster as it is once every running gang has ended, with
+    nothing bound. (Every bound member belongs to a live attempt, so that is the
+    capacity left after releasing them all.)
+
+    Releases are applied to the pass's table only when a cheap bound says the gang may
+    fit, and undone before returning. The bound is exact in what it skips: whether a
+    gang fits only grows as capacity frees, it fits exactly when some domain at its
+    widest allowed level has room for all members, and the room of a domain untouched
+    since the last failed try has not changed.
+    """
+    table = view.table
+    req, n = gang.req, gang.n
+    widest = min(depths)
+    limited = sorted((r.end_ms, job_id, r) for job_id, r in running.items() if r.end_ms is not None)
+    light: dict[str, list[int]] = {}  # node id -> its free [gpu, cpu, mem] once released
+    bounds: dict[Domain, list[int]] = {}  # domain -> [gpu, cpu, mem, members by GPUs]
+    touched: set[Domain] = set()  # domains whose room grew since the last try
+    unapplied: list[Running] = []
+    mark = table.mark()
+    try:
+        for i, (end, _, gone) in enumerate(limited):
+            for m in gone.members:
+                node = table.nodes.get(m.node_id)
+                if node is None:
+                    continue
+                domain = node.path[:widest]
+                free = light.get(m.node_id)
+                if free is None:
+                    free = light[m.node_id] = [node.gpu, node.cpu, node.mem]
+                bound = bounds.get(domain)
+                if bound is None:
+                    bound = bounds[domain] = _domain_bound(view, node, domain, req)
+                if req.gpu:
+                    bound[3] += (free[0] + gone.req.gpu) // req.gpu - free[0] // req.gpu
+                free[0] += gone.req.gpu
+                free[1] += gone.req.cpu_milli
+                free[2] += gone.req.memory_mib
+                bound[0] += gone.req.gpu
+                bound[1] += gone.req.cpu_milli
+                bound[2] += gone.req.memory_mib
+                touched.add(domain)
+            unapplied.append(gone)
+            if i + 1 < len(limited) and limited[i + 1][0] == end:
+                continue  # gangs ending at the same moment free their capacity together
+            if not any(
+                fits_totals(bounds[d], req, n) and (not req.gpu or bounds[d][3] >= n)
+                for d in touched
+            ):
+                continue
+            touched.clear()
+            for g in unapplied:
+                for m in g.members:
+                    table.adjust(m.node_id, g.req, m.gpus, +1)
+            unapplied.clear()
+            hosts = place(gang, view, depths)
+            if hosts is not None:
+                return Reservation(gang.job.job_id, end, frozenset(h for h, _ in hosts))
+    finally:
+        table.undo(mark)
+    if len(limited) == len(running):
+        return None
+    hosts = place(gang, empty_view(), depths)
+    if hosts is None:
+        return None
+    return Reservation(gang.job.job_id, None, frozenset(h for h, _ in hosts))
+
+
+def _domain_bound(view: View, node: NodeFree, domain: Domain, req: Resources) -> list[int]:
+    """[gpu, cpu, mem, members of ``req`` its free GPUs could hold] for ``domain``."""
+    if len(domain) > view.levels:  # a single host
+        slots = node.gpu // req.gpu if req.gpu else 0
+        return [node.gpu, node.cpu, node.mem, slots]
+    t = view.totals[domain]
+    return [t[0], t[1], t[2], view.gpu_slots(domain, req.gpu) if req.gpu else 0]
