@@ -37,6 +37,12 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
 
+def loopback_host(i: int) -> str:
+    """A distinct loopback address for simulated node ``i``: the leader nudges nodes at
+    their addresses after a bind, and nothing here may send traffic off this machine."""
+    return f"127.{1 + i // 65536 % 254}.{i // 256 % 256}.{i % 256}"
+
+
 def register_request(node_id: str, host: str, gpu: int = 8) -> pb.RegisterNodeRequest:
     return pb.RegisterNodeRequest(
         node_id=node_id,
@@ -249,8 +255,7 @@ def bench_binding(root: Path, nodes: int, jobs: int, members: int) -> dict[str, 
             stub = pb_grpc.SchedulerServiceStub(channel)
             node_ids = [f"node-{i:05d}" for i in range(nodes)]
             registrations = [
-                register_request(n, f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", gpu=8)
-                for i, n in enumerate(node_ids)
+                register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)
             ]
             pipelined(agent.RegisterNode, registrations, 64)
             heartbeater = Heartbeater([leader.grpc], node_ids)
@@ -339,7 +344,7 @@ def bench_failover(root: Path, kills: int) -> dict[str, Any]:
         with ClusterClient(cluster.grpc_addresses) as client:
             node_ids = [f"fo-{i}" for i in range(4)]
             for i, n in enumerate(node_ids):
-                client.register_node(register_request(n, f"10.9.0.{i + 1}", gpu=0))
+                client.register_node(register_request(n, loopback_host(i), gpu=0))
         stream = Stream(cluster.grpc_addresses)
         stream.start()
         for _ in range(kills):
