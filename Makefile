@@ -62,6 +62,8 @@ bench: $(STAMP)
 	cat bench/results/placement.json
 	$(BIN)/python bench/lock_hold.py > bench/results/lock_hold.json
 	cat bench/results/lock_hold.json
+	$(BIN)/python bench/read_storm.py > bench/results/read_storm.json
+	cat bench/results/read_storm.json
 	$(BIN)/python bench/quorum.py > bench/results/quorum.json
 	cat bench/results/quorum.json
 	$(BIN)/python bench/gang_start.py > bench/results/gang_start.json

@@ -1,0 +1,266 @@
+"""A storm of read calls against every replica, while thousands of nodes heartbeat.
+
+Three real replicas on loopback; ``nodes`` simulated nodes (8 GPUs each) register and
+heartbeat once a second from this process; ``running`` gangs are bound to them and a long
+queue of ``pending`` gangs that cannot fit waits. Then, for ``seconds``, ``threads`` client
+threads call ExplainJob, GetJob and ListJobs (the full list) round-robin against every
+replica (stale reads on followers, as a dashboard would).
+
+Reads are served from snapshots, so they must not stall the log or the heartbeats. Prints
+JSON: read calls served, heartbeat round trip p50/p99/max before and during the storm
+(target p99 < 100 ms during), the longest gap between two answered heartbeats of any node
+holding members (a gap past ``lease_ttl`` would fence its members), gangs requeued or
+failed (must be 0), and whether the leader kept its term. ``--smoke`` runs a tiny version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loopback import percentile
+from quorum import loopback_host, pipelined, register_request, small_spec
+
+from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+
+LEASE_TTL_S = 4.0  # the default lease_ttl: a longer silence fences a node's members
+
+
+class Heartbeats(threading.Thread):
+    """Every node heartbeats once per interval (pipelined); records each round trip and,
+    per node, the longest time between two answered heartbeats."""
+
+    def __init__(
+        self, find_leader: Callable[[], str], node_ids: list[str], interval_s: float = 1.0
+    ) -> None:
+        super().__init__(daemon=True)
+        self.find_leader = find_leader
+        self.channel = grpc.insecure_channel(find_leader())
+        self.stub = pb_grpc.NodeAgentServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.node_ids = node_ids
+        self.interval_s = interval_s
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.rtts: list[tuple[float, float]] = []  # (sent at, seconds)
+        self.failed = 0
+        self.last_ok: dict[str, float] = {}
+        self.max_gap: dict[str, float] = {}
+
+    def _done(self, node_id: str, sent: float, future: grpc.Future) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if future.exception() is not None:
+                self.failed += 1
+                return
+            self.rtts.append((sent, now - sent))
+            last = self.last_ok.get(node_id)
+            if last is not None:
+                self.max_gap[node_id] = max(self.max_gap.get(node_id, 0.0), now - last)
+            self.last_ok[node_id] = now
+
+    def run(self) -> None:
+        failed = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            if self.failed > failed:  # the leader may have moved: find it, as workers do
+                failed = self.failed
+                self.channel.close()
+                self.channel = grpc.insecure_channel(self.find_leader())
+                self.stub = pb_grpc.NodeAgentServiceStub(self.channel)  # type: ignore[no-untyped-call]
+            for node_id in self.node_ids:
+                sent = time.monotonic()
+                future = self.stub.Heartbeat.future(
+                    pb.HeartbeatRequest(node_id=node_id), timeout=5.0
+                )
+                future.add_done_callback(
+                    lambda f, n=node_id, s=sent: self._done(n, s, f)  # type: ignore[misc]
+                )
+            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+        self.channel.close()
+
+    def window(self, start: float, end: float) -> list[float]:
+        with self.lock:
+            return [rtt for sent, rtt in self.rtts if start <= sent < end]
+
+
+class Reader(threading.Thread):
+    """Calls ExplainJob, GetJob and ListJobs round-robin on every replica until stopped."""
+
+    def __init__(self, addresses: list[str], job_ids: list[str], seed: int) -> None:
+        super().__init__(daemon=True)
+        self.channels = [grpc.insecure_channel(a) for a in addresses]
+        self.stubs = [pb_grpc.SchedulerServiceStub(c) for c in self.channels]  # type: ignore[no-untyped-call]
+        self.job_ids = job_ids
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.calls = {"ExplainJob": 0, "GetJob": 0, "ListJobs": 0}
+        self.errors = 0
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            stub = self.stubs[i % len(self.stubs)]
+            kind = ("ExplainJob", "GetJob", "ListJobs")[i % 3]
+            job_id = self.rng.choice(self.job_ids)
+            try:
+                if kind == "ExplainJob":
+                    stub.ExplainJob(
+                        pb.ExplainJobRequest(job_id=job_id, allow_stale=True), timeout=10
+                    )
+                elif kind == "GetJob":
+                    stub.GetJob(pb.GetJobRequest(job_id=job_id, allow_stale=True), timeout=10)
+                else:
+                    stub.ListJobs(pb.ListJobsRequest(allow_stale=True), timeout=30)
+                self.calls[kind] += 1
+            except grpc.RpcError:
+                self.errors += 1
+            i += 1
+        for channel in self.channels:
+            channel.close()
+
+
+def _rtt_summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"count": 0}
+    return {
+        "count": len(values),
+        "p50_ms": round(percentile(values, 0.50) * 1000, 2),
+        "p99_ms": round(percentile(values, 0.99) * 1000, 2),
+        "max_ms": round(max(values) * 1000, 2),
+    }
+
+
+def run(root: Path, nodes: int, running: int, pending: int, threads: int, seconds: float) -> Any:
+    cluster = LocalReplicas(root / "storm")
+    heartbeats: Heartbeats | None = None
+    readers: list[Reader] = []
+    try:
+        cluster.start()
+        leader = cluster.serving_leader()
+        with grpc.insecure_channel(leader.grpc) as channel:
+            agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+            node_ids = [f"node-{i:05d}" for i in range(nodes)]
+            pipelined(
+                agent.RegisterNode,
+                [register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)],
+                64,
+            )
+            heartbeats = Heartbeats(lambda: cluster.serving_leader().grpc, node_ids)
+            heartbeats.start()
+            # Gangs of 4 x 8 GPUs hold whole nodes; gangs larger than the cluster wait.
+            gangs = [
+                pb.SubmitJobRequest(spec=small_spec(f"run{i}", 4, gpu=8), request_id=f"run{i}")
+                for i in range(running)
+            ] + [
+                pb.SubmitJobRequest(
+                    spec=small_spec(f"wait{i}", nodes + 1, gpu=8), request_id=f"wait{i}"
+                )
+                for i in range(pending)
+            ]
+            answers, _ = pipelined(stub.SubmitJob, gangs, 128)
+            job_ids = [a.job_id for a in answers]
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    bound = stub.ListJobs(
+                        pb.ListJobsRequest(states=["SCHEDULED"], allow_stale=True), timeout=30
+                    )
+                    if len(bound.jobs) >= running:
+                        break
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        # The storm starts from a settled cluster: the leader as it is now.
+        leader = cluster.serving_leader()
+        term_before = cluster.local_status(leader).term
+        with grpc.insecure_channel(leader.grpc) as channel:
+            stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+            quiet_start = time.monotonic()
+            time.sleep(min(5.0, seconds / 3))
+            storm_start = time.monotonic()
+            readers = [Reader(cluster.grpc_addresses, job_ids, seed) for seed in range(threads)]
+            for reader in readers:
+                reader.start()
+            time.sleep(seconds)
+            storm_end = time.monotonic()
+            for reader in readers:
+                reader.stop.set()
+            for reader in readers:
+                reader.join(timeout=30)
+            status = cluster.local_status(leader)
+            jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=30).jobs
+        heartbeats.stop.set()
+        heartbeats.join(timeout=10)
+        holding = {m.node_id for j in jobs if j.state == "SCHEDULED" for m in j.attempt.members}
+        gaps = [heartbeats.max_gap.get(n, 0.0) for n in sorted(holding)]
+        calls = {k: sum(r.calls[k] for r in readers) for k in readers[0].calls}
+        return {
+            "benchmark": "read_storm",
+            "nodes": nodes,
+            "running_gangs": running,
+            "pending_gangs": pending,
+            "reader_threads": threads,
+            "storm_seconds": seconds,
+            "read_calls": calls,
+            "read_calls_per_s": round(sum(calls.values()) / (storm_end - storm_start), 1),
+            "read_errors": sum(r.errors for r in readers),
+            "heartbeat_rtt_before_storm": _rtt_summary(heartbeats.window(quiet_start, storm_start)),
+            "heartbeat_rtt_during_storm": _rtt_summary(heartbeats.window(storm_start, storm_end)),
+            "heartbeats_failed": heartbeats.failed,
+            "longest_heartbeat_gap_of_a_node_with_members_s": round(max(gaps, default=0.0), 3),
+            "nodes_past_lease_ttl": sum(1 for g in gaps if g > LEASE_TTL_S),
+            "gangs_requeued_or_failed": sum(
+                1 for j in jobs if j.requeues or j.retries_used or j.state == "FAILED"
+            ),
+            "leader_kept_its_term": status.role == "leader" and status.term == term_before,
+            "targets": {"heartbeat_rtt_during_storm_p99_ms": 100, "nodes_past_lease_ttl": 0},
+        }
+    finally:
+        for reader in readers:
+            reader.stop.set()
+        if heartbeats is not None:
+            heartbeats.stop.set()
+        cluster.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="a tiny version, seconds long")
+    parser.add_argument("--nodes", type=int, default=1500)
+    parser.add_argument("--pending", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="synapse-storm-") as tmp:
+        if args.smoke:
+            result = run(Path(tmp), nodes=20, running=2, pending=20, threads=2, seconds=2.0)
+        else:
+            result = run(
+                Path(tmp),
+                nodes=args.nodes,
+                running=min(100, args.nodes // 8),
+                pending=args.pending,
+                threads=args.threads,
+                seconds=args.seconds,
+            )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
