@@ -42,8 +42,8 @@ LEASE_TTL_S = 4.0  # the default lease_ttl: a longer silence fences a node's mem
 
 
 class Heartbeats(threading.Thread):
-    """Every node heartbeats once per interval (pipelined); records each round trip and,
-    per node, the longest time between two answered heartbeats."""
+    """Every node heartbeats once per interval, the sends spread evenly over it; records
+    each round trip and, per node, the longest time between two answered heartbeats."""
 
     def __init__(
         self, find_leader: Callable[[], str], node_ids: list[str], interval_s: float = 1.0
@@ -82,7 +82,11 @@ class Heartbeats(threading.Thread):
                 self.channel.close()
                 self.channel = grpc.insecure_channel(self.find_leader())
                 self.stub = pb_grpc.NodeAgentServiceStub(self.channel)  # type: ignore[no-untyped-call]
-            for node_id in self.node_ids:
+            # Spread over the interval, as independent workers are, not one burst.
+            gap = self.interval_s / max(1, len(self.node_ids))
+            for i, node_id in enumerate(self.node_ids):
+                if self.stop.wait(max(0.0, started + i * gap - time.monotonic())):
+                    break
                 sent = time.monotonic()
                 future = self.stub.Heartbeat.future(
                     pb.HeartbeatRequest(node_id=node_id), timeout=5.0
@@ -204,7 +208,8 @@ def run(root: Path, nodes: int, running: int, pending: int, threads: int, second
             for reader in readers:
                 reader.join(timeout=30)
             status = cluster.local_status(leader)
-            jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=30).jobs
+            # Read from whichever replica answers: the leader may have moved.
+            jobs = stub.ListJobs(pb.ListJobsRequest(allow_stale=True), timeout=30).jobs
         heartbeats.stop.set()
         heartbeats.join(timeout=10)
         holding = {m.node_id for j in jobs if j.state == "SCHEDULED" for m in j.attempt.members}
