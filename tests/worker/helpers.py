@@ -7,7 +7,7 @@ import select
 import time
 from pathlib import Path
 
-from synapse_ha.worker.members import LaunchSpec
+from synapse_ha.worker.members import LaunchSpec, MemberExecutor, MemberKey
 
 
 class FakeClock:
@@ -97,3 +97,15 @@ def wait_gone(pids: list[int], bound_s: float) -> float:
             raise AssertionError(f"processes {pids} still alive after {bound_s}s")
         time.sleep(0.02)
     return time.monotonic() - start
+
+
+def wait_exit(executor: MemberExecutor, key: MemberKey, timeout_s: float) -> tuple[int, str]:
+    """Poll ``executor`` until the member ``key`` has exited: its exit code and detail.
+    Bounded by ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for done, exit_ in executor.poll():
+            if done == key:
+                return exit_.exit_code, exit_.detail
+        time.sleep(0.02)
+    raise AssertionError(f"{key} did not finish within {timeout_s} s")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import stat
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,12 @@ from synapse_ha.worker.agent import Agent, launch_spec_from_proto
 from synapse_ha.worker.cgroups import CgroupLimits, cgroup_limits, probe_cgroups
 from synapse_ha.worker.members import (
     ImageRuntime,
-    MemberExecutor,
     MemberKey,
     NoImageRuntime,
     member_argv,
 )
 from tests.worker.conftest import MakeExecutor
-from tests.worker.helpers import FakeClock, spec
+from tests.worker.helpers import FakeClock, spec, wait_exit
 from tests.worker.test_agent import FakeControl
 
 IMAGE = "registry.example/train:24.01"
@@ -196,16 +194,6 @@ def fake_runtime(tmp_path: Path) -> Path:
     return script
 
 
-def finish(executor: MemberExecutor, key: MemberKey, timeout_s: float = 20.0) -> tuple[int, str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for done, exit_ in executor.poll():
-            if done == key:
-                return exit_.exit_code, exit_.detail
-        time.sleep(0.01)
-    raise AssertionError(f"{key} did not finish within {timeout_s} s")
-
-
 def test_a_member_with_an_image_runs_through_the_runtime(
     make_executor: MakeExecutor, tmp_path: Path
 ) -> None:
@@ -227,7 +215,7 @@ def test_a_member_with_an_image_runs_through_the_runtime(
             memory_mib=64,
         )
     )
-    assert finish(executor, member.key) == (0, "")
+    assert wait_exit(executor, member.key, 20.0) == (0, "")
     argv = (tmp_path / "argv").read_text().splitlines()
     assert argv[:6] == ["run", "--rm", "--name", "synapse-job-7-41-1", "--network", "host"]
     assert argv[6:10] == ["--device", "nvidia.com/gpu=4", "--device", "nvidia.com/gpu=6"]
@@ -289,7 +277,7 @@ def test_the_agent_runs_what_the_leader_sends_through_the_runtime(
         pb.RegisterNodeRequest(node_id="n1", address="127.0.0.1:7070"), control, executor, clock
     )
     assert "started 1 member(s)" in agent.step()
-    assert finish(executor, MemberKey("job-3", 5, 0)) == (0, "")
+    assert wait_exit(executor, MemberKey("job-3", 5, 0), 20.0) == (0, "")
     argv = (tmp_path / "argv").read_text().splitlines()
     assert argv[argv.index("--cpus") + 1 :][:3] == ["2.000", "--memory", "128m"]
     assert argv[-4:] == [IMAGE, "/bin/sh", "-c", "echo from-$SYNAPSE_JOB_ID"]
@@ -305,7 +293,7 @@ def test_a_fenced_member_s_container_is_stopped(
         image_runtime=ImageRuntime.parse(str(fake_runtime(tmp_path))), lease_s=1.0
     )
     member = executor.start(spec("sleep 60", image=IMAGE))
-    code, detail = finish(executor, member.key)
+    code, detail = wait_exit(executor, member.key, 20.0)
     assert code == 143  # the runtime client died of the SIGTERM
     assert detail == "fenced: the node's lease expired"
     assert (tmp_path / "stops").read_text().splitlines() == [
@@ -317,7 +305,7 @@ def test_a_fenced_member_s_container_is_stopped(
 def test_a_member_naming_an_image_without_a_runtime_says_so(make_executor: MakeExecutor) -> None:
     executor = make_executor()
     member = executor.start(spec("true", image=IMAGE))
-    code, detail = finish(executor, member.key)
+    code, detail = wait_exit(executor, member.key, 20.0)
     assert code == 127
     assert "no image runtime" in detail and IMAGE in detail
     assert "no image runtime" in (member.dir / "output.log").read_text()
@@ -359,7 +347,7 @@ def test_a_member_runs_inside_its_limited_cgroup_on_a_real_hierarchy(
     name = f"{member.key.job_id}.t{member.key.fencing_token}.r{member.key.rank}"
     cgroup = limiter.parent / name
     try:
-        assert finish(executor, member.key) == (0, "")
+        assert wait_exit(executor, member.key, 20.0) == (0, "")
         assert (cgroup / "cpu.max").read_text().split() == ["150000", "100000"]
         assert (cgroup / "memory.max").read_text().strip() == str(64 * 1024 * 1024)
         inside = (member.dir / "output.log").read_text().strip()

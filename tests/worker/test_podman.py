@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import ImageRuntime, MemberExecutor, MemberKey
+from synapse_ha.worker.members import ImageRuntime, MemberKey
 from tests.worker.conftest import MakeExecutor
-from tests.worker.helpers import spec
+from tests.worker.helpers import spec, wait_exit
 
 IMAGE = "localhost/synapse-test-busybox:1"
 BUSYBOX_TOOLS = ("sh", "cat", "echo", "sleep", "pwd", "head")
@@ -100,16 +100,6 @@ def container_exists(runtime: ImageRuntime, key: MemberKey) -> bool:
     return bool(done.stdout.strip())
 
 
-def wait_exit(executor: MemberExecutor, key: MemberKey, timeout_s: float = 60.0) -> tuple[int, str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for done, exit_ in executor.poll():
-            if done == key:
-                return exit_.exit_code, exit_.detail
-        time.sleep(0.02)
-    raise AssertionError(f"{key} did not finish within {timeout_s} s")
-
-
 def test_a_member_runs_in_a_podman_container(
     podman_runtime: ImageRuntime, make_executor: MakeExecutor
 ) -> None:
@@ -134,7 +124,7 @@ def test_a_member_runs_in_a_podman_container(
         )
     )
     try:
-        code, detail = wait_exit(executor, member.key)
+        code, detail = wait_exit(executor, member.key, 60.0)
         output = (member.dir / "output.log").read_text()
         assert (code, detail) == (0, ""), output
         assert output.splitlines() == [
@@ -167,7 +157,7 @@ def test_a_lost_lease_stops_the_container(
             assert not executor.poll(), (member.dir / "output.log").read_text()
             time.sleep(0.1)
         LeaseFile(executor.lease_path).revoke()
-        code, detail = wait_exit(executor, member.key)
+        code, detail = wait_exit(executor, member.key, 60.0)
         assert detail == "fenced: the node's lease expired"
         assert code != 0
         assert not container_exists(podman_runtime, member.key)
