@@ -66,6 +66,7 @@ class SubmitJob:
     spec: JobSpec
     request_id: str
     now_ms: int = 0
+    owner: str = ""  # the authenticated user submitting it
 
 
 @dataclass(frozen=True, slots=True)

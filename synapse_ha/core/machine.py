@@ -254,7 +254,12 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     job_id = f"job-{seq:06d}"
     state.next_job_seq = seq + 1
     state.jobs[job_id] = Job(
-        job_id=job_id, spec=c.spec, request_id=c.request_id, seq=seq, submitted_at_ms=now
+        job_id=job_id,
+        spec=c.spec,
+        request_id=c.request_id,
+        seq=seq,
+        submitted_at_ms=now,
+        owner=c.owner,
     )
     state.request_ids[c.request_id] = job_id
     return ok(f"submitted {job_id}", job_id=job_id, created=True)

@@ -318,6 +318,7 @@ class Job:
     requeues: int = 0
     retry_not_before_ms: int = 0
     finished_at_ms: int = 0
+    owner: str = ""  # the user who submitted it (DESIGN §8); members run as this user
 
     @property
     def fencing_token(self) -> int:

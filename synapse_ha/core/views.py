@@ -26,6 +26,7 @@ class DesiredMember:
     master_port: int
     member_hosts: tuple[str, ...]
     spec: JobSpec
+    owner: str = ""  # the user the job belongs to; the worker may run the member as it
 
 
 def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
@@ -63,6 +64,7 @@ def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
                     master_port=attempt.master_port,
                     member_hosts=hosts,
                     spec=job.spec,
+                    owner=job.owner,
                 )
             )
     return wanted
