@@ -368,7 +368,16 @@ def bench_failover(root: Path, kills: int) -> dict[str, Any]:
                 def bound_after(
                     stub: pb_grpc.SchedulerServiceStub = stub, kill_wall_ms: float = kill_wall_ms
                 ) -> float | None:
-                    jobs = stub.ListJobs(pb.ListJobsRequest(states=["SCHEDULED"]), timeout=5).jobs
+                    jobs = []
+                    token = ""
+                    while True:
+                        page = stub.ListJobs(
+                            pb.ListJobsRequest(states=["SCHEDULED"], page_token=token), timeout=5
+                        )
+                        jobs.extend(page.jobs)
+                        token = page.next_page_token
+                        if not token:
+                            break
                     times = [
                         j.attempt.bound_at_ms for j in jobs if j.attempt.bound_at_ms > kill_wall_ms
                     ]

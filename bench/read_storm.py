@@ -35,6 +35,7 @@ from loopback import percentile
 from quorum import loopback_host, pipelined, register_request, small_spec
 
 from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
@@ -103,7 +104,9 @@ class Heartbeats(threading.Thread):
 
 
 class Reader(threading.Thread):
-    """Calls ExplainJob, GetJob and ListJobs round-robin on every replica until stopped."""
+    """Calls ExplainJob, GetJob and ListJobs (every page, as a dashboard listing all jobs
+    does) round-robin on every replica until stopped. A call the replica refuses as
+    OVERLOADED (heavy reads are rationed) is counted and retried after a short pause."""
 
     def __init__(self, addresses: list[str], job_ids: list[str], seed: int) -> None:
         super().__init__(daemon=True)
@@ -113,6 +116,8 @@ class Reader(threading.Thread):
         self.rng = random.Random(seed)
         self.stop = threading.Event()
         self.calls = {"ExplainJob": 0, "GetJob": 0, "ListJobs": 0}
+        self.jobs_listed = 0
+        self.overloaded = 0
         self.errors = 0
 
     def run(self) -> None:
@@ -129,10 +134,22 @@ class Reader(threading.Thread):
                 elif kind == "GetJob":
                     stub.GetJob(pb.GetJobRequest(job_id=job_id, allow_stale=True), timeout=10)
                 else:
-                    stub.ListJobs(pb.ListJobsRequest(allow_stale=True), timeout=30)
+                    token = ""
+                    while True:
+                        page = stub.ListJobs(
+                            pb.ListJobsRequest(allow_stale=True, page_token=token), timeout=30
+                        )
+                        self.jobs_listed += len(page.jobs)
+                        token = page.next_page_token
+                        if not token:
+                            break
                 self.calls[kind] += 1
-            except grpc.RpcError:
-                self.errors += 1
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    self.overloaded += 1
+                    self.stop.wait(self.rng.uniform(0.05, 0.2))
+                else:
+                    self.errors += 1
             i += 1
         for channel in self.channels:
             channel.close()
@@ -153,8 +170,10 @@ def run(root: Path, nodes: int, running: int, pending: int, threads: int, second
     cluster = LocalReplicas(root / "storm")
     heartbeats: Heartbeats | None = None
     readers: list[Reader] = []
+    observer: ClusterClient | None = None
     try:
         cluster.start()
+        observer = ClusterClient(cluster.grpc_addresses, timeout_s=60, per_try_timeout_s=30)
         leader = cluster.serving_leader()
         with grpc.insecure_channel(leader.grpc) as channel:
             agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -182,12 +201,9 @@ def run(root: Path, nodes: int, running: int, pending: int, threads: int, second
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 try:
-                    bound = stub.ListJobs(
-                        pb.ListJobsRequest(states=["SCHEDULED"], allow_stale=True), timeout=30
-                    )
-                    if len(bound.jobs) >= running:
+                    if len(observer.list_jobs(states=["SCHEDULED"], allow_stale=True)) >= running:
                         break
-                except grpc.RpcError:
+                except (grpc.RpcError, ClusterUnavailable):
                     pass
                 time.sleep(0.2)
         # The storm starts from a settled cluster: the leader as it is now.
@@ -209,7 +225,7 @@ def run(root: Path, nodes: int, running: int, pending: int, threads: int, second
                 reader.join(timeout=30)
             status = cluster.local_status(leader)
             # Read from whichever replica answers: the leader may have moved.
-            jobs = stub.ListJobs(pb.ListJobsRequest(allow_stale=True), timeout=30).jobs
+            jobs = observer.list_jobs(allow_stale=True)
         heartbeats.stop.set()
         heartbeats.join(timeout=10)
         holding = {m.node_id for j in jobs if j.state == "SCHEDULED" for m in j.attempt.members}
@@ -224,6 +240,8 @@ def run(root: Path, nodes: int, running: int, pending: int, threads: int, second
             "storm_seconds": seconds,
             "read_calls": calls,
             "read_calls_per_s": round(sum(calls.values()) / (storm_end - storm_start), 1),
+            "jobs_listed": sum(r.jobs_listed for r in readers),
+            "reads_refused_overloaded": sum(r.overloaded for r in readers),
             "read_errors": sum(r.errors for r in readers),
             "heartbeat_rtt_before_storm": _rtt_summary(heartbeats.window(quiet_start, storm_start)),
             "heartbeat_rtt_during_storm": _rtt_summary(heartbeats.window(storm_start, storm_end)),
@@ -241,6 +259,8 @@ def run(root: Path, nodes: int, running: int, pending: int, threads: int, second
             reader.stop.set()
         if heartbeats is not None:
             heartbeats.stop.set()
+        if observer is not None:
+            observer.close()
         cluster.close()
 
 

@@ -5,7 +5,8 @@ it last found to be the leader, and branches on the error's reason
 (:class:`~synapse_ha.rpc.errors.Reason`, read from its ErrorInfo), never on its text:
 
 * NOT_LEADER sends it straight to the leader named in the ErrorInfo metadata;
-* LEADER_NOT_READY (a new leader committing its barrier) waits and asks it again;
+* LEADER_NOT_READY (a new leader committing its barrier) and OVERLOADED (heavy reads are
+  rationed there) wait and ask it again;
 * NO_LEADER, NOT_COMMITTED and a replica that does not answer at all (UNAVAILABLE without
   a reason) move it to the next address;
 * OUTCOME_UNKNOWN (or a deadline with no answer) is retried only when ``idempotent`` is
@@ -39,6 +40,8 @@ __all__ = ["LEADER_METADATA_KEY", "ClusterClient", "ClusterUnavailable", "new_re
 
 # Reasons after which the same call is sent again (to the next replica, or the leader).
 _MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
+# Reasons after which the same replica is asked again after a back-off.
+_WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED})
 
 Response = TypeVar("Response")
 
@@ -144,8 +147,8 @@ class ClusterClient:
                 if not _retriable(failure, idempotent):
                     raise
                 failures_in_round += 1
-                if failure.reason is Reason.LEADER_NOT_READY:
-                    failures_in_round = len(self.addresses)  # wait for its barrier here
+                if failure.reason in _WAIT_HERE:
+                    failures_in_round = len(self.addresses)  # back off, then ask it again
                 else:
                     address = self._next_address(address)
                 if failures_in_round >= len(self.addresses):
@@ -184,12 +187,22 @@ class ClusterClient:
         job: pb.Job = response.job
         return job
 
-    def list_jobs(self, **filters: Any) -> list[pb.Job]:
-        request = pb.ListJobsRequest(**filters)
-        response = self.call(
-            "ListJobs", lambda a, t: self.scheduler(a).ListJobs(request, timeout=t)
-        )
-        return list(response.jobs)
+    def list_jobs(self, limit: int = 0, **filters: Any) -> list[pb.Job]:
+        """Every matching job (at most ``limit`` when it is set), page after page."""
+        jobs: list[pb.Job] = []
+        token = ""
+        while True:
+            page_size = min(limit - len(jobs), 1000) if limit else 0
+            request = pb.ListJobsRequest(limit=page_size, page_token=token, **filters)
+
+            def page(address: str, timeout: float, r: pb.ListJobsRequest = request) -> Any:
+                return self.scheduler(address).ListJobs(r, timeout=timeout)
+
+            response = self.call("ListJobs", page)
+            jobs.extend(response.jobs)
+            token = response.next_page_token
+            if not token or (limit and len(jobs) >= limit):
+                return jobs
 
     def cancel_job(self, job_id: str, reason: str = "") -> pb.CancelJobResponse:
         request = pb.CancelJobRequest(job_id=job_id, reason=reason)
@@ -266,7 +279,7 @@ def _retriable(failure: RpcFailure, idempotent: bool) -> bool:
     """Whether the call may be sent again: a replica that could not take it (no leader,
     not committed, a barrier pending, or no answer at all), or, for an idempotent call, an
     unknown outcome."""
-    if failure.reason in _MOVE_ON or failure.reason is Reason.LEADER_NOT_READY:
+    if failure.reason in _MOVE_ON or failure.reason in _WAIT_HERE:
         return True
     if failure.reason is Reason.OUTCOME_UNKNOWN:
         return idempotent

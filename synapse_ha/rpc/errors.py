@@ -43,6 +43,7 @@ class Reason(enum.StrEnum):
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # a write was not confirmed in time; retry is safe
     NOT_COMMITTED = "NOT_COMMITTED"  # a write was refused before commit; retry
     INTERNAL = "INTERNAL"  # a bug in the replica
+    OVERLOADED = "OVERLOADED"  # heavy reads are rationed on this replica; retry after a pause
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
@@ -57,6 +58,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.OUTCOME_UNKNOWN: grpc.StatusCode.DEADLINE_EXCEEDED,
     Reason.NOT_COMMITTED: grpc.StatusCode.UNAVAILABLE,
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+    Reason.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 

@@ -17,10 +17,10 @@ import hashlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 import grpc
@@ -30,12 +30,13 @@ from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
 from synapse_ha.core.codec import encode_state
-from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, NodeStatus
+from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState, NodeStatus
 from synapse_ha.core.scheduler import Plan, explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.core.views import DesiredMember, desired_by_node
 from synapse_ha.rpc import convert
+from synapse_ha.rpc.admission import Overloaded, ReadGate
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -94,6 +95,8 @@ class ReplicaContext:
     write_timeout_s: float = 5.0
     # The leader's newest scheduling pass, which ExplainJob answers from.
     last_plan: Callable[[], Plan | None] = lambda: None
+    # Rations heavy reads so they cannot starve Raft and heartbeats (rpc/admission.py).
+    read_gate: ReadGate = field(default_factory=ReadGate)
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -147,6 +150,20 @@ class _Base:
         self._require_serving_leader(context)
         return False
 
+    @contextmanager
+    def _heavy_read(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """Run the body as a heavy read admitted by the replica's read gate, or abort
+        with OVERLOADED."""
+        admission = self.ctx.read_gate.admit()
+        try:
+            admission.__enter__()
+        except Overloaded as exc:
+            abort(context, Reason.OVERLOADED, f"{exc}; retry after a pause")
+        try:
+            yield
+        finally:
+            admission.__exit__(None, None, None)
+
     def _propose(self, context: grpc.ServicerContext, command: cmd.Command) -> cmd.Result:
         """Commit ``command`` and return its result; abort on any failure."""
         self._require_serving_leader(context)
@@ -196,6 +213,11 @@ def _invalid(context: grpc.ServicerContext, error: SpecError) -> NoReturn:
 
 def _required(context: grpc.ServicerContext, field: str) -> NoReturn:
     abort_invalid(context, [Violation(ViolationCode.REQUIRED, field, "is required")])
+
+
+# ListJobs pages: the default and the largest number of jobs in one answer.
+DEFAULT_PAGE_SIZE = 500
+MAX_PAGE_SIZE = 1000
 
 
 def _job_not_found(context: grpc.ServicerContext, job_id: str) -> NoReturn:
@@ -297,23 +319,39 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
                 _invalid(context, SpecError(f"states[{i}]", f"{name!r} is not one of {allowed}"))
         if request.limit < 0:
             _invalid(context, SpecError("limit", "must not be negative"))
+        after_seq = 0
+        if request.page_token:
+            if not request.page_token.isdigit():
+                _invalid(
+                    context,
+                    SpecError("page_token", "is not a next_page_token a replica returned"),
+                )
+            after_seq = int(request.page_token)
+        page_size = min(request.limit or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         stale = self._read_mode(context, request.allow_stale)
-        out = []
-        state = self.ctx.backend.snapshot()
-        for job in sorted(state.jobs.values(), key=lambda j: j.seq):
-            if wanted_states and job.state not in wanted_states:
-                continue
-            if request.name and job.spec.name != request.name:
-                continue
-            if request.node_id and not (
-                job.attempt is not None
-                and any(m.node_id == request.node_id for m in job.attempt.members)
-            ):
-                continue
-            out.append(convert.job_to_proto(job))
-            if request.limit and len(out) >= request.limit:
-                break
-        return pb.ListJobsResponse(jobs=out, stale=stale)
+        with self._heavy_read(context):
+            state = self.ctx.backend.snapshot()
+            page: list[Job] = []
+            more = False
+            for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+                if job.seq <= after_seq:
+                    continue
+                if wanted_states and job.state not in wanted_states:
+                    continue
+                if request.name and job.spec.name != request.name:
+                    continue
+                if request.node_id and not (
+                    job.attempt is not None
+                    and any(m.node_id == request.node_id for m in job.attempt.members)
+                ):
+                    continue
+                if len(page) == page_size:
+                    more = True
+                    break
+                page.append(job)
+            out = [convert.job_to_proto(job) for job in page]
+        next_token = str(page[-1].seq) if more else ""
+        return pb.ListJobsResponse(jobs=out, stale=stale, next_page_token=next_token)
 
     def ExplainJob(
         self, request: pb.ExplainJobRequest, context: grpc.ServicerContext
@@ -324,17 +362,19 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         now = self.ctx.clock_ms()
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
-        if job is not None:
-            last_plan = None if stale else self.ctx.last_plan()
+        if job is None:
+            _job_not_found(context, request.job_id)
+        last_plan = None if stale else self.ctx.last_plan()
+        with self._heavy_read(context):
             waiting = why_pending(state, job.job_id, now, last_plan)
-            return pb.ExplainJobResponse(
-                job_id=job.job_id,
-                state=str(job.state),
-                explanation=explain(state, job.job_id, now, last_plan),
-                stale=stale,
-                reason_code=str((waiting or job.reason).code),
-            )
-        _job_not_found(context, request.job_id)
+            explanation = explain(state, job.job_id, now, last_plan)
+        return pb.ExplainJobResponse(
+            job_id=job.job_id,
+            state=str(job.state),
+            explanation=explanation,
+            stale=stale,
+            reason_code=str((waiting or job.reason).code),
+        )
 
     def ListNodes(
         self, request: pb.ListNodesRequest, context: grpc.ServicerContext
@@ -343,10 +383,11 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         now = self.ctx.clock_ms()
         out = []
         state = self.ctx.backend.snapshot()
-        for node_id in sorted(state.nodes):
-            heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
-            age = -1 if heard is None else max(0, now - heard)
-            out.append(convert.node_to_proto(state.nodes[node_id], age))
+        with self._heavy_read(context):
+            for node_id in sorted(state.nodes):
+                heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
+                age = -1 if heard is None else max(0, now - heard)
+                out.append(convert.node_to_proto(state.nodes[node_id], age))
         return pb.ListNodesResponse(nodes=out, stale=stale)
 
     def GetClusterStatus(
@@ -383,7 +424,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         with backend.reading():
             state = backend.snapshot()
             last_applied = backend.status().last_applied
-        encoded = encode_state(state)
+        with self._heavy_read(context):
+            encoded = encode_state(state)
         return pb.GetReplicaStateResponse(
             replica_id=self.ctx.self_id,
             last_applied=last_applied,

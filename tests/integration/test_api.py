@@ -92,6 +92,30 @@ def test_submit_get_list_cancel_and_idempotent_resubmission(cluster: LocalCluste
         ]
 
 
+def test_job_lists_come_in_pages(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        ids = [
+            client.submit_job(job_spec("paged", gpu=1), request_id=f"paged-{i}").job_id
+            for i in range(5)
+        ]
+        stub = cluster.stub(cluster.serving_leader())
+        pages: list[list[str]] = []
+        token = ""
+        for _ in range(10):
+            page = stub.ListJobs(
+                pb.ListJobsRequest(name="paged", limit=2, page_token=token), timeout=5
+            )
+            pages.append([j.job_id for j in page.jobs])
+            token = page.next_page_token
+            if not token:
+                break
+        assert pages == [ids[0:2], ids[2:4], ids[4:5]]
+        assert [j.job_id for j in client.list_jobs(name="paged")] == ids
+        assert [j.job_id for j in client.list_jobs(name="paged", limit=3)] == ids[:3]
+        for job_id in ids:  # leave the shared cluster's queue as it was
+            client.cancel_job(job_id)
+
+
 def test_a_gang_is_placed_and_its_members_reach_the_workers(cluster: LocalCluster) -> None:
     with cluster.client() as client:
         for i in (1, 2):
@@ -204,6 +228,7 @@ def test_unknown_ids_and_bad_requests_get_the_right_codes(cluster: LocalCluster)
         (stub.CordonNode, pb.NodeStatusRequest(node_id="ghost"), not_found, Reason.NODE_NOT_FOUND),
         (stub.GetJob, pb.GetJobRequest(), invalid, Reason.INVALID_FIELD),
         (stub.ListJobs, pb.ListJobsRequest(states=["BOGUS"]), invalid, Reason.INVALID_FIELD),
+        (stub.ListJobs, pb.ListJobsRequest(page_token="x"), invalid, Reason.INVALID_FIELD),
         (agent.Heartbeat, pb.HeartbeatRequest(node_id="ghost"), not_found, Reason.NODE_NOT_FOUND),
         (
             agent.RegisterNode,

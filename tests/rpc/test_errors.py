@@ -253,7 +253,8 @@ def test_a_replica_that_does_not_answer_is_passed_over(
 
 
 @pytest.mark.parametrize(
-    "reason", [Reason.LEADER_NOT_READY, Reason.NO_LEADER, Reason.NOT_COMMITTED]
+    "reason",
+    [Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.NO_LEADER, Reason.NOT_COMMITTED],
 )
 def test_a_replica_that_cannot_take_the_call_yet_is_asked_again(
     serve: Callable[[list[Step]], Replica], reason: Reason

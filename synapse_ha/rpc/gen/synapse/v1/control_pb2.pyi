@@ -180,26 +180,30 @@ class GetJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., stale: _Optional[bool] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "name", "node_id", "limit", "allow_stale")
+    __slots__ = ("states", "name", "node_id", "limit", "allow_stale", "page_token")
     STATES_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[str]
     name: str
     node_id: str
     limit: int
     allow_stale: bool
-    def __init__(self, states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node_id: _Optional[str] = ..., limit: _Optional[int] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node_id: _Optional[str] = ..., limit: _Optional[int] = ..., allow_stale: _Optional[bool] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "stale")
+    __slots__ = ("jobs", "stale", "next_page_token")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
     stale: bool
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., stale: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., stale: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id", "reason")

@@ -1,0 +1,125 @@
+"""Admission of heavy reads: a replica's reads must never starve its Raft and heartbeats.
+
+A read served from a snapshot holds no lock, but it still costs CPU, and on a replica
+that CPU is shared with pysyncobj (which must answer its peers within the election
+timeout) and with the heartbeats of every node (which must be answered within the
+lease). A storm of full ``ListJobs`` calls from dashboards once cost a leader its term.
+
+:class:`ReadGate` bounds heavy reads (lists, explanations, state dumps) two ways:
+
+* **concurrency**: at most ``concurrency`` run at once; the rest wait their turn;
+* **CPU share**: a token bucket of CPU seconds that refills at ``cpu_share`` seconds per
+  wall-clock second (burst ``burst_s``); each admitted read pays the CPU time its thread
+  actually used. While the bucket is empty, new reads wait.
+
+A read that cannot start within ``max_wait_s`` is refused with OVERLOADED
+(RESOURCE_EXHAUSTED), which clients retry after a back-off. Cheap reads (one job, the
+cluster summary) and every write bypass the gate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+class Overloaded(Exception):
+    """The read was not admitted within the wait limit."""
+
+    def __init__(self, waited_s: float, reason: str) -> None:
+        super().__init__(f"replica overloaded by reads ({reason}); waited {waited_s:.2f} s")
+        self.waited_s = waited_s
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class GateStats:
+    admitted: int
+    refused: int
+    running: int
+    credit_s: float
+
+
+class ReadGate:
+    """Thread-safe. ``clock`` is monotonic wall time, ``cpu_clock`` the calling thread's
+    CPU time; both are injectable for tests."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 2,
+        cpu_share: float = 0.3,
+        burst_s: float = 0.5,
+        max_wait_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not 0 < cpu_share <= 64:
+            raise ValueError("cpu_share must be in (0, 64]")
+        self.concurrency = concurrency
+        self.cpu_share = cpu_share
+        self.burst_s = burst_s
+        self.max_wait_s = max_wait_s
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._cond = threading.Condition()
+        self._running = 0
+        self._credit = burst_s
+        self._refilled_at = clock()
+        self._admitted = 0
+        self._refused = 0
+
+    def _refill(self, now: float) -> None:
+        elapsed = max(0.0, now - self._refilled_at)
+        self._refilled_at = now
+        self._credit = min(self.burst_s, self._credit + elapsed * self.cpu_share)
+
+    def _blocked(self) -> str:
+        if self._running >= self.concurrency:
+            return f"{self._running} heavy reads running"
+        if self._credit <= 0:
+            return f"read CPU share {self.cpu_share:.0%} of a core used up"
+        return ""
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """Run the body as one heavy read, or raise :class:`Overloaded`."""
+        started = self._clock()
+        deadline = started + self.max_wait_s
+        with self._cond:
+            while True:
+                now = self._clock()
+                self._refill(now)
+                why = self._blocked()
+                if not why:
+                    break
+                if now >= deadline:
+                    self._refused += 1
+                    raise Overloaded(now - started, why)
+                # The bucket refills with time, not only on release: wake to re-check.
+                wait = deadline - now
+                if self._running < self.concurrency and self._credit <= 0:
+                    wait = min(wait, -self._credit / self.cpu_share + 0.001)
+                self._cond.wait(timeout=max(0.001, wait))
+            self._running += 1
+            self._admitted += 1
+        cpu_before = self._cpu_clock()
+        try:
+            yield
+        finally:
+            used = max(0.0, self._cpu_clock() - cpu_before)
+            with self._cond:
+                self._running -= 1
+                self._refill(self._clock())
+                self._credit -= used
+                self._cond.notify_all()
+
+    def stats(self) -> GateStats:
+        with self._cond:
+            self._refill(self._clock())
+            return GateStats(self._admitted, self._refused, self._running, self._credit)
