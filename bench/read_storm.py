@@ -194,8 +194,16 @@ def _rtt_summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def run(root: Path, nodes: int, running: int, pending: int, threads: int, seconds: float) -> Any:
-    cluster = LocalReplicas(root / "storm")
+def run(
+    root: Path,
+    nodes: int,
+    running: int,
+    pending: int,
+    threads: int,
+    seconds: float,
+    replica_args: tuple[str, ...] = (),
+) -> Any:
+    cluster = LocalReplicas(root / "storm", extra_args=replica_args)
     heartbeats: Heartbeats | None = None
     storm: Any = None
     observer: ClusterClient | None = None
@@ -266,6 +274,7 @@ def run(root: Path, nodes: int, running: int, pending: int, threads: int, second
             "running_gangs": running,
             "pending_gangs": pending,
             "reader_threads": threads,
+            "replica_args": list(replica_args),
             "storm_seconds": seconds,
             "read_calls": calls,
             "read_calls_per_s": round(sum(calls.values()) / (storm_end - storm_start), 1),
@@ -301,7 +310,16 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--heavy-reads", type=int, help="the replicas' --heavy-reads")
+    parser.add_argument(
+        "--heavy-read-cpu-share", type=float, help="the replicas' --heavy-read-cpu-share"
+    )
     args = parser.parse_args()
+    replica_args: tuple[str, ...] = ()
+    if args.heavy_reads is not None:
+        replica_args += ("--heavy-reads", str(args.heavy_reads))
+    if args.heavy_read_cpu_share is not None:
+        replica_args += ("--heavy-read-cpu-share", str(args.heavy_read_cpu_share))
     with tempfile.TemporaryDirectory(prefix="synapse-storm-") as tmp:
         if args.smoke:
             result = run(Path(tmp), nodes=20, running=2, pending=20, threads=2, seconds=2.0)
@@ -313,6 +331,7 @@ def main() -> None:
                 pending=args.pending,
                 threads=args.threads,
                 seconds=args.seconds,
+                replica_args=replica_args,
             )
     print(json.dumps(result, indent=2))
 

@@ -18,6 +18,9 @@ Configuration comes from flags and/or a TOML file (flags win)::
     [raft]
     election_min = "400ms"
     election_max = "800ms"
+    [reads]                  # heavy reads (lists, explanations) may not starve Raft
+    heavy_concurrency = 2    # at most this many at once
+    heavy_cpu_share = 0.3    # and this share of one core; beyond it: OVERLOADED
 
 The process runs in the foreground, logs to stderr, logs ``ready: ...`` once it has joined
 a quorum with a known leader, and stops gracefully on SIGTERM or SIGINT.
@@ -44,6 +47,7 @@ from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
+from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 
@@ -64,6 +68,8 @@ class SchedulerConfig:
     timing: RaftTiming = field(default_factory=RaftTiming)
     log_level: str = "INFO"
     locality_wait_ms: int = LOCALITY_WAIT_MS
+    heavy_reads: int = 2
+    heavy_read_cpu_share: float = 0.3
 
     @property
     def me(self) -> ReplicaAddress:
@@ -134,6 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--compaction-entries",
         type=int,
         help="write a snapshot and trim the journal after this many entries (default 20000)",
+    )
+    p.add_argument(
+        "--heavy-reads",
+        type=int,
+        help="heavy reads (ListJobs, ListNodes, ExplainJob) served at once (default 2)",
+    )
+    p.add_argument(
+        "--heavy-read-cpu-share",
+        type=float,
+        help="share of one core heavy reads may use, 0-1 (default 0.3); past it they wait "
+        "and then get OVERLOADED, so they cannot starve Raft and heartbeats",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     return p
@@ -246,6 +263,21 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         raise ConfigError(f"election_min must exceed {3 * timing.append_entries_period_s}s")
     if timing.leader_step_down_s <= timing.append_entries_period_s:
         raise ConfigError("leader_step_down is too short")
+    reads = doc.get("reads", {})
+    heavy_reads = (
+        args.heavy_reads if args.heavy_reads is not None else reads.get("heavy_concurrency", 2)
+    )
+    if (
+        isinstance(heavy_reads, bool)
+        or not isinstance(heavy_reads, int)
+        or not 1 <= heavy_reads <= 64
+    ):
+        raise ConfigError(f"heavy reads at once must be an integer in 1..64, got {heavy_reads!r}")
+    share = args.heavy_read_cpu_share
+    if share is None:
+        share = reads.get("heavy_cpu_share", 0.3)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise ConfigError(f"heavy read CPU share must be in (0, 1], got {share!r}")
     return SchedulerConfig(
         replica_id=replica_id,
         replicas=tuple(replicas),
@@ -255,6 +287,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         timing=timing,
         log_level=(args.log_level or doc.get("log_level", "INFO")).upper(),
         locality_wait_ms=locality_wait_ms,
+        heavy_reads=heavy_reads,
+        heavy_read_cpu_share=float(share),
     )
 
 
@@ -330,6 +364,9 @@ class Replica:
             serving=lambda: self.loop.ready and self.raft.is_leader(),
             clock_ms=_now_ms,
             last_plan=lambda: self.loop.last_plan,
+            read_gate=ReadGate(
+                concurrency=config.heavy_reads, cpu_share=config.heavy_read_cpu_share
+            ),
         )
         self.server = build_server(self.context, me.grpc)
         self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)

@@ -158,6 +158,33 @@ def test_the_locality_wait_comes_from_the_flag_or_the_file_and_is_bounded(
             scheduler_main.load_config([*base, "--locality-wait", bad], env)
 
 
+def test_heavy_read_limits_come_from_flags_or_the_file_and_are_bounded(tmp_path: Path) -> None:
+    base = ["--config", str(DEPLOY / "scheduler-a.toml"), "--data-dir", str(tmp_path)]
+    env = {"SYNAPSE_RAFT_PASSWORD": "example"}
+    default = scheduler_main.load_config(base, env)
+    assert (default.heavy_reads, default.heavy_read_cpu_share) == (2, 0.3)
+    tuned = scheduler_main.load_config(
+        [*base, "--heavy-reads", "1", "--heavy-read-cpu-share", "0.15"], env
+    )
+    assert (tuned.heavy_reads, tuned.heavy_read_cpu_share) == (1, 0.15)
+    in_file = tmp_path / "reads.toml"
+    in_file.write_text(
+        (DEPLOY / "scheduler-a.toml").read_text()
+        + "\n[reads]\nheavy_concurrency = 4\nheavy_cpu_share = 0.5\n"
+    )
+    from_file = scheduler_main.load_config(
+        ["--config", str(in_file), "--data-dir", str(tmp_path)], env
+    )
+    assert (from_file.heavy_reads, from_file.heavy_read_cpu_share) == (4, 0.5)
+    for flag, bad, words in (
+        ("--heavy-reads", "0", "heavy reads at once"),
+        ("--heavy-read-cpu-share", "0", "CPU share"),
+        ("--heavy-read-cpu-share", "1.5", "CPU share"),
+    ):
+        with pytest.raises(scheduler_main.ConfigError, match=words):
+            scheduler_main.load_config([*base, flag, bad], env)
+
+
 def test_a_config_without_the_raft_password_is_refused(tmp_path: Path) -> None:
     with pytest.raises(scheduler_main.ConfigError, match="Raft password"):
         scheduler_main.load_config(
