@@ -4,7 +4,7 @@ injected), refusals as member start failures, configuration, and the wire fields
 from __future__ import annotations
 
 import pwd
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -199,15 +199,27 @@ def test_a_containerised_member_runs_with_the_owner_ids_inside() -> None:
     assert "--user" not in member_argv(spec("id -u", image="alpine"), runtime)
 
 
-def executor_with(tmp_path: Path, run_as: RunAsPolicy, accounts: FakeAccounts) -> MemberExecutor:
-    lease = LeaseFile(tmp_path / "lease")
-    lease.write(1e12)
-    return MemberExecutor(
-        tmp_path,
-        lease.path,
-        ExecutorSettings(fence_grace_s=0.2, run_as=run_as),
-        lookup_account=accounts,
-    )
+@pytest.fixture
+def executor_with(tmp_path: Path) -> Iterator[Callable[..., MemberExecutor]]:
+    """Executors whose account database is a fake; whatever they started is killed at
+    teardown, also when a test fails."""
+    made: list[MemberExecutor] = []
+
+    def make(run_as: RunAsPolicy, accounts: FakeAccounts) -> MemberExecutor:
+        lease = LeaseFile(tmp_path / "lease")
+        lease.write(1e12)
+        executor = MemberExecutor(
+            tmp_path,
+            lease.path,
+            ExecutorSettings(fence_grace_s=0.2, run_as=run_as),
+            lookup_account=accounts,
+        )
+        made.append(executor)
+        return executor
+
+    yield make
+    for executor in made:
+        executor.kill_all("test teardown")
 
 
 @pytest.mark.parametrize(
@@ -219,9 +231,12 @@ def executor_with(tmp_path: Path, run_as: RunAsPolicy, accounts: FakeAccounts) -
     ],
 )
 def test_a_refused_owner_is_a_start_failure_with_the_reason(
-    tmp_path: Path, owner: str, user_map: tuple[tuple[str, str], ...], detail: str
+    executor_with: Callable[..., MemberExecutor],
+    owner: str,
+    user_map: tuple[tuple[str, str], ...],
+    detail: str,
 ) -> None:
-    executor = executor_with(tmp_path, policy(user_map=user_map), FakeAccounts(ROOT))
+    executor = executor_with(policy(user_map=user_map), FakeAccounts(ROOT))
     member = executor.start(spec("echo ran", owner=owner))
     assert member.shim is None
     [(key, exit_)] = executor.poll()
