@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.cli import render
+from synapse_ha.core.model import JobSpec, Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.core.views import DesiredMember
 from synapse_ha.programs.worker import ConfigError, load_config, registration, run_as_policy
 from synapse_ha.rpc import convert
@@ -326,3 +327,13 @@ def test_members_run_as_travels_from_registration_to_the_node_listing() -> None:
     )
     info = convert.node_info_from_proto(request)
     assert info == NodeInfo("w1", "h:1", Resources(1000, 1024, 0), members_run_as="agent:svc")
+
+
+def test_synctl_nodes_shows_whose_account_members_run_under() -> None:
+    info = NodeInfo("w1", "h:1", Resources(1000, 1024, 0), members_run_as="agent:svc")
+    node = Node(info=info, status=NodeStatus.READY, registered_at_ms=1)
+    doc = render.node_document(convert.node_to_proto(node, 1500))
+    assert doc["members_run_as"] == "agent:svc"
+    header, row = render.nodes_table([doc]).splitlines()
+    assert header.split()[-2:] == ["RUNS", "AS"]
+    assert row.split()[-1] == "agent:svc"
