@@ -43,6 +43,8 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
     registered_at_ms   int
     last_heartbeat_age_ms   int | null   null when the answering leader has not heard
                                          from the node since its election
+    members_run_as     str               "owner" (each job's owner's account) or
+                                         "agent:<user>"; "" when the node did not say
 
 ``explain``: ``{id, state, explanation, reason_code, reason, attempt, fencing_token,
 members}`` (``reason_code`` is the explanation's code) where
@@ -177,6 +179,7 @@ def node_document(node: pb.Node) -> Document:
         "last_heartbeat_age_ms": (
             node.last_heartbeat_age_ms if node.last_heartbeat_age_ms >= 0 else None
         ),
+        "members_run_as": node.members_run_as,
     }
 
 
@@ -400,11 +403,12 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
             if d["last_heartbeat_age_ms"] is not None
             else None,
             d["address"],
+            d["members_run_as"] or None,
         ]
         for d in docs
     ]
     headers = ["NODE", "STATUS", "TOPOLOGY", "FREE GPU", "CPU USED", "MEMORY USED"]
-    return table(rows, [*headers, "HEARTBEAT", "ADDRESS"])
+    return table(rows, [*headers, "HEARTBEAT", "ADDRESS", "RUNS AS"])
 
 
 def explain_table(doc: Mapping[str, Any]) -> str:

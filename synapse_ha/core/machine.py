@@ -180,6 +180,7 @@ def _normalised(info: NodeInfo) -> NodeInfo:
         gpu_model=info.gpu_model,
         topology=tuple(sorted(info.topology)),
         features=tuple(sorted(set(info.features))),
+        members_run_as=info.members_run_as,
     )
 
 

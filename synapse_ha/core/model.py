@@ -206,6 +206,9 @@ class NodeInfo:
     # Values for ClusterConfig.topology_levels, as (level, value) pairs sorted by level.
     topology: tuple[tuple[str, str], ...] = ()
     features: tuple[str, ...] = ()
+    # Whose account members run under: "owner" when members run as their job's owner,
+    # else "agent:<user>" (the worker agent's own account); "" when the node did not say.
+    members_run_as: str = ""
 
 
 @dataclass(slots=True)

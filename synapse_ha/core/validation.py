@@ -42,6 +42,8 @@ MAX_ENV = 1024
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_PATH = 4096
 MAX_ADDRESS = 261  # a 253-character host name, ':' and a port
+# A node's members_run_as: "owner", or "agent:" and the agent's account name; "" unsaid.
+MEMBERS_RUN_AS_PATTERN = re.compile(r"(owner|agent:[^\s:]{1,64})?")
 
 HOST_LEVEL = "host"
 
@@ -222,6 +224,10 @@ def check_node_info(info: NodeInfo) -> list[Violation]:
     levels = [level for level, _ in info.topology]
     if len(set(levels)) != len(levels):
         out.append(invalid("topology", "a level appears twice"))
+    if not MEMBERS_RUN_AS_PATTERN.fullmatch(info.members_run_as):
+        out.append(
+            invalid("members_run_as", 'must be "owner" or "agent:" and a user name (1 to 64)')
+        )
     return out
 
 

@@ -16,6 +16,10 @@ file. TOML keys are the flag names with underscores, for example::
     image_runtime = "podman"           # run members whose job names an image
     image_run_args = "--ipc host --shm-size 16g"   # extra options for `podman run`
     features = ["ib"]
+    run_as = "owner"                   # or "agent" (default: owner when run as root)
+    allow_root_members = false
+    [user_map]                         # job owner = local account
+    alice = "svc_alice"
 
 It runs in the foreground; SIGTERM or SIGINT stops every member gracefully, reports their
 exits when a leader answers, and exits. Members are supervised by per-member shims
@@ -49,6 +53,7 @@ from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_mem
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker import discovery
+from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name, parse_user_map
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.lease import LeaseFile
@@ -94,6 +99,9 @@ class WorkerConfig:
     cgroup_root: Path
     log_level: str
     self_fencing: bool = True
+    run_as: RunAsMode = RunAsMode.AGENT
+    user_map: tuple[tuple[str, str], ...] = ()
+    allow_root_members: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,6 +143,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cgroups", action="store_true", help="do not use cgroup limits")
     p.add_argument("--cgroup-root", help="cgroup v2 mount point (default /sys/fs/cgroup)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--run-as",
+        choices=[m.value for m in RunAsMode],
+        help="owner: members run as their job's owner (needs root); agent: as this "
+        "agent's user (default: owner when run as root, else agent)",
+    )
+    p.add_argument(
+        "--user-map",
+        action="append",
+        default=[],
+        metavar="USER=ACCOUNT",
+        help="run USER's members as the local ACCOUNT (repeatable)",
+    )
+    p.add_argument(
+        "--allow-root-members",
+        action="store_true",
+        default=None,
+        help="let members run as root when their owner maps to it (default: refused)",
+    )
     p.add_argument(
         UNSAFE_NO_SELF_FENCING_FLAG,
         dest="unsafe_no_self_fencing",
@@ -193,8 +220,27 @@ def _seconds(value: object, what: str, default: float) -> float:
     return ms / 1000
 
 
-def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> WorkerConfig:
-    """Merge the TOML file and flags; raise :class:`ConfigError` on anything wrong."""
+def _run_as(flag: object, euid: int) -> RunAsMode:
+    """The mode asked for, else owner when running as root and agent otherwise."""
+    if flag is None:
+        return RunAsMode.OWNER if euid == 0 else RunAsMode.AGENT
+    try:
+        mode = RunAsMode(str(flag))
+    except ValueError:
+        raise ConfigError(f"--run-as: must be owner or agent, got {flag!r}") from None
+    if mode is RunAsMode.OWNER and euid != 0:
+        raise ConfigError(
+            "--run-as owner needs the agent to run as root (it switches to each owner's "
+            "account); use --run-as agent"
+        )
+    return mode
+
+
+def load_config(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None, *, euid: int | None = None
+) -> WorkerConfig:
+    """Merge the TOML file and flags; raise :class:`ConfigError` on anything wrong.
+    ``euid`` stands for this process's effective uid (tests give it)."""
     args = build_parser().parse_args(list(argv))
     self_fencing = _self_fencing(
         args.unsafe_no_self_fencing, os.environ if environ is None else environ
@@ -276,6 +322,16 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     lease = _seconds(pick(args.lease_ttl, "lease_ttl"), "--lease-ttl", 4.0)
     if lease <= heartbeat:
         raise ConfigError("--lease-ttl must exceed --heartbeat-interval")
+    run_as = _run_as(pick(args.run_as, "run_as"), os.geteuid() if euid is None else euid)
+    try:
+        user_map = parse_user_map(args.user_map or doc.get("user_map", {}))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if user_map and run_as is RunAsMode.AGENT:
+        log.warning("--user-map has no effect: members run as this agent's user (--run-as agent)")
+    allow_root = pick(args.allow_root_members, "allow_root_members") or False
+    if not isinstance(allow_root, bool):
+        raise ConfigError("allow_root_members: must be true or false")
     return WorkerConfig(
         schedulers=tuple(dict.fromkeys(schedulers)),
         node_id=node_id,
@@ -299,6 +355,9 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
         cgroup_root=Path(str(pick(args.cgroup_root, "cgroup_root") or "/sys/fs/cgroup")),
         log_level=str(pick(args.log_level, "log_level") or "INFO").upper(),
         self_fencing=self_fencing,
+        run_as=run_as,
+        user_map=user_map,
+        allow_root_members=allow_root,
     )
 
 
@@ -314,6 +373,16 @@ def _warn_once() -> Any:
             log.warning("%s", message)
 
     return warn
+
+
+def run_as_policy(config: WorkerConfig) -> RunAsPolicy:
+    return RunAsPolicy(
+        mode=config.run_as,
+        node_id=config.node_id,
+        agent_user=agent_user_name(),
+        user_map=config.user_map,
+        allow_root_members=config.allow_root_members,
+    )
 
 
 def registration(config: WorkerConfig, advertise: str) -> pb.RegisterNodeRequest:
@@ -339,6 +408,7 @@ def registration(config: WorkerConfig, advertise: str) -> pb.RegisterNodeRequest
         gpu_model=gpus.model,
         topology=[pb.TopologyLabel(level=k, value=v) for k, v in config.topology],
         features=sorted(features),
+        members_run_as=run_as_policy(config).advertised(),
     )
 
 
@@ -368,6 +438,15 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
 
     lease_file = LeaseFile(config.data_dir / "lease")
     lease_file.revoke()
+    run_as = run_as_policy(config)
+    if run_as.mode is RunAsMode.OWNER:
+        log.info(
+            "members run as their job's owner (%d user-map entries; root members %s)",
+            len(run_as.user_map),
+            "allowed" if run_as.allow_root_members else "refused",
+        )
+    else:
+        log.info("members run as this agent's user %s", run_as.agent_user)
     executor = MemberExecutor(
         config.data_dir,
         lease_file.path,
@@ -375,6 +454,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
             stop_grace_s=config.stop_grace_s,
             fence_grace_s=config.fence_grace_s,
             self_fencing=config.self_fencing,
+            run_as=run_as,
         ),
         image_runtime=ImageRuntime.parse(
             config.image_runtime,

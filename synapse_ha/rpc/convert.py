@@ -164,6 +164,7 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
         gpu_model=node.info.gpu_model,
         registered_at_ms=node.registered_at_ms,
         last_heartbeat_age_ms=heartbeat_age_ms,
+        members_run_as=node.info.members_run_as,
     )
 
 
@@ -178,6 +179,7 @@ def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
         gpu_model=msg.gpu_model,
         topology=tuple(sorted((label.level, label.value) for label in msg.topology)),
         features=tuple(sorted(set(msg.features))),
+        members_run_as=msg.members_run_as,
     )
 
 
@@ -239,6 +241,7 @@ def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
         image=d.spec.image,
         cpu_milli=d.spec.resources.cpu_milli,
         memory_mib=d.spec.resources.memory_mib,
+        owner=d.owner,
     )
 
 

@@ -121,6 +121,7 @@ def launch_spec_from_proto(d: pb.DesiredMember) -> LaunchSpec:
         image=d.image,
         cpu_milli=d.cpu_milli,
         memory_mib=d.memory_mib,
+        owner=d.owner,
     )
 
 

@@ -33,6 +33,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from synapse_ha.worker import shim
+from synapse_ha.worker.accounts import (
+    Account,
+    AccountLookup,
+    RunAsPolicy,
+    RunAsRefusal,
+    local_account,
+    owner_environment,
+    resolve_member_account,
+)
 from synapse_ha.worker.cgroups import CgroupLimiter
 from synapse_ha.worker.shim import (
     group_alive,
@@ -45,6 +54,8 @@ from synapse_ha.worker.shim import (
 log = logging.getLogger("synapse.worker.members")
 
 EXIT_LOST = 137
+# A member this node refuses to run under its owner's account (no such account, or root).
+EXIT_REFUSED = 126
 # The supervisor runs as a script in isolated mode without site-packages (-I -S): it
 # needs only the standard library, and skipping site setup saves tens of milliseconds
 # on every member start.
@@ -84,6 +95,7 @@ class LaunchSpec:
     image: str = ""
     cpu_milli: int = 0
     memory_mib: int = 0
+    owner: str = ""  # the job's owner ("": none); see synapse_ha.worker.accounts
 
     @property
     def key(self) -> MemberKey:
@@ -103,10 +115,15 @@ class MemberExit:
 # ---------------------------------------------------------------- environment
 
 
-def member_environment(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
-    """The member's environment: ``base``, then the job's ``env``, then the DESIGN §5
-    variables (which the job cannot override: they define the gang)."""
+def member_environment(
+    spec: LaunchSpec, base: Mapping[str, str], account: Account | None = None
+) -> dict[str, str]:
+    """The member's environment: ``base``, then ``HOME``, ``USER`` and ``LOGNAME`` of the
+    ``account`` it runs as (when it runs as its owner), then the job's ``env``, then the
+    DESIGN §5 variables (which the job cannot override: they define the gang)."""
     env = dict(base)
+    if account is not None:
+        env.update(owner_environment(account))
     env.update(spec.env)
     env.update(
         {
@@ -142,7 +159,8 @@ class ImageRuntime:
     becomes::
 
         COMMAND run --rm --name synapse-JOB-TOKEN-RANK --network host
-            [--device nvidia.com/gpu=I ...] [--cpus C] [--memory Mm] RUN_ARGS
+            [--device nvidia.com/gpu=I ...] [--cpus C] [--memory Mm]
+            [--user UID:GID --group-add GID ...] RUN_ARGS
             --env NAME ... [--workdir DIR] IMAGE ARGV...
 
     * ``--env NAME`` (no value) makes the runtime copy the variable from its own
@@ -157,6 +175,9 @@ class ImageRuntime:
       member cgroup would not hold them.
     * The container is named after the member, so the supervisor (and a restarted agent)
       can stop it by name: :meth:`stop_argvs` (``kill`` and then ``rm -f``).
+    * A member that runs as its owner runs in the container with the owner's uid, gid and
+      supplementary groups (``--user``, ``--group-add``); the runtime's client itself runs
+      as the agent's account, which must be allowed to start containers.
     """
 
     command: tuple[str, ...]
@@ -191,7 +212,11 @@ class ImageRuntime:
         return f"synapse-{key.job_id}-{key.fencing_token}-{key.rank}"
 
     def run_argv(
-        self, spec: LaunchSpec, argv: Sequence[str], env_names: Iterable[str]
+        self,
+        spec: LaunchSpec,
+        argv: Sequence[str],
+        env_names: Iterable[str],
+        account: Account | None = None,
     ) -> list[str]:
         out = [
             *self.command,
@@ -209,6 +234,11 @@ class ImageRuntime:
             out += ["--cpus", f"{spec.cpu_milli // 1000}.{spec.cpu_milli % 1000:03d}"]
         if spec.memory_mib > 0:
             out += ["--memory", f"{spec.memory_mib}m"]
+        if account is not None:
+            out += ["--user", f"{account.uid}:{account.gid}"]
+            for gid in account.groups:
+                if gid != account.gid:
+                    out += ["--group-add", str(gid)]
         out += self.run_args
         for name in env_names:
             out += ["--env", name]
@@ -251,10 +281,12 @@ def container_environment(
     return out
 
 
-def member_argv(spec: LaunchSpec, runtime: ImageRuntime | None = None) -> list[str]:
-    """The argv to exec, wrapped in the image runtime when the job names an image.
-    Raises :class:`NoImageRuntime` for an image on a node without a runtime, ValueError
-    for an empty command."""
+def member_argv(
+    spec: LaunchSpec, runtime: ImageRuntime | None = None, account: Account | None = None
+) -> list[str]:
+    """The argv to exec, wrapped in the image runtime when the job names an image (run as
+    ``account`` inside the container when given). Raises :class:`NoImageRuntime` for an
+    image on a node without a runtime, ValueError for an empty command."""
     argv = command_argv(spec)
     if spec.image:
         if runtime is None:
@@ -263,7 +295,7 @@ def member_argv(spec: LaunchSpec, runtime: ImageRuntime | None = None) -> list[s
                 "(synapse-worker --image-runtime)"
             )
         names = [*(k for k, _ in spec.env), *member_environment(spec, {})]
-        argv = runtime.run_argv(spec, argv, dict.fromkeys(names))
+        argv = runtime.run_argv(spec, argv, dict.fromkeys(names), account)
     return argv
 
 
@@ -279,6 +311,8 @@ class ExecutorSettings:
     # False only in the deliberately broken test build (synapse_ha.programs.worker): the
     # supervisors then ignore the lease file and the agent's disappearance.
     self_fencing: bool = True
+    # Whose account members run under; None: the agent's own, whoever owns the job.
+    run_as: RunAsPolicy | None = None
 
 
 @dataclass(slots=True)
@@ -293,6 +327,15 @@ class Member:
     @property
     def key(self) -> MemberKey:
         return self.spec.key
+
+
+def give_to_owner(member_dir: Path, log_path: Path, account: Account) -> None:
+    """The output log becomes the owner's; the member directory stays the agent's but
+    the owner's group may read and enter it (and no one else)."""
+    os.chown(log_path, account.uid, account.gid)
+    os.chmod(log_path, 0o640)
+    os.chown(member_dir, -1, account.gid)
+    os.chmod(member_dir, 0o750)
 
 
 def member_dir_name(attempt: int, fencing_token: int, rank: int) -> str:
@@ -376,6 +419,7 @@ class MemberExecutor:
         image_runtime: ImageRuntime | None = None,
         cgroups: CgroupLimiter | None = None,
         wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        lookup_account: AccountLookup = local_account,
     ) -> None:
         self.root = data_dir / "members"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -384,6 +428,7 @@ class MemberExecutor:
         self.image_runtime = image_runtime
         self.cgroups = cgroups
         self.wall_clock_ms = wall_clock_ms
+        self.lookup_account = lookup_account
         self.members: dict[MemberKey, Member] = {}
         # Every key that ever started on this node (persisted as member directories).
         self.known: set[MemberKey] = set()
@@ -397,8 +442,14 @@ class MemberExecutor:
         return self.root / key.job_id / member_dir_name(attempt, key.fencing_token, key.rank)
 
     def start(self, spec: LaunchSpec) -> Member:
-        """Start one member under its supervisor. Never raises for a bad command: that
-        comes back as an exit (code 127) on the next :meth:`poll`.
+        """Start one member under its supervisor. Never raises for a bad command or an
+        owner this node will not run members as: those come back as an exit (code 127,
+        resp. :data:`EXIT_REFUSED` with the refusal as detail) on the next :meth:`poll`.
+
+        When the member runs as its owner, its output log belongs to the owner and its
+        directory to the owner's group (readable, not writable: the pid and exit records
+        in it are the agent's, and the agent acts on them as root); the supervisor drops
+        to the owner's uid, gid and groups in the member's process before exec.
 
         Not idempotent by itself: the caller checks :attr:`known` first.
         """
@@ -416,12 +467,26 @@ class MemberExecutor:
         self.members[key] = member
         log_path = mdir / "output.log"
         log_path.touch()
+        account: Account | None = None
+        if self.settings.run_as is not None:
+            resolved = resolve_member_account(self.settings.run_as, spec.owner, self.lookup_account)
+            if isinstance(resolved, RunAsRefusal):
+                self._record_exit(member, MemberExit(EXIT_REFUSED, resolved.describe(), now_ms))
+                return member
+            account = resolved
         try:
-            argv = member_argv(spec, self.image_runtime)
+            argv = member_argv(spec, self.image_runtime, account)
         except ValueError as exc:
             self._record_exit(member, MemberExit(127, f"could not exec: {exc}", now_ms))
             return member
-        env = member_environment(spec, self.settings.base_env)
+        if account is not None:
+            try:
+                give_to_owner(mdir, log_path, account)
+            except OSError as exc:
+                detail = f"could not give the member's files to {account.name}: {exc}"
+                self._record_exit(member, MemberExit(EXIT_REFUSED, detail, now_ms))
+                return member
+        env = member_environment(spec, self.settings.base_env, account)
         cgroup_dir = ""
         container_stop: list[list[str]] = []
         cwd = spec.workdir
@@ -452,6 +517,10 @@ class MemberExecutor:
                 "time_limit_ms": spec.time_limit_ms,
                 "cgroup_dir": cgroup_dir,
                 "self_fencing": self.settings.self_fencing,
+                # The container runtime's client stays the agent's; --user drops inside.
+                "run_as": None
+                if account is None or (spec.image and self.image_runtime is not None)
+                else {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)},
             },
         )
         shim_log = open(mdir / "shim.log", "ab")  # noqa: SIM115 - handed to the child

@@ -25,6 +25,15 @@ agent (killed, paused or partitioned). The shim is a child subreaper, so descend
 the member orphans are reparented to it and reaped; where the member runs in a cgroup,
 ``cgroup.kill`` also reaches descendants that left the process group.
 
+A member that runs as its job's owner (``run_as`` in the launch record: uid, gid and
+groups) is started by the shim, which joins the member's cgroup in the child first (that
+needs the agent's rights) and then sets the groups, the gid and the uid (real, effective
+and saved) before exec. The shim itself stays root: it must signal the member's group and
+write ``cgroup.kill`` whatever the member does, and it writes the records the agent acts
+on (pids, exit) into a directory the member cannot write. A supervisor running as the
+owner could be killed or traced by the owner's other processes, which would end the
+member's self-fencing.
+
 The shim writes ``member.json`` (pid and start time of the member) once the member runs,
 and ``exit.json`` (exit code, detail, end time) atomically when it is gone; the agent reads
 both. Exit codes follow the shell: 128 + N for death by signal N. A member stopped by the
@@ -167,11 +176,20 @@ class Shim:
         cgroup_procs = launch.get("cgroup_dir") and os.path.join(
             launch["cgroup_dir"], "cgroup.procs"
         )
+        run_as = launch.get("run_as")
 
-        def join_cgroup() -> None:
+        def before_exec() -> None:
+            # In the child, after fork: the cgroup first (it needs the agent's rights),
+            # then the owner's groups, gid and uid; nothing after this runs as root.
             if cgroup_procs:
                 with open(cgroup_procs, "w", encoding="ascii") as f:
                     f.write("0")
+            if run_as:
+                os.setgroups([int(g) for g in run_as["groups"]])
+                gid = int(run_as["gid"])
+                os.setresgid(gid, gid, gid)
+                uid = int(run_as["uid"])
+                os.setresuid(uid, uid, uid)
 
         try:
             proc = subprocess.Popen(
@@ -182,7 +200,7 @@ class Shim:
                 env=launch["env"],
                 cwd=launch.get("cwd") or None,
                 start_new_session=True,
-                preexec_fn=join_cgroup if cgroup_procs else None,
+                preexec_fn=before_exec if cgroup_procs or run_as else None,
                 close_fds=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:

@@ -1,0 +1,179 @@
+"""Members run as their owner through the real supervisor, with a temporary local account
+(these tests need root: they create and remove accounts with useradd/userdel)."""
+
+from __future__ import annotations
+
+import grp
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, local_account
+from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
+from synapse_ha.worker.lease import LeaseFile
+from synapse_ha.worker.members import EXIT_REFUSED, ExecutorSettings, MemberExecutor
+from tests.worker.helpers import spec, wait_exit
+
+MakeOwnerExecutor = Callable[..., MemberExecutor]
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None,
+    reason="runs members as a temporary account: needs root and useradd",
+)
+
+
+@dataclass(frozen=True)
+class TempAccount:
+    name: str
+    uid: int
+    gid: int
+    extra_group: str
+    extra_gid: int
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def account() -> Iterator[TempAccount]:
+    """A system account with a supplementary group, removed at teardown."""
+    suffix = secrets.token_hex(4)
+    name, group = f"synapse-t-{suffix}", f"synapse-g-{suffix}"
+    _run("groupadd", "--system", group)
+    try:
+        _run("useradd", "--system", "--no-create-home", "--groups", group, name)
+        try:
+            found = local_account(name)
+            assert found is not None
+            yield TempAccount(name, found.uid, found.gid, group, grp.getgrnam(group).gr_gid)
+        finally:
+            _run("userdel", name)
+    finally:
+        subprocess.run(["groupdel", group], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A data directory every account may traverse (pytest's own temporary directories
+    are root's alone), so that a test can see what the member can and cannot touch."""
+    path = Path(tempfile.mkdtemp(prefix="synapse-runas-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def owner_executor(data_dir: Path) -> Iterator[MakeOwnerExecutor]:
+    made: list[MemberExecutor] = []
+
+    def make(cgroups: CgroupLimiter | None = None, **policy: object) -> MemberExecutor:
+        lease = LeaseFile(data_dir / "lease")
+        lease.write(time.monotonic() + 3600)
+        run_as = RunAsPolicy(
+            mode=RunAsMode.OWNER,
+            node_id="w1",
+            agent_user="root",
+            **policy,  # type: ignore[arg-type]
+        )
+        executor = MemberExecutor(
+            data_dir,
+            lease.path,
+            ExecutorSettings(fence_grace_s=0.2, run_as=run_as),
+            cgroups=cgroups,
+        )
+        made.append(executor)
+        return executor
+
+    yield make
+    for executor in made:
+        executor.kill_all("test teardown")
+
+
+def test_a_member_runs_with_its_owners_uid_groups_and_files(
+    owner_executor: MakeOwnerExecutor, account: TempAccount
+) -> None:
+    executor = owner_executor()
+    probe = spec("", job_id="j-owner", owner=account.name)
+    mdir = executor.member_dir(probe.key, probe.attempt)
+    command = (
+        'echo "uid=$(id -u) gid=$(id -g) groups=$(id -G) user=$USER home=$HOME"; '
+        f"cat {mdir}/launch.json > /dev/null && echo can-read; "
+        f"(echo forged > {mdir}/member.json) 2>/dev/null && echo wrote || echo cannot-write"
+    )
+    member = executor.start(spec(command, job_id="j-owner", owner=account.name))
+    assert wait_exit(executor, member.key, 20.0) == (0, "")
+    lines = (member.dir / "output.log").read_text().splitlines()
+    fields = dict(word.split("=", 1) for word in lines[0].split(" ") if "=" in word)
+    assert fields["uid"] == str(account.uid)
+    assert fields["gid"] == str(account.gid)
+    assert fields["user"] == account.name
+    assert fields["home"] == local_account(account.name).home  # type: ignore[union-attr]
+    groups = set(lines[0].split("groups=", 1)[1].split(" user=")[0].split())
+    assert groups == {str(account.gid), str(account.extra_gid)}
+    assert lines[1:] == ["can-read", "cannot-write"]
+    log_stat = (member.dir / "output.log").stat()
+    assert (log_stat.st_uid, log_stat.st_gid) == (account.uid, account.gid)
+    dir_stat = member.dir.stat()
+    assert (dir_stat.st_uid, dir_stat.st_gid) == (0, account.gid)
+    assert stat.S_IMODE(dir_stat.st_mode) == 0o750
+
+
+def test_a_mapped_owner_runs_as_the_mapped_account(
+    owner_executor: MakeOwnerExecutor, account: TempAccount
+) -> None:
+    executor = owner_executor(user_map=(("alice", account.name),))
+    member = executor.start(spec("id -u", job_id="j-mapped", owner="alice"))
+    assert wait_exit(executor, member.key, 20.0) == (0, "")
+    assert (member.dir / "output.log").read_text().strip() == str(account.uid)
+
+
+def test_an_owner_without_an_account_does_not_start(owner_executor: MakeOwnerExecutor) -> None:
+    executor = owner_executor()
+    owner = f"synapse-none-{secrets.token_hex(4)}"
+    member = executor.start(spec("id -u", job_id="j-none", owner=owner))
+    detail = f"node w1 has no account for user {owner} (and no --user-map entry)"
+    assert wait_exit(executor, member.key, 5.0) == (EXIT_REFUSED, detail)
+    assert member.shim is None
+
+
+def test_a_root_owner_is_refused_unless_allowed(owner_executor: MakeOwnerExecutor) -> None:
+    refusing = owner_executor()
+    member = refusing.start(spec("id -u", job_id="j-root", owner="root"))
+    assert wait_exit(refusing, member.key, 5.0) == (
+        EXIT_REFUSED,
+        "node w1 does not run members as root",
+    )
+    allowing = owner_executor(allow_root_members=True)
+    member = allowing.start(spec("id -u", job_id="j-root-ok", owner="root"))
+    assert wait_exit(allowing, member.key, 20.0) == (0, "")
+    assert (member.dir / "output.log").read_text().strip() == "0"
+
+
+def test_the_owner_is_set_after_the_member_joins_its_cgroup(
+    owner_executor: MakeOwnerExecutor, account: TempAccount
+) -> None:
+    limiter, why = probe_cgroups(Path("/sys/fs/cgroup"))
+    if limiter is None:
+        pytest.skip(f"no writable cgroup v2 with cpu and memory here: {why}")
+    executor = owner_executor(cgroups=limiter)
+    member = executor.start(
+        spec("id -u; cat /proc/self/cgroup", job_id="j-cg", owner=account.name, memory_mib=64)
+    )
+    name = f"{member.key.job_id}.t{member.key.fencing_token}.r{member.key.rank}"
+    try:
+        assert wait_exit(executor, member.key, 20.0) == (0, "")
+        uid, cgroup = (member.dir / "output.log").read_text().split()
+        assert uid == str(account.uid)
+        assert cgroup.endswith(f"/synapse/{name}"), cgroup
+    finally:
+        executor.mark_reported(member.key)
