@@ -86,7 +86,7 @@ def init_ca(
     existing = [p for p in (files.cert, files.key) if p.exists()]
     if existing:
         raise PkiError(
-            f"{', '.join(str(p) for p in existing)} already exists: a CA is there already; "
+            f"{_already(existing)}: a CA is there already; "
             "choose another directory or remove the old CA deliberately"
         )
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -206,8 +206,7 @@ def issue(
         existing = [p for p in (out.cert, out.key) if p.exists()]
         if existing:
             raise PkiError(
-                f"{', '.join(str(p) for p in existing)} already exists; "
-                "remove it or ask for overwriting to replace it"
+                f"{_already(existing)}; remove them or ask for overwriting to replace them"
             )
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # The key first: a reader that sees the new certificate also finds its key.
@@ -289,6 +288,11 @@ def _load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey
     if not key_matches_certificate(key_pem, cert_pem):
         raise PkiError(f"{files.key} is not the key of {files.cert}")
     return cert, key
+
+
+def _already(paths: Sequence[Path]) -> str:
+    verb = "exists" if len(paths) == 1 else "exist"
+    return f"{' and '.join(str(p) for p in paths)} already {verb}"
 
 
 def _host_name(host: str) -> x509.GeneralName:
