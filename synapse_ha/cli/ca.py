@@ -35,7 +35,12 @@ def ca() -> None:
 @click.option("--name", "common_name", default="synapse cluster CA", show_default=True)
 def ca_init(directory: Path, days: int, common_name: str) -> None:
     """Create a new CA (ca.pem, and ca.key readable by its owner only) in DIRECTORY.
-    Refuses when a CA is there already."""
+    Refuses when a CA is there already.
+
+    \b
+    Example:
+      synctl ca init /etc/synapse/ca
+    """
     try:
         files = init_ca(directory, common_name=common_name, days=days)
     except PkiError as exc:
@@ -96,7 +101,14 @@ def ca_issue(
     force: bool,
 ) -> None:
     """Issue a certificate for a replica (NAME: its id), a worker (NAME: its node id) or a
-    user, signed by the CA in --ca-dir. Prints the certificate, key and CA paths."""
+    user, signed by the CA in --ca-dir. Prints the certificate, key and CA paths.
+    Replicas and workers serve gRPC: give every --host clients dial them by.
+
+    \b
+    Examples:
+      synctl ca issue worker gpu-7 --ca-dir ca --host 10.0.1.7 --host gpu-7.lan --out tls
+      synctl ca issue user alice --role operator --ca-dir ca
+    """
     identity_kind = Kind(kind)
     if role is not None and identity_kind is not Kind.USER:
         raise click.BadParameter("only user certificates carry a role", param_hint="--role")
