@@ -102,6 +102,11 @@ def test_issuing_refuses_to_replace_files_unless_asked(
     assert second.cert.read_bytes() != old
     assert identity_of_cert(second.cert.read_bytes()) == worker("w1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-w1.key", "worker-w1.pem"]
+    # Only the certificate left: still refused, and no stray key is written.
+    second.key.unlink()
+    with pytest.raises(PkiError, match="worker-w1.pem already exists"):
+        issue(cluster_ca.ca_dir, worker("w1"), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-w1.pem"]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 
 from synapse_ha.core.access import Role, replica, user, worker
 from synapse_ha.security.pki import CertFiles
-from synapse_ha.security.tls import TlsFiles, Transport
+from synapse_ha.security.tls import TlsError, TlsFiles, Transport
 from tests.security.conftest import (
     SERVER_HOSTS,
     Authority,
@@ -183,3 +183,14 @@ def test_an_insecure_transport_has_one_version_and_no_material() -> None:
     assert not transport.secure
     assert transport.version() == Transport(None).version()
     assert transport.material() is None
+
+
+def test_files_that_do_not_fit_together_are_named(
+    alice: CertFiles, node_n1: CertFiles, tmp_path: Path
+) -> None:
+    mixed = Transport(TlsFiles(ca=alice.ca, cert=alice.cert, key=node_n1.key))
+    with pytest.raises(TlsError, match="is not the private key of"):
+        mixed.channel("127.0.0.1:1")
+    missing = Transport(TlsFiles(ca=tmp_path / "nope.pem", cert=alice.cert, key=alice.key))
+    with pytest.raises(TlsError, match="nope.pem"):
+        missing.material()
