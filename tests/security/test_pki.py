@@ -104,7 +104,7 @@ def test_issuing_refuses_to_replace_files_unless_asked(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-w1.key", "worker-w1.pem"]
     # Only the certificate left: still refused, and no stray key is written.
     second.key.unlink()
-    with pytest.raises(PkiError, match="worker-w1.pem already exists"):
+    with pytest.raises(PkiError, match=r"worker-w1\.pem already exists"):
         issue(cluster_ca.ca_dir, worker("w1"), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-w1.pem"]
 

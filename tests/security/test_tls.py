@@ -192,5 +192,5 @@ def test_files_that_do_not_fit_together_are_named(
     with pytest.raises(TlsError, match="is not the private key of"):
         mixed.channel("127.0.0.1:1")
     missing = Transport(TlsFiles(ca=tmp_path / "nope.pem", cert=alice.cert, key=alice.key))
-    with pytest.raises(TlsError, match="nope.pem"):
+    with pytest.raises(TlsError, match=r"nope\.pem"):
         missing.material()
