@@ -25,6 +25,7 @@ import click
 import grpc
 
 from synapse_ha.cli import render
+from synapse_ha.cli.ca import ca
 from synapse_ha.cli.defaults import (
     CLUSTER_ENV,
     DEFAULT_CLUSTER,
@@ -739,6 +740,9 @@ def cluster(settings: Settings) -> None:
     )
     document = render.cluster_document(answer)
     emit(settings, document, lambda: render.cluster_table(document))
+
+
+cli.add_command(ca)
 
 
 # ----------------------------------------------------------------------------- dev

@@ -4,19 +4,45 @@ Logs are the per-member files ``DATA_DIR/members/JOB_ID/aATTEMPT.tTOKEN.rRANK/ou
 A member has finished writing once its ``exit.json`` exists; a follow stream then sends
 what is left and a final chunk with ``eof`` set. The servicer only reads files, so it
 never contends with the agent loop. A nudge only sets a flag the agent loop reads.
+
+Who may call (DESIGN §8), decided by a :class:`LogAccess` policy before anything is read:
+
+=====================  ==========================================  ==================
+caller                 ReadLog (job J)                             Nudge
+=====================  ==========================================  ==================
+replica certificate    allowed                                     allowed
+valid grant for J      allowed (metadata ``synapse-grant``)        PERMISSION_DENIED
+grant for another job  PERMISSION_DENIED                           PERMISSION_DENIED
+or another node
+forged, expired or     UNAUTHENTICATED                             (grant ignored)
+untrusted grant
+other certificate,     PERMISSION_DENIED                           PERMISSION_DENIED
+no grant
+no certificate,        UNAUTHENTICATED                             UNAUTHENTICATED
+no grant
+=====================  ==========================================  ==================
+
+A caller without a TLS certificate can only exist behind a plaintext port; ``LogAccess``
+with no CA (insecure mode) allows everything, as does the default :data:`ALLOW_ALL`.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
+from synapse_ha.core.access import Kind
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+from synapse_ha.security.grants import GRANT_METADATA_KEY, GrantError, verify_grant
+from synapse_ha.security.tls import Transport, peer_identity
 from synapse_ha.worker.members import parse_member_dir_name
 
 DEFAULT_CHUNK = 64 * 1024
@@ -74,23 +100,181 @@ def read_chunks(
             wait(poll_s)
 
 
+# --------------------------------------------------------------------- who may call
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a call is refused: the status code and a sentence for the caller."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+class LogAuthorizer(Protocol):
+    """Decides whether the caller of the current RPC may read a job's logs or nudge this
+    worker: None allows, a :class:`Refusal` refuses."""
+
+    def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None: ...
+
+    def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None: ...
+
+
+class AllowAll:
+    """Allows every call: for plaintext test servers and callers that predate access
+    control."""
+
+    def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None:
+        return None
+
+    def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None:
+        return None
+
+
+ALLOW_ALL = AllowAll()
+
+
+class LogAccess:
+    """The worker's policy (table in the module docstring): replicas (by their verified
+    certificate) may do both; anyone else may read one job's logs with a grant for that
+    job and this node, verified offline against the cluster CA at ``clock()``.
+
+    ``ca_pem`` None means insecure mode: everything is allowed. ``clock`` returns seconds
+    since the epoch (grant expiry times are wall-clock times set by a replica)."""
+
+    def __init__(
+        self,
+        ca_pem: bytes | None,
+        node_id: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ca_pem: Callable[[], bytes | None] = lambda: ca_pem
+        self.node_id = node_id
+        self.clock = clock
+
+    @classmethod
+    def for_transport(
+        cls, transport: Transport, node_id: str, clock: Callable[[], float] = time.time
+    ) -> LogAccess:
+        """The policy of a worker serving on ``transport``: grants are checked against its
+        CA bundle as it is on disk (a rotated bundle applies from the next call); an
+        insecure transport allows everything."""
+        access = cls(None, node_id, clock)
+        access._ca_pem = _CurrentCa(transport)
+        return access
+
+    def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None:
+        ca_pem = self._ca_pem()
+        if ca_pem is None:
+            return None
+        caller = peer_identity(context)
+        if caller is not None and caller.kind is Kind.REPLICA:
+            return None
+        grants = [v for k, v in context.invocation_metadata() if k == GRANT_METADATA_KEY]
+        if not grants:
+            if caller is None:
+                return Refusal(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "reading logs needs a grant from a replica (metadata "
+                    f"{GRANT_METADATA_KEY!r}) or a replica certificate; this call has neither",
+                )
+            return Refusal(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{caller} may not read logs without a grant from a replica "
+                f"(metadata {GRANT_METADATA_KEY!r})",
+            )
+        grant = grants[0]
+        try:
+            verify_grant(
+                grant if isinstance(grant, str) else grant.decode("ascii", "replace"),
+                ca_pem=ca_pem,
+                now_s=self.clock(),
+                job_id=job_id,
+                node_id=self.node_id,
+            )
+        except GrantError as exc:
+            code = (
+                grpc.StatusCode.PERMISSION_DENIED
+                if exc.reason.authenticates
+                else grpc.StatusCode.UNAUTHENTICATED
+            )
+            return Refusal(code, f"log grant refused ({exc.reason}): {exc}")
+        return None
+
+    def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None:
+        if self._ca_pem() is None:
+            return None
+        caller = peer_identity(context)
+        if caller is None:
+            return Refusal(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "only a replica may nudge; this call has no certificate",
+            )
+        if caller.kind is not Kind.REPLICA:
+            return Refusal(
+                grpc.StatusCode.PERMISSION_DENIED, f"only a replica may nudge, not {caller}"
+            )
+        return None
+
+
+class _CurrentCa:
+    """The CA bundle of a transport's files, re-read when :meth:`Transport.version`
+    changes. While the file cannot be read (mid-rotation) the last bundle read stays."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._version: object = object()
+        self._ca: bytes | None = None
+
+    def __call__(self) -> bytes | None:
+        files = self._transport.files
+        if files is None:
+            return None
+        with self._lock:
+            version = self._transport.version()
+            if version != self._version:
+                try:
+                    self._ca = files.ca.read_bytes()
+                    self._version = version
+                except OSError:
+                    pass
+            return self._ca if self._ca is not None else b""
+
+
+# ------------------------------------------------------------------------ servicer
+
+
 class WorkerServicer(wpb_grpc.WorkerServiceServicer):
     """The worker's own API: members' logs, and nudges from the leader.
 
     ``on_nudge(node_id)`` returns whether the nudge was for this node; it must return at
-    once (it runs on a gRPC thread and only flags the agent loop)."""
+    once (it runs on a gRPC thread and only flags the agent loop). ``authorize`` decides
+    every call before the servicer looks at a file or the nudge."""
 
-    def __init__(self, members_root: Path, on_nudge: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        members_root: Path,
+        on_nudge: Callable[[str], bool] | None = None,
+        authorize: LogAuthorizer = ALLOW_ALL,
+    ) -> None:
         self.members_root = members_root
         self.on_nudge = on_nudge
+        self.authorize = authorize
 
     def Nudge(self, request: wpb.NudgeRequest, context: grpc.ServicerContext) -> wpb.NudgeResponse:
+        refusal = self.authorize.check_nudge(context)
+        if refusal is not None:
+            context.abort(refusal.code, refusal.message)
         accepted = self.on_nudge is not None and self.on_nudge(request.node_id)
         return wpb.NudgeResponse(accepted=accepted)
 
     def ReadLog(
         self, request: wpb.ReadLogRequest, context: grpc.ServicerContext
     ) -> Iterator[wpb.LogChunk]:
+        refusal = self.authorize.check_read(context, request.job_id)
+        if refusal is not None:
+            context.abort(refusal.code, refusal.message)
         if request.rank < 0 or request.attempt < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "rank and attempt must be >= 0")
         member_dir = find_member_dir(
@@ -108,7 +292,10 @@ class WorkerServicer(wpb_grpc.WorkerServiceServicer):
 
 
 def add_worker_service(
-    server: grpc.Server, members_root: Path, on_nudge: Callable[[str], bool] | None = None
+    server: grpc.Server,
+    members_root: Path,
+    on_nudge: Callable[[str], bool] | None = None,
+    authorize: LogAuthorizer = ALLOW_ALL,
 ) -> None:
-    servicer = WorkerServicer(members_root, on_nudge)
+    servicer = WorkerServicer(members_root, on_nudge, authorize)
     wpb_grpc.add_WorkerServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

@@ -1,0 +1,336 @@
+"""The cluster CA and the certificates it issues (DESIGN §8).
+
+One self-signed CA per cluster signs a certificate for every replica, worker and user.
+A certificate names its holder in a URI subject alternative name,
+``Identity.spiffe_id`` (``spiffe://synapse/worker/<node-id>`` ...); the subject common
+name repeats it as ``str(identity)`` for people reading ``openssl x509`` output.
+Replicas and workers serve gRPC, so their certificates also carry the host names and IP
+addresses clients dial (as DNS and IP SANs). Every leaf certificate may act as a TLS
+server and a TLS client (EKU serverAuth + clientAuth).
+
+Keys are ECDSA P-256; signatures are ECDSA with SHA-256. Private keys are written
+unencrypted in PKCS#8 PEM with mode 0600 into files that did not exist before (unless
+``overwrite``); a file is written completely under a temporary name and renamed into
+place, so a process reloading it never reads half a file.
+
+File layout: ``init_ca(DIR)`` writes ``DIR/ca.pem`` and ``DIR/ca.key``;
+``issue(DIR, identity, OUT)`` writes ``OUT/<kind>-<name>.pem`` and ``OUT/<kind>-<name>.key``
+(``replica-r1``, ``worker-gpu-7``, ``user-alice``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from synapse_ha.core.access import NAME_PATTERN, Identity, Kind, parse_spiffe_id
+
+CA_CERT_NAME = "ca.pem"
+CA_KEY_NAME = "ca.key"
+# Issued certificates start this long before "now" so that peers whose clocks run a
+# little behind accept them at once.
+BACKDATE = timedelta(minutes=5)
+
+
+class PkiError(Exception):
+    """A CA or certificate operation that cannot be done; the message says why and what
+    to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class CaFiles:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True, slots=True)
+class CertFiles:
+    """An issued certificate, its private key, and the CA certificate that verifies it."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
+def ca_files(directory: Path) -> CaFiles:
+    """Where ``init_ca(directory)`` puts (or put) the CA."""
+    return CaFiles(cert=directory / CA_CERT_NAME, key=directory / CA_KEY_NAME)
+
+
+def cert_file_stem(identity: Identity) -> str:
+    """``<kind>-<name>``: the file name (without suffix) of an identity's certificate."""
+    return f"{identity.kind}-{identity.name}"
+
+
+def init_ca(
+    directory: Path, *, common_name: str = "synapse cluster CA", days: int = 3650
+) -> CaFiles:
+    """Create a new self-signed CA in ``directory`` (created with mode 0700 if missing).
+
+    Raises :class:`PkiError` when ``ca.pem`` or ``ca.key`` already exists there: a
+    cluster's CA is never replaced by accident. The CA may sign leaf certificates only
+    (path length 0)."""
+    if days <= 0:
+        raise PkiError(f"a CA must be valid for at least one day, not {days}")
+    files = ca_files(directory)
+    existing = [p for p in (files.cert, files.key) if p.exists()]
+    if existing:
+        raise PkiError(
+            f"{_already(existing)}: a CA is there already; "
+            "choose another directory or remove the old CA deliberately"
+        )
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.now(UTC)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ski, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_new(files.key, _key_pem(key), mode=0o600, overwrite=False)
+    _write_new(files.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644, False)
+    return files
+
+
+def issue(
+    ca_dir: Path,
+    identity: Identity,
+    out_dir: Path,
+    *,
+    hosts: Sequence[str] = (),
+    days: int = 365,
+    not_before: datetime | None = None,
+    not_after: datetime | None = None,
+    overwrite: bool = False,
+) -> CertFiles:
+    """Issue a certificate for ``identity`` signed by the CA in ``ca_dir``.
+
+    SANs: ``identity.spiffe_id`` always; each of ``hosts`` as an IP SAN when it parses as
+    an IP address, else as a DNS SAN. Validity: from ``not_before`` (default: now minus
+    five minutes) to ``not_after`` (default: ``days`` after now); the explicit bounds let
+    tests make expired or not-yet-valid certificates. ``out_dir`` is created (0700) if
+    missing. Raises :class:`PkiError` when the CA is missing or unreadable, the
+    identity's name is not a valid name, or the files exist and ``overwrite`` is false."""
+    if not NAME_PATTERN.match(identity.name):
+        raise PkiError(
+            f"{identity.name!r} is not a valid {identity.kind} name: use letters, digits, "
+            "'.', '_' and '-', starting with a letter or digit, at most 63 characters"
+        )
+    if (identity.role is not None) != (identity.kind is Kind.USER):
+        raise PkiError(f"{identity}: only a user has a role, and a user needs one")
+    ca_cert, ca_key = _load_ca(ca_dir)
+    now = datetime.now(UTC)
+    start = not_before if not_before is not None else now - BACKDATE
+    end = not_after if not_after is not None else now + timedelta(days=days)
+    if end <= start:
+        raise PkiError(f"the certificate would never be valid: it ends ({end}) before it starts")
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.spiffe_id)]
+    for host in hosts:
+        names.append(_host_name(host))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, str(identity))]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    stem = cert_file_stem(identity)
+    out = CertFiles(
+        cert=out_dir / f"{stem}.pem", key=out_dir / f"{stem}.key", ca=ca_files(ca_dir).cert
+    )
+    if not overwrite:
+        existing = [p for p in (out.cert, out.key) if p.exists()]
+        if existing:
+            raise PkiError(
+                f"{_already(existing)}; remove them or ask for overwriting to replace them"
+            )
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The key first: a reader that sees the new certificate also finds its key.
+    _write_new(out.key, _key_pem(key), 0o600, overwrite)
+    _write_new(out.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644, overwrite)
+    return out
+
+
+def load_certificate(pem_or_der: bytes) -> x509.Certificate:
+    """The (first) certificate in PEM or DER bytes; :class:`PkiError` when there is none."""
+    try:
+        if pem_or_der.lstrip().startswith(b"-----BEGIN"):
+            return x509.load_pem_x509_certificate(pem_or_der)
+        return x509.load_der_x509_certificate(pem_or_der)
+    except ValueError as exc:
+        raise PkiError(f"not a certificate: {exc}") from exc
+
+
+def identity_of(cert: x509.Certificate) -> Identity | None:
+    """The identity a parsed certificate names in its SPIFFE URI SAN; None when it names
+    none of ours, or names more than one."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    found = {
+        identity
+        for uri in san.get_values_for_type(x509.UniformResourceIdentifier)
+        if (identity := parse_spiffe_id(uri)) is not None
+    }
+    return found.pop() if len(found) == 1 else None
+
+
+def identity_of_cert(pem_or_der: bytes) -> Identity | None:
+    """The identity a certificate (PEM or DER) names in its SPIFFE URI SAN, parsed with
+    :func:`synapse_ha.core.access.parse_spiffe_id`; None when it names none of ours (or
+    more than one). Raises :class:`PkiError` when the bytes are not a certificate.
+
+    This only reads the certificate: whether the cluster's CA issued it is the TLS
+    handshake's job (or :func:`synapse_ha.security.grants.verify_grant`'s)."""
+    return identity_of(load_certificate(pem_or_der))
+
+
+def key_matches_certificate(key_pem: bytes, cert_pem: bytes) -> bool:
+    """Whether the private key in ``key_pem`` belongs to the certificate in ``cert_pem``
+    (False also when either does not parse)."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        cert = load_certificate(cert_pem)
+    except (ValueError, TypeError, PkiError):
+        return False
+    return key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) == cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+def _load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    files = ca_files(ca_dir)
+    try:
+        cert_pem = files.cert.read_bytes()
+        key_pem = files.key.read_bytes()
+    except OSError as exc:
+        raise PkiError(
+            f"cannot read the CA in {ca_dir} ({exc.strerror}: {exc.filename}); "
+            "create one with `synctl ca init DIR`"
+        ) from exc
+    cert = load_certificate(cert_pem)
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise PkiError(f"{files.key} is not an unencrypted PEM private key: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise PkiError(f"{files.key} is not an ECDSA key")
+    if not key_matches_certificate(key_pem, cert_pem):
+        raise PkiError(f"{files.key} is not the key of {files.cert}")
+    return cert, key
+
+
+def _already(paths: Sequence[Path]) -> str:
+    verb = "exists" if len(paths) == 1 else "exist"
+    return f"{' and '.join(str(p) for p in paths)} already {verb}"
+
+
+def _host_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if not host or any(c.isspace() for c in host) or "/" in host:
+        raise PkiError(f"{host!r} is neither an IP address nor a DNS name")
+    return x509.DNSName(host)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _write_new(path: Path, data: bytes, mode: int, overwrite: bool) -> None:
+    """Write ``data`` under a temporary name in the same directory and rename it to
+    ``path``: readers see the old file or the whole new one. Without ``overwrite``, an
+    existing ``path`` is an error (checked again at the rename, which then links)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError as exc:
+                raise PkiError(f"{path} already exists") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

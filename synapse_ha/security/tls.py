@@ -1,0 +1,226 @@
+"""How a process speaks gRPC: mutual TLS against the cluster CA, or (only when asked
+for explicitly) plaintext. DESIGN §8.
+
+A :class:`Transport` is built from three PEM files (:class:`TlsFiles`: the CA bundle,
+this process's certificate and its key) and makes client channels and server ports.
+
+* Servers **require** a client certificate issued by a CA in the bundle; a client
+  without one, with one from another CA, or with an expired one fails the handshake (the
+  caller sees ``UNAVAILABLE``).
+* Clients verify the server's certificate against the bundle and the address they dial
+  (so server certificates carry the hosts and IPs clients use, see
+  :func:`synapse_ha.security.pki.issue`).
+* **Reload without restart.** The server side re-reads the three files for the next
+  handshake whenever one of them changed (inode, size, mtime or ctime): replacing the
+  certificate, the key or the CA bundle on disk takes effect for new connections;
+  established connections keep the material they were made with. A half-rotated state
+  (a certificate whose key is not yet in place, a file that does not parse) keeps the
+  previous material until the files agree again. Client channels are built from the files
+  as they are when :meth:`Transport.channel` is called; a client holding long-lived
+  channels compares :meth:`Transport.version` and rebuilds them when it changes.
+* **Caller identity.** :func:`peer_identity` reads the verified client certificate of
+  the current call and returns the :class:`~synapse_ha.core.access.Identity` it names.
+
+TLS versions (grpcio 1.85): the Python API builds gRPC core's SSL credentials, which
+offer TLS 1.2 and TLS 1.3 (BoringSSL) and negotiate TLS 1.3 whenever the peer offers it;
+between two grpcio processes every connection is TLS 1.3 (``tests/security`` checks what
+a server negotiates). grpcio exposes no minimum-version setting: neither
+``ssl_channel_credentials`` / ``dynamic_ssl_server_credentials`` nor a channel argument
+nor an environment variable can refuse TLS 1.2 (``GRPC_SSL_CIPHER_SUITES`` selects TLS
+1.2 cipher suites only). TLS 1.2 is therefore accepted from other clients, with gRPC
+core's default ECDHE-AES-GCM suites.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from synapse_ha.core.access import Identity
+from synapse_ha.security.pki import CertFiles, PkiError, identity_of_cert, key_matches_certificate
+
+# auth_context() key of the peer's verified leaf certificate (PEM).
+PEER_CERT_KEY = "x509_pem_cert"
+# Distinct client certificates whose identity is remembered; a cluster has a few
+# replicas and workers plus the users currently connected.
+PEER_CACHE_SIZE = 1024
+
+
+class TlsError(Exception):
+    """The TLS files cannot be read or do not fit together; the message names the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The PEM files a process needs for mutual TLS: the CA bundle it trusts (one or
+    more CA certificates; during a CA rotation, the old and the new), its certificate and
+    the certificate's private key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def from_cert_files(cls, files: CertFiles) -> TlsFiles:
+        return cls(ca=files.ca, cert=files.cert, key=files.key)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsMaterial:
+    """The contents of :class:`TlsFiles`, read together and checked to fit."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+
+FileStamp = tuple[str, int, int, int, int] | tuple[str]
+
+
+def _stamp(path: Path) -> FileStamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (str(path),)
+    return (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def read_material(files: TlsFiles) -> TlsMaterial:
+    """Read the three files; :class:`TlsError` when one is missing or unreadable, or the
+    key is not the certificate's."""
+    try:
+        material = TlsMaterial(
+            ca=files.ca.read_bytes(), cert=files.cert.read_bytes(), key=files.key.read_bytes()
+        )
+    except OSError as exc:
+        raise TlsError(f"cannot read TLS file {exc.filename}: {exc.strerror}") from exc
+    if b"-----BEGIN CERTIFICATE-----" not in material.ca:
+        raise TlsError(f"{files.ca} holds no PEM certificate")
+    if not key_matches_certificate(material.key, material.cert):
+        raise TlsError(f"{files.key} is not the private key of {files.cert}")
+    return material
+
+
+class _ServerMaterial:
+    """The fetcher behind a secure server port: hands gRPC new certificate material
+    when the files changed since the last handshake, and None (keep what you have)
+    otherwise or while the files do not fit together."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self._files = files
+        self._lock = threading.Lock()
+        self._stamp = self._current_stamp()
+        self.initial = _server_config(read_material(files))
+
+    def _current_stamp(self) -> tuple[FileStamp, ...]:
+        return tuple(_stamp(p) for p in (self._files.ca, self._files.cert, self._files.key))
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        with self._lock:
+            stamp = self._current_stamp()
+            if stamp == self._stamp:
+                return None
+            try:
+                material = read_material(self._files)
+            except TlsError:
+                return None  # mid-rotation: try again at the next handshake
+            # The stamp read before the files: a change while reading is seen next time.
+            self._stamp = stamp
+            return _server_config(material)
+
+
+def _server_config(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration(
+        [(material.key, material.cert)], root_certificates=material.ca
+    )
+
+
+class Transport:
+    """How this process makes gRPC channels and server ports.
+
+    ``Transport(files)`` is mutual TLS with those files; ``Transport.insecure()`` (also
+    ``Transport(None)``) is plaintext, which a program must only choose behind an explicit
+    ``--insecure`` flag. The files are read when a channel or port is made (and, for
+    server ports, again after they change), never cached across changes."""
+
+    def __init__(self, files: TlsFiles | None) -> None:
+        self.files = files
+
+    @classmethod
+    def insecure(cls) -> Transport:
+        return cls(None)
+
+    @property
+    def secure(self) -> bool:
+        return self.files is not None
+
+    def version(self) -> object:
+        """A value that compares equal as long as the TLS files are unchanged (always the
+        same value for an insecure transport). Holders of long-lived channels compare it
+        and rebuild their channels when it differs."""
+        if self.files is None:
+            return None
+        return tuple(_stamp(p) for p in (self.files.ca, self.files.cert, self.files.key))
+
+    def material(self) -> TlsMaterial | None:
+        """The current contents of the files (None when insecure); :class:`TlsError` when
+        they cannot be read or do not fit."""
+        return None if self.files is None else read_material(self.files)
+
+    def channel(self, address: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+        """A channel to ``address`` (``HOST:PORT``): TLS presenting this process's
+        certificate and trusting the CA bundle, or plaintext when insecure. The server's
+        certificate must name ``HOST`` (DNS or IP SAN)."""
+        material = self.material()
+        if material is None:
+            return grpc.insecure_channel(address, options=list(options))
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=material.ca,
+            private_key=material.key,
+            certificate_chain=material.cert,
+        )
+        return grpc.secure_channel(address, credentials, options=list(options))
+
+    def add_port(self, server: grpc.Server, address: str) -> int:
+        """Listen on ``address`` and return the bound port (``HOST:0`` picks a free one).
+        A secure port requires every client to present a certificate issued by a CA in
+        the bundle, and picks up changed files at the next handshake."""
+        if self.files is None:
+            return server.add_insecure_port(address)
+        fetcher = _ServerMaterial(self.files)
+        # grpcio documents None from the fetcher as "no change"; its stub does not.
+        credentials = grpc.dynamic_ssl_server_credentials(
+            fetcher.initial,
+            fetcher,  # type: ignore[arg-type]
+            require_client_authentication=True,
+        )
+        return server.add_secure_port(address, credentials)
+
+
+def peer_identity(context: grpc.ServicerContext) -> Identity | None:
+    """The identity named by the verified client certificate of the current call; None on
+    a plaintext connection, or when the certificate names no identity of ours.
+
+    gRPC has verified the certificate against the server's CA bundle before the call
+    reaches a handler, so a result here is authenticated."""
+    certs = context.auth_context().get(PEER_CERT_KEY)
+    if not certs:
+        return None
+    return _identity_of_pem(certs[0])
+
+
+# A memo of a pure function of the certificate bytes: sharing it between servers cannot
+# change a result, only save the parse (a few tens of microseconds per call).
+@functools.lru_cache(maxsize=PEER_CACHE_SIZE)
+def _identity_of_pem(pem: bytes) -> Identity | None:
+    try:
+        return identity_of_cert(pem)
+    except PkiError:
+        return None

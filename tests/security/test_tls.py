@@ -1,0 +1,196 @@
+"""Mutual TLS between real gRPC processes on 127.0.0.1: who gets in, who the handler
+sees, which TLS version is spoken, and certificate/CA replacement without a restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+
+from synapse_ha.core.access import Role, replica, user, worker
+from synapse_ha.security.pki import CertFiles
+from synapse_ha.security.tls import TlsError, TlsFiles, Transport
+from tests.security.conftest import (
+    SERVER_HOSTS,
+    Authority,
+    ask,
+    ask_with,
+    server_handshake,
+    who_server,
+)
+
+
+def test_a_client_with_a_cluster_certificate_is_seen_as_its_identity(
+    server_files: CertFiles, alice: CertFiles, node_n1: CertFiles
+) -> None:
+    with who_server(Transport(TlsFiles.from_cert_files(server_files))) as (address, who):
+        assert ask_with(Transport(TlsFiles.from_cert_files(alice)), address) == "user:alice"
+        assert ask_with(Transport(TlsFiles.from_cert_files(node_n1)), address) == "worker:n1"
+    assert who.seen == [user("alice", Role.OPERATOR), worker("n1")]
+
+
+def test_a_plaintext_caller_has_no_identity() -> None:
+    with who_server(Transport.insecure()) as (address, who):
+        assert ask_with(Transport.insecure(), address) == "None"
+    assert who.seen == [None]
+
+
+def _refused(channel: grpc.Channel) -> grpc.StatusCode:
+    with channel, pytest.raises(grpc.RpcError) as err:
+        ask(channel)
+    code: grpc.StatusCode = err.value.code()
+    return code
+
+
+def test_a_client_without_a_certificate_fails_the_handshake(
+    server_files: CertFiles, cluster_ca: Authority
+) -> None:
+    with who_server(Transport(TlsFiles.from_cert_files(server_files))) as (address, who):
+        only_trust = grpc.ssl_channel_credentials(root_certificates=cluster_ca.ca_pem)
+        assert _refused(grpc.secure_channel(address, only_trust)) is grpc.StatusCode.UNAVAILABLE
+    assert who.seen == []
+
+
+def test_a_client_certificate_from_another_ca_fails_the_handshake(
+    server_files: CertFiles, cluster_ca: Authority, other_ca: Authority
+) -> None:
+    stranger = other_ca.issue(user("alice", Role.ADMIN))
+    # The stranger even trusts the cluster CA: only its own certificate is wrong.
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=cluster_ca.ca_pem,
+        private_key=stranger.key.read_bytes(),
+        certificate_chain=stranger.cert.read_bytes(),
+    )
+    with who_server(Transport(TlsFiles.from_cert_files(server_files))) as (address, who):
+        assert _refused(grpc.secure_channel(address, credentials)) is grpc.StatusCode.UNAVAILABLE
+    assert who.seen == []
+
+
+def test_an_expired_client_certificate_fails_the_handshake(
+    server_files: CertFiles, cluster_ca: Authority
+) -> None:
+    now = datetime.now(UTC)
+    expired = cluster_ca.issue(
+        worker("n9"), not_before=now - timedelta(days=10), not_after=now - timedelta(days=1)
+    )
+    with who_server(Transport(TlsFiles.from_cert_files(server_files))) as (address, who):
+        channel = Transport(TlsFiles.from_cert_files(expired)).channel(address)
+        assert _refused(channel) is grpc.StatusCode.UNAVAILABLE
+    assert who.seen == []
+
+
+def test_a_client_refuses_a_server_certificate_from_another_ca(
+    other_ca: Authority, alice: CertFiles
+) -> None:
+    impostor = other_ca.transport(replica("r1"), hosts=SERVER_HOSTS)
+    with who_server(impostor) as (address, who):
+        channel = Transport(TlsFiles.from_cert_files(alice)).channel(address)
+        assert _refused(channel) is grpc.StatusCode.UNAVAILABLE
+    assert who.seen == []
+
+
+def test_a_client_refuses_a_server_certificate_for_another_host(
+    cluster_ca: Authority, alice: CertFiles
+) -> None:
+    elsewhere = cluster_ca.transport(replica("r1"), hosts=("10.9.9.9", "elsewhere.example"))
+    with who_server(elsewhere) as (address, who):
+        channel = Transport(TlsFiles.from_cert_files(alice)).channel(address)
+        assert _refused(channel) is grpc.StatusCode.UNAVAILABLE
+    assert who.seen == []
+
+
+def test_the_server_negotiates_tls_13_and_still_accepts_tls_12(
+    server_files: CertFiles, alice: CertFiles
+) -> None:
+    with who_server(Transport(TlsFiles.from_cert_files(server_files))) as (address, _):
+        assert server_handshake(address, alice) == ("TLSv1.3", replica("r1"))
+        assert server_handshake(address, alice, ssl.TLSVersion.TLSv1_2) == (
+            "TLSv1.2",
+            replica("r1"),
+        )
+
+
+def _install(source: CertFiles, ca_pem: bytes, target: TlsFiles) -> None:
+    """Replace the files a server reads, each by an atomic rename: key, then
+    certificate, then CA bundle."""
+    for data, path in (
+        (source.key.read_bytes(), target.key),
+        (source.cert.read_bytes(), target.cert),
+        (ca_pem, target.ca),
+    ):
+        staged = path.with_name(path.name + ".new")
+        staged.write_bytes(data)
+        os.replace(staged, path)
+
+
+def test_replaced_certificate_and_ca_files_apply_to_new_connections_without_a_restart(
+    tmp_path: Path, cluster_ca: Authority, other_ca: Authority, alice: CertFiles
+) -> None:
+    first = cluster_ca.issue(replica("r1"), hosts=SERVER_HOSTS)
+    live = TlsFiles(
+        ca=tmp_path / "ca.pem", cert=tmp_path / "server.pem", key=tmp_path / "server.key"
+    )
+    _install(first, cluster_ca.ca_pem, live)
+    server_transport = Transport(live)
+    version = server_transport.version()
+    alice_transport = Transport(TlsFiles.from_cert_files(alice))
+    with who_server(server_transport) as (address, who):
+        assert server_handshake(address, alice) == ("TLSv1.3", replica("r1"))
+        long_lived = alice_transport.channel(address)
+        assert ask(long_lived) == "user:alice"
+
+        # A re-issued certificate for another identity: the next handshake presents it.
+        _install(cluster_ca.issue(replica("r2"), hosts=SERVER_HOSTS), cluster_ca.ca_pem, live)
+        assert server_transport.version() != version
+        assert server_handshake(address, alice) == ("TLSv1.3", replica("r2"))
+        assert ask_with(alice_transport, address) == "user:alice"
+
+        # A new CA bundle that drops the old CA: old clients are refused, new ones accepted.
+        _install(other_ca.issue(replica("r3"), hosts=SERVER_HOSTS), other_ca.ca_pem, live)
+        assert _refused(alice_transport.channel(address)) is grpc.StatusCode.UNAVAILABLE
+        bob = other_ca.issue(user("bob"))
+        assert server_handshake(address, bob) == ("TLSv1.3", replica("r3"))
+        assert ask_with(Transport(TlsFiles.from_cert_files(bob)), address) == "user:bob"
+        # The connection made before the rotation keeps working.
+        assert ask(long_lived) == "user:alice"
+        long_lived.close()
+    assert who.seen.count(user("bob")) == 1
+
+
+def test_a_half_replaced_certificate_keeps_the_old_material(
+    tmp_path: Path, cluster_ca: Authority, alice: CertFiles
+) -> None:
+    first = cluster_ca.issue(replica("r1"), hosts=SERVER_HOSTS)
+    live = TlsFiles(
+        ca=tmp_path / "ca.pem", cert=tmp_path / "server.pem", key=tmp_path / "server.key"
+    )
+    _install(first, cluster_ca.ca_pem, live)
+    with who_server(Transport(live)) as (address, _):
+        second = cluster_ca.issue(replica("r2"), hosts=SERVER_HOSTS)
+        shutil.copyfile(second.cert, live.cert)  # its key is not in place yet
+        assert server_handshake(address, alice) == ("TLSv1.3", replica("r1"))
+        shutil.copyfile(second.key, live.key)
+        assert server_handshake(address, alice) == ("TLSv1.3", replica("r2"))
+
+
+def test_an_insecure_transport_has_one_version_and_no_material() -> None:
+    transport = Transport.insecure()
+    assert not transport.secure
+    assert transport.version() == Transport(None).version()
+    assert transport.material() is None
+
+
+def test_files_that_do_not_fit_together_are_named(
+    alice: CertFiles, node_n1: CertFiles, tmp_path: Path
+) -> None:
+    mixed = Transport(TlsFiles(ca=alice.ca, cert=alice.cert, key=node_n1.key))
+    with pytest.raises(TlsError, match="is not the private key of"):
+        mixed.channel("127.0.0.1:1")
+    missing = Transport(TlsFiles(ca=tmp_path / "nope.pem", cert=alice.cert, key=alice.key))
+    with pytest.raises(TlsError, match=r"nope\.pem"):
+        missing.material()
