@@ -16,6 +16,7 @@ from synapse_ha.core.codec import (
     encode_result,
     encode_state,
 )
+from synapse_ha.core.access import Role
 from synapse_ha.core.model import ClusterConfig, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from tests.core.harness import Cluster, job, node
@@ -66,6 +67,10 @@ EXAMPLES: list[c.Command] = [
     ),
     c.ExpireTimeLimit("job-000001", 4, 11),
     c.PurgeFinished(12),
+    c.CreateToken(
+        "0123456789ab", "alice", Role.USER, "f" * 64, ("train",), 99_000, 13, "user:root"
+    ),
+    c.RevokeToken("0123456789ab", 14, "user:root"),
 ]
 
 
