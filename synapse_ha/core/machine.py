@@ -763,9 +763,7 @@ def _has_unconfirmed(state: ClusterState, node_id: str) -> bool:
 
 
 def _create_token(state: ClusterState, c: cmd.CreateToken, now: int) -> Result:
-    violations = check_token(
-        c.token_id, c.user, c.role, c.queues, c.secret_sha256, c.expires_at_ms
-    )
+    violations = check_token(c.token_id, c.user, c.role, c.queues, c.secret_sha256, c.expires_at_ms)
     if not c.token_id:
         violations.insert(0, Violation(ViolationCode.REQUIRED, "token_id", "is required"))
     if violations:

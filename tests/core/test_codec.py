@@ -7,6 +7,7 @@ import json
 import pytest
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.access import Role
 from synapse_ha.core.codec import (
     CodecError,
     decode_command,
@@ -16,7 +17,6 @@ from synapse_ha.core.codec import (
     encode_result,
     encode_state,
 )
-from synapse_ha.core.access import Role
 from synapse_ha.core.model import ClusterConfig, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from tests.core.harness import Cluster, job, node

@@ -17,8 +17,8 @@ from hypothesis.stateful import (
 
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
-from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
 from synapse_ha.core.access import Role
+from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
     ClusterState,
