@@ -6,11 +6,7 @@ identity read from the metadata (the TLS layer supplies the real one)."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -19,157 +15,18 @@ import pytest
 from synapse_ha.app.leader import Liveness
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity, Role
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterConfig, ClusterState
-from synapse_ha.core.snapshot import full_copy
-from synapse_ha.rpc.auth import AuthInterceptor, new_token
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
-from tests.core.harness import job, node
-
-PEER_KEY = "x-test-peer"  # the SPIFFE id a client certificate would carry
-
-
-@dataclass
-class FakeRaft:
-    role: str = "leader"
-    term: int = 1
-    commit_index: int = 0
-    last_applied: int = 0
-    leader: str = "127.0.0.1:1"
-    has_quorum: bool = True
-
-
-@dataclass
-class FakeBackend:
-    """Applies proposals to a real state, at once or (``hold``) when the test commits
-    them; snapshots are copies."""
-
-    state: ClusterState = field(default_factory=ClusterState)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    hold: bool = False
-    pending: list[tuple[cmd.Command, Future[cmd.Result]]] = field(default_factory=list)
-
-    def propose(self, command: cmd.Command) -> Future[cmd.Result]:
-        future: Future[cmd.Result] = Future()
-        with self.lock:
-            if self.hold:
-                self.pending.append((command, future))
-            else:
-                future.set_result(apply(self.state, command))
-        return future
-
-    def commit_pending(self) -> None:
-        with self.lock:
-            pending, self.pending = self.pending, []
-            for command, future in pending:
-                future.set_result(apply(self.state, command))
-
-    def snapshot(self) -> ClusterState:
-        with self.lock:
-            return full_copy(self.state)
-
-    def reading(self) -> AbstractContextManager[ClusterState]:
-        return nullcontext(self.state)
-
-    def cluster_config(self) -> ClusterConfig:
-        return self.state.config
-
-    def status(self) -> FakeRaft:
-        return FakeRaft(last_applied=self.state.applied_commands)
-
-    def is_leader(self) -> bool:
-        return True
-
-    def leader_address(self) -> str:
-        return "127.0.0.1:1"
-
-
-def peer_from_metadata(context: grpc.ServicerContext) -> Identity | None:
-    for key, value in context.invocation_metadata():
-        if key == PEER_KEY and isinstance(value, str):
-            return access.parse_spiffe_id(value)
-    return None
-
-
-@dataclass
-class Replica:
-    address: str
-    backend: FakeBackend
-    auth: AuthInterceptor
-    ctx: ReplicaContext
-    clock: list[int]
-    tokens: dict[str, str]  # who → token text
-    jobs: dict[str, str]  # owner → job id
-    channel: grpc.Channel
-
-    @property
-    def scheduler(self) -> pb_grpc.SchedulerServiceStub:
-        return pb_grpc.SchedulerServiceStub(self.channel)  # type: ignore[no-untyped-call]
-
-    @property
-    def agent(self) -> pb_grpc.NodeAgentServiceStub:
-        return pb_grpc.NodeAgentServiceStub(self.channel)  # type: ignore[no-untyped-call]
-
-
-NOW = 1_000_000
-
-
-def _token(backend: FakeBackend, user: str, role: Role, ttl_ms: int = 0) -> str:
-    text, command = new_token(user, role, (), ttl_ms, NOW, "bootstrap")
-    assert backend.propose(command).result().ok
-    return text
+from tests.rpc.authed import NOW, PEER_KEY, FakeBackend, Replica, serving_replica
 
 
 @pytest.fixture
 def replica() -> Iterator[Replica]:
-    backend = FakeBackend()
-    state = backend.state
-    clock = [NOW]
-    for info in (node("n1", gpus=2), node("n2", gpus=2)):
-        assert apply(state, cmd.RegisterNode(info, NOW)).ok
-    tokens = {
-        "admin": _token(backend, "root", Role.ADMIN),
-        "operator": _token(backend, "ops", Role.OPERATOR),
-        "alice": _token(backend, "alice", Role.USER),
-        "bob": _token(backend, "bob", Role.USER),
-        "expired": _token(backend, "carol", Role.USER, ttl_ms=10),
-        "revoked": _token(backend, "dave", Role.USER),
-    }
-    revoked_id = access.split_token(tokens["revoked"])
-    assert revoked_id is not None
-    assert apply(state, cmd.RevokeToken(revoked_id[0], NOW, "user:root")).ok
-    jobs = {}
-    for owner in ("alice", "bob"):
-        spec = job(f"{owner}-job", replicas=1, gpu=1)
-        result = apply(state, cmd.SubmitJob(spec, f"req-{owner}", NOW, owner=owner))
-        jobs[owner] = result.job_id
-    auth = AuthInterceptor(
-        lambda: backend.snapshot().tokens, lambda: clock[0], identify_peer=peer_from_metadata
-    )
-    ctx = ReplicaContext(
-        self_id="r1",
-        replicas=[ReplicaAddress("r1", "127.0.0.1:1", "127.0.0.1:0")],
-        backend=backend,
-        liveness=Liveness(),
-        serving=lambda: True,
-        clock_ms=lambda: clock[0],
-    )
-    clock[0] = NOW + 1_000  # the "expired" token is past its 10 ms
-    server = build_server(ctx, "127.0.0.1:0", max_workers=4, auth=auth)
-    # build_server bound an ephemeral port; find it by binding another and reading both.
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield Replica(f"127.0.0.1:{port}", backend, auth, ctx, clock, tokens, jobs, channel)
-    finally:
-        channel.close()
-        server.stop(grace=None)
+    with serving_replica() as started:
+        yield started
 
 
 # ------------------------------------------------------------------ the refusal matrix
@@ -323,9 +180,13 @@ def test_submit_records_the_owner_and_cancel_records_who(
     answer = replica.scheduler.SubmitJob(SUBMIT, metadata=_as(replica, "alice"))
     job_id = answer.job_id
     assert replica.backend.state.jobs[job_id].owner == "alice"
-    replica.scheduler.CancelJob(pb.CancelJobRequest(job_id=job_id), metadata=_as(replica, "operator"))
+    replica.scheduler.CancelJob(
+        pb.CancelJobRequest(job_id=job_id), metadata=_as(replica, "operator")
+    )
     assert replica.backend.state.jobs[job_id].cancelled_by == "user:ops"
-    shown = replica.scheduler.GetJob(pb.GetJobRequest(job_id=job_id), metadata=_as(replica, "alice"))
+    shown = replica.scheduler.GetJob(
+        pb.GetJobRequest(job_id=job_id), metadata=_as(replica, "alice")
+    )
     assert (shown.job.owner, shown.job.cancelled_by) == ("alice", "user:ops")
     replica.scheduler.CordonNode(CORDON, metadata=_as(replica, "operator"))
     assert replica.backend.state.nodes["n1"].status_by == "user:ops"
@@ -380,7 +241,9 @@ def test_admin_creates_lists_and_revokes_tokens(replica: Replica) -> None:
     assert failure_of(refused.value).reason is Reason.UNAUTHENTICATED
     assert "revoked" in failure_of(refused.value).message
     with pytest.raises(grpc.RpcError) as unknown:
-        replica.scheduler.RevokeToken(pb.RevokeTokenRequest(token_id="ffffffffffff"), metadata=admin)
+        replica.scheduler.RevokeToken(
+            pb.RevokeTokenRequest(token_id="ffffffffffff"), metadata=admin
+        )
     assert failure_of(unknown.value).reason is Reason.TOKEN_NOT_FOUND
 
 
@@ -427,11 +290,7 @@ def test_log_grants_need_a_signer_and_name_the_members_node(replica: Replica) ->
     bound = apply(
         replica.backend.state,
         cmd.BindPlan(
-            (
-                cmd.GangPlacement(
-                    replica.jobs["alice"], 0, (cmd.MemberPlacement(0, "n2", (0,)),)
-                ),
-            ),
+            (cmd.GangPlacement(replica.jobs["alice"], 0, (cmd.MemberPlacement(0, "n2", (0,)),)),),
             now_ms=NOW,
         ),
     )
