@@ -362,7 +362,7 @@ def complete_node_ids(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=(
         "Exit codes: 0 ok, 1 job failed (--wait) or other error, 2 usage or invalid spec, "
-        "3 cluster unreachable, 4 not found.\n\n"
+        "3 cluster unreachable, 4 not found, 5 refused (credential or permission).\n\n"
         'Shell completion (bash): eval "$(_SYNCTL_COMPLETE=bash_source synctl)"; '
         "zsh: zsh_source; fish: fish_source."
     ),
@@ -799,7 +799,13 @@ def cluster(settings: Settings) -> None:
 
 @cli.group()
 def token() -> None:
-    """Create, list and revoke users' bearer tokens (admins only)."""
+    """Create, list and revoke users' bearer tokens (admins only).
+
+    \b
+    Example:
+      synctl token create --user alice --role user --ttl 90d
+      synctl token list
+    """
 
 
 @token.command("create")
@@ -844,7 +850,12 @@ def token_create(
 @output_option
 @with_settings
 def token_list(settings: Settings) -> None:
-    """List tokens (never their secrets): user, role, who made them, expiry, revocation."""
+    """List tokens (never their secrets): user, role, who made them, expiry, revocation.
+
+    \b
+    Example:
+      synctl token list -o json
+    """
     client = settings.client()
     request = pb.ListTokensRequest()
     answer: pb.ListTokensResponse = client.call(
@@ -859,7 +870,12 @@ def token_list(settings: Settings) -> None:
 @output_option
 @with_settings
 def token_revoke(settings: Settings, token_id: str) -> None:
-    """Revoke a token: every replica refuses it once the revocation commits."""
+    """Revoke a token: every replica refuses it once the revocation commits.
+
+    \b
+    Example:
+      synctl token revoke 0123456789ab
+    """
     client = settings.client()
     request = pb.RevokeTokenRequest(token_id=token_id)
     answer: pb.RevokeTokenResponse = client.call(
