@@ -112,6 +112,9 @@ class ReplicaContext:
     # Where handlers report the refusals they make themselves (another user's job, a
     # worker speaking for another node), to be logged and counted with the rest.
     auth: AuthInterceptor | None = None
+    # Opens a channel to another replica (GetClusterStatus asks each one); with TLS, one
+    # that presents this replica's certificate.
+    peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -427,7 +430,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         replicas = [own]
         if not request.local_only:
             replicas = [
-                own if r.replica_id == ctx.self_id else _ask_replica(r) for r in ctx.replicas
+                own if r.replica_id == ctx.self_id else _ask_replica(r, ctx.peer_channel)
+                for r in ctx.replicas
             ]
         leader = ctx.by_raft(ctx.backend.leader_address())
         state = ctx.backend.snapshot()
@@ -579,9 +583,11 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         )
 
 
-def _ask_replica(replica: ReplicaAddress) -> pb.ReplicaStatus:
+def _ask_replica(
+    replica: ReplicaAddress, open_channel: Callable[[str], grpc.Channel]
+) -> pb.ReplicaStatus:
     try:
-        with grpc.insecure_channel(replica.grpc) as channel:
+        with open_channel(replica.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
             answer = stub.GetClusterStatus(pb.GetClusterStatusRequest(local_only=True), timeout=0.5)
         if answer.replicas:
