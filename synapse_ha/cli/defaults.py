@@ -7,6 +7,11 @@ import enum
 # gRPC addresses of the three replicas that ``synctl dev up`` starts.
 DEFAULT_CLUSTER = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
 CLUSTER_ENV = "SYNAPSE_CLUSTER"
+# Where synctl finds its bearer token: --token-file, else this variable (the token's
+# text), else the file ``synapse/token`` in the user's config directory
+# ($XDG_CONFIG_HOME, default ~/.config).
+TOKEN_ENV = "SYNAPSE_TOKEN"
+TOKEN_FILE_NAME = "token"
 
 # Seconds one command may spend finding the leader and getting an answer.
 DEFAULT_TIMEOUT_S = 5.0
@@ -22,4 +27,5 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad options or arguments, or an invalid job spec
     UNREACHABLE = 3  # no replica (or worker) answered within --timeout
     NOT_FOUND = 4  # no such job or node
+    DENIED = 5  # no credential, a refused one, or not allowed (UNAUTHENTICATED, PERMISSION_DENIED)
     INTERRUPTED = 130  # Ctrl-C

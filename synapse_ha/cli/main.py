@@ -4,7 +4,8 @@ Every command is a thin adapter: it turns its arguments into one or a few gRPC c
 through :class:`ClusterClient` (which finds the leader by itself) and hands the answer to
 :mod:`synapse_ha.cli.render`. Errors are one line on stderr and an exit code from
 :class:`ExitCode`: 0 ok, 1 job failed (``--wait``) or another error, 2 usage or invalid
-spec, 3 cluster (or worker) unreachable within ``--timeout``, 4 no such job or node. With
+spec, 3 cluster (or worker) unreachable within ``--timeout``, 4 no such job or node, 5
+refused (no credential, a bad one, or not allowed). With
 ``-o json`` or ``-o yaml`` the error is a document instead, ``{"error": {"code": ...,
 "message": ...}}``, whose code is the cluster's reason (docs/errors.md) or one of synctl's
 own (``UNREACHABLE``, ``INTERRUPTED``, ...). The exit code is the same either way.
@@ -16,7 +17,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -32,10 +33,13 @@ from synapse_ha.cli.defaults import (
     DEFAULT_TIMEOUT_S,
     PER_TRY_TIMEOUT_S,
     POLL_INTERVAL_S,
+    TOKEN_ENV,
+    TOKEN_FILE_NAME,
     ExitCode,
 )
 from synapse_ha.cli.logs import LinePrinter, MemberFollower, MemberLog, WorkerUnreachable, read_log
 from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
@@ -92,6 +96,9 @@ _EXIT_FOR_REASON = {
     Reason.LEADER_NOT_READY: ExitCode.UNREACHABLE,
     Reason.NOT_COMMITTED: ExitCode.UNREACHABLE,
     Reason.OUTCOME_UNKNOWN: ExitCode.UNREACHABLE,
+    Reason.UNAUTHENTICATED: ExitCode.DENIED,
+    Reason.PERMISSION_DENIED: ExitCode.DENIED,
+    Reason.TOKEN_NOT_FOUND: ExitCode.NOT_FOUND,
 }
 
 
@@ -107,6 +114,8 @@ def exit_code_for(failure: RpcFailure) -> ExitCode:
 def _exit_code_for(code: grpc.StatusCode | None) -> ExitCode:
     if code is grpc.StatusCode.NOT_FOUND:
         return ExitCode.NOT_FOUND
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return ExitCode.DENIED
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         return ExitCode.USAGE
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -187,6 +196,7 @@ class Settings:
     addresses: list[str]
     output: str
     timeout: float
+    token: str | None = field(default=None, repr=False)
     _client: ClusterClient | None = field(default=None, repr=False)
 
     def client(self) -> ClusterClient:
@@ -195,6 +205,7 @@ class Settings:
                 self.addresses,
                 timeout_s=self.timeout,
                 per_try_timeout_s=min(PER_TRY_TIMEOUT_S, self.timeout),
+                token=self.token,
             )
         return self._client
 
@@ -202,6 +213,34 @@ class Settings:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def default_token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/synapse/token``, or ``~/.config/synapse/token``."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "synapse" / TOKEN_FILE_NAME
+
+
+def find_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token synctl sends: from ``token_file`` (given: it must be readable),
+    else ``$SYNAPSE_TOKEN``, else the default token file when it exists; None without
+    one. Raises :class:`CommandFailed` for a given file that cannot be read."""
+    env = os.environ if environ is None else environ
+    if token_file is None:
+        text = env.get(TOKEN_ENV, "").strip()
+        if text:
+            return text
+        token_file = default_token_file(env)
+        if not token_file.is_file():
+            return None
+    try:
+        text = token_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CommandFailed(
+            ExitCode.USAGE, f"cannot read the token file {token_file}: {exc.strerror}", "USAGE"
+        ) from exc
+    return text or None
 
 
 def parse_cluster(value: str) -> list[str]:
@@ -272,7 +311,11 @@ def _completion_client(ctx: click.Context) -> ClusterClient | None:
         addresses = value if isinstance(value, list) else parse_cluster(str(value))
     except ValueError:
         return None
-    return ClusterClient(addresses, timeout_s=1.0, per_try_timeout_s=0.5)
+    try:
+        token = find_token(root.params.get("token_file"))
+    except CommandFailed:
+        return None
+    return ClusterClient(addresses, timeout_s=1.0, per_try_timeout_s=0.5, token=token)
 
 
 def _complete(
@@ -320,7 +363,7 @@ def complete_node_ids(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=(
         "Exit codes: 0 ok, 1 job failed (--wait) or other error, 2 usage or invalid spec, "
-        "3 cluster unreachable, 4 not found.\n\n"
+        "3 cluster unreachable, 4 not found, 5 refused (credential or permission).\n\n"
         'Shell completion (bash): eval "$(_SYNCTL_COMPLETE=bash_source synctl)"; '
         "zsh: zsh_source; fish: fish_source."
     ),
@@ -350,9 +393,18 @@ def complete_node_ids(
     show_default=True,
     help="Seconds each call may take, leader search and retries included.",
 )
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"File holding the bearer token to send (default: ${TOKEN_ENV}, else "
+    "$XDG_CONFIG_HOME/synapse/token, i.e. ~/.config/synapse/token).",
+)
 @click.version_option(package_name="synapse-ha", prog_name="synctl")
 @click.pass_context
-def cli(ctx: click.Context, cluster: list[str], output: str, timeout: float) -> None:
+def cli(
+    ctx: click.Context, cluster: list[str], output: str, timeout: float, token_file: Path | None
+) -> None:
     """Submit and watch gang jobs, and look after the nodes and replicas of a synapse
     cluster.
 
@@ -364,6 +416,7 @@ def cli(ctx: click.Context, cluster: list[str], output: str, timeout: float) -> 
     """
     settings = Settings(addresses=cluster, output=output, timeout=timeout)
     ctx.obj = settings
+    settings.token = find_token(token_file)
     ctx.call_on_close(settings.close)
 
 
@@ -740,6 +793,97 @@ def cluster(settings: Settings) -> None:
     )
     document = render.cluster_document(answer)
     emit(settings, document, lambda: render.cluster_table(document))
+
+
+# -------------------------------------------------------------------------- tokens
+
+
+@cli.group()
+def token() -> None:
+    """Create, list and revoke users' bearer tokens (admins only).
+
+    \b
+    Example:
+      synctl token create --user alice --role user --ttl 90d
+      synctl token list
+    """
+
+
+@token.command("create")
+@click.option("--user", "user_name", required=True, help="The user the token names.")
+@click.option(
+    "--role",
+    type=click.Choice(["user", "operator", "admin"]),
+    default="user",
+    show_default=True,
+)
+@click.option("--queue", "queues", multiple=True, help="A queue it may submit to (repeatable).")
+@click.option("--ttl", default="", help="Lifetime, e.g. 90d or 12h (default: never expires).")
+@output_option
+@with_settings
+def token_create(
+    settings: Settings, user_name: str, role: str, queues: tuple[str, ...], ttl: str
+) -> None:
+    """Create a token and print it. It is shown this once: only its hash is kept.
+
+    
+    Example:
+      synctl token create --user alice --role user --ttl 90d > alice.token
+    """
+    try:
+        ttl_ms = parse_duration(ttl, "ttl") if ttl else 0
+    except SpecError as exc:
+        raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
+    client = settings.client()
+    request = pb.CreateTokenRequest(user=user_name, role=role, queues=list(queues), ttl_ms=ttl_ms)
+    answer: pb.CreateTokenResponse = client.call(
+        "CreateToken",
+        lambda a, t: client.scheduler(a).CreateToken(request, timeout=t),
+        idempotent=False,
+    )
+    document = render.created_token_document(answer, user_name, role)
+    emit(settings, document, lambda: answer.token)
+    if settings.output == "table":
+        note(f"token {answer.token_id} for {user_name} (role {role}); it is not shown again")
+
+
+@token.command("list")
+@output_option
+@with_settings
+def token_list(settings: Settings) -> None:
+    """List tokens (never their secrets): user, role, who made them, expiry, revocation.
+
+    \b
+    Example:
+      synctl token list -o json
+    """
+    client = settings.client()
+    request = pb.ListTokensRequest()
+    answer: pb.ListTokensResponse = client.call(
+        "ListTokens", lambda a, t: client.scheduler(a).ListTokens(request, timeout=t)
+    )
+    documents = [render.token_document(t) for t in answer.tokens]
+    emit(settings, {"tokens": documents}, lambda: render.tokens_table(documents))
+
+
+@token.command("revoke")
+@click.argument("token_id", metavar="ID")
+@output_option
+@with_settings
+def token_revoke(settings: Settings, token_id: str) -> None:
+    """Revoke a token: every replica refuses it once the revocation commits.
+
+    \b
+    Example:
+      synctl token revoke 0123456789ab
+    """
+    client = settings.client()
+    request = pb.RevokeTokenRequest(token_id=token_id)
+    answer: pb.RevokeTokenResponse = client.call(
+        "RevokeToken", lambda a, t: client.scheduler(a).RevokeToken(request, timeout=t)
+    )
+    document = {"id": token_id, "revoked_at_ms": answer.revoked_at_ms}
+    emit(settings, document, lambda: f"token {token_id}: revoked")
 
 
 cli.add_command(ca)

@@ -109,7 +109,10 @@ def member_document(m: pb.Member) -> Document:
 def job_document(job: pb.Job) -> Document:
     spec = job.spec
     has_attempt = job.HasField("attempt")
-    if spec.WhichOneof("command") == "argv":
+    command: list[str] | None
+    if job.redacted:  # another user's job: the cluster withheld command and environment
+        command, shell = None, spec.WhichOneof("command") != "argv"
+    elif spec.WhichOneof("command") == "argv":
         command, shell = list(spec.argv.args), False
     else:
         command, shell = [spec.shell_command], True
@@ -123,6 +126,9 @@ def job_document(job: pb.Job) -> Document:
         "requeues": job.requeues,
         "image": spec.image,
         "request_id": job.request_id,
+        "owner": job.owner,
+        "cancelled_by": job.cancelled_by,
+        "redacted": job.redacted,
         "attempt": job.attempt.number if has_attempt else 0,
         "fencing_token": job.attempt.fencing_token if has_attempt else None,
         "replicas": spec.replicas,
@@ -347,6 +353,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
     fields: list[tuple[str, object]] = [
         ("ID", doc["id"]),
         ("NAME", doc["name"]),
+        ("OWNER", doc["owner"]),
         ("STATE", doc["state"]),
         ("REASON", doc["reason"]),
         ("ATTEMPT", doc["attempt"] or None),
@@ -361,8 +368,11 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
             f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",
         ),
         ("FINISHED", time_text(doc["finished_at_ms"]) if doc["finished_at_ms"] else None),
+        ("CANCELLED BY", doc["cancelled_by"] or None),
         ("REQUEST ID", doc["request_id"]),
     ]
+    if doc["redacted"]:
+        fields.append(("COMMAND", "(withheld: not your job)"))
     lines = [
         f"{name + ':':<15}{'-' if value is None or value == '' else value}"
         for name, value in fields
@@ -450,3 +460,46 @@ def cluster_table(doc: Mapping[str, Any]) -> str:
     ]
     headers = ["REPLICA", "ROLE", "TERM", "COMMIT", "APPLIED", "HEALTHY", "ADDRESS", "ERROR"]
     return "\n".join(head) + table(rows, headers)
+
+
+# ------------------------------------------------------------------------- tokens
+
+
+def created_token_document(answer: pb.CreateTokenResponse, user: str, role: str) -> Document:
+    return {
+        "id": answer.token_id,
+        "token": answer.token,
+        "user": user,
+        "role": role,
+        "expires_at_ms": answer.expires_at_ms or None,
+    }
+
+
+def token_document(token: pb.TokenInfo) -> Document:
+    return {
+        "id": token.token_id,
+        "user": token.user,
+        "role": token.role,
+        "queues": list(token.queues),
+        "created_at_ms": token.created_at_ms or None,
+        "created_by": token.created_by,
+        "expires_at_ms": token.expires_at_ms or None,
+        "revoked_at_ms": token.revoked_at_ms or None,
+        "revoked_by": token.revoked_by,
+    }
+
+
+def tokens_table(docs: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        (
+            d["id"],
+            d["user"],
+            d["role"],
+            ",".join(d["queues"]) or "-",
+            d["created_by"],
+            time_text(d["expires_at_ms"]) if d["expires_at_ms"] else "never",
+            f"revoked by {d['revoked_by'] or '?'}" if d["revoked_at_ms"] else "live",
+        )
+        for d in docs
+    ]
+    return table(rows, ("ID", "USER", "ROLE", "QUEUES", "CREATED BY", "EXPIRES", "STATE"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from synapse_ha.core.access import Role
 from synapse_ha.core.model import ClusterConfig, JobSpec, MemberPlacement, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason
 
@@ -20,6 +21,7 @@ class Configure:
 
     config: ClusterConfig
     now_ms: int = 0
+    actor: str = ""  # who asked (audit), as "kind:name"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class SetNodeStatus:
     status: NodeStatus
     reason: str = ""
     now_ms: int = 0
+    actor: str = ""  # who asked (audit), recorded as Node.status_by
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class CancelJob:
     job_id: str
     reason: str = "cancelled by user"
     now_ms: int = 0
+    actor: str = ""  # who asked (audit), recorded as Job.cancelled_by
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +189,32 @@ class PurgeFinished:
     now_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class CreateToken:
+    """Add a user's bearer token. Only the secret's SHA-256 travels: the secret itself is
+    made by the replica that handles the request (or, for the first admin token, by the
+    replica's bootstrap with ``actor="bootstrap"``) and never enters the log. The token
+    id must be new; ``expires_at_ms`` 0 means never."""
+
+    token_id: str
+    user: str
+    role: Role
+    secret_sha256: str
+    queues: tuple[str, ...] = ()
+    expires_at_ms: int = 0
+    now_ms: int = 0
+    actor: str = ""  # recorded as Token.created_by
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeToken:
+    """Revoke a token from now on. Revoking a revoked token changes nothing."""
+
+    token_id: str
+    now_ms: int = 0
+    actor: str = ""  # recorded as Token.revoked_by
+
+
 Command = (
     Configure
     | Barrier
@@ -198,6 +228,8 @@ Command = (
     | FailAttempt
     | ExpireTimeLimit
     | PurgeFinished
+    | CreateToken
+    | RevokeToken
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
@@ -213,6 +245,8 @@ COMMAND_TYPES: tuple[type, ...] = (
     FailAttempt,
     ExpireTimeLimit,
     PurgeFinished,
+    CreateToken,
+    RevokeToken,
 )
 
 

@@ -11,6 +11,7 @@ command becomes an error :class:`Result`, and an unexpected exception becomes an
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import random
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,6 +40,7 @@ from synapse_ha.core.model import (
     NodeInfo,
     NodeStatus,
     Resources,
+    Token,
     time_limit_deadline,
     topology_path,
     unconfirmed_members,
@@ -52,7 +54,14 @@ from synapse_ha.core.reasons import (
     reason,
 )
 from synapse_ha.core.topology import CLUSTER, domain_at
-from synapse_ha.core.validation import check_job_spec, check_node_info, describe
+from synapse_ha.core.validation import (
+    Violation,
+    ViolationCode,
+    check_job_spec,
+    check_node_info,
+    check_token,
+    describe,
+)
 
 
 def apply(state: ClusterState, command: cmd.Command) -> Result:
@@ -199,6 +208,7 @@ def _set_node_status(state: ClusterState, c: cmd.SetNodeStatus, now: int) -> Res
         )
     node.status = after
     node.status_reason = c.reason
+    node.status_by = c.actor
     _settle_drained(state, (c.node_id,))
     return ok(f"node {c.node_id} is {node.status.value}")
 
@@ -280,6 +290,7 @@ def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
             state, job, lc.AttemptEvent.STOP, reason(ReasonCode.CANCELLED_BY, text=c.reason), now
         )
     _finish(job, lc.JobEvent.CANCEL, reason(ReasonCode.CANCELLED, text=c.reason), now)
+    job.cancelled_by = c.actor
     if attempt is not None:
         _settle_drained(state, sorted({m.node_id for m in attempt.members}))
     return ok(f"{c.job_id} cancelled", job_id=c.job_id)
@@ -749,6 +760,44 @@ def _has_unconfirmed(state: ClusterState, node_id: str) -> bool:
     return False
 
 
+# ----------------------------------------------------------------------------- tokens
+
+
+def _create_token(state: ClusterState, c: cmd.CreateToken, now: int) -> Result:
+    violations = check_token(c.token_id, c.user, c.role, c.queues, c.secret_sha256, c.expires_at_ms)
+    if not c.token_id:
+        violations.insert(0, Violation(ViolationCode.REQUIRED, "token_id", "is required"))
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
+    if c.token_id in state.tokens:
+        return error(ResultCode.CONFLICT, f"token {c.token_id} exists already")
+    if c.expires_at_ms and c.expires_at_ms <= now:
+        return error(ResultCode.INVALID, "expires_at_ms: must be later than now")
+    state.tokens[c.token_id] = Token(
+        token_id=c.token_id,
+        user=c.user,
+        role=c.role,
+        secret_sha256=c.secret_sha256,
+        created_at_ms=now,
+        created_by=c.actor,
+        queues=tuple(c.queues),
+        expires_at_ms=c.expires_at_ms,
+    )
+    return ok(f"token {c.token_id} created for {c.user} (role {c.role})")
+
+
+def _revoke_token(state: ClusterState, c: cmd.RevokeToken, now: int) -> Result:
+    token = state.tokens.get(c.token_id)
+    if token is None:
+        return error(ResultCode.NOT_FOUND, f"no token {c.token_id!r}")
+    if token.revoked_at_ms:
+        return ok(f"token {c.token_id} was already revoked")
+    # 0 means live, so a revocation at time 0 (only ever in tests) is recorded as 1.
+    revoked = dataclasses.replace(token, revoked_at_ms=max(now, 1), revoked_by=c.actor)
+    state.tokens[c.token_id] = revoked
+    return ok(f"token {c.token_id} revoked")
+
+
 _HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
     cmd.Configure: _configure,
     cmd.Barrier: _barrier,
@@ -762,4 +811,6 @@ _HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
     cmd.FailAttempt: _fail_attempt,
     cmd.ExpireTimeLimit: _expire_time_limit,
     cmd.PurgeFinished: _purge_finished,
+    cmd.CreateToken: _create_token,
+    cmd.RevokeToken: _revoke_token,
 }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from synapse_ha.core.access import Role
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
 # --------------------------------------------------------------------------- enums
@@ -223,6 +224,7 @@ class Node:
     # same way, so choosing a free port never scans every job.
     master_ports: list[int] = field(default_factory=list)
     status_reason: str = ""
+    status_by: str = ""  # the identity that last cordoned, drained or uncordoned it (audit)
 
     @property
     def node_id(self) -> str:
@@ -322,6 +324,7 @@ class Job:
     retry_not_before_ms: int = 0
     finished_at_ms: int = 0
     owner: str = ""  # the user who submitted it (DESIGN §8); members run as this user
+    cancelled_by: str = ""  # the identity that cancelled it (audit), as "kind:name"
 
     @property
     def fencing_token(self) -> int:
@@ -332,6 +335,37 @@ class Job:
         if self.state.holds_resources:
             return self.attempt
         return None
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A bearer token of one user. Only the SHA-256 of its secret is replicated; the
+    text (``syn_<token_id>_<secret>``) is shown once, to whoever created it.
+
+    ``queues`` are recorded for the queue admission rules of DESIGN §8; nothing enforces
+    them until queues exist. ``expires_at_ms`` 0 means never; ``revoked_at_ms`` 0 means
+    live. ``created_by`` / ``revoked_by`` name the identity that did it (``bootstrap``
+    for the first admin token, made by a replica itself)."""
+
+    token_id: str
+    user: str
+    role: Role
+    secret_sha256: str
+    created_at_ms: int
+    created_by: str
+    queues: tuple[str, ...] = ()
+    expires_at_ms: int = 0
+    revoked_at_ms: int = 0
+    revoked_by: str = ""
+
+    def live_at(self, now_ms: int) -> bool:
+        """Neither revoked nor expired at ``now_ms``."""
+        if self.revoked_at_ms:
+            return False
+        return self.expires_at_ms == 0 or now_ms < self.expires_at_ms
 
 
 # ---------------------------------------------------------------------------- state
@@ -349,6 +383,7 @@ class ClusterState:
     last_fencing_token: int = 0
     applied_commands: int = 0
     last_time_ms: int = 0  # the newest command time seen; never goes backwards
+    tokens: dict[str, Token] = field(default_factory=dict)  # token_id -> token
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order."""

@@ -35,16 +35,18 @@ class Changes:
     nodes: set[str] = dataclasses.field(default_factory=set)
     jobs: set[str] = dataclasses.field(default_factory=set)
     request_ids: bool = False
+    tokens: bool = False
     everything: bool = False
 
     def clear(self) -> None:
         self.nodes.clear()
         self.jobs.clear()
         self.request_ids = False
+        self.tokens = False
         self.everything = False
 
     def __bool__(self) -> bool:
-        return bool(self.nodes or self.jobs or self.request_ids or self.everything)
+        return bool(self.nodes or self.jobs or self.request_ids or self.tokens or self.everything)
 
 
 def _job_and_its_nodes(state: ClusterState, job_id: str, changes: Changes) -> None:
@@ -104,6 +106,10 @@ def _report(state: ClusterState, command: cmd.ReportMembers, changes: Changes) -
         _job_and_its_nodes(state, event.job_id, changes)
 
 
+def _tokens(state: ClusterState, command: Any, changes: Changes) -> None:
+    changes.tokens = True
+
+
 def _purge(state: ClusterState, command: cmd.PurgeFinished, changes: Changes) -> None:
     changes.request_ids = True
     changes.jobs.update(job.job_id for job in state.jobs.values() if job.state.finished)
@@ -124,6 +130,8 @@ _TOUCHES: dict[type, Callable[[ClusterState, Any, Changes], None]] = {
     cmd.FailAttempt: _one_job,
     cmd.ExpireTimeLimit: _one_job,
     cmd.PurgeFinished: _purge,
+    cmd.CreateToken: _tokens,
+    cmd.RevokeToken: _tokens,
 }
 
 
@@ -196,7 +204,7 @@ def full_copy(state: ClusterState) -> ClusterState:
 _COUNTERS = tuple(
     f.name
     for f in dataclasses.fields(ClusterState)
-    if f.name not in ("config", "nodes", "jobs", "request_ids")
+    if f.name not in ("config", "nodes", "jobs", "request_ids", "tokens")
 )
 
 
@@ -257,6 +265,8 @@ class SnapshotBuilder:
                 nodes=nodes,
                 jobs=jobs,
                 request_ids=dict(state.request_ids) if changes.request_ids else last.request_ids,
+                # Tokens are frozen values: a copy of the dictionary is a full copy.
+                tokens=dict(state.tokens) if changes.tokens else last.tokens,
             )
             for name in _COUNTERS:
                 setattr(snap, name, clone(getattr(state, name)))

@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from synapse_ha.core import access
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 
 # ------------------------------------------------------------------------- limits
@@ -46,6 +47,7 @@ MAX_ADDRESS = 261  # a 253-character host name, ':' and a port
 MEMBERS_RUN_AS_PATTERN = re.compile(r"(owner|agent:[^\s:]{1,64})?")
 
 HOST_LEVEL = "host"
+MAX_TOKEN_QUEUES = 64
 
 
 class ViolationCode(enum.StrEnum):
@@ -244,3 +246,38 @@ def _address_problem(address: str) -> str:
     if sep and port.isdigit() and (not host or not 0 < int(port) < 65536):
         return f"{address!r}: the port must be between 1 and 65535, after a host"
     return ""
+
+
+# -------------------------------------------------------------------------- tokens
+
+
+def check_token(
+    token_id: str,
+    user: str,
+    role: object,
+    queues: Sequence[str],
+    secret_sha256: str,
+    expires_at_ms: int,
+) -> list[Violation]:
+    """Every rule a new token breaks, in field order. ``token_id`` may be empty when the
+    server has yet to make one."""
+    out: list[Violation] = []
+    if token_id and not access.TOKEN_ID_PATTERN.match(token_id):
+        out.append(invalid("token_id", "must be 12 lowercase hexadecimal digits"))
+    if not access.NAME_PATTERN.match(user):
+        out.append(invalid("user", "1 to 63 characters of letters, digits and . _ - "))
+    if not isinstance(role, access.Role):
+        allowed = ", ".join(r.value for r in access.Role)
+        out.append(invalid("role", f"must be one of {allowed}"))
+    if len(queues) > MAX_TOKEN_QUEUES:
+        out.append(invalid("queues", f"at most {MAX_TOKEN_QUEUES}"))
+    for i, queue in enumerate(queues):
+        if not NAME_PATTERN.match(queue) or len(queue) > MAX_NAME:
+            out.append(invalid(f"queues[{i}]", "lowercase letters, digits and -, at most 63"))
+    if len(set(queues)) != len(queues):
+        out.append(invalid("queues", "a queue appears twice"))
+    if not access.TOKEN_HASH_PATTERN.match(secret_sha256):
+        out.append(invalid("secret_sha256", "must be 64 lowercase hexadecimal digits"))
+    if expires_at_ms < 0:
+        out.append(invalid("expires_at_ms", "must be 0 (never) or a time"))
+    return out

@@ -19,6 +19,11 @@ call's overall deadline.
 
 When no replica answers in time it raises :class:`ClusterUnavailable`, listing each
 address tried and what it answered.
+
+Every call carries the client's credential: a bearer token (``token``) is sent as
+``authorization: Bearer <token>`` metadata on each call; a client certificate comes with
+the channel (``channel_factory``, e.g. the TLS transport's). A refusal
+(``UNAUTHENTICATED``, ``PERMISSION_DENIED``) is raised at once, never retried.
 """
 
 from __future__ import annotations
@@ -36,7 +41,13 @@ from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, RpcFailure, failu
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
-__all__ = ["LEADER_METADATA_KEY", "ClusterClient", "ClusterUnavailable", "new_request_id"]
+__all__ = [
+    "LEADER_METADATA_KEY",
+    "BearerToken",
+    "ClusterClient",
+    "ClusterUnavailable",
+    "new_request_id",
+]
 
 # Reasons after which the same call is sent again (to the next replica, or the leader).
 _MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
@@ -59,6 +70,36 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, base: Any, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+class BearerToken(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+):
+    """Adds ``authorization: Bearer <token>`` to every call of a channel."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> _Details:
+        metadata = tuple(m for m in (details.metadata or ()) if m[0] != "authorization")
+        return _Details(details, (*metadata, self._header))
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+
 class ClusterClient:
     """Thread-safe; reuse one per process. Close it (or use ``with``) to free channels."""
 
@@ -71,7 +112,11 @@ class ClusterClient:
         backoff_s: float = 0.05,
         max_backoff_s: float = 1.0,
         rng: random.Random | None = None,
+        token: str | None = None,
+        channel_factory: Callable[[str], grpc.Channel] | None = None,
     ) -> None:
+        """``token``: a bearer token sent with every call. ``channel_factory``: makes
+        the channel to one address (default: a plaintext channel)."""
         if not addresses:
             raise ValueError("at least one replica address is required")
         self.addresses = list(dict.fromkeys(addresses))
@@ -83,6 +128,8 @@ class ClusterClient:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._preferred = self.addresses[0]
+        self._token = token
+        self._channel_factory = channel_factory or grpc.insecure_channel
 
     # ------------------------------------------------------------------ plumbing
 
@@ -106,7 +153,9 @@ class ClusterClient:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address)
+                channel = self._channel_factory(address)
+                if self._token:
+                    channel = grpc.intercept_channel(channel, BearerToken(self._token))
                 self._channels[address] = channel
             return channel
 

@@ -16,6 +16,7 @@ from synapse_ha.core.model import (
     NodeInfo,
     Resources,
     RetryPolicy,
+    Token,
 )
 from synapse_ha.core.reasons import render
 from synapse_ha.core.spec import SpecError
@@ -127,11 +128,20 @@ def attempt_to_proto(a: Attempt) -> pb.Attempt:
     )
 
 
-def job_to_proto(job: Job) -> pb.Job:
+def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
+    """The job as the API shows it. ``redacted`` withholds the command, its arguments and
+    the environment (a caller who may not manage the job; DESIGN §8) and says so."""
+    spec = spec_to_proto(job.spec)
+    if redacted:
+        spec.ClearField("command")
+        del spec.env[:]
     msg = pb.Job(
         job_id=job.job_id,
         request_id=job.request_id,
-        spec=spec_to_proto(job.spec),
+        spec=spec,
+        owner=job.owner,
+        redacted=redacted,
+        cancelled_by=job.cancelled_by,
         state=str(job.state),
         reason=render(job.reason),
         reason_code=str(job.reason.code),
@@ -247,3 +257,21 @@ def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
 
 def clamp_int32(value: int) -> int:
     return max(-_INT32_MAX, min(_INT32_MAX, value))
+
+
+# ------------------------------------------------------------------------- tokens
+
+
+def token_to_proto(token: Token) -> pb.TokenInfo:
+    """A token as ``ListTokens`` shows it: never its secret or the secret's hash."""
+    return pb.TokenInfo(
+        token_id=token.token_id,
+        user=token.user,
+        role=str(token.role),
+        queues=list(token.queues),
+        created_at_ms=token.created_at_ms,
+        created_by=token.created_by,
+        expires_at_ms=token.expires_at_ms,
+        revoked_at_ms=token.revoked_at_ms,
+        revoked_by=token.revoked_by,
+    )

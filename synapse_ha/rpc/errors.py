@@ -44,6 +44,10 @@ class Reason(enum.StrEnum):
     NOT_COMMITTED = "NOT_COMMITTED"  # a write was refused before commit; retry
     INTERNAL = "INTERNAL"  # a bug in the replica
     OVERLOADED = "OVERLOADED"  # heavy reads are rationed on this replica; retry after a pause
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # no credential, or one refused; metadata method
+    PERMISSION_DENIED = "PERMISSION_DENIED"  # the caller may not; metadata identity, method
+    TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # metadata token_id
+    NEEDS_TLS = "NEEDS_TLS"  # log grants are signed only when the cluster has TLS set up
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
@@ -59,6 +63,10 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.NOT_COMMITTED: grpc.StatusCode.UNAVAILABLE,
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
     Reason.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Reason.TOKEN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.NEEDS_TLS: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 

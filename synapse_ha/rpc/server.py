@@ -9,6 +9,13 @@ is OUTCOME_UNKNOWN (DEADLINE_EXCEEDED, safe to retry with the same request id).
 
 Every error is built by :mod:`synapse_ha.rpc.errors` and carries a machine-readable
 reason (docs/errors.md).
+
+Who may call what is checked before a handler runs (:mod:`synapse_ha.rpc.auth`, the
+policy in :mod:`synapse_ha.core.access`); handlers read the caller with
+:func:`~synapse_ha.rpc.auth.caller` and narrow further: a user manages only its own jobs
+and sees the command and environment of no other job, a worker speaks only for its own
+node. Every accepted write names its actor in the command (audit, in the replicated
+state) and in one INFO line on the ``synapse_ha.audit`` logger.
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ import grpc
 
 from synapse_ha.app.leader import Liveness
 from synapse_ha.app.ports import ProposalError
+from synapse_ha.core import access, validation
 from synapse_ha.core import commands as cmd
-from synapse_ha.core import validation
+from synapse_ha.core.access import Identity, Role
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState, NodeStatus
 from synapse_ha.core.scheduler import Plan, explain, why_pending
@@ -37,11 +45,17 @@ from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.core.views import DesiredMember, desired_by_node
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.admission import Overloaded, ReadGate
+from synapse_ha.rpc.auth import AuthInterceptor, abort_refused, caller, method_of, new_token
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+audit = logging.getLogger("synapse_ha.audit")
+
+# Signs a short-lived grant to read one member's log: (job id, subject, node id) →
+# (grant, expires_at_ms). Set where the cluster has TLS (its key signs the grants).
+GrantSigner = Callable[[str, str, str], tuple[str, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +111,13 @@ class ReplicaContext:
     last_plan: Callable[[], Plan | None] = lambda: None
     # Rations heavy reads so they cannot starve Raft and heartbeats (rpc/admission.py).
     read_gate: ReadGate = field(default_factory=ReadGate)
+    grant_signer: GrantSigner | None = None
+    # Where handlers report the refusals they make themselves (another user's job, a
+    # worker speaking for another node), to be logged and counted with the rest.
+    auth: AuthInterceptor | None = None
+    # Opens a channel to another replica (GetClusterStatus asks each one); with TLS, one
+    # that presents this replica's certificate.
+    peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -116,6 +137,31 @@ _RESULT_REASON = {
 class _Base:
     def __init__(self, ctx: ReplicaContext) -> None:
         self.ctx = ctx
+
+    # ---------------------------------------------------------------- who
+
+    def _refuse(
+        self, context: grpc.ServicerContext, refusal: access.Refusal, identity: Identity
+    ) -> NoReturn:
+        method = method_of(context)
+        if self.ctx.auth is not None:
+            self.ctx.auth.refused(refusal, identity, method)
+        abort_refused(context, refusal, identity, method)
+        raise AssertionError("unreachable")
+
+    def _may_manage(
+        self, context: grpc.ServicerContext, identity: Identity, job_id: str, owner: str
+    ) -> None:
+        refusal = access.job_refusal(identity, job_id, owner)
+        if refusal is not None:
+            self._refuse(context, refusal, identity)
+
+    def _as_node(self, context: grpc.ServicerContext, node_id: str) -> Identity:
+        identity = caller(context)
+        refusal = access.may_speak_for_node(identity, node_id)
+        if refusal is not None:
+            self._refuse(context, refusal, identity)
+        return identity
 
     # ----------------------------------------------------------------- routing
 
@@ -207,6 +253,11 @@ class _Base:
         abort(context, _RESULT_REASON.get(result.code, Reason.INTERNAL), result.message)
 
 
+def _audit(identity: Identity, method: str, target: str) -> None:
+    """One line per accepted write: who did what to which."""
+    audit.info("%s %s %s", identity, method, target)
+
+
 def _invalid(context: grpc.ServicerContext, error: SpecError) -> NoReturn:
     abort_invalid(context, error.violations)
 
@@ -239,8 +290,15 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         if violations:
             abort_invalid(context, violations)
         request_id = request.request_id or f"srv-{uuid.uuid4().hex}"
-        command = cmd.SubmitJob(spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms())
+        identity = caller(context)
+        # The policy lets only users submit (jobs run as their owner). A token's queues
+        # are recorded with the token but not enforced: there are no queues yet.
+        command = cmd.SubmitJob(
+            spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms(), owner=identity.name
+        )
         result = self._check(context, self._propose(context, command))
+        if result.created:
+            _audit(identity, "SubmitJob", result.job_id)
         return pb.SubmitJobResponse(job_id=result.job_id, created=result.created)
 
     def CancelJob(
@@ -248,16 +306,24 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
     ) -> pb.CancelJobResponse:
         if not request.job_id:
             _required(context, "job_id")
+        identity = caller(context)
+        self._require_serving_leader(context)
+        known = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        if known is None:
+            _job_not_found(context, request.job_id)
+        self._may_manage(context, identity, request.job_id, known.owner)
         command = cmd.CancelJob(
             job_id=request.job_id,
             reason=request.reason[:1024] or "cancelled by user",
             now_ms=self.ctx.clock_ms(),
+            actor=str(identity),
         )
         result = self._check(
             context,
             self._propose(context, command),
             (Reason.JOB_NOT_FOUND, "job_id", request.job_id),
         )
+        _audit(identity, "CancelJob", request.job_id)
         job = self.ctx.backend.snapshot().jobs.get(request.job_id)
         job_state = str(job.state) if job is not None else str(JobState.CANCELLED)
         return pb.CancelJobResponse(state=job_state, message=result.message)
@@ -267,17 +333,20 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
     ) -> pb.NodeStatusResponse:
         if not request.node_id:
             _required(context, "node_id")
+        identity = caller(context)
         command = cmd.SetNodeStatus(
             node_id=request.node_id,
             status=status,
             reason=request.reason[:1024],
             now_ms=self.ctx.clock_ms(),
+            actor=str(identity),
         )
         self._check(
             context,
             self._propose(context, command),
             (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
         )
+        _audit(identity, f"SetNodeStatus({status})", request.node_id)
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
         return pb.NodeStatusResponse(status=str(node.status) if node else "")
 
@@ -304,7 +373,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         stale = self._read_mode(context, request.allow_stale)
         job = self.ctx.backend.snapshot().jobs.get(request.job_id)
         if job is not None:
-            return pb.GetJobResponse(job=convert.job_to_proto(job), stale=stale)
+            redacted = not access.may_manage_job(caller(context), job.owner)
+            return pb.GetJobResponse(job=convert.job_to_proto(job, redacted), stale=stale)
         _job_not_found(context, request.job_id)
 
     def ListJobs(
@@ -329,6 +399,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             after_seq = int(request.page_token)
         page_size = min(request.limit or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         stale = self._read_mode(context, request.allow_stale)
+        identity = caller(context)
         with self._heavy_read(context):
             state = self.ctx.backend.snapshot()
             page: list[Job] = []
@@ -349,7 +420,10 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
                     more = True
                     break
                 page.append(job)
-            out = [convert.job_to_proto(job) for job in page]
+            out = [
+                convert.job_to_proto(job, not access.may_manage_job(identity, job.owner))
+                for job in page
+            ]
         next_token = str(page[-1].seq) if more else ""
         return pb.ListJobsResponse(jobs=out, stale=stale, next_page_token=next_token)
 
@@ -364,6 +438,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         job = state.jobs.get(request.job_id)
         if job is None:
             _job_not_found(context, request.job_id)
+        self._may_manage(context, caller(context), job.job_id, job.owner)
         last_plan = None if stale else self.ctx.last_plan()
         with self._heavy_read(context):
             waiting = why_pending(state, job.job_id, now, last_plan)
@@ -398,7 +473,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         replicas = [own]
         if not request.local_only:
             replicas = [
-                own if r.replica_id == ctx.self_id else _ask_replica(r) for r in ctx.replicas
+                own if r.replica_id == ctx.self_id else _ask_replica(r, ctx.peer_channel)
+                for r in ctx.replicas
             ]
         leader = ctx.by_raft(ctx.backend.leader_address())
         state = ctx.backend.snapshot()
@@ -433,6 +509,99 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             state_sha256=hashlib.sha256(encoded).hexdigest(),
         )
 
+    # ------------------------------------------------------------------- tokens
+
+    def CreateToken(
+        self, request: pb.CreateTokenRequest, context: grpc.ServicerContext
+    ) -> pb.CreateTokenResponse:
+        identity = caller(context)
+        try:
+            role: object = Role(request.role or Role.USER)
+        except ValueError:
+            role = request.role
+        queues = list(request.queues)
+        violations = validation.check_token("", request.user, role, queues, "0" * 64, 0)
+        if request.ttl_ms < 0:
+            violations.append(validation.invalid("ttl_ms", "must be 0 (never) or positive"))
+        if violations:
+            abort_invalid(context, violations)
+        assert isinstance(role, Role)
+        text, command = new_token(
+            request.user, role, queues, request.ttl_ms, self.ctx.clock_ms(), str(identity)
+        )
+        self._check(context, self._propose(context, command))
+        _audit(identity, "CreateToken", f"{command.token_id} ({request.user}, role {role})")
+        return pb.CreateTokenResponse(
+            token=text, token_id=command.token_id, expires_at_ms=command.expires_at_ms
+        )
+
+    def ListTokens(
+        self, request: pb.ListTokensRequest, context: grpc.ServicerContext
+    ) -> pb.ListTokensResponse:
+        self._read_mode(context, allow_stale=False)
+        tokens = self.ctx.backend.snapshot().tokens.values()
+        ordered = sorted(tokens, key=lambda t: (t.created_at_ms, t.token_id))
+        return pb.ListTokensResponse(tokens=[convert.token_to_proto(t) for t in ordered])
+
+    def RevokeToken(
+        self, request: pb.RevokeTokenRequest, context: grpc.ServicerContext
+    ) -> pb.RevokeTokenResponse:
+        if not request.token_id:
+            _required(context, "token_id")
+        identity = caller(context)
+        command = cmd.RevokeToken(
+            token_id=request.token_id, now_ms=self.ctx.clock_ms(), actor=str(identity)
+        )
+        self._check(
+            context,
+            self._propose(context, command),
+            (Reason.TOKEN_NOT_FOUND, "token_id", request.token_id),
+        )
+        _audit(identity, "RevokeToken", request.token_id)
+        token = self.ctx.backend.snapshot().tokens.get(request.token_id)
+        return pb.RevokeTokenResponse(revoked_at_ms=token.revoked_at_ms if token else 0)
+
+    # --------------------------------------------------------------------- logs
+
+    def GrantLogAccess(
+        self, request: pb.GrantLogAccessRequest, context: grpc.ServicerContext
+    ) -> pb.GrantLogAccessResponse:
+        """A signed grant to read one member's log on its worker, for whoever may manage
+        the job. ``attempt`` 0 means the current (or last) attempt."""
+        if not request.job_id:
+            _required(context, "job_id")
+        identity = caller(context)
+        self._read_mode(context, allow_stale=False)
+        state = self.ctx.backend.snapshot()
+        job = state.jobs.get(request.job_id)
+        if job is None:
+            _job_not_found(context, request.job_id)
+        self._may_manage(context, identity, job.job_id, job.owner)
+        attempt = job.attempt
+        if attempt is None or request.attempt not in (0, attempt.number):
+            _invalid(context, SpecError("attempt", "names no attempt of this job that has run"))
+        if not 0 <= request.rank < len(attempt.members):
+            _invalid(
+                context, SpecError("rank", f"must be between 0 and {len(attempt.members) - 1}")
+            )
+        signer = self.ctx.grant_signer
+        if signer is None:
+            abort(
+                context,
+                Reason.NEEDS_TLS,
+                "log grants need TLS: this cluster has no key to sign them; read logs "
+                "from the worker directly",
+            )
+        node_id = attempt.members[request.rank].node_id
+        node = state.nodes.get(node_id)
+        grant, expires_at_ms = signer(job.job_id, str(identity), node_id)
+        return pb.GrantLogAccessResponse(
+            grant=grant,
+            node_id=node_id,
+            node_address=node.info.address if node is not None else "",
+            expires_at_ms=expires_at_ms,
+        )
+
     def _local_status(self) -> pb.ReplicaStatus:
         ctx = self.ctx
         raft = ctx.backend.status()
@@ -458,9 +627,11 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         )
 
 
-def _ask_replica(replica: ReplicaAddress) -> pb.ReplicaStatus:
+def _ask_replica(
+    replica: ReplicaAddress, open_channel: Callable[[str], grpc.Channel]
+) -> pb.ReplicaStatus:
     try:
-        with grpc.insecure_channel(replica.grpc) as channel:
+        with open_channel(replica.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
             answer = stub.GetClusterStatus(pb.GetClusterStatusRequest(local_only=True), timeout=0.5)
         if answer.replicas:
@@ -492,6 +663,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
     ) -> pb.RegisterNodeResponse:
         info = convert.node_info_from_proto(request)
+        self._as_node(context, info.node_id)
         violations = validation.check_node_info(info)
         if violations:
             abort_invalid(context, violations)
@@ -516,6 +688,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
     ) -> pb.HeartbeatResponse:
         if not request.node_id:
             _required(context, "node_id")
+        self._as_node(context, request.node_id)
         try:
             events = convert.member_events_from_proto(list(request.reports))
         except SpecError as exc:
@@ -570,10 +743,26 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
             return self._desired.get(node_id, [])
 
 
-def build_server(ctx: ReplicaContext, address: str, max_workers: int = 32) -> grpc.Server:
-    """A gRPC server with both services bound to ``address`` (not started)."""
+def build_server(
+    ctx: ReplicaContext,
+    address: str,
+    max_workers: int = 32,
+    auth: AuthInterceptor | None = None,
+) -> grpc.Server:
+    """A gRPC server with both services bound to ``address`` (not started).
+
+    ``auth`` checks every call (:class:`~synapse_ha.rpc.auth.AuthInterceptor`); without
+    one the server runs in insecure mode, every caller the anonymous admin, and says so
+    in a warning. It is also set as ``ctx.auth``, where handlers report their refusals."""
+    if auth is None:
+        log.warning(
+            "the gRPC server at %s checks no credentials: every caller is an admin", address
+        )
+        auth = AuthInterceptor.without_credentials()
+    ctx.auth = auth
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        interceptors=[auth],
         options=[("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(ctx), server)  # type: ignore[no-untyped-call]

@@ -11,7 +11,7 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 JOB_KEYS = [
     "id", "name", "state", "reason", "reason_code", "retries_used", "requeues", "image",
-    "request_id", "attempt", "fencing_token", "replicas",
+    "request_id", "owner", "cancelled_by", "redacted", "attempt", "fencing_token", "replicas",
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
     "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members",
 ]  # fmt: skip
@@ -175,3 +175,39 @@ def test_quantities_and_durations_read_well() -> None:
     assert [render.duration_text(ms) for ms in (None, 400, 59_000, 3_600_000, 2 * 86_400_000)] == [
         "-", "0.4s", "59s", "1h", "2d",
     ]  # fmt: skip
+
+
+def test_a_redacted_job_shows_no_command_and_says_why() -> None:
+    job = running_job()
+    job.owner, job.redacted, job.cancelled_by = "bob", True, "user:ops"
+    job.spec.ClearField("command")
+    doc = render.job_document(job)
+    assert doc["command"] is None and doc["redacted"] is True
+    assert (doc["owner"], doc["cancelled_by"]) == ("bob", "user:ops")
+    text = render.job_table(doc, now_ms=1_700_000_100_000)
+    assert "OWNER:         bob" in text and "CANCELLED BY:  user:ops" in text
+    assert "(withheld: not your job)" in text
+    mine = render.job_document(running_job())
+    assert mine["command"] == ["python", "train.py"] and not mine["redacted"]
+    assert "withheld" not in render.job_table(mine, now_ms=1_700_000_100_000)
+
+
+def test_the_token_table_never_shows_secrets_and_says_which_are_revoked() -> None:
+    tokens = [
+        pb.TokenInfo(token_id="0123456789ab", user="alice", role="user", created_by="bootstrap"),
+        pb.TokenInfo(
+            token_id="ba9876543210",
+            user="bob",
+            role="operator",
+            queues=["train", "eval"],
+            created_by="user:root",
+            revoked_at_ms=5,
+            revoked_by="user:root",
+        ),
+    ]
+    docs = [render.token_document(t) for t in tokens]
+    assert docs[0]["expires_at_ms"] is None and docs[1]["revoked_at_ms"] == 5
+    lines = render.tokens_table(docs).splitlines()
+    assert lines[0].split() == ["ID", "USER", "ROLE", "QUEUES", "CREATED", "BY", "EXPIRES", "STATE"]
+    assert lines[1].split() == ["0123456789ab", "alice", "user", "-", "bootstrap", "never", "live"]
+    assert "revoked by user:root" in lines[2] and "train,eval" in lines[2]

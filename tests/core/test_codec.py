@@ -7,6 +7,7 @@ import json
 import pytest
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.access import Role
 from synapse_ha.core.codec import (
     CodecError,
     decode_command,
@@ -66,6 +67,10 @@ EXAMPLES: list[c.Command] = [
     ),
     c.ExpireTimeLimit("job-000001", 4, 11),
     c.PurgeFinished(12),
+    c.CreateToken(
+        "0123456789ab", "alice", Role.USER, "f" * 64, ("train",), 99_000, 13, "user:root"
+    ),
+    c.RevokeToken("0123456789ab", 14, "user:root"),
 ]
 
 

@@ -17,6 +17,7 @@ from hypothesis.stateful import (
 
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
+from synapse_ha.core.access import Role
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
@@ -44,6 +45,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.tokens: dict[str, int] = {}
         self.saw_requeue = False
         self.saw_max_requeues = False
+        self.created_tokens: set[str] = set()
 
     def do(self, command: c.Command) -> c.Result:
         data = encode_command(command)
@@ -213,6 +215,31 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule()
     def purge(self) -> None:
         self.do(c.PurgeFinished(self.now))
+
+    @rule(which=st.integers(0, 3), ttl=st.sampled_from([0, 1_000, 60_000]))
+    def create_token(self, which: int, ttl: int) -> None:
+        token_id = f"{which:012x}"
+        result = self.do(
+            c.CreateToken(
+                token_id,
+                f"user{which}",
+                Role.USER,
+                f"{which:064x}",
+                expires_at_ms=self.now + ttl if ttl else 0,
+                now_ms=self.now,
+                actor="user:root",
+            )
+        )
+        assert result.ok is (token_id not in self.created_tokens)
+        self.created_tokens.add(token_id)
+
+    @rule(which=st.integers(0, 3))
+    def revoke_token(self, which: int) -> None:
+        token_id = f"{which:012x}"
+        result = self.do(c.RevokeToken(token_id, self.now, "user:root"))
+        assert result.ok is (token_id in self.created_tokens)
+        if result.ok:
+            assert self.state.tokens[token_id].revoked_at_ms > 0
 
     @invariant()
     def invariants_hold(self) -> None:
