@@ -239,18 +239,18 @@ class ClusterClient:
     def list_jobs(self, limit: int = 0, **filters: Any) -> list[pb.Job]:
         """Every matching job (at most ``limit`` when it is set), page after page."""
         jobs: list[pb.Job] = []
-        token = ""
+        page_token = ""
         while True:
             page_size = min(limit - len(jobs), 1000) if limit else 0
-            request = pb.ListJobsRequest(limit=page_size, page_token=token, **filters)
+            request = pb.ListJobsRequest(limit=page_size, page_token=page_token, **filters)
 
             def page(address: str, timeout: float, r: pb.ListJobsRequest = request) -> Any:
                 return self.scheduler(address).ListJobs(r, timeout=timeout)
 
             response = self.call("ListJobs", page)
             jobs.extend(response.jobs)
-            token = response.next_page_token
-            if not token or (limit and len(jobs) >= limit):
+            page_token = response.next_page_token
+            if not page_token or (limit and len(jobs) >= limit):
                 return jobs
 
     def cancel_job(self, job_id: str, reason: str = "") -> pb.CancelJobResponse:
