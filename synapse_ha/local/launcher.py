@@ -27,6 +27,12 @@ suite and the benchmarks. A :class:`Launcher` starts ``synapse-scheduler`` repli
   :class:`WaitTimeout` (with the watched processes' log tails) at the deadline.
 * **Free ports.** :func:`free_ports` picks loopback ports the OS reports free.
 
+* **Secure by default.** With ``credentials`` (a :class:`ClusterCredentials`), replicas
+  and workers get their certificates (``--tls-*``), replicas the bootstrap admin token,
+  and the launcher's own calls present the admin user's certificate; without, every
+  program runs with ``--insecure``. Workers run members as the agent's user
+  (``--run-as agent``): job owners have no local accounts on a development machine.
+
 Programs run as ``python -m synapse_ha.programs.scheduler`` / ``...worker`` with this
 interpreter; nothing here imports them.
 """
@@ -54,6 +60,8 @@ import grpc
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.security.bundle import ClusterCredentials
+from synapse_ha.security.tls import Transport
 from synapse_ha.worker.members import running_groups
 
 T = TypeVar("T")
@@ -276,8 +284,14 @@ class Launcher:
     :meth:`close` has begun, :meth:`start` raises :class:`LaunchError`.
     """
 
-    def __init__(self, logs_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        logs_dir: Path,
+        env: Mapping[str, str] | None = None,
+        credentials: ClusterCredentials | None = None,
+    ) -> None:
         self.logs_dir = logs_dir
+        self.credentials = credentials
         self.env = dict(os.environ if env is None else env)
         self.marker = uuid.uuid4().hex
         self.processes: list[Process] = []
@@ -328,9 +342,17 @@ class Launcher:
         name: str | None = None,
     ) -> Replica:
         """A replica of the cluster ``peers``, prepared but not started (see :meth:`start`)."""
+        if self.credentials is None:
+            security = ["--insecure"]
+        else:
+            security = [
+                *self.credentials.tls_args(self.credentials.replica_tls(me.replica_id)),
+                "--bootstrap-token-file",
+                str(self.credentials.admin_token_file),
+            ]
         return Replica(
             name=name or f"replica {me.replica_id}",
-            argv=scheduler_argv(me, peers, data_dir, extra),
+            argv=scheduler_argv(me, peers, data_dir, [*security, *extra]),
             log_path=log_path or self.logs_dir / f"{me.replica_id}.log",
             env=None if env is None else dict(env),
             prefix=list(prefix),
@@ -354,9 +376,15 @@ class Launcher:
         name: str | None = None,
     ) -> Worker:
         """A worker agent, prepared but not started (see :meth:`start`)."""
+        security = (
+            ["--insecure"]
+            if self.credentials is None
+            else self.credentials.tls_args(self.credentials.worker_tls(node_id))
+        )
+        run_as = [] if "--run-as" in extra else ["--run-as", "agent"]
         return Worker(
             name=name or f"worker {node_id}",
-            argv=worker_argv(schedulers, node_id, listen, data_dir, extra),
+            argv=worker_argv(schedulers, node_id, listen, data_dir, [*security, *run_as, *extra]),
             log_path=log_path or self.logs_dir / f"{node_id}.log",
             env=None if env is None else dict(env),
             prefix=list(prefix),
@@ -465,6 +493,7 @@ class LocalReplicas:
         size: int = 3,
         extra_args: Sequence[str] = (),
         *,
+        insecure: bool = False,
         peers: Sequence[Peer] | None = None,
         data_root: Path | None = None,
         logs_dir: Path | None = None,
@@ -479,6 +508,13 @@ class LocalReplicas:
         self.password = password or secrets.token_urlsafe(24)
         self._owns_launcher = launcher is None
         self.launcher = launcher or Launcher(logs_dir or root)
+        if self.launcher.credentials is None and not insecure:
+            self.launcher.credentials = ClusterCredentials.ensure(root / "credentials")
+        self.credentials = self.launcher.credentials
+        # The launcher's own calls: as the admin user, by certificate.
+        self.transport = Transport(
+            None if self.credentials is None else self.credentials.admin_tls()
+        )
         data_root = data_root or root
         logs_dir = logs_dir or self.launcher.logs_dir
         env = {**self.launcher.env, RAFT_PASSWORD_VARIABLE: self.password}
@@ -531,15 +567,36 @@ class LocalReplicas:
         ids = [r.replica_id for r in self.replicas]
         raise LaunchError(f"no replica {replica_id!r} (replicas are {ids})")
 
-    def client(self, timeout_s: float = 10.0, per_try_timeout_s: float = 2.0) -> ClusterClient:
-        """A new client of these replicas; the caller closes it."""
+    def client(
+        self,
+        timeout_s: float = 10.0,
+        per_try_timeout_s: float = 2.0,
+        *,
+        token: str | None = None,
+        transport: Transport | None = None,
+    ) -> ClusterClient:
+        """A new client of these replicas; the caller closes it. By default it is the
+        admin (by certificate); with ``token`` it is that token's user (over the
+        transport-only client certificate unless ``transport`` is given)."""
+        if transport is None:
+            transport = self.transport
+            if token is not None and self.credentials is not None:
+                transport = Transport(self.credentials.client_tls())
         return ClusterClient(
-            self.grpc_addresses, timeout_s=timeout_s, per_try_timeout_s=per_try_timeout_s
+            self.grpc_addresses,
+            timeout_s=timeout_s,
+            per_try_timeout_s=per_try_timeout_s,
+            token=token,
+            channel_factory=transport.channel,
         )
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A channel to ``address`` as the admin (the caller closes it)."""
+        return self.transport.channel(address)
 
     def local_status(self, replica: Replica, timeout_s: float = 1.0) -> pb.ReplicaStatus:
         """The replica's own view of itself (raises ``grpc.RpcError`` when it is down)."""
-        return replica_status(replica.grpc, timeout_s)
+        return replica_status(replica.grpc, timeout_s, self.transport)
 
     def leader(self) -> Replica | None:
         """The running replica that says it leads (the highest term wins), or None."""
@@ -572,7 +629,7 @@ class LocalReplicas:
                         leaders.append(r)
             if len(leaders) != 1:
                 return None
-            with grpc.insecure_channel(leaders[0].grpc) as channel:
+            with self.channel(leaders[0].grpc) as channel:
                 stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
                 stub.ListNodes(pb.ListNodesRequest(), timeout=1.0)
             return leaders[0]
@@ -591,9 +648,11 @@ class LocalReplicas:
         return [r for r in self.replicas if r is not leader and r.alive]
 
 
-def replica_status(address: str, timeout_s: float = 1.0) -> pb.ReplicaStatus:
+def replica_status(
+    address: str, timeout_s: float = 1.0, transport: Transport | None = None
+) -> pb.ReplicaStatus:
     """What the replica at ``address`` says about itself (``grpc.RpcError`` when down)."""
-    with grpc.insecure_channel(address) as channel:
+    with (transport or Transport.insecure()).channel(address) as channel:
         stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
         answer = stub.GetClusterStatus(
             pb.GetClusterStatusRequest(local_only=True), timeout=timeout_s

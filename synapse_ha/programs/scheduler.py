@@ -18,6 +18,11 @@ Configuration comes from flags and/or a TOML file (flags win)::
     [raft]
     election_min = "400ms"
     election_max = "800ms"
+    bootstrap_token_file = "/etc/synapse/admin.token"  # the first admin's token
+    [tls]                    # mutual TLS (required unless insecure = true)
+    ca = "/etc/synapse/tls/ca.pem"
+    cert = "/etc/synapse/tls/replica-r1.pem"
+    key = "/etc/synapse/tls/replica-r1.key"
     [reads]                  # heavy reads (lists, explanations) may not starve Raft
     heavy_concurrency = 2    # at most this many at once
     heavy_cpu_share = 0.3    # and this share of one core; beyond it: OVERLOADED
@@ -44,14 +49,30 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.access import Role, split_token
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.rpc.admission import ReadGate
+from synapse_ha.rpc.auth import AuthInterceptor, token_hash
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
+from synapse_ha.security.grants import GrantClaims, sign_grant
+from synapse_ha.security.tls import (
+    INSECURE_WARNING,
+    TlsError,
+    TlsFiles,
+    Transport,
+    peer_identity,
+    tls_settings,
+)
 
 log = logging.getLogger("synapse.scheduler")
+
+# The user the bootstrap admin token names, and how long a log grant lasts.
+BOOTSTRAP_ADMIN = "admin"
+GRANT_TTL_S = 300.0
 
 
 class ConfigError(Exception):
@@ -70,6 +91,8 @@ class SchedulerConfig:
     locality_wait_ms: int = LOCALITY_WAIT_MS
     heavy_reads: int = 2
     heavy_read_cpu_share: float = 0.3
+    tls: TlsFiles | None = None  # None: --insecure
+    bootstrap_token: str = ""  # the first admin's token text
 
     @property
     def me(self) -> ReplicaAddress:
@@ -151,6 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="share of one core heavy reads may use, 0-1 (default 0.3); past it they wait "
         "and then get OVERLOADED, so they cannot starve Raft and heartbeats",
+    )
+    p.add_argument("--tls-ca", help="the cluster CA certificate (PEM); clients must chain to it")
+    p.add_argument("--tls-cert", help="this replica's certificate (PEM, from synctl ca issue)")
+    p.add_argument("--tls-key", help="this replica's private key (PEM)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="serve without TLS and without authentication (every caller is an admin); "
+        "logs a warning at every start",
+    )
+    p.add_argument(
+        "--bootstrap-token-file",
+        help="a file holding the first admin's token (syn_...): the leader replicates its "
+        "hash once, if the cluster has never had it",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     return p
@@ -278,6 +316,28 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         share = reads.get("heavy_cpu_share", 0.3)
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
         raise ConfigError(f"heavy read CPU share must be in (0, 1], got {share!r}")
+    tls_doc = doc.get("tls", {})
+    try:
+        tls = tls_settings(
+            args.tls_ca or tls_doc.get("ca", ""),
+            args.tls_cert or tls_doc.get("cert", ""),
+            args.tls_key or tls_doc.get("key", ""),
+            bool(args.insecure if args.insecure is not None else doc.get("insecure", False)),
+        )
+    except TlsError as exc:
+        raise ConfigError(str(exc)) from None
+    bootstrap_token = ""
+    token_file = args.bootstrap_token_file or doc.get("bootstrap_token_file", "")
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as token_text:
+                bootstrap_token = token_text.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"bootstrap token file: {exc}") from None
+        if split_token(bootstrap_token) is None:
+            raise ConfigError(
+                f"bootstrap token file {token_file}: not a token (syn_<12 hex>_<secret>)"
+            )
     return SchedulerConfig(
         replica_id=replica_id,
         replicas=tuple(replicas),
@@ -289,6 +349,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         locality_wait_ms=locality_wait_ms,
         heavy_reads=heavy_reads,
         heavy_read_cpu_share=float(share),
+        tls=tls,
+        bootstrap_token=bootstrap_token,
     )
 
 
@@ -333,7 +395,9 @@ class Replica:
         self._wake = threading.Event()
         self._roles: queue.SimpleQueue[tuple[bool, int, int]] = queue.SimpleQueue()
         self.liveness = Liveness()
-        self.nudger = WorkerNudger()
+        self.transport = Transport(config.tls)
+        self.nudger = WorkerNudger(channel_factory=self.transport.channel)
+        self._bootstrap_proposed_at = 0.0
         me = config.me
         self.raft = RaftReplica(
             me.raft,
@@ -367,9 +431,58 @@ class Replica:
             read_gate=ReadGate(
                 concurrency=config.heavy_reads, cpu_share=config.heavy_read_cpu_share
             ),
+            peer_channel=self.transport.channel,
+            grant_signer=self._sign_grant if config.tls is not None else None,
         )
-        self.server = build_server(self.context, me.grpc)
+        auth = None
+        if config.tls is not None:
+            auth = AuthInterceptor(
+                lambda: self.raft.snapshot().tokens, _now_ms, identify_peer=peer_identity
+            )
+        self.server = build_server(
+            self.context, me.grpc, auth=auth, add_port=self.transport.add_port
+        )
         self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
+
+    def _sign_grant(self, job_id: str, subject: str, node_id: str) -> tuple[str, int]:
+        """A log grant for ``subject`` to read ``job_id``'s member logs on ``node_id``,
+        signed with this replica's key (read afresh: certificates rotate)."""
+        material = self.transport.material()
+        if material is None:
+            raise RuntimeError("log grants need TLS material")
+        expires_at_s = time.time() + GRANT_TTL_S
+        claims = GrantClaims(
+            job_id=job_id, subject=subject, expires_at_s=expires_at_s, node_id=node_id
+        )
+        grant = sign_grant(claims, key_pem=material.key, cert_pem=material.cert)
+        return grant, int(expires_at_s * 1000)
+
+    def _bootstrap_admin(self) -> None:
+        """As the serving leader, replicate the bootstrap admin token's hash once: only
+        if the cluster has never had that token (a revoked one stays revoked)."""
+        parsed = split_token(self.config.bootstrap_token)
+        if parsed is None or not self.loop.ready or not self.raft.is_leader():
+            return
+        token_id, secret = parsed
+        if token_id in self.raft.snapshot().tokens:
+            return
+        now = time.monotonic()
+        if now - self._bootstrap_proposed_at < 1.0:
+            return
+        self._bootstrap_proposed_at = now
+        self.raft.propose(
+            cmd.CreateToken(
+                token_id=token_id,
+                user=BOOTSTRAP_ADMIN,
+                role=Role.ADMIN,
+                secret_sha256=token_hash(secret),
+                queues=(),
+                expires_at_ms=0,
+                now_ms=_now_ms(),
+                actor="bootstrap",
+            )
+        )
+        log.info("replicating the bootstrap admin token %s (user %s)", token_id, BOOTSTRAP_ADMIN)
 
     def _role_changed(self, is_leader: bool, term: int) -> None:
         self._roles.put((is_leader, term, _now_ms()))
@@ -403,6 +516,7 @@ class Replica:
                     log.info("%s leadership in term %d", "gained" if is_leader else "lost", term)
                 self.loop.note_state_changed()
                 sentence = self.loop.step(_now_ms())
+                self._bootstrap_admin()
                 for notable in self.loop.take_notable():
                     log.info("%s", notable)
                 if sentence != last:
@@ -445,6 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"synapse-scheduler: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(config.log_level)
+    if config.tls is None:
+        log.warning("%s", INSECURE_WARNING)
     tune_gc()
     replica = Replica(config)
     stop = threading.Event()

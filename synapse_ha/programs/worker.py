@@ -52,12 +52,13 @@ from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.security.tls import INSECURE_WARNING, TlsError, TlsFiles, Transport, tls_settings
 from synapse_ha.worker import discovery
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name, parse_user_map
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.logs import add_worker_service
+from synapse_ha.worker.logs import LogAccess, add_worker_service
 from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
 
 log = logging.getLogger("synapse.worker")
@@ -102,6 +103,7 @@ class WorkerConfig:
     run_as: RunAsMode = RunAsMode.AGENT
     user_map: tuple[tuple[str, str], ...] = ()
     allow_root_members: bool = False
+    tls: TlsFiles | None = None  # None: --insecure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,6 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="let members run as root when their owner maps to it (default: refused)",
+    )
+    p.add_argument("--tls-ca", help="the cluster CA certificate (PEM)")
+    p.add_argument(
+        "--tls-cert", help="this worker's certificate (PEM; synctl ca issue worker NODE_ID)"
+    )
+    p.add_argument("--tls-key", help="this worker's private key (PEM)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="no TLS: talk to the replicas and serve logs in plaintext, to anyone "
+        "(logs a warning at every start)",
     )
     p.add_argument(
         UNSAFE_NO_SELF_FENCING_FLAG,
@@ -332,6 +346,16 @@ def load_config(
     allow_root = pick(args.allow_root_members, "allow_root_members") or False
     if not isinstance(allow_root, bool):
         raise ConfigError("allow_root_members: must be true or false")
+    tls_doc = doc.get("tls", {})
+    try:
+        tls = tls_settings(
+            args.tls_ca or tls_doc.get("ca", ""),
+            args.tls_cert or tls_doc.get("cert", ""),
+            args.tls_key or tls_doc.get("key", ""),
+            bool(pick(args.insecure, "insecure") or False),
+        )
+    except TlsError as exc:
+        raise ConfigError(str(exc)) from None
     return WorkerConfig(
         schedulers=tuple(dict.fromkeys(schedulers)),
         node_id=node_id,
@@ -358,6 +382,7 @@ def load_config(
         run_as=run_as,
         user_map=user_map,
         allow_root_members=allow_root,
+        tls=tls,
     )
 
 
@@ -485,8 +510,11 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
             wake.set()
         return accepted
 
-    add_worker_service(server, executor.root, on_nudge)
-    port = server.add_insecure_port(config.listen)
+    transport = Transport(config.tls)
+    add_worker_service(
+        server, executor.root, on_nudge, LogAccess.for_transport(transport, config.node_id)
+    )
+    port = transport.add_port(server, config.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
     server.start()
@@ -509,6 +537,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     )
     client = ClusterClient(
         config.schedulers,
+        channel_factory=transport.channel,
         timeout_s=config.heartbeat_interval_s,
         per_try_timeout_s=min(1.0, config.heartbeat_interval_s),
         max_backoff_s=0.2,
@@ -558,6 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"synapse-worker: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(config.log_level)
+    if config.tls is None:
+        log.warning("%s", INSECURE_WARNING)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -24,9 +24,17 @@ log = logging.getLogger("synapse.rpc.nudge")
 
 
 class WorkerNudger:
-    def __init__(self, timeout_s: float = 1.0, max_channels: int = 4096) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 1.0,
+        max_channels: int = 4096,
+        channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel,
+    ) -> None:
+        """``channel_factory`` opens a channel to a worker (with TLS, one presenting this
+        replica's certificate: workers take nudges from replicas only)."""
         if max_channels < 1:
             raise ValueError("max_channels must be at least 1")
+        self._channel_factory = channel_factory
         self.timeout_s = timeout_s
         self.max_channels = max_channels
         self._lock = threading.Lock()
@@ -64,7 +72,7 @@ class WorkerNudger:
             if entry is not None:
                 self._channels.move_to_end(address)
                 return entry[1]
-            channel = grpc.insecure_channel(address)
+            channel = self._channel_factory(address)
             stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
             self._channels[address] = (channel, stub)
             while len(self._channels) > self.max_channels:

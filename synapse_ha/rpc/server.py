@@ -748,12 +748,15 @@ def build_server(
     address: str,
     max_workers: int = 32,
     auth: AuthInterceptor | None = None,
+    add_port: Callable[[grpc.Server, str], int] | None = None,
 ) -> grpc.Server:
     """A gRPC server with both services bound to ``address`` (not started).
 
     ``auth`` checks every call (:class:`~synapse_ha.rpc.auth.AuthInterceptor`); without
     one the server runs in insecure mode, every caller the anonymous admin, and says so
-    in a warning. It is also set as ``ctx.auth``, where handlers report their refusals."""
+    in a warning. It is also set as ``ctx.auth``, where handlers report their refusals.
+    ``add_port`` binds the address (``Transport.add_port``: mutual TLS); plaintext
+    without it."""
     if auth is None:
         log.warning(
             "the gRPC server at %s checks no credentials: every caller is an admin", address
@@ -767,6 +770,7 @@ def build_server(
     )
     pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(ctx), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_NodeAgentServiceServicer_to_server(NodeAgentServicer(ctx), server)  # type: ignore[no-untyped-call]
-    if server.add_insecure_port(address) == 0:
+    port = add_port(server, address) if add_port is not None else server.add_insecure_port(address)
+    if port == 0:
         raise OSError(f"cannot bind the gRPC address {address}")
     return server

@@ -37,6 +37,8 @@ from synapse_ha.core.access import NAME_PATTERN, Identity, Kind, parse_spiffe_id
 
 CA_CERT_NAME = "ca.pem"
 CA_KEY_NAME = "ca.key"
+# Transport-only client certificates: no identity of ours (parse_spiffe_id gives None).
+CLIENT_SPIFFE_PREFIX = "spiffe://synapse/client/"
 # Issued certificates start this long before "now" so that peers whose clocks run a
 # little behind accept them at once.
 BACKDATE = timedelta(minutes=5)
@@ -125,6 +127,29 @@ def init_ca(
     return files
 
 
+def issue_client(
+    ca_dir: Path, name: str, out_dir: Path, *, days: int = 365, overwrite: bool = False
+) -> CertFiles:
+    """A transport-only client certificate (``spiffe://synapse/client/<name>``, files
+    ``client-<name>``): it lets a program complete the mutual-TLS handshake but names no
+    identity, so every call made with it alone is UNAUTHENTICATED; the caller proves who
+    it is with a bearer token. This is what ``synctl`` users holding tokens use."""
+    if not NAME_PATTERN.match(name):
+        raise PkiError(f"{name!r} is not a valid client name")
+    return _issue(
+        ca_dir,
+        f"{CLIENT_SPIFFE_PREFIX}{name}",
+        f"client:{name}",
+        f"client-{name}",
+        out_dir,
+        hosts=(),
+        days=days,
+        not_before=None,
+        not_after=None,
+        overwrite=overwrite,
+    )
+
+
 def issue(
     ca_dir: Path,
     identity: Identity,
@@ -151,19 +176,46 @@ def issue(
         )
     if (identity.role is not None) != (identity.kind is Kind.USER):
         raise PkiError(f"{identity}: only a user has a role, and a user needs one")
+    return _issue(
+        ca_dir,
+        identity.spiffe_id,
+        str(identity),
+        cert_file_stem(identity),
+        out_dir,
+        hosts=hosts,
+        days=days,
+        not_before=not_before,
+        not_after=not_after,
+        overwrite=overwrite,
+    )
+
+
+def _issue(
+    ca_dir: Path,
+    uri: str,
+    common_name: str,
+    stem: str,
+    out_dir: Path,
+    *,
+    hosts: Sequence[str],
+    days: int,
+    not_before: datetime | None,
+    not_after: datetime | None,
+    overwrite: bool,
+) -> CertFiles:
     ca_cert, ca_key = _load_ca(ca_dir)
     now = datetime.now(UTC)
     start = not_before if not_before is not None else now - BACKDATE
     end = not_after if not_after is not None else now + timedelta(days=days)
     if end <= start:
         raise PkiError(f"the certificate would never be valid: it ends ({end}) before it starts")
-    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.spiffe_id)]
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri)]
     for host in hosts:
         names.append(_host_name(host))
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, str(identity))]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -198,7 +250,6 @@ def issue(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    stem = cert_file_stem(identity)
     out = CertFiles(
         cert=out_dir / f"{stem}.pem", key=out_dir / f"{stem}.key", ca=ca_files(ca_dir).cert
     )

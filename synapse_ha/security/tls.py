@@ -224,3 +224,30 @@ def _identity_of_pem(pem: bytes) -> Identity | None:
         return identity_of_cert(pem)
     except PkiError:
         return None
+
+
+INSECURE_WARNING = (
+    "running with --insecure: no TLS and no authentication; anyone who can reach this "
+    "process's ports can do anything a cluster admin can"
+)
+
+
+def tls_settings(ca: str, cert: str, key: str, insecure: bool) -> TlsFiles | None:
+    """The TLS files a program was configured with, or None with ``insecure``. Raises
+    :class:`TlsError` naming what is missing: without TLS material a replica or worker
+    refuses to start unless ``--insecure`` is given."""
+    given = {"--tls-ca": ca, "--tls-cert": cert, "--tls-key": key}
+    if insecure:
+        if any(given.values()):
+            raise TlsError("--insecure and --tls-* exclude each other; choose one")
+        return None
+    missing = [flag for flag, value in given.items() if not value]
+    if missing:
+        raise TlsError(
+            f"no TLS material ({', '.join(missing)} not given): pass the cluster CA and this "
+            "process's certificate and key (synctl ca init / synctl ca issue make them), or "
+            "--insecure to run without TLS and authentication"
+        )
+    files = TlsFiles(ca=Path(ca), cert=Path(cert), key=Path(key))
+    read_material(files)  # fail now, naming the file, rather than at the first call
+    return files

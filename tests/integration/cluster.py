@@ -11,8 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
-
 from synapse_ha.local.launcher import (
     RPC_ERRORS,
     LocalReplicas,
@@ -43,7 +41,7 @@ class LocalCluster(LocalReplicas):
         super().__init__(root, size, extra_args, password=PASSWORD)
 
     def stub(self, replica: Replica) -> pb_grpc.SchedulerServiceStub:
-        return pb_grpc.SchedulerServiceStub(grpc.insecure_channel(replica.grpc))
+        return pb_grpc.SchedulerServiceStub(self.channel(replica.grpc))  # type: ignore[no-untyped-call]
 
 
 def job_spec(name: str = "train", replicas: int = 1, gpu: int = 0) -> pb.JobSpec:

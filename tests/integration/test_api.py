@@ -218,7 +218,7 @@ def test_invalid_submissions_are_refused_naming_the_field(
 def test_unknown_ids_and_bad_requests_get_the_right_codes(cluster: LocalCluster) -> None:
     leader = cluster.serving_leader()
     stub = cluster.stub(leader)
-    agent = pb_grpc.NodeAgentServiceStub(grpc.insecure_channel(leader.grpc))
+    agent = pb_grpc.NodeAgentServiceStub(cluster.channel(leader.grpc))
     not_found = grpc.StatusCode.NOT_FOUND
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     cases = [
