@@ -396,7 +396,9 @@ class Replica:
         self._roles: queue.SimpleQueue[tuple[bool, int, int]] = queue.SimpleQueue()
         self.liveness = Liveness()
         self.transport = Transport(config.tls)
-        self.nudger = WorkerNudger(channel_factory=self.transport.channel)
+        self.nudger = WorkerNudger(
+            channel_factory=self.transport.channel, credentials_version=self.transport.version
+        )
         self._bootstrap_proposed_at = 0.0
         me = config.me
         self.raft = RaftReplica(

@@ -538,6 +538,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     client = ClusterClient(
         config.schedulers,
         channel_factory=transport.channel,
+        credentials_version=transport.version,
         timeout_s=config.heartbeat_interval_s,
         per_try_timeout_s=min(1.0, config.heartbeat_interval_s),
         max_backoff_s=0.2,

@@ -114,9 +114,12 @@ class ClusterClient:
         rng: random.Random | None = None,
         token: str | None = None,
         channel_factory: Callable[[str], grpc.Channel] | None = None,
+        credentials_version: Callable[[], object] | None = None,
     ) -> None:
         """``token``: a bearer token sent with every call. ``channel_factory``: makes
-        the channel to one address (default: a plaintext channel)."""
+        the channel to one address (default: a plaintext channel). ``credentials_version``
+        (e.g. ``Transport.version``): checked at most once a second; when it changes
+        (rotated certificates) the channels are rebuilt with the new files."""
         if not addresses:
             raise ValueError("at least one replica address is required")
         self.addresses = list(dict.fromkeys(addresses))
@@ -130,6 +133,10 @@ class ClusterClient:
         self._preferred = self.addresses[0]
         self._token = token
         self._channel_factory = channel_factory or grpc.insecure_channel
+        self._credentials_version = credentials_version
+        self._version = credentials_version() if credentials_version else None
+        self._version_checked = time.monotonic()
+        self.credentials_check_s = 1.0
 
     # ------------------------------------------------------------------ plumbing
 
@@ -149,7 +156,26 @@ class ClusterClient:
     def leader_hint(self) -> str:
         return self._preferred
 
+    def _rotated(self) -> list[grpc.Channel]:
+        """Under the lock: the channels to close when the credentials changed on disk."""
+        if self._credentials_version is None:
+            return []
+        now = time.monotonic()
+        if now - self._version_checked < self.credentials_check_s:
+            return []
+        self._version_checked = now
+        version = self._credentials_version()
+        if version == self._version:
+            return []
+        self._version = version
+        stale, self._channels = list(self._channels.values()), {}
+        return stale
+
     def channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            stale = self._rotated()
+        for old in stale:
+            old.close()
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:

@@ -29,12 +29,16 @@ class WorkerNudger:
         timeout_s: float = 1.0,
         max_channels: int = 4096,
         channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel,
+        credentials_version: Callable[[], object] = lambda: None,
     ) -> None:
         """``channel_factory`` opens a channel to a worker (with TLS, one presenting this
         replica's certificate: workers take nudges from replicas only)."""
         if max_channels < 1:
             raise ValueError("max_channels must be at least 1")
         self._channel_factory = channel_factory
+        # Rotated certificates: the cached channels are dropped when this changes.
+        self._credentials_version = credentials_version
+        self._version = credentials_version()
         self.timeout_s = timeout_s
         self.max_channels = max_channels
         self._lock = threading.Lock()
@@ -44,6 +48,14 @@ class WorkerNudger:
         self._closed = False
 
     def nudge(self, targets: Sequence[tuple[str, str]]) -> None:
+        version = self._credentials_version()
+        if version != self._version:
+            with self._lock:
+                self._version = version
+                stale = [channel for channel, _ in self._channels.values()]
+                self._channels.clear()
+            for channel in stale:
+                channel.close()
         for node_id, address in targets:
             stub = self._stub(address)
             if stub is None:
