@@ -339,6 +339,7 @@ def test_the_demo_passes_and_leaves_nothing_running(marker: str) -> None:
     assert "FAIL" not in result.stdout
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("all ") and "checks passed" in last
-    for heading in ("waits", "joins", "topology.required: rack", "kill -9", "finish", "Summary"):
+    headings = ("waits", "joins", "topology.required: rack", "kill -9", "finish", "Who may do what")
+    for heading in (*headings, "Summary", "alice may not cancel bob's job: PERMISSION_DENIED"):
         assert heading in result.stdout
     assert wait_no_marked_processes(marker, timeout_s=5) == []
