@@ -16,18 +16,21 @@ from typing import TypeVar
 
 import grpc
 import pytest
+from click.testing import CliRunner
 
+from synapse_ha.cli.main import cli
 from synapse_ha.local.devcluster import (
     DEFAULT_CLUSTER,
     DevCluster,
     DevClusterOptions,
+    describe,
     run_foreground,
 )
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
-from synapse_ha.security.tls import TlsFiles, Transport
+from synapse_ha.security.tls import INSECURE_WARNING, TlsFiles, Transport
 from synapse_ha.worker.members import running_groups
 from tests.devcluster.procs import (
     MARKER_VARIABLE,
@@ -342,4 +345,37 @@ def test_the_demo_passes_and_leaves_nothing_running(marker: str) -> None:
     headings = ("waits", "joins", "topology.required: rack", "kill -9", "finish", "Who may do what")
     for heading in (*headings, "Summary", "alice may not cancel bob's job: PERMISSION_DENIED"):
         assert heading in result.stdout
+    assert wait_no_marked_processes(marker, timeout_s=5) == []
+
+
+@pytest.mark.integration
+def test_an_insecure_cluster_speaks_plaintext_and_says_so(marker: str) -> None:
+    options = DevClusterOptions(
+        workers=1, racks=1, gpus_per_worker=1, ephemeral_ports=True, insecure=True
+    )
+    with DevCluster(options) as cluster:
+        assert cluster.credentials is None
+        assert not (cluster.data_dir / "credentials").exists()
+        lines = describe(cluster)
+        assert f"warning: {INSECURE_WARNING}" in lines
+        assert [x for x in lines if x.startswith("export ")] == [
+            f"export SYNAPSE_CLUSTER={cluster.cluster}"
+        ]
+        with ClusterClient(cluster.cluster_addresses, timeout_s=20) as plain:
+            spec = pb.JobSpec(
+                name="hello", replicas=1, resources=pb.Resources(gpu=1), shell_command="echo hi"
+            )
+            job_id = plain.submit_job(spec).job_id
+            wait_job(plain, job_id, "SUCCEEDED")
+            # No grant: an insecure cluster signs none, and its workers need none.
+            assert cluster.read_log(plain, job_id, 0) == "hi\n"
+        # synctl without any TLS settings reads the log the same way.
+        result = CliRunner().invoke(
+            cli,
+            ["--cluster", cluster.cluster, "logs", job_id],
+            env={"XDG_CONFIG_HOME": "/nonexistent", "SYNAPSE_CA": None, "SYNAPSE_CERT": None,
+                 "SYNAPSE_KEY": None, "SYNAPSE_TOKEN": None, "SYNAPSE_TOKEN_FILE": None},
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert result.stdout == "[rank 0] hi\n"
     assert wait_no_marked_processes(marker, timeout_s=5) == []
