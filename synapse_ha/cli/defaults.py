@@ -11,7 +11,21 @@ CLUSTER_ENV = "SYNAPSE_CLUSTER"
 # text), else the file ``synapse/token`` in the user's config directory
 # ($XDG_CONFIG_HOME, default ~/.config).
 TOKEN_ENV = "SYNAPSE_TOKEN"
+TOKEN_FILE_ENV = "SYNAPSE_TOKEN_FILE"
 TOKEN_FILE_NAME = "token"
+# The TLS files synctl presents to the cluster: --ca/--cert/--key, else these variables,
+# else these files in the same config directory (each one only when it exists). All three
+# or none: without them synctl speaks plaintext, which a secure cluster refuses.
+CA_ENV = "SYNAPSE_CA"
+CERT_ENV = "SYNAPSE_CERT"
+KEY_ENV = "SYNAPSE_KEY"
+CA_FILE_NAME = "ca.pem"
+CERT_FILE_NAME = "cert.pem"
+KEY_FILE_NAME = "key.pem"
+# Added to "cannot reach" errors when synctl spoke plaintext.
+TLS_HINT = (
+    f"the cluster may require TLS: set {CA_ENV}, {CERT_ENV}, {KEY_ENV} (synctl dev up prints them)"
+)
 
 # Seconds one command may spend finding the leader and getting an answer.
 DEFAULT_TIMEOUT_S = 5.0

@@ -4,6 +4,16 @@ The scheduler says where each member runs (``GetJob``) and at which address each
 serves ``WorkerService`` (``ListNodes``); log bytes then come from that worker's
 ``ReadLog`` and never pass through the control plane.
 
+Authority (DESIGN §8). A worker serves a member's log only to a caller holding a
+**grant**: a short-lived permission for one job on one node, signed by a replica, which
+the leader hands out (``GrantLogAccess``) to whoever may manage the job (its owner, an
+operator or an admin) and the worker checks offline against the cluster CA. synctl asks
+for one grant per member (:class:`GrantCache`), sends it as the
+:data:`~synapse_ha.security.grants.GRANT_METADATA_KEY` metadata over the same TLS
+transport it uses for the replicas, and asks again when it is about to expire or a
+worker refuses it. An insecure cluster signs no grants (``NEEDS_TLS``): its logs are read
+without one, over plaintext.
+
 Several members are followed at once, one thread per member; complete lines are written
 with a ``[rank N]`` prefix so that the interleaved output stays readable.
 """
@@ -11,17 +21,25 @@ with a ``[rank N]`` prefix so that the interleaved output stays readable.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 
+from synapse_ha.rpc.client import ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+from synapse_ha.security.grants import GRANT_METADATA_KEY
+from synapse_ha.security.tls import Transport
 
 # How long a follower waits before asking again when a member has no log yet (it is
 # bound but not started) or its worker does not answer.
 RETRY_S = 0.3
+# A grant this close to its expiry is replaced before it is used.
+GRANT_MARGIN_S = 10.0
+# Worker answers that mean "this grant does not (or no longer) let you read".
+REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 class WorkerUnreachable(Exception):
@@ -40,6 +58,61 @@ class MemberLog:
     rank: int
     node_id: str
     address: str  # the node's WorkerService address
+
+
+@dataclass(frozen=True, slots=True)
+class LogGrant:
+    """A replica-signed grant to read one member's log, as ``GrantLogAccess`` returns it;
+    ``expires_at_s`` is wall-clock seconds since the epoch (the replica's clock)."""
+
+    text: str
+    expires_at_s: float
+
+
+class GrantCache:
+    """The grant for each member, fetched with ``fetch`` the first time and again once it
+    is within ``margin_s`` of its expiry (by ``clock``, wall-clock seconds) or after
+    :meth:`forget`. ``fetch`` returns None when the cluster signs no grants (an insecure
+    cluster); that answer is kept. Errors of ``fetch`` (a refusal) reach the caller of
+    :meth:`get`. Thread-safe: followers of several members share one cache."""
+
+    def __init__(
+        self,
+        fetch: Callable[[MemberLog], LogGrant | None],
+        clock: Callable[[], float] = time.time,
+        margin_s: float = GRANT_MARGIN_S,
+    ) -> None:
+        self._fetch = fetch
+        self._clock = clock
+        self._margin_s = margin_s
+        self._lock = threading.Lock()
+        self._grants: dict[tuple[str, int, int], LogGrant | None] = {}
+
+    @staticmethod
+    def _key(member: MemberLog) -> tuple[str, int, int]:
+        return (member.job_id, member.attempt, member.rank)
+
+    def get(self, member: MemberLog) -> str | None:
+        """The grant text to send for ``member``, or None to send none."""
+        key = self._key(member)
+        with self._lock:
+            if key in self._grants:
+                grant = self._grants[key]
+                if grant is None or self._clock() < grant.expires_at_s - self._margin_s:
+                    return None if grant is None else grant.text
+        grant = self._fetch(member)  # outside the lock: an RPC
+        with self._lock:
+            self._grants[key] = grant
+        return None if grant is None else grant.text
+
+    def forget(self, member: MemberLog) -> None:
+        """Drop ``member``'s grant (a worker refused it): the next :meth:`get` fetches."""
+        with self._lock:
+            self._grants.pop(self._key(member), None)
+
+
+def grant_metadata(grant: str | None) -> tuple[tuple[str, str], ...]:
+    return () if grant is None else ((GRANT_METADATA_KEY, grant),)
 
 
 class LinePrinter:
@@ -77,21 +150,29 @@ def _stub(channel: grpc.Channel) -> wpb_grpc.WorkerServiceStub:
     return wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
-def read_log(member: MemberLog, timeout_s: float) -> Iterator[bytes]:
-    """The member's output written so far. Raises :class:`LookupError` when the worker
-    has no log for it (not started yet) and :class:`WorkerUnreachable`."""
+def read_log(
+    member: MemberLog, timeout_s: float, transport: Transport, grant: str | None
+) -> Iterator[bytes]:
+    """The member's output written so far, read over ``transport`` with ``grant``.
+    Raises :class:`LookupError` when the worker has no log for it (not started yet),
+    the worker's ``grpc.RpcError`` when it refuses the grant (``UNAUTHENTICATED``,
+    ``PERMISSION_DENIED``), and :class:`WorkerUnreachable` otherwise."""
     request = wpb.ReadLogRequest(
         job_id=member.job_id, attempt=member.attempt, rank=member.rank, follow=False
     )
-    with grpc.insecure_channel(member.address) as channel:
+    with transport.channel(member.address) as channel:
         try:
-            for chunk in _stub(channel).ReadLog(request, timeout=timeout_s):
+            for chunk in _stub(channel).ReadLog(
+                request, timeout=timeout_s, metadata=grant_metadata(grant)
+            ):
                 if chunk.data:
                     yield chunk.data
         except grpc.RpcError as exc:
             code = exc.code()
             if code is grpc.StatusCode.NOT_FOUND:
                 raise LookupError(exc.details()) from exc
+            if code in REFUSED:
+                raise
             name = code.name if code else "UNKNOWN"
             detail = f"{name}: {exc.details()}"
             raise WorkerUnreachable(member.node_id, member.address, detail) from exc
@@ -100,12 +181,18 @@ def read_log(member: MemberLog, timeout_s: float) -> Iterator[bytes]:
 class MemberFollower(threading.Thread):
     """Follows one member's log until it has exited and everything was sent (``done``),
     or until :meth:`stop`. Waits for the log to appear and reconnects, from the last
-    offset, when the worker's stream breaks."""
+    offset, when the worker's stream breaks; every (re)connection sends the member's
+    current grant from ``grants``, and a refused grant is fetched anew before the next
+    one."""
 
-    def __init__(self, member: MemberLog, printer: LinePrinter) -> None:
+    def __init__(
+        self, member: MemberLog, printer: LinePrinter, transport: Transport, grants: GrantCache
+    ) -> None:
         super().__init__(name=f"log-rank-{member.rank}", daemon=True)
         self.member = member
         self.printer = printer
+        self.transport = transport
+        self.grants = grants
         self.done = False
         self.last_error = ""
         self._stopping = threading.Event()
@@ -120,7 +207,7 @@ class MemberFollower(threading.Thread):
 
     def run(self) -> None:
         offset = 0
-        with grpc.insecure_channel(self.member.address) as channel:
+        with self.transport.channel(self.member.address) as channel:
             stub = _stub(channel)
             while not self._stopping.is_set():
                 request = wpb.ReadLogRequest(
@@ -130,7 +217,20 @@ class MemberFollower(threading.Thread):
                     offset=offset,
                     follow=True,
                 )
-                stream = stub.ReadLog(request)
+                try:
+                    grant = self.grants.get(self.member)
+                except grpc.RpcError as exc:
+                    code = exc.code()
+                    self.last_error = (
+                        f"no grant: {code.name if code else 'UNKNOWN'}: {exc.details()}"
+                    )
+                    self._stopping.wait(RETRY_S)
+                    continue
+                except ClusterUnavailable as exc:
+                    self.last_error = f"no grant: {exc}"
+                    self._stopping.wait(RETRY_S)
+                    continue
+                stream = stub.ReadLog(request, metadata=grant_metadata(grant))
                 with self._call_lock:
                     self._call = stream
                 if self._stopping.is_set():
@@ -146,6 +246,8 @@ class MemberFollower(threading.Thread):
                 except grpc.RpcError as exc:
                     code = exc.code()
                     self.last_error = f"{code.name if code else 'UNKNOWN'}: {exc.details()}"
+                    if code in REFUSED:
+                        self.grants.forget(self.member)  # expired, most likely: ask again
                 finally:
                     with self._call_lock:
                         self._call = None

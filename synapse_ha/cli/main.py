@@ -9,6 +9,12 @@ refused (no credential, a bad one, or not allowed). With
 ``-o json`` or ``-o yaml`` the error is a document instead, ``{"error": {"code": ...,
 "message": ...}}``, whose code is the cluster's reason (docs/errors.md) or one of synctl's
 own (``UNREACHABLE``, ``INTERRUPTED``, ...). The exit code is the same either way.
+
+Credentials (DESIGN §8). synctl presents a client certificate (``--ca``/``--cert``/
+``--key``, see :func:`find_tls`) over mutual TLS and sends a bearer token (see
+:func:`find_token`); the token says who the caller is, or, without one, a user
+certificate does. Without TLS files it speaks plaintext, which only an ``--insecure``
+cluster accepts.
 """
 
 from __future__ import annotations
@@ -28,22 +34,39 @@ import grpc
 from synapse_ha.cli import render
 from synapse_ha.cli.ca import ca
 from synapse_ha.cli.defaults import (
+    CA_ENV,
+    CA_FILE_NAME,
+    CERT_ENV,
+    CERT_FILE_NAME,
     CLUSTER_ENV,
     DEFAULT_CLUSTER,
     DEFAULT_TIMEOUT_S,
+    KEY_ENV,
+    KEY_FILE_NAME,
     PER_TRY_TIMEOUT_S,
     POLL_INTERVAL_S,
+    TLS_HINT,
     TOKEN_ENV,
+    TOKEN_FILE_ENV,
     TOKEN_FILE_NAME,
     ExitCode,
 )
-from synapse_ha.cli.logs import LinePrinter, MemberFollower, MemberLog, WorkerUnreachable, read_log
+from synapse_ha.cli.logs import (
+    GrantCache,
+    LinePrinter,
+    LogGrant,
+    MemberFollower,
+    MemberLog,
+    WorkerUnreachable,
+    read_log,
+)
 from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.security.tls import TlsError, TlsFiles, Transport
 
 FINISHED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 ACTIVE_STATES = ("PENDING", "SCHEDULED", "RUNNING")
@@ -51,6 +74,9 @@ ALL_STATES = (*ACTIVE_STATES, *sorted(FINISHED_STATES))
 # After a followed job ends, how long its members' log streams may take to deliver the
 # rest of their output.
 FOLLOW_DRAIN_S = 5.0
+
+# Commands that never call the cluster: they read no token or TLS settings.
+LOCAL_COMMANDS = frozenset({"ca", "dev"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,8 +99,12 @@ def _one_line(text: str, width: int = 240) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def unreachable_message(exc: ClusterUnavailable, addresses: Sequence[str], timeout: float) -> str:
-    """Every configured address with the last answer it gave (or that it was not tried)."""
+def unreachable_message(
+    exc: ClusterUnavailable, addresses: Sequence[str], timeout: float, plaintext: bool = False
+) -> str:
+    """Every configured address with the last answer it gave (or that it was not tried);
+    with ``plaintext`` (synctl had no TLS files), the hint that the cluster may need
+    them."""
     last: dict[str, str] = {}
     for address, why in exc.attempts:
         last[address] = why
@@ -82,10 +112,11 @@ def unreachable_message(exc: ClusterUnavailable, addresses: Sequence[str], timeo
         f"{a} ({_one_line(last[a], 160)})" if a in last else f"{a} (not tried)"
         for a in dict.fromkeys([*addresses, *last])
     ]
-    return (
+    message = (
         f"cannot reach the cluster within {timeout:g}s; tried {'; '.join(tried)}. "
         f"Is it running? Set --cluster or {CLUSTER_ENV}."
     )
+    return f"{message} Or {TLS_HINT}." if plaintext else message
 
 
 _EXIT_FOR_REASON = {
@@ -146,14 +177,19 @@ class SynctlGroup(click.Group):
             settings = _settings_of(ctx)
             addresses = settings.addresses if settings else []
             timeout = settings.timeout if settings else DEFAULT_TIMEOUT_S
-            message = unreachable_message(exc, addresses, timeout)
+            message = unreachable_message(exc, addresses, timeout, _plaintext(settings))
             _fail(ctx, ExitCode.UNREACHABLE, render.error_document("UNREACHABLE", message))
         except WorkerUnreachable as exc:
-            _fail(ctx, ExitCode.UNREACHABLE, render.error_document("UNREACHABLE", str(exc)))
+            message = str(exc)
+            if _plaintext(_settings_of(ctx)):
+                message += f"; {TLS_HINT}"
+            _fail(ctx, ExitCode.UNREACHABLE, render.error_document("UNREACHABLE", message))
         except grpc.RpcError as exc:
             failure = failure_of(exc)
             code = failure.reason if failure.reason is not Reason.UNKNOWN else failure.code.name
             message = f"{_one_line(failure.message)} ({code})"
+            if failure.code is grpc.StatusCode.UNAVAILABLE and _plaintext(_settings_of(ctx)):
+                message += f"; {TLS_HINT}"
             fields: dict[str, object] = dict(sorted(failure.metadata.items()))
             if failure.violations:
                 fields["violations"] = [
@@ -169,6 +205,11 @@ class SynctlGroup(click.Group):
 
 def _settings_of(ctx: click.Context) -> Settings | None:
     return ctx.obj if isinstance(ctx.obj, Settings) else None
+
+
+def _plaintext(settings: Settings | None) -> bool:
+    """Whether synctl spoke (or would speak) plaintext to the cluster."""
+    return settings is not None and settings.tls is None
 
 
 def _fail(ctx: click.Context, code: ExitCode, document: render.Document) -> NoReturn:
@@ -197,7 +238,13 @@ class Settings:
     output: str
     timeout: float
     token: str | None = field(default=None, repr=False)
+    tls: TlsFiles | None = None  # None: plaintext
     _client: ClusterClient | None = field(default=None, repr=False)
+
+    @property
+    def transport(self) -> Transport:
+        """How synctl reaches replicas and workers: mutual TLS with :attr:`tls`."""
+        return Transport(self.tls)
 
     def client(self) -> ClusterClient:
         if self._client is None:
@@ -206,6 +253,7 @@ class Settings:
                 timeout_s=self.timeout,
                 per_try_timeout_s=min(PER_TRY_TIMEOUT_S, self.timeout),
                 token=self.token,
+                channel_factory=self.transport.channel,
             )
         return self._client
 
@@ -215,11 +263,63 @@ class Settings:
             self._client = None
 
 
-def default_token_file(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CONFIG_HOME/synapse/token``, or ``~/.config/synapse/token``."""
+def config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/synapse``, or ``~/.config/synapse``."""
     env = os.environ if environ is None else environ
     base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "synapse" / TOKEN_FILE_NAME
+    return Path(base) / "synapse"
+
+
+def default_token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/synapse/token``, or ``~/.config/synapse/token``."""
+    return config_dir(environ) / TOKEN_FILE_NAME
+
+
+def find_tls(
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    environ: Mapping[str, str] | None = None,
+) -> TlsFiles | None:
+    """The TLS files synctl presents: each one as given (``--ca``/``--cert``/``--key``,
+    which click also fills from ``$SYNAPSE_CA``/``$SYNAPSE_CERT``/``$SYNAPSE_KEY``), else
+    ``ca.pem``/``cert.pem``/``key.pem`` in the config directory when that file exists.
+    None when none of the three is found (plaintext). Raises :class:`CommandFailed`
+    (usage) when only some are found, naming the missing ones, or when the files cannot
+    be read or the key is not the certificate's."""
+    folder = config_dir(environ)
+    found: dict[str, Path | None] = {}
+    for (flag, env, name), given in zip(
+        (
+            ("--ca", CA_ENV, CA_FILE_NAME),
+            ("--cert", CERT_ENV, CERT_FILE_NAME),
+            ("--key", KEY_ENV, KEY_FILE_NAME),
+        ),
+        (ca, cert, key),
+        strict=True,
+    ):
+        default = folder / name
+        found[f"{flag} (${env})"] = given or (default if default.is_file() else None)
+    missing = [what for what, path in found.items() if path is None]
+    if len(missing) == len(found):
+        return None
+    if missing:
+        raise CommandFailed(
+            ExitCode.USAGE,
+            f"incomplete TLS settings: {', '.join(missing)} not given; mutual TLS needs the "
+            f"cluster CA, a client certificate and its key (or none of them, for an "
+            f"--insecure cluster). Defaults: {CA_FILE_NAME}, {CERT_FILE_NAME}, "
+            f"{KEY_FILE_NAME} in {folder}",
+            "USAGE",
+        )
+    ca_file, cert_file, key_file = found.values()
+    assert ca_file is not None and cert_file is not None and key_file is not None
+    files = TlsFiles(ca=ca_file, cert=cert_file, key=key_file)
+    try:
+        Transport(files).material()
+    except TlsError as exc:
+        raise CommandFailed(ExitCode.USAGE, str(exc), "USAGE") from exc
+    return files
 
 
 def find_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
@@ -313,9 +413,16 @@ def _completion_client(ctx: click.Context) -> ClusterClient | None:
         return None
     try:
         token = find_token(root.params.get("token_file"))
+        tls = find_tls(root.params.get("ca"), root.params.get("cert"), root.params.get("key"))
     except CommandFailed:
         return None
-    return ClusterClient(addresses, timeout_s=1.0, per_try_timeout_s=0.5, token=token)
+    return ClusterClient(
+        addresses,
+        timeout_s=1.0,
+        per_try_timeout_s=0.5,
+        token=token,
+        channel_factory=Transport(tls).channel,
+    )
 
 
 def _complete(
@@ -396,14 +503,48 @@ def complete_node_ids(
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False, path_type=Path),
+    envvar=TOKEN_FILE_ENV,
+    show_envvar=True,
     default=None,
     help=f"File holding the bearer token to send (default: ${TOKEN_ENV}, else "
     "$XDG_CONFIG_HOME/synapse/token, i.e. ~/.config/synapse/token).",
 )
+@click.option(
+    "--ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=CA_ENV,
+    show_envvar=True,
+    default=None,
+    help=f"The cluster CA bundle (PEM) (default: $XDG_CONFIG_HOME/synapse/{CA_FILE_NAME} "
+    "when it exists). With --cert and --key: mutual TLS; without all three: plaintext.",
+)
+@click.option(
+    "--cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=CERT_ENV,
+    show_envvar=True,
+    default=None,
+    help=f"synctl's client certificate (PEM) (default: .../synapse/{CERT_FILE_NAME}).",
+)
+@click.option(
+    "--key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=KEY_ENV,
+    show_envvar=True,
+    default=None,
+    help=f"The client certificate's private key (default: .../synapse/{KEY_FILE_NAME}).",
+)
 @click.version_option(package_name="synapse-ha", prog_name="synctl")
 @click.pass_context
 def cli(
-    ctx: click.Context, cluster: list[str], output: str, timeout: float, token_file: Path | None
+    ctx: click.Context,
+    cluster: list[str],
+    output: str,
+    timeout: float,
+    token_file: Path | None,
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
 ) -> None:
     """Submit and watch gang jobs, and look after the nodes and replicas of a synapse
     cluster.
@@ -413,11 +554,18 @@ def cli(
       synctl submit examples/cpu-gang.yaml --wait
       synctl jobs -o json
       synctl --cluster 10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000 cluster
+
+    \b
+    Credentials (printed by `synctl dev up`):
+      export SYNAPSE_CA=... SYNAPSE_CERT=... SYNAPSE_KEY=... SYNAPSE_TOKEN_FILE=...
     """
     settings = Settings(addresses=cluster, output=output, timeout=timeout)
     ctx.obj = settings
-    settings.token = find_token(token_file)
     ctx.call_on_close(settings.close)
+    if ctx.invoked_subcommand in LOCAL_COMMANDS:
+        return  # they touch local files or start processes; no cluster credentials
+    settings.token = find_token(token_file)
+    settings.tls = find_tls(ca, cert, key)
 
 
 # -------------------------------------------------------------------------- submit
@@ -516,6 +664,29 @@ def node_addresses(settings: Settings) -> dict[str, str]:
     return {n.node_id: n.address for n in settings.client().list_nodes()}
 
 
+def fetch_grant(settings: Settings, member: MemberLog) -> LogGrant | None:
+    """A grant to read ``member``'s log, from the leader; None from a cluster that signs
+    none (insecure, ``NEEDS_TLS``). A refusal (not the job's owner, no credential) is
+    raised as the ``grpc.RpcError`` it is."""
+    client = settings.client()
+    request = pb.GrantLogAccessRequest(
+        job_id=member.job_id, attempt=member.attempt, rank=member.rank
+    )
+    try:
+        answer: pb.GrantLogAccessResponse = client.call(
+            "GrantLogAccess", lambda a, t: client.scheduler(a).GrantLogAccess(request, timeout=t)
+        )
+    except grpc.RpcError as exc:
+        if failure_of(exc).reason is Reason.NEEDS_TLS:
+            return None
+        raise
+    return LogGrant(answer.grant, answer.expires_at_ms / 1000)
+
+
+def grant_cache(settings: Settings) -> GrantCache:
+    return GrantCache(functools.partial(fetch_grant, settings))
+
+
 def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> list[MemberLog]:
     members = list(job.attempt.members)
     if member is not None:
@@ -554,6 +725,7 @@ def follow_job(settings: Settings, job_id: str, member: int | None) -> pb.Job:
     from its start. Returns the final job."""
     client = settings.client()
     printer = LinePrinter(click.echo, prefixed=member is None)
+    grants = grant_cache(settings)
     followers: list[MemberFollower] = []
     followed = 0
     last = ""
@@ -571,7 +743,8 @@ def follow_job(settings: Settings, job_id: str, member: int | None) -> pb.Job:
                     note(f"job {job_id}: following attempt {attempt}")
                 addresses = node_addresses(settings)
                 for log in member_logs(job, addresses, member):
-                    follower = MemberFollower(log, printer)
+                    grants.get(log)  # here, so that a refusal ends the command
+                    follower = MemberFollower(log, printer, settings.transport, grants)
                     follower.start()
                     followers.append(follower)
                 followed = attempt
@@ -593,7 +766,8 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool) -> N
     """Print the output of a job's members (of its current or last attempt).
 
     Each line is prefixed with [rank N] unless --member picks one rank. Logs are read
-    straight from the workers that run the members.
+    straight from the workers that run the members, with a short-lived grant from the
+    leader (only the job's owner, operators and admins get one).
 
     \b
     Examples:
@@ -613,10 +787,12 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool) -> N
             "NOT_STARTED",
         )
     printer = LinePrinter(click.echo, prefixed=member is None)
+    grants = grant_cache(settings)
     unreachable: list[str] = []
     for log in member_logs(job, node_addresses(settings), member):
+        grant = grants.get(log)
         try:
-            for data in read_log(log, settings.timeout):
+            for data in read_log(log, settings.timeout, settings.transport, grant):
                 printer.feed(log.rank, data)
         except LookupError:
             note(f"[rank {log.rank}] no output yet (not started on {log.node_id})")
@@ -911,23 +1087,40 @@ def dev() -> None:
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Keep replica and worker data here (default: a temporary directory, removed).",
+    help="Keep replica and worker data (and the cluster's credentials) here (default: a "
+    "temporary directory, removed).",
 )
-def dev_up(workers: int, racks: int, gpus_per_worker: int, data_dir: Path | None) -> None:
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="No TLS and no authentication: anyone who can reach the ports is an admin.",
+)
+def dev_up(
+    workers: int, racks: int, gpus_per_worker: int, data_dir: Path | None, insecure: bool
+) -> None:
     """Run three scheduler replicas and mock-GPU workers on 127.0.0.1 in the foreground,
     until Ctrl-C; then stop them all.
+
+    Secure by default: it makes a CA, certificates and an admin token in DATA_DIR/credentials
+    and prints the export lines that let the next synctl commands in.
 
     \b
     Example:
       synctl dev up --workers 4 --racks 2
-      export SYNAPSE_CLUSTER=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103  # printed
+      # printed; paste them into another shell:
+      export SYNAPSE_CLUSTER=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103
+      export SYNAPSE_CA=... SYNAPSE_CERT=... SYNAPSE_KEY=... SYNAPSE_TOKEN_FILE=...
     """
     from synapse_ha.local.devcluster import DevClusterOptions, run_foreground
 
     sys.exit(
         run_foreground(
             DevClusterOptions(
-                workers=workers, racks=racks, gpus_per_worker=gpus_per_worker, data_dir=data_dir
+                workers=workers,
+                racks=racks,
+                gpus_per_worker=gpus_per_worker,
+                data_dir=data_dir,
+                insecure=insecure,
             ),
             out=click.echo,
         )

@@ -31,6 +31,18 @@ group that is still there (including members' supervisors and members, found thr
 the workers' pid records, and every process carrying the launcher's marker) and, for a
 temporary data directory, removes it.
 
+Secure by default. The cluster's credentials live in ``DATA_DIR/credentials``
+(:class:`~synapse_ha.security.bundle.ClusterCredentials`: a CA, one certificate per
+replica and worker, the admin user's certificate, a transport-only client certificate
+and the bootstrap admin token), made on the first start and reused with a kept data
+directory. Replicas and workers serve mutual TLS only; the cluster's own calls (status,
+waiting for workers, :meth:`DevCluster.client`) present the admin certificate, and
+:meth:`DevCluster.read_log` reads a member's log with a grant signed by a replica, as
+``synctl logs`` does. :func:`describe` prints the ``export`` lines that point ``synctl``
+at the cluster as its admin. ``DevClusterOptions(insecure=True)`` runs everything in
+plaintext without authentication (every program warns at start, and so does
+:func:`run_foreground`).
+
 A fresh Raft password is generated for every run; it reaches the replicas only through
 their environment.
 """
@@ -48,6 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
+
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.local.launcher import (
     HOST,
@@ -63,10 +77,15 @@ from synapse_ha.local.launcher import (
     port_in_use,
     replica_status,
     wait_until,
-    worker_argv,
 )
 from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
+from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+from synapse_ha.security.bundle import ClusterCredentials
+from synapse_ha.security.grants import GRANT_METADATA_KEY
+from synapse_ha.security.tls import INSECURE_WARNING, Transport
 from synapse_ha.worker.members import kill_recorded_process, read_json
 
 __all__ = [
@@ -114,6 +133,7 @@ class DevClusterOptions:
     stop_grace: str = "2s"  # members' SIGTERM-to-SIGKILL grace on a graceful stop
     ready_timeout_s: float = 60.0  # bound on every wait for readiness
     keep_data: bool = False  # keep a temporary data directory after stop
+    insecure: bool = False  # plaintext, no authentication (programs run with --insecure)
 
     def check(self) -> None:
         """Raise :class:`ValueError` naming the option and the rule it breaks."""
@@ -184,7 +204,12 @@ class DevCluster:
         ).resolve()
         self.logs_dir = self.data_dir / "logs"
         self.raft_password = secrets.token_urlsafe(24)
-        self.launcher = Launcher(self.logs_dir, env=os.environ)
+        self.credentials: ClusterCredentials | None = (
+            None
+            if self.options.insecure
+            else ClusterCredentials.ensure(self.data_dir / "credentials")
+        )
+        self.launcher = Launcher(self.logs_dir, env=os.environ, credentials=self.credentials)
         self.workers: list[DevWorker] = []
         self._client: ClusterClient | None = None
         self._stop_lock = threading.Lock()
@@ -201,8 +226,11 @@ class DevCluster:
             log_name="scheduler-{id}.log",
             password=self.raft_password,
             launcher=self.launcher,
+            insecure=self.options.insecure,
         )
         self.replicas: list[Replica] = self._replicas.replicas
+        # The cluster's own calls: as the admin user, by certificate (plaintext if insecure).
+        self.transport: Transport = self._replicas.transport
 
     # ------------------------------------------------------------------ access
 
@@ -216,9 +244,52 @@ class DevCluster:
         """The value for ``SYNAPSE_CLUSTER``."""
         return ",".join(self.cluster_addresses)
 
-    def client(self, timeout_s: float = 10.0) -> ClusterClient:
-        """A new client for this cluster; the caller closes it."""
-        return ClusterClient(self.cluster_addresses, timeout_s=timeout_s, per_try_timeout_s=1.0)
+    def client(self, timeout_s: float = 10.0, *, token: str | None = None) -> ClusterClient:
+        """A new client for this cluster; the caller closes it. By default it is the admin
+        (by certificate); with ``token`` it is that token's user, over the transport-only
+        client certificate."""
+        return self._replicas.client(timeout_s, per_try_timeout_s=1.0, token=token)
+
+    def exports(self) -> list[str]:
+        """Shell lines that point ``synctl`` at this cluster as its admin: the addresses,
+        and (unless insecure) the CA, the client certificate and the admin token file."""
+        lines = [f"export SYNAPSE_CLUSTER={self.cluster}"]
+        if self.credentials is not None:
+            lines += self.credentials.exports()
+        return lines
+
+    def read_log(
+        self, client: ClusterClient, job_id: str, rank: int, timeout_s: float = 5.0
+    ) -> str:
+        """A member's whole output (current or last attempt), read from its worker the way
+        ``synctl logs`` reads it: ``client`` asks the leader for a log grant
+        (``GrantLogAccess``, refused unless the caller may manage the job) and the worker
+        is called over this cluster's transport with the grant. An insecure cluster signs
+        no grants (``NEEDS_TLS``); the worker is then read without one. Raises
+        ``grpc.RpcError`` for a refusal or a worker that does not answer."""
+        request = pb.GrantLogAccessRequest(job_id=job_id, rank=rank)
+        metadata: tuple[tuple[str, str], ...] = ()
+        address = ""
+        try:
+            answer: pb.GrantLogAccessResponse = client.call(
+                "GrantLogAccess",
+                lambda a, t: client.scheduler(a).GrantLogAccess(request, timeout=t),
+            )
+            metadata = ((GRANT_METADATA_KEY, answer.grant),)
+            address = answer.node_address
+        except grpc.RpcError as exc:
+            if failure_of(exc).reason is not Reason.NEEDS_TLS:
+                raise
+        if not address:
+            job = client.get_job(job_id)
+            node_id = next(m.node_id for m in job.attempt.members if m.rank == rank)
+            address = next(n.address for n in client.list_nodes() if n.node_id == node_id)
+        with self.transport.channel(address) as channel:
+            stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
+            chunks = stub.ReadLog(
+                wpb.ReadLogRequest(job_id=job_id, rank=rank), timeout=timeout_s, metadata=metadata
+            )
+            return b"".join(chunk.data for chunk in chunks).decode(errors="replace")
 
     def replica(self, replica_id: str) -> Replica:
         try:
@@ -243,7 +314,7 @@ class DevCluster:
 
     def replica_status(self, replica: Replica, timeout_s: float = 1.0) -> pb.ReplicaStatus:
         """The replica's own view of itself (raises ``grpc.RpcError`` when it is down)."""
-        return replica_status(replica.grpc, timeout_s)
+        return replica_status(replica.grpc, timeout_s, self.transport)
 
     def leader_id(self) -> str | None:
         """The id of the live replica that says it leads (highest term wins), or None."""
@@ -434,12 +505,13 @@ class DevCluster:
             listen=listen,
             data_dir=data,
         )
-        worker.argv = worker_argv(
+        # The launcher adds the worker's certificate (or --insecure) and --run-as agent.
+        worker.argv = self.launcher.worker(
             self.cluster_addresses,
             node_id,
-            listen,
             data,
-            [
+            listen=listen,
+            extra=[
                 "--topology",
                 worker.topology,
                 "--mock-gpus",
@@ -452,7 +524,7 @@ class DevCluster:
                 "--stop-grace",
                 self.options.stop_grace,
             ],
-        )
+        ).argv
         self.workers.append(worker)
         self._launch(worker)
         return worker
@@ -503,8 +575,13 @@ def describe(cluster: DevCluster) -> list[str]:
             f"  {w.node_id:<4} {w.gpus} GPU  {w.topology}  log service {w.address or w.listen}"
         )
     lines.append(f"data and logs: {cluster.data_dir}")
+    if cluster.credentials is not None:
+        lines.append(f"credentials: {cluster.credentials.root} (CA, certificates, admin token)")
+    else:
+        lines.append(f"warning: {INSECURE_WARNING}")
     lines.append("")
-    lines.append(f"export SYNAPSE_CLUSTER={cluster.cluster}")
+    lines.append("point synctl at it (as the cluster admin):")
+    lines += cluster.exports()
     return lines
 
 
@@ -525,6 +602,8 @@ def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> in
         except ValueError as exc:
             out(f"error: {exc}")
             return 2
+        if options.insecure:
+            out(f"warning: {INSECURE_WARNING}")
         try:
             out(
                 f"starting 3 replicas and {options.workers} worker(s) in "

@@ -28,9 +28,24 @@ TIMEOUTS = [
 WORKERS = {"w1": "zone=z1,block=b1,rack=r1", "w2": "zone=z1,block=b1,rack=r2"}
 
 
+CREDENTIAL_VARIABLES = (
+    "SYNAPSE_CA",
+    "SYNAPSE_CERT",
+    "SYNAPSE_KEY",
+    "SYNAPSE_TOKEN",
+    "SYNAPSE_TOKEN_FILE",
+)
+
+
+def exported(lines: list[str]) -> dict[str, str]:
+    """``export NAME=value`` lines as a mapping."""
+    return dict(line.removeprefix("export ").split("=", 1) for line in lines)
+
+
 @dataclass
 class Synctl:
-    """Runs synctl in-process against one cluster."""
+    """Runs synctl in-process against one cluster, with the environment ``synctl dev up``
+    prints (the CA, the transport-only client certificate, the admin token file)."""
 
     cluster: LocalCluster
     workers: LocalWorkers
@@ -40,10 +55,23 @@ class Synctl:
     def addresses(self) -> str:
         return ",".join(self.cluster.grpc_addresses)
 
-    def __call__(self, *args: str) -> Result:
+    @property
+    def admin_env(self) -> dict[str, str]:
+        assert self.cluster.credentials is not None
+        return exported(self.cluster.credentials.exports())
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None) -> Result:
+        """synctl ``args`` as the admin, or with exactly ``env`` (plus an empty config
+        directory and no token variable unless ``env`` sets them)."""
+        base: dict[str, str | None] = {"XDG_CONFIG_HOME": "/nonexistent"}
+        for name in CREDENTIAL_VARIABLES:
+            base[name] = None  # unset
         runner = CliRunner()
         return runner.invoke(
-            cli, ["--cluster", self.addresses, "--timeout", "10", *args], catch_exceptions=False
+            cli,
+            ["--cluster", self.addresses, "--timeout", "10", *args],
+            catch_exceptions=False,
+            env={**base, **(self.admin_env if env is None else env)},
         )
 
     def diagnostics(self) -> str:
@@ -57,6 +85,8 @@ def synctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synctl]:
     root = tmp_path_factory.mktemp("cli")
     cluster = LocalCluster(root / "cluster", extra_args=TIMEOUTS)
     workers = LocalWorkers(root / "workers", cluster.grpc_addresses)
+    # The workers' certificates come from the cluster's credentials (secure by default).
+    workers.launcher.credentials = cluster.credentials
     workers.root.mkdir()
     try:
         cluster.start()

@@ -16,17 +16,21 @@ from typing import TypeVar
 
 import grpc
 import pytest
+from click.testing import CliRunner
 
+from synapse_ha.cli.main import cli
 from synapse_ha.local.devcluster import (
     DEFAULT_CLUSTER,
     DevCluster,
     DevClusterOptions,
+    describe,
     run_foreground,
 )
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+from synapse_ha.security.tls import INSECURE_WARNING, TlsFiles, Transport
 from synapse_ha.worker.members import running_groups
 from tests.devcluster.procs import (
     MARKER_VARIABLE,
@@ -170,11 +174,27 @@ def test_a_job_runs_and_stop_leaves_no_process_behind(marker: str) -> None:
         job_id = client.submit_job(spec).job_id
         job = wait_job(client, job_id, "SUCCEEDED")
         for member in job.attempt.members:
-            with grpc.insecure_channel(nodes[member.node_id].address) as channel:
-                stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
-                chunks = stub.ReadLog(wpb.ReadLogRequest(job_id=job_id, rank=member.rank))
-                text = b"".join(c.data for c in chunks).decode()
+            # With a grant from the leader, over the cluster's TLS transport.
+            text = cluster.read_log(client, job_id, member.rank)
             assert text == f"rank {member.rank} of 2\n"
+        # Secure by default: the workers' log service and the replicas refuse plaintext
+        # and callers without a grant.
+        address = nodes[job.attempt.members[0].node_id].address
+        with grpc.insecure_channel(address) as channel:
+            stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
+            with pytest.raises(grpc.RpcError) as plaintext:
+                b"".join(c.data for c in stub.ReadLog(wpb.ReadLogRequest(job_id=job_id)))
+        assert plaintext.value.code() is grpc.StatusCode.UNAVAILABLE
+        with cluster.transport.channel(address) as channel:
+            stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
+            with pytest.raises(grpc.RpcError) as no_grant:
+                b"".join(c.data for c in stub.ReadLog(wpb.ReadLogRequest(job_id=job_id)))
+        assert no_grant.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        with (
+            ClusterClient(cluster.cluster_addresses, timeout_s=2) as plain,
+            pytest.raises(ClusterUnavailable),
+        ):
+            plain.list_nodes()
 
         # A gang still running when the cluster stops must not survive it.
         spec = pb.JobSpec(
@@ -260,12 +280,34 @@ def test_run_foreground_stops_everything_on_sigint(marker: str, tmp_path: Path) 
             lambda: (lambda t: t if "ready; press Ctrl-C" in t else None)(output.read_text()),
             timeout_s=90,
         )
-        export = [x for x in text.splitlines() if x.startswith("export SYNAPSE_CLUSTER=")]
-        assert len(export) == 1
-        addresses = export[0].partition("=")[2].split(",")
+        exported = dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in text.splitlines()
+            if line.startswith("export ")
+        )
+        assert sorted(exported) == [
+            "SYNAPSE_CA",
+            "SYNAPSE_CERT",
+            "SYNAPSE_CLUSTER",
+            "SYNAPSE_KEY",
+            "SYNAPSE_TOKEN_FILE",
+        ]
+        addresses = exported["SYNAPSE_CLUSTER"].split(",")
         assert len(addresses) == 3
         assert "w1" in text and "rack=r2" in text
-        with ClusterClient(addresses, timeout_s=20) as client:
+        # What the printed lines give a user: the transport-only certificate and the
+        # admin token.
+        transport = Transport(
+            TlsFiles(
+                ca=Path(exported["SYNAPSE_CA"]),
+                cert=Path(exported["SYNAPSE_CERT"]),
+                key=Path(exported["SYNAPSE_KEY"]),
+            )
+        )
+        token = Path(exported["SYNAPSE_TOKEN_FILE"]).read_text().strip()
+        with ClusterClient(
+            addresses, timeout_s=20, token=token, channel_factory=transport.channel
+        ) as client:
             spec = pb.JobSpec(
                 name="sleeper", replicas=2, resources=pb.Resources(gpu=1), shell_command="sleep 600"
             )
@@ -300,6 +342,40 @@ def test_the_demo_passes_and_leaves_nothing_running(marker: str) -> None:
     assert "FAIL" not in result.stdout
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("all ") and "checks passed" in last
-    for heading in ("waits", "joins", "topology.required: rack", "kill -9", "finish", "Summary"):
+    headings = ("waits", "joins", "topology.required: rack", "kill -9", "finish", "Who may do what")
+    for heading in (*headings, "Summary", "alice may not cancel bob's job: PERMISSION_DENIED"):
         assert heading in result.stdout
+    assert wait_no_marked_processes(marker, timeout_s=5) == []
+
+
+@pytest.mark.integration
+def test_an_insecure_cluster_speaks_plaintext_and_says_so(marker: str) -> None:
+    options = DevClusterOptions(
+        workers=1, racks=1, gpus_per_worker=1, ephemeral_ports=True, insecure=True
+    )
+    with DevCluster(options) as cluster:
+        assert cluster.credentials is None
+        assert not (cluster.data_dir / "credentials").exists()
+        lines = describe(cluster)
+        assert f"warning: {INSECURE_WARNING}" in lines
+        assert [x for x in lines if x.startswith("export ")] == [
+            f"export SYNAPSE_CLUSTER={cluster.cluster}"
+        ]
+        with ClusterClient(cluster.cluster_addresses, timeout_s=20) as plain:
+            spec = pb.JobSpec(
+                name="hello", replicas=1, resources=pb.Resources(gpu=1), shell_command="echo hi"
+            )
+            job_id = plain.submit_job(spec).job_id
+            wait_job(plain, job_id, "SUCCEEDED")
+            # No grant: an insecure cluster signs none, and its workers need none.
+            assert cluster.read_log(plain, job_id, 0) == "hi\n"
+        # synctl without any TLS settings reads the log the same way.
+        result = CliRunner().invoke(
+            cli,
+            ["--cluster", cluster.cluster, "logs", job_id],
+            env={"XDG_CONFIG_HOME": "/nonexistent", "SYNAPSE_CA": None, "SYNAPSE_CERT": None,
+                 "SYNAPSE_KEY": None, "SYNAPSE_TOKEN": None, "SYNAPSE_TOKEN_FILE": None},
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert result.stdout == "[rank 0] hi\n"
     assert wait_no_marked_processes(marker, timeout_s=5) == []
