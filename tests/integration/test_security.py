@@ -243,9 +243,9 @@ class World:
     credentials: ClusterCredentials
     callers: dict[str, Caller]
     tokens: dict[str, pb.CreateTokenResponse]
-    worker: Worker
-    alice_job: str  # finished on the worker; its output holds ALICE_OUTPUT
-    bob_job: str
+    worker: Worker | None = None  # w1, which runs alice's and bob's jobs
+    alice_job: str = ""  # finished on w1; its output is ALICE_OUTPUT
+    bob_job: str = ""
 
     @property
     def admin(self) -> Caller:
@@ -355,7 +355,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         forged = f"syn_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"
         callers["forged"] = Caller("forged", client_tls, forged)
 
-        world = World(cluster, credentials, callers, tokens, None, "", "")  # type: ignore[arg-type]
+        world = World(cluster, credentials, callers, tokens)
         world.worker = world.start_worker("w1", root / "w1", "--mock-gpus", "0")
         world.alice_job = world.submit(
             "alice",
