@@ -193,11 +193,9 @@ def test_a_worker_without_tls_material_or_insecure_is_refused(tmp_path: Path) ->
         load_config([*NO_TLS, "--data-dir", str(tmp_path)])
     assert "--insecure" in str(err.value)
     tls = ClusterCredentials.ensure(tmp_path / "creds").worker_tls("n1")
+    partial = ["--tls-ca", str(tls.ca), "--tls-cert", str(tls.cert)]
     with pytest.raises(ConfigError, match="--tls-key not given"):
-        load_config(
-            [*NO_TLS, "--data-dir", str(tmp_path), "--tls-ca", str(tls.ca)]
-            + ["--tls-cert", str(tls.cert)]
-        )
+        load_config([*NO_TLS, "--data-dir", str(tmp_path), *partial])
 
 
 def test_insecure_and_tls_files_together_are_refused(tmp_path: Path) -> None:
