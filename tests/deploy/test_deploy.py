@@ -286,9 +286,9 @@ def test_a_config_with_neither_tls_nor_insecure_is_refused_naming_the_flags(
     assert insecure.tls is None
     node = tmp_path / "worker.toml"
     node.write_text(without_tls_table((DEPLOY / "worker.toml").read_text()))
-    with pytest.raises(worker_main.ConfigError, match=NO_TLS_MATERIAL) as err:
+    with pytest.raises(worker_main.ConfigError, match=NO_TLS_MATERIAL) as worker_err:
         worker_main.load_config(["--config", str(node), "--data-dir", str(tmp_path / "w")])
-    assert "--insecure" in str(err.value)
+    assert "--insecure" in str(worker_err.value)
 
 
 def test_the_locality_wait_comes_from_the_flag_or_the_file_and_is_bounded(
