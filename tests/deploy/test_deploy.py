@@ -1,5 +1,10 @@
-"""deploy/: the systemd units pass ``systemd-analyze verify`` and the example configs load
-through the programs' own configuration loaders and agree with the units."""
+"""deploy/: the systemd units pass ``systemd-analyze verify``, the example configs load
+through the programs' own configuration loaders, agree with the units and run with TLS,
+and the secrets deploy/README.md tells operators to make are what the programs accept.
+
+The example configs name files under /etc/synapse; the tests make real ones (a cluster
+CA, certificates, a Raft password and a bootstrap token) in a temporary directory and
+point the programs at them with flags, which win over the file."""
 
 from __future__ import annotations
 
@@ -8,16 +13,92 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.access import split_token
 from synapse_ha.programs import scheduler as scheduler_main
 from synapse_ha.programs import worker as worker_main
+from synapse_ha.security.bundle import ClusterCredentials
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 REPLICAS = ("a", "b", "c")
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+OPENSSL = shutil.which("openssl")
+ETC = "/etc/synapse"
+WORKER_NODE = "gpu-017"
+NO_TLS_MATERIAL = "--tls-ca, --tls-cert, --tls-key not given"
+
+
+class Secrets:
+    """Real stand-ins for the files the example configs name under /etc/synapse."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.creds = ClusterCredentials.ensure(root / "credentials")
+        self.raft_password = root / "raft.password"
+        self.raft_password.write_text("example-raft-password\n")
+
+    def replica_flags(self, replica_id: str) -> list[str]:
+        """Flags that redirect replica ``replica_id``'s data directory, secrets and TLS
+        files from /etc and /var/lib to the temporary directory."""
+        return [
+            "--data-dir",
+            str(self.root / replica_id),
+            "--raft-password-file",
+            str(self.raft_password),
+            "--bootstrap-token-file",
+            str(self.creds.admin_token_file),
+            *self.creds.tls_args(self.creds.replica_tls(replica_id)),
+        ]
+
+    def worker_flags(self) -> list[str]:
+        return [
+            "--data-dir",
+            str(self.root / "worker"),
+            *self.creds.tls_args(self.creds.worker_tls(WORKER_NODE)),
+        ]
+
+
+@pytest.fixture
+def secrets(tmp_path: Path) -> Secrets:
+    return Secrets(tmp_path)
+
+
+def load_replica(secrets: Secrets, replica_id: str, *extra: str) -> scheduler_main.SchedulerConfig:
+    path = DEPLOY / f"scheduler-{replica_id}.toml"
+    return scheduler_main.load_config(
+        ["--config", str(path), *secrets.replica_flags(replica_id), *extra], environ={}
+    )
+
+
+def without_tls_table(text: str) -> str:
+    """The config text with its [tls] table (header, keys, and the comment above it)
+    removed."""
+    lines = text.splitlines()
+    start = lines.index("[tls]")
+    while start > 0 and lines[start - 1].startswith("#"):
+        start -= 1
+    end = lines.index("[tls]") + 1
+    while end < len(lines) and lines[end] and not lines[end].startswith("["):
+        end += 1
+    stripped = "\n".join(lines[:start] + lines[end:]) + "\n"
+    assert "tls" not in tomllib.loads(stripped)
+    assert "/etc/synapse/tls" not in stripped
+    return stripped
+
+
+def readme_command(marker: str) -> str:
+    """The one line of deploy/README.md's shell blocks that contains ``marker``."""
+    lines = [
+        line.strip()
+        for line in (DEPLOY / "README.md").read_text().splitlines()
+        if marker in line and not line.lstrip().startswith(("#", "|", "-", "`"))
+    ]
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 def unit(name: str) -> configparser.ConfigParser:
@@ -110,7 +191,11 @@ def test_the_units_run_as_a_dedicated_user_with_restart_and_hardening() -> None:
         assert service["PrivateTmp"] == "yes"
         assert service["StateDirectory"].startswith("synapse/")
     assert scheduler["ExecStart"].endswith("--config /etc/synapse/scheduler-%i.toml")
-    assert scheduler["EnvironmentFile"] == "/etc/synapse/raft.env"
+    # Secrets come from files the TOML names: never the command line or the environment.
+    for service in (scheduler, worker):
+        assert "password" not in service["ExecStart"]
+        assert "token" not in service["ExecStart"]
+        assert "EnvironmentFile" not in service
     assert scheduler["ProtectSystem"] == "strict"
     assert scheduler["ProtectHome"] == "yes"
     # The worker manages cgroups and members' process groups.
@@ -120,18 +205,19 @@ def test_the_units_run_as_a_dedicated_user_with_restart_and_hardening() -> None:
     assert worker["Delegate"]
 
 
-def test_the_three_replica_configs_load_and_form_one_quorum(tmp_path: Path) -> None:
+def test_the_three_replica_configs_load_and_form_one_quorum(secrets: Secrets) -> None:
     state_dir = unit("synapse-scheduler@.service")["Service"]["StateDirectory"]
     configs = []
     for r in REPLICAS:
         path = DEPLOY / f"scheduler-{r}.toml"
-        # The data directory is redirected (flags win over the file) so that loading
-        # does not touch /var/lib; the file's own value is checked against the unit.
-        config = scheduler_main.load_config(
-            ["--config", str(path), "--data-dir", str(tmp_path / r)],
-            environ={"SYNAPSE_RAFT_PASSWORD": "example"},
-        )
+        # The data directory, secrets and TLS files are redirected (flags win over the
+        # file) so that loading does not touch /etc or /var/lib; the file's own values are
+        # checked against the unit and against what `synctl ca issue` writes.
+        config = load_replica(secrets, r)
         assert config.replica_id == r
+        assert config.tls == secrets.creds.replica_tls(r)
+        assert config.bootstrap_token == secrets.creds.admin_token
+        assert config.raft_password == "example-raft-password"
         configs.append(config)
         text = path.read_text()
         expected = "/var/lib/" + state_dir.replace("%i", r)
@@ -143,29 +229,84 @@ def test_the_three_replica_configs_load_and_form_one_quorum(tmp_path: Path) -> N
     assert {c.locality_wait_ms for c in configs} == {600_000}
 
 
-def test_the_locality_wait_comes_from_the_flag_or_the_file_and_is_bounded(
-    tmp_path: Path,
+def test_the_configs_name_the_files_deploy_readme_tells_operators_to_make(
+    secrets: Secrets,
 ) -> None:
-    base = ["--config", str(DEPLOY / "scheduler-a.toml"), "--data-dir", str(tmp_path)]
-    env = {"SYNAPSE_RAFT_PASSWORD": "example"}
-    assert scheduler_main.load_config([*base, "--locality-wait", "0s"], env).locality_wait_ms == 0
-    assert (
-        scheduler_main.load_config([*base, "--locality-wait", "90s"], env).locality_wait_ms
-        == 90_000
+    # `synctl ca issue replica a --out /etc/synapse/tls` writes replica-a.pem/.key, and
+    # ca.pem is the CA bundle beside them: the names in the files must be those.
+    for r in REPLICAS:
+        doc = tomllib.loads((DEPLOY / f"scheduler-{r}.toml").read_text())
+        issued = secrets.creds.replica_tls(r)
+        assert doc["tls"] == {
+            "ca": f"{ETC}/tls/ca.pem",
+            "cert": f"{ETC}/tls/{issued.cert.name}",
+            "key": f"{ETC}/tls/{issued.key.name}",
+        }
+        assert doc["raft_password_file"] == f"{ETC}/raft.password"
+        assert doc["bootstrap_token_file"] == f"{ETC}/admin.token"
+    doc = tomllib.loads((DEPLOY / "worker.toml").read_text())
+    issued = secrets.creds.worker_tls(doc["node_id"])
+    assert doc["tls"] == {
+        "ca": f"{ETC}/tls/ca.pem",
+        "cert": f"{ETC}/tls/{issued.cert.name}",
+        "key": f"{ETC}/tls/{issued.key.name}",
+    }
+    readme = (DEPLOY / "README.md").read_text()
+    for name in ("raft.password", "admin.token", "ca.pem", "replica-a.pem", "worker-gpu-017"):
+        assert name in readme
+
+
+@pytest.mark.skipif(Path(ETC).exists(), reason="this machine has a real /etc/synapse")
+def test_without_tls_flags_the_programs_read_the_tls_files_the_configs_name(
+    secrets: Secrets, tmp_path: Path
+) -> None:
+    base = ["--config", str(DEPLOY / "scheduler-a.toml"), "--data-dir", str(tmp_path / "a")]
+    flags = ["--raft-password-file", str(secrets.raft_password)]
+    with pytest.raises(scheduler_main.ConfigError, match=f"cannot read TLS file {ETC}/tls/"):
+        scheduler_main.load_config([*base, *flags], environ={})
+    with pytest.raises(worker_main.ConfigError, match=f"cannot read TLS file {ETC}/tls/"):
+        worker_main.load_config(
+            ["--config", str(DEPLOY / "worker.toml"), "--data-dir", str(tmp_path / "w")]
+        )
+
+
+def test_a_config_with_neither_tls_nor_insecure_is_refused_naming_the_flags(
+    secrets: Secrets, tmp_path: Path
+) -> None:
+    replica = tmp_path / "scheduler-a.toml"
+    replica.write_text(without_tls_table((DEPLOY / "scheduler-a.toml").read_text()))
+    flags = secrets.replica_flags("a")[:6]  # the data directory and secrets, no --tls-*
+    with pytest.raises(scheduler_main.ConfigError, match=NO_TLS_MATERIAL) as err:
+        scheduler_main.load_config(["--config", str(replica), *flags], environ={})
+    assert "--insecure" in str(err.value)
+    # With --insecure it loads (and runs plaintext, warning at every start).
+    insecure = scheduler_main.load_config(
+        ["--config", str(replica), *flags, "--insecure"], environ={}
     )
+    assert insecure.tls is None
+    node = tmp_path / "worker.toml"
+    node.write_text(without_tls_table((DEPLOY / "worker.toml").read_text()))
+    with pytest.raises(worker_main.ConfigError, match=NO_TLS_MATERIAL) as worker_err:
+        worker_main.load_config(["--config", str(node), "--data-dir", str(tmp_path / "w")])
+    assert "--insecure" in str(worker_err.value)
+
+
+def test_the_locality_wait_comes_from_the_flag_or_the_file_and_is_bounded(
+    secrets: Secrets,
+) -> None:
+    assert load_replica(secrets, "a", "--locality-wait", "0s").locality_wait_ms == 0
+    assert load_replica(secrets, "a", "--locality-wait", "90s").locality_wait_ms == 90_000
     for bad in ("soon", "25h"):
         with pytest.raises(scheduler_main.ConfigError, match="locality_wait"):
-            scheduler_main.load_config([*base, "--locality-wait", bad], env)
+            load_replica(secrets, "a", "--locality-wait", bad)
 
 
-def test_heavy_read_limits_come_from_flags_or_the_file_and_are_bounded(tmp_path: Path) -> None:
-    base = ["--config", str(DEPLOY / "scheduler-a.toml"), "--data-dir", str(tmp_path)]
-    env = {"SYNAPSE_RAFT_PASSWORD": "example"}
-    default = scheduler_main.load_config(base, env)
+def test_heavy_read_limits_come_from_flags_or_the_file_and_are_bounded(
+    secrets: Secrets, tmp_path: Path
+) -> None:
+    default = load_replica(secrets, "a")
     assert (default.heavy_reads, default.heavy_read_cpu_share) == (2, 0.3)
-    tuned = scheduler_main.load_config(
-        [*base, "--heavy-reads", "1", "--heavy-read-cpu-share", "0.15"], env
-    )
+    tuned = load_replica(secrets, "a", "--heavy-reads", "1", "--heavy-read-cpu-share", "0.15")
     assert (tuned.heavy_reads, tuned.heavy_read_cpu_share) == (1, 0.15)
     in_file = tmp_path / "reads.toml"
     in_file.write_text(
@@ -173,7 +314,7 @@ def test_heavy_read_limits_come_from_flags_or_the_file_and_are_bounded(tmp_path:
         + "\n[reads]\nheavy_concurrency = 4\nheavy_cpu_share = 0.5\n"
     )
     from_file = scheduler_main.load_config(
-        ["--config", str(in_file), "--data-dir", str(tmp_path)], env
+        ["--config", str(in_file), *secrets.replica_flags("a")], environ={}
     )
     assert (from_file.heavy_reads, from_file.heavy_read_cpu_share) == (4, 0.5)
     for flag, bad, words in (
@@ -182,28 +323,62 @@ def test_heavy_read_limits_come_from_flags_or_the_file_and_are_bounded(tmp_path:
         ("--heavy-read-cpu-share", "1.5", "CPU share"),
     ):
         with pytest.raises(scheduler_main.ConfigError, match=words):
-            scheduler_main.load_config([*base, flag, bad], env)
+            load_replica(secrets, "a", flag, bad)
 
 
-def test_a_config_without_the_raft_password_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(scheduler_main.ConfigError, match="Raft password"):
-        scheduler_main.load_config(
-            ["--config", str(DEPLOY / "scheduler-a.toml"), "--data-dir", str(tmp_path)],
-            environ={},
+def test_a_missing_or_empty_raft_password_file_is_refused(secrets: Secrets) -> None:
+    missing = secrets.root / "no-such.password"
+    with pytest.raises(scheduler_main.ConfigError, match="raft password file"):
+        load_replica(secrets, "a", "--raft-password-file", str(missing))
+    empty = secrets.root / "empty.password"
+    empty.write_text("\n")
+    with pytest.raises(scheduler_main.ConfigError, match="Raft password is required"):
+        load_replica(secrets, "a", "--raft-password-file", str(empty))
+
+
+def test_a_bootstrap_token_file_that_holds_no_token_is_refused(secrets: Secrets) -> None:
+    bad = secrets.root / "bad.token"
+    bad.write_text("not-a-token\n")
+    with pytest.raises(scheduler_main.ConfigError, match="not a token"):
+        load_replica(secrets, "a", "--bootstrap-token-file", str(bad))
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed here")
+def test_the_readme_commands_make_a_raft_password_and_a_bootstrap_token(
+    secrets: Secrets, tmp_path: Path
+) -> None:
+    made = tmp_path / "made"
+    made.mkdir()
+    for marker in ("> admin.token", "> raft.password"):
+        command = readme_command(marker)
+        result = subprocess.run(
+            ["sh", "-c", command], cwd=made, capture_output=True, text=True, timeout=30
         )
+        assert result.returncode == 0, result.stderr
+    token = (made / "admin.token").read_text().strip()
+    assert split_token(token) is not None, token
+    password = (made / "raft.password").read_text().strip()
+    assert len(password) >= 32
+    config = load_replica(
+        secrets,
+        "a",
+        "--bootstrap-token-file",
+        str(made / "admin.token"),
+        "--raft-password-file",
+        str(made / "raft.password"),
+    )
+    assert (config.bootstrap_token, config.raft_password) == (token, password)
 
 
-def test_the_worker_config_loads_and_points_at_the_quorum(tmp_path: Path) -> None:
+def test_the_worker_config_loads_and_points_at_the_quorum(secrets: Secrets) -> None:
     config = worker_main.load_config(
-        ["--config", str(DEPLOY / "worker.toml"), "--data-dir", str(tmp_path / "w")]
+        ["--config", str(DEPLOY / "worker.toml"), *secrets.worker_flags()]
     )
-    quorum = scheduler_main.load_config(
-        ["--config", str(DEPLOY / "scheduler-a.toml"), "--data-dir", str(tmp_path / "a")],
-        environ={"SYNAPSE_RAFT_PASSWORD": "example"},
-    )
+    quorum = load_replica(secrets, "a")
     assert set(config.schedulers) == {r.grpc for r in quorum.replicas}
     assert dict(config.topology) == {"zone": "z1", "block": "b2", "rack": "r7"}
-    assert config.node_id == "gpu-017"
+    assert config.node_id == WORKER_NODE
+    assert config.tls == secrets.creds.worker_tls(WORKER_NODE)
     assert config.cpu_milli == 60_000
     assert config.memory_mib == 480 * 1024
     assert config.cgroups

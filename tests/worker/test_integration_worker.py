@@ -15,6 +15,8 @@ from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+from synapse_ha.security.grants import GRANT_METADATA_KEY
+from synapse_ha.security.tls import Transport
 from synapse_ha.worker.members import read_json
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.worker.helpers import process_gone, wait_gone
@@ -53,7 +55,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
-    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses)
+    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
     w.root.mkdir()
     try:
         yield w
@@ -118,6 +120,26 @@ def _read(path: Path) -> str | None:
     return text or None
 
 
+def replica_transport(cluster: LocalCluster) -> Transport:
+    """The transport of the first replica's certificate (replicas may read every log)."""
+    assert cluster.credentials is not None
+    return Transport(cluster.credentials.replica_tls(cluster.replicas[0].replica_id))
+
+
+def read_log(
+    transport: Transport,
+    address: str,
+    job_id: str,
+    rank: int,
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> list[wpb.LogChunk]:
+    """Every chunk of one member's log, read from the worker at ``address``."""
+    with transport.channel(address) as channel:
+        stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
+        request = wpb.ReadLogRequest(job_id=job_id, rank=rank)
+        return list(stub.ReadLog(request, timeout=10, metadata=metadata))
+
+
 def member_dirs(workers: LocalWorkers, job_id: str) -> list[Path]:
     return sorted(
         d for w in workers.workers for d in (w.data_dir / "members" / job_id).glob("a*.t*.r*")
@@ -125,7 +147,7 @@ def member_dirs(workers: LocalWorkers, job_id: str) -> list[Path]:
 
 
 def test_a_two_member_gang_runs_on_two_workers_and_succeeds(
-    workers: LocalWorkers, client: ClusterClient, out: Path
+    cluster: LocalCluster, workers: LocalWorkers, client: ClusterClient, out: Path
 ) -> None:
     start_workers(workers, client, 2)
     command = (
@@ -136,16 +158,63 @@ def test_a_two_member_gang_runs_on_two_workers_and_succeeds(
     assert {m.node_id for m in job.attempt.members} == {"w1", "w2"}
     port = job.attempt.master_port
     nodes = {n.node_id: n.address for n in client.list_nodes()}
+    # A replica's certificate may read every log on a worker.
+    as_replica = replica_transport(cluster)
     for member in job.attempt.members:
-        with grpc.insecure_channel(nodes[member.node_id]) as channel:
-            stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
-            chunks = list(
-                stub.ReadLog(wpb.ReadLogRequest(job_id=job_id, rank=member.rank), timeout=10)
-            )
+        chunks = read_log(as_replica, nodes[member.node_id], job_id, member.rank)
         text = b"".join(c.data for c in chunks).decode()
         expected = f"rank={member.rank}/2 master=127.0.0.1:{port} hosts=127.0.0.1,127.0.0.1\n"
         assert text == expected
         assert chunks[-1].eof
+
+
+def test_a_workers_log_service_needs_a_replica_certificate_or_a_grant_for_the_job(
+    cluster: LocalCluster, workers: LocalWorkers, client: ClusterClient, out: Path
+) -> None:
+    start_workers(workers, client, 2)
+    job_id = client.submit_job(gang("secret", 2, "echo rank-$RANK", out)).job_id
+    job = wait_state(client, job_id, "SUCCEEDED")
+    nodes = {n.node_id: n.address for n in client.list_nodes()}
+    by_rank = {m.rank: nodes[m.node_id] for m in job.attempt.members}
+    rank_on = {m.node_id: m.rank for m in job.attempt.members}
+    assert sorted(rank_on) == ["w1", "w2"]
+    creds = cluster.credentials
+    assert creds is not None
+    # The transport-only certificate token holders use names nobody: no right to any log.
+    as_client = Transport(creds.client_tls())
+    with pytest.raises(grpc.RpcError) as err:
+        read_log(as_client, by_rank[0], job_id, 0)
+    assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    # Another worker's certificate names a caller, but not one that may read logs.
+    as_other_worker = Transport(creds.worker_tls("w2"))
+    with pytest.raises(grpc.RpcError) as err:
+        read_log(as_other_worker, nodes["w1"], job_id, rank_on["w1"])
+    assert err.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    # Without a certificate of the cluster's CA the handshake itself fails.
+    with pytest.raises(grpc.RpcError) as err:
+        read_log(Transport.insecure(), by_rank[0], job_id, 0)
+    assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+    # A grant signed by a replica opens that job's log on the node it names, offline.
+    leader = cluster.serving_leader()
+    answer = cluster.stub(leader).GrantLogAccess(
+        pb.GrantLogAccessRequest(job_id=job_id, rank=0), timeout=10
+    )
+    assert answer.node_address == by_rank[0]
+    grant = ((GRANT_METADATA_KEY, answer.grant),)
+    chunks = read_log(as_client, by_rank[0], job_id, 0, metadata=grant)
+    assert b"".join(c.data for c in chunks) == b"rank-0\n"
+    # ...and nowhere else: not on the node of rank 1, not for another job.
+    with pytest.raises(grpc.RpcError) as err:
+        read_log(as_client, by_rank[1], job_id, 1, metadata=grant)
+    assert err.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as err:
+        read_log(as_client, by_rank[0], "job-other", 0, metadata=grant)
+    assert err.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    # A grant that is not one (here: its signature cut off) authenticates nobody.
+    forged = ((GRANT_METADATA_KEY, answer.grant.rsplit(".", 2)[0] + ".AAAA.AAAA"),)
+    with pytest.raises(grpc.RpcError) as err:
+        read_log(as_client, by_rank[0], job_id, 0, metadata=forged)
+    assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_one_member_failing_stops_the_whole_gang_and_it_is_retried(

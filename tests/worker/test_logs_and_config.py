@@ -14,6 +14,8 @@ from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.programs.worker import ConfigError, load_config, registration
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+from synapse_ha.security.bundle import ClusterCredentials
+from synapse_ha.security.tls import TlsFiles
 from synapse_ha.worker.logs import add_worker_service, find_member_dir, read_chunks
 from synapse_ha.worker.members import MemberExecutor
 from tests.worker.conftest import MakeExecutor
@@ -105,7 +107,10 @@ def test_read_chunks_without_follow_stops_at_the_current_end(tmp_path: Path) -> 
 # ----------------------------------------------------------------------- config
 
 
-BASE = ["--scheduler", "127.0.0.1:1", "--no-cgroups"]
+# Where TLS is beside the point the tests run --insecure; the TLS tests below use real
+# files from a ClusterCredentials.
+BASE = ["--scheduler", "127.0.0.1:1", "--no-cgroups", "--insecure"]
+NO_TLS = ["--scheduler", "127.0.0.1:1", "--no-cgroups"]
 
 
 def test_flags_make_a_registration(tmp_path: Path) -> None:
@@ -156,16 +161,58 @@ def test_a_node_without_an_image_runtime_does_not_offer_images(tmp_path: Path) -
 
 
 def test_toml_configuration(tmp_path: Path) -> None:
+    tls = ClusterCredentials.ensure(tmp_path / "creds").worker_tls("n9")
     path = tmp_path / "worker.toml"
     path.write_text(
         f'schedulers = ["127.0.0.1:9"]\ndata_dir = "{tmp_path}"\nnode_id = "n9"\n'
         'topology = "rack=r1"\nmock_gpus = 2\nlease_ttl = "2s"\nheartbeat_interval = "500ms"\n'
+        f'[tls]\nca = "{tls.ca}"\ncert = "{tls.cert}"\nkey = "{tls.key}"\n'
     )
     config = load_config(["--config", str(path), "--node-id", "from-flag"])
     assert config.node_id == "from-flag"
     assert config.schedulers == ("127.0.0.1:9",)
     assert config.mock_gpus == 2
     assert (config.heartbeat_interval_s, config.lease_ttl_s) == (0.5, 2.0)
+    assert config.tls == tls
+
+
+def test_tls_files_come_from_flags_or_the_file_and_flags_win(tmp_path: Path) -> None:
+    creds = ClusterCredentials.ensure(tmp_path / "creds")
+    mine, other = creds.worker_tls("n1"), creds.worker_tls("n2")
+    path = tmp_path / "worker.toml"
+    path.write_text(f'[tls]\nca = "{mine.ca}"\ncert = "{mine.cert}"\nkey = "{mine.key}"\n')
+    args = [*NO_TLS, "--data-dir", str(tmp_path / "d"), "--config", str(path)]
+    assert load_config(args).tls == mine
+    flagged = load_config([*args, "--tls-cert", str(other.cert), "--tls-key", str(other.key)])
+    assert flagged.tls == TlsFiles(ca=mine.ca, cert=other.cert, key=other.key)
+    assert load_config([*NO_TLS, "--data-dir", str(tmp_path / "d"), "--insecure"]).tls is None
+
+
+def test_a_worker_without_tls_material_or_insecure_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--tls-ca, --tls-cert, --tls-key not given") as err:
+        load_config([*NO_TLS, "--data-dir", str(tmp_path)])
+    assert "--insecure" in str(err.value)
+    tls = ClusterCredentials.ensure(tmp_path / "creds").worker_tls("n1")
+    partial = ["--tls-ca", str(tls.ca), "--tls-cert", str(tls.cert)]
+    with pytest.raises(ConfigError, match="--tls-key not given"):
+        load_config([*NO_TLS, "--data-dir", str(tmp_path), *partial])
+
+
+def test_insecure_and_tls_files_together_are_refused(tmp_path: Path) -> None:
+    tls = ClusterCredentials.ensure(tmp_path / "creds").worker_tls("n1")
+    with pytest.raises(ConfigError, match="exclude each other"):
+        load_config([*BASE, "--data-dir", str(tmp_path), *["--tls-ca", str(tls.ca)]])
+
+
+def test_tls_files_that_do_not_fit_are_refused_naming_the_file(tmp_path: Path) -> None:
+    creds = ClusterCredentials.ensure(tmp_path / "creds")
+    one, two = creds.worker_tls("n1"), creds.worker_tls("n2")
+    args = [*NO_TLS, "--data-dir", str(tmp_path), "--tls-ca", str(one.ca)]
+    with pytest.raises(ConfigError, match=f"{two.key} is not the private key of {one.cert}"):
+        load_config([*args, "--tls-cert", str(one.cert), "--tls-key", str(two.key)])
+    missing = tmp_path / "absent.pem"
+    with pytest.raises(ConfigError, match=f"cannot read TLS file {missing}"):
+        load_config([*args, "--tls-cert", str(missing), "--tls-key", str(one.key)])
 
 
 @pytest.mark.parametrize(

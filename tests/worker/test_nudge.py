@@ -99,7 +99,7 @@ def test_a_bound_member_starts_long_before_the_next_heartbeat(tmp_path: Path) ->
             "300s",
         ],
     )
-    workers = LocalWorkers(tmp_path / "workers", [])
+    workers = LocalWorkers(tmp_path / "workers", [], cluster.credentials)
     try:
         cluster.start()
         cluster.serving_leader()

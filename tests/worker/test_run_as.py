@@ -250,7 +250,17 @@ def test_a_refused_owner_is_a_start_failure_with_the_reason(
 # ------------------------------------------------------------------ config
 
 
-BASE = ["--scheduler", "127.0.0.1:1", "--no-cgroups", "--mock-gpus", "0", "--node-id", "w1"]
+# TLS is beside the point here: --insecure (the TLS flags are tested in test_logs_and_config).
+BASE = [
+    "--scheduler",
+    "127.0.0.1:1",
+    "--no-cgroups",
+    "--mock-gpus",
+    "0",
+    "--node-id",
+    "w1",
+    "--insecure",
+]
 
 
 def test_the_default_mode_follows_whether_the_agent_is_root(tmp_path: Path) -> None:

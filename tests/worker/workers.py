@@ -2,7 +2,9 @@
 
 Agents are started by :mod:`synapse_ha.local.launcher`; :meth:`LocalWorkers.close` stops
 them, the member supervisors and members they left behind (via the member pid records,
-then the launcher's marker sweep), so a failing test never leaks processes.
+then the launcher's marker sweep), so a failing test never leaks processes. Given the
+cluster's credentials, every agent gets a worker certificate of the cluster's CA (the
+replicas of a TLS cluster refuse anything else); without, the agents run ``--insecure``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import signal
 from pathlib import Path
 
 from synapse_ha.local.launcher import Launcher, Worker
+from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.worker.members import kill_recorded_process, read_json
 
 __all__ = ["LocalWorkers", "Worker"]
@@ -19,10 +22,15 @@ __all__ = ["LocalWorkers", "Worker"]
 class LocalWorkers:
     """Agents ``node_id`` with data in ``root/node_id`` and logs ``root/node_id.log``."""
 
-    def __init__(self, root: Path, schedulers: list[str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        schedulers: list[str],
+        credentials: ClusterCredentials | None = None,
+    ) -> None:
         self.root = root
         self.schedulers = schedulers
-        self.launcher = Launcher(root)
+        self.launcher = Launcher(root, credentials=credentials)
         self.workers: list[Worker] = []
 
     def start(self, node_id: str, *extra: str) -> Worker:
