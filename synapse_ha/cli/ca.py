@@ -12,7 +12,10 @@ from pathlib import Path
 import click
 
 from synapse_ha.core.access import NAME_PATTERN, Identity, Kind, Role
-from synapse_ha.security.pki import PkiError, init_ca, issue
+from synapse_ha.security.pki import PkiError, init_ca, issue, issue_client
+
+# The transport-only certificate kind (no identity: a token says who the caller is).
+CLIENT = "client"
 
 
 @click.group()
@@ -59,7 +62,7 @@ def _name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 @ca.command("issue")
-@click.argument("kind", type=click.Choice([k.value for k in Kind]))
+@click.argument("kind", type=click.Choice([*(k.value for k in Kind), CLIENT]))
 @click.argument("name", callback=_name)
 @click.option(
     "--ca-dir",
@@ -100,25 +103,33 @@ def ca_issue(
     out: Path,
     force: bool,
 ) -> None:
-    """Issue a certificate for a replica (NAME: its id), a worker (NAME: its node id) or a
-    user, signed by the CA in --ca-dir. Prints the certificate, key and CA paths.
-    Replicas and workers serve gRPC: give every --host clients dial them by.
+    """Issue a certificate for a replica (NAME: its id), a worker (NAME: its node id), a
+    user, or a client (transport only: it completes the TLS handshake but names nobody;
+    token holders use it with their token), signed by the CA in --ca-dir. Prints the
+    certificate, key and CA paths. Replicas and workers serve gRPC: give every --host
+    clients dial them by.
 
     \b
     Examples:
       synctl ca issue worker gpu-7 --ca-dir ca --host 10.0.1.7 --host gpu-7.lan --out tls
       synctl ca issue user alice --role operator --ca-dir ca
+      synctl ca issue client cli --ca-dir ca
     """
-    identity_kind = Kind(kind)
-    if role is not None and identity_kind is not Kind.USER:
+    if role is not None and kind != Kind.USER:
         raise click.BadParameter("only user certificates carry a role", param_hint="--role")
-    identity = Identity(
-        identity_kind,
-        name,
-        Role(role or Role.USER) if identity_kind is Kind.USER else None,
-    )
+    if kind == CLIENT and hosts:
+        raise click.BadParameter("a client certificate names no hosts", param_hint="--host")
     try:
-        files = issue(ca_dir, identity, out, hosts=hosts, days=days, overwrite=force)
+        if kind == CLIENT:
+            files = issue_client(ca_dir, name, out, days=days, overwrite=force)
+        else:
+            identity_kind = Kind(kind)
+            identity = Identity(
+                identity_kind,
+                name,
+                Role(role or Role.USER) if identity_kind is Kind.USER else None,
+            )
+            files = issue(ca_dir, identity, out, hosts=hosts, days=days, overwrite=force)
     except PkiError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(files.cert)

@@ -84,9 +84,8 @@ def synctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synctl]:
     must leave the nodes ready)."""
     root = tmp_path_factory.mktemp("cli")
     cluster = LocalCluster(root / "cluster", extra_args=TIMEOUTS)
-    workers = LocalWorkers(root / "workers", cluster.grpc_addresses)
     # The workers' certificates come from the cluster's credentials (secure by default).
-    workers.launcher.credentials = cluster.credentials
+    workers = LocalWorkers(root / "workers", cluster.grpc_addresses, cluster.credentials)
     workers.root.mkdir()
     try:
         cluster.start()

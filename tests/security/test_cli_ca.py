@@ -86,3 +86,20 @@ def test_issue_errors_are_clean(tmp_path: Path) -> None:
     assert code == 0, output
     code, output = run("ca", "issue", "worker", "n1", "--ca-dir", str(tmp_path / "none"))
     assert code == 2
+
+
+def test_a_client_certificate_names_nobody(tmp_path: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(cli, ["ca", "init", str(tmp_path / "ca")]).exit_code == 0
+    out = tmp_path / "out"
+    result = runner.invoke(
+        cli, ["ca", "issue", "client", "cli", "--ca-dir", str(tmp_path / "ca"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert identity_of_cert((out / "client-cli.pem").read_bytes()) is None
+    refused = runner.invoke(
+        cli,
+        ["ca", "issue", "client", "cli2", "--ca-dir", str(tmp_path / "ca"), "--host", "h"],
+    )
+    assert refused.exit_code == 2
+    assert "no hosts" in refused.output
