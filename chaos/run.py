@@ -33,6 +33,8 @@ from synapse_ha.programs.worker import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SEL
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.security.bundle import LOOPBACK_HOSTS, ClusterCredentials
+from synapse_ha.security.tls import Transport
 
 log = logging.getLogger("chaos")
 
@@ -138,9 +140,18 @@ class ChaosCluster:
         self.grpc = {h.name: f"{h.address}:{GRPC_PORT}" for h in self.replica_hosts}
         env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS}
         env["PYTHONPATH"] = str(REPO)
+        # Secure as a real cluster is: mutual TLS on every connection and the admin token
+        # bootstrapped on the replicas. Replicas and workers are dialled at their
+        # namespace addresses, so every certificate names all of them.
+        self.credentials = ClusterCredentials.ensure(
+            run_dir / "credentials",
+            hosts=[*LOOPBACK_HOSTS, *(h.address for h in self.hosts)],
+        )
+        # The suite's own calls (the observer, the submitter) are the admin's.
+        self.admin_tls = self.credentials.admin_tls()
         # Every process runs inside its host's namespace (``ip netns exec`` execs it, so
         # the pid is the program's own) and leads a process group of its own.
-        self.launcher = Launcher(run_dir, env=env)
+        self.launcher = Launcher(run_dir, env=env, credentials=self.credentials)
         peers = [
             Peer(h.name, f"{h.address}:{RAFT_PORT}", f"{h.address}:{GRPC_PORT}")
             for h in self.replica_hosts
@@ -204,7 +215,10 @@ class ChaosCluster:
         )
         self.sink: Process | None = None
         self.observer = ClusterClient(
-            list(self.grpc.values()), timeout_s=5.0, per_try_timeout_s=1.0
+            list(self.grpc.values()),
+            timeout_s=5.0,
+            per_try_timeout_s=1.0,
+            channel_factory=Transport(self.admin_tls).channel,
         )
         self.leader = ""
         self.leaders_out = ledger.Appender(run_dir / ledger.LEADERS)
@@ -260,6 +274,9 @@ class ChaosCluster:
                 interval_s=self.cfg.submit_interval_s,
                 gang_sizes=self.cfg.gang_sizes,
                 gpus_per_member=self.cfg.gpus_per_member,
+                tls_ca=str(self.admin_tls.ca),
+                tls_cert=str(self.admin_tls.cert),
+                tls_key=str(self.admin_tls.key),
             ),
             self.dir / "workload.json",
         )
