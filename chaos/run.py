@@ -90,6 +90,10 @@ class ScenarioResult:
 # ------------------------------------------------------------------- helpers
 
 
+class InsecureCluster(Exception):
+    """A replica answered a plaintext call: the cluster under test is not the secure one."""
+
+
 def _duration_flag(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
@@ -257,6 +261,7 @@ class ChaosCluster:
             self.launcher.start(p)
         self._observer.start()
         self.wait("a serving leader", self._serving_leader, 60.0)
+        self.check_plaintext_refused()
         for w in self.workers.values():
             self.launcher.start(w)
         self.wait("every worker to register", self._all_registered, 60.0)
@@ -369,6 +374,18 @@ class ChaosCluster:
         stub = pb_grpc.SchedulerServiceStub(self.observer.channel(self.grpc[self.leader]))  # type: ignore[no-untyped-call]
         stub.ListNodes(pb.ListNodesRequest(), timeout=1.0)
         return True
+
+    def check_plaintext_refused(self) -> None:
+        """Every replica must turn away a caller without TLS; :class:`InsecureCluster`
+        when one answers."""
+        for name, address in self.grpc.items():
+            with grpc.insecure_channel(address) as channel:
+                stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+                try:
+                    stub.GetClusterStatus(pb.GetClusterStatusRequest(local_only=True), timeout=2.0)
+                except grpc.RpcError:
+                    continue
+            raise InsecureCluster(f"replica {name} at {address} answered a plaintext call")
 
     def _all_registered(self) -> bool:
         nodes = self.observer.list_nodes()
@@ -589,6 +606,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         "final_deadline_ms": int(FINAL_DEADLINE_S * 1000),
         "member_ms": list(cfg.member_ms),
         "submit_interval_s": cfg.submit_interval_s,
+        "security": "mutual TLS on every connection; the suite calls as the admin",
     }
     error = ""
     faults = 0
@@ -607,7 +625,14 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         meta["heal_ns"] = ledger.now_ns()
         meta["heal_wall_ms"] = int(time.time() * 1000)
         quiesce(cluster, meta)
-    except (TimeoutError, net.NetError, ClusterUnavailable, grpc.RpcError, OSError) as exc:
+    except (
+        TimeoutError,
+        net.NetError,
+        ClusterUnavailable,
+        grpc.RpcError,
+        OSError,
+        InsecureCluster,
+    ) as exc:
         error = f"{type(exc).__name__}: {exc}"
         log.error("scenario %s seed %d aborted: %s", cfg.name, cfg.seed, error)
     finally:
