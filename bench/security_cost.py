@@ -24,6 +24,8 @@ Measured on each, in the same way:
   to the moment its last member's process started (each member writes the wall-clock time
   as its first act, as in ``bench/gang_start.py``).
 
+The two clusters run one after the other on the same machine, so anything else running
+there skews one side more than the other: each side records the load average around it.
 Prints one JSON object and writes it to ``bench/results/security_cost.json`` (``--out``;
 ``--smoke`` runs a tiny version and writes only where ``--out`` says).
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -259,6 +262,7 @@ def plaintext_refused(c: Cluster) -> bool:
 
 
 def measure(root: Path, mode: str, sizes: Sizes, heartbeat: str) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
     with cluster(root, mode, sizes.workers, heartbeat) as c:
         # Gangs first, while the queue is empty; then the queue fills with submissions.
         starts = gang_start(c, root, sizes.gangs, sizes.members)
@@ -268,6 +272,7 @@ def measure(root: Path, mode: str, sizes: Sizes, heartbeat: str) -> dict[str, An
         with c.user_client() as client:
             owner = client.list_jobs(limit=1)[0].owner
         refused = plaintext_refused(c)
+        load_after = os.getloadavg()[0]
     return {
         "transport": "plaintext (--insecure)" if mode == "plaintext" else "mutual TLS",
         "client_credential": "none" if mode == "plaintext" else "user bearer token",
@@ -275,6 +280,8 @@ def measure(root: Path, mode: str, sizes: Sizes, heartbeat: str) -> dict[str, An
         "plaintext_call_refused": refused,
         "submit": submits,
         "gang_start": starts,
+        # The machine's load around the measurement: other work skews both sides.
+        "load_average_1m": {"before": round(load_before, 2), "after": round(load_after, 2)},
     }
 
 
