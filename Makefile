@@ -68,6 +68,7 @@ bench: $(STAMP)
 	cat bench/results/quorum.json
 	$(BIN)/python bench/gang_start.py > bench/results/gang_start.json
 	cat bench/results/gang_start.json
+	$(BIN)/python bench/security_cost.py
 	$(BIN)/synapse-sim --workload synthetic --jobs 20000 --nodes 2000 \
 	  --out bench/results/sim > bench/results/simulator.json
 	$(BIN)/python bench/vs_ray.py > bench/results/vs_ray.json

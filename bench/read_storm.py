@@ -11,6 +11,10 @@ JSON: read calls served, heartbeat round trip p50/p99/max before and during the 
 (target p99 < 100 ms during), the longest gap between two answered heartbeats of any node
 holding members (a gap past ``lease_ttl`` would fence its members), gangs requeued or
 failed (must be 0), and whether the leader kept its term. ``--smoke`` runs a tiny version.
+
+Secure by default: every connection is mutual TLS, the benchmark calling as the cluster's
+admin by certificate (an admin may speak for the simulated nodes); the figures include TLS
+and the access check on every call.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from synapse_ha.local.launcher import LocalReplicas
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.security.tls import Transport
 
 LEASE_TTL_S = 4.0  # the default lease_ttl: a longer silence fences a node's members
 
@@ -48,11 +53,16 @@ class Heartbeats(threading.Thread):
     each round trip and, per node, the longest time between two answered heartbeats."""
 
     def __init__(
-        self, find_leader: Callable[[], str], node_ids: list[str], interval_s: float = 1.0
+        self,
+        find_leader: Callable[[], str],
+        node_ids: list[str],
+        transport: Transport,
+        interval_s: float = 1.0,
     ) -> None:
         super().__init__(daemon=True)
         self.find_leader = find_leader
-        self.channel = grpc.insecure_channel(find_leader())
+        self.transport = transport
+        self.channel = transport.channel(find_leader())
         self.stub = pb_grpc.NodeAgentServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.node_ids = node_ids
         self.interval_s = interval_s
@@ -82,7 +92,7 @@ class Heartbeats(threading.Thread):
             if self.failed > failed:  # the leader may have moved: find it, as workers do
                 failed = self.failed
                 self.channel.close()
-                self.channel = grpc.insecure_channel(self.find_leader())
+                self.channel = self.transport.channel(self.find_leader())
                 self.stub = pb_grpc.NodeAgentServiceStub(self.channel)  # type: ignore[no-untyped-call]
             # Spread over the interval, as independent workers are, not one burst.
             gap = self.interval_s / max(1, len(self.node_ids))
@@ -109,9 +119,11 @@ class Reader(threading.Thread):
     does) round-robin on every replica until stopped. A call the replica refuses as
     OVERLOADED (heavy reads are rationed) is counted and retried after a short pause."""
 
-    def __init__(self, addresses: list[str], job_ids: list[str], seed: int) -> None:
+    def __init__(
+        self, addresses: list[str], job_ids: list[str], seed: int, transport: Transport
+    ) -> None:
         super().__init__(daemon=True)
-        self.channels = [grpc.insecure_channel(a) for a in addresses]
+        self.channels = [transport.channel(a) for a in addresses]
         self.stubs = [pb_grpc.SchedulerServiceStub(c) for c in self.channels]  # type: ignore[no-untyped-call]
         self.job_ids = job_ids
         self.rng = random.Random(seed)
@@ -157,11 +169,16 @@ class Reader(threading.Thread):
 
 
 def read_storm(
-    addresses: list[str], job_ids: list[str], threads: int, seconds: float, out: Any
+    addresses: list[str],
+    job_ids: list[str],
+    threads: int,
+    seconds: float,
+    out: Any,
+    transport: Transport,
 ) -> None:
     """The readers, in a process of their own: the heartbeat round trips measured in the
     parent must not include waiting for this process's interpreter lock."""
-    readers = [Reader(addresses, job_ids, seed) for seed in range(threads)]
+    readers = [Reader(addresses, job_ids, seed, transport) for seed in range(threads)]
     started = time.monotonic()  # CLOCK_MONOTONIC: the same clock in every process
     for reader in readers:
         reader.start()
@@ -209,9 +226,9 @@ def run(
     observer: ClusterClient | None = None
     try:
         cluster.start()
-        observer = ClusterClient(cluster.grpc_addresses, timeout_s=60, per_try_timeout_s=30)
+        observer = cluster.client(timeout_s=60, per_try_timeout_s=30)
         leader = cluster.serving_leader()
-        with grpc.insecure_channel(leader.grpc) as channel:
+        with cluster.channel(leader.grpc) as channel:
             agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
             stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
             node_ids = [f"node-{i:05d}" for i in range(nodes)]
@@ -220,7 +237,9 @@ def run(
                 [register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)],
                 64,
             )
-            heartbeats = Heartbeats(lambda: cluster.serving_leader().grpc, node_ids)
+            heartbeats = Heartbeats(
+                lambda: cluster.serving_leader().grpc, node_ids, cluster.transport
+            )
             heartbeats.start()
             # Gangs of 4 x 8 GPUs hold whole nodes; gangs larger than the cluster wait.
             gangs = [
@@ -245,7 +264,7 @@ def run(
         # The storm starts from a settled cluster: the leader as it is now.
         leader = cluster.serving_leader()
         term_before = cluster.local_status(leader).term
-        with grpc.insecure_channel(leader.grpc) as channel:
+        with cluster.channel(leader.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
             quiet_start = time.monotonic()
             time.sleep(min(5.0, seconds / 3))
@@ -253,7 +272,14 @@ def run(
             results = spawn.Queue()
             storm = spawn.Process(
                 target=read_storm,
-                args=(cluster.grpc_addresses, job_ids, threads, seconds, results),
+                args=(
+                    cluster.grpc_addresses,
+                    job_ids,
+                    threads,
+                    seconds,
+                    results,
+                    cluster.transport,
+                ),
                 daemon=True,
             )
             storm.start()

@@ -33,6 +33,8 @@ from synapse_ha.programs.worker import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SEL
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.security.bundle import LOOPBACK_HOSTS, ClusterCredentials
+from synapse_ha.security.tls import Transport
 
 log = logging.getLogger("chaos")
 
@@ -88,6 +90,10 @@ class ScenarioResult:
 # ------------------------------------------------------------------- helpers
 
 
+class InsecureCluster(Exception):
+    """A replica answered a plaintext call: the cluster under test is not the secure one."""
+
+
 def _duration_flag(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
@@ -138,9 +144,18 @@ class ChaosCluster:
         self.grpc = {h.name: f"{h.address}:{GRPC_PORT}" for h in self.replica_hosts}
         env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS}
         env["PYTHONPATH"] = str(REPO)
+        # Secure as a real cluster is: mutual TLS on every connection and the admin token
+        # bootstrapped on the replicas. Replicas and workers are dialled at their
+        # namespace addresses, so every certificate names all of them.
+        self.credentials = ClusterCredentials.ensure(
+            run_dir / "credentials",
+            hosts=[*LOOPBACK_HOSTS, *(h.address for h in self.hosts)],
+        )
+        # The suite's own calls (the observer, the submitter) are the admin's.
+        self.admin_tls = self.credentials.admin_tls()
         # Every process runs inside its host's namespace (``ip netns exec`` execs it, so
         # the pid is the program's own) and leads a process group of its own.
-        self.launcher = Launcher(run_dir, env=env)
+        self.launcher = Launcher(run_dir, env=env, credentials=self.credentials)
         peers = [
             Peer(h.name, f"{h.address}:{RAFT_PORT}", f"{h.address}:{GRPC_PORT}")
             for h in self.replica_hosts
@@ -204,7 +219,10 @@ class ChaosCluster:
         )
         self.sink: Process | None = None
         self.observer = ClusterClient(
-            list(self.grpc.values()), timeout_s=5.0, per_try_timeout_s=1.0
+            list(self.grpc.values()),
+            timeout_s=5.0,
+            per_try_timeout_s=1.0,
+            channel_factory=Transport(self.admin_tls).channel,
         )
         self.leader = ""
         self.leaders_out = ledger.Appender(run_dir / ledger.LEADERS)
@@ -243,6 +261,7 @@ class ChaosCluster:
             self.launcher.start(p)
         self._observer.start()
         self.wait("a serving leader", self._serving_leader, 60.0)
+        self.check_plaintext_refused()
         for w in self.workers.values():
             self.launcher.start(w)
         self.wait("every worker to register", self._all_registered, 60.0)
@@ -260,6 +279,9 @@ class ChaosCluster:
                 interval_s=self.cfg.submit_interval_s,
                 gang_sizes=self.cfg.gang_sizes,
                 gpus_per_member=self.cfg.gpus_per_member,
+                tls_ca=str(self.admin_tls.ca),
+                tls_cert=str(self.admin_tls.cert),
+                tls_key=str(self.admin_tls.key),
             ),
             self.dir / "workload.json",
         )
@@ -352,6 +374,18 @@ class ChaosCluster:
         stub = pb_grpc.SchedulerServiceStub(self.observer.channel(self.grpc[self.leader]))  # type: ignore[no-untyped-call]
         stub.ListNodes(pb.ListNodesRequest(), timeout=1.0)
         return True
+
+    def check_plaintext_refused(self) -> None:
+        """Every replica must turn away a caller without TLS; :class:`InsecureCluster`
+        when one answers."""
+        for name, address in self.grpc.items():
+            with grpc.insecure_channel(address) as channel:
+                stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+                try:
+                    stub.GetClusterStatus(pb.GetClusterStatusRequest(local_only=True), timeout=2.0)
+                except grpc.RpcError:
+                    continue
+            raise InsecureCluster(f"replica {name} at {address} answered a plaintext call")
 
     def _all_registered(self) -> bool:
         nodes = self.observer.list_nodes()
@@ -572,6 +606,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         "final_deadline_ms": int(FINAL_DEADLINE_S * 1000),
         "member_ms": list(cfg.member_ms),
         "submit_interval_s": cfg.submit_interval_s,
+        "security": "mutual TLS on every connection; the suite calls as the admin",
     }
     error = ""
     faults = 0
@@ -590,7 +625,14 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         meta["heal_ns"] = ledger.now_ns()
         meta["heal_wall_ms"] = int(time.time() * 1000)
         quiesce(cluster, meta)
-    except (TimeoutError, net.NetError, ClusterUnavailable, grpc.RpcError, OSError) as exc:
+    except (
+        TimeoutError,
+        net.NetError,
+        ClusterUnavailable,
+        grpc.RpcError,
+        OSError,
+        InsecureCluster,
+    ) as exc:
         error = f"{type(exc).__name__}: {exc}"
         log.error("scenario %s seed %d aborted: %s", cfg.name, cfg.seed, error)
     finally:

@@ -8,6 +8,9 @@ records every submission in ``submissions.jsonl``: ``begin`` before the call, th
 * ``failed`` when a replica refused it with a definitive status (nothing was created);
 * ``unknown`` when no answer came in time: the job may or may not exist.
 
+The submitter calls as the cluster's admin over mutual TLS (the ``tls_*`` files of its
+config); with none given it speaks plaintext to an ``--insecure`` cluster.
+
 Unknown submissions are not retried, so the checker can verify "at most once" for them.
 Jobs are drawn from a seeded random generator: gangs of 2-3 members of 1-2 mock GPUs each
 (configurable), each member running :mod:`chaos.member` for a drawn number of
@@ -28,6 +31,7 @@ import grpc
 from chaos.ledger import Appender, now_ns
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.security.tls import TlsFiles, Transport
 
 # Statuses by which a replica refused a submission outright (nothing was committed).
 DEFINITIVE = {
@@ -55,6 +59,17 @@ class WorkloadConfig:
     gang_sizes: tuple[int, ...] = (2, 3)
     gpus_per_member: tuple[int, ...] = (1, 2)
     submit_timeout_s: float = 5.0
+    # The caller's TLS files (CA bundle, certificate, key); empty: plaintext.
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    def transport(self) -> Transport:
+        if not (self.tls_ca and self.tls_cert and self.tls_key):
+            return Transport.insecure()
+        return Transport(
+            TlsFiles(ca=Path(self.tls_ca), cert=Path(self.tls_cert), key=Path(self.tls_key))
+        )
 
 
 def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int) -> pb.JobSpec:
@@ -97,7 +112,10 @@ def run(cfg: WorkloadConfig) -> int:
     with (
         Appender(Path(cfg.submissions)) as out,
         ClusterClient(
-            cfg.replicas, timeout_s=cfg.submit_timeout_s, per_try_timeout_s=1.0
+            cfg.replicas,
+            timeout_s=cfg.submit_timeout_s,
+            per_try_timeout_s=1.0,
+            channel_factory=cfg.transport().channel,
         ) as client,
     ):
         index = 0
