@@ -22,13 +22,11 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loopback import loopback_cluster, percentile, read_stamps, wait_for
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from bench.loopback import gang_start_latencies, loopback_cluster, percentile
 
 
 def run(gangs: int, members: int, n_workers: int, heartbeat: str) -> dict[str, object]:
@@ -36,31 +34,13 @@ def run(gangs: int, members: int, n_workers: int, heartbeat: str) -> dict[str, o
         (f"w{i + 1}", ["--mock-gpus", "8", "--cpu", "64", "--memory", "256Gi"])
         for i in range(n_workers)
     ]
-    latencies: list[float] = []
     with (
         tempfile.TemporaryDirectory(prefix="synapse-bench-") as tmp,
         loopback_cluster(Path(tmp), heartbeat, nodes) as client,
     ):
         out = Path(tmp) / "stamps"
         out.mkdir()
-        for g in range(gangs):
-            spec = pb.JobSpec(
-                name=f"gang-{g}",
-                replicas=members,
-                resources=pb.Resources(cpu_milli=1000, memory_mib=1024, gpu=1),
-                shell_command=f"date +%s.%N > {out}/$SYNAPSE_JOB_ID-$RANK",
-            )
-            submitted = time.time()
-            job_id = client.submit_job(spec).job_id
-            paths = [out / f"{job_id}-{r}" for r in range(members)]
-            stamps = read_stamps(paths, time.monotonic() + 30)
-            latencies.append((max(stamps) - submitted) * 1000)
-            wait_for(
-                f"{job_id} to finish",
-                lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
-                timeout_s=30,
-                every_s=0.01,
-            )
+        latencies = gang_start_latencies(client, out, gangs, members)
     p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
     return {
         "benchmark": "gang_start",

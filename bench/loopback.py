@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from synapse_ha.local.launcher import RPC_ERRORS, Launcher, LocalReplicas, wait_until
 from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 T = TypeVar("T")
 
@@ -41,6 +42,32 @@ def read_stamps(paths: list[Path], deadline: float) -> list[float]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"members did not start in time: {paths[0].name}...") from None
             time.sleep(0.002)
+
+
+def gang_start_latencies(client: ClusterClient, out: Path, gangs: int, members: int) -> list[float]:
+    """Submit ``gangs`` gangs of ``members`` one-GPU members one after another; for each,
+    the milliseconds from just before SubmitJob until its last member's process wrote its
+    start time (into ``out``). Each gang finishes before the next is submitted."""
+    latencies: list[float] = []
+    for g in range(gangs):
+        spec = pb.JobSpec(
+            name=f"gang-{g}",
+            replicas=members,
+            resources=pb.Resources(cpu_milli=1000, memory_mib=1024, gpu=1),
+            shell_command=f"date +%s.%N > {out}/$SYNAPSE_JOB_ID-$RANK",
+        )
+        submitted = time.time()
+        job_id = client.submit_job(spec).job_id
+        paths = [out / f"{job_id}-{r}" for r in range(members)]
+        stamps = read_stamps(paths, time.monotonic() + 30)
+        latencies.append((max(stamps) - submitted) * 1000)
+        wait_for(
+            f"{job_id} to finish",
+            lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
+            timeout_s=30,
+            every_s=0.01,
+        )
+    return latencies
 
 
 @contextlib.contextmanager

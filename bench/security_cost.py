@@ -50,7 +50,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loopback import percentile, read_stamps, wait_for
+from bench.loopback import gang_start_latencies, percentile, wait_for
 from synapse_ha.local.launcher import Launcher, LocalReplicas
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -80,17 +80,6 @@ class Cluster:
 
     def user_client(self, timeout_s: float = 30.0) -> ClusterClient:
         return self.replicas.client(timeout_s=timeout_s, token=self.token)
-
-
-def create_user_token(admin: ClusterClient, user: str) -> str:
-    """A new token for ``user`` (role user), created by the admin."""
-    request = pb.CreateTokenRequest(user=user, role="user")
-    answer: pb.CreateTokenResponse = admin.call(
-        "CreateToken",
-        lambda a, t: admin.scheduler(a).CreateToken(request, timeout=t),
-        idempotent=False,
-    )
-    return answer.token
 
 
 @contextlib.contextmanager
@@ -138,7 +127,7 @@ def cluster(root: Path, mode: str, workers: int, heartbeat: str) -> Iterator[Clu
                 lambda: len(admin.list_nodes()) == workers,
                 timeout_s=60,
             )
-            token = None if mode == "plaintext" else create_user_token(admin, USER)
+            token = None if mode == "plaintext" else admin.create_token(USER).token
         yield Cluster(replicas, token)
     except Exception:
         print(replicas.logs(), file=sys.stderr)
@@ -216,26 +205,8 @@ def submissions_per_s(c: Cluster, count: int, threads: int) -> dict[str, Any]:
 def gang_start(c: Cluster, root: Path, gangs: int, members: int) -> dict[str, Any]:
     out = root / "stamps"
     out.mkdir()
-    latencies: list[float] = []
     with c.user_client() as client:
-        for g in range(gangs):
-            spec = pb.JobSpec(
-                name=f"gang-{g}",
-                replicas=members,
-                resources=pb.Resources(cpu_milli=1000, memory_mib=1024, gpu=1),
-                shell_command=f"date +%s.%N > {out}/$SYNAPSE_JOB_ID-$RANK",
-            )
-            submitted = time.time()
-            job_id = client.submit_job(spec).job_id
-            paths = [out / f"{job_id}-{r}" for r in range(members)]
-            stamps = read_stamps(paths, time.monotonic() + 30)
-            latencies.append((max(stamps) - submitted) * 1000)
-            wait_for(
-                f"{job_id} to finish",
-                lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
-                timeout_s=30,
-                every_s=0.01,
-            )
+        latencies = gang_start_latencies(client, out, gangs, members)
     return {
         "gangs": gangs,
         "members_per_gang": members,

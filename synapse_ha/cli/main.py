@@ -1002,7 +1002,7 @@ def token_create(
 ) -> None:
     """Create a token and print it. It is shown this once: only its hash is kept.
 
-    
+    \b
     Example:
       synctl token create --user alice --role user --ttl 90d > alice.token
     """
@@ -1010,13 +1010,7 @@ def token_create(
         ttl_ms = parse_duration(ttl, "ttl") if ttl else 0
     except SpecError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
-    client = settings.client()
-    request = pb.CreateTokenRequest(user=user_name, role=role, queues=list(queues), ttl_ms=ttl_ms)
-    answer: pb.CreateTokenResponse = client.call(
-        "CreateToken",
-        lambda a, t: client.scheduler(a).CreateToken(request, timeout=t),
-        idempotent=False,
-    )
+    answer = settings.client().create_token(user_name, role, queues, ttl_ms)
     document = render.created_token_document(answer, user_name, role)
     emit(settings, document, lambda: answer.token)
     if settings.output == "table":

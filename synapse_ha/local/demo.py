@@ -121,17 +121,6 @@ def racks_of(client: ClusterClient) -> dict[str, str]:
     }
 
 
-def create_token(client: ClusterClient, user: str) -> str:
-    """A new bearer token for ``user`` (role user), made by ``client``'s admin."""
-    request = pb.CreateTokenRequest(user=user, role="user")
-    answer: pb.CreateTokenResponse = client.call(
-        "CreateToken",
-        lambda a, t: client.scheduler(a).CreateToken(request, timeout=t),
-        idempotent=False,
-    )
-    return answer.token
-
-
 def refusal(call: Callable[[], object]) -> str:
     """The status code ``call`` is refused with, or "allowed"."""
     try:
@@ -385,7 +374,7 @@ class Demo:
     def access_control(self) -> None:
         n = self.n
         n.step("Who may do what: users bob and alice, with tokens the admin makes")
-        tokens = {user: create_token(self.client, user) for user in ("bob", "alice")}
+        tokens = {user: self.client.create_token(user).token for user in ("bob", "alice")}
         n.say("the admin ran: synctl token create --user bob; ... --user alice")
         with (
             self.cluster.client(timeout_s=20.0, token=tokens["bob"]) as bob,

@@ -293,6 +293,19 @@ class ClusterClient:
         )
         return response
 
+    def create_token(
+        self, user: str, role: str = "user", queues: Sequence[str] = (), ttl_ms: int = 0
+    ) -> pb.CreateTokenResponse:
+        """A new bearer token for ``user`` (admins only); its text is in the answer, once.
+        Not retried on an unknown outcome: a retry would make a second token."""
+        request = pb.CreateTokenRequest(user=user, role=role, queues=list(queues), ttl_ms=ttl_ms)
+        response: pb.CreateTokenResponse = self.call(
+            "CreateToken",
+            lambda a, t: self.scheduler(a).CreateToken(request, timeout=t),
+            idempotent=False,
+        )
+        return response
+
     def set_node_status(self, node_id: str, action: str, reason: str = "") -> str:
         """``action`` is ``cordon``, ``uncordon`` or ``drain``; returns the new status."""
         methods = {"cordon": "CordonNode", "uncordon": "UncordonNode", "drain": "DrainNode"}
