@@ -64,8 +64,9 @@ from synapse_ha.security.tls import (
     TlsError,
     TlsFiles,
     Transport,
+    add_tls_flags,
     peer_identity,
-    tls_settings,
+    tls_from,
 )
 
 log = logging.getLogger("synapse.scheduler")
@@ -175,14 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of one core heavy reads may use, 0-1 (default 0.3); past it they wait "
         "and then get OVERLOADED, so they cannot starve Raft and heartbeats",
     )
-    p.add_argument("--tls-ca", help="the cluster CA certificate (PEM); clients must chain to it")
-    p.add_argument("--tls-cert", help="this replica's certificate (PEM, from synctl ca issue)")
-    p.add_argument("--tls-key", help="this replica's private key (PEM)")
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        default=None,
-        help="serve without TLS and without authentication (every caller is an admin); "
+    add_tls_flags(
+        p,
+        "replica",
+        "serve without TLS and without authentication (every caller is an admin); "
         "logs a warning at every start",
     )
     p.add_argument(
@@ -316,14 +313,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         share = reads.get("heavy_cpu_share", 0.3)
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
         raise ConfigError(f"heavy read CPU share must be in (0, 1], got {share!r}")
-    tls_doc = doc.get("tls", {})
     try:
-        tls = tls_settings(
-            args.tls_ca or tls_doc.get("ca", ""),
-            args.tls_cert or tls_doc.get("cert", ""),
-            args.tls_key or tls_doc.get("key", ""),
-            bool(args.insecure if args.insecure is not None else doc.get("insecure", False)),
-        )
+        tls = tls_from(args, doc)
     except TlsError as exc:
         raise ConfigError(str(exc)) from None
     bootstrap_token = ""

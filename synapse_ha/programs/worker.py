@@ -52,7 +52,14 @@ from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.security.tls import INSECURE_WARNING, TlsError, TlsFiles, Transport, tls_settings
+from synapse_ha.security.tls import (
+    INSECURE_WARNING,
+    TlsError,
+    TlsFiles,
+    Transport,
+    add_tls_flags,
+    tls_from,
+)
 from synapse_ha.worker import discovery
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name, parse_user_map
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
@@ -164,16 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="let members run as root when their owner maps to it (default: refused)",
     )
-    p.add_argument("--tls-ca", help="the cluster CA certificate (PEM)")
-    p.add_argument(
-        "--tls-cert", help="this worker's certificate (PEM; synctl ca issue worker NODE_ID)"
-    )
-    p.add_argument("--tls-key", help="this worker's private key (PEM)")
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        default=None,
-        help="no TLS: talk to the replicas and serve logs in plaintext, to anyone "
+    add_tls_flags(
+        p,
+        "worker",
+        "no TLS: talk to the replicas and serve logs in plaintext, to anyone "
         "(logs a warning at every start)",
     )
     p.add_argument(
@@ -346,14 +347,8 @@ def load_config(
     allow_root = pick(args.allow_root_members, "allow_root_members") or False
     if not isinstance(allow_root, bool):
         raise ConfigError("allow_root_members: must be true or false")
-    tls_doc = doc.get("tls", {})
     try:
-        tls = tls_settings(
-            args.tls_ca or tls_doc.get("ca", ""),
-            args.tls_cert or tls_doc.get("cert", ""),
-            args.tls_key or tls_doc.get("key", ""),
-            bool(pick(args.insecure, "insecure") or False),
-        )
+        tls = tls_from(args, doc)
     except TlsError as exc:
         raise ConfigError(str(exc)) from None
     return WorkerConfig(

@@ -33,10 +33,11 @@ core's default ECDHE-AES-GCM suites.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,32 @@ INSECURE_WARNING = (
     "running with --insecure: no TLS and no authentication; anyone who can reach this "
     "process's ports can do anything a cluster admin can"
 )
+
+
+def add_tls_flags(parser: argparse.ArgumentParser, holder: str, insecure_help: str) -> None:
+    """``--tls-ca``, ``--tls-cert``, ``--tls-key`` and ``--insecure`` for a program whose
+    certificate names ``holder`` (e.g. "replica")."""
+    parser.add_argument("--tls-ca", help="the cluster CA certificate bundle (PEM)")
+    parser.add_argument(
+        "--tls-cert", help=f"this {holder}'s certificate (PEM, from synctl ca issue {holder})"
+    )
+    parser.add_argument("--tls-key", help=f"this {holder}'s private key (PEM)")
+    parser.add_argument("--insecure", action="store_true", default=None, help=insecure_help)
+
+
+def tls_from(args: argparse.Namespace, doc: Mapping[str, Any]) -> TlsFiles | None:
+    """:func:`tls_settings` from the flags of :func:`add_tls_flags` and a configuration
+    file's ``[tls]`` table and ``insecure`` key (flags win)."""
+    table = doc.get("tls", {})
+    if not isinstance(table, Mapping):
+        raise TlsError("[tls] must be a table with ca, cert and key")
+    insecure = args.insecure if args.insecure is not None else doc.get("insecure", False)
+    return tls_settings(
+        args.tls_ca or table.get("ca", ""),
+        args.tls_cert or table.get("cert", ""),
+        args.tls_key or table.get("key", ""),
+        bool(insecure),
+    )
 
 
 def tls_settings(ca: str, cert: str, key: str, insecure: bool) -> TlsFiles | None:
