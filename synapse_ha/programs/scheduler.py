@@ -391,6 +391,7 @@ class Replica:
             channel_factory=self.transport.channel, credentials_version=self.transport.version
         )
         self._bootstrap_proposed_at = 0.0
+        self._bootstrapped = False
         me = config.me
         self.raft = RaftReplica(
             me.raft,
@@ -454,10 +455,13 @@ class Replica:
         """As the serving leader, replicate the bootstrap admin token's hash once: only
         if the cluster has never had that token (a revoked one stays revoked)."""
         parsed = split_token(self.config.bootstrap_token)
-        if parsed is None or not self.loop.ready or not self.raft.is_leader():
+        if parsed is None or self._bootstrapped:
             return
         token_id, secret = parsed
         if token_id in self.raft.snapshot().tokens:
+            self._bootstrapped = True  # replicated (and maybe revoked since): never again
+            return
+        if not self.loop.ready or not self.raft.is_leader():
             return
         now = time.monotonic()
         if now - self._bootstrap_proposed_at < 1.0:
