@@ -22,7 +22,13 @@ def _call_error(fn: object, *args: object, **kwargs: object) -> grpc.RpcError:
 def test_one_leader_is_elected_and_every_replica_is_healthy(cluster: LocalCluster) -> None:
     leader = cluster.serving_leader()
     with cluster.client() as client:
-        status = client.cluster_status()
+        # A follower learns of a new leader from its first append: wait (bounded) for
+        # every replica to know it rather than catching one in between.
+        def all_healthy() -> pb.GetClusterStatusResponse | None:
+            answer = client.cluster_status()
+            return answer if all(r.healthy for r in answer.replicas) else None
+
+        status = wait_for("every replica to know the leader", all_healthy)
     assert status.leader_id == leader.replica_id
     assert status.leader_address == leader.grpc
     roles = {r.replica_id: r.role for r in status.replicas}
