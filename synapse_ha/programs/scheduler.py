@@ -457,11 +457,11 @@ class Replica:
         parsed = split_token(self.config.bootstrap_token)
         if parsed is None or self._bootstrapped:
             return
+        if not self.loop.ready or not self.raft.is_leader():
+            return  # followers never look: no snapshot on every loop tick
         token_id, secret = parsed
         if token_id in self.raft.snapshot().tokens:
             self._bootstrapped = True  # replicated (and maybe revoked since): never again
-            return
-        if not self.loop.ready or not self.raft.is_leader():
             return
         now = time.monotonic()
         if now - self._bootstrap_proposed_at < 1.0:
