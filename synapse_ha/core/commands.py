@@ -11,7 +11,15 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.access import Role
-from synapse_ha.core.model import ClusterConfig, JobSpec, MemberPlacement, NodeInfo, NodeStatus
+from synapse_ha.core.model import (
+    ClusterConfig,
+    JobSpec,
+    MemberPlacement,
+    NodeInfo,
+    NodeStatus,
+    PreemptionKind,
+    Queue,
+)
 from synapse_ha.core.reasons import Reason
 
 
@@ -215,6 +223,51 @@ class RevokeToken:
     actor: str = ""  # recorded as Token.revoked_by
 
 
+@dataclass(frozen=True, slots=True)
+class SetQueue:
+    """Add a queue or replace its settings (admin). Validated like any command: the
+    limits must be non-negative, the classes must exist."""
+
+    queue: Queue
+    now_ms: int = 0
+    actor: str = ""  # who asked (audit)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue:
+    """Remove a queue. Refused for ``default`` and while an unfinished job names it."""
+
+    name: str
+    now_ms: int = 0
+    actor: str = ""  # who asked (audit)
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A gang to preempt, named by its job and the fencing token of its live attempt
+    (a victim whose attempt changed since the plan is stale)."""
+
+    job_id: str
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Begin preempting ``victims`` (whole gangs) so that ``preemptor`` can be placed.
+
+    Verified at apply: the preemptor is pending and planned against its current attempt
+    count, every victim is live with the named token, and the rule of ``kind`` allows it.
+    Victims keep their resources until every member is confirmed stopped; then they are
+    requeued as a disruption, keeping their submission order.
+    """
+
+    preemptor: str
+    preemptor_attempts_made: int
+    victims: tuple[Victim, ...]
+    kind: PreemptionKind
+    now_ms: int = 0
+
+
 Command = (
     Configure
     | Barrier
@@ -230,6 +283,9 @@ Command = (
     | PurgeFinished
     | CreateToken
     | RevokeToken
+    | SetQueue
+    | DeleteQueue
+    | Preempt
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
@@ -247,6 +303,9 @@ COMMAND_TYPES: tuple[type, ...] = (
     PurgeFinished,
     CreateToken,
     RevokeToken,
+    SetQueue,
+    DeleteQueue,
+    Preempt,
 )
 
 

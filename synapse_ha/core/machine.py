@@ -21,6 +21,7 @@ from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ResultCode, error, ok
 from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, NODE, move, transition
 from synapse_ha.core.model import (
+    DEFAULT_QUEUE,
     FEATURE_IMAGES,
     MAX_LOCALITY_WAIT_MS,
     MAX_REQUEUES_LIMIT,
@@ -59,6 +60,7 @@ from synapse_ha.core.validation import (
     ViolationCode,
     check_job_spec,
     check_node_info,
+    check_queue,
     check_token,
     describe,
 )
@@ -798,6 +800,41 @@ def _revoke_token(state: ClusterState, c: cmd.RevokeToken, now: int) -> Result:
     return ok(f"token {c.token_id} revoked")
 
 
+# ----------------------------------------------------------------------------- queues
+
+
+def _set_queue(state: ClusterState, c: cmd.SetQueue, now: int) -> Result:
+    violations = check_queue(c.queue, state.config.priority_classes)
+    if c.queue.name == DEFAULT_QUEUE and c.queue.cohort:
+        violations.append(Violation(ViolationCode.INVALID_FIELD, "cohort", "not for default"))
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
+    existed = c.queue.name in state.queues
+    state.queues[c.queue.name] = c.queue
+    state.queues = dict(sorted(state.queues.items()))
+    return ok(f"queue {c.queue.name} {'updated' if existed else 'created'}")
+
+
+def _delete_queue(state: ClusterState, c: cmd.DeleteQueue, now: int) -> Result:
+    if c.name == DEFAULT_QUEUE:
+        return error(ResultCode.CONFLICT, "the default queue cannot be deleted")
+    if c.name not in state.queues:
+        return error(ResultCode.NOT_FOUND, f"no queue {c.name!r}")
+    using = sorted(
+        job.job_id
+        for job in state.jobs.values()
+        if not job.state.finished and job.spec.queue == c.name
+    )
+    if using:
+        shown = ", ".join(using[:5]) + (" ..." if len(using) > 5 else "")
+        return error(
+            ResultCode.CONFLICT,
+            f"queue {c.name} still has {len(using)} unfinished job(s): {shown}",
+        )
+    del state.queues[c.name]
+    return ok(f"queue {c.name} deleted")
+
+
 _HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
     cmd.Configure: _configure,
     cmd.Barrier: _barrier,
@@ -813,4 +850,6 @@ _HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
     cmd.PurgeFinished: _purge_finished,
     cmd.CreateToken: _create_token,
     cmd.RevokeToken: _revoke_token,
+    cmd.SetQueue: _set_queue,
+    cmd.DeleteQueue: _delete_queue,
 }

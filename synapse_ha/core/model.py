@@ -124,6 +124,75 @@ MAX_REQUEUES_LIMIT = 1_000
 START_TIMEOUT_MS = 60_000  # see ClusterConfig.start_timeout_ms
 MIN_START_TIMEOUT_MS = 1_000
 MAX_START_TIMEOUT_MS = 86_400_000
+FAIR_SHARE_HALF_LIFE_MS = 7 * 86_400_000  # see ClusterConfig.fair_share_half_life_ms
+DEFAULT_GRACE_MS = 30_000  # see PriorityClass.grace_ms
+DEFAULT_QUEUE = "default"
+
+
+class PreemptionMode(enum.StrEnum):
+    """How the scheduler chooses preemption victims (DESIGN §8).
+
+    ``TOPOLOGY``: the cheapest set of whole gangs whose removal gives the preemptor a
+    placement that satisfies its topology. ``BLIND``: whole gangs, lowest priority first
+    and newest first, until enough GPUs are free, wherever they are (the way Kueue and
+    Volcano choose; kept as a baseline for the simulator). ``OFF``: never preempt.
+    """
+
+    TOPOLOGY = "topology"
+    BLIND = "blind"
+    OFF = "off"
+
+
+class PreemptionKind(enum.StrEnum):
+    """Why a gang is preempted: ``RECLAIM`` gives a queue below its nominal quota back
+    what a borrowing queue of its cohort holds; ``PRIORITY`` lets a higher priority class
+    evict a lower one within one queue, when its class allows."""
+
+    RECLAIM = "reclaim"
+    PRIORITY = "priority"
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """A named priority. ``value``: higher runs first. ``preempts``: a pending gang of this
+    class may evict gangs of lower classes of its own queue. ``grace_ms``: how long a
+    victim of this class has between SIGTERM and SIGKILL."""
+
+    name: str
+    value: int
+    preempts: bool = False
+    grace_ms: int = DEFAULT_GRACE_MS
+
+
+DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
+    PriorityClass("low", -100),
+    PriorityClass("normal", 0),
+    PriorityClass("high", 100, preempts=True),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """A queue of the replicated configuration (DESIGN §8).
+
+    ``gpu``: nominal GPU quota; None means no quota at all (the built-in ``default``
+    queue, so a cluster without queues behaves as one queue for everyone).
+    ``cpu_milli`` / ``memory_mib``: optional nominal CPU and memory; None: not limited.
+    ``cohort``: queues of one cohort lend each other idle nominal quota; "" is a cohort
+    of its own. ``borrowing_limit_gpu``: how many GPUs beyond its nominal the queue may
+    borrow (None: any idle cohort quota). ``lending_limit_gpu``: how many of its idle
+    nominal GPUs others may borrow (None: all of them). ``priority_classes``: the classes
+    its jobs may use (empty: every class).
+    """
+
+    name: str
+    gpu: int | None = None
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    cohort: str = ""
+    borrowing_limit_gpu: int | None = None
+    lending_limit_gpu: int | None = None
+    priority_classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +255,9 @@ class ClusterConfig:
     locality_wait_ms: int = LOCALITY_WAIT_MS
     max_requeues: int = MAX_REQUEUES
     start_timeout_ms: int = START_TIMEOUT_MS
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+    fair_share_half_life_ms: int = FAIR_SHARE_HALF_LIFE_MS
+    preemption: PreemptionMode = PreemptionMode.TOPOLOGY
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")
@@ -275,6 +347,8 @@ class JobSpec:
     time_limit_ms: int = 0  # 0 means no limit
     retries: RetryPolicy = field(default_factory=RetryPolicy)
     image: str = ""
+    queue: str = DEFAULT_QUEUE
+    priority_class: str = ""  # "" : no class; ``priority`` is then the number given
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +378,11 @@ class Attempt:
     ended_at_ms: int | None = None
     state: AttemptState = AttemptState.BOUND
     outcome: Reason | None = None  # None while live; how it ended otherwise
+    # Set while the attempt is being preempted: the preemptor's job id, the kind, and
+    # when its grace period ends (its members get SIGTERM at once, SIGKILL then).
+    preempted_by: str = ""
+    preemption: PreemptionKind | None = None
+    preempt_deadline_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -384,6 +463,7 @@ class ClusterState:
     applied_commands: int = 0
     last_time_ms: int = 0  # the newest command time seen; never goes backwards
     tokens: dict[str, Token] = field(default_factory=dict)  # token_id -> token
+    queues: dict[str, Queue] = field(default_factory=lambda: {DEFAULT_QUEUE: Queue(DEFAULT_QUEUE)})
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order."""

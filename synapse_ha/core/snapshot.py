@@ -115,6 +115,12 @@ def _purge(state: ClusterState, command: cmd.PurgeFinished, changes: Changes) ->
     changes.jobs.update(job.job_id for job in state.jobs.values() if job.state.finished)
 
 
+def _preempt(state: ClusterState, command: cmd.Preempt, changes: Changes) -> None:
+    _job_and_its_nodes(state, command.preemptor, changes)
+    for victim in command.victims:
+        _job_and_its_nodes(state, victim.job_id, changes)
+
+
 # What each command type may touch. A type missing here makes the next snapshot a full
 # copy (tests/core/test_snapshot.py checks every command type is listed).
 _TOUCHES: dict[type, Callable[[ClusterState, Any, Changes], None]] = {
@@ -132,6 +138,10 @@ _TOUCHES: dict[type, Callable[[ClusterState, Any, Changes], None]] = {
     cmd.PurgeFinished: _purge,
     cmd.CreateToken: _tokens,
     cmd.RevokeToken: _tokens,
+    # Queues are frozen values in a small dictionary every snapshot copies.
+    cmd.SetQueue: _nothing,
+    cmd.DeleteQueue: _nothing,
+    cmd.Preempt: _preempt,
 }
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core import access
-from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.core.model import JobSpec, NodeInfo, PriorityClass, Queue, Resources
 
 # ------------------------------------------------------------------------- limits
 
@@ -48,6 +48,9 @@ MEMBERS_RUN_AS_PATTERN = re.compile(r"(owner|agent:[^\s:]{1,64})?")
 
 HOST_LEVEL = "host"
 MAX_TOKEN_QUEUES = 64
+MAX_QUEUE_GPUS = 10_000_000
+MAX_PRIORITY_CLASSES = 64
+MAX_GRACE_MS = 24 * 3600 * 1000
 
 
 class ViolationCode(enum.StrEnum):
@@ -280,4 +283,74 @@ def check_token(
         out.append(invalid("secret_sha256", "must be 64 lowercase hexadecimal digits"))
     if expires_at_ms < 0:
         out.append(invalid("expires_at_ms", "must be 0 (never) or a time"))
+    return out
+
+
+# ------------------------------------------------------------------------- queues
+
+
+def _name_problem(name: str) -> str:
+    if not NAME_PATTERN.match(name) or len(name) > MAX_NAME:
+        return "lowercase letters, digits and -, at most 63, starting and ending alphanumeric"
+    return ""
+
+
+def check_queue(queue: Queue, classes: Sequence[PriorityClass]) -> list[Violation]:
+    """Every rule a queue's settings break, in field order. ``classes`` are the cluster's
+    priority classes, which the queue's allowed classes must name."""
+    out: list[Violation] = []
+    problem = _name_problem(queue.name)
+    if problem:
+        out.append(invalid("name", problem))
+    limits = (
+        ("gpu", queue.gpu, MAX_QUEUE_GPUS),
+        ("cpu_milli", queue.cpu_milli, MAX_CPU_MILLI),
+        ("memory_mib", queue.memory_mib, MAX_MEMORY_MIB),
+        ("borrowing_limit_gpu", queue.borrowing_limit_gpu, MAX_QUEUE_GPUS),
+        ("lending_limit_gpu", queue.lending_limit_gpu, MAX_QUEUE_GPUS),
+    )
+    for field, value, most in limits:
+        if value is not None and not 0 <= value <= most:
+            out.append(invalid(field, f"must be between 0 and {most}, or unset"))
+    if queue.cohort:
+        problem = _name_problem(queue.cohort)
+        if problem:
+            out.append(invalid("cohort", problem))
+    if queue.gpu is None and queue.cohort:
+        out.append(invalid("cohort", "a queue without a GPU quota cannot join a cohort"))
+    lending, nominal = queue.lending_limit_gpu, queue.gpu
+    if lending is not None and nominal is not None and lending > nominal:
+        out.append(invalid("lending_limit_gpu", "cannot exceed the nominal GPU quota"))
+    known = {c.name for c in classes}
+    for i, name in enumerate(queue.priority_classes):
+        if name not in known:
+            allowed = ", ".join(sorted(known)) or "none are configured"
+            out.append(invalid(f"priority_classes[{i}]", f"no such class ({allowed})"))
+    if len(set(queue.priority_classes)) != len(queue.priority_classes):
+        out.append(invalid("priority_classes", "a class appears twice"))
+    return out
+
+
+def check_priority_classes(classes: Sequence[PriorityClass]) -> list[Violation]:
+    """Every rule the cluster's priority classes break."""
+    out: list[Violation] = []
+    if len(classes) > MAX_PRIORITY_CLASSES:
+        out.append(invalid("priority_classes", f"at most {MAX_PRIORITY_CLASSES}"))
+    seen: set[str] = set()
+    for i, c in enumerate(classes):
+        problem = _name_problem(c.name)
+        if problem:
+            out.append(invalid(f"priority_classes[{i}].name", problem))
+        if c.name in seen:
+            out.append(invalid(f"priority_classes[{i}].name", "a class appears twice"))
+        seen.add(c.name)
+        if not -MAX_PRIORITY <= c.value <= MAX_PRIORITY:
+            out.append(
+                invalid(
+                    f"priority_classes[{i}].value",
+                    f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}",
+                )
+            )
+        if not 0 <= c.grace_ms <= MAX_GRACE_MS:
+            out.append(invalid(f"priority_classes[{i}].grace_ms", "must be between 0 and 24h"))
     return out

@@ -17,7 +17,13 @@ from synapse_ha.core.codec import (
     encode_result,
     encode_state,
 )
-from synapse_ha.core.model import ClusterConfig, MemberPlacement, NodeStatus
+from synapse_ha.core.model import (
+    ClusterConfig,
+    MemberPlacement,
+    NodeStatus,
+    PreemptionKind,
+    Queue,
+)
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from tests.core.harness import Cluster, job, node
 
@@ -71,6 +77,15 @@ EXAMPLES: list[c.Command] = [
         "0123456789ab", "alice", Role.USER, "f" * 64, ("train",), 99_000, 13, "user:root"
     ),
     c.RevokeToken("0123456789ab", 14, "user:root"),
+    c.SetQueue(
+        Queue(
+            "team-a", gpu=64, cohort="research", borrowing_limit_gpu=16, priority_classes=("high",)
+        ),
+        15,
+        "user:root",
+    ),
+    c.DeleteQueue("team-a", 16, "user:root"),
+    c.Preempt("job-2", 0, (c.Victim("job-1", 3),), PreemptionKind.RECLAIM, 17),
 ]
 
 
