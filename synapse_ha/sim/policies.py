@@ -36,8 +36,7 @@ class Ours:
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         result = schedule(state, now_ms, cache=self.cache)
         self.wake_ms = result.wake_ms
-        commands = getattr(result, "preempt_commands", None)
-        self.preempts = tuple(commands(now_ms)) if commands is not None else ()
+        self.preempts = tuple(result.preempt_commands(now_ms))
         return result.command(now_ms)
 
 
