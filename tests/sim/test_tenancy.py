@@ -3,10 +3,14 @@ multi-tenant generator, and a small run of the three modes side by side."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from synapse_ha.core.commands import BindPlan, Preempt, Victim
 from synapse_ha.core.model import ClusterConfig, ClusterState, PreemptionKind, Queue
+from synapse_ha.sim.cli import main
 from synapse_ha.sim.engine import simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import report, run_modes, table
@@ -120,3 +124,27 @@ def test_three_modes_side_by_side_on_a_small_run() -> None:
     }
     assert all(isinstance(t["met"], bool) for t in out["targets"].values())
     assert table(results).splitlines()[0].startswith("mode")
+
+
+def test_cli_replays_a_trace_under_the_three_modes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(
+        "submit_s,queue,members,gpus_per_member,duration_s,topology_required\n"
+        "0,team-a,2,8,600,rack\n"
+        "30,team-b,1,4,60,\n"
+    )
+    assert main(["--workload", "trace", "--trace-file", str(trace), "--nodes", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["modes"]) == {"off", "blind", "topology"}
+    assert out["modes"]["off"]["jobs_started"] == 2
+
+
+def test_cli_names_the_bad_trace_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("submit_s,queue,members,gpus_per_member,duration_s\n0,team-a,0,8,600\n")
+    with pytest.raises(SystemExit) as info:
+        main(["--workload", "trace", "--trace-file", str(trace)])
+    assert info.value.code == 2
+    assert "jobs.csv line 2: members: must be between 1" in capsys.readouterr().err
