@@ -19,6 +19,7 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ResultCode, error, ok
+from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, NODE, move, transition
 from synapse_ha.core.model import (
     DEFAULT_QUEUE,
@@ -743,6 +744,18 @@ def _end_attempt(
             del ports[i]
     attempt.ended_at_ms = now
     attempt.outcome = outcome
+    # Fair share: the queue's decayed usage grows by what this attempt held, for as long.
+    queue = job.spec.queue
+    new = queue not in state.queue_history
+    state.queue_history[queue] = add_usage(
+        state.queue_history.get(queue),
+        gang_request(job.spec),
+        now - attempt.bound_at_ms,
+        now,
+        state.config.fair_share_half_life_ms,
+    )
+    if new:
+        state.queue_history = dict(sorted(state.queue_history.items()))
 
 
 def _finish(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
