@@ -120,6 +120,9 @@ def targets(
             "reduction": round(reduction, 4) if reduction is not None else None,
             "jain_blind": jain_blind,
             "jain_topology": jain_ours,
+            # Context: each mode places a different number of preemptors.
+            "blind_gpu_hours_per_preemptor_placed": _per(lost_blind, blind),
+            "topology_gpu_hours_per_preemptor_placed": _per(lost_ours, ours),
             "met": reduction is not None and reduction >= LOSS_REDUCTION_TARGET and fair_enough,
         },
         "quota_back_within_pass_plus_grace": {
@@ -138,6 +141,11 @@ def targets(
             "met": jain_ours is not None and jain_ours >= JAIN_TARGET,
         },
     }
+
+
+def _per(lost: float, figures: dict[str, Any]) -> float | None:
+    placed = figures["preemptor_wait_s"]["n"]
+    return round(lost / placed, 3) if placed else None
 
 
 def table(results: list[Result]) -> str:
