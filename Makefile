@@ -71,6 +71,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/security_cost.py
 	$(BIN)/synapse-sim --workload synthetic --jobs 20000 --nodes 2000 \
 	  --out bench/results/sim > bench/results/simulator.json
+	$(BIN)/python bench/tenancy.py > /dev/null
+	cat bench/results/tenancy.json
 	$(BIN)/python bench/vs_ray.py > bench/results/vs_ray.json
 	cat bench/results/vs_ray.json
 

@@ -4,6 +4,12 @@ Examples::
 
     synapse-sim --workload synthetic --jobs 2000 --nodes 512 --out bench/results/sim
     synapse-sim --workload openb --trace ../shared/data/alibaba-openb-v2023 --limit 3000
+    synapse-sim --workload multi-tenant --hours 6          # preemption off/blind/topology
+    synapse-sim --workload trace --trace-file jobs.csv --nodes 64
+    synapse-sim --workload openb --write-trace openb.csv   # convert, then stop
+
+A workload with queues (multi-tenant, or a trace) runs the real scheduler under each
+preemption mode instead of comparing policies; docs/simulator.md has the trace format.
 """
 
 from __future__ import annotations
@@ -17,12 +23,24 @@ from typing import Any
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, ClusterConfig
 from synapse_ha.sim.engine import Result, simulate
 from synapse_ha.sim.policies import POLICIES
-from synapse_ha.sim.workload import Workload, load_openb, synthetic
+from synapse_ha.sim.tenancy import report as tenancy_report
+from synapse_ha.sim.tenancy import run_modes
+from synapse_ha.sim.tenancy import table as tenancy_table
+from synapse_ha.sim.tenants import from_trace, multi_tenant
+from synapse_ha.sim.trace import load_trace, openb_to_trace, write_trace
+from synapse_ha.sim.workload import Workload, load_openb, synthetic, synthetic_cluster
 
 
 def _workload(args: argparse.Namespace) -> Workload:
     if args.workload == "openb":
         return load_openb(Path(args.trace), limit=args.limit)
+    if args.workload == "multi-tenant":
+        return multi_tenant(seed=args.seed, hours=args.hours, hosts=args.nodes)
+    if args.workload == "trace":
+        if not args.trace_file:
+            raise ValueError("--trace-file is required with --workload trace")
+        jobs = load_trace(Path(args.trace_file))
+        return from_trace(jobs, synthetic_cluster(args.nodes), name=Path(args.trace_file).name)
     return synthetic(seed=args.seed, jobs=args.jobs, nodes=args.nodes, load=args.load)
 
 
@@ -97,7 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workload", choices=["synthetic", "openb"], default="synthetic")
+    parser.add_argument(
+        "--workload", choices=["synthetic", "openb", "multi-tenant", "trace"], default="synthetic"
+    )
+    parser.add_argument("--trace-file", default=None, help="trace: a CSV in the trace format")
+    parser.add_argument("--hours", type=float, default=6.0, help="multi-tenant: hours of arrivals")
+    parser.add_argument(
+        "--write-trace",
+        default=None,
+        help="openb: write the pods in the trace format to this file and stop",
+    )
     parser.add_argument(
         "--trace",
         default="../shared/data/alibaba-openb-v2023",
@@ -125,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.locality_wait * 1000 <= MAX_LOCALITY_WAIT_MS:
         parser.error(f"--locality-wait: seconds between 0 and {MAX_LOCALITY_WAIT_MS // 1000}")
     config = ClusterConfig(retention_ms=0, locality_wait_ms=round(args.locality_wait * 1000))
+    if args.write_trace:
+        if args.workload != "openb":
+            parser.error("--write-trace converts the openb trace: use it with --workload openb")
+        with Path(args.write_trace).open("w") as f:
+            count = write_trace(openb_to_trace(Path(args.trace), limit=args.limit), f)
+        print(f"wrote {count} jobs to {args.write_trace}", file=sys.stderr)
+        return 0
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
@@ -133,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         workload = _workload(args)
     except (OSError, ValueError, KeyError) as exc:
         parser.error(f"cannot load the {args.workload} workload: {exc}")
+    if workload.queues:
+        results = run_modes(workload, config=config)
+        print(tenancy_table(results), file=sys.stderr)
+        print(json.dumps(tenancy_report(workload, results), indent=2))
+        return 0
     results = [simulate(workload, POLICIES[name](), config=config) for name in names]
     report = {
         "workload": workload.notes,

@@ -37,11 +37,14 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState
 from synapse_ha.core.reasons import render
+from synapse_ha.sim.fairness import Loss, TenancyMeter, gpu_hours_lost, summary
 from synapse_ha.sim.policies import Policy
 from synapse_ha.sim.workload import Workload
 
-ARRIVE, FINISH, EXPIRE, WAKE = 0, 1, 2, 3
+ARRIVE, FINISH, EXPIRE, WAKE, STOP = 0, 1, 2, 3, 4
 BIG_GANG_GPUS = 64
+GRACE_MS = 30_000  # how long a preempted gang takes to stop (its whole grace period)
+SIGTERM_EXIT = 143  # the exit code a member stopped by SIGTERM reports
 
 
 @dataclass(slots=True)
@@ -57,6 +60,11 @@ class _Record:
     hosts: int = 0
     fits_one_rack: bool = False  # the gang is no larger than the largest rack
     rack_had_room: bool = False  # some rack had room for the whole gang when it was bound
+    queue: str = ""
+    topology: bool = False  # the spec names a required or preferred topology level
+    starts: int = 0  # attempts bound (more than one when preempted and placed again)
+    preempting_since_ms: int | None = None  # when it first made victims, as a preemptor
+    preemptor_wait_ms: int | None = None  # first victims chosen until it was bound
 
 
 @dataclass(slots=True)
@@ -80,11 +88,23 @@ def simulate(
     policy: Policy,
     purge_every: int = 500,
     config: ClusterConfig | None = None,
+    grace_ms: int = GRACE_MS,
+    pass_interval_ms: int = 0,
 ) -> Result:
     """Replay ``workload`` under ``policy``; every job runs to completion or its limit.
 
     ``config`` is the simulated cluster's configuration (default: the defaults, with
     finished jobs purged at once); a configuration ``apply`` refuses raises ValueError.
+    The workload's queues are set through ``apply`` first (one refused raises ValueError).
+
+    Preemption: the policy's ``Preempt`` commands are applied after its bind; every
+    member of a victim exits (code 143, as after SIGTERM) ``grace_ms`` later, which
+    confirms it stopped, unless its own end comes first. A requeued victim runs its whole
+    duration again when placed again (no checkpoints).
+
+    ``pass_interval_ms``: 0 plans at every instant something happened (and at the
+    policy's wake time); otherwise passes run only at multiples of it, as a leader
+    planning on a period does.
     """
     if not policy.topology_aware:
         workload = workload.without_topology()
@@ -92,6 +112,10 @@ def simulate(
     configured = apply(state, c.Configure(config or ClusterConfig(retention_ms=0)))
     if not configured.ok:
         raise ValueError(f"cluster configuration: {configured.message}")
+    for queue in workload.queues:
+        set_queue = apply(state, c.SetQueue(queue, 0, "sim"))
+        if not set_queue.ok:
+            raise ValueError(f"queue {queue.name}: {set_queue.message}")
     for info in workload.nodes:
         result = apply(state, c.RegisterNode(info, 0))
         if not result.ok:
@@ -127,7 +151,28 @@ def simulate(
     pending: dict[str, int] = {}  # pending job id -> GPUs per member
     free = _FreeGpus(state)
     wakes: set[int] = set()  # times of WAKE events in the queue
+    usage: Counter[str] = Counter()  # queue -> GPUs its live attempts hold
+    nominal = {q.name: q.gpu for q in workload.queues if q.gpu}
+    meter = TenancyMeter(workload.queues) if workload.queues else None
+    losses: list[Loss] = []
+    preempt_commands = 0
+    preempt_rejected = 0
+    victims_by_kind: Counter[str] = Counter()
     wall_start = time.perf_counter()
+
+    def released(job_id: str) -> None:
+        """The job's attempt stopped holding resources: free them; a requeued job waits
+        again, any other has ended."""
+        rec = records[job_id]
+        nonlocal allocated
+        allocated -= rec.gpus
+        usage[rec.queue] -= rec.gpus
+        job = state.jobs[job_id]
+        free.update(state, job)
+        if job.state is JobState.PENDING:
+            pending[job_id] = job.spec.resources.gpu
+        else:
+            rec.end_ms = now
 
     while events:
         now = events[0][0]
@@ -143,32 +188,48 @@ def simulate(
                 wakes.discard(now)
             elif kind == ARRIVE:
                 job = workload.jobs[int(key)]
-                res = apply(state, c.SubmitJob(job.spec, f"sim-{key}", now))
+                res = apply(state, c.SubmitJob(job.spec, f"sim-{key}", now, owner=job.user))
+                if not res.ok:
+                    raise ValueError(f"job {job.spec.name}: {res.message}")
                 records[res.job_id] = _Record(
                     arrival_ms=now,
                     gpus=job.spec.resources.gpu * job.spec.replicas,
                     members=job.spec.replicas,
                     duration_ms=job.duration_ms,
                     fits_one_rack=job.spec.resources.gpu * job.spec.replicas <= largest_rack,
+                    queue=job.spec.queue,
+                    topology=bool(job.spec.topology_required or job.spec.topology_preferred),
                 )
                 index_of[res.job_id] = int(key)
                 pending[res.job_id] = job.spec.resources.gpu
             else:
                 job_id, token = key.rsplit("@", 1)
                 record = state.jobs.get(job_id)
-                if record is None or record.fencing_token != int(token):
+                if (
+                    record is None
+                    or record.fencing_token != int(token)
+                    or not record.state.holds_resources
+                ):
                     continue
-                before = record.state
                 if kind == EXPIRE:
                     apply(state, c.ExpireTimeLimit(job_id, int(token), now))
+                elif kind == STOP:
+                    _report_all(
+                        state, job_id, int(token), c.MemberEventKind.EXITED, now, SIGTERM_EXIT
+                    )
                 else:
                     _report_all(state, job_id, int(token), c.MemberEventKind.EXITED, now)
-                if before.holds_resources and not state.jobs[job_id].state.holds_resources:
-                    allocated -= records[job_id].gpus
-                    records[job_id].end_ms = now
-                    free.update(state, record)
+                if not state.jobs[job_id].state.holds_resources:
+                    released(job_id)
             applied += 1
-        if pending:
+        off_period = pass_interval_ms > 0 and now % pass_interval_ms != 0
+        if pending and off_period:
+            tick = now - now % pass_interval_ms + pass_interval_ms
+            if tick not in wakes:
+                wakes.add(tick)
+                seq += 1
+                heapq.heappush(events, (tick, seq, WAKE, ""))
+        elif pending:
             t0 = time.process_time()
             command = policy.plan(state, now)
             cpu_in_policy += time.process_time() - t0
@@ -195,8 +256,13 @@ def simulate(
                     del pending[job_id]
                     free.update(state, state.jobs[job_id])
                     rec = records[job_id]
-                    rec.start_ms = now
+                    if rec.start_ms is None:
+                        rec.start_ms = now
+                    rec.starts += 1
+                    if rec.preempting_since_ms is not None and rec.preemptor_wait_ms is None:
+                        rec.preemptor_wait_ms = now - rec.preempting_since_ms
                     allocated += rec.gpus
+                    usage[rec.queue] += rec.gpus
                     attempt = state.jobs[job_id].attempt
                     assert attempt is not None
                     nodes = {m.node_id for m in attempt.members}
@@ -214,6 +280,28 @@ def simulate(
                         heapq.heappush(events, (now + spec.time_limit_ms, seq, EXPIRE, tag))
                     else:
                         heapq.heappush(events, (now + run, seq, FINISH, tag))
+            # Preemptions go after the bind, as the leader proposes them.
+            for preempt in policy.preempts:
+                preempt_commands += 1
+                victims = [
+                    (v, state.jobs[v.job_id].attempt)
+                    for v in preempt.victims
+                    if v.job_id in state.jobs
+                ]
+                if not apply(state, preempt).ok:
+                    preempt_rejected += 1
+                    continue
+                rec = records[preempt.preemptor]
+                if rec.preempting_since_ms is None:
+                    rec.preempting_since_ms = now
+                for victim, attempt in victims:
+                    assert attempt is not None
+                    ran_from = attempt.started_at_ms or attempt.bound_at_ms
+                    losses.append(Loss(records[victim.job_id].gpus, now - ran_from))
+                    victims_by_kind[str(preempt.kind)] += 1
+                    seq += 1
+                    tag = f"{victim.job_id}@{victim.fencing_token}"
+                    heapq.heappush(events, (now + grace_ms, seq, STOP, tag))
             wake = policy.wake_ms
             if wake is not None and wake > now and wake not in wakes:
                 wakes.add(wake)
@@ -223,6 +311,16 @@ def simulate(
             apply(state, c.PurgeFinished(now))
         series_alloc.append((now / 3_600_000, allocated / total_gpus))
         series_queue.append((now / 3_600_000, float(pending_count)))
+        if meter is not None:
+            smallest: dict[str, int] = {}
+            for job_id in pending:
+                rec = records[job_id]
+                if rec.gpus < smallest.get(rec.queue, rec.gpus + 1):
+                    smallest[rec.queue] = rec.gpus
+            starved = [
+                q for q, g in smallest.items() if q in nominal and usage[q] + g <= nominal[q]
+            ]
+            meter.observe(now, usage, smallest, starved)
 
     wall = time.perf_counter() - wall_start
     span = max(last_t - min((r.arrival_ms for r in records.values()), default=0), 1)
@@ -269,13 +367,54 @@ def simulate(
             if j.state is JobState.PENDING
         )[:5],
     }
-    return Result(
-        policy.name,
-        workload.name,
-        metrics,
-        {"allocation": series_alloc, "queue": series_queue},
-        delays,
+    series = {"allocation": series_alloc, "queue": series_queue}
+    if meter is not None:
+        metrics["tenancy"] = _tenancy_metrics(
+            meter, last_t, records, losses, preempt_commands, preempt_rejected, victims_by_kind
+        )
+        series.update({f"share:{q}": points for q, points in meter.series.items()})
+    return Result(policy.name, workload.name, metrics, series, delays)
+
+
+def _tenancy_metrics(
+    meter: TenancyMeter,
+    end_ms: int,
+    records: dict[str, _Record],
+    losses: list[Loss],
+    commands: int,
+    rejected: int,
+    victims_by_kind: Counter[str],
+) -> dict[str, Any]:
+    """Multi-tenancy figures (see :mod:`synapse_ha.sim.fairness`)."""
+    out = meter.finish(end_ms)
+    delays: dict[str, list[float]] = {}
+    for r in records.values():
+        if r.start_ms is not None:
+            delays.setdefault(r.queue, []).append((r.start_ms - r.arrival_ms) / 1000)
+    preemptors = [r for r in records.values() if r.preempting_since_ms is not None]
+    placed = [r for r in preemptors if r.preemptor_wait_ms is not None]
+    with_topology = [r for r in placed if r.topology and r.members > 1 and r.fits_one_rack]
+    out.update(
+        {
+            "preemptions": sum(victims_by_kind.values()),
+            "preemptions_by_kind": dict(sorted(victims_by_kind.items())),
+            "preempt_commands": commands,
+            "preempt_commands_rejected": rejected,
+            "requeued_jobs": sum(1 for r in records.values() if r.starts > 1),
+            "gpu_hours_lost": round(gpu_hours_lost(losses), 3),
+            "preemptors": len(preemptors),
+            "preemptors_placed": len(placed),
+            "preemptor_wait_s": summary(
+                [r.preemptor_wait_ms / 1000 for r in placed if r.preemptor_wait_ms is not None]
+            ),
+            "preemptors_with_topology": len(with_topology),
+            "preemptors_with_topology_in_one_rack": _share(
+                sum(1 for r in with_topology if r.racks == 1), len(with_topology)
+            ),
+            "queue_delay_by_queue_s": {q: summary(d) for q, d in sorted(delays.items())},
+        }
     )
+    return out
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -348,13 +487,21 @@ def _some_rack_has_room(state: ClusterState, job_id: str, rack_nodes: dict[str, 
 
 
 def _report_all(
-    state: ClusterState, job_id: str, token: int, kind: c.MemberEventKind, now: int
+    state: ClusterState,
+    job_id: str,
+    token: int,
+    kind: c.MemberEventKind,
+    now: int,
+    exit_code: int = 0,
 ) -> None:
-    """Report every member of the attempt started (or exited 0), node by node."""
+    """Report every member of the attempt started (or exited with ``exit_code``), node
+    by node."""
     attempt = state.jobs[job_id].attempt
     assert attempt is not None
     by_node: dict[str, list[c.MemberEvent]] = {}
     for m in attempt.members:
-        by_node.setdefault(m.node_id, []).append(c.MemberEvent(job_id, token, m.rank, kind, 0))
+        by_node.setdefault(m.node_id, []).append(
+            c.MemberEvent(job_id, token, m.rank, kind, exit_code)
+        )
     for node_id, events in sorted(by_node.items()):
         apply(state, c.ReportMembers(node_id, tuple(events), now_ms=now))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from synapse_ha.core.commands import BindPlan, GangPlacement
+from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt
 from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Node, Resources
 from synapse_ha.core.scheduler import CapacityCache, schedule
 
@@ -16,6 +16,8 @@ class Policy(Protocol):
     # After ``plan``: the later time at which the policy wants to plan again even if
     # nothing arrives or ends (None: only on events).
     wake_ms: int | None
+    # After ``plan``: the preemptions it decided, applied after its bind.
+    preempts: tuple[Preempt, ...]
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None: ...
 
@@ -28,11 +30,13 @@ class Ours:
 
     def __init__(self) -> None:
         self.wake_ms: int | None = None
+        self.preempts: tuple[Preempt, ...] = ()
         self.cache = CapacityCache()
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         result = schedule(state, now_ms, cache=self.cache)
         self.wake_ms = result.wake_ms
+        self.preempts = tuple(result.preempt_commands(now_ms))
         return result.command(now_ms)
 
 
@@ -66,6 +70,7 @@ class NaiveHeadOfLine:
     name = "naive"
     topology_aware = False
     wake_ms: int | None = None
+    preempts: tuple[Preempt, ...] = ()
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         queue = _fifo_queue(state, now_ms)
@@ -88,6 +93,7 @@ class FifoFirstFit:
     name = "fifo-first-fit"
     topology_aware = False
     wake_ms: int | None = None
+    preempts: tuple[Preempt, ...] = ()
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         nodes = sorted(

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.core.model import JobSpec, NodeInfo, Queue, Resources
 
 GPU_NODE_CPU = 96_000
 GPU_NODE_MEMORY = 1024 * 1024
@@ -19,6 +19,7 @@ class SimJob:
     arrival_ms: int
     spec: JobSpec
     duration_ms: int  # how long the job runs once started (a time limit may cut it)
+    user: str = ""  # who submits it (the job's owner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,9 @@ class Workload:
     nodes: tuple[NodeInfo, ...]
     jobs: tuple[SimJob, ...]
     notes: str
+    # Queues set through the real apply before the first job arrives (none: the
+    # built-in ``default`` queue only).
+    queues: tuple[Queue, ...] = ()
 
     @property
     def total_gpus(self) -> int:

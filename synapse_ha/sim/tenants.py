@@ -1,0 +1,187 @@
+"""Multi-tenant workloads: several queues of one cohort with their own quotas and arrival
+patterns, and workloads made from a trace (:mod:`synapse_ha.sim.trace`)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from synapse_ha.core.model import JobSpec, NodeInfo, Queue, Resources
+from synapse_ha.sim.trace import TraceJob
+from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
+
+COHORT = "research"
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """One queue's share of the generated workload.
+
+    ``pattern``: ``steady`` (Poisson arrivals over the whole horizon), ``bursty`` (bursts
+    of ``burst`` jobs within a minute, the bursts Poisson) or ``late`` (idle until
+    ``start_h``, then steady: the queue that comes back to reclaim its quota).
+    ``load``: the GPU demand it offers while arriving, as a multiple of its nominal quota.
+    ``rack_gangs``: the share of its jobs that are whole-rack gangs (one member per host
+    of a rack, ``topology.required: rack``). ``high`` / ``low``: the shares of its jobs in
+    the ``high`` (may preempt within the queue) and ``low`` priority classes.
+    """
+
+    name: str
+    gpu: int
+    pattern: str = "steady"
+    load: float = 1.2
+    start_h: float = 0.0
+    burst: int = 12
+    rack_gangs: float = 0.0
+    high: float = 0.0
+    low: float = 0.0
+
+
+DEFAULT_TENANTS: tuple[Tenant, ...] = (
+    Tenant("team-a", 64, "steady", load=1.3, high=0.1),
+    Tenant("team-b", 64, "bursty", load=1.3, burst=10),
+    Tenant("team-c", 64, "steady", load=1.3, rack_gangs=0.05),
+    Tenant("team-d", 64, "late", load=1.3, start_h=2.0, rack_gangs=0.25),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Draw:
+    gpus: int
+    per_member: int
+    required: str
+    preferred: str
+    duration_ms: int
+
+
+def _draw(rng: random.Random, tenant: Tenant, rack_gpus: int, median_ms: float) -> _Draw:
+    duration = min(int(rng.lognormvariate(math.log(median_ms), 1.0)), 4 * 3_600_000)
+    if rng.random() < tenant.rack_gangs:
+        return _Draw(rack_gpus, 8, "rack", "", duration)
+    if rng.random() < 0.6:
+        g = rng.choice([1, 2, 4, 8])
+        return _Draw(g, g, "", "", duration)
+    preferred = "rack" if rng.random() < 1 / 3 else ""
+    return _Draw(rng.choice([16, 32]), 8, "", preferred, duration)
+
+
+def _member_spec(name: str, queue: str, gpus: int, per_member: int) -> JobSpec:
+    per_member = min(per_member, gpus)
+    return JobSpec(
+        name=name,
+        replicas=max(gpus // per_member, 1),
+        resources=Resources(per_member * 8_000, per_member * 64 * 1024, per_member),
+        command=("python train.py",),
+        queue=queue,
+    )
+
+
+def multi_tenant(
+    seed: int = 1,
+    hours: float = 6.0,
+    tenants: Sequence[Tenant] = DEFAULT_TENANTS,
+    hosts: int = 32,
+    hosts_per_rack: int = 8,
+    median_minutes: float = 20.0,
+) -> Workload:
+    """A seeded multi-tenant workload on ``hosts`` 8-GPU hosts, ``hosts_per_rack`` to a
+    rack (2 racks to a block), with one queue per tenant, all in cohort ``research``.
+
+    Job mix per tenant: whole-rack gangs (``rack_gangs``); of the rest 60 % one host of
+    1-8 GPUs, 40 % gangs of 16 or 32 GPUs (8 per member), a third of those preferring
+    one rack. Durations are log-normal (median ``median_minutes``, capped at 4 h); a third
+    carry a time limit of 1.5x their duration rounded up to minutes. Arrivals stop after
+    ``hours``; the simulation then runs until every job has ended.
+    """
+    rng = random.Random(seed)
+    nodes = synthetic_cluster(hosts, hosts_per_rack=hosts_per_rack, racks_per_block=2)
+    rack_gpus = 8 * hosts_per_rack
+    horizon_ms = int(hours * 3_600_000)
+    median_ms = median_minutes * 60_000
+    jobs: list[SimJob] = []
+    for tenant in tenants:
+        # Mean GPU-milliseconds per job, to turn the offered load into an arrival rate.
+        sample = [_draw(rng, tenant, rack_gpus, median_ms) for _ in range(200)]
+        mean_work = sum(d.gpus * d.duration_ms for d in sample) / len(sample)
+        start_ms = int(tenant.start_h * 3_600_000)
+        rate = tenant.load * tenant.gpu / mean_work  # jobs per ms while arriving
+        arrivals: list[int] = []
+        now = float(start_ms)
+        if tenant.pattern == "bursty":
+            burst_rate = rate / tenant.burst
+            while True:
+                now += rng.expovariate(burst_rate)
+                if now >= horizon_ms:
+                    break
+                arrivals.extend(int(now + rng.uniform(0, 60_000)) for _ in range(tenant.burst))
+        else:
+            while True:
+                now += rng.expovariate(rate)
+                if now >= horizon_ms:
+                    break
+                arrivals.append(int(now))
+        for i, at in enumerate(sorted(arrivals)):
+            d = _draw(rng, tenant, rack_gpus, median_ms)
+            spec = _member_spec(f"{tenant.name}-{i}", tenant.name, d.gpus, d.per_member)
+            roll = rng.random()
+            klass = (
+                "high" if roll < tenant.high else "low" if roll < tenant.high + tenant.low else ""
+            )
+            duration = max(d.duration_ms, 60_000)
+            limit = 0
+            if rng.random() < 1 / 3:
+                limit = math.ceil(duration * 1.5 / 60_000) * 60_000
+            spec = JobSpec(
+                name=spec.name,
+                replicas=spec.replicas,
+                resources=spec.resources,
+                command=spec.command,
+                topology_required=d.required,
+                topology_preferred=d.preferred,
+                time_limit_ms=limit,
+                queue=tenant.name,
+                priority_class=klass,
+            )
+            jobs.append(SimJob(at, spec, duration, user=f"{tenant.name}-user"))
+    jobs.sort(key=lambda j: (j.arrival_ms, j.spec.name))
+    queues = tuple(Queue(t.name, gpu=t.gpu, cohort=COHORT) for t in tenants)
+    described = ", ".join(
+        f"{t.name} {t.gpu} GPUs {t.pattern}"
+        + (f" from {t.start_h:g} h" if t.pattern == "late" else "")
+        + (f", {t.rack_gangs:.0%} whole-rack gangs" if t.rack_gangs else "")
+        for t in tenants
+    )
+    notes = (
+        f"multi-tenant seed {seed}: {len(jobs)} jobs over {hours:g} h on {hosts} x 8 GPUs "
+        f"(racks of {hosts_per_rack} hosts); cohort {COHORT}: {described}"
+    )
+    return Workload("multi-tenant", nodes, tuple(jobs), notes, queues=queues)
+
+
+def from_trace(
+    jobs: Sequence[TraceJob],
+    nodes: tuple[NodeInfo, ...],
+    queues: Sequence[Queue] | None = None,
+    name: str = "trace",
+) -> Workload:
+    """A workload replaying trace ``jobs`` on ``nodes``.
+
+    Without ``queues``, every queue the trace names gets an equal share of the cluster's
+    GPUs (rounded down) as its nominal quota, all in cohort ``trace``; ``default`` keeps
+    no quota. A queue the trace names that ``queues`` lacks raises ValueError.
+    """
+    named = sorted({j.spec.queue for j in jobs})
+    if queues is None:
+        quota_queues = [q for q in named if q != "default"]
+        total = sum(n.capacity.gpu for n in nodes)
+        share = total // max(len(quota_queues), 1)
+        queues = [Queue(q, gpu=share, cohort="trace") for q in quota_queues]
+    known = {q.name for q in queues} | {"default"}
+    unknown = [q for q in named if q not in known]
+    if unknown:
+        raise ValueError(f"the trace names queues with no settings: {', '.join(unknown)}")
+    sim_jobs = tuple(SimJob(j.submit_ms, j.spec, j.duration_ms, user=j.user) for j in jobs)
+    notes = f"{name}: {len(sim_jobs)} jobs on {len(nodes)} nodes, queues {', '.join(named)}"
+    return Workload(name, nodes, sim_jobs, notes, queues=tuple(queues))

@@ -1,0 +1,292 @@
+"""The generic job trace: one CSV line per job, so public traces can be replayed.
+
+The format (docs/simulator.md has the full table) is a CSV file with a header line.
+Lines that are empty or start with ``#`` are comments. Columns, in any order:
+
+=====================  ========  ==========================================================
+column                 required  meaning
+=====================  ========  ==========================================================
+``submit_s``           yes       submission time, seconds (decimals allowed) from the start
+``queue``              yes       the queue the job is submitted to (a queue name)
+``members``            yes       gang size: members that must start together (>= 1)
+``gpus_per_member``    yes       whole GPUs per member (0 to 64)
+``duration_s``         yes       how long the job runs once started, seconds (> 0)
+``user``               no        who submitted it (free text of a-z, 0-9, ``.``, ``_``, ``-``)
+``name``               no        a job name (default ``job-<line>``)
+``time_limit_s``       no        the job's time limit, seconds; empty or 0: none
+``topology_required``  no        a topology level all members must share (e.g. ``rack``)
+``topology_preferred`` no        a level the members should share when they can
+``priority_class``     no        a priority class name of the cluster (e.g. ``high``)
+``priority``           no        an integer priority, used when no class is given
+``cpu_milli``          no        CPU per member in millicores (default 8000 per GPU, or 1000)
+``memory_mib``         no        memory per member in MiB (default 64 GiB per GPU, or 1 GiB)
+=====================  ========  ==========================================================
+
+Every line is checked: a bad line raises :class:`TraceError` naming the line number, the
+field and the rule it breaks, and the whole trace is refused (nothing is half-loaded).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec, Resources
+from synapse_ha.core.validation import (
+    MAX_GPUS_PER_NODE,
+    MAX_REPLICAS,
+    NAME_PATTERN,
+    check_job_spec,
+)
+
+REQUIRED = ("submit_s", "queue", "members", "gpus_per_member", "duration_s")
+OPTIONAL = (
+    "user",
+    "name",
+    "time_limit_s",
+    "topology_required",
+    "topology_preferred",
+    "priority_class",
+    "priority",
+    "cpu_milli",
+    "memory_mib",
+)
+COLUMNS = REQUIRED + OPTIONAL
+USER_PATTERN = re.compile(r"^[a-z0-9._-]{1,63}$")
+MAX_DURATION_S = 366 * 86_400
+
+
+class TraceError(ValueError):
+    """A trace line that breaks a rule: ``line`` (1-based, the header is line 1),
+    ``field`` (a column name, or ``header``) and ``rule`` (what is allowed)."""
+
+    def __init__(self, source: str, line: int, field: str, rule: str) -> None:
+        super().__init__(f"{source} line {line}: {field}: {rule}")
+        self.source = source
+        self.line = line
+        self.field = field
+        self.rule = rule
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One line of a trace, checked: the job to submit and how long it runs."""
+
+    line: int
+    submit_ms: int
+    user: str
+    spec: JobSpec
+    duration_ms: int
+
+
+def load_trace(
+    path: Path, topology_levels: Sequence[str] = DEFAULT_TOPOLOGY_LEVELS
+) -> list[TraceJob]:
+    """Read and check a trace file (see the module docstring); sorted by submission time,
+    then line. Raises :class:`TraceError` for the first bad line, OSError if unreadable."""
+    with path.open(newline="") as f:
+        return parse_trace(f.read(), source=path.name, topology_levels=topology_levels)
+
+
+def parse_trace(
+    text: str, source: str = "trace", topology_levels: Sequence[str] = DEFAULT_TOPOLOGY_LEVELS
+) -> list[TraceJob]:
+    """The jobs of trace ``text`` (a whole CSV document); see :func:`load_trace`."""
+    numbered = [
+        (number, line)
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    if not numbered:
+        raise TraceError(
+            source,
+            1,
+            "header",
+            f"a header line naming the columns is required: {', '.join(REQUIRED)}",
+        )
+    header_line, header_text = numbered[0]
+    header = [h.strip() for h in next(csv.reader([header_text]))]
+    unknown = [h for h in header if h not in COLUMNS]
+    if unknown:
+        raise TraceError(
+            source,
+            header_line,
+            "header",
+            f"unknown column {unknown[0]!r}; known: {', '.join(COLUMNS)}",
+        )
+    missing = [h for h in REQUIRED if h not in header]
+    if missing:
+        raise TraceError(
+            source, header_line, "header", f"required column {missing[0]!r} is missing"
+        )
+    if len(set(header)) != len(header):
+        raise TraceError(source, header_line, "header", "a column is named twice")
+    jobs = []
+    for number, line in numbered[1:]:
+        cells = next(csv.reader(io.StringIO(line)))
+        if len(cells) != len(header):
+            raise TraceError(
+                source, number, "line", f"has {len(cells)} fields, the header names {len(header)}"
+            )
+        row = dict(zip(header, (cell.strip() for cell in cells), strict=True))
+        jobs.append(_job(row, source, number, topology_levels))
+    jobs.sort(key=lambda j: (j.submit_ms, j.line))
+    return jobs
+
+
+def _job(row: dict[str, str], source: str, number: int, topology_levels: Sequence[str]) -> TraceJob:
+    def bad(field: str, rule: str) -> TraceError:
+        return TraceError(source, number, field, rule)
+
+    def seconds(field: str, *, positive: bool, optional: bool = False) -> int:
+        text = row.get(field, "")
+        if text == "" and optional:
+            return 0
+        try:
+            value = float(text)
+        except ValueError:
+            raise bad(field, f"must be a number of seconds, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            rule = "> 0" if positive else ">= 0"
+            raise bad(field, f"must be {rule} seconds, got {text!r}")
+        if value > MAX_DURATION_S and field != "submit_s":
+            raise bad(field, f"must be at most {MAX_DURATION_S} seconds (366 days), got {text!r}")
+        return round(value * 1000)
+
+    def integer(field: str, low: int, high: int, default: int | None = None) -> int:
+        text = row.get(field, "")
+        if text == "" and default is not None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise bad(field, f"must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise bad(field, f"must be between {low} and {high}, got {value}")
+        return value
+
+    submit_ms = seconds("submit_s", positive=False)
+    duration_ms = seconds("duration_s", positive=True)
+    time_limit_ms = seconds("time_limit_s", positive=False, optional=True)
+    members = integer("members", 1, MAX_REPLICAS)
+    gpus = integer("gpus_per_member", 0, MAX_GPUS_PER_NODE)
+    cpu = integer("cpu_milli", 1, 10_000_000, default=8_000 * gpus if gpus else 1_000)
+    memory = integer("memory_mib", 1, 1 << 30, default=64 * 1024 * gpus if gpus else 1024)
+    priority = integer("priority", -1_000_000, 1_000_000, default=0)
+    user = row.get("user", "")
+    if user and not USER_PATTERN.match(user):
+        raise bad("user", f"must be 1 to 63 characters of a-z, 0-9, '.', '_' and '-', got {user!r}")
+    queue = row["queue"]
+    spec = JobSpec(
+        name=row.get("name", "") or f"job-{number}",
+        replicas=members,
+        resources=Resources(cpu, memory, gpus),
+        command=("trace",),
+        priority=priority,
+        topology_required=row.get("topology_required", ""),
+        topology_preferred=row.get("topology_preferred", ""),
+        time_limit_ms=time_limit_ms,
+        queue=queue,
+        priority_class=row.get("priority_class", ""),
+    )
+    if not NAME_PATTERN.match(queue) or len(queue) > 63:
+        raise bad(
+            "queue",
+            f"must be a queue name of 1 to 63 characters of a-z, 0-9 and '-', got {queue!r}",
+        )
+    violations = check_job_spec(spec, topology_levels)
+    if violations:
+        v = violations[0]
+        field = _COLUMN_OF.get(v.field, v.field)
+        raise bad(field, v.rule)
+    return TraceJob(number, submit_ms, user, spec, duration_ms)
+
+
+# The job spec's field names as trace columns, for messages.
+_COLUMN_OF = {
+    "name": "name",
+    "replicas": "members",
+    "resources.gpu": "gpus_per_member",
+    "resources.cpu": "cpu_milli",
+    "resources.memory": "memory_mib",
+    "topology.required": "topology_required",
+    "topology.preferred": "topology_preferred",
+    "time_limit": "time_limit_s",
+    "priority": "priority",
+}
+
+
+def write_trace(jobs: Iterable[TraceJob], out: io.TextIOBase | io.StringIO) -> int:
+    """Write ``jobs`` in the trace format (every column); returns the number written."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    count = 0
+    for j in jobs:
+        s = j.spec
+        writer.writerow(
+            (
+                _seconds(j.submit_ms),
+                s.queue,
+                s.replicas,
+                s.resources.gpu,
+                _seconds(j.duration_ms),
+                j.user,
+                s.name,
+                _seconds(s.time_limit_ms) if s.time_limit_ms else "",
+                s.topology_required,
+                s.topology_preferred,
+                s.priority_class,
+                s.priority,
+                s.resources.cpu_milli,
+                s.resources.memory_mib,
+            )
+        )
+        count += 1
+    return count
+
+
+def _seconds(ms: int) -> str:
+    return str(ms // 1000) if ms % 1000 == 0 else f"{ms / 1000:.3f}"
+
+
+def openb_to_trace(folder: Path, limit: int | None = None) -> list[TraceJob]:
+    """The Alibaba "openb" v2023 pod list as trace jobs.
+
+    Conversion: each pod is a one-member job; ``num_gpu`` whole GPUs, and a pod that
+    shares a GPU (``gpu_milli`` < 1000) gets one whole GPU, since GPU sharing is not
+    modelled. The queue is the pod's QoS class in lower case (``ls``, ``be``,
+    ``burstable``, ``guaranteed``), the only tenant-like column the trace has; the user is
+    ``openb``. Submission is ``creation_time``; run time is ``deletion_time`` minus
+    ``scheduled_time`` (or minus ``creation_time`` for pods never scheduled); pods with no
+    run time are left out. CPU and memory are the pod's own.
+    """
+    jobs = []
+    with (folder / "openb_pod_list_default.csv").open() as f:
+        for number, row in enumerate(csv.DictReader(f), start=2):
+            gpus = int(row["num_gpu"])
+            if gpus == 0 and int(row["gpu_milli"] or 0) > 0:
+                gpus = 1
+            created = int(row["creation_time"])
+            started = int(row["scheduled_time"]) if row["scheduled_time"] else created
+            duration_s = int(row["deletion_time"]) - started
+            if duration_s <= 0:
+                continue
+            spec = JobSpec(
+                name=row["name"],
+                replicas=1,
+                resources=Resources(
+                    max(int(row["cpu_milli"]), 1), max(int(row["memory_mib"]), 1), gpus
+                ),
+                command=("trace",),
+                queue=(row["qos"] or "default").lower(),
+            )
+            jobs.append(TraceJob(number, created * 1000, "openb", spec, duration_s * 1000))
+            if limit is not None and len(jobs) >= limit:
+                break
+    jobs.sort(key=lambda j: (j.submit_ms, j.line))
+    return jobs
