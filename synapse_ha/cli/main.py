@@ -950,18 +950,23 @@ _node_status_command(
 # ------------------------------------------------------------------------- cluster
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @output_option
 @with_settings
 def cluster(settings: Settings) -> None:
     """Show the replicas: role, term, commit index, leader and health.
 
     Any replica answers (no leader needed), so this also works while there is none.
+    Subcommands change the replica set and save backups (admins only).
 
     \b
     Example:
       synctl cluster
+      synctl cluster add-replica r4 10.0.0.4:7001 10.0.0.4:7101
+      synctl cluster snapshot save backup.snap
     """
+    if click.get_current_context().invoked_subcommand is not None:
+        return
     client = settings.client()
     request = pb.GetClusterStatusRequest()
     answer: pb.GetClusterStatusResponse = client.call(
@@ -969,6 +974,12 @@ def cluster(settings: Settings) -> None:
     )
     document = render.cluster_document(answer)
     emit(settings, document, lambda: render.cluster_table(document))
+
+
+# Membership and backup (issue 18): synctl cluster add-replica | remove-replica | snapshot
+from synapse_ha.cli.cluster_ops import add_cluster_commands  # noqa: E402
+
+add_cluster_commands(cluster)
 
 
 # -------------------------------------------------------------------------- tokens

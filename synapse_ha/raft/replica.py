@@ -256,10 +256,14 @@ class RaftReplica:
         self._in_flight: dict[int, float] = {}
         self._batch_seq = 0
         self._stopping = False
-        if join:
-            # No election before a leader has been heard from (see _finish_join).
-            conf.raftMinTimeout = conf.raftMaxTimeout = _JOIN_ELECTION_TIMEOUT_S
         self._sync = SyncObj(self_node, other_nodes, conf=conf, consumers=[self.machine])
+        if join:
+            # No election before a leader has been heard from (see _finish_join). Set after
+            # the constructor, which checks the timeouts against the connection timeout;
+            # the first deadline is pushed out too (it was drawn with the normal ones).
+            conf.raftMinTimeout = _JOIN_ELECTION_TIMEOUT_S
+            conf.raftMaxTimeout = 2 * _JOIN_ELECTION_TIMEOUT_S
+            self._sync._SyncObj__raftElectionDeadline = time.monotonic() + _JOIN_ELECTION_TIMEOUT_S
         self._sync.addOnTickCallback(self._on_tick)
         self._batcher = threading.Thread(
             target=self._send_batches, name="raft-batcher", daemon=True
