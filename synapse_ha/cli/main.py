@@ -1100,11 +1100,23 @@ def dev() -> None:
     is_flag=True,
     help="No TLS and no authentication: anyone who can reach the ports is an admin.",
 )
+@click.option(
+    "--replicas",
+    type=click.Choice(["3", "5"]),
+    default="3",
+    show_default=True,
+    help="Scheduler replicas (five survive two failures; ports 7101-7105).",
+)
 def dev_up(
-    workers: int, racks: int, gpus_per_worker: int, data_dir: Path | None, insecure: bool
+    workers: int,
+    racks: int,
+    gpus_per_worker: int,
+    data_dir: Path | None,
+    insecure: bool,
+    replicas: str,
 ) -> None:
-    """Run three scheduler replicas and mock-GPU workers on 127.0.0.1 in the foreground,
-    until Ctrl-C; then stop them all.
+    """Run three (or, with --replicas 5, five) scheduler replicas and mock-GPU workers on
+    127.0.0.1 in the foreground, until Ctrl-C; then stop them all.
 
     Secure by default: it makes a CA, certificates and an admin token in DATA_DIR/credentials
     and prints the export lines that let the next synctl commands in.
@@ -1126,6 +1138,7 @@ def dev_up(
                 gpus_per_worker=gpus_per_worker,
                 data_dir=data_dir,
                 insecure=insecure,
+                replicas=int(replicas),
             ),
             out=click.echo,
         )

@@ -103,12 +103,9 @@ def test_replace_a_dead_replica_with_two_commands(cluster: LocalCluster) -> None
         # With one replica down, adding a fourth (needs 3 live of 4) or removing a live
         # one (needs 2 live of 2) would leave no quorum: refused, with the reason.
         assert (
-            _refusal(lambda: client.add_replica("r4", r4.raft, r4.grpc))
-            is Reason.WOULD_LOSE_QUORUM
+            _refusal(lambda: client.add_replica("r4", r4.raft, r4.grpc)) is Reason.WOULD_LOSE_QUORUM
         )
-        assert (
-            _refusal(lambda: client.remove_replica(alive.replica_id)) is Reason.WOULD_LOSE_QUORUM
-        )
+        assert _refusal(lambda: client.remove_replica(alive.replica_id)) is Reason.WOULD_LOSE_QUORUM
         # The documented replacement: remove the dead one, add the new one.
         assert dead.replica_id not in _member_ids(client.remove_replica(dead.replica_id))
         assert "r4" in _member_ids(client.add_replica("r4", r4.raft, r4.grpc))
