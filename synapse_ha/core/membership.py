@@ -10,7 +10,8 @@ as it is appended. The rules here keep the cluster able to commit across the cha
   the leader reaches it and its log is caught up (see :class:`MemberView`); the leader
   itself is live. Adding a replica to ``n`` members needs the live members to
   form a majority of ``n + 1`` already (the new replica may take a while to catch
-  up, and it may never start); removing one needs the live members *other than* the
+  up, and it may never start) — except a cluster of one, which can grow only by
+  waiting for its second replica (start that one first); removing one needs the live members *other than* the
   removed one to form a majority of ``n - 1`` (``WOULD_LOSE_QUORUM``). Removing a dead
   replica is therefore always allowed while a majority of the others is live; removing a
   live one while another is down is refused;
@@ -78,7 +79,8 @@ def check_add(
             )
     live = [m for m in members if m.live]
     need = majority(len(members) + 1)
-    if len(live) < need:
+    # One replica can only grow by waiting for the second to catch up: allowed.
+    if len(live) < need and len(members) > 1:
         down = [m for m in members if not m.live]
         return MembershipRefusal(
             MembershipCode.WOULD_LOSE_QUORUM,
