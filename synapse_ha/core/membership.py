@@ -11,10 +11,10 @@ as it is appended. The rules here keep the cluster able to commit across the cha
   itself is live. Adding a replica to ``n`` members needs the live members to
   form a majority of ``n + 1`` already (the new replica may take a while to catch
   up, and it may never start) — except a cluster of one, which can grow only by
-  waiting for its second replica (start that one first); removing one needs the live members *other than* the
-  removed one to form a majority of ``n - 1`` (``WOULD_LOSE_QUORUM``). Removing a dead
-  replica is therefore always allowed while a majority of the others is live; removing a
-  live one while another is down is refused;
+  waiting for its second replica (start that one first); removing one needs the live
+  members *other than* the removed one to form a majority of ``n - 1``
+  (``WOULD_LOSE_QUORUM``). Removing a dead replica is therefore always allowed while a
+  majority of the others is live; removing a live one while another is down is refused;
 * an id or address already in use is refused (``REPLICA_EXISTS``); removing an unknown
   replica is ``REPLICA_NOT_FOUND``; the last replica cannot be removed.
 

@@ -32,6 +32,7 @@ from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import (
     CodecError,
+    UnreadableFormat,
     decode_command,
     decode_result,
     encode_command,
@@ -121,6 +122,11 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         try:
             try:
                 command = decode_command(item)
+            except UnreadableFormat as exc:
+                # Written by a newer release: this replica now lacks a change the others
+                # applied. Loud, because the upgrade rule was broken (core/codec.py).
+                log.error("cannot apply a command of a newer release: %s", exc)
+                result = cmd.error(cmd.ResultCode.INVALID, f"unreadable command: {exc}")
             except CodecError as exc:
                 result = cmd.error(cmd.ResultCode.INVALID, f"undecodable command: {exc}")
             else:
