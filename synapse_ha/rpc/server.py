@@ -37,7 +37,7 @@ from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import access, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec import READABLE_VERSIONS, encode_state
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal, MemberView
 from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState, NodeStatus
 from synapse_ha.core.scheduler import Plan, explain, why_pending
@@ -752,6 +752,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             leader_id=leader.replica_id if leader else "",
             healthy=healthy,
             error=error,
+            format_version=max(READABLE_VERSIONS),
         )
 
 
