@@ -103,7 +103,13 @@ def add_cluster_commands(group: click.Group) -> None:
 
     @group.group("snapshot")
     def snapshot() -> None:
-        """Back up the cluster state, and check a backup file."""
+        """Back up the cluster state, and check a backup file.
+
+        \b
+        Example:
+          synctl cluster snapshot save backup.snap
+          synctl cluster snapshot check backup.snap
+        """
 
     @snapshot.command("save")
     @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
