@@ -344,7 +344,7 @@ class RaftReplica:
     def status(self) -> RaftStatus:
         sync = self._sync
         leader = sync._getLeader()
-        raw = sync.getStatus()
+        raw = self._raw_status()
         return RaftStatus(
             role=_ROLES.get(int(raw["state"]), "unknown"),
             term=int(raw["raft_term"]),
@@ -389,7 +389,7 @@ class RaftReplica:
         connected and its log is within :data:`CATCH_UP_SLACK` entries of the commit
         index; elsewhere it only says whether this replica is connected to it."""
         sync = self._sync
-        raw = sync.getStatus()
+        raw = self._raw_status()
         leading = int(raw["state"]) == 2
         commit = int(raw["commit_idx"])
         views = [_view(sync.selfNode, live=True)]
@@ -399,6 +399,16 @@ class RaftReplica:
             caught_up = match >= commit - CATCH_UP_SLACK if leading else True
             views.append(_view(node, live=connected and caught_up))
         return sorted(views, key=lambda v: (v.replica_id, v.raft))
+
+    def _raw_status(self) -> dict[str, Any]:
+        """pysyncobj's status, read from another thread: it iterates the member set,
+        which a membership change on the Raft thread may resize mid-read; read again."""
+        for _ in range(9):
+            try:
+                return dict(self._sync.getStatus())
+            except RuntimeError:
+                continue
+        return dict(self._sync.getStatus())
 
     def member_addresses(self) -> list[SnapshotMember]:
         """The members (this replica included), without asking who is live."""
