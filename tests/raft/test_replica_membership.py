@@ -57,4 +57,10 @@ def test_a_second_change_waits_for_the_first(alone: RaftReplica, spare_port: int
     assert isinstance(removal, MembershipRefusal)
     assert removal.code is MembershipCode.CHANGE_IN_FLIGHT
     assert alone.change_in_flight()
-    assert sorted(m.replica_id for m in alone.member_addresses()) == ["r1", "r2"]
+    # The leader takes the new member into account as soon as the entry is appended.
+    wait_until(
+        "r2 among the members",
+        lambda: sorted(m.replica_id for m in alone.member_addresses()) == ["r1", "r2"],
+        10.0,
+        every_s=0.02,
+    )
