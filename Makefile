@@ -40,7 +40,7 @@ test: lint typecheck layers protos-check unit chaos
 # missing. Soak: make chaos SEEDS=1-20 DURATION=120 CHAOS_SCENARIOS=random
 SEEDS ?= 1
 DURATION ?= 60
-CHAOS_SCENARIOS ?= targeted,random,broken-build
+CHAOS_SCENARIOS ?= targeted,random,broken-build,five-membership
 chaos: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then \
 	  (command -v nft >/dev/null && command -v ip >/dev/null) || \

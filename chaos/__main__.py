@@ -3,7 +3,7 @@
     python -m chaos preflight
     python -m chaos sweep
     python -m chaos run [--seeds 1,2 | 1-20] [--duration S] [--out DIR]
-                        [--scenarios targeted,random,broken-build]
+                        [--scenarios targeted,random,broken-build,five-membership]
     python -m chaos check RUN_DIR
 
 ``run`` prints one line per scenario and then the summary
@@ -21,12 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from chaos import nemesis, net
+from chaos import membership, nemesis, net
 from chaos.checker import check_run
 from chaos.report import write_report
 from chaos.run import REPO, ScenarioConfig, ScenarioResult, run_scenario
 
-SCENARIOS = ("targeted", "random", "broken-build")
+SCENARIOS = ("targeted", "random", "broken-build", membership.SCENARIO)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -79,6 +79,12 @@ def configs(seeds: list[int], scenarios: list[str], duration_s: float) -> list[S
             out.append(ScenarioConfig("targeted", seed, nemesis.targeted_schedule(seed)))
         if "random" in scenarios:
             out.append(ScenarioConfig("random", seed, nemesis.random_schedule(seed, duration_s)))
+    if membership.SCENARIO in scenarios:
+        for seed in seeds:
+            steps = membership.schedule(seed)
+            out.append(
+                ScenarioConfig(membership.SCENARIO, seed, steps, replicas=membership.REPLICAS)
+            )
     if "broken-build" in scenarios:
         out.append(
             ScenarioConfig(

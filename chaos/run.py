@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from chaos import ledger, nemesis, net
+from chaos import ledger, membership, nemesis, net
 from chaos.checker import Violation, check_run
 from chaos.nemesis import FaultTimeouts, Step
 from chaos.workload import WorkloadConfig, write_config
@@ -63,6 +63,7 @@ class ScenarioConfig:
     unsafe_no_self_fencing: bool = False
     workers: int = 4
     timeouts: FaultTimeouts = field(default_factory=FaultTimeouts)
+    replicas: int = 3  # five for the membership scenario (chaos/membership.py)
 
     @property
     def dir_name(self) -> str:
@@ -135,7 +136,9 @@ class ChaosCluster:
         self.cfg = cfg
         self.dir = run_dir
         t = cfg.timeouts
-        self.replica_hosts = [net.Host(f"r{i}", f"{net.SUBNET_PREFIX}{10 + i}") for i in (1, 2, 3)]
+        self.replica_hosts = [
+            net.Host(f"r{i}", f"{net.SUBNET_PREFIX}{10 + i}") for i in range(1, cfg.replicas + 1)
+        ]
         self.worker_hosts = [
             net.Host(f"w{i}", f"{net.SUBNET_PREFIX}{20 + i}") for i in range(1, cfg.workers + 1)
         ]
@@ -550,6 +553,8 @@ class Nemesis:
             targets = [leader]
             c.replicas[leader].pause()
             heal = c.replicas[leader].resume
+        elif step.kind in membership.KINDS:
+            targets, detail, heal = membership.play(c, step, leader, rng)
         else:
             raise ValueError(f"unknown fault {step.kind!r}")
         on_workers = [t for t in targets if t in c.workers] or None

@@ -950,18 +950,23 @@ _node_status_command(
 # ------------------------------------------------------------------------- cluster
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @output_option
 @with_settings
 def cluster(settings: Settings) -> None:
     """Show the replicas: role, term, commit index, leader and health.
 
     Any replica answers (no leader needed), so this also works while there is none.
+    Subcommands change the replica set and save backups (admins only).
 
     \b
     Example:
       synctl cluster
+      synctl cluster add-replica r4 10.0.0.4:7001 10.0.0.4:7101
+      synctl cluster snapshot save backup.snap
     """
+    if click.get_current_context().invoked_subcommand is not None:
+        return
     client = settings.client()
     request = pb.GetClusterStatusRequest()
     answer: pb.GetClusterStatusResponse = client.call(
@@ -969,6 +974,12 @@ def cluster(settings: Settings) -> None:
     )
     document = render.cluster_document(answer)
     emit(settings, document, lambda: render.cluster_table(document))
+
+
+# Membership and backup (issue 18): synctl cluster add-replica | remove-replica | snapshot
+from synapse_ha.cli.cluster_ops import add_cluster_commands  # noqa: E402
+
+add_cluster_commands(cluster)
 
 
 # -------------------------------------------------------------------------- tokens
@@ -1089,11 +1100,23 @@ def dev() -> None:
     is_flag=True,
     help="No TLS and no authentication: anyone who can reach the ports is an admin.",
 )
+@click.option(
+    "--replicas",
+    type=click.Choice(["3", "5"]),
+    default="3",
+    show_default=True,
+    help="Scheduler replicas (five survive two failures; ports 7101-7105).",
+)
 def dev_up(
-    workers: int, racks: int, gpus_per_worker: int, data_dir: Path | None, insecure: bool
+    workers: int,
+    racks: int,
+    gpus_per_worker: int,
+    data_dir: Path | None,
+    insecure: bool,
+    replicas: str,
 ) -> None:
-    """Run three scheduler replicas and mock-GPU workers on 127.0.0.1 in the foreground,
-    until Ctrl-C; then stop them all.
+    """Run three (or, with --replicas 5, five) scheduler replicas and mock-GPU workers on
+    127.0.0.1 in the foreground, until Ctrl-C; then stop them all.
 
     Secure by default: it makes a CA, certificates and an admin token in DATA_DIR/credentials
     and prints the export lines that let the next synctl commands in.
@@ -1115,6 +1138,7 @@ def dev_up(
                 gpus_per_worker=gpus_per_worker,
                 data_dir=data_dir,
                 insecure=insecure,
+                replicas=int(replicas),
             ),
             out=click.echo,
         )

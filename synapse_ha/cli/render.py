@@ -230,6 +230,7 @@ def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
             "grpc_address": r.grpc_address,
             "raft_address": r.raft_address,
             "error": r.error,
+            "format_version": r.format_version,
         }
         for r in status.replicas
     ]

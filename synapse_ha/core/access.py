@@ -151,6 +151,10 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("CreateToken"): frozenset({_A}),
     _scheduler("ListTokens"): frozenset({_A}),
     _scheduler("RevokeToken"): frozenset({_A}),
+    # Membership and backup (issue 18)
+    _scheduler("AddReplica"): frozenset({_A}),
+    _scheduler("RemoveReplica"): frozenset({_A}),
+    _scheduler("SaveSnapshot"): frozenset({_A}),
     _agent("RegisterNode"): frozenset({_A, Audience.WORKER}),
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
 }

@@ -7,6 +7,17 @@ gives the same bytes, so replicas and snapshots can be compared byte for byte.
 
 Decoding checks every field's type against the dataclass and raises :class:`CodecError`
 naming the path of the offending field; nothing malformed reaches ``apply``.
+
+Format versions and rolling upgrades. Commands and the state carry a format version
+(``"v"``). A replica reads every version in ``READABLE_VERSIONS`` and writes the newest.
+What it cannot read — a newer version, a command type it does not know, a field it does
+not know (written by a newer release) — it refuses with :class:`UnreadableFormat`, and
+the replicated entry point turns that into an error result (never an exception: that
+would wedge the log). Such a replica then lacks that change while the others have it, so
+the rule for upgrades is: **upgrade every replica before anything uses a new command, a
+new field or a new version**. A release keeps writing what the previous release reads
+until then (deploy/README.md, "Rolling upgrade"). ``synctl cluster -o json`` shows each
+replica's ``format_version`` to check.
 """
 
 from __future__ import annotations
@@ -27,12 +38,19 @@ from synapse_ha.core.model import ClusterState
 COMMAND_VERSION = 2
 STATE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = _READABLE_VERSIONS
 
 _COMMANDS_BY_NAME: dict[str, type] = {t.__name__: t for t in cmd.COMMAND_TYPES}
 
 
 class CodecError(ValueError):
     """Bytes that are not a valid encoding; the message names the field."""
+
+
+class UnreadableFormat(CodecError):
+    """A valid encoding of a newer release: a format version, a command type or a field
+    this release does not know. The message says which and that this replica needs the
+    upgrade."""
 
 
 # ------------------------------------------------------------------------ to plain
@@ -137,7 +155,9 @@ def from_plain(tp: Any, data: Any, path: str = "$") -> Any:
         names = {f.name for f in _fields(tp)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise CodecError(f"{path}: unknown field {unknown[0]!r}")
+            raise UnreadableFormat(
+                f"{path}: unknown field {unknown[0]!r} (from a newer release? upgrade this replica)"
+            )
         kwargs = {
             name: from_plain(hints[name], value, f"{path}.{name}") for name, value in data.items()
         }
@@ -172,12 +192,19 @@ def decode_command(data: bytes) -> cmd.Command:
     if not isinstance(envelope, dict):
         raise CodecError("command: expected an envelope object")
     version = envelope.get("v")
+    if type(version) is int and version > max(_READABLE_VERSIONS):
+        raise UnreadableFormat(
+            f"command: format version {version} is newer than this replica reads "
+            f"({', '.join(map(str, _READABLE_VERSIONS))}); upgrade this replica"
+        )
     if version not in _READABLE_VERSIONS:
         raise CodecError(f"command: unsupported envelope version {version!r}")
     name = envelope.get("type")
     command_type = _COMMANDS_BY_NAME.get(name) if isinstance(name, str) else None
     if command_type is None:
-        raise CodecError(f"command: unknown command type {name!r}")
+        raise UnreadableFormat(
+            f"command: unknown command type {name!r} (from a newer release? upgrade this replica)"
+        )
     body = envelope.get("body")
     if version == 1:
         body = _upgrade_command_v1(str(name), body)
@@ -246,7 +273,13 @@ def encode_state(state: ClusterState) -> bytes:
 
 def decode_state(data: bytes) -> ClusterState:
     envelope = _loads(data, "state")
-    if not isinstance(envelope, dict) or envelope.get("v") not in _READABLE_VERSIONS:
+    version = envelope.get("v") if isinstance(envelope, dict) else None
+    if type(version) is int and version > max(_READABLE_VERSIONS):
+        raise UnreadableFormat(
+            f"state: format version {version} is newer than this replica reads "
+            f"({', '.join(map(str, _READABLE_VERSIONS))}); upgrade this replica"
+        )
+    if not isinstance(envelope, dict) or version not in _READABLE_VERSIONS:
         raise CodecError("state: unsupported snapshot version")
     body = envelope.get("state")
     if envelope.get("v") == 1:

@@ -104,6 +104,11 @@ DEFAULT_GRPC_PORTS = (7101, 7102, 7103)
 DEFAULT_RAFT_PORTS = (7111, 7112, 7113)
 DEFAULT_WORKER_PORT_BASE = 7121
 DEFAULT_CLUSTER = ",".join(f"{HOST}:{port}" for port in DEFAULT_GRPC_PORTS)
+# Five replicas (`synctl dev up --replicas 5`): the three above and two more.
+REPLICA_COUNTS = (3, 5)
+FIVE_REPLICA_IDS = (*REPLICA_IDS, "d", "e")
+FIVE_GRPC_PORTS = (*DEFAULT_GRPC_PORTS, 7104, 7105)
+FIVE_RAFT_PORTS = (*DEFAULT_RAFT_PORTS, 7114, 7115)
 MAX_WORKERS = 64
 
 _POLL_S = 0.3
@@ -134,9 +139,12 @@ class DevClusterOptions:
     ready_timeout_s: float = 60.0  # bound on every wait for readiness
     keep_data: bool = False  # keep a temporary data directory after stop
     insecure: bool = False  # plaintext, no authentication (programs run with --insecure)
+    replicas: int = 3  # scheduler replicas: 3 or 5 (five survive two failures)
 
     def check(self) -> None:
         """Raise :class:`ValueError` naming the option and the rule it breaks."""
+        if self.replicas not in REPLICA_COUNTS:
+            raise ValueError(f"replicas: must be 3 or 5, got {self.replicas}")
         if not 0 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers: must be between 0 and {MAX_WORKERS}, got {self.workers}")
         if not 1 <= self.racks <= MAX_WORKERS:
@@ -215,10 +223,12 @@ class DevCluster:
         self._stop_lock = threading.Lock()
         self._stopped = False
         self._started = False
+        n = self.options.replicas
+        ids = FIVE_REPLICA_IDS[:n]
         if self.options.ephemeral_ports:
-            peers = loopback_peers(REPLICA_IDS)
+            peers = loopback_peers(ids)
         else:
-            peers = loopback_peers(REPLICA_IDS, HOST, DEFAULT_GRPC_PORTS, DEFAULT_RAFT_PORTS)
+            peers = loopback_peers(ids, HOST, FIVE_GRPC_PORTS[:n], FIVE_RAFT_PORTS[:n])
         self._replicas = LocalReplicas(
             self.data_dir / "replicas",
             peers=peers,
@@ -606,7 +616,7 @@ def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> in
             out(f"warning: {INSECURE_WARNING}")
         try:
             out(
-                f"starting 3 replicas and {options.workers} worker(s) in "
+                f"starting {options.replicas} replicas and {options.workers} worker(s) in "
                 f"{options.racks} rack(s) on {HOST} ..."
             )
             cluster.start()
@@ -639,7 +649,7 @@ def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> in
                     if p.name not in reported and not p.alive:
                         reported.add(p.name)
                         out(f"warning: {p.name} exited; see {p.log_path}")
-                if sum(not r.alive for r in cluster.replicas) >= 2:
+                if sum(not r.alive for r in cluster.replicas) > len(cluster.replicas) // 2:
                     out("error: a majority of the replicas is gone; stopping")
                     cluster.keep_data = True
                     code = 1

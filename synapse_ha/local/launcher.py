@@ -554,6 +554,30 @@ class LocalReplicas:
     def logs(self, chars: int = 4000) -> str:
         return "\n".join(f"----- {r.replica_id} -----\n{r.log_tail(chars)}" for r in self.replicas)
 
+    # ------------------------------------------ membership and backup (issue 18)
+
+    def add_replica(self, replica_id: str, extra: Sequence[str] | None = None) -> Replica:
+        """A new replica on free loopback ports, prepared but not started, knowing every
+        peer so far and itself; it gets its own certificate. By default it runs with the
+        cluster's extra arguments and ``--join``. Make it a member with
+        ``client().add_replica(...)`` before or after starting it."""
+        if any(p.replica_id == replica_id for p in self.peers):
+            raise LaunchError(f"replica {replica_id!r} exists already")
+        (peer,) = loopback_peers([replica_id])
+        self.peers.append(peer)
+        first = self.replicas[0]
+        replica = self.launcher.replica(
+            peer,
+            self.peers,
+            first.data_dir.parent / replica_id,
+            extra=[*self.extra_args, "--join"] if extra is None else extra,
+            log_path=first.log_path.parent
+            / first.log_path.name.replace(first.replica_id, replica_id),
+            env=first.env,
+        )
+        self.replicas.append(replica)
+        return replica
+
     # ------------------------------------------------------------------- access
 
     @property

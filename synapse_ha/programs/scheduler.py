@@ -27,6 +27,10 @@ Configuration comes from flags and/or a TOML file (flags win)::
     heavy_concurrency = 2    # at most this many at once
     heavy_cpu_share = 0.3    # and this share of one core; beyond it: OVERLOADED
 
+Membership and backup: ``--join`` (``join = true``) for a replica added to a running
+cluster with ``synctl cluster add-replica``; ``--restore FILE`` (``restore = "FILE"``) to
+start a new cluster, alone, from a backup made by ``synctl cluster snapshot save``.
+
 The process runs in the foreground, logs to stderr, logs ``ready: ...`` once it has joined
 a quorum with a known leader, and stops gracefully on SIGTERM or SIGINT.
 """
@@ -44,16 +48,18 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role, split_token
+from synapse_ha.core.backup import BackupError, decode_backup
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.spec import SpecError, parse_duration
-from synapse_ha.raft.replica import RaftReplica, RaftTiming
+from synapse_ha.raft.replica import RaftReplica, RaftTiming, RestoreError, seed_restored_state
+from synapse_ha.raft.snapshot import SnapshotMember
 from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
 from synapse_ha.rpc.nudge import WorkerNudger
@@ -94,6 +100,8 @@ class SchedulerConfig:
     heavy_read_cpu_share: float = 0.3
     tls: TlsFiles | None = None  # None: --insecure
     bootstrap_token: str = ""  # the first admin's token text
+    join: bool = False  # new to a running cluster: no election before hearing a leader
+    restore: str = ""  # a backup file to start a new cluster from
 
     @property
     def me(self) -> ReplicaAddress:
@@ -188,6 +196,21 @@ def build_parser() -> argparse.ArgumentParser:
         "hash once, if the cluster has never had it",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    # Membership and backup (issue 18)
+    p.add_argument(
+        "--join",
+        action="store_true",
+        default=None,
+        help="this replica is new to a running cluster (after `synctl cluster add-replica`): "
+        "start no election before hearing from the leader, catch up from it",
+    )
+    p.add_argument(
+        "--restore",
+        metavar="FILE",
+        help="start a NEW cluster from a backup (`synctl cluster snapshot save`): this "
+        "replica starts alone from FILE, in an empty data directory; add the others with "
+        "`synctl cluster add-replica`",
+    )
     return p
 
 
@@ -223,8 +246,20 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             raise ConfigError(f"{kind} addresses must be unique, got {addresses}")
     if replica_id not in ids:
         raise ConfigError(f"replica id {replica_id!r} is not among the replicas {ids}")
-    if len(replicas) % 2 == 0:
-        raise ConfigError(f"use an odd number of replicas (3 or 5), got {len(replicas)}")
+    join = bool(args.join if args.join is not None else doc.get("join", False))
+    restore = args.restore or doc.get("restore", "")
+    if not isinstance(restore, str):
+        raise ConfigError("restore must be a file name")
+    if join and restore:
+        raise ConfigError(
+            "--join and --restore exclude each other: a restored replica starts "
+            "a new cluster, a joining one enters a running cluster"
+        )
+    if len(replicas) % 2 == 0 and not join:
+        raise ConfigError(
+            f"use an odd number of replicas (3 or 5), got {len(replicas)} (while a replica is "
+            "being added the list may be even: start the new one with --join)"
+        )
 
     data_dir = args.data_dir or doc.get("data_dir", "")
     if not data_dir:
@@ -342,6 +377,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         heavy_read_cpu_share=float(share),
         tls=tls,
         bootstrap_token=bootstrap_token,
+        join=join,
+        restore=restore,
     )
 
 
@@ -393,14 +430,18 @@ class Replica:
         self._bootstrap_proposed_at = 0.0
         self._bootstrapped = False
         me = config.me
+        # A restored replica starts a new cluster alone; the others join it one by one.
+        partners = [me] if config.restore else list(config.replicas)
         self.raft = RaftReplica(
             me.raft,
-            [r.raft for r in config.replicas],
+            [r.raft for r in partners],
             config.data_dir,
             config.raft_password,
             timing=config.timing,
             on_role_change=self._role_changed,
             on_applied=self._wake.set,
+            directory={r.raft: (r.replica_id, r.grpc) for r in config.replicas},
+            join=config.join,
         )
         self.loop = LeaderLoop(
             self.raft,
@@ -416,7 +457,7 @@ class Replica:
         )
         self.context = ReplicaContext(
             self_id=config.replica_id,
-            replicas=config.replicas,
+            replicas=MemberDirectory(self.raft, me),
             backend=self.raft,
             liveness=self.liveness,
             serving=lambda: self.loop.ready and self.raft.is_leader(),
@@ -427,6 +468,7 @@ class Replica:
             ),
             peer_channel=self.transport.channel,
             grant_signer=self._sign_grant if config.tls is not None else None,
+            membership=self.raft,
         )
         auth = None
         if config.tls is not None:
@@ -544,6 +586,70 @@ class Replica:
         log.info("replica %s stopped", self.config.replica_id)
 
 
+# ------------------------------------------------- membership and backup (issue 18)
+
+
+class MemberDirectory(Sequence[ReplicaAddress]):
+    """The replicas as the Raft membership has them at each read (members added or
+    removed online included), this replica always among them: what GetClusterStatus
+    lists and NOT_LEADER points to."""
+
+    def __init__(self, raft: RaftReplica, me: ReplicaAddress) -> None:
+        self._raft = raft
+        self._me = me
+
+    def _current(self) -> list[ReplicaAddress]:
+        out = [
+            ReplicaAddress(replica_id=m.replica_id, raft=m.raft, grpc=m.grpc)
+            for m in self._raft.member_addresses()
+        ]
+        if not any(r.raft == self._me.raft for r in out):
+            out.append(self._me)
+        return [self._me if r.raft == self._me.raft else r for r in out]
+
+    @overload
+    def __getitem__(self, index: int) -> ReplicaAddress: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ReplicaAddress]: ...
+    def __getitem__(self, index: int | slice) -> ReplicaAddress | Sequence[ReplicaAddress]:
+        return self._current()[index]
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def __iter__(self) -> Iterator[ReplicaAddress]:
+        return iter(self._current())
+
+
+def restore_into(config: SchedulerConfig) -> str:
+    """Seed an empty data directory from the backup ``config.restore``; return a line
+    for the log. Raises :class:`ConfigError` for a corrupt backup or a used directory."""
+    try:
+        with open(config.restore, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError(f"--restore {config.restore}: {exc}") from None
+    try:
+        backup = decode_backup(data)
+    except BackupError as exc:
+        raise ConfigError(f"--restore {config.restore}: {exc}") from None
+    me = config.me
+    try:
+        seed_restored_state(
+            config.data_dir,
+            backup.state,
+            backup.header.raft_index,
+            SnapshotMember(raft=me.raft, replica_id=me.replica_id, grpc=me.grpc),
+        )
+    except RestoreError as exc:
+        raise ConfigError(f"--restore {config.restore}: {exc}") from None
+    return (
+        f"restored {config.restore}: raft index {backup.header.raft_index} of replica "
+        f"{backup.header.replica_id}, {len(backup.state.jobs)} jobs, "
+        f"{len(backup.state.nodes)} nodes; starting a new cluster with this replica alone"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr,
@@ -558,6 +664,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger().setLevel(config.log_level)
     if config.tls is None:
         log.warning("%s", INSECURE_WARNING)
+    if config.restore:
+        try:
+            log.info("%s", restore_into(config))
+        except ConfigError as exc:
+            print(f"synapse-scheduler: {exc}", file=sys.stderr)
+            return 2
     tune_gc()
     replica = Replica(config)
     stop = threading.Event()

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,20 +26,34 @@ from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON
+from pysyncobj.node import TCPNode
 
 from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import (
     CodecError,
+    UnreadableFormat,
     decode_command,
     decode_result,
     encode_command,
     encode_result,
 )
+from synapse_ha.core.membership import (
+    MembershipCode,
+    MembershipRefusal,
+    MemberView,
+    check_add,
+    check_remove,
+)
 from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
 from synapse_ha.raft.batch import FrameError, frame, unframe
-from synapse_ha.raft.snapshot import LogEntry, read_snapshot, write_snapshot
+from synapse_ha.raft.snapshot import (
+    LogEntry,
+    SnapshotMember,
+    read_snapshot_file,
+    write_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +84,9 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         self._on_applied = on_applied
         self._snapshots = SnapshotBuilder()
         self.lock_stats = LockStats()
+        # The members a snapshot file without a member list stands for (one written by a
+        # release before online membership changes): the configured replicas.
+        self.default_members: tuple[TCPNode, ...] = ()
 
     def snapshot(self) -> ClusterState:
         """An immutable snapshot of the state as of the newest applied command.
@@ -104,6 +122,11 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         try:
             try:
                 command = decode_command(item)
+            except UnreadableFormat as exc:
+                # Written by a newer release: this replica now lacks a change the others
+                # applied. Loud, because the upgrade rule was broken (core/codec.py).
+                log.error("cannot apply a command of a newer release: %s", exc)
+                result = cmd.error(cmd.ResultCode.INVALID, f"unreadable command: {exc}")
             except CodecError as exc:
                 result = cmd.error(cmd.ResultCode.INVALID, f"undecodable command: {exc}")
             else:
@@ -122,16 +145,21 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             (bytes(newest[0]), int(newest[1]), int(newest[2])),
             (bytes(previous[0]), int(previous[1]), int(previous[2])),
         )
+        members = [_member_of(node) for node in data[2]] if len(data) > 2 and data[2] else None
         with self.lock:
-            write_snapshot(path, self.state, entries)
+            write_snapshot(path, self.state, entries, members)
 
     def read_dump(self, path: str) -> tuple[Any, ...]:
-        state, entries = read_snapshot(path)
+        snap = read_snapshot_file(path)
         with self.lock:
-            self.state = state
+            self.state = snap.state
             self._snapshots.reset()
-        log.info("restored snapshot at log index %d", entries[0][1])
-        return (entries[0], entries[1], None)
+        log.info("restored snapshot at log index %d", snap.entries[0][1])
+        if snap.members is None:
+            nodes = list(self.default_members)
+        else:
+            nodes = [_node(m.raft, m.replica_id, m.grpc) for m in snap.members]
+        return (snap.entries[0], snap.entries[1], nodes)
 
 
 class LockStats:
@@ -166,6 +194,12 @@ class RaftReplica:
 
     ``on_role_change(is_leader, term)`` runs on the Raft thread whenever this replica
     becomes or stops being leader; it must return quickly and never raise.
+
+    ``directory`` maps raft addresses to ``(replica_id, grpc_address)``; each member
+    carries them, and a member added online carries those given to :meth:`add_member`,
+    so every replica knows every member's gRPC address (:meth:`members`). ``join``: this
+    replica is new to a running cluster; it starts no election until it has heard from
+    a leader (it would only disturb the members with its empty log).
     """
 
     def __init__(
@@ -177,13 +211,29 @@ class RaftReplica:
         timing: RaftTiming | None = None,
         on_role_change: Callable[[bool, int], None] | None = None,
         on_applied: Callable[[], None] | None = None,
+        directory: Mapping[str, tuple[str, str]] | None = None,
+        join: bool = False,
     ) -> None:
         timing = timing or RaftTiming()
         if not password:
             raise ValueError("a Raft password is required (it encrypts replica traffic)")
         self.self_address = self_address
         self._on_role_change = on_role_change
+        self._timing = timing
         self.machine = ReplicatedState(on_applied)
+        directory = directory or {}
+
+        def node(address: str) -> TCPNode:
+            replica_id, grpc = directory.get(address, (address, ""))
+            return _node(address, replica_id, grpc)
+
+        self_node = node(self_address)
+        other_nodes = [node(p) for p in dict.fromkeys(peer_addresses) if p != self_address]
+        self.machine.default_members = (self_node, *other_nodes)
+        self._change_lock = threading.Lock()
+        self._change_started: float | None = None  # monotonic; None: no change in flight
+        self._raft_thread_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._joining = join
         conf = SyncObjConf(
             password=password,
             bindAddress=self_address,
@@ -200,7 +250,7 @@ class RaftReplica:
             connectionRetryTime=timing.connection_retry_s,
             logCompactionMinEntries=timing.log_compaction_min_entries,
             logCompactionMinTime=timing.log_compaction_min_time_s,
-            dynamicMembershipChange=False,
+            dynamicMembershipChange=True,
             onStateChanged=self._state_changed,
             commandsQueueSize=100_000,
         )
@@ -212,8 +262,15 @@ class RaftReplica:
         self._in_flight: dict[int, float] = {}
         self._batch_seq = 0
         self._stopping = False
-        others = [p for p in peer_addresses if p != self_address]
-        self._sync = SyncObj(self_address, others, conf=conf, consumers=[self.machine])
+        self._sync = SyncObj(self_node, other_nodes, conf=conf, consumers=[self.machine])
+        if join:
+            # No election before a leader has been heard from (see _finish_join). Set after
+            # the constructor, which checks the timeouts against the connection timeout;
+            # the first deadline is pushed out too (it was drawn with the normal ones).
+            conf.raftMinTimeout = _JOIN_ELECTION_TIMEOUT_S
+            conf.raftMaxTimeout = 2 * _JOIN_ELECTION_TIMEOUT_S
+            self._sync._SyncObj__raftElectionDeadline = time.monotonic() + _JOIN_ELECTION_TIMEOUT_S
+        self._sync.addOnTickCallback(self._on_tick)
         self._batcher = threading.Thread(
             target=self._send_batches, name="raft-batcher", daemon=True
         )
@@ -287,7 +344,7 @@ class RaftReplica:
     def status(self) -> RaftStatus:
         sync = self._sync
         leader = sync._getLeader()
-        raw = sync.getStatus()
+        raw = self._raw_status()
         return RaftStatus(
             role=_ROLES.get(int(raw["state"]), "unknown"),
             term=int(raw["raft_term"]),
@@ -324,6 +381,152 @@ class RaftReplica:
         with self.machine.lock:
             yield self.machine.state
 
+    # --------------------------------------------------------------- membership
+
+    def members(self) -> list[MemberView]:
+        """Every member of the replica set as this replica knows it, itself included,
+        sorted by replica id. ``live`` is meaningful on the leader: the member is
+        connected and its log is within :data:`CATCH_UP_SLACK` entries of the commit
+        index; elsewhere it only says whether this replica is connected to it."""
+        sync = self._sync
+        raw = self._raw_status()
+        leading = int(raw["state"]) == 2
+        commit = int(raw["commit_idx"])
+        views = [_view(sync.selfNode, live=True)]
+        for node in sync.otherNodes:
+            connected = raw.get(f"partner_node_status_server_{node.id}") == 2
+            match = int(raw.get(f"match_idx_server_{node.id}") or 0)
+            caught_up = match >= commit - CATCH_UP_SLACK if leading else True
+            views.append(_view(node, live=connected and caught_up))
+        return sorted(views, key=lambda v: (v.replica_id, v.raft))
+
+    def _raw_status(self) -> dict[str, Any]:
+        """pysyncobj's status, read from another thread: it iterates the member set,
+        which a membership change on the Raft thread may resize mid-read; read again."""
+        for _ in range(9):
+            try:
+                return dict(self._sync.getStatus())
+            except RuntimeError:
+                continue
+        return dict(self._sync.getStatus())
+
+    def member_addresses(self) -> list[SnapshotMember]:
+        """The members (this replica included), without asking who is live."""
+        sync = self._sync
+        nodes = [sync.selfNode, *sync.otherNodes]
+        return sorted((_member_of(n) for n in nodes), key=lambda m: (m.replica_id, m.raft))
+
+    def change_in_flight(self) -> bool:
+        with self._change_lock:
+            return self._in_flight_locked()
+
+    def _in_flight_locked(self) -> bool:
+        started = self._change_started
+        if started is not None and time.monotonic() - started > CHANGE_FORGET_S:
+            self._change_started = started = None  # its callback never came (leader moved)
+        return started is not None
+
+    def add_member(
+        self, replica_id: str, raft_address: str, grpc_address: str
+    ) -> MembershipRefusal | Future[None]:
+        """Start adding a replica (on the leader). Returns the refusal when the change may
+        not start now (:mod:`synapse_ha.core.membership`), else a future that resolves
+        once the membership entry is committed (or fails with :class:`ProposalError`).
+        The new replica then catches up from the leader (a snapshot when the log was
+        compacted) while the cluster keeps committing."""
+        with self._change_lock:
+            refusal = check_add(
+                self.members(), replica_id, raft_address, grpc_address, self._in_flight_locked()
+            )
+            if refusal is not None:
+                return refusal
+            self._change_started = time.monotonic()
+        future = self._change_future()
+        node = _node(raft_address, replica_id, grpc_address)
+        self._sync.addNodeToCluster(node, callback=self._change_done(future))
+        log.info("adding replica %s (raft %s, grpc %s)", replica_id, raft_address, grpc_address)
+        return future
+
+    def remove_member(self, replica_id: str) -> MembershipRefusal | Future[None]:
+        """Start removing a replica (on the leader); as :meth:`add_member`. The leader
+        cannot remove itself: asked to, it hands leadership to its most caught-up peer
+        and refuses with ``IS_LEADER`` (the caller retries; the new leader removes it)."""
+        with self._change_lock:
+            members = self.members()
+            refusal = check_remove(members, replica_id, self._in_flight_locked())
+            if refusal is not None:
+                return refusal
+            target = next(m for m in members if m.replica_id == replica_id)
+            if target.raft == self.self_address:
+                self._call_on_raft_thread(self._hand_over_leadership)
+                return MembershipRefusal(
+                    MembershipCode.IS_LEADER,
+                    f"{replica_id} is the leader; it is handing leadership to another "
+                    "replica: retry, and the new leader removes it",
+                )
+            self._change_started = time.monotonic()
+        future = self._change_future()
+        self._sync.removeNodeFromCluster(target.raft, callback=self._change_done(future))
+        log.info("removing replica %s (raft %s)", replica_id, target.raft)
+        return future
+
+    @staticmethod
+    def _change_future() -> Future[None]:
+        future: Future[None] = Future()
+        future.set_running_or_notify_cancel()
+        return future
+
+    def _change_done(self, future: Future[None]) -> Callable[[Any, int], None]:
+        def done(result: Any, error: int) -> None:
+            with self._change_lock:
+                self._change_started = None
+            if future.done():
+                return
+            if error == FAIL_REASON.SUCCESS:
+                future.set_result(None)
+            else:
+                unknown = error not in (
+                    FAIL_REASON.QUEUE_FULL,
+                    FAIL_REASON.MISSING_LEADER,
+                    FAIL_REASON.REQUEST_DENIED,
+                )
+                future.set_exception(ProposalError(_fail_text(error), committed_unknown=unknown))
+
+        return done
+
+    def _hand_over_leadership(self) -> None:
+        def done(result: Any, error: int) -> None:
+            if error != FAIL_REASON.SUCCESS:
+                log.info("leadership hand-over not possible now: %s", _fail_text(error))
+
+        self._sync.transferLeadership(callback=done)
+
+    def _call_on_raft_thread(self, fn: Callable[[], None]) -> None:
+        self._raft_thread_calls.put(fn)
+
+    def _on_tick(self) -> None:
+        """Runs on the Raft thread at every tick."""
+        while True:
+            try:
+                fn = self._raft_thread_calls.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                fn()
+            except Exception:
+                log.exception("raft-thread call failed")
+        if self._joining and self._sync._getLeader() is not None:
+            self._finish_join()
+
+    def _finish_join(self) -> None:
+        """A joining replica heard from a leader: from now on it times out and stands for
+        election like any member (the next append from the leader resets its deadline)."""
+        self._joining = False
+        conf = self._sync.conf
+        conf.raftMinTimeout = self._timing.election_min_s
+        conf.raftMaxTimeout = self._timing.election_max_s
+        log.info("joined: heard from leader %s", self.leader_address())
+
     def stop(self) -> None:
         with self._batch_cond:
             self._stopping = True
@@ -341,6 +544,68 @@ class RaftReplica:
             self._on_role_change(is_leader, int(self._sync._getTerm()))
         except Exception:
             log.exception("role change listener failed")
+
+
+# A member whose log is this many entries behind the commit index is not counted as
+# live when deciding a membership change (a replica still receiving a snapshot is).
+CATCH_UP_SLACK = 5_000
+# A membership change whose callback never came (leadership moved) stops blocking the
+# next one after this long.
+CHANGE_FORGET_S = 10.0
+# Election timeout of a joining replica until it has heard from a leader.
+_JOIN_ELECTION_TIMEOUT_S = 1.0e6
+
+
+class RestoreError(Exception):
+    """A data directory a backup cannot be restored into; the message says why."""
+
+
+# The command byte of a Raft no-op entry (pysyncobj's _COMMAND_TYPE.NO_OP).
+_NO_OP_ENTRY = b"\x01"
+
+
+def seed_restored_state(
+    data_dir: str, state: ClusterState, raft_index: int, me: SnapshotMember
+) -> None:
+    """Write the snapshot a new one-replica cluster starts from: ``state`` as of
+    ``raft_index``, with ``me`` as its only member. The data directory must hold no
+    journal and no snapshot. The replica loads it at start and, alone, leads at once;
+    the members added to it afterwards receive this snapshot from it (their logs hold
+    nothing this old)."""
+    journal = os.path.join(data_dir, "raft.journal")
+    dump = os.path.join(data_dir, "raft.dump")
+    used = [p for p in (journal, dump) if os.path.exists(p)]
+    if used:
+        raise RestoreError(
+            f"{data_dir} already holds a replica's data ({', '.join(used)}); restore into "
+            "an empty data directory"
+        )
+    os.makedirs(data_dir, exist_ok=True)
+    # Index at least 3: a fresh member's log holds index 1 only, so the leader must send
+    # it the snapshot rather than entries.
+    index = max(raft_index, 3)
+    entries: tuple[LogEntry, LogEntry] = ((_NO_OP_ENTRY, index, 0), (_NO_OP_ENTRY, index - 1, 0))
+    write_snapshot(dump, state, entries, [me])
+
+
+def _node(raft_address: str, replica_id: str, grpc_address: str) -> TCPNode:
+    return TCPNode(raft_address, replica_id=replica_id, grpc=grpc_address)
+
+
+def _member_of(node: Any) -> SnapshotMember:
+    """A pysyncobj node as a snapshot member. Nodes made here carry ``replica_id`` and
+    ``grpc``; a node from a replica of an earlier release carries only its address."""
+    address = str(node.id)
+    return SnapshotMember(
+        raft=address,
+        replica_id=str(getattr(node, "replica_id", address)),
+        grpc=str(getattr(node, "grpc", "")),
+    )
+
+
+def _view(node: Any, live: bool) -> MemberView:
+    m = _member_of(node)
+    return MemberView(replica_id=m.replica_id, raft=m.raft, grpc=m.grpc, live=live)
 
 
 def _resolve(futures: list[Future[cmd.Result]], result: Any, error: int) -> None:

@@ -7,6 +7,13 @@ base64) followed by the canonical state encoding from :mod:`synapse_ha.core.code
 
 The serializer runs synchronously on the Raft thread between two applies, so the state it
 reads is exactly the state after the newest entry it is given.
+
+With online membership changes the header also lists the members (``"members"``: raft
+address, replica id and gRPC address of each) as of the newest entry: a replica restarted
+from the file, or a new one that received it from the leader, learns the replica set from
+it. The key is optional and the format version stays 1, so a replica of the previous
+release, which ignores keys it does not use, still reads files written by this one during
+a rolling upgrade (files without the key give ``members=None``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from synapse_ha.core.codec import CodecError, decode_state, encode_state
@@ -24,14 +33,37 @@ SNAPSHOT_VERSION = 1
 LogEntry = tuple[bytes, int, int]  # (command, index, term), as pysyncobj stores them
 
 
-def write_snapshot(path: str, state: ClusterState, entries: tuple[LogEntry, LogEntry]) -> None:
-    header = {
+@dataclass(frozen=True, slots=True)
+class SnapshotMember:
+    raft: str
+    replica_id: str
+    grpc: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFile:
+    state: ClusterState
+    entries: tuple[LogEntry, LogEntry]
+    members: tuple[SnapshotMember, ...] | None  # None: written without a member list
+
+
+def write_snapshot(
+    path: str,
+    state: ClusterState,
+    entries: tuple[LogEntry, LogEntry],
+    members: Sequence[SnapshotMember] | None = None,
+) -> None:
+    header: dict[str, Any] = {
         "v": SNAPSHOT_VERSION,
         "entries": [
             [base64.b64encode(command).decode("ascii"), index, term]
             for command, index, term in entries
         ],
     }
+    if members is not None:
+        header["members"] = [
+            [m.raft, m.replica_id, m.grpc] for m in sorted(members, key=lambda m: m.raft)
+        ]
     body = encode_state(state)
     with open(path, "wb") as f:
         f.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
@@ -42,6 +74,13 @@ def write_snapshot(path: str, state: ClusterState, entries: tuple[LogEntry, LogE
 
 def read_snapshot(path: str) -> tuple[ClusterState, tuple[LogEntry, LogEntry]]:
     """Raises :class:`CodecError` for a file that is not a valid snapshot."""
+    snap = read_snapshot_file(path)
+    return snap.state, snap.entries
+
+
+def read_snapshot_file(path: str) -> SnapshotFile:
+    """The state, the two log entries and the member list (when the file has one).
+    Raises :class:`CodecError` for a file that is not a valid snapshot."""
     with open(path, "rb") as f:
         header_line = f.readline()
         body = f.read()
@@ -65,4 +104,22 @@ def read_snapshot(path: str) -> tuple[ClusterState, tuple[LogEntry, LogEntry]]:
         ):
             raise CodecError("snapshot header: malformed log entry")
         entries.append((base64.b64decode(item[0]), item[1], item[2]))
-    return decode_state(body), (entries[0], entries[1])
+    members = _members(header.get("members"))
+    return SnapshotFile(decode_state(body), (entries[0], entries[1]), members)
+
+
+def _members(raw: Any) -> tuple[SnapshotMember, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise CodecError("snapshot header: members must be a non-empty list")
+    out = []
+    for item in raw:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not all(isinstance(x, str) for x in item)
+        ):
+            raise CodecError("snapshot header: a member is [raft, replica_id, grpc]")
+        out.append(SnapshotMember(raft=item[0], replica_id=item[1], grpc=item[2]))
+    return tuple(out)

@@ -28,6 +28,7 @@ the channel (``channel_factory``, e.g. the TLS transport's). A refusal
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 import time
@@ -52,7 +53,7 @@ __all__ = [
 # Reasons after which the same call is sent again (to the next replica, or the leader).
 _MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
 # Reasons after which the same replica is asked again after a back-off.
-_WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED})
+_WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.LEADER_STEPPING_DOWN})
 
 Response = TypeVar("Response")
 
@@ -217,6 +218,7 @@ class ClusterClient:
                 attempts.append((address, failure.describe()))
                 hint = failure.metadata.get("leader_address", "")
                 if failure.reason is Reason.NOT_LEADER and hint:
+                    self._learn(hint)
                     address = hint
                     continue
                 if not _retriable(failure, idempotent):
@@ -361,6 +363,69 @@ class ClusterClient:
             timeout_s=timeout_s,
         )
         return response
+
+    # ------------------------------------------------- membership and backup (issue 18)
+
+    def _learn(self, address: str) -> None:
+        """Remember a replica address learnt from the cluster (a leader added after this
+        client started), so that later failovers may also try it."""
+        with self._lock:
+            if address not in self.addresses:
+                self.addresses.append(address)
+
+    def add_replica(
+        self, replica_id: str, raft_address: str, grpc_address: str, timeout_s: float = 30.0
+    ) -> pb.MembershipResponse:
+        """Add a replica (admin); returns the members once the change is committed. Not
+        retried on an unknown outcome: read the members before trying again."""
+        request = pb.AddReplicaRequest(
+            replica_id=replica_id, raft_address=raft_address, grpc_address=grpc_address
+        )
+        response: pb.MembershipResponse = self.call(
+            "AddReplica",
+            lambda a, t: self.scheduler(a).AddReplica(request, timeout=t),
+            idempotent=False,
+            timeout_s=timeout_s,
+        )
+        return response
+
+    def remove_replica(self, replica_id: str, timeout_s: float = 30.0) -> pb.MembershipResponse:
+        """Remove a replica (admin); when it is the leader, the call waits while it hands
+        leadership over and then asks the new leader."""
+        request = pb.RemoveReplicaRequest(replica_id=replica_id)
+        response: pb.MembershipResponse = self.call(
+            "RemoveReplica",
+            lambda a, t: self.scheduler(a).RemoveReplica(request, timeout=t),
+            idempotent=False,
+            timeout_s=timeout_s,
+        )
+        return response
+
+    def save_snapshot(self, timeout_s: float = 120.0) -> tuple[pb.SnapshotChunk, bytes]:
+        """The leader's state: the first chunk (raft index, term, replica, size, SHA-256)
+        and the whole encoded state. Raises ``ValueError`` when the bytes received do not
+        match the size or checksum the leader announced."""
+
+        def fetch(address: str, per_try: float) -> tuple[pb.SnapshotChunk, bytes]:
+            stream = self.scheduler(address).SaveSnapshot(
+                pb.SaveSnapshotRequest(), timeout=max(per_try, timeout_s)
+            )
+            first: pb.SnapshotChunk | None = None
+            parts: list[bytes] = []
+            for chunk in stream:
+                if first is None:
+                    first = chunk
+                parts.append(chunk.data)
+            if first is None:
+                raise ValueError("the leader sent no snapshot")
+            return first, b"".join(parts)
+
+        head, data = self.call("SaveSnapshot", fetch, timeout_s=timeout_s)
+        if len(data) != head.total_bytes:
+            raise ValueError(f"snapshot truncated: {len(data)} of {head.total_bytes} bytes")
+        if hashlib.sha256(data).hexdigest() != head.sha256:
+            raise ValueError("snapshot corrupted in transit: SHA-256 mismatch")
+        return head, data
 
 
 def _retriable(failure: RpcFailure, idempotent: bool) -> bool:

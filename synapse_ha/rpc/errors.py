@@ -48,6 +48,13 @@ class Reason(enum.StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"  # the caller may not; metadata identity, method
     TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # metadata token_id
     NEEDS_TLS = "NEEDS_TLS"  # log grants are signed only when the cluster has TLS set up
+    # Membership changes (issue 18); metadata replica_id
+    CHANGE_IN_FLIGHT = "CHANGE_IN_FLIGHT"  # another membership change is not committed yet
+    WOULD_LOSE_QUORUM = "WOULD_LOSE_QUORUM"  # the change would leave too few live replicas
+    REPLICA_EXISTS = "REPLICA_EXISTS"  # the id or an address is already a member's
+    REPLICA_NOT_FOUND = "REPLICA_NOT_FOUND"  # no member with that id
+    LAST_REPLICA = "LAST_REPLICA"  # the only replica cannot be removed
+    LEADER_STEPPING_DOWN = "LEADER_STEPPING_DOWN"  # removing the leader: it hands over; retry
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
@@ -67,6 +74,12 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     Reason.TOKEN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.NEEDS_TLS: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.CHANGE_IN_FLIGHT: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.WOULD_LOSE_QUORUM: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.REPLICA_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.REPLICA_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.LAST_REPLICA: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.LEADER_STEPPING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 

@@ -37,7 +37,8 @@ from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import access, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec import READABLE_VERSIONS, encode_state
+from synapse_ha.core.membership import MembershipCode, MembershipRefusal, MemberView
 from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState, NodeStatus
 from synapse_ha.core.scheduler import Plan, explain, why_pending
 from synapse_ha.core.spec import SpecError
@@ -92,6 +93,17 @@ class Backend(Protocol):
     def leader_address(self) -> str: ...
 
 
+class MembershipControl(Protocol):
+    """Membership changes, as the Raft replica offers them (raft/replica.py). Each
+    returns the refusal, or a future that resolves once the change is committed."""
+
+    def members(self) -> list[MemberView]: ...
+    def add_member(
+        self, replica_id: str, raft_address: str, grpc_address: str
+    ) -> MembershipRefusal | futures.Future[None]: ...
+    def remove_member(self, replica_id: str) -> MembershipRefusal | futures.Future[None]: ...
+
+
 @dataclass(slots=True)
 class ReplicaContext:
     """Everything the servicers share. ``serving`` says whether this replica is the leader
@@ -118,6 +130,8 @@ class ReplicaContext:
     # Opens a channel to another replica (GetClusterStatus asks each one); with TLS, one
     # that presents this replica's certificate.
     peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
+    # Online membership changes (AddReplica, RemoveReplica); None: not offered here.
+    membership: MembershipControl | None = None
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -602,6 +616,120 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             expires_at_ms=expires_at_ms,
         )
 
+    # ------------------------------------------------- membership and backup (issue 18)
+
+    def AddReplica(
+        self, request: pb.AddReplicaRequest, context: grpc.ServicerContext
+    ) -> pb.MembershipResponse:
+        """Add a replica (admin, on the serving leader); answers once the membership
+        entry is committed. The new replica catches up afterwards."""
+        violations = [
+            Violation(ViolationCode.REQUIRED, name, "is required")
+            for name in ("replica_id", "raft_address", "grpc_address")
+            if not getattr(request, name)
+        ]
+        for name in ("raft_address", "grpc_address"):
+            value = getattr(request, name)
+            host, sep, port = value.rpartition(":")
+            if value and (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536):
+                violations.append(validation.invalid(name, "must be HOST:PORT"))
+        if violations:
+            abort_invalid(context, violations)
+        control = self._membership(context)
+        identity = caller(context)
+        outcome = control.add_member(request.replica_id, request.raft_address, request.grpc_address)
+        self._await_change(context, outcome, request.replica_id)
+        _audit(identity, "AddReplica", f"{request.replica_id} ({request.raft_address})")
+        return self._members_response(control)
+
+    def RemoveReplica(
+        self, request: pb.RemoveReplicaRequest, context: grpc.ServicerContext
+    ) -> pb.MembershipResponse:
+        """Remove a replica (admin, on the serving leader); answers once committed."""
+        if not request.replica_id:
+            _required(context, "replica_id")
+        control = self._membership(context)
+        identity = caller(context)
+        outcome = control.remove_member(request.replica_id)
+        self._await_change(context, outcome, request.replica_id)
+        _audit(identity, "RemoveReplica", request.replica_id)
+        return self._members_response(control)
+
+    def SaveSnapshot(
+        self, request: pb.SaveSnapshotRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.SnapshotChunk]:
+        """The serving leader's state as of one applied index, in chunks. The state is
+        read while applies are held off, with its index and term; it is encoded after
+        the lock is released (a copy-on-write snapshot)."""
+        self._require_serving_leader(context)
+        backend = self.ctx.backend
+        with backend.reading():
+            state = backend.snapshot()
+            status = backend.status()
+            raft_index, raft_term = status.last_applied, status.term
+        with self._heavy_read(context):
+            encoded = encode_state(state)
+        digest = hashlib.sha256(encoded).hexdigest()
+        _audit(caller(context), "SaveSnapshot", f"index {raft_index}, {len(encoded)} bytes")
+        for offset in range(0, max(len(encoded), 1), SNAPSHOT_CHUNK_BYTES):
+            data = encoded[offset : offset + SNAPSHOT_CHUNK_BYTES]
+            if offset == 0:
+                yield pb.SnapshotChunk(
+                    data=data,
+                    raft_index=raft_index,
+                    raft_term=raft_term,
+                    replica_id=self.ctx.self_id,
+                    total_bytes=len(encoded),
+                    sha256=digest,
+                )
+            else:
+                yield pb.SnapshotChunk(data=data)
+
+    def _membership(self, context: grpc.ServicerContext) -> MembershipControl:
+        self._require_serving_leader(context)
+        control = self.ctx.membership
+        if control is None:
+            abort(context, Reason.INTERNAL, "this replica offers no membership changes")
+        return control
+
+    def _await_change(
+        self,
+        context: grpc.ServicerContext,
+        outcome: MembershipRefusal | futures.Future[None],
+        replica_id: str,
+    ) -> None:
+        if isinstance(outcome, MembershipRefusal):
+            reason = _MEMBERSHIP_REASON[outcome.code]
+            abort(context, reason, outcome.message, {"replica_id": replica_id})
+        remaining = context.time_remaining()
+        timeout = self.ctx.write_timeout_s
+        if remaining is not None:
+            timeout = max(0.0, min(timeout, remaining - 0.05))
+        try:
+            outcome.result(timeout=timeout)
+        except futures.TimeoutError:
+            abort(
+                context,
+                Reason.OUTCOME_UNKNOWN,
+                "the membership change was not confirmed within the deadline; read the "
+                "members with `synctl cluster` before retrying",
+            )
+        except ProposalError as exc:
+            if exc.committed_unknown:
+                abort(context, Reason.OUTCOME_UNKNOWN, f"the outcome is unknown ({exc})")
+            abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
+
+    @staticmethod
+    def _members_response(control: MembershipControl) -> pb.MembershipResponse:
+        return pb.MembershipResponse(
+            members=[
+                pb.ReplicaMember(
+                    replica_id=m.replica_id, raft_address=m.raft, grpc_address=m.grpc, live=m.live
+                )
+                for m in control.members()
+            ]
+        )
+
     def _local_status(self) -> pb.ReplicaStatus:
         ctx = self.ctx
         raft = ctx.backend.status()
@@ -624,7 +752,21 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             leader_id=leader.replica_id if leader else "",
             healthy=healthy,
             error=error,
+            format_version=max(READABLE_VERSIONS),
         )
+
+
+# Membership and backup (issue 18): the gRPC reason of each refusal, and the size of one
+# SaveSnapshot chunk (well under gRPC's 4 MB default message limit).
+_MEMBERSHIP_REASON = {
+    MembershipCode.CHANGE_IN_FLIGHT: Reason.CHANGE_IN_FLIGHT,
+    MembershipCode.WOULD_LOSE_QUORUM: Reason.WOULD_LOSE_QUORUM,
+    MembershipCode.REPLICA_EXISTS: Reason.REPLICA_EXISTS,
+    MembershipCode.REPLICA_NOT_FOUND: Reason.REPLICA_NOT_FOUND,
+    MembershipCode.LAST_REPLICA: Reason.LAST_REPLICA,
+    MembershipCode.IS_LEADER: Reason.LEADER_STEPPING_DOWN,
+}
+SNAPSHOT_CHUNK_BYTES = 1 << 20
 
 
 def _ask_replica(

@@ -197,3 +197,29 @@ def test_version_1_state_decodes_with_derived_attempt_state_and_retries() -> Non
     assert render(again.reason) == render(cl.state.jobs[j].reason)
     assert again.attempt is not None and again.attempt.state is cl.state.jobs[j].attempt.state  # type: ignore[union-attr]
     assert again.retries_used == 1 and again.requeues == 0
+
+
+# ------------------------------------------------- format versions (rolling upgrades)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b'{"v": 3, "type": "Barrier", "body": {}}', "format version 3 is newer"),
+        (b'{"v": 2, "type": "AddQueue", "body": {}}', "unknown command type 'AddQueue'"),
+        (b'{"v": 2, "type": "Barrier", "body": {"queue": "a"}}', "unknown field 'queue'"),
+    ],
+)
+def test_what_a_newer_release_wrote_is_refused_as_unreadable(payload: bytes, message: str) -> None:
+    from synapse_ha.core.codec import UnreadableFormat
+
+    with pytest.raises(UnreadableFormat) as info:
+        decode_command(payload)
+    assert message in str(info.value) and "upgrade this replica" in str(info.value)
+
+
+def test_a_state_of_a_newer_format_is_refused_as_unreadable() -> None:
+    from synapse_ha.core.codec import UnreadableFormat, decode_state
+
+    with pytest.raises(UnreadableFormat, match="format version 9 is newer"):
+        decode_state(b'{"v": 9, "state": {}}')

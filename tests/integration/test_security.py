@@ -109,6 +109,9 @@ ListTokens       OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   
 RevokeToken      NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 RegisterNode     OK       DENIED   DENIED   DENIED   OK       DENIED   UNAUTH   UNAUTH   UNAUTH
 Heartbeat        OK       DENIED   DENIED   DENIED   OK       DENIED   UNAUTH   UNAUTH   UNAUTH
+AddReplica       EXISTS   DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+RemoveReplica    NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+SaveSnapshot     OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 """
 
 CALLERS = ("admin", "operator", "alice", "bob", "worker", "replica", "client", "revoked", "forged")
@@ -116,7 +119,11 @@ CODES: dict[str, tuple[grpc.StatusCode, set[Reason]]] = {
     "OK": (grpc.StatusCode.OK, set()),
     "UNAUTH": (grpc.StatusCode.UNAUTHENTICATED, {Reason.UNAUTHENTICATED}),
     "DENIED": (grpc.StatusCode.PERMISSION_DENIED, {Reason.PERMISSION_DENIED}),
-    "NOTFOUND": (grpc.StatusCode.NOT_FOUND, {Reason.NODE_NOT_FOUND, Reason.TOKEN_NOT_FOUND}),
+    "NOTFOUND": (
+        grpc.StatusCode.NOT_FOUND,
+        {Reason.NODE_NOT_FOUND, Reason.TOKEN_NOT_FOUND, Reason.REPLICA_NOT_FOUND},
+    ),
+    "EXISTS": (grpc.StatusCode.ALREADY_EXISTS, {Reason.REPLICA_EXISTS}),
 }
 MATRIX_NODE = "w-matrix"  # the node the worker certificate of the matrix names
 NO_SUCH_NODE = "no-such-node"
@@ -425,6 +432,14 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
             pb.RevokeTokenRequest(token_id="000000000000"), **kw
         ),
         "RegisterNode": lambda: agent.RegisterNode(tiny_node(MATRIX_NODE), **kw),
+        # Membership and backup: harmless forms (an existing replica, an unknown one).
+        "AddReplica": lambda: stub.AddReplica(
+            pb.AddReplicaRequest(replica_id="r1", raft_address="h:1", grpc_address="h:2"), **kw
+        ),
+        "RemoveReplica": lambda: stub.RemoveReplica(
+            pb.RemoveReplicaRequest(replica_id="no-such-replica"), **kw
+        ),
+        "SaveSnapshot": lambda: list(stub.SaveSnapshot(pb.SaveSnapshotRequest(), **kw)),
     }
     return calls[method]
 

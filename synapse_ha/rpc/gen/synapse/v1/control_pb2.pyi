@@ -306,7 +306,7 @@ class NodeStatusResponse(_message.Message):
     def __init__(self, status: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "raft_address", "grpc_address", "role", "term", "commit_index", "last_applied", "leader_id", "healthy", "error")
+    __slots__ = ("replica_id", "raft_address", "grpc_address", "role", "term", "commit_index", "last_applied", "leader_id", "healthy", "error", "format_version")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +317,7 @@ class ReplicaStatus(_message.Message):
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     raft_address: str
     grpc_address: str
@@ -327,7 +328,8 @@ class ReplicaStatus(_message.Message):
     leader_id: str
     healthy: bool
     error: str
-    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    format_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., format_version: _Optional[int] = ...) -> None: ...
 
 class GetClusterStatusRequest(_message.Message):
     __slots__ = ("local_only",)
@@ -597,3 +599,57 @@ class HeartbeatResponse(_message.Message):
     node_status: str
     leader_term: int
     def __init__(self, desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., acked_reports: _Optional[int] = ..., node_status: _Optional[str] = ..., leader_term: _Optional[int] = ...) -> None: ...
+
+class ReplicaMember(_message.Message):
+    __slots__ = ("replica_id", "raft_address", "grpc_address", "live")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    raft_address: str
+    grpc_address: str
+    live: bool
+    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., live: _Optional[bool] = ...) -> None: ...
+
+class AddReplicaRequest(_message.Message):
+    __slots__ = ("replica_id", "raft_address", "grpc_address")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    raft_address: str
+    grpc_address: str
+    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ...) -> None: ...
+
+class RemoveReplicaRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class MembershipResponse(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[ReplicaMember]
+    def __init__(self, members: _Optional[_Iterable[_Union[ReplicaMember, _Mapping]]] = ...) -> None: ...
+
+class SaveSnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("data", "raft_index", "raft_term", "replica_id", "total_bytes", "sha256")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RAFT_TERM_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    raft_index: int
+    raft_term: int
+    replica_id: str
+    total_bytes: int
+    sha256: str
+    def __init__(self, data: _Optional[bytes] = ..., raft_index: _Optional[int] = ..., raft_term: _Optional[int] = ..., replica_id: _Optional[str] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
