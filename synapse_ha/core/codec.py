@@ -18,6 +18,13 @@ the rule for upgrades is: **upgrade every replica before anything uses a new com
 new field or a new version**. A release keeps writing what the previous release reads
 until then (deploy/README.md, "Rolling upgrade"). ``synctl cluster -o json`` shows each
 replica's ``format_version`` to check.
+
+"Keeps writing what the previous release reads" is mechanical for added fields: a field
+listed in ``_ADDED_FIELDS`` is written only when it differs from its default. A command
+or state that does not use a new feature (a job in the ``default`` queue, no preemption)
+therefore encodes exactly as the previous release wrote it, and a replica of that release
+applies it; one that uses a new feature carries the field, and that replica refuses it
+as above.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import ClusterState
+from synapse_ha.core.model import Attempt, ClusterConfig, ClusterState, JobSpec
 
 # Version 2: reasons and attempt outcomes are Reason values (code, params, cause), not
 # sentences. Version 1 envelopes still decode: their sentences become TEXT reasons.
@@ -41,6 +48,16 @@ _READABLE_VERSIONS = (1, 2)
 READABLE_VERSIONS = _READABLE_VERSIONS
 
 _COMMANDS_BY_NAME: dict[str, type] = {t.__name__: t for t in cmd.COMMAND_TYPES}
+
+# Fields added since the previous release (queues, fair share and preemption): written
+# only when they differ from their defaults, so that release reads what does not use them.
+_ADDED_FIELDS: dict[type, frozenset[str]] = {
+    ClusterConfig: frozenset({"priority_classes", "fair_share_half_life_ms", "preemption"}),
+    JobSpec: frozenset({"queue", "priority_class"}),
+    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms"}),
+    ClusterState: frozenset({"queues", "queue_history"}),
+}
+_ALWAYS = object()  # a field written whatever its value
 
 
 class CodecError(ValueError):
@@ -63,7 +80,12 @@ def to_plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in _fields(type(value))}
+        plain = {}
+        for name, default in _layout(type(value)):
+            item = getattr(value, name)
+            if default is _ALWAYS or item != default:
+                plain[name] = to_plain(item)
+        return plain
     if isinstance(value, (tuple, list)):
         return [to_plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
@@ -71,6 +93,23 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): to_plain(v) for k, v in value.items()}
     raise CodecError(f"cannot encode a value of type {type(value).__name__}")
+
+
+@cache
+def _layout(cls: type) -> tuple[tuple[str, Any], ...]:
+    """Each field's name, with its default when it is written only if it differs from it
+    (``_ADDED_FIELDS``), else ``_ALWAYS``."""
+    added = _ADDED_FIELDS.get(cls, frozenset())
+    layout = []
+    for f in _fields(cls):
+        default: Any = _ALWAYS
+        if f.name in added:
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+        layout.append((f.name, default))
+    return tuple(layout)
 
 
 @cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -223,3 +224,25 @@ def test_a_state_of_a_newer_format_is_refused_as_unreadable() -> None:
 
     with pytest.raises(UnreadableFormat, match="format version 9 is newer"):
         decode_state(b'{"v": 9, "state": {}}')
+
+
+def test_fields_added_since_the_previous_release_are_written_only_when_used() -> None:
+    """A command or state that uses no new feature encodes as the previous release wrote
+    it (so a replica of that release applies it); one that uses one carries the field."""
+    plain = job("p", gpu=1)
+    body = json.loads(encode_command(c.SubmitJob(plain, "r-1")))["body"]["spec"]
+    assert "queue" not in body and "priority_class" not in body
+    queued = dataclasses.replace(plain, queue="team-a", priority_class="high")
+    body = json.loads(encode_command(c.SubmitJob(queued, "r-2")))["body"]["spec"]
+    assert (body["queue"], body["priority_class"]) == ("team-a", "high")
+    assert decode_command(encode_command(c.SubmitJob(queued, "r-2"))).spec == queued
+
+    cluster = Cluster()
+    cluster.do(c.RegisterNode(node("n1")))
+    state = json.loads(encode_state(cluster.state))["state"]
+    assert "queues" not in state and "queue_history" not in state
+    assert "preemption" not in state["config"]
+    cluster.do(c.SetQueue(Queue("team-a", gpu=8)))
+    state = json.loads(encode_state(cluster.state))["state"]
+    assert sorted(state["queues"]) == ["default", "team-a"]
+    assert decode_state(encode_state(cluster.state)) == cluster.state
