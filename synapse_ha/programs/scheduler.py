@@ -53,6 +53,10 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role, split_token
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
+from synapse_ha.history.recorder import HistoryRecorder
+from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
+from synapse_ha.history.store import HistoryStore
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
@@ -94,6 +98,8 @@ class SchedulerConfig:
     heavy_read_cpu_share: float = 0.3
     tls: TlsFiles | None = None  # None: --insecure
     bootstrap_token: str = ""  # the first admin's token text
+    history: bool = True  # job history in <data_dir>/history.sqlite3 (issue 15)
+    event_ring: int = DEFAULT_CAPACITY  # recent events held for WatchEvents
 
     @property
     def me(self) -> ReplicaAddress:
@@ -186,6 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap-token-file",
         help="a file holding the first admin's token (syn_...): the leader replicates its "
         "hash once, if the cluster has never had it",
+    )
+    p.add_argument(
+        "--no-history",
+        action="store_true",
+        default=None,
+        help="keep no job history in the data directory (events are still streamed)",
+    )
+    p.add_argument(
+        "--event-ring",
+        type=int,
+        help=f"recent events held for synctl events --since (default {DEFAULT_CAPACITY})",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     return p
@@ -329,6 +346,14 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             raise ConfigError(
                 f"bootstrap token file {token_file}: not a token (syn_<12 hex>_<secret>)"
             )
+    h_doc = doc.get("history", {})
+    history = not args.no_history if args.no_history is not None else h_doc.get("enabled", True)
+    event_ring = args.event_ring if args.event_ring is not None else h_doc.get("event_ring")
+    event_ring = DEFAULT_CAPACITY if event_ring is None else event_ring
+    if not isinstance(history, bool):
+        raise ConfigError(f"history.enabled must be true or false, got {history!r}")
+    if isinstance(event_ring, bool) or not isinstance(event_ring, int) or event_ring < 1:
+        raise ConfigError(f"event_ring must be a positive integer, got {event_ring!r}")
     return SchedulerConfig(
         replica_id=replica_id,
         replicas=tuple(replicas),
@@ -342,6 +367,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         heavy_read_cpu_share=float(share),
         tls=tls,
         bootstrap_token=bootstrap_token,
+        history=history,
+        event_ring=event_ring,
     )
 
 
@@ -393,6 +420,10 @@ class Replica:
         self._bootstrap_proposed_at = 0.0
         self._bootstrapped = False
         me = config.me
+        store = (
+            HistoryStore(os.path.join(config.data_dir, HISTORY_FILE)) if config.history else None
+        )
+        self.history = HistoryRecorder(store, EventRing(config.event_ring))
         self.raft = RaftReplica(
             me.raft,
             [r.raft for r in config.replicas],
@@ -401,6 +432,7 @@ class Replica:
             timing=config.timing,
             on_role_change=self._role_changed,
             on_applied=self._wake.set,
+            observer=self.history,
         )
         self.loop = LeaderLoop(
             self.raft,
@@ -427,6 +459,8 @@ class Replica:
             ),
             peer_channel=self.transport.channel,
             grant_signer=self._sign_grant if config.tls is not None else None,
+            history=store,
+            events=self.history.ring,
         )
         auth = None
         if config.tls is not None:
@@ -541,6 +575,7 @@ class Replica:
         self._driver.join(timeout=2.0)
         self.nudger.close()
         self.raft.stop()
+        self.history.close()
         log.info("replica %s stopped", self.config.replica_id)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON
@@ -36,7 +36,7 @@ from synapse_ha.core.codec import (
     encode_result,
 )
 from synapse_ha.core.model import ClusterConfig, ClusterState
-from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
+from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.snapshot import LogEntry, read_snapshot, write_snapshot
 
@@ -62,13 +62,18 @@ class RaftTiming:
 class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
     """The replicated cluster state and its one replicated entry point."""
 
-    def __init__(self, on_applied: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_applied: Callable[[], None] | None = None,
+        observer: ApplyObserver | None = None,
+    ) -> None:
         super().__init__()
         self.state = ClusterState()
         self.lock = threading.RLock()
         self._on_applied = on_applied
         self._snapshots = SnapshotBuilder()
         self.lock_stats = LockStats()
+        self.observer = observer
 
     def snapshot(self) -> ClusterState:
         """An immutable snapshot of the state as of the newest applied command.
@@ -108,11 +113,43 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
                 result = cmd.error(cmd.ResultCode.INVALID, f"undecodable command: {exc}")
             else:
                 with self.lock:
-                    result = apply_tracked(self.state, command, self._snapshots.changes)
+                    if self.observer is None:
+                        result = apply_tracked(self.state, command, self._snapshots.changes)
+                    else:
+                        result = self._apply_observed(command)
             return encode_result(result)
         except Exception as exc:  # a bug; keeping the log moving matters more
             log.exception("unexpected error applying a command")
             return encode_result(cmd.error(cmd.ResultCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    # -- apply observer (history and events, issue 15)
+
+    def _apply_observed(self, command: cmd.Command) -> cmd.Result:
+        """Apply under the lock, then tell the observer what the command touched (the
+        records :mod:`synapse_ha.core.snapshot` notes for this one command, also added
+        to the snapshot builder's changes). The observer must not raise; if it does,
+        the error is logged and the log moves on."""
+        touched = Changes()
+        result = apply_tracked(self.state, command, touched)
+        changes = self._snapshots.changes
+        changes.nodes |= touched.nodes
+        changes.jobs |= touched.jobs
+        changes.request_ids |= touched.request_ids
+        changes.tokens |= touched.tokens
+        changes.everything |= touched.everything
+        if self.observer is not None:
+            everything = touched.everything
+            try:
+                self.observer.observe(
+                    command,
+                    result,
+                    None if everything else touched.jobs,
+                    None if everything else touched.nodes,
+                    self.state,
+                )
+            except Exception:
+                log.exception("apply observer failed")
+        return result
 
     # -- snapshot hooks (SyncObjConf serializer/deserializer)
 
@@ -122,6 +159,8 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             (bytes(newest[0]), int(newest[1]), int(newest[2])),
             (bytes(previous[0]), int(previous[1]), int(previous[2])),
         )
+        if self.observer is not None and not self.observer.flush():
+            log.warning("apply observer did not catch up before the snapshot")
         with self.lock:
             write_snapshot(path, self.state, entries)
 
@@ -130,8 +169,32 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         with self.lock:
             self.state = state
             self._snapshots.reset()
+            if self.observer is not None:
+                self.observer.restored(state)
         log.info("restored snapshot at log index %d", entries[0][1])
         return (entries[0], entries[1], None)
+
+
+class ApplyObserver(Protocol):
+    """Told about every applied command, on the Raft thread under the apply lock
+    (synapse_ha.history.recorder.HistoryRecorder). Must be quick and must not raise;
+    slow work (disk writes) goes to a thread of its own."""
+
+    def observe(
+        self,
+        command: cmd.Command,
+        result: cmd.Result,
+        job_ids: set[str] | None,
+        node_ids: set[str] | None,
+        state: ClusterState,
+    ) -> None:
+        """``job_ids``/``node_ids``: what the command may have touched; None: anything."""
+
+    def restored(self, state: ClusterState) -> None:
+        """The state was replaced by a restored snapshot."""
+
+    def flush(self) -> bool:
+        """Finish queued work before a snapshot is written; False if it could not."""
 
 
 class LockStats:
@@ -177,13 +240,14 @@ class RaftReplica:
         timing: RaftTiming | None = None,
         on_role_change: Callable[[bool, int], None] | None = None,
         on_applied: Callable[[], None] | None = None,
+        observer: ApplyObserver | None = None,
     ) -> None:
         timing = timing or RaftTiming()
         if not password:
             raise ValueError("a Raft password is required (it encrypts replica traffic)")
         self.self_address = self_address
         self._on_role_change = on_role_change
-        self.machine = ReplicatedState(on_applied)
+        self.machine = ReplicatedState(on_applied, observer)
         conf = SyncObjConf(
             password=password,
             bindAddress=self_address,
