@@ -265,7 +265,7 @@ class Tracker:
             events.append((EventKind.LEADER_CHANGED, {"leader_id": command.leader_id}))
         nodes = sorted(set(self._nodes) | set(state.nodes) if node_ids is None else set(node_ids))
         for node_id in nodes:
-            self._node_events(node_id, state, events)
+            self._node_events(command, node_id, state, events)
         ids = set(self._jobs) | set(state.jobs) if job_ids is None else set(job_ids)
         for job_id in sorted(ids, key=lambda i: _seq_key(state, i)):
             self._job_events(job_id, state, applied, events, out)
@@ -276,7 +276,11 @@ class Tracker:
         return out
 
     def _node_events(
-        self, node_id: str, state: ClusterState, events: list[tuple[EventKind, dict[str, object]]]
+        self,
+        command: cmd.Command,
+        node_id: str,
+        state: ClusterState,
+        events: list[tuple[EventKind, dict[str, object]]],
     ) -> None:
         before = self._nodes.get(node_id)
         node = state.nodes.get(node_id)
@@ -287,13 +291,21 @@ class Tracker:
         self._nodes[node_id] = after
         if before == after:
             return
+        about = {"node_id": node_id, "detail": node.status_reason}
         if before is None:
             kind = EventKind.NODE_REGISTERED
         elif before is NodeStatus.DRAINING and after is NodeStatus.CORDONED:
             kind = EventKind.NODE_DRAINED
+        elif (
+            isinstance(command, cmd.SetNodeStatus)
+            and command.status is NodeStatus.DRAINING
+            and after is NodeStatus.CORDONED
+        ):  # drained as soon as it was asked to drain: it held nothing
+            events.append((EventKind.NODE_DRAINING, about))
+            kind = EventKind.NODE_DRAINED
         else:
             kind = _NODE_KIND[after]
-        events.append((kind, {"node_id": node_id, "detail": node.status_reason}))
+        events.append((kind, about))
 
     def _job_events(
         self,
