@@ -291,7 +291,7 @@ class Tracker:
         self._nodes[node_id] = after
         if before == after:
             return
-        about = {"node_id": node_id, "detail": node.status_reason}
+        about: dict[str, object] = {"node_id": node_id, "detail": node.status_reason}
         if before is None:
             kind = EventKind.NODE_REGISTERED
         elif before is NodeStatus.DRAINING and after is NodeStatus.CORDONED:
