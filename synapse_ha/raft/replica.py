@@ -159,8 +159,12 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             (bytes(newest[0]), int(newest[1]), int(newest[2])),
             (bytes(previous[0]), int(previous[1]), int(previous[2])),
         )
-        if self.observer is not None and not self.observer.flush():
-            log.warning("apply observer did not catch up before the snapshot")
+        if self.observer is not None:
+            try:
+                if not self.observer.flush():
+                    log.warning("apply observer did not catch up before the snapshot")
+            except Exception:
+                log.exception("apply observer failed to flush")
         with self.lock:
             write_snapshot(path, self.state, entries)
 
@@ -170,7 +174,10 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             self.state = state
             self._snapshots.reset()
             if self.observer is not None:
-                self.observer.restored(state)
+                try:
+                    self.observer.restored(state)
+                except Exception:
+                    log.exception("apply observer failed to take over a restored state")
         log.info("restored snapshot at log index %d", entries[0][1])
         return (entries[0], entries[1], None)
 

@@ -109,6 +109,9 @@ ListTokens       OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   
 RevokeToken      NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 RegisterNode     OK       DENIED   DENIED   DENIED   OK       DENIED   UNAUTH   UNAUTH   UNAUTH
 Heartbeat        OK       DENIED   DENIED   DENIED   OK       DENIED   UNAUTH   UNAUTH   UNAUTH
+ListHistory      OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+GetUsage         OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+WatchEvents      OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 """
 
 CALLERS = ("admin", "operator", "alice", "bob", "worker", "replica", "client", "revoked", "forged")
@@ -425,6 +428,10 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
             pb.RevokeTokenRequest(token_id="000000000000"), **kw
         ),
         "RegisterNode": lambda: agent.RegisterNode(tiny_node(MATRIX_NODE), **kw),
+        # History and events (issue 15); a stream is read to its end (no follow).
+        "ListHistory": lambda: stub.ListHistory(pb.ListHistoryRequest(), **kw),
+        "GetUsage": lambda: stub.GetUsage(pb.GetUsageRequest(by="user", since_ms=1), **kw),
+        "WatchEvents": lambda: list(stub.WatchEvents(pb.WatchEventsRequest(), **kw)),
     }
     return calls[method]
 
