@@ -389,25 +389,35 @@ class ClusterClient:
         ``follow``, until the caller stops iterating. A replica that goes away mid-stream
         is replaced by the next one, resuming after the last event received (every
         replica has the same indexes), for up to ``reconnect_s`` (default: the client's
-        timeout) without an answer; then :class:`ClusterUnavailable`. EVENTS_EXPIRED and
-        refusals are raised as the ``grpc.RpcError`` they are."""
+        timeout) without an answer; then :class:`ClusterUnavailable`. A replica that no
+        longer holds the events after ``since_index`` (EVENTS_EXPIRED: restarted, or
+        too far behind) is skipped for one that does; when none does, that error is
+        raised, as refusals are, as the ``grpc.RpcError`` it is."""
         window = self.timeout_s if reconnect_s is None else reconnect_s
         address = self._preferred
         since = since_index
         attempts: list[tuple[str, str]] = []
         give_up = time.monotonic() + window
+        expired: set[str] = set()  # replicas that no longer hold what follows ``since``
         while True:
             request = pb.WatchEventsRequest(since_index=since, follow=follow)
             stream = self.scheduler(address).WatchEvents(request)
             try:
                 for event in stream:
                     give_up = time.monotonic() + window
+                    expired.clear()
                     since = event.index
                     yield event
                 return
             except grpc.RpcError as exc:
                 failure = failure_of(exc)
                 attempts.append((address, failure.describe()))
+                if failure.reason is Reason.EVENTS_EXPIRED:
+                    expired.add(address)
+                    if expired >= set(self.addresses):
+                        raise
+                    address = self._next_address(address)
+                    continue
                 transport = failure.reason is Reason.UNKNOWN and failure.code in (
                     grpc.StatusCode.UNAVAILABLE,
                     grpc.StatusCode.CANCELLED,
