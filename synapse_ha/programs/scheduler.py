@@ -98,7 +98,7 @@ class SchedulerConfig:
     heavy_read_cpu_share: float = 0.3
     tls: TlsFiles | None = None  # None: --insecure
     bootstrap_token: str = ""  # the first admin's token text
-    history: bool = True  # job history in <data_dir>/history.sqlite3 (issue 15)
+    history: bool = True  # history in <data_dir>/history.sqlite3 and events (issue 15)
     event_ring: int = DEFAULT_CAPACITY  # recent events held for WatchEvents
 
     @property
@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-history",
         action="store_true",
         default=None,
-        help="keep no job history in the data directory (events are still streamed)",
+        help="keep no job history and stream no events (synctl history, usage and events "
+        "answer that they are turned off)",
     )
     p.add_argument(
         "--event-ring",
@@ -420,10 +421,10 @@ class Replica:
         self._bootstrap_proposed_at = 0.0
         self._bootstrapped = False
         me = config.me
-        store = (
-            HistoryStore(os.path.join(config.data_dir, HISTORY_FILE)) if config.history else None
-        )
-        self.history = HistoryRecorder(store, EventRing(config.event_ring))
+        self.history: HistoryRecorder | None = None
+        if config.history:
+            store = HistoryStore(os.path.join(config.data_dir, HISTORY_FILE))
+            self.history = HistoryRecorder(store, EventRing(config.event_ring))
         self.raft = RaftReplica(
             me.raft,
             [r.raft for r in config.replicas],
@@ -459,8 +460,8 @@ class Replica:
             ),
             peer_channel=self.transport.channel,
             grant_signer=self._sign_grant if config.tls is not None else None,
-            history=store,
-            events=self.history.ring,
+            history=self.history.store if self.history else None,
+            events=self.history.ring if self.history else None,
         )
         auth = None
         if config.tls is not None:
@@ -575,7 +576,8 @@ class Replica:
         self._driver.join(timeout=2.0)
         self.nudger.close()
         self.raft.stop()
-        self.history.close()
+        if self.history is not None:
+            self.history.close()
         log.info("replica %s stopped", self.config.replica_id)
 
 
