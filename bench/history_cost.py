@@ -12,6 +12,16 @@ each measured on a cluster of its own per mode:
   so every job finishes: two events and one history row (SQLite write) per submission.
   The rate counts submissions (each with its cancel).
 
+A third measurement needs no cluster and is not disturbed by other work on the machine:
+**apply_path**, the time one replica spends applying a command (decode, apply, encode the
+result: what every replica does for every log entry) with and without the history
+observer (events into the ring, rows queued to the SQLite writer thread, whose writes are
+included by a flush at the end), per workload, best of ``--apply-repeats`` runs of
+``--apply-commands`` commands. Every replica pays it for every entry, so on one machine
+running all three replicas the cluster-level slowdown it implies is about
+3 x overhead per submission x the measured submissions/s / the machine's cores (when the
+machine is CPU-bound), reported as ``implied_slowdown_percent``.
+
 A submission counts once a replica acknowledged it (committed). Each thread submits once
 before the clock starts, so connection set-up is not part of the rate. The modes run
 alternately, ``--rounds`` times each, on the same machine; the best rate of each mode is
@@ -39,7 +49,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import wait_for
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.codec import encode_command
+from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.local.launcher import Launcher, LocalReplicas
+from synapse_ha.raft.replica import ReplicatedState
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -177,6 +192,59 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+# ------------------------------------------------------------------- apply path
+
+
+def _commands(count: int, cancel: bool) -> list[bytes]:
+    spec = JobSpec(name="queued", replicas=1, resources=Resources(10, 16, 64), command=("true",))
+    out = []
+    for i in range(count):
+        out.append(encode_command(cmd.SubmitJob(spec, f"req-{i}", 1_000 + i, owner=USER)))
+        if cancel:
+            out.append(encode_command(cmd.CancelJob(f"job-{i + 1:06d}", now_ms=1_000 + i)))
+    return out
+
+
+def _apply_seconds(commands: list[bytes], history: bool, data_dir: Path) -> float:
+    recorder = HistoryRecorder.in_dir(data_dir) if history else None
+    machine = ReplicatedState(observer=recorder)
+    node = NodeInfo("n1", "127.0.0.1:1", Resources(64_000, 262_144, 8))
+    machine._apply_one(encode_command(cmd.RegisterNode(node, now_ms=1)))
+    try:
+        start = time.perf_counter()
+        for command in commands:
+            machine._apply_one(command)
+        if recorder is not None and not recorder.flush(120.0):
+            raise RuntimeError("the history writer did not catch up")
+        return time.perf_counter() - start
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+def apply_path(count: int, repeats: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for workload in WORKLOADS:
+        commands = _commands(count, cancel=workload == "submit_cancel")
+        best = {}
+        for mode in MODES:
+            times = []
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory(prefix="synapse-history-apply-") as tmp:
+                    times.append(_apply_seconds(commands, mode == "history_on", Path(tmp)))
+            best[mode] = min(times)
+        per_submission_us = {m: round(best[m] / count * 1e6, 1) for m in MODES}
+        out[workload] = {
+            "submissions": count,
+            "commands": len(commands),
+            "us_per_submission": per_submission_us,
+            "overhead_us_per_submission": round(
+                per_submission_us["history_on"] - per_submission_us["history_off"], 1
+            ),
+        }
+    return out
+
+
 def run(count: int, threads: int, rounds: int) -> dict[str, Any]:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         w: {m: [] for m in MODES} for w in WORKLOADS
@@ -190,8 +258,10 @@ def run(count: int, threads: int, rounds: int) -> dict[str, Any]:
     for workload, by_mode in runs.items():
         best = {m: max(r["submissions_per_s"] for r in by_mode[m]) for m in MODES}
         ratio = best["history_on"] / best["history_off"] if best["history_off"] else 0.0
+        rates = {m: sorted(r["submissions_per_s"] for r in by_mode[m]) for m in MODES}
         summary[workload] = {
             "best_submissions_per_s": best,
+            "median_submissions_per_s": {m: rates[m][len(rates[m]) // 2] for m in MODES},
             "history_on_over_off": round(ratio, 3),
             "slowdown_percent": round((1 - ratio) * 100, 1),
             "rounds": by_mode,
@@ -213,15 +283,27 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="a tiny run (seconds)")
     p.add_argument("--submissions", type=int, default=2000)
     p.add_argument("--threads", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--apply-commands", type=int, default=5000)
+    p.add_argument("--apply-repeats", type=int, default=5)
     p.add_argument("--out", type=Path, help=f"where to write the JSON (default {RESULT})")
     args = p.parse_args()
     if args.smoke:
         report = {"smoke": True, **run(100, 4, 1)}
+        report["apply_path"] = apply_path(200, 1)
         out = args.out
     else:
         report = {"smoke": False, **run(args.submissions, args.threads, args.rounds)}
+        report["apply_path"] = apply_path(args.apply_commands, args.apply_repeats)
         out = args.out or RESULT
+    cores = os.cpu_count() or 1
+    report["cores"] = cores
+    for workload in WORKLOADS:
+        overhead_s = report["apply_path"][workload]["overhead_us_per_submission"] / 1e6
+        rate = report[workload]["best_submissions_per_s"]["history_off"]
+        report["apply_path"][workload]["implied_slowdown_percent"] = round(
+            100 * 3 * overhead_s * rate / cores, 2
+        )
     text = json.dumps(report, indent=2)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

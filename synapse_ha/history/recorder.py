@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 from synapse_ha.core import commands as cmd
@@ -30,6 +31,12 @@ from synapse_ha.history.tracker import AttemptRecord, JobRecord, Tracker
 log = logging.getLogger(__name__)
 
 _Batch = tuple[list[AttemptRecord], list[JobRecord]]
+
+# The writer gathers what is queued for up to this long (or this many commands' records)
+# into one transaction: a commit costs far more than a row. A flush cuts it short.
+WRITE_LINGER_S = 0.05
+MAX_BATCHES_PER_WRITE = 2000
+_HURRY = "hurry"
 
 
 class HistoryRecorder:
@@ -44,7 +51,8 @@ class HistoryRecorder:
         self.ring = ring or EventRing(DEFAULT_CAPACITY)
         self.tracker = tracker or Tracker()
         self.errors = 0
-        self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        # Batches of records; None stops the writer; _HURRY ends its lingering (flush).
+        self._queue: queue.SimpleQueue[_Batch | str | None] = queue.SimpleQueue()
         self._done = threading.Condition()
         self._queued = 0
         self._written = 0
@@ -104,15 +112,20 @@ class HistoryRecorder:
             batch = self._queue.get()
             if batch is None:
                 return
+            if isinstance(batch, str):
+                continue
             batches = [batch]
             stop = False
-            while True:  # group what queued meanwhile into one transaction
+            linger_until = time.monotonic() + WRITE_LINGER_S
+            while len(batches) < MAX_BATCHES_PER_WRITE:  # one transaction for many
                 try:
-                    more = self._queue.get_nowait()
+                    more = self._queue.get(timeout=max(0.0, linger_until - time.monotonic()))
                 except queue.Empty:
                     break
                 if more is None:
                     stop = True
+                    break
+                if isinstance(more, str):
                     break
                 batches.append(more)
             attempts = [a for b in batches for a in b[0]]
@@ -134,6 +147,10 @@ class HistoryRecorder:
             return True
         with self._done:
             target = self._queued
+            if self._written >= target:
+                return True
+        self._queue.put(_HURRY)
+        with self._done:
             return self._done.wait_for(lambda: self._written >= target, timeout_s)
 
     def close(self) -> None:

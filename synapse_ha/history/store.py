@@ -32,6 +32,7 @@ from typing import Any
 
 from synapse_ha.core.codec import from_plain, to_plain
 from synapse_ha.core.model import JobSpec
+from synapse_ha.core.reasons import render
 from synapse_ha.history.tracker import AttemptRecord, JobRecord
 
 FILE_NAME = "history.sqlite3"
@@ -189,7 +190,7 @@ class HistoryStore:
                         a.ended_at_ms,
                         a.gpu_ms,
                         a.outcome_code,
-                        a.outcome,
+                        render(a.outcome),
                         a.applied_index,
                     )
                     for a in attempts
@@ -207,7 +208,7 @@ class HistoryStore:
                         j.queue,
                         j.state,
                         j.reason_code,
-                        j.reason,
+                        render(j.reason),
                         j.submitted_at_ms,
                         started,
                         j.finished_at_ms,

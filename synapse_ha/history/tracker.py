@@ -73,8 +73,14 @@ class Event:
     nodes: tuple[str, ...] = ()
     node_id: str = ""
     reason_code: str = ""
-    detail: str = ""
+    detail: str = ""  # operator text (a node's status reason)
     leader_id: str = ""
+    reason: Reason | None = None  # rendered only when read: most events never are
+
+    @property
+    def description(self) -> str:
+        """The sentence for people: the reason's, else the operator's text."""
+        return render(self.reason) if self.reason is not None else self.detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,7 @@ class AttemptRecord:
     started_at_ms: int  # 0: never started
     ended_at_ms: int
     outcome_code: str
-    outcome: str
+    outcome: Reason | None  # rendered by the writer, off the apply thread
     applied_index: int  # the state's applied_commands after the command that ended it
 
     @property
@@ -114,7 +120,7 @@ class JobRecord:
     queue: str
     state: str  # SUCCEEDED | FAILED | CANCELLED
     reason_code: str
-    reason: str
+    reason: Reason  # rendered by the writer, off the apply thread
     submitted_at_ms: int
     finished_at_ms: int
     attempts: int
@@ -182,7 +188,7 @@ def attempt_record(job: Job, applied_index: int) -> AttemptRecord | None:
         started_at_ms=attempt.started_at_ms or 0,
         ended_at_ms=attempt.ended_at_ms,
         outcome_code=str(outcome.code) if outcome is not None else "",
-        outcome=render(outcome),
+        outcome=outcome,
         applied_index=applied_index,
     )
 
@@ -195,7 +201,7 @@ def job_record(job: Job, applied_index: int) -> JobRecord:
         queue=queue_of(job),
         state=str(job.state),
         reason_code=str(job.reason.code),
-        reason=render(job.reason),
+        reason=job.reason,
         submitted_at_ms=job.submitted_at_ms,
         finished_at_ms=job.finished_at_ms,
         attempts=job.attempts_made,
@@ -368,7 +374,7 @@ def _why(job: Job, outcome: Reason | None) -> dict[str, object]:
     chosen = job.reason if job.state.finished or job.state is JobState.PENDING else outcome
     if chosen is None:
         return {}
-    return {"reason_code": str(chosen.code), "detail": render(chosen)}
+    return {"reason_code": str(chosen.code), "reason": chosen}
 
 
 def _seq_key(state: ClusterState, job_id: str) -> tuple[int, str]:

@@ -66,6 +66,6 @@ def event_to_proto(e: Event) -> pb.Event:
         nodes=list(e.nodes),
         node_id=e.node_id,
         reason_code=e.reason_code,
-        detail=e.detail,
+        detail=e.description,
         leader_id=e.leader_id,
     )

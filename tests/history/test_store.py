@@ -99,7 +99,7 @@ def attempt(owner: str, queue: str, gpus: int, start: int, end: int, n: int = 1)
         started_at_ms=start,
         ended_at_ms=end,
         outcome_code="all_exited_zero",
-        outcome="",
+        outcome=None,
         applied_index=n,
     )
 
