@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import (
@@ -141,8 +142,9 @@ class Step:
     jobs: list[JobRecord] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class _JobMark:
+class _JobMark(NamedTuple):
+    """What the tracker remembers of a job (a tuple: made for every touched job)."""
+
     state: JobState
     attempts_made: int
     attempt_state: AttemptState | None
@@ -151,12 +153,9 @@ class _JobMark:
 
 def _mark(job: Job) -> _JobMark:
     attempt = job.attempt
-    return _JobMark(
-        job.state,
-        job.attempts_made,
-        attempt.state if attempt is not None else None,
-        attempt is not None and attempt.started_at_ms is not None,
-    )
+    if attempt is None:
+        return _JobMark(job.state, job.attempts_made, None, False)
+    return _JobMark(job.state, job.attempts_made, attempt.state, attempt.started_at_ms is not None)
 
 
 def queue_of(job: Job) -> str:
@@ -272,9 +271,21 @@ class Tracker:
         nodes = sorted(set(self._nodes) | set(state.nodes) if node_ids is None else set(node_ids))
         for node_id in nodes:
             self._node_events(command, node_id, state, events)
-        ids = set(self._jobs) | set(state.jobs) if job_ids is None else set(job_ids)
-        for job_id in sorted(ids, key=lambda i: _seq_key(state, i)):
-            self._job_events(job_id, state, applied, events, out)
+        ids = set(self._jobs) | set(state.jobs) if job_ids is None else job_ids
+        changed: list[tuple[int, str, _JobMark | None, Job]] = []
+        for job_id in ids:  # most touched jobs (a pass's new reasons) did not change
+            job = state.jobs.get(job_id)
+            if job is None:  # purged: history already has it
+                self._jobs.pop(job_id, None)
+                continue
+            before = self._jobs.get(job_id)
+            after = _mark(job)
+            if after != before:
+                self._jobs[job_id] = after
+                changed.append((job.seq, job_id, before, job))
+        changed.sort(key=lambda c: (c[0], c[1]))
+        for _, _, before, job in changed:
+            self._job_events(before, job, applied, events, out)
         for k, (kind, values) in enumerate(events[:MAX_EVENTS_PER_COMMAND]):
             out.events.append(
                 Event(index=(applied << INDEX_SHIFT) | k, kind=kind, time_ms=now, **values)  # type: ignore[arg-type]
@@ -315,21 +326,14 @@ class Tracker:
 
     def _job_events(
         self,
-        job_id: str,
-        state: ClusterState,
+        before: _JobMark | None,
+        job: Job,
         applied: int,
         events: list[tuple[EventKind, dict[str, object]]],
         out: Step,
     ) -> None:
-        before = self._jobs.get(job_id)
-        job = state.jobs.get(job_id)
-        if job is None:  # purged: history already has it
-            self._jobs.pop(job_id, None)
-            return
+        job_id = job.job_id
         after = _mark(job)
-        if after == before:
-            return
-        self._jobs[job_id] = after
         about: dict[str, object] = {
             "job_id": job_id,
             "job_name": job.spec.name,
@@ -375,8 +379,3 @@ def _why(job: Job, outcome: Reason | None) -> dict[str, object]:
     if chosen is None:
         return {}
     return {"reason_code": str(chosen.code), "reason": chosen}
-
-
-def _seq_key(state: ClusterState, job_id: str) -> tuple[int, str]:
-    job = state.jobs.get(job_id)
-    return (job.seq if job is not None else 0, job_id)
