@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -223,7 +224,12 @@ def _apply_seconds(commands: list[bytes], history: bool, data_dir: Path) -> floa
 
 
 def apply_path(count: int, repeats: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    # The collector settings of a running replica (programs/scheduler.py tune_gc): with
+    # the interpreter's defaults, collections over the growing state dominate the timing.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    out: dict[str, Any] = {"gc_threshold": list(gc.get_threshold())}
     for workload in WORKLOADS:
         commands = _commands(count, cancel=workload == "submit_cancel")
         best = {}

@@ -197,7 +197,10 @@ class HistoryStore:
                 ],
             )
             for j in jobs:
-                started, gpu_ms, nodes = self._attempt_totals(j.job_id)
+                # A job cancelled before its first bind has no attempts to add up.
+                started, gpu_ms, nodes = (
+                    self._attempt_totals(j.job_id) if j.attempts else (0, 0, [])
+                )
                 db.execute(
                     "INSERT OR IGNORE INTO jobs VALUES "
                     "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
