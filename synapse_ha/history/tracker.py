@@ -358,7 +358,8 @@ class Tracker:
                 record = attempt_record(job, applied)
                 if record is not None:
                     out.attempts.append(record)
-                kind = _ENDED_KIND[attempt.state]
+                # An attempt state this table does not know yet ends as a failure.
+                kind = _ENDED_KIND.get(attempt.state, EventKind.FAILED)
                 if job.state is JobState.CANCELLED:
                     kind = EventKind.CANCELLED
                 elif kind is EventKind.REQUEUED and job.state.finished:
