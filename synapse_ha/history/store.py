@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime
 import json
 import sqlite3
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -198,9 +197,6 @@ class HistoryStore:
                 ],
             )
             for j in jobs:
-                # Let the apply and gRPC threads in between rows: the spec's JSON below
-                # holds the interpreter lock, and they wait for it with a commit pending.
-                time.sleep(0)
                 # A job cancelled before its first bind has no attempts to add up.
                 started, gpu_ms, nodes = (
                     self._attempt_totals(j.job_id) if j.attempts else (0, 0, [])
