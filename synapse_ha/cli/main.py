@@ -51,6 +51,7 @@ from synapse_ha.cli.defaults import (
     TOKEN_FILE_NAME,
     ExitCode,
 )
+from synapse_ha.cli.history import HISTORY_COMMANDS
 from synapse_ha.cli.logs import (
     GrantCache,
     LinePrinter,
@@ -1143,6 +1144,10 @@ def dev_up(
             out=click.echo,
         )
     )
+
+
+for _history_command in HISTORY_COMMANDS:  # history, usage, events (issue 15)
+    cli.add_command(_history_command)
 
 
 # ---------------------------------------------------------------------------- main

@@ -155,6 +155,10 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("AddReplica"): frozenset({_A}),
     _scheduler("RemoveReplica"): frozenset({_A}),
     _scheduler("SaveSnapshot"): frozenset({_A}),
+    # History and events (issue 15): a user sees only its own jobs' history and usage.
+    _scheduler("ListHistory"): _PEOPLE,
+    _scheduler("GetUsage"): _PEOPLE,
+    _scheduler("WatchEvents"): _READERS,
     _agent("RegisterNode"): frozenset({_A, Audience.WORKER}),
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
 }
@@ -250,6 +254,14 @@ def job_refusal(identity: Identity, job_id: str, job_owner: str) -> Refusal | No
         f"{describe_caller(identity)} may not manage {job_id}: it belongs to {owner}; "
         f"it needs its owner, or role operator or admin",
     )
+
+
+def sees_all_history(identity: Identity) -> bool:
+    """Whether ``identity`` reads every job's history and usage (admins, operators and
+    replicas); a user reads only its own jobs'."""
+    if identity.kind is Kind.REPLICA:
+        return True
+    return identity.kind is Kind.USER and identity.role in (Role.ADMIN, Role.OPERATOR)
 
 
 def may_speak_for_node(identity: Identity, node_id: str) -> Refusal | None:

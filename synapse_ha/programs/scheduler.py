@@ -58,6 +58,10 @@ from synapse_ha.core.access import Role, split_token
 from synapse_ha.core.backup import BackupError, decode_backup
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
+from synapse_ha.history.recorder import HistoryRecorder
+from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
+from synapse_ha.history.store import HistoryStore
 from synapse_ha.raft.replica import RaftReplica, RaftTiming, RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot import SnapshotMember
 from synapse_ha.rpc.admission import ReadGate
@@ -102,6 +106,8 @@ class SchedulerConfig:
     bootstrap_token: str = ""  # the first admin's token text
     join: bool = False  # new to a running cluster: no election before hearing a leader
     restore: str = ""  # a backup file to start a new cluster from
+    history: bool = True  # history in <data_dir>/history.sqlite3 and events (issue 15)
+    event_ring: int = DEFAULT_CAPACITY  # recent events held for WatchEvents
 
     @property
     def me(self) -> ReplicaAddress:
@@ -194,6 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap-token-file",
         help="a file holding the first admin's token (syn_...): the leader replicates its "
         "hash once, if the cluster has never had it",
+    )
+    p.add_argument(
+        "--no-history",
+        action="store_true",
+        default=None,
+        help="keep no job history and stream no events (synctl history, usage and events "
+        "answer that they are turned off)",
+    )
+    p.add_argument(
+        "--event-ring",
+        type=int,
+        help=f"recent events held for synctl events --since (default {DEFAULT_CAPACITY})",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     # Membership and backup (issue 18)
@@ -364,6 +382,14 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             raise ConfigError(
                 f"bootstrap token file {token_file}: not a token (syn_<12 hex>_<secret>)"
             )
+    h_doc = doc.get("history", {})
+    history = not args.no_history if args.no_history is not None else h_doc.get("enabled", True)
+    event_ring = args.event_ring if args.event_ring is not None else h_doc.get("event_ring")
+    event_ring = DEFAULT_CAPACITY if event_ring is None else event_ring
+    if not isinstance(history, bool):
+        raise ConfigError(f"history.enabled must be true or false, got {history!r}")
+    if isinstance(event_ring, bool) or not isinstance(event_ring, int) or event_ring < 1:
+        raise ConfigError(f"event_ring must be a positive integer, got {event_ring!r}")
     return SchedulerConfig(
         replica_id=replica_id,
         replicas=tuple(replicas),
@@ -379,6 +405,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         bootstrap_token=bootstrap_token,
         join=join,
         restore=restore,
+        history=history,
+        event_ring=event_ring,
     )
 
 
@@ -432,6 +460,10 @@ class Replica:
         me = config.me
         # A restored replica starts a new cluster alone; the others join it one by one.
         partners = [me] if config.restore else list(config.replicas)
+        self.history: HistoryRecorder | None = None
+        if config.history:
+            store = HistoryStore(os.path.join(config.data_dir, HISTORY_FILE))
+            self.history = HistoryRecorder(store, EventRing(config.event_ring))
         self.raft = RaftReplica(
             me.raft,
             [r.raft for r in partners],
@@ -442,6 +474,7 @@ class Replica:
             on_applied=self._wake.set,
             directory={r.raft: (r.replica_id, r.grpc) for r in config.replicas},
             join=config.join,
+            observer=self.history,
         )
         self.loop = LeaderLoop(
             self.raft,
@@ -469,6 +502,8 @@ class Replica:
             peer_channel=self.transport.channel,
             grant_signer=self._sign_grant if config.tls is not None else None,
             membership=self.raft,
+            history=self.history.store if self.history else None,
+            events=self.history.ring if self.history else None,
         )
         auth = None
         if config.tls is not None:
@@ -583,6 +618,8 @@ class Replica:
         self._driver.join(timeout=2.0)
         self.nudger.close()
         self.raft.stop()
+        if self.history is not None:
+            self.history.close()
         log.info("replica %s stopped", self.config.replica_id)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON
@@ -46,7 +46,7 @@ from synapse_ha.core.membership import (
     check_remove,
 )
 from synapse_ha.core.model import ClusterConfig, ClusterState
-from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
+from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.snapshot import (
     LogEntry,
@@ -77,7 +77,11 @@ class RaftTiming:
 class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
     """The replicated cluster state and its one replicated entry point."""
 
-    def __init__(self, on_applied: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_applied: Callable[[], None] | None = None,
+        observer: ApplyObserver | None = None,
+    ) -> None:
         super().__init__()
         self.state = ClusterState()
         self.lock = threading.RLock()
@@ -87,6 +91,7 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         # The members a snapshot file without a member list stands for (one written by a
         # release before online membership changes): the configured replicas.
         self.default_members: tuple[TCPNode, ...] = ()
+        self.observer = observer
 
     def snapshot(self) -> ClusterState:
         """An immutable snapshot of the state as of the newest applied command.
@@ -131,11 +136,43 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
                 result = cmd.error(cmd.ResultCode.INVALID, f"undecodable command: {exc}")
             else:
                 with self.lock:
-                    result = apply_tracked(self.state, command, self._snapshots.changes)
+                    if self.observer is None:
+                        result = apply_tracked(self.state, command, self._snapshots.changes)
+                    else:
+                        result = self._apply_observed(command)
             return encode_result(result)
         except Exception as exc:  # a bug; keeping the log moving matters more
             log.exception("unexpected error applying a command")
             return encode_result(cmd.error(cmd.ResultCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    # -- apply observer (history and events, issue 15)
+
+    def _apply_observed(self, command: cmd.Command) -> cmd.Result:
+        """Apply under the lock, then tell the observer what the command touched (the
+        records :mod:`synapse_ha.core.snapshot` notes for this one command, also added
+        to the snapshot builder's changes). The observer must not raise; if it does,
+        the error is logged and the log moves on."""
+        touched = Changes()
+        result = apply_tracked(self.state, command, touched)
+        changes = self._snapshots.changes
+        changes.nodes |= touched.nodes
+        changes.jobs |= touched.jobs
+        changes.request_ids |= touched.request_ids
+        changes.tokens |= touched.tokens
+        changes.everything |= touched.everything
+        if self.observer is not None:
+            everything = touched.everything
+            try:
+                self.observer.observe(
+                    command,
+                    result,
+                    None if everything else touched.jobs,
+                    None if everything else touched.nodes,
+                    self.state,
+                )
+            except Exception:
+                log.exception("apply observer failed")
+        return result
 
     # -- snapshot hooks (SyncObjConf serializer/deserializer)
 
@@ -146,6 +183,12 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             (bytes(previous[0]), int(previous[1]), int(previous[2])),
         )
         members = [_member_of(node) for node in data[2]] if len(data) > 2 and data[2] else None
+        if self.observer is not None:
+            try:
+                if not self.observer.flush():
+                    log.warning("apply observer did not catch up before the snapshot")
+            except Exception:
+                log.exception("apply observer failed to flush")
         with self.lock:
             write_snapshot(path, self.state, entries, members)
 
@@ -154,12 +197,39 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         with self.lock:
             self.state = snap.state
             self._snapshots.reset()
+            if self.observer is not None:
+                try:
+                    self.observer.restored(snap.state)
+                except Exception:
+                    log.exception("apply observer failed to take over a restored state")
         log.info("restored snapshot at log index %d", snap.entries[0][1])
         if snap.members is None:
             nodes = list(self.default_members)
         else:
             nodes = [_node(m.raft, m.replica_id, m.grpc) for m in snap.members]
         return (snap.entries[0], snap.entries[1], nodes)
+
+
+class ApplyObserver(Protocol):
+    """Told about every applied command, on the Raft thread under the apply lock
+    (synapse_ha.history.recorder.HistoryRecorder). Must be quick and must not raise;
+    slow work (disk writes) goes to a thread of its own."""
+
+    def observe(
+        self,
+        command: cmd.Command,
+        result: cmd.Result,
+        job_ids: set[str] | None,
+        node_ids: set[str] | None,
+        state: ClusterState,
+    ) -> None:
+        """``job_ids``/``node_ids``: what the command may have touched; None: anything."""
+
+    def restored(self, state: ClusterState) -> None:
+        """The state was replaced by a restored snapshot."""
+
+    def flush(self) -> bool:
+        """Finish queued work before a snapshot is written; False if it could not."""
 
 
 class LockStats:
@@ -213,6 +283,7 @@ class RaftReplica:
         on_applied: Callable[[], None] | None = None,
         directory: Mapping[str, tuple[str, str]] | None = None,
         join: bool = False,
+        observer: ApplyObserver | None = None,
     ) -> None:
         timing = timing or RaftTiming()
         if not password:
@@ -220,7 +291,7 @@ class RaftReplica:
         self.self_address = self_address
         self._on_role_change = on_role_change
         self._timing = timing
-        self.machine = ReplicatedState(on_applied)
+        self.machine = ReplicatedState(on_applied, observer)
         directory = directory or {}
 
         def node(address: str) -> TCPNode:

@@ -33,7 +33,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -426,6 +426,75 @@ class ClusterClient:
         if hashlib.sha256(data).hexdigest() != head.sha256:
             raise ValueError("snapshot corrupted in transit: SHA-256 mismatch")
         return head, data
+
+    # ---------------------------------------------- history and events (issue 15)
+
+    def list_history(self, **filters: Any) -> list[pb.HistoryJob]:
+        """Finished jobs from the history of the replica that answers (any replica:
+        every one holds the same history), newest first. ``filters`` are the fields of
+        ListHistoryRequest (user, queue, node_id, since_ms, until_ms, limit)."""
+        request = pb.ListHistoryRequest(**filters)
+        response = self.call(
+            "ListHistory", lambda a, t: self.scheduler(a).ListHistory(request, timeout=t)
+        )
+        return list(response.jobs)
+
+    def get_usage(self, by: str, since_ms: int, until_ms: int = 0) -> pb.GetUsageResponse:
+        """GPU-milliseconds per ``by`` (user or queue) and UTC day."""
+        request = pb.GetUsageRequest(by=by, since_ms=since_ms, until_ms=until_ms)
+        response: pb.GetUsageResponse = self.call(
+            "GetUsage", lambda a, t: self.scheduler(a).GetUsage(request, timeout=t)
+        )
+        return response
+
+    def watch_events(
+        self, since_index: int = 0, follow: bool = False, reconnect_s: float | None = None
+    ) -> Iterator[pb.Event]:
+        """Events after ``since_index`` (0: the oldest the replica holds); with
+        ``follow``, until the caller stops iterating. A replica that goes away mid-stream
+        is replaced by the next one, resuming after the last event received (every
+        replica has the same indexes), for up to ``reconnect_s`` (default: the client's
+        timeout) without an answer; then :class:`ClusterUnavailable`. A replica that no
+        longer holds the events after ``since_index`` (EVENTS_EXPIRED: restarted, or
+        too far behind) is skipped for one that does; when none does, that error is
+        raised, as refusals are, as the ``grpc.RpcError`` it is."""
+        window = self.timeout_s if reconnect_s is None else reconnect_s
+        address = self._preferred
+        since = since_index
+        attempts: list[tuple[str, str]] = []
+        give_up = time.monotonic() + window
+        expired: set[str] = set()  # replicas that no longer hold what follows ``since``
+        while True:
+            request = pb.WatchEventsRequest(since_index=since, follow=follow)
+            stream = self.scheduler(address).WatchEvents(request)
+            try:
+                for event in stream:
+                    give_up = time.monotonic() + window
+                    expired.clear()
+                    since = event.index
+                    yield event
+                return
+            except grpc.RpcError as exc:
+                failure = failure_of(exc)
+                attempts.append((address, failure.describe()))
+                if failure.reason is Reason.EVENTS_EXPIRED:
+                    expired.add(address)
+                    if expired >= set(self.addresses):
+                        raise
+                    address = self._next_address(address)
+                    continue
+                transport = failure.reason is Reason.UNKNOWN and failure.code in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.CANCELLED,
+                )
+                if not transport and failure.reason is not Reason.OVERLOADED:
+                    raise
+                if time.monotonic() > give_up:
+                    raise ClusterUnavailable("WatchEvents", attempts) from exc
+                address = self._next_address(address)
+                time.sleep(self._rng.uniform(self.backoff_s / 2, self.backoff_s))
+            finally:
+                stream.cancel()
 
 
 def _retriable(failure: RpcFailure, idempotent: bool) -> bool:

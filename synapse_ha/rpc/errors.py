@@ -55,6 +55,7 @@ class Reason(enum.StrEnum):
     REPLICA_NOT_FOUND = "REPLICA_NOT_FOUND"  # no member with that id
     LAST_REPLICA = "LAST_REPLICA"  # the only replica cannot be removed
     LEADER_STEPPING_DOWN = "LEADER_STEPPING_DOWN"  # removing the leader: it hands over; retry
+    EVENTS_EXPIRED = "EVENTS_EXPIRED"  # a since-index older than held; metadata oldest_index
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
@@ -80,6 +81,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.REPLICA_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.LAST_REPLICA: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.LEADER_STEPPING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    Reason.EVENTS_EXPIRED: grpc.StatusCode.OUT_OF_RANGE,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 

@@ -44,7 +44,10 @@ from synapse_ha.core.scheduler import Plan, explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.core.views import DesiredMember, desired_by_node
+from synapse_ha.history.events import EventRing, EventsExpired
+from synapse_ha.history.store import USAGE_KEYS, HistoryFilter, HistoryStore
 from synapse_ha.rpc import convert
+from synapse_ha.rpc import history as history_pb
 from synapse_ha.rpc.admission import Overloaded, ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, abort_refused, caller, method_of, new_token
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
@@ -132,6 +135,9 @@ class ReplicaContext:
     peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
     # Online membership changes (AddReplica, RemoveReplica); None: not offered here.
     membership: MembershipControl | None = None
+    # History and events (issue 15): this replica's own copies; None when turned off.
+    history: HistoryStore | None = None
+    events: EventRing | None = None
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -730,6 +736,110 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             ]
         )
 
+    # ------------------------------------------------ history and events (issue 15)
+
+    def _history_owner(self, context: grpc.ServicerContext, asked: str) -> str:
+        """The owner a history read is limited to: ``asked`` for those who see every
+        job's history; a user's own name (asking for another user is refused)."""
+        identity = caller(context)
+        if access.sees_all_history(identity):
+            return asked
+        if asked and asked != identity.name:
+            self._refuse(
+                context,
+                access.Refusal(
+                    access.RefusalCode.PERMISSION_DENIED,
+                    f"{access.describe_caller(identity)} may read only its own history, "
+                    f"not user {asked}'s; it needs role operator or admin",
+                ),
+                identity,
+            )
+        return identity.name
+
+    def _history_store(self, context: grpc.ServicerContext) -> HistoryStore:
+        if self.ctx.history is None:
+            abort(context, Reason.CONFLICT, "history is turned off on this replica")
+        return self.ctx.history
+
+    def ListHistory(
+        self, request: pb.ListHistoryRequest, context: grpc.ServicerContext
+    ) -> pb.ListHistoryResponse:
+        """Finished jobs from this replica's history, newest first."""
+        violations = [
+            validation.invalid(name, "must be 0 or positive")
+            for name in ("since_ms", "until_ms", "limit")
+            if getattr(request, name) < 0
+        ]
+        if violations:
+            abort_invalid(context, violations)
+        owner = self._history_owner(context, request.user)
+        store = self._history_store(context)
+        wanted = HistoryFilter(
+            owner=owner,
+            queue=request.queue,
+            node_id=request.node_id,
+            since_ms=request.since_ms,
+            until_ms=request.until_ms,
+            limit=request.limit or 1000,
+        )
+        with self._heavy_read(context):
+            jobs = store.jobs(wanted)
+        return pb.ListHistoryResponse(
+            jobs=[history_pb.history_job_to_proto(j) for j in jobs], answered_by=self.ctx.self_id
+        )
+
+    def GetUsage(
+        self, request: pb.GetUsageRequest, context: grpc.ServicerContext
+    ) -> pb.GetUsageResponse:
+        """GPU-milliseconds per user or queue and UTC day, from this replica's history."""
+        until = request.until_ms or self.ctx.clock_ms()
+        violations = []
+        if request.by not in USAGE_KEYS:
+            violations.append(validation.invalid("by", f"must be one of {', '.join(USAGE_KEYS)}"))
+        if request.since_ms <= 0:
+            violations.append(validation.invalid("since_ms", "must be a positive time"))
+        elif until <= request.since_ms:
+            violations.append(validation.invalid("until_ms", "must be later than since_ms"))
+        if violations:
+            abort_invalid(context, violations)
+        owner = self._history_owner(context, "")
+        store = self._history_store(context)
+        with self._heavy_read(context):
+            rows = store.usage(request.by, request.since_ms, until, owner=owner)
+        return pb.GetUsageResponse(
+            rows=[history_pb.usage_row_to_proto(r) for r in rows],
+            by=request.by,
+            since_ms=request.since_ms,
+            until_ms=until,
+            answered_by=self.ctx.self_id,
+        )
+
+    def WatchEvents(
+        self, request: pb.WatchEventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.Event]:
+        """Events after ``since_index`` from this replica's ring; with ``follow``, new ones
+        as they are applied until the client goes away. At most
+        :data:`MAX_EVENT_WATCHERS` streams at once per replica (each holds a thread)."""
+        if request.since_index < 0:
+            abort_invalid(context, [validation.invalid("since_index", "must be 0 or positive")])
+        ring = self.ctx.events
+        if ring is None:
+            abort(context, Reason.CONFLICT, "events are turned off on this replica")
+        with _WATCHERS:
+            if _WATCHERS.count >= MAX_EVENT_WATCHERS:
+                abort(
+                    context,
+                    Reason.OVERLOADED,
+                    f"{MAX_EVENT_WATCHERS} event streams are open on this replica; "
+                    "retry after a pause or watch another replica",
+                )
+            _WATCHERS.count += 1
+        try:
+            yield from _stream_events(ring, request, context)
+        finally:
+            with _WATCHERS:
+                _WATCHERS.count -= 1
+
     def _local_status(self) -> pb.ReplicaStatus:
         ctx = self.ctx
         raft = ctx.backend.status()
@@ -767,6 +877,47 @@ _MEMBERSHIP_REASON = {
     MembershipCode.IS_LEADER: Reason.LEADER_STEPPING_DOWN,
 }
 SNAPSHOT_CHUNK_BYTES = 1 << 20
+# At most this many WatchEvents streams per replica: each holds a server thread.
+MAX_EVENT_WATCHERS = 8
+
+
+class _Watchers:
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+_WATCHERS = _Watchers()
+
+
+def _stream_events(
+    ring: EventRing, request: pb.WatchEventsRequest, context: grpc.ServicerContext
+) -> Iterator[pb.Event]:
+    since = request.since_index
+    end = None if request.follow else ring.newest_index
+    while context.is_active():
+        try:
+            events = ring.wait_after(since, timeout_s=0.5) if end is None else ring.after(since)
+        except EventsExpired as exc:
+            abort(
+                context,
+                Reason.EVENTS_EXPIRED,
+                str(exc),
+                {"oldest_index": str(exc.complete_after), "since_index": str(exc.since)},
+            )
+        for event in events:
+            if end is not None and event.index > end:
+                return
+            yield history_pb.event_to_proto(event)
+            since = event.index
+        if end is not None and (not events or since >= end):
+            return
 
 
 def _ask_replica(

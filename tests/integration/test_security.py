@@ -112,6 +112,9 @@ Heartbeat        OK       DENIED   DENIED   DENIED   OK       DENIED   UNAUTH   
 AddReplica       EXISTS   DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 RemoveReplica    NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 SaveSnapshot     OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+ListHistory      OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+GetUsage         OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+WatchEvents      OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 """
 
 CALLERS = ("admin", "operator", "alice", "bob", "worker", "replica", "client", "revoked", "forged")
@@ -440,6 +443,10 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
             pb.RemoveReplicaRequest(replica_id="no-such-replica"), **kw
         ),
         "SaveSnapshot": lambda: list(stub.SaveSnapshot(pb.SaveSnapshotRequest(), **kw)),
+        # History and events (issue 15); a stream is read to its end (no follow).
+        "ListHistory": lambda: stub.ListHistory(pb.ListHistoryRequest(), **kw),
+        "GetUsage": lambda: stub.GetUsage(pb.GetUsageRequest(by="user", since_ms=1), **kw),
+        "WatchEvents": lambda: list(stub.WatchEvents(pb.WatchEventsRequest(), **kw)),
     }
     return calls[method]
 

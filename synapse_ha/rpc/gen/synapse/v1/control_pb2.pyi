@@ -461,6 +461,174 @@ class GrantLogAccessResponse(_message.Message):
     expires_at_ms: int
     def __init__(self, grant: _Optional[str] = ..., node_id: _Optional[str] = ..., node_address: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
+class HistoryAttempt(_message.Message):
+    __slots__ = ("number", "fencing_token", "state", "nodes", "gpus", "bound_at_ms", "started_at_ms", "ended_at_ms", "gpu_ms", "outcome_code", "outcome")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_CODE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    fencing_token: int
+    state: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    gpus: int
+    bound_at_ms: int
+    started_at_ms: int
+    ended_at_ms: int
+    gpu_ms: int
+    outcome_code: str
+    outcome: str
+    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., outcome_code: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
+
+class HistoryJob(_message.Message):
+    __slots__ = ("job_id", "name", "owner", "queue", "state", "reason_code", "reason", "submitted_at_ms", "started_at_ms", "finished_at_ms", "attempts", "retries_used", "requeues", "gpus_per_attempt", "gpu_ms", "nodes", "cancelled_by", "spec", "attempt_list", "applied_index")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_USED_FIELD_NUMBER: _ClassVar[int]
+    REQUEUES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GPU_MS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_BY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_LIST_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    name: str
+    owner: str
+    queue: str
+    state: str
+    reason_code: str
+    reason: str
+    submitted_at_ms: int
+    started_at_ms: int
+    finished_at_ms: int
+    attempts: int
+    retries_used: int
+    requeues: int
+    gpus_per_attempt: int
+    gpu_ms: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    cancelled_by: str
+    spec: JobSpec
+    attempt_list: _containers.RepeatedCompositeFieldContainer[HistoryAttempt]
+    applied_index: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[str] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., gpus_per_attempt: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., cancelled_by: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., attempt_list: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
+
+class ListHistoryRequest(_message.Message):
+    __slots__ = ("user", "queue", "node_id", "since_ms", "until_ms", "limit")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    queue: str
+    node_id: str
+    since_ms: int
+    until_ms: int
+    limit: int
+    def __init__(self, user: _Optional[str] = ..., queue: _Optional[str] = ..., node_id: _Optional[str] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListHistoryResponse(_message.Message):
+    __slots__ = ("jobs", "answered_by")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[HistoryJob]
+    answered_by: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[HistoryJob, _Mapping]]] = ..., answered_by: _Optional[str] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ("by", "since_ms", "until_ms")
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    since_ms: int
+    until_ms: int
+    def __init__(self, by: _Optional[str] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ...) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("key", "day", "gpu_ms", "attempts")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DAY_FIELD_NUMBER: _ClassVar[int]
+    GPU_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    day: str
+    gpu_ms: int
+    attempts: int
+    def __init__(self, key: _Optional[str] = ..., day: _Optional[str] = ..., gpu_ms: _Optional[int] = ..., attempts: _Optional[int] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("rows", "by", "since_ms", "until_ms", "answered_by")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    by: str
+    since_ms: int
+    until_ms: int
+    answered_by: str
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ..., by: _Optional[str] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., answered_by: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("index", "kind", "time_ms", "job_id", "job_name", "owner", "queue", "attempt", "nodes", "node_id", "reason_code", "detail", "leader_id")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    kind: str
+    time_ms: int
+    job_id: str
+    job_name: str
+    owner: str
+    queue: str
+    attempt: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    node_id: str
+    reason_code: str
+    detail: str
+    leader_id: str
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., time_ms: _Optional[int] = ..., job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., attempt: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., node_id: _Optional[str] = ..., reason_code: _Optional[str] = ..., detail: _Optional[str] = ..., leader_id: _Optional[str] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("since_index", "follow")
+    SINCE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    since_index: int
+    follow: bool
+    def __init__(self, since_index: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as")
     class GpuIsland(_message.Message):

@@ -124,6 +124,21 @@ class SchedulerServiceStub:
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SaveSnapshotRequest.SerializeToString,
                 response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
+        self.ListHistory = channel.unary_unary(
+                '/synapse.v1.SchedulerService/ListHistory',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListHistoryRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListHistoryResponse.FromString,
+                _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/synapse.v1.SchedulerService/GetUsage',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/synapse.v1.SchedulerService/WatchEvents',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.Event.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -243,6 +258,26 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHistory(self, request, context):
+        """History and events (issue 15). Answered from this replica's own copy. A caller
+        with role user sees only its own jobs in ListHistory and GetUsage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUsage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -335,6 +370,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.SaveSnapshot,
                     request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SaveSnapshotRequest.FromString,
                     response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'ListHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHistory,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListHistoryRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListHistoryResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetUsageRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.WatchEventsRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.Event.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -823,6 +873,87 @@ class SchedulerService:
             '/synapse.v1.SchedulerService/SaveSnapshot',
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SaveSnapshotRequest.SerializeToString,
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/ListHistory',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListHistoryRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/GetUsage',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetUsageRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/WatchEvents',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.WatchEventsRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.Event.FromString,
             options,
             channel_credentials,
             insecure,

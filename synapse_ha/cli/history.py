@@ -1,0 +1,324 @@
+"""``synctl history``, ``synctl usage`` and ``synctl events`` (issue 15).
+
+Like Slurm's ``sacct`` (finished jobs, beyond the replicated state's retention window),
+``sreport`` (GPU-hours per user or queue and day) and a cluster event feed. Every replica
+holds the same history and events, so these read from whichever replica answers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from synapse_ha.cli import render
+from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+if TYPE_CHECKING:
+    from synapse_ha.cli.main import Settings
+
+MS_PER_HOUR = 3_600_000
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def parse_since(value: str, now_ms: int, option: str = "--since") -> int:
+    """A point in time as epoch milliseconds: a duration back from now (``7d``,
+    ``12h``, ``30m``) or a UTC date or time (``2024-10-01``, ``2024-10-01T12:00``)."""
+    text = value.strip()
+    try:
+        return max(0, now_ms - parse_duration(text, option))
+    except SpecError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration back from now (7d, 12h) nor a UTC date or time "
+            "(2024-10-01, 2024-10-01T12:00)",
+            param_hint=option,
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _output(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "-o",
+        "--output",
+        "command_output",
+        type=click.Choice(render.OUTPUT_FORMATS),
+        default=None,
+        help="Output format (overrides the global -o).",
+    )(func)
+
+
+def _settings(obj: Settings, command_output: str | None) -> Settings:
+    if command_output:
+        obj.output = command_output
+    return obj
+
+
+# -------------------------------------------------------------------- documents
+
+
+def attempt_document(a: pb.HistoryAttempt) -> dict[str, Any]:
+    return {
+        "attempt": a.number,
+        "fencing_token": a.fencing_token,
+        "state": a.state,
+        "nodes": list(a.nodes),
+        "gpus": a.gpus,
+        "bound_at_ms": a.bound_at_ms,
+        "started_at_ms": a.started_at_ms or None,
+        "ended_at_ms": a.ended_at_ms,
+        "gpu_seconds": a.gpu_ms / 1000,
+        "outcome_code": a.outcome_code,
+        "outcome": a.outcome,
+    }
+
+
+def history_document(j: pb.HistoryJob) -> dict[str, Any]:
+    return {
+        "job_id": j.job_id,
+        "name": j.name,
+        "owner": j.owner,
+        "queue": j.queue,
+        "state": j.state,
+        "reason_code": j.reason_code,
+        "reason": j.reason,
+        "submitted_at_ms": j.submitted_at_ms,
+        "started_at_ms": j.started_at_ms or None,
+        "finished_at_ms": j.finished_at_ms,
+        "attempts": j.attempts,
+        "retries_used": j.retries_used,
+        "requeues": j.requeues,
+        "gpus_per_attempt": j.gpus_per_attempt,
+        "gpu_seconds": j.gpu_ms / 1000,
+        "nodes": list(j.nodes),
+        "cancelled_by": j.cancelled_by,
+        "replicas": j.spec.replicas,
+        "resources": render.resources_document(j.spec.resources),
+        "attempt_list": [attempt_document(a) for a in j.attempt_list],
+    }
+
+
+def history_table(docs: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        (
+            d["job_id"],
+            d["name"],
+            d["owner"],
+            d["queue"],
+            d["state"],
+            d["attempts"],
+            render.time_text(d["started_at_ms"]),
+            render.time_text(d["finished_at_ms"]),
+            f"{d['gpu_seconds'] / 3600:.2f}",
+            ",".join(d["nodes"][:4]) + (",..." if len(d["nodes"]) > 4 else ""),
+        )
+        for d in docs
+    ]
+    headers = ("JOB", "NAME", "USER", "QUEUE", "STATE", "ATT", "START", "END", "GPU-H", "NODES")
+    return render.table(rows, headers) if rows else "no finished jobs match"
+
+
+def usage_document(answer: pb.GetUsageResponse) -> dict[str, Any]:
+    return {
+        "by": answer.by,
+        "since_ms": answer.since_ms,
+        "until_ms": answer.until_ms,
+        "rows": [
+            {
+                answer.by: r.key,
+                "day": r.day,
+                "gpu_hours": round(r.gpu_ms / MS_PER_HOUR, 6),
+                "attempts": r.attempts,
+            }
+            for r in answer.rows
+        ],
+        "total_gpu_hours": round(sum(r.gpu_ms for r in answer.rows) / MS_PER_HOUR, 6),
+    }
+
+
+def usage_table(doc: Mapping[str, Any]) -> str:
+    by = doc["by"]
+    rows = [(r["day"], r[by], f"{r['gpu_hours']:.2f}", r["attempts"]) for r in doc["rows"]]
+    if not rows:
+        return "no GPU usage in that period"
+    body = render.table(rows, ("DAY", by.upper(), "GPU-HOURS", "ATTEMPTS"))
+    return f"{body}\ntotal: {doc['total_gpu_hours']:.2f} GPU-hours"
+
+
+def event_document(e: pb.Event) -> dict[str, Any]:
+    doc: dict[str, Any] = {"index": e.index, "kind": e.kind, "time_ms": e.time_ms}
+    for name in ("job_id", "job_name", "owner", "queue", "node_id", "leader_id"):
+        value = getattr(e, name)
+        if value:
+            doc[name] = value
+    if e.attempt:
+        doc["attempt"] = e.attempt
+    if e.nodes:
+        doc["nodes"] = list(e.nodes)
+    if e.reason_code:
+        doc["reason_code"] = e.reason_code
+    if e.detail:
+        doc["detail"] = e.detail
+    return doc
+
+
+def event_line(d: Mapping[str, Any]) -> str:
+    subject = d.get("job_id") or d.get("node_id") or d.get("leader_id") or "-"
+    extra = []
+    if "attempt" in d:
+        extra.append(f"attempt {d['attempt']}")
+    if "nodes" in d:
+        extra.append("on " + ",".join(d["nodes"]))
+    if "detail" in d:
+        extra.append(d["detail"])
+    return (
+        f"{d['index']:>14}  {render.time_text(d['time_ms'])}  {d['kind']:<15} {subject:<12} "
+        + "; ".join(extra)
+    ).rstrip()
+
+
+# --------------------------------------------------------------------- commands
+
+
+@click.command()
+@click.option("--user", default="", help="Only this user's jobs (users see only their own).")
+@click.option("--queue", default="", help="Only jobs of this queue.")
+@click.option("--node", default="", help="Only jobs with an attempt on this node.")
+@click.option(
+    "--since",
+    default=None,
+    help="Finished since: a duration back from now (7d, 12h) or a UTC date (2024-10-01).",
+)
+@click.option("--limit", type=click.IntRange(min=1, max=10_000), default=1000, show_default=True)
+@_output
+@click.pass_obj
+def history(
+    obj: Settings,
+    user: str,
+    queue: str,
+    node: str,
+    since: str | None,
+    limit: int,
+    command_output: str | None,
+) -> None:
+    """Finished jobs, newest first, kept by every replica after the cluster state
+    forgets them (like sacct).
+
+    \b
+    Examples:
+      synctl history --since 1d
+      synctl history --user alice --node w7 -o json
+    """
+    settings = _settings(obj, command_output)
+    since_ms = parse_since(since, _now_ms()) if since else 0
+    found = settings.client().list_history(
+        user=user, queue=queue, node_id=node, since_ms=since_ms, limit=limit
+    )
+    docs = [history_document(j) for j in found]
+    _emit(settings, {"jobs": docs}, lambda: history_table(docs))
+
+
+@click.command()
+@click.option(
+    "--by",
+    type=click.Choice(["user", "queue"]),
+    default="user",
+    show_default=True,
+    help="Sum per user or per queue.",
+)
+@click.option(
+    "--since",
+    default="7d",
+    show_default=True,
+    help="Start of the period: a duration back from now or a UTC date.",
+)
+@click.option("--until", default=None, help="End of the period (default now); as --since.")
+@_output
+@click.pass_obj
+def usage(
+    obj: Settings, by: str, since: str, until: str | None, command_output: str | None
+) -> None:
+    """GPU-hours per user or queue and UTC day, from ended attempts (like sreport).
+    An attempt counts from its bind to its end (its GPUs were nobody else's); one that
+    spans midnight is split between the days. Users see only their own usage.
+
+    \b
+    Examples:
+      synctl usage --by user --since 7d
+      synctl usage --by queue --since 2024-10-01 --until 2024-11-01 -o json
+    """
+    settings = _settings(obj, command_output)
+    now = _now_ms()
+    since_ms = parse_since(since, now)
+    until_ms = parse_since(until, now, "--until") if until else 0
+    answer = settings.client().get_usage(by, since_ms, until_ms)
+    doc = usage_document(answer)
+    _emit(settings, doc, lambda: usage_table(doc))
+
+
+@click.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new events (Ctrl-C stops).")
+@click.option(
+    "--since",
+    "since_index",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Only events after this index (as printed); 0: the oldest the replica holds.",
+)
+@_output
+@click.pass_obj
+def events(obj: Settings, follow: bool, since_index: int, command_output: str | None) -> None:
+    """What happens in the cluster: jobs submitted, bound, started, exited, failed,
+    requeued, cancelled; nodes registered, cordoned, drained, dead; leader changes.
+
+    Each event has an index, the same on every replica; pass the last one seen to
+    --since to resume without missing anything the replica still holds (an index older
+    than that fails with EVENTS_EXPIRED). With -o json and -f, one JSON object a line.
+
+    \b
+    Examples:
+      synctl events
+      synctl events -f --since 3932160
+    """
+    settings = _settings(obj, command_output)
+    stream = settings.client().watch_events(
+        since_index, follow=follow, reconnect_s=settings.timeout
+    )
+    if follow:
+        for event in stream:
+            doc = event_document(event)
+            if settings.output == "table":
+                click.echo(event_line(doc))
+            else:
+                click.echo(json.dumps(doc))
+        return
+    docs = [event_document(e) for e in stream]
+    last = docs[-1]["index"] if docs else since_index
+    _emit(
+        settings,
+        {"events": docs, "last_index": last},
+        lambda: "\n".join(event_line(d) for d in docs) if docs else "no events",
+    )
+
+
+def _emit(settings: Settings, document: object, table: Callable[[], str]) -> None:
+    if settings.output == "table":
+        click.echo(table())
+    else:
+        click.echo(render.structured(document, settings.output))
+
+
+HISTORY_COMMANDS = (history, usage, events)

@@ -1,0 +1,7 @@
+"""Job history, GPU accounting and the event stream of one replica (issue 15).
+
+Derived from applied commands only (:mod:`.tracker`), so every replica holds the same
+history (:mod:`.store`, SQLite in the data directory) and streams the same events with
+the same indexes (:mod:`.events`). :mod:`.recorder` is the Raft apply observer that ties
+them together. An adapter package: it reads the core's model, the core never imports it.
+"""

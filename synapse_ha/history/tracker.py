@@ -1,0 +1,382 @@
+"""What each applied command did, as events and history records, derived from the state.
+
+The replica hands every applied command to a :class:`Tracker` together with the job and
+node ids the command may have touched (the superset :mod:`synapse_ha.core.snapshot`
+notes for its copy-on-write snapshots) and the state after it. The tracker keeps a small
+mark of every job and node it knows (its state, attempt number and attempt state; a
+node's status) and compares the touched ones with the state, so a command costs
+O(records it touched), never a scan.
+
+Everything here is derived from applied commands and the replicated state alone: no
+clock, no I/O, explicit orderings. Every replica that applies the same log, and a replica
+whose tracker was rebuilt from a restored snapshot (:meth:`Tracker.reset`), derives the
+same events with the same indexes and the same records.
+
+Event index: ``applied_commands << 16 | k`` where ``applied_commands`` is the state's
+counter after the command and ``k`` the event's position among that command's events.
+Indexes therefore grow strictly along the log and are the same on every replica; they
+are not contiguous.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import (
+    Attempt,
+    AttemptState,
+    ClusterState,
+    Job,
+    JobState,
+    NodeStatus,
+)
+from synapse_ha.core.reasons import Reason, render
+
+INDEX_SHIFT = 16
+MAX_EVENTS_PER_COMMAND = (1 << INDEX_SHIFT) - 1
+DEFAULT_QUEUE = "default"
+
+
+class EventKind(enum.StrEnum):
+    """What happened. Values are stable: clients may branch on them."""
+
+    SUBMITTED = "submitted"  # a job was accepted
+    BOUND = "bound"  # a new attempt of a gang was bound to nodes
+    STARTED = "started"  # the attempt's first member reported running
+    EXITED = "exited"  # every member exited 0: the attempt (and the job) succeeded
+    FAILED = "failed"  # the attempt failed (the job retries, or failed for good)
+    REQUEUED = "requeued"  # a disruption ended the attempt; the gang waits again
+    PREEMPTED = "preempted"  # reserved: the gang was preempted (DESIGN §8)
+    CANCELLED = "cancelled"  # the job was cancelled
+    NODE_REGISTERED = "node_registered"
+    NODE_READY = "node_ready"  # back from cordoned, draining or dead
+    NODE_CORDONED = "node_cordoned"
+    NODE_DRAINING = "node_draining"
+    NODE_DRAINED = "node_drained"  # a draining node emptied and is now cordoned
+    NODE_DEAD = "node_dead"
+    LEADER_CHANGED = "leader_changed"  # a new leader committed its term's barrier
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    index: int
+    kind: EventKind
+    time_ms: int
+    job_id: str = ""
+    job_name: str = ""
+    owner: str = ""
+    queue: str = ""
+    attempt: int = 0
+    nodes: tuple[str, ...] = ()
+    node_id: str = ""
+    reason_code: str = ""
+    detail: str = ""  # operator text (a node's status reason)
+    leader_id: str = ""
+    reason: Reason | None = None  # rendered only when read: most events never are
+
+    @property
+    def description(self) -> str:
+        """The sentence for people: the reason's, else the operator's text."""
+        return render(self.reason) if self.reason is not None else self.detail
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One ended attempt of a job: what it held and for how long."""
+
+    job_id: str
+    number: int
+    fencing_token: int
+    name: str
+    owner: str
+    queue: str
+    state: str  # AttemptState value
+    nodes: tuple[str, ...]  # sorted, distinct
+    gpus: int  # GPUs the attempt held (members x GPUs per member)
+    bound_at_ms: int
+    started_at_ms: int  # 0: never started
+    ended_at_ms: int
+    outcome_code: str
+    outcome: Reason | None  # rendered by the writer, off the apply thread
+    applied_index: int  # the state's applied_commands after the command that ended it
+
+    @property
+    def gpu_ms(self) -> int:
+        """GPU-milliseconds held: GPUs x (end - bind). Allocated time, as Slurm's
+        AllocTRES x Elapsed: the GPUs were nobody else's from bind to end."""
+        return self.gpus * max(0, self.ended_at_ms - self.bound_at_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A finished job as history keeps it."""
+
+    job_id: str
+    name: str
+    owner: str
+    queue: str
+    state: str  # SUCCEEDED | FAILED | CANCELLED
+    reason_code: str
+    reason: Reason  # rendered by the writer, off the apply thread
+    submitted_at_ms: int
+    finished_at_ms: int
+    attempts: int
+    retries_used: int
+    requeues: int
+    gpus_per_attempt: int
+    cancelled_by: str
+    spec: object  # the JobSpec (stored as the core codec's plain form)
+    applied_index: int
+
+
+@dataclass(slots=True)
+class Step:
+    """What one applied command produced."""
+
+    events: list[Event] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    jobs: list[JobRecord] = field(default_factory=list)
+
+
+class _JobMark(NamedTuple):
+    """What the tracker remembers of a job (a tuple: made for every touched job)."""
+
+    state: JobState
+    attempts_made: int
+    attempt_state: AttemptState | None
+    started: bool
+
+
+def _mark(job: Job) -> _JobMark:
+    attempt = job.attempt
+    if attempt is None:
+        return _JobMark(job.state, job.attempts_made, None, False)
+    return _JobMark(job.state, job.attempts_made, attempt.state, attempt.started_at_ms is not None)
+
+
+def queue_of(job: Job) -> str:
+    """The job's queue; ``default`` where specs carry none."""
+    return str(getattr(job.spec, "queue", DEFAULT_QUEUE) or DEFAULT_QUEUE)
+
+
+def attempt_nodes(attempt: Attempt) -> tuple[str, ...]:
+    return tuple(sorted({m.node_id for m in attempt.members}))
+
+
+def attempt_record(job: Job, applied_index: int) -> AttemptRecord | None:
+    """The record of ``job``'s last attempt if it has ended, else None."""
+    attempt = job.attempt
+    if attempt is None or attempt.ended_at_ms is None:
+        return None
+    outcome = attempt.outcome
+    return AttemptRecord(
+        job_id=job.job_id,
+        number=attempt.number,
+        fencing_token=attempt.fencing_token,
+        name=job.spec.name,
+        owner=job.owner,
+        queue=queue_of(job),
+        state=str(attempt.state),
+        nodes=attempt_nodes(attempt),
+        gpus=len(attempt.members) * job.spec.resources.gpu,
+        bound_at_ms=attempt.bound_at_ms,
+        started_at_ms=attempt.started_at_ms or 0,
+        ended_at_ms=attempt.ended_at_ms,
+        outcome_code=str(outcome.code) if outcome is not None else "",
+        outcome=outcome,
+        applied_index=applied_index,
+    )
+
+
+def job_record(job: Job, applied_index: int) -> JobRecord:
+    return JobRecord(
+        job_id=job.job_id,
+        name=job.spec.name,
+        owner=job.owner,
+        queue=queue_of(job),
+        state=str(job.state),
+        reason_code=str(job.reason.code),
+        reason=job.reason,
+        submitted_at_ms=job.submitted_at_ms,
+        finished_at_ms=job.finished_at_ms,
+        attempts=job.attempts_made,
+        retries_used=job.retries_used,
+        requeues=job.requeues,
+        gpus_per_attempt=job.spec.replicas * job.spec.resources.gpu,
+        cancelled_by=job.cancelled_by,
+        spec=job.spec,
+        applied_index=applied_index,
+    )
+
+
+_NODE_KIND = {
+    NodeStatus.READY: EventKind.NODE_READY,
+    NodeStatus.CORDONED: EventKind.NODE_CORDONED,
+    NodeStatus.DRAINING: EventKind.NODE_DRAINING,
+    NodeStatus.DEAD: EventKind.NODE_DEAD,
+}
+
+_ENDED_KIND = {
+    AttemptState.SUCCEEDED: EventKind.EXITED,
+    AttemptState.FAILED: EventKind.FAILED,
+    AttemptState.REQUEUED: EventKind.REQUEUED,
+    AttemptState.STOPPED: EventKind.FAILED,  # a time limit; a cancel is told apart below
+}
+
+
+class Tracker:
+    """Marks of the jobs and nodes of one replica's state; see the module docstring.
+
+    Not thread-safe: the replica calls it on the thread that applies commands."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobMark] = {}
+        self._nodes: dict[str, NodeStatus] = {}
+
+    def reset(self, state: ClusterState) -> Step:
+        """Forget everything and mark ``state`` (a restored snapshot). Returns the
+        records ``state`` still holds (finished jobs, ended attempts) so that history
+        that was not written before a crash is written now (writing is idempotent)."""
+        self._jobs = {job_id: _mark(job) for job_id, job in state.jobs.items()}
+        self._nodes = {node_id: node.status for node_id, node in state.nodes.items()}
+        step = Step()
+        for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+            record = attempt_record(job, 0)
+            if record is not None:
+                step.attempts.append(record)
+            if job.state.finished:
+                step.jobs.append(job_record(job, 0))
+        return step
+
+    def step(
+        self,
+        command: cmd.Command,
+        result: cmd.Result,
+        job_ids: Iterable[str] | None,
+        node_ids: Iterable[str] | None,
+        state: ClusterState,
+    ) -> Step:
+        """Events and records of one applied command. ``job_ids``/``node_ids`` are
+        the records it may have touched; None means any (every record is compared)."""
+        out = Step()
+        applied = state.applied_commands
+        now = state.last_time_ms
+        events: list[tuple[EventKind, dict[str, object]]] = []
+        if isinstance(command, cmd.Barrier) and result.ok:
+            events.append((EventKind.LEADER_CHANGED, {"leader_id": command.leader_id}))
+        nodes = sorted(set(self._nodes) | set(state.nodes) if node_ids is None else set(node_ids))
+        for node_id in nodes:
+            self._node_events(command, node_id, state, events)
+        ids = set(self._jobs) | set(state.jobs) if job_ids is None else job_ids
+        changed: list[tuple[int, str, _JobMark | None, Job]] = []
+        for job_id in ids:  # most touched jobs (a pass's new reasons) did not change
+            job = state.jobs.get(job_id)
+            if job is None:  # purged: history already has it
+                self._jobs.pop(job_id, None)
+                continue
+            before = self._jobs.get(job_id)
+            after = _mark(job)
+            if after != before:
+                self._jobs[job_id] = after
+                changed.append((job.seq, job_id, before, job))
+        changed.sort(key=lambda c: (c[0], c[1]))
+        for _, _, before, job in changed:
+            self._job_events(before, job, applied, events, out)
+        for k, (kind, values) in enumerate(events[:MAX_EVENTS_PER_COMMAND]):
+            out.events.append(
+                Event(index=(applied << INDEX_SHIFT) | k, kind=kind, time_ms=now, **values)  # type: ignore[arg-type]
+            )
+        return out
+
+    def _node_events(
+        self,
+        command: cmd.Command,
+        node_id: str,
+        state: ClusterState,
+        events: list[tuple[EventKind, dict[str, object]]],
+    ) -> None:
+        before = self._nodes.get(node_id)
+        node = state.nodes.get(node_id)
+        if node is None:
+            self._nodes.pop(node_id, None)
+            return
+        after = node.status
+        self._nodes[node_id] = after
+        if before == after:
+            return
+        about: dict[str, object] = {"node_id": node_id, "detail": node.status_reason}
+        if before is None:
+            kind = EventKind.NODE_REGISTERED
+        elif before is NodeStatus.DRAINING and after is NodeStatus.CORDONED:
+            kind = EventKind.NODE_DRAINED
+        elif (
+            isinstance(command, cmd.SetNodeStatus)
+            and command.status is NodeStatus.DRAINING
+            and after is NodeStatus.CORDONED
+        ):  # drained as soon as it was asked to drain: it held nothing
+            events.append((EventKind.NODE_DRAINING, about))
+            kind = EventKind.NODE_DRAINED
+        else:
+            kind = _NODE_KIND[after]
+        events.append((kind, about))
+
+    def _job_events(
+        self,
+        before: _JobMark | None,
+        job: Job,
+        applied: int,
+        events: list[tuple[EventKind, dict[str, object]]],
+        out: Step,
+    ) -> None:
+        job_id = job.job_id
+        after = _mark(job)
+        about: dict[str, object] = {
+            "job_id": job_id,
+            "job_name": job.spec.name,
+            "owner": job.owner,
+            "queue": queue_of(job),
+        }
+        if before is None:
+            events.append((EventKind.SUBMITTED, about))
+            before = _JobMark(JobState.PENDING, 0, None, False)
+        attempt = job.attempt
+        if attempt is not None:
+            with_attempt = {**about, "attempt": attempt.number, "nodes": attempt_nodes(attempt)}
+            new_attempt = after.attempts_made > before.attempts_made
+            if new_attempt:
+                events.append((EventKind.BOUND, with_attempt))
+            if after.started and (new_attempt or not before.started):
+                events.append((EventKind.STARTED, with_attempt))
+            was_live = new_attempt or (
+                before.attempt_state is not None and before.attempt_state.live
+            )
+            if was_live and not attempt.state.live:
+                record = attempt_record(job, applied)
+                if record is not None:
+                    out.attempts.append(record)
+                # An attempt state this table does not know yet ends as a failure.
+                kind = _ENDED_KIND.get(attempt.state, EventKind.FAILED)
+                if job.state is JobState.CANCELLED:
+                    kind = EventKind.CANCELLED
+                elif kind is EventKind.REQUEUED and job.state.finished:
+                    kind = EventKind.FAILED
+                events.append((kind, {**with_attempt, **_why(job, attempt.outcome)}))
+            elif job.state is JobState.CANCELLED and not before.state.finished:
+                events.append((EventKind.CANCELLED, {**about, **_why(job, job.reason)}))
+        elif job.state is JobState.CANCELLED and not before.state.finished:
+            events.append((EventKind.CANCELLED, {**about, **_why(job, job.reason)}))
+        if job.state.finished and not before.state.finished:
+            out.jobs.append(job_record(job, applied))
+
+
+def _why(job: Job, outcome: Reason | None) -> dict[str, object]:
+    """The reason code and sentence an ending event carries: the job's own reason once it
+    finished or waits again (it names the outcome as its cause), else the outcome."""
+    chosen = job.reason if job.state.finished or job.state is JobState.PENDING else outcome
+    if chosen is None:
+        return {}
+    return {"reason_code": str(chosen.code), "reason": chosen}
