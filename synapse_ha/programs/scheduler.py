@@ -26,6 +26,8 @@ Configuration comes from flags and/or a TOML file (flags win)::
     [reads]                  # heavy reads (lists, explanations) may not starve Raft
     heavy_concurrency = 2    # at most this many at once
     heavy_cpu_share = 0.3    # and this share of one core; beyond it: OVERLOADED
+    [metrics]                # /metrics and the web dashboard, over HTTPS with [tls]
+    address = "10.0.0.1:9101"
 
 The process runs in the foreground, logs to stderr, logs ``ready: ...`` once it has joined
 a quorum with a known leader, and stops gracefully on SIGTERM or SIGINT.
@@ -53,6 +55,9 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role, split_token
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.observe.dashboard import Dashboard
+from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
+from synapse_ha.observe.metrics import ReplicaMetrics
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
@@ -94,6 +99,7 @@ class SchedulerConfig:
     heavy_read_cpu_share: float = 0.3
     tls: TlsFiles | None = None  # None: --insecure
     bootstrap_token: str = ""  # the first admin's token text
+    metrics_address: str = ""  # /metrics and the dashboard; "" serves neither
 
     @property
     def me(self) -> ReplicaAddress:
@@ -186,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap-token-file",
         help="a file holding the first admin's token (syn_...): the leader replicates its "
         "hash once, if the cluster has never had it",
+    )
+    p.add_argument(
+        "--metrics-address",
+        help="HOST:PORT where /metrics and the web dashboard are served (HTTPS with the "
+        "replica's certificate; port 0 picks a free port); default: not served",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     return p
@@ -329,7 +340,14 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             raise ConfigError(
                 f"bootstrap token file {token_file}: not a token (syn_<12 hex>_<secret>)"
             )
+    metrics_address = args.metrics_address or doc.get("metrics", {}).get("address", "")
+    if metrics_address:
+        try:
+            parse_address(str(metrics_address), "metrics address")
+        except AddressError as exc:
+            raise ConfigError(str(exc)) from None
     return SchedulerConfig(
+        metrics_address=str(metrics_address),
         replica_id=replica_id,
         replicas=tuple(replicas),
         data_dir=data_dir,
@@ -402,9 +420,12 @@ class Replica:
             on_role_change=self._role_changed,
             on_applied=self._wake.set,
         )
+        self.metrics = ReplicaMetrics(
+            config.replica_id, self.raft, last_plan=lambda: self.loop.last_plan
+        )
         self.loop = LeaderLoop(
             self.raft,
-            self.raft,
+            self.metrics.proposer(self.raft),
             self.liveness,
             config.replica_id,
             settings=LoopSettings(),
@@ -437,6 +458,15 @@ class Replica:
             self.context, me.grpc, auth=auth, add_port=self.transport.add_port
         )
         self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
+        self.observe: ObserveServer | None = None
+        if config.metrics_address:
+            others = [r.grpc for r in config.replicas if r.replica_id != config.replica_id]
+            self.dashboard = Dashboard([me.grpc, *others], self.transport, clock_ms=_now_ms)
+            self.observe = ObserveServer(
+                config.metrics_address, self.metrics.registry, config.tls, app=self.dashboard
+            )
+            self.context.metrics_url = self.observe.metrics_url
+            self.context.dashboard_url = self.observe.url + "/"
 
     def _sign_grant(self, job_id: str, subject: str, node_id: str) -> tuple[str, int]:
         """A log grant for ``subject`` to read ``job_id``'s member logs on ``node_id``,
@@ -487,6 +517,9 @@ class Replica:
 
     def start(self) -> None:
         self.server.start()
+        if self.observe is not None:
+            self.observe.start()
+            log.info("metrics at %s, dashboard at %s/", self.observe.metrics_url, self.observe.url)
         self._driver.start()
         log.info(
             "replica %s started: raft %s, grpc %s, data %s",
@@ -512,7 +545,10 @@ class Replica:
                     self.loop.on_role_change(is_leader, term, at)
                     log.info("%s leadership in term %d", "gained" if is_leader else "lost", term)
                 self.loop.note_state_changed()
+                self.metrics.note_leader(self.raft.leader_address())
+                step_started = time.perf_counter()
                 sentence = self.loop.step(_now_ms())
+                self.metrics.observe_step(self.loop.last_plan, time.perf_counter() - step_started)
                 self._bootstrap_admin()
                 for notable in self.loop.take_notable():
                     log.info("%s", notable)
@@ -539,6 +575,9 @@ class Replica:
         self._wake.set()
         self.server.stop(grace=1.0).wait(2.0)
         self._driver.join(timeout=2.0)
+        if self.observe is not None:
+            self.observe.stop()
+            self.dashboard.close()
         self.nudger.close()
         self.raft.stop()
         log.info("replica %s stopped", self.config.replica_id)

@@ -118,6 +118,10 @@ class ReplicaContext:
     # Opens a channel to another replica (GetClusterStatus asks each one); with TLS, one
     # that presents this replica's certificate.
     peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
+    # Observability (issue 15): where this replica serves /metrics and its dashboard;
+    # reported in its ReplicaStatus ("" when it serves neither).
+    metrics_url: str = ""
+    dashboard_url: str = ""
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -624,6 +628,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             leader_id=leader.replica_id if leader else "",
             healthy=healthy,
             error=error,
+            metrics_url=ctx.metrics_url,
+            dashboard_url=ctx.dashboard_url,
         )
 
 
