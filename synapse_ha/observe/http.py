@@ -142,9 +142,11 @@ class ObserveServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and close the socket; also for a server that was never started."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=2.0)
         self._server.server_close()
-        self._thread.join(timeout=2.0)
 
     def handle(self, request: Request) -> Response:
         """Route one request (also called directly by tests and the benchmark)."""

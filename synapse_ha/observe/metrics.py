@@ -300,6 +300,8 @@ class ReplicaMetrics:
         self.preemptions = Counter("synapse_scheduler_preemptions", "gangs preempted", registry=r)
         for outcome in ("ok", "error", "failed"):
             self.proposals.labels(outcome=outcome)
+        for code in cmd.RejectCode:  # every series exists from the start, at 0
+            self.bind_rejections.labels(code=str(code))
         self._leader: str | None = None
         self._plan: object | None = None
 
