@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck layers unit demo bench clean protos protos-check chaos
+.PHONY: venv test lint typecheck layers unit demo bench clean protos protos-check chaos browser
 
 venv: $(STAMP)
 
@@ -24,8 +24,15 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	$(BIN)/pytest
+
+# The dashboard test drives Debian's chromium (Playwright cannot download its own
+# browser here). As root (CI, .ci/run) it is installed when missing.
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
+	  else echo "the dashboard test needs /usr/bin/chromium: sudo apt-get install chromium"; fi; fi
 
 protos: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen_protos.sh

@@ -51,7 +51,8 @@ members}`` (``reason_code`` is the explanation's code) where
 each member also has ``rack``, ``topology`` and ``topology_path`` of its node.
 ``cluster``: ``{healthy, leader, leader_address, answered_by, nodes, jobs, pending_jobs,
 running_jobs, replicas: [{id, role, term, commit_index, last_applied, leader, healthy,
-grpc_address, raft_address, error}]}``.
+grpc_address, raft_address, error, metrics_url, dashboard_url}]}`` (the two URLs are
+empty for a replica that serves no metrics or dashboard).
 ``submit``: ``{id, request_id, created}`` (with ``--wait``/``--follow`` also ``state``).
 ``cancel``: ``{id, state, message}``. ``cordon``/``uncordon``/``drain``: ``{id, status}``.
 
@@ -231,6 +232,9 @@ def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
             "raft_address": r.raft_address,
             "error": r.error,
             "format_version": r.format_version,
+            # Observability (issue 15)
+            "metrics_url": r.metrics_url,
+            "dashboard_url": r.dashboard_url,
         }
         for r in status.replicas
     ]
@@ -455,11 +459,14 @@ def cluster_table(doc: Mapping[str, Any]) -> str:
             r["last_applied"],
             "yes" if r["healthy"] else "no",
             r["grpc_address"],
+            r["metrics_url"] or "-",
+            r["dashboard_url"] or "-",
             r["error"],
         ]
         for r in doc["replicas"]
     ]
-    headers = ["REPLICA", "ROLE", "TERM", "COMMIT", "APPLIED", "HEALTHY", "ADDRESS", "ERROR"]
+    headers = ["REPLICA", "ROLE", "TERM", "COMMIT", "APPLIED", "HEALTHY", "ADDRESS"]
+    headers += ["METRICS", "DASHBOARD", "ERROR"]
     return "\n".join(head) + table(rows, headers)
 
 

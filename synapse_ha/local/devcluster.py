@@ -516,7 +516,7 @@ class DevCluster:
             data_dir=data,
         )
         # The launcher adds the worker's certificate (or --insecure) and --run-as agent.
-        worker.argv = self.launcher.worker(
+        prepared = self.launcher.worker(
             self.cluster_addresses,
             node_id,
             data,
@@ -534,7 +534,8 @@ class DevCluster:
                 "--stop-grace",
                 self.options.stop_grace,
             ],
-        ).argv
+        )
+        worker.argv, worker.metrics = prepared.argv, prepared.metrics
         self.workers.append(worker)
         self._launch(worker)
         return worker
@@ -575,14 +576,25 @@ class DevCluster:
 def describe(cluster: DevCluster) -> list[str]:
     """Lines describing a running cluster: replicas, workers, data, the export line."""
     leader = cluster.leader_id()
+    scheme = "http" if cluster.credentials is None else "https"
     lines = ["replicas:"]
     for r in cluster.replicas:
         role = "leader" if r.replica_id == leader else "follower"
         lines.append(f"  {r.replica_id}  grpc {r.grpc}  raft {r.raft}  {role}")
+        # Observability (issue 15)
+        lines.append(
+            f"      metrics {scheme}://{r.metrics}/metrics  dashboard {scheme}://{r.metrics}/"
+        )
     lines.append("workers:")
     for w in cluster.workers:
         lines.append(
             f"  {w.node_id:<4} {w.gpus} GPU  {w.topology}  log service {w.address or w.listen}"
+        )
+        lines.append(f"      metrics {scheme}://{w.metrics}/metrics")
+    if cluster.credentials is not None:
+        lines.append(
+            "metrics need a client certificate of the cluster CA; the dashboard signs in "
+            "with a token (the admin token is in the credentials directory)"
         )
     lines.append(f"data and logs: {cluster.data_dir}")
     if cluster.credentials is not None:

@@ -200,6 +200,7 @@ class Replica(Process):
     raft: str = ""  # host:port of its Raft traffic
     grpc: str = ""  # host:port of its gRPC API
     data_dir: Path = field(default_factory=Path)
+    metrics: str = ""  # host:port of /metrics and the dashboard (port 0: see its status)
 
 
 @dataclass
@@ -208,6 +209,14 @@ class Worker(Process):
 
     node_id: str = ""
     data_dir: Path = field(default_factory=Path)
+    metrics: str = ""  # host:port of its /metrics (port 0: chosen by the worker)
+
+
+def metrics_address(host: str) -> str:
+    """Where a program on ``host`` serves /metrics: a free port on loopback (so that its
+    URL is known before it starts and stays the same across restarts), port 0 elsewhere
+    (e.g. inside a network namespace, where this process cannot probe ports)."""
+    return f"{host}:{free_ports(1, host)[0]}" if host == HOST else f"{host}:0"
 
 
 @dataclass(frozen=True)
@@ -350,9 +359,13 @@ class Launcher:
                 "--bootstrap-token-file",
                 str(self.credentials.admin_token_file),
             ]
+        metrics = metrics_address(me.grpc.rpartition(":")[0])
         return Replica(
+            metrics=metrics,
             name=name or f"replica {me.replica_id}",
-            argv=scheduler_argv(me, peers, data_dir, [*security, *extra]),
+            argv=scheduler_argv(
+                me, peers, data_dir, [*security, "--metrics-address", metrics, *extra]
+            ),
             log_path=log_path or self.logs_dir / f"{me.replica_id}.log",
             env=None if env is None else dict(env),
             prefix=list(prefix),
@@ -382,9 +395,14 @@ class Launcher:
             else self.credentials.tls_args(self.credentials.worker_tls(node_id))
         )
         run_as = [] if "--run-as" in extra else ["--run-as", "agent"]
+        metrics = metrics_address(listen.rpartition(":")[0])
+        observe = ["--metrics-address", metrics]
         return Worker(
+            metrics=metrics,
             name=name or f"worker {node_id}",
-            argv=worker_argv(schedulers, node_id, listen, data_dir, [*security, *run_as, *extra]),
+            argv=worker_argv(
+                schedulers, node_id, listen, data_dir, [*security, *run_as, *observe, *extra]
+            ),
             log_path=log_path or self.logs_dir / f"{node_id}.log",
             env=None if env is None else dict(env),
             prefix=list(prefix),

@@ -26,6 +26,8 @@ Configuration comes from flags and/or a TOML file (flags win)::
     [reads]                  # heavy reads (lists, explanations) may not starve Raft
     heavy_concurrency = 2    # at most this many at once
     heavy_cpu_share = 0.3    # and this share of one core; beyond it: OVERLOADED
+    [metrics]                # /metrics and the web dashboard, over HTTPS with [tls]
+    address = "10.0.0.1:9101"
 
 Membership and backup: ``--join`` (``join = true``) for a replica added to a running
 cluster with ``synctl cluster add-replica``; ``--restore FILE`` (``restore = "FILE"``) to
@@ -62,6 +64,9 @@ from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
 from synapse_ha.history.store import HistoryStore
+from synapse_ha.observe.dashboard import Dashboard
+from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
+from synapse_ha.observe.metrics import ReplicaMetrics
 from synapse_ha.raft.replica import RaftReplica, RaftTiming, RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot import SnapshotMember
 from synapse_ha.rpc.admission import ReadGate
@@ -108,6 +113,7 @@ class SchedulerConfig:
     restore: str = ""  # a backup file to start a new cluster from
     history: bool = True  # history in <data_dir>/history.sqlite3 and events (issue 15)
     event_ring: int = DEFAULT_CAPACITY  # recent events held for WatchEvents
+    metrics_address: str = ""  # /metrics and the dashboard; "" serves neither
 
     @property
     def me(self) -> ReplicaAddress:
@@ -212,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--event-ring",
         type=int,
         help=f"recent events held for synctl events --since (default {DEFAULT_CAPACITY})",
+    )
+    p.add_argument(
+        "--metrics-address",
+        help="HOST:PORT where /metrics and the web dashboard are served (HTTPS with the "
+        "replica's certificate; port 0 picks a free port); default: not served",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     # Membership and backup (issue 18)
@@ -390,7 +401,14 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         raise ConfigError(f"history.enabled must be true or false, got {history!r}")
     if isinstance(event_ring, bool) or not isinstance(event_ring, int) or event_ring < 1:
         raise ConfigError(f"event_ring must be a positive integer, got {event_ring!r}")
+    metrics_address = args.metrics_address or doc.get("metrics", {}).get("address", "")
+    if metrics_address:
+        try:
+            parse_address(str(metrics_address), "metrics address")
+        except AddressError as exc:
+            raise ConfigError(str(exc)) from None
     return SchedulerConfig(
+        metrics_address=str(metrics_address),
         replica_id=replica_id,
         replicas=tuple(replicas),
         data_dir=data_dir,
@@ -476,9 +494,12 @@ class Replica:
             join=config.join,
             observer=self.history,
         )
+        self.metrics = ReplicaMetrics(
+            config.replica_id, self.raft, last_plan=lambda: self.loop.last_plan
+        )
         self.loop = LeaderLoop(
             self.raft,
-            self.raft,
+            self.metrics.proposer(self.raft),
             self.liveness,
             config.replica_id,
             settings=LoopSettings(),
@@ -514,6 +535,15 @@ class Replica:
             self.context, me.grpc, auth=auth, add_port=self.transport.add_port
         )
         self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
+        self.observe: ObserveServer | None = None
+        if config.metrics_address:
+            others = [r.grpc for r in config.replicas if r.replica_id != config.replica_id]
+            self.dashboard = Dashboard([me.grpc, *others], self.transport, clock_ms=_now_ms)
+            self.observe = ObserveServer(
+                config.metrics_address, self.metrics.registry, config.tls, app=self.dashboard
+            )
+            self.context.metrics_url = self.observe.metrics_url
+            self.context.dashboard_url = self.observe.url + "/"
 
     def _sign_grant(self, job_id: str, subject: str, node_id: str) -> tuple[str, int]:
         """A log grant for ``subject`` to read ``job_id``'s member logs on ``node_id``,
@@ -564,6 +594,9 @@ class Replica:
 
     def start(self) -> None:
         self.server.start()
+        if self.observe is not None:
+            self.observe.start()
+            log.info("metrics at %s, dashboard at %s/", self.observe.metrics_url, self.observe.url)
         self._driver.start()
         log.info(
             "replica %s started: raft %s, grpc %s, data %s",
@@ -589,7 +622,10 @@ class Replica:
                     self.loop.on_role_change(is_leader, term, at)
                     log.info("%s leadership in term %d", "gained" if is_leader else "lost", term)
                 self.loop.note_state_changed()
+                self.metrics.note_leader(self.raft.leader_address())
+                step_started = time.perf_counter()
                 sentence = self.loop.step(_now_ms())
+                self.metrics.observe_step(self.loop.last_plan, time.perf_counter() - step_started)
                 self._bootstrap_admin()
                 for notable in self.loop.take_notable():
                     log.info("%s", notable)
@@ -616,6 +652,9 @@ class Replica:
         self._wake.set()
         self.server.stop(grace=1.0).wait(2.0)
         self._driver.join(timeout=2.0)
+        if self.observe is not None:
+            self.observe.stop()
+            self.dashboard.close()
         self.nudger.close()
         self.raft.stop()
         if self.history is not None:

@@ -20,6 +20,8 @@ file. TOML keys are the flag names with underscores, for example::
     allow_root_members = false
     [user_map]                         # job owner = local account
     alice = "svc_alice"
+    [metrics]                          # /metrics over HTTPS with the worker's certificate
+    address = "0.0.0.0:9102"
 
 It runs in the foreground; SIGTERM or SIGINT stops every member gracefully, reports their
 exits when a leader answers, and exits. Members are supervised by per-member shims
@@ -50,6 +52,8 @@ import grpc
 
 from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
+from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
+from synapse_ha.observe.metrics import MeteredControlPlane, MeteredExecutor, WorkerMetrics
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import (
@@ -111,6 +115,7 @@ class WorkerConfig:
     user_map: tuple[tuple[str, str], ...] = ()
     allow_root_members: bool = False
     tls: TlsFiles | None = None  # None: --insecure
+    metrics_address: str = ""  # where /metrics is served; "" serves none
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cgroups", action="store_true", help="do not use cgroup limits")
     p.add_argument("--cgroup-root", help="cgroup v2 mount point (default /sys/fs/cgroup)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--metrics-address",
+        help="HOST:PORT where /metrics is served (HTTPS with the worker's certificate, "
+        "client certificate required; port 0 picks a free port); default: not served",
+    )
     p.add_argument(
         "--run-as",
         choices=[m.value for m in RunAsMode],
@@ -351,7 +361,14 @@ def load_config(
         tls = tls_from(args, doc)
     except TlsError as exc:
         raise ConfigError(str(exc)) from None
+    metrics_address = args.metrics_address or doc.get("metrics", {}).get("address", "")
+    if metrics_address:
+        try:
+            parse_address(str(metrics_address), "metrics address")
+        except AddressError as exc:
+            raise ConfigError(str(exc)) from None
     return WorkerConfig(
+        metrics_address=str(metrics_address),
         schedulers=tuple(dict.fromkeys(schedulers)),
         node_id=node_id,
         listen=listen,
@@ -538,10 +555,21 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         per_try_timeout_s=min(1.0, config.heartbeat_interval_s),
         max_backoff_s=0.2,
     )
+    metrics = WorkerMetrics(
+        config.node_id, nvml=discovery.load_nvml() if config.mock_gpus is None else None
+    )
+    observe = (
+        ObserveServer(config.metrics_address, metrics.registry, config.tls)
+        if config.metrics_address
+        else None
+    )
+    if observe is not None:
+        observe.start()
+        log.info("metrics at %s", observe.metrics_url)
     agent = Agent(
         request,
-        GrpcControlPlane(client),
-        executor,
+        MeteredControlPlane(GrpcControlPlane(client), metrics),
+        MeteredExecutor(executor, metrics),
         time.monotonic,
         lease_file=lease_file,
         timings=AgentTimings(config.heartbeat_interval_s, config.lease_ttl_s),
@@ -566,6 +594,8 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
         lease_file.revoke()
         server.stop(grace=0.5).wait(1.0)
+        if observe is not None:
+            observe.stop()
         client.close()
         os.close(lock_fd)
     return 0

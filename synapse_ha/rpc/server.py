@@ -138,6 +138,10 @@ class ReplicaContext:
     # History and events (issue 15): this replica's own copies; None when turned off.
     history: HistoryStore | None = None
     events: EventRing | None = None
+    # Observability (issue 15): where this replica serves /metrics and its dashboard;
+    # reported in its ReplicaStatus ("" when it serves neither).
+    metrics_url: str = ""
+    dashboard_url: str = ""
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -863,6 +867,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             healthy=healthy,
             error=error,
             format_version=max(READABLE_VERSIONS),
+            metrics_url=ctx.metrics_url,
+            dashboard_url=ctx.dashboard_url,
         )
 
 

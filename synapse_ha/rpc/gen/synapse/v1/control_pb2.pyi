@@ -306,7 +306,7 @@ class NodeStatusResponse(_message.Message):
     def __init__(self, status: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "raft_address", "grpc_address", "role", "term", "commit_index", "last_applied", "leader_id", "healthy", "error", "format_version")
+    __slots__ = ("replica_id", "raft_address", "grpc_address", "role", "term", "commit_index", "last_applied", "leader_id", "healthy", "error", "format_version", "metrics_url", "dashboard_url")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +318,8 @@ class ReplicaStatus(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     raft_address: str
     grpc_address: str
@@ -329,7 +331,9 @@ class ReplicaStatus(_message.Message):
     healthy: bool
     error: str
     format_version: int
-    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., format_version: _Optional[int] = ...) -> None: ...
+    metrics_url: str
+    dashboard_url: str
+    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., format_version: _Optional[int] = ..., metrics_url: _Optional[str] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
 
 class GetClusterStatusRequest(_message.Message):
     __slots__ = ("local_only",)
