@@ -48,6 +48,7 @@ class Reason(enum.StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"  # the caller may not; metadata identity, method
     TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # metadata token_id
     NEEDS_TLS = "NEEDS_TLS"  # log grants are signed only when the cluster has TLS set up
+    QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"  # metadata queue
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
@@ -67,6 +68,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     Reason.TOKEN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.NEEDS_TLS: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.QUEUE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 
