@@ -23,6 +23,9 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   until a reply to a later request arrives; the fenced exits are reported then. The
   per-member supervisors enforce the same deadline on their own (the lease file).
 * NOT_FOUND (node unknown) or node status ``dead``: kill every member, register again.
+* A desired member marked preempted is stopped gracefully: its ``$SYNAPSE_PREEMPT_FILE``
+  is written, then SIGTERM, then SIGKILL after the grace the leader gave; its exit is
+  reported as usual (a disruption). One not started here yet is never started.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import grpc
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
-from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey
+from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey, PreemptNotice
 
 log = logging.getLogger("synapse.worker.agent")
 
@@ -67,6 +70,7 @@ class Executor(Protocol):
 
     def start(self, spec: LaunchSpec) -> object: ...
     def stop(self, key: MemberKey) -> None: ...
+    def preempt(self, key: MemberKey, notice: PreemptNotice) -> None: ...
     def poll(self) -> list[tuple[MemberKey, MemberExit]]: ...
     def running(self) -> list[MemberKey]: ...
     def kill_all(self, detail: str) -> list[tuple[MemberKey, MemberExit]]: ...
@@ -344,15 +348,21 @@ class Agent:
             if d.fencing_token >= highest.get(d.job_id, 0):
                 wanted[key] = d
         stopped = 0
+        preempted = 0
         for key in self.executor.running():
             if key not in wanted:
                 self.executor.stop(key)
                 stopped += 1
+            elif wanted[key].preemption:
+                d = wanted[key]
+                notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
+                self.executor.preempt(key, notice)
+                preempted += 1
         started = 0
         running = self.executor.running()
         for key, d in wanted.items():
-            if key in self.executor.known:
-                continue
+            if key in self.executor.known or d.preemption:
+                continue  # a preempted member that has not started here never will
             if any(r.job_id == key.job_id and r.fencing_token < key.fencing_token for r in running):
                 # An older attempt of this job is still stopping here; start the new
                 # member once it is gone, never alongside it.
@@ -370,4 +380,6 @@ class Agent:
             parts.append(f"started {started} member(s)")
         if stopped:
             parts.append(f"stopped {stopped} member(s) no longer desired")
+        if preempted:
+            parts.append(f"{preempted} member(s) being preempted")
         return ", ".join(parts)
