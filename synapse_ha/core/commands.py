@@ -327,6 +327,7 @@ class RejectCode(enum.StrEnum):
     GPU_IN_USE = "gpu_in_use"
     NO_ROOM = "no_room"
     TOPOLOGY_SPAN = "topology_span"
+    OVER_QUOTA = "over_quota"
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,10 @@ def check(state: ClusterState) -> list[str]:
                         f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked"
                     )
                 expected_gpus[member.node_id].update(member.gpus)
+            if attempt.preempted_by and (
+                attempt.preemption is None or attempt.preempt_deadline_ms <= 0
+            ):
+                problems.append(f"{job_id}: preempted without a kind or a deadline")
             if job.state is JobState.SCHEDULED and any(
                 s.state is not MemberState.BOUND for s in attempt.member_status
             ):

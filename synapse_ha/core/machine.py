@@ -19,6 +19,7 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ResultCode, error, ok
+from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, NODE, move, transition
 from synapse_ha.core.model import (
     DEFAULT_QUEUE,
@@ -40,12 +41,15 @@ from synapse_ha.core.model import (
     Node,
     NodeInfo,
     NodeStatus,
+    PreemptionKind,
+    PreemptionMode,
     Resources,
     Token,
     time_limit_deadline,
     topology_path,
     unconfirmed_members,
 )
+from synapse_ha.core.quota import QueueUsage, gang_request, grace_ms, priority_class
 from synapse_ha.core.reasons import (
     FAILURE_CODES,
     REQUEUE_CODES,
@@ -60,6 +64,7 @@ from synapse_ha.core.validation import (
     ViolationCode,
     check_job_spec,
     check_node_info,
+    check_priority_classes,
     check_queue,
     check_token,
     describe,
@@ -105,6 +110,9 @@ def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:
         problems.append(
             f"start_timeout_ms must be between {MIN_START_TIMEOUT_MS} and {MAX_START_TIMEOUT_MS}"
         )
+    problems.extend(str(v) for v in check_priority_classes(c.config.priority_classes))
+    if c.config.fair_share_half_life_ms < 1:
+        problems.append("fair_share_half_life_ms must be >= 1")
     if problems:
         return error(ResultCode.INVALID, "; ".join(problems))
     orphaned = orphaned_levels(state, c.config)
@@ -235,7 +243,11 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
         job = state.jobs[job_id]
         if job.attempt is not None:
             touched.update(m.node_id for m in job.attempt.members)
-        _end_attempt_for(state, job, outcome, c.jitter_seed, now)
+        if job.attempt is not None and job.attempt.preempted_by:
+            # Its node's death confirms those members stopped; the gang was leaving anyway.
+            _end_preempted(state, job, now)
+        else:
+            _end_attempt_for(state, job, outcome, c.jitter_seed, now)
     # Members on a dead node are gone: its worker fenced itself before the node was
     # declared dead (dead_timeout > lease_ttl + leader_step_down).
     for job_id in sorted(state.jobs):
@@ -263,12 +275,15 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     violations = check_job_spec(c.spec, state.config.topology_levels)
     if violations:
         return error(ResultCode.INVALID, describe(violations))
+    spec, problem = _resolve_queue_and_class(state, c.spec)
+    if problem is not None:
+        return error(ResultCode.INVALID, str(problem))
     seq = state.next_job_seq
     job_id = f"job-{seq:06d}"
     state.next_job_seq = seq + 1
     state.jobs[job_id] = Job(
         job_id=job_id,
-        spec=c.spec,
+        spec=spec,
         request_id=c.request_id,
         seq=seq,
         submitted_at_ms=now,
@@ -276,6 +291,43 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     )
     state.request_ids[c.request_id] = job_id
     return ok(f"submitted {job_id}", job_id=job_id, created=True)
+
+
+def _resolve_queue_and_class(
+    state: ClusterState, spec: JobSpec
+) -> tuple[JobSpec, Violation | None]:
+    """The spec as stored: its queue must exist; its priority class must exist and be
+    allowed by the queue (a queue that lists classes admits only jobs naming one of
+    them), and the class's value replaces ``priority``."""
+    queue = state.queues.get(spec.queue)
+    if queue is None:
+        known = ", ".join(sorted(state.queues))
+        return spec, Violation(
+            ViolationCode.INVALID_FIELD, "queue", f"no such queue (known: {known})"
+        )
+    if not spec.priority_class:
+        if queue.priority_classes:
+            allowed = ", ".join(queue.priority_classes)
+            return spec, Violation(
+                ViolationCode.INVALID_FIELD,
+                "priority_class",
+                f"queue {queue.name} requires one of its classes ({allowed})",
+            )
+        return spec, None
+    cls = priority_class(state.config, spec.priority_class)
+    if cls is None:
+        known = ", ".join(p.name for p in state.config.priority_classes)
+        return spec, Violation(
+            ViolationCode.INVALID_FIELD, "priority_class", f"no such class (known: {known})"
+        )
+    if queue.priority_classes and cls.name not in queue.priority_classes:
+        allowed = ", ".join(queue.priority_classes)
+        return spec, Violation(
+            ViolationCode.INVALID_FIELD,
+            "priority_class",
+            f"queue {queue.name} does not allow class {cls.name} (allowed: {allowed})",
+        )
+    return dataclasses.replace(spec, priority=cls.value), None
 
 
 def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
@@ -304,13 +356,19 @@ def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
 def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
     bound: list[str] = []
     rejected: list[Rejection] = []
+    usage = QueueUsage.of(state) if c.placements and _has_quotas(state) else None
     for placement in c.placements:
         problem = verify_placement(state, placement, now)
+        if problem is None and usage is not None:
+            problem = _verify_quota(state, usage, placement)
         if problem is not None:
             rejected.append(problem)
         else:
             _bind(state, placement, now)
             bound.append(placement.job_id)
+            if usage is not None:
+                spec = state.jobs[placement.job_id].spec
+                usage.add(spec.queue, gang_request(spec))
     for job_id, why in c.reasons:
         job = state.jobs.get(job_id)
         if job is not None and job.state is JobState.PENDING:
@@ -410,6 +468,28 @@ def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rej
     return None
 
 
+def _has_quotas(state: ClusterState) -> bool:
+    return any(
+        q.gpu is not None or q.cpu_milli is not None or q.memory_mib is not None
+        for q in state.queues.values()
+    )
+
+
+def _verify_quota(state: ClusterState, usage: QueueUsage, p: cmd.GangPlacement) -> Rejection | None:
+    """A gang is bound only within what its queue may use now (nominal plus what it may
+    borrow from idle cohort quota): the planner's decision, checked again."""
+    spec = state.jobs[p.job_id].spec
+    short = usage.shortfall(spec.queue, gang_request(spec))
+    if short is None:
+        return None
+    return Rejection(
+        p.job_id,
+        RejectCode.OVER_QUOTA,
+        f"queue {short.queue} uses {short.used}/{short.nominal} {short.resource}, "
+        f"{short.borrowable} borrowable; this gang needs {short.need}",
+    )
+
+
 def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
     job = state.jobs[p.job_id]
     spec = job.spec
@@ -478,6 +558,15 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
         status = attempt.member_status[event.rank]
         if status.state is MemberState.EXITED:
             continue  # already known; reports are at-least-once
+        if attempt.preempted_by and event.kind is cmd.MemberEventKind.EXITED:
+            # Any exit of a preempted member confirms it stopped; never the job's failure.
+            status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+            status.exit_code = event.exit_code
+            status.finished_at_ms = now
+            if all(s.state is MemberState.EXITED for s in attempt.member_status):
+                _end_preempted(state, job, now)
+                touched.update(m.node_id for m in attempt.members)
+            continue
         if status.started_at_ms is None:
             status.started_at_ms = now
         if attempt.started_at_ms is None:
@@ -556,6 +645,16 @@ def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
     attempt = job.live_attempt()
     if attempt is None or attempt.fencing_token != c.fencing_token:
         return error(ResultCode.CONFLICT, f"{c.job_id}: token {c.fencing_token} is not current")
+    if attempt.preempted_by:
+        if c.reason.code is ReasonCode.START_TIMEOUT:
+            return error(
+                ResultCode.CONFLICT,
+                f"{c.job_id} is being preempted; its members stop within their grace period",
+            )
+        # The attempt was leaving anyway: it ends as preempted, not as a failure.
+        _end_preempted(state, job, now)
+        _settle_drained(state, sorted({m.node_id for m in attempt.members}))
+        return ok(f"{c.job_id} attempt {attempt.number} ended (preempted)", job_id=c.job_id)
     if c.reason.code is ReasonCode.START_TIMEOUT:
         late = not_started_members(job)
         if not late:
@@ -645,6 +744,18 @@ def _end_attempt(
             del ports[i]
     attempt.ended_at_ms = now
     attempt.outcome = outcome
+    # Fair share: the queue's decayed usage grows by what this attempt held, for as long.
+    queue = job.spec.queue
+    new = queue not in state.queue_history
+    state.queue_history[queue] = add_usage(
+        state.queue_history.get(queue),
+        gang_request(job.spec),
+        now - attempt.bound_at_ms,
+        now,
+        state.config.fair_share_half_life_ms,
+    )
+    if new:
+        state.queue_history = dict(sorted(state.queue_history.items()))
 
 
 def _finish(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
@@ -707,6 +818,27 @@ def _requeue_attempt(state: ClusterState, job: Job, cause: Reason, now: int) -> 
         attempt=attempt.number,
         requeue=job.requeues,
         max_requeues=limit,
+    )
+
+
+def _end_preempted(state: ClusterState, job: Job, now: int) -> None:
+    """End a preempted attempt whose members are confirmed stopped (or whose node died):
+    its resources are released only now, and the gang goes back to PENDING keeping its
+    submission order, counted against neither ``retries.max`` nor ``max_requeues``."""
+    attempt = job.attempt
+    assert attempt is not None and attempt.preemption is not None
+    outcome = reason(
+        ReasonCode.PREEMPTED, preemptor=attempt.preempted_by, kind=attempt.preemption.value
+    )
+    _end_attempt(state, job, lc.AttemptEvent.REQUEUE, outcome, now)
+    job.state = move(JOB, job.state, lc.JobEvent.REQUEUE)
+    job.retry_not_before_ms = now
+    job.reason = reason(
+        ReasonCode.REQUEUED_PREEMPTED,
+        outcome,
+        attempt=attempt.number,
+        preemptor=attempt.preempted_by,
+        kind=attempt.preemption.value,
     )
 
 
@@ -835,6 +967,152 @@ def _delete_queue(state: ClusterState, c: cmd.DeleteQueue, now: int) -> Result:
     return ok(f"queue {c.name} deleted")
 
 
+# --------------------------------------------------------------------------- preemption
+
+
+def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
+    """Mark every victim's live attempt as preempted for ``c.preemptor``, or nothing.
+
+    Verified whole: preemption is on; the preemptor is pending and planned against its
+    current attempt count; each victim is named once, is live with the named fencing
+    token and not already being preempted; and ``c.kind`` allows each victim:
+
+    * ``PRIORITY``: the preemptor's class ``preempts``; every victim is of the same queue
+      and of strictly lower priority.
+    * ``RECLAIM``: the preemptor's queue has a quota and a cohort and stays within its
+      nominal after taking the gang (counting its other gangs waiting for victims); every
+      victim is of another queue of that cohort, which is above its nominal and stays at
+      or above it once every victim of this command and earlier ones has stopped.
+
+    These rules make thrashing impossible: a victim is always of strictly lower
+    priority, or of a queue that is borrowing, and a reclaim never takes the preemptor's
+    queue above nominal, so a reclaimed gang can never reclaim back.
+    """
+    if state.config.preemption is PreemptionMode.OFF:
+        return error(ResultCode.CONFLICT, "preemption is off in the cluster configuration")
+    preemptor = state.jobs.get(c.preemptor)
+    if preemptor is None:
+        return error(ResultCode.NOT_FOUND, f"no job {c.preemptor!r}")
+    if preemptor.state is not JobState.PENDING:
+        return error(ResultCode.CONFLICT, f"{c.preemptor} is {preemptor.state.value}, not PENDING")
+    if preemptor.attempts_made != c.preemptor_attempts_made:
+        return error(ResultCode.CONFLICT, f"{c.preemptor}: stale plan")
+    if not c.victims:
+        return error(ResultCode.INVALID, "victims: at least one is needed")
+    names = [v.job_id for v in c.victims]
+    if len(set(names)) != len(names):
+        return error(ResultCode.INVALID, "victims: a job appears twice")
+    if c.preemptor in names:
+        return error(ResultCode.INVALID, "victims: the preemptor cannot be its own victim")
+    victims: list[Job] = []
+    for v in c.victims:
+        job = state.jobs.get(v.job_id)
+        attempt = job.live_attempt() if job is not None else None
+        if job is None or attempt is None or attempt.fencing_token != v.fencing_token:
+            return error(
+                ResultCode.CONFLICT, f"victim {v.job_id}: token {v.fencing_token} is not live"
+            )
+        if attempt.preempted_by:
+            return error(
+                ResultCode.CONFLICT,
+                f"victim {v.job_id} is already being preempted by {attempt.preempted_by}",
+            )
+        victims.append(job)
+    spec = preemptor.spec
+    if c.kind is PreemptionKind.PRIORITY:
+        cls = priority_class(state.config, spec.priority_class)
+        if cls is None or not cls.preempts:
+            return error(
+                ResultCode.CONFLICT,
+                f"{c.preemptor}: its priority class {spec.priority_class or '(none)'} "
+                f"does not preempt",
+            )
+        for job in victims:
+            if job.spec.queue != spec.queue:
+                return error(
+                    ResultCode.CONFLICT,
+                    f"victim {job.job_id} is in queue {job.spec.queue}, not {spec.queue}: "
+                    f"priority preemption stays within one queue",
+                )
+            if job.spec.priority >= spec.priority:
+                return error(
+                    ResultCode.CONFLICT,
+                    f"victim {job.job_id} has priority {job.spec.priority}, "
+                    f"not below {spec.priority}",
+                )
+    else:
+        problem = _reclaim_problem(state, preemptor, victims)
+        if problem:
+            return error(ResultCode.CONFLICT, problem)
+    for job in victims:
+        attempt = job.attempt
+        assert attempt is not None
+        grace = grace_ms(state.config, job.spec)
+        attempt.preempted_by = c.preemptor
+        attempt.preemption = c.kind
+        attempt.preempt_deadline_ms = now + grace
+        job.reason = reason(
+            ReasonCode.PREEMPTING,
+            preemptor=c.preemptor,
+            kind=c.kind.value,
+            grace_ms=grace,
+            deadline_ms=now + grace,
+        )
+    preemptor.reason = reason(
+        ReasonCode.WAITING_FOR_VICTIMS,
+        count=len(victims),
+        kind=c.kind.value,
+        victims=", ".join(names),
+    )
+    return ok(
+        f"{c.preemptor} preempts {len(victims)} gang(s) ({c.kind.value})",
+        job_id=c.preemptor,
+        stopped=tuple(names),
+    )
+
+
+def _reclaim_problem(state: ClusterState, preemptor: Job, victims: list[Job]) -> str:
+    """Why a reclaim of ``victims`` for ``preemptor`` breaks the rules; "" if it does not."""
+    spec = preemptor.spec
+    queue = state.queues.get(spec.queue)
+    if queue is None or queue.gpu is None or not queue.cohort:
+        return f"queue {spec.queue} has no quota in a cohort: it cannot reclaim"
+    # What each queue keeps once the gangs already being preempted have stopped, plus
+    # what the other gangs waiting for their victims will take.
+    keeps = QueueUsage.of(state, counting_preempted=False)
+    claimed: set[str] = set()
+    for job in state.jobs.values():
+        attempt = job.live_attempt()
+        if attempt is not None and attempt.preempted_by and attempt.preempted_by not in claimed:
+            claimed.add(attempt.preempted_by)
+            waiting = state.jobs.get(attempt.preempted_by)
+            if (
+                waiting is not None
+                and waiting.state is JobState.PENDING
+                and waiting is not preemptor
+            ):
+                keeps.add(waiting.spec.queue, gang_request(waiting.spec))
+    need = gang_request(spec).gpu
+    if not keeps.within_nominal(spec.queue, need):
+        return (
+            f"queue {spec.queue} would use {keeps.used(spec.queue).gpu + need} of its "
+            f"{queue.gpu} nominal GPUs: a reclaim must keep it within its nominal quota"
+        )
+    for job in victims:
+        other = state.queues.get(job.spec.queue)
+        if job.spec.queue == spec.queue or other is None or other.cohort != queue.cohort:
+            return f"victim {job.job_id} is not in another queue of cohort {queue.cohort}"
+        keeps.remove(job.spec.queue, gang_request(job.spec))
+    for name in sorted({job.spec.queue for job in victims}):
+        nominal = state.queues[name].gpu
+        if nominal is None or keeps.used(name).gpu < nominal:
+            return (
+                f"queue {name} would fall below its nominal quota: a reclaim takes only "
+                f"what a queue borrows"
+            )
+    return ""
+
+
 _HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
     cmd.Configure: _configure,
     cmd.Barrier: _barrier,
@@ -852,4 +1130,5 @@ _HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
     cmd.RevokeToken: _revoke_token,
     cmd.SetQueue: _set_queue,
     cmd.DeleteQueue: _delete_queue,
+    cmd.Preempt: _preempt,
 }

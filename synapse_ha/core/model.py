@@ -196,6 +196,18 @@ class Queue:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueHistory:
+    """A queue's past usage for fair share, decayed with ``fair_share_half_life_ms``:
+    resource-milliseconds of its ended attempts (GPU-ms, CPU millicore-ms, MiB-ms), as
+    of ``at_ms``. Integers only, so every replica holds the same bytes."""
+
+    gpu_ms: int = 0
+    cpu_milli_ms: int = 0
+    memory_mib_ms: int = 0
+    at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Timeouts:
     """The timeouts that together guarantee no duplicate execution (DESIGN §4)."""
 
@@ -464,6 +476,8 @@ class ClusterState:
     last_time_ms: int = 0  # the newest command time seen; never goes backwards
     tokens: dict[str, Token] = field(default_factory=dict)  # token_id -> token
     queues: dict[str, Queue] = field(default_factory=lambda: {DEFAULT_QUEUE: Queue(DEFAULT_QUEUE)})
+    # queue name -> decayed usage of its ended attempts (fair share); sorted by name.
+    queue_history: dict[str, QueueHistory] = field(default_factory=dict)
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order."""

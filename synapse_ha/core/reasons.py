@@ -39,6 +39,7 @@ class ReasonCode(enum.StrEnum):
     START_TIMEOUT = "start_timeout"  # ranks, nodes, timeout_ms
     TIME_LIMIT = "time_limit"  # limit_ms
     CANCELLED_BY = "cancelled_by"  # text
+    PREEMPTED = "preempted"  # preemptor, kind
 
     # -- pending
     PENDING_FIRST_PASS = "pending_first_pass"
@@ -53,6 +54,11 @@ class ReasonCode(enum.StrEnum):
     REQUEUED_NODE_DEAD = "requeued_node_dead"  # attempt, requeue, max_requeues; cause
     REQUEUED_FENCED = "requeued_fenced"  # as REQUEUED_NODE_DEAD
     REQUEUED_LOST = "requeued_lost"  # as REQUEUED_NODE_DEAD
+    # -- queues and preemption (DESIGN §8)
+    REQUEUED_PREEMPTED = "requeued_preempted"  # attempt, preemptor, kind; cause
+    WAITING_QUOTA = "waiting_quota"  # queue, used, nominal, borrowing_limit?, borrowable, need
+    WAITING_FOR_VICTIMS = "waiting_for_victims"  # count, kind, victims
+    PREEMPTING = "preempting"  # preemptor, kind, grace_ms, deadline_ms (a live job's reason)
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
@@ -74,6 +80,7 @@ REQUEUE_CODES: dict[ReasonCode, ReasonCode] = {
     ReasonCode.NODE_DEAD: ReasonCode.REQUEUED_NODE_DEAD,
     ReasonCode.MEMBER_FENCED: ReasonCode.REQUEUED_FENCED,
     ReasonCode.MEMBER_LOST: ReasonCode.REQUEUED_LOST,
+    ReasonCode.PREEMPTED: ReasonCode.REQUEUED_PREEMPTED,
 }
 
 # Reasons of a job waiting in the queue; with a cause, the outcome of its last attempt.
@@ -86,6 +93,8 @@ WAIT_CODES = frozenset(
         ReasonCode.FIRST_IN_LINE_RESERVED,
         ReasonCode.WAITING_STOP_CONFIRMED,
         ReasonCode.FITS_NOW,
+        ReasonCode.WAITING_QUOTA,
+        ReasonCode.WAITING_FOR_VICTIMS,
     }
 )
 
@@ -275,7 +284,40 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"so the job failed"
     ),
     ReasonCode.CANCELLED: lambda r: r.text("text"),
+    ReasonCode.PREEMPTED: lambda r: f"preempted by {r.text('preemptor')} ({_kind(r)})",
+    ReasonCode.REQUEUED_PREEMPTED: lambda r: (
+        f"attempt {r.num('attempt')} was preempted by {r.text('preemptor')} ({_kind(r)}); "
+        f"requeued, not counted against retries or max_requeues; "
+        f"the gang keeps its place in line"
+    ),
+    ReasonCode.WAITING_QUOTA: lambda r: (
+        f"queue {r.text('queue')} uses {r.num('used')}/{r.num('nominal')} GPUs, "
+        + (
+            f"borrowing limit {r.num('borrowing_limit')}"
+            if r.has("borrowing_limit")
+            else "no borrowing limit"
+        )
+        + f", {r.num('borrowable')} idle GPU(s) of its cohort to borrow; "
+        f"this gang needs {r.num('need')}"
+    ),
+    ReasonCode.WAITING_FOR_VICTIMS: lambda r: (
+        f"waiting for {r.num('count')} preempted gang(s) to stop ({_kind(r)}): "
+        f"{r.text('victims')}; their GPUs are kept for this gang"
+    ),
+    ReasonCode.PREEMPTING: lambda r: (
+        f"being preempted by {r.text('preemptor')} ({_kind(r)}); its members got SIGTERM "
+        f"and are killed after a grace period of {_seconds(r.num('grace_ms'))}; "
+        f"it will be requeued, keeping its place in line"
+    ),
 }
+
+
+def _kind(r: Reason) -> str:
+    kind = r.text("kind")
+    return {
+        "reclaim": "reclaim: its queue takes back quota lent to a borrowing queue",
+        "priority": "priority: a higher priority class of the same queue",
+    }.get(kind, kind)
 
 
 def ranks_text(ranks: list[int], limit: int = 8) -> str:

@@ -27,6 +27,10 @@ class DesiredMember:
     member_hosts: tuple[str, ...]
     spec: JobSpec
     owner: str = ""  # the user the job belongs to; the worker may run the member as it
+    # 0: not preempted. Otherwise the leader-clock time its grace period ends: the worker
+    # sends SIGTERM at once and SIGKILL then (the heartbeat handler turns it into the
+    # remaining grace, since worker clocks differ from the leader's).
+    preempt_deadline_ms: int = 0
 
 
 def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
@@ -65,6 +69,7 @@ def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
                     member_hosts=hosts,
                     spec=job.spec,
                     owner=job.owner,
+                    preempt_deadline_ms=attempt.preempt_deadline_ms,
                 )
             )
     return wanted
@@ -95,8 +100,8 @@ def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
     for job_id in sorted(state.jobs):
         job = state.jobs[job_id]
         attempt = job.live_attempt()
-        if attempt is None or now_ms < attempt.bound_at_ms + timeout:
-            continue
+        if attempt is None or now_ms < attempt.bound_at_ms + timeout or attempt.preempted_by:
+            continue  # a preempted attempt stops within its grace period instead
         if not not_started_members(job):
             continue
         due.append(

@@ -70,6 +70,8 @@ def job(
     retries: int = 0,
     backoff_s: int = 10,
     image: str = "",
+    queue: str = "default",
+    priority_class: str = "",
 ) -> JobSpec:
     return JobSpec(
         name=name,
@@ -82,6 +84,8 @@ def job(
         time_limit_ms=time_limit_s * 1000,
         retries=RetryPolicy(max_retries=retries, backoff_ms=backoff_s * 1000),
         image=image,
+        queue=queue,
+        priority_class=priority_class,
     )
 
 

@@ -15,6 +15,14 @@ The scheduler plans; it never imports the state machine (an import-linter contra
 from synapse_ha.core.scheduler.capacity import CapacityCache
 from synapse_ha.core.scheduler.explainer import explain, why_pending
 from synapse_ha.core.scheduler.passes import schedule
-from synapse_ha.core.scheduler.plan import Plan, Reservation
+from synapse_ha.core.scheduler.plan import Plan, Preemption, Reservation
 
-__all__ = ["CapacityCache", "Plan", "Reservation", "explain", "schedule", "why_pending"]
+__all__ = [
+    "CapacityCache",
+    "Plan",
+    "Preemption",
+    "Reservation",
+    "explain",
+    "schedule",
+    "why_pending",
+]

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from synapse_ha.core.commands import GangPlacement
-from synapse_ha.core.model import ClusterState, Resources, unconfirmed_members
+from synapse_ha.core.commands import GangPlacement, Victim
+from synapse_ha.core.model import (
+    ClusterState,
+    Job,
+    PreemptionMode,
+    Resources,
+    unconfirmed_members,
+)
+from synapse_ha.core.quota import QueueUsage, gang_request
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
-from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
+from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, Table, View
 from synapse_ha.core.scheduler.explainer import Explainer
+from synapse_ha.core.scheduler.order import ordered_pending
 from synapse_ha.core.scheduler.placement import (
     Gang,
     commit,
@@ -19,7 +27,14 @@ from synapse_ha.core.scheduler.placement import (
     place,
     search_depths,
 )
-from synapse_ha.core.scheduler.plan import Plan
+from synapse_ha.core.scheduler.plan import Plan, Preemption
+from synapse_ha.core.scheduler.preemption import (
+    Candidate,
+    choose,
+    fits_with,
+    live_candidates,
+    rules_for,
+)
 from synapse_ha.core.scheduler.reservation import Running, reserve, running_gangs
 
 
@@ -67,8 +82,15 @@ def _plan(
     wait_ms = state.config.locality_wait_ms
     fits_local: dict[tuple[Resources, int, bool, int], bool] = {}  # on an empty cluster
     running: dict[str, Running] | None = None  # every gang holding capacity; on first need
+    usage = QueueUsage.of(state) if has_quotas(state) else None
+    claims = claimants(state)
+    preempt = (
+        Preempting(state, now_ms, claims)
+        if state.config.preemption is not (PreemptionMode.OFF)
+        else None
+    )
 
-    for job in state.pending_jobs():
+    for job in ordered_pending(state, now_ms, usage, set(claims)):
         spec = job.spec
         if now_ms < job.retry_not_before_ms:
             continue  # its reason was set when the attempt failed
@@ -83,6 +105,27 @@ def _plan(
             continue
         gang = Gang(job, spec, spec.resources, spec.replicas)
         depths = search_depths(state, spec, levels)
+        short = usage.shortfall(spec.queue, gang_request(spec)) if usage is not None else None
+        victims_left = claims.get(job.job_id)
+        if victims_left:
+            # Its victims are still stopping: keep what it needs from everyone else.
+            hold(table, gang, view, depths, victims_left)
+            plan.reasons[job.job_id] = waiting_for(victims_left, job)
+            if on_decision is not None:
+                on_decision(job.job_id, False)
+            continue
+        if short is not None:
+            chosen = (
+                preempt.try_for(gang, table, view, depths, usage) if preempt is not None else None
+            )
+            if chosen is not None:
+                plan.preemptions.append(chosen)
+                plan.reasons[job.job_id] = waiting_for(victims_of(preempt, chosen), job)
+            else:
+                plan.reasons[job.job_id] = short.reason()
+            if on_decision is not None:
+                on_decision(job.job_id, False)
+            continue
         reservation = plan.reservation
         backfill_ok = (
             reservation is not None
@@ -116,6 +159,8 @@ def _plan(
             members = members_for(gang, target, hosts)
             commit(table, spec.resources, members)
             plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
+            if usage is not None:
+                usage.add(spec.queue, gang_request(spec))
             end = now_ms + spec.time_limit_ms if spec.time_limit_ms else None
             placed[job.job_id] = Running(end, spec.resources, members)
             if running is not None:
@@ -123,6 +168,14 @@ def _plan(
             if on_decision is not None:
                 on_decision(job.job_id, True)
             continue
+        if preempt is not None:
+            chosen = preempt.try_for(gang, table, view, depths, usage)
+            if chosen is not None:
+                plan.preemptions.append(chosen)
+                plan.reasons[job.job_id] = waiting_for(preempt.chosen_of(chosen), job)
+                if on_decision is not None:
+                    on_decision(job.job_id, False)
+                continue
         if reservation is None:
             if running is None:
                 running = running_gangs(state, placed)
@@ -151,3 +204,171 @@ def _plan(
         if state.jobs[job_id].reason != why
     ]
     return plan
+
+
+# --------------------------------------------------------------------- queues, preemption
+
+
+def has_quotas(state: ClusterState) -> bool:
+    """Whether any queue limits anything (else the pass skips quota bookkeeping)."""
+    return any(
+        q.gpu is not None or q.cpu_milli is not None or q.memory_mib is not None
+        for q in state.queues.values()
+    )
+
+
+def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
+    """Pending gangs that preempted others and have not been placed since, each with
+    its victims still stopping (an empty list once all have stopped: the gang then
+    goes first in the pass and takes what they freed)."""
+    out: dict[str, list[Candidate]] = {}
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        attempt = job.attempt
+        if attempt is None or not attempt.preempted_by:
+            continue
+        preemptor = state.jobs.get(attempt.preempted_by)
+        if preemptor is None or preemptor.state.value != "PENDING":
+            continue
+        if job.live_attempt() is attempt:
+            gpus = gang_request(job.spec).gpu
+            out.setdefault(preemptor.job_id, []).append(
+                Candidate(
+                    job,
+                    attempt,
+                    gpus,
+                    0,
+                    job.spec.priority,
+                    job.spec.queue,
+                    frozenset(m.node_id for m in attempt.members),
+                )
+            )
+        elif job.state.value == "PENDING":
+            out.setdefault(preemptor.job_id, [])
+    return out
+
+
+def waiting_for(victims: list[Candidate], job: Job) -> Reason:
+    kind = victims[0].attempt.preemption if victims else None
+    return reason(
+        ReasonCode.WAITING_FOR_VICTIMS,
+        count=len(victims),
+        kind=kind.value if kind is not None else None,
+        victims=", ".join(v.job_id for v in victims),
+    )
+
+
+def hold(table: Table, gang: Gang, view: View, depths: list[int], victims: list[Candidate]) -> None:
+    """Take from the table the free GPUs the gang would use once ``victims`` stop, so
+    that no later gang of the pass is placed on them (the preemptor's first claim).
+    The victims' own GPUs are still held by them; only free ones are taken."""
+    hosts = fits_with(gang, table, view, depths, victims)
+    if hosts is None:
+        return
+    held: dict[str, set[int]] = {}
+    for v in victims:
+        for m in v.attempt.members:
+            held.setdefault(m.node_id, set()).update(m.gpus)
+    mark = table.mark()
+    for v in victims:
+        for m in v.attempt.members:
+            table.adjust(m.node_id, v.job.spec.resources, m.gpus, +1)
+    members = members_for(gang, view, hosts)
+    table.undo(mark)
+    for m in members:
+        free = tuple(g for g in m.gpus if g not in held.get(m.node_id, set()))
+        if free:
+            table.adjust(m.node_id, Resources(gpu=len(free)), free, -1)
+
+
+MAX_SEARCHES = 32  # preemption searches per pass; the rest wait for the next pass
+
+
+class Preempting:
+    """The preemption decisions of one pass: who may still be a victim, what each
+    queue keeps, and a bound on the work (searches per pass; shapes that found
+    nothing are not searched again in the pass)."""
+
+    def __init__(
+        self, state: ClusterState, now_ms: int, claims: dict[str, list[Candidate]]
+    ) -> None:
+        self.state = state
+        self.now_ms = now_ms
+        self.claims = claims
+        self.candidates: list[Candidate] | None = None
+        self.keeps: QueueUsage | None = None
+        self.claimed: set[str] = set()
+        self.searches = 0
+        self.failed: set[tuple[object, ...]] = set()
+        self.victims: dict[str, list[Candidate]] = {}
+
+    def _keeps(self) -> QueueUsage:
+        if self.keeps is None:
+            self.keeps = QueueUsage.of(self.state, counting_preempted=False)
+            for job_id in sorted(self.claims):
+                spec = self.state.jobs[job_id].spec
+                self.keeps.add(spec.queue, gang_request(spec))
+        return self.keeps
+
+    def chosen_of(self, p: Preemption) -> list[Candidate]:
+        return self.victims[p.preemptor]
+
+    def try_for(
+        self,
+        gang: Gang,
+        table: Table,
+        view: View,
+        depths: list[int],
+        usage: QueueUsage | None,
+    ) -> Preemption | None:
+        """Choose victims for ``gang`` and keep its claim, or None."""
+        spec = gang.spec
+        key = (
+            spec.queue,
+            spec.resources,
+            spec.replicas,
+            spec.topology_required,
+            spec.topology_preferred,
+            spec.priority,
+            spec.priority_class,
+            bool(spec.image),
+        )
+        if self.searches >= MAX_SEARCHES or key in self.failed:
+            return None
+        if self.candidates is None:
+            self.candidates = live_candidates(self.state, self.now_ms)
+        options = rules_for(self.state, gang, self.candidates, usage, self._keeps(), self.claimed)
+        if not options:
+            self.failed.add(key)
+            return None
+        self.searches += 1
+        for rules in options:
+            choice = choose(
+                self.state, gang, table, view, depths, rules, self.state.config.preemption
+            )
+            if choice is None:
+                continue
+            victims = list(choice.victims)
+            self.claimed.update(v.job_id for v in victims)
+            self.victims[gang.job.job_id] = victims
+            self._keeps().add(spec.queue, gang_request(spec))
+            if usage is not None:
+                # The victims' GPUs are the preemptor's: later gangs of the pass see the
+                # quota as it will be (victims gone, preemptor placed).
+                for v in victims:
+                    usage.remove(v.queue, gang_request(v.job.spec))
+                usage.add(spec.queue, gang_request(spec))
+            hold(table, gang, view, depths, victims)
+            return Preemption(
+                gang.job.job_id,
+                gang.job.attempts_made,
+                tuple(Victim(v.job_id, v.attempt.fencing_token) for v in victims),
+                choice.kind,
+            )
+        self.failed.add(key)
+        return None
+
+
+def victims_of(preempt: Preempting | None, chosen: Preemption) -> list[Candidate]:
+    assert preempt is not None
+    return preempt.chosen_of(chosen)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from synapse_ha.core.commands import BindPlan, GangPlacement
+from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt, Victim
+from synapse_ha.core.model import PreemptionKind
 from synapse_ha.core.reasons import Reason
 
 
@@ -13,6 +14,20 @@ class Reservation:
     job_id: str
     start_ms: int | None  # None: only once jobs without a time limit end
     nodes: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """One preemption a pass decided: ``victims`` (whole gangs, each with the fencing
+    token of its live attempt) stop so that ``preemptor`` can be placed."""
+
+    preemptor: str
+    attempts_made: int  # the preemptor's, as the planner saw it
+    victims: tuple[Victim, ...]
+    kind: PreemptionKind
+
+    def command(self, now_ms: int) -> Preempt:
+        return Preempt(self.preemptor, self.attempts_made, self.victims, self.kind, now_ms)
 
 
 @dataclass(slots=True)
@@ -26,6 +41,12 @@ class Plan:
     # The earliest later time at which time alone may change a decision (a locality
     # wait ending); a caller that plans only on events should plan again then.
     wake_ms: int | None = None
+    # Preemptions to begin, in the order the pass decided them (DESIGN §8).
+    preemptions: list[Preemption] = field(default_factory=list)
+
+    def preempt_commands(self, now_ms: int) -> list[Preempt]:
+        """One :class:`Preempt` per preemption of this plan, to propose after the bind."""
+        return [p.command(now_ms) for p in self.preemptions]
 
     def command(self, now_ms: int) -> BindPlan | None:
         """The command to propose, or None when the pass changes nothing."""

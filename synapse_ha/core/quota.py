@@ -1,0 +1,187 @@
+"""Queue quotas: what each queue uses, lends and may borrow (DESIGN §8). Pure.
+
+Rules, stated once here and used by the scheduler (admission) and by ``apply``
+(verification of a bind and of a reclaim):
+
+* A queue's **usage** is the resources of its live attempts (an attempt being preempted
+  still counts until its members are confirmed stopped). The ``default`` queue and any
+  queue without a GPU quota (``gpu`` None) has no limit.
+* A queue **borrows** what it uses beyond its nominal GPUs; it **lends** at most
+  ``min(lending_limit, max(0, nominal - usage))``.
+* What a queue may still take: its idle nominal, plus what it may borrow:
+  ``min(borrowing_limit - borrowed, lendable of the other queues of its cohort - what
+  those others already borrow)``. A queue of cohort "" is a cohort of its own.
+* CPU and memory quotas, when set, are caps within the nominal (nothing is borrowed).
+
+All arithmetic is on integers; iteration is in queue-name order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from synapse_ha.core.model import (
+    DEFAULT_GRACE_MS,
+    ClusterConfig,
+    ClusterState,
+    JobSpec,
+    PriorityClass,
+    Queue,
+    Resources,
+)
+from synapse_ha.core.reasons import Reason, ReasonCode, reason
+
+ZERO = Resources()
+
+
+def gang_request(spec: JobSpec) -> Resources:
+    """What a whole gang of ``spec`` holds while it is live."""
+    return spec.resources.times(spec.replicas)
+
+
+def priority_class(config: ClusterConfig, name: str) -> PriorityClass | None:
+    """The cluster's class named ``name``, or None ("" names no class)."""
+    if not name:
+        return None
+    for cls in config.priority_classes:
+        if cls.name == name:
+            return cls
+    return None
+
+
+def grace_ms(config: ClusterConfig, spec: JobSpec) -> int:
+    """How long a preempted gang of ``spec`` has between SIGTERM and SIGKILL."""
+    cls = priority_class(config, spec.priority_class)
+    return cls.grace_ms if cls is not None else DEFAULT_GRACE_MS
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaShortfall:
+    """Why a gang does not fit its queue's quota, with the numbers (GPUs or, when
+    ``resource`` says so, CPU millicores or memory MiB)."""
+
+    queue: str
+    resource: str  # "gpu", "cpu_milli" or "memory_mib"
+    used: int
+    nominal: int
+    borrowing_limit: int | None
+    borrowable: int
+    need: int
+
+    def reason(self) -> Reason:
+        return reason(
+            ReasonCode.WAITING_QUOTA,
+            queue=self.queue,
+            resource=self.resource if self.resource != "gpu" else None,
+            used=self.used,
+            nominal=self.nominal,
+            borrowing_limit=self.borrowing_limit,
+            borrowable=self.borrowable,
+            need=self.need,
+        )
+
+
+class QueueUsage:
+    """Per-queue usage with the quota questions answered from it. A plain object a
+    caller owns for one pass or one apply; :meth:`add` and :meth:`remove` keep it
+    current as gangs are placed or leave."""
+
+    def __init__(self, queues: Mapping[str, Queue], usage: dict[str, Resources]) -> None:
+        self.queues = queues
+        self.usage = usage
+        self.cohorts: dict[str, list[str]] = {}
+        for name in sorted(queues):
+            cohort = queues[name].cohort
+            if cohort and queues[name].gpu is not None:
+                self.cohorts.setdefault(cohort, []).append(name)
+
+    @classmethod
+    def of(cls, state: ClusterState, *, counting_preempted: bool = True) -> QueueUsage:
+        """Usage of every queue in ``state``. ``counting_preempted=False`` leaves out
+        attempts already being preempted (what a queue keeps once they stop)."""
+        usage: dict[str, Resources] = {}
+        for job in state.jobs.values():
+            attempt = job.live_attempt()
+            if attempt is None or (attempt.preempted_by and not counting_preempted):
+                continue
+            q = job.spec.queue
+            usage[q] = usage.get(q, ZERO) + gang_request(job.spec)
+        return cls(state.queues, usage)
+
+    def add(self, queue: str, request: Resources) -> None:
+        self.usage[queue] = self.usage.get(queue, ZERO) + request
+
+    def remove(self, queue: str, request: Resources) -> None:
+        self.usage[queue] = self.usage.get(queue, ZERO) - request
+
+    def used(self, queue: str) -> Resources:
+        return self.usage.get(queue, ZERO)
+
+    def borrowed(self, queue: str) -> int:
+        """GPUs ``queue`` uses beyond its nominal (0 without a quota)."""
+        q = self.queues.get(queue)
+        if q is None or q.gpu is None:
+            return 0
+        return max(0, self.used(queue).gpu - q.gpu)
+
+    def lendable(self, queue: str) -> int:
+        q = self.queues.get(queue)
+        if q is None or q.gpu is None:
+            return 0
+        idle = max(0, q.gpu - self.used(queue).gpu)
+        return idle if q.lending_limit_gpu is None else min(idle, q.lending_limit_gpu)
+
+    def borrowable(self, queue: str) -> int:
+        """GPUs ``queue`` may borrow now beyond what it already borrows."""
+        q = self.queues.get(queue)
+        if q is None or q.gpu is None or not q.cohort:
+            return 0
+        others = [n for n in self.cohorts.get(q.cohort, ()) if n != queue]
+        pool = sum(self.lendable(n) for n in others) - sum(self.borrowed(n) for n in others)
+        room = max(0, pool)
+        if q.borrowing_limit_gpu is not None:
+            room = min(room, max(0, q.borrowing_limit_gpu - self.borrowed(queue)))
+        return room
+
+    def headroom_gpu(self, queue: str) -> int | None:
+        """GPUs ``queue`` may still take (idle nominal + borrowable); None: no limit."""
+        q = self.queues.get(queue)
+        if q is None or q.gpu is None:
+            return None
+        return max(0, q.gpu - self.used(queue).gpu) + self.borrowable(queue)
+
+    def shortfall(self, queue: str, request: Resources) -> QuotaShortfall | None:
+        """Why a gang holding ``request`` does not fit ``queue`` now; None if it does."""
+        q = self.queues.get(queue)
+        if q is None:
+            return None
+        used = self.used(queue)
+        if q.gpu is not None and request.gpu:
+            headroom = self.headroom_gpu(queue)
+            if headroom is not None and request.gpu > headroom:
+                return QuotaShortfall(
+                    queue,
+                    "gpu",
+                    used.gpu,
+                    q.gpu,
+                    q.borrowing_limit_gpu,
+                    self.borrowable(queue),
+                    request.gpu,
+                )
+        for name, cap, have, need in (
+            ("cpu_milli", q.cpu_milli, used.cpu_milli, request.cpu_milli),
+            ("memory_mib", q.memory_mib, used.memory_mib, request.memory_mib),
+        ):
+            if cap is not None and need and have + need > cap:
+                return QuotaShortfall(queue, name, have, cap, 0, 0, need)
+        return None
+
+    def within_nominal(self, queue: str, extra: int) -> bool:
+        """Would ``queue`` stay within its nominal GPUs after taking ``extra`` more?"""
+        q = self.queues.get(queue)
+        return q is not None and q.gpu is not None and self.used(queue).gpu + extra <= q.gpu
+
+    def above_nominal(self, queue: str) -> int:
+        """GPUs a reclaim may take from ``queue`` without taking it below nominal."""
+        return self.borrowed(queue)
