@@ -366,26 +366,24 @@ def check_job_queue(
     spec: JobSpec, queues: Mapping[str, Queue], classes: Sequence[PriorityClass]
 ) -> list[Violation]:
     """Every rule ``spec`` breaks against the cluster's queues and priority classes: its
-    queue must exist, its class (when it names one) must exist and be one its queue
-    allows. The rest of the spec is :func:`check_job_spec`'s."""
+    queue must exist; its class (when it names one) must exist; a queue that lists
+    classes admits only jobs naming one of them. The rest of the spec is
+    :func:`check_job_spec`'s. Fields are named as in a job spec file (``priority:``
+    holds a number or a class name)."""
     out: list[Violation] = []
     queue = queues.get(spec.queue)
     if queue is None:
         known = ", ".join(sorted(queues)) or "none"
         out.append(invalid("queue", f"no queue {spec.queue!r} (queues: {known})"))
-    if spec.priority_class:
-        names = [c.name for c in classes]
-        if spec.priority_class not in names:
-            known = ", ".join(sorted(names)) or "none are configured"
-            out.append(invalid("priority", f"no priority class {spec.priority_class!r} ({known})"))
-        elif queue is not None and queue.priority_classes:
-            allowed = ", ".join(queue.priority_classes)
-            if spec.priority_class not in queue.priority_classes:
-                out.append(
-                    invalid(
-                        "priority",
-                        f"queue {queue.name} allows the classes {allowed}, "
-                        f"not {spec.priority_class!r}",
-                    )
-                )
+    names = [c.name for c in classes]
+    if spec.priority_class and spec.priority_class not in names:
+        known = ", ".join(sorted(names)) or "none are configured"
+        out.append(invalid("priority", f"no priority class {spec.priority_class!r} ({known})"))
+    elif queue is not None and queue.priority_classes:
+        allowed = ", ".join(queue.priority_classes)
+        if spec.priority_class not in queue.priority_classes:
+            given = repr(spec.priority_class) if spec.priority_class else "a plain number"
+            out.append(
+                invalid("priority", f"queue {queue.name} allows the classes {allowed}, not {given}")
+            )
     return out

@@ -9,7 +9,7 @@ from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import DEFAULT_QUEUE, ClusterState, Queue
-from synapse_ha.core.queue_usage import lendable_gpu, queue_usage
+from synapse_ha.core.queue_usage import queue_usage
 from tests.core.harness import job, node
 
 NOW = 1_000
@@ -46,13 +46,6 @@ def test_the_default_queue_name_is_the_models() -> None:
     assert access.DEFAULT_QUEUE_NAME == DEFAULT_QUEUE
 
 
-def test_lendable_is_idle_nominal_capped_by_the_lending_limit() -> None:
-    assert lendable_gpu(Queue("a", gpu=8), 3) == 5
-    assert lendable_gpu(Queue("a", gpu=8, lending_limit_gpu=2), 3) == 2
-    assert lendable_gpu(Queue("a", gpu=8), 12) == 0
-    assert lendable_gpu(Queue("a"), 0) == 0  # no quota, nothing to lend
-
-
 def test_borrowing_is_covered_by_the_cohorts_lenders_in_name_order() -> None:
     state = _state(
         Queue("a", gpu=4, cohort="lab", lending_limit_gpu=1),
@@ -61,13 +54,13 @@ def test_borrowing_is_covered_by_the_cohorts_lenders_in_name_order() -> None:
         Queue("solo", gpu=2),
     )
     _run(state, "c", 3, 2, "n1")  # c uses 6 of its 2: borrows 4
-    _run(state, "solo", 4, 1, "n2")  # above its quota, but no cohort lends to it
+    _run(state, "solo", 2, 1, "n2")  # all of its quota; no cohort to lend to
     usage = queue_usage(state)
     assert (usage["c"].used_gpu, usage["c"].borrowed_gpu) == (6, 4)
     assert usage["a"].lent_gpu == 1  # its lending limit
     assert usage["b"].lent_gpu == 3  # the rest
     assert usage["c"].lent_gpu == 0
-    assert (usage["solo"].borrowed_gpu, usage["solo"].lent_gpu) == (2, 0)
+    assert (usage["solo"].used_gpu, usage["solo"].borrowed_gpu, usage["solo"].lent_gpu) == (2, 0, 0)
     assert usage["c"].running_jobs == 1 and usage["c"].pending_jobs == 0
     assert usage[DEFAULT_QUEUE].used_gpu == 0
 

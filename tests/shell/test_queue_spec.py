@@ -61,7 +61,9 @@ def test_a_spec_against_the_clusters_queues_and_classes() -> None:
 
     assert problems() == []
     assert problems(queue="team-a", priority="low") == []
-    assert problems(queue="team-a", priority=5) == []  # a plain number needs no class
+    assert problems(queue="team-a", priority=5) == [
+        ("priority", "queue team-a allows the classes low, not a plain number")
+    ]
     assert problems(queue="team-b") == [("queue", "no queue 'team-b' (queues: default, team-a)")]
     assert problems(priority="urgent") == [
         ("priority", "no priority class 'urgent' (high, low, normal)")
