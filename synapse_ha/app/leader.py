@@ -18,6 +18,11 @@ Rules it keeps:
 * At most one bind command is in flight; the next pass plans on the state it produced.
   Once a bind commits, the workers it placed members on are nudged to heartbeat at once
   (a hint; they would learn it at their next heartbeat anyway).
+* Preemptions the pass decides are proposed as :class:`~synapse_ha.core.commands.Preempt`
+  commands right after its bind, at most one in flight per preemptor; once one commits,
+  the victims' nodes are nudged (their members get SIGTERM at their next heartbeat
+  anyway). A committed preemption is never proposed again: its victims are marked in the
+  state, and the pass chooses only gangs that are not being preempted.
 * Proposals in flight are forgotten when leadership is lost: their outcomes, should they
   arrive, are ignored, and the next term starts from a clean slate.
 * It decides on snapshots (:meth:`StateReader.snapshot`), never on the live state: a
@@ -42,6 +47,16 @@ from synapse_ha.core.model import ClusterState, NodeStatus, Timeouts
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
 from synapse_ha.core.views import due_start_timeouts, due_time_limits
+
+
+def _marked(state: ClusterState, preemptor: str) -> bool:
+    """Whether ``state`` shows a gang preempted for ``preemptor`` (or it is placed)."""
+    job = state.jobs.get(preemptor)
+    if job is None or job.state.value != "PENDING":
+        return True
+    return any(
+        j.attempt is not None and j.attempt.preempted_by == preemptor for j in state.jobs.values()
+    )
 
 
 class Liveness:
@@ -165,6 +180,7 @@ class LeaderLoop:
         self._expiries: dict[str, _InFlight] = {}
         self._start_timeouts: dict[str, _InFlight] = {}
         self._purge: _InFlight | None = None
+        self._preempts: dict[str, tuple[_InFlight, tuple[str, ...]]] = {}
         self._dirty = True
         self._last_pass_ms = 0
         self._last_purge_ms = 0
@@ -190,6 +206,7 @@ class LeaderLoop:
         self._node_deaths.clear()
         self._expiries.clear()
         self._start_timeouts.clear()
+        self._preempts.clear()
         self._purge = None
         self._configure = None
         self._dirty = True
@@ -392,19 +409,61 @@ class LeaderLoop:
         command = plan.command(now_ms)
         self._pass_cost_ms = (self._timer() - started) * 1000
         self._last_plan = plan
+        preempting = self._propose_preemptions(state, plan, now_ms)
         if command is None:
             pending = len(plan.reasons)
-            return f"scheduling pass: nothing to bind ({pending} pending)" if pending else ""
+            said = f"scheduling pass: nothing to bind ({pending} pending)" if pending else ""
+            return "; ".join(x for x in (said, preempting) if x)
         self._bind = self._start(command, now_ms)
         self._bind_nodes = tuple(sorted({m.node_id for p in command.placements for m in p.members}))
         waiting = len(plan.reasons)
         if not command.placements:
-            return f"updating why {len(command.reasons)} jobs wait ({waiting} pending)"
+            said = f"updating why {len(command.reasons)} jobs wait ({waiting} pending)"
+            return "; ".join(x for x in (said, preempting) if x)
         members = sum(len(p.members) for p in command.placements)
-        return (
+        said = (
             f"proposing to bind {len(command.placements)} gangs ({members} members); "
             f"{waiting} jobs keep waiting"
         )
+        return "; ".join(x for x in (said, preempting) if x)
+
+    def _propose_preemptions(self, state: ClusterState, plan: Plan, now_ms: int) -> str:
+        """Propose the plan's preemptions, one in flight per preemptor; nudge the victims'
+        nodes of those that committed since the last pass."""
+        for preemptor in list(self._preempts):
+            flight, nodes = self._preempts[preemptor]
+            if not flight.settled(now_ms):
+                continue
+            result = flight.result()
+            if result is not None and result.ok and not _marked(state, preemptor):
+                continue  # committed after this snapshot was taken: not planned again yet
+            del self._preempts[preemptor]
+            if result is not None and result.ok and self._nudger is not None:
+                self._nudger.nudge(
+                    [(n, state.nodes[n].info.address) for n in nodes if n in state.nodes]
+                )
+        proposed: list[str] = []
+        for command in plan.preempt_commands(now_ms):
+            if command.preemptor in self._preempts:
+                continue
+            nodes = tuple(
+                sorted(
+                    {
+                        m.node_id
+                        for v in command.victims
+                        if (job := state.jobs.get(v.job_id)) is not None and job.attempt is not None
+                        for m in job.attempt.members
+                    }
+                )
+            )
+            self._preempts[command.preemptor] = (self._start(command, now_ms), nodes)
+            proposed.append(
+                f"{command.preemptor} preempts {', '.join(v.job_id for v in command.victims)} "
+                f"({command.kind.value})"
+            )
+        if not proposed:
+            return ""
+        return self._note("proposing preemption: " + "; ".join(proposed))
 
     def _nudge(self, state: ClusterState) -> None:
         """Tell the workers of the bind that just committed to heartbeat now."""
