@@ -4,7 +4,9 @@ Cluster: 5 zones x 10 blocks x 25 racks x 8 hosts = 10,000 nodes of 8 GPUs (NVLi
 pairs), half of its GPUs already held by running gangs with time limits; 5,000 pending
 gangs of 1 to 512 GPUs (1-8 GPUs per member), a quarter with ``required`` and a quarter
 with ``preferred`` topology. Prints JSON: per-gang decision time p50/p99, the full pass
-time, the replicated state's memory and encoded size. ``--smoke`` runs a tiny version in
+time, the replicated state's memory and encoded size. ``--queues N`` spreads every gang
+over N queues (cohorts of 5, equal nominal quotas summing to the cluster, priority
+classes low/normal/high) with topology-aware preemption on. ``--smoke`` runs a tiny version in
 about a second so the benchmark cannot rot.
 """
 
@@ -17,6 +19,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -28,6 +31,7 @@ from synapse_ha.core.model import (
     ClusterState,
     JobSpec,
     NodeInfo,
+    Queue,
     Resources,
 )
 from synapse_ha.core.scheduler import schedule
@@ -76,14 +80,34 @@ def gang_spec(rng: random.Random, name: str, with_limit: bool) -> JobSpec:
     )
 
 
-def make_busy(state: ClusterState, rng: random.Random, target_share: float) -> int:
+def add_queues(state: ClusterState, count: int) -> list[str]:
+    """``count`` queues in cohorts of 5 with equal nominal quotas summing to the cluster."""
+    total = sum(n.info.capacity.gpu for n in state.nodes.values())
+    names = [f"q{i:02d}" for i in range(count)]
+    for i, name in enumerate(names):
+        queue = Queue(name, gpu=total // count, cohort=f"c{i // 5}")
+        assert apply(state, c.SetQueue(queue, 0)).ok
+    return names
+
+
+def in_queue(spec: JobSpec, rng: random.Random, queues: list[str]) -> JobSpec:
+    if not queues:
+        return spec
+    cls = rng.choice(["low", "normal", "normal", "high"])
+    return replace(spec, queue=rng.choice(queues), priority_class=cls)
+
+
+def make_busy(
+    state: ClusterState, rng: random.Random, target_share: float, queues: list[str] | None = None
+) -> int:
     """Place background gangs (all with time limits) until ``target_share`` of GPUs is used."""
     total = sum(n.info.capacity.gpu for n in state.nodes.values())
     seq = 0
     while (used := sum(n.allocated.gpu for n in state.nodes.values())) < total * target_share:
         for _ in range(max(1, int(total * target_share - used) // 200)):
             seq += 1
-            apply(state, c.SubmitJob(gang_spec(rng, f"bg-{seq}", True), f"bg-{seq}", 0))
+            spec = in_queue(gang_spec(rng, f"bg-{seq}", True), rng, queues or [])
+            apply(state, c.SubmitJob(spec, f"bg-{seq}", 0))
         command = schedule(state, 0).command(0)
         if command is not None:
             apply(state, command)
@@ -95,14 +119,16 @@ def make_busy(state: ClusterState, rng: random.Random, target_share: float) -> i
 
 
 def run(
-    zones: int, blocks: int, racks: int, hosts: int, gangs: int, seed: int
+    zones: int, blocks: int, racks: int, hosts: int, gangs: int, seed: int, queues: int = 0
 ) -> dict[str, object]:
     rng = random.Random(seed)
     tracemalloc.start()
     state = build_cluster(zones, blocks, racks, hosts)
-    busy_gpus = make_busy(state, rng, 0.5)
+    names = add_queues(state, queues) if queues else []
+    busy_gpus = make_busy(state, rng, 0.5, names)
     for i in range(gangs):
-        apply(state, c.SubmitJob(gang_spec(rng, f"g-{i}", rng.random() < 0.5), f"g-{i}", 1))
+        spec = in_queue(gang_spec(rng, f"g-{i}", rng.random() < 0.5), rng, names)
+        apply(state, c.SubmitJob(spec, f"g-{i}", 1))
     state_bytes, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     encoded = len(encode_state(state))
@@ -132,6 +158,10 @@ def run(
         "busy_gpus_before": busy_gpus,
         "pending_gangs": gangs,
         "gangs_placed": len(plan.placements),
+        "queues": queues,
+        "preemption": state.config.preemption.value,
+        "preemptions": len(plan.preemptions),
+        "victims": sum(len(p.victims) for p in plan.preemptions),
         "reservation": plan.reservation.job_id if plan.reservation else None,
         "decision_ms_p50": pct(0.50),
         "decision_ms_p99": pct(0.99),
@@ -149,8 +179,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="a tiny cluster, seconds long")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--queues", type=int, default=0, help="spread gangs over N queues")
     args = parser.parse_args()
-    result = run(2, 2, 3, 4, 60, args.seed) if args.smoke else run(5, 10, 25, 8, 5000, args.seed)
+    size = (2, 2, 3, 4, 60) if args.smoke else (5, 10, 25, 8, 5000)
+    result = run(*size, args.seed, args.queues)
     print(json.dumps(result, indent=2))
 
 
