@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import ledger
-from chaos.checker import Violation, load_history, reruns
+from chaos.checker import Violation, load_history, preemptions, reruns
 
 
 def write_report(
@@ -48,6 +48,7 @@ def write_report(
             "already_committed": sum(1 for e in effects if e.get("done")),
         },
         "reruns_after_lost_success_reports": reruns(load_history(run_dir)),
+        "preempted_attempts": preemptions(load_history(run_dir)),
         "quiesce": meta.get("quiesce", ""),
         "error": meta.get("error", ""),
         "violations": [str(v) for v in violations],
