@@ -289,11 +289,15 @@ def _fill(
     usable = [d for d in depths if d >= depth]
     chosen: list[Candidate] = []
     hosts: list[tuple[str, int]] | None = None
+    # GPUs the domain would have free: a placement is tried only once they suffice.
+    have = view.totals.get(domain, [0, 0, 0])[0]
+    need = gang.req.gpu * gang.n
     for c in cands:
         if not rules.admits(chosen, c):
             continue
         chosen.append(c)
-        if not rules.quota_met(chosen):
+        have += sum(len(m.gpus) for m in c.attempt.members if m.node_id in table.nodes)
+        if not rules.quota_met(chosen) or have < need:
             continue
         hosts = fits_with(gang, table, view, usable, chosen)
         if hosts is not None and _within(hosts, table, depth, domain):
