@@ -25,7 +25,8 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
 * NOT_FOUND (node unknown) or node status ``dead``: kill every member, register again.
 * A desired member marked preempted is stopped gracefully: its ``$SYNAPSE_PREEMPT_FILE``
   is written, then SIGTERM, then SIGKILL after the grace the leader gave; its exit is
-  reported as usual (a disruption). One not started here yet is never started.
+  reported as usual (a disruption). One not started here yet is never run: it is
+  recorded with an immediate exit, so that the leader learns it is stopped.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Executor(Protocol):
     known: set[MemberKey]
     highest_token: dict[str, int]
 
-    def start(self, spec: LaunchSpec) -> object: ...
+    def start(self, spec: LaunchSpec, preempted: PreemptNotice | None = None) -> object: ...
     def stop(self, key: MemberKey) -> None: ...
     def preempt(self, key: MemberKey, notice: PreemptNotice) -> None: ...
     def poll(self) -> list[tuple[MemberKey, MemberExit]]: ...
@@ -361,8 +362,16 @@ class Agent:
         started = 0
         running = self.executor.running()
         for key, d in wanted.items():
-            if key in self.executor.known or d.preemption:
-                continue  # a preempted member that has not started here never will
+            if key in self.executor.known:
+                continue
+            if d.preemption:
+                # Preempted before it started here: it never runs, and its (immediate)
+                # exit confirms to the leader that it is stopped.
+                notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
+                self.executor.start(launch_spec_from_proto(d), notice)
+                self.pending.append(_report(key, pb.MemberReport.STARTED))
+                self.fresh_reports = True
+                continue
             if any(r.job_id == key.job_id and r.fencing_token < key.fencing_token for r in running):
                 # An older attempt of this job is still stopping here; start the new
                 # member once it is gone, never alongside it.

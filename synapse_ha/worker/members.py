@@ -453,10 +453,14 @@ class MemberExecutor:
     def member_dir(self, key: MemberKey, attempt: int) -> Path:
         return self.root / key.job_id / member_dir_name(attempt, key.fencing_token, key.rank)
 
-    def start(self, spec: LaunchSpec) -> Member:
+    def start(self, spec: LaunchSpec, preempted: PreemptNotice | None = None) -> Member:
         """Start one member under its supervisor. Never raises for a bad command or an
         owner this node will not run members as: those come back as an exit (code 127,
         resp. :data:`EXIT_REFUSED` with the refusal as detail) on the next :meth:`poll`.
+
+        ``preempted``: the member's gang was preempted before it started here. Nothing is
+        run; the member is recorded (so it never starts later) with an exit of 143, a
+        disruption, which confirms to the leader that it is stopped.
 
         When the member runs as its owner, its output log belongs to the owner and its
         directory to the owner's group (readable, not writable: the pid and exit records
@@ -479,6 +483,10 @@ class MemberExecutor:
         self.members[key] = member
         log_path = mdir / "output.log"
         log_path.touch()
+        if preempted is not None:
+            detail = f"preempted ({preempted.kind}) for job {preempted.preemptor} before it started"
+            self._record_exit(member, MemberExit(143, detail, now_ms, disrupted=True))
+            return member
         account: Account | None = None
         if self.settings.run_as is not None:
             resolved = resolve_member_account(self.settings.run_as, spec.owner, self.lookup_account)

@@ -11,7 +11,13 @@ import time
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import Agent
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import PREEMPT_FILE_ENV, Member, MemberExit, PreemptNotice
+from synapse_ha.worker.members import (
+    PREEMPT_FILE_ENV,
+    LaunchSpec,
+    Member,
+    MemberExit,
+    PreemptNotice,
+)
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import FakeClock, Fifo, process_gone, spec, wait_gone
 from tests.worker.test_agent import FakeControl, FakeExecutor, desired
@@ -99,6 +105,15 @@ class PreemptingExecutor(FakeExecutor):
     def __init__(self) -> None:
         super().__init__()
         self.preempted: list[tuple[str, int, int, PreemptNotice]] = []
+        self.never_run: list[tuple[object, PreemptNotice]] = []
+
+    def start(self, spec: LaunchSpec, preempted: PreemptNotice | None = None) -> object:
+        if preempted is None:
+            return super().start(spec)
+        self.known.add(spec.key)
+        self.never_run.append((spec.key, preempted))
+        self.exits.append((spec.key, MemberExit(143, "preempted before it started", 0, True)))
+        return spec
 
     def preempt(self, key: object, notice: PreemptNotice) -> None:
         assert isinstance(key, tuple)
@@ -129,5 +144,28 @@ def test_the_agent_preempts_running_members_and_never_starts_preempted_ones() ->
     said = agent.step()
     assert "1 member(s) being preempted" in said
     assert executor.preempted == [("job-1", 5, 0, PreemptNotice("reclaim", "job-9", 4_000))]
-    assert ("job-2", 7, 0) not in executor.started  # preempted before it ever started here
+    # Preempted before it ever started here: never run, but recorded with an exit.
+    assert ("job-2", 7, 0) not in executor.started
+    assert executor.never_run == [(("job-2", 7, 0), PreemptNotice("reclaim", "job-9", 4_000))]
     assert executor.stopped == []  # still desired: stopped through the preemption only
+    clock.advance(1.0)
+    agent.step()
+    sent = control.heartbeats[-1]
+    assert [(r.job_id, r.kind, r.cause) for r in sent.reports if r.job_id == "job-2"] == [
+        ("job-2", pb.MemberReport.STARTED, pb.MemberReport.PROGRAM),
+        ("job-2", pb.MemberReport.EXITED, pb.MemberReport.LOST),
+    ]
+    agent.step()
+    assert len(executor.never_run) == 1  # never again
+
+
+def test_a_member_preempted_before_it_started_never_runs(make_executor: MakeExecutor) -> None:
+    executor = make_executor()
+    notice = PreemptNotice("priority", "job-000005", 2_000)
+    member = executor.start(spec("echo ran > /dev/stderr; exit 0"), notice)
+    assert member.shim is None  # nothing was started
+    assert member.key in executor.known
+    ((key, exit_),) = executor.poll()
+    assert key == member.key
+    assert (exit_.exit_code, exit_.disrupted) == (143, True)
+    assert exit_.detail == "preempted (priority) for job job-000005 before it started"
