@@ -18,6 +18,7 @@ from chaos.checker import (
     load_history,
     preemptions,
 )
+from chaos.report import most_attempts
 from chaos.workload import WorkloadConfig, job_spec
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import JobState
@@ -128,3 +129,8 @@ def test_the_workload_submits_to_both_queues_with_a_preempting_class() -> None:
     rng = random.Random(3)
     drawn = {(s.queue, s.priority_class) for s in (job_spec(cfg, rng, i) for i in range(200))}
     assert drawn == {("team-a", "low"), ("team-a", "high"), ("team-b", "low")}
+
+
+def test_the_report_names_the_jobs_with_the_most_attempts() -> None:
+    assert most_attempts(preemption_history(preemptor_starts_ms=1_400)) == ["j1: 2 attempts"]
+    assert most_attempts(History()) == []
