@@ -15,6 +15,11 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     Fencing tokens only grow: a job's attempts, ordered by their first record, carry
     strictly increasing tokens and attempt numbers, and no token is shared by two
     (job, attempt) pairs.
+``gpu-reuse``
+    A GPU is bound to another attempt only after the members holding it are confirmed
+    stopped (the fencing rule, which preemption must keep: a victim keeps its GPUs through
+    its grace period): on one node, once a member of one attempt has started on a GPU,
+    no member of another attempt that started earlier on that GPU writes any record.
 ``duplicate-member``
     One (job, token, rank) started by two processes: a member was launched twice.
 ``duplicate-effect`` / ``completed-twice`` / ``not-completed``
@@ -72,7 +77,7 @@ class Violation:
 
 @dataclass(frozen=True, slots=True)
 class MemberRecord:
-    type: str  # start | heartbeat | effect | end | term
+    type: str  # start | heartbeat | effect | end | term | preempted
     job: str
     attempt: int
     token: int
@@ -80,6 +85,7 @@ class MemberRecord:
     node: str
     mono_ns: int
     pid: int
+    gpus: tuple[int, ...] = ()  # the member's CUDA_VISIBLE_DEVICES
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +133,7 @@ def load_history(run_dir: Path) -> History:
                 node=str(r.get("node", "")),
                 mono_ns=int(r["mono_ns"]),
                 pid=int(r.get("pid", 0)),
+                gpus=tuple(int(g) for g in str(r.get("gpus", "")).split(",") if g.strip()),
             )
         )
     for r in ledger.read_records(run_dir / ledger.EFFECTS):
@@ -174,6 +181,7 @@ def check_history(history: History) -> list[Violation]:
     state, state_problems = _final_state(history)
     out += state_problems
     out += _check_overlap(history)
+    out += _check_gpu_reuse(history)
     out += _check_duplicate_members(history)
     out += _check_tokens(history)
     out += _check_sink_fencing(history)
@@ -238,6 +246,57 @@ def _check_overlap(history: History) -> list[Violation]:
                 )
             )
     return out
+
+
+def _check_gpu_reuse(history: History) -> list[Violation]:
+    """``gpu-reuse``: on each (node, GPU), members of different attempts never run at the
+    same time; a member runs from its ``start`` record to its last record."""
+    lives: dict[tuple[str, int, int], list[int]] = {}  # (job, token, rank) -> [start, last]
+    where: dict[tuple[str, int, int], tuple[str, tuple[int, ...]]] = {}
+    preempted: set[tuple[str, int, int]] = set()
+    for r in history.members:
+        key = (r.job, r.token, r.rank)
+        if r.type == "start":
+            where[key] = (r.node, r.gpus)
+            life = lives.setdefault(key, [r.mono_ns, r.mono_ns])
+            life[0] = min(life[0], r.mono_ns)
+        elif r.type == "preempted":
+            preempted.add(key)
+        life = lives.setdefault(key, [r.mono_ns, r.mono_ns])
+        life[1] = max(life[1], r.mono_ns)
+    holders: dict[tuple[str, int], list[tuple[str, int, int]]] = defaultdict(list)
+    for key, (node, gpus) in where.items():
+        for gpu in gpus:
+            holders[(node, gpu)].append(key)
+    out: list[Violation] = []
+    reported: set[tuple[tuple[str, int, int], tuple[str, int, int]]] = set()
+    for (node, gpu), keys in sorted(holders.items()):
+        keys.sort(key=lambda k: lives[k][0])
+        for i, older in enumerate(keys):
+            for newer in keys[i + 1 :]:
+                if older[:2] == newer[:2] or (older, newer) in reported:
+                    continue
+                started = lives[newer][0]
+                last = lives[older][1]
+                if last <= started:
+                    continue
+                reported.add((older, newer))
+                what = "a preempted member" if older in preempted else "a member"
+                out.append(
+                    Violation(
+                        "gpu-reuse",
+                        older[0],
+                        f"GPU {gpu} of {node}: {what} (rank {older[2]}, token {older[1]}) "
+                        f"wrote a record {(last - started) / 1e6:.0f} ms after rank "
+                        f"{newer[2]} of {newer[0]} (token {newer[1]}) started on it",
+                    )
+                )
+    return out
+
+
+def preemptions(history: History) -> list[str]:
+    """``job/token`` of every attempt with a member that got a preemption notice."""
+    return sorted({f"{r.job}/{r.token}" for r in history.members if r.type == "preempted"})
 
 
 def _check_duplicate_members(history: History) -> list[Violation]:

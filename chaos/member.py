@@ -7,7 +7,11 @@ for MS milliseconds, then performs its effect by asking the sink (HOST:PORT) to 
 (job, token, rank, world size), and ends with an ``end`` record naming the answer. It
 exits 0 when the sink accepted, or answered that the job's output is already committed;
 3 when it refused (a newer attempt exists); 4 when the sink could not be reached.
-SIGTERM writes ``term`` and exits 143.
+SIGTERM writes ``term`` and exits 143. A preempted member (its ``$SYNAPSE_PREEMPT_FILE``
+exists when SIGTERM arrives) first writes ``preempted`` with the notice's kind and
+preemptor and keeps "checkpointing" (heartbeats) for ``PREEMPT_DRAIN_S`` before it exits,
+as a real program would within its grace: the checker then sees whether its GPUs were
+given to another attempt while it still ran.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from chaos.ledger import Appender, now_ns
 
 HEARTBEAT_S = 0.1
+PREEMPT_DRAIN_S = 0.3
 
 
 def identity() -> dict[str, Any]:
@@ -38,6 +43,7 @@ def identity() -> dict[str, Any]:
         "world": int(os.environ.get("WORLD_SIZE", "0")),
         "node": node,
         "pid": os.getpid(),
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     }
 
 
@@ -57,6 +63,16 @@ def ask_sink(address: str, request: dict[str, Any], timeout_s: float = 2.0) -> d
     return answer
 
 
+def preempt_notice() -> dict[str, Any] | None:
+    """The notice the worker wrote before the SIGTERM of a preemption, if any."""
+    path = os.environ.get("SYNAPSE_PREEMPT_FILE", "")
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8")) if path else None
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
@@ -70,6 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         out.append({"type": kind, **me, "mono_ns": now_ns(), **extra})
 
     def on_term(signum: int, frame: object) -> None:
+        notice = preempt_notice()
+        if notice is not None:
+            record(
+                "preempted",
+                preemption=notice.get("kind", ""),
+                preemptor=notice.get("preemptor", ""),
+            )
+            drain_until = time.monotonic() + PREEMPT_DRAIN_S
+            while time.monotonic() < drain_until:
+                time.sleep(HEARTBEAT_S / 2)
+                record("heartbeat")
         record("term")
         os._exit(143)
 

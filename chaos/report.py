@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos import ledger
-from chaos.checker import Violation, load_history, reruns
+from chaos.checker import History, Violation, load_history, preemptions, reruns
+from synapse_ha.core.codec import CodecError, decode_state
 
 
 def write_report(
@@ -48,6 +49,8 @@ def write_report(
             "already_committed": sum(1 for e in effects if e.get("done")),
         },
         "reruns_after_lost_success_reports": reruns(load_history(run_dir)),
+        "preempted_attempts": preemptions(load_history(run_dir)),
+        "most_attempts": most_attempts(load_history(run_dir)),
         "quiesce": meta.get("quiesce", ""),
         "error": meta.get("error", ""),
         "violations": [str(v) for v in violations],
@@ -55,6 +58,19 @@ def write_report(
     (run_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     draw_timeline(run_dir, meta)
     return report
+
+
+def most_attempts(history: History, top: int = 5) -> list[str]:
+    """``job: N attempts`` for the jobs that needed the most attempts (retries, requeues
+    and preemptions): a job bound and preempted over and over shows up here."""
+    if not history.replica_states:
+        return []
+    try:
+        state = decode_state(history.replica_states[sorted(history.replica_states)[0]])
+    except CodecError:
+        return []
+    jobs = sorted(state.jobs.values(), key=lambda j: (-j.attempts_made, j.job_id))
+    return [f"{j.job_id}: {j.attempts_made} attempts" for j in jobs[:top] if j.attempts_made > 1]
 
 
 def draw_timeline(run_dir: Path, meta: dict[str, Any]) -> Path:

@@ -48,6 +48,13 @@ WORKER_GPUS = 4
 FINAL_DEADLINE_S = 90.0
 CONVERGE_S = 30.0
 GANG_WAIT_S = 20.0
+# The workload's classes (chaos.workload): short grace periods keep preempted gangs from
+# holding their GPUs long when a fault stops them from exiting.
+PRIORITY_CLASSES = (
+    "--priority-class=low=-100,grace=2s",
+    "--priority-class=normal=0,grace=2s",
+    "--priority-class=high=100,preempts,grace=2s",
+)
 _PROXY_VARS = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
 
@@ -175,6 +182,7 @@ class ChaosCluster:
                     f"--dead-timeout={_duration_flag(t.dead_timeout_s)}",
                     "--election-min=400ms",
                     f"--election-max={_duration_flag(t.election_max_s)}",
+                    *PRIORITY_CLASSES,
                 ],
                 log_path=run_dir / f"{h.name}.log",
                 env={**env, "SYNAPSE_RAFT_PASSWORD": RAFT_PASSWORD},
@@ -285,6 +293,7 @@ class ChaosCluster:
                 tls_ca=str(self.admin_tls.ca),
                 tls_cert=str(self.admin_tls.cert),
                 tls_key=str(self.admin_tls.key),
+                queue_gpus=self.cfg.workers * WORKER_GPUS // 2,
             ),
             self.dir / "workload.json",
         )

@@ -12,6 +12,12 @@ The submitter calls as the cluster's admin over mutual TLS (the ``tls_*`` files 
 config); with none given it speaks plaintext to an ``--insecure`` cluster.
 
 Unknown submissions are not retried, so the checker can verify "at most once" for them.
+
+With ``queue_gpus`` set, the submitter first creates two queues of that nominal GPU quota
+in one cohort, ``team-a`` and ``team-b``, and submits to both: team-b (most jobs, class
+``low``) borrows team-a's idle quota, and team-a's jobs reclaim it; a quarter of team-a's
+jobs are of class ``high``, which preempts team-a's own ``low`` gangs. So preemptions
+happen while the faults run.
 Jobs are drawn from a seeded random generator: gangs of 2-3 members of 1-2 mock GPUs each
 (configurable), each member running :mod:`chaos.member` for a drawn number of
 milliseconds.
@@ -63,6 +69,9 @@ class WorkloadConfig:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    # Queues and preemption: the nominal GPUs of each of team-a and team-b (0: no queues,
+    # every job in the default queue).
+    queue_gpus: int = 0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -72,9 +81,36 @@ class WorkloadConfig:
         )
 
 
+QUEUES = ("team-a", "team-b")
+COHORT = "chaos"
+
+
+def queue_and_class(cfg: WorkloadConfig, rng: random.Random) -> tuple[str, str]:
+    if not cfg.queue_gpus:
+        return "", ""
+    if rng.random() < 0.6:
+        return "team-b", "low"
+    return "team-a", "high" if rng.random() < 0.25 else "low"
+
+
+def set_up_queues(client: ClusterClient, cfg: WorkloadConfig, stop: Path) -> None:
+    """Create the queues (idempotent), retrying until the cluster takes them."""
+    for name in QUEUES:
+        queue = pb.Queue(name=name, gpu=cfg.queue_gpus, cohort=COHORT)
+        while not stop.exists():
+            try:
+                client.set_queue(queue)
+                break
+            except (ClusterUnavailable, grpc.RpcError):
+                time.sleep(0.2)
+
+
 def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int) -> pb.JobSpec:
     duration = rng.randint(*cfg.member_ms)
+    queue, priority_class = queue_and_class(cfg, rng)
     return pb.JobSpec(
+        queue=queue,
+        priority_class=priority_class,
         name=f"chaos-{cfg.seed}-{index}",
         replicas=rng.choice(cfg.gang_sizes),
         resources=pb.Resources(cpu_milli=500, memory_mib=256, gpu=rng.choice(cfg.gpus_per_member)),
@@ -118,6 +154,8 @@ def run(cfg: WorkloadConfig) -> int:
             channel_factory=cfg.transport().channel,
         ) as client,
     ):
+        if cfg.queue_gpus:
+            set_up_queues(client, cfg, stop)
         index = 0
         while not stop.exists():
             outcome = submit_one(client, job_spec(cfg, rng, index), out, cfg.submit_timeout_s)

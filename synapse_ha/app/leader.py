@@ -43,7 +43,14 @@ from dataclasses import dataclass, replace
 
 from synapse_ha.app.ports import Nudger, Proposer, StateReader
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import ClusterState, NodeStatus, Timeouts
+from synapse_ha.core.model import (
+    ClusterConfig,
+    ClusterState,
+    NodeStatus,
+    PreemptionMode,
+    PriorityClass,
+    Timeouts,
+)
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
 from synapse_ha.core.views import due_start_timeouts, due_time_limits
@@ -134,6 +141,25 @@ class _InFlight:
         return self.future.result() if self.future.done() and self.error() is None else None
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulingSettings:
+    """Queue scheduling settings a replica is configured with (TOML ``[scheduling]``);
+    None leaves the replicated value as it is."""
+
+    priority_classes: tuple[PriorityClass, ...] | None = None
+    preemption: PreemptionMode | None = None
+    fair_share_half_life_ms: int | None = None
+
+    def applied_to(self, config: ClusterConfig) -> ClusterConfig:
+        if self.priority_classes is not None:
+            config = replace(config, priority_classes=self.priority_classes)
+        if self.preemption is not None:
+            config = replace(config, preemption=self.preemption)
+        if self.fair_share_half_life_ms is not None:
+            config = replace(config, fair_share_half_life_ms=self.fair_share_half_life_ms)
+        return config
+
+
 class LeaderLoop:
     """The leader-only control loop. Not thread-safe: one driver thread calls it."""
 
@@ -151,9 +177,12 @@ class LeaderLoop:
         desired_locality_wait_ms: int | None = None,
         nudger: Nudger | None = None,
         wake: Callable[[], None] | None = None,
+        desired_scheduling: SchedulingSettings | None = None,
     ) -> None:
         """``wake`` is called (on another thread) when one of this loop's proposals
-        settles, so the driver can step at once instead of at its next tick."""
+        settles, so the driver can step at once instead of at its next tick.
+        ``desired_scheduling``: priority classes, preemption mode and fair-share half-life
+        this replica is configured with, replicated like the timeouts."""
         self._state = state
         self._proposer = proposer
         self._liveness = liveness
@@ -163,6 +192,7 @@ class LeaderLoop:
         self._on_ready = on_ready
         self._desired_timeouts = desired_timeouts
         self._desired_locality_wait_ms = desired_locality_wait_ms
+        self._desired_scheduling = desired_scheduling
         self._timer = timer
         self._nudger = nudger
         self._wake = wake
@@ -309,6 +339,8 @@ class LeaderLoop:
             wanted = replace(wanted, timeouts=self._desired_timeouts)
         if self._desired_locality_wait_ms is not None:
             wanted = replace(wanted, locality_wait_ms=self._desired_locality_wait_ms)
+        if self._desired_scheduling is not None:
+            wanted = self._desired_scheduling.applied_to(wanted)
         if wanted == state.config:
             return ""
         if self._configure is not None:
@@ -320,6 +352,7 @@ class LeaderLoop:
                 # Refused: keep the replicated values.
                 self._desired_timeouts = None
                 self._desired_locality_wait_ms = None
+                self._desired_scheduling = None
                 return self._note(f"the configured settings were refused: {result.message}")
         self._configure = self._start(cmd.Configure(config=wanted, now_ms=now_ms), now_ms)
         return "replicating the configured settings"

@@ -131,6 +131,7 @@ _EXIT_FOR_REASON = {
     Reason.UNAUTHENTICATED: ExitCode.DENIED,
     Reason.PERMISSION_DENIED: ExitCode.DENIED,
     Reason.TOKEN_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.QUEUE_NOT_FOUND: ExitCode.NOT_FOUND,
 }
 
 
@@ -1069,7 +1070,7 @@ def token_revoke(settings: Settings, token_id: str) -> None:
 
 
 cli.add_command(ca)
-
+from synapse_ha.cli import queues as _queues  # noqa: E402, F401  (registers its commands)
 
 # ----------------------------------------------------------------------------- dev
 

@@ -46,9 +46,18 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
     members_run_as     str               "owner" (each job's owner's account) or
                                          "agent:<user>"; "" when the node did not say
 
+A job also has ``queue`` (str), ``priority_class`` (str, "" for a plain number) and
+``preemption``: null, or ``{preempted_by, kind, deadline_ms}`` while its attempt is being
+preempted (kind reclaim or priority; deadline_ms: when its members are killed).
+
 ``explain``: ``{id, state, explanation, reason_code, reason, attempt, fencing_token,
-members}`` (``reason_code`` is the explanation's code) where
+members, queue, preemption}`` (``reason_code`` is the explanation's code) where
 each member also has ``rack``, ``topology`` and ``topology_path`` of its node.
+``queues``: ``{queues: [{name, cohort, nominal: {gpu, cpu_milli, memory_mib} (null:
+no quota), borrowing_limit_gpu, lending_limit_gpu (null: no limit), priority_classes,
+used: {gpu, cpu_milli, memory_mib}, borrowed_gpu, lent_gpu, running_jobs, pending_jobs,
+pending_gpu, preempting_jobs}], priority_classes: [{name, value, preempts, grace_ms}],
+preemption}``. ``queue set``: ``{name, created}``; ``queue delete``: ``{name, deleted}``.
 ``cluster``: ``{healthy, leader, leader_address, answered_by, nodes, jobs, pending_jobs,
 running_jobs, replicas: [{id, role, term, commit_index, last_applied, leader, healthy,
 grpc_address, raft_address, error, metrics_url, dashboard_url}]}`` (the two URLs are
@@ -148,6 +157,9 @@ def job_document(job: pb.Job) -> Document:
         "finished_at_ms": job.finished_at_ms or None,
         "attempt_outcome": job.attempt.outcome if has_attempt else "",
         "members": [member_document(m) for m in job.attempt.members] if has_attempt else [],
+        "queue": spec.queue or "default",
+        "priority_class": spec.priority_class,
+        "preemption": preemption_document(job.attempt) if has_attempt else None,
     }
 
 
@@ -215,6 +227,8 @@ def explain_document(
         "attempt": job_doc["attempt"],
         "fencing_token": job_doc["fencing_token"],
         "members": members,
+        "queue": job_doc["queue"],
+        "preemption": job_doc["preemption"],
     }
 
 
@@ -365,7 +379,9 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("FENCING TOKEN", doc["fencing_token"]),
         ("REPLICAS", doc["replicas"]),
         ("RESOURCES", f"{resources_text(doc['resources'])} per member"),
-        ("PRIORITY", doc["priority"]),
+        ("QUEUE", doc["queue"]),
+        ("PRIORITY", doc["priority_class"] or doc["priority"]),
+        ("PREEMPTED", preemption_text(doc["preemption"])),
         ("TOPOLOGY", topology),
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
         (
@@ -434,6 +450,9 @@ def explain_table(doc: Mapping[str, Any]) -> str:
         lines.append(doc["explanation"])
     elif doc["reason"] and doc["state"] not in ("SCHEDULED", "RUNNING"):
         lines.append(doc["reason"])
+    preempted = preemption_text(doc["preemption"])
+    if preempted:
+        lines.append(preempted)
     if doc["members"]:
         lines += ["", members_table(doc["members"], with_topology=True)]
     return "\n".join(lines)
@@ -511,3 +530,102 @@ def tokens_table(docs: Sequence[Mapping[str, Any]]) -> str:
         for d in docs
     ]
     return table(rows, ("ID", "USER", "ROLE", "QUEUES", "CREATED BY", "EXPIRES", "STATE"))
+
+
+# ------------------------------------------------------- queues and preemption (issue 14)
+
+
+def preemption_document(attempt: pb.Attempt) -> Document | None:
+    if not attempt.preempted_by:
+        return None
+    return {
+        "preempted_by": attempt.preempted_by,
+        "kind": attempt.preemption,
+        "deadline_ms": attempt.preempt_deadline_ms or None,
+    }
+
+
+def preemption_text(doc: Mapping[str, Any] | None) -> str | None:
+    """``preempted by job 42 (reclaim); members are killed at 12:00:03``."""
+    if not doc:
+        return None
+    text = f"being preempted by job {doc['preempted_by']} ({doc['kind']})"
+    if doc["deadline_ms"]:
+        text += f"; its members are killed at {time_text(doc['deadline_ms'])} unless they exit"
+    return text
+
+
+def _optional(msg: Any, name: str) -> int | None:
+    return int(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def queue_document(status: pb.QueueStatus) -> Document:
+    q, u = status.queue, status.usage
+    has_quota = any(q.HasField(n) for n in ("gpu", "cpu_milli", "memory_mib"))
+    return {
+        "name": q.name,
+        "cohort": q.cohort,
+        "nominal": {
+            "gpu": _optional(q, "gpu"),
+            "cpu_milli": _optional(q, "cpu_milli"),
+            "memory_mib": _optional(q, "memory_mib"),
+        }
+        if has_quota
+        else None,
+        "borrowing_limit_gpu": _optional(q, "borrowing_limit_gpu"),
+        "lending_limit_gpu": _optional(q, "lending_limit_gpu"),
+        "priority_classes": list(q.priority_classes),
+        "used": {"gpu": u.used_gpu, "cpu_milli": u.used_cpu_milli, "memory_mib": u.used_memory_mib},
+        "borrowed_gpu": u.borrowed_gpu,
+        "lent_gpu": u.lent_gpu,
+        "running_jobs": u.running_jobs,
+        "pending_jobs": u.pending_jobs,
+        "pending_gpu": u.pending_gpu,
+        "preempting_jobs": u.preempting_jobs,
+    }
+
+
+def queues_document(answer: pb.ListQueuesResponse) -> Document:
+    return {
+        "queues": [queue_document(q) for q in answer.queues],
+        "priority_classes": [
+            {"name": c.name, "value": c.value, "preempts": c.preempts, "grace_ms": c.grace_ms}
+            for c in answer.priority_classes
+        ],
+        "preemption": answer.preemption,
+    }
+
+
+def _limit(value: int | None) -> str:
+    return "any" if value is None else str(value)
+
+
+def queues_table(doc: Mapping[str, Any]) -> str:
+    """One row per queue (GPUs), then the priority classes and the preemption mode."""
+    rows = []
+    for q in doc["queues"]:
+        nominal = q["nominal"]["gpu"] if q["nominal"] else None
+        rows.append(
+            [
+                q["name"],
+                q["cohort"] or "-",
+                "-" if nominal is None else nominal,
+                q["used"]["gpu"],
+                q["borrowed_gpu"],
+                q["lent_gpu"],
+                _limit(q["borrowing_limit_gpu"]) if nominal is not None else "-",
+                _limit(q["lending_limit_gpu"]) if nominal is not None else "-",
+                f"{q['running_jobs']}"
+                + (f" ({q['preempting_jobs']} preempting)" if q["preempting_jobs"] else ""),
+                f"{q['pending_jobs']} ({q['pending_gpu']} GPU)",
+                ",".join(q["priority_classes"]) or "any",
+            ]
+        )
+    headers = ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "MAY BORROW"]
+    out = table(rows, [*headers, "MAY LEND", "RUNNING", "PENDING", "CLASSES"])
+    classes = ", ".join(
+        f"{c['name']} {c['value']}{' (preempts)' if c['preempts'] else ''}"
+        f" grace {duration_text(c['grace_ms'])}"
+        for c in doc["priority_classes"]
+    )
+    return f"{out}\n\npriority classes: {classes or 'none'}\npreemption: {doc['preemption']}"

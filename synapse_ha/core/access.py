@@ -159,6 +159,10 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("ListHistory"): _PEOPLE,
     _scheduler("GetUsage"): _PEOPLE,
     _scheduler("WatchEvents"): _READERS,
+    # Queues (issue 14): everyone who may submit sees the queues; admins change them.
+    _scheduler("ListQueues"): _READERS,
+    _scheduler("SetQueue"): frozenset({_A}),
+    _scheduler("DeleteQueue"): frozenset({_A}),
     _agent("RegisterNode"): frozenset({_A, Audience.WORKER}),
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
 }
@@ -281,6 +285,39 @@ def may_speak_for_node(identity: Identity, node_id: str) -> Refusal | None:
 def may_submit(identity: Identity) -> bool:
     """Jobs run as their owner, so only users (of any role) submit them."""
     return identity.kind is Kind.USER
+
+
+DEFAULT_QUEUE_NAME = "default"  # the built-in queue (core.model.DEFAULT_QUEUE)
+
+
+def queue_refusal(
+    identity: Identity, queue: str, token_queues: tuple[str, ...] | None
+) -> Refusal | None:
+    """None when ``identity`` may submit to ``queue``, else a PERMISSION_DENIED naming the
+    queue and the rule (DESIGN §8, docs/queues.md).
+
+    The rule: admins and operators may use any queue. A user may use the queues its
+    credential names: ``token_queues`` are the queues of the token it presented (None
+    when it presented none: a user certificate, which names no queues). A credential
+    that names no queues (a token made without ``--queue``, or a certificate) allows the
+    ``default`` queue only.
+    """
+    if identity.kind is Kind.USER and identity.role in (Role.ADMIN, Role.OPERATOR):
+        return None
+    allowed = token_queues or (DEFAULT_QUEUE_NAME,)
+    if queue in allowed:
+        return None
+    if token_queues is None:
+        rule = "a user certificate names no queues, so it allows the default queue only"
+    elif not token_queues:
+        rule = "its token names no queues, so it allows the default queue only"
+    else:
+        rule = f"its token allows the queues {', '.join(token_queues)}"
+    return Refusal(
+        RefusalCode.PERMISSION_DENIED,
+        f"{describe_caller(identity)} may not submit to queue {queue}: {rule}; "
+        f"an admin can make a token naming it (synctl token create --queue {queue})",
+    )
 
 
 # ---------------------------------------------------------------------------- tokens

@@ -19,7 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec, Resources, RetryPolicy
+from synapse_ha.core.model import (
+    DEFAULT_QUEUE,
+    DEFAULT_TOPOLOGY_LEVELS,
+    JobSpec,
+    Resources,
+    RetryPolicy,
+)
 from synapse_ha.core.validation import (
     MAX_CPU_MILLI,
     MAX_MEMORY_MIB,
@@ -43,6 +49,7 @@ _TOP_FIELDS = frozenset(
         "retries",
         "request_id",
         "image",
+        "queue",
     }
 )
 _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
@@ -266,12 +273,11 @@ def parse_job_spec(
         else defaults.max_backoff_ms,
     )
     replicas = doc["replicas"]
-    priority = doc.get("priority", 0)
-    for field, value in (("replicas", replicas), ("priority", priority)):
-        if not _is_int(value):
-            raise SpecError(
-                field, f"expected an integer, got {_kind(value)}", ViolationCode.WRONG_TYPE
-            )
+    if not _is_int(replicas):
+        raise SpecError(
+            "replicas", f"expected an integer, got {_kind(replicas)}", ViolationCode.WRONG_TYPE
+        )
+    priority, priority_class = _priority(doc.get("priority", 0))
     spec = JobSpec(
         name=_string(doc["name"], "name"),
         replicas=replicas,
@@ -286,6 +292,8 @@ def parse_job_spec(
         time_limit_ms=parse_duration(doc["time_limit"], "time_limit") if "time_limit" in doc else 0,
         retries=retries,
         image=_string(doc.get("image", ""), "image"),
+        queue=_string(doc.get("queue", DEFAULT_QUEUE), "queue"),
+        priority_class=priority_class,
     )
     request_id = _string(doc.get("request_id", ""), "request_id")
     violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)
@@ -317,6 +325,21 @@ def _mapping(value: object, field: str, allowed: frozenset[str] | None) -> Mappi
                 ViolationCode.UNKNOWN_FIELD,
             )
     return value
+
+
+def _priority(value: object) -> tuple[int, str]:
+    """``priority:`` is a number (``priority`` itself, no class) or the name of one of
+    the cluster's priority classes (``priority_class``; its value is the class's, which
+    the cluster knows)."""
+    if _is_int(value):
+        return value, ""  # type: ignore[return-value]
+    if isinstance(value, str):
+        return 0, value
+    raise SpecError(
+        "priority",
+        f"expected an integer or a priority class name, got {_kind(value)}",
+        ViolationCode.WRONG_TYPE,
+    )
 
 
 def _string(value: object, field: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core import access
@@ -136,6 +136,12 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
         out.append(
             invalid("retries.max_backoff", "must be at least retries.backoff and at most 7d")
         )
+    problem = _name_problem(spec.queue)
+    if problem:
+        out.append(invalid("queue", f"{spec.queue!r}: a queue name is {problem}"))
+    problem = _name_problem(spec.priority_class) if spec.priority_class else ""
+    if problem:
+        out.append(invalid("priority", f"{spec.priority_class!r}: a class name is {problem}"))
     return out
 
 
@@ -353,4 +359,31 @@ def check_priority_classes(classes: Sequence[PriorityClass]) -> list[Violation]:
             )
         if not 0 <= c.grace_ms <= MAX_GRACE_MS:
             out.append(invalid(f"priority_classes[{i}].grace_ms", "must be between 0 and 24h"))
+    return out
+
+
+def check_job_queue(
+    spec: JobSpec, queues: Mapping[str, Queue], classes: Sequence[PriorityClass]
+) -> list[Violation]:
+    """Every rule ``spec`` breaks against the cluster's queues and priority classes: its
+    queue must exist; its class (when it names one) must exist; a queue that lists
+    classes admits only jobs naming one of them. The rest of the spec is
+    :func:`check_job_spec`'s. Fields are named as in a job spec file (``priority:``
+    holds a number or a class name)."""
+    out: list[Violation] = []
+    queue = queues.get(spec.queue)
+    if queue is None:
+        known = ", ".join(sorted(queues)) or "none"
+        out.append(invalid("queue", f"no queue {spec.queue!r} (queues: {known})"))
+    names = [c.name for c in classes]
+    if spec.priority_class and spec.priority_class not in names:
+        known = ", ".join(sorted(names)) or "none are configured"
+        out.append(invalid("priority", f"no priority class {spec.priority_class!r} ({known})"))
+    elif queue is not None and queue.priority_classes:
+        allowed = ", ".join(queue.priority_classes)
+        if spec.priority_class not in queue.priority_classes:
+            given = repr(spec.priority_class) if spec.priority_class else "a plain number"
+            out.append(
+                invalid("priority", f"queue {queue.name} allows the classes {allowed}, not {given}")
+            )
     return out

@@ -448,8 +448,9 @@ class ExecutorLike(Protocol):
     known: Any
     highest_token: Any
 
-    def start(self, spec: Any) -> object: ...
+    def start(self, spec: Any, preempted: Any = None) -> object: ...
     def stop(self, key: Any) -> None: ...
+    def preempt(self, key: Any, notice: Any) -> None: ...
     def poll(self) -> Sequence[tuple[Any, Any]]: ...
     def running(self) -> list[Any]: ...
     def kill_all(self, detail: str) -> Sequence[tuple[Any, Any]]: ...
@@ -487,14 +488,17 @@ class MeteredExecutor:
     def highest_token(self, value: Any) -> None:
         self._inner.highest_token = value
 
-    def start(self, spec: Any) -> object:
-        member = self._inner.start(spec)
+    def start(self, spec: Any, preempted: Any = None) -> object:
+        member = self._inner.start(spec, preempted)
         self._metrics.member_starts.inc()
         self._update_running()
         return member
 
     def stop(self, key: Any) -> None:
         self._inner.stop(key)
+
+    def preempt(self, key: Any, notice: Any) -> None:
+        self._inner.preempt(key, notice)
 
     def poll(self) -> list[tuple[Any, Any]]:
         exits = list(self._inner.poll())

@@ -54,12 +54,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
-from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
+from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings, SchedulingSettings
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role, split_token
 from synapse_ha.core.backup import BackupError, decode_backup
-from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, Timeouts
+from synapse_ha.core.model import (
+    DEFAULT_GRACE_MS,
+    LOCALITY_WAIT_MS,
+    MAX_LOCALITY_WAIT_MS,
+    PreemptionMode,
+    PriorityClass,
+    Timeouts,
+)
 from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.core.validation import check_priority_classes
 from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
@@ -114,6 +122,7 @@ class SchedulerConfig:
     history: bool = True  # history in <data_dir>/history.sqlite3 and events (issue 15)
     event_ring: int = DEFAULT_CAPACITY  # recent events held for WatchEvents
     metrics_address: str = ""  # /metrics and the dashboard; "" serves neither
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
 
     @property
     def me(self) -> ReplicaAddress:
@@ -178,6 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a gang that fits in one rack waits for one before spreading "
         "across racks (e.g. 10m, the default; 0s turns it off)",
     )
+    # Queues and preemption (issue 14); TOML [scheduling] and [[scheduling.priority_classes]].
+    p.add_argument(
+        "--priority-class",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE[,preempts][,grace=30s]",
+        help="a priority class (repeatable; replaces the built-in low, normal, high)",
+    )
+    p.add_argument("--preemption", help="topology (the default), blind or off")
+    p.add_argument("--fair-share-half-life", help="decay of past usage in fair share (7d)")
     p.add_argument("--election-min", help="Raft election timeout, lower bound (e.g. 400ms)")
     p.add_argument("--election-max", help="Raft election timeout, upper bound (e.g. 800ms)")
     p.add_argument(
@@ -337,6 +356,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     if locality_wait_ms > MAX_LOCALITY_WAIT_MS:
         raise ConfigError(f"locality_wait must be at most {MAX_LOCALITY_WAIT_MS // 3_600_000}h")
 
+    scheduling = _scheduling(args, s_doc)
+
     r_doc = doc.get("raft", {})
     timing = RaftTiming()
     election_min = args.election_min or r_doc.get("election_min")
@@ -425,7 +446,78 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         restore=restore,
         history=history,
         event_ring=event_ring,
+        scheduling=scheduling,
     )
+
+
+# ------------------------------------------------------- queues and preemption (issue 14)
+
+
+def _priority_class_flag(text: str) -> dict[str, Any]:
+    """``NAME=VALUE[,preempts][,grace=30s]`` as the TOML table it stands for."""
+    head, *options = [part.strip() for part in text.split(",")]
+    name, sep, value = head.partition("=")
+    if not sep:
+        raise ConfigError(f"--priority-class {text!r}: expected NAME=VALUE[,preempts][,grace=D]")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"--priority-class {text!r}: the value must be an integer") from None
+    table: dict[str, Any] = {"name": name, "value": number}
+    for option in options:
+        key, _, raw = option.partition("=")
+        if key == "preempts" and not raw:
+            table["preempts"] = True
+        elif key == "grace" and raw:
+            table["grace"] = raw
+        else:
+            raise ConfigError(f"--priority-class {text!r}: unknown option {option!r}")
+    return table
+
+
+def _scheduling(args: argparse.Namespace, s_doc: dict[str, Any]) -> SchedulingSettings:
+    """Priority classes, the preemption mode and the fair-share half-life from flags or
+    TOML ``[scheduling]``; each left None (the replicated value stays) when not given.
+    The classes are checked by the rule set the state machine applies."""
+    tables: list[Any] = [_priority_class_flag(t) for t in args.priority_class]
+    if not tables:
+        tables = s_doc.get("priority_classes", [])
+        if not isinstance(tables, list):
+            raise ConfigError("scheduling.priority_classes: expected an array of tables")
+    classes: tuple[PriorityClass, ...] | None = None
+    if tables:
+        built = []
+        for i, table in enumerate(tables):
+            where = f"scheduling.priority_classes[{i}]"
+            if not isinstance(table, dict) or not {"name", "value"} <= set(table):
+                raise ConfigError(f"{where}: expected a table with name and value")
+            unknown = set(table) - {"name", "value", "preempts", "grace"}
+            if unknown:
+                raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+            value, preempts = table["value"], table.get("preempts", False)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{where}.value: expected an integer")
+            if not isinstance(preempts, bool) or not isinstance(table["name"], str):
+                raise ConfigError(f"{where}: name is a string and preempts true or false")
+            grace = _ms(table["grace"], f"{where}.grace") if "grace" in table else DEFAULT_GRACE_MS
+            built.append(PriorityClass(table["name"], value, preempts, grace))
+        problems = check_priority_classes(built)
+        if problems:
+            raise ConfigError("; ".join(str(v) for v in problems))
+        classes = tuple(built)
+    raw_mode = args.preemption or s_doc.get("preemption")
+    mode = None
+    if raw_mode is not None:
+        try:
+            mode = PreemptionMode(str(raw_mode))
+        except ValueError:
+            allowed = ", ".join(m.value for m in PreemptionMode)
+            raise ConfigError(f"preemption must be one of {allowed}, got {raw_mode!r}") from None
+    raw_life = args.fair_share_half_life or s_doc.get("fair_share_half_life")
+    half_life = None if raw_life is None else _ms(raw_life, "fair_share_half_life")
+    if half_life is not None and half_life <= 0:
+        raise ConfigError("fair_share_half_life must be positive")
+    return SchedulingSettings(classes, mode, half_life)
 
 
 def _check_writable(path: str) -> None:
@@ -506,6 +598,7 @@ class Replica:
             rng=random.Random(),
             desired_timeouts=config.timeouts,
             desired_locality_wait_ms=config.locality_wait_ms,
+            desired_scheduling=config.scheduling,
             nudger=self.nudger,
             wake=self._wake.set,
         )

@@ -308,6 +308,36 @@ class ClusterClient:
         )
         return response
 
+    # --------------------------------------------- queues and preemption (issue 14)
+
+    def list_queues(self) -> pb.ListQueuesResponse:
+        """Every queue with its usage, the priority classes and the preemption mode."""
+        request = pb.ListQueuesRequest()
+        response: pb.ListQueuesResponse = self.call(
+            "ListQueues", lambda a, t: self.scheduler(a).ListQueues(request, timeout=t)
+        )
+        return response
+
+    def set_queue(self, queue: pb.Queue) -> pb.SetQueueResponse:
+        """Create or replace a queue (admins only). Idempotent: the same settings again
+        change nothing (a retry may report ``created`` false)."""
+        request = pb.SetQueueRequest(queue=queue)
+        response: pb.SetQueueResponse = self.call(
+            "SetQueue", lambda a, t: self.scheduler(a).SetQueue(request, timeout=t)
+        )
+        return response
+
+    def delete_queue(self, name: str) -> pb.DeleteQueueResponse:
+        """Delete a queue (admins only); refused for ``default`` and while unfinished jobs
+        name it. Not retried on an unknown outcome (a retry would answer not found)."""
+        request = pb.DeleteQueueRequest(name=name)
+        response: pb.DeleteQueueResponse = self.call(
+            "DeleteQueue",
+            lambda a, t: self.scheduler(a).DeleteQueue(request, timeout=t),
+            idempotent=False,
+        )
+        return response
+
     def set_node_status(self, node_id: str, action: str, reason: str = "") -> str:
         """``action`` is ``cordon``, ``uncordon`` or ``drain``; returns the new status."""
         methods = {"cordon": "CordonNode", "uncordon": "UncordonNode", "drain": "DrainNode"}

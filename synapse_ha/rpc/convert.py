@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import (
+    DEFAULT_QUEUE,
     Attempt,
     Job,
     JobSpec,
     Node,
     NodeInfo,
+    PriorityClass,
+    Queue,
     Resources,
     RetryPolicy,
     Token,
 )
+from synapse_ha.core.queue_usage import QueueUsage
 from synapse_ha.core.reasons import render
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.views import DesiredMember, host_of
@@ -60,6 +64,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         topology_preferred=msg.topology_preferred,
         time_limit_ms=msg.time_limit_ms,
         image=msg.image,
+        queue=msg.queue or DEFAULT_QUEUE,
+        priority_class=msg.priority_class,
         retries=RetryPolicy(
             max_retries=retries.max,
             backoff_ms=retries.backoff_ms or defaults.backoff_ms,
@@ -83,6 +89,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         topology_preferred=spec.topology_preferred,
         time_limit_ms=spec.time_limit_ms,
         image=spec.image,
+        queue=spec.queue,
+        priority_class=spec.priority_class,
         retries=pb.RetryPolicy(
             max=spec.retries.max_retries,
             backoff_ms=spec.retries.backoff_ms,
@@ -125,6 +133,9 @@ def attempt_to_proto(a: Attempt) -> pb.Attempt:
         ended_at_ms=a.ended_at_ms,
         outcome=render(a.outcome),
         members=members,
+        preempted_by=a.preempted_by,
+        preemption=str(a.preemption) if a.preemption is not None else "",
+        preempt_deadline_ms=a.preempt_deadline_ms,
     )
 
 
@@ -275,3 +286,65 @@ def token_to_proto(token: Token) -> pb.TokenInfo:
         revoked_at_ms=token.revoked_at_ms,
         revoked_by=token.revoked_by,
     )
+
+
+# ------------------------------------------------------- queues and preemption (issue 14)
+
+
+def queue_from_proto(msg: pb.Queue) -> Queue:
+    """Build a queue (not yet checked: :func:`synapse_ha.core.validation.check_queue`).
+    An unset limit stays None ("no limit")."""
+
+    def opt(name: str) -> int | None:
+        return int(getattr(msg, name)) if msg.HasField(name) else None
+
+    return Queue(
+        name=msg.name,
+        gpu=opt("gpu"),
+        cpu_milli=opt("cpu_milli"),
+        memory_mib=opt("memory_mib"),
+        cohort=msg.cohort,
+        borrowing_limit_gpu=opt("borrowing_limit_gpu"),
+        lending_limit_gpu=opt("lending_limit_gpu"),
+        priority_classes=tuple(msg.priority_classes),
+    )
+
+
+def queue_to_proto(queue: Queue) -> pb.Queue:
+    msg = pb.Queue(
+        name=queue.name, cohort=queue.cohort, priority_classes=list(queue.priority_classes)
+    )
+    for name in ("gpu", "cpu_milli", "memory_mib", "borrowing_limit_gpu", "lending_limit_gpu"):
+        value = getattr(queue, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def queue_usage_to_proto(usage: QueueUsage) -> pb.QueueUsage:
+    return pb.QueueUsage(
+        used_gpu=usage.used_gpu,
+        used_cpu_milli=usage.used_cpu_milli,
+        used_memory_mib=usage.used_memory_mib,
+        borrowed_gpu=usage.borrowed_gpu,
+        lent_gpu=usage.lent_gpu,
+        running_jobs=usage.running_jobs,
+        pending_jobs=usage.pending_jobs,
+        pending_gpu=usage.pending_gpu,
+        preempting_jobs=usage.preempting_jobs,
+    )
+
+
+def priority_class_to_proto(c: PriorityClass) -> pb.PriorityClass:
+    return pb.PriorityClass(name=c.name, value=c.value, preempts=c.preempts, grace_ms=c.grace_ms)
+
+
+def preemption_to_desired(msg: pb.DesiredMember, attempt: Attempt, now_ms: int) -> None:
+    """Tell a worker its member is being preempted: the kind, the preemptor and the grace
+    left before SIGKILL, computed from the attempt's deadline (leader clock) at ``now_ms``
+    so that the worker's own clock never matters. Nothing for an attempt not preempted."""
+    if not attempt.preempted_by or attempt.preemption is None:
+        return
+    msg.preemption = str(attempt.preemption)
+    msg.preempted_by = attempt.preempted_by
+    msg.preempt_grace_ms = max(0, attempt.preempt_deadline_ms - now_ms)

@@ -56,6 +56,7 @@ class Reason(enum.StrEnum):
     LAST_REPLICA = "LAST_REPLICA"  # the only replica cannot be removed
     LEADER_STEPPING_DOWN = "LEADER_STEPPING_DOWN"  # removing the leader: it hands over; retry
     EVENTS_EXPIRED = "EVENTS_EXPIRED"  # a since-index older than held; metadata oldest_index
+    QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"  # metadata queue
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
@@ -82,6 +83,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.LAST_REPLICA: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.LEADER_STEPPING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.EVENTS_EXPIRED: grpc.StatusCode.OUT_OF_RANGE,
+    Reason.QUEUE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 

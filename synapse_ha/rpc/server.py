@@ -39,7 +39,8 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
 from synapse_ha.core.codec import READABLE_VERSIONS, encode_state
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal, MemberView
-from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState, NodeStatus
+from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobSpec, JobState, NodeStatus
+from synapse_ha.core.queue_usage import queue_usage
 from synapse_ha.core.scheduler import Plan, explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
@@ -49,7 +50,15 @@ from synapse_ha.history.store import USAGE_KEYS, HistoryFilter, HistoryStore
 from synapse_ha.rpc import convert
 from synapse_ha.rpc import history as history_pb
 from synapse_ha.rpc.admission import Overloaded, ReadGate
-from synapse_ha.rpc.auth import AuthInterceptor, abort_refused, caller, method_of, new_token
+from synapse_ha.rpc.auth import (
+    AUTHORIZATION_KEY,
+    BEARER,
+    AuthInterceptor,
+    abort_refused,
+    caller,
+    method_of,
+    new_token,
+)
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -295,6 +304,17 @@ DEFAULT_PAGE_SIZE = 500
 MAX_PAGE_SIZE = 1000
 
 
+def _token_queues(context: grpc.ServicerContext, state: ClusterState) -> tuple[str, ...] | None:
+    """The queues named by the token the caller presented (the interceptor already proved
+    it), or None when it presented none (a certificate, or an insecure server)."""
+    for key, value in context.invocation_metadata():
+        if key == AUTHORIZATION_KEY and isinstance(value, str) and value.startswith(BEARER):
+            parts = access.split_token(value[len(BEARER) :].strip())
+            token = state.tokens.get(parts[0]) if parts is not None else None
+            return token.queues if token is not None else ()
+    return None
+
+
 def _job_not_found(context: grpc.ServicerContext, job_id: str) -> NoReturn:
     abort(context, Reason.JOB_NOT_FOUND, f"no job {job_id!r}", {"job_id": job_id})
 
@@ -315,8 +335,9 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             abort_invalid(context, violations)
         request_id = request.request_id or f"srv-{uuid.uuid4().hex}"
         identity = caller(context)
-        # The policy lets only users submit (jobs run as their owner). A token's queues
-        # are recorded with the token but not enforced: there are no queues yet.
+        # The policy lets only users submit (jobs run as their owner); the queue must
+        # exist and be one the caller's credential allows (docs/queues.md).
+        self._check_queue(context, identity, spec)
         command = cmd.SubmitJob(
             spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms(), owner=identity.name
         )
@@ -324,6 +345,19 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         if result.created:
             _audit(identity, "SubmitJob", result.job_id)
         return pb.SubmitJobResponse(job_id=result.job_id, created=result.created)
+
+    def _check_queue(
+        self, context: grpc.ServicerContext, identity: Identity, spec: JobSpec
+    ) -> None:
+        """Abort unless ``spec``'s queue and class exist (INVALID_FIELD) and the caller
+        may submit to that queue (PERMISSION_DENIED, :func:`access.queue_refusal`)."""
+        state = self.ctx.backend.snapshot()
+        violations = validation.check_job_queue(spec, state.queues, state.config.priority_classes)
+        if violations:
+            abort_invalid(context, violations)
+        refusal = access.queue_refusal(identity, spec.queue, _token_queues(context, state))
+        if refusal is not None:
+            self._refuse(context, refusal, identity)
 
     def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.ServicerContext
@@ -844,6 +878,67 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             with _WATCHERS:
                 _WATCHERS.count -= 1
 
+    # ------------------------------------------------- queues and preemption (issue 14)
+
+    def ListQueues(
+        self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
+    ) -> pb.ListQueuesResponse:
+        """Every queue with its settings and usage (:mod:`synapse_ha.core.queue_usage`),
+        the cluster's priority classes and preemption mode."""
+        stale = self._read_mode(context, request.allow_stale)
+        state = self.ctx.backend.snapshot()
+        with self._heavy_read(context):
+            usage = queue_usage(state)
+        return pb.ListQueuesResponse(
+            queues=[
+                pb.QueueStatus(
+                    queue=convert.queue_to_proto(state.queues[name]),
+                    usage=convert.queue_usage_to_proto(usage[name]),
+                )
+                for name in sorted(state.queues)
+            ],
+            stale=stale,
+            priority_classes=[
+                convert.priority_class_to_proto(c) for c in state.config.priority_classes
+            ],
+            preemption=str(state.config.preemption),
+        )
+
+    def SetQueue(
+        self, request: pb.SetQueueRequest, context: grpc.ServicerContext
+    ) -> pb.SetQueueResponse:
+        if not request.HasField("queue"):
+            _required(context, "queue")
+        identity = caller(context)
+        queue = convert.queue_from_proto(request.queue)
+        self._require_serving_leader(context)
+        state = self.ctx.backend.snapshot()
+        violations = validation.check_queue(queue, state.config.priority_classes)
+        if violations:
+            abort_invalid(context, violations)
+        existed = queue.name in state.queues
+        command = cmd.SetQueue(queue=queue, now_ms=self.ctx.clock_ms(), actor=str(identity))
+        self._check(context, self._propose(context, command))
+        _audit(identity, "SetQueue", queue.name)
+        return pb.SetQueueResponse(created=not existed)
+
+    def DeleteQueue(
+        self, request: pb.DeleteQueueRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteQueueResponse:
+        if not request.name:
+            _required(context, "name")
+        identity = caller(context)
+        command = cmd.DeleteQueue(
+            name=request.name, now_ms=self.ctx.clock_ms(), actor=str(identity)
+        )
+        self._check(
+            context,
+            self._propose(context, command),
+            (Reason.QUEUE_NOT_FOUND, "queue", request.name),
+        )
+        _audit(identity, "DeleteQueue", request.name)
+        return pb.DeleteQueueResponse()
+
     def _local_status(self) -> pb.ReplicaStatus:
         ctx = self.ctx
         raft = ctx.backend.status()
@@ -1023,7 +1118,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         timeouts = state.config.timeouts
         node_status = str(node.status) if node else str(NodeStatus.DEAD)
         return pb.HeartbeatResponse(
-            desired=[convert.desired_to_proto(d) for d in desired],
+            desired=[_desired_to_proto(state, d, now) for d in desired],
             lease_ttl_ms=timeouts.lease_ttl_ms,
             heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
             acked_reports=acked,
@@ -1040,6 +1135,17 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 self._desired = desired_by_node(state)
                 self._desired_version = state.applied_commands
             return self._desired.get(node_id, [])
+
+
+def _desired_to_proto(state: ClusterState, d: DesiredMember, now_ms: int) -> pb.DesiredMember:
+    """A desired member, with the grace left before SIGKILL when its gang is being
+    preempted (the attempt's deadline is the leader's clock; the worker gets a duration)."""
+    msg = convert.desired_to_proto(d)
+    job = state.jobs.get(d.job_id)
+    attempt = job.attempt if job is not None else None
+    if attempt is not None and attempt.fencing_token == d.fencing_token:
+        convert.preemption_to_desired(msg, attempt, now_ms)
+    return msg
 
 
 def build_server(

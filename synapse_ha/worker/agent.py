@@ -23,6 +23,10 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   until a reply to a later request arrives; the fenced exits are reported then. The
   per-member supervisors enforce the same deadline on their own (the lease file).
 * NOT_FOUND (node unknown) or node status ``dead``: kill every member, register again.
+* A desired member marked preempted is stopped gracefully: its ``$SYNAPSE_PREEMPT_FILE``
+  is written, then SIGTERM, then SIGKILL after the grace the leader gave; its exit is
+  reported as usual (a disruption). One not started here yet is never run: it is
+  recorded with an immediate exit, so that the leader learns it is stopped.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import grpc
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
-from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey
+from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey, PreemptNotice
 
 log = logging.getLogger("synapse.worker.agent")
 
@@ -65,8 +69,9 @@ class Executor(Protocol):
     known: set[MemberKey]
     highest_token: dict[str, int]
 
-    def start(self, spec: LaunchSpec) -> object: ...
+    def start(self, spec: LaunchSpec, preempted: PreemptNotice | None = None) -> object: ...
     def stop(self, key: MemberKey) -> None: ...
+    def preempt(self, key: MemberKey, notice: PreemptNotice) -> None: ...
     def poll(self) -> list[tuple[MemberKey, MemberExit]]: ...
     def running(self) -> list[MemberKey]: ...
     def kill_all(self, detail: str) -> list[tuple[MemberKey, MemberExit]]: ...
@@ -344,14 +349,28 @@ class Agent:
             if d.fencing_token >= highest.get(d.job_id, 0):
                 wanted[key] = d
         stopped = 0
+        preempted = 0
         for key in self.executor.running():
             if key not in wanted:
                 self.executor.stop(key)
                 stopped += 1
+            elif wanted[key].preemption:
+                d = wanted[key]
+                notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
+                self.executor.preempt(key, notice)
+                preempted += 1
         started = 0
         running = self.executor.running()
         for key, d in wanted.items():
             if key in self.executor.known:
+                continue
+            if d.preemption:
+                # Preempted before it started here: it never runs, and its (immediate)
+                # exit confirms to the leader that it is stopped.
+                notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
+                self.executor.start(launch_spec_from_proto(d), notice)
+                self.pending.append(_report(key, pb.MemberReport.STARTED))
+                self.fresh_reports = True
                 continue
             if any(r.job_id == key.job_id and r.fencing_token < key.fencing_token for r in running):
                 # An older attempt of this job is still stopping here; start the new
@@ -370,4 +389,6 @@ class Agent:
             parts.append(f"started {started} member(s)")
         if stopped:
             parts.append(f"stopped {stopped} member(s) no longer desired")
+        if preempted:
+            parts.append(f"{preempted} member(s) being preempted")
         return ", ".join(parts)

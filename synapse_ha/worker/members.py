@@ -60,6 +60,8 @@ EXIT_REFUSED = 126
 # needs only the standard library, and skipping site setup saves tens of milliseconds
 # on every member start.
 SHIM_COMMAND = ("-I", "-S", str(Path(shim.__file__).resolve()))
+# The variable naming the file a preempted member finds its notice in (docs/queues.md).
+PREEMPT_FILE_ENV = "SYNAPSE_PREEMPT_FILE"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -100,6 +102,16 @@ class LaunchSpec:
     @property
     def key(self) -> MemberKey:
         return MemberKey(self.job_id, self.fencing_token, self.rank)
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptNotice:
+    """The leader is preempting this member's gang: why (``reclaim`` | ``priority``), for
+    which job, and the grace left before SIGKILL (ms, counted from when it arrived)."""
+
+    kind: str
+    preemptor: str
+    grace_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,10 +453,14 @@ class MemberExecutor:
     def member_dir(self, key: MemberKey, attempt: int) -> Path:
         return self.root / key.job_id / member_dir_name(attempt, key.fencing_token, key.rank)
 
-    def start(self, spec: LaunchSpec) -> Member:
+    def start(self, spec: LaunchSpec, preempted: PreemptNotice | None = None) -> Member:
         """Start one member under its supervisor. Never raises for a bad command or an
         owner this node will not run members as: those come back as an exit (code 127,
         resp. :data:`EXIT_REFUSED` with the refusal as detail) on the next :meth:`poll`.
+
+        ``preempted``: the member's gang was preempted before it started here. Nothing is
+        run; the member is recorded (so it never starts later) with an exit of 143, a
+        disruption, which confirms to the leader that it is stopped.
 
         When the member runs as its owner, its output log belongs to the owner and its
         directory to the owner's group (readable, not writable: the pid and exit records
@@ -467,6 +483,10 @@ class MemberExecutor:
         self.members[key] = member
         log_path = mdir / "output.log"
         log_path.touch()
+        if preempted is not None:
+            detail = f"preempted ({preempted.kind}) for job {preempted.preemptor} before it started"
+            self._record_exit(member, MemberExit(143, detail, now_ms, disrupted=True))
+            return member
         account: Account | None = None
         if self.settings.run_as is not None:
             resolved = resolve_member_account(self.settings.run_as, spec.owner, self.lookup_account)
@@ -487,6 +507,8 @@ class MemberExecutor:
                 self._record_exit(member, MemberExit(EXIT_REFUSED, detail, now_ms))
                 return member
         env = member_environment(spec, self.settings.base_env, account)
+        # Written only when the gang is preempted (:meth:`preempt`), before the SIGTERM.
+        env[PREEMPT_FILE_ENV] = str(mdir / shim.PREEMPT_FILE)
         cgroup_dir = ""
         container_stop: list[list[str]] = []
         cwd = spec.workdir
@@ -553,6 +575,32 @@ class MemberExecutor:
         member.stop_sent = True
         if member.shim is not None and member.shim.poll() is None:
             member.shim.send_signal(signal.SIGTERM)
+
+    def preempt(self, key: MemberKey, notice: PreemptNotice) -> None:
+        """Stop a member whose gang is preempted: write the notice to the member's
+        ``$SYNAPSE_PREEMPT_FILE`` (JSON: kind, preemptor, grace_ms), then ask its
+        supervisor to stop it, which sends SIGTERM to the member's process group at once
+        and SIGKILL when ``notice.grace_ms`` has passed (the lease still ends it sooner).
+        Asynchronous and idempotent; the exit shows up in :meth:`poll`, a disruption."""
+        member = self.members.get(key)
+        if member is None or member.exit is not None or member.stop_sent:
+            return
+        write_json_atomic(
+            member.dir / shim.PREEMPT_FILE,
+            {
+                "kind": notice.kind,
+                "preemptor": notice.preemptor,
+                "grace_ms": max(0, notice.grace_ms),
+            },
+        )
+        log.info(
+            "preempting %s (%s, for job %s; grace %d ms)",
+            key,
+            notice.kind,
+            notice.preemptor,
+            notice.grace_ms,
+        )
+        self.stop(key)
 
     def poll(self) -> list[tuple[MemberKey, MemberExit]]:
         """Members whose supervisor has finished since the last call, with their exit."""

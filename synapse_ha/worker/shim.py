@@ -11,6 +11,10 @@ One shim runs per gang member, in a session of its own, started by the agent. It
   so a crashed, killed or restarted agent never leaves a member behind;
 * SIGTERM to the shim is the agent's graceful stop: SIGTERM to the group,
   ``stop_grace_s``, SIGKILL; SIGUSR1 is the agent fencing: the same with ``fence_grace_s``;
+* a preempted member: the agent first writes ``preempt.json`` (the member's
+  ``$SYNAPSE_PREEMPT_FILE``: kind, preemptor, grace_ms), then sends SIGTERM; the shim's
+  grace is then the notice's ``grace_ms``, and the exit is a disruption. During any grace
+  the lease and the agent are still watched: a member never outlives its lease;
 * ``time_limit_ms`` (when > 0) is enforced the same way.
 
 A member whose job names an image runs as the container runtime's client (``podman run``
@@ -66,6 +70,7 @@ POLL_S = 0.05
 PR_SET_CHILD_SUBREAPER = 36
 EXIT_TIME_LIMIT = 124
 EXIT_COULD_NOT_EXEC = 127
+PREEMPT_FILE = "preempt.json"  # in the member directory; see $SYNAPSE_PREEMPT_FILE
 CONTAINER_STOP_TIMEOUT_S = 10.0
 
 
@@ -237,15 +242,39 @@ class Shim:
             if pid == self.member_pid:
                 self.member_status = status
 
+    def fenced_now(self) -> bool:
+        """The lease has passed or the agent is gone (never with self-fencing off)."""
+        if not self.self_fencing:
+            return False
+        if time.monotonic() >= read_lease_deadline(self.lease_path):
+            return True
+        return os.getppid() != self.parent_pid
+
     def wait_group_gone(self, grace_s: float) -> None:
-        """SIGTERM was sent; wait up to ``grace_s`` for the group, then SIGKILL it."""
+        """SIGTERM was sent; wait up to ``grace_s`` for the group, then SIGKILL it. A
+        grace never outlasts the lease: once it passes, the group is killed at once."""
         deadline = time.monotonic() + grace_s
+        next_lease_check = 0.0
         while time.monotonic() < deadline:
             self.reap()
             if self.member_status is not None and not group_alive(self.member_pid):
                 return
+            now = time.monotonic()
+            if now >= next_lease_check:
+                if self.fenced_now():
+                    break
+                next_lease_check = now + POLL_S
             time.sleep(0.01)
         self.kill_everything()
+
+    def preempt_notice(self) -> dict[str, Any] | None:
+        """The notice the agent wrote before asking a preempted member to stop."""
+        try:
+            with open(os.path.join(self.dir, PREEMPT_FILE), encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
 
     def stop_container(self) -> None:
         """End the member's container, once. The runtime's monitor keeps a container
@@ -292,7 +321,7 @@ class Shim:
                 if self.fence_requested:
                     return 137, "fenced by the worker agent", True
                 if self.stop_requested:
-                    return 143, "stopped by the worker", False
+                    return self.stopped()
                 return None, "", False
             now = time.monotonic()
             lease_over = self.self_fencing and now >= read_lease_deadline(self.lease_path)
@@ -303,13 +332,26 @@ class Shim:
                 self.terminate(fence_grace)
                 return 137, "fenced: the worker agent went away", True
             if self.stop_requested:
-                self.terminate(stop_grace)
-                return 143, "stopped by the worker", False
+                notice = self.preempt_notice()
+                grace = stop_grace
+                if notice is not None and isinstance(notice.get("grace_ms"), int):
+                    grace = max(0, notice["grace_ms"]) / 1000
+                self.terminate(grace)
+                return self.stopped()
             if time_limit_s > 0 and now - self.started_monotonic >= time_limit_s:
                 self.terminate(stop_grace)
                 limit = launch["time_limit_ms"]
                 return EXIT_TIME_LIMIT, f"time limit of {limit} ms exceeded", False
             time.sleep(POLL_S)
+
+    def stopped(self) -> tuple[int, str, bool]:
+        """The exit of a member the agent stopped: a preempted one's is a disruption
+        naming the preemptor, any other stop the worker's plain stop."""
+        notice = self.preempt_notice()
+        if notice is None:
+            return 143, "stopped by the worker", False
+        kind, preemptor = notice.get("kind", ""), notice.get("preemptor", "")
+        return 143, f"preempted ({kind}) for job {preemptor}: stopped by the worker", True
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)

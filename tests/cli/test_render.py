@@ -13,7 +13,8 @@ JOB_KEYS = [
     "id", "name", "state", "reason", "reason_code", "retries_used", "requeues", "image",
     "request_id", "owner", "cancelled_by", "redacted", "attempt", "fencing_token", "replicas",
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
-    "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members",
+    "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members", "queue",
+    "priority_class", "preemption",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",

@@ -21,10 +21,10 @@ forged     a well-formed token the cluster never issued
 
 Codes: ``OK``; ``UNAUTH`` (UNAUTHENTICATED, reason UNAUTHENTICATED); ``DENIED``
 (PERMISSION_DENIED, reason PERMISSION_DENIED); ``NOTFOUND`` (NOT_FOUND: the call passed
-the access check and names a node or token that does not exist: the node methods name
-``no-such-node``, RevokeToken an unknown token id). The job methods target a job of
-alice's (CancelJob a fresh pending one per call). Token holders connect with the
-transport-only client certificate, as ``synctl`` does.
+the access check and names a node, token or queue that does not exist: the node methods
+name ``no-such-node``, RevokeToken an unknown token id, DeleteQueue ``no-such-queue``).
+The job methods target a job of alice's (CancelJob a fresh pending one per call). Token
+holders connect with the transport-only client certificate, as ``synctl`` does.
 
 The worker's log service (ReadLog of alice's finished member on worker ``w1``), as
 :func:`test_reading_a_log_on_the_worker_needs_a_grant_for_that_job` exercises it:
@@ -115,6 +115,9 @@ SaveSnapshot     OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   
 ListHistory      OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 GetUsage         OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 WatchEvents      OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
+ListQueues       OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
+SetQueue         OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+DeleteQueue      NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 """
 
 CALLERS = ("admin", "operator", "alice", "bob", "worker", "replica", "client", "revoked", "forged")
@@ -124,12 +127,18 @@ CODES: dict[str, tuple[grpc.StatusCode, set[Reason]]] = {
     "DENIED": (grpc.StatusCode.PERMISSION_DENIED, {Reason.PERMISSION_DENIED}),
     "NOTFOUND": (
         grpc.StatusCode.NOT_FOUND,
-        {Reason.NODE_NOT_FOUND, Reason.TOKEN_NOT_FOUND, Reason.REPLICA_NOT_FOUND},
+        {
+            Reason.NODE_NOT_FOUND,
+            Reason.TOKEN_NOT_FOUND,
+            Reason.REPLICA_NOT_FOUND,
+            Reason.QUEUE_NOT_FOUND,
+        },
     ),
     "EXISTS": (grpc.StatusCode.ALREADY_EXISTS, {Reason.REPLICA_EXISTS}),
 }
 MATRIX_NODE = "w-matrix"  # the node the worker certificate of the matrix names
 NO_SUCH_NODE = "no-such-node"
+NO_SUCH_QUEUE = "no-such-queue"
 TIMEOUT_S = 5.0
 
 
@@ -447,6 +456,11 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
         "ListHistory": lambda: stub.ListHistory(pb.ListHistoryRequest(), **kw),
         "GetUsage": lambda: stub.GetUsage(pb.GetUsageRequest(by="user", since_ms=1), **kw),
         "WatchEvents": lambda: list(stub.WatchEvents(pb.WatchEventsRequest(), **kw)),
+        "ListQueues": lambda: stub.ListQueues(pb.ListQueuesRequest(), **kw),
+        "SetQueue": lambda: stub.SetQueue(
+            pb.SetQueueRequest(queue=pb.Queue(name="matrix-queue", gpu=1)), **kw
+        ),
+        "DeleteQueue": lambda: stub.DeleteQueue(pb.DeleteQueueRequest(name=NO_SUCH_QUEUE), **kw),
     }
     return calls[method]
 

@@ -44,7 +44,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image")
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,8 @@ class JobSpec(_message.Message):
     TIME_LIMIT_MS_FIELD_NUMBER: _ClassVar[int]
     RETRIES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     name: str
     replicas: int
     resources: Resources
@@ -71,7 +73,9 @@ class JobSpec(_message.Message):
     time_limit_ms: int
     retries: RetryPolicy
     image: str
-    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ...) -> None: ...
+    queue: str
+    priority_class: str
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ...) -> None: ...
 
 class CommandArgs(_message.Message):
     __slots__ = ("args",)
@@ -96,7 +100,7 @@ class Member(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("number", "fencing_token", "master_port", "bound_at_ms", "started_at_ms", "ended_at_ms", "outcome", "members")
+    __slots__ = ("number", "fencing_token", "master_port", "bound_at_ms", "started_at_ms", "ended_at_ms", "outcome", "members", "preempted_by", "preemption", "preempt_deadline_ms")
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +109,9 @@ class Attempt(_message.Message):
     ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_BY_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    PREEMPT_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     number: int
     fencing_token: int
     master_port: int
@@ -113,7 +120,10 @@ class Attempt(_message.Message):
     ended_at_ms: int
     outcome: str
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., master_port: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    preempted_by: str
+    preemption: str
+    preempt_deadline_ms: int
+    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., master_port: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., preempted_by: _Optional[str] = ..., preemption: _Optional[str] = ..., preempt_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq", "reason_code", "retries_used", "requeues", "owner", "redacted", "cancelled_by")
@@ -633,6 +643,108 @@ class WatchEventsRequest(_message.Message):
     follow: bool
     def __init__(self, since_index: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
 
+class Queue(_message.Message):
+    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
+    LENDING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    gpu: int
+    cpu_milli: int
+    memory_mib: int
+    cohort: str
+    borrowing_limit_gpu: int
+    lending_limit_gpu: int
+    priority_classes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QueueUsage(_message.Message):
+    __slots__ = ("used_gpu", "used_cpu_milli", "used_memory_mib", "borrowed_gpu", "lent_gpu", "running_jobs", "pending_jobs", "pending_gpu", "preempting_jobs")
+    USED_GPU_FIELD_NUMBER: _ClassVar[int]
+    USED_CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPU_FIELD_NUMBER: _ClassVar[int]
+    LENT_GPU_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_GPU_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    used_gpu: int
+    used_cpu_milli: int
+    used_memory_mib: int
+    borrowed_gpu: int
+    lent_gpu: int
+    running_jobs: int
+    pending_jobs: int
+    pending_gpu: int
+    preempting_jobs: int
+    def __init__(self, used_gpu: _Optional[int] = ..., used_cpu_milli: _Optional[int] = ..., used_memory_mib: _Optional[int] = ..., borrowed_gpu: _Optional[int] = ..., lent_gpu: _Optional[int] = ..., running_jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., pending_gpu: _Optional[int] = ..., preempting_jobs: _Optional[int] = ...) -> None: ...
+
+class QueueStatus(_message.Message):
+    __slots__ = ("queue", "usage")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    usage: QueueUsage
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., usage: _Optional[_Union[QueueUsage, _Mapping]] = ...) -> None: ...
+
+class PriorityClass(_message.Message):
+    __slots__ = ("name", "value", "preempts", "grace_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTS_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: int
+    preempts: bool
+    grace_ms: int
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ..., preempts: _Optional[bool] = ..., grace_ms: _Optional[int] = ...) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ("allow_stale",)
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    allow_stale: bool
+    def __init__(self, allow_stale: _Optional[bool] = ...) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("queues", "stale", "priority_classes", "preemption")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
+    stale: bool
+    priority_classes: _containers.RepeatedCompositeFieldContainer[PriorityClass]
+    preemption: str
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ...) -> None: ...
+
+class SetQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
+
+class SetQueueResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class DeleteQueueRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteQueueResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as")
     class GpuIsland(_message.Message):
@@ -703,7 +815,7 @@ class MemberReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., cause: _Optional[_Union[MemberReport.Cause, str]] = ...) -> None: ...
 
 class DesiredMember(_message.Message):
-    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner")
+    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner", "preemption", "preempted_by", "preempt_grace_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -724,6 +836,9 @@ class DesiredMember(_message.Message):
     CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_BY_FIELD_NUMBER: _ClassVar[int]
+    PREEMPT_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     fencing_token: int
     attempt: int
@@ -744,7 +859,10 @@ class DesiredMember(_message.Message):
     cpu_milli: int
     memory_mib: int
     owner: str
-    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    preemption: str
+    preempted_by: str
+    preempt_grace_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "reports", "running")

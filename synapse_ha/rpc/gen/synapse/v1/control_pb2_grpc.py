@@ -139,6 +139,21 @@ class SchedulerServiceStub:
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.Event.FromString,
                 _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/synapse.v1.SchedulerService/ListQueues',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
+        self.SetQueue = channel.unary_unary(
+                '/synapse.v1.SchedulerService/SetQueue',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetQueueRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetQueueResponse.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/synapse.v1.SchedulerService/DeleteQueue',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -278,6 +293,25 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueues(self, request, context):
+        """Queues and preemption (issue 14): any user lists; admins set and delete.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -385,6 +419,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.WatchEventsRequest.FromString,
                     response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.Event.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListQueuesRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'SetQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueue,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetQueueRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetQueueResponse.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -954,6 +1003,87 @@ class SchedulerService:
             '/synapse.v1.SchedulerService/WatchEvents',
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.WatchEventsRequest.SerializeToString,
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/ListQueues',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListQueuesRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/SetQueue',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetQueueRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/DeleteQueue',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

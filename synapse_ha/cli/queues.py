@@ -1,0 +1,125 @@
+"""``synctl queues`` and ``synctl queue set|delete``: the cluster's queues (DESIGN §8,
+docs/queues.md).
+
+``queues`` shows each queue's nominal quota, what it uses, borrows from its cohort and
+lends to it, and what waits, with the priority classes and the preemption mode. ``queue
+set`` and ``queue delete`` are for admins; the cluster refuses anyone else with
+PERMISSION_DENIED (exit 5). Registered on ``synctl`` by :mod:`synapse_ha.cli.main`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from synapse_ha.cli import render
+from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.cli.main import CommandFailed, Settings, cli, emit, output_option, with_settings
+from synapse_ha.core.spec import SpecError, parse_cpu, parse_memory
+from synapse_ha.rpc.errors import Reason
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+
+@cli.command()
+@output_option
+@with_settings
+def queues(settings: Settings) -> None:
+    """List queues: nominal GPUs, used, borrowed, lent, running and pending jobs.
+
+    \b
+    Examples:
+      synctl queues
+      synctl queues -o json
+    """
+    document = render.queues_document(settings.client().list_queues())
+    emit(settings, document, lambda: render.queues_table(document))
+
+
+@cli.group()
+def queue() -> None:
+    """Create, change and delete queues (admins only).
+
+    \b
+    Examples:
+      synctl queue set team-a --gpu 64 --cohort research --borrowing-limit 32
+      synctl queue set team-b --gpu 32 --cohort research --lending-limit 16
+      synctl queue delete team-b
+    """
+
+
+def _classes(value: str) -> list[str]:
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+@queue.command("set")
+@click.argument("name")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, help="Nominal GPU quota.")
+@click.option("--cpu", default=None, help="Nominal CPU: cores (64, 0.5) or millicores (500m).")
+@click.option("--memory", default=None, help="Nominal memory, e.g. 512Gi.")
+@click.option("--cohort", default="", help="Queues of one cohort lend each other idle quota.")
+@click.option(
+    "--borrowing-limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="GPUs it may borrow beyond its quota (default: any idle quota of the cohort).",
+)
+@click.option(
+    "--lending-limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Of its idle quota, GPUs others may borrow (default: all of it).",
+)
+@click.option(
+    "--classes", default="", help="Priority classes its jobs may use, comma-separated (all)."
+)
+@output_option
+@with_settings
+def queue_set(
+    settings: Settings,
+    name: str,
+    gpu: int | None,
+    cpu: str | None,
+    memory: str | None,
+    cohort: str,
+    borrowing_limit: int | None,
+    lending_limit: int | None,
+    classes: str,
+) -> None:
+    """Create queue NAME, or replace all of its settings (unset options become unset).
+
+    \b
+    Example:
+      synctl queue set team-a --gpu 64 --cohort research --classes normal,high
+    """
+    try:
+        cpu_milli = parse_cpu(cpu, "--cpu") if cpu is not None else None
+        memory_mib = parse_memory(memory, "--memory") if memory is not None else None
+    except SpecError as exc:
+        raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
+    msg = pb.Queue(name=name, cohort=cohort, priority_classes=_classes(classes))
+    for field, value in (
+        ("gpu", gpu),
+        ("cpu_milli", cpu_milli),
+        ("memory_mib", memory_mib),
+        ("borrowing_limit_gpu", borrowing_limit),
+        ("lending_limit_gpu", lending_limit),
+    ):
+        if value is not None:
+            setattr(msg, field, value)
+    answer = settings.client().set_queue(msg)
+    document = {"name": name, "created": answer.created}
+    emit(settings, document, lambda: f"queue {name}: {'created' if answer.created else 'updated'}")
+
+
+@queue.command("delete")
+@click.argument("name")
+@output_option
+@with_settings
+def queue_delete(settings: Settings, name: str) -> None:
+    """Delete queue NAME (refused for default and while unfinished jobs name it).
+
+    \b
+    Example:
+      synctl queue delete team-b
+    """
+    settings.client().delete_queue(name)
+    emit(settings, {"name": name, "deleted": True}, lambda: f"queue {name}: deleted")

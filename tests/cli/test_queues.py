@@ -1,0 +1,157 @@
+"""``synctl queues`` and ``synctl queue set|delete`` against an in-process replica with
+the auth interceptor (tests/rpc/authed.py): the table and JSON numbers, an admin's
+changes, a non-admin refused with exit 5, and a submission refused for its queue."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from synapse_ha.cli import render
+from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.cli.main import cli
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.machine import apply
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from tests.rpc.authed import NOW, Replica, serving_replica
+
+
+@pytest.fixture
+def replica() -> Iterator[Replica]:
+    with serving_replica() as started:
+        yield started
+
+
+def synctl(replica: Replica, *args: str, who: str = "admin") -> Result:
+    env = {"SYNAPSE_TOKEN": replica.tokens[who], "XDG_CONFIG_HOME": "/nonexistent"}
+    return CliRunner().invoke(cli, ["--cluster", replica.address, "--timeout", "5", *args], env=env)
+
+
+def test_an_admin_sets_a_queue_and_queues_shows_it(replica: Replica) -> None:
+    made = synctl(
+        replica, "queue", "set", "team-a", "--gpu", "3", "--cpu", "8", "--memory", "64Gi",
+        "--cohort", "lab", "--borrowing-limit", "2", "--classes", "normal,high",
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    assert made.stdout.strip() == "queue team-a: created"
+    assert synctl(replica, "queue", "set", "team-b", "--gpu", "1", "--cohort", "lab").exit_code == 0
+    again = synctl(replica, "queue", "set", "team-a", "--gpu", "3", "--cohort", "lab")
+    assert again.stdout.strip() == "queue team-a: updated"
+
+    job = apply(
+        replica.backend.state,
+        cmd.BindPlan(
+            (cmd.GangPlacement(replica.jobs["alice"], 0, (cmd.MemberPlacement(0, "n1", (0,)),)),),
+            now_ms=NOW,
+        ),
+    )
+    assert job.ok
+    listed = synctl(replica, "queues", "-o", "json", who="bob")
+    assert listed.exit_code == 0, listed.output
+    doc = json.loads(listed.stdout)
+    queues = {q["name"]: q for q in doc["queues"]}
+    assert list(queues) == ["default", "team-a", "team-b"]
+    assert queues["team-a"]["nominal"] == {"gpu": 3, "cpu_milli": None, "memory_mib": None}
+    assert queues["team-a"]["borrowing_limit_gpu"] is None  # set replaces every setting
+    assert queues["default"]["nominal"] is None
+    assert queues["default"]["used"]["gpu"] == 1 and queues["default"]["pending_jobs"] == 1
+    assert [c["name"] for c in doc["priority_classes"]] == ["low", "normal", "high"]
+    assert doc["preemption"] == "topology"
+
+    table = synctl(replica, "queues", who="alice")
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:6] == ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT"]
+    team_a = next(line for line in lines if line.startswith("team-a"))
+    assert team_a.split()[:6] == ["team-a", "lab", "3", "0", "0", "0"]
+    assert "preemption: topology" in table.stdout
+    assert "high 100 (preempts)" in table.stdout
+
+
+def test_set_keeps_what_the_options_say(replica: Replica) -> None:
+    made = synctl(
+        replica, "queue", "set", "team-a", "--gpu", "3", "--cpu", "500m", "--memory", "2Gi",
+        "--lending-limit", "1", "--classes", "low",
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    stored = replica.backend.state.queues["team-a"]
+    assert (stored.gpu, stored.cpu_milli, stored.memory_mib) == (3, 500, 2048)
+    assert (stored.lending_limit_gpu, stored.borrowing_limit_gpu) == (1, None)
+    assert stored.priority_classes == ("low",)
+
+
+def test_a_non_admin_queue_set_is_refused_with_exit_5(replica: Replica) -> None:
+    for who in ("alice", "operator"):
+        result = synctl(replica, "queue", "set", "team-a", "--gpu", "3", who=who)
+        assert result.exit_code == ExitCode.DENIED, result.output
+        assert "may not call SetQueue; it needs role admin" in result.stderr
+        assert result.stderr.rstrip().endswith("(PERMISSION_DENIED)")
+    assert "team-a" not in replica.backend.state.queues
+
+
+def test_delete_and_its_refusals(replica: Replica) -> None:
+    assert synctl(replica, "queue", "set", "team-a", "--gpu", "3").exit_code == 0
+    deleted = synctl(replica, "queue", "delete", "team-a", "-o", "json")
+    assert deleted.exit_code == 0, deleted.output
+    assert json.loads(deleted.stdout) == {"name": "team-a", "deleted": True}
+    missing = synctl(replica, "queue", "delete", "team-a")
+    assert missing.exit_code == ExitCode.NOT_FOUND and "(QUEUE_NOT_FOUND)" in missing.stderr
+    default = synctl(replica, "queue", "delete", "default")
+    assert default.exit_code != 0 and "(CONFLICT)" in default.stderr
+
+
+def test_bad_settings_are_a_usage_error_naming_the_field(replica: Replica) -> None:
+    result = synctl(replica, "queue", "set", "team-a", "--gpu", "2", "--lending-limit", "5")
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "lending_limit_gpu" in result.stderr
+    memory = synctl(replica, "queue", "set", "team-a", "--memory", "lots")
+    assert memory.exit_code == ExitCode.USAGE and "--memory" in memory.stderr
+
+
+def test_a_submission_refused_for_its_queue_names_the_queue_and_the_rule(
+    replica: Replica, tmp_path: Path
+) -> None:
+    assert synctl(replica, "queue", "set", "team-a", "--gpu", "3").exit_code == 0
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: t\nreplicas: 1\ncommand: 'true'\nqueue: team-a\n")
+    refused = synctl(replica, "submit", str(spec), who="alice")
+    assert refused.exit_code == ExitCode.DENIED, refused.output
+    assert "may not submit to queue team-a" in refused.stderr
+    assert "its token names no queues, so it allows the default queue only" in refused.stderr
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("name: t\nreplicas: 1\ncommand: 'true'\nqueue: team-z\n")
+    invalid = synctl(replica, "submit", str(unknown), who="admin")
+    assert invalid.exit_code == ExitCode.USAGE, invalid.output
+    assert "unknown.yaml:4: queue: no queue 'team-z'" in invalid.stderr
+
+
+def test_status_and_explain_show_who_preempts_a_job() -> None:
+    job = pb.Job(
+        job_id="job-000003",
+        state="RUNNING",
+        spec=pb.JobSpec(name="b", replicas=1, shell_command="x", queue="team-b"),
+        attempt=pb.Attempt(
+            number=1,
+            fencing_token=5,
+            preempted_by="job-000009",
+            preemption="reclaim",
+            preempt_deadline_ms=1_700_000_000_000,
+        ),
+    )
+    doc = render.job_document(job)
+    assert doc["queue"] == "team-b"
+    assert doc["preemption"] == {
+        "preempted_by": "job-000009",
+        "kind": "reclaim",
+        "deadline_ms": 1_700_000_000_000,
+    }
+    answer = pb.ExplainJobResponse(job_id=job.job_id, state="RUNNING", explanation="placed")
+    text = render.explain_table(render.explain_document(answer, job, []))
+    assert "being preempted by job job-000009 (reclaim)" in text
+    assert "being preempted by job job-000009" in render.job_table(doc, 0)
+    plain = render.job_document(pb.Job(job_id="j", spec=pb.JobSpec(shell_command="x")))
+    assert plain["preemption"] is None and plain["queue"] == "default"

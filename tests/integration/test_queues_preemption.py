@@ -1,0 +1,204 @@
+"""Queues and reclaim preemption through synctl on a real TLS cluster: three replicas and
+one mock-GPU worker on 127.0.0.1, users with tokens naming their queues.
+
+team-a and team-b share cohort ``lab`` (4 GPUs of nominal quota each, 8 GPUs in all).
+team-b borrows all 8; team-a then submits a gang within its nominal quota, so team-b's
+gang is preempted whole: each member finds its notice in ``$SYNAPSE_PREEMPT_FILE`` and
+gets SIGTERM, the gang is requeued (PENDING, same place in line, retries untouched) and
+team-a's gang runs. ``synctl queues`` and ``synctl explain`` say so along the way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.rpc.errors import Reason, failure_of
+from tests.cli.conftest import TIMEOUTS, Synctl
+from tests.integration.cluster import LocalCluster, wait_for
+from tests.worker.workers import LocalWorkers
+
+pytestmark = pytest.mark.integration
+
+# A short grace for the victims' class, so that a member ignoring SIGTERM would not hold
+# the test up; these members exit on SIGTERM anyway.
+CLASSES = [
+    "--priority-class", "low=-100,grace=3s",
+    "--priority-class", "normal=0,grace=3s",
+    "--priority-class", "high=100,preempts,grace=3s",
+    "--preemption", "topology",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def synctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synctl]:
+    root = tmp_path_factory.mktemp("queues")
+    cluster = LocalCluster(root / "cluster", extra_args=[*TIMEOUTS, *CLASSES])
+    workers = LocalWorkers(root / "workers", cluster.grpc_addresses, cluster.credentials)
+    workers.root.mkdir()
+    try:
+        cluster.start()
+        cluster.serving_leader()
+        workers.start(
+            "w1", "--mock-gpus", "8", "--cpu", "16", "--memory", "16Gi",
+            "--topology", "zone=z1,block=b1,rack=r1", "--log-level", "WARNING",
+        )  # fmt: skip
+        with cluster.client(timeout_s=10.0) as client:
+            wait_for(
+                "the worker ready",
+                lambda: [n.node_id for n in client.list_nodes() if n.status == "ready"] == ["w1"],
+                timeout_s=30,
+            )
+            yield Synctl(cluster, workers, client)
+    finally:
+        workers.close()
+        cluster.close()
+
+
+def as_user(synctl: Synctl, token: str) -> dict[str, str]:
+    """The environment of a user who has the cluster's TLS files and ``token``."""
+    env = {k: v for k, v in synctl.admin_env.items() if k != "SYNAPSE_TOKEN_FILE"}
+    return {**env, "SYNAPSE_TOKEN": token}
+
+
+def known_everywhere(synctl: Synctl, token: str) -> None:
+    """Wait (bounded) until every replica has applied the token: each one checks a
+    caller's token against its own copy before it redirects to the leader."""
+
+    def accepted(address: str) -> bool:
+        transport = synctl.cluster.transport
+        with ClusterClient([address], token=token, channel_factory=transport.channel) as c:
+            try:
+                c.list_queues()
+            except grpc.RpcError as exc:
+                return failure_of(exc).reason is not Reason.UNAUTHENTICATED
+            return True
+
+    for address in synctl.cluster.grpc_addresses:
+        wait_for(f"the token known at {address}", lambda a=address: accepted(a))
+
+
+def ok(result: Any, synctl: Synctl) -> str:
+    assert result.exit_code == 0, result.output + synctl.diagnostics()
+    text: str = result.stdout
+    return text
+
+
+def queues(synctl: Synctl) -> dict[str, Any]:
+    doc = json.loads(ok(synctl("queues", "-o", "json"), synctl))
+    return {q["name"]: q for q in doc["queues"]}
+
+
+def job(synctl: Synctl, job_id: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(ok(synctl("status", job_id, "-o", "json"), synctl))
+    return doc
+
+
+def gang_spec(path: Path, name: str, queue: str, members: int, gpu: int, out: Path) -> Path:
+    """A gang whose members note that they started, and on SIGTERM copy the preemption
+    notice and note the signal, then exit."""
+    command = (
+        f'trap \'cp "$SYNAPSE_PREEMPT_FILE" {out}/{name}-$RANK.notice; '
+        f"echo $SYNAPSE_FENCING_TOKEN > {out}/{name}-$RANK.term; exit 0' TERM; "
+        f"echo $SYNAPSE_FENCING_TOKEN > {out}/{name}-$RANK.up; sleep 600 & wait"
+    )
+    path.write_text(
+        f"name: {name}\nreplicas: {members}\nqueue: {queue}\npriority: low\n"
+        f"resources: {{gpu: {gpu}, cpu: 1, memory: 256Mi}}\n"
+        f"command: {json.dumps(command)}\n"
+    )
+    return path
+
+
+def test_a_queue_within_its_quota_reclaims_from_a_borrower(synctl: Synctl, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("team-a", "team-b"):
+        ok(synctl("queue", "set", name, "--gpu", "4", "--cohort", "lab"), synctl)
+    alice = ok(synctl("token", "create", "--user", "alice", "--queue", "team-a"), synctl).strip()
+    bob = ok(synctl("token", "create", "--user", "bob", "--queue", "team-b"), synctl).strip()
+    for token in (alice, bob):
+        known_everywhere(synctl, token)
+
+    # bob may not use team-a's queue: refused, naming the queue and the rule.
+    wrong = gang_spec(tmp_path / "wrong.yaml", "wrong", "team-a", 1, 1, out)
+    refused = synctl("submit", str(wrong), env=as_user(synctl, bob))
+    assert refused.exit_code == 5, refused.output
+    assert "may not submit to queue team-a: its token allows the queues team-b" in refused.stderr
+
+    # team-b runs two gangs of 4 GPUs: its nominal 4, and 4 borrowed from team-a.
+    b_ids = []
+    for name in ("b1", "b2"):
+        spec = gang_spec(tmp_path / f"{name}.yaml", name, "team-b", 2, 2, out)
+        b_ids.append(ok(synctl("submit", str(spec), env=as_user(synctl, bob)), synctl).strip())
+    wait_for(
+        "team-b's gangs running",
+        lambda: all(job(synctl, b)["state"] == "RUNNING" for b in b_ids),
+        timeout_s=30,
+    )
+    wait_for("team-b's members up", lambda: len(list(out.glob("b*.up"))) == 4)
+    order_before = [j["id"] for j in json.loads(ok(synctl("jobs", "-o", "json"), synctl))["jobs"]]
+    shown = queues(synctl)
+    assert (shown["team-b"]["used"]["gpu"], shown["team-b"]["borrowed_gpu"]) == (8, 4)
+    assert (shown["team-a"]["used"]["gpu"], shown["team-a"]["lent_gpu"]) == (0, 4)
+    table = ok(synctl("queues"), synctl)
+    assert [line.split()[:6] for line in table.splitlines() if line.startswith("team-b")] == [
+        ["team-b", "lab", "4", "8", "4", "0"]
+    ]
+
+    # team-a asks for its own nominal quota back.
+    a_spec = gang_spec(tmp_path / "a.yaml", "a-gang", "team-a", 1, 4, out)
+    a_id = ok(synctl("submit", str(a_spec), env=as_user(synctl, alice)), synctl).strip()
+
+    # One of team-b's gangs is preempted whole: both its members got the notice and
+    # SIGTERM; the other gang was left alone.
+    victim_name = wait_for(
+        "a team-b gang's members got SIGTERM",
+        lambda: next((n for n in ("b1", "b2") if len(list(out.glob(f"{n}-*.term"))) == 2), None),
+        timeout_s=30,
+    )
+    victim = b_ids[0] if victim_name == "b1" else b_ids[1]
+    survivor_name = "b2" if victim_name == "b1" else "b1"
+    survivor = b_ids[1] if victim_name == "b1" else b_ids[0]
+    for notice in sorted(out.glob(f"{victim_name}-*.notice")):
+        doc = json.loads(notice.read_text())
+        assert (doc["kind"], doc["preemptor"]) == ("reclaim", a_id), doc
+        assert 0 <= doc["grace_ms"] <= 3_000
+    assert len(list(out.glob(f"{victim_name}-*.notice"))) == 2
+
+    # It is requeued, keeping its place and its retries; a-gang runs.
+    wait_for("a-gang running", lambda: job(synctl, a_id)["state"] == "RUNNING", timeout_s=30)
+    b = wait_for(
+        "the victim requeued",
+        lambda: (d := job(synctl, victim))["state"] == "PENDING" and d["attempt"] == 1 and d,
+        timeout_s=30,
+    )
+    assert b["retries_used"] == 0 and b["requeues"] == 0, b
+    # Its reason says why it waits now, with the preemption as the cause.
+    assert b["reason_code"] in ("requeued_preempted", "waiting_quota"), b
+    assert f"preempted by {a_id}" in b["reason"], b
+    assert f"preempted by {a_id}" in b["attempt_outcome"], b
+    assert job(synctl, survivor)["state"] == "RUNNING"
+    assert not list(out.glob(f"{survivor_name}-*.term"))
+    order_after = [j["id"] for j in json.loads(ok(synctl("jobs", "-o", "json"), synctl))["jobs"]]
+    assert order_after[: len(order_before)] == order_before  # the same place in line
+
+    # explain says who preempted whom, and why the victim waits now.
+    explained = json.loads(ok(synctl("explain", victim, "-o", "json"), synctl))
+    assert f"preempted by {a_id}" in explained["reason"], explained
+    assert "queue team-b" in explained["explanation"], explained
+
+    shown = queues(synctl)
+    assert (shown["team-a"]["used"]["gpu"], shown["team-a"]["borrowed_gpu"]) == (4, 0)
+    assert (shown["team-b"]["used"]["gpu"], shown["team-b"]["borrowed_gpu"]) == (4, 0)
+    assert (shown["team-b"]["pending_jobs"], shown["team-b"]["pending_gpu"]) == (1, 4)
+
+    # Leave the cluster as found.
+    for job_id in (a_id, *b_ids):
+        ok(synctl("cancel", job_id), synctl)

@@ -1,0 +1,93 @@
+"""``[scheduling]`` of synapse-scheduler: priority classes, the preemption mode and the
+fair-share half-life from TOML or flags, checked by the core's rule set, and applied to
+the replicated configuration by the leader (SchedulingSettings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.app.leader import SchedulingSettings
+from synapse_ha.core.model import ClusterConfig, PreemptionMode, PriorityClass
+from synapse_ha.programs import scheduler as scheduler_main
+
+
+def load(tmp_path: Path, toml: str = "", *flags: str) -> scheduler_main.SchedulerConfig:
+    config = tmp_path / "scheduler.toml"
+    config.write_text(toml)
+    base = [
+        "--config", str(config), "--id", "a", "--replica", "a=127.0.0.1:7001,127.0.0.1:7101",
+        "--data-dir", str(tmp_path / "data"), "--insecure",
+    ]  # fmt: skip
+    return scheduler_main.load_config([*base, *flags], environ={"SYNAPSE_RAFT_PASSWORD": "pw"})
+
+
+def test_nothing_configured_leaves_the_replicated_settings(tmp_path: Path) -> None:
+    settings = load(tmp_path).scheduling
+    assert settings == SchedulingSettings()
+    assert settings.applied_to(ClusterConfig()) == ClusterConfig()
+
+
+def test_classes_mode_and_half_life_from_toml(tmp_path: Path) -> None:
+    settings = load(
+        tmp_path,
+        """
+[scheduling]
+preemption = "blind"
+fair_share_half_life = "1d"
+
+[[scheduling.priority_classes]]
+name = "batch"
+value = -10
+grace = "2s"
+
+[[scheduling.priority_classes]]
+name = "urgent"
+value = 50
+preempts = true
+""",
+    ).scheduling
+    assert settings.priority_classes == (
+        PriorityClass("batch", -10, False, 2_000),
+        PriorityClass("urgent", 50, True, 30_000),
+    )
+    assert settings.preemption is PreemptionMode.BLIND
+    assert settings.fair_share_half_life_ms == 86_400_000
+    config = settings.applied_to(ClusterConfig())
+    assert config.priority_classes == settings.priority_classes
+    assert (config.preemption, config.fair_share_half_life_ms) == (PreemptionMode.BLIND, 86_400_000)
+
+
+def test_flags_replace_the_files_classes(tmp_path: Path) -> None:
+    toml = '[[scheduling.priority_classes]]\nname = "batch"\nvalue = -10\n'
+    settings = load(
+        tmp_path, toml, "--priority-class", "low=-1,grace=500ms", "--priority-class",
+        "top=9,preempts", "--preemption", "off",
+    ).scheduling  # fmt: skip
+    assert settings.priority_classes == (
+        PriorityClass("low", -1, False, 500),
+        PriorityClass("top", 9, True, 30_000),
+    )
+    assert settings.preemption is PreemptionMode.OFF
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (("--preemption", "sometimes"), "preemption must be one of topology, blind, off"),
+        (("--priority-class", "x"), "expected NAME=VALUE"),
+        (("--priority-class", "x=high"), "the value must be an integer"),
+        (("--priority-class", "x=1,loud"), "unknown option 'loud'"),
+        (("--priority-class", "x=1", "--priority-class", "x=2"), "a class appears twice"),
+        (("--priority-class", "Bad_Name=1"), "priority_classes[0].name"),
+        (("--priority-class", "x=1,grace=2d"), "grace_ms: must be between 0 and 24h"),
+        (("--fair-share-half-life", "0s"), "fair_share_half_life must be positive"),
+    ],
+)
+def test_bad_settings_are_refused_naming_them(
+    tmp_path: Path, flags: tuple[str, ...], words: str
+) -> None:
+    with pytest.raises(scheduler_main.ConfigError) as refused:
+        load(tmp_path, "", *flags)
+    assert words in str(refused.value)
