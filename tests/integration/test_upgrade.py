@@ -87,6 +87,10 @@ def _run_release(replica: Replica, previous: Path | None) -> None:
     env["PYTHONSAFEPATH"] = "1"  # never import this checkout from the working directory
     if previous is not None:
         env["PYTHONPATH"] = str(previous)
+        # Flags newer than that release are left out (it would refuse to start).
+        if "--metrics-address" in replica.argv:
+            i = replica.argv.index("--metrics-address")
+            replica.argv = replica.argv[:i] + replica.argv[i + 2 :]
     replica.env = env
 
 
