@@ -185,7 +185,7 @@ class FakeExecutor:
         self.live: list[str] = []
         self.exits: list[tuple[str, Any]] = []
 
-    def start(self, spec: Any) -> object:
+    def start(self, spec: Any, preempted: Any = None) -> object:
         self.live.append(spec)
         return spec
 
