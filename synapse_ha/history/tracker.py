@@ -50,7 +50,7 @@ class EventKind(enum.StrEnum):
     EXITED = "exited"  # every member exited 0: the attempt (and the job) succeeded
     FAILED = "failed"  # the attempt failed (the job retries, or failed for good)
     REQUEUED = "requeued"  # a disruption ended the attempt; the gang waits again
-    PREEMPTED = "preempted"  # reserved: the gang was preempted (DESIGN §8)
+    PREEMPTED = "preempted"  # preemption began: its members are being stopped (DESIGN §8)
     CANCELLED = "cancelled"  # the job was cancelled
     NODE_REGISTERED = "node_registered"
     NODE_READY = "node_ready"  # back from cordoned, draining or dead
@@ -149,13 +149,20 @@ class _JobMark(NamedTuple):
     attempts_made: int
     attempt_state: AttemptState | None
     started: bool
+    preempted: bool  # its attempt is being preempted
 
 
 def _mark(job: Job) -> _JobMark:
     attempt = job.attempt
     if attempt is None:
-        return _JobMark(job.state, job.attempts_made, None, False)
-    return _JobMark(job.state, job.attempts_made, attempt.state, attempt.started_at_ms is not None)
+        return _JobMark(job.state, job.attempts_made, None, False, False)
+    return _JobMark(
+        job.state,
+        job.attempts_made,
+        attempt.state,
+        attempt.started_at_ms is not None,
+        bool(attempt.preempted_by),
+    )
 
 
 def queue_of(job: Job) -> str:
@@ -342,7 +349,7 @@ class Tracker:
         }
         if before is None:
             events.append((EventKind.SUBMITTED, about))
-            before = _JobMark(JobState.PENDING, 0, None, False)
+            before = _JobMark(JobState.PENDING, 0, None, False, False)
         attempt = job.attempt
         if attempt is not None:
             with_attempt = {**about, "attempt": attempt.number, "nodes": attempt_nodes(attempt)}
@@ -351,6 +358,13 @@ class Tracker:
                 events.append((EventKind.BOUND, with_attempt))
             if after.started and (new_attempt or not before.started):
                 events.append((EventKind.STARTED, with_attempt))
+            if after.preempted and (new_attempt or not before.preempted):
+                events.append(
+                    (
+                        EventKind.PREEMPTED,
+                        {**with_attempt, "reason_code": str(job.reason.code), "reason": job.reason},
+                    )
+                )
             was_live = new_attempt or (
                 before.attempt_state is not None and before.attempt_state.live
             )

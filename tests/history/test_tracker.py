@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 import pytest
 
 from synapse_ha.core import commands as c
@@ -176,3 +177,27 @@ def test_purged_jobs_leave_no_event_and_are_forgotten() -> None:
     assert result.purged == (j,)
     assert len(cl.events) == before
     assert j not in cl.tracker._jobs
+
+
+def test_a_preempted_gang_streams_preempted_then_requeued_and_the_preemptor_binds() -> None:
+    cl = ObservedCluster()
+    cl.add(node("n1", gpus=8))
+    low = cl.submit(job("low", gpu=8))
+    cl.run_pass()
+    cl.start_all(low)
+    cl.now += 60_000
+    high = cl.submit(job("high", gpu=8, priority_class="high"))
+    plan = cl.run_pass()
+    commands = plan.preempt_commands(cl.now)
+    assert len(commands) == 1
+    assert cl.do(commands[0]).ok
+    assert cl.kinds(low) == ["submitted", "bound", "started", "preempted"]
+    preempted = next(e for e in cl.events if e.kind is EventKind.PREEMPTED)
+    assert preempted.reason_code == "preempting" and preempted.attempt == 1
+    cl.now += 1_000
+    cl.exit_member(low, 0, 143)
+    assert cl.kinds(low)[-1] == "requeued"
+    requeued = [e for e in cl.events if e.kind is EventKind.REQUEUED][-1]
+    assert requeued.reason_code == "requeued_preempted"
+    cl.run_pass()
+    assert cl.kinds(high) == ["submitted", "bound"]
