@@ -29,6 +29,8 @@ from synapse_ha.core.scheduler.placement import (
 )
 from synapse_ha.core.scheduler.plan import Plan, Preemption
 from synapse_ha.core.scheduler.preemption import (
+    MAX_TRIALS_PER_PASS,
+    Budget,
     Candidate,
     choose,
     fits_with,
@@ -258,11 +260,20 @@ def waiting_for(victims: list[Candidate], job: Job) -> Reason:
     )
 
 
-def hold(table: Table, gang: Gang, view: View, depths: list[int], victims: list[Candidate]) -> None:
+def hold(
+    table: Table,
+    gang: Gang,
+    view: View,
+    depths: list[int],
+    victims: list[Candidate],
+    hosts: list[tuple[str, int]] | None = None,
+) -> None:
     """Take from the table the free GPUs the gang would use once ``victims`` stop, so
     that no later gang of the pass is placed on them (the preemptor's first claim).
-    The victims' own GPUs are still held by them; only free ones are taken."""
-    hosts = fits_with(gang, table, view, depths, victims)
+    The victims' own GPUs are still held by them; only free ones are taken. ``hosts``:
+    where the search found the gang goes (else placed again here)."""
+    if hosts is None:
+        hosts = fits_with(gang, table, view, depths, victims)
     if hosts is None:
         return
     held: dict[str, set[int]] = {}
@@ -301,6 +312,7 @@ class Preempting:
         self.searches = 0
         self.failed: set[tuple[object, ...]] = set()
         self.victims: dict[str, list[Candidate]] = {}
+        self.budget = Budget(MAX_TRIALS_PER_PASS)
 
     def _keeps(self) -> QueueUsage:
         if self.keeps is None:
@@ -344,7 +356,14 @@ class Preempting:
         self.searches += 1
         for rules in options:
             choice = choose(
-                self.state, gang, table, view, depths, rules, self.state.config.preemption
+                self.state,
+                gang,
+                table,
+                view,
+                depths,
+                rules,
+                self.state.config.preemption,
+                self.budget,
             )
             if choice is None:
                 continue
@@ -358,7 +377,7 @@ class Preempting:
                 for v in victims:
                     usage.remove(v.queue, gang_request(v.job.spec))
                 usage.add(spec.queue, gang_request(spec))
-            hold(table, gang, view, depths, victims)
+            hold(table, gang, view, depths, victims, choice.hosts)
             return Preemption(
                 gang.job.job_id,
                 gang.job.attempts_made,
