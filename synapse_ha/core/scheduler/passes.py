@@ -163,6 +163,8 @@ def _plan(
             plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
             if usage is not None:
                 usage.add(spec.queue, gang_request(spec))
+            if preempt is not None:
+                preempt.placed(spec.queue, gang_request(spec))
             end = now_ms + spec.time_limit_ms if spec.time_limit_ms else None
             placed[job.job_id] = Running(end, spec.resources, members)
             if running is not None:
@@ -313,14 +315,27 @@ class Preempting:
         self.failed: set[tuple[object, ...]] = set()
         self.victims: dict[str, list[Candidate]] = {}
         self.budget = Budget(MAX_TRIALS_PER_PASS)
+        self.binds: list[tuple[str, Resources]] = []
 
     def _keeps(self) -> QueueUsage:
         if self.keeps is None:
             self.keeps = QueueUsage.of(self.state, counting_preempted=False)
+            # Gangs still waiting for victims to stop will take their share (as apply
+            # counts them); one whose victims have all stopped counts once bound.
             for job_id in sorted(self.claims):
-                spec = self.state.jobs[job_id].spec
-                self.keeps.add(spec.queue, gang_request(spec))
+                if self.claims[job_id]:
+                    spec = self.state.jobs[job_id].spec
+                    self.keeps.add(spec.queue, gang_request(spec))
+            for queue, request in self.binds:
+                self.keeps.add(queue, request)
         return self.keeps
+
+    def placed(self, queue: str, request: Resources) -> None:
+        """A gang placed by this pass: its queue keeps it (the bind precedes the
+        preemptions, and apply checks a reclaim against the usage after it)."""
+        self.binds.append((queue, request))
+        if self.keeps is not None:
+            self.keeps.add(queue, request)
 
     def chosen_of(self, p: Preemption) -> list[Candidate]:
         return self.victims[p.preemptor]
@@ -370,12 +385,15 @@ class Preempting:
             victims = list(choice.victims)
             self.claimed.update(v.job_id for v in victims)
             self.victims[gang.job.job_id] = victims
-            self._keeps().add(spec.queue, gang_request(spec))
+            # As apply sees the next preemption: these victims leave, this gang takes.
+            keeps = self._keeps()
+            keeps.add(spec.queue, gang_request(spec))
+            for v in victims:
+                keeps.remove(v.queue, gang_request(v.job.spec))
             if usage is not None:
-                # The victims' GPUs are the preemptor's: later gangs of the pass see the
-                # quota as it will be (victims gone, preemptor placed).
-                for v in victims:
-                    usage.remove(v.queue, gang_request(v.job.spec))
+                # The victims count until they stop (apply verifies binds so) and the
+                # preemptor has first claim on its queue's quota: later gangs of the
+                # pass see both.
                 usage.add(spec.queue, gang_request(spec))
             hold(table, gang, view, depths, victims, choice.hosts)
             return Preemption(
