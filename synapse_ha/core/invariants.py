@@ -75,8 +75,11 @@ def check(state: ClusterState) -> list[str]:
                 attempt.preemption is None or attempt.preempt_deadline_ms <= 0
             ):
                 problems.append(f"{job_id}: preempted without a kind or a deadline")
-            if job.state is JobState.SCHEDULED and any(
-                s.state is not MemberState.BOUND for s in attempt.member_status
+            # Members of a preempted attempt may stop before any started.
+            if (
+                job.state is JobState.SCHEDULED
+                and not attempt.preempted_by
+                and any(s.state is not MemberState.BOUND for s in attempt.member_status)
             ):
                 problems.append(f"{job_id}: SCHEDULED but a member already started")
         elif attempt is not None and attempt.ended_at_ms is None:

@@ -137,8 +137,11 @@ class QueueUsage:
         q = self.queues.get(queue)
         if q is None or q.gpu is None or not q.cohort:
             return 0
-        others = [n for n in self.cohorts.get(q.cohort, ()) if n != queue]
-        pool = sum(self.lendable(n) for n in others) - sum(self.borrowed(n) for n in others)
+        members = self.cohorts.get(q.cohort, ())
+        others = [n for n in members if n != queue]
+        # The idle quota others lend, less what every queue of the cohort (this one
+        # included) already borrows from it.
+        pool = sum(self.lendable(n) for n in others) - sum(self.borrowed(n) for n in members)
         room = max(0, pool)
         if q.borrowing_limit_gpu is not None:
             room = min(room, max(0, q.borrowing_limit_gpu - self.borrowed(queue)))

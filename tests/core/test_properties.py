@@ -1,5 +1,8 @@
 """Property tests: random command sequences keep every invariant after every apply, and
-replaying the same commands from empty state gives byte-identical state."""
+replaying the same commands from empty state gives byte-identical state. The sequences
+include queues with quotas in a cohort, priority classes and scheduling passes with
+preemption on (topology-aware or blind), whose Preempt commands are applied as the
+leader proposes them."""
 
 from __future__ import annotations
 
@@ -25,14 +28,97 @@ from synapse_ha.core.model import (
     JobState,
     MemberState,
     NodeStatus,
+    PreemptionMode,
+    Queue,
     unconfirmed_members,
 )
+from synapse_ha.core.quota import gang_request
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import due_start_timeouts, due_time_limits
 from tests.core.harness import job, node
 
 NODE_IDS = [f"n{i}" for i in range(6)]
+QUEUES = ["default", "qa", "qb", "qc"]  # qc is never created: submissions to it fail
+
+
+def queue_gpus(state: ClusterState) -> dict[str, int]:
+    """GPUs each queue's live attempts hold (preempted ones until they stop)."""
+    used: dict[str, int] = {}
+    for j in state.jobs.values():
+        if j.live_attempt() is not None:
+            used[j.spec.queue] = used.get(j.spec.queue, 0) + gang_request(j.spec).gpu
+    return used
+
+
+def quota_breaches(state: ClusterState, bind: c.BindPlan) -> list[str]:
+    """Placements of ``bind`` (applied to ``state`` in order) that take a queue beyond
+    its nominal quota plus what it may borrow at that moment: min(its borrowing limit,
+    the idle lendable quota of the other queues of its cohort)."""
+    used = queue_gpus(state)
+    out = []
+    for placement in bind.placements:
+        spec = state.jobs[placement.job_id].spec
+        queue = state.queues.get(spec.queue)
+        need = gang_request(spec).gpu
+        if queue is not None and queue.gpu is not None:
+            lendable = 0
+            for other in state.queues.values():
+                if other.name == queue.name or not queue.cohort or other.cohort != queue.cohort:
+                    continue
+                if other.gpu is None:
+                    continue
+                idle = max(0, other.gpu - used.get(other.name, 0))
+                limit = other.lending_limit_gpu
+                lendable += idle if limit is None else min(limit, idle)
+            borrow = lendable
+            if queue.borrowing_limit_gpu is not None:
+                borrow = min(borrow, queue.borrowing_limit_gpu)
+            if used.get(queue.name, 0) + need > queue.gpu + borrow:
+                out.append(f"{placement.job_id} takes {queue.name} beyond its quota")
+        used[spec.queue] = used.get(spec.queue, 0) + need
+    return out
+
+
+def forget_node(
+    preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]], node_id: str
+) -> None:
+    """A node declared dead confirms the preempted gangs on it stopped: their whole
+    attempt ends (members on other nodes included) and holds nothing now."""
+    for key in [k for k, held in preempted.items() if any(n == node_id for n, _ in held.values())]:
+        del preempted[key]
+
+
+def check_preempted(
+    state: ClusterState, preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]]
+) -> None:
+    """A preempted attempt keeps each member's GPUs until that member is confirmed
+    stopped (an exit; a node declared dead ends the whole attempt and its record is
+    dropped from ``preempted``); once all are, it ends and, unless cancelled meanwhile, the job is
+    PENDING again with the outcome PREEMPTED. Records of finished checks are dropped."""
+    for key, held in list(preempted.items()):
+        job_id, token = key
+        j = state.jobs.get(job_id)
+        attempt = j.attempt if j is not None else None
+        if j is None or attempt is None or attempt.fencing_token != token:
+            del preempted[key]
+            continue
+        if attempt.state.live:
+            stopping = {
+                r for r, s in enumerate(attempt.member_status) if s.state is not MemberState.EXITED
+            }
+        else:
+            stopping = set(unconfirmed_members(j))
+        for rank, (node_id, gpus) in held.items():
+            if rank in stopping:
+                node_ = state.nodes.get(node_id)
+                assert node_ is not None and gpus <= node_.allocated_gpus, (job_id, rank)
+        if not attempt.state.live:
+            assert attempt.outcome is not None
+            if j.state is JobState.PENDING and len(held) == len(attempt.members):
+                assert attempt.outcome.code is ReasonCode.PREEMPTED, attempt.outcome
+            if not stopping:
+                del preempted[key]
 
 
 class ClusterMachine(RuleBasedStateMachine):
@@ -46,6 +132,9 @@ class ClusterMachine(RuleBasedStateMachine):
         self.saw_requeue = False
         self.saw_max_requeues = False
         self.created_tokens: set[str] = set()
+        self.saw_preemption = False
+        # Preempted attempts (job, token) -> rank -> (node, GPUs) when preempted.
+        self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
 
     def do(self, command: c.Command) -> c.Result:
         data = encode_command(command)
@@ -61,6 +150,24 @@ class ClusterMachine(RuleBasedStateMachine):
         """Start most runs with a few ready nodes, so that gangs bind (and get disrupted)."""
         for i, rack in enumerate(racks):
             self.do(c.RegisterNode(node(NODE_IDS[i], gpus=8, cpu=16, rack=rack), self.now))
+
+    @initialize(quotas=st.lists(st.sampled_from([None, 4, 8, 16]), min_size=2, max_size=2))
+    def some_queues(self, quotas: list[int | None]) -> None:
+        """Start with queues qa and qb, in cohort c1 when they have a quota."""
+        for name, gpu in zip(["qa", "qb"], quotas, strict=True):
+            queue = Queue(name, gpu=gpu, cohort="c1" if gpu is not None else "")
+            assert self.do(c.SetQueue(queue, self.now)).ok
+
+    @rule(
+        queue=st.sampled_from(["default", "qa", "qb"]),
+        gpu=st.sampled_from([4, 8]),
+        replicas=st.integers(1, 2),
+        request=st.integers(0, 30),
+    )
+    def submit_urgent(self, queue: str, gpu: int, replicas: int, request: int) -> None:
+        """A gang of the class that preempts, large enough to need victims."""
+        spec = job(replicas=replicas, gpu=gpu, queue=queue, priority_class="high")
+        self.do(c.SubmitJob(spec, f"urgent-{request}", self.now))
 
     @rule(
         node_id=st.sampled_from(NODE_IDS),
@@ -83,6 +190,8 @@ class ClusterMachine(RuleBasedStateMachine):
         time_limit=st.sampled_from([0, 5, 60]),
         retries=st.integers(0, 2),
         request=st.integers(0, 30),
+        queue=st.sampled_from(QUEUES),
+        priority_class=st.sampled_from(["", "", "low", "normal", "high"]),
     )
     def submit(
         self,
@@ -94,6 +203,8 @@ class ClusterMachine(RuleBasedStateMachine):
         time_limit: int,
         retries: int,
         request: int,
+        queue: str,
+        priority_class: str,
     ) -> None:
         spec = job(
             replicas=replicas,
@@ -104,6 +215,8 @@ class ClusterMachine(RuleBasedStateMachine):
             time_limit_s=time_limit,
             retries=retries,
             backoff_s=2,
+            queue=queue,
+            priority_class=priority_class,
         )
         self.do(c.SubmitJob(spec, f"req-{request}", self.now))
 
@@ -112,9 +225,57 @@ class ClusterMachine(RuleBasedStateMachine):
         plan = schedule(self.state, self.now)
         command = plan.command(self.now)
         if command is not None:
+            breaches = quota_breaches(self.state, command)
             result = self.do(command)
             # A fresh plan on the current state is never stale.
             assert result.rejected == (), result.rejected
+            assert not breaches, breaches
+        # The leader proposes the pass's preemptions after its bind: each is accepted.
+        for preempt in plan.preempt_commands(self.now):
+            result = self.do(preempt)
+            assert result.ok, result.message
+            self.saw_preemption = True
+            for victim in preempt.victims:
+                attempt = self.state.jobs[victim.job_id].attempt
+                assert attempt is not None and attempt.preempted_by == preempt.preemptor
+                self.preempted[(victim.job_id, victim.fencing_token)] = {
+                    m.rank: (m.node_id, set(m.gpus)) for m in attempt.members
+                }
+
+    @rule(
+        name=st.sampled_from(["qa", "qb"]),
+        gpu=st.sampled_from([None, 0, 4, 8, 16]),
+        cohort=st.sampled_from(["", "c1", "c1"]),
+        borrowing=st.sampled_from([None, 0, 4]),
+        lending=st.sampled_from([None, 0, 4]),
+        classes=st.sampled_from([(), ("high",), ("low", "normal")]),
+    )
+    def set_queue(
+        self,
+        name: str,
+        gpu: int | None,
+        cohort: str,
+        borrowing: int | None,
+        lending: int | None,
+        classes: tuple[str, ...],
+    ) -> None:
+        queue = Queue(
+            name,
+            gpu=gpu,
+            cohort=cohort,
+            borrowing_limit_gpu=borrowing,
+            lending_limit_gpu=lending,
+            priority_classes=classes,
+        )
+        self.do(c.SetQueue(queue, self.now, "user:root"))
+
+    @rule(name=st.sampled_from(["qa", "qb"]))
+    def delete_queue(self, name: str) -> None:
+        self.do(c.DeleteQueue(name, self.now, "user:root"))
+
+    @rule(mode=st.sampled_from(list(PreemptionMode)))
+    def preemption_mode(self, mode: PreemptionMode) -> None:
+        assert self.do(c.Configure(replace(self.state.config, preemption=mode), self.now)).ok
 
     @rule(
         data=st.data(),
@@ -190,7 +351,8 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @rule(node_id=st.sampled_from(NODE_IDS), seed=st.integers(0, 9))
     def mark_dead(self, node_id: str, seed: int) -> None:
-        self.do(c.MarkNodeDead(node_id, "silent", seed, self.now))
+        if self.do(c.MarkNodeDead(node_id, "silent", seed, self.now)).ok:
+            forget_node(self.preempted, node_id)
 
     @rule(
         node_id=st.sampled_from(NODE_IDS),
@@ -247,6 +409,10 @@ class ClusterMachine(RuleBasedStateMachine):
         assert not problems, problems
 
     @invariant()
+    def preempted_keep_their_gpus(self) -> None:
+        check_preempted(self.state, self.preempted)
+
+    @invariant()
     def tokens_only_grow(self) -> None:
         assert self.state.last_fencing_token >= self.last_token
         self.last_token = self.state.last_fencing_token
@@ -267,6 +433,8 @@ class ClusterMachine(RuleBasedStateMachine):
             event("a job was requeued")
         if self.saw_max_requeues:
             event("a job failed at max_requeues")
+        if self.saw_preemption:
+            event("a gang was preempted")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))
@@ -282,3 +450,185 @@ ClusterMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestClusterMachine = ClusterMachine.TestCase
+
+
+class PreemptionMachine(RuleBasedStateMachine):
+    """Queues, classes and preemption, concentrated: a fixed set of ready nodes in two
+    racks, queues qa and qb in one cohort, gangs of every class, passes with preemption
+    on, stop confirmations and node deaths. The invariants of :class:`ClusterMachine`
+    hold after every command, plus: quotas are respected at every bind, every Preempt a
+    fresh plan proposes is accepted, a preempted attempt keeps its GPUs until each
+    member is confirmed stopped, and replay gives byte-identical state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = ClusterState()
+        self.log: list[bytes] = []
+        self.now = 0
+        self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
+        self.saw_preemption = False
+        self.saw_requeue = False
+
+    def do(self, command: c.Command) -> c.Result:
+        data = encode_command(command)
+        self.log.append(data)
+        result = apply(self.state, decode_command(data))
+        assert result.code is not c.ResultCode.INTERNAL, result.message
+        return result
+
+    @initialize(
+        quotas=st.lists(st.sampled_from([4, 8, 16]), min_size=2, max_size=2),
+        borrowing=st.sampled_from([None, 0, 4]),
+        mode=st.sampled_from([PreemptionMode.TOPOLOGY, PreemptionMode.BLIND]),
+    )
+    def cluster(self, quotas: list[int], borrowing: int | None, mode: PreemptionMode) -> None:
+        for i in range(4):
+            info = node(NODE_IDS[i], gpus=8, cpu=64, rack=f"r{i // 2}")
+            self.do(c.RegisterNode(info, self.now))
+        for name, gpu in zip(["qa", "qb"], quotas, strict=True):
+            queue = Queue(name, gpu=gpu, cohort="c1", borrowing_limit_gpu=borrowing)
+            assert self.do(c.SetQueue(queue, self.now)).ok
+        assert self.do(c.Configure(replace(self.state.config, preemption=mode), self.now)).ok
+        # Low-priority gangs fill most of the cluster, so later gangs need victims.
+        for i, (queue, gpu, replicas) in enumerate(
+            [("default", 8, 2), ("qa", 4, 1), ("qb", 2, 2), ("qa", 2, 1)]
+        ):
+            spec = job(replicas=replicas, gpu=gpu, queue=queue, priority_class="low")
+            assert self.do(c.SubmitJob(spec, f"fill-{i}", self.now)).ok
+        self.scheduling_pass()
+
+    @rule(
+        queue=st.sampled_from(["default", "qa", "qb", "qa", "qb"]),
+        priority_class=st.sampled_from(["", "low", "normal", "high", "high"]),
+        gpu=st.sampled_from([1, 2, 4, 8, 8]),
+        replicas=st.integers(1, 4),
+        required=st.sampled_from(["", "", "rack", "host"]),
+        time_limit=st.sampled_from([0, 60]),
+        request=st.integers(0, 30),
+    )
+    def submit(
+        self,
+        queue: str,
+        priority_class: str,
+        gpu: int,
+        replicas: int,
+        required: str,
+        time_limit: int,
+        request: int,
+    ) -> None:
+        spec = job(
+            replicas=replicas,
+            gpu=gpu,
+            queue=queue,
+            priority_class=priority_class,
+            required=required,
+            time_limit_s=time_limit,
+        )
+        self.do(c.SubmitJob(spec, f"req-{request}", self.now))
+
+    @rule()
+    def scheduling_pass(self) -> None:
+        plan = schedule(self.state, self.now)
+        command = plan.command(self.now)
+        if command is not None:
+            breaches = quota_breaches(self.state, command)
+            result = self.do(command)
+            assert result.rejected == (), result.rejected
+            assert not breaches, breaches
+        for preempt in plan.preempt_commands(self.now):
+            result = self.do(preempt)
+            assert result.ok, result.message
+            self.saw_preemption = True
+            for victim in preempt.victims:
+                attempt = self.state.jobs[victim.job_id].attempt
+                assert attempt is not None and attempt.preempted_by == preempt.preemptor
+                self.preempted[(victim.job_id, victim.fencing_token)] = {
+                    m.rank: (m.node_id, set(m.gpus)) for m in attempt.members
+                }
+
+    @rule(data=st.data(), code=st.sampled_from([0, 1, 143]))
+    @precondition(lambda self: any(j.live_attempt() for j in self.state.jobs.values()))
+    def member_exits(self, data: st.DataObject, code: int) -> None:
+        """A member of a live attempt exits (a preempted one: a stop confirmation)."""
+        live = sorted(j.job_id for j in self.state.jobs.values() if j.live_attempt())
+        job_id = data.draw(st.sampled_from(live))
+        attempt = self.state.jobs[job_id].attempt
+        assert attempt is not None
+        running = [
+            m
+            for m, s in zip(attempt.members, attempt.member_status, strict=True)
+            if s.state is not MemberState.EXITED
+        ]
+        if not running:
+            return
+        member = data.draw(st.sampled_from(running))
+        event = c.MemberEvent(
+            job_id, attempt.fencing_token, member.rank, c.MemberEventKind.EXITED, code
+        )
+        self.do(c.ReportMembers(member.node_id, (event,), 0, self.now))
+
+    @rule(data=st.data())
+    @precondition(lambda self: any(unconfirmed_members(j) for j in self.state.jobs.values()))
+    def confirm_stopped(self, data: st.DataObject) -> None:
+        waiting = sorted(j.job_id for j in self.state.jobs.values() if unconfirmed_members(j))
+        job_id = data.draw(st.sampled_from(waiting))
+        attempt = self.state.jobs[job_id].attempt
+        assert attempt is not None
+        rank = data.draw(st.sampled_from(unconfirmed_members(self.state.jobs[job_id])))
+        event = c.MemberEvent(job_id, attempt.fencing_token, rank, c.MemberEventKind.EXITED, 143)
+        self.do(c.ReportMembers(attempt.members[rank].node_id, (event,), 0, self.now))
+
+    @rule(node_id=st.sampled_from(NODE_IDS[:4]))
+    def node_dies_and_returns(self, node_id: str) -> None:
+        if self.do(c.MarkNodeDead(node_id, "silent", 0, self.now)).ok:
+            forget_node(self.preempted, node_id)
+        info = node(node_id, gpus=8, cpu=64, rack=f"r{NODE_IDS.index(node_id) // 2}")
+        self.do(c.RegisterNode(info, self.now))
+
+    @rule(which=st.integers(1, 30))
+    def cancel(self, which: int) -> None:
+        self.do(c.CancelJob(f"job-{which:06d}", "user", self.now))
+
+    @rule(ms=st.sampled_from([1_000, 30_000, 70_000]))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+        for command in due_time_limits(self.state, self.now):
+            assert self.do(command).ok
+
+    @rule(
+        name=st.sampled_from(["qa", "qb"]),
+        gpu=st.sampled_from([0, 4, 8, 16]),
+        lending=st.sampled_from([None, 0, 4]),
+    )
+    def set_queue(self, name: str, gpu: int, lending: int | None) -> None:
+        self.do(c.SetQueue(Queue(name, gpu=gpu, cohort="c1", lending_limit_gpu=lending)))
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        problems = invariants.check(self.state)
+        assert not problems, problems
+        if any(j.requeues for j in self.state.jobs.values()):
+            self.saw_requeue = True
+
+    @invariant()
+    def preempted_keep_their_gpus(self) -> None:
+        check_preempted(self.state, self.preempted)
+
+    def teardown(self) -> None:
+        if self.saw_preemption:
+            event("a gang was preempted")
+        if self.saw_requeue:
+            event("a job was requeued")
+        replayed = ClusterState()
+        for data in self.log:
+            apply(replayed, decode_command(data))
+        assert encode_state(replayed) == encode_state(self.state)
+
+
+PreemptionMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestPreemptionMachine = PreemptionMachine.TestCase

@@ -29,6 +29,8 @@ from synapse_ha.core.scheduler.placement import (
 )
 from synapse_ha.core.scheduler.plan import Plan, Preemption
 from synapse_ha.core.scheduler.preemption import (
+    MAX_TRIALS_PER_PASS,
+    Budget,
     Candidate,
     choose,
     fits_with,
@@ -161,6 +163,8 @@ def _plan(
             plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
             if usage is not None:
                 usage.add(spec.queue, gang_request(spec))
+            if preempt is not None:
+                preempt.placed(spec.queue, gang_request(spec))
             end = now_ms + spec.time_limit_ms if spec.time_limit_ms else None
             placed[job.job_id] = Running(end, spec.resources, members)
             if running is not None:
@@ -258,11 +262,20 @@ def waiting_for(victims: list[Candidate], job: Job) -> Reason:
     )
 
 
-def hold(table: Table, gang: Gang, view: View, depths: list[int], victims: list[Candidate]) -> None:
+def hold(
+    table: Table,
+    gang: Gang,
+    view: View,
+    depths: list[int],
+    victims: list[Candidate],
+    hosts: list[tuple[str, int]] | None = None,
+) -> None:
     """Take from the table the free GPUs the gang would use once ``victims`` stop, so
     that no later gang of the pass is placed on them (the preemptor's first claim).
-    The victims' own GPUs are still held by them; only free ones are taken."""
-    hosts = fits_with(gang, table, view, depths, victims)
+    The victims' own GPUs are still held by them; only free ones are taken. ``hosts``:
+    where the search found the gang goes (else placed again here)."""
+    if hosts is None:
+        hosts = fits_with(gang, table, view, depths, victims)
     if hosts is None:
         return
     held: dict[str, set[int]] = {}
@@ -301,14 +314,28 @@ class Preempting:
         self.searches = 0
         self.failed: set[tuple[object, ...]] = set()
         self.victims: dict[str, list[Candidate]] = {}
+        self.budget = Budget(MAX_TRIALS_PER_PASS)
+        self.binds: list[tuple[str, Resources]] = []
 
     def _keeps(self) -> QueueUsage:
         if self.keeps is None:
             self.keeps = QueueUsage.of(self.state, counting_preempted=False)
+            # Gangs still waiting for victims to stop will take their share (as apply
+            # counts them); one whose victims have all stopped counts once bound.
             for job_id in sorted(self.claims):
-                spec = self.state.jobs[job_id].spec
-                self.keeps.add(spec.queue, gang_request(spec))
+                if self.claims[job_id]:
+                    spec = self.state.jobs[job_id].spec
+                    self.keeps.add(spec.queue, gang_request(spec))
+            for queue, request in self.binds:
+                self.keeps.add(queue, request)
         return self.keeps
+
+    def placed(self, queue: str, request: Resources) -> None:
+        """A gang placed by this pass: its queue keeps it (the bind precedes the
+        preemptions, and apply checks a reclaim against the usage after it)."""
+        self.binds.append((queue, request))
+        if self.keeps is not None:
+            self.keeps.add(queue, request)
 
     def chosen_of(self, p: Preemption) -> list[Candidate]:
         return self.victims[p.preemptor]
@@ -344,21 +371,31 @@ class Preempting:
         self.searches += 1
         for rules in options:
             choice = choose(
-                self.state, gang, table, view, depths, rules, self.state.config.preemption
+                self.state,
+                gang,
+                table,
+                view,
+                depths,
+                rules,
+                self.state.config.preemption,
+                self.budget,
             )
             if choice is None:
                 continue
             victims = list(choice.victims)
             self.claimed.update(v.job_id for v in victims)
             self.victims[gang.job.job_id] = victims
-            self._keeps().add(spec.queue, gang_request(spec))
+            # As apply sees the next preemption: these victims leave, this gang takes.
+            keeps = self._keeps()
+            keeps.add(spec.queue, gang_request(spec))
+            for v in victims:
+                keeps.remove(v.queue, gang_request(v.job.spec))
             if usage is not None:
-                # The victims' GPUs are the preemptor's: later gangs of the pass see the
-                # quota as it will be (victims gone, preemptor placed).
-                for v in victims:
-                    usage.remove(v.queue, gang_request(v.job.spec))
+                # The victims count until they stop (apply verifies binds so) and the
+                # preemptor has first claim on its queue's quota: later gangs of the
+                # pass see both.
                 usage.add(spec.queue, gang_request(spec))
-            hold(table, gang, view, depths, victims)
+            hold(table, gang, view, depths, victims, choice.hosts)
             return Preemption(
                 gang.job.job_id,
                 gang.job.attempts_made,

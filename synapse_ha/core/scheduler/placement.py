@@ -84,24 +84,29 @@ def pending_since(job: Job) -> int:
     return max(job.submitted_at_ms, job.retry_not_before_ms)
 
 
-def place(gang: Gang, view: View, depths: list[int]) -> list[tuple[str, int]] | None:
-    """Choose hosts for the whole gang: [(node_id, members)], or None when it cannot fit."""
+def place(
+    gang: Gang, view: View, depths: list[int], within: Domain = ()
+) -> list[tuple[str, int]] | None:
+    """Choose hosts for the whole gang: [(node_id, members)], or None when it cannot fit.
+    With ``within``, only inside that domain (``depths`` no shallower than it)."""
     req, n = gang.req, gang.n
-    cluster_total = view.totals.get(())
+    cluster_total = view.totals.get(within)
     if cluster_total is None or not fits_totals(cluster_total, req, n):
         return None
-    if req.gpu and view.gpu_slots((), req.gpu) < n:
+    if req.gpu and view.gpu_slots(within, req.gpu) < n:
         return None
+    k = len(within)
     for depth in depths:
         if depth == view.levels + 1:
-            host = _best_single_host(gang, view)
+            host = _best_single_host(gang, view, within)
             if host is not None:
                 return [(host, n)]
             continue
         candidates = [
             d
             for d in view.domains_at(depth)
-            if fits_totals(view.totals[d], req, n)
+            if d[:k] == within
+            and fits_totals(view.totals[d], req, n)
             and (not req.gpu or view.gpu_slots(d, req.gpu) >= n)
         ]
         candidates.sort(key=lambda d: (_leftover(view.totals[d], req, n), d))
@@ -155,8 +160,9 @@ def fits(gang: Gang, view: View, depths: list[int]) -> bool:
     return False
 
 
-def _best_single_host(gang: Gang, view: View) -> str | None:
+def _best_single_host(gang: Gang, view: View, within: Domain = ()) -> str | None:
     req, n = gang.req, gang.n
+    k = len(within)
     if req.gpu:
         # Best fit on GPUs; among equally good hosts, the one in the fullest rack (the
         # innermost level above hosts), so that empty racks stay whole for gangs.
@@ -171,6 +177,7 @@ def _best_single_host(gang: Gang, view: View) -> str | None:
                     node.slots(req, n) >= n
                     and _eligible(node, gang.spec)
                     and node.node_id not in view.excluded
+                    and node.path[:k] == within
                 ):
                     key = (totals[node.domains[-1]][0], pos)
                     if best_key is None or key < best_key:
@@ -180,7 +187,7 @@ def _best_single_host(gang: Gang, view: View) -> str | None:
         return None
     best: tuple[tuple[int, int], str] | None = None
     for node in view.table.at:
-        if node.node_id in view.excluded:
+        if node.node_id in view.excluded or node.path[:k] != within:
             continue
         if node.slots(req, n) >= n and _eligible(node, gang.spec):
             key = (node.cpu - req.cpu_milli * n, node.mem - req.memory_mib * n)

@@ -178,11 +178,13 @@ def choose(
     depths: list[int],
     rules: Rules,
     mode: PreemptionMode,
+    budget: Budget | None = None,
 ) -> Choice | None:
-    """The victims to preempt for ``gang`` under ``rules``, or None when none will do."""
+    """The victims to preempt for ``gang`` under ``rules``, or None when none will do.
+    ``budget`` bounds the placement attempts (shared by the searches of a pass)."""
     if mode is PreemptionMode.BLIND:
         return _blind(gang, view, rules)
-    return _topology(state, gang, table, view, depths, rules)
+    return _topology(state, gang, table, view, depths, rules, budget or Budget(MAX_TRIALS_PER_PASS))
 
 
 def _blind(gang: Gang, view: View, rules: Rules) -> Choice | None:
@@ -202,13 +204,39 @@ def _blind(gang: Gang, view: View, rules: Rules) -> Choice | None:
     return Choice(tuple(chosen), rules.kind, None)
 
 
-def _search_depth(state: ClusterState, gang: Gang, depths: list[int]) -> int:
+def _search_levels(state: ClusterState, gang: Gang, depths: list[int]) -> list[int]:
+    """Domain depths searched for victims, in order: the required level alone; else the
+    preferred level, then the whole cluster; a gang with no topology tries the tightest
+    levels above the host first (rack, block, ...) and the whole cluster last, so its
+    victims come from one domain, as its placement would, not from anywhere."""
     names = state.config.levels_with_host()
     spec = gang.spec
-    for level in (spec.topology_required, spec.topology_preferred):
-        if level and level in names:
-            return names.index(level) + 1
-    return min(depths)
+    if spec.topology_required and spec.topology_required in names:
+        return [names.index(spec.topology_required) + 1]
+    shallowest = min(depths)
+    if spec.topology_preferred and spec.topology_preferred in names:
+        depth = names.index(spec.topology_preferred) + 1
+        return [depth] if depth == shallowest else [depth, shallowest]
+    deepest_domain = len(names) - 1  # the innermost level above hosts
+    return [d for d in range(deepest_domain, shallowest - 1, -1) if d >= shallowest]
+
+
+class Budget:
+    """Placement attempts left for the victim searches of one pass (a count, so the
+    plan never depends on time)."""
+
+    def __init__(self, trials: int) -> None:
+        self.trials = trials
+
+    def take(self) -> bool:
+        if self.trials <= 0:
+            return False
+        self.trials -= 1
+        return True
+
+
+MAX_TRIALS_PER_PASS = 400  # placement attempts for victim searches in one pass
+MAX_TRIALS_PER_SEARCH = 48  # of which one gang's search may use
 
 
 def _topology(
@@ -218,62 +246,97 @@ def _topology(
     view: View,
     depths: list[int],
     rules: Rules,
+    budget: Budget,
 ) -> Choice | None:
-    depth = _search_depth(state, gang, depths)
-    tries = [depth] if gang.spec.topology_required or depth == min(depths) else [depth, 0]
     need = gang.req.gpu * gang.n
-    for d in tries:
-        domains: dict[Domain, list[Candidate]] = {}
-        for c in rules.allowed:
-            seen: set[Domain] = set()
-            for node_id in c.nodes:
-                n = table.nodes.get(node_id)
-                if n is not None and n.path[:d] not in seen:
-                    seen.add(n.path[:d])
-                    domains.setdefault(n.path[:d], []).append(c)
-        ranked: list[tuple[int, Domain]] = []
-        for domain, cands in domains.items():
-            free = view.totals.get(domain, [0, 0, 0])[0]
-            cands.sort(key=_sort_key)
-            bound, have = 0, free
-            for c in cands:
-                if have >= need:
-                    break
-                bound += c.lost_ms
-                have += c.gpus
+    allowance = min(MAX_TRIALS_PER_SEARCH, budget.trials)
+    own = Budget(allowance)
+    try:
+        for d in _search_levels(state, gang, depths):
+            best = _best_at(gang, table, view, depths, rules, d, need, own)
+            if best is not None:
+                return best
+        return None
+    finally:
+        budget.trials -= allowance - own.trials
+
+
+def _best_at(
+    gang: Gang,
+    table: Table,
+    view: View,
+    depths: list[int],
+    rules: Rules,
+    d: int,
+    need: int,
+    budget: Budget,
+) -> Choice | None:
+    """The cheapest victim set over the most promising domains at depth ``d``."""
+    domains: dict[Domain, list[Candidate]] = {}
+    for c in rules.allowed:
+        seen: set[Domain] = set()
+        for node_id in c.nodes:
+            n = table.nodes.get(node_id)
+            if n is not None and n.path[:d] not in seen:
+                seen.add(n.path[:d])
+                domains.setdefault(n.path[:d], []).append(c)
+    ranked: list[tuple[int, Domain]] = []
+    for domain, cands in domains.items():
+        free = view.totals.get(domain, [0, 0, 0])[0]
+        cands.sort(key=_sort_key)
+        bound, have = 0, free
+        for c in cands:
             if have >= need:
-                ranked.append((bound, domain))
-        ranked.sort()
-        best: Choice | None = None
-        best_cost: tuple[int, int, int, tuple[str, ...]] | None = None
-        for _, domain in ranked[:MAX_DOMAINS]:
-            found = _fill(gang, table, view, depths, domains[domain], rules, d, domain)
-            if found is None:
-                continue
-            cost = _cost(list(found.victims))
-            if best_cost is None or cost < best_cost:
-                best, best_cost = found, cost
-        if best is not None:
-            return best
-    return None
+                break
+            bound += c.lost_ms
+            have += _gpus_in(c, table, d, domain)
+        if have >= need:
+            ranked.append((bound, domain))
+    ranked.sort()
+    best: Choice | None = None
+    best_cost: tuple[int, int, int, tuple[str, ...]] | None = None
+    for _, domain in ranked[:MAX_DOMAINS]:
+        found = _fill(gang, table, view, depths, domains[domain], rules, d, domain, budget)
+        if found is None:
+            continue
+        cost = _cost(list(found.victims))
+        if best_cost is None or cost < best_cost:
+            best, best_cost = found, cost
+    return best
+
+
+def _gpus_in(c: Candidate, table: Table, depth: int, domain: Domain) -> int:
+    """GPUs a victim would free inside ``domain``."""
+    return sum(
+        len(m.gpus)
+        for m in c.attempt.members
+        if m.node_id in table.nodes and table.nodes[m.node_id].path[:depth] == domain
+    )
+
+
+def _release(table: Table, victims: list[Candidate]) -> None:
+    for v in victims:
+        for m in v.attempt.members:
+            if m.node_id in table.nodes:
+                table.adjust(m.node_id, v.job.spec.resources, m.gpus, +1)
 
 
 def fits_with(
-    gang: Gang, table: Table, view: View, depths: list[int], victims: list[Candidate]
+    gang: Gang,
+    table: Table,
+    view: View,
+    depths: list[int],
+    victims: list[Candidate],
+    within: Domain = (),
 ) -> list[tuple[str, int]] | None:
-    """Where the gang would go were ``victims`` gone (the table is left unchanged)."""
+    """Where the gang would go were ``victims`` gone (the table is left unchanged);
+    with ``within``, only inside that domain."""
     mark = table.mark()
-    for v in victims:
-        for m in v.attempt.members:
-            table.adjust(m.node_id, v.job.spec.resources, m.gpus, +1)
+    _release(table, victims)
     try:
-        return place(gang, view, depths)
+        return place(gang, view, depths, within)
     finally:
         table.undo(mark)
-
-
-def _within(hosts: list[tuple[str, int]], table: Table, depth: int, domain: Domain) -> bool:
-    return all(table.nodes[h].path[:depth] == domain for h, _ in hosts)
 
 
 def _fill(
@@ -285,24 +348,35 @@ def _fill(
     rules: Rules,
     depth: int,
     domain: Domain,
+    budget: Budget,
 ) -> Choice | None:
     usable = [d for d in depths if d >= depth]
     chosen: list[Candidate] = []
     hosts: list[tuple[str, int]] | None = None
-    # GPUs the domain would have free: a placement is tried only once they suffice.
-    have = view.totals.get(domain, [0, 0, 0])[0]
     need = gang.req.gpu * gang.n
-    for c in cands:
-        if not rules.admits(chosen, c):
-            continue
-        chosen.append(c)
-        have += sum(len(m.gpus) for m in c.attempt.members if m.node_id in table.nodes)
-        if not rules.quota_met(chosen) or have < need:
-            continue
-        hosts = fits_with(gang, table, view, usable, chosen)
-        if hosts is not None and _within(hosts, table, depth, domain):
-            break
-        hosts = None
+    mark = table.mark()
+    try:
+        # Victims are released one by one, cheapest first; a placement is tried only
+        # once the domain's free GPUs and GPU slots (members of the gang's size the
+        # free GPUs of its nodes could hold) suffice: both are necessary conditions.
+        for c in cands:
+            if not rules.admits(chosen, c):
+                continue
+            chosen.append(c)
+            _release(table, [c])
+            if not rules.quota_met(chosen):
+                continue
+            if view.totals.get(domain, [0, 0, 0])[0] < need:
+                continue
+            if gang.req.gpu and view.gpu_slots(domain, gang.req.gpu) < gang.n:
+                continue
+            if not budget.take():
+                return None
+            hosts = place(gang, view, usable, domain)
+            if hosts is not None:
+                break
+    finally:
+        table.undo(mark)
     if hosts is None:
         return None
     # Drop victims that turn out unneeded, the costliest first.
@@ -310,9 +384,9 @@ def _fill(
         if len(chosen) == 1:
             break
         trial = [v for v in chosen if v is not c]
-        if not rules.quota_met(trial):
+        if not rules.quota_met(trial) or not budget.take():
             continue
-        again = fits_with(gang, table, view, usable, trial)
-        if again is not None and _within(again, table, depth, domain):
+        again = fits_with(gang, table, view, usable, trial, domain)
+        if again is not None:
             chosen, hosts = trial, again
     return Choice(tuple(chosen), rules.kind, hosts)
