@@ -59,6 +59,7 @@ class ReasonCode(enum.StrEnum):
     WAITING_QUOTA = "waiting_quota"  # queue, used, nominal, borrowing_limit?, borrowable, need
     WAITING_FOR_VICTIMS = "waiting_for_victims"  # count, kind, victims
     PREEMPTING = "preempting"  # preemptor, kind, grace_ms, deadline_ms (a live job's reason)
+    WAITING_FOR_PREEMPTOR = "waiting_for_preemptor"  # preemptor, until_ms
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
@@ -95,6 +96,7 @@ WAIT_CODES = frozenset(
         ReasonCode.FITS_NOW,
         ReasonCode.WAITING_QUOTA,
         ReasonCode.WAITING_FOR_VICTIMS,
+        ReasonCode.WAITING_FOR_PREEMPTOR,
     }
 )
 
@@ -303,6 +305,10 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ReasonCode.WAITING_FOR_VICTIMS: lambda r: (
         f"waiting for {r.num('count')} preempted gang(s) to stop ({_kind(r)}): "
         f"{r.text('victims')}; their GPUs are kept for this gang"
+    ),
+    ReasonCode.WAITING_FOR_PREEMPTOR: lambda r: (
+        f"preempted by {r.text('preemptor')}, which takes the GPUs it freed first; "
+        "this gang waits until it has been placed (or a short while has passed)"
     ),
     ReasonCode.PREEMPTING: lambda r: (
         f"being preempted by {r.text('preemptor')} ({_kind(r)}); its members got SIGTERM "

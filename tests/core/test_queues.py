@@ -8,6 +8,7 @@ from synapse_ha.core.model import (
     ClusterConfig,
     ClusterState,
     JobState,
+    NodeStatus,
     PreemptionKind,
     PreemptionMode,
     Queue,
@@ -15,6 +16,7 @@ from synapse_ha.core.model import (
     Resources,
 )
 from synapse_ha.core.reasons import ReasonCode, render
+from synapse_ha.core.scheduler.passes import CLAIM_WINDOW_MS
 from tests.core.harness import Cluster, job, node
 
 
@@ -263,3 +265,26 @@ def test_no_cascade_a_victim_is_chosen_once_per_pass() -> None:
     cl.submit(job(queue="q", gpu=8, replicas=2, priority_class="high"))
     plan = cl.plan()
     assert len(plan.preemptions) == 1
+
+
+def test_a_victim_leaves_what_it_freed_to_its_preemptor_for_a_while() -> None:
+    """No churn: a requeued victim is not bound again while its preemptor, unable to be
+    placed for now (here its rack was cordoned), still has first claim; afterwards it is."""
+    cl = cluster(Queue("q", gpu=32), racks=2, per_rack=1)
+    low = run(cl, "q", 8, cls="low")
+    other = run(cl, "q", 8, cls="low")
+    high = cl.submit(job(queue="q", gpu=8, replicas=2, priority_class="high"))
+    assert [r.ok for r in apply_preemptions(cl)] == [True]
+    stop_all(cl, low)
+    stop_all(cl, other)
+    assert cl.do(c.SetNodeStatus("r0h0", NodeStatus.CORDONED, now_ms=cl.now)).ok
+    cl.run_pass()
+    assert cl.state_of(high) is JobState.PENDING
+    for victim in (low, other):
+        assert cl.state_of(victim) is JobState.PENDING
+        why = cl.state.jobs[victim].reason
+        assert why.code is ReasonCode.WAITING_FOR_PREEMPTOR, render(why)
+        assert high in render(why)
+    cl.now += CLAIM_WINDOW_MS
+    cl.run_pass()
+    assert sorted(cl.state_of(j) for j in (low, other)).count(JobState.SCHEDULED) == 1

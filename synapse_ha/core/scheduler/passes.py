@@ -96,6 +96,25 @@ def _plan(
         spec = job.spec
         if now_ms < job.retry_not_before_ms:
             continue  # its reason was set when the attempt failed
+        last = job.attempt
+        if (
+            last is not None
+            and last.preempted_by in claims
+            and last.ended_at_ms is not None
+            and now_ms < last.ended_at_ms + CLAIM_WINDOW_MS
+        ):
+            # A victim does not take back what it freed while its preemptor waits for it
+            # (else it is bound again, and, having lost nothing yet, is the cheapest victim
+            # of the next pass).
+            until = last.ended_at_ms + CLAIM_WINDOW_MS
+            plan.reasons[job.job_id] = reason(
+                ReasonCode.WAITING_FOR_PREEMPTOR, preemptor=last.preempted_by, until_ms=until
+            )
+            if plan.wake_ms is None or until < plan.wake_ms:
+                plan.wake_ms = until
+            if on_decision is not None:
+                on_decision(job.job_id, False)
+            continue
         stopping = unconfirmed_members(job)
         if stopping:
             plan.reasons[job.job_id] = reason(
@@ -136,7 +155,12 @@ def _plan(
             and now_ms + spec.time_limit_ms <= reservation.start_ms
         )
         target = restricted if restricted is not None and not backfill_ok else view
-        local = locality_depths(state, spec, depths) if wait_ms and gang.n > 1 else None
+        # A preemptor's victims were chosen for its topology: it waits for no locality.
+        local = (
+            locality_depths(state, spec, depths)
+            if wait_ms and gang.n > 1 and job.job_id not in claims
+            else None
+        )
         deadline = pending_since(job) + wait_ms
         if local is not None and now_ms < deadline:
             key = (gang.req, gang.n, bool(spec.image), local[-1])
@@ -294,6 +318,9 @@ def hold(
             table.adjust(m.node_id, Resources(gpu=len(free)), free, -1)
 
 
+# How long a preempted gang leaves what it freed to its preemptor, counted from when
+# its last member stopped; past it the gang may be placed anywhere again.
+CLAIM_WINDOW_MS = 60_000
 MAX_SEARCHES = 32  # preemption searches per pass; the rest wait for the next pass
 
 
