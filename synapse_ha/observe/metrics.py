@@ -295,8 +295,7 @@ class ReplicaMetrics:
             ["code"],
             registry=r,
         )
-        # Reserved: preemption does not exist yet; the series exists at 0 so dashboards
-        # and alerts can be written against it now.
+        # Gangs whose preemption began: the victims of every committed Preempt command.
         self.preemptions = Counter("synapse_scheduler_preemptions", "gangs preempted", registry=r)
         for outcome in ("ok", "error", "failed"):
             self.proposals.labels(outcome=outcome)
@@ -353,6 +352,8 @@ class MeteredProposer:
                 return
             metrics.proposal_latency.observe(time.perf_counter() - started)
             metrics.proposals.labels(outcome="ok" if result.ok else "error").inc()
+            if isinstance(command, cmd.Preempt) and result.ok:
+                metrics.preemptions.inc(len(command.victims))
             if not isinstance(command, cmd.BindPlan):
                 return
             now_ms = metrics._clock_ms()

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.model import ClusterState
+from synapse_ha.core.model import ClusterState, PreemptionKind
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.observe.metrics import (
     GpuCollector,
@@ -296,3 +296,15 @@ def test_gpu_readings_come_from_nvml_and_mock_gpus_report_none() -> None:
     mock = samples(WorkerMetrics("n2").registry)
     assert not [name for name, _ in mock if name.startswith("synapse_gpu_")]
     assert list(GpuCollector(None).collect()) == []
+
+
+def test_committed_preemptions_count_their_victims_and_refused_ones_nothing() -> None:
+    inner = FakeProposer()
+    metrics = ReplicaMetrics("r1", FakeReplica(ClusterState()))
+    proposer = metrics.proposer(inner)
+    victims = (c.Victim("j1", 3), c.Victim("j2", 4))
+    proposer.propose(c.Preempt("j9", 0, victims, PreemptionKind.RECLAIM, now_ms=1))
+    proposer.propose(c.Preempt("j8", 0, victims[:1], PreemptionKind.PRIORITY, now_ms=1))
+    inner.futures[0].set_result(c.ok())
+    inner.futures[1].set_result(c.error(c.ResultCode.CONFLICT, "stale"))
+    assert samples(metrics.registry)[("synapse_scheduler_preemptions_total", ())] == 2
