@@ -217,7 +217,9 @@ class DevCluster:
             if self.options.insecure
             else ClusterCredentials.ensure(self.data_dir / "credentials")
         )
-        self.launcher = Launcher(self.logs_dir, env=os.environ, credentials=self.credentials)
+        self.launcher = Launcher(
+            self.logs_dir, env=os.environ, credentials=self.credentials, fixed_metrics_ports=True
+        )
         self.workers: list[DevWorker] = []
         self._client: ClusterClient | None = None
         self._stop_lock = threading.Lock()

@@ -212,11 +212,13 @@ class Worker(Process):
     metrics: str = ""  # host:port of its /metrics (port 0: chosen by the worker)
 
 
-def metrics_address(host: str) -> str:
-    """Where a program on ``host`` serves /metrics: a free port on loopback (so that its
-    URL is known before it starts and stays the same across restarts), port 0 elsewhere
-    (e.g. inside a network namespace, where this process cannot probe ports)."""
-    return f"{host}:{free_ports(1, host)[0]}" if host == HOST else f"{host}:0"
+def metrics_address(host: str, fixed: bool = False) -> str:
+    """Where a program on ``host`` serves /metrics. Port 0 (the program picks a free one
+    and reports it: a replica in its status) unless ``fixed``: then, on loopback, a port
+    probed free now, so that the URL is known before the program starts and stays the
+    same across restarts. A probed port can be taken by someone else before the program
+    binds it, so only an interactive cluster (``synctl dev up``) asks for one."""
+    return f"{host}:{free_ports(1, host)[0]}" if fixed and host == HOST else f"{host}:0"
 
 
 @dataclass(frozen=True)
@@ -298,9 +300,11 @@ class Launcher:
         logs_dir: Path,
         env: Mapping[str, str] | None = None,
         credentials: ClusterCredentials | None = None,
+        fixed_metrics_ports: bool = False,
     ) -> None:
         self.logs_dir = logs_dir
         self.credentials = credentials
+        self.fixed_metrics_ports = fixed_metrics_ports  # see metrics_address
         self.env = dict(os.environ if env is None else env)
         self.marker = uuid.uuid4().hex
         self.processes: list[Process] = []
@@ -359,7 +363,7 @@ class Launcher:
                 "--bootstrap-token-file",
                 str(self.credentials.admin_token_file),
             ]
-        metrics = metrics_address(me.grpc.rpartition(":")[0])
+        metrics = metrics_address(me.grpc.rpartition(":")[0], self.fixed_metrics_ports)
         return Replica(
             metrics=metrics,
             name=name or f"replica {me.replica_id}",
@@ -395,7 +399,7 @@ class Launcher:
             else self.credentials.tls_args(self.credentials.worker_tls(node_id))
         )
         run_as = [] if "--run-as" in extra else ["--run-as", "agent"]
-        metrics = metrics_address(listen.rpartition(":")[0])
+        metrics = metrics_address(listen.rpartition(":")[0], self.fixed_metrics_ports)
         observe = ["--metrics-address", metrics]
         return Worker(
             metrics=metrics,

@@ -72,6 +72,8 @@ def world(root: Path, racks: dict[str, str]) -> Iterator[tuple[LocalCluster, Loc
         cluster.start()
         cluster.serving_leader(timeout_s=60)
         workers = LocalWorkers(root / "workers", cluster.grpc_addresses, cluster.credentials)
+        # The scrape test reads each worker's /metrics at the port it was given.
+        workers.launcher.fixed_metrics_ports = True
         workers.root.mkdir(parents=True)
         for node_id, rack in racks.items():
             workers.start(
