@@ -112,7 +112,12 @@ class StateFigures:
     gpus: dict[tuple[str, str], int]  # (rack, free|used) -> GPUs
 
     @classmethod
-    def of(cls, state: ClusterState) -> StateFigures:
+    def of(
+        cls, state: ClusterState, racks: dict[str, tuple[object, object, str]] | None = None
+    ) -> StateFigures:
+        """``racks``, when given, remembers each node's rack between calls (keyed by its
+        description and the topology levels, both immutable values), so a scrape does not
+        walk every node's labels again."""
         jobs: Tally[tuple[str, str]] = Tally()
         pending: Tally[str] = Tally()
         for job in state.jobs.values():
@@ -121,9 +126,18 @@ class StateFigures:
                 pending[str(job.reason.code)] += 1
         nodes: Tally[str] = Tally()
         gpus: Tally[tuple[str, str]] = Tally()
+        levels = state.config.topology_levels
+        if racks is not None and len(racks) > 2 * len(state.nodes) + 64:
+            racks.clear()  # nodes that left
         for node_id, node in state.nodes.items():
             nodes[str(node.status)] += 1
-            rack = rack_of(state, node_id)
+            known = racks.get(node_id) if racks is not None else None
+            if known is not None and known[0] is node.info and known[1] is levels:
+                rack = known[2]
+            else:
+                rack = rack_of(state, node_id)
+                if racks is not None:
+                    racks[node_id] = (node.info, levels, rack)
             used = len(node.allocated_gpus)
             # A dead node offers nothing, but its GPUs stay counted as used while bound.
             free = 0 if node.status is NodeStatus.DEAD else node.info.capacity.gpu - used
@@ -146,6 +160,7 @@ class ReplicaCollector(Collector):
         self._last_plan = last_plan
         self._lock = threading.Lock()
         self._figures: StateFigures | None = None
+        self._racks: dict[str, tuple[object, object, str]] = {}
 
     def figures(self) -> StateFigures:
         """The state figures of the newest snapshot, recomputed only after an apply."""
@@ -154,7 +169,7 @@ class ReplicaCollector(Collector):
             cached = self._figures
             if cached is not None and cached.applied_commands == state.applied_commands:
                 return cached
-        figures = StateFigures.of(state)
+        figures = StateFigures.of(state, self._racks)
         with self._lock:
             self._figures = figures
         return figures

@@ -86,6 +86,17 @@ def test_state_figures_count_jobs_nodes_gpus_and_reasons() -> None:
     assert pending.reason.code is not ReasonCode.PENDING_FIRST_PASS
 
 
+def test_remembered_racks_give_the_same_figures_and_follow_a_relabelled_node() -> None:
+    cluster = busy_cluster()
+    racks: dict[str, tuple[object, object, str]] = {}
+    assert StateFigures.of(cluster.state, racks) == StateFigures.of(cluster.state)
+    assert StateFigures.of(cluster.state, racks) == StateFigures.of(cluster.state)
+    assert cluster.do(c.RegisterNode(node("a2", rack="r3"))).ok
+    moved = StateFigures.of(cluster.state, racks)
+    assert moved == StateFigures.of(cluster.state)
+    assert moved.gpus[("r3", "free")] == 8 and moved.gpus[("r1", "free")] == 8
+
+
 def test_replica_registry_exposes_raft_and_state_gauges() -> None:
     cluster = busy_cluster()
     metrics = ReplicaMetrics("r1", FakeReplica(cluster.state))
