@@ -287,7 +287,7 @@ def may_submit(identity: Identity) -> bool:
     return identity.kind is Kind.USER
 
 
-DEFAULT_QUEUE_NAME = "default"  # the built-in queue (core.model.DEFAULT_QUEUE)
+DEFAULT_QUEUE_NAME = "default"  # the built-in queue; core.model.DEFAULT_QUEUE names it too
 
 
 def queue_refusal(

@@ -62,6 +62,7 @@ from synapse_ha.core.topology import CLUSTER, domain_at
 from synapse_ha.core.validation import (
     Violation,
     ViolationCode,
+    check_job_queue,
     check_job_spec,
     check_node_info,
     check_priority_classes,
@@ -275,9 +276,9 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     violations = check_job_spec(c.spec, state.config.topology_levels)
     if violations:
         return error(ResultCode.INVALID, describe(violations))
-    spec, problem = _resolve_queue_and_class(state, c.spec)
-    if problem is not None:
-        return error(ResultCode.INVALID, str(problem))
+    spec, problems = _resolve_queue_and_class(state, c.spec)
+    if problems:
+        return error(ResultCode.INVALID, describe(problems))
     seq = state.next_job_seq
     job_id = f"job-{seq:06d}"
     state.next_job_seq = seq + 1
@@ -293,41 +294,14 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     return ok(f"submitted {job_id}", job_id=job_id, created=True)
 
 
-def _resolve_queue_and_class(
-    state: ClusterState, spec: JobSpec
-) -> tuple[JobSpec, Violation | None]:
-    """The spec as stored: its queue must exist; its priority class must exist and be
-    allowed by the queue (a queue that lists classes admits only jobs naming one of
-    them), and the class's value replaces ``priority``."""
-    queue = state.queues.get(spec.queue)
-    if queue is None:
-        known = ", ".join(sorted(state.queues))
-        return spec, Violation(
-            ViolationCode.INVALID_FIELD, "queue", f"no such queue (known: {known})"
-        )
-    if not spec.priority_class:
-        if queue.priority_classes:
-            allowed = ", ".join(queue.priority_classes)
-            return spec, Violation(
-                ViolationCode.INVALID_FIELD,
-                "priority_class",
-                f"queue {queue.name} requires one of its classes ({allowed})",
-            )
-        return spec, None
-    cls = priority_class(state.config, spec.priority_class)
-    if cls is None:
-        known = ", ".join(p.name for p in state.config.priority_classes)
-        return spec, Violation(
-            ViolationCode.INVALID_FIELD, "priority_class", f"no such class (known: {known})"
-        )
-    if queue.priority_classes and cls.name not in queue.priority_classes:
-        allowed = ", ".join(queue.priority_classes)
-        return spec, Violation(
-            ViolationCode.INVALID_FIELD,
-            "priority_class",
-            f"queue {queue.name} does not allow class {cls.name} (allowed: {allowed})",
-        )
-    return dataclasses.replace(spec, priority=cls.value), None
+def _resolve_queue_and_class(state: ClusterState, spec: JobSpec) -> tuple[JobSpec, list[Violation]]:
+    """The spec as stored, once :func:`check_job_queue` finds nothing wrong with its queue
+    and class: a class's value replaces ``priority``."""
+    violations = check_job_queue(spec, state.queues, state.config.priority_classes)
+    cls = priority_class(state.config, spec.priority_class) if spec.priority_class else None
+    if violations or cls is None:
+        return spec, violations
+    return dataclasses.replace(spec, priority=cls.value), []
 
 
 def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from synapse_ha.core.access import Role
+from synapse_ha.core.access import DEFAULT_QUEUE_NAME, Role
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
 # --------------------------------------------------------------------------- enums
@@ -126,7 +126,7 @@ MIN_START_TIMEOUT_MS = 1_000
 MAX_START_TIMEOUT_MS = 86_400_000
 FAIR_SHARE_HALF_LIFE_MS = 7 * 86_400_000  # see ClusterConfig.fair_share_half_life_ms
 DEFAULT_GRACE_MS = 30_000  # see PriorityClass.grace_ms
-DEFAULT_QUEUE = "default"
+DEFAULT_QUEUE = DEFAULT_QUEUE_NAME  # the built-in queue without a quota
 
 
 class PreemptionMode(enum.StrEnum):

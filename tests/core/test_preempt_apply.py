@@ -65,10 +65,10 @@ def preempt(cl: Cluster, preemptor: str, victims: list[str], kind: PreemptionKin
 @pytest.mark.parametrize(
     ("queue", "cls", "field", "words"),
     [
-        ("nope", "", "queue", "no such queue"),
-        ("default", "gold", "priority_class", "no such class"),
-        ("classy", "high", "priority_class", "does not allow class high"),
-        ("classy", "", "priority_class", "requires one of its classes"),
+        ("nope", "", "queue", "no queue 'nope'"),
+        ("default", "gold", "priority", "no priority class 'gold'"),
+        ("classy", "high", "priority", "allows the classes normal, not 'high'"),
+        ("classy", "", "priority", "not a plain number"),
     ],
 )
 def test_submission_needs_a_known_queue_and_an_allowed_class(
