@@ -18,6 +18,7 @@ Configuration comes from flags and/or a TOML file (flags win)::
     [raft]
     election_min = "400ms"
     election_max = "800ms"
+    fsync = true             # sync the journal before acknowledging (see README)
     bootstrap_token_file = "/etc/synapse/admin.token"  # the first admin's token
     [tls]                    # mutual TLS (required unless insecure = true)
     ca = "/etc/synapse/tls/ca.pem"
@@ -99,6 +100,11 @@ BOOTSTRAP_ADMIN = "admin"
 GRANT_TTL_S = 300.0
 
 
+# Whether the Raft journal is synced before acknowledging (synapse_ha.raft.journal); the
+# README's "Durability" section gives the guarantee and the measured cost.
+RAFT_FSYNC_DEFAULT = True
+
+
 class ConfigError(Exception):
     """A configuration the replica refuses to start with; the message says why."""
 
@@ -123,6 +129,7 @@ class SchedulerConfig:
     event_ring: int = DEFAULT_CAPACITY  # recent events held for WatchEvents
     metrics_address: str = ""  # /metrics and the dashboard; "" serves neither
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
+    raft_fsync: bool = RAFT_FSYNC_DEFAULT  # journal changes synced before acknowledging
 
     @property
     def me(self) -> ReplicaAddress:
@@ -199,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fair-share-half-life", help="decay of past usage in fair share (7d)")
     p.add_argument("--election-min", help="Raft election timeout, lower bound (e.g. 400ms)")
     p.add_argument("--election-max", help="Raft election timeout, upper bound (e.g. 800ms)")
+    p.add_argument(
+        "--raft-fsync",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sync every Raft journal change to disk before acknowledging it, so an "
+        "acknowledged command survives a power loss of every replica "
+        f"(default {'on' if RAFT_FSYNC_DEFAULT else 'off'}; [raft] fsync)",
+    )
     p.add_argument(
         "--compaction-entries",
         type=int,
@@ -377,6 +392,10 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         if not isinstance(compaction, int) or compaction < 10:
             raise ConfigError("compaction_entries must be an integer >= 10")
         timing = replace(timing, log_compaction_min_entries=compaction)
+    raft_fsync = args.raft_fsync if args.raft_fsync is not None else r_doc.get("fsync")
+    raft_fsync = RAFT_FSYNC_DEFAULT if raft_fsync is None else raft_fsync
+    if not isinstance(raft_fsync, bool):
+        raise ConfigError(f"raft.fsync must be true or false, got {raft_fsync!r}")
     if timing.election_max_s <= timing.election_min_s:
         raise ConfigError("election_max must exceed election_min")
     if timing.election_min_s <= 3 * timing.append_entries_period_s:
@@ -447,6 +466,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         history=history,
         event_ring=event_ring,
         scheduling=scheduling,
+        raft_fsync=raft_fsync,
     )
 
 
@@ -585,6 +605,7 @@ class Replica:
             directory={r.raft: (r.replica_id, r.grpc) for r in config.replicas},
             join=config.join,
             observer=self.history,
+            fsync=config.raft_fsync,
         )
         self.metrics = ReplicaMetrics(
             config.replica_id, self.raft, last_plan=lambda: self.loop.last_plan

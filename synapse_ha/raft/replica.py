@@ -47,6 +47,7 @@ from synapse_ha.core.membership import (
 )
 from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
+from synapse_ha.raft import journal as durable_journal
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.snapshot import (
     LogEntry,
@@ -284,6 +285,7 @@ class RaftReplica:
         directory: Mapping[str, tuple[str, str]] | None = None,
         join: bool = False,
         observer: ApplyObserver | None = None,
+        fsync: bool = False,
     ) -> None:
         timing = timing or RaftTiming()
         if not password:
@@ -333,7 +335,16 @@ class RaftReplica:
         self._in_flight: dict[int, float] = {}
         self._batch_seq = 0
         self._stopping = False
+        # fsync mode (synapse_ha.raft.journal): every journal change is on stable storage
+        # before pysyncobj sends the answer or counts the vote that relies on it.
+        if fsync:
+            durable_journal.register(conf.journalFile, conf.fullDumpFile)
+        else:
+            durable_journal.unregister(conf.journalFile)
+        self.fsync = fsync
         self._sync = SyncObj(self_node, other_nodes, conf=conf, consumers=[self.machine])
+        if fsync:
+            durable_journal.check_installed(self._sync)
         if join:
             # No election before a leader has been heard from (see _finish_join). Set after
             # the constructor, which checks the timeouts against the connection timeout;
