@@ -85,3 +85,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Durability cycles (outside CI): DURABILITY_CYCLES times SIGKILL of every replica at a
+# random moment under a stream of submissions, restart, check that no acknowledged
+# submission is lost and the replicas are byte-identical; bench/results/durability.json.
+# `make test` runs 3 cycles (tests/integration/test_durability.py) and the bench smoke.
+.PHONY: soak-durability
+DURABILITY_CYCLES ?= 100
+soak-durability: $(STAMP)
+	$(BIN)/python bench/durability.py --part cycles --cycles $(DURABILITY_CYCLES)

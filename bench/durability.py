@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="a tiny run; writes only to --out")
     args = p.parse_args(argv)
     if args.smoke:
-        args.cycles, args.cost_submissions, args.cost_threads = 2, 40, 4
+        args.cycles, args.cost_submissions, args.cost_threads = 1, 40, 4
     out = args.out or (None if args.smoke else str(CYCLES_RESULT))
     cost_out = args.cost_out or (None if args.smoke else str(COST_RESULT))
     report: dict[str, Any] = {}
