@@ -75,7 +75,7 @@ class DurableMetaStorer(MetaStorer):  # type: ignore[misc]
     """pysyncobj's term/vote/commit-index file, written durably: temporary file, fsync,
     rename, fsync of the directory."""
 
-    def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 (pysyncobj's name)
+    def storeMeta(self, meta: dict[str, Any]) -> None:
         path = self.getPath()
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
@@ -113,7 +113,7 @@ class DurableFileJournal(FileJournal):  # type: ignore[misc]
         if not self._deferred:
             self.sync()
 
-    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
         super().deleteEntriesFrom(entryFrom)
         self.sync()
 
@@ -125,7 +125,7 @@ class DurableFileJournal(FileJournal):  # type: ignore[misc]
         super().clear()
         self.sync()
 
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803
+    def deleteEntriesTo(self, entryTo: int) -> None:
         # FileJournal rewrites the kept entries with clear() and add(): one sync at the end.
         self._sync_snapshot()
         self._deferred = True
@@ -145,7 +145,7 @@ _durable: dict[str, str | None] = {}  # absolute journal path -> snapshot path
 _original_create = _syncobj.createJournal
 
 
-def _create_journal(journalFile: str | None = None) -> Any:  # noqa: N803 (pysyncobj's name)
+def _create_journal(journalFile: str | None = None) -> Any:
     if journalFile is not None:
         key = os.path.abspath(journalFile)
         with _lock:
