@@ -5,8 +5,9 @@ Two parts, each against 3 ``synapse-scheduler`` replicas on 127.0.0.1 with mutua
 * **cycles** (``bench/results/durability.json``): ``--cycles`` times, ``--threads``
   client threads submit jobs without pause; at a random moment (uniform in
   ``--kill-after``) every replica gets SIGKILL at once; all are restarted; once a leader
-  serves, every replica's encoded state (GetReplicaState) is fetched until the three are
-  byte-identical. Checked after each cycle: every submission a replica acknowledged (OK
+  serves and has acknowledged a marker job (so every earlier entry is committed), every
+  replica's encoded state (GetReplicaState) is fetched until the three are byte-identical
+  and hold the marker. Checked after each cycle: every submission a replica acknowledged (OK
   answer, at any cycle so far) is in the state, the states are identical, and the core
   invariants hold. The jobs ask for more GPUs than any node has (there are no nodes), so
   they stay queued and nothing removes them. A small ``--compaction-entries`` makes the
@@ -125,17 +126,21 @@ class Submitters:
 
 
 def converged_states(
-    replicas: LocalReplicas, timeout_s: float
+    replicas: LocalReplicas, timeout_s: float, marker: str
 ) -> dict[str, pb.GetReplicaStateResponse]:
-    """Every replica's GetReplicaState answer once all are byte-identical and no
-    replica is behind; bounded."""
+    """Every replica's GetReplicaState answer once all are byte-identical and hold job
+    ``marker``, acknowledged after the restart: an entry of the new leader's term is
+    committed, so is every entry before it, and identical states that hold it are not
+    three copies lagging at the same older index; bounded."""
 
     def probe() -> dict[str, pb.GetReplicaStateResponse] | None:
-        with replicas.client(timeout_s=2.0, per_try_timeout_s=2.0) as client:
+        with replicas.client(timeout_s=10.0, per_try_timeout_s=10.0) as client:
             states = {r.replica_id: client.replica_state(r.grpc) for r in replicas.replicas}
-        if len({s.encoded_state for s in states.values()}) == 1:
-            return states
-        return None
+        if len({s.encoded_state for s in states.values()}) != 1:
+            return None
+        if marker not in decode_state(next(iter(states.values())).encoded_state).jobs:
+            return None
+        return states
 
     return wait_until(
         "byte-identical replica states", probe, timeout_s, every_s=0.1, retry_on=RPC_ERRORS
@@ -160,7 +165,7 @@ def run_cycles(
     kill_after_s: tuple[float, float] = (0.3, 2.0),
     compaction_entries: int | None = 300,
     seed: int = 1,
-    timeout_s: float = 120.0,
+    timeout_s: float = 300.0,
 ) -> dict[str, Any]:
     """The cycles part; returns its report (``lost`` lists acknowledged jobs missing)."""
     rng = random.Random(seed)
@@ -181,7 +186,10 @@ def run_cycles(
             replicas.start()
             replicas.serving_leader(timeout_s=timeout_s)
             leader_s = time.monotonic() - restart
-            states = converged_states(replicas, timeout_s)
+            with replicas.client(timeout_s=timeout_s) as client:
+                marker = client.submit_job(queued_spec(f"c{cycle}-marker")).job_id
+            acked.add(marker)
+            states = converged_states(replicas, timeout_s, marker)
             converge_s = time.monotonic() - restart
             answers = list(states.values())
             if len({a.state_sha256 for a in answers}) != 1:
