@@ -30,7 +30,9 @@ supervisor's ``exit.json`` as for any supervisor.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -39,6 +41,8 @@ import time
 from pathlib import Path
 
 from synapse_ha.worker import shim
+
+log = logging.getLogger("synapse.worker.forkserver")
 
 
 def fork_server_command(python: str) -> list[str]:
@@ -49,12 +53,7 @@ REPLY_TIMEOUT_S = 10.0  # a fork takes milliseconds; this bounds a wedged fork s
 
 
 class ForkServerError(Exception):
-    """The fork server did not fork the supervisor. ``maybe_forked`` is True when the
-    request reached it, so a supervisor may exist that the agent cannot name."""
-
-    def __init__(self, message: str, *, maybe_forked: bool) -> None:
-        super().__init__(message)
-        self.maybe_forked = maybe_forked
+    """A request could not reach the fork server: nothing was forked for it."""
 
 
 def _proc_state(pid: int) -> tuple[str, int] | None:
@@ -72,27 +71,56 @@ def _proc_state(pid: int) -> tuple[str, int] | None:
 
 
 class ForkedSupervisor:
-    """The agent's handle on a supervisor the fork server forked: the part of
+    """The agent's handle on a supervisor the fork server forks: the part of
     :class:`subprocess.Popen` the executor uses (``pid``, ``poll``, ``send_signal``,
     ``kill``, ``wait``). ``poll`` says only whether it ended (0 then): the outcome is in
-    its ``exit.json``."""
+    its ``exit.json``.
 
-    def __init__(self, pid: int, start_ticks: int) -> None:
-        self.pid = pid
-        self.start_ticks = start_ticks
+    The fork server's answer (pid and start time) is read when first needed, so that the
+    agent can ask for a whole gang's supervisors before waiting for any. When the answer
+    never comes, the fork server is killed and the handle counts as ended once a
+    supervisor it may have forked has fenced itself (``ended_after``)."""
+
+    def __init__(self, server: ForkServer) -> None:
+        self._server = server
+        self._answer: tuple[int, int] | None = None
+        self._ended_after: float | None = None  # monotonic; set when there is no answer
         self.returncode: int | None = None
 
+    def _answered(self, pid: int, start_ticks: int) -> None:
+        self._answer = (pid, start_ticks)
+
+    def _unanswered(self, ended_after: float) -> None:
+        self._ended_after = ended_after
+
+    def _settle(self) -> None:
+        if self._answer is None and self._ended_after is None:
+            self._server.read_answers(until=self)
+
+    @property
+    def pid(self) -> int:
+        """The supervisor's pid, or 0 when the fork server never named it."""
+        self._settle()
+        return self._answer[0] if self._answer is not None else 0
+
     def poll(self) -> int | None:
-        if self.returncode is None:
-            state = _proc_state(self.pid)
-            if state is None or state[1] != self.start_ticks or state[0] in ("Z", "X"):
+        if self.returncode is not None:
+            return self.returncode
+        self._settle()
+        if self._answer is None:
+            if self._ended_after is not None and time.monotonic() >= self._ended_after:
                 self.returncode = 0
+            return self.returncode
+        pid, ticks = self._answer
+        state = _proc_state(pid)
+        if state is None or state[1] != ticks or state[0] in ("Z", "X"):
+            self.returncode = 0
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
+        if self.poll() is None and self._answer is not None:
             try:
-                os.kill(self.pid, sig)
+                os.kill(self._answer[0], sig)
             except ProcessLookupError:
                 self.returncode = 0
 
@@ -110,12 +138,18 @@ class ForkedSupervisor:
 
 class ForkServer:
     """One fork server per agent, started on first use and again after it died. Not
-    thread-safe: the executor (the agent loop) is its only caller."""
+    thread-safe: the executor (the agent loop) is its only caller.
 
-    def __init__(self, python: str) -> None:
+    ``fenced_within_s``: how long a supervisor takes to end its member once its parent
+    is gone (the supervisor's poll period plus the fence grace); a handle without an
+    answer counts as ended only that long after its fork server was killed."""
+
+    def __init__(self, python: str, fenced_within_s: float) -> None:
         self._python = python
+        self._fenced_within_s = fenced_within_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._replies = b""
+        self._waiting: collections.deque[ForkedSupervisor] = collections.deque()
 
     @property
     def pid(self) -> int:
@@ -123,13 +157,16 @@ class ForkServer:
         supervisors watch."""
         return self._running().pid
 
+    def start(self) -> int:
+        """Start the fork server unless it runs; return its pid."""
+        return self._running().pid
+
     def _running(self) -> subprocess.Popen[bytes]:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             return proc
         if proc is not None:
-            self._close_pipes(proc)
-        self._replies = b""
+            self._abandon(proc)
         self._proc = subprocess.Popen(
             [*fork_server_command(self._python), str(os.getpid())],
             stdin=subprocess.PIPE,
@@ -140,25 +177,40 @@ class ForkServer:
         return self._proc
 
     def spawn(self, member_dir: Path) -> ForkedSupervisor:
-        """Fork a supervisor for ``member_dir`` (its ``launch.json`` names this fork
-        server's :attr:`pid` as parent). Raises :class:`ForkServerError`."""
+        """Ask for a supervisor for ``member_dir`` (whose ``launch.json`` names this fork
+        server's :attr:`pid` as parent); the answer is read when the handle needs it.
+        Raises :class:`ForkServerError` when the request could not be delivered (nothing
+        was forked for it)."""
         proc = self._running()
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
         try:
             proc.stdin.write(os.fsencode(member_dir) + b"\n")
             proc.stdin.flush()
         except OSError as exc:
-            # Not delivered: nothing was forked.
             self._abandon(proc)
-            raise ForkServerError(f"fork server gone: {exc}", maybe_forked=False) from None
-        reply = self._read_line(proc)
-        if reply is None:
-            self._abandon(proc)
-            raise ForkServerError("fork server did not answer", maybe_forked=True)
-        words = reply.split()
-        if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
-            return ForkedSupervisor(int(words[0]), int(words[1]))
-        raise ForkServerError(f"fork server: {reply}", maybe_forked=False)
+            raise ForkServerError(f"fork server gone: {exc}") from None
+        handle = ForkedSupervisor(self)
+        self._waiting.append(handle)
+        return handle
+
+    def read_answers(self, until: ForkedSupervisor) -> None:
+        """Read answers, in the order of the requests, until ``until`` has one."""
+        proc = self._proc
+        while until in self._waiting:
+            line = self._read_line(proc) if proc is not None else None
+            handle = self._waiting.popleft()
+            words = line.split() if line is not None else []
+            if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+                handle._answered(int(words[0]), int(words[1]))
+            elif line is not None and line.startswith("ERR"):
+                log.error("the fork server could not fork a supervisor: %s", line[4:])
+                handle._unanswered(time.monotonic())
+            else:
+                self._waiting.appendleft(handle)
+                log.error("the fork server did not answer; killing it")
+                if proc is not None:
+                    self._abandon(proc)
+                return
 
     def _read_line(self, proc: subprocess.Popen[bytes]) -> str | None:
         assert proc.stdout is not None
@@ -179,12 +231,18 @@ class ForkServer:
         return line.decode("utf-8", "replace")
 
     def _abandon(self, proc: subprocess.Popen[bytes]) -> None:
-        """Kill a fork server that failed; its supervisors see their parent change and
-        fence their members."""
+        """Kill a fork server that failed. Supervisors it forked see their parent change
+        and fence their members; those it never named count as ended once that is
+        done."""
         proc.kill()
         proc.wait()
         self._close_pipes(proc)
-        self._proc = None
+        if self._proc is proc:
+            self._proc = None
+        self._replies = b""
+        ended_after = time.monotonic() + self._fenced_within_s
+        while self._waiting:
+            self._waiting.popleft()._unanswered(ended_after)
 
     @staticmethod
     def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
@@ -196,9 +254,12 @@ class ForkServer:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the fork server: it exits at end of file. Its supervisors, which watch it,
         then fence their members: close it only once the members are stopped."""
-        proc, self._proc = self._proc, None
+        proc = self._proc
         if proc is None:
             return
+        if self._waiting:
+            self.read_answers(until=self._waiting[-1])
+        self._proc = None
         self._close_pipes(proc)
         try:
             proc.wait(timeout=timeout_s)

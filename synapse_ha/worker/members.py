@@ -463,7 +463,17 @@ class MemberExecutor:
         self.highest_token: dict[str, int] = {}
         # Members that failed before a supervisor could start (bad command, no runtime).
         self._immediate_exits: list[tuple[MemberKey, MemberExit]] = []
-        self._forks = ForkServer(self.settings.python) if self.settings.fork_server else None
+        self._forks = (
+            ForkServer(self.settings.python, 2 * shim.POLL_S + self.settings.fence_grace_s + 0.5)
+            if self.settings.fork_server
+            else None
+        )
+        if self._forks is not None:
+            # Started now, so that the first member does not wait for an interpreter.
+            try:
+                self._forks.start()
+            except OSError as exc:
+                log.warning("no fork server (%s): supervisors start as interpreters", exc)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -564,37 +574,25 @@ class MemberExecutor:
         except OSError as exc:
             self._record_exit(member, MemberExit(127, f"could not start supervisor: {exc}", now_ms))
             return member
-        except ForkServerError as exc:
-            self._record_exit(
-                member,
-                MemberExit(EXIT_LOST, f"lost: {exc}", self.wall_clock_ms(), disrupted=True),
+        if isinstance(member.shim, subprocess.Popen):
+            # A forked supervisor writes its own record (the agent learns its pid later).
+            write_json_atomic(
+                mdir / "shim.json",
+                {"pid": member.shim.pid, "start_ticks": process_start_ticks(member.shim.pid)},
             )
-            return member
-        write_json_atomic(
-            mdir / "shim.json",
-            {"pid": member.shim.pid, "start_ticks": process_start_ticks(member.shim.pid)},
-        )
         return member
 
     def _start_supervisor(self, mdir: Path, launch: dict[str, Any]) -> Supervisor:
         """Write ``launch.json`` and start the member's supervisor: forked by the fork
         server when there is one (its ``parent_pid`` is then the fork server's), else a new
-        interpreter. Raises OSError when no supervisor could start, and
-        :class:`ForkServerError` when the fork server failed after it may have forked one
-        (that supervisor, if any, has fenced itself by the time this returns)."""
+        interpreter (its ``parent_pid`` is the agent's). Raises OSError when no supervisor
+        could start."""
         if self._forks is not None:
             try:
                 launch = {**launch, "parent_pid": self._forks.pid}
                 write_json_atomic(mdir / "launch.json", launch)
                 return self._forks.spawn(mdir)
-            except ForkServerError as exc:
-                if exc.maybe_forked:
-                    # The fork server was killed: a supervisor it forked sees its parent
-                    # change and ends whatever it started within POLL_S + fence_grace.
-                    time.sleep(2 * shim.POLL_S + self.settings.fence_grace_s + 0.5)
-                    raise
-                log.warning("fork server failed (%s); starting %s's supervisor anew", exc, mdir)
-            except OSError as exc:
+            except (ForkServerError, OSError) as exc:
                 log.warning("no fork server (%s); starting %s's supervisor anew", exc, mdir)
             launch = {**launch, "parent_pid": os.getpid()}
         write_json_atomic(mdir / "launch.json", launch)

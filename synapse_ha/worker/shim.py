@@ -413,6 +413,12 @@ def _run_forked_supervisor(member_dir: str) -> int:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    pid = os.getpid()
+    # The agent's record of its supervisor, which a restarted agent kills (the agent
+    # itself learns the pid only from the fork server's answer).
+    write_json_atomic(
+        os.path.join(member_dir, "shim.json"), {"pid": pid, "start_ticks": process_start_ticks(pid)}
+    )
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     return Shim(member_dir).run()
