@@ -2,7 +2,10 @@
 
 Every member runs under its own supervisor (:mod:`synapse_ha.worker.shim`), which starts
 it as a process group of its own and kills that group when the lease expires, when the
-agent goes away, on a stop request, or at the time limit. This module is the agent's side:
+agent goes away, on a stop request, or at the time limit. With ``fork_server`` set the
+supervisors are forked from one pre-started process (:mod:`synapse_ha.worker.forkserver`,
+which explains why a member still never outlives its lease) instead of each starting an
+interpreter. This module is the agent's side:
 
 * :func:`member_environment` is the DESIGN §5 contract (torchrun variables and ours);
 * :class:`MemberExecutor` starts, stops and polls members, and keeps one directory per

@@ -1,14 +1,17 @@
 """The per-member supervisor: ``python -I -S .../synapse_ha/worker/shim.py MEMBER_DIR``.
 
-One shim runs per gang member, in a session of its own, started by the agent. It reads
+One shim runs per gang member, in a session of its own, started by the agent (or forked
+by the agent's fork server, :func:`serve_forks`; see :mod:`synapse_ha.worker.forkserver`
+for why that keeps every rule below). It reads
 ``launch.json`` from the member directory, starts the member as its own process group
 (``setsid``) and then holds the member's lease on the agent's behalf:
 
 * the lease file (written by the agent after every acknowledged heartbeat) holds a
   ``CLOCK_MONOTONIC`` deadline; once it has passed, or the file is unreadable, the shim
   kills the member's process group (SIGTERM, ``fence_grace_s``, SIGKILL);
-* when the agent that started it is gone (its parent changed), the shim does the same,
-  so a crashed, killed or restarted agent never leaves a member behind;
+* when the agent that started it is gone (its parent changed: ``parent_pid`` in
+  ``launch.json``, the agent or its fork server, which exits with the agent), the shim
+  does the same, so a crashed, killed or restarted agent never leaves a member behind;
 * SIGTERM to the shim is the agent's graceful stop: SIGTERM to the group,
   ``stop_grace_s``, SIGKILL; SIGUSR1 is the agent fencing: the same with ``fence_grace_s``;
 * a preempted member: the agent first writes ``preempt.json`` (the member's
