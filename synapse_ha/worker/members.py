@@ -609,6 +609,12 @@ class MemberExecutor:
                 close_fds=True,
             )
 
+    @property
+    def fork_server_pid(self) -> int | None:
+        """The running fork server's pid (started now if it is not running), or None
+        without one."""
+        return self._forks.start() if self._forks is not None else None
+
     def close(self) -> None:
         """Stop the fork server, if any. Supervisors it forked watch it: call this only
         once every member is stopped (:meth:`stop_all`)."""

@@ -105,6 +105,23 @@ def test_a_stop_request_reaches_a_forked_supervisor(executor: MemberExecutor, fi
     assert exit_.exit_code == 143  # stopped by the worker never counts as success
 
 
+def test_a_request_the_fork_server_never_answers_ends_as_lost(
+    executor: MemberExecutor, tmp_path: Path
+) -> None:
+    fork_server = executor.fork_server_pid
+    assert fork_server is not None
+    os.kill(fork_server, signal.SIGSTOP)  # the request waits in its pipe, unread
+    ran = tmp_path / "ran"
+    member = executor.start(spec(f"touch {ran}"))
+    os.kill(fork_server, signal.SIGKILL)
+    exit_ = finish(executor, member)
+    assert exit_.exit_code == 137
+    assert exit_.detail.startswith("lost")
+    assert exit_.disrupted
+    assert not ran.exists()
+    assert executor.fork_server_pid not in (None, fork_server)  # a new one serves
+
+
 # --------------------------------------------------- agent killed with SIGKILL
 
 AGENT = textwrap.dedent(
@@ -124,7 +141,7 @@ AGENT = textwrap.dedent(
     if command:
         for rank in range(2):
             executor.start(spec(command, rank=rank))
-    print(json.dumps({"fork_server": executor._forks.pid}), flush=True)
+    print(json.dumps({"fork_server": executor.fork_server_pid}), flush=True)
     sys.stdin.read()  # until killed
     """
 )
