@@ -4,7 +4,8 @@ A supervisor (:mod:`synapse_ha.worker.shim`) started as ``python -I -S shim.py D
 costs a new interpreter: tens of milliseconds of CPU per member, paid again for every
 member of a burst. :class:`ForkServer` starts one ``shim.py --fork-server AGENT_PID``
 process per agent, with the supervisor's code already imported, and asks it for one
-``fork()`` per member: about a millisecond.
+``fork()`` per member: a supervisor and its member then cost a few milliseconds of CPU
+instead of about 65 (``bench/member_start.py``).
 
 Why a member still never outlives its lease (DESIGN §4) with a fork server:
 

@@ -433,7 +433,7 @@ def serve_forks(agent_pid: int) -> int:
     Started once by the agent with this module imported, it forks one supervisor per
     member directory the agent writes to its stdin (one path a line) and answers each
     with ``PID START_TICKS`` on stdout (``ERR why`` when it could not fork). A fork costs
-    about a millisecond, where a fresh interpreter costs tens.
+    a few milliseconds of CPU, where a fresh interpreter costs tens.
 
     It holds no lease and starts nothing by itself. It exits as soon as the agent is gone:
     its stdin (the agent's pipe) reaches end of file when the agent dies however it dies,
