@@ -63,7 +63,8 @@ FAIRNESS = {
         "workers learn of new members from heartbeat replies; the leader nudges a "
         "worker to heartbeat as soon as a bind placing members on it commits",
         "each member is a new OS process in its own process group with its rank "
-        "environment (MASTER_ADDR, RANK, CUDA_VISIBLE_DEVICES...), as torchrun expects",
+        "environment (MASTER_ADDR, RANK, CUDA_VISIBLE_DEVICES...), as torchrun expects, "
+        "under a lease-holding supervisor forked from a pre-started fork server",
         "chooses the rack itself (tightest fit, best fit among racks, NVLink islands); "
         "2x8 gangs here say topology.required=rack and the scheduler picks which rack",
         "lease-based self-fencing guarantees no two attempts of a job ever overlap",

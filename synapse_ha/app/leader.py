@@ -101,7 +101,9 @@ class Liveness:
 class LoopSettings:
     """How often the leader acts.
 
-    A scheduling pass runs when the state changed, but no sooner than
+    A scheduling pass runs when the state changed (a command was applied since the
+    previous pass: a submission, an exit, a cancel, a bind; or the driver says so), but no
+    sooner than
     ``min_pass_gap_ms`` and ``pass_gap_factor`` times the previous pass's cost after the
     previous pass: a pass holds no lock, but it takes CPU (and the interpreter lock) that
     applies and heartbeats need, so passes back to back would starve them. It also runs
@@ -212,6 +214,7 @@ class LeaderLoop:
         self._purge: _InFlight | None = None
         self._preempts: dict[str, tuple[_InFlight, tuple[str, ...]]] = {}
         self._dirty = True
+        self._planned_applied = -1  # the state's applied_commands the last pass planned on
         self._last_pass_ms = 0
         self._last_purge_ms = 0
         self._cache = CapacityCache()
@@ -240,6 +243,7 @@ class LeaderLoop:
         self._purge = None
         self._configure = None
         self._dirty = True
+        self._planned_applied = -1
         self._last_pass_ms = 0
         self._last_housekeeping_ms = -(1 << 62)
         self._last_purge_ms = now_ms
@@ -249,6 +253,9 @@ class LeaderLoop:
             self._liveness.reset(now_ms)
 
     def note_state_changed(self) -> None:
+        """Plan again at the next step (within the gap) even if no command was applied
+        since the last pass. Applied commands are seen without this: the loop compares the
+        snapshot's ``applied_commands`` with the one its last pass planned on."""
         self._dirty = True
 
     def take_notable(self) -> list[str]:
@@ -427,6 +434,10 @@ class LeaderLoop:
                 self._bind_nodes = ()
                 return f"the last bind did not commit ({error}); planning again"
             self._nudge(state)
+        if state.applied_commands != self._planned_applied:
+            # Something was applied since the last pass: plan on it as soon as the gap
+            # allows; every command applied meanwhile is planned on in that one pass.
+            self._dirty = True
         since = now_ms - self._last_pass_ms
         settings = self._settings
         gap = max(settings.min_pass_gap_ms, settings.pass_gap_factor * self._pass_cost_ms)
@@ -436,6 +447,7 @@ class LeaderLoop:
                 self._next_pass_ms = self._last_pass_ms + math.ceil(gap)
             return ""
         self._dirty = False
+        self._planned_applied = state.applied_commands
         self._last_pass_ms = now_ms
         started = self._timer()
         plan = schedule(state, now_ms, cache=self._cache)

@@ -735,7 +735,8 @@ class Replica:
                         break
                     self.loop.on_role_change(is_leader, term, at)
                     log.info("%s leadership in term %d", "gained" if is_leader else "lost", term)
-                self.loop.note_state_changed()
+                # No note_state_changed() here: the loop plans when a command was applied
+                # since its last pass (and every schedule_period_ms), not on every wake.
                 self.metrics.note_leader(self.raft.leader_address())
                 step_started = time.perf_counter()
                 sentence = self.loop.step(_now_ms())

@@ -492,6 +492,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
             fence_grace_s=config.fence_grace_s,
             self_fencing=config.self_fencing,
             run_as=run_as,
+            fork_server=True,  # supervisors forked, not started as interpreters
         ),
         image_runtime=ImageRuntime.parse(
             config.image_runtime,
@@ -592,6 +593,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
             wake.wait(min(TICK_S, agent.next_wakeup_in()))
     finally:
         log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
+        executor.close()
         lease_file.revoke()
         server.stop(grace=0.5).wait(1.0)
         if observe is not None:

@@ -2,7 +2,10 @@
 
 Every member runs under its own supervisor (:mod:`synapse_ha.worker.shim`), which starts
 it as a process group of its own and kills that group when the lease expires, when the
-agent goes away, on a stop request, or at the time limit. This module is the agent's side:
+agent goes away, on a stop request, or at the time limit. With ``fork_server`` set the
+supervisors are forked from one pre-started process (:mod:`synapse_ha.worker.forkserver`,
+which explains why a member still never outlives its lease) instead of each starting an
+interpreter. This module is the agent's side:
 
 * :func:`member_environment` is the DESIGN §5 contract (torchrun variables and ours);
 * :class:`MemberExecutor` starts, stops and polls members, and keeps one directory per
@@ -30,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from synapse_ha.worker import shim
 from synapse_ha.worker.accounts import (
@@ -43,6 +46,7 @@ from synapse_ha.worker.accounts import (
     resolve_member_account,
 )
 from synapse_ha.worker.cgroups import CgroupLimiter
+from synapse_ha.worker.forkserver import ForkServer, ForkServerError
 from synapse_ha.worker.shim import (
     group_alive,
     process_start_ticks,
@@ -325,13 +329,28 @@ class ExecutorSettings:
     self_fencing: bool = True
     # Whose account members run under; None: the agent's own, whoever owns the job.
     run_as: RunAsPolicy | None = None
+    # Fork supervisors from one pre-started fork server (synapse_ha.worker.forkserver)
+    # instead of starting an interpreter per member; the executor must then be closed.
+    fork_server: bool = False
+
+
+class Supervisor(Protocol):
+    """A member's supervisor process as the executor handles it: a
+    :class:`subprocess.Popen` of ``shim.py``, or one forked by the fork server."""
+
+    @property
+    def pid(self) -> int: ...
+    def poll(self) -> int | None: ...
+    def send_signal(self, sig: int, /) -> None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 @dataclass(slots=True)
 class Member:
     spec: LaunchSpec
     dir: Path
-    shim: subprocess.Popen[bytes] | None
+    shim: Supervisor | None
     started_at_ms: int
     exit: MemberExit | None = None
     stop_sent: bool = False
@@ -447,6 +466,17 @@ class MemberExecutor:
         self.highest_token: dict[str, int] = {}
         # Members that failed before a supervisor could start (bad command, no runtime).
         self._immediate_exits: list[tuple[MemberKey, MemberExit]] = []
+        self._forks = (
+            ForkServer(self.settings.python, 2 * shim.POLL_S + self.settings.fence_grace_s + 0.5)
+            if self.settings.fork_server
+            else None
+        )
+        if self._forks is not None:
+            # Started now, so that the first member does not wait for an interpreter.
+            try:
+                self._forks.start()
+            except OSError as exc:
+                log.warning("no fork server (%s): supervisors start as interpreters", exc)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -522,32 +552,55 @@ class MemberExecutor:
             cgroup_dir = self.cgroups.create(
                 f"{key.job_id}.t{key.fencing_token}.r{key.rank}", spec.cpu_milli, spec.memory_mib
             )
-        write_json_atomic(
-            mdir / "launch.json",
-            {
-                "key": list(key),
-                "attempt": spec.attempt,
-                "argv": argv,
-                "env": env,
-                "cwd": cwd,
-                "container_stop": container_stop,
-                "log_path": str(log_path),
-                "lease_path": str(self.lease_path),
-                "parent_pid": os.getpid(),
-                "stop_grace_s": self.settings.stop_grace_s,
-                "fence_grace_s": self.settings.fence_grace_s,
-                "time_limit_ms": spec.time_limit_ms,
-                "cgroup_dir": cgroup_dir,
-                "self_fencing": self.settings.self_fencing,
-                # The container runtime's client stays the agent's; --user drops inside.
-                "run_as": None
-                if account is None or (spec.image and self.image_runtime is not None)
-                else {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)},
-            },
-        )
-        shim_log = open(mdir / "shim.log", "ab")  # noqa: SIM115 - handed to the child
+        launch: dict[str, Any] = {
+            "key": list(key),
+            "attempt": spec.attempt,
+            "argv": argv,
+            "env": env,
+            "cwd": cwd,
+            "container_stop": container_stop,
+            "log_path": str(log_path),
+            "lease_path": str(self.lease_path),
+            "parent_pid": os.getpid(),  # or the fork server's: see _start_supervisor
+            "stop_grace_s": self.settings.stop_grace_s,
+            "fence_grace_s": self.settings.fence_grace_s,
+            "time_limit_ms": spec.time_limit_ms,
+            "cgroup_dir": cgroup_dir,
+            "self_fencing": self.settings.self_fencing,
+            # The container runtime's client stays the agent's; --user drops inside.
+            "run_as": None
+            if account is None or (spec.image and self.image_runtime is not None)
+            else {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)},
+        }
         try:
-            member.shim = subprocess.Popen(
+            member.shim = self._start_supervisor(mdir, launch)
+        except OSError as exc:
+            self._record_exit(member, MemberExit(127, f"could not start supervisor: {exc}", now_ms))
+            return member
+        if isinstance(member.shim, subprocess.Popen):
+            # A forked supervisor writes its own record (the agent learns its pid later).
+            write_json_atomic(
+                mdir / "shim.json",
+                {"pid": member.shim.pid, "start_ticks": process_start_ticks(member.shim.pid)},
+            )
+        return member
+
+    def _start_supervisor(self, mdir: Path, launch: dict[str, Any]) -> Supervisor:
+        """Write ``launch.json`` and start the member's supervisor: forked by the fork
+        server when there is one (its ``parent_pid`` is then the fork server's), else a new
+        interpreter (its ``parent_pid`` is the agent's). Raises OSError when no supervisor
+        could start."""
+        if self._forks is not None:
+            try:
+                launch = {**launch, "parent_pid": self._forks.pid}
+                write_json_atomic(mdir / "launch.json", launch)
+                return self._forks.spawn(mdir)
+            except (ForkServerError, OSError) as exc:
+                log.warning("no fork server (%s); starting %s's supervisor anew", exc, mdir)
+            launch = {**launch, "parent_pid": os.getpid()}
+        write_json_atomic(mdir / "launch.json", launch)
+        with open(mdir / "shim.log", "ab") as shim_log:
+            return subprocess.Popen(
                 [self.settings.python, *SHIM_COMMAND, str(mdir)],
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,
@@ -555,16 +608,18 @@ class MemberExecutor:
                 start_new_session=True,
                 close_fds=True,
             )
-        except OSError as exc:
-            self._record_exit(member, MemberExit(127, f"could not start supervisor: {exc}", now_ms))
-            return member
-        finally:
-            shim_log.close()
-        write_json_atomic(
-            mdir / "shim.json",
-            {"pid": member.shim.pid, "start_ticks": process_start_ticks(member.shim.pid)},
-        )
-        return member
+
+    @property
+    def fork_server_pid(self) -> int | None:
+        """The running fork server's pid (started now if it is not running), or None
+        without one."""
+        return self._forks.start() if self._forks is not None else None
+
+    def close(self) -> None:
+        """Stop the fork server, if any. Supervisors it forked watch it: call this only
+        once every member is stopped (:meth:`stop_all`)."""
+        if self._forks is not None:
+            self._forks.close()
 
     def stop(self, key: MemberKey) -> None:
         """Ask a member's supervisor to stop it (SIGTERM, grace, SIGKILL). Asynchronous and

@@ -1,14 +1,17 @@
 """The per-member supervisor: ``python -I -S .../synapse_ha/worker/shim.py MEMBER_DIR``.
 
-One shim runs per gang member, in a session of its own, started by the agent. It reads
+One shim runs per gang member, in a session of its own, started by the agent (or forked
+by the agent's fork server, :func:`serve_forks`; see :mod:`synapse_ha.worker.forkserver`
+for why that keeps every rule below). It reads
 ``launch.json`` from the member directory, starts the member as its own process group
 (``setsid``) and then holds the member's lease on the agent's behalf:
 
 * the lease file (written by the agent after every acknowledged heartbeat) holds a
   ``CLOCK_MONOTONIC`` deadline; once it has passed, or the file is unreadable, the shim
   kills the member's process group (SIGTERM, ``fence_grace_s``, SIGKILL);
-* when the agent that started it is gone (its parent changed), the shim does the same,
-  so a crashed, killed or restarted agent never leaves a member behind;
+* when the agent that started it is gone (its parent changed: ``parent_pid`` in
+  ``launch.json``, the agent or its fork server, which exits with the agent), the shim
+  does the same, so a crashed, killed or restarted agent never leaves a member behind;
 * SIGTERM to the shim is the agent's graceful stop: SIGTERM to the group,
   ``stop_grace_s``, SIGKILL; SIGUSR1 is the agent fencing: the same with ``fence_grace_s``;
 * a preempted member: the agent first writes ``preempt.json`` (the member's
@@ -53,6 +56,7 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -394,10 +398,95 @@ class Shim:
         )
 
 
+# ------------------------------------------------------------------ fork server
+
+FORK_SERVER_FLAG = "--fork-server"
+
+
+def _run_forked_supervisor(member_dir: str) -> int:
+    """In a child of the fork server: become a session of its own with the member
+    directory's ``shim.log`` as output, as a supervisor started by the agent would be,
+    and supervise the member."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(
+        os.path.join(member_dir, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+    )
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    pid = os.getpid()
+    # The agent's record of its supervisor, which a restarted agent kills (the agent
+    # itself learns the pid only from the fork server's answer).
+    write_json_atomic(
+        os.path.join(member_dir, "shim.json"), {"pid": pid, "start_ticks": process_start_ticks(pid)}
+    )
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    return Shim(member_dir).run()
+
+
+def serve_forks(agent_pid: int) -> int:
+    """The fork server: ``python -I -S shim.py --fork-server AGENT_PID``.
+
+    Started once by the agent with this module imported, it forks one supervisor per
+    member directory the agent writes to its stdin (one path a line) and answers each
+    with ``PID START_TICKS`` on stdout (``ERR why`` when it could not fork). A fork costs
+    a few milliseconds of CPU, where a fresh interpreter costs tens.
+
+    It holds no lease and starts nothing by itself. It exits as soon as the agent is gone:
+    its stdin (the agent's pipe) reaches end of file when the agent dies however it dies,
+    and its parent changes (checked every ``POLL_S``). A supervisor it forked names the
+    fork server as the parent it watches (``parent_pid`` in ``launch.json``), so the
+    agent's death reaches every supervisor through the fork server's exit, and each of them
+    still watches the lease file on its own.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    buffered = b""
+    while True:
+        while True:  # reap the supervisors that ended (their exit is in exit.json)
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        if os.getppid() != agent_pid:
+            return 0
+        ready, _, _ = select.select([0], [], [], POLL_S)
+        if not ready:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return 0  # the agent closed the pipe or died
+        buffered += chunk
+        while b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            member_dir = line.decode("utf-8", "surrogateescape")
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                os.write(1, f"ERR {exc}\n".encode())
+                continue
+            if pid == 0:
+                code = 1
+                try:
+                    code = _run_forked_supervisor(member_dir)
+                except BaseException as exc:  # the forked child must never return
+                    with contextlib.suppress(OSError):
+                        os.write(2, f"supervisor failed: {exc!r}\n".encode())
+                finally:
+                    os._exit(code)
+            os.write(1, f"{pid} {process_start_ticks(pid) or 0}\n".encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == FORK_SERVER_FLAG:
+        return serve_forks(int(args[1]))
     if len(args) != 1:
-        print("usage: python -I -S shim.py MEMBER_DIR", file=sys.stderr)
+        print("usage: python -I -S shim.py MEMBER_DIR | --fork-server AGENT_PID", file=sys.stderr)
         return 2
     return Shim(args[0]).run()
 

@@ -21,3 +21,8 @@ def test_gang_start_benchmark_smoke_run_reports_its_figures() -> None:
     report = json.loads(out.stdout)
     assert report["gangs"] == 5
     assert report["latency_ms_p99"] >= report["latency_ms_p50"] > 0
+    production = report["production"]
+    assert report["production_heartbeat_interval"] == "1s"
+    assert production == report["by_heartbeat_interval"]["1s"]
+    assert production["latency_ms_max"] >= production["latency_ms_p50"] > 0
+    assert isinstance(report["meets_target"], bool)
