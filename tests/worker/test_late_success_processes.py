@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.members import read_json
 from tests.integration.cluster import LocalCluster, wait_for
