@@ -38,7 +38,7 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import Attempt, ClusterConfig, ClusterState, JobSpec
+from synapse_ha.core.model import Attempt, ClusterConfig, ClusterState, Job, JobSpec
 
 # Version 2: reasons and attempt outcomes are Reason values (code, params, cause), not
 # sentences. Version 1 envelopes still decode: their sentences become TEXT reasons.
@@ -56,6 +56,8 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     JobSpec: frozenset({"queue", "priority_class"}),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms"}),
     ClusterState: frozenset({"queues", "queue_history"}),
+    # Late success reports after a node death (DESIGN §4).
+    Job: frozenset({"lost_attempt"}),
 }
 _ALWAYS = object()  # a field written whatever its value
 

@@ -47,6 +47,23 @@ def check(state: ClusterState) -> list[str]:
             problems.append(
                 f"{job_id}: {job.retries_used} retries used of {job.spec.retries.max_retries}"
             )
+        lost = job.lost_attempt
+        if lost is not None:
+            if job.state.finished:
+                problems.append(f"{job_id}: {job.state.value} but keeps a lost attempt")
+            if lost.fencing_token > job.fencing_token or lost.number > job.attempts_made:
+                problems.append(
+                    f"{job_id}: lost attempt {lost.number} (token {lost.fencing_token}) is "
+                    f"newer than attempt {job.attempts_made} (token {job.fencing_token})"
+                )
+            ranks = list(lost.exited_zero)
+            if (
+                ranks != sorted(set(ranks))
+                or any(not 0 <= r < len(lost.nodes) for r in ranks)
+                or len(ranks) >= len(lost.nodes)
+                or len(lost.nodes) != job.spec.replicas
+            ):
+                problems.append(f"{job_id}: lost attempt ranks {ranks} of {len(lost.nodes)}")
         if job.state.holds_resources:
             if attempt is None:
                 problems.append(f"{job_id}: {job.state.value} without an attempt")

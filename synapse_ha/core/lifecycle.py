@@ -12,7 +12,10 @@ Rules the tables state:
   no retry left, a time limit, or a disruption past ``max_requeues``), or goes back to
   ``PENDING`` by ``retry`` (its own failure, counted against ``retries.max``) or
   ``requeue`` (a disruption it did not cause, counted against ``max_requeues``). Any
-  unfinished job may be cancelled. Finished states are final.
+  unfinished job may be cancelled. Any unfinished job ends ``SUCCEEDED`` by
+  ``late_success`` when every member of its attempt that was ended by its node's death
+  turns out to have exited 0 (the exits were reported after the death was committed); a
+  newer attempt, if any, is stopped. Finished states are final.
 * **Attempt.** ``BOUND -start-> RUNNING``; a live attempt ends ``SUCCEEDED``, ``FAILED``,
   ``REQUEUED`` (a disruption) or ``STOPPED`` (cancelled, time limit). Ended is final.
 * **Member.** ``BOUND -start-> RUNNING``; ``BOUND|RUNNING -exit-> EXITED``. A repeated
@@ -44,6 +47,7 @@ class JobEvent(enum.StrEnum):
     REQUEUE = "requeue"
     FAIL = "fail"
     CANCEL = "cancel"
+    LATE_SUCCESS = "late_success"
 
 
 class AttemptEvent(enum.StrEnum):
@@ -127,6 +131,7 @@ JOB: Lifecycle[JobState, JobEvent] = Lifecycle(
         **{(s, _JE.REQUEUE): _J.PENDING for s in _LIVE_JOB},
         **{(s, _JE.FAIL): _J.FAILED for s in _LIVE_JOB},
         **{(s, _JE.CANCEL): _J.CANCELLED for s in _LIVE_JOB},
+        **{(s, _JE.LATE_SUCCESS): _J.SUCCEEDED for s in (_J.PENDING, *_LIVE_JOB)},
     },
 )
 

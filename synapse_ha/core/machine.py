@@ -36,6 +36,7 @@ from synapse_ha.core.model import (
     Job,
     JobSpec,
     JobState,
+    LostAttempt,
     MemberState,
     MemberStatus,
     Node,
@@ -248,7 +249,10 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
             # Its node's death confirms those members stopped; the gang was leaving anyway.
             _end_preempted(state, job, now)
         else:
+            lost = _lost_attempt(job, c.node_id)
             _end_attempt_for(state, job, outcome, c.jitter_seed, now)
+            if not job.state.finished:
+                job.lost_attempt = lost
     # Members on a dead node are gone: its worker fenced itself before the node was
     # declared dead (dead_timeout > lease_ttl + leader_step_down).
     for job_id in sorted(state.jobs):
@@ -514,7 +518,8 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     touched: set[str] = set()
     for event in c.events:
         job = state.jobs.get(event.job_id)
-        if job is not None and _confirm_stopped(job, c.node_id, event, now):
+        late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
+        if job is not None and (_confirm_stopped(job, c.node_id, event, now) or late):
             accepted += 1
             touched.add(c.node_id)
             continue
@@ -609,6 +614,93 @@ def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -
         status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
         status.exit_code = event.exit_code
         status.finished_at_ms = now
+    return True
+
+
+# ------------------------------------------------- late success reports after node death
+
+
+def _lost_attempt(job: Job, node_id: str) -> LostAttempt:
+    """The record kept of the live attempt about to be ended by ``node_id``'s death: its
+    ranks' nodes and the ranks already known to have exited 0 (a live attempt's exited
+    members all exited 0 by their own program, or it would have ended already)."""
+    attempt = job.attempt
+    assert attempt is not None
+    return LostAttempt(
+        number=attempt.number,
+        fencing_token=attempt.fencing_token,
+        node_id=node_id,
+        nodes=tuple(m.node_id for m in attempt.members),
+        exited_zero=tuple(
+            rank
+            for rank, s in enumerate(attempt.member_status)
+            if s.state is MemberState.EXITED and s.exit_code == 0
+        ),
+    )
+
+
+def _count_late_exit(
+    state: ClusterState,
+    job: Job,
+    node_id: str,
+    event: cmd.MemberEvent,
+    now: int,
+    touched: set[str],
+) -> bool:
+    """Count an exit of the job's attempt that was ended by its node's death
+    (``job.lost_attempt``); False when ``event`` is not such an exit.
+
+    An exit 0 by the member's own program (cause ``PROGRAM``) adds its rank; once every
+    rank has one, the attempt had succeeded after all: a newer attempt, bound or running,
+    is stopped (its members are no longer desired, its resources are released) and the
+    job ends ``SUCCEEDED`` (``late_success``), so it never runs again. Any other exit
+    (non-zero, fenced, lost) drops the record: the requeue was needed. Duplicates change
+    nothing (reports are at-least-once).
+    """
+    lost = job.lost_attempt
+    if (
+        lost is None
+        or event.kind is not cmd.MemberEventKind.EXITED
+        or event.fencing_token != lost.fencing_token
+        or not 0 <= event.rank < len(lost.nodes)
+        or lost.nodes[event.rank] != node_id
+    ):
+        return False
+    if event.cause is not cmd.ExitCause.PROGRAM or event.exit_code != 0:
+        job.lost_attempt = None
+        return True
+    if event.rank in lost.exited_zero:
+        return True
+    ranks = tuple(sorted((*lost.exited_zero, event.rank)))
+    if len(ranks) < len(lost.nodes):
+        job.lost_attempt = dataclasses.replace(lost, exited_zero=ranks)
+        return True
+    live = job.live_attempt()
+    if live is not None:
+        touched.update(m.node_id for m in live.members)
+        _end_attempt(
+            state,
+            job,
+            lc.AttemptEvent.STOP,
+            reason(
+                ReasonCode.EARLIER_ATTEMPT_SUCCEEDED,
+                attempt=lost.number,
+                fencing_token=lost.fencing_token,
+            ),
+            now,
+        )
+    _finish(
+        job,
+        lc.JobEvent.LATE_SUCCESS,
+        reason(
+            ReasonCode.SUCCEEDED_AFTER_NODE_DEATH,
+            attempt=lost.number,
+            fencing_token=lost.fencing_token,
+            members=len(lost.nodes),
+            node=lost.node_id,
+        ),
+        now,
+    )
     return True
 
 
@@ -736,6 +828,7 @@ def _finish(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
     job.state = move(JOB, job.state, event)
     job.reason = why
     job.finished_at_ms = now
+    job.lost_attempt = None  # kept only while the job is not final
 
 
 def retry_delay_ms(spec: JobSpec, attempt_number: int, seed: int, job_id: str) -> int:

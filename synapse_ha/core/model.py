@@ -397,6 +397,25 @@ class Attempt:
     preempt_deadline_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class LostAttempt:
+    """The most recent attempt of a job ended by its node's death, kept while the job is
+    not final, so that members' exits reported late (their node was declared dead before
+    the reports were committed) can still be counted.
+
+    ``nodes``: the node of each rank. ``exited_zero``: the ranks known to have exited 0
+    by their own program (sorted). When it holds every rank, the job has succeeded
+    (DESIGN §4, "Success"). A failing exit of any rank (non-zero, fenced, lost) removes
+    the record: the requeue was needed after all.
+    """
+
+    number: int
+    fencing_token: int
+    node_id: str  # the node whose death ended it
+    nodes: tuple[str, ...]
+    exited_zero: tuple[int, ...] = ()
+
+
 @dataclass(slots=True)
 class Job:
     job_id: str
@@ -416,6 +435,9 @@ class Job:
     finished_at_ms: int = 0
     owner: str = ""  # the user who submitted it (DESIGN §8); members run as this user
     cancelled_by: str = ""  # the identity that cancelled it (audit), as "kind:name"
+    # The last attempt ended by its node's death while the job is not final (see
+    # LostAttempt); None otherwise.
+    lost_attempt: LostAttempt | None = None
 
     @property
     def fencing_token(self) -> int:

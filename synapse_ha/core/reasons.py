@@ -73,6 +73,10 @@ class ReasonCode(enum.StrEnum):
     FAILED_TIME_LIMIT = "failed_time_limit"  # limit_ms
     FAILED_MAX_REQUEUES = "failed_max_requeues"  # attempt, requeues, max_requeues; cause
     CANCELLED = "cancelled"  # text
+    # -- late success reports after a node death (DESIGN §4)
+    EARLIER_ATTEMPT_SUCCEEDED = "earlier_attempt_succeeded"  # attempt, fencing_token
+    SUCCEEDED_AFTER_NODE_DEATH = "succeeded_after_node_death"  # attempt, fencing_token,
+    # members, node: every member of the attempt ended by the node's death had exited 0
 
 
 # Disruptions: outcomes the job did not cause. They requeue the gang without touching
@@ -314,6 +318,15 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"being preempted by {r.text('preemptor')} ({_kind(r)}); its members got SIGTERM "
         f"and are killed after a grace period of {_seconds(r.num('grace_ms'))}; "
         f"it will be requeued, keeping its place in line"
+    ),
+    ReasonCode.EARLIER_ATTEMPT_SUCCEEDED: lambda r: (
+        f"stopped: attempt {r.num('attempt')} (token {r.num('fencing_token')}) had already "
+        f"succeeded; its members' exits were reported after its node was declared dead"
+    ),
+    ReasonCode.SUCCEEDED_AFTER_NODE_DEATH: lambda r: (
+        f"all {r.num('members')} members of attempt {r.num('attempt')} (token "
+        f"{r.num('fencing_token')}) exited 0; node {r.text('node')} had been declared dead "
+        f"before their exits were reported, so no further attempt runs"
     ),
 }
 

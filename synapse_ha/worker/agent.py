@@ -327,6 +327,12 @@ class Agent:
         return "; ".join(s for s in (said, applied) if s)
 
     def _forgotten(self, why: str) -> str:
+        """The leader forgot this node or declared it dead: kill every member and register
+        again. Exits that happened before are collected first, so they are reported as
+        the members' own (an exit 0 the leader has not committed yet still lets the job
+        succeed, DESIGN §4) rather than as fenced; every report not yet acknowledged stays
+        pending and goes out with the first heartbeat after registering."""
+        self._collect_exits()
         self.next_register_at = self.clock()
         if self.lease_file is not None:
             self.lease_file.revoke()

@@ -673,8 +673,13 @@ class MemberExecutor:
 
     def kill_all(self, detail: str, timeout_s: float = 10.0) -> list[tuple[MemberKey, MemberExit]]:
         """Fence: kill every running member now (SIGTERM, ``fence_grace_s``, SIGKILL) and
-        wait until their supervisors are gone. Returns the exits, each naming ``detail``."""
+        wait until their supervisors are gone. Returns the exits, each naming ``detail``,
+        except those of members that had already exited by themselves (left to poll())."""
         live = [m for m in self.members.values() if m.exit is None]
+        # A member whose supervisor recorded its exit before the fence ended by itself:
+        # what is left of it is killed all the same, but that exit stands (an exit 0 is a
+        # success the leader may not have seen yet) and the next poll() returns it.
+        ended = {m.key for m in live if (m.dir / "exit.json").exists()}
         for m in live:
             # The supervisor fences its member (also one it is starting right now); the
             # group is signalled directly too in case the supervisor is stuck.
@@ -695,6 +700,8 @@ class MemberExecutor:
                     m.shim.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
                     log.error("supervisor of %s did not exit after SIGKILL", m.key)
+            if m.key in ended:
+                continue
             found = self._collect_exit(m)
             exit_code = found.exit_code if found.exit_code != 0 else EXIT_LOST
             m.exit = MemberExit(exit_code, detail, found.ended_at_ms, disrupted=True)
@@ -716,6 +723,7 @@ class MemberExecutor:
         out += self.poll()
         if self.running():
             out += self.kill_all("killed at worker shutdown")
+            out += self.poll()  # members that ended by themselves meanwhile
         return [(key, replace(exit_, disrupted=True)) for key, exit_ in out]
 
     # ---------------------------------------------------------------- records

@@ -29,6 +29,9 @@ EXPECTED: dict[str, set[tuple[str, str, str]]] = {
         ("RUNNING", "fail", "FAILED"),
         ("SCHEDULED", "cancel", "CANCELLED"),
         ("RUNNING", "cancel", "CANCELLED"),
+        ("PENDING", "late_success", "SUCCEEDED"),
+        ("SCHEDULED", "late_success", "SUCCEEDED"),
+        ("RUNNING", "late_success", "SUCCEEDED"),
     },
     "attempt": {
         ("bound", "start", "running"),

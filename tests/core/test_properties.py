@@ -337,6 +337,54 @@ class ClusterMachine(RuleBasedStateMachine):
         result = self.do(c.ReportMembers(attempt.members[rank].node_id, (event,), 0, self.now))
         assert result.accepted_events == 1
 
+    @rule(data=st.data(), seed=st.integers(0, 9))
+    @precondition(lambda self: any(j.state.holds_resources for j in self.state.jobs.values()))
+    def node_dies_before_exits_commit(self, data: st.DataObject, seed: int) -> None:
+        """A node of a live gang is declared dead; then some of that attempt's members
+        report their exits late (as a worker does after registering again)."""
+        live = sorted(j.job_id for j in self.state.jobs.values() if j.state.holds_resources)
+        job = self.state.jobs[data.draw(st.sampled_from(live))]
+        attempt = job.attempt
+        assert attempt is not None
+        node_id = data.draw(st.sampled_from(sorted({m.node_id for m in attempt.members})))
+        if not self.do(c.MarkNodeDead(node_id, "silent", seed, self.now)).ok:
+            return
+        forget_node(self.preempted, node_id)
+        for _ in range(data.draw(st.integers(0, len(attempt.members)))):
+            if job.lost_attempt is None:
+                break
+            self.late_report(
+                data,
+                data.draw(st.sampled_from([0, 0, 0, 1])),
+                data.draw(st.sampled_from([c.ExitCause.PROGRAM] * 3 + [c.ExitCause.FENCED])),
+            )
+
+    @rule(
+        data=st.data(),
+        exit_code=st.sampled_from([0, 0, 0, 1]),
+        cause=st.sampled_from([c.ExitCause.PROGRAM, c.ExitCause.PROGRAM, c.ExitCause.FENCED]),
+    )
+    @precondition(lambda self: any(j.lost_attempt for j in self.state.jobs.values()))
+    def late_report(self, data: st.DataObject, exit_code: int, cause: c.ExitCause) -> None:
+        """A member of an attempt ended by its node's death reports its exit late: all
+        ranks exiting 0 by their own program end the job SUCCEEDED, anything else keeps
+        the requeue."""
+        lost_jobs = sorted(j.job_id for j in self.state.jobs.values() if j.lost_attempt)
+        job = self.state.jobs[data.draw(st.sampled_from(lost_jobs))]
+        lost = job.lost_attempt
+        assert lost is not None
+        rank = data.draw(st.integers(0, len(lost.nodes) - 1))
+        late = c.MemberEvent(
+            job.job_id, lost.fencing_token, rank, c.MemberEventKind.EXITED, exit_code, "", cause
+        )
+        self.do(c.ReportMembers(lost.nodes[rank], (late,), 0, self.now))
+        success = exit_code == 0 and cause is c.ExitCause.PROGRAM
+        completes = success and set(lost.exited_zero) | {rank} == set(range(len(lost.nodes)))
+        assert (job.state is JobState.SUCCEEDED) == completes
+        event("late report completes a lost attempt" if completes else "late report")
+        if not success:
+            assert job.lost_attempt is None
+
     @rule(max_requeues=st.integers(0, 3), start_timeout_s=st.sampled_from([1, 5, 60]))
     def configure(self, max_requeues: int, start_timeout_s: int) -> None:
         config = replace(

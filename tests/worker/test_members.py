@@ -22,6 +22,7 @@ from synapse_ha.worker.members import (
     MemberExit,
     MemberKey,
 )
+from tests.integration.cluster import wait_for
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import Fifo, process_gone, spec, wait_gone
 
@@ -386,3 +387,17 @@ def test_the_supervisor_runs_isolated_on_the_standard_library_alone(tmp_path: Pa
     assert "usage:" in done.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
     assert not imported & {"pathlib", "typing"}
+
+
+def test_kill_all_keeps_the_exit_of_a_member_that_had_already_exited(
+    make_executor: MakeExecutor,
+) -> None:
+    """A member that exited 0 just before the fence (its exit not polled yet) is reported
+    as it ended, not as killed: its success may still count (DESIGN §4)."""
+    executor = make_executor()
+    member = executor.start(spec("exit 0"))
+    wait_for("the member's exit record", (member.dir / "exit.json").exists, timeout_s=30)
+    assert executor.kill_all("fenced: test") == []
+    ((key, exit_),) = executor.poll()
+    assert key == member.key
+    assert (exit_.exit_code, exit_.disrupted) == (0, False)
