@@ -43,9 +43,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import contextlib
+
+import grpc
+
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
 from synapse_ha.local.launcher import LocalReplicas, Replica
+from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.tls import TlsFiles, Transport
@@ -63,7 +68,7 @@ def _transport(files: tuple[str, str, str]) -> Transport:
 def _generator(
     index: int,
     files: tuple[str, str, str],
-    address: str,
+    addresses: list[str],
     specs: list[bytes],
     prefix: str,
     window: int,
@@ -76,33 +81,43 @@ def _generator(
     ``(index, started, finished, acknowledged, distinct job ids)`` (monotonic seconds:
     one clock for every process on the machine)."""
     transport = _transport(files)
-    with transport.channel(address) as channel:
-        stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+    client = ClusterClient(addresses, channel_factory=transport.channel)
+
+    def follow() -> Any:
+        """SubmitJob on whichever replica leads now (a leader change under load)."""
+        leader = client.cluster_status().leader_address or addresses[0]
+        return client.scheduler(leader).SubmitJob
+
+    with client:
+        stub = client.scheduler(client.cluster_status().leader_address or addresses[0])
         warm = [
             pb.SubmitJobRequest(spec=small_spec("warm"), request_id=f"{prefix}warm-{index}-{i}")
             for i in range(20)
         ]
         pipelined(stub.SubmitJob, warm, 8)
         requests = [
-            pb.SubmitJobRequest(
-                spec=pb.JobSpec.FromString(raw), request_id=f"{prefix}-{index}-{i}"
-            )
+            pb.SubmitJobRequest(spec=pb.JobSpec.FromString(raw), request_id=f"{prefix}-{index}-{i}")
             for i, raw in enumerate(specs)
         ]
         ready.put(index)
         go.wait(120)
         started = time.monotonic()
-        responses, _ = pipelined(stub.SubmitJob, requests, window)
+        responses, _ = pipelined(stub.SubmitJob, requests, window, follow=follow)
         finished = time.monotonic()
     ids = {r.job_id for r in responses if r is not None}
     out.put((index, started, finished, len(responses), len(ids)))
 
 
 def _heartbeats(
-    files: tuple[str, str, str], address: str, node_ids: list[str], interval_s: float, stop: Any
+    files: tuple[str, str, str],
+    addresses: list[str],
+    node_ids: list[str],
+    interval_s: float,
+    stop: Any,
 ) -> None:
-    """Heartbeat every node once per ``interval_s`` until ``stop`` is set."""
-    beat = Heartbeater([address], node_ids, interval_s=interval_s, transport=_transport(files))
+    """Heartbeat every node once per ``interval_s`` until ``stop`` is set (following the
+    leader)."""
+    beat = Heartbeater(addresses, node_ids, interval_s=interval_s, transport=_transport(files))
     beat.start()
     stop.wait(600)
     beat.stop.set()
@@ -115,7 +130,6 @@ def _split(items: Sequence[bytes], parts: int) -> list[list[bytes]]:
 
 def run_generators(
     cluster: LocalReplicas,
-    address: str,
     specs: list[pb.JobSpec],
     processes: int,
     window: int,
@@ -130,7 +144,7 @@ def run_generators(
     procs = [
         ctx.Process(
             target=_generator,
-            args=(i, files, address, share, prefix, window, ready, go, out),
+            args=(i, files, cluster.grpc_addresses, share, prefix, window, ready, go, out),
             daemon=True,
         )
         for i, share in enumerate(_split(raw, processes))
@@ -151,6 +165,19 @@ def run_generators(
     started = min(r[1] for r in reports)
     finished = max(r[2] for r in reports)
     return started, finished, sum(r[3] for r in reports), sum(r[4] for r in reports)
+
+
+def _leader_first(cluster: LocalReplicas, leader: Replica) -> list[str]:
+    return [leader.grpc, *(a for a in cluster.grpc_addresses if a != leader.grpc)]
+
+
+def _terms(cluster: LocalReplicas) -> int:
+    """The highest Raft term any replica reports (it grows with every election)."""
+    terms = [0]
+    for r in cluster.replicas:
+        with contextlib.suppress(grpc.RpcError):
+            terms.append(cluster.local_status(r).term)
+    return max(terms)
 
 
 def _admin_files(cluster: LocalReplicas) -> tuple[str, str, str]:
@@ -179,8 +206,21 @@ class Profiler:
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [spy, "record", "--pid", str(self.pid), "--format", "raw", "--rate", "200"]
-            + ["--threads", "--function", "--nonblocking", "--output", str(self.path)],
+            [
+                spy,
+                "record",
+                "--pid",
+                str(self.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--threads",
+                "--function",
+                "--nonblocking",
+                "--output",
+                str(self.path),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -251,10 +291,11 @@ def bench_submissions(
         cluster.start()
         leader = cluster.serving_leader()
         specs = [small_spec(f"s{i}") for i in range(count)]
+        term = _terms(cluster)
         cpu_before = _proc_cpu_s(leader.pid)
         with Profiler(profile, "submit", leader) as spy:
             started, finished, acked, distinct = run_generators(
-                cluster, leader.grpc, specs, processes, window, "s"
+                cluster, specs, processes, window, "s"
             )
         cpu = _proc_cpu_s(leader.pid) - cpu_before
         elapsed = finished - started
@@ -268,6 +309,7 @@ def bench_submissions(
             "submissions_per_s": round(acked / elapsed, 1),
             "leader_cpu_s": round(cpu, 2),
             "leader_cpu_us_per_submission": round(1e6 * cpu / max(1, acked), 1),
+            "elections_during_run": _terms(cluster) - term,
         }
         summary = spy.summary(acked)
         if summary is not None:
@@ -301,29 +343,34 @@ def bench_binding(
         cluster.start()
         leader = cluster.serving_leader()
         node_ids = [f"node-{i:05d}" for i in range(nodes)]
-        with cluster.channel(leader.grpc) as channel:
+        with cluster.channel(leader.grpc) as channel, cluster.client() as watcher:
             agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
-            stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
             registrations = [
                 register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)
             ]
             pipelined(agent.RegisterNode, registrations, 64)
             beater = ctx.Process(
                 target=_heartbeats,
-                args=(_admin_files(cluster), leader.grpc, node_ids, heartbeat_s, stop),
+                args=(
+                    _admin_files(cluster),
+                    _leader_first(cluster, leader),
+                    node_ids,
+                    heartbeat_s,
+                    stop,
+                ),
                 daemon=True,
             )
             beater.start()
             specs = [small_spec(f"g{i}", members, gpu=1) for i in range(jobs)]
 
             def all_bound() -> bool:
-                left = stub.ListJobs(pb.ListJobsRequest(states=["PENDING"], limit=1), timeout=5)
-                return not left.jobs
+                return not watcher.list_jobs(limit=1, states=["PENDING"])
 
+            term = _terms(cluster)
             cpu_before = _proc_cpu_s(leader.pid)
             with Profiler(profile, "bind", leader) as spy:
                 started, submitted, acked, _ = run_generators(
-                    cluster, leader.grpc, specs, processes, window, "g"
+                    cluster, specs, processes, window, "g"
                 )
                 wait_for("every gang to be bound", all_bound, timeout_s=300, every_s=0.02)
                 done = time.monotonic()
@@ -342,6 +389,7 @@ def bench_binding(
             "bind_window_after_last_ack_s": round(max(0.0, done - submitted), 3),
             "leader_cpu_s": round(cpu, 2),
             "leader_cpu_us_per_member": round(1e6 * cpu / max(1, bound), 1),
+            "elections_during_run": _terms(cluster) - term,
         }
         summary = spy.summary(bound)
         if summary is not None:
@@ -372,7 +420,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--heartbeat-s", type=float, default=2.0)
     parser.add_argument("--profile", type=Path, help="sample the leader with py-spy into DIR")
     parser.add_argument("--out", type=Path, help=f"where the JSON goes (default {RESULTS})")
+    parser.add_argument(
+        "--summarise",
+        type=Path,
+        metavar="FILE",
+        help="only print the summary of a saved profile (py-spy --format raw), per --per units",
+    )
+    parser.add_argument("--per", type=int, default=1, help="units of work of --summarise")
     args = parser.parse_args(argv)
+    if args.summarise is not None:
+        print(json.dumps(summarise(args.summarise.read_text(), args.per), indent=2))
+        return 0
     if args.smoke:
         args.processes, args.window = 2, 16
         args.submissions, args.nodes, args.gangs, args.members = 200, 20, 40, 4
