@@ -108,18 +108,29 @@ def _generator(
     out.put((index, started, finished, len(responses), len(ids)))
 
 
-def _heartbeats(
+def _nodes(
     files: tuple[str, str, str],
     addresses: list[str],
-    node_ids: list[str],
+    count: int,
     interval_s: float,
+    ready: Any,
     stop: Any,
 ) -> None:
-    """Heartbeat every node once per ``interval_s`` until ``stop`` is set (following the
-    leader)."""
-    beat = Heartbeater(addresses, node_ids, interval_s=interval_s, transport=_transport(files))
+    """The simulated nodes: register ``count`` nodes (on the first address, the
+    leader), then heartbeat each once per ``interval_s`` (following the leader) until
+    ``stop`` is set. Puts the number registered on ``ready`` once they heartbeat."""
+    transport = _transport(files)
+    node_ids = [f"node-{i:05d}" for i in range(count)]
+    with transport.channel(addresses[0]) as channel:
+        agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
+        registrations = [
+            register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)
+        ]
+        pipelined(agent.RegisterNode, registrations, 64)
+    beat = Heartbeater(addresses, node_ids, interval_s=interval_s, transport=transport)
     beat.start()
-    stop.wait(600)
+    ready.put(len(node_ids))
+    stop.wait(900)
     beat.stop.set()
     beat.join(timeout=10)
 
@@ -342,25 +353,16 @@ def bench_binding(
     try:
         cluster.start()
         leader = cluster.serving_leader()
-        node_ids = [f"node-{i:05d}" for i in range(nodes)]
-        with cluster.channel(leader.grpc) as channel, cluster.client() as watcher:
-            agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
-            registrations = [
-                register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)
-            ]
-            pipelined(agent.RegisterNode, registrations, 64)
-            beater = ctx.Process(
-                target=_heartbeats,
-                args=(
-                    _admin_files(cluster),
-                    _leader_first(cluster, leader),
-                    node_ids,
-                    heartbeat_s,
-                    stop,
-                ),
-                daemon=True,
-            )
-            beater.start()
+        ready = ctx.Queue()
+        addresses = _leader_first(cluster, leader)
+        beater = ctx.Process(
+            target=_nodes,
+            args=(_admin_files(cluster), addresses, nodes, heartbeat_s, ready, stop),
+            daemon=True,
+        )
+        beater.start()
+        ready.get(timeout=300)
+        with cluster.client() as watcher:
             specs = [small_spec(f"g{i}", members, gpu=1) for i in range(jobs)]
 
             def all_bound() -> bool:
@@ -372,7 +374,19 @@ def bench_binding(
                 started, submitted, acked, _ = run_generators(
                     cluster, specs, processes, window, "g"
                 )
-                wait_for("every gang to be bound", all_bound, timeout_s=300, every_s=0.02)
+                try:
+                    wait_for(
+                        "every gang to be bound",
+                        all_bound,
+                        timeout_s=60 if nodes < 100 else 300,
+                        every_s=0.02,
+                    )
+                except Exception:
+                    for job in watcher.list_jobs(limit=3, states=["PENDING"]):
+                        print(f"still pending: {job}", file=sys.stderr)
+                    for node in watcher.list_nodes()[:3]:
+                        print(f"node: {node}", file=sys.stderr)
+                    raise
                 done = time.monotonic()
             cpu = _proc_cpu_s(leader.pid) - cpu_before
         bound = acked * members
@@ -414,8 +428,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=3, help="load generator processes")
     parser.add_argument("--window", type=int, default=64, help="calls in flight per process")
     parser.add_argument("--submissions", type=int, default=20_000)
-    parser.add_argument("--nodes", type=int, default=1_000)
-    parser.add_argument("--gangs", type=int, default=2_000)
+    # Room to spare (10,000 GPUs for 8,000 members): a node reaped under load must not
+    # leave a gang without room.
+    parser.add_argument("--nodes", type=int, default=1_250)
+    parser.add_argument("--gangs", type=int, default=1_000)
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--heartbeat-s", type=float, default=2.0)
     parser.add_argument("--profile", type=Path, help="sample the leader with py-spy into DIR")
@@ -433,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.smoke:
         args.processes, args.window = 2, 16
-        args.submissions, args.nodes, args.gangs, args.members = 200, 20, 40, 4
+        args.submissions, args.nodes, args.gangs, args.members = 200, 40, 40, 4
     report: dict[str, Any] = {"smoke": args.smoke, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="synapse-throughput-") as tmp:
         root = Path(tmp)
