@@ -82,6 +82,8 @@ bench: $(STAMP)
 	cat bench/results/tenancy.json
 	$(BIN)/python bench/vs_ray.py > bench/results/vs_ray.json
 	cat bench/results/vs_ray.json
+	$(BIN)/python bench/throughput.py > /dev/null
+	cat bench/results/throughput.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

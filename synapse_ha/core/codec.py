@@ -77,9 +77,12 @@ class UnreadableFormat(CodecError):
 
 def to_plain(value: Any) -> Any:
     """Turn a dataclass tree into JSON-ready lists, dicts and scalars."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value  # the common leaves first
     if isinstance(value, enum.Enum):
         return value.value
-    if value is None or isinstance(value, (bool, int, str)):
+    if isinstance(value, (bool, int, str)):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         plain = {}
@@ -128,85 +131,159 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def from_plain(tp: Any, data: Any, path: str = "$") -> Any:
-    """Rebuild a value of type ``tp`` from :func:`to_plain` output, checking types."""
+    """Rebuild a value of type ``tp`` from :func:`to_plain` output, checking types.
+
+    Each type's checks are worked out once (:func:`_decoder`) and kept, so decoding a
+    command costs its fields, not the inspection of its type hints."""
+    return _decoder(tp)(data, path)
+
+
+_Decoder = typing.Callable[[Any, str], Any]
+
+
+@cache
+def _decoder(tp: Any) -> _Decoder:
+    """The function that rebuilds a value of type ``tp`` (``from_plain`` for one type)."""
     origin = typing.get_origin(tp)
     if origin is typing.Union or origin is types.UnionType:
-        options = typing.get_args(tp)
-        if data is None and type(None) in options:
+        return _union_decoder(typing.get_args(tp))
+    if tp is Any:
+        return lambda data, path: data
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_decoder(tp)
+    if tp is bool or tp is int or tp is str:
+        return _scalar_decoder(tp)
+    if origin is tuple:
+        return _tuple_decoder(typing.get_args(tp))
+    if origin in (list, set, frozenset):
+        (arg,) = typing.get_args(tp)
+        return _collection_decoder(origin, arg)
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(tp)
+        return _dict_decoder(key_tp, value_tp)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _dataclass_decoder(tp)
+
+    def unsupported(data: Any, path: str) -> Any:
+        raise CodecError(f"{path}: unsupported type {tp!r}")
+
+    return unsupported
+
+
+def _union_decoder(options: tuple[Any, ...]) -> _Decoder:
+    optional = type(None) in options
+    others = [o for o in options if o is not type(None)]
+
+    def decode(data: Any, path: str) -> Any:
+        if data is None and optional:
             return None
         errors = []
-        for option in options:
-            if option is type(None):
-                continue
+        for option in others:
             try:
-                return from_plain(option, data, path)
+                return _decoder(option)(data, path)
             except CodecError as exc:
                 errors.append(str(exc))
         raise CodecError("; ".join(errors) or f"{path}: no matching type")
-    if tp is Any:
-        return data
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+
+    return decode
+
+
+def _enum_decoder(tp: type[enum.Enum]) -> _Decoder:
+    def decode(data: Any, path: str) -> Any:
         try:
             return tp(data)
         except ValueError:
             allowed = ", ".join(str(m.value) for m in tp)
             raise CodecError(f"{path}: {data!r} is not one of {allowed}") from None
-    if tp is bool:
-        if type(data) is not bool:
-            raise CodecError(f"{path}: expected a boolean, got {type(data).__name__}")
+
+    return decode
+
+
+_SCALAR_NAMES = {bool: "a boolean", int: "an integer", str: "a string"}
+
+
+def _scalar_decoder(tp: type) -> _Decoder:
+    expected = _SCALAR_NAMES[tp]
+
+    def decode(data: Any, path: str) -> Any:
+        if type(data) is not tp:
+            raise CodecError(f"{path}: expected {expected}, got {type(data).__name__}")
         return data
-    if tp is int:
-        if type(data) is not int:
-            raise CodecError(f"{path}: expected an integer, got {type(data).__name__}")
-        return data
-    if tp is str:
-        if type(data) is not str:
-            raise CodecError(f"{path}: expected a string, got {type(data).__name__}")
-        return data
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(data, list):
-            raise CodecError(f"{path}: expected a list, got {type(data).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(from_plain(args[0], v, f"{path}[{i}]") for i, v in enumerate(data))
+
+    return decode
+
+
+def _expect(data: Any, kind: type, path: str) -> None:
+    if not isinstance(data, kind):
+        what = "a list" if kind is list else "an object"
+        raise CodecError(f"{path}: expected {what}, got {type(data).__name__}")
+
+
+def _tuple_decoder(args: tuple[Any, ...]) -> _Decoder:
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = args[0]
+
+        def decode_items(data: Any, path: str) -> Any:
+            _expect(data, list, path)
+            each = _decoder(item)
+            return tuple(each(v, f"{path}[{i}]") for i, v in enumerate(data))
+
+        return decode_items
+
+    def decode_fixed(data: Any, path: str) -> Any:
+        _expect(data, list, path)
         if len(args) != len(data):
             raise CodecError(f"{path}: expected {len(args)} items, got {len(data)}")
         return tuple(
-            from_plain(a, v, f"{path}[{i}]")
-            for i, (a, v) in enumerate(zip(args, data, strict=True))
+            _decoder(a)(v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True))
         )
-    if origin in (list, set, frozenset):
-        (arg,) = typing.get_args(tp)
-        if not isinstance(data, list):
-            raise CodecError(f"{path}: expected a list, got {type(data).__name__}")
-        items = [from_plain(arg, v, f"{path}[{i}]") for i, v in enumerate(data)]
-        return origin(items)
-    if origin is dict:
-        key_tp, value_tp = typing.get_args(tp)
-        if not isinstance(data, dict):
-            raise CodecError(f"{path}: expected an object, got {type(data).__name__}")
-        return {
-            from_plain(key_tp, k, f"{path}.key"): from_plain(value_tp, v, f"{path}.{k}")
-            for k, v in data.items()
-        }
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise CodecError(f"{path}: expected an object, got {type(data).__name__}")
-        hints = _hints(tp)
-        names = {f.name for f in _fields(tp)}
-        unknown = sorted(set(data) - names)
-        if unknown:
+
+    return decode_fixed
+
+
+def _collection_decoder(origin: Any, arg: Any) -> _Decoder:
+    def decode(data: Any, path: str) -> Any:
+        _expect(data, list, path)
+        each = _decoder(arg)
+        return origin([each(v, f"{path}[{i}]") for i, v in enumerate(data)])
+
+    return decode
+
+
+def _dict_decoder(key_tp: Any, value_tp: Any) -> _Decoder:
+    def decode(data: Any, path: str) -> Any:
+        _expect(data, dict, path)
+        key, value = _decoder(key_tp), _decoder(value_tp)
+        return {key(k, f"{path}.key"): value(v, f"{path}.{k}") for k, v in data.items()}
+
+    return decode
+
+
+def _dataclass_decoder(tp: type) -> _Decoder:
+    names = frozenset(f.name for f in _fields(tp))
+    # Field decoders are looked up on first use: a dataclass may refer to itself.
+    fields: dict[str, _Decoder] = {}
+
+    def field(name: str) -> _Decoder:
+        found = fields.get(name)
+        if found is None:
+            found = fields[name] = _decoder(_hints(tp)[name])
+        return found
+
+    def decode(data: Any, path: str) -> Any:
+        _expect(data, dict, path)
+        if not names.issuperset(data):
+            unknown = sorted(set(data) - names)
             raise UnreadableFormat(
                 f"{path}: unknown field {unknown[0]!r} (from a newer release? upgrade this replica)"
             )
-        kwargs = {
-            name: from_plain(hints[name], value, f"{path}.{name}") for name, value in data.items()
-        }
+        kwargs = {name: field(name)(value, f"{path}.{name}") for name, value in data.items()}
         try:
             return tp(**kwargs)
         except TypeError as exc:
             raise CodecError(f"{path}: {exc}") from None
-    raise CodecError(f"{path}: unsupported type {tp!r}")
+
+    return decode
 
 
 # ------------------------------------------------------------------------ envelope

@@ -1151,7 +1151,7 @@ def _desired_to_proto(state: ClusterState, d: DesiredMember, now_ms: int) -> pb.
 def build_server(
     ctx: ReplicaContext,
     address: str,
-    max_workers: int = 32,
+    max_workers: int = 128,
     auth: AuthInterceptor | None = None,
     add_port: Callable[[grpc.Server, str], int] | None = None,
 ) -> grpc.Server:

@@ -1,0 +1,481 @@
+"""Throughput benchmark with the load generated in separate processes.
+
+Three TLS replicas on loopback (:class:`~synapse_ha.local.launcher.LocalReplicas`); the
+benchmark process only starts them, hands out work and collects figures. The load comes
+from generator processes of their own, so the generator never competes with the
+measurement for one interpreter:
+
+(a) **acknowledged submissions/s**: ``--processes`` generator processes, each keeping
+    ``--window`` single-job ``SubmitJob`` calls in flight over mutual TLS as the admin
+    (by certificate). The figure is every acknowledged submission over the time from the
+    first process starting to the last one finishing.
+(b) **members bound/s**: simulated nodes registered and heartbeating from a process of
+    their own (at a modest rate, ``--heartbeat-s``), gangs submitted by the generator
+    processes; the figure is every member bound over the time from the first submission
+    until no job is pending any more.
+
+With ``--profile DIR`` the leader is sampled by ``py-spy`` (``pip install py-spy``, the
+``bench`` extra) during each measured phase, and the profile summary (the functions with
+the most samples, by self and by total time, and the samples per submission / per bound
+member) goes into the JSON report.
+
+Prints one JSON object and writes it to ``bench/results/throughput.json`` (``--smoke``:
+a tiny run that takes seconds, written nowhere unless ``--out`` is given).
+Targets on a two-core machine: >= 2,000 submissions/s, >= 5,000 members bound/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import contextlib
+
+import grpc
+
+from bench.loopback import wait_for
+from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
+from synapse_ha.local.launcher import LocalReplicas, Replica
+from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.security.tls import TlsFiles, Transport
+
+RESULTS = Path(__file__).resolve().parent / "results" / "throughput.json"
+
+# ------------------------------------------------------------ generator processes
+
+
+def _transport(files: tuple[str, str, str]) -> Transport:
+    ca, cert, key = files
+    return Transport(TlsFiles(ca=Path(ca), cert=Path(cert), key=Path(key)))
+
+
+def _generator(
+    index: int,
+    files: tuple[str, str, str],
+    addresses: list[str],
+    specs: list[bytes],
+    prefix: str,
+    window: int,
+    ready: Any,
+    go: Any,
+    out: Any,
+) -> None:
+    """One load generator process: warm up its channel, wait for ``go``, submit its
+    share (serialized ``JobSpec`` messages) with ``window`` calls in flight, report
+    ``(index, started, finished, acknowledged, distinct job ids)`` (monotonic seconds:
+    one clock for every process on the machine)."""
+    transport = _transport(files)
+    client = ClusterClient(addresses, channel_factory=transport.channel)
+
+    def follow() -> Any:
+        """SubmitJob on whichever replica leads now (a leader change under load)."""
+        leader = client.cluster_status().leader_address or addresses[0]
+        return client.scheduler(leader).SubmitJob
+
+    with client:
+        stub = client.scheduler(client.cluster_status().leader_address or addresses[0])
+        warm = [
+            pb.SubmitJobRequest(spec=small_spec("warm"), request_id=f"{prefix}warm-{index}-{i}")
+            for i in range(20)
+        ]
+        pipelined(stub.SubmitJob, warm, 8)
+        requests = [
+            pb.SubmitJobRequest(spec=pb.JobSpec.FromString(raw), request_id=f"{prefix}-{index}-{i}")
+            for i, raw in enumerate(specs)
+        ]
+        ready.put(index)
+        go.wait(120)
+        started = time.monotonic()
+        responses, _ = pipelined(stub.SubmitJob, requests, window, follow=follow)
+        finished = time.monotonic()
+    ids = {r.job_id for r in responses if r is not None}
+    out.put((index, started, finished, len(responses), len(ids)))
+
+
+def _nodes(
+    files: tuple[str, str, str],
+    addresses: list[str],
+    count: int,
+    interval_s: float,
+    ready: Any,
+    stop: Any,
+) -> None:
+    """The simulated nodes: register ``count`` nodes (on the first address, the
+    leader), then heartbeat each once per ``interval_s`` (following the leader) until
+    ``stop`` is set. Puts the number registered on ``ready`` once they heartbeat."""
+    transport = _transport(files)
+    node_ids = [f"node-{i:05d}" for i in range(count)]
+    with transport.channel(addresses[0]) as channel:
+        agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
+        registrations = [
+            register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)
+        ]
+        pipelined(agent.RegisterNode, registrations, 64)
+    beat = Heartbeater(addresses, node_ids, interval_s=interval_s, transport=transport)
+    beat.start()
+    ready.put(len(node_ids))
+    stop.wait(900)
+    beat.stop.set()
+    beat.join(timeout=10)
+
+
+def _split(items: Sequence[bytes], parts: int) -> list[list[bytes]]:
+    return [list(items[i::parts]) for i in range(parts)]
+
+
+def run_generators(
+    cluster: LocalReplicas,
+    specs: list[pb.JobSpec],
+    processes: int,
+    window: int,
+    prefix: str,
+) -> tuple[float, float, int, int]:
+    """Submit ``specs`` from ``processes`` generator processes at once; the start of the
+    first, the end of the last, and the acknowledged and distinct job counts."""
+    files = _admin_files(cluster)
+    ctx = mp.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    raw = [s.SerializeToString() for s in specs]
+    procs = [
+        ctx.Process(
+            target=_generator,
+            args=(i, files, cluster.grpc_addresses, share, prefix, window, ready, go, out),
+            daemon=True,
+        )
+        for i, share in enumerate(_split(raw, processes))
+    ]
+    try:
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=120)
+        go.set()
+        reports = [out.get(timeout=600) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    started = min(r[1] for r in reports)
+    finished = max(r[2] for r in reports)
+    return started, finished, sum(r[3] for r in reports), sum(r[4] for r in reports)
+
+
+def _leader_first(cluster: LocalReplicas, leader: Replica) -> list[str]:
+    return [leader.grpc, *(a for a in cluster.grpc_addresses if a != leader.grpc)]
+
+
+def _terms(cluster: LocalReplicas) -> int:
+    """The highest Raft term any replica reports (it grows with every election)."""
+    terms = [0]
+    for r in cluster.replicas:
+        with contextlib.suppress(grpc.RpcError):
+            terms.append(cluster.local_status(r).term)
+    return max(terms)
+
+
+def _admin_files(cluster: LocalReplicas) -> tuple[str, str, str]:
+    assert cluster.credentials is not None, "the benchmark runs with TLS"
+    files = cluster.credentials.admin_tls()
+    return (str(files.ca), str(files.cert), str(files.key))
+
+
+# ---------------------------------------------------------------------- profiling
+
+
+class Profiler:
+    """``py-spy record`` of one process for one phase, summarised from its collapsed
+    stacks (``--format raw``); does nothing without ``directory``."""
+
+    def __init__(self, directory: Path | None, name: str, replica: Replica) -> None:
+        self.directory = directory
+        self.name = name
+        self.pid = replica.pid
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.path = directory / f"{name}.txt" if directory is not None else None
+
+    def __enter__(self) -> Profiler:
+        if self.directory is None or self.pid is None:
+            return self
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(self.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--threads",
+                "--function",
+                "--nonblocking",
+                "--output",
+                str(self.path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)  # attached before the phase starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    def summary(self, per: int, top: int = 15) -> dict[str, Any] | None:
+        if self.path is None or not self.path.exists():
+            return None
+        return summarise(self.path.read_text(), per, top)
+
+
+def summarise(collapsed: str, per: int, top: int = 15) -> dict[str, Any]:
+    """Self and total sample counts per function from py-spy's collapsed stacks (py-spy
+    leaves out the samples of threads that are idle: waiting on a lock, a condition or
+    a socket), by thread, and the busy samples per unit of work (``per``: submissions
+    or members bound)."""
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    busy = 0
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        busy += count
+        name = frames[0].partition(": ")[2] or frames[0]
+        threads[re.sub(r"[_-]?\d+$", "", name)] += count
+        own[frames[-1]] += count
+        for f in set(frames[1:]):
+            total[f] += count
+    return {
+        "busy_samples": busy,
+        "busy_samples_per_1000_units": round(1000 * busy / per, 2) if per else None,
+        "by_thread": dict(threads.most_common(8)),
+        "top_self": [[f, n] for f, n in own.most_common(top)],
+        "top_total": [[f, n] for f, n in total.most_common(top)],
+    }
+
+
+def _proc_cpu_s(pid: int | None) -> float:
+    """User plus system CPU seconds of ``pid`` so far, from /proc."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------------------- (a)
+
+
+def bench_submissions(
+    root: Path, count: int, processes: int, window: int, profile: Path | None
+) -> dict[str, Any]:
+    cluster = LocalReplicas(root / "a")
+    try:
+        cluster.start()
+        leader = cluster.serving_leader()
+        specs = [small_spec(f"s{i}") for i in range(count)]
+        term = _terms(cluster)
+        cpu_before = _proc_cpu_s(leader.pid)
+        with Profiler(profile, "submit", leader) as spy:
+            started, finished, acked, distinct = run_generators(
+                cluster, specs, processes, window, "s"
+            )
+        cpu = _proc_cpu_s(leader.pid) - cpu_before
+        elapsed = finished - started
+        report: dict[str, Any] = {
+            "generator_processes": processes,
+            "in_flight_per_process": window,
+            "submissions": count,
+            "acknowledged": acked,
+            "distinct_jobs": distinct,
+            "seconds": round(elapsed, 3),
+            "submissions_per_s": round(acked / elapsed, 1),
+            "leader_cpu_s": round(cpu, 2),
+            "leader_cpu_us_per_submission": round(1e6 * cpu / max(1, acked), 1),
+            "elections_during_run": _terms(cluster) - term,
+        }
+        summary = spy.summary(acked)
+        if summary is not None:
+            report["profile"] = summary
+        return report
+    except Exception:
+        print(cluster.logs(), file=sys.stderr)
+        raise
+    finally:
+        cluster.close()
+
+
+# ----------------------------------------------------------------------------- (b)
+
+
+def bench_binding(
+    root: Path,
+    nodes: int,
+    jobs: int,
+    members: int,
+    processes: int,
+    window: int,
+    heartbeat_s: float,
+    profile: Path | None,
+) -> dict[str, Any]:
+    cluster = LocalReplicas(root / "b")
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    beater = None
+    try:
+        cluster.start()
+        leader = cluster.serving_leader()
+        ready = ctx.Queue()
+        addresses = _leader_first(cluster, leader)
+        beater = ctx.Process(
+            target=_nodes,
+            args=(_admin_files(cluster), addresses, nodes, heartbeat_s, ready, stop),
+            daemon=True,
+        )
+        beater.start()
+        ready.get(timeout=300)
+        with cluster.client() as watcher:
+            specs = [small_spec(f"g{i}", members, gpu=1) for i in range(jobs)]
+
+            def all_bound() -> bool:
+                return not watcher.list_jobs(limit=1, states=["PENDING"])
+
+            term = _terms(cluster)
+            cpu_before = _proc_cpu_s(leader.pid)
+            with Profiler(profile, "bind", leader) as spy:
+                started, submitted, acked, _ = run_generators(
+                    cluster, specs, processes, window, "g"
+                )
+                try:
+                    wait_for(
+                        "every gang to be bound",
+                        all_bound,
+                        timeout_s=60 if nodes < 100 else 300,
+                        every_s=0.02,
+                    )
+                except Exception:
+                    for job in watcher.list_jobs(limit=3, states=["PENDING"]):
+                        print(f"still pending: {job}", file=sys.stderr)
+                    for node in watcher.list_nodes()[:3]:
+                        print(f"node: {node}", file=sys.stderr)
+                    raise
+                done = time.monotonic()
+            cpu = _proc_cpu_s(leader.pid) - cpu_before
+        bound = acked * members
+        elapsed = done - started
+        report: dict[str, Any] = {
+            "nodes": nodes,
+            "heartbeat_interval_s": heartbeat_s,
+            "generator_processes": processes,
+            "gangs": acked,
+            "members_per_gang": members,
+            "members_bound": bound,
+            "seconds_submit_to_all_bound": round(elapsed, 3),
+            "members_bound_per_s": round(bound / elapsed, 1),
+            "bind_window_after_last_ack_s": round(max(0.0, done - submitted), 3),
+            "leader_cpu_s": round(cpu, 2),
+            "leader_cpu_us_per_member": round(1e6 * cpu / max(1, bound), 1),
+            "elections_during_run": _terms(cluster) - term,
+        }
+        summary = spy.summary(bound)
+        if summary is not None:
+            report["profile"] = summary
+        return report
+    except Exception:
+        print(cluster.logs(), file=sys.stderr)
+        raise
+    finally:
+        stop.set()
+        if beater is not None:
+            beater.join(timeout=20)
+            if beater.is_alive():
+                beater.kill()
+        cluster.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that takes seconds")
+    parser.add_argument("--only", choices=["a", "b"], help="run one part only")
+    parser.add_argument("--processes", type=int, default=3, help="load generator processes")
+    parser.add_argument("--window", type=int, default=64, help="calls in flight per process")
+    parser.add_argument("--submissions", type=int, default=20_000)
+    # Room to spare (10,000 GPUs for 8,000 members): a node reaped under load must not
+    # leave a gang without room.
+    parser.add_argument("--nodes", type=int, default=1_250)
+    parser.add_argument("--gangs", type=int, default=1_000)
+    parser.add_argument("--members", type=int, default=8)
+    parser.add_argument("--heartbeat-s", type=float, default=2.0)
+    parser.add_argument("--profile", type=Path, help="sample the leader with py-spy into DIR")
+    parser.add_argument("--out", type=Path, help=f"where the JSON goes (default {RESULTS})")
+    parser.add_argument(
+        "--summarise",
+        type=Path,
+        metavar="FILE",
+        help="only print the summary of a saved profile (py-spy --format raw), per --per units",
+    )
+    parser.add_argument("--per", type=int, default=1, help="units of work of --summarise")
+    args = parser.parse_args(argv)
+    if args.summarise is not None:
+        print(json.dumps(summarise(args.summarise.read_text(), args.per), indent=2))
+        return 0
+    if args.smoke:
+        args.processes, args.window = 2, 16
+        args.submissions, args.nodes, args.gangs, args.members = 200, 40, 40, 4
+    report: dict[str, Any] = {"smoke": args.smoke, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="synapse-throughput-") as tmp:
+        root = Path(tmp)
+        if args.only in (None, "a"):
+            report["submit"] = bench_submissions(
+                root, args.submissions, args.processes, args.window, args.profile
+            )
+        if args.only in (None, "b"):
+            report["bind"] = bench_binding(
+                root,
+                args.nodes,
+                args.gangs,
+                args.members,
+                args.processes,
+                args.window,
+                args.heartbeat_s,
+                args.profile,
+            )
+    text = json.dumps(report, indent=2)
+    print(text)
+    out = args.out or (None if args.smoke else RESULTS)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
