@@ -165,6 +165,8 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("DeleteQueue"): frozenset({_A}),
     _agent("RegisterNode"): frozenset({_A, Audience.WORKER}),
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
+    # Heartbeat streams (issue 16): the same callers as Heartbeat.
+    "/synapse.v1.NodeStreamService/Connect": frozenset({_A, Audience.WORKER}),
 }
 
 
