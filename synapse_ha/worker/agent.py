@@ -246,7 +246,8 @@ class Agent:
         if pushed is not None and self.registered and self.lease.held():
             # A push renews nothing: it is applied only under a lease an acknowledgement
             # of this node's own heartbeat granted (see worker/stream.py).
-            said.append(self._apply(pushed))
+            applied = self._apply(pushed)
+            said.append(f"pushed: {applied}" if applied else "")
         return "; ".join(s for s in said if s)
 
     def next_wakeup_in(self) -> float:
