@@ -85,13 +85,12 @@ def _digest(members: Iterable[DesiredMember]) -> Digest:
 
 
 class _Stream:
-    __slots__ = ("context", "lock", "node_id", "sent", "task", "term")
+    __slots__ = ("context", "lock", "node_id", "sent", "term")
 
-    def __init__(self, node_id: str, context: Any, term: int, task: asyncio.Task[Any]) -> None:
+    def __init__(self, node_id: str, context: Any, term: int) -> None:
         self.node_id = node_id
         self.context = context
         self.term = term
-        self.task = task
         self.lock = asyncio.Lock()
         self.sent: Digest | None = None  # the digest of the last list sent on this stream
 
@@ -204,7 +203,20 @@ class StreamServer:
             term = self.ctx.backend.status().term if serving else -1
             for stream in list(self._streams.values()):
                 if not serving or stream.term != term:
-                    stream.task.cancel()
+                    self._spawn(self._end(stream, "this replica stopped serving as leader"))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _end(self, stream: _Stream, why: str) -> None:
+        """End ``stream`` from outside its handler: the worker registers again."""
+        if self._streams.get(stream.node_id) is stream:
+            del self._streams[stream.node_id]
+        status = build_status(Reason.NOT_LEADER, f"{why}; register again to find the leader")
+        with contextlib.suppress(Exception):  # ending a call that ends anyway
+            await stream.context.abort(status.code, status.details, status.trailing_metadata)
 
     # ------------------------------------------------------------- desired
 
@@ -244,9 +256,7 @@ class StreamServer:
         for node_id in node_ids:
             stream = self._streams.get(node_id)
             if stream is not None:
-                task = asyncio.ensure_future(self._push_one(stream))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._push_one(stream))
 
     async def _push_one(self, stream: _Stream) -> None:
         if not self.ctx.serving():
@@ -256,12 +266,11 @@ class StreamServer:
             msg = self._message(stream, state, self.ctx.clock_ms(), 0, 0)
             if msg is None:
                 return
+            self.pushes += 1
             try:
                 await stream.context.write(msg)
             except Exception as exc:  # the stream is ending; its handler cleans up
                 log.debug("push to %s failed: %s", stream.node_id, exc)
-                return
-            self.pushes += 1
 
     # ------------------------------------------------------------- one stream
 
@@ -306,13 +315,11 @@ class StreamServer:
             self._admit(context, node_id)
             if not self.ctx.serving():
                 raise self._not_serving()
-            task = asyncio.current_task()
-            assert task is not None
-            stream = _Stream(node_id, context, self.ctx.backend.status().term, task)
+            stream = _Stream(node_id, context, self.ctx.backend.status().term)
             older = self._streams.get(node_id)
             self._streams[node_id] = stream
-            if older is not None:
-                older.task.cancel()  # a reconnected worker: its old stream is dead
+            if older is not None:  # a reconnected worker: its old stream is dead
+                self._spawn(self._end(older, "a newer stream speaks for this node"))
             message = first
             while message is not _EOF:
                 if message.node_id and message.node_id != node_id:
@@ -361,8 +368,8 @@ class StreamServer:
             state = ctx.backend.snapshot()
             msg = self._message(stream, state, now, request.seq, acked)
             assert msg is not None
+            self.heartbeats += 1
             await stream.context.write(msg)
-        self.heartbeats += 1
 
     async def _commit(self, command: cmd.ReportMembers, node_id: str) -> None:
         future: futures.Future[cmd.Result] = self.ctx.backend.propose(command)
