@@ -54,6 +54,7 @@ class _Connection:
         self._desired: list[pb.DesiredMember] = []
         self.ended: grpc.RpcError | None = None
         self.closed = False
+        self.acknowledged = False  # a heartbeat on it was acknowledged
         stub = pb_grpc.NodeStreamServiceStub(channel)  # type: ignore[no-untyped-call]
         self._call = stub.Connect(self._requests())
         self._reader = threading.Thread(target=self._read, name="heartbeat-stream", daemon=True)
@@ -152,6 +153,9 @@ class StreamControlPlane:
         )
         reply = connection.exchange(message, timeout_s)
         if reply is not None:
+            if not connection.acknowledged:
+                connection.acknowledged = True
+                log.info("heartbeats on a stream to the leader at %s", self.stream_address)
             self.streamed += 1
             return reply
         ended = connection.ended
