@@ -85,7 +85,7 @@ def _digest(members: Iterable[DesiredMember]) -> Digest:
 
 
 class _Stream:
-    __slots__ = ("context", "lock", "node_id", "sent", "term")
+    __slots__ = ("context", "lock", "node_id", "sent", "term", "version")
 
     def __init__(self, node_id: str, context: Any, term: int) -> None:
         self.node_id = node_id
@@ -93,6 +93,7 @@ class _Stream:
         self.term = term
         self.lock = asyncio.Lock()
         self.sent: Digest | None = None  # the digest of the last list sent on this stream
+        self.version = -1  # the state version of the last message sent on it
 
 
 class StreamServer:
@@ -232,6 +233,7 @@ class StreamServer:
         desired = self._desired_for(state, stream.node_id)
         digest = _digest(desired)
         changed = digest != stream.sent
+        stream.version = max(stream.version, state.applied_commands)
         if ack_seq == 0 and not changed:
             return None
         node = state.nodes.get(stream.node_id)
@@ -341,17 +343,20 @@ class StreamServer:
 
     async def _answer(self, stream: _Stream, request: pb.WorkerMessage) -> None:
         ctx = self.ctx
-        try:
-            events = convert.member_events_from_proto(list(request.reports))
-        except SpecError as exc:
-            raise _Refused(
-                build_status(Reason.INVALID_FIELD, str(exc), {"field": "reports"})
-            ) from None
+        events: tuple[Any, ...] = ()
+        if request.reports:
+            try:
+                events = convert.member_events_from_proto(list(request.reports))
+            except SpecError as exc:
+                raise _Refused(
+                    build_status(Reason.INVALID_FIELD, str(exc), {"field": "reports"})
+                ) from None
         if not ctx.serving():
             raise self._not_serving()
         now = ctx.clock_ms()
         node_id = stream.node_id
-        if node_id not in ctx.backend.snapshot().nodes:
+        state = ctx.backend.snapshot()
+        if node_id not in state.nodes:
             raise _node_not_found(node_id)
         ctx.liveness.heard(node_id, now)
         acked = 0
@@ -365,7 +370,9 @@ class StreamServer:
             await self._commit(command, node_id)
             acked = len(events)
         async with stream.lock:
-            state = ctx.backend.snapshot()
+            if events or state.applied_commands < stream.version:
+                # Never answer from a state older than one already sent on this stream.
+                state = ctx.backend.snapshot()
             msg = self._message(stream, state, now, request.seq, acked)
             assert msg is not None
             self.heartbeats += 1
