@@ -65,7 +65,7 @@ from synapse_ha.rpc.server import _desired_to_proto as _desired_to_proto
 log = logging.getLogger("synapse.rpc.stream")
 
 _EOF: Any = getattr(aio, "EOF")  # noqa: B009  (not in grpc's stubs)
-CONNECT_METHOD = "/synapse.v1.NodeStreamService/Connect"
+CONNECT_METHOD = f"/{access.NODE_STREAM_SERVICE}/Connect"
 
 Digest = tuple[tuple[str, int, int, int], ...]
 
