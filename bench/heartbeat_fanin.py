@@ -39,7 +39,7 @@ from grpc import aio
 
 from bench.loopback import wait_for
 from bench.quorum import loopback_host, pipelined, register_request
-from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.local.launcher import LocalReplicas, Replica
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.tls import TlsFiles, Transport
@@ -273,15 +273,27 @@ def _window(
     }
 
 
-def _register(cluster: LocalReplicas, leader_grpc: str, node_ids: list[str], first: int) -> str:
-    with cluster.channel(leader_grpc) as channel:
-        agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
-        requests = [
-            register_request(n, loopback_host(first + i), gpu=0) for i, n in enumerate(node_ids)
-        ]
-        pipelined(agent.RegisterNode, requests, 64)
-        answer = agent.RegisterNode(requests[0], timeout=10)
-    return str(answer.stream_address)
+def _register(
+    cluster: LocalReplicas, node_ids: list[str], first: int, attempts: int = 3
+) -> tuple[str, Replica]:
+    """Register ``node_ids`` with the serving leader (again with a new one, should the
+    leader change meanwhile: registering twice is harmless). Returns the stream address
+    and the leader."""
+    for attempt in range(attempts):
+        leader = cluster.serving_leader()
+        try:
+            with cluster.channel(leader.grpc) as channel:
+                agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
+                requests = [
+                    register_request(n, loopback_host(first + i), gpu=0)
+                    for i, n in enumerate(node_ids)
+                ]
+                pipelined(agent.RegisterNode, requests, 32)
+                answer = agent.RegisterNode(requests[0], timeout=10)
+            return str(answer.stream_address), leader
+        except (RuntimeError, grpc.RpcError) as exc:
+            print(f"registration attempt {attempt + 1} failed: {exc!s:.200}", file=sys.stderr)
+    raise RuntimeError(f"could not register {len(node_ids)} nodes in {attempts} attempts")
 
 
 def _detect_death(
@@ -360,8 +372,15 @@ def run(
         for n in sizes:
             fresh = [f"node-{i:05d}" for i in range(len(registered), n)]
             if fresh:
-                stream_address = _register(cluster, leader.grpc, fresh, len(registered))
+                stream_address, now_leader = _register(cluster, fresh, len(registered))
                 registered += fresh
+                if now_leader.replica_id != leader.replica_id:
+                    report["leader_changes_while_registering"] = (
+                        report.get("leader_changes_while_registering", 0) + 1
+                    )
+                    leader = now_leader
+                    assert leader.process is not None
+                    pid = leader.process.pid
             for mode in modes:
                 load = Load(
                     files, leader.grpc, stream_address, registered, interval_s, mode, processes
