@@ -4,7 +4,7 @@ agent register again without touching its members."""
 
 from __future__ import annotations
 
-from synapse_ha.worker.agent import StreamEnded
+from synapse_ha.worker.agent import ControlPlaneUnreachable, StreamEnded
 from synapse_ha.worker.lease import LeaseState
 from synapse_ha.worker.members import MemberKey
 from tests.worker.test_agent import Setup, desired, setup
@@ -31,13 +31,14 @@ def test_a_push_does_not_renew_the_lease_nor_start_anything_once_it_lapsed(
 ) -> None:
     agent, control, executor, clock = setup
     agent.step()
-    control.fail = StreamEnded("silent")
+    control.fail = ControlPlaneUnreachable("the leader is silent")
     clock.advance(4.0)
     agent.push([desired("j", 5, 0)])
     said = agent.step()
     assert "fenced" in said
     assert agent.lease.state is LeaseState.FENCED
     assert not agent.lease.held()
+    assert agent.registered  # still registered: only the lease stops the push
     assert executor.started == []
 
 
