@@ -286,7 +286,7 @@ def _register(
                     register_request(n, loopback_host(first + i), gpu=0)
                     for i, n in enumerate(node_ids)
                 ]
-                pipelined(agent.RegisterNode, requests, 32)
+                pipelined(agent.RegisterNode, requests, 16)
                 answer = agent.RegisterNode(requests[0], timeout=10)
             return str(answer.stream_address), leader
         except (RuntimeError, grpc.RpcError) as exc:
