@@ -143,6 +143,7 @@ async def _generate(
         while not done.is_set():
             call = stub.Connect()
             seq = 0
+            sent_at = 0.0
             next_at = time.monotonic()
             try:
                 while not done.is_set():
@@ -150,6 +151,8 @@ async def _generate(
                         call.cancel()
                         return
                     seq += 1
+                    if node_id == silent:
+                        sent_at = time.time()
                     await call.write(pb.WorkerMessage(seq=seq, node_id=node_id))
                     while True:
                         reply = await call.read()
@@ -159,7 +162,9 @@ async def _generate(
                             break
                     acks.value += 1
                     if node_id == silent:
-                        last_ack.value = time.time()
+                        # When the last acknowledged heartbeat was sent: the leader heard
+                        # the node after that.
+                        last_ack.value = sent_at
                     next_at += interval_s
                     await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             except (grpc.RpcError, ConnectionError):
@@ -323,7 +328,7 @@ def _detect_death(
         "node": node_id,
         "dead_timeout_s": dead_timeout_s,
         "poll_period_s": poll_s,
-        "last_ack_to_dead_s": round(latency, 3),
+        "last_heartbeat_sent_to_dead_s": round(latency, 3),
         "bound_s": dead_timeout_s + 1.0,
         "within_bound": latency <= dead_timeout_s + 1.0,
     }
