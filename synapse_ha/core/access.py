@@ -116,6 +116,7 @@ def audience_of(identity: Identity) -> Audience:
 
 SCHEDULER_SERVICE = "synapse.v1.SchedulerService"
 NODE_AGENT_SERVICE = "synapse.v1.NodeAgentService"
+NODE_STREAM_SERVICE = "synapse.v1.NodeStreamService"  # heartbeat streams (issue 16)
 
 _A, _O, _U = Audience.ADMIN, Audience.OPERATOR, Audience.USER
 _PEOPLE = frozenset({_A, _O, _U})
@@ -165,6 +166,8 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("DeleteQueue"): frozenset({_A}),
     _agent("RegisterNode"): frozenset({_A, Audience.WORKER}),
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
+    # Heartbeat streams (issue 16): the same callers as Heartbeat.
+    f"/{NODE_STREAM_SERVICE}/Connect": frozenset({_A, Audience.WORKER}),
 }
 
 

@@ -364,11 +364,13 @@ class Launcher:
                 str(self.credentials.admin_token_file),
             ]
         metrics = metrics_address(me.grpc.rpartition(":")[0], self.fixed_metrics_ports)
+        # Heartbeat streams (issue 16): a port the replica picks and tells workers.
+        streams = ["--agent-address", f"{me.grpc.rpartition(':')[0]}:0"]
         return Replica(
             metrics=metrics,
             name=name or f"replica {me.replica_id}",
             argv=scheduler_argv(
-                me, peers, data_dir, [*security, "--metrics-address", metrics, *extra]
+                me, peers, data_dir, [*security, "--metrics-address", metrics, *streams, *extra]
             ),
             log_path=log_path or self.logs_dir / f"{me.replica_id}.log",
             env=None if env is None else dict(env),

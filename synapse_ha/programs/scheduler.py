@@ -82,6 +82,7 @@ from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
+from synapse_ha.rpc.stream import StreamFirstNudger, StreamServer
 from synapse_ha.security.grants import GrantClaims, sign_grant
 from synapse_ha.security.tls import (
     INSECURE_WARNING,
@@ -130,6 +131,8 @@ class SchedulerConfig:
     metrics_address: str = ""  # /metrics and the dashboard; "" serves neither
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     raft_fsync: bool = RAFT_FSYNC_DEFAULT  # journal changes synced before acknowledging
+    # Heartbeat streams (issue 16): where NodeStreamService listens; "" serves none.
+    agent_address: str = ""
 
     @property
     def me(self) -> ReplicaAddress:
@@ -257,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-address",
         help="HOST:PORT where /metrics and the web dashboard are served (HTTPS with the "
         "replica's certificate; port 0 picks a free port); default: not served",
+    )
+    p.add_argument(
+        "--agent-address",
+        help="HOST:PORT where workers' heartbeat streams are served (mutual TLS; port 0 "
+        'picks a free port, advertised to workers when they register); "" or unset: '
+        "workers keep unary heartbeats",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     # Membership and backup (issue 18)
@@ -447,7 +456,16 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             parse_address(str(metrics_address), "metrics address")
         except AddressError as exc:
             raise ConfigError(str(exc)) from None
+    agent_address = args.agent_address
+    if agent_address is None:
+        agent_address = doc.get("agent_address", "")
+    if agent_address:
+        try:
+            parse_address(str(agent_address), "agent address")
+        except AddressError as exc:
+            raise ConfigError(str(exc)) from None
     return SchedulerConfig(
+        agent_address=str(agent_address),
         metrics_address=str(metrics_address),
         replica_id=replica_id,
         replicas=tuple(replicas),
@@ -585,6 +603,8 @@ class Replica:
         self.nudger = WorkerNudger(
             channel_factory=self.transport.channel, credentials_version=self.transport.version
         )
+        # Workers with a heartbeat stream get pushes on it; the others nudges.
+        self.stream_nudger = StreamFirstNudger(None, self.nudger)
         self._bootstrap_proposed_at = 0.0
         self._bootstrapped = False
         me = config.me
@@ -620,7 +640,7 @@ class Replica:
             desired_timeouts=config.timeouts,
             desired_locality_wait_ms=config.locality_wait_ms,
             desired_scheduling=config.scheduling,
-            nudger=self.nudger,
+            nudger=self.stream_nudger,
             wake=self._wake.set,
         )
         self.context = ReplicaContext(
@@ -648,6 +668,13 @@ class Replica:
         self.server = build_server(
             self.context, me.grpc, auth=auth, add_port=self.transport.add_port
         )
+        self.streams: StreamServer | None = None
+        if config.agent_address:
+            assert self.context.auth is not None  # set by build_server
+            self.streams = StreamServer(
+                self.context, config.agent_address, self.context.auth, self.transport.add_port
+            )
+            self.stream_nudger.streams = self.streams
         self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
         self.observe: ObserveServer | None = None
         if config.metrics_address:
@@ -708,6 +735,13 @@ class Replica:
 
     def start(self) -> None:
         self.server.start()
+        if self.streams is not None:
+            self.streams.start()
+            host = self.streams.address.rpartition(":")[0]
+            if host in ("0.0.0.0", "::", "[::]"):
+                host = self.config.me.grpc.rpartition(":")[0]
+            self.context.stream_address = f"{host}:{self.streams.port}"
+            log.info("heartbeat streams at %s", self.context.stream_address)
         if self.observe is not None:
             self.observe.start()
             log.info("metrics at %s, dashboard at %s/", self.observe.metrics_url, self.observe.url)
@@ -765,6 +799,8 @@ class Replica:
     def stop(self) -> None:
         self.stopping.set()
         self._wake.set()
+        if self.streams is not None:
+            self.streams.stop()
         self.server.stop(grace=1.0).wait(2.0)
         self._driver.join(timeout=2.0)
         if self.observe is not None:

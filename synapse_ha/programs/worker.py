@@ -71,6 +71,7 @@ from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.logs import LogAccess, add_worker_service
 from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
+from synapse_ha.worker.stream import StreamControlPlane
 
 log = logging.getLogger("synapse.worker")
 
@@ -567,9 +568,18 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     if observe is not None:
         observe.start()
         log.info("metrics at %s", observe.metrics_url)
+
+    # Heartbeat streams (issue 16): a leader that offers one gets heartbeats on a stream
+    # and pushes desired members on it; an older one keeps getting unary heartbeats.
+    def on_push(desired: list[pb.DesiredMember]) -> None:
+        if agents:
+            agents[0].push(desired)
+            wake.set()
+
+    control = StreamControlPlane(GrpcControlPlane(client), transport.channel, on_push)
     agent = Agent(
         request,
-        MeteredControlPlane(GrpcControlPlane(client), metrics),
+        MeteredControlPlane(control, metrics),
         MeteredExecutor(executor, metrics),
         time.monotonic,
         lease_file=lease_file,
@@ -598,6 +608,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         server.stop(grace=0.5).wait(1.0)
         if observe is not None:
             observe.stop()
+        control.close()
         client.close()
         os.close(lock_fd)
     return 0

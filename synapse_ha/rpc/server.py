@@ -151,6 +151,8 @@ class ReplicaContext:
     # reported in its ReplicaStatus ("" when it serves neither).
     metrics_url: str = ""
     dashboard_url: str = ""
+    # Heartbeat streams (issue 16): where this replica serves NodeStreamService ("": none).
+    stream_address: str = ""
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -1075,6 +1077,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
             status=str(node.status) if node else "",
             heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
             lease_ttl_ms=timeouts.lease_ttl_ms,
+            stream_address=self.ctx.stream_address,
         )
 
     def Heartbeat(

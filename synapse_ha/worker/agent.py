@@ -57,6 +57,11 @@ class ControlPlaneUnreachable(Exception):
     """No leader answered in time."""
 
 
+class StreamEnded(Exception):
+    """The heartbeat stream to the leader ended or went silent: register again (leader
+    discovery) without forgetting the members; the lease keeps running meanwhile."""
+
+
 class ControlPlane(Protocol):
     def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse: ...
 
@@ -192,6 +197,7 @@ class Agent:
         self.fresh_reports = False
         self.nudged = False
         self.desired_seen: set[MemberKey] = set()
+        self._pushed: list[pb.DesiredMember] | None = None
         if lease_file is not None:
             lease_file.revoke()
 
@@ -210,6 +216,11 @@ class Agent:
             return False
         self.nudged = True
         return True
+
+    def push(self, desired: Sequence[pb.DesiredMember]) -> None:
+        """The leader pushed this node's new desired list on its heartbeat stream. Called
+        from another thread; the next :meth:`step` applies it if the lease is held."""
+        self._pushed = list(desired)
 
     def step(self) -> str:
         """One pass: collect exits, fence if the lease ran out, register or heartbeat when
@@ -231,6 +242,12 @@ class Agent:
         early = (self.fresh_reports or self.nudged) and now >= self.last_sent_at + MIN_REPORT_GAP_S
         if due or early:
             said.append(self._heartbeat())
+        pushed, self._pushed = self._pushed, None
+        if pushed is not None and self.registered and self.lease.held():
+            # A push renews nothing: it is applied only under a lease an acknowledgement
+            # of this node's own heartbeat granted (see worker/stream.py).
+            applied = self._apply(pushed)
+            said.append(f"pushed: {applied}" if applied else "")
         return "; ".join(s for s in said if s)
 
     def next_wakeup_in(self) -> float:
@@ -302,6 +319,12 @@ class Agent:
             return self._forgotten(f"the leader does not know this node ({exc})")
         except ControlPlaneUnreachable as exc:
             return f"no heartbeat reply: {exc}"
+        except StreamEnded as exc:
+            self.registered = False
+            self.next_register_at = self.clock()
+            return f"{exc}; registering again"
+        # A push received before this reply is older than the reply's list: drop it.
+        self._pushed = None
         acked = max(0, min(answer.acked_reports, len(reports)))
         for report in reports[:acked]:
             if report.kind == pb.MemberReport.EXITED:

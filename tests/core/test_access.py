@@ -32,6 +32,7 @@ def test_policy_names_every_method_of_both_services_and_nothing_else() -> None:
     assert {s.full_name for s in pb.DESCRIPTOR.services_by_name.values()} == {
         access.SCHEDULER_SERVICE,
         access.NODE_AGENT_SERVICE,
+        access.NODE_STREAM_SERVICE,
     }
     assert set(access.POLICY) == methods
 

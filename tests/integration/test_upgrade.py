@@ -88,9 +88,10 @@ def _run_release(replica: Replica, previous: Path | None) -> None:
     if previous is not None:
         env["PYTHONPATH"] = str(previous)
         # Flags newer than that release are left out (it would refuse to start).
-        if "--metrics-address" in replica.argv:
-            i = replica.argv.index("--metrics-address")
-            replica.argv = replica.argv[:i] + replica.argv[i + 2 :]
+        for flag in ("--metrics-address", "--agent-address"):
+            if flag in replica.argv:
+                i = replica.argv.index(flag)
+                replica.argv = replica.argv[:i] + replica.argv[i + 2 :]
     replica.env = env
 
 

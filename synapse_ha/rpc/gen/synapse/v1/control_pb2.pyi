@@ -771,14 +771,16 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms")
+    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     status: str
     heartbeat_interval_ms: int
     lease_ttl_ms: int
-    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+    stream_address: str
+    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ...) -> None: ...
 
 class MemberReport(_message.Message):
     __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail", "cause")
@@ -943,3 +945,35 @@ class SnapshotChunk(_message.Message):
     total_bytes: int
     sha256: str
     def __init__(self, data: _Optional[bytes] = ..., raft_index: _Optional[int] = ..., raft_term: _Optional[int] = ..., replica_id: _Optional[str] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("seq", "node_id", "reports", "running")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    node_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    running: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ...) -> None: ...
+
+class LeaderMessage(_message.Message):
+    __slots__ = ("ack_seq", "acked_reports", "lease_ttl_ms", "heartbeat_interval_ms", "node_status", "leader_term", "has_desired", "desired")
+    ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
+    HAS_DESIRED_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    ack_seq: int
+    acked_reports: int
+    lease_ttl_ms: int
+    heartbeat_interval_ms: int
+    node_status: str
+    leader_term: int
+    has_desired: bool
+    desired: _containers.RepeatedCompositeFieldContainer[DesiredMember]
+    def __init__(self, ack_seq: _Optional[int] = ..., acked_reports: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_status: _Optional[str] = ..., leader_term: _Optional[int] = ..., has_desired: _Optional[bool] = ..., desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,433 @@
+"""Heartbeat streams: ``NodeStreamService.Connect``, one long-lived stream per worker.
+
+Why: a unary heartbeat costs the leader a TLS record exchange, the interceptor and a
+thread hand-off per call, plus the node's whole desired list every time. A stream served
+by a ``grpc.aio`` server (coroutines on one event loop thread, not a thread per stream)
+pays the authentication once per stream, answers each heartbeat with a small
+acknowledgement, and sends the desired list only when it changed for that node since the
+previous message on the stream (compared by a per-node digest). After a command commits
+that changes a node's desired members, the leader pushes the new list on the node's
+stream at once (:meth:`StreamServer.push`), instead of nudging the worker to heartbeat.
+
+Fencing is unchanged (DESIGN §4, and the contract above ``WorkerMessage`` in
+``control.proto``):
+
+* Only an acknowledgement of one of the worker's own heartbeats renews its lease, from
+  the moment that heartbeat was sent, exactly as a unary reply does: the
+  acknowledgement proves that a serving leader heard the node after that moment. A push
+  renews nothing.
+* Each heartbeat is answered only while this replica is the serving leader (checked per
+  message, as the unary handler does), and every stream is ended as soon as this replica
+  stops serving or its term changes (a watcher checks every ``watch_period_s``), so a
+  worker never keeps talking to a deposed leader: its stream ends, it registers again
+  (leader discovery), and until a new leader acknowledges it, ``lease_ttl`` runs out and
+  it fences itself, as with unary heartbeats.
+* A pushed list comes from the same serving leader in the same term as the stream's
+  acknowledgements and is built from a state in which the command is committed; the
+  worker applies it only while it holds its lease, as it would apply a reply.
+* Liveness (``ctx.liveness.heard``) is recorded for every heartbeat message, as for
+  every unary heartbeat, so dead-node detection is unchanged.
+
+Who may connect is checked with the same functions as the unary path
+(:class:`~synapse_ha.rpc.auth.AuthInterceptor`'s ``identify``,
+:func:`~synapse_ha.core.access.authorize`, :func:`~synapse_ha.core.access.may_speak_for_node`)
+on the stream's first message; later messages must name the same node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from synapse_ha.app.ports import ProposalError
+from synapse_ha.core import access
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import ClusterState, NodeStatus
+from synapse_ha.core.spec import SpecError
+from synapse_ha.core.views import DesiredMember, desired_by_node
+from synapse_ha.rpc import convert
+from synapse_ha.rpc.auth import AuthInterceptor
+from synapse_ha.rpc.errors import Reason, build_status
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.server import ReplicaContext
+from synapse_ha.rpc.server import _desired_to_proto as _desired_to_proto
+
+log = logging.getLogger("synapse.rpc.stream")
+
+_EOF: Any = getattr(aio, "EOF")  # noqa: B009  (not in grpc's stubs)
+CONNECT_METHOD = f"/{access.NODE_STREAM_SERVICE}/Connect"
+
+Digest = tuple[tuple[str, int, int, int], ...]
+
+
+class _Refused(Exception):
+    """End the stream with this status."""
+
+    def __init__(self, status: grpc.Status) -> None:
+        super().__init__(status.details)
+        self.status = status
+
+
+def _digest(members: Iterable[DesiredMember]) -> Digest:
+    """What identifies a node's desired list: a member's launch data never changes for a
+    given (job, token, rank); only its preemption deadline can."""
+    return tuple((d.job_id, d.fencing_token, d.rank, d.preempt_deadline_ms) for d in members)
+
+
+class _Stream:
+    __slots__ = ("context", "lock", "node_id", "sent", "term", "version")
+
+    def __init__(self, node_id: str, context: Any, term: int) -> None:
+        self.node_id = node_id
+        self.context = context
+        self.term = term
+        self.lock = asyncio.Lock()
+        self.sent: Digest | None = None  # the digest of the last list sent on this stream
+        self.version = -1  # the state version of the last message sent on it
+
+
+class StreamServer:
+    """The heartbeat stream service of one replica, on its own address and event-loop
+    thread. ``add_port`` binds the address (``Transport.add_port``: mutual TLS);
+    ``auth`` identifies callers (the replica's interceptor)."""
+
+    def __init__(
+        self,
+        ctx: ReplicaContext,
+        address: str,
+        auth: AuthInterceptor,
+        add_port: Callable[[Any, str], int],
+        *,
+        watch_period_s: float = 0.1,
+    ) -> None:
+        self.ctx = ctx
+        self.address = address
+        self._auth = auth
+        self._add_port = add_port
+        self.watch_period_s = watch_period_s
+        self.port = 0
+        self.heartbeats = 0  # heartbeats answered (read by metrics and benchmarks)
+        self.pushes = 0
+        self._streams: dict[str, _Stream] = {}
+        self._desired_version = -1
+        self._desired: dict[str, list[DesiredMember]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: aio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._stopped: asyncio.Event | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    # ------------------------------------------------------------- lifecycle
+
+    @property
+    def bound_address(self) -> str:
+        host = self.address.rpartition(":")[0]
+        return f"{host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="heartbeat-streams", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise OSError(f"the heartbeat stream server at {self.address} did not start")
+        if self._error is not None:
+            raise OSError(f"cannot serve heartbeat streams at {self.address}: {self._error}")
+
+    def stop(self, timeout_s: float = 3.0) -> None:
+        loop, stopped = self._loop, self._stopped
+        if loop is not None and stopped is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                loop.call_soon_threadsafe(stopped.set)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def connected(self) -> int:
+        return len(self._streams)
+
+    def push(self, node_ids: Iterable[str]) -> list[str]:
+        """Push the current desired list to each node that has a stream here (if it
+        changed); thread-safe, never blocks. Returns the nodes that have no stream here
+        (the caller nudges those the old way)."""
+        wanted = list(node_ids)
+        streamed = [n for n in wanted if n in self._streams]
+        loop = self._loop
+        if streamed and loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._push_now, streamed)
+            except RuntimeError:
+                return wanted
+        else:
+            streamed = []
+        return [n for n in wanted if n not in set(streamed)]
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported to start(); a stopped loop is normal
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        server = aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_NodeStreamServiceServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
+        self.port = self._add_port(server, self.address)
+        if self.port == 0:
+            raise OSError(f"cannot bind {self.address}")
+        await server.start()
+        self._server = server
+        self._ready.set()
+        watcher = asyncio.ensure_future(self._watch())
+        await self._stopped.wait()
+        watcher.cancel()
+        await server.stop(grace=0.5)
+
+    async def _watch(self) -> None:
+        """End every stream when this replica stops serving or its term changes."""
+        while True:
+            await asyncio.sleep(self.watch_period_s)
+            if not self._streams:
+                continue
+            serving = self.ctx.serving()
+            term = self.ctx.backend.status().term if serving else -1
+            for stream in list(self._streams.values()):
+                if not serving or stream.term != term:
+                    self._spawn(self._end(stream, "this replica stopped serving as leader"))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _end(self, stream: _Stream, why: str) -> None:
+        """End ``stream`` from outside its handler: the worker registers again."""
+        if self._streams.get(stream.node_id) is stream:
+            del self._streams[stream.node_id]
+        status = build_status(Reason.NOT_LEADER, f"{why}; register again to find the leader")
+        with contextlib.suppress(Exception):  # ending a call that ends anyway
+            await stream.context.abort(status.code, status.details, status.trailing_metadata)
+
+    # ------------------------------------------------------------- desired
+
+    def _desired_for(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
+        if self._desired_version < state.applied_commands:
+            self._desired = desired_by_node(state)
+            self._desired_version = state.applied_commands
+        return self._desired.get(node_id, [])
+
+    def _message(
+        self, stream: _Stream, state: ClusterState, now_ms: int, ack_seq: int, acked: int
+    ) -> pb.LeaderMessage | None:
+        desired = self._desired_for(state, stream.node_id)
+        digest = _digest(desired)
+        changed = digest != stream.sent
+        stream.version = max(stream.version, state.applied_commands)
+        if ack_seq == 0 and not changed:
+            return None
+        node = state.nodes.get(stream.node_id)
+        timeouts = state.config.timeouts
+        msg = pb.LeaderMessage(
+            ack_seq=ack_seq,
+            acked_reports=acked,
+            lease_ttl_ms=timeouts.lease_ttl_ms,
+            heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
+            node_status=str(node.status) if node else str(NodeStatus.DEAD),
+            leader_term=stream.term,
+            has_desired=changed,
+        )
+        if changed:
+            msg.desired.extend(_desired_to_proto(state, d, now_ms) for d in desired)
+            stream.sent = digest
+        return msg
+
+    # ------------------------------------------------------------- pushes
+
+    def _push_now(self, node_ids: list[str]) -> None:
+        for node_id in node_ids:
+            stream = self._streams.get(node_id)
+            if stream is not None:
+                self._spawn(self._push_one(stream))
+
+    async def _push_one(self, stream: _Stream) -> None:
+        if not self.ctx.serving():
+            return
+        async with stream.lock:
+            state = self.ctx.backend.snapshot()
+            msg = self._message(stream, state, self.ctx.clock_ms(), 0, 0)
+            if msg is None:
+                return
+            self.pushes += 1
+            try:
+                await stream.context.write(msg)
+            except Exception as exc:  # the stream is ending; its handler cleans up
+                log.debug("push to %s failed: %s", stream.node_id, exc)
+
+    # ------------------------------------------------------------- one stream
+
+    def _admit(self, context: Any, node_id: str) -> None:
+        identity, refusal = self._auth.identify(context)
+        if refusal is None:
+            refusal = access.authorize(identity, CONNECT_METHOD)
+        if refusal is None and identity is not None:
+            refusal = access.may_speak_for_node(identity, node_id)
+        if refusal is not None:
+            self._auth.refused(refusal, identity, CONNECT_METHOD)
+            reason = (
+                Reason.UNAUTHENTICATED
+                if refusal.code is access.RefusalCode.UNAUTHENTICATED
+                else Reason.PERMISSION_DENIED
+            )
+            metadata = {"method": access.short_method(CONNECT_METHOD)}
+            if identity is not None:
+                metadata["identity"] = str(identity)
+            raise _Refused(build_status(reason, refusal.message, metadata))
+
+    def _not_serving(self) -> _Refused:
+        return _Refused(
+            build_status(
+                Reason.NOT_LEADER,
+                "this replica does not serve as leader now; register again to find the leader",
+                {"leader_id": ""},
+            )
+        )
+
+    async def connect(self, context: Any) -> None:
+        first = await context.read()
+        if first is _EOF:
+            return
+        node_id = first.node_id
+        stream: _Stream | None = None
+        try:
+            if not node_id:
+                raise _Refused(
+                    build_status(Reason.INVALID_FIELD, "node_id is required", {"field": "node_id"})
+                )
+            self._admit(context, node_id)
+            if not self.ctx.serving():
+                raise self._not_serving()
+            stream = _Stream(node_id, context, self.ctx.backend.status().term)
+            older = self._streams.get(node_id)
+            self._streams[node_id] = stream
+            if older is not None:  # a reconnected worker: its old stream is dead
+                self._spawn(self._end(older, "a newer stream speaks for this node"))
+            message = first
+            while message is not _EOF:
+                if message.node_id and message.node_id != node_id:
+                    raise _Refused(
+                        build_status(
+                            Reason.INVALID_FIELD,
+                            f"this stream speaks for node {node_id!r}, not {message.node_id!r}",
+                            {"field": "node_id"},
+                        )
+                    )
+                await self._answer(stream, message)
+                message = await context.read()
+        except _Refused as refused:
+            status = refused.status
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        finally:
+            if stream is not None and self._streams.get(node_id) is stream:
+                del self._streams[node_id]
+
+    async def _answer(self, stream: _Stream, request: pb.WorkerMessage) -> None:
+        ctx = self.ctx
+        events: tuple[Any, ...] = ()
+        if request.reports:
+            try:
+                events = convert.member_events_from_proto(list(request.reports))
+            except SpecError as exc:
+                raise _Refused(
+                    build_status(Reason.INVALID_FIELD, str(exc), {"field": "reports"})
+                ) from None
+        if not ctx.serving():
+            raise self._not_serving()
+        now = ctx.clock_ms()
+        node_id = stream.node_id
+        state = ctx.backend.snapshot()
+        if node_id not in state.nodes:
+            raise _node_not_found(node_id)
+        ctx.liveness.heard(node_id, now)
+        acked = 0
+        if events:
+            command = cmd.ReportMembers(
+                node_id=node_id,
+                events=events,
+                jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
+                now_ms=now,
+            )
+            await self._commit(command, node_id)
+            acked = len(events)
+        async with stream.lock:
+            if events or state.applied_commands < stream.version:
+                # Never answer from a state older than one already sent on this stream.
+                state = ctx.backend.snapshot()
+            msg = self._message(stream, state, now, request.seq, acked)
+            assert msg is not None
+            self.heartbeats += 1
+            await stream.context.write(msg)
+
+    async def _commit(self, command: cmd.ReportMembers, node_id: str) -> None:
+        future: futures.Future[cmd.Result] = self.ctx.backend.propose(command)
+        try:
+            result = await asyncio.wait_for(
+                asyncio.wrap_future(future), timeout=self.ctx.write_timeout_s
+            )
+        except TimeoutError:
+            raise _Refused(
+                build_status(Reason.OUTCOME_UNKNOWN, "the reports were not committed in time")
+            ) from None
+        except ProposalError as exc:
+            reason = Reason.OUTCOME_UNKNOWN if exc.committed_unknown else Reason.NOT_COMMITTED
+            raise _Refused(build_status(reason, f"reports not committed: {exc}")) from None
+        if result.code is cmd.ResultCode.NOT_FOUND:
+            raise _node_not_found(node_id)
+        if not result.ok:
+            raise _Refused(build_status(Reason.INTERNAL, result.message))
+
+
+def _node_not_found(node_id: str) -> _Refused:
+    return _Refused(
+        build_status(
+            Reason.NODE_NOT_FOUND,
+            f"node {node_id!r} is not registered; call RegisterNode",
+            {"node_id": node_id},
+        )
+    )
+
+
+class _Servicer(pb_grpc.NodeStreamServiceServicer):
+    def __init__(self, server: StreamServer) -> None:
+        self._server = server
+
+    async def Connect(self, request_iterator: Any, context: Any) -> None:
+        await self._server.connect(context)
+
+
+class StreamFirstNudger:
+    """The leader loop's nudger: nodes with a heartbeat stream here get their new desired
+    list pushed on it; the others are nudged through ``fallback`` (unary workers)."""
+
+    def __init__(self, streams: StreamServer | None, fallback: Any) -> None:
+        self.streams = streams
+        self.fallback = fallback
+
+    def nudge(self, targets: Sequence[tuple[str, str]]) -> None:
+        if self.streams is None:
+            self.fallback.nudge(targets)
+            return
+        rest = set(self.streams.push(n for n, _ in targets))
+        left = [(n, a) for n, a in targets if n in rest]
+        if left:
+            self.fallback.nudge(left)

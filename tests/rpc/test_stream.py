@@ -1,0 +1,176 @@
+"""Heartbeat streams (``NodeStreamService.Connect``) in process: a real StreamServer on
+127.0.0.1 in front of the fake backend of :mod:`tests.rpc.authed` (peer identities from
+metadata stand in for certificates, as in the access tests)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+import pytest
+
+from synapse_ha.core import access
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.machine import apply
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.views import desired_by_node
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.stream import StreamFirstNudger, StreamServer
+from tests.rpc.authed import NOW, PEER_KEY, Replica, serving_replica
+
+WAIT_S = 20.0
+
+
+class Client:
+    """One stream, with messages read into a queue by a thread."""
+
+    def __init__(self, address: str, peer: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.outbox: queue.SimpleQueue[pb.WorkerMessage | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[pb.LeaderMessage | grpc.RpcError | None] = queue.SimpleQueue()
+        stub = pb_grpc.NodeStreamServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.call = stub.Connect(self._requests(), metadata=[(PEER_KEY, peer)])
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _requests(self) -> Iterator[pb.WorkerMessage]:
+        while (message := self.outbox.get()) is not None:
+            yield message
+
+    def _read(self) -> None:
+        try:
+            for message in self.call:
+                self.inbox.put(message)
+            self.inbox.put(None)
+        except grpc.RpcError as exc:
+            self.inbox.put(exc)
+
+    def send(self, seq: int, node_id: str) -> None:
+        self.outbox.put(pb.WorkerMessage(seq=seq, node_id=node_id))
+
+    def receive(self) -> pb.LeaderMessage:
+        got = self.inbox.get(timeout=WAIT_S)
+        assert isinstance(got, pb.LeaderMessage), got
+        return got
+
+    def ended(self) -> grpc.RpcError:
+        got = self.inbox.get(timeout=WAIT_S)
+        assert isinstance(got, grpc.RpcError), got
+        return got
+
+    def close(self) -> None:
+        self.outbox.put(None)
+        self.call.cancel()
+        self.channel.close()
+
+
+@contextmanager
+def stream_server() -> Iterator[tuple[Replica, StreamServer, list[bool]]]:
+    serving = [True]
+    with serving_replica() as replica:
+        replica.ctx.serving = lambda: serving[0]
+        server = StreamServer(
+            replica.ctx,
+            "127.0.0.1:0",
+            replica.auth,
+            lambda s, a: s.add_insecure_port(a),  # type: ignore[no-any-return]
+            watch_period_s=0.02,
+        )
+        server.start()
+        try:
+            yield replica, server, serving
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def connect(server: StreamServer, node_id: str, clients: list[Client], as_node: str = "") -> Client:
+    c = Client(f"127.0.0.1:{server.port}", access.worker(as_node or node_id).spiffe_id)
+    clients.append(c)
+    return c
+
+
+def test_each_heartbeat_is_acknowledged_and_the_list_sent_only_when_it_changed(
+    clients: list[Client],
+) -> None:
+    with stream_server() as (replica, server, _):
+        c = connect(server, "n1", clients)
+        c.send(1, "n1")
+        first = c.receive()
+        assert (first.ack_seq, first.has_desired, first.node_status) == (1, True, "ready")
+        assert first.lease_ttl_ms > 0 and first.heartbeat_interval_ms > 0
+        assert replica.ctx.liveness.heard_since_election("n1") == NOW + 1_000
+        c.send(2, "n1")
+        second = c.receive()
+        assert (second.ack_seq, second.has_desired) == (2, False)
+        assert server.heartbeats == 2
+
+
+def test_a_worker_may_not_stream_for_another_node(clients: list[Client]) -> None:
+    with stream_server() as (_, server, _):
+        c = connect(server, "n1", clients, as_node="n2")
+        c.send(1, "n1")
+        assert c.ended().code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_an_unregistered_node_is_told_to_register(clients: list[Client]) -> None:
+    with stream_server() as (_, server, _):
+        c = connect(server, "n9", clients)
+        c.send(1, "n9")
+        assert c.ended().code() is grpc.StatusCode.NOT_FOUND
+
+
+def test_a_committed_bind_is_pushed_at_once_and_only_when_it_changed_the_list(
+    clients: list[Client],
+) -> None:
+    with stream_server() as (replica, server, _):
+        state = replica.backend.state
+        command = schedule(replica.backend.snapshot(), NOW).command(NOW)
+        assert command is not None
+        assert apply(state, command).ok
+        node_id = min(n for n, members in desired_by_node(state).items() if members)
+        c = connect(server, node_id, clients)
+        c.send(1, node_id)
+        assert c.receive().ack_seq == 1  # the list, as every first message has
+        fallback: list[list[tuple[str, str]]] = []
+
+        class Recorder:
+            def nudge(self, targets: list[tuple[str, str]]) -> None:
+                fallback.append(list(targets))
+
+        nudger = StreamFirstNudger(server, Recorder())
+        nudger.nudge([(node_id, "a"), ("elsewhere", "b")])
+        assert fallback == [[("elsewhere", "b")]]  # no stream: nudged the old way
+        # Unchanged since the first message: nothing is pushed, the next message is an ack.
+        c.send(2, node_id)
+        assert c.receive().ack_seq == 2
+        # The job is cancelled: its members leave the list, which is pushed.
+        job_id = desired_by_node(state)[node_id][0].job_id
+        assert apply(state, cmd.CancelJob(job_id, now_ms=NOW + 1, actor="user:root")).ok
+        nudger.nudge([(node_id, "a")])
+        pushed = c.receive()
+        assert (pushed.ack_seq, pushed.has_desired) == (0, True)
+        assert job_id not in {d.job_id for d in pushed.desired}
+        assert server.pushes == 1
+
+
+def test_streams_end_when_the_replica_stops_serving(clients: list[Client]) -> None:
+    with stream_server() as (_, server, serving):
+        c = connect(server, "n1", clients)
+        c.send(1, "n1")
+        assert c.receive().ack_seq == 1
+        serving[0] = False
+        assert c.ended().code() is grpc.StatusCode.FAILED_PRECONDITION
+        late = connect(server, "n2", clients)
+        late.send(1, "n2")
+        assert late.ended().code() is grpc.StatusCode.FAILED_PRECONDITION

@@ -1,0 +1,128 @@
+"""The worker's StreamControlPlane against an in-process stream server (the fake
+backend of :mod:`tests.rpc.authed`; the peer identity travels in metadata there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from synapse_ha.core import access
+from synapse_ha.core.machine import apply
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.views import desired_by_node
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.stream import StreamServer
+from synapse_ha.worker.agent import NotRegistered, StreamEnded
+from synapse_ha.worker.stream import StreamControlPlane
+from tests.rpc.authed import NOW, PEER_KEY, Replica
+from tests.rpc.test_stream import stream_server
+
+
+class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+    def __init__(self, base: Any, metadata: list[tuple[str, str]]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = base.wait_for_ready
+        self.compression = base.compression
+
+
+class _AsPeer(grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(_Details(details, [(PEER_KEY, self.peer)]), requests)
+
+
+def channel_as(node_id: str) -> Callable[[str], grpc.Channel]:
+    def make(address: str) -> grpc.Channel:
+        peer = access.worker(node_id).spiffe_id
+        return grpc.intercept_channel(grpc.insecure_channel(address), _AsPeer(peer))
+
+    return make
+
+
+class FakeUnary:
+    def __init__(self, stream_address: str) -> None:
+        self.stream_address = stream_address
+        self.heartbeats = 0
+
+    def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
+        return pb.RegisterNodeResponse(status="ready", stream_address=self.stream_address)
+
+    def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        self.heartbeats += 1
+        return pb.HeartbeatResponse(node_status="ready", heartbeat_interval_ms=1000)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Replica, StreamServer, list[bool]]]:
+    with stream_server() as served:
+        yield served
+
+
+def bound_node(replica: Replica) -> str:
+    command = schedule(replica.backend.snapshot(), NOW).command(NOW)
+    assert command is not None
+    assert apply(replica.backend.state, command).ok
+    return min(n for n, m in desired_by_node(replica.backend.state).items() if m)
+
+
+def test_heartbeats_go_on_the_stream_and_every_reply_carries_the_whole_list(
+    served: tuple[Replica, StreamServer, list[bool]],
+) -> None:
+    replica, server, _ = served
+    node_id = bound_node(replica)
+    unary = FakeUnary(f"127.0.0.1:{server.port}")
+    plane = StreamControlPlane(unary, channel_as(node_id))
+    try:
+        plane.register(pb.RegisterNodeRequest(node_id=node_id))
+        replies = [plane.heartbeat(pb.HeartbeatRequest(node_id=node_id), 10.0) for _ in range(2)]
+    finally:
+        plane.close()
+    assert unary.heartbeats == 0
+    assert plane.streamed == 2 and server.heartbeats == 2
+    expected = [d.job_id for d in desired_by_node(replica.backend.state)[node_id]]
+    # The second acknowledgement carried no list (unchanged): the one kept is returned.
+    assert [[d.job_id for d in r.desired] for r in replies] == [expected, expected]
+
+
+def test_without_a_stream_address_heartbeats_stay_unary() -> None:
+    unary = FakeUnary("")
+    plane = StreamControlPlane(unary, channel_as("n1"))
+    plane.register(pb.RegisterNodeRequest(node_id="n1"))
+    plane.heartbeat(pb.HeartbeatRequest(node_id="n1"), 1.0)
+    assert (unary.heartbeats, plane.streamed, plane.unary_heartbeats) == (1, 0, 1)
+
+
+def test_a_stream_ended_by_a_step_down_asks_the_agent_to_register_again(
+    served: tuple[Replica, StreamServer, list[bool]],
+) -> None:
+    _, server, serving = served
+    plane = StreamControlPlane(FakeUnary(f"127.0.0.1:{server.port}"), channel_as("n1"))
+    try:
+        plane.register(pb.RegisterNodeRequest(node_id="n1"))
+        plane.heartbeat(pb.HeartbeatRequest(node_id="n1"), 10.0)
+        serving[0] = False
+        with pytest.raises(StreamEnded):
+            plane.heartbeat(pb.HeartbeatRequest(node_id="n1"), 10.0)
+    finally:
+        plane.close()
+
+
+def test_an_unknown_node_is_not_registered(
+    served: tuple[Replica, StreamServer, list[bool]],
+) -> None:
+    _, server, _ = served
+    plane = StreamControlPlane(FakeUnary(f"127.0.0.1:{server.port}"), channel_as("n7"))
+    try:
+        plane.register(pb.RegisterNodeRequest(node_id="n7"))
+        with pytest.raises(NotRegistered):
+            plane.heartbeat(pb.HeartbeatRequest(node_id="n7"), 10.0)
+    finally:
+        plane.close()
