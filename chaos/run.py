@@ -291,7 +291,7 @@ class ChaosCluster:
         self.check_plaintext_refused()
         for w in self.workers.values():
             self.launcher.start(w)
-        self.wait("every worker to register", self._all_registered, 60.0)
+        self.wait("every worker to register", self._all_registered, 120.0)
         write_config(
             WorkloadConfig(
                 seed=self.cfg.seed,
