@@ -679,6 +679,9 @@ class Nemesis:
             def heal_disk() -> None:
                 hosts.unfill(disk)
                 extra["alive_at_heal"] = process.alive
+                # A negative code is the signal that ended it (SIGBUS: a write through a
+                # memory map found no space).
+                extra["exit_code_at_heal"] = process.returncode
                 if not process.alive:
                     c.restart(process)
 
