@@ -49,7 +49,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``stale-write``
     The sink accepted an effect under a token lower than that of an attempt of the same
     job which had already started (a ``start`` record earlier than the acceptance), even
-    when the sink itself had not yet seen the newer token: the write of a superseded
+    when the sink itself had not yet seen the newer token; or it accepted, after the thaw,
+    an effect of an attempt frozen with its host whose node the leader declared dead
+    during the freeze (that attempt was failed then). Either is the write of a superseded
     attempt, typically a member of a frozen host resumed before anything killed it.
 ``thaw-overlap``
     A member of an attempt frozen with its whole host (``freeze-host``) and superseded
@@ -131,6 +133,7 @@ class FaultRecord:
     end_ns: int  # the heal: for a freeze, the thaw
     frozen: tuple[tuple[str, int], ...] = ()  # freeze-host: (job, token) running there
     frozen_node: str = ""  # freeze-host: the frozen host as member records name it
+    declared_dead_ns: int = 0  # freeze-host: when the leader declared the frozen node dead
     declared_dead: tuple[str, ...] = ()  # clock jumps: ready nodes declared dead during it
 
 
@@ -199,6 +202,7 @@ def load_history(run_dir: Path) -> History:
                 end_ns=int(r["end_ns"]),
                 frozen=tuple((str(j), int(t)) for j, t in r.get("frozen", [])),
                 frozen_node=str(r.get("frozen_node", "")),
+                declared_dead_ns=int(r.get("declared_dead_ns", 0)),
                 declared_dead=tuple(str(n) for n in r.get("declared_dead", [])),
             )
         )
@@ -460,6 +464,13 @@ def _check_sink_fencing(history: History) -> list[Violation]:
 
 def _check_stale_writes(history: History) -> list[Violation]:
     starts = _attempt_starts(history)
+    # (job, token) frozen on a node declared dead during the freeze -> the thaw.
+    superseded = {
+        (job, token): f.end_ns
+        for f in history.faults
+        if f.kind == "freeze-host" and f.declared_dead_ns
+        for job, token in f.frozen
+    }
     out: list[Violation] = []
     for e in history.effects:
         if not e.accepted:
@@ -467,6 +478,16 @@ def _check_stale_writes(history: History) -> list[Violation]:
         newer = sorted(
             t for t, at in starts.get(e.job, {}).items() if t > e.token and at < e.mono_ns
         )
+        thawed = superseded.get((e.job, e.token))
+        if not newer and thawed is not None and e.mono_ns >= thawed:
+            out.append(
+                Violation(
+                    "stale-write",
+                    e.job,
+                    f"sink accepted rank {e.rank} under token {e.token} after the thaw of "
+                    "its host, which the leader had declared dead while it was frozen",
+                )
+            )
         if newer:
             out.append(
                 Violation(

@@ -734,9 +734,21 @@ class Nemesis:
         hosts.freeze(cgroup, True)
         started = time.monotonic()
 
+        def watch() -> None:
+            # When the leader declared the frozen node dead: from then on its attempts
+            # are superseded, and a write of theirs after the thaw is stale.
+            if "declared_dead_ns" not in extra and any(
+                n.node_id == target and n.status == "dead" for n in c.observer.list_nodes()
+            ):
+                extra["declared_dead_ns"] = ledger.now_ns()
+
+        self._watch = watch
+
         def hold() -> str:
             deadline = started + nemesis.FREEZE_MAX_S
             while time.monotonic() < deadline:
+                with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+                    watch()
                 newer = sorted(
                     f"{job}/t{c.newest_token[job]}"
                     for job, token in frozen_gangs.items()

@@ -125,6 +125,30 @@ def test_a_superseded_write_the_sink_accepted_is_a_stale_write() -> None:
     assert "stale-write" not in kinds(refused)
 
 
+def test_a_write_after_the_thaw_of_a_node_declared_dead_is_stale() -> None:
+    history = clean_history()
+    # j1 (token 3) was frozen on w1 from 500 to 1,900 ms; its node was declared dead at
+    # 1,200 ms; rank 0's effect was accepted at 2,000 ms, after the thaw, with no newer
+    # attempt started anywhere.
+    freeze = FaultRecord(
+        "freeze-host", ("w1",), 500 * MS, 1_900 * MS, frozen=(("j1", 3),), frozen_node="w1"
+    )
+    history.faults.append(freeze)
+    assert check_history(history) == []  # the node was not declared dead: still current
+    history.faults[-1] = FaultRecord(
+        "freeze-host",
+        ("w1",),
+        500 * MS,
+        1_900 * MS,
+        frozen=(("j1", 3),),
+        frozen_node="w1",
+        declared_dead_ns=1_200 * MS,
+    )
+    found = check_history(history)
+    assert {v.kind for v in found} == {"stale-write"}
+    assert all("declared dead" in v.detail for v in found)
+
+
 def test_a_node_declared_dead_during_a_clock_jump_is_early_dead() -> None:
     history = clean_history()
     history.faults.append(FaultRecord("clock-jump-forward", ("r1",), 0, 3_000 * MS))
