@@ -12,7 +12,7 @@ size-limited tmpfs disks that can be filled, and a wall-clock offset file per re
   from a file (``chaos/clockshim/sitecustomize.py``); :func:`set_clock` writes it.
 
 :func:`sweep` thaws and removes every cgroup of ours and unmounts every tmpfs of ours
-under a directory (also what a crashed earlier run left behind).
+(also what a crashed earlier run left behind).
 """
 
 from __future__ import annotations
@@ -97,7 +97,9 @@ def freeze(cgroup: Path, frozen: bool) -> None:
     raise HostError(f"{cgroup} did not become {'frozen' if frozen else 'thawed'} within 5 s")
 
 
-def _sweep_cgroups() -> list[str]:
+def sweep_cgroups() -> list[str]:
+    """Thaw and remove every cgroup of ours, killing what is left in them (the caller
+    holds :func:`chaos.net.machine_lock`: a running scenario's workers live there)."""
     removed: list[str] = []
     with contextlib.suppress(HostError):
         parent = cgroup_parent()
@@ -185,7 +187,8 @@ def unfill(path: Path) -> None:
         (path / FILL_NAME).unlink()
 
 
-def _sweep_mounts(under: Path | None) -> list[str]:
+def sweep_disks(under: Path | None = None) -> list[str]:
+    """Unmount our tmpfs disks (only those below ``under`` when given)."""
     removed: list[str] = []
     for mount in sorted(_our_mounts(), key=len, reverse=True):
         if under is not None and not mount.startswith(str(under)):
@@ -214,7 +217,7 @@ def set_clock(clock_file: Path, offset_s: float) -> None:
 # ------------------------------------------------------------------------- sweep
 
 
-def sweep(under: Path | None = None) -> list[str]:
-    """Thaw and remove our cgroups (killing what is left in them) and unmount our tmpfs
-    disks (only those below ``under`` when given)."""
-    return [*_sweep_cgroups(), *_sweep_mounts(under)]
+def sweep() -> list[str]:
+    """Everything of ours: cgroups (and what runs in them) and tmpfs disks. The caller
+    holds :func:`chaos.net.machine_lock`."""
+    return [*sweep_cgroups(), *sweep_disks()]

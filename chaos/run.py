@@ -501,7 +501,8 @@ class Nemesis:
         busy = self.c.busy_workers()
         if busy or not need_worker:
             return busy
-        return sorted(w for w, p in self.c.workers.items() if p.alive)
+        # Nothing ran: any live worker, or (none alive) any worker at all.
+        return sorted(w for w, p in self.c.workers.items() if p.alive) or sorted(self.c.workers)
 
     def play(self, step: Step) -> dict[str, object]:
         c = self.c
@@ -836,7 +837,8 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         player.close()
         cluster.close()
         net.sweep()
-        hosts.sweep(run_dir)
+        hosts.sweep_cgroups()
+        hosts.sweep_disks(run_dir)
     meta["end_ns"] = ledger.now_ns()
     meta["error"] = error
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
