@@ -56,10 +56,11 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``thaw-overlap``
     A member of an attempt frozen with its whole host (``freeze-host``) and superseded
     while frozen wrote a record more than ``THAW_KILL_BOUND_MS`` after the thaw: its
-    supervisor, resumed with it, did not stop it in time. Records inside that bound are
-    not ``overlap``: nothing on a frozen host can act before the thaw, and what the member
-    does in the first moments after it is fenced at the sink (``stale-write``); the
-    report counts them (:func:`thaw_writes`).
+    supervisor, resumed with it, did not stop it in time. Records inside that bound (an
+    effect request included) are neither ``overlap`` nor ``stale-effect``: nothing on a
+    frozen host can act before the thaw, and what the member does in the first moments
+    after it must be fenced at the sink (``stale-write``); the report lists them
+    (:func:`thaw_writes`).
 ``early-dead``
     A node that was ready when a clock-jump fault began was declared dead during it: a
     wall-clock step made the dead timeout fire early.
@@ -286,15 +287,12 @@ def _thaws(history: History) -> dict[tuple[str, int], tuple[str, int]]:
 
 
 def _in_thaw_window(r: MemberRecord, thaws: dict[tuple[str, int], tuple[str, int]]) -> bool:
-    """A non-effect record of a frozen attempt on its frozen host, written before the thaw
-    or at most ``THAW_KILL_BOUND_MS`` after it."""
+    """A record of a frozen attempt on its frozen host, written before the thaw or at most
+    ``THAW_KILL_BOUND_MS`` after it. An ``effect`` record here is a request the member
+    made before its supervisor could kill it: whether the sink accepted it is
+    ``stale-write``'s question."""
     node, thawed = thaws.get((r.job, r.token), ("", 0))
-    return (
-        bool(node)
-        and r.node == node
-        and r.type != "effect"
-        and r.mono_ns <= thawed + THAW_KILL_BOUND_MS * 1_000_000
-    )
+    return bool(node) and r.node == node and r.mono_ns <= thawed + THAW_KILL_BOUND_MS * 1_000_000
 
 
 def thaw_writes(history: History) -> list[str]:
