@@ -267,3 +267,19 @@ def test_fault_kind_counts_come_from_the_fault_log(tmp_path: Path) -> None:
         for kind in ("packet-loss", "packet-loss", "one-way-loss"):
             out.append({"type": "fault", "kind": kind})
     assert fault_kinds(tmp_path) == Counter({"packet-loss": 2, "one-way-loss": 1})
+
+
+def test_the_soak_plan_walks_the_seeds_with_the_targeted_scenario_every_tenth() -> None:
+    import itertools
+
+    from chaos.__main__ import soak_plan
+
+    kept = tuple(k for k in nemesis.ALL_FAULTS if k not in CI_SKIPPED)
+    plan = list(itertools.islice(soak_plan(1000, 300.0, kept), 12))
+    assert [(c.name, c.seed) for c in plan[:3]] == [
+        ("targeted", 1000),
+        ("random", 1000),
+        ("random", 1001),
+    ]
+    assert [c.seed for c in plan[2:]] == list(range(1001, 1011))[: len(plan) - 2]
+    assert all(s.kind in kept for c in plan for s in c.steps)
