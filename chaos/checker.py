@@ -175,6 +175,8 @@ def load_history(run_dir: Path) -> History:
             )
         )
     for r in ledger.read_records(run_dir / ledger.EFFECTS):
+        if r.get("type", "effect") != "effect":
+            continue  # a member's claim of its token (chaos.sink)
         history.effects.append(
             EffectRecord(
                 job=str(r["job"]),

@@ -26,7 +26,11 @@ def write_report(
     for r in ledger.read_records(run_dir / ledger.SUBMISSIONS):
         if r["type"] != "begin":
             submissions[str(r["type"])] += 1
-    effects = list(ledger.read_records(run_dir / ledger.EFFECTS))
+    effects = [
+        e
+        for e in ledger.read_records(run_dir / ledger.EFFECTS)
+        if e.get("type", "effect") == "effect"
+    ]
     report = {
         "scenario": meta.get("scenario"),
         "seed": meta.get("seed"),

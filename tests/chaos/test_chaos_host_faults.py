@@ -283,3 +283,21 @@ def test_the_soak_plan_walks_the_seeds_with_the_targeted_scenario_every_tenth() 
     ]
     assert [c.seed for c in plan[2:]] == list(range(1001, 1011))[: len(plan) - 2]
     assert all(s.kind in kept for c in plan for s in c.steps)
+
+
+def test_a_claimed_token_fences_an_older_attempt_at_the_sink(tmp_path: Path) -> None:
+    from chaos.checker import load_history
+    from chaos.sink import FencingSink
+
+    with ledger.Appender(tmp_path / ledger.EFFECTS) as out:
+        sink = FencingSink(out)
+        base = {"job": "j1", "world": 1, "rank": 0}
+        assert sink.decide({**base, "op": "claim", "token": 6})["claimed"]
+        # A thawed member of token 4 asks before token 6 committed anything: refused.
+        assert not sink.decide({**base, "token": 4})["accepted"]
+        assert sink.decide({**base, "token": 6})["accepted"]
+    history = load_history(tmp_path)  # claim records are not effects
+    assert [(e.token, e.accepted, e.highest_before) for e in history.effects] == [
+        (4, False, 6),
+        (6, True, 6),
+    ]
