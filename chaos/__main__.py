@@ -4,12 +4,16 @@
     python -m chaos sweep
     python -m chaos run [--seeds 1,2 | 1-20] [--duration S] [--out DIR]
                         [--scenarios targeted,random,broken-build,five-membership]
+    python -m chaos soak --minutes M [--first-seed N] [--duration S] [--out DIR]
     python -m chaos check RUN_DIR
 
 ``run`` prints one line per scenario and then the summary
-``chaos: <faults> faults, <jobs> jobs, <violations> violations``; it exits non-zero when a
-scenario has a violation or aborts, and when the broken build (self-fencing disabled) is
-NOT caught. Each failure prints the line that reproduces it.
+``chaos: <faults> faults, <kinds> kinds, <jobs> jobs, <violations> violations, <skipped>
+skipped; <scenario>=<faults> ...; <seconds> s``; it exits non-zero when a scenario has a
+violation or aborts, and when the broken build (self-fencing disabled) is NOT caught.
+Each failure prints the line that reproduces it. ``soak`` runs the random scenario with
+one seed after another (and the targeted one every tenth seed) until ``--minutes`` have
+passed, and prints the same summary line.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
-from chaos import membership, nemesis, net
+from chaos import hosts, ledger, membership, nemesis, net
 from chaos.checker import check_run
 from chaos.report import write_report
 from chaos.run import REPO, ScenarioConfig, ScenarioResult, run_scenario
@@ -57,6 +63,16 @@ def parse_scenarios(text: str) -> list[str]:
     return names
 
 
+def parse_kinds(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    for name in names:
+        if name not in nemesis.ALL_FAULTS:
+            raise argparse.ArgumentTypeError(
+                f"--skip-kinds: {name!r} is not one of {', '.join(nemesis.ALL_FAULTS)}"
+            )
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -67,18 +83,43 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--duration", type=float, default=60.0, help="random scenario length (s)")
     run.add_argument("--scenarios", type=parse_scenarios, default=list(SCENARIOS))
     run.add_argument("--out", type=Path, default=REPO / "chaos" / "runs")
+    run.add_argument("--skip-kinds", type=parse_kinds, default=[], help="fault kinds not to inject")
+    soak = sub.add_parser("soak", help="random scenarios, seed after seed, for a given time")
+    soak.add_argument("--minutes", type=float, required=True)
+    soak.add_argument("--first-seed", type=int, default=1000)
+    soak.add_argument("--duration", type=float, default=300.0, help="each scenario's length (s)")
+    soak.add_argument("--out", type=Path, default=REPO / "chaos" / "runs")
+    soak.add_argument(
+        "--skip-kinds", type=parse_kinds, default=[], help="fault kinds not to inject"
+    )
     check = sub.add_parser("check", help="re-run the checker on a saved run directory")
     check.add_argument("run_dir", type=Path)
     return p
 
 
-def configs(seeds: list[int], scenarios: list[str], duration_s: float) -> list[ScenarioConfig]:
+def skipped_kinds(backends: net.Backends, asked: list[str]) -> dict[str, str]:
+    """Kinds not injected in this run, each with the reason."""
+    out = dict.fromkeys(asked, "--skip-kinds")
+    if backends.freezer_skip:
+        out[nemesis.FREEZE_HOST] = backends.freezer_skip
+    return out
+
+
+def configs(
+    seeds: list[int],
+    scenarios: list[str],
+    duration_s: float,
+    kinds: tuple[str, ...] = nemesis.ALL_FAULTS,
+) -> list[ScenarioConfig]:
     out: list[ScenarioConfig] = []
+    t = nemesis.FaultTimeouts()
     for seed in seeds:
         if "targeted" in scenarios:
-            out.append(ScenarioConfig("targeted", seed, nemesis.targeted_schedule(seed)))
+            out.append(ScenarioConfig("targeted", seed, nemesis.targeted_schedule(seed, t, kinds)))
         if "random" in scenarios:
-            out.append(ScenarioConfig("random", seed, nemesis.random_schedule(seed, duration_s)))
+            out.append(
+                ScenarioConfig("random", seed, nemesis.random_schedule(seed, duration_s, t, kinds))
+            )
     if membership.SCENARIO in scenarios:
         for seed in seeds:
             steps = membership.schedule(seed)
@@ -138,6 +179,43 @@ def describe(result: ScenarioResult, duration_s: float) -> str:
     )
 
 
+def soak_plan(
+    first_seed: int, duration_s: float, kinds: tuple[str, ...]
+) -> Iterator[ScenarioConfig]:
+    """Endless: a random scenario per seed from ``first_seed`` on, and every tenth seed
+    the targeted one too (every kind at least once in a while)."""
+    seed = first_seed
+    while True:
+        names = ["random", "targeted"] if seed % 10 == 0 else ["random"]
+        yield from configs([seed], names, duration_s, kinds)
+        seed += 1
+
+
+def fault_kinds(run_dir: Path) -> Counter[str]:
+    """How many faults of each kind a scenario's ``faults.jsonl`` records."""
+    return Counter(str(r["kind"]) for r in ledger.read_records(run_dir / ledger.FAULTS))
+
+
+def summary_line(results: list[ScenarioResult], skipped: list[str], seconds: float) -> str:
+    """The one line CI and the soak print: faults, kinds, jobs, violations, skipped kinds,
+    faults per scenario, and the time the scenarios took."""
+    real = [r for r in results if not r.expect_violations]
+    kinds: Counter[str] = Counter()
+    per_scenario: Counter[str] = Counter()
+    for r in results:
+        kinds.update(fault_kinds(r.run_dir))
+        per_scenario[r.name] += r.faults
+    return (
+        f"chaos: {sum(r.faults for r in results)} faults, {len(kinds)} kinds, "
+        f"{sum(r.jobs for r in real)} jobs, {sum(len(r.violations) for r in real)} violations, "
+        f"{len(skipped)} kinds skipped"
+        + (f" ({'; '.join(skipped)})" if skipped else "")
+        + "; "
+        + " ".join(f"{name}={n}" for name, n in sorted(per_scenario.items()))
+        + f"; {seconds:.0f} s"
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """The machine lock is taken per scenario, so that a long soak lets other runs take
     turns with it instead of making them wait for hours."""
@@ -149,14 +227,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     print(
         f"chaos: backends: partitions {backends.partitions}; latency {backends.latency}; "
-        f"toxiproxy {backends.toxiproxy}",
+        f"loss {backends.loss}; freezer {backends.freezer or 'none'}; disks {backends.disks}; "
+        f"clock {backends.clock}; toxiproxy {backends.toxiproxy}",
         flush=True,
     )
+    skip = skipped_kinds(backends, args.skip_kinds)
+    skipped = [f"{kind}: {why}" for kind, why in sorted(skip.items())]
+    for line in skipped:
+        print(f"chaos: skipping {line}", flush=True)
+    kinds = tuple(k for k in nemesis.ALL_FAULTS if k not in skip)
     out = args.out / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
+    if args.command == "soak":
+        deadline = time.monotonic() + args.minutes * 60.0
+
+        plan = soak_plan(args.first_seed, args.duration, kinds)
+    else:
+        plan = iter(configs(args.seeds, args.scenarios, args.duration, kinds))
     results: list[ScenarioResult] = []
     failed = False
-    for cfg in configs(args.seeds, args.scenarios, args.duration):
+    began = time.monotonic()
+    for cfg in plan:
+        if args.command == "soak" and time.monotonic() >= deadline:
+            break
         started = time.monotonic()
         try:
             with net.machine_lock():
@@ -171,11 +264,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         for v in result.violations[:20] if not result.expect_violations else []:
             print(f"  {v}", flush=True)
         failed = failed or not result.passed
+        if args.command == "soak":
+            print(summary_line(results, skipped, time.monotonic() - began), flush=True)
+    line = summary_line(results, skipped, time.monotonic() - began)
     real = [r for r in results if not r.expect_violations]
     summary = {
-        "faults": sum(r.faults for r in real),
+        "faults": sum(r.faults for r in results),
         "jobs": sum(r.jobs for r in real),
         "violations": sum(len(r.violations) for r in real),
+        "skipped_kinds": skipped,
+        "line": line,
     }
     (out / "summary.json").write_text(
         json.dumps(
@@ -184,11 +282,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         + "\n",
         encoding="utf-8",
     )
-    print(
-        f"chaos: {summary['faults']} faults, {summary['jobs']} jobs, "
-        f"{summary['violations']} violations",
-        flush=True,
-    )
+    print(line, flush=True)
     return 1 if failed else 0
 
 
@@ -223,14 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sweep":
         try:
             with net.machine_lock():
-                removed = net.sweep()
+                removed = [*net.sweep(), *hosts.sweep()]
         except net.NetError as exc:
             print(f"chaos: sweep failed: {exc}", file=sys.stderr)
             return 2
         for item in removed:
             print(f"removed {item}")
         return 0
-    if args.command == "run":
+    if args.command in ("run", "soak"):
         return cmd_run(args)
     return cmd_check(args)
 

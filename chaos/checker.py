@@ -46,6 +46,24 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     :func:`synapse_ha.core.invariants.check`.
 ``deadline``
     Every job reached a final state within ``final_deadline_ms`` after the heal.
+``stale-write``
+    The sink accepted an effect under a token lower than that of an attempt of the same
+    job which had already started (a ``start`` record earlier than the acceptance), even
+    when the sink itself had not yet seen the newer token; or it accepted, after the thaw,
+    an effect of an attempt frozen with its host whose node the leader declared dead
+    during the freeze (that attempt was failed then). Either is the write of a superseded
+    attempt, typically a member of a frozen host resumed before anything killed it.
+``thaw-overlap``
+    A member of an attempt frozen with its whole host (``freeze-host``) and superseded
+    while frozen wrote a record more than ``THAW_KILL_BOUND_MS`` after the thaw: its
+    supervisor, resumed with it, did not stop it in time. Records inside that bound (an
+    effect request included) are neither ``overlap`` nor ``stale-effect``: nothing on a
+    frozen host can act before the thaw, and what the member does in the first moments
+    after it must be fenced at the sink (``stale-write``); the report lists them
+    (:func:`thaw_writes`).
+``early-dead``
+    A node that was ready when a clock-jump fault began was declared dead during it: a
+    wall-clock step made the dead timeout fire early.
 """
 
 from __future__ import annotations
@@ -106,6 +124,25 @@ class Submission:
     job_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class FaultRecord:
+    """What the nemesis did (``faults.jsonl``), as far as the checker needs it."""
+
+    kind: str
+    targets: tuple[str, ...]
+    start_ns: int
+    end_ns: int  # the heal: for a freeze, the thaw
+    frozen: tuple[tuple[str, int], ...] = ()  # freeze-host: (job, token) running there
+    frozen_node: str = ""  # freeze-host: the frozen host as member records name it
+    declared_dead_ns: int = 0  # freeze-host: when the leader declared the frozen node dead
+    declared_dead: tuple[str, ...] = ()  # clock jumps: ready nodes declared dead during it
+
+
+# A thawed supervisor must stop a superseded member within this bound (it finds its lease
+# expired at its first check after the thaw).
+THAW_KILL_BOUND_MS = 1_000
+
+
 @dataclass(slots=True)
 class History:
     members: list[MemberRecord] = field(default_factory=list)
@@ -114,6 +151,7 @@ class History:
     replica_states: dict[str, bytes] = field(default_factory=dict)  # replica id -> encoding
     heal_wall_ms: int = 0
     final_deadline_ms: int = 60_000
+    faults: list[FaultRecord] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------- loading
@@ -137,6 +175,8 @@ def load_history(run_dir: Path) -> History:
             )
         )
     for r in ledger.read_records(run_dir / ledger.EFFECTS):
+        if r.get("type", "effect") != "effect":
+            continue  # a member's claim of its token (chaos.sink)
         history.effects.append(
             EffectRecord(
                 job=str(r["job"]),
@@ -156,6 +196,19 @@ def load_history(run_dir: Path) -> History:
         else:
             outcomes[rid] = Submission(rid, str(r["type"]), str(r.get("job_id", "")))
     history.submissions = list(outcomes.values())
+    for r in ledger.read_records(run_dir / ledger.FAULTS):
+        history.faults.append(
+            FaultRecord(
+                kind=str(r["kind"]),
+                targets=tuple(str(t) for t in r.get("targets", [])),
+                start_ns=int(r["start_ns"]),
+                end_ns=int(r["end_ns"]),
+                frozen=tuple((str(j), int(t)) for j, t in r.get("frozen", [])),
+                frozen_node=str(r.get("frozen_node", "")),
+                declared_dead_ns=int(r.get("declared_dead_ns", 0)),
+                declared_dead=tuple(str(n) for n in r.get("declared_dead", [])),
+            )
+        )
     states_dir = run_dir / "replica_states"
     if states_dir.is_dir():
         for path in sorted(states_dir.glob("*.state")):
@@ -185,6 +238,8 @@ def check_history(history: History) -> list[Violation]:
     out += _check_duplicate_members(history)
     out += _check_tokens(history)
     out += _check_sink_fencing(history)
+    out += _check_stale_writes(history)
+    out += _check_early_dead(history)
     out += _check_exactly_once(history, state)
     return out
 
@@ -223,19 +278,56 @@ def _attempt_starts(history: History) -> dict[str, dict[int, int]]:
     return starts
 
 
+def _thaws(history: History) -> dict[tuple[str, int], tuple[str, int]]:
+    """(job, token) frozen with its host -> (the host as members name it, the thaw)."""
+    return {
+        (job, token): (f.frozen_node, f.end_ns)
+        for f in history.faults
+        if f.kind == "freeze-host"
+        for job, token in f.frozen
+    }
+
+
+def _in_thaw_window(r: MemberRecord, thaws: dict[tuple[str, int], tuple[str, int]]) -> bool:
+    """A record of a frozen attempt on its frozen host, written before the thaw or at most
+    ``THAW_KILL_BOUND_MS`` after it. An ``effect`` record here is a request the member
+    made before its supervisor could kill it: whether the sink accepted it is
+    ``stale-write``'s question."""
+    node, thawed = thaws.get((r.job, r.token), ("", 0))
+    return bool(node) and r.node == node and r.mono_ns <= thawed + THAW_KILL_BOUND_MS * 1_000_000
+
+
+def thaw_writes(history: History) -> list[str]:
+    """Records frozen members wrote inside the thaw window while a newer attempt of their
+    job had already started (``job/token rank r: type``); the report lists them."""
+    thaws = _thaws(history)
+    starts = _attempt_starts(history)
+    return sorted(
+        f"{r.job}/{r.token} rank {r.rank}: {r.type}"
+        for r in history.members
+        if _in_thaw_window(r, thaws)
+        and any(t > r.token and at <= r.mono_ns for t, at in starts.get(r.job, {}).items())
+    )
+
+
 def _check_overlap(history: History) -> list[Violation]:
     out: list[Violation] = []
     starts = _attempt_starts(history)
+    thaws = _thaws(history)
     reported: set[tuple[str, int, int]] = set()
     for r in sorted(history.members, key=lambda r: r.mono_ns):
         for newer_token, started in starts.get(r.job, {}).items():
             if newer_token <= r.token or r.mono_ns < started:
+                continue
+            if _in_thaw_window(r, thaws):
                 continue
             key = (r.job, r.token, newer_token)
             if key in reported:
                 continue
             reported.add(key)
             kind = "stale-effect" if r.type == "effect" else "overlap"
+            if kind == "overlap" and (r.job, r.token) in thaws:
+                kind = "thaw-overlap"
             out.append(
                 Violation(
                     kind,
@@ -368,6 +460,57 @@ def _check_sink_fencing(history: History) -> list[Violation]:
             )
         highest[e.job] = max(top, e.token)
     return out
+
+
+def _check_stale_writes(history: History) -> list[Violation]:
+    starts = _attempt_starts(history)
+    # (job, token) frozen on a node declared dead during the freeze -> the thaw.
+    superseded = {
+        (job, token): f.end_ns
+        for f in history.faults
+        if f.kind == "freeze-host" and f.declared_dead_ns
+        for job, token in f.frozen
+    }
+    out: list[Violation] = []
+    for e in history.effects:
+        if not e.accepted:
+            continue
+        newer = sorted(
+            t for t, at in starts.get(e.job, {}).items() if t > e.token and at < e.mono_ns
+        )
+        thawed = superseded.get((e.job, e.token))
+        if not newer and thawed is not None and e.mono_ns >= thawed:
+            out.append(
+                Violation(
+                    "stale-write",
+                    e.job,
+                    f"sink accepted rank {e.rank} under token {e.token} after the thaw of "
+                    "its host, which the leader had declared dead while it was frozen",
+                )
+            )
+        if newer:
+            out.append(
+                Violation(
+                    "stale-write",
+                    e.job,
+                    f"sink accepted rank {e.rank} under token {e.token} after the attempt "
+                    f"with token {newer[-1]} had started",
+                )
+            )
+    return out
+
+
+def _check_early_dead(history: History) -> list[Violation]:
+    return [
+        Violation(
+            "early-dead",
+            "",
+            f"node {node} was declared dead during {f.kind} on {', '.join(f.targets)}",
+        )
+        for f in history.faults
+        if f.kind in ("clock-jump-forward", "clock-jump-back")
+        for node in f.declared_dead
+    ]
 
 
 def _check_exactly_once(history: History, state: ClusterState | None) -> list[Violation]:

@@ -2,16 +2,17 @@
 
 It reads its identity from the DESIGN §5 environment (``SYNAPSE_JOB_ID``,
 ``SYNAPSE_ATTEMPT``, ``SYNAPSE_FENCING_TOKEN``, ``RANK``, ``SYNAPSE_MEMBER_HOSTS``),
-appends a ``start`` record to the ledger, a ``heartbeat`` every 100 ms while it "trains"
-for MS milliseconds, then performs its effect by asking the sink (HOST:PORT) to accept
-(job, token, rank, world size), and ends with an ``end`` record naming the answer. It
-exits 0 when the sink accepted, or answered that the job's output is already committed;
-3 when it refused (a newer attempt exists); 4 when the sink could not be reached.
-SIGTERM writes ``term`` and exits 143. A preempted member (its ``$SYNAPSE_PREEMPT_FILE``
-exists when SIGTERM arrives) first writes ``preempted`` with the notice's kind and
-preemptor and keeps "checkpointing" (heartbeats) for ``PREEMPT_DRAIN_S`` before it exits,
-as a real program would within its grace: the checker then sees whether its GPUs were
-given to another attempt while it still ran.
+appends a ``start`` record to the ledger, claims its token at the sink, writes a
+``heartbeat`` every 100 ms while it "trains" for MS milliseconds, then performs its
+effect by asking the sink (HOST:PORT) to accept (job, token, rank, world size), and ends
+with an ``end`` record naming the answer. It exits 0 when the sink accepted, or answered
+that the job's output is already committed; 3 when it refused (a newer attempt exists);
+4 when the sink could not be reached. SIGTERM writes ``term`` and exits 143. A preempted
+member (its ``$SYNAPSE_PREEMPT_FILE`` exists when SIGTERM arrives) first writes
+``preempted`` with the notice's kind and preemptor and keeps "checkpointing"
+(heartbeats) for ``PREEMPT_DRAIN_S`` before it exits, as a real program would within its
+grace: the checker then sees whether its GPUs were given to another attempt while it
+still ran.
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     record("start")
+    # Claim the token at the sink first, so that an older attempt resuming later (its host
+    # frozen and thawed) is refused there. Best effort: the effect is fenced anyway.
+    for _ in range(3):
+        try:
+            ask_sink(sink, {**me, "op": "claim"})
+            break
+        except (OSError, ValueError):
+            time.sleep(0.1)
     end_at = time.monotonic() + duration_ms / 1000
     while time.monotonic() < end_at:
         time.sleep(min(HEARTBEAT_S, max(0.0, end_at - time.monotonic())))

@@ -25,6 +25,29 @@ KILL_ALL_REPLICAS = "kill-all-replicas"
 KILL_WORKER = "kill-worker"
 PAUSE_WORKER = "pause-worker"
 PAUSE_LEADER = "pause-leader"
+# Loss, freeze, disk and clock faults (chaos/hosts.py, nftables numgen).
+PACKET_LOSS = "packet-loss"
+ONE_WAY_LOSS = "one-way-loss"
+FREEZE_HOST = "freeze-host"
+DISK_FULL_REPLICA = "disk-full-replica"
+DISK_FULL_WORKER = "disk-full-worker"
+CLOCK_JUMP_FORWARD = "clock-jump-forward"
+CLOCK_JUMP_BACK = "clock-jump-back"
+HOST_FAULTS = (
+    PACKET_LOSS,
+    ONE_WAY_LOSS,
+    FREEZE_HOST,
+    DISK_FULL_REPLICA,
+    DISK_FULL_WORKER,
+    CLOCK_JUMP_FORWARD,
+    CLOCK_JUMP_BACK,
+)
+# How far a clock jump moves the leader's wall clock: far beyond every timeout it could
+# make fire early (dead timeout, time limits, grace periods, retention windows in tests).
+CLOCK_JUMP_S = (60.0, 600.0)
+# A frozen host stays frozen at least its duration and then until a newer attempt of a
+# gang it ran has started elsewhere, at most this long.
+FREEZE_MAX_S = 15.0
 
 ALL_FAULTS = (
     ISOLATE_LEADER,
@@ -38,6 +61,7 @@ ALL_FAULTS = (
     KILL_WORKER,
     PAUSE_WORKER,
     PAUSE_LEADER,
+    *HOST_FAULTS,
 )
 
 
@@ -78,38 +102,62 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
             t.election_max_s + t.leader_step_down_s + 0.5,
             t.election_max_s + t.leader_step_down_s + 1.5,
         ),
+        PACKET_LOSS: (2.0, 4.0),
+        ONE_WAY_LOSS: (2.0, 4.0),
+        # Long enough for the leader to declare the frozen node dead and re-place its gangs.
+        FREEZE_HOST: (t.dead_timeout_s + 1.0, t.dead_timeout_s + 2.0),
+        DISK_FULL_REPLICA: (2.0, 4.0),
+        DISK_FULL_WORKER: (2.0, 4.0),
+        CLOCK_JUMP_FORWARD: (2.0, 4.0),
+        CLOCK_JUMP_BACK: (2.0, 4.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)
 
 
-def targeted_schedule(seed: int, t: FaultTimeouts | None = None) -> list[Step]:
-    """Every fault kind once, in an order shuffled by ``seed``."""
+def clock_jump_s(kind: str, pick: int) -> float:
+    """The signed offset a clock-jump step applies to the leader's wall clock."""
+    low, high = CLOCK_JUMP_S
+    size = round(random.Random(pick).uniform(low, high), 3)
+    return size if kind == CLOCK_JUMP_FORWARD else -size
+
+
+def targeted_schedule(
+    seed: int, t: FaultTimeouts | None = None, kinds: tuple[str, ...] = ALL_FAULTS
+) -> list[Step]:
+    """Every fault kind of ``kinds`` once, in an order shuffled by ``seed``."""
     t = t or FaultTimeouts()
     rng = random.Random(f"targeted-{seed}")
-    kinds = list(ALL_FAULTS)
-    rng.shuffle(kinds)
+    order = [k for k in ALL_FAULTS if k in kinds]
+    rng.shuffle(order)
     return [
         Step(
             i,
             kind,
-            round(rng.uniform(1.5, 3.0), 3),
+            round(rng.uniform(0.3, 1.2), 3),
             duration_for(kind, rng, t),
             rng.randrange(1 << 16),
         )
-        for i, kind in enumerate(kinds)
+        for i, kind in enumerate(order)
     ]
 
 
-def random_schedule(seed: int, duration_s: float, t: FaultTimeouts | None = None) -> list[Step]:
-    """Faults drawn at random (with replacement) until they fill ``duration_s``."""
+def random_schedule(
+    seed: int,
+    duration_s: float,
+    t: FaultTimeouts | None = None,
+    kinds: tuple[str, ...] = ALL_FAULTS,
+) -> list[Step]:
+    """Faults drawn at random (with replacement) from ``kinds`` until they fill
+    ``duration_s`` (the sum of gaps and durations; waits for gangs come on top)."""
     t = t or FaultTimeouts()
     rng = random.Random(f"random-{seed}")
+    choices = tuple(k for k in ALL_FAULTS if k in kinds)
     steps: list[Step] = []
     used = 0.0
     while True:
-        kind = rng.choice(ALL_FAULTS)
-        gap = round(rng.uniform(0.5, 3.0), 3)
+        kind = rng.choice(choices)
+        gap = round(rng.uniform(0.2, 1.2), 3)
         length = duration_for(kind, rng, t)
         if steps and used + gap + length > duration_s:
             break

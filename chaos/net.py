@@ -26,12 +26,16 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from chaos import hosts
+
 NETNS_PREFIX = "synchaos-"
 LINK_PREFIX = "scv-"
 BRIDGE = "scbr0"
 NFT_TABLE = "synapse_chaos"
 SUBNET_PREFIX = "10.77.0."
 BRIDGE_ADDRESS = SUBNET_PREFIX + "1"
+# The share of packets the loss faults drop, at random, on each pair in the lossy set.
+LOSS_PERCENT = 30
 
 
 LOCK_PATH = "/run/synapse-chaos.lock"
@@ -134,9 +138,11 @@ def create(hosts: Iterable[Host]) -> None:
         input_text=(
             f"table bridge {NFT_TABLE} {{\n"
             "  set blocked { type ipv4_addr . ipv4_addr; }\n"
+            "  set lossy { type ipv4_addr . ipv4_addr; }\n"
             "  chain forward_filter {\n"
             "    type filter hook forward priority 0; policy accept;\n"
             "    ip saddr . ip daddr @blocked drop\n"
+            f"    ip saddr . ip daddr @lossy numgen random mod 100 < {LOSS_PERCENT} drop\n"
             "  }\n"
             "}\n"
         ),
@@ -192,6 +198,24 @@ def set_blocked(pairs: Iterable[tuple[str, str]]) -> None:
     run(["nft", "-f", "-"], input_text=script)
 
 
+def set_lossy(pairs: Iterable[tuple[str, str]]) -> None:
+    """Replace the set of (directed) pairs whose packets are dropped at random
+    (``LOSS_PERCENT`` of them, nftables ``numgen random``) in one transaction."""
+    elements = sorted(set(pairs))
+    script = f"flush set bridge {NFT_TABLE} lossy\n"
+    if elements:
+        body = ", ".join(f"{a} . {b}" for a, b in elements)
+        script += f"add element bridge {NFT_TABLE} lossy {{ {body} }}\n"
+    run(["nft", "-f", "-"], input_text=script)
+
+
+def one_way(sources: Iterable[str], destinations: Iterable[str]) -> set[tuple[str, str]]:
+    """Only the direction from every address of ``sources`` to every one of
+    ``destinations``."""
+    dst = list(destinations)
+    return {(x, y) for x in sources for y in dst if x != y}
+
+
 def cut(group_a: Iterable[str], group_b: Iterable[str]) -> set[tuple[str, str]]:
     """Both directions between every address of ``group_a`` and every one of ``group_b``."""
     a, b = list(group_a), list(group_b)
@@ -206,6 +230,11 @@ class Backends:
     partitions: str
     latency: str
     toxiproxy: str
+    loss: str = ""
+    freezer: str = ""  # "" when the cgroup v2 freezer is unusable (see freezer_skip)
+    freezer_skip: str = ""  # why the freeze-host kind is skipped, if it is
+    disks: str = ""
+    clock: str = ""
 
 
 def _probe_tcp(from_ns: str, address: str, port: int, timeout_s: float) -> bool:
@@ -300,10 +329,16 @@ def preflight() -> Backends:
                 os.killpg(server.pid, 9)
             server.wait(timeout=5)
         sweep()
+    skip = hosts.probe_freezer()
     return Backends(
         partitions=f"nftables (table bridge {NFT_TABLE}) over network namespaces",
         latency=latency,
         toxiproxy=probe_toxiproxy(),
+        loss=f"nftables numgen random: {LOSS_PERCENT}% of packets on a lossy pair",
+        freezer="" if skip else f"cgroup v2 cgroup.freeze under {hosts.cgroup_parent()}",
+        freezer_skip=skip,
+        disks=f"tmpfs of {hosts.DISK_SIZE} per replica and worker data directory, filled",
+        clock="wall-clock offset file read by chaos/clockshim (Python time.time/time_ns)",
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import ledger
-from chaos.checker import History, Violation, load_history, preemptions, reruns
+from chaos.checker import History, Violation, load_history, preemptions, reruns, thaw_writes
 from synapse_ha.core.codec import CodecError, decode_state
 
 
@@ -26,7 +26,11 @@ def write_report(
     for r in ledger.read_records(run_dir / ledger.SUBMISSIONS):
         if r["type"] != "begin":
             submissions[str(r["type"])] += 1
-    effects = list(ledger.read_records(run_dir / ledger.EFFECTS))
+    effects = [
+        e
+        for e in ledger.read_records(run_dir / ledger.EFFECTS)
+        if e.get("type", "effect") == "effect"
+    ]
     report = {
         "scenario": meta.get("scenario"),
         "seed": meta.get("seed"),
@@ -50,6 +54,7 @@ def write_report(
         },
         "reruns_after_lost_success_reports": reruns(load_history(run_dir)),
         "preempted_attempts": preemptions(load_history(run_dir)),
+        "writes_after_thaw_within_bound": thaw_writes(load_history(run_dir)),
         "most_attempts": most_attempts(load_history(run_dir)),
         "quiesce": meta.get("quiesce", ""),
         "error": meta.get("error", ""),

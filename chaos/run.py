@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from chaos import ledger, membership, nemesis, net
+from chaos import hosts, ledger, membership, nemesis, net
 from chaos.checker import Violation, check_run
 from chaos.nemesis import FaultTimeouts, Step
 from chaos.workload import WorkloadConfig, write_config
@@ -139,9 +139,10 @@ class LedgerTail:
 class ChaosCluster:
     """Replicas, workers, the client's submitter and the sink of one scenario."""
 
-    def __init__(self, cfg: ScenarioConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: ScenarioConfig, run_dir: Path, freezer: bool = False) -> None:
         self.cfg = cfg
         self.dir = run_dir
+        self.freezer = freezer
         t = cfg.timeouts
         self.replica_hosts = [
             net.Host(f"r{i}", f"{net.SUBNET_PREFIX}{10 + i}") for i in range(1, cfg.replicas + 1)
@@ -185,7 +186,11 @@ class ChaosCluster:
                     *PRIORITY_CLASSES,
                 ],
                 log_path=run_dir / f"{h.name}.log",
-                env={**env, "SYNAPSE_RAFT_PASSWORD": RAFT_PASSWORD},
+                env={
+                    **env,
+                    "SYNAPSE_RAFT_PASSWORD": RAFT_PASSWORD,
+                    **hosts.clock_env(self.clock_file(h.name), env["PYTHONPATH"]),
+                },
                 prefix=net.exec_prefix(h),
                 name=h.name,
             )
@@ -216,7 +221,13 @@ class ChaosCluster:
                 ],
                 log_path=run_dir / f"{h.name}.log",
                 env=worker_env,
-                prefix=net.exec_prefix(h),
+                # In the host's cgroup (when the freezer works here): the supervisors and
+                # members the agent spawns inherit it, so one write freezes them all.
+                prefix=(
+                    [*hosts.cgroup_prefix(hosts.host_cgroup(h.name)), *net.exec_prefix(h)]
+                    if freezer
+                    else net.exec_prefix(h)
+                ),
                 name=h.name,
             )
             for i, h in enumerate(self.worker_hosts)
@@ -242,6 +253,7 @@ class ChaosCluster:
         self.last_start: dict[str, int] = {}  # worker name -> newest member start time
         # (job, token, worker) -> newest record time: which gangs run where.
         self.last_seen: dict[tuple[str, int, str], int] = {}
+        self.newest_token: dict[str, int] = {}  # job -> highest token with a start record
         self.node_by_address = {h.address: h.name for h in self.worker_hosts}
         self._stop_observer = threading.Event()
         self._observer = threading.Thread(target=self._observe, name="observer", daemon=True)
@@ -257,12 +269,16 @@ class ChaosCluster:
     def address(self, name: str) -> str:
         return next(h.address for h in self.hosts if h.name == name)
 
+    def clock_file(self, replica: str) -> Path:
+        return self.dir / f"{replica}.clock"
+
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         net.create(self.hosts)
         for h in [*self.replica_hosts, *self.worker_hosts]:
-            (self.dir / h.name).mkdir(exist_ok=True)
+            # A small disk of its own, which the disk-full faults fill.
+            hosts.mount_disk(self.dir / h.name)
         self.sink = self.launcher.process(
             "sink",
             [sys.executable, "-m", "chaos.sink", self.sink_address, str(self.dir / ledger.EFFECTS)],
@@ -275,7 +291,7 @@ class ChaosCluster:
         self.check_plaintext_refused()
         for w in self.workers.values():
             self.launcher.start(w)
-        self.wait("every worker to register", self._all_registered, 60.0)
+        self.wait("every worker to register", self._all_registered, 120.0)
         write_config(
             WorkloadConfig(
                 seed=self.cfg.seed,
@@ -377,6 +393,8 @@ class ChaosCluster:
                 self.last_beat[node] = max(self.last_beat.get(node, 0), at)
                 if record.get("type") == "start":
                     self.last_start[node] = max(self.last_start.get(node, 0), at)
+                    job, token = str(record["job"]), int(str(record["token"]))
+                    self.newest_token[job] = max(self.newest_token.get(job, 0), token)
                 key = (str(record["job"]), int(str(record["token"])), node)
                 self.last_seen[key] = max(self.last_seen.get(key, 0), at)
 
@@ -465,6 +483,7 @@ class Nemesis:
     def __init__(self, cluster: ChaosCluster) -> None:
         self.c = cluster
         self.out = ledger.Appender(cluster.dir / ledger.FAULTS)
+        self._watch: Callable[[], None] | None = None  # polled while a fault lasts
 
     def close(self) -> None:
         self.out.close()
@@ -482,7 +501,8 @@ class Nemesis:
         busy = self.c.busy_workers()
         if busy or not need_worker:
             return busy
-        return sorted(w for w, p in self.c.workers.items() if p.alive)
+        # Nothing ran: any live worker, or (none alive) any worker at all.
+        return sorted(w for w, p in self.c.workers.items() if p.alive) or sorted(self.c.workers)
 
     def play(self, step: Step) -> dict[str, object]:
         c = self.c
@@ -492,6 +512,8 @@ class Nemesis:
             nemesis.CUT_WORKER_FROM_REPLICAS,
             nemesis.KILL_WORKER,
             nemesis.PAUSE_WORKER,
+            nemesis.FREEZE_HOST,
+            nemesis.DISK_FULL_WORKER,
         )
         busy = self.wait_for_gangs(worker_fault)
         leader = c.fresh_leader()
@@ -501,6 +523,8 @@ class Nemesis:
         detail = ""
         start_ns = ledger.now_ns()
         heal: Callable[[], None] = lambda: net.set_blocked([])  # noqa: E731
+        extra: dict[str, object] = {}
+        hold: Callable[[], str] | None = None  # waits past the duration; says what it saw
         if step.kind == nemesis.ISOLATE_LEADER:
             targets = [leader]
             others = [h.address for h in c.hosts if h.name != leader]
@@ -562,13 +586,23 @@ class Nemesis:
             targets = [leader]
             c.replicas[leader].pause()
             heal = c.replicas[leader].resume
+        elif step.kind in nemesis.HOST_FAULTS:
+            targets, detail, heal, hold = self.play_host_fault(step, leader, busy, rng, extra)
         elif step.kind in membership.KINDS:
             targets, detail, heal = membership.play(c, step, leader, rng)
         else:
             raise ValueError(f"unknown fault {step.kind!r}")
         on_workers = [t for t in targets if t in c.workers] or None
         gangs = c.running_gangs(on_workers)
-        time.sleep(step.duration_s)
+        until = time.monotonic() + step.duration_s
+        while (left := until - time.monotonic()) > 0:
+            if self._watch is not None:
+                with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+                    self._watch()
+            time.sleep(min(left, 0.1) if self._watch is not None else left)
+        self._watch = None
+        if hold is not None:
+            detail = f"{detail}; {hold()}"
         heal()
         record: dict[str, object] = {
             "type": "fault",
@@ -583,6 +617,7 @@ class Nemesis:
             "detail": detail,
             "start_ns": start_ns,
             "end_ns": ledger.now_ns(),
+            **extra,
         }
         self.out.append(record)
         log.info(
@@ -596,8 +631,155 @@ class Nemesis:
         )
         return record
 
+    def play_host_fault(
+        self,
+        step: Step,
+        leader: str,
+        busy: list[str],
+        rng: random.Random,
+        extra: dict[str, object],
+    ) -> tuple[list[str], str, Callable[[], None], Callable[[], str] | None]:
+        """Start a loss, freeze, disk or clock fault: targets, a sentence, how to heal,
+        and (for a freeze) what to wait for after the duration."""
+        c = self.c
+        replicas = [h.address for h in c.replica_hosts]
+        if step.kind == nemesis.PACKET_LOSS:
+            pool = [leader, *sorted(c.workers)] if step.pick % 2 else [leader]
+            target = rng.choice(pool)
+            others = [h.address for h in c.hosts if h.name != target]
+            net.set_lossy(net.cut([c.address(target)], others))
+            detail = f"{net.LOSS_PERCENT}% of packets to and from {target} dropped at random"
+            return [target], detail, lambda: net.set_lossy([]), None
+        if step.kind == nemesis.ONE_WAY_LOSS:
+            if step.pick % 2 and busy:
+                target = busy[step.pick % len(busy)]
+                net.set_lossy(net.one_way([c.address(target)], replicas))
+                detail = f"{net.LOSS_PERCENT}% of packets from {target} to the replicas dropped"
+            else:
+                target = leader
+                others = [h.address for h in c.hosts if h.name != leader]
+                net.set_lossy(net.one_way([c.address(leader)], others))
+                detail = f"{net.LOSS_PERCENT}% of the leader's outgoing packets dropped"
+            return [target], detail, lambda: net.set_lossy([]), None
+        if step.kind == nemesis.FREEZE_HOST:
+            return self._freeze(step, busy, extra)
+        if step.kind in (nemesis.DISK_FULL_REPLICA, nemesis.DISK_FULL_WORKER):
+            if step.kind == nemesis.DISK_FULL_REPLICA:
+                names = [leader] if step.pick % 2 else c.followers()
+                target = rng.choice(names)
+                process: Process = c.replicas[target]
+            else:
+                target = busy[step.pick % len(busy)]
+                process = c.workers[target]
+            disk = process.data_dir if isinstance(process, Replica | Worker) else c.dir / target
+            if not hosts.is_our_disk(disk):
+                # A replaced replica's fresh data directory is not a disk of ours.
+                return [target], f"{disk} is not a small disk: nothing filled", lambda: None, None
+            taken = hosts.fill(disk)
+
+            def heal_disk() -> None:
+                hosts.unfill(disk)
+                extra["alive_at_heal"] = process.alive
+                # A negative code is the signal that ended it (SIGBUS: a write through a
+                # memory map found no space).
+                extra["exit_code_at_heal"] = process.returncode
+                if not process.alive:
+                    c.restart(process)
+
+            return [target], f"{disk.name} full ({taken >> 20} MiB taken)", heal_disk, None
+        # Clock jumps: the leader's wall clock moves; its monotonic clock does not.
+        offset = nemesis.clock_jump_s(step.kind, step.pick)
+        clock = c.clock_file(leader)
+        ready = {n.node_id for n in c.observer.list_nodes() if n.status == "ready"}
+        hosts.set_clock(clock, offset)
+        extra["clock_offset_s"] = offset
+        extra["ready_before"] = sorted(ready)
+        dead: set[str] = set()
+        extra["declared_dead"] = []
+
+        def watch() -> None:
+            # A node ready when the jump came and dead now was declared dead while the
+            # clock was off (no other fault runs meanwhile).
+            dead.update(
+                n.node_id
+                for n in c.observer.list_nodes()
+                if n.node_id in ready and n.status == "dead"
+            )
+            extra["declared_dead"] = sorted(dead)
+
+        self._watch = watch
+
+        def heal_clock() -> None:
+            with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+                watch()
+            hosts.set_clock(clock, 0.0)
+
+        return [leader], f"wall clock moved by {offset:+.0f} s", heal_clock, None
+
+    def _freeze(
+        self, step: Step, busy: list[str], extra: dict[str, object]
+    ) -> tuple[list[str], str, Callable[[], None], Callable[[], str] | None]:
+        """Freeze a whole worker host (agent, supervisors, members) and thaw it only after
+        a newer attempt of a gang it ran has started elsewhere (bounded)."""
+        c = self.c
+        target = busy[step.pick % len(busy)]
+        horizon = ledger.now_ns() - int(0.6e9)
+        frozen_gangs = {
+            job: token
+            for (job, token, node), at in list(c.last_seen.items())
+            if node == target and at >= horizon
+        }
+        extra["frozen"] = sorted([job, token] for job, token in frozen_gangs.items())
+        extra["frozen_node"] = c.address(target)  # as the members' records name it
+        cgroup = hosts.host_cgroup(target)
+        hosts.freeze(cgroup, True)
+        started = time.monotonic()
+
+        def watch() -> None:
+            # When the leader declared the frozen node dead: from then on its attempts
+            # are superseded, and a write of theirs after the thaw is stale.
+            if "declared_dead_ns" not in extra and any(
+                n.node_id == target and n.status == "dead" for n in c.observer.list_nodes()
+            ):
+                extra["declared_dead_ns"] = ledger.now_ns()
+
+        self._watch = watch
+
+        def hold() -> str:
+            deadline = started + nemesis.FREEZE_MAX_S
+            while time.monotonic() < deadline:
+                with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+                    watch()
+                newer = sorted(
+                    f"{job}/t{c.newest_token[job]}"
+                    for job, token in frozen_gangs.items()
+                    if c.newest_token.get(job, 0) > token
+                )
+                if newer or not frozen_gangs:
+                    break
+                time.sleep(0.05)
+            waited = time.monotonic() - started
+            if not frozen_gangs:
+                return f"no gang ran there; thawed after {waited:.1f} s"
+            if newer:
+                return f"thawed {waited:.1f} s in, after newer attempts started: {', '.join(newer)}"
+            return f"thawed after {waited:.1f} s with no newer attempt started"
+
+        detail = "frozen whole (cgroup.freeze): " + (
+            ", ".join(f"{j}/t{t}" for j, t in sorted(frozen_gangs.items())) or "no gang"
+        )
+        return [target], detail, lambda: hosts.freeze(cgroup, False), hold
+
     def heal_all(self) -> None:
         net.set_blocked([])
+        net.set_lossy([])
+        for name in self.c.replicas:
+            hosts.set_clock(self.c.clock_file(name), 0.0)
+        if self.c.freezer:
+            for name in self.c.workers:
+                hosts.freeze(hosts.host_cgroup(name), False)
+        for h in [*self.c.replica_hosts, *self.c.worker_hosts]:
+            hosts.unfill(self.c.dir / h.name)
         for p in [*self.c.replicas.values(), *self.c.workers.values()]:
             p.resume()
             if not p.alive:
@@ -625,7 +807,8 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
     error = ""
     faults = 0
     net.sweep()
-    cluster = ChaosCluster(cfg, run_dir)
+    hosts.sweep()
+    cluster = ChaosCluster(cfg, run_dir, freezer=not backends.freezer_skip)
     player = Nemesis(cluster)
     try:
         cluster.start()
@@ -642,6 +825,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
     except (
         TimeoutError,
         net.NetError,
+        hosts.HostError,
         ClusterUnavailable,
         grpc.RpcError,
         OSError,
@@ -653,6 +837,8 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         player.close()
         cluster.close()
         net.sweep()
+        hosts.sweep_cgroups()
+        hosts.sweep_disks(run_dir)
     meta["end_ns"] = ledger.now_ns()
     meta["error"] = error
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -6,6 +6,12 @@ JSON, to accept its effect (job, token, rank, world size). The sink keeps the hi
 fencing token it has seen per job and accepts only under that token: a lower token is
 rejected, a higher one becomes the new highest.
 
+A member also *claims* its token when it starts (``"op": "claim"``): the claim raises the
+job's highest token at once, so that a member of an older attempt that resumes later (a
+frozen host thawed) is refused even before the newer attempt asks to commit anything —
+the way a storage service learns a new lock holder's fencing token on its first request.
+Claims are logged as ``claim`` records.
+
 Once every rank 0..world-1 of one token has been accepted, the job's output is committed
 and the sink answers any later request for that job with ``done`` (not accepted): the
 commit is idempotent, as real output commits are, so an attempt that re-runs a job whose
@@ -34,7 +40,26 @@ class FencingSink:
         self.accepted_ranks: dict[tuple[str, int], set[int]] = {}
         self.committed: dict[str, int] = {}  # job -> token whose ranks all committed
 
+    def claim(self, request: dict[str, Any]) -> dict[str, Any]:
+        job, token = str(request["job"]), int(request["token"])
+        with self.lock:
+            before = self.highest.get(job, 0)
+            self.highest[job] = max(before, token)
+            self.effects.append(
+                {
+                    "type": "claim",
+                    "job": job,
+                    "token": token,
+                    "rank": int(request.get("rank", 0)),
+                    "highest_before": before,
+                    "mono_ns": now_ns(),
+                }
+            )
+        return {"claimed": token >= before, "highest": max(before, token)}
+
     def decide(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("op") == "claim":
+            return self.claim(request)
         job, token, rank = str(request["job"]), int(request["token"]), int(request["rank"])
         world = int(request.get("world", 0))
         with self.lock:

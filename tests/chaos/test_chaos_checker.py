@@ -135,8 +135,9 @@ def test_a_stale_token_effect_is_reported_twice_over() -> None:
     history = clean_history()
     history.members.append(MemberRecord("effect", "j2", 1, 4, 1, "w2", 8_100 * MS, 11))
     history.effects.append(EffectRecord("j2", 4, 1, True, 8_100 * MS, highest_before=6))
-    # The stale effect also completes token 4's gang, so the job completed twice.
-    assert kinds(history) == {"stale-effect", "completed-twice", "not-completed"}
+    # The stale effect also completes token 4's gang, so the job completed twice; and the
+    # sink accepted it after token 6 had started: a stale write.
+    assert kinds(history) == {"stale-effect", "stale-write", "completed-twice", "not-completed"}
     details = [v.detail for v in check_history(history)]
     assert any("sink accepted rank 1 under token 4 after token 6" in d for d in details)
     assert any("wrote 'effect'" in d for d in details)
