@@ -51,7 +51,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
@@ -586,8 +586,34 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+class SteadyClock:
+    """Wall-clock milliseconds that a step of the system clock does not move.
+
+    The reading is the wall clock when the process started plus the monotonic time since.
+    Everything the leader measures with it (silence before a dead declaration, start
+    timeouts, time limits, back-offs, retention) is therefore a real elapsed duration: a
+    clock stepped forward or back while the replica runs changes nothing until the replica
+    restarts. The monotonic clock is slewed by NTP like the wall clock, so its rate stays
+    true; only steps are left out. Timestamps written into replicated commands come from
+    the proposing leader's reading: across a leader change they can differ by the skew
+    between the two machines' clocks when their replicas started (docs/chaos.md, "Clocks").
+    """
+
+    def __init__(
+        self,
+        wall_ns: Callable[[], int] = time.time_ns,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self._monotonic_ns = monotonic_ns
+        self._start_monotonic_ns = monotonic_ns()
+        self._start_wall_ns = wall_ns()
+
+    def __call__(self) -> int:
+        elapsed = self._monotonic_ns() - self._start_monotonic_ns
+        return (self._start_wall_ns + elapsed) // 1_000_000
+
+
+_now_ms = SteadyClock()
 
 
 class Replica:
