@@ -80,7 +80,7 @@ from chaos import ledger
 from synapse_ha.core import invariants
 from synapse_ha.core.codec import CodecError, decode_state
 from synapse_ha.core.model import ClusterState, JobState
-from synapse_ha.core.reasons import render
+from synapse_ha.core.reasons import ReasonCode, render
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,6 +582,11 @@ def _check_exactly_once(history: History, state: ClusterState | None) -> list[Vi
                 )
             continue
         token = job.fencing_token
+        if job.reason.code is ReasonCode.SUCCEEDED_AFTER_NODE_DEATH:
+            # The attempt its node's death had ended succeeded after all (late exit
+            # reports); a newer attempt, if any, was stopped: completions count under the
+            # token of the attempt that succeeded.
+            token = job.reason.num("fencing_token")
         told_done = {
             e.rank for e in history.effects if e.job == job.job_id and e.token == token and e.done
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from chaos import ledger
@@ -289,6 +290,28 @@ def test_a_rerun_told_done_by_the_sink_is_not_a_second_completion() -> None:
     assert reruns(history) == ["j1"]
     # Without the sink's "done" answers, the SUCCEEDED attempt committed nothing.
     history.effects = [e for e in history.effects if not e.done]
+    assert kinds(history) == {"not-completed"}
+
+
+def test_a_late_success_counts_completions_under_the_attempt_that_succeeded() -> None:
+    history = clean_history()
+    # j1 completed under token 3, its node was declared dead before the exits were
+    # committed, attempt 2 (token 8) was bound but never started, and the late exit
+    # reports ended the job SUCCEEDED with the newer attempt stopped.
+    state = final_state(
+        ("j1", "req-1", 8, 2, JobState.SUCCEEDED), ("j2", "req-2", 6, 2, JobState.SUCCEEDED)
+    )
+    job = state.jobs["j1"]
+    late = reason(
+        ReasonCode.SUCCEEDED_AFTER_NODE_DEATH, attempt=1, fencing_token=3, members=2, node="w1"
+    )
+    state.jobs["j1"] = replace(job, reason=late)
+    history.replica_states = {r: encode_state(state) for r in ("r1", "r2", "r3")}
+    assert check_history(history) == []
+    assert reruns(history) == []
+    # The same final state without the late-success reason: nothing completed under 8.
+    state.jobs["j1"] = job
+    history.replica_states = {r: encode_state(state) for r in ("r1", "r2", "r3")}
     assert kinds(history) == {"not-completed"}
 
 
