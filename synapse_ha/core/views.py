@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 from synapse_ha.core.commands import ExpireTimeLimit, FailAttempt
 from synapse_ha.core.machine import not_started_members, start_timeout_reason
-from synapse_ha.core.model import ClusterState, JobSpec, time_limit_deadline
+from synapse_ha.core.model import (
+    ClusterState,
+    Job,
+    JobSpec,
+    MemberState,
+    time_limit_deadline,
+    unconfirmed_members,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +38,11 @@ class DesiredMember:
     # sends SIGTERM at once and SIGKILL then (the heartbeat handler turns it into the
     # remaining grace, since worker clocks differ from the leader's).
     preempt_deadline_ms: int = 0
+    # True: the member's attempt has ended before the member was reported running. The
+    # worker must never start it; one it has not started is recorded with an immediate
+    # exit (as a member preempted before it started), which confirms to the leader that
+    # it is stopped (DESIGN §4: the next attempt waits for that confirmation).
+    ended: bool = False
 
 
 def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
@@ -42,6 +54,7 @@ def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
         job = state.jobs[job_id]
         attempt = job.live_attempt()
         if attempt is None:
+            _add_ended_unstarted(state, job, wanted)
             continue
         hosts = tuple(
             state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
@@ -73,6 +86,44 @@ def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
                 )
             )
     return wanted
+
+
+def _add_ended_unstarted(
+    state: ClusterState, job: Job, wanted: dict[str, list[DesiredMember]]
+) -> None:
+    """The members of ``job``'s ended attempt never reported running nor exited, marked
+    ``ended``: without them in its desired list, a worker that never started such a
+    member would never report it stopped, and the job would wait for it forever."""
+    attempt = job.attempt
+    ranks = unconfirmed_members(job)
+    if attempt is None or not ranks:
+        return
+    hosts = tuple(
+        state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
+        for m in attempt.members
+    )
+    for rank in ranks:
+        if attempt.member_status[rank].state is not MemberState.BOUND:
+            continue  # reported running: its worker knows it and reports its exit
+        member = attempt.members[rank]
+        wanted.setdefault(member.node_id, []).append(
+            DesiredMember(
+                job_id=job.job_id,
+                attempt=attempt.number,
+                fencing_token=attempt.fencing_token,
+                rank=member.rank,
+                world_size=len(attempt.members),
+                local_rank=0,
+                local_world_size=1,
+                gpus=member.gpus,
+                master_addr=hosts[0],
+                master_port=attempt.master_port,
+                member_hosts=hosts,
+                spec=job.spec,
+                owner=job.owner,
+                ended=True,
+            )
+        )
 
 
 def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:

@@ -263,7 +263,14 @@ def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
         cpu_milli=d.spec.resources.cpu_milli,
         memory_mib=d.spec.resources.memory_mib,
         owner=d.owner,
+        # A member of an ended attempt never reported running travels as preempted with
+        # no grace: the worker never starts it and confirms with an immediate exit.
+        preemption=ENDED_ATTEMPT if d.ended else "",
     )
+
+
+# The ``DesiredMember.preemption`` kind of a member whose attempt has ended.
+ENDED_ATTEMPT = "attempt-ended"
 
 
 def clamp_int32(value: int) -> int:

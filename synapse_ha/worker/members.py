@@ -515,6 +515,8 @@ class MemberExecutor:
         log_path.touch()
         if preempted is not None:
             detail = f"preempted ({preempted.kind}) for job {preempted.preemptor} before it started"
+            if not preempted.preemptor:
+                detail = f"not started: {preempted.kind}"
             self._record_exit(member, MemberExit(143, detail, now_ms, disrupted=True))
             return member
         account: Account | None = None
