@@ -3,7 +3,8 @@
 Three real replicas on loopback (mutual TLS, the benchmark calling as the admin by
 certificate). The benchmark
 
-1. fills the log with ``--entries`` submissions (pipelined, from this process),
+1. fills the Raft log up to index ``--entries`` with submissions (``--window`` in
+   flight, from this process; commands proposed together share one log entry),
 2. stops one follower with ``kill -9`` and keeps a submission stream running for
    ``--down-s`` seconds (the log moves on without it),
 3. restarts it, the stream still running, and measures the time until it **serves**:
@@ -58,22 +59,25 @@ def serves(cluster: LocalReplicas, replica: Any, leader: Any) -> bool:
     )
 
 
-def run(root: Path, entries: int, down_s: float, extra: list[str]) -> dict[str, Any]:
+def run(
+    root: Path, entries: int, down_s: float, window: int, extra: list[str], verbose: bool = False
+) -> dict[str, Any]:
     cluster = LocalReplicas(root / "cu", extra_args=extra)
     stream: Stream | None = None
     try:
         cluster.start()
         leader = cluster.serving_leader(timeout_s=60)
         fill_started = time.monotonic()
+        submitted = 0
         with cluster.channel(leader.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)
-            chunk = 5_000
-            for start in range(0, entries, chunk):
+            while cluster.local_status(leader).commit_index < entries:
                 requests = [
                     pb.SubmitJobRequest(spec=small_spec(f"f{i}"), request_id=f"f{i}")
-                    for i in range(start, min(entries, start + chunk))
+                    for i in range(submitted, submitted + 2_000)
                 ]
-                pipelined(stub.SubmitJob, requests, 128)
+                pipelined(stub.SubmitJob, requests, window)
+                submitted += len(requests)
         fill_s = time.monotonic() - fill_started
         leader = cluster.serving_leader(timeout_s=30)
         filled = cluster.local_status(leader)
@@ -85,7 +89,7 @@ def run(root: Path, entries: int, down_s: float, extra: list[str]) -> dict[str, 
         time.sleep(down_s)
         acks_down = len(stream.acks)
         before = cluster.local_status(leader)
-        data = cluster.root / victim.replica_id
+        data = victim.data_dir
         journal_bytes = _size(data / "raft.journal")
         dump_bytes = _size(data / "raft.dump")
         restarted = time.monotonic()
@@ -100,8 +104,12 @@ def run(root: Path, entries: int, down_s: float, extra: list[str]) -> dict[str, 
         after = cluster.local_status(victim)
         stream.stop.set()
         stream.join(timeout=20)
+        if verbose:
+            print(victim.log_tail(6000), file=sys.stderr)
         return {
-            "entries": entries,
+            "log_entries_target": entries,
+            "submissions_to_fill": submitted,
+            "fill_window": window,
             "replica_args": extra,
             "fill_s": round(fill_s, 1),
             "commit_index_after_fill": filled.commit_index,
@@ -128,12 +136,19 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a tiny run that takes seconds")
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--down-s", type=float, default=10.0)
+    parser.add_argument(
+        "--window", type=int, default=4, help="submissions in flight while filling the log"
+    )
     parser.add_argument("--replica-arg", action="append", default=[], help="a replica flag")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--verbose", action="store_true", help="print the restarted replica's log")
     args = parser.parse_args()
     entries, down_s = (300, 1.0) if args.smoke else (args.entries, args.down_s)
     with tempfile.TemporaryDirectory(prefix="synapse-catchup-") as tmp:
-        report = {"smoke": args.smoke, **run(Path(tmp), entries, down_s, args.replica_arg)}
+        report = {
+            "smoke": args.smoke,
+            **run(Path(tmp), entries, down_s, args.window, args.replica_arg, args.verbose),
+        }
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -106,7 +106,9 @@ def cancel_bound(cluster: LocalReplicas) -> None:
                 continue
 
 
-def run(root: Path, kills: int, quiet_s: float | None, streams: int, extra: list[str]) -> dict[str, Any]:
+def run(
+    root: Path, kills: int, quiet_s: float | None, streams: int, extra: list[str]
+) -> dict[str, Any]:
     cluster = LocalReplicas(root / "fo", extra_args=extra)
     loads: list[Stream] = []
     heartbeater: Heartbeater | None = None
@@ -156,9 +158,10 @@ def run(root: Path, kills: int, quiet_s: float | None, streams: int, extra: list
             cluster.kill(leader)
             new_leader = cluster.serving_leader(timeout_s=30)
             to_leader.append(time.monotonic() - kill_mono)
-            stream = loads[0]
             first = wait_for(
-                "a write after the kill", lambda t=kill_mono: stream.first_ack_after(t), 30
+                "a write after the kill",
+                lambda t=kill_mono, s=loads[0]: s.first_ack_after(t),
+                30,
             )
             to_write.append(first - kill_mono)
             with cluster.channel(new_leader.grpc) as channel:

@@ -20,12 +20,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from pysyncobj.config import FAIL_REASON
+from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
 from synapse_ha.app.ports import ProposalError
@@ -52,6 +52,7 @@ from synapse_ha.raft.snapshot import (
     LogEntry,
     SnapshotMember,
     read_snapshot_file,
+    replace_snapshot,
     write_snapshot,
 )
 
@@ -92,6 +93,13 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         # release before online membership changes): the configured replicas.
         self.default_members: tuple[TCPNode, ...] = ()
         self.observer = observer
+        # Background snapshot writes (see start_dump): where the snapshot file lives, and
+        # the pysyncobj SERIALIZER_STATE of the write in progress or just finished.
+        self.dump_path: str | None = None
+        self._dump_lock = threading.Lock()
+        self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
+        self.dump_seconds: float = 0.0  # how long the newest background write took
+        self.dump_thread: threading.Thread | None = None  # the newest background write
 
     def snapshot(self) -> ClusterState:
         """An immutable snapshot of the state as of the newest applied command.
@@ -209,6 +217,78 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             nodes = [_node(m.raft, m.replica_id, m.grpc) for m in snap.members]
         return (snap.entries[0], snap.entries[1], nodes)
 
+    # -- background snapshot writes (log compaction off the Raft thread)
+
+    def start_dump(self, tmp_path: str, data: tuple[Any, ...]) -> None:
+        """pysyncobj's serializer: start writing the snapshot of the state as of the newest
+        applied entry in ``data`` and return at once; :meth:`dump_progress` reports when
+        it is on disk, and only then does pysyncobj drop the log entries it covers.
+
+        Runs on the Raft thread between two applies, so the copy-on-write snapshot taken
+        here (:mod:`synapse_ha.core.snapshot`, O(records changed since the last one)) is
+        exactly the state after that entry; encoding it, writing and fsyncing the file
+        happen on a thread of their own. A synchronous write of a large state (seconds
+        at 10,000 nodes) would stop the Raft thread: a leader would send no heartbeats
+        and its followers would elect another.
+
+        The file is written next to :attr:`dump_path` and renamed over it once synced.
+        pysyncobj renames ``tmp_path`` over the snapshot file when this returns; removing
+        ``tmp_path`` first makes that rename fail (pysyncobj ignores the failure and
+        follows :meth:`dump_progress`), so it can never put a stale file in place."""
+        if self.dump_path is None:
+            raise RuntimeError("no snapshot path: set dump_path before compaction starts")
+        entries, members = _dump_header(data)
+        self._flush_observer()
+        with self.lock:
+            state = self._snapshots.take(self.state)
+        with suppress(FileNotFoundError):
+            os.remove(tmp_path)
+        with self._dump_lock:
+            self._dump_state = SERIALIZER_STATE.SERIALIZING
+        self.dump_thread = threading.Thread(
+            target=self._write_dump_in_background,
+            args=(self.dump_path, state, entries, members),
+            name="raft-snapshot",
+            daemon=True,
+        )
+        self.dump_thread.start()
+
+    def _write_dump_in_background(
+        self,
+        path: str,
+        state: ClusterState,
+        entries: tuple[LogEntry, LogEntry],
+        members: list[SnapshotMember] | None,
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            replace_snapshot(path, state, entries, members)
+            outcome = SERIALIZER_STATE.SUCCESS
+        except Exception:
+            log.exception("writing the snapshot failed; the log is kept")
+            outcome = SERIALIZER_STATE.FAILED
+        self.dump_seconds = time.perf_counter() - started
+        with self._dump_lock:
+            self._dump_state = outcome
+        log.info("snapshot at log index %d written in %.2fs", entries[0][1], self.dump_seconds)
+
+    def dump_progress(self) -> int:
+        """pysyncobj's serialize checker: SERIALIZING while a write runs, then SUCCESS or
+        FAILED exactly once, else NOT_SERIALIZING."""
+        with self._dump_lock:
+            state = self._dump_state
+            if state in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
+                self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
+            return int(state)
+
+    def _flush_observer(self) -> None:
+        if self.observer is not None:
+            try:
+                if not self.observer.flush():
+                    log.warning("apply observer did not catch up before the snapshot")
+            except Exception:
+                log.exception("apply observer failed to flush")
+
 
 class ApplyObserver(Protocol):
     """Told about every applied command, on the Raft thread under the apply lock
@@ -292,6 +372,7 @@ class RaftReplica:
         self._on_role_change = on_role_change
         self._timing = timing
         self.machine = ReplicatedState(on_applied, observer)
+        self.machine.dump_path = os.path.join(data_dir, "raft.dump")
         directory = directory or {}
 
         def node(address: str) -> TCPNode:
@@ -310,7 +391,8 @@ class RaftReplica:
             bindAddress=self_address,
             journalFile=os.path.join(data_dir, "raft.journal"),
             fullDumpFile=os.path.join(data_dir, "raft.dump"),
-            serializer=self.machine.write_dump,
+            serializer=self.machine.start_dump,
+            serializeChecker=self.machine.dump_progress,
             deserializer=self.machine.read_dump,
             appendEntriesUseBatch=False,
             leaderFallbackTimeout=timing.leader_step_down_s,
@@ -657,6 +739,19 @@ def seed_restored_state(
     index = max(raft_index, 3)
     entries: tuple[LogEntry, LogEntry] = ((_NO_OP_ENTRY, index, 0), (_NO_OP_ENTRY, index - 1, 0))
     write_snapshot(dump, state, entries, [me])
+
+
+def _dump_header(
+    data: tuple[Any, ...],
+) -> tuple[tuple[LogEntry, LogEntry], list[SnapshotMember] | None]:
+    """The two log entries and the members pysyncobj hands its serializer."""
+    newest, previous = data[0], data[1]
+    entries: tuple[LogEntry, LogEntry] = (
+        (bytes(newest[0]), int(newest[1]), int(newest[2])),
+        (bytes(previous[0]), int(previous[1]), int(previous[2])),
+    )
+    members = [_member_of(node) for node in data[2]] if len(data) > 2 and data[2] else None
+    return entries, members
 
 
 def _node(raft_address: str, replica_id: str, grpc_address: str) -> TCPNode:
