@@ -64,7 +64,17 @@ _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 @dataclass(frozen=True, slots=True)
 class RaftTiming:
     """Raft timers in seconds. The defaults were measured on loopback to give sub-second
-    failover without spurious elections on a loaded two-core machine."""
+    failover without spurious elections on a loaded two-core machine (bench/failover.py).
+
+    ``tick_period_s``: how long the Raft thread waits for a message before it looks at
+    its timers again (pysyncobj's ``autoTickPeriod``); a follower notices a silent
+    leader at most this late after its election timeout.
+    ``restart_election_delay_s``: a replica restarted on an existing data directory
+    stands for election no sooner than this after it started. pysyncobj has no
+    pre-vote: a restarted follower that timed out before the leader had reconnected to
+    it would start an election with a higher term and depose a healthy leader. The
+    leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
+    elects its first leader this much later."""
 
     election_min_s: float = 0.4
     election_max_s: float = 0.8
@@ -73,6 +83,8 @@ class RaftTiming:
     connection_retry_s: float = 0.5
     log_compaction_min_entries: int = 20_000
     log_compaction_min_time_s: float = 300.0
+    tick_period_s: float = 0.02
+    restart_election_delay_s: float = 2.0
 
 
 class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
@@ -386,6 +398,9 @@ class RaftReplica:
         self._change_started: float | None = None  # monotonic; None: no change in flight
         self._raft_thread_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._joining = join
+        restarted = any(
+            os.path.exists(os.path.join(data_dir, name)) for name in ("raft.journal", "raft.dump")
+        )
         conf = SyncObjConf(
             password=password,
             bindAddress=self_address,
@@ -406,6 +421,7 @@ class RaftReplica:
             dynamicMembershipChange=True,
             onStateChanged=self._state_changed,
             commandsQueueSize=100_000,
+            autoTickPeriod=timing.tick_period_s,
         )
         self.max_batch = 512
         self.max_batches_in_flight = 2
@@ -423,6 +439,11 @@ class RaftReplica:
             conf.raftMinTimeout = _JOIN_ELECTION_TIMEOUT_S
             conf.raftMaxTimeout = 2 * _JOIN_ELECTION_TIMEOUT_S
             self._sync._SyncObj__raftElectionDeadline = time.monotonic() + _JOIN_ELECTION_TIMEOUT_S
+        elif restarted and other_nodes:
+            # No election before the leader had time to reconnect (see RaftTiming).
+            self._sync._SyncObj__raftElectionDeadline = (
+                time.monotonic() + timing.restart_election_delay_s
+            )
         self._sync.addOnTickCallback(self._on_tick)
         self._batcher = threading.Thread(
             target=self._send_batches, name="raft-batcher", daemon=True
