@@ -96,16 +96,6 @@ def earliest_bind_after(stub: pb_grpc.SchedulerServiceStub, after_ms: float) -> 
     return float(min(times)) if times else None
 
 
-def cancel_bound(cluster: LocalReplicas) -> None:
-    """Cancel the bound jobs so far, so that each kill's scan of bound jobs stays short."""
-    with cluster.client() as client:
-        for job in client.list_jobs(states=["SCHEDULED", "RUNNING"]):
-            try:
-                client.cancel_job(job.job_id)
-            except Exception:
-                continue
-
-
 def run(
     root: Path, kills: int, quiet_s: float | None, streams: int, extra: list[str]
 ) -> dict[str, Any]:
@@ -182,7 +172,6 @@ def run(
             )
             watch.sample()
             terms_per_kill.append(watch.reading()[0] - term_before)
-            cancel_bound(cluster)
         kill_s = time.monotonic() - kill_started
         for s in loads:
             s.stop.set()
