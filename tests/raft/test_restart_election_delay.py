@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.local.launcher import free_ports
+from synapse_ha.local.launcher import free_ports, wait_until
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 
 pytestmark = pytest.mark.integration
@@ -29,6 +29,9 @@ def _first_deadline_in(data_dir: Path, peers: int) -> float:
         return deadline - time.monotonic()
     finally:
         replica.stop()
+        # Its files and sockets are closed by the Raft thread on its way out; the next
+        # start in the same directory must not race it.
+        wait_until("the Raft thread to end", lambda: not replica._sync.tick_thread_alive(), 15.0)
 
 
 def test_a_restarted_replica_waits_before_its_first_election(tmp_path: Path) -> None:
