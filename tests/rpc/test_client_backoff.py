@@ -33,7 +33,6 @@ def _submit_through(replica: Replica) -> pb.SubmitJobResponse:
         backoff_s=0.05,
         max_backoff_s=1.0,
         election_backoff_s=0.2,
-
         rng=random.Random(3),
     )
     with client:
