@@ -33,7 +33,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import wait_for
-from bench.quorum import Stream, pipelined, small_spec
+from bench.quorum import LeaderStubs, Stream, pipelined, small_spec
 from synapse_ha.local.launcher import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -64,6 +64,7 @@ def run(
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "cu", extra_args=extra)
     stream: Stream | None = None
+    leaders = LeaderStubs(cluster)
     try:
         cluster.start()
         leader = cluster.serving_leader(timeout_s=60)
@@ -76,7 +77,7 @@ def run(
                     pb.SubmitJobRequest(spec=small_spec(f"f{i}"), request_id=f"f{i}")
                     for i in range(submitted, submitted + 2_000)
                 ]
-                pipelined(stub.SubmitJob, requests, window)
+                pipelined(stub.SubmitJob, requests, window, follow=leaders.submit_call)
                 submitted += len(requests)
         fill_s = time.monotonic() - fill_started
         leader = cluster.serving_leader(timeout_s=30)
@@ -128,6 +129,7 @@ def run(
     finally:
         if stream is not None:
             stream.stop.set()
+        leaders.close()
         cluster.close()
 
 

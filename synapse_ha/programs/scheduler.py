@@ -16,8 +16,8 @@ Configuration comes from flags and/or a TOML file (flags win)::
     leader_step_down = "2s"
     dead_timeout = "10s"
     [raft]
-    election_min = "250ms"
-    election_max = "500ms"
+    election_min = "400ms"
+    election_max = "800ms"
     bootstrap_token_file = "/etc/synapse/admin.token"  # the first admin's token
     [tls]                    # mutual TLS (required unless insecure = true)
     ca = "/etc/synapse/tls/ca.pem"
@@ -197,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preemption", help="topology (the default), blind or off")
     p.add_argument("--fair-share-half-life", help="decay of past usage in fair share (7d)")
-    p.add_argument("--election-min", help="Raft election timeout, lower bound (default 250ms)")
-    p.add_argument("--election-max", help="Raft election timeout, upper bound (default 500ms)")
+    p.add_argument("--election-min", help="Raft election timeout, lower bound (default 400ms)")
+    p.add_argument("--election-max", help="Raft election timeout, upper bound (default 800ms)")
     p.add_argument(
         "--compaction-entries",
         type=int,

@@ -76,8 +76,8 @@ class RaftTiming:
     leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
     elects its first leader this much later."""
 
-    election_min_s: float = 0.25
-    election_max_s: float = 0.5
+    election_min_s: float = 0.4
+    election_max_s: float = 0.8
     append_entries_period_s: float = 0.05
     leader_step_down_s: float = 2.0
     connection_retry_s: float = 0.5
