@@ -207,8 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preemption", help="topology (the default), blind or off")
     p.add_argument("--fair-share-half-life", help="decay of past usage in fair share (7d)")
-    p.add_argument("--election-min", help="Raft election timeout, lower bound (e.g. 400ms)")
-    p.add_argument("--election-max", help="Raft election timeout, upper bound (e.g. 800ms)")
+    p.add_argument("--election-min", help="Raft election timeout, lower bound (default 400ms)")
+    p.add_argument("--election-max", help="Raft election timeout, upper bound (default 800ms)")
     p.add_argument(
         "--raft-fsync",
         action=argparse.BooleanOptionalAction,

@@ -20,12 +20,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from pysyncobj.config import FAIL_REASON
+from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
 from synapse_ha.app.ports import ProposalError
@@ -53,6 +53,7 @@ from synapse_ha.raft.snapshot import (
     LogEntry,
     SnapshotMember,
     read_snapshot_file,
+    replace_snapshot,
     write_snapshot,
 )
 
@@ -64,7 +65,17 @@ _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 @dataclass(frozen=True, slots=True)
 class RaftTiming:
     """Raft timers in seconds. The defaults were measured on loopback to give sub-second
-    failover without spurious elections on a loaded two-core machine."""
+    failover without spurious elections on a loaded two-core machine (bench/failover.py).
+
+    ``tick_period_s``: how long the Raft thread waits for a message before it looks at
+    its timers again (pysyncobj's ``autoTickPeriod``); a follower notices a silent
+    leader at most this late after its election timeout.
+    ``restart_election_delay_s``: a replica restarted on an existing data directory
+    stands for election no sooner than this after it started. pysyncobj has no
+    pre-vote: a restarted follower that timed out before the leader had reconnected to
+    it would start an election with a higher term and depose a healthy leader. The
+    leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
+    elects its first leader this much later."""
 
     election_min_s: float = 0.4
     election_max_s: float = 0.8
@@ -73,6 +84,8 @@ class RaftTiming:
     connection_retry_s: float = 0.5
     log_compaction_min_entries: int = 20_000
     log_compaction_min_time_s: float = 300.0
+    tick_period_s: float = 0.02
+    restart_election_delay_s: float = 2.0
 
 
 class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
@@ -93,6 +106,13 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         # release before online membership changes): the configured replicas.
         self.default_members: tuple[TCPNode, ...] = ()
         self.observer = observer
+        # Background snapshot writes (see start_dump): where the snapshot file lives, and
+        # the pysyncobj SERIALIZER_STATE of the write in progress or just finished.
+        self.dump_path: str | None = None
+        self._dump_lock = threading.Lock()
+        self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
+        self.dump_seconds: float = 0.0  # how long the newest background write took
+        self.dump_thread: threading.Thread | None = None  # the newest background write
 
     def snapshot(self) -> ClusterState:
         """An immutable snapshot of the state as of the newest applied command.
@@ -210,6 +230,78 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             nodes = [_node(m.raft, m.replica_id, m.grpc) for m in snap.members]
         return (snap.entries[0], snap.entries[1], nodes)
 
+    # -- background snapshot writes (log compaction off the Raft thread)
+
+    def start_dump(self, tmp_path: str, data: tuple[Any, ...]) -> None:
+        """pysyncobj's serializer: start writing the snapshot of the state as of the newest
+        applied entry in ``data`` and return at once; :meth:`dump_progress` reports when
+        it is on disk, and only then does pysyncobj drop the log entries it covers.
+
+        Runs on the Raft thread between two applies, so the copy-on-write snapshot taken
+        here (:mod:`synapse_ha.core.snapshot`, O(records changed since the last one)) is
+        exactly the state after that entry; encoding it, writing and fsyncing the file
+        happen on a thread of their own. A synchronous write of a large state (seconds
+        at 10,000 nodes) would stop the Raft thread: a leader would send no heartbeats
+        and its followers would elect another.
+
+        The file is written next to :attr:`dump_path` and renamed over it once synced.
+        pysyncobj renames ``tmp_path`` over the snapshot file when this returns; removing
+        ``tmp_path`` first makes that rename fail (pysyncobj ignores the failure and
+        follows :meth:`dump_progress`), so it can never put a stale file in place."""
+        if self.dump_path is None:
+            raise RuntimeError("no snapshot path: set dump_path before compaction starts")
+        entries, members = _dump_header(data)
+        self._flush_observer()
+        with self.lock:
+            state = self._snapshots.take(self.state)
+        with suppress(FileNotFoundError):
+            os.remove(tmp_path)
+        with self._dump_lock:
+            self._dump_state = SERIALIZER_STATE.SERIALIZING
+        self.dump_thread = threading.Thread(
+            target=self._write_dump_in_background,
+            args=(self.dump_path, state, entries, members),
+            name="raft-snapshot",
+            daemon=True,
+        )
+        self.dump_thread.start()
+
+    def _write_dump_in_background(
+        self,
+        path: str,
+        state: ClusterState,
+        entries: tuple[LogEntry, LogEntry],
+        members: list[SnapshotMember] | None,
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            replace_snapshot(path, state, entries, members)
+            outcome = SERIALIZER_STATE.SUCCESS
+        except Exception:
+            log.exception("writing the snapshot failed; the log is kept")
+            outcome = SERIALIZER_STATE.FAILED
+        self.dump_seconds = time.perf_counter() - started
+        with self._dump_lock:
+            self._dump_state = outcome
+        log.info("snapshot at log index %d written in %.2fs", entries[0][1], self.dump_seconds)
+
+    def dump_progress(self) -> int:
+        """pysyncobj's serialize checker: SERIALIZING while a write runs, then SUCCESS or
+        FAILED exactly once, else NOT_SERIALIZING."""
+        with self._dump_lock:
+            state = self._dump_state
+            if state in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
+                self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
+            return int(state)
+
+    def _flush_observer(self) -> None:
+        if self.observer is not None:
+            try:
+                if not self.observer.flush():
+                    log.warning("apply observer did not catch up before the snapshot")
+            except Exception:
+                log.exception("apply observer failed to flush")
+
 
 class ApplyObserver(Protocol):
     """Told about every applied command, on the Raft thread under the apply lock
@@ -294,6 +386,7 @@ class RaftReplica:
         self._on_role_change = on_role_change
         self._timing = timing
         self.machine = ReplicatedState(on_applied, observer)
+        self.machine.dump_path = os.path.join(data_dir, "raft.dump")
         directory = directory or {}
 
         def node(address: str) -> TCPNode:
@@ -307,12 +400,16 @@ class RaftReplica:
         self._change_started: float | None = None  # monotonic; None: no change in flight
         self._raft_thread_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._joining = join
+        restarted = any(
+            os.path.exists(os.path.join(data_dir, name)) for name in ("raft.journal", "raft.dump")
+        )
         conf = SyncObjConf(
             password=password,
             bindAddress=self_address,
             journalFile=os.path.join(data_dir, "raft.journal"),
             fullDumpFile=os.path.join(data_dir, "raft.dump"),
-            serializer=self.machine.write_dump,
+            serializer=self.machine.start_dump,
+            serializeChecker=self.machine.dump_progress,
             deserializer=self.machine.read_dump,
             appendEntriesUseBatch=False,
             leaderFallbackTimeout=timing.leader_step_down_s,
@@ -326,6 +423,7 @@ class RaftReplica:
             dynamicMembershipChange=True,
             onStateChanged=self._state_changed,
             commandsQueueSize=100_000,
+            autoTickPeriod=timing.tick_period_s,
         )
         self.max_batch = 512
         self.max_batches_in_flight = 2
@@ -352,6 +450,11 @@ class RaftReplica:
             conf.raftMinTimeout = _JOIN_ELECTION_TIMEOUT_S
             conf.raftMaxTimeout = 2 * _JOIN_ELECTION_TIMEOUT_S
             self._sync._SyncObj__raftElectionDeadline = time.monotonic() + _JOIN_ELECTION_TIMEOUT_S
+        elif restarted and other_nodes:
+            # No election before the leader had time to reconnect (see RaftTiming).
+            self._sync._SyncObj__raftElectionDeadline = (
+                time.monotonic() + timing.restart_election_delay_s
+            )
         self._sync.addOnTickCallback(self._on_tick)
         self._batcher = threading.Thread(
             target=self._send_batches, name="raft-batcher", daemon=True
@@ -668,6 +771,19 @@ def seed_restored_state(
     index = max(raft_index, 3)
     entries: tuple[LogEntry, LogEntry] = ((_NO_OP_ENTRY, index, 0), (_NO_OP_ENTRY, index - 1, 0))
     write_snapshot(dump, state, entries, [me])
+
+
+def _dump_header(
+    data: tuple[Any, ...],
+) -> tuple[tuple[LogEntry, LogEntry], list[SnapshotMember] | None]:
+    """The two log entries and the members pysyncobj hands its serializer."""
+    newest, previous = data[0], data[1]
+    entries: tuple[LogEntry, LogEntry] = (
+        (bytes(newest[0]), int(newest[1]), int(newest[2])),
+        (bytes(previous[0]), int(previous[1]), int(previous[2])),
+    )
+    members = [_member_of(node) for node in data[2]] if len(data) > 2 and data[2] else None
+    return entries, members
 
 
 def _node(raft_address: str, replica_id: str, grpc_address: str) -> TCPNode:

@@ -5,8 +5,10 @@ membership, but not the replicated objects: the serializer reads the state itsel
 file is one JSON header line (format version and the two log entries, commands in
 base64) followed by the canonical state encoding from :mod:`synapse_ha.core.codec`.
 
-The serializer runs synchronously on the Raft thread between two applies, so the state it
-reads is exactly the state after the newest entry it is given.
+The serializer runs on the Raft thread between two applies and takes a copy-on-write
+snapshot of the state there, exactly the state after the newest entry it is given; the
+file is then encoded and written on a thread of its own (:func:`replace_snapshot`), so
+the Raft thread keeps sending heartbeats while a large state is written.
 
 With online membership changes the header also lists the members (``"members"``: raft
 address, replica id and gRPC address of each) as of the newest entry: a replica restarted
@@ -70,6 +72,25 @@ def write_snapshot(
         f.write(body)
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_snapshot(
+    path: str,
+    state: ClusterState,
+    entries: tuple[LogEntry, LogEntry],
+    members: Sequence[SnapshotMember] | None = None,
+) -> None:
+    """Write the snapshot to a file next to ``path``, fsync it, rename it over ``path``
+    and fsync the directory: ``path`` holds the previous snapshot or this one, whole,
+    whenever the process dies."""
+    partial = path + ".partial"
+    write_snapshot(partial, state, entries, members)
+    os.replace(partial, path)
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def read_snapshot(path: str) -> tuple[ClusterState, tuple[LogEntry, LogEntry]]:

@@ -15,7 +15,10 @@ it last found to be the leader, and branches on the error's reason
   :func:`synapse_ha.rpc.errors.failure_of`).
 
 After a full round without an answer it backs off (exponentially, with jitter) until the
-call's overall deadline.
+call's overall deadline. While the replicas say a leader is being elected (NO_LEADER,
+LEADER_NOT_READY) the pause is at most ``election_backoff_s``: an election ends within
+an election timeout (well under a second), and a client that had backed off to a second
+would find the new leader up to a second late.
 
 When no replica answers in time it raises :class:`ClusterUnavailable`, listing each
 address tried and what it answered.
@@ -54,6 +57,9 @@ __all__ = [
 _MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
 # Reasons after which the same replica is asked again after a back-off.
 _WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.LEADER_STEPPING_DOWN})
+
+# Reasons that say a leader is being elected or is committing its barrier right now.
+_ELECTING = frozenset({Reason.NO_LEADER, Reason.LEADER_NOT_READY})
 
 Response = TypeVar("Response")
 
@@ -112,6 +118,7 @@ class ClusterClient:
         per_try_timeout_s: float = 2.0,
         backoff_s: float = 0.05,
         max_backoff_s: float = 1.0,
+        election_backoff_s: float = 0.2,
         rng: random.Random | None = None,
         token: str | None = None,
         channel_factory: Callable[[str], grpc.Channel] | None = None,
@@ -128,6 +135,7 @@ class ClusterClient:
         self.per_try_timeout_s = per_try_timeout_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.election_backoff_s = election_backoff_s
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
@@ -231,6 +239,8 @@ class ClusterClient:
                 if failures_in_round >= len(self.addresses):
                     failures_in_round = 0
                     pause = min(backoff, max(0.0, deadline - time.monotonic()))
+                    if failure.reason in _ELECTING:
+                        pause = min(pause, self.election_backoff_s)
                     time.sleep(self._rng.uniform(pause / 2, pause))
                     backoff = min(backoff * 2, self.max_backoff_s)
                 continue

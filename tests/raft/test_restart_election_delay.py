@@ -1,0 +1,45 @@
+"""A replica restarted on an existing data directory stands for election only after
+``restart_election_delay_s`` (pysyncobj has no pre-vote: a restarted follower must not
+depose a healthy leader before that leader reconnected to it); a fresh one, or one alone
+in its cluster, uses its normal election timeout."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.local.launcher import free_ports, wait_until
+from synapse_ha.raft.replica import RaftReplica, RaftTiming
+
+pytestmark = pytest.mark.integration
+
+TIMING = RaftTiming(restart_election_delay_s=30.0)
+
+
+def _first_deadline_in(data_dir: Path, peers: int) -> float:
+    """Seconds from now until the replica's first election deadline; the other members
+    are not running, so it never stands for election here."""
+    ports = free_ports(peers)
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    replica = RaftReplica(addresses[0], addresses, str(data_dir), "test-password", timing=TIMING)
+    try:
+        deadline: float = replica._sync._SyncObj__raftElectionDeadline
+        return deadline - time.monotonic()
+    finally:
+        replica.stop()
+        # Its files and sockets are closed by the Raft thread on its way out; the next
+        # start in the same directory must not race it.
+        wait_until("the Raft thread to end", lambda: not replica._sync.tick_thread_alive(), 15.0)
+
+
+def test_a_restarted_replica_waits_before_its_first_election(tmp_path: Path) -> None:
+    assert _first_deadline_in(tmp_path, peers=3) <= TIMING.election_max_s
+    assert (tmp_path / "raft.journal").exists()
+    assert _first_deadline_in(tmp_path, peers=3) > TIMING.restart_election_delay_s - 5
+
+
+def test_a_replica_alone_in_its_cluster_does_not_wait(tmp_path: Path) -> None:
+    assert _first_deadline_in(tmp_path, peers=1) <= TIMING.election_max_s
+    assert _first_deadline_in(tmp_path, peers=1) <= TIMING.election_max_s
