@@ -100,6 +100,14 @@ bench: $(STAMP)
 	cat bench/results/vs_ray.json
 	$(BIN)/python bench/throughput.py > /dev/null
 	cat bench/results/throughput.json
+	$(BIN)/python bench/heartbeat_fanin.py > /dev/null
+	cat bench/results/heartbeat_fanin.json
+	$(BIN)/python bench/member_start.py > bench/results/member_start.json
+	cat bench/results/member_start.json
+	$(BIN)/python bench/failover.py --kills 20 --quiet-s 60 --streams 2 --out bench/results/failover.json
+	$(BIN)/python bench/catchup.py --entries 100000 --down-s 10 --out bench/results/catchup.json
+	$(BIN)/python bench/memory.py --out bench/results/memory.json
+	$(BIN)/python bench/durability.py --part cost
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
