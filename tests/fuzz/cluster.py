@@ -126,4 +126,3 @@ class FuzzCluster:
             return snaps if len({s.sha256 for s in snaps}) == 1 else None
 
         return wait_until("identical replica states", probe, SETTLE_S, retry_on=RPC_ERRORS)
-

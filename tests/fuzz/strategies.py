@@ -69,7 +69,8 @@ ODD_STRINGS = [
 def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     edges = sorted({lo, hi, 0, 1, -1 if lo < 0 else 0, min(hi, 2**31 - 1), max(lo, -(2**31))})
     return st.one_of(
-        st.sampled_from(edges), st.integers(-1000, 1000).filter(lambda v: lo <= v <= hi),
+        st.sampled_from(edges),
+        st.integers(-1000, 1000).filter(lambda v: lo <= v <= hi),
         st.integers(lo, hi),
     )
 
@@ -79,8 +80,11 @@ def strings() -> st.SearchStrategy[str]:
     return st.one_of(
         st.text(max_size=40),
         st.sampled_from(ODD_STRINGS),
-        st.builds(lambda c, n: c * n, st.sampled_from(["a", "é", "\x00", "/"]),
-                  st.sampled_from([256, 4096, HUGE_STRING])),
+        st.builds(
+            lambda c, n: c * n,
+            st.sampled_from(["a", "é", "\x00", "/"]),
+            st.sampled_from([256, 4096, HUGE_STRING]),
+        ),
     )
 
 
@@ -112,10 +116,7 @@ def _scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
 
 
 def _is_map(field: FieldDescriptor) -> bool:
-    return (
-        field.type == FieldDescriptor.TYPE_MESSAGE
-        and field.message_type.GetOptions().map_entry
-    )
+    return field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry
 
 
 def _repeated(field: FieldDescriptor) -> bool:
