@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from synapse_ha.rpc.errors import Reason, failure_of
 from tests.fuzz.strategies import Method
@@ -118,6 +118,58 @@ def call(
         if getattr(exc, "code", lambda: None)() is grpc.StatusCode.CANCELLED and stream:
             return Outcome(ACCEPTED, "OK")  # we hung up after STREAM_ITEMS answers
         return _classify_error(exc, stream=stream)
+
+
+def call_raw(
+    channel: grpc.Channel,
+    method: Method,
+    payload: bytes,
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> Outcome:
+    """Send ``payload`` as the request's serialized bytes: a well-formed gRPC frame whose
+    protobuf may be anything. The answer is not decoded."""
+
+    def raw(_: Any) -> bytes:
+        return payload
+
+    def keep(data: bytes) -> bytes:
+        return data
+
+    stream = method.server_streaming
+    timeout = STREAM_TIMEOUT_S if stream else CALL_TIMEOUT_S
+    md = metadata or None
+    try:
+        if method.client_streaming:
+            rpc: Any = (channel.stream_stream if stream else channel.stream_unary)(
+                method.path, raw, keep
+            )
+            answers = rpc(iter([None]), timeout=timeout, metadata=md)
+        else:
+            rpc = (channel.unary_stream if stream else channel.unary_unary)(method.path, raw, keep)
+            answers = rpc(None, timeout=timeout, metadata=md)
+        if stream:
+            for i, _ in enumerate(answers):
+                if i + 1 >= STREAM_ITEMS:
+                    answers.cancel()
+                    break
+        return Outcome(ACCEPTED, "OK")
+    except grpc.RpcError as exc:
+        code = getattr(exc, "code", lambda: None)()
+        if code is grpc.StatusCode.CANCELLED and stream:
+            return Outcome(ACCEPTED, "OK")
+        if code is grpc.StatusCode.INTERNAL and not _parses(method, payload):
+            # grpcio answers INTERNAL for a request it cannot decode, before any handler
+            # runs: a refusal, not a crash (a payload that parses is held to the rule).
+            return Outcome(REJECTED, "INTERNAL_UNDECODABLE")
+        return _classify_error(exc, stream=stream)
+
+
+def _parses(method: Method, payload: bytes) -> bool:
+    try:
+        method.request.FromString(payload)
+    except DecodeError:
+        return False
+    return True
 
 
 @dataclass
