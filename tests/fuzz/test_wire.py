@@ -140,13 +140,12 @@ def _open(cluster: FuzzCluster, address: str, mode: str, alpn: list[str]) -> soc
 def send_raw(cluster: FuzzCluster, address: str, mode: str, data: bytes, alpn: list[str]) -> None:
     """Connect, send ``data``, read what comes back for a moment, hang up. Any refusal
     (TLS alert, reset, close) is what a server should do with garbage."""
-    with contextlib.suppress(OSError, ssl.SSLError):
-        with _open(cluster, address, mode, alpn) as s:
-            s.sendall(data)
-            s.settimeout(READ_S)
-            with contextlib.suppress(OSError, ssl.SSLError):
-                while s.recv(65536):
-                    pass
+    with contextlib.suppress(OSError, ssl.SSLError), _open(cluster, address, mode, alpn) as s:
+        s.sendall(data)
+        s.settimeout(READ_S)
+        with contextlib.suppress(OSError, ssl.SSLError):
+            while s.recv(65536):
+                pass
     TALLY.add("raw", mode, harness.Outcome(harness.REJECTED, "RAW"))
 
 
