@@ -85,3 +85,15 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Fuzzing (issue 17): `make test` runs tests/fuzz with small example counts; this runs the
+# same properties with FUZZ_EXAMPLES examples each and writes the counts (examples,
+# requests sent, accepted, rejected, crashes) to bench/results/fuzz.json.
+FUZZ_EXAMPLES ?= 300
+.PHONY: soak-fuzz
+soak-fuzz: $(STAMP)
+	mkdir -p bench/results
+	rm -f bench/results/fuzz.json
+	SYNAPSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SYNAPSE_FUZZ_RESULTS=bench/results/fuzz.json \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/fuzz
+	cat bench/results/fuzz.json

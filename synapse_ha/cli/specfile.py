@@ -170,7 +170,7 @@ def _check_shape(name: str, text: str) -> None:
         if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
             depth += 1
             if depth > MAX_SPEC_DEPTH:
-                line = event.start_mark.line + 1
+                line = event.start_mark.line + 1 if event.start_mark is not None else None
                 raise SpecFileError(
                     name, line, "spec", f"nested deeper than {MAX_SPEC_DEPTH} levels"
                 )
@@ -179,7 +179,7 @@ def _check_shape(name: str, text: str) -> None:
         elif isinstance(event, yaml.AliasEvent):
             aliases += 1
             if aliases > MAX_SPEC_ALIASES:
-                line = event.start_mark.line + 1
+                line = event.start_mark.line + 1 if event.start_mark is not None else None
                 raise SpecFileError(
                     name, line, "spec", f"more than {MAX_SPEC_ALIASES} aliases (*name)"
                 )

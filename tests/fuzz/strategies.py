@@ -227,3 +227,36 @@ def request_methods(files: Iterable[FileDescriptor]) -> list[Method]:
                     )
                 )
     return methods
+
+
+def mutation_strategy(seed: Message, max_fields: int = 2) -> st.SearchStrategy[Message]:
+    """``seed`` (a valid request) with one or two of its fields, at any depth, replaced
+    by a random value: requests that get past the first checks and break a later one."""
+    paths = list(_field_paths(seed.DESCRIPTOR, (), 0))
+
+    def apply(changes: list[tuple[tuple[FieldDescriptor, ...], Any]]) -> Message:
+        message = type(seed)()
+        message.CopyFrom(seed)
+        for path, value in changes:
+            target = message
+            for f in path[:-1]:
+                target = getattr(target, f.name)
+            last = path[-1]
+            target.ClearField(last.name)
+            _fill(target, {last.name: value})
+        return message
+
+    change = st.sampled_from(paths).flatmap(
+        lambda path: st.tuples(st.just(path), _field_value(path[-1], len(path)))
+    )
+    return st.lists(change, min_size=1, max_size=max_fields).map(apply)
+
+
+def _field_paths(
+    desc: Descriptor, prefix: tuple[FieldDescriptor, ...], depth: int
+) -> Iterable[tuple[FieldDescriptor, ...]]:
+    for f in desc.fields:
+        path = (*prefix, f)
+        yield path
+        if f.type == FieldDescriptor.TYPE_MESSAGE and not _repeated(f) and depth < MAX_DEPTH:
+            yield from _field_paths(f.message_type, path, depth + 1)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.fuzz import harness
 from tests.fuzz.cluster import FuzzCluster
-from tests.fuzz.strategies import Method, message_strategy, request_methods
+from tests.fuzz.strategies import Method, message_strategy, mutation_strategy, request_methods
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +35,32 @@ ADMIN_SKIPS = {"AddReplica", "RemoveReplica"}
 TALLY = harness.Tally("api")
 
 
+# Valid requests, mutated one or two fields at a time (see mutation_strategy).
+SEEDS: dict[str, Message] = {
+    "SubmitJobRequest": pb.SubmitJobRequest(
+        spec=pb.JobSpec(
+            name="fuzz",
+            replicas=2,
+            resources=pb.Resources(cpu_milli=500, memory_mib=64, gpu=1),
+            shell_command="echo $RANK",
+            env=[pb.EnvVar(name="A", value="b")],
+        ),
+        request_id="fuzz-request-0001",
+    ),
+    "CreateTokenRequest": pb.CreateTokenRequest(user="someone", role="user", ttl_ms=60_000),
+    "SetQueueRequest": pb.SetQueueRequest(queue=pb.Queue(name="fuzzq", gpu=4, cohort="c")),
+    "ListJobsRequest": pb.ListJobsRequest(limit=10),
+    "GetUsageRequest": pb.GetUsageRequest(by="user", since_ms=1),
+    "WatchEventsRequest": pb.WatchEventsRequest(since_index=1),
+    "GetClusterStatusRequest": pb.GetClusterStatusRequest(),
+}
+
+
 def _requests(method: Method) -> st.SearchStrategy[list[Message]]:
     one = message_strategy(method.input)
+    seed = SEEDS.get(method.input.name)
+    if seed is not None:
+        one = st.one_of(one, mutation_strategy(seed), st.just(seed))
     return st.lists(one, min_size=1, max_size=3 if method.client_streaming else 1)
 
 
@@ -94,7 +118,7 @@ def run_batch(cluster: FuzzCluster, batch: list[tuple[str, Method, str, list[Mes
 
 
 @settings(
-    max_examples=harness.examples(40),
+    max_examples=harness.examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     database=None,
@@ -108,7 +132,7 @@ def test_random_requests_leave_the_cluster_alive_and_consistent(
 
 
 @settings(
-    max_examples=harness.examples(10),
+    max_examples=harness.examples(8),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     database=None,
@@ -119,6 +143,21 @@ def test_random_streaming_requests(
 ) -> None:
     TALLY.examples += 1
     run_batch(cluster, batch)
+
+
+def test_the_state_comparison_sees_an_accepted_write(cluster: FuzzCluster) -> None:
+    """The check of rejected batches can fail: an accepted submission changes the bytes."""
+    leader = cluster.leader_id()
+    before = cluster.settled_state(leader)
+    (submit,) = [m for m in METHODS if m.name == "SubmitJob"]
+    seed = pb.SubmitJobRequest()
+    seed.CopyFrom(SEEDS["SubmitJobRequest"])
+    seed.request_id = "fuzz-state-check"
+    outcome = harness.call(cluster.channels["admin", leader], submit, [seed])
+    assert outcome.kind == harness.ACCEPTED, outcome
+    after = cluster.settled_state(leader)
+    cluster.last = after
+    assert after.encoded != before.encoded
 
 
 def test_every_replica_ends_with_the_same_valid_state(cluster: FuzzCluster) -> None:

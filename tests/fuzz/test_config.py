@@ -164,7 +164,7 @@ def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 SETTINGS = settings(
-    max_examples=harness.examples(150),
+    max_examples=harness.examples(100),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -122,7 +122,7 @@ def spec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("spec")
 
 
-@settings(max_examples=harness.examples(80), deadline=None, database=None)
+@settings(max_examples=harness.examples(60), deadline=None, database=None)
 @given(doc=DOCUMENTS)
 def test_parse_job_spec_raises_only_spec_errors(doc: Any) -> None:
     TALLY.examples += 1
@@ -169,7 +169,7 @@ YAML_TEXTS = st.one_of(
 
 
 @settings(
-    max_examples=harness.examples(80),
+    max_examples=harness.examples(60),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],

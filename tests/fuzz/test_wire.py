@@ -192,7 +192,7 @@ def _check(cluster: FuzzCluster, leader: str, before: Any, accepted: bool) -> No
 
 
 SETTINGS = settings(
-    max_examples=harness.examples(15),
+    max_examples=harness.examples(10),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -141,7 +141,7 @@ def _assert_worker_alive(rig: Rig) -> None:
 
 
 @settings(
-    max_examples=harness.examples(20),
+    max_examples=harness.examples(12),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
