@@ -116,12 +116,20 @@ WORKER_KEYS = {
     "user_map": ["alice", "*"],
 }
 
+SCHEDULER_BASE = {
+    "replica_id": '"r1"',
+    "replicas": '[{id = "r1", raft = "127.0.0.1:1", grpc = "127.0.0.1:2"}]',
+    "insecure": "true",
+}
+WORKER_BASE = {"schedulers": '["127.0.0.1:1"]', "node_id": '"n1"', "insecure": "true"}
 
-def documents(keys: dict[str, list[str]]) -> st.SearchStrategy[str]:
-    """TOML text: random keys of each table set to random values, or broken TOML."""
-    entry = st.tuples(st.sampled_from(sorted(keys)), st.data())
+
+def documents(keys: dict[str, list[str]], base: dict[str, str]) -> st.SearchStrategy[str]:
+    """TOML text: a valid configuration (``base``, top-level keys) with random keys of
+    each table set to random values, or broken TOML."""
 
     def render(tables: dict[str, dict[str, str]]) -> str:
+        tables = {**tables, "": {**base, **tables.get("", {})}}
         out = [f"{k} = {v}" for k, v in tables.get("", {}).items()]
         for table, items in tables.items():
             if table:
@@ -136,7 +144,6 @@ def documents(keys: dict[str, list[str]]) -> st.SearchStrategy[str]:
             for table, names in keys.items()
         },
     )
-    del entry
     return st.one_of(
         tables.map(render),
         st.builds(lambda t, b: render(t) + b, tables, st.sampled_from(BROKEN)),
@@ -172,7 +179,7 @@ SETTINGS = settings(
 
 
 @SETTINGS
-@given(text=documents(SCHEDULER_KEYS))
+@given(text=documents(SCHEDULER_KEYS, SCHEDULER_BASE))
 def test_scheduler_config_errors_are_config_errors(config_dir: Path, text: str) -> None:
     TALLY.examples += 1
     path = config_dir / "scheduler.toml"
@@ -184,12 +191,12 @@ def test_scheduler_config_errors_are_config_errors(config_dir: Path, text: str) 
 
 
 @SETTINGS
-@given(text=documents(WORKER_KEYS))
+@given(text=documents(WORKER_KEYS, WORKER_BASE))
 def test_worker_config_errors_are_config_errors(config_dir: Path, text: str) -> None:
     TALLY.examples += 1
     path = config_dir / "worker.toml"
     path.write_text(text)
-    argv = ["--config", str(path), "--data-dir", str(config_dir / "data"), "--insecure"]
+    argv = ["--config", str(path), "--data-dir", str(config_dir / "data")]
     kind = _only_config_errors(lambda: worker.load_config(argv, {}, euid=1000), worker.ConfigError)
     TALLY.add("worker.load_config", "-", harness.Outcome(kind, "-"))
 
