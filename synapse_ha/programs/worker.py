@@ -283,6 +283,10 @@ def _check_file_types(doc: Mapping[str, Any]) -> None:
         items = doc.get(key)
         if isinstance(items, list) and not all(isinstance(v, str) for v in items):
             raise ConfigError(f"{key}: every entry must be a string")
+    tls = doc.get("tls", {})
+    for name, value in tls.items() if isinstance(tls, dict) else ():
+        if not isinstance(value, str):
+            raise ConfigError(f"tls.{name}: must be a string (a file name)")
 
 
 def load_config(

@@ -204,3 +204,46 @@ def test_worker_config_errors_are_config_errors(config_dir: Path, text: str) -> 
 def test_record_the_counts() -> None:
     assert TALLY.examples > 0
     harness.record(TALLY.summary())
+
+
+# What the fuzzer found: each of these gave a TypeError, an AttributeError, or opened a
+# file descriptor, instead of a ConfigError naming the key.
+SCHEDULER_REGRESSIONS = {
+    "replicas = 1": "replicas",
+    "timeouts = 1": "timeouts",
+    'raft = "x"': "raft",
+    "raft_password_file = 1": "raft_password_file",
+    "bootstrap_token_file = 0": "bootstrap_token_file",
+    "data_dir = 1": "data_dir",
+    "[tls]\nca = 1": "tls.ca",
+}
+WORKER_REGRESSIONS = {
+    "schedulers = 1": "schedulers",
+    "schedulers = [1]": "schedulers",
+    "features = 1": "features",
+    "metrics = 1": "metrics",
+    "user_map = 1": "user_map",
+    "[tls]\nkey = 1": "tls.key",
+}
+
+
+@pytest.mark.parametrize("text", sorted(SCHEDULER_REGRESSIONS))
+def test_scheduler_config_key_of_the_wrong_type(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "scheduler.toml"
+    base = "\n".join(f"{k} = {v}" for k, v in SCHEDULER_BASE.items() if k not in text)
+    path.write_text(base + "\n" + text + "\n")
+    argv = ["--config", str(path), "--data-dir", str(tmp_path / "data")]
+    if "data_dir" in text:
+        argv = argv[:2]
+    with pytest.raises(scheduler.ConfigError, match=SCHEDULER_REGRESSIONS[text]):
+        scheduler.load_config(argv, {"SYNAPSE_RAFT_PASSWORD": "fuzz-password"})
+
+
+@pytest.mark.parametrize("text", sorted(WORKER_REGRESSIONS))
+def test_worker_config_key_of_the_wrong_type(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "worker.toml"
+    base = "\n".join(f"{k} = {v}" for k, v in WORKER_BASE.items() if k not in text)
+    path.write_text(base + "\n" + text + "\n")
+    argv = ["--config", str(path), "--data-dir", str(tmp_path / "data")]
+    with pytest.raises(worker.ConfigError, match=WORKER_REGRESSIONS[text]):
+        worker.load_config(argv, {}, euid=1000)
