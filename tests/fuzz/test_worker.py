@@ -26,6 +26,7 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import Transport
+from synapse_ha.worker.logs import find_member_dir
 from tests.fuzz import harness
 from tests.fuzz.cluster import STATUS_BOUND_S, FuzzCluster
 from tests.fuzz.strategies import Method, message_strategy, request_methods
@@ -168,3 +169,10 @@ def test_the_grant_reads_the_log_and_its_absence_is_refused(rig: Rig) -> None:
     refused = harness.call(rig.channels["admin"], method, [request])
     assert granted.kind == harness.ACCEPTED, granted
     assert refused.kind == harness.REJECTED and refused.code == "PERMISSION_DENIED", refused
+
+
+def test_a_job_id_no_file_can_have_finds_no_log(tmp_path: Path) -> None:
+    """Found by the fuzzer: a 300-character job id made ReadLog fail with UNKNOWN
+    (ENAMETOOLONG escaped the handler); it is a job this node has no log of."""
+    assert find_member_dir(tmp_path, "a" * 300, 0, 0) is None
+    assert find_member_dir(tmp_path, "a\x00b", 0, 0) is None
