@@ -120,3 +120,20 @@ clean:
 DURABILITY_CYCLES ?= 100
 soak-durability: $(STAMP)
 	$(BIN)/python bench/durability.py --part cycles --cycles $(DURABILITY_CYCLES)
+
+# Fuzzing (issue 17): `make test` runs tests/fuzz with small example counts; this runs the
+# same properties with FUZZ_EXAMPLES examples each and writes the counts (examples,
+# requests sent, accepted, rejected, crashes) to bench/results/fuzz.json.
+FUZZ_EXAMPLES ?= 300
+.PHONY: soak-fuzz
+soak-fuzz: $(STAMP)
+	mkdir -p bench/results
+	rm -f bench/results/fuzz.json
+	SYNAPSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SYNAPSE_FUZZ_RESULTS=bench/results/fuzz.json \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/fuzz
+	cat bench/results/fuzz.json
+
+# Every long run outside CI, one after another: the chaos soak, the fuzzing soak and the
+# durability cycles.
+.PHONY: soak-all
+soak-all: soak soak-fuzz soak-durability

@@ -24,6 +24,12 @@ from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
 from synapse_ha.core.validation import ViolationCode
 
 MAX_SPEC_FILE_BYTES = 1024 * 1024
+# Limits on the document's shape, checked before it is built: PyYAML builds nested
+# collections recursively (too deep a document would overflow the stack), and aliases let
+# a few lines stand for billions of values ("billion laughs").
+MAX_SPEC_DEPTH = 32  # nested mappings and lists
+MAX_SPEC_ALIASES = 1000
+MAX_SPEC_NODES = 100_000  # values of the document with its aliases expanded
 
 
 class SpecFileError(SpecError):
@@ -58,10 +64,29 @@ class SpecFileError(SpecError):
 def field_lines(root: yaml.Node | None) -> dict[str, int]:
     """Map every field path of a composed document (``resources.gpu``, ``command[1]``) to
     the 1-based line where it starts (the key's line for mapping entries). Raises
-    :class:`SpecError` for a key that appears twice in one mapping."""
+    :class:`SpecError` for a key that appears twice in one mapping, and for a document
+    that expands (through aliases) to more than ``MAX_SPEC_NODES`` values or deeper than
+    ``MAX_SPEC_DEPTH`` levels."""
     lines: dict[str, int] = {}
-
-    def walk(node: yaml.Node, path: str) -> None:
+    visited = 0
+    # Iterative, and bounded: aliases let a small file name a huge (or very deep) tree.
+    stack: list[tuple[yaml.Node, str, int]] = [] if root is None else [(root, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        visited += 1
+        if depth > MAX_SPEC_DEPTH:
+            raise _LocatedError(
+                "spec",
+                node.start_mark.line + 1,
+                f"nested (through its aliases) deeper than {MAX_SPEC_DEPTH} levels",
+            )
+        if visited > MAX_SPEC_NODES:
+            raise _LocatedError(
+                "spec",
+                node.start_mark.line + 1,
+                f"the document expands (through its aliases) to more than {MAX_SPEC_NODES} values",
+            )
+        children: list[tuple[yaml.Node, str, int]] = []
         if isinstance(node, yaml.MappingNode):
             seen: set[str] = set()
             for key_node, value_node in node.value:
@@ -71,15 +96,13 @@ def field_lines(root: yaml.Node | None) -> dict[str, int]:
                     raise _LocatedError(child, key_node.start_mark.line + 1, "appears twice")
                 seen.add(key)
                 lines.setdefault(child, key_node.start_mark.line + 1)
-                walk(value_node, child)
+                children.append((value_node, child, depth + 1))
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
                 child = f"{path}[{i}]"
                 lines.setdefault(child, item.start_mark.line + 1)
-                walk(item, child)
-
-    if root is not None:
-        walk(root, "")
+                children.append((item, child, depth + 1))
+        stack.extend(reversed(children))
     return lines
 
 
@@ -115,6 +138,7 @@ def load_job_file(
     except UnicodeDecodeError as exc:
         raise SpecFileError(name, None, "spec", "the file is not UTF-8 text") from exc
     try:
+        _check_shape(name, text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
@@ -133,6 +157,32 @@ def load_job_file(
     except SpecError as exc:
         line = line_of(exc.field, lines)
         raise SpecFileError(name, line, exc.field, exc.rule, exc.code) from exc
+
+
+def _check_shape(name: str, text: str) -> None:
+    """Refuse a document nested deeper than ``MAX_SPEC_DEPTH`` or with more than
+    ``MAX_SPEC_ALIASES`` aliases, from PyYAML's event stream (which is not recursive),
+    before anything is built from it. Raises :class:`SpecFileError`, or PyYAML's error
+    for text that is not YAML."""
+    depth = 0
+    aliases = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            depth += 1
+            if depth > MAX_SPEC_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else None
+                raise SpecFileError(
+                    name, line, "spec", f"nested deeper than {MAX_SPEC_DEPTH} levels"
+                )
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_SPEC_ALIASES:
+                line = event.start_mark.line + 1 if event.start_mark is not None else None
+                raise SpecFileError(
+                    name, line, "spec", f"more than {MAX_SPEC_ALIASES} aliases (*name)"
+                )
 
 
 def load_job_spec_file(

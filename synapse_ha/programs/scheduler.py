@@ -286,6 +286,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The value types of the configuration file's keys that are used without a parser of their
+# own (a parser names the key in its error): a wrong type is a ConfigError naming the key.
+# A file name given as a number would otherwise be opened as a file descriptor.
+_FILE_TYPES: dict[str, type] = {
+    "replicas": list,
+    "data_dir": str,
+    "raft_password_file": str,
+    "bootstrap_token_file": str,
+    "log_level": str,
+    "join": bool,
+    "insecure": bool,
+    "timeouts": dict,
+    "scheduling": dict,
+    "raft": dict,
+    "reads": dict,
+    "history": dict,
+    "tls": dict,
+    "metrics": dict,
+}
+_FILE_TYPE_NAMES = {str: "a string", list: "an array", dict: "a table", bool: "true or false"}
+
+
+def _check_file_types(doc: dict[str, Any]) -> None:
+    for key, kind in _FILE_TYPES.items():
+        value = doc.get(key)
+        if value is not None and not isinstance(value, kind):
+            wanted = _FILE_TYPE_NAMES[kind]
+            raise ConfigError(f"{key}: must be {wanted}, got {type(value).__name__}")
+    for name, value in doc.get("tls", {}).items():
+        if not isinstance(value, str):
+            raise ConfigError(f"tls.{name}: must be a string (a file name)")
+
+
 def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> SchedulerConfig:
     """Merge the TOML file and flags; raise :class:`ConfigError` on anything wrong."""
     environ = dict(os.environ if environ is None else environ)
@@ -297,6 +330,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
                 doc = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--config {args.config}: {exc}") from None
+    _check_file_types(doc)
 
     replica_id = args.replica_id or doc.get("replica_id", "")
     if not replica_id or not isinstance(replica_id, str):

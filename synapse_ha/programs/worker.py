@@ -262,6 +262,34 @@ def _run_as(flag: object, euid: int) -> RunAsMode:
     return mode
 
 
+# The value types of the configuration file's keys that are used without a parser of their
+# own (a parser names the key in its error): a wrong type is a ConfigError naming the key.
+_FILE_TYPES: dict[str, tuple[type, ...]] = {
+    "schedulers": (str, list),
+    "features": (list,),
+    "metrics": (dict,),
+    "user_map": (dict,),
+    "no_cgroups": (bool,),
+}
+_FILE_TYPE_NAMES = {str: "a string", list: "an array", dict: "a table", bool: "true or false"}
+
+
+def _check_file_types(doc: Mapping[str, Any]) -> None:
+    for key, kinds in _FILE_TYPES.items():
+        value = doc.get(key)
+        if value is not None and not isinstance(value, kinds):
+            wanted = " or ".join(_FILE_TYPE_NAMES[k] for k in kinds)
+            raise ConfigError(f"{key}: must be {wanted}, got {type(value).__name__}")
+    for key in ("schedulers", "features"):
+        items = doc.get(key)
+        if isinstance(items, list) and not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"{key}: every entry must be a string")
+    tls = doc.get("tls", {})
+    for name, value in tls.items() if isinstance(tls, dict) else ():
+        if not isinstance(value, str):
+            raise ConfigError(f"tls.{name}: must be a string (a file name)")
+
+
 def load_config(
     argv: Sequence[str], environ: Mapping[str, str] | None = None, *, euid: int | None = None
 ) -> WorkerConfig:
@@ -278,6 +306,7 @@ def load_config(
                 doc = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--config {args.config}: {exc}") from None
+    _check_file_types(doc)
 
     def pick(flag: object, key: str) -> Any:
         return flag if flag is not None else doc.get(key)

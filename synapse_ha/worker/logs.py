@@ -52,7 +52,10 @@ MAX_CHUNK = 1024 * 1024
 def find_member_dir(members_root: Path, job_id: str, attempt: int, rank: int) -> Path | None:
     """The member directory for (job, attempt, rank); attempt 0 means the newest."""
     job_dir = members_root / job_id
-    if "/" in job_id or job_id in ("", ".", "..") or not job_dir.is_dir():
+    try:
+        if "/" in job_id or job_id in ("", ".", "..") or not job_dir.is_dir():
+            return None
+    except OSError:  # no directory can have that name (too long, for one): no such job
         return None
     best: tuple[tuple[int, int], Path] | None = None
     for entry in job_dir.iterdir():
