@@ -54,6 +54,9 @@ PRIORITY_CLASSES = (
     "--priority-class=low=-100,grace=2s",
     "--priority-class=normal=0,grace=2s",
     "--priority-class=high=100,preempts,grace=2s",
+    # Scenarios inject a fault every few seconds: a gang can be disrupted more often than
+    # a production cluster's default of 5 requeues allows, and must still finish.
+    "--max-requeues=50",
 )
 _PROXY_VARS = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 

@@ -151,8 +151,11 @@ class SchedulingSettings:
     priority_classes: tuple[PriorityClass, ...] | None = None
     preemption: PreemptionMode | None = None
     fair_share_half_life_ms: int | None = None
+    max_requeues: int | None = None
 
     def applied_to(self, config: ClusterConfig) -> ClusterConfig:
+        if self.max_requeues is not None:
+            config = replace(config, max_requeues=self.max_requeues)
         if self.priority_classes is not None:
             config = replace(config, priority_classes=self.priority_classes)
         if self.preemption is not None:

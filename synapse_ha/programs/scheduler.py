@@ -63,6 +63,7 @@ from synapse_ha.core.model import (
     DEFAULT_GRACE_MS,
     LOCALITY_WAIT_MS,
     MAX_LOCALITY_WAIT_MS,
+    MAX_REQUEUES_LIMIT,
     PreemptionMode,
     PriorityClass,
     Timeouts,
@@ -207,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preemption", help="topology (the default), blind or off")
     p.add_argument("--fair-share-half-life", help="decay of past usage in fair share (7d)")
+    p.add_argument(
+        "--max-requeues",
+        type=int,
+        help="how often a job may be requeued by disruptions it did not cause before it "
+        "fails (default 5)",
+    )
     p.add_argument("--election-min", help="Raft election timeout, lower bound (default 400ms)")
     p.add_argument("--election-max", help="Raft election timeout, upper bound (default 800ms)")
     p.add_argument(
@@ -589,7 +596,16 @@ def _scheduling(args: argparse.Namespace, s_doc: dict[str, Any]) -> SchedulingSe
     half_life = None if raw_life is None else _ms(raw_life, "fair_share_half_life")
     if half_life is not None and half_life <= 0:
         raise ConfigError("fair_share_half_life must be positive")
-    return SchedulingSettings(classes, mode, half_life)
+    raw_requeues = args.max_requeues
+    if raw_requeues is None:
+        raw_requeues = s_doc.get("max_requeues")
+    if raw_requeues is not None and (
+        not isinstance(raw_requeues, int)
+        or isinstance(raw_requeues, bool)
+        or not 0 <= raw_requeues <= MAX_REQUEUES_LIMIT
+    ):
+        raise ConfigError(f"max_requeues must be an integer from 0 to {MAX_REQUEUES_LIMIT}")
+    return SchedulingSettings(classes, mode, half_life, raw_requeues)
 
 
 def _check_writable(path: str) -> None:

@@ -83,6 +83,8 @@ def test_flags_replace_the_files_classes(tmp_path: Path) -> None:
         (("--priority-class", "Bad_Name=1"), "priority_classes[0].name"),
         (("--priority-class", "x=1,grace=2d"), "grace_ms: must be between 0 and 24h"),
         (("--fair-share-half-life", "0s"), "fair_share_half_life must be positive"),
+        (("--max-requeues", "-1"), "max_requeues must be an integer from 0 to 1000"),
+        (("--max-requeues", "1001"), "max_requeues must be an integer from 0 to 1000"),
     ],
 )
 def test_bad_settings_are_refused_naming_them(
@@ -91,3 +93,12 @@ def test_bad_settings_are_refused_naming_them(
     with pytest.raises(scheduler_main.ConfigError) as refused:
         load(tmp_path, "", *flags)
     assert words in str(refused.value)
+
+
+def test_max_requeues_from_toml_or_flag(tmp_path: Path) -> None:
+    from_file = load(tmp_path, "[scheduling]\nmax_requeues = 40\n").scheduling
+    assert from_file.applied_to(ClusterConfig()).max_requeues == 40
+    from_flag = load(tmp_path, "[scheduling]\nmax_requeues = 40\n", "--max-requeues", "7")
+    assert from_flag.scheduling.applied_to(ClusterConfig()).max_requeues == 7
+    with pytest.raises(scheduler_main.ConfigError, match="max_requeues"):
+        load(tmp_path, '[scheduling]\nmax_requeues = "many"\n')
