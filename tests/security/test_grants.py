@@ -19,7 +19,11 @@ from synapse_ha.security.grants import (
 from synapse_ha.security.pki import CertFiles
 from tests.security.conftest import Authority
 
-NOW = datetime.now(UTC).timestamp()
+# The moment grants are verified at: an hour after this module is imported. The fixtures
+# issue their certificates later in the session (valid from five minutes before they are
+# issued, for a year), so this moment lies inside their validity however long the tests
+# collected before them take.
+NOW = (datetime.now(UTC) + timedelta(hours=1)).timestamp()
 CLAIMS = GrantClaims(job_id="job-7", subject="user:alice", expires_at_s=NOW + 300, node_id="n1")
 
 
