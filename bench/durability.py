@@ -89,7 +89,7 @@ class Submitters:
     unknown outcome and is not counted."""
 
     def __init__(self, replicas: LocalReplicas, threads: int, prefix: str) -> None:
-        self.acked: list[str] = []
+        self.acked: list[tuple[str, str]] = []  # (job id, job name) per acknowledgement
         self.failed = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -108,14 +108,15 @@ class Submitters:
         n = 0
         while not self._stop.is_set():
             n += 1
+            name = f"{prefix}-{n}"
             try:
-                job_id = client.submit_job(queued_spec(f"{prefix}-{n}")).job_id
+                job_id = client.submit_job(queued_spec(name)).job_id
             except RPC_ERRORS:
                 with self._lock:
                     self.failed += 1
                 continue
             with self._lock:
-                self.acked.append(job_id)
+                self.acked.append((job_id, name))
 
     def stop(self) -> None:
         self._stop.set()
@@ -169,7 +170,11 @@ def run_cycles(
 ) -> dict[str, Any]:
     """The cycles part; returns its report (``lost`` lists acknowledged jobs missing)."""
     rng = random.Random(seed)
-    acked: set[str] = set()
+    # Every acknowledgement as job id -> the name it was acknowledged for: an id answered
+    # for two different names, or held in the state under another name, is a lost job
+    # whose id was handed out again.
+    acked: dict[str, str] = {}
+    reused: set[str] = set()
     lost: set[str] = set()
     diverged = 0
     violations: list[str] = []
@@ -181,21 +186,28 @@ def run_cycles(
             time.sleep(wait_s)  # the fault's random moment, not a wait for a condition
             kill_all(replicas)
             submitters.stop()
-            acked.update(submitters.acked)
+            for job_id, name in submitters.acked:
+                if acked.setdefault(job_id, name) != name:
+                    reused.add(job_id)
             restart = time.monotonic()
             replicas.start()
             replicas.serving_leader(timeout_s=timeout_s)
             leader_s = time.monotonic() - restart
             with replicas.client(timeout_s=timeout_s) as client:
                 marker = client.submit_job(queued_spec(f"c{cycle}-marker")).job_id
-            acked.add(marker)
+            if acked.setdefault(marker, f"c{cycle}-marker") != f"c{cycle}-marker":
+                reused.add(marker)
             states = converged_states(replicas, timeout_s, marker)
             converge_s = time.monotonic() - restart
             answers = list(states.values())
             if len({a.state_sha256 for a in answers}) != 1:
                 diverged += 1
             state = decode_state(answers[0].encoded_state)
-            missing = acked - set(state.jobs)
+            missing = {
+                job_id
+                for job_id, name in acked.items()
+                if job_id not in state.jobs or state.jobs[job_id].spec.name != name
+            } | reused
             lost |= missing
             found = invariants.check(state)
             violations += [f"cycle {cycle}: {v}" for v in found]
@@ -224,6 +236,7 @@ def run_cycles(
         "compaction_entries": compaction_entries,
         "seed": seed,
         "acknowledged": len(acked),
+        "job_ids_handed_out_twice": sorted(reused)[:10],
         "acknowledged_lost": len(lost),
         "lost_examples": sorted(lost)[:10],
         "cycles_with_diverged_states": diverged,

@@ -37,10 +37,13 @@ def test_no_acknowledged_submission_is_lost_when_every_replica_is_killed(
     )
     # The stream really ran into the kills: submissions were acknowledged in every cycle.
     assert all(cycle["acked"] > 0 for cycle in report["per_cycle"])
-    # ... plus one marker job per cycle, acknowledged after the restart.
+    # No acknowledged job is missing or held under another job's name (an id handed out
+    # twice means the first job was lost).
+    assert report["acknowledged_lost"] == 0, report["lost_examples"]
+    assert report["job_ids_handed_out_twice"] == []
+    # ... every acknowledgement a distinct job, plus one marker job per cycle.
     streamed = sum(cycle["acked"] for cycle in report["per_cycle"])
     assert report["acknowledged"] == streamed + report["cycles"]
-    assert report["acknowledged_lost"] == 0, report["lost_examples"]
     assert report["cycles_with_diverged_states"] == 0
     assert report["invariant_violations"] == []
     final = report["per_cycle"][-1]
