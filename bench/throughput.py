@@ -52,7 +52,6 @@ from bench.quorum import Heartbeater, loopback_host, pipelined, register_request
 from synapse_ha.local.launcher import LocalReplicas, Replica
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.tls import TlsFiles, Transport
 
 RESULTS = Path(__file__).resolve().parent / "results" / "throughput.json"
@@ -94,7 +93,7 @@ def _generator(
             pb.SubmitJobRequest(spec=small_spec("warm"), request_id=f"{prefix}warm-{index}-{i}")
             for i in range(20)
         ]
-        pipelined(stub.SubmitJob, warm, 8)
+        pipelined(stub.SubmitJob, warm, 8, follow=follow)
         requests = [
             pb.SubmitJobRequest(spec=pb.JobSpec.FromString(raw), request_id=f"{prefix}-{index}-{i}")
             for i, raw in enumerate(specs)
@@ -121,12 +120,16 @@ def _nodes(
     ``stop`` is set. Puts the number registered on ``ready`` once they heartbeat."""
     transport = _transport(files)
     node_ids = [f"node-{i:05d}" for i in range(count)]
-    with transport.channel(addresses[0]) as channel:
-        agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
+    with ClusterClient(addresses, channel_factory=transport.channel) as client:
+
+        def follow() -> Any:
+            """RegisterNode on whichever replica leads now (a leader change under load)."""
+            return client.agent(client.cluster_status().leader_address or addresses[0]).RegisterNode
+
         registrations = [
             register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)
         ]
-        pipelined(agent.RegisterNode, registrations, 64)
+        pipelined(follow(), registrations, 64, follow=follow)
     beat = Heartbeater(addresses, node_ids, interval_s=interval_s, transport=transport)
     beat.start()
     ready.put(len(node_ids))
