@@ -62,8 +62,10 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     after it must be fenced at the sink (``stale-write``); the report lists them
     (:func:`thaw_writes`).
 ``early-dead``
-    A node that was ready when a clock-jump fault began was declared dead during it: a
-    wall-clock step made the dead timeout fire early.
+    A node that was ready when a clock-jump fault began was declared dead during it before
+    it can have been silent for the dead timeout (its silence before the jump, as the
+    leader reported it, plus the time until the node was seen dead): a wall-clock step made
+    the dead timeout fire early.
 """
 
 from __future__ import annotations
@@ -136,6 +138,11 @@ class FaultRecord:
     frozen_node: str = ""  # freeze-host: the frozen host as member records name it
     declared_dead_ns: int = 0  # freeze-host: when the leader declared the frozen node dead
     declared_dead: tuple[str, ...] = ()  # clock jumps: ready nodes declared dead during it
+    # Clock jumps: for each node declared dead, an upper bound on its silence at the
+    # declaration (its silence before the jump plus the time until it was seen dead), and
+    # the cluster's dead timeout. Without a bound the declaration counts as early.
+    silence_bound_ms: tuple[tuple[str, int], ...] = ()
+    dead_timeout_ms: int = 0
 
 
 # A thawed supervisor must stop a superseded member within this bound (it finds its lease
@@ -207,6 +214,10 @@ def load_history(run_dir: Path) -> History:
                 frozen_node=str(r.get("frozen_node", "")),
                 declared_dead_ns=int(r.get("declared_dead_ns", 0)),
                 declared_dead=tuple(str(n) for n in r.get("declared_dead", [])),
+                silence_bound_ms=tuple(
+                    sorted((str(n), int(ms)) for n, ms in r.get("silence_bound_ms", {}).items())
+                ),
+                dead_timeout_ms=int(r.get("dead_timeout_ms", 0)),
             )
         )
     states_dir = run_dir / "replica_states"
@@ -501,16 +512,25 @@ def _check_stale_writes(history: History) -> list[Violation]:
 
 
 def _check_early_dead(history: History) -> list[Violation]:
-    return [
-        Violation(
-            "early-dead",
-            "",
-            f"node {node} was declared dead during {f.kind} on {', '.join(f.targets)}",
-        )
-        for f in history.faults
-        if f.kind in ("clock-jump-forward", "clock-jump-back")
-        for node in f.declared_dead
-    ]
+    out: list[Violation] = []
+    for f in history.faults:
+        if f.kind not in ("clock-jump-forward", "clock-jump-back"):
+            continue
+        bounds = dict(f.silence_bound_ms)
+        for node in f.declared_dead:
+            bound = bounds.get(node)
+            if bound is not None and bound >= f.dead_timeout_ms > 0:
+                continue  # it may really have been silent that long
+            silent = "" if bound is None else f" after at most {bound} ms of silence"
+            out.append(
+                Violation(
+                    "early-dead",
+                    "",
+                    f"node {node} was declared dead during {f.kind} on "
+                    f"{', '.join(f.targets)}{silent}",
+                )
+            )
+    return out
 
 
 def _check_exactly_once(history: History, state: ClusterState | None) -> list[Violation]:

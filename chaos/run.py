@@ -693,22 +693,32 @@ class Nemesis:
         # Clock jumps: the leader's wall clock moves; its monotonic clock does not.
         offset = nemesis.clock_jump_s(step.kind, step.pick)
         clock = c.clock_file(leader)
-        ready = {n.node_id for n in c.observer.list_nodes() if n.status == "ready"}
+        # Each ready node's silence as the leader saw it just before the jump (-1: not
+        # heard since this leader's election, so unknown and left out).
+        ages = {
+            n.node_id: int(n.last_heartbeat_age_ms)
+            for n in c.observer.list_nodes()
+            if n.status == "ready" and n.last_heartbeat_age_ms >= 0
+        }
+        listed = time.monotonic()
         hosts.set_clock(clock, offset)
         extra["clock_offset_s"] = offset
-        extra["ready_before"] = sorted(ready)
-        dead: set[str] = set()
+        extra["ready_before"] = sorted(ages)
+        extra["dead_timeout_ms"] = int(c.cfg.timeouts.dead_timeout_s * 1000)
+        silence: dict[str, int] = {}
         extra["declared_dead"] = []
+        extra["silence_bound_ms"] = silence
 
         def watch() -> None:
             # A node ready when the jump came and dead now was declared dead while the
-            # clock was off (no other fault runs meanwhile).
-            dead.update(
-                n.node_id
-                for n in c.observer.list_nodes()
-                if n.node_id in ready and n.status == "dead"
-            )
-            extra["declared_dead"] = sorted(dead)
+            # clock was off. Its silence at the declaration was at most its silence before
+            # the jump plus the time since: a fault that ended just before the jump (a cut,
+            # a killed agent) can leave a node silent long enough to die for real.
+            for n in c.observer.list_nodes():
+                if n.node_id in ages and n.status == "dead" and n.node_id not in silence:
+                    since = int((time.monotonic() - listed) * 1000)
+                    silence[n.node_id] = ages[n.node_id] + since
+            extra["declared_dead"] = sorted(silence)
 
         self._watch = watch
 

@@ -167,6 +167,39 @@ def test_a_node_declared_dead_during_a_clock_jump_is_early_dead() -> None:
     assert "w3" in found[0].detail and "clock-jump-back" in found[0].detail
 
 
+def test_a_node_silent_for_the_dead_timeout_may_die_during_a_clock_jump() -> None:
+    """A node still silent after the fault before the jump (a cut that just healed) can
+    reach the dead timeout for real during the jump: not early. Short of the timeout, it
+    is early."""
+    history = clean_history()
+    history.faults.append(
+        FaultRecord(
+            "clock-jump-forward",
+            ("r2",),
+            0,
+            3_000 * MS,
+            declared_dead=("w3",),
+            silence_bound_ms=(("w3", 4_000),),
+            dead_timeout_ms=4_000,
+        )
+    )
+    assert check_history(history) == []
+    history.faults.append(
+        FaultRecord(
+            "clock-jump-back",
+            ("r2",),
+            4_000 * MS,
+            7_000 * MS,
+            declared_dead=("w1",),
+            silence_bound_ms=(("w1", 3_999),),
+            dead_timeout_ms=4_000,
+        )
+    )
+    found = check_history(history)
+    assert [v.kind for v in found] == ["early-dead"]
+    assert "w1" in found[0].detail and "at most 3999 ms" in found[0].detail
+
+
 def test_check_run_reads_the_fault_records(tmp_path: Path) -> None:
     from tests.chaos.test_chaos_checker import test_check_run_reads_a_saved_run_directory
 
@@ -191,6 +224,18 @@ def test_check_run_reads_the_fault_records(tmp_path: Path) -> None:
                 "start_ns": 9_000 * MS,
                 "end_ns": 9_500 * MS,
                 "declared_dead": ["w1"],
+            }
+        )
+        out.append(
+            {
+                "type": "fault",
+                "kind": "clock-jump-back",
+                "targets": ["r1"],
+                "start_ns": 10_000 * MS,
+                "end_ns": 12_000 * MS,
+                "declared_dead": ["w2"],
+                "silence_bound_ms": {"w2": 5_200},
+                "dead_timeout_ms": 4_000,
             }
         )
     # The heartbeat at 7,000 ms is inside the thaw window now; the dead node is not.
