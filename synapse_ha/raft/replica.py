@@ -24,7 +24,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
@@ -48,6 +48,7 @@ from synapse_ha.core.membership import (
 from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
 from synapse_ha.raft import journal as durable_journal
+from synapse_ha.raft.appendentries import SafeSyncObj
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.snapshot import (
     LogEntry,
@@ -440,7 +441,7 @@ class RaftReplica:
         else:
             durable_journal.unregister(conf.journalFile)
         self.fsync = fsync
-        self._sync = SyncObj(self_node, other_nodes, conf=conf, consumers=[self.machine])
+        self._sync = SafeSyncObj(self_node, other_nodes, conf=conf, consumers=[self.machine])
         if fsync:
             durable_journal.check_installed(self._sync)
         if join:

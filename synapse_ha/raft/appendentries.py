@@ -1,0 +1,144 @@
+"""Raft's AppendEntries rules on the follower side, which pysyncobj 0.3.17 bends.
+
+A follower that receives ``append_entries`` (previous index ``P``, entries ``E``) must,
+by the Raft paper (Figure 2, receiver rules 3-5):
+
+* delete its own entries only from the first one that *conflicts* with ``E`` (same index,
+  different term), and append the entries of ``E`` it does not have;
+* set its commit index to ``min(leaderCommit, index of the last new entry)``.
+
+pysyncobj instead deletes every entry after ``P`` whenever its log is longer, conflict or
+not (its commit rule, capped by the end of the log, is right only because of that). A
+leader whose ``next_node_idx`` for a follower is lowered by a late reply re-sends from
+there, and a message limited by the batch size can cover less than the follower already
+acknowledged: the follower drops the rest. The leader still counts the acknowledgement
+(its match index never goes down) and commits an entry that only it holds. When the
+leader is then paused or killed, the follower that dropped the entry and the third
+replica elect a leader without it: a command a client was told is committed is lost, and
+the old leader, which applied it, logs "truncating already-applied log entries" when it
+rejoins (seen in the chaos suite after a paused leader).
+
+:class:`SafeSyncObj` corrects the message before pysyncobj's handler sees it, so the
+handler's own steps produce what the rules demand:
+
+* the leading entries of ``E`` that the log already holds (same index and term) are
+  dropped from the message and ``P`` moves past them: the handler deletes from the first
+  conflicting or missing entry only;
+* when the log holds all of ``E`` and more, the message becomes a heartbeat at the end of
+  the log (nothing is deleted), its commit index is capped at ``P + len(E)`` (the entries
+  beyond may be of an older term the leader does not have), and the acknowledgement sent
+  back is capped at ``P + len(E) + 1``: the follower vouches only for what the leader
+  sent.
+
+A large entry arrives in chunks (``transmission``); the chunks are joined here once the
+last one arrives so the same rules apply. pysyncobj marks a chunk as the last by
+comparing the offset with the command's length rather than the pickled entry's, so a
+chunk before the real last one can carry the mark: such a chunk does not decode and is
+kept as a middle chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pysyncobj import SyncObj
+from pysyncobj import pickle as raft_pickle
+
+
+class SafeSyncObj(SyncObj):  # type: ignore[misc]
+    """pysyncobj's ``SyncObj`` with the follower's AppendEntries rules of the Raft paper."""
+
+    _ack_cap: int | None = None  # while a corrected message is handled: highest ack + 1
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        cap: int | None = None
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "prevLogIdx" in message
+            and message.get("term", -1) >= self._SyncObj__raftCurrentTerm
+        ):
+            joined = self._join_transmission(node, message)
+            if joined is None:
+                return
+            message, cap = conflict_free(self._SyncObj__raftLog, joined)
+        self._ack_cap = cap
+        try:
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+        finally:
+            self._ack_cap = None
+
+    def _SyncObj__sendNextNodeIdx(
+        self,
+        node: Any,
+        reset: bool = False,
+        nextNodeIdx: int | None = None,
+        success: bool = False,
+    ) -> None:
+        cap = self._ack_cap
+        if success and cap is not None and nextNodeIdx is not None and nextNodeIdx > cap:
+            nextNodeIdx = cap
+        SyncObj._SyncObj__sendNextNodeIdx(self, node, reset, nextNodeIdx, success)
+
+    def _join_transmission(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """A whole message for a chunked entry once its last chunk arrives; the message
+        itself for the other chunks and for unchunked messages; None when a chunk marked
+        last did not complete the entry (it was answered as a middle chunk)."""
+        if message.get("transmission") != "finish":
+            return message
+        received: Any = self.__dict__.get("_SyncObj__recvTransmission", "")
+        data = received + message["data"]
+        try:
+            entry = raft_pickle.loads(data)
+        except Exception:
+            # Marked last too early (see the module docstring): keep collecting.
+            self._SyncObj__recvTransmission = data
+            self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+            return None
+        self._SyncObj__recvTransmission = ""
+        whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        whole["entries"] = [entry]
+        return whole
+
+
+def conflict_free(log: Any, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """``message`` rewritten so that pysyncobj's handler applies the Raft rules to ``log``
+    (a sequence of ``(command, index, term)``), and the cap on the acknowledgement (None:
+    no cap). A message whose previous entry the log does not hold is left alone: the
+    handler rejects it."""
+    if message.get("transmission") is not None:
+        return message, None  # a first or middle chunk: nothing to apply yet
+    prev = int(message["prevLogIdx"])
+    entries = list(message.get("entries") or [])
+    if len(log) == 0:
+        return message, None
+    first = int(log[0][1])
+    last = int(log[-1][1])
+    if prev < first or prev > last or int(log[prev - first][2]) != message["prevLogTerm"]:
+        return message, None
+    held = 0
+    for entry in entries:
+        index, term = int(entry[1]), int(entry[2])
+        if index > last or int(log[index - first][2]) != term:
+            break
+        held += 1
+    if held < len(entries):
+        if held == 0:
+            return message, None
+        kept = entries[held - 1]
+        return {
+            **message,
+            "prevLogIdx": int(kept[1]),
+            "prevLogTerm": int(kept[2]),
+            "entries": entries[held:],
+        }, None
+    end = prev + len(entries)
+    if last <= end:
+        return message, None
+    return {
+        **message,
+        "prevLogIdx": last,
+        "prevLogTerm": int(log[-1][2]),
+        "entries": [],
+        "commit_index": min(int(message["commit_index"]), end),
+    }, end + 1
