@@ -1,4 +1,23 @@
-"""An fsync mode for pysyncobj's file journal, without changing pysyncobj.
+"""pysyncobj's file journal made crash-safe, and an fsync mode for it, without changing
+pysyncobj.
+
+**Compaction that a crash cannot tear** (always on). After a snapshot, pysyncobj's
+``FileJournal.deleteEntriesTo`` rewrites the kept entries in place: it marks the journal
+empty, then appends them again one by one. A process killed in the middle leaves a journal
+holding only the first few kept entries, and the newest entries, acknowledged to clients,
+are gone from that replica; the replicas compact at the same log index, so all of them can
+be in that window at once. And pysyncobj renames the new snapshot into place before it
+compacts: a replica killed in between restarts with a journal that does not begin at the
+snapshot, which pysyncobj's loader answers by clearing the journal, so every entry after
+the snapshot is lost. :class:`AtomicFileJournal`
+
+* compacts by writing the kept entries to a new file and renaming it over the journal, so
+  the journal is the old one or the new one, whole, whenever the process dies;
+* on opening, drops the entries its snapshot file already covers when the journal still
+  begins before the snapshot, so the loader finds the journal beginning at the snapshot and
+  keeps every entry after it.
+
+**fsync mode** (``[raft] fsync``, on by default).
 
 Raft's safety argument assumes stable storage: a follower's append response, a vote and
 the leader's own share of a commit majority all stand for data that survives a crash.
@@ -7,8 +26,8 @@ kernel writes the pages back when it likes), and its term/vote file is replaced 
 rename but not synced. That survives the death of the process (the page cache belongs to
 the kernel) but not a power loss or a kernel crash.
 
-:class:`DurableFileJournal` is a :class:`pysyncobj.journal.FileJournal` whose every
-change reaches the disk before the method returns, and pysyncobj calls these methods on
+:class:`DurableFileJournal` is an :class:`AtomicFileJournal` whose every change reaches
+the disk before the method returns, and pysyncobj calls these methods on
 its Raft thread before it sends the message that relies on them:
 
 * ``add`` (an entry appended by the leader or received by a follower) syncs the mapping
@@ -23,26 +42,37 @@ its Raft thread before it sends the message that relies on them:
 * before the journal forgets entries (``deleteEntriesTo`` after a snapshot,
   ``clear`` before a snapshot received from the leader is loaded), the snapshot file
   that replaces them and its directory entry are synced: the rename pysyncobj does is
-  durable before the entries it covers are gone.
+  durable before the entries it covers are gone; the compacted journal is synced before
+  it is renamed into place, and its directory after.
 
 pysyncobj creates its journal with the module-level ``createJournal`` it imported into
 :mod:`pysyncobj.syncobj`. :func:`register` replaces that name, once per process, with a
-function that builds a :class:`DurableFileJournal` for the journal paths registered and
-defers to the original for every other path (so replicas with and without the mode can
-share a process). :func:`check_installed` verifies, after ``SyncObj`` is built, that the
-journal really is a durable one: a pysyncobj that stopped calling ``createJournal`` makes
-the replica refuse to start instead of running silently without fsync.
+function that builds our journal for the journal paths registered (durable or not, per
+path) and defers to the original for every other path. :func:`check_installed` verifies,
+after ``SyncObj`` is built, that the journal really is ours: a pysyncobj that stopped
+calling ``createJournal`` makes the replica refuse to start instead of running silently
+without these guarantees.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from typing import Any
 
 import pysyncobj.syncobj as _syncobj
-from pysyncobj.journal import FileJournal, MetaStorer
-from pysyncobj.pickle import dumps
+from pysyncobj.journal import (
+    FIRST_RECORD_OFFSET,
+    LAST_RECORD_OFFSET_OFFSET,
+    FileJournal,
+    MetaStorer,
+    ResizableFile,
+)
+from pysyncobj.pickle import dumps, to_bytes
+
+from synapse_ha.core.codec import CodecError
+from synapse_ha.raft.snapshot import read_snapshot_entries
 
 
 class JournalHookError(RuntimeError):
@@ -86,16 +116,75 @@ class DurableMetaStorer(MetaStorer):  # type: ignore[misc]
         fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
-class DurableFileJournal(FileJournal):  # type: ignore[misc]
-    """A FileJournal whose changes are on stable storage when its methods return."""
+class AtomicFileJournal(FileJournal):  # type: ignore[misc]
+    """A FileJournal whose compaction a crash cannot tear, and which, on opening, drops the
+    entries its snapshot already covers (see the module docstring)."""
+
+    fsync = False
+
+    def __init__(self, journal_file: str, dump_file: str | None) -> None:
+        super().__init__(journal_file)
+        self.path = journal_file
+        self.dump_file = dump_file
+        self.directory = os.path.dirname(os.path.abspath(journal_file))
+        self.compactions = 0  # whole-file rewrites (for tests)
+        self._align_with_snapshot()
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        self._rewrite([self[i] for i in range(entryTo, len(self))])
+
+    def _align_with_snapshot(self) -> None:
+        """Drop the entries before the snapshot's older entry when the journal holds it:
+        pysyncobj keeps a journal only when it begins exactly at the snapshot."""
+        if self.dump_file is None or len(self) < 2 or not os.path.exists(self.dump_file):
+            return
+        try:
+            newest, previous = read_snapshot_entries(self.dump_file)
+        except (OSError, CodecError):
+            return  # pysyncobj's loader reports an unreadable snapshot
+        first = int(self[0][1])
+        at = int(previous[1]) - first
+        if at <= 0 or at + 1 >= len(self):
+            return
+        if tuple(self[at]) == tuple(previous) and tuple(self[at + 1]) == tuple(newest):
+            self._rewrite([self[i] for i in range(at, len(self))])
+
+    def _rewrite(self, kept: list[tuple[Any, int, int]]) -> None:
+        """Write ``kept`` to a new file and rename it over the journal."""
+        partial = self.path + ".compacting"
+        with open(partial, "wb") as f:
+            f.write(self._FileJournal__getDefaultHeader())
+            offset = FIRST_RECORD_OFFSET
+            for command, idx, term in kept:
+                data = struct.pack("<QQ", idx, term) + to_bytes(command)
+                size = struct.pack("<I", len(data))
+                f.write(size + data + size)
+                offset += len(data) + 8
+            f.seek(LAST_RECORD_OFFSET_OFFSET)
+            f.write(struct.pack("<I", offset))
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        os.replace(partial, self.path)
+        if self.fsync:
+            fsync_directory(self.directory)
+        old: Any = self.__dict__["_FileJournal__journalFile"]
+        self._FileJournal__journalFile = ResizableFile(self.path)
+        old._destroy()
+        self._FileJournal__journal = list(kept)
+        self._FileJournal__currentOffset = offset
+        self.compactions += 1
+
+
+class DurableFileJournal(AtomicFileJournal):
+    """An AtomicFileJournal whose changes are on stable storage when its methods return."""
+
+    fsync = True
 
     def __init__(self, journal_file: str, dump_file: str | None) -> None:
         created = not os.path.exists(journal_file)
-        super().__init__(journal_file)
-        self.dump_file = dump_file
-        self.directory = os.path.dirname(os.path.abspath(journal_file))
         self.syncs = 0  # how many times the journal was synced (for tests and metrics)
-        self._deferred = False
+        super().__init__(journal_file, dump_file)
         storer = getattr(self, "_FileJournal__metaStorer", None)
         if not isinstance(storer, MetaStorer):
             raise JournalHookError("pysyncobj's FileJournal has no meta storer to make durable")
@@ -110,30 +199,22 @@ class DurableFileJournal(FileJournal):  # type: ignore[misc]
 
     def add(self, command: Any, idx: int, term: int) -> None:
         super().add(command, idx, term)
-        if not self._deferred:
-            self.sync()
+        self.sync()
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         super().deleteEntriesFrom(entryFrom)
         self.sync()
 
     def clear(self) -> None:
-        if self._deferred:
-            super().clear()
-            return
         self._sync_snapshot()
         super().clear()
         self.sync()
 
     def deleteEntriesTo(self, entryTo: int) -> None:
-        # FileJournal rewrites the kept entries with clear() and add(): one sync at the end.
+        # The new file is synced before the rename (one sync for all kept entries).
         self._sync_snapshot()
-        self._deferred = True
-        try:
-            super().deleteEntriesTo(entryTo)
-        finally:
-            self._deferred = False
-        self.sync()
+        super().deleteEntriesTo(entryTo)
+        self.syncs += 1
 
     def _sync_snapshot(self) -> None:
         if self.dump_file is not None and fsync_file(self.dump_file):
@@ -141,26 +222,27 @@ class DurableFileJournal(FileJournal):  # type: ignore[misc]
 
 
 _lock = threading.Lock()
-_durable: dict[str, str | None] = {}  # absolute journal path -> snapshot path
+_ours: dict[str, tuple[str | None, bool]] = {}  # absolute journal path -> (snapshot, fsync)
 _original_create = _syncobj.createJournal
 
 
 def _create_journal(journalFile: str | None = None) -> Any:
     if journalFile is not None:
-        key = os.path.abspath(journalFile)
         with _lock:
-            durable = key in _durable
-            dump = _durable.get(key)
-        if durable:
-            return DurableFileJournal(journalFile, dump)
+            found = _ours.get(os.path.abspath(journalFile))
+        if found is not None:
+            dump, fsync = found
+            if fsync:
+                return DurableFileJournal(journalFile, dump)
+            return AtomicFileJournal(journalFile, dump)
     return _original_create(journalFile)
 
 
-def register(journal_file: str, dump_file: str | None) -> None:
-    """Journals pysyncobj creates at ``journal_file`` from now on are durable; their
-    snapshot file is ``dump_file``. Installs the hook on first use."""
+def register(journal_file: str, dump_file: str | None, fsync: bool = True) -> None:
+    """Journals pysyncobj creates at ``journal_file`` from now on are ours (durable when
+    ``fsync``); their snapshot file is ``dump_file``. Installs the hook on first use."""
     with _lock:
-        _durable[os.path.abspath(journal_file)] = dump_file
+        _ours[os.path.abspath(journal_file)] = (dump_file, fsync)
         if _syncobj.createJournal is not _create_journal:
             if _syncobj.createJournal is not _original_create:
                 raise JournalHookError("pysyncobj.syncobj.createJournal was replaced by another")
@@ -169,7 +251,7 @@ def register(journal_file: str, dump_file: str | None) -> None:
 
 def unregister(journal_file: str) -> None:
     with _lock:
-        _durable.pop(os.path.abspath(journal_file), None)
+        _ours.pop(os.path.abspath(journal_file), None)
 
 
 def journal_of(sync_obj: Any) -> Any:
@@ -177,13 +259,15 @@ def journal_of(sync_obj: Any) -> Any:
     return getattr(sync_obj, "_SyncObj__raftLog", None)
 
 
-def check_installed(sync_obj: Any) -> DurableFileJournal:
-    """The durable journal of ``sync_obj``; raises :class:`JournalHookError` when pysyncobj
-    built another kind (the fsync mode would silently not apply)."""
+def check_installed(sync_obj: Any, fsync: bool = True) -> AtomicFileJournal:
+    """The journal of ``sync_obj``; raises :class:`JournalHookError` when pysyncobj built
+    another kind (crash-safe compaction, and fsync when asked, would silently not apply)."""
     journal = journal_of(sync_obj)
-    if not isinstance(journal, DurableFileJournal):
+    wanted = DurableFileJournal if fsync else AtomicFileJournal
+    if not isinstance(journal, wanted):
+        what = "a durable one" if fsync else "a crash-safe one"
         raise JournalHookError(
-            f"pysyncobj built a {type(journal).__name__} journal, not a durable one: "
-            "the fsync mode cannot be guaranteed with this pysyncobj version"
+            f"pysyncobj built a {type(journal).__name__} journal, not {what}: "
+            "the journal's guarantees cannot be kept with this pysyncobj version"
         )
     return journal

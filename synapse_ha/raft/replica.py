@@ -434,16 +434,13 @@ class RaftReplica:
         self._in_flight: dict[int, float] = {}
         self._batch_seq = 0
         self._stopping = False
-        # fsync mode (synapse_ha.raft.journal): every journal change is on stable storage
-        # before pysyncobj sends the answer or counts the vote that relies on it.
-        if fsync:
-            durable_journal.register(conf.journalFile, conf.fullDumpFile)
-        else:
-            durable_journal.unregister(conf.journalFile)
+        # Our journal (synapse_ha.raft.journal): compaction a crash cannot tear, and in
+        # fsync mode every journal change on stable storage before pysyncobj sends the
+        # answer or counts the vote that relies on it.
+        durable_journal.register(conf.journalFile, conf.fullDumpFile, fsync=fsync)
         self.fsync = fsync
         self._sync = SafeSyncObj(self_node, other_nodes, conf=conf, consumers=[self.machine])
-        if fsync:
-            durable_journal.check_installed(self._sync)
+        durable_journal.check_installed(self._sync, fsync=fsync)
         if join:
             # No election before a leader has been heard from (see _finish_join). Set after
             # the constructor, which checks the timeouts against the connection timeout;

@@ -105,12 +105,30 @@ def read_snapshot_file(path: str) -> SnapshotFile:
     with open(path, "rb") as f:
         header_line = f.readline()
         body = f.read()
+    header = _header(header_line)
+    members = _members(header.get("members"))
+    return SnapshotFile(decode_state(body), _entries(header), members)
+
+
+def read_snapshot_entries(path: str) -> tuple[LogEntry, LogEntry]:
+    """The two log entries of a snapshot file, read from its header alone (the state is
+    not decoded). Raises :class:`CodecError` for a file that is not a valid snapshot."""
+    with open(path, "rb") as f:
+        header_line = f.readline(1 << 20)
+    return _entries(_header(header_line))
+
+
+def _header(line: bytes) -> dict[str, Any]:
     try:
-        header: Any = json.loads(header_line)
+        header: Any = json.loads(line)
     except ValueError as exc:
         raise CodecError(f"snapshot header: {exc}") from None
     if not isinstance(header, dict) or header.get("v") != SNAPSHOT_VERSION:
         raise CodecError("snapshot header: unsupported version")
+    return header
+
+
+def _entries(header: dict[str, Any]) -> tuple[LogEntry, LogEntry]:
     raw = header.get("entries")
     if not isinstance(raw, list) or len(raw) != 2:
         raise CodecError("snapshot header: expected two log entries")
@@ -125,8 +143,7 @@ def read_snapshot_file(path: str) -> SnapshotFile:
         ):
             raise CodecError("snapshot header: malformed log entry")
         entries.append((base64.b64decode(item[0]), item[1], item[2]))
-    members = _members(header.get("members"))
-    return SnapshotFile(decode_state(body), (entries[0], entries[1]), members)
+    return entries[0], entries[1]
 
 
 def _members(raw: Any) -> tuple[SnapshotMember, ...] | None:

@@ -12,9 +12,11 @@ import pytest
 from pysyncobj.journal import FileJournal
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import ClusterState
 from synapse_ha.local.launcher import free_ports, wait_until
 from synapse_ha.raft import journal as durable
 from synapse_ha.raft.replica import RaftReplica
+from synapse_ha.raft.snapshot import write_snapshot
 
 # pysyncobj's MetaStorer.getMeta reads the term/vote file with open(...).read() and
 # leaves closing it to the garbage collector; reopening a journal here triggers that.
@@ -173,4 +175,152 @@ def test_a_replica_in_fsync_mode_syncs_its_journal_for_every_command(
             assert journal.syncs > before
     finally:
         replica.stop()
+        durable.unregister(str(tmp_path / "raft.journal"))
+
+
+# ------------------------------------------------------- compaction a crash cannot tear
+
+
+class Killed(Exception):
+    """Stands for the process dying at that point."""
+
+
+def _filled(path: str, n: int) -> FileJournal:
+    journal = FileJournal(path)
+    for i in range(1, n + 1):
+        journal.add(b"cmd%d" % i, i, 1)
+    return journal
+
+
+def _on_disk(path: str) -> list[int]:
+    reopened = FileJournal(path)
+    try:
+        return [reopened[i][1] for i in range(len(reopened))]
+    finally:
+        reopened._destroy()
+
+
+def test_pysyncobj_alone_loses_the_newest_entries_when_killed_while_compacting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "plain.journal")
+    journal = _filled(path, 10)
+    real_add = FileJournal.add
+    added: list[int] = []
+
+    def dying_add(self: FileJournal, command: bytes, idx: int, term: int) -> None:
+        if len(added) == 2:
+            raise Killed
+        added.append(idx)
+        real_add(self, command, idx, term)
+
+    monkeypatch.setattr(FileJournal, "add", dying_add)
+    with pytest.raises(Killed):
+        journal.deleteEntriesTo(4)  # keeps 5..10, rewritten in place
+    monkeypatch.undo()
+    assert _on_disk(path) == [5, 6]  # 7..10 are gone
+    journal._destroy()
+
+
+@pytest.mark.parametrize("fsync", [False, True], ids=["no-fsync", "fsync"])
+def test_a_compaction_killed_before_its_rename_leaves_the_whole_old_journal(
+    paths: tuple[str, str], monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    journal_path, dump_path = paths
+    cls = durable.DurableFileJournal if fsync else durable.AtomicFileJournal
+    journal = cls(journal_path, dump_path)
+    for i in range(1, 11):
+        journal.add(b"cmd%d" % i, i, 1)
+
+    def killed(*_: object) -> None:
+        raise Killed
+
+    monkeypatch.setattr(durable.os, "replace", killed)
+    with pytest.raises(Killed):
+        journal.deleteEntriesTo(4)
+    monkeypatch.undo()
+    assert _on_disk(journal_path) == list(range(1, 11))
+    journal.deleteEntriesTo(4)
+    assert [journal[i][1] for i in range(len(journal))] == [5, 6, 7, 8, 9, 10]
+    journal.add(b"cmd11", 11, 2)  # appends go to the new file
+    journal._destroy()
+    assert _on_disk(journal_path) == [5, 6, 7, 8, 9, 10, 11]
+
+
+def _snapshot_at(dump_path: str, newest: int, term: int = 1) -> None:
+    entries = ((b"cmd%d" % newest, newest, term), (b"cmd%d" % (newest - 1), newest - 1, term))
+    write_snapshot(dump_path, ClusterState(), entries)
+
+
+def test_a_journal_older_than_its_snapshot_is_aligned_so_no_entry_after_it_is_lost(
+    paths: tuple[str, str],
+) -> None:
+    """Killed after the snapshot was renamed into place and before the journal was
+    compacted: on opening, the entries the snapshot covers are dropped and the journal
+    begins at the snapshot, which is what pysyncobj's loader keeps."""
+    journal_path, dump_path = paths
+    _filled(journal_path, 10)._destroy()
+    _snapshot_at(dump_path, newest=7)
+    journal = durable.AtomicFileJournal(journal_path, dump_path)
+    try:
+        assert [journal[i][1] for i in range(len(journal))] == [6, 7, 8, 9, 10]
+        assert journal.compactions == 1
+    finally:
+        journal._destroy()
+    assert _on_disk(journal_path) == [6, 7, 8, 9, 10]
+
+
+@pytest.mark.parametrize(("newest", "term"), [(7, 2), (12, 1), (2, 1)])
+def test_a_journal_is_left_alone_when_its_snapshot_does_not_match_it(
+    paths: tuple[str, str], newest: int, term: int
+) -> None:
+    journal_path, dump_path = paths
+    _filled(journal_path, 10)._destroy()
+    _snapshot_at(dump_path, newest=newest, term=term)
+    journal = durable.AtomicFileJournal(journal_path, dump_path)
+    try:
+        assert len(journal) == 10 and journal.compactions == 0
+    finally:
+        journal._destroy()
+
+
+@pytest.mark.integration
+def test_a_replica_killed_between_snapshot_and_compaction_keeps_every_entry(
+    tmp_path: Path,
+) -> None:
+    """A real restart: the snapshot covers the first half of the journal, which still
+    holds every entry; the replica comes back with every command after it applied."""
+    raft_port, grpc_port = free_ports(2)
+    me = f"127.0.0.1:{raft_port}"
+    directory = {me: ("r1", f"127.0.0.1:{grpc_port}")}
+    replica = RaftReplica(me, [me], str(tmp_path), "test-password", directory=directory)
+    try:
+        wait_until("r1 leads alone", replica.is_leader, 15.0, every_s=0.02)
+        for i in range(6):
+            assert replica.propose(cmd.Barrier(f"b{i}")).result(10.0).ok
+        journal = durable.journal_of(replica._sync)
+        newest, previous = journal[len(journal) - 1], journal[len(journal) - 2]
+        at_snapshot = replica.machine.state.applied_commands
+        for i in range(6, 12):
+            assert replica.propose(cmd.Barrier(f"b{i}")).result(10.0).ok
+        later = replica.machine.state.applied_commands - at_snapshot
+        last = journal[len(journal) - 1][1]
+    finally:
+        replica.stop()
+    # The snapshot a compaction would have written at that point, renamed into place (a
+    # state that counts no command); the journal not compacted yet.
+    write_snapshot(str(tmp_path / "raft.dump"), ClusterState(), (newest, previous))
+    again = RaftReplica(me, [me], str(tmp_path), "test-password", directory=directory)
+    try:
+        log = durable.journal_of(again._sync)
+        assert log[0] == previous and log[len(log) - 1][1] >= last
+        wait_until("r1 leads again", again.is_leader, 15.0, every_s=0.02)
+        wait_until(
+            "every command after the snapshot applied",
+            lambda: again.machine.state.applied_commands >= later,
+            15.0,
+            every_s=0.02,
+        )
+    finally:
+        again.stop()
         durable.unregister(str(tmp_path / "raft.journal"))
