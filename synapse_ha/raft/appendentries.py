@@ -24,11 +24,11 @@ handler's own steps produce what the rules demand:
 * the leading entries of ``E`` that the log already holds (same index and term) are
   dropped from the message and ``P`` moves past them: the handler deletes from the first
   conflicting or missing entry only;
-* when the log holds all of ``E`` and more, the message becomes a heartbeat at the end of
-  the log (nothing is deleted), its commit index is capped at ``P + len(E)`` (the entries
-  beyond may be of an older term the leader does not have), and the acknowledgement sent
-  back is capped at ``P + len(E) + 1``: the follower vouches only for what the leader
-  sent.
+* when the log holds all of ``E`` (a re-send), the message becomes a heartbeat at the end
+  of the log: nothing is deleted and appended again; its commit index is capped at
+  ``P + len(E)`` (entries beyond may be of an older term the leader does not have), and
+  the acknowledgement sent back is capped at ``P + len(E) + 1``: the follower vouches only
+  for what the leader sent.
 
 A large entry arrives in chunks (``transmission``); the chunks are joined here once the
 last one arrives so the same rules apply. pysyncobj marks a chunk as the last by
@@ -39,10 +39,13 @@ kept as a middle chunk.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj import pickle as raft_pickle
+
+log_ = logging.getLogger(__name__)
 
 
 class SafeSyncObj(SyncObj):  # type: ignore[misc]
@@ -62,6 +65,7 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
             if joined is None:
                 return
             message, cap = conflict_free(self._SyncObj__raftLog, joined)
+            self._report_applied_conflict(node, message)
         self._ack_cap = cap
         try:
             SyncObj._SyncObj__onMessageReceived(self, node, message)
@@ -79,6 +83,38 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         if success and cap is not None and nextNodeIdx is not None and nextNodeIdx > cap:
             nextNodeIdx = cap
         SyncObj._SyncObj__sendNextNodeIdx(self, node, reset, nextNodeIdx, success)
+
+    def _report_applied_conflict(self, node: Any, message: dict[str, Any]) -> None:
+        """Log the evidence when ``message`` is about to delete an entry this replica has
+        applied (pysyncobj then logs only the index)."""
+        if message.get("transmission") is not None or not message.get("entries"):
+            return
+        log = self._SyncObj__raftLog
+        applied = int(self._SyncObj__raftLastApplied)
+        prev = int(message["prevLogIdx"])
+        if len(log) == 0 or prev + 1 > applied:
+            return
+        first, last = int(log[0][1]), int(log[-1][1])
+        if not first <= prev <= last or int(log[prev - first][2]) != message["prevLogTerm"]:
+            return
+        if prev + 1 > last:
+            return
+        ours = [(int(e[1]), int(e[2])) for e in (log[i - first] for i in range(prev + 1, last + 1))]
+        theirs = [(int(e[1]), int(e[2])) for e in message["entries"]]
+        log_.critical(
+            "append_entries from %s (term %s, commit %s) conflicts with applied entries: "
+            "prev %d/%s; ours (index, term) %s; theirs %s; our term %s, commit %s, applied %d",
+            getattr(node, "id", node),
+            message.get("term"),
+            message.get("commit_index"),
+            prev,
+            message["prevLogTerm"],
+            ours[:12],
+            theirs[:12],
+            self._SyncObj__raftCurrentTerm,
+            self._SyncObj__raftCommitIndex,
+            applied,
+        )
 
     def _join_transmission(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
         """A whole message for a chunked entry once its last chunk arrives; the message
@@ -133,8 +169,8 @@ def conflict_free(log: Any, message: dict[str, Any]) -> tuple[dict[str, Any], in
             "entries": entries[held:],
         }, None
     end = prev + len(entries)
-    if last <= end:
-        return message, None
+    if last == end and not entries:
+        return message, None  # a heartbeat at the end of the log
     return {
         **message,
         "prevLogIdx": last,

@@ -93,6 +93,26 @@ def test_pysyncobj_alone_deletes_acknowledged_entries_on_a_shorter_resend(follow
     assert f.log() == [(1, 0), (2, 1)]  # entries 3 and 4, acknowledged before, are gone
 
 
+def test_an_exact_resend_deletes_nothing(follower: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = follower(SafeSyncObj, ACKED, term=1)
+    journal = f.obj._SyncObj__raftLog
+    deleted: list[int] = []
+    real = journal.deleteEntriesFrom
+    monkeypatch.setattr(journal, "deleteEntriesFrom", lambda i: (deleted.append(i), real(i)))
+    f.receive(
+        {
+            "term": 1,
+            "commit_index": 4,
+            "prevLogIdx": 1,
+            "prevLogTerm": 0,
+            "entries": [entry(2, 1), entry(3, 1), entry(4, 1)],
+        }
+    )
+    assert deleted == []  # pysyncobj alone deletes 2..4 and appends them again
+    assert f.log() == [(1, 0), (2, 1), (3, 1), (4, 1)]
+    assert (f.commit_index, f.acks()) == (4, [(5, True)])
+
+
 def test_a_heartbeat_behind_the_log_deletes_nothing_and_commits_only_what_it_covers(
     follower: Any,
 ) -> None:
@@ -171,6 +191,7 @@ def test_a_chunked_entry_marked_last_too_early_is_still_received_whole(follower:
     [
         ([], 4, [], 3),  # a heartbeat behind a longer log: moved to its end, ack capped
         ([entry(3, 1)], 4, [], 4),
+        ([entry(3, 1), entry(4, 1)], 4, [], 5),  # an exact re-send: nothing deleted
         ([entry(3, 1), entry(4, 1), entry(5, 1)], 4, [entry(5, 1)], None),
         ([entry(3, 9)], 2, [entry(3, 9)], None),  # a conflict right away: unchanged
     ],
