@@ -61,6 +61,11 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     frozen host can act before the thaw, and what the member does in the first moments
     after it must be fenced at the sink (``stale-write``); the report lists them
     (:func:`thaw_writes`).
+``applied-truncated``
+    A replica deleted log entries it had already applied (pysyncobj logs "truncating
+    already-applied log entries"): its state machine ran commands that the log the
+    cluster went on with does not hold, i.e. an entry counted as committed was lost. Raft
+    never does this; the replicas' logs are read after the run.
 ``early-dead``
     A node that was ready when a clock-jump fault began was declared dead during it before
     it can have been silent for the dead timeout (its silence before the jump, as the
@@ -159,6 +164,12 @@ class History:
     heal_wall_ms: int = 0
     final_deadline_ms: int = 60_000
     faults: list[FaultRecord] = field(default_factory=list)
+    # Lines of the replicas' logs saying an applied entry was deleted, as "replica: line".
+    applied_truncations: list[str] = field(default_factory=list)
+
+
+# What pysyncobj logs when a replica deletes entries it has applied.
+APPLIED_TRUNCATED = "truncating already-applied log entries"
 
 
 # ---------------------------------------------------------------------- loading
@@ -220,6 +231,11 @@ def load_history(run_dir: Path) -> History:
                 dead_timeout_ms=int(r.get("dead_timeout_ms", 0)),
             )
         )
+    for log in sorted(run_dir.glob("r*.log")):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            history.applied_truncations += [
+                f"{log.stem}: {line.strip()}" for line in f if APPLIED_TRUNCATED in line
+            ]
     states_dir = run_dir / "replica_states"
     if states_dir.is_dir():
         for path in sorted(states_dir.glob("*.state")):
@@ -251,6 +267,7 @@ def check_history(history: History) -> list[Violation]:
     out += _check_sink_fencing(history)
     out += _check_stale_writes(history)
     out += _check_early_dead(history)
+    out += [Violation("applied-truncated", "", line) for line in history.applied_truncations]
     out += _check_exactly_once(history, state)
     return out
 

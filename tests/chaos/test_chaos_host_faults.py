@@ -346,3 +346,19 @@ def test_a_claimed_token_fences_an_older_attempt_at_the_sink(tmp_path: Path) -> 
         (4, False, 6),
         (6, True, 6),
     ]
+
+
+def test_a_replica_deleting_an_applied_entry_is_a_violation(tmp_path: Path) -> None:
+    from tests.chaos.test_chaos_checker import test_check_run_reads_a_saved_run_directory
+
+    test_check_run_reads_a_saved_run_directory(tmp_path)  # writes a run with one overlap
+    before = [v.kind for v in check_run(tmp_path)]
+    (tmp_path / "r2.log").write_text(
+        "2026-11-22 20:44:02,727 INFO synapse.scheduler: lost leadership in term 10\n"
+        "2026-11-22 20:44:02,742 CRITICAL pysyncobj.syncobj: truncating already-applied "
+        "log entries from index 280 (last applied: 281) - state machine may have diverged\n",
+        encoding="utf-8",
+    )
+    found = check_run(tmp_path)
+    assert [v.kind for v in found] == [*before, "applied-truncated"]
+    assert found[-1].detail.startswith("r2: ") and "index 280" in found[-1].detail
