@@ -54,6 +54,13 @@ PEER_CERT_KEY = "x509_pem_cert"
 PEER_CACHE_SIZE = 1024
 
 
+# The largest answer a client accepts. gRPC's default (4 MiB) is smaller than a whole
+# replica state (GetReplicaState) once a cluster holds a few thousand jobs; the answers
+# come from servers the client authenticated.
+MAX_RECEIVE_BYTES = 512 << 20
+_MAX_RECEIVE = "grpc.max_receive_message_length"
+
+
 class TlsError(Exception):
     """The TLS files cannot be read or do not fit together; the message names the file."""
 
@@ -178,7 +185,11 @@ class Transport:
     def channel(self, address: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
         """A channel to ``address`` (``HOST:PORT``): TLS presenting this process's
         certificate and trusting the CA bundle, or plaintext when insecure. The server's
-        certificate must name ``HOST`` (DNS or IP SAN)."""
+        certificate must name ``HOST`` (DNS or IP SAN). Answers up to
+        :data:`MAX_RECEIVE_BYTES` are accepted unless ``options`` say otherwise."""
+        options = [*options]
+        if not any(name == _MAX_RECEIVE for name, _ in options):
+            options.append((_MAX_RECEIVE, MAX_RECEIVE_BYTES))
         material = self.material()
         if material is None:
             return grpc.insecure_channel(address, options=list(options))

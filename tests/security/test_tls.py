@@ -194,3 +194,28 @@ def test_files_that_do_not_fit_together_are_named(
     missing = Transport(TlsFiles(ca=tmp_path / "nope.pem", cert=alice.cert, key=alice.key))
     with pytest.raises(TlsError, match=r"nope\.pem"):
         missing.material()
+
+
+def test_a_transport_channel_accepts_answers_larger_than_grpc_default() -> None:
+    """A whole replica state (GetReplicaState) outgrows gRPC's default 4 MiB answer once a
+    cluster holds a few thousand jobs."""
+    from concurrent import futures
+
+    big = b"s" * (6 << 20)
+    handler = grpc.method_handlers_generic_handler(
+        "t.Big", {"Get": grpc.unary_unary_rpc_method_handler(lambda request, context: big)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        address = f"127.0.0.1:{port}"
+        with grpc.insecure_channel(address) as plain:
+            with pytest.raises(grpc.RpcError) as refused:
+                plain.unary_unary("/t.Big/Get")(b"", timeout=10)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with Transport.insecure().channel(address) as channel:
+            assert channel.unary_unary("/t.Big/Get")(b"", timeout=10) == big
+    finally:
+        server.stop(None)
