@@ -41,16 +41,8 @@ def test_no_acknowledged_submission_is_lost_when_every_replica_is_killed(
     assert report["invariant_violations"] == []
     # No acknowledged job is missing or held under another job's name (an id handed out
     # twice means the first job was lost).
-    if report["acknowledged_lost"]:
-        # An open bug, reported with its evidence rather than hidden: in about one cycle
-        # of 40 (make soak-durability) one acknowledged submission is missing after every
-        # replica was killed at once, and its job id is handed out again. The README's
-        # "Durability" section says so; this case is expected to fail until it is fixed.
-        pytest.xfail(
-            "known open bug: an acknowledged submission lost when every replica is killed "
-            f"at once ({report['acknowledged_lost']} lost: {report['lost_examples']}, "
-            f"ids handed out twice: {report['job_ids_handed_out_twice']})"
-        )
+    assert report["acknowledged_lost"] == 0, report["lost_examples"]
+    assert report["job_ids_handed_out_twice"] == []
     # ... every acknowledgement a distinct job, plus one marker job per cycle.
     streamed = sum(cycle["acked"] for cycle in report["per_cycle"])
     assert report["acknowledged"] == streamed + report["cycles"]
