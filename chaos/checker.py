@@ -51,8 +51,13 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     job which had already started (a ``start`` record earlier than the acceptance), even
     when the sink itself had not yet seen the newer token; or it accepted, after the thaw,
     an effect of an attempt frozen with its host whose node the leader declared dead
-    during the freeze (that attempt was failed then). Either is the write of a superseded
-    attempt, typically a member of a frozen host resumed before anything killed it.
+    during the freeze (that attempt was failed then) and whose job had a newer attempt
+    started by the thaw (the nemesis thaws once every frozen gang has one, bounded). Either
+    is the write of a superseded attempt, typically a member of a frozen host resumed
+    before anything killed it. A gang with no newer attempt at the thaw is *unfenced*:
+    until a newer attempt claims its token, a resource fencing by token cannot refuse the
+    resumed member's first writes, and the model allows them (they are bounded by
+    ``thaw-overlap``, and exactly-once still holds at completion).
 ``thaw-overlap``
     A member of an attempt frozen with its whole host (``freeze-host``) and superseded
     while frozen wrote a record more than ``THAW_KILL_BOUND_MS`` after the thaw: its
@@ -142,6 +147,9 @@ class FaultRecord:
     frozen: tuple[tuple[str, int], ...] = ()  # freeze-host: (job, token) running there
     frozen_node: str = ""  # freeze-host: the frozen host as member records name it
     declared_dead_ns: int = 0  # freeze-host: when the leader declared the frozen node dead
+    # freeze-host: frozen (job, token) with no newer attempt started at the thaw (the bound
+    # ran out): nothing could refuse their resumed members' first writes.
+    unfenced: tuple[tuple[str, int], ...] = ()
     declared_dead: tuple[str, ...] = ()  # clock jumps: ready nodes declared dead during it
     # Clock jumps: for each node declared dead, an upper bound on its silence at the
     # declaration (its silence before the jump plus the time until it was seen dead), and
@@ -224,6 +232,7 @@ def load_history(run_dir: Path) -> History:
                 frozen=tuple((str(j), int(t)) for j, t in r.get("frozen", [])),
                 frozen_node=str(r.get("frozen_node", "")),
                 declared_dead_ns=int(r.get("declared_dead_ns", 0)),
+                unfenced=tuple((str(j), int(t)) for j, t in r.get("unfenced", [])),
                 declared_dead=tuple(str(n) for n in r.get("declared_dead", [])),
                 silence_bound_ms=tuple(
                     sorted((str(n), int(ms)) for n, ms in r.get("silence_bound_ms", {}).items())
@@ -498,6 +507,7 @@ def _check_stale_writes(history: History) -> list[Violation]:
         for f in history.faults
         if f.kind == "freeze-host" and f.declared_dead_ns
         for job, token in f.frozen
+        if (job, token) not in f.unfenced
     }
     out: list[Violation] = []
     for e in history.effects:

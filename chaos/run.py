@@ -480,6 +480,11 @@ class ChaosCluster:
 # -------------------------------------------------------------------- faults
 
 
+# After the newer attempts of a frozen host's gangs started, how long the thaw waits for
+# their members' token claims to reach the sink.
+CLAIM_SETTLE_S = 0.3
+
+
 class Nemesis:
     """Plays steps against a :class:`ChaosCluster`, logging each to ``faults.jsonl``."""
 
@@ -759,24 +764,39 @@ class Nemesis:
         self._watch = watch
 
         def hold() -> str:
+            # Thaw once every frozen gang has a newer attempt started (its members claim
+            # their token at the sink as they start, so the sink can refuse a resumed
+            # member of the old one), bounded. A gang with no newer attempt by then is
+            # "unfenced": nothing can refuse its resumed members' first writes.
             deadline = started + nemesis.FREEZE_MAX_S
             while time.monotonic() < deadline:
                 with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
                     watch()
-                newer = sorted(
-                    f"{job}/t{c.newest_token[job]}"
-                    for job, token in frozen_gangs.items()
-                    if c.newest_token.get(job, 0) > token
-                )
-                if newer or not frozen_gangs:
+                if all(c.newest_token.get(job, 0) > token for job, token in frozen_gangs.items()):
+                    if frozen_gangs:
+                        time.sleep(CLAIM_SETTLE_S)  # a start record comes before its claim
                     break
                 time.sleep(0.05)
             waited = time.monotonic() - started
+            newer = sorted(
+                f"{job}/t{c.newest_token[job]}"
+                for job, token in frozen_gangs.items()
+                if c.newest_token.get(job, 0) > token
+            )
+            unfenced = sorted(
+                [job, token]
+                for job, token in frozen_gangs.items()
+                if c.newest_token.get(job, 0) <= token
+            )
+            extra["unfenced"] = unfenced
             if not frozen_gangs:
                 return f"no gang ran there; thawed after {waited:.1f} s"
+            text = f"thawed {waited:.1f} s in"
             if newer:
-                return f"thawed {waited:.1f} s in, after newer attempts started: {', '.join(newer)}"
-            return f"thawed after {waited:.1f} s with no newer attempt started"
+                text += f", after newer attempts started: {', '.join(newer)}"
+            if unfenced:
+                text += "; no newer attempt of: " + ", ".join(f"{j}/t{t}" for j, t in unfenced)
+            return text
 
         detail = "frozen whole (cgroup.freeze): " + (
             ", ".join(f"{j}/t{t}" for j, t in sorted(frozen_gangs.items())) or "no gang"

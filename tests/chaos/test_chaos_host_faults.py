@@ -153,6 +153,19 @@ def test_a_write_after_the_thaw_of_a_node_declared_dead_is_stale() -> None:
     found = check_history(history)
     assert {v.kind for v in found} == {"stale-write"}
     assert all("declared dead" in v.detail for v in found)
+    # Thawed when the bound ran out with no newer attempt of j1 started: unfenced, so
+    # nothing could refuse the resumed member's first write and the model allows it.
+    history.faults[-1] = FaultRecord(
+        "freeze-host",
+        ("w1",),
+        500 * MS,
+        1_900 * MS,
+        frozen=(("j1", 3),),
+        frozen_node="w1",
+        declared_dead_ns=1_200 * MS,
+        unfenced=(("j1", 3),),
+    )
+    assert check_history(history) == []
 
 
 def test_a_node_declared_dead_during_a_clock_jump_is_early_dead() -> None:
