@@ -122,7 +122,9 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         last did not complete the entry (it was answered as a middle chunk)."""
         if message.get("transmission") != "finish":
             return message
-        received: Any = self.__dict__.get("_SyncObj__recvTransmission", "")
+        received: Any = self.__dict__.get("_SyncObj__recvTransmission", b"")
+        if not isinstance(received, bytes):
+            received = b""  # pysyncobj starts from "" before any first chunk
         data = received + message["data"]
         try:
             entry = raft_pickle.loads(data)
