@@ -154,31 +154,24 @@ def _our_mounts() -> list[str]:
 
 
 def fill(path: Path) -> int:
-    """Take every free byte of the filesystem at ``path`` with one file; the bytes taken."""
+    """Take every free byte of the filesystem at ``path`` with one file; the bytes taken.
+
+    Unbuffered: a buffered file would keep the chunk that did not fit and fail again
+    when closed."""
     target = path / FILL_NAME
     written = 0
-    chunk = b"\0" * (1 << 20)
-    with open(target, "ab") as f:
-        while True:
-            try:
-                f.write(chunk)
-                f.flush()
-                written += len(chunk)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                break
-    # The last partial chunk: fill to the very last byte.
+    size = 1 << 20
     with open(target, "ab", buffering=0) as f:
-        size = 4096
         while size >= 1:
             try:
-                f.write(b"\0" * size)
-                written += size
+                n = f.write(b"\0" * size)
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
-                size //= 2
+                n = 0
+            written += n or 0
+            if not n:
+                size //= 2  # no room for this much: try less, down to one byte
     return written
 
 
