@@ -768,34 +768,37 @@ class Nemesis:
             # their token at the sink as they start, so the sink can refuse a resumed
             # member of the old one), bounded. A gang with no newer attempt by then is
             # "unfenced": nothing can refuse its resumed members' first writes.
+            def unfenced() -> list[list[str | int]]:
+                return sorted(
+                    [job, token]
+                    for job, token in frozen_gangs.items()
+                    if c.newest_token.get(job, 0) <= token
+                )
+
             deadline = started + nemesis.FREEZE_MAX_S
             while time.monotonic() < deadline:
                 with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
                     watch()
-                if all(c.newest_token.get(job, 0) > token for job, token in frozen_gangs.items()):
+                if not unfenced():
                     if frozen_gangs:
                         time.sleep(CLAIM_SETTLE_S)  # a start record comes before its claim
                     break
                 time.sleep(0.05)
             waited = time.monotonic() - started
-            newer = sorted(
-                f"{job}/t{c.newest_token[job]}"
-                for job, token in frozen_gangs.items()
-                if c.newest_token.get(job, 0) > token
-            )
-            unfenced = sorted(
-                [job, token]
-                for job, token in frozen_gangs.items()
-                if c.newest_token.get(job, 0) <= token
-            )
-            extra["unfenced"] = unfenced
+            left = unfenced()
+            extra["unfenced"] = left
             if not frozen_gangs:
                 return f"no gang ran there; thawed after {waited:.1f} s"
+            newer = [
+                f"{job}/t{c.newest_token[job]}"
+                for job, token in sorted(frozen_gangs.items())
+                if c.newest_token.get(job, 0) > token
+            ]
             text = f"thawed {waited:.1f} s in"
             if newer:
                 text += f", after newer attempts started: {', '.join(newer)}"
-            if unfenced:
-                text += "; no newer attempt of: " + ", ".join(f"{j}/t{t}" for j, t in unfenced)
+            if left:
+                text += "; no newer attempt of: " + ", ".join(f"{j}/t{t}" for j, t in left)
             return text
 
         detail = "frozen whole (cgroup.freeze): " + (
