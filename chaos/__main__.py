@@ -6,6 +6,7 @@
                         [--scenarios targeted,random,broken-build,five-membership]
     python -m chaos soak --minutes M [--first-seed N] [--duration S] [--out DIR]
     python -m chaos check RUN_DIR
+    python -m chaos summary OUT_DIR [OUT_DIR ...]
 
 ``run`` prints one line per scenario and then the summary
 ``chaos: <faults> faults, <kinds> kinds, <jobs> jobs, <violations> violations, <skipped>
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -28,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from chaos import hosts, ledger, membership, nemesis, net
-from chaos.checker import check_run
+from chaos.checker import Violation, check_run
 from chaos.report import write_report
 from chaos.run import REPO, ScenarioConfig, ScenarioResult, run_scenario
 
@@ -73,6 +75,24 @@ def parse_kinds(text: str) -> list[str]:
     return names
 
 
+LANES_HELP = (
+    "random scenarios play this many fault schedules at once: one at the control plane, "
+    "the others each at a share of the workers"
+)
+
+
+def parse_lanes(text: str) -> int:
+    try:
+        lanes = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lanes: {text!r} is not an integer") from None
+    if not 1 <= lanes <= nemesis.MAX_LANES:
+        raise argparse.ArgumentTypeError(
+            f"--lanes: {lanes} is not between 1 and {nemesis.MAX_LANES}"
+        )
+    return lanes
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -84,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--scenarios", type=parse_scenarios, default=list(SCENARIOS))
     run.add_argument("--out", type=Path, default=REPO / "chaos" / "runs")
     run.add_argument("--skip-kinds", type=parse_kinds, default=[], help="fault kinds not to inject")
+    run.add_argument("--lanes", type=parse_lanes, default=1, help=LANES_HELP)
     soak = sub.add_parser("soak", help="random scenarios, seed after seed, for a given time")
     soak.add_argument("--minutes", type=float, required=True)
     soak.add_argument("--first-seed", type=int, default=1000)
@@ -92,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument(
         "--skip-kinds", type=parse_kinds, default=[], help="fault kinds not to inject"
     )
+    soak.add_argument("--lanes", type=parse_lanes, default=1, help=LANES_HELP)
+    summary = sub.add_parser(
+        "summary", help="the summary line over saved runs (e.g. a soak spread over days)"
+    )
+    summary.add_argument("out_dirs", type=Path, nargs="+", help="soak or run output folders")
     check = sub.add_parser("check", help="re-run the checker on a saved run directory")
     check.add_argument("run_dir", type=Path)
     return p
@@ -110,6 +136,7 @@ def configs(
     scenarios: list[str],
     duration_s: float,
     kinds: tuple[str, ...] = nemesis.ALL_FAULTS,
+    lanes: int = 1,
 ) -> list[ScenarioConfig]:
     out: list[ScenarioConfig] = []
     t = nemesis.FaultTimeouts()
@@ -118,7 +145,9 @@ def configs(
             out.append(ScenarioConfig("targeted", seed, nemesis.targeted_schedule(seed, t, kinds)))
         if "random" in scenarios:
             out.append(
-                ScenarioConfig("random", seed, nemesis.random_schedule(seed, duration_s, t, kinds))
+                ScenarioConfig(
+                    "random", seed, nemesis.random_schedule(seed, duration_s, t, kinds, lanes)
+                )
             )
     if membership.SCENARIO in scenarios:
         for seed in seeds:
@@ -148,7 +177,7 @@ def configs(
 def describe(result: ScenarioResult, duration_s: float) -> str:
     reproduce = (
         f"python -m chaos run --scenarios {result.name} --seeds {result.seed} "
-        f"--duration {duration_s:g}"
+        f"--duration {duration_s:g}" + (f" --lanes {result.lanes}" if result.lanes > 1 else "")
     )
     if result.expect_violations:
         if result.error:
@@ -180,14 +209,14 @@ def describe(result: ScenarioResult, duration_s: float) -> str:
 
 
 def soak_plan(
-    first_seed: int, duration_s: float, kinds: tuple[str, ...]
+    first_seed: int, duration_s: float, kinds: tuple[str, ...], lanes: int = 1
 ) -> Iterator[ScenarioConfig]:
     """Endless: a random scenario per seed from ``first_seed`` on, and every tenth seed
     the targeted one too (every kind at least once in a while)."""
     seed = first_seed
     while True:
         names = ["random", "targeted"] if seed % 10 == 0 else ["random"]
-        yield from configs([seed], names, duration_s, kinds)
+        yield from configs([seed], names, duration_s, kinds, lanes)
         seed += 1
 
 
@@ -241,9 +270,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.command == "soak":
         deadline = time.monotonic() + args.minutes * 60.0
 
-        plan = soak_plan(args.first_seed, args.duration, kinds)
+        plan = soak_plan(args.first_seed, args.duration, kinds, args.lanes)
     else:
-        plan = iter(configs(args.seeds, args.scenarios, args.duration, kinds))
+        plan = iter(configs(args.seeds, args.scenarios, args.duration, kinds, args.lanes))
     results: list[ScenarioResult] = []
     failed = False
     began = time.monotonic()
@@ -283,6 +312,55 @@ def cmd_run(args: argparse.Namespace) -> int:
         encoding="utf-8",
     )
     print(line, flush=True)
+    return 1 if failed else 0
+
+
+def saved_result(run_dir: Path) -> ScenarioResult:
+    """A finished scenario as its ``report.json`` recorded it."""
+    report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    meta = json.loads((run_dir / "meta.json").read_text(encoding="utf-8"))
+    violations = []
+    for text in report.get("violations", []):
+        m = re.fullmatch(r"(\S+) \[(.*?)\]: (.*)", text, flags=re.DOTALL)
+        kind, job, detail = m.groups() if m else ("unparsed", "", text)
+        violations.append(Violation(kind, "" if job == "-" else job, detail))
+    return ScenarioResult(
+        name=str(meta["scenario"]),
+        seed=int(meta["seed"]),
+        run_dir=run_dir,
+        faults=int(report["faults"]),
+        jobs=int(report["jobs"]),
+        violations=violations,
+        expect_violations=bool(report.get("unsafe_no_self_fencing")),
+        error=str(report.get("error", "")),
+        lanes=int(meta.get("lanes", 1)),
+    )
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    """One summary line over every finished scenario below the given folders (a scenario
+    without ``report.json`` was cut short and is left out); the time is the sum of the
+    scenarios' own times (cluster start to check), without the gaps between runs."""
+    results: list[ScenarioResult] = []
+    seconds = 0.0
+    for out in args.out_dirs:
+        if not out.is_dir():
+            print(f"chaos summary: {out} is not a folder", file=sys.stderr)
+            return 2
+        for report in sorted(out.rglob("report.json")):
+            result = saved_result(report.parent)
+            results.append(result)
+            meta = json.loads((report.parent / "meta.json").read_text(encoding="utf-8"))
+            seconds += (int(meta.get("end_ns", 0)) - int(meta.get("start_ns", 0))) / 1e9
+            if not result.passed:
+                what = result.error or f"{len(result.violations)} violations"
+                print(f"chaos: {result.name} seed {result.seed}: {what} ({result.run_dir})")
+    if not results:
+        print(f"chaos summary: no finished scenario below {', '.join(map(str, args.out_dirs))}")
+        return 2
+    print(f"chaos summary: {len(results)} scenarios")
+    print(summary_line(results, [], seconds))
+    failed = any(not r.passed for r in results)
     return 1 if failed else 0
 
 
@@ -326,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in ("run", "soak"):
         return cmd_run(args)
+    if args.command == "summary":
+        return cmd_summary(args)
     return cmd_check(args)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ISOLATE_LEADER = "isolate-leader"
@@ -64,6 +64,21 @@ ALL_FAULTS = (
     *HOST_FAULTS,
 )
 
+# Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
+# lane. Lane 0 aims at the control plane (replicas, the client, the leader's clock and
+# disk, loss); every further lane aims at worker hosts only, each at a pool of workers of
+# its own, so that no two lanes ever hold the same worker (or the same replica).
+WORKER_FAULTS = (
+    CUT_WORKER_FROM_LEADER,
+    CUT_WORKER_FROM_REPLICAS,
+    KILL_WORKER,
+    PAUSE_WORKER,
+    FREEZE_HOST,
+    DISK_FULL_WORKER,
+)
+CONTROL_FAULTS = tuple(k for k in ALL_FAULTS if k not in WORKER_FAULTS)
+MAX_LANES = 5
+
 
 @dataclass(frozen=True, slots=True)
 class FaultTimeouts:
@@ -83,6 +98,7 @@ class Step:
     gap_before_s: float  # wait this long (and until gangs run) before the fault
     duration_s: float  # how long the fault lasts (partition, pause, downtime)
     pick: int  # chooses among run-time candidates (followers, workers)
+    lane: int = 0  # which of the concurrent schedules plays it (see WORKER_FAULTS)
 
 
 def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
@@ -147,11 +163,38 @@ def random_schedule(
     duration_s: float,
     t: FaultTimeouts | None = None,
     kinds: tuple[str, ...] = ALL_FAULTS,
+    lanes: int = 1,
 ) -> list[Step]:
     """Faults drawn at random (with replacement) from ``kinds`` until they fill
-    ``duration_s`` (the sum of gaps and durations; waits for gangs come on top)."""
+    ``duration_s`` (the sum of gaps and durations; waits for gangs come on top).
+
+    With ``lanes`` > 1 each lane fills ``duration_s`` on its own, lane 0 with the
+    control-plane kinds and the others with the worker kinds (:data:`WORKER_FAULTS`); the
+    steps are numbered in the order they are planned to start. One lane is the classic
+    schedule, step for step."""
+    if not 1 <= lanes <= MAX_LANES:
+        raise ValueError(f"lanes: {lanes} is not between 1 and {MAX_LANES}")
     t = t or FaultTimeouts()
-    rng = random.Random(f"random-{seed}")
+    if lanes == 1:
+        return _fill(random.Random(f"random-{seed}"), duration_s, t, kinds, 0)
+    planned: list[tuple[float, Step]] = []
+    for lane in range(lanes):
+        pool = CONTROL_FAULTS if lane == 0 else WORKER_FAULTS
+        choices = tuple(k for k in kinds if k in pool)
+        if not choices:
+            continue
+        at = 0.0
+        for step in _fill(random.Random(f"random-{seed}-lane{lane}"), duration_s, t, choices, lane):
+            at += step.gap_before_s
+            planned.append((at, step))
+            at += step.duration_s
+    planned.sort(key=lambda p: (p[0], p[1].lane))
+    return [replace(step, index=i) for i, (_, step) in enumerate(planned)]
+
+
+def _fill(
+    rng: random.Random, duration_s: float, t: FaultTimeouts, kinds: tuple[str, ...], lane: int
+) -> list[Step]:
     choices = tuple(k for k in ALL_FAULTS if k in kinds)
     steps: list[Step] = []
     used = 0.0
@@ -161,9 +204,27 @@ def random_schedule(
         length = duration_for(kind, rng, t)
         if steps and used + gap + length > duration_s:
             break
-        steps.append(Step(len(steps), kind, gap, length, rng.randrange(1 << 16)))
+        steps.append(Step(len(steps), kind, gap, length, rng.randrange(1 << 16), lane))
         used += gap + length
     return steps
+
+
+def lanes_of(steps: list[Step]) -> int:
+    """How many lanes a schedule plays at once."""
+    return 1 + max((s.lane for s in steps), default=0)
+
+
+def worker_pool(workers: list[str], lane: int, lanes: int) -> list[str]:
+    """The workers a lane may aim at: all of them with one lane; lane 0 of several aims at
+    the control plane (and may pick any worker for loss); worker lane k of n-1 gets the
+    k-th contiguous share of ``workers``, so no two lanes share a worker."""
+    if lanes == 1 or lane == 0:
+        return list(workers)
+    shares = lanes - 1
+    k = lane - 1
+    size, extra = divmod(len(workers), shares)
+    start = k * size + min(k, extra)
+    return list(workers[start : start + size + (1 if k < extra else 0)])
 
 
 def broken_build_schedule(t: FaultTimeouts | None = None) -> list[Step]:

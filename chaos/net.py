@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,7 @@ def sweep() -> list[str]:
     """Remove every namespace, link and table of ours, killing whatever runs in those
     namespaces first. Returns what was removed (for the log)."""
     removed: list[str] = []
+    _layouts.clear()
     if shutil.which("ip") is None:
         return removed
     for line in run(["ip", "netns", "list"], check=False).splitlines():
@@ -188,25 +190,53 @@ def sweep() -> list[str]:
 # ------------------------------------------------------------------- partitions
 
 
-def set_blocked(pairs: Iterable[tuple[str, str]]) -> None:
-    """Replace the whole partition layout with ``pairs`` (directed) in one transaction."""
-    elements = sorted(set(pairs))
-    script = f"flush set bridge {NFT_TABLE} blocked\n"
-    if elements:
-        body = ", ".join(f"{a} . {b}" for a, b in elements)
-        script += f"add element bridge {NFT_TABLE} blocked {{ {body} }}\n"
-    run(["nft", "-f", "-"], input_text=script)
+class _Layouts:
+    """The pairs each fault owner (a nemesis lane) has asked for, per nftables set; the
+    set always holds their union, so that lanes playing at once never clear each
+    other's partitions."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pairs: dict[tuple[str, str], set[tuple[str, str]]] = {}
+
+    def set(self, nft_set: str, owner: str, pairs: Iterable[tuple[str, str]]) -> None:
+        with self._lock:
+            self._pairs[(nft_set, owner)] = set(pairs)
+            union = sorted(
+                set().union(*(v for (name, _), v in self._pairs.items() if name == nft_set))
+            )
+            script = f"flush set bridge {NFT_TABLE} {nft_set}\n"
+            if union:
+                body = ", ".join(f"{a} . {b}" for a, b in union)
+                script += f"add element bridge {NFT_TABLE} {nft_set} {{ {body} }}\n"
+            run(["nft", "-f", "-"], input_text=script)
+
+    def clear(self) -> None:
+        """Forget every owner's pairs (the sets themselves go with the table)."""
+        with self._lock:
+            self._pairs.clear()
 
 
-def set_lossy(pairs: Iterable[tuple[str, str]]) -> None:
-    """Replace the set of (directed) pairs whose packets are dropped at random
+_layouts = _Layouts()
+
+
+def set_blocked(pairs: Iterable[tuple[str, str]], owner: str = "") -> None:
+    """Replace ``owner``'s part of the partition layout with ``pairs`` (directed); the
+    table drops the union of every owner's pairs, swapped in one transaction."""
+    _layouts.set("blocked", owner, pairs)
+
+
+def set_lossy(pairs: Iterable[tuple[str, str]], owner: str = "") -> None:
+    """Replace ``owner``'s (directed) pairs whose packets are dropped at random
     (``LOSS_PERCENT`` of them, nftables ``numgen random``) in one transaction."""
-    elements = sorted(set(pairs))
-    script = f"flush set bridge {NFT_TABLE} lossy\n"
-    if elements:
-        body = ", ".join(f"{a} . {b}" for a, b in elements)
-        script += f"add element bridge {NFT_TABLE} lossy {{ {body} }}\n"
-    run(["nft", "-f", "-"], input_text=script)
+    _layouts.set("lossy", owner, pairs)
+
+
+def heal_network() -> None:
+    """Clear every owner's partitions and losses."""
+    _layouts.clear()
+    set_blocked([])
+    set_lossy([])
 
 
 def one_way(sources: Iterable[str], destinations: Iterable[str]) -> set[tuple[str, str]]:

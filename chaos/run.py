@@ -90,6 +90,7 @@ class ScenarioResult:
     violations: list[Violation]
     expect_violations: bool
     error: str = ""
+    lanes: int = 1
 
     @property
     def passed(self) -> bool:
@@ -488,8 +489,11 @@ CLAIM_SETTLE_S = 0.3
 class Nemesis:
     """Plays steps against a :class:`ChaosCluster`, logging each to ``faults.jsonl``."""
 
-    def __init__(self, cluster: ChaosCluster) -> None:
+    def __init__(self, cluster: ChaosCluster, lane: int = 0, lanes: int = 1) -> None:
         self.c = cluster
+        self.lane = lane
+        self.owner = f"lane{lane}"  # its part of the nftables sets (chaos/net.py)
+        self.pool = nemesis.worker_pool(sorted(cluster.workers), lane, lanes)
         self.out = ledger.Appender(cluster.dir / ledger.FAULTS)
         self._watch: Callable[[], None] | None = None  # polled while a fault lasts
 
@@ -500,17 +504,21 @@ class Nemesis:
         """Wait (bounded) until gangs run. For a fault aimed at a worker, prefer workers
         where a gang member has just started, so that the fault hits a gang in the middle
         of its run rather than at its end; fall back to any busy worker."""
+
+        def mine(workers: list[str]) -> list[str]:
+            return [w for w in workers if w in self.pool]
+
         deadline = time.monotonic() + GANG_WAIT_S
         while time.monotonic() < deadline:
-            fresh = self.c.busy_workers(fresh_s=1.0)
-            if fresh or (not need_worker and self.c.busy_workers()):
-                return fresh or self.c.busy_workers()
+            fresh = mine(self.c.busy_workers(fresh_s=1.0))
+            if fresh or (not need_worker and mine(self.c.busy_workers())):
+                return fresh or mine(self.c.busy_workers())
             time.sleep(0.02)
-        busy = self.c.busy_workers()
+        busy = mine(self.c.busy_workers())
         if busy or not need_worker:
             return busy
         # Nothing ran: any live worker, or (none alive) any worker at all.
-        return sorted(w for w, p in self.c.workers.items() if p.alive) or sorted(self.c.workers)
+        return sorted(w for w in self.pool if self.c.workers[w].alive) or list(self.pool)
 
     def play(self, step: Step) -> dict[str, object]:
         c = self.c
@@ -530,34 +538,34 @@ class Nemesis:
         targets: list[str] = []
         detail = ""
         start_ns = ledger.now_ns()
-        heal: Callable[[], None] = lambda: net.set_blocked([])  # noqa: E731
+        heal: Callable[[], None] = lambda: net.set_blocked([], self.owner)  # noqa: E731
         extra: dict[str, object] = {}
         hold: Callable[[], str] | None = None  # waits past the duration; says what it saw
         if step.kind == nemesis.ISOLATE_LEADER:
             targets = [leader]
             others = [h.address for h in c.hosts if h.name != leader]
-            net.set_blocked(net.cut([c.address(leader)], others))
+            net.set_blocked(net.cut([c.address(leader)], others), self.owner)
         elif step.kind == nemesis.ISOLATE_FOLLOWER:
             targets = [rng.choice(c.followers())]
             others = [h.address for h in c.hosts if h.name != targets[0]]
-            net.set_blocked(net.cut([c.address(targets[0])], others))
+            net.set_blocked(net.cut([c.address(targets[0])], others), self.owner)
         elif step.kind == nemesis.BRIDGE:
             bridge, far = rng.sample(c.followers(), 2)
             targets = [leader, bridge, far]
             detail = f"{bridge} sees both {leader} and {far}, who cannot see each other"
-            net.set_blocked(net.cut([c.address(leader)], [c.address(far)]))
+            net.set_blocked(net.cut([c.address(leader)], [c.address(far)]), self.owner)
         elif step.kind in (nemesis.CUT_WORKER_FROM_LEADER, nemesis.CUT_WORKER_FROM_REPLICAS):
             worker = busy[step.pick % len(busy)]
             peers = [c.address(leader)] if step.kind == nemesis.CUT_WORKER_FROM_LEADER else replicas
             targets = [worker]
             detail = f"cut from {'leader ' + leader if len(peers) == 1 else 'every replica'}"
-            net.set_blocked(net.cut([c.address(worker)], peers))
+            net.set_blocked(net.cut([c.address(worker)], peers), self.owner)
         elif step.kind == nemesis.PARTITION_CLIENT:
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline and not c.in_flight_submission():
                 time.sleep(0.002)
             caught = c.in_flight_submission()
-            net.set_blocked(net.cut([c.client_host.address], replicas))
+            net.set_blocked(net.cut([c.client_host.address], replicas), self.owner)
             targets = ["client"]
             detail = (
                 "cut while a submission was in flight"
@@ -615,6 +623,7 @@ class Nemesis:
         record: dict[str, object] = {
             "type": "fault",
             "step": step.index,
+            "lane": step.lane,
             "kind": step.kind,
             "targets": targets,
             "hit": {
@@ -655,20 +664,20 @@ class Nemesis:
             pool = [leader, *sorted(c.workers)] if step.pick % 2 else [leader]
             target = rng.choice(pool)
             others = [h.address for h in c.hosts if h.name != target]
-            net.set_lossy(net.cut([c.address(target)], others))
+            net.set_lossy(net.cut([c.address(target)], others), self.owner)
             detail = f"{net.LOSS_PERCENT}% of packets to and from {target} dropped at random"
-            return [target], detail, lambda: net.set_lossy([]), None
+            return [target], detail, lambda: net.set_lossy([], self.owner), None
         if step.kind == nemesis.ONE_WAY_LOSS:
             if step.pick % 2 and busy:
                 target = busy[step.pick % len(busy)]
-                net.set_lossy(net.one_way([c.address(target)], replicas))
+                net.set_lossy(net.one_way([c.address(target)], replicas), self.owner)
                 detail = f"{net.LOSS_PERCENT}% of packets from {target} to the replicas dropped"
             else:
                 target = leader
                 others = [h.address for h in c.hosts if h.name != leader]
-                net.set_lossy(net.one_way([c.address(leader)], others))
+                net.set_lossy(net.one_way([c.address(leader)], others), self.owner)
                 detail = f"{net.LOSS_PERCENT}% of the leader's outgoing packets dropped"
-            return [target], detail, lambda: net.set_lossy([]), None
+            return [target], detail, lambda: net.set_lossy([], self.owner), None
         if step.kind == nemesis.FREEZE_HOST:
             return self._freeze(step, busy, extra)
         if step.kind in (nemesis.DISK_FULL_REPLICA, nemesis.DISK_FULL_WORKER):
@@ -807,8 +816,7 @@ class Nemesis:
         return [target], detail, lambda: hosts.freeze(cgroup, False), hold
 
     def heal_all(self) -> None:
-        net.set_blocked([])
-        net.set_lossy([])
+        net.heal_network()
         for name in self.c.replicas:
             hosts.set_clock(self.c.clock_file(name), 0.0)
         if self.c.freezer:
@@ -845,16 +853,17 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
     net.sweep()
     hosts.sweep()
     cluster = ChaosCluster(cfg, run_dir, freezer=not backends.freezer_skip)
-    player = Nemesis(cluster)
+    lanes = nemesis.lanes_of(cfg.steps)
+    meta["lanes"] = lanes
+    players = [Nemesis(cluster, lane, lanes) for lane in range(lanes)]
+    played = [0] * lanes
     try:
         cluster.start()
         meta["start_ns"] = ledger.now_ns()
-        for step in cfg.steps:
-            player.play(step)
-            faults += 1
+        play_lanes(players, cfg.steps, played)
         (run_dir / "stop-workload").touch()
         cluster.submitter.stop(grace_s=cluster_submit_grace())
-        player.heal_all()
+        players[0].heal_all()
         meta["heal_ns"] = ledger.now_ns()
         meta["heal_wall_ms"] = int(time.time() * 1000)
         quiesce(cluster, meta)
@@ -870,7 +879,9 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         error = f"{type(exc).__name__}: {exc}"
         log.error("scenario %s seed %d aborted: %s", cfg.name, cfg.seed, error)
     finally:
-        player.close()
+        faults = sum(played)
+        for player in players:
+            player.close()
         cluster.close()
         net.sweep()
         hosts.sweep_cgroups()
@@ -889,7 +900,43 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         violations=violations,
         expect_violations=cfg.unsafe_no_self_fencing,
         error=error,
+        lanes=lanes,
     )
+
+
+def play_lanes(players: list[Nemesis], steps: list[Step], played: list[int]) -> None:
+    """Play each lane's steps in order, the lanes at once (one thread each), counting the
+    faults played per lane in ``played``. The first error stops every lane after its
+    current fault (each fault is bounded and heals itself) and is raised here."""
+    if len(players) == 1:
+        for step in steps:
+            players[0].play(step)
+            played[0] += 1
+        return
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def lane(player: Nemesis) -> None:
+        try:
+            for step in (s for s in steps if s.lane == player.lane):
+                if stop.is_set():
+                    return
+                player.play(step)
+                played[player.lane] += 1
+        except BaseException as exc:  # re-raised in the scenario's thread below
+            errors.append(exc)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=lane, args=(p,), name=f"nemesis-lane{p.lane}", daemon=True)
+        for p in players
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def cluster_submit_grace() -> float:
