@@ -66,11 +66,18 @@ def _marked(state: ClusterState, preemptor: str) -> bool:
     )
 
 
+# A replica that did not run for this long (stopped, starved, a paused VM) cannot tell its
+# own deafness from its nodes' silence: when it runs again as leader it counts every node
+# as heard then, as at an election (LeaderLoop.note_not_running).
+STALL_MS = 1000
+
+
 class Liveness:
     """When the leader last heard from each node. Local to the leader, never replicated.
 
-    ``baseline_ms`` is the current leader's election time: a node not heard from since
-    counts as heard at the election. Thread-safe (heartbeat handlers record, the loop reads).
+    ``baseline_ms`` is the current leader's election time, or the end of its latest stall:
+    a node not heard from since counts as heard then. Thread-safe (heartbeat handlers
+    record, the loop reads).
     """
 
     def __init__(self) -> None:
@@ -82,6 +89,11 @@ class Liveness:
         with self._lock:
             self._heard.clear()
             self._baseline_ms = now_ms
+
+    def raise_baseline(self, now_ms: int) -> None:
+        """Count every node as heard at ``now_ms`` at the latest (after a stall)."""
+        with self._lock:
+            self._baseline_ms = max(self._baseline_ms, now_ms)
 
     def heard(self, node_id: str, now_ms: int) -> None:
         with self._lock:
@@ -254,6 +266,19 @@ class LeaderLoop:
         self._set_ready(False)
         if is_leader:
             self._liveness.reset(now_ms)
+
+    def note_not_running(self, stalled_ms: int, now_ms: int) -> str:
+        """The driver saw this replica not run for ``stalled_ms`` (its thread overslept a
+        short wait, or a step took that much longer than the CPU it used). Heartbeats sent
+        meanwhile may not have been read, so a leader counts every node as heard now:
+        silence it measured while it was not listening is not a node's. A dead node is then
+        declared at most ``stalled_ms`` later; never early."""
+        if stalled_ms < STALL_MS or not self._leader:
+            return ""
+        self._liveness.raise_baseline(now_ms)
+        return self._note(
+            f"this replica did not run for {stalled_ms} ms: every node counts as heard now"
+        )
 
     def note_state_changed(self) -> None:
         """Plan again at the next step (within the gap) even if no command was applied

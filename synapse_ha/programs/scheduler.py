@@ -55,7 +55,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
-from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings, SchedulingSettings
+from synapse_ha.app.leader import (
+    STALL_MS,
+    LeaderLoop,
+    Liveness,
+    LoopSettings,
+    SchedulingSettings,
+)
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role, split_token
 from synapse_ha.core.backup import BackupError, decode_backup
@@ -833,11 +839,22 @@ class Replica:
     def _drive(self) -> None:
         said_ready = False
         last = ""
+        # Each round (a short wait, then a step), the wall time this process neither slept
+        # on purpose nor spent on a CPU is time it did not run (stopped, starved): the
+        # leader was not reading heartbeats then (LeaderLoop.note_not_running). A long
+        # scheduling pass uses CPU, so it is not mistaken for one.
+        round_wall, round_cpu = time.monotonic(), time.process_time()
         while not self.stopping.is_set():
             due_ms = self.loop.next_step_in_ms(_now_ms())
-            self._wake.wait(0.05 if due_ms is None else min(0.05, due_ms / 1000))
+            timeout_s = 0.05 if due_ms is None else min(0.05, due_ms / 1000)
+            self._wake.wait(timeout_s)
             self._wake.clear()
+            wall, cpu = time.monotonic(), time.process_time()
+            stalled_ms = int(((wall - round_wall) - (cpu - round_cpu) - timeout_s) * 1000)
+            round_wall, round_cpu = wall, cpu
             try:
+                if stalled_ms >= STALL_MS:
+                    self.loop.note_not_running(stalled_ms, _now_ms())
                 while True:
                     try:
                         is_leader, term, at = self._roles.get_nowait()

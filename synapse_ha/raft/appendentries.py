@@ -35,25 +35,62 @@ last one arrives so the same rules apply. pysyncobj marks a chunk as the last by
 comparing the offset with the command's length rather than the pickled entry's, so a
 chunk before the real last one can carry the mark: such a chunk does not decode and is
 kept as a middle chunk.
+
+**No forwarding.** pysyncobj forwards a command proposed on a replica that is not the
+leader to the leader it knows (``apply_command``), and it decides so when it drains its
+queue, not when the command was proposed. A leader that was paused, or lost its term
+while its leader loop was deciding, therefore has decisions it took on its own view (a
+node "silent for 5 s" only because this replica was stopped) committed by the new
+leader. Every command here is meant for the replica it was proposed on while it leads
+(the servers answer NOT_LEADER elsewhere), so :class:`SafeSyncObj` refuses instead: a
+queued command on a replica that does not lead fails with ``REQUEST_DENIED`` (not
+appended anywhere), and an ``apply_command`` from another replica is refused the same
+way.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 from typing import Any
 
-from pysyncobj import SyncObj
+from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj import pickle as raft_pickle
 
 log_ = logging.getLogger(__name__)
 
 
 class SafeSyncObj(SyncObj):  # type: ignore[misc]
-    """pysyncobj's ``SyncObj`` with the follower's AppendEntries rules of the Raft paper."""
+    """pysyncobj's ``SyncObj`` with the follower's AppendEntries rules of the Raft paper,
+    and no forwarding of commands to the leader."""
 
     _ack_cap: int | None = None  # while a corrected message is handled: highest ack + 1
 
+    def _checkCommandsToApply(self) -> None:
+        if not self._isLeader():
+            self._refuse_queued_commands()
+        SyncObj._checkCommandsToApply(self)
+
+    def _refuse_queued_commands(self) -> None:
+        """Fail every queued command: this replica does not lead, and its commands are
+        never forwarded (module docstring)."""
+        commands = self._SyncObj__commandsQueue
+        while True:
+            try:
+                _command, callback = commands.get_nowait()
+            except queue.Empty:
+                return
+            self._SyncObj__callErrCallback(FAIL_REASON.REQUEST_DENIED, callback)
+
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == "apply_command":
+            # A command forwarded by another replica (an older release, or a replica that
+            # stopped leading with commands queued): refused, never appended.
+            if "request_id" in message:
+                self._SyncObj__callErrCallback(
+                    FAIL_REASON.REQUEST_DENIED, (node, message["request_id"])
+                )
+            return
         cap: int | None = None
         if (
             isinstance(message, dict)

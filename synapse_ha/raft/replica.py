@@ -825,7 +825,13 @@ def _resolve(futures: list[Future[cmd.Result]], result: Any, error: int) -> None
             except CodecError as exc:
                 f.set_exception(ProposalError(f"undecodable result: {exc}", committed_unknown=True))
         return
-    unknown = error not in (FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER)
+    # Not appended anywhere: a full queue, no leader, or (REQUEST_DENIED) this replica
+    # stopped leading before the batch left (raft/appendentries.py: no forwarding).
+    unknown = error not in (
+        FAIL_REASON.QUEUE_FULL,
+        FAIL_REASON.MISSING_LEADER,
+        FAIL_REASON.REQUEST_DENIED,
+    )
     for f in futures:
         if not f.done():
             f.set_exception(ProposalError(_fail_text(error), committed_unknown=unknown))

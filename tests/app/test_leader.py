@@ -120,6 +120,31 @@ def test_a_heartbeat_keeps_a_node_alive() -> None:
     assert "declaring node chatty dead" in loop.step(2 * DEAD_MS)
 
 
+def test_a_leader_that_did_not_run_counts_its_nodes_as_heard_when_it_runs_again() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("w1"), now_ms=0))
+    loop, liveness = elected(log, now=0)
+    liveness.heard("w1", 1_000)
+    # The replica was stopped (SIGSTOP, a paused VM) from 1.5 s to 1.5 s + DEAD_MS: the
+    # node's heartbeats went unread, its silence was the leader's.
+    back = 1_500 + DEAD_MS
+    assert "did not run for" in loop.note_not_running(DEAD_MS, back)
+    assert "declaring" not in loop.step(back)
+    assert "declaring" not in loop.step(back + DEAD_MS)
+    # Still silent a whole timeout after the leader ran again: now it is dead.
+    assert "declaring node w1 dead" in loop.step(back + DEAD_MS + 200)
+
+
+def test_a_short_stall_or_a_follower_changes_nothing() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("w1"), now_ms=0))
+    loop, _ = elected(log, now=0)
+    assert loop.note_not_running(999, DEAD_MS) == ""  # below STALL_MS
+    assert "declaring node w1 dead" in loop.step(DEAD_MS + 1)
+    follower, _ = make_loop(FakeLog())
+    assert follower.note_not_running(60_000, 1) == ""
+
+
 def test_scheduling_passes_are_spaced_by_their_own_cost() -> None:
     log = FakeLog()
     ticks = iter([0.0, 0.2, 1.0, 1.2, 2.0, 2.2, 3.0, 3.2])  # every pass costs 200 ms

@@ -1,7 +1,7 @@
 """The follower's AppendEntries rules (synapse_ha.raft.appendentries): a re-sent, shorter
 message deletes nothing the follower acknowledged, and a follower vouches only for what
-the leader sent. Each case runs against pysyncobj's own SyncObj too, to show the bug the
-correction exists for."""
+the leader sent; and no replica forwards a command to the leader. Each case runs against
+pysyncobj's own SyncObj too, to show the bug the correction exists for."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj import pickle as raft_pickle
+from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse_ha.local.launcher import free_ports
 from synapse_ha.raft.appendentries import SafeSyncObj, conflict_free
@@ -203,3 +204,63 @@ def test_conflict_free_rewrites(
     fixed, got_cap = conflict_free(ACKED, message)
     assert (fixed["prevLogIdx"], fixed["entries"], got_cap) == (prev, kept, cap)
     assert fixed["commit_index"] == (9 if cap is None else cap - 1)
+
+
+# ---------------------------------------------------------------- no forwarding
+
+
+def queued_on_a_deposed_leader(f: Follower) -> list[tuple[object, int]]:
+    """A command proposed while this replica led, drained after it learned of a newer
+    leader (a paused leader resumed): what becomes of it."""
+    outcome: list[tuple[object, int]] = []
+    f.obj._applyCommand(
+        b"\x01mark-node-dead", lambda result, error: outcome.append((result, error))
+    )
+    f.obj._SyncObj__raftLeader = f.leader  # stepped down; the new leader is known
+    f.obj._checkCommandsToApply()
+    return outcome
+
+
+def test_a_command_queued_on_a_replica_that_no_longer_leads_is_refused(follower: Any) -> None:
+    f = follower(SafeSyncObj, ACKED, 3)
+    assert queued_on_a_deposed_leader(f) == [(None, FAIL_REASON.REQUEST_DENIED)]
+    assert [m for m in f.sent if m["type"] == "apply_command"] == []
+
+
+def test_pysyncobj_alone_forwards_it_to_the_new_leader(follower: Any) -> None:
+    f = follower(SyncObj, ACKED, 3)
+    assert queued_on_a_deposed_leader(f) == []  # waiting for the leader's answer
+    (forwarded,) = [m for m in f.sent if m["type"] == "apply_command"]
+    assert forwarded["command"] == b"\x01mark-node-dead"
+
+
+@pytest.mark.parametrize("cls", [SafeSyncObj, SyncObj])
+def test_a_leader_appends_a_forwarded_command_only_without_the_correction(
+    follower: Any, cls: type[SyncObj]
+) -> None:
+    f = follower(cls, ACKED, 3)
+    f.obj._SyncObj__raftState = _RAFT_STATE.LEADER
+    f.obj._SyncObj__raftLeader = f.obj._SyncObj__selfNode
+    f.obj._SyncObj__onMessageReceived(
+        f.leader, {"type": "apply_command", "command": b"\x01stale", "request_id": 9}
+    )
+    f.obj._checkCommandsToApply()
+    appended = [e for e in f.log() if e[0] > len(ACKED)]
+    replies = [m for m in f.sent if m["type"] == "apply_command_response"]
+    if cls is SafeSyncObj:
+        assert appended == []
+        assert replies == [
+            {"type": "apply_command_response", "request_id": 9, "error": FAIL_REASON.REQUEST_DENIED}
+        ]
+    else:
+        assert appended == [(len(ACKED) + 1, 3)]
+        assert replies[0]["log_idx"] == len(ACKED) + 1
+
+
+def test_the_leader_still_appends_its_own_commands(follower: Any) -> None:
+    f = follower(SafeSyncObj, ACKED, 3)
+    f.obj._SyncObj__raftState = _RAFT_STATE.LEADER
+    f.obj._SyncObj__raftLeader = f.obj._SyncObj__selfNode
+    f.obj._applyCommand(b"\x01bind", lambda result, error: None)
+    f.obj._checkCommandsToApply()
+    assert f.log()[-1] == (len(ACKED) + 1, 3)
