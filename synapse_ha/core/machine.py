@@ -540,10 +540,15 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
         if attempt.preempted_by and event.kind is cmd.MemberEventKind.EXITED:
             # Any exit of a preempted member confirms it stopped; never the job's failure.
             status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
-            status.exit_code = event.exit_code
+            status.exit_code = _preempted_exit_code(event)
             status.finished_at_ms = now
             if all(s.state is MemberState.EXITED for s in attempt.member_status):
-                _end_preempted(state, job, now)
+                if attempt.state is AttemptState.RUNNING and all(
+                    s.exit_code == 0 for s in attempt.member_status
+                ):
+                    _succeed_before_preemption(job, attempt, now, state)
+                else:
+                    _end_preempted(state, job, now)
                 touched.update(m.node_id for m in attempt.members)
             continue
         if status.started_at_ms is None:
@@ -594,6 +599,46 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     _settle_drained(state, sorted(touched))
     return ok(
         f"{accepted} event(s) accepted, {stale} stale", accepted_events=accepted, stale_events=stale
+    )
+
+
+# 128 + SIGTERM: the code a member stopped by its worker reports (worker/shim.py).
+EXIT_STOPPED = 143
+
+
+def _preempted_exit_code(event: cmd.MemberEvent) -> int:
+    """The code recorded for a preempted member's exit. Only an exit 0 by the member's own
+    program (cause ``PROGRAM``) is a success: a member its worker stopped never reports 0
+    (its supervisor reports 143, DESIGN §4), so a disruption reported with code 0 is
+    recorded as 143 and never counts as one."""
+    if event.cause.disruption and event.exit_code == 0:
+        return EXIT_STOPPED
+    return event.exit_code
+
+
+def _succeed_before_preemption(job: Job, attempt: Attempt, now: int, state: ClusterState) -> None:
+    """Every member of a preempted attempt exited 0 by itself: the gang finished before
+    the preemption reached it (its exits were reported after the preemption was decided).
+    The job succeeds instead of running again; the preemptor gets the GPUs as it would
+    have, once the next pass places it."""
+    members = len(attempt.members)
+    _end_attempt(
+        state,
+        job,
+        lc.AttemptEvent.SUCCEED,
+        reason(ReasonCode.ALL_EXITED_ZERO, members=members),
+        now,
+    )
+    _finish(
+        job,
+        lc.JobEvent.SUCCEED,
+        reason(
+            ReasonCode.SUCCEEDED_BEFORE_PREEMPTION,
+            attempt=attempt.number,
+            members=members,
+            preemptor=attempt.preempted_by,
+        ),
+        now,
     )
 
 

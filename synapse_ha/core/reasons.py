@@ -77,6 +77,9 @@ class ReasonCode(enum.StrEnum):
     EARLIER_ATTEMPT_SUCCEEDED = "earlier_attempt_succeeded"  # attempt, fencing_token
     SUCCEEDED_AFTER_NODE_DEATH = "succeeded_after_node_death"  # attempt, fencing_token,
     # members, node: every member of the attempt ended by the node's death had exited 0
+    # -- a preempted gang whose every member exited 0 on its own (attempt, preemptor):
+    # the exits came before the stop, and were reported after the preemption was decided
+    SUCCEEDED_BEFORE_PREEMPTION = "succeeded_before_preemption"
 
 
 # Disruptions: outcomes the job did not cause. They requeue the gang without touching
@@ -327,6 +330,11 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"all {r.num('members')} members of attempt {r.num('attempt')} (token "
         f"{r.num('fencing_token')}) exited 0; node {r.text('node')} had been declared dead "
         f"before their exits were reported, so no further attempt runs"
+    ),
+    ReasonCode.SUCCEEDED_BEFORE_PREEMPTION: lambda r: (
+        f"all {r.num('members')} members of attempt {r.num('attempt')} exited 0 by "
+        f"themselves before {r.text('preemptor')}'s preemption stopped them; their exits "
+        f"were reported after it was decided, so the job succeeded and is not requeued"
     ),
 }
 

@@ -10,6 +10,7 @@ import pytest
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.codec import encode_state
+from synapse_ha.core.invariants import check as check_invariants
 from synapse_ha.core.model import (
     AttemptState,
     ClusterConfig,
@@ -148,6 +149,65 @@ def test_a_dead_node_confirms_the_preempted_gang_stopped_without_a_requeue_count
     assert record.state is JobState.PENDING
     assert record.reason.code is ReasonCode.REQUEUED_PREEMPTED
     assert record.requeues == 0
+
+
+def _exit(cl: Cluster, job_id: str, rank: int, code: int, cause: c.ExitCause) -> c.Result:
+    attempt = cl.state.jobs[job_id].attempt
+    assert attempt is not None
+    event = c.MemberEvent(
+        job_id, attempt.fencing_token, rank, c.MemberEventKind.EXITED, code, cause=cause
+    )
+    return cl.do(c.ReportMembers(attempt.members[rank].node_id, (event,), now_ms=cl.now))
+
+
+def test_a_preempted_gang_whose_members_all_exited_0_by_themselves_succeeds() -> None:
+    """The gang finished just as the leader preempted it: its exits 0 (no signal from the
+    worker: a stopped member reports 143) are committed after the Preempt. It succeeds,
+    and never runs again."""
+    cl = cluster()
+    low = running(cl, "solo", 8, cls="low", replicas=2)
+    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
+    assert preempt(cl, high, [low], PRIO).ok
+    attempt = cl.state.jobs[low].attempt
+    assert attempt is not None
+    cl.now += 100
+    assert _exit(cl, low, 0, 0, c.ExitCause.PROGRAM).ok
+    assert cl.state_of(low) is JobState.RUNNING  # waits for the whole gang
+    assert _exit(cl, low, 1, 0, c.ExitCause.PROGRAM).ok
+    record = cl.state.jobs[low]
+    assert record.state is JobState.SUCCEEDED
+    assert attempt.state is AttemptState.SUCCEEDED
+    assert record.reason.code is ReasonCode.SUCCEEDED_BEFORE_PREEMPTION
+    assert f"before {high}'s preemption" in render(record.reason)
+    assert (record.attempts_made, record.retries_used, record.requeues) == (1, 0, 0)
+    assert sum(n.allocated.gpu for n in cl.state.nodes.values()) == 0
+    assert not check_invariants(cl.state)
+    cl.run_pass()
+    assert cl.state_of(high) is JobState.SCHEDULED
+    assert cl.state_of(low) is JobState.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        (143, c.ExitCause.PROGRAM),  # stopped by its worker: SIGTERM
+        (0, c.ExitCause.FENCED),  # a disruption never counts as a success
+        (0, c.ExitCause.LOST),
+    ],
+)
+def test_a_preempted_gang_with_one_stopped_member_is_requeued(
+    code: int, cause: c.ExitCause
+) -> None:
+    cl = cluster()
+    low = running(cl, "solo", 8, cls="low", replicas=2)
+    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
+    assert preempt(cl, high, [low], PRIO).ok
+    assert _exit(cl, low, 0, 0, c.ExitCause.PROGRAM).ok
+    assert _exit(cl, low, 1, code, cause).ok
+    record = cl.state.jobs[low]
+    assert record.state is JobState.PENDING
+    assert record.reason.code is ReasonCode.REQUEUED_PREEMPTED
+    assert not check_invariants(cl.state)
 
 
 def test_a_preempted_attempt_has_no_start_timeout_and_a_failure_ends_it_as_preempted() -> None:
