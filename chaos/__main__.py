@@ -32,7 +32,14 @@ from pathlib import Path
 from chaos import hosts, ledger, membership, nemesis, net
 from chaos.checker import Violation, check_run
 from chaos.report import write_report
-from chaos.run import REPO, ScenarioConfig, ScenarioResult, run_scenario
+from chaos.run import (
+    REPO,
+    SUBMIT_INTERVAL_S,
+    ScenarioConfig,
+    ScenarioResult,
+    lane_load,
+    run_scenario,
+)
 
 SCENARIOS = ("targeted", "random", "broken-build", membership.SCENARIO)
 
@@ -146,7 +153,10 @@ def configs(
         if "random" in scenarios:
             out.append(
                 ScenarioConfig(
-                    "random", seed, nemesis.random_schedule(seed, duration_s, t, kinds, lanes)
+                    "random",
+                    seed,
+                    nemesis.random_schedule(seed, duration_s, t, kinds, lanes),
+                    submit_interval_s=SUBMIT_INTERVAL_S * lane_load(lanes),
                 )
             )
     if membership.SCENARIO in scenarios:

@@ -46,6 +46,17 @@ GRPC_PORT = 7101
 WORKER_PORT = 7070
 WORKER_GPUS = 4
 FINAL_DEADLINE_S = 90.0
+SUBMIT_INTERVAL_S = 1.2  # between the client's submissions (one lane)
+
+
+def lane_load(lanes: int) -> float:
+    """How much longer the final deadline and the gap between submissions are with
+    ``lanes`` fault schedules at once: each worker lane keeps some workers faulted, so the
+    cluster completes fewer gangs a second, and the same submission rate would leave a
+    backlog no deadline drains (one lane: 1; three: 2)."""
+    return (lanes + 1) / 2
+
+
 CONVERGE_S = 30.0
 GANG_WAIT_S = 20.0
 # The workload's classes (chaos.workload): short grace periods keep preempted gangs from
@@ -67,7 +78,7 @@ class ScenarioConfig:
     seed: int
     steps: list[Step]
     member_ms: tuple[int, int] = (1500, 5000)
-    submit_interval_s: float = 1.2
+    submit_interval_s: float = SUBMIT_INTERVAL_S
     gang_sizes: tuple[int, ...] = (2, 3)
     gpus_per_member: tuple[int, ...] = (1, 2)
     unsafe_no_self_fencing: bool = False
@@ -843,7 +854,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         "timeouts": asdict(cfg.timeouts),
         "backends": asdict(backends),
         "unsafe_no_self_fencing": cfg.unsafe_no_self_fencing,
-        "final_deadline_ms": int(FINAL_DEADLINE_S * 1000),
+        "final_deadline_ms": int(FINAL_DEADLINE_S * lane_load(nemesis.lanes_of(cfg.steps)) * 1000),
         "member_ms": list(cfg.member_ms),
         "submit_interval_s": cfg.submit_interval_s,
         "security": "mutual TLS on every connection; the suite calls as the admin",
@@ -947,7 +958,9 @@ def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
     """Wait (bounded) for every job to finish and every replica to hold the same state;
     save the states whatever happens, for the checker."""
     last = ""
-    deadline = time.monotonic() + FINAL_DEADLINE_S
+    final_deadline_ms = meta["final_deadline_ms"]
+    assert isinstance(final_deadline_ms, int)
+    deadline = time.monotonic() + final_deadline_ms / 1000
     while time.monotonic() < deadline:
         with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
             done, last = cluster.all_jobs_final()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from chaos import nemesis, net
-from chaos.__main__ import cmd_summary, parse_lanes, saved_result
+from chaos.__main__ import cmd_summary, configs, parse_lanes, saved_result
 from chaos.nemesis import Step
-from chaos.run import play_lanes
+from chaos.run import SUBMIT_INTERVAL_S, lane_load, play_lanes
 
 
 def test_each_lane_draws_its_own_kinds_and_fills_the_duration_alone() -> None:
@@ -167,3 +167,11 @@ def test_saved_runs_sum_into_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "random seed 1001: 1 violations" in out
     Args.out_dirs = [tmp_path / "day1"]
     assert cmd_summary(Args()) == 0  # type: ignore[arg-type]
+
+
+def test_more_lanes_submit_more_slowly_and_wait_longer_at_the_end() -> None:
+    (one,) = configs([5], ["random"], 120.0)
+    (three,) = configs([5], ["random"], 120.0, lanes=3)
+    assert one.submit_interval_s == SUBMIT_INTERVAL_S  # CI's scenarios are unchanged
+    assert three.submit_interval_s == 2 * SUBMIT_INTERVAL_S
+    assert lane_load(1) == 1 and lane_load(3) == 2
