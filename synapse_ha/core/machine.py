@@ -247,7 +247,15 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
             touched.update(m.node_id for m in job.attempt.members)
         if job.attempt is not None and job.attempt.preempted_by:
             # Its node's death confirms those members stopped; the gang was leaving anyway.
+            # But they may have exited 0 by themselves first, reported late: kept as for
+            # any attempt a node's death ends, unless a member is already known stopped.
+            stopped = any(
+                s.state is MemberState.EXITED and s.exit_code != 0
+                for s in job.attempt.member_status
+            )
+            lost = None if stopped else _lost_attempt(job, c.node_id)
             _end_preempted(state, job, now)
+            job.lost_attempt = lost
         else:
             lost = _lost_attempt(job, c.node_id)
             _end_attempt_for(state, job, outcome, c.jitter_seed, now)

@@ -187,6 +187,50 @@ def test_a_preempted_gang_whose_members_all_exited_0_by_themselves_succeeds() ->
     assert cl.state_of(low) is JobState.SUCCEEDED
 
 
+@pytest.mark.parametrize("late_code", [0, 143])
+def test_late_exits_0_of_a_preempted_gang_whose_node_died_make_it_succeed(late_code: int) -> None:
+    """The gang finished on a node cut off from the leader; the leader preempted it, then
+    declared the node dead (requeued as preempted). When the exits arrive and all are 0,
+    the job succeeds and its next attempt never runs; a stopped member (143) keeps the
+    requeue."""
+    cl = cluster()
+    low = running(cl, "solo", 8, cls="low", replicas=2)
+    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
+    assert preempt(cl, high, [low], PRIO).ok
+    attempt = cl.state.jobs[low].attempt
+    assert attempt is not None
+    token = attempt.fencing_token
+    assert cl.do(c.MarkNodeDead(attempt.members[0].node_id, "silent", now_ms=cl.now)).ok
+    assert cl.state_of(low) is JobState.PENDING
+    late = [
+        c.MemberEvent(low, token, rank, c.MemberEventKind.EXITED, code, cause=c.ExitCause.PROGRAM)
+        for rank, code in ((0, 0), (1, late_code))
+    ]
+    for event in late:
+        on = attempt.members[event.rank].node_id
+        assert cl.do(c.ReportMembers(on, (event,), now_ms=cl.now)).ok
+    record = cl.state.jobs[low]
+    if late_code == 0:
+        assert record.state is JobState.SUCCEEDED
+        assert record.reason.code is ReasonCode.SUCCEEDED_AFTER_NODE_DEATH
+    else:
+        assert record.state is JobState.PENDING
+        assert record.lost_attempt is None
+    assert not check_invariants(cl.state)
+
+
+def test_no_late_success_once_a_preempted_member_was_stopped() -> None:
+    cl = cluster()
+    low = running(cl, "solo", 8, cls="low", replicas=2)
+    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
+    assert preempt(cl, high, [low], PRIO).ok
+    assert cl.exit_member(low, 1, 143).ok  # stopped by its worker
+    attempt = cl.state.jobs[low].attempt
+    assert attempt is not None
+    assert cl.do(c.MarkNodeDead(attempt.members[0].node_id, "silent", now_ms=cl.now)).ok
+    assert cl.state.jobs[low].lost_attempt is None
+
+
 @pytest.mark.parametrize(
     ("code", "cause"),
     [
