@@ -730,7 +730,7 @@ class Replica:
             replicas=MemberDirectory(self.raft, me),
             backend=self.raft,
             liveness=self.liveness,
-            serving=lambda: self.loop.ready and self.raft.is_leader(),
+            serving=lambda: self.loop.ready and self.raft.leads_with_quorum(),
             clock_ms=_now_ms,
             last_plan=lambda: self.loop.last_plan,
             read_gate=ReadGate(

@@ -56,6 +56,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj import pickle as raft_pickle
+from pysyncobj.monotonic import monotonic as raft_clock
 
 log_ = logging.getLogger(__name__)
 
@@ -65,6 +66,19 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
     and no forwarding of commands to the leader."""
 
     _ack_cap: int | None = None  # while a corrected message is handled: highest ack + 1
+
+    def quorum_contact_within(self, seconds: float) -> bool:
+        """Whether this replica leads and its Raft thread has heard a majority (itself
+        included) within ``seconds``. pysyncobj checks the same on its own thread and
+        steps down; a Raft thread that stands still (a full disk, a long stall) cannot,
+        and the servers ask this instead of the role alone. Safe from any thread."""
+        if not self._isLeader():
+            return False
+        others = list(self._SyncObj__otherNodes)
+        heard = dict(self._SyncObj__lastResponseTime)
+        since = raft_clock() - seconds
+        count = 1 + sum(1 for node in others if heard.get(node, 0.0) > since)
+        return count > (len(others) + 1) / 2
 
     def _checkCommandsToApply(self) -> None:
         if not self._isLeader():

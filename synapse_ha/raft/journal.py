@@ -45,6 +45,20 @@ its Raft thread before it sends the message that relies on them:
   durable before the entries it covers are gone; the compacted journal is synced before
   it is renamed into place, and its directory after.
 
+**A full disk stops the replica, never kills or tears it** (always on). pysyncobj writes
+the journal through a shared ``mmap`` that it grows with ``ftruncate``: the new pages have
+no blocks behind them, and on a full file system the first store into one ends the
+process with SIGBUS; a restarted replica dies the same way at its first append, for as
+long as the disk stays full. And ``FileJournal.add`` puts the entry into its in-memory log
+before writing the file, so a failed write would leave an entry the replica holds (and
+could acknowledge) but has not stored. Here every append first reserves the file's blocks
+(``posix_fallocate``) and then writes, and the in-memory log takes the entry only once
+it is in the file. When the reservation finds no space, the append waits, retrying every
+``DISK_FULL_RETRY_S``, until space returns (or the replica stops): the replica's Raft
+thread stands still, so it answers no leader and, leading, loses its quorum contact and
+stops serving (``SafeSyncObj.quorum_contact_within``) while the others elect a leader. It
+rejoins where it stopped when space returns, as after a pause.
+
 pysyncobj creates its journal with the module-level ``createJournal`` it imported into
 :mod:`pysyncobj.syncobj`. :func:`register` replaces that name, once per process, with a
 function that builds our journal for the journal paths registered (durable or not, per
@@ -56,6 +70,8 @@ without these guarantees.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import struct
 import threading
@@ -73,6 +89,8 @@ from pysyncobj.pickle import dumps, to_bytes
 
 from synapse_ha.core.codec import CodecError
 from synapse_ha.raft.snapshot import read_snapshot_entries
+
+log = logging.getLogger(__name__)
 
 
 class JournalHookError(RuntimeError):
@@ -116,9 +134,34 @@ class DurableMetaStorer(MetaStorer):  # type: ignore[misc]
         fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
+DISK_FULL_RETRY_S = 0.5
+
+
+class ReservedFile(ResizableFile):  # type: ignore[misc]
+    """pysyncobj's memory-mapped file whose writes reserve their blocks first: on a full
+    file system a write raises ``OSError`` (ENOSPC) and changes nothing, instead of
+    ending the process with SIGBUS when the mapping touches a page with no block."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.reserved = 0  # bytes from the start known to have blocks
+
+    def write(self, offset: int, values: bytes) -> None:
+        end = offset + len(values)
+        mapping: Any = self._ResizableFile__mm
+        if end > len(mapping):
+            # Grow the mapping (and the file, sparse) as pysyncobj does, by doubling.
+            mapping.resize(max(2 * len(mapping), end))
+        if end > self.reserved:
+            os.posix_fallocate(self._ResizableFile__f.fileno(), 0, end)
+            self.reserved = end
+        mapping[offset:end] = values
+
+
 class AtomicFileJournal(FileJournal):  # type: ignore[misc]
-    """A FileJournal whose compaction a crash cannot tear, and which, on opening, drops the
-    entries its snapshot already covers (see the module docstring)."""
+    """A FileJournal whose compaction a crash cannot tear, which, on opening, drops the
+    entries its snapshot already covers, and which waits out a full disk (see the module
+    docstring)."""
 
     fsync = False
 
@@ -128,7 +171,49 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         self.dump_file = dump_file
         self.directory = os.path.dirname(os.path.abspath(journal_file))
         self.compactions = 0  # whole-file rewrites (for tests)
+        self.closing = threading.Event()  # set when the replica stops: stop waiting
+        self.disk_full_waits = 0  # appends that waited for space (for tests and logs)
+        self._use_reserved_file()
         self._align_with_snapshot()
+
+    def _use_reserved_file(self) -> None:
+        old: Any = self.__dict__["_FileJournal__journalFile"]
+        self._FileJournal__journalFile = ReservedFile(self.path)
+        old._destroy()
+
+    def add(self, command: Any, idx: int, term: int) -> None:
+        """Append an entry: the file first (waiting for space), then the in-memory log."""
+        data = struct.pack("<QQ", idx, term) + to_bytes(command)
+        size = struct.pack("<I", len(data))
+        record = size + data + size
+        offset = int(self.__dict__["_FileJournal__currentOffset"])
+        self._write_when_space(offset, record)
+        self._FileJournal__currentOffset = offset + len(record)
+        self._FileJournal__journalFile.write(
+            LAST_RECORD_OFFSET_OFFSET, struct.pack("<I", offset + len(record))
+        )
+        self._FileJournal__journal.append((command, idx, term))
+
+    def _write_when_space(self, offset: int, record: bytes) -> None:
+        waited = False
+        while True:
+            try:
+                self._FileJournal__journalFile.write(offset, record)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or self.closing.is_set():
+                    raise
+                if not waited:
+                    waited = True
+                    self.disk_full_waits += 1
+                    log.error(
+                        "%s: no space left for the Raft journal; this replica waits "
+                        "(answering no leader) until space returns",
+                        self.path,
+                    )
+                self.closing.wait(DISK_FULL_RETRY_S)
+        if waited:
+            log.warning("%s: space is back; the Raft journal goes on", self.path)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         self._rewrite([self[i] for i in range(entryTo, len(self))])
@@ -168,9 +253,7 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         os.replace(partial, self.path)
         if self.fsync:
             fsync_directory(self.directory)
-        old: Any = self.__dict__["_FileJournal__journalFile"]
-        self._FileJournal__journalFile = ResizableFile(self.path)
-        old._destroy()
+        self._use_reserved_file()
         self._FileJournal__journal = list(kept)
         self._FileJournal__currentOffset = offset
         self.compactions += 1

@@ -541,6 +541,12 @@ class RaftReplica:
     def is_leader(self) -> bool:
         return bool(self._sync._isLeader())
 
+    def leads_with_quorum(self) -> bool:
+        """Leads, and its Raft thread heard a majority within ``leader_step_down_s``: a
+        leader whose Raft thread stands still (its journal's disk is full, a long stall)
+        stops serving after that long, as pysyncobj would have it step down."""
+        return bool(self._sync.quorum_contact_within(self._timing.leader_step_down_s))
+
     def leader_address(self) -> str:
         leader = self._sync._getLeader()
         return str(leader.address) if leader is not None else ""
@@ -715,6 +721,8 @@ class RaftReplica:
             self._stopping = True
             self._batch_cond.notify_all()
         self._batcher.join(timeout=2.0)
+        # A Raft thread waiting for disk space gives up so that it can stop.
+        durable_journal.check_installed(self._sync, fsync=self.fsync).closing.set()
         self._sync.destroy()
 
     def _state_changed(self, old: int, new: int) -> None:
