@@ -198,8 +198,8 @@ class Agent:
         self.nudged = False
         self.desired_seen: set[MemberKey] = set()
         self._pushed: list[pb.DesiredMember] | None = None
-        if lease_file is not None:
-            lease_file.revoke()
+        self.lease_unwritable = ""  # why the lease file could not be written, if so
+        self._revoke_lease_file()
 
     # ------------------------------------------------------------------ entry
 
@@ -246,7 +246,7 @@ class Agent:
         if pushed is not None and self.registered and self.lease.held():
             # A push renews nothing: it is applied only under a lease an acknowledgement
             # of this node's own heartbeat granted (see worker/stream.py).
-            applied = self._apply(pushed)
+            applied = self._apply(pushed, may_start=not self.lease_unwritable)
             said.append(f"pushed: {applied}" if applied else "")
         return "; ".join(s for s in said if s)
 
@@ -278,9 +278,33 @@ class Agent:
             self.fresh_reports = True
             log.info("member %s exited with %d %s", key, exit_.exit_code, exit_.detail)
 
+    def _write_lease_file(self, deadline: float) -> str:
+        """Write the lease deadline the supervisors read; on a full (or failing) disk say
+        why instead of raising. The supervisors then keep the deadline written before and
+        fence their members when it passes, so a member still never outlives its lease;
+        the agent starts nothing until a write succeeds again."""
+        if self.lease_file is None:
+            return ""
+        try:
+            self.lease_file.write(deadline)
+        except OSError as exc:
+            if not self.lease_unwritable:
+                log.error("cannot write the lease file %s: %s", self.lease_file.path, exc)
+            self.lease_unwritable = f"the lease file cannot be written ({exc.strerror})"
+            return f"{self.lease_unwritable}: starting nothing; members stop at the old deadline"
+        if self.lease_unwritable:
+            log.warning("the lease file %s is written again", self.lease_file.path)
+            self.lease_unwritable = ""
+        return ""
+
+    def _revoke_lease_file(self) -> None:
+        """Tell the supervisors the lease is gone. When the file cannot be written they
+        keep the last deadline written, which has passed or is about to (the agent revokes
+        when it fences or forgets its members, and kills them itself)."""
+        self._write_lease_file(0.0)
+
     def _fence(self, detail: str) -> str:
-        if self.lease_file is not None:
-            self.lease_file.revoke()
+        self._revoke_lease_file()
         exits = self.executor.kill_all(detail)
         for key, exit_ in exits:
             self.pending.append(_report(key, pb.MemberReport.EXITED, exit_, fenced=True))
@@ -341,13 +365,12 @@ class Agent:
         ttl = answer.lease_ttl_ms / 1000 if answer.lease_ttl_ms > 0 else None
         if not self.lease.renew(sent_at, ttl):
             return "heartbeat reply came too late to renew the lease"
-        if self.lease_file is not None:
-            self.lease_file.write(self.lease.valid_until)
+        unwritten = self._write_lease_file(self.lease.valid_until)
         said = "lease renewed after fencing" if was_fenced else ""
         if not apply_desired:
-            return said
-        applied = self._apply(answer.desired)
-        return "; ".join(s for s in (said, applied) if s)
+            return "; ".join(s for s in (said, unwritten) if s)
+        applied = self._apply(answer.desired, may_start=not unwritten)
+        return "; ".join(s for s in (said, unwritten, applied) if s)
 
     def _forgotten(self, why: str) -> str:
         """The leader forgot this node or declared it dead: kill every member and register
@@ -357,8 +380,7 @@ class Agent:
         pending and goes out with the first heartbeat after registering."""
         self._collect_exits()
         self.next_register_at = self.clock()
-        if self.lease_file is not None:
-            self.lease_file.revoke()
+        self._revoke_lease_file()
         exits = self.executor.kill_all(f"killed: {why}")
         for key, exit_ in exits:
             self.pending.append(_report(key, pb.MemberReport.EXITED, exit_, fenced=True))
@@ -366,8 +388,10 @@ class Agent:
             self.lease.fence()
         return f"{why}; killed {len(exits)} member(s); registering again"
 
-    def _apply(self, desired: Sequence[pb.DesiredMember]) -> str:
-        """Reconcile with the leader's desired list (idempotent)."""
+    def _apply(self, desired: Sequence[pb.DesiredMember], may_start: bool = True) -> str:
+        """Reconcile with the leader's desired list (idempotent). Without ``may_start``
+        (the lease file cannot be written) members are stopped and preempted as asked but
+        none is started."""
         highest = self.executor.highest_token
         for d in desired:
             if d.fencing_token > highest.get(d.job_id, 0):
@@ -391,7 +415,7 @@ class Agent:
         started = 0
         running = self.executor.running()
         for key, d in wanted.items():
-            if key in self.executor.known:
+            if key in self.executor.known or not may_start:
                 continue
             if d.preemption:
                 # Preempted before it started here: it never runs, and its (immediate)

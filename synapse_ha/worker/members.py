@@ -798,7 +798,9 @@ class MemberExecutor:
         again, also after an agent restart."""
         member = self.members.pop(key, None)
         if member is not None:
-            (member.dir / "reported").touch()
+            # Without the mark (a full disk) an agent restarted later reports the exit
+            # again: reports are at-least-once.
+            _tolerate_full_disk(lambda: (member.dir / "reported").touch(), member.dir)
             if self.cgroups is not None:
                 self.cgroups.remove(f"{key.job_id}.t{key.fencing_token}.r{key.rank}")
 
@@ -820,14 +822,14 @@ class MemberExecutor:
             exit_ = MemberExit(
                 EXIT_LOST, "lost: its supervisor died", self.wall_clock_ms(), disrupted=True
             )
-            write_json_atomic(
-                member.dir / "exit.json",
-                {
-                    "exit_code": exit_.exit_code,
-                    "detail": exit_.detail,
-                    "ended_at_ms": 0,
-                    "disrupted": True,
-                },
+            record = {
+                "exit_code": exit_.exit_code,
+                "detail": exit_.detail,
+                "ended_at_ms": 0,
+                "disrupted": True,
+            }
+            _tolerate_full_disk(
+                lambda: write_json_atomic(member.dir / "exit.json", record), member.dir
             )
         member.exit = exit_
         return exit_
@@ -835,21 +837,25 @@ class MemberExecutor:
     def _record_exit(self, member: Member, exit_: MemberExit) -> None:
         member.exit = exit_
         self._write_exit_record(member)
-        with open(member.dir / "output.log", "ab") as f:
-            f.write(f"synapse-worker: {exit_.detail}\n".encode())
+
+        def note() -> None:
+            with open(member.dir / "output.log", "ab") as f:
+                f.write(f"synapse-worker: {exit_.detail}\n".encode())
+
+        _tolerate_full_disk(note, member.dir)
         self._immediate_exits.append((member.key, exit_))
 
     def _write_exit_record(self, member: Member) -> None:
+        """The exit on disk, for an agent restarted later; the exit this agent reports is
+        the one in memory, so a full disk only loses the copy."""
         assert member.exit is not None
-        write_json_atomic(
-            member.dir / "exit.json",
-            {
-                "exit_code": member.exit.exit_code,
-                "detail": member.exit.detail,
-                "disrupted": member.exit.disrupted,
-                "ended_at_ms": member.exit.ended_at_ms,
-            },
-        )
+        record = {
+            "exit_code": member.exit.exit_code,
+            "detail": member.exit.detail,
+            "disrupted": member.exit.disrupted,
+            "ended_at_ms": member.exit.ended_at_ms,
+        }
+        _tolerate_full_disk(lambda: write_json_atomic(member.dir / "exit.json", record), member.dir)
 
     def _signal_member_group(self, member: Member, sig: int) -> None:
         record = read_json(member.dir / "member.json")
@@ -861,3 +867,12 @@ class MemberExecutor:
         if record and isinstance(record.get("pgid"), int) and group_alive(int(record["pgid"])):
             return True
         return member.shim is not None and member.shim.poll() is None
+
+
+def _tolerate_full_disk(write: Callable[[], object], where: Path) -> None:
+    """Run ``write`` (a record kept on disk for later); log instead of raising when the
+    disk refuses it, so that a full disk never stops the agent."""
+    try:
+        write()
+    except OSError as exc:
+        log.error("could not write under %s: %s", where, exc)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,7 @@ from synapse_ha.worker.agent import (
     ControlPlaneUnreachable,
     NotRegistered,
 )
-from synapse_ha.worker.lease import Lease, LeaseState
+from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
 from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey
 from tests.worker.helpers import FakeClock
 
@@ -382,3 +384,51 @@ def test_a_nudge_for_another_node_is_refused(setup: Setup) -> None:
     sent = len(control.heartbeats)
     agent.step()
     assert len(control.heartbeats) == sent
+
+
+class FullDiskLeaseFile(LeaseFile):
+    """A lease file on a disk that fills up: writes raise ENOSPC while ``full``."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.full = False
+
+    def write(self, deadline_monotonic: float) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(deadline_monotonic)
+
+
+def test_a_lease_file_on_a_full_disk_starts_nothing_and_the_agent_goes_on(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    control = FakeControl(clock)
+    executor = FakeExecutor()
+    lease_file = FullDiskLeaseFile(tmp_path / "lease")
+    lease_file.full = True  # full already at start: the agent still starts
+    agent = Agent(
+        pb.RegisterNodeRequest(node_id="n1", address="127.0.0.1:7070"),
+        control,
+        executor,
+        clock,
+        lease_file=lease_file,
+        timings=AgentTimings(heartbeat_interval_s=1.0, lease_ttl_s=4.0),
+    )
+    control.desired = [desired("j", 5, 0)]
+    said = agent.step()
+    assert "the lease file cannot be written" in said
+    assert executor.started == []  # its supervisor could not be told of the lease
+    # Asked to stop a member while full: it still stops it.
+    executor.known.add(MemberKey("old", 1, 0))
+    executor.live.add(MemberKey("old", 1, 0))
+    clock.advance(1.0)
+    agent.step()
+    assert executor.stopped == [MemberKey("old", 1, 0)]
+    # Space is back: the next acknowledgement writes the deadline and members start.
+    lease_file.full = False
+    clock.advance(1.0)
+    said = agent.step()
+    assert "cannot be written" not in said
+    assert executor.started == [MemberKey("j", 5, 0)]
+    assert float(lease_file.path.read_text()) == pytest.approx(agent.lease.valid_until)
