@@ -228,7 +228,10 @@ class HistoryStore:
                 )
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # A failed COMMIT (a full disk) may have ended the transaction already; then
+            # there is nothing to roll back, and the first error is the one to raise.
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
 
     def _attempt_totals(self, job_id: str) -> tuple[int, int, list[str]]:

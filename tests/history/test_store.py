@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,17 @@ def test_the_recorder_never_raises_into_the_apply_thread(tmp_path: Path) -> None
     recorder.observe(c.Barrier("r1"), c.ok(), None, None, cl.state)
     assert recorder.errors == 1
     recorder.close()
+
+
+def test_a_full_database_raises_its_own_error_and_writes_nothing(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / FILE_NAME)
+    with store.reader() as db:
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+    # The file may not grow beyond its current pages: the next write finds it full.
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+    many = [attempt("alice", "default", 1, 0, 1_000, n) for n in range(1, 400)]
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        store.write(many, [])
+    assert not store._db.in_transaction
+    with store.reader() as db:
+        assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
