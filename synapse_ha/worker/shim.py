@@ -87,6 +87,33 @@ def write_json_atomic(path: StrPath, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+# Room kept for a record written later on a disk that may be full by then.
+RESERVED_BYTES = 4096
+
+
+def reserve(path: StrPath) -> None:
+    """Take ``RESERVED_BYTES`` of disk now for ``path``'s record (written later by
+    :func:`write_reserved`). Raises ``OSError`` (ENOSPC) when the disk is full already."""
+    with open(f"{os.fspath(path)}.reserved", "wb") as f:
+        f.write(b" " * RESERVED_BYTES)
+        f.flush()
+
+
+def write_reserved(path: StrPath, doc: dict[str, Any]) -> None:
+    """Write ``doc`` into the room :func:`reserve` took (no new disk space needed) and
+    rename it to ``path``: readers see no file or the whole record. Without a
+    reservation, as :func:`write_json_atomic`."""
+    room = f"{os.fspath(path)}.reserved"
+    data = json.dumps(doc).encode()
+    if not os.path.exists(room) or len(data) > RESERVED_BYTES:
+        write_json_atomic(path, doc)
+        return
+    with open(room, "r+b") as f:
+        f.write(data)
+        f.truncate(len(data))
+    os.replace(room, path)
+
+
 def process_start_ticks(pid: int) -> int | None:
     """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22),
     or None when no such process exists. Together with the pid it names one process."""
@@ -221,7 +248,7 @@ class Shim:
         # The shim reaps with waitpid itself; Popen must not try again.
         proc.returncode = 0
         self.started_monotonic = time.monotonic()
-        write_json_atomic(
+        write_reserved(
             os.path.join(self.dir, "member.json"),
             {
                 "pid": proc.pid,
@@ -367,6 +394,16 @@ class Shim:
         ):
             self.finish(137, "fenced before start: no valid lease", disrupted=True)
             return 0
+        try:
+            # Room for the two records written once the member runs, taken before it
+            # does: on a disk that fills up meanwhile they can still be written (a member
+            # whose pid cannot be recorded could not be killed by a restarted agent).
+            reserve(os.path.join(self.dir, "member.json"))
+            reserve(os.path.join(self.dir, "exit.json"))
+        except OSError as exc:
+            # Not started: a disruption (the disk's), not the job's failure.
+            self.finish(137, f"not started: no room for the member's records ({exc})", True)
+            return 0
         failure = self.start()
         if failure is not None:
             self.finish(EXIT_COULD_NOT_EXEC, failure)
@@ -387,7 +424,7 @@ class Shim:
         return 0
 
     def finish(self, exit_code: int, detail: str, disrupted: bool = False) -> None:
-        write_json_atomic(
+        write_reserved(
             os.path.join(self.dir, "exit.json"),
             {
                 "exit_code": exit_code,
