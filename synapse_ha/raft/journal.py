@@ -173,6 +173,7 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         self.compactions = 0  # whole-file rewrites (for tests)
         self.closing = threading.Event()  # set when the replica stops: stop waiting
         self.disk_full_waits = 0  # appends that waited for space (for tests and logs)
+        self._meta_unwritten = False
         self._use_reserved_file()
         self._align_with_snapshot()
 
@@ -193,6 +194,22 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
             LAST_RECORD_OFFSET_OFFSET, struct.pack("<I", offset + len(record))
         )
         self._FileJournal__journal.append((command, idx, term))
+
+    def onOneSecondTimer(self) -> None:
+        """pysyncobj stores the commit index once a second; on a full disk that raised out
+        of its tick (logged as ``failed _onTick`` every second, the rest of that tick
+        skipped). The index is only a hint for a restart, so the write waits for space:
+        it is tried again the next second."""
+        try:
+            super().onOneSecondTimer()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            if not self._meta_unwritten:
+                log.error("%s: the commit index cannot be stored: %s", self.path, exc)
+            self._meta_unwritten = True
+        else:
+            self._meta_unwritten = False
 
     def _write_when_space(self, offset: int, record: bytes) -> None:
         waited = False

@@ -176,3 +176,27 @@ def test_a_leader_that_heard_no_majority_lately_does_not_lead_with_a_quorum() ->
         assert not obj.quorum_contact_within(1.0)  # its Raft thread heard nobody since
     finally:
         f.close()
+
+
+def test_the_commit_index_waits_for_space_without_failing_the_tick(tmp_path: Path) -> None:
+    j = AtomicFileJournal(str(tmp_path / "raft.journal"), None)
+    try:
+        storer = j._FileJournal__metaStorer
+        stored: list[dict[str, Any]] = []
+        full = True
+
+        def store(meta: dict[str, Any]) -> None:
+            if full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            stored.append(dict(meta))
+
+        storer.storeMeta = store
+        j.setRaftCommitIndex(7)
+        j.onOneSecondTimer()  # no exception out of pysyncobj's tick
+        j.onOneSecondTimer()
+        assert stored == []
+        full = False
+        j.onOneSecondTimer()
+        assert stored == [{"raftCommitIndex": 7}]
+    finally:
+        j._destroy()
