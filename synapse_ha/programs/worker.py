@@ -32,6 +32,7 @@ is killed or frozen.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import logging
 import os
@@ -633,7 +634,8 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     finally:
         log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
         executor.close()
-        lease_file.revoke()
+        with contextlib.suppress(OSError):  # a full disk: the supervisors are gone anyway
+            lease_file.revoke()
         server.stop(grace=0.5).wait(1.0)
         if observe is not None:
             observe.stop()

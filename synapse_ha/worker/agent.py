@@ -421,7 +421,11 @@ class Agent:
                 # Preempted before it started here: it never runs, and its (immediate)
                 # exit confirms to the leader that it is stopped.
                 notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
-                self.executor.start(launch_spec_from_proto(d), notice)
+                try:
+                    self.executor.start(launch_spec_from_proto(d), notice)
+                except (OSError, ValueError) as exc:
+                    log.error("could not record %s as stopped: %s", key, exc)
+                    continue
                 self.pending.append(_report(key, pb.MemberReport.STARTED))
                 self.fresh_reports = True
                 continue

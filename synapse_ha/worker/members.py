@@ -642,13 +642,15 @@ class MemberExecutor:
         member = self.members.get(key)
         if member is None or member.exit is not None or member.stop_sent:
             return
-        write_json_atomic(
-            member.dir / shim.PREEMPT_FILE,
-            {
-                "kind": notice.kind,
-                "preemptor": notice.preemptor,
-                "grace_ms": max(0, notice.grace_ms),
-            },
+        notice_doc = {
+            "kind": notice.kind,
+            "preemptor": notice.preemptor,
+            "grace_ms": max(0, notice.grace_ms),
+        }
+        # On a full disk the member is stopped all the same, without the notice (its
+        # supervisor then gives it the plain stop grace).
+        _tolerate_full_disk(
+            lambda: write_json_atomic(member.dir / shim.PREEMPT_FILE, notice_doc), member.dir
         )
         log.info(
             "preempting %s (%s, for job %s; grace %d ms)",

@@ -5,10 +5,14 @@ preempted into that stop (and never starting one)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 
+import pytest
+
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker import members as members_module
 from synapse_ha.worker.agent import Agent
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.members import (
@@ -57,6 +61,24 @@ def test_a_member_that_traps_sigterm_reads_the_notice_and_exits(
     assert result.exit_code == 143  # stopped by the worker, even though it exited 0
     assert result.disrupted  # never the job's failure
     assert result.detail == "preempted (reclaim) for job job-000009: stopped by the worker"
+
+
+def test_a_notice_that_a_full_disk_refuses_still_stops_the_member(
+    make_executor: MakeExecutor, fifo: Fifo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executor = make_executor(stop_grace_s=1.0)
+    member = executor.start(spec(f"echo $$ > {fifo.path}; sleep 300 & wait"))
+    pid = int(fifo.read_line())
+
+    def full(path: object, doc: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(members_module, "write_json_atomic", full)
+    executor.preempt(member.key, PreemptNotice("priority", "job-000004", 300))
+    result = finish(member, executor.poll)
+    assert result.exit_code == 143  # stopped by the worker: never a success
+    assert process_gone(pid)
+    assert not (member.dir / "preempt.json").exists()
 
 
 def test_a_member_that_ignores_sigterm_is_killed_when_the_grace_ends(
