@@ -160,14 +160,21 @@ def _exit(cl: Cluster, job_id: str, rank: int, code: int, cause: c.ExitCause) ->
     return cl.do(c.ReportMembers(attempt.members[rank].node_id, (event,), now_ms=cl.now))
 
 
+def preempted_pair(cl: Cluster) -> tuple[str, str]:
+    """A running two-member gang (one member per node) preempted by a high-priority one:
+    (victim, preemptor)."""
+    low = running(cl, "solo", 8, cls="low", replicas=2)
+    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
+    assert preempt(cl, high, [low], PRIO).ok
+    return low, high
+
+
 def test_a_preempted_gang_whose_members_all_exited_0_by_themselves_succeeds() -> None:
     """The gang finished just as the leader preempted it: its exits 0 (no signal from the
     worker: a stopped member reports 143) are committed after the Preempt. It succeeds,
     and never runs again."""
     cl = cluster()
-    low = running(cl, "solo", 8, cls="low", replicas=2)
-    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
-    assert preempt(cl, high, [low], PRIO).ok
+    low, high = preempted_pair(cl)
     attempt = cl.state.jobs[low].attempt
     assert attempt is not None
     cl.now += 100
@@ -194,9 +201,7 @@ def test_late_exits_0_of_a_preempted_gang_whose_node_died_make_it_succeed(late_c
     the job succeeds and its next attempt never runs; a stopped member (143) keeps the
     requeue."""
     cl = cluster()
-    low = running(cl, "solo", 8, cls="low", replicas=2)
-    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
-    assert preempt(cl, high, [low], PRIO).ok
+    low, _high = preempted_pair(cl)
     attempt = cl.state.jobs[low].attempt
     assert attempt is not None
     token = attempt.fencing_token
@@ -221,9 +226,7 @@ def test_late_exits_0_of_a_preempted_gang_whose_node_died_make_it_succeed(late_c
 
 def test_no_late_success_once_a_preempted_member_was_stopped() -> None:
     cl = cluster()
-    low = running(cl, "solo", 8, cls="low", replicas=2)
-    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
-    assert preempt(cl, high, [low], PRIO).ok
+    low, _high = preempted_pair(cl)
     assert cl.exit_member(low, 1, 143).ok  # stopped by its worker
     attempt = cl.state.jobs[low].attempt
     assert attempt is not None
@@ -243,9 +246,7 @@ def test_a_preempted_gang_with_one_stopped_member_is_requeued(
     code: int, cause: c.ExitCause
 ) -> None:
     cl = cluster()
-    low = running(cl, "solo", 8, cls="low", replicas=2)
-    high = cl.submit(job(queue="solo", gpu=8, replicas=2, priority_class="high"))
-    assert preempt(cl, high, [low], PRIO).ok
+    low, _high = preempted_pair(cl)
     assert _exit(cl, low, 0, 0, c.ExitCause.PROGRAM).ok
     assert _exit(cl, low, 1, code, cause).ok
     record = cl.state.jobs[low]

@@ -22,6 +22,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 from synapse_ha.raft import journal as raft_journal
 from synapse_ha.raft.appendentries import SafeSyncObj
 from synapse_ha.raft.journal import AtomicFileJournal
+from tests.disks import needs_root, small_tmpfs
 from tests.raft.test_appendentries import Follower
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,19 +135,12 @@ FILL_AND_APPEND = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@needs_root
 @pytest.mark.parametrize("kind", ["ours", "pysyncobj"])
 def test_a_real_full_disk_pauses_our_journal_and_kills_pysyncobjs(
     tmp_path: Path, kind: str
 ) -> None:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "synapse-test-disk", str(disk)],
-        check=True,
-        timeout=30,
-    )
-    try:
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
         done = subprocess.run(
             [sys.executable, "-c", FILL_AND_APPEND, str(disk), kind],
             capture_output=True,
@@ -155,8 +149,6 @@ def test_a_real_full_disk_pauses_our_journal_and_kills_pysyncobjs(
             env={**os.environ, "PYTHONPATH": str(REPO)},
             cwd=REPO,
         )
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False, timeout=30)
     if kind == "ours":
         assert done.returncode == 0, done.stderr
         assert done.stdout.split("\n")[:2] == ["waiting 1", "after 2"]

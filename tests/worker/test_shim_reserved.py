@@ -6,12 +6,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from synapse_ha.worker import shim
+from tests.disks import needs_root, small_tmpfs
 
 
 def test_a_reserved_record_appears_whole_under_its_name(tmp_path: Path) -> None:
@@ -46,21 +46,12 @@ def fill_disk(path: Path) -> None:
         os.close(fd)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@needs_root
 def test_a_full_disk_takes_no_reserved_record(tmp_path: Path) -> None:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "synapse-test-disk", str(disk)],
-        check=True,
-        timeout=30,
-    )
-    try:
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
         shim.reserve(disk / "exit.json")
         fill_disk(disk / "fill")
         with pytest.raises(OSError, match="No space"):
             shim.write_json_atomic(disk / "other.json", {"detail": "y" * 3000})
         shim.write_reserved(disk / "exit.json", {"exit_code": 0, "detail": "z" * 3000})
         assert json.loads((disk / "exit.json").read_text())["exit_code"] == 0
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False, timeout=30)
