@@ -116,6 +116,7 @@ class MemberRecord:
     mono_ns: int
     pid: int
     gpus: tuple[int, ...] = ()  # the member's CUDA_VISIBLE_DEVICES
+    outcome: str = ""  # an end record's: accepted | already committed | rejected | ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +199,7 @@ def load_history(run_dir: Path) -> History:
                 mono_ns=int(r["mono_ns"]),
                 pid=int(r.get("pid", 0)),
                 gpus=tuple(int(g) for g in str(r.get("gpus", "")).split(",") if g.strip()),
+                outcome=str(r.get("outcome", "")),
             )
         )
     for r in ledger.read_records(run_dir / ledger.EFFECTS):
@@ -442,9 +444,40 @@ def _check_duplicate_members(history: History) -> list[Violation]:
     ]
 
 
+# End-record outcomes after which a chaos member exits 0 (chaos/member.py).
+_EXITS_ZERO = ("accepted", "already committed")
+
+
 def reruns(history: History) -> list[str]:
-    """Jobs that ran again after their output was committed (told ``done``)."""
-    return sorted({e.job for e in history.effects if e.done})
+    """Jobs that ran again after an attempt had finished: every rank of it wrote its end
+    record with an outcome it exits 0 on, and a newer attempt started after the last of
+    them. The job had succeeded; the leader learned it too late (a lost or late success
+    report)."""
+    started: dict[tuple[str, int], set[int]] = defaultdict(set)
+    first_start: dict[tuple[str, int], int] = {}
+    ended: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    for r in history.members:
+        key = (r.job, r.token)
+        if r.type == "start":
+            started[key].add(r.rank)
+            first_start[key] = min(first_start.get(key, r.mono_ns), r.mono_ns)
+        elif r.type == "end" and r.outcome in _EXITS_ZERO:
+            ended[key][r.rank] = r.mono_ns
+    out: set[str] = set()
+    for (job, token), ranks in ended.items():
+        if set(ranks) != started[(job, token)]:
+            continue
+        finished = max(ranks.values())
+        if any(j == job and t > token and at > finished for (j, t), at in first_start.items()):
+            out.add(job)
+    return sorted(out)
+
+
+def reruns_after_unfinished(history: History) -> list[str]:
+    """Jobs the sink told "already committed" that :func:`reruns` does not count: the
+    attempt that committed was stopped (killed, fenced, frozen) before every rank had
+    ended, so nothing could know the job had succeeded."""
+    return sorted({e.job for e in history.effects if e.done} - set(reruns(history)))
 
 
 def _check_tokens(history: History) -> list[Violation]:

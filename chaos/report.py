@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from chaos import ledger
-from chaos.checker import History, Violation, load_history, preemptions, reruns, thaw_writes
+from chaos.checker import (
+    History,
+    Violation,
+    load_history,
+    preemptions,
+    reruns,
+    reruns_after_unfinished,
+    thaw_writes,
+)
 from synapse_ha.core.codec import CodecError, decode_state
 
 
@@ -53,6 +61,7 @@ def write_report(
             "already_committed": sum(1 for e in effects if e.get("done")),
         },
         "reruns_after_lost_success_reports": reruns(load_history(run_dir)),
+        "reruns_after_unfinished_attempts": reruns_after_unfinished(load_history(run_dir)),
         "preempted_attempts": preemptions(load_history(run_dir)),
         "writes_after_thaw_within_bound": thaw_writes(load_history(run_dir)),
         "most_attempts": most_attempts(load_history(run_dir)),

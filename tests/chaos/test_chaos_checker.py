@@ -15,6 +15,7 @@ from chaos.checker import (
     check_history,
     check_run,
     reruns,
+    reruns_after_unfinished,
 )
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.model import (
@@ -85,7 +86,11 @@ def run_attempt(
         for t in range(start_ms + 100, end_ms, 100):
             out.append(MemberRecord("heartbeat", job, attempt, token, rank, "w", t * MS, 10))
         out.append(MemberRecord("effect", job, attempt, token, rank, "w", end_ms * MS, 10))
-        out.append(MemberRecord("end", job, attempt, token, rank, "w", end_ms * MS + 1, 10))
+        out.append(
+            MemberRecord(
+                "end", job, attempt, token, rank, "w", end_ms * MS + 1, 10, outcome="accepted"
+            )
+        )
     return out
 
 
@@ -291,6 +296,21 @@ def test_a_rerun_told_done_by_the_sink_is_not_a_second_completion() -> None:
     # Without the sink's "done" answers, the SUCCEEDED attempt committed nothing.
     history.effects = [e for e in history.effects if not e.done]
     assert kinds(history) == {"not-completed"}
+
+
+def test_a_rerun_after_an_attempt_killed_between_commit_and_end_is_not_a_lost_success() -> None:
+    history = clean_history()
+    # j1's token 3 committed both ranks, but rank 1 was killed before its end record (it
+    # never exited 0): nothing could know the job had succeeded; token 8 ran again.
+    history.members = [
+        r for r in history.members if (r.job, r.token, r.rank, r.type) != ("j1", 3, 1, "end")
+    ]
+    history.members += run_attempt("j1", 8, 2, 9_000, 10_000)
+    history.effects += [
+        EffectRecord("j1", 8, rank, False, 10_000 * MS + rank, 3, done=True) for rank in (0, 1)
+    ]
+    assert reruns(history) == []
+    assert reruns_after_unfinished(history) == ["j1"]
 
 
 def test_a_late_success_counts_completions_under_the_attempt_that_succeeded() -> None:
