@@ -51,9 +51,10 @@ no blocks behind them, and on a full file system the first store into one ends t
 process with SIGBUS; a restarted replica dies the same way at its first append, for as
 long as the disk stays full. And ``FileJournal.add`` puts the entry into its in-memory log
 before writing the file, so a failed write would leave an entry the replica holds (and
-could acknowledge) but has not stored. Here every append first reserves the file's blocks
-(``posix_fallocate``) and then writes, and the in-memory log takes the entry only once
-it is in the file. When the reservation finds no space, the append waits, retrying every
+could acknowledge) but has not stored. Here every append first makes sure the file's
+blocks under it are reserved (``posix_fallocate``, ``RESERVE_CHUNK`` ahead at a time, or
+just the room it needs when that much is not free) and then writes, and the in-memory log
+takes the entry only once it is in the file. When the reservation finds no space, the append waits, retrying every
 ``DISK_FULL_RETRY_S``, until space returns (or the replica stops): the replica's Raft
 thread stands still, so it answers no leader and, leading, loses its quorum contact and
 stops serving (``SafeSyncObj.quorum_contact_within``) while the others elect a leader. It
@@ -135,6 +136,7 @@ class DurableMetaStorer(MetaStorer):  # type: ignore[misc]
 
 
 DISK_FULL_RETRY_S = 0.5
+RESERVE_CHUNK = 1 << 20  # journal blocks are reserved this much at a time
 
 
 class ReservedFile(ResizableFile):  # type: ignore[misc]
@@ -149,12 +151,24 @@ class ReservedFile(ResizableFile):  # type: ignore[misc]
     def write(self, offset: int, values: bytes) -> None:
         end = offset + len(values)
         mapping: Any = self._ResizableFile__mm
-        if end > len(mapping):
-            # Grow the mapping (and the file, sparse) as pysyncobj does, by doubling.
-            mapping.resize(max(2 * len(mapping), end))
         if end > self.reserved:
-            os.posix_fallocate(self._ResizableFile__f.fileno(), 0, end)
-            self.reserved = end
+            # Reserve ahead, a chunk at a time (one call per RESERVE_CHUNK, not per
+            # append); the mapping, which only grows, always covers what is reserved.
+            ahead = -(-end // RESERVE_CHUNK) * RESERVE_CHUNK
+            if ahead > len(mapping):
+                # Grow the mapping (and the file, sparse) as pysyncobj does, by doubling.
+                mapping.resize(max(2 * len(mapping), ahead))
+            fd = self._ResizableFile__f.fileno()
+            try:
+                os.posix_fallocate(fd, 0, ahead)
+                self.reserved = ahead
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                os.posix_fallocate(fd, 0, end)  # the room this write needs, or ENOSPC
+                self.reserved = end
+        elif end > len(mapping):
+            mapping.resize(max(2 * len(mapping), end))
         mapping[offset:end] = values
 
 

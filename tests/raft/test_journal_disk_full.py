@@ -48,6 +48,8 @@ def disk(monkeypatch: pytest.MonkeyPatch) -> Disk:
     d = Disk()
     monkeypatch.setattr(raft_journal.os, "posix_fallocate", d)
     monkeypatch.setattr(raft_journal, "DISK_FULL_RETRY_S", 0.02)
+    # Reserve a page at a time, so that every entry below needs room of its own.
+    monkeypatch.setattr(raft_journal, "RESERVE_CHUNK", 4096)
     return d
 
 
@@ -60,7 +62,7 @@ def entries(path: Path) -> list[tuple[Any, int, int]]:
 
 
 def big(i: int) -> bytes:
-    return b"\x01" + bytes([i % 251]) * 3000  # a few appends grow the file
+    return b"\x01" + bytes([i % 251]) * 5000  # more than a reserved chunk each
 
 
 def test_an_append_waits_for_space_and_then_lands(tmp_path: Path, disk: Disk) -> None:
@@ -86,6 +88,21 @@ def test_an_append_waits_for_space_and_then_lands(tmp_path: Path, disk: Disk) ->
     assert [idx for _, idx, _ in entries(path)] == [1, 2, 3, 4]
 
 
+def test_room_reserved_ahead_takes_entries_on_a_disk_full_since(
+    tmp_path: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(raft_journal, "RESERVE_CHUNK", 1 << 16)
+    j = AtomicFileJournal(str(tmp_path / "raft.journal"), None)
+    try:
+        j.add(b"\x01small", 1, 1)  # reserves the first 64 KiB
+        disk.full.set()
+        for i in range(2, 12):
+            j.add(b"\x01small", i, 1)
+        assert (len(j), disk.refused, j.disk_full_waits) == (11, 0, 0)
+    finally:
+        j._destroy()
+
+
 def test_a_stopping_replica_gives_up_and_the_journal_stays_whole(
     tmp_path: Path, disk: Disk
 ) -> None:
@@ -107,7 +124,9 @@ FILL_AND_APPEND = textwrap.dedent(
     """
     import os, sys, threading, time
     from pysyncobj.journal import FileJournal
+    from synapse_ha.raft import journal
     from synapse_ha.raft.journal import AtomicFileJournal
+    journal.RESERVE_CHUNK = 4096  # so that the second entry needs room of its own
     disk, kind = sys.argv[1], sys.argv[2]
     path = os.path.join(disk, "raft.journal")
     j = FileJournal(path) if kind == "pysyncobj" else AtomicFileJournal(path, None)
