@@ -117,6 +117,7 @@ class MemberRecord:
     pid: int
     gpus: tuple[int, ...] = ()  # the member's CUDA_VISIBLE_DEVICES
     outcome: str = ""  # an end record's: accepted | already committed | rejected | ...
+    world: int = 0  # the gang's size (0: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +201,7 @@ def load_history(run_dir: Path) -> History:
                 pid=int(r.get("pid", 0)),
                 gpus=tuple(int(g) for g in str(r.get("gpus", "")).split(",") if g.strip()),
                 outcome=str(r.get("outcome", "")),
+                world=int(r.get("world", 0)),
             )
         )
     for r in ledger.read_records(run_dir / ledger.EFFECTS):
@@ -454,10 +456,13 @@ def reruns(history: History) -> list[str]:
     them. The job had succeeded; the leader learned it too late (a lost or late success
     report)."""
     started: dict[tuple[str, int], set[int]] = defaultdict(set)
+    world: dict[tuple[str, int], int] = {}
     first_start: dict[tuple[str, int], int] = {}
     ended: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
     for r in history.members:
         key = (r.job, r.token)
+        if r.world:
+            world[key] = r.world
         if r.type == "start":
             started[key].add(r.rank)
             first_start[key] = min(first_start.get(key, r.mono_ns), r.mono_ns)
@@ -465,8 +470,10 @@ def reruns(history: History) -> list[str]:
             ended[key][r.rank] = r.mono_ns
     out: set[str] = set()
     for (job, token), ranks in ended.items():
-        if set(ranks) != started[(job, token)]:
-            continue
+        key = (job, token)
+        gang = set(range(world[key])) if key in world else started[key]
+        if set(ranks) != gang:
+            continue  # a rank never ran, or did not end: the attempt did not finish
         finished = max(ranks.values())
         if any(j == job and t > token and at > finished for (j, t), at in first_start.items()):
             out.add(job)

@@ -313,6 +313,22 @@ def test_a_rerun_after_an_attempt_killed_between_commit_and_end_is_not_a_lost_su
     assert reruns_after_unfinished(history) == ["j1"]
 
 
+def test_an_attempt_where_a_rank_never_started_did_not_finish() -> None:
+    history = clean_history()
+    # j1's token 3: only rank 0 ran (rank 1's node died before it started), committed and
+    # ended; the gang of two did not finish, so token 8 running again is no lost success.
+    history.members = [
+        replace(r, world=2)
+        for r in history.members
+        if not (r.job == "j1" and r.token == 3 and r.rank == 1)
+    ]
+    history.members += run_attempt("j1", 8, 2, 9_000, 10_000)
+    assert reruns(history) == []
+    # With its size unknown (an older ledger), the ranks that started are the gang.
+    history.members = [replace(r, world=0) for r in history.members]
+    assert reruns(history) == ["j1"]
+
+
 def test_a_late_success_counts_completions_under_the_attempt_that_succeeded() -> None:
     history = clean_history()
     # j1 completed under token 3, its node was declared dead before the exits were
