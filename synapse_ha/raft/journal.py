@@ -54,11 +54,12 @@ before writing the file, so a failed write would leave an entry the replica hold
 could acknowledge) but has not stored. Here every append first makes sure the file's
 blocks under it are reserved (``posix_fallocate``, ``RESERVE_CHUNK`` ahead at a time, or
 just the room it needs when that much is not free) and then writes, and the in-memory log
-takes the entry only once it is in the file. When the reservation finds no space, the append waits, retrying every
-``DISK_FULL_RETRY_S``, until space returns (or the replica stops): the replica's Raft
-thread stands still, so it answers no leader and, leading, loses its quorum contact and
-stops serving (``SafeSyncObj.quorum_contact_within``) while the others elect a leader. It
-rejoins where it stopped when space returns, as after a pause.
+takes the entry only once it is in the file. When the reservation finds no space, the
+append waits, retrying every ``DISK_FULL_RETRY_S``, until space returns (or the replica
+stops): the replica's Raft thread stands still, so it answers no leader and, leading,
+loses its quorum contact and stops serving (``SafeSyncObj.quorum_contact_within``) while
+the others elect a leader. It rejoins where it stopped when space returns, as after a
+pause.
 
 pysyncobj creates its journal with the module-level ``createJournal`` it imported into
 :mod:`pysyncobj.syncobj`. :func:`register` replaces that name, once per process, with a
