@@ -168,8 +168,6 @@ class ReservedFile(ResizableFile):  # type: ignore[misc]
                     raise
                 os.posix_fallocate(fd, 0, end)  # the room this write needs, or ENOSPC
                 self.reserved = end
-        elif end > len(mapping):
-            mapping.resize(max(2 * len(mapping), end))
         mapping[offset:end] = values
 
 

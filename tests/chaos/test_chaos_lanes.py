@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +94,11 @@ class FakePlayer:
         self.entered.set()
         if self.wait_for is not None:
             assert self.wait_for.wait(5.0)
-            time.sleep(0.05)  # the failing lane's error lands first
+            if self.lane != 0:
+                # Lane 0 has failed: its thread ends once it has stopped every lane.
+                for failed in [t for t in threading.enumerate() if t.name == "nemesis-lane0"]:
+                    failed.join(5.0)
+                    assert not failed.is_alive()
         if step.index == self.fail_at:
             self.failing.set()
             raise TimeoutError(f"lane {self.lane} step {step.index}")

@@ -145,7 +145,9 @@ FILL_AND_APPEND = textwrap.dedent(
         os.close(fd)
     t = threading.Thread(target=j.add, args=(b"\\x01" + b"x" * 200000, 2, 1))
     t.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 10.0
+    while getattr(j, "disk_full_waits", 0) == 0 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
     print("waiting" if t.is_alive() else "done", len(j), flush=True)
     os.unlink(filler)
     t.join(10)
