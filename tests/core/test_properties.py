@@ -223,6 +223,8 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule()
     def scheduling_pass(self) -> None:
         plan = schedule(self.state, self.now)
+        # Recalling answers per gang shape within the pass changes nothing in the plan.
+        assert schedule(self.state, self.now, recall=False) == plan
         command = plan.command(self.now)
         if command is not None:
             breaches = quota_breaches(self.state, command)
@@ -577,6 +579,8 @@ class PreemptionMachine(RuleBasedStateMachine):
     @rule()
     def scheduling_pass(self) -> None:
         plan = schedule(self.state, self.now)
+        # Recalling answers per gang shape within the pass changes nothing in the plan.
+        assert schedule(self.state, self.now, recall=False) == plan
         command = plan.command(self.now)
         if command is not None:
             breaches = quota_breaches(self.state, command)

@@ -15,9 +15,12 @@ from synapse_ha.core.model import (
     JobState,
     MemberPlacement,
     NodeStatus,
+    Resources,
 )
 from synapse_ha.core.reasons import ReasonCode, render
-from synapse_ha.core.scheduler import CapacityCache, explain, schedule
+from synapse_ha.core.scheduler import CapacityCache, explain, passes, schedule
+from synapse_ha.core.scheduler.capacity import Table
+from synapse_ha.core.scheduler.placement import Gang
 from tests.core.harness import Cluster, job, node
 
 
@@ -374,6 +377,8 @@ def test_the_cached_table_plans_exactly_as_a_table_built_from_scratch(seed: int)
         cached = schedule(cl.state, cl.now, cache=cache)
         fresh = schedule(cl.state, cl.now)
         assert cached == fresh, f"step {step}"
+        afresh = schedule(cl.state, cl.now, recall=False)  # every gang worked out anew
+        assert afresh == fresh, f"step {step}, without recall"
         again = schedule(cl.state, cl.now, cache=cache)  # the pass left the table unchanged
         assert again == fresh, f"step {step}, second pass"
         compared += len(fresh.placements) + len(fresh.reasons)
@@ -419,6 +424,63 @@ def test_a_pass_gathers_running_gangs_once_however_many_gangs_wait(
     plan = cl.plan()
     assert len(plan.reasons) == 50
     assert len(calls) <= 1
+
+
+def test_a_queue_of_alike_gangs_costs_one_search_per_shape_and_capacity_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A stream of submissions leaves thousands of gangs of a few shapes waiting; a pass
+    # searches once per shape until a placement changes the free capacity.
+    cl = Cluster()
+    cl.add(node("n1", gpus=8))
+    for i in range(40):
+        cl.submit(job(f"big-{i}", replicas=4, gpu=8))  # never fits on 8 GPUs
+        cl.submit(job(f"wide-{i}", replicas=2, gpu=8))  # nor this
+        if i % 10 == 0:
+            cl.submit(job(f"small-{i}", gpu=1))  # fits: each one changes the capacity
+    searched: list[tuple[str, bool]] = []
+    reserved: list[str] = []
+    place, reserve = passes.place, passes.reserve
+
+    def counting_place(gang: Gang, *args: object) -> object:
+        hosts = place(gang, *args)  # type: ignore[arg-type]
+        searched.append((gang.spec.name.split("-")[0], hosts is not None))
+        return hosts
+
+    def counting_reserve(gang: Gang, *args: object) -> object:
+        reserved.append(gang.spec.name.split("-")[0])
+        return reserve(gang, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(passes, "place", counting_place)
+    monkeypatch.setattr(passes, "reserve", counting_reserve)
+    plan = schedule(cl.state, cl.now, recall=False)
+    afresh = (list(searched), list(reserved))
+    searched.clear()
+    reserved.clear()
+    assert schedule(cl.state, cl.now) == plan
+    assert len(plan.placements) == 4 and len(plan.reasons) == 80
+    assert afresh[0].count(("big", False)) == 40  # without recall: one search per gang
+    # With it: once per shape on each version of the capacity (4 placements: 5 versions).
+    assert searched.count(("big", False)) <= 5
+    assert searched.count(("wide", False)) <= 5
+    assert searched.count(("small", True)) == 4
+    assert len(reserved) <= 10 < len(afresh[1])
+
+
+def test_the_tables_version_names_its_content() -> None:
+    cl = Cluster()
+    cl.add(node("n1", gpus=8), node("n2", gpus=8, rack="r2"))
+    table = Table.build(cl.state)
+    before = table.version
+    mark = table.mark()
+    table.adjust("n1", Resources(gpu=2), (0, 1), -1)
+    taken = table.version
+    assert taken != before
+    table.undo(mark)
+    assert table.version == before  # the same content has the same version again
+    table.adjust("n1", Resources(gpu=2), (0, 1), -1)
+    table.adjust("n2", Resources(gpu=1), (0,), -1)
+    assert table.version not in (before, taken)  # other content, a number never used
 
 
 # ------------------------------------------------------------------ locality wait

@@ -11,6 +11,7 @@ placement only when a release may have made room. None of this changes a plan:
 
 from __future__ import annotations
 
+import itertools
 import operator
 from bisect import bisect_left, insort
 from dataclasses import dataclass
@@ -79,6 +80,11 @@ class Table:
     order) depend only on the nodes' current free capacity, never on the order in which
     changes arrived, so an updated table equals a freshly built one. Changes made during
     a pass are journalled and undone at its end (``mark``/``undo``).
+
+    ``version`` names the table's content: every change gives it a number never used
+    before, and an undo gives back the number the content had at the mark. Equal
+    versions of one table therefore mean equal free capacity, so a pass may keep what it
+    worked out on a version (a gang that found no room) until the version changes.
     """
 
     def __init__(self, levels: int) -> None:
@@ -89,8 +95,10 @@ class Table:
         self.domains: list[list[Domain]] = [[] for _ in range(levels + 1)]  # by depth
         self.by_free_gpu: dict[int, list[int]] = {}  # free GPUs -> sorted positions
         self.views: list[View] = []  # views kept in step with every change
-        self.journal: list[tuple[str, Resources, tuple[int, ...], int]] = []
+        # (node id, request, GPUs, sign, the version before the change)
+        self.journal: list[tuple[str, Resources, tuple[int, ...], int, int]] = []
         self.version = 0
+        self._versions = itertools.count(1)
 
     @classmethod
     def build(cls, state: ClusterState, empty: bool = False) -> Table:
@@ -139,14 +147,14 @@ class Table:
                 view.add_totals(n.domains, fresh.gpu - n.gpu, fresh.cpu - n.cpu, fresh.mem - n.mem)
         self._move(n, fresh.gpu)
         n.cpu, n.mem, n.islands = fresh.cpu, fresh.mem, fresh.islands
-        self.version += 1
+        self.version = next(self._versions)
 
     def adjust(self, node_id: str, req: Resources, gpus: tuple[int, ...], sign: int) -> None:
         """Take (sign -1) or give back (sign +1) ``req`` and ``gpus`` on a node."""
         n = self.nodes.get(node_id)
         if n is None:
             return
-        self.journal.append((node_id, req, gpus, sign))
+        self.journal.append((node_id, req, gpus, sign, self.version))
         self._change(n, req, gpus, sign)
 
     def _change(self, n: NodeFree, req: Resources, gpus: tuple[int, ...], sign: int) -> None:
@@ -168,17 +176,18 @@ class Table:
                 island = n.islands[n.island_of[gpu]]
                 island.append(gpu)
                 island.sort()
-        self.version += 1
+        self.version = next(self._versions)
 
     def mark(self) -> int:
         return len(self.journal)
 
     def undo(self, mark: int) -> None:
         """Revert every change since ``mark``, newest first (islands stay sorted, so the
-        result equals the table before the changes)."""
+        result equals the table before the changes, and has its version)."""
         while len(self.journal) > mark:
-            node_id, req, gpus, sign = self.journal.pop()
+            node_id, req, gpus, sign, before = self.journal.pop()
             self._change(self.nodes[node_id], req, gpus, -sign)
+            self.version = before
 
 
 class View:

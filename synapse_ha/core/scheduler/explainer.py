@@ -17,11 +17,15 @@ from synapse_ha.core.topology import describe_domain
 class Explainer:
     """Sentences for people: why a gang waits, with the numbers that matter."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
+    def __init__(self, names: tuple[str, ...], recall: bool = True) -> None:
         self.names = names
         # Keyed by the view itself too (the views of one pass share a version); holding
         # the view keeps its identity from being reused by a later one in the pass.
         self.cache: dict[tuple[Resources, int, int, View], tuple[int, Domain]] = {}
+        # why_waiting's answers: the same for every gang of one shape while the view's
+        # capacity (its version) and the reservation stay the same. Off with ``recall``.
+        self.recall = recall
+        self.reasons: dict[tuple[object, ...], Reason] = {}
 
     def best_room(self, view: View, req: Resources, depth: int) -> tuple[int, Domain]:
         """Roughly how many members of ``req`` the roomiest domain at ``depth`` holds now.
@@ -63,6 +67,40 @@ class Explainer:
         reservation: Reservation | None,
         now_ms: int,
         behind: Reservation | None = None,
+    ) -> Reason:
+        spec = gang.spec
+        req = spec.resources
+        if not self.recall or gang.req is not req:
+            return self._why_waiting(gang, view, depths, reservation, now_ms, behind)
+        key = (  # plain ints rather than the Resources value: no Python code to hash
+            req.gpu,
+            req.cpu_milli,
+            req.memory_mib,
+            gang.n,
+            spec.topology_required,
+            bool(spec.image),
+            min(depths) if spec.topology_required else 0,
+            view,
+            view.version,
+            reservation,
+            behind,
+            now_ms,
+        )
+        hit = self.reasons.get(key)
+        if hit is None:
+            hit = self.reasons[key] = self._why_waiting(
+                gang, view, depths, reservation, now_ms, behind
+            )
+        return hit
+
+    def _why_waiting(
+        self,
+        gang: Gang,
+        view: View,
+        depths: list[int],
+        reservation: Reservation | None,
+        now_ms: int,
+        behind: Reservation | None,
     ) -> Reason:
         spec = gang.spec
         need = _need(gang)

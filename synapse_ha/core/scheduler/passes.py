@@ -8,6 +8,7 @@ from synapse_ha.core.commands import GangPlacement, Victim
 from synapse_ha.core.model import (
     ClusterState,
     Job,
+    JobSpec,
     PreemptionMode,
     Resources,
     unconfirmed_members,
@@ -27,7 +28,7 @@ from synapse_ha.core.scheduler.placement import (
     place,
     search_depths,
 )
-from synapse_ha.core.scheduler.plan import Plan, Preemption
+from synapse_ha.core.scheduler.plan import Plan, Preemption, Reservation
 from synapse_ha.core.scheduler.preemption import (
     MAX_TRIALS_PER_PASS,
     Budget,
@@ -46,6 +47,7 @@ def schedule(
     on_decision: Callable[[str, bool], None] | None = None,
     *,
     cache: CapacityCache | None = None,
+    recall: bool = True,
 ) -> Plan:
     """Plan one scheduling pass over ``state`` at time ``now_ms``. Pure; never mutates.
 
@@ -55,11 +57,16 @@ def schedule(
     With a ``cache``, the free-capacity table is kept between passes and updated from
     the nodes that changed, which makes a pass cost what changed rather than the
     cluster's size. The plan is the same without one (a table built from scratch).
+
+    With ``recall`` (the default) the pass keeps what it worked out for each gang shape
+    (:class:`Answers`), so a queue of many alike gangs costs one search per shape and
+    capacity change. ``recall=False`` works every gang out afresh, with the same plan;
+    tests compare the two.
     """
     cached = cache.borrow(state) if cache is not None else CachedTable(state)
     table = cached.table
     # Should _plan raise, the table may be mid-change: it is dropped, never reused.
-    plan = _plan(state, now_ms, on_decision, cached.view, cached.empty_view)
+    plan = _plan(state, now_ms, on_decision, cached.view, cached.empty_view, Answers(recall))
     for extra in table.views[1:]:
         extra.detach()
     table.undo(0)
@@ -74,12 +81,13 @@ def _plan(
     on_decision: Callable[[str, bool], None] | None,
     view: View,
     empty_view: Callable[[ClusterState], View],
+    answers: Answers,
 ) -> Plan:
     plan = Plan()
     table = view.table
     restricted: View | None = None  # the view without the reserved nodes
     levels = len(state.config.topology_levels)
-    explainer = Explainer(state.config.levels_with_host())
+    explainer = Explainer(state.config.levels_with_host(), recall=answers.enabled)
     placed: dict[str, Running] = {}  # gangs placed by this pass
     wait_ms = state.config.locality_wait_ms
     fits_local: dict[tuple[Resources, int, bool, int], bool] = {}  # on an empty cluster
@@ -125,7 +133,7 @@ def _plan(
             )
             continue
         gang = Gang(job, spec, spec.resources, spec.replicas)
-        depths = search_depths(state, spec, levels)
+        depths, local_depths = answers.depths(state, spec, levels)
         short = usage.shortfall(spec.queue, gang_request(spec)) if usage is not None else None
         victims_left = claims.get(job.job_id)
         if victims_left:
@@ -156,11 +164,7 @@ def _plan(
         )
         target = restricted if restricted is not None and not backfill_ok else view
         # A preemptor's victims were chosen for its topology: it waits for no locality.
-        local = (
-            locality_depths(state, spec, depths)
-            if wait_ms and gang.n > 1 and job.job_id not in claims
-            else None
-        )
+        local = local_depths if wait_ms and gang.n > 1 and job.job_id not in claims else None
         deadline = pending_since(job) + wait_ms
         if local is not None and now_ms < deadline:
             key = (gang.req, gang.n, bool(spec.image), local[-1])
@@ -171,8 +175,8 @@ def _plan(
                 local = None
         else:
             local = None
-        hosts = place(gang, target, local if local is not None else depths)
-        if hosts is None and local is not None and fits(gang, target, depths):
+        hosts = answers.place(gang, target, local if local is not None else depths)
+        if hosts is None and local is not None and answers.fits(gang, target, depths):
             plan.reasons[job.job_id] = explainer.why_waiting_for_locality(
                 gang, target, local, wait_ms
             )
@@ -207,13 +211,13 @@ def _plan(
         if reservation is None:
             if running is None:
                 running = running_gangs(state, placed)
-            made = reserve(gang, view, depths, running, lambda: empty_view(state))
+            made = answers.reserve(gang, view, depths, running, lambda: empty_view(state))
             if made is not None:
                 plan.reservation = made
                 restricted = view.without(made.nodes)
             plan.reasons[job.job_id] = explainer.why_waiting(gang, view, depths, made, now_ms)
         else:
-            blocked = fits(gang, view, depths)
+            blocked = answers.fits(gang, view, depths)
             plan.reasons[job.job_id] = explainer.why_waiting(
                 gang, view, depths, None, now_ms, behind=reservation if blocked else None
             )
@@ -232,6 +236,97 @@ def _plan(
         if state.jobs[job_id].reason != why
     ]
     return plan
+
+
+class Answers:
+    """What this pass already worked out for a gang shape on a version of a view.
+
+    Whether a gang fits, where ``place`` finds no room and where the reservation search
+    finds no start depend only on the gang's shape (per-member request, member count,
+    whether it needs image support), the depths searched and the free capacity the view
+    shows, which the view and the table's version name exactly (``Table.version``). A
+    long queue of alike gangs, the common case under a stream of submissions, therefore
+    costs one search per shape and capacity change instead of one per gang. Only answers
+    that leave the table as it was are kept (no room, fits or not, no reservation): a
+    placement changes the version. ``enabled=False`` keeps nothing.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.no_room: set[tuple[object, ...]] = set()
+        self.fit: dict[tuple[object, ...], bool] = {}
+        self.no_start: set[tuple[object, ...]] = set()
+        self.searched: dict[tuple[str, str], tuple[list[int], list[int] | None]] = {}
+
+    @staticmethod
+    def _key(gang: Gang, view: View, depths: list[int]) -> tuple[object, ...]:
+        # Plain ints, not the Resources value: they hash and compare without Python code.
+        req = gang.req
+        return (
+            req.gpu,
+            req.cpu_milli,
+            req.memory_mib,
+            gang.n,
+            bool(gang.spec.image),
+            tuple(depths),
+            view,
+            view.version,
+        )
+
+    def depths(
+        self, state: ClusterState, spec: JobSpec, levels: int
+    ) -> tuple[list[int], list[int] | None]:
+        """The depths a gang searches and those it searches while it waits for locality
+        (:func:`search_depths`, :func:`locality_depths`), per topology request. The lists
+        are shared: callers do not change them."""
+        key = (spec.topology_required, spec.topology_preferred)
+        hit = self.searched.get(key) if self.enabled else None
+        if hit is None:
+            depths = search_depths(state, spec, levels)
+            hit = (depths, locality_depths(state, spec, depths))
+            if self.enabled:
+                self.searched[key] = hit
+        return hit
+
+    def place(self, gang: Gang, view: View, depths: list[int]) -> list[tuple[str, int]] | None:
+        if not self.enabled:
+            return place(gang, view, depths)
+        key = self._key(gang, view, depths)
+        if key in self.no_room:
+            return None
+        hosts = place(gang, view, depths)
+        if hosts is None:
+            self.no_room.add(key)
+        return hosts
+
+    def fits(self, gang: Gang, view: View, depths: list[int]) -> bool:
+        if not self.enabled:
+            return fits(gang, view, depths)
+        key = self._key(gang, view, depths)
+        hit = self.fit.get(key)
+        if hit is None:
+            hit = self.fit[key] = fits(gang, view, depths)
+        return hit
+
+    def reserve(
+        self,
+        gang: Gang,
+        view: View,
+        depths: list[int],
+        running: dict[str, Running],
+        empty_view: Callable[[], View],
+    ) -> Reservation | None:
+        """:func:`reserve`; a shape that found no start finds none again until the
+        capacity changes (which is also when the running gangs change: a placement)."""
+        if not self.enabled:
+            return reserve(gang, view, depths, running, empty_view)
+        key = self._key(gang, view, depths)
+        if key in self.no_start:
+            return None
+        made = reserve(gang, view, depths, running, empty_view)
+        if made is None:
+            self.no_start.add(self._key(gang, view, depths))
+        return made
 
 
 # --------------------------------------------------------------------- queues, preemption
@@ -377,9 +472,12 @@ class Preempting:
     ) -> Preemption | None:
         """Choose victims for ``gang`` and keep its claim, or None."""
         spec = gang.spec
-        key = (
+        req = spec.resources
+        key = (  # plain ints rather than the Resources value: no Python code to hash
             spec.queue,
-            spec.resources,
+            req.gpu,
+            req.cpu_milli,
+            req.memory_mib,
             spec.replicas,
             spec.topology_required,
             spec.topology_preferred,
