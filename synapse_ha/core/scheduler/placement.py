@@ -166,25 +166,9 @@ def _best_single_host(gang: Gang, view: View, within: Domain = ()) -> str | None
     if req.gpu:
         # Best fit on GPUs; among equally good hosts, the one in the fullest rack (the
         # innermost level above hosts), so that empty racks stay whole for gangs.
-        at = view.table.at
-        totals = view.totals
-        for free in sorted(k for k in view.by_free_gpu if k >= req.gpu * n):
-            best_key: tuple[int, int] | None = None
-            best_id = ""
-            for pos in view.by_free_gpu[free]:
-                node = at[pos]
-                if (
-                    node.slots(req, n) >= n
-                    and _eligible(node, gang.spec)
-                    and node.node_id not in view.excluded
-                    and node.path[:k] == within
-                ):
-                    key = (totals[node.domains[-1]][0], pos)
-                    if best_key is None or key < best_key:
-                        best_key, best_id = key, node.node_id
-            if best_key is not None:
-                return best_id
-        return None
+        if view.levels > 0 and k <= view.levels:
+            return _best_gpu_host_by_rack(gang, view, within)
+        return _best_gpu_host_scan(gang, view, within)
     best: tuple[tuple[int, int], str] | None = None
     for node in view.table.at:
         if node.node_id in view.excluded or node.path[:k] != within:
@@ -194,6 +178,69 @@ def _best_single_host(gang: Gang, view: View, within: Domain = ()) -> str | None
             if best is None or key < best[0]:
                 best = (key, node.node_id)
     return best[1] if best else None
+
+
+def _best_gpu_host_scan(gang: Gang, view: View, within: Domain) -> str | None:
+    """:func:`_best_single_host` for a GPU gang by looking at every host with enough free
+    GPUs (fewest free GPUs first; then the fullest rack, then path order)."""
+    req, n = gang.req, gang.n
+    k = len(within)
+    at = view.table.at
+    totals = view.totals
+    for free in sorted(k for k in view.by_free_gpu if k >= req.gpu * n):
+        best_key: tuple[int, int] | None = None
+        best_id = ""
+        for pos in view.by_free_gpu[free]:
+            node = at[pos]
+            if (
+                node.slots(req, n) >= n
+                and _eligible(node, gang.spec)
+                and node.node_id not in view.excluded
+                and node.path[:k] == within
+            ):
+                key = (totals[node.domains[-1]][0], pos)
+                if best_key is None or key < best_key:
+                    best_key, best_id = key, node.node_id
+        if best_key is not None:
+            return best_id
+    return None
+
+
+def _best_gpu_host_by_rack(gang: Gang, view: View, within: Domain) -> str | None:
+    """:func:`_best_single_host` for a GPU gang on a cluster with topology levels, without
+    looking at every host: the same answer from the innermost domains' counts.
+
+    The answer is the eligible host with the fewest free GPUs (at least the gang's),
+    then the fewest free GPUs in its innermost domain (the rack), then the first in path
+    order. Per free-GPU count, the racks that have a host with that count (``hist``) are
+    tried in the order of (their free GPUs, their place in path order); racks hold
+    contiguous positions, so the first rack with an eligible host holds the answer, its
+    first eligible host with that count. A rack costs its hosts, not the cluster's."""
+    req, n = gang.req, gang.n
+    k = len(within)
+    depth = view.levels
+    racks = [d for d in view.domains_at(depth) if d[:k] == within]
+    if not racks:
+        return None
+    hist, totals, members, nodes = view.hist, view.totals, view.members, view.nodes
+    first = {d: view.nodes[members[d][0]].pos for d in racks}
+    excluded = view.excluded
+    need = req.gpu * n
+    counts = sorted({free for d in racks for free in hist[d] if free >= need})
+    for free in counts:
+        holding = [d for d in racks if hist[d].get(free)]
+        holding.sort(key=lambda d: (totals[d][0], first[d]))
+        for rack in holding:
+            for node_id in members[rack]:
+                node = nodes[node_id]
+                if (
+                    node.gpu == free
+                    and node_id not in excluded
+                    and node.slots(req, n) >= n
+                    and _eligible(node, gang.spec)
+                ):
+                    return node_id
+    return None
 
 
 def _fill_domain(gang: Gang, view: View, domain: Domain) -> list[tuple[str, int]] | None:
