@@ -321,5 +321,17 @@ def members_for(
 
 
 def commit(table: Table, req: Resources, members: tuple[MemberPlacement, ...]) -> None:
-    for m in members:
-        table.adjust(m.node_id, req, m.gpus, -1)
+    """Take the members' resources from the table: one change per host (its members are
+    consecutive), not one per member."""
+    i = 0
+    while i < len(members):
+        node_id = members[i].node_id
+        j = i + 1
+        while j < len(members) and members[j].node_id == node_id:
+            j += 1
+        if j - i == 1:
+            table.adjust(node_id, req, members[i].gpus, -1)
+        else:
+            gpus = tuple(g for m in members[i:j] for g in m.gpus)
+            table.adjust(node_id, req.times(j - i), gpus, -1)
+        i = j
