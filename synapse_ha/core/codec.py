@@ -76,28 +76,53 @@ class UnreadableFormat(CodecError):
 
 
 def to_plain(value: Any) -> Any:
-    """Turn a dataclass tree into JSON-ready lists, dicts and scalars."""
+    """Turn a dataclass tree into JSON-ready lists, dicts and scalars.
+
+    How a value of each type is turned is worked out once per type (:func:`_encoder`)
+    and kept, so encoding costs the values, not the inspection of their types."""
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
         return value  # the common leaves first
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (bool, int, str)):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        plain = {}
-        for name, default in _layout(type(value)):
-            item = getattr(value, name)
-            if default is _ALWAYS or item != default:
-                plain[name] = to_plain(item)
-        return plain
-    if isinstance(value, (tuple, list)):
-        return [to_plain(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted(to_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {str(k): to_plain(v) for k, v in value.items()}
-    raise CodecError(f"cannot encode a value of type {type(value).__name__}")
+    encode = _ENCODERS.get(kind)
+    if encode is None:
+        encode = _ENCODERS[kind] = _encoder(kind)
+    return encode(value)
+
+
+_Encoder = typing.Callable[[Any], Any]
+_ENCODERS: dict[type, _Encoder] = {}  # per type, worked out on first use
+_LEAVES = frozenset({str, int, bool, type(None)})  # encoded as they are
+
+
+def _encoder(kind: type) -> _Encoder:
+    """The function that turns a value of type ``kind`` (:func:`to_plain` for one type)."""
+    if issubclass(kind, enum.Enum):
+        return lambda value: value.value
+    if issubclass(kind, (bool, int, str)):
+        return lambda value: value
+    if dataclasses.is_dataclass(kind):
+        layout = _layout(kind)
+
+        def encode_dataclass(value: Any) -> dict[str, Any]:
+            plain = {}
+            for name, default in layout:
+                item = getattr(value, name)
+                if default is _ALWAYS or item != default:
+                    plain[name] = item if type(item) in _LEAVES else to_plain(item)
+            return plain
+
+        return encode_dataclass
+    if issubclass(kind, (tuple, list)):
+        return lambda value: [v if type(v) in _LEAVES else to_plain(v) for v in value]
+    if issubclass(kind, (set, frozenset)):
+        return lambda value: sorted(to_plain(v) for v in value)
+    if issubclass(kind, dict):
+        return lambda value: {str(k): to_plain(v) for k, v in value.items()}
+
+    def unsupported(value: Any) -> Any:
+        raise CodecError(f"cannot encode a value of type {kind.__name__}")
+
+    return unsupported
 
 
 @cache

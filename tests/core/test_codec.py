@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from synapse_ha.core import commands as c
 from synapse_ha.core.access import Role
 from synapse_ha.core.codec import (
+    _ADDED_FIELDS,
     CodecError,
     decode_command,
     decode_result,
@@ -17,6 +19,7 @@ from synapse_ha.core.codec import (
     encode_command,
     encode_result,
     encode_state,
+    to_plain,
 )
 from synapse_ha.core.model import (
     ClusterConfig,
@@ -115,6 +118,52 @@ def test_state_round_trip_and_canonical_bytes() -> None:
     # Insertion order does not matter: the same content gives the same bytes.
     restored.nodes = dict(reversed(list(restored.nodes.items())))
     assert encode_state(restored) == data
+
+
+def _plain_by_definition(value: object) -> object:
+    """What ``to_plain`` means, written as a plain recursive walk (no per-type encoders)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        added = _ADDED_FIELDS.get(type(value), frozenset())
+        out = {}
+        for f in dataclasses.fields(value):
+            if not f.init:
+                continue
+            item = getattr(value, f.name)
+            if f.name in added:
+                default = (
+                    f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+                )
+                if item == default:
+                    continue
+            out[f.name] = _plain_by_definition(item)
+        return out
+    if isinstance(value, (tuple, list)):
+        return [_plain_by_definition(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain_by_definition(v) for v in value)  # type: ignore[type-var]
+    assert isinstance(value, dict)
+    return {str(k): _plain_by_definition(v) for k, v in value.items()}
+
+
+def test_the_per_type_encoders_give_what_the_definition_gives() -> None:
+    cl = Cluster()
+    cl.add(node("b", gpus=8, rack="r2", islands=((0, 1, 2, 3), (4, 5, 6, 7))), node("a"))
+    j = cl.submit(job(replicas=2, gpu=4, required="rack", retries=1))
+    cl.submit(job("waits", replicas=9, gpu=8, queue="default", priority_class="high"))
+    cl.run_pass()
+    cl.start_all(j)
+    cl.exit_member(j, 0, 3, seed=1)
+    names = frozenset({"zeta", "alpha", "mid", "beta", "omega", "kappa"})
+    values: list[object] = [*EXAMPLES, cl.state, c.ok("fine", job_id="job-000001"), names]
+    for value in values:
+        assert to_plain(value) == _plain_by_definition(value), type(value).__name__
+    assert to_plain(names) == sorted(names)
+    with pytest.raises(CodecError, match="cannot encode a value of type complex"):
+        to_plain(1j)
 
 
 def test_result_round_trip() -> None:
