@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.loopback import wait_for
 from bench.quorum import loopback_host, pipelined, register_request, small_spec
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule
@@ -155,7 +156,7 @@ def attribution(nodes: int, jobs: int, top: int = 12) -> dict[str, Any]:
         "live_jobs": live,
         "traced_nodes_mb": round(nodes_bytes / MIB, 2),
         "traced_state_mb": round(total / MIB, 2),
-        "encoded_state_mb": round(len(encode_state(state)) / MIB, 2),
+        **encodings(state),
         "top_allocation_sites": [
             {
                 "where": f"{Path(s.traceback[0].filename).name}:{s.traceback[0].lineno}",
@@ -165,6 +166,26 @@ def attribution(nodes: int, jobs: int, top: int = 12) -> dict[str, Any]:
             for s in stats
         ],
     }
+
+
+def encodings(state: ClusterState) -> dict[str, Any]:
+    """The state's encoded size and the CPU time to encode and decode it, written in full
+    and compact (``ClusterConfig.compact_state``)."""
+    out: dict[str, Any] = {}
+    for name, compact in (("full", False), ("compact", True)):
+        state.config = replace(state.config, compact_state=compact)
+        started = time.process_time()
+        data = encode_state(state)
+        encoded = time.process_time() - started
+        started = time.process_time()
+        decode_state(data)
+        decoded = time.process_time() - started
+        suffix = "" if name == "full" else "_compact"
+        out[f"encoded_state{suffix}_mb"] = round(len(data) / MIB, 2)
+        out[f"encode{suffix}_cpu_s"] = round(encoded, 2)
+        out[f"decode{suffix}_cpu_s"] = round(decoded, 2)
+    state.config = replace(state.config, compact_state=False)
+    return out
 
 
 def main() -> int:

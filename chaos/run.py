@@ -198,6 +198,7 @@ class ChaosCluster:
                     f"--dead-timeout={_duration_flag(t.dead_timeout_s)}",
                     "--election-min=400ms",
                     f"--election-max={_duration_flag(t.election_max_s)}",
+                    "--compact-state",
                     *PRIORITY_CLASSES,
                 ],
                 log_path=run_dir / f"{h.name}.log",

@@ -157,15 +157,18 @@ class _InFlight:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingSettings:
-    """Queue scheduling settings a replica is configured with (TOML ``[scheduling]``);
-    None leaves the replicated value as it is."""
+    """Replicated settings a replica is configured with (TOML ``[scheduling]``, and
+    ``[raft] compact_state``); None leaves the replicated value as it is."""
 
     priority_classes: tuple[PriorityClass, ...] | None = None
     preemption: PreemptionMode | None = None
     fair_share_half_life_ms: int | None = None
     max_requeues: int | None = None
+    compact_state: bool | None = None
 
     def applied_to(self, config: ClusterConfig) -> ClusterConfig:
+        if self.compact_state is not None:
+            config = replace(config, compact_state=self.compact_state)
         if self.max_requeues is not None:
             config = replace(config, max_requeues=self.max_requeues)
         if self.priority_classes is not None:

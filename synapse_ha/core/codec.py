@@ -25,6 +25,11 @@ or state that does not use a new feature (a job in the ``default`` queue, no pre
 therefore encodes exactly as the previous release wrote it, and a replica of that release
 applies it; one that uses a new feature carries the field, and that replica refuses it
 as above.
+
+The compact state. With ``ClusterConfig.compact_state`` on (a replicated setting, so every
+replica encodes alike) the state is written without any field that holds its default,
+about half the bytes of a large state; decoding fills the defaults back in. Turning it on
+is itself a new field: only once every replica runs this release.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ _COMMANDS_BY_NAME: dict[str, type] = {t.__name__: t for t in cmd.COMMAND_TYPES}
 # Fields added since the previous release (queues, fair share and preemption): written
 # only when they differ from their defaults, so that release reads what does not use them.
 _ADDED_FIELDS: dict[type, frozenset[str]] = {
-    ClusterConfig: frozenset({"priority_classes", "fair_share_half_life_ms", "preemption"}),
+    ClusterConfig: frozenset(
+        {"priority_classes", "fair_share_half_life_ms", "preemption", "compact_state"}
+    ),
     JobSpec: frozenset({"queue", "priority_class"}),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms"}),
     ClusterState: frozenset({"queues", "queue_history"}),
@@ -75,65 +82,75 @@ class UnreadableFormat(CodecError):
 # ------------------------------------------------------------------------ to plain
 
 
-def to_plain(value: Any) -> Any:
-    """Turn a dataclass tree into JSON-ready lists, dicts and scalars.
-
-    How a value of each type is turned is worked out once per type (:func:`_encoder`)
-    and kept, so encoding costs the values, not the inspection of their types."""
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return value  # the common leaves first
-    encode = _ENCODERS.get(kind)
-    if encode is None:
-        encode = _ENCODERS[kind] = _encoder(kind)
-    return encode(value)
-
-
 _Encoder = typing.Callable[[Any], Any]
-_ENCODERS: dict[type, _Encoder] = {}  # per type, worked out on first use
 _LEAVES = frozenset({str, int, bool, type(None)})  # encoded as they are
 
 
-def _encoder(kind: type) -> _Encoder:
-    """The function that turns a value of type ``kind`` (:func:`to_plain` for one type)."""
-    if issubclass(kind, enum.Enum):
-        return lambda value: value.value
-    if issubclass(kind, (bool, int, str)):
-        return lambda value: value
-    if dataclasses.is_dataclass(kind):
-        layout = _layout(kind)
+def _plain_walker(compact: bool) -> _Encoder:
+    """A :func:`to_plain`: with ``compact``, every field that holds its default is left
+    out (what ``ClusterConfig.compact_state`` writes); without, only the fields added
+    since the previous release are (``_ADDED_FIELDS``).
 
-        def encode_dataclass(value: Any) -> dict[str, Any]:
-            plain = {}
-            for name, default in layout:
-                item = getattr(value, name)
-                if default is _ALWAYS or item != default:
-                    plain[name] = item if type(item) in _LEAVES else to_plain(item)
-            return plain
+    How a value of each type is turned is worked out once per type and kept, so encoding
+    costs the values, not the inspection of their types."""
+    encoders: dict[type, _Encoder] = {}
 
-        return encode_dataclass
-    if issubclass(kind, (tuple, list)):
-        return lambda value: [v if type(v) in _LEAVES else to_plain(v) for v in value]
-    if issubclass(kind, (set, frozenset)):
-        return lambda value: sorted(to_plain(v) for v in value)
-    if issubclass(kind, dict):
-        return lambda value: {str(k): to_plain(v) for k, v in value.items()}
+    def walk(value: Any) -> Any:
+        kind = type(value)
+        if kind is str or kind is int or kind is bool or value is None:
+            return value  # the common leaves first
+        encode = encoders.get(kind)
+        if encode is None:
+            encode = encoders[kind] = encoder(kind)
+        return encode(value)
 
-    def unsupported(value: Any) -> Any:
-        raise CodecError(f"cannot encode a value of type {kind.__name__}")
+    def encoder(kind: type) -> _Encoder:
+        if issubclass(kind, enum.Enum):
+            return lambda value: value.value
+        if issubclass(kind, (bool, int, str)):
+            return lambda value: value
+        if dataclasses.is_dataclass(kind):
+            layout = _layout(kind, compact)
 
-    return unsupported
+            def encode_dataclass(value: Any) -> dict[str, Any]:
+                plain = {}
+                for name, default in layout:
+                    item = getattr(value, name)
+                    if default is _ALWAYS or item != default:
+                        plain[name] = item if type(item) in _LEAVES else walk(item)
+                return plain
+
+            return encode_dataclass
+        if issubclass(kind, (tuple, list)):
+            return lambda value: [v if type(v) in _LEAVES else walk(v) for v in value]
+        if issubclass(kind, (set, frozenset)):
+            return lambda value: sorted(walk(v) for v in value)
+        if issubclass(kind, dict):
+            return lambda value: {str(k): walk(v) for k, v in value.items()}
+
+        def unsupported(value: Any) -> Any:
+            raise CodecError(f"cannot encode a value of type {kind.__name__}")
+
+        return unsupported
+
+    return walk
+
+
+to_plain = _plain_walker(compact=False)
+to_plain.__doc__ = "Turn a dataclass tree into JSON-ready lists, dicts and scalars."
+_to_plain_compact = _plain_walker(compact=True)
 
 
 @cache
-def _layout(cls: type) -> tuple[tuple[str, Any], ...]:
+def _layout(cls: type, compact: bool = False) -> tuple[tuple[str, Any], ...]:
     """Each field's name, with its default when it is written only if it differs from it
-    (``_ADDED_FIELDS``), else ``_ALWAYS``."""
+    (every field that has one when ``compact``, else those of ``_ADDED_FIELDS``), else
+    ``_ALWAYS``."""
     added = _ADDED_FIELDS.get(cls, frozenset())
     layout = []
     for f in _fields(cls):
         default: Any = _ALWAYS
-        if f.name in added:
+        if compact or f.name in added:
             if f.default is not dataclasses.MISSING:
                 default = f.default
             elif f.default_factory is not dataclasses.MISSING:
@@ -410,8 +427,11 @@ def _upgrade_state_v1(state: Any) -> Any:
 
 
 def encode_state(state: ClusterState) -> bytes:
-    """The whole state, canonical: equal states give equal bytes."""
-    return _dumps({"v": STATE_VERSION, "state": to_plain(state)})
+    """The whole state, canonical: equal states give equal bytes. Compact (no field that
+    holds its default) once the replicated ``config.compact_state`` says so; every
+    replica applies the same config, so they still write the same bytes."""
+    walk = _to_plain_compact if state.config.compact_state else to_plain
+    return _dumps({"v": STATE_VERSION, "state": walk(state)})
 
 
 def decode_state(data: bytes) -> ClusterState:

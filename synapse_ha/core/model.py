@@ -257,6 +257,11 @@ class ClusterConfig:
     it was bound fails (the leader proposes :class:`~synapse_ha.core.commands.FailAttempt`);
     it counts against ``retries.max``, since a member that does not start is most often
     the job's own doing (an image that does not pull, a command that hangs before exec).
+
+    ``compact_state``: the state (snapshots, ``GetReplicaState``, backups) is written
+    without the fields that hold their defaults, about half the bytes
+    (:mod:`synapse_ha.core.codec`). A release before the one that has this field cannot
+    read such a state, so it is turned on only once every replica runs this release.
     """
 
     topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
@@ -270,6 +275,7 @@ class ClusterConfig:
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
     fair_share_half_life_ms: int = FAIR_SHARE_HALF_LIFE_MS
     preemption: PreemptionMode = PreemptionMode.TOPOLOGY
+    compact_state: bool = False
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

@@ -231,6 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {'on' if RAFT_FSYNC_DEFAULT else 'off'}; [raft] fsync)",
     )
     p.add_argument(
+        "--compact-state",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write the replicated state without fields that hold their defaults (about "
+        "half the size of snapshots and state downloads); on only once every replica runs "
+        "this release. Left as replicated when not given ([raft] compact_state)",
+    )
+    p.add_argument(
         "--compaction-entries",
         type=int,
         help="write a snapshot and trim the journal after this many entries (default 20000)",
@@ -448,6 +456,12 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         if not isinstance(compaction, int) or compaction < 10:
             raise ConfigError("compaction_entries must be an integer >= 10")
         timing = replace(timing, log_compaction_min_entries=compaction)
+    compact_state = args.compact_state
+    if compact_state is None:
+        compact_state = r_doc.get("compact_state")
+    if compact_state is not None and not isinstance(compact_state, bool):
+        raise ConfigError(f"raft.compact_state must be true or false, got {compact_state!r}")
+    scheduling = replace(scheduling, compact_state=compact_state)
     raft_fsync = args.raft_fsync if args.raft_fsync is not None else r_doc.get("fsync")
     raft_fsync = RAFT_FSYNC_DEFAULT if raft_fsync is None else raft_fsync
     if not isinstance(raft_fsync, bool):

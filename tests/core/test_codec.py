@@ -166,6 +166,30 @@ def test_the_per_type_encoders_give_what_the_definition_gives() -> None:
         to_plain(1j)
 
 
+def test_a_compact_state_leaves_out_defaults_and_still_round_trips() -> None:
+    cl = Cluster()
+    cl.add(node("b", gpus=8, rack="r2"), node("a", gpus=8, rack="r1"))
+    j = cl.submit(job(replicas=2, gpu=4))
+    cl.submit(job("waits", replicas=9, gpu=8, retries=2))
+    cl.run_pass()
+    cl.start_all(j)
+    full = encode_state(cl.state)
+    cl.state.config = dataclasses.replace(cl.state.config, compact_state=True)
+    compact = encode_state(cl.state)
+    assert len(compact) < 0.75 * len(full)
+    restored = decode_state(compact)
+    assert restored == cl.state
+    assert encode_state(restored) == compact  # canonical: the same state, the same bytes
+    body = json.loads(compact)["state"]
+    assert body["config"]["compact_state"] is True
+    waits = next(v for v in body["jobs"].values() if v["spec"]["name"] == "waits")
+    assert "image" not in waits["spec"] and "attempt" not in waits  # defaults: left out
+    assert waits["spec"]["retries"] == {"max_retries": 2}
+    # Off again, the state is written in full, as the previous release reads it.
+    restored.config = dataclasses.replace(restored.config, compact_state=False)
+    assert encode_state(restored) == full
+
+
 def test_result_round_trip() -> None:
     result = c.Result(
         c.ResultCode.OK,

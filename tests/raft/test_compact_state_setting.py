@@ -1,0 +1,46 @@
+"""The compact state as a synapse-scheduler setting: ``[raft] compact_state`` in TOML,
+``--compact-state`` / ``--no-compact-state`` on the command line (flags win); left as
+replicated when neither says; applied to the replicated configuration by the leader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.core.model import ClusterConfig
+from synapse_ha.programs import scheduler as scheduler_main
+
+
+def load(tmp_path: Path, toml: str = "", *flags: str) -> scheduler_main.SchedulerConfig:
+    config = tmp_path / "scheduler.toml"
+    config.write_text(toml)
+    base = [
+        "--config", str(config), "--id", "a", "--replica", "a=127.0.0.1:7001,127.0.0.1:7101",
+        "--data-dir", str(tmp_path / "data"), "--insecure",
+    ]  # fmt: skip
+    return scheduler_main.load_config([*base, *flags], environ={"SYNAPSE_RAFT_PASSWORD": "pw"})
+
+
+def test_not_given_leaves_the_replicated_value(tmp_path: Path) -> None:
+    settings = load(tmp_path).scheduling
+    assert settings.compact_state is None
+    on = ClusterConfig(compact_state=True)
+    assert settings.applied_to(on) == on
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_toml_sets_it_and_the_opposite_flag_wins(tmp_path: Path, value: bool) -> None:
+    toml = f"[raft]\ncompact_state = {'true' if value else 'false'}\n"
+    settings = load(tmp_path, toml).scheduling
+    assert settings.compact_state is value
+    assert settings.applied_to(ClusterConfig()).compact_state is value
+    flag = "--no-compact-state" if value else "--compact-state"
+    assert load(tmp_path, toml, flag).scheduling.compact_state is (not value)
+
+
+def test_a_value_that_is_not_a_boolean_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(
+        scheduler_main.ConfigError, match=r"raft\.compact_state must be true or false"
+    ):
+        load(tmp_path, '[raft]\ncompact_state = "yes"\n')
