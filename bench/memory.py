@@ -7,8 +7,8 @@ state's memory goes.
    all bound: live jobs). The replica's resident set (``VmRSS`` and its peak ``VmHWM``
    from ``/proc/<pid>/status``) is read when it started, after the nodes and after the
    jobs; the encoded state is the size of ``GetReplicaState``'s canonical encoding
-   (:mod:`synapse_ha.core.codec`). The nodes' dead timeout is set long so that nothing is
-   reaped while the benchmark loads.
+   (:mod:`synapse_ha.core.codec`), compact as a new cluster writes it. The nodes' dead
+   timeout is set long so that nothing is reaped while the benchmark loads.
 2. **Attribution, in process.** The same state is built with ``apply`` alone under
    ``tracemalloc``: the traced size of the state, and the source lines that allocated
    most of it (what a growth of the state's memory comes from).
@@ -66,13 +66,16 @@ def live_jobs(stub: pb_grpc.SchedulerServiceStub) -> int:
 
 
 def replica_run(root: Path, nodes: int, jobs: int) -> dict[str, Any]:
-    cluster = LocalReplicas(root / "mem", size=1, extra_args=["--dead-timeout", "1h"])
+    # As a new cluster is deployed (deploy/scheduler-*.toml): the compact state on.
+    cluster = LocalReplicas(
+        root / "mem", size=1, extra_args=["--dead-timeout", "1h", "--compact-state"]
+    )
     try:
         cluster.start()
         leader = cluster.serving_leader(timeout_s=60)
         pid = leader.pid
         assert pid is not None
-        report: dict[str, Any] = {"nodes": nodes, "jobs": jobs}
+        report: dict[str, Any] = {"nodes": nodes, "jobs": jobs, "compact_state": True}
         report["rss_started_mib"] = proc_memory(pid)
         with cluster.channel(leader.grpc) as channel:
             agent = pb_grpc.NodeAgentServiceStub(channel)
