@@ -5,8 +5,11 @@ cache that keeps it between passes.
 the planner owns, and is then brought up to date from the nodes whose allocation changed
 (see ``CachedTable``); a pass's own changes are journalled and undone. Searches skip
 domains whose free GPUs cannot hold the gang, and the reservation search tries a
-placement only when a release may have made room. None of this changes a plan:
-``schedule`` without a cache builds everything afresh and tests compare the two.
+placement only when a release may have made room. A pass also keeps, per gang shape and
+table version, the answers that changed nothing (no room, no reservation, why it waits:
+``passes.Answers``), so a long queue of alike gangs costs one search per shape. None of
+this changes a plan: ``schedule`` without a cache or without recall works everything out
+afresh, and tests compare them.
 """
 
 from __future__ import annotations
