@@ -319,23 +319,31 @@ def _attempt_starts(history: History) -> dict[str, dict[int, int]]:
     return starts
 
 
-def _thaws(history: History) -> dict[tuple[str, int], tuple[str, int]]:
-    """(job, token) frozen with its host -> (the host as members name it, the thaw)."""
-    return {
-        (job, token): (f.frozen_node, f.end_ns)
-        for f in history.faults
-        if f.kind == "freeze-host"
-        for job, token in f.frozen
-    }
+Thaws = dict[tuple[str, int], list[tuple[str, int, int]]]
 
 
-def _in_thaw_window(r: MemberRecord, thaws: dict[tuple[str, int], tuple[str, int]]) -> bool:
-    """A record of a frozen attempt on its frozen host, written before the thaw or at most
-    ``THAW_KILL_BOUND_MS`` after it. An ``effect`` record here is a request the member
-    made before its supervisor could kill it: whether the sink accepted it is
-    ``stale-write``'s question."""
-    node, thawed = thaws.get((r.job, r.token), ("", 0))
-    return bool(node) and r.node == node and r.mono_ns <= thawed + THAW_KILL_BOUND_MS * 1_000_000
+def _thaws(history: History) -> Thaws:
+    """(job, token) frozen with a host -> each freeze of it: (the host as members name it,
+    the freeze, the thaw). A gang on several hosts can be frozen on more than one at once
+    (soak lanes freeze hosts independently)."""
+    out: Thaws = defaultdict(list)
+    for f in history.faults:
+        if f.kind == "freeze-host":
+            for job, token in f.frozen:
+                out[(job, token)].append((f.frozen_node, f.start_ns, f.end_ns))
+    return out
+
+
+def _in_thaw_window(r: MemberRecord, thaws: Thaws) -> bool:
+    """A record of a frozen attempt on a host frozen with it, written while frozen (from
+    the freeze) or at most ``THAW_KILL_BOUND_MS`` after the thaw. An ``effect`` record here
+    is a request the member made before its supervisor could kill it: whether the sink
+    accepted it is ``stale-write``'s question."""
+    bound = THAW_KILL_BOUND_MS * 1_000_000
+    return any(
+        r.node == node and frozen <= r.mono_ns <= thawed + bound
+        for node, frozen, thawed in thaws.get((r.job, r.token), ())
+    )
 
 
 def thaw_writes(history: History) -> list[str]:

@@ -28,6 +28,7 @@ from chaos.checker import Violation, check_run
 from chaos.nemesis import FaultTimeouts, Step
 from chaos.workload import WorkloadConfig, write_config
 from synapse_ha.core.codec import decode_state
+from synapse_ha.core.model import MAX_REQUEUES_LIMIT
 from synapse_ha.local.launcher import Launcher, Peer, Process, Replica, Worker
 from synapse_ha.programs.worker import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SELF_FENCING_FLAG
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
@@ -65,10 +66,20 @@ PRIORITY_CLASSES = (
     "--priority-class=low=-100,grace=2s",
     "--priority-class=normal=0,grace=2s",
     "--priority-class=high=100,preempts,grace=2s",
-    # Scenarios inject a fault every few seconds: a gang can be disrupted more often than
-    # a production cluster's default of 5 requeues allows, and must still finish.
-    "--max-requeues=50",
 )
+# Scenarios inject a fault every few seconds: a gang can be disrupted far more often than
+# a production cluster's default of 5 requeues allows, and must still finish. A fault
+# disrupts a gang at most once (it ends the attempt on the hosts it holds), so a bound of
+# one requeue per fault of the schedule is never reached by the faults alone.
+MIN_REQUEUES = 50
+
+
+def max_requeues(steps: list[Step]) -> int:
+    """The scenario's ``--max-requeues``: one per fault of its schedule, at least 50, at
+    most what the scheduler accepts."""
+    return min(MAX_REQUEUES_LIMIT, max(MIN_REQUEUES, len(steps)))
+
+
 _PROXY_VARS = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
 
@@ -200,6 +211,7 @@ class ChaosCluster:
                     f"--election-max={_duration_flag(t.election_max_s)}",
                     "--compact-state",
                     *PRIORITY_CLASSES,
+                    f"--max-requeues={max_requeues(cfg.steps)}",
                 ],
                 log_path=run_dir / f"{h.name}.log",
                 env={

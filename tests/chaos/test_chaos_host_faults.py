@@ -117,6 +117,37 @@ def test_a_thawed_member_still_writing_after_the_bound_is_a_thaw_overlap() -> No
     assert "token 4" in found[0].detail and "token 6" in found[0].detail
 
 
+def test_a_gang_frozen_on_two_hosts_at_once_has_a_thaw_window_on_each() -> None:
+    # Two soak lanes froze two hosts of j2's first attempt at once; w3's thaw came later
+    # and is listed last. The write on w2 right after w2's own thaw is inside w2's window.
+    history = frozen_history(6_300)
+    history.faults.append(
+        FaultRecord(
+            "freeze-host", ("w3",), 900 * MS, 9_000 * MS, frozen=(("j2", 4),), frozen_node="w3"
+        )
+    )
+    assert check_history(history) == []
+    # On w3 a write may come as late as w3's own thaw allows, not w2's.
+    history.members.append(MemberRecord("heartbeat", "j2", 1, 4, 0, "w3", 9_500 * MS, 12))
+    assert check_history(history) == []
+    late = 9_000 + THAW_KILL_BOUND_MS + 50
+    history.members.append(MemberRecord("heartbeat", "j2", 1, 4, 0, "w3", late * MS, 12))
+    assert kinds(history) == {"thaw-overlap"}
+
+
+def test_a_write_between_two_freezes_of_one_host_is_not_excused_by_the_second() -> None:
+    # w2 was frozen with j2's first attempt twice; a write after the first thaw's bound
+    # and before the second freeze, while token 6 ran, was made by a running member.
+    between = 6_200 + THAW_KILL_BOUND_MS + 300
+    history = frozen_history(between)
+    history.faults.append(
+        FaultRecord(
+            "freeze-host", ("w2",), 9_000 * MS, 12_000 * MS, frozen=(("j2", 4),), frozen_node="w2"
+        )
+    )
+    assert kinds(history) == {"thaw-overlap"}
+
+
 def test_a_superseded_write_the_sink_accepted_is_a_stale_write() -> None:
     history = frozen_history(6_300)
     # Rank 1 of token 4, thawed, asks the sink; the sink had seen no token above 4 yet
