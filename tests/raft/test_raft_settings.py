@@ -1,6 +1,7 @@
-"""The compact state as a synapse-scheduler setting: ``[raft] compact_state`` in TOML,
-``--compact-state`` / ``--no-compact-state`` on the command line (flags win); left as
-replicated when neither says; applied to the replicated configuration by the leader."""
+"""synapse-scheduler's ``[raft]`` settings in TOML and their flags (flags win): the
+journal's fsync mode (``--raft-fsync`` / ``--no-raft-fsync``) and the compact state
+(``--compact-state`` / ``--no-compact-state``, left as replicated when neither says and
+applied to the replicated configuration by the leader)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,24 @@ def load(tmp_path: Path, toml: str = "", *flags: str) -> scheduler_main.Schedule
     return scheduler_main.load_config([*base, *flags], environ={"SYNAPSE_RAFT_PASSWORD": "pw"})
 
 
-def test_not_given_leaves_the_replicated_value(tmp_path: Path) -> None:
+def test_the_default_is_the_documented_one(tmp_path: Path) -> None:
+    assert load(tmp_path).raft_fsync is scheduler_main.RAFT_FSYNC_DEFAULT
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_toml_sets_it_and_the_opposite_flag_wins(tmp_path: Path, value: bool) -> None:
+    toml = f"[raft]\nfsync = {'true' if value else 'false'}\n"
+    assert load(tmp_path, toml).raft_fsync is value
+    flag = "--no-raft-fsync" if value else "--raft-fsync"
+    assert load(tmp_path, toml, flag).raft_fsync is (not value)
+
+
+def test_a_value_that_is_not_a_boolean_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(scheduler_main.ConfigError, match=r"raft\.fsync must be true or false"):
+        load(tmp_path, '[raft]\nfsync = "yes"\n')
+
+
+def test_compact_state_not_given_leaves_the_replicated_value(tmp_path: Path) -> None:
     settings = load(tmp_path).scheduling
     assert settings.compact_state is None
     on = ClusterConfig(compact_state=True)
@@ -30,7 +48,7 @@ def test_not_given_leaves_the_replicated_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", [True, False])
-def test_toml_sets_it_and_the_opposite_flag_wins(tmp_path: Path, value: bool) -> None:
+def test_compact_state_from_toml_and_the_opposite_flag_wins(tmp_path: Path, value: bool) -> None:
     toml = f"[raft]\ncompact_state = {'true' if value else 'false'}\n"
     settings = load(tmp_path, toml).scheduling
     assert settings.compact_state is value
@@ -39,7 +57,7 @@ def test_toml_sets_it_and_the_opposite_flag_wins(tmp_path: Path, value: bool) ->
     assert load(tmp_path, toml, flag).scheduling.compact_state is (not value)
 
 
-def test_a_value_that_is_not_a_boolean_is_refused(tmp_path: Path) -> None:
+def test_a_compact_state_that_is_not_a_boolean_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         scheduler_main.ConfigError, match=r"raft\.compact_state must be true or false"
     ):
