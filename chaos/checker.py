@@ -325,12 +325,26 @@ Thaws = dict[tuple[str, int], list[tuple[str, int, int]]]
 def _thaws(history: History) -> Thaws:
     """(job, token) frozen with a host -> each freeze of it: (the host as members name it,
     the freeze, the thaw). A gang on several hosts can be frozen on more than one at once
-    (soak lanes freeze hosts independently)."""
+    (soak lanes freeze hosts independently).
+
+    Frozen are the attempts the nemesis listed and every attempt with a record on the host
+    before the thaw: the whole host is frozen, so a member that started just before the
+    freeze, too late for the nemesis's list, is frozen all the same. (An attempt that ended
+    before the freeze has no record in the window, so listing it changes nothing.)"""
+    freezes = [f for f in history.faults if f.kind == "freeze-host"]
     out: Thaws = defaultdict(list)
-    for f in history.faults:
-        if f.kind == "freeze-host":
-            for job, token in f.frozen:
-                out[(job, token)].append((f.frozen_node, f.start_ns, f.end_ns))
+    if not freezes:
+        return out
+    first_on: dict[str, dict[tuple[str, int], int]] = defaultdict(dict)
+    for r in history.members:
+        seen = first_on[r.node]
+        key = (r.job, r.token)
+        if key not in seen or r.mono_ns < seen[key]:
+            seen[key] = r.mono_ns
+    for f in freezes:
+        there = {key for key, at in first_on[f.frozen_node].items() if at <= f.end_ns}
+        for job, token in sorted(there | set(f.frozen)):
+            out[(job, token)].append((f.frozen_node, f.start_ns, f.end_ns))
     return out
 
 

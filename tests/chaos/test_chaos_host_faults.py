@@ -135,6 +135,23 @@ def test_a_gang_frozen_on_two_hosts_at_once_has_a_thaw_window_on_each() -> None:
     assert kinds(history) == {"thaw-overlap"}
 
 
+def test_a_member_that_started_too_late_for_the_nemesis_list_is_frozen_all_the_same() -> None:
+    # j2's first attempt started on w2 just before the freeze, after the nemesis had
+    # listed the host's gangs: the fault names no gang, but the whole host was frozen.
+    history = frozen_history(6_300)
+    history.faults[-1] = dataclasses.replace(history.faults[-1], frozen=())
+    assert check_history(history) == []
+    assert thaw_writes(history) == ["j2/4 rank 1: heartbeat"]
+    late = 6_200 + THAW_KILL_BOUND_MS + 50
+    history = frozen_history(late)
+    history.faults[-1] = dataclasses.replace(history.faults[-1], frozen=())
+    assert kinds(history) == {"thaw-overlap"}
+    # A freeze of another host excuses nothing on w2.
+    history = frozen_history(6_300)
+    history.faults[-1] = dataclasses.replace(history.faults[-1], frozen=(), frozen_node="w9")
+    assert kinds(history) == {"overlap"}
+
+
 def test_a_write_between_two_freezes_of_one_host_is_not_excused_by_the_second() -> None:
     # w2 was frozen with j2's first attempt twice; a write after the first thaw's bound
     # and before the second freeze, while token 6 ran, was made by a running member.
