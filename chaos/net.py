@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from chaos import hosts
 
@@ -155,10 +156,32 @@ def namespace_pids(netns: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
+def leftover_sinks() -> list[int]:
+    """Pids of effect sinks (``python -m chaos.sink``) still running: the sink lives in
+    the root namespace, on the bridge's address, so a run killed from outside leaves it
+    behind holding that address."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-m" in argv and b"chaos.sink" in argv:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
 def sweep() -> list[str]:
     """Remove every namespace, link and table of ours, killing whatever runs in those
-    namespaces first. Returns what was removed (for the log)."""
+    namespaces first, and any effect sink left running. Returns what was removed (for the
+    log)."""
     removed: list[str] = []
+    for pid in leftover_sinks():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, 9)
+            removed.append(f"sink pid {pid}")
     _layouts.clear()
     if shutil.which("ip") is None:
         return removed

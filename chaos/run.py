@@ -124,6 +124,22 @@ class ScenarioResult:
 # ------------------------------------------------------------------- helpers
 
 
+class SinkFailed(Exception):
+    """The sink exited before it listened (its address taken, e.g. by a sink a killed run
+    left behind): every member would fail to reach it."""
+
+
+def sink_listening(sink: Process, address: str) -> bool:
+    """Whether the sink listens on ``address`` (it says so in its log); raises
+    :class:`SinkFailed` at once if it exited instead."""
+    if not sink.alive:
+        raise SinkFailed(
+            f"the sink exited (code {sink.returncode}) before it listened on {address}; "
+            f"its log ends: {sink.log_tail(400).strip()!r}"
+        )
+    return f"sink listening on {address}" in sink.log_tail(4000)
+
+
 class InsecureCluster(Exception):
     """A replica answered a plaintext call: the cluster under test is not the secure one."""
 
@@ -312,6 +328,8 @@ class ChaosCluster:
             [sys.executable, "-m", "chaos.sink", self.sink_address, str(self.dir / ledger.EFFECTS)],
             log_path=self.dir / "sink.log",
         )
+        sink = self.sink
+        self.wait("the sink to listen", lambda: sink_listening(sink, self.sink_address), 15.0)
         for p in self.replicas.values():
             self.launcher.start(p)
         self._observer.start()
@@ -899,6 +917,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         grpc.RpcError,
         OSError,
         InsecureCluster,
+        SinkFailed,
     ) as exc:
         error = f"{type(exc).__name__}: {exc}"
         log.error("scenario %s seed %d aborted: %s", cfg.name, cfg.seed, error)
