@@ -52,12 +52,13 @@ CHAOS_SCENARIOS ?= targeted,random,broken-build,five-membership
 CHAOS_SKIP_KINDS ?=
 # make soak SOAK_MINUTES=60: random scenarios seed after seed (the targeted one every tenth
 # seed) for that long, then the same summary line as CI. Outside CI. SOAK_LANES fault
-# schedules play at once (one at the control plane, the others at shares of the workers);
-# `python -m chaos summary DIR...` sums soaks run at different times.
+# schedules play at once (one at the control plane, one per worker by default), each
+# SOAK_DURATION long; `python -m chaos summary DIR...` sums soaks run at different times.
 SOAK_MINUTES ?= 60
 SOAK_FIRST_SEED ?= 1000
 SOAK_OUT ?= chaos/runs
-SOAK_LANES ?= 3
+SOAK_LANES ?= 5
+SOAK_DURATION ?= 900
 chaos: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then \
 	  (command -v nft >/dev/null && command -v ip >/dev/null) || \
@@ -72,7 +73,7 @@ soak: $(STAMP)
 	  (apt-get update && apt-get install -y nftables iproute2); fi
 	$(BIN)/python -m chaos preflight
 	$(BIN)/python -m chaos soak --minutes $(SOAK_MINUTES) --first-seed $(SOAK_FIRST_SEED) \
-	  --duration $(DURATION) --skip-kinds "$(CHAOS_SKIP_KINDS)" --out $(SOAK_OUT) \
+	  --duration $(SOAK_DURATION) --skip-kinds "$(CHAOS_SKIP_KINDS)" --out $(SOAK_OUT) \
 	  --lanes $(SOAK_LANES)
 
 demo: $(STAMP)
