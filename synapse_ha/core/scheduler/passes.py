@@ -325,7 +325,7 @@ class Answers:
             return None
         made = reserve(gang, view, depths, running, empty_view)
         if made is None:
-            self.no_start.add(self._key(gang, view, depths))
+            self.no_start.add(key)  # the search undid its changes: the same version
         return made
 
 
