@@ -175,7 +175,12 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     call, so a revocation counts from the moment it is applied here). ``clock_ms`` is the
     replica's wall clock, for expiry. ``identify_peer`` names the caller from the
     transport (a client certificate); None when there is no such transport.
-    Thread-safe."""
+
+    ``unverified_token``, when set, is called with the call's context before a well-formed
+    token this replica does not know (or whose secret does not match) is refused: a
+    replica behind the leader cannot tell a token it has not applied yet from a wrong
+    one, so the hook ends the call with where to go (the server's leader routing) and
+    returns only where the answer is final. Thread-safe."""
 
     def __init__(
         self,
@@ -189,6 +194,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         self._clock_ms = clock_ms
         self._identify_peer = identify_peer
         self.insecure = insecure
+        self.unverified_token: Callable[[grpc.ServicerContext], None] | None = None
         self._lock = threading.Lock()
         self._refusals: Counter[tuple[str, str]] = Counter()
 
@@ -217,7 +223,16 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
                 return None, access.unauthenticated(
                     "the authorization metadata must be 'Bearer <token>'"
                 )
-            return identify_token(value[len(BEARER) :].strip(), self._tokens(), self._clock_ms())
+            text = value[len(BEARER) :].strip()
+            identity, refusal = identify_token(text, self._tokens(), self._clock_ms())
+            if (
+                identity is None
+                and refusal is not None
+                and self.unverified_token is not None
+                and access.split_token(text) is not None
+            ):
+                self.unverified_token(context)
+            return identity, refusal
         if self._identify_peer is not None:
             identity = self._identify_peer(context)
             if identity is not None:

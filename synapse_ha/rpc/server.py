@@ -201,26 +201,7 @@ class _Base:
     # ----------------------------------------------------------------- routing
 
     def _require_serving_leader(self, context: grpc.ServicerContext) -> None:
-        ctx = self.ctx
-        if ctx.serving():
-            return
-        if ctx.backend.is_leader():
-            abort(
-                context,
-                Reason.LEADER_NOT_READY,
-                "this replica was just elected leader and is committing its barrier; retry",
-                {"leader_id": ctx.self_id},
-            )
-        leader = ctx.by_raft(ctx.backend.leader_address())
-        if leader is None or leader.replica_id == ctx.self_id:
-            abort(context, Reason.NO_LEADER, "no leader is elected; retry shortly")
-        abort(
-            context,
-            Reason.NOT_LEADER,
-            f"not the leader; the leader is {leader.replica_id} at {leader.grpc}",
-            {"leader_id": leader.replica_id, "leader_address": leader.grpc},
-            trailing=((LEADER_METADATA_KEY, leader.grpc),),
-        )
+        require_serving_leader(self.ctx, context)
 
     def _read_mode(self, context: grpc.ServicerContext, allow_stale: bool) -> bool:
         """Check a read may be served here; return whether the answer is stale."""
@@ -1151,6 +1132,31 @@ def _desired_to_proto(state: ClusterState, d: DesiredMember, now_ms: int) -> pb.
     return msg
 
 
+def require_serving_leader(ctx: ReplicaContext, context: grpc.ServicerContext) -> None:
+    """Return when this replica is the serving leader; otherwise end the call with
+    where to go: NOT_LEADER (the leader's id and address), LEADER_NOT_READY or
+    NO_LEADER."""
+    if ctx.serving():
+        return
+    if ctx.backend.is_leader():
+        abort(
+            context,
+            Reason.LEADER_NOT_READY,
+            "this replica was just elected leader and is committing its barrier; retry",
+            {"leader_id": ctx.self_id},
+        )
+    leader = ctx.by_raft(ctx.backend.leader_address())
+    if leader is None or leader.replica_id == ctx.self_id:
+        abort(context, Reason.NO_LEADER, "no leader is elected; retry shortly")
+    abort(
+        context,
+        Reason.NOT_LEADER,
+        f"not the leader; the leader is {leader.replica_id} at {leader.grpc}",
+        {"leader_id": leader.replica_id, "leader_address": leader.grpc},
+        trailing=((LEADER_METADATA_KEY, leader.grpc),),
+    )
+
+
 def build_server(
     ctx: ReplicaContext,
     address: str,
@@ -1171,6 +1177,9 @@ def build_server(
         )
         auth = AuthInterceptor.without_credentials()
     ctx.auth = auth
+    # A token this replica cannot verify may be one it has not applied yet: only the
+    # serving leader's answer is final, elsewhere the caller is sent there.
+    auth.unverified_token = lambda context: require_serving_leader(ctx, context)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=[auth],

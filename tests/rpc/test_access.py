@@ -15,7 +15,9 @@ import pytest
 from synapse_ha.app.leader import Liveness
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.access import Role
 from synapse_ha.core.machine import apply
+from synapse_ha.rpc.auth import new_token
 from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -260,6 +262,43 @@ def test_a_token_is_refused_once_its_revocation_commits(replica: Replica) -> Non
     with pytest.raises(grpc.RpcError) as refused:
         replica.scheduler.ListJobs(pb.ListJobsRequest(), metadata=alice)
     assert failure_of(refused.value).code is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_follower_sends_a_token_it_cannot_verify_to_the_leader(replica: Replica) -> None:
+    """A replica behind the leader may not have applied a token the leader just made:
+    it cannot tell such a token from a wrong one, so it answers with where the leader is
+    (as for a write) instead of refusing. Final refusals stay refusals."""
+    fresh, _ = new_token("erin", Role.USER, (), 0, NOW, "user:root")  # never applied here
+    erin = [("authorization", f"Bearer {fresh}")]
+    stale = pb.ListJobsRequest(allow_stale=True)
+    with pytest.raises(grpc.RpcError) as leader_refuses:
+        replica.scheduler.ListJobs(stale, metadata=erin)
+    assert failure_of(leader_refuses.value).reason is Reason.UNAUTHENTICATED
+
+    # The same replica as a follower of r2.
+    replica.ctx.serving = lambda: False
+    replica.ctx.replicas = [
+        ReplicaAddress("r1", "127.0.0.1:1", replica.address),
+        ReplicaAddress("r2", "127.0.0.1:2", "10.9.9.9:7000"),
+    ]
+    leader = ["127.0.0.1:2"]
+    replica.backend.is_leader = lambda: False  # type: ignore[method-assign]
+    replica.backend.leader_address = lambda: leader[0]  # type: ignore[method-assign]
+    assert replica.scheduler.ListJobs(stale, metadata=_as(replica, "alice")).jobs
+    for who in (erin, _as(replica, "wrong-secret")):
+        with pytest.raises(grpc.RpcError) as routed:
+            replica.scheduler.ListJobs(stale, metadata=who)
+        failure = failure_of(routed.value)
+        assert failure.reason is Reason.NOT_LEADER, failure
+        assert failure.metadata["leader_address"] == "10.9.9.9:7000"
+    for final in ("garbage-token", "revoked", "expired"):
+        with pytest.raises(grpc.RpcError) as refused:
+            replica.scheduler.ListJobs(stale, metadata=_as(replica, final))
+        assert failure_of(refused.value).reason is Reason.UNAUTHENTICATED, final
+    leader[0] = ""
+    with pytest.raises(grpc.RpcError) as leaderless:
+        replica.scheduler.ListJobs(stale, metadata=erin)
+    assert failure_of(leaderless.value).reason is Reason.NO_LEADER
 
 
 def test_a_token_expires_by_the_replica_clock(replica: Replica) -> None:
