@@ -45,7 +45,10 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     After healing every replica's encoded state is byte-identical, and passes
     :func:`synapse_ha.core.invariants.check`.
 ``deadline``
-    Every job reached a final state within ``final_deadline_ms`` after the heal.
+    Every job reached a final state after the heal: the cluster never went
+    ``final_stall_ms`` without finishing a job while some were unfinished (from the heal
+    to the first finish, and between finishes), and the last finished within
+    ``final_deadline_ms`` (the cap) of the heal.
 ``stale-write``
     The sink accepted an effect under a token lower than that of an attempt of the same
     job which had already started (a ``start`` record earlier than the acceptance), even
@@ -173,6 +176,7 @@ class History:
     replica_states: dict[str, bytes] = field(default_factory=dict)  # replica id -> encoding
     heal_wall_ms: int = 0
     final_deadline_ms: int = 60_000
+    final_stall_ms: int = 0  # 0: no stall bound (a run that recorded none)
     faults: list[FaultRecord] = field(default_factory=list)
     # Lines of the replicas' logs saying an applied entry was deleted, as "replica: line".
     applied_truncations: list[str] = field(default_factory=list)
@@ -258,6 +262,7 @@ def load_history(run_dir: Path) -> History:
         meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
         history.heal_wall_ms = int(meta.get("heal_wall_ms", 0))
         history.final_deadline_ms = int(meta.get("final_deadline_ms", history.final_deadline_ms))
+        history.final_stall_ms = int(meta.get("final_stall_ms", 0))
     return history
 
 
@@ -282,6 +287,35 @@ def check_history(history: History) -> list[Violation]:
     out += _check_early_dead(history)
     out += [Violation("applied-truncated", "", line) for line in history.applied_truncations]
     out += _check_exactly_once(history, state)
+    out += _check_stalls(history, state)
+    return out
+
+
+def _check_stalls(history: History, state: ClusterState | None) -> list[Violation]:
+    """``deadline``: a stretch after the heal longer than ``final_stall_ms`` in which no
+    job finished while some were unfinished (a job still unfinished at the end is a
+    violation of its own)."""
+    if state is None or not history.heal_wall_ms or not history.final_stall_ms:
+        return []
+    finishes = sorted(
+        (job.finished_at_ms, job.job_id)
+        for job in state.jobs.values()
+        if job.state.finished and job.finished_at_ms > history.heal_wall_ms
+    )
+    out: list[Violation] = []
+    previous = history.heal_wall_ms
+    for finished_at_ms, job_id in finishes:
+        if finished_at_ms - previous > history.final_stall_ms:
+            out.append(
+                Violation(
+                    "deadline",
+                    job_id,
+                    f"no job finished from {(previous - history.heal_wall_ms) / 1000:.1f} s "
+                    f"to {(finished_at_ms - history.heal_wall_ms) / 1000:.1f} s after the "
+                    f"heal (stall bound {history.final_stall_ms / 1000:.0f} s)",
+                )
+            )
+        previous = finished_at_ms
     return out
 
 

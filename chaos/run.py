@@ -46,12 +46,17 @@ RAFT_PORT = 7001
 GRPC_PORT = 7101
 WORKER_PORT = 7070
 WORKER_GPUS = 4
-FINAL_DEADLINE_S = 90.0
+# After the heal the cluster drains its backlog: the run waits while jobs keep finishing
+# and gives up when none has for FINAL_STALL_S (a healed cluster that finishes nothing
+# for that long is stuck; between finishes it takes a few seconds), or at the cap,
+# FINAL_DEADLINE_S per unit of lane load (a five-lane soak leaves hundreds of jobs).
+FINAL_STALL_S = 60.0
+FINAL_DEADLINE_S = 270.0
 SUBMIT_INTERVAL_S = 1.2  # between the client's submissions (one lane)
 
 
 def lane_load(lanes: int) -> float:
-    """How much longer the final deadline and the gap between submissions are with
+    """How much longer the final cap and the gap between submissions are with
     ``lanes`` fault schedules at once: each worker lane keeps some workers faulted, so the
     cluster completes fewer gangs a second, and the same submission rate would leave a
     backlog no deadline drains (one lane: 1; three: 2)."""
@@ -511,10 +516,11 @@ class ChaosCluster:
 
     # ---------------------------------------------------------------- quiesce
 
-    def all_jobs_final(self) -> tuple[bool, str]:
+    def all_jobs_final(self) -> tuple[int, int]:
+        """(jobs in a final state, jobs in all)."""
         jobs = self.observer.list_jobs()
-        waiting = [j for j in jobs if j.state not in ("SUCCEEDED", "FAILED", "CANCELLED")]
-        return not waiting, f"{len(waiting)} of {len(jobs)} jobs not final"
+        final = [j for j in jobs if j.state in ("SUCCEEDED", "FAILED", "CANCELLED")]
+        return len(final), len(jobs)
 
     def collect_states(self) -> dict[str, pb.GetReplicaStateResponse]:
         return {name: self.observer.replica_state(addr) for name, addr in self.grpc.items()}
@@ -886,6 +892,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         "backends": asdict(backends),
         "unsafe_no_self_fencing": cfg.unsafe_no_self_fencing,
         "final_deadline_ms": int(FINAL_DEADLINE_S * lane_load(nemesis.lanes_of(cfg.steps)) * 1000),
+        "final_stall_ms": int(FINAL_STALL_S * 1000),
         "member_ms": list(cfg.member_ms),
         "submit_interval_s": cfg.submit_interval_s,
         "security": "mutual TLS on every connection; the suite calls as the admin",
@@ -986,20 +993,41 @@ def cluster_submit_grace() -> float:
     return 8.0  # one submission's deadline (5 s) plus its record
 
 
-def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
-    """Wait (bounded) for every job to finish and every replica to hold the same state;
-    save the states whatever happens, for the checker."""
-    last = ""
-    final_deadline_ms = meta["final_deadline_ms"]
-    assert isinstance(final_deadline_ms, int)
-    deadline = time.monotonic() + final_deadline_ms / 1000
-    while time.monotonic() < deadline:
+def drain(
+    progress: Callable[[], tuple[int, int]],
+    cap_s: float,
+    stall_s: float,
+    poll_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Poll ``progress`` (jobs final, jobs in all) until every job is final, none has
+    become final for ``stall_s``, or ``cap_s`` has passed; say which. A poll that fails
+    (no leader yet) counts as no progress."""
+    start = clock()
+    last_change, best, last = start, -1, "no answer from the cluster"
+    while True:
         with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
-            done, last = cluster.all_jobs_final()
-            if done:
-                break
-        time.sleep(0.5)
-    meta["quiesce"] = last or "every job final"
+            final, total = progress()
+            last = f"{total - final} of {total} jobs not final"
+            if final == total:
+                return "every job final"
+            if final > best:
+                best, last_change = final, clock()
+        now = clock()
+        if now - last_change >= stall_s:
+            return f"{last}: none became final for {now - last_change:.0f} s"
+        if now - start >= cap_s:
+            return f"{last} after {now - start:.0f} s"
+        sleep(poll_s)
+
+
+def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
+    """Wait for every job to finish (:func:`drain`) and every replica to hold the same
+    state; save the states whatever happens, for the checker."""
+    final_deadline_ms, final_stall_ms = meta["final_deadline_ms"], meta["final_stall_ms"]
+    assert isinstance(final_deadline_ms, int) and isinstance(final_stall_ms, int)
+    meta["quiesce"] = drain(cluster.all_jobs_final, final_deadline_ms / 1000, final_stall_ms / 1000)
     states_dir = cluster.dir / "replica_states"
     states_dir.mkdir(exist_ok=True)
     states: dict[str, pb.GetReplicaStateResponse] = {}

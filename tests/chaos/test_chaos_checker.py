@@ -207,6 +207,29 @@ def test_phantoms_failed_submissions_and_unfinished_jobs() -> None:
     assert ("deadline", "j2") in {(v.kind, v.job) for v in check_history(late)}
 
 
+def test_a_stretch_after_the_heal_with_no_job_finishing_is_a_stall() -> None:
+    def finishing_at(*after_heal_ms: int, stall_ms: int) -> History:
+        history = clean_history()
+        state = final_state(
+            ("j1", "req-1", 3, 1, JobState.SUCCEEDED), ("j2", "req-2", 6, 2, JobState.SUCCEEDED)
+        )
+        for job_id, at in zip(("j1", "j2"), after_heal_ms, strict=True):
+            state.jobs[job_id].finished_at_ms = HEAL_WALL_MS + at
+        history.replica_states = {r: encode_state(state) for r in ("r1", "r2", "r3")}
+        history.final_stall_ms = stall_ms
+        return history
+
+    # Steady finishes: none; a gap between finishes, or before the first, beyond the bound.
+    assert check_history(finishing_at(20_000, 40_000, stall_ms=30_000)) == []
+    between = check_history(finishing_at(20_000, 55_000, stall_ms=30_000))
+    assert [(v.kind, v.job) for v in between] == [("deadline", "j2")]
+    assert "from 20.0 s to 55.0 s after the heal" in between[0].detail
+    first = check_history(finishing_at(31_000, 40_000, stall_ms=30_000))
+    assert [(v.kind, v.job) for v in first] == [("deadline", "j1")]
+    # A run that recorded no stall bound is judged by its cap alone.
+    assert check_history(finishing_at(20_000, 55_000, stall_ms=0)) == []
+
+
 def test_an_unknown_submission_may_have_run_once_but_not_twice() -> None:
     history = clean_history()
     history.submissions[1] = Submission("req-2", "unknown")
