@@ -27,9 +27,14 @@ applies it; one that uses a new feature carries the field, and that replica refu
 as above.
 
 The compact state. With ``ClusterConfig.compact_state`` on (a replicated setting, so every
-replica encodes alike) the state is written without any field that holds its default,
-about half the bytes of a large state; decoding fills the defaults back in. Turning it on
-is itself a new field: only once every replica runs this release.
+replica encodes alike) every dataclass of the state is written as a list of its field
+values in declaration order, without the trailing fields that hold their defaults:
+the field names, repeated for every job and node, were most of a large state's bytes.
+Decoding reads a list where an object is expected by position and fills the defaults
+back in. The declaration order is therefore part of the format: a field is only ever
+appended, with a default (``tests/core/test_codec_layout.py`` holds every state type to
+the layout it had). Turning the compact state on is itself a new field: only once every
+replica runs this release.
 """
 
 from __future__ import annotations
@@ -109,6 +114,19 @@ def _plain_walker(compact: bool) -> _Encoder:
             return lambda value: value.value
         if issubclass(kind, (bool, int, str)):
             return lambda value: value
+        if dataclasses.is_dataclass(kind) and compact:
+            positions = _positions(kind)
+
+            def encode_positional(value: Any) -> list[Any]:
+                plain = [getattr(value, name) for name, _ in positions]
+                end = len(plain)
+                while end and positions[end - 1][1] is not _ALWAYS:
+                    if plain[end - 1] != positions[end - 1][1]:
+                        break
+                    end -= 1
+                return [v if type(v) in _LEAVES else walk(v) for v in plain[:end]]
+
+            return encode_positional
         if dataclasses.is_dataclass(kind):
             layout = _layout(kind, compact)
 
@@ -157,6 +175,14 @@ def _layout(cls: type, compact: bool = False) -> tuple[tuple[str, Any], ...]:
                 default = f.default_factory()
         layout.append((f.name, default))
     return tuple(layout)
+
+
+@cache
+def _positions(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The compact layout of ``cls``: its fields in declaration order, each with its
+    default (``_ALWAYS`` when it has none); trailing fields at their defaults are left
+    out. The order is the format: fields are only ever appended, with a default."""
+    return _layout(cls, compact=True)
 
 
 @cache
@@ -312,7 +338,16 @@ def _dataclass_decoder(tp: type) -> _Decoder:
             found = fields[name] = _decoder(_hints(tp)[name])
         return found
 
+    order = tuple(f.name for f in _fields(tp))
+
     def decode(data: Any, path: str) -> Any:
+        if isinstance(data, list):  # the compact layout: values in field order
+            if len(data) > len(order):
+                raise UnreadableFormat(
+                    f"{path}: {len(data)} fields where this release knows {len(order)} "
+                    f"(from a newer release? upgrade this replica)"
+                )
+            data = dict(zip(order, data, strict=False))
         _expect(data, dict, path)
         if not names.issuperset(data):
             unknown = sorted(set(data) - names)

@@ -234,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--compact-state",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="write the replicated state without fields that hold their defaults (about "
-        "half the size of snapshots and state downloads); on only once every replica runs "
+        help="write the replicated state as lists of field values, without trailing "
+        "defaults (about 40%% of the size of snapshots and state downloads); on only once "
+        "every replica runs "
         "this release. Left as replicated when not given ([raft] compact_state)",
     )
     p.add_argument(

@@ -491,6 +491,11 @@ class ClusterMachine(RuleBasedStateMachine):
         encoded = encode_state(self.state)
         assert encode_state(replayed) == encoded
         assert decode_state(encoded) == self.state
+        # The compact (positional) layout holds the same state.
+        compact = replace(self.state, config=replace(self.state.config, compact_state=True))
+        compact_encoded = encode_state(compact)
+        assert decode_state(compact_encoded) == compact
+        assert len(compact_encoded) < len(encoded)
 
 
 ClusterMachine.TestCase.settings = settings(

@@ -1,0 +1,132 @@
+"""The compact state writes every dataclass as a list of its field values in declaration
+order (:mod:`synapse_ha.core.codec`), so that order is part of the format: a replica of
+the next release must read this release's states. Every type the state holds is pinned
+here to the fields it had; a field may only be appended, with a default. A field moved,
+renamed or removed fails this test: that is a format change, and needs a new state
+version."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+
+import pytest
+
+from synapse_ha.core import model, reasons
+from synapse_ha.core.codec import CodecError, UnreadableFormat, decode_state, encode_state
+from synapse_ha.core.model import ClusterState
+from tests.core.harness import Cluster, job, node
+
+PINNED: dict[type, tuple[str, ...]] = {
+    model.Attempt: ("number", "fencing_token", "members", "master_port", "bound_at_ms",
+                    "member_status", "started_at_ms", "ended_at_ms", "state", "outcome",
+                    "preempted_by", "preemption", "preempt_deadline_ms"),
+    model.ClusterConfig: ("topology_levels", "timeouts", "retention_ms", "master_port_base",
+                          "master_port_span", "locality_wait_ms", "max_requeues",
+                          "start_timeout_ms", "priority_classes", "fair_share_half_life_ms",
+                          "preemption", "compact_state"),
+    model.ClusterState: ("config", "nodes", "jobs", "request_ids", "next_job_seq",
+                         "last_fencing_token", "applied_commands", "last_time_ms", "tokens",
+                         "queues", "queue_history"),
+    model.Job: ("job_id", "spec", "request_id", "seq", "submitted_at_ms", "state", "reason",
+                "attempt", "attempts_made", "retries_used", "requeues", "retry_not_before_ms",
+                "finished_at_ms", "owner", "cancelled_by", "lost_attempt"),
+    model.JobSpec: ("name", "replicas", "resources", "command", "shell", "env", "workdir",
+                    "priority", "topology_required", "topology_preferred", "time_limit_ms",
+                    "retries", "image", "queue", "priority_class"),
+    model.LostAttempt: ("number", "fencing_token", "node_id", "nodes", "exited_zero"),
+    model.MemberPlacement: ("rank", "node_id", "gpus"),
+    model.MemberStatus: ("state", "exit_code", "started_at_ms", "finished_at_ms"),
+    model.Node: ("info", "status", "registered_at_ms", "allocated", "allocated_gpus",
+                 "master_ports", "status_reason", "status_by"),
+    model.NodeInfo: ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology",
+                     "features", "members_run_as"),
+    model.PriorityClass: ("name", "value", "preempts", "grace_ms"),
+    model.Queue: ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu",
+                  "lending_limit_gpu", "priority_classes"),
+    model.QueueHistory: ("gpu_ms", "cpu_milli_ms", "memory_mib_ms", "at_ms"),
+    reasons.Reason: ("code", "params", "cause"),
+    model.Resources: ("cpu_milli", "memory_mib", "gpu"),
+    model.RetryPolicy: ("max_retries", "backoff_ms", "max_backoff_ms"),
+    model.Timeouts: ("heartbeat_interval_ms", "lease_ttl_ms", "leader_step_down_ms",
+                     "dead_timeout_ms", "safety_margin_ms"),
+    model.Token: ("token_id", "user", "role", "secret_sha256", "created_at_ms", "created_by",
+                  "queues", "expires_at_ms", "revoked_at_ms", "revoked_by"),
+}  # fmt: skip
+
+
+def state_types() -> set[type]:
+    """Every dataclass a ClusterState can hold."""
+    seen: set[type] = set()
+
+    def visit(tp: typing.Any) -> None:
+        origin = typing.get_origin(tp)
+        if origin is not None:
+            for arg in typing.get_args(tp):
+                if arg is not Ellipsis:
+                    visit(arg)
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp not in seen:
+            seen.add(tp)
+            for hint in typing.get_type_hints(tp).values():
+                visit(hint)
+        elif isinstance(tp, types.UnionType):
+            for arg in tp.__args__:
+                visit(arg)
+
+    visit(ClusterState)
+    return seen
+
+
+def test_every_state_type_is_pinned() -> None:
+    assert state_types() == set(PINNED), "pin the layout of a new state type here"
+
+
+@pytest.mark.parametrize("cls", sorted(PINNED, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_fields_are_only_ever_appended_with_a_default(cls: type) -> None:
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    pinned = PINNED[cls]
+    assert tuple(f.name for f in fields[: len(pinned)]) == pinned, (
+        f"{cls.__name__}: the compact state reads fields by position; append new fields "
+        f"after {pinned[-1]!r} instead of moving, renaming or removing one"
+    )
+    for f in fields[len(pinned) :]:
+        assert (
+            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        ), f"{cls.__name__}.{f.name}: an appended field needs a default"
+
+
+def compact_cluster() -> Cluster:
+    cl = Cluster()
+    cl.add(node("b", gpus=8, rack="r2"), node("a", gpus=8, rack="r1"))
+    j = cl.submit(job(replicas=2, gpu=4))
+    cl.submit(job("waits", replicas=9, gpu=8, retries=2))
+    cl.run_pass()
+    cl.start_all(j)
+    cl.state.config = dataclasses.replace(cl.state.config, compact_state=True)
+    return cl
+
+
+def test_a_compact_state_names_no_field() -> None:
+    data = encode_state(compact_cluster().state)
+    for name in ("spec", "submitted_at_ms", "fencing_token", "allocated_gpus", "node_id"):
+        assert f'"{name}"'.encode() not in data
+
+
+def test_a_compact_state_of_a_newer_release_is_refused_with_the_upgrade_advice() -> None:
+    envelope = json.loads(encode_state(compact_cluster().state))
+    jobs = envelope["state"][PINNED[ClusterState].index("jobs")]
+    first = next(iter(jobs))
+    jobs[first] = [*jobs[first], *[None] * len(PINNED[model.Job])]  # fields it cannot know
+    with pytest.raises(UnreadableFormat, match=rf"jobs\.{first}: .* upgrade this replica"):
+        decode_state(json.dumps(envelope).encode())
+
+
+def test_a_compact_value_missing_a_required_field_is_refused() -> None:
+    envelope = json.loads(encode_state(compact_cluster().state))
+    jobs = envelope["state"][PINNED[ClusterState].index("jobs")]
+    first = next(iter(jobs))
+    jobs[first] = jobs[first][:1]  # the job id alone: no spec
+    with pytest.raises(CodecError, match=rf"jobs\.{first}"):
+        decode_state(json.dumps(envelope).encode())
