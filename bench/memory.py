@@ -61,14 +61,18 @@ def proc_memory(pid: int) -> dict[str, float]:
 
 
 def live_jobs(stub: pb_grpc.SchedulerServiceStub) -> int:
+    """Jobs waiting or holding resources (not finished)."""
     status = stub.GetClusterStatus(pb.GetClusterStatusRequest(), timeout=10)
-    return int(status.jobs)
+    return int(status.pending_jobs + status.running_jobs)
 
 
 def replica_run(root: Path, nodes: int, jobs: int) -> dict[str, Any]:
-    # As a new cluster is deployed (deploy/scheduler-*.toml): the compact state on.
+    # As a new cluster is deployed (deploy/scheduler-*.toml): the compact state on. No
+    # worker runs the members: long dead and start timeouts keep every job bound (live).
     cluster = LocalReplicas(
-        root / "mem", size=1, extra_args=["--dead-timeout", "1h", "--compact-state"]
+        root / "mem",
+        size=1,
+        extra_args=["--dead-timeout", "1h", "--start-timeout", "1h", "--compact-state"],
     )
     try:
         cluster.start()
@@ -87,8 +91,8 @@ def replica_run(root: Path, nodes: int, jobs: int) -> dict[str, Any]:
             pipelined(agent.RegisterNode, registrations, 128, timeout_s=120)
             report["register_s"] = round(time.monotonic() - started, 1)
             report["rss_with_nodes_mib"] = proc_memory(pid)
-            state = stub.GetReplicaState(pb.GetReplicaStateRequest(), timeout=60)
-            report["encoded_state_nodes_only_mb"] = round(len(state.encoded_state) / MIB, 2)
+            nodes_state = stub.GetReplicaState(pb.GetReplicaStateRequest(), timeout=60)
+            report["encoded_state_nodes_only_mb"] = round(len(nodes_state.encoded_state) / MIB, 2)
             started = time.monotonic()
             chunk = 5_000
             for start in range(0, jobs, chunk):
@@ -114,6 +118,9 @@ def replica_run(root: Path, nodes: int, jobs: int) -> dict[str, Any]:
                 encoded = len(state.encoded_state)
                 report["encoded_state_mb"] = round(encoded / MIB, 2)
                 report["encoded_state_mb_per_10k_nodes"] = round(encoded / MIB * 10_000 / nodes, 2)
+                nodes_only = len(nodes_state.encoded_state)
+                report["encoded_bytes_per_node"] = round(nodes_only / nodes)
+                report["encoded_bytes_per_job"] = round((encoded - nodes_only) / jobs)
             report["rss_after_reads_mib"] = proc_memory(pid)
         return report
     except Exception:

@@ -165,8 +165,11 @@ class SchedulingSettings:
     fair_share_half_life_ms: int | None = None
     max_requeues: int | None = None
     compact_state: bool | None = None
+    start_timeout_ms: int | None = None
 
     def applied_to(self, config: ClusterConfig) -> ClusterConfig:
+        if self.start_timeout_ms is not None:
+            config = replace(config, start_timeout_ms=self.start_timeout_ms)
         if self.compact_state is not None:
             config = replace(config, compact_state=self.compact_state)
         if self.max_requeues is not None:

@@ -70,6 +70,8 @@ from synapse_ha.core.model import (
     LOCALITY_WAIT_MS,
     MAX_LOCALITY_WAIT_MS,
     MAX_REQUEUES_LIMIT,
+    MAX_START_TIMEOUT_MS,
+    MIN_START_TIMEOUT_MS,
     PreemptionMode,
     PriorityClass,
     Timeouts,
@@ -219,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="how often a job may be requeued by disruptions it did not cause before it "
         "fails (default 5)",
+    )
+    p.add_argument(
+        "--start-timeout",
+        help="how long after its bind a gang's members may take to report running before "
+        "the attempt fails: allow for the largest image pull (default 60s; 1s to 24h)",
     )
     p.add_argument("--election-min", help="Raft election timeout, lower bound (default 400ms)")
     p.add_argument("--election-max", help="Raft election timeout, upper bound (default 800ms)")
@@ -626,7 +633,18 @@ def _scheduling(args: argparse.Namespace, s_doc: dict[str, Any]) -> SchedulingSe
         or not 0 <= raw_requeues <= MAX_REQUEUES_LIMIT
     ):
         raise ConfigError(f"max_requeues must be an integer from 0 to {MAX_REQUEUES_LIMIT}")
-    return SchedulingSettings(classes, mode, half_life, raw_requeues)
+    raw_start = args.start_timeout or s_doc.get("start_timeout")
+    start_timeout = None if raw_start is None else _ms(raw_start, "start_timeout")
+    if start_timeout is not None and not (
+        MIN_START_TIMEOUT_MS <= start_timeout <= MAX_START_TIMEOUT_MS
+    ):
+        raise ConfigError(
+            f"start_timeout must be from {MIN_START_TIMEOUT_MS // 1000}s to "
+            f"{MAX_START_TIMEOUT_MS // 3_600_000}h, got {raw_start!r}"
+        )
+    return SchedulingSettings(
+        classes, mode, half_life, raw_requeues, start_timeout_ms=start_timeout
+    )
 
 
 def _check_writable(path: str) -> None:

@@ -25,3 +25,4 @@ def test_memory_benchmark_smoke_run_reports_its_figures() -> None:
     started, loaded = replica["rss_started_mib"]["VmRSS"], replica["rss_with_jobs_mib"]["VmRSS"]
     assert loaded >= started > 0
     assert replica["encoded_state_mb"] > replica["encoded_state_nodes_only_mb"] > 0
+    assert replica["encoded_bytes_per_job"] > 0 and replica["encoded_bytes_per_node"] > 0

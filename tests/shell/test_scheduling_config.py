@@ -85,6 +85,9 @@ def test_flags_replace_the_files_classes(tmp_path: Path) -> None:
         (("--fair-share-half-life", "0s"), "fair_share_half_life must be positive"),
         (("--max-requeues", "-1"), "max_requeues must be an integer from 0 to 1000"),
         (("--max-requeues", "1001"), "max_requeues must be an integer from 0 to 1000"),
+        (("--start-timeout", "500ms"), "start_timeout must be from 1s to 24h, got '500ms'"),
+        (("--start-timeout", "2d"), "start_timeout must be from 1s to 24h, got '2d'"),
+        (("--start-timeout", "soon"), "start_timeout"),
     ],
 )
 def test_bad_settings_are_refused_naming_them(
@@ -102,3 +105,12 @@ def test_max_requeues_from_toml_or_flag(tmp_path: Path) -> None:
     assert from_flag.scheduling.applied_to(ClusterConfig()).max_requeues == 7
     with pytest.raises(scheduler_main.ConfigError, match="max_requeues"):
         load(tmp_path, '[scheduling]\nmax_requeues = "many"\n')
+
+
+def test_start_timeout_from_toml_or_flag(tmp_path: Path) -> None:
+    unset = load(tmp_path, "").scheduling.applied_to(ClusterConfig())
+    assert unset.start_timeout_ms == ClusterConfig().start_timeout_ms
+    from_file = load(tmp_path, '[scheduling]\nstart_timeout = "10m"\n').scheduling
+    assert from_file.applied_to(ClusterConfig()).start_timeout_ms == 600_000
+    from_flag = load(tmp_path, '[scheduling]\nstart_timeout = "10m"\n', "--start-timeout", "1h")
+    assert from_flag.scheduling.applied_to(ClusterConfig()).start_timeout_ms == 3_600_000
