@@ -176,13 +176,19 @@ def named(cls: type, values: list[Any]) -> dict[str, Any]:
     return dict(zip([f.name for f in dataclasses.fields(cls)], values, strict=False))
 
 
-def test_a_compact_state_leaves_out_defaults_and_still_round_trips() -> None:
+def a_running_and_a_waiting_job() -> Cluster:
+    """Two nodes, a running gang and a gang that waits (with retries set)."""
     cl = Cluster()
     cl.add(node("b", gpus=8, rack="r2"), node("a", gpus=8, rack="r1"))
     j = cl.submit(job(replicas=2, gpu=4))
     cl.submit(job("waits", replicas=9, gpu=8, retries=2))
     cl.run_pass()
     cl.start_all(j)
+    return cl
+
+
+def test_a_compact_state_leaves_out_defaults_and_still_round_trips() -> None:
+    cl = a_running_and_a_waiting_job()
     full = encode_state(cl.state)
     cl.state.config = dataclasses.replace(cl.state.config, compact_state=True)
     compact = encode_state(cl.state)

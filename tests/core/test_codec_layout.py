@@ -17,7 +17,8 @@ import pytest
 from synapse_ha.core import model, reasons
 from synapse_ha.core.codec import CodecError, UnreadableFormat, decode_state, encode_state
 from synapse_ha.core.model import ClusterState
-from tests.core.harness import Cluster, job, node
+from tests.core.harness import Cluster
+from tests.core.test_codec import a_running_and_a_waiting_job
 
 PINNED: dict[type, tuple[str, ...]] = {
     model.Attempt: ("number", "fencing_token", "members", "master_port", "bound_at_ms",
@@ -98,12 +99,7 @@ def test_fields_are_only_ever_appended_with_a_default(cls: type) -> None:
 
 
 def compact_cluster() -> Cluster:
-    cl = Cluster()
-    cl.add(node("b", gpus=8, rack="r2"), node("a", gpus=8, rack="r1"))
-    j = cl.submit(job(replicas=2, gpu=4))
-    cl.submit(job("waits", replicas=9, gpu=8, retries=2))
-    cl.run_pass()
-    cl.start_all(j)
+    cl = a_running_and_a_waiting_job()
     cl.state.config = dataclasses.replace(cl.state.config, compact_state=True)
     return cl
 
