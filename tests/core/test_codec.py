@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import gc
 import json
 from typing import Any
 
 import pytest
 
+from synapse_ha.core import codec
 from synapse_ha.core import commands as c
 from synapse_ha.core.access import Role
 from synapse_ha.core.codec import (
@@ -343,3 +345,30 @@ def test_fields_added_since_the_previous_release_are_written_only_when_used() ->
     state = json.loads(encode_state(cluster.state))["state"]
     assert sorted(state["queues"]) == ["default", "team-a"]
     assert decode_state(encode_state(cluster.state)) == cluster.state
+
+
+def test_a_state_is_coded_with_the_collector_paused_and_left_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cl = a_running_and_a_waiting_job()
+    during: list[bool] = []
+    for name in ("_dumps", "_loads"):
+        real = getattr(codec, name)
+
+        def watched(*args: Any, real: Any = real) -> Any:
+            during.append(gc.isenabled())
+            return real(*args)
+
+        monkeypatch.setattr(codec, name, watched)
+    assert gc.isenabled()
+    data = encode_state(cl.state)
+    with pytest.raises(CodecError):
+        decode_state(data[:-1])
+    assert gc.isenabled()  # restored, also after a refusal
+    assert during == [False, False]
+    gc.disable()
+    try:
+        assert decode_state(data) == cl.state
+        assert not gc.isenabled()  # left off, as it was
+    finally:
+        gc.enable()

@@ -126,3 +126,16 @@ def test_a_compact_value_missing_a_required_field_is_refused() -> None:
     jobs[first] = jobs[first][:1]  # the job id alone: no spec
     with pytest.raises(CodecError, match=rf"jobs\.{first}"):
         decode_state(json.dumps(envelope).encode())
+
+
+def test_a_bad_value_deep_in_a_compact_state_is_named_by_its_exact_path() -> None:
+    envelope = json.loads(encode_state(compact_cluster().state))
+    jobs = envelope["state"][PINNED[ClusterState].index("jobs")]
+    first = next(iter(jobs))
+    spec = jobs[first][PINNED[model.Job].index("spec")]
+    spec[PINNED[model.JobSpec].index("resources")][2] = "eight"  # Resources.gpu
+    with pytest.raises(CodecError) as refused:
+        decode_state(json.dumps(envelope).encode())
+    assert str(refused.value) == (
+        f"state.jobs.{first}.spec.resources.gpu: expected an integer, got str"
+    )
