@@ -54,7 +54,9 @@ def queue_gpus(state: ClusterState) -> dict[str, int]:
 def quota_breaches(state: ClusterState, bind: c.BindPlan) -> list[str]:
     """Placements of ``bind`` (applied to ``state`` in order) that take a queue beyond
     its nominal quota plus what it may borrow at that moment: min(its borrowing limit,
-    the idle lendable quota of the other queues of its cohort)."""
+    the idle lendable quota of the other queues of its cohort). A gang without GPUs takes
+    none of the quota: it may start in a queue that is over it (a lender that took its
+    nominal back leaves its borrowers over theirs until they are reclaimed)."""
     used = queue_gpus(state)
     out = []
     for placement in bind.placements:
@@ -74,7 +76,7 @@ def quota_breaches(state: ClusterState, bind: c.BindPlan) -> list[str]:
             borrow = lendable
             if queue.borrowing_limit_gpu is not None:
                 borrow = min(borrow, queue.borrowing_limit_gpu)
-            if used.get(queue.name, 0) + need > queue.gpu + borrow:
+            if need and used.get(queue.name, 0) + need > queue.gpu + borrow:
                 out.append(f"{placement.job_id} takes {queue.name} beyond its quota")
         used[spec.queue] = used.get(spec.queue, 0) + need
     return out

@@ -103,6 +103,21 @@ def test_a_gang_blocked_by_its_quota_takes_no_reservation() -> None:
     assert cl.state_of(other) is JobState.SCHEDULED
 
 
+def test_a_lender_takes_its_nominal_back_and_gangs_without_gpus_still_start() -> None:
+    """In one pass: qa borrows qb's idle quota, then qb's gang takes qb's nominal (always
+    its own), which leaves qa over what it may borrow (a reclaim can take it back). A
+    gang of qa that needs no GPU takes none of the quota, and starts."""
+    cl = cluster(Queue("qa", gpu=4, cohort="c1"), Queue("qb", gpu=8, cohort="c1"), racks=1)
+    borrower = cl.submit(job(queue="qa", gpu=4, replicas=2, priority_class="high"))
+    no_gpu = cl.submit(job(queue="qa", gpu=0, cpu=0.5))
+    lender = cl.submit(job(queue="qb", gpu=4, replicas=2, priority_class="high"))
+    cl.run_pass()
+    assert [cl.state_of(j) for j in (borrower, no_gpu, lender)] == [JobState.SCHEDULED] * 3
+    more = cl.submit(job(queue="qa", gpu=1))
+    cl.run_pass()
+    assert cl.state.jobs[more].reason.code is ReasonCode.WAITING_QUOTA
+
+
 # --------------------------------------------------------------------- fair share
 
 
