@@ -95,9 +95,10 @@ _LEAVES = frozenset({str, int, bool, type(None)})  # encoded as they are
 
 
 def _plain_walker(compact: bool) -> _Encoder:
-    """A :func:`to_plain`: with ``compact``, every field that holds its default is left
-    out (what ``ClusterConfig.compact_state`` writes); without, only the fields added
-    since the previous release are (``_ADDED_FIELDS``).
+    """A :func:`to_plain`: with ``compact``, each dataclass is a list of its field values
+    without the trailing ones that hold their defaults (what ``ClusterConfig.compact_state``
+    writes); without, an object of named fields, leaving out only the fields added since
+    the previous release that hold their defaults (``_ADDED_FIELDS``).
 
     How a value of each type is turned is worked out once per type and kept, so encoding
     costs the values, not the inspection of their types."""
@@ -118,7 +119,9 @@ def _plain_walker(compact: bool) -> _Encoder:
         if issubclass(kind, (bool, int, str)):
             return lambda value: value
         if dataclasses.is_dataclass(kind) and compact:
-            positions = _positions(kind)
+            # Fields in declaration order (the format: only ever appended, with a
+            # default); trailing fields at their defaults are left out.
+            positions = _layout(kind, compact=True)
 
             def encode_positional(value: Any) -> list[Any]:
                 plain = [getattr(value, name) for name, _ in positions]
@@ -131,7 +134,7 @@ def _plain_walker(compact: bool) -> _Encoder:
 
             return encode_positional
         if dataclasses.is_dataclass(kind):
-            layout = _layout(kind, compact)
+            layout = _layout(kind)
 
             def encode_dataclass(value: Any) -> dict[str, Any]:
                 plain = {}
@@ -178,14 +181,6 @@ def _layout(cls: type, compact: bool = False) -> tuple[tuple[str, Any], ...]:
                 default = f.default_factory()
         layout.append((f.name, default))
     return tuple(layout)
-
-
-@cache
-def _positions(cls: type) -> tuple[tuple[str, Any], ...]:
-    """The compact layout of ``cls``: its fields in declaration order, each with its
-    default (``_ALWAYS`` when it has none); trailing fields at their defaults are left
-    out. The order is the format: fields are only ever appended, with a default."""
-    return _layout(cls, compact=True)
 
 
 @cache
