@@ -46,6 +46,16 @@ leader. Every command here is meant for the replica it was proposed on while it 
 queued command on a replica that does not lead fails with ``REQUEST_DENIED`` (not
 appended anywhere), and an ``apply_command`` from another replica is refused the same
 way.
+
+**Leader loss.** A follower whose connection to its leader closes (the leader's process
+ended: the kernel closed its sockets) does not wait out its election timeout: the
+surviving members, in address order, stand for election one ``leader_loss_stagger_s``
+apart (the first at once), and a follower that hears from a new leader or grants a vote
+first goes back to its normal timeout. Staggering by address, not at random, keeps two
+followers from splitting the vote. Raft's safety does not depend on when elections
+start; the cost of a connection that closes under a live leader is one election, which
+its timeout would mostly have started anyway (a closed connection is reopened only
+after pysyncobj's retry period, longer than the shortest election timeout).
 """
 
 from __future__ import annotations
@@ -55,10 +65,12 @@ import queue
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj
+from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj import pickle as raft_pickle
 from pysyncobj.monotonic import monotonic as raft_clock
 
 log_ = logging.getLogger(__name__)
+_FOLLOWER = _RAFT_STATE.FOLLOWER
 
 
 class SafeSyncObj(SyncObj):  # type: ignore[misc]
@@ -66,6 +78,9 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
     and no forwarding of commands to the leader."""
 
     _ack_cap: int | None = None  # while a corrected message is handled: highest ack + 1
+    # Seconds between the survivors' elections after the leader's connection closed
+    # (module docstring); None: wait for the election timeout, as pysyncobj does.
+    leader_loss_stagger_s: float | None = None
 
     def quorum_contact_within(self, seconds: float) -> bool:
         """Whether this replica leads and its Raft thread has heard a majority (itself
@@ -122,6 +137,28 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         finally:
             self._ack_cap = None
+
+    def _SyncObj__onNodeDisconnected(self, node: Any) -> None:
+        lost_leader = (
+            node is not None
+            and node == self._SyncObj__raftLeader
+            and self._SyncObj__raftState == _FOLLOWER
+        )
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
+        stagger = self.leader_loss_stagger_s
+        if not lost_leader or stagger is None or self._SyncObj__selfNode is None:
+            return
+        members = [self._SyncObj__selfNode.address]
+        members += [other.address for other in self._SyncObj__otherNodes]
+        delay = leader_loss_delay(self._SyncObj__selfNode.address, members, node.address, stagger)
+        deadline = raft_clock() + delay
+        if deadline < self._SyncObj__raftElectionDeadline:
+            self._SyncObj__raftElectionDeadline = deadline
+            log_.info(
+                "lost the connection to leader %s: standing for election in %.0f ms",
+                node.address,
+                delay * 1000,
+            )
 
     def _SyncObj__sendNextNodeIdx(
         self,
@@ -188,6 +225,14 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
         whole["entries"] = [entry]
         return whole
+
+
+def leader_loss_delay(self_address: str, members: list[str], lost: str, stagger_s: float) -> float:
+    """Seconds until the member ``self_address`` stands for election after losing its
+    connection to the leader ``lost``: the other ``members`` take turns in address order,
+    ``stagger_s`` apart, the first at once."""
+    survivors = sorted({m for m in members if m != lost})
+    return survivors.index(self_address) * stagger_s
 
 
 def conflict_free(log: Any, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:

@@ -76,7 +76,11 @@ class RaftTiming:
     pre-vote: a restarted follower that timed out before the leader had reconnected to
     it would start an election with a higher term and depose a healthy leader. The
     leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
-    elects its first leader this much later."""
+    elects its first leader this much later.
+    ``leader_loss_stagger_s``: when a follower's connection to its leader closes (the
+    leader's process ended), the survivors stand for election in address order this far
+    apart, the first at once, instead of waiting for their election timeouts
+    (:mod:`synapse_ha.raft.appendentries`); None waits for the timeouts."""
 
     election_min_s: float = 0.4
     election_max_s: float = 0.8
@@ -87,6 +91,7 @@ class RaftTiming:
     log_compaction_min_time_s: float = 300.0
     tick_period_s: float = 0.02
     restart_election_delay_s: float = 2.0
+    leader_loss_stagger_s: float | None = 0.1
 
 
 class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
@@ -453,6 +458,8 @@ class RaftReplica:
             self._sync._SyncObj__raftElectionDeadline = (
                 time.monotonic() + timing.restart_election_delay_s
             )
+        if not join:
+            self._sync.leader_loss_stagger_s = timing.leader_loss_stagger_s
         self._sync.addOnTickCallback(self._on_tick)
         self._batcher = threading.Thread(
             target=self._send_batches, name="raft-batcher", daemon=True
@@ -714,6 +721,7 @@ class RaftReplica:
         conf = self._sync.conf
         conf.raftMinTimeout = self._timing.election_min_s
         conf.raftMaxTimeout = self._timing.election_max_s
+        self._sync.leader_loss_stagger_s = self._timing.leader_loss_stagger_s
         log.info("joined: heard from leader %s", self.leader_address())
 
     def stop(self) -> None:
