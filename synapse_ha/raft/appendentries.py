@@ -65,9 +65,9 @@ import queue
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj
-from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj import pickle as raft_pickle
 from pysyncobj.monotonic import monotonic as raft_clock
+from pysyncobj.syncobj import _RAFT_STATE
 
 log_ = logging.getLogger(__name__)
 _FOLLOWER = _RAFT_STATE.FOLLOWER
@@ -152,7 +152,8 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         members += [other.address for other in self._SyncObj__otherNodes]
         delay = leader_loss_delay(self._SyncObj__selfNode.address, members, node.address, stagger)
         deadline = raft_clock() + delay
-        if deadline < self._SyncObj__raftElectionDeadline:
+        current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
+        if deadline < current:
             self._SyncObj__raftElectionDeadline = deadline
             log_.info(
                 "lost the connection to leader %s: standing for election in %.0f ms",

@@ -30,7 +30,7 @@ def test_the_survivors_take_turns_in_address_order() -> None:
 
 
 def test_a_member_not_among_the_members_is_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not in list"):
         leader_loss_delay("10.0.0.9:7001", ["10.0.0.1:7001", "10.0.0.2:7001"], "10.0.0.1:7001", 0.1)
 
 
@@ -53,9 +53,8 @@ def _three(tmp_path: Path, stagger_s: float | None) -> Iterator[list[RaftReplica
         for replica in replicas:
             replica.stop()
         for replica in replicas:
-            wait_until(
-                "the Raft thread to end", lambda: not replica._sync.tick_thread_alive(), 15.0
-            )
+            sync = replica._sync
+            wait_until("the Raft thread to end", lambda: not sync.tick_thread_alive(), 15.0)  # noqa: B023
 
 
 def _elect(replicas: list[RaftReplica], index: int) -> RaftReplica:
