@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -130,12 +131,11 @@ def replica_run(root: Path, nodes: int, jobs: int) -> dict[str, Any]:
         cluster.close()
 
 
-def attribution(nodes: int, jobs: int, top: int = 12) -> dict[str, Any]:
-    """Build the same state in process with ``apply`` under ``tracemalloc``; the traced
-    size and the source lines holding the most of it."""
-    gc.collect()
-    tracemalloc.start(1)
-    base, _ = tracemalloc.get_traced_memory()
+def build_state(
+    nodes: int, jobs: int, after_nodes: Callable[[], None] | None = None
+) -> ClusterState:
+    """``nodes`` registered machines and ``jobs`` one-member jobs, scheduled once, built
+    in process with ``apply``; ``after_nodes`` runs between the two."""
     state = ClusterState()
     for i in range(nodes):
         info = NodeInfo(
@@ -146,14 +146,28 @@ def attribution(nodes: int, jobs: int, top: int = 12) -> dict[str, Any]:
             topology=(("rack", f"r{i // 32}"),),
         )
         apply(state, c.RegisterNode(info, 0))
-    nodes_bytes = tracemalloc.get_traced_memory()[0] - base
+    if after_nodes is not None:
+        after_nodes()
     for i in range(jobs):
         spec = JobSpec(name=f"j{i}", replicas=1, resources=Resources(10, 16, 1), command=("true",))
         apply(state, c.SubmitJob(spec, f"j{i}", 1))
     command = schedule(state, 2).command(2)
     if command is not None:
         apply(state, command)
-    del command
+    return state
+
+
+def attribution(nodes: int, jobs: int, top: int = 12) -> dict[str, Any]:
+    """Build the same state in process with ``apply`` under ``tracemalloc``; the traced
+    size and the source lines holding the most of it."""
+    gc.collect()
+    tracemalloc.start(1)
+    base, _ = tracemalloc.get_traced_memory()
+    traced_nodes: list[int] = []
+    state = build_state(
+        nodes, jobs, lambda: traced_nodes.append(tracemalloc.get_traced_memory()[0] - base)
+    )
+    nodes_bytes = traced_nodes[0]
     gc.collect()
     snap = tracemalloc.take_snapshot()
     total = tracemalloc.get_traced_memory()[0] - base

@@ -51,10 +51,10 @@ from synapse_ha.raft import journal as durable_journal
 from synapse_ha.raft.appendentries import SafeSyncObj
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.snapshot import (
+    ForkedWrite,
     LogEntry,
     SnapshotMember,
     read_snapshot_file,
-    replace_snapshot,
     write_snapshot,
 )
 
@@ -118,7 +118,8 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         self._dump_lock = threading.Lock()
         self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
         self.dump_seconds: float = 0.0  # how long the newest background write took
-        self.dump_thread: threading.Thread | None = None  # the newest background write
+        self.dump_write: ForkedWrite | None = None  # the newest background write
+        self._dump_index = 0  # the log index it covers
 
     def snapshot(self) -> ClusterState:
         """An immutable snapshot of the state as of the newest applied command.
@@ -245,10 +246,10 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
 
         Runs on the Raft thread between two applies, so the copy-on-write snapshot taken
         here (:mod:`synapse_ha.core.snapshot`, O(records changed since the last one)) is
-        exactly the state after that entry; encoding it, writing and fsyncing the file
-        happen on a thread of their own. A synchronous write of a large state (seconds
-        at 10,000 nodes) would stop the Raft thread: a leader would send no heartbeats
-        and its followers would elect another.
+        exactly the state after that entry; a forked child encodes it, writes and fsyncs
+        the file (:class:`synapse_ha.raft.snapshot.ForkedWrite`: a synchronous write, or
+        one on a thread of this process, stops the Raft thread for seconds at 10,000
+        nodes, and a leader that sends no heartbeats is replaced by its followers).
 
         The file is written next to :attr:`dump_path` and renamed over it once synced.
         pysyncobj renames ``tmp_path`` over the snapshot file when this returns; removing
@@ -262,43 +263,56 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             state = self._snapshots.take(self.state)
         with suppress(FileNotFoundError):
             os.remove(tmp_path)
-        with self._dump_lock:
-            self._dump_state = SERIALIZER_STATE.SERIALIZING
-        self.dump_thread = threading.Thread(
-            target=self._write_dump_in_background,
-            args=(self.dump_path, state, entries, members),
-            name="raft-snapshot",
-            daemon=True,
-        )
-        self.dump_thread.start()
-
-    def _write_dump_in_background(
-        self,
-        path: str,
-        state: ClusterState,
-        entries: tuple[LogEntry, LogEntry],
-        members: list[SnapshotMember] | None,
-    ) -> None:
-        started = time.perf_counter()
         try:
-            replace_snapshot(path, state, entries, members)
-            outcome = SERIALIZER_STATE.SUCCESS
-        except Exception:
-            log.exception("writing the snapshot failed; the log is kept")
-            outcome = SERIALIZER_STATE.FAILED
-        self.dump_seconds = time.perf_counter() - started
+            write = ForkedWrite(self.dump_path, state, entries, members)
+        except OSError:
+            log.exception("could not start the snapshot writer; the log is kept")
+            with self._dump_lock:
+                self._dump_state = SERIALIZER_STATE.FAILED
+            return
         with self._dump_lock:
-            self._dump_state = outcome
-        log.info("snapshot at log index %d written in %.2fs", entries[0][1], self.dump_seconds)
+            self.dump_write = write
+            self._dump_index = entries[0][1]
+            self._dump_state = SERIALIZER_STATE.SERIALIZING
 
     def dump_progress(self) -> int:
         """pysyncobj's serialize checker: SERIALIZING while a write runs, then SUCCESS or
-        FAILED exactly once, else NOT_SERIALIZING."""
+        FAILED exactly once, else NOT_SERIALIZING. Called on the Raft thread at every
+        tick; a poll is one ``waitpid`` that does not block."""
         with self._dump_lock:
             state = self._dump_state
+            write = self.dump_write
+            if state == SERIALIZER_STATE.SERIALIZING and write is not None:
+                done = write.poll()
+                if done is None:
+                    return int(state)
+                state = SERIALIZER_STATE.SUCCESS if done else SERIALIZER_STATE.FAILED
+                self.dump_seconds = write.seconds or 0.0
+                if done:
+                    log.info(
+                        "snapshot at log index %d written in %.2fs (fork %.1f ms)",
+                        self._dump_index,
+                        self.dump_seconds,
+                        write.fork_seconds * 1000,
+                    )
+                else:
+                    log.error(
+                        "writing the snapshot at log index %d failed (writer exit code %s, "
+                        "its error is above); the log is kept",
+                        self._dump_index,
+                        write.exit_code,
+                    )
             if state in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
                 self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
             return int(state)
+
+    def stop_dump(self) -> None:
+        """Stop a snapshot write still running (the replica is stopping); the previous
+        file stays in place."""
+        with self._dump_lock:
+            write = self.dump_write
+        if write is not None:
+            write.kill()
 
     def _flush_observer(self) -> None:
         if self.observer is not None:
@@ -732,6 +746,7 @@ class RaftReplica:
         # A Raft thread waiting for disk space gives up so that it can stop.
         durable_journal.check_installed(self._sync, fsync=self.fsync).closing.set()
         self._sync.destroy()
+        self.machine.stop_dump()
 
     def _state_changed(self, old: int, new: int) -> None:
         if self._on_role_change is None:

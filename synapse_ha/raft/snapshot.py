@@ -7,8 +7,15 @@ base64) followed by the canonical state encoding from :mod:`synapse_ha.core.code
 
 The serializer runs on the Raft thread between two applies and takes a copy-on-write
 snapshot of the state there, exactly the state after the newest entry it is given; the
-file is then encoded and written on a thread of its own (:func:`replace_snapshot`), so
-the Raft thread keeps sending heartbeats while a large state is written.
+file is then encoded and written by a forked child process (:class:`ForkedWrite`), so the
+Raft thread keeps sending heartbeats while a large state is written. A thread would not
+do: encoding a 50,000-job state builds and then frees millions of objects, and freeing
+them holds the interpreter lock for a second or more at a time, long enough for the
+followers of a leader that stops sending heartbeats to elect another. The child shares
+the parent's memory copy-on-write (its reference counting copies the pages of the
+objects it reads, so the machine needs up to the state's size again while it runs),
+never touches the parent's threads or sockets, and is killed by the kernel when the
+thread that forked it ends, so an orphan can never rename an old file over a newer one.
 
 With online membership changes the header also lists the members (``"members"``: raft
 address, replica id and gRPC address of each) as of the newest entry: a replica restarted
@@ -21,11 +28,18 @@ a rolling upgrade (files without the key give ``members=None``).
 from __future__ import annotations
 
 import base64
+import ctypes
+import gc
 import json
 import os
+import signal
+import time
+import traceback
+import warnings
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from synapse_ha.core.codec import CodecError, decode_state, encode_state
 from synapse_ha.core.model import ClusterState
@@ -91,6 +105,97 @@ def replace_snapshot(
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class ForkedWrite:
+    """One :func:`replace_snapshot` in a forked child process, polled without blocking.
+
+    The child resets the signals a scheduler handles to their defaults, asks the kernel
+    to kill it when the forking thread ends (``PR_SET_PDEATHSIG``), pauses the cyclic
+    collector (the parent's objects are not its to collect, and a collection would walk
+    all of them), writes the file and leaves with ``os._exit``: no ``atexit`` handler,
+    no flush of the parent's buffers, no finalizer of a thread or socket it inherited.
+    A failure prints its traceback to standard error and exits non-zero."""
+
+    def __init__(
+        self,
+        path: str,
+        state: ClusterState,
+        entries: tuple[LogEntry, LogEntry],
+        members: Sequence[SnapshotMember] | None = None,
+    ) -> None:
+        # Resolved before the fork: looking a symbol up takes the dynamic loader's lock,
+        # which another thread may hold at the moment of the fork.
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        parent = os.getpid()
+        self.started = time.perf_counter()
+        with warnings.catch_warnings():
+            # Python 3.12 warns about fork() in a process with threads: the child here
+            # runs only pure-Python encoding and file system calls, then os._exit.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            _write_in_child(prctl, parent, path, state, entries, members)
+        self.pid = pid
+        self.fork_seconds = time.perf_counter() - self.started
+        self.seconds: float | None = None  # from the fork to the child's exit
+        self.exit_code: int | None = None
+
+    def poll(self) -> bool | None:
+        """True once the file is on disk, False if the child failed, None while it runs."""
+        if self.exit_code is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: the outcome is unknown
+                pid, status = self.pid, 255 << 8
+            if pid == 0:
+                return None
+            self.exit_code = os.waitstatus_to_exitcode(status)
+            self.seconds = time.perf_counter() - self.started
+        return self.exit_code == 0
+
+    def wait(self, timeout_s: float) -> bool | None:
+        """:meth:`poll` until the child exits or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while (done := self.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return done
+
+    def kill(self) -> None:
+        """Stop a child still writing (its partial file is never renamed into place)."""
+        if self.poll() is None:
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.wait(10.0)
+
+
+def _write_in_child(
+    prctl: Any,
+    parent: int,
+    path: str,
+    state: ClusterState,
+    entries: tuple[LogEntry, LogEntry],
+    members: Sequence[SnapshotMember] | None,
+) -> NoReturn:
+    code = 1
+    try:
+        gc.disable()
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, signal.SIG_DFL)
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != parent:  # the parent died before the line above
+            raise RuntimeError("the replica exited before its snapshot was written")
+        replace_snapshot(path, state, entries, members)
+        code = 0
+    except BaseException:
+        with suppress(BaseException):
+            os.write(2, f"snapshot writer {os.getpid()}: {traceback.format_exc()}".encode())
+    finally:
+        os._exit(code)
 
 
 def read_snapshot(path: str) -> tuple[ClusterState, tuple[LogEntry, LogEntry]]:

@@ -1,17 +1,20 @@
-"""Snapshot files written off the Raft thread (log compaction): the file holds the state
-as of the entry pysyncobj names, even when applies continue while it is written; the
-checker reports the outcome once; a stale temporary file is never renamed into place."""
+"""Snapshot files written off the Raft thread by a forked child (log compaction): the file
+holds the state as of the entry pysyncobj names, even when applies continue while it is
+written; the checker reports the outcome once; a stale temporary file is never renamed
+into place; a writer still running when the replica stops is killed and leaves the
+previous file."""
 
 from __future__ import annotations
 
-import threading
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pysyncobj.config import SERIALIZER_STATE
 
-import synapse_ha.raft.replica as replica_module
+import synapse_ha.raft.snapshot as snapshot_module
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.machine import apply
@@ -35,28 +38,30 @@ def _machine(tmp_path: Path) -> ReplicatedState:
 
 
 @pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """Holds every background write until the test sets the event."""
-    event = threading.Event()
-    real = replica_module.replace_snapshot
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Holds every background write (in the forked child) until the test creates the
+    returned file."""
+    opened = tmp_path / "gate-open"
+    real = snapshot_module.replace_snapshot
 
     def gated(*args: object) -> None:
-        event.wait(30)
+        deadline = time.monotonic() + 30
+        while not opened.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(replica_module, "replace_snapshot", gated)
-    yield event
-    event.set()
+    monkeypatch.setattr(snapshot_module, "replace_snapshot", gated)
+    yield opened
+    opened.touch()
 
 
 def _finish(machine: ReplicatedState) -> None:
-    assert machine.dump_thread is not None
-    machine.dump_thread.join(timeout=30)
-    assert not machine.dump_thread.is_alive()
+    assert machine.dump_write is not None
+    assert machine.dump_write.wait(30) is not None, "the snapshot writer did not exit"
 
 
 def test_the_file_holds_the_state_of_the_named_entry_while_applies_go_on(
-    tmp_path: Path, gate: threading.Event
+    tmp_path: Path, gate: Path
 ) -> None:
     machine = _machine(tmp_path)
     expected = encode_state(full_copy(machine.state))
@@ -67,7 +72,7 @@ def test_the_file_holds_the_state_of_the_named_entry_while_applies_go_on(
         command = cmd.SubmitJob(spec=job("b", gpu=1), request_id="r2", now_ms=3)
         assert apply_tracked(machine.state, command, machine._snapshots.changes).ok
     assert machine.dump_progress() == SERIALIZER_STATE.SERIALIZING
-    gate.set()
+    gate.touch()
     _finish(machine)
     assert machine.dump_progress() == SERIALIZER_STATE.SUCCESS
     assert machine.dump_progress() == SERIALIZER_STATE.NOT_SERIALIZING
@@ -101,3 +106,34 @@ def test_a_failed_write_is_reported_once_and_keeps_the_previous_file(tmp_path: P
     assert machine.dump_progress() == SERIALIZER_STATE.FAILED
     assert machine.dump_progress() == SERIALIZER_STATE.NOT_SERIALIZING
     assert previous.read_bytes() == before
+
+
+def test_a_writer_still_running_when_the_replica_stops_is_killed(
+    tmp_path: Path, gate: Path
+) -> None:
+    machine = _machine(tmp_path)
+    previous = tmp_path / "raft.dump"
+    write_snapshot(str(previous), ClusterState(), ENTRIES)
+    before = previous.read_bytes()
+    machine.start_dump(str(tmp_path / "t"), (ENTRIES[0], ENTRIES[1], set()))
+    assert machine.dump_write is not None
+    pid = machine.dump_write.pid
+    machine.stop_dump()
+    assert machine.dump_write.exit_code == -9
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped, not a zombie
+    gate.touch()
+    assert machine.dump_progress() == SERIALIZER_STATE.FAILED
+    assert previous.read_bytes() == before
+
+
+def test_the_writer_is_a_child_process_polled_without_blocking(tmp_path: Path, gate: Path) -> None:
+    machine = _machine(tmp_path)
+    machine.start_dump(str(tmp_path / "t"), (ENTRIES[0], ENTRIES[1], set()))
+    assert machine.dump_write is not None
+    assert machine.dump_write.pid != os.getpid()
+    assert machine.dump_write.poll() is None
+    gate.touch()
+    _finish(machine)
+    assert machine.dump_progress() == SERIALIZER_STATE.SUCCESS
+    assert read_snapshot_file(str(tmp_path / "raft.dump")).entries == ENTRIES
