@@ -10,7 +10,11 @@ thread (sleep ``--tick-ms``, note the time) and writes the snapshot twice:
   snapshots before they forked a writer;
 * ``fork``: :class:`synapse_ha.raft.snapshot.ForkedWrite`, as replicas do now.
 
-For each it reports the write's wall time, the longest gap between two ticks and the
+It also times one full cyclic garbage collection with the state in memory (any thread
+that allocates can trigger one, and it holds the interpreter lock throughout) and again
+after ``gc.freeze()``.
+
+For each writer it reports the write's wall time, the longest gap between two ticks and the
 count of gaps over 100 ms and over the default election timeout's lower bound (a gap
 that long lets followers elect another leader), and for the fork the time the fork call
 itself took. Prints one JSON object (``--out`` also writes it); ``--smoke`` runs a tiny
@@ -21,6 +25,7 @@ jobs.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -100,6 +105,12 @@ def measure(state: ClusterState, root: Path, tick_s: float, mode: str) -> dict[s
     return out
 
 
+def _full_collection_ms() -> float:
+    started = time.perf_counter()
+    gc.collect()
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny state, in seconds")
@@ -125,6 +136,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="synapse-stall-") as tmp:
         for mode in ("thread", "fork"):
             report[mode] = measure(state, Path(tmp), args.tick_ms / 1000, mode)
+    report["full_collection_ms"] = _full_collection_ms()
+    gc.freeze()
+    report["full_collection_after_freeze_ms"] = _full_collection_ms()
+    gc.unfreeze()
     report["target"] = {"fork_longest_gap_ms": 100}
     text = json.dumps(report, indent=2)
     print(text)

@@ -23,3 +23,4 @@ def test_snapshot_stall_benchmark_smoke_run_reports_both_writers() -> None:
         assert figures["ticks"] > 50  # a second of 5 ms ticks around the write
         assert figures["longest_gap_ms"] >= figures["gap_p99_ms"] > 0
     assert report["fork"]["fork_ms"] > 0
+    assert report["full_collection_ms"] > 0 and report["full_collection_after_freeze_ms"] >= 0
