@@ -79,6 +79,7 @@ class Executor(Protocol):
     def preempt(self, key: MemberKey, notice: PreemptNotice) -> None: ...
     def poll(self) -> list[tuple[MemberKey, MemberExit]]: ...
     def running(self) -> list[MemberKey]: ...
+    def gpus_held(self) -> dict[MemberKey, tuple[int, ...]]: ...
     def kill_all(self, detail: str) -> list[tuple[MemberKey, MemberExit]]: ...
     def mark_reported(self, key: MemberKey) -> None: ...
 
@@ -413,7 +414,11 @@ class Agent:
                 self.executor.preempt(key, notice)
                 preempted += 1
         started = 0
+        waiting = 0
         running = self.executor.running()
+        # GPUs of every member still running here, also those being stopped: a GPU is
+        # given to a new member only once its holder's whole process tree is gone.
+        busy_gpus = {g for gpus in self.executor.gpus_held().values() for g in gpus}
         for key, d in wanted.items():
             if key in self.executor.known or not may_start:
                 continue
@@ -433,6 +438,12 @@ class Agent:
                 # An older attempt of this job is still stopping here; start the new
                 # member once it is gone, never alongside it.
                 continue
+            if busy_gpus.intersection(d.gpus):
+                # The leader released these GPUs when the attempt holding them ended, but
+                # its member here is still stopping: start once it is gone (its exit is
+                # reported at once, and the next reply repeats this member).
+                waiting += 1
+                continue
             try:
                 self.executor.start(launch_spec_from_proto(d))
             except (OSError, ValueError) as exc:
@@ -448,4 +459,6 @@ class Agent:
             parts.append(f"stopped {stopped} member(s) no longer desired")
         if preempted:
             parts.append(f"{preempted} member(s) being preempted")
+        if waiting:
+            parts.append(f"{waiting} member(s) waiting for GPUs a stopping member still holds")
         return ", ".join(parts)

@@ -675,6 +675,11 @@ class MemberExecutor:
     def running(self) -> list[MemberKey]:
         return [k for k, m in self.members.items() if m.exit is None]
 
+    def gpus_held(self) -> dict[MemberKey, tuple[int, ...]]:
+        """The GPUs of each running member (one whose supervisor has not yet recorded
+        that its whole process group is gone)."""
+        return {k: m.spec.gpus for k, m in self.members.items() if m.exit is None and m.spec.gpus}
+
     def kill_all(self, detail: str, timeout_s: float = 10.0) -> list[tuple[MemberKey, MemberExit]]:
         """Fence: kill every running member now (SIGTERM, ``fence_grace_s``, SIGKILL) and
         wait until their supervisors are gone. Returns the exits, each naming ``detail``,

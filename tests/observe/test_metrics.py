@@ -212,6 +212,9 @@ class FakeExecutor:
     def running(self) -> list[str]:
         return list(self.live)
 
+    def gpus_held(self) -> dict[str, tuple[int, ...]]:
+        return {}
+
     def kill_all(self, detail: str) -> list[tuple[str, Any]]:
         killed = [(k, SimpleNamespace(exit_code=-9, disrupted=True)) for k in self.live]
         self.live = []

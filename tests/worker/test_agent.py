@@ -27,6 +27,7 @@ class FakeExecutor:
         self.known: set[MemberKey] = set()
         self.highest_token: dict[str, int] = {}
         self.live: set[MemberKey] = set()
+        self.gpus: dict[MemberKey, tuple[int, ...]] = {}
         self.started: list[MemberKey] = []
         self.stopped: list[MemberKey] = []
         self.exits: list[tuple[MemberKey, MemberExit]] = []
@@ -36,6 +37,7 @@ class FakeExecutor:
     def start(self, spec: LaunchSpec) -> object:
         self.known.add(spec.key)
         self.live.add(spec.key)
+        self.gpus[spec.key] = spec.gpus
         self.started.append(spec.key)
         return spec
 
@@ -52,6 +54,9 @@ class FakeExecutor:
 
     def running(self) -> list[MemberKey]:
         return sorted(self.live)
+
+    def gpus_held(self) -> dict[MemberKey, tuple[int, ...]]:
+        return {k: self.gpus[k] for k in sorted(self.live) if self.gpus.get(k)}
 
     def kill_all(self, detail: str) -> list[tuple[MemberKey, MemberExit]]:
         self.kill_all_calls.append(detail)
@@ -100,7 +105,7 @@ class FakeControl:
         )
 
 
-def desired(job: str, token: int, rank: int) -> pb.DesiredMember:
+def desired(job: str, token: int, rank: int, gpus: tuple[int, ...] = ()) -> pb.DesiredMember:
     return pb.DesiredMember(
         job_id=job,
         fencing_token=token,
@@ -109,6 +114,7 @@ def desired(job: str, token: int, rank: int) -> pb.DesiredMember:
         world_size=2,
         command=["true"],
         shell=True,
+        gpus=gpus,
     )
 
 
@@ -216,6 +222,30 @@ def test_a_newer_token_stops_the_older_attempt_and_starts_the_new_one(setup: Set
     clock.advance(1.0)
     agent.step()
     assert executor.started == [MemberKey("j", 3, 0), MemberKey("j", 4, 0)]
+
+
+def test_a_gpu_still_held_by_a_stopping_member_of_another_job_waits_for_it(
+    setup: Setup,
+) -> None:
+    """The leader frees an ended attempt's GPUs at once; the member holding one here may
+    still be stopping when another job's member is bound to it. That member starts only
+    once the holder is gone, never alongside it; a member on other GPUs starts at once."""
+    agent, control, executor, clock = setup
+    control.desired = [desired("old", 3, 1, gpus=(2, 3))]
+    agent.step()
+    control.desired = [desired("new", 9, 1, gpus=(2,)), desired("other", 4, 0, gpus=(5,))]
+    clock.advance(1.0)
+    said = agent.step()
+    assert executor.stopped == [MemberKey("old", 3, 1)]
+    assert executor.started == [MemberKey("old", 3, 1), MemberKey("other", 4, 0)]
+    assert "1 member(s) waiting for GPUs a stopping member still holds" in said
+    clock.advance(1.0)
+    agent.step()  # still stopping: still waiting
+    assert MemberKey("new", 9, 1) not in executor.started
+    executor.exit(MemberKey("old", 3, 1), 143)
+    clock.advance(1.0)
+    agent.step()
+    assert executor.started[-1] == MemberKey("new", 9, 1)
 
 
 def test_tokens_seen_before_a_restart_still_count(setup: Setup) -> None:

@@ -187,6 +187,20 @@ def test_stop_kills_the_members_whole_process_group(
     assert executor.running() == []
 
 
+def test_a_stopping_member_holds_its_gpus_until_its_process_group_is_gone(
+    make_executor: MakeExecutor, fifo: Fifo
+) -> None:
+    executor = make_executor()
+    holder = executor.start(spec(f"echo $$ > {fifo.path}; sleep 300", job_id="h", gpus=(2, 3)))
+    executor.start(spec("sleep 300", job_id="cpu-only"))
+    shell_pid = int(fifo.read_line())
+    executor.stop(holder.key)
+    assert executor.gpus_held() == {holder.key: (2, 3)}  # asked to stop, not yet gone
+    finish(executor, holder)
+    assert process_gone(shell_pid)
+    assert executor.gpus_held() == {}
+
+
 def test_a_member_that_ignores_sigterm_is_killed_after_the_grace(
     make_executor: MakeExecutor, fifo: Fifo
 ) -> None:
