@@ -23,7 +23,6 @@ Target on a two-core machine: serves within 5 s after 100,000 entries.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import wait_for
 from bench.quorum import LeaderStubs, Stream, pipelined, small_spec
+from bench.report import emit
 from synapse_ha.local.launcher import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -155,10 +155,7 @@ def main() -> int:
             "smoke": args.smoke,
             **run(Path(tmp), entries, down_s, args.window, args.replica_arg, args.verbose),
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -24,7 +24,6 @@ kills, and 0 elections in the kill-free period.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, Stream, loopback_host, register_request
+from bench.report import emit
 from synapse_ha.local.launcher import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -234,10 +234,7 @@ def main() -> int:
         kills, quiet, streams = 1, 2.0, 1
     with tempfile.TemporaryDirectory(prefix="synapse-failover-") as tmp:
         report = {"smoke": args.smoke, **run(Path(tmp), kills, quiet, streams, args.replica_arg)}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

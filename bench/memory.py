@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import wait_for
 from bench.quorum import loopback_host, pipelined, register_request, small_spec
+from bench.report import emit
 from synapse_ha.core import commands as c
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.machine import apply
@@ -227,10 +227,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="synapse-memory-") as tmp:
             report["replica"] = replica_run(Path(tmp), nodes, jobs)
     report["targets"] = {"rss_mib": 1024, "encoded_state_mb_per_10k_nodes": 20}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.memory import build_state
+from bench.report import emit
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.raft.replica import RaftTiming
@@ -141,10 +141,7 @@ def main() -> int:
     report["full_collection_after_freeze_ms"] = _full_collection_ms()
     gc.unfreeze()
     report["target"] = {"fork_longest_gap_ms": 100}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 
