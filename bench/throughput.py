@@ -77,8 +77,9 @@ def _generator(
 ) -> None:
     """One load generator process: warm up its channel, wait for ``go``, submit its
     share (serialized ``JobSpec`` messages) with ``window`` calls in flight, report
-    ``(index, started, finished, acknowledged, distinct job ids)`` (monotonic seconds:
-    one clock for every process on the machine)."""
+    ``(index, started, finished, acknowledged, distinct job ids, CPU seconds)``
+    (monotonic seconds: one clock for every process on the machine; the CPU time of the
+    whole process, every thread, over the measured submissions)."""
     transport = _transport(files)
     client = ClusterClient(addresses, channel_factory=transport.channel)
 
@@ -100,11 +101,11 @@ def _generator(
         ]
         ready.put(index)
         go.wait(120)
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         responses, _ = pipelined(stub.SubmitJob, requests, window, follow=follow)
-        finished = time.monotonic()
+        finished, cpu = time.monotonic(), time.process_time() - cpu
     ids = {r.job_id for r in responses if r is not None}
-    out.put((index, started, finished, len(responses), len(ids)))
+    out.put((index, started, finished, len(responses), len(ids), cpu))
 
 
 def _nodes(
@@ -148,9 +149,10 @@ def run_generators(
     processes: int,
     window: int,
     prefix: str,
-) -> tuple[float, float, int, int]:
+) -> tuple[float, float, int, int, float]:
     """Submit ``specs`` from ``processes`` generator processes at once; the start of the
-    first, the end of the last, and the acknowledged and distinct job counts."""
+    first, the end of the last, the acknowledged and distinct job counts and the
+    generators' CPU seconds."""
     files = _admin_files(cluster)
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
@@ -178,7 +180,8 @@ def run_generators(
                 p.join(timeout=5)
     started = min(r[1] for r in reports)
     finished = max(r[2] for r in reports)
-    return started, finished, sum(r[3] for r in reports), sum(r[4] for r in reports)
+    acked, distinct = sum(r[3] for r in reports), sum(r[4] for r in reports)
+    return started, finished, acked, distinct, sum(r[5] for r in reports)
 
 
 def _leader_first(cluster: LocalReplicas, leader: Replica) -> list[str]:
@@ -232,6 +235,7 @@ class Profiler:
                 "--threads",
                 "--function",
                 "--nonblocking",
+                "--gil",
                 "--output",
                 str(self.path),
             ],
@@ -257,10 +261,10 @@ class Profiler:
 
 
 def summarise(collapsed: str, per: int, top: int = 15) -> dict[str, Any]:
-    """Self and total sample counts per function from py-spy's collapsed stacks (py-spy
-    leaves out the samples of threads that are idle: waiting on a lock, a condition or
-    a socket), by thread, and the busy samples per unit of work (``per``: submissions
-    or members bound)."""
+    """Self and total sample counts per function from py-spy's collapsed stacks (recorded
+    with ``--gil``: only the thread holding the interpreter lock is sampled, so the
+    counts are the interpreter's time, not threads waiting for it), by thread, and the
+    samples per unit of work (``per``: submissions or members bound)."""
     own: Counter[str] = Counter()
     total: Counter[str] = Counter()
     threads: Counter[str] = Counter()
@@ -288,10 +292,29 @@ def summarise(collapsed: str, per: int, top: int = 15) -> dict[str, Any]:
 
 def _proc_cpu_s(pid: int | None) -> float:
     """User plus system CPU seconds of ``pid`` so far, from /proc."""
+    return sum(_proc_user_system_s(pid))
+
+
+def _proc_user_system_s(pid: int | None) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` so far, from /proc."""
     if pid is None:
-        return 0.0
+        return 0.0, 0.0
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _context_switches(pid: int | None) -> int:
+    """Voluntary plus involuntary context switches of every thread of ``pid``."""
+    if pid is None:
+        return 0
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError):
+            for line in status.read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[-1])
+    return total
 
 
 # ----------------------------------------------------------------------------- (a)
@@ -306,12 +329,19 @@ def bench_submissions(
         leader = cluster.serving_leader()
         specs = [small_spec(f"s{i}") for i in range(count)]
         term = _terms(cluster)
-        cpu_before = _proc_cpu_s(leader.pid)
+        followers = [r for r in cluster.replicas if r.pid is not None and r.pid != leader.pid]
+        split_before = _proc_user_system_s(leader.pid)
+        switches_before = _context_switches(leader.pid)
+        followers_before = sum(_proc_cpu_s(r.pid) for r in followers)
         with Profiler(profile, "submit", leader) as spy:
-            started, finished, acked, distinct = run_generators(
+            started, finished, acked, distinct, generators_cpu = run_generators(
                 cluster, specs, processes, window, "s"
             )
-        cpu = _proc_cpu_s(leader.pid) - cpu_before
+        split = _proc_user_system_s(leader.pid)
+        user, system = split[0] - split_before[0], split[1] - split_before[1]
+        cpu = user + system
+        switches = _context_switches(leader.pid) - switches_before
+        followers_cpu = sum(_proc_cpu_s(r.pid) for r in followers) - followers_before
         elapsed = finished - started
         report: dict[str, Any] = {
             "generator_processes": processes,
@@ -323,7 +353,18 @@ def bench_submissions(
             "submissions_per_s": round(acked / elapsed, 1),
             "leader_cpu_s": round(cpu, 2),
             "leader_cpu_us_per_submission": round(1e6 * cpu / max(1, acked), 1),
+            "leader_user_system_s": [round(user, 2), round(system, 2)],
+            "leader_context_switches_per_submission": round(switches / max(1, acked), 1),
             "elections_during_run": _terms(cluster) - term,
+            # Every process on the machine shares its cores: what each kind costs.
+            "cpu_us_per_submission": {
+                "leader": round(1e6 * cpu / max(1, acked), 1),
+                "followers": round(1e6 * followers_cpu / max(1, acked), 1),
+                "generators": round(1e6 * generators_cpu / max(1, acked), 1),
+            },
+            "machine_cpu_share": round(
+                (cpu + followers_cpu + generators_cpu) / (elapsed * (os.cpu_count() or 1)), 3
+            ),
         }
         summary = spy.summary(acked)
         if summary is not None:
@@ -374,7 +415,7 @@ def bench_binding(
             term = _terms(cluster)
             cpu_before = _proc_cpu_s(leader.pid)
             with Profiler(profile, "bind", leader) as spy:
-                started, submitted, acked, _ = run_generators(
+                started, submitted, acked, _, _ = run_generators(
                     cluster, specs, processes, window, "g"
                 )
                 try:

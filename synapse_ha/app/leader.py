@@ -119,7 +119,8 @@ class LoopSettings:
     ``min_pass_gap_ms`` and ``pass_gap_factor`` times the previous pass's cost after the
     previous pass: a pass holds no lock, but it takes CPU (and the interpreter lock) that
     applies and heartbeats need, so passes back to back would starve them. It also runs
-    every ``schedule_period_ms`` (back-off timers expire without any state change).
+    every ``schedule_period_ms`` (back-off timers expire without any state change), or
+    after the gap when that is longer.
     Reaper and time limits are checked every ``housekeeping_period_ms``.
     """
 
@@ -475,7 +476,9 @@ class LeaderLoop:
         since = now_ms - self._last_pass_ms
         settings = self._settings
         gap = max(settings.min_pass_gap_ms, settings.pass_gap_factor * self._pass_cost_ms)
-        periodic = since >= settings.schedule_period_ms
+        # The period too waits out the gap: a pass costing more than a third of the period
+        # would otherwise run every period, at more than the share of the CPU the gap allows.
+        periodic = since >= max(settings.schedule_period_ms, gap)
         if not periodic and not (self._dirty and since >= gap):
             if self._dirty:
                 self._next_pass_ms = self._last_pass_ms + math.ceil(gap)

@@ -515,7 +515,12 @@ class ClusterState:
         return pending
 
     def live_jobs(self) -> list[Job]:
-        return [j for j in self.jobs.values() if j.state.holds_resources]
+        """Jobs holding resources (scheduled or running), in the dictionary's order.
+
+        Compared by identity, not through :attr:`JobState.holds_resources`: the leader
+        calls this on every housekeeping step, over every job, pending ones included."""
+        scheduled, running = JobState.SCHEDULED, JobState.RUNNING
+        return [j for j in self.jobs.values() if j.state is scheduled or j.state is running]
 
 
 # ---------------------------------------------------------------- job predicates

@@ -134,12 +134,15 @@ def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
 def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
     """Commands stopping every live attempt whose time limit has passed at ``now_ms``."""
     due = []
-    for job_id in sorted(state.jobs):
-        job = state.jobs[job_id]
+    for job in sorted(state.live_jobs(), key=_job_id):
         deadline = time_limit_deadline(job)
         if deadline is not None and now_ms >= deadline:
-            due.append(ExpireTimeLimit(job_id, job.fencing_token, now_ms))
+            due.append(ExpireTimeLimit(job.job_id, job.fencing_token, now_ms))
     return due
+
+
+def _job_id(job: Job) -> str:
+    return job.job_id
 
 
 def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
@@ -148,15 +151,16 @@ def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
     late ranks and their nodes; ``jitter_seed`` is 0 (the proposer fills in its own)."""
     timeout = state.config.start_timeout_ms
     due = []
-    for job_id in sorted(state.jobs):
-        job = state.jobs[job_id]
-        attempt = job.live_attempt()
+    for job in sorted(state.live_jobs(), key=_job_id):
+        attempt = job.attempt
         if attempt is None or now_ms < attempt.bound_at_ms + timeout or attempt.preempted_by:
             continue  # a preempted attempt stops within its grace period instead
         if not not_started_members(job):
             continue
         due.append(
-            FailAttempt(job_id, attempt.fencing_token, start_timeout_reason(state, job), 0, now_ms)
+            FailAttempt(
+                job.job_id, attempt.fencing_token, start_timeout_reason(state, job), 0, now_ms
+            )
         )
     return due
 

@@ -159,6 +159,19 @@ def test_scheduling_passes_are_spaced_by_their_own_cost() -> None:
     assert loop.step(1_600) == "updating why 1 jobs wait (2 pending)"
 
 
+def test_the_periodic_pass_also_waits_out_a_gap_longer_than_the_period() -> None:
+    log = FakeLog()
+    ticks = iter([0.0, 0.3, 1.0, 1.3])  # every pass costs 300 ms: a 900 ms gap
+    loop, _ = elected(log, now=0, timer=lambda: next(ticks))
+    log.propose(cmd.SubmitJob(spec=job("a", gpu=8), request_id="a", now_ms=0))
+    loop.note_state_changed()
+    assert loop.step(100) == "updating why 1 jobs wait (1 pending)"
+    # Nothing changed: the 500 ms period is due at 600, but the gap holds it until 1,000.
+    assert loop.step(600) == "leader: nothing to do"
+    assert loop.step(999) == "leader: nothing to do"
+    assert loop.step(1_000) == "scheduling pass: nothing to bind (1 pending)"
+
+
 def test_losing_leadership_forgets_proposals_in_flight() -> None:
     log = FakeLog()
     for n in ("a", "b"):
