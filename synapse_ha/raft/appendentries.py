@@ -81,6 +81,25 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
     # Seconds between the survivors' elections after the leader's connection closed
     # (module docstring); None: wait for the election timeout, as pysyncobj does.
     leader_loss_stagger_s: float | None = None
+    # Seconds after this replica's own snapshot has been loaded at start before it may
+    # stand for election (RaftTiming.restart_election_delay_s); None: no hold.
+    restart_election_delay_s: float | None = None
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        """pysyncobj loads the snapshot on the Raft thread's first tick and checks the
+        election deadline right after, before it reads any message: a load longer than
+        the restart delay (a large state takes seconds to decode) would start an election
+        against a healthy leader whose messages wait unread in the socket. The delay
+        therefore counts from the end of the load. A snapshot installed by the leader
+        (``clearJournal``) comes with the leader's messages and changes nothing here."""
+        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        delay = self.restart_election_delay_s
+        if clearJournal or delay is None:
+            return
+        deadline = raft_clock() + delay
+        current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
+        if current < deadline:
+            self._SyncObj__raftElectionDeadline = deadline
 
     def quorum_contact_within(self, seconds: float) -> bool:
         """Whether this replica leads and its Raft thread has heard a majority (itself

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
+from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.node import TCPNode
 
 from synapse_ha.app.ports import ProposalError
@@ -76,7 +77,8 @@ class RaftTiming:
     pre-vote: a restarted follower that timed out before the leader had reconnected to
     it would start an election with a higher term and depose a healthy leader. The
     leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
-    elects its first leader this much later.
+    elects its first leader this much later. The delay also counts from the end of the
+    snapshot's load, which can take longer than the delay on a large state.
     ``leader_loss_stagger_s``: when a follower's connection to its leader closes (the
     leader's process ended), the survivors stand for election in address order this far
     apart, the first at once, instead of waiting for their election timeouts
@@ -466,12 +468,15 @@ class RaftReplica:
             # the first deadline is pushed out too (it was drawn with the normal ones).
             conf.raftMinTimeout = _JOIN_ELECTION_TIMEOUT_S
             conf.raftMaxTimeout = 2 * _JOIN_ELECTION_TIMEOUT_S
-            self._sync._SyncObj__raftElectionDeadline = time.monotonic() + _JOIN_ELECTION_TIMEOUT_S
+            self._sync._SyncObj__raftElectionDeadline = raft_clock() + _JOIN_ELECTION_TIMEOUT_S
         elif restarted and other_nodes:
             # No election before the leader had time to reconnect (see RaftTiming).
+            # pysyncobj's deadlines are on its own clock (CLOCK_MONOTONIC_RAW).
             self._sync._SyncObj__raftElectionDeadline = (
-                time.monotonic() + timing.restart_election_delay_s
+                raft_clock() + timing.restart_election_delay_s
             )
+            # And no sooner than that after its snapshot is loaded (on the Raft thread).
+            self._sync.restart_election_delay_s = timing.restart_election_delay_s
         if not join:
             self._sync.leader_loss_stagger_s = timing.leader_loss_stagger_s
         self._sync.addOnTickCallback(self._on_tick)

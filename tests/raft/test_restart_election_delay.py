@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from pysyncobj import SyncObj
+from pysyncobj.monotonic import monotonic as raft_clock
 
 from synapse_ha.local.launcher import free_ports, wait_until
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
@@ -26,7 +28,7 @@ def _first_deadline_in(data_dir: Path, peers: int) -> float:
     replica = RaftReplica(addresses[0], addresses, str(data_dir), "test-password", timing=TIMING)
     try:
         deadline: float = replica._sync._SyncObj__raftElectionDeadline
-        return deadline - time.monotonic()
+        return deadline - raft_clock()
     finally:
         replica.stop()
         # Its files and sockets are closed by the Raft thread on its way out; the next
@@ -43,3 +45,33 @@ def test_a_restarted_replica_waits_before_its_first_election(tmp_path: Path) -> 
 def test_a_replica_alone_in_its_cluster_does_not_wait(tmp_path: Path) -> None:
     assert _first_deadline_in(tmp_path, peers=1) <= TIMING.election_max_s
     assert _first_deadline_in(tmp_path, peers=1) <= TIMING.election_max_s
+
+
+def test_the_delay_counts_from_the_end_of_a_slow_snapshot_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj loads the snapshot on the Raft thread's first tick and checks the election
+    deadline right after: a load longer than the delay must not start an election."""
+    timing = RaftTiming(restart_election_delay_s=1.0)
+    load_s = 2.0
+    loaded: list[float] = []
+
+    def slow_load(self: object, clear_journal: bool) -> None:
+        time.sleep(load_s)  # a large state decoding; the file itself is not read
+        loaded.append(raft_clock())  # pysyncobj's clock, not time.monotonic
+
+    monkeypatch.setattr(SyncObj, "_SyncObj__loadDumpFile", slow_load)
+    ports = free_ports(3)
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    first = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
+    first.stop()
+    wait_until("the Raft thread to end", lambda: not first._sync.tick_thread_alive(), 15.0)
+    (tmp_path / "raft.dump").write_bytes(b"a snapshot")  # makes the first tick load it
+    replica = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
+    try:
+        wait_until("the snapshot to load", lambda: bool(loaded), 15.0)
+        deadline: float = replica._sync._SyncObj__raftElectionDeadline
+        assert deadline >= loaded[0] + timing.restart_election_delay_s - 0.05
+    finally:
+        replica.stop()
+        wait_until("the Raft thread to end", lambda: not replica._sync.tick_thread_alive(), 15.0)
