@@ -396,6 +396,8 @@ def _dataclass_decoder(tp: type) -> _Decoder:
         except TypeError as exc:
             raise CodecError(f"{path}: {exc}") from None
 
+    inlined: dict[int, _Decoder] = {}  # the compact layout's fast path, by length
+
     def decode(data: Any, path: str) -> Any:
         if isinstance(data, list):  # the compact layout: values in field order
             if len(data) > len(order):
@@ -404,6 +406,15 @@ def _dataclass_decoder(tp: type) -> _Decoder:
                     f"(from a newer release? upgrade this replica)"
                 )
             if positional:
+                fast = inlined.get(len(data))
+                if fast is None:
+                    fast = inlined[len(data)] = _inlined_positional(tp, order[: len(data)])
+                try:
+                    value = fast(data, path)
+                except (CodecError, TypeError):
+                    value = _SLOW  # decoded again below, to raise the exact error
+                if value is not _SLOW:
+                    return value
                 each = decoders()
                 try:
                     values = [d(v, path) for d, v in zip(each, data, strict=False)]
@@ -428,6 +439,58 @@ def _dataclass_decoder(tp: type) -> _Decoder:
             raise
         return build(path, **kwargs)
 
+    return decode
+
+
+_SLOW: Any = object()  # a value the inlined decoder leaves to the generic one
+
+
+def _scalar_test(hint: Any, value: str) -> str | None:
+    """Python source testing ``value`` against ``hint`` as the scalar and union decoders
+    do (``type(v) is T``: a bool is not an int), or None if ``hint`` is not a scalar or
+    an optional scalar."""
+    names = {bool: "bool", int: "int", str: "str"}
+    if hint in names:
+        return f"type({value}) is {names[hint]}"
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        others = [o for o in options if o is not type(None)]
+        if not others or not all(o in names for o in others):
+            return None
+        test = " or ".join(f"type({value}) is {names[o]}" for o in others)
+        return f"({value} is None or {test})" if type(None) in options else f"({test})"
+    return None
+
+
+def _inlined_positional(tp: type, names: tuple[str, ...]) -> _Decoder:
+    """A decoder of ``tp``'s compact layout with exactly the first ``len(names)`` fields,
+    made for speed (a large snapshot holds hundreds of thousands of records): scalar
+    fields are tested inline, the others decoded by their own decoders, all in one
+    generated function. It returns :data:`_SLOW` when a scalar fails its test, and a
+    nested decoder or the constructor may raise; the generic path then decodes the value
+    again and raises the exact error. For valid input both give equal values."""
+    hints = _hints(tp)
+    lines, args = [], []
+    namespace: dict[str, Any] = {"_tp": tp, "_SLOW": _SLOW}
+    tests = []
+    for i, name in enumerate(names):
+        test = _scalar_test(hints[name], f"v{i}")
+        if test is None:
+            namespace[f"_d{i}"] = _decoder(hints[name])
+            args.append(f"_d{i}(v{i}, path)")
+        else:
+            tests.append(test)
+            args.append(f"v{i}")
+    unpack = "".join(f"v{i}, " for i in range(len(names)))
+    lines.append("def decode(data, path):")
+    if names:
+        lines.append(f"    {unpack}= data")
+    if tests:
+        lines.append(f"    if not ({' and '.join(tests)}):")
+        lines.append("        return _SLOW")
+    lines.append(f"    return _tp({', '.join(args)})")
+    exec("\n".join(lines), namespace)  # source made from the type hints alone
+    decode: _Decoder = namespace["decode"]
     return decode
 
 

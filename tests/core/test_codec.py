@@ -216,6 +216,39 @@ def test_a_compact_state_leaves_out_defaults_and_still_round_trips() -> None:
     assert encode_state(restored) == full
 
 
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        ("name", 5, "state.jobs.{job}.spec.name: expected a string, got int"),
+        ("replicas", True, "state.jobs.{job}.spec.replicas: expected an integer, got bool"),
+        ("replicas", None, "state.jobs.{job}.spec.replicas: expected an integer, got NoneType"),
+        (
+            "resources",
+            [1, "x", 0],
+            "state.jobs.{job}.spec.resources.memory_mib: expected an integer, got str",
+        ),
+    ],
+)
+def test_a_compact_record_of_the_wrong_type_names_its_field(
+    field: str, bad: Any, message: str
+) -> None:
+    """The compact layout's inlined decoder hands a value that fails a test to the
+    generic one, which names the field and the rule."""
+    cl = a_running_and_a_waiting_job()
+    cl.state.config = dataclasses.replace(cl.state.config, compact_state=True)
+    envelope = json.loads(encode_state(cl.state))
+
+    def at(cls: type, name: str) -> int:
+        return [f.name for f in dataclasses.fields(cls)].index(name)
+
+    jobs = envelope["state"][at(ClusterState, "jobs")]
+    job_id = next(iter(jobs))
+    jobs[job_id][at(Job, "spec")][at(JobSpec, field)] = bad
+    with pytest.raises(CodecError) as error:
+        decode_state(json.dumps(envelope).encode())
+    assert str(error.value).startswith(message.format(job=job_id))
+
+
 def test_result_round_trip() -> None:
     result = c.Result(
         c.ResultCode.OK,
