@@ -85,6 +85,26 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
     # stand for election (RaftTiming.restart_election_delay_s); None: no hold.
     restart_election_delay_s: float | None = None
 
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        """pysyncobj's tick checks the election deadline first and reads messages after;
+        the work between two reads (applying a restarted replica's journal, thousands of
+        entries in one go; loading a snapshot) can outlast the deadline while the leader's
+        messages wait unread in the socket. A follower whose tick took longer than half
+        the shortest election timeout therefore gets a fresh timeout from its end, so it
+        reads before it judges the leader silent (Raft's timeout measures the leader's
+        silence, not this replica's own deafness). A leadership transfer is not held."""
+        started = raft_clock()
+        SyncObj._onTick(self, timeToWait)
+        ended = raft_clock()
+        if ended - started <= self._SyncObj__conf.raftMinTimeout / 2:
+            return
+        if self._isLeader() or self.__dict__.get("_SyncObj__transferInProgress"):
+            return
+        deadline = ended + self._SyncObj__generateRaftTimeout()
+        current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
+        if current < deadline:
+            self._SyncObj__raftElectionDeadline = deadline
+
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         """pysyncobj loads the snapshot on the Raft thread's first tick and checks the
         election deadline right after, before it reads any message: a load longer than

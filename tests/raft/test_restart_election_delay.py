@@ -75,3 +75,31 @@ def test_the_delay_counts_from_the_end_of_a_slow_snapshot_load(
     finally:
         replica.stop()
         wait_until("the Raft thread to end", lambda: not replica._sync.tick_thread_alive(), 15.0)
+
+
+def test_a_long_tick_gives_a_follower_a_fresh_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replaying a journal of thousands of entries happens in one tick, between two reads
+    of the socket: the deadline is pushed past the end of such a tick."""
+    timing = RaftTiming(restart_election_delay_s=0.0)
+    original = SyncObj._onTick
+    long_ticks: list[float] = []
+
+    def slow_first_ticks(self: SyncObj, time_to_wait: float = 0.0) -> None:
+        original(self, time_to_wait)
+        if len(long_ticks) < 3:
+            time.sleep(1.0)  # longer than the longest election timeout
+            long_ticks.append(raft_clock())
+
+    monkeypatch.setattr(SyncObj, "_onTick", slow_first_ticks)
+    ports = free_ports(3)
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    replica = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
+    try:
+        wait_until("three long ticks", lambda: len(long_ticks) == 3, 15.0)
+        deadline: float = replica._sync._SyncObj__raftElectionDeadline
+        assert deadline >= long_ticks[-1] + timing.election_min_s - 0.05
+    finally:
+        replica.stop()
+        wait_until("the Raft thread to end", lambda: not replica._sync.tick_thread_alive(), 15.0)
