@@ -403,8 +403,11 @@ def run(
                 print(json.dumps(figures), file=sys.stderr)
                 last = n == sizes[-1] and mode == "stream"
                 if last:
+                    # On the replica leading now: an overloaded leader may have been
+                    # replaced during the runs (reported as leader_changed).
+                    serving = cluster.serving_leader()
                     report["death"] = _detect_death(
-                        cluster, leader.grpc, load, dead_timeout_s, poll_s
+                        cluster, serving.grpc, load, dead_timeout_s, poll_s
                     )
                 load.close()
                 load = None
