@@ -56,6 +56,15 @@ followers from splitting the vote. Raft's safety does not depend on when electio
 start; the cost of a connection that closes under a live leader is one election, which
 its timeout would mostly have started anyway (a closed connection is reopened only
 after pysyncobj's retry period, longer than the shortest election timeout).
+
+**Deaf ticks.** pysyncobj's tick checks the election deadline before it reads the
+socket. A follower whose tick did long work (a restarted replica loading its snapshot and
+applying its journal, thousands of entries in one tick; a process paused and resumed)
+would find its deadline passed with the leader's messages still unread, and depose a
+healthy leader (pysyncobj has no pre-vote). After a tick longer than half the shortest
+election timeout a follower therefore draws a fresh timeout from the tick's end, and a
+restarted replica's hold (``RaftTiming.restart_election_delay_s``) counts from the end of
+its snapshot load.
 """
 
 from __future__ import annotations
