@@ -62,9 +62,7 @@ socket. A follower whose tick did long work (a restarted replica loading its sna
 applying its journal, thousands of entries in one tick; a process paused and resumed)
 would find its deadline passed with the leader's messages still unread, and depose a
 healthy leader (pysyncobj has no pre-vote). After a tick longer than half the shortest
-election timeout a follower therefore draws a fresh timeout from the tick's end, and a
-restarted replica's hold (``RaftTiming.restart_election_delay_s``) counts from the end of
-its snapshot load.
+election timeout a follower therefore draws a fresh timeout from the tick's end.
 """
 
 from __future__ import annotations
@@ -90,9 +88,6 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
     # Seconds between the survivors' elections after the leader's connection closed
     # (module docstring); None: wait for the election timeout, as pysyncobj does.
     leader_loss_stagger_s: float | None = None
-    # Seconds after this replica's own snapshot has been loaded at start before it may
-    # stand for election (RaftTiming.restart_election_delay_s); None: no hold.
-    restart_election_delay_s: float | None = None
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         """pysyncobj's tick checks the election deadline first and reads messages after;
@@ -110,22 +105,6 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         if self._isLeader() or self.__dict__.get("_SyncObj__transferInProgress"):
             return
         deadline = ended + self._SyncObj__generateRaftTimeout()
-        current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
-        if current < deadline:
-            self._SyncObj__raftElectionDeadline = deadline
-
-    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
-        """pysyncobj loads the snapshot on the Raft thread's first tick and checks the
-        election deadline right after, before it reads any message: a load longer than
-        the restart delay (a large state takes seconds to decode) would start an election
-        against a healthy leader whose messages wait unread in the socket. The delay
-        therefore counts from the end of the load. A snapshot installed by the leader
-        (``clearJournal``) comes with the leader's messages and changes nothing here."""
-        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        delay = self.restart_election_delay_s
-        if clearJournal or delay is None:
-            return
-        deadline = raft_clock() + delay
         current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
         if current < deadline:
             self._SyncObj__raftElectionDeadline = deadline

@@ -77,8 +77,9 @@ class RaftTiming:
     pre-vote: a restarted follower that timed out before the leader had reconnected to
     it would start an election with a higher term and depose a healthy leader. The
     leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
-    elects its first leader this much later. The delay also counts from the end of the
-    snapshot's load, which can take longer than the delay on a large state.
+    elects its first leader this much later. Loading the snapshot and replaying the
+    journal can take longer than the delay; after such a long tick a follower draws a
+    fresh election timeout (:class:`~synapse_ha.raft.appendentries.SafeSyncObj`).
     ``leader_loss_stagger_s``: when a follower's connection to its leader closes (the
     leader's process ended), the survivors stand for election in address order this far
     apart, the first at once, instead of waiting for their election timeouts
@@ -475,8 +476,6 @@ class RaftReplica:
             self._sync._SyncObj__raftElectionDeadline = (
                 raft_clock() + timing.restart_election_delay_s
             )
-            # And no sooner than that after its snapshot is loaded (on the Raft thread).
-            self._sync.restart_election_delay_s = timing.restart_election_delay_s
         if not join:
             self._sync.leader_loss_stagger_s = timing.leader_loss_stagger_s
         self._sync.addOnTickCallback(self._on_tick)
