@@ -4,6 +4,7 @@ and which time limits and start timeouts are due. Pure functions of a snapshot."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from synapse_ha.core.commands import ExpireTimeLimit, FailAttempt
 from synapse_ha.core.machine import not_started_members, start_timeout_reason
@@ -134,15 +135,11 @@ def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
 def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
     """Commands stopping every live attempt whose time limit has passed at ``now_ms``."""
     due = []
-    for job in sorted(state.live_jobs(), key=_job_id):
+    for job in sorted(state.live_jobs(), key=attrgetter("job_id")):
         deadline = time_limit_deadline(job)
         if deadline is not None and now_ms >= deadline:
             due.append(ExpireTimeLimit(job.job_id, job.fencing_token, now_ms))
     return due
-
-
-def _job_id(job: Job) -> str:
-    return job.job_id
 
 
 def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
@@ -151,7 +148,7 @@ def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
     late ranks and their nodes; ``jitter_seed`` is 0 (the proposer fills in its own)."""
     timeout = state.config.start_timeout_ms
     due = []
-    for job in sorted(state.live_jobs(), key=_job_id):
+    for job in sorted(state.live_jobs(), key=attrgetter("job_id")):
         attempt = job.attempt
         if attempt is None or now_ms < attempt.bound_at_ms + timeout or attempt.preempted_by:
             continue  # a preempted attempt stops within its grace period instead
