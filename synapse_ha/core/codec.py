@@ -397,9 +397,19 @@ def _dataclass_decoder(tp: type) -> _Decoder:
             raise CodecError(f"{path}: {exc}") from None
 
     inlined: dict[int, _Decoder] = {}  # the compact layout's fast path, by length
+    keyed: list[_Decoder] = []  # the named layout's fast path
 
     def decode(data: Any, path: str) -> Any:
-        if isinstance(data, list):  # the compact layout: values in field order
+        if type(data) is dict:
+            if not keyed:
+                keyed.append(_inlined_keyed(tp, order, positional))
+            try:
+                value = keyed[0](data, path)
+            except (CodecError, TypeError):
+                value = _SLOW  # decoded again below, to raise the exact error
+            if value is not _SLOW:
+                return value
+        elif isinstance(data, list):  # the compact layout: values in field order
             if len(data) > len(order):
                 raise UnreadableFormat(
                     f"{path}: {len(data)} fields where this release knows {len(order)} "
@@ -494,6 +504,54 @@ def _inlined_positional(tp: type, names: tuple[str, ...]) -> _Decoder:
     return decode
 
 
+_ABSENT: Any = object()  # a field the named layout leaves out
+
+
+def _inlined_keyed(tp: type, names: tuple[str, ...], positional: bool) -> _Decoder:
+    """A decoder of ``tp``'s named layout (an object of fields, what commands and the
+    full state use), made for speed like :func:`_inlined_positional`: each field is
+    looked up once, scalar fields are tested inline, the others decoded by their own
+    decoders, an absent field takes its default. It returns :data:`_SLOW` for anything
+    the generic path must judge (an absent field without a default, a key it does not
+    know, a scalar that fails its test); a nested decoder or the constructor may raise.
+    For valid input both give equal values."""
+    hints = _hints(tp)
+    fields = {f.name: f for f in _fields(tp)}
+    namespace: dict[str, Any] = {"_tp": tp, "_SLOW": _SLOW, "_ABSENT": _ABSENT}
+    lines = ["def decode(data, path):", "    n = len(data)"]
+    for i, name in enumerate(names):
+        f = fields[name]
+        lines.append(f"    v{i} = data.get({name!r}, _ABSENT)")
+        lines.append(f"    if v{i} is _ABSENT:")
+        if f.default is not dataclasses.MISSING:
+            namespace[f"_default{i}"] = f.default
+            lines.append(f"        v{i} = _default{i}")
+        elif f.default_factory is not dataclasses.MISSING:
+            namespace[f"_factory{i}"] = f.default_factory
+            lines.append(f"        v{i} = _factory{i}()")
+        else:
+            lines.append("        return _SLOW")
+        lines.append("    else:")
+        lines.append("        n -= 1")
+        test = _scalar_test(hints[name], f"v{i}")
+        if test is None:
+            namespace[f"_d{i}"] = _decoder(hints[name])
+            lines.append(f"        v{i} = _d{i}(v{i}, path)")
+        else:
+            lines.append(f"        if not {test}:")
+            lines.append("            return _SLOW")
+    lines.append("    if n:")
+    lines.append("        return _SLOW  # a key that is not a field")
+    if positional:
+        args = ", ".join(f"v{i}" for i in range(len(names)))
+    else:
+        args = ", ".join(f"{name}=v{i}" for i, name in enumerate(names))
+    lines.append(f"    return _tp({args})")
+    exec("\n".join(lines), namespace)  # source made from the type hints alone
+    decode: _Decoder = namespace["decode"]
+    return decode
+
+
 # ------------------------------------------------------------------------ envelope
 
 
@@ -501,9 +559,13 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+_JSON = json.JSONDecoder()  # json.loads without its per-call dispatch
+
+
 def _loads(data: bytes, what: str) -> Any:
+    """Our encodings are UTF-8 (``_dumps``); decoded here, not guessed per call."""
     try:
-        return json.loads(data)
+        return _JSON.decode(data.decode() if isinstance(data, (bytes, bytearray)) else data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CodecError(f"{what}: not valid JSON ({exc})") from None
 

@@ -669,8 +669,13 @@ def tune_gc() -> None:
     it for a hundred milliseconds and more. Objects alive now (the state loaded from the
     snapshot and the journal) are moved out of the collector's view, and the youngest
     generation is collected less often. Called at start and once the replica has caught up.
+
+    Only the young generations are collected first: a full collection walks the whole
+    state (0.3 s at 40,000 jobs, holding the interpreter) just as the replica starts to
+    serve, and finds nothing: decoding and applying make no reference cycles. What the
+    oldest generation holds is frozen as it is.
     """
-    gc.collect()
+    gc.collect(1)
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
 

@@ -35,9 +35,7 @@ from synapse_ha.core.codec import (
     CodecError,
     UnreadableFormat,
     decode_command,
-    decode_result,
     encode_command,
-    encode_result,
 )
 from synapse_ha.core.membership import (
     MembershipCode,
@@ -137,24 +135,29 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         return snap
 
     @replicated  # type: ignore[untyped-decorator]
-    def apply_commands(self, envelope: bytes) -> bytes:
-        """Apply a framed batch of encoded commands in order; return the framed encoded
-        results, one per command. Never raises: an undecodable command gets an
-        ``invalid`` result, an unexpected error an ``internal`` one, and a malformed
-        frame an empty result frame (nothing applied)."""
+    def apply_commands(self, envelope: bytes) -> list[cmd.Result]:
+        """Apply a framed batch of encoded commands in order; return the results, one
+        per command. Never raises: an undecodable command gets an ``invalid`` result, an
+        unexpected error an ``internal`` one, and a malformed frame no result (nothing
+        applied).
+
+        The results are values, not bytes: pysyncobj hands them to the proposer's
+        callback in this process and never sends them anywhere (a command is applied
+        where it was proposed or, replayed, for no one; ``SafeSyncObj`` forwards no
+        proposal to another replica)."""
         try:
             items = unframe(envelope)
         except FrameError:
-            return frame([])
+            return []
         results = [self._apply_one(item) for item in items]
         if self._on_applied is not None:
             try:
                 self._on_applied()
             except Exception:
                 log.exception("on_applied listener failed")
-        return frame(results)
+        return results
 
-    def _apply_one(self, item: bytes) -> bytes:
+    def _apply_one(self, item: bytes) -> cmd.Result:
         try:
             try:
                 command = decode_command(item)
@@ -171,10 +174,10 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
                         result = apply_tracked(self.state, command, self._snapshots.changes)
                     else:
                         result = self._apply_observed(command)
-            return encode_result(result)
+            return result
         except Exception as exc:  # a bug; keeping the log moving matters more
             log.exception("unexpected error applying a command")
-            return encode_result(cmd.error(cmd.ResultCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+            return cmd.error(cmd.ResultCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     # -- apply observer (history and events, issue 15)
 
@@ -842,23 +845,16 @@ def _view(node: Any, live: bool) -> MemberView:
 def _resolve(futures: list[Future[cmd.Result]], result: Any, error: int) -> None:
     """Settle each proposal of a batch from the batch's outcome."""
     if error == FAIL_REASON.SUCCESS:
-        try:
-            encoded = unframe(result)
-        except FrameError:
-            encoded = []
-        if len(encoded) != len(futures):
+        results = result if isinstance(result, list) else []
+        if len(results) != len(futures):
             failure = ProposalError("malformed batch result", committed_unknown=False)
             for f in futures:
                 if not f.done():
                     f.set_exception(failure)
             return
-        for f, item in zip(futures, encoded, strict=True):
-            if f.done():
-                continue
-            try:
-                f.set_result(decode_result(item))
-            except CodecError as exc:
-                f.set_exception(ProposalError(f"undecodable result: {exc}", committed_unknown=True))
+        for f, item in zip(futures, results, strict=True):
+            if not f.done():
+                f.set_result(item)
         return
     # Not appended anywhere: a full queue, no leader, or (REQUEST_DENIED) this replica
     # stopped leading before the batch left (raft/appendentries.py: no forwarding).

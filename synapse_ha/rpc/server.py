@@ -24,10 +24,12 @@ import hashlib
 import logging
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NoReturn, Protocol
 
 import grpc
@@ -520,6 +522,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         leader = ctx.by_raft(ctx.backend.leader_address())
         state = ctx.backend.snapshot()
         jobs = state.jobs.values()
+        by_state = Counter(map(attrgetter("state"), jobs))  # one pass, in C
         return pb.GetClusterStatusResponse(
             answered_by=ctx.self_id,
             leader_id=leader.replica_id if leader else "",
@@ -527,8 +530,8 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             replicas=replicas,
             nodes=len(state.nodes),
             jobs=len(jobs),
-            pending_jobs=sum(1 for j in jobs if j.state is JobState.PENDING),
-            running_jobs=sum(1 for j in jobs if j.state.holds_resources),
+            pending_jobs=by_state[JobState.PENDING],
+            running_jobs=sum(n for s, n in by_state.items() if s.holds_resources),
         )
 
     def GetReplicaState(

@@ -284,6 +284,45 @@ def test_malformed_commands_name_the_problem(payload: bytes, message: str) -> No
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("path", "bad", "message"),
+    [
+        (("spec", "name"), 5, "SubmitJob.spec.name: expected a string, got int"),
+        (("spec", "replicas"), True, "SubmitJob.spec.replicas: expected an integer, got bool"),
+        (("spec", "resources", "gpu"), "8", "SubmitJob.spec.resources.gpu: expected an integer"),
+        (("spec", "retries", "surprise"), 1, "SubmitJob.spec.retries: unknown field 'surprise'"),
+        (("request_id",), None, "SubmitJob.request_id: expected a string, got NoneType"),
+    ],
+)
+def test_a_named_field_of_the_wrong_type_names_its_path(
+    path: tuple[str, ...], bad: Any, message: str
+) -> None:
+    """The named layout's inlined decoder hands a value that fails a test, or a key it
+    does not know, to the generic one, which names the field and the rule."""
+    envelope = json.loads(encode_command(c.SubmitJob(job("j"), "r1", 5)))
+    holder = envelope["body"]
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = bad
+    with pytest.raises(CodecError) as error:
+        decode_command(json.dumps(envelope).encode())
+    assert str(error.value).startswith(message)
+
+
+def test_an_absent_named_field_takes_its_default_and_a_fresh_container() -> None:
+    """Fields left out of the named layout decode to their defaults, each container its
+    own (two decodes share no dictionary), and a required one left out is an error."""
+    first = decode_state(b'{"v": 2, "state": {}}')
+    second = decode_state(b'{"v": 2, "state": {}}')
+    assert first == ClusterState()
+    assert first.jobs is not second.jobs and first.queues is not second.queues
+    assert decode_command(b'{"v": 2, "type": "CancelJob", "body": {"job_id": "j"}}') == (
+        c.CancelJob("j")
+    )
+    with pytest.raises(CodecError, match="job_id"):
+        decode_command(b'{"v": 2, "type": "CancelJob", "body": {"now_ms": 1}}')
+
+
 def test_envelope_is_versioned_json() -> None:
     envelope = json.loads(encode_command(c.Barrier("a", 1)))
     assert envelope == {"v": 2, "type": "Barrier", "body": {"leader_id": "a", "now_ms": 1}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_result, encode_command
+from synapse_ha.core.codec import encode_command
 from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import HistoryFilter
@@ -21,7 +21,7 @@ class Replica:
         self.now = 1_000
 
     def do(self, command: c.Command) -> c.Result:
-        return decode_result(self.machine._apply_one(encode_command(command)))
+        return self.machine._apply_one(encode_command(command))
 
     def close(self) -> None:
         self.recorder.close()
@@ -91,7 +91,7 @@ def test_an_observer_that_raises_never_stops_the_log(tmp_path: Path) -> None:
             return True
 
     machine = ReplicatedState(observer=Broken())
-    result = decode_result(machine._apply_one(encode_command(c.RegisterNode(node("n1")))))
+    result = machine._apply_one(encode_command(c.RegisterNode(node("n1"))))
     assert result.ok
     assert "n1" in machine.state.nodes
     assert "n1" in machine.snapshot().nodes
