@@ -661,21 +661,21 @@ def _check_writable(path: str) -> None:
 # ------------------------------------------------------------------------ running
 
 
-def tune_gc() -> None:
+def tune_gc(collect: bool = True) -> None:
     """Keep the cyclic garbage collector's pauses short on a large state.
 
     The replicated state of a big cluster is millions of long-lived objects; a full
     collection walks all of them and, landing inside the apply lock or a heartbeat, stalls
     it for a hundred milliseconds and more. Objects alive now (the state loaded from the
     snapshot and the journal) are moved out of the collector's view, and the youngest
-    generation is collected less often. Called at start and once the replica has caught up.
-
-    Only the young generations are collected first: a full collection walks the whole
-    state (0.3 s at 40,000 jobs, holding the interpreter) just as the replica starts to
-    serve, and finds nothing: decoding and applying make no reference cycles. What the
-    oldest generation holds is frozen as it is.
+    generation is collected less often. Called at start (``collect``: a collection first,
+    over what the imports left) and once the replica has caught up, without one: that
+    collection would walk the whole state just loaded (0.25 s at 40,000 jobs, holding the
+    interpreter as the replica starts to serve) and find nothing, since decoding and
+    applying make no reference cycles.
     """
-    gc.collect(1)
+    if collect:
+        gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
 
@@ -923,7 +923,7 @@ class Replica:
                             leader.replica_id if leader else status.leader,
                         )
                         said_ready = True
-                        tune_gc()
+                        tune_gc(collect=False)
             except Exception:
                 log.exception("leader loop step failed")
 
