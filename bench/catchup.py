@@ -16,7 +16,10 @@ log indexes involved and the count of elections while the log was filled (each w
 a leader that stopped sending heartbeats; there should be none). Prints one JSON object
 (``--out`` also writes it to a file); ``--smoke`` runs a tiny version in seconds.
 ``--replica-arg`` passes a flag to the replicas (for instance
-``--replica-arg=--compaction-entries=5000``). ``--profile DIR`` samples the restarted
+``--replica-arg=--compaction-entries=5000``). ``--replay N`` fills on past ``--entries``
+until the replica to be stopped holds ``N`` entries beyond its newest snapshot, the most
+it replays when restarted (the worst case is just under the compaction threshold,
+20,000 entries by default). ``--profile DIR`` samples the restarted
 replica with ``py-spy`` (GIL holder only) from its start until it serves, and adds the
 summary to the report.
 Target on a two-core machine: serves within 5 s after 100,000 entries.
@@ -41,6 +44,7 @@ from bench.quorum import LeaderStubs, Stream, pipelined, small_spec
 from bench.report import emit
 from bench.throughput import Profiler
 from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.raft.snapshot import read_snapshot_entries
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
@@ -79,6 +83,7 @@ def run(
     extra: list[str],
     verbose: bool = False,
     profile: Path | None = None,
+    replay: int = 0,
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "cu", extra_args=extra)
     stream: Stream | None = None
@@ -89,19 +94,34 @@ def run(
         first_term = cluster.local_status(leader).term
         fill_started = time.monotonic()
         submitted = 0
+        victim = cluster.followers(leader)[0]
+
+        def unsnapshotted() -> int:
+            """Log entries the victim holds past its newest snapshot (what it replays)."""
+            dump = victim.data_dir / "raft.dump"
+            since = read_snapshot_entries(str(dump))[0][1] if dump.exists() else 0
+            return cluster.local_status(leader).commit_index - since
+
         with cluster.channel(leader.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)
-            while cluster.local_status(leader).commit_index < entries:
+            while True:
+                if cluster.local_status(leader).commit_index < entries:
+                    chunk = 2_000
+                elif unsnapshotted() < replay:
+                    chunk = 200  # small steps: past the next compaction the replay is lost
+                else:
+                    break
                 requests = [
                     pb.SubmitJobRequest(spec=small_spec(f"f{i}"), request_id=f"f{i}")
-                    for i in range(submitted, submitted + 2_000)
+                    for i in range(submitted, submitted + chunk)
                 ]
                 pipelined(stub.SubmitJob, requests, window, follow=leaders.submit_call)
                 submitted += len(requests)
         fill_s = time.monotonic() - fill_started
-        leader = cluster.serving_leader(timeout_s=30)
+        if cluster.serving_leader(timeout_s=30) is not leader:
+            raise RuntimeError("leadership moved while the log was filled")
         filled = cluster.local_status(leader)
-        victim = cluster.followers(leader)[0]
+        journal_past_snapshot = unsnapshotted()
         stream = Stream(cluster.grpc_addresses, cluster.transport)
         stream.start()
         wait_for("acks from the stream", lambda: stream.acks, timeout_s=30)
@@ -137,6 +157,7 @@ def run(
             "fill_s": round(fill_s, 1),
             "raft_terms_during_fill": filled.term - first_term,
             "commit_index_after_fill": filled.commit_index,
+            "victim_entries_past_snapshot_at_kill": journal_past_snapshot,
             "down_s": down_s,
             "acknowledged_while_down": acks_down,
             "commit_index_at_restart": before.commit_index,
@@ -170,6 +191,13 @@ def main() -> int:
     parser.add_argument("--replica-arg", action="append", default=[], help="a replica flag")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--profile", type=Path, help="sample the restarted replica into DIR")
+    parser.add_argument(
+        "--replay",
+        type=int,
+        default=0,
+        help="after --entries, fill on until the victim holds this many entries past its "
+        "newest snapshot (keep it under the compaction threshold: 20,000 by default)",
+    )
     parser.add_argument("--verbose", action="store_true", help="print the restarted replica's log")
     args = parser.parse_args()
     entries, down_s = (300, 1.0) if args.smoke else (args.entries, args.down_s)
@@ -184,6 +212,7 @@ def main() -> int:
                 args.replica_arg,
                 args.verbose,
                 args.profile,
+                args.replay,
             ),
         }
     emit(report, args.out)
