@@ -104,11 +104,12 @@ def run(
 
         with cluster.channel(leader.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)
-            while True:
+            for _ in range(10_000):  # bounded: 2,000 submissions a round while filling
                 if cluster.local_status(leader).commit_index < entries:
                     chunk = 2_000
-                elif unsnapshotted() < replay:
-                    chunk = 200  # small steps: past the next compaction the replay is lost
+                elif (past := unsnapshotted()) < replay:
+                    # Small steps: a step past the next compaction loses the replay.
+                    chunk = max(20, min(2_000, replay - past))
                 else:
                     break
                 requests = [
@@ -117,6 +118,8 @@ def run(
                 ]
                 pipelined(stub.SubmitJob, requests, window, follow=leaders.submit_call)
                 submitted += len(requests)
+            else:
+                raise RuntimeError(f"the victim never held {replay} entries past its snapshot")
         fill_s = time.monotonic() - fill_started
         if cluster.serving_leader(timeout_s=30) is not leader:
             raise RuntimeError("leadership moved while the log was filled")

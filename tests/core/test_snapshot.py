@@ -3,6 +3,8 @@ and a snapshot once taken never changes, whatever is applied afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
@@ -10,6 +12,7 @@ from hypothesis.stateful import invariant, rule
 from synapse_ha.core import commands as c
 from synapse_ha.core import snapshot
 from synapse_ha.core.codec import encode_command, encode_state
+from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked, full_copy
@@ -96,3 +99,45 @@ def test_an_unknown_command_type_makes_a_full_copy() -> None:
     second = builder.take(state)
     assert second.nodes["a"] is not first.nodes["a"]
     assert encode_state(second) == encode_state(state) == encode_state(full_copy(state))
+
+
+def _mutable_parts(value: object) -> list[object]:
+    """Every mutable object reachable from ``value`` (lists, sets, dicts and dataclasses
+    that are not frozen), depth first in field order."""
+    found: list[object] = []
+
+    def walk(v: object) -> None:
+        if isinstance(v, dict):
+            found.append(v)
+            for item in v.values():
+                walk(item)
+        elif isinstance(v, list | set):
+            found.append(v)
+            for item in v:
+                walk(item)
+        elif isinstance(v, tuple):
+            for item in v:
+                walk(item)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            if not type(v).__dataclass_params__.frozen:  # type: ignore[attr-defined]
+                found.append(v)
+            for f in dataclasses.fields(v):
+                walk(getattr(v, f.name))
+
+    walk(value)
+    return found
+
+
+def test_a_full_copy_is_equal_and_shares_no_mutable_part() -> None:
+    state = ClusterState()
+    for n in ("a", "b"):
+        apply(state, c.RegisterNode(node(n, gpus=4), 1))
+    for i in range(3):
+        apply(state, c.SubmitJob(job(f"j{i}", replicas=2, gpu=2), f"r{i}", 2))
+    bind = schedule(state, 3).command(3)
+    assert bind is not None and apply(state, bind).ok
+    copied = full_copy(state)
+    assert encode_state(copied) == encode_state(state)
+    ours, theirs = _mutable_parts(state), _mutable_parts(copied)
+    assert len(ours) == len(theirs) > 20  # nodes, jobs, attempts, members, GPU sets
+    assert not {id(p) for p in ours} & {id(p) for p in theirs}
