@@ -1,4 +1,4 @@
-"""Framing of a batch of encoded commands (or results) into one Raft entry.
+"""Framing of a batch of encoded commands into one Raft entry.
 
 Group commit: under load, many proposals wait while the previous entry replicates; they
 travel together as one log entry and are applied in order, one ``apply`` each, exactly
