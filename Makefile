@@ -111,7 +111,7 @@ bench: $(STAMP)
 	cat bench/results/member_start.json
 	$(BIN)/python bench/snapshot_stall.py --out bench/results/snapshot_stall.json
 	$(BIN)/python bench/failover.py --kills 20 --quiet-s 60 --streams 2 --out bench/results/failover.json
-	$(BIN)/python bench/catchup.py --entries 100000 --replay 14000 --down-s 10 --replica-arg=--compact-state --out bench/results/catchup.json
+	$(BIN)/python bench/catchup.py --entries 100000 --replay 10000 --down-s 10 --replica-arg=--compact-state --out bench/results/catchup.json
 	$(BIN)/python bench/memory.py --out bench/results/memory.json
 	$(BIN)/python bench/durability.py --part cost
 
