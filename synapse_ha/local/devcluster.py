@@ -72,7 +72,6 @@ from synapse_ha.local.launcher import (
     Process,
     Replica,
     Worker,
-    free_ports,
     loopback_peers,
     port_in_use,
     replica_status,
@@ -93,7 +92,6 @@ __all__ = [
     "DevCluster",
     "DevClusterError",
     "DevClusterOptions",
-    "free_ports",
     "port_in_use",
 ]
 
@@ -228,7 +226,7 @@ class DevCluster:
         n = self.options.replicas
         ids = FIVE_REPLICA_IDS[:n]
         if self.options.ephemeral_ports:
-            peers = loopback_peers(ids)
+            peers = loopback_peers(ids, holder=self.launcher.ports)
         else:
             peers = loopback_peers(ids, HOST, FIVE_GRPC_PORTS[:n], FIVE_RAFT_PORTS[:n])
         self._replicas = LocalReplicas(

@@ -25,7 +25,14 @@ suite and the benchmarks. A :class:`Launcher` starts ``synapse-scheduler`` repli
 * **Bounded readiness waits.** :func:`wait_until` polls a probe until it answers, fails
   at once with :class:`ProcessExited` when a watched process dies, and raises
   :class:`WaitTimeout` (with the watched processes' log tails) at the deadline.
-* **Free ports.** :func:`free_ports` picks loopback ports the OS reports free.
+* **Held ports.** Loopback ports for programs that will listen on them are *held*
+  (:class:`PortHolder`): a socket bound to the port but not listening stays open in the
+  launcher until it closes. A program binds the port beside it (``SO_REUSEADDR``, which
+  gRPC, pysyncobj and the HTTP servers set), and while the program is stopped for a
+  restart no other socket can take the port: neither another bind nor the kernel's choice
+  of a source port for an outgoing connection, which skips ports that are bound. A port
+  merely probed free and closed again would be a port in the ephemeral range, free for
+  any connection to take until the restarted program binds it.
 
 * **Secure by default.** With ``credentials`` (a :class:`ClusterCredentials`), replicas
   and workers get their certificates (``--tls-*``), replicas the bootstrap admin token,
@@ -212,13 +219,14 @@ class Worker(Process):
     metrics: str = ""  # host:port of its /metrics (port 0: chosen by the worker)
 
 
-def metrics_address(host: str, fixed: bool = False) -> str:
+def metrics_address(host: str, ports: PortHolder | None = None) -> str:
     """Where a program on ``host`` serves /metrics. Port 0 (the program picks a free one
-    and reports it: a replica in its status) unless ``fixed``: then, on loopback, a port
-    probed free now, so that the URL is known before the program starts and stays the
-    same across restarts. A probed port can be taken by someone else before the program
-    binds it, so only an interactive cluster (``synctl dev up``) asks for one."""
-    return f"{host}:{free_ports(1, host)[0]}" if fixed and host == HOST else f"{host}:0"
+    and reports it: a replica in its status) unless ``ports`` is given: then, on
+    loopback, a port held by ``ports``, so that the URL is known before the program
+    starts and stays the same across restarts."""
+    if ports is None or host != HOST:
+        return f"{host}:0"
+    return f"{host}:{ports.reserve(1, host)[0]}"
 
 
 @dataclass(frozen=True)
@@ -269,10 +277,13 @@ def loopback_peers(
     host: str = HOST,
     grpc_ports: Sequence[int] | None = None,
     raft_ports: Sequence[int] | None = None,
+    *,
+    holder: PortHolder | None = None,
 ) -> list[Peer]:
-    """Peers on ``host``; ports left out are chosen free by the OS."""
+    """Peers on ``host``; ports left out are held by ``holder`` (by default for the
+    life of this process, see :func:`reserve_ports`)."""
     if grpc_ports is None or raft_ports is None:
-        ports = free_ports(2 * len(ids), host)
+        ports = (holder or _PROCESS_PORTS).reserve(2 * len(ids), host)
         grpc_ports = grpc_ports if grpc_ports is not None else ports[: len(ids)]
         raft_ports = raft_ports if raft_ports is not None else ports[len(ids) :]
     return [
@@ -305,6 +316,8 @@ class Launcher:
         self.logs_dir = logs_dir
         self.credentials = credentials
         self.fixed_metrics_ports = fixed_metrics_ports  # see metrics_address
+        # Ports of the programs started here, held until close (see PortHolder).
+        self.ports = PortHolder()
         self.env = dict(os.environ if env is None else env)
         self.marker = uuid.uuid4().hex
         self.processes: list[Process] = []
@@ -363,7 +376,7 @@ class Launcher:
                 "--bootstrap-token-file",
                 str(self.credentials.admin_token_file),
             ]
-        metrics = metrics_address(me.grpc.rpartition(":")[0], self.fixed_metrics_ports)
+        metrics = metrics_address(me.grpc.rpartition(":")[0], self._fixed_ports())
         # Heartbeat streams (issue 16): a port the replica picks and tells workers.
         streams = ["--agent-address", f"{me.grpc.rpartition(':')[0]}:0"]
         return Replica(
@@ -380,6 +393,9 @@ class Launcher:
             grpc=me.grpc,
             data_dir=data_dir,
         )
+
+    def _fixed_ports(self) -> PortHolder | None:
+        return self.ports if self.fixed_metrics_ports else None
 
     def worker(
         self,
@@ -401,7 +417,7 @@ class Launcher:
             else self.credentials.tls_args(self.credentials.worker_tls(node_id))
         )
         run_as = [] if "--run-as" in extra else ["--run-as", "agent"]
-        metrics = metrics_address(listen.rpartition(":")[0], self.fixed_metrics_ports)
+        metrics = metrics_address(listen.rpartition(":")[0], self._fixed_ports())
         observe = ["--metrics-address", metrics]
         return Worker(
             metrics=metrics,
@@ -476,6 +492,7 @@ class Launcher:
             self.stop_all(processes, grace_s)
         finally:
             self._sweep()
+            self.ports.release()
 
     def _sweep(self) -> None:
         deadline = time.monotonic() + KILL_WAIT_S
@@ -527,11 +544,12 @@ class LocalReplicas:
     ) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
-        self.peers = list(peers or loopback_peers([f"r{i + 1}" for i in range(size)]))
         self.extra_args = list(extra_args)
         self.password = password or secrets.token_urlsafe(24)
         self._owns_launcher = launcher is None
         self.launcher = launcher or Launcher(logs_dir or root)
+        ids = [f"r{i + 1}" for i in range(size)]
+        self.peers = list(peers or loopback_peers(ids, holder=self.launcher.ports))
         if self.launcher.credentials is None and not insecure:
             self.launcher.credentials = ClusterCredentials.ensure(root / "credentials")
         self.credentials = self.launcher.credentials
@@ -587,7 +605,7 @@ class LocalReplicas:
         ``client().add_replica(...)`` before or after starting it."""
         if any(p.replica_id == replica_id for p in self.peers):
             raise LaunchError(f"replica {replica_id!r} exists already")
-        (peer,) = loopback_peers([replica_id])
+        (peer,) = loopback_peers([replica_id], holder=self.launcher.ports)
         self.peers.append(peer)
         first = self.replicas[0]
         replica = self.launcher.replica(
@@ -758,18 +776,75 @@ def wait_until(
 # --------------------------------------------------------------------- ports
 
 
-def free_ports(n: int, host: str = HOST) -> list[int]:
-    """``n`` distinct ports on ``host`` that were free a moment ago."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+class PortHolder:
+    """Loopback ports held for programs that will listen on them.
+
+    :meth:`reserve` binds a socket with ``SO_REUSEADDR`` to port 0 of the host and keeps
+    it open without listening. The kernel gives it a port no other socket is bound to,
+    and while it is open:
+
+    * a program that binds the port with ``SO_REUSEADDR`` (gRPC servers, pysyncobj's
+      Raft server, Python's HTTP servers) can listen on it, stop, and listen again;
+    * no other bind without that option and no bind to port 0 gets it, and no outgoing
+      connection is given it as its source port: the kernel skips bound ports when it
+      picks one. A stopped replica's port cannot be taken before its restart;
+    * a connection to it is refused (nothing listens), as to a closed port.
+
+    :meth:`release` closes the sockets. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int], socket.socket] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int, host: str = HOST) -> list[int]:
+        """``n`` distinct ports on ``host``, held until :meth:`release`."""
+        taken: list[socket.socket] = []
+        try:
+            for _ in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                taken.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, 0))
+        except BaseException:
+            for s in taken:
+                s.close()
+            raise
+        ports = [s.getsockname()[1] for s in taken]
+        with self._lock:
+            for port, s in zip(ports, taken, strict=True):
+                self._held[(host, port)] = s
+        return ports
+
+    def held(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self._held)
+
+    def release(self, ports: Iterable[int] | None = None, host: str = HOST) -> None:
+        """Stop holding ``ports`` of ``host`` (every port held, when None)."""
+        with self._lock:
+            keys = list(self._held) if ports is None else [(host, p) for p in ports]
+            for key in keys:
+                s = self._held.pop(key, None)
+                if s is not None:
+                    s.close()
+
+
+# Ports asked for without a launcher: held for the life of this process.
+_PROCESS_PORTS = PortHolder()
+
+
+def reserve_ports(n: int, host: str = HOST) -> list[int]:
+    """``n`` distinct ports on ``host`` held for the life of this process (or until
+    :func:`release_ports`): nothing but a program binding them with ``SO_REUSEADDR``
+    can use them, and a connection to one is refused until a program listens on it.
+    See :class:`PortHolder`; a :class:`Launcher`'s ports are released when it closes."""
+    return _PROCESS_PORTS.reserve(n, host)
+
+
+def release_ports(ports: Iterable[int], host: str = HOST) -> None:
+    """Give back ports of :func:`reserve_ports`."""
+    _PROCESS_PORTS.release(ports, host)
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from synapse_ha.cli.defaults import DEFAULT_CLUSTER, ExitCode
 from synapse_ha.cli.main import cli, parse_cluster
-from tests.integration.cluster import free_ports
+from tests.integration.cluster import reserve_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -188,7 +188,7 @@ def test_a_missing_spec_file_exits_2(tmp_path: Path) -> None:
     ],
 )
 def test_an_unreachable_cluster_exits_3_listing_every_address(args: tuple[str, ...]) -> None:
-    ports = free_ports(3)  # closed loopback ports: connections are refused
+    ports = reserve_ports(3)  # closed loopback ports: connections are refused
     addresses = [f"127.0.0.1:{p}" for p in ports]
     result = run("--cluster", ",".join(addresses), "--timeout", "0.5", *args)
     assert result.exit_code == ExitCode.UNREACHABLE, result.output
@@ -202,7 +202,7 @@ def test_an_unreachable_cluster_exits_3_listing_every_address(args: tuple[str, .
 
 def test_an_unreachable_cluster_on_submit_exits_3(tmp_path: Path) -> None:
     path = ROOT / "examples" / "cpu-gang.yaml"
-    port = free_ports(1)[0]
+    port = reserve_ports(1)[0]
     result = run("--cluster", f"127.0.0.1:{port}", "--timeout", "0.5", "submit", str(path))
     assert result.exit_code == ExitCode.UNREACHABLE
     assert f"127.0.0.1:{port}" in result.stderr
@@ -255,7 +255,7 @@ def test_with_json_output_an_invalid_spec_is_an_error_document(tmp_path: Path) -
 
 
 def test_with_yaml_output_an_unreachable_cluster_is_an_error_document() -> None:
-    (port,) = free_ports(1)
+    (port,) = reserve_ports(1)
     result = run("--cluster", f"127.0.0.1:{port}", "--timeout", "0.5", "jobs", "-o", "yaml")
     assert result.exit_code == ExitCode.UNREACHABLE, result.output
     error = yaml.safe_load(result.stderr)["error"]

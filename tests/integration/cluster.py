@@ -15,13 +15,13 @@ from synapse_ha.local.launcher import (
     RPC_ERRORS,
     LocalReplicas,
     Replica,
-    free_ports,
+    reserve_ports,
     wait_until,
 )
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
-__all__ = ["LocalCluster", "Replica", "free_ports", "job_spec", "register_request", "wait_for"]
+__all__ = ["LocalCluster", "Replica", "job_spec", "register_request", "reserve_ports", "wait_for"]
 
 T = TypeVar("T")
 PASSWORD = "integration-test-password"

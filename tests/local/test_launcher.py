@@ -4,8 +4,10 @@ leaves nothing behind."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +18,9 @@ from synapse_ha.local.launcher import (
     MARKER_VARIABLE,
     Launcher,
     LaunchError,
+    PortHolder,
     ProcessExited,
     WaitTimeout,
-    free_ports,
-    port_in_use,
     processes_with_env,
     wait_until,
 )
@@ -114,7 +115,94 @@ def test_the_prefix_runs_the_program(launcher: Launcher) -> None:
     assert p.log_tail().strip() == "flag=on"
 
 
-def test_free_ports_are_distinct_and_free() -> None:
-    ports = free_ports(4)
-    assert len(set(ports)) == 4
-    assert not any(port_in_use(port) for port in ports)
+def _plain_bind(port: int) -> int:
+    """0 when a socket without SO_REUSEADDR can bind ``port``, else the errno."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc.errno or -1
+    return 0
+
+
+def _listener(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+def test_held_ports_are_distinct_refused_and_taken_by_nobody_else() -> None:
+    holder = PortHolder()
+    try:
+        ports = holder.reserve(4)
+        assert len(set(ports)) == 4
+        assert holder.held() == sorted(("127.0.0.1", p) for p in ports)
+        for port in ports:
+            assert _plain_bind(port) == errno.EADDRINUSE
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        # Another holder is given other ports.
+        other = PortHolder()
+        try:
+            assert not set(other.reserve(64)) & set(ports)
+        finally:
+            other.release()
+    finally:
+        holder.release()
+    assert holder.held() == []
+    assert all(_plain_bind(port) == 0 for port in ports)
+
+
+def test_a_program_listens_on_a_held_port_stops_and_listens_again() -> None:
+    holder = PortHolder()
+    try:
+        (port,) = holder.reserve(1)
+        for _ in range(2):  # a restart on the same port
+            server = _listener(port)
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+                accepted, _ = server.accept()
+                client.sendall(b"x")
+                assert accepted.recv(1) == b"x"
+                accepted.close()
+            server.close()
+            # Stopped: still held, so nothing else takes it before the restart.
+            assert _plain_bind(port) == errno.EADDRINUSE
+    finally:
+        holder.release()
+
+
+def test_outgoing_connections_never_take_a_held_port_as_their_source() -> None:
+    """The restart race itself: while a program is down, every connection made on the
+    machine is given some source port; never a held one."""
+    holder = PortHolder()
+    server = _listener(0)
+    connections: list[socket.socket] = []
+    try:
+        held = set(holder.reserve(32))
+        sources: set[int] = set()
+        for _ in range(3000):
+            client = socket.create_connection(server.getsockname(), timeout=5)
+            sources.add(client.getsockname()[1])
+            connections.append(client)
+            server.accept()[0].close()
+            if len(connections) >= 200:
+                for c in connections:
+                    c.close()
+                connections.clear()
+        assert len(sources) >= 1000  # many source ports were handed out
+        assert not sources & held
+    finally:
+        for c in connections:
+            c.close()
+        server.close()
+        holder.release()
+
+
+def test_close_releases_the_launchers_ports(tmp_path: Path) -> None:
+    launcher = Launcher(tmp_path / "logs")
+    ports = launcher.ports.reserve(2)
+    assert all(_plain_bind(p) == errno.EADDRINUSE for p in ports)
+    launcher.close()
+    assert all(_plain_bind(p) == 0 for p in ports)

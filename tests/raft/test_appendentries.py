@@ -13,7 +13,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj import pickle as raft_pickle
 from pysyncobj.syncobj import _RAFT_STATE
 
-from synapse_ha.local.launcher import free_ports
+from synapse_ha.local.launcher import reserve_ports
 from synapse_ha.raft.appendentries import SafeSyncObj, conflict_free
 
 Entry = tuple[bytes, int, int]
@@ -24,7 +24,7 @@ class Follower:
     sends back is recorded."""
 
     def __init__(self, cls: type[SyncObj], log: list[Entry], term: int) -> None:
-        me, peer = (f"127.0.0.1:{p}" for p in free_ports(2))
+        me, peer = (f"127.0.0.1:{p}" for p in reserve_ports(2))
         self.obj = cls(me, [peer], conf=SyncObjConf(autoTick=False))
         self.sent: list[dict[str, Any]] = []
         self.obj._SyncObj__transport.send = lambda node, message: self.sent.append(message)

@@ -13,7 +13,7 @@ from pysyncobj.journal import FileJournal
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState
-from synapse_ha.local.launcher import free_ports, wait_until
+from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft import journal as durable
 from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.snapshot import write_snapshot
@@ -154,7 +154,7 @@ def test_check_installed_refuses_a_plain_journal(tmp_path: Path) -> None:
 def test_a_replica_in_fsync_mode_syncs_its_journal_for_every_command(
     tmp_path: Path, fsync: bool
 ) -> None:
-    raft_port, grpc_port = free_ports(2)
+    raft_port, grpc_port = reserve_ports(2)
     me = f"127.0.0.1:{raft_port}"
     replica = RaftReplica(
         me,
@@ -290,7 +290,7 @@ def test_a_replica_killed_between_snapshot_and_compaction_keeps_every_entry(
 ) -> None:
     """A real restart: the snapshot covers the first half of the journal, which still
     holds every entry; the replica comes back with every command after it applied."""
-    raft_port, grpc_port = free_ports(2)
+    raft_port, grpc_port = reserve_ports(2)
     me = f"127.0.0.1:{raft_port}"
     directory = {me: ("r1", f"127.0.0.1:{grpc_port}")}
     replica = RaftReplica(me, [me], str(tmp_path), "test-password", directory=directory)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.local.launcher import free_ports, wait_until
+from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft.appendentries import leader_loss_delay
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 
@@ -41,7 +41,7 @@ def _three(tmp_path: Path, stagger_s: float | None) -> Iterator[list[RaftReplica
         election_max_s=2 * LONG_TIMEOUT_S,
         leader_loss_stagger_s=stagger_s,
     )
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    addresses = [f"127.0.0.1:{p}" for p in reserve_ports(3)]
     replicas: list[RaftReplica] = []
     try:
         for i, address in enumerate(addresses):

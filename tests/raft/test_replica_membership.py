@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal
-from synapse_ha.local.launcher import free_ports, wait_until
+from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft.replica import RaftReplica
 
 pytestmark = pytest.mark.integration
@@ -17,13 +17,13 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def spare_port() -> int:
-    (port,) = free_ports(1)
+    (port,) = reserve_ports(1)
     return port
 
 
 @pytest.fixture
 def alone(tmp_path: Path) -> Iterator[RaftReplica]:
-    raft_port, grpc_port = free_ports(2)
+    raft_port, grpc_port = reserve_ports(2)
     me = f"127.0.0.1:{raft_port}"
     replica = RaftReplica(
         me,

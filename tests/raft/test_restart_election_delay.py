@@ -12,7 +12,7 @@ import pytest
 from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic as raft_clock
 
-from synapse_ha.local.launcher import free_ports, wait_until
+from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ TIMING = RaftTiming(restart_election_delay_s=30.0)
 def _first_deadline_in(data_dir: Path, peers: int) -> float:
     """Seconds from now until the replica's first election deadline; the other members
     are not running, so it never stands for election here."""
-    ports = free_ports(peers)
+    ports = reserve_ports(peers)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     replica = RaftReplica(addresses[0], addresses, str(data_dir), "test-password", timing=TIMING)
     try:
@@ -61,7 +61,7 @@ def test_a_slow_snapshot_load_does_not_use_up_the_timeout(
         loaded.append(raft_clock())  # pysyncobj's clock, not time.monotonic
 
     monkeypatch.setattr(SyncObj, "_SyncObj__loadDumpFile", slow_load)
-    ports = free_ports(3)
+    ports = reserve_ports(3)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     first = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
     first.stop()
@@ -98,7 +98,7 @@ def test_a_long_tick_gives_a_follower_a_fresh_timeout(
             long_ticks.append(raft_clock())
 
     monkeypatch.setattr(SyncObj, "_onTick", slow_first_tick)
-    ports = free_ports(3)
+    ports = reserve_ports(3)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     replica = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
     try:

@@ -20,7 +20,7 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.worker.logs import add_worker_service
-from tests.integration.cluster import LocalCluster, free_ports, wait_for
+from tests.integration.cluster import LocalCluster, reserve_ports, wait_for
 from tests.worker.workers import LocalWorkers
 
 
@@ -64,7 +64,7 @@ def test_the_nudger_reaches_the_worker_without_blocking_and_survives_dead_addres
     worker_server: tuple[str, Inbox],
 ) -> None:
     address, inbox = worker_server
-    (closed_port,) = free_ports(1)
+    (closed_port,) = reserve_ports(1)
     nudger = WorkerNudger(timeout_s=2.0, max_channels=1)
     try:
         nudger.nudge([("gone", f"127.0.0.1:{closed_port}"), ("n1", address)])

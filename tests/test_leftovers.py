@@ -1,0 +1,116 @@
+"""The suite's leftover check (tests/conftest.py), run in a pytest session of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.leftovers import SESSION_VARIABLE, session_processes
+
+REPO = Path(__file__).resolve().parents[1]
+
+LEAKS = """
+import subprocess, sys, threading, time
+import pytest
+
+def test_leaves_a_process():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                     start_new_session=True)
+
+def test_clean():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+def test_leaves_a_thread():
+    stop = threading.Event()
+    # Non-daemon: the interpreter would wait for it at exit; it ends on its own later.
+    threading.Thread(target=stop.wait, args=(5,), name="forgotten-worker").start()
+
+def test_after_the_thread():
+    pass
+"""
+
+MODULE_FIXTURES = """
+import subprocess, sys
+import pytest
+
+@pytest.fixture(scope="module")
+def server():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield p
+    p.kill()
+    p.wait()
+
+def test_first(server):
+    assert server.poll() is None
+
+def test_second_without_the_fixture():
+    pass
+
+def test_third(server):
+    assert server.poll() is None
+"""
+
+FORGETFUL_MODULE_FIXTURE = """
+import subprocess, sys
+import pytest
+
+@pytest.fixture(scope="module")
+def server():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+def test_one(server):
+    pass
+
+def test_two(server):
+    pass
+"""
+
+
+def test_the_check_names_and_kills_what_a_test_leaves_running(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("from tests.conftest import *  # noqa: F403\n")
+    pytester.makepyfile(
+        test_leaks=LEAKS,
+        test_module_fixtures=MODULE_FIXTURES,
+        test_forgetful=FORGETFUL_MODULE_FIXTURE,
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "SYNAPSE_TEST_SETTLE_S": "1",
+    }
+    # A session of its own (not pytester.runpytest_subprocess: its output is the point).
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-v"],
+        cwd=pytester.path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    # The process: an error of the test that left it, naming it.
+    assert "ERROR at teardown of test_leaves_a_process" in out, out
+    assert "sleep(120)" in out
+    assert "started during test_leaks.py::test_leaves_a_process" in out
+    # The thread: named, with the test after which it was first seen.
+    assert "ERROR at teardown of test_leaves_a_thread" in out
+    assert "thread 'forgotten-worker'" in out
+    assert "started during test_leaks.py::test_leaves_a_thread" in out
+    # A module fixture's process is its own until the module ends; one left running
+    # then is an error of the module's last test, named with the test it started under.
+    assert "ERROR at teardown of test_two" in out
+    assert "started during test_forgetful.py::test_one" in out
+    for clean in ("test_clean", "test_after_the_thread", "test_first", "test_third"):
+        assert f"::{clean} PASSED" in out
+        assert f"ERROR at teardown of {clean}" not in out
+    assert "test_second_without_the_fixture PASSED" in out
+    assert out.count("left running after the tests that started them") == 3
+    # What the inner session left, its check killed: nothing of it runs now (its
+    # processes carry this session's id too).
+    assert not session_processes(os.environ[SESSION_VARIABLE].split(":")[-1])
