@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck layers unit demo bench clean protos protos-check chaos soak browser
+.PHONY: venv test lint typecheck layers unit unit-shuffled demo bench clean protos protos-check chaos soak browser
 
 venv: $(STAMP)
 
@@ -26,6 +26,12 @@ layers: $(STAMP)
 
 unit: $(STAMP) browser
 	$(BIN)/pytest
+
+# The same suite in a random order (pytest-randomly: modules, then the tests in each). The
+# seed is printed first; `make unit-shuffled SEED=<it>` replays that order.
+SEED ?=
+unit-shuffled: $(STAMP) browser
+	$(BIN)/pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED))
 
 # The dashboard test drives Debian's chromium (Playwright cannot download its own
 # browser here). As root (CI, .ci/run) it is installed when missing.
