@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf.message import DecodeError, Message
 
 from synapse_ha.rpc.errors import Reason, failure_of
@@ -207,6 +208,19 @@ class Tally:
             "state_checks": self.state_checks,
             "codes": dict(sorted(self.codes.items())),
         }
+
+
+def recorder(tally: Tally) -> Any:
+    """A module-scoped autouse fixture that records ``tally`` after the module's last
+    test, whatever order the tests ran in (assign it to a name in the test module)."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def record_the_counts() -> Iterator[None]:
+        yield
+        if tally.examples:
+            record(tally.summary())
+
+    return record_the_counts
 
 
 def record(summary: dict[str, Any]) -> None:
