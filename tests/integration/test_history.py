@@ -54,6 +54,11 @@ class World:
     def history_on(self, address: str) -> list[pb.HistoryJob]:
         return self.on(address).list_history()
 
+    def whole(self) -> list[Replica]:
+        """The replicas that hold every event since the jobs ran: all but the one
+        :func:`restarted_follower` restarted from a snapshot (the tests run in any order)."""
+        return [r for r in self.cluster.replicas if r is not self.restarted]
+
     def close(self) -> None:
         for client in [*self.clients, *self.users.values(), self.admin]:
             client.close()
@@ -169,14 +174,12 @@ def kinds_of(events: list[pb.Event], job_id: str) -> list[str]:
 
 
 def test_events_tell_each_job_in_order_and_resume_on_another_replica(world: World) -> None:
-    r1, r2, _ = world.cluster.replicas
+    whole = world.whole()
+    first, second = whole[:2]
     job_ids = list(world.job_ids.values())
 
     def probe() -> dict[str, list[pb.Event]] | None:
-        held = {
-            r.replica_id: list(world.on(r.grpc).watch_events(world.start_index))
-            for r in world.cluster.replicas
-        }
+        held = {r.replica_id: list(world.on(r.grpc).watch_events(world.start_index)) for r in whole}
         done = all("exited" in kinds_of(e, j) for e in held.values() for j in job_ids)
         return held if done else None
 
@@ -188,20 +191,21 @@ def test_events_tell_each_job_in_order_and_resume_on_another_replica(world: Worl
     # Every replica streams the same events with the same indexes.
     shortest = min(len(events) for events in held.values())
     for events in held.values():
-        assert events[:shortest] == held["r1"][:shortest]
+        assert events[:shortest] == held[first.replica_id][:shortest]
 
-    # Follow on r1, stop after alice's job started, resume on r2 from that index.
+    # Follow on one replica, stop after alice's job started, resume on another from that
+    # index.
     alice_job = world.job_ids["alice"]
     seen: list[pb.Event] = []
-    follower = world.on(r1.grpc).watch_events(world.start_index, follow=True)
+    follower = world.on(first.grpc).watch_events(world.start_index, follow=True)
     for event in follower:
         seen.append(event)
         if event.job_id == alice_job and event.kind == "started":
             break
     follower.close()  # the stream is cancelled: a disconnect
-    resumed = list(world.on(r2.grpc).watch_events(seen[-1].index))
-    n = len(held["r2"])
-    assert (seen + resumed)[:n] == held["r2"]
+    resumed = list(world.on(second.grpc).watch_events(seen[-1].index))
+    n = len(held[second.replica_id])
+    assert (seen + resumed)[:n] == held[second.replica_id]
     assert kinds_of(resumed, alice_job) == ["exited"]
 
 
@@ -290,7 +294,7 @@ def test_synctl_history_usage_and_events(world: World) -> None:
     def synctl(*args: str) -> str:
         result = runner.invoke(
             cli,
-            ["--cluster", ",".join(world.cluster.grpc_addresses), "--timeout", "20", *args],
+            ["--cluster", ",".join(r.grpc for r in world.whole()), "--timeout", "20", *args],
             catch_exceptions=False,
             env=env,
         )
