@@ -95,13 +95,25 @@ def run(
             dump = victim.data_dir / "raft.dump"
             return read_snapshot_entries(str(dump))[0][1] if dump.exists() else 0
 
+        def settled_snapshot_index() -> int:
+            """:func:`snapshot_index` once no snapshot is being written (the victim writes
+            ``raft.dump.partial`` and renames it when done) and two reads a moment apart
+            agree: a compaction in flight would otherwise move it just after it was read."""
+            partial = victim.data_dir / "raft.dump.partial"
+            for _ in range(600):  # bounded: a minute
+                first = snapshot_index()
+                time.sleep(0.1)
+                if not partial.exists() and snapshot_index() == first:
+                    return first
+            raise RuntimeError("the victim's snapshot file never settled")
+
         replay_from: int | None = None  # the victim's snapshot the replay counts from
         compactions = 0  # snapshots the victim wrote during the replay phase
         with cluster.channel(leader.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)
             for _ in range(10_000):  # bounded: 2,000 submissions a round while filling
                 commit = cluster.local_status(leader).commit_index
-                since = snapshot_index()
+                since = settled_snapshot_index() if commit >= entries else snapshot_index()
                 if commit < entries:
                     chunk = 2_000
                 elif commit - since < replay:
@@ -131,10 +143,10 @@ def run(
         if cluster.serving_leader(timeout_s=30) is not leader:
             raise RuntimeError("leadership moved while the log was filled")
         filled = cluster.local_status(leader)
-        journal_past_snapshot = filled.commit_index - snapshot_index()
         stream = Stream(cluster.grpc_addresses, cluster.transport)
         stream.start()
         wait_for("acks from the stream", lambda: stream.acks, timeout_s=30)
+        held_at_kill = cluster.local_status(victim).last_applied
         cluster.kill(victim)
         time.sleep(down_s)
         acks_down = len(stream.acks)
@@ -143,6 +155,7 @@ def run(
         journal_bytes = _size(data / "raft.journal")
         dump_bytes = _size(data / "raft.dump")
         restored_at = snapshot_index()  # the file the restart loads (the victim is down)
+        journal_past_snapshot = held_at_kill - restored_at
         restarted = time.monotonic()
         cluster.start(victim)
         with Profiler(profile, "restart", victim) as profiler:
