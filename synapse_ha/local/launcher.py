@@ -835,16 +835,11 @@ _PROCESS_PORTS = PortHolder()
 
 
 def reserve_ports(n: int, host: str = HOST) -> list[int]:
-    """``n`` distinct ports on ``host`` held for the life of this process (or until
-    :func:`release_ports`): nothing but a program binding them with ``SO_REUSEADDR``
-    can use them, and a connection to one is refused until a program listens on it.
-    See :class:`PortHolder`; a :class:`Launcher`'s ports are released when it closes."""
+    """``n`` distinct ports on ``host`` held for the life of this process: nothing but a
+    program binding them with ``SO_REUSEADDR`` can use them, and a connection to one is
+    refused until a program listens on it. See :class:`PortHolder`; a
+    :class:`Launcher`'s ports are released when it closes."""
     return _PROCESS_PORTS.reserve(n, host)
-
-
-def release_ports(ports: Iterable[int], host: str = HOST) -> None:
-    """Give back ports of :func:`reserve_ports`."""
-    _PROCESS_PORTS.release(ports, host)
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:
