@@ -8,8 +8,8 @@ wherever they are: in another session or process group, reparented to init, run 
 another user.
 
 The check runs once every fixture that could own such a process has been torn down: after
-each test whose fixtures are all function-scoped, otherwise after the last test of its
-module (module-scoped clusters live until then). What is found is named with the test
+each test at whose end no class-, module- or package-scoped fixture is set up (a module's
+shared cluster lives until the module's last test). What is found is named with the test
 that was running when it started, killed (so the tests after it run on a clean machine)
 and reported as an error of the test whose teardown found it.
 """
