@@ -164,6 +164,9 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("ListQueues"): _READERS,
     _scheduler("SetQueue"): frozenset({_A}),
     _scheduler("DeleteQueue"): frozenset({_A}),
+    # Per-identity limits: everyone may read them, admins change them.
+    _scheduler("GetLimits"): _READERS,
+    _scheduler("SetLimits"): frozenset({_A}),
     _agent("RegisterNode"): frozenset({_A, Audience.WORKER}),
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
     # Heartbeat streams (issue 16): the same callers as Heartbeat.

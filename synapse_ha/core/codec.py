@@ -51,7 +51,7 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import Attempt, ClusterConfig, ClusterState, Job, JobSpec
+from synapse_ha.core.model import Attempt, ClusterConfig, ClusterState, Job, JobSpec, Queue, Token
 
 # Version 2: reasons and attempt outcomes are Reason values (code, params, cause), not
 # sentences. Version 1 envelopes still decode: their sentences become TEXT reasons.
@@ -66,8 +66,12 @@ _COMMANDS_BY_NAME: dict[str, type] = {t.__name__: t for t in cmd.COMMAND_TYPES}
 # only when they differ from their defaults, so that release reads what does not use them.
 _ADDED_FIELDS: dict[type, frozenset[str]] = {
     ClusterConfig: frozenset(
-        {"priority_classes", "fair_share_half_life_ms", "preemption", "compact_state"}
+        {"priority_classes", "fair_share_half_life_ms", "preemption", "compact_state", "limits"}
     ),
+    # Per-identity limits and authorised priority (DESIGN §8).
+    Queue: frozenset({"max_priority"}),
+    Token: frozenset({"priority_classes", "max_priority"}),
+    cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
     JobSpec: frozenset({"queue", "priority_class"}),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms"}),
     ClusterState: frozenset({"queues", "queue_history"}),

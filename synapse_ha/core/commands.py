@@ -212,6 +212,8 @@ class CreateToken:
     expires_at_ms: int = 0
     now_ms: int = 0
     actor: str = ""  # recorded as Token.created_by
+    priority_classes: tuple[str, ...] = ()  # Token.priority_classes
+    max_priority: int = 0  # Token.max_priority
 
 
 @dataclass(frozen=True, slots=True)

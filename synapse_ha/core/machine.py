@@ -18,6 +18,7 @@ from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.admission import check_limits, check_priority_allowance
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ResultCode, error, ok
 from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, NODE, move, transition
@@ -115,6 +116,7 @@ def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:
     problems.extend(str(v) for v in check_priority_classes(c.config.priority_classes))
     if c.config.fair_share_half_life_ms < 1:
         problems.append("fair_share_half_life_ms must be >= 1")
+    problems.extend(str(v) for v in check_limits(c.config.limits))
     if problems:
         return error(ResultCode.INVALID, "; ".join(problems))
     orphaned = orphaned_levels(state, c.config)
@@ -1019,6 +1021,7 @@ def _has_unconfirmed(state: ClusterState, node_id: str) -> bool:
 
 def _create_token(state: ClusterState, c: cmd.CreateToken, now: int) -> Result:
     violations = check_token(c.token_id, c.user, c.role, c.queues, c.secret_sha256, c.expires_at_ms)
+    violations += check_priority_allowance(c.priority_classes, c.max_priority)
     if not c.token_id:
         violations.insert(0, Violation(ViolationCode.REQUIRED, "token_id", "is required"))
     if violations:
@@ -1036,6 +1039,8 @@ def _create_token(state: ClusterState, c: cmd.CreateToken, now: int) -> Result:
         created_by=c.actor,
         queues=tuple(c.queues),
         expires_at_ms=c.expires_at_ms,
+        priority_classes=tuple(c.priority_classes),
+        max_priority=c.max_priority,
     )
     return ok(f"token {c.token_id} created for {c.user} (role {c.role})")
 
@@ -1057,6 +1062,7 @@ def _revoke_token(state: ClusterState, c: cmd.RevokeToken, now: int) -> Result:
 
 def _set_queue(state: ClusterState, c: cmd.SetQueue, now: int) -> Result:
     violations = check_queue(c.queue, state.config.priority_classes)
+    violations += check_priority_allowance((), c.queue.max_priority)
     if c.queue.name == DEFAULT_QUEUE and c.queue.cohort:
         violations.append(Violation(ViolationCode.INVALID_FIELD, "cohort", "not for default"))
     if violations:

@@ -182,7 +182,10 @@ class Queue:
     of its own. ``borrowing_limit_gpu``: how many GPUs beyond its nominal the queue may
     borrow (None: any idle cohort quota). ``lending_limit_gpu``: how many of its idle
     nominal GPUs others may borrow (None: all of them). ``priority_classes``: the classes
-    its jobs may use (empty: every class).
+    its jobs may use (empty: every class that does not preempt; a class that preempts
+    must be listed). ``max_priority``: the highest priority (a number, or a class's
+    value) a user may give a job here without a token that allows more
+    (:func:`synapse_ha.core.access.priority_refusal`).
     """
 
     name: str
@@ -193,6 +196,7 @@ class Queue:
     borrowing_limit_gpu: int | None = None
     lending_limit_gpu: int | None = None
     priority_classes: tuple[str, ...] = ()
+    max_priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +242,31 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """What one identity may take of the control plane (DESIGN §8), part of the
+    replicated configuration. The rules are :mod:`synapse_ha.core.limits`.
+
+    ``spec_bytes`` / ``env_bytes``: the size of a job spec and of its environment, for
+    everyone (a spec is replicated to every replica and kept until the job is purged).
+    The others bind users and operators; admins, replicas and workers are not limited by
+    them: ``pending_jobs_per_user`` and ``pending_jobs_per_queue`` cap pending jobs;
+    ``submit_burst`` / ``submit_per_s`` are a token bucket per identity on each replica
+    (the replica that receives a SubmitJob, leader or not, charges it);
+    ``watch_streams_per_identity`` / ``watch_streams_total``: open WatchEvents streams on
+    one replica, each of which holds a server thread.
+    """
+
+    spec_bytes: int = 64 * 1024
+    env_bytes: int = 32 * 1024
+    pending_jobs_per_user: int = 10_000
+    pending_jobs_per_queue: int = 100_000
+    submit_burst: int = 200
+    submit_per_s: int = 50
+    watch_streams_per_identity: int = 4
+    watch_streams_total: int = 32
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """Cluster-wide settings, part of the replicated state.
 
@@ -277,6 +306,7 @@ class ClusterConfig:
     fair_share_half_life_ms: int = FAIR_SHARE_HALF_LIFE_MS
     preemption: PreemptionMode = PreemptionMode.TOPOLOGY
     compact_state: bool = False
+    limits: Limits = field(default_factory=Limits)
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")
@@ -468,7 +498,10 @@ class Token:
     ``queues`` are recorded for the queue admission rules of DESIGN §8; nothing enforces
     them until queues exist. ``expires_at_ms`` 0 means never; ``revoked_at_ms`` 0 means
     live. ``created_by`` / ``revoked_by`` name the identity that did it (``bootstrap``
-    for the first admin token, made by a replica itself)."""
+    for the first admin token, made by a replica itself). ``priority_classes``: the
+    classes that preempt its user may use (in queues that list them);
+    ``max_priority``: the highest priority it allows above a queue's own ceiling
+    (:func:`synapse_ha.core.access.priority_refusal`)."""
 
     token_id: str
     user: str
@@ -480,6 +513,8 @@ class Token:
     expires_at_ms: int = 0
     revoked_at_ms: int = 0
     revoked_by: str = ""
+    priority_classes: tuple[str, ...] = ()
+    max_priority: int = 0
 
     def live_at(self, now_ms: int) -> bool:
         """Neither revoked nor expired at ``now_ms``."""
@@ -498,7 +533,9 @@ class ClusterState:
     config: ClusterConfig = field(default_factory=ClusterConfig)
     nodes: dict[str, Node] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
-    request_ids: dict[str, str] = field(default_factory=dict)  # request_id -> job_id
+    # request_id -> job_id; a user's ids are scoped to it ("<owner>/<id>", see
+    # synapse_ha.core.limits.scoped_request_id), ids of older releases are not.
+    request_ids: dict[str, str] = field(default_factory=dict)
     next_job_seq: int = 1
     last_fencing_token: int = 0
     applied_commands: int = 0

@@ -152,6 +152,39 @@ def text(sentence: str) -> Reason:
 PENDING_FIRST_PASS = Reason(ReasonCode.PENDING_FIRST_PASS)
 
 
+# ------------------------------------------------------------------------ withheld
+
+# Parameters that carry text the job controls (a member's exit detail holds what the
+# worker said about its command: its argv, its image, its workdir) or that its owner or
+# an operator wrote (a cancel reason, a sentence of an older release). DESIGN §8: only the
+# job's owner and operators see them.
+_JOB_TEXT: dict[ReasonCode, str] = {
+    ReasonCode.TEXT: "text",
+    ReasonCode.MEMBER_EXITED: "detail",
+    ReasonCode.MEMBER_FENCED: "detail",
+    ReasonCode.MEMBER_LOST: "detail",
+    ReasonCode.CANCELLED_BY: "text",
+    ReasonCode.CANCELLED: "text",
+}
+WITHHELD = "withheld"  # a parameter set on a reason whose job text was withheld
+
+
+def withheld(r: Reason | None) -> Reason | None:
+    """``r`` (and its causes) without the text the job controls, for someone who may not
+    manage the job: the code and every other parameter stay, so the sentence still says
+    what happened (``rank 0 on n1 exited with code 127 [details withheld]``)."""
+    if r is None:
+        return None
+    cause = withheld(r.cause)
+    name = _JOB_TEXT.get(r.code)
+    params = r.params
+    if name is not None and r.text(name):
+        params = tuple(sorted([(k, v) for k, v in r.params if k != name] + [(WITHHELD, 1)]))
+    if params is r.params and cause is r.cause:
+        return r
+    return Reason(r.code, params, cause)
+
+
 # --------------------------------------------------------------------------- render
 
 
@@ -161,6 +194,8 @@ def render(r: Reason | None) -> str:
         return ""
     fn = _RENDER.get(r.code)
     sentence = fn(r) if fn is not None else r.code.value
+    if r.has(WITHHELD):
+        sentence = f"{sentence.rstrip(': ')} [details withheld]".lstrip()
     if r.code in WAIT_CODES and r.cause is not None:
         how = "requeued after a disruption" if r.cause.code in REQUEUE_CODES else "retrying after"
         sentence += f" ({how}: {render(r.cause)})"

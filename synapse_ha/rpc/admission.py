@@ -1,4 +1,6 @@
-"""Admission of heavy reads: a replica's reads must never starve its Raft and heartbeats.
+"""Admission on a replica: heavy reads, and the per-identity limits of DESIGN §8.
+
+Heavy reads: a replica's reads must never starve its Raft and heartbeats.
 
 A read served from a snapshot holds no lock, but it still costs CPU, and on a replica
 that CPU is shared with pysyncobj (which must answer its peers within the election
@@ -123,3 +125,130 @@ class ReadGate:
         with self._cond:
             self._refill(self._clock())
             return GateStats(self._admitted, self._refused, self._running, self._credit)
+
+
+# ------------------------------------------------------- per-identity limits (DESIGN §8)
+
+
+class SubmitRate:
+    """A token bucket per identity: ``burst`` submissions at once, refilled at ``per_s``
+    a second (the replicated ``Limits``, passed at each call so a change applies at
+    once). Each replica keeps its own buckets and charges the calls it receives.
+
+    Thread-safe; ``clock`` is monotonic seconds. Memory is bounded: buckets that are full
+    again are forgotten once more than ``max_identities`` are held."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, max_identities: int = 10_000
+    ) -> None:
+        self._clock = clock
+        self._max = max_identities
+        self._lock = threading.Lock()
+        self._buckets: dict[str, tuple[float, float]] = {}  # who -> (tokens, at)
+
+    def take(self, who: str, burst: int, per_s: int) -> float:
+        """Charge one submission to ``who``: 0.0 when allowed, else the seconds until the
+        bucket holds one again (nothing is charged then)."""
+        now = self._clock()
+        with self._lock:
+            tokens, at = self._buckets.get(who, (float(burst), now))
+            tokens = min(float(burst), tokens + max(0.0, now - at) * per_s)
+            if tokens < 1.0:
+                self._buckets[who] = (tokens, now)
+                return (1.0 - tokens) / per_s
+            self._buckets[who] = (tokens - 1.0, now)
+            if len(self._buckets) > self._max:
+                self._forget_full(now, burst, per_s)
+            return 0.0
+
+    def _forget_full(self, now: float, burst: int, per_s: int) -> None:
+        for who, (tokens, at) in list(self._buckets.items()):
+            if tokens + (now - at) * per_s >= burst:
+                del self._buckets[who]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRefusal:
+    """Why a stream was not opened: the limit's name, its value and the count now."""
+
+    limit: str
+    allowed: int
+    actual: int
+
+
+class StreamSlots:
+    """Open streams on this replica (each holds a server thread): per identity and in
+    all for callers the limits bind, and a fixed number more for those they do not
+    (admins, replicas), so that no user can lock them out. Thread-safe."""
+
+    def __init__(self, unlimited_slots: int = 16) -> None:
+        self.unlimited_slots = unlimited_slots
+        self._lock = threading.Lock()
+        self._by_identity: dict[str, int] = {}
+        self._limited = 0
+        self._unlimited = 0
+
+    def acquire(
+        self, who: str, limited: bool, per_identity: int, total: int
+    ) -> StreamRefusal | None:
+        """Take a slot for ``who``, or say which limit refuses it."""
+        with self._lock:
+            if not limited:
+                if self._unlimited >= self.unlimited_slots:
+                    return StreamRefusal("unlimited_streams", self.unlimited_slots, self._unlimited)
+                self._unlimited += 1
+                return None
+            mine = self._by_identity.get(who, 0)
+            if mine >= per_identity:
+                return StreamRefusal("watch_streams_per_identity", per_identity, mine)
+            if self._limited >= total:
+                return StreamRefusal("watch_streams_total", total, self._limited)
+            self._by_identity[who] = mine + 1
+            self._limited += 1
+            return None
+
+    def release(self, who: str, limited: bool) -> None:
+        with self._lock:
+            if not limited:
+                self._unlimited -= 1
+                return
+            left = self._by_identity.get(who, 0) - 1
+            if left > 0:
+                self._by_identity[who] = left
+            else:
+                self._by_identity.pop(who, None)
+            self._limited -= 1
+
+    def held(self, who: str) -> int:
+        with self._lock:
+            return self._by_identity.get(who, 0)
+
+
+class PendingInFlight:
+    """Submissions that passed the pending-jobs check and are not applied yet, per owner
+    and per queue, so that concurrent submissions cannot overshoot the caps between the
+    check and the commit. Thread-safe: check and :meth:`hold` under :attr:`lock`, then
+    :meth:`release` once the proposal has an outcome."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._owner: dict[str, int] = {}
+        self._queue: dict[str, int] = {}
+
+    def counts(self, owner: str, queue: str) -> tuple[int, int]:
+        """Held for ``owner`` and for ``queue``; call with :attr:`lock` held."""
+        return self._owner.get(owner, 0), self._queue.get(queue, 0)
+
+    def hold(self, owner: str, queue: str) -> None:
+        """Count one more; call with :attr:`lock` held."""
+        self._owner[owner] = self._owner.get(owner, 0) + 1
+        self._queue[queue] = self._queue.get(queue, 0) + 1
+
+    def release(self, owner: str, queue: str) -> None:
+        with self.lock:
+            for counts, key in ((self._owner, owner), (self._queue, queue)):
+                left = counts.get(key, 0) - 1
+                if left > 0:
+                    counts[key] = left
+                else:
+                    counts.pop(key, None)

@@ -71,10 +71,14 @@ def new_token(
     ttl_ms: int,
     now_ms: int,
     created_by: str,
+    priority_classes: Iterable[str] = (),
+    max_priority: int = 0,
 ) -> tuple[str, cmd.CreateToken]:
     """A fresh token: its text (``syn_<12 hex id>_<secret of 32 random bytes>``), shown
     once, and the command that replicates its hash. ``ttl_ms`` 0 means it never expires.
-    A replica bootstrapping the first admin token passes ``created_by="bootstrap"``."""
+    A replica bootstrapping the first admin token passes ``created_by="bootstrap"``.
+    ``priority_classes`` and ``max_priority``: what it allows beyond a queue's own rules
+    (:func:`synapse_ha.core.admission.priority_refusal`)."""
     token_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     command = cmd.CreateToken(
@@ -86,6 +90,8 @@ def new_token(
         expires_at_ms=now_ms + ttl_ms if ttl_ms > 0 else 0,
         now_ms=now_ms,
         actor=created_by,
+        priority_classes=tuple(priority_classes),
+        max_priority=max_priority,
     )
     return f"{access.TOKEN_PREFIX}{token_id}_{secret}", command
 

@@ -7,12 +7,17 @@ state machine again when applying).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.model import (
     DEFAULT_QUEUE,
     Attempt,
     Job,
     JobSpec,
+    Limits,
     Node,
     NodeInfo,
     PriorityClass,
@@ -22,7 +27,7 @@ from synapse_ha.core.model import (
     Token,
 )
 from synapse_ha.core.queue_usage import QueueUsage
-from synapse_ha.core.reasons import render
+from synapse_ha.core.reasons import render, withheld
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.views import DesiredMember, host_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -111,7 +116,7 @@ def resources_to_proto(r: Resources) -> pb.Resources:
 # --------------------------------------------------------------------------- jobs
 
 
-def attempt_to_proto(a: Attempt) -> pb.Attempt:
+def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
     members = []
     for placement, status in zip(a.members, a.member_status, strict=False):
         members.append(
@@ -131,7 +136,7 @@ def attempt_to_proto(a: Attempt) -> pb.Attempt:
         bound_at_ms=a.bound_at_ms,
         started_at_ms=a.started_at_ms,
         ended_at_ms=a.ended_at_ms,
-        outcome=render(a.outcome),
+        outcome=render(withheld(a.outcome) if redacted else a.outcome),
         members=members,
         preempted_by=a.preempted_by,
         preemption=str(a.preemption) if a.preemption is not None else "",
@@ -140,21 +145,28 @@ def attempt_to_proto(a: Attempt) -> pb.Attempt:
 
 
 def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
-    """The job as the API shows it. ``redacted`` withholds the command, its arguments and
-    the environment (a caller who may not manage the job; DESIGN §8) and says so."""
+    """The job as the API shows it. ``redacted`` (a caller who may not manage the job;
+    DESIGN §8) withholds everything the job's owner wrote that may carry a secret: the
+    command and its arguments, the environment, the workdir, the image and the request
+    id, and the job's text in its reasons (:func:`withheld`); ``redacted`` says so. The
+    request id is shown as its owner gave it."""
     spec = spec_to_proto(job.spec)
+    request_id = shown_request_id(job.owner, job.request_id)
     if redacted:
         spec.ClearField("command")
         del spec.env[:]
+        spec.workdir = ""
+        spec.image = ""
+        request_id = ""
     msg = pb.Job(
         job_id=job.job_id,
-        request_id=job.request_id,
+        request_id=request_id,
         spec=spec,
         owner=job.owner,
         redacted=redacted,
         cancelled_by=job.cancelled_by,
         state=str(job.state),
-        reason=render(job.reason),
+        reason=render(withheld(job.reason) if redacted else job.reason),
         reason_code=str(job.reason.code),
         retries_used=job.retries_used,
         requeues=job.requeues,
@@ -165,7 +177,7 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
         seq=job.seq,
     )
     if job.attempt is not None:
-        msg.attempt.CopyFrom(attempt_to_proto(job.attempt))
+        msg.attempt.CopyFrom(attempt_to_proto(job.attempt, redacted))
     return msg
 
 
@@ -292,6 +304,8 @@ def token_to_proto(token: Token) -> pb.TokenInfo:
         expires_at_ms=token.expires_at_ms,
         revoked_at_ms=token.revoked_at_ms,
         revoked_by=token.revoked_by,
+        priority_classes=list(token.priority_classes),
+        max_priority=token.max_priority,
     )
 
 
@@ -314,12 +328,16 @@ def queue_from_proto(msg: pb.Queue) -> Queue:
         borrowing_limit_gpu=opt("borrowing_limit_gpu"),
         lending_limit_gpu=opt("lending_limit_gpu"),
         priority_classes=tuple(msg.priority_classes),
+        max_priority=msg.max_priority,
     )
 
 
 def queue_to_proto(queue: Queue) -> pb.Queue:
     msg = pb.Queue(
-        name=queue.name, cohort=queue.cohort, priority_classes=list(queue.priority_classes)
+        name=queue.name,
+        cohort=queue.cohort,
+        priority_classes=list(queue.priority_classes),
+        max_priority=queue.max_priority,
     )
     for name in ("gpu", "cpu_milli", "memory_mib", "borrowing_limit_gpu", "lending_limit_gpu"):
         value = getattr(queue, name)
@@ -355,3 +373,25 @@ def preemption_to_desired(msg: pb.DesiredMember, attempt: Attempt, now_ms: int) 
     msg.preemption = str(attempt.preemption)
     msg.preempted_by = attempt.preempted_by
     msg.preempt_grace_ms = max(0, attempt.preempt_deadline_ms - now_ms)
+
+
+# --------------------------------------------------------------- per-identity limits
+
+
+def limits_to_proto(limits: Limits) -> pb.Limits:
+    return pb.Limits(**dataclasses.asdict(limits))
+
+
+def limits_with(limits: Limits, values: Iterable[pb.LimitValue]) -> Limits:
+    """``limits`` with the named ones replaced; raises :class:`SpecError` naming an
+    unknown limit (the values themselves are checked by
+    :func:`synapse_ha.core.admission.check_limits`)."""
+    known = {f.name for f in dataclasses.fields(Limits)}
+    changes: dict[str, int] = {}
+    for i, v in enumerate(values):
+        if v.name not in known:
+            raise SpecError(
+                f"values[{i}].name", f"no limit {v.name!r} ({', '.join(sorted(known))})"
+            )
+        changes[v.name] = int(v.value)
+    return dataclasses.replace(limits, **changes)

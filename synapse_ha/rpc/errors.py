@@ -57,6 +57,8 @@ class Reason(enum.StrEnum):
     LEADER_STEPPING_DOWN = "LEADER_STEPPING_DOWN"  # removing the leader: it hands over; retry
     EVENTS_EXPIRED = "EVENTS_EXPIRED"  # a since-index older than held; metadata oldest_index
     QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"  # metadata queue
+    # A per-identity limit (DESIGN §8); metadata limit, allowed, actual (retry_after_ms)
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
@@ -84,6 +86,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.LEADER_STEPPING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.EVENTS_EXPIRED: grpc.StatusCode.OUT_OF_RANGE,
     Reason.QUEUE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 

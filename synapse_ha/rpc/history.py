@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from synapse_ha.core.reasons import render, withheld
 from synapse_ha.history.store import HistoryAttempt, HistoryJob, UsageRow
 from synapse_ha.history.tracker import Event
 from synapse_ha.rpc.convert import clamp_int32, spec_to_proto
@@ -53,7 +54,12 @@ def usage_row_to_proto(r: UsageRow) -> pb.UsageRow:
     return pb.UsageRow(key=r.key, day=r.day, gpu_ms=r.gpu_ms, attempts=clamp_int32(r.attempts))
 
 
-def event_to_proto(e: Event) -> pb.Event:
+def event_to_proto(e: Event, redacted: bool = False) -> pb.Event:
+    """The event as the API shows it; ``redacted`` withholds the text its job controls
+    (:func:`synapse_ha.core.reasons.withheld`) from a caller who may not manage the job."""
+    detail = e.description
+    if redacted and e.reason is not None:
+        detail = render(withheld(e.reason))
     return pb.Event(
         index=e.index,
         kind=str(e.kind),
@@ -66,6 +72,6 @@ def event_to_proto(e: Event) -> pb.Event:
         nodes=list(e.nodes),
         node_id=e.node_id,
         reason_code=e.reason_code,
-        detail=e.description,
+        detail=detail,
         leader_id=e.leader_id,
     )

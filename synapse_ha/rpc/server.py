@@ -20,6 +20,7 @@ state) and in one INFO line on the ``synapse_ha.audit`` logger.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -36,12 +37,21 @@ import grpc
 
 from synapse_ha.app.leader import Liveness
 from synapse_ha.app.ports import ProposalError
-from synapse_ha.core import access, validation
+from synapse_ha.core import access, admission, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
 from synapse_ha.core.codec import READABLE_VERSIONS, encode_state
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal, MemberView
-from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobSpec, JobState, NodeStatus
+from synapse_ha.core.model import (
+    ClusterConfig,
+    ClusterState,
+    Job,
+    JobSpec,
+    JobState,
+    Limits,
+    NodeStatus,
+    Token,
+)
 from synapse_ha.core.queue_usage import queue_usage
 from synapse_ha.core.scheduler import Plan, explain, why_pending
 from synapse_ha.core.spec import SpecError
@@ -51,7 +61,14 @@ from synapse_ha.history.events import EventRing, EventsExpired
 from synapse_ha.history.store import USAGE_KEYS, HistoryFilter, HistoryStore
 from synapse_ha.rpc import convert
 from synapse_ha.rpc import history as history_pb
-from synapse_ha.rpc.admission import Overloaded, ReadGate
+from synapse_ha.rpc.admission import (
+    Overloaded,
+    PendingInFlight,
+    ReadGate,
+    StreamRefusal,
+    StreamSlots,
+    SubmitRate,
+)
 from synapse_ha.rpc.auth import (
     AUTHORIZATION_KEY,
     BEARER,
@@ -155,6 +172,14 @@ class ReplicaContext:
     dashboard_url: str = ""
     # Heartbeat streams (issue 16): where this replica serves NodeStreamService ("": none).
     stream_address: str = ""
+    # Per-identity limits (DESIGN §8): this replica's submit buckets and open streams,
+    # and the submissions it has checked against the pending caps but not yet applied.
+    submit_rate: SubmitRate = field(default_factory=SubmitRate)
+    watch_slots: StreamSlots = field(default_factory=StreamSlots)
+    pending_in_flight: PendingInFlight = field(default_factory=PendingInFlight)
+    # Limits this replica's configuration file sets ([limits]): as leader it puts them
+    # back, so SetLimits refuses to change them here.
+    pinned_limits: frozenset[str] = frozenset()
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -289,15 +314,37 @@ DEFAULT_PAGE_SIZE = 500
 MAX_PAGE_SIZE = 1000
 
 
-def _token_queues(context: grpc.ServicerContext, state: ClusterState) -> tuple[str, ...] | None:
-    """The queues named by the token the caller presented (the interceptor already proved
-    it), or None when it presented none (a certificate, or an insecure server)."""
+def _presented_token(context: grpc.ServicerContext, state: ClusterState) -> Token | None:
+    """The token the caller presented (the interceptor already proved it), or None when
+    it presented none (a certificate, or an insecure server). A token the state does
+    not hold (only ever the bootstrap token, before it commits) allows no more than a
+    certificate."""
     for key, value in context.invocation_metadata():
         if key == AUTHORIZATION_KEY and isinstance(value, str) and value.startswith(BEARER):
             parts = access.split_token(value[len(BEARER) :].strip())
             token = state.tokens.get(parts[0]) if parts is not None else None
-            return token.queues if token is not None else ()
+            return token if token is not None else _NO_GRANTS
     return None
+
+
+# A token the state does not hold: it names no queues and allows nothing more.
+_NO_GRANTS = Token("", "", Role.USER, "", 0, "")
+
+
+def _refuse_limit(
+    context: grpc.ServicerContext, identity: Identity, refusal: admission.LimitExceeded | None
+) -> None:
+    """Abort with LIMIT_EXCEEDED naming the limit and the figures, when there is one."""
+    if refusal is None:
+        return
+    audit.info("%s refused by limits.%s (%d of %d)", identity, refusal.limit,
+               refusal.actual, refusal.allowed)  # fmt: skip
+    abort(
+        context,
+        Reason.LIMIT_EXCEEDED,
+        refusal.message,
+        {"limit": refusal.limit, "allowed": str(refusal.allowed), "actual": str(refusal.actual)},
+    )
 
 
 def _job_not_found(context: grpc.ServicerContext, job_id: str) -> NoReturn:
@@ -310,6 +357,11 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
     def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.ServicerContext
     ) -> pb.SubmitJobResponse:
+        identity = caller(context)
+        limits = self.ctx.backend.cluster_config().limits
+        limited = admission.limited(identity)
+        if limited:
+            self._charge_submission(context, identity, limits)
         if not request.HasField("spec"):
             _required(context, "spec")
         spec = convert.spec_from_proto(request.spec)
@@ -318,31 +370,94 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         violations += validation.check_request_id(request.request_id)
         if violations:
             abort_invalid(context, violations)
-        request_id = request.request_id or f"srv-{uuid.uuid4().hex}"
-        identity = caller(context)
+        _refuse_limit(context, identity, admission.size_refusal(limits, spec))
+        self._require_serving_leader(context)
         # The policy lets only users submit (jobs run as their owner); the queue must
-        # exist and be one the caller's credential allows (docs/queues.md).
-        self._check_queue(context, identity, spec)
-        command = cmd.SubmitJob(
-            spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms(), owner=identity.name
+        # exist and be one the caller's credential allows (docs/queues.md), at a priority
+        # it may use.
+        state = self._check_queue(context, identity, spec)
+        owner = identity.name
+        request_id = admission.request_key(
+            state, owner, request.request_id or f"srv-{uuid.uuid4().hex}"
         )
-        result = self._check(context, self._propose(context, command))
+        existing = state.request_ids.get(request_id)
+        if existing is not None:  # a retry: nothing new to admit
+            return pb.SubmitJobResponse(job_id=existing, created=False)
+        held = limited and self._hold_pending(context, identity, spec, limits)
+        try:
+            command = cmd.SubmitJob(
+                spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms(), owner=owner
+            )
+            result = self._check(context, self._propose(context, command))
+        finally:
+            if held:
+                self.ctx.pending_in_flight.release(owner, spec.queue)
         if result.created:
             _audit(identity, "SubmitJob", result.job_id)
         return pb.SubmitJobResponse(job_id=result.job_id, created=result.created)
 
+    def _charge_submission(
+        self, context: grpc.ServicerContext, identity: Identity, limits: Limits
+    ) -> None:
+        """Abort with LIMIT_EXCEEDED when ``identity`` submits faster than its rate."""
+        wait_s = self.ctx.submit_rate.take(str(identity), limits.submit_burst, limits.submit_per_s)
+        if wait_s > 0:
+            abort(
+                context,
+                Reason.LIMIT_EXCEEDED,
+                f"{access.describe_caller(identity)} submits faster than limits.submit_per_s "
+                f"({limits.submit_per_s} a second, bursts of {limits.submit_burst}); retry in "
+                f"{wait_s:.2f}s",
+                {
+                    "limit": admission.LimitName.SUBMIT_PER_S,
+                    "allowed": str(limits.submit_per_s),
+                    "actual": str(limits.submit_burst),
+                    "retry_after_ms": str(max(1, round(wait_s * 1000))),
+                },
+            )
+
+    def _hold_pending(
+        self, context: grpc.ServicerContext, identity: Identity, spec: JobSpec, limits: Limits
+    ) -> bool:
+        """Count the submission against the pending caps until it is applied (abort with
+        LIMIT_EXCEEDED when it would pass one); True once held. The state is read under
+        the lock a release takes after its apply, so every other submission is counted
+        once: in the state, or as held."""
+        in_flight = self.ctx.pending_in_flight
+        with in_flight.lock:
+            state = self.ctx.backend.snapshot()
+            counts = admission.pending_counts(state, identity.name, spec.queue)
+            mine, queued = in_flight.counts(identity.name, spec.queue)
+            total = admission.PendingCounts(counts.owner + mine, counts.queue + queued)
+            refusal = admission.pending_refusal(limits, total, identity.name, spec.queue)
+            if refusal is None:
+                in_flight.hold(identity.name, spec.queue)
+        _refuse_limit(context, identity, refusal)
+        return True
+
     def _check_queue(
         self, context: grpc.ServicerContext, identity: Identity, spec: JobSpec
-    ) -> None:
-        """Abort unless ``spec``'s queue and class exist (INVALID_FIELD) and the caller
-        may submit to that queue (PERMISSION_DENIED, :func:`access.queue_refusal`)."""
+    ) -> ClusterState:
+        """Abort unless ``spec``'s queue and class exist (INVALID_FIELD), the caller may
+        submit to that queue (PERMISSION_DENIED, :func:`access.queue_refusal`) and at that
+        priority (:func:`admission.priority_refusal`); the state it was checked against."""
         state = self.ctx.backend.snapshot()
-        violations = validation.check_job_queue(spec, state.queues, state.config.priority_classes)
+        classes = state.config.priority_classes
+        violations = validation.check_job_queue(spec, state.queues, classes)
         if violations:
             abort_invalid(context, violations)
-        refusal = access.queue_refusal(identity, spec.queue, _token_queues(context, state))
+        token = _presented_token(context, state)
+        queues = None if token is None else token.queues
+        refusal = access.queue_refusal(identity, spec.queue, queues)
+        if refusal is None:
+            grant = admission.PriorityGrant()
+            if token is not None:
+                grant = admission.PriorityGrant(token.priority_classes, token.max_priority)
+            queue = state.queues[spec.queue]
+            refusal = admission.priority_refusal(identity, spec, queue, classes, grant)
         if refusal is not None:
             self._refuse(context, refusal, identity)
+        return state
 
     def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.ServicerContext
@@ -564,14 +679,23 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         except ValueError:
             role = request.role
         queues = list(request.queues)
+        classes = tuple(request.priority_classes)
         violations = validation.check_token("", request.user, role, queues, "0" * 64, 0)
+        violations += admission.check_priority_allowance(classes, request.max_priority)
         if request.ttl_ms < 0:
             violations.append(validation.invalid("ttl_ms", "must be 0 (never) or positive"))
         if violations:
             abort_invalid(context, violations)
         assert isinstance(role, Role)
         text, command = new_token(
-            request.user, role, queues, request.ttl_ms, self.ctx.clock_ms(), str(identity)
+            request.user,
+            role,
+            queues,
+            request.ttl_ms,
+            self.ctx.clock_ms(),
+            str(identity),
+            classes,
+            request.max_priority,
         )
         self._check(context, self._propose(context, command))
         _audit(identity, "CreateToken", f"{command.token_id} ({request.user}, role {role})")
@@ -842,27 +966,68 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         self, request: pb.WatchEventsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.Event]:
         """Events after ``since_index`` from this replica's ring; with ``follow``, new ones
-        as they are applied until the client goes away. At most
-        :data:`MAX_EVENT_WATCHERS` streams at once per replica (each holds a thread)."""
+        as they are applied until the client goes away. Each open stream holds a thread:
+        a user or operator may hold ``limits.watch_streams_per_identity`` of them on a
+        replica, all of them together ``limits.watch_streams_total``; admins and replicas
+        have slots of their own (:class:`StreamSlots`), so users cannot lock them out.
+        Text a job controls is withheld from callers who may not manage the job."""
         if request.since_index < 0:
             abort_invalid(context, [validation.invalid("since_index", "must be 0 or positive")])
         ring = self.ctx.events
         if ring is None:
             abort(context, Reason.CONFLICT, "events are turned off on this replica")
-        with _WATCHERS:
-            if _WATCHERS.count >= MAX_EVENT_WATCHERS:
-                abort(
-                    context,
-                    Reason.OVERLOADED,
-                    f"{MAX_EVENT_WATCHERS} event streams are open on this replica; "
-                    "retry after a pause or watch another replica",
-                )
-            _WATCHERS.count += 1
+        identity = caller(context)
+        limits = self.ctx.backend.cluster_config().limits
+        limited = admission.limited(identity)
+        who = str(identity)
+        refusal = self.ctx.watch_slots.acquire(
+            who, limited, limits.watch_streams_per_identity, limits.watch_streams_total
+        )
+        if refusal is not None:
+            _refuse_limit(context, identity, _stream_limit(identity, refusal))
         try:
-            yield from _stream_events(ring, request, context)
+            yield from _stream_events(ring, request, context, identity)
         finally:
-            with _WATCHERS:
-                _WATCHERS.count -= 1
+            self.ctx.watch_slots.release(who, limited)
+
+    # ------------------------------------------------------------ per-identity limits
+
+    def GetLimits(
+        self, request: pb.GetLimitsRequest, context: grpc.ServicerContext
+    ) -> pb.GetLimitsResponse:
+        limits = self.ctx.backend.cluster_config().limits
+        return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
+
+    def SetLimits(
+        self, request: pb.SetLimitsRequest, context: grpc.ServicerContext
+    ) -> pb.GetLimitsResponse:
+        """Replicate the limits with the named ones changed (admins only). A limit this
+        leader's configuration file sets is refused: the leader would put it back."""
+        identity = caller(context)
+        self._require_serving_leader(context)
+        config = self.ctx.backend.cluster_config()
+        try:
+            limits = convert.limits_with(config.limits, request.values)
+        except SpecError as exc:
+            _invalid(context, exc)
+        pinned = sorted({v.name for v in request.values} & self.ctx.pinned_limits)
+        if pinned:
+            abort(
+                context,
+                Reason.CONFLICT,
+                f"limits {', '.join(pinned)} are set by the leader's configuration file "
+                f"([limits] in its TOML), which it puts back: change them there",
+            )
+        violations = admission.check_limits(limits)
+        if violations:
+            abort_invalid(context, violations)
+        wanted = dataclasses.replace(config, limits=limits)
+        command = cmd.Configure(config=wanted, now_ms=self.ctx.clock_ms(), actor=str(identity))
+        self._check(context, self._propose(context, command))
+        changed = ", ".join(f"{v.name}={v.value}" for v in request.values)
+        _audit(identity, "SetLimits", changed or "nothing")
+        limits = self.ctx.backend.cluster_config().limits
+        return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
 
     # ------------------------------------------------- queues and preemption (issue 14)
 
@@ -964,27 +1129,38 @@ _MEMBERSHIP_REASON = {
     MembershipCode.IS_LEADER: Reason.LEADER_STEPPING_DOWN,
 }
 SNAPSHOT_CHUNK_BYTES = 1 << 20
-# At most this many WatchEvents streams per replica: each holds a server thread.
-MAX_EVENT_WATCHERS = 8
 
 
-class _Watchers:
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
-_WATCHERS = _Watchers()
+def _stream_limit(identity: Identity, refusal: StreamRefusal) -> admission.LimitExceeded:
+    who = access.describe_caller(identity)
+    if refusal.limit == "unlimited_streams":
+        message = (
+            f"{refusal.actual} event streams of admins and replicas are open on this replica, "
+            "all it has; close one, or watch another replica"
+        )
+        return admission.LimitExceeded(
+            admission.LimitName.WATCH_STREAMS_TOTAL, refusal.allowed, refusal.actual, message
+        )
+    name = admission.LimitName(refusal.limit)
+    if name is admission.LimitName.WATCH_STREAMS_PER_IDENTITY:
+        message = (
+            f"{who} has {refusal.actual} event streams open on this replica; "
+            f"limits.watch_streams_per_identity allows {refusal.allowed}: close one first"
+        )
+    else:
+        message = (
+            f"{refusal.actual} event streams of users are open on this replica; "
+            f"limits.watch_streams_total allows {refusal.allowed}: retry after a pause, or "
+            "watch another replica"
+        )
+    return admission.LimitExceeded(name, refusal.allowed, refusal.actual, message)
 
 
 def _stream_events(
-    ring: EventRing, request: pb.WatchEventsRequest, context: grpc.ServicerContext
+    ring: EventRing,
+    request: pb.WatchEventsRequest,
+    context: grpc.ServicerContext,
+    viewer: Identity,
 ) -> Iterator[pb.Event]:
     since = request.since_index
     end = None if request.follow else ring.newest_index
@@ -1001,7 +1177,8 @@ def _stream_events(
         for event in events:
             if end is not None and event.index > end:
                 return
-            yield history_pb.event_to_proto(event)
+            redacted = bool(event.job_id) and not access.may_manage_job(viewer, event.owner)
+            yield history_pb.event_to_proto(event, redacted)
             since = event.index
         if end is not None and (not events or since >= end):
             return

@@ -28,13 +28,15 @@ with no CA (insecure mode) allows everything, as does the default :data:`ALLOW_A
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import grpc
 
@@ -68,6 +70,27 @@ def find_member_dir(members_root: Path, job_id: str, attempt: int, rank: int) ->
     return best[1] if best else None
 
 
+class NotALog(OSError):
+    """The member's log is not a regular file of its own (a link the member put there)."""
+
+
+def open_log(member_dir: Path) -> BinaryIO:
+    """The member's ``output.log``, opened for reading as the agent (root) without
+    trusting the member, which may write its own directory: a symbolic link there is not
+    followed and a file with other names (a hard link to someone else's file) is refused
+    with :class:`NotALog`, so reading one's own job's log never reads another file."""
+    fd = os.open(member_dir / "output.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise NotALog(errno.EPERM, "the member's output.log is not a regular file of its own")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_chunks(
     member_dir: Path,
     offset: int,
@@ -79,10 +102,10 @@ def read_chunks(
 ) -> Iterator[wpb.LogChunk]:
     """Chunks of the member's log from ``offset`` (negative: from the end). Without
     ``follow`` it stops at the current end of the file (``eof`` when the member has
-    exited); with it, it waits for new output until the member exits."""
-    path = member_dir / "output.log"
+    exited); with it, it waits for new output until the member exits. The file is opened
+    by :func:`open_log`."""
     chunk = DEFAULT_CHUNK if max_bytes <= 0 else min(max_bytes, MAX_CHUNK)
-    with open(path, "rb") as f:
+    with open_log(member_dir) as f:
         size = os.fstat(f.fileno()).st_size
         position = max(0, size + offset) if offset < 0 else offset
         f.seek(position)
@@ -114,11 +137,22 @@ class Refusal:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """Who a ReadLog call reads as: ``who`` (the grant's subject) counts against the
+    per-identity follow limit; ``None`` is not limited (a replica, or an insecure
+    worker that knows nobody)."""
+
+    who: str | None
+
+
 class LogAuthorizer(Protocol):
     """Decides whether the caller of the current RPC may read a job's logs or nudge this
-    worker: None allows, a :class:`Refusal` refuses."""
+    worker: None (or a :class:`Reader`) allows, a :class:`Refusal` refuses."""
 
     def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None: ...
+
+    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | Reader: ...
 
     def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None: ...
 
@@ -129,6 +163,9 @@ class AllowAll:
 
     def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None:
         return None
+
+    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | Reader:
+        return Reader(None)
 
     def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None:
         return None
@@ -167,12 +204,16 @@ class LogAccess:
         return access
 
     def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None:
+        admitted = self.admit_read(context, job_id)
+        return admitted if isinstance(admitted, Refusal) else None
+
+    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | Reader:
         ca_pem = self._ca_pem()
         if ca_pem is None:
-            return None
+            return Reader(None)
         caller = peer_identity(context)
         if caller is not None and caller.kind is Kind.REPLICA:
-            return None
+            return Reader(None)
         grants = [v for k, v in context.invocation_metadata() if k == GRANT_METADATA_KEY]
         if not grants:
             if caller is None:
@@ -188,7 +229,7 @@ class LogAccess:
             )
         grant = grants[0]
         try:
-            verify_grant(
+            claims = verify_grant(
                 grant if isinstance(grant, str) else grant.decode("ascii", "replace"),
                 ca_pem=ca_pem,
                 now_s=self.clock(),
@@ -202,7 +243,7 @@ class LogAccess:
                 else grpc.StatusCode.UNAUTHENTICATED
             )
             return Refusal(code, f"log grant refused ({exc.reason}): {exc}")
-        return None
+        return Reader(claims.subject)
 
     def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None:
         if self._ca_pem() is None:
@@ -248,22 +289,76 @@ class _CurrentCa:
 # ------------------------------------------------------------------------ servicer
 
 
+# The log service's threads, and how many of them follow streams may hold: each follow
+# holds a thread until its member exits, so the rest stay for reads and the leader's
+# nudges. One identity (a grant's subject) follows at most FOLLOWS_PER_IDENTITY logs of
+# this node at once.
+LOG_SERVICE_THREADS = 32
+FOLLOWS_TOTAL = 24
+FOLLOWS_PER_IDENTITY = 4
+
+
+class FollowSlots:
+    """Open follow streams on this worker: per identity and in all. Thread-safe."""
+
+    def __init__(
+        self, per_identity: int = FOLLOWS_PER_IDENTITY, total: int = FOLLOWS_TOTAL
+    ) -> None:
+        self.per_identity = per_identity
+        self.total = total
+        self._lock = threading.Lock()
+        self._by_identity: dict[str | None, int] = {}
+        self._open = 0
+
+    def acquire(self, who: str | None) -> Refusal | None:
+        """Take a slot for ``who`` (None: a replica, limited by the total only)."""
+        with self._lock:
+            mine = self._by_identity.get(who, 0)
+            if who is not None and mine >= self.per_identity:
+                return Refusal(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{who} follows {mine} logs on this node already, the most one identity "
+                    f"may ({self.per_identity}); stop one first",
+                )
+            if self._open >= self.total:
+                return Refusal(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{self._open} logs are followed on this node, the most it serves at "
+                    "once; read without following, or retry later",
+                )
+            self._by_identity[who] = mine + 1
+            self._open += 1
+            return None
+
+    def release(self, who: str | None) -> None:
+        with self._lock:
+            left = self._by_identity.get(who, 0) - 1
+            if left > 0:
+                self._by_identity[who] = left
+            else:
+                self._by_identity.pop(who, None)
+            self._open -= 1
+
+
 class WorkerServicer(wpb_grpc.WorkerServiceServicer):
     """The worker's own API: members' logs, and nudges from the leader.
 
     ``on_nudge(node_id)`` returns whether the nudge was for this node; it must return at
     once (it runs on a gRPC thread and only flags the agent loop). ``authorize`` decides
-    every call before the servicer looks at a file or the nudge."""
+    every call before the servicer looks at a file or the nudge; ``follows`` bounds the
+    follow streams (serve on :data:`LOG_SERVICE_THREADS` threads)."""
 
     def __init__(
         self,
         members_root: Path,
         on_nudge: Callable[[str], bool] | None = None,
         authorize: LogAuthorizer = ALLOW_ALL,
+        follows: FollowSlots | None = None,
     ) -> None:
         self.members_root = members_root
         self.on_nudge = on_nudge
         self.authorize = authorize
+        self.follows = follows or FollowSlots()
 
     def Nudge(self, request: wpb.NudgeRequest, context: grpc.ServicerContext) -> wpb.NudgeResponse:
         refusal = self.authorize.check_nudge(context)
@@ -275,9 +370,9 @@ class WorkerServicer(wpb_grpc.WorkerServiceServicer):
     def ReadLog(
         self, request: wpb.ReadLogRequest, context: grpc.ServicerContext
     ) -> Iterator[wpb.LogChunk]:
-        refusal = self.authorize.check_read(context, request.job_id)
-        if refusal is not None:
-            context.abort(refusal.code, refusal.message)
+        admitted = self.authorize.admit_read(context, request.job_id)
+        if isinstance(admitted, Refusal):
+            context.abort(admitted.code, admitted.message)
         if request.rank < 0 or request.attempt < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "rank and attempt must be >= 0")
         member_dir = find_member_dir(
@@ -289,9 +384,19 @@ class WorkerServicer(wpb_grpc.WorkerServiceServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"no log for job {request.job_id!r} rank {request.rank} ({what}) on this node",
             )
-        yield from read_chunks(
-            member_dir, request.offset, request.max_bytes, request.follow, context.is_active
-        )
+        if request.follow:
+            refusal = self.follows.acquire(admitted.who)
+            if refusal is not None:
+                context.abort(refusal.code, refusal.message)
+        try:
+            yield from read_chunks(
+                member_dir, request.offset, request.max_bytes, request.follow, context.is_active
+            )
+        except NotALog as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.strerror or str(exc))
+        finally:
+            if request.follow:
+                self.follows.release(admitted.who)
 
 
 def add_worker_service(

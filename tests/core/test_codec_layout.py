@@ -30,7 +30,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.ClusterConfig: ("topology_levels", "timeouts", "retention_ms", "master_port_base",
                           "master_port_span", "locality_wait_ms", "max_requeues",
                           "start_timeout_ms", "priority_classes", "fair_share_half_life_ms",
-                          "preemption", "compact_state"),
+                          "preemption", "compact_state", "limits"),
     model.ClusterState: ("config", "nodes", "jobs", "request_ids", "next_job_seq",
                          "last_fencing_token", "applied_commands", "last_time_ms", "tokens",
                          "queues", "queue_history"),
@@ -40,6 +40,9 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.JobSpec: ("name", "replicas", "resources", "command", "shell", "env", "workdir",
                     "priority", "topology_required", "topology_preferred", "time_limit_ms",
                     "retries", "image", "queue", "priority_class"),
+    model.Limits: ("spec_bytes", "env_bytes", "pending_jobs_per_user", "pending_jobs_per_queue",
+                   "submit_burst", "submit_per_s", "watch_streams_per_identity",
+                   "watch_streams_total"),
     model.LostAttempt: ("number", "fencing_token", "node_id", "nodes", "exited_zero"),
     model.MemberPlacement: ("rank", "node_id", "gpus"),
     model.MemberStatus: ("state", "exit_code", "started_at_ms", "finished_at_ms"),
@@ -49,7 +52,7 @@ PINNED: dict[type, tuple[str, ...]] = {
                      "features", "members_run_as"),
     model.PriorityClass: ("name", "value", "preempts", "grace_ms"),
     model.Queue: ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu",
-                  "lending_limit_gpu", "priority_classes"),
+                  "lending_limit_gpu", "priority_classes", "max_priority"),
     model.QueueHistory: ("gpu_ms", "cpu_milli_ms", "memory_mib_ms", "at_ms"),
     reasons.Reason: ("code", "params", "cause"),
     model.Resources: ("cpu_milli", "memory_mib", "gpu"),
@@ -57,7 +60,8 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.Timeouts: ("heartbeat_interval_ms", "lease_ttl_ms", "leader_step_down_ms",
                      "dead_timeout_ms", "safety_margin_ms"),
     model.Token: ("token_id", "user", "role", "secret_sha256", "created_at_ms", "created_by",
-                  "queues", "expires_at_ms", "revoked_at_ms", "revoked_by"),
+                  "queues", "expires_at_ms", "revoked_at_ms", "revoked_by", "priority_classes",
+                  "max_priority"),
 }  # fmt: skip
 
 

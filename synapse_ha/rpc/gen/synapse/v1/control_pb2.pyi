@@ -388,16 +388,20 @@ class GetReplicaStateResponse(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., last_applied: _Optional[int] = ..., encoded_state: _Optional[bytes] = ..., state_sha256: _Optional[str] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
-    __slots__ = ("user", "role", "queues", "ttl_ms")
+    __slots__ = ("user", "role", "queues", "ttl_ms", "priority_classes", "max_priority")
     USER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     user: str
     role: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     ttl_ms: int
-    def __init__(self, user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    priority_classes: _containers.RepeatedScalarFieldContainer[str]
+    max_priority: int
+    def __init__(self, user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ...) -> None: ...
 
 class CreateTokenResponse(_message.Message):
     __slots__ = ("token", "token_id", "expires_at_ms")
@@ -410,7 +414,7 @@ class CreateTokenResponse(_message.Message):
     def __init__(self, token: _Optional[str] = ..., token_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class TokenInfo(_message.Message):
-    __slots__ = ("token_id", "user", "role", "queues", "created_at_ms", "created_by", "expires_at_ms", "revoked_at_ms", "revoked_by")
+    __slots__ = ("token_id", "user", "role", "queues", "created_at_ms", "created_by", "expires_at_ms", "revoked_at_ms", "revoked_by", "priority_classes", "max_priority")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +424,8 @@ class TokenInfo(_message.Message):
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     REVOKED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     token_id: str
     user: str
     role: str
@@ -429,7 +435,9 @@ class TokenInfo(_message.Message):
     expires_at_ms: int
     revoked_at_ms: int
     revoked_by: str
-    def __init__(self, token_id: _Optional[str] = ..., user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., created_at_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., revoked_at_ms: _Optional[int] = ..., revoked_by: _Optional[str] = ...) -> None: ...
+    priority_classes: _containers.RepeatedScalarFieldContainer[str]
+    max_priority: int
+    def __init__(self, token_id: _Optional[str] = ..., user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., created_at_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., revoked_at_ms: _Optional[int] = ..., revoked_by: _Optional[str] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ...) -> None: ...
 
 class ListTokensRequest(_message.Message):
     __slots__ = ()
@@ -644,7 +652,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, since_index: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes")
+    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes", "max_priority")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
@@ -653,6 +661,7 @@ class Queue(_message.Message):
     BORROWING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
     LENDING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu: int
     cpu_milli: int
@@ -661,7 +670,8 @@ class Queue(_message.Message):
     borrowing_limit_gpu: int
     lending_limit_gpu: int
     priority_classes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_priority: int
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ...) -> None: ...
 
 class QueueUsage(_message.Message):
     __slots__ = ("used_gpu", "used_cpu_milli", "used_memory_mib", "borrowed_gpu", "lent_gpu", "running_jobs", "pending_jobs", "pending_gpu", "preempting_jobs")
@@ -744,6 +754,50 @@ class DeleteQueueRequest(_message.Message):
 class DeleteQueueResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("spec_bytes", "env_bytes", "pending_jobs_per_user", "pending_jobs_per_queue", "submit_burst", "submit_per_s", "watch_streams_per_identity", "watch_streams_total")
+    SPEC_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_PER_USER_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_PER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_BURST_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_PER_S_FIELD_NUMBER: _ClassVar[int]
+    WATCH_STREAMS_PER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    WATCH_STREAMS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    spec_bytes: int
+    env_bytes: int
+    pending_jobs_per_user: int
+    pending_jobs_per_queue: int
+    submit_burst: int
+    submit_per_s: int
+    watch_streams_per_identity: int
+    watch_streams_total: int
+    def __init__(self, spec_bytes: _Optional[int] = ..., env_bytes: _Optional[int] = ..., pending_jobs_per_user: _Optional[int] = ..., pending_jobs_per_queue: _Optional[int] = ..., submit_burst: _Optional[int] = ..., submit_per_s: _Optional[int] = ..., watch_streams_per_identity: _Optional[int] = ..., watch_streams_total: _Optional[int] = ...) -> None: ...
+
+class GetLimitsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: Limits
+    def __init__(self, limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+
+class SetLimitsRequest(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[LimitValue]
+    def __init__(self, values: _Optional[_Iterable[_Union[LimitValue, _Mapping]]] = ...) -> None: ...
+
+class LimitValue(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: int
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as")
