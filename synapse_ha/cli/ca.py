@@ -107,7 +107,9 @@ def ca_issue(
     user, or a client (transport only: it completes the TLS handshake but names nobody;
     token holders use it with their token), signed by the CA in --ca-dir. Prints the
     certificate, key and CA paths. Replicas and workers serve gRPC: give every --host
-    clients dial them by.
+    clients dial them by; their certificate also carries the name clients demand of their
+    role (replica.synapse.invalid, or NODE.worker.synapse.invalid), which no --host may
+    take. User and client certificates only call: they name no hosts and cannot serve.
 
     \b
     Examples:
@@ -117,8 +119,11 @@ def ca_issue(
     """
     if role is not None and kind != Kind.USER:
         raise click.BadParameter("only user certificates carry a role", param_hint="--role")
-    if kind == CLIENT and hosts:
-        raise click.BadParameter("a client certificate names no hosts", param_hint="--host")
+    if kind in (CLIENT, Kind.USER) and hosts:
+        raise click.BadParameter(
+            f"a {kind} certificate names no hosts (it only calls, never serves)",
+            param_hint="--host",
+        )
     try:
         if kind == CLIENT:
             files = issue_client(ca_dir, name, out, days=days, overwrite=force)

@@ -27,6 +27,13 @@ Every call carries the client's credential: a bearer token (``token``) is sent a
 ``authorization: Bearer <token>`` metadata on each call; a client certificate comes with
 the channel (``channel_factory``, e.g. the TLS transport's). A refusal
 (``UNAUTHENTICATED``, ``PERMISSION_DENIED``) is raised at once, never retried.
+
+The token goes only where the channel lets a call go: with the TLS transport's
+``Transport.channel`` that is a server whose certificate names it a replica of the
+cluster, checked in the handshake, before any call. A worker or a user certificate of
+the same CA answering at a replica's address (or at an address learnt from a
+NOT_LEADER redirect) fails the handshake and never sees the token: the call fails
+``UNAVAILABLE`` and the client moves on to the next replica.
 """
 
 from __future__ import annotations
@@ -125,7 +132,9 @@ class ClusterClient:
         credentials_version: Callable[[], object] | None = None,
     ) -> None:
         """``token``: a bearer token sent with every call. ``channel_factory``: makes
-        the channel to one address (default: a plaintext channel). ``credentials_version``
+        the channel to one address (default: a plaintext channel); with a token it must be
+        one that checks the server is a replica, as ``Transport.channel`` does.
+        ``credentials_version``
         (e.g. ``Transport.version``): checked at most once a second; when it changes
         (rotated certificates) the channels are rebuilt with the new files."""
         if not addresses:

@@ -4,8 +4,12 @@ After a bind commits, the leader asks the workers it placed members on to heartb
 so members start within a round trip of the decision instead of up to a heartbeat
 interval later. A nudge carries no state: the heartbeat reply stays the only source of
 what should run, and a nudge that is lost, late or refused costs one interval at most.
-Calls never block the caller; channels are kept per worker address, at most
-``max_channels`` of them (least recently used closed first).
+Calls never block the caller; channels are kept per worker (node id and address), at
+most ``max_channels`` of them (least recently used closed first).
+
+Each channel is opened for one node: with TLS, the worker's certificate must name that
+node (``Transport.channel(address, worker=node_id)``), so a nudge reaches the worker the
+leader placed members on, or nothing, whoever answers at the address.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import grpc
 
@@ -23,16 +28,29 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 log = logging.getLogger("synapse.rpc.nudge")
 
 
+class WorkerChannels(Protocol):
+    """Opens a channel to the worker of node ``worker`` at ``address``
+    (``Transport.channel`` is one)."""
+
+    def __call__(self, address: str, *, worker: str) -> grpc.Channel: ...
+
+
+def plaintext_worker_channel(address: str, *, worker: str) -> grpc.Channel:
+    """A plaintext channel (``--insecure``): nothing to check the worker by."""
+    return grpc.insecure_channel(address)
+
+
 class WorkerNudger:
     def __init__(
         self,
         timeout_s: float = 1.0,
         max_channels: int = 4096,
-        channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel,
+        channel_factory: WorkerChannels = plaintext_worker_channel,
         credentials_version: Callable[[], object] = lambda: None,
     ) -> None:
-        """``channel_factory`` opens a channel to a worker (with TLS, one presenting this
-        replica's certificate: workers take nudges from replicas only)."""
+        """``channel_factory`` opens a channel to one node's worker (with TLS, one that
+        presents this replica's certificate, since workers take nudges from replicas
+        only, and demands that node's certificate)."""
         if max_channels < 1:
             raise ValueError("max_channels must be at least 1")
         self._channel_factory = channel_factory
@@ -42,9 +60,9 @@ class WorkerNudger:
         self.timeout_s = timeout_s
         self.max_channels = max_channels
         self._lock = threading.Lock()
-        self._channels: OrderedDict[str, tuple[grpc.Channel, wpb_grpc.WorkerServiceStub]] = (
-            OrderedDict()
-        )
+        self._channels: OrderedDict[
+            tuple[str, str], tuple[grpc.Channel, wpb_grpc.WorkerServiceStub]
+        ] = OrderedDict()
         self._closed = False
 
     def nudge(self, targets: Sequence[tuple[str, str]]) -> None:
@@ -57,7 +75,7 @@ class WorkerNudger:
             for channel in stale:
                 channel.close()
         for node_id, address in targets:
-            stub = self._stub(address)
+            stub = self._stub(node_id, address)
             if stub is None:
                 return
             try:
@@ -75,18 +93,19 @@ class WorkerNudger:
         for channel in channels:
             channel.close()
 
-    def _stub(self, address: str) -> wpb_grpc.WorkerServiceStub | None:
+    def _stub(self, node_id: str, address: str) -> wpb_grpc.WorkerServiceStub | None:
         evicted: list[grpc.Channel] = []
+        key = (node_id, address)
         with self._lock:
             if self._closed:
                 return None
-            entry = self._channels.get(address)
+            entry = self._channels.get(key)
             if entry is not None:
-                self._channels.move_to_end(address)
+                self._channels.move_to_end(key)
                 return entry[1]
-            channel = self._channel_factory(address)
+            channel = self._channel_factory(address, worker=node_id)
             stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
-            self._channels[address] = (channel, stub)
+            self._channels[key] = (channel, stub)
             while len(self._channels) > self.max_channels:
                 _, (old, _) = self._channels.popitem(last=False)
                 evicted.append(old)

@@ -11,7 +11,9 @@ How a process uses it::
     files = TlsFiles(ca=Path("ca.pem"), cert=Path("replica-r1.pem"), key=Path("replica-r1.key"))
     transport = Transport(files)            # or Transport.insecure() behind --insecure
     port = transport.add_port(server, "0.0.0.0:7101")   # mutual TLS, reloads changed files
-    channel = transport.channel("10.0.0.2:7102")        # rebuild when transport.version() changes
+    channel = transport.channel("10.0.0.2:7102")        # to a replica; rebuild when
+                                                        # transport.version() changes
+    logs = transport.channel("10.0.1.7:7070", worker="gpu-7")   # to that worker only
 
     # in a handler: who is calling (None on plaintext)
     caller = peer_identity(context)

@@ -5,8 +5,26 @@ A certificate names its holder in a URI subject alternative name,
 ``Identity.spiffe_id`` (``spiffe://synapse/worker/<node-id>`` ...); the subject common
 name repeats it as ``str(identity)`` for people reading ``openssl x509`` output.
 Replicas and workers serve gRPC, so their certificates also carry the host names and IP
-addresses clients dial (as DNS and IP SANs). Every leaf certificate may act as a TLS
-server and a TLS client (EKU serverAuth + clientAuth).
+addresses clients dial (as DNS and IP SANs).
+
+**Role names and key usage.** A client must know that the server it dials is a replica
+(or, for a worker's log service, the worker it meant) before it sends a bearer token or a
+grant. gRPC Python offers no hook to inspect the server's certificate before the first
+call, so the role is checked by the one thing gRPC core verifies in the handshake: a
+name. Every replica certificate carries the DNS SAN :data:`REPLICA_SERVER_NAME`
+(``replica.synapse.invalid``) and every worker certificate the DNS SAN
+:func:`worker_server_name` of its node id (``gpu-7.worker.synapse.invalid``); clients
+demand that name (:meth:`synapse_ha.security.tls.Transport.channel`). The names live
+under ``synapse.invalid`` (a top-level domain reserved never to resolve, RFC 2606), which
+no host given to :func:`issue` may use, and wildcard host names are not issued, so no
+other certificate of the CA can carry them. The extended key usage says what a
+certificate may do, and BoringSSL enforces it in both directions: replicas and workers
+serve and call (serverAuth + clientAuth); users and transport-only clients only call
+(clientAuth), so their certificates cannot serve at all.
+
+Certificates issued before role names existed name no role: :func:`outdated` says so
+with the ``synctl ca issue`` command that replaces one, and a replica or worker refuses
+to start with such a certificate.
 
 Keys are ECDSA P-256; signatures are ECDSA with SHA-256. Private keys are written
 unencrypted in PKCS#8 PEM with mode 0600 into files that did not exist before (unless
@@ -20,8 +38,10 @@ File layout: ``init_ca(DIR)`` writes ``DIR/ca.pem`` and ``DIR/ca.key``;
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +62,20 @@ CLIENT_SPIFFE_PREFIX = "spiffe://synapse/client/"
 # Issued certificates start this long before "now" so that peers whose clocks run a
 # little behind accept them at once.
 BACKDATE = timedelta(minutes=5)
+
+# The names clients demand of a server by its role (module docstring). The domain is
+# reserved: no host of an issued certificate may lie in it.
+ROLE_DOMAIN = "synapse.invalid"
+REPLICA_SERVER_NAME = f"replica.{ROLE_DOMAIN}"
+WORKER_SERVER_DOMAIN = f"worker.{ROLE_DOMAIN}"
+# A node id that is one lowercase DNS label names its worker as it is; any other (capital
+# letters, dots, underscores) by a digest, in a second label no plain id can have: gRPC
+# compares names without regard to case, and "GPU1" must not answer for "gpu1".
+_PLAIN_NODE_LABEL = re.compile(r"^[a-z0-9-]{1,63}$")
+_DIGEST_HEX = 40
+
+_SERVES_AND_CALLS = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+_CALLS_ONLY = (ExtendedKeyUsageOID.CLIENT_AUTH,)
 
 
 class PkiError(Exception):
@@ -72,6 +106,28 @@ def ca_files(directory: Path) -> CaFiles:
 def cert_file_stem(identity: Identity) -> str:
     """``<kind>-<name>``: the file name (without suffix) of an identity's certificate."""
     return f"{identity.kind}-{identity.name}"
+
+
+def worker_server_name(node_id: str) -> str:
+    """The DNS name a worker's certificate carries and its log service is dialled by:
+    ``<node-id>.worker.synapse.invalid`` when the node id is one lowercase DNS label,
+    else ``<40 hex digits of its SHA-256>.id.worker.synapse.invalid``. Distinct node ids
+    give distinct names, also where they differ only in case."""
+    if _PLAIN_NODE_LABEL.match(node_id):
+        return f"{node_id}.{WORKER_SERVER_DOMAIN}"
+    digest = hashlib.sha256(node_id.encode()).hexdigest()[:_DIGEST_HEX]
+    return f"{digest}.id.{WORKER_SERVER_DOMAIN}"
+
+
+def server_name(identity: Identity) -> str | None:
+    """The role name a server with this identity carries (None for users, who never
+    serve): :data:`REPLICA_SERVER_NAME` for every replica, :func:`worker_server_name`
+    for a worker."""
+    if identity.kind is Kind.REPLICA:
+        return REPLICA_SERVER_NAME
+    if identity.kind is Kind.WORKER:
+        return worker_server_name(identity.name)
+    return None
 
 
 def init_ca(
@@ -143,6 +199,7 @@ def issue_client(
         f"client-{name}",
         out_dir,
         hosts=(),
+        role_name=None,
         days=days,
         not_before=None,
         not_after=None,
@@ -163,12 +220,15 @@ def issue(
 ) -> CertFiles:
     """Issue a certificate for ``identity`` signed by the CA in ``ca_dir``.
 
-    SANs: ``identity.spiffe_id`` always; each of ``hosts`` as an IP SAN when it parses as
-    an IP address, else as a DNS SAN. Validity: from ``not_before`` (default: now minus
-    five minutes) to ``not_after`` (default: ``days`` after now); the explicit bounds let
-    tests make expired or not-yet-valid certificates. ``out_dir`` is created (0700) if
-    missing. Raises :class:`PkiError` when the CA is missing or unreadable, the
-    identity's name is not a valid name, or the files exist and ``overwrite`` is false."""
+    SANs: ``identity.spiffe_id`` always; for a replica or a worker its role name
+    (:func:`server_name`) and each of ``hosts``, as an IP SAN when it parses as an IP
+    address, else as a DNS SAN. Key usage: a replica or worker serves and calls, a user
+    only calls. Validity: from ``not_before`` (default: now minus five minutes) to
+    ``not_after`` (default: ``days`` after now); the explicit bounds let tests make
+    expired or not-yet-valid certificates. ``out_dir`` is created (0700) if missing.
+    Raises :class:`PkiError` when the CA is missing or unreadable, the identity's name is
+    not a valid name, a host is a wildcard or lies in the reserved role domain, a user is
+    given hosts, or the files exist and ``overwrite`` is false."""
     if not NAME_PATTERN.match(identity.name):
         raise PkiError(
             f"{identity.name!r} is not a valid {identity.kind} name: use letters, digits, "
@@ -176,6 +236,11 @@ def issue(
         )
     if (identity.role is not None) != (identity.kind is Kind.USER):
         raise PkiError(f"{identity}: only a user has a role, and a user needs one")
+    role_name = server_name(identity)
+    if role_name is None and hosts:
+        raise PkiError(
+            f"{identity}: a user certificate names no hosts (users call, they never serve)"
+        )
     return _issue(
         ca_dir,
         identity.spiffe_id,
@@ -183,6 +248,7 @@ def issue(
         cert_file_stem(identity),
         out_dir,
         hosts=hosts,
+        role_name=role_name,
         days=days,
         not_before=not_before,
         not_after=not_after,
@@ -198,11 +264,15 @@ def _issue(
     out_dir: Path,
     *,
     hosts: Sequence[str],
+    role_name: str | None,
     days: int,
     not_before: datetime | None,
     not_after: datetime | None,
     overwrite: bool,
 ) -> CertFiles:
+    """A leaf certificate: ``role_name`` given, one that serves (role name first among
+    the DNS SANs) and calls; without, one that only calls."""
+    host_names = [_host_name(host) for host in hosts]
     ca_cert, ca_key = _load_ca(ca_dir)
     now = datetime.now(UTC)
     start = not_before if not_before is not None else now - BACKDATE
@@ -210,8 +280,10 @@ def _issue(
     if end <= start:
         raise PkiError(f"the certificate would never be valid: it ends ({end}) before it starts")
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri)]
-    for host in hosts:
-        names.append(_host_name(host))
+    if role_name is not None:
+        names.append(x509.DNSName(role_name))
+    names.extend(host_names)
+    usages = _SERVES_AND_CALLS if role_name is not None else _CALLS_ONLY
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
@@ -237,9 +309,7 @@ def _issue(
             critical=True,
         )
         .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
+            x509.ExtendedKeyUsage(list(usages)),
             critical=False,
         )
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
@@ -301,6 +371,38 @@ def identity_of_cert(pem_or_der: bytes) -> Identity | None:
     return identity_of(load_certificate(pem_or_der))
 
 
+def outdated(pem_or_der: bytes) -> str | None:
+    """Why a certificate of ours cannot serve as issued, with the command that replaces
+    it; None when it can (or when it is a user's or a transport-only client's, which
+    never serve).
+
+    A replica or worker certificate without its role name (:func:`server_name`) was
+    issued before role names existed: clients refuse it, so the process holding it must
+    not start. The command keeps its hosts; add ``--ca-dir`` and ``--out`` as when it was
+    issued. Raises :class:`PkiError` when the bytes are not a certificate."""
+    cert = load_certificate(pem_or_der)
+    identity = identity_of(cert)
+    if identity is None:
+        return None
+    wanted = server_name(identity)
+    if wanted is None:
+        return None
+    dns, addresses = _host_sans(cert)
+    if wanted in dns:
+        return None
+    hosts = [h for h in dns if not _in_role_domain(h)] + addresses
+    command = " ".join(
+        ["synctl ca issue", str(identity.kind), identity.name, "--ca-dir CA_DIR"]
+        + [f"--host {h}" for h in hosts]
+        + ["--out DIR --force"]
+    )
+    return (
+        f"the {identity.kind} certificate of {identity} does not carry the name {wanted} that "
+        f"clients demand of a {identity.kind} (it was issued before certificates named their "
+        f"role); issue it again: {command}"
+    )
+
+
 def key_matches_certificate(key_pem: bytes, cert_pem: bytes) -> bool:
     """Whether the private key in ``key_pem`` belongs to the certificate in ``cert_pem``
     (False also when either does not parse)."""
@@ -353,7 +455,29 @@ def _host_name(host: str) -> x509.GeneralName:
         pass
     if not host or any(c.isspace() for c in host) or "/" in host:
         raise PkiError(f"{host!r} is neither an IP address nor a DNS name")
+    if "*" in host:
+        raise PkiError(f"{host!r}: wildcard host names are not issued; name each host")
+    if _in_role_domain(host):
+        raise PkiError(
+            f"{host!r}: {ROLE_DOMAIN} is reserved for the role names synapse gives replicas "
+            "and workers itself"
+        )
     return x509.DNSName(host)
+
+
+def _in_role_domain(host: str) -> bool:
+    name = host.lower().rstrip(".")
+    return name == ROLE_DOMAIN or name.endswith(f".{ROLE_DOMAIN}")
+
+
+def _host_sans(cert: x509.Certificate) -> tuple[list[str], list[str]]:
+    """The DNS names and IP addresses a certificate names (empty without SANs)."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [], []
+    dns = list(san.get_values_for_type(x509.DNSName))
+    return dns, [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

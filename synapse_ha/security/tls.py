@@ -7,9 +7,22 @@ this process's certificate and its key) and makes client channels and server por
 * Servers **require** a client certificate issued by a CA in the bundle; a client
   without one, with one from another CA, or with an expired one fails the handshake (the
   caller sees ``UNAVAILABLE``).
-* Clients verify the server's certificate against the bundle and the address they dial
-  (so server certificates carry the hosts and IPs clients use, see
-  :func:`synapse_ha.security.pki.issue`).
+* Clients verify the server's certificate against the bundle and **its role**: a
+  channel demands the role name of a replica (:data:`~synapse_ha.security.pki.REPLICA_SERVER_NAME`),
+  or, for a worker's log service, the name of the worker it means to reach
+  (:func:`~synapse_ha.security.pki.worker_server_name`), through gRPC's
+  ``grpc.ssl_target_name_override``. gRPC core checks that name against the server
+  certificate's SANs during the handshake, so a server without it (a worker, a user or a
+  transport-only certificate of the same CA whose SANs cover the address dialled, or
+  another worker) fails the handshake and no call, hence no bearer token and no grant,
+  is ever sent to it. BoringSSL also checks the key usage: a certificate without
+  serverAuth (users', clients') cannot serve at all. The host dialled is not compared
+  with the certificate's host SANs any more: a replica certificate is accepted at any
+  address, which is the trust a client gives every replica anyway.
+* **Certificates issued before role names** (a replica or worker certificate without
+  its role name) are refused when the files are read (:class:`TlsError` naming the file
+  and the ``synctl ca issue`` command that replaces it): a process never starts with a
+  certificate its clients would refuse.
 * **Reload without restart.** The server side re-reads the three files for the next
   handshake whenever one of them changed (inode, size, mtime or ctime): replacing the
   certificate, the key or the CA bundle on disk takes effect for new connections;
@@ -45,7 +58,15 @@ from typing import Any
 import grpc
 
 from synapse_ha.core.access import Identity
-from synapse_ha.security.pki import CertFiles, PkiError, identity_of_cert, key_matches_certificate
+from synapse_ha.security.pki import (
+    REPLICA_SERVER_NAME,
+    CertFiles,
+    PkiError,
+    identity_of_cert,
+    key_matches_certificate,
+    outdated,
+    worker_server_name,
+)
 
 # auth_context() key of the peer's verified leaf certificate (PEM).
 PEER_CERT_KEY = "x509_pem_cert"
@@ -59,6 +80,8 @@ PEER_CACHE_SIZE = 1024
 # come from servers the client authenticated.
 MAX_RECEIVE_BYTES = 512 << 20
 _MAX_RECEIVE = "grpc.max_receive_message_length"
+# The name gRPC core checks the server certificate against, instead of the host dialled.
+_SERVER_NAME = "grpc.ssl_target_name_override"
 
 
 class TlsError(Exception):
@@ -101,8 +124,9 @@ def _stamp(path: Path) -> FileStamp:
 
 
 def read_material(files: TlsFiles) -> TlsMaterial:
-    """Read the three files; :class:`TlsError` when one is missing or unreadable, or the
-    key is not the certificate's."""
+    """Read the three files; :class:`TlsError` when one is missing or unreadable, the
+    key is not the certificate's, or the certificate is a replica's or worker's issued
+    before role names (:func:`synapse_ha.security.pki.outdated`)."""
     try:
         material = TlsMaterial(
             ca=files.ca.read_bytes(), cert=files.cert.read_bytes(), key=files.key.read_bytes()
@@ -113,6 +137,9 @@ def read_material(files: TlsFiles) -> TlsMaterial:
         raise TlsError(f"{files.ca} holds no PEM certificate")
     if not key_matches_certificate(material.key, material.cert):
         raise TlsError(f"{files.key} is not the private key of {files.cert}")
+    problem = outdated(material.cert)
+    if problem is not None:
+        raise TlsError(f"{files.cert}: {problem}")
     return material
 
 
@@ -182,23 +209,40 @@ class Transport:
         they cannot be read or do not fit."""
         return None if self.files is None else read_material(self.files)
 
-    def channel(self, address: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+    def channel(
+        self,
+        address: str,
+        options: Sequence[tuple[str, Any]] = (),
+        *,
+        worker: str | None = None,
+    ) -> grpc.Channel:
         """A channel to ``address`` (``HOST:PORT``): TLS presenting this process's
-        certificate and trusting the CA bundle, or plaintext when insecure. The server's
-        certificate must name ``HOST`` (DNS or IP SAN). Answers up to
-        :data:`MAX_RECEIVE_BYTES` are accepted unless ``options`` say otherwise."""
+        certificate and trusting the CA bundle, or plaintext when insecure.
+
+        The server must be a replica of the cluster, or, with ``worker`` (a node id), the
+        worker of that node: its certificate must carry the role name
+        (:data:`~synapse_ha.security.pki.REPLICA_SERVER_NAME`, or
+        :func:`~synapse_ha.security.pki.worker_server_name` of ``worker``), which gRPC
+        checks in the handshake, before any call (and its metadata) leaves. A server
+        without it fails every call with ``UNAVAILABLE``. Answers up to
+        :data:`MAX_RECEIVE_BYTES` are accepted unless ``options`` say otherwise.
+        ``options`` may not set the server name (``ValueError``): it is this method's."""
         options = [*options]
+        if any(name == _SERVER_NAME for name, _ in options):
+            raise ValueError(f"{_SERVER_NAME} is set by Transport.channel from the server's role")
         if not any(name == _MAX_RECEIVE for name, _ in options):
             options.append((_MAX_RECEIVE, MAX_RECEIVE_BYTES))
         material = self.material()
         if material is None:
-            return grpc.insecure_channel(address, options=list(options))
+            return grpc.insecure_channel(address, options=options)
+        expected = REPLICA_SERVER_NAME if worker is None else worker_server_name(worker)
+        options.append((_SERVER_NAME, expected))
         credentials = grpc.ssl_channel_credentials(
             root_certificates=material.ca,
             private_key=material.key,
             certificate_chain=material.cert,
         )
-        return grpc.secure_channel(address, credentials, options=list(options))
+        return grpc.secure_channel(address, credentials, options=options)
 
     def add_port(self, server: grpc.Server, address: str) -> int:
         """Listen on ``address`` and return the bound port (``HOST:0`` picks a free one).

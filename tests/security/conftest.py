@@ -4,6 +4,7 @@ identity. Servers listen on 127.0.0.1 only and are stopped at teardown."""
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import socket
 import ssl
@@ -12,11 +13,15 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from synapse_ha.core.access import Identity, Role, replica, user, worker
 from synapse_ha.security.pki import CertFiles, identity_of_cert, init_ca, issue
@@ -53,6 +58,60 @@ class Authority:
 
     def transport(self, identity: Identity, *, hosts: tuple[str, ...] = ()) -> Transport:
         return Transport(TlsFiles.from_cert_files(self.issue(identity, hosts=hosts)))
+
+    def forge(
+        self,
+        identity: Identity | None,
+        *,
+        dns: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        usages: tuple[x509.ObjectIdentifier, ...] = (
+            ExtendedKeyUsageOID.SERVER_AUTH,
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+        ),
+    ) -> CertFiles:
+        """A certificate signed with this CA's key directly, bypassing ``issue`` and its
+        rules: what an older ``synctl ca issue`` made (serverAuth + clientAuth for every
+        kind, any hosts, no role name) by default, or whatever SANs and key usages a test
+        needs. ``identity`` None: no SPIFFE name."""
+        ca_cert = x509.load_pem_x509_certificate(self.ca_pem)
+        ca_key = serialization.load_pem_private_key(
+            (self.ca_dir / "ca.key").read_bytes(), password=None
+        )
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        key = ec.generate_private_key(ec.SECP256R1())
+        names: list[x509.GeneralName] = []
+        if identity is not None:
+            names.append(x509.UniformResourceIdentifier(identity.spiffe_id))
+        names += [x509.DNSName(d) for d in dns]
+        names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        now = datetime.now(UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "forged")]))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+        )
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        out = self.ca_dir.parent / f"forged-{next(self._counter)}"
+        out.mkdir()
+        files = CertFiles(cert=out / "cert.pem", key=out / "cert.key", ca=self.ca_dir / "ca.pem")
+        files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files.key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        return files
 
 
 def make_authority(root: Path) -> Authority:

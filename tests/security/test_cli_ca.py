@@ -35,7 +35,7 @@ def test_init_then_issue_prints_the_paths_it_wrote(tmp_path: Path) -> None:
     parsed = x509.load_pem_x509_certificate(cert.read_bytes())
     san = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
-    assert san.get_values_for_type(x509.DNSName) == ["r1.internal"]
+    assert san.get_values_for_type(x509.DNSName) == ["replica.synapse.invalid", "r1.internal"]
     lifetime = parsed.not_valid_after_utc - parsed.not_valid_before_utc
     assert 29 < lifetime.days <= 30
 
@@ -103,3 +103,15 @@ def test_a_client_certificate_names_nobody(tmp_path: Path) -> None:
     )
     assert refused.exit_code == 2
     assert "no hosts" in refused.output
+
+
+def test_a_user_certificate_names_no_hosts(tmp_path: Path) -> None:
+    ca_dir = str(tmp_path / "ca")
+    assert run("ca", "init", ca_dir)[0] == 0
+    out = tmp_path / "out"
+    code, output = run(
+        "ca", "issue", "user", "mallory", "--ca-dir", ca_dir, "--host", "10.0.0.1",
+        "--out", str(out),
+    )  # fmt: skip
+    assert (code, "names no hosts" in output) == (2, True)
+    assert not out.exists()

@@ -95,7 +95,7 @@ def grant_for(files: CertFiles, job_id: str = JOB, node_id: str = NODE, ttl_s: f
 
 def read_log(address: str, client: Transport, grant: str | None = None, job_id: str = JOB) -> bytes:
     metadata = [(GRANT_METADATA_KEY, grant)] if grant is not None else []
-    with client.channel(address) as channel:
+    with client.channel(address, worker=NODE) as channel:
         stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
         chunks = stub.ReadLog(wpb.ReadLogRequest(job_id=job_id), timeout=10, metadata=metadata)
         return b"".join(c.data for c in chunks)
@@ -110,7 +110,7 @@ def read_refused(
 
 
 def nudge(address: str, client: Transport) -> bool:
-    with client.channel(address) as channel:
+    with client.channel(address, worker=NODE) as channel:
         stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
         response: wpb.NudgeResponse = stub.Nudge(wpb.NudgeRequest(node_id=NODE), timeout=10)
         return response.accepted

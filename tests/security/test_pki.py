@@ -13,7 +13,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from synapse_ha.core.access import Identity, Kind, Role, replica, user, worker
-from synapse_ha.security.pki import PkiError, identity_of_cert, init_ca, issue
+from synapse_ha.security.pki import (
+    PkiError,
+    identity_of_cert,
+    init_ca,
+    issue,
+    issue_client,
+    outdated,
+    server_name,
+)
 from tests.security.conftest import Authority
 
 
@@ -30,7 +38,7 @@ def test_a_server_certificate_names_its_identity_and_the_hosts_clients_dial(
         ipaddress.ip_address("127.0.0.1"),
         ipaddress.ip_address("::1"),
     ]
-    assert san.get_values_for_type(x509.DNSName) == ["r1.example"]
+    assert san.get_values_for_type(x509.DNSName) == ["replica.synapse.invalid", "r1.example"]
     cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
     assert cn == "replica:r1"
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
@@ -130,3 +138,57 @@ def test_bad_hosts_and_a_missing_ca_are_refused(cluster_ca: Authority, tmp_path:
         issue(cluster_ca.ca_dir, worker("w"), tmp_path, hosts=("two words",))
     with pytest.raises(PkiError, match="synctl ca init"):
         issue(tmp_path / "no-ca", worker("w"), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("identity", "role_name", "usages"),
+    [
+        (replica("r1"), "replica.synapse.invalid", {"serverAuth", "clientAuth"}),
+        (worker("gpu-7"), "gpu-7.worker.synapse.invalid", {"serverAuth", "clientAuth"}),
+        (user("alice"), None, {"clientAuth"}),
+        (user("root", Role.ADMIN), None, {"clientAuth"}),
+    ],
+)
+def test_servers_carry_their_role_name_and_only_servers_may_serve(
+    cluster_ca: Authority, identity: Identity, role_name: str | None, usages: set[str]
+) -> None:
+    files = cluster_ca.issue(identity)
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ([role_name] if role_name else [])
+    assert server_name(identity) == role_name
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    names = {
+        ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
+        ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth",
+    }
+    assert {names[u] for u in eku} == usages
+    assert outdated(files.cert.read_bytes()) is None
+
+
+def test_a_transport_only_client_certificate_only_calls(cluster_ca: Authority) -> None:
+    files = issue_client(cluster_ca.ca_dir, "cli", cluster_ca.ca_dir.parent / "clients")
+    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == []
+
+
+@pytest.mark.parametrize(
+    ("identity", "host", "message"),
+    [
+        (worker("w"), "replica.synapse.invalid", "reserved for the role names"),
+        (worker("w"), "n1.worker.synapse.invalid", "reserved for the role names"),
+        (replica("r"), "Synapse.Invalid.", "reserved for the role names"),
+        (worker("w"), "*.synapse.invalid", "wildcard host names are not issued"),
+        (replica("r"), "*.lan", "wildcard host names are not issued"),
+        (user("alice"), "127.0.0.1", "a user certificate names no hosts"),
+    ],
+)
+def test_no_certificate_can_be_issued_with_a_name_of_another_role(
+    cluster_ca: Authority, tmp_path: Path, identity: Identity, host: str, message: str
+) -> None:
+    with pytest.raises(PkiError, match=message):
+        issue(cluster_ca.ca_dir, identity, tmp_path, hosts=(host,))
+    assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,7 @@ import pytest
 
 from synapse_ha.core.access import Role, replica, user, worker
 from synapse_ha.security.pki import CertFiles
-from synapse_ha.security.tls import TlsError, TlsFiles, Transport
+from synapse_ha.security.tls import TlsError, TlsFiles, Transport, tls_settings
 from tests.security.conftest import (
     SERVER_HOSTS,
     Authority,
@@ -94,14 +94,50 @@ def test_a_client_refuses_a_server_certificate_from_another_ca(
     assert who.seen == []
 
 
-def test_a_client_refuses_a_server_certificate_for_another_host(
+def test_a_client_checks_the_servers_role_not_the_host_it_dialled(
     cluster_ca: Authority, alice: CertFiles
 ) -> None:
+    """A replica's certificate is accepted wherever it answers (every replica is trusted
+    alike); what a client demands is the replica's role name, or the worker's it dials."""
     elsewhere = cluster_ca.transport(replica("r1"), hosts=("10.9.9.9", "elsewhere.example"))
+    as_alice = Transport(TlsFiles.from_cert_files(alice))
     with who_server(elsewhere) as (address, who):
-        channel = Transport(TlsFiles.from_cert_files(alice)).channel(address)
-        assert _refused(channel) is grpc.StatusCode.UNAVAILABLE
-    assert who.seen == []
+        assert ask_with(as_alice, address) == "user:alice"
+        assert _refused(as_alice.channel(address, worker="n1")) is grpc.StatusCode.UNAVAILABLE
+    assert who.seen == [user("alice", Role.OPERATOR)]
+
+
+def test_a_replica_or_worker_certificate_issued_before_role_names_is_refused_with_the_fix(
+    cluster_ca: Authority, tmp_path: Path
+) -> None:
+    old = cluster_ca.forge(replica("r1"), ips=("10.0.0.1",), dns=("r1.lan",))
+    with pytest.raises(TlsError) as refused:
+        Transport(TlsFiles.from_cert_files(old)).material()
+    message = str(refused.value)
+    assert str(old.cert) in message
+    assert "does not carry the name replica.synapse.invalid" in message
+    assert "synctl ca issue replica r1 --ca-dir CA_DIR --host r1.lan --host 10.0.0.1" in message
+    with pytest.raises(TlsError, match="issued before certificates named their role"):
+        tls_settings(str(old.ca), str(old.cert), str(old.key), insecure=False)
+    old_worker = cluster_ca.forge(worker("gpu-7"))
+    with pytest.raises(TlsError, match=r"gpu-7\.worker\.synapse\.invalid"):
+        Transport(TlsFiles.from_cert_files(old_worker)).channel("127.0.0.1:1")
+    # A user's certificate of that time never serves: it keeps working as a client's.
+    old_user = cluster_ca.forge(user("bob"))
+    assert Transport(TlsFiles.from_cert_files(old_user)).material() is not None
+
+
+def test_a_server_keeps_its_material_when_an_outdated_certificate_is_installed(
+    tmp_path: Path, cluster_ca: Authority, alice: CertFiles
+) -> None:
+    first = cluster_ca.issue(replica("r1"), hosts=SERVER_HOSTS)
+    live = TlsFiles(
+        ca=tmp_path / "ca.pem", cert=tmp_path / "server.pem", key=tmp_path / "server.key"
+    )
+    _install(first, cluster_ca.ca_pem, live)
+    with who_server(Transport(live)) as (address, _):
+        _install(cluster_ca.forge(replica("r2"), ips=("127.0.0.1",)), cluster_ca.ca_pem, live)
+        assert server_handshake(address, alice) == ("TLSv1.3", replica("r1"))
 
 
 def test_the_server_negotiates_tls_13_and_still_accepts_tls_12(
