@@ -28,7 +28,24 @@ ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LEVEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
-IMAGE_PATTERN = re.compile(r"^\S{1,1024}$")
+# An image reference as the OCI distribution spec writes it (distribution/reference,
+# regexp.go): [registry[:port]/]path[:tag][@algorithm:hex]. A path component is lowercase
+# alphanumerics joined by ".", "_", "__" or dashes; the registry is a host name (or a
+# bracketed IPv6 address) with an optional port. Nothing in it may begin with "-", hold
+# white space, or name a transport ("oci-archive:/path", "docker://..."): the runtime
+# receives it as one word after its options, as root.
+_IMAGE_ALNUM = r"[a-z0-9]+"
+_IMAGE_COMPONENT = rf"{_IMAGE_ALNUM}(?:(?:[._]|__|-+){_IMAGE_ALNUM})*"
+_IMAGE_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_IMAGE_HOST = rf"(?:{_IMAGE_DOMAIN_PART}(?:\.{_IMAGE_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])"
+_IMAGE_NAME = rf"(?:{_IMAGE_HOST}(?::[0-9]+)?/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+_IMAGE_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_IMAGE_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE_PATTERN = re.compile(
+    rf"(?P<name>{_IMAGE_NAME})(?::{_IMAGE_TAG})?(?:@{_IMAGE_DIGEST})?", re.ASCII
+)
+MAX_IMAGE_NAME = 255  # the name part, as the distribution spec bounds it
+MAX_IMAGE = 1024
 
 MAX_NAME = 63
 MAX_REPLICAS = 10_000
@@ -112,10 +129,16 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
     out.extend(_check_resources(spec.resources, "resources", per_member=True))
     out.extend(_check_command(spec.command, spec.shell))
     out.extend(_check_env(spec.env))
-    if len(spec.workdir) > MAX_PATH or (spec.workdir and not spec.workdir.startswith("/")):
+    out.extend(_check_env_values(spec.env, has_image=bool(spec.image)))
+    if (
+        len(spec.workdir) > MAX_PATH
+        or (spec.workdir and not spec.workdir.startswith("/"))
+        or "\x00" in spec.workdir
+    ):
         out.append(invalid("workdir", f"must be an absolute path of at most {MAX_PATH} characters"))
-    if spec.image and not IMAGE_PATTERN.match(spec.image):
-        out.append(invalid("image", "must be an image name of at most 1024 characters, no spaces"))
+    problem = image_reference_problem(spec.image) if spec.image else ""
+    if problem:
+        out.append(invalid("image", problem))
     if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
         out.append(invalid("priority", f"must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"))
     for field, level in (
@@ -170,9 +193,25 @@ def _check_resources(r: Resources, prefix: str, *, per_member: bool) -> list[Vio
     return out
 
 
+def image_reference_problem(image: str) -> str:
+    """Empty when ``image`` is an image reference (``registry/name[:tag][@digest]``, see
+    :data:`IMAGE_REFERENCE_PATTERN`), else the rule it breaks. The worker checks every
+    image against this rule again before it hands one to a container runtime."""
+    match = IMAGE_REFERENCE_PATTERN.fullmatch(image) if len(image) <= MAX_IMAGE else None
+    if match is None or len(match.group("name")) > MAX_IMAGE_NAME:
+        return (
+            "must be an image reference such as registry.example/team/train:24.01 or "
+            "name@sha256:<hex>: lowercase path components, an optional registry host and "
+            "tag, no spaces, not starting with '-', no transport prefix"
+        )
+    return ""
+
+
 def _check_command(command: tuple[str, ...], shell: bool) -> list[Violation]:
     if not command or not all(command):
         return [invalid("command", "must be a non-empty string or a list of non-empty strings")]
+    if any("\x00" in part for part in command):
+        return [invalid("command", "must not contain NUL characters")]
     if shell and len(command) != 1:
         return [invalid("command", "a shell command is exactly one string")]
     if sum(len(part) for part in command) > MAX_COMMAND_BYTES:
@@ -191,6 +230,21 @@ def _check_env(env: tuple[tuple[str, str], ...]) -> list[Violation]:
         elif name in seen:
             out.append(invalid(f"env.{name}", "appears twice"))
         seen.add(name)
+    return out
+
+
+def _check_env_values(env: tuple[tuple[str, str], ...], *, has_image: bool) -> list[Violation]:
+    """No value may hold a NUL (no process environment can carry one). A job with an
+    image gets its variables through an environment file of ``NAME=VALUE`` lines, so
+    there a value may not hold a line break either."""
+    out = []
+    for name, value in env:
+        if "\x00" in value:
+            out.append(invalid(f"env.{name}", "a value must not contain NUL characters"))
+        elif has_image and ("\n" in value or "\r" in value):
+            out.append(
+                invalid(f"env.{name}", "a job with an image cannot pass a value with a line break")
+            )
     return out
 
 

@@ -15,6 +15,8 @@ file. TOML keys are the flag names with underscores, for example::
     mock_nvlink = "0-3,4-7"
     image_runtime = "podman"           # run members whose job names an image
     image_run_args = "--ipc host --shm-size 16g"   # extra options for `podman run`
+    image_cap_add = ["NET_RAW"]        # capabilities containers keep (default: none)
+    rootless_runtime = true            # the runtime runs as each member's owner
     features = ["ib"]
     run_as = "owner"                   # or "agent" (default: owner when run as root)
     allow_root_members = false
@@ -36,9 +38,9 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -118,6 +120,8 @@ class WorkerConfig:
     allow_root_members: bool = False
     tls: TlsFiles | None = None  # None: --insecure
     metrics_address: str = ""  # where /metrics is served; "" serves none
+    # The runtime as it will run (its program by absolute path, found at start), or None.
+    image: ImageRuntime | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +153,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--image-run-args",
-        help='extra options for the runtime\'s run command, e.g. "--ipc host --shm-size 16g"',
+        help='extra options for the runtime\'s run command, e.g. "--ipc host --shm-size 16g" '
+        "(long forms only; options that change the container's identity, capabilities or "
+        "security options are refused)",
+    )
+    p.add_argument(
+        "--image-cap-add",
+        action="append",
+        default=[],
+        metavar="CAPABILITY",
+        help="a capability containers keep (repeatable; default: every one is dropped)",
+    )
+    p.add_argument(
+        "--rootless-runtime",
+        action="store_true",
+        default=None,
+        help="run the image runtime as each member's owner (rootless podman; needs "
+        "--run-as owner): the preferred mode",
     )
     p.add_argument("--feature", action="append", default=[], help="an extra node feature")
     p.add_argument("--heartbeat-interval", help="until the leader says otherwise (default 1s)")
@@ -271,6 +291,8 @@ _FILE_TYPES: dict[str, tuple[type, ...]] = {
     "metrics": (dict,),
     "user_map": (dict,),
     "no_cgroups": (bool,),
+    "image_cap_add": (list,),
+    "rootless_runtime": (bool,),
 }
 _FILE_TYPE_NAMES = {str: "a string", list: "an array", dict: "a table", bool: "true or false"}
 
@@ -281,7 +303,7 @@ def _check_file_types(doc: Mapping[str, Any]) -> None:
         if value is not None and not isinstance(value, kinds):
             wanted = " or ".join(_FILE_TYPE_NAMES[k] for k in kinds)
             raise ConfigError(f"{key}: must be {wanted}, got {type(value).__name__}")
-    for key in ("schedulers", "features"):
+    for key in ("schedulers", "features", "image_cap_add"):
         items = doc.get(key)
         if isinstance(items, list) and not all(isinstance(v, str) for v in items):
             raise ConfigError(f"{key}: every entry must be a string")
@@ -338,6 +360,7 @@ def load_config(
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"data directory {data_dir!r} is not writable: {exc}") from None
+    _check_data_dir_is_the_agents(Path(data_dir), os.geteuid())
 
     try:
         cpu = pick(args.cpu, "cpu")
@@ -361,15 +384,15 @@ def load_config(
 
     image_runtime = str(pick(args.image_runtime, "image_runtime") or "")
     image_run_args = str(pick(args.image_run_args, "image_run_args") or "")
-    if image_run_args and not image_runtime:
-        raise ConfigError("--image-run-args needs --image-runtime")
-    if image_runtime:
-        try:
-            runtime = ImageRuntime.parse(image_runtime, image_run_args)
-        except ValueError as exc:
-            raise ConfigError(f"--image-runtime: {exc}") from None
-        if shutil.which(runtime.command[0]) is None:
-            raise ConfigError(f"--image-runtime: {runtime.command[0]!r} is not an executable")
+    cap_add = [*doc.get("image_cap_add", []), *args.image_cap_add]
+    rootless = pick(args.rootless_runtime, "rootless_runtime") or False
+    for flag, given in (
+        ("--image-run-args", image_run_args),
+        ("--image-cap-add", cap_add),
+        ("--rootless-runtime", rootless),
+    ):
+        if given and not image_runtime:
+            raise ConfigError(f"{flag} needs --image-runtime")
 
     features = [*doc.get("features", []), *args.feature]
     heartbeat = _seconds(
@@ -379,6 +402,24 @@ def load_config(
     if lease <= heartbeat:
         raise ConfigError("--lease-ttl must exceed --heartbeat-interval")
     run_as = _run_as(pick(args.run_as, "run_as"), os.geteuid() if euid is None else euid)
+    if rootless and run_as is not RunAsMode.OWNER:
+        raise ConfigError(
+            "--rootless-runtime runs the runtime as each member's owner: it needs "
+            "--run-as owner (and the agent running as root)"
+        )
+    image: ImageRuntime | None = None
+    if image_runtime:
+        try:
+            image = ImageRuntime.parse(
+                image_runtime,
+                image_run_args,
+                # Mock GPUs have no devices to hand to a container.
+                gpu_devices=mock is None,
+                cap_add=cap_add,
+                rootless=rootless,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"--image-runtime: {exc}") from None
     try:
         user_map = parse_user_map(args.user_map or doc.get("user_map", {}))
     except ValueError as exc:
@@ -426,7 +467,30 @@ def load_config(
         user_map=user_map,
         allow_root_members=allow_root,
         tls=tls,
+        image=image,
     )
+
+
+def _check_data_dir_is_the_agents(data_dir: Path, euid: int) -> None:
+    """The agent acts, as root, on the records under its data directory (pids it kills,
+    exits it reports, the lease its supervisors obey): no other account may change them.
+    Refuses a data directory owned by another account or writable by its group or by
+    others."""
+    try:
+        st = data_dir.stat()
+    except OSError as exc:
+        raise ConfigError(f"data directory {data_dir}: {exc}") from None
+    if st.st_uid != euid:
+        raise ConfigError(
+            f"data directory {data_dir} belongs to uid {st.st_uid}, not to this agent's "
+            f"(uid {euid}): chown it to the agent's account"
+        )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"data directory {data_dir} is writable by others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): members could replace the records the agent "
+            f"acts on; chmod go-w {data_dir}"
+        )
 
 
 # ---------------------------------------------------------------------- running
@@ -451,6 +515,52 @@ def run_as_policy(config: WorkerConfig) -> RunAsPolicy:
         user_map=config.user_map,
         allow_root_members=config.allow_root_members,
     )
+
+
+def say_whose_account_members_use(config: WorkerConfig, run_as: RunAsPolicy) -> None:
+    """Log, at every start, whose account members run under; in agent mode a WARNING
+    that every job on this node shares one account (and, as root, that it is root)."""
+    if run_as.mode is RunAsMode.OWNER:
+        log.info(
+            "members run as their job's owner (%d user-map entries; root members %s)",
+            len(run_as.user_map),
+            "allowed" if run_as.allow_root_members else "refused",
+        )
+        if config.tls is not None:
+            _warn_about_a_shared_key(config.tls.key)
+    else:
+        log.warning(
+            "members run as this agent's user %s: every job on this node shares that one "
+            "account, so a member can read other members' files and this worker's key and "
+            "act as this worker; for a node several users share, run the agent as root "
+            "with --run-as owner%s",
+            run_as.agent_user,
+            " (as root, every member runs as root)" if os.geteuid() == 0 else "",
+        )
+    if config.image is not None:
+        log.info(
+            "containers run without privileges (no-new-privileges, every capability "
+            "dropped%s); the runtime %s runs as %s",
+            f" but {', '.join(config.image.cap_add)}" if config.image.cap_add else "",
+            config.image.command[0],
+            "each member's owner" if config.image.rootless else "root",
+        )
+
+
+def _warn_about_a_shared_key(key: Path) -> None:
+    """Members run as their owners: the worker's key must be the agent's alone."""
+    try:
+        mode = stat.S_IMODE(key.stat().st_mode)
+    except OSError:
+        return  # the TLS layer says what is wrong with it
+    if mode & 0o077:
+        log.warning(
+            "the worker's key %s is readable by others than its owner (mode %04o): whoever "
+            "reads it can act as this worker; chmod 0600 %s",
+            key,
+            mode,
+            key,
+        )
 
 
 def registration(config: WorkerConfig, advertise: str) -> pb.RegisterNodeRequest:
@@ -507,14 +617,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     lease_file = LeaseFile(config.data_dir / "lease")
     lease_file.revoke()
     run_as = run_as_policy(config)
-    if run_as.mode is RunAsMode.OWNER:
-        log.info(
-            "members run as their job's owner (%d user-map entries; root members %s)",
-            len(run_as.user_map),
-            "allowed" if run_as.allow_root_members else "refused",
-        )
-    else:
-        log.info("members run as this agent's user %s", run_as.agent_user)
+    say_whose_account_members_use(config, run_as)
     executor = MemberExecutor(
         config.data_dir,
         lease_file.path,
@@ -525,14 +628,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
             run_as=run_as,
             fork_server=True,  # supervisors forked, not started as interpreters
         ),
-        image_runtime=ImageRuntime.parse(
-            config.image_runtime,
-            config.image_run_args,
-            # Mock GPUs have no devices to hand to a container.
-            gpu_devices=config.mock_gpus is None,
-        )
-        if config.image_runtime
-        else None,
+        image_runtime=config.image,
         cgroups=cgroups,
     )
     recovered = executor.recover()

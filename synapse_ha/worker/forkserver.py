@@ -39,6 +39,7 @@ import select
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from synapse_ha.worker import shim
@@ -141,13 +142,20 @@ class ForkServer:
     """One fork server per agent, started on first use and again after it died. Not
     thread-safe: the executor (the agent loop) is its only caller.
 
+    ``env`` is the fork server's environment, which every supervisor it forks inherits
+    (the executor gives the one of :func:`~synapse_ha.worker.members.supervisor_environment`;
+    None: this process's own).
+
     ``fenced_within_s``: how long a supervisor takes to end its member once its parent
     is gone (the supervisor's poll period plus the fence grace); a handle without an
     answer counts as ended only that long after its fork server was killed."""
 
-    def __init__(self, python: str, fenced_within_s: float) -> None:
+    def __init__(
+        self, python: str, fenced_within_s: float, env: Mapping[str, str] | None = None
+    ) -> None:
         self._python = python
         self._fenced_within_s = fenced_within_s
+        self._env = None if env is None else dict(env)
         self._proc: subprocess.Popen[bytes] | None = None
         self._replies = b""
         self._waiting: collections.deque[ForkedSupervisor] = collections.deque()
@@ -172,6 +180,7 @@ class ForkServer:
             [*fork_server_command(self._python), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=self._env,
             start_new_session=True,
             close_fds=True,
         )

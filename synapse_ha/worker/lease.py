@@ -13,6 +13,7 @@ own when it passes, so a dead or frozen agent cannot keep members alive.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 from collections.abc import Callable
@@ -79,7 +80,12 @@ class LeaseFile:
         if deadline_monotonic == self._written:
             return
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(f"{deadline_monotonic:.6f}\n", encoding="ascii")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        # Readable by every supervisor, written by the agent alone, never through a link.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with open(fd, "w", encoding="ascii") as f:
+            f.write(f"{deadline_monotonic:.6f}\n")
         os.replace(tmp, self.path)
         self._written = deadline_monotonic
 

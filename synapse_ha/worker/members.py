@@ -24,8 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from synapse_ha.core.validation import image_reference_problem
 from synapse_ha.worker import shim
 from synapse_ha.worker.accounts import (
     Account,
@@ -50,6 +53,7 @@ from synapse_ha.worker.forkserver import ForkServer, ForkServerError
 from synapse_ha.worker.shim import (
     group_alive,
     process_start_ticks,
+    remove_container_dir,
     signal_group,
     stop_containers,
     write_json_atomic,
@@ -67,6 +71,9 @@ SHIM_COMMAND = ("-I", "-S", str(Path(shim.__file__).resolve()))
 # The variable naming the file a preempted member finds its notice in (docs/queues.md).
 PREEMPT_FILE_ENV = "SYNAPSE_PREEMPT_FILE"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+# The members root and each job's directory: entered by every member on the way to its
+# own directory, listed and changed by the agent alone.
+PASSAGE_MODE = 0o711
 
 
 class MemberKey(NamedTuple):
@@ -162,6 +169,224 @@ def member_environment(
 
 
 CDI_GPU_DEVICE = "nvidia.com/gpu={index}"
+# The directory of a member in a container that holds its environment file and the id
+# file the runtime writes (see synapse_ha.worker.shim); only the runtime's account may
+# enter it.
+CONTAINER_DIR = "container"
+# The whole environment of every root process the worker starts besides the member: the
+# container runtime's client, its stop commands and the supervisors. Nothing of the job's
+# and nothing that changes how the loader or an interpreter behaves.
+FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+FIXED_LANG = "C.UTF-8"
+
+# Variables that change what the dynamic loader, the C library, a shell or an
+# interpreter does: the names glibc drops for set-user-ID programs (unsecvars.h), the
+# interpreters' own, and the container tools' configuration. A supervisor never gets
+# them, whoever set them (see supervisor_environment); a member may carry them, since it
+# runs as its own account.
+_PROCESS_CHANGING_PREFIXES = ("LD_", "DYLD_", "MALLOC_", "GLIBC_", "PYTHON", "BASH_FUNC_")
+_PROCESS_CHANGING_NAMES = frozenset(
+    {
+        "BASH_ENV",
+        "CDPATH",
+        "CONTAINERS_CONF",
+        "CONTAINERS_REGISTRIES_CONF",
+        "CONTAINERS_STORAGE_CONF",
+        "CONTAINER_HOST",
+        "DOCKER_CONFIG",
+        "DOCKER_HOST",
+        "ENV",
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "HOSTALIASES",
+        "IFS",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "NIS_PATH",
+        "NLSPATH",
+        "NODE_OPTIONS",
+        "OPENSSL_CONF",
+        "PERL5LIB",
+        "PERL5OPT",
+        "PERLLIB",
+        "REGISTRY_AUTH_FILE",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "RUBYLIB",
+        "RUBYOPT",
+        "SHELLOPTS",
+        "TMPDIR",
+        "TZDIR",
+    }
+)
+
+
+def changes_process_behaviour(name: str) -> bool:
+    """Whether the variable ``name`` changes how the loader, the C library, a shell, an
+    interpreter or a container tool behaves (``LD_PRELOAD``, ``PYTHONSTARTUP``,
+    ``GCONV_PATH``, ``CONTAINERS_CONF``, ...)."""
+    return name in _PROCESS_CHANGING_NAMES or name.startswith(_PROCESS_CHANGING_PREFIXES)
+
+
+def supervisor_environment(agent_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the supervisors and their fork server (root processes when the
+    agent is root): the agent's own, without any variable that changes how a process
+    behaves, and with the fixed ``PATH``. The job's variables never reach it: they are
+    data in the launch record."""
+    env = {k: v for k, v in agent_env.items() if not changes_process_behaviour(k)}
+    env["PATH"] = FIXED_PATH
+    return env
+
+
+# Linux capabilities (capability.h) an operator may let containers keep.
+CAPABILITIES = frozenset(
+    {
+        "AUDIT_CONTROL",
+        "AUDIT_READ",
+        "AUDIT_WRITE",
+        "BLOCK_SUSPEND",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "KILL",
+        "LEASE",
+        "LINUX_IMMUTABLE",
+        "MAC_ADMIN",
+        "MAC_OVERRIDE",
+        "MKNOD",
+        "NET_ADMIN",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_RAW",
+        "PERFMON",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYSLOG",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_CHROOT",
+        "SYS_MODULE",
+        "SYS_NICE",
+        "SYS_PACCT",
+        "SYS_PTRACE",
+        "SYS_RAWIO",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "WAKE_ALARM",
+    }
+)
+
+# Run options the node's configuration may not give the runtime: each would undo the
+# confinement synapse gives every container (identity, capabilities, security options,
+# privileged mode, namespaces of the host's users), or replace what synapse sets itself.
+_REFUSED_RUN_OPTIONS = {
+    "privileged": "runs the container with every capability and device",
+    "cap-add": "adds capabilities; list them with --image-cap-add instead",
+    "cap-drop": "synapse drops every capability itself",
+    "security-opt": "synapse sets the security options (no-new-privileges) itself",
+    "user": "members run as their owner's uid:gid",
+    "group-add": "members run with their owner's groups",
+    "userns": "changes whose uids the container's uids are",
+    "env": "the job's variables reach the container through synapse's env file",
+    "env-file": "the job's variables reach the container through synapse's env file",
+    "env-host": "would copy the runtime's environment into the container",
+    "env-merge": "the job's variables reach the container through synapse's env file",
+    "unsetenv": "the job's variables reach the container through synapse's env file",
+    "unsetenv-all": "the job's variables reach the container through synapse's env file",
+    "name": "synapse names each container after its member",
+    "rm": "synapse removes each container itself",
+    "cidfile": "synapse sets the container id file itself",
+    "network": "members use the host's network",
+    "net": "members use the host's network",
+    "workdir": "the job's workdir is the container's working directory",
+    "volumes-from": "would mount another container's volumes",
+}
+# Bind sources that give a container the host's root file system, its devices or kernel
+# interfaces, or a container runtime's API socket (which is root).
+_REFUSED_BIND_SOURCES = frozenset(
+    {"/", "/boot", "/dev", "/etc", "/proc", "/root", "/run", "/sys", "/usr", "/var"}
+    | {"/var/lib", "/var/run"}
+)
+
+
+def run_args_problem(run_args: Sequence[str]) -> str:
+    """Empty when the node's extra run options may be given to the runtime, else what is
+    wrong. Options must be written in long form (``--ipc host`` or ``--ipc=host``) so
+    that they can be checked: none of :data:`_REFUSED_RUN_OPTIONS`, and no ``--volume`` or
+    ``--mount`` whose source is ``/``, a system directory or a socket."""
+    words = list(run_args)
+    for i, word in enumerate(words):
+        if word.startswith("-") and not word.startswith("--"):
+            return f"{word!r}: write run options in long form (e.g. --volume, not -v)"
+        if not word.startswith("--"):
+            continue
+        name, _, inline = word[2:].partition("=")
+        if name in _REFUSED_RUN_OPTIONS:
+            return f"--{name} is not allowed: {_REFUSED_RUN_OPTIONS[name]}"
+        if name in ("volume", "mount"):
+            value = inline if "=" in word else (words[i + 1] if i + 1 < len(words) else "")
+            source = _bind_source(name, value)
+            if source is not None and (
+                os.path.normpath(source) in _REFUSED_BIND_SOURCES or source.endswith(".sock")
+            ):
+                return f"--{name} {value}: a container may not mount {source}"
+    return ""
+
+
+def _bind_source(option: str, value: str) -> str | None:
+    """The host path a ``--volume SRC:DST`` or ``--mount type=bind,source=SRC,...``
+    mounts, or None when it mounts none (a named volume, a tmpfs)."""
+    if option == "volume":
+        source = value.split(":", 1)[0]
+        return source if source.startswith("/") else None
+    fields = dict(part.partition("=")[::2] for part in value.split(","))
+    source = fields.get("source") or fields.get("src") or ""
+    return source if source.startswith("/") else None
+
+
+def capability_names(names: Iterable[str]) -> tuple[str, ...]:
+    """Capability names as the runtime takes them (``NET_RAW``; ``CAP_NET_RAW`` and
+    lowercase accepted), sorted; raises ValueError naming one that is not a Linux
+    capability (``ALL`` included: a container never gets every capability)."""
+    out = set()
+    for name in names:
+        cap = name.strip().upper().removeprefix("CAP_")
+        if cap not in CAPABILITIES:
+            raise ValueError(
+                f"image capabilities: {name!r} is not a Linux capability (e.g. NET_RAW)"
+            )
+        out.add(cap)
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerFiles:
+    """Where a member in a container gets its variables (``env_file``, read by the
+    runtime) and where the runtime says it created the container (``cidfile``): both in
+    ``directory``, which only the runtime's account may enter."""
+
+    directory: Path
+
+    @property
+    def env_file(self) -> Path:
+        return self.directory / "env"
+
+    @property
+    def cidfile(self) -> Path:
+        return self.directory / "cid"
+
+    @classmethod
+    def of_member(cls, member_dir: Path) -> ContainerFiles:
+        return cls(member_dir / CONTAINER_DIR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,19 +394,26 @@ class ImageRuntime:
     """A container runtime's command line (podman, or docker with the same flags) that
     runs members whose job names an image.
 
-    ``command`` is the runtime's own argv prefix (``("podman",)`` or
-    ``("podman", "--runtime", "runc")``); ``run_args`` are extra ``run`` options from the
-    node's configuration (``--ipc host``, ``--shm-size 16g``, ``--ulimit ...``). A member
-    becomes::
+    ``command`` is the runtime's own argv prefix, its program by absolute path (resolved
+    once, when the agent starts: :meth:`parse`), such as ``("/usr/bin/podman",)`` or
+    ``("/usr/bin/podman", "--runtime", "runc")``; ``run_args`` are extra ``run`` options
+    from the node's configuration (``--ipc host``, ``--shm-size 16g``, ``--ulimit ...``),
+    checked by :func:`run_args_problem`; ``cap_add`` the capabilities the operator lets
+    containers keep. A member becomes::
 
-        COMMAND run --rm --name synapse-JOB-TOKEN-RANK --network host
-            [--device nvidia.com/gpu=I ...] [--cpus C] [--memory Mm]
-            [--user UID:GID --group-add GID ...] RUN_ARGS
-            --env NAME ... [--workdir DIR] IMAGE ARGV...
+        COMMAND run RUN_ARGS --rm --name=synapse-JOB-TOKEN-RANK --network=host
+            --cidfile=DIR/cid --env-file=DIR/env
+            --security-opt=no-new-privileges --cap-drop=all [--cap-add=CAP ...]
+            [--device=nvidia.com/gpu=I ...] [--cpus=C] [--memory=Mm]
+            [--user=UID:GID --group-add=GID ... | --userns=keep-id]
+            [--workdir=DIR] IMAGE ARGV...
 
-    * ``--env NAME`` (no value) makes the runtime copy the variable from its own
-      environment, which the supervisor sets to the member's: every job variable and every
-      DESIGN §5 variable reaches the container, and no value shows in a process listing.
+    * The runtime runs with a fixed environment (:meth:`client_environment`), never the
+      job's: every job variable and every DESIGN §5 variable reaches the container
+      through the env file, which only the runtime's account can read (and no value shows
+      in a process listing).
+    * Synapse's own options come after ``RUN_ARGS``, so that theirs cannot replace them,
+      and the node's configuration may not hold any that would undo them.
     * GPUs are passed as CDI devices only when ``gpu_devices`` is set (GPUs discovered
       through NVML; mock GPUs have no devices). The container then sees only its own GPUs,
       numbered from 0, so ``CUDA_VISIBLE_DEVICES`` inside it is ``0..k-1``
@@ -192,18 +424,42 @@ class ImageRuntime:
     * The container is named after the member, so the supervisor (and a restarted agent)
       can stop it by name: :meth:`stop_argvs` (``kill`` and then ``rm -f``).
     * A member that runs as its owner runs in the container with the owner's uid, gid and
-      supplementary groups (``--user``, ``--group-add``); the runtime's client itself runs
-      as the agent's account, which must be allowed to start containers.
+      supplementary groups (``--user``, ``--group-add``) while the runtime's client runs
+      as root. With ``rootless`` (podman), the client itself runs as the owner, with the
+      owner's ``HOME`` and ``XDG_RUNTIME_DIR``, and ``--userns=keep-id`` keeps the owner's
+      uid and gid inside the container: the preferred mode, since no root process then
+      touches the image or the container at all.
     """
 
     command: tuple[str, ...]
     run_args: tuple[str, ...] = ()
     gpu_devices: bool = False
+    cap_add: tuple[str, ...] = ()
+    rootless: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.command or not os.path.isabs(self.command[0]):
+            raise ValueError("image runtime: the runtime must be given by its absolute path")
+        problem = run_args_problem(self.run_args)
+        if problem:
+            raise ValueError(f"image run arguments: {problem}")
+        if capability_names(self.cap_add) != tuple(self.cap_add):
+            raise ValueError("image capabilities: give them as capability_names() returns them")
 
     @classmethod
-    def parse(cls, command: str, run_args: str = "", *, gpu_devices: bool = False) -> ImageRuntime:
-        """From configuration text split like a shell line; raises ValueError naming what
-        is wrong."""
+    def parse(
+        cls,
+        command: str,
+        run_args: str = "",
+        *,
+        gpu_devices: bool = False,
+        cap_add: Iterable[str] = (),
+        rootless: bool = False,
+        which: Callable[[str], str | None] = shutil.which,
+    ) -> ImageRuntime:
+        """From configuration text split like a shell line, the program found now on the
+        agent's ``PATH`` (``which``) unless given by absolute path; raises ValueError
+        naming what is wrong."""
         try:
             words = tuple(shlex.split(command))
             extra = tuple(shlex.split(run_args))
@@ -221,45 +477,69 @@ class ImageRuntime:
                 "image runtime: give the runtime command without its subcommand "
                 "(e.g. podman, not podman run); extra run options go to the run arguments"
             )
-        return cls(words, extra, gpu_devices)
+        program = words[0]
+        if os.path.isabs(program):
+            found = program if os.path.isfile(program) and os.access(program, os.X_OK) else None
+        else:
+            found = which(program)
+        if found is None or not os.path.isabs(found):
+            raise ValueError(f"image runtime: {program!r} is not an executable")
+        return cls(
+            (found, *words[1:]),
+            extra,
+            gpu_devices,
+            capability_names(cap_add),
+            rootless,
+        )
 
     @staticmethod
     def container_name(key: MemberKey) -> str:
         return f"synapse-{key.job_id}-{key.fencing_token}-{key.rank}"
 
+    def client_environment(self, account: Account | None, home: str) -> dict[str, str]:
+        """The runtime client's whole environment: fixed, whatever the job says. ``home``
+        is the agent's own home (the runtime's when it runs as root); with a rootless
+        runtime and an ``account``, the owner's variables (its home and runtime
+        directory, where podman keeps its state)."""
+        env = {"PATH": FIXED_PATH, "LANG": FIXED_LANG, "HOME": home}
+        if self.rootless and account is not None:
+            env.update(owner_environment(account))
+            env["XDG_RUNTIME_DIR"] = f"/run/user/{account.uid}"
+        return env
+
     def run_argv(
         self,
         spec: LaunchSpec,
         argv: Sequence[str],
-        env_names: Iterable[str],
+        files: ContainerFiles,
         account: Account | None = None,
     ) -> list[str]:
         out = [
             *self.command,
             "run",
+            *self.run_args,
             "--rm",
-            "--name",
-            self.container_name(spec.key),
-            "--network",
-            "host",
+            f"--name={self.container_name(spec.key)}",
+            "--network=host",
+            f"--cidfile={files.cidfile}",
+            f"--env-file={files.env_file}",
+            "--security-opt=no-new-privileges",
+            "--cap-drop=all",
+            *(f"--cap-add={cap}" for cap in self.cap_add),
         ]
         if self.gpu_devices:
-            for gpu in spec.gpus:
-                out += ["--device", CDI_GPU_DEVICE.format(index=gpu)]
+            out += [f"--device={CDI_GPU_DEVICE.format(index=gpu)}" for gpu in spec.gpus]
         if spec.cpu_milli > 0:
-            out += ["--cpus", f"{spec.cpu_milli // 1000}.{spec.cpu_milli % 1000:03d}"]
+            out.append(f"--cpus={spec.cpu_milli // 1000}.{spec.cpu_milli % 1000:03d}")
         if spec.memory_mib > 0:
-            out += ["--memory", f"{spec.memory_mib}m"]
-        if account is not None:
-            out += ["--user", f"{account.uid}:{account.gid}"]
-            for gid in account.groups:
-                if gid != account.gid:
-                    out += ["--group-add", str(gid)]
-        out += self.run_args
-        for name in env_names:
-            out += ["--env", name]
+            out.append(f"--memory={spec.memory_mib}m")
+        if account is not None and self.rootless:
+            out.append("--userns=keep-id")
+        elif account is not None:
+            out.append(f"--user={account.uid}:{account.gid}")
+            out += [f"--group-add={gid}" for gid in account.groups if gid != account.gid]
         if spec.workdir:
-            out += ["--workdir", spec.workdir]
+            out.append(f"--workdir={spec.workdir}")
         out.append(spec.image)
         out += argv
         return out
@@ -286,32 +566,39 @@ def command_argv(spec: LaunchSpec) -> list[str]:
     return argv
 
 
-def container_environment(
-    spec: LaunchSpec, env: Mapping[str, str], runtime: ImageRuntime
-) -> dict[str, str]:
-    """The environment handed to a containerised member: as on the host, except that
-    with GPU devices the container numbers its GPUs from 0."""
-    out = dict(env)
+def container_environment(spec: LaunchSpec, runtime: ImageRuntime) -> dict[str, str]:
+    """The variables a containerised member gets (through the env file): the job's, then
+    the DESIGN §5 variables, except that with GPU devices the container numbers its GPUs
+    from 0."""
+    out = member_environment(spec, {})
     if runtime.gpu_devices:
         out["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(spec.gpus)))
     return out
 
 
 def member_argv(
-    spec: LaunchSpec, runtime: ImageRuntime | None = None, account: Account | None = None
+    spec: LaunchSpec,
+    runtime: ImageRuntime | None = None,
+    account: Account | None = None,
+    member_dir: Path | None = None,
 ) -> list[str]:
     """The argv to exec, wrapped in the image runtime when the job names an image (run as
-    ``account`` inside the container when given). Raises :class:`NoImageRuntime` for an
-    image on a node without a runtime, ValueError for an empty command."""
+    ``account`` inside the container when given; its files under ``member_dir``).
+    Raises :class:`NoImageRuntime` for an image on a node without a runtime, ValueError
+    for an empty command or an image that is not an image reference (checked again here
+    whatever admission did: it becomes a word of a root process's command line)."""
     argv = command_argv(spec)
     if spec.image:
         if runtime is None:
             raise NoImageRuntime(
-                f"job names image {spec.image!r} but this node has no image runtime "
+                "the job names an image but this node has no image runtime "
                 "(synapse-worker --image-runtime)"
             )
-        names = [*(k for k, _ in spec.env), *member_environment(spec, {})]
-        argv = runtime.run_argv(spec, argv, dict.fromkeys(names), account)
+        if image_reference_problem(spec.image):
+            raise ValueError("the job's image is not an image reference")
+        if member_dir is None:
+            raise ValueError("a member in a container needs its member directory")
+        argv = runtime.run_argv(spec, argv, ContainerFiles.of_member(member_dir), account)
     return argv
 
 
@@ -361,12 +648,15 @@ class Member:
 
 
 def give_to_owner(member_dir: Path, log_path: Path, account: Account) -> None:
-    """The output log becomes the owner's; the member directory stays the agent's but
-    the owner's group may read and enter it (and no one else)."""
-    os.chown(log_path, account.uid, account.gid)
-    os.chmod(log_path, 0o640)
-    os.chown(member_dir, -1, account.gid)
-    os.chmod(member_dir, 0o750)
+    """The output log becomes the owner's alone (0600); the member directory stays the
+    agent's, and the owner's group may enter it but not list or change it (0710): the
+    member reaches its ``$SYNAPSE_PREEMPT_FILE`` there, while the launch record and the
+    pid and exit records stay the agent's alone (0600), and nothing in the directory is
+    the member's to replace."""
+    os.chown(log_path, account.uid, account.gid, follow_symlinks=False)
+    os.chmod(log_path, 0o600)
+    os.chown(member_dir, -1, account.gid, follow_symlinks=False)
+    os.chmod(member_dir, 0o710)
 
 
 def member_dir_name(attempt: int, fencing_token: int, rank: int) -> str:
@@ -383,8 +673,10 @@ def parse_member_dir_name(name: str) -> tuple[int, int, int] | None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (never through a link), or None."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), encoding="utf-8") as f:
+            doc = json.load(f)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
@@ -411,12 +703,21 @@ def kill_recorded_process(record: dict[str, Any] | None, pid_key: str = "pid") -
 
 def stop_recorded_container(member_dir: Path) -> bool:
     """End the container a member directory's launch record names, if any (a supervisor
-    that died or was killed could not). Returns whether the member ran in a container."""
+    that died or was killed could not), with the runtime's environment and account from
+    the record, and remove the container's files. Returns whether the member ran in a
+    container."""
     launch = read_json(member_dir / "launch.json")
     argvs = launch.get("container_stop") if launch else None
-    if not isinstance(argvs, list) or not argvs:
+    if launch is None or not isinstance(argvs, list) or not argvs:
         return False
-    stop_containers([[str(word) for word in argv] for argv in argvs if isinstance(argv, list)])
+    env = launch.get("env")
+    run_as = launch.get("run_as")
+    stop_containers(
+        [[str(word) for word in argv] for argv in argvs if isinstance(argv, list)],
+        env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+        run_as=run_as if isinstance(run_as, dict) else None,
+    )
+    remove_container_dir(str(ContainerFiles.of_member(member_dir).directory))
     return True
 
 
@@ -454,6 +755,9 @@ class MemberExecutor:
     ) -> None:
         self.root = data_dir / "members"
         self.root.mkdir(parents=True, exist_ok=True)
+        # Members reach their own directory (and their preemption notice) through it;
+        # no one but the agent may list or change it.
+        self.root.chmod(PASSAGE_MODE)
         self.lease_path = lease_path
         self.settings = settings or ExecutorSettings()
         self.image_runtime = image_runtime
@@ -466,8 +770,15 @@ class MemberExecutor:
         self.highest_token: dict[str, int] = {}
         # Members that failed before a supervisor could start (bad command, no runtime).
         self._immediate_exits: list[tuple[MemberKey, MemberExit]] = []
+        self._supervisor_env = supervisor_environment(os.environ)
+        # The runtime's client, run as root, gets the agent's own home.
+        self._agent_home = _home_of(os.geteuid())
         self._forks = (
-            ForkServer(self.settings.python, 2 * shim.POLL_S + self.settings.fence_grace_s + 0.5)
+            ForkServer(
+                self.settings.python,
+                2 * shim.POLL_S + self.settings.fence_grace_s + 0.5,
+                env=self._supervisor_env,
+            )
             if self.settings.fork_server
             else None
         )
@@ -503,7 +814,9 @@ class MemberExecutor:
         if not _SAFE_NAME.match(spec.job_id):
             raise ValueError(f"job id {spec.job_id!r} is not a safe file name")
         mdir = self.member_dir(key, spec.attempt)
-        mdir.mkdir(parents=True, exist_ok=False)
+        mdir.parent.mkdir(exist_ok=True)
+        mdir.parent.chmod(PASSAGE_MODE)
+        mdir.mkdir(mode=0o700, exist_ok=False)
         self.known.add(key)
         self.highest_token[key.job_id] = max(
             self.highest_token.get(key.job_id, 0), key.fencing_token
@@ -512,7 +825,7 @@ class MemberExecutor:
         member = Member(spec=spec, dir=mdir, shim=None, started_at_ms=now_ms)
         self.members[key] = member
         log_path = mdir / "output.log"
-        log_path.touch()
+        os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         if preempted is not None:
             detail = f"preempted ({preempted.kind}) for job {preempted.preemptor} before it started"
             if not preempted.preemptor:
@@ -526,8 +839,9 @@ class MemberExecutor:
                 self._record_exit(member, MemberExit(EXIT_REFUSED, resolved.describe(), now_ms))
                 return member
             account = resolved
+        runtime = self.image_runtime if spec.image else None
         try:
-            argv = member_argv(spec, self.image_runtime, account)
+            argv = member_argv(spec, self.image_runtime, account, mdir)
         except ValueError as exc:
             self._record_exit(member, MemberExit(127, f"could not exec: {exc}", now_ms))
             return member
@@ -538,28 +852,49 @@ class MemberExecutor:
                 detail = f"could not give the member's files to {account.name}: {exc}"
                 self._record_exit(member, MemberExit(EXIT_REFUSED, detail, now_ms))
                 return member
-        env = member_environment(spec, self.settings.base_env, account)
-        # Written only when the gang is preempted (:meth:`preempt`), before the SIGTERM.
-        env[PREEMPT_FILE_ENV] = str(mdir / shim.PREEMPT_FILE)
         cgroup_dir = ""
+        container: dict[str, Any] | None = None
         container_stop: list[list[str]] = []
-        cwd = spec.workdir
-        if spec.image and self.image_runtime is not None:
-            # The runtime enforces the limits and sets the working directory inside
-            # the container; the runtime's own client runs in the member directory.
-            env = container_environment(spec, env, self.image_runtime)
-            container_stop = self.image_runtime.stop_argvs(key)
+        if runtime is not None:
+            # The runtime's client gets a fixed environment and runs in the member
+            # directory, as root or (rootless) as the owner; the job's variables reach
+            # the container through the env file, and the runtime enforces the limits and
+            # sets the working directory inside the container.
+            files = ContainerFiles.of_member(mdir)
+            rootless_owner = account if runtime.rootless else None
+            env = runtime.client_environment(rootless_owner, self._agent_home)
+            run_as = rootless_owner
             cwd = str(mdir)
-        elif self.cgroups is not None:
-            cgroup_dir = self.cgroups.create(
-                f"{key.job_id}.t{key.fencing_token}.r{key.rank}", spec.cpu_milli, spec.memory_mib
-            )
+            container = {
+                "dir": str(files.directory),
+                "env_file": str(files.env_file),
+                "cidfile": str(files.cidfile),
+                "env": container_environment(spec, runtime),
+                "owner": None
+                if rootless_owner is None
+                else [rootless_owner.uid, rootless_owner.gid],
+            }
+            container_stop = runtime.stop_argvs(key)
+        else:
+            env = member_environment(spec, self.settings.base_env, account)
+            # Written only when the gang is preempted (:meth:`preempt`), before the SIGTERM.
+            env[PREEMPT_FILE_ENV] = str(mdir / shim.PREEMPT_FILE)
+            run_as = account
+            cwd = spec.workdir
+            if self.cgroups is not None:
+                cgroup_dir = self.cgroups.create(
+                    f"{key.job_id}.t{key.fencing_token}.r{key.rank}",
+                    spec.cpu_milli,
+                    spec.memory_mib,
+                )
         launch: dict[str, Any] = {
             "key": list(key),
             "attempt": spec.attempt,
             "argv": argv,
             "env": env,
+            # Entered by the member's process after it has become ``run_as``.
             "cwd": cwd,
+            "container": container,
             "container_stop": container_stop,
             "log_path": str(log_path),
             "lease_path": str(self.lease_path),
@@ -569,10 +904,9 @@ class MemberExecutor:
             "time_limit_ms": spec.time_limit_ms,
             "cgroup_dir": cgroup_dir,
             "self_fencing": self.settings.self_fencing,
-            # The container runtime's client stays the agent's; --user drops inside.
             "run_as": None
-            if account is None or (spec.image and self.image_runtime is not None)
-            else {"uid": account.uid, "gid": account.gid, "groups": list(account.groups)},
+            if run_as is None
+            else {"uid": run_as.uid, "gid": run_as.gid, "groups": list(run_as.groups)},
         }
         try:
             member.shim = self._start_supervisor(mdir, launch)
@@ -601,15 +935,21 @@ class MemberExecutor:
                 log.warning("no fork server (%s); starting %s's supervisor anew", exc, mdir)
             launch = {**launch, "parent_pid": os.getpid()}
         write_json_atomic(mdir / "launch.json", launch)
-        with open(mdir / "shim.log", "ab") as shim_log:
+        shim_log = os.open(
+            mdir / "shim.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
+        )
+        try:
             return subprocess.Popen(
                 [self.settings.python, *SHIM_COMMAND, str(mdir)],
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,
                 stderr=subprocess.STDOUT,
+                env=self._supervisor_env,
                 start_new_session=True,
                 close_fds=True,
             )
+        finally:
+            os.close(shim_log)
 
     @property
     def fork_server_pid(self) -> int | None:
@@ -650,7 +990,10 @@ class MemberExecutor:
         # On a full disk the member is stopped all the same, without the notice (its
         # supervisor then gives it the plain stop grace).
         _tolerate_full_disk(
-            lambda: write_json_atomic(member.dir / shim.PREEMPT_FILE, notice_doc), member.dir
+            # The member reads it, as its owner: readable by all who may enter the
+            # member directory (the agent and the owner's group).
+            lambda: write_json_atomic(member.dir / shim.PREEMPT_FILE, notice_doc, 0o644),
+            member.dir,
         )
         log.info(
             "preempting %s (%s, for job %s; grace %d ms)",
@@ -757,6 +1100,9 @@ class MemberExecutor:
                 killed_member = kill_recorded_process(member_record)
                 if killed_member and member_record is not None:
                     killed_groups.append(int(member_record["pid"]))
+                if (mdir / CONTAINER_DIR).exists():
+                    # A supervisor killed before it could clean up: the container's files.
+                    remove_container_dir(str(mdir / CONTAINER_DIR))
                 if (mdir / "reported").exists():
                     continue
                 record = read_json(mdir / "exit.json")
@@ -807,7 +1153,7 @@ class MemberExecutor:
         if member is not None:
             # Without the mark (a full disk) an agent restarted later reports the exit
             # again: reports are at-least-once.
-            _tolerate_full_disk(lambda: (member.dir / "reported").touch(), member.dir)
+            _tolerate_full_disk(lambda: (member.dir / "reported").touch(0o600), member.dir)
             if self.cgroups is not None:
                 self.cgroups.remove(f"{key.job_id}.t{key.fencing_token}.r{key.rank}")
 
@@ -823,7 +1169,8 @@ class MemberExecutor:
                 bool(record.get("disrupted", False)),
             )
         else:
-            # The supervisor died without a record: make sure nothing of the member lives.
+            # The supervisor died without a record: make sure nothing of the member lives
+            # (and no environment file of its container stays behind).
             kill_recorded_process(read_json(member.dir / "member.json"))
             stop_recorded_container(member.dir)
             exit_ = MemberExit(
@@ -874,6 +1221,13 @@ class MemberExecutor:
         if record and isinstance(record.get("pgid"), int) and group_alive(int(record["pgid"])):
             return True
         return member.shim is not None and member.shim.poll() is None
+
+
+def _home_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/"
 
 
 def _tolerate_full_disk(write: Callable[[], object], where: Path) -> None:

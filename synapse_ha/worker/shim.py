@@ -21,10 +21,19 @@ for why that keeps every rule below). It reads
 * ``time_limit_ms`` (when > 0) is enforced the same way.
 
 A member whose job names an image runs as the container runtime's client (``podman run``
-and the like). Killing that client does not end the container, which lives under the
+and the like), started by its absolute path with the fixed environment of the launch
+record: nothing of the job's reaches the runtime's own environment, where variables such
+as ``PATH``, ``LD_PRELOAD`` or ``CONTAINERS_CONF`` would change what a root process runs.
+The job's variables go to the container through an environment file (``--env-file``)
+that the shim writes just before it starts the runtime, mode 0600, in a directory of its
+own (``container/``) that only the runtime's account can enter; the runtime writes the
+container's id to ``--cidfile`` in the same directory once it has read the file, and the
+shim then removes the environment file; the directory goes when the member ends.
+Killing the runtime client does not end the container, which lives under the
 runtime's monitor, so whenever the shim forces the member down, or the client dies of a
 signal, it also runs the launch record's ``container_stop`` commands (``RUNTIME kill NAME``,
-``RUNTIME rm -f NAME``). The agent runs the same commands for a member whose shim died.
+``RUNTIME rm -f NAME``), with the runtime's environment and account. The agent runs the
+same commands for a member whose shim died.
 
 Because the deadline is checked every ``POLL_S`` seconds, a member's whole process tree is
 gone at most ``POLL_S + fence_grace_s`` after its lease deadline, whatever happened to the
@@ -35,11 +44,19 @@ the member orphans are reparented to it and reaped; where the member runs in a c
 A member that runs as its job's owner (``run_as`` in the launch record: uid, gid and
 groups) is started by the shim, which joins the member's cgroup in the child first (that
 needs the agent's rights) and then sets the groups, the gid and the uid (real, effective
-and saved) before exec. The shim itself stays root: it must signal the member's group and
-write ``cgroup.kill`` whatever the member does, and it writes the records the agent acts
-on (pids, exit) into a directory the member cannot write. A supervisor running as the
-owner could be killed or traced by the owner's other processes, which would end the
-member's self-fencing.
+and saved); only then does the child enter the working directory (``cwd``) and exec, so
+nothing the job names is looked up with root's rights. A runtime that runs rootless is
+started the same way, as the owner. The shim itself stays root: it must signal the
+member's group and write ``cgroup.kill`` whatever the member does, and it writes the
+records the agent acts on (pids, exit) into a directory the member cannot write, with
+mode 0600, never following a link. A supervisor running as the owner could be killed or
+traced by the owner's other processes, which would end the member's self-fencing.
+
+A member that cannot start gets a detail that names neither a path nor a program of the
+job's: a working directory that does not exist and one the member's account may not enter
+give the same sentence (:data:`WORKDIR_REFUSED`), and so do a program that does not exist
+and one it may not run (:data:`NOT_RUNNABLE`). The detail becomes the job's reason, which
+other users may see.
 
 The shim writes ``member.json`` (pid and start time of the member) once the member runs,
 and ``exit.json`` (exit code, detail, end time) atomically when it is gone; the agent reads
@@ -54,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import select
@@ -78,11 +96,17 @@ PREEMPT_FILE = "preempt.json"  # in the member directory; see $SYNAPSE_PREEMPT_F
 CONTAINER_STOP_TIMEOUT_S = 10.0
 
 
-def write_json_atomic(path: StrPath, doc: dict[str, Any]) -> None:
-    """Write ``doc`` so that readers see either the old file or the whole new one."""
+def write_json_atomic(path: StrPath, doc: dict[str, Any], mode: int = 0o600) -> None:
+    """Write ``doc`` so that readers see either the old file or the whole new one; the
+    file gets ``mode`` (by default readable by its writer alone) and a link planted at
+    the temporary name is replaced, never followed."""
     head, name = os.path.split(os.fspath(path))
     tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with open(fd, "w", encoding="utf-8") as f:
+        os.fchmod(fd, mode)  # whatever the umask took away
         json.dump(doc, f)
     os.replace(tmp, path)
 
@@ -94,7 +118,10 @@ RESERVED_BYTES = 4096
 def reserve(path: StrPath) -> None:
     """Take ``RESERVED_BYTES`` of disk now for ``path``'s record (written later by
     :func:`write_reserved`). Raises ``OSError`` (ENOSPC) when the disk is full already."""
-    with open(f"{os.fspath(path)}.reserved", "wb") as f:
+    fd = os.open(
+        f"{os.fspath(path)}.reserved", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600
+    )
+    with open(fd, "wb") as f:
         f.write(b" " * RESERVED_BYTES)
         f.flush()
 
@@ -108,7 +135,7 @@ def write_reserved(path: StrPath, doc: dict[str, Any]) -> None:
     if not os.path.exists(room) or len(data) > RESERVED_BYTES:
         write_json_atomic(path, doc)
         return
-    with open(room, "r+b") as f:
+    with open(os.open(room, os.O_RDWR | os.O_NOFOLLOW), "r+b") as f:
         f.write(data)
         f.truncate(len(data))
     os.replace(room, path)
@@ -153,20 +180,87 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def stop_containers(argvs: list[list[str]], timeout_s: float = CONTAINER_STOP_TIMEOUT_S) -> None:
+def drop_to(run_as: dict[str, Any]) -> None:
+    """Become the account ``run_as`` names (``uid``, ``gid``, ``groups``) for good: the
+    supplementary groups, then real, effective and saved gid, then uid."""
+    os.setgroups([int(g) for g in run_as["groups"]])
+    gid = int(run_as["gid"])
+    os.setresgid(gid, gid, gid)
+    uid = int(run_as["uid"])
+    os.setresuid(uid, uid, uid)
+
+
+def stop_containers(
+    argvs: list[list[str]],
+    timeout_s: float = CONTAINER_STOP_TIMEOUT_S,
+    *,
+    env: dict[str, str] | None = None,
+    run_as: dict[str, Any] | None = None,
+) -> None:
     """Run each command that ends a member's container (``RUNTIME kill NAME``, then
-    ``RUNTIME rm -f NAME``), in order. Failures are ignored: the container may be gone
-    already, and the next command or a later agent start tries again."""
+    ``RUNTIME rm -f NAME``), in order, with the runtime's own fixed environment and as
+    the account that runs the runtime (``run_as``: the owner with a rootless runtime).
+    Failures are ignored: the container may be gone already, and the next command or a
+    later agent start tries again."""
     for argv in argvs:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
+        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
             subprocess.run(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=(lambda: drop_to(run_as)) if run_as else None,
                 timeout=timeout_s,
                 check=False,
             )
+
+
+def remove_container_dir(path: str) -> None:
+    """Remove a member's container directory and whatever is in it. Links in it are
+    removed, never followed (with a rootless runtime its owner can write there)."""
+    import shutil  # only members in containers pay for the import
+
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path)
+
+
+# Why a member could not start, in words that name no path and no program of the job's:
+# the same sentence whether a path does not exist or the member's account may not use it.
+WORKDIR_REFUSED = (
+    "could not exec: the working directory does not exist or the job's user may not enter it"
+)
+NOT_RUNNABLE = "could not exec: the program does not exist or the job's user may not run it"
+_STEP_FAILURES = {
+    b"cgroup": "could not exec: could not join the member's cgroup",
+    b"account": "could not exec: could not switch to the job's user",
+    b"workdir": WORKDIR_REFUSED,
+}
+_NOT_RUNNABLE_ERRNOS = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EPERM}
+)
+
+
+def _strerror(exc: BaseException) -> str:
+    """The error's kind without its file names."""
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)
+    return type(exc).__name__
+
+
+def _exec_failure(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in _NOT_RUNNABLE_ERRNOS:
+        return NOT_RUNNABLE
+    return f"could not exec: {_strerror(exc)}"
+
+
+def _env_file_name_ok(name: str) -> bool:
+    """A variable name an env file can carry: letters, digits and _, not a digit first."""
+    return (
+        bool(name)
+        and not name[0].isdigit()
+        and all(c == "_" or (c.isascii() and c.isalnum()) for c in name)
+    )
 
 
 def _become_subreaper() -> None:
@@ -196,6 +290,9 @@ class Shim:
             [str(word) for word in argv] for argv in self.launch.get("container_stop", [])
         ]
         self.container_stopped = False
+        # The container's environment file and id file (None when it runs on the host).
+        self.container: dict[str, Any] | None = self.launch.get("container")
+        self.env_file_removed = False
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -206,26 +303,45 @@ class Shim:
     # ------------------------------------------------------------------ start
 
     def start(self) -> str | None:
-        """Start the member; return why it could not be started, or None."""
+        """Start the member; return why it could not be started, or None.
+
+        In the child, before exec: the cgroup first (it needs the agent's rights), then
+        the drop to the account in ``run_as`` (groups, gid, uid: real, effective and
+        saved), and only then the working directory, so that a directory is entered
+        with the rights of the account that runs there. A directory that account cannot
+        enter gives one sentence whether or not it exists (:data:`WORKDIR_REFUSED`), and
+        no failure names a path or a program of the job's."""
         launch = self.launch
-        log = open(launch["log_path"], "ab")  # noqa: SIM115 - handed to the child
+        failure = self.prepare_container()
+        if failure is not None:
+            return failure
+        log = os.open(
+            launch["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
+        )
         cgroup_procs = launch.get("cgroup_dir") and os.path.join(
             launch["cgroup_dir"], "cgroup.procs"
         )
         run_as = launch.get("run_as")
+        cwd = launch.get("cwd") or ""
+        # The child says through this pipe which step before exec failed (the exception
+        # itself reaches the parent only as "Exception occurred in preexec_fn").
+        step_read, step_write = os.pipe()
 
         def before_exec() -> None:
-            # In the child, after fork: the cgroup first (it needs the agent's rights),
-            # then the owner's groups, gid and uid; nothing after this runs as root.
-            if cgroup_procs:
-                with open(cgroup_procs, "w", encoding="ascii") as f:
-                    f.write("0")
-            if run_as:
-                os.setgroups([int(g) for g in run_as["groups"]])
-                gid = int(run_as["gid"])
-                os.setresgid(gid, gid, gid)
-                uid = int(run_as["uid"])
-                os.setresuid(uid, uid, uid)
+            step = b"cgroup"
+            try:
+                if cgroup_procs:
+                    with open(cgroup_procs, "w", encoding="ascii") as f:
+                        f.write("0")
+                step = b"account"
+                if run_as:
+                    drop_to(run_as)
+                step = b"workdir"
+                if cwd:
+                    os.chdir(cwd)
+            except BaseException:
+                os.write(step_write, step)
+                raise
 
         try:
             proc = subprocess.Popen(
@@ -234,16 +350,27 @@ class Shim:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=launch["env"],
-                cwd=launch.get("cwd") or None,
                 start_new_session=True,
-                preexec_fn=before_exec if cgroup_procs or run_as else None,
+                preexec_fn=before_exec,
                 close_fds=True,
             )
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.write(f"synapse-worker: could not exec {launch['argv']!r}: {exc}\n".encode())
-            log.close()
-            return f"could not exec: {exc}"
-        log.close()
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            os.close(step_write)
+            failed_step = os.read(step_read, 64)
+            os.close(step_read)
+            if failed_step in _STEP_FAILURES:
+                detail = _STEP_FAILURES[failed_step]
+            elif self.container is not None:
+                detail = f"could not run the container runtime: {_strerror(exc)}"
+            else:
+                detail = _exec_failure(exc)
+            os.write(log, f"synapse-worker: {detail}\n".encode())
+            os.close(log)
+            self.remove_container_files()
+            return detail
+        os.close(step_write)
+        os.close(step_read)
+        os.close(log)
         self.member_pid = proc.pid
         # The shim reaps with waitpid itself; Popen must not try again.
         proc.returncode = 0
@@ -258,6 +385,59 @@ class Shim:
             },
         )
         return None
+
+    # ------------------------------------------------------------- containers
+
+    def prepare_container(self) -> str | None:
+        """For a member in a container: write its variables to the environment file the
+        runtime reads (``--env-file``), in a directory of its own that only the account
+        running the runtime can enter (root, or the owner with a rootless runtime);
+        return why it could not, or None. The runtime's own environment is the fixed
+        one in the launch record: no variable of the job's ever reaches it."""
+        container = self.container
+        if container is None:
+            return None
+        lines = []
+        for name, value in container["env"].items():
+            if not _env_file_name_ok(name) or any(c in value for c in "\n\r\x00"):
+                return "could not run the container: a variable cannot be passed in an env file"
+            lines.append(f"{name}={value}\n")
+        owner = container.get("owner")
+        try:
+            os.mkdir(container["dir"], 0o700)
+            fd = os.open(
+                container["env_file"],
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                0o600,
+            )
+            with open(fd, "w", encoding="utf-8") as env_file:
+                env_file.write("".join(lines))
+                if owner:
+                    os.fchown(fd, int(owner[0]), int(owner[1]))
+            if owner:
+                # Last: until now only root could enter the directory.
+                os.chown(container["dir"], int(owner[0]), int(owner[1]))
+        except OSError as exc:
+            self.remove_container_files()
+            return f"could not write the container's environment file: {_strerror(exc)}"
+        return None
+
+    def forget_env_file_once_created(self) -> None:
+        """Remove the environment file once the runtime has created the container (it
+        writes the container's id to ``--cidfile`` after it has read the file)."""
+        container = self.container
+        if container is None or self.env_file_removed:
+            return
+        if os.path.exists(container["cidfile"]):
+            with contextlib.suppress(OSError):
+                os.unlink(container["env_file"])
+            self.env_file_removed = True
+
+    def remove_container_files(self) -> None:
+        """Remove the container's directory (environment file, id file), whatever is in
+        it; safe against links planted in it (the removal never follows them)."""
+        if self.container is not None:
+            remove_container_dir(self.container["dir"])
 
     # ------------------------------------------------------------ supervising
 
@@ -312,7 +492,9 @@ class Shim:
         running when only the runtime client in the member's group is killed."""
         if self.container_stop and not self.container_stopped:
             self.container_stopped = True
-            stop_containers(self.container_stop)
+            stop_containers(
+                self.container_stop, env=self.launch["env"], run_as=self.launch.get("run_as")
+            )
 
     def kill_everything(self) -> None:
         signal_group(self.member_pid, signal.SIGKILL)
@@ -344,6 +526,7 @@ class Shim:
         fence_grace = float(launch.get("fence_grace_s", 0.5))
         while True:
             self.reap()
+            self.forget_env_file_once_created()
             if self.member_status is not None:
                 # The member's main process ended; nothing it started may outlive it.
                 if group_alive(self.member_pid):
@@ -424,6 +607,7 @@ class Shim:
         return 0
 
     def finish(self, exit_code: int, detail: str, disrupted: bool = False) -> None:
+        self.remove_container_files()
         write_reserved(
             os.path.join(self.dir, "exit.json"),
             {
@@ -447,7 +631,9 @@ def _run_forked_supervisor(member_dir: str) -> int:
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     out = os.open(
-        os.path.join(member_dir, "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        os.path.join(member_dir, "shim.log"),
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+        0o600,
     )
     os.dup2(null, 0)
     os.dup2(out, 1)

@@ -4,8 +4,7 @@ member (image, env, command through the runtime; cgroup v2 limits where writable
 from __future__ import annotations
 
 import dataclasses
-import stat
-import textwrap
+import os
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,10 @@ from synapse_ha.worker.members import (
     NoImageRuntime,
     member_argv,
 )
+from tests.integration.cluster import wait_for
+from tests.worker import fake_runtime
 from tests.worker.conftest import MakeExecutor
-from tests.worker.helpers import FakeClock, spec, wait_exit
+from tests.worker.helpers import FakeClock, Fifo, spec, wait_exit
 from tests.worker.test_agent import FakeControl
 
 IMAGE = "registry.example/train:24.01"
@@ -89,8 +90,14 @@ def test_image_cpu_and_memory_travel_in_the_desired_member() -> None:
 # -------------------------------------------------------------- the run command
 
 
-def test_the_run_command_names_the_container_and_passes_everything() -> None:
-    runtime = ImageRuntime.parse("podman --runtime runc", "--ipc host", gpu_devices=True)
+def test_the_run_command_names_the_container_and_confines_it(tmp_path: Path) -> None:
+    runtime = ImageRuntime.parse(
+        "podman --runtime runc",
+        "--ipc host",
+        gpu_devices=True,
+        cap_add=["net_raw", "CAP_SYS_NICE"],
+        which={"podman": "/usr/bin/podman"}.get,
+    )
     member = spec(
         "echo $RANK",
         job_id="job-7",
@@ -104,46 +111,60 @@ def test_the_run_command_names_the_container_and_passes_everything() -> None:
         cpu_milli=1500,
         memory_mib=512,
     )
-    argv = member_argv(member, runtime)
-    env_names = ["HF_HOME", *SECTION_5]
+    argv = member_argv(member, runtime, None, tmp_path)
     assert argv == [
-        "podman",
+        "/usr/bin/podman",
         "--runtime",
         "runc",
         "run",
-        "--rm",
-        "--name",
-        "synapse-job-7-41-1",
-        "--network",
-        "host",
-        "--device",
-        "nvidia.com/gpu=2",
-        "--device",
-        "nvidia.com/gpu=5",
-        "--cpus",
-        "1.500",
-        "--memory",
-        "512m",
         "--ipc",
         "host",
-        *[word for name in env_names for word in ("--env", name)],
-        "--workdir",
-        "/data/run1",
+        "--rm",
+        "--name=synapse-job-7-41-1",
+        "--network=host",
+        f"--cidfile={tmp_path}/container/cid",
+        f"--env-file={tmp_path}/container/env",
+        "--security-opt=no-new-privileges",
+        "--cap-drop=all",
+        "--cap-add=NET_RAW",
+        "--cap-add=SYS_NICE",
+        "--device=nvidia.com/gpu=2",
+        "--device=nvidia.com/gpu=5",
+        "--cpus=1.500",
+        "--memory=512m",
+        "--workdir=/data/run1",
         IMAGE,
         "/bin/sh",
         "-c",
         "echo $RANK",
     ]
+    # No variable travels on the command line: they are in the env file.
+    assert not [word for word in argv if word.startswith(("--env=", "-e"))]
     assert runtime.stop_argvs(member.key) == [
-        ["podman", "--runtime", "runc", "kill", "synapse-job-7-41-1"],
-        ["podman", "--runtime", "runc", "rm", "-f", "synapse-job-7-41-1"],
+        ["/usr/bin/podman", "--runtime", "runc", "kill", "synapse-job-7-41-1"],
+        ["/usr/bin/podman", "--runtime", "runc", "rm", "-f", "synapse-job-7-41-1"],
     ]
     # Mock GPUs (no devices), no limits, no workdir: none of those flags.
     plain = member_argv(
-        spec(("train", "--fast"), image=IMAGE, gpus=(0,)), ImageRuntime(("docker",))
+        spec(("train", "--fast"), image=IMAGE, gpus=(0,)),
+        ImageRuntime(("/usr/bin/docker",)),
+        None,
+        tmp_path,
     )
-    assert not {"--device", "--cpus", "--memory", "--workdir"} & set(plain)
+    assert not [w for w in plain if w.startswith(("--device", "--cpus", "--memory", "--workdir"))]
     assert plain[-3:] == [IMAGE, "train", "--fast"]
+
+
+def test_the_runtime_is_found_once_by_absolute_path(tmp_path: Path) -> None:
+    runtime = ImageRuntime.parse("true")
+    assert os.path.isabs(runtime.command[0])
+    assert os.access(runtime.command[0], os.X_OK)
+    with pytest.raises(ValueError, match="absolute path"):
+        ImageRuntime(("podman",))
+    with pytest.raises(ValueError, match="not an executable"):
+        ImageRuntime.parse("podman", which=lambda name: None)
+    with pytest.raises(ValueError, match="not an executable"):
+        ImageRuntime.parse(str(tmp_path / "no-such-runtime"))
 
 
 @pytest.mark.parametrize(
@@ -158,10 +179,53 @@ def test_the_run_command_names_the_container_and_passes_everything() -> None:
 )
 def test_a_bad_runtime_is_refused(command: str, run_args: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ImageRuntime.parse(command, run_args)
+        ImageRuntime.parse(command, run_args, which={"podman": "/usr/bin/podman"}.get)
 
 
-def test_an_image_without_a_runtime_is_a_typed_failure() -> None:
+@pytest.mark.parametrize(
+    ("run_args", "message"),
+    [
+        ("--privileged", "--privileged is not allowed"),
+        ("--privileged=true", "--privileged is not allowed"),
+        ("--cap-add SYS_ADMIN", "--cap-add is not allowed"),
+        ("--cap-add=ALL", "--cap-add is not allowed"),
+        ("--security-opt seccomp=unconfined", "--security-opt is not allowed"),
+        ("--security-opt=label=disable", "--security-opt is not allowed"),
+        ("--user 0", "--user is not allowed"),
+        ("--user=0:0", "--user is not allowed"),
+        ("--userns=host", "--userns is not allowed"),
+        ("--group-add=0", "--group-add is not allowed"),
+        ("--env-host", "--env-host is not allowed"),
+        ("--env LD_PRELOAD=/x.so", "--env is not allowed"),
+        ("-u 0", "long form"),
+        ("-v /:/host", "long form"),
+        ("--volume /:/host", "may not mount /"),
+        ("--volume=/etc/:/e:ro", "may not mount /etc/"),
+        ("--volume /var/run/docker.sock:/s", "may not mount /var/run/docker.sock"),
+        ("--mount type=bind,source=/,target=/host", "may not mount /"),
+        ("--mount=type=bind,src=/root,dst=/r", "may not mount /root"),
+    ],
+)
+def test_run_args_that_would_undo_the_confinement_are_refused(run_args: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ImageRuntime.parse("podman", run_args, which={"podman": "/usr/bin/podman"}.get)
+
+
+def test_harmless_run_args_and_a_capability_allow_list_are_kept() -> None:
+    runtime = ImageRuntime.parse(
+        "podman",
+        "--ipc host --shm-size=16g --ulimit memlock=-1:-1 --volume /data:/data "
+        "--mount type=bind,source=/scratch,target=/scratch --device /dev/infiniband",
+        cap_add=["IPC_LOCK"],
+        which={"podman": "/usr/bin/podman"}.get,
+    )
+    assert runtime.cap_add == ("IPC_LOCK",)
+    for bad in (["ALL"], ["CAP_EVERYTHING"], ["net raw"]):
+        with pytest.raises(ValueError, match="not a Linux capability"):
+            ImageRuntime.parse("podman", cap_add=bad, which={"podman": "/usr/bin/podman"}.get)
+
+
+def test_an_image_without_a_runtime_is_a_typed_failure(tmp_path: Path) -> None:
     with pytest.raises(NoImageRuntime, match="no image runtime"):
         member_argv(spec("true", image=IMAGE), None)
     assert member_argv(spec("true"), None) == ["/bin/sh", "-c", "true"]
@@ -170,34 +234,11 @@ def test_an_image_without_a_runtime_is_a_typed_failure() -> None:
 # ------------------------------------------------------- through a fake runtime
 
 
-def fake_runtime(tmp_path: Path) -> Path:
-    """A runtime that records its argv, its environment and its stop commands, then
-    execs the member's command (the words after the image) on the host."""
-    script = tmp_path / "fake-runtime"
-    script.write_text(
-        textwrap.dedent(
-            f"""\
-            #!/bin/sh
-            if [ "$1" != run ]; then
-                echo "$*" >> {tmp_path}/stops
-                exit 0
-            fi
-            printf '%s\\n' "$@" > {tmp_path}/argv
-            env > {tmp_path}/env
-            while [ "$#" -gt 0 ] && [ "$1" != "{IMAGE}" ]; do shift; done
-            shift
-            exec "$@"
-            """
-        )
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return script
-
-
 def test_a_member_with_an_image_runs_through_the_runtime(
     make_executor: MakeExecutor, tmp_path: Path
 ) -> None:
-    runtime = ImageRuntime.parse(str(fake_runtime(tmp_path)), "--ipc host", gpu_devices=True)
+    fake = fake_runtime.install(tmp_path / "bin", IMAGE)
+    runtime = ImageRuntime.parse(str(fake.path), "--ipc host", gpu_devices=True)
     executor = make_executor(image_runtime=runtime)
     member = executor.start(
         spec(
@@ -216,31 +257,35 @@ def test_a_member_with_an_image_runs_through_the_runtime(
         )
     )
     assert wait_exit(executor, member.key, 20.0) == (0, "")
-    argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv[:6] == ["run", "--rm", "--name", "synapse-job-7-41-1", "--network", "host"]
-    assert argv[6:10] == ["--device", "nvidia.com/gpu=4", "--device", "nvidia.com/gpu=6"]
+    run = fake.run(ImageRuntime.container_name(member.key))
+    argv = run["argv"]
+    assert argv[:3] == ["run", "--ipc", "host"]
+    assert argv[3:6] == ["--rm", "--name=synapse-job-7-41-1", "--network=host"]
+    assert "--device=nvidia.com/gpu=4" in argv and "--device=nvidia.com/gpu=6" in argv
     assert argv[argv.index(IMAGE) :] == [
         IMAGE,
         "/bin/sh",
         "-c",
         "echo inside rank=$RANK gpus=$CUDA_VISIBLE_DEVICES hf=$HF_HOME",
     ]
-    passed = {argv[i + 1] for i, word in enumerate(argv) if word == "--env"}
-    assert passed == {"HF_HOME", *SECTION_5}
-    assert argv[argv.index("--workdir") + 1] == "/only/inside/the/image"
-    assert argv[argv.index("--cpus") + 1] == "0.250"
-    assert argv[argv.index("--memory") + 1] == "64m"
-    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
-    assert env["RANK"] == "1"
-    assert env["WORLD_SIZE"] == "2"
-    assert env["SYNAPSE_JOB_ID"] == "job-7"
-    assert env["SYNAPSE_FENCING_TOKEN"] == "41"
-    assert env["HF_HOME"] == "/data/hf"
+    assert "--workdir=/only/inside/the/image" in argv
+    assert "--cpus=0.250" in argv and "--memory=64m" in argv
+    assert run["cwd"] == str(member.dir)
+    variables = run["env_file"]["variables"]
+    assert set(variables) == {"HF_HOME", *SECTION_5}
+    assert variables["RANK"] == "1"
+    assert variables["WORLD_SIZE"] == "2"
+    assert variables["SYNAPSE_JOB_ID"] == "job-7"
+    assert variables["SYNAPSE_FENCING_TOKEN"] == "41"
+    assert variables["HF_HOME"] == "/data/hf"
     # The container sees only its two GPUs, numbered from 0.
-    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert variables["CUDA_VISIBLE_DEVICES"] == "0,1"
+    # The runtime's own environment is the fixed one: nothing of the job's.
+    assert set(run["env"]) == {"PATH", "LANG", "HOME"}
     assert (member.dir / "output.log").read_text() == "inside rank=1 gpus=0,1 hf=/data/hf\n"
-    # A member that ended on its own leaves no container to stop.
-    assert not (tmp_path / "stops").exists()
+    # A member that ended on its own leaves no container to stop, and no env file.
+    assert fake.stops() == []
+    assert not (member.dir / "container").exists()
 
 
 def test_the_agent_runs_what_the_leader_sends_through_the_runtime(
@@ -272,14 +317,16 @@ def test_the_agent_runs_what_the_leader_sends_through_the_runtime(
     clock = FakeClock()
     control = FakeControl(clock)
     control.desired = [desired_to_proto(member)]
-    executor = make_executor(image_runtime=ImageRuntime.parse(str(fake_runtime(tmp_path))))
+    fake = fake_runtime.install(tmp_path / "bin", IMAGE)
+    executor = make_executor(image_runtime=ImageRuntime.parse(str(fake.path)))
     agent = Agent(
         pb.RegisterNodeRequest(node_id="n1", address="127.0.0.1:7070"), control, executor, clock
     )
     assert "started 1 member(s)" in agent.step()
-    assert wait_exit(executor, MemberKey("job-3", 5, 0), 20.0) == (0, "")
-    argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv[argv.index("--cpus") + 1 :][:3] == ["2.000", "--memory", "128m"]
+    key = MemberKey("job-3", 5, 0)
+    assert wait_exit(executor, key, 20.0) == (0, "")
+    argv = fake.run(ImageRuntime.container_name(key))["argv"]
+    assert "--cpus=2.000" in argv and "--memory=128m" in argv
     assert argv[-4:] == [IMAGE, "/bin/sh", "-c", "echo from-$SYNAPSE_JOB_ID"]
     assert (executor.root / "job-3" / "a1.t5.r0" / "output.log").read_text() == "from-job-3\n"
 
@@ -289,17 +336,43 @@ def test_a_fenced_member_s_container_is_stopped(
 ) -> None:
     # The lease runs out after a second: the supervisor kills the runtime client's group
     # and stops the container by name, since the runtime's monitor would keep it running.
-    executor = make_executor(
-        image_runtime=ImageRuntime.parse(str(fake_runtime(tmp_path))), lease_s=1.0
-    )
+    fake = fake_runtime.install(tmp_path / "bin", IMAGE)
+    executor = make_executor(image_runtime=ImageRuntime.parse(str(fake.path)), lease_s=1.0)
     member = executor.start(spec("sleep 60", image=IMAGE))
     code, detail = wait_exit(executor, member.key, 20.0)
     assert code == 143  # the runtime client died of the SIGTERM
     assert detail == "fenced: the node's lease expired"
-    assert (tmp_path / "stops").read_text().splitlines() == [
-        f"kill {ImageRuntime.container_name(member.key)}",
-        f"rm -f {ImageRuntime.container_name(member.key)}",
-    ]
+    name = ImageRuntime.container_name(member.key)
+    assert [stop["argv"] for stop in fake.stops()] == [["kill", name], ["rm", "-f", name]]
+    assert not (member.dir / "container").exists()
+
+
+def test_the_env_file_is_gone_once_the_container_exists(
+    make_executor: MakeExecutor, tmp_path: Path, fifo: Fifo
+) -> None:
+    fake = fake_runtime.install(tmp_path / "bin", IMAGE)
+    executor = make_executor(image_runtime=ImageRuntime.parse(str(fake.path)))
+    member = executor.start(
+        spec(
+            f"echo started > {fifo.path}; exec sleep 60",
+            image=IMAGE,
+            env=(("TOKEN", "s3cret"),),
+        )
+    )
+    assert fifo.read_line(20.0) == "started"
+    env_file = member.dir / "container" / "env"
+    run = fake.run(ImageRuntime.container_name(member.key))
+    # It was the agent's alone while the runtime read it ...
+    assert run["env_file"]["path"] == str(env_file)
+    assert (run["env_file"]["mode"], run["env_file"]["uid"]) == (0o600, os.geteuid())
+    assert (run["env_file"]["dir_mode"], run["env_file"]["dir_uid"]) == (0o700, os.geteuid())
+    assert run["env_file"]["variables"]["TOKEN"] == "s3cret"
+    # ... and is removed once the runtime has created the container, while it runs.
+    wait_for("the env file to go", lambda: not env_file.exists(), timeout_s=10)
+    assert executor.running() == [member.key]
+    executor.stop(member.key)
+    wait_exit(executor, member.key, 20.0)
+    assert not (member.dir / "container").exists()
 
 
 def test_a_member_naming_an_image_without_a_runtime_says_so(make_executor: MakeExecutor) -> None:
@@ -307,7 +380,8 @@ def test_a_member_naming_an_image_without_a_runtime_says_so(make_executor: MakeE
     member = executor.start(spec("true", image=IMAGE))
     code, detail = wait_exit(executor, member.key, 20.0)
     assert code == 127
-    assert "no image runtime" in detail and IMAGE in detail
+    assert "no image runtime" in detail
+    assert IMAGE not in detail  # the job's own text stays out of the reason
     assert "no image runtime" in (member.dir / "output.log").read_text()
 
 

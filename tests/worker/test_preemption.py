@@ -70,7 +70,7 @@ def test_a_notice_that_a_full_disk_refuses_still_stops_the_member(
     member = executor.start(spec(f"echo $$ > {fifo.path}; sleep 300 & wait"))
     pid = int(fifo.read_line())
 
-    def full(path: object, doc: object) -> None:
+    def full(path: object, doc: object, mode: int = 0o600) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(members_module, "write_json_atomic", full)

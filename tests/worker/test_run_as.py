@@ -192,12 +192,19 @@ def test_the_owner_account_names_home_user_and_logname_but_not_the_gang() -> Non
     assert member_environment(s, {"HOME": "/root", "USER": "root"})["USER"] == "root"
 
 
-def test_a_containerised_member_runs_with_the_owner_ids_inside() -> None:
-    runtime = ImageRuntime(("podman",))
-    argv = member_argv(spec("id -u", image="alpine"), runtime, SVC)
-    at = argv.index("--user")
-    assert argv[at : at + 4] == ["--user", "2001:2001", "--group-add", "3000"]
-    assert "--user" not in member_argv(spec("id -u", image="alpine"), runtime)
+def test_a_containerised_member_runs_with_the_owner_ids_inside(tmp_path: Path) -> None:
+    runtime = ImageRuntime(("/usr/bin/podman",))
+    argv = member_argv(spec("id -u", image="alpine"), runtime, SVC, tmp_path)
+    at = argv.index("--user=2001:2001")
+    assert argv[at : at + 2] == ["--user=2001:2001", "--group-add=3000"]
+    assert "--userns=keep-id" not in argv
+    plain = member_argv(spec("id -u", image="alpine"), runtime, None, tmp_path)
+    assert not [word for word in plain if word.startswith(("--user", "--group-add"))]
+    # A rootless runtime runs as the owner itself: the owner's ids are kept inside.
+    rootless = ImageRuntime(("/usr/bin/podman",), rootless=True)
+    inside = member_argv(spec("id -u", image="alpine"), rootless, SVC, tmp_path)
+    assert "--userns=keep-id" in inside
+    assert not [word for word in inside if word.startswith(("--user=", "--group-add"))]
 
 
 @pytest.fixture

@@ -107,7 +107,7 @@ def test_a_member_runs_with_its_owners_uid_groups_and_files(
     mdir = executor.member_dir(probe.key, probe.attempt)
     command = (
         'echo "uid=$(id -u) gid=$(id -g) groups=$(id -G) user=$USER home=$HOME"; '
-        f"cat {mdir}/launch.json > /dev/null && echo can-read; "
+        f"(cat {mdir}/launch.json > /dev/null) 2>/dev/null && echo can-read || echo cannot-read; "
         f"(echo forged > {mdir}/member.json) 2>/dev/null && echo wrote || echo cannot-write"
     )
     member = executor.start(spec(command, job_id="j-owner", owner=account.name))
@@ -120,12 +120,17 @@ def test_a_member_runs_with_its_owners_uid_groups_and_files(
     assert fields["home"] == local_account(account.name).home  # type: ignore[union-attr]
     groups = set(lines[0].split("groups=", 1)[1].split(" user=")[0].split())
     assert groups == {str(account.gid), str(account.extra_gid)}
-    assert lines[1:] == ["can-read", "cannot-write"]
+    # The launch record holds the environment: the agent's alone, as are the records.
+    assert lines[1:] == ["cannot-read", "cannot-write"]
     log_stat = (member.dir / "output.log").stat()
     assert (log_stat.st_uid, log_stat.st_gid) == (account.uid, account.gid)
+    assert stat.S_IMODE(log_stat.st_mode) == 0o600
     dir_stat = member.dir.stat()
     assert (dir_stat.st_uid, dir_stat.st_gid) == (0, account.gid)
-    assert stat.S_IMODE(dir_stat.st_mode) == 0o750
+    assert stat.S_IMODE(dir_stat.st_mode) == 0o710
+    for record in ("launch.json", "member.json", "exit.json", "shim.log"):
+        record_stat = (member.dir / record).stat()
+        assert (record_stat.st_uid, stat.S_IMODE(record_stat.st_mode)) == (0, 0o600), record
 
 
 def test_a_mapped_owner_runs_as_the_mapped_account(
