@@ -1,9 +1,11 @@
 """The web dashboard in a real headless browser (Debian's chromium driven by Playwright).
 
 A TLS cluster with three workers in two racks runs a rack-bound gang. The browser signs
-in on a follower's dashboard with a token, finds the gang on the right nodes (queue
-table, node map, job page with the members' log tails), then sees a new leader once the
-old one is killed. A ``user`` token sees the job but not its logs, as on the API.
+in on a follower's dashboard with a token through the form (which holds the sign-in's
+forgery guard), and keeps only a session cookie, never the token; it finds the gang on
+the right nodes (queue table, node map, job page with the members' log tails), then sees
+a new leader once the old one is killed, and signs out with the page's button. A
+``user`` token sent as a header sees the job but not its logs, as on the API.
 
 ``SYNAPSE_DASHBOARD_SCREENSHOT=path.png`` also saves a screenshot of the main page there.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.observe.dashboard import COOKIE
 from tests.integration.cluster import wait_for
 from tests.observe.world import gang, wait_running, world
 
@@ -56,11 +59,15 @@ def test_dashboard_shows_the_gang_and_follows_the_leader(tmp_path: Path) -> None
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
-                page = browser.new_context(ignore_https_errors=True).new_page()
+                context = browser.new_context(ignore_https_errors=True)
+                page = context.new_page()
                 page.goto(url, timeout=30_000)
                 page.fill("#token", credentials.admin_token)
                 page.click("#sign-in")
                 page.wait_for_selector("#replicas", timeout=30_000)
+                kept = {c["name"]: c["value"] for c in context.cookies()}
+                assert list(kept) == [COOKIE], kept  # the form's value is gone too
+                assert credentials.admin_token.split("_")[2] not in kept[COOKIE]
                 assert page.inner_text("#leader") == leader.replica_id
                 row = page.locator(f'#running tr[data-job="{job_id}"]')
                 assert row.get_attribute("data-nodes") == "w1, w2"
@@ -109,5 +116,11 @@ def test_dashboard_shows_the_gang_and_follows_the_leader(tmp_path: Path) -> None
                 dead = page.locator(f'#replicas tr[data-replica="{leader.replica_id}"]')
                 assert dead.get_attribute("data-role") == "unreachable"
                 assert page.locator(f'#running tr[data-job="{job_id}"]').count() == 1
+
+                page.click("#sign-out")
+                page.wait_for_selector("#token", timeout=30_000)
+                page.goto(url, timeout=30_000)
+                assert page.locator("#token").count() == 1  # signed out: the form again
+                assert COOKIE not in {c["name"] for c in context.cookies()}
             finally:
                 browser.close()

@@ -1,13 +1,25 @@
-"""The dashboard's pages and routes, without a cluster: pure renders and the app's
-answers to requests that need no API call."""
+"""The dashboard's pages and routes, without a cluster: pure renders, the session store
+on a fake clock, and the app's answers to requests that need no API call (the API
+address answers nothing, so any refusal here is made from the request alone)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from synapse_ha.cli.render import cluster_document, cluster_table
-from synapse_ha.observe.dashboard import COOKIE, Dashboard, Overview, render_job, render_overview
-from synapse_ha.observe.http import ObserveServer, Request
+from synapse_ha.observe.dashboard import (
+    COOKIE,
+    LOGIN_COOKIE,
+    STYLESHEET,
+    Dashboard,
+    Overview,
+    Sessions,
+    render_job,
+    render_login,
+    render_overview,
+)
+from synapse_ha.observe.http import ObserveServer, Request, Response
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import Transport
@@ -82,20 +94,163 @@ def test_the_job_page_lists_members_and_log_tails() -> None:
     assert "fencing token 7" in page
 
 
-def test_requests_without_a_token_are_sent_to_the_login_form(tmp_path: Path) -> None:
+class FakeClock:
+    def __init__(self, now_ms: int = 1_000_000) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def _cookie_values(response: Response) -> dict[str, str]:
+    """``name → value`` of each Set-Cookie of a response."""
+    out = {}
+    for name, value in response.headers:
+        if name == "Set-Cookie":
+            key, _, rest = value.partition("=")
+            out[key] = rest.split(";", 1)[0]
+    return out
+
+
+def _hidden_csrf(body: bytes) -> str:
+    match = re.search(rb'name="csrf" value="([^"]+)"', body)
+    assert match, body
+    return match.group(1).decode()
+
+
+def test_requests_without_a_credential_are_sent_to_the_login_form(tmp_path: Path) -> None:
     credentials = ClusterCredentials.ensure(tmp_path / "credentials")
     app = Dashboard(["127.0.0.1:1"], Transport(credentials.replica_tls("r1")))
     try:
         answer = app(Request("GET", "/", {}, b"", False))
         assert answer.status == 303
         assert ("Location", "/login") in answer.headers
-        assert app(Request("GET", "/login", {}, b"", False)).status == 200
-        assert app(Request("POST", "/login", {}, b"token=", False)).status == 400
+        form = app(Request("GET", "/login", {}, b"", False))
+        assert form.status == 200
+        nonce = _cookie_values(form)[LOGIN_COOKIE]
+        assert _hidden_csrf(form.body) == nonce
+        headers = {"cookie": f"{LOGIN_COOKIE}={nonce}", "origin": "https://h:1", "host": "h:1"}
+        assert (
+            app(Request("POST", "/login", headers, f"csrf={nonce}&token=".encode(), False)).status
+            == 400
+        )
+        not_a_token = app(
+            Request("POST", "/login", headers, f"csrf={nonce}&token=abc".encode(), False)
+        )
+        assert not_a_token.status == 401 and b"not a synapse token" in not_a_token.body
         assert app(Request("POST", "/jobs/x", {"cookie": f"{COOKIE}=t"}, b"", False)).status == 405
-        logout = app(Request("GET", "/logout", {}, b"", False))
-        assert any(v.startswith(f"{COOKIE}=;") for _, v in logout.headers)
+        unknown = app(Request("GET", "/", {"cookie": f"{COOKIE}=made-up"}, b"", False))
+        assert unknown.status == 303 and _cookie_values(unknown)[COOKIE] == ""  # cleared
+        bad_header = app(Request("GET", "/", {"authorization": "Bearer nope"}, b"", False))
+        assert bad_header.status == 401
     finally:
         app.close()
+
+
+def test_the_sign_in_form_refuses_forgeries_before_any_api_call(tmp_path: Path) -> None:
+    """No API answers at 127.0.0.1:1: every refusal here is made from the request alone."""
+    credentials = ClusterCredentials.ensure(tmp_path / "credentials")
+    app = Dashboard(["127.0.0.1:1"], Transport(credentials.replica_tls("r1")))
+    token = credentials.admin_token
+    try:
+        nonce = _cookie_values(app(Request("GET", "/login", {}, b"", False)))[LOGIN_COOKIE]
+        body = f"csrf={nonce}&token={token}".encode()
+        own = {"host": "h:1", "cookie": f"{LOGIN_COOKIE}={nonce}"}
+        cases = {
+            "another origin": {**own, "origin": "https://evil.example"},
+            "an opaque origin": {**own, "origin": "null"},
+            "another scheme": {**own, "origin": "http://h:1"},
+            "cross-site fetch": {**own, "sec-fetch-site": "cross-site"},
+            "no form cookie": {"host": "h:1", "origin": "https://h:1"},
+            "another form's cookie": {
+                **own,
+                "origin": "https://h:1",
+                "cookie": f"{LOGIN_COOKIE}=x",
+            },
+        }
+        for what, headers in cases.items():
+            answer = app.triage(Request("POST", "/login", headers, body, False))
+            assert answer is not None and answer.status == 403, what
+            assert COOKIE not in _cookie_values(answer), what
+        assert len(app.sessions) == 0
+        # The same post from this origin goes on to the API (None: not answered here).
+        assert (
+            app.triage(Request("POST", "/login", {**own, "origin": "https://h:1"}, body, False))
+            is None
+        )
+    finally:
+        app.close()
+
+
+def test_sessions_expire_idle_and_at_their_lifetime_and_are_bounded() -> None:
+    clock = FakeClock()
+    sessions = Sessions(clock, ttl_ms=10_000, idle_ms=3_000, max_sessions=4, per_token=2)
+    a = sessions.open("syn_aaaaaaaaaaaa_x")
+    assert a.session_id != a.token and a.token not in a.session_id
+    for _ in range(3):  # in use every 2 s: alive until its lifetime ends
+        clock.now_ms += 2_000
+        assert sessions.get(a.session_id) is a
+    clock.now_ms += 4_000  # 10 s after sign-in
+    assert sessions.get(a.session_id) is None
+    b = sessions.open("syn_bbbbbbbbbbbb_x")
+    clock.now_ms += 3_000
+    assert sessions.get(b.session_id) is None  # idle
+    # One token's third session closes its first; others' sessions stay.
+    others = [sessions.open(f"syn_{c * 12}_x") for c in "cd"]
+    e1, e2, e3 = (sessions.open("syn_eeeeeeeeeeee_x") for _ in range(3))
+    assert sessions.get(e1.session_id) is None
+    assert sessions.get(e2.session_id) is e2 and sessions.get(e3.session_id) is e3
+    assert all(sessions.get(o.session_id) is o for o in others)
+    assert len(sessions) == 4
+    assert sessions.get(e3.session_id) is e3 and sessions.get(e2.session_id) is e2
+    # Used since: others[0] is the least recently used.
+    sessions.open("syn_ffffffffffff_x")  # over the total: the least recently used goes
+    assert sessions.get(others[0].session_id) is None
+    assert sessions.close_token("syn_eeeeeeeeeeee_x") == 2 and len(sessions) == 2
+
+
+def test_logout_is_a_post_with_the_sessions_own_value(tmp_path: Path) -> None:
+    credentials = ClusterCredentials.ensure(tmp_path / "credentials")
+    clock = FakeClock()
+    app = Dashboard(["127.0.0.1:1"], Transport(credentials.replica_tls("r1")), clock_ms=clock)
+    try:
+        session = app.sessions.open(credentials.admin_token)
+        cookie = {"cookie": f"{COOKIE}={session.session_id}", "host": "h:1"}
+        assert app(Request("GET", "/logout", cookie, b"", False)).status == 405
+        forged = app(
+            Request("POST", "/logout", {**cookie, "origin": "https://h:1"}, b"csrf=x", False)
+        )
+        assert forged.status == 403
+        elsewhere = {**cookie, "origin": "https://evil.example"}
+        assert (
+            app(
+                Request("POST", "/logout", elsewhere, f"csrf={session.csrf}".encode(), False)
+            ).status
+            == 403
+        )
+        assert app.sessions.get(session.session_id) is session
+        own = {**cookie, "origin": "https://h:1"}
+        out = app(Request("POST", "/logout", own, f"csrf={session.csrf}".encode(), False))
+        assert out.status == 303 and _cookie_values(out)[COOKIE] == ""
+        assert app.sessions.get(session.session_id) is None
+    finally:
+        app.close()
+
+
+def test_pages_use_no_inline_style_or_script() -> None:
+    job = a_job("job-1", "RUNNING", ["w1"])
+    job.attempt.bound_at_ms, job.attempt.started_at_ms = 1_000, 2_000
+    for page in (
+        render_overview(Overview(status=status()), "token abc", "csrf-value"),
+        render_job(job, {0: "x"}, 10_000, "token abc", "csrf-value"),
+        render_login("why", "nonce"),
+    ):
+        assert "<style" not in page and "style=" not in page and "<script" not in page
+        assert f'<link rel="stylesheet" href="{STYLESHEET}">' in page
+    signed_in = render_overview(Overview(status=status()), "token abc", "csrf-value")
+    assert '<form class="inline" method="post" action="/logout">' in signed_in
+    assert 'name="csrf" value="csrf-value"' in signed_in
+    assert "/logout" not in render_overview(Overview(status=status()), "token abc")  # bearer
 
 
 def test_metrics_need_a_verified_client_on_a_secure_server(tmp_path: Path) -> None:
