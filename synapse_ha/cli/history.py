@@ -176,17 +176,20 @@ def event_document(e: pb.Event) -> dict[str, Any]:
 
 
 def event_line(d: Mapping[str, Any]) -> str:
-    subject = d.get("job_id") or d.get("node_id") or d.get("leader_id") or "-"
+    """One event as a line; every part the cluster, a job or a node wrote is escaped
+    (:func:`~synapse_ha.cli.render.terminal_safe`), newlines included."""
+    safe = render.terminal_safe
+    subject = safe(d.get("job_id") or d.get("node_id") or d.get("leader_id") or "-")
     extra = []
     if "attempt" in d:
         extra.append(f"attempt {d['attempt']}")
     if "nodes" in d:
-        extra.append("on " + ",".join(d["nodes"]))
+        extra.append("on " + safe(",".join(d["nodes"])))
     if "detail" in d:
-        extra.append(d["detail"])
+        extra.append(safe(d["detail"]))
     return (
-        f"{d['index']:>14}  {render.time_text(d['time_ms'])}  {d['kind']:<15} {subject:<12} "
-        + "; ".join(extra)
+        f"{d['index']:>14}  {render.time_text(d['time_ms'])}  {safe(d['kind']):<15} "
+        f"{subject:<12} " + "; ".join(extra)
     ).rstrip()
 
 
@@ -316,7 +319,7 @@ def events(obj: Settings, follow: bool, since_index: int, command_output: str | 
 
 def _emit(settings: Settings, document: object, table: Callable[[], str]) -> None:
     if settings.output == "table":
-        click.echo(table())
+        click.echo(render.terminal_safe(table(), keep=render.MULTILINE))
     else:
         click.echo(render.structured(document, settings.output))
 

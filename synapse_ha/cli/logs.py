@@ -16,6 +16,12 @@ without one, over plaintext.
 
 Several members are followed at once, one thread per member; complete lines are written
 with a ``[rank N]`` prefix so that the interleaved output stays readable.
+
+A member's output is the job's, and so may be written to attack the terminal it is shown
+on (retitle it, clear it, rewrite earlier lines with carriage returns or backspaces).
+:class:`LinePrinter` therefore shows every line through
+:func:`~synapse_ha.cli.render.terminal_safe`, keeping tabs; only ``synctl logs --raw``
+writes the bytes as the member wrote them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from synapse_ha.cli.render import LOG_LINE, terminal_safe
 from synapse_ha.rpc.client import ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
@@ -115,35 +122,51 @@ def grant_metadata(grant: str | None) -> tuple[tuple[str, str], ...]:
     return () if grant is None else ((GRANT_METADATA_KEY, grant),)
 
 
-class LinePrinter:
-    """Writes whole lines, prefixed, from several threads; keeps each member's partial
-    last line until it is completed or flushed."""
+# A member's line longer than this is written in pieces (its output is not ours to hold).
+MAX_LINE_BYTES = 64 * 1024
 
-    def __init__(self, write: Callable[[str], None], prefixed: bool) -> None:
+
+class LinePrinter:
+    """Writes whole lines, prefixed with ``[rank N] `` when ``prefixed``, from several
+    threads; keeps each member's partial last line until it is completed or flushed.
+
+    Lines are decoded as UTF-8 once complete (invalid bytes become U+FFFD) and escaped
+    with :func:`~synapse_ha.cli.render.terminal_safe`, and ``write`` gets text. With
+    ``raw``, ``write`` gets each line's bytes exactly as the member wrote them (after the
+    prefix, when there is one) instead. Either way a line is written without its newline
+    and one longer than :data:`MAX_LINE_BYTES` in pieces."""
+
+    def __init__(
+        self, write: Callable[[str | bytes], None], prefixed: bool, raw: bool = False
+    ) -> None:
         self._write = write
         self._prefixed = prefixed
+        self._raw = raw
         self._lock = threading.Lock()
-        self._partial: dict[int, str] = {}
+        self._partial: dict[int, bytes] = {}  # bytes: a character may span two chunks
 
     def feed(self, rank: int, data: bytes) -> None:
-        text = self._partial.pop(rank, "") + data.decode("utf-8", errors="replace")
-        *lines, rest = text.split("\n")
+        *lines, rest = (self._partial.pop(rank, b"") + data).split(b"\n")
+        while len(rest) > MAX_LINE_BYTES:
+            lines.append(rest[:MAX_LINE_BYTES])
+            rest = rest[MAX_LINE_BYTES:]
         if rest:
             self._partial[rank] = rest
         self._emit(rank, lines)
 
     def flush(self, rank: int) -> None:
-        rest = self._partial.pop(rank, "")
-        if rest:
-            self._emit(rank, [rest])
+        rest = self._partial.pop(rank, b"")
+        self._emit(rank, [rest] if rest else [])
 
-    def _emit(self, rank: int, lines: Sequence[str]) -> None:
-        if not lines:
-            return
+    def _emit(self, rank: int, lines: Sequence[bytes]) -> None:
         prefix = f"[rank {rank}] " if self._prefixed else ""
         with self._lock:
             for line in lines:
-                self._write(prefix + line)
+                if self._raw:
+                    self._write(prefix.encode() + line)
+                else:
+                    text = line.decode("utf-8", errors="replace")
+                    self._write(prefix + terminal_safe(text, keep=LOG_LINE))
 
 
 def _stub(channel: grpc.Channel) -> wpb_grpc.WorkerServiceStub:
@@ -160,7 +183,7 @@ def read_log(
     request = wpb.ReadLogRequest(
         job_id=member.job_id, attempt=member.attempt, rank=member.rank, follow=False
     )
-    with transport.channel(member.address) as channel:
+    with transport.channel(member.address, worker=member.node_id) as channel:
         try:
             for chunk in _stub(channel).ReadLog(
                 request, timeout=timeout_s, metadata=grant_metadata(grant)
@@ -207,7 +230,7 @@ class MemberFollower(threading.Thread):
 
     def run(self) -> None:
         offset = 0
-        with self.transport.channel(self.member.address) as channel:
+        with self.transport.channel(self.member.address, worker=self.member.node_id) as channel:
             stub = _stub(channel)
             while not self._stopping.is_set():
                 request = wpb.ReadLogRequest(

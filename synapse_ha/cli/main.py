@@ -220,15 +220,16 @@ def _fail(ctx: click.Context, code: ExitCode, document: render.Document) -> NoRe
     settings = _settings_of(ctx)
     output = settings.output if settings else "table"
     if output == "table":
-        click.echo(f"error: {document['error']['message']}", err=True)
+        click.echo(f"error: {render.terminal_safe(document['error']['message'])}", err=True)
     else:
         click.echo(render.structured(document, output).rstrip("\n"), err=True)
     raise click.exceptions.Exit(int(code))
 
 
 def note(message: str) -> None:
-    """Progress for people; stderr, so that stdout stays the command's answer."""
-    click.echo(message, err=True)
+    """Progress for people; stderr, so that stdout stays the command's answer. Escaped
+    for the terminal: notes quote reasons and workers' answers."""
+    click.echo(render.terminal_safe(message, keep=render.MULTILINE), err=True)
 
 
 # ------------------------------------------------------------------------ settings
@@ -393,8 +394,10 @@ def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def emit(settings: Settings, document: object, table: Callable[[], str]) -> None:
+    """The answer on stdout: ``table`` (escaped for the terminal once more as a whole,
+    whatever its renderer did) or the document as JSON or YAML."""
     if settings.output == "table":
-        click.echo(table())
+        click.echo(render.terminal_safe(table(), keep=render.MULTILINE))
     else:
         click.echo(render.structured(document, settings.output))
 
@@ -722,11 +725,12 @@ def _stop_followers(followers: list[MemberFollower], drain_s: float) -> None:
     followers.clear()
 
 
-def follow_job(settings: Settings, job_id: str, member: int | None) -> pb.Job:
+def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = False) -> pb.Job:
     """Stream the members' output until the job ends; a retry's new attempt is followed
-    from its start. Returns the final job."""
+    from its start. Returns the final job. Output is escaped for the terminal unless
+    ``raw``."""
     client = settings.client()
-    printer = LinePrinter(click.echo, prefixed=member is None)
+    printer = LinePrinter(click.echo, prefixed=member is None, raw=raw)
     grants = grant_cache(settings)
     followers: list[MemberFollower] = []
     followed = 0
@@ -763,21 +767,32 @@ def follow_job(settings: Settings, job_id: str, member: int | None) -> pb.Job:
 @click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
 @click.option("--member", type=click.IntRange(min=0), help="Only this rank's output.")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new output until the job ends.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Write the output's bytes as the members wrote them, control characters included "
+    "(for a file or a pipe; a terminal obeys them).",
+)
 @with_settings
-def logs(settings: Settings, job_id: str, member: int | None, follow: bool) -> None:
+def logs(settings: Settings, job_id: str, member: int | None, follow: bool, raw: bool) -> None:
     """Print the output of a job's members (of its current or last attempt).
 
     Each line is prefixed with [rank N] unless --member picks one rank. Logs are read
     straight from the workers that run the members, with a short-lived grant from the
     leader (only the job's owner, operators and admins get one).
 
+    The output is the job's own: control characters in it (escape sequences, carriage
+    returns, backspaces) are shown escaped, as \\x1b, \\r, \\b, so that it cannot
+    act on your terminal. --raw writes it as it is.
+
     \b
     Examples:
       synctl logs 42
       synctl logs 42 --member 0 -f
+      synctl logs 42 --member 0 --raw > rank0.log
     """
     if follow:
-        job = follow_job(settings, job_id, member)
+        job = follow_job(settings, job_id, member, raw)
         note(f"job {job_id} {job.state}")
         return
     job = settings.client().get_job(job_id)
@@ -788,7 +803,7 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool) -> N
             + (f" ({job.reason})" if job.reason else ""),
             "NOT_STARTED",
         )
-    printer = LinePrinter(click.echo, prefixed=member is None)
+    printer = LinePrinter(click.echo, prefixed=member is None, raw=raw)
     grants = grant_cache(settings)
     unreachable: list[str] = []
     for log in member_logs(job, node_addresses(settings), member):

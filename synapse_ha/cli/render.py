@@ -65,6 +65,15 @@ empty for a replica that serves no metrics or dashboard).
 ``submit``: ``{id, request_id, created}`` (with ``--wait``/``--follow`` also ``state``).
 ``cancel``: ``{id, state, message}``. ``cordon``/``uncordon``/``drain``: ``{id, status}``.
 
+**Terminal safety.** Table output, notes and error lines show text the cluster, a job or
+a node controls (reasons, explanations, event details, node addresses, ...). Every
+such string goes through :func:`terminal_safe` before it is printed: control characters
+(C0 and C1, ESC, DEL, carriage return, backspace), Unicode line separators and
+bidirectional controls are written as visible escapes (``\x1b``, ``\r``, ``\u202e``), so
+a job cannot retitle, clear or rewrite the operator's terminal, nor hide or reorder text.
+JSON is escaped by its encoder, YAML by PyYAML's emitter (``allow_unicode`` off: every
+non-printable and non-ASCII character is written as an escape).
+
 An **error** (on stderr, with the command's exit code)::
 
     {"error": {code, message, ...}}
@@ -84,6 +93,7 @@ An **error** (on stderr, with the command's exit code)::
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -268,6 +278,39 @@ def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
 
 # ---------------------------------------------------------------------- formatting
 
+# What a terminal may act on instead of showing: C0 controls (ESC, CR, BS, BEL among
+# them), DEL and C1 controls (CSI, OSC, NEL as single code points), the Unicode line and
+# paragraph separators, and the bidirectional controls that reorder what is shown.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b"}
+# ``keep`` for :func:`terminal_safe`
+MULTILINE = "\n"  # text whose lines are the cluster's layout (an explanation, a table)
+LOG_LINE = "\t"  # a line of a member's output: tabs only move the cursor forward
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str, keep: str = "") -> str:
+    """``text`` as it may be printed on a terminal: every character :data:`_UNSAFE`
+    names is written as a visible escape (``\\x1b``, ``\\r``, ``\\b``, ``\\u202e``),
+    except those in ``keep`` (:data:`MULTILINE`, :data:`LOG_LINE`). The one rule for all
+    of synctl's table and text output; idempotent (escapes are printable)."""
+    if not _UNSAFE.search(text):
+        return text
+    if keep:
+        return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
+    return _UNSAFE.sub(_escape, text)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None or value == "" else terminal_safe(str(value))
+
 
 def to_json(document: object) -> str:
     return json.dumps(document, indent=2, sort_keys=False)
@@ -294,7 +337,7 @@ def structured(document: object, output: str) -> str:
 
 def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
     text: str = tabulate(
-        [["-" if cell is None or cell == "" else cell for cell in row] for row in rows],
+        [[_cell(cell) for cell in row] for row in rows],
         headers=list(headers),
         tablefmt="plain",
         disable_numparse=True,
@@ -344,7 +387,10 @@ def age_text(since_ms: int | None, now_ms: int) -> str:
 
 
 def _short(text: str, width: int) -> str:
-    line = text.splitlines()[0] if text else ""
+    """The first line of ``text``, escaped (:func:`terminal_safe`), cut to ``width``.
+    Only a newline ends the line: a carriage return or a separator is shown escaped, not
+    obeyed, so it cannot hide what follows it."""
+    line = terminal_safe(text.split("\n", 1)[0])
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
@@ -394,10 +440,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
     ]
     if doc["redacted"]:
         fields.append(("COMMAND", "(withheld: not your job)"))
-    lines = [
-        f"{name + ':':<15}{'-' if value is None or value == '' else value}"
-        for name, value in fields
-    ]
+    lines = [f"{name + ':':<15}{_cell(value)}" for name, value in fields]
     if doc["members"]:
         lines += ["", members_table(doc["members"])]
     return "\n".join(lines)
@@ -443,16 +486,16 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def explain_table(doc: Mapping[str, Any]) -> str:
-    lines = [f"job {doc['id']} is {doc['state']}"]
+    lines = [terminal_safe(f"job {doc['id']} is {doc['state']}")]
     if doc["attempt"]:
         lines[0] += f", attempt {doc['attempt']} (fencing token {doc['fencing_token']})"
     if doc["state"] == "PENDING" or not doc["members"]:
-        lines.append(doc["explanation"])
+        lines.append(terminal_safe(doc["explanation"], keep=MULTILINE))
     elif doc["reason"] and doc["state"] not in ("SCHEDULED", "RUNNING"):
-        lines.append(doc["reason"])
+        lines.append(terminal_safe(doc["reason"]))
     preempted = preemption_text(doc["preemption"])
     if preempted:
-        lines.append(preempted)
+        lines.append(terminal_safe(preempted))
     if doc["members"]:
         lines += ["", members_table(doc["members"], with_topology=True)]
     return "\n".join(lines)
@@ -464,7 +507,7 @@ def cluster_table(doc: Mapping[str, Any]) -> str:
         leader += f" ({doc['leader_address']})"
     head = [
         f"health:  {'healthy' if doc['healthy'] else 'UNHEALTHY'}",
-        f"leader:  {leader}",
+        f"leader:  {terminal_safe(leader)}",
         f"nodes:   {doc['nodes']}    jobs: {doc['jobs']} "
         f"({doc['pending_jobs']} pending, {doc['running_jobs']} running)",
         "",
@@ -628,4 +671,5 @@ def queues_table(doc: Mapping[str, Any]) -> str:
         f" grace {duration_text(c['grace_ms'])}"
         for c in doc["priority_classes"]
     )
-    return f"{out}\n\npriority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
+    tail = f"priority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
+    return f"{out}\n\n{terminal_safe(tail, keep=MULTILINE)}"
