@@ -118,6 +118,8 @@ WatchEvents      OK       OK       OK       OK       DENIED   OK       UNAUTH   
 ListQueues       OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 SetQueue         OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 DeleteQueue      NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+GetLimits        OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
+SetLimits        OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 """
 
 CALLERS = ("admin", "operator", "alice", "bob", "worker", "replica", "client", "revoked", "forged")
@@ -461,6 +463,9 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
             pb.SetQueueRequest(queue=pb.Queue(name="matrix-queue", gpu=1)), **kw
         ),
         "DeleteQueue": lambda: stub.DeleteQueue(pb.DeleteQueueRequest(name=NO_SUCH_QUEUE), **kw),
+        # Per-identity limits: SetLimits with nothing named changes nothing.
+        "GetLimits": lambda: stub.GetLimits(pb.GetLimitsRequest(), **kw),
+        "SetLimits": lambda: stub.SetLimits(pb.SetLimitsRequest(), **kw),
     }
     return calls[method]
 
