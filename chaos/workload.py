@@ -96,7 +96,14 @@ def queue_and_class(cfg: WorkloadConfig, rng: random.Random) -> tuple[str, str]:
 def set_up_queues(client: ClusterClient, cfg: WorkloadConfig, stop: Path) -> None:
     """Create the queues (idempotent), retrying until the cluster takes them."""
     for name in QUEUES:
-        queue = pb.Queue(name=name, gpu=cfg.queue_gpus, cohort=COHORT)
+        # A class that preempts must be listed by the queue (DESIGN §8): team-a's "high"
+        # gangs preempt within it.
+        queue = pb.Queue(
+            name=name,
+            gpu=cfg.queue_gpus,
+            cohort=COHORT,
+            priority_classes=["low", "normal", "high"],
+        )
         while not stop.exists():
             try:
                 client.set_queue(queue)
