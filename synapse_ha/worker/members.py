@@ -13,6 +13,13 @@ interpreter. This module is the agent's side:
   log, the supervisor's pid record and the exit record. A member directory is never
   removed while the agent runs, so a (job, fencing token, rank) that ever started here is
   never started again, also after an agent restart;
+* the launch path is a privilege boundary: when the agent is root, nothing the job
+  controls reaches a root process. The member's environment (the job's variables, which
+  may name ``LD_PRELOAD`` or ``PATH``) is used only after the drop to its owner; the
+  supervisors get :func:`supervisor_environment`, the container runtime a fixed one, by
+  absolute path, with the image checked as an image reference and containers confined
+  (:class:`ImageRuntime`). Everything the agent reads back as root (records, lease) is in
+  directories only it may write, and read and written without following links;
 * :meth:`MemberExecutor.recover` runs at agent start: anything left from a previous life
   of the agent is killed (never re-adopted) and reported as lost.
 
@@ -803,10 +810,13 @@ class MemberExecutor:
         run; the member is recorded (so it never starts later) with an exit of 143, a
         disruption, which confirms to the leader that it is stopped.
 
-        When the member runs as its owner, its output log belongs to the owner and its
-        directory to the owner's group (readable, not writable: the pid and exit records
-        in it are the agent's, and the agent acts on them as root); the supervisor drops
-        to the owner's uid, gid and groups in the member's process before exec.
+        When the member runs as its owner, its output log belongs to the owner (0600)
+        and its directory may be entered by the owner's group, not listed or changed
+        (0710: the launch, pid and exit records in it are the agent's, 0600, and the agent
+        acts on them as root); the supervisor drops to the owner's uid, gid and groups in
+        the member's process before it enters ``workdir`` and execs. A member in a
+        container gets its variables through the env file only; the runtime's client
+        gets the fixed environment of :meth:`ImageRuntime.client_environment`.
 
         Not idempotent by itself: the caller checks :attr:`known` first.
         """

@@ -12,7 +12,8 @@ Any other subcommand (``kill NAME``, ``rm -f NAME``) is appended to ``stops`` wi
 uid that ran it.
 
 The image is recognised by name (``image``): it is the first word after ``run`` that
-equals it.
+equals it. A command line without it is still recorded, and the runtime then exits 125
+(podman's code for a container that could not be created).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if not args or args[0] != "run":
     with open(os.path.join(HERE, "stops"), "a") as f:
         f.write(json.dumps({{"argv": args, "uid": os.getuid()}}) + "\\n")
     sys.exit(0)
-at = args.index(IMAGE)
+at = args.index(IMAGE) if IMAGE in args else len(args)
 options, command = args[1:at], args[at + 1:]
 values = {{}}
 for word in options:
@@ -69,6 +70,9 @@ name = values.get("name", ["unnamed"])[0]
 os.makedirs(os.path.join(HERE, "runs"), exist_ok=True)
 with open(os.path.join(HERE, "runs", name + ".json"), "w") as f:
     json.dump(record, f)
+if at == len(args):
+    print("fake runtime: no image " + IMAGE + " on the command line", file=sys.stderr)
+    sys.exit(125)
 for path in values.get("cidfile", []):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     os.write(fd, b"0123456789abcdef\\n")
