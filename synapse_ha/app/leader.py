@@ -158,8 +158,10 @@ class _InFlight:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingSettings:
-    """Replicated settings a replica is configured with (TOML ``[scheduling]``, and
-    ``[raft] compact_state``); None leaves the replicated value as it is."""
+    """Replicated settings a replica is configured with (TOML ``[scheduling]``,
+    ``[limits]`` and ``[raft] compact_state``); None leaves the replicated value as it is.
+    ``limits`` names only the limits the file sets (``synctl config set`` changes the
+    others)."""
 
     priority_classes: tuple[PriorityClass, ...] | None = None
     preemption: PreemptionMode | None = None
@@ -167,8 +169,16 @@ class SchedulingSettings:
     max_requeues: int | None = None
     compact_state: bool | None = None
     start_timeout_ms: int | None = None
+    limits: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def pinned_limits(self) -> frozenset[str]:
+        """The names of the limits this replica puts back when it leads."""
+        return frozenset(name for name, _ in self.limits)
 
     def applied_to(self, config: ClusterConfig) -> ClusterConfig:
+        if self.limits:
+            config = replace(config, limits=replace(config.limits, **dict(self.limits)))
         if self.start_timeout_ms is not None:
             config = replace(config, start_timeout_ms=self.start_timeout_ms)
         if self.compact_state is not None:

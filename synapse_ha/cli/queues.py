@@ -69,7 +69,17 @@ def _classes(value: str) -> list[str]:
     help="Of its idle quota, GPUs others may borrow (default: all of it).",
 )
 @click.option(
-    "--classes", default="", help="Priority classes its jobs may use, comma-separated (all)."
+    "--classes",
+    default="",
+    help="Priority classes its jobs may use, comma-separated (default: all that do not "
+    "preempt; a class that preempts must be named).",
+)
+@click.option(
+    "--max-priority",
+    type=click.IntRange(-1_000_000, 1_000_000),
+    default=0,
+    show_default=True,
+    help="The highest priority users may give a job here; more needs a token allowing it.",
 )
 @output_option
 @with_settings
@@ -83,6 +93,7 @@ def queue_set(
     borrowing_limit: int | None,
     lending_limit: int | None,
     classes: str,
+    max_priority: int,
 ) -> None:
     """Create queue NAME, or replace all of its settings (unset options become unset).
 
@@ -95,7 +106,9 @@ def queue_set(
         memory_mib = parse_memory(memory, "--memory") if memory is not None else None
     except SpecError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
-    msg = pb.Queue(name=name, cohort=cohort, priority_classes=_classes(classes))
+    msg = pb.Queue(
+        name=name, cohort=cohort, priority_classes=_classes(classes), max_priority=max_priority
+    )
     for field, value in (
         ("gpu", gpu),
         ("cpu_milli", cpu_milli),

@@ -1,0 +1,115 @@
+"""``synctl config show|set``: the cluster's per-identity limits (DESIGN §8,
+docs/security.md "Limits").
+
+Everyone may read them; ``config set`` is for admins (the cluster refuses anyone else
+with PERMISSION_DENIED, exit 5) and changes only the limits it names, as
+``limits.<name>=<value>``. Registered on ``synctl`` by :mod:`synapse_ha.cli.main`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from synapse_ha.cli import render
+from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.cli.main import CommandFailed, Settings, cli, emit, output_option, with_settings
+from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.rpc.errors import Reason
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+PREFIX = "limits."
+# What each limit counts, for the table.
+_UNITS = {
+    "spec_bytes": "bytes, every caller",
+    "env_bytes": "bytes, every caller",
+    "pending_jobs_per_user": "jobs",
+    "pending_jobs_per_queue": "jobs",
+    "submit_burst": "submissions at once",
+    "submit_per_s": "submissions a second",
+    "watch_streams_per_identity": "streams, per replica",
+    "watch_streams_total": "streams, per replica",
+}
+
+
+@cli.group()
+def config() -> None:
+    """Show and change the cluster's per-identity limits.
+
+    \b
+    Examples:
+      synctl config show
+      synctl config set limits.pending_jobs_per_user=500 limits.submit_per_s=20
+    """
+
+
+def _limits_document(limits: pb.Limits) -> dict[str, int]:
+    return {f.name: int(getattr(limits, f.name)) for f in pb.Limits.DESCRIPTOR.fields}
+
+
+def _limits_table(document: dict[str, int]) -> str:
+    rows = [(f"{PREFIX}{name}", value, _UNITS.get(name, "")) for name, value in document.items()]
+    note = "Users and operators are held to them; admins, replicas and workers only to sizes."
+    return render.table(rows, ["limit", "value", "counts"]) + "\n" + note
+
+
+def _get_limits(client: ClusterClient) -> pb.Limits:
+    request = pb.GetLimitsRequest()
+    answer = client.call(
+        "GetLimits", lambda a, t: client.scheduler(a).GetLimits(request, timeout=t)
+    )
+    limits: pb.Limits = answer.limits
+    return limits
+
+
+@config.command("show")
+@output_option
+@with_settings
+def config_show(settings: Settings) -> None:
+    """Show the limits every user is held to.
+
+    \b
+    Example:
+      synctl config show -o json
+    """
+    document = _limits_document(_get_limits(settings.client()))
+    emit(settings, {"limits": document}, lambda: _limits_table(document))
+
+
+def _parse(assignment: str) -> pb.LimitValue:
+    name, sep, value = assignment.partition("=")
+    if not sep or not name.startswith(PREFIX):
+        raise CommandFailed(
+            ExitCode.USAGE,
+            f"{assignment!r}: give limits.<name>=<whole number>, e.g. limits.submit_per_s=20",
+            str(Reason.INVALID_FIELD),
+        )
+    try:
+        number = int(value.replace("_", ""))
+    except ValueError:
+        raise CommandFailed(
+            ExitCode.USAGE,
+            f"{assignment!r}: {value!r} is not a whole number",
+            str(Reason.INVALID_FIELD),
+        ) from None
+    return pb.LimitValue(name=name[len(PREFIX) :], value=number)
+
+
+@config.command("set")
+@click.argument("assignments", nargs=-1, required=True)
+@output_option
+@with_settings
+def config_set(settings: Settings, assignments: tuple[str, ...]) -> None:
+    """Change the named limits (admins only); the others stay as they are.
+
+    \b
+    Examples:
+      synctl config set limits.pending_jobs_per_user=500
+      synctl config set limits.submit_burst=50 limits.submit_per_s=10
+    """
+    request = pb.SetLimitsRequest(values=[_parse(a) for a in assignments])
+    client = settings.client()
+    answer = client.call(
+        "SetLimits", lambda a, t: client.scheduler(a).SetLimits(request, timeout=t)
+    )
+    document = _limits_document(answer.limits)
+    emit(settings, {"limits": document}, lambda: _limits_table(document))
