@@ -40,7 +40,7 @@ from synapse_ha.security.tls import Transport
 log = logging.getLogger("chaos")
 
 REPO = Path(__file__).resolve().parent.parent
-RAFT_PASSWORD = "chaos-suite-raft-password"
+RAFT_PASSWORD = "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="
 SINK_PORT = 7900
 RAFT_PORT = 7001
 GRPC_PORT = 7101

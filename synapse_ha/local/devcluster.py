@@ -50,7 +50,6 @@ their environment.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
 import tempfile
@@ -82,7 +81,7 @@ from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
-from synapse_ha.security.bundle import ClusterCredentials
+from synapse_ha.security.bundle import ClusterCredentials, new_raft_password
 from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import INSECURE_WARNING, Transport
 from synapse_ha.worker.members import kill_recorded_process, read_json
@@ -209,7 +208,7 @@ class DevCluster:
             else self.options.data_dir
         ).resolve()
         self.logs_dir = self.data_dir / "logs"
-        self.raft_password = secrets.token_urlsafe(24)
+        self.raft_password = new_raft_password()
         self.credentials: ClusterCredentials | None = (
             None
             if self.options.insecure

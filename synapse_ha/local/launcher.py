@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -67,7 +66,7 @@ import grpc
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.security.bundle import ClusterCredentials
+from synapse_ha.security.bundle import ClusterCredentials, new_raft_password
 from synapse_ha.security.tls import Transport
 from synapse_ha.worker.members import running_groups
 
@@ -545,7 +544,7 @@ class LocalReplicas:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.extra_args = list(extra_args)
-        self.password = password or secrets.token_urlsafe(24)
+        self.password = password or new_raft_password()
         self._owns_launcher = launcher is None
         self.launcher = launcher or Launcher(logs_dir or root)
         ids = [f"r{i + 1}" for i in range(size)]

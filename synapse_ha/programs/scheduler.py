@@ -4,7 +4,8 @@ Configuration comes from flags and/or a TOML file (flags win)::
 
     replica_id = "r1"
     data_dir = "/var/lib/synapse/r1"
-    raft_password_file = "/etc/synapse/raft.password"   # or env SYNAPSE_RAFT_PASSWORD
+    raft_password_file = "/etc/synapse/raft.password"   # or env SYNAPSE_RAFT_PASSWORD;
+                                                        # 32 random bytes: openssl rand -base64 32
     [[replicas]]
     id = "r1"
     raft = "10.0.0.1:7001"
@@ -85,7 +86,14 @@ from synapse_ha.history.store import HistoryStore
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
 from synapse_ha.observe.metrics import ReplicaMetrics
-from synapse_ha.raft.replica import RaftReplica, RaftTiming, RestoreError, seed_restored_state
+from synapse_ha.raft.replica import (
+    RaftReplica,
+    RaftTiming,
+    RestoreError,
+    data_dir_mode_problem,
+    raft_password_problem,
+    seed_restored_state,
+)
 from synapse_ha.raft.snapshot import SnapshotMember
 from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
@@ -197,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="directory for the Raft journal and snapshot")
     p.add_argument(
         "--raft-password-file",
-        help="file holding the Raft password (or set SYNAPSE_RAFT_PASSWORD)",
+        help="file holding the Raft password, at least 32 random bytes in base64 or hex "
+        "(openssl rand -base64 32); or set SYNAPSE_RAFT_PASSWORD",
     )
     for name in ("heartbeat-interval", "lease-ttl", "leader-step-down", "dead-timeout"):
         p.add_argument(f"--{name}", help="a duration such as 1s, 500ms or 10s")
@@ -414,6 +423,9 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             "a Raft password is required (--raft-password-file or SYNAPSE_RAFT_PASSWORD): "
             "it encrypts the replicas' traffic"
         )
+    weak = raft_password_problem(password)
+    if weak is not None:
+        raise ConfigError(weak)
 
     t_doc = doc.get("timeouts", {})
     defaults = Timeouts()
@@ -499,6 +511,10 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         tls = tls_from(args, doc)
     except TlsError as exc:
         raise ConfigError(str(exc)) from None
+    # A restore needs an empty data directory (restore_into refuses any other, saying so).
+    mixed = None if restore else data_dir_mode_problem(data_dir, secure=tls is not None)
+    if mixed is not None:
+        raise ConfigError(mixed)
     bootstrap_token = ""
     token_file = args.bootstrap_token_file or doc.get("bootstrap_token_file", "")
     if token_file:
@@ -739,6 +755,7 @@ class Replica:
             [r.raft for r in partners],
             config.data_dir,
             config.raft_password,
+            secure=config.tls is not None,
             timing=config.timing,
             on_role_change=self._role_changed,
             on_applied=self._wake.set,

@@ -35,6 +35,13 @@ def new_token_text() -> str:
     return f"{TOKEN_PREFIX}{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"
 
 
+def new_raft_password() -> str:
+    """A fresh Raft password: 32 random bytes, URL-safe base64 (what
+    ``openssl rand -base64 32`` makes, in the other alphabet), which passes the replicas'
+    password rule."""
+    return secrets.token_urlsafe(32)
+
+
 def write_secret(path: Path, text: str) -> None:
     """Write ``text`` to a new file readable by its owner only."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -39,7 +39,7 @@ class Secrets:
         self.root = root
         self.creds = ClusterCredentials.ensure(root / "credentials")
         self.raft_password = root / "raft.password"
-        self.raft_password.write_text("example-raft-password\n")
+        self.raft_password.write_text("eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI=\n")
 
     def replica_flags(self, replica_id: str) -> list[str]:
         """Flags that redirect replica ``replica_id``'s data directory, secrets and TLS
@@ -217,7 +217,7 @@ def test_the_three_replica_configs_load_and_form_one_quorum(secrets: Secrets) ->
         assert config.replica_id == r
         assert config.tls == secrets.creds.replica_tls(r)
         assert config.bootstrap_token == secrets.creds.admin_token
-        assert config.raft_password == "example-raft-password"
+        assert config.raft_password == "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="
         configs.append(config)
         text = path.read_text()
         expected = "/var/lib/" + state_dir.replace("%i", r)

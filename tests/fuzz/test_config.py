@@ -186,7 +186,7 @@ def test_scheduler_config_errors_are_config_errors(config_dir: Path, text: str) 
     path = config_dir / "scheduler.toml"
     path.write_text(text)
     argv = ["--config", str(path), "--data-dir", str(config_dir / "data")]
-    environ = {"SYNAPSE_RAFT_PASSWORD": "fuzz-password"}
+    environ = {"SYNAPSE_RAFT_PASSWORD": "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="}
     kind = _only_config_errors(lambda: scheduler.load_config(argv, environ), scheduler.ConfigError)
     TALLY.add("scheduler.load_config", "-", harness.Outcome(kind, "-"))
 
@@ -232,7 +232,9 @@ def test_scheduler_config_key_of_the_wrong_type(tmp_path: Path, text: str) -> No
     if "data_dir" in text:
         argv = argv[:2]
     with pytest.raises(scheduler.ConfigError, match=SCHEDULER_REGRESSIONS[text]):
-        scheduler.load_config(argv, {"SYNAPSE_RAFT_PASSWORD": "fuzz-password"})
+        scheduler.load_config(
+            argv, {"SYNAPSE_RAFT_PASSWORD": "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="}
+        )
 
 
 @pytest.mark.parametrize("text", sorted(WORKER_REGRESSIONS))

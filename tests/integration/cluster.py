@@ -24,7 +24,7 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 __all__ = ["LocalCluster", "Replica", "job_spec", "register_request", "reserve_ports", "wait_for"]
 
 T = TypeVar("T")
-PASSWORD = "integration-test-password"
+PASSWORD = "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="
 
 
 def wait_for(

@@ -111,7 +111,9 @@ def test_a_corrupt_or_truncated_backup_is_refused(tmp_path: Path) -> None:
                 "--restore",
                 str(bad),
             ]
-            config = load_config(argv, {"SYNAPSE_RAFT_PASSWORD": "pw"})
+            config = load_config(
+                argv, {"SYNAPSE_RAFT_PASSWORD": "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="}
+            )
             with pytest.raises(ConfigError, match=why):
                 restore_into(config)
             assert not (tmp_path / f"data-{bad.stem}" / "raft.dump").exists()
@@ -120,7 +122,7 @@ def test_a_corrupt_or_truncated_backup_is_refused(tmp_path: Path) -> None:
         used = old.replica("r1").data_dir
         config = load_config(
             [*argv, "--data-dir", str(used), "--restore", str(good)],
-            {"SYNAPSE_RAFT_PASSWORD": "pw"},
+            {"SYNAPSE_RAFT_PASSWORD": "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="},
         )
         with pytest.raises(ConfigError, match="already holds a replica's data"):
             restore_into(config)

@@ -209,7 +209,10 @@ def test_the_replica_refuses_bad_configuration(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=30,
-            env={"SYNAPSE_RAFT_PASSWORD": "x", "PATH": "/usr/bin:/bin"},
+            env={
+                "SYNAPSE_RAFT_PASSWORD": "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI=",
+                "PATH": "/usr/bin:/bin",
+            },
             check=False,
         )
         assert done.returncode == 2, (argv, done.stderr)

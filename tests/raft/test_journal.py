@@ -17,6 +17,7 @@ from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft import journal as durable
 from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.snapshot import write_snapshot
+from tests.integration.cluster import PASSWORD
 
 # pysyncobj's MetaStorer.getMeta reads the term/vote file with open(...).read() and
 # leaves closing it to the garbage collector; reopening a journal here triggers that.
@@ -160,7 +161,8 @@ def test_a_replica_in_fsync_mode_syncs_its_journal_for_every_command(
         me,
         [me],
         str(tmp_path),
-        "test-password",
+        PASSWORD,
+        secure=True,
         directory={me: ("r1", f"127.0.0.1:{grpc_port}")},
         fsync=fsync,
     )
@@ -293,7 +295,7 @@ def test_a_replica_killed_between_snapshot_and_compaction_keeps_every_entry(
     raft_port, grpc_port = reserve_ports(2)
     me = f"127.0.0.1:{raft_port}"
     directory = {me: ("r1", f"127.0.0.1:{grpc_port}")}
-    replica = RaftReplica(me, [me], str(tmp_path), "test-password", directory=directory)
+    replica = RaftReplica(me, [me], str(tmp_path), PASSWORD, directory=directory, secure=True)
     try:
         wait_until("r1 leads alone", replica.is_leader, 15.0, every_s=0.02)
         for i in range(6):
@@ -310,7 +312,7 @@ def test_a_replica_killed_between_snapshot_and_compaction_keeps_every_entry(
     # The snapshot a compaction would have written at that point, renamed into place (a
     # state that counts no command); the journal not compacted yet.
     write_snapshot(str(tmp_path / "raft.dump"), ClusterState(), (newest, previous))
-    again = RaftReplica(me, [me], str(tmp_path), "test-password", directory=directory)
+    again = RaftReplica(me, [me], str(tmp_path), PASSWORD, directory=directory, secure=True)
     try:
         log = durable.journal_of(again._sync)
         assert log[0] == previous and log[len(log) - 1][1] >= last

@@ -14,6 +14,7 @@ import pytest
 from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft.appendentries import leader_loss_delay
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
+from tests.integration.cluster import PASSWORD
 
 # Election timeouts far longer than the waits below: a new leader within them can only
 # come from the leader-loss rule.
@@ -47,7 +48,9 @@ def _three(tmp_path: Path, stagger_s: float | None) -> Iterator[list[RaftReplica
         for i, address in enumerate(addresses):
             data = tmp_path / f"r{i}"
             data.mkdir()
-            replicas.append(RaftReplica(address, addresses, str(data), "pw", timing=timing))
+            replicas.append(
+                RaftReplica(address, addresses, str(data), PASSWORD, timing=timing, secure=True)
+            )
         yield replicas
     finally:
         for replica in replicas:

@@ -20,7 +20,10 @@ def load(tmp_path: Path, toml: str = "", *flags: str) -> scheduler_main.Schedule
         "--config", str(config), "--id", "a", "--replica", "a=127.0.0.1:7001,127.0.0.1:7101",
         "--data-dir", str(tmp_path / "data"), "--insecure",
     ]  # fmt: skip
-    return scheduler_main.load_config([*base, *flags], environ={"SYNAPSE_RAFT_PASSWORD": "pw"})
+    return scheduler_main.load_config(
+        [*base, *flags],
+        environ={"SYNAPSE_RAFT_PASSWORD": "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="},
+    )
 
 
 def test_the_default_is_the_documented_one(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal
 from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft.replica import RaftReplica
+from tests.integration.cluster import PASSWORD
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,8 @@ def alone(tmp_path: Path) -> Iterator[RaftReplica]:
         me,
         [me],
         str(tmp_path),
-        "test-password",
+        PASSWORD,
+        secure=True,
         directory={me: ("r1", f"127.0.0.1:{grpc_port}")},
     )
     try:

@@ -14,6 +14,7 @@ from pysyncobj.monotonic import monotonic as raft_clock
 
 from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
+from tests.integration.cluster import PASSWORD
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,9 @@ def _first_deadline_in(data_dir: Path, peers: int) -> float:
     are not running, so it never stands for election here."""
     ports = reserve_ports(peers)
     addresses = [f"127.0.0.1:{p}" for p in ports]
-    replica = RaftReplica(addresses[0], addresses, str(data_dir), "test-password", timing=TIMING)
+    replica = RaftReplica(
+        addresses[0], addresses, str(data_dir), PASSWORD, timing=TIMING, secure=True
+    )
     try:
         deadline: float = replica._sync._SyncObj__raftElectionDeadline
         return deadline - raft_clock()
@@ -63,11 +66,15 @@ def test_a_slow_snapshot_load_does_not_use_up_the_timeout(
     monkeypatch.setattr(SyncObj, "_SyncObj__loadDumpFile", slow_load)
     ports = reserve_ports(3)
     addresses = [f"127.0.0.1:{p}" for p in ports]
-    first = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
+    first = RaftReplica(
+        addresses[0], addresses, str(tmp_path), PASSWORD, timing=timing, secure=True
+    )
     first.stop()
     wait_until("the Raft thread to end", lambda: not first._sync.tick_thread_alive(), 15.0)
     (tmp_path / "raft.dump").write_bytes(b"a snapshot")  # makes the first tick load it
-    replica = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
+    replica = RaftReplica(
+        addresses[0], addresses, str(tmp_path), PASSWORD, timing=timing, secure=True
+    )
     try:
         wait_until("the snapshot to load", lambda: bool(loaded), 15.0)
         wait_until(
@@ -100,7 +107,9 @@ def test_a_long_tick_gives_a_follower_a_fresh_timeout(
     monkeypatch.setattr(SyncObj, "_onTick", slow_first_tick)
     ports = reserve_ports(3)
     addresses = [f"127.0.0.1:{p}" for p in ports]
-    replica = RaftReplica(addresses[0], addresses, str(tmp_path), "test-password", timing=timing)
+    replica = RaftReplica(
+        addresses[0], addresses, str(tmp_path), PASSWORD, timing=timing, secure=True
+    )
     try:
         wait_until("a long tick", lambda: bool(long_ticks), 15.0)
         wait_until(
