@@ -5,8 +5,9 @@ A node runs members in one of two modes, fixed by its configuration (``--run-as`
 * ``owner``: each member runs as its job's owner. The owner's name goes through the node's
   user map (``--user-map alice=svc_alice``), else stays as it is, and is looked up in the
   local account database; the member gets that uid, its primary gid and its supplementary
-  groups. Only an agent running as root can do this. A job without an owner (``""``) runs
-  as the agent's own account.
+  groups. Only an agent running as root can do this. A job without an owner (``""``) has
+  no account to switch to: it would run as the agent, root, so it is refused as an owner
+  that maps to root is (below).
 * ``agent``: every member runs as the agent's own account, whoever owns the job.
 
 The node advertises the mode at registration (:meth:`RunAsPolicy.advertised`): ``owner``
@@ -108,13 +109,19 @@ def resolve_member_account(
 ) -> Account | RunAsRefusal | None:
     """The account a member of ``owner``'s job runs as on this node.
 
-    None means "as the agent's own account" (mode agent, or a job without an owner). An
-    :class:`Account` is the owner's account to drop to before exec. A
+    None means "as the agent's own account" (mode agent, or a job without an owner on a
+    node that allows root members). An :class:`Account` is the owner's account to drop
+    to before exec. A
     :class:`RunAsRefusal` means the member must not start here. Deterministic given
     ``lookup``; never raises.
     """
-    if policy.mode is RunAsMode.AGENT or not owner:
+    if policy.mode is RunAsMode.AGENT:
         return None
+    if not owner:
+        # Nobody to switch to: the member would run as the agent itself, which is root.
+        if policy.allow_root_members:
+            return None
+        return RunAsRefusal(RefusalCode.ROOT_REFUSED, policy.node_id, owner)
     name = policy.account_name(owner)
     mapped = dict(policy.user_map).get(owner, "")
     account = lookup(name)

@@ -114,13 +114,13 @@ class FakeRuntime:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def install(directory: Path, image: str, name: str = "podman") -> FakeRuntime:
-    """Write the fake runtime as ``directory/name`` (mode 0755); its records go to
-    ``directory`` too (which must then be writable by whoever runs it)."""
+def install(
+    directory: Path, image: str, name: str = "podman", python: str = sys.executable
+) -> FakeRuntime:
+    """Write the fake runtime as ``directory/name`` (mode 0755), run by ``python``; its
+    records go to ``directory`` too (which must then be writable by whoever runs it)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    path.write_text(
-        textwrap.dedent(SCRIPT).format(python=sys.executable, here=str(directory), image=image)
-    )
+    path.write_text(textwrap.dedent(SCRIPT).format(python=python, here=str(directory), image=image))
     path.chmod(0o755)
     return FakeRuntime(path, directory)

@@ -103,11 +103,20 @@ def test_root_is_refused_unless_the_node_allows_it(user_map: tuple[tuple[str, st
     assert resolve_member_account(allowed, owner, FakeAccounts(ROOT)) == ROOT
 
 
-def test_mode_agent_and_jobs_without_owner_run_as_the_agent() -> None:
+def test_mode_agent_runs_every_member_as_the_agent() -> None:
     accounts = FakeAccounts(ALICE, ROOT)
     assert resolve_member_account(policy(RunAsMode.AGENT), "alice", accounts) is None
     assert resolve_member_account(policy(RunAsMode.AGENT), "nobody-here", accounts) is None
-    assert resolve_member_account(policy(), "", accounts) is None
+    assert resolve_member_account(policy(RunAsMode.AGENT), "", accounts) is None
+    assert accounts.asked == []
+
+
+def test_a_job_without_an_owner_would_run_as_root_and_is_refused_unless_allowed() -> None:
+    accounts = FakeAccounts(ALICE, ROOT)
+    refusal = resolve_member_account(policy(), "", accounts)
+    assert isinstance(refusal, RunAsRefusal)
+    assert refusal.describe() == "node w1 does not run members as root"
+    assert resolve_member_account(policy(allow_root_members=True), "", accounts) is None
     assert accounts.asked == []
 
 

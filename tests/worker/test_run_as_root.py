@@ -20,7 +20,15 @@ import pytest
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, local_account
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import EXIT_REFUSED, ExecutorSettings, MemberExecutor
+from synapse_ha.worker.members import (
+    EXIT_REFUSED,
+    FIXED_LANG,
+    FIXED_PATH,
+    ExecutorSettings,
+    ImageRuntime,
+    MemberExecutor,
+)
+from tests.worker import fake_runtime
 from tests.worker.helpers import spec, wait_exit
 
 MakeOwnerExecutor = Callable[..., MemberExecutor]
@@ -76,7 +84,11 @@ def data_dir() -> Iterator[Path]:
 def owner_executor(data_dir: Path) -> Iterator[MakeOwnerExecutor]:
     made: list[MemberExecutor] = []
 
-    def make(cgroups: CgroupLimiter | None = None, **policy: object) -> MemberExecutor:
+    def make(
+        cgroups: CgroupLimiter | None = None,
+        image_runtime: ImageRuntime | None = None,
+        **policy: object,
+    ) -> MemberExecutor:
         lease = LeaseFile(data_dir / "lease")
         lease.write(time.monotonic() + 3600)
         run_as = RunAsPolicy(
@@ -90,6 +102,7 @@ def owner_executor(data_dir: Path) -> Iterator[MakeOwnerExecutor]:
             lease.path,
             ExecutorSettings(fence_grace_s=0.2, run_as=run_as),
             cgroups=cgroups,
+            image_runtime=image_runtime,
         )
         made.append(executor)
         return executor
@@ -182,3 +195,73 @@ def test_the_owner_is_set_after_the_member_joins_its_cgroup(
         assert cgroup.endswith(f"/synapse/{name}"), cgroup
     finally:
         executor.mark_reported(member.key)
+
+
+IMAGE = "registry.example/team/train:24.01"
+# The fake runtime runs as the member's owner here: it needs an interpreter every account
+# may run (this one may live under root's home).
+SYSTEM_PYTHON = next(
+    (p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None
+)
+
+
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no python3 every account may run")
+def test_a_rootless_runtime_runs_as_the_owner_with_only_the_owners_files(
+    owner_executor: MakeOwnerExecutor, account: TempAccount, data_dir: Path
+) -> None:
+    assert SYSTEM_PYTHON is not None
+    records = data_dir / "fake-runtime"
+    fake = fake_runtime.install(records, IMAGE, python=SYSTEM_PYTHON)
+    records.chmod(0o777)  # the runtime, run as the owner, records what it saw there
+    runtime = ImageRuntime.parse(str(fake.path), rootless=True)
+    executor = owner_executor(image_runtime=runtime)
+    member = executor.start(
+        spec("id -u; id -g", image=IMAGE, owner=account.name, env=(("TOKEN", "s3cret"),))
+    )
+    assert wait_exit(executor, member.key, 20.0) == (0, "")
+    run = fake.run(ImageRuntime.container_name(member.key))
+    home = local_account(account.name).home  # type: ignore[union-attr]
+    # The runtime's client is the owner, with the owner's fixed environment ...
+    assert (run["uid"], run["gid"]) == (account.uid, account.gid)
+    assert run["env"] == {
+        "PATH": FIXED_PATH,
+        "LANG": FIXED_LANG,
+        "HOME": home,
+        "USER": account.name,
+        "LOGNAME": account.name,
+        "XDG_RUNTIME_DIR": f"/run/user/{account.uid}",
+    }
+    # ... keeps the owner's ids inside the container, and is still confined ...
+    options = run["argv"][: run["argv"].index(IMAGE)]
+    assert "--userns=keep-id" in options
+    assert "--security-opt=no-new-privileges" in options and "--cap-drop=all" in options
+    assert not [o for o in options if o.startswith(("--user=", "--group-add"))]
+    # ... and reads an env file that is the owner's alone, gone once the member ended.
+    env_file = run["env_file"]
+    assert (env_file["mode"], env_file["uid"]) == (0o600, account.uid)
+    assert (env_file["dir_mode"], env_file["dir_uid"]) == (0o700, account.uid)
+    assert env_file["variables"]["TOKEN"] == "s3cret"
+    assert not (member.dir / "container").exists()
+    assert (member.dir / "output.log").read_text().split() == [str(account.uid), str(account.gid)]
+
+
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no python3 every account may run")
+def test_a_rootless_runtime_is_stopped_as_the_owner(
+    owner_executor: MakeOwnerExecutor, account: TempAccount, data_dir: Path
+) -> None:
+    assert SYSTEM_PYTHON is not None
+    records = data_dir / "fake-runtime"
+    fake = fake_runtime.install(records, IMAGE, python=SYSTEM_PYTHON)
+    records.chmod(0o777)
+    executor = owner_executor(image_runtime=ImageRuntime.parse(str(fake.path), rootless=True))
+    member = executor.start(spec("exec sleep 60", image=IMAGE, owner=account.name))
+    name = ImageRuntime.container_name(member.key)
+    deadline = time.monotonic() + 20
+    while not fake.ran(name):
+        assert time.monotonic() < deadline, (member.dir / "output.log").read_text()
+        time.sleep(0.05)
+    executor.kill_all("fenced: test")
+    # The container lives in the owner's storage: the owner's runtime stops it.
+    stops = fake.stops()
+    assert [stop["argv"] for stop in stops] == [["kill", name], ["rm", "-f", name]]
+    assert {stop["uid"] for stop in stops} == {account.uid}
