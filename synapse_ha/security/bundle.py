@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from synapse_ha.core.access import TOKEN_PREFIX, Identity, Role, replica, user, worker
-from synapse_ha.security.pki import ca_files, init_ca, issue, issue_client
+from synapse_ha.security.pki import ca_files, init_ca, issue, issue_client, outdated
 from synapse_ha.security.tls import TlsFiles
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
@@ -82,10 +82,14 @@ class ClusterCredentials:
         return self.admin_token_file.read_text(encoding="utf-8").strip()
 
     def _tls(self, identity: Identity, hosts: Sequence[str] = ()) -> TlsFiles:
+        """The identity's certificate, issued the first time, and issued again when the
+        one there was made before certificates named their role (a kept dev cluster)."""
         stem = f"{identity.kind}-{identity.name}"
         cert, key = self.certs_dir / f"{stem}.pem", self.certs_dir / f"{stem}.key"
         if not cert.exists():
             issue(self.ca_dir, identity, self.certs_dir, hosts=hosts)
+        elif outdated(cert.read_bytes()) is not None:
+            issue(self.ca_dir, identity, self.certs_dir, hosts=hosts, overwrite=True)
         return TlsFiles(ca=self.ca, cert=cert, key=key)
 
     def replica_tls(self, replica_id: str) -> TlsFiles:

@@ -3,6 +3,7 @@ sees, which TLS version is spoken, and certificate/CA replacement without a rest
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import ssl
@@ -13,6 +14,7 @@ import grpc
 import pytest
 
 from synapse_ha.core.access import Role, replica, user, worker
+from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.pki import CertFiles
 from synapse_ha.security.tls import TlsError, TlsFiles, Transport, tls_settings
 from tests.security.conftest import (
@@ -255,3 +257,16 @@ def test_a_transport_channel_accepts_answers_larger_than_grpc_default() -> None:
             assert channel.unary_unary("/t.Big/Get")(b"", timeout=10) == big
     finally:
         server.stop(None)
+
+
+def test_a_kept_dev_cluster_reissues_certificates_made_before_role_names(tmp_path: Path) -> None:
+    creds = ClusterCredentials.ensure(tmp_path / "creds")
+    files = creds.worker_tls("w1")
+    old = Authority(creds.ca_dir, itertools.count()).forge(worker("w1"), ips=("127.0.0.1",))
+    shutil.copyfile(old.cert, files.cert)
+    shutil.copyfile(old.key, files.key)
+    with pytest.raises(TlsError, match="issued before certificates named their role"):
+        Transport(files).material()
+    again = creds.worker_tls("w1")
+    assert again == files
+    assert Transport(again).material() is not None
