@@ -15,13 +15,17 @@ import pytest
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import launch_spec_from_proto
 from synapse_ha.worker.members import (
+    FIXED_PATH,
     SHIM_COMMAND,
     LaunchSpec,
     Member,
     MemberExecutor,
     MemberExit,
     MemberKey,
+    changes_process_behaviour,
+    supervisor_environment,
 )
+from synapse_ha.worker.shim import NOT_RUNNABLE, WORKDIR_REFUSED
 from tests.integration.cluster import wait_for
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import Fifo, process_gone, spec, wait_gone
@@ -150,18 +154,57 @@ def test_a_member_killed_by_a_signal_reports_128_plus_the_signal(
 
 
 @pytest.mark.parametrize(
-    ("command", "workdir"),
-    [(("/nonexistent/binary",), ""), (("/bin/true",), "/nonexistent/dir")],
+    ("command", "workdir", "detail"),
+    [
+        (("/nonexistent/binary",), "", NOT_RUNNABLE),
+        (("{plain_file}",), "", NOT_RUNNABLE),  # exists, not executable: the same words
+        (("/bin/true",), "/nonexistent/dir", WORKDIR_REFUSED),
+        (("/bin/true",), "{plain_file}", WORKDIR_REFUSED),  # exists, not a directory
+    ],
 )
-def test_a_member_that_cannot_start_exits_127_with_the_reason(
-    make_executor: MakeExecutor, command: tuple[str, ...], workdir: str
+def test_a_member_that_cannot_start_exits_127_with_a_reason_naming_nothing_of_the_job(
+    make_executor: MakeExecutor,
+    tmp_path: Path,
+    command: tuple[str, ...],
+    workdir: str,
+    detail: str,
 ) -> None:
+    plain_file = tmp_path / "plain-file"
+    plain_file.write_text("not a program\n")
+    plain_file.chmod(0o644)
     executor = make_executor()
-    member = executor.start(spec(command, workdir=workdir))
+    argv = tuple(word.format(plain_file=plain_file) for word in command)
+    member = executor.start(spec(argv, workdir=workdir.format(plain_file=plain_file)))
     result = finish(executor, member)
-    assert result.exit_code == 127
-    assert "could not exec" in result.detail
-    assert "could not exec" in log_text(member)
+    assert (result.exit_code, result.detail) == (127, detail)
+    assert f"synapse-worker: {detail}" in log_text(member)
+
+
+def test_the_supervisors_environment_is_the_agents_without_what_changes_a_process() -> None:
+    agent = {
+        "HOME": "/root",
+        "SYNAPSE_LAUNCH_MARKER": "m",
+        "PATH": "/opt/agent/bin:/usr/bin",
+        "LD_PRELOAD": "/x.so",
+        "LD_LIBRARY_PATH": "/x",
+        "PYTHONPATH": "/x",
+        "PYTHONSTARTUP": "/x.py",
+        "GCONV_PATH": "/x",
+        "GLIBC_TUNABLES": "glibc.malloc.check=3",
+        "MALLOC_CHECK_": "3",
+        "HOSTALIASES": "/x",
+        "LOCALDOMAIN": "x",
+        "RES_OPTIONS": "x",
+        "CONTAINERS_CONF": "/x",
+        "BASH_ENV": "/x",
+    }
+    assert supervisor_environment(agent) == {
+        "HOME": "/root",
+        "SYNAPSE_LAUNCH_MARKER": "m",
+        "PATH": FIXED_PATH,
+    }
+    assert changes_process_behaviour("LD_AUDIT") and changes_process_behaviour("PYTHONHOME")
+    assert not changes_process_behaviour("HF_HOME")
 
 
 # --------------------------------------------------------------- process groups
