@@ -100,7 +100,8 @@ def raft_password_problem(password: str) -> str | None:
     None when it may.
 
     The rule, as checked: the text is hex (an even number of hex digits) or base64
-    (either alphabet, padding optional, no spaces); decoded, it is at least
+    (either alphabet, padding optional; line breaks and spaces, as ``openssl rand
+    -base64`` puts in long output, are skipped); decoded, it is at least
     :data:`MIN_PASSWORD_BYTES` bytes with at least :data:`MIN_DISTINCT_BYTES` distinct
     byte values. A text of hex digits only is read as hex. Entropy cannot be measured
     from one sample: this refuses short and patterned passwords, and the rule asks for
@@ -117,7 +118,8 @@ def raft_password_problem(password: str) -> str | None:
     return f"the Raft password is too weak ({why}): {PASSWORD_RULE}"
 
 
-def _decode_password(password: str) -> bytes | None:
+def _decode_password(text: str) -> bytes | None:
+    password = "".join(text.split())
     if _HEX.match(password):
         return bytes.fromhex(password) if len(password) % 2 == 0 else None
     if not _BASE64.match(password):

@@ -35,6 +35,8 @@ STRONG = [
     secrets.token_hex(32).upper(),
     secrets.token_urlsafe(32),
     PASSWORD,
+    # openssl rand -base64 64: two lines of base64
+    "\n".join((lambda t: [t[:64], t[64:]])(base64.b64encode(secrets.token_bytes(64)).decode())),
 ]
 
 
