@@ -306,6 +306,13 @@ class ObserveServer:
         assert self.app is not None  # triage answers every path when there is no app
         return self.app(request)
 
+    def _triage_safely(self, request: Request) -> Response | None:
+        try:
+            return self.triage(request)
+        except Exception:
+            log.exception("triage of %s failed", request.path.split("?", 1)[0])
+            return Response(500, b"internal error\n", TEXT)
+
     def _handle_safely(self, request: Request) -> Response:
         try:
             return self.handle(request)
@@ -369,7 +376,7 @@ class ObserveServer:
                 if request is None:
                     break
                 me.waiting_since = None
-                response = self.triage(request)
+                response = self._triage_safely(request)
                 if response is None:
                     response = await self._in_worker(request)
                 keep_alive = (
