@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -68,6 +69,8 @@ from synapse_ha.security.pki import (
     worker_server_name,
 )
 
+log = logging.getLogger(__name__)
+
 # auth_context() key of the peer's verified leaf certificate (PEM).
 PEER_CERT_KEY = "x509_pem_cert"
 # Distinct client certificates whose identity is remembered; a cluster has a few
@@ -86,6 +89,11 @@ _SERVER_NAME = "grpc.ssl_target_name_override"
 
 class TlsError(Exception):
     """The TLS files cannot be read or do not fit together; the message names the file."""
+
+
+class OutdatedCertificate(TlsError):
+    """A replica or worker certificate issued before role names; the message says how
+    to replace it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +147,7 @@ def read_material(files: TlsFiles) -> TlsMaterial:
         raise TlsError(f"{files.key} is not the private key of {files.cert}")
     problem = outdated(material.cert)
     if problem is not None:
-        raise TlsError(f"{files.cert}: {problem}")
+        raise OutdatedCertificate(f"{files.cert}: {problem}")
     return material
 
 
@@ -152,6 +160,7 @@ class _ServerMaterial:
         self._files = files
         self._lock = threading.Lock()
         self._stamp = self._current_stamp()
+        self._refused: tuple[FileStamp, ...] | None = None  # outdated files, said once
         self.initial = _server_config(read_material(files))
 
     def _current_stamp(self) -> tuple[FileStamp, ...]:
@@ -164,6 +173,11 @@ class _ServerMaterial:
                 return None
             try:
                 material = read_material(self._files)
+            except OutdatedCertificate as exc:
+                if stamp != self._refused:
+                    self._refused = stamp
+                    log.warning("kept the previous TLS material: %s", exc)
+                return None
             except TlsError:
                 return None  # mid-rotation: try again at the next handshake
             # The stamp read before the files: a change while reading is seen next time.

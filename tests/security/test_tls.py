@@ -130,7 +130,7 @@ def test_a_replica_or_worker_certificate_issued_before_role_names_is_refused_wit
 
 
 def test_a_server_keeps_its_material_when_an_outdated_certificate_is_installed(
-    tmp_path: Path, cluster_ca: Authority, alice: CertFiles
+    tmp_path: Path, cluster_ca: Authority, alice: CertFiles, caplog: pytest.LogCaptureFixture
 ) -> None:
     first = cluster_ca.issue(replica("r1"), hosts=SERVER_HOSTS)
     live = TlsFiles(
@@ -140,6 +140,10 @@ def test_a_server_keeps_its_material_when_an_outdated_certificate_is_installed(
     with who_server(Transport(live)) as (address, _):
         _install(cluster_ca.forge(replica("r2"), ips=("127.0.0.1",)), cluster_ca.ca_pem, live)
         assert server_handshake(address, alice) == ("TLSv1.3", replica("r1"))
+        assert server_handshake(address, alice) == ("TLSv1.3", replica("r1"))
+    said = [r.getMessage() for r in caplog.records if "kept the previous TLS" in r.getMessage()]
+    assert len(said) == 1
+    assert "synctl ca issue replica r2" in said[0]
 
 
 def test_the_server_negotiates_tls_13_and_still_accepts_tls_12(
