@@ -15,7 +15,7 @@ handshake itself. Without TLS files (``--insecure`` processes) it serves plain H
 anyone.
 
 **Bounded.** Reachable by anyone who can open a TCP connection, so no client may hold
-more than a fixed share of it (:class:`Limits`):
+more than a fixed share of it (:class:`ServerLimits`):
 
 * One event-loop thread owns every connection: the TLS handshake, reading the request
   head and body, writing the answer. A connection that is waiting for its client costs a
@@ -84,7 +84,7 @@ SECURITY_HEADERS: tuple[tuple[str, str], ...] = (
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ServerLimits:
     """How much of the server any set of clients may hold (see the module docstring)."""
 
     workers: int = 8  # threads that run app requests and scrapes
@@ -228,13 +228,13 @@ class ObserveServer:
         registry: CollectorRegistry,
         tls: TlsFiles | None,
         app: App | None = None,
-        limits: Limits | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         host, port = parse_address(address)
         self.registry = registry
         self.app = app
         self.secure = tls is not None
-        self.limits = limits or Limits()
+        self.limits = limits or ServerLimits()
         # The dashboard needs no client certificate; metrics alone require one.
         self._tls = (
             _server_context(tls, require_client_cert=app is None) if tls is not None else None

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from synapse_ha.observe.http import (
     SECURITY_HEADERS,
     BadRequest,
-    Limits,
+    ServerLimits,
     ObserveServer,
     Request,
     Response,
@@ -50,7 +50,7 @@ def _registry() -> CollectorRegistry:
 
 
 @contextmanager
-def serving(limits: Limits) -> Iterator[tuple[ObserveServer, App]]:
+def serving(limits: ServerLimits) -> Iterator[tuple[ObserveServer, App]]:
     app = App()
     server = ObserveServer("127.0.0.1:0", _registry(), None, app=app, limits=limits)
     server.start()
@@ -91,7 +91,7 @@ def get(path: str, extra: str = "") -> bytes:
 
 
 def test_every_answer_carries_the_security_headers() -> None:
-    with serving(Limits(head_timeout_s=0.5, max_body_bytes=8)) as (server, _):
+    with serving(ServerLimits(head_timeout_s=0.5, max_body_bytes=8)) as (server, _):
         answers = {
             "pool": exchange(server, get("/x")),
             "triage": exchange(server, get("/quick")),
@@ -118,7 +118,7 @@ def test_every_answer_carries_the_security_headers() -> None:
 
 
 def test_heads_and_bodies_are_bounded() -> None:
-    with serving(Limits(max_head_bytes=1024, max_body_bytes=16)) as (server, _):
+    with serving(ServerLimits(max_head_bytes=1024, max_body_bytes=16)) as (server, _):
         huge = b"GET / HTTP/1.1\r\nX-Pad: " + b"a" * 4096 + b"\r\n\r\n"
         assert status_of(exchange(server, huge)) == 431
         body = b"POST /x HTTP/1.1\r\nConnection: close\r\nContent-Length: 17\r\n\r\n"
@@ -130,7 +130,7 @@ def test_heads_and_bodies_are_bounded() -> None:
 
 
 def test_a_connection_serves_several_requests_and_closes_when_idle() -> None:
-    with serving(Limits(idle_timeout_s=0.3)) as (server, _), connect(server) as sock:
+    with serving(ServerLimits(idle_timeout_s=0.3)) as (server, _), connect(server) as sock:
         for _ in range(3):
             sock.sendall(b"GET /quick HTTP/1.1\r\nHost: t\r\n\r\n")
             answer = b""
@@ -143,7 +143,7 @@ def test_a_connection_serves_several_requests_and_closes_when_idle() -> None:
 def test_slow_clients_hold_no_worker_and_the_oldest_waiter_makes_room() -> None:
     """Twice as many silent and half-sent connections as the server allows, on a pool of
     one worker: a complete request is still answered, from the pool."""
-    limits = Limits(workers=1, queue=1, connections=20, head_timeout_s=WAIT_S)
+    limits = ServerLimits(workers=1, queue=1, connections=20, head_timeout_s=WAIT_S)
     with serving(limits) as (server, _):
         slow = []
         try:
@@ -161,7 +161,7 @@ def test_slow_clients_hold_no_worker_and_the_oldest_waiter_makes_room() -> None:
 
 
 def test_the_pool_is_bounded_and_cheap_answers_do_not_need_it() -> None:
-    limits = Limits(workers=1, queue=1)
+    limits = ServerLimits(workers=1, queue=1)
     with serving(limits) as (server, app):
         blocked = [connect(server) for _ in range(2)]
         try:
