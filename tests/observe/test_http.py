@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry, Counter
 from synapse_ha.observe.http import (
     SECURITY_HEADERS,
     BadRequest,
-    ServerLimits,
     ObserveServer,
     Request,
     Response,
+    ServerLimits,
     parse_head,
 )
 
