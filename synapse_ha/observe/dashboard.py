@@ -75,6 +75,9 @@ from synapse_ha.security.tls import Transport
 # no sibling host can plant or overwrite it.
 COOKIE = "__Host-synapse_session"
 LOGIN_COOKIE = "__Host-synapse_login"  # the sign-in form's double-submit value
+# Earlier releases kept the bearer token itself in this cookie; it is never read, and
+# cleared wherever a browser still sends it.
+LEGACY_TOKEN_COOKIE = "synapse_token"
 LOGIN_FORM_TTL_S = 600
 SESSION_TTL_MS = 8 * 3_600_000  # from sign-in, however active
 SESSION_IDLE_MS = 30 * 60_000  # without a request
@@ -636,13 +639,17 @@ class Dashboard:
         """The form with its double-submit value, in the form and in its cookie: the
         value the browser already holds (another tab's form stays valid), else a new
         one."""
-        held = cookies_of(request).get(LOGIN_COOKIE, "")
+        cookies = cookies_of(request)
+        held = cookies.get(LOGIN_COOKIE, "")
         nonce = held if _NONCE.fullmatch(held) else secrets.token_urlsafe(32)
         cookie = (
             f"{LOGIN_COOKIE}={nonce}; Path=/; Max-Age={LOGIN_FORM_TTL_S}; "
             "HttpOnly; Secure; SameSite=Strict"
         )
-        return _html(status, render_login(message, nonce), (("Set-Cookie", cookie),))
+        headers: tuple[tuple[str, str], ...] = (("Set-Cookie", cookie),)
+        if LEGACY_TOKEN_COOKIE in cookies:  # a bearer token a browser still holds: drop it
+            headers += (("Set-Cookie", _clearing(LEGACY_TOKEN_COOKIE)),)
+        return _html(status, render_login(message, nonce), headers)
 
     def _login_form(self, request: Request) -> Response | None:
         """GET: the form. POST: refused here when forged or malformed; None to check

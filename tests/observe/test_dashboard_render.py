@@ -10,6 +10,7 @@ from pathlib import Path
 from synapse_ha.cli.render import cluster_document, cluster_table
 from synapse_ha.observe.dashboard import (
     COOKIE,
+    LEGACY_TOKEN_COOKIE,
     LOGIN_COOKIE,
     STYLESHEET,
     Dashboard,
@@ -139,6 +140,12 @@ def test_requests_without_a_credential_are_sent_to_the_login_form(tmp_path: Path
         )
         assert not_a_token.status == 401 and b"not a synapse token" in not_a_token.body
         assert app(Request("POST", "/jobs/x", {"cookie": f"{COOKIE}=t"}, b"", False)).status == 405
+        legacy = app(
+            Request("GET", "/login", {"cookie": f"{LEGACY_TOKEN_COOKIE}=syn_x"}, b"", False)
+        )
+        assert _cookie_values(legacy)[LEGACY_TOKEN_COOKIE] == ""  # a token in a cookie: dropped
+        as_token = app(Request("GET", "/", {"cookie": f"{LEGACY_TOKEN_COOKIE}=syn_x"}, b"", False))
+        assert as_token.status == 303 and ("Location", "/login") in as_token.headers
         unknown = app(Request("GET", "/", {"cookie": f"{COOKIE}=made-up"}, b"", False))
         assert unknown.status == 303 and _cookie_values(unknown)[COOKIE] == ""  # cleared
         bad_header = app(Request("GET", "/", {"authorization": "Bearer nope"}, b"", False))
