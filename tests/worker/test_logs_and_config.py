@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -232,6 +233,24 @@ def test_tls_files_that_do_not_fit_are_refused_naming_the_file(tmp_path: Path) -
         ),
         ([*BASE, "--data-dir", "{tmp}", "--image-runtime", "/no/such/podman"], "not an executable"),
         ([*BASE, "--data-dir", "{tmp}", "--image-run-args", "--ipc host"], "needs --image-runtime"),
+        ([*BASE, "--data-dir", "{tmp}", "--image-cap-add", "NET_RAW"], "needs --image-runtime"),
+        ([*BASE, "--data-dir", "{tmp}", "--rootless-runtime"], "needs --image-runtime"),
+        (
+            [*BASE, "--data-dir", "{tmp}", "--image-runtime", "true", "--image-cap-add", "ALL"],
+            "not a Linux capability",
+        ),
+        (
+            [*BASE, "--data-dir", "{tmp}", "--image-runtime", "true", "--image-run-args=-u 0"],
+            "long form",
+        ),
+        (
+            [
+                *BASE,
+                *("--data-dir", "{tmp}", "--run-as", "agent"),
+                *("--image-runtime", "true", "--rootless-runtime"),
+            ],
+            "needs --run-as owner",
+        ),
         ([*BASE, "--data-dir", "{tmp}", "--lease-ttl", "1s"], "must exceed"),
         (["--scheduler", "nohost", "--data-dir", "{tmp}"], "not HOST:PORT"),
         ([*BASE, "--data-dir", "/proc/forbidden"], "not writable"),
@@ -240,3 +259,20 @@ def test_tls_files_that_do_not_fit_are_refused_naming_the_file(tmp_path: Path) -
 def test_bad_configuration_is_explained(tmp_path: Path, args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config([a.replace("{tmp}", str(tmp_path)) for a in args])
+
+
+def test_the_container_options_come_from_flags_or_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "worker.toml"
+    path.write_text(
+        'image_runtime = "true"\nimage_cap_add = ["net_raw"]\nrootless_runtime = true\n'
+    )
+    args = [*BASE, "--data-dir", str(tmp_path / "data"), "--config", str(path)]
+    config = load_config([*args, "--run-as", "owner"], {}, euid=0)
+    assert config.image is not None
+    assert os.path.isabs(config.image.command[0])  # found once, at start
+    assert (config.image.cap_add, config.image.rootless) == (("NET_RAW",), True)
+    both = load_config([*args, "--run-as", "owner", "--image-cap-add", "IPC_LOCK"], {}, euid=0)
+    assert both.image is not None and both.image.cap_add == ("IPC_LOCK", "NET_RAW")
+    path.write_text('image_runtime = "true"\nimage_cap_add = "NET_RAW"\n')
+    with pytest.raises(ConfigError, match="image_cap_add: must be an array"):
+        load_config(args, {}, euid=0)
