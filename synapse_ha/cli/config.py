@@ -13,7 +13,6 @@ import click
 from synapse_ha.cli import render
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import CommandFailed, Settings, cli, emit, output_option, with_settings
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -52,15 +51,6 @@ def _limits_table(document: dict[str, int]) -> str:
     return render.table(rows, ["limit", "value", "counts"]) + "\n" + note
 
 
-def _get_limits(client: ClusterClient) -> pb.Limits:
-    request = pb.GetLimitsRequest()
-    answer = client.call(
-        "GetLimits", lambda a, t: client.scheduler(a).GetLimits(request, timeout=t)
-    )
-    limits: pb.Limits = answer.limits
-    return limits
-
-
 @config.command("show")
 @output_option
 @with_settings
@@ -71,11 +61,11 @@ def config_show(settings: Settings) -> None:
     Example:
       synctl config show -o json
     """
-    document = _limits_document(_get_limits(settings.client()))
+    document = _limits_document(settings.client().get_limits())
     emit(settings, {"limits": document}, lambda: _limits_table(document))
 
 
-def _parse(assignment: str) -> pb.LimitValue:
+def _parse(assignment: str) -> tuple[str, int]:
     name, sep, value = assignment.partition("=")
     if not sep or not name.startswith(PREFIX):
         raise CommandFailed(
@@ -91,7 +81,7 @@ def _parse(assignment: str) -> pb.LimitValue:
             f"{assignment!r}: {value!r} is not a whole number",
             str(Reason.INVALID_FIELD),
         ) from None
-    return pb.LimitValue(name=name[len(PREFIX) :], value=number)
+    return name[len(PREFIX) :], number
 
 
 @config.command("set")
@@ -106,10 +96,6 @@ def config_set(settings: Settings, assignments: tuple[str, ...]) -> None:
       synctl config set limits.pending_jobs_per_user=500
       synctl config set limits.submit_burst=50 limits.submit_per_s=10
     """
-    request = pb.SetLimitsRequest(values=[_parse(a) for a in assignments])
-    client = settings.client()
-    answer = client.call(
-        "SetLimits", lambda a, t: client.scheduler(a).SetLimits(request, timeout=t)
-    )
-    document = _limits_document(answer.limits)
+    limits = settings.client().set_limits(dict(_parse(a) for a in assignments))
+    document = _limits_document(limits)
     emit(settings, {"limits": document}, lambda: _limits_table(document))

@@ -132,6 +132,7 @@ _EXIT_FOR_REASON = {
     Reason.PERMISSION_DENIED: ExitCode.DENIED,
     Reason.TOKEN_NOT_FOUND: ExitCode.NOT_FOUND,
     Reason.QUEUE_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.LIMIT_EXCEEDED: ExitCode.DENIED,
 }
 
 
@@ -1023,22 +1024,48 @@ def token() -> None:
 )
 @click.option("--queue", "queues", multiple=True, help="A queue it may submit to (repeatable).")
 @click.option("--ttl", default="", help="Lifetime, e.g. 90d or 12h (default: never expires).")
+@click.option(
+    "--priority-class",
+    "priority_classes",
+    multiple=True,
+    help="A class that preempts its user may use, in queues that list it (repeatable).",
+)
+@click.option(
+    "--max-priority",
+    type=click.IntRange(-1_000_000, 1_000_000),
+    default=0,
+    help="The highest priority it allows above a queue's own max_priority.",
+)
 @output_option
 @with_settings
 def token_create(
-    settings: Settings, user_name: str, role: str, queues: tuple[str, ...], ttl: str
+    settings: Settings,
+    user_name: str,
+    role: str,
+    queues: tuple[str, ...],
+    ttl: str,
+    priority_classes: tuple[str, ...],
+    max_priority: int,
 ) -> None:
     """Create a token and print it. It is shown this once: only its hash is kept.
 
     \b
-    Example:
+    Examples:
       synctl token create --user alice --role user --ttl 90d > alice.token
+      synctl token create --user bob --queue urgent --priority-class high > bob.token
     """
     try:
         ttl_ms = parse_duration(ttl, "ttl") if ttl else 0
     except SpecError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
-    answer = settings.client().create_token(user_name, role, queues, ttl_ms)
+    answer = settings.client().create_token(
+        user_name,
+        role,
+        queues,
+        ttl_ms,
+        priority_classes=priority_classes,
+        max_priority=max_priority,
+    )
     document = render.created_token_document(answer, user_name, role)
     emit(settings, document, lambda: answer.token)
     if settings.output == "table":
@@ -1085,6 +1112,7 @@ def token_revoke(settings: Settings, token_id: str) -> None:
 
 
 cli.add_command(ca)
+from synapse_ha.cli import config as _config  # noqa: E402, F401  (registers its commands)
 from synapse_ha.cli import queues as _queues  # noqa: E402, F401  (registers its commands)
 
 # ----------------------------------------------------------------------------- dev

@@ -556,6 +556,8 @@ def token_document(token: pb.TokenInfo) -> Document:
         "expires_at_ms": token.expires_at_ms or None,
         "revoked_at_ms": token.revoked_at_ms or None,
         "revoked_by": token.revoked_by,
+        "priority_classes": list(token.priority_classes),
+        "max_priority": token.max_priority,
     }
 
 
@@ -566,13 +568,23 @@ def tokens_table(docs: Sequence[Mapping[str, Any]]) -> str:
             d["user"],
             d["role"],
             ",".join(d["queues"]) or "-",
+            _allowance(d),
             d["created_by"],
             time_text(d["expires_at_ms"]) if d["expires_at_ms"] else "never",
             f"revoked by {d['revoked_by'] or '?'}" if d["revoked_at_ms"] else "live",
         )
         for d in docs
     ]
-    return table(rows, ("ID", "USER", "ROLE", "QUEUES", "CREATED BY", "EXPIRES", "STATE"))
+    headers = ("ID", "USER", "ROLE", "QUEUES", "PRIORITY", "CREATED BY", "EXPIRES", "STATE")
+    return table(rows, headers)
+
+
+def _allowance(d: Mapping[str, Any]) -> str:
+    """What a token allows beyond the queues' own priority rules: ``high; up to 50``."""
+    parts = [",".join(d["priority_classes"])] if d["priority_classes"] else []
+    if d["max_priority"] > 0:
+        parts.append(f"up to {d['max_priority']}")
+    return "; ".join(parts) or "-"
 
 
 # ------------------------------------------------------- queues and preemption (issue 14)

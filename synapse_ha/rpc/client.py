@@ -43,7 +43,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -315,17 +315,53 @@ class ClusterClient:
         return response
 
     def create_token(
-        self, user: str, role: str = "user", queues: Sequence[str] = (), ttl_ms: int = 0
+        self,
+        user: str,
+        role: str = "user",
+        queues: Sequence[str] = (),
+        ttl_ms: int = 0,
+        *,
+        priority_classes: Sequence[str] = (),
+        max_priority: int = 0,
     ) -> pb.CreateTokenResponse:
         """A new bearer token for ``user`` (admins only); its text is in the answer, once.
-        Not retried on an unknown outcome: a retry would make a second token."""
-        request = pb.CreateTokenRequest(user=user, role=role, queues=list(queues), ttl_ms=ttl_ms)
+        ``priority_classes`` (classes that preempt) and ``max_priority``: what it allows
+        beyond a queue's own rules. Not retried on an unknown outcome: a retry would make
+        a second token."""
+        request = pb.CreateTokenRequest(
+            user=user,
+            role=role,
+            queues=list(queues),
+            ttl_ms=ttl_ms,
+            priority_classes=list(priority_classes),
+            max_priority=max_priority,
+        )
         response: pb.CreateTokenResponse = self.call(
             "CreateToken",
             lambda a, t: self.scheduler(a).CreateToken(request, timeout=t),
             idempotent=False,
         )
         return response
+
+    # ------------------------------------------------------------ per-identity limits
+
+    def get_limits(self) -> pb.Limits:
+        """The cluster's per-identity limits (anyone may read them)."""
+        request = pb.GetLimitsRequest()
+        response: pb.GetLimitsResponse = self.call(
+            "GetLimits", lambda a, t: self.scheduler(a).GetLimits(request, timeout=t)
+        )
+        return response.limits
+
+    def set_limits(self, values: Mapping[str, int]) -> pb.Limits:
+        """Change the named limits, keep the others (admins only); the limits now."""
+        request = pb.SetLimitsRequest(
+            values=[pb.LimitValue(name=k, value=v) for k, v in sorted(values.items())]
+        )
+        response: pb.GetLimitsResponse = self.call(
+            "SetLimits", lambda a, t: self.scheduler(a).SetLimits(request, timeout=t)
+        )
+        return response.limits
 
     # --------------------------------------------- queues and preemption (issue 14)
 

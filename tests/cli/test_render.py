@@ -209,6 +209,9 @@ def test_the_token_table_never_shows_secrets_and_says_which_are_revoked() -> Non
     docs = [render.token_document(t) for t in tokens]
     assert docs[0]["expires_at_ms"] is None and docs[1]["revoked_at_ms"] == 5
     lines = render.tokens_table(docs).splitlines()
-    assert lines[0].split() == ["ID", "USER", "ROLE", "QUEUES", "CREATED", "BY", "EXPIRES", "STATE"]
-    assert lines[1].split() == ["0123456789ab", "alice", "user", "-", "bootstrap", "never", "live"]
+    headers = ["ID", "USER", "ROLE", "QUEUES", "PRIORITY", "CREATED", "BY", "EXPIRES", "STATE"]
+    assert lines[0].split() == headers
+    assert lines[1].split() == [
+        "0123456789ab", "alice", "user", "-", "-", "bootstrap", "never", "live"
+    ]  # fmt: skip
     assert "revoked by user:root" in lines[2] and "train,eval" in lines[2]

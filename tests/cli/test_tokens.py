@@ -140,3 +140,59 @@ def test_status_shows_the_owner_and_who_cancelled(replica: Replica) -> None:
     assert doc["command"] is None
     table = synctl(replica, "status", job_id, token=replica.tokens["bob"])
     assert "OWNER:         bob" in table.stdout and "CANCELLED BY:  user:ops" in table.stdout
+
+
+# ------------------------------------------------------------- priority and limits
+
+
+def test_a_token_allowing_a_preempting_class_and_a_higher_priority(replica: Replica) -> None:
+    admin = replica.tokens["admin"]
+    made = synctl(
+        replica, "token", "create", "--user", "frank", "--priority-class", "high",
+        "--max-priority", "50", "-o", "json", token=admin,
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    token_id = json.loads(made.stdout)["id"]
+    listed = json.loads(synctl(replica, "token", "list", "-o", "json", token=admin).stdout)
+    frank = next(t for t in listed["tokens"] if t["id"] == token_id)
+    assert (frank["priority_classes"], frank["max_priority"]) == (["high"], 50)
+    table = synctl(replica, "token", "list", token=admin).stdout
+    assert "high; up to 50" in table
+    too_high = synctl(
+        replica, "token", "create", "--user", "x", "--max-priority", "2000000", token=admin
+    )
+    assert too_high.exit_code == ExitCode.USAGE
+
+
+def test_the_limits_are_shown_to_users_and_set_by_admins(replica: Replica) -> None:
+    shown = synctl(replica, "config", "show", "-o", "json", token=replica.tokens["alice"])
+    assert shown.exit_code == 0, shown.output
+    limits = json.loads(shown.stdout)["limits"]
+    assert (limits["submit_burst"], limits["env_bytes"]) == (200, 32 * 1024)
+    table = synctl(replica, "config", "show", token=replica.tokens["bob"]).stdout
+    assert "limits.pending_jobs_per_user" in table
+
+    changed = synctl(
+        replica, "config", "set", "limits.submit_per_s=7", "limits.pending_jobs_per_user=1_000",
+        "-o", "json", token=replica.tokens["admin"],
+    )  # fmt: skip
+    assert changed.exit_code == 0, changed.output
+    after = json.loads(changed.stdout)["limits"]
+    assert (after["submit_per_s"], after["pending_jobs_per_user"]) == (7, 1000)
+    assert after["submit_burst"] == 200  # the others stay
+
+    refused = synctl(
+        replica, "config", "set", "limits.submit_per_s=1", token=replica.tokens["alice"]
+    )
+    assert refused.exit_code == ExitCode.DENIED and "(PERMISSION_DENIED)" in refused.stderr
+    for bad in ("submit_per_s=1", "limits.submit_per_s=fast", "limits.no_such=3"):
+        wrong = synctl(replica, "config", "set", bad, token=replica.tokens["admin"])
+        assert wrong.exit_code == ExitCode.USAGE, (bad, wrong.output)
+    out_of_range = synctl(
+        replica, "config", "set", "limits.watch_streams_total=0", token=replica.tokens["admin"]
+    )
+    assert out_of_range.exit_code == ExitCode.USAGE
+    assert "limits.watch_streams_total" in out_of_range.stderr
+    again = synctl(replica, "config", "show", "-o", "json", token=replica.tokens["alice"])
+    unchanged = json.loads(again.stdout)["limits"]
+    assert unchanged == after
