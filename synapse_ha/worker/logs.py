@@ -79,7 +79,12 @@ def open_log(member_dir: Path) -> BinaryIO:
     trusting the member, which may write its own directory: a symbolic link there is not
     followed and a file with other names (a hard link to someone else's file) is refused
     with :class:`NotALog`, so reading one's own job's log never reads another file."""
-    fd = os.open(member_dir / "output.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        fd = os.open(member_dir / "output.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the last component is a symbolic link
+            raise NotALog(errno.EPERM, "the member's output.log is a link") from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
