@@ -128,13 +128,15 @@ def replica_transport(cluster: LocalCluster) -> Transport:
 
 def read_log(
     transport: Transport,
-    address: str,
+    worker: tuple[str, str],
     job_id: str,
     rank: int,
     metadata: tuple[tuple[str, str], ...] = (),
 ) -> list[wpb.LogChunk]:
-    """Every chunk of one member's log, read from the worker at ``address``."""
-    with transport.channel(address) as channel:
+    """Every chunk of one member's log, read from ``worker`` (its node id and address;
+    the caller checks that the server is that node's worker)."""
+    node_id, address = worker
+    with transport.channel(address, worker=node_id) as channel:
         stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
         request = wpb.ReadLogRequest(job_id=job_id, rank=rank)
         return list(stub.ReadLog(request, timeout=10, metadata=metadata))
@@ -161,7 +163,8 @@ def test_a_two_member_gang_runs_on_two_workers_and_succeeds(
     # A replica's certificate may read every log on a worker.
     as_replica = replica_transport(cluster)
     for member in job.attempt.members:
-        chunks = read_log(as_replica, nodes[member.node_id], job_id, member.rank)
+        worker = (member.node_id, nodes[member.node_id])
+        chunks = read_log(as_replica, worker, job_id, member.rank)
         text = b"".join(c.data for c in chunks).decode()
         expected = f"rank={member.rank}/2 master=127.0.0.1:{port} hosts=127.0.0.1,127.0.0.1\n"
         assert text == expected
@@ -175,7 +178,7 @@ def test_a_workers_log_service_needs_a_replica_certificate_or_a_grant_for_the_jo
     job_id = client.submit_job(gang("secret", 2, "echo rank-$RANK", out)).job_id
     job = wait_state(client, job_id, "SUCCEEDED")
     nodes = {n.node_id: n.address for n in client.list_nodes()}
-    by_rank = {m.rank: nodes[m.node_id] for m in job.attempt.members}
+    by_rank = {m.rank: (m.node_id, nodes[m.node_id]) for m in job.attempt.members}
     rank_on = {m.node_id: m.rank for m in job.attempt.members}
     assert sorted(rank_on) == ["w1", "w2"]
     creds = cluster.credentials
@@ -188,7 +191,7 @@ def test_a_workers_log_service_needs_a_replica_certificate_or_a_grant_for_the_jo
     # Another worker's certificate names a caller, but not one that may read logs.
     as_other_worker = Transport(creds.worker_tls("w2"))
     with pytest.raises(grpc.RpcError) as err:
-        read_log(as_other_worker, nodes["w1"], job_id, rank_on["w1"])
+        read_log(as_other_worker, ("w1", nodes["w1"]), job_id, rank_on["w1"])
     assert err.value.code() is grpc.StatusCode.PERMISSION_DENIED
     # Without a certificate of the cluster's CA the handshake itself fails.
     with pytest.raises(grpc.RpcError) as err:
@@ -199,7 +202,7 @@ def test_a_workers_log_service_needs_a_replica_certificate_or_a_grant_for_the_jo
     answer = cluster.stub(leader).GrantLogAccess(
         pb.GrantLogAccessRequest(job_id=job_id, rank=0), timeout=10
     )
-    assert answer.node_address == by_rank[0]
+    assert answer.node_address == by_rank[0][1]
     grant = ((GRANT_METADATA_KEY, answer.grant),)
     chunks = read_log(as_client, by_rank[0], job_id, 0, metadata=grant)
     assert b"".join(c.data for c in chunks) == b"rank-0\n"
