@@ -278,14 +278,14 @@ class DevCluster:
         ``grpc.RpcError`` for a refusal or a worker that does not answer."""
         request = pb.GrantLogAccessRequest(job_id=job_id, rank=rank)
         metadata: tuple[tuple[str, str], ...] = ()
-        address = ""
+        address = node_id = ""
         try:
             answer: pb.GrantLogAccessResponse = client.call(
                 "GrantLogAccess",
                 lambda a, t: client.scheduler(a).GrantLogAccess(request, timeout=t),
             )
             metadata = ((GRANT_METADATA_KEY, answer.grant),)
-            address = answer.node_address
+            address, node_id = answer.node_address, answer.node_id
         except grpc.RpcError as exc:
             if failure_of(exc).reason is not Reason.NEEDS_TLS:
                 raise
@@ -293,7 +293,7 @@ class DevCluster:
             job = client.get_job(job_id)
             node_id = next(m.node_id for m in job.attempt.members if m.rank == rank)
             address = next(n.address for n in client.list_nodes() if n.node_id == node_id)
-        with self.transport.channel(address) as channel:
+        with self.transport.channel(address, worker=node_id) as channel:
             stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
             chunks = stub.ReadLog(
                 wpb.ReadLogRequest(job_id=job_id, rank=rank), timeout=timeout_s, metadata=metadata

@@ -185,7 +185,8 @@ def test_a_job_runs_and_stop_leaves_no_process_behind(marker: str) -> None:
             with pytest.raises(grpc.RpcError) as plaintext:
                 b"".join(c.data for c in stub.ReadLog(wpb.ReadLogRequest(job_id=job_id)))
         assert plaintext.value.code() is grpc.StatusCode.UNAVAILABLE
-        with cluster.transport.channel(address) as channel:
+        node_id = job.attempt.members[0].node_id
+        with cluster.transport.channel(address, worker=node_id) as channel:
             stub = wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
             with pytest.raises(grpc.RpcError) as no_grant:
                 b"".join(c.data for c in stub.ReadLog(wpb.ReadLogRequest(job_id=job_id)))

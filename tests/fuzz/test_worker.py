@@ -92,7 +92,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             "granted": Transport(creds.admin_tls()),
             "node": Transport(creds.worker_tls("other-node")),
         }
-        r.channels = {who: t.channel(r.address) for who, t in transports.items()}
+        r.channels = {who: t.channel(r.address, worker=NODE) for who, t in transports.items()}
         yield r
     finally:
         for channel in r.channels.values():

@@ -170,10 +170,12 @@ class Caller:
         bearer = (("authorization", f"Bearer {self.token}"),) if self.token else ()
         return (*bearer, *extra)
 
-    def channel(self, address: str) -> grpc.Channel:
-        if address not in self._channels:
-            self._channels[address] = self.transport.channel(address)
-        return self._channels[address]
+    def channel(self, address: str, worker: str | None = None) -> grpc.Channel:
+        """A channel to the replica, or with ``worker`` that node's worker, at ``address``."""
+        key = f"{worker or ''}@{address}"
+        if key not in self._channels:
+            self._channels[key] = self.transport.channel(address, worker=worker)
+        return self._channels[key]
 
     def scheduler(self, address: str) -> pb_grpc.SchedulerServiceStub:
         return pb_grpc.SchedulerServiceStub(self.channel(address))  # type: ignore[no-untyped-call]
@@ -181,8 +183,9 @@ class Caller:
     def agent(self, address: str) -> pb_grpc.NodeAgentServiceStub:
         return pb_grpc.NodeAgentServiceStub(self.channel(address))  # type: ignore[no-untyped-call]
 
-    def worker(self, address: str) -> wpb_grpc.WorkerServiceStub:
-        return wpb_grpc.WorkerServiceStub(self.channel(address))  # type: ignore[no-untyped-call]
+    def worker(self, node_id: str, address: str) -> wpb_grpc.WorkerServiceStub:
+        channel = self.channel(address, node_id)
+        return wpb_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -778,11 +781,11 @@ def test_reading_a_log_on_the_worker_needs_a_grant_for_that_job(world: World) ->
     assert address
 
     holder = world.callers["alice"]  # the transport-only certificate, as synctl uses
-    logs = holder.worker(address)
+    logs = holder.worker("w1", address)
     # Without a grant: refused, whatever certificate the caller has short of a replica's.
     # (The worker's log service answers with a status code and no ErrorInfo.)
     assert log_refusal(lambda: read_log(logs, world.alice_job)) is UNAUTHENTICATED
-    admin_logs = world.admin.worker(address)
+    admin_logs = world.admin.worker("w1", address)
     assert log_refusal(lambda: read_log(admin_logs, world.alice_job)) is PERMISSION_DENIED
     # With bob's grant (real, current, for bob's job): not for alice's job.
     assert log_refusal(lambda: read_log(logs, world.alice_job, bob_grant.grant)) is (
@@ -798,7 +801,8 @@ def test_reading_a_log_on_the_worker_needs_a_grant_for_that_job(world: World) ->
     assert read_log(logs, world.bob_job, bob_grant.grant).decode().strip() == "bob-was-here"
     # A replica's certificate needs no grant.
     replica = world.callers["replica"]
-    assert read_log(replica.worker(address), world.alice_job).decode().strip() == ALICE_OUTPUT
+    as_replica = replica.worker("w1", address)
+    assert read_log(as_replica, world.alice_job).decode().strip() == ALICE_OUTPUT
 
 
 # ----------------------------------------------------------------- run as owner
@@ -833,7 +837,8 @@ def test_a_member_runs_with_its_owners_uid(world: World) -> None:
         assert job.owner == name
         assert job.attempt.members[0].node_id == "w-owner"
         grant = _grant(world, name, job_id)
-        output = read_log(world.callers[name].worker(grant.node_address), job_id, grant.grant)
+        caller = world.callers[name]
+        output = read_log(caller.worker(grant.node_id, grant.node_address), job_id, grant.grant)
         assert output.decode().strip() == str(uid)
         assert uid != os.geteuid()
     finally:
