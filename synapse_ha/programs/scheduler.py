@@ -30,6 +30,8 @@ Configuration comes from flags and/or a TOML file (flags win)::
     heavy_cpu_share = 0.3    # and this share of one core; beyond it: OVERLOADED
     [metrics]                # /metrics and the web dashboard, over HTTPS with [tls]
     address = "10.0.0.1:9101"
+    [limits]                 # per-identity limits this replica puts back when it leads;
+    submit_per_s = 50        # the others are `synctl config set limits.NAME=VALUE`
 
 Membership and backup: ``--join`` (``join = true``) for a replica added to a running
 cluster with ``synctl cluster add-replica``; ``--restore FILE`` (``restore = "FILE"``) to
@@ -42,6 +44,7 @@ a quorum with a known leader, and stops gracefully on SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import os
@@ -65,6 +68,7 @@ from synapse_ha.app.leader import (
 )
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role, split_token
+from synapse_ha.core.admission import check_limits
 from synapse_ha.core.backup import BackupError, decode_backup
 from synapse_ha.core.model import (
     DEFAULT_GRACE_MS,
@@ -73,6 +77,7 @@ from synapse_ha.core.model import (
     MAX_REQUEUES_LIMIT,
     MAX_START_TIMEOUT_MS,
     MIN_START_TIMEOUT_MS,
+    Limits,
     PreemptionMode,
     PriorityClass,
     Timeouts,
@@ -337,6 +342,7 @@ _FILE_TYPES: dict[str, type] = {
     "insecure": bool,
     "timeouts": dict,
     "scheduling": dict,
+    "limits": dict,
     "raft": dict,
     "reads": dict,
     "history": dict,
@@ -455,7 +461,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     if locality_wait_ms > MAX_LOCALITY_WAIT_MS:
         raise ConfigError(f"locality_wait must be at most {MAX_LOCALITY_WAIT_MS // 3_600_000}h")
 
-    scheduling = _scheduling(args, s_doc)
+    scheduling = replace(_scheduling(args, s_doc), limits=_limits(doc.get("limits", {})))
 
     r_doc = doc.get("raft", {})
     timing = RaftTiming()
@@ -663,6 +669,24 @@ def _scheduling(args: argparse.Namespace, s_doc: dict[str, Any]) -> SchedulingSe
     )
 
 
+def _limits(l_doc: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The limits TOML ``[limits]`` sets (DESIGN §8; the others stay as replicated),
+    checked by the rule set the state machine applies."""
+    known = {f.name for f in dataclasses.fields(Limits)}
+    unknown = sorted(set(l_doc) - known)
+    if unknown:
+        raise ConfigError(
+            f"limits.{unknown[0]}: no such limit (limits: {', '.join(sorted(known))})"
+        )
+    for name, value in l_doc.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"limits.{name}: must be a whole number, got {value!r}")
+    problems = check_limits(dataclasses.replace(Limits(), **l_doc))
+    if problems:
+        raise ConfigError("; ".join(str(v) for v in problems))
+    return tuple(sorted(l_doc.items()))
+
+
 def _check_writable(path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
@@ -796,6 +820,7 @@ class Replica:
             membership=self.raft,
             history=self.history.store if self.history else None,
             events=self.history.ring if self.history else None,
+            pinned_limits=config.scheduling.pinned_limits,
         )
         auth = None
         if config.tls is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.app.leader import SchedulingSettings
-from synapse_ha.core.model import ClusterConfig, PreemptionMode, PriorityClass
+from synapse_ha.core.model import ClusterConfig, Limits, PreemptionMode, PriorityClass
 from synapse_ha.programs import scheduler as scheduler_main
 
 
@@ -117,3 +117,29 @@ def test_start_timeout_from_toml_or_flag(tmp_path: Path) -> None:
     assert from_file.applied_to(ClusterConfig()).start_timeout_ms == 600_000
     from_flag = load(tmp_path, '[scheduling]\nstart_timeout = "10m"\n', "--start-timeout", "1h")
     assert from_flag.scheduling.applied_to(ClusterConfig()).start_timeout_ms == 3_600_000
+
+
+def test_limits_from_toml_are_pinned_and_applied_over_the_replicated_ones(tmp_path: Path) -> None:
+    settings = load(
+        tmp_path, "[limits]\nsubmit_per_s = 7\npending_jobs_per_user = 500\n"
+    ).scheduling
+    assert settings.pinned_limits == {"submit_per_s", "pending_jobs_per_user"}
+    replicated = ClusterConfig(limits=Limits(submit_burst=10, submit_per_s=99))
+    applied = settings.applied_to(replicated).limits
+    assert (applied.submit_per_s, applied.pending_jobs_per_user) == (7, 500)
+    assert applied.submit_burst == 10  # not named by the file: the replicated value stays
+
+
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        ("[limits]\nsubmit_per_s = 0\n", "limits.submit_per_s: must be a whole number from 1"),
+        ("[limits]\ngpus = 4\n", "limits.gpus: no such limit"),
+        ('[limits]\nspec_bytes = "64Ki"\n', "limits.spec_bytes: must be a whole number"),
+        ("[limits]\nenv_bytes = 70000\n", "limits.env_bytes: must not exceed limits.spec_bytes"),
+        ("limits = 3\n", "limits: must be a table"),
+    ],
+)
+def test_bad_limits_are_refused_naming_the_key(tmp_path: Path, toml: str, says: str) -> None:
+    with pytest.raises(scheduler_main.ConfigError, match=says):
+        load(tmp_path, toml)
