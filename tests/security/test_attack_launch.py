@@ -70,7 +70,16 @@ HIJACK_NAMES = ("PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "CONTAINERS_CONF", "PYT
 
 
 def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+    """Run an account command; another one holding the account database's lock (tests
+    running beside these) is waited out, within a bound."""
+    deadline = time.monotonic() + 30
+    while True:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode == 0:
+            return
+        if "lock" not in done.stderr or time.monotonic() > deadline:
+            raise AssertionError(f"{' '.join(argv)}: {done.stderr.strip()}")
+        time.sleep(0.2)
 
 
 @dataclass
