@@ -93,6 +93,7 @@ from typing import Any
 
 from chaos import ledger
 from synapse_ha.core import invariants
+from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.codec import CodecError, decode_state
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode, render
@@ -687,7 +688,8 @@ def _check_exactly_once(history: History, state: ClusterState | None) -> list[Vi
 
     by_request = {s.request_id: s for s in history.submissions}
     for job in sorted(state.jobs.values(), key=lambda j: j.seq):
-        submission = by_request.get(job.request_id)
+        # The cluster keeps a request id scoped by its owner; the ledger has it as given.
+        submission = by_request.get(shown_request_id(job.owner, job.request_id))
         done = completions(job.job_id, job.spec.replicas)
         if submission is None:
             out.append(

@@ -207,6 +207,28 @@ def test_phantoms_failed_submissions_and_unfinished_jobs() -> None:
     assert ("deadline", "j2") in {(v.kind, v.job) for v in check_history(late)}
 
 
+def test_a_job_is_matched_to_its_submission_through_its_owners_scope() -> None:
+    # The cluster stores "<owner>/<request id>"; the ledger holds the id as the client sent it.
+    history = clean_history()
+    state = final_state(
+        ("j1", "admin/req-1", 3, 1, JobState.SUCCEEDED),
+        ("j2", "admin/req-2", 6, 2, JobState.SUCCEEDED),
+    )
+    for job in state.jobs.values():
+        job.owner = "admin"
+    history.replica_states = {r: encode_state(state) for r in ("r1", "r2", "r3")}
+    assert check_history(history) == []
+    # A scoped id the ledger never sent is still a phantom.
+    state = final_state(
+        ("j1", "admin/req-1", 3, 1, JobState.SUCCEEDED),
+        ("j2", "admin/req-9", 6, 2, JobState.SUCCEEDED),
+    )
+    for job in state.jobs.values():
+        job.owner = "admin"
+    history.replica_states = {r: encode_state(state) for r in ("r1", "r2", "r3")}
+    assert ("phantom", "j2") in {(v.kind, v.job) for v in check_history(history)}
+
+
 def test_a_stretch_after_the_heal_with_no_job_finishing_is_a_stall() -> None:
     def finishing_at(*after_heal_ms: int, stall_ms: int) -> History:
         history = clean_history()
