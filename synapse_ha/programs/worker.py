@@ -46,12 +46,9 @@ import threading
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
@@ -72,7 +69,7 @@ from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name, 
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.logs import LogAccess, add_worker_service
+from synapse_ha.worker.logs import LogAccess, add_worker_service, new_worker_server
 from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
 from synapse_ha.worker.stream import StreamControlPlane
 
@@ -635,10 +632,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     for key, exit_ in recovered:
         log.warning("member %s from a previous life: %s", key, exit_.detail)
 
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="logs"),
-        options=[("grpc.so_reuseport", 0)],
-    )
+    server = new_worker_server()
     # The leader's nudges reach the agent through this box once it exists, and wake its
     # loop so a bound member starts without waiting for the next tick.
     wake = threading.Event()

@@ -34,6 +34,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -402,6 +403,15 @@ class WorkerServicer(wpb_grpc.WorkerServiceServicer):
         finally:
             if request.follow:
                 self.follows.release(admitted.who)
+
+
+def new_worker_server() -> grpc.Server:
+    """The gRPC server a worker's log service runs on, with its :data:`LOG_SERVICE_THREADS`
+    threads (follow streams hold at most :data:`FOLLOWS_TOTAL` of them)."""
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=LOG_SERVICE_THREADS, thread_name_prefix="logs"),
+        options=[("grpc.so_reuseport", 0)],
+    )
 
 
 def add_worker_service(

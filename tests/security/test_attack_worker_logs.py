@@ -10,7 +10,6 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -27,6 +26,7 @@ from synapse_ha.worker.logs import (
     LOG_SERVICE_THREADS,
     LogAccess,
     add_worker_service,
+    new_worker_server,
 )
 from tests.security.conftest import SERVER_HOSTS, Authority
 
@@ -44,7 +44,7 @@ class Node:
         self.signer: CertFiles = authority.issue(replica("r1"))
         self.client = authority.transport(worker("w-client"))  # any certificate of the CA
         transport = authority.transport(worker(NODE), hosts=SERVER_HOSTS)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=LOG_SERVICE_THREADS))
+        self.server = new_worker_server()  # the threads a worker's program serves with
         add_worker_service(
             self.server, self.members, lambda _: True, LogAccess.for_transport(transport, NODE)
         )
