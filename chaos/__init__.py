@@ -8,3 +8,7 @@ nothing acknowledged was lost and the replicas converged.
 
 Run ``python -m chaos --help``.
 """
+
+# gRPC without its fork handlers before anything imports it: the orchestrator forks
+# commands while its gRPC threads run (see synapse_ha.programs).
+import synapse_ha.programs  # noqa: F401
