@@ -244,7 +244,7 @@ class Timeouts:
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What one identity may take of the control plane (DESIGN §8), part of the
-    replicated configuration. The rules are :mod:`synapse_ha.core.limits`.
+    replicated configuration. The rules are :mod:`synapse_ha.core.admission`.
 
     ``spec_bytes`` / ``env_bytes``: the size of a job spec and of its environment, for
     everyone (a spec is replicated to every replica and kept until the job is purged).
@@ -534,7 +534,7 @@ class ClusterState:
     nodes: dict[str, Node] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
     # request_id -> job_id; a user's ids are scoped to it ("<owner>/<id>", see
-    # synapse_ha.core.limits.scoped_request_id), ids of older releases are not.
+    # synapse_ha.core.admission.scoped_request_id), ids of older releases are not.
     request_ids: dict[str, str] = field(default_factory=dict)
     next_job_seq: int = 1
     last_fencing_token: int = 0
