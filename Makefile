@@ -133,7 +133,7 @@ DURABILITY_CYCLES ?= 100
 soak-durability: $(STAMP)
 	$(BIN)/python bench/durability.py --part cycles --cycles $(DURABILITY_CYCLES)
 
-# Fuzzing (issue 17): `make test` runs tests/fuzz with small example counts; this runs the
+# Fuzzing: `make test` runs tests/fuzz with small example counts; this runs the
 # same properties with FUZZ_EXAMPLES examples each and writes the counts (examples,
 # requests sent, accepted, rejected, crashes) to bench/results/fuzz.json.
 FUZZ_EXAMPLES ?= 300

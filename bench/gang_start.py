@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import gang_start_latencies, loopback_cluster, percentile
 
-TARGET_P50_MS = 100  # at the production heartbeat interval (issue 16: push-fast gang start)
+TARGET_P50_MS = 100  # at the production heartbeat interval (push-fast gang start)
 TARGET_P99_MS = 500
 PRODUCTION_INTERVAL = "1s"
 

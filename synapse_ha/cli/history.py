@@ -1,4 +1,4 @@
-"""``synctl history``, ``synctl usage`` and ``synctl events`` (issue 15).
+"""``synctl history``, ``synctl usage`` and ``synctl events``.
 
 Like Slurm's ``sacct`` (finished jobs, beyond the replicated state's retention window),
 ``sreport`` (GPU-hours per user or queue and day) and a cluster event feed. Every replica

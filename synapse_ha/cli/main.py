@@ -994,7 +994,7 @@ def cluster(settings: Settings) -> None:
     emit(settings, document, lambda: render.cluster_table(document))
 
 
-# Membership and backup (issue 18): synctl cluster add-replica | remove-replica | snapshot
+# Membership and backup: synctl cluster add-replica | remove-replica | snapshot
 from synapse_ha.cli.cluster_ops import add_cluster_commands  # noqa: E402
 
 add_cluster_commands(cluster)
@@ -1190,7 +1190,7 @@ def dev_up(
     )
 
 
-for _history_command in HISTORY_COMMANDS:  # history, usage, events (issue 15)
+for _history_command in HISTORY_COMMANDS:  # history, usage, events
     cli.add_command(_history_command)
 
 

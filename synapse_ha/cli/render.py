@@ -256,7 +256,7 @@ def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
             "raft_address": r.raft_address,
             "error": r.error,
             "format_version": r.format_version,
-            # Observability (issue 15)
+            # Observability
             "metrics_url": r.metrics_url,
             "dashboard_url": r.dashboard_url,
         }
@@ -587,7 +587,7 @@ def _allowance(d: Mapping[str, Any]) -> str:
     return "; ".join(parts) or "-"
 
 
-# ------------------------------------------------------- queues and preemption (issue 14)
+# ------------------------------------------------------- queues and preemption
 
 
 def preemption_document(attempt: pb.Attempt) -> Document | None:

@@ -116,7 +116,7 @@ def audience_of(identity: Identity) -> Audience:
 
 SCHEDULER_SERVICE = "synapse.v1.SchedulerService"
 NODE_AGENT_SERVICE = "synapse.v1.NodeAgentService"
-NODE_STREAM_SERVICE = "synapse.v1.NodeStreamService"  # heartbeat streams (issue 16)
+NODE_STREAM_SERVICE = "synapse.v1.NodeStreamService"  # heartbeat streams
 
 _A, _O, _U = Audience.ADMIN, Audience.OPERATOR, Audience.USER
 _PEOPLE = frozenset({_A, _O, _U})
@@ -152,15 +152,15 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("CreateToken"): frozenset({_A}),
     _scheduler("ListTokens"): frozenset({_A}),
     _scheduler("RevokeToken"): frozenset({_A}),
-    # Membership and backup (issue 18)
+    # Membership and backup
     _scheduler("AddReplica"): frozenset({_A}),
     _scheduler("RemoveReplica"): frozenset({_A}),
     _scheduler("SaveSnapshot"): frozenset({_A}),
-    # History and events (issue 15): a user sees only its own jobs' history and usage.
+    # History and events: a user sees only its own jobs' history and usage.
     _scheduler("ListHistory"): _PEOPLE,
     _scheduler("GetUsage"): _PEOPLE,
     _scheduler("WatchEvents"): _READERS,
-    # Queues (issue 14): everyone who may submit sees the queues; admins change them.
+    # Queues: everyone who may submit sees the queues; admins change them.
     _scheduler("ListQueues"): _READERS,
     _scheduler("SetQueue"): frozenset({_A}),
     _scheduler("DeleteQueue"): frozenset({_A}),
@@ -169,7 +169,7 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("SetLimits"): frozenset({_A}),
     _agent("RegisterNode"): frozenset({_A, Audience.WORKER}),
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
-    # Heartbeat streams (issue 16): the same callers as Heartbeat.
+    # Heartbeat streams: the same callers as Heartbeat.
     f"/{NODE_STREAM_SERVICE}/Connect": frozenset({_A, Audience.WORKER}),
 }
 

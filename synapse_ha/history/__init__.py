@@ -1,4 +1,4 @@
-"""Job history, GPU accounting and the event stream of one replica (issue 15).
+"""Job history, GPU accounting and the event stream of one replica.
 
 Derived from applied commands only (:mod:`.tracker`), so every replica holds the same
 history (:mod:`.store`, SQLite in the data directory) and streams the same events with

@@ -580,7 +580,7 @@ def describe(cluster: DevCluster) -> list[str]:
     for r in cluster.replicas:
         role = "leader" if r.replica_id == leader else "follower"
         lines.append(f"  {r.replica_id}  grpc {r.grpc}  raft {r.raft}  {role}")
-        # Observability (issue 15)
+        # Observability
         lines.append(
             f"      metrics {scheme}://{r.metrics}/metrics  dashboard {scheme}://{r.metrics}/"
         )

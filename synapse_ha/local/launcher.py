@@ -376,7 +376,7 @@ class Launcher:
                 str(self.credentials.admin_token_file),
             ]
         metrics = metrics_address(me.grpc.rpartition(":")[0], self._fixed_ports())
-        # Heartbeat streams (issue 16): a port the replica picks and tells workers.
+        # Heartbeat streams: a port the replica picks and tells workers.
         streams = ["--agent-address", f"{me.grpc.rpartition(':')[0]}:0"]
         return Replica(
             metrics=metrics,
@@ -595,7 +595,7 @@ class LocalReplicas:
     def logs(self, chars: int = 4000) -> str:
         return "\n".join(f"----- {r.replica_id} -----\n{r.log_tail(chars)}" for r in self.replicas)
 
-    # ------------------------------------------ membership and backup (issue 18)
+    # ------------------------------------------ membership and backup
 
     def add_replica(self, replica_id: str, extra: Sequence[str] | None = None) -> Replica:
         """A new replica on free loopback ports, prepared but not started, knowing every

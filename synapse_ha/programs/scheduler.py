@@ -148,12 +148,12 @@ class SchedulerConfig:
     bootstrap_token: str = ""  # the first admin's token text
     join: bool = False  # new to a running cluster: no election before hearing a leader
     restore: str = ""  # a backup file to start a new cluster from
-    history: bool = True  # history in <data_dir>/history.sqlite3 and events (issue 15)
+    history: bool = True  # history in <data_dir>/history.sqlite3 and events
     event_ring: int = DEFAULT_CAPACITY  # recent events held for WatchEvents
     metrics_address: str = ""  # /metrics and the dashboard; "" serves neither
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     raft_fsync: bool = RAFT_FSYNC_DEFAULT  # journal changes synced before acknowledging
-    # Heartbeat streams (issue 16): where NodeStreamService listens; "" serves none.
+    # Heartbeat streams: where NodeStreamService listens; "" serves none.
     agent_address: str = ""
 
     @property
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a gang that fits in one rack waits for one before spreading "
         "across racks (e.g. 10m, the default; 0s turns it off)",
     )
-    # Queues and preemption (issue 14); TOML [scheduling] and [[scheduling.priority_classes]].
+    # Queues and preemption; TOML [scheduling] and [[scheduling.priority_classes]].
     p.add_argument(
         "--priority-class",
         action="append",
@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         "workers keep unary heartbeats",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
-    # Membership and backup (issue 18)
+    # Membership and backup
     p.add_argument(
         "--join",
         action="store_true",
@@ -579,7 +579,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     )
 
 
-# ------------------------------------------------------- queues and preemption (issue 14)
+# ------------------------------------------------------- queues and preemption
 
 
 def _priority_class_flag(text: str) -> dict[str, Any]:
@@ -986,7 +986,7 @@ class Replica:
         log.info("replica %s stopped", self.config.replica_id)
 
 
-# ------------------------------------------------- membership and backup (issue 18)
+# ------------------------------------------------- membership and backup
 
 
 class MemberDirectory(Sequence[ReplicaAddress]):

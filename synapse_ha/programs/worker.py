@@ -689,7 +689,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         observe.start()
         log.info("metrics at %s", observe.metrics_url)
 
-    # Heartbeat streams (issue 16): a leader that offers one gets heartbeats on a stream
+    # Heartbeat streams: a leader that offers one gets heartbeats on a stream
     # and pushes desired members on it; an older one keeps getting unary heartbeats.
     def on_push(desired: list[pb.DesiredMember]) -> None:
         if agents:

@@ -302,7 +302,7 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             log.exception("unexpected error applying a command")
             return cmd.error(cmd.ResultCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
-    # -- apply observer (history and events, issue 15)
+    # -- apply observer (history and events)
 
     def _apply_observed(self, command: cmd.Command) -> cmd.Result:
         """Apply under the lock, then tell the observer what the command touched (the

@@ -363,7 +363,7 @@ class ClusterClient:
         )
         return response.limits
 
-    # --------------------------------------------- queues and preemption (issue 14)
+    # --------------------------------------------- queues and preemption
 
     def list_queues(self) -> pb.ListQueuesResponse:
         """Every queue with its usage, the priority classes and the preemption mode."""
@@ -449,7 +449,7 @@ class ClusterClient:
         )
         return response
 
-    # ------------------------------------------------- membership and backup (issue 18)
+    # ------------------------------------------------- membership and backup
 
     def _learn(self, address: str) -> None:
         """Remember a replica address learnt from the cluster (a leader added after this
@@ -512,7 +512,7 @@ class ClusterClient:
             raise ValueError("snapshot corrupted in transit: SHA-256 mismatch")
         return head, data
 
-    # ---------------------------------------------- history and events (issue 15)
+    # ---------------------------------------------- history and events
 
     def list_history(self, **filters: Any) -> list[pb.HistoryJob]:
         """Finished jobs from the history of the replica that answers (any replica:

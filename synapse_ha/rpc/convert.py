@@ -309,7 +309,7 @@ def token_to_proto(token: Token) -> pb.TokenInfo:
     )
 
 
-# ------------------------------------------------------- queues and preemption (issue 14)
+# ------------------------------------------------------- queues and preemption
 
 
 def queue_from_proto(msg: pb.Queue) -> Queue:

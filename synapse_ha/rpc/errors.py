@@ -48,7 +48,7 @@ class Reason(enum.StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"  # the caller may not; metadata identity, method
     TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # metadata token_id
     NEEDS_TLS = "NEEDS_TLS"  # log grants are signed only when the cluster has TLS set up
-    # Membership changes (issue 18); metadata replica_id
+    # Membership changes; metadata replica_id
     CHANGE_IN_FLIGHT = "CHANGE_IN_FLIGHT"  # another membership change is not committed yet
     WOULD_LOSE_QUORUM = "WOULD_LOSE_QUORUM"  # the change would leave too few live replicas
     REPLICA_EXISTS = "REPLICA_EXISTS"  # the id or an address is already a member's

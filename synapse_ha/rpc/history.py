@@ -1,4 +1,4 @@
-"""Protobuf forms of history rows, usage rows and events (issue 15)."""
+"""Protobuf forms of history rows, usage rows and events."""
 
 from __future__ import annotations
 

@@ -163,14 +163,14 @@ class ReplicaContext:
     peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
     # Online membership changes (AddReplica, RemoveReplica); None: not offered here.
     membership: MembershipControl | None = None
-    # History and events (issue 15): this replica's own copies; None when turned off.
+    # History and events: this replica's own copies; None when turned off.
     history: HistoryStore | None = None
     events: EventRing | None = None
-    # Observability (issue 15): where this replica serves /metrics and its dashboard;
+    # Observability: where this replica serves /metrics and its dashboard;
     # reported in its ReplicaStatus ("" when it serves neither).
     metrics_url: str = ""
     dashboard_url: str = ""
-    # Heartbeat streams (issue 16): where this replica serves NodeStreamService ("": none).
+    # Heartbeat streams: where this replica serves NodeStreamService ("": none).
     stream_address: str = ""
     # Per-identity limits (DESIGN §8): this replica's submit buckets and open streams,
     # and the submissions it has checked against the pending caps but not yet applied.
@@ -770,7 +770,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             expires_at_ms=expires_at_ms,
         )
 
-    # ------------------------------------------------- membership and backup (issue 18)
+    # ------------------------------------------------- membership and backup
 
     def AddReplica(
         self, request: pb.AddReplicaRequest, context: grpc.ServicerContext
@@ -884,7 +884,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
             ]
         )
 
-    # ------------------------------------------------ history and events (issue 15)
+    # ------------------------------------------------ history and events
 
     def _history_owner(self, context: grpc.ServicerContext, asked: str) -> str:
         """The owner a history read is limited to: ``asked`` for those who see every
@@ -1029,7 +1029,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         limits = self.ctx.backend.cluster_config().limits
         return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
 
-    # ------------------------------------------------- queues and preemption (issue 14)
+    # ------------------------------------------------- queues and preemption
 
     def ListQueues(
         self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
@@ -1118,7 +1118,7 @@ class SchedulerServicer(_Base, pb_grpc.SchedulerServiceServicer):
         )
 
 
-# Membership and backup (issue 18): the gRPC reason of each refusal, and the size of one
+# Membership and backup: the gRPC reason of each refusal, and the size of one
 # SaveSnapshot chunk (well under gRPC's 4 MB default message limit).
 _MEMBERSHIP_REASON = {
     MembershipCode.CHANGE_IN_FLIGHT: Reason.CHANGE_IN_FLIGHT,

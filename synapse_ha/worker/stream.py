@@ -1,4 +1,4 @@
-"""The worker's end of a heartbeat stream (``NodeStreamService.Connect``, issue 16).
+"""The worker's end of a heartbeat stream (``NodeStreamService.Connect``).
 
 :class:`StreamControlPlane` is the agent's :class:`~synapse_ha.worker.agent.ControlPlane`:
 it registers through the unary path (leader discovery, redirects) and, when the leader's

@@ -457,7 +457,7 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
             pb.RemoveReplicaRequest(replica_id="no-such-replica"), **kw
         ),
         "SaveSnapshot": lambda: list(stub.SaveSnapshot(pb.SaveSnapshotRequest(), **kw)),
-        # History and events (issue 15); a stream is read to its end (no follow).
+        # History and events; a stream is read to its end (no follow).
         "ListHistory": lambda: stub.ListHistory(pb.ListHistoryRequest(), **kw),
         "GetUsage": lambda: stub.GetUsage(pb.GetUsageRequest(by="user", since_ms=1), **kw),
         "WatchEvents": lambda: list(stub.WatchEvents(pb.WatchEventsRequest(), **kw)),

@@ -1,4 +1,4 @@
-"""Pushed desired lists (heartbeat streams, issue 16): applied at once under a held
+"""Pushed desired lists (heartbeat streams): applied at once under a held
 lease, never under a lapsed one, never after a newer reply; a stream that ends makes the
 agent register again without touching its members."""
 

@@ -264,7 +264,7 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AddReplica(self, request, context):
-        """Membership and backup (issue 18). Admin only; on the leader, one change at a time.
+        """Membership and backup. Admin only; on the leader, one change at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -284,7 +284,7 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListHistory(self, request, context):
-        """History and events (issue 15). Answered from this replica's own copy. A caller
+        """History and events. Answered from this replica's own copy. A caller
         with role user sees only its own jobs in ListHistory and GetUsage.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -304,7 +304,7 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListQueues(self, request, context):
-        """Queues and preemption (issue 14): any user lists; admins set and delete.
+        """Queues and preemption: any user lists; admins set and delete.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
