@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import subprocess
@@ -73,6 +74,7 @@ def one_replica_argv(data_dir: Path) -> list[str]:
         "integration-test-password",  # the tests' own, before the rule
         "Z" * 44,  # long, but a pattern
         "0123456789abcdef" * 3,  # 24 bytes of hex
+        base64.b64encode(bytes(range(0, 240, 10))).decode(),  # 24 distinct bytes: too short
     ],
 )
 def test_a_replica_with_a_weak_raft_password_exits_with_the_rule(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
+from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from synapse_ha.core.access import Identity, Role, replica, user, worker
@@ -188,14 +189,14 @@ def test_a_certificate_that_is_not_a_replicas_never_receives_the_token(
 def test_a_user_certificate_cannot_serve_even_with_the_replica_name(
     cluster_ca: Authority, token_holder: Transport
 ) -> None:
-    """BoringSSL enforces the server certificate's key usage: a clientAuth-only
-    certificate (what users and clients get) fails the handshake as a server even when it
-    carries the exact name the client demands."""
+    """BoringSSL enforces the server certificate's key usage: a certificate with the key
+    usage `synctl ca issue user` gives (clientAuth only) fails the handshake as a server
+    even when it carries the exact name the client demands."""
+    issued = x509.load_pem_x509_certificate(cluster_ca.issue(user("mallory")).cert.read_bytes())
+    usages = tuple(issued.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert usages == (ExtendedKeyUsageOID.CLIENT_AUTH,)
     files = cluster_ca.forge(
-        user("mallory"),
-        dns=(REPLICA_SERVER_NAME,),
-        ips=("127.0.0.1",),
-        usages=(ExtendedKeyUsageOID.CLIENT_AUTH,),
+        user("mallory"), dns=(REPLICA_SERVER_NAME,), ips=("127.0.0.1",), usages=usages
     )
     with (
         attacker_server(files) as (address, trap),
