@@ -103,6 +103,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/gang_start.py > bench/results/gang_start.json
 	cat bench/results/gang_start.json
 	$(BIN)/python bench/security_cost.py
+	$(BIN)/python bench/abuse.py > /dev/null
+	cat bench/results/abuse.json
 	$(BIN)/synapse-sim --workload synthetic --jobs 20000 --nodes 2000 \
 	  --out bench/results/sim > bench/results/simulator.json
 	$(BIN)/python bench/tenancy.py > /dev/null
