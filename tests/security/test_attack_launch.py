@@ -32,7 +32,6 @@ import grpc
 import pytest
 
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.core.views import DesiredMember
 from synapse_ha.local.launcher import Worker
 from synapse_ha.programs import worker as worker_main
 from synapse_ha.rpc.client import ClusterClient
@@ -52,7 +51,7 @@ from synapse_ha.worker.members import (
 from synapse_ha.worker.shim import WORKDIR_REFUSED
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.worker import fake_runtime
-from tests.worker.helpers import FakeClock, wait_exit
+from tests.worker.helpers import FakeClock, desired_member, wait_exit
 from tests.worker.test_agent import FakeControl
 
 pytestmark = pytest.mark.integration
@@ -299,20 +298,7 @@ def test_a_spec_that_bypassed_admission_never_reaches_the_runtime(
             command=("id -u",),
             image=image,
         )
-        member = DesiredMember(
-            job_id="job-1",
-            attempt=1,
-            fencing_token=3,
-            rank=0,
-            world_size=1,
-            local_rank=0,
-            local_world_size=1,
-            gpus=(),
-            master_addr="127.0.0.1",
-            master_port=29500,
-            member_hosts=("127.0.0.1",),
-            spec=spec,
-        )
+        member = desired_member(spec, job_id="job-1", token=3)
         clock = FakeClock()
         control = FakeControl(clock)
         control.desired = [desired_to_proto(member)]

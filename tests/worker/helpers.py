@@ -7,6 +7,8 @@ import select
 import time
 from pathlib import Path
 
+from synapse_ha.core.model import JobSpec
+from synapse_ha.core.views import DesiredMember
 from synapse_ha.worker.members import LaunchSpec, MemberExecutor, MemberKey
 
 
@@ -21,6 +23,33 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def desired_member(
+    job_spec: JobSpec,
+    *,
+    job_id: str = "job-1",
+    token: int = 1,
+    host: str = "127.0.0.1",
+    **overrides: object,
+) -> DesiredMember:
+    """The leader's view of rank 0 of a one-member gang of ``job_spec`` on ``host``."""
+    fields: dict[str, object] = {
+        "job_id": job_id,
+        "attempt": 1,
+        "fencing_token": token,
+        "rank": 0,
+        "world_size": 1,
+        "local_rank": 0,
+        "local_world_size": 1,
+        "gpus": (),
+        "master_addr": host,
+        "master_port": 29500,
+        "member_hosts": (host,),
+        "spec": job_spec,
+    }
+    fields.update(overrides)
+    return DesiredMember(**fields)  # type: ignore[arg-type]
 
 
 def spec(

@@ -24,7 +24,7 @@ from synapse_ha.worker.members import (
 from tests.integration.cluster import wait_for
 from tests.worker import fake_runtime
 from tests.worker.conftest import MakeExecutor
-from tests.worker.helpers import FakeClock, Fifo, spec, wait_exit
+from tests.worker.helpers import FakeClock, Fifo, desired_member, spec, wait_exit
 from tests.worker.test_agent import FakeControl
 
 IMAGE = "registry.example/train:24.01"
@@ -300,20 +300,7 @@ def test_the_agent_runs_what_the_leader_sends_through_the_runtime(
         command=("echo from-$SYNAPSE_JOB_ID",),
         image=IMAGE,
     )
-    member = DesiredMember(
-        job_id="job-3",
-        attempt=1,
-        fencing_token=5,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        local_world_size=1,
-        gpus=(),
-        master_addr="127.0.0.1:7070",
-        master_port=29500,
-        member_hosts=("127.0.0.1:7070",),
-        spec=job_spec,
-    )
+    member = desired_member(job_spec, job_id="job-3", token=5, host="127.0.0.1:7070")
     clock = FakeClock()
     control = FakeControl(clock)
     control.desired = [desired_to_proto(member)]

@@ -11,7 +11,6 @@ import pytest
 
 from synapse_ha.cli import render
 from synapse_ha.core.model import JobSpec, Node, NodeInfo, NodeStatus, Resources
-from synapse_ha.core.views import DesiredMember
 from synapse_ha.programs.worker import ConfigError, load_config, registration, run_as_policy
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -36,7 +35,7 @@ from synapse_ha.worker.members import (
     member_argv,
     member_environment,
 )
-from tests.worker.helpers import spec
+from tests.worker.helpers import desired_member, spec
 
 ALICE = Account("alice", 1001, 1001, (27, 1001), "/home/alice")
 SVC = Account("svc_alice", 2001, 2001, (2001, 3000), "/srv/alice")
@@ -326,21 +325,7 @@ def test_the_registration_says_whose_account_members_run_under(tmp_path: Path) -
 
 def test_the_owner_travels_from_the_desired_member_to_the_launch() -> None:
     job_spec = JobSpec(name="t", replicas=1, resources=Resources(0, 0, 0), command=("true",))
-    desired = DesiredMember(
-        job_id="j1",
-        fencing_token=3,
-        attempt=1,
-        rank=0,
-        world_size=1,
-        gpus=(),
-        master_addr="10.0.0.1",
-        master_port=29500,
-        member_hosts=("10.0.0.1",),
-        local_rank=0,
-        local_world_size=1,
-        spec=job_spec,
-        owner="alice",
-    )
+    desired = desired_member(job_spec, job_id="j1", token=3, host="10.0.0.1", owner="alice")
     assert launch_spec_from_proto(convert.desired_to_proto(desired)).owner == "alice"
 
 
