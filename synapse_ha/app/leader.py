@@ -46,6 +46,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import (
     ClusterConfig,
     ClusterState,
+    JobState,
     NodeStatus,
     PreemptionMode,
     PriorityClass,
@@ -59,7 +60,7 @@ from synapse_ha.core.views import due_start_timeouts, due_time_limits
 def _marked(state: ClusterState, preemptor: str) -> bool:
     """Whether ``state`` shows a gang preempted for ``preemptor`` (or it is placed)."""
     job = state.jobs.get(preemptor)
-    if job is None or job.state.value != "PENDING":
+    if job is None or job.state is not JobState.PENDING:
         return True
     return any(
         j.attempt is not None and j.attempt.preempted_by == preemptor for j in state.jobs.values()

@@ -56,6 +56,14 @@ def grace_ms(config: ClusterConfig, spec: JobSpec) -> int:
     return cls.grace_ms if cls is not None else DEFAULT_GRACE_MS
 
 
+def has_quotas(state: ClusterState) -> bool:
+    """Whether any queue limits anything (else quota bookkeeping can be skipped)."""
+    return any(
+        q.gpu is not None or q.cpu_milli is not None or q.memory_mib is not None
+        for q in state.queues.values()
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaShortfall:
     """Why a gang does not fit its queue's quota, with the numbers (GPUs or, when

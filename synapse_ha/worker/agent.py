@@ -39,6 +39,7 @@ from typing import Protocol
 import grpc
 
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
 from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey, PreemptNotice
@@ -104,7 +105,7 @@ class GrpcControlPlane:
         except ClusterUnavailable as exc:
             raise ControlPlaneUnreachable(str(exc)) from None
         except grpc.RpcError as exc:
-            if exc.code() is grpc.StatusCode.NOT_FOUND:
+            if failure_of(exc).reason is Reason.NODE_NOT_FOUND:
                 raise NotRegistered(str(exc.details())) from None
             raise ControlPlaneUnreachable(f"{exc.code()}: {exc.details()}") from None
 

@@ -13,11 +13,12 @@ from synapse_ha.core import access
 from synapse_ha.core.machine import apply
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import desired_by_node
+from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.stream import StreamServer
-from synapse_ha.worker.agent import NotRegistered, StreamEnded
+from synapse_ha.worker.agent import GrpcControlPlane, NotRegistered, StreamEnded
 from synapse_ha.worker.stream import StreamControlPlane
-from tests.rpc.authed import NOW, PEER_KEY, Replica
+from tests.rpc.authed import NOW, PEER_KEY, Replica, serving_replica
 from tests.rpc.test_stream import stream_server
 
 
@@ -126,3 +127,34 @@ def test_an_unknown_node_is_not_registered(
             plane.heartbeat(pb.HeartbeatRequest(node_id="n7"), 10.0)
     finally:
         plane.close()
+
+
+class _AsPeerUnary(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(_Details(details, [(PEER_KEY, self.peer)]), request)
+
+
+def test_the_unary_heartbeat_of_an_unknown_node_is_not_registered() -> None:
+    # The replica's typed reason (NODE_NOT_FOUND), not the bare status code, decides.
+    def as_worker(node_id: str) -> Callable[[str], grpc.Channel]:
+        peer = access.worker(node_id).spiffe_id
+        return lambda address: grpc.intercept_channel(
+            grpc.insecure_channel(address), _AsPeerUnary(peer)
+        )
+
+    with serving_replica() as replica:
+        for node_id, registered in (("n1", True), ("n7", False)):
+            client = ClusterClient([replica.address], channel_factory=as_worker(node_id))
+            plane = GrpcControlPlane(client)
+            try:
+                request = pb.HeartbeatRequest(node_id=node_id)
+                if registered:
+                    assert plane.heartbeat(request, 5.0).node_status
+                else:
+                    with pytest.raises(NotRegistered, match="not registered"):
+                        plane.heartbeat(request, 5.0)
+            finally:
+                client.close()

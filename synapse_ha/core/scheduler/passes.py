@@ -9,11 +9,12 @@ from synapse_ha.core.model import (
     ClusterState,
     Job,
     JobSpec,
+    JobState,
     PreemptionMode,
     Resources,
     unconfirmed_members,
 )
-from synapse_ha.core.quota import QueueUsage, gang_request
+from synapse_ha.core.quota import QueueUsage, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, Table, View
 from synapse_ha.core.scheduler.explainer import Explainer
@@ -332,14 +333,6 @@ class Answers:
 # --------------------------------------------------------------------- queues, preemption
 
 
-def has_quotas(state: ClusterState) -> bool:
-    """Whether any queue limits anything (else the pass skips quota bookkeeping)."""
-    return any(
-        q.gpu is not None or q.cpu_milli is not None or q.memory_mib is not None
-        for q in state.queues.values()
-    )
-
-
 def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
     """Pending gangs that preempted others and have not been placed since, each with
     its victims still stopping (an empty list once all have stopped: the gang then
@@ -351,7 +344,7 @@ def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
         if attempt is None or not attempt.preempted_by:
             continue
         preemptor = state.jobs.get(attempt.preempted_by)
-        if preemptor is None or preemptor.state.value != "PENDING":
+        if preemptor is None or preemptor.state is not JobState.PENDING:
             continue
         if job.live_attempt() is attempt:
             gpus = gang_request(job.spec).gpu
@@ -366,7 +359,7 @@ def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
                     frozenset(m.node_id for m in attempt.members),
                 )
             )
-        elif job.state.value == "PENDING":
+        elif job.state is JobState.PENDING:
             out.setdefault(preemptor.job_id, [])
     return out
 

@@ -1,0 +1,69 @@
+"""The cluster state machine: one ``apply(state, command)`` for every change.
+
+Every replica applies the same commands in the same order and reaches byte-identical
+state. ``apply`` validates a command completely before it changes anything, never reads
+a clock (time comes in the command, clamped so it never runs backwards), draws
+randomness only from seeds carried in the command, and never raises: a bad or stale
+command becomes an error :class:`Result`, and an unexpected exception becomes an
+``INTERNAL`` result so that a bug cannot wedge the replicated log.
+
+One module per aggregate, each with the handlers of its commands (``HANDLERS``):
+:mod:`.config`, :mod:`.nodes`, :mod:`.jobs`, :mod:`.binding` (plan verification),
+:mod:`.reports` (member reports), :mod:`.preemption`, :mod:`.tokens_queues`; and
+:mod:`.attempts`, how an attempt ends, which they share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.commands import Result, ResultCode, error
+from synapse_ha.core.machine import binding, config, jobs, nodes, preemption, reports, tokens_queues
+from synapse_ha.core.machine.attempts import (
+    not_started_members,
+    retry_delay_ms,
+    start_timeout_reason,
+)
+from synapse_ha.core.machine.binding import verify_placement
+from synapse_ha.core.machine.config import orphaned_levels
+from synapse_ha.core.machine.reports import EXIT_STOPPED
+from synapse_ha.core.model import ClusterState
+
+__all__ = [
+    "EXIT_STOPPED",
+    "HANDLERS",
+    "apply",
+    "not_started_members",
+    "orphaned_levels",
+    "retry_delay_ms",
+    "start_timeout_reason",
+    "verify_placement",
+]
+
+# Every command type, to the handler of its aggregate.
+HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
+    **config.HANDLERS,
+    **nodes.HANDLERS,
+    **jobs.HANDLERS,
+    **binding.HANDLERS,
+    **reports.HANDLERS,
+    **tokens_queues.HANDLERS,
+    **preemption.HANDLERS,
+}
+
+
+def apply(state: ClusterState, command: cmd.Command) -> Result:
+    """Apply ``command`` to ``state`` in place and say what happened. Never raises."""
+    handler = HANDLERS.get(type(command))
+    if handler is None:
+        return error(ResultCode.INVALID, f"unknown command type {type(command).__name__}")
+    try:
+        now = max(command.now_ms, state.last_time_ms)
+        result = handler(state, command, now)
+    except Exception as exc:  # a bug; the log must keep moving on every replica alike
+        return error(ResultCode.INTERNAL, f"{type(command).__name__}: {exc!r}")
+    state.applied_commands += 1
+    state.last_time_ms = now
+    return result

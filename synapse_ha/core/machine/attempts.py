@@ -1,0 +1,240 @@
+"""How an attempt ends and what its job does next (finish, retry after a back-off,
+requeue, go back to PENDING after a preemption), shared by every command that ends
+one; and what draining nodes become once their members have left."""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Iterable
+
+from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.fairshare import add_usage
+from synapse_ha.core.lifecycle import ATTEMPT, JOB, NODE, move
+from synapse_ha.core.model import (
+    ZERO,
+    ClusterState,
+    Job,
+    JobSpec,
+    LostAttempt,
+    MemberState,
+    NodeStatus,
+)
+from synapse_ha.core.quota import gang_request
+from synapse_ha.core.reasons import (
+    FAILURE_CODES,
+    REQUEUE_CODES,
+    Reason,
+    ReasonCode,
+    ranks_text,
+    reason,
+)
+
+
+def lost_attempt(job: Job, node_id: str) -> LostAttempt:
+    """The record kept of the live attempt about to be ended by ``node_id``'s death: its
+    ranks' nodes and the ranks already known to have exited 0 (a live attempt's exited
+    members all exited 0 by their own program, or it would have ended already)."""
+    attempt = job.attempt
+    assert attempt is not None
+    return LostAttempt(
+        number=attempt.number,
+        fencing_token=attempt.fencing_token,
+        node_id=node_id,
+        nodes=tuple(m.node_id for m in attempt.members),
+        exited_zero=tuple(
+            rank
+            for rank, s in enumerate(attempt.member_status)
+            if s.state is MemberState.EXITED and s.exit_code == 0
+        ),
+    )
+
+
+def not_started_members(job: Job) -> list[int]:
+    """Ranks of the job's live attempt not reported running (nor exited) yet."""
+    attempt = job.live_attempt()
+    if attempt is None:
+        return []
+    return [r for r, s in enumerate(attempt.member_status) if s.state is MemberState.BOUND]
+
+
+def start_timeout_reason(state: ClusterState, job: Job) -> Reason:
+    """The ``START_TIMEOUT`` outcome naming the live attempt's members not yet running."""
+    attempt = job.live_attempt()
+    late = not_started_members(job)
+    nodes = sorted({attempt.members[r].node_id for r in late}) if attempt is not None else []
+    return reason(
+        ReasonCode.START_TIMEOUT,
+        ranks=ranks_text(late),
+        nodes=", ".join(nodes[:8]) + (", ..." if len(nodes) > 8 else ""),
+        timeout_ms=state.config.start_timeout_ms,
+    )
+
+
+def end_attempt(
+    state: ClusterState, job: Job, event: lc.AttemptEvent, outcome: Reason, now: int
+) -> None:
+    """Release everything the live attempt holds and record how it ended."""
+    attempt = job.attempt
+    assert attempt is not None
+    attempt.state = move(ATTEMPT, attempt.state, event)
+    for member in attempt.members:
+        node = state.nodes.get(member.node_id)
+        if node is not None:
+            node.allocated = node.allocated - job.spec.resources
+            node.allocated_gpus.difference_update(member.gpus)
+    master = state.nodes.get(attempt.members[0].node_id)
+    if master is not None:
+        ports = master.master_ports
+        i = bisect.bisect_left(ports, attempt.master_port)
+        if i < len(ports) and ports[i] == attempt.master_port:
+            del ports[i]
+    attempt.ended_at_ms = now
+    attempt.outcome = outcome
+    # Fair share: the queue's decayed usage grows by what this attempt held, for as long.
+    queue = job.spec.queue
+    new = queue not in state.queue_history
+    state.queue_history[queue] = add_usage(
+        state.queue_history.get(queue),
+        gang_request(job.spec),
+        now - attempt.bound_at_ms,
+        now,
+        state.config.fair_share_half_life_ms,
+    )
+    if new:
+        state.queue_history = dict(sorted(state.queue_history.items()))
+
+
+def finish(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
+    job.state = move(JOB, job.state, event)
+    job.reason = why
+    job.finished_at_ms = now
+    job.lost_attempt = None  # kept only while the job is not final
+
+
+def retry_delay_ms(spec: JobSpec, attempt_number: int, seed: int, job_id: str) -> int:
+    """Exponential back-off with full jitter, deterministic for a given seed."""
+    policy = spec.retries
+    cap = min(policy.max_backoff_ms, policy.backoff_ms * 2 ** min(attempt_number - 1, 40))
+    return random.Random(f"{seed}:{job_id}:{attempt_number}").randint(0, max(cap, 0))
+
+
+def end_attempt_for(state: ClusterState, job: Job, outcome: Reason, seed: int, now: int) -> None:
+    """End the live attempt as ``outcome`` says: a disruption requeues the gang, anything
+    else is the job's own failure and retries it."""
+    if outcome.code in REQUEUE_CODES:
+        requeue_attempt(state, job, outcome, now)
+    else:
+        fail_attempt_and_retry(state, job, outcome, seed, now)
+
+
+def requeue_attempt(state: ClusterState, job: Job, cause: Reason, now: int) -> None:
+    """Stop the whole gang after a disruption it did not cause (node death, fencing, a
+    lost member; later preemption) and queue it again as a new attempt.
+
+    The requeue does not touch ``retries.max`` and has no back-off: the gang keeps its
+    place in line (its submission order) and may bind again at the next pass, once every
+    member of this attempt is confirmed stopped (the fencing rule of
+    :func:`unconfirmed_members`). Its locality wait counts from the requeue. A job
+    already requeued ``max_requeues`` times fails instead: something about it keeps
+    taking its nodes down.
+    """
+    attempt = job.attempt
+    assert attempt is not None
+    end_attempt(state, job, lc.AttemptEvent.REQUEUE, cause, now)
+    limit = state.config.max_requeues
+    if job.requeues >= limit:
+        finish(
+            job,
+            lc.JobEvent.FAIL,
+            reason(
+                ReasonCode.FAILED_MAX_REQUEUES,
+                cause,
+                attempt=attempt.number,
+                requeues=job.requeues,
+                max_requeues=limit,
+            ),
+            now,
+        )
+        return
+    job.requeues += 1
+    job.state = move(JOB, job.state, lc.JobEvent.REQUEUE)
+    job.retry_not_before_ms = now
+    job.reason = reason(
+        REQUEUE_CODES[cause.code],
+        cause,
+        attempt=attempt.number,
+        requeue=job.requeues,
+        max_requeues=limit,
+    )
+
+
+def end_preempted(state: ClusterState, job: Job, now: int) -> None:
+    """End a preempted attempt whose members are confirmed stopped (or whose node died):
+    its resources are released only now, and the gang goes back to PENDING keeping its
+    submission order, counted against neither ``retries.max`` nor ``max_requeues``."""
+    attempt = job.attempt
+    assert attempt is not None and attempt.preemption is not None
+    outcome = reason(
+        ReasonCode.PREEMPTED, preemptor=attempt.preempted_by, kind=attempt.preemption.value
+    )
+    end_attempt(state, job, lc.AttemptEvent.REQUEUE, outcome, now)
+    job.state = move(JOB, job.state, lc.JobEvent.REQUEUE)
+    job.retry_not_before_ms = now
+    job.reason = reason(
+        ReasonCode.REQUEUED_PREEMPTED,
+        outcome,
+        attempt=attempt.number,
+        preemptor=attempt.preempted_by,
+        kind=attempt.preemption.value,
+    )
+
+
+def fail_attempt_and_retry(state: ClusterState, job: Job, why: Reason, seed: int, now: int) -> None:
+    """Stop the whole gang; retry it as a new attempt later, or fail the job for good."""
+    end_attempt(state, job, lc.AttemptEvent.FAIL, why, now)
+    number = job.attempts_made
+    if job.retries_used < job.spec.retries.max_retries:
+        delay = retry_delay_ms(job.spec, number, seed, job.job_id)
+        job.retries_used += 1
+        job.state = move(JOB, job.state, lc.JobEvent.RETRY)
+        job.retry_not_before_ms = now + delay
+        job.reason = reason(
+            ReasonCode.RETRY_BACKOFF,
+            why,
+            attempt=number,
+            retry=job.retries_used,
+            retries=job.spec.retries.max_retries,
+            backoff_ms=delay,
+        )
+    else:
+        code = FAILURE_CODES.get(why.code, ReasonCode.FAILED_ATTEMPT)
+        finish(
+            job, lc.JobEvent.FAIL, reason(code, why, attempt=number, retries=job.retries_used), now
+        )
+
+
+def settle_drained(state: ClusterState, node_ids: Iterable[str]) -> None:
+    """Draining nodes among ``node_ids`` that hold no members any more become cordoned.
+
+    A node holds members while a live attempt has one on it, or an ended attempt has one
+    on it not yet confirmed stopped. Called wherever members leave a node.
+    """
+    for node_id in node_ids:
+        node = state.nodes.get(node_id)
+        if node is None or node.status is not NodeStatus.DRAINING:
+            continue
+        if node.allocated != ZERO or node.allocated_gpus or _has_unconfirmed(state, node_id):
+            continue
+        node.status = move(NODE, node.status, lc.NodeEvent.EMPTIED)
+
+
+def _has_unconfirmed(state: ClusterState, node_id: str) -> bool:
+    for job in state.jobs.values():
+        attempt = job.attempt
+        if attempt is None or attempt.ended_at_ms is None:
+            continue
+        for member, status in zip(attempt.members, attempt.member_status, strict=True):
+            if member.node_id == node_id and status.state is not MemberState.EXITED:
+                return True
+    return False

@@ -1,0 +1,202 @@
+"""Binding: the leader's plan verified again at apply, gang by gang and whole (the
+nodes, GPUs, room, topology and queue quota), and a verified gang bound under a new
+fencing token."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
+from synapse_ha.core.lifecycle import JOB, move
+from synapse_ha.core.model import (
+    FEATURE_IMAGES,
+    Attempt,
+    ClusterConfig,
+    ClusterState,
+    JobState,
+    MemberStatus,
+    Node,
+    Resources,
+    topology_path,
+    unconfirmed_members,
+)
+from synapse_ha.core.quota import QueueUsage, gang_request, has_quotas
+from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.topology import domain_at
+
+
+def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
+    bound: list[str] = []
+    rejected: list[Rejection] = []
+    usage = QueueUsage.of(state) if c.placements and has_quotas(state) else None
+    for placement in c.placements:
+        problem = verify_placement(state, placement, now)
+        if problem is None and usage is not None:
+            problem = _verify_quota(state, usage, placement)
+        if problem is not None:
+            rejected.append(problem)
+        else:
+            _bind(state, placement, now)
+            bound.append(placement.job_id)
+            if usage is not None:
+                spec = state.jobs[placement.job_id].spec
+                usage.add(spec.queue, gang_request(spec))
+    for job_id, why in c.reasons:
+        job = state.jobs.get(job_id)
+        if job is not None and job.state is JobState.PENDING:
+            job.reason = why
+    return ok(
+        f"bound {len(bound)} gang(s), rejected {len(rejected)}",
+        bound=tuple(bound),
+        rejected=tuple(rejected),
+    )
+
+
+def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rejection | None:
+    """Why ``p`` cannot be bound to ``state`` now, or None when it can (whole gang)."""
+
+    def no(code: RejectCode, message: str) -> Rejection:
+        return Rejection(p.job_id, code, message)
+
+    job = state.jobs.get(p.job_id)
+    if job is None:
+        return no(RejectCode.NO_JOB, "no such job")
+    if job.state is not JobState.PENDING:
+        return no(RejectCode.NOT_PENDING, f"job is {job.state.value}, not PENDING")
+    if job.attempts_made != p.attempts_made:
+        return no(RejectCode.STALE_PLAN, f"stale plan: planned for attempt {p.attempts_made + 1}")
+    if now < job.retry_not_before_ms:
+        return no(RejectCode.IN_BACKOFF, "job is still in its retry back-off")
+    if unconfirmed_members(job):
+        return no(
+            RejectCode.UNCONFIRMED_MEMBERS,
+            "members of the previous attempt have not been confirmed stopped",
+        )
+    spec = job.spec
+    if len(p.members) != spec.replicas:
+        return no(
+            RejectCode.WRONG_SIZE, f"plan has {len(p.members)} members, job needs {spec.replicas}"
+        )
+    per_node: dict[str, Resources] = {}
+    gpus_taken: dict[str, set[int]] = {}
+    for rank, member in enumerate(p.members):
+        if member.rank != rank:
+            return no(
+                RejectCode.WRONG_RANKS, f"member ranks must be 0..{spec.replicas - 1} in order"
+            )
+        node = state.nodes.get(member.node_id)
+        if node is None:
+            return no(RejectCode.NO_NODE, f"rank {rank}: no node {member.node_id!r}")
+        if not node.schedulable():
+            return no(
+                RejectCode.NODE_UNSCHEDULABLE,
+                f"rank {rank}: node {member.node_id} is {node.status.value}",
+            )
+        if spec.image and FEATURE_IMAGES not in node.info.features:
+            return no(
+                RejectCode.NO_IMAGES,
+                f"rank {rank}: node {member.node_id} cannot run container images",
+            )
+        if len(member.gpus) != spec.resources.gpu:
+            return no(
+                RejectCode.WRONG_GPU_COUNT,
+                f"rank {rank}: {len(member.gpus)} GPUs given, {spec.resources.gpu} needed",
+            )
+        taken = gpus_taken.setdefault(member.node_id, set())
+        for gpu in member.gpus:
+            if not 0 <= gpu < node.info.capacity.gpu:
+                return no(
+                    RejectCode.NO_SUCH_GPU, f"rank {rank}: node {member.node_id} has no GPU {gpu}"
+                )
+            if gpu in node.allocated_gpus or gpu in taken:
+                return no(
+                    RejectCode.GPU_IN_USE,
+                    f"rank {rank}: GPU {gpu} on {member.node_id} is already in use",
+                )
+            taken.add(gpu)
+        per_node[member.node_id] = per_node.get(member.node_id, Resources()) + spec.resources
+    for node_id, request in sorted(per_node.items()):
+        node = state.nodes[node_id]
+        if not request.fits_in(node.free):
+            return no(
+                RejectCode.NO_ROOM,
+                f"node {node_id} no longer fits: needs {request.describe()}, "
+                f"has {node.free.describe()} free",
+            )
+    level = spec.topology_required
+    if level:
+        levels = state.config.levels_with_host()
+        domains = {
+            domain_at(
+                topology_path(state.nodes[n].info, state.config.topology_levels), levels, level
+            )
+            for n in per_node
+        }
+        if len(domains) > 1:
+            return no(
+                RejectCode.TOPOLOGY_SPAN,
+                f"members span {len(domains)} {level}s; the job requires one",
+            )
+    return None
+
+
+def _verify_quota(state: ClusterState, usage: QueueUsage, p: cmd.GangPlacement) -> Rejection | None:
+    """A gang is bound only within what its queue may use now (nominal plus what it may
+    borrow from idle cohort quota): the planner's decision, checked again."""
+    spec = state.jobs[p.job_id].spec
+    short = usage.shortfall(spec.queue, gang_request(spec))
+    if short is None:
+        return None
+    return Rejection(
+        p.job_id,
+        RejectCode.OVER_QUOTA,
+        f"queue {short.queue} uses {short.used}/{short.nominal} {short.resource}, "
+        f"{short.borrowable} borrowable; this gang needs {short.need}",
+    )
+
+
+def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
+    job = state.jobs[p.job_id]
+    spec = job.spec
+    state.last_fencing_token += 1
+    token = state.last_fencing_token
+    for member in p.members:
+        node = state.nodes[member.node_id]
+        node.allocated = node.allocated + spec.resources
+        node.allocated_gpus.update(member.gpus)
+    job.attempts_made += 1
+    master = state.nodes[p.members[0].node_id]
+    master_port = _choose_master_port(state.config, master, token)
+    bisect.insort(master.master_ports, master_port)
+    job.attempt = Attempt(
+        number=job.attempts_made,
+        fencing_token=token,
+        members=p.members,
+        master_port=master_port,
+        bound_at_ms=now,
+        member_status=[MemberStatus() for _ in p.members],
+    )
+    job.state = move(JOB, job.state, lc.JobEvent.BIND)
+    hosts = len({m.node_id for m in p.members})
+    job.reason = reason(ReasonCode.BOUND, attempt=job.attempts_made, hosts=hosts)
+
+
+def _choose_master_port(config: ClusterConfig, master: Node, token: int) -> int:
+    """A port for the rendezvous, not used by another live attempt on the same master node.
+
+    Probing starts at the token's own slot, which is almost always free because tokens
+    grow; each probe is a binary search of the node's sorted ports."""
+    in_use = master.master_ports
+    for step in range(config.master_port_span):
+        port = config.master_port_base + (token + step) % config.master_port_span
+        i = bisect.bisect_left(in_use, port)
+        if i == len(in_use) or in_use[i] != port:
+            return port
+    return config.master_port_base + token % config.master_port_span
+
+
+HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {cmd.BindPlan: _bind_plan}

@@ -1,0 +1,96 @@
+"""Cluster configuration commands: ``Configure`` (every rule of the configuration,
+and no change that would orphan an unfinished job's topology level) and ``Barrier``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.admission import check_limits
+from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.model import (
+    MAX_LOCALITY_WAIT_MS,
+    MAX_REQUEUES_LIMIT,
+    MAX_START_TIMEOUT_MS,
+    MIN_START_TIMEOUT_MS,
+    ClusterConfig,
+    ClusterState,
+)
+from synapse_ha.core.topology import CLUSTER
+from synapse_ha.core.validation import check_priority_classes
+
+
+def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:
+    problems = c.config.timeouts.violations()
+    levels = c.config.topology_levels
+    if len(set(levels)) != len(levels) or "host" in levels or any(not lv for lv in levels):
+        problems.append("topology_levels must be distinct, non-empty and not 'host'")
+    if c.config.retention_ms < 0:
+        problems.append("retention_ms must be >= 0")
+    if (
+        c.config.master_port_span < 1
+        or not 1024 <= c.config.master_port_base <= 65535
+        or c.config.master_port_base + c.config.master_port_span - 1 > 65535
+    ):
+        problems.append("master port range must lie within 1024..65535")
+    if not 0 <= c.config.locality_wait_ms <= MAX_LOCALITY_WAIT_MS:
+        problems.append(f"locality_wait_ms must be between 0 and {MAX_LOCALITY_WAIT_MS}")
+    if not 0 <= c.config.max_requeues <= MAX_REQUEUES_LIMIT:
+        problems.append(f"max_requeues must be between 0 and {MAX_REQUEUES_LIMIT}")
+    if not MIN_START_TIMEOUT_MS <= c.config.start_timeout_ms <= MAX_START_TIMEOUT_MS:
+        problems.append(
+            f"start_timeout_ms must be between {MIN_START_TIMEOUT_MS} and {MAX_START_TIMEOUT_MS}"
+        )
+    problems.extend(str(v) for v in check_priority_classes(c.config.priority_classes))
+    if c.config.fair_share_half_life_ms < 1:
+        problems.append("fair_share_half_life_ms must be >= 1")
+    problems.extend(str(v) for v in check_limits(c.config.limits))
+    if problems:
+        return error(ResultCode.INVALID, "; ".join(problems))
+    orphaned = orphaned_levels(state, c.config)
+    if orphaned:
+        named = "; ".join(
+            f"topology level {level!r} is used by {', '.join(jobs[:5])}"
+            + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
+            for level, jobs in orphaned
+        )
+        return error(
+            ResultCode.CONFLICT,
+            f"{named}; the new topology_levels would orphan it (let those jobs finish or "
+            f"cancel them first)",
+            details=tuple((level, ",".join(jobs)) for level, jobs in orphaned),
+        )
+    state.config = c.config
+    return ok("configured")
+
+
+def orphaned_levels(state: ClusterState, config: ClusterConfig) -> list[tuple[str, list[str]]]:
+    """Topology levels that unfinished jobs name (``topology.required`` or ``preferred``)
+    and ``config`` no longer has, each with those jobs in id order.
+
+    Only jobs count: node labels for a level that goes away are merely ignored, and a
+    level added later finds them again, so they never block a change.
+    """
+    known = {*config.levels_with_host(), CLUSTER}
+    users: dict[str, list[str]] = {}
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        if job.state.finished:
+            continue
+        for level in (job.spec.topology_required, job.spec.topology_preferred):
+            if level and level not in known:
+                jobs = users.setdefault(level, [])
+                if not jobs or jobs[-1] != job_id:
+                    jobs.append(job_id)
+    return sorted(users.items())
+
+
+def _barrier(state: ClusterState, c: cmd.Barrier, now: int) -> Result:
+    return ok(f"barrier {c.leader_id}".strip())
+
+
+HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
+    cmd.Configure: _configure,
+    cmd.Barrier: _barrier,
+}

@@ -1,0 +1,153 @@
+"""Job commands: submission (idempotent by request id), cancellation, and the
+leader's decisions that end a live attempt (start timeout, time limit) or purge
+finished jobs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.machine.attempts import (
+    end_attempt,
+    end_attempt_for,
+    end_preempted,
+    finish,
+    not_started_members,
+    settle_drained,
+)
+from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, time_limit_deadline
+from synapse_ha.core.quota import priority_class
+from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.validation import Violation, check_job_queue, check_job_spec, describe
+
+
+def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
+    if not c.request_id:
+        return error(ResultCode.INVALID, "request_id: must not be empty")
+    existing = state.request_ids.get(c.request_id)
+    if existing is not None:
+        return ok("duplicate request: returning the existing job", job_id=existing)
+    violations = check_job_spec(c.spec, state.config.topology_levels)
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
+    spec, problems = _resolve_queue_and_class(state, c.spec)
+    if problems:
+        return error(ResultCode.INVALID, describe(problems))
+    seq = state.next_job_seq
+    job_id = f"job-{seq:06d}"
+    state.next_job_seq = seq + 1
+    state.jobs[job_id] = Job(
+        job_id=job_id,
+        spec=spec,
+        request_id=c.request_id,
+        seq=seq,
+        submitted_at_ms=now,
+        owner=c.owner,
+    )
+    state.request_ids[c.request_id] = job_id
+    return ok(f"submitted {job_id}", job_id=job_id, created=True)
+
+
+def _resolve_queue_and_class(state: ClusterState, spec: JobSpec) -> tuple[JobSpec, list[Violation]]:
+    """The spec as stored, once :func:`check_job_queue` finds nothing wrong with its queue
+    and class: a class's value replaces ``priority``."""
+    violations = check_job_queue(spec, state.queues, state.config.priority_classes)
+    cls = priority_class(state.config, spec.priority_class) if spec.priority_class else None
+    if violations or cls is None:
+        return spec, violations
+    return dataclasses.replace(spec, priority=cls.value), []
+
+
+def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
+    job = state.jobs.get(c.job_id)
+    if job is None:
+        return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
+    if job.state is JobState.CANCELLED:
+        return ok(f"{c.job_id} was already cancelled", job_id=c.job_id)
+    if job.state.finished:
+        return error(ResultCode.CONFLICT, f"{c.job_id} already finished as {job.state.value}")
+    attempt = job.live_attempt()
+    if attempt is not None:
+        end_attempt(
+            state, job, lc.AttemptEvent.STOP, reason(ReasonCode.CANCELLED_BY, text=c.reason), now
+        )
+    finish(job, lc.JobEvent.CANCEL, reason(ReasonCode.CANCELLED, text=c.reason), now)
+    job.cancelled_by = c.actor
+    if attempt is not None:
+        settle_drained(state, sorted({m.node_id for m in attempt.members}))
+    return ok(f"{c.job_id} cancelled", job_id=c.job_id)
+
+
+def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
+    job = state.jobs.get(c.job_id)
+    if job is None:
+        return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
+    attempt = job.live_attempt()
+    if attempt is None or attempt.fencing_token != c.fencing_token:
+        return error(ResultCode.CONFLICT, f"{c.job_id}: token {c.fencing_token} is not current")
+    if attempt.preempted_by:
+        if c.reason.code is ReasonCode.START_TIMEOUT:
+            return error(
+                ResultCode.CONFLICT,
+                f"{c.job_id} is being preempted; its members stop within their grace period",
+            )
+        # The attempt was leaving anyway: it ends as preempted, not as a failure.
+        end_preempted(state, job, now)
+        settle_drained(state, sorted({m.node_id for m in attempt.members}))
+        return ok(f"{c.job_id} attempt {attempt.number} ended (preempted)", job_id=c.job_id)
+    if c.reason.code is ReasonCode.START_TIMEOUT:
+        late = not_started_members(job)
+        if not late:
+            return error(ResultCode.CONFLICT, f"{c.job_id}: every member has started")
+        if now < attempt.bound_at_ms + state.config.start_timeout_ms:
+            return error(ResultCode.CONFLICT, f"{c.job_id} has not reached its start timeout")
+    end_attempt_for(state, job, c.reason, c.jitter_seed, now)
+    settle_drained(state, sorted({m.node_id for m in attempt.members}))
+    return ok(f"{c.job_id} attempt {attempt.number} failed", job_id=c.job_id)
+
+
+def _expire_time_limit(state: ClusterState, c: cmd.ExpireTimeLimit, now: int) -> Result:
+    job = state.jobs.get(c.job_id)
+    if job is None:
+        return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
+    attempt = job.live_attempt()
+    if attempt is None or attempt.fencing_token != c.fencing_token:
+        return error(ResultCode.CONFLICT, f"{c.job_id}: token {c.fencing_token} is not current")
+    deadline = time_limit_deadline(job)
+    if deadline is None or now < deadline:
+        return error(ResultCode.CONFLICT, f"{c.job_id} has not reached its time limit")
+    limit = job.spec.time_limit_ms
+    nodes = sorted({m.node_id for m in attempt.members})
+    end_attempt(
+        state, job, lc.AttemptEvent.STOP, reason(ReasonCode.TIME_LIMIT, limit_ms=limit), now
+    )
+    finish(job, lc.JobEvent.FAIL, reason(ReasonCode.FAILED_TIME_LIMIT, limit_ms=limit), now)
+    settle_drained(state, nodes)
+    return ok(f"{c.job_id} stopped at its time limit", job_id=c.job_id)
+
+
+def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Result:
+    horizon = now - state.config.retention_ms
+    gone = sorted(
+        job.job_id
+        for job in state.jobs.values()
+        if job.state.finished and job.finished_at_ms <= horizon
+    )
+    for job_id in gone:
+        job = state.jobs.pop(job_id)
+        if state.request_ids.get(job.request_id) == job_id:
+            del state.request_ids[job.request_id]
+    return ok(f"purged {len(gone)} finished job(s)", purged=tuple(gone))
+
+
+HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
+    cmd.SubmitJob: _submit_job,
+    cmd.CancelJob: _cancel_job,
+    cmd.FailAttempt: _fail_attempt,
+    cmd.ExpireTimeLimit: _expire_time_limit,
+    cmd.PurgeFinished: _purge_finished,
+}

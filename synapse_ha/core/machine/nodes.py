@@ -1,0 +1,141 @@
+"""Node commands: registration (and re-registration after death), cordon, drain and
+uncordon, and a node's death, which ends the attempts that had members on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.lifecycle import MEMBER, NODE, move, transition
+from synapse_ha.core.machine.attempts import (
+    end_attempt_for,
+    end_preempted,
+    lost_attempt,
+    settle_drained,
+)
+from synapse_ha.core.model import ClusterState, MemberState, Node, NodeInfo, NodeStatus
+from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.validation import check_node_info, describe
+
+
+def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result:
+    violations = check_node_info(c.info)
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
+    info = _normalised(c.info)
+    node = state.nodes.get(info.node_id)
+    if node is None:
+        state.nodes[info.node_id] = Node(info=info, status=NodeStatus.READY, registered_at_ms=now)
+        return ok(f"node {info.node_id} registered")
+    if not node.allocated.fits_in(info.capacity) or not node.allocated_gpus <= set(
+        range(info.capacity.gpu)
+    ):
+        return error(
+            ResultCode.CONFLICT,
+            f"node {info.node_id}: new capacity {info.capacity.describe()} does not cover "
+            f"what is bound to it ({node.allocated.describe()}); report its members' exits first",
+        )
+    node.info = info
+    was_dead = node.status is NodeStatus.DEAD
+    node.status = move(NODE, node.status, lc.NodeEvent.REGISTER)
+    if was_dead:
+        node.status_reason = ""
+        node.registered_at_ms = now
+        return ok(f"node {info.node_id} is back")
+    return ok(f"node {info.node_id} updated")
+
+
+def _normalised(info: NodeInfo) -> NodeInfo:
+    """Fill in singleton NVLink islands when none were given; sort islands and labels."""
+    islands = info.gpu_islands or tuple((i,) for i in range(info.capacity.gpu))
+    islands = tuple(sorted(tuple(sorted(isl)) for isl in islands))
+    return NodeInfo(
+        node_id=info.node_id,
+        address=info.address,
+        capacity=info.capacity,
+        gpu_islands=islands,
+        gpu_model=info.gpu_model,
+        topology=tuple(sorted(info.topology)),
+        features=tuple(sorted(set(info.features))),
+        members_run_as=info.members_run_as,
+    )
+
+
+def _set_node_status(state: ClusterState, c: cmd.SetNodeStatus, now: int) -> Result:
+    node = state.nodes.get(c.node_id)
+    if node is None:
+        return error(ResultCode.NOT_FOUND, f"no node {c.node_id!r}")
+    event = lc.NODE_EVENT_FOR_STATUS.get(c.status)
+    if event is None:
+        return error(ResultCode.INVALID, "use MarkNodeDead to declare a node dead")
+    after = transition(NODE, node.status, event)
+    if isinstance(after, lc.Refusal):
+        return error(
+            ResultCode.CONFLICT, f"node {c.node_id} is {node.status.value}; it must register again"
+        )
+    node.status = after
+    node.status_reason = c.reason
+    node.status_by = c.actor
+    settle_drained(state, (c.node_id,))
+    return ok(f"node {c.node_id} is {node.status.value}")
+
+
+def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Result:
+    node = state.nodes.get(c.node_id)
+    if node is None:
+        return error(ResultCode.NOT_FOUND, f"no node {c.node_id!r}")
+    if node.status is NodeStatus.DEAD:
+        return ok(f"node {c.node_id} was already dead")
+    node.status = move(NODE, node.status, lc.NodeEvent.DIE)
+    node.status_reason = c.reason or "declared dead"
+    affected = sorted(
+        job.job_id
+        for job in state.jobs.values()
+        if (attempt := job.live_attempt()) is not None
+        and any(m.node_id == c.node_id for m in attempt.members)
+    )
+    outcome = reason(ReasonCode.NODE_DEAD, node=c.node_id, detail=node.status_reason)
+    touched: set[str] = set()
+    for job_id in affected:
+        job = state.jobs[job_id]
+        if job.attempt is not None:
+            touched.update(m.node_id for m in job.attempt.members)
+        if job.attempt is not None and job.attempt.preempted_by:
+            # Its node's death confirms those members stopped; the gang was leaving anyway.
+            # But they may have exited 0 by themselves first, reported late: kept as for
+            # any attempt a node's death ends, unless a member is already known stopped.
+            stopped = any(
+                s.state is MemberState.EXITED and s.exit_code != 0
+                for s in job.attempt.member_status
+            )
+            lost = None if stopped else lost_attempt(job, c.node_id)
+            end_preempted(state, job, now)
+            job.lost_attempt = lost
+        else:
+            lost = lost_attempt(job, c.node_id)
+            end_attempt_for(state, job, outcome, c.jitter_seed, now)
+            if not job.state.finished:
+                job.lost_attempt = lost
+    # Members on a dead node are gone: its worker fenced itself before the node was
+    # declared dead (dead_timeout > lease_ttl + leader_step_down).
+    for job_id in sorted(state.jobs):
+        attempt = state.jobs[job_id].attempt
+        if attempt is None or attempt.ended_at_ms is None:
+            continue
+        for member, status in zip(attempt.members, attempt.member_status, strict=True):
+            if member.node_id == c.node_id and status.state is not MemberState.EXITED:
+                status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+                status.finished_at_ms = now
+                touched.update(m.node_id for m in attempt.members)
+    settle_drained(state, sorted(touched))
+    return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", stopped=tuple(affected))
+
+
+HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
+    cmd.RegisterNode: _register_node,
+    cmd.SetNodeStatus: _set_node_status,
+    cmd.MarkNodeDead: _mark_node_dead,
+}

@@ -1,0 +1,239 @@
+"""Member reports: starts and exits of members as their workers report them, at least
+once, checked against the fencing token; the attempt's outcome they decide; and the late
+success of an attempt its node's death had already ended."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, move
+from synapse_ha.core.machine.attempts import (
+    end_attempt,
+    end_attempt_for,
+    end_preempted,
+    finish,
+    settle_drained,
+)
+from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
+from synapse_ha.core.reasons import ReasonCode, reason
+
+
+def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Result:
+    if c.node_id not in state.nodes:
+        return error(ResultCode.NOT_FOUND, f"no node {c.node_id!r}")
+    accepted = stale = 0
+    touched: set[str] = set()
+    for event in c.events:
+        job = state.jobs.get(event.job_id)
+        late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
+        if job is not None and (_confirm_stopped(job, c.node_id, event, now) or late):
+            accepted += 1
+            touched.add(c.node_id)
+            continue
+        attempt = job.live_attempt() if job is not None else None
+        if (
+            job is None
+            or attempt is None
+            or attempt.fencing_token != event.fencing_token
+            or not 0 <= event.rank < len(attempt.members)
+            or attempt.members[event.rank].node_id != c.node_id
+        ):
+            stale += 1
+            continue
+        accepted += 1
+        status = attempt.member_status[event.rank]
+        if status.state is MemberState.EXITED:
+            continue  # already known; reports are at-least-once
+        if attempt.preempted_by and event.kind is cmd.MemberEventKind.EXITED:
+            # Any exit of a preempted member confirms it stopped; never the job's failure.
+            status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+            status.exit_code = _preempted_exit_code(event)
+            status.finished_at_ms = now
+            if all(s.state is MemberState.EXITED for s in attempt.member_status):
+                if attempt.state is AttemptState.RUNNING and all(
+                    s.exit_code == 0 for s in attempt.member_status
+                ):
+                    _succeed_before_preemption(job, attempt, now, state)
+                else:
+                    end_preempted(state, job, now)
+                touched.update(m.node_id for m in attempt.members)
+            continue
+        if status.started_at_ms is None:
+            status.started_at_ms = now
+        if attempt.started_at_ms is None:
+            attempt.started_at_ms = now
+        if attempt.state is AttemptState.BOUND:
+            attempt.state = move(ATTEMPT, attempt.state, lc.AttemptEvent.START)
+        if job.state is JobState.SCHEDULED:
+            job.state = move(JOB, job.state, lc.JobEvent.START)
+            job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
+        if event.kind is cmd.MemberEventKind.STARTED:
+            status.state = move(MEMBER, status.state, lc.MemberEvent.START)
+            continue
+        status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+        status.exit_code = event.exit_code
+        status.finished_at_ms = now
+        if event.cause.disruption or event.exit_code != 0:
+            code = {
+                cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
+                cmd.ExitCause.FENCED: ReasonCode.MEMBER_FENCED,
+                cmd.ExitCause.LOST: ReasonCode.MEMBER_LOST,
+            }[event.cause]
+            outcome = reason(
+                code,
+                rank=event.rank,
+                node=c.node_id,
+                exit_code=event.exit_code,
+                detail=event.detail or None,
+            )
+            end_attempt_for(state, job, outcome, c.jitter_seed, now)
+            touched.update(m.node_id for m in attempt.members)
+        elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
+            end_attempt(
+                state,
+                job,
+                lc.AttemptEvent.SUCCEED,
+                reason(ReasonCode.ALL_EXITED_ZERO, members=len(attempt.members)),
+                now,
+            )
+            finish(
+                job,
+                lc.JobEvent.SUCCEED,
+                reason(ReasonCode.SUCCEEDED, members=len(attempt.members)),
+                now,
+            )
+            touched.update(m.node_id for m in attempt.members)
+    settle_drained(state, sorted(touched))
+    return ok(
+        f"{accepted} event(s) accepted, {stale} stale", accepted_events=accepted, stale_events=stale
+    )
+
+
+# 128 + SIGTERM: the code a member stopped by its worker reports (worker/shim.py).
+EXIT_STOPPED = 143
+
+
+def _preempted_exit_code(event: cmd.MemberEvent) -> int:
+    """The code recorded for a preempted member's exit. Only an exit 0 by the member's own
+    program (cause ``PROGRAM``) is a success: a member its worker stopped never reports 0
+    (its supervisor reports 143, DESIGN §4), so a disruption reported with code 0 is
+    recorded as 143 and never counts as one."""
+    if event.cause.disruption and event.exit_code == 0:
+        return EXIT_STOPPED
+    return event.exit_code
+
+
+def _succeed_before_preemption(job: Job, attempt: Attempt, now: int, state: ClusterState) -> None:
+    """Every member of a preempted attempt exited 0 by itself: the gang finished before
+    the preemption reached it (its exits were reported after the preemption was decided).
+    The job succeeds instead of running again; the preemptor gets the GPUs as it would
+    have, once the next pass places it."""
+    members = len(attempt.members)
+    end_attempt(
+        state,
+        job,
+        lc.AttemptEvent.SUCCEED,
+        reason(ReasonCode.ALL_EXITED_ZERO, members=members),
+        now,
+    )
+    finish(
+        job,
+        lc.JobEvent.SUCCEED,
+        reason(
+            ReasonCode.SUCCEEDED_BEFORE_PREEMPTION,
+            attempt=attempt.number,
+            members=members,
+            preemptor=attempt.preempted_by,
+        ),
+        now,
+    )
+
+
+def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -> bool:
+    """Record that a member of the job's ended attempt has stopped; False if not such."""
+    attempt = job.attempt
+    if (
+        attempt is None
+        or attempt.ended_at_ms is None
+        or event.kind is not cmd.MemberEventKind.EXITED
+        or attempt.fencing_token != event.fencing_token
+        or not 0 <= event.rank < len(attempt.members)
+        or attempt.members[event.rank].node_id != node_id
+    ):
+        return False
+    status = attempt.member_status[event.rank]
+    if status.state is not MemberState.EXITED:
+        status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+        status.exit_code = event.exit_code
+        status.finished_at_ms = now
+    return True
+
+
+def _count_late_exit(
+    state: ClusterState, job: Job, node_id: str, event: cmd.MemberEvent, now: int, touched: set[str]
+) -> bool:
+    """Count an exit of the job's attempt that was ended by its node's death
+    (``job.lost_attempt``); False when ``event`` is not such an exit.
+
+    An exit 0 by the member's own program (cause ``PROGRAM``) adds its rank; once every
+    rank has one, the attempt had succeeded after all: a newer attempt, bound or running,
+    is stopped (its members are no longer desired, its resources are released) and the
+    job ends ``SUCCEEDED`` (``late_success``), so it never runs again. Any other exit
+    (non-zero, fenced, lost) drops the record: the requeue was needed. Duplicates change
+    nothing (reports are at-least-once).
+    """
+    lost = job.lost_attempt
+    if (
+        lost is None
+        or event.kind is not cmd.MemberEventKind.EXITED
+        or event.fencing_token != lost.fencing_token
+        or not 0 <= event.rank < len(lost.nodes)
+        or lost.nodes[event.rank] != node_id
+    ):
+        return False
+    if event.cause is not cmd.ExitCause.PROGRAM or event.exit_code != 0:
+        job.lost_attempt = None
+        return True
+    if event.rank in lost.exited_zero:
+        return True
+    ranks = tuple(sorted((*lost.exited_zero, event.rank)))
+    if len(ranks) < len(lost.nodes):
+        job.lost_attempt = dataclasses.replace(lost, exited_zero=ranks)
+        return True
+    live = job.live_attempt()
+    if live is not None:
+        touched.update(m.node_id for m in live.members)
+        end_attempt(
+            state,
+            job,
+            lc.AttemptEvent.STOP,
+            reason(
+                ReasonCode.EARLIER_ATTEMPT_SUCCEEDED,
+                attempt=lost.number,
+                fencing_token=lost.fencing_token,
+            ),
+            now,
+        )
+    finish(
+        job,
+        lc.JobEvent.LATE_SUCCESS,
+        reason(
+            ReasonCode.SUCCEEDED_AFTER_NODE_DEATH,
+            attempt=lost.number,
+            fencing_token=lost.fencing_token,
+            members=len(lost.nodes),
+            node=lost.node_id,
+        ),
+        now,
+    )
+    return True
+
+
+HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
+    cmd.ReportMembers: _report_members
+}

@@ -1,0 +1,94 @@
+"""Tokens and queues: creating and revoking API tokens, setting and deleting queues."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.admission import check_priority_allowance
+from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.model import DEFAULT_QUEUE, ClusterState, Token
+from synapse_ha.core.validation import Violation, ViolationCode, check_queue, check_token, describe
+
+
+def _create_token(state: ClusterState, c: cmd.CreateToken, now: int) -> Result:
+    violations = check_token(c.token_id, c.user, c.role, c.queues, c.secret_sha256, c.expires_at_ms)
+    violations += check_priority_allowance(c.priority_classes, c.max_priority)
+    if not c.token_id:
+        violations.insert(0, Violation(ViolationCode.REQUIRED, "token_id", "is required"))
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
+    if c.token_id in state.tokens:
+        return error(ResultCode.CONFLICT, f"token {c.token_id} exists already")
+    if c.expires_at_ms and c.expires_at_ms <= now:
+        return error(ResultCode.INVALID, "expires_at_ms: must be later than now")
+    state.tokens[c.token_id] = Token(
+        token_id=c.token_id,
+        user=c.user,
+        role=c.role,
+        secret_sha256=c.secret_sha256,
+        created_at_ms=now,
+        created_by=c.actor,
+        queues=tuple(c.queues),
+        expires_at_ms=c.expires_at_ms,
+        priority_classes=tuple(c.priority_classes),
+        max_priority=c.max_priority,
+    )
+    return ok(f"token {c.token_id} created for {c.user} (role {c.role})")
+
+
+def _revoke_token(state: ClusterState, c: cmd.RevokeToken, now: int) -> Result:
+    token = state.tokens.get(c.token_id)
+    if token is None:
+        return error(ResultCode.NOT_FOUND, f"no token {c.token_id!r}")
+    if token.revoked_at_ms:
+        return ok(f"token {c.token_id} was already revoked")
+    # 0 means live, so a revocation at time 0 (only ever in tests) is recorded as 1.
+    revoked = dataclasses.replace(token, revoked_at_ms=max(now, 1), revoked_by=c.actor)
+    state.tokens[c.token_id] = revoked
+    return ok(f"token {c.token_id} revoked")
+
+
+# ----------------------------------------------------------------------------- queues
+
+
+def _set_queue(state: ClusterState, c: cmd.SetQueue, now: int) -> Result:
+    violations = check_queue(c.queue, state.config.priority_classes)
+    violations += check_priority_allowance((), c.queue.max_priority)
+    if c.queue.name == DEFAULT_QUEUE and c.queue.cohort:
+        violations.append(Violation(ViolationCode.INVALID_FIELD, "cohort", "not for default"))
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
+    existed = c.queue.name in state.queues
+    state.queues[c.queue.name] = c.queue
+    state.queues = dict(sorted(state.queues.items()))
+    return ok(f"queue {c.queue.name} {'updated' if existed else 'created'}")
+
+
+def _delete_queue(state: ClusterState, c: cmd.DeleteQueue, now: int) -> Result:
+    if c.name == DEFAULT_QUEUE:
+        return error(ResultCode.CONFLICT, "the default queue cannot be deleted")
+    if c.name not in state.queues:
+        return error(ResultCode.NOT_FOUND, f"no queue {c.name!r}")
+    using = sorted(
+        job.job_id
+        for job in state.jobs.values()
+        if not job.state.finished and job.spec.queue == c.name
+    )
+    if using:
+        shown = ", ".join(using[:5]) + (" ..." if len(using) > 5 else "")
+        return error(
+            ResultCode.CONFLICT, f"queue {c.name} still has {len(using)} unfinished job(s): {shown}"
+        )
+    del state.queues[c.name]
+    return ok(f"queue {c.name} deleted")
+
+
+HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
+    cmd.CreateToken: _create_token,
+    cmd.RevokeToken: _revoke_token,
+    cmd.SetQueue: _set_queue,
+    cmd.DeleteQueue: _delete_queue,
+}
