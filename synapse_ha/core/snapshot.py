@@ -24,125 +24,22 @@ from collections.abc import Callable
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.machine import apply
+from synapse_ha.core.machine import HANDLERS, apply
+from synapse_ha.core.machine.changes import Changes, Touches
 from synapse_ha.core.model import ClusterState, Job
 
+__all__ = [
+    "Changes",
+    "SnapshotBuilder",
+    "apply_tracked",
+    "clone",
+    "full_copy",
+    "note_touched",
+]
 
-@dataclasses.dataclass(slots=True)
-class Changes:
-    """Records touched since the last snapshot."""
-
-    nodes: set[str] = dataclasses.field(default_factory=set)
-    jobs: set[str] = dataclasses.field(default_factory=set)
-    request_ids: bool = False
-    tokens: bool = False
-    everything: bool = False
-
-    def clear(self) -> None:
-        self.nodes.clear()
-        self.jobs.clear()
-        self.request_ids = False
-        self.tokens = False
-        self.everything = False
-
-    def __bool__(self) -> bool:
-        return bool(self.nodes or self.jobs or self.request_ids or self.tokens or self.everything)
-
-
-def _job_and_its_nodes(state: ClusterState, job_id: str, changes: Changes) -> None:
-    changes.jobs.add(job_id)
-    job = state.jobs.get(job_id)
-    if job is not None and job.attempt is not None:
-        changes.nodes.update(m.node_id for m in job.attempt.members)
-
-
-def _jobs_on_node(state: ClusterState, node_id: str) -> list[Job]:
-    return [
-        job
-        for job in state.jobs.values()
-        if job.attempt is not None and any(m.node_id == node_id for m in job.attempt.members)
-    ]
-
-
-def _nothing(state: ClusterState, command: Any, changes: Changes) -> None:
-    """Barrier; Configure (the configuration is an immutable value every snapshot shares)."""
-
-
-def _node_status(state: ClusterState, command: Any, changes: Changes) -> None:
-    changes.nodes.add(command.node_id)
-
-
-def _register(state: ClusterState, command: cmd.RegisterNode, changes: Changes) -> None:
-    changes.nodes.add(command.info.node_id)
-
-
-def _node_dead(state: ClusterState, command: cmd.MarkNodeDead, changes: Changes) -> None:
-    changes.nodes.add(command.node_id)
-    for job in _jobs_on_node(state, command.node_id):
-        _job_and_its_nodes(state, job.job_id, changes)
-
-
-def _submit(state: ClusterState, command: cmd.SubmitJob, changes: Changes) -> None:
-    changes.request_ids = True
-    job_id = state.request_ids.get(command.request_id)
-    if job_id is not None:
-        changes.jobs.add(job_id)
-
-
-def _one_job(state: ClusterState, command: Any, changes: Changes) -> None:
-    _job_and_its_nodes(state, command.job_id, changes)
-
-
-def _bind(state: ClusterState, command: cmd.BindPlan, changes: Changes) -> None:
-    for placement in command.placements:
-        _job_and_its_nodes(state, placement.job_id, changes)
-        changes.nodes.update(m.node_id for m in placement.members)
-    changes.jobs.update(job_id for job_id, _ in command.reasons)
-
-
-def _report(state: ClusterState, command: cmd.ReportMembers, changes: Changes) -> None:
-    changes.nodes.add(command.node_id)
-    for event in command.events:
-        _job_and_its_nodes(state, event.job_id, changes)
-
-
-def _tokens(state: ClusterState, command: Any, changes: Changes) -> None:
-    changes.tokens = True
-
-
-def _purge(state: ClusterState, command: cmd.PurgeFinished, changes: Changes) -> None:
-    changes.request_ids = True
-    changes.jobs.update(job.job_id for job in state.jobs.values() if job.state.finished)
-
-
-def _preempt(state: ClusterState, command: cmd.Preempt, changes: Changes) -> None:
-    _job_and_its_nodes(state, command.preemptor, changes)
-    for victim in command.victims:
-        _job_and_its_nodes(state, victim.job_id, changes)
-
-
-# What each command type may touch. A type missing here makes the next snapshot a full
-# copy (tests/core/test_snapshot.py checks every command type is listed).
-_TOUCHES: dict[type, Callable[[ClusterState, Any, Changes], None]] = {
-    cmd.Configure: _nothing,
-    cmd.Barrier: _nothing,
-    cmd.RegisterNode: _register,
-    cmd.SetNodeStatus: _node_status,
-    cmd.MarkNodeDead: _node_dead,
-    cmd.SubmitJob: _submit,
-    cmd.CancelJob: _one_job,
-    cmd.BindPlan: _bind,
-    cmd.ReportMembers: _report,
-    cmd.FailAttempt: _one_job,
-    cmd.ExpireTimeLimit: _one_job,
-    cmd.PurgeFinished: _purge,
-    cmd.CreateToken: _tokens,
-    cmd.RevokeToken: _tokens,
-    # Queues are frozen values in a small dictionary every snapshot copies.
-    cmd.SetQueue: _nothing,
-    cmd.DeleteQueue: _nothing,
-    cmd.Preempt: _preempt,
-}
+# What each command type may touch, as its aggregate declares it beside its handler
+# (synapse_ha.core.machine). A type missing here makes the next snapshot a full copy.
+_TOUCHES: dict[type, Touches] = {t: h.touches for t, h in HANDLERS.items()}
 
 
 def note_touched(state: ClusterState, command: cmd.Command, changes: Changes) -> None:

@@ -10,13 +10,11 @@ command becomes an error :class:`Result`, and an unexpected exception becomes an
 One module per aggregate, each with the handlers of its commands (``HANDLERS``):
 :mod:`.config`, :mod:`.nodes`, :mod:`.jobs`, :mod:`.binding` (plan verification),
 :mod:`.reports` (member reports), :mod:`.preemption`, :mod:`.tokens_queues`; and
-:mod:`.attempts`, how an attempt ends, which they share.
+:mod:`.attempts`, how an attempt ends, which they share. Each handler is declared with
+what its command may touch (:mod:`.changes`), from which snapshots are built.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error
@@ -27,6 +25,7 @@ from synapse_ha.core.machine.attempts import (
     start_timeout_reason,
 )
 from synapse_ha.core.machine.binding import verify_placement
+from synapse_ha.core.machine.changes import Handling
 from synapse_ha.core.machine.config import orphaned_levels
 from synapse_ha.core.machine.reports import EXIT_STOPPED
 from synapse_ha.core.model import ClusterState
@@ -42,8 +41,8 @@ __all__ = [
     "verify_placement",
 ]
 
-# Every command type, to the handler of its aggregate.
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
+# Every command type, to the handling its aggregate declares.
+HANDLERS: dict[type, Handling] = {
     **config.HANDLERS,
     **nodes.HANDLERS,
     **jobs.HANDLERS,
@@ -61,7 +60,7 @@ def apply(state: ClusterState, command: cmd.Command) -> Result:
         return error(ResultCode.INVALID, f"unknown command type {type(command).__name__}")
     try:
         now = max(command.now_ms, state.last_time_ms)
-        result = handler(state, command, now)
+        result = handler.apply(state, command, now)
     except Exception as exc:  # a bug; the log must keep moving on every replica alike
         return error(ResultCode.INTERNAL, f"{type(command).__name__}: {exc!r}")
     state.applied_commands += 1

@@ -5,13 +5,12 @@ fencing token."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
-from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
 from synapse_ha.core.lifecycle import JOB, move
+from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import (
     FEATURE_IMAGES,
     Attempt,
@@ -199,4 +198,13 @@ def _choose_master_port(config: ClusterConfig, master: Node, token: int) -> int:
     return config.master_port_base + token % config.master_port_span
 
 
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {cmd.BindPlan: _bind_plan}
+def _touches_plan(state: ClusterState, c: cmd.BindPlan, changes: Changes) -> None:
+    for placement in c.placements:
+        job_and_its_nodes(state, placement.job_id, changes)
+        changes.nodes.update(m.node_id for m in placement.members)
+    changes.jobs.update(job_id for job_id, _ in c.reasons)
+
+
+HANDLERS: dict[type, Handling] = {
+    cmd.BindPlan: Handling(_bind_plan, _touches_plan),
+}

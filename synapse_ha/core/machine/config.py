@@ -3,12 +3,10 @@ and no change that would orphan an unfinished job's topology level) and ``Barrie
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_limits
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.machine.changes import Handling, nothing
 from synapse_ha.core.model import (
     MAX_LOCALITY_WAIT_MS,
     MAX_REQUEUES_LIMIT,
@@ -90,7 +88,7 @@ def _barrier(state: ClusterState, c: cmd.Barrier, now: int) -> Result:
     return ok(f"barrier {c.leader_id}".strip())
 
 
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
-    cmd.Configure: _configure,
-    cmd.Barrier: _barrier,
+HANDLERS: dict[type, Handling] = {
+    cmd.Configure: Handling(_configure, nothing),
+    cmd.Barrier: Handling(_barrier, nothing),
 }

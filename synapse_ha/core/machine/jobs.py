@@ -5,8 +5,6 @@ finished jobs."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
@@ -19,6 +17,7 @@ from synapse_ha.core.machine.attempts import (
     not_started_members,
     settle_drained,
 )
+from synapse_ha.core.machine.changes import Changes, Handling, one_job
 from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, time_limit_deadline
 from synapse_ha.core.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
@@ -144,10 +143,22 @@ def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Resu
     return ok(f"purged {len(gone)} finished job(s)", purged=tuple(gone))
 
 
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
-    cmd.SubmitJob: _submit_job,
-    cmd.CancelJob: _cancel_job,
-    cmd.FailAttempt: _fail_attempt,
-    cmd.ExpireTimeLimit: _expire_time_limit,
-    cmd.PurgeFinished: _purge_finished,
+def _touches_submission(state: ClusterState, c: cmd.SubmitJob, changes: Changes) -> None:
+    changes.request_ids = True
+    job_id = state.request_ids.get(c.request_id)
+    if job_id is not None:
+        changes.jobs.add(job_id)
+
+
+def _touches_purge(state: ClusterState, c: cmd.PurgeFinished, changes: Changes) -> None:
+    changes.request_ids = True
+    changes.jobs.update(job.job_id for job in state.jobs.values() if job.state.finished)
+
+
+HANDLERS: dict[type, Handling] = {
+    cmd.SubmitJob: Handling(_submit_job, _touches_submission),
+    cmd.CancelJob: Handling(_cancel_job, one_job),
+    cmd.FailAttempt: Handling(_fail_attempt, one_job),
+    cmd.ExpireTimeLimit: Handling(_expire_time_limit, one_job),
+    cmd.PurgeFinished: Handling(_purge_finished, _touches_purge),
 }

@@ -3,9 +3,6 @@ uncordon, and a node's death, which ends the attempts that had members on it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
@@ -16,6 +13,7 @@ from synapse_ha.core.machine.attempts import (
     lost_attempt,
     settle_drained,
 )
+from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, jobs_on_node
 from synapse_ha.core.model import ClusterState, MemberState, Node, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.validation import check_node_info, describe
@@ -134,8 +132,22 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
     return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", stopped=tuple(affected))
 
 
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
-    cmd.RegisterNode: _register_node,
-    cmd.SetNodeStatus: _set_node_status,
-    cmd.MarkNodeDead: _mark_node_dead,
+def _touches_registration(state: ClusterState, c: cmd.RegisterNode, changes: Changes) -> None:
+    changes.nodes.add(c.info.node_id)
+
+
+def _touches_node(state: ClusterState, c: cmd.SetNodeStatus, changes: Changes) -> None:
+    changes.nodes.add(c.node_id)
+
+
+def _touches_death(state: ClusterState, c: cmd.MarkNodeDead, changes: Changes) -> None:
+    changes.nodes.add(c.node_id)
+    for job in jobs_on_node(state, c.node_id):
+        job_and_its_nodes(state, job.job_id, changes)
+
+
+HANDLERS: dict[type, Handling] = {
+    cmd.RegisterNode: Handling(_register_node, _touches_registration),
+    cmd.SetNodeStatus: Handling(_set_node_status, _touches_node),
+    cmd.MarkNodeDead: Handling(_mark_node_dead, _touches_death),
 }

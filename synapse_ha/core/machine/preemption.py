@@ -3,11 +3,9 @@ against the priority and reclaim rules that make thrashing impossible."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, JobState, PreemptionKind, PreemptionMode
 from synapse_ha.core.quota import QueueUsage, gang_request, grace_ms, priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
@@ -156,4 +154,12 @@ def _reclaim_problem(state: ClusterState, preemptor: Job, victims: list[Job]) ->
     return ""
 
 
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {cmd.Preempt: _preempt}
+def _touches_gangs(state: ClusterState, c: cmd.Preempt, changes: Changes) -> None:
+    job_and_its_nodes(state, c.preemptor, changes)
+    for victim in c.victims:
+        job_and_its_nodes(state, victim.job_id, changes)
+
+
+HANDLERS: dict[type, Handling] = {
+    cmd.Preempt: Handling(_preempt, _touches_gangs),
+}

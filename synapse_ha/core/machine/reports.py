@@ -5,8 +5,6 @@ success of an attempt its node's death had already ended."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
@@ -19,6 +17,7 @@ from synapse_ha.core.machine.attempts import (
     finish,
     settle_drained,
 )
+from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
 from synapse_ha.core.reasons import ReasonCode, reason
 
@@ -234,6 +233,12 @@ def _count_late_exit(
     return True
 
 
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
-    cmd.ReportMembers: _report_members
+def _touches_reports(state: ClusterState, c: cmd.ReportMembers, changes: Changes) -> None:
+    changes.nodes.add(c.node_id)
+    for event in c.events:
+        job_and_its_nodes(state, event.job_id, changes)
+
+
+HANDLERS: dict[type, Handling] = {
+    cmd.ReportMembers: Handling(_report_members, _touches_reports),
 }

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_priority_allowance
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.machine.changes import Handling, nothing, tokens
 from synapse_ha.core.model import DEFAULT_QUEUE, ClusterState, Token
 from synapse_ha.core.validation import Violation, ViolationCode, check_queue, check_token, describe
 
@@ -86,9 +85,9 @@ def _delete_queue(state: ClusterState, c: cmd.DeleteQueue, now: int) -> Result:
     return ok(f"queue {c.name} deleted")
 
 
-HANDLERS: dict[type, Callable[[ClusterState, Any, int], Result]] = {
-    cmd.CreateToken: _create_token,
-    cmd.RevokeToken: _revoke_token,
-    cmd.SetQueue: _set_queue,
-    cmd.DeleteQueue: _delete_queue,
+HANDLERS: dict[type, Handling] = {
+    cmd.CreateToken: Handling(_create_token, tokens),
+    cmd.RevokeToken: Handling(_revoke_token, tokens),
+    cmd.SetQueue: Handling(_set_queue, nothing),
+    cmd.DeleteQueue: Handling(_delete_queue, nothing),
 }
