@@ -213,32 +213,14 @@ class QueueHistory:
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """The timeouts that together guarantee no duplicate execution (DESIGN §4)."""
+    """The timeouts that together guarantee no duplicate execution (DESIGN §4); their
+    rules are :func:`synapse_ha.core.validation.check_timeouts`."""
 
     heartbeat_interval_ms: int = 1_000
     lease_ttl_ms: int = 4_000
     leader_step_down_ms: int = 2_000
     dead_timeout_ms: int = 10_000
     safety_margin_ms: int = 1_000
-
-    def violations(self) -> list[str]:
-        """Reasons these timeouts are unsafe; empty when they are fine."""
-        problems = []
-        for name in ("heartbeat_interval_ms", "lease_ttl_ms", "leader_step_down_ms"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be > 0")
-        if self.lease_ttl_ms <= self.heartbeat_interval_ms:
-            problems.append(
-                f"lease_ttl ({self.lease_ttl_ms} ms) must exceed heartbeat_interval "
-                f"({self.heartbeat_interval_ms} ms)"
-            )
-        bound = self.lease_ttl_ms + self.leader_step_down_ms + self.safety_margin_ms
-        if self.dead_timeout_ms <= bound:
-            problems.append(
-                f"dead_timeout ({self.dead_timeout_ms} ms) must exceed lease_ttl + "
-                f"leader_step_down + margin ({bound} ms)"
-            )
-        return problems
 
 
 @dataclass(frozen=True, slots=True)

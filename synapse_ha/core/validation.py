@@ -19,7 +19,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core import access
-from synapse_ha.core.model import JobSpec, NodeInfo, PriorityClass, Queue, Resources
+from synapse_ha.core.model import (
+    MAX_LOCALITY_WAIT_MS,
+    MAX_REQUEUES_LIMIT,
+    MAX_START_TIMEOUT_MS,
+    MIN_START_TIMEOUT_MS,
+    ClusterConfig,
+    JobSpec,
+    NodeInfo,
+    PriorityClass,
+    Queue,
+    Resources,
+    Timeouts,
+)
 
 # ------------------------------------------------------------------------- limits
 
@@ -343,6 +355,71 @@ def check_token(
         out.append(invalid("secret_sha256", "must be 64 lowercase hexadecimal digits"))
     if expires_at_ms < 0:
         out.append(invalid("expires_at_ms", "must be 0 (never) or a time"))
+    return out
+
+
+# ------------------------------------------------------------------- configuration
+
+
+def check_timeouts(t: Timeouts) -> list[Violation]:
+    """The rules that make self-fencing safe (DESIGN §5): a worker's lease outlives a
+    heartbeat, and a node is declared dead only after its lease, the leader's step-down
+    and a margin have all run out."""
+    out = [
+        invalid(f"timeouts.{name}", "must be > 0")
+        for name in ("heartbeat_interval_ms", "lease_ttl_ms", "leader_step_down_ms")
+        if getattr(t, name) <= 0
+    ]
+    if t.lease_ttl_ms <= t.heartbeat_interval_ms:
+        out.append(
+            invalid(
+                "timeouts.lease_ttl_ms",
+                f"lease_ttl ({t.lease_ttl_ms} ms) must exceed heartbeat_interval "
+                f"({t.heartbeat_interval_ms} ms)",
+            )
+        )
+    bound = t.lease_ttl_ms + t.leader_step_down_ms + t.safety_margin_ms
+    if t.dead_timeout_ms <= bound:
+        out.append(
+            invalid(
+                "timeouts.dead_timeout_ms",
+                f"dead_timeout ({t.dead_timeout_ms} ms) must exceed lease_ttl + "
+                f"leader_step_down + margin ({bound} ms)",
+            )
+        )
+    return out
+
+
+def check_cluster_config(config: ClusterConfig) -> list[Violation]:
+    """Every rule ``config`` breaks on its own (the per-identity limits are
+    :func:`synapse_ha.core.admission.check_limits`; a change that would orphan an
+    unfinished job's topology level is the state machine's to refuse)."""
+    out = check_timeouts(config.timeouts)
+    levels = config.topology_levels
+    if len(set(levels)) != len(levels) or "host" in levels or any(not lv for lv in levels):
+        out.append(invalid("topology_levels", "must be distinct, non-empty and not 'host'"))
+    if config.retention_ms < 0:
+        out.append(invalid("retention_ms", "must be >= 0"))
+    if (
+        config.master_port_span < 1
+        or not 1024 <= config.master_port_base <= 65535
+        or config.master_port_base + config.master_port_span - 1 > 65535
+    ):
+        out.append(invalid("master_port_base", "the master port range must lie within 1024..65535"))
+    if not 0 <= config.locality_wait_ms <= MAX_LOCALITY_WAIT_MS:
+        out.append(invalid("locality_wait_ms", f"must be between 0 and {MAX_LOCALITY_WAIT_MS}"))
+    if not 0 <= config.max_requeues <= MAX_REQUEUES_LIMIT:
+        out.append(invalid("max_requeues", f"must be between 0 and {MAX_REQUEUES_LIMIT}"))
+    if not MIN_START_TIMEOUT_MS <= config.start_timeout_ms <= MAX_START_TIMEOUT_MS:
+        out.append(
+            invalid(
+                "start_timeout_ms",
+                f"must be between {MIN_START_TIMEOUT_MS} and {MAX_START_TIMEOUT_MS}",
+            )
+        )
+    out.extend(check_priority_classes(config.priority_classes))
+    if config.fair_share_half_life_ms < 1:
+        out.append(invalid("fair_share_half_life_ms", "must be >= 1"))
     return out
 
 

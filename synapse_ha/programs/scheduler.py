@@ -83,7 +83,7 @@ from synapse_ha.core.model import (
     Timeouts,
 )
 from synapse_ha.core.spec import SpecError, parse_duration
-from synapse_ha.core.validation import check_priority_classes
+from synapse_ha.core.validation import check_priority_classes, check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
@@ -451,9 +451,9 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         ),
         dead_timeout_ms=pick(args.dead_timeout, "dead_timeout", defaults.dead_timeout_ms),
     )
-    problems = timeouts.violations()
+    problems = check_timeouts(timeouts)
     if problems:
-        raise ConfigError("unsafe timeouts: " + "; ".join(problems))
+        raise ConfigError("unsafe timeouts: " + "; ".join(v.rule for v in problems))
 
     s_doc = doc.get("scheduling", {})
     raw_wait = args.locality_wait if args.locality_wait is not None else s_doc.get("locality_wait")

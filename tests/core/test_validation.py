@@ -13,11 +13,13 @@ from synapse_ha.core.codec import decode_result, encode_result
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
     DEFAULT_TOPOLOGY_LEVELS,
+    ClusterConfig,
     ClusterState,
     JobSpec,
     NodeInfo,
     Resources,
     RetryPolicy,
+    Timeouts,
 )
 from synapse_ha.core.validation import (
     MAX_COMMAND_BYTES,
@@ -26,6 +28,7 @@ from synapse_ha.core.validation import (
     MAX_REPLICAS,
     Violation,
     ViolationCode,
+    check_cluster_config,
     check_job_spec,
     check_node_info,
     check_request_id,
@@ -208,3 +211,29 @@ def test_a_node_without_nvlink_islands_gets_one_island_per_gpu() -> None:
     declared = node(node_id="w2", gpu_islands=((2, 3), (0, 1)))
     assert apply(state, c.RegisterNode(declared, now_ms=2)).ok
     assert state.nodes["w2"].info.gpu_islands == ((0, 1), (2, 3))
+
+
+def test_the_cluster_configuration_rules_name_each_field_they_refuse() -> None:
+    assert check_cluster_config(ClusterConfig()) == []
+    broken = ClusterConfig(
+        timeouts=Timeouts(heartbeat_interval_ms=1_000, lease_ttl_ms=1_000, dead_timeout_ms=3_000),
+        topology_levels=("rack", "rack"),
+        retention_ms=-1,
+        master_port_base=80,
+        max_requeues=-1,
+        fair_share_half_life_ms=0,
+    )
+    fields = [v.field for v in check_cluster_config(broken)]
+    assert fields == [
+        "timeouts.lease_ttl_ms",
+        "timeouts.dead_timeout_ms",
+        "topology_levels",
+        "retention_ms",
+        "master_port_base",
+        "max_requeues",
+        "fair_share_half_life_ms",
+    ]
+    # The state machine refuses the same configuration with the same words.
+    result = apply(ClusterState(), c.Configure(broken, 1))
+    assert not result.ok
+    assert result.message == describe(check_cluster_config(broken))

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.core.access import split_token
+from synapse_ha.core.validation import check_timeouts
 from synapse_ha.programs import scheduler as scheduler_main
 from synapse_ha.programs import worker as worker_main
 from synapse_ha.security.bundle import ClusterCredentials
@@ -227,7 +228,7 @@ def test_the_three_replica_configs_load_and_form_one_quorum(secrets: Secrets) ->
     assert len({c.replicas for c in configs}) == 1
     assert [x.replica_id for x in configs[0].replicas] == list(REPLICAS)
     assert len({c.me.grpc for c in configs}) == 3
-    assert all(c.timeouts.violations() == [] for c in configs)
+    assert all(check_timeouts(c.timeouts) == [] for c in configs)
     assert {c.locality_wait_ms for c in configs} == {600_000}
 
 

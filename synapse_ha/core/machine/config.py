@@ -1,5 +1,7 @@
-"""Cluster configuration commands: ``Configure`` (every rule of the configuration,
-and no change that would orphan an unfinished job's topology level) and ``Barrier``."""
+"""Cluster configuration commands: ``Configure`` (the configuration's rules, stated in
+:func:`~synapse_ha.core.validation.check_cluster_config` and
+:func:`~synapse_ha.core.admission.check_limits`, and no change that would orphan an
+unfinished job's topology level) and ``Barrier``."""
 
 from __future__ import annotations
 
@@ -7,42 +9,13 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_limits
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Handling, nothing
-from synapse_ha.core.model import (
-    MAX_LOCALITY_WAIT_MS,
-    MAX_REQUEUES_LIMIT,
-    MAX_START_TIMEOUT_MS,
-    MIN_START_TIMEOUT_MS,
-    ClusterConfig,
-    ClusterState,
-)
+from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.core.topology import CLUSTER
-from synapse_ha.core.validation import check_priority_classes
+from synapse_ha.core.validation import check_cluster_config
 
 
 def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:
-    problems = c.config.timeouts.violations()
-    levels = c.config.topology_levels
-    if len(set(levels)) != len(levels) or "host" in levels or any(not lv for lv in levels):
-        problems.append("topology_levels must be distinct, non-empty and not 'host'")
-    if c.config.retention_ms < 0:
-        problems.append("retention_ms must be >= 0")
-    if (
-        c.config.master_port_span < 1
-        or not 1024 <= c.config.master_port_base <= 65535
-        or c.config.master_port_base + c.config.master_port_span - 1 > 65535
-    ):
-        problems.append("master port range must lie within 1024..65535")
-    if not 0 <= c.config.locality_wait_ms <= MAX_LOCALITY_WAIT_MS:
-        problems.append(f"locality_wait_ms must be between 0 and {MAX_LOCALITY_WAIT_MS}")
-    if not 0 <= c.config.max_requeues <= MAX_REQUEUES_LIMIT:
-        problems.append(f"max_requeues must be between 0 and {MAX_REQUEUES_LIMIT}")
-    if not MIN_START_TIMEOUT_MS <= c.config.start_timeout_ms <= MAX_START_TIMEOUT_MS:
-        problems.append(
-            f"start_timeout_ms must be between {MIN_START_TIMEOUT_MS} and {MAX_START_TIMEOUT_MS}"
-        )
-    problems.extend(str(v) for v in check_priority_classes(c.config.priority_classes))
-    if c.config.fair_share_half_life_ms < 1:
-        problems.append("fair_share_half_life_ms must be >= 1")
+    problems = [str(v) for v in check_cluster_config(c.config)]
     problems.extend(str(v) for v in check_limits(c.config.limits))
     if problems:
         return error(ResultCode.INVALID, "; ".join(problems))
