@@ -52,7 +52,7 @@ def members_table(doc: dict[str, Any]) -> str:
 
 def add_cluster_commands(group: click.Group) -> None:
     """Attach the subcommands to the ``synctl cluster`` group."""
-    from synapse_ha.cli import main as m
+    from synapse_ha.cli import app as m
 
     @group.command("add-replica")
     @click.argument("replica_id")

@@ -3,7 +3,7 @@ docs/security.md "Limits").
 
 Everyone may read them; ``config set`` is for admins (the cluster refuses anyone else
 with PERMISSION_DENIED, exit 5) and changes only the limits it names, as
-``limits.<name>=<value>``. Registered on ``synctl`` by :mod:`synapse_ha.cli.main`.
+``limits.<name>=<value>``. Added to ``synctl`` by :mod:`synapse_ha.cli.main`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import click
 
 from synapse_ha.cli import render
+from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
-from synapse_ha.cli.main import CommandFailed, Settings, cli, emit, output_option, with_settings
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -30,7 +30,7 @@ _UNITS = {
 }
 
 
-@cli.group()
+@click.group()
 def config() -> None:
     """Show and change the cluster's per-identity limits.
 
@@ -99,3 +99,7 @@ def config_set(settings: Settings, assignments: tuple[str, ...]) -> None:
     limits = settings.client().set_limits(dict(_parse(a) for a in assignments))
     document = _limits_document(limits)
     emit(settings, {"limits": document}, lambda: _limits_table(document))
+
+
+# The commands this module adds to synctl.
+COMMANDS: list[click.Command] = [config]

@@ -20,7 +20,7 @@ from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 if TYPE_CHECKING:
-    from synapse_ha.cli.main import Settings
+    from synapse_ha.cli.app import Settings
 
 MS_PER_HOUR = 3_600_000
 

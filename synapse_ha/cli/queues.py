@@ -4,7 +4,7 @@ docs/queues.md).
 ``queues`` shows each queue's nominal quota, what it uses, borrows from its cohort and
 lends to it, and what waits, with the priority classes and the preemption mode. ``queue
 set`` and ``queue delete`` are for admins; the cluster refuses anyone else with
-PERMISSION_DENIED (exit 5). Registered on ``synctl`` by :mod:`synapse_ha.cli.main`.
+PERMISSION_DENIED (exit 5). Added to ``synctl`` by :mod:`synapse_ha.cli.main`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 import click
 
 from synapse_ha.cli import render
+from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
-from synapse_ha.cli.main import CommandFailed, Settings, cli, emit, output_option, with_settings
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_memory
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
-@cli.command()
+@click.command()
 @output_option
 @with_settings
 def queues(settings: Settings) -> None:
@@ -34,7 +34,7 @@ def queues(settings: Settings) -> None:
     emit(settings, document, lambda: render.queues_table(document))
 
 
-@cli.group()
+@click.group()
 def queue() -> None:
     """Create, change and delete queues (admins only).
 
@@ -136,3 +136,7 @@ def queue_delete(settings: Settings, name: str) -> None:
     """
     settings.client().delete_queue(name)
     emit(settings, {"name": name, "deleted": True}, lambda: f"queue {name}: deleted")
+
+
+# The commands this module adds to synctl.
+COMMANDS: list[click.Command] = [queues, queue]

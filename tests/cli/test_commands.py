@@ -15,8 +15,9 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
+from synapse_ha.cli.app import parse_cluster
 from synapse_ha.cli.defaults import DEFAULT_CLUSTER, ExitCode
-from synapse_ha.cli.main import cli, parse_cluster
+from synapse_ha.cli.main import cli
 from tests.integration.cluster import reserve_ports
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from synapse_ha.cli.app import CommandFailed, default_token_file, find_token
 from synapse_ha.cli.defaults import ExitCode
-from synapse_ha.cli.main import CommandFailed, cli, default_token_file, find_token
+from synapse_ha.cli.main import cli
 from tests.rpc.authed import Replica, serving_replica
 
 

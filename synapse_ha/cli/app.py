@@ -1,0 +1,438 @@
+"""synctl's application layer: its errors and exit codes, its settings and credential
+discovery, output options and shell completion, shared by every command module."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+import grpc
+
+from synapse_ha.cli import render
+from synapse_ha.cli.defaults import (
+    CA_ENV,
+    CA_FILE_NAME,
+    CERT_ENV,
+    CERT_FILE_NAME,
+    CLUSTER_ENV,
+    DEFAULT_CLUSTER,
+    DEFAULT_TIMEOUT_S,
+    KEY_ENV,
+    KEY_FILE_NAME,
+    PER_TRY_TIMEOUT_S,
+    TLS_HINT,
+    TOKEN_ENV,
+    TOKEN_FILE_NAME,
+    ExitCode,
+)
+from synapse_ha.cli.logs import (
+    WorkerUnreachable,
+)
+from synapse_ha.cli.specfile import SpecFileError
+from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
+from synapse_ha.security.tls import TlsError, TlsFiles, Transport
+
+FINISHED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+ACTIVE_STATES = ("PENDING", "SCHEDULED", "RUNNING")
+ALL_STATES = (*ACTIVE_STATES, *sorted(FINISHED_STATES))
+# After a followed job ends, how long its members' log streams may take to deliver the
+# rest of their output.
+FOLLOW_DRAIN_S = 5.0
+
+# Commands that never call the cluster: they read no token or TLS settings.
+LOCAL_COMMANDS = frozenset({"ca", "dev"})
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# -------------------------------------------------------------------------- errors
+
+
+class CommandFailed(Exception):
+    """Ends a command with one line on stderr and ``code``; ``reason`` is the error's code
+    in structured output."""
+
+    def __init__(self, code: ExitCode, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+def _one_line(text: str, width: int = 240) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def unreachable_message(
+    exc: ClusterUnavailable, addresses: Sequence[str], timeout: float, plaintext: bool = False
+) -> str:
+    """Every configured address with the last answer it gave (or that it was not tried);
+    with ``plaintext`` (synctl had no TLS files), the hint that the cluster may need
+    them."""
+    last: dict[str, str] = {}
+    for address, why in exc.attempts:
+        last[address] = why
+    tried = [
+        f"{a} ({_one_line(last[a], 160)})" if a in last else f"{a} (not tried)"
+        for a in dict.fromkeys([*addresses, *last])
+    ]
+    message = (
+        f"cannot reach the cluster within {timeout:g}s; tried {'; '.join(tried)}. "
+        f"Is it running? Set --cluster or {CLUSTER_ENV}."
+    )
+    return f"{message} Or {TLS_HINT}." if plaintext else message
+
+
+_EXIT_FOR_REASON = {
+    Reason.INVALID_FIELD: ExitCode.USAGE,
+    Reason.JOB_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.NODE_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.NO_LEADER: ExitCode.UNREACHABLE,
+    Reason.LEADER_NOT_READY: ExitCode.UNREACHABLE,
+    Reason.NOT_COMMITTED: ExitCode.UNREACHABLE,
+    Reason.OUTCOME_UNKNOWN: ExitCode.UNREACHABLE,
+    Reason.UNAUTHENTICATED: ExitCode.DENIED,
+    Reason.PERMISSION_DENIED: ExitCode.DENIED,
+    Reason.TOKEN_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.QUEUE_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.LIMIT_EXCEEDED: ExitCode.DENIED,
+}
+
+
+def exit_code_for(failure: RpcFailure) -> ExitCode:
+    """By the error's reason; by its status code when it carried none."""
+    if failure.reason in _EXIT_FOR_REASON:
+        return _EXIT_FOR_REASON[failure.reason]
+    if failure.reason is not Reason.UNKNOWN:
+        return ExitCode.JOB_FAILED
+    return _exit_code_for(failure.code)
+
+
+def _exit_code_for(code: grpc.StatusCode | None) -> ExitCode:
+    if code is grpc.StatusCode.NOT_FOUND:
+        return ExitCode.NOT_FOUND
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return ExitCode.DENIED
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        return ExitCode.USAGE
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return ExitCode.UNREACHABLE
+    return ExitCode.JOB_FAILED
+
+
+class SynctlGroup(click.Group):
+    """Turns the errors of every command into one stderr line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CommandFailed as exc:
+            _fail(ctx, exc.code, render.error_document(exc.reason, str(exc)))
+        except SpecFileError as exc:
+            document = render.error_document(
+                str(Reason.INVALID_FIELD),
+                f"invalid job spec: {exc}",
+                field=exc.field,
+                rule=exc.rule,
+                violation=str(exc.code),
+                file=exc.path,
+                line=exc.line,
+            )
+            _fail(ctx, ExitCode.USAGE, document)
+        except ClusterUnavailable as exc:
+            settings = _settings_of(ctx)
+            addresses = settings.addresses if settings else []
+            timeout = settings.timeout if settings else DEFAULT_TIMEOUT_S
+            message = unreachable_message(exc, addresses, timeout, _plaintext(settings))
+            _fail(ctx, ExitCode.UNREACHABLE, render.error_document("UNREACHABLE", message))
+        except WorkerUnreachable as exc:
+            message = str(exc)
+            if _plaintext(_settings_of(ctx)):
+                message += f"; {TLS_HINT}"
+            _fail(ctx, ExitCode.UNREACHABLE, render.error_document("UNREACHABLE", message))
+        except grpc.RpcError as exc:
+            failure = failure_of(exc)
+            code = failure.reason if failure.reason is not Reason.UNKNOWN else failure.code.name
+            message = f"{_one_line(failure.message)} ({code})"
+            if failure.code is grpc.StatusCode.UNAVAILABLE and _plaintext(_settings_of(ctx)):
+                message += f"; {TLS_HINT}"
+            fields: dict[str, object] = dict(sorted(failure.metadata.items()))
+            if failure.violations:
+                fields["violations"] = [
+                    {"field": v.field, "rule": v.rule, "violation": str(v.code)}
+                    for v in failure.violations
+                ]
+            fields["status"] = failure.code.name
+            document = render.error_document(str(code), message, **fields)
+            _fail(ctx, exit_code_for(failure), document)
+        except KeyboardInterrupt:
+            _fail(ctx, ExitCode.INTERRUPTED, render.error_document("INTERRUPTED", "interrupted"))
+
+
+def _settings_of(ctx: click.Context) -> Settings | None:
+    return ctx.obj if isinstance(ctx.obj, Settings) else None
+
+
+def _plaintext(settings: Settings | None) -> bool:
+    """Whether synctl spoke (or would speak) plaintext to the cluster."""
+    return settings is not None and settings.tls is None
+
+
+def _fail(ctx: click.Context, code: ExitCode, document: render.Document) -> NoReturn:
+    """One line on stderr, ``error: <message>``; with ``-o json``/``-o yaml`` the error
+    document instead (also on stderr: stdout carries only answers)."""
+    settings = _settings_of(ctx)
+    output = settings.output if settings else "table"
+    if output == "table":
+        click.echo(f"error: {render.terminal_safe(document['error']['message'])}", err=True)
+    else:
+        click.echo(render.structured(document, output).rstrip("\n"), err=True)
+    raise click.exceptions.Exit(int(code))
+
+
+def note(message: str) -> None:
+    """Progress for people; stderr, so that stdout stays the command's answer. Escaped
+    for the terminal: notes quote reasons and workers' answers."""
+    click.echo(render.terminal_safe(message, keep=render.MULTILINE), err=True)
+
+
+# ------------------------------------------------------------------------ settings
+
+
+@dataclass
+class Settings:
+    addresses: list[str]
+    output: str
+    timeout: float
+    token: str | None = field(default=None, repr=False)
+    tls: TlsFiles | None = None  # None: plaintext
+    _client: ClusterClient | None = field(default=None, repr=False)
+
+    @property
+    def transport(self) -> Transport:
+        """How synctl reaches replicas and workers: mutual TLS with :attr:`tls`."""
+        return Transport(self.tls)
+
+    def client(self) -> ClusterClient:
+        if self._client is None:
+            self._client = ClusterClient(
+                self.addresses,
+                timeout_s=self.timeout,
+                per_try_timeout_s=min(PER_TRY_TIMEOUT_S, self.timeout),
+                token=self.token,
+                channel_factory=self.transport.channel,
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/synapse``, or ``~/.config/synapse``."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "synapse"
+
+
+def default_token_file(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/synapse/token``, or ``~/.config/synapse/token``."""
+    return config_dir(environ) / TOKEN_FILE_NAME
+
+
+def find_tls(
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    environ: Mapping[str, str] | None = None,
+) -> TlsFiles | None:
+    """The TLS files synctl presents: each one as given (``--ca``/``--cert``/``--key``,
+    which click also fills from ``$SYNAPSE_CA``/``$SYNAPSE_CERT``/``$SYNAPSE_KEY``), else
+    ``ca.pem``/``cert.pem``/``key.pem`` in the config directory when that file exists.
+    None when none of the three is found (plaintext). Raises :class:`CommandFailed`
+    (usage) when only some are found, naming the missing ones, or when the files cannot
+    be read or the key is not the certificate's."""
+    folder = config_dir(environ)
+    found: dict[str, Path | None] = {}
+    for (flag, env, name), given in zip(
+        (
+            ("--ca", CA_ENV, CA_FILE_NAME),
+            ("--cert", CERT_ENV, CERT_FILE_NAME),
+            ("--key", KEY_ENV, KEY_FILE_NAME),
+        ),
+        (ca, cert, key),
+        strict=True,
+    ):
+        default = folder / name
+        found[f"{flag} (${env})"] = given or (default if default.is_file() else None)
+    missing = [what for what, path in found.items() if path is None]
+    if len(missing) == len(found):
+        return None
+    if missing:
+        raise CommandFailed(
+            ExitCode.USAGE,
+            f"incomplete TLS settings: {', '.join(missing)} not given; mutual TLS needs the "
+            f"cluster CA, a client certificate and its key (or none of them, for an "
+            f"--insecure cluster). Defaults: {CA_FILE_NAME}, {CERT_FILE_NAME}, "
+            f"{KEY_FILE_NAME} in {folder}",
+            "USAGE",
+        )
+    ca_file, cert_file, key_file = found.values()
+    assert ca_file is not None and cert_file is not None and key_file is not None
+    files = TlsFiles(ca=ca_file, cert=cert_file, key=key_file)
+    try:
+        Transport(files).material()
+    except TlsError as exc:
+        raise CommandFailed(ExitCode.USAGE, str(exc), "USAGE") from exc
+    return files
+
+
+def find_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token synctl sends: from ``token_file`` (given: it must be readable),
+    else ``$SYNAPSE_TOKEN``, else the default token file when it exists; None without
+    one. Raises :class:`CommandFailed` for a given file that cannot be read."""
+    env = os.environ if environ is None else environ
+    if token_file is None:
+        text = env.get(TOKEN_ENV, "").strip()
+        if text:
+            return text
+        token_file = default_token_file(env)
+        if not token_file.is_file():
+            return None
+    try:
+        text = token_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CommandFailed(
+            ExitCode.USAGE, f"cannot read the token file {token_file}: {exc.strerror}", "USAGE"
+        ) from exc
+    return text or None
+
+
+def parse_cluster(value: str) -> list[str]:
+    """``host:port,host:port,...`` into a list; raises :class:`ValueError` naming the
+    address that is not ``host:port``."""
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("no address given (expected host:port,host:port,...)")
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{address!r} is not host:port")
+    return addresses
+
+
+def cluster_callback(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    try:
+        return parse_cluster(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
+
+
+def output_option(func: F) -> F:
+    """``-o`` on a command as well, so that ``synctl jobs -o json`` works like
+    ``synctl -o json jobs``."""
+    return click.option(
+        "-o",
+        "--output",
+        "command_output",
+        type=click.Choice(render.OUTPUT_FORMATS),
+        default=None,
+        help="Output format (overrides the global -o).",
+    )(func)
+
+
+def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Pass the global settings, with a command's own ``-o`` applied, as ``settings``."""
+
+    @click.pass_obj
+    @functools.wraps(func)
+    def wrapper(settings: Settings, *args: Any, **kwargs: Any) -> Any:
+        command_output = kwargs.pop("command_output", None)
+        if command_output:
+            settings.output = command_output
+        return func(settings, *args, **kwargs)
+
+    return wrapper
+
+
+def emit(settings: Settings, document: object, table: Callable[[], str]) -> None:
+    """The answer on stdout: ``table`` (escaped for the terminal once more as a whole,
+    whatever its renderer did) or the document as JSON or YAML."""
+    if settings.output == "table":
+        click.echo(render.terminal_safe(table(), keep=render.MULTILINE))
+    else:
+        click.echo(render.structured(document, settings.output))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------------- completion
+
+
+def _completion_client(ctx: click.Context) -> ClusterClient | None:
+    root = ctx.find_root()
+    value = root.params.get("cluster") or os.environ.get(CLUSTER_ENV) or DEFAULT_CLUSTER
+    try:
+        addresses = value if isinstance(value, list) else parse_cluster(str(value))
+    except ValueError:
+        return None
+    try:
+        token = find_token(root.params.get("token_file"))
+        tls = find_tls(root.params.get("ca"), root.params.get("cert"), root.params.get("key"))
+    except CommandFailed:
+        return None
+    return ClusterClient(
+        addresses,
+        timeout_s=1.0,
+        per_try_timeout_s=0.5,
+        token=token,
+        channel_factory=Transport(tls).channel,
+    )
+
+
+def _complete(
+    ctx: click.Context,
+    fetch: Callable[[ClusterClient], list[tuple[str, str]]],
+    incomplete: str,
+) -> list[click.shell_completion.CompletionItem]:
+    """Completion items ``(value, help)`` from the cluster; none when it cannot answer."""
+    client = _completion_client(ctx)
+    if client is None:
+        return []
+    try:
+        with client:
+            items = fetch(client)
+    except (ClusterUnavailable, grpc.RpcError):
+        return []
+    return [
+        click.shell_completion.CompletionItem(value, help=text)
+        for value, text in items
+        if value.startswith(incomplete)
+    ]
+
+
+def complete_job_ids(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    return _complete(
+        ctx,
+        lambda c: [(j.job_id, f"{j.spec.name} {j.state}") for j in c.list_jobs()],
+        incomplete,
+    )
+
+
+def complete_node_ids(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    return _complete(ctx, lambda c: [(n.node_id, n.status) for n in c.list_nodes()], incomplete)

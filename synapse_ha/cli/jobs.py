@@ -1,0 +1,397 @@
+"""``synctl submit | logs | status | jobs | explain | cancel``: a user's jobs."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import grpc
+
+from synapse_ha.cli import render
+from synapse_ha.cli.app import (
+    ACTIVE_STATES,
+    ALL_STATES,
+    FINISHED_STATES,
+    FOLLOW_DRAIN_S,
+    CommandFailed,
+    Settings,
+    complete_job_ids,
+    emit,
+    note,
+    now_ms,
+    output_option,
+    with_settings,
+)
+from synapse_ha.cli.defaults import (
+    POLL_INTERVAL_S,
+    ExitCode,
+)
+from synapse_ha.cli.logs import (
+    GrantCache,
+    LinePrinter,
+    LogGrant,
+    MemberFollower,
+    MemberLog,
+    WorkerUnreachable,
+    read_log,
+)
+from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.rpc.client import new_request_id
+from synapse_ha.rpc.convert import spec_to_proto
+from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+# -------------------------------------------------------------------------- submit
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--wait", is_flag=True, help="Wait for the job to end; exit 1 unless it succeeded.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Stream every member's output ([rank N] prefix) until the job ends; implies --wait.",
+)
+@output_option
+@with_settings
+def submit(settings: Settings, file: Path, wait: bool, follow: bool) -> None:
+    """Validate the job spec FILE (YAML, see docs/cli.md) and submit it; print the job id.
+
+    The spec is checked before anything is sent: an invalid one exits 2 naming the file
+    line, the field and the rule. The submission carries the spec's request_id (a fresh
+    one when it has none), reused on every retry, so a retry never creates a second job;
+    submitting a file with the same request_id again returns the same job.
+
+    \b
+    Examples:
+      synctl submit examples/cpu-gang.yaml
+      synctl submit job.yaml --wait && echo done
+      synctl submit job.yaml --follow
+    """
+    # The topology level names are the cluster's configuration: the cluster checks them.
+    parsed = load_job_file(file, topology_levels=None)
+    request_id = parsed.request_id or new_request_id()
+    client = settings.client()
+    try:
+        answer = client.submit_job(spec_to_proto(parsed.spec), request_id)
+    except grpc.RpcError as exc:
+        failure = failure_of(exc)
+        if failure.reason is not Reason.INVALID_FIELD or not failure.field:
+            raise
+        line = line_in_file(file, failure.field)
+        violation = failure.violations[0] if failure.violations else None
+        raise SpecFileError(
+            str(file),
+            line,
+            failure.field,
+            f"{failure.rule} (the cluster's rule)",
+            violation.code if violation else None,
+        ) from exc
+    job_id = answer.job_id
+    if not answer.created:
+        note(f"job {job_id} already submitted (request_id {request_id}); not submitted again")
+    document: dict[str, Any] = {"id": job_id, "request_id": request_id, "created": answer.created}
+    if not (wait or follow):
+        emit(settings, document, lambda: job_id)
+        return
+    if settings.output == "table":
+        click.echo(job_id)
+    job = follow_job(settings, job_id, None) if follow else wait_for_job(settings, job_id)
+    note(f"job {job_id} {job.state}" + (f": {job.reason}" if job.reason else ""))
+    if settings.output != "table":
+        document["state"] = job.state
+        click.echo(render.structured(document, settings.output))
+    if job.state != "SUCCEEDED":
+        raise click.exceptions.Exit(int(ExitCode.JOB_FAILED))
+
+
+def _describe_progress(job: pb.Job) -> str:
+    text = f"job {job.job_id}: {job.state}"
+    if job.HasField("attempt") and job.state in ("SCHEDULED", "RUNNING"):
+        text += f" (attempt {job.attempt.number})"
+    elif job.reason and job.state == "PENDING":
+        text += f" ({job.reason})"
+    return text
+
+
+def wait_for_job(settings: Settings, job_id: str) -> pb.Job:
+    """Poll until the job reaches a final state, noting each change on stderr."""
+    client = settings.client()
+    last = ""
+    while True:
+        job = client.get_job(job_id)
+        progress = _describe_progress(job)
+        if progress != last and job.state not in FINISHED_STATES:
+            note(progress)
+            last = progress
+        if job.state in FINISHED_STATES:
+            return job
+        time.sleep(POLL_INTERVAL_S)
+
+
+# ---------------------------------------------------------------------------- logs
+
+
+def node_addresses(settings: Settings) -> dict[str, str]:
+    return {n.node_id: n.address for n in settings.client().list_nodes()}
+
+
+def fetch_grant(settings: Settings, member: MemberLog) -> LogGrant | None:
+    """A grant to read ``member``'s log, from the leader; None from a cluster that signs
+    none (insecure, ``NEEDS_TLS``). A refusal (not the job's owner, no credential) is
+    raised as the ``grpc.RpcError`` it is."""
+    client = settings.client()
+    request = pb.GrantLogAccessRequest(
+        job_id=member.job_id, attempt=member.attempt, rank=member.rank
+    )
+    try:
+        answer: pb.GrantLogAccessResponse = client.call(
+            "GrantLogAccess", lambda a, t: client.scheduler(a).GrantLogAccess(request, timeout=t)
+        )
+    except grpc.RpcError as exc:
+        if failure_of(exc).reason is Reason.NEEDS_TLS:
+            return None
+        raise
+    return LogGrant(answer.grant, answer.expires_at_ms / 1000)
+
+
+def grant_cache(settings: Settings) -> GrantCache:
+    return GrantCache(functools.partial(fetch_grant, settings))
+
+
+def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> list[MemberLog]:
+    members = list(job.attempt.members)
+    if member is not None:
+        members = [m for m in members if m.rank == member]
+        if not members:
+            raise CommandFailed(
+                ExitCode.NOT_FOUND,
+                f"job {job.job_id} has no member {member} (ranks 0..{job.spec.replicas - 1})",
+                "MEMBER_NOT_FOUND",
+            )
+    out = []
+    for m in members:
+        address = addresses.get(m.node_id)
+        if not address:
+            note(f"[rank {m.rank}] node {m.node_id} is no longer registered; no log")
+            continue
+        out.append(MemberLog(job.job_id, job.attempt.number, m.rank, m.node_id, address))
+    return out
+
+
+def _stop_followers(followers: list[MemberFollower], drain_s: float) -> None:
+    deadline = time.monotonic() + drain_s
+    for follower in followers:
+        follower.join(max(0.0, deadline - time.monotonic()))
+    for follower in followers:
+        follower.stop()
+    for follower in followers:
+        follower.join(2.0)
+        if not follower.done and follower.last_error:
+            note(f"[rank {follower.member.rank}] log may be incomplete: {follower.last_error}")
+    followers.clear()
+
+
+def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = False) -> pb.Job:
+    """Stream the members' output until the job ends; a retry's new attempt is followed
+    from its start. Returns the final job. Output is escaped for the terminal unless
+    ``raw``."""
+    client = settings.client()
+    printer = LinePrinter(click.echo, prefixed=member is None, raw=raw)
+    grants = grant_cache(settings)
+    followers: list[MemberFollower] = []
+    followed = 0
+    last = ""
+    try:
+        while True:
+            job = client.get_job(job_id)
+            progress = _describe_progress(job)
+            if progress != last and job.state not in FINISHED_STATES:
+                note(progress)
+                last = progress
+            attempt = job.attempt.number if job.HasField("attempt") else 0
+            if attempt and attempt != followed:
+                if followers:
+                    _stop_followers(followers, FOLLOW_DRAIN_S)
+                    note(f"job {job_id}: following attempt {attempt}")
+                addresses = node_addresses(settings)
+                for log in member_logs(job, addresses, member):
+                    grants.get(log)  # here, so that a refusal ends the command
+                    follower = MemberFollower(log, printer, settings.transport, grants)
+                    follower.start()
+                    followers.append(follower)
+                followed = attempt
+            if job.state in FINISHED_STATES:
+                _stop_followers(followers, FOLLOW_DRAIN_S)
+                return job
+            time.sleep(POLL_INTERVAL_S)
+    finally:
+        for follower in followers:
+            follower.stop()
+
+
+@click.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@click.option("--member", type=click.IntRange(min=0), help="Only this rank's output.")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new output until the job ends.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Write the output's bytes as the members wrote them, control characters included "
+    "(for a file or a pipe; a terminal obeys them).",
+)
+@with_settings
+def logs(settings: Settings, job_id: str, member: int | None, follow: bool, raw: bool) -> None:
+    """Print the output of a job's members (of its current or last attempt).
+
+    Each line is prefixed with [rank N] unless --member picks one rank. Logs are read
+    straight from the workers that run the members, with a short-lived grant from the
+    leader (only the job's owner, operators and admins get one).
+
+    The output is the job's own: control characters in it (escape sequences, carriage
+    returns, backspaces) are shown escaped, as \\x1b, \\r, \\b, so that it cannot
+    act on your terminal. --raw writes it as it is.
+
+    \b
+    Examples:
+      synctl logs 42
+      synctl logs 42 --member 0 -f
+      synctl logs 42 --member 0 --raw > rank0.log
+    """
+    if follow:
+        job = follow_job(settings, job_id, member, raw)
+        note(f"job {job_id} {job.state}")
+        return
+    job = settings.client().get_job(job_id)
+    if not job.HasField("attempt"):
+        raise CommandFailed(
+            ExitCode.JOB_FAILED,
+            f"job {job_id} is {job.state} and has never started, so it has no output"
+            + (f" ({job.reason})" if job.reason else ""),
+            "NOT_STARTED",
+        )
+    printer = LinePrinter(click.echo, prefixed=member is None, raw=raw)
+    grants = grant_cache(settings)
+    unreachable: list[str] = []
+    for log in member_logs(job, node_addresses(settings), member):
+        grant = grants.get(log)
+        try:
+            for data in read_log(log, settings.timeout, settings.transport, grant):
+                printer.feed(log.rank, data)
+        except LookupError:
+            note(f"[rank {log.rank}] no output yet (not started on {log.node_id})")
+        except WorkerUnreachable as exc:
+            note(f"[rank {log.rank}] {exc}")
+            unreachable.append(log.node_id)
+        finally:
+            printer.flush(log.rank)
+    if unreachable:
+        raise CommandFailed(
+            ExitCode.UNREACHABLE,
+            f"could not read logs from {', '.join(unreachable)}",
+            "UNREACHABLE",
+        )
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+@click.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@output_option
+@with_settings
+def status(settings: Settings, job_id: str) -> None:
+    """Show one job: state, reason, attempt and fencing token, and where each member runs.
+
+    \b
+    Example:
+      synctl status 42 -o json
+    """
+    document = render.job_document(settings.client().get_job(job_id))
+    emit(settings, document, lambda: render.job_table(document, now_ms()))
+
+
+@click.command()
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(ALL_STATES, case_sensitive=False),
+    help="Only jobs in this state (repeatable). Default: PENDING, SCHEDULED and RUNNING.",
+)
+@click.option("-a", "--all", "show_all", is_flag=True, help="Finished jobs too.")
+@click.option("--name", default="", help="Only jobs with this exact name.")
+@click.option("--node", default="", help="Only jobs with a member on this node.")
+@output_option
+@with_settings
+def jobs(settings: Settings, states: tuple[str, ...], show_all: bool, name: str, node: str) -> None:
+    """List jobs in submission order: active ones, or --all, or those in --state.
+
+    \b
+    Examples:
+      synctl jobs
+      synctl jobs --all -o json
+      synctl jobs --state pending --state failed
+    """
+    wanted = [s.upper() for s in states] or ([] if show_all else list(ACTIVE_STATES))
+    found = settings.client().list_jobs(states=wanted, name=name, node_id=node)
+    documents = [render.job_document(j) for j in found]
+    emit(settings, {"jobs": documents}, lambda: render.jobs_table(documents, now_ms()))
+
+
+@click.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@output_option
+@with_settings
+def explain(settings: Settings, job_id: str) -> None:
+    """Say why a job is pending, or where each member runs (node, GPUs, rack).
+
+    \b
+    Example:
+      synctl explain 42
+    """
+    client = settings.client()
+    answer = client.explain_job(job_id)
+    job = client.get_job(job_id)
+    nodes = client.list_nodes() if job.HasField("attempt") else []
+    document = render.explain_document(answer, job, nodes)
+    emit(settings, document, lambda: render.explain_table(document))
+
+
+@click.command()
+@click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
+@click.option("--reason", default="", help="Recorded with the cancellation.")
+@output_option
+@with_settings
+def cancel(settings: Settings, job_id: str, reason: str) -> None:
+    """Cancel a job: a pending one never starts, a running one's members are stopped.
+
+    \b
+    Example:
+      synctl cancel 42 --reason "wrong dataset"
+    """
+    client = settings.client()
+    try:
+        answer = client.cancel_job(job_id, reason)
+        document = {"id": job_id, "state": answer.state, "message": answer.message}
+    except grpc.RpcError as exc:
+        if failure_of(exc).reason is not Reason.CONFLICT:
+            raise
+        # Already finished. A retried cancel whose first try went through lands here too.
+        job = client.get_job(job_id)
+        if job.state != "CANCELLED":
+            raise CommandFailed(
+                ExitCode.JOB_FAILED,
+                f"job {job_id} already finished as {job.state}",
+                str(Reason.CONFLICT),
+            ) from exc
+        document = {"id": job_id, "state": job.state, "message": job.reason}
+    emit(settings, document, lambda: f"job {job_id}: {document['state']}")
+
+
+# The commands this module adds to synctl.
+COMMANDS: list[click.Command] = [submit, logs, status, jobs, explain, cancel]

@@ -1,0 +1,62 @@
+"""``synctl nodes | cordon | uncordon | drain``."""
+
+from __future__ import annotations
+
+import click
+
+from synapse_ha.cli import render
+from synapse_ha.cli.app import Settings, complete_node_ids, emit, output_option, with_settings
+
+# --------------------------------------------------------------------------- nodes
+
+
+@click.command()
+@output_option
+@with_settings
+def nodes(settings: Settings) -> None:
+    """List nodes: status, topology path, free GPUs, CPU and memory in use, last heartbeat.
+
+    \b
+    Example:
+      synctl nodes -o yaml
+    """
+    documents = [render.node_document(n) for n in settings.client().list_nodes()]
+    emit(settings, {"nodes": documents}, lambda: render.nodes_table(documents))
+
+
+def _node_status_command(action: str, summary: str, example: str) -> click.Command:
+    @click.command(name=action, help=f"{summary}\n\n\b\nExample:\n  {example}")
+    @click.argument("node_id", metavar="NODE", shell_complete=complete_node_ids)
+    @click.option("--reason", default="", help="Shown in `synctl nodes -o json`.")
+    @output_option
+    @with_settings
+    def command(settings: Settings, node_id: str, reason: str) -> None:
+        new_status = settings.client().set_node_status(node_id, action, reason)
+        document = {"id": node_id, "status": new_status}
+        emit(settings, document, lambda: f"node {node_id}: {new_status}")
+
+    return command
+
+
+_STATUS_COMMANDS: list[click.Command] = []
+_STATUS_COMMANDS.append(
+    _node_status_command(
+        "cordon",
+        "Stop placing new members on NODE; members already there keep running.",
+        'synctl cordon gpu-017 --reason "flaky NIC"',
+    )
+)
+_STATUS_COMMANDS.append(
+    _node_status_command("uncordon", "Let NODE take new members again.", "synctl uncordon gpu-017")
+)
+_STATUS_COMMANDS.append(
+    _node_status_command(
+        "drain",
+        "Place nothing new on NODE and let its members finish; it is cordoned once empty.",
+        'synctl drain gpu-017 --reason "maintenance"',
+    )
+)
+
+
+# The commands this module adds to synctl.
+COMMANDS: list[click.Command] = [nodes, *_STATUS_COMMANDS]
