@@ -60,7 +60,7 @@ from synapse_ha.rpc.errors import Reason, build_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.server import ReplicaContext
-from synapse_ha.rpc.server import _desired_to_proto as _desired_to_proto
+from synapse_ha.rpc.server.agent import desired_message
 
 log = logging.getLogger("synapse.rpc.stream")
 
@@ -248,7 +248,7 @@ class StreamServer:
             has_desired=changed,
         )
         if changed:
-            msg.desired.extend(_desired_to_proto(state, d, now_ms) for d in desired)
+            msg.desired.extend(desired_message(state, d, now_ms) for d in desired)
             stream.sent = digest
         return msg
 

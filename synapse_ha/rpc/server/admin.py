@@ -1,0 +1,184 @@
+"""The administrative methods of ``SchedulerService``: tokens, the per-identity limits
+and queues."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+
+from synapse_ha.core import admission, validation
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.access import Role
+from synapse_ha.core.queue_usage import queue_usage
+from synapse_ha.core.spec import SpecError
+from synapse_ha.rpc import convert
+from synapse_ha.rpc.auth import caller, new_token
+from synapse_ha.rpc.errors import Reason, abort, abort_invalid
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.server.context import _audit, _Base, _invalid, _required
+
+
+class AdminService(_Base):
+    """Tokens, per-identity limits and queues."""
+
+    # ------------------------------------------------------------------- tokens
+
+    def CreateToken(
+        self, request: pb.CreateTokenRequest, context: grpc.ServicerContext
+    ) -> pb.CreateTokenResponse:
+        identity = caller(context)
+        try:
+            role: object = Role(request.role or Role.USER)
+        except ValueError:
+            role = request.role
+        queues = list(request.queues)
+        classes = tuple(request.priority_classes)
+        violations = validation.check_token("", request.user, role, queues, "0" * 64, 0)
+        violations += admission.check_priority_allowance(classes, request.max_priority)
+        if request.ttl_ms < 0:
+            violations.append(validation.invalid("ttl_ms", "must be 0 (never) or positive"))
+        if violations:
+            abort_invalid(context, violations)
+        assert isinstance(role, Role)
+        text, command = new_token(
+            request.user,
+            role,
+            queues,
+            request.ttl_ms,
+            self.ctx.clock_ms(),
+            str(identity),
+            classes,
+            request.max_priority,
+        )
+        self._check(context, self._propose(context, command))
+        _audit(identity, "CreateToken", f"{command.token_id} ({request.user}, role {role})")
+        return pb.CreateTokenResponse(
+            token=text, token_id=command.token_id, expires_at_ms=command.expires_at_ms
+        )
+
+    def ListTokens(
+        self, request: pb.ListTokensRequest, context: grpc.ServicerContext
+    ) -> pb.ListTokensResponse:
+        self._read_mode(context, allow_stale=False)
+        tokens = self.ctx.backend.snapshot().tokens.values()
+        ordered = sorted(tokens, key=lambda t: (t.created_at_ms, t.token_id))
+        return pb.ListTokensResponse(tokens=[convert.token_to_proto(t) for t in ordered])
+
+    def RevokeToken(
+        self, request: pb.RevokeTokenRequest, context: grpc.ServicerContext
+    ) -> pb.RevokeTokenResponse:
+        if not request.token_id:
+            _required(context, "token_id")
+        identity = caller(context)
+        command = cmd.RevokeToken(
+            token_id=request.token_id, now_ms=self.ctx.clock_ms(), actor=str(identity)
+        )
+        self._check(
+            context,
+            self._propose(context, command),
+            (Reason.TOKEN_NOT_FOUND, "token_id", request.token_id),
+        )
+        _audit(identity, "RevokeToken", request.token_id)
+        token = self.ctx.backend.snapshot().tokens.get(request.token_id)
+        return pb.RevokeTokenResponse(revoked_at_ms=token.revoked_at_ms if token else 0)
+
+    # ------------------------------------------------------------ per-identity limits
+
+    def GetLimits(
+        self, request: pb.GetLimitsRequest, context: grpc.ServicerContext
+    ) -> pb.GetLimitsResponse:
+        limits = self.ctx.backend.cluster_config().limits
+        return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
+
+    def SetLimits(
+        self, request: pb.SetLimitsRequest, context: grpc.ServicerContext
+    ) -> pb.GetLimitsResponse:
+        """Replicate the limits with the named ones changed (admins only). A limit this
+        leader's configuration file sets is refused: the leader would put it back."""
+        identity = caller(context)
+        self._require_serving_leader(context)
+        config = self.ctx.backend.cluster_config()
+        try:
+            limits = convert.limits_with(config.limits, request.values)
+        except SpecError as exc:
+            _invalid(context, exc)
+        pinned = sorted({v.name for v in request.values} & self.ctx.pinned_limits)
+        if pinned:
+            abort(
+                context,
+                Reason.CONFLICT,
+                f"limits {', '.join(pinned)} are set by the leader's configuration file "
+                f"([limits] in its TOML), which it puts back: change them there",
+            )
+        violations = admission.check_limits(limits)
+        if violations:
+            abort_invalid(context, violations)
+        wanted = dataclasses.replace(config, limits=limits)
+        command = cmd.Configure(config=wanted, now_ms=self.ctx.clock_ms(), actor=str(identity))
+        self._check(context, self._propose(context, command))
+        changed = ", ".join(f"{v.name}={v.value}" for v in request.values)
+        _audit(identity, "SetLimits", changed or "nothing")
+        limits = self.ctx.backend.cluster_config().limits
+        return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
+
+    # ------------------------------------------------- queues and preemption
+
+    def ListQueues(
+        self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
+    ) -> pb.ListQueuesResponse:
+        """Every queue with its settings and usage (:mod:`synapse_ha.core.queue_usage`),
+        the cluster's priority classes and preemption mode."""
+        stale = self._read_mode(context, request.allow_stale)
+        state = self.ctx.backend.snapshot()
+        with self._heavy_read(context):
+            usage = queue_usage(state)
+        return pb.ListQueuesResponse(
+            queues=[
+                pb.QueueStatus(
+                    queue=convert.queue_to_proto(state.queues[name]),
+                    usage=convert.queue_usage_to_proto(usage[name]),
+                )
+                for name in sorted(state.queues)
+            ],
+            stale=stale,
+            priority_classes=[
+                convert.priority_class_to_proto(c) for c in state.config.priority_classes
+            ],
+            preemption=str(state.config.preemption),
+        )
+
+    def SetQueue(
+        self, request: pb.SetQueueRequest, context: grpc.ServicerContext
+    ) -> pb.SetQueueResponse:
+        if not request.HasField("queue"):
+            _required(context, "queue")
+        identity = caller(context)
+        queue = convert.queue_from_proto(request.queue)
+        self._require_serving_leader(context)
+        state = self.ctx.backend.snapshot()
+        violations = validation.check_queue(queue, state.config.priority_classes)
+        if violations:
+            abort_invalid(context, violations)
+        existed = queue.name in state.queues
+        command = cmd.SetQueue(queue=queue, now_ms=self.ctx.clock_ms(), actor=str(identity))
+        self._check(context, self._propose(context, command))
+        _audit(identity, "SetQueue", queue.name)
+        return pb.SetQueueResponse(created=not existed)
+
+    def DeleteQueue(
+        self, request: pb.DeleteQueueRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteQueueResponse:
+        if not request.name:
+            _required(context, "name")
+        identity = caller(context)
+        command = cmd.DeleteQueue(
+            name=request.name, now_ms=self.ctx.clock_ms(), actor=str(identity)
+        )
+        self._check(
+            context,
+            self._propose(context, command),
+            (Reason.QUEUE_NOT_FOUND, "queue", request.name),
+        )
+        _audit(identity, "DeleteQueue", request.name)
+        return pb.DeleteQueueResponse()

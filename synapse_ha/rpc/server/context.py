@@ -1,0 +1,330 @@
+"""What every service of a replica shares: the replica's context (its backend, peers,
+limits and stores), the base of every servicer (who is calling, routing to the serving
+leader, proposing and waiting for the commit) and the helpers that end a call."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
+
+import grpc
+
+from synapse_ha.app.leader import Liveness
+from synapse_ha.app.ports import ProposalError
+from synapse_ha.core import access, admission
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.access import Identity, Role
+from synapse_ha.core.membership import MembershipRefusal, MemberView
+from synapse_ha.core.model import ClusterConfig, ClusterState, Token
+from synapse_ha.core.scheduler import Plan
+from synapse_ha.core.spec import SpecError
+from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.history.events import EventRing
+from synapse_ha.history.store import HistoryStore
+from synapse_ha.rpc.admission import Overloaded, PendingInFlight, ReadGate, StreamSlots, SubmitRate
+from synapse_ha.rpc.auth import (
+    AUTHORIZATION_KEY,
+    BEARER,
+    AuthInterceptor,
+    abort_refused,
+    caller,
+    method_of,
+)
+from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
+
+log = logging.getLogger(__name__)
+audit = logging.getLogger("synapse_ha.audit")
+
+# Signs a short-lived grant to read one member's log: (job id, subject, node id) →
+# (grant, expires_at_ms). Set where the cluster has TLS (its key signs the grants).
+GrantSigner = Callable[[str, str, str], tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAddress:
+    replica_id: str
+    raft: str
+    grpc: str
+
+
+class RaftStatusView(Protocol):
+    @property
+    def role(self) -> str: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def commit_index(self) -> int: ...
+    @property
+    def last_applied(self) -> int: ...
+    @property
+    def leader(self) -> str: ...
+    @property
+    def has_quorum(self) -> bool: ...
+
+
+class Backend(Protocol):
+    """What the servicers need from the replica (implemented by the Raft replica)."""
+
+    def propose(self, command: cmd.Command) -> futures.Future[cmd.Result]: ...
+    def snapshot(self) -> ClusterState: ...
+    def reading(self) -> AbstractContextManager[ClusterState]: ...
+    def cluster_config(self) -> ClusterConfig: ...
+    def status(self) -> RaftStatusView: ...
+    def is_leader(self) -> bool: ...
+    def leader_address(self) -> str: ...
+
+
+class MembershipControl(Protocol):
+    """Membership changes, as the Raft replica offers them (raft/replica.py). Each
+    returns the refusal, or a future that resolves once the change is committed."""
+
+    def members(self) -> list[MemberView]: ...
+    def add_member(
+        self, replica_id: str, raft_address: str, grpc_address: str
+    ) -> MembershipRefusal | futures.Future[None]: ...
+    def remove_member(self, replica_id: str) -> MembershipRefusal | futures.Future[None]: ...
+
+
+@dataclass(slots=True)
+class ReplicaContext:
+    """Everything the servicers share. ``serving`` says whether this replica is the leader
+    and its term barrier has committed; ``clock_ms`` is wall-clock milliseconds.
+
+    Reads are served from immutable snapshots (``backend.snapshot()``), never while
+    holding the lock the log's applies need."""
+
+    self_id: str
+    replicas: Sequence[ReplicaAddress]
+    backend: Backend
+    liveness: Liveness
+    serving: Callable[[], bool]
+    clock_ms: Callable[[], int]
+    write_timeout_s: float = 5.0
+    # The leader's newest scheduling pass, which ExplainJob answers from.
+    last_plan: Callable[[], Plan | None] = lambda: None
+    # Rations heavy reads so they cannot starve Raft and heartbeats (rpc/admission.py).
+    read_gate: ReadGate = field(default_factory=ReadGate)
+    grant_signer: GrantSigner | None = None
+    # Where handlers report the refusals they make themselves (another user's job, a
+    # worker speaking for another node), to be logged and counted with the rest.
+    auth: AuthInterceptor | None = None
+    # Opens a channel to another replica (GetClusterStatus asks each one); with TLS, one
+    # that presents this replica's certificate.
+    peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
+    # Online membership changes (AddReplica, RemoveReplica); None: not offered here.
+    membership: MembershipControl | None = None
+    # History and events: this replica's own copies; None when turned off.
+    history: HistoryStore | None = None
+    events: EventRing | None = None
+    # Observability: where this replica serves /metrics and its dashboard;
+    # reported in its ReplicaStatus ("" when it serves neither).
+    metrics_url: str = ""
+    dashboard_url: str = ""
+    # Heartbeat streams: where this replica serves NodeStreamService ("": none).
+    stream_address: str = ""
+    # Per-identity limits (DESIGN §8): this replica's submit buckets and open streams,
+    # and the submissions it has checked against the pending caps but not yet applied.
+    submit_rate: SubmitRate = field(default_factory=SubmitRate)
+    watch_slots: StreamSlots = field(default_factory=StreamSlots)
+    pending_in_flight: PendingInFlight = field(default_factory=PendingInFlight)
+    # Limits this replica's configuration file sets ([limits]): as leader it puts them
+    # back, so SetLimits refuses to change them here.
+    pinned_limits: frozenset[str] = frozenset()
+
+    def by_raft(self, raft_address: str) -> ReplicaAddress | None:
+        for r in self.replicas:
+            if r.raft == raft_address:
+                return r
+        return None
+
+
+# The reason for each error result of ``apply``; NOT_FOUND depends on what was looked up.
+_RESULT_REASON = {
+    cmd.ResultCode.INVALID: Reason.INVALID_FIELD,
+    cmd.ResultCode.CONFLICT: Reason.CONFLICT,
+    cmd.ResultCode.INTERNAL: Reason.INTERNAL,
+}
+
+
+class _Base:
+    def __init__(self, ctx: ReplicaContext) -> None:
+        self.ctx = ctx
+
+    # ---------------------------------------------------------------- who
+
+    def _refuse(
+        self, context: grpc.ServicerContext, refusal: access.Refusal, identity: Identity
+    ) -> NoReturn:
+        method = method_of(context)
+        if self.ctx.auth is not None:
+            self.ctx.auth.refused(refusal, identity, method)
+        abort_refused(context, refusal, identity, method)
+        raise AssertionError("unreachable")
+
+    def _may_manage(
+        self, context: grpc.ServicerContext, identity: Identity, job_id: str, owner: str
+    ) -> None:
+        refusal = access.job_refusal(identity, job_id, owner)
+        if refusal is not None:
+            self._refuse(context, refusal, identity)
+
+    def _as_node(self, context: grpc.ServicerContext, node_id: str) -> Identity:
+        identity = caller(context)
+        refusal = access.may_speak_for_node(identity, node_id)
+        if refusal is not None:
+            self._refuse(context, refusal, identity)
+        return identity
+
+    # ----------------------------------------------------------------- routing
+
+    def _require_serving_leader(self, context: grpc.ServicerContext) -> None:
+        require_serving_leader(self.ctx, context)
+
+    def _read_mode(self, context: grpc.ServicerContext, allow_stale: bool) -> bool:
+        """Check a read may be served here; return whether the answer is stale."""
+        if self.ctx.serving():
+            return False
+        if allow_stale:
+            return True
+        self._require_serving_leader(context)
+        return False
+
+    @contextmanager
+    def _heavy_read(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """Run the body as a heavy read admitted by the replica's read gate, or abort
+        with OVERLOADED."""
+        admission = self.ctx.read_gate.admit()
+        try:
+            admission.__enter__()
+        except Overloaded as exc:
+            abort(context, Reason.OVERLOADED, f"{exc}; retry after a pause")
+        try:
+            yield
+        finally:
+            admission.__exit__(None, None, None)
+
+    def _propose(self, context: grpc.ServicerContext, command: cmd.Command) -> cmd.Result:
+        """Commit ``command`` and return its result; abort on any failure."""
+        self._require_serving_leader(context)
+        remaining = context.time_remaining()
+        timeout = self.ctx.write_timeout_s
+        if remaining is not None:
+            timeout = max(0.0, min(timeout, remaining - 0.05))
+        future = self.ctx.backend.propose(command)
+        try:
+            result = future.result(timeout=timeout)
+        except futures.TimeoutError:
+            abort(
+                context,
+                Reason.OUTCOME_UNKNOWN,
+                "the outcome is unknown (not committed within the deadline); "
+                "retrying with the same request is safe",
+            )
+        except ProposalError as exc:
+            if exc.committed_unknown:
+                abort(
+                    context,
+                    Reason.OUTCOME_UNKNOWN,
+                    f"the outcome is unknown ({exc}); retrying with the same request is safe",
+                )
+            abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
+        return result
+
+    def _check(
+        self,
+        context: grpc.ServicerContext,
+        result: cmd.Result,
+        not_found: tuple[Reason, str, str] = (Reason.JOB_NOT_FOUND, "job_id", ""),
+    ) -> cmd.Result:
+        """Abort unless ``result`` is OK. ``not_found`` is the reason for a NOT_FOUND
+        result, with the metadata key and value naming what was looked up."""
+        if result.ok:
+            return result
+        if result.code is cmd.ResultCode.NOT_FOUND:
+            reason, key, value = not_found
+            abort(context, reason, result.message, {key: value})
+        abort(context, _RESULT_REASON.get(result.code, Reason.INTERNAL), result.message)
+
+
+def _audit(identity: Identity, method: str, target: str) -> None:
+    """One line per accepted write: who did what to which."""
+    audit.info("%s %s %s", identity, method, target)
+
+
+def _invalid(context: grpc.ServicerContext, error: SpecError) -> NoReturn:
+    abort_invalid(context, error.violations)
+
+
+def _required(context: grpc.ServicerContext, field: str) -> NoReturn:
+    abort_invalid(context, [Violation(ViolationCode.REQUIRED, field, "is required")])
+
+
+# ListJobs pages: the default and the largest number of jobs in one answer.
+DEFAULT_PAGE_SIZE = 500
+MAX_PAGE_SIZE = 1000
+
+
+def _presented_token(context: grpc.ServicerContext, state: ClusterState) -> Token | None:
+    """The token the caller presented (the interceptor already proved it), or None when
+    it presented none (a certificate, or an insecure server). A token the state does
+    not hold (only ever the bootstrap token, before it commits) allows no more than a
+    certificate."""
+    for key, value in context.invocation_metadata():
+        if key == AUTHORIZATION_KEY and isinstance(value, str) and value.startswith(BEARER):
+            parts = access.split_token(value[len(BEARER) :].strip())
+            token = state.tokens.get(parts[0]) if parts is not None else None
+            return token if token is not None else _NO_GRANTS
+    return None
+
+
+# A token the state does not hold: it names no queues and allows nothing more.
+_NO_GRANTS = Token("", "", Role.USER, "", 0, "")
+
+
+def _refuse_limit(
+    context: grpc.ServicerContext, identity: Identity, refusal: admission.LimitExceeded | None
+) -> None:
+    """Abort with LIMIT_EXCEEDED naming the limit and the figures, when there is one."""
+    if refusal is None:
+        return
+    audit.info("%s refused by limits.%s (%d of %d)", identity, refusal.limit,
+               refusal.actual, refusal.allowed)  # fmt: skip
+    abort(
+        context,
+        Reason.LIMIT_EXCEEDED,
+        refusal.message,
+        {"limit": refusal.limit, "allowed": str(refusal.allowed), "actual": str(refusal.actual)},
+    )
+
+
+def _job_not_found(context: grpc.ServicerContext, job_id: str) -> NoReturn:
+    abort(context, Reason.JOB_NOT_FOUND, f"no job {job_id!r}", {"job_id": job_id})
+
+
+def require_serving_leader(ctx: ReplicaContext, context: grpc.ServicerContext) -> None:
+    """Return when this replica is the serving leader; otherwise end the call with
+    where to go: NOT_LEADER (the leader's id and address), LEADER_NOT_READY or
+    NO_LEADER."""
+    if ctx.serving():
+        return
+    if ctx.backend.is_leader():
+        abort(
+            context,
+            Reason.LEADER_NOT_READY,
+            "this replica was just elected leader and is committing its barrier; retry",
+            {"leader_id": ctx.self_id},
+        )
+    leader = ctx.by_raft(ctx.backend.leader_address())
+    if leader is None or leader.replica_id == ctx.self_id:
+        abort(context, Reason.NO_LEADER, "no leader is elected; retry shortly")
+    abort(
+        context,
+        Reason.NOT_LEADER,
+        f"not the leader; the leader is {leader.replica_id} at {leader.grpc}",
+        {"leader_id": leader.replica_id, "leader_address": leader.grpc},
+        trailing=((LEADER_METADATA_KEY, leader.grpc),),
+    )

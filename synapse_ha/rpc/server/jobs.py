@@ -1,0 +1,294 @@
+"""The job methods of ``SchedulerService``: submit (with its admission checks), cancel,
+read, list, explain, and the grants that let a caller read a member's log."""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+
+from synapse_ha.core import access, admission, validation
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.access import Identity
+from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, Limits
+from synapse_ha.core.scheduler import explain, why_pending
+from synapse_ha.core.spec import SpecError
+from synapse_ha.rpc import convert
+from synapse_ha.rpc.auth import caller
+from synapse_ha.rpc.errors import Reason, abort, abort_invalid
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.server.context import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    _audit,
+    _Base,
+    _invalid,
+    _job_not_found,
+    _presented_token,
+    _refuse_limit,
+    _required,
+)
+
+
+class JobService(_Base):
+    """SubmitJob, CancelJob, GetJob, ListJobs, ExplainJob and GrantLogAccess."""
+
+    # ------------------------------------------------------------------- writes
+
+    def SubmitJob(
+        self, request: pb.SubmitJobRequest, context: grpc.ServicerContext
+    ) -> pb.SubmitJobResponse:
+        identity = caller(context)
+        limits = self.ctx.backend.cluster_config().limits
+        limited = admission.limited(identity)
+        if limited:
+            self._charge_submission(context, identity, limits)
+        if not request.HasField("spec"):
+            _required(context, "spec")
+        spec = convert.spec_from_proto(request.spec)
+        levels = self.ctx.backend.cluster_config().topology_levels
+        violations = validation.check_job_spec(spec, levels)
+        violations += validation.check_request_id(request.request_id)
+        if violations:
+            abort_invalid(context, violations)
+        _refuse_limit(context, identity, admission.size_refusal(limits, spec))
+        self._require_serving_leader(context)
+        # The policy lets only users submit (jobs run as their owner); the queue must
+        # exist and be one the caller's credential allows (docs/queues.md), at a priority
+        # it may use.
+        state = self._check_queue(context, identity, spec)
+        owner = identity.name
+        request_id = admission.request_key(
+            state, owner, request.request_id or f"srv-{uuid.uuid4().hex}"
+        )
+        existing = state.request_ids.get(request_id)
+        if existing is not None:  # a retry: nothing new to admit
+            return pb.SubmitJobResponse(job_id=existing, created=False)
+        held = limited and self._hold_pending(context, identity, spec, limits)
+        try:
+            command = cmd.SubmitJob(
+                spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms(), owner=owner
+            )
+            result = self._check(context, self._propose(context, command))
+        finally:
+            if held:
+                self.ctx.pending_in_flight.release(owner, spec.queue)
+        if result.created:
+            _audit(identity, "SubmitJob", result.job_id)
+        return pb.SubmitJobResponse(job_id=result.job_id, created=result.created)
+
+    def _charge_submission(
+        self, context: grpc.ServicerContext, identity: Identity, limits: Limits
+    ) -> None:
+        """Abort with LIMIT_EXCEEDED when ``identity`` submits faster than its rate."""
+        wait_s = self.ctx.submit_rate.take(str(identity), limits.submit_burst, limits.submit_per_s)
+        if wait_s > 0:
+            abort(
+                context,
+                Reason.LIMIT_EXCEEDED,
+                f"{access.describe_caller(identity)} submits faster than limits.submit_per_s "
+                f"({limits.submit_per_s} a second, bursts of {limits.submit_burst}); retry in "
+                f"{wait_s:.2f}s",
+                {
+                    "limit": admission.LimitName.SUBMIT_PER_S,
+                    "allowed": str(limits.submit_per_s),
+                    "actual": str(limits.submit_burst),
+                    "retry_after_ms": str(max(1, round(wait_s * 1000))),
+                },
+            )
+
+    def _hold_pending(
+        self, context: grpc.ServicerContext, identity: Identity, spec: JobSpec, limits: Limits
+    ) -> bool:
+        """Count the submission against the pending caps until it is applied (abort with
+        LIMIT_EXCEEDED when it would pass one); True once held. The state is read under
+        the lock a release takes after its apply, so every other submission is counted
+        once: in the state, or as held."""
+        in_flight = self.ctx.pending_in_flight
+        with in_flight.lock:
+            state = self.ctx.backend.snapshot()
+            counts = admission.pending_counts(state, identity.name, spec.queue)
+            mine, queued = in_flight.counts(identity.name, spec.queue)
+            total = admission.PendingCounts(counts.owner + mine, counts.queue + queued)
+            refusal = admission.pending_refusal(limits, total, identity.name, spec.queue)
+            if refusal is None:
+                in_flight.hold(identity.name, spec.queue)
+        _refuse_limit(context, identity, refusal)
+        return True
+
+    def _check_queue(
+        self, context: grpc.ServicerContext, identity: Identity, spec: JobSpec
+    ) -> ClusterState:
+        """Abort unless ``spec``'s queue and class exist (INVALID_FIELD), the caller may
+        submit to that queue (PERMISSION_DENIED, :func:`access.queue_refusal`) and at that
+        priority (:func:`admission.priority_refusal`); the state it was checked against."""
+        state = self.ctx.backend.snapshot()
+        classes = state.config.priority_classes
+        violations = validation.check_job_queue(spec, state.queues, classes)
+        if violations:
+            abort_invalid(context, violations)
+        token = _presented_token(context, state)
+        queues = None if token is None else token.queues
+        refusal = access.queue_refusal(identity, spec.queue, queues)
+        if refusal is None:
+            grant = admission.PriorityGrant()
+            if token is not None:
+                grant = admission.PriorityGrant(token.priority_classes, token.max_priority)
+            queue = state.queues[spec.queue]
+            refusal = admission.priority_refusal(identity, spec, queue, classes, grant)
+        if refusal is not None:
+            self._refuse(context, refusal, identity)
+        return state
+
+    def CancelJob(
+        self, request: pb.CancelJobRequest, context: grpc.ServicerContext
+    ) -> pb.CancelJobResponse:
+        if not request.job_id:
+            _required(context, "job_id")
+        identity = caller(context)
+        self._require_serving_leader(context)
+        known = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        if known is None:
+            _job_not_found(context, request.job_id)
+        self._may_manage(context, identity, request.job_id, known.owner)
+        command = cmd.CancelJob(
+            job_id=request.job_id,
+            reason=request.reason[:1024] or "cancelled by user",
+            now_ms=self.ctx.clock_ms(),
+            actor=str(identity),
+        )
+        result = self._check(
+            context,
+            self._propose(context, command),
+            (Reason.JOB_NOT_FOUND, "job_id", request.job_id),
+        )
+        _audit(identity, "CancelJob", request.job_id)
+        job = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        job_state = str(job.state) if job is not None else str(JobState.CANCELLED)
+        return pb.CancelJobResponse(state=job_state, message=result.message)
+
+    # -------------------------------------------------------------------- reads
+
+    def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.GetJobResponse:
+        if not request.job_id:
+            _required(context, "job_id")
+        stale = self._read_mode(context, request.allow_stale)
+        job = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        if job is not None:
+            redacted = not access.may_manage_job(caller(context), job.owner)
+            return pb.GetJobResponse(job=convert.job_to_proto(job, redacted), stale=stale)
+        _job_not_found(context, request.job_id)
+
+    def ListJobs(
+        self, request: pb.ListJobsRequest, context: grpc.ServicerContext
+    ) -> pb.ListJobsResponse:
+        wanted_states = set()
+        for i, name in enumerate(request.states):
+            try:
+                wanted_states.add(JobState(name.upper()))
+            except ValueError:
+                allowed = ", ".join(s.value for s in JobState)
+                _invalid(context, SpecError(f"states[{i}]", f"{name!r} is not one of {allowed}"))
+        if request.limit < 0:
+            _invalid(context, SpecError("limit", "must not be negative"))
+        after_seq = 0
+        if request.page_token:
+            if not request.page_token.isdigit():
+                _invalid(
+                    context, SpecError("page_token", "is not a next_page_token a replica returned")
+                )
+            after_seq = int(request.page_token)
+        page_size = min(request.limit or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        stale = self._read_mode(context, request.allow_stale)
+        identity = caller(context)
+        with self._heavy_read(context):
+            state = self.ctx.backend.snapshot()
+            page: list[Job] = []
+            more = False
+            for job in sorted(state.jobs.values(), key=lambda j: j.seq):
+                if job.seq <= after_seq:
+                    continue
+                if wanted_states and job.state not in wanted_states:
+                    continue
+                if request.name and job.spec.name != request.name:
+                    continue
+                if request.node_id and not (
+                    job.attempt is not None
+                    and any(m.node_id == request.node_id for m in job.attempt.members)
+                ):
+                    continue
+                if len(page) == page_size:
+                    more = True
+                    break
+                page.append(job)
+            out = [
+                convert.job_to_proto(job, not access.may_manage_job(identity, job.owner))
+                for job in page
+            ]
+        next_token = str(page[-1].seq) if more else ""
+        return pb.ListJobsResponse(jobs=out, stale=stale, next_page_token=next_token)
+
+    def ExplainJob(
+        self, request: pb.ExplainJobRequest, context: grpc.ServicerContext
+    ) -> pb.ExplainJobResponse:
+        if not request.job_id:
+            _required(context, "job_id")
+        stale = self._read_mode(context, request.allow_stale)
+        now = self.ctx.clock_ms()
+        state = self.ctx.backend.snapshot()
+        job = state.jobs.get(request.job_id)
+        if job is None:
+            _job_not_found(context, request.job_id)
+        self._may_manage(context, caller(context), job.job_id, job.owner)
+        last_plan = None if stale else self.ctx.last_plan()
+        with self._heavy_read(context):
+            waiting = why_pending(state, job.job_id, now, last_plan)
+            explanation = explain(state, job.job_id, now, last_plan)
+        return pb.ExplainJobResponse(
+            job_id=job.job_id,
+            state=str(job.state),
+            explanation=explanation,
+            stale=stale,
+            reason_code=str((waiting or job.reason).code),
+        )
+
+    # --------------------------------------------------------------------- logs
+
+    def GrantLogAccess(
+        self, request: pb.GrantLogAccessRequest, context: grpc.ServicerContext
+    ) -> pb.GrantLogAccessResponse:
+        """A signed grant to read one member's log on its worker, for whoever may manage
+        the job. ``attempt`` 0 means the current (or last) attempt."""
+        if not request.job_id:
+            _required(context, "job_id")
+        identity = caller(context)
+        self._read_mode(context, allow_stale=False)
+        state = self.ctx.backend.snapshot()
+        job = state.jobs.get(request.job_id)
+        if job is None:
+            _job_not_found(context, request.job_id)
+        self._may_manage(context, identity, job.job_id, job.owner)
+        attempt = job.attempt
+        if attempt is None or request.attempt not in (0, attempt.number):
+            _invalid(context, SpecError("attempt", "names no attempt of this job that has run"))
+        if not 0 <= request.rank < len(attempt.members):
+            _invalid(
+                context, SpecError("rank", f"must be between 0 and {len(attempt.members) - 1}")
+            )
+        signer = self.ctx.grant_signer
+        if signer is None:
+            abort(
+                context,
+                Reason.NEEDS_TLS,
+                "log grants need TLS: this cluster has no key to sign them; read logs "
+                "from the worker directly",
+            )
+        node_id = attempt.members[request.rank].node_id
+        node = state.nodes.get(node_id)
+        grant, expires_at_ms = signer(job.job_id, str(identity), node_id)
+        return pb.GrantLogAccessResponse(
+            grant=grant,
+            node_id=node_id,
+            node_address=node.info.address if node is not None else "",
+            expires_at_ms=expires_at_ms,
+        )
