@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from typing import Any
@@ -51,16 +50,16 @@ from grpc import aio
 from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import ClusterState, NodeStatus
+from synapse_ha.core.model import ClusterState
 from synapse_ha.core.spec import SpecError
-from synapse_ha.core.views import DesiredMember, desired_by_node
+from synapse_ha.core.views import DesiredMember
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.auth import AuthInterceptor
 from synapse_ha.rpc.errors import Reason, build_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.heartbeat import DesiredMembers, answer_fields, desired_message, report_command
 from synapse_ha.rpc.server import ReplicaContext
-from synapse_ha.rpc.server.agent import desired_message
 
 log = logging.getLogger("synapse.rpc.stream")
 
@@ -119,8 +118,7 @@ class StreamServer:
         self.heartbeats = 0  # heartbeats answered (read by metrics and benchmarks)
         self.pushes = 0
         self._streams: dict[str, _Stream] = {}
-        self._desired_version = -1
-        self._desired: dict[str, list[DesiredMember]] = {}
+        self._desired = DesiredMembers()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: aio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -221,31 +219,21 @@ class StreamServer:
 
     # ------------------------------------------------------------- desired
 
-    def _desired_for(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
-        if self._desired_version < state.applied_commands:
-            self._desired = desired_by_node(state)
-            self._desired_version = state.applied_commands
-        return self._desired.get(node_id, [])
-
     def _message(
         self, stream: _Stream, state: ClusterState, now_ms: int, ack_seq: int, acked: int
     ) -> pb.LeaderMessage | None:
-        desired = self._desired_for(state, stream.node_id)
+        desired = self._desired.of(state, stream.node_id)
         digest = _digest(desired)
         changed = digest != stream.sent
         stream.version = max(stream.version, state.applied_commands)
         if ack_seq == 0 and not changed:
             return None
-        node = state.nodes.get(stream.node_id)
-        timeouts = state.config.timeouts
         msg = pb.LeaderMessage(
             ack_seq=ack_seq,
             acked_reports=acked,
-            lease_ttl_ms=timeouts.lease_ttl_ms,
-            heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
-            node_status=str(node.status) if node else str(NodeStatus.DEAD),
             leader_term=stream.term,
             has_desired=changed,
+            **answer_fields(state, stream.node_id),
         )
         if changed:
             msg.desired.extend(desired_message(state, d, now_ms) for d in desired)
@@ -359,16 +347,10 @@ class StreamServer:
         if node_id not in state.nodes:
             raise _node_not_found(node_id)
         ctx.liveness.heard(node_id, now)
-        acked = 0
-        if events:
-            command = cmd.ReportMembers(
-                node_id=node_id,
-                events=events,
-                jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
-                now_ms=now,
-            )
+        command = report_command(node_id, events, now)
+        if command is not None:
             await self._commit(command, node_id)
-            acked = len(events)
+        acked = len(events)
         async with stream.lock:
             if events or state.applied_commands < stream.version:
                 # Never answer from a state older than one already sent on this stream.

@@ -3,20 +3,21 @@ it is sent."""
 
 from __future__ import annotations
 
-import threading
-import uuid
-
 import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
-from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.spec import SpecError
-from synapse_ha.core.views import DesiredMember, desired_by_node
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.heartbeat import (
+    DesiredMembers,
+    answer_fields,
+    desired_message,
+    report_command,
+)
 from synapse_ha.rpc.server.context import ReplicaContext, _Base, _invalid, _required
 
 
@@ -25,9 +26,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
 
     def __init__(self, ctx: ReplicaContext) -> None:
         super().__init__(ctx)
-        self._desired_lock = threading.Lock()
-        self._desired_version = -1
-        self._desired: dict[str, list[DesiredMember]] = {}
+        self._desired = DesiredMembers()
 
     def RegisterNode(
         self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
@@ -74,52 +73,19 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 {"node_id": request.node_id},
             )
         self.ctx.liveness.heard(request.node_id, now)
-        acked = 0
-        if events:
-            command = cmd.ReportMembers(
-                node_id=request.node_id,
-                events=events,
-                jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
-                now_ms=now,
-            )
+        command = report_command(request.node_id, events, now)
+        if command is not None:
             self._check(
                 context,
                 self._propose(context, command),
                 (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
             )
-            acked = len(events)
         term = self.ctx.backend.status().term
         state = self.ctx.backend.snapshot()
-        desired = self._desired_for(state, request.node_id)
-        node = state.nodes.get(request.node_id)
-        timeouts = state.config.timeouts
-        node_status = str(node.status) if node else str(NodeStatus.DEAD)
+        desired = self._desired.of(state, request.node_id)
         return pb.HeartbeatResponse(
             desired=[desired_message(state, d, now) for d in desired],
-            lease_ttl_ms=timeouts.lease_ttl_ms,
-            heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
-            acked_reports=acked,
-            node_status=node_status,
+            acked_reports=len(events),
             leader_term=term,
+            **answer_fields(state, request.node_id),
         )
-
-    def _desired_for(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
-        """Desired members, computed once per snapshot version and shared by heartbeats
-        (outside the apply lock: ``state`` is a snapshot)."""
-        with self._desired_lock:
-            # A heartbeat holding an older snapshot than another's gets the newer answer.
-            if self._desired_version < state.applied_commands:
-                self._desired = desired_by_node(state)
-                self._desired_version = state.applied_commands
-            return self._desired.get(node_id, [])
-
-
-def desired_message(state: ClusterState, d: DesiredMember, now_ms: int) -> pb.DesiredMember:
-    """A desired member, with the grace left before SIGKILL when its gang is being
-    preempted (the attempt's deadline is the leader's clock; the worker gets a duration)."""
-    msg = convert.desired_to_proto(d)
-    job = state.jobs.get(d.job_id)
-    attempt = job.attempt if job is not None else None
-    if attempt is not None and attempt.fencing_token == d.fencing_token:
-        convert.preemption_to_desired(msg, attempt, now_ms)
-    return msg

@@ -1,0 +1,74 @@
+"""A worker's heartbeat, once, for the two ways it arrives (a unary ``Heartbeat`` of
+``NodeAgentService`` and a message on a ``NodeStreamService`` stream): the member
+reports to propose, and the answer (the node's status, the timeouts it must keep and
+the members it should run) built from one snapshot. The adapters convert, check who is
+calling and where the leader is, and send."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import ClusterState, NodeStatus
+from synapse_ha.core.views import DesiredMember, desired_by_node
+from synapse_ha.rpc import convert
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+
+def report_command(
+    node_id: str, events: Sequence[cmd.MemberEvent], now_ms: int
+) -> cmd.ReportMembers | None:
+    """The command that records ``events`` of ``node_id``'s members (None without any),
+    with a fresh seed for the retry back-off jitter of the attempts they may end."""
+    if not events:
+        return None
+    return cmd.ReportMembers(
+        node_id=node_id,
+        events=tuple(events),
+        jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
+        now_ms=now_ms,
+    )
+
+
+class DesiredMembers:
+    """The members each node should run, computed once per snapshot version and shared
+    by every heartbeat answered from it (outside the apply lock: states are snapshots)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version = -1
+        self._by_node: dict[str, list[DesiredMember]] = {}
+
+    def of(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
+        with self._lock:
+            # A heartbeat holding an older snapshot than another's gets the newer answer.
+            if self._version < state.applied_commands:
+                self._by_node = desired_by_node(state)
+                self._version = state.applied_commands
+            return self._by_node.get(node_id, [])
+
+
+def answer_fields(state: ClusterState, node_id: str) -> dict[str, Any]:
+    """What every heartbeat answer says besides the desired members: the node's status
+    (``dead`` once it is gone from the state) and the timeouts the worker keeps."""
+    node = state.nodes.get(node_id)
+    timeouts = state.config.timeouts
+    return {
+        "node_status": str(node.status) if node else str(NodeStatus.DEAD),
+        "lease_ttl_ms": timeouts.lease_ttl_ms,
+        "heartbeat_interval_ms": timeouts.heartbeat_interval_ms,
+    }
+
+
+def desired_message(state: ClusterState, d: DesiredMember, now_ms: int) -> pb.DesiredMember:
+    """A desired member, with the grace left before SIGKILL when its gang is being
+    preempted (the attempt's deadline is the leader's clock; the worker gets a duration)."""
+    msg = convert.desired_to_proto(d)
+    job = state.jobs.get(d.job_id)
+    attempt = job.attempt if job is not None else None
+    if attempt is not None and attempt.fencing_token == d.fencing_token:
+        convert.preemption_to_desired(msg, attempt, now_ms)
+    return msg
