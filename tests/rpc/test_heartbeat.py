@@ -1,0 +1,45 @@
+"""The heartbeat use case both adapters share: reports to propose, answers, desired
+members per snapshot version."""
+
+from __future__ import annotations
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import ClusterState, NodeStatus
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.snapshot import full_copy
+from synapse_ha.rpc.heartbeat import DesiredMembers, answer_fields, report_command
+from tests.core.harness import job, node
+
+
+def test_no_events_propose_nothing_and_events_one_report() -> None:
+    assert report_command("n1", (), 5) is None
+    event = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
+    command = report_command("n1", [event], 5)
+    assert command is not None
+    assert (command.node_id, command.events, command.now_ms) == ("n1", (event,), 5)
+    assert 0 <= command.jitter_seed < 1 << 63
+
+
+def test_an_answer_says_dead_for_a_node_the_state_does_not_have() -> None:
+    state = ClusterState()
+    assert apply(state, cmd.RegisterNode(node("n1", gpus=2), 1)).ok
+    assert answer_fields(state, "n1")["node_status"] == str(NodeStatus.READY)
+    gone = answer_fields(state, "n9")
+    assert gone["node_status"] == str(NodeStatus.DEAD)
+    assert gone["lease_ttl_ms"] == state.config.timeouts.lease_ttl_ms
+
+
+def test_desired_members_follow_the_newest_snapshot_version() -> None:
+    state = ClusterState()
+    assert apply(state, cmd.RegisterNode(node("n1", gpus=2), 1)).ok
+    cache = DesiredMembers()
+    before = full_copy(state)
+    assert cache.of(before, "n1") == []
+    assert apply(state, cmd.SubmitJob(job("j", replicas=1, gpu=1), "r1", 2)).ok
+    plan = schedule(state, 3)
+    assert apply(state, cmd.BindPlan(plan.placements, plan.reasons, 3)).ok
+    after = full_copy(state)
+    assert [m.job_id for m in cache.of(after, "n1")] == ["job-000001"]
+    # An older snapshot asked later gets the newer answer, never an older one.
+    assert [m.job_id for m in cache.of(before, "n1")] == ["job-000001"]
