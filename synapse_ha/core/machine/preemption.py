@@ -29,6 +29,49 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
     priority, or of a queue that is borrowing, and a reclaim never takes the preemptor's
     queue above nominal, so a reclaimed gang can never reclaim back.
     """
+    found = _preemptor_and_victims(state, c)
+    if isinstance(found, Result):
+        return found
+    preemptor, victims = found
+    if c.kind is PreemptionKind.PRIORITY:
+        problem = _priority_problem(state, preemptor, victims)
+    else:
+        problem = _reclaim_problem(state, preemptor, victims)
+    if problem:
+        return error(ResultCode.CONFLICT, problem)
+    names = [job.job_id for job in victims]
+    for job in victims:
+        attempt = job.attempt
+        assert attempt is not None
+        grace = grace_ms(state.config, job.spec)
+        attempt.preempted_by = c.preemptor
+        attempt.preemption = c.kind
+        attempt.preempt_deadline_ms = now + grace
+        job.reason = reason(
+            ReasonCode.PREEMPTING,
+            preemptor=c.preemptor,
+            kind=c.kind.value,
+            grace_ms=grace,
+            deadline_ms=now + grace,
+        )
+    preemptor.reason = reason(
+        ReasonCode.WAITING_FOR_VICTIMS,
+        count=len(victims),
+        kind=c.kind.value,
+        victims=", ".join(names),
+    )
+    return ok(
+        f"{c.preemptor} preempts {len(victims)} gang(s) ({c.kind.value})",
+        job_id=c.preemptor,
+        stopped=tuple(names),
+    )
+
+
+def _preemptor_and_victims(state: ClusterState, c: cmd.Preempt) -> tuple[Job, list[Job]] | Result:
+    """The preemptor and its victims, once the command names them rightly: preemption
+    is on, the preemptor is pending and planned against its current attempt count, each
+    victim is named once, is live with the named fencing token and not already being
+    preempted. Otherwise the error to return."""
     if state.config.preemption is PreemptionMode.OFF:
         return error(ResultCode.CONFLICT, "preemption is off in the cluster configuration")
     preemptor = state.jobs.get(c.preemptor)
@@ -59,57 +102,30 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
                 f"victim {v.job_id} is already being preempted by {attempt.preempted_by}",
             )
         victims.append(job)
+    return preemptor, victims
+
+
+def _priority_problem(state: ClusterState, preemptor: Job, victims: list[Job]) -> str:
+    """Why a priority preemption of ``victims`` for ``preemptor`` breaks the rules; ""
+    if it does not."""
     spec = preemptor.spec
-    if c.kind is PreemptionKind.PRIORITY:
-        cls = priority_class(state.config, spec.priority_class)
-        if cls is None or not cls.preempts:
-            return error(
-                ResultCode.CONFLICT,
-                f"{c.preemptor}: its priority class {spec.priority_class or '(none)'} "
-                f"does not preempt",
-            )
-        for job in victims:
-            if job.spec.queue != spec.queue:
-                return error(
-                    ResultCode.CONFLICT,
-                    f"victim {job.job_id} is in queue {job.spec.queue}, not {spec.queue}: "
-                    f"priority preemption stays within one queue",
-                )
-            if job.spec.priority >= spec.priority:
-                return error(
-                    ResultCode.CONFLICT,
-                    f"victim {job.job_id} has priority {job.spec.priority}, "
-                    f"not below {spec.priority}",
-                )
-    else:
-        problem = _reclaim_problem(state, preemptor, victims)
-        if problem:
-            return error(ResultCode.CONFLICT, problem)
-    for job in victims:
-        attempt = job.attempt
-        assert attempt is not None
-        grace = grace_ms(state.config, job.spec)
-        attempt.preempted_by = c.preemptor
-        attempt.preemption = c.kind
-        attempt.preempt_deadline_ms = now + grace
-        job.reason = reason(
-            ReasonCode.PREEMPTING,
-            preemptor=c.preemptor,
-            kind=c.kind.value,
-            grace_ms=grace,
-            deadline_ms=now + grace,
+    cls = priority_class(state.config, spec.priority_class)
+    if cls is None or not cls.preempts:
+        return (
+            f"{preemptor.job_id}: its priority class {spec.priority_class or '(none)'} "
+            f"does not preempt"
         )
-    preemptor.reason = reason(
-        ReasonCode.WAITING_FOR_VICTIMS,
-        count=len(victims),
-        kind=c.kind.value,
-        victims=", ".join(names),
-    )
-    return ok(
-        f"{c.preemptor} preempts {len(victims)} gang(s) ({c.kind.value})",
-        job_id=c.preemptor,
-        stopped=tuple(names),
-    )
+    for job in victims:
+        if job.spec.queue != spec.queue:
+            return (
+                f"victim {job.job_id} is in queue {job.spec.queue}, not {spec.queue}: "
+                f"priority preemption stays within one queue"
+            )
+        if job.spec.priority >= spec.priority:
+            return (
+                f"victim {job.job_id} has priority {job.spec.priority}, not below {spec.priority}"
+            )
+    return ""
 
 
 def _reclaim_problem(state: ClusterState, preemptor: Job, victims: list[Job]) -> str:
