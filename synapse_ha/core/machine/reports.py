@@ -49,68 +49,98 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
         if status.state is MemberState.EXITED:
             continue  # already known; reports are at-least-once
         if attempt.preempted_by and event.kind is cmd.MemberEventKind.EXITED:
-            # Any exit of a preempted member confirms it stopped; never the job's failure.
-            status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
-            status.exit_code = _preempted_exit_code(event)
-            status.finished_at_ms = now
-            if all(s.state is MemberState.EXITED for s in attempt.member_status):
-                if attempt.state is AttemptState.RUNNING and all(
-                    s.exit_code == 0 for s in attempt.member_status
-                ):
-                    _succeed_before_preemption(job, attempt, now, state)
-                else:
-                    end_preempted(state, job, now)
-                touched.update(m.node_id for m in attempt.members)
-            continue
-        if status.started_at_ms is None:
-            status.started_at_ms = now
-        if attempt.started_at_ms is None:
-            attempt.started_at_ms = now
-        if attempt.state is AttemptState.BOUND:
-            attempt.state = move(ATTEMPT, attempt.state, lc.AttemptEvent.START)
-        if job.state is JobState.SCHEDULED:
-            job.state = move(JOB, job.state, lc.JobEvent.START)
-            job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
-        if event.kind is cmd.MemberEventKind.STARTED:
-            status.state = move(MEMBER, status.state, lc.MemberEvent.START)
-            continue
-        status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
-        status.exit_code = event.exit_code
-        status.finished_at_ms = now
-        if event.cause.disruption or event.exit_code != 0:
-            code = {
-                cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
-                cmd.ExitCause.FENCED: ReasonCode.MEMBER_FENCED,
-                cmd.ExitCause.LOST: ReasonCode.MEMBER_LOST,
-            }[event.cause]
-            outcome = reason(
-                code,
-                rank=event.rank,
-                node=c.node_id,
-                exit_code=event.exit_code,
-                detail=event.detail or None,
-            )
-            end_attempt_for(state, job, outcome, c.jitter_seed, now)
-            touched.update(m.node_id for m in attempt.members)
-        elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
-            end_attempt(
-                state,
-                job,
-                lc.AttemptEvent.SUCCEED,
-                reason(ReasonCode.ALL_EXITED_ZERO, members=len(attempt.members)),
-                now,
-            )
-            finish(
-                job,
-                lc.JobEvent.SUCCEED,
-                reason(ReasonCode.SUCCEEDED, members=len(attempt.members)),
-                now,
-            )
-            touched.update(m.node_id for m in attempt.members)
+            _preempted_member_exited(state, job, attempt, event, now, touched)
+        else:
+            _live_member_event(state, c, job, attempt, event, now, touched)
     settle_drained(state, sorted(touched))
     return ok(
         f"{accepted} event(s) accepted, {stale} stale", accepted_events=accepted, stale_events=stale
     )
+
+
+def _preempted_member_exited(
+    state: ClusterState,
+    job: Job,
+    attempt: Attempt,
+    event: cmd.MemberEvent,
+    now: int,
+    touched: set[str],
+) -> None:
+    """A member of a preempted attempt exited: that confirms it stopped, never the
+    job's failure; once all have, the attempt ends (in success when all exited 0 by
+    themselves before the preemption reached them)."""
+    status = attempt.member_status[event.rank]
+    status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+    status.exit_code = _preempted_exit_code(event)
+    status.finished_at_ms = now
+    if all(s.state is MemberState.EXITED for s in attempt.member_status):
+        if attempt.state is AttemptState.RUNNING and all(
+            s.exit_code == 0 for s in attempt.member_status
+        ):
+            _succeed_before_preemption(job, attempt, now, state)
+        else:
+            end_preempted(state, job, now)
+        touched.update(m.node_id for m in attempt.members)
+
+
+def _live_member_event(
+    state: ClusterState,
+    c: cmd.ReportMembers,
+    job: Job,
+    attempt: Attempt,
+    event: cmd.MemberEvent,
+    now: int,
+    touched: set[str],
+) -> None:
+    """A member of the live attempt started or exited: the attempt and the job run from
+    its first report; a failing or disrupted exit ends the attempt (retried or
+    requeued), the last of all-zero exits ends it in success."""
+    status = attempt.member_status[event.rank]
+    if status.started_at_ms is None:
+        status.started_at_ms = now
+    if attempt.started_at_ms is None:
+        attempt.started_at_ms = now
+    if attempt.state is AttemptState.BOUND:
+        attempt.state = move(ATTEMPT, attempt.state, lc.AttemptEvent.START)
+    if job.state is JobState.SCHEDULED:
+        job.state = move(JOB, job.state, lc.JobEvent.START)
+        job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
+    if event.kind is cmd.MemberEventKind.STARTED:
+        status.state = move(MEMBER, status.state, lc.MemberEvent.START)
+        return
+    status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+    status.exit_code = event.exit_code
+    status.finished_at_ms = now
+    if event.cause.disruption or event.exit_code != 0:
+        code = {
+            cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
+            cmd.ExitCause.FENCED: ReasonCode.MEMBER_FENCED,
+            cmd.ExitCause.LOST: ReasonCode.MEMBER_LOST,
+        }[event.cause]
+        outcome = reason(
+            code,
+            rank=event.rank,
+            node=c.node_id,
+            exit_code=event.exit_code,
+            detail=event.detail or None,
+        )
+        end_attempt_for(state, job, outcome, c.jitter_seed, now)
+        touched.update(m.node_id for m in attempt.members)
+    elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
+        end_attempt(
+            state,
+            job,
+            lc.AttemptEvent.SUCCEED,
+            reason(ReasonCode.ALL_EXITED_ZERO, members=len(attempt.members)),
+            now,
+        )
+        finish(
+            job,
+            lc.JobEvent.SUCCEED,
+            reason(ReasonCode.SUCCEEDED, members=len(attempt.members)),
+            now,
+        )
+        touched.update(m.node_id for m in attempt.members)
 
 
 # 128 + SIGTERM: the code a member stopped by its worker reports (worker/shim.py).
