@@ -16,7 +16,10 @@ from synapse_ha.core.model import (
     Attempt,
     ClusterConfig,
     ClusterState,
+    Job,
+    JobSpec,
     JobState,
+    MemberPlacement,
     MemberStatus,
     Node,
     Resources,
@@ -57,71 +60,55 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
 
 def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rejection | None:
     """Why ``p`` cannot be bound to ``state`` now, or None when it can (whole gang)."""
-
-    def no(code: RejectCode, message: str) -> Rejection:
-        return Rejection(p.job_id, code, message)
-
     job = state.jobs.get(p.job_id)
+    problem = _job_problem(job, p, now)
+    if problem is None:
+        assert job is not None
+        problem = _members_problem(state, job.spec, p)
+    return Rejection(p.job_id, *problem) if problem is not None else None
+
+
+Problem = tuple[RejectCode, str]
+
+
+def _job_problem(job: Job | None, p: cmd.GangPlacement, now: int) -> Problem | None:
+    """Why the job of ``p`` may not be bound now (it is not pending, the plan is for
+    another attempt, it is in back-off or its last attempt's members are unconfirmed)."""
     if job is None:
-        return no(RejectCode.NO_JOB, "no such job")
+        return RejectCode.NO_JOB, "no such job"
     if job.state is not JobState.PENDING:
-        return no(RejectCode.NOT_PENDING, f"job is {job.state.value}, not PENDING")
+        return RejectCode.NOT_PENDING, f"job is {job.state.value}, not PENDING"
     if job.attempts_made != p.attempts_made:
-        return no(RejectCode.STALE_PLAN, f"stale plan: planned for attempt {p.attempts_made + 1}")
+        return RejectCode.STALE_PLAN, f"stale plan: planned for attempt {p.attempts_made + 1}"
     if now < job.retry_not_before_ms:
-        return no(RejectCode.IN_BACKOFF, "job is still in its retry back-off")
+        return RejectCode.IN_BACKOFF, "job is still in its retry back-off"
     if unconfirmed_members(job):
-        return no(
+        return (
             RejectCode.UNCONFIRMED_MEMBERS,
             "members of the previous attempt have not been confirmed stopped",
         )
-    spec = job.spec
-    if len(p.members) != spec.replicas:
-        return no(
-            RejectCode.WRONG_SIZE, f"plan has {len(p.members)} members, job needs {spec.replicas}"
+    if len(p.members) != job.spec.replicas:
+        return (
+            RejectCode.WRONG_SIZE,
+            f"plan has {len(p.members)} members, job needs {job.spec.replicas}",
         )
+    return None
+
+
+def _members_problem(state: ClusterState, spec: JobSpec, p: cmd.GangPlacement) -> Problem | None:
+    """Why the members of ``p`` do not fit: a rank, node or GPU that is wrong, a node
+    without room for what the gang puts there, or a span over the required domain."""
     per_node: dict[str, Resources] = {}
     gpus_taken: dict[str, set[int]] = {}
     for rank, member in enumerate(p.members):
-        if member.rank != rank:
-            return no(
-                RejectCode.WRONG_RANKS, f"member ranks must be 0..{spec.replicas - 1} in order"
-            )
-        node = state.nodes.get(member.node_id)
-        if node is None:
-            return no(RejectCode.NO_NODE, f"rank {rank}: no node {member.node_id!r}")
-        if not node.schedulable():
-            return no(
-                RejectCode.NODE_UNSCHEDULABLE,
-                f"rank {rank}: node {member.node_id} is {node.status.value}",
-            )
-        if spec.image and FEATURE_IMAGES not in node.info.features:
-            return no(
-                RejectCode.NO_IMAGES,
-                f"rank {rank}: node {member.node_id} cannot run container images",
-            )
-        if len(member.gpus) != spec.resources.gpu:
-            return no(
-                RejectCode.WRONG_GPU_COUNT,
-                f"rank {rank}: {len(member.gpus)} GPUs given, {spec.resources.gpu} needed",
-            )
-        taken = gpus_taken.setdefault(member.node_id, set())
-        for gpu in member.gpus:
-            if not 0 <= gpu < node.info.capacity.gpu:
-                return no(
-                    RejectCode.NO_SUCH_GPU, f"rank {rank}: node {member.node_id} has no GPU {gpu}"
-                )
-            if gpu in node.allocated_gpus or gpu in taken:
-                return no(
-                    RejectCode.GPU_IN_USE,
-                    f"rank {rank}: GPU {gpu} on {member.node_id} is already in use",
-                )
-            taken.add(gpu)
+        problem = _member_problem(state, spec, rank, member, gpus_taken)
+        if problem is not None:
+            return problem
         per_node[member.node_id] = per_node.get(member.node_id, Resources()) + spec.resources
     for node_id, request in sorted(per_node.items()):
         node = state.nodes[node_id]
         if not request.fits_in(node.free):
-            return no(
+            return (
                 RejectCode.NO_ROOM,
                 f"node {node_id} no longer fits: needs {request.describe()}, "
                 f"has {node.free.describe()} free",
@@ -136,10 +123,52 @@ def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rej
             for n in per_node
         }
         if len(domains) > 1:
-            return no(
+            return (
                 RejectCode.TOPOLOGY_SPAN,
                 f"members span {len(domains)} {level}s; the job requires one",
             )
+    return None
+
+
+def _member_problem(
+    state: ClusterState,
+    spec: JobSpec,
+    rank: int,
+    member: MemberPlacement,
+    gpus_taken: dict[str, set[int]],
+) -> Problem | None:
+    """Why rank ``rank`` may not go where ``member`` puts it; its GPUs join
+    ``gpus_taken`` when it may."""
+    if member.rank != rank:
+        return RejectCode.WRONG_RANKS, f"member ranks must be 0..{spec.replicas - 1} in order"
+    node = state.nodes.get(member.node_id)
+    if node is None:
+        return RejectCode.NO_NODE, f"rank {rank}: no node {member.node_id!r}"
+    if not node.schedulable():
+        return (
+            RejectCode.NODE_UNSCHEDULABLE,
+            f"rank {rank}: node {member.node_id} is {node.status.value}",
+        )
+    if spec.image and FEATURE_IMAGES not in node.info.features:
+        return (
+            RejectCode.NO_IMAGES,
+            f"rank {rank}: node {member.node_id} cannot run container images",
+        )
+    if len(member.gpus) != spec.resources.gpu:
+        return (
+            RejectCode.WRONG_GPU_COUNT,
+            f"rank {rank}: {len(member.gpus)} GPUs given, {spec.resources.gpu} needed",
+        )
+    taken = gpus_taken.setdefault(member.node_id, set())
+    for gpu in member.gpus:
+        if not 0 <= gpu < node.info.capacity.gpu:
+            return RejectCode.NO_SUCH_GPU, f"rank {rank}: node {member.node_id} has no GPU {gpu}"
+        if gpu in node.allocated_gpus or gpu in taken:
+            return (
+                RejectCode.GPU_IN_USE,
+                f"rank {rank}: GPU {gpu} on {member.node_id} is already in use",
+            )
+        taken.add(gpu)
     return None
 
 
