@@ -31,9 +31,7 @@ from synapse_ha.cli.defaults import (
     TOKEN_FILE_NAME,
     ExitCode,
 )
-from synapse_ha.cli.logs import (
-    WorkerUnreachable,
-)
+from synapse_ha.cli.logs import WorkerUnreachable
 from synapse_ha.cli.specfile import SpecFileError
 from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
@@ -250,10 +248,7 @@ def default_token_file(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def find_tls(
-    ca: Path | None,
-    cert: Path | None,
-    key: Path | None,
-    environ: Mapping[str, str] | None = None,
+    ca: Path | None, cert: Path | None, key: Path | None, environ: Mapping[str, str] | None = None
 ) -> TlsFiles | None:
     """The TLS files synctl presents: each one as given (``--ca``/``--cert``/``--key``,
     which click also fills from ``$SYNAPSE_CA``/``$SYNAPSE_CERT``/``$SYNAPSE_KEY``), else
@@ -402,9 +397,7 @@ def _completion_client(ctx: click.Context) -> ClusterClient | None:
 
 
 def _complete(
-    ctx: click.Context,
-    fetch: Callable[[ClusterClient], list[tuple[str, str]]],
-    incomplete: str,
+    ctx: click.Context, fetch: Callable[[ClusterClient], list[tuple[str, str]]], incomplete: str
 ) -> list[click.shell_completion.CompletionItem]:
     """Completion items ``(value, help)`` from the cluster; none when it cannot answer."""
     client = _completion_client(ctx)
@@ -426,9 +419,7 @@ def complete_job_ids(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[click.shell_completion.CompletionItem]:
     return _complete(
-        ctx,
-        lambda c: [(j.job_id, f"{j.spec.name} {j.state}") for j in c.list_jobs()],
-        incomplete,
+        ctx, lambda c: [(j.job_id, f"{j.spec.name} {j.state}") for j in c.list_jobs()], incomplete
     )
 
 

@@ -25,10 +25,7 @@ from synapse_ha.cli.app import (
     output_option,
     with_settings,
 )
-from synapse_ha.cli.defaults import (
-    POLL_INTERVAL_S,
-    ExitCode,
-)
+from synapse_ha.cli.defaults import POLL_INTERVAL_S, ExitCode
 from synapse_ha.cli.logs import (
     GrantCache,
     LinePrinter,

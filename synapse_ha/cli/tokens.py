@@ -6,9 +6,7 @@ import click
 
 from synapse_ha.cli import render
 from synapse_ha.cli.app import CommandFailed, Settings, emit, note, output_option, with_settings
-from synapse_ha.cli.defaults import (
-    ExitCode,
-)
+from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -30,10 +28,7 @@ def token() -> None:
 @token.command("create")
 @click.option("--user", "user_name", required=True, help="The user the token names.")
 @click.option(
-    "--role",
-    type=click.Choice(["user", "operator", "admin"]),
-    default="user",
-    show_default=True,
+    "--role", type=click.Choice(["user", "operator", "admin"]), default="user", show_default=True
 )
 @click.option("--queue", "queues", multiple=True, help="A queue it may submit to (repeatable).")
 @click.option("--ttl", default="", help="Lifetime, e.g. 90d or 12h (default: never expires).")

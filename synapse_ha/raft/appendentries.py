@@ -87,6 +87,7 @@ from pysyncobj import pickle as raft_pickle
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPTransport
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 log_ = logging.getLogger(__name__)
 _FOLLOWER = _RAFT_STATE.FOLLOWER
@@ -226,11 +227,36 @@ def _peer_of(conn: Any) -> str:
     return f"at {host} (incoming)" if host else "(an incoming connection)"
 
 
+# The pysyncobj release this module adapts: its overrides and the private names it
+# reads are that release's. Another release may have moved any of them.
+TESTED_PYSYNCOBJ = "0.3.17"
+
+
+class UntestedPysyncobj(RuntimeError):
+    """The installed pysyncobj is not the release this adapter was written against."""
+
+
+def check_pysyncobj_version(installed: str | None = None) -> None:
+    """Raise :class:`UntestedPysyncobj` unless pysyncobj is :data:`TESTED_PYSYNCOBJ`
+    (``installed``: the version to judge, by default the installed one)."""
+    version = installed if installed is not None else PYSYNCOBJ_VERSION
+    if version != TESTED_PYSYNCOBJ:
+        raise UntestedPysyncobj(
+            f"pysyncobj {version} is installed; this replica adapts pysyncobj "
+            f"{TESTED_PYSYNCOBJ} (its private state and handlers) and refuses to run on "
+            f"another release: install pysyncobj=={TESTED_PYSYNCOBJ}"
+        )
+
+
 class SafeSyncObj(SyncObj):  # type: ignore[misc]
     """pysyncobj's ``SyncObj`` with the follower's AppendEntries rules of the Raft paper,
     no forwarding of commands to the leader, and a transport that names peers without
     this replica's key. ``channel_mode`` names this replica's security mode in that
-    sentence (None: not named)."""
+    sentence (None: not named).
+
+    Every name of pysyncobj's private state the replica reads or sets is read or set here
+    (:meth:`delay_election`, :meth:`raft_log` among them), and the constructor refuses a
+    pysyncobj release other than :data:`TESTED_PYSYNCOBJ`."""
 
     _ack_cap: int | None = None  # while a corrected message is handled: highest ack + 1
     # Seconds between the survivors' elections after the leader's connection closed
@@ -238,6 +264,7 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
     leader_loss_stagger_s: float | None = None
 
     def __init__(self, *args: Any, channel_mode: str | None = None, **kwargs: Any) -> None:
+        check_pysyncobj_version()
         # Read by the transport, which the base constructor builds.
         self.channel_mode = channel_mode
         kwargs.setdefault("transportClass", KeyCheckingTransport)
@@ -262,6 +289,15 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
         if current < deadline:
             self._SyncObj__raftElectionDeadline = deadline
+
+    def delay_election(self, deadline: float) -> None:
+        """Stand for election no sooner than ``deadline`` (pysyncobj's clock,
+        :func:`raft_clock`), unless a leader is heard from first."""
+        self._SyncObj__raftElectionDeadline = deadline
+
+    def raft_log(self) -> Any:
+        """The journal pysyncobj keeps this replica's log in."""
+        return self.__dict__.get("_SyncObj__raftLog")
 
     def quorum_contact_within(self, seconds: float) -> bool:
         """Whether this replica leads and its Raft thread has heard a majority (itself

@@ -368,8 +368,8 @@ def unregister(journal_file: str) -> None:
 
 
 def journal_of(sync_obj: Any) -> Any:
-    """The journal object a ``SyncObj`` uses."""
-    return getattr(sync_obj, "_SyncObj__raftLog", None)
+    """The journal object a replica's ``SafeSyncObj`` uses."""
+    return sync_obj.raft_log()
 
 
 def check_installed(sync_obj: Any, fsync: bool = True) -> AtomicFileJournal:

@@ -609,13 +609,11 @@ class RaftReplica:
             # the first deadline is pushed out too (it was drawn with the normal ones).
             conf.raftMinTimeout = _JOIN_ELECTION_TIMEOUT_S
             conf.raftMaxTimeout = 2 * _JOIN_ELECTION_TIMEOUT_S
-            self._sync._SyncObj__raftElectionDeadline = raft_clock() + _JOIN_ELECTION_TIMEOUT_S
+            self._sync.delay_election(raft_clock() + _JOIN_ELECTION_TIMEOUT_S)
         elif restarted and other_nodes:
             # No election before the leader had time to reconnect (see RaftTiming).
             # pysyncobj's deadlines are on its own clock (CLOCK_MONOTONIC_RAW).
-            self._sync._SyncObj__raftElectionDeadline = (
-                raft_clock() + timing.restart_election_delay_s
-            )
+            self._sync.delay_election(raft_clock() + timing.restart_election_delay_s)
         if not join:
             self._sync.leader_loss_stagger_s = timing.leader_loss_stagger_s
         self._sync.addOnTickCallback(self._on_tick)

@@ -14,7 +14,13 @@ from pysyncobj import pickle as raft_pickle
 from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse_ha.local.launcher import reserve_ports
-from synapse_ha.raft.appendentries import SafeSyncObj, conflict_free
+from synapse_ha.raft.appendentries import (
+    TESTED_PYSYNCOBJ,
+    SafeSyncObj,
+    UntestedPysyncobj,
+    check_pysyncobj_version,
+    conflict_free,
+)
 
 Entry = tuple[bytes, int, int]
 
@@ -264,3 +270,11 @@ def test_the_leader_still_appends_its_own_commands(follower: Any) -> None:
     f.obj._applyCommand(b"\x01bind", lambda result, error: None)
     f.obj._checkCommandsToApply()
     assert f.log()[-1] == (len(ACKED) + 1, 3)
+
+
+def test_a_pysyncobj_release_other_than_the_adapted_one_is_refused() -> None:
+    check_pysyncobj_version(TESTED_PYSYNCOBJ)
+    with pytest.raises(UntestedPysyncobj, match=r"pysyncobj 0\.3\.18 is installed.*==0\.3\.17"):
+        check_pysyncobj_version("0.3.18")
+    # The installed release is the adapted one (pyproject pins it).
+    check_pysyncobj_version()

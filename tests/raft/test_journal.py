@@ -142,12 +142,15 @@ def test_term_and_vote_are_stored_through_a_synced_rename(
 
 
 def test_check_installed_refuses_a_plain_journal(tmp_path: Path) -> None:
+    plain = FileJournal(str(tmp_path / "plain.journal"))
+
     class FakeSyncObj:
-        _SyncObj__raftLog = FileJournal(str(tmp_path / "plain.journal"))
+        def raft_log(self) -> FileJournal:
+            return plain
 
     with pytest.raises(durable.JournalHookError, match="not a durable one"):
         durable.check_installed(FakeSyncObj())
-    FakeSyncObj._SyncObj__raftLog._destroy()
+    plain._destroy()
 
 
 @pytest.mark.integration
