@@ -8,7 +8,7 @@ thread (sleep ``--tick-ms``, note the time) and writes the snapshot twice:
 
 * ``thread``: encoding and writing on a thread of this process, the way replicas wrote
   snapshots before they forked a writer;
-* ``fork``: :class:`synapse_ha.raft.snapshot.ForkedWrite`, as replicas do now.
+* ``fork``: :class:`synapse_ha.raft.snapshot_file.ForkedWrite`, as replicas do now.
 
 It also times one full cyclic garbage collection with the state in memory (any thread
 that allocates can trigger one, and it holds the interpreter lock throughout) and again
@@ -41,7 +41,7 @@ from bench.report import emit
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.raft.replica import RaftTiming
-from synapse_ha.raft.snapshot import ForkedWrite, replace_snapshot
+from synapse_ha.raft.snapshot_file import ForkedWrite, replace_snapshot
 
 ENTRIES = ((b"newest", 2, 1), (b"older", 1, 1))
 

@@ -323,7 +323,7 @@ class ReplicaMetrics:
 
 
 class MeteredProposer:
-    """A :class:`~synapse_ha.app.ports.Proposer` that times every proposal and counts the
+    """A :class:`~synapse_ha.leader.ports.Proposer` that times every proposal and counts the
     binds of committed plans; otherwise passes everything through unchanged."""
 
     def __init__(self, inner: Proposing, metrics: ReplicaMetrics) -> None:

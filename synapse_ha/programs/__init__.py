@@ -4,7 +4,7 @@ Importing this package loads gRPC with its fork handlers turned off. Those handl
 (``pthread_atfork``) can freeze a process that forks while other threads use gRPC: the
 forking thread holds the interpreter lock inside ``fork()`` and the handler waits for
 gRPC's threads, which wait for that lock. A replica forks to write every snapshot
-(:mod:`synapse_ha.raft.snapshot`), under load, and its child never touches gRPC; with the
+(:mod:`synapse_ha.raft.snapshot_file`), under load, and its child never touches gRPC; with the
 handlers on, a replica froze for good (no answer, no Raft heartbeat, not even to SIGTERM)
 within seconds of a submission stream. gRPC reads ``GRPC_ENABLE_FORK_SUPPORT`` once, when
 it is first imported, so the variable is set for that import only: the programs' children

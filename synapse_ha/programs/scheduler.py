@@ -59,13 +59,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
-from synapse_ha.app.leader import (
-    STALL_MS,
-    LeaderLoop,
-    Liveness,
-    LoopSettings,
-    SchedulingSettings,
-)
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role, split_token
 from synapse_ha.core.admission import check_limits
@@ -88,6 +81,13 @@ from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
 from synapse_ha.history.store import HistoryStore
+from synapse_ha.leader.loop import (
+    STALL_MS,
+    LeaderLoop,
+    Liveness,
+    LoopSettings,
+    SchedulingSettings,
+)
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
 from synapse_ha.observe.metrics import ReplicaMetrics
@@ -99,7 +99,7 @@ from synapse_ha.raft.replica import (
     raft_password_problem,
     seed_restored_state,
 )
-from synapse_ha.raft.snapshot import SnapshotMember
+from synapse_ha.raft.snapshot_file import SnapshotMember
 from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
 from synapse_ha.rpc.nudge import WorkerNudger

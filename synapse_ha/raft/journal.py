@@ -90,7 +90,7 @@ from pysyncobj.journal import (
 from pysyncobj.pickle import dumps, to_bytes
 
 from synapse_ha.core.codec import CodecError
-from synapse_ha.raft.snapshot import read_snapshot_entries
+from synapse_ha.raft.snapshot_file import read_snapshot_entries
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,6 @@ from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.node import TCPNode
 
-from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import (
     CodecError,
@@ -62,10 +61,11 @@ from synapse_ha.core.membership import (
 )
 from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
+from synapse_ha.leader.ports import ProposalError
 from synapse_ha.raft import journal as durable_journal
 from synapse_ha.raft.appendentries import SafeSyncObj
 from synapse_ha.raft.batch import FrameError, frame, unframe
-from synapse_ha.raft.snapshot import (
+from synapse_ha.raft.snapshot_file import (
     ForkedWrite,
     LogEntry,
     SnapshotMember,
@@ -376,7 +376,7 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         Runs on the Raft thread between two applies, so the copy-on-write snapshot taken
         here (:mod:`synapse_ha.core.snapshot`, O(records changed since the last one)) is
         exactly the state after that entry; a forked child encodes it, writes and fsyncs
-        the file (:class:`synapse_ha.raft.snapshot.ForkedWrite`: a synchronous write, or
+        the file (:class:`synapse_ha.raft.snapshot_file.ForkedWrite`: a synchronous write, or
         one on a thread of this process, stops the Raft thread for seconds at 10,000
         nodes, and a leader that sends no heartbeats is replaced by its followers).
 

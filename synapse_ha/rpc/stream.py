@@ -47,12 +47,12 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.views import DesiredMember
+from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.auth import AuthInterceptor
 from synapse_ha.rpc.errors import Reason, build_status

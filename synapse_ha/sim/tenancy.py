@@ -19,7 +19,7 @@ from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.workload import Workload
 
 MODES = (PreemptionMode.OFF, PreemptionMode.BLIND, PreemptionMode.TOPOLOGY)
-PASS_INTERVAL_MS = 500  # the leader's scheduling period (app.leader schedule_period_ms)
+PASS_INTERVAL_MS = 500  # the leader's scheduling period (leader.loop schedule_period_ms)
 LOSS_REDUCTION_TARGET = 0.30
 JAIN_TARGET = 0.95
 FAIRNESS_TOLERANCE = 0.01  # "equal fairness": Jain's index within this of the baseline

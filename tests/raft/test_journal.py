@@ -16,7 +16,7 @@ from synapse_ha.core.model import ClusterState
 from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft import journal as durable
 from synapse_ha.raft.replica import RaftReplica
-from synapse_ha.raft.snapshot import write_snapshot
+from synapse_ha.raft.snapshot_file import write_snapshot
 from tests.integration.cluster import PASSWORD
 
 # pysyncobj's MetaStorer.getMeta reads the term/vote file with open(...).read() and

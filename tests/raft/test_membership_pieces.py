@@ -13,7 +13,7 @@ from synapse_ha.core.codec import CodecError, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.raft.replica import ReplicatedState, RestoreError, seed_restored_state
-from synapse_ha.raft.snapshot import SnapshotMember, read_snapshot_file, write_snapshot
+from synapse_ha.raft.snapshot_file import SnapshotMember, read_snapshot_file, write_snapshot
 from tests.core.harness import job, node
 
 ENTRIES = ((b"\x01newest", 9, 2), (b"\x01older", 8, 2))

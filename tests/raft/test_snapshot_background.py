@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from pysyncobj.config import SERIALIZER_STATE
 
-import synapse_ha.raft.snapshot as snapshot_module
+import synapse_ha.raft.snapshot_file as snapshot_module
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import apply_tracked, full_copy
 from synapse_ha.raft.replica import ReplicatedState
-from synapse_ha.raft.snapshot import read_snapshot_file, write_snapshot
+from synapse_ha.raft.snapshot_file import read_snapshot_file, write_snapshot
 from tests.core.harness import job, node
 
 ENTRIES = ((b"\x01newest", 9, 2), (b"\x01older", 8, 2))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.app.leader import SchedulingSettings
 from synapse_ha.core.model import ClusterConfig, Limits, PreemptionMode, PriorityClass
+from synapse_ha.leader.loop import SchedulingSettings
 from synapse_ha.programs import scheduler as scheduler_main
 
 

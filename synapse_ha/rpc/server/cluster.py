@@ -11,12 +11,12 @@ from operator import attrgetter
 
 import grpc
 
-from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import validation
 from synapse_ha.core.codec import READABLE_VERSIONS, encode_state
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal
 from synapse_ha.core.model import JobState
 from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -13,8 +13,6 @@ from typing import NoReturn, Protocol
 
 import grpc
 
-from synapse_ha.app.leader import Liveness
-from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import access, admission
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
@@ -25,6 +23,8 @@ from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.store import HistoryStore
+from synapse_ha.leader.loop import Liveness
+from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc.admission import Overloaded, PendingInFlight, ReadGate, StreamSlots, SubmitRate
 from synapse_ha.rpc.auth import (
     AUTHORIZATION_KEY,

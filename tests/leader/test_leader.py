@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from synapse_ha.app.leader import LeaderLoop, Liveness, LoopSettings
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterConfig, JobState, NodeStatus, Timeouts
 from synapse_ha.core.reasons import ReasonCode
-from tests.app.fakes import FakeLog
+from synapse_ha.leader.loop import LeaderLoop, Liveness, LoopSettings
 from tests.core.harness import job, node
+from tests.leader.fakes import FakeLog
 
 DEAD_MS = Timeouts().dead_timeout_ms
 

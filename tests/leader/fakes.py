@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from synapse_ha.app.ports import ProposalError
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import full_copy
+from synapse_ha.leader.ports import ProposalError
 
 
 class FakeLog:

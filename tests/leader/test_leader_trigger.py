@@ -3,10 +3,11 @@ the driver), one pass for a burst, and no pass while nothing changed."""
 
 from __future__ import annotations
 
+from tests.leader.test_leader import elected
+
 from synapse_ha.core import commands as cmd
-from tests.app.fakes import FakeLog
-from tests.app.test_leader import elected
 from tests.core.harness import job, node
+from tests.leader.fakes import FakeLog
 
 
 class CountingTimer:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from tests.leader.test_leader import elected
+
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, PreemptionKind, Queue
 from synapse_ha.core.reasons import ReasonCode
-from tests.app.fakes import FakeLog
-from tests.app.test_leader import elected
 from tests.core.harness import job, node
+from tests.leader.fakes import FakeLog
 
 
 def test_a_preemption_is_proposed_once_and_the_preemptor_binds_after_its_victim_stops() -> None:

@@ -41,7 +41,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
-from synapse_ha.app.ports import Nudger, Proposer, StateReader
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import (
     ClusterConfig,
@@ -55,6 +54,7 @@ from synapse_ha.core.model import (
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
 from synapse_ha.core.views import due_start_timeouts, due_time_limits
+from synapse_ha.leader.ports import Nudger, Proposer, StateReader
 
 
 def _marked(state: ClusterState, preemptor: str) -> bool:
