@@ -2,7 +2,7 @@
 
 Three real replicas on loopback (mutual TLS, the benchmark calling as the admin by
 certificate). The load: ``--streams`` clients each submitting one small job at a time
-through the redirect-following :class:`~synapse_ha.rpc.client.ClusterClient`, and a few
+through the redirect-following :class:`~synapse_ha.client.cluster.ClusterClient`, and a few
 simulated nodes heartbeating, so every submission is bound by the leader's planning loop.
 
 1. **Kill-free period.** The load runs for ``--quiet-s`` seconds (by default as long as

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.local.launcher import RPC_ERRORS, Launcher, LocalReplicas, wait_until
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 T = TypeVar("T")

@@ -49,8 +49,8 @@ import grpc
 
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.local.launcher import LocalReplicas, Replica
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import TlsFiles, Transport
 

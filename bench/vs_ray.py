@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 from bench.loopback import loopback_cluster, percentile, read_stamps, wait_for
-from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 NODES = 8

@@ -40,8 +40,8 @@ from chaos.nemesis import (
     Step,
     duration_for,
 )
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.local.launcher import Replica
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.security.tls import Transport
 

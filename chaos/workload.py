@@ -1,6 +1,6 @@
 """The submitter: ``python -m chaos.workload CONFIG_JSON``, run in the client namespace.
 
-It submits gang jobs through :class:`synapse_ha.rpc.client.ClusterClient` (leader
+It submits gang jobs through :class:`synapse_ha.client.cluster.ClusterClient` (leader
 discovery, redirects, idempotent retries by request id) until the stop file appears, and
 records every submission in ``submissions.jsonl``: ``begin`` before the call, then
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import grpc
 
 from chaos.ledger import Appender, now_ns
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable, new_request_id
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import TlsFiles, Transport
 

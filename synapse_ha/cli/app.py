@@ -33,7 +33,7 @@ from synapse_ha.cli.defaults import (
 )
 from synapse_ha.cli.logs import WorkerUnreachable
 from synapse_ha.cli.specfile import SpecFileError
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.security.tls import TlsError, TlsFiles, Transport
 

@@ -36,7 +36,7 @@ from synapse_ha.cli.logs import (
     read_log,
 )
 from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
-from synapse_ha.rpc.client import new_request_id
+from synapse_ha.client.cluster import new_request_id
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import grpc
 
 from synapse_ha.cli.render import LOG_LINE, terminal_safe
-from synapse_ha.rpc.client import ClusterUnavailable
+from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.grants import GRANT_METADATA_KEY

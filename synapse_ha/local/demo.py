@@ -42,9 +42,9 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.spec import parse_job_spec
 from synapse_ha.local.devcluster import DevCluster, DevClusterError, DevClusterOptions
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

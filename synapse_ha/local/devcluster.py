@@ -61,6 +61,7 @@ from typing import TypeVar
 
 import grpc
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.local.launcher import (
     HOST,
@@ -76,7 +77,6 @@ from synapse_ha.local.launcher import (
     replica_status,
     wait_until,
 )
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb

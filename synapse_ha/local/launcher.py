@@ -63,7 +63,7 @@ from typing import TypeVar
 
 import grpc
 
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.bundle import ClusterCredentials, new_raft_password

@@ -12,7 +12,7 @@ Pages:
   script, so the Content-Security-Policy forbids both).
 
 **Same data, same rules as the API.** The dashboard is a client of the cluster's own
-gRPC API (:class:`~synapse_ha.rpc.client.ClusterClient`), so it follows the leader for
+gRPC API (:class:`~synapse_ha.client.cluster.ClusterClient`), so it follows the leader for
 fresh data exactly as ``synctl`` does and survives a leader change. Each request is made
 with the *viewer's* bearer token (over this replica's TLS transport), so the replica that
 answers judges the viewer, not the dashboard: a ``user`` sees what the API lets a user
@@ -61,9 +61,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.access import split_token
 from synapse_ha.observe.http import Request, Response
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb

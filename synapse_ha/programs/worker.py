@@ -50,11 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
 from synapse_ha.observe.metrics import MeteredControlPlane, MeteredExecutor, WorkerMetrics
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import (
     INSECURE_WARNING,

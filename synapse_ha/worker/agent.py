@@ -38,7 +38,7 @@ from typing import Protocol
 
 import grpc
 
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState

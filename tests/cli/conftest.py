@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from synapse_ha.cli.main import cli
-from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.client.cluster import ClusterClient
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.worker.workers import LocalWorkers
 

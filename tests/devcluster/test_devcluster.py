@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from synapse_ha.cli.main import cli
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.local.devcluster import (
     DEFAULT_CLUSTER,
     DevCluster,
@@ -26,7 +27,6 @@ from synapse_ha.local.devcluster import (
     describe,
     run_foreground,
 )
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc

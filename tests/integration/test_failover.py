@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from synapse_ha.rpc.client import ClusterUnavailable
+from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import LocalCluster, job_spec, register_request, wait_for
 

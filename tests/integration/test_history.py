@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from synapse_ha.cli.main import cli
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.cli.conftest import CREDENTIAL_VARIABLES, exported

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.rpc.errors import Reason, failure_of
 from tests.cli.conftest import TIMEOUTS, Synctl
 from tests.integration.cluster import LocalCluster, wait_for

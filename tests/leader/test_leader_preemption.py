@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from tests.leader.test_leader import elected
-
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, PreemptionKind, Queue
 from synapse_ha.core.reasons import ReasonCode
 from tests.core.harness import job, node
 from tests.leader.fakes import FakeLog
+from tests.leader.test_leader import elected
 
 
 def test_a_preemption_is_proposed_once_and_the_preemptor_binds_after_its_victim_stops() -> None:

@@ -3,11 +3,10 @@ the driver), one pass for a burst, and no pass while nothing changed."""
 
 from __future__ import annotations
 
-from tests.leader.test_leader import elected
-
 from synapse_ha.core import commands as cmd
 from tests.core.harness import job, node
 from tests.leader.fakes import FakeLog
+from tests.leader.test_leader import elected
 
 
 class CountingTimer:

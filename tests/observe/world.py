@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import TlsFiles

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from synapse_ha.rpc.client import ClusterUnavailable
+from synapse_ha.client.cluster import ClusterUnavailable
 from tests.integration.cluster import LocalCluster, job_spec
 
 # Records the variable at the moment grpc is first imported, imports the entry point,

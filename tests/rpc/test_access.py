@@ -12,13 +12,13 @@ from typing import Any
 import grpc
 import pytest
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role
 from synapse_ha.core.machine import apply
 from synapse_ha.leader.loop import Liveness
 from synapse_ha.rpc.auth import new_token
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server

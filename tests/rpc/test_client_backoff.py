@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-import synapse_ha.rpc.client as client_module
-from synapse_ha.rpc.client import ClusterClient
+import synapse_ha.client.cluster as client_module
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.test_errors import Replica, Step, answer, fails, serve

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.client.cluster import ClusterClient
 
 
 class Channels:

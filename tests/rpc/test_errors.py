@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.validation import Violation, ViolationCode
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.errors import (
     DOMAIN,
     LEADER_METADATA_KEY,

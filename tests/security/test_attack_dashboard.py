@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.observe.dashboard import COOKIE, LOGIN_COOKIE, Dashboard, Sessions
 from synapse_ha.observe.http import CONTENT_SECURITY_POLICY, ObserveServer
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import Transport

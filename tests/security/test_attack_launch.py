@@ -31,10 +31,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.local.launcher import Worker
 from synapse_ha.programs import worker as worker_main
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.convert import desired_to_proto
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -3,7 +3,7 @@ is not a replica's (or not the expected worker's) answers at the address a clien
 to collect the bearer token or the log grant the client sends with its calls.
 
 Each attack runs a real gRPC server holding the attacker's certificate on 127.0.0.1 and
-the real client code against it: :class:`~synapse_ha.rpc.client.ClusterClient` over
+the real client code against it: :class:`~synapse_ha.client.cluster.ClusterClient` over
 ``Transport.channel`` as synctl builds it, the replicas' nudger, and the worker channel
 ``synctl logs`` reads through. The trap records every call and its metadata; each test
 asserts the client's refusal and that the trap saw nothing at all. A control test shows
@@ -29,8 +29,8 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.access import Identity, Role, replica, user, worker
-from synapse_ha.rpc.client import ClusterClient, ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.rpc.nudge import WorkerNudger

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from synapse_ha.rpc.client import ClusterClient
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc

@@ -9,11 +9,11 @@ from typing import Any
 import grpc
 import pytest
 
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import access
 from synapse_ha.core.machine import apply
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import desired_by_node
-from synapse_ha.rpc.client import ClusterClient
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.stream import StreamServer
 from synapse_ha.worker.agent import GrpcControlPlane, NotRegistered, StreamEnded
