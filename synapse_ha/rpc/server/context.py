@@ -23,7 +23,6 @@ from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.store import HistoryStore
-from synapse_ha.leader.loop import Liveness
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc.admission import Overloaded, PendingInFlight, ReadGate, StreamSlots, SubmitRate
 from synapse_ha.rpc.auth import (
@@ -49,6 +48,14 @@ class ReplicaAddress:
     replica_id: str
     raft: str
     grpc: str
+
+
+class HeardFrom(Protocol):
+    """Where heartbeats are recorded and read back (the leader loop's liveness table)."""
+
+    def heard(self, node_id: str, now_ms: int) -> None: ...
+
+    def heard_since_election(self, node_id: str) -> int | None: ...
 
 
 class RaftStatusView(Protocol):
@@ -100,7 +107,7 @@ class ReplicaContext:
     self_id: str
     replicas: Sequence[ReplicaAddress]
     backend: Backend
-    liveness: Liveness
+    liveness: HeardFrom
     serving: Callable[[], bool]
     clock_ms: Callable[[], int]
     write_timeout_s: float = 5.0
