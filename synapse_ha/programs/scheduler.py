@@ -54,7 +54,6 @@ import signal
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
@@ -75,7 +74,6 @@ from synapse_ha.core.model import (
     PriorityClass,
     Timeouts,
 )
-from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.core.validation import check_priority_classes, check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
 from synapse_ha.history.recorder import HistoryRecorder
@@ -91,6 +89,13 @@ from synapse_ha.leader.loop import (
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
 from synapse_ha.observe.metrics import ReplicaMetrics
+from synapse_ha.programs.config_file import (
+    ConfigError,
+    address,
+    check_file_types,
+    duration_ms,
+    read_toml,
+)
 from synapse_ha.raft.replica import (
     RaftReplica,
     RaftTiming,
@@ -128,10 +133,6 @@ GRANT_TTL_S = 300.0
 RAFT_FSYNC_DEFAULT = True
 
 
-class ConfigError(Exception):
-    """A configuration the replica refuses to start with; the message says why."""
-
-
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     replica_id: str
@@ -164,13 +165,6 @@ class SchedulerConfig:
 # ---------------------------------------------------------------------- parsing
 
 
-def _address(value: str, what: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what}: {value!r} is not host:port")
-    return value
-
-
 def parse_replica(value: str) -> ReplicaAddress:
     """``ID=RAFT_HOST:PORT,GRPC_HOST:PORT``."""
     replica_id, sep, rest = value.partition("=")
@@ -182,16 +176,9 @@ def parse_replica(value: str) -> ReplicaAddress:
         )
     return ReplicaAddress(
         replica_id=replica_id,
-        raft=_address(addresses[0].strip(), f"replica {replica_id} raft address"),
-        grpc=_address(addresses[1].strip(), f"replica {replica_id} grpc address"),
+        raft=address(addresses[0].strip(), f"replica {replica_id} raft address"),
+        grpc=address(addresses[1].strip(), f"replica {replica_id} grpc address"),
     )
-
-
-def _ms(value: object, what: str) -> int:
-    try:
-        return parse_duration(value, what)
-    except SpecError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,32 +336,14 @@ _FILE_TYPES: dict[str, type] = {
     "tls": dict,
     "metrics": dict,
 }
-_FILE_TYPE_NAMES = {str: "a string", list: "an array", dict: "a table", bool: "true or false"}
-
-
-def _check_file_types(doc: dict[str, Any]) -> None:
-    for key, kind in _FILE_TYPES.items():
-        value = doc.get(key)
-        if value is not None and not isinstance(value, kind):
-            wanted = _FILE_TYPE_NAMES[kind]
-            raise ConfigError(f"{key}: must be {wanted}, got {type(value).__name__}")
-    for name, value in doc.get("tls", {}).items():
-        if not isinstance(value, str):
-            raise ConfigError(f"tls.{name}: must be a string (a file name)")
 
 
 def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> SchedulerConfig:
     """Merge the TOML file and flags; raise :class:`ConfigError` on anything wrong."""
     environ = dict(os.environ if environ is None else environ)
     args = build_parser().parse_args(list(argv))
-    doc: dict[str, Any] = {}
-    if args.config:
-        try:
-            with open(args.config, "rb") as f:
-                doc = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"--config {args.config}: {exc}") from None
-    _check_file_types(doc)
+    doc = read_toml(args.config)
+    check_file_types(doc, _FILE_TYPES)
 
     replica_id = args.replica_id or doc.get("replica_id", "")
     if not replica_id or not isinstance(replica_id, str):
@@ -438,7 +407,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
 
     def pick(flag: str | None, key: str, default_ms: int) -> int:
         raw = flag if flag is not None else t_doc.get(key)
-        return default_ms if raw is None else _ms(raw, key)
+        return default_ms if raw is None else duration_ms(raw, key)
 
     timeouts = replace(
         defaults,
@@ -457,7 +426,9 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
 
     s_doc = doc.get("scheduling", {})
     raw_wait = args.locality_wait if args.locality_wait is not None else s_doc.get("locality_wait")
-    locality_wait_ms = LOCALITY_WAIT_MS if raw_wait is None else _ms(raw_wait, "locality_wait")
+    locality_wait_ms = (
+        LOCALITY_WAIT_MS if raw_wait is None else duration_ms(raw_wait, "locality_wait")
+    )
     if locality_wait_ms > MAX_LOCALITY_WAIT_MS:
         raise ConfigError(f"locality_wait must be at most {MAX_LOCALITY_WAIT_MS // 3_600_000}h")
 
@@ -469,10 +440,10 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     election_max = args.election_max or r_doc.get("election_max")
     timing = replace(
         timing,
-        election_min_s=_ms(election_min, "election_min") / 1000
+        election_min_s=duration_ms(election_min, "election_min") / 1000
         if election_min
         else timing.election_min_s,
-        election_max_s=_ms(election_max, "election_max") / 1000
+        election_max_s=duration_ms(election_max, "election_max") / 1000
         if election_max
         else timing.election_max_s,
         leader_step_down_s=timeouts.leader_step_down_ms / 1000,
@@ -628,7 +599,11 @@ def _scheduling(args: argparse.Namespace, s_doc: dict[str, Any]) -> SchedulingSe
                 raise ConfigError(f"{where}.value: expected an integer")
             if not isinstance(preempts, bool) or not isinstance(table["name"], str):
                 raise ConfigError(f"{where}: name is a string and preempts true or false")
-            grace = _ms(table["grace"], f"{where}.grace") if "grace" in table else DEFAULT_GRACE_MS
+            grace = (
+                duration_ms(table["grace"], f"{where}.grace")
+                if "grace" in table
+                else DEFAULT_GRACE_MS
+            )
             built.append(PriorityClass(table["name"], value, preempts, grace))
         problems = check_priority_classes(built)
         if problems:
@@ -643,7 +618,7 @@ def _scheduling(args: argparse.Namespace, s_doc: dict[str, Any]) -> SchedulingSe
             allowed = ", ".join(m.value for m in PreemptionMode)
             raise ConfigError(f"preemption must be one of {allowed}, got {raw_mode!r}") from None
     raw_life = args.fair_share_half_life or s_doc.get("fair_share_half_life")
-    half_life = None if raw_life is None else _ms(raw_life, "fair_share_half_life")
+    half_life = None if raw_life is None else duration_ms(raw_life, "fair_share_half_life")
     if half_life is not None and half_life <= 0:
         raise ConfigError("fair_share_half_life must be positive")
     raw_requeues = args.max_requeues
@@ -656,7 +631,7 @@ def _scheduling(args: argparse.Namespace, s_doc: dict[str, Any]) -> SchedulingSe
     ):
         raise ConfigError(f"max_requeues must be an integer from 0 to {MAX_REQUEUES_LIMIT}")
     raw_start = args.start_timeout or s_doc.get("start_timeout")
-    start_timeout = None if raw_start is None else _ms(raw_start, "start_timeout")
+    start_timeout = None if raw_start is None else duration_ms(raw_start, "start_timeout")
     if start_timeout is not None and not (
         MIN_START_TIMEOUT_MS <= start_timeout <= MAX_START_TIMEOUT_MS
     ):

@@ -44,7 +44,6 @@ import stat
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +51,16 @@ from typing import Any
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import FEATURE_IMAGES
-from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
+from synapse_ha.core.spec import SpecError, parse_cpu, parse_memory
 from synapse_ha.observe.http import AddressError, ObserveServer, parse_address
 from synapse_ha.observe.metrics import MeteredControlPlane, MeteredExecutor, WorkerMetrics
+from synapse_ha.programs.config_file import (
+    ConfigError,
+    address,
+    check_file_types,
+    duration_ms,
+    read_toml,
+)
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import (
     INSECURE_WARNING,
@@ -82,10 +88,6 @@ TICK_S = 0.02
 # fence themselves when the lease runs out. Either one alone is refused at start-up.
 UNSAFE_NO_SELF_FENCING_ENV = "SYNAPSE_TEST_UNSAFE_NO_SELF_FENCING"
 UNSAFE_NO_SELF_FENCING_FLAG = "--i-know-this-is-unsafe-no-self-fencing"
-
-
-class ConfigError(Exception):
-    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,19 +248,13 @@ def parse_topology(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def _check_address(value: str, what: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"{what}: {value!r} is not HOST:PORT")
-    return value
+    return address(value, what, form="HOST:PORT", port_zero=True)
 
 
 def _seconds(value: object, what: str, default: float) -> float:
     if value is None:
         return default
-    try:
-        ms = parse_duration(value, what)
-    except SpecError as exc:
-        raise ConfigError(str(exc)) from None
+    ms = duration_ms(value, what)
     if ms <= 0:
         raise ConfigError(f"{what}: must be positive")
     return ms / 1000
@@ -291,23 +287,6 @@ _FILE_TYPES: dict[str, tuple[type, ...]] = {
     "image_cap_add": (list,),
     "rootless_runtime": (bool,),
 }
-_FILE_TYPE_NAMES = {str: "a string", list: "an array", dict: "a table", bool: "true or false"}
-
-
-def _check_file_types(doc: Mapping[str, Any]) -> None:
-    for key, kinds in _FILE_TYPES.items():
-        value = doc.get(key)
-        if value is not None and not isinstance(value, kinds):
-            wanted = " or ".join(_FILE_TYPE_NAMES[k] for k in kinds)
-            raise ConfigError(f"{key}: must be {wanted}, got {type(value).__name__}")
-    for key in ("schedulers", "features", "image_cap_add"):
-        items = doc.get(key)
-        if isinstance(items, list) and not all(isinstance(v, str) for v in items):
-            raise ConfigError(f"{key}: every entry must be a string")
-    tls = doc.get("tls", {})
-    for name, value in tls.items() if isinstance(tls, dict) else ():
-        if not isinstance(value, str):
-            raise ConfigError(f"tls.{name}: must be a string (a file name)")
 
 
 def load_config(
@@ -319,14 +298,8 @@ def load_config(
     self_fencing = _self_fencing(
         args.unsafe_no_self_fencing, os.environ if environ is None else environ
     )
-    doc: dict[str, Any] = {}
-    if args.config:
-        try:
-            with open(args.config, "rb") as f:
-                doc = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"--config {args.config}: {exc}") from None
-    _check_file_types(doc)
+    doc = read_toml(args.config)
+    check_file_types(doc, _FILE_TYPES, string_lists=("schedulers", "features", "image_cap_add"))
 
     def pick(flag: object, key: str) -> Any:
         return flag if flag is not None else doc.get(key)

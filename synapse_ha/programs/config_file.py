@@ -1,0 +1,69 @@
+"""What both programs' configurations share: the error they refuse to start with, the
+TOML file read and its value types checked, addresses and durations."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from synapse_ha.core.spec import SpecError, parse_duration
+
+
+class ConfigError(Exception):
+    """A configuration a program refuses to start with; the message says why."""
+
+
+_TYPE_NAMES = {str: "a string", list: "an array", dict: "a table", bool: "true or false"}
+
+
+def read_toml(path: str | None) -> dict[str, Any]:
+    """The document in the TOML file at ``path`` (``--config``); empty without one."""
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+
+
+def check_file_types(
+    doc: Mapping[str, Any],
+    types: Mapping[str, type | tuple[type, ...]],
+    string_lists: Collection[str] = (),
+) -> None:
+    """Every key of ``types`` that ``doc`` has holds a value of its type(s); every key of
+    ``string_lists`` that holds an array holds strings only; ``[tls]`` names files."""
+    for key, kinds in types.items():
+        value = doc.get(key)
+        allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+        if value is not None and not isinstance(value, allowed):
+            wanted = " or ".join(_TYPE_NAMES[k] for k in allowed)
+            raise ConfigError(f"{key}: must be {wanted}, got {type(value).__name__}")
+    for key in string_lists:
+        items = doc.get(key)
+        if isinstance(items, list) and not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"{key}: every entry must be a string")
+    tls = doc.get("tls", {})
+    for name, value in tls.items() if isinstance(tls, dict) else ():
+        if not isinstance(value, str):
+            raise ConfigError(f"tls.{name}: must be a string (a file name)")
+
+
+def address(value: str, what: str, *, form: str = "host:port", port_zero: bool = False) -> str:
+    """``value`` when it is ``host:port`` with a port number (0, "any free port", only
+    with ``port_zero``); else :class:`ConfigError` naming ``what`` and the ``form``."""
+    host, sep, port = value.rpartition(":")
+    lowest = 0 if port_zero else 1
+    if not sep or not host or not port.isdigit() or not lowest <= int(port) < 65536:
+        raise ConfigError(f"{what}: {value!r} is not {form}")
+    return value
+
+
+def duration_ms(value: object, what: str) -> int:
+    """``value`` (``"30s"``, ``"10m"``, a number of seconds) in milliseconds."""
+    try:
+        return parse_duration(value, what)
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from None
