@@ -10,7 +10,8 @@ more GPUs than exist and stay pending). An admin creates a user token; the user 
 * **flood**: ``--threads`` threads submit ``--flood`` small jobs as fast as the replicas
   answer. Measured: accepted, refused (``LIMIT_EXCEEDED``, limit ``submit_per_s``), the
   wall time, and the accepted rate against what the token bucket allows (burst plus
-  rate x time).
+  rate x time). The bucket is the default one unless ``--burst``/``--rate`` set it (the
+  smoke run sets 20 and 1/s, so that its flood meets the limit on any machine).
 * **admin alongside**: while the user is refused, the admin submits ``--admin-jobs``
   jobs and each must be accepted (admins are not limited by user limits); measured: the
   admin's p50/p99 submit latency during the flood.
@@ -116,7 +117,12 @@ def fat_specs(replicas: LocalReplicas, user: ClusterClient, count: int) -> dict[
 
 
 def flood(
-    replicas: LocalReplicas, token: str, total: int, threads: int, admin_jobs: int
+    replicas: LocalReplicas,
+    token: str,
+    total: int,
+    threads: int,
+    admin_jobs: int,
+    bucket: tuple[int, int],
 ) -> dict[str, Any]:
     outcomes: list[str] = []
     lock = threading.Lock()
@@ -147,9 +153,9 @@ def flood(
     for w in workers:
         w.join()
     wall_s = time.monotonic() - started
-    limits = Limits()
+    burst, per_s = bucket
     accepted = outcomes.count("accepted")
-    allowed = limits.submit_burst + limits.submit_per_s * wall_s
+    allowed = burst + per_s * wall_s
     return {
         "submissions": total,
         "threads": threads,
@@ -174,29 +180,42 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=2000, help="small submissions")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--admin-jobs", type=int, default=50)
+    parser.add_argument(
+        "--burst", type=int, help="the submit bucket's burst (default: the default limit)"
+    )
+    parser.add_argument(
+        "--rate", type=int, help="its refill per second (default: the default limit)"
+    )
     parser.add_argument("--smoke", action="store_true", help="a small, quick run")
     parser.add_argument("--out", type=Path, help=f"where to write the JSON (default {RESULTS})")
     args = parser.parse_args()
     if args.smoke:
         args.fat, args.flood, args.threads, args.admin_jobs = 1, 260, 2, 5
+        args.burst, args.rate = 20, 1
     out_path = args.out or (None if args.smoke else RESULTS)
     with tempfile.TemporaryDirectory(prefix="synapse-abuse-") as tmp:
         replicas = LocalReplicas(Path(tmp) / "cluster", extra_args=["--log-level", "WARNING"])
         try:
             replicas.start()
             replicas.serving_leader(timeout_s=60)
+            defaults = Limits()
+            bucket = (args.burst or defaults.submit_burst, args.rate or defaults.submit_per_s)
             with replicas.client(timeout_s=30.0) as admin:
                 token = admin.create_token("mallory").token
+                if bucket != (defaults.submit_burst, defaults.submit_per_s):
+                    admin.set_limits({"submit_burst": bucket[0], "submit_per_s": bucket[1]})
             with replicas.client(timeout_s=30.0, token=token) as user:
                 fat = fat_specs(replicas, user, args.fat)
             report = {
                 "benchmark": "abuse",
                 "limits": {
-                    k: getattr(Limits(), k) for k in ("spec_bytes", "env_bytes", "submit_burst")
-                }
-                | {"submit_per_s": Limits().submit_per_s},
+                    "spec_bytes": defaults.spec_bytes,
+                    "env_bytes": defaults.env_bytes,
+                    "submit_burst": bucket[0],
+                    "submit_per_s": bucket[1],
+                },
                 "fat_specs": fat,
-                "flood": flood(replicas, token, args.flood, args.threads, args.admin_jobs),
+                "flood": flood(replicas, token, args.flood, args.threads, args.admin_jobs, bucket),
                 "after_all": footprint(replicas),
             }
         except Exception:
