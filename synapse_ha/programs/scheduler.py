@@ -344,7 +344,60 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     args = build_parser().parse_args(list(argv))
     doc = read_toml(args.config)
     check_file_types(doc, _FILE_TYPES)
+    replica_id, replicas, join, restore = _replica_set(args, doc)
+    data_dir = args.data_dir or doc.get("data_dir", "")
+    if not data_dir:
+        raise ConfigError("a data directory is required (--data-dir or data_dir)")
+    _check_writable(data_dir)
+    password = _raft_password(args, doc, environ)
+    timeouts = _timeouts(args, doc)
+    locality_wait_ms = _locality_wait(args, doc)
+    scheduling = replace(
+        _scheduling(args, doc.get("scheduling", {})), limits=_limits(doc.get("limits", {}))
+    )
+    timing, compact_state, raft_fsync = _raft(args, doc, timeouts)
+    scheduling = replace(scheduling, compact_state=compact_state)
+    heavy_reads, share = _reads(args, doc)
+    try:
+        tls = tls_from(args, doc)
+    except TlsError as exc:
+        raise ConfigError(str(exc)) from None
+    # A restore needs an empty data directory (restore_into refuses any other, saying so).
+    mixed = None if restore else data_dir_mode_problem(data_dir, secure=tls is not None)
+    if mixed is not None:
+        raise ConfigError(mixed)
+    bootstrap_token = _bootstrap_token(args, doc)
+    history, event_ring = _history(args, doc)
+    metrics_address, agent_address = _service_addresses(args, doc)
+    return SchedulerConfig(
+        agent_address=agent_address,
+        metrics_address=metrics_address,
+        replica_id=replica_id,
+        replicas=tuple(replicas),
+        data_dir=data_dir,
+        raft_password=password,
+        timeouts=timeouts,
+        timing=timing,
+        log_level=(args.log_level or doc.get("log_level", "INFO")).upper(),
+        locality_wait_ms=locality_wait_ms,
+        heavy_reads=heavy_reads,
+        heavy_read_cpu_share=share,
+        tls=tls,
+        bootstrap_token=bootstrap_token,
+        join=join,
+        restore=restore,
+        history=history,
+        event_ring=event_ring,
+        scheduling=scheduling,
+        raft_fsync=raft_fsync,
+    )
 
+
+def _replica_set(
+    args: argparse.Namespace, doc: dict[str, Any]
+) -> tuple[str, list[ReplicaAddress], bool, str]:
+    """This replica's id, every replica, and whether it joins a running cluster or
+    restores one from a backup."""
     replica_id = args.replica_id or doc.get("replica_id", "")
     if not replica_id or not isinstance(replica_id, str):
         raise ConfigError("replica id is required (--id or replica_id)")
@@ -379,12 +432,11 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             f"use an odd number of replicas (3 or 5), got {len(replicas)} (while a replica is "
             "being added the list may be even: start the new one with --join)"
         )
+    return replica_id, replicas, join, restore
 
-    data_dir = args.data_dir or doc.get("data_dir", "")
-    if not data_dir:
-        raise ConfigError("a data directory is required (--data-dir or data_dir)")
-    _check_writable(data_dir)
 
+def _raft_password(args: argparse.Namespace, doc: dict[str, Any], environ: dict[str, str]) -> str:
+    """The Raft password, from its file or the environment, strong enough."""
     password = environ.get("SYNAPSE_RAFT_PASSWORD", "")
     password_file = args.raft_password_file or doc.get("raft_password_file", "")
     if password_file:
@@ -401,7 +453,11 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     weak = raft_password_problem(password)
     if weak is not None:
         raise ConfigError(weak)
+    return password
 
+
+def _timeouts(args: argparse.Namespace, doc: dict[str, Any]) -> Timeouts:
+    """The self-fencing timeouts (flags over ``[timeouts]``), safe together."""
     t_doc = doc.get("timeouts", {})
     defaults = Timeouts()
 
@@ -423,7 +479,10 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     problems = check_timeouts(timeouts)
     if problems:
         raise ConfigError("unsafe timeouts: " + "; ".join(v.rule for v in problems))
+    return timeouts
 
+
+def _locality_wait(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     s_doc = doc.get("scheduling", {})
     raw_wait = args.locality_wait if args.locality_wait is not None else s_doc.get("locality_wait")
     locality_wait_ms = (
@@ -431,9 +490,13 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     )
     if locality_wait_ms > MAX_LOCALITY_WAIT_MS:
         raise ConfigError(f"locality_wait must be at most {MAX_LOCALITY_WAIT_MS // 3_600_000}h")
+    return locality_wait_ms
 
-    scheduling = replace(_scheduling(args, s_doc), limits=_limits(doc.get("limits", {})))
 
+def _raft(
+    args: argparse.Namespace, doc: dict[str, Any], timeouts: Timeouts
+) -> tuple[RaftTiming, bool | None, bool]:
+    """``[raft]``: election and compaction timing, the compact state and fsync."""
     r_doc = doc.get("raft", {})
     timing = RaftTiming()
     election_min = args.election_min or r_doc.get("election_min")
@@ -458,7 +521,6 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         compact_state = r_doc.get("compact_state")
     if compact_state is not None and not isinstance(compact_state, bool):
         raise ConfigError(f"raft.compact_state must be true or false, got {compact_state!r}")
-    scheduling = replace(scheduling, compact_state=compact_state)
     raft_fsync = args.raft_fsync if args.raft_fsync is not None else r_doc.get("fsync")
     raft_fsync = RAFT_FSYNC_DEFAULT if raft_fsync is None else raft_fsync
     if not isinstance(raft_fsync, bool):
@@ -469,6 +531,11 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         raise ConfigError(f"election_min must exceed {3 * timing.append_entries_period_s}s")
     if timing.leader_step_down_s <= timing.append_entries_period_s:
         raise ConfigError("leader_step_down is too short")
+    return timing, compact_state, raft_fsync
+
+
+def _reads(args: argparse.Namespace, doc: dict[str, Any]) -> tuple[int, float]:
+    """``[reads]``: how many heavy reads at once, and their CPU share."""
     reads = doc.get("reads", {})
     heavy_reads = (
         args.heavy_reads if args.heavy_reads is not None else reads.get("heavy_concurrency", 2)
@@ -484,14 +551,11 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         share = reads.get("heavy_cpu_share", 0.3)
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
         raise ConfigError(f"heavy read CPU share must be in (0, 1], got {share!r}")
-    try:
-        tls = tls_from(args, doc)
-    except TlsError as exc:
-        raise ConfigError(str(exc)) from None
-    # A restore needs an empty data directory (restore_into refuses any other, saying so).
-    mixed = None if restore else data_dir_mode_problem(data_dir, secure=tls is not None)
-    if mixed is not None:
-        raise ConfigError(mixed)
+    return heavy_reads, float(share)
+
+
+def _bootstrap_token(args: argparse.Namespace, doc: dict[str, Any]) -> str:
+    """The first admin's token from its file ("" without one)."""
     bootstrap_token = ""
     token_file = args.bootstrap_token_file or doc.get("bootstrap_token_file", "")
     if token_file:
@@ -504,6 +568,11 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             raise ConfigError(
                 f"bootstrap token file {token_file}: not a token (syn_<12 hex>_<secret>)"
             )
+    return bootstrap_token
+
+
+def _history(args: argparse.Namespace, doc: dict[str, Any]) -> tuple[bool, int]:
+    """``[history]``: kept or not, and the event ring's size."""
     h_doc = doc.get("history", {})
     history = not args.no_history if args.no_history is not None else h_doc.get("enabled", True)
     event_ring = args.event_ring if args.event_ring is not None else h_doc.get("event_ring")
@@ -512,6 +581,11 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         raise ConfigError(f"history.enabled must be true or false, got {history!r}")
     if isinstance(event_ring, bool) or not isinstance(event_ring, int) or event_ring < 1:
         raise ConfigError(f"event_ring must be a positive integer, got {event_ring!r}")
+    return history, event_ring
+
+
+def _service_addresses(args: argparse.Namespace, doc: dict[str, Any]) -> tuple[str, str]:
+    """Where the metrics and dashboard, and the heartbeat streams, listen ("": nowhere)."""
     metrics_address = args.metrics_address or doc.get("metrics", {}).get("address", "")
     if metrics_address:
         try:
@@ -526,28 +600,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
             parse_address(str(agent_address), "agent address")
         except AddressError as exc:
             raise ConfigError(str(exc)) from None
-    return SchedulerConfig(
-        agent_address=str(agent_address),
-        metrics_address=str(metrics_address),
-        replica_id=replica_id,
-        replicas=tuple(replicas),
-        data_dir=data_dir,
-        raft_password=password,
-        timeouts=timeouts,
-        timing=timing,
-        log_level=(args.log_level or doc.get("log_level", "INFO")).upper(),
-        locality_wait_ms=locality_wait_ms,
-        heavy_reads=heavy_reads,
-        heavy_read_cpu_share=float(share),
-        tls=tls,
-        bootstrap_token=bootstrap_token,
-        join=join,
-        restore=restore,
-        history=history,
-        event_ring=event_ring,
-        scheduling=scheduling,
-        raft_fsync=raft_fsync,
-    )
+    return str(metrics_address), str(agent_address)
 
 
 # ------------------------------------------------------- queues and preemption
