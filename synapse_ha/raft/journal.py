@@ -90,6 +90,7 @@ from pysyncobj.journal import (
 from pysyncobj.pickle import dumps, to_bytes
 
 from synapse_ha.core.codec import CodecError
+from synapse_ha.raft.adapter import FileJournalState
 from synapse_ha.raft.snapshot_file import read_snapshot_entries
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
     fsync = False
 
     def __init__(self, journal_file: str, dump_file: str | None) -> None:
+        self._private = FileJournalState(self)
         super().__init__(journal_file)
         self.path = journal_file
         self.dump_file = dump_file
@@ -191,8 +193,8 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         self._align_with_snapshot()
 
     def _use_reserved_file(self) -> None:
-        old: Any = self.__dict__["_FileJournal__journalFile"]
-        self._FileJournal__journalFile = ReservedFile(self.path)
+        old = self._private.file
+        self._private.file = ReservedFile(self.path)
         old._destroy()
 
     def add(self, command: Any, idx: int, term: int) -> None:
@@ -200,13 +202,12 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         data = struct.pack("<QQ", idx, term) + to_bytes(command)
         size = struct.pack("<I", len(data))
         record = size + data + size
-        offset = int(self.__dict__["_FileJournal__currentOffset"])
+        private = self._private
+        offset = private.offset
         self._write_when_space(offset, record)
-        self._FileJournal__currentOffset = offset + len(record)
-        self._FileJournal__journalFile.write(
-            LAST_RECORD_OFFSET_OFFSET, struct.pack("<I", offset + len(record))
-        )
-        self._FileJournal__journal.append((command, idx, term))
+        private.offset = offset + len(record)
+        private.file.write(LAST_RECORD_OFFSET_OFFSET, struct.pack("<I", offset + len(record)))
+        private.entries.append((command, idx, term))
 
     def onOneSecondTimer(self) -> None:
         """pysyncobj stores the commit index once a second; on a full disk that raised out
@@ -228,7 +229,7 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         waited = False
         while True:
             try:
-                self._FileJournal__journalFile.write(offset, record)
+                self._private.file.write(offset, record)
                 break
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or self.closing.is_set():
@@ -268,7 +269,7 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         """Write ``kept`` to a new file and rename it over the journal."""
         partial = self.path + ".compacting"
         with open(partial, "wb") as f:
-            f.write(self._FileJournal__getDefaultHeader())
+            f.write(self._private.default_header())
             offset = FIRST_RECORD_OFFSET
             for command, idx, term in kept:
                 data = struct.pack("<QQ", idx, term) + to_bytes(command)
@@ -284,8 +285,8 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
         if self.fsync:
             fsync_directory(self.directory)
         self._use_reserved_file()
-        self._FileJournal__journal = list(kept)
-        self._FileJournal__currentOffset = offset
+        self._private.entries = list(kept)
+        self._private.offset = offset
         self.compactions += 1
 
 
@@ -298,10 +299,10 @@ class DurableFileJournal(AtomicFileJournal):
         created = not os.path.exists(journal_file)
         self.syncs = 0  # how many times the journal was synced (for tests and metrics)
         super().__init__(journal_file, dump_file)
-        storer = getattr(self, "_FileJournal__metaStorer", None)
+        storer = self._private.meta_storer
         if not isinstance(storer, MetaStorer):
             raise JournalHookError("pysyncobj's FileJournal has no meta storer to make durable")
-        self._FileJournal__metaStorer = DurableMetaStorer(storer.getPath())
+        self._private.meta_storer = DurableMetaStorer(storer.getPath())
         self.flush()
         if created:
             fsync_directory(self.directory)

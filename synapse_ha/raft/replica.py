@@ -17,7 +17,7 @@ run code on every replica. So the password must be a real key
 replica's security mode (:func:`raft_key`): a replica started ``--insecure`` with the
 cluster's password shares no key with the secure replicas, so it can neither join their
 Raft nor receive a byte of their state (and both sides log why, see
-:mod:`synapse_ha.raft.appendentries`). A data directory remembers the mode that wrote it
+:mod:`synapse_ha.raft.adapter`). A data directory remembers the mode that wrote it
 (:func:`data_dir_mode_problem`): the state of a secure cluster is never served by a
 replica started ``--insecure`` on it.
 """
@@ -63,7 +63,7 @@ from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.raft import journal as durable_journal
-from synapse_ha.raft.appendentries import SafeSyncObj
+from synapse_ha.raft.adapter import SafeSyncObj
 from synapse_ha.raft.batch import FrameError, frame, unframe
 from synapse_ha.raft.snapshot_file import (
     ForkedWrite,
@@ -200,11 +200,11 @@ class RaftTiming:
     leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
     elects its first leader this much later. Loading the snapshot and replaying the
     journal can take longer than the delay; after such a long tick a follower draws a
-    fresh election timeout (:class:`~synapse_ha.raft.appendentries.SafeSyncObj`).
+    fresh election timeout (:class:`~synapse_ha.raft.adapter.SafeSyncObj`).
     ``leader_loss_stagger_s``: when a follower's connection to its leader closes (the
     leader's process ended), the survivors stand for election in address order this far
     apart, the first at once, instead of waiting for their election timeouts
-    (:mod:`synapse_ha.raft.appendentries`); None waits for the timeouts."""
+    (:mod:`synapse_ha.raft.adapter`); None waits for the timeouts."""
 
     election_min_s: float = 0.4
     election_max_s: float = 0.8
@@ -992,7 +992,7 @@ def _resolve(futures: list[Future[cmd.Result]], result: Any, error: int) -> None
                 f.set_result(item)
         return
     # Not appended anywhere: a full queue, no leader, or (REQUEST_DENIED) this replica
-    # stopped leading before the batch left (raft/appendentries.py: no forwarding).
+    # stopped leading before the batch left (raft/adapter.py: no forwarding).
     unknown = error not in (
         FAIL_REASON.QUEUE_FULL,
         FAIL_REASON.MISSING_LEADER,

@@ -1,4 +1,4 @@
-"""The follower's AppendEntries rules (synapse_ha.raft.appendentries): a re-sent, shorter
+"""The follower's AppendEntries rules (synapse_ha.raft.adapter): a re-sent, shorter
 message deletes nothing the follower acknowledged, and a follower vouches only for what
 the leader sent; and no replica forwards a command to the leader. Each case runs against
 pysyncobj's own SyncObj too, to show the bug the correction exists for."""
@@ -14,7 +14,7 @@ from pysyncobj import pickle as raft_pickle
 from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse_ha.local.launcher import reserve_ports
-from synapse_ha.raft.appendentries import (
+from synapse_ha.raft.adapter import (
     TESTED_PYSYNCOBJ,
     SafeSyncObj,
     UntestedPysyncobj,

@@ -20,7 +20,7 @@ from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.syncobj import _RAFT_STATE
 
 from synapse_ha.raft import journal as raft_journal
-from synapse_ha.raft.appendentries import SafeSyncObj
+from synapse_ha.raft.adapter import SafeSyncObj
 from synapse_ha.raft.journal import AtomicFileJournal
 from tests.disks import needs_root, small_tmpfs
 from tests.raft.test_appendentries import Follower

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.local.launcher import reserve_ports, wait_until
-from synapse_ha.raft.appendentries import leader_loss_delay
+from synapse_ha.raft.adapter import leader_loss_delay
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from tests.integration.cluster import PASSWORD
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.local.launcher import reserve_ports, wait_until
-from synapse_ha.raft.appendentries import KeyMismatchLog
+from synapse_ha.raft.adapter import KeyMismatchLog
 from synapse_ha.raft.replica import (
     MODE_FILE,
     PASSWORD_RULE,
@@ -110,7 +110,7 @@ def test_the_data_dir_remembers_a_secure_cluster(tmp_path: Path) -> None:
 def test_mismatches_are_named_once_per_peer_and_interval(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
     log = KeyMismatchLog("secure (TLS)", interval_s=30.0, clock=lambda: now[0])
-    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.appendentries")
+    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.adapter")
     for _ in range(5):
         log.undecryptable("10.0.0.9:7001")
     log.closed_during_key_exchange("10.0.0.9:7001")
@@ -152,7 +152,7 @@ def test_replicas_of_one_mode_form_a_cluster(tmp_path: Path) -> None:
 def test_replicas_of_different_modes_never_talk_and_both_say_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.appendentries")
+    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.adapter")
     with two_replicas(tmp_path, (True, False)) as replicas:
 
         def both_said_why() -> bool:

@@ -1,4 +1,8 @@
-"""Raft's AppendEntries rules on the follower side, which pysyncobj 0.3.17 bends.
+"""pysyncobj 0.3.17, adapted: the one module that reads or sets pysyncobj's private state
+(``SyncObj``'s in :class:`SafeSyncObj`, ``FileJournal``'s in :class:`FileJournalState`),
+and whose :class:`SafeSyncObj` refuses any other pysyncobj release.
+
+**Raft's AppendEntries rules on the follower side**, which pysyncobj 0.3.17 bends.
 
 A follower that receives ``append_entries`` (previous index ``P``, entries ``E``) must,
 by the Raft paper (Figure 2, receiver rules 3-5):
@@ -494,3 +498,49 @@ def conflict_free(log: Any, message: dict[str, Any]) -> tuple[dict[str, Any], in
         "entries": [],
         "commit_index": min(int(message["commit_index"]), end),
     }, end + 1
+
+
+class FileJournalState:
+    """pysyncobj's ``FileJournal`` private state, read and set for the journal that
+    subclasses it (:mod:`synapse_ha.raft.journal`): the mapped file, the offset of the
+    next record, the entries in memory and the term/vote/commit-index storer."""
+
+    def __init__(self, journal: Any) -> None:
+        self._journal = journal
+
+    @property
+    def file(self) -> Any:
+        return self._journal.__dict__["_FileJournal__journalFile"]
+
+    @file.setter
+    def file(self, value: Any) -> None:
+        self._journal.__dict__["_FileJournal__journalFile"] = value
+
+    @property
+    def offset(self) -> int:
+        return int(self._journal.__dict__["_FileJournal__currentOffset"])
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        self._journal.__dict__["_FileJournal__currentOffset"] = value
+
+    @property
+    def entries(self) -> list[Any]:
+        entries: list[Any] = self._journal.__dict__["_FileJournal__journal"]
+        return entries
+
+    @entries.setter
+    def entries(self, value: list[Any]) -> None:
+        self._journal.__dict__["_FileJournal__journal"] = value
+
+    @property
+    def meta_storer(self) -> Any:
+        return self._journal.__dict__.get("_FileJournal__metaStorer")
+
+    @meta_storer.setter
+    def meta_storer(self, value: Any) -> None:
+        self._journal.__dict__["_FileJournal__metaStorer"] = value
+
+    def default_header(self) -> bytes:
+        header: bytes = self._journal._FileJournal__getDefaultHeader()
+        return header
