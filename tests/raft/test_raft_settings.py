@@ -11,6 +11,7 @@ import pytest
 
 from synapse_ha.core.model import ClusterConfig
 from synapse_ha.programs import scheduler as scheduler_main
+from synapse_ha.programs.scheduler_config import RAFT_FSYNC_DEFAULT
 
 
 def load(tmp_path: Path, toml: str = "", *flags: str) -> scheduler_main.SchedulerConfig:
@@ -27,7 +28,7 @@ def load(tmp_path: Path, toml: str = "", *flags: str) -> scheduler_main.Schedule
 
 
 def test_the_default_is_the_documented_one(tmp_path: Path) -> None:
-    assert load(tmp_path).raft_fsync is scheduler_main.RAFT_FSYNC_DEFAULT
+    assert load(tmp_path).raft_fsync is RAFT_FSYNC_DEFAULT
 
 
 @pytest.mark.parametrize("value", [True, False])
