@@ -9,24 +9,17 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import click
 
 from synapse_ha.cli import render
+from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
-if TYPE_CHECKING:
-    from synapse_ha.cli.app import Settings
-
 MS_PER_HOUR = 3_600_000
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def parse_since(value: str, now_ms: int, option: str = "--since") -> int:
@@ -48,23 +41,6 @@ def parse_since(value: str, now_ms: int, option: str = "--since") -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     return int(moment.timestamp() * 1000)
-
-
-def _output(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "-o",
-        "--output",
-        "command_output",
-        type=click.Choice(render.OUTPUT_FORMATS),
-        default=None,
-        help="Output format (overrides the global -o).",
-    )(func)
-
-
-def _settings(obj: Settings, command_output: str | None) -> Settings:
-    if command_output:
-        obj.output = command_output
-    return obj
 
 
 # -------------------------------------------------------------------- documents
@@ -206,16 +182,15 @@ def event_line(d: Mapping[str, Any]) -> str:
     help="Finished since: a duration back from now (7d, 12h) or a UTC date (2024-10-01).",
 )
 @click.option("--limit", type=click.IntRange(min=1, max=10_000), default=1000, show_default=True)
-@_output
-@click.pass_obj
+@output_option
+@with_settings
 def history(
-    obj: Settings,
+    settings: Settings,
     user: str,
     queue: str,
     node: str,
     since: str | None,
     limit: int,
-    command_output: str | None,
 ) -> None:
     """Finished jobs, newest first, kept by every replica after the cluster state
     forgets them (like sacct).
@@ -225,13 +200,12 @@ def history(
       synctl history --since 1d
       synctl history --user alice --node w7 -o json
     """
-    settings = _settings(obj, command_output)
-    since_ms = parse_since(since, _now_ms()) if since else 0
+    since_ms = parse_since(since, now_ms()) if since else 0
     found = settings.client().list_history(
         user=user, queue=queue, node_id=node, since_ms=since_ms, limit=limit
     )
     docs = [history_document(j) for j in found]
-    _emit(settings, {"jobs": docs}, lambda: history_table(docs))
+    emit(settings, {"jobs": docs}, lambda: history_table(docs))
 
 
 @click.command()
@@ -249,11 +223,9 @@ def history(
     help="Start of the period: a duration back from now or a UTC date.",
 )
 @click.option("--until", default=None, help="End of the period (default now); as --since.")
-@_output
-@click.pass_obj
-def usage(
-    obj: Settings, by: str, since: str, until: str | None, command_output: str | None
-) -> None:
+@output_option
+@with_settings
+def usage(settings: Settings, by: str, since: str, until: str | None) -> None:
     """GPU-hours per user or queue and UTC day, from ended attempts (like sreport).
     An attempt counts from its bind to its end (its GPUs were nobody else's); one that
     spans midnight is split between the days. Users see only their own usage.
@@ -263,13 +235,12 @@ def usage(
       synctl usage --by user --since 7d
       synctl usage --by queue --since 2024-10-01 --until 2024-11-01 -o json
     """
-    settings = _settings(obj, command_output)
-    now = _now_ms()
+    now = now_ms()
     since_ms = parse_since(since, now)
     until_ms = parse_since(until, now, "--until") if until else 0
     answer = settings.client().get_usage(by, since_ms, until_ms)
     doc = usage_document(answer)
-    _emit(settings, doc, lambda: usage_table(doc))
+    emit(settings, doc, lambda: usage_table(doc))
 
 
 @click.command()
@@ -281,9 +252,9 @@ def usage(
     default=0,
     help="Only events after this index (as printed); 0: the oldest the replica holds.",
 )
-@_output
-@click.pass_obj
-def events(obj: Settings, follow: bool, since_index: int, command_output: str | None) -> None:
+@output_option
+@with_settings
+def events(settings: Settings, follow: bool, since_index: int) -> None:
     """What happens in the cluster: jobs submitted, bound, started, exited, failed,
     requeued, cancelled; nodes registered, cordoned, drained, dead; leader changes.
 
@@ -296,7 +267,6 @@ def events(obj: Settings, follow: bool, since_index: int, command_output: str | 
       synctl events
       synctl events -f --since 3932160
     """
-    settings = _settings(obj, command_output)
     stream = settings.client().watch_events(
         since_index, follow=follow, reconnect_s=settings.timeout
     )
@@ -310,18 +280,11 @@ def events(obj: Settings, follow: bool, since_index: int, command_output: str | 
         return
     docs = [event_document(e) for e in stream]
     last = docs[-1]["index"] if docs else since_index
-    _emit(
+    emit(
         settings,
         {"events": docs, "last_index": last},
         lambda: "\n".join(event_line(d) for d in docs) if docs else "no events",
     )
-
-
-def _emit(settings: Settings, document: object, table: Callable[[], str]) -> None:
-    if settings.output == "table":
-        click.echo(render.terminal_safe(table(), keep=render.MULTILINE))
-    else:
-        click.echo(render.structured(document, settings.output))
 
 
 HISTORY_COMMANDS = (history, usage, events)
