@@ -44,9 +44,10 @@ from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import CapacityCache, schedule
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
-from synapse_ha.observe.dashboard import Dashboard, Overview, render_overview
+from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import ObserveServer, Request
 from synapse_ha.observe.metrics import ReplicaMetrics
+from synapse_ha.observe.pages import Overview, render_overview
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import Transport

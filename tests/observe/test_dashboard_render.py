@@ -8,19 +8,10 @@ import re
 from pathlib import Path
 
 from synapse_ha.cli.render import cluster_document, cluster_table
-from synapse_ha.observe.dashboard import (
-    COOKIE,
-    LEGACY_TOKEN_COOKIE,
-    LOGIN_COOKIE,
-    STYLESHEET,
-    Dashboard,
-    Overview,
-    Sessions,
-    render_job,
-    render_login,
-    render_overview,
-)
+from synapse_ha.observe.dashboard import COOKIE, LEGACY_TOKEN_COOKIE, LOGIN_COOKIE, Dashboard
 from synapse_ha.observe.http import ObserveServer, Request, Response
+from synapse_ha.observe.pages import STYLESHEET, Overview, render_job, render_login, render_overview
+from synapse_ha.observe.sessions import Sessions
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import Transport

@@ -28,8 +28,9 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.observe.dashboard import COOKIE, LOGIN_COOKIE, Dashboard, Sessions
+from synapse_ha.observe.dashboard import COOKIE, LOGIN_COOKIE, Dashboard
 from synapse_ha.observe.http import CONTENT_SECURITY_POLICY, ObserveServer
+from synapse_ha.observe.sessions import Sessions
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import Transport

@@ -1,0 +1,304 @@
+"""The dashboard's pages: server-rendered HTML, pure functions of the API's messages.
+
+* the main page (:func:`render_overview`) — cluster health (replicas, roles, terms, the
+  leader), the queue (pending jobs with their reasons), the running gangs with their
+  nodes, and the nodes as a rack-by-rack map of GPU occupancy;
+* one job's page (:func:`render_job`) — its members (node, GPUs, state), its current
+  attempt on a timeline, and the tail of each member's log;
+* the sign-in form (:func:`render_login`) and the short pages that say why a request was
+  refused or found nothing;
+* the one stylesheet (:data:`STYLE`, served at :data:`STYLESHEET`): the pages carry no
+  inline style and no script, so the Content-Security-Policy forbids both.
+
+Every value a page shows is HTML-escaped. Protobuf messages in, HTML out: the benchmark
+times :func:`render_overview` on a synthetic cluster.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+STYLESHEET = "/static/dashboard.css"
+RACK_LEVEL = "rack"
+
+STYLE = """
+body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
+th{background:#f3f3f3}.leader{font-weight:bold;color:#075}
+.bad{color:#b00}.muted{color:#777}
+.racks{display:flex;flex-wrap:wrap;gap:10px}
+.rack{border:1px solid #aaa;padding:4px;border-radius:4px}
+.rack h3{margin:0 0 4px;font-size:12px}
+.node{display:inline-block;margin:1px;padding:1px;border:1px solid #bbb;vertical-align:top}
+.node.dead{border-color:#b00}.node.cordoned,.node.draining{border-color:#d80}
+.g{display:inline-block;width:7px;height:7px;margin:0 1px 0 0}
+.g.u{background:#2a7}.g.f{background:#ddd}
+.bar{display:block}.bar .track{fill:#eee}.bar .run{fill:#48c}
+pre{background:#f7f7f7;padding:6px;max-height:20em;overflow:auto}
+form.inline{display:inline}form.inline button{font:inherit;padding:0 4px}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _page(title: str, body: str, viewer: str = "", csrf: str = "") -> str:
+    """A whole page. ``csrf``: the viewer's session value, for the sign-out form (none
+    without a session: a bearer header has nothing to sign out of)."""
+    sign_out = (
+        ' · <form class="inline" method="post" action="/logout">'
+        f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+        '<button type="submit" id="sign-out">sign out</button></form>'
+        if csrf
+        else ""
+    )
+    who = f'<p class="muted">signed in as {_e(viewer)}{sign_out}</p>' if viewer else ""
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title>"
+        f'<link rel="stylesheet" href="{STYLESHEET}"></head>'
+        f"<body><h1>{_e(title)}</h1>{who}{body}</body></html>"
+    )
+
+
+def _age(now_ms: int, at_ms: int) -> str:
+    if not at_ms:
+        return "-"
+    seconds = max(0, now_ms - at_ms) // 1000
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+def rack_of(node: pb.Node) -> str:
+    labels = {label.level: label.value for label in node.topology}
+    if RACK_LEVEL in labels:
+        return labels[RACK_LEVEL]
+    return node.topology[-1].value if node.topology else "-"
+
+
+@dataclass(slots=True)
+class Overview:
+    """What the main page shows; a section the viewer may not read holds its error."""
+
+    status: pb.GetClusterStatusResponse | None = None
+    jobs: list[pb.Job] = field(default_factory=list)
+    nodes: list[pb.Node] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # section -> why it is empty
+
+
+def render_health(status: pb.GetClusterStatusResponse) -> str:
+    rows = []
+    for r in status.replicas:
+        is_leader = r.replica_id == status.leader_id
+        health = "ok" if r.healthy else f'<span class="bad">{_e(r.error or "unhealthy")}</span>'
+        dashboard = r.dashboard_url
+        link = f'<a href="{_e(dashboard)}">dashboard</a>' if dashboard else ""
+        rows.append(
+            f'<tr data-replica="{_e(r.replica_id)}" data-role="{_e(r.role)}"'
+            f"{' class=leader' if is_leader else ''}>"
+            f"<td>{_e(r.replica_id)}</td><td>{_e(r.role)}</td><td>{r.term}</td>"
+            f"<td>{r.commit_index}</td><td>{r.last_applied}</td><td>{health}</td>"
+            f"<td>{_e(r.grpc_address)}</td><td>{link}</td></tr>"
+        )
+    return (
+        f'<p>leader: <b id="leader">{_e(status.leader_id or "none")}</b> · '
+        f"{status.nodes} nodes · {status.running_jobs} running · "
+        f"{status.pending_jobs} pending · answered by {_e(status.answered_by)}</p>"
+        '<table id="replicas"><tr><th>replica</th><th>role</th><th>term</th>'
+        "<th>commit</th><th>applied</th><th>health</th><th>API</th><th></th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _members_nodes(job: pb.Job) -> str:
+    nodes = sorted({m.node_id for m in job.attempt.members}) if job.HasField("attempt") else []
+    return ", ".join(nodes)
+
+
+def render_queue(jobs: Sequence[pb.Job]) -> str:
+    pending = [j for j in jobs if j.state == "PENDING"]
+    rows = [
+        f'<tr data-job="{_e(j.job_id)}"><td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a>'
+        f"</td><td>{_e(j.spec.name)}</td><td>{_e(j.owner or '-')}</td>"
+        f"<td>{j.spec.replicas} x {j.spec.resources.gpu} GPU</td><td>{j.spec.priority}</td>"
+        f'<td data-reason="{_e(j.reason_code)}">{_e(j.reason)}</td></tr>'
+        for j in pending
+    ]
+    if not rows:
+        return '<p class="muted">no pending jobs</p>'
+    return (
+        '<table id="queue"><tr><th>job</th><th>name</th><th>owner</th><th>gang</th>'
+        "<th>priority</th><th>why it waits</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def render_running(jobs: Sequence[pb.Job]) -> str:
+    running = [j for j in jobs if j.state in ("SCHEDULED", "RUNNING")]
+    rows = [
+        f'<tr data-job="{_e(j.job_id)}" data-nodes="{_e(_members_nodes(j))}">'
+        f'<td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a></td><td>{_e(j.spec.name)}</td>'
+        f"<td>{_e(j.state)}</td><td>{_e(j.owner or '-')}</td>"
+        f"<td>{j.spec.replicas} x {j.spec.resources.gpu} GPU</td>"
+        f"<td>{_e(_members_nodes(j))}</td></tr>"
+        for j in running
+    ]
+    if not rows:
+        return '<p class="muted">no running gangs</p>'
+    return (
+        '<table id="running"><tr><th>job</th><th>name</th><th>state</th><th>owner</th>'
+        "<th>gang</th><th>nodes</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def render_node_map(nodes: Sequence[pb.Node]) -> str:
+    by_rack: dict[str, list[pb.Node]] = defaultdict(list)
+    for node in nodes:
+        by_rack[rack_of(node)].append(node)
+    out = ['<div class="racks" id="nodes">']
+    for rack in sorted(by_rack):
+        members = sorted(by_rack[rack], key=lambda n: n.node_id)
+        used = sum(len(n.allocated_gpus) for n in members)
+        total = sum(n.capacity.gpu for n in members)
+        out.append(
+            f'<section class="rack" data-rack="{_e(rack)}"><h3>{_e(rack)} · {used}/{total} GPU</h3>'
+        )
+        for n in members:
+            allocated = set(n.allocated_gpus)
+            cells = "".join(
+                '<i class="g u"></i>' if i in allocated else '<i class="g f"></i>'
+                for i in range(n.capacity.gpu)
+            )
+            out.append(
+                f'<span class="node {_e(n.status)}" data-node="{_e(n.node_id)}" '
+                f'data-used="{len(allocated)}" title="{_e(n.node_id)} {_e(n.status)} '
+                f'{len(allocated)}/{n.capacity.gpu} GPU">{cells or _e(n.node_id)}</span>'
+            )
+        out.append("</section>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def render_overview(overview: Overview, viewer: str = "", csrf: str = "") -> str:
+    """The main page: health, queue, running gangs, node map."""
+    parts = ["<h2>Cluster</h2>"]
+    if overview.status is not None:
+        parts.append(render_health(overview.status))
+    else:
+        parts.append(f'<p class="bad">{_e(overview.errors.get("status", "unavailable"))}</p>')
+    jobs_error = overview.errors.get("jobs")
+    parts.append("<h2>Queue</h2>")
+    parts.append(
+        f'<p class="bad">{_e(jobs_error)}</p>' if jobs_error else render_queue(overview.jobs)
+    )
+    parts.append("<h2>Running gangs</h2>")
+    parts.append(
+        f'<p class="bad">{_e(jobs_error)}</p>' if jobs_error else render_running(overview.jobs)
+    )
+    parts.append("<h2>Nodes (GPU occupancy by rack)</h2>")
+    nodes_error = overview.errors.get("nodes")
+    parts.append(
+        f'<p class="bad">{_e(nodes_error)}</p>' if nodes_error else render_node_map(overview.nodes)
+    )
+    return _page("synapse cluster", "".join(parts), viewer, csrf)
+
+
+def _timeline(attempt: pb.Attempt, now_ms: int) -> str:
+    start = attempt.bound_at_ms
+    end = attempt.ended_at_ms or now_ms
+    span = max(1, end - start)
+    run_from = attempt.started_at_ms or end
+    left = min(100.0, max(0.0, 100.0 * (run_from - start) / span))
+    # SVG attributes, not inline style: the Content-Security-Policy allows no inline style.
+    return (
+        '<svg class="bar" width="400" height="10" role="img" aria-label="bound, started, ended">'
+        '<rect class="track" x="0" y="0" width="100%" height="10"></rect>'
+        f'<rect class="run" x="{left:.1f}%" y="0" width="{100 - left:.1f}%" height="10"></rect>'
+        f"</svg><small>bound {attempt.bound_at_ms} · started {attempt.started_at_ms or '-'} · "
+        f"ended {attempt.ended_at_ms or '-'} (ms since the epoch)</small>"
+    )
+
+
+def render_job(
+    job: pb.Job, logs: dict[int, str], now_ms: int, viewer: str = "", csrf: str = ""
+) -> str:
+    """One job's page: summary, attempt timeline, members, log tails (``logs``: rank →
+    text, or the reason the log could not be read)."""
+    parts = [
+        '<p><a href="/">← cluster</a></p>',
+        f'<table id="job" data-state="{_e(job.state)}">',
+        f"<tr><th>id</th><td>{_e(job.job_id)}</td></tr>",
+        f"<tr><th>name</th><td>{_e(job.spec.name)}</td></tr>",
+        f"<tr><th>owner</th><td>{_e(job.owner or '-')}</td></tr>",
+        f'<tr><th>state</th><td id="state">{_e(job.state)}</td></tr>',
+        f"<tr><th>reason</th><td>{_e(job.reason)}</td></tr>",
+        f"<tr><th>gang</th><td>{job.spec.replicas} x {job.spec.resources.gpu} GPU</td></tr>",
+        f"<tr><th>submitted</th><td>{_age(now_ms, job.submitted_at_ms)}</td></tr>",
+        f"<tr><th>attempts</th><td>{job.attempts_made} (retries used {job.retries_used}, "
+        f"requeues {job.requeues})</td></tr>",
+        "</table>",
+    ]
+    if job.HasField("attempt"):
+        a = job.attempt
+        parts.append(
+            f"<h2>Attempt {a.number} (fencing token {a.fencing_token})</h2>"
+            + _timeline(a, now_ms)
+            + (f"<p>outcome: {_e(a.outcome)}</p>" if a.outcome else "")
+        )
+        rows = [
+            f'<tr data-rank="{m.rank}" data-node="{_e(m.node_id)}"><td>{m.rank}</td>'
+            f"<td>{_e(m.node_id)}</td><td>{_e(','.join(str(g) for g in m.gpus) or '-')}</td>"
+            f"<td>{_e(m.state)}</td><td>{m.exit_code if m.has_exit_code else '-'}</td></tr>"
+            for m in a.members
+        ]
+        parts.append(
+            '<table id="members"><tr><th>rank</th><th>node</th><th>GPUs</th><th>state</th>'
+            "<th>exit</th></tr>" + "".join(rows) + "</table>"
+        )
+        parts.append("<h2>Logs (tail)</h2>")
+        for m in a.members:
+            parts.append(
+                f'<h3>rank {m.rank} on {_e(m.node_id)}</h3><pre data-log-rank="{m.rank}">'
+                f"{_e(logs.get(m.rank, ''))}</pre>"
+            )
+    else:
+        parts.append('<p class="muted">not bound yet</p>')
+    return _page(f"job {job.job_id}", "".join(parts), viewer, csrf)
+
+
+def render_login(message: str = "", csrf: str = "") -> str:
+    """The sign-in form; ``csrf`` is the value of the :data:`LOGIN_COOKIE` set with it."""
+    error = f'<p class="bad" id="login-error">{_e(message)}</p>' if message else ""
+    form = (
+        '<form method="post" action="/login">'
+        f'<input type="hidden" name="csrf" value="{_e(csrf)}"><label>API token '
+        '<input type="password" name="token" id="token" size="60" autocomplete="off">'
+        '</label> <button type="submit" id="sign-in">sign in</button></form>'
+        '<p class="muted">A token from <code>synctl token create</code>. It stays on this '
+        "replica; your browser keeps only a session cookie, which ends when you sign out, "
+        "after 30 minutes idle, or after 8 hours.</p>"
+    )
+    return _page("synapse: sign in", error + form)
+
+
+def render_not_found(path: str) -> str:
+    return _page("not found", f"<p>no page {_e(path)}</p>")
+
+
+def render_job_error(job_id: str, message: str) -> str:
+    """The page of a job that could not be read: ``message`` says why."""
+    return _page(f"job {job_id}", f'<p class="bad">{_e(message)}</p>')
+
+
+def render_refused(message: str) -> str:
+    """The page of a refused form post: ``message`` says why."""
+    return _page("synapse: refused", f'<p class="bad" id="refused">{_e(message)}</p>')
