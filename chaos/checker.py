@@ -94,7 +94,8 @@ from typing import Any
 from chaos import ledger
 from synapse_ha.core import invariants
 from synapse_ha.core.admission import shown_request_id
-from synapse_ha.core.codec import CodecError, decode_state
+from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode, render
 

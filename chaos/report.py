@@ -23,7 +23,8 @@ from chaos.checker import (
     reruns_after_unfinished,
     thaw_writes,
 )
-from synapse_ha.core.codec import CodecError, decode_state
+from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec_errors import CodecError
 
 
 def write_report(

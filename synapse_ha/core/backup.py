@@ -19,7 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from synapse_ha.core.codec import CodecError, decode_state
+from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.model import ClusterState
 
 BACKUP_FORMAT = "synapse-backup"

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.core.codec import from_plain, to_plain
+from synapse_ha.core.codec_from_plain import from_plain
+from synapse_ha.core.codec_to_plain import to_plain
 from synapse_ha.core.model import JobSpec
 from synapse_ha.core.reasons import render
 from synapse_ha.history.tracker import AttemptRecord, JobRecord

@@ -89,7 +89,7 @@ from pysyncobj.journal import (
 )
 from pysyncobj.pickle import dumps, to_bytes
 
-from synapse_ha.core.codec import CodecError
+from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.raft.adapter import FileJournalState
 from synapse_ha.raft.snapshot_file import read_snapshot_entries
 

@@ -41,7 +41,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from synapse_ha.core.codec import CodecError, decode_state, encode_state
+from synapse_ha.core.codec import decode_state, encode_state
+from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.model import ClusterState
 
 SNAPSHOT_VERSION = 1

@@ -14,16 +14,15 @@ from synapse_ha.core import codec
 from synapse_ha.core import commands as c
 from synapse_ha.core.access import Role
 from synapse_ha.core.codec import (
-    _ADDED_FIELDS,
-    CodecError,
     decode_command,
     decode_result,
     decode_state,
     encode_command,
     encode_result,
     encode_state,
-    to_plain,
 )
+from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec_to_plain import _ADDED_FIELDS, to_plain
 from synapse_ha.core.model import (
     Attempt,
     ClusterConfig,
@@ -383,7 +382,7 @@ def test_version_1_state_decodes_with_derived_attempt_state_and_retries() -> Non
     ],
 )
 def test_what_a_newer_release_wrote_is_refused_as_unreadable(payload: bytes, message: str) -> None:
-    from synapse_ha.core.codec import UnreadableFormat
+    from synapse_ha.core.codec_errors import UnreadableFormat
 
     with pytest.raises(UnreadableFormat) as info:
         decode_command(payload)
@@ -391,7 +390,8 @@ def test_what_a_newer_release_wrote_is_refused_as_unreadable(payload: bytes, mes
 
 
 def test_a_state_of_a_newer_format_is_refused_as_unreadable() -> None:
-    from synapse_ha.core.codec import UnreadableFormat, decode_state
+    from synapse_ha.core.codec import decode_state
+    from synapse_ha.core.codec_errors import UnreadableFormat
 
     with pytest.raises(UnreadableFormat, match="format version 9 is newer"):
         decode_state(b'{"v": 9, "state": {}}')

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import CodecError, decode_command, encode_command
+from synapse_ha.core.codec import decode_command, encode_command
+from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.model import JobSpec, Resources
 
 

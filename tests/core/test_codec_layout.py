@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from synapse_ha.core import model, reasons
-from synapse_ha.core.codec import CodecError, UnreadableFormat, decode_state, encode_state
+from synapse_ha.core.codec import decode_state, encode_state
+from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
 from synapse_ha.core.model import ClusterState
 from tests.core.harness import Cluster
 from tests.core.test_codec import a_running_and_a_waiting_job
