@@ -6,102 +6,166 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
-from synapse_ha.core.model import ClusterState, JobState, MemberState, NodeStatus, Resources
+from synapse_ha.core.model import (
+    Attempt,
+    ClusterState,
+    Job,
+    JobState,
+    LostAttempt,
+    MemberState,
+    NodeStatus,
+    Resources,
+)
+
+
+@dataclass(slots=True)
+class _Holdings:
+    """What the live attempts' members hold on each node, summed job by job, for the
+    nodes' own accounting to be compared with."""
+
+    resources: dict[str, Resources]
+    gpus: dict[str, set[int]]
+    master_ports: dict[str, list[int]]
+
+    @classmethod
+    def empty(cls, state: ClusterState) -> _Holdings:
+        return cls(
+            {node_id: Resources() for node_id in state.nodes},
+            {node_id: set() for node_id in state.nodes},
+            {node_id: [] for node_id in state.nodes},
+        )
 
 
 def check(state: ClusterState) -> list[str]:
+    """The invariants ``state`` breaks, each a sentence, job by job then node by node."""
     problems: list[str] = []
-    expected: dict[str, Resources] = {node_id: Resources() for node_id in state.nodes}
-    expected_gpus: dict[str, set[int]] = {node_id: set() for node_id in state.nodes}
-    expected_ports: dict[str, list[int]] = {node_id: [] for node_id in state.nodes}
+    held = _Holdings.empty(state)
     tokens: list[tuple[int, str]] = []
-
     for job_id, job in sorted(state.jobs.items()):
         attempt = job.attempt
         if attempt is not None:
             tokens.append((attempt.fencing_token, job_id))
-            if attempt.fencing_token > state.last_fencing_token:
-                problems.append(
-                    f"{job_id}: token {attempt.fencing_token} is beyond the last issued"
-                )
-            if attempt.number != job.attempts_made:
-                problems.append(f"{job_id}: attempt {attempt.number} of {job.attempts_made} made")
-            if attempt.state.live != (attempt.ended_at_ms is None):
-                problems.append(
-                    f"{job_id}: attempt {attempt.number} is {attempt.state.value} but "
-                    f"{'has not ended' if attempt.ended_at_ms is None else 'has ended'}"
-                )
-            if attempt.state.live != job.state.holds_resources:
-                problems.append(f"{job_id}: {job.state.value} with attempt {attempt.state.value}")
-            if attempt.ended_at_ms is not None and attempt.outcome is None:
-                problems.append(f"{job_id}: attempt {attempt.number} ended without an outcome")
-        # Every ended attempt was retried, requeued or ended the job: never more of those
-        # than attempts made, and never more retries than the job allows.
-        if job.retries_used + job.requeues > job.attempts_made:
-            problems.append(
-                f"{job_id}: {job.retries_used} retries and {job.requeues} requeues "
-                f"from {job.attempts_made} attempts"
-            )
-        if job.retries_used > job.spec.retries.max_retries:
-            problems.append(
-                f"{job_id}: {job.retries_used} retries used of {job.spec.retries.max_retries}"
-            )
-        lost = job.lost_attempt
-        if lost is not None:
-            if job.state.finished:
-                problems.append(f"{job_id}: {job.state.value} but keeps a lost attempt")
-            if lost.fencing_token > job.fencing_token or lost.number > job.attempts_made:
-                problems.append(
-                    f"{job_id}: lost attempt {lost.number} (token {lost.fencing_token}) is "
-                    f"newer than attempt {job.attempts_made} (token {job.fencing_token})"
-                )
-            ranks = list(lost.exited_zero)
-            if (
-                ranks != sorted(set(ranks))
-                or any(not 0 <= r < len(lost.nodes) for r in ranks)
-                or len(ranks) >= len(lost.nodes)
-                or len(lost.nodes) != job.spec.replicas
-            ):
-                problems.append(f"{job_id}: lost attempt ranks {ranks} of {len(lost.nodes)}")
+            problems += _attempt_problems(state, job_id, job, attempt)
+        problems += _count_problems(job_id, job)
+        if job.lost_attempt is not None:
+            problems += _lost_attempt_problems(job_id, job, job.lost_attempt)
         if job.state.holds_resources:
-            if attempt is None:
-                problems.append(f"{job_id}: {job.state.value} without an attempt")
-                continue
-            if len(attempt.members) != job.spec.replicas:
-                problems.append(
-                    f"{job_id}: partial gang, {len(attempt.members)} of {job.spec.replicas} bound"
-                )
-            if len(attempt.member_status) != len(attempt.members):
-                problems.append(f"{job_id}: member status does not match members")
-            if attempt.members and attempt.members[0].node_id in expected_ports:
-                expected_ports[attempt.members[0].node_id].append(attempt.master_port)
-            for member in attempt.members:
-                node = state.nodes.get(member.node_id)
-                if node is None or node.status is NodeStatus.DEAD:
-                    problems.append(f"{job_id}: rank {member.rank} is on a missing or dead node")
-                    continue
-                expected[member.node_id] = expected[member.node_id] + job.spec.resources
-                clash = expected_gpus[member.node_id] & set(member.gpus)
-                if clash:
-                    problems.append(
-                        f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked"
-                    )
-                expected_gpus[member.node_id].update(member.gpus)
-            if attempt.preempted_by and (
-                attempt.preemption is None or attempt.preempt_deadline_ms <= 0
-            ):
-                problems.append(f"{job_id}: preempted without a kind or a deadline")
-            # Members of a preempted attempt may stop before any started.
-            if (
-                job.state is JobState.SCHEDULED
-                and not attempt.preempted_by
-                and any(s.state is not MemberState.BOUND for s in attempt.member_status)
-            ):
-                problems.append(f"{job_id}: SCHEDULED but a member already started")
+            problems += _holding_problems(state, job_id, job, held)
         elif attempt is not None and attempt.ended_at_ms is None:
             problems.append(f"{job_id}: {job.state.value} but attempt {attempt.number} never ended")
+    problems += _token_problems(tokens)
+    problems += _node_problems(state, held)
+    problems += _bookkeeping_problems(state)
+    return problems
 
+
+def _attempt_problems(state: ClusterState, job_id: str, job: Job, attempt: Attempt) -> list[str]:
+    """A job's attempt against the job: its token, number, state and outcome."""
+    problems = []
+    if attempt.fencing_token > state.last_fencing_token:
+        problems.append(f"{job_id}: token {attempt.fencing_token} is beyond the last issued")
+    if attempt.number != job.attempts_made:
+        problems.append(f"{job_id}: attempt {attempt.number} of {job.attempts_made} made")
+    if attempt.state.live != (attempt.ended_at_ms is None):
+        problems.append(
+            f"{job_id}: attempt {attempt.number} is {attempt.state.value} but "
+            f"{'has not ended' if attempt.ended_at_ms is None else 'has ended'}"
+        )
+    if attempt.state.live != job.state.holds_resources:
+        problems.append(f"{job_id}: {job.state.value} with attempt {attempt.state.value}")
+    if attempt.ended_at_ms is not None and attempt.outcome is None:
+        problems.append(f"{job_id}: attempt {attempt.number} ended without an outcome")
+    return problems
+
+
+def _count_problems(job_id: str, job: Job) -> list[str]:
+    """Every ended attempt was retried, requeued or ended the job: never more of those
+    than attempts made, and never more retries than the job allows."""
+    problems = []
+    if job.retries_used + job.requeues > job.attempts_made:
+        problems.append(
+            f"{job_id}: {job.retries_used} retries and {job.requeues} requeues "
+            f"from {job.attempts_made} attempts"
+        )
+    if job.retries_used > job.spec.retries.max_retries:
+        problems.append(
+            f"{job_id}: {job.retries_used} retries used of {job.spec.retries.max_retries}"
+        )
+    return problems
+
+
+def _lost_attempt_problems(job_id: str, job: Job, lost: LostAttempt) -> list[str]:
+    """The attempt a node death ended, kept for late success reports: older than the
+    job's latest, on a job not finished, its ranks that exited zero a proper subset."""
+    problems = []
+    if job.state.finished:
+        problems.append(f"{job_id}: {job.state.value} but keeps a lost attempt")
+    if lost.fencing_token > job.fencing_token or lost.number > job.attempts_made:
+        problems.append(
+            f"{job_id}: lost attempt {lost.number} (token {lost.fencing_token}) is "
+            f"newer than attempt {job.attempts_made} (token {job.fencing_token})"
+        )
+    ranks = list(lost.exited_zero)
+    if (
+        ranks != sorted(set(ranks))
+        or any(not 0 <= r < len(lost.nodes) for r in ranks)
+        or len(ranks) >= len(lost.nodes)
+        or len(lost.nodes) != job.spec.replicas
+    ):
+        problems.append(f"{job_id}: lost attempt ranks {ranks} of {len(lost.nodes)}")
+    return problems
+
+
+def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holdings) -> list[str]:
+    """A job that holds resources: a whole gang on live nodes, no GPU booked twice, a
+    consistent preemption; what its members hold is added to ``held``."""
+    attempt = job.attempt
+    if attempt is None:
+        return [f"{job_id}: {job.state.value} without an attempt"]
+    problems = []
+    if len(attempt.members) != job.spec.replicas:
+        problems.append(
+            f"{job_id}: partial gang, {len(attempt.members)} of {job.spec.replicas} bound"
+        )
+    if len(attempt.member_status) != len(attempt.members):
+        problems.append(f"{job_id}: member status does not match members")
+    if attempt.members and attempt.members[0].node_id in held.master_ports:
+        held.master_ports[attempt.members[0].node_id].append(attempt.master_port)
+    for member in attempt.members:
+        node = state.nodes.get(member.node_id)
+        if node is None or node.status is NodeStatus.DEAD:
+            problems.append(f"{job_id}: rank {member.rank} is on a missing or dead node")
+            continue
+        held.resources[member.node_id] = held.resources[member.node_id] + job.spec.resources
+        clash = held.gpus[member.node_id] & set(member.gpus)
+        if clash:
+            problems.append(f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked")
+        held.gpus[member.node_id].update(member.gpus)
+    if attempt.preempted_by and (attempt.preemption is None or attempt.preempt_deadline_ms <= 0):
+        problems.append(f"{job_id}: preempted without a kind or a deadline")
+    # Members of a preempted attempt may stop before any started.
+    if (
+        job.state is JobState.SCHEDULED
+        and not attempt.preempted_by
+        and any(s.state is not MemberState.BOUND for s in attempt.member_status)
+    ):
+        problems.append(f"{job_id}: SCHEDULED but a member already started")
+    return problems
+
+
+def _token_problems(tokens: list[tuple[int, str]]) -> list[str]:
+    """No fencing token used by two jobs' attempts."""
+    return [
+        f"fencing token {a} used by both {ja} and {jb}"
+        for (a, ja), (b, jb) in itertools.pairwise(sorted(tokens))
+        if a == b
+    ]
+
+
+def _node_problems(state: ClusterState, held: _Holdings) -> list[str]:
+    """Each node's accounting against what its members hold, its capacity and status."""
     unconfirmed_on = {
         m.node_id
         for job in state.jobs.values()
@@ -109,24 +173,20 @@ def check(state: ClusterState) -> list[str]:
         for m, st in zip(job.attempt.members, job.attempt.member_status, strict=True)
         if st.state is not MemberState.EXITED
     }
-
-    ordered = sorted(tokens)
-    for (a, ja), (b, jb) in itertools.pairwise(ordered):
-        if a == b:
-            problems.append(f"fencing token {a} used by both {ja} and {jb}")
-
+    problems = []
     for node_id, node in sorted(state.nodes.items()):
-        if node.allocated != expected[node_id]:
+        expected = held.resources[node_id]
+        if node.allocated != expected:
             problems.append(
-                f"node {node_id}: allocated {node.allocated} but its members hold "
-                f"{expected[node_id]}"
+                f"node {node_id}: allocated {node.allocated} but its members hold {expected}"
             )
-        if node.allocated_gpus != expected_gpus[node_id]:
+        if node.allocated_gpus != held.gpus[node_id]:
             problems.append(f"node {node_id}: allocated GPUs disagree with its members")
-        if node.master_ports != sorted(expected_ports[node_id]):
+        ports = sorted(held.master_ports[node_id])
+        if node.master_ports != ports:
             problems.append(
                 f"node {node_id}: master ports {node.master_ports} but its rank-0 members "
-                f"use {sorted(expected_ports[node_id])}"
+                f"use {ports}"
             )
         if not node.allocated.fits_in(node.info.capacity) or node.allocated.is_negative():
             problems.append(
@@ -140,7 +200,12 @@ def check(state: ClusterState) -> list[str]:
             and node_id not in unconfirmed_on
         ):
             problems.append(f"node {node_id}: draining but holds no members (should be cordoned)")
+    return problems
 
+
+def _bookkeeping_problems(state: ClusterState) -> list[str]:
+    """Request ids point at the jobs they made; sequence numbers stay below the next."""
+    problems = []
     for request_id, job_id in sorted(state.request_ids.items()):
         owner = state.jobs.get(job_id)
         if owner is None or owner.request_id != request_id:
