@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 import grpc
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render, terminal
 from synapse_ha.cli.defaults import (
     CA_ENV,
     CA_FILE_NAME,
@@ -189,7 +189,7 @@ def _fail(ctx: click.Context, code: ExitCode, document: render.Document) -> NoRe
     settings = _settings_of(ctx)
     output = settings.output if settings else "table"
     if output == "table":
-        click.echo(f"error: {render.terminal_safe(document['error']['message'])}", err=True)
+        click.echo(f"error: {terminal.terminal_safe(document['error']['message'])}", err=True)
     else:
         click.echo(render.structured(document, output).rstrip("\n"), err=True)
     raise click.exceptions.Exit(int(code))
@@ -198,7 +198,7 @@ def _fail(ctx: click.Context, code: ExitCode, document: render.Document) -> NoRe
 def note(message: str) -> None:
     """Progress for people; stderr, so that stdout stays the command's answer. Escaped
     for the terminal: notes quote reasons and workers' answers."""
-    click.echo(render.terminal_safe(message, keep=render.MULTILINE), err=True)
+    click.echo(terminal.terminal_safe(message, keep=terminal.MULTILINE), err=True)
 
 
 # ------------------------------------------------------------------------ settings
@@ -363,7 +363,7 @@ def emit(settings: Settings, document: object, table: Callable[[], str]) -> None
     """The answer on stdout: ``table`` (escaped for the terminal once more as a whole,
     whatever its renderer did) or the document as JSON or YAML."""
     if settings.output == "table":
-        click.echo(render.terminal_safe(table(), keep=render.MULTILINE))
+        click.echo(terminal.terminal_safe(table(), keep=terminal.MULTILINE))
     else:
         click.echo(render.structured(document, settings.output))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render_cluster
 from synapse_ha.cli.app import Settings, emit, output_option, with_settings
 from synapse_ha.cli.cluster_ops import add_cluster_commands
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -35,8 +35,8 @@ def cluster(settings: Settings) -> None:
     answer: pb.GetClusterStatusResponse = client.call(
         "GetClusterStatus", lambda a, t: client.scheduler(a).GetClusterStatus(request, timeout=t)
     )
-    document = render.cluster_document(answer)
-    emit(settings, document, lambda: render.cluster_table(document))
+    document = render_cluster.cluster_document(answer)
+    emit(settings, document, lambda: render_cluster.cluster_table(document))
 
 
 add_cluster_commands(cluster)

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render, terminal
 from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -153,8 +153,8 @@ def event_document(e: pb.Event) -> dict[str, Any]:
 
 def event_line(d: Mapping[str, Any]) -> str:
     """One event as a line; every part the cluster, a job or a node wrote is escaped
-    (:func:`~synapse_ha.cli.render.terminal_safe`), newlines included."""
-    safe = render.terminal_safe
+    (:func:`~synapse_ha.cli.terminal.terminal_safe`), newlines included."""
+    safe = terminal.terminal_safe
     subject = safe(d.get("job_id") or d.get("node_id") or d.get("leader_id") or "-")
     extra = []
     if "attempt" in d:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 import grpc
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render, render_jobs
 from synapse_ha.cli.app import (
     ACTIVE_STATES,
     ALL_STATES,
@@ -308,8 +308,8 @@ def status(settings: Settings, job_id: str) -> None:
     Example:
       synctl status 42 -o json
     """
-    document = render.job_document(settings.client().get_job(job_id))
-    emit(settings, document, lambda: render.job_table(document, now_ms()))
+    document = render_jobs.job_document(settings.client().get_job(job_id))
+    emit(settings, document, lambda: render_jobs.job_table(document, now_ms()))
 
 
 @click.command()
@@ -336,8 +336,8 @@ def jobs(settings: Settings, states: tuple[str, ...], show_all: bool, name: str,
     """
     wanted = [s.upper() for s in states] or ([] if show_all else list(ACTIVE_STATES))
     found = settings.client().list_jobs(states=wanted, name=name, node_id=node)
-    documents = [render.job_document(j) for j in found]
-    emit(settings, {"jobs": documents}, lambda: render.jobs_table(documents, now_ms()))
+    documents = [render_jobs.job_document(j) for j in found]
+    emit(settings, {"jobs": documents}, lambda: render_jobs.jobs_table(documents, now_ms()))
 
 
 @click.command()
@@ -355,8 +355,8 @@ def explain(settings: Settings, job_id: str) -> None:
     answer = client.explain_job(job_id)
     job = client.get_job(job_id)
     nodes = client.list_nodes() if job.HasField("attempt") else []
-    document = render.explain_document(answer, job, nodes)
-    emit(settings, document, lambda: render.explain_table(document))
+    document = render_jobs.explain_document(answer, job, nodes)
+    emit(settings, document, lambda: render_jobs.explain_table(document))
 
 
 @click.command()

@@ -20,7 +20,7 @@ with a ``[rank N]`` prefix so that the interleaved output stays readable.
 A member's output is the job's, and so may be written to attack the terminal it is shown
 on (retitle it, clear it, rewrite earlier lines with carriage returns or backspaces).
 :class:`LinePrinter` therefore shows every line through
-:func:`~synapse_ha.cli.render.terminal_safe`, keeping tabs; only ``synctl logs --raw``
+:func:`~synapse_ha.cli.terminal.terminal_safe`, keeping tabs; only ``synctl logs --raw``
 writes the bytes as the member wrote them.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from synapse_ha.cli.render import LOG_LINE, terminal_safe
+from synapse_ha.cli.terminal import LOG_LINE, terminal_safe
 from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
@@ -131,7 +131,7 @@ class LinePrinter:
     threads; keeps each member's partial last line until it is completed or flushed.
 
     Lines are decoded as UTF-8 once complete (invalid bytes become U+FFFD) and escaped
-    with :func:`~synapse_ha.cli.render.terminal_safe`, and ``write`` gets text. With
+    with :func:`~synapse_ha.cli.terminal.terminal_safe`, and ``write`` gets text. With
     ``raw``, ``write`` gets each line's bytes exactly as the member wrote them (after the
     prefix, when there is one) instead. Either way a line is written without its newline
     and one longer than :data:`MAX_LINE_BYTES` in pieces."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render_nodes
 from synapse_ha.cli.app import Settings, complete_node_ids, emit, output_option, with_settings
 
 # --------------------------------------------------------------------------- nodes
@@ -20,8 +20,8 @@ def nodes(settings: Settings) -> None:
     Example:
       synctl nodes -o yaml
     """
-    documents = [render.node_document(n) for n in settings.client().list_nodes()]
-    emit(settings, {"nodes": documents}, lambda: render.nodes_table(documents))
+    documents = [render_nodes.node_document(n) for n in settings.client().list_nodes()]
+    emit(settings, {"nodes": documents}, lambda: render_nodes.nodes_table(documents))
 
 
 def _node_status_command(action: str, summary: str, example: str) -> click.Command:

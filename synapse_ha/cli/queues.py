@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render_queues
 from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_memory
@@ -30,8 +30,8 @@ def queues(settings: Settings) -> None:
       synctl queues
       synctl queues -o json
     """
-    document = render.queues_document(settings.client().list_queues())
-    emit(settings, document, lambda: render.queues_table(document))
+    document = render_queues.queues_document(settings.client().list_queues())
+    emit(settings, document, lambda: render_queues.queues_table(document))
 
 
 @click.group()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render_tokens
 from synapse_ha.cli.app import CommandFailed, Settings, emit, note, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.core.spec import SpecError, parse_duration
@@ -74,7 +74,7 @@ def token_create(
         priority_classes=priority_classes,
         max_priority=max_priority,
     )
-    document = render.created_token_document(answer, user_name, role)
+    document = render_tokens.created_token_document(answer, user_name, role)
     emit(settings, document, lambda: answer.token)
     if settings.output == "table":
         note(f"token {answer.token_id} for {user_name} (role {role}); it is not shown again")
@@ -95,8 +95,8 @@ def token_list(settings: Settings) -> None:
     answer: pb.ListTokensResponse = client.call(
         "ListTokens", lambda a, t: client.scheduler(a).ListTokens(request, timeout=t)
     )
-    documents = [render.token_document(t) for t in answer.tokens]
-    emit(settings, {"tokens": documents}, lambda: render.tokens_table(documents))
+    documents = [render_tokens.token_document(t) for t in answer.tokens]
+    emit(settings, {"tokens": documents}, lambda: render_tokens.tokens_table(documents))
 
 
 @token.command("revoke")

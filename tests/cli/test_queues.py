@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render_jobs
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
 from synapse_ha.core import commands as cmd
@@ -142,7 +142,7 @@ def test_status_and_explain_show_who_preempts_a_job() -> None:
             preempt_deadline_ms=1_700_000_000_000,
         ),
     )
-    doc = render.job_document(job)
+    doc = render_jobs.job_document(job)
     assert doc["queue"] == "team-b"
     assert doc["preemption"] == {
         "preempted_by": "job-000009",
@@ -150,8 +150,8 @@ def test_status_and_explain_show_who_preempts_a_job() -> None:
         "deadline_ms": 1_700_000_000_000,
     }
     answer = pb.ExplainJobResponse(job_id=job.job_id, state="RUNNING", explanation="placed")
-    text = render.explain_table(render.explain_document(answer, job, []))
+    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []))
     assert "being preempted by job job-000009 (reclaim)" in text
-    assert "being preempted by job job-000009" in render.job_table(doc, 0)
-    plain = render.job_document(pb.Job(job_id="j", spec=pb.JobSpec(shell_command="x")))
+    assert "being preempted by job job-000009" in render_jobs.job_table(doc, 0)
+    plain = render_jobs.job_document(pb.Job(job_id="j", spec=pb.JobSpec(shell_command="x")))
     assert plain["preemption"] is None and plain["queue"] == "default"

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render, render_cluster, render_jobs, render_nodes, render_tokens
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 JOB_KEYS = [
@@ -74,7 +74,7 @@ def node(node_id: str, rack: str, used: list[int], age_ms: int) -> pb.Node:
 
 
 def test_a_job_document_has_every_documented_field() -> None:
-    doc = render.job_document(running_job())
+    doc = render_jobs.job_document(running_job())
     assert list(doc) == JOB_KEYS
     assert doc["attempt"] == 2 and doc["fencing_token"] == 41
     assert (doc["reason_code"], doc["requeues"], doc["retries_used"]) == ("running", 1, 0)
@@ -93,13 +93,13 @@ def test_a_job_never_bound_has_no_attempt() -> None:
     job = pb.Job(
         job_id="j", state="PENDING", reason="waits", spec=pb.JobSpec(shell_command="echo hi")
     )
-    doc = render.job_document(job)
+    doc = render_jobs.job_document(job)
     assert (doc["attempt"], doc["fencing_token"], doc["members"]) == (0, None, [])
     assert doc["command"] == ["echo hi"] and doc["shell"] is True
 
 
 def test_a_node_document_orders_topology_from_the_outside_in() -> None:
-    doc = render.node_document(node("w1", "r3", [0, 1], -1))
+    doc = render_nodes.node_document(node("w1", "r3", [0, 1], -1))
     assert list(doc) == NODE_KEYS
     assert list(doc["topology"].items()) == [("zone", "z1"), ("block", "b1"), ("rack", "r3")]
     assert doc["topology_path"] == "z1/b1/r3"
@@ -108,7 +108,7 @@ def test_a_node_document_orders_topology_from_the_outside_in() -> None:
 
 
 def test_unknown_topology_levels_follow_the_known_ones() -> None:
-    assert render.ordered_levels(["pod", "rack", "zone", "aisle"]) == [
+    assert render_nodes.ordered_levels(["pod", "rack", "zone", "aisle"]) == [
         "zone",
         "rack",
         "aisle",
@@ -119,12 +119,12 @@ def test_unknown_topology_levels_follow_the_known_ones() -> None:
 def test_explain_adds_each_members_rack() -> None:
     answer = pb.ExplainJobResponse(job_id="job-000007", state="RUNNING", explanation="...")
     nodes = [node("w1", "r1", [0, 1, 2, 3], 10), node("w2", "r2", [4, 5, 6, 7], 10)]
-    doc = render.explain_document(answer, running_job(), nodes)
+    doc = render_jobs.explain_document(answer, running_job(), nodes)
     assert [(m["rank"], m["rack"], m["topology_path"]) for m in doc["members"]] == [
         (0, "r1", "z1/b1/r1"),
         (1, "r2", "z1/b1/r2"),
     ]
-    text = render.explain_table(doc)
+    text = render_jobs.explain_table(doc)
     assert text.splitlines()[0] == "job job-000007 is RUNNING, attempt 2 (fencing token 41)"
     assert text.splitlines()[2].split() == [
         "RANK", "NODE", "GPUS", "RACK", "TOPOLOGY", "STATE", "EXIT",
@@ -134,16 +134,16 @@ def test_explain_adds_each_members_rack() -> None:
 
 def test_tables_for_people() -> None:
     now = 1_700_000_090_000
-    jobs = render.jobs_table([render.job_document(running_job())], now)
+    jobs = render_jobs.jobs_table([render_jobs.job_document(running_job())], now)
     assert jobs.splitlines()[1].split()[:7] == [
         "job-000007", "train", "RUNNING", "2", "4", "2", "1m",
     ]  # fmt: skip
-    nodes = render.nodes_table([render.node_document(node("w1", "r1", [0, 1], 1500))])
+    nodes = render_nodes.nodes_table([render_nodes.node_document(node("w1", "r1", [0, 1], 1500))])
     assert nodes.splitlines()[1].split() == [
         "w1", "ready", "z1/b1/r1", "6/8", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
         "w1.example:7070", "-",
     ]  # fmt: skip
-    status = render.job_table(render.job_document(running_job()), now)
+    status = render_jobs.job_table(render_jobs.job_document(running_job()), now)
     assert "RESOURCES:     4 GPU, 1.5 CPU, 256Gi per member" in status
     assert "FENCING TOKEN: 41" in status
     assert "TIME LIMIT:    1h" in status
@@ -156,15 +156,15 @@ def test_the_cluster_is_healthy_with_a_leader_and_a_healthy_majority() -> None:
         pb.ReplicaStatus(replica_id="c", role="unreachable", healthy=False, error="refused"),
     ]
     status = pb.GetClusterStatusResponse(answered_by="b", leader_id="a", replicas=replicas)
-    doc = render.cluster_document(status)
+    doc = render_cluster.cluster_document(status)
     assert doc["healthy"] is True
     assert [r["id"] for r in doc["replicas"]] == ["a", "b", "c"]
-    assert "refused" in render.cluster_table(doc)
+    assert "refused" in render_cluster.cluster_table(doc)
     del replicas[1]
     lonely = pb.GetClusterStatusResponse(answered_by="a", leader_id="a", replicas=replicas)
-    assert render.cluster_document(lonely)["healthy"] is False
+    assert render_cluster.cluster_document(lonely)["healthy"] is False
     no_leader = pb.GetClusterStatusResponse(answered_by="b", replicas=replicas)
-    assert render.cluster_table(render.cluster_document(no_leader)).startswith(
+    assert render_cluster.cluster_table(render_cluster.cluster_document(no_leader)).startswith(
         "health:  UNHEALTHY\nleader:  none"
     )
 
@@ -182,15 +182,15 @@ def test_a_redacted_job_shows_no_command_and_says_why() -> None:
     job = running_job()
     job.owner, job.redacted, job.cancelled_by = "bob", True, "user:ops"
     job.spec.ClearField("command")
-    doc = render.job_document(job)
+    doc = render_jobs.job_document(job)
     assert doc["command"] is None and doc["redacted"] is True
     assert (doc["owner"], doc["cancelled_by"]) == ("bob", "user:ops")
-    text = render.job_table(doc, now_ms=1_700_000_100_000)
+    text = render_jobs.job_table(doc, now_ms=1_700_000_100_000)
     assert "OWNER:         bob" in text and "CANCELLED BY:  user:ops" in text
     assert "(withheld: not your job)" in text
-    mine = render.job_document(running_job())
+    mine = render_jobs.job_document(running_job())
     assert mine["command"] == ["python", "train.py"] and not mine["redacted"]
-    assert "withheld" not in render.job_table(mine, now_ms=1_700_000_100_000)
+    assert "withheld" not in render_jobs.job_table(mine, now_ms=1_700_000_100_000)
 
 
 def test_the_token_table_never_shows_secrets_and_says_which_are_revoked() -> None:
@@ -206,9 +206,9 @@ def test_the_token_table_never_shows_secrets_and_says_which_are_revoked() -> Non
             revoked_by="user:root",
         ),
     ]
-    docs = [render.token_document(t) for t in tokens]
+    docs = [render_tokens.token_document(t) for t in tokens]
     assert docs[0]["expires_at_ms"] is None and docs[1]["revoked_at_ms"] == 5
-    lines = render.tokens_table(docs).splitlines()
+    lines = render_tokens.tokens_table(docs).splitlines()
     headers = ["ID", "USER", "ROLE", "QUEUES", "PRIORITY", "CREATED", "BY", "EXPIRES", "STATE"]
     assert lines[0].split() == headers
     assert lines[1].split() == [

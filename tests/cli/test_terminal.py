@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from synapse_ha.cli import history, render
+from synapse_ha.cli import history, render, render_cluster, render_jobs, render_nodes, terminal
 from synapse_ha.cli.logs import MAX_LINE_BYTES, LinePrinter
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -27,15 +27,15 @@ def assert_inert(text: str) -> None:
 
 
 def test_every_control_character_is_shown_escaped() -> None:
-    assert render.terminal_safe(HOSTILE) == ESCAPED
-    assert render.terminal_safe("a\nb\tc") == "a\\nb\\tc"
-    assert render.terminal_safe("a\nb", keep=render.MULTILINE) == "a\nb"
-    assert render.terminal_safe("a\tb\x1b", keep=render.LOG_LINE) == "a\tb\\x1b"
+    assert terminal.terminal_safe(HOSTILE) == ESCAPED
+    assert terminal.terminal_safe("a\nb\tc") == "a\\nb\\tc"
+    assert terminal.terminal_safe("a\nb", keep=terminal.MULTILINE) == "a\nb"
+    assert terminal.terminal_safe("a\tb\x1b", keep=terminal.LOG_LINE) == "a\tb\\x1b"
     every = "".join(chr(c) for c in (*range(0x20), *range(0x7F, 0xA0)))
-    assert_inert(render.terminal_safe(every))
+    assert_inert(terminal.terminal_safe(every))
     plain = "héllo wörld ✓ 日本 \\x1b"  # printable text and a literal backslash pass as they are
-    assert render.terminal_safe(plain) == plain
-    assert render.terminal_safe(render.terminal_safe(HOSTILE)) == ESCAPED  # idempotent
+    assert terminal.terminal_safe(plain) == plain
+    assert terminal.terminal_safe(terminal.terminal_safe(HOSTILE)) == ESCAPED  # idempotent
 
 
 def hostile_job() -> pb.Job:
@@ -57,14 +57,14 @@ def hostile_job() -> pb.Job:
 
 
 def test_job_tables_escape_what_the_job_wrote() -> None:
-    doc = render.job_document(hostile_job())
-    for text in (render.job_table(doc, 0), render.jobs_table([doc], 0)):
+    doc = render_jobs.job_document(hostile_job())
+    for text in (render_jobs.job_table(doc, 0), render_jobs.jobs_table([doc], 0)):
         assert_inert(text)
         assert "\\x1b]0;pwned\\x07" in text
-    assert ESCAPED in render.job_table(doc, 0)
+    assert ESCAPED in render_jobs.job_table(doc, 0)
     # The jobs table shows the reason's first line only: a carriage return is not a line
     # break there, it is shown.
-    assert "\\rFAKE" in render.jobs_table([doc], 0)
+    assert "\\rFAKE" in render_jobs.jobs_table([doc], 0)
 
 
 def test_explain_keeps_the_explanations_lines_and_escapes_the_rest() -> None:
@@ -74,13 +74,13 @@ def test_explain_keeps_the_explanations_lines_and_escapes_the_rest() -> None:
     job = hostile_job()
     job.state = "PENDING"
     job.ClearField("attempt")
-    text = render.explain_table(render.explain_document(answer, job, []))
+    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []))
     assert_inert(text)
     assert "line one\nline two\\x1b[2J" in text
-    failed = render.explain_document(
+    failed = render_jobs.explain_document(
         pb.ExplainJobResponse(job_id="job-000001", state="FAILED"), hostile_job(), []
     )
-    assert ESCAPED in render.explain_table({**failed, "state": "FAILED"})
+    assert ESCAPED in render_jobs.explain_table({**failed, "state": "FAILED"})
 
 
 def test_node_and_cluster_tables_escape_what_nodes_and_replicas_report() -> None:
@@ -91,14 +91,14 @@ def test_node_and_cluster_tables_escape_what_nodes_and_replicas_report() -> None
         members_run_as="agent:\rroot",
         topology=[pb.TopologyLabel(level="rack", value="r1\b\b")],
     )
-    nodes = render.nodes_table([render.node_document(node)])
+    nodes = render_nodes.nodes_table([render_nodes.node_document(node)])
     assert_inert(nodes)
     assert "\\x1b]0;x\\x07" in nodes and "agent:\\rroot" in nodes and "r1\\b\\b" in nodes
     status = pb.GetClusterStatusResponse(
         leader_id="r1\x1b[2J",
         replicas=[pb.ReplicaStatus(replica_id="r1", role="leader", error=HOSTILE)],
     )
-    cluster = render.cluster_table(render.cluster_document(status))
+    cluster = render_cluster.cluster_table(render_cluster.cluster_document(status))
     assert_inert(cluster)
     assert ESCAPED in cluster and "r1\\x1b[2J" in cluster
 
@@ -120,7 +120,7 @@ def test_the_history_table_escapes_each_cell() -> None:
 
 
 def test_structured_output_is_escaped_by_its_encoder() -> None:
-    doc = render.job_document(hostile_job())
+    doc = render_jobs.job_document(hostile_job())
     for output in ("json", "yaml"):
         text = render.structured(doc, output)
         assert_inert(text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from synapse_ha.cli.render import cluster_document, cluster_table
+from synapse_ha.cli.render_cluster import cluster_document, cluster_table
 from synapse_ha.observe.dashboard import COOKIE, LEGACY_TOKEN_COOKIE, LOGIN_COOKIE, Dashboard
 from synapse_ha.observe.http import ObserveServer, Request, Response
 from synapse_ha.observe.pages import STYLESHEET, Overview, render_job, render_login, render_overview

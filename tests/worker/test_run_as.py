@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.cli import render
+from synapse_ha.cli import render_nodes
 from synapse_ha.core.model import JobSpec, Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.programs.worker import ConfigError, load_config, registration, run_as_policy
 from synapse_ha.rpc import convert
@@ -343,8 +343,8 @@ def test_members_run_as_travels_from_registration_to_the_node_listing() -> None:
 def test_synctl_nodes_shows_whose_account_members_run_under() -> None:
     info = NodeInfo("w1", "h:1", Resources(1000, 1024, 0), members_run_as="agent:svc")
     node = Node(info=info, status=NodeStatus.READY, registered_at_ms=1)
-    doc = render.node_document(convert.node_to_proto(node, 1500))
+    doc = render_nodes.node_document(convert.node_to_proto(node, 1500))
     assert doc["members_run_as"] == "agent:svc"
-    header, row = render.nodes_table([doc]).splitlines()
+    header, row = render_nodes.nodes_table([doc]).splitlines()
     assert header.split()[-2:] == ["RUNS", "AS"]
     assert row.split()[-1] == "agent:svc"

@@ -1,0 +1,221 @@
+"""synctl's job documents (``synctl status``, ``jobs``, ``explain``) and their tables
+(see :mod:`synapse_ha.cli.render` for the fields)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from synapse_ha.cli.render import (
+    Document,
+    age_text,
+    cell_text,
+    duration_text,
+    resources_document,
+    resources_text,
+    table,
+    time_text,
+)
+from synapse_ha.cli.render_nodes import topology_document, topology_path
+from synapse_ha.cli.terminal import MULTILINE, terminal_safe
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+
+def member_document(m: pb.Member) -> Document:
+    return {
+        "rank": m.rank,
+        "node": m.node_id,
+        "gpus": list(m.gpus),
+        "state": m.state,
+        "exit_code": m.exit_code if m.has_exit_code else None,
+    }
+
+
+def job_document(job: pb.Job) -> Document:
+    spec = job.spec
+    has_attempt = job.HasField("attempt")
+    command: list[str] | None
+    if job.redacted:  # another user's job: the cluster withheld command and environment
+        command, shell = None, spec.WhichOneof("command") != "argv"
+    elif spec.WhichOneof("command") == "argv":
+        command, shell = list(spec.argv.args), False
+    else:
+        command, shell = [spec.shell_command], True
+    return {
+        "id": job.job_id,
+        "name": spec.name,
+        "state": job.state,
+        "reason": job.reason,
+        "reason_code": job.reason_code,
+        "retries_used": job.retries_used,
+        "requeues": job.requeues,
+        "image": spec.image,
+        "request_id": job.request_id,
+        "owner": job.owner,
+        "cancelled_by": job.cancelled_by,
+        "redacted": job.redacted,
+        "attempt": job.attempt.number if has_attempt else 0,
+        "fencing_token": job.attempt.fencing_token if has_attempt else None,
+        "replicas": spec.replicas,
+        "priority": spec.priority,
+        "resources": resources_document(spec.resources),
+        "topology": {"required": spec.topology_required, "preferred": spec.topology_preferred},
+        "time_limit_ms": spec.time_limit_ms,
+        "retries": {
+            "max": spec.retries.max,
+            "backoff_ms": spec.retries.backoff_ms,
+            "max_backoff_ms": spec.retries.max_backoff_ms,
+        },
+        "command": command,
+        "shell": shell,
+        "submitted_at_ms": job.submitted_at_ms or None,
+        "finished_at_ms": job.finished_at_ms or None,
+        "attempt_outcome": job.attempt.outcome if has_attempt else "",
+        "members": [member_document(m) for m in job.attempt.members] if has_attempt else [],
+        "queue": spec.queue or "default",
+        "priority_class": spec.priority_class,
+        "preemption": preemption_document(job.attempt) if has_attempt else None,
+    }
+
+
+def preemption_document(attempt: pb.Attempt) -> Document | None:
+    if not attempt.preempted_by:
+        return None
+    return {
+        "preempted_by": attempt.preempted_by,
+        "kind": attempt.preemption,
+        "deadline_ms": attempt.preempt_deadline_ms or None,
+    }
+
+
+def preemption_text(doc: Mapping[str, Any] | None) -> str | None:
+    """``preempted by job 42 (reclaim); members are killed at 12:00:03``."""
+    if not doc:
+        return None
+    text = f"being preempted by job {doc['preempted_by']} ({doc['kind']})"
+    if doc["deadline_ms"]:
+        text += f"; its members are killed at {time_text(doc['deadline_ms'])} unless they exit"
+    return text
+
+
+def explain_document(
+    answer: pb.ExplainJobResponse, job: pb.Job, nodes: Sequence[pb.Node]
+) -> Document:
+    job_doc = job_document(job)
+    by_id = {n.node_id: topology_document(n.topology) for n in nodes}
+    members = []
+    for member in job_doc["members"]:
+        topology = by_id.get(member["node"], {})
+        members.append(
+            {
+                **member,
+                "rack": topology.get("rack", ""),
+                "topology": topology,
+                "topology_path": topology_path(topology),
+            }
+        )
+    return {
+        "id": answer.job_id,
+        "state": answer.state,
+        "explanation": answer.explanation,
+        "reason_code": answer.reason_code,
+        "reason": job.reason,
+        "attempt": job_doc["attempt"],
+        "fencing_token": job_doc["fencing_token"],
+        "members": members,
+        "queue": job_doc["queue"],
+        "preemption": job_doc["preemption"],
+    }
+
+
+def members_table(members: Sequence[Mapping[str, Any]], with_topology: bool = False) -> str:
+    headers = ["RANK", "NODE", "GPUS", "STATE", "EXIT"]
+    if with_topology:
+        headers[3:3] = ["RACK", "TOPOLOGY"]
+    rows = []
+    for m in members:
+        row: list[object] = [
+            m["rank"],
+            m["node"],
+            ",".join(map(str, m["gpus"])),
+            m["state"],
+            m["exit_code"],
+        ]
+        if with_topology:
+            row[3:3] = [m["rack"], m["topology_path"]]
+        rows.append(row)
+    return table(rows, headers)
+
+
+def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
+    topology = ", ".join(f"{k}: {v}" for k, v in doc["topology"].items() if v)
+    fields: list[tuple[str, object]] = [
+        ("ID", doc["id"]),
+        ("NAME", doc["name"]),
+        ("OWNER", doc["owner"]),
+        ("STATE", doc["state"]),
+        ("REASON", doc["reason"]),
+        ("ATTEMPT", doc["attempt"] or None),
+        ("FENCING TOKEN", doc["fencing_token"]),
+        ("REPLICAS", doc["replicas"]),
+        ("RESOURCES", f"{resources_text(doc['resources'])} per member"),
+        ("QUEUE", doc["queue"]),
+        ("PRIORITY", doc["priority_class"] or doc["priority"]),
+        ("PREEMPTED", preemption_text(doc["preemption"])),
+        ("TOPOLOGY", topology),
+        ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
+        (
+            "SUBMITTED",
+            f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",
+        ),
+        ("FINISHED", time_text(doc["finished_at_ms"]) if doc["finished_at_ms"] else None),
+        ("CANCELLED BY", doc["cancelled_by"] or None),
+        ("REQUEST ID", doc["request_id"]),
+    ]
+    if doc["redacted"]:
+        fields.append(("COMMAND", "(withheld: not your job)"))
+    lines = [f"{name + ':':<15}{cell_text(value)}" for name, value in fields]
+    if doc["members"]:
+        lines += ["", members_table(doc["members"])]
+    return "\n".join(lines)
+
+
+def jobs_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
+    rows = [
+        [
+            d["id"],
+            d["name"],
+            d["state"],
+            d["replicas"],
+            d["resources"]["gpu"],
+            d["attempt"] or None,
+            age_text(d["submitted_at_ms"], now_ms),
+            _short(d["reason"], 60),
+        ]
+        for d in docs
+    ]
+    return table(rows, ["ID", "NAME", "STATE", "MEMBERS", "GPU/MEMBER", "ATTEMPT", "AGE", "REASON"])
+
+
+def explain_table(doc: Mapping[str, Any]) -> str:
+    lines = [terminal_safe(f"job {doc['id']} is {doc['state']}")]
+    if doc["attempt"]:
+        lines[0] += f", attempt {doc['attempt']} (fencing token {doc['fencing_token']})"
+    if doc["state"] == "PENDING" or not doc["members"]:
+        lines.append(terminal_safe(doc["explanation"], keep=MULTILINE))
+    elif doc["reason"] and doc["state"] not in ("SCHEDULED", "RUNNING"):
+        lines.append(terminal_safe(doc["reason"]))
+    preempted = preemption_text(doc["preemption"])
+    if preempted:
+        lines.append(terminal_safe(preempted))
+    if doc["members"]:
+        lines += ["", members_table(doc["members"], with_topology=True)]
+    return "\n".join(lines)
+
+
+def _short(text: str, width: int) -> str:
+    """The first line of ``text``, escaped (:func:`terminal_safe`), cut to ``width``.
+    Only a newline ends the line: a carriage return or a separator is shown escaped, not
+    obeyed, so it cannot hide what follows it."""
+    line = terminal_safe(text.split("\n", 1)[0])
+    return line if len(line) <= width else line[: width - 3] + "..."

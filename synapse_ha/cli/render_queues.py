@@ -1,0 +1,89 @@
+"""synctl's queues document (``synctl queues``: quotas, usage, borrowing, the priority
+classes and the preemption mode) and its table (see :mod:`synapse_ha.cli.render` for the
+fields)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from synapse_ha.cli.render import Document, duration_text, table
+from synapse_ha.cli.terminal import MULTILINE, terminal_safe
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+
+def _optional(msg: Any, name: str) -> int | None:
+    return int(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def queue_document(status: pb.QueueStatus) -> Document:
+    q, u = status.queue, status.usage
+    has_quota = any(q.HasField(n) for n in ("gpu", "cpu_milli", "memory_mib"))
+    return {
+        "name": q.name,
+        "cohort": q.cohort,
+        "nominal": {
+            "gpu": _optional(q, "gpu"),
+            "cpu_milli": _optional(q, "cpu_milli"),
+            "memory_mib": _optional(q, "memory_mib"),
+        }
+        if has_quota
+        else None,
+        "borrowing_limit_gpu": _optional(q, "borrowing_limit_gpu"),
+        "lending_limit_gpu": _optional(q, "lending_limit_gpu"),
+        "priority_classes": list(q.priority_classes),
+        "used": {"gpu": u.used_gpu, "cpu_milli": u.used_cpu_milli, "memory_mib": u.used_memory_mib},
+        "borrowed_gpu": u.borrowed_gpu,
+        "lent_gpu": u.lent_gpu,
+        "running_jobs": u.running_jobs,
+        "pending_jobs": u.pending_jobs,
+        "pending_gpu": u.pending_gpu,
+        "preempting_jobs": u.preempting_jobs,
+    }
+
+
+def queues_document(answer: pb.ListQueuesResponse) -> Document:
+    return {
+        "queues": [queue_document(q) for q in answer.queues],
+        "priority_classes": [
+            {"name": c.name, "value": c.value, "preempts": c.preempts, "grace_ms": c.grace_ms}
+            for c in answer.priority_classes
+        ],
+        "preemption": answer.preemption,
+    }
+
+
+def _limit(value: int | None) -> str:
+    return "any" if value is None else str(value)
+
+
+def queues_table(doc: Mapping[str, Any]) -> str:
+    """One row per queue (GPUs), then the priority classes and the preemption mode."""
+    rows = []
+    for q in doc["queues"]:
+        nominal = q["nominal"]["gpu"] if q["nominal"] else None
+        rows.append(
+            [
+                q["name"],
+                q["cohort"] or "-",
+                "-" if nominal is None else nominal,
+                q["used"]["gpu"],
+                q["borrowed_gpu"],
+                q["lent_gpu"],
+                _limit(q["borrowing_limit_gpu"]) if nominal is not None else "-",
+                _limit(q["lending_limit_gpu"]) if nominal is not None else "-",
+                f"{q['running_jobs']}"
+                + (f" ({q['preempting_jobs']} preempting)" if q["preempting_jobs"] else ""),
+                f"{q['pending_jobs']} ({q['pending_gpu']} GPU)",
+                ",".join(q["priority_classes"]) or "any",
+            ]
+        )
+    headers = ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "MAY BORROW"]
+    out = table(rows, [*headers, "MAY LEND", "RUNNING", "PENDING", "CLASSES"])
+    classes = ", ".join(
+        f"{c['name']} {c['value']}{' (preempts)' if c['preempts'] else ''}"
+        f" grace {duration_text(c['grace_ms'])}"
+        for c in doc["priority_classes"]
+    )
+    tail = f"priority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
+    return f"{out}\n\n{terminal_safe(tail, keep=MULTILINE)}"
