@@ -227,51 +227,14 @@ def parse_job_spec(
     configured there): any well-formed level name passes, and the cluster checks it.
     """
     doc = _mapping(data, "spec", _TOP_FIELDS)
-    if "name" not in doc:
-        raise SpecError("name", "is required", ViolationCode.REQUIRED)
-    if "replicas" not in doc:
-        raise SpecError("replicas", "is required", ViolationCode.REQUIRED)
-    if "command" not in doc:
-        raise SpecError("command", "is required", ViolationCode.REQUIRED)
-    resources_doc = _mapping(doc.get("resources", {}), "resources", _RESOURCE_FIELDS)
-    gpu = resources_doc.get("gpu", 0)
-    if not _is_int(gpu):
-        raise SpecError(
-            "resources.gpu", f"expected an integer, got {_kind(gpu)}", ViolationCode.WRONG_TYPE
-        )
-    resources = Resources(
-        cpu_milli=parse_cpu(resources_doc.get("cpu", 0)),
-        memory_mib=parse_memory(resources_doc.get("memory", 0)),
-        gpu=gpu,
-    )
+    for field in ("name", "replicas", "command"):
+        if field not in doc:
+            raise SpecError(field, "is required", ViolationCode.REQUIRED)
+    resources = _resources(doc.get("resources", {}))
     command, shell = _command(doc["command"])
-    env_doc = _mapping(doc.get("env", {}), "env", None)
-    env = []
-    for key, value in env_doc.items():
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise SpecError(
-                f"env.{key}", f"expected a string, got {_kind(value)}", ViolationCode.WRONG_TYPE
-            )
-        env.append((str(key), str(value)))
+    env = _env(doc.get("env", {}))
     topology_doc = _mapping(doc.get("topology", {}), "topology", _TOPOLOGY_FIELDS)
-    retries_doc = _mapping(doc.get("retries", {}), "retries", _RETRY_FIELDS)
-    max_retries = retries_doc.get("max", 0)
-    if not _is_int(max_retries):
-        raise SpecError(
-            "retries.max",
-            f"expected an integer, got {_kind(max_retries)}",
-            ViolationCode.WRONG_TYPE,
-        )
-    defaults = RetryPolicy()
-    retries = RetryPolicy(
-        max_retries=max_retries,
-        backoff_ms=parse_duration(retries_doc.get("backoff", "10s"), "retries.backoff")
-        if "backoff" in retries_doc
-        else defaults.backoff_ms,
-        max_backoff_ms=parse_duration(retries_doc["max_backoff"], "retries.max_backoff")
-        if "max_backoff" in retries_doc
-        else defaults.max_backoff_ms,
-    )
+    retries = _retries(doc.get("retries", {}))
     replicas = doc["replicas"]
     if not _is_int(replicas):
         raise SpecError(
@@ -284,7 +247,7 @@ def parse_job_spec(
         resources=resources,
         command=command,
         shell=shell,
-        env=tuple(env),
+        env=env,
         workdir=_string(doc.get("workdir", ""), "workdir"),
         priority=priority,
         topology_required=_string(topology_doc.get("required", ""), "topology.required"),
@@ -325,6 +288,55 @@ def _mapping(value: object, field: str, allowed: frozenset[str] | None) -> Mappi
                 ViolationCode.UNKNOWN_FIELD,
             )
     return value
+
+
+def _resources(value: object) -> Resources:
+    """``resources:``: GPUs a whole number, CPU and memory as quantities."""
+    doc = _mapping(value, "resources", _RESOURCE_FIELDS)
+    gpu = doc.get("gpu", 0)
+    if not _is_int(gpu):
+        raise SpecError(
+            "resources.gpu", f"expected an integer, got {_kind(gpu)}", ViolationCode.WRONG_TYPE
+        )
+    return Resources(
+        cpu_milli=parse_cpu(doc.get("cpu", 0)),
+        memory_mib=parse_memory(doc.get("memory", 0)),
+        gpu=gpu,
+    )
+
+
+def _env(value: object) -> tuple[tuple[str, str], ...]:
+    """``env:``: a mapping of names to strings (numbers are written as strings)."""
+    env = []
+    for key, item in _mapping(value, "env", None).items():
+        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+            raise SpecError(
+                f"env.{key}", f"expected a string, got {_kind(item)}", ViolationCode.WRONG_TYPE
+            )
+        env.append((str(key), str(item)))
+    return tuple(env)
+
+
+def _retries(value: object) -> RetryPolicy:
+    """``retries:``: how many, and the backoff durations (the defaults where absent)."""
+    doc = _mapping(value, "retries", _RETRY_FIELDS)
+    max_retries = doc.get("max", 0)
+    if not _is_int(max_retries):
+        raise SpecError(
+            "retries.max",
+            f"expected an integer, got {_kind(max_retries)}",
+            ViolationCode.WRONG_TYPE,
+        )
+    defaults = RetryPolicy()
+    return RetryPolicy(
+        max_retries=max_retries,
+        backoff_ms=parse_duration(doc.get("backoff", "10s"), "retries.backoff")
+        if "backoff" in doc
+        else defaults.backoff_ms,
+        max_backoff_ms=parse_duration(doc["max_backoff"], "retries.max_backoff")
+        if "max_backoff" in doc
+        else defaults.max_backoff_ms,
+    )
 
 
 def _priority(value: object) -> tuple[int, str]:
