@@ -33,7 +33,8 @@ from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
 from synapse_ha.programs.config_file import ConfigError
 from synapse_ha.programs.scheduler_config import SchedulerConfig, load_config
-from synapse_ha.raft.replica import RaftReplica, RestoreError, seed_restored_state
+from synapse_ha.raft.replica import RaftReplica
+from synapse_ha.raft.restore import RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot_file import SnapshotMember
 from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
@@ -102,6 +103,14 @@ class SteadyClock:
 _now_ms = SteadyClock()
 
 
+def _history_recorder(config: SchedulerConfig) -> HistoryRecorder | None:
+    """The recorder of the replica's history and events, when it keeps them."""
+    if not config.history:
+        return None
+    store = HistoryStore(os.path.join(config.data_dir, HISTORY_FILE))
+    return HistoryRecorder(store, EventRing(config.event_ring))
+
+
 class Replica:
     """Wires the Raft replica, the leader loop and the gRPC server together."""
 
@@ -119,14 +128,29 @@ class Replica:
         self.stream_nudger = StreamFirstNudger(None, self.nudger)
         self._bootstrap_proposed_at = 0.0
         self._bootstrapped = False
+        self.history = _history_recorder(config)
+        self.raft = self._raft_replica()
+        self.metrics = ReplicaMetrics(
+            config.replica_id, self.raft, last_plan=lambda: self.loop.last_plan
+        )
+        self.loop = self._leader_loop()
+        self.context = self._replica_context()
+        self.server = build_server(
+            self.context, config.me.grpc, auth=self._auth(), add_port=self.transport.add_port
+        )
+        self.streams = self._stream_server()
+        self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
+        self.observe: ObserveServer | None = None
+        if config.metrics_address:
+            self._serve_observe(config.metrics_address)
+
+    def _raft_replica(self) -> RaftReplica:
+        """This replica's Raft node. A restored replica starts a new cluster alone; the
+        others join it one by one."""
+        config = self.config
         me = config.me
-        # A restored replica starts a new cluster alone; the others join it one by one.
         partners = [me] if config.restore else list(config.replicas)
-        self.history: HistoryRecorder | None = None
-        if config.history:
-            store = HistoryStore(os.path.join(config.data_dir, HISTORY_FILE))
-            self.history = HistoryRecorder(store, EventRing(config.event_ring))
-        self.raft = RaftReplica(
+        return RaftReplica(
             me.raft,
             [r.raft for r in partners],
             config.data_dir,
@@ -140,10 +164,10 @@ class Replica:
             observer=self.history,
             fsync=config.raft_fsync,
         )
-        self.metrics = ReplicaMetrics(
-            config.replica_id, self.raft, last_plan=lambda: self.loop.last_plan
-        )
-        self.loop = LeaderLoop(
+
+    def _leader_loop(self) -> LeaderLoop:
+        config = self.config
+        return LeaderLoop(
             self.raft,
             self.metrics.proposer(self.raft),
             self.liveness,
@@ -156,9 +180,13 @@ class Replica:
             nudger=self.stream_nudger,
             wake=self._wake.set,
         )
-        self.context = ReplicaContext(
+
+    def _replica_context(self) -> ReplicaContext:
+        """What the gRPC services serve from."""
+        config = self.config
+        return ReplicaContext(
             self_id=config.replica_id,
-            replicas=MemberDirectory(self.raft, me),
+            replicas=MemberDirectory(self.raft, config.me),
             backend=self.raft,
             liveness=self.liveness,
             serving=lambda: self.loop.ready and self.raft.leads_with_quorum(),
@@ -174,31 +202,36 @@ class Replica:
             events=self.history.ring if self.history else None,
             pinned_limits=config.scheduling.pinned_limits,
         )
-        auth = None
-        if config.tls is not None:
-            auth = AuthInterceptor(
-                lambda: self.raft.snapshot().tokens, _now_ms, identify_peer=peer_identity
-            )
-        self.server = build_server(
-            self.context, me.grpc, auth=auth, add_port=self.transport.add_port
+
+    def _auth(self) -> AuthInterceptor | None:
+        """Token authentication of the gRPC services; none without TLS."""
+        if self.config.tls is None:
+            return None
+        return AuthInterceptor(
+            lambda: self.raft.snapshot().tokens, _now_ms, identify_peer=peer_identity
         )
-        self.streams: StreamServer | None = None
-        if config.agent_address:
-            assert self.context.auth is not None  # set by build_server
-            self.streams = StreamServer(
-                self.context, config.agent_address, self.context.auth, self.transport.add_port
-            )
-            self.stream_nudger.streams = self.streams
-        self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
-        self.observe: ObserveServer | None = None
-        if config.metrics_address:
-            others = [r.grpc for r in config.replicas if r.replica_id != config.replica_id]
-            self.dashboard = Dashboard([me.grpc, *others], self.transport, clock_ms=_now_ms)
-            self.observe = ObserveServer(
-                config.metrics_address, self.metrics.registry, config.tls, app=self.dashboard
-            )
-            self.context.metrics_url = self.observe.metrics_url
-            self.context.dashboard_url = self.observe.url + "/"
+
+    def _stream_server(self) -> StreamServer | None:
+        """The workers' heartbeat streams, when the replica has an agent address."""
+        if not self.config.agent_address:
+            return None
+        assert self.context.auth is not None  # set by build_server
+        streams = StreamServer(
+            self.context, self.config.agent_address, self.context.auth, self.transport.add_port
+        )
+        self.stream_nudger.streams = streams
+        return streams
+
+    def _serve_observe(self, metrics_address: str) -> None:
+        """The metrics endpoint and the dashboard, which shows every replica."""
+        config = self.config
+        others = [r.grpc for r in config.replicas if r.replica_id != config.replica_id]
+        self.dashboard = Dashboard([config.me.grpc, *others], self.transport, clock_ms=_now_ms)
+        self.observe = ObserveServer(
+            metrics_address, self.metrics.registry, config.tls, app=self.dashboard
+        )
+        self.context.metrics_url = self.observe.metrics_url
+        self.context.dashboard_url = self.observe.url + "/"
 
     def _sign_grant(self, job_id: str, subject: str, node_id: str) -> tuple[str, int]:
         """A log grant for ``subject`` to read ``job_id``'s member logs on ``node_id``,

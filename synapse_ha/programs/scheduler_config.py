@@ -71,7 +71,8 @@ from synapse_ha.programs.config_file import (
     duration_ms,
     read_toml,
 )
-from synapse_ha.raft.replica import RaftTiming, data_dir_mode_problem, raft_password_problem
+from synapse_ha.raft.channel import data_dir_mode_problem, raft_password_problem
+from synapse_ha.raft.replica import RaftTiming
 from synapse_ha.rpc.server import ReplicaAddress
 from synapse_ha.security.tls import TlsError, TlsFiles, add_tls_flags, tls_from
 

@@ -10,7 +10,7 @@ from synapse_ha.core.codec import encode_command
 from synapse_ha.core.model import ClusterConfig, ClusterState
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import HistoryFilter
-from synapse_ha.raft.replica import ReplicatedState
+from synapse_ha.raft.replicated_state import ReplicatedState
 from tests.core.harness import job, node
 
 

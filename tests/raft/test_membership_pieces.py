@@ -13,7 +13,8 @@ from synapse_ha.core.codec import encode_state
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
-from synapse_ha.raft.replica import ReplicatedState, RestoreError, seed_restored_state
+from synapse_ha.raft.replicated_state import ReplicatedState
+from synapse_ha.raft.restore import RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot_file import SnapshotMember, read_snapshot_file, write_snapshot
 from tests.core.harness import job, node
 

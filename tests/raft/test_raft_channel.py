@@ -16,15 +16,14 @@ import pytest
 
 from synapse_ha.local.launcher import reserve_ports, wait_until
 from synapse_ha.raft.adapter import KeyMismatchLog
-from synapse_ha.raft.replica import (
+from synapse_ha.raft.channel import (
     MODE_FILE,
     PASSWORD_RULE,
-    RaftReplica,
-    RaftTiming,
     data_dir_mode_problem,
     raft_key,
     raft_password_problem,
 )
+from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.security.bundle import new_raft_password
 from tests.integration.cluster import PASSWORD
 

@@ -20,7 +20,7 @@ from synapse_ha.core.codec import encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import apply_tracked, full_copy
-from synapse_ha.raft.replica import ReplicatedState
+from synapse_ha.raft.replicated_state import ReplicatedState
 from synapse_ha.raft.snapshot_file import read_snapshot_file, write_snapshot
 from tests.core.harness import job, node
 

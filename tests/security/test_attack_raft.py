@@ -29,7 +29,7 @@ import pytest
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.codec import decode_state
 from synapse_ha.local.launcher import RAFT_PASSWORD_VARIABLE, Launcher, Replica
-from synapse_ha.raft.replica import MODE_FILE, PASSWORD_RULE
+from synapse_ha.raft.channel import MODE_FILE, PASSWORD_RULE
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import Transport
 from tests.integration.cluster import PASSWORD, LocalCluster, job_spec, reserve_ports, wait_for

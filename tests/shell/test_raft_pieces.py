@@ -13,7 +13,7 @@ from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import host_of
 from synapse_ha.raft.batch import FrameError, frame, unframe
-from synapse_ha.raft.replica import ReplicatedState
+from synapse_ha.raft.replicated_state import ReplicatedState
 from synapse_ha.raft.snapshot_file import read_snapshot, write_snapshot
 from tests.core.harness import job, node
 
