@@ -34,12 +34,14 @@ from synapse_ha.cli.defaults import (
 from synapse_ha.cli.logs import WorkerUnreachable
 from synapse_ha.cli.specfile import SpecFileError
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.core.model import FINISHED_JOB_STATES, JobState
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.security.tls import TlsError, TlsFiles, Transport
 
-FINISHED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-ACTIVE_STATES = ("PENDING", "SCHEDULED", "RUNNING")
-ALL_STATES = (*ACTIVE_STATES, *sorted(FINISHED_STATES))
+ACTIVE_STATES = (JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING)
+# The names `synctl jobs --state` accepts.
+ALL_STATES = tuple(str(s) for s in (*ACTIVE_STATES, *sorted(FINISHED_JOB_STATES)))
 # After a followed job ends, how long its members' log streams may take to deliver the
 # rest of their output.
 FOLLOW_DRAIN_S = 5.0
@@ -419,11 +421,15 @@ def complete_job_ids(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[click.shell_completion.CompletionItem]:
     return _complete(
-        ctx, lambda c: [(j.job_id, f"{j.spec.name} {j.state}") for j in c.list_jobs()], incomplete
+        ctx,
+        lambda c: [(j.job_id, f"{j.spec.name} {states.job_state(j)}") for j in c.list_jobs()],
+        incomplete,
     )
 
 
 def complete_node_ids(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[click.shell_completion.CompletionItem]:
-    return _complete(ctx, lambda c: [(n.node_id, n.status) for n in c.list_nodes()], incomplete)
+    return _complete(
+        ctx, lambda c: [(n.node_id, str(states.node_status(n))) for n in c.list_nodes()], incomplete
+    )

@@ -17,6 +17,7 @@ import click
 from synapse_ha.cli import render, terminal
 from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
 from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 MS_PER_HOUR = 3_600_000
@@ -50,7 +51,7 @@ def attempt_document(a: pb.HistoryAttempt) -> dict[str, Any]:
     return {
         "attempt": a.number,
         "fencing_token": a.fencing_token,
-        "state": a.state,
+        "state": str(states.attempt_state(a)),
         "nodes": list(a.nodes),
         "gpus": a.gpus,
         "bound_at_ms": a.bound_at_ms,
@@ -68,7 +69,7 @@ def history_document(j: pb.HistoryJob) -> dict[str, Any]:
         "name": j.name,
         "owner": j.owner,
         "queue": j.queue,
-        "state": j.state,
+        "state": str(states.job_state(j)),
         "reason_code": j.reason_code,
         "reason": j.reason,
         "submitted_at_ms": j.submitted_at_ms,

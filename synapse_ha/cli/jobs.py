@@ -14,7 +14,6 @@ from synapse_ha.cli import render, render_jobs
 from synapse_ha.cli.app import (
     ACTIVE_STATES,
     ALL_STATES,
-    FINISHED_STATES,
     FOLLOW_DRAIN_S,
     CommandFailed,
     Settings,
@@ -37,9 +36,11 @@ from synapse_ha.cli.logs import (
 )
 from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
 from synapse_ha.client.cluster import new_request_id
+from synapse_ha.core.model import JobState
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import job_state
 
 # -------------------------------------------------------------------------- submit
 
@@ -98,19 +99,21 @@ def submit(settings: Settings, file: Path, wait: bool, follow: bool) -> None:
     if settings.output == "table":
         click.echo(job_id)
     job = follow_job(settings, job_id, None) if follow else wait_for_job(settings, job_id)
-    note(f"job {job_id} {job.state}" + (f": {job.reason}" if job.reason else ""))
+    state = job_state(job)
+    note(f"job {job_id} {state}" + (f": {job.reason}" if job.reason else ""))
     if settings.output != "table":
-        document["state"] = job.state
+        document["state"] = str(state)
         click.echo(render.structured(document, settings.output))
-    if job.state != "SUCCEEDED":
+    if state is not JobState.SUCCEEDED:
         raise click.exceptions.Exit(int(ExitCode.JOB_FAILED))
 
 
 def _describe_progress(job: pb.Job) -> str:
-    text = f"job {job.job_id}: {job.state}"
-    if job.HasField("attempt") and job.state in ("SCHEDULED", "RUNNING"):
+    state = job_state(job)
+    text = f"job {job.job_id}: {state}"
+    if job.HasField("attempt") and state.holds_resources:
         text += f" (attempt {job.attempt.number})"
-    elif job.reason and job.state == "PENDING":
+    elif job.reason and state is JobState.PENDING:
         text += f" ({job.reason})"
     return text
 
@@ -122,10 +125,11 @@ def wait_for_job(settings: Settings, job_id: str) -> pb.Job:
     while True:
         job = client.get_job(job_id)
         progress = _describe_progress(job)
-        if progress != last and job.state not in FINISHED_STATES:
+        finished = job_state(job).finished
+        if progress != last and not finished:
             note(progress)
             last = progress
-        if job.state in FINISHED_STATES:
+        if finished:
             return job
         time.sleep(POLL_INTERVAL_S)
 
@@ -207,7 +211,8 @@ def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = 
         while True:
             job = client.get_job(job_id)
             progress = _describe_progress(job)
-            if progress != last and job.state not in FINISHED_STATES:
+            finished = job_state(job).finished
+            if progress != last and not finished:
                 note(progress)
                 last = progress
             attempt = job.attempt.number if job.HasField("attempt") else 0
@@ -222,7 +227,7 @@ def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = 
                     follower.start()
                     followers.append(follower)
                 followed = attempt
-            if job.state in FINISHED_STATES:
+            if finished:
                 _stop_followers(followers, FOLLOW_DRAIN_S)
                 return job
             time.sleep(POLL_INTERVAL_S)
@@ -261,13 +266,13 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool, raw:
     """
     if follow:
         job = follow_job(settings, job_id, member, raw)
-        note(f"job {job_id} {job.state}")
+        note(f"job {job_id} {job_state(job)}")
         return
     job = settings.client().get_job(job_id)
     if not job.HasField("attempt"):
         raise CommandFailed(
             ExitCode.JOB_FAILED,
-            f"job {job_id} is {job.state} and has never started, so it has no output"
+            f"job {job_id} is {job_state(job)} and has never started, so it has no output"
             + (f" ({job.reason})" if job.reason else ""),
             "NOT_STARTED",
         )
@@ -334,7 +339,7 @@ def jobs(settings: Settings, states: tuple[str, ...], show_all: bool, name: str,
       synctl jobs --all -o json
       synctl jobs --state pending --state failed
     """
-    wanted = [s.upper() for s in states] or ([] if show_all else list(ACTIVE_STATES))
+    wanted = [s.upper() for s in states] or ([] if show_all else [str(s) for s in ACTIVE_STATES])
     found = settings.client().list_jobs(states=wanted, name=name, node_id=node)
     documents = [render_jobs.job_document(j) for j in found]
     emit(settings, {"jobs": documents}, lambda: render_jobs.jobs_table(documents, now_ms()))
@@ -374,19 +379,20 @@ def cancel(settings: Settings, job_id: str, reason: str) -> None:
     client = settings.client()
     try:
         answer = client.cancel_job(job_id, reason)
-        document = {"id": job_id, "state": answer.state, "message": answer.message}
+        document = {"id": job_id, "state": str(job_state(answer)), "message": answer.message}
     except grpc.RpcError as exc:
         if failure_of(exc).reason is not Reason.CONFLICT:
             raise
         # Already finished. A retried cancel whose first try went through lands here too.
         job = client.get_job(job_id)
-        if job.state != "CANCELLED":
+        state = job_state(job)
+        if state is not JobState.CANCELLED:
             raise CommandFailed(
                 ExitCode.JOB_FAILED,
-                f"job {job_id} already finished as {job.state}",
+                f"job {job_id} already finished as {state}",
                 str(Reason.CONFLICT),
             ) from exc
-        document = {"id": job_id, "state": job.state, "message": job.reason}
+        document = {"id": job_id, "state": str(state), "message": job.reason}
     emit(settings, document, lambda: f"job {job_id}: {document['state']}")
 
 

@@ -48,6 +48,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.core.model import NodeStatus
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -393,7 +395,7 @@ class ClusterClient:
         )
         return response
 
-    def set_node_status(self, node_id: str, action: str, reason: str = "") -> str:
+    def set_node_status(self, node_id: str, action: str, reason: str = "") -> NodeStatus:
         """``action`` is ``cordon``, ``uncordon`` or ``drain``; returns the new status."""
         methods = {"cordon": "CordonNode", "uncordon": "UncordonNode", "drain": "DrainNode"}
         if action not in methods:
@@ -403,7 +405,7 @@ class ClusterClient:
         response: pb.NodeStatusResponse = self.call(
             method, lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t)
         )
-        return response.status
+        return states.node_status(response)
 
     def list_nodes(self) -> list[pb.Node]:
         request = pb.ListNodesRequest()

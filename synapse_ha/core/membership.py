@@ -29,6 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
+class ReplicaRole(enum.StrEnum):
+    """What a replica is in the Raft group, as a replica reports it (``UNREACHABLE``: it
+    did not answer the replica asking)."""
+
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"
+    UNREACHABLE = "unreachable"
+
+
 class MembershipCode(enum.StrEnum):
     CHANGE_IN_FLIGHT = "change_in_flight"
     WOULD_LOSE_QUORUM = "would_lose_quorum"

@@ -35,6 +35,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus, topology_path
 from synapse_ha.rpc.server import RaftStatusView
 
@@ -168,8 +169,8 @@ class ReplicaCollector(Collector):
             "1 for this replica's current Raft role",
             labels=["replica", "role"],
         )
-        for name in ("leader", "follower", "candidate"):
-            role.add_metric([self._replica_id, name], 1.0 if status.role == name else 0.0)
+        for each in (ReplicaRole.LEADER, ReplicaRole.FOLLOWER, ReplicaRole.CANDIDATE):
+            role.add_metric([self._replica_id, each], 1.0 if status.role == each else 0.0)
         yield role
         for name, doc, value in (
             ("synapse_raft_term", "current Raft term", status.term),

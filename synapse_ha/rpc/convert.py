@@ -30,6 +30,7 @@ from synapse_ha.core.queue_usage import QueueUsage
 from synapse_ha.core.reasons import render, withheld
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.views import DesiredMember, host_of
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 _INT32_MAX = 2**31 - 1
@@ -124,7 +125,7 @@ def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
                 rank=placement.rank,
                 node_id=placement.node_id,
                 gpus=list(placement.gpus),
-                state=str(status.state),
+                **states.member_state_fields(status.state),
                 has_exit_code=status.exit_code is not None,
                 exit_code=status.exit_code or 0,
             )
@@ -165,7 +166,7 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
         owner=job.owner,
         redacted=redacted,
         cancelled_by=job.cancelled_by,
-        state=str(job.state),
+        **states.job_state_fields(job.state),
         reason=render(withheld(job.reason) if redacted else job.reason),
         reason_code=str(job.reason.code),
         retries_used=job.retries_used,
@@ -188,7 +189,7 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
     return pb.Node(
         node_id=node.node_id,
         address=node.info.address,
-        status=str(node.status),
+        **states.node_status_fields(node.status),
         status_reason=node.status_reason,
         capacity=resources_to_proto(node.info.capacity),
         allocated=resources_to_proto(node.allocated),
@@ -297,7 +298,7 @@ def token_to_proto(token: Token) -> pb.TokenInfo:
     return pb.TokenInfo(
         token_id=token.token_id,
         user=token.user,
-        role=str(token.role),
+        **states.user_role_fields(token.role),
         queues=list(token.queues),
         created_at_ms=token.created_at_ms,
         created_by=token.created_by,

@@ -14,7 +14,7 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.views import DesiredMember, desired_by_node
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -57,7 +57,7 @@ def answer_fields(state: ClusterState, node_id: str) -> dict[str, Any]:
     node = state.nodes.get(node_id)
     timeouts = state.config.timeouts
     return {
-        "node_status": str(node.status) if node else str(NodeStatus.DEAD),
+        **states.lease_status_fields(node.status if node else NodeStatus.DEAD),
         "lease_ttl_ms": timeouts.lease_ttl_ms,
         "heartbeat_interval_ms": timeouts.heartbeat_interval_ms,
     }

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from synapse_ha.core.model import AttemptState, JobState
 from synapse_ha.core.reasons import render, withheld
 from synapse_ha.history.store import HistoryAttempt, HistoryJob, UsageRow
 from synapse_ha.history.tracker import Event
+from synapse_ha.rpc import states
 from synapse_ha.rpc.convert import clamp_int32, spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -13,7 +15,7 @@ def attempt_to_proto(a: HistoryAttempt) -> pb.HistoryAttempt:
     return pb.HistoryAttempt(
         number=clamp_int32(a.number),
         fencing_token=a.fencing_token,
-        state=a.state,
+        **states.attempt_state_fields(AttemptState(a.state)),
         nodes=list(a.nodes),
         gpus=a.gpus,
         bound_at_ms=a.bound_at_ms,
@@ -31,7 +33,7 @@ def history_job_to_proto(j: HistoryJob) -> pb.HistoryJob:
         name=j.name,
         owner=j.owner,
         queue=j.queue,
-        state=j.state,
+        **states.job_state_fields(JobState(j.state)),
         reason_code=j.reason_code,
         reason=j.reason,
         submitted_at_ms=j.submitted_at_ms,

@@ -39,6 +39,8 @@ from typing import Protocol
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.core.model import NodeStatus
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
@@ -326,8 +328,9 @@ class Agent:
         if answer.lease_ttl_ms > 0:
             self.lease.ttl_s = answer.lease_ttl_ms / 1000
         self.next_heartbeat_at = self.clock()
-        log.info("registered as %s (status %s)", self.node_id, answer.status)
-        return True, f"registered (status {answer.status})"
+        status = states.node_status(answer)
+        log.info("registered as %s (status %s)", self.node_id, status)
+        return True, f"registered (status {status})"
 
     def _heartbeat(self, apply_desired: bool = True) -> str:
         reports = list(self.pending)
@@ -360,7 +363,7 @@ class Agent:
         del self.pending[:acked]
         if answer.heartbeat_interval_ms > 0:
             self.interval_s = answer.heartbeat_interval_ms / 1000
-        if answer.node_status == "dead":
+        if states.lease_status(answer) is NodeStatus.DEAD:
             self.registered = False
             return self._forgotten("the leader declared this node dead")
         was_fenced = self.lease.state is LeaseState.FENCED

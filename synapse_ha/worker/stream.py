@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -91,7 +92,7 @@ class _Connection:
             lease_ttl_ms=message.lease_ttl_ms,
             heartbeat_interval_ms=message.heartbeat_interval_ms,
             acked_reports=message.acked_reports,
-            node_status=message.node_status,
+            **states.lease_status_fields(states.lease_status(message)),
             leader_term=message.leader_term,
         )
         with self._cond:

@@ -8,6 +8,8 @@ from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import full_copy
+from synapse_ha.rpc import states
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.heartbeat import DesiredMembers, answer_fields, report_command
 from tests.core.harness import job, node
 
@@ -24,9 +26,11 @@ def test_no_events_propose_nothing_and_events_one_report() -> None:
 def test_an_answer_says_dead_for_a_node_the_state_does_not_have() -> None:
     state = ClusterState()
     assert apply(state, cmd.RegisterNode(node("n1", gpus=2), 1)).ok
-    assert answer_fields(state, "n1")["node_status"] == str(NodeStatus.READY)
+    assert (
+        states.lease_status(pb.HeartbeatResponse(**answer_fields(state, "n1"))) is NodeStatus.READY
+    )
     gone = answer_fields(state, "n9")
-    assert gone["node_status"] == str(NodeStatus.DEAD)
+    assert states.lease_status(pb.HeartbeatResponse(**gone)) is NodeStatus.DEAD
     assert gone["lease_ttl_ms"] == state.config.timeouts.lease_ttl_ms
 
 

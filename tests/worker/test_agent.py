@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.model import NodeStatus
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import (
     Agent,
@@ -75,7 +77,7 @@ class FakeControl:
         self.clock = clock
         self.desired: list[pb.DesiredMember] = []
         self.fail: Exception | None = None
-        self.node_status = "ready"
+        self.node_status = NodeStatus.READY
         self.call_takes_s = 0.0
         self.registrations = 0
         self.heartbeats: list[pb.HeartbeatRequest] = []
@@ -86,7 +88,9 @@ class FakeControl:
             raise self.fail
         self.registrations += 1
         return pb.RegisterNodeResponse(
-            status="ready", heartbeat_interval_ms=1000, lease_ttl_ms=4000
+            **states.node_status_fields(NodeStatus.READY),
+            heartbeat_interval_ms=1000,
+            lease_ttl_ms=4000,
         )
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
@@ -101,7 +105,7 @@ class FakeControl:
             lease_ttl_ms=4000,
             heartbeat_interval_ms=1000,
             acked_reports=len(request.reports),
-            node_status=self.node_status,
+            **states.lease_status_fields(self.node_status),
         )
 
 
@@ -327,7 +331,7 @@ def test_a_node_declared_dead_kills_its_members_and_registers_again(setup: Setup
     agent, control, executor, clock = setup
     control.desired = [desired("j", 5, 0)]
     agent.step()
-    control.node_status = "dead"
+    control.node_status = NodeStatus.DEAD
     clock.advance(1.0)
     agent.step()
     assert len(executor.kill_all_calls) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import Agent, AgentTimings, ControlPlaneUnreachable, NotRegistered
 from synapse_ha.worker.members import MemberExit, MemberKey
@@ -103,7 +104,7 @@ def test_an_exit_while_cut_off_past_the_dead_timeout_is_sent_after_registering_a
 
 def test_an_exit_during_the_heartbeat_that_says_dead_is_the_members_own(parts: Parts) -> None:
     agent, control, executor, clock = parts
-    control.node_status = "dead"
+    control.node_status = NodeStatus.DEAD
     control.on_heartbeat = None
     control.desired = []
     # The member exits while the heartbeat is on the wire; the reply says "dead".
@@ -117,7 +118,7 @@ def test_an_exit_during_the_heartbeat_that_says_dead_is_the_members_own(parts: P
     clock.advance(1.0)
     assert "declared this node dead" in agent.step()
     control.heartbeat = original  # type: ignore[method-assign]
-    control.node_status = "ready"
+    control.node_status = NodeStatus.READY
     clock.advance(1.0)
     agent.step()
     assert exits_sent(control) == [(0, pb.MemberReport.PROGRAM)]
@@ -127,12 +128,12 @@ def test_unacknowledged_reports_outlive_a_dead_declaration(parts: Parts) -> None
     agent, control, executor, clock = parts
     executor.exit(KEY, 0)
     control.ack = False
-    control.node_status = "dead"
+    control.node_status = NodeStatus.DEAD
     clock.advance(1.0)
     agent.step()
     assert exits_sent(control) == [(0, pb.MemberReport.PROGRAM)]
     assert not agent.registered
-    control.node_status = "ready"
+    control.node_status = NodeStatus.READY
     control.desired = []
     clock.advance(1.0)
     agent.step()  # registers, then heartbeats: the report goes out again

@@ -12,8 +12,10 @@ import pytest
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import access
 from synapse_ha.core.machine import apply
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import desired_by_node
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.stream import StreamServer
 from synapse_ha.worker.agent import GrpcControlPlane, NotRegistered, StreamEnded
@@ -58,7 +60,9 @@ class FakeUnary:
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
         self.heartbeats += 1
-        return pb.HeartbeatResponse(node_status="ready", heartbeat_interval_ms=1000)
+        return pb.HeartbeatResponse(
+            **states.lease_status_fields(NodeStatus.READY), heartbeat_interval_ms=1000
+        )
 
 
 @pytest.fixture
@@ -152,7 +156,7 @@ def test_the_unary_heartbeat_of_an_unknown_node_is_not_registered() -> None:
             try:
                 request = pb.HeartbeatRequest(node_id=node_id)
                 if registered:
-                    assert plane.heartbeat(request, 5.0).node_status
+                    assert states.lease_status(plane.heartbeat(request, 5.0))
                 else:
                     with pytest.raises(NotRegistered, match="not registered"):
                         plane.heartbeat(request, 5.0)

@@ -12,7 +12,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role
 from synapse_ha.core.queue_usage import queue_usage
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller, new_token
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -28,10 +28,11 @@ class AdminService(_Base):
         self, request: pb.CreateTokenRequest, context: grpc.ServicerContext
     ) -> pb.CreateTokenResponse:
         identity = caller(context)
+        asked = states.requested_user_role(request)
         try:
-            role: object = Role(request.role or Role.USER)
+            role: object = Role(asked or Role.USER)
         except ValueError:
-            role = request.role
+            role = asked
         queues = list(request.queues)
         classes = tuple(request.priority_classes)
         violations = validation.check_token("", request.user, role, queues, "0" * 64, 0)

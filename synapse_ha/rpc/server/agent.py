@@ -7,8 +7,9 @@ import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -47,7 +48,8 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         timeouts = state.config.timeouts
         node = state.nodes.get(info.node_id)
         return pb.RegisterNodeResponse(
-            status=str(node.status) if node else "",
+            # A node forgotten meanwhile (declared dead) holds nothing: dead.
+            **states.node_status_fields(node.status if node is not None else NodeStatus.DEAD),
             heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
             lease_ttl_ms=timeouts.lease_ttl_ms,
             stream_address=self.ctx.stream_address,

@@ -13,10 +13,11 @@ import grpc
 
 from synapse_ha.core import validation
 from synapse_ha.core.codec import READABLE_VERSIONS, encode_state
-from synapse_ha.core.membership import MembershipCode, MembershipRefusal
+from synapse_ha.core.membership import MembershipCode, MembershipRefusal, ReplicaRole
 from synapse_ha.core.model import JobState
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.leader.ports import ProposalError
+from synapse_ha.rpc import states
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -207,7 +208,7 @@ class ClusterService(_Base):
             replica_id=me.replica_id,
             raft_address=me.raft,
             grpc_address=me.grpc,
-            role=raft.role,
+            **states.replica_role_fields(states.replica_role_of(raft.role)),
             term=raft.term,
             commit_index=raft.commit_index,
             last_applied=raft.last_applied,
@@ -250,7 +251,7 @@ def _ask_replica(
             replica_id=replica.replica_id,
             raft_address=replica.raft,
             grpc_address=replica.grpc,
-            role="unreachable",
+            **states.replica_role_fields(ReplicaRole.UNREACHABLE),
             healthy=False,
             error=str(detail),
         )

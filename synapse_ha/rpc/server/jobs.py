@@ -13,7 +13,7 @@ from synapse_ha.core.access import Identity
 from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, Limits
 from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -164,8 +164,8 @@ class JobService(_Base):
         )
         _audit(identity, "CancelJob", request.job_id)
         job = self.ctx.backend.snapshot().jobs.get(request.job_id)
-        job_state = str(job.state) if job is not None else str(JobState.CANCELLED)
-        return pb.CancelJobResponse(state=job_state, message=result.message)
+        job_state = job.state if job is not None else JobState.CANCELLED
+        return pb.CancelJobResponse(message=result.message, **states.job_state_fields(job_state))
 
     # -------------------------------------------------------------------- reads
 
@@ -183,7 +183,7 @@ class JobService(_Base):
         self, request: pb.ListJobsRequest, context: grpc.ServicerContext
     ) -> pb.ListJobsResponse:
         wanted_states = set()
-        for i, name in enumerate(request.states):
+        for i, name in enumerate(states.job_state_filter_of(request)):
             try:
                 wanted_states.add(JobState(name.upper()))
             except ValueError:
@@ -246,7 +246,7 @@ class JobService(_Base):
             explanation = explain(state, job.job_id, now, last_plan)
         return pb.ExplainJobResponse(
             job_id=job.job_id,
-            state=str(job.state),
+            **states.job_state_fields(job.state),
             explanation=explanation,
             stale=stale,
             reason_code=str((waiting or job.reason).code),

@@ -6,7 +6,7 @@ import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import NodeStatus
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -36,7 +36,9 @@ class NodeService(_Base):
         )
         _audit(identity, f"SetNodeStatus({status})", request.node_id)
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
-        return pb.NodeStatusResponse(status=str(node.status) if node else "")
+        # A node forgotten meanwhile (declared dead) holds nothing: dead.
+        status = node.status if node is not None else NodeStatus.DEAD
+        return pb.NodeStatusResponse(**states.node_status_fields(status))
 
     def CordonNode(
         self, request: pb.NodeStatusRequest, context: grpc.ServicerContext

@@ -7,6 +7,88 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_PENDING: _ClassVar[JobState]
+    JOB_STATE_SCHEDULED: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
+
+class AttemptState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATTEMPT_STATE_UNSPECIFIED: _ClassVar[AttemptState]
+    ATTEMPT_STATE_BOUND: _ClassVar[AttemptState]
+    ATTEMPT_STATE_RUNNING: _ClassVar[AttemptState]
+    ATTEMPT_STATE_SUCCEEDED: _ClassVar[AttemptState]
+    ATTEMPT_STATE_FAILED: _ClassVar[AttemptState]
+    ATTEMPT_STATE_REQUEUED: _ClassVar[AttemptState]
+    ATTEMPT_STATE_STOPPED: _ClassVar[AttemptState]
+
+class MemberState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMBER_STATE_UNSPECIFIED: _ClassVar[MemberState]
+    MEMBER_STATE_BOUND: _ClassVar[MemberState]
+    MEMBER_STATE_RUNNING: _ClassVar[MemberState]
+    MEMBER_STATE_EXITED: _ClassVar[MemberState]
+
+class NodeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATUS_UNSPECIFIED: _ClassVar[NodeStatus]
+    NODE_STATUS_READY: _ClassVar[NodeStatus]
+    NODE_STATUS_CORDONED: _ClassVar[NodeStatus]
+    NODE_STATUS_DRAINING: _ClassVar[NodeStatus]
+    NODE_STATUS_DEAD: _ClassVar[NodeStatus]
+
+class ReplicaRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_ROLE_UNSPECIFIED: _ClassVar[ReplicaRole]
+    REPLICA_ROLE_LEADER: _ClassVar[ReplicaRole]
+    REPLICA_ROLE_FOLLOWER: _ClassVar[ReplicaRole]
+    REPLICA_ROLE_CANDIDATE: _ClassVar[ReplicaRole]
+    REPLICA_ROLE_UNREACHABLE: _ClassVar[ReplicaRole]
+
+class UserRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    USER_ROLE_UNSPECIFIED: _ClassVar[UserRole]
+    USER_ROLE_ADMIN: _ClassVar[UserRole]
+    USER_ROLE_OPERATOR: _ClassVar[UserRole]
+    USER_ROLE_USER: _ClassVar[UserRole]
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_PENDING: JobState
+JOB_STATE_SCHEDULED: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLED: JobState
+ATTEMPT_STATE_UNSPECIFIED: AttemptState
+ATTEMPT_STATE_BOUND: AttemptState
+ATTEMPT_STATE_RUNNING: AttemptState
+ATTEMPT_STATE_SUCCEEDED: AttemptState
+ATTEMPT_STATE_FAILED: AttemptState
+ATTEMPT_STATE_REQUEUED: AttemptState
+ATTEMPT_STATE_STOPPED: AttemptState
+MEMBER_STATE_UNSPECIFIED: MemberState
+MEMBER_STATE_BOUND: MemberState
+MEMBER_STATE_RUNNING: MemberState
+MEMBER_STATE_EXITED: MemberState
+NODE_STATUS_UNSPECIFIED: NodeStatus
+NODE_STATUS_READY: NodeStatus
+NODE_STATUS_CORDONED: NodeStatus
+NODE_STATUS_DRAINING: NodeStatus
+NODE_STATUS_DEAD: NodeStatus
+REPLICA_ROLE_UNSPECIFIED: ReplicaRole
+REPLICA_ROLE_LEADER: ReplicaRole
+REPLICA_ROLE_FOLLOWER: ReplicaRole
+REPLICA_ROLE_CANDIDATE: ReplicaRole
+REPLICA_ROLE_UNREACHABLE: ReplicaRole
+USER_ROLE_UNSPECIFIED: UserRole
+USER_ROLE_ADMIN: UserRole
+USER_ROLE_OPERATOR: UserRole
+USER_ROLE_USER: UserRole
+
 class Resources(_message.Message):
     __slots__ = ("cpu_milli", "memory_mib", "gpu")
     CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
@@ -84,20 +166,22 @@ class CommandArgs(_message.Message):
     def __init__(self, args: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("rank", "node_id", "gpus", "state", "has_exit_code", "exit_code")
+    __slots__ = ("rank", "node_id", "gpus", "state", "has_exit_code", "exit_code", "member_state")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_STATE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node_id: str
     gpus: _containers.RepeatedScalarFieldContainer[int]
     state: str
     has_exit_code: bool
     exit_code: int
-    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    member_state: MemberState
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., member_state: _Optional[_Union[MemberState, str]] = ...) -> None: ...
 
 class Attempt(_message.Message):
     __slots__ = ("number", "fencing_token", "master_port", "bound_at_ms", "started_at_ms", "ended_at_ms", "outcome", "members", "preempted_by", "preemption", "preempt_deadline_ms")
@@ -126,7 +210,7 @@ class Attempt(_message.Message):
     def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., master_port: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., preempted_by: _Optional[str] = ..., preemption: _Optional[str] = ..., preempt_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq", "reason_code", "retries_used", "requeues", "owner", "redacted", "cancelled_by")
+    __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq", "reason_code", "retries_used", "requeues", "owner", "redacted", "cancelled_by", "job_state")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +228,7 @@ class Job(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REDACTED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_BY_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     request_id: str
     spec: JobSpec
@@ -161,7 +246,8 @@ class Job(_message.Message):
     owner: str
     redacted: bool
     cancelled_by: str
-    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts_made: _Optional[int] = ..., retry_not_before_ms: _Optional[int] = ..., attempt: _Optional[_Union[Attempt, _Mapping]] = ..., seq: _Optional[int] = ..., reason_code: _Optional[str] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., owner: _Optional[str] = ..., redacted: _Optional[bool] = ..., cancelled_by: _Optional[str] = ...) -> None: ...
+    job_state: JobState
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts_made: _Optional[int] = ..., retry_not_before_ms: _Optional[int] = ..., attempt: _Optional[_Union[Attempt, _Mapping]] = ..., seq: _Optional[int] = ..., reason_code: _Optional[str] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., owner: _Optional[str] = ..., redacted: _Optional[bool] = ..., cancelled_by: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "request_id")
@@ -196,20 +282,22 @@ class GetJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., stale: _Optional[bool] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "name", "node_id", "limit", "allow_stale", "page_token")
+    __slots__ = ("states", "name", "node_id", "limit", "allow_stale", "page_token", "job_states")
     STATES_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATES_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[str]
     name: str
     node_id: str
     limit: int
     allow_stale: bool
     page_token: str
-    def __init__(self, states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node_id: _Optional[str] = ..., limit: _Optional[int] = ..., allow_stale: _Optional[bool] = ..., page_token: _Optional[str] = ...) -> None: ...
+    job_states: _containers.RepeatedScalarFieldContainer[JobState]
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node_id: _Optional[str] = ..., limit: _Optional[int] = ..., allow_stale: _Optional[bool] = ..., page_token: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[JobState, str]]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "stale", "next_page_token")
@@ -230,12 +318,14 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CancelJobResponse(_message.Message):
-    __slots__ = ("state", "message")
+    __slots__ = ("state", "message", "job_state")
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     state: str
     message: str
-    def __init__(self, state: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    job_state: JobState
+    def __init__(self, state: _Optional[str] = ..., message: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class ExplainJobRequest(_message.Message):
     __slots__ = ("job_id", "allow_stale")
@@ -246,21 +336,23 @@ class ExplainJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
 
 class ExplainJobResponse(_message.Message):
-    __slots__ = ("job_id", "state", "explanation", "stale", "reason_code")
+    __slots__ = ("job_id", "state", "explanation", "stale", "reason_code", "job_state")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     REASON_CODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     explanation: str
     stale: bool
     reason_code: str
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., explanation: _Optional[str] = ..., stale: _Optional[bool] = ..., reason_code: _Optional[str] = ...) -> None: ...
+    job_state: JobState
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., explanation: _Optional[str] = ..., stale: _Optional[bool] = ..., reason_code: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as")
+    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +365,7 @@ class Node(_message.Message):
     REGISTERED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_RUN_AS_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     status: str
@@ -285,7 +378,8 @@ class Node(_message.Message):
     registered_at_ms: int
     last_heartbeat_age_ms: int
     members_run_as: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ...) -> None: ...
+    node_status: NodeStatus
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("allow_stale",)
@@ -310,13 +404,15 @@ class NodeStatusRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NodeStatusResponse(_message.Message):
-    __slots__ = ("status",)
+    __slots__ = ("status", "node_status")
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     status: str
-    def __init__(self, status: _Optional[str] = ...) -> None: ...
+    node_status: NodeStatus
+    def __init__(self, status: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "raft_address", "grpc_address", "role", "term", "commit_index", "last_applied", "leader_id", "healthy", "error", "format_version", "metrics_url", "dashboard_url")
+    __slots__ = ("replica_id", "raft_address", "grpc_address", "role", "term", "commit_index", "last_applied", "leader_id", "healthy", "error", "format_version", "metrics_url", "dashboard_url", "replica_role")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +426,7 @@ class ReplicaStatus(_message.Message):
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ROLE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     raft_address: str
     grpc_address: str
@@ -343,7 +440,8 @@ class ReplicaStatus(_message.Message):
     format_version: int
     metrics_url: str
     dashboard_url: str
-    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., format_version: _Optional[int] = ..., metrics_url: _Optional[str] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
+    replica_role: ReplicaRole
+    def __init__(self, replica_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., format_version: _Optional[int] = ..., metrics_url: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., replica_role: _Optional[_Union[ReplicaRole, str]] = ...) -> None: ...
 
 class GetClusterStatusRequest(_message.Message):
     __slots__ = ("local_only",)
@@ -388,20 +486,22 @@ class GetReplicaStateResponse(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., last_applied: _Optional[int] = ..., encoded_state: _Optional[bytes] = ..., state_sha256: _Optional[str] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
-    __slots__ = ("user", "role", "queues", "ttl_ms", "priority_classes", "max_priority")
+    __slots__ = ("user", "role", "queues", "ttl_ms", "priority_classes", "max_priority", "user_role")
     USER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    USER_ROLE_FIELD_NUMBER: _ClassVar[int]
     user: str
     role: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     ttl_ms: int
     priority_classes: _containers.RepeatedScalarFieldContainer[str]
     max_priority: int
-    def __init__(self, user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ...) -> None: ...
+    user_role: UserRole
+    def __init__(self, user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ..., user_role: _Optional[_Union[UserRole, str]] = ...) -> None: ...
 
 class CreateTokenResponse(_message.Message):
     __slots__ = ("token", "token_id", "expires_at_ms")
@@ -414,7 +514,7 @@ class CreateTokenResponse(_message.Message):
     def __init__(self, token: _Optional[str] = ..., token_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class TokenInfo(_message.Message):
-    __slots__ = ("token_id", "user", "role", "queues", "created_at_ms", "created_by", "expires_at_ms", "revoked_at_ms", "revoked_by", "priority_classes", "max_priority")
+    __slots__ = ("token_id", "user", "role", "queues", "created_at_ms", "created_by", "expires_at_ms", "revoked_at_ms", "revoked_by", "priority_classes", "max_priority", "user_role")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -426,6 +526,7 @@ class TokenInfo(_message.Message):
     REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    USER_ROLE_FIELD_NUMBER: _ClassVar[int]
     token_id: str
     user: str
     role: str
@@ -437,7 +538,8 @@ class TokenInfo(_message.Message):
     revoked_by: str
     priority_classes: _containers.RepeatedScalarFieldContainer[str]
     max_priority: int
-    def __init__(self, token_id: _Optional[str] = ..., user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., created_at_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., revoked_at_ms: _Optional[int] = ..., revoked_by: _Optional[str] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ...) -> None: ...
+    user_role: UserRole
+    def __init__(self, token_id: _Optional[str] = ..., user: _Optional[str] = ..., role: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., created_at_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., revoked_at_ms: _Optional[int] = ..., revoked_by: _Optional[str] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ..., user_role: _Optional[_Union[UserRole, str]] = ...) -> None: ...
 
 class ListTokensRequest(_message.Message):
     __slots__ = ()
@@ -484,7 +586,7 @@ class GrantLogAccessResponse(_message.Message):
     def __init__(self, grant: _Optional[str] = ..., node_id: _Optional[str] = ..., node_address: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class HistoryAttempt(_message.Message):
-    __slots__ = ("number", "fencing_token", "state", "nodes", "gpus", "bound_at_ms", "started_at_ms", "ended_at_ms", "gpu_ms", "outcome_code", "outcome")
+    __slots__ = ("number", "fencing_token", "state", "nodes", "gpus", "bound_at_ms", "started_at_ms", "ended_at_ms", "gpu_ms", "outcome_code", "outcome", "attempt_state")
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -496,6 +598,7 @@ class HistoryAttempt(_message.Message):
     GPU_MS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_CODE_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_STATE_FIELD_NUMBER: _ClassVar[int]
     number: int
     fencing_token: int
     state: str
@@ -507,10 +610,11 @@ class HistoryAttempt(_message.Message):
     gpu_ms: int
     outcome_code: str
     outcome: str
-    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., outcome_code: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
+    attempt_state: AttemptState
+    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., outcome_code: _Optional[str] = ..., outcome: _Optional[str] = ..., attempt_state: _Optional[_Union[AttemptState, str]] = ...) -> None: ...
 
 class HistoryJob(_message.Message):
-    __slots__ = ("job_id", "name", "owner", "queue", "state", "reason_code", "reason", "submitted_at_ms", "started_at_ms", "finished_at_ms", "attempts", "retries_used", "requeues", "gpus_per_attempt", "gpu_ms", "nodes", "cancelled_by", "spec", "attempt_list", "applied_index")
+    __slots__ = ("job_id", "name", "owner", "queue", "state", "reason_code", "reason", "submitted_at_ms", "started_at_ms", "finished_at_ms", "attempts", "retries_used", "requeues", "gpus_per_attempt", "gpu_ms", "nodes", "cancelled_by", "spec", "attempt_list", "applied_index", "job_state")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -531,6 +635,7 @@ class HistoryJob(_message.Message):
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_LIST_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     owner: str
@@ -551,7 +656,8 @@ class HistoryJob(_message.Message):
     spec: JobSpec
     attempt_list: _containers.RepeatedCompositeFieldContainer[HistoryAttempt]
     applied_index: int
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[str] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., gpus_per_attempt: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., cancelled_by: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., attempt_list: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
+    job_state: JobState
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[str] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., gpus_per_attempt: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., cancelled_by: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., attempt_list: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., applied_index: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class ListHistoryRequest(_message.Message):
     __slots__ = ("user", "queue", "node_id", "since_ms", "until_ms", "limit")
@@ -825,16 +931,18 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address")
+    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address", "node_status")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     status: str
     heartbeat_interval_ms: int
     lease_ttl_ms: int
     stream_address: str
-    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ...) -> None: ...
+    node_status: NodeStatus
+    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class MemberReport(_message.Message):
     __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail", "cause")
@@ -931,20 +1039,22 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("desired", "lease_ttl_ms", "heartbeat_interval_ms", "acked_reports", "node_status", "leader_term")
+    __slots__ = ("desired", "lease_ttl_ms", "heartbeat_interval_ms", "acked_reports", "node_status_name", "leader_term", "node_status")
     DESIRED_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
-    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_NAME_FIELD_NUMBER: _ClassVar[int]
     LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     desired: _containers.RepeatedCompositeFieldContainer[DesiredMember]
     lease_ttl_ms: int
     heartbeat_interval_ms: int
     acked_reports: int
-    node_status: str
+    node_status_name: str
     leader_term: int
-    def __init__(self, desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., acked_reports: _Optional[int] = ..., node_status: _Optional[str] = ..., leader_term: _Optional[int] = ...) -> None: ...
+    node_status: NodeStatus
+    def __init__(self, desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., acked_reports: _Optional[int] = ..., node_status_name: _Optional[str] = ..., leader_term: _Optional[int] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class ReplicaMember(_message.Message):
     __slots__ = ("replica_id", "raft_address", "grpc_address", "live")
@@ -1013,21 +1123,23 @@ class WorkerMessage(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ...) -> None: ...
 
 class LeaderMessage(_message.Message):
-    __slots__ = ("ack_seq", "acked_reports", "lease_ttl_ms", "heartbeat_interval_ms", "node_status", "leader_term", "has_desired", "desired")
+    __slots__ = ("ack_seq", "acked_reports", "lease_ttl_ms", "heartbeat_interval_ms", "node_status_name", "leader_term", "has_desired", "desired", "node_status")
     ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
-    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_NAME_FIELD_NUMBER: _ClassVar[int]
     LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
     HAS_DESIRED_FIELD_NUMBER: _ClassVar[int]
     DESIRED_FIELD_NUMBER: _ClassVar[int]
+    NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     ack_seq: int
     acked_reports: int
     lease_ttl_ms: int
     heartbeat_interval_ms: int
-    node_status: str
+    node_status_name: str
     leader_term: int
     has_desired: bool
     desired: _containers.RepeatedCompositeFieldContainer[DesiredMember]
-    def __init__(self, ack_seq: _Optional[int] = ..., acked_reports: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_status: _Optional[str] = ..., leader_term: _Optional[int] = ..., has_desired: _Optional[bool] = ..., desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ...) -> None: ...
+    node_status: NodeStatus
+    def __init__(self, ack_seq: _Optional[int] = ..., acked_reports: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_status_name: _Optional[str] = ..., leader_term: _Optional[int] = ..., has_desired: _Optional[bool] = ..., desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
