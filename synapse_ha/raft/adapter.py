@@ -71,7 +71,7 @@ election timeout a follower therefore draws a fresh timeout from the tick's end.
 **Peers without the key say so.** pysyncobj encrypts every Raft message with a key
 derived from the password (Fernet) and drops a connection whose message does not decrypt,
 silently: two replicas whose keys differ (another password, or the other security mode,
-see :func:`synapse_ha.raft.replica.raft_key`) never exchange a message, and neither says
+see :func:`synapse_ha.raft.channel.raft_key`) never exchange a message, and neither says
 why. :class:`KeyCheckingTransport` keeps pysyncobj's transport and adds the reason to the
 log: the replica that receives a message it cannot decrypt names the peer and the cause;
 the replica whose connection is closed before the key exchange finished names the peer
