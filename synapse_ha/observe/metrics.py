@@ -37,7 +37,6 @@ from prometheus_client.registry import Collector
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus, topology_path
-from synapse_ha.rpc.server import RaftStatusView
 
 # Seconds; proposals commit in milliseconds on a quiet cluster and in seconds under load.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -51,10 +50,25 @@ NO_RACK = "-"
 # ----------------------------------------------------------------- what is read
 
 
+class RaftFigures(Protocol):
+    """The Raft figures a scrape reports (the Raft replica's status has them)."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def commit_index(self) -> int: ...
+    @property
+    def last_applied(self) -> int: ...
+    @property
+    def has_quorum(self) -> bool: ...
+
+
 class ReplicaSource(Protocol):
     """What the replica's collector reads (the Raft replica implements it)."""
 
-    def status(self) -> RaftStatusView: ...
+    def status(self) -> RaftFigures: ...
     def snapshot(self) -> ClusterState: ...
 
 
