@@ -17,7 +17,9 @@ from typing import Any
 
 import click
 
+from synapse_ha.cli.app import CommandFailed, Settings, emit, note, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.cli.render import table
 from synapse_ha.core.backup import BackupError, decode_backup, encode_backup
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -41,8 +43,6 @@ def members_document(response: pb.MembershipResponse) -> dict[str, Any]:
 
 
 def members_table(doc: dict[str, Any]) -> str:
-    from synapse_ha.cli.render import table
-
     rows = [
         [m["id"], m["raft_address"], m["grpc_address"], "yes" if m["live"] else "no"]
         for m in doc["members"]
@@ -50,132 +50,135 @@ def members_table(doc: dict[str, Any]) -> str:
     return table(rows, ["REPLICA", "RAFT", "GRPC", "LIVE"])
 
 
+@click.command("add-replica")
+@click.argument("replica_id")
+@click.argument("raft_address")
+@click.argument("grpc_address")
+@output_option
+@with_settings
+def add_replica(settings: Settings, replica_id: str, raft_address: str, grpc_address: str) -> None:
+    """Add replica REPLICA_ID, whose Raft listens on RAFT_ADDRESS and gRPC API on
+    GRPC_ADDRESS (host:port each). One change at a time; refused when the cluster
+    would not keep a live majority. Then start the new replica with --join (any
+    order works: it catches up from the leader).
+
+    \b
+    Example:
+      synctl ca issue replica r4 --host 10.0.0.4
+      synctl cluster add-replica r4 10.0.0.4:7001 10.0.0.4:7101
+    """
+    client = settings.client()
+    answer = client.add_replica(
+        replica_id, raft_address, grpc_address, timeout_s=max(settings.timeout, 10.0)
+    )
+    note(f"added {replica_id}; start it with --join if it is not running yet")
+    document = members_document(answer)
+    emit(settings, document, lambda: members_table(document))
+
+
+@click.command("remove-replica")
+@click.argument("replica_id")
+@output_option
+@with_settings
+def remove_replica(settings: Settings, replica_id: str) -> None:
+    """Remove replica REPLICA_ID from the cluster, then stop it. Removing a replica
+    that is down is always allowed while a majority of the others is live; removing
+    a live one while another is down is refused. Removing the leader first moves
+    leadership to another replica.
+
+    \b
+    Example:
+      synctl cluster remove-replica r1
+    """
+    client = settings.client()
+    answer = client.remove_replica(replica_id, timeout_s=max(settings.timeout, 10.0))
+    note(f"removed {replica_id}; stop its synapse-scheduler process now")
+    document = members_document(answer)
+    emit(settings, document, lambda: members_table(document))
+
+
+@click.group("snapshot")
+def snapshot() -> None:
+    """Back up the cluster state, and check a backup file.
+
+    \b
+    Example:
+      synctl cluster snapshot save backup.snap
+      synctl cluster snapshot check backup.snap
+    """
+
+
+@snapshot.command("save")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@output_option
+@with_settings
+def snapshot_save(settings: Settings, file: Path) -> None:
+    """Save a consistent copy of the leader's state to FILE, with its Raft index and
+    a SHA-256 checksum in the file's header. Restore it with
+    `synapse-scheduler --restore FILE` on the first replica of a new cluster.
+
+    \b
+    Example:
+      synctl cluster snapshot save /var/backups/synapse-$(date +%F).snap
+    """
+    client = settings.client()
+    try:
+        head, data = client.save_snapshot(timeout_s=max(settings.timeout, SNAPSHOT_TIMEOUT_S))
+    except ValueError as exc:
+        raise CommandFailed(ExitCode.JOB_FAILED, str(exc), "CORRUPT_TRANSFER") from None
+    content = encode_backup(data, head.raft_index, head.raft_term, head.replica_id)
+    _write_atomically(file, content)
+    document = {
+        "file": str(file),
+        "raft_index": head.raft_index,
+        "raft_term": head.raft_term,
+        "replica": head.replica_id,
+        "bytes": head.total_bytes,
+        "sha256": head.sha256,
+    }
+    emit(settings, document, lambda: _saved_line(document))
+
+
+@snapshot.command("check")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@output_option
+@with_settings
+def snapshot_check(settings: Settings, file: Path) -> None:
+    """Check that FILE is an intact backup this release can restore (no cluster is
+    contacted).
+
+    \b
+    Example:
+      synctl cluster snapshot check backup.snap
+    """
+    try:
+        backup = decode_backup(file.read_bytes())
+    except BackupError as exc:
+        raise CommandFailed(ExitCode.JOB_FAILED, f"{file}: {exc}", "CORRUPT_BACKUP") from None
+    header = backup.header
+    document = {
+        "file": str(file),
+        "raft_index": header.raft_index,
+        "raft_term": header.raft_term,
+        "replica": header.replica_id,
+        "bytes": header.size,
+        "sha256": header.sha256,
+        "jobs": len(backup.state.jobs),
+        "nodes": len(backup.state.nodes),
+    }
+    emit(
+        settings,
+        document,
+        lambda: (
+            f"{_saved_line(document)}; intact: {document['jobs']} jobs, {document['nodes']} nodes"
+        ),
+    )
+
+
 def add_cluster_commands(group: click.Group) -> None:
     """Attach the subcommands to the ``synctl cluster`` group."""
-    from synapse_ha.cli import app as m
-
-    @group.command("add-replica")
-    @click.argument("replica_id")
-    @click.argument("raft_address")
-    @click.argument("grpc_address")
-    @m.output_option
-    @m.with_settings
-    def add_replica(
-        settings: m.Settings, replica_id: str, raft_address: str, grpc_address: str
-    ) -> None:
-        """Add replica REPLICA_ID, whose Raft listens on RAFT_ADDRESS and gRPC API on
-        GRPC_ADDRESS (host:port each). One change at a time; refused when the cluster
-        would not keep a live majority. Then start the new replica with --join (any
-        order works: it catches up from the leader).
-
-        \b
-        Example:
-          synctl ca issue replica r4 --host 10.0.0.4
-          synctl cluster add-replica r4 10.0.0.4:7001 10.0.0.4:7101
-        """
-        client = settings.client()
-        answer = client.add_replica(
-            replica_id, raft_address, grpc_address, timeout_s=max(settings.timeout, 10.0)
-        )
-        m.note(f"added {replica_id}; start it with --join if it is not running yet")
-        document = members_document(answer)
-        m.emit(settings, document, lambda: members_table(document))
-
-    @group.command("remove-replica")
-    @click.argument("replica_id")
-    @m.output_option
-    @m.with_settings
-    def remove_replica(settings: m.Settings, replica_id: str) -> None:
-        """Remove replica REPLICA_ID from the cluster, then stop it. Removing a replica
-        that is down is always allowed while a majority of the others is live; removing
-        a live one while another is down is refused. Removing the leader first moves
-        leadership to another replica.
-
-        \b
-        Example:
-          synctl cluster remove-replica r1
-        """
-        client = settings.client()
-        answer = client.remove_replica(replica_id, timeout_s=max(settings.timeout, 10.0))
-        m.note(f"removed {replica_id}; stop its synapse-scheduler process now")
-        document = members_document(answer)
-        m.emit(settings, document, lambda: members_table(document))
-
-    @group.group("snapshot")
-    def snapshot() -> None:
-        """Back up the cluster state, and check a backup file.
-
-        \b
-        Example:
-          synctl cluster snapshot save backup.snap
-          synctl cluster snapshot check backup.snap
-        """
-
-    @snapshot.command("save")
-    @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-    @m.output_option
-    @m.with_settings
-    def snapshot_save(settings: m.Settings, file: Path) -> None:
-        """Save a consistent copy of the leader's state to FILE, with its Raft index and
-        a SHA-256 checksum in the file's header. Restore it with
-        `synapse-scheduler --restore FILE` on the first replica of a new cluster.
-
-        \b
-        Example:
-          synctl cluster snapshot save /var/backups/synapse-$(date +%F).snap
-        """
-        client = settings.client()
-        try:
-            head, data = client.save_snapshot(timeout_s=max(settings.timeout, SNAPSHOT_TIMEOUT_S))
-        except ValueError as exc:
-            raise m.CommandFailed(ExitCode.JOB_FAILED, str(exc), "CORRUPT_TRANSFER") from None
-        content = encode_backup(data, head.raft_index, head.raft_term, head.replica_id)
-        _write_atomically(file, content)
-        document = {
-            "file": str(file),
-            "raft_index": head.raft_index,
-            "raft_term": head.raft_term,
-            "replica": head.replica_id,
-            "bytes": head.total_bytes,
-            "sha256": head.sha256,
-        }
-        m.emit(settings, document, lambda: _saved_line(document))
-
-    @snapshot.command("check")
-    @click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-    @m.output_option
-    @m.with_settings
-    def snapshot_check(settings: m.Settings, file: Path) -> None:
-        """Check that FILE is an intact backup this release can restore (no cluster is
-        contacted).
-
-        \b
-        Example:
-          synctl cluster snapshot check backup.snap
-        """
-        try:
-            backup = decode_backup(file.read_bytes())
-        except BackupError as exc:
-            raise m.CommandFailed(ExitCode.JOB_FAILED, f"{file}: {exc}", "CORRUPT_BACKUP") from None
-        header = backup.header
-        document = {
-            "file": str(file),
-            "raft_index": header.raft_index,
-            "raft_term": header.raft_term,
-            "replica": header.replica_id,
-            "bytes": header.size,
-            "sha256": header.sha256,
-            "jobs": len(backup.state.jobs),
-            "nodes": len(backup.state.nodes),
-        }
-        m.emit(
-            settings,
-            document,
-            lambda: (
-                f"{_saved_line(document)}; intact: {document['jobs']} jobs, "
-                f"{document['nodes']} nodes"
-            ),
-        )
+    for command in (add_replica, remove_replica, snapshot):
+        group.add_command(command)
 
 
 def _saved_line(doc: dict[str, Any]) -> str:
