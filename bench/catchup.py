@@ -43,7 +43,7 @@ from bench.loopback import wait_for
 from bench.quorum import LeaderStubs, Stream, pipelined, small_spec
 from bench.report import emit
 from bench.throughput import Profiler
-from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.raft.snapshot_file import read_snapshot_entries
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc

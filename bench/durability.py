@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import invariants
 from synapse_ha.core.codec import decode_state
-from synapse_ha.local.launcher import RPC_ERRORS, LocalReplicas, wait_until
+from synapse_ha.local.replicas import LocalReplicas
+from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, Stream, loopback_host, register_request
 from bench.report import emit
-from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 

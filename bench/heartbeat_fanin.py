@@ -39,7 +39,8 @@ from grpc import aio
 
 from bench.loopback import wait_for
 from bench.quorum import loopback_host, pipelined, register_request
-from synapse_ha.local.launcher import LocalReplicas, Replica
+from synapse_ha.local.process import Replica
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.tls import TlsFiles, Transport

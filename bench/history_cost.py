@@ -55,7 +55,8 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec import encode_command
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 from synapse_ha.history.recorder import HistoryRecorder
-from synapse_ha.local.launcher import Launcher, LocalReplicas
+from synapse_ha.local.launcher import Launcher
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.raft.replicated_state import ReplicatedState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

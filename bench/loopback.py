@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.local.launcher import RPC_ERRORS, Launcher, LocalReplicas, wait_until
+from synapse_ha.local.launcher import Launcher
+from synapse_ha.local.replicas import LocalReplicas
+from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 T = TypeVar("T")

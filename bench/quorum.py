@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import wait_for
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc

@@ -40,7 +40,7 @@ from loopback import percentile
 from quorum import loopback_host, pipelined, register_request, small_spec
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.local.launcher import LocalReplicas
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.tls import Transport

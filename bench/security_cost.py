@@ -52,7 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import gang_start_latencies, percentile, wait_for
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.local.launcher import Launcher, LocalReplicas
+from synapse_ha.local.launcher import Launcher
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 

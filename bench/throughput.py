@@ -1,6 +1,6 @@
 """Throughput benchmark with the load generated in separate processes.
 
-Three TLS replicas on loopback (:class:`~synapse_ha.local.launcher.LocalReplicas`); the
+Three TLS replicas on loopback (:class:`~synapse_ha.local.replicas.LocalReplicas`); the
 benchmark process only starts them, hands out work and collects figures. The load comes
 from generator processes of their own, so the generator never competes with the
 measurement for one interpreter:
@@ -50,7 +50,8 @@ import grpc
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.local.launcher import LocalReplicas, Replica
+from synapse_ha.local.process import Replica
+from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import TlsFiles, Transport
 

@@ -41,7 +41,7 @@ from chaos.nemesis import (
     duration_for,
 )
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.local.launcher import Replica
+from synapse_ha.local.process import Replica
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.security.tls import Transport
 

@@ -30,7 +30,9 @@ from chaos.workload import WorkloadConfig, write_config
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.codec import decode_state
 from synapse_ha.core.model import MAX_REQUEUES_LIMIT
-from synapse_ha.local.launcher import Launcher, Peer, Process, Replica, Worker
+from synapse_ha.local.commands import Peer
+from synapse_ha.local.launcher import Launcher
+from synapse_ha.local.process import Process, Replica, Worker
 from synapse_ha.programs.worker import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SELF_FENCING_FLAG
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc

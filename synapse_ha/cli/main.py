@@ -214,7 +214,8 @@ def dev_up(
       export SYNAPSE_CLUSTER=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103
       export SYNAPSE_CA=... SYNAPSE_CERT=... SYNAPSE_KEY=... SYNAPSE_TOKEN_FILE=...
     """
-    from synapse_ha.local.devcluster import DevClusterOptions, run_foreground
+    from synapse_ha.local.devoptions import DevClusterOptions
+    from synapse_ha.local.foreground import run_foreground
 
     sys.exit(
         run_foreground(

@@ -44,7 +44,8 @@ import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.spec import parse_job_spec
-from synapse_ha.local.devcluster import DevCluster, DevClusterError, DevClusterOptions
+from synapse_ha.local.devcluster import DevCluster, DevClusterError
+from synapse_ha.local.devoptions import DevClusterOptions
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

@@ -3,19 +3,9 @@
 This is the engine behind ``synctl dev up`` and ``make demo``. Every program is a real
 ``synapse-scheduler`` or ``synapse-worker`` process, started by
 :mod:`synapse_ha.local.launcher` as ``python -m`` with this interpreter, in a process group
-of its own, with its log under ``DATA_DIR/logs``.
-
-Ports. By default the replicas listen on fixed loopback ports so that ``synctl`` works
-without ``--cluster``:
-
-=================  ====================================
-gRPC (clients)     127.0.0.1:7101, 7102, 7103  (``DEFAULT_CLUSTER``)
-Raft               127.0.0.1:7111, 7112, 7113
-worker log service 127.0.0.1:7121, 7122, ... (one per worker)
-=================  ====================================
-
-``DevClusterOptions(ephemeral_ports=True)`` picks free ports instead, so tests and the
-demo never clash with a running dev cluster.
+of its own, with its log under ``DATA_DIR/logs``. The ports it listens on and the options
+it takes are in :mod:`synapse_ha.local.devoptions`; :mod:`synapse_ha.local.foreground`
+keeps one up for ``synctl dev up``.
 
 Workers are spread over racks in contiguous blocks (``w1``, ``w2`` in ``r1``; ``w3``,
 ``w4`` in ``r2`` for four workers and two racks), with the topology labels
@@ -38,10 +28,9 @@ and the bootstrap admin token), made on the first start and reused with a kept d
 directory. Replicas and workers serve mutual TLS only; the cluster's own calls (status,
 waiting for workers, :meth:`DevCluster.client`) present the admin certificate, and
 :meth:`DevCluster.read_log` reads a member's log with a grant signed by a replica, as
-``synctl logs`` does. :func:`describe` prints the ``export`` lines that point ``synctl``
-at the cluster as its admin. ``DevClusterOptions(insecure=True)`` runs everything in
-plaintext without authentication (every program warns at start, and so does
-:func:`run_foreground`).
+``synctl logs`` does. :meth:`DevCluster.exports` gives the ``export`` lines that point
+``synctl`` at the cluster as its admin. ``DevClusterOptions(insecure=True)`` runs
+everything in plaintext without authentication (every program warns at start).
 
 A fresh Raft password is generated for every run; it reaches the replicas only through
 their environment.
@@ -62,51 +51,31 @@ from typing import TypeVar
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
-from synapse_ha.local.launcher import (
-    HOST,
-    RPC_ERRORS,
-    Launcher,
-    LaunchError,
-    LocalReplicas,
-    Process,
-    Replica,
-    Worker,
-    loopback_peers,
-    port_in_use,
-    replica_status,
-    wait_until,
+from synapse_ha.core.spec import parse_duration
+from synapse_ha.local.commands import loopback_peers
+from synapse_ha.local.devoptions import (
+    DEFAULT_WORKER_PORT_BASE,
+    FIVE_GRPC_PORTS,
+    FIVE_RAFT_PORTS,
+    FIVE_REPLICA_IDS,
+    MAX_WORKERS,
+    DevClusterOptions,
 )
+from synapse_ha.local.launcher import Launcher
+from synapse_ha.local.ports import HOST, port_in_use
+from synapse_ha.local.process import LaunchError, Process, Replica, Worker
+from synapse_ha.local.replicas import LocalReplicas, replica_status
+from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.bundle import ClusterCredentials, new_raft_password
 from synapse_ha.security.grants import GRANT_METADATA_KEY
-from synapse_ha.security.tls import INSECURE_WARNING, Transport
+from synapse_ha.security.tls import Transport
 from synapse_ha.worker.members import kill_recorded_process, read_json
 
-__all__ = [
-    "HOST",
-    "DevCluster",
-    "DevClusterError",
-    "DevClusterOptions",
-    "port_in_use",
-]
-
 T = TypeVar("T")
-
-REPLICA_IDS = ("a", "b", "c")
-DEFAULT_GRPC_PORTS = (7101, 7102, 7103)
-DEFAULT_RAFT_PORTS = (7111, 7112, 7113)
-DEFAULT_WORKER_PORT_BASE = 7121
-DEFAULT_CLUSTER = ",".join(f"{HOST}:{port}" for port in DEFAULT_GRPC_PORTS)
-# Five replicas (`synctl dev up --replicas 5`): the three above and two more.
-REPLICA_COUNTS = (3, 5)
-FIVE_REPLICA_IDS = (*REPLICA_IDS, "d", "e")
-FIVE_GRPC_PORTS = (*DEFAULT_GRPC_PORTS, 7104, 7105)
-FIVE_RAFT_PORTS = (*DEFAULT_RAFT_PORTS, 7114, 7115)
-MAX_WORKERS = 64
 
 _POLL_S = 0.3
 _REPLICA_STOP_S = 5.0
@@ -119,58 +88,6 @@ class DevClusterError(Exception):
 
 class PortBusy(DevClusterError):
     """A fixed port the cluster needs is already in use."""
-
-
-@dataclass(frozen=True)
-class DevClusterOptions:
-    """What to start. ``data_dir=None`` means a temporary directory removed on stop."""
-
-    workers: int = 4
-    racks: int = 2
-    gpus_per_worker: int = 8
-    data_dir: Path | None = None
-    ephemeral_ports: bool = False  # free ports chosen by the OS instead of 7101...
-    worker_cpu: str = "32"  # capacity each worker offers (mock, like its GPUs)
-    worker_memory: str = "256Gi"
-    stop_grace: str = "2s"  # members' SIGTERM-to-SIGKILL grace on a graceful stop
-    ready_timeout_s: float = 60.0  # bound on every wait for readiness
-    keep_data: bool = False  # keep a temporary data directory after stop
-    insecure: bool = False  # plaintext, no authentication (programs run with --insecure)
-    replicas: int = 3  # scheduler replicas: 3 or 5 (five survive two failures)
-
-    def check(self) -> None:
-        """Raise :class:`ValueError` naming the option and the rule it breaks."""
-        if self.replicas not in REPLICA_COUNTS:
-            raise ValueError(f"replicas: must be 3 or 5, got {self.replicas}")
-        if not 0 <= self.workers <= MAX_WORKERS:
-            raise ValueError(f"workers: must be between 0 and {MAX_WORKERS}, got {self.workers}")
-        if not 1 <= self.racks <= MAX_WORKERS:
-            raise ValueError(f"racks: must be between 1 and {MAX_WORKERS}, got {self.racks}")
-        if self.workers and self.racks > self.workers:
-            raise ValueError(
-                f"racks: {self.racks} racks need at least as many workers, got {self.workers}"
-            )
-        if not 0 <= self.gpus_per_worker <= 64:
-            raise ValueError(
-                f"gpus_per_worker: must be between 0 and 64, got {self.gpus_per_worker}"
-            )
-        if self.ready_timeout_s <= 0:
-            raise ValueError("ready_timeout_s: must be positive")
-        try:
-            parse_cpu(self.worker_cpu, "worker_cpu")
-            parse_memory(self.worker_memory, "worker_memory")
-            if parse_duration(self.stop_grace, "stop_grace") <= 0:
-                raise SpecError("stop_grace", "must be positive")
-        except SpecError as exc:
-            raise ValueError(str(exc)) from None
-        if self.data_dir is not None:
-            try:
-                self.data_dir.mkdir(parents=True, exist_ok=True)
-                probe = self.data_dir / ".write-probe"
-                probe.write_text("ok")
-                probe.unlink()
-            except OSError as exc:
-                raise ValueError(f"data_dir: {self.data_dir} is not writable: {exc}") from None
 
 
 @dataclass
@@ -567,110 +484,3 @@ class DevCluster:
     def _kill_recorded_members(self) -> None:
         for record in self._member_records():
             kill_recorded_process(record)
-
-
-# ------------------------------------------------------------------ foreground
-
-
-def describe(cluster: DevCluster) -> list[str]:
-    """Lines describing a running cluster: replicas, workers, data, the export line."""
-    leader = cluster.leader_id()
-    scheme = "http" if cluster.credentials is None else "https"
-    lines = ["replicas:"]
-    for r in cluster.replicas:
-        role = "leader" if r.replica_id == leader else "follower"
-        lines.append(f"  {r.replica_id}  grpc {r.grpc}  raft {r.raft}  {role}")
-        # Observability
-        lines.append(
-            f"      metrics {scheme}://{r.metrics}/metrics  dashboard {scheme}://{r.metrics}/"
-        )
-    lines.append("workers:")
-    for w in cluster.workers:
-        lines.append(
-            f"  {w.node_id:<4} {w.gpus} GPU  {w.topology}  log service {w.address or w.listen}"
-        )
-        lines.append(f"      metrics {scheme}://{w.metrics}/metrics")
-    if cluster.credentials is not None:
-        lines.append(
-            "metrics need a client certificate of the cluster CA; the dashboard signs in "
-            "with a token (the admin token is in the credentials directory)"
-        )
-    lines.append(f"data and logs: {cluster.data_dir}")
-    if cluster.credentials is not None:
-        lines.append(f"credentials: {cluster.credentials.root} (CA, certificates, admin token)")
-    else:
-        lines.append(f"warning: {INSECURE_WARNING}")
-    lines.append("")
-    lines.append("point synctl at it (as the cluster admin):")
-    lines += cluster.exports()
-    return lines
-
-
-def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> int:
-    """Start a cluster, print where it is, and keep it up until SIGINT or SIGTERM; then
-    stop everything and return 0. Returns 2 (after printing why) when the options are
-    invalid or a fixed port is busy, 1 when the cluster failed to start or a replica
-    died while running."""
-    stop = threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in previous:
-            signal.signal(sig, lambda signum, frame: stop.set())
-    try:
-        try:
-            cluster = DevCluster(options, abort=stop)
-        except ValueError as exc:
-            out(f"error: {exc}")
-            return 2
-        if options.insecure:
-            out(f"warning: {INSECURE_WARNING}")
-        try:
-            out(
-                f"starting {options.replicas} replicas and {options.workers} worker(s) in "
-                f"{options.racks} rack(s) on {HOST} ..."
-            )
-            cluster.start()
-        except PortBusy as exc:
-            cluster.stop()
-            out(f"error: {exc}")
-            return 2
-        except DevClusterError as exc:
-            keep = not stop.is_set()
-            cluster.keep_data = cluster.keep_data or keep
-            cluster.stop()
-            if stop.is_set():
-                out("interrupted; stopped everything")
-                return 0
-            out(f"error: {exc}")
-            out(f"logs kept in {cluster.logs_dir}")
-            return 1
-        except BaseException:
-            cluster.stop()
-            raise
-        try:
-            for line in describe(cluster):
-                out(line)
-            out("")
-            out("ready; press Ctrl-C to stop")
-            code = 0
-            reported: set[str] = set()
-            while not stop.wait(1.0):
-                for p in [*cluster.replicas, *cluster.workers]:
-                    if p.name not in reported and not p.alive:
-                        reported.add(p.name)
-                        out(f"warning: {p.name} exited; see {p.log_path}")
-                if sum(not r.alive for r in cluster.replicas) > len(cluster.replicas) // 2:
-                    out("error: a majority of the replicas is gone; stopping")
-                    cluster.keep_data = True
-                    code = 1
-                    break
-            out("stopping ...")
-        finally:
-            cluster.stop()
-        out("stopped")
-        return code
-    finally:
-        for sig, handler in previous.items():
-            if handler is not None:
-                signal.signal(sig, handler)

@@ -13,7 +13,7 @@ import pytest
 
 from chaos import net
 from chaos.run import SinkFailed, sink_listening
-from synapse_ha.local.launcher import Process
+from synapse_ha.local.process import Process
 
 
 def started(tmp_path: Path, name: str, argv: list[str]) -> Process:

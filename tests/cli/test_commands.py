@@ -212,18 +212,17 @@ def test_an_unreachable_cluster_on_submit_exits_3(tmp_path: Path) -> None:
 def test_dev_up_hands_its_options_to_the_dev_cluster(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import synapse_ha.local.devcluster as devcluster
+    import synapse_ha.local.foreground as foreground
+    from synapse_ha.local.devoptions import DevClusterOptions
 
-    seen: list[devcluster.DevClusterOptions] = []
+    seen: list[DevClusterOptions] = []
 
-    def fake_run_foreground(
-        options: devcluster.DevClusterOptions, out: Callable[[str], None]
-    ) -> int:
+    def fake_run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> int:
         seen.append(options)
         out("started")
         return 7
 
-    monkeypatch.setattr(devcluster, "run_foreground", fake_run_foreground)
+    monkeypatch.setattr(foreground, "run_foreground", fake_run_foreground)
     args = ["--workers", "3", "--racks", "3", "--gpus-per-worker", "2", "--data-dir", str(tmp_path)]
     result = run("dev", "up", *args)
     assert result.exit_code == 7

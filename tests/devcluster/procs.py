@@ -15,7 +15,7 @@ import signal
 import time
 import uuid
 
-from synapse_ha.local.launcher import processes_with_env
+from synapse_ha.local.process import processes_with_env
 
 MARKER_VARIABLE = "SYNAPSE_TEST_MARKER"
 

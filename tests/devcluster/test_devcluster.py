@@ -20,13 +20,9 @@ from click.testing import CliRunner
 
 from synapse_ha.cli.main import cli
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.local.devcluster import (
-    DEFAULT_CLUSTER,
-    DevCluster,
-    DevClusterOptions,
-    describe,
-    run_foreground,
-)
+from synapse_ha.local.devcluster import DevCluster
+from synapse_ha.local.devoptions import DEFAULT_CLUSTER, DevClusterOptions
+from synapse_ha.local.foreground import describe, run_foreground
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
@@ -258,7 +254,8 @@ def test_a_killed_leader_is_replaced_and_restarts_as_a_follower(
 FOREGROUND = """
 import sys
 from pathlib import Path
-from synapse_ha.local.devcluster import DevClusterOptions, run_foreground
+from synapse_ha.local.devoptions import DevClusterOptions
+from synapse_ha.local.foreground import run_foreground
 options = DevClusterOptions(workers=2, racks=2, gpus_per_worker=1, ephemeral_ports=True)
 sys.exit(run_foreground(options, lambda line: print(line, flush=True)))
 """

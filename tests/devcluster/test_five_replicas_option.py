@@ -6,7 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from synapse_ha.cli.main import cli
-from synapse_ha.local.devcluster import DevCluster, DevClusterOptions
+from synapse_ha.local.devcluster import DevCluster
+from synapse_ha.local.devoptions import DevClusterOptions
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 4, 7])

@@ -21,7 +21,8 @@ import grpc
 
 from synapse_ha.core import invariants
 from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.local.launcher import RPC_ERRORS, LocalReplicas, wait_until
+from synapse_ha.local.replicas import LocalReplicas
+from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.tls import Transport

@@ -11,13 +11,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from synapse_ha.local.launcher import (
-    RPC_ERRORS,
-    LocalReplicas,
-    Replica,
-    reserve_ports,
-    wait_until,
-)
+from synapse_ha.local.ports import reserve_ports
+from synapse_ha.local.process import Replica
+from synapse_ha.local.replicas import LocalReplicas
+from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 

@@ -76,7 +76,7 @@ import grpc
 import pytest
 
 from synapse_ha.core.access import Role, user
-from synapse_ha.local.launcher import Replica, Worker
+from synapse_ha.local.process import Replica, Worker
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc

@@ -14,16 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.local.launcher import (
-    MARKER_VARIABLE,
-    Launcher,
-    LaunchError,
-    PortHolder,
-    ProcessExited,
-    WaitTimeout,
-    processes_with_env,
-    wait_until,
-)
+from synapse_ha.local.launcher import MARKER_VARIABLE, Launcher
+from synapse_ha.local.ports import PortHolder
+from synapse_ha.local.process import LaunchError, ProcessExited, processes_with_env
+from synapse_ha.local.waiting import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj import pickle as raft_pickle
 from pysyncobj.syncobj import _RAFT_STATE
 
-from synapse_ha.local.launcher import reserve_ports
+from synapse_ha.local.ports import reserve_ports
 from synapse_ha.raft.adapter import (
     TESTED_PYSYNCOBJ,
     SafeSyncObj,

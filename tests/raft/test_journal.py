@@ -13,7 +13,8 @@ from pysyncobj.journal import FileJournal
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState
-from synapse_ha.local.launcher import reserve_ports, wait_until
+from synapse_ha.local.ports import reserve_ports
+from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft import journal as durable
 from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.snapshot_file import write_snapshot

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.local.launcher import reserve_ports, wait_until
+from synapse_ha.local.ports import reserve_ports
+from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft.adapter import leader_loss_delay
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from tests.integration.cluster import PASSWORD

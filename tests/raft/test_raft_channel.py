@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.local.launcher import reserve_ports, wait_until
+from synapse_ha.local.ports import reserve_ports
+from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft.adapter import KeyMismatchLog
 from synapse_ha.raft.channel import (
     MODE_FILE,

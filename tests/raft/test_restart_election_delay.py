@@ -12,7 +12,8 @@ import pytest
 from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic as raft_clock
 
-from synapse_ha.local.launcher import reserve_ports, wait_until
+from synapse_ha.local.ports import reserve_ports
+from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from tests.integration.cluster import PASSWORD
 

@@ -33,7 +33,7 @@ import pytest
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.local.launcher import Worker
+from synapse_ha.local.process import Worker
 from synapse_ha.programs import worker as worker_main
 from synapse_ha.rpc.convert import desired_to_proto
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of

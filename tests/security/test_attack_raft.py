@@ -28,7 +28,9 @@ import pytest
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.codec import decode_state
-from synapse_ha.local.launcher import RAFT_PASSWORD_VARIABLE, Launcher, Replica
+from synapse_ha.local.launcher import Launcher
+from synapse_ha.local.process import Replica
+from synapse_ha.local.replicas import RAFT_PASSWORD_VARIABLE
 from synapse_ha.raft.channel import MODE_FILE, PASSWORD_RULE
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import Transport

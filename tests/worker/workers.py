@@ -12,7 +12,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from synapse_ha.local.launcher import Launcher, Worker
+from synapse_ha.local.launcher import Launcher
+from synapse_ha.local.process import Worker
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.worker.members import kill_recorded_process, read_json
 
