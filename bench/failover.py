@@ -39,9 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, Stream, loopback_host, register_request
 from bench.report import emit
+from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.states import replica_role
 
 
 class TermWatch(threading.Thread):
@@ -67,7 +69,7 @@ class TermWatch(threading.Thread):
                 continue
             with self.lock:
                 self.max_term = max(self.max_term, int(status.term))
-                if status.role == "leader":
+                if replica_role(status) is ReplicaRole.LEADER:
                     self.leaders.add((int(status.term), r.replica_id))
 
     def run(self) -> None:

@@ -39,10 +39,12 @@ from grpc import aio
 
 from bench.loopback import wait_for
 from bench.quorum import loopback_host, pipelined, register_request
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.process import Replica
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.states import node_status
 from synapse_ha.security.tls import TlsFiles, Transport
 
 RESULT = Path(__file__).resolve().parent / "results" / "heartbeat_fanin.json"
@@ -308,19 +310,19 @@ def _detect_death(
         stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
         agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
 
-        def status() -> str:
+        def status() -> NodeStatus:
             nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=10).nodes
-            return next(n.status for n in nodes if n.node_id == node_id)
+            return next(node_status(n) for n in nodes if n.node_id == node_id)
 
         # Alive to start with (a gap between runs may have let it be declared dead).
         agent.RegisterNode(register_request(node_id, loopback_host(0), gpu=0), timeout=10)
-        wait_for("the node to be ready", lambda: status() == "ready", 30, poll_s)
+        wait_for("the node to be ready", lambda: status() is NodeStatus.READY, 30, poll_s)
         acked = load.last_ack.value
         wait_for("a heartbeat after that", lambda: load.last_ack.value > acked, 30, 0.01)
         load.silence.set()
 
         def dead() -> bool:
-            return status() == "dead"
+            return status() is NodeStatus.DEAD
 
         wait_for("the silent node to be declared dead", dead, 3 * dead_timeout_s + 30, poll_s)
         seen = time.time()

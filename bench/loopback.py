@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.model import JobState
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import job_state
 
 T = TypeVar("T")
 
@@ -65,7 +67,7 @@ def gang_start_latencies(client: ClusterClient, out: Path, gangs: int, members: 
         latencies.append((max(stamps) - submitted) * 1000)
         wait_for(
             f"{job_id} to finish",
-            lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
+            lambda j=job_id: job_state(client.get_job(j)) is JobState.SUCCEEDED,  # type: ignore[misc]
             timeout_s=30,
             every_s=0.01,
         )

@@ -40,9 +40,12 @@ from loopback import percentile
 from quorum import loopback_host, pipelined, register_request, small_spec
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.core.membership import ReplicaRole
+from synapse_ha.core.model import JobState
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.states import job_state, replica_role
 from synapse_ha.security.tls import Transport
 
 LEASE_TTL_S = 4.0  # the default lease_ttl: a longer silence fences a node's members
@@ -291,7 +294,9 @@ def run(
             jobs = observer.list_jobs(allow_stale=True)
         heartbeats.stop.set()
         heartbeats.join(timeout=10)
-        holding = {m.node_id for j in jobs if j.state == "SCHEDULED" for m in j.attempt.members}
+        holding = {
+            m.node_id for j in jobs if job_state(j) is JobState.SCHEDULED for m in j.attempt.members
+        }
         gaps = [heartbeats.max_gap.get(n, 0.0) for n in sorted(holding)]
         calls = readers_done["calls"]
         return {
@@ -313,9 +318,10 @@ def run(
             "longest_heartbeat_gap_of_a_node_with_members_s": round(max(gaps, default=0.0), 3),
             "nodes_past_lease_ttl": sum(1 for g in gaps if g > LEASE_TTL_S),
             "gangs_requeued_or_failed": sum(
-                1 for j in jobs if j.requeues or j.retries_used or j.state == "FAILED"
+                1 for j in jobs if j.requeues or j.retries_used or job_state(j) is JobState.FAILED
             ),
-            "leader_kept_its_term": status.role == "leader" and status.term == term_before,
+            "leader_kept_its_term": replica_role(status) is ReplicaRole.LEADER
+            and status.term == term_before,
             "targets": {"heartbeat_rtt_during_storm_p99_ms": 100, "nodes_past_lease_ttl": 0},
         }
     finally:

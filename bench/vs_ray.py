@@ -45,7 +45,9 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 from bench.loopback import loopback_cluster, percentile, read_stamps, wait_for
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.model import JobState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import job_state
 
 NODES = 8
 GPUS_PER_NODE = 8
@@ -153,7 +155,7 @@ def measure_ours(gangs: int, many: int, heartbeat: str) -> dict[str, Any]:
                 latencies.append((max(stamps) - submitted) * 1000)
                 wait_for(
                     f"{job_id} to finish",
-                    lambda j=job_id: client.get_job(j).state == "SUCCEEDED",  # type: ignore[misc]
+                    lambda j=job_id: job_state(client.get_job(j)) is JobState.SUCCEEDED,  # type: ignore[misc]
                     timeout_s=DEADLINE_S,
                     every_s=0.01,
                 )

@@ -8,6 +8,7 @@ from typing import Any
 
 from synapse_ha.cli.render import Document, table
 from synapse_ha.cli.terminal import terminal_safe
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -15,7 +16,7 @@ def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
     replicas = [
         {
             "id": r.replica_id,
-            "role": r.role,
+            "role": str(states.replica_role(r) or "unknown"),
             "term": r.term,
             "commit_index": r.commit_index,
             "last_applied": r.last_applied,

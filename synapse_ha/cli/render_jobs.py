@@ -18,6 +18,8 @@ from synapse_ha.cli.render import (
 )
 from synapse_ha.cli.render_nodes import topology_document, topology_path
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
+from synapse_ha.core.model import JobState
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -26,7 +28,7 @@ def member_document(m: pb.Member) -> Document:
         "rank": m.rank,
         "node": m.node_id,
         "gpus": list(m.gpus),
-        "state": m.state,
+        "state": str(states.member_state(m)),
         "exit_code": m.exit_code if m.has_exit_code else None,
     }
 
@@ -44,7 +46,7 @@ def job_document(job: pb.Job) -> Document:
     return {
         "id": job.job_id,
         "name": spec.name,
-        "state": job.state,
+        "state": str(states.job_state(job)),
         "reason": job.reason,
         "reason_code": job.reason_code,
         "retries_used": job.retries_used,
@@ -116,7 +118,7 @@ def explain_document(
         )
     return {
         "id": answer.job_id,
-        "state": answer.state,
+        "state": str(states.job_state(answer)),
         "explanation": answer.explanation,
         "reason_code": answer.reason_code,
         "reason": job.reason,
@@ -201,9 +203,9 @@ def explain_table(doc: Mapping[str, Any]) -> str:
     lines = [terminal_safe(f"job {doc['id']} is {doc['state']}")]
     if doc["attempt"]:
         lines[0] += f", attempt {doc['attempt']} (fencing token {doc['fencing_token']})"
-    if doc["state"] == "PENDING" or not doc["members"]:
+    if doc["state"] == JobState.PENDING or not doc["members"]:
         lines.append(terminal_safe(doc["explanation"], keep=MULTILINE))
-    elif doc["reason"] and doc["state"] not in ("SCHEDULED", "RUNNING"):
+    elif doc["reason"] and doc["state"] not in (JobState.SCHEDULED, JobState.RUNNING):
         lines.append(terminal_safe(doc["reason"]))
     preempted = preemption_text(doc["preemption"])
     if preempted:

@@ -15,6 +15,7 @@ from synapse_ha.cli.render import (
     table,
 )
 from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -40,7 +41,7 @@ def node_document(node: pb.Node) -> Document:
     return {
         "id": node.node_id,
         "address": node.address,
-        "status": node.status,
+        "status": str(states.node_status(node)),
         "status_reason": node.status_reason,
         "topology": topology,
         "topology_path": topology_path(topology),

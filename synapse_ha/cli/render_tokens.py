@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from synapse_ha.cli.render import Document, table, time_text
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -23,7 +24,7 @@ def token_document(token: pb.TokenInfo) -> Document:
     return {
         "id": token.token_id,
         "user": token.user,
-        "role": token.role,
+        "role": str(states.user_role(token)),
         "queues": list(token.queues),
         "created_at_ms": token.created_at_ms or None,
         "created_by": token.created_by,

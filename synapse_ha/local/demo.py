@@ -43,11 +43,14 @@ from typing import Any, TypeVar
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.core.membership import ReplicaRole
+from synapse_ha.core.model import FINISHED_JOB_STATES, JobState, NodeStatus
 from synapse_ha.core.spec import parse_job_spec
 from synapse_ha.local.devcluster import DevCluster, DevClusterError
 from synapse_ha.local.devoptions import DevClusterOptions
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import job_state, node_status, replica_role
 
 T = TypeVar("T")
 
@@ -163,12 +166,12 @@ class Demo:
     def job(self, name: str) -> pb.Job:
         return self.client.get_job(self.jobs[name])
 
-    def wait_state(self, name: str, states: set[str], timeout_s: float) -> pb.Job:
+    def wait_state(self, name: str, wanted: set[JobState], timeout_s: float) -> pb.Job:
         def probe() -> pb.Job | None:
             job = self.job(name)
-            return job if job.state in states else None
+            return job if job_state(job) in wanted else None
 
-        return wait_until(f"{name} to be {' or '.join(sorted(states))}", probe, timeout_s)
+        return wait_until(f"{name} to be {' or '.join(sorted(wanted))}", probe, timeout_s)
 
     def member_command(self) -> str:
         return (
@@ -184,12 +187,12 @@ class Demo:
         n.step("A local cluster: 3 scheduler replicas, 4 workers x 4 mock GPUs, 2 racks")
         leader = self.cluster.leader_id()
         for r in self.cluster.replicas:
-            role = "leader" if r.replica_id == leader else "follower"
+            role = ReplicaRole.LEADER if r.replica_id == leader else ReplicaRole.FOLLOWER
             n.say(f"replica {r.replica_id}  gRPC {r.grpc}  Raft {r.raft}  {role}")
         for w in self.cluster.workers:
             n.say(f"worker  {w.node_id}  {w.gpus} GPU  {w.topology}")
         n.check("a leader was elected", leader is not None, f"replica {leader}")
-        ready = [x for x in self.client.list_nodes() if x.status == "ready"]
+        ready = [x for x in self.client.list_nodes() if node_status(x) is NodeStatus.READY]
         n.check("all 4 workers registered and ready", len(ready) == 4, f"{len(ready)} ready")
 
     def gang_waits(self) -> None:
@@ -210,7 +213,7 @@ class Demo:
 
         def pending_with_reason() -> pb.Job | None:
             job = self.job("pretrain")
-            return job if job.state == "PENDING" and job.reason else None
+            return job if job_state(job) is JobState.PENDING and job.reason else None
 
         job = wait_until("pretrain to get a pending reason", pending_with_reason, 15)
         time.sleep(1.5)  # several scheduling passes: it must still be waiting
@@ -219,8 +222,8 @@ class Demo:
         n.say(f"explain: {self.client.explain_job(job_id).explanation}")
         n.check(
             "the gang waits whole (no member bound)",
-            job.state == "PENDING" and not job.attempt.members,
-            job.state,
+            job_state(job) is JobState.PENDING and not job.attempt.members,
+            job_state(job),
         )
 
     def worker_joins(self) -> None:
@@ -230,9 +233,9 @@ class Demo:
         worker = self.cluster.add_worker(rack="r2", gpus=GPUS_PER_WORKER)
         joined = time.monotonic()
         n.say(f"w5 ({worker.topology}) registered {joined - started:.1f}s after it started")
-        job = self.wait_state("pretrain", {"SCHEDULED", "RUNNING"}, 15)
+        job = self.wait_state("pretrain", {JobState.SCHEDULED, JobState.RUNNING}, 15)
         bound_after = time.monotonic() - joined
-        job = self.wait_state("pretrain", {"RUNNING"}, 20)
+        job = self.wait_state("pretrain", {JobState.RUNNING}, 20)
         racks = racks_of(self.client)
         n.say(f"members: {members_line(job, racks)}")
         n.say(
@@ -263,11 +266,11 @@ class Demo:
         n.say(f"submitted finetune as {job_id}")
         time.sleep(1.5)  # a few scheduling passes
         job = self.job("finetune")
-        n.say(f"{job.state}: {job.reason or '-'}")
+        n.say(f"{job_state(job)}: {job.reason or '-'}")
         n.check(
             "finetune queues behind the running gang",
-            job.state == "PENDING" and not job.attempt.members,
-            job.state,
+            job_state(job) is JobState.PENDING and not job.attempt.members,
+            job_state(job),
         )
 
     def kill_leader(self) -> None:
@@ -278,7 +281,7 @@ class Demo:
             n.check("a leader to kill", False)
             return
         before = self.job("pretrain")
-        n.say(f"pretrain is {before.state}, token {before.attempt.fencing_token}")
+        n.say(f"pretrain is {job_state(before)}, token {before.attempt.fencing_token}")
         killed = time.monotonic()
         self.cluster.kill_replica(old, signal.SIGKILL)
         new = self.cluster.wait_for_leader(timeout_s=30)
@@ -303,7 +306,7 @@ class Demo:
             f"{answer.job_id}, created={answer.created}",
         )
         after = self.job("pretrain")
-        n.say(f"pretrain is {after.state}, token {after.attempt.fencing_token}")
+        n.say(f"pretrain is {job_state(after)}, token {after.attempt.fencing_token}")
         self.cluster.restart_replica(old)
         self.restarted = old
         n.say(f"replica {old} restarted on its data directory; it rejoins as a follower")
@@ -312,8 +315,8 @@ class Demo:
         n = self.n
         n.step("The jobs finish; nothing lost, nothing run twice")
         for name in ("pretrain", "finetune"):
-            job = self.wait_state(name, {"SUCCEEDED", "FAILED", "CANCELLED"}, 60)
-            n.say(f"{name}: {job.state}")
+            job = self.wait_state(name, set(FINISHED_JOB_STATES), 60)
+            n.say(f"{name}: {job_state(job)}")
         racks = racks_of(self.client)
         ledger = self.ledger.read_text().splitlines() if self.ledger.exists() else []
         for name in ("pretrain", "finetune"):
@@ -322,8 +325,10 @@ class Demo:
             n.say(f"{name}: {members_line(job, racks)}")
             n.check(
                 f"{name} succeeded in its first and only attempt",
-                job.state == "SUCCEEDED" and job.attempts_made == 1 and job.attempt.number == 1,
-                f"{job.state}, attempts {job.attempts_made}, outcome {job.attempt.outcome}",
+                job_state(job) is JobState.SUCCEEDED
+                and job.attempts_made == 1
+                and job.attempt.number == 1,
+                f"{job_state(job)}, attempts {job.attempts_made}, outcome {job.attempt.outcome}",
             )
             codes = [m.exit_code if m.has_exit_code else None for m in members]
             n.check(
@@ -392,7 +397,7 @@ class Demo:
             job_id = bob.submit_job(spec).job_id
             self.jobs["bob-eval"] = job_id
             n.say(f"bob submitted bob-eval as {job_id}")
-            job = self.wait_state("bob-eval", {"SUCCEEDED", "FAILED", "CANCELLED"}, 30)
+            job = self.wait_state("bob-eval", set(FINISHED_JOB_STATES), 30)
             n.check("bob's job ran and records him as its owner", job.owner == "bob", job.owner)
             text = self.cluster.read_log(bob, job_id, 0)
             n.check(
@@ -425,7 +430,7 @@ class Demo:
                 (
                     job.job_id,
                     job.spec.name,
-                    job.state,
+                    str(job_state(job)),
                     str(job.attempts_made),
                     str(job.attempt.fencing_token),
                     ",".join(m.node_id for m in members),
@@ -437,14 +442,18 @@ class Demo:
         for row in rows:
             n.say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         status = self.client.cluster_status()
-        leader = next((r for r in status.replicas if r.role == "leader"), None)
+        leader = next((r for r in status.replicas if replica_role(r) is ReplicaRole.LEADER), None)
         if self.restarted and leader is not None:
             target = leader.commit_index
             restarted = self.cluster.replica(self.restarted)
 
             def caught_up() -> pb.ReplicaStatus | None:
                 mine = self.cluster.replica_status(restarted)
-                return mine if mine.role == "follower" and mine.last_applied >= target else None
+                return (
+                    mine
+                    if replica_role(mine) is ReplicaRole.FOLLOWER and mine.last_applied >= target
+                    else None
+                )
 
             mine = wait_until(f"replica {self.restarted} to catch up", caught_up, 30)
             n.check(
@@ -456,7 +465,7 @@ class Demo:
         n.say("")
         for r in status.replicas:
             n.say(
-                f"replica {r.replica_id}: {r.role:<9} term {r.term}  "
+                f"replica {r.replica_id}: {replica_role(r) or 'unknown':<9} term {r.term}  "
                 f"commit {r.commit_index}  {'healthy' if r.healthy else r.error}"
             )
         self.show_synctl()

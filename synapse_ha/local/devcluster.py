@@ -51,6 +51,7 @@ from typing import TypeVar
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.spec import parse_duration
 from synapse_ha.local.commands import loopback_peers
 from synapse_ha.local.devoptions import (
@@ -70,6 +71,7 @@ from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
+from synapse_ha.rpc.states import node_status
 from synapse_ha.security.bundle import ClusterCredentials, new_raft_password
 from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import Transport
@@ -359,7 +361,11 @@ class DevCluster:
         def probe() -> bool | None:
             with self.client(timeout_s=1.0) as client:
                 nodes = {n.node_id: n for n in client.list_nodes()}
-            ready = [nid for nid in wanted if nid in nodes and nodes[nid].status == "ready"]
+            ready = [
+                nid
+                for nid in wanted
+                if nid in nodes and node_status(nodes[nid]) is NodeStatus.READY
+            ]
             for nid in ready:
                 wanted[nid].address = nodes[nid].address
             return True if len(ready) == len(wanted) else None

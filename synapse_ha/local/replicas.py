@@ -17,12 +17,14 @@ from pathlib import Path
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.local.commands import Peer, loopback_peers
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.process import DEFAULT_STOP_GRACE_S, LaunchError, Replica
 from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.states import replica_role
 from synapse_ha.security.bundle import ClusterCredentials, new_raft_password
 from synapse_ha.security.tls import Transport
 
@@ -185,7 +187,9 @@ class LocalReplicas:
                 status = self.local_status(r)
             except grpc.RpcError:
                 continue
-            if status.role == "leader" and (best is None or status.term > best[0]):
+            if replica_role(status) is ReplicaRole.LEADER and (
+                best is None or status.term > best[0]
+            ):
                 best = (status.term, r)
         return best[1] if best else None
 
@@ -202,7 +206,7 @@ class LocalReplicas:
                 if not r.alive or r.paused:
                     continue
                 with contextlib.suppress(grpc.RpcError):
-                    if self.local_status(r).role == "leader":
+                    if replica_role(self.local_status(r)) is ReplicaRole.LEADER:
                         leaders.append(r)
             if len(leaders) != 1:
                 return None

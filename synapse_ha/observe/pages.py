@@ -21,6 +21,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from synapse_ha.core.model import JobState
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 STYLESHEET = "/static/dashboard.css"
@@ -47,6 +49,10 @@ form.inline{display:inline}form.inline button{font:inherit;padding:0 4px}
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+def _role(replica: pb.ReplicaStatus) -> str:
+    return str(states.replica_role(replica) or "unknown")
 
 
 def _page(title: str, body: str, viewer: str = "", csrf: str = "") -> str:
@@ -103,9 +109,9 @@ def render_health(status: pb.GetClusterStatusResponse) -> str:
         dashboard = r.dashboard_url
         link = f'<a href="{_e(dashboard)}">dashboard</a>' if dashboard else ""
         rows.append(
-            f'<tr data-replica="{_e(r.replica_id)}" data-role="{_e(r.role)}"'
+            f'<tr data-replica="{_e(r.replica_id)}" data-role="{_e(_role(r))}"'
             f"{' class=leader' if is_leader else ''}>"
-            f"<td>{_e(r.replica_id)}</td><td>{_e(r.role)}</td><td>{r.term}</td>"
+            f"<td>{_e(r.replica_id)}</td><td>{_e(_role(r))}</td><td>{r.term}</td>"
             f"<td>{r.commit_index}</td><td>{r.last_applied}</td><td>{health}</td>"
             f"<td>{_e(r.grpc_address)}</td><td>{link}</td></tr>"
         )
@@ -126,7 +132,7 @@ def _members_nodes(job: pb.Job) -> str:
 
 
 def render_queue(jobs: Sequence[pb.Job]) -> str:
-    pending = [j for j in jobs if j.state == "PENDING"]
+    pending = [j for j in jobs if states.job_state(j) is JobState.PENDING]
     rows = [
         f'<tr data-job="{_e(j.job_id)}"><td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a>'
         f"</td><td>{_e(j.spec.name)}</td><td>{_e(j.owner or '-')}</td>"
@@ -143,11 +149,11 @@ def render_queue(jobs: Sequence[pb.Job]) -> str:
 
 
 def render_running(jobs: Sequence[pb.Job]) -> str:
-    running = [j for j in jobs if j.state in ("SCHEDULED", "RUNNING")]
+    running = [j for j in jobs if states.job_state(j).holds_resources]
     rows = [
         f'<tr data-job="{_e(j.job_id)}" data-nodes="{_e(_members_nodes(j))}">'
         f'<td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a></td><td>{_e(j.spec.name)}</td>'
-        f"<td>{_e(j.state)}</td><td>{_e(j.owner or '-')}</td>"
+        f"<td>{_e(states.job_state(j))}</td><td>{_e(j.owner or '-')}</td>"
         f"<td>{j.spec.replicas} x {j.spec.resources.gpu} GPU</td>"
         f"<td>{_e(_members_nodes(j))}</td></tr>"
         for j in running
@@ -179,8 +185,8 @@ def render_node_map(nodes: Sequence[pb.Node]) -> str:
                 for i in range(n.capacity.gpu)
             )
             out.append(
-                f'<span class="node {_e(n.status)}" data-node="{_e(n.node_id)}" '
-                f'data-used="{len(allocated)}" title="{_e(n.node_id)} {_e(n.status)} '
+                f'<span class="node {_e(states.node_status(n))}" data-node="{_e(n.node_id)}" '
+                f'data-used="{len(allocated)}" title="{_e(n.node_id)} {_e(states.node_status(n))} '
                 f'{len(allocated)}/{n.capacity.gpu} GPU">{cells or _e(n.node_id)}</span>'
             )
         out.append("</section>")
@@ -235,11 +241,11 @@ def render_job(
     text, or the reason the log could not be read)."""
     parts = [
         '<p><a href="/">← cluster</a></p>',
-        f'<table id="job" data-state="{_e(job.state)}">',
+        f'<table id="job" data-state="{_e(states.job_state(job))}">',
         f"<tr><th>id</th><td>{_e(job.job_id)}</td></tr>",
         f"<tr><th>name</th><td>{_e(job.spec.name)}</td></tr>",
         f"<tr><th>owner</th><td>{_e(job.owner or '-')}</td></tr>",
-        f'<tr><th>state</th><td id="state">{_e(job.state)}</td></tr>',
+        f'<tr><th>state</th><td id="state">{_e(states.job_state(job))}</td></tr>',
         f"<tr><th>reason</th><td>{_e(job.reason)}</td></tr>",
         f"<tr><th>gang</th><td>{job.spec.replicas} x {job.spec.resources.gpu} GPU</td></tr>",
         f"<tr><th>submitted</th><td>{_age(now_ms, job.submitted_at_ms)}</td></tr>",
@@ -257,7 +263,8 @@ def render_job(
         rows = [
             f'<tr data-rank="{m.rank}" data-node="{_e(m.node_id)}"><td>{m.rank}</td>'
             f"<td>{_e(m.node_id)}</td><td>{_e(','.join(str(g) for g in m.gpus) or '-')}</td>"
-            f"<td>{_e(m.state)}</td><td>{m.exit_code if m.has_exit_code else '-'}</td></tr>"
+            f"<td>{_e(states.member_state(m))}</td>"
+            f"<td>{m.exit_code if m.has_exit_code else '-'}</td></tr>"
             for m in a.members
         ]
         parts.append(

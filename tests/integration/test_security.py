@@ -76,7 +76,9 @@ import grpc
 import pytest
 
 from synapse_ha.core.access import Role, user
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.process import Replica, Worker
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -614,7 +616,7 @@ def test_a_worker_certificate_speaks_only_for_its_own_node(world: World) -> None
     # As itself it may.
     agent.RegisterNode(tiny_node("w-rogue"), timeout=TIMEOUT_S)
     answer = agent.Heartbeat(pb.HeartbeatRequest(node_id="w-rogue"), timeout=TIMEOUT_S)
-    assert answer.node_status == "ready"
+    assert states.lease_status(answer) is NodeStatus.READY
     assert world.node("w-rogue") is not None
 
 
