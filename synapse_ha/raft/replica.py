@@ -1,11 +1,11 @@
 """One replica of the replicated cluster state, over pysyncobj.
 
-:class:`RaftReplica` builds the consumer (:class:`~synapse_ha.raft.replicated_state.
-ReplicatedState`) first and the ``SyncObj`` second (so a restored snapshot is never
-overwritten by a late constructor), and turns pysyncobj's callbacks into
-:class:`Proposal` futures that gRPC handlers wait on with a deadline. Its parts, each in
-a module of its own: the Raft channel's key and the data directory's mode
-(:mod:`~synapse_ha.raft.channel`), the group-committed proposals
+:class:`RaftReplica` builds the consumer
+(:class:`~synapse_ha.raft.replicated_state.ReplicatedState`) first and the ``SyncObj``
+second (so a restored snapshot is never overwritten by a late constructor), and turns
+pysyncobj's callbacks into :class:`Proposal` futures that gRPC handlers wait on with a
+deadline. Its parts, each in a module of its own: the Raft channel's key and the data
+directory's mode (:mod:`~synapse_ha.raft.channel`), the group-committed proposals
 (:mod:`~synapse_ha.raft.proposals`), the status (:mod:`~synapse_ha.raft.status`) and the
 membership changes (:mod:`~synapse_ha.raft.membership`).
 """
