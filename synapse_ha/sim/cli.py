@@ -110,6 +110,36 @@ def _percent(share: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``synapse-sim`` with ``argv``; the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not 0 <= args.locality_wait * 1000 <= MAX_LOCALITY_WAIT_MS:
+        parser.error(f"--locality-wait: seconds between 0 and {MAX_LOCALITY_WAIT_MS // 1000}")
+    config = ClusterConfig(retention_ms=0, locality_wait_ms=round(args.locality_wait * 1000))
+    if args.write_trace:
+        if args.workload != "openb":
+            parser.error("--write-trace converts the openb trace: use it with --workload openb")
+        _write_trace(args)
+        return 0
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        parser.error(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+    try:
+        workload = _workload(args)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"cannot load the {args.workload} workload: {exc}")
+    if workload.queues:
+        results = run_modes(workload, config=config)
+        print(tenancy_table(results), file=sys.stderr)
+        print(json.dumps(tenancy_report(workload, results), indent=2))
+        return 0
+    _compare_policies(workload, names, config, args)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The program's options (``--help`` shows the module's docstring)."""
     parser = argparse.ArgumentParser(
         prog="synapse-sim",
         description=__doc__,
@@ -148,30 +178,21 @@ def main(argv: list[str] | None = None) -> int:
         "the cluster's locality_wait_ms (default %(default)g)",
     )
     parser.add_argument("--out", default=None, help="folder for report.json and PNG plots")
-    args = parser.parse_args(argv)
-    if not 0 <= args.locality_wait * 1000 <= MAX_LOCALITY_WAIT_MS:
-        parser.error(f"--locality-wait: seconds between 0 and {MAX_LOCALITY_WAIT_MS // 1000}")
-    config = ClusterConfig(retention_ms=0, locality_wait_ms=round(args.locality_wait * 1000))
-    if args.write_trace:
-        if args.workload != "openb":
-            parser.error("--write-trace converts the openb trace: use it with --workload openb")
-        with Path(args.write_trace).open("w") as f:
-            count = write_trace(openb_to_trace(Path(args.trace), limit=args.limit), f)
-        print(f"wrote {count} jobs to {args.write_trace}", file=sys.stderr)
-        return 0
-    names = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        parser.error(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
-    try:
-        workload = _workload(args)
-    except (OSError, ValueError, KeyError) as exc:
-        parser.error(f"cannot load the {args.workload} workload: {exc}")
-    if workload.queues:
-        results = run_modes(workload, config=config)
-        print(tenancy_table(results), file=sys.stderr)
-        print(json.dumps(tenancy_report(workload, results), indent=2))
-        return 0
+    return parser
+
+
+def _write_trace(args: argparse.Namespace) -> None:
+    """Convert the openb pods to the trace format, into ``--write-trace``."""
+    with Path(args.write_trace).open("w") as f:
+        count = write_trace(openb_to_trace(Path(args.trace), limit=args.limit), f)
+    print(f"wrote {count} jobs to {args.write_trace}", file=sys.stderr)
+
+
+def _compare_policies(
+    workload: Workload, names: list[str], config: ClusterConfig, args: argparse.Namespace
+) -> None:
+    """Run ``workload`` under each named policy; print the table and the JSON report,
+    and with ``--out`` write the report and the plots there."""
     results = [simulate(workload, POLICIES[name](), config=config) for name in names]
     report = {
         "workload": workload.notes,
@@ -189,7 +210,6 @@ def main(argv: list[str] | None = None) -> int:
 
         for line in write_plots(results, out):
             print(line, file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":
