@@ -16,7 +16,7 @@ from synapse_ha.core.model import (
     Resources,
 )
 from synapse_ha.core.reasons import ReasonCode, render
-from synapse_ha.core.scheduler.passes import CLAIM_WINDOW_MS
+from synapse_ha.core.scheduler.preempting import CLAIM_WINDOW_MS
 from tests.core.harness import Cluster, job, node
 
 

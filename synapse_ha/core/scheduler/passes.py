@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from synapse_ha.core.commands import GangPlacement, Victim
+from synapse_ha.core.commands import GangPlacement
 from synapse_ha.core.model import (
     ClusterState,
     Job,
     JobSpec,
-    JobState,
     PreemptionMode,
     Resources,
     unconfirmed_members,
 )
-from synapse_ha.core.quota import QueueUsage, gang_request, has_quotas
+from synapse_ha.core.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
-from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, Table, View
+from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
 from synapse_ha.core.scheduler.placement import (
@@ -29,15 +28,14 @@ from synapse_ha.core.scheduler.placement import (
     place,
     search_depths,
 )
-from synapse_ha.core.scheduler.plan import Plan, Preemption, Reservation
-from synapse_ha.core.scheduler.preemption import (
-    MAX_TRIALS_PER_PASS,
-    Budget,
-    Candidate,
-    choose,
-    fits_with,
-    live_candidates,
-    rules_for,
+from synapse_ha.core.scheduler.plan import Plan, Reservation
+from synapse_ha.core.scheduler.preempting import (
+    CLAIM_WINDOW_MS,
+    Preempting,
+    claimants,
+    hold,
+    victims_of,
+    waiting_for,
 )
 from synapse_ha.core.scheduler.reservation import Running, reserve, running_gangs
 
@@ -84,46 +82,87 @@ def _plan(
     empty_view: Callable[[ClusterState], View],
     answers: Answers,
 ) -> Plan:
-    plan = Plan()
-    table = view.table
-    restricted: View | None = None  # the view without the reserved nodes
-    levels = len(state.config.topology_levels)
-    explainer = Explainer(state.config.levels_with_host(), recall=answers.enabled)
-    placed: dict[str, Running] = {}  # gangs placed by this pass
-    wait_ms = state.config.locality_wait_ms
-    fits_local: dict[tuple[Resources, int, bool, int], bool] = {}  # on an empty cluster
-    running: dict[str, Running] | None = None  # every gang holding capacity; on first need
-    usage = QueueUsage.of(state) if has_quotas(state) else None
-    claims = claimants(state)
-    preempt = (
-        Preempting(state, now_ms, claims)
-        if state.config.preemption is not (PreemptionMode.OFF)
-        else None
-    )
-
-    for job in ordered_pending(state, now_ms, usage, set(claims)):
-        spec = job.spec
+    """The pass's decisions, gang by gang in queue order, on the table behind ``view``."""
+    work = _Pass(state, now_ms, view, empty_view, answers)
+    for job in ordered_pending(state, now_ms, work.usage, set(work.claims)):
         if now_ms < job.retry_not_before_ms:
             continue  # its reason was set when the attempt failed
+        placed = work.decide(job)
+        if placed is not None and on_decision is not None:
+            on_decision(job.job_id, placed)
+    return _with_causes(state, work.plan)
+
+
+class _Pass:
+    """One pass's working state: the plan it makes and what its decisions share (the
+    capacity table and its views, the queues' usage, the preemptors' claims, the gangs it
+    placed). :meth:`decide` decides one gang; the pass calls it in queue order."""
+
+    __slots__ = (
+        "answers",
+        "claims",
+        "empty_view",
+        "explainer",
+        "fits_local",
+        "levels",
+        "now_ms",
+        "placed",
+        "plan",
+        "preempt",
+        "restricted",
+        "running",
+        "state",
+        "table",
+        "usage",
+        "view",
+        "wait_ms",
+    )
+
+    def __init__(
+        self,
+        state: ClusterState,
+        now_ms: int,
+        view: View,
+        empty_view: Callable[[ClusterState], View],
+        answers: Answers,
+    ) -> None:
+        self.state = state
+        self.now_ms = now_ms
+        self.view = view
+        self.table = view.table
+        self.empty_view = empty_view
+        self.answers = answers
+        self.plan = Plan()
+        self.restricted: View | None = None  # the view without the reserved nodes
+        self.levels = len(state.config.topology_levels)
+        self.explainer = Explainer(state.config.levels_with_host(), recall=answers.enabled)
+        self.placed: dict[str, Running] = {}  # gangs placed by this pass
+        self.wait_ms = state.config.locality_wait_ms
+        # Whether a shape fits its locality on an empty cluster.
+        self.fits_local: dict[tuple[Resources, int, bool, int], bool] = {}
+        self.running: dict[str, Running] | None = None  # every gang holding capacity
+        self.usage = QueueUsage.of(state) if has_quotas(state) else None
+        self.claims = claimants(state)
+        self.preempt = (
+            Preempting(state, now_ms, self.claims)
+            if state.config.preemption is not (PreemptionMode.OFF)
+            else None
+        )
+
+    def decide(self, job: Job) -> bool | None:
+        """Place ``job``'s gang, or say why it waits (holding, preempting or reserving
+        on the way); whether it was placed, or None while its last attempt's members
+        are still stopping (no decision: the gang is not considered)."""
+        plan = self.plan
         last = job.attempt
         if (
             last is not None
-            and last.preempted_by in claims
+            and last.preempted_by in self.claims
             and last.ended_at_ms is not None
-            and now_ms < last.ended_at_ms + CLAIM_WINDOW_MS
+            and self.now_ms < last.ended_at_ms + CLAIM_WINDOW_MS
         ):
-            # A victim does not take back what it freed while its preemptor waits for it
-            # (else it is bound again, and, having lost nothing yet, is the cheapest victim
-            # of the next pass).
-            until = last.ended_at_ms + CLAIM_WINDOW_MS
-            plan.reasons[job.job_id] = reason(
-                ReasonCode.WAITING_FOR_PREEMPTOR, preemptor=last.preempted_by, until_ms=until
-            )
-            if plan.wake_ms is None or until < plan.wake_ms:
-                plan.wake_ms = until
-            if on_decision is not None:
-                on_decision(job.job_id, False)
-            continue
+            self._leave_to_preemptor(job, last.preempted_by, last.ended_at_ms)
+            return False
         stopping = unconfirmed_members(job)
         if stopping:
             plan.reasons[job.job_id] = reason(
@@ -132,101 +171,152 @@ def _plan(
                 count=len(stopping),
                 ranks=ranks_text(stopping),
             )
-            continue
+            return None
+        spec = job.spec
         gang = Gang(job, spec, spec.resources, spec.replicas)
-        depths, local_depths = answers.depths(state, spec, levels)
+        answers = self.answers
+        depths, local_depths = answers.depths(self.state, spec, self.levels)
+        usage = self.usage
         short = usage.shortfall(spec.queue, gang_request(spec)) if usage is not None else None
-        victims_left = claims.get(job.job_id)
+        victims_left = self.claims.get(job.job_id)
         if victims_left:
             # Its victims are still stopping: keep what it needs from everyone else.
-            hold(table, gang, view, depths, victims_left)
+            hold(self.table, gang, self.view, depths, victims_left)
             plan.reasons[job.job_id] = waiting_for(victims_left, job)
-            if on_decision is not None:
-                on_decision(job.job_id, False)
-            continue
+            return False
         if short is not None:
-            chosen = (
-                preempt.try_for(gang, table, view, depths, usage) if preempt is not None else None
+            self._preempt_over_quota(gang, depths, short)
+            return False
+        target = self._target(spec)
+        deadline = pending_since(job) + self.wait_ms
+        local = self._locality(gang, local_depths, deadline)
+        hosts = answers.place(gang, target, local if local is not None else depths)
+        if hosts is None and local is not None and answers.fits(gang, target, depths):
+            plan.reasons[job.job_id] = self.explainer.why_waiting_for_locality(
+                gang, target, local, self.wait_ms
             )
-            if chosen is not None:
-                plan.preemptions.append(chosen)
-                plan.reasons[job.job_id] = waiting_for(victims_of(preempt, chosen), job)
-            else:
-                plan.reasons[job.job_id] = short.reason()
-            if on_decision is not None:
-                on_decision(job.job_id, False)
-            continue
-        reservation = plan.reservation
+            self._wake_at(deadline)
+            return False
+        if hosts is not None:
+            self._bind(gang, target, hosts)
+            return True
+        if self.preempt is not None and self._preempt(gang, depths):
+            return False
+        self._wait(gang, depths)
+        return False
+
+    def _wake_at(self, ms: int) -> None:
+        plan = self.plan
+        if plan.wake_ms is None or ms < plan.wake_ms:
+            plan.wake_ms = ms
+
+    def _leave_to_preemptor(self, job: Job, preemptor: str, ended_at_ms: int) -> None:
+        """A victim does not take back what it freed while its preemptor waits for it
+        (else it is bound again, and, having lost nothing yet, is the cheapest victim of
+        the next pass)."""
+        until = ended_at_ms + CLAIM_WINDOW_MS
+        self.plan.reasons[job.job_id] = reason(
+            ReasonCode.WAITING_FOR_PREEMPTOR, preemptor=preemptor, until_ms=until
+        )
+        self._wake_at(until)
+
+    def _preempt_over_quota(self, gang: Gang, depths: list[int], short: QuotaShortfall) -> None:
+        """A gang its queue's quota does not admit now: victims within the quota's rules,
+        or the shortfall as its reason."""
+        preempt = self.preempt
+        chosen = (
+            preempt.try_for(gang, self.table, self.view, depths, self.usage)
+            if preempt is not None
+            else None
+        )
+        job = gang.job
+        if chosen is not None:
+            self.plan.preemptions.append(chosen)
+            self.plan.reasons[job.job_id] = waiting_for(victims_of(preempt, chosen), job)
+        else:
+            self.plan.reasons[job.job_id] = short.reason()
+
+    def _target(self, spec: JobSpec) -> View:
+        """The view a gang is placed on: without the reserved nodes, unless it ends
+        before the reservation starts (backfill)."""
+        reservation = self.plan.reservation
         backfill_ok = (
             reservation is not None
             and reservation.start_ms is not None
             and spec.time_limit_ms > 0
-            and now_ms + spec.time_limit_ms <= reservation.start_ms
+            and self.now_ms + spec.time_limit_ms <= reservation.start_ms
         )
-        target = restricted if restricted is not None and not backfill_ok else view
-        # A preemptor's victims were chosen for its topology: it waits for no locality.
-        local = local_depths if wait_ms and gang.n > 1 and job.job_id not in claims else None
-        deadline = pending_since(job) + wait_ms
-        if local is not None and now_ms < deadline:
-            key = (gang.req, gang.n, bool(spec.image), local[-1])
-            possible = fits_local.get(key)
-            if possible is None:
-                possible = fits_local[key] = fits(gang, empty_view(state), local)
-            if not possible:
-                local = None
-        else:
-            local = None
-        hosts = answers.place(gang, target, local if local is not None else depths)
-        if hosts is None and local is not None and answers.fits(gang, target, depths):
-            plan.reasons[job.job_id] = explainer.why_waiting_for_locality(
-                gang, target, local, wait_ms
-            )
-            if plan.wake_ms is None or deadline < plan.wake_ms:
-                plan.wake_ms = deadline
-            if on_decision is not None:
-                on_decision(job.job_id, False)
-            continue
-        if hosts is not None:
-            members = members_for(gang, target, hosts)
-            commit(table, spec.resources, members)
-            plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
-            if usage is not None:
-                usage.add(spec.queue, gang_request(spec))
-            if preempt is not None:
-                preempt.placed(spec.queue, gang_request(spec))
-            end = now_ms + spec.time_limit_ms if spec.time_limit_ms else None
-            placed[job.job_id] = Running(end, spec.resources, members)
-            if running is not None:
-                running[job.job_id] = placed[job.job_id]
-            if on_decision is not None:
-                on_decision(job.job_id, True)
-            continue
-        if preempt is not None:
-            chosen = preempt.try_for(gang, table, view, depths, usage)
-            if chosen is not None:
-                plan.preemptions.append(chosen)
-                plan.reasons[job.job_id] = waiting_for(preempt.chosen_of(chosen), job)
-                if on_decision is not None:
-                    on_decision(job.job_id, False)
-                continue
+        restricted = self.restricted
+        return restricted if restricted is not None and not backfill_ok else self.view
+
+    def _locality(
+        self, gang: Gang, local_depths: list[int] | None, deadline: int
+    ) -> list[int] | None:
+        """The depths the gang waits for until ``deadline``, or None: a single member, a
+        preemptor (its victims were chosen for its topology), the wait over, or a shape
+        that would not fit them even on an empty cluster."""
+        wait = self.wait_ms and gang.n > 1 and gang.job.job_id not in self.claims
+        if not wait or local_depths is None or self.now_ms >= deadline:
+            return None
+        key = (gang.req, gang.n, bool(gang.spec.image), local_depths[-1])
+        possible = self.fits_local.get(key)
+        if possible is None:
+            possible = self.fits_local[key] = fits(gang, self.empty_view(self.state), local_depths)
+        return local_depths if possible else None
+
+    def _bind(self, gang: Gang, target: View, hosts: list[tuple[str, int]]) -> None:
+        """Place the gang on ``hosts``: its capacity taken, its queue charged."""
+        job, spec = gang.job, gang.spec
+        members = members_for(gang, target, hosts)
+        commit(self.table, spec.resources, members)
+        self.plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
+        if self.usage is not None:
+            self.usage.add(spec.queue, gang_request(spec))
+        if self.preempt is not None:
+            self.preempt.placed(spec.queue, gang_request(spec))
+        end = self.now_ms + spec.time_limit_ms if spec.time_limit_ms else None
+        running = self.placed[job.job_id] = Running(end, spec.resources, members)
+        if self.running is not None:
+            self.running[job.job_id] = running
+
+    def _preempt(self, gang: Gang, depths: list[int]) -> bool:
+        """Victims for a gang that found no room; whether there were."""
+        assert self.preempt is not None
+        chosen = self.preempt.try_for(gang, self.table, self.view, depths, self.usage)
+        if chosen is None:
+            return False
+        self.plan.preemptions.append(chosen)
+        job = gang.job
+        self.plan.reasons[job.job_id] = waiting_for(self.preempt.chosen_of(chosen), job)
+        return True
+
+    def _wait(self, gang: Gang, depths: list[int]) -> None:
+        """A gang that waits: the pass's first one reserves where it will start; the
+        others say why they wait (behind the reservation when they would fit)."""
+        plan, view, state = self.plan, self.view, self.state
+        job_id = gang.job.job_id
+        reservation = plan.reservation
         if reservation is None:
-            if running is None:
-                running = running_gangs(state, placed)
-            made = answers.reserve(gang, view, depths, running, lambda: empty_view(state))
+            if self.running is None:
+                self.running = running_gangs(state, self.placed)
+            made = self.answers.reserve(
+                gang, view, depths, self.running, lambda: self.empty_view(state)
+            )
             if made is not None:
                 plan.reservation = made
-                restricted = view.without(made.nodes)
-            plan.reasons[job.job_id] = explainer.why_waiting(gang, view, depths, made, now_ms)
+                self.restricted = view.without(made.nodes)
+            plan.reasons[job_id] = self.explainer.why_waiting(gang, view, depths, made, self.now_ms)
         else:
-            blocked = answers.fits(gang, view, depths)
-            plan.reasons[job.job_id] = explainer.why_waiting(
-                gang, view, depths, None, now_ms, behind=reservation if blocked else None
+            blocked = self.answers.fits(gang, view, depths)
+            plan.reasons[job_id] = self.explainer.why_waiting(
+                gang, view, depths, None, self.now_ms, behind=reservation if blocked else None
             )
-        if on_decision is not None:
-            on_decision(job.job_id, False)
 
-    # A gang queued again after an attempt ended says how that attempt ended (a
-    # disruption that requeued it, or a failure being retried).
+
+def _with_causes(state: ClusterState, plan: Plan) -> Plan:
+    """The plan with its reasons' causes and the reasons that changed. A gang queued
+    again after an attempt ended says how that attempt ended (a disruption that requeued
+    it, or a failure being retried)."""
     for job_id, why in plan.reasons.items():
         last = state.jobs[job_id].attempt
         if why.cause is None and last is not None and last.outcome is not None:
@@ -328,202 +418,3 @@ class Answers:
         if made is None:
             self.no_start.add(key)  # the search undid its changes: the same version
         return made
-
-
-# --------------------------------------------------------------------- queues, preemption
-
-
-def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
-    """Pending gangs that preempted others and have not been placed since, each with
-    its victims still stopping (an empty list once all have stopped: the gang then
-    goes first in the pass and takes what they freed)."""
-    out: dict[str, list[Candidate]] = {}
-    for job_id in sorted(state.jobs):
-        job = state.jobs[job_id]
-        attempt = job.attempt
-        if attempt is None or not attempt.preempted_by:
-            continue
-        preemptor = state.jobs.get(attempt.preempted_by)
-        if preemptor is None or preemptor.state is not JobState.PENDING:
-            continue
-        if job.live_attempt() is attempt:
-            gpus = gang_request(job.spec).gpu
-            out.setdefault(preemptor.job_id, []).append(
-                Candidate(
-                    job,
-                    attempt,
-                    gpus,
-                    0,
-                    job.spec.priority,
-                    job.spec.queue,
-                    frozenset(m.node_id for m in attempt.members),
-                )
-            )
-        elif job.state is JobState.PENDING:
-            out.setdefault(preemptor.job_id, [])
-    return out
-
-
-def waiting_for(victims: list[Candidate], job: Job) -> Reason:
-    kind = victims[0].attempt.preemption if victims else None
-    return reason(
-        ReasonCode.WAITING_FOR_VICTIMS,
-        count=len(victims),
-        kind=kind.value if kind is not None else None,
-        victims=", ".join(v.job_id for v in victims),
-    )
-
-
-def hold(
-    table: Table,
-    gang: Gang,
-    view: View,
-    depths: list[int],
-    victims: list[Candidate],
-    hosts: list[tuple[str, int]] | None = None,
-) -> None:
-    """Take from the table the free GPUs the gang would use once ``victims`` stop, so
-    that no later gang of the pass is placed on them (the preemptor's first claim).
-    The victims' own GPUs are still held by them; only free ones are taken. ``hosts``:
-    where the search found the gang goes (else placed again here)."""
-    if hosts is None:
-        hosts = fits_with(gang, table, view, depths, victims)
-    if hosts is None:
-        return
-    held: dict[str, set[int]] = {}
-    for v in victims:
-        for m in v.attempt.members:
-            held.setdefault(m.node_id, set()).update(m.gpus)
-    mark = table.mark()
-    for v in victims:
-        for m in v.attempt.members:
-            table.adjust(m.node_id, v.job.spec.resources, m.gpus, +1)
-    members = members_for(gang, view, hosts)
-    table.undo(mark)
-    for m in members:
-        free = tuple(g for g in m.gpus if g not in held.get(m.node_id, set()))
-        if free:
-            table.adjust(m.node_id, Resources(gpu=len(free)), free, -1)
-
-
-# How long a preempted gang leaves what it freed to its preemptor, counted from when
-# its last member stopped; past it the gang may be placed anywhere again.
-CLAIM_WINDOW_MS = 60_000
-MAX_SEARCHES = 32  # preemption searches per pass; the rest wait for the next pass
-
-
-class Preempting:
-    """The preemption decisions of one pass: who may still be a victim, what each
-    queue keeps, and a bound on the work (searches per pass; shapes that found
-    nothing are not searched again in the pass)."""
-
-    def __init__(
-        self, state: ClusterState, now_ms: int, claims: dict[str, list[Candidate]]
-    ) -> None:
-        self.state = state
-        self.now_ms = now_ms
-        self.claims = claims
-        self.candidates: list[Candidate] | None = None
-        self.keeps: QueueUsage | None = None
-        self.claimed: set[str] = set()
-        self.searches = 0
-        self.failed: set[tuple[object, ...]] = set()
-        self.victims: dict[str, list[Candidate]] = {}
-        self.budget = Budget(MAX_TRIALS_PER_PASS)
-        self.binds: list[tuple[str, Resources]] = []
-
-    def _keeps(self) -> QueueUsage:
-        if self.keeps is None:
-            self.keeps = QueueUsage.of(self.state, counting_preempted=False)
-            # Gangs still waiting for victims to stop will take their share (as apply
-            # counts them); one whose victims have all stopped counts once bound.
-            for job_id in sorted(self.claims):
-                if self.claims[job_id]:
-                    spec = self.state.jobs[job_id].spec
-                    self.keeps.add(spec.queue, gang_request(spec))
-            for queue, request in self.binds:
-                self.keeps.add(queue, request)
-        return self.keeps
-
-    def placed(self, queue: str, request: Resources) -> None:
-        """A gang placed by this pass: its queue keeps it (the bind precedes the
-        preemptions, and apply checks a reclaim against the usage after it)."""
-        self.binds.append((queue, request))
-        if self.keeps is not None:
-            self.keeps.add(queue, request)
-
-    def chosen_of(self, p: Preemption) -> list[Candidate]:
-        return self.victims[p.preemptor]
-
-    def try_for(
-        self,
-        gang: Gang,
-        table: Table,
-        view: View,
-        depths: list[int],
-        usage: QueueUsage | None,
-    ) -> Preemption | None:
-        """Choose victims for ``gang`` and keep its claim, or None."""
-        spec = gang.spec
-        req = spec.resources
-        key = (  # plain ints rather than the Resources value: no Python code to hash
-            spec.queue,
-            req.gpu,
-            req.cpu_milli,
-            req.memory_mib,
-            spec.replicas,
-            spec.topology_required,
-            spec.topology_preferred,
-            spec.priority,
-            spec.priority_class,
-            bool(spec.image),
-        )
-        if self.searches >= MAX_SEARCHES or key in self.failed:
-            return None
-        if self.candidates is None:
-            self.candidates = live_candidates(self.state, self.now_ms)
-        options = rules_for(self.state, gang, self.candidates, usage, self._keeps(), self.claimed)
-        if not options:
-            self.failed.add(key)
-            return None
-        self.searches += 1
-        for rules in options:
-            choice = choose(
-                self.state,
-                gang,
-                table,
-                view,
-                depths,
-                rules,
-                self.state.config.preemption,
-                self.budget,
-            )
-            if choice is None:
-                continue
-            victims = list(choice.victims)
-            self.claimed.update(v.job_id for v in victims)
-            self.victims[gang.job.job_id] = victims
-            # As apply sees the next preemption: these victims leave, this gang takes.
-            keeps = self._keeps()
-            keeps.add(spec.queue, gang_request(spec))
-            for v in victims:
-                keeps.remove(v.queue, gang_request(v.job.spec))
-            if usage is not None:
-                # The victims count until they stop (apply verifies binds so) and the
-                # preemptor has first claim on its queue's quota: later gangs of the
-                # pass see both.
-                usage.add(spec.queue, gang_request(spec))
-            hold(table, gang, view, depths, victims, choice.hosts)
-            return Preemption(
-                gang.job.job_id,
-                gang.job.attempts_made,
-                tuple(Victim(v.job_id, v.attempt.fencing_token) for v in victims),
-                choice.kind,
-            )
-        self.failed.add(key)
-        return None
-
-
-def victims_of(preempt: Preempting | None, chosen: Preemption) -> list[Candidate]:
-    assert preempt is not None
-    return preempt.chosen_of(chosen)

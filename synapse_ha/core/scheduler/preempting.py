@@ -1,0 +1,222 @@
+"""A pass's preemptions: the preemptors' claims and the choice of victims, gang by gang.
+
+A gang that preempted others keeps a claim until it is placed: the free GPUs it will use
+are held from later gangs while its victims stop (:func:`hold`), and each victim leaves
+what it freed to it for :data:`CLAIM_WINDOW_MS`. :class:`Preempting` chooses the victims
+of one pass (the rules and the search are :mod:`.preemption`'s), bounded per pass.
+"""
+
+from __future__ import annotations
+
+from synapse_ha.core.commands import Victim
+from synapse_ha.core.model import ClusterState, Job, JobState, Resources
+from synapse_ha.core.quota import QueueUsage, gang_request
+from synapse_ha.core.reasons import Reason, ReasonCode, reason
+from synapse_ha.core.scheduler.capacity import Table, View
+from synapse_ha.core.scheduler.placement import Gang, members_for
+from synapse_ha.core.scheduler.plan import Preemption
+from synapse_ha.core.scheduler.preemption import (
+    MAX_TRIALS_PER_PASS,
+    Budget,
+    Candidate,
+    choose,
+    fits_with,
+    live_candidates,
+    rules_for,
+)
+
+
+def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
+    """Pending gangs that preempted others and have not been placed since, each with
+    its victims still stopping (an empty list once all have stopped: the gang then
+    goes first in the pass and takes what they freed)."""
+    out: dict[str, list[Candidate]] = {}
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        attempt = job.attempt
+        if attempt is None or not attempt.preempted_by:
+            continue
+        preemptor = state.jobs.get(attempt.preempted_by)
+        if preemptor is None or preemptor.state is not JobState.PENDING:
+            continue
+        if job.live_attempt() is attempt:
+            gpus = gang_request(job.spec).gpu
+            out.setdefault(preemptor.job_id, []).append(
+                Candidate(
+                    job,
+                    attempt,
+                    gpus,
+                    0,
+                    job.spec.priority,
+                    job.spec.queue,
+                    frozenset(m.node_id for m in attempt.members),
+                )
+            )
+        elif job.state is JobState.PENDING:
+            out.setdefault(preemptor.job_id, [])
+    return out
+
+
+def waiting_for(victims: list[Candidate], job: Job) -> Reason:
+    kind = victims[0].attempt.preemption if victims else None
+    return reason(
+        ReasonCode.WAITING_FOR_VICTIMS,
+        count=len(victims),
+        kind=kind.value if kind is not None else None,
+        victims=", ".join(v.job_id for v in victims),
+    )
+
+
+def hold(
+    table: Table,
+    gang: Gang,
+    view: View,
+    depths: list[int],
+    victims: list[Candidate],
+    hosts: list[tuple[str, int]] | None = None,
+) -> None:
+    """Take from the table the free GPUs the gang would use once ``victims`` stop, so
+    that no later gang of the pass is placed on them (the preemptor's first claim).
+    The victims' own GPUs are still held by them; only free ones are taken. ``hosts``:
+    where the search found the gang goes (else placed again here)."""
+    if hosts is None:
+        hosts = fits_with(gang, table, view, depths, victims)
+    if hosts is None:
+        return
+    held: dict[str, set[int]] = {}
+    for v in victims:
+        for m in v.attempt.members:
+            held.setdefault(m.node_id, set()).update(m.gpus)
+    mark = table.mark()
+    for v in victims:
+        for m in v.attempt.members:
+            table.adjust(m.node_id, v.job.spec.resources, m.gpus, +1)
+    members = members_for(gang, view, hosts)
+    table.undo(mark)
+    for m in members:
+        free = tuple(g for g in m.gpus if g not in held.get(m.node_id, set()))
+        if free:
+            table.adjust(m.node_id, Resources(gpu=len(free)), free, -1)
+
+
+# How long a preempted gang leaves what it freed to its preemptor, counted from when
+# its last member stopped; past it the gang may be placed anywhere again.
+CLAIM_WINDOW_MS = 60_000
+MAX_SEARCHES = 32  # preemption searches per pass; the rest wait for the next pass
+
+
+class Preempting:
+    """The preemption decisions of one pass: who may still be a victim, what each
+    queue keeps, and a bound on the work (searches per pass; shapes that found
+    nothing are not searched again in the pass)."""
+
+    def __init__(
+        self, state: ClusterState, now_ms: int, claims: dict[str, list[Candidate]]
+    ) -> None:
+        self.state = state
+        self.now_ms = now_ms
+        self.claims = claims
+        self.candidates: list[Candidate] | None = None
+        self.keeps: QueueUsage | None = None
+        self.claimed: set[str] = set()
+        self.searches = 0
+        self.failed: set[tuple[object, ...]] = set()
+        self.victims: dict[str, list[Candidate]] = {}
+        self.budget = Budget(MAX_TRIALS_PER_PASS)
+        self.binds: list[tuple[str, Resources]] = []
+
+    def _keeps(self) -> QueueUsage:
+        if self.keeps is None:
+            self.keeps = QueueUsage.of(self.state, counting_preempted=False)
+            # Gangs still waiting for victims to stop will take their share (as apply
+            # counts them); one whose victims have all stopped counts once bound.
+            for job_id in sorted(self.claims):
+                if self.claims[job_id]:
+                    spec = self.state.jobs[job_id].spec
+                    self.keeps.add(spec.queue, gang_request(spec))
+            for queue, request in self.binds:
+                self.keeps.add(queue, request)
+        return self.keeps
+
+    def placed(self, queue: str, request: Resources) -> None:
+        """A gang placed by this pass: its queue keeps it (the bind precedes the
+        preemptions, and apply checks a reclaim against the usage after it)."""
+        self.binds.append((queue, request))
+        if self.keeps is not None:
+            self.keeps.add(queue, request)
+
+    def chosen_of(self, p: Preemption) -> list[Candidate]:
+        return self.victims[p.preemptor]
+
+    def try_for(
+        self,
+        gang: Gang,
+        table: Table,
+        view: View,
+        depths: list[int],
+        usage: QueueUsage | None,
+    ) -> Preemption | None:
+        """Choose victims for ``gang`` and keep its claim, or None."""
+        spec = gang.spec
+        req = spec.resources
+        key = (  # plain ints rather than the Resources value: no Python code to hash
+            spec.queue,
+            req.gpu,
+            req.cpu_milli,
+            req.memory_mib,
+            spec.replicas,
+            spec.topology_required,
+            spec.topology_preferred,
+            spec.priority,
+            spec.priority_class,
+            bool(spec.image),
+        )
+        if self.searches >= MAX_SEARCHES or key in self.failed:
+            return None
+        if self.candidates is None:
+            self.candidates = live_candidates(self.state, self.now_ms)
+        options = rules_for(self.state, gang, self.candidates, usage, self._keeps(), self.claimed)
+        if not options:
+            self.failed.add(key)
+            return None
+        self.searches += 1
+        for rules in options:
+            choice = choose(
+                self.state,
+                gang,
+                table,
+                view,
+                depths,
+                rules,
+                self.state.config.preemption,
+                self.budget,
+            )
+            if choice is None:
+                continue
+            victims = list(choice.victims)
+            self.claimed.update(v.job_id for v in victims)
+            self.victims[gang.job.job_id] = victims
+            # As apply sees the next preemption: these victims leave, this gang takes.
+            keeps = self._keeps()
+            keeps.add(spec.queue, gang_request(spec))
+            for v in victims:
+                keeps.remove(v.queue, gang_request(v.job.spec))
+            if usage is not None:
+                # The victims count until they stop (apply verifies binds so) and the
+                # preemptor has first claim on its queue's quota: later gangs of the
+                # pass see both.
+                usage.add(spec.queue, gang_request(spec))
+            hold(table, gang, view, depths, victims, choice.hosts)
+            return Preemption(
+                gang.job.job_id,
+                gang.job.attempts_made,
+                tuple(Victim(v.job_id, v.attempt.fencing_token) for v in victims),
+                choice.kind,
+            )
+        self.failed.add(key)
+        return None
+
+
+def victims_of(preempt: Preempting | None, chosen: Preemption) -> list[Candidate]:
+    assert preempt is not None
+    return preempt.chosen_of(chosen)
