@@ -1,0 +1,207 @@
+"""``synapse-scheduler``'s settings of queues, preemption and limits: its flags and TOML
+``[scheduling]``, ``[[scheduling.priority_classes]]`` and ``[limits]``. Besides the
+locality wait, these are replicated settings this replica puts back when it leads
+(:class:`SchedulingSettings`); each left None keeps the replicated value. They are checked
+by the rule sets the state machine applies."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from synapse_ha.core.admission import check_limits
+from synapse_ha.core.model import (
+    DEFAULT_GRACE_MS,
+    LOCALITY_WAIT_MS,
+    MAX_LOCALITY_WAIT_MS,
+    MAX_REQUEUES_LIMIT,
+    MAX_START_TIMEOUT_MS,
+    MIN_START_TIMEOUT_MS,
+    Limits,
+    PreemptionMode,
+    PriorityClass,
+)
+from synapse_ha.core.validation import check_priority_classes
+from synapse_ha.leader.loop import SchedulingSettings
+from synapse_ha.programs.config_file import ConfigError, duration_ms
+from synapse_ha.programs.settings import Inputs, setting
+
+
+def _locality_wait_ms(raw: object) -> int:
+    wait_ms = duration_ms(raw, "locality_wait")
+    if wait_ms > MAX_LOCALITY_WAIT_MS:
+        raise ConfigError(f"locality_wait must be at most {MAX_LOCALITY_WAIT_MS // 3_600_000}h")
+    return wait_ms
+
+
+def _preemption(raw: object) -> PreemptionMode:
+    try:
+        return PreemptionMode(str(raw))
+    except ValueError:
+        allowed = ", ".join(m.value for m in PreemptionMode)
+        raise ConfigError(f"preemption must be one of {allowed}, got {raw!r}") from None
+
+
+def _half_life_ms(raw: object) -> int:
+    half_life = duration_ms(raw, "fair_share_half_life")
+    if half_life <= 0:
+        raise ConfigError("fair_share_half_life must be positive")
+    return half_life
+
+
+def _max_requeues(raw: object) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= MAX_REQUEUES_LIMIT:
+        raise ConfigError(f"max_requeues must be an integer from 0 to {MAX_REQUEUES_LIMIT}")
+    return raw
+
+
+def _start_timeout_ms(raw: object) -> int:
+    start_timeout = duration_ms(raw, "start_timeout")
+    if not MIN_START_TIMEOUT_MS <= start_timeout <= MAX_START_TIMEOUT_MS:
+        raise ConfigError(
+            f"start_timeout must be from {MIN_START_TIMEOUT_MS // 1000}s to "
+            f"{MAX_START_TIMEOUT_MS // 3_600_000}h, got {raw!r}"
+        )
+    return start_timeout
+
+
+LOCALITY_WAIT = setting(
+    "--locality-wait",
+    "scheduling.locality_wait",
+    default=LOCALITY_WAIT_MS,
+    check=_locality_wait_ms,
+    help="how long a gang that fits in one rack waits for one before spreading "
+    "across racks (e.g. 10m, the default; 0s turns it off)",
+)
+# Queues and preemption; TOML [scheduling] and [[scheduling.priority_classes]].
+PRIORITY_CLASS = setting(
+    "--priority-class",
+    "scheduling.priority_classes",
+    action="append",
+    flag_default=[],
+    metavar="NAME=VALUE[,preempts][,grace=30s]",
+    help="a priority class (repeatable; replaces the built-in low, normal, high)",
+)
+PREEMPTION = setting(
+    "--preemption",
+    "scheduling.preemption",
+    merge="truthy",
+    check=_preemption,
+    help="topology (the default), blind or off",
+)
+FAIR_SHARE_HALF_LIFE = setting(
+    "--fair-share-half-life",
+    "scheduling.fair_share_half_life",
+    merge="truthy",
+    check=_half_life_ms,
+    help="decay of past usage in fair share (7d)",
+)
+MAX_REQUEUES = setting(
+    "--max-requeues",
+    "scheduling.max_requeues",
+    check=_max_requeues,
+    type=int,
+    help="how often a job may be requeued by disruptions it did not cause before it "
+    "fails (default 5)",
+)
+START_TIMEOUT = setting(
+    "--start-timeout",
+    "scheduling.start_timeout",
+    merge="truthy",
+    check=_start_timeout_ms,
+    help="how long after its bind a gang's members may take to report running before "
+    "the attempt fails: allow for the largest image pull (default 60s; 1s to 24h)",
+)
+SCHEDULING = (
+    LOCALITY_WAIT,
+    PRIORITY_CLASS,
+    PREEMPTION,
+    FAIR_SHARE_HALF_LIFE,
+    MAX_REQUEUES,
+    START_TIMEOUT,
+)
+
+
+def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
+    """Priority classes, the preemption mode, the fair-share half-life, the requeues and
+    the start timeout from flags or TOML ``[scheduling]``, and the limits of ``[limits]``."""
+    return SchedulingSettings(
+        _priority_classes(inputs),
+        inputs.value(PREEMPTION),
+        inputs.value(FAIR_SHARE_HALF_LIFE),
+        inputs.value(MAX_REQUEUES),
+        start_timeout_ms=inputs.value(START_TIMEOUT),
+        limits=_limits(inputs.file.get("limits", {})),
+    )
+
+
+def _priority_class_flag(text: str) -> dict[str, Any]:
+    """``NAME=VALUE[,preempts][,grace=30s]`` as the TOML table it stands for."""
+    head, *options = [part.strip() for part in text.split(",")]
+    name, sep, value = head.partition("=")
+    if not sep:
+        raise ConfigError(f"--priority-class {text!r}: expected NAME=VALUE[,preempts][,grace=D]")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"--priority-class {text!r}: the value must be an integer") from None
+    table: dict[str, Any] = {"name": name, "value": number}
+    for option in options:
+        key, _, raw = option.partition("=")
+        if key == "preempts" and not raw:
+            table["preempts"] = True
+        elif key == "grace" and raw:
+            table["grace"] = raw
+        else:
+            raise ConfigError(f"--priority-class {text!r}: unknown option {option!r}")
+    return table
+
+
+def _priority_classes(inputs: Inputs) -> tuple[PriorityClass, ...] | None:
+    """The classes of ``--priority-class`` (all of them) or else of the file."""
+    tables: list[Any] = [_priority_class_flag(t) for t in inputs.flags.priority_class]
+    if not tables:
+        in_file = inputs.in_file(PRIORITY_CLASS)
+        tables = [] if in_file is None else in_file
+        if not isinstance(tables, list):
+            raise ConfigError("scheduling.priority_classes: expected an array of tables")
+    if not tables:
+        return None
+    built = [_priority_class(i, table) for i, table in enumerate(tables)]
+    problems = check_priority_classes(built)
+    if problems:
+        raise ConfigError("; ".join(str(v) for v in problems))
+    return tuple(built)
+
+
+def _priority_class(i: int, table: object) -> PriorityClass:
+    where = f"scheduling.priority_classes[{i}]"
+    if not isinstance(table, dict) or not {"name", "value"} <= set(table):
+        raise ConfigError(f"{where}: expected a table with name and value")
+    unknown = set(table) - {"name", "value", "preempts", "grace"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    value, preempts = table["value"], table.get("preempts", False)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{where}.value: expected an integer")
+    if not isinstance(preempts, bool) or not isinstance(table["name"], str):
+        raise ConfigError(f"{where}: name is a string and preempts true or false")
+    grace = duration_ms(table["grace"], f"{where}.grace") if "grace" in table else DEFAULT_GRACE_MS
+    return PriorityClass(table["name"], value, preempts, grace)
+
+
+def _limits(l_doc: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The limits TOML ``[limits]`` sets (DESIGN §8; the others stay as replicated)."""
+    known = {f.name for f in dataclasses.fields(Limits)}
+    unknown = sorted(set(l_doc) - known)
+    if unknown:
+        raise ConfigError(
+            f"limits.{unknown[0]}: no such limit (limits: {', '.join(sorted(known))})"
+        )
+    for name, value in l_doc.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"limits.{name}: must be a whole number, got {value!r}")
+    problems = check_limits(dataclasses.replace(Limits(), **l_doc))
+    if problems:
+        raise ConfigError("; ".join(str(v) for v in problems))
+    return tuple(sorted(l_doc.items()))
