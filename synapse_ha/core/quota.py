@@ -26,6 +26,7 @@ from synapse_ha.core.model import (
     ClusterConfig,
     ClusterState,
     JobSpec,
+    JobState,
     PriorityClass,
     Queue,
     Resources,
@@ -54,6 +55,18 @@ def grace_ms(config: ClusterConfig, spec: JobSpec) -> int:
     """How long a preempted gang of ``spec`` has between SIGTERM and SIGKILL."""
     cls = priority_class(config, spec.priority_class)
     return cls.grace_ms if cls is not None else DEFAULT_GRACE_MS
+
+
+def waiting_preemptors(state: ClusterState) -> set[str]:
+    """Pending gangs that preempted others whose attempts are still live (stopping)."""
+    waiting: set[str] = set()
+    for job in state.jobs.values():
+        attempt = job.live_attempt()
+        if attempt is not None and attempt.preempted_by:
+            preemptor = state.jobs.get(attempt.preempted_by)
+            if preemptor is not None and preemptor.state is JobState.PENDING:
+                waiting.add(preemptor.job_id)
+    return waiting
 
 
 def has_quotas(state: ClusterState) -> bool:
@@ -116,6 +129,19 @@ class QueueUsage:
             q = job.spec.queue
             usage[q] = usage.get(q, ZERO) + gang_request(job.spec)
         return cls(state.queues, usage)
+
+    @classmethod
+    def kept_after_reclaims(cls, state: ClusterState, *, besides: str = "") -> QueueUsage:
+        """What each queue keeps once the gangs being preempted have stopped, plus what
+        the pending gangs still waiting for those victims will take: the usage a reclaim
+        is judged against, by the planner choosing victims and by the state machine
+        verifying them. ``besides``: a waiting gang left out (the one being judged)."""
+        keeps = cls.of(state, counting_preempted=False)
+        for job_id in sorted(waiting_preemptors(state)):
+            if job_id != besides:
+                spec = state.jobs[job_id].spec
+                keeps.add(spec.queue, gang_request(spec))
+        return keeps
 
     def add(self, queue: str, request: Resources) -> None:
         self.usage[queue] = self.usage.get(queue, ZERO) + request

@@ -20,6 +20,7 @@ from synapse_ha.core.model import (
     PreemptionMode,
     Queue,
 )
+from synapse_ha.core.quota import QueueUsage, waiting_preemptors
 from synapse_ha.core.reasons import ReasonCode, reason, render
 from synapse_ha.core.views import desired_by_node, due_start_timeouts
 from tests.core.harness import Cluster, job, node
@@ -291,6 +292,22 @@ def test_reclaim_takes_a_borrowing_gang_back_for_a_queue_within_nominal() -> Non
     a2 = cl.submit(job(queue="team-a", gpu=8))
     result = preempt(cl, a2, [b1], RECLAIM)
     assert result.code is c.ResultCode.CONFLICT and "within its nominal" in result.message
+
+
+def test_what_a_queue_keeps_counts_the_gangs_waiting_for_their_victims() -> None:
+    cl = cluster()
+    running(cl, "team-b", 8)
+    b2 = running(cl, "team-b", 8)
+    a = cl.submit(job(queue="team-a", gpu=8))
+    assert preempt(cl, a, [b2], RECLAIM).ok
+    # b2 is stopping: team-b keeps 8, and team-a will take the 8 a waits for. The planner
+    # and the state machine judge the next reclaim against these same figures.
+    keeps = QueueUsage.kept_after_reclaims(cl.state)
+    assert (keeps.used("team-a").gpu, keeps.used("team-b").gpu) == (8, 8)
+    assert waiting_preemptors(cl.state) == {a}
+    assert QueueUsage.kept_after_reclaims(cl.state, besides=a).used("team-a").gpu == 0
+    assert cl.exit_member(b2, 0, 137).ok
+    assert waiting_preemptors(cl.state) == set()
 
 
 # ------------------------------------------------------------------ refusals

@@ -134,21 +134,7 @@ def _reclaim_problem(state: ClusterState, preemptor: Job, victims: list[Job]) ->
     queue = state.queues.get(spec.queue)
     if queue is None or queue.gpu is None or not queue.cohort:
         return f"queue {spec.queue} has no quota in a cohort: it cannot reclaim"
-    # What each queue keeps once the gangs already being preempted have stopped, plus
-    # what the other gangs waiting for their victims will take.
-    keeps = QueueUsage.of(state, counting_preempted=False)
-    claimed: set[str] = set()
-    for job in state.jobs.values():
-        attempt = job.live_attempt()
-        if attempt is not None and attempt.preempted_by and attempt.preempted_by not in claimed:
-            claimed.add(attempt.preempted_by)
-            waiting = state.jobs.get(attempt.preempted_by)
-            if (
-                waiting is not None
-                and waiting.state is JobState.PENDING
-                and waiting is not preemptor
-            ):
-                keeps.add(waiting.spec.queue, gang_request(waiting.spec))
+    keeps = QueueUsage.kept_after_reclaims(state, besides=preemptor.job_id)
     need = gang_request(spec).gpu
     if not keeps.within_nominal(spec.queue, need):
         return (

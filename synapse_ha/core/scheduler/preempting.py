@@ -127,13 +127,8 @@ class Preempting:
 
     def _keeps(self) -> QueueUsage:
         if self.keeps is None:
-            self.keeps = QueueUsage.of(self.state, counting_preempted=False)
-            # Gangs still waiting for victims to stop will take their share (as apply
-            # counts them); one whose victims have all stopped counts once bound.
-            for job_id in sorted(self.claims):
-                if self.claims[job_id]:
-                    spec = self.state.jobs[job_id].spec
-                    self.keeps.add(spec.queue, gang_request(spec))
+            # One whose victims have all stopped counts once bound, as apply counts it.
+            self.keeps = QueueUsage.kept_after_reclaims(self.state)
             for queue, request in self.binds:
                 self.keeps.add(queue, request)
         return self.keeps
