@@ -33,7 +33,10 @@ from synapse_ha.core.model import MAX_REQUEUES_LIMIT
 from synapse_ha.local.commands import Peer
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.process import Process, Replica, Worker
-from synapse_ha.programs.worker import UNSAFE_NO_SELF_FENCING_ENV, UNSAFE_NO_SELF_FENCING_FLAG
+from synapse_ha.programs.worker_config import (
+    UNSAFE_NO_SELF_FENCING_ENV,
+    UNSAFE_NO_SELF_FENCING_FLAG,
+)
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.security.bundle import LOOPBACK_HOSTS, ClusterCredentials

@@ -81,6 +81,13 @@ def setting(
     )
 
 
+def defaulted(key: str, default: Any, check: Callable[[Any], Any], help: str) -> Setting:
+    """The setting of the flag and file key named ``key`` (dashes in the flag), whose
+    blank value stands for ``default``."""
+    flag = f"--{key.replace('_', '-')}"
+    return setting(flag, key, default=default, check=check, blank_is_default=True, help=help)
+
+
 def add_settings(parser: argparse.ArgumentParser, *sections: Iterable[Setting]) -> None:
     """The flags of every setting of ``sections``, in their order (the order of --help)."""
     for section in sections:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.programs.worker import (
+from synapse_ha.programs.worker_config import (
     UNSAFE_NO_SELF_FENCING_ENV,
     UNSAFE_NO_SELF_FENCING_FLAG,
     ConfigError,

@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from synapse_ha.core.model import FEATURE_IMAGES
-from synapse_ha.programs.worker import ConfigError, load_config, registration
+from synapse_ha.programs.worker import registration
+from synapse_ha.programs.worker_config import ConfigError, load_config
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.bundle import ClusterCredentials

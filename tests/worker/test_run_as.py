@@ -11,7 +11,8 @@ import pytest
 
 from synapse_ha.cli import render_nodes
 from synapse_ha.core.model import JobSpec, Node, NodeInfo, NodeStatus, Resources
-from synapse_ha.programs.worker import ConfigError, load_config, registration, run_as_policy
+from synapse_ha.programs.worker import registration, run_as_policy
+from synapse_ha.programs.worker_config import ConfigError, load_config
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.accounts import (
