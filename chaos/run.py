@@ -29,7 +29,8 @@ from chaos.nemesis import FaultTimeouts, Step
 from chaos.workload import WorkloadConfig, write_config
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.codec import decode_state
-from synapse_ha.core.model import MAX_REQUEUES_LIMIT
+from synapse_ha.core.membership import ReplicaRole
+from synapse_ha.core.model import MAX_REQUEUES_LIMIT, NodeStatus
 from synapse_ha.local.commands import Peer
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.process import Process, Replica, Worker
@@ -39,6 +40,7 @@ from synapse_ha.programs.worker_config import (
 )
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.states import job_state, node_status, replica_role
 from synapse_ha.security.bundle import LOOPBACK_HOSTS, ClusterCredentials
 from synapse_ha.security.tls import Transport
 
@@ -419,10 +421,12 @@ class ChaosCluster:
                     if not process.alive
                     else "paused"
                     if process.paused
-                    else (status.role if status else "unreachable")
+                    else str(replica_role(status) or "unknown")
+                    if status
+                    else str(ReplicaRole.UNREACHABLE)
                 )
                 term = status.term if status else 0
-                if role == "leader" and term > best[0]:
+                if role == ReplicaRole.LEADER and term > best[0]:
                     best = (term, name)
                 if seen.get(name) != (role, term):
                     seen[name] = (role, term)
@@ -475,7 +479,7 @@ class ChaosCluster:
 
     def _all_registered(self) -> bool:
         nodes = self.observer.list_nodes()
-        return sum(1 for n in nodes if n.status == "ready") == len(self.workers)
+        return sum(1 for n in nodes if node_status(n) is NodeStatus.READY) == len(self.workers)
 
     def busy_workers(self, within_s: float = 0.6, fresh_s: float = 0.0) -> list[str]:
         """Workers whose members wrote a ledger record in the last ``within_s``; with
@@ -517,14 +521,14 @@ class ChaosCluster:
 
     def _leader_role(self) -> bool:
         status = self._local_status(self.leader)
-        return status is not None and status.role == "leader"
+        return status is not None and replica_role(status) is ReplicaRole.LEADER
 
     # ---------------------------------------------------------------- quiesce
 
     def all_jobs_final(self) -> tuple[int, int]:
         """(jobs in a final state, jobs in all)."""
         jobs = self.observer.list_jobs()
-        final = [j for j in jobs if j.state in ("SUCCEEDED", "FAILED", "CANCELLED")]
+        final = [j for j in jobs if job_state(j).finished]
         return len(final), len(jobs)
 
     def collect_states(self) -> dict[str, pb.GetReplicaStateResponse]:
@@ -765,7 +769,7 @@ class Nemesis:
         ages = {
             n.node_id: int(n.last_heartbeat_age_ms)
             for n in c.observer.list_nodes()
-            if n.status == "ready" and n.last_heartbeat_age_ms >= 0
+            if node_status(n) is NodeStatus.READY and n.last_heartbeat_age_ms >= 0
         }
         listed = time.monotonic()
         hosts.set_clock(clock, offset)
@@ -782,7 +786,8 @@ class Nemesis:
             # the jump plus the time since: a fault that ended just before the jump (a cut,
             # a killed agent) can leave a node silent long enough to die for real.
             for n in c.observer.list_nodes():
-                if n.node_id in ages and n.status == "dead" and n.node_id not in silence:
+                dead = node_status(n) is NodeStatus.DEAD
+                if n.node_id in ages and dead and n.node_id not in silence:
                     since = int((time.monotonic() - listed) * 1000)
                     silence[n.node_id] = ages[n.node_id] + since
             extra["declared_dead"] = sorted(silence)
@@ -819,7 +824,8 @@ class Nemesis:
             # When the leader declared the frozen node dead: from then on its attempts
             # are superseded, and a write of theirs after the thaw is stale.
             if "declared_dead_ns" not in extra and any(
-                n.node_id == target and n.status == "dead" for n in c.observer.list_nodes()
+                n.node_id == target and node_status(n) is NodeStatus.DEAD
+                for n in c.observer.list_nodes()
             ):
                 extra["declared_dead_ns"] = ledger.now_ns()
 
