@@ -22,8 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from synapse_ha.core.desired import DesiredMember, LaunchSpec
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import ExecutorSettings, LaunchSpec, MemberExecutor
+from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
@@ -41,8 +42,8 @@ def _usage_s(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _spec(rank: int, stamps: Path) -> LaunchSpec:
-    return LaunchSpec(
+def _spec(rank: int, stamps: Path) -> DesiredMember:
+    return DesiredMember(
         job_id="bench",
         attempt=1,
         fencing_token=1,
@@ -54,7 +55,7 @@ def _spec(rank: int, stamps: Path) -> LaunchSpec:
         master_addr="127.0.0.1",
         master_port=29500,
         member_hosts=("127.0.0.1",),
-        command=(f"date +%s.%N > {stamps}/$RANK",),
+        spec=LaunchSpec(command=(f"date +%s.%N > {stamps}/$RANK",)),
     )
 
 

@@ -3,47 +3,21 @@ and which time limits and start timeouts are due. Pure functions of a snapshot."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from operator import attrgetter
 
 from synapse_ha.core.commands import ExpireTimeLimit, FailAttempt
+
+# What desired_by_node answers with: the record a worker's launcher reads too.
+from synapse_ha.core.desired import DesiredMember as DesiredMember
+from synapse_ha.core.desired import LaunchSpec
 from synapse_ha.core.machine import not_started_members, start_timeout_reason
 from synapse_ha.core.model import (
     ClusterState,
     Job,
-    JobSpec,
     MemberState,
     time_limit_deadline,
     unconfirmed_members,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class DesiredMember:
-    """One gang member a worker should be running, with its rank environment."""
-
-    job_id: str
-    attempt: int
-    fencing_token: int
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    gpus: tuple[int, ...]
-    master_addr: str
-    master_port: int
-    member_hosts: tuple[str, ...]
-    spec: JobSpec
-    owner: str = ""  # the user the job belongs to; the worker may run the member as it
-    # 0: not preempted. Otherwise the leader-clock time its grace period ends: the worker
-    # sends SIGTERM at once and SIGKILL then (the heartbeat handler turns it into the
-    # remaining grace, since worker clocks differ from the leader's).
-    preempt_deadline_ms: int = 0
-    # True: the member's attempt has ended before the member was reported running. The
-    # worker must never start it; one it has not started is recorded with an immediate
-    # exit (as a member preempted before it started), which confirms to the leader that
-    # it is stopped (DESIGN §4: the next attempt waits for that confirmation).
-    ended: bool = False
 
 
 def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
@@ -61,6 +35,7 @@ def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
             state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
             for m in attempt.members
         )
+        launch = LaunchSpec.of(job.spec)  # shared by every member of the gang
         per_node: dict[str, int] = {}
         for member in attempt.members:
             per_node[member.node_id] = per_node.get(member.node_id, 0) + 1
@@ -81,7 +56,7 @@ def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
                     master_addr=hosts[0],
                     master_port=attempt.master_port,
                     member_hosts=hosts,
-                    spec=job.spec,
+                    spec=launch,
                     owner=job.owner,
                     preempt_deadline_ms=attempt.preempt_deadline_ms,
                 )
@@ -103,6 +78,7 @@ def _add_ended_unstarted(
         state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
         for m in attempt.members
     )
+    launch = LaunchSpec.of(job.spec)
     for rank in ranks:
         if attempt.member_status[rank].state is not MemberState.BOUND:
             continue  # reported running: its worker knows it and reports its exit
@@ -120,7 +96,7 @@ def _add_ended_unstarted(
                 master_addr=hosts[0],
                 master_port=attempt.master_port,
                 member_hosts=hosts,
-                spec=job.spec,
+                spec=launch,
                 owner=job.owner,
                 ended=True,
             )

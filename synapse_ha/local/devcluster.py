@@ -75,7 +75,8 @@ from synapse_ha.rpc.states import node_status
 from synapse_ha.security.bundle import ClusterCredentials, new_raft_password
 from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import Transport
-from synapse_ha.worker.members import kill_recorded_process, read_json
+from synapse_ha.worker.procgroup import kill_recorded_process
+from synapse_ha.worker.records import read_json
 
 T = TypeVar("T")
 

@@ -59,7 +59,7 @@ from synapse_ha.local.process import (
     processes_with_env,
 )
 from synapse_ha.security.bundle import ClusterCredentials
-from synapse_ha.worker.members import running_groups
+from synapse_ha.worker.procgroup import running_groups
 
 MARKER_VARIABLE = "SYNAPSE_LAUNCH_MARKER"
 _POLL_S = 0.05

@@ -39,12 +39,14 @@ from typing import Protocol
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.core.model import NodeStatus
+from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
+from synapse_ha.core.model import NodeStatus, Resources
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
-from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey, PreemptNotice
+from synapse_ha.worker.member_dirs import MemberExit
+from synapse_ha.worker.members import PreemptNotice
 
 log = logging.getLogger("synapse.worker.agent")
 
@@ -77,7 +79,7 @@ class Executor(Protocol):
     known: set[MemberKey]
     highest_token: dict[str, int]
 
-    def start(self, spec: LaunchSpec, preempted: PreemptNotice | None = None) -> object: ...
+    def start(self, desired: DesiredMember, preempted: PreemptNotice | None = None) -> object: ...
     def stop(self, key: MemberKey) -> None: ...
     def preempt(self, key: MemberKey, notice: PreemptNotice) -> None: ...
     def poll(self) -> list[tuple[MemberKey, MemberExit]]: ...
@@ -112,10 +114,10 @@ class GrpcControlPlane:
             raise ControlPlaneUnreachable(f"{exc.code()}: {exc.details()}") from None
 
 
-def launch_spec_from_proto(d: pb.DesiredMember) -> LaunchSpec:
-    """The worker's view of a desired member (the inverse of the control plane's
-    ``desired_to_proto``)."""
-    return LaunchSpec(
+def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
+    """The desired member a heartbeat carries (the inverse of the control plane's
+    ``desired_to_proto``). Its preemption travels apart, as a :class:`PreemptNotice`."""
+    return DesiredMember(
         job_id=d.job_id,
         attempt=d.attempt,
         fencing_token=d.fencing_token,
@@ -127,14 +129,15 @@ def launch_spec_from_proto(d: pb.DesiredMember) -> LaunchSpec:
         master_addr=d.master_addr,
         master_port=d.master_port,
         member_hosts=tuple(d.member_hosts),
-        command=tuple(d.command),
-        shell=d.shell,
-        env=tuple((e.name, e.value) for e in d.env),
-        workdir=d.workdir,
-        time_limit_ms=d.time_limit_ms,
-        image=d.image,
-        cpu_milli=d.cpu_milli,
-        memory_mib=d.memory_mib,
+        spec=LaunchSpec(
+            command=tuple(d.command),
+            shell=d.shell,
+            env=tuple((e.name, e.value) for e in d.env),
+            workdir=d.workdir,
+            time_limit_ms=d.time_limit_ms,
+            image=d.image,
+            resources=Resources(d.cpu_milli, d.memory_mib, len(d.gpus)),
+        ),
         owner=d.owner,
     )
 
@@ -431,7 +434,7 @@ class Agent:
                 # exit confirms to the leader that it is stopped.
                 notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
                 try:
-                    self.executor.start(launch_spec_from_proto(d), notice)
+                    self.executor.start(desired_from_proto(d), notice)
                 except (OSError, ValueError) as exc:
                     log.error("could not record %s as stopped: %s", key, exc)
                     continue
@@ -449,7 +452,7 @@ class Agent:
                 waiting += 1
                 continue
             try:
-                self.executor.start(launch_spec_from_proto(d))
+                self.executor.start(desired_from_proto(d))
             except (OSError, ValueError) as exc:
                 log.error("could not start %s: %s", key, exc)
                 continue

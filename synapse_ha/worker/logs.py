@@ -46,7 +46,7 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.grants import GRANT_METADATA_KEY, GrantError, verify_grant
 from synapse_ha.security.tls import Transport, peer_identity
-from synapse_ha.worker.members import parse_member_dir_name
+from synapse_ha.worker.member_dirs import parse_member_dir_name
 
 DEFAULT_CHUNK = 64 * 1024
 MAX_CHUNK = 1024 * 1024

@@ -24,16 +24,11 @@ A member whose job names an image runs as the container runtime's client (``podm
 and the like), started by its absolute path with the fixed environment of the launch
 record: nothing of the job's reaches the runtime's own environment, where variables such
 as ``PATH``, ``LD_PRELOAD`` or ``CONTAINERS_CONF`` would change what a root process runs.
-The job's variables go to the container through an environment file (``--env-file``)
-that the shim writes just before it starts the runtime, mode 0600, in a directory of its
-own (``container/``) that only the runtime's account can enter; the runtime writes the
-container's id to ``--cidfile`` in the same directory once it has read the file, and the
-shim then removes the environment file; the directory goes when the member ends.
-Killing the runtime client does not end the container, which lives under the
-runtime's monitor, so whenever the shim forces the member down, or the client dies of a
-signal, it also runs the launch record's ``container_stop`` commands (``RUNTIME kill NAME``,
-``RUNTIME rm -f NAME``), with the runtime's environment and account. The agent runs the
-same commands for a member whose shim died.
+The job's variables reach the container through an environment file
+(:mod:`~synapse_ha.worker.shim_containers`). The container lives under the runtime's
+monitor, so whenever the shim forces the member down, or the client dies of a signal, it
+also runs the launch record's ``container_stop`` commands; the agent runs the same
+commands for a member whose shim died.
 
 Because the deadline is checked every ``POLL_S`` seconds, a member's whole process tree is
 gone at most ``POLL_S + fence_grace_s`` after its lease deadline, whatever happened to the
@@ -63,14 +58,18 @@ and ``exit.json`` (exit code, detail, end time) atomically when it is gone; the 
 both. Exit codes follow the shell: 128 + N for death by signal N. A member stopped by the
 shim never reports 0: a fenced member that exits cleanly on SIGTERM did not succeed.
 
-This module imports only the standard library, so that it runs as a plain script in
-isolated mode without site-packages and starts in a few milliseconds; keep it so.
+The supervisor is this script and the modules it imports: :mod:`~synapse_ha.worker.procgroup`
+(processes and groups), :mod:`~synapse_ha.worker.records` (the records and the lease file)
+and :mod:`~synapse_ha.worker.shim_containers` (a member's container). They import only the
+standard library and each other, so that the supervisor runs in isolated mode without
+site-packages and starts in a few milliseconds; keep it so. Run as a script, it finds
+them through the directory that holds the ``synapse_ha`` package (its own location),
+after the standard library.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -80,150 +79,39 @@ import subprocess
 import sys
 import time
 
+if __name__ == "__main__":
+    # ``python -I -S .../synapse_ha/worker/shim.py``: the isolated interpreter has neither
+    # site-packages nor this directory on its path. The supervisor's other modules are
+    # found through the directory holding the package, searched after the standard
+    # library so that nothing there can stand in for a standard module.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from synapse_ha.worker.procgroup import (
+    become_subreaper,
+    drop_to,
+    group_alive,
+    process_start_ticks,
+    signal_group,
+)
+from synapse_ha.worker.records import (
+    read_lease_deadline,
+    reserve,
+    write_json_atomic,
+    write_reserved,
+)
+from synapse_ha.worker.shim_containers import MemberContainer, error_kind
+
 # No pathlib or typing: they would add several milliseconds to every member start.
 # mypy reads the annotations below; the interpreter never imports typing for them.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
-    StrPath = str | os.PathLike[str]
-
 POLL_S = 0.05
-PR_SET_CHILD_SUBREAPER = 36
 EXIT_TIME_LIMIT = 124
 EXIT_COULD_NOT_EXEC = 127
 PREEMPT_FILE = "preempt.json"  # in the member directory; see $SYNAPSE_PREEMPT_FILE
-CONTAINER_STOP_TIMEOUT_S = 10.0
-
-
-def write_json_atomic(path: StrPath, doc: dict[str, Any], mode: int = 0o600) -> None:
-    """Write ``doc`` so that readers see either the old file or the whole new one; the
-    file gets ``mode`` (by default readable by its writer alone) and a link planted at
-    the temporary name is replaced, never followed."""
-    head, name = os.path.split(os.fspath(path))
-    tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with open(fd, "w", encoding="utf-8") as f:
-        os.fchmod(fd, mode)  # whatever the umask took away
-        json.dump(doc, f)
-    os.replace(tmp, path)
-
-
-# Room kept for a record written later on a disk that may be full by then.
-RESERVED_BYTES = 4096
-
-
-def reserve(path: StrPath) -> None:
-    """Take ``RESERVED_BYTES`` of disk now for ``path``'s record (written later by
-    :func:`write_reserved`). Raises ``OSError`` (ENOSPC) when the disk is full already."""
-    fd = os.open(
-        f"{os.fspath(path)}.reserved", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600
-    )
-    with open(fd, "wb") as f:
-        f.write(b" " * RESERVED_BYTES)
-        f.flush()
-
-
-def write_reserved(path: StrPath, doc: dict[str, Any]) -> None:
-    """Write ``doc`` into the room :func:`reserve` took (no new disk space needed) and
-    rename it to ``path``: readers see no file or the whole record. Without a
-    reservation, as :func:`write_json_atomic`."""
-    room = f"{os.fspath(path)}.reserved"
-    data = json.dumps(doc).encode()
-    if not os.path.exists(room) or len(data) > RESERVED_BYTES:
-        write_json_atomic(path, doc)
-        return
-    with open(os.open(room, os.O_RDWR | os.O_NOFOLLOW), "r+b") as f:
-        f.write(data)
-        f.truncate(len(data))
-    os.replace(room, path)
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22),
-    or None when no such process exists. Together with the pid it names one process."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def read_lease_deadline(path: StrPath) -> float:
-    """The monotonic deadline in the lease file; 0 (expired) when it cannot be read."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return float(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0.0
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def drop_to(run_as: dict[str, Any]) -> None:
-    """Become the account ``run_as`` names (``uid``, ``gid``, ``groups``) for good: the
-    supplementary groups, then real, effective and saved gid, then uid."""
-    os.setgroups([int(g) for g in run_as["groups"]])
-    gid = int(run_as["gid"])
-    os.setresgid(gid, gid, gid)
-    uid = int(run_as["uid"])
-    os.setresuid(uid, uid, uid)
-
-
-def stop_containers(
-    argvs: list[list[str]],
-    timeout_s: float = CONTAINER_STOP_TIMEOUT_S,
-    *,
-    env: dict[str, str] | None = None,
-    run_as: dict[str, Any] | None = None,
-) -> None:
-    """Run each command that ends a member's container (``RUNTIME kill NAME``, then
-    ``RUNTIME rm -f NAME``), in order, with the runtime's own fixed environment and as
-    the account that runs the runtime (``run_as``: the owner with a rootless runtime).
-    Failures are ignored: the container may be gone already, and the next command or a
-    later agent start tries again."""
-    for argv in argvs:
-        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
-            subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                preexec_fn=(lambda: drop_to(run_as)) if run_as else None,
-                timeout=timeout_s,
-                check=False,
-            )
-
-
-def remove_container_dir(path: str) -> None:
-    """Remove a member's container directory and whatever is in it. Links in it are
-    removed, never followed (with a rootless runtime its owner can write there)."""
-    import shutil  # only members in containers pay for the import
-
-    with contextlib.suppress(OSError):
-        shutil.rmtree(path)
-
 
 # Why a member could not start, in words that name no path and no program of the job's:
 # the same sentence whether a path does not exist or the member's account may not use it.
@@ -241,34 +129,40 @@ _NOT_RUNNABLE_ERRNOS = frozenset(
 )
 
 
-def _strerror(exc: BaseException) -> str:
-    """The error's kind without its file names."""
-    if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno)
-    return type(exc).__name__
-
-
 def _exec_failure(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno in _NOT_RUNNABLE_ERRNOS:
         return NOT_RUNNABLE
-    return f"could not exec: {_strerror(exc)}"
+    return f"could not exec: {error_kind(exc)}"
 
 
-def _env_file_name_ok(name: str) -> bool:
-    """A variable name an env file can carry: letters, digits and _, not a digit first."""
-    return (
-        bool(name)
-        and not name[0].isdigit()
-        and all(c == "_" or (c.isascii() and c.isalnum()) for c in name)
-    )
+def _before_exec(launch: dict[str, Any], step_write: int) -> Callable[[], None]:
+    """What the member's process does between fork and exec: join the cgroup first (it
+    needs the agent's rights), then drop to the account in ``run_as`` (groups, gid, uid:
+    real, effective and saved), and only then enter the working directory, so that a
+    directory is entered with the rights of the account that runs there. The step that
+    fails is written to ``step_write`` (the exception itself reaches the parent only as
+    "Exception occurred in preexec_fn")."""
+    cgroup_procs = launch.get("cgroup_dir") and os.path.join(launch["cgroup_dir"], "cgroup.procs")
+    run_as = launch.get("run_as")
+    cwd = launch.get("cwd") or ""
 
+    def before_exec() -> None:
+        step = b"cgroup"
+        try:
+            if cgroup_procs:
+                with open(cgroup_procs, "w", encoding="ascii") as f:
+                    f.write("0")
+            step = b"account"
+            if run_as:
+                drop_to(run_as)
+            step = b"workdir"
+            if cwd:
+                os.chdir(cwd)
+        except BaseException:
+            os.write(step_write, step)
+            raise
 
-def _become_subreaper() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    return before_exec
 
 
 class Shim:
@@ -285,14 +179,8 @@ class Shim:
         self.member_pid = 0
         self.member_status: int | None = None
         self.started_monotonic = 0.0
-        # Commands that end the member's container (empty when it runs on the host).
-        self.container_stop: list[list[str]] = [
-            [str(word) for word in argv] for argv in self.launch.get("container_stop", [])
-        ]
-        self.container_stopped = False
-        # The container's environment file and id file (None when it runs on the host).
-        self.container: dict[str, Any] | None = self.launch.get("container")
-        self.env_file_removed = False
+        # The member's container, its files and the commands that end it (none on the host).
+        self.container = MemberContainer(self.launch)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
@@ -305,44 +193,18 @@ class Shim:
     def start(self) -> str | None:
         """Start the member; return why it could not be started, or None.
 
-        In the child, before exec: the cgroup first (it needs the agent's rights), then
-        the drop to the account in ``run_as`` (groups, gid, uid: real, effective and
-        saved), and only then the working directory, so that a directory is entered
-        with the rights of the account that runs there. A directory that account cannot
-        enter gives one sentence whether or not it exists (:data:`WORKDIR_REFUSED`), and
-        no failure names a path or a program of the job's."""
+        The steps before exec are :func:`_before_exec`'s. A directory the member's
+        account cannot enter gives one sentence whether or not it exists
+        (:data:`WORKDIR_REFUSED`), and no failure names a path or a program of the
+        job's."""
         launch = self.launch
-        failure = self.prepare_container()
+        failure = self.container.write_env_file()
         if failure is not None:
             return failure
         log = os.open(
             launch["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
         )
-        cgroup_procs = launch.get("cgroup_dir") and os.path.join(
-            launch["cgroup_dir"], "cgroup.procs"
-        )
-        run_as = launch.get("run_as")
-        cwd = launch.get("cwd") or ""
-        # The child says through this pipe which step before exec failed (the exception
-        # itself reaches the parent only as "Exception occurred in preexec_fn").
         step_read, step_write = os.pipe()
-
-        def before_exec() -> None:
-            step = b"cgroup"
-            try:
-                if cgroup_procs:
-                    with open(cgroup_procs, "w", encoding="ascii") as f:
-                        f.write("0")
-                step = b"account"
-                if run_as:
-                    drop_to(run_as)
-                step = b"workdir"
-                if cwd:
-                    os.chdir(cwd)
-            except BaseException:
-                os.write(step_write, step)
-                raise
-
         try:
             proc = subprocess.Popen(
                 launch["argv"],
@@ -351,26 +213,36 @@ class Shim:
                 stderr=subprocess.STDOUT,
                 env=launch["env"],
                 start_new_session=True,
-                preexec_fn=before_exec,
+                preexec_fn=_before_exec(launch, step_write),
                 close_fds=True,
             )
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             os.close(step_write)
             failed_step = os.read(step_read, 64)
             os.close(step_read)
-            if failed_step in _STEP_FAILURES:
-                detail = _STEP_FAILURES[failed_step]
-            elif self.container is not None:
-                detail = f"could not run the container runtime: {_strerror(exc)}"
-            else:
-                detail = _exec_failure(exc)
+            detail = self._start_failure(exc, failed_step)
             os.write(log, f"synapse-worker: {detail}\n".encode())
             os.close(log)
-            self.remove_container_files()
+            self.container.remove_files()
             return detail
         os.close(step_write)
         os.close(step_read)
         os.close(log)
+        self._record_member(proc)
+        return None
+
+    def _start_failure(self, exc: BaseException, failed_step: bytes) -> str:
+        """Why the member could not start: the step before exec that failed, else the
+        runtime or the program that could not run."""
+        if failed_step in _STEP_FAILURES:
+            return _STEP_FAILURES[failed_step]
+        if self.container.files is not None:
+            return f"could not run the container runtime: {error_kind(exc)}"
+        return _exec_failure(exc)
+
+    def _record_member(self, proc: subprocess.Popen[bytes]) -> None:
+        """The member runs: remember it and write ``member.json`` (into the room taken
+        before it started)."""
         self.member_pid = proc.pid
         # The shim reaps with waitpid itself; Popen must not try again.
         proc.returncode = 0
@@ -384,60 +256,6 @@ class Shim:
                 "started_at_ms": int(time.time() * 1000),
             },
         )
-        return None
-
-    # ------------------------------------------------------------- containers
-
-    def prepare_container(self) -> str | None:
-        """For a member in a container: write its variables to the environment file the
-        runtime reads (``--env-file``), in a directory of its own that only the account
-        running the runtime can enter (root, or the owner with a rootless runtime);
-        return why it could not, or None. The runtime's own environment is the fixed
-        one in the launch record: no variable of the job's ever reaches it."""
-        container = self.container
-        if container is None:
-            return None
-        lines = []
-        for name, value in container["env"].items():
-            if not _env_file_name_ok(name) or any(c in value for c in "\n\r\x00"):
-                return "could not run the container: a variable cannot be passed in an env file"
-            lines.append(f"{name}={value}\n")
-        owner = container.get("owner")
-        try:
-            os.mkdir(container["dir"], 0o700)
-            fd = os.open(
-                container["env_file"],
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                0o600,
-            )
-            with open(fd, "w", encoding="utf-8") as env_file:
-                env_file.write("".join(lines))
-                if owner:
-                    os.fchown(fd, int(owner[0]), int(owner[1]))
-            if owner:
-                # Last: until now only root could enter the directory.
-                os.chown(container["dir"], int(owner[0]), int(owner[1]))
-        except OSError as exc:
-            self.remove_container_files()
-            return f"could not write the container's environment file: {_strerror(exc)}"
-        return None
-
-    def forget_env_file_once_created(self) -> None:
-        """Remove the environment file once the runtime has created the container (it
-        writes the container's id to ``--cidfile`` after it has read the file)."""
-        container = self.container
-        if container is None or self.env_file_removed:
-            return
-        if os.path.exists(container["cidfile"]):
-            with contextlib.suppress(OSError):
-                os.unlink(container["env_file"])
-            self.env_file_removed = True
-
-    def remove_container_files(self) -> None:
-        """Remove the container's directory (environment file, id file), whatever is in
-        it; safe against links planted in it (the removal never follows them)."""
-        if self.container is not None:
-            remove_container_dir(self.container["dir"])
 
     # ------------------------------------------------------------ supervising
 
@@ -487,18 +305,9 @@ class Shim:
             return None
         return doc if isinstance(doc, dict) else None
 
-    def stop_container(self) -> None:
-        """End the member's container, once. The runtime's monitor keeps a container
-        running when only the runtime client in the member's group is killed."""
-        if self.container_stop and not self.container_stopped:
-            self.container_stopped = True
-            stop_containers(
-                self.container_stop, env=self.launch["env"], run_as=self.launch.get("run_as")
-            )
-
     def kill_everything(self) -> None:
         signal_group(self.member_pid, signal.SIGKILL)
-        self.stop_container()
+        self.container.stop()
         cgroup_dir = self.launch.get("cgroup_dir")
         if cgroup_dir:
             try:
@@ -526,7 +335,7 @@ class Shim:
         fence_grace = float(launch.get("fence_grace_s", 0.5))
         while True:
             self.reap()
-            self.forget_env_file_once_created()
+            self.container.forget_env_file_once_created()
             if self.member_status is not None:
                 # The member's main process ended; nothing it started may outlive it.
                 if group_alive(self.member_pid):
@@ -570,7 +379,7 @@ class Shim:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGUSR1, self._on_sigusr1)
-        _become_subreaper()
+        become_subreaper()
         if self.self_fencing and (
             os.getppid() != self.parent_pid
             or time.monotonic() >= read_lease_deadline(self.lease_path)
@@ -602,12 +411,12 @@ class Shim:
         if forced is not None or code < 0:
             # The runtime client was stopped or died by a signal: its container may
             # still run under the runtime's monitor.
-            self.stop_container()
+            self.container.stop()
         self.finish(exit_code, detail, disrupted=fenced)
         return 0
 
     def finish(self, exit_code: int, detail: str, disrupted: bool = False) -> None:
-        self.remove_container_files()
+        self.container.remove_files()
         write_reserved(
             os.path.join(self.dir, "exit.json"),
             {

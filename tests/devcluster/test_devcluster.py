@@ -27,7 +27,7 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.tls import INSECURE_WARNING, TlsFiles, Transport
-from synapse_ha.worker.members import running_groups
+from synapse_ha.worker.procgroup import running_groups
 from tests.devcluster.procs import (
     MARKER_VARIABLE,
     kill_marked,

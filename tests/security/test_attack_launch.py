@@ -32,6 +32,7 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.desired import MemberKey
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.local.process import Worker
 from synapse_ha.programs import worker as worker_main
@@ -40,14 +41,10 @@ from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.accounts import local_account
 from synapse_ha.worker.agent import Agent
+from synapse_ha.worker.environment import FIXED_PATH
+from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import (
-    FIXED_PATH,
-    ExecutorSettings,
-    ImageRuntime,
-    MemberExecutor,
-    MemberKey,
-)
+from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
 from synapse_ha.worker.shim import WORKDIR_REFUSED
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.worker import fake_runtime

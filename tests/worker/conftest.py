@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.worker.cgroups import CgroupLimiter
+from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import ExecutorSettings, ImageRuntime, MemberExecutor
+from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
 from tests.worker.helpers import Fifo
 
 MakeExecutor = Callable[..., MemberExecutor]

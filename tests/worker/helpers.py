@@ -7,9 +7,9 @@ import select
 import time
 from pathlib import Path
 
-from synapse_ha.core.model import JobSpec
-from synapse_ha.core.views import DesiredMember
-from synapse_ha.worker.members import LaunchSpec, MemberExecutor, MemberKey
+from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
+from synapse_ha.core.model import JobSpec, Resources
+from synapse_ha.worker.members import MemberExecutor
 
 
 class FakeClock:
@@ -46,10 +46,14 @@ def desired_member(
         "master_addr": host,
         "master_port": 29500,
         "member_hosts": (host,),
-        "spec": job_spec,
+        "spec": LaunchSpec.of(job_spec),
     }
     fields.update(overrides)
     return DesiredMember(**fields)  # type: ignore[arg-type]
+
+
+_LAUNCH_FIELDS = frozenset({"shell", "env", "workdir", "time_limit_ms", "image"})
+_RESOURCE_FIELDS = frozenset({"cpu_milli", "memory_mib"})
 
 
 def spec(
@@ -61,8 +65,16 @@ def spec(
     attempt: int = 1,
     world_size: int = 1,
     **overrides: object,
-) -> LaunchSpec:
-    shell = isinstance(command, str)
+) -> DesiredMember:
+    """A desired member running ``command`` (a string under ``/bin/sh -c``, a tuple as
+    an argv); ``overrides`` name fields of the member, of its launch spec or of its
+    resources (``cpu_milli``, ``memory_mib``)."""
+    launch: dict[str, object] = {
+        "command": (command,) if isinstance(command, str) else command,
+        "shell": isinstance(command, str),
+    }
+    launch.update({k: v for k, v in overrides.items() if k in _LAUNCH_FIELDS})
+    resources = {k: v for k, v in overrides.items() if k in _RESOURCE_FIELDS}
     fields: dict[str, object] = {
         "job_id": job_id,
         "attempt": attempt,
@@ -75,11 +87,12 @@ def spec(
         "master_addr": "127.0.0.1",
         "master_port": 29500,
         "member_hosts": ("127.0.0.1",) * world_size,
-        "command": (command,) if isinstance(command, str) else command,
-        "shell": shell,
+        "spec": LaunchSpec(**launch, resources=Resources(**resources)),  # type: ignore[arg-type]
     }
-    fields.update(overrides)
-    return LaunchSpec(**fields)  # type: ignore[arg-type]
+    fields.update(
+        {k: v for k, v in overrides.items() if k not in _LAUNCH_FIELDS | _RESOURCE_FIELDS}
+    )
+    return DesiredMember(**fields)  # type: ignore[arg-type]
 
 
 def process_gone(pid: int) -> bool:

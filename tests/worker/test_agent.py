@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.desired import DesiredMember, MemberKey
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -18,7 +19,7 @@ from synapse_ha.worker.agent import (
     NotRegistered,
 )
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
-from synapse_ha.worker.members import LaunchSpec, MemberExit, MemberKey
+from synapse_ha.worker.member_dirs import MemberExit
 from tests.worker.helpers import FakeClock
 
 STARTED, EXITED = pb.MemberReport.STARTED, pb.MemberReport.EXITED
@@ -36,7 +37,7 @@ class FakeExecutor:
         self.reported: list[MemberKey] = []
         self.kill_all_calls: list[str] = []
 
-    def start(self, spec: LaunchSpec) -> object:
+    def start(self, spec: DesiredMember) -> object:
         self.known.add(spec.key)
         self.live.add(spec.key)
         self.gpus[spec.key] = spec.gpus

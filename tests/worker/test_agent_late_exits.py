@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from synapse_ha.core.desired import MemberKey
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import Agent, AgentTimings, ControlPlaneUnreachable, NotRegistered
-from synapse_ha.worker.members import MemberExit, MemberKey
+from synapse_ha.worker.member_dirs import MemberExit
 from tests.worker.helpers import FakeClock
 from tests.worker.test_agent import FakeControl, FakeExecutor, desired
 

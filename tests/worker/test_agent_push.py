@@ -4,9 +4,9 @@ agent register again without touching its members."""
 
 from __future__ import annotations
 
+from synapse_ha.core.desired import MemberKey
 from synapse_ha.worker.agent import ControlPlaneUnreachable, StreamEnded
 from synapse_ha.worker.lease import LeaseState
-from synapse_ha.worker.members import MemberKey
 from tests.worker.test_agent import Setup, desired, setup
 
 __all__ = ["setup"]

@@ -18,7 +18,8 @@ import pytest
 
 from synapse_ha.worker.forkserver import ForkedSupervisor
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import ExecutorSettings, Member, MemberExecutor, MemberExit
+from synapse_ha.worker.member_dirs import MemberExit
+from synapse_ha.worker.members import ExecutorSettings, Member, MemberExecutor
 from tests.worker.helpers import Fifo, process_gone, spec, wait_gone
 
 LEASE_TTL_S = 4.0  # DESIGN §4's default: nothing may outlive a lost lease longer

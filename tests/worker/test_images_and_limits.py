@@ -9,18 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.core.views import DesiredMember
 from synapse_ha.rpc.convert import desired_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.worker.agent import Agent, launch_spec_from_proto
+from synapse_ha.worker.agent import Agent, desired_from_proto
 from synapse_ha.worker.cgroups import CgroupLimits, cgroup_limits, probe_cgroups
-from synapse_ha.worker.members import (
-    ImageRuntime,
-    MemberKey,
-    NoImageRuntime,
-    member_argv,
-)
+from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
+from synapse_ha.worker.launch import member_argv
 from tests.integration.cluster import wait_for
 from tests.worker import fake_runtime
 from tests.worker.conftest import MakeExecutor
@@ -70,20 +66,21 @@ def test_image_cpu_and_memory_travel_in_the_desired_member() -> None:
         master_addr="10.0.0.1:7070",
         master_port=29500,
         member_hosts=("10.0.0.1:7070", "10.0.0.2:7070"),
-        spec=job_spec,
+        spec=LaunchSpec.of(job_spec),
     )
     # Through bytes, as a heartbeat reply carries it.
     wire = type(desired_to_proto(desired)).FromString(desired_to_proto(desired).SerializeToString())
-    launch = launch_spec_from_proto(wire)
-    assert (launch.image, launch.cpu_milli, launch.memory_mib) == (IMAGE, 1500, 2048)
-    assert (launch.command, launch.shell, launch.workdir) == (
+    launch = desired_from_proto(wire)
+    resources = launch.spec.resources
+    assert (launch.spec.image, resources.cpu_milli, resources.memory_mib) == (IMAGE, 1500, 2048)
+    assert (launch.spec.command, launch.spec.shell, launch.spec.workdir) == (
         ("python", "train.py"),
         False,
         "/data/run1",
     )
     assert launch.key == MemberKey("job-7", 41, 1)
     on_host = JobSpec(name="h", replicas=1, resources=Resources(0, 0, 0), command=("true",))
-    host_only = desired_to_proto(dataclasses.replace(desired, spec=on_host))
+    host_only = desired_to_proto(dataclasses.replace(desired, spec=LaunchSpec.of(on_host)))
     assert (host_only.image, host_only.cpu_milli, host_only.memory_mib) == ("", 0, 0)
 
 

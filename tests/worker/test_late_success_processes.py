@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.worker.members import read_json
+from synapse_ha.worker.records import read_json
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.worker.workers import LocalWorkers
 

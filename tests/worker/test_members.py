@@ -12,20 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
+from synapse_ha.core.model import Resources
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.worker.agent import launch_spec_from_proto
-from synapse_ha.worker.members import (
+from synapse_ha.worker.agent import desired_from_proto
+from synapse_ha.worker.environment import (
     FIXED_PATH,
-    SHIM_COMMAND,
-    LaunchSpec,
-    Member,
-    MemberExecutor,
-    MemberExit,
-    MemberKey,
     changes_process_behaviour,
     supervisor_environment,
 )
+from synapse_ha.worker.member_dirs import MemberExit
+from synapse_ha.worker.members import Member, MemberExecutor
 from synapse_ha.worker.shim import NOT_RUNNABLE, WORKDIR_REFUSED
+from synapse_ha.worker.supervisors import SHIM_COMMAND
 from tests.integration.cluster import wait_for
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import Fifo, process_gone, spec, wait_gone
@@ -86,15 +85,14 @@ def test_every_member_of_a_gang_sees_the_torchrun_environment(
 ) -> None:
     nodes = {"a": make_executor("a"), "b": make_executor("b")}
     started = [
-        (node, nodes[node].start(launch_spec_from_proto(d)))
-        for node, d in gang_of_three_on_two_nodes()
+        (node, nodes[node].start(desired_from_proto(d))) for node, d in gang_of_three_on_two_nodes()
     ]
     expected_local = {0: ("0", "2"), 1: ("0", "1"), 2: ("1", "2")}
     expected_gpus = {0: "0,1", 1: "3", 2: "2,5"}
     for node, member in started:
         assert finish(nodes[node], member).exit_code == 0
         env = parse_env(log_text(member))
-        rank = member.spec.rank
+        rank = member.desired.rank
         assert env["MASTER_ADDR"] == "10.0.0.1"
         assert env["MASTER_PORT"] == "29517"
         assert env["WORLD_SIZE"] == env["NNODES"] == "3"
@@ -410,8 +408,8 @@ def test_a_member_naming_an_image_without_a_runtime_fails_to_start(
 
 def test_launch_spec_keeps_every_field_of_a_desired_member() -> None:
     _, desired = gang_of_three_on_two_nodes()[2]
-    launch = launch_spec_from_proto(desired)
-    assert launch == LaunchSpec(
+    launch = desired_from_proto(desired)
+    assert launch == DesiredMember(
         job_id="job-42",
         attempt=2,
         fencing_token=17,
@@ -423,9 +421,9 @@ def test_launch_spec_keeps_every_field_of_a_desired_member() -> None:
         master_addr="10.0.0.1",
         master_port=29517,
         member_hosts=("10.0.0.1", "10.0.0.2", "10.0.0.1"),
-        command=("env",),
-        shell=True,
-        env=(("HF_HOME", "/data/hf"),),
+        spec=LaunchSpec(
+            command=("env",), shell=True, env=(("HF_HOME", "/data/hf"),), resources=Resources(gpu=2)
+        ),
     )
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.desired import MemberKey
+from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import ImageRuntime, MemberKey
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import spec, wait_exit
 

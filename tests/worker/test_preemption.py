@@ -11,17 +11,14 @@ import time
 
 import pytest
 
+from synapse_ha.core.desired import DesiredMember
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker import members as members_module
 from synapse_ha.worker.agent import Agent
+from synapse_ha.worker.environment import PREEMPT_FILE_ENV
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import (
-    PREEMPT_FILE_ENV,
-    LaunchSpec,
-    Member,
-    MemberExit,
-    PreemptNotice,
-)
+from synapse_ha.worker.member_dirs import MemberExit
+from synapse_ha.worker.members import Member, PreemptNotice
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import FakeClock, Fifo, process_gone, spec, wait_gone
 from tests.worker.test_agent import FakeControl, FakeExecutor, desired
@@ -129,7 +126,7 @@ class PreemptingExecutor(FakeExecutor):
         self.preempted: list[tuple[str, int, int, PreemptNotice]] = []
         self.never_run: list[tuple[object, PreemptNotice]] = []
 
-    def start(self, spec: LaunchSpec, preempted: PreemptNotice | None = None) -> object:
+    def start(self, spec: DesiredMember, preempted: PreemptNotice | None = None) -> object:
         if preempted is None:
             return super().start(spec)
         self.known.add(spec.key)

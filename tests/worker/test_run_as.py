@@ -26,16 +26,12 @@ from synapse_ha.worker.accounts import (
     parse_user_map,
     resolve_member_account,
 )
-from synapse_ha.worker.agent import launch_spec_from_proto
+from synapse_ha.worker.agent import desired_from_proto
+from synapse_ha.worker.environment import member_environment
+from synapse_ha.worker.images import ImageRuntime
+from synapse_ha.worker.launch import member_argv
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import (
-    EXIT_REFUSED,
-    ExecutorSettings,
-    ImageRuntime,
-    MemberExecutor,
-    member_argv,
-    member_environment,
-)
+from synapse_ha.worker.members import EXIT_REFUSED, ExecutorSettings, MemberExecutor
 from tests.worker.helpers import desired_member, spec
 
 ALICE = Account("alice", 1001, 1001, (27, 1001), "/home/alice")
@@ -327,7 +323,7 @@ def test_the_registration_says_whose_account_members_run_under(tmp_path: Path) -
 def test_the_owner_travels_from_the_desired_member_to_the_launch() -> None:
     job_spec = JobSpec(name="t", replicas=1, resources=Resources(0, 0, 0), command=("true",))
     desired = desired_member(job_spec, job_id="j1", token=3, host="10.0.0.1", owner="alice")
-    assert launch_spec_from_proto(convert.desired_to_proto(desired)).owner == "alice"
+    assert desired_from_proto(convert.desired_to_proto(desired)).owner == "alice"
 
 
 def test_members_run_as_travels_from_registration_to_the_node_listing() -> None:

@@ -19,15 +19,10 @@ import pytest
 
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, local_account
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
+from synapse_ha.worker.environment import FIXED_LANG, FIXED_PATH
+from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile
-from synapse_ha.worker.members import (
-    EXIT_REFUSED,
-    FIXED_LANG,
-    FIXED_PATH,
-    ExecutorSettings,
-    ImageRuntime,
-    MemberExecutor,
-)
+from synapse_ha.worker.members import EXIT_REFUSED, ExecutorSettings, MemberExecutor
 from tests.worker import fake_runtime
 from tests.worker.helpers import spec, wait_exit
 

@@ -10,26 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.worker import shim
+from synapse_ha.worker import records
 from tests.disks import needs_root, small_tmpfs
 
 
 def test_a_reserved_record_appears_whole_under_its_name(tmp_path: Path) -> None:
     path = tmp_path / "exit.json"
-    shim.reserve(path)
+    records.reserve(path)
     assert not path.exists()
-    shim.write_reserved(path, {"exit_code": 0, "detail": ""})
+    records.write_reserved(path, {"exit_code": 0, "detail": ""})
     assert json.loads(path.read_text()) == {"exit_code": 0, "detail": ""}
     assert not (tmp_path / "exit.json.reserved").exists()
 
 
 def test_without_room_taken_it_is_an_ordinary_atomic_write(tmp_path: Path) -> None:
     path = tmp_path / "member.json"
-    shim.write_reserved(path, {"pid": 7})
+    records.write_reserved(path, {"pid": 7})
     assert json.loads(path.read_text()) == {"pid": 7}
-    too_big = {"detail": "x" * (shim.RESERVED_BYTES + 1)}
-    shim.reserve(path)
-    shim.write_reserved(path, too_big)  # does not fit the room: written as usual
+    too_big = {"detail": "x" * (records.RESERVED_BYTES + 1)}
+    records.reserve(path)
+    records.write_reserved(path, too_big)  # does not fit the room: written as usual
     assert json.loads(path.read_text()) == too_big
 
 
@@ -49,9 +49,9 @@ def fill_disk(path: Path) -> None:
 @needs_root
 def test_a_full_disk_takes_no_reserved_record(tmp_path: Path) -> None:
     with small_tmpfs(tmp_path / "disk", "256k") as disk:
-        shim.reserve(disk / "exit.json")
+        records.reserve(disk / "exit.json")
         fill_disk(disk / "fill")
         with pytest.raises(OSError, match="No space"):
-            shim.write_json_atomic(disk / "other.json", {"detail": "y" * 3000})
-        shim.write_reserved(disk / "exit.json", {"exit_code": 0, "detail": "z" * 3000})
+            records.write_json_atomic(disk / "other.json", {"detail": "y" * 3000})
+        records.write_reserved(disk / "exit.json", {"exit_code": 0, "detail": "z" * 3000})
         assert json.loads((disk / "exit.json").read_text())["exit_code"] == 0

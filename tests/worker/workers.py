@@ -15,7 +15,8 @@ from pathlib import Path
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.process import Worker
 from synapse_ha.security.bundle import ClusterCredentials
-from synapse_ha.worker.members import kill_recorded_process, read_json
+from synapse_ha.worker.procgroup import kill_recorded_process
+from synapse_ha.worker.records import read_json
 
 __all__ = ["LocalWorkers", "Worker"]
 

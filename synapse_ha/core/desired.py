@@ -1,0 +1,96 @@
+"""What a worker should run: the desired-member record.
+
+The leader computes one :class:`DesiredMember` per gang member from the state
+(:func:`synapse_ha.core.views.desired_by_node`); the heartbeat carries it to the member's
+node, whose agent rebuilds the same record from the message and hands it to its launcher
+(:class:`synapse_ha.worker.members.MemberExecutor`). Both sides read the one record, so
+a field added for the launcher is added once.
+
+This module needs nothing of the core but its plain data (:mod:`synapse_ha.core.model`):
+the worker imports it without the state machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from synapse_ha.core.model import JobSpec, Resources
+
+
+class MemberKey(NamedTuple):
+    """The identity of one gang member on a node: a (job, fencing token, rank) starts at
+    most once, ever."""
+
+    job_id: str
+    fencing_token: int
+    rank: int
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/token {self.fencing_token}/rank {self.rank}"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """The part of a job's spec its members are launched with, the same for every member
+    of the gang: the command (a string under ``/bin/sh -c`` when ``shell``, else an
+    argv), the job's variables, its working directory, time limit and image, and one
+    member's ``resources`` (the CPU and memory limits its launcher enforces)."""
+
+    command: tuple[str, ...]
+    shell: bool = True
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = ""
+    time_limit_ms: int = 0  # 0: no limit
+    image: str = ""  # "": the member runs on the host
+    resources: Resources = field(default_factory=Resources)
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> LaunchSpec:
+        return cls(
+            command=spec.command,
+            shell=spec.shell,
+            env=spec.env,
+            workdir=spec.workdir,
+            time_limit_ms=spec.time_limit_ms,
+            image=spec.image,
+            resources=spec.resources,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredMember:
+    """One gang member a worker should be running, with its rank environment (DESIGN §5)
+    and what it is launched with.
+
+    ``preempt_deadline_ms`` and ``ended`` are the leader's view of the attempt's end: the
+    heartbeat turns them into the member's preemption (kind, preemptor and the grace
+    left, which the worker's clock can use), so a record rebuilt from the message leaves
+    them at their defaults and the launcher never reads them."""
+
+    job_id: str
+    attempt: int
+    fencing_token: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    gpus: tuple[int, ...]
+    master_addr: str
+    master_port: int
+    member_hosts: tuple[str, ...]
+    spec: LaunchSpec
+    owner: str = ""  # the user the job belongs to; the worker may run the member as it
+    # 0: not preempted. Otherwise the leader-clock time its grace period ends: the worker
+    # sends SIGTERM at once and SIGKILL then (the heartbeat handler turns it into the
+    # remaining grace, since worker clocks differ from the leader's).
+    preempt_deadline_ms: int = 0
+    # True: the member's attempt has ended before the member was reported running. The
+    # worker must never start it; one it has not started is recorded with an immediate
+    # exit (as a member preempted before it started), which confirms to the leader that
+    # it is stopped (DESIGN §4: the next attempt waits for that confirmation).
+    ended: bool = False
+
+    @property
+    def key(self) -> MemberKey:
+        return MemberKey(self.job_id, self.fencing_token, self.rank)

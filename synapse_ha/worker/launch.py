@@ -1,0 +1,149 @@
+"""How a member's supervisor is to start the member: the argv, and the process it runs
+in (:class:`MemberProcess`: environment, account, working directory, container files).
+
+The launch path is a privilege boundary: when the agent is root, nothing the job
+controls reaches a root process. The member's environment (the job's variables, which
+may name ``LD_PRELOAD`` or ``PATH``) is used only after the drop to its owner; a member
+in a container gets its variables through the env file only, while the runtime's client
+gets the fixed environment of :meth:`ImageRuntime.client_environment`, by absolute path,
+with the image checked as an image reference.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.validation import image_reference_problem
+from synapse_ha.worker import shim
+from synapse_ha.worker.accounts import Account
+from synapse_ha.worker.environment import PREEMPT_FILE_ENV, member_environment
+from synapse_ha.worker.images import (
+    ContainerFiles,
+    ImageRuntime,
+    NoImageRuntime,
+    container_environment,
+)
+
+
+def command_argv(member: DesiredMember) -> list[str]:
+    """The member's own argv: a string command under ``/bin/sh -c``, a list as is."""
+    spec = member.spec
+    if spec.shell:
+        argv = ["/bin/sh", "-c", spec.command[0] if spec.command else ""]
+    else:
+        argv = list(spec.command)
+    if not argv or not argv[0]:
+        raise ValueError("empty command")
+    return argv
+
+
+def member_argv(
+    member: DesiredMember,
+    runtime: ImageRuntime | None = None,
+    account: Account | None = None,
+    member_dir: Path | None = None,
+) -> list[str]:
+    """The argv to exec, wrapped in the image runtime when the job names an image (run as
+    ``account`` inside the container when given; its files under ``member_dir``).
+    Raises :class:`NoImageRuntime` for an image on a node without a runtime, ValueError
+    for an empty command or an image that is not an image reference (checked again here
+    whatever admission did: it becomes a word of a root process's command line)."""
+    argv = command_argv(member)
+    image = member.spec.image
+    if image:
+        if runtime is None:
+            raise NoImageRuntime(
+                "the job names an image but this node has no image runtime "
+                "(synapse-worker --image-runtime)"
+            )
+        if image_reference_problem(image):
+            raise ValueError("the job's image is not an image reference")
+        if member_dir is None:
+            raise ValueError("a member in a container needs its member directory")
+        argv = runtime.run_argv(member, argv, ContainerFiles.of_member(member_dir), account)
+    return argv
+
+
+def give_to_owner(member_dir: Path, log_path: Path, account: Account) -> None:
+    """The output log becomes the owner's alone (0600); the member directory stays the
+    agent's, and the owner's group may enter it but not list or change it (0710): the
+    member reaches its ``$SYNAPSE_PREEMPT_FILE`` there, while the launch record and the
+    pid and exit records stay the agent's alone (0600), and nothing in the directory is
+    the member's to replace."""
+    os.chown(log_path, account.uid, account.gid, follow_symlinks=False)
+    os.chmod(log_path, 0o600)
+    os.chown(member_dir, -1, account.gid, follow_symlinks=False)
+    os.chmod(member_dir, 0o710)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberProcess:
+    """The process the supervisor starts for a member, as the launch record describes
+    it: its whole environment, the account it runs as (None: the supervisor's), the
+    directory it enters after the drop to that account, and for a member in a container
+    the ``container`` files the supervisor writes and the commands that end it."""
+
+    env: dict[str, str]
+    run_as: Account | None
+    cwd: str
+    container: dict[str, Any] | None = None
+    container_stop: list[list[str]] = field(default_factory=list)
+
+    def launch_fields(self) -> dict[str, Any]:
+        """Its part of ``launch.json``."""
+        run_as = self.run_as
+        return {
+            "env": self.env,
+            # Entered by the member's process after it has become ``run_as``.
+            "cwd": self.cwd,
+            "container": self.container,
+            "container_stop": self.container_stop,
+            "run_as": None
+            if run_as is None
+            else {"uid": run_as.uid, "gid": run_as.gid, "groups": list(run_as.groups)},
+        }
+
+
+def host_process(
+    member: DesiredMember, base_env: Mapping[str, str], account: Account | None, member_dir: Path
+) -> MemberProcess:
+    """A member on the host: its environment over ``base_env``, with the file a
+    preemption notice is written to (before the SIGTERM, only when the gang is
+    preempted), run as ``account`` in the job's working directory."""
+    env = member_environment(member, base_env, account)
+    env[PREEMPT_FILE_ENV] = str(member_dir / shim.PREEMPT_FILE)
+    return MemberProcess(env=env, run_as=account, cwd=member.spec.workdir)
+
+
+def container_process(
+    member: DesiredMember,
+    runtime: ImageRuntime,
+    account: Account | None,
+    member_dir: Path,
+    agent_home: str,
+) -> MemberProcess:
+    """A member in a container: the runtime's client gets a fixed environment and runs
+    in the member directory, as root or (rootless) as the owner; the job's variables
+    reach the container through the env file, and the runtime enforces the limits and
+    sets the working directory inside the container."""
+    files = ContainerFiles.of_member(member_dir)
+    rootless_owner = account if runtime.rootless else None
+    container = {
+        "dir": str(files.directory),
+        "env_file": str(files.env_file),
+        "cidfile": str(files.cidfile),
+        "env": container_environment(member, runtime),
+        "owner": None if rootless_owner is None else [rootless_owner.uid, rootless_owner.gid],
+    }
+    return MemberProcess(
+        env=runtime.client_environment(rootless_owner, agent_home),
+        run_as=rootless_owner,
+        cwd=str(member_dir),
+        container=container,
+        container_stop=runtime.stop_argvs(member.key),
+    )
