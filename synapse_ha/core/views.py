@@ -6,11 +6,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from synapse_ha.core.commands import ExpireTimeLimit, FailAttempt
-
-# What desired_by_node answers with: the record a worker's launcher reads too.
-from synapse_ha.core.desired import DesiredMember as DesiredMember
-from synapse_ha.core.desired import LaunchSpec
-from synapse_ha.core.machine import not_started_members, start_timeout_reason
+from synapse_ha.core.desired import DesiredMember, LaunchSpec
 from synapse_ha.core.model import (
     ClusterState,
     Job,
@@ -18,6 +14,28 @@ from synapse_ha.core.model import (
     time_limit_deadline,
     unconfirmed_members,
 )
+from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
+
+
+def not_started_members(job: Job) -> list[int]:
+    """Ranks of the job's live attempt not reported running (nor exited) yet."""
+    attempt = job.live_attempt()
+    if attempt is None:
+        return []
+    return [r for r, s in enumerate(attempt.member_status) if s.state is MemberState.BOUND]
+
+
+def start_timeout_reason(state: ClusterState, job: Job) -> Reason:
+    """The ``START_TIMEOUT`` outcome naming the live attempt's members not yet running."""
+    attempt = job.live_attempt()
+    late = not_started_members(job)
+    nodes = sorted({attempt.members[r].node_id for r in late}) if attempt is not None else []
+    return reason(
+        ReasonCode.START_TIMEOUT,
+        ranks=ranks_text(late),
+        nodes=", ".join(nodes[:8]) + (", ..." if len(nodes) > 8 else ""),
+        timeout_ms=state.config.start_timeout_ms,
+    )
 
 
 def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import shown_request_id
+from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import (
     DEFAULT_QUEUE,
     Attempt,
@@ -29,7 +30,7 @@ from synapse_ha.core.model import (
 from synapse_ha.core.queue_usage import QueueUsage
 from synapse_ha.core.reasons import render, withheld
 from synapse_ha.core.spec import SpecError
-from synapse_ha.core.views import DesiredMember, host_of
+from synapse_ha.core.views import host_of
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState, NodeStatus
-from synapse_ha.core.views import DesiredMember, desired_by_node
+from synapse_ha.core.views import desired_by_node
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

@@ -49,9 +49,9 @@ from grpc import aio
 
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.spec import SpecError
-from synapse_ha.core.views import DesiredMember
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.auth import AuthInterceptor

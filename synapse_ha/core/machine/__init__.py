@@ -19,11 +19,7 @@ from __future__ import annotations
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error
 from synapse_ha.core.machine import binding, config, jobs, nodes, preemption, reports, tokens_queues
-from synapse_ha.core.machine.attempts import (
-    not_started_members,
-    retry_delay_ms,
-    start_timeout_reason,
-)
+from synapse_ha.core.machine.attempts import retry_delay_ms
 from synapse_ha.core.machine.binding import verify_placement
 from synapse_ha.core.machine.changes import Handling
 from synapse_ha.core.machine.config import orphaned_levels
@@ -34,10 +30,8 @@ __all__ = [
     "EXIT_STOPPED",
     "HANDLERS",
     "apply",
-    "not_started_members",
     "orphaned_levels",
     "retry_delay_ms",
-    "start_timeout_reason",
     "verify_placement",
 ]
 

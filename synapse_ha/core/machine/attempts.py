@@ -26,7 +26,6 @@ from synapse_ha.core.reasons import (
     REQUEUE_CODES,
     Reason,
     ReasonCode,
-    ranks_text,
     reason,
 )
 
@@ -47,27 +46,6 @@ def lost_attempt(job: Job, node_id: str) -> LostAttempt:
             for rank, s in enumerate(attempt.member_status)
             if s.state is MemberState.EXITED and s.exit_code == 0
         ),
-    )
-
-
-def not_started_members(job: Job) -> list[int]:
-    """Ranks of the job's live attempt not reported running (nor exited) yet."""
-    attempt = job.live_attempt()
-    if attempt is None:
-        return []
-    return [r for r, s in enumerate(attempt.member_status) if s.state is MemberState.BOUND]
-
-
-def start_timeout_reason(state: ClusterState, job: Job) -> Reason:
-    """The ``START_TIMEOUT`` outcome naming the live attempt's members not yet running."""
-    attempt = job.live_attempt()
-    late = not_started_members(job)
-    nodes = sorted({attempt.members[r].node_id for r in late}) if attempt is not None else []
-    return reason(
-        ReasonCode.START_TIMEOUT,
-        ranks=ranks_text(late),
-        nodes=", ".join(nodes[:8]) + (", ..." if len(nodes) > 8 else ""),
-        timeout_ms=state.config.start_timeout_ms,
     )
 
 

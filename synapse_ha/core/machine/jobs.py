@@ -14,7 +14,6 @@ from synapse_ha.core.machine.attempts import (
     end_attempt_for,
     end_preempted,
     finish,
-    not_started_members,
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, one_job
@@ -22,6 +21,7 @@ from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, time_lim
 from synapse_ha.core.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.validation import Violation, check_job_queue, check_job_spec, describe
+from synapse_ha.core.views import not_started_members
 
 
 def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
