@@ -19,13 +19,29 @@ from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.model import Attempt, ClusterConfig, ClusterState, Job, JobSpec, Queue, Token
+from synapse_ha.core.model import (
+    Attempt,
+    ClusterConfig,
+    ClusterState,
+    Job,
+    JobSpec,
+    Node,
+    Queue,
+    Token,
+)
 
 # Fields added since the previous release (queues, fair share and preemption): written
 # only when they differ from their defaults, so that release reads what does not use them.
 _ADDED_FIELDS: dict[type, frozenset[str]] = {
     ClusterConfig: frozenset(
-        {"priority_classes", "fair_share_half_life_ms", "preemption", "compact_state", "limits"}
+        {
+            "priority_classes",
+            "fair_share_half_life_ms",
+            "preemption",
+            "compact_state",
+            "limits",
+            "gpu_drain_threshold",
+        }
     ),
     # Per-identity limits and authorised priority (DESIGN §8).
     Queue: frozenset({"max_priority"}),
@@ -36,6 +52,8 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     ClusterState: frozenset({"queues", "queue_history"}),
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset({"lost_attempt"}),
+    # GPU health (DESIGN §4).
+    Node: frozenset({"gpu_faults"}),
 }
 _ALWAYS = object()  # a field written whatever its value
 

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.access import Role
+from synapse_ha.core.health import GpuFault
 from synapse_ha.core.model import (
     ClusterConfig,
     JobSpec,
@@ -68,6 +69,31 @@ class MarkNodeDead:
     reason: str = ""
     jitter_seed: int = 0
     now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReportGpuHealth:
+    """GPUs a node's worker finds unhealthy (the leader proposes it when a heartbeat
+    names one the state does not have). Each new one is recorded since ``now_ms`` and no
+    longer offered; a live attempt holding one is stopped and requeued as a disruption;
+    a node with ``ClusterConfig.gpu_drain_threshold`` unhealthy GPUs is drained. GPUs
+    already recorded keep their first fault: health clears only by :class:`RepairGpus`."""
+
+    node_id: str
+    faults: tuple[GpuFault, ...]
+    jitter_seed: int = 0
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RepairGpus:
+    """An operator's word that a node's GPUs are fit again: their faults are cleared
+    (``gpus`` empty: every GPU of the node)."""
+
+    node_id: str
+    gpus: tuple[int, ...] = ()
+    now_ms: int = 0
+    actor: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +302,8 @@ Command = (
     | RegisterNode
     | SetNodeStatus
     | MarkNodeDead
+    | ReportGpuHealth
+    | RepairGpus
     | SubmitJob
     | CancelJob
     | BindPlan
@@ -296,6 +324,8 @@ COMMAND_TYPES: tuple[type, ...] = (
     RegisterNode,
     SetNodeStatus,
     MarkNodeDead,
+    ReportGpuHealth,
+    RepairGpus,
     SubmitJob,
     CancelJob,
     BindPlan,
@@ -327,6 +357,7 @@ class RejectCode(enum.StrEnum):
     WRONG_GPU_COUNT = "wrong_gpu_count"
     NO_SUCH_GPU = "no_such_gpu"
     GPU_IN_USE = "gpu_in_use"
+    GPU_UNHEALTHY = "gpu_unhealthy"
     NO_ROOM = "no_room"
     TOPOLOGY_SPAN = "topology_span"
     OVER_QUOTA = "over_quota"

@@ -188,6 +188,9 @@ def _node_problems(state: ClusterState, held: _Holdings) -> list[str]:
                 f"node {node_id}: master ports {node.master_ports} but its rank-0 members "
                 f"use {ports}"
             )
+        sick = [f.gpu for f in node.gpu_faults]
+        if sick != sorted(set(sick)) or any(not 0 <= g < node.info.capacity.gpu for g in sick):
+            problems.append(f"node {node_id}: GPU faults {sick} not one per GPU of the node")
         if not node.allocated.fits_in(node.info.capacity) or node.allocated.is_negative():
             problems.append(
                 f"node {node_id}: over-committed ({node.allocated} of {node.info.capacity})"

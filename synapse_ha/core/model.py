@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.access import DEFAULT_QUEUE_NAME, Role
+from synapse_ha.core.health import GpuFault
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
 # --------------------------------------------------------------------------- enums
@@ -289,6 +290,8 @@ class ClusterConfig:
     preemption: PreemptionMode = PreemptionMode.TOPOLOGY
     compact_state: bool = False
     limits: Limits = field(default_factory=Limits)
+    # Drain a node once this many of its GPUs are unhealthy (0: never drain for that).
+    gpu_drain_threshold: int = 0
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")
@@ -328,6 +331,8 @@ class Node:
     master_ports: list[int] = field(default_factory=list)
     status_reason: str = ""
     status_by: str = ""  # the identity that last cordoned, drained or uncordoned it (audit)
+    # Unhealthy GPUs, by index (core/health.py): never placed on until repaired.
+    gpu_faults: tuple[GpuFault, ...] = ()
 
     @property
     def node_id(self) -> str:
@@ -335,7 +340,12 @@ class Node:
 
     @property
     def free(self) -> Resources:
-        return self.info.capacity - self.allocated
+        """What a gang may still be given here: unhealthy GPUs are never free."""
+        free = self.info.capacity - self.allocated
+        if self.gpu_faults:
+            idle = sum(1 for f in self.gpu_faults if f.gpu not in self.allocated_gpus)
+            free = Resources(free.cpu_milli, free.memory_mib, free.gpu - idle)
+        return free
 
     def schedulable(self) -> bool:
         return self.status is NodeStatus.READY

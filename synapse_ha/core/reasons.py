@@ -36,6 +36,7 @@ class ReasonCode(enum.StrEnum):
     MEMBER_FENCED = "member_fenced"  # rank, node, exit_code, detail
     MEMBER_LOST = "member_lost"  # rank, node, exit_code, detail
     NODE_DEAD = "node_dead"  # node, detail
+    GPU_UNHEALTHY = "gpu_unhealthy"  # node, gpus, code: a GPU the attempt held failed
     START_TIMEOUT = "start_timeout"  # ranks, nodes, timeout_ms
     TIME_LIMIT = "time_limit"  # limit_ms
     CANCELLED_BY = "cancelled_by"  # text
@@ -54,6 +55,7 @@ class ReasonCode(enum.StrEnum):
     REQUEUED_NODE_DEAD = "requeued_node_dead"  # attempt, requeue, max_requeues; cause
     REQUEUED_FENCED = "requeued_fenced"  # as REQUEUED_NODE_DEAD
     REQUEUED_LOST = "requeued_lost"  # as REQUEUED_NODE_DEAD
+    REQUEUED_GPU_UNHEALTHY = "requeued_gpu_unhealthy"  # as REQUEUED_NODE_DEAD
     # -- queues and preemption (DESIGN §8)
     REQUEUED_PREEMPTED = "requeued_preempted"  # attempt, preemptor, kind; cause
     WAITING_QUOTA = "waiting_quota"  # queue, used, nominal, borrowing_limit?, borrowable, need
@@ -86,6 +88,7 @@ class ReasonCode(enum.StrEnum):
 # ``retries.max`` (DESIGN §4), each to its own requeue reason.
 REQUEUE_CODES: dict[ReasonCode, ReasonCode] = {
     ReasonCode.NODE_DEAD: ReasonCode.REQUEUED_NODE_DEAD,
+    ReasonCode.GPU_UNHEALTHY: ReasonCode.REQUEUED_GPU_UNHEALTHY,
     ReasonCode.MEMBER_FENCED: ReasonCode.REQUEUED_FENCED,
     ReasonCode.MEMBER_LOST: ReasonCode.REQUEUED_LOST,
     ReasonCode.PREEMPTED: ReasonCode.REQUEUED_PREEMPTED,
@@ -265,6 +268,9 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"node {r.text('node')} was declared dead"
         + (f" ({r.text('detail')})" if r.text("detail") else "")
     ),
+    ReasonCode.GPU_UNHEALTHY: lambda r: (
+        f"GPU(s) {r.text('gpus')} of node {r.text('node')} turned unhealthy ({r.text('code')})"
+    ),
     ReasonCode.START_TIMEOUT: lambda r: (
         f"rank(s) {_ranks(r)} on {r.text('nodes')} not running "
         f"{_seconds(r.num('timeout_ms'))} after bind (start_timeout_ms)"
@@ -306,6 +312,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ReasonCode.REQUEUED_NODE_DEAD: lambda r: _requeued(r, "requeue"),
     ReasonCode.REQUEUED_FENCED: lambda r: _requeued(r, "requeue"),
     ReasonCode.REQUEUED_LOST: lambda r: _requeued(r, "requeue"),
+    ReasonCode.REQUEUED_GPU_UNHEALTHY: lambda r: _requeued(r, "requeue"),
     ReasonCode.BOUND: lambda r: (
         f"attempt {r.num('attempt')} bound to {r.num('hosts')} node(s); "
         f"waiting for members to start"

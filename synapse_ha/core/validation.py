@@ -19,6 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core import access
+from synapse_ha.core.health import (
+    FAULT_CODE_PATTERN,
+    MAX_FAULT_CODE,
+    MAX_FAULT_DETAIL,
+    GpuFault,
+)
 from synapse_ha.core.model import (
     MAX_LOCALITY_WAIT_MS,
     MAX_REQUEUES_LIMIT,
@@ -273,6 +279,32 @@ def _check_level(level: str, topology_levels: Sequence[str] | None) -> str:
 
 
 # --------------------------------------------------------------------------- nodes
+
+
+def check_gpu_faults(faults: Sequence[GpuFault], gpu_count: int) -> list[Violation]:
+    """Every rule a report of unhealthy GPUs breaks: each names a GPU of the node, once,
+    with a fault code (lowercase words joined by dashes) and a bounded sentence."""
+    out: list[Violation] = []
+    seen: set[int] = set()
+    for i, fault in enumerate(faults):
+        where = f"gpu_faults[{i}]"
+        if not 0 <= fault.gpu < gpu_count:
+            out.append(invalid(f"{where}.gpu", f"must be a GPU index from 0 to {gpu_count - 1}"))
+        elif fault.gpu in seen:
+            out.append(invalid(f"{where}.gpu", f"GPU {fault.gpu} is named twice"))
+        seen.add(fault.gpu)
+        if len(fault.code) > MAX_FAULT_CODE or not FAULT_CODE_PATTERN.fullmatch(fault.code):
+            out.append(
+                invalid(
+                    f"{where}.code",
+                    f"1 to {MAX_FAULT_CODE} lowercase letters and digits in words joined by -",
+                )
+            )
+        if len(fault.detail) > MAX_FAULT_DETAIL or not fault.detail.isprintable():
+            out.append(
+                invalid(f"{where}.detail", f"at most {MAX_FAULT_DETAIL} printable characters")
+            )
+    return out
 
 
 def check_node_info(info: NodeInfo) -> list[Violation]:

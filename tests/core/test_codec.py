@@ -23,6 +23,7 @@ from synapse_ha.core.codec import (
 )
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.codec_to_plain import _ADDED_FIELDS, to_plain
+from synapse_ha.core.health import GpuFault
 from synapse_ha.core.model import (
     Attempt,
     ClusterConfig,
@@ -43,6 +44,8 @@ EXAMPLES: list[c.Command] = [
     c.RegisterNode(node("n1", gpus=4, islands=((0, 1), (2, 3)), features=("images",)), 3),
     c.SetNodeStatus("n1", NodeStatus.DRAINING, "kernel upgrade", 4),
     c.MarkNodeDead("n1", "silent", 99, 5),
+    c.ReportGpuHealth("n1", (GpuFault(3, "xid-79", "fell off the bus"),), 7, 5),
+    c.RepairGpus("n1", (3,), 6, "user:ops"),
     c.SubmitJob(job("x", replicas=3, gpu=2, required="rack", time_limit_s=60, retries=2), "r", 6),
     c.CancelJob("job-000001", "user asked", 7),
     c.BindPlan(

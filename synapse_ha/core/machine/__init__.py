@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error
-from synapse_ha.core.machine import binding, config, jobs, nodes, preemption, reports, tokens_queues
+from synapse_ha.core.machine import (
+    binding,
+    config,
+    health,
+    jobs,
+    nodes,
+    preemption,
+    reports,
+    tokens_queues,
+)
 from synapse_ha.core.machine.attempts import retry_delay_ms
 from synapse_ha.core.machine.binding import verify_placement
 from synapse_ha.core.machine.changes import Handling
@@ -44,6 +53,7 @@ HANDLERS: dict[type, Handling] = {
     **reports.HANDLERS,
     **tokens_queues.HANDLERS,
     **preemption.HANDLERS,
+    **health.HANDLERS,
 }
 
 

@@ -9,6 +9,7 @@ import bisect
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
+from synapse_ha.core.health import fault_of
 from synapse_ha.core.lifecycle import JOB, move
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import (
@@ -163,6 +164,12 @@ def _member_problem(
     for gpu in member.gpus:
         if not 0 <= gpu < node.info.capacity.gpu:
             return RejectCode.NO_SUCH_GPU, f"rank {rank}: node {member.node_id} has no GPU {gpu}"
+        fault = fault_of(node.gpu_faults, gpu) if node.gpu_faults else None
+        if fault is not None:
+            return (
+                RejectCode.GPU_UNHEALTHY,
+                f"rank {rank}: GPU {gpu} on {member.node_id} is unhealthy ({fault.code})",
+            )
         if gpu in node.allocated_gpus or gpu in taken:
             return (
                 RejectCode.GPU_IN_USE,

@@ -37,6 +37,8 @@ def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result
             f"what is bound to it ({node.allocated.describe()}); report its members' exits first",
         )
     node.info = info
+    # GPU faults stay (health clears only by a repair), except of GPUs the node lost.
+    node.gpu_faults = tuple(f for f in node.gpu_faults if f.gpu < info.capacity.gpu)
     was_dead = node.status is NodeStatus.DEAD
     node.status = move(NODE, node.status, lc.NodeEvent.REGISTER)
     if was_dead:

@@ -20,6 +20,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 from itertools import compress
 
+from synapse_ha.core.health import unhealthy_gpus
 from synapse_ha.core.model import FEATURE_IMAGES, ClusterState, Node, Resources, topology_path
 
 Domain = tuple[str, ...]
@@ -61,6 +62,11 @@ def _node_free(node: Node, path: Domain, pos: int, empty: bool = False) -> NodeF
     """A node's free capacity; with ``empty``, as if nothing were bound to it."""
     free = node.info.capacity if empty else node.free
     used: set[int] = set() if empty else node.allocated_gpus
+    if node.gpu_faults:  # never offered, even as if the node were empty
+        sick = unhealthy_gpus(node.gpu_faults)
+        used = used | sick
+        if empty:
+            free = Resources(free.cpu_milli, free.memory_mib, free.gpu - len(sick))
     islands = [[g for g in island if g not in used] for island in node.info.gpu_islands]
     return NodeFree(
         node_id=node.node_id,
@@ -303,6 +309,7 @@ class CachedTable:
         self.statuses = [node.status for node in self.node_list]
         self.allocated = [node.allocated for node in self.node_list]
         self.gpus = [frozenset(node.allocated_gpus) for node in self.node_list]
+        self.faults = [node.gpu_faults for node in self.node_list]
         self._empty: View | None = None
 
     def empty_view(self, state: ClusterState) -> View:
@@ -320,6 +327,7 @@ class CachedTable:
             or list(state.nodes) != self.node_ids
             or not all(map(operator.is_, [n.info for n in nodes], self.infos))
             or not all(map(operator.is_, [n.status for n in nodes], self.statuses))
+            or not all(map(operator.is_, [n.gpu_faults for n in nodes], self.faults))
         ):
             return False
         allocated = [n.allocated for n in nodes]

@@ -1,0 +1,45 @@
+"""GPU health: what makes a GPU unfit, as the replicated state records it.
+
+A worker watches its GPUs (NVML's critical Xid events, uncorrectable ECC errors, page
+retirement and row remapping failures, a GPU that fell off the bus) and names the ones
+it finds unhealthy in every heartbeat; the leader records each new one with
+:class:`~synapse_ha.core.commands.ReportGpuHealth`. From then on the scheduler never
+places on it, a live attempt holding it is requeued as a disruption (the node's fault,
+not the job's: DESIGN §4), and only an operator's repair
+(:class:`~synapse_ha.core.commands.RepairGpus`) clears it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# A fault's code: ``xid-79``, ``ecc-dbe``, ``lost``, ``retired-pages``, ``remap-failed``,
+# ``nvlink``, ``check``: lowercase words joined by dashes.
+FAULT_CODE_PATTERN = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+MAX_FAULT_CODE = 32
+MAX_FAULT_DETAIL = 256
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuFault:
+    """One unhealthy GPU of a node: its index, what its worker saw (``code``), a
+    sentence for people (``detail``) and since when (leader clock; set at apply)."""
+
+    gpu: int
+    code: str
+    detail: str = ""
+    since_ms: int = 0
+
+
+def unhealthy_gpus(faults: tuple[GpuFault, ...]) -> frozenset[int]:
+    return frozenset(f.gpu for f in faults)
+
+
+def fault_of(faults: tuple[GpuFault, ...], gpu: int) -> GpuFault | None:
+    return next((f for f in faults if f.gpu == gpu), None)
+
+
+def describe_faults(faults: tuple[GpuFault, ...]) -> str:
+    """``GPU 3 xid-79, GPU 5 ecc-dbe``."""
+    return ", ".join(f"GPU {f.gpu} {f.code}" for f in faults)
