@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.client.token import BearerToken
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, RpcFailure, failure_of
@@ -56,7 +57,6 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
 __all__ = [
     "LEADER_METADATA_KEY",
-    "BearerToken",
     "ClusterClient",
     "ClusterUnavailable",
     "new_request_id",
@@ -84,36 +84,6 @@ class ClusterUnavailable(Exception):
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
-
-
-class _Details(grpc.ClientCallDetails):
-    def __init__(self, base: Any, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
-        self.method = base.method
-        self.timeout = base.timeout
-        self.metadata = metadata
-        self.credentials = base.credentials
-        self.wait_for_ready = getattr(base, "wait_for_ready", None)
-        self.compression = getattr(base, "compression", None)
-
-
-class BearerToken(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    """Adds ``authorization: Bearer <token>`` to every call of a channel."""
-
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
-
-    def _with_token(self, details: Any) -> _Details:
-        metadata = tuple(m for m in (details.metadata or ()) if m[0] != "authorization")
-        return _Details(details, (*metadata, self._header))
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
 
 
 class ClusterClient:
@@ -406,6 +376,14 @@ class ClusterClient:
             method, lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t)
         )
         return states.node_status(response)
+
+    def repair_gpus(self, node_id: str, gpus: Sequence[int] = ()) -> pb.RepairGpusResponse:
+        """Clear the faults of ``node_id``'s GPUs (``gpus`` empty: all of them)."""
+        request = pb.RepairGpusRequest(node_id=node_id, gpus=list(gpus))
+        response: pb.RepairGpusResponse = self.call(
+            "RepairGpus", lambda a, t: self.scheduler(a).RepairGpus(request, timeout=t)
+        )
+        return response
 
     def list_nodes(self) -> list[pb.Node]:
         request = pb.ListNodesRequest()

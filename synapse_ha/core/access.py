@@ -147,6 +147,7 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("CordonNode"): frozenset({_A, _O}),
     _scheduler("UncordonNode"): frozenset({_A, _O}),
     _scheduler("DrainNode"): frozenset({_A, _O}),
+    _scheduler("RepairGpus"): frozenset({_A, _O}),
     _scheduler("GetClusterStatus"): _READERS,
     _scheduler("GetReplicaState"): frozenset({_A, Audience.REPLICA}),
     _scheduler("CreateToken"): frozenset({_A}),

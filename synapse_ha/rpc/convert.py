@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.health import GpuFault
 from synapse_ha.core.model import (
     DEFAULT_QUEUE,
     Attempt,
@@ -200,7 +201,20 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
         registered_at_ms=node.registered_at_ms,
         last_heartbeat_age_ms=heartbeat_age_ms,
         members_run_as=node.info.members_run_as,
+        gpu_faults=gpu_faults_to_proto(node.gpu_faults),
     )
+
+
+def gpu_faults_to_proto(faults: Iterable[GpuFault]) -> list[pb.GpuFault]:
+    return [
+        pb.GpuFault(gpu=f.gpu, code=f.code, detail=f.detail, since_ms=f.since_ms) for f in faults
+    ]
+
+
+def gpu_faults_from_proto(msgs: Iterable[pb.GpuFault]) -> tuple[GpuFault, ...]:
+    """A worker's unhealthy GPUs (not yet checked: :func:`validation.check_gpu_faults`);
+    the time is the leader's to set."""
+    return tuple(GpuFault(m.gpu, m.code, m.detail) for m in msgs)
 
 
 def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core import validation
 from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.health import GpuFault, unhealthy_gpus
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.views import desired_by_node
 from synapse_ha.rpc import convert, states
@@ -32,6 +34,36 @@ def report_command(
         jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
         now_ms=now_ms,
     )
+
+
+def health_command(
+    state: ClusterState, node_id: str, faults: Sequence[GpuFault], now_ms: int
+) -> cmd.ReportGpuHealth | None:
+    """The command that records the GPUs ``node_id``'s worker finds unhealthy, when it
+    names one the state does not have yet (None otherwise: a worker names its unhealthy
+    GPUs in every heartbeat)."""
+    node = state.nodes.get(node_id)
+    if node is None or not faults:
+        return None
+    known = unhealthy_gpus(node.gpu_faults)
+    if all(f.gpu in known for f in faults):
+        return None
+    return cmd.ReportGpuHealth(
+        node_id=node_id,
+        faults=tuple(faults),
+        jitter_seed=uuid.uuid4().int & ((1 << 63) - 1),
+        now_ms=now_ms,
+    )
+
+
+def gpu_fault_problems(
+    state: ClusterState, node_id: str, faults: Sequence[GpuFault]
+) -> list[validation.Violation]:
+    """The rules a heartbeat's unhealthy GPUs break (none for a node not in the state)."""
+    node = state.nodes.get(node_id)
+    if node is None or not faults:
+        return []
+    return validation.check_gpu_faults(faults, node.info.capacity.gpu)
 
 
 class DesiredMembers:

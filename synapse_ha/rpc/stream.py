@@ -52,13 +52,21 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.spec import SpecError
+from synapse_ha.core.validation import describe
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc import convert
 from synapse_ha.rpc.auth import AuthInterceptor
 from synapse_ha.rpc.errors import Reason, build_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.rpc.heartbeat import DesiredMembers, answer_fields, desired_message, report_command
+from synapse_ha.rpc.heartbeat import (
+    DesiredMembers,
+    answer_fields,
+    desired_message,
+    gpu_fault_problems,
+    health_command,
+    report_command,
+)
 from synapse_ha.rpc.server import ReplicaContext
 
 log = logging.getLogger("synapse.rpc.stream")
@@ -346,10 +354,19 @@ class StreamServer:
         state = ctx.backend.snapshot()
         if node_id not in state.nodes:
             raise _node_not_found(node_id)
+        faults = convert.gpu_faults_from_proto(request.gpu_faults)
+        violations = gpu_fault_problems(state, node_id, faults)
+        if violations:
+            problem = describe(violations)
+            raise _Refused(build_status(Reason.INVALID_FIELD, problem, {"field": "gpu_faults"}))
         ctx.liveness.heard(node_id, now)
-        command = report_command(node_id, events, now)
-        if command is not None:
-            await self._commit(command, node_id)
+        # Health first: a member that died with its GPU is then the node's fault.
+        for command in (
+            health_command(state, node_id, faults, now),
+            report_command(node_id, events, now),
+        ):
+            if command is not None:
+                await self._commit(command, node_id)
         acked = len(events)
         async with stream.lock:
             if events or state.applied_commands < stream.version:
@@ -360,7 +377,7 @@ class StreamServer:
             self.heartbeats += 1
             await stream.context.write(msg)
 
-    async def _commit(self, command: cmd.ReportMembers, node_id: str) -> None:
+    async def _commit(self, command: cmd.Command, node_id: str) -> None:
         future: futures.Future[cmd.Result] = self.ctx.backend.propose(command)
         try:
             result = await asyncio.wait_for(

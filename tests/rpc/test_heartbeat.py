@@ -4,13 +4,20 @@ members per snapshot version."""
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.health import GpuFault
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.heartbeat import DesiredMembers, answer_fields, report_command
+from synapse_ha.rpc.heartbeat import (
+    DesiredMembers,
+    answer_fields,
+    gpu_fault_problems,
+    health_command,
+    report_command,
+)
 from tests.core.harness import job, node
 
 
@@ -47,3 +54,26 @@ def test_desired_members_follow_the_newest_snapshot_version() -> None:
     assert [m.job_id for m in cache.of(after, "n1")] == ["job-000001"]
     # An older snapshot asked later gets the newer answer, never an older one.
     assert [m.job_id for m in cache.of(before, "n1")] == ["job-000001"]
+
+
+def test_a_heartbeat_naming_a_new_unhealthy_gpu_becomes_one_command() -> None:
+    state = ClusterState()
+    assert apply(state, cmd.RegisterNode(node("n1", gpus=8), 1)).ok
+    xid = GpuFault(3, "xid-79", "fallen off the bus")
+    command = health_command(state, "n1", [xid], 7)
+    assert command is not None and (command.node_id, command.faults) == ("n1", (xid,))
+    assert apply(state, command).ok
+    # Named again in every later heartbeat: nothing new, no command.
+    assert health_command(state, "n1", [xid], 8) is None
+    assert health_command(state, "n1", [], 8) is None
+    assert health_command(state, "n9", [xid], 8) is None
+    second = health_command(state, "n1", [xid, GpuFault(5, "lost")], 9)
+    assert second is not None
+
+
+def test_malformed_unhealthy_gpus_name_the_field_and_the_rule() -> None:
+    state = ClusterState()
+    assert apply(state, cmd.RegisterNode(node("n1", gpus=2), 1)).ok
+    problems = gpu_fault_problems(state, "n1", [GpuFault(2, "xid-79")])
+    assert [str(p) for p in problems] == ["gpu_faults[0].gpu: must be a GPU index from 0 to 1"]
+    assert gpu_fault_problems(state, "n1", [GpuFault(1, "lost")]) == []

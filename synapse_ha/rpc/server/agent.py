@@ -17,6 +17,8 @@ from synapse_ha.rpc.heartbeat import (
     DesiredMembers,
     answer_fields,
     desired_message,
+    gpu_fault_problems,
+    health_command,
     report_command,
 )
 from synapse_ha.rpc.server.context import ReplicaContext, _Base, _invalid, _required
@@ -67,21 +69,30 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
             _invalid(context, exc)
         self._require_serving_leader(context)
         now = self.ctx.clock_ms()
-        if request.node_id not in self.ctx.backend.snapshot().nodes:
+        state = self.ctx.backend.snapshot()
+        if request.node_id not in state.nodes:
             abort(
                 context,
                 Reason.NODE_NOT_FOUND,
                 f"node {request.node_id!r} is not registered; call RegisterNode",
                 {"node_id": request.node_id},
             )
+        faults = convert.gpu_faults_from_proto(request.gpu_faults)
+        violations = gpu_fault_problems(state, request.node_id, faults)
+        if violations:
+            abort_invalid(context, violations)
         self.ctx.liveness.heard(request.node_id, now)
-        command = report_command(request.node_id, events, now)
-        if command is not None:
-            self._check(
-                context,
-                self._propose(context, command),
-                (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
-            )
+        # Health first: a member that died with its GPU is then the node's fault.
+        for command in (
+            health_command(state, request.node_id, faults, now),
+            report_command(request.node_id, events, now),
+        ):
+            if command is not None:
+                self._check(
+                    context,
+                    self._propose(context, command),
+                    (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
+                )
         term = self.ctx.backend.status().term
         state = self.ctx.backend.snapshot()
         desired = self._desired.of(state, request.node_id)

@@ -1,4 +1,5 @@
-"""The node methods of ``SchedulerService``: cordon, uncordon, drain and list."""
+"""The node methods of ``SchedulerService``: cordon, uncordon, drain, repair GPUs and
+list."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from synapse_ha.rpc.server.context import _audit, _Base, _required
 
 
 class NodeService(_Base):
-    """CordonNode, UncordonNode, DrainNode and ListNodes."""
+    """CordonNode, UncordonNode, DrainNode, RepairGpus and ListNodes."""
 
     def _set_node_status(
         self, request: pb.NodeStatusRequest, context: grpc.ServicerContext, status: NodeStatus
@@ -54,6 +55,30 @@ class NodeService(_Base):
         self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
     ) -> pb.NodeStatusResponse:
         return self._set_node_status(request, context, NodeStatus.DRAINING)
+
+    def RepairGpus(
+        self, request: pb.RepairGpusRequest, context: grpc.ServicerContext
+    ) -> pb.RepairGpusResponse:
+        if not request.node_id:
+            _required(context, "node_id")
+        identity = caller(context)
+        command = cmd.RepairGpus(
+            node_id=request.node_id,
+            gpus=tuple(sorted(set(request.gpus))),
+            now_ms=self.ctx.clock_ms(),
+            actor=str(identity),
+        )
+        result = self._check(
+            context,
+            self._propose(context, command),
+            (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
+        )
+        _audit(identity, f"RepairGpus({list(command.gpus) or 'all'})", request.node_id)
+        node = self.ctx.backend.snapshot().nodes.get(request.node_id)
+        left = node.gpu_faults if node is not None else ()
+        return pb.RepairGpusResponse(
+            message=result.message, gpu_faults=convert.gpu_faults_to_proto(left)
+        )
 
     def ListNodes(
         self, request: pb.ListNodesRequest, context: grpc.ServicerContext

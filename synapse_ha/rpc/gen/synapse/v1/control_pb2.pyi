@@ -352,7 +352,7 @@ class ExplainJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., explanation: _Optional[str] = ..., stale: _Optional[bool] = ..., reason_code: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status")
+    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status", "gpu_faults")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +366,7 @@ class Node(_message.Message):
     LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_RUN_AS_FIELD_NUMBER: _ClassVar[int]
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     status: str
@@ -379,7 +380,36 @@ class Node(_message.Message):
     last_heartbeat_age_ms: int
     members_run_as: str
     node_status: NodeStatus
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ...) -> None: ...
+
+class GpuFault(_message.Message):
+    __slots__ = ("gpu", "code", "detail", "since_ms")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    gpu: int
+    code: str
+    detail: str
+    since_ms: int
+    def __init__(self, gpu: _Optional[int] = ..., code: _Optional[str] = ..., detail: _Optional[str] = ..., since_ms: _Optional[int] = ...) -> None: ...
+
+class RepairGpusRequest(_message.Message):
+    __slots__ = ("node_id", "gpus")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RepairGpusResponse(_message.Message):
+    __slots__ = ("message", "gpu_faults")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
+    def __init__(self, message: _Optional[str] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("allow_stale",)
@@ -1029,14 +1059,16 @@ class DesiredMember(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "reports", "running")
+    __slots__ = ("node_id", "reports", "running", "gpu_faults")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
     running: _containers.RepeatedCompositeFieldContainer[MemberReport]
-    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ...) -> None: ...
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("desired", "lease_ttl_ms", "heartbeat_interval_ms", "acked_reports", "node_status_name", "leader_term", "node_status")
@@ -1111,16 +1143,18 @@ class SnapshotChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., raft_index: _Optional[int] = ..., raft_term: _Optional[int] = ..., replica_id: _Optional[str] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("seq", "node_id", "reports", "running")
+    __slots__ = ("seq", "node_id", "reports", "running", "gpu_faults")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     node_id: str
     reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
     running: _containers.RepeatedCompositeFieldContainer[MemberReport]
-    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ...) -> None: ...
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
+    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ...) -> None: ...
 
 class LeaderMessage(_message.Message):
     __slots__ = ("ack_seq", "acked_reports", "lease_ttl_ms", "heartbeat_interval_ms", "node_status_name", "leader_term", "has_desired", "desired", "node_status")
