@@ -41,6 +41,8 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "compact_state",
             "limits",
             "gpu_drain_threshold",
+            "unfit_backoff_ms",
+            "cordon_after_start_failures",
         }
     ),
     # Per-identity limits and authorised priority (DESIGN §8).
@@ -53,7 +55,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset({"lost_attempt"}),
     # GPU health (DESIGN §4).
-    Node: frozenset({"gpu_faults"}),
+    Node: frozenset({"gpu_faults", "unfit", "start_failures"}),
 }
 _ALWAYS = object()  # a field written whatever its value
 

@@ -159,6 +159,9 @@ class ExitCause(enum.StrEnum):
     PROGRAM = "program"
     FENCED = "fenced"
     LOST = "lost"
+    # The node could not start it (no account for the owner, runtime or image missing,
+    # cgroup setup failed, a GPU it cannot see): the node's fault, never the job's.
+    NODE_CANNOT_RUN = "node_cannot_run"
 
     @property
     def disruption(self) -> bool:
@@ -358,6 +361,7 @@ class RejectCode(enum.StrEnum):
     NO_SUCH_GPU = "no_such_gpu"
     GPU_IN_USE = "gpu_in_use"
     GPU_UNHEALTHY = "gpu_unhealthy"
+    NODE_UNFIT = "node_unfit"
     NO_ROOM = "no_room"
     TOPOLOGY_SPAN = "topology_span"
     OVER_QUOTA = "over_quota"

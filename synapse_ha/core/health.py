@@ -1,4 +1,5 @@
-"""GPU health: what makes a GPU unfit, as the replicated state records it.
+"""GPU health and node fitness: what makes a GPU or a node unfit, as the replicated
+state records it.
 
 A worker watches its GPUs (NVML's critical Xid events, uncorrectable ECC errors, page
 retirement and row remapping failures, a GPU that fell off the bus) and names the ones
@@ -7,6 +8,13 @@ it finds unhealthy in every heartbeat; the leader records each new one with
 places on it, a live attempt holding it is requeued as a disruption (the node's fault,
 not the job's: DESIGN §4), and only an operator's repair
 (:class:`~synapse_ha.core.commands.RepairGpus`) clears it.
+
+A node that cannot start a member for a reason of its own (no account for the job's
+owner, a container runtime or image missing, a cgroup it cannot set up, a GPU it cannot
+see) reports the exit as ``node_cannot_run``: the gang is requeued as a disruption, the
+node is :class:`Unfit` for that owner for a back-off (``ClusterConfig.unfit_backoff_ms``),
+and after ``ClusterConfig.cordon_after_start_failures`` such failures in a row it is
+cordoned with the reason.
 """
 
 from __future__ import annotations
@@ -30,6 +38,21 @@ class GpuFault:
     code: str
     detail: str = ""
     since_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Unfit:
+    """The node cannot run members of ``owner`` (why: ``detail``) until ``until_ms``
+    (leader clock): the scheduler leaves it out for that owner's gangs until then."""
+
+    owner: str
+    detail: str = ""
+    until_ms: int = 0
+
+
+def unfit_owners(unfit: tuple[Unfit, ...], now_ms: int) -> frozenset[str]:
+    """The owners a node may not run members of at ``now_ms``."""
+    return frozenset(u.owner for u in unfit if u.until_ms > now_ms)
 
 
 def unhealthy_gpus(faults: tuple[GpuFault, ...]) -> frozenset[int]:

@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.access import DEFAULT_QUEUE_NAME, Role
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, Unfit
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
 # --------------------------------------------------------------------------- enums
@@ -292,6 +292,10 @@ class ClusterConfig:
     limits: Limits = field(default_factory=Limits)
     # Drain a node once this many of its GPUs are unhealthy (0: never drain for that).
     gpu_drain_threshold: int = 0
+    # A node that could not start an owner's member skips that owner's gangs this long,
+    # and is cordoned after this many such failures in a row (0: never cordoned for it).
+    unfit_backoff_ms: int = 600_000
+    cordon_after_start_failures: int = 3
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")
@@ -333,6 +337,10 @@ class Node:
     status_by: str = ""  # the identity that last cordoned, drained or uncordoned it (audit)
     # Unhealthy GPUs, by index (core/health.py): never placed on until repaired.
     gpu_faults: tuple[GpuFault, ...] = ()
+    # Owners whose members this node could not start, for a back-off (core/health.py),
+    # and how many members in a row it could not start.
+    unfit: tuple[Unfit, ...] = ()
+    start_failures: int = 0
 
     @property
     def node_id(self) -> str:

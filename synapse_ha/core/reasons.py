@@ -37,6 +37,7 @@ class ReasonCode(enum.StrEnum):
     MEMBER_LOST = "member_lost"  # rank, node, exit_code, detail
     NODE_DEAD = "node_dead"  # node, detail
     GPU_UNHEALTHY = "gpu_unhealthy"  # node, gpus, code: a GPU the attempt held failed
+    NODE_CANNOT_RUN = "node_cannot_run"  # rank, node, exit_code, detail
     START_TIMEOUT = "start_timeout"  # ranks, nodes, timeout_ms
     TIME_LIMIT = "time_limit"  # limit_ms
     CANCELLED_BY = "cancelled_by"  # text
@@ -56,6 +57,7 @@ class ReasonCode(enum.StrEnum):
     REQUEUED_FENCED = "requeued_fenced"  # as REQUEUED_NODE_DEAD
     REQUEUED_LOST = "requeued_lost"  # as REQUEUED_NODE_DEAD
     REQUEUED_GPU_UNHEALTHY = "requeued_gpu_unhealthy"  # as REQUEUED_NODE_DEAD
+    REQUEUED_NODE_CANNOT_RUN = "requeued_node_cannot_run"  # as REQUEUED_NODE_DEAD
     # -- queues and preemption (DESIGN §8)
     REQUEUED_PREEMPTED = "requeued_preempted"  # attempt, preemptor, kind; cause
     WAITING_QUOTA = "waiting_quota"  # queue, used, nominal, borrowing_limit?, borrowable, need
@@ -89,6 +91,7 @@ class ReasonCode(enum.StrEnum):
 REQUEUE_CODES: dict[ReasonCode, ReasonCode] = {
     ReasonCode.NODE_DEAD: ReasonCode.REQUEUED_NODE_DEAD,
     ReasonCode.GPU_UNHEALTHY: ReasonCode.REQUEUED_GPU_UNHEALTHY,
+    ReasonCode.NODE_CANNOT_RUN: ReasonCode.REQUEUED_NODE_CANNOT_RUN,
     ReasonCode.MEMBER_FENCED: ReasonCode.REQUEUED_FENCED,
     ReasonCode.MEMBER_LOST: ReasonCode.REQUEUED_LOST,
     ReasonCode.PREEMPTED: ReasonCode.REQUEUED_PREEMPTED,
@@ -166,6 +169,7 @@ _JOB_TEXT: dict[ReasonCode, str] = {
     ReasonCode.MEMBER_EXITED: "detail",
     ReasonCode.MEMBER_FENCED: "detail",
     ReasonCode.MEMBER_LOST: "detail",
+    ReasonCode.NODE_CANNOT_RUN: "detail",
     ReasonCode.CANCELLED_BY: "text",
     ReasonCode.CANCELLED: "text",
 }
@@ -264,6 +268,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         r, "was stopped by fencing (its worker lost its lease), code"
     ),
     ReasonCode.MEMBER_LOST: lambda r: _member(r, "was lost by its worker, code"),
+    ReasonCode.NODE_CANNOT_RUN: lambda r: _member(r, "could not be started by its node, code"),
     ReasonCode.NODE_DEAD: lambda r: (
         f"node {r.text('node')} was declared dead"
         + (f" ({r.text('detail')})" if r.text("detail") else "")
@@ -313,6 +318,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ReasonCode.REQUEUED_FENCED: lambda r: _requeued(r, "requeue"),
     ReasonCode.REQUEUED_LOST: lambda r: _requeued(r, "requeue"),
     ReasonCode.REQUEUED_GPU_UNHEALTHY: lambda r: _requeued(r, "requeue"),
+    ReasonCode.REQUEUED_NODE_CANNOT_RUN: lambda r: _requeued(r, "requeue"),
     ReasonCode.BOUND: lambda r: (
         f"attempt {r.num('attempt')} bound to {r.num('hosts')} node(s); "
         f"waiting for members to start"

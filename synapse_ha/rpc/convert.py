@@ -239,6 +239,7 @@ _EXIT_CAUSES = {
     pb.MemberReport.PROGRAM: cmd.ExitCause.PROGRAM,
     pb.MemberReport.FENCED: cmd.ExitCause.FENCED,
     pb.MemberReport.LOST: cmd.ExitCause.LOST,
+    pb.MemberReport.NODE_CANNOT_RUN: cmd.ExitCause.NODE_CANNOT_RUN,
 }
 
 

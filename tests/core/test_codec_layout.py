@@ -20,7 +20,7 @@ import pytest
 from synapse_ha.core import model, reasons
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, Unfit
 from synapse_ha.core.model import ClusterState
 from tests.core.harness import Cluster
 from tests.core.test_codec import a_running_and_a_waiting_job
@@ -32,7 +32,8 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.ClusterConfig: ("topology_levels", "timeouts", "retention_ms", "master_port_base",
                           "master_port_span", "locality_wait_ms", "max_requeues",
                           "start_timeout_ms", "priority_classes", "fair_share_half_life_ms",
-                          "preemption", "compact_state", "limits", "gpu_drain_threshold"),
+                          "preemption", "compact_state", "limits", "gpu_drain_threshold",
+                          "unfit_backoff_ms", "cordon_after_start_failures"),
     model.ClusterState: ("config", "nodes", "jobs", "request_ids", "next_job_seq",
                          "last_fencing_token", "applied_commands", "last_time_ms", "tokens",
                          "queues", "queue_history"),
@@ -49,8 +50,10 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.MemberPlacement: ("rank", "node_id", "gpus"),
     model.MemberStatus: ("state", "exit_code", "started_at_ms", "finished_at_ms"),
     model.Node: ("info", "status", "registered_at_ms", "allocated", "allocated_gpus",
-                 "master_ports", "status_reason", "status_by", "gpu_faults"),
+                 "master_ports", "status_reason", "status_by", "gpu_faults", "unfit",
+                 "start_failures"),
     GpuFault: ("gpu", "code", "detail", "since_ms"),
+    Unfit: ("owner", "detail", "until_ms"),
     model.NodeInfo: ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology",
                      "features", "members_run_as"),
     model.PriorityClass: ("name", "value", "preempts", "grace_ms"),

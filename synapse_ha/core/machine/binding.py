@@ -9,7 +9,7 @@ import bisect
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
-from synapse_ha.core.health import fault_of
+from synapse_ha.core.health import fault_of, unfit_owners
 from synapse_ha.core.lifecycle import JOB, move
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import (
@@ -65,7 +65,7 @@ def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rej
     problem = _job_problem(job, p, now)
     if problem is None:
         assert job is not None
-        problem = _members_problem(state, job.spec, p)
+        problem = _members_problem(state, job.spec, p) or _unfit_problem(state, job, p, now)
     return Rejection(p.job_id, *problem) if problem is not None else None
 
 
@@ -93,6 +93,20 @@ def _job_problem(job: Job | None, p: cmd.GangPlacement, now: int) -> Problem | N
             RejectCode.WRONG_SIZE,
             f"plan has {len(p.members)} members, job needs {job.spec.replicas}",
         )
+    return None
+
+
+def _unfit_problem(state: ClusterState, job: Job, p: cmd.GangPlacement, now: int) -> Problem | None:
+    """A node that could not start a member of the job's owner within the back-off
+    does not get another."""
+    for member in p.members:
+        node = state.nodes[member.node_id]
+        if node.unfit and job.owner in unfit_owners(node.unfit, now):
+            return (
+                RejectCode.NODE_UNFIT,
+                f"rank {member.rank}: node {member.node_id} could not start members of "
+                f"{job.owner or 'this owner'} lately",
+            )
     return None
 
 

@@ -1,4 +1,5 @@
-"""GPU health commands: a worker's report of unhealthy GPUs, and an operator's repair.
+"""GPU health commands (a worker's report of unhealthy GPUs, and an operator's repair),
+and what a node learns when it cannot start a member.
 
 A GPU recorded unhealthy is never placed on (the capacity table and the plan check both
 leave it out); a live attempt holding it is stopped and requeued as a disruption, since
@@ -12,7 +13,7 @@ from __future__ import annotations
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
-from synapse_ha.core.health import GpuFault, describe_faults, unhealthy_gpus
+from synapse_ha.core.health import GpuFault, Unfit, describe_faults, unhealthy_gpus
 from synapse_ha.core.lifecycle import NODE, transition
 from synapse_ha.core.machine.attempts import end_attempt_for, settle_drained
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, jobs_on_node
@@ -114,6 +115,35 @@ def _repair_gpus(state: ClusterState, c: cmd.RepairGpus, now: int) -> Result:
         return ok(f"node {c.node_id}: nothing to repair")
     node.gpu_faults = tuple(f for f in node.gpu_faults if f.gpu not in wanted)
     return ok(f"node {c.node_id}: {describe_faults(cleared)} repaired")
+
+
+def mark_unfit(state: ClusterState, node_id: str, owner: str, detail: str, now: int) -> None:
+    """``node_id`` could not start a member of ``owner``'s: it skips that owner's gangs
+    for ``unfit_backoff_ms``, and is cordoned after ``cordon_after_start_failures`` such
+    failures in a row (an operator uncordons it once it is fixed)."""
+    node = state.nodes.get(node_id)
+    if node is None:
+        return
+    config = state.config
+    kept = tuple(u for u in node.unfit if u.until_ms > now and u.owner != owner)
+    node.unfit = tuple(sorted((*kept, Unfit(owner, detail[:256], now + config.unfit_backoff_ms))))
+    node.start_failures += 1
+    limit = config.cordon_after_start_failures
+    if limit <= 0 or node.start_failures < limit or node.status is not NodeStatus.READY:
+        return
+    after = transition(NODE, node.status, lc.NodeEvent.CORDON)
+    if isinstance(after, lc.Refusal):
+        return
+    node.status = after
+    node.status_reason = f"{node.start_failures} members in a row could not start here: {detail}"
+    node.status_by = "start-failures"
+
+
+def started_here(state: ClusterState, node_id: str) -> None:
+    """A member started on ``node_id``: its run of start failures is over."""
+    node = state.nodes.get(node_id)
+    if node is not None and node.start_failures:
+        node.start_failures = 0
 
 
 def _touches_health(state: ClusterState, c: cmd.ReportGpuHealth, changes: Changes) -> None:

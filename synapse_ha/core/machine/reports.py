@@ -18,6 +18,7 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
+from synapse_ha.core.machine.health import mark_unfit, started_here
 from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
 from synapse_ha.core.reasons import ReasonCode, reason
 
@@ -107,6 +108,7 @@ def _live_member_event(
         job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
     if event.kind is cmd.MemberEventKind.STARTED:
         status.state = move(MEMBER, status.state, lc.MemberEvent.START)
+        started_here(state, c.node_id)
         return
     status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
     status.exit_code = event.exit_code
@@ -116,7 +118,10 @@ def _live_member_event(
             cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
             cmd.ExitCause.FENCED: ReasonCode.MEMBER_FENCED,
             cmd.ExitCause.LOST: ReasonCode.MEMBER_LOST,
+            cmd.ExitCause.NODE_CANNOT_RUN: ReasonCode.NODE_CANNOT_RUN,
         }[event.cause]
+        if event.cause is cmd.ExitCause.NODE_CANNOT_RUN:
+            mark_unfit(state, c.node_id, job.owner, event.detail, now)
         outcome = reason(
             code,
             rank=event.rank,

@@ -79,6 +79,7 @@ class Explainer:
             gang.n,
             spec.topology_required,
             bool(spec.image),
+            gang.avoid,
             min(depths) if spec.topology_required else 0,
             view,
             view.version,

@@ -19,6 +19,7 @@ from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
 from synapse_ha.core.scheduler.placement import (
+    NONE,
     Gang,
     commit,
     fits,
@@ -27,6 +28,7 @@ from synapse_ha.core.scheduler.placement import (
     pending_since,
     place,
     search_depths,
+    unfit_nodes,
 )
 from synapse_ha.core.scheduler.plan import Plan, Reservation
 from synapse_ha.core.scheduler.preempting import (
@@ -113,6 +115,7 @@ class _Pass:
         "running",
         "state",
         "table",
+        "unfit",
         "usage",
         "view",
         "wait_ms",
@@ -139,10 +142,11 @@ class _Pass:
         self.placed: dict[str, Running] = {}  # gangs placed by this pass
         self.wait_ms = state.config.locality_wait_ms
         # Whether a shape fits its locality on an empty cluster.
-        self.fits_local: dict[tuple[Resources, int, bool, int], bool] = {}
+        self.fits_local: dict[tuple[Resources, int, bool, frozenset[str], int], bool] = {}
         self.running: dict[str, Running] | None = None  # every gang holding capacity
         self.usage = QueueUsage.of(state) if has_quotas(state) else None
         self.claims = claimants(state)
+        self.unfit = unfit_nodes(state, now_ms)
         self.preempt = (
             Preempting(state, now_ms, self.claims)
             if state.config.preemption is not (PreemptionMode.OFF)
@@ -173,7 +177,7 @@ class _Pass:
             )
             return None
         spec = job.spec
-        gang = Gang(job, spec, spec.resources, spec.replicas)
+        gang = Gang(job, spec, spec.resources, spec.replicas, self.unfit.get(job.owner, NONE))
         answers = self.answers
         depths, local_depths = answers.depths(self.state, spec, self.levels)
         usage = self.usage
@@ -258,7 +262,7 @@ class _Pass:
         wait = self.wait_ms and gang.n > 1 and gang.job.job_id not in self.claims
         if not wait or local_depths is None or self.now_ms >= deadline:
             return None
-        key = (gang.req, gang.n, bool(gang.spec.image), local_depths[-1])
+        key = (gang.req, gang.n, bool(gang.spec.image), gang.avoid, local_depths[-1])
         possible = self.fits_local.get(key)
         if possible is None:
             possible = self.fits_local[key] = fits(gang, self.empty_view(self.state), local_depths)
@@ -359,6 +363,7 @@ class Answers:
             req.memory_mib,
             gang.n,
             bool(gang.spec.image),
+            gang.avoid,
             tuple(depths),
             view,
             view.version,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from synapse_ha.core.health import unfit_owners
 from synapse_ha.core.model import ClusterState, Job, JobSpec, MemberPlacement, Resources
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, Table, View
 from synapse_ha.core.topology import CLUSTER
@@ -38,6 +39,22 @@ class Gang:
     spec: JobSpec
     req: Resources
     n: int
+    # Nodes this gang may not use now: they could not start its owner's members.
+    avoid: frozenset[str] = frozenset()
+
+
+NONE: frozenset[str] = frozenset()
+
+
+def unfit_nodes(state: ClusterState, now_ms: int) -> dict[str, frozenset[str]]:
+    """For each owner, the nodes that cannot run its members at ``now_ms``: they failed
+    to start one of them within the back-off (:class:`~synapse_ha.core.health.Unfit`)."""
+    out: dict[str, set[str]] = {}
+    for node in state.nodes.values():
+        if node.unfit:
+            for owner in unfit_owners(node.unfit, now_ms):
+                out.setdefault(owner, set()).add(node.node_id)
+    return {owner: frozenset(nodes) for owner, nodes in out.items()}
 
 
 def fits_totals(total: list[int], req: Resources, n: int) -> bool:
@@ -50,8 +67,8 @@ def _leftover(total: list[int], req: Resources, n: int) -> tuple[int, int, int]:
     return (total[0] - req.gpu * n, total[1] - req.cpu_milli * n, total[2] - req.memory_mib * n)
 
 
-def _eligible(node: NodeFree, spec: JobSpec) -> bool:
-    return node.images or not spec.image
+def _eligible(node: NodeFree, gang: Gang) -> bool:
+    return (node.images or not gang.spec.image) and node.node_id not in gang.avoid
 
 
 def search_depths(state: ClusterState, spec: JobSpec, levels: int) -> list[int]:
@@ -153,7 +170,7 @@ def fits(gang: Gang, view: View, depths: list[int]) -> bool:
             continue
         room = 0
         for node in _candidates(view, domain, req):
-            if _eligible(node, gang.spec):
+            if _eligible(node, gang):
                 room += node.slots(req, n)
                 if room >= n:
                     return True
@@ -173,7 +190,7 @@ def _best_single_host(gang: Gang, view: View, within: Domain = ()) -> str | None
     for node in view.table.at:
         if node.node_id in view.excluded or node.path[:k] != within:
             continue
-        if node.slots(req, n) >= n and _eligible(node, gang.spec):
+        if node.slots(req, n) >= n and _eligible(node, gang):
             key = (node.cpu - req.cpu_milli * n, node.mem - req.memory_mib * n)
             if best is None or key < best[0]:
                 best = (key, node.node_id)
@@ -194,7 +211,7 @@ def _best_gpu_host_scan(gang: Gang, view: View, within: Domain) -> str | None:
             node = at[pos]
             if (
                 node.slots(req, n) >= n
-                and _eligible(node, gang.spec)
+                and _eligible(node, gang)
                 and node.node_id not in view.excluded
                 and node.path[:k] == within
             ):
@@ -237,7 +254,7 @@ def _best_gpu_host_by_rack(gang: Gang, view: View, within: Domain) -> str | None
                     node.gpu == free
                     and node_id not in excluded
                     and node.slots(req, n) >= n
-                    and _eligible(node, gang.spec)
+                    and _eligible(node, gang)
                 ):
                     return node_id
     return None
@@ -249,7 +266,7 @@ def _fill_domain(gang: Gang, view: View, domain: Domain) -> list[tuple[str, int]
     slots: dict[str, int] = {}
     room = 0
     for node in _candidates(view, domain, req):
-        s = node.slots(req, n) if _eligible(node, gang.spec) else 0
+        s = node.slots(req, n) if _eligible(node, gang) else 0
         if s:
             slots[node.node_id] = s
             room += s

@@ -165,6 +165,7 @@ class Preempting:
             spec.priority,
             spec.priority_class,
             bool(spec.image),
+            gang.avoid,
         )
         if self.searches >= MAX_SEARCHES or key in self.failed:
             return None

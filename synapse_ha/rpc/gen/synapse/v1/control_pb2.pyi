@@ -989,9 +989,11 @@ class MemberReport(_message.Message):
         PROGRAM: _ClassVar[MemberReport.Cause]
         FENCED: _ClassVar[MemberReport.Cause]
         LOST: _ClassVar[MemberReport.Cause]
+        NODE_CANNOT_RUN: _ClassVar[MemberReport.Cause]
     PROGRAM: MemberReport.Cause
     FENCED: MemberReport.Cause
     LOST: MemberReport.Cause
+    NODE_CANNOT_RUN: MemberReport.Cause
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
