@@ -422,7 +422,7 @@ def complete_job_ids(
 ) -> list[click.shell_completion.CompletionItem]:
     return _complete(
         ctx,
-        lambda c: [(j.job_id, f"{j.spec.name} {states.job_state(j)}") for j in c.list_jobs()],
+        lambda c: [(j.job_id, f"{j.spec.name} {states.shown_job_state(j)}") for j in c.list_jobs()],
         incomplete,
     )
 
@@ -431,5 +431,7 @@ def complete_node_ids(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[click.shell_completion.CompletionItem]:
     return _complete(
-        ctx, lambda c: [(n.node_id, str(states.node_status(n))) for n in c.list_nodes()], incomplete
+        ctx,
+        lambda c: [(n.node_id, states.shown_node_status(n)) for n in c.list_nodes()],
+        incomplete,
     )

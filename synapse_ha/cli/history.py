@@ -51,7 +51,7 @@ def attempt_document(a: pb.HistoryAttempt) -> dict[str, Any]:
     return {
         "attempt": a.number,
         "fencing_token": a.fencing_token,
-        "state": str(states.attempt_state(a)),
+        "state": states.shown_attempt_state(a),
         "nodes": list(a.nodes),
         "gpus": a.gpus,
         "bound_at_ms": a.bound_at_ms,
@@ -69,7 +69,7 @@ def history_document(j: pb.HistoryJob) -> dict[str, Any]:
         "name": j.name,
         "owner": j.owner,
         "queue": j.queue,
-        "state": str(states.job_state(j)),
+        "state": states.shown_job_state(j),
         "reason_code": j.reason_code,
         "reason": j.reason,
         "submitted_at_ms": j.submitted_at_ms,

@@ -16,7 +16,7 @@ def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
     replicas = [
         {
             "id": r.replica_id,
-            "role": str(states.replica_role(r) or "unknown"),
+            "role": states.shown_replica_role(r),
             "term": r.term,
             "commit_index": r.commit_index,
             "last_applied": r.last_applied,

@@ -28,7 +28,7 @@ def member_document(m: pb.Member) -> Document:
         "rank": m.rank,
         "node": m.node_id,
         "gpus": list(m.gpus),
-        "state": str(states.member_state(m)),
+        "state": states.shown_member_state(m),
         "exit_code": m.exit_code if m.has_exit_code else None,
     }
 
@@ -46,7 +46,7 @@ def job_document(job: pb.Job) -> Document:
     return {
         "id": job.job_id,
         "name": spec.name,
-        "state": str(states.job_state(job)),
+        "state": states.shown_job_state(job),
         "reason": job.reason,
         "reason_code": job.reason_code,
         "retries_used": job.retries_used,
@@ -118,7 +118,7 @@ def explain_document(
         )
     return {
         "id": answer.job_id,
-        "state": str(states.job_state(answer)),
+        "state": states.shown_job_state(answer),
         "explanation": answer.explanation,
         "reason_code": answer.reason_code,
         "reason": job.reason,

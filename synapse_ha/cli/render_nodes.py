@@ -41,7 +41,7 @@ def node_document(node: pb.Node) -> Document:
     return {
         "id": node.node_id,
         "address": node.address,
-        "status": str(states.node_status(node)),
+        "status": states.shown_node_status(node),
         "status_reason": node.status_reason,
         "topology": topology,
         "topology_path": topology_path(topology),

@@ -24,7 +24,7 @@ def token_document(token: pb.TokenInfo) -> Document:
     return {
         "id": token.token_id,
         "user": token.user,
-        "role": str(states.user_role(token)),
+        "role": states.shown_user_role(token),
         "queues": list(token.queues),
         "created_at_ms": token.created_at_ms or None,
         "created_by": token.created_by,

@@ -51,8 +51,11 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+_HOLDING = (JobState.SCHEDULED, JobState.RUNNING)
+
+
 def _role(replica: pb.ReplicaStatus) -> str:
-    return str(states.replica_role(replica) or "unknown")
+    return states.shown_replica_role(replica)
 
 
 def _page(title: str, body: str, viewer: str = "", csrf: str = "") -> str:
@@ -132,7 +135,7 @@ def _members_nodes(job: pb.Job) -> str:
 
 
 def render_queue(jobs: Sequence[pb.Job]) -> str:
-    pending = [j for j in jobs if states.job_state(j) is JobState.PENDING]
+    pending = [j for j in jobs if states.shown_job_state(j) == JobState.PENDING]
     rows = [
         f'<tr data-job="{_e(j.job_id)}"><td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a>'
         f"</td><td>{_e(j.spec.name)}</td><td>{_e(j.owner or '-')}</td>"
@@ -149,11 +152,11 @@ def render_queue(jobs: Sequence[pb.Job]) -> str:
 
 
 def render_running(jobs: Sequence[pb.Job]) -> str:
-    running = [j for j in jobs if states.job_state(j).holds_resources]
+    running = [j for j in jobs if states.shown_job_state(j) in _HOLDING]
     rows = [
         f'<tr data-job="{_e(j.job_id)}" data-nodes="{_e(_members_nodes(j))}">'
         f'<td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a></td><td>{_e(j.spec.name)}</td>'
-        f"<td>{_e(states.job_state(j))}</td><td>{_e(j.owner or '-')}</td>"
+        f"<td>{_e(states.shown_job_state(j))}</td><td>{_e(j.owner or '-')}</td>"
         f"<td>{j.spec.replicas} x {j.spec.resources.gpu} GPU</td>"
         f"<td>{_e(_members_nodes(j))}</td></tr>"
         for j in running
@@ -180,13 +183,14 @@ def render_node_map(nodes: Sequence[pb.Node]) -> str:
         )
         for n in members:
             allocated = set(n.allocated_gpus)
+            status = states.shown_node_status(n)
             cells = "".join(
                 '<i class="g u"></i>' if i in allocated else '<i class="g f"></i>'
                 for i in range(n.capacity.gpu)
             )
             out.append(
-                f'<span class="node {_e(states.node_status(n))}" data-node="{_e(n.node_id)}" '
-                f'data-used="{len(allocated)}" title="{_e(n.node_id)} {_e(states.node_status(n))} '
+                f'<span class="node {_e(status)}" data-node="{_e(n.node_id)}" '
+                f'data-used="{len(allocated)}" title="{_e(n.node_id)} {_e(status)} '
                 f'{len(allocated)}/{n.capacity.gpu} GPU">{cells or _e(n.node_id)}</span>'
             )
         out.append("</section>")
@@ -241,11 +245,11 @@ def render_job(
     text, or the reason the log could not be read)."""
     parts = [
         '<p><a href="/">← cluster</a></p>',
-        f'<table id="job" data-state="{_e(states.job_state(job))}">',
+        f'<table id="job" data-state="{_e(states.shown_job_state(job))}">',
         f"<tr><th>id</th><td>{_e(job.job_id)}</td></tr>",
         f"<tr><th>name</th><td>{_e(job.spec.name)}</td></tr>",
         f"<tr><th>owner</th><td>{_e(job.owner or '-')}</td></tr>",
-        f'<tr><th>state</th><td id="state">{_e(states.job_state(job))}</td></tr>',
+        f'<tr><th>state</th><td id="state">{_e(states.shown_job_state(job))}</td></tr>',
         f"<tr><th>reason</th><td>{_e(job.reason)}</td></tr>",
         f"<tr><th>gang</th><td>{job.spec.replicas} x {job.spec.resources.gpu} GPU</td></tr>",
         f"<tr><th>submitted</th><td>{_age(now_ms, job.submitted_at_ms)}</td></tr>",
@@ -263,7 +267,7 @@ def render_job(
         rows = [
             f'<tr data-rank="{m.rank}" data-node="{_e(m.node_id)}"><td>{m.rank}</td>'
             f"<td>{_e(m.node_id)}</td><td>{_e(','.join(str(g) for g in m.gpus) or '-')}</td>"
-            f"<td>{_e(states.member_state(m))}</td>"
+            f"<td>{_e(states.shown_member_state(m))}</td>"
             f"<td>{m.exit_code if m.has_exit_code else '-'}</td></tr>"
             for m in a.members
         ]

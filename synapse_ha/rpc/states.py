@@ -42,6 +42,14 @@ class _Table(Generic[E, W]):
                 raise ValueError(f"unknown {self.core.__name__} number {typed}") from None
         return self.core(text)
 
+    def shown(self, typed: int, text: str) -> str:
+        """The value for people: the typed value's name, else whatever text was sent
+        (which the renderer escapes), never an error."""
+        known = self.from_wire.get(typed)
+        if known is not None:
+            return str(known)
+        return f"unknown ({typed})" if typed else text
+
 
 _JOB = _Table(JobState, pb.JobState, "JOB_STATE_")
 _ATTEMPT = _Table(AttemptState, pb.AttemptState, "ATTEMPT_STATE_")
@@ -179,6 +187,33 @@ def replica_role(msg: pb.ReplicaStatus) -> ReplicaRole | None:
     if msg.replica_role:
         return _REPLICA.read(msg.replica_role, "")
     return replica_role_of(msg.role)
+
+
+def shown_job_state(
+    msg: pb.Job | pb.CancelJobResponse | pb.ExplainJobResponse | pb.HistoryJob,
+) -> str:
+    """The job's state for display: never raises on an answer this release cannot read."""
+    return _JOB.shown(msg.job_state, msg.state)
+
+
+def shown_member_state(msg: pb.Member) -> str:
+    return _MEMBER.shown(msg.member_state, msg.state)
+
+
+def shown_attempt_state(msg: pb.HistoryAttempt) -> str:
+    return _ATTEMPT.shown(msg.attempt_state, msg.state)
+
+
+def shown_node_status(msg: pb.Node | pb.NodeStatusResponse | pb.RegisterNodeResponse) -> str:
+    return _NODE.shown(msg.node_status, msg.status)
+
+
+def shown_replica_role(msg: pb.ReplicaStatus) -> str:
+    return _REPLICA.shown(msg.replica_role, msg.role)
+
+
+def shown_user_role(msg: pb.TokenInfo) -> str:
+    return _USER.shown(msg.user_role, msg.role)
 
 
 def user_role(msg: pb.TokenInfo) -> Role:

@@ -165,3 +165,13 @@ def test_no_module_compares_a_state_with_a_string() -> None:
         for line in literal_state_comparisons(path.read_text()):
             offenders.append(f"{path.relative_to(_PACKAGE.parent)}:{line}")
     assert offenders == []
+
+
+def test_what_is_shown_never_fails_on_an_answer_this_release_cannot_read() -> None:
+    hostile = "ok\x1b]0;pwned\x07"
+    assert states.shown_member_state(pb.Member(state=hostile)) == hostile  # escaped later
+    assert states.shown_job_state(pb.ExplainJobResponse()) == ""
+    assert states.shown_job_state(pb.Job(job_state=77)) == "unknown (77)"  # type: ignore[arg-type]
+    running = pb.Job(**states.job_state_fields(JobState.RUNNING))
+    assert states.shown_job_state(running) == "RUNNING"
+    assert states.shown_node_status(pb.Node(status="dead")) == "dead"
