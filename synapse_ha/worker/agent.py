@@ -146,11 +146,14 @@ def _report(
     key: MemberKey, kind: int, exit_: MemberExit | None = None, *, fenced: bool = False
 ) -> pb.MemberReport:
     """A report for the control plane. An exit the worker caused is FENCED (``fenced``:
-    the lease was lost or the leader forgot this node) or LOST (any other disruption);
-    only a PROGRAM exit counts against the job's retries."""
+    the lease was lost or the leader forgot this node) or LOST (any other disruption); a
+    member this node could not start is NODE_CANNOT_RUN; only a PROGRAM exit counts
+    against the job's retries."""
     cause = pb.MemberReport.PROGRAM
     if fenced:
         cause = pb.MemberReport.FENCED
+    elif exit_ is not None and exit_.node_fault:
+        cause = pb.MemberReport.NODE_CANNOT_RUN
     elif exit_ is not None and exit_.disrupted:
         cause = pb.MemberReport.LOST
     return pb.MemberReport(

@@ -40,6 +40,10 @@ class MemberExit:
     # True when the worker, not the member's own program, ended it (fenced, killed at
     # shutdown or restart, supervisor gone): a disruption, not the job's failure.
     disrupted: bool = False
+    # True when this node could not start it (no account for the owner, no container
+    # runtime, files it could not hand over, a supervisor it could not start): the
+    # node's fault, reported as such (DESIGN §4).
+    node_fault: bool = False
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], ended_at_ms: int) -> MemberExit:
@@ -49,6 +53,7 @@ class MemberExit:
             str(record.get("detail", "")),
             int(record.get("ended_at_ms", ended_at_ms)),
             bool(record.get("disrupted", False)),
+            bool(record.get("node_fault", False)),
         )
 
 
@@ -77,6 +82,7 @@ def write_exit_record(member_dir: Path, exit_: MemberExit) -> None:
         "exit_code": exit_.exit_code,
         "detail": exit_.detail,
         "disrupted": exit_.disrupted,
+        "node_fault": exit_.node_fault,
         "ended_at_ms": exit_.ended_at_ms,
     }
     tolerate_full_disk(lambda: write_json_atomic(member_dir / "exit.json", record), member_dir)

@@ -52,7 +52,7 @@ from synapse_ha.worker.accounts import (
     resolve_member_account,
 )
 from synapse_ha.worker.cgroups import CgroupLimiter
-from synapse_ha.worker.images import ImageRuntime
+from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
 from synapse_ha.worker.launch import container_process, give_to_owner, host_process, member_argv
 from synapse_ha.worker.member_dirs import (
     EXIT_LOST,
@@ -259,7 +259,8 @@ class MemberExecutor:
             self.settings.run_as, member.desired.owner, self.lookup_account
         )
         if isinstance(resolved, RunAsRefusal):
-            return MemberExit(EXIT_REFUSED, resolved.describe(), member.started_at_ms)
+            detail = resolved.describe()
+            return MemberExit(EXIT_REFUSED, detail, member.started_at_ms, node_fault=True)
         return resolved
 
     def _launch_record(self, member: Member) -> dict[str, Any] | MemberExit:
@@ -272,6 +273,8 @@ class MemberExecutor:
             return account
         try:
             argv = member_argv(desired, self.image_runtime, account, mdir)
+        except NoImageRuntime as exc:
+            return MemberExit(127, f"could not exec: {exc}", now_ms, node_fault=True)
         except ValueError as exc:
             return MemberExit(127, f"could not exec: {exc}", now_ms)
         log_path = mdir / "output.log"
@@ -280,7 +283,7 @@ class MemberExecutor:
                 give_to_owner(mdir, log_path, account)
             except OSError as exc:
                 detail = f"could not give the member's files to {account.name}: {exc}"
-                return MemberExit(EXIT_REFUSED, detail, now_ms)
+                return MemberExit(EXIT_REFUSED, detail, now_ms, node_fault=True)
         cgroup_dir = ""
         if desired.spec.image and self.image_runtime is not None:
             process = container_process(
@@ -313,7 +316,8 @@ class MemberExecutor:
             member.shim = self._supervisors.start(member.dir, launch)
         except OSError as exc:
             detail = f"could not start supervisor: {exc}"
-            self._record_exit(member, MemberExit(127, detail, member.started_at_ms))
+            exit_ = MemberExit(127, detail, member.started_at_ms, node_fault=True)
+            self._record_exit(member, exit_)
             return
         if isinstance(member.shim, subprocess.Popen):
             # A forked supervisor writes its own record (the agent learns its pid later).

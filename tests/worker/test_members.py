@@ -404,6 +404,7 @@ def test_a_member_naming_an_image_without_a_runtime_fails_to_start(
     exits = dict(executor.poll())
     assert exits[member.key].exit_code == 127
     assert "no image runtime" in exits[member.key].detail
+    assert exits[member.key].node_fault  # the node's fault: the gang goes elsewhere
 
 
 def test_launch_spec_keeps_every_field_of_a_desired_member() -> None:

@@ -26,7 +26,7 @@ from synapse_ha.worker.accounts import (
     parse_user_map,
     resolve_member_account,
 )
-from synapse_ha.worker.agent import desired_from_proto
+from synapse_ha.worker.agent import _report, desired_from_proto
 from synapse_ha.worker.environment import member_environment
 from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.launch import member_argv
@@ -255,6 +255,9 @@ def test_a_refused_owner_is_a_start_failure_with_the_reason(
     [(key, exit_)] = executor.poll()
     assert key == member.key
     assert (exit_.exit_code, exit_.detail, exit_.disrupted) == (EXIT_REFUSED, detail, False)
+    # The node's fault, never the job's: reported so, the gang is requeued elsewhere.
+    assert exit_.node_fault
+    assert _report(key, pb.MemberReport.EXITED, exit_).cause == pb.MemberReport.NODE_CANNOT_RUN
     assert (member.dir / "output.log").read_text() == f"synapse-worker: {detail}\n"
     assert key in executor.known  # never started again on this node
 
