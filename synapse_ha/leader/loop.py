@@ -171,6 +171,9 @@ class SchedulingSettings:
     compact_state: bool | None = None
     start_timeout_ms: int | None = None
     limits: tuple[tuple[str, int], ...] = ()
+    gpu_drain_threshold: int | None = None
+    unfit_backoff_ms: int | None = None
+    cordon_after_start_failures: int | None = None
 
     @property
     def pinned_limits(self) -> frozenset[str]:
@@ -180,6 +183,14 @@ class SchedulingSettings:
     def applied_to(self, config: ClusterConfig) -> ClusterConfig:
         if self.limits:
             config = replace(config, limits=replace(config.limits, **dict(self.limits)))
+        config = replace(
+            config,
+            gpu_drain_threshold=_given(self.gpu_drain_threshold, config.gpu_drain_threshold),
+            unfit_backoff_ms=_given(self.unfit_backoff_ms, config.unfit_backoff_ms),
+            cordon_after_start_failures=_given(
+                self.cordon_after_start_failures, config.cordon_after_start_failures
+            ),
+        )
         if self.start_timeout_ms is not None:
             config = replace(config, start_timeout_ms=self.start_timeout_ms)
         if self.compact_state is not None:
@@ -193,6 +204,10 @@ class SchedulingSettings:
         if self.fair_share_half_life_ms is not None:
             config = replace(config, fair_share_half_life_ms=self.fair_share_half_life_ms)
         return config
+
+
+def _given(value: int | None, current: int) -> int:
+    return current if value is None else value
 
 
 class LeaderLoop:

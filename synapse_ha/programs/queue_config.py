@@ -7,6 +7,7 @@ by the rule sets the state machine applies."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from synapse_ha.core.admission import check_limits
@@ -65,6 +66,24 @@ def _start_timeout_ms(raw: object) -> int:
     return start_timeout
 
 
+def _count(name: str, largest: int) -> Callable[[object], int]:
+    def check(raw: object) -> int:
+        if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= largest:
+            raise ConfigError(f"{name} must be an integer from 0 to {largest}")
+        return raw
+
+    return check
+
+
+def _unfit_backoff_ms(raw: object) -> int:
+    backoff = duration_ms(raw, "unfit_backoff")
+    if not 0 <= backoff <= MAX_UNFIT_BACKOFF_MS:
+        raise ConfigError(f"unfit_backoff must be from 0s to 7d, got {raw!r}")
+    return backoff
+
+
+MAX_UNFIT_BACKOFF_MS = 7 * 86_400_000
+
 LOCALITY_WAIT = setting(
     "--locality-wait",
     "scheduling.locality_wait",
@@ -112,6 +131,29 @@ START_TIMEOUT = setting(
     help="how long after its bind a gang's members may take to report running before "
     "the attempt fails: allow for the largest image pull (default 60s; 1s to 24h)",
 )
+# Node health and fitness (DESIGN §4).
+GPU_DRAIN_THRESHOLD = setting(
+    "--gpu-drain-threshold",
+    "scheduling.gpu_drain_threshold",
+    check=_count("gpu_drain_threshold", 1024),
+    type=int,
+    help="drain a node once this many of its GPUs are unhealthy (default 0: never)",
+)
+UNFIT_BACKOFF = setting(
+    "--unfit-backoff",
+    "scheduling.unfit_backoff",
+    merge="truthy",
+    check=_unfit_backoff_ms,
+    help="how long a node that could not start an owner's member skips that owner's "
+    "gangs (default 10m)",
+)
+CORDON_AFTER_START_FAILURES = setting(
+    "--cordon-after-start-failures",
+    "scheduling.cordon_after_start_failures",
+    check=_count("cordon_after_start_failures", 1000),
+    type=int,
+    help="cordon a node after this many members in a row it could not start (default 3; 0: never)",
+)
 SCHEDULING = (
     LOCALITY_WAIT,
     PRIORITY_CLASS,
@@ -119,6 +161,9 @@ SCHEDULING = (
     FAIR_SHARE_HALF_LIFE,
     MAX_REQUEUES,
     START_TIMEOUT,
+    GPU_DRAIN_THRESHOLD,
+    UNFIT_BACKOFF,
+    CORDON_AFTER_START_FAILURES,
 )
 
 
@@ -132,6 +177,9 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         inputs.value(MAX_REQUEUES),
         start_timeout_ms=inputs.value(START_TIMEOUT),
         limits=_limits(inputs.file.get("limits", {})),
+        gpu_drain_threshold=inputs.value(GPU_DRAIN_THRESHOLD),
+        unfit_backoff_ms=inputs.value(UNFIT_BACKOFF),
+        cordon_after_start_failures=inputs.value(CORDON_AFTER_START_FAILURES),
     )
 
 

@@ -143,3 +143,32 @@ def test_limits_from_toml_are_pinned_and_applied_over_the_replicated_ones(tmp_pa
 def test_bad_limits_are_refused_naming_the_key(tmp_path: Path, toml: str, says: str) -> None:
     with pytest.raises(scheduler_main.ConfigError, match=says):
         load(tmp_path, toml)
+
+
+def test_node_health_settings_from_toml_and_flags(tmp_path: Path) -> None:
+    toml = """
+[scheduling]
+gpu_drain_threshold = 2
+unfit_backoff = "30m"
+"""
+    settings = load(tmp_path, toml, "--cordon-after-start-failures", "0").scheduling
+    config = settings.applied_to(ClusterConfig())
+    assert (config.gpu_drain_threshold, config.unfit_backoff_ms) == (2, 1_800_000)
+    assert config.cordon_after_start_failures == 0
+    assert load(tmp_path).scheduling.applied_to(ClusterConfig()) == ClusterConfig()
+
+
+@pytest.mark.parametrize(
+    ("toml", "words"),
+    [
+        ("[scheduling]\ngpu_drain_threshold = -1", "gpu_drain_threshold must be an integer"),
+        ("[scheduling]\ngpu_drain_threshold = true", "gpu_drain_threshold must be an integer"),
+        ('[scheduling]\nunfit_backoff = "8d"', "unfit_backoff must be from 0s to 7d"),
+        ("[scheduling]\ncordon_after_start_failures = 1001", "cordon_after_start_failures"),
+    ],
+)
+def test_bad_node_health_settings_name_the_key_and_the_rule(
+    tmp_path: Path, toml: str, words: str
+) -> None:
+    with pytest.raises(scheduler_main.ConfigError, match=words):
+        load(tmp_path, toml)
