@@ -41,6 +41,7 @@ from synapse_ha.worker import discovery
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
+from synapse_ha.worker.gpu_health import GpuHealthMonitor, health_monitor
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.logs import LogAccess, add_worker_service, new_worker_server
 from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
@@ -272,6 +273,23 @@ def _observe_server(config: WorkerConfig, metrics: WorkerMetrics) -> ObserveServ
     return observe
 
 
+def _gpu_health_monitor(config: WorkerConfig, request: pb.RegisterNodeRequest) -> GpuHealthMonitor:
+    """The GPU health monitor of this node's GPUs, started (before registering, so that
+    a fault seen from then on is in the first heartbeat)."""
+    monitor = health_monitor(
+        config.gpu_health,
+        request.capacity.gpu,
+        mock_gpus=config.mock_gpus is not None,
+        load_nvml=discovery.load_nvml,
+    )
+    monitor.start()
+    if not config.gpu_health.enabled:
+        log.warning("GPU health is not watched: disabled by configuration")
+    elif config.gpu_health.mock_faults is not None:
+        log.info("mock GPU faults are read from %s", config.gpu_health.mock_faults)
+    return monitor
+
+
 def _step_until(stop: threading.Event, agent: Agent, wake: threading.Event) -> None:
     """The agent's loop: a step, then a wait until its next wake-up, a nudge or a push;
     each new sentence the agent says is logged once."""
@@ -307,6 +325,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     # Heartbeat streams: a leader that offers one gets heartbeats on a stream
     # and pushes desired members on it; an older one keeps getting unary heartbeats.
     control = StreamControlPlane(GrpcControlPlane(client), transport.channel, box.push)
+    gpu_health = _gpu_health_monitor(config, request)
     agent = Agent(
         request,
         MeteredControlPlane(control, metrics),
@@ -315,6 +334,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         lease_file=lease_file,
         timings=AgentTimings(config.heartbeat_interval_s, config.lease_ttl_s),
         self_fencing=config.self_fencing,
+        gpu_faults=gpu_health.faults,
     )
     if not config.self_fencing:
         log.critical(
@@ -326,6 +346,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         _step_until(stop, agent, box.wake)
     finally:
         log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
+        gpu_health.stop()
         executor.close()
         with contextlib.suppress(OSError):  # a full disk: the supervisors are gone anyway
             lease_file.revoke()

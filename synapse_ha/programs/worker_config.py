@@ -12,6 +12,7 @@ keys are the flag names with underscores, for example::
     memory = "480Gi"
     mock_gpus = 8         # machines without GPUs: declare them
     mock_nvlink = "0-3,4-7"
+    mock_gpu_faults = "/run/synapse/gpu-faults"   # with mock GPUs: faults appended here
     image_runtime = "podman"           # run members whose job names an image
     image_run_args = "--ipc host --shm-size 16g"   # extra options for `podman run`
     image_cap_add = ["NET_RAW"]        # capabilities containers keep (default: none)
@@ -23,6 +24,10 @@ keys are the flag names with underscores, for example::
     alice = "svc_alice"
     [metrics]                          # /metrics over HTTPS with the worker's certificate
     address = "0.0.0.0:9102"
+    [gpu_health]                       # the GPU health monitor (worker/gpu_health.py)
+    enabled = true
+    poll_interval = "5s"
+    xid_actions = {"13" = "unhealthy", "79" = "report"}   # override the Xid table
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import os
 import socket
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +69,9 @@ from synapse_ha.programs.settings import (
 from synapse_ha.security.tls import TlsFiles, add_tls_flags
 from synapse_ha.worker import discovery
 from synapse_ha.worker.accounts import RunAsMode
+from synapse_ha.worker.gpu_health import GpuHealthSettings
 from synapse_ha.worker.images import ImageRuntime
+from synapse_ha.worker.xid import parse_xid_actions
 
 log = logging.getLogger("synapse.worker")
 
@@ -106,6 +113,7 @@ class WorkerConfig:
     metrics_address: str = ""  # where /metrics is served; "" serves none
     # The runtime as it will run (its program by absolute path, found at start), or None.
     image: ImageRuntime | None = None
+    gpu_health: GpuHealthSettings = field(default_factory=GpuHealthSettings)
 
 
 # ------------------------------------------------------------------- the checks
@@ -223,7 +231,64 @@ MOCK_GPU_MODEL = defaulted(
     str,
     "model name of mock GPUs",
 )
-CAPACITY = (CPU, MEMORY, MOCK_GPUS, MOCK_NVLINK, MOCK_GPU_MODEL)
+MOCK_GPU_FAULTS = setting(
+    "--mock-gpu-faults",
+    "mock_gpu_faults",
+    check=lambda value: Path(str(value)),
+    metavar="PATH",
+    help="with --mock-gpus: each line appended to PATH is a GPU fault, seen within 1s "
+    "('3 xid 79', '3 ecc-dbe', '3 lost', '3 retired-pages', '3 remap-failed', '3 nvlink')",
+)
+CAPACITY = (CPU, MEMORY, MOCK_GPUS, MOCK_NVLINK, MOCK_GPU_MODEL, MOCK_GPU_FAULTS)
+
+
+def _true_or_false(what: str) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{what}: must be true or false, got {value!r}")
+        return value
+
+    return check
+
+
+def _xid_actions(value: Any) -> Any:
+    where = "gpu_health.xid_actions" if isinstance(value, dict) else "--xid-action"
+    try:
+        return parse_xid_actions(value, where)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+NO_GPU_HEALTH = setting(
+    "--no-gpu-health",
+    "gpu_health.enabled",
+    negated=True,
+    default=True,
+    check=_true_or_false("gpu_health.enabled"),
+    action="store_true",
+    help="do not watch the GPUs' health (no Xid, ECC, lost-GPU or NVLink faults reported)",
+)
+GPU_POLL_INTERVAL = setting(
+    "--gpu-poll-interval",
+    "gpu_health.poll_interval",
+    default=5.0,
+    check=_positive_seconds("--gpu-poll-interval"),
+    help="how often NVML is polled for a lost GPU, pending page retirement, a failed row "
+    "remapping or an NVLink gone down (default 5s; Xid and ECC events arrive at once)",
+)
+XID_ACTIONS = setting(
+    "--xid-action",
+    "gpu_health.xid_actions",
+    merge="truthy",
+    default=(),
+    check=_xid_actions,
+    action="append",
+    flag_default=[],
+    metavar="XID=ACTION",
+    help="override the Xid table: ACTION is unhealthy (the GPU is taken out of service) "
+    "or report (logged only); repeat for several",
+)
+GPU_HEALTH = (NO_GPU_HEALTH, GPU_POLL_INTERVAL, XID_ACTIONS)
 
 FEATURES = setting(
     "--feature",
@@ -282,7 +347,7 @@ SERVICE = (NO_CGROUPS, CGROUP_ROOT, LOG_LEVEL, METRICS_ADDRESS)
 
 def build_parser() -> argparse.ArgumentParser:
     p = new_parser("synapse-worker", "Run the synapse node agent on this machine.")
-    add_settings(p, NODE, CAPACITY, IMAGES, (FEATURES,), TIMING, SERVICE, ACCOUNTS)
+    add_settings(p, NODE, CAPACITY, GPU_HEALTH, IMAGES, (FEATURES,), TIMING, SERVICE, ACCOUNTS)
     add_tls_flags(
         p,
         "worker",
@@ -310,6 +375,8 @@ _FILE_TYPES: dict[str, tuple[type, ...]] = {
     "no_cgroups": (bool,),
     "image_cap_add": (list,),
     "rootless_runtime": (bool,),
+    "gpu_health": (dict,),
+    "mock_gpu_faults": (str,),
 }
 
 
@@ -373,6 +440,7 @@ def load_config(
         allow_root_members=allow_root,
         tls=tls,
         image=image,
+        gpu_health=_gpu_health(inputs, mock),
     )
 
 
@@ -453,3 +521,16 @@ def _mock_gpus(inputs: Inputs) -> int | None:
     elif inputs.raw(MOCK_NVLINK) is not None:
         raise ConfigError("--mock-nvlink needs --mock-gpus")
     return mock
+
+
+def _gpu_health(inputs: Inputs, mock: int | None) -> GpuHealthSettings:
+    """The GPU health settings; a mock fault file only with mock GPUs."""
+    mock_faults = inputs.value(MOCK_GPU_FAULTS)
+    if mock_faults is not None and mock is None:
+        raise ConfigError("--mock-gpu-faults needs --mock-gpus (real GPUs report through NVML)")
+    return GpuHealthSettings(
+        enabled=inputs.value(NO_GPU_HEALTH),
+        poll_interval_s=inputs.value(GPU_POLL_INTERVAL),
+        xid_actions=inputs.value(XID_ACTIONS),
+        mock_faults=Path(mock_faults).absolute() if mock_faults is not None else None,
+    )

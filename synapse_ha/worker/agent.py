@@ -27,6 +27,9 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   is written, then SIGTERM, then SIGKILL after the grace the leader gave; its exit is
   reported as usual (a disruption). One not started here yet is never run: it is
   recorded with an immediate exit, so that the leader learns it is stopped.
+* Every heartbeat names every GPU this node finds unhealthy (``gpu_faults``, from the
+  GPU health monitor, :mod:`synapse_ha.worker.gpu_health`); a heartbeat goes out early
+  when that list changed, so the leader requeues the gang on a failed GPU at once.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
+from synapse_ha.core.health import GpuFault
 from synapse_ha.core.model import NodeStatus, Resources
-from synapse_ha.rpc import states
+from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
@@ -186,10 +190,15 @@ class Agent:
         timings: AgentTimings | None = None,
         *,
         self_fencing: bool = True,
+        gpu_faults: Callable[[], Sequence[GpuFault]] = tuple,
     ) -> None:
         """``self_fencing=False`` exists only so the chaos suite can prove it catches a
-        build without self-fencing (see ``synapse_ha.programs.worker``); never in production."""
+        build without self-fencing (see ``synapse_ha.programs.worker``); never in production.
+        ``gpu_faults`` says which GPUs are unhealthy now (any thread may change its answer;
+        it must not block)."""
         self.self_fencing = self_fencing
+        self.gpu_faults = gpu_faults
+        self.faults_sent: tuple[GpuFault, ...] = ()
         self.registration = registration
         self.node_id = registration.node_id
         self.control = control
@@ -249,7 +258,8 @@ class Agent:
                 return "; ".join(said)
             now = self.clock()
         due = now >= self.next_heartbeat_at
-        early = (self.fresh_reports or self.nudged) and now >= self.last_sent_at + MIN_REPORT_GAP_S
+        fresh = self.fresh_reports or self.nudged or self._fresh_faults()
+        early = fresh and now >= self.last_sent_at + MIN_REPORT_GAP_S
         if due or early:
             said.append(self._heartbeat())
         pushed, self._pushed = self._pushed, None
@@ -264,7 +274,7 @@ class Agent:
         """Seconds until the loop has something to do by the clock."""
         now = self.clock()
         targets = [self.next_heartbeat_at if self.registered else self.next_register_at]
-        if self.registered and (self.fresh_reports or self.nudged):
+        if self.registered and (self.fresh_reports or self.nudged or self._fresh_faults()):
             targets.append(self.last_sent_at + MIN_REPORT_GAP_S)
         if self.self_fencing and self.lease.state is LeaseState.HELD:
             targets.append(self.lease.valid_until)
@@ -281,6 +291,9 @@ class Agent:
         return f"stopped {len(exits)} member(s)"
 
     # --------------------------------------------------------------- internals
+
+    def _fresh_faults(self) -> bool:
+        return tuple(self.gpu_faults()) != self.faults_sent
 
     def _collect_exits(self) -> None:
         for key, exit_ in self.executor.poll():
@@ -341,7 +354,14 @@ class Agent:
     def _heartbeat(self, apply_desired: bool = True) -> str:
         reports = list(self.pending)
         running = [_report(k, pb.MemberReport.STARTED) for k in self.executor.running()]
-        request = pb.HeartbeatRequest(node_id=self.node_id, reports=reports, running=running)
+        faults = tuple(self.gpu_faults())
+        request = pb.HeartbeatRequest(
+            node_id=self.node_id,
+            reports=reports,
+            running=running,
+            gpu_faults=convert.gpu_faults_to_proto(faults),
+        )
+        self.faults_sent = faults
         sent_at = self.clock()
         self.last_sent_at = sent_at
         self.fresh_reports = False

@@ -152,6 +152,7 @@ class StreamControlPlane:
             node_id=request.node_id,
             reports=request.reports,
             running=request.running,
+            gpu_faults=request.gpu_faults,
         )
         reply = connection.exchange(message, timeout_s)
         if reply is not None:

@@ -1,0 +1,116 @@
+"""GPU health on real processes: a worker with mock GPUs reads a fault appended to its
+``--mock-gpu-faults`` file, names the GPU in its heartbeats, and the leader requeues the
+gang holding it (a disruption, no retry used) onto GPUs that are healthy. The fault is
+sticky in the worker until it restarts; a restart and an operator's repair clear it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.model import JobState, NodeStatus
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import job_state, node_status
+from tests.integration.cluster import LocalCluster, wait_for
+from tests.worker.workers import LocalWorkers
+
+pytestmark = pytest.mark.integration
+
+TIMEOUTS = ["--heartbeat-interval", "250ms", "--lease-ttl", "2s", "--leader-step-down", "1s"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path / "cluster", extra_args=TIMEOUTS)
+    try:
+        c.start()
+        c.serving_leader()
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
+    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
+    w.root.mkdir()
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
+    with cluster.client() as c:
+        yield c
+
+
+def node(client: ClusterClient, node_id: str) -> pb.Node | None:
+    return next((n for n in client.list_nodes() if n.node_id == node_id), None)
+
+
+def ready(client: ClusterClient, node_id: str) -> bool:
+    n = node(client, node_id)
+    return n is not None and node_status(n) is NodeStatus.READY
+
+
+def running_attempt(client: ClusterClient, job_id: str, number: int) -> pb.Job | None:
+    job = client.get_job(job_id)
+    live = job_state(job) is JobState.RUNNING and job.attempt.number >= number
+    return job if live and job.attempt.members else None
+
+
+def test_a_fault_in_the_mock_file_requeues_the_gang_off_the_gpu_until_repaired(
+    workers: LocalWorkers, client: ClusterClient, tmp_path: Path
+) -> None:
+    faults = tmp_path / "gpu-faults"
+    args = ["--cpu", "4", "--memory", "4Gi", "--mock-gpus", "4", "--mock-gpu-faults", str(faults)]
+    worker = workers.start("w1", *args)
+    wait_for("w1 ready", lambda: ready(client, "w1"), timeout_s=20)
+    spec = pb.JobSpec(
+        name="holds-gpus",
+        replicas=1,
+        resources=pb.Resources(cpu_milli=500, memory_mib=64, gpu=2),
+        shell_command="sleep 600",
+    )
+    job_id = client.submit_job(spec).job_id
+    first = wait_for("the gang to run", lambda: running_attempt(client, job_id, 1), 20)
+    sick = first.attempt.members[0].gpus[0]
+    with faults.open("a") as f:
+        f.write(f"{sick} xid 79\n")
+
+    def requeued() -> pb.Job | None:
+        job = client.get_job(job_id)
+        return job if job.requeues >= 1 else None
+
+    job = wait_for("the gang to be requeued", requeued, timeout_s=10)
+    assert (job.requeues, job.retries_used) == (1, 0)
+    # The job's reason moves on at once (waiting for the stop, then running again): the
+    # requeue's own reason is in the event it made.
+    requeues = [e for e in client.watch_events() if e.job_id == job_id and e.kind == "requeued"]
+    assert [e.reason_code for e in requeues] == ["requeued_gpu_unhealthy"], requeues
+    shown = node(client, "w1")
+    assert shown is not None
+    assert [(f.gpu, f.code) for f in shown.gpu_faults] == [(sick, "xid-79")]
+    assert "Xid 79" in shown.gpu_faults[0].detail
+    again = wait_for("the gang to run again", lambda: running_attempt(client, job_id, 2), 20)
+    assert sick not in again.attempt.members[0].gpus
+    assert [m.node_id for m in again.attempt.members] == ["w1"]
+
+    # Sticky until the worker restarts: a restarted worker (the GPU reset) stops naming
+    # it, and the operator's repair then clears it for good.
+    client.cancel_job(job_id, "done")
+    workers.kill(worker, signal.SIGTERM)
+    workers.launcher.start(worker)
+    wait_for("w1 back", lambda: ready(client, "w1"), timeout_s=20)
+    answer = client.repair_gpus("w1")
+    assert list(answer.gpu_faults) == [] and f"GPU {sick} xid-79" in answer.message
+    time.sleep(1.0)  # four heartbeats: none names the GPU again
+    shown = node(client, "w1")
+    assert shown is not None and list(shown.gpu_faults) == []
