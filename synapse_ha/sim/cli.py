@@ -7,9 +7,13 @@ Examples::
     synapse-sim --workload multi-tenant --hours 6          # preemption off/blind/topology
     synapse-sim --workload trace --trace-file jobs.csv --nodes 64
     synapse-sim --workload openb --write-trace openb.csv   # convert, then stop
+    synapse-sim --workload training --nodes 64 --days 3 --gpu-failures --failure-scale 20
 
 A workload with queues (multi-tenant, or a trace) runs the real scheduler under each
 preemption mode instead of comparing policies; docs/simulator.md has the trace format.
+With --gpu-failures, GPUs fail (a Poisson process per GPU, default the Llama 3 rate of
+0.25 per 1,000 GPU-days) and the real scheduler runs once per failure policy
+(health-aware, health-blind) on the same failures.
 """
 
 from __future__ import annotations
@@ -22,12 +26,17 @@ from typing import Any
 
 from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, ClusterConfig
 from synapse_ha.sim.engine import Result, simulate
+from synapse_ha.sim.failure_report import parse_policies, run_policies
+from synapse_ha.sim.failure_report import report as failure_report
+from synapse_ha.sim.failure_report import table as failure_table
+from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS, FailureModel
 from synapse_ha.sim.policies import POLICIES
 from synapse_ha.sim.tenancy import report as tenancy_report
 from synapse_ha.sim.tenancy import run_modes
 from synapse_ha.sim.tenancy import table as tenancy_table
 from synapse_ha.sim.tenants import from_trace, multi_tenant
 from synapse_ha.sim.trace import load_trace, openb_to_trace, write_trace
+from synapse_ha.sim.training import training
 from synapse_ha.sim.workload import Workload, load_openb, synthetic, synthetic_cluster
 
 
@@ -41,6 +50,14 @@ def _workload(args: argparse.Namespace) -> Workload:
             raise ValueError("--trace-file is required with --workload trace")
         jobs = load_trace(Path(args.trace_file))
         return from_trace(jobs, synthetic_cluster(args.nodes), name=Path(args.trace_file).name)
+    if args.workload == "training":
+        return training(
+            seed=args.seed,
+            nodes=args.nodes,
+            days=args.days,
+            load=args.load,
+            max_retries=args.max_retries,
+        )
     return synthetic(seed=args.seed, jobs=args.jobs, nodes=args.nodes, load=args.load)
 
 
@@ -125,10 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         parser.error(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+    model = _failure_model(args, parser)
     try:
         workload = _workload(args)
     except (OSError, ValueError, KeyError) as exc:
         parser.error(f"cannot load the {args.workload} workload: {exc}")
+    if model is not None:
+        _failure_runs(workload, model, config, args)
+        return 0
     if workload.queues:
         results = run_modes(workload, config=config)
         print(tenancy_table(results), file=sys.stderr)
@@ -146,7 +167,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--workload", choices=["synthetic", "openb", "multi-tenant", "trace"], default="synthetic"
+        "--workload",
+        choices=["synthetic", "openb", "multi-tenant", "trace", "training"],
+        default="synthetic",
     )
     parser.add_argument("--trace-file", default=None, help="trace: a CSV in the trace format")
     parser.add_argument("--hours", type=float, default=6.0, help="multi-tenant: hours of arrivals")
@@ -163,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="openb: first N pods only")
     parser.add_argument("--jobs", type=int, default=2_000, help="synthetic: number of jobs")
     parser.add_argument("--nodes", type=int, default=512, help="synthetic: 8-GPU hosts")
-    parser.add_argument("--load", type=float, default=0.9, help="synthetic: offered load")
+    parser.add_argument("--load", type=float, default=0.9, help="synthetic, training: offered load")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--policies",
@@ -178,7 +201,112 @@ def _parser() -> argparse.ArgumentParser:
         "the cluster's locality_wait_ms (default %(default)g)",
     )
     parser.add_argument("--out", default=None, help="folder for report.json and PNG plots")
+    parser.add_argument("--days", type=float, default=3.0, help="training: days of arrivals")
+    parser.add_argument("--max-retries", type=int, default=3, help="training: retries per job")
+    _failure_options(parser)
     return parser
+
+
+def _failure_options(parser: argparse.ArgumentParser) -> None:
+    """The GPU failure model's options."""
+    group = parser.add_argument_group("GPU failures (docs/simulator.md)")
+    group.add_argument(
+        "--gpu-failures",
+        type=float,
+        nargs="?",
+        const=LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS,
+        default=None,
+        metavar="PER_1000_GPU_DAYS",
+        help="GPUs fail at this rate (alone: the Llama 3 rate, "
+        f"{LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS:g}); off when not given",
+    )
+    group.add_argument(
+        "--failure-scale", type=float, default=1.0, help="multiply the failure rate by this"
+    )
+    group.add_argument("--repair-hours", type=float, default=24.0, help="failure until repaired")
+    group.add_argument(
+        "--operator-delay-hours",
+        type=float,
+        default=1.0,
+        help="health-blind: failure until an operator cordons the node",
+    )
+    group.add_argument(
+        "--crash-after-s",
+        type=float,
+        default=300.0,
+        help="health-blind: how long a gang placed on a failed GPU runs before it fails",
+    )
+    group.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=0.0,
+        help="gangs keep their work up to the last checkpoint at this period (0: none)",
+    )
+    group.add_argument(
+        "--failure-policies",
+        default="health-aware,health-blind",
+        help="comma-separated, from health-aware, health-blind",
+    )
+    group.add_argument(
+        "--failure-seed", type=int, default=None, help="seed of the failures (default --seed)"
+    )
+
+
+def _failure_model(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> FailureModel | None:
+    """The failure model the options ask for (None: no failures); a bad value stops
+    the program with the option's name and rule."""
+    if args.gpu_failures is None:
+        return None
+    for flag, value, least in (
+        ("--gpu-failures", args.gpu_failures, 0.0),
+        ("--failure-scale", args.failure_scale, 0.0),
+        ("--repair-hours", args.repair_hours, 1 / 3_600_000),
+        ("--operator-delay-hours", args.operator_delay_hours, 0.0),
+        ("--crash-after-s", args.crash_after_s, 0.0),
+        ("--checkpoint-minutes", args.checkpoint_minutes, 0.0),
+    ):
+        if not least <= value < float("inf"):
+            parser.error(f"{flag}: a number of at least {least:g}, got {value}")
+    try:
+        parse_policies(args.failure_policies)
+        model = FailureModel(
+            per_1000_gpu_days=args.gpu_failures * args.failure_scale,
+            repair_ms=round(args.repair_hours * 3_600_000),
+            operator_delay_ms=round(args.operator_delay_hours * 3_600_000),
+            crash_after_ms=round(args.crash_after_s * 1000),
+            checkpoint_ms=round(args.checkpoint_minutes * 60_000),
+            seed=args.seed if args.failure_seed is None else args.failure_seed,
+        )
+        model.check()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return model
+
+
+def _failure_runs(
+    workload: Workload, model: FailureModel, config: ClusterConfig, args: argparse.Namespace
+) -> None:
+    """Run ``workload`` under ``model`` once per failure policy; print the table and
+    the JSON report, and with ``--out`` write the report and the plots there."""
+    results = run_policies(workload, model, parse_policies(args.failure_policies), config)
+    report = failure_report(workload, model, results)
+    print(failure_table(results), file=sys.stderr)
+    _emit(report, results, args.out)
+
+
+def _emit(report: dict[str, Any], results: list[Result], out_dir: str | None) -> None:
+    """Print the JSON report; with ``out_dir``, write it and the plots there."""
+    print(json.dumps(report, indent=2))
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        from synapse_ha.sim.plots import write_plots
+
+        for line in write_plots(results, out):
+            print(line, file=sys.stderr)
 
 
 def _write_trace(args: argparse.Namespace) -> None:
@@ -201,15 +329,7 @@ def _compare_policies(
         **compare(results),
     }
     print(table(results), file=sys.stderr)
-    print(json.dumps(report, indent=2))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        from synapse_ha.sim.plots import write_plots
-
-        for line in write_plots(results, out):
-            print(line, file=sys.stderr)
+    _emit(report, results, args.out)
 
 
 if __name__ == "__main__":

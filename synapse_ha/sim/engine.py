@@ -24,6 +24,7 @@ from synapse_ha.sim.policies import Policy
 from synapse_ha.sim.workload import Workload
 
 ARRIVE, FINISH, EXPIRE, WAKE, STOP = 0, 1, 2, 3, 4
+ATTEMPT_ENDS = frozenset({FINISH, EXPIRE, STOP})
 GRACE_MS = 30_000  # how long a preempted gang takes to stop (its whole grace period)
 SIGTERM_EXIT = 143  # the exit code a member stopped by SIGTERM reports
 MS_PER_HOUR = 3_600_000
@@ -63,14 +64,14 @@ def simulate(
     """
     if not policy.topology_aware:
         workload = workload.without_topology()
-    state = _cluster(workload, config or ClusterConfig(retention_ms=0))
-    run = _Run(workload, policy, state, grace_ms, pass_interval_ms, purge_every)
+    state = build_cluster(workload, config or ClusterConfig(retention_ms=0))
+    run = Run(workload, policy, state, grace_ms, pass_interval_ms, purge_every)
     wall_start = time.perf_counter()
     run.run()
     return run.result(time.perf_counter() - wall_start)
 
 
-def _cluster(workload: Workload, config: ClusterConfig) -> ClusterState:
+def build_cluster(workload: Workload, config: ClusterConfig) -> ClusterState:
     """A cluster configured with ``config``, the workload's queues and its nodes, all
     through ``apply``; anything it refuses raises ValueError."""
     state = ClusterState()
@@ -88,13 +89,17 @@ def _cluster(workload: Workload, config: ClusterConfig) -> ClusterState:
     return state
 
 
-class _Run:
+class Run:
     """One simulation in progress: the cluster, the clock, the event queue, the jobs
     waiting and holding GPUs, and the running sums the figures are made of.
 
     Events are ``(time, sequence, kind, key)``: an arrival's key is the job's index in
     the workload, an end's (FINISH, EXPIRE, STOP) is ``job_id@fencing_token`` so an end
     of an attempt that no longer holds resources is ignored, a WAKE's is empty.
+
+    A subclass adds kinds of its own (above STOP) through :meth:`_other_event`, and may
+    extend :meth:`_more_to_do`, :meth:`_run_ms`, :meth:`_after_start` and
+    :meth:`_extra_metrics`; as defined here they change nothing.
     """
 
     def __init__(
@@ -137,7 +142,7 @@ class _Run:
     def run(self) -> None:
         """Every instant with events, in time order: account for the time since the
         last one, apply its events, plan (or wait for the next pass), observe."""
-        while self.events:
+        while self.events and self._more_to_do():
             now = self.events[0][0]
             pending_count = len(self.pending)
             self._advance(now, pending_count)
@@ -178,9 +183,20 @@ class _Run:
                 self.wakes.discard(now)
             elif kind == ARRIVE:
                 self._arrive(int(key))
-            elif not self._end(kind, key):
+            elif kind in ATTEMPT_ENDS:
+                if not self._end(kind, key):
+                    continue
+            elif not self._other_event(kind, key):
                 continue
             self.applied += 1
+
+    def _more_to_do(self) -> bool:
+        """Whether the events left still matter (here: always, while there are any)."""
+        return True
+
+    def _other_event(self, kind: int, key: str) -> bool:
+        """Apply an event of a kind a subclass added; False when it changed nothing."""
+        raise ValueError(f"unknown simulation event kind {kind}")
 
     def _arrive(self, index: int) -> None:
         """Submit the workload's job ``index``; it waits."""
@@ -213,9 +229,9 @@ class _Run:
         if kind == EXPIRE:
             apply(self.state, c.ExpireTimeLimit(job_id, token, self.now))
         elif kind == STOP:
-            _report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now, SIGTERM_EXIT)
+            report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now, SIGTERM_EXIT)
         else:
-            _report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now)
+            report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now)
         if not self.state.jobs[job_id].state.holds_resources:
             self._released(job_id)
         return True
@@ -230,6 +246,8 @@ class _Run:
         self.free.update(self.state, job)
         if job.state is JobState.PENDING:
             self.pending[job_id] = job.spec.resources.gpu
+            if job.retry_not_before_ms > self.now:  # a retry after its back-off
+                self._wake_at(job.retry_not_before_ms)
         else:
             rec.end_ms = self.now
 
@@ -300,14 +318,22 @@ class _Run:
         rec.hosts = len(nodes)
         rec.racks = len({layout.rack_of[n] for n in nodes})
         rec.blocks = len({layout.block_of[n] for n in nodes})
-        _report_all(state, job_id, attempt.fencing_token, c.MemberEventKind.STARTED, now)
+        report_all(state, job_id, attempt.fencing_token, c.MemberEventKind.STARTED, now)
         spec = state.jobs[job_id].spec
-        run = self.workload.jobs[self.index_of[job_id]].duration_ms
+        run = self._run_ms(job_id)
         tag = f"{job_id}@{attempt.fencing_token}"
         if spec.time_limit_ms and spec.time_limit_ms < run:
             self._push(now + spec.time_limit_ms, EXPIRE, tag)
         else:
             self._push(now + run, FINISH, tag)
+        self._after_start(job_id)
+
+    def _run_ms(self, job_id: str) -> int:
+        """How long the attempt just started runs to its end (here: the whole duration)."""
+        return self.workload.jobs[self.index_of[job_id]].duration_ms
+
+    def _after_start(self, job_id: str) -> None:
+        """A subclass's look at an attempt just started (here: nothing)."""
 
     def _preempt(self, preempt: c.Preempt) -> None:
         """Apply one of the policy's preemptions; each victim's members stop a grace
@@ -354,11 +380,15 @@ class _Run:
         if self.meter is not None:
             metrics["tenancy"] = tenancy_metrics(self.meter, self.last_t, records, self.tally)
             series.update({f"share:{q}": points for q, points in self.meter.series.items()})
+        self._extra_metrics(metrics)
         delays = queue_delays(records.values())
         return Result(self.policy.name, self.workload.name, metrics, series, delays)
 
+    def _extra_metrics(self, metrics: dict[str, Any]) -> None:
+        """A subclass's figures, added to ``metrics`` (here: none)."""
 
-def _report_all(
+
+def report_all(
     state: ClusterState,
     job_id: str,
     token: int,

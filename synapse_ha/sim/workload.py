@@ -68,7 +68,7 @@ def synthetic_cluster(
     )
 
 
-def _gang(name: str, gpus: int, per_member: int) -> JobSpec:
+def gang_spec(name: str, gpus: int, per_member: int) -> JobSpec:
     per_member = min(per_member, gpus)
     return JobSpec(
         name=name,
@@ -118,7 +118,7 @@ def synthetic(
     out = []
     for i, ((g, per), duration) in enumerate(zip(sizes, durations, strict=True)):
         now += rng.expovariate(rate_per_ms)
-        spec = _gang(f"job-{i}", g, per)
+        spec = gang_spec(f"job-{i}", g, per)
         if rng.random() < time_limit_share:
             limit_min = math.ceil(duration * rng.uniform(1.2, 3.0) / 60_000)
             spec = replace(spec, time_limit_ms=limit_min * 60_000)
