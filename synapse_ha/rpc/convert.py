@@ -202,6 +202,9 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
         last_heartbeat_age_ms=heartbeat_age_ms,
         members_run_as=node.info.members_run_as,
         gpu_faults=gpu_faults_to_proto(node.gpu_faults),
+        unfit=[
+            pb.NodeUnfit(owner=u.owner, detail=u.detail, until_ms=u.until_ms) for u in node.unfit
+        ],
     )
 
 
