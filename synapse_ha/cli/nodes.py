@@ -1,16 +1,23 @@
-"""``synctl nodes | cordon | uncordon | drain``."""
+"""``synctl nodes | nodes repair | cordon | uncordon | drain``."""
 
 from __future__ import annotations
 
 import click
 
 from synapse_ha.cli import render_nodes
-from synapse_ha.cli.app import Settings, complete_node_ids, emit, output_option, with_settings
+from synapse_ha.cli.app import (
+    Settings,
+    complete_node_ids,
+    emit,
+    now_ms,
+    output_option,
+    with_settings,
+)
 
 # --------------------------------------------------------------------------- nodes
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @output_option
 @with_settings
 def nodes(settings: Settings) -> None:
@@ -20,8 +27,37 @@ def nodes(settings: Settings) -> None:
     Example:
       synctl nodes -o yaml
     """
-    documents = [render_nodes.node_document(n) for n in settings.client().list_nodes()]
+    if click.get_current_context().invoked_subcommand is not None:
+        return
+    now = now_ms()
+    documents = [render_nodes.node_document(n, now) for n in settings.client().list_nodes()]
     emit(settings, {"nodes": documents}, lambda: render_nodes.nodes_table(documents))
+
+
+@nodes.command()
+@click.argument("node_id", metavar="NODE", shell_complete=complete_node_ids)
+@click.option(
+    "--gpu",
+    "gpus",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="A GPU index to mark healthy again (repeatable); default: every GPU of NODE.",
+)
+@output_option
+@with_settings
+def repair(settings: Settings, node_id: str, gpus: tuple[int, ...]) -> None:
+    """Clear NODE's GPU faults: the scheduler places on those GPUs again.
+
+    Once the hardware is fixed or checked. Prints the cluster's answer and the faults
+    left; a GPU that fails again is reported unhealthy again by its worker.
+
+    \b
+    Example:
+      synctl nodes repair gpu-017 --gpu 3 --gpu 5
+    """
+    answer = settings.client().repair_gpus(node_id, sorted(set(gpus)))
+    document = render_nodes.repair_document(node_id, answer)
+    emit(settings, document, lambda: render_nodes.repair_text(document))
 
 
 def _node_status_command(action: str, summary: str, example: str) -> click.Command:

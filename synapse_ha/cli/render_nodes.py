@@ -1,5 +1,6 @@
 """synctl's node documents (``synctl nodes``) and their table; the topology of a node
-as a document, outermost level first (see :mod:`synapse_ha.cli.render` for the fields)."""
+as a document, outermost level first; a node's unhealthy GPUs and the owners it may not
+run members of (see :mod:`synapse_ha.cli.render` for the fields)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from synapse_ha.cli.render import (
     memory_text,
     resources_document,
     table,
+    time_text,
 )
+from synapse_ha.cli.terminal import terminal_safe
 from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -36,8 +39,35 @@ def topology_path(topology: Mapping[str, str]) -> str:
     return "/".join(topology.values()) or "-"
 
 
-def node_document(node: pb.Node) -> Document:
+def gpu_faults_document(faults: Iterable[pb.GpuFault]) -> list[Document]:
+    """``[{gpu, code, detail, since_ms}]`` by GPU."""
+    return [
+        {"gpu": f.gpu, "code": f.code, "detail": f.detail, "since_ms": f.since_ms}
+        for f in sorted(faults, key=lambda f: f.gpu)
+    ]
+
+
+def unfit_document(unfit: Iterable[pb.NodeUnfit], now_ms: int) -> list[Document]:
+    """``[{owner, detail, until_ms}]`` of the entries still in force at ``now_ms``, by
+    owner (an expired entry no longer keeps anything off the node)."""
+    return [
+        {"owner": u.owner, "detail": u.detail, "until_ms": u.until_ms}
+        for u in sorted(unfit, key=lambda u: u.owner)
+        if u.until_ms > now_ms
+    ]
+
+
+def faults_text(faults: Sequence[Mapping[str, Any]]) -> str:
+    """``3:xid-79,5:ecc-dbe``; "" when every GPU is healthy."""
+    return ",".join(f"{f['gpu']}:{f['code']}" for f in faults)
+
+
+def node_document(node: pb.Node, now_ms: int = 0) -> Document:
+    """The node as ``synctl nodes`` shows it; ``now_ms`` (ms since the epoch) decides
+    which :attr:`unfit` entries are still in force. ``free_gpus`` counts neither
+    allocated nor unhealthy GPUs: only those the scheduler may place on."""
     topology = topology_document(node.topology)
+    unusable = set(node.allocated_gpus) | {f.gpu for f in node.gpu_faults}
     return {
         "id": node.node_id,
         "address": node.address,
@@ -47,7 +77,7 @@ def node_document(node: pb.Node) -> Document:
         "topology_path": topology_path(topology),
         "capacity": resources_document(node.capacity),
         "allocated": resources_document(node.allocated),
-        "free_gpus": node.capacity.gpu - len(node.allocated_gpus),
+        "free_gpus": max(0, node.capacity.gpu - len(unusable)),
         "allocated_gpus": list(node.allocated_gpus),
         "gpu_model": node.gpu_model,
         "registered_at_ms": node.registered_at_ms,
@@ -55,6 +85,8 @@ def node_document(node: pb.Node) -> Document:
             node.last_heartbeat_age_ms if node.last_heartbeat_age_ms >= 0 else None
         ),
         "members_run_as": node.members_run_as,
+        "gpu_faults": gpu_faults_document(node.gpu_faults),
+        "unfit": unfit_document(node.unfit, now_ms),
     }
 
 
@@ -65,6 +97,7 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
             d["status"],
             d["topology_path"],
             f"{d['free_gpus']}/{d['capacity']['gpu']}",
+            faults_text(d["gpu_faults"]) or None,
             f"{cpu_text(d['allocated']['cpu_milli'])}/{cpu_text(d['capacity']['cpu_milli'])}",
             f"{memory_text(d['allocated']['memory_mib'])}/"
             f"{memory_text(d['capacity']['memory_mib'])}",
@@ -73,8 +106,32 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
             else None,
             d["address"],
             d["members_run_as"] or None,
+            ",".join(u["owner"] for u in d["unfit"]) or None,
         ]
         for d in docs
     ]
-    headers = ["NODE", "STATUS", "TOPOLOGY", "FREE GPU", "CPU USED", "MEMORY USED"]
-    return table(rows, [*headers, "HEARTBEAT", "ADDRESS", "RUNS AS"])
+    headers = ["NODE", "STATUS", "TOPOLOGY", "FREE GPU", "UNHEALTHY", "CPU USED", "MEMORY USED"]
+    return table(rows, [*headers, "HEARTBEAT", "ADDRESS", "RUNS AS", "UNFIT FOR"])
+
+
+def repair_document(node_id: str, answer: pb.RepairGpusResponse) -> Document:
+    """``synctl nodes repair``: ``{id, message, gpu_faults}`` (the faults left)."""
+    return {
+        "id": node_id,
+        "message": answer.message,
+        "gpu_faults": gpu_faults_document(answer.gpu_faults),
+    }
+
+
+def repair_text(document: Mapping[str, Any]) -> str:
+    """The cluster's answer, then each fault left (or that none is)."""
+    left = document["gpu_faults"]
+    lines = [document["message"]]
+    if not left:
+        lines.append(f"node {document['id']}: every GPU healthy")
+    for f in left:
+        detail = f" ({f['detail']})" if f["detail"] else ""
+        lines.append(
+            f"still unhealthy: GPU {f['gpu']} {f['code']}{detail} since {time_text(f['since_ms'])}"
+        )
+    return "\n".join(terminal_safe(line) for line in lines)

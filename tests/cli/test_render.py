@@ -19,7 +19,7 @@ JOB_KEYS = [
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
     "allocated", "free_gpus", "allocated_gpus", "gpu_model", "registered_at_ms",
-    "last_heartbeat_age_ms", "members_run_as",
+    "last_heartbeat_age_ms", "members_run_as", "gpu_faults", "unfit",
 ]  # fmt: skip
 
 
@@ -140,8 +140,8 @@ def test_tables_for_people() -> None:
     ]  # fmt: skip
     nodes = render_nodes.nodes_table([render_nodes.node_document(node("w1", "r1", [0, 1], 1500))])
     assert nodes.splitlines()[1].split() == [
-        "w1", "ready", "z1/b1/r1", "6/8", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
-        "w1.example:7070", "-",
+        "w1", "ready", "z1/b1/r1", "6/8", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
+        "w1.example:7070", "-", "-",
     ]  # fmt: skip
     status = render_jobs.job_table(render_jobs.job_document(running_job()), now)
     assert "RESOURCES:     4 GPU, 1.5 CPU, 256Gi per member" in status
