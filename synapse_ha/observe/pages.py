@@ -2,7 +2,8 @@
 
 * the main page (:func:`render_overview`) — cluster health (replicas, roles, terms, the
   leader), the queue (pending jobs with their reasons), the running gangs with their
-  nodes, and the nodes as a rack-by-rack map of GPU occupancy;
+  nodes, and the nodes as a rack-by-rack map of GPU occupancy (unhealthy GPUs marked,
+  each node's title naming its faults);
 * one job's page (:func:`render_job`) — its members (node, GPUs, state), its current
   attempt on a timeline, and the tail of each member's log;
 * the sign-in form (:func:`render_login`) and the short pages that say why a request was
@@ -41,6 +42,7 @@ th{background:#f3f3f3}.leader{font-weight:bold;color:#075}
 .node.dead{border-color:#b00}.node.cordoned,.node.draining{border-color:#d80}
 .g{display:inline-block;width:7px;height:7px;margin:0 1px 0 0}
 .g.u{background:#2a7}.g.f{background:#ddd}
+.g.x{background:#c22;outline:1px solid #600}.node.sick{border-color:#c22}
 .bar{display:block}.bar .track{fill:#eee}.bar .run{fill:#48c}
 pre{background:#f7f7f7;padding:6px;max-height:20em;overflow:auto}
 form.inline{display:inline}form.inline button{font:inherit;padding:0 4px}
@@ -169,6 +171,36 @@ def render_running(jobs: Sequence[pb.Job]) -> str:
     )
 
 
+def _gpu_cell(gpu: int, allocated: set[int], faults: dict[int, pb.GpuFault]) -> str:
+    """One GPU: unhealthy (``g x``, whatever holds it), in use (``g u``) or free (``g f``)."""
+    fault = faults.get(gpu)
+    if fault is not None:
+        what = f"GPU {gpu} {fault.code}" + (f": {fault.detail}" if fault.detail else "")
+        return (
+            f'<i class="g x" data-gpu="{gpu}" data-fault="{_e(fault.code)}" title="{_e(what)}"></i>'
+        )
+    return '<i class="g u"></i>' if gpu in allocated else '<i class="g f"></i>'
+
+
+def _node_cell(n: pb.Node) -> str:
+    """A node of the map: its GPUs, and a title naming its status, use and faults."""
+    allocated = set(n.allocated_gpus)
+    faults = {f.gpu: f for f in n.gpu_faults}
+    status = states.shown_node_status(n)
+    cells = "".join(_gpu_cell(i, allocated, faults) for i in range(n.capacity.gpu))
+    title = f"{n.node_id} {status} {len(allocated)}/{n.capacity.gpu} GPU"
+    if faults:
+        title += "; unhealthy: " + ", ".join(
+            f"GPU {f.gpu} {f.code}" for f in sorted(faults.values(), key=lambda f: f.gpu)
+        )
+    sick = " sick" if faults else ""
+    return (
+        f'<span class="node {_e(status)}{sick}" data-node="{_e(n.node_id)}" '
+        f'data-used="{len(allocated)}" data-unhealthy="{len(faults)}" title="{_e(title)}">'
+        f"{cells or _e(n.node_id)}</span>"
+    )
+
+
 def render_node_map(nodes: Sequence[pb.Node]) -> str:
     by_rack: dict[str, list[pb.Node]] = defaultdict(list)
     for node in nodes:
@@ -181,18 +213,7 @@ def render_node_map(nodes: Sequence[pb.Node]) -> str:
         out.append(
             f'<section class="rack" data-rack="{_e(rack)}"><h3>{_e(rack)} · {used}/{total} GPU</h3>'
         )
-        for n in members:
-            allocated = set(n.allocated_gpus)
-            status = states.shown_node_status(n)
-            cells = "".join(
-                '<i class="g u"></i>' if i in allocated else '<i class="g f"></i>'
-                for i in range(n.capacity.gpu)
-            )
-            out.append(
-                f'<span class="node {_e(status)}" data-node="{_e(n.node_id)}" '
-                f'data-used="{len(allocated)}" title="{_e(n.node_id)} {_e(status)} '
-                f'{len(allocated)}/{n.capacity.gpu} GPU">{cells or _e(n.node_id)}</span>'
-            )
+        out.extend(_node_cell(n) for n in members)
         out.append("</section>")
     out.append("</div>")
     return "".join(out)
