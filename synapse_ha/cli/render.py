@@ -49,6 +49,10 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
                                          from the node since its election
     members_run_as     str               "owner" (each job's owner's account) or
                                          "agent:<user>"; "" when the node did not say
+    gpu_faults         [{gpu, code, detail, since_ms}]   unhealthy GPUs (free_gpus leaves
+                                         them out); [] when all are healthy
+    unfit              [{owner, detail, until_ms}]   owners the node may not run members
+                                         of until until_ms (expired entries left out)
 
 A job also has ``queue`` (str), ``priority_class`` (str, "" for a plain number) and
 ``preemption``: null, or ``{preempted_by, kind, deadline_ms}`` while its attempt is being
@@ -68,6 +72,7 @@ grpc_address, raft_address, error, metrics_url, dashboard_url}]}`` (the two URLs
 empty for a replica that serves no metrics or dashboard).
 ``submit``: ``{id, request_id, created}`` (with ``--wait``/``--follow`` also ``state``).
 ``cancel``: ``{id, state, message}``. ``cordon``/``uncordon``/``drain``: ``{id, status}``.
+``nodes repair``: ``{id, message, gpu_faults}`` (the faults left).
 
 **Terminal safety.** Table output, notes and error lines print text the cluster, a job
 or a node controls only through :func:`~synapse_ha.cli.terminal.terminal_safe`; JSON is
