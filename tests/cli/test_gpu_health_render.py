@@ -9,6 +9,9 @@ import json
 import yaml
 
 from synapse_ha.cli import render, render_nodes
+from synapse_ha.core.health import GpuFault, Unfit
+from synapse_ha.core.model import Node, NodeInfo, NodeStatus, Resources
+from synapse_ha.rpc import convert
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 NOW = 1_700_000_000_000
@@ -123,3 +126,26 @@ def test_the_repair_answer_shows_the_message_and_each_fault_left() -> None:
     assert len(lines) == 2
     every = render_nodes.repair_document("w1", pb.RepairGpusResponse(message="ok"))
     assert render_nodes.repair_text(every).splitlines() == ["ok", "node w1: every GPU healthy"]
+
+
+def test_the_replicated_node_reaches_the_document_through_the_wire() -> None:
+    node = Node(
+        info=NodeInfo("w9", "127.0.0.1:9", Resources(cpu_milli=1000, memory_mib=1024, gpu=4)),
+        status=NodeStatus.READY,
+        registered_at_ms=NOW - 100_000,
+        allocated_gpus={0},
+        gpu_faults=(GpuFault(2, "lost", "GPU fell off the bus", NOW - 10),),
+        unfit=(
+            Unfit("dave", "no account for dave", NOW + 60_000),
+            Unfit("erin", "image missing", NOW - 60_000),
+        ),
+    )
+    doc = render_nodes.node_document(convert.node_to_proto(node, heartbeat_age_ms=5), NOW)
+    assert doc["gpu_faults"] == [
+        {"gpu": 2, "code": "lost", "detail": "GPU fell off the bus", "since_ms": NOW - 10}
+    ]
+    assert doc["unfit"] == [
+        {"owner": "dave", "detail": "no account for dave", "until_ms": NOW + 60_000}
+    ]
+    assert doc["free_gpus"] == 2
+    assert doc["status"] == NodeStatus.READY
