@@ -31,15 +31,9 @@ from pathlib import Path
 
 from chaos import hosts, ledger, membership, nemesis, net
 from chaos.checker import Violation, check_run
+from chaos.cluster import REPO, SUBMIT_INTERVAL_S, ScenarioConfig
 from chaos.report import write_report
-from chaos.run import (
-    REPO,
-    SUBMIT_INTERVAL_S,
-    ScenarioConfig,
-    ScenarioResult,
-    lane_load,
-    run_scenario,
-)
+from chaos.run import ScenarioResult, lane_load, run_scenario
 
 SCENARIOS = ("targeted", "random", "broken-build", membership.SCENARIO)
 

@@ -46,7 +46,7 @@ from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.security.tls import Transport
 
 if TYPE_CHECKING:
-    from chaos.run import ChaosCluster
+    from chaos.cluster import ChaosCluster
 
 log = logging.getLogger("chaos")
 

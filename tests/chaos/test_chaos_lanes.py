@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos import nemesis, net, run
+from chaos import cluster, nemesis, net
 from chaos.__main__ import cmd_summary, configs, parse_lanes, saved_result
+from chaos.cluster import SUBMIT_INTERVAL_S
 from chaos.nemesis import Step
-from chaos.run import SUBMIT_INTERVAL_S, lane_load, play_lanes
+from chaos.run import lane_load, play_lanes
 from synapse_ha.core.model import MAX_REQUEUES_LIMIT
 
 
@@ -184,6 +185,6 @@ def test_more_lanes_submit_more_slowly_and_wait_longer_at_the_end() -> None:
 def test_a_scenario_allows_a_requeue_per_fault_of_its_schedule() -> None:
     # Five lanes keep every worker faulted most of the time: a gang can be disrupted far
     # more than 50 times in 15 minutes, and must still finish rather than run out.
-    assert run.max_requeues([]) == run.MIN_REQUEUES
+    assert cluster.max_requeues([]) == cluster.MIN_REQUEUES
     five = nemesis.random_schedule(2005, 900.0, lanes=5)
-    assert run.max_requeues(five) == min(MAX_REQUEUES_LIMIT, len(five)) > run.MIN_REQUEUES
+    assert cluster.max_requeues(five) == min(MAX_REQUEUES_LIMIT, len(five)) > cluster.MIN_REQUEUES

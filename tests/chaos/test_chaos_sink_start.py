@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chaos import net
-from chaos.run import SinkFailed, sink_listening
+from chaos.cluster import SinkFailed, sink_listening
 from synapse_ha.local.process import Process
 
 
