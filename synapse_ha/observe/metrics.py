@@ -12,22 +12,17 @@ Two kinds of series:
   starts and exits on a worker. The hooks are wrappers the composition roots put around
   the real parts (:class:`MeteredProposer`, :class:`MeteredControlPlane`,
   :class:`MeteredExecutor`), so the leader loop and the agent know nothing of metrics.
-* **State**, computed at scrape time (:class:`ReplicaCollector`, :class:`GpuCollector`):
-  Raft status, jobs by state and queue, pending gangs by reason code, nodes by status,
-  free and used GPUs by rack. The replica's collector reads one immutable snapshot
-  (``StateReader.snapshot()``: the apply lock is held only to copy what changed since
-  the previous snapshot) and derives every gauge from it without any lock; the figures
-  are cached per applied command, so scrapes between two applies cost one comparison.
+* **State**, computed at scrape time: the replica's Raft status and what its state holds
+  (:class:`~synapse_ha.observe.state_metrics.ReplicaCollector`: jobs, pending gangs,
+  nodes, free, used and unhealthy GPUs), a worker's NVML readings (:class:`GpuCollector`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -35,218 +30,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.membership import ReplicaRole
-from synapse_ha.core.model import ClusterState, JobState, NodeStatus, topology_path
+from synapse_ha.observe.state_metrics import PlanLike, ReplicaCollector, ReplicaSource
 
 # Seconds; proposals commit in milliseconds on a quiet cluster and in seconds under load.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Seconds from a gang's queueing to its bind: from a pass away to hours of waiting.
 DECISION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0)
 
-DEFAULT_QUEUE = "default"
-NO_RACK = "-"
-
-
-# ----------------------------------------------------------------- what is read
-
-
-class RaftFigures(Protocol):
-    """The Raft figures a scrape reports (the Raft replica's status has them)."""
-
-    @property
-    def role(self) -> str: ...
-    @property
-    def term(self) -> int: ...
-    @property
-    def commit_index(self) -> int: ...
-    @property
-    def last_applied(self) -> int: ...
-    @property
-    def has_quorum(self) -> bool: ...
-
-
-class ReplicaSource(Protocol):
-    """What the replica's collector reads (the Raft replica implements it)."""
-
-    def status(self) -> RaftFigures: ...
-    def snapshot(self) -> ClusterState: ...
-
-
-class PlanLike(Protocol):
-    """The part of a scheduling pass's plan the metrics read."""
-
-    @property
-    def reservation(self) -> object | None: ...
-
 
 class Proposing(Protocol):
     def propose(self, command: cmd.Command) -> Future[cmd.Result]: ...
-
-
-def queue_of(spec: object) -> str:
-    """The queue a job was submitted to; ``default`` for specs that name none."""
-    return str(getattr(spec, "queue", "") or DEFAULT_QUEUE)
-
-
-def rack_of(state: ClusterState, node_id: str) -> str:
-    """The node's innermost topology domain above the host (``-`` when unlabelled)."""
-    node = state.nodes[node_id]
-    levels = state.config.topology_levels
-    if not levels:
-        return NO_RACK
-    return topology_path(node.info, levels)[-2]
-
-
-# ---------------------------------------------------------------------- replica
-
-
-@dataclass(frozen=True, slots=True)
-class StateFigures:
-    """The gauges derived from one snapshot; a pure function of the state."""
-
-    applied_commands: int
-    jobs: dict[tuple[str, str], int]  # (state, queue) -> count
-    pending: dict[str, int]  # reason code -> pending gangs
-    nodes: dict[str, int]  # status -> count
-    gpus: dict[tuple[str, str], int]  # (rack, free|used) -> GPUs
-
-    @classmethod
-    def of(
-        cls, state: ClusterState, racks: dict[str, tuple[object, object, str]] | None = None
-    ) -> StateFigures:
-        """``racks``, when given, remembers each node's rack between calls (keyed by its
-        description and the topology levels, both immutable values), so a scrape does not
-        walk every node's labels again."""
-        jobs: Tally[tuple[str, str]] = Tally()
-        pending: Tally[str] = Tally()
-        for job in state.jobs.values():
-            jobs[(str(job.state), queue_of(job.spec))] += 1
-            if job.state is JobState.PENDING:
-                pending[str(job.reason.code)] += 1
-        nodes: Tally[str] = Tally()
-        gpus: Tally[tuple[str, str]] = Tally()
-        levels = state.config.topology_levels
-        if racks is not None and len(racks) > 2 * len(state.nodes) + 64:
-            racks.clear()  # nodes that left
-        for node_id, node in state.nodes.items():
-            nodes[str(node.status)] += 1
-            known = racks.get(node_id) if racks is not None else None
-            if known is not None and known[0] is node.info and known[1] is levels:
-                rack = known[2]
-            else:
-                rack = rack_of(state, node_id)
-                if racks is not None:
-                    racks[node_id] = (node.info, levels, rack)
-            used = len(node.allocated_gpus)
-            # A dead node offers nothing, but its GPUs stay counted as used while bound.
-            free = 0 if node.status is NodeStatus.DEAD else node.info.capacity.gpu - used
-            gpus[(rack, "used")] += used
-            gpus[(rack, "free")] += max(0, free)
-        return cls(state.applied_commands, dict(jobs), dict(pending), dict(nodes), dict(gpus))
-
-
-class ReplicaCollector(Collector):
-    """Raft status and state gauges, computed when Prometheus scrapes."""
-
-    def __init__(
-        self,
-        replica_id: str,
-        source: ReplicaSource,
-        last_plan: Callable[[], PlanLike | None] = lambda: None,
-    ) -> None:
-        self._replica_id = replica_id
-        self._source = source
-        self._last_plan = last_plan
-        self._lock = threading.Lock()
-        self._figures: StateFigures | None = None
-        self._racks: dict[str, tuple[object, object, str]] = {}
-
-    def figures(self) -> StateFigures:
-        """The state figures of the newest snapshot, recomputed only after an apply."""
-        state = self._source.snapshot()
-        with self._lock:
-            cached = self._figures
-            if cached is not None and cached.applied_commands == state.applied_commands:
-                return cached
-        figures = StateFigures.of(state, self._racks)
-        with self._lock:
-            self._figures = figures
-        return figures
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # collected at scrape time only: no describe-time snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        status = self._source.status()
-        role = GaugeMetricFamily(
-            "synapse_raft_role",
-            "1 for this replica's current Raft role",
-            labels=["replica", "role"],
-        )
-        for each in (ReplicaRole.LEADER, ReplicaRole.FOLLOWER, ReplicaRole.CANDIDATE):
-            role.add_metric([self._replica_id, each], 1.0 if status.role == each else 0.0)
-        yield role
-        for name, doc, value in (
-            ("synapse_raft_term", "current Raft term", status.term),
-            (
-                "synapse_raft_commit_index",
-                "index of the newest committed entry",
-                status.commit_index,
-            ),
-            (
-                "synapse_raft_applied_index",
-                "index of the newest applied entry",
-                status.last_applied,
-            ),
-            (
-                "synapse_raft_apply_lag_entries",
-                "committed entries not applied yet",
-                max(0, status.commit_index - status.last_applied),
-            ),
-            (
-                "synapse_raft_has_quorum",
-                "1 when this replica sees a majority",
-                int(status.has_quorum),
-            ),
-        ):
-            family = GaugeMetricFamily(name, doc, labels=["replica"])
-            family.add_metric([self._replica_id], float(value))
-            yield family
-
-        figures = self.figures()
-        jobs = GaugeMetricFamily(
-            "synapse_jobs",
-            "jobs in the replicated state by state and queue",
-            labels=["state", "queue"],
-        )
-        for (state, queue), n in sorted(figures.jobs.items()):
-            jobs.add_metric([state, queue], float(n))
-        yield jobs
-        pending = GaugeMetricFamily(
-            "synapse_scheduler_pending_gangs",
-            "pending gangs by the code of the reason they wait",
-            labels=["reason"],
-        )
-        for code, n in sorted(figures.pending.items()):
-            pending.add_metric([code], float(n))
-        yield pending
-        nodes = GaugeMetricFamily("synapse_nodes", "nodes by status", labels=["status"])
-        for status_name in (str(s) for s in NodeStatus):
-            nodes.add_metric([status_name], float(figures.nodes.get(status_name, 0)))
-        yield nodes
-        gpus = GaugeMetricFamily(
-            "synapse_gpus", "GPUs by rack, free or used", labels=["rack", "state"]
-        )
-        for (rack, kind), n in sorted(figures.gpus.items()):
-            gpus.add_metric([rack, kind], float(n))
-        yield gpus
-        plan = self._last_plan()
-        reservations = GaugeMetricFamily(
-            "synapse_scheduler_reservations",
-            "head-of-line reservations held by the leader's newest pass (0 on followers)",
-        )
-        reservations.add_metric([], 1.0 if plan is not None and plan.reservation else 0.0)
-        yield reservations
 
 
 class ReplicaMetrics:

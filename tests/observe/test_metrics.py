@@ -18,9 +18,9 @@ from synapse_ha.observe.metrics import (
     MeteredControlPlane,
     MeteredExecutor,
     ReplicaMetrics,
-    StateFigures,
     WorkerMetrics,
 )
+from synapse_ha.observe.state_metrics import StateFigures
 from tests.core.harness import Cluster, job, node
 
 
