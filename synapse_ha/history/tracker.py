@@ -4,8 +4,8 @@ The replica hands every applied command to a :class:`Tracker` together with the 
 node ids the command may have touched (the superset :mod:`synapse_ha.core.snapshot`
 notes for its copy-on-write snapshots) and the state after it. The tracker keeps a small
 mark of every job and node it knows (its state, attempt number and attempt state; a
-node's status) and compares the touched ones with the state, so a command costs
-O(records it touched), never a scan.
+node's status and unhealthy GPUs) and compares the touched ones with the state, so a
+command costs O(records it touched), never a scan.
 
 Everything here is derived from applied commands and the replicated state alone: no
 clock, no I/O, explicit orderings. Every replica that applies the same log, and a replica
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.health import GpuFault
 from synapse_ha.core.model import (
     Attempt,
     AttemptState,
@@ -58,6 +59,8 @@ class EventKind(enum.StrEnum):
     NODE_DRAINING = "node_draining"
     NODE_DRAINED = "node_drained"  # a draining node emptied and is now cordoned
     NODE_DEAD = "node_dead"
+    GPU_UNHEALTHY = "gpu_unhealthy"  # GPUs of a node were recorded unhealthy
+    GPU_REPAIRED = "gpu_repaired"  # unhealthy GPUs of a node were repaired
     LEADER_CHANGED = "leader_changed"  # a new leader committed its term's barrier
 
 
@@ -74,7 +77,7 @@ class Event:
     nodes: tuple[str, ...] = ()
     node_id: str = ""
     reason_code: str = ""
-    detail: str = ""  # operator text (a node's status reason)
+    detail: str = ""  # operator text (a node's status reason, its GPUs' faults)
     leader_id: str = ""
     reason: Reason | None = None  # rendered only when read: most events never are
 
@@ -150,6 +153,13 @@ class _JobMark(NamedTuple):
     attempt_state: AttemptState | None
     started: bool
     preempted: bool  # its attempt is being preempted
+
+
+class _NodeMark(NamedTuple):
+    """What the tracker remembers of a node."""
+
+    status: NodeStatus
+    gpu_faults: tuple[GpuFault, ...]
 
 
 def _mark(job: Job) -> _JobMark:
@@ -242,14 +252,17 @@ class Tracker:
 
     def __init__(self) -> None:
         self._jobs: dict[str, _JobMark] = {}
-        self._nodes: dict[str, NodeStatus] = {}
+        self._nodes: dict[str, _NodeMark] = {}
 
     def reset(self, state: ClusterState) -> Step:
         """Forget everything and mark ``state`` (a restored snapshot). Returns the
         records ``state`` still holds (finished jobs, ended attempts) so that history
         that was not written before a crash is written now (writing is idempotent)."""
         self._jobs = {job_id: _mark(job) for job_id, job in state.jobs.items()}
-        self._nodes = {node_id: node.status for node_id, node in state.nodes.items()}
+        self._nodes = {
+            node_id: _NodeMark(node.status, node.gpu_faults)
+            for node_id, node in state.nodes.items()
+        }
         step = Step()
         for job in sorted(state.jobs.values(), key=lambda j: j.seq):
             record = attempt_record(job, 0)
@@ -306,13 +319,16 @@ class Tracker:
         state: ClusterState,
         events: list[tuple[EventKind, dict[str, object]]],
     ) -> None:
-        before = self._nodes.get(node_id)
+        known = self._nodes.get(node_id)
         node = state.nodes.get(node_id)
         if node is None:
             self._nodes.pop(node_id, None)
             return
         after = node.status
-        self._nodes[node_id] = after
+        self._nodes[node_id] = _NodeMark(after, node.gpu_faults)
+        if known is not None and known.gpu_faults != node.gpu_faults:
+            _health_events(node_id, known.gpu_faults, node.gpu_faults, events)
+        before = known.status if known is not None else None
         if before == after:
             return
         about: dict[str, object] = {"node_id": node_id, "detail": node.status_reason}
@@ -385,6 +401,35 @@ class Tracker:
             events.append((EventKind.CANCELLED, {**about, **_why(job, job.reason)}))
         if job.state.finished and not before.state.finished:
             out.jobs.append(job_record(job, applied))
+
+
+def _health_events(
+    node_id: str,
+    before: tuple[GpuFault, ...],
+    after: tuple[GpuFault, ...],
+    events: list[tuple[EventKind, dict[str, object]]],
+) -> None:
+    """``gpu_repaired`` for the GPUs cleared since ``before`` (who repaired them is in
+    the leader's audit log, as for a cordon), ``gpu_unhealthy`` for those recorded since;
+    before any status event of the same command, since a drain follows from the faults."""
+    was = {f.gpu for f in before}
+    now = {f.gpu for f in after}
+    cleared = tuple(f for f in before if f.gpu not in now)
+    new = tuple(f for f in after if f.gpu not in was)
+    if cleared:
+        detail = faults_text(cleared, with_detail=False) + " repaired"
+        events.append((EventKind.GPU_REPAIRED, {"node_id": node_id, "detail": detail}))
+    if new:
+        events.append((EventKind.GPU_UNHEALTHY, {"node_id": node_id, "detail": faults_text(new)}))
+
+
+def faults_text(faults: tuple[GpuFault, ...], with_detail: bool = True) -> str:
+    """``GPU 3 xid-79 (fell off the bus), GPU 5 ecc-dbe``: each fault, its worker's
+    sentence in parentheses when it gave one and ``with_detail``."""
+    return ", ".join(
+        f"GPU {f.gpu} {f.code}" + (f" ({f.detail})" if with_detail and f.detail else "")
+        for f in faults
+    )
 
 
 def _why(job: Job, outcome: Reason | None) -> dict[str, object]:

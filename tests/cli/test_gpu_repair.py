@@ -157,3 +157,31 @@ def test_repair_completes_node_ids(synctl: Synctl) -> None:
     assert result.exit_code == 0, result.output
     completed = {line.split(",", 1)[1] for line in result.stdout.splitlines() if "," in line}
     assert {"w1", "w2"} <= completed
+
+
+def test_events_show_the_faults_and_the_repair(sick: Synctl) -> None:
+    beat(sick)
+    assert sick("nodes", "repair", SICK, "--gpu", "5").exit_code == 0
+
+    def health_events() -> list[tuple[str, str]] | None:
+        listed = sick("events", "-o", "json")
+        assert listed.exit_code == 0, listed.output
+        found = [
+            (e["kind"], e.get("detail", ""))
+            for e in json.loads(listed.stdout)["events"]
+            if e.get("node_id") == SICK and e["kind"] in ("gpu_unhealthy", "gpu_repaired")
+        ]
+        return found if found and found[-1][0] == "gpu_repaired" else None
+
+    found = wait_for("the repair among the events", health_events, timeout_s=10)
+    assert found[-2:] == [
+        (
+            "gpu_unhealthy",
+            "GPU 3 xid-79 (Xid 79: GPU has fallen off the bus), "
+            "GPU 5 ecc-dbe (uncorrectable ECC error)",
+        ),
+        ("gpu_repaired", "GPU 5 ecc-dbe repaired"),
+    ]
+    table = sick("events")
+    line = [r for r in table.stdout.splitlines() if " gpu_repaired " in r][-1]
+    assert line.split()[-5:] == [SICK, "GPU", "5", "ecc-dbe", "repaired"]
