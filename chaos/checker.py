@@ -79,6 +79,10 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     it can have been silent for the dead timeout (its silence before the jump, as the
     leader reported it, plus the time until the node was seen dead): a wall-clock step made
     the dead timeout fire early.
+``unhealthy-start`` / ``gpu-fault-failed``
+    GPU health (:mod:`chaos.gpu_rules`): no member starts on a GPU that was unhealthy at its
+    attempt's bind time, and an attempt ended by an unhealthy GPU is requeued, never
+    failed or counted as a retry.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
+from chaos import gpu_rules
 from chaos.history import (
     THAW_KILL_BOUND_MS,
     EffectRecord,
@@ -97,6 +102,9 @@ from chaos.history import (
     Submission,
     Violation,
     load_history,
+    preemptions,
+    reruns,
+    reruns_after_unfinished,
 )
 from synapse_ha.core import invariants
 from synapse_ha.core.admission import shown_request_id
@@ -145,6 +153,8 @@ def check_history(history: History) -> list[Violation]:
     out += _check_early_dead(history)
     out += [Violation("applied-truncated", "", line) for line in history.applied_truncations]
     out += _check_exactly_once(history, state)
+    out += gpu_rules.check_unhealthy_starts(history, state)
+    out += gpu_rules.check_gpu_fault_failures(history, state)
     out += _check_stalls(history, state)
     return out
 
@@ -341,11 +351,6 @@ def _check_gpu_reuse(history: History) -> list[Violation]:
     return out
 
 
-def preemptions(history: History) -> list[str]:
-    """``job/token`` of every attempt with a member that got a preemption notice."""
-    return sorted({f"{r.job}/{r.token}" for r in history.members if r.type == "preempted"})
-
-
 def _check_duplicate_members(history: History) -> list[Violation]:
     pids: dict[tuple[str, int, int], set[int]] = defaultdict(set)
     for r in history.members:
@@ -358,47 +363,6 @@ def _check_duplicate_members(history: History) -> list[Violation]:
         for (job, token, rank), p in sorted(pids.items())
         if len(p) > 1
     ]
-
-
-# End-record outcomes after which a chaos member exits 0 (chaos/member.py).
-_EXITS_ZERO = ("accepted", "already committed")
-
-
-def reruns(history: History) -> list[str]:
-    """Jobs that ran again after an attempt had finished: every rank of it wrote its end
-    record with an outcome it exits 0 on, and a newer attempt started after the last of
-    them. The job had succeeded; the leader learned it too late (a lost or late success
-    report)."""
-    started: dict[tuple[str, int], set[int]] = defaultdict(set)
-    world: dict[tuple[str, int], int] = {}
-    first_start: dict[tuple[str, int], int] = {}
-    ended: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
-    for r in history.members:
-        key = (r.job, r.token)
-        if r.world:
-            world[key] = r.world
-        if r.type == "start":
-            started[key].add(r.rank)
-            first_start[key] = min(first_start.get(key, r.mono_ns), r.mono_ns)
-        elif r.type == "end" and r.outcome in _EXITS_ZERO:
-            ended[key][r.rank] = r.mono_ns
-    out: set[str] = set()
-    for (job, token), ranks in ended.items():
-        key = (job, token)
-        gang = set(range(world[key])) if key in world else started[key]
-        if set(ranks) != gang:
-            continue  # a rank never ran, or did not end: the attempt did not finish
-        finished = max(ranks.values())
-        if any(j == job and t > token and at > finished for (j, t), at in first_start.items()):
-            out.add(job)
-    return sorted(out)
-
-
-def reruns_after_unfinished(history: History) -> list[str]:
-    """Jobs the sink told "already committed" that :func:`reruns` does not count: the
-    attempt that committed was stopped (killed, fenced, frozen) before every rank had
-    ended, so nothing could know the job had succeeded."""
-    return sorted({e.job for e in history.effects if e.done} - set(reruns(history)))
 
 
 def _check_tokens(history: History) -> list[Violation]:

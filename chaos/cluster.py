@@ -233,6 +233,7 @@ class ChaosCluster:
                     "--fence-grace=200ms",
                     "--stop-grace=1s",
                     "--no-cgroups",
+                    f"--mock-gpu-faults={self.gpu_fault_file(h.name)}",
                     *unsafe_flags,
                 ],
                 log_path=run_dir / f"{h.name}.log",
@@ -270,6 +271,8 @@ class ChaosCluster:
         # (job, token, worker) -> newest record time: which gangs run where.
         self.last_seen: dict[tuple[str, int, str], int] = {}
         self.newest_token: dict[str, int] = {}  # job -> highest token with a start record
+        # (job, token, worker) -> the GPUs its members there started on.
+        self.gpus_seen: dict[tuple[str, int, str], set[int]] = {}
         self.node_by_address = {h.address: h.name for h in self.worker_hosts}
         self._stop_observer = threading.Event()
         self._observer = threading.Thread(target=self._observe, name="observer", daemon=True)
@@ -288,6 +291,11 @@ class ChaosCluster:
     def clock_file(self, replica: str) -> Path:
         return self.dir / f"{replica}.clock"
 
+    def gpu_fault_file(self, worker: str) -> Path:
+        """The worker's mock GPU fault file (``gpu-xid`` appends to it): in the run
+        directory, not on the worker's small disk, which a disk fault fills."""
+        return self.dir / f"{worker}.gpu-faults"
+
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
@@ -295,6 +303,8 @@ class ChaosCluster:
         for h in [*self.replica_hosts, *self.worker_hosts]:
             # A small disk of its own, which the disk-full faults fill.
             hosts.mount_disk(self.dir / h.name)
+        for h in self.worker_hosts:
+            self.gpu_fault_file(h.name).touch()
         self.sink = self.launcher.process(
             "sink",
             [sys.executable, "-m", "chaos.sink", self.sink_address, str(self.dir / ledger.EFFECTS)],
@@ -415,6 +425,9 @@ class ChaosCluster:
                     self.last_start[node] = max(self.last_start.get(node, 0), at)
                     job, token = str(record["job"]), int(str(record["token"]))
                     self.newest_token[job] = max(self.newest_token.get(job, 0), token)
+                    gpus = str(record.get("gpus", "")).split(",")
+                    held = self.gpus_seen.setdefault((job, token, node), set())
+                    held.update(int(g) for g in gpus if g.strip().isdigit())
                 key = (str(record["job"]), int(str(record["token"])), node)
                 self.last_seen[key] = max(self.last_seen.get(key, 0), at)
 
@@ -462,6 +475,17 @@ class ChaosCluster:
             for (job, token, node), at in self.last_seen.items()
             if at >= horizon and (workers is None or node in workers)
         )
+
+    def held_gpus(self, worker: str, within_s: float = 0.6) -> set[int]:
+        """The GPUs of ``worker`` held by gangs whose members there wrote a record in the
+        last ``within_s``."""
+        horizon = ledger.now_ns() - int(within_s * 1e9)
+        return {
+            gpu
+            for (job, token, node), at in self.last_seen.items()
+            if node == worker and at >= horizon
+            for gpu in self.gpus_seen.get((job, token, node), ())
+        }
 
     def followers(self) -> list[str]:
         return sorted(n for n in self.replicas if n != self.leader)

@@ -7,11 +7,16 @@ the submissions and the nemesis, the replicas' final states, and what the run me
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chaos import ledger
+from chaos.nemesis import GPU_XID
+from synapse_ha.core.model import AttemptState, JobState
+
+JOB_HISTORY = "job_history.json"  # the replicas' history of finished jobs (chaos.run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,42 @@ class FaultRecord:
     dead_timeout_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class GpuUnhealthy:
+    """A span in which the replicated state held a GPU unhealthy (a ``gpu-xid`` fault
+    and its repair, or a fault still in the final state)."""
+
+    node: str  # the worker's host, as the members' records name it
+    gpu: int
+    since_ms: int  # leader clock: when the fault was recorded
+    # The suite's wall clock when the repair that cleared it was sent (the repair's own
+    # stamp is later); 0: never repaired.
+    repair_sent_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptHistory:
+    """One ended attempt of a finished job, as the replicas' history keeps it."""
+
+    number: int
+    token: int
+    state: AttemptState
+    bound_at_ms: int
+    outcome_code: str  # a ReasonCode value ("gpu_unhealthy", ...)
+
+
+@dataclass(frozen=True, slots=True)
+class JobHistory:
+    """A finished job as the replicas' history keeps it (``job_history.json``)."""
+
+    job: str
+    state: JobState
+    reason_code: str
+    requeues: int
+    retries_used: int
+    attempts: tuple[AttemptHistory, ...] = ()
+
+
 # A thawed supervisor must stop a superseded member within this bound (it finds its lease
 # expired at its first check after the thaw).
 THAW_KILL_BOUND_MS = 1_000
@@ -96,6 +137,8 @@ class History:
     faults: list[FaultRecord] = field(default_factory=list)
     # Lines of the replicas' logs saying an applied entry was deleted, as "replica: line".
     applied_truncations: list[str] = field(default_factory=list)
+    gpu_unhealthy: list[GpuUnhealthy] = field(default_factory=list)  # gpu-xid and repairs
+    job_history: list[JobHistory] = field(default_factory=list)  # every attempt's bind
 
 
 # What pysyncobj logs when a replica deletes entries it has applied.
@@ -179,4 +222,101 @@ def load_history(run_dir: Path) -> History:
         history.heal_wall_ms = int(meta.get("heal_wall_ms", 0))
         history.final_deadline_ms = int(meta.get("final_deadline_ms", history.final_deadline_ms))
         history.final_stall_ms = int(meta.get("final_stall_ms", 0))
+    history.gpu_unhealthy = load_gpu_spans(run_dir)
+    history.job_history = load_job_history(run_dir / JOB_HISTORY)
     return history
+
+
+def load_gpu_spans(run_dir: Path) -> list[GpuUnhealthy]:
+    """The spans the end-of-run repairs (``meta.json``) and the ``gpu-xid`` faults saw."""
+    meta_path = run_dir / "meta.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+    records = [
+        *meta.get("gpu_repairs", []),
+        *(r for r in ledger.read_records(run_dir / ledger.FAULTS) if r.get("kind") == GPU_XID),
+    ]
+    return [s for r in records for s in gpu_spans(r)]
+
+
+def gpu_spans(record: dict[str, Any]) -> list[GpuUnhealthy]:
+    """The unhealthy spans a ``gpu-xid`` record (or an end-of-run repair) saw."""
+    return [
+        GpuUnhealthy(
+            str(record["gpu_node_address"]), int(record["gpu"]), int(span[0]), int(span[1])
+        )
+        for span in record.get("gpu_unhealthy_ms", [])
+    ]
+
+
+def load_job_history(path: Path) -> list[JobHistory]:
+    if not path.exists():
+        return []
+    return [
+        JobHistory(
+            job=str(j["job"]),
+            state=JobState(j["state"]),
+            reason_code=str(j["reason_code"]),
+            requeues=int(j["requeues"]),
+            retries_used=int(j["retries_used"]),
+            attempts=tuple(
+                AttemptHistory(
+                    int(a["number"]),
+                    int(a["token"]),
+                    AttemptState(a["state"]),
+                    int(a["bound_at_ms"]),
+                    str(a["outcome_code"]),
+                )
+                for a in j["attempts"]
+            ),
+        )
+        for j in json.loads(path.read_text(encoding="utf-8"))
+    ]
+
+
+# ------------------------------------------------------- what the report counts
+
+
+def preemptions(history: History) -> list[str]:
+    """``job/token`` of every attempt with a member that got a preemption notice."""
+    return sorted({f"{r.job}/{r.token}" for r in history.members if r.type == "preempted"})
+
+
+# End-record outcomes after which a chaos member exits 0 (chaos/member.py).
+_EXITS_ZERO = ("accepted", "already committed")
+
+
+def reruns(history: History) -> list[str]:
+    """Jobs that ran again after an attempt had finished: every rank of it wrote its end
+    record with an outcome it exits 0 on, and a newer attempt started after the last of
+    them. The job had succeeded; the leader learned it too late (a lost or late success
+    report)."""
+    started: dict[tuple[str, int], set[int]] = defaultdict(set)
+    world: dict[tuple[str, int], int] = {}
+    first_start: dict[tuple[str, int], int] = {}
+    ended: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    for r in history.members:
+        key = (r.job, r.token)
+        if r.world:
+            world[key] = r.world
+        if r.type == "start":
+            started[key].add(r.rank)
+            first_start[key] = min(first_start.get(key, r.mono_ns), r.mono_ns)
+        elif r.type == "end" and r.outcome in _EXITS_ZERO:
+            ended[key][r.rank] = r.mono_ns
+    out: set[str] = set()
+    for (job, token), ranks in ended.items():
+        key = (job, token)
+        gang = set(range(world[key])) if key in world else started[key]
+        if set(ranks) != gang:
+            continue  # a rank never ran, or did not end: the attempt did not finish
+        finished = max(ranks.values())
+        if any(j == job and t > token and at > finished for (j, t), at in first_start.items()):
+            out.add(job)
+    return sorted(out)
+
+
+def reruns_after_unfinished(history: History) -> list[str]:
+    """Jobs the sink told "already committed" that :func:`reruns` does not count: the
+    attempt that committed was stopped (killed, fenced, frozen) before every rank had
+    ended, so nothing could know the job had succeeded."""
+    return sorted({e.job for e in history.effects if e.done} - set(reruns(history)))

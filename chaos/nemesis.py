@@ -33,6 +33,9 @@ DISK_FULL_REPLICA = "disk-full-replica"
 DISK_FULL_WORKER = "disk-full-worker"
 CLOCK_JUMP_FORWARD = "clock-jump-forward"
 CLOCK_JUMP_BACK = "clock-jump-back"
+# A GPU of a worker turns unhealthy (a fatal Xid in the worker's mock fault file); the
+# heal restarts the worker and repairs the GPU (chaos/gpufaults.py).
+GPU_XID = "gpu-xid"
 HOST_FAULTS = (
     PACKET_LOSS,
     ONE_WAY_LOSS,
@@ -62,6 +65,7 @@ ALL_FAULTS = (
     PAUSE_WORKER,
     PAUSE_LEADER,
     *HOST_FAULTS,
+    GPU_XID,
 )
 
 # Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
@@ -75,6 +79,7 @@ WORKER_FAULTS = (
     PAUSE_WORKER,
     FREEZE_HOST,
     DISK_FULL_WORKER,
+    GPU_XID,
 )
 CONTROL_FAULTS = tuple(k for k in ALL_FAULTS if k not in WORKER_FAULTS)
 MAX_LANES = 5
@@ -126,6 +131,9 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         DISK_FULL_WORKER: (2.0, 4.0),
         CLOCK_JUMP_FORWARD: (2.0, 4.0),
         CLOCK_JUMP_BACK: (2.0, 4.0),
+        # Long enough for the worker to read the fault (within 1 s), report it in a
+        # heartbeat and the leader to requeue the gangs holding the GPU.
+        GPU_XID: (3.0, 5.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

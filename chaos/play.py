@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import grpc
 
-from chaos import hosts, ledger, membership, nemesis, net
+from chaos import gpufaults, hosts, ledger, membership, nemesis, net
 from chaos.cluster import ChaosCluster
 from chaos.nemesis import Step
 from synapse_ha.client.cluster import ClusterUnavailable
@@ -75,6 +75,7 @@ class Nemesis:
             nemesis.PAUSE_WORKER,
             nemesis.FREEZE_HOST,
             nemesis.DISK_FULL_WORKER,
+            nemesis.GPU_XID,
         )
         busy = self.wait_for_gangs(worker_fault)
         leader = c.fresh_leader()
@@ -147,6 +148,9 @@ class Nemesis:
             targets = [leader]
             c.replicas[leader].pause()
             heal = c.replicas[leader].resume
+        elif step.kind == nemesis.GPU_XID:
+            targets = [busy[step.pick % len(busy)]]
+            detail, self._watch, heal = gpufaults.play_gpu_xid(c, targets[0], rng, extra)
         elif step.kind in nemesis.HOST_FAULTS:
             targets, detail, heal, hold = self.play_host_fault(step, leader, busy, rng, extra)
         elif step.kind in membership.KINDS:

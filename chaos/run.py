@@ -20,14 +20,16 @@ from pathlib import Path
 
 import grpc
 
-from chaos import hosts, ledger, nemesis, net
+from chaos import gpufaults, hosts, ledger, nemesis, net
 from chaos.checker import Violation, check_run
 from chaos.cluster import ChaosCluster, InsecureCluster, ScenarioConfig, SinkFailed
+from chaos.history import JOB_HISTORY
 from chaos.nemesis import Step
 from chaos.play import Nemesis
 from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.core.codec import decode_state
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import attempt_state, job_state
 
 log = logging.getLogger("chaos")
 
@@ -48,6 +50,7 @@ def lane_load(lanes: int) -> float:
 
 
 CONVERGE_S = 30.0
+HISTORY_LIMIT = 10_000  # the most ListHistory answers
 
 
 @dataclass
@@ -104,6 +107,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         (run_dir / "stop-workload").touch()
         cluster.submitter.stop(grace_s=cluster_submit_grace())
         players[0].heal_all()
+        meta["gpu_repairs"] = gpufaults.repair_all(cluster)
         meta["heal_ns"] = ledger.now_ns()
         meta["heal_wall_ms"] = int(time.time() * 1000)
         quiesce(cluster, meta)
@@ -229,6 +233,8 @@ def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
             if len({s.state_sha256 for s in states.values()}) == 1:
                 break
         time.sleep(0.5)
+    with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+        save_job_history(cluster, cluster.dir / JOB_HISTORY)
     for name, answer in states.items():
         (states_dir / f"{name}.state").write_bytes(answer.encoded_state)
         (states_dir / f"{name}.json").write_text(
@@ -243,3 +249,30 @@ def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
             + "\n",
             encoding="utf-8",
         )
+
+
+def save_job_history(cluster: ChaosCluster, path: Path) -> None:
+    """Every finished job's attempts as the replicas' history holds them (the final state
+    keeps only each job's last attempt): bind times and outcomes for the checker."""
+    jobs = cluster.observer.list_history(limit=HISTORY_LIMIT)
+    doc = [
+        {
+            "job": j.job_id,
+            "state": job_state(j).value,
+            "reason_code": j.reason_code,
+            "requeues": j.requeues,
+            "retries_used": j.retries_used,
+            "attempts": [
+                {
+                    "number": a.number,
+                    "token": a.fencing_token,
+                    "state": attempt_state(a).value,
+                    "bound_at_ms": a.bound_at_ms,
+                    "outcome_code": a.outcome_code,
+                }
+                for a in j.attempt_list
+            ],
+        }
+        for j in jobs
+    ]
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
