@@ -104,6 +104,7 @@ ListNodes        OK       OK       OK       OK       DENIED   OK       UNAUTH   
 CordonNode       NOTFOUND NOTFOUND DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 UncordonNode     NOTFOUND NOTFOUND DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 DrainNode        NOTFOUND NOTFOUND DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+RepairGpus       NOTFOUND NOTFOUND DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 GetClusterStatus OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 GetReplicaState  OK       DENIED   DENIED   DENIED   DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 CreateToken      OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
@@ -439,6 +440,7 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
         "CordonNode": lambda: stub.CordonNode(pb.NodeStatusRequest(node_id=NO_SUCH_NODE), **kw),
         "UncordonNode": lambda: stub.UncordonNode(pb.NodeStatusRequest(node_id=NO_SUCH_NODE), **kw),
         "DrainNode": lambda: stub.DrainNode(pb.NodeStatusRequest(node_id=NO_SUCH_NODE), **kw),
+        "RepairGpus": lambda: stub.RepairGpus(pb.RepairGpusRequest(node_id=NO_SUCH_NODE), **kw),
         "GetClusterStatus": lambda: stub.GetClusterStatus(
             pb.GetClusterStatusRequest(local_only=True), **kw
         ),
