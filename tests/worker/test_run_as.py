@@ -346,5 +346,6 @@ def test_synctl_nodes_shows_whose_account_members_run_under() -> None:
     doc = render_nodes.node_document(convert.node_to_proto(node, 1500))
     assert doc["members_run_as"] == "agent:svc"
     header, row = render_nodes.nodes_table([doc]).splitlines()
-    assert header.split()[-2:] == ["RUNS", "AS"]
-    assert row.split()[-1] == "agent:svc"
+    # The last columns: RUNS AS, then UNFIT FOR ("-": none).
+    assert header.split()[-4:] == ["RUNS", "AS", "UNFIT", "FOR"]
+    assert row.split()[-2:] == ["agent:svc", "-"]
