@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import synapse_ha.programs  # noqa: F401  (gRPC without its fork handlers, first)
 from bench.loopback import percentile
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.model import Limits
+from synapse_ha.core.cluster_config import Limits
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

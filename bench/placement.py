@@ -25,15 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import Queue
 from synapse_ha.core.codec import encode_state
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import (
-    ClusterState,
-    JobSpec,
-    NodeInfo,
-    Queue,
-    Resources,
-)
+from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule
 
 PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7))

@@ -26,8 +26,9 @@ from chaos import hosts, ledger, net
 from chaos.nemesis import FaultTimeouts, Step
 from chaos.workload import WorkloadConfig, write_config
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.core.cluster_config import MAX_REQUEUES_LIMIT
 from synapse_ha.core.membership import ReplicaRole
-from synapse_ha.core.model import MAX_REQUEUES_LIMIT, NodeStatus
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.commands import Peer
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.process import Process, Replica, Worker

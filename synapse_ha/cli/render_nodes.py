@@ -17,7 +17,7 @@ from synapse_ha.cli.render import (
     time_text,
 )
 from synapse_ha.cli.terminal import terminal_safe
-from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec
+from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.model import JobSpec
 from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
 from synapse_ha.core.validation import ViolationCode
 

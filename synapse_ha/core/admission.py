@@ -38,8 +38,9 @@ from synapse_ha.core.access import (
     Role,
     describe_caller,
 )
+from synapse_ha.core.cluster_config import Limits, PriorityClass, Queue
 from synapse_ha.core.codec import encode_command
-from synapse_ha.core.model import ClusterState, JobSpec, JobState, Limits, PriorityClass, Queue
+from synapse_ha.core.model import ClusterState, JobSpec, JobState
 from synapse_ha.core.validation import MAX_NAME, MAX_PRIORITY, NAME_PATTERN, Violation, invalid
 
 REQUEST_SCOPE_SEPARATOR = "/"

@@ -18,17 +18,9 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import ClusterConfig, Queue
 from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.model import (
-    Attempt,
-    ClusterConfig,
-    ClusterState,
-    Job,
-    JobSpec,
-    Node,
-    Queue,
-    Token,
-)
+from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, Node, Token
 
 # Fields added since the previous release (queues, fair share and preemption): written
 # only when they differ from their defaults, so that release reads what does not use them.

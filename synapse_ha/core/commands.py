@@ -11,16 +11,9 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.access import Role
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
 from synapse_ha.core.health import GpuFault
-from synapse_ha.core.model import (
-    ClusterConfig,
-    JobSpec,
-    MemberPlacement,
-    NodeInfo,
-    NodeStatus,
-    PreemptionKind,
-    Queue,
-)
+from synapse_ha.core.model import JobSpec, MemberPlacement, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason
 
 

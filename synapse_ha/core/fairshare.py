@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 
-from synapse_ha.core.model import ClusterState, Queue, QueueHistory, Resources
+from synapse_ha.core.cluster_config import Queue, QueueHistory
+from synapse_ha.core.model import ClusterState, Resources
 
 _BITS = 30
 _ONE = 1 << _BITS

@@ -14,7 +14,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from synapse_ha.core.access import DEFAULT_QUEUE_NAME, Role
+from synapse_ha.core.access import Role
+from synapse_ha.core.cluster_config import (
+    DEFAULT_QUEUE,
+    ClusterConfig,
+    PreemptionKind,
+    Queue,
+    QueueHistory,
+)
 from synapse_ha.core.health import GpuFault, Unfit
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
@@ -112,193 +119,6 @@ class Resources:
 
 
 ZERO = Resources()
-
-
-# --------------------------------------------------------------------------- config
-
-
-DEFAULT_TOPOLOGY_LEVELS: tuple[str, ...] = ("zone", "block", "rack")
-LOCALITY_WAIT_MS = 600_000  # see ClusterConfig.locality_wait_ms
-MAX_LOCALITY_WAIT_MS = 86_400_000
-MAX_REQUEUES = 5  # see ClusterConfig.max_requeues
-MAX_REQUEUES_LIMIT = 1_000
-START_TIMEOUT_MS = 60_000  # see ClusterConfig.start_timeout_ms
-MIN_START_TIMEOUT_MS = 1_000
-MAX_START_TIMEOUT_MS = 86_400_000
-FAIR_SHARE_HALF_LIFE_MS = 7 * 86_400_000  # see ClusterConfig.fair_share_half_life_ms
-DEFAULT_GRACE_MS = 30_000  # see PriorityClass.grace_ms
-DEFAULT_QUEUE = DEFAULT_QUEUE_NAME  # the built-in queue without a quota
-
-
-class PreemptionMode(enum.StrEnum):
-    """How the scheduler chooses preemption victims (DESIGN §8).
-
-    ``TOPOLOGY``: the cheapest set of whole gangs whose removal gives the preemptor a
-    placement that satisfies its topology. ``BLIND``: whole gangs, lowest priority first
-    and newest first, until enough GPUs are free, wherever they are (the way Kueue and
-    Volcano choose; kept as a baseline for the simulator). ``OFF``: never preempt.
-    """
-
-    TOPOLOGY = "topology"
-    BLIND = "blind"
-    OFF = "off"
-
-
-class PreemptionKind(enum.StrEnum):
-    """Why a gang is preempted: ``RECLAIM`` gives a queue below its nominal quota back
-    what a borrowing queue of its cohort holds; ``PRIORITY`` lets a higher priority class
-    evict a lower one within one queue, when its class allows."""
-
-    RECLAIM = "reclaim"
-    PRIORITY = "priority"
-
-
-@dataclass(frozen=True, slots=True)
-class PriorityClass:
-    """A named priority. ``value``: higher runs first. ``preempts``: a pending gang of this
-    class may evict gangs of lower classes of its own queue. ``grace_ms``: how long a
-    victim of this class has between SIGTERM and SIGKILL."""
-
-    name: str
-    value: int
-    preempts: bool = False
-    grace_ms: int = DEFAULT_GRACE_MS
-
-
-DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
-    PriorityClass("low", -100),
-    PriorityClass("normal", 0),
-    PriorityClass("high", 100, preempts=True),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Queue:
-    """A queue of the replicated configuration (DESIGN §8).
-
-    ``gpu``: nominal GPU quota; None means no quota at all (the built-in ``default``
-    queue, so a cluster without queues behaves as one queue for everyone).
-    ``cpu_milli`` / ``memory_mib``: optional nominal CPU and memory; None: not limited.
-    ``cohort``: queues of one cohort lend each other idle nominal quota; "" is a cohort
-    of its own. ``borrowing_limit_gpu``: how many GPUs beyond its nominal the queue may
-    borrow (None: any idle cohort quota). ``lending_limit_gpu``: how many of its idle
-    nominal GPUs others may borrow (None: all of them). ``priority_classes``: the classes
-    its jobs may use (empty: every class that does not preempt; a class that preempts
-    must be listed). ``max_priority``: the highest priority (a number, or a class's
-    value) a user may give a job here without a token that allows more
-    (:func:`synapse_ha.core.access.priority_refusal`).
-    """
-
-    name: str
-    gpu: int | None = None
-    cpu_milli: int | None = None
-    memory_mib: int | None = None
-    cohort: str = ""
-    borrowing_limit_gpu: int | None = None
-    lending_limit_gpu: int | None = None
-    priority_classes: tuple[str, ...] = ()
-    max_priority: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class QueueHistory:
-    """A queue's past usage for fair share, decayed with ``fair_share_half_life_ms``:
-    resource-milliseconds of its ended attempts (GPU-ms, CPU millicore-ms, MiB-ms), as
-    of ``at_ms``. Integers only, so every replica holds the same bytes."""
-
-    gpu_ms: int = 0
-    cpu_milli_ms: int = 0
-    memory_mib_ms: int = 0
-    at_ms: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """The timeouts that together guarantee no duplicate execution (DESIGN §4); their
-    rules are :func:`synapse_ha.core.validation.check_timeouts`."""
-
-    heartbeat_interval_ms: int = 1_000
-    lease_ttl_ms: int = 4_000
-    leader_step_down_ms: int = 2_000
-    dead_timeout_ms: int = 10_000
-    safety_margin_ms: int = 1_000
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What one identity may take of the control plane (DESIGN §8), part of the
-    replicated configuration. The rules are :mod:`synapse_ha.core.admission`.
-
-    ``spec_bytes`` / ``env_bytes``: the size of a job spec and of its environment, for
-    everyone (a spec is replicated to every replica and kept until the job is purged).
-    The others bind users and operators; admins, replicas and workers are not limited by
-    them: ``pending_jobs_per_user`` and ``pending_jobs_per_queue`` cap pending jobs;
-    ``submit_burst`` / ``submit_per_s`` are a token bucket per identity on each replica
-    (the replica that receives a SubmitJob, leader or not, charges it);
-    ``watch_streams_per_identity`` / ``watch_streams_total``: open WatchEvents streams on
-    one replica, each of which holds a server thread.
-    """
-
-    spec_bytes: int = 64 * 1024
-    env_bytes: int = 32 * 1024
-    pending_jobs_per_user: int = 10_000
-    pending_jobs_per_queue: int = 100_000
-    submit_burst: int = 200
-    submit_per_s: int = 50
-    watch_streams_per_identity: int = 4
-    watch_streams_total: int = 32
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterConfig:
-    """Cluster-wide settings, part of the replicated state.
-
-    ``topology_levels`` are the named levels above a host, outermost first; the host
-    itself is always the innermost level and is not listed.
-
-    ``locality_wait_ms`` bounds how long a multi-member gang that could fit inside one
-    domain of its preferred level (by default the innermost level, e.g. one rack) waits,
-    counted from when it was queued, for such a domain to have room before it accepts
-    a placement across domains; 0 places it across domains at once.
-
-    ``max_requeues`` bounds how often one job is requeued by disruptions it did not cause
-    (its node declared dead, its members fenced or lost by their worker); these do not
-    count against the job's ``retries.max`` (DESIGN §4). A job disrupted once more fails.
-
-    ``start_timeout_ms``: an attempt with a member not reported running this long after
-    it was bound fails (the leader proposes :class:`~synapse_ha.core.commands.FailAttempt`);
-    it counts against ``retries.max``, since a member that does not start is most often
-    the job's own doing (an image that does not pull, a command that hangs before exec).
-
-    ``compact_state``: the state (snapshots, ``GetReplicaState``, backups) is written
-    as lists of field values, without trailing fields that hold their defaults: about
-    40 % of the bytes (:mod:`synapse_ha.core.codec`). A release before the one that has
-    this field cannot read such a state, so it is turned on only once every replica runs
-    this release.
-    """
-
-    topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    retention_ms: int = 3_600_000
-    master_port_base: int = 29_500
-    master_port_span: int = 10_000
-    locality_wait_ms: int = LOCALITY_WAIT_MS
-    max_requeues: int = MAX_REQUEUES
-    start_timeout_ms: int = START_TIMEOUT_MS
-    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
-    fair_share_half_life_ms: int = FAIR_SHARE_HALF_LIFE_MS
-    preemption: PreemptionMode = PreemptionMode.TOPOLOGY
-    compact_state: bool = False
-    limits: Limits = field(default_factory=Limits)
-    # Drain a node once this many of its GPUs are unhealthy (0: never drain for that).
-    gpu_drain_threshold: int = 0
-    # A node that could not start an owner's member skips that owner's gangs this long,
-    # and is cordoned after this many such failures in a row (0: never cordoned for it).
-    unfit_backoff_ms: int = 600_000
-    cordon_after_start_failures: int = 3
-
-    def levels_with_host(self) -> tuple[str, ...]:
-        return (*self.topology_levels, "host")
 
 
 # ---------------------------------------------------------------------------- nodes

@@ -21,16 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from synapse_ha.core.model import (
-    DEFAULT_GRACE_MS,
-    ClusterConfig,
-    ClusterState,
-    JobSpec,
-    JobState,
-    PriorityClass,
-    Queue,
-    Resources,
-)
+from synapse_ha.core.cluster_config import DEFAULT_GRACE_MS, ClusterConfig, PriorityClass, Queue
+from synapse_ha.core.model import ClusterState, JobSpec, JobState, Resources
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 
 ZERO = Resources()

@@ -19,13 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from synapse_ha.core.model import (
-    DEFAULT_QUEUE,
-    DEFAULT_TOPOLOGY_LEVELS,
-    JobSpec,
-    Resources,
-    RetryPolicy,
-)
+from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
 from synapse_ha.core.validation import (
     MAX_CPU_MILLI,
     MAX_MEMORY_MIB,

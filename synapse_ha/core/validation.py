@@ -19,25 +19,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core import access
+from synapse_ha.core.cluster_config import (
+    MAX_LOCALITY_WAIT_MS,
+    MAX_REQUEUES_LIMIT,
+    MAX_START_TIMEOUT_MS,
+    MIN_START_TIMEOUT_MS,
+    ClusterConfig,
+    PriorityClass,
+    Queue,
+    Timeouts,
+)
 from synapse_ha.core.health import (
     FAULT_CODE_PATTERN,
     MAX_FAULT_CODE,
     MAX_FAULT_DETAIL,
     GpuFault,
 )
-from synapse_ha.core.model import (
-    MAX_LOCALITY_WAIT_MS,
-    MAX_REQUEUES_LIMIT,
-    MAX_START_TIMEOUT_MS,
-    MIN_START_TIMEOUT_MS,
-    ClusterConfig,
-    JobSpec,
-    NodeInfo,
-    PriorityClass,
-    Queue,
-    Resources,
-    Timeouts,
-)
+from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 
 # ------------------------------------------------------------------------- limits
 

@@ -42,15 +42,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import (
-    ClusterConfig,
-    ClusterState,
-    JobState,
-    NodeStatus,
-    PreemptionMode,
-    PriorityClass,
-    Timeouts,
-)
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode, PriorityClass, Timeouts
+from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
 from synapse_ha.core.views import due_start_timeouts, due_time_limits

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from synapse_ha.core.admission import check_limits
-from synapse_ha.core.model import (
+from synapse_ha.core.cluster_config import (
     DEFAULT_GRACE_MS,
     LOCALITY_WAIT_MS,
     MAX_LOCALITY_WAIT_MS,

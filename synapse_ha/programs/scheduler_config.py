@@ -47,7 +47,7 @@ from functools import partial
 from typing import Any
 
 from synapse_ha.core.access import split_token
-from synapse_ha.core.model import LOCALITY_WAIT_MS, Timeouts
+from synapse_ha.core.cluster_config import LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.validation import check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY
 from synapse_ha.leader.loop import SchedulingSettings

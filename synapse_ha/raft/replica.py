@@ -24,8 +24,9 @@ from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.node import TCPNode
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.membership import MembershipRefusal, MemberView
-from synapse_ha.core.model import ClusterConfig, ClusterState
+from synapse_ha.core.model import ClusterState
 from synapse_ha.raft import journal as durable_journal
 from synapse_ha.raft.adapter import SafeSyncObj
 from synapse_ha.raft.channel import (

@@ -12,18 +12,15 @@ from collections.abc import Iterable
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import shown_request_id
+from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Limits, PriorityClass, Queue
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.health import GpuFault
 from synapse_ha.core.model import (
-    DEFAULT_QUEUE,
     Attempt,
     Job,
     JobSpec,
-    Limits,
     Node,
     NodeInfo,
-    PriorityClass,
-    Queue,
     Resources,
     RetryPolicy,
     Token,

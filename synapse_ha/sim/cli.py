@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.core.model import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, ClusterConfig
+from synapse_ha.core.cluster_config import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, ClusterConfig
 from synapse_ha.sim.engine import Result, simulate
 from synapse_ha.sim.failure_report import parse_policies, run_policies
 from synapse_ha.sim.failure_report import report as failure_report

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterConfig, ClusterState, JobState
+from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.sim.capacity import FreeGpus, RackLayout
 from synapse_ha.sim.fairness import Loss, TenancyMeter
 from synapse_ha.sim.metrics import JobRecord, Tally, queue_delays, run_metrics, tenancy_metrics

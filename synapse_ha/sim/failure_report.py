@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from synapse_ha.core.model import ClusterConfig
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.engine import Result
 from synapse_ha.sim.gpu_failures import (
     LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS,

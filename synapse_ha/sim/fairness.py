@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from synapse_ha.core.model import Queue
+from synapse_ha.core.cluster_config import Queue
 
 MS_PER_HOUR = 3_600_000
 

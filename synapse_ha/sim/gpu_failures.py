@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.health import GpuFault
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterConfig, ClusterState, Job, JobState, NodeStatus
+from synapse_ha.core.model import ClusterState, Job, JobState, NodeStatus
 from synapse_ha.sim.engine import GRACE_MS, STOP, Result, Run, build_cluster, report_all
 from synapse_ha.sim.fairness import summary
 from synapse_ha.sim.policies import Ours, Policy

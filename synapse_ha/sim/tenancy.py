@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from synapse_ha.core.model import ClusterConfig, PreemptionMode
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
 from synapse_ha.sim.engine import GRACE_MS, Result, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.workload import Workload

@@ -8,7 +8,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from synapse_ha.core.model import JobSpec, NodeInfo, Queue, Resources
+from synapse_ha.core.cluster_config import Queue
+from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 from synapse_ha.sim.trace import TraceJob
 from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
 

@@ -36,7 +36,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS, JobSpec, Resources
+from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.core.validation import (
     MAX_GPUS_PER_NODE,
     MAX_REPLICAS,

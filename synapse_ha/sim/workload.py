@@ -8,7 +8,8 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from synapse_ha.core.model import JobSpec, NodeInfo, Queue, Resources
+from synapse_ha.core.cluster_config import Queue
+from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 
 GPU_NODE_CPU = 96_000
 GPU_NODE_MEMORY = 1024 * 1024

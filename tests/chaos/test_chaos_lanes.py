@@ -16,7 +16,7 @@ from chaos.__main__ import cmd_summary, configs, parse_lanes, saved_result
 from chaos.cluster import SUBMIT_INTERVAL_S
 from chaos.nemesis import Step
 from chaos.run import lane_load, play_lanes
-from synapse_ha.core.model import MAX_REQUEUES_LIMIT
+from synapse_ha.core.cluster_config import MAX_REQUEUES_LIMIT
 
 
 def test_each_lane_draws_its_own_kinds_and_fills_the_duration_alone() -> None:

@@ -11,16 +11,9 @@ from dataclasses import dataclass, field
 
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import (
-    ClusterConfig,
-    ClusterState,
-    JobSpec,
-    JobState,
-    NodeInfo,
-    Resources,
-    RetryPolicy,
-)
+from synapse_ha.core.model import ClusterState, JobSpec, JobState, NodeInfo, Resources, RetryPolicy
 from synapse_ha.core.scheduler import Plan, schedule
 
 _ids = itertools.count(1)

@@ -9,15 +9,9 @@ import pytest
 
 from synapse_ha.core import access, admission
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import DEFAULT_PRIORITY_CLASSES, ClusterConfig, Limits, Queue
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import (
-    DEFAULT_PRIORITY_CLASSES,
-    ClusterConfig,
-    ClusterState,
-    JobSpec,
-    Limits,
-    Queue,
-)
+from synapse_ha.core.model import ClusterState, JobSpec
 from synapse_ha.core.reasons import ReasonCode, reason, render, text, withheld
 from tests.core.harness import job
 

@@ -13,6 +13,7 @@ import pytest
 from synapse_ha.core import codec
 from synapse_ha.core import commands as c
 from synapse_ha.core.access import Role
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
 from synapse_ha.core.codec import (
     decode_command,
     decode_result,
@@ -24,17 +25,7 @@ from synapse_ha.core.codec import (
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.codec_to_plain import _ADDED_FIELDS, to_plain
 from synapse_ha.core.health import GpuFault
-from synapse_ha.core.model import (
-    Attempt,
-    ClusterConfig,
-    ClusterState,
-    Job,
-    JobSpec,
-    MemberPlacement,
-    NodeStatus,
-    PreemptionKind,
-    Queue,
-)
+from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from tests.core.harness import Cluster, job, node
 

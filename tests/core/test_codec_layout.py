@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from synapse_ha.core import model, reasons
+from synapse_ha.core import cluster_config, model, reasons
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
 from synapse_ha.core.health import GpuFault, Unfit
@@ -29,7 +29,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.Attempt: ("number", "fencing_token", "members", "master_port", "bound_at_ms",
                     "member_status", "started_at_ms", "ended_at_ms", "state", "outcome",
                     "preempted_by", "preemption", "preempt_deadline_ms"),
-    model.ClusterConfig: ("topology_levels", "timeouts", "retention_ms", "master_port_base",
+    cluster_config.ClusterConfig: ("topology_levels", "timeouts", "retention_ms", "master_port_base",
                           "master_port_span", "locality_wait_ms", "max_requeues",
                           "start_timeout_ms", "priority_classes", "fair_share_half_life_ms",
                           "preemption", "compact_state", "limits", "gpu_drain_threshold",
@@ -43,7 +43,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.JobSpec: ("name", "replicas", "resources", "command", "shell", "env", "workdir",
                     "priority", "topology_required", "topology_preferred", "time_limit_ms",
                     "retries", "image", "queue", "priority_class"),
-    model.Limits: ("spec_bytes", "env_bytes", "pending_jobs_per_user", "pending_jobs_per_queue",
+    cluster_config.Limits: ("spec_bytes", "env_bytes", "pending_jobs_per_user", "pending_jobs_per_queue",
                    "submit_burst", "submit_per_s", "watch_streams_per_identity",
                    "watch_streams_total"),
     model.LostAttempt: ("number", "fencing_token", "node_id", "nodes", "exited_zero"),
@@ -56,14 +56,14 @@ PINNED: dict[type, tuple[str, ...]] = {
     Unfit: ("owner", "detail", "until_ms"),
     model.NodeInfo: ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology",
                      "features", "members_run_as"),
-    model.PriorityClass: ("name", "value", "preempts", "grace_ms"),
-    model.Queue: ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu",
+    cluster_config.PriorityClass: ("name", "value", "preempts", "grace_ms"),
+    cluster_config.Queue: ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu",
                   "lending_limit_gpu", "priority_classes", "max_priority"),
-    model.QueueHistory: ("gpu_ms", "cpu_milli_ms", "memory_mib_ms", "at_ms"),
+    cluster_config.QueueHistory: ("gpu_ms", "cpu_milli_ms", "memory_mib_ms", "at_ms"),
     reasons.Reason: ("code", "params", "cause"),
     model.Resources: ("cpu_milli", "memory_mib", "gpu"),
     model.RetryPolicy: ("max_retries", "backoff_ms", "max_backoff_ms"),
-    model.Timeouts: ("heartbeat_interval_ms", "lease_ttl_ms", "leader_step_down_ms",
+    cluster_config.Timeouts: ("heartbeat_interval_ms", "lease_ttl_ms", "leader_step_down_ms",
                      "dead_timeout_ms", "safety_margin_ms"),
     model.Token: ("token_id", "user", "role", "secret_sha256", "created_at_ms", "created_by",
                   "queues", "expires_at_ms", "revoked_at_ms", "revoked_by", "priority_classes",

@@ -7,13 +7,8 @@ from dataclasses import replace
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.model import (
-    MAX_REQUEUES,
-    AttemptState,
-    ClusterConfig,
-    JobState,
-    NodeStatus,
-)
+from synapse_ha.core.cluster_config import MAX_REQUEUES, ClusterConfig
+from synapse_ha.core.model import AttemptState, JobState, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, reason, render
 from synapse_ha.core.scheduler import explain
 from synapse_ha.core.views import due_start_timeouts

@@ -9,12 +9,12 @@ import pytest
 
 from synapse_ha.core import codec
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.invariants import check
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
     ZERO,
     AttemptState,
-    ClusterConfig,
     ClusterState,
     JobState,
     LostAttempt,

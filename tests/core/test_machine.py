@@ -5,16 +5,9 @@ from __future__ import annotations
 import pytest
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import ClusterConfig, Timeouts
 from synapse_ha.core.machine import apply, retry_delay_ms
-from synapse_ha.core.model import (
-    ClusterConfig,
-    ClusterState,
-    JobState,
-    MemberState,
-    NodeStatus,
-    Resources,
-    Timeouts,
-)
+from synapse_ha.core.model import ClusterState, JobState, MemberState, NodeStatus, Resources
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.views import desired_members, due_time_limits
 from tests.core.harness import Cluster, job, node

@@ -21,6 +21,7 @@ from hypothesis.stateful import (
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.access import Role
+from synapse_ha.core.cluster_config import PreemptionMode, Queue
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
@@ -28,8 +29,6 @@ from synapse_ha.core.model import (
     JobState,
     MemberState,
     NodeStatus,
-    PreemptionMode,
-    Queue,
     unconfirmed_members,
 )
 from synapse_ha.core.quota import gang_request

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.fairshare import add_usage, decay, share
-from synapse_ha.core.model import (
+from synapse_ha.core.cluster_config import (
     ClusterConfig,
-    ClusterState,
-    JobState,
-    NodeStatus,
     PreemptionKind,
     PreemptionMode,
     Queue,
     QueueHistory,
-    Resources,
 )
+from synapse_ha.core.fairshare import add_usage, decay, share
+from synapse_ha.core.model import ClusterState, JobState, NodeStatus, Resources
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.preempting import CLAIM_WINDOW_MS
 from tests.core.harness import Cluster, job, node

@@ -8,15 +8,8 @@ import pytest
 
 from synapse_ha.core import codec
 from synapse_ha.core import commands as c
-from synapse_ha.core.model import (
-    MAX_LOCALITY_WAIT_MS,
-    ClusterConfig,
-    ClusterState,
-    JobState,
-    MemberPlacement,
-    NodeStatus,
-    Resources,
-)
+from synapse_ha.core.cluster_config import MAX_LOCALITY_WAIT_MS, ClusterConfig
+from synapse_ha.core.model import ClusterState, JobState, MemberPlacement, NodeStatus, Resources
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler import CapacityCache, explain, passes, schedule
 from synapse_ha.core.scheduler.capacity import Table

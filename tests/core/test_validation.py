@@ -9,18 +9,10 @@ from typing import Any
 import pytest
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS, ClusterConfig, Timeouts
 from synapse_ha.core.codec import decode_result, encode_result
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import (
-    DEFAULT_TOPOLOGY_LEVELS,
-    ClusterConfig,
-    ClusterState,
-    JobSpec,
-    NodeInfo,
-    Resources,
-    RetryPolicy,
-    Timeouts,
-)
+from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources, RetryPolicy
 from synapse_ha.core.validation import (
     MAX_COMMAND_BYTES,
     MAX_ENV,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.model import ClusterConfig, ClusterState, JobState, PreemptionKind, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
+from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode
 from tests.core.harness import job, node
 from tests.leader.fakes import FakeLog

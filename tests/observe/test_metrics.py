@@ -11,7 +11,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.model import ClusterState, PreemptionKind
+from synapse_ha.core.cluster_config import PreemptionKind
+from synapse_ha.core.model import ClusterState
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.observe.metrics import (
     GpuCollector,

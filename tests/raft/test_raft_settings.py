@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.model import ClusterConfig
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.programs import scheduler as scheduler_main
 from synapse_ha.programs.scheduler_config import RAFT_FSYNC_DEFAULT
 

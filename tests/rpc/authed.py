@@ -16,8 +16,9 @@ import grpc
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterConfig, ClusterState
+from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.leader.loop import Liveness
 from synapse_ha.rpc.auth import AuthInterceptor, new_token

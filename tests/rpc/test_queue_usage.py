@@ -7,8 +7,9 @@ import dataclasses
 
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Queue
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import DEFAULT_QUEUE, ClusterState, Queue
+from synapse_ha.core.model import ClusterState
 from synapse_ha.core.queue_usage import queue_usage
 from tests.core.harness import job, node
 

@@ -15,8 +15,8 @@ import pytest
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role
+from synapse_ha.core.cluster_config import PreemptionKind, Queue
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import PreemptionKind, Queue
 from synapse_ha.rpc.auth import new_token
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

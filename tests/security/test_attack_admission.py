@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.model import Limits
+from synapse_ha.core.cluster_config import Limits
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import LocalCluster, register_request, wait_for

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from synapse_ha.core.model import DEFAULT_PRIORITY_CLASSES, Queue
+from synapse_ha.core.cluster_config import DEFAULT_PRIORITY_CLASSES, Queue
 from synapse_ha.core.spec import SpecError, parse_job_spec
 from synapse_ha.core.validation import ViolationCode, check_job_queue
 

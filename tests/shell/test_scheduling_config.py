@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.model import ClusterConfig, Limits, PreemptionMode, PriorityClass
+from synapse_ha.core.cluster_config import ClusterConfig, Limits, PreemptionMode, PriorityClass
 from synapse_ha.leader.loop import SchedulingSettings
 from synapse_ha.programs import scheduler as scheduler_main
 

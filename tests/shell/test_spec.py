@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from synapse_ha.core.model import DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_job_spec, parse_memory
 from synapse_ha.core.validation import Violation, ViolationCode, check_job_spec
 

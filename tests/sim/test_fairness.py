@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from synapse_ha.core.model import Queue
+from synapse_ha.core.cluster_config import Queue
 from synapse_ha.sim.fairness import Loss, TenancyMeter, gpu_hours_lost, jain
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.model import ClusterConfig
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.cli import main
 from synapse_ha.sim.engine import simulate
 from synapse_ha.sim.policies import POLICIES, FifoFirstFit, NaiveHeadOfLine, Ours

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
 from synapse_ha.core.commands import BindPlan, Preempt, Victim
-from synapse_ha.core.model import ClusterConfig, ClusterState, PreemptionKind, Queue
+from synapse_ha.core.model import ClusterState
 from synapse_ha.sim.cli import main
 from synapse_ha.sim.engine import simulate
 from synapse_ha.sim.policies import Ours

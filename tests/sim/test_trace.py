@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.model import Queue
+from synapse_ha.core.cluster_config import Queue
 from synapse_ha.sim.tenants import from_trace
 from synapse_ha.sim.trace import TraceError, openb_to_trace, parse_trace, write_trace
 from synapse_ha.sim.workload import synthetic_cluster

@@ -8,6 +8,7 @@ import bisect
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
 from synapse_ha.core.health import fault_of, unfit_owners
 from synapse_ha.core.lifecycle import JOB, move
@@ -15,7 +16,6 @@ from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import (
     FEATURE_IMAGES,
     Attempt,
-    ClusterConfig,
     ClusterState,
     Job,
     JobSpec,

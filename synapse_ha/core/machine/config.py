@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_limits
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Handling, nothing
-from synapse_ha.core.model import ClusterConfig, ClusterState
+from synapse_ha.core.model import ClusterState
 from synapse_ha.core.topology import CLUSTER
 from synapse_ha.core.validation import check_cluster_config
 

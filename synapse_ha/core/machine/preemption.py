@@ -4,9 +4,10 @@ against the priority and reclaim rules that make thrashing impossible."""
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.model import ClusterState, Job, JobState, PreemptionKind, PreemptionMode
+from synapse_ha.core.model import ClusterState, Job, JobState
 from synapse_ha.core.quota import QueueUsage, gang_request, grace_ms, priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
 

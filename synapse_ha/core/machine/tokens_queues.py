@@ -6,9 +6,10 @@ import dataclasses
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_priority_allowance
+from synapse_ha.core.cluster_config import DEFAULT_QUEUE
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Handling, nothing, tokens
-from synapse_ha.core.model import DEFAULT_QUEUE, ClusterState, Token
+from synapse_ha.core.model import ClusterState, Token
 from synapse_ha.core.validation import Violation, ViolationCode, check_queue, check_token, describe
 
 

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from synapse_ha.core.cluster_config import PreemptionMode
 from synapse_ha.core.commands import GangPlacement
-from synapse_ha.core.model import (
-    ClusterState,
-    Job,
-    JobSpec,
-    PreemptionMode,
-    Resources,
-    unconfirmed_members,
-)
+from synapse_ha.core.model import ClusterState, Job, JobSpec, Resources, unconfirmed_members
 from synapse_ha.core.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from synapse_ha.core.cluster_config import PreemptionKind
 from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt, Victim
-from synapse_ha.core.model import PreemptionKind
 from synapse_ha.core.reasons import Reason
 
 

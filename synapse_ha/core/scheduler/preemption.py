@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synapse_ha.core.model import Attempt, ClusterState, Job, PreemptionKind, PreemptionMode
+from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
+from synapse_ha.core.model import Attempt, ClusterState, Job
 from synapse_ha.core.quota import QueueUsage, gang_request
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
 from synapse_ha.core.scheduler.placement import Gang, place

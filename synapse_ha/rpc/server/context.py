@@ -16,8 +16,9 @@ import grpc
 from synapse_ha.core import access, admission
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.membership import MembershipRefusal, MemberView
-from synapse_ha.core.model import ClusterConfig, ClusterState, Token
+from synapse_ha.core.model import ClusterState, Token
 from synapse_ha.core.scheduler import Plan
 from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode

@@ -10,7 +10,8 @@ import grpc
 from synapse_ha.core import access, admission, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity
-from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, Limits
+from synapse_ha.core.cluster_config import Limits
+from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState
 from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, states
