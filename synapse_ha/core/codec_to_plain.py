@@ -35,6 +35,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "gpu_drain_threshold",
             "unfit_backoff_ms",
             "cordon_after_start_failures",
+            "hold_until_stopped",
         }
     ),
     # Per-identity limits and authorised priority (DESIGN §8).
@@ -42,8 +43,8 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
     JobSpec: frozenset({"queue", "priority_class"}),
-    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms"}),
-    ClusterState: frozenset({"queues", "queue_history"}),
+    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
+    ClusterState: frozenset({"queues", "queue_history", "format_floor"}),
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset({"lost_attempt"}),
     # GPU health (DESIGN §4).

@@ -90,6 +90,16 @@ class RepairGpus:
 
 
 @dataclass(frozen=True, slots=True)
+class RaiseFormat:
+    """Every replica (``replicas``, as the leader heard them) reads format ``version``:
+    commands may now use what it added (core/formats.py). Never lowers the floor."""
+
+    version: int
+    replicas: tuple[str, ...] = ()
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitJob:
     """Add a job. Idempotent: the same ``request_id`` returns the existing job."""
 
@@ -300,6 +310,7 @@ Command = (
     | MarkNodeDead
     | ReportGpuHealth
     | RepairGpus
+    | RaiseFormat
     | SubmitJob
     | CancelJob
     | BindPlan
@@ -322,6 +333,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     MarkNodeDead,
     ReportGpuHealth,
     RepairGpus,
+    RaiseFormat,
     SubmitJob,
     CancelJob,
     BindPlan,

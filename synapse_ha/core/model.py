@@ -252,6 +252,9 @@ class Attempt:
     preempted_by: str = ""
     preemption: PreemptionKind | None = None
     preempt_deadline_ms: int = 0
+    # Ranks of this ended attempt whose resources are still reserved on their nodes until
+    # they are confirmed stopped (ClusterConfig.hold_until_stopped), in rank order.
+    held: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +367,8 @@ class ClusterState:
     queues: dict[str, Queue] = field(default_factory=lambda: {DEFAULT_QUEUE: Queue(DEFAULT_QUEUE)})
     # queue name -> decayed usage of its ended attempts (fair share); sorted by name.
     queue_history: dict[str, QueueHistory] = field(default_factory=dict)
+    # The newest format every replica reads (core/formats.py): what a command may use.
+    format_floor: int = 2
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order."""

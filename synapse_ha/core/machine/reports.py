@@ -15,6 +15,7 @@ from synapse_ha.core.machine.attempts import (
     end_attempt_for,
     end_preempted,
     finish,
+    release_held,
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
@@ -31,7 +32,7 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     for event in c.events:
         job = state.jobs.get(event.job_id)
         late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
-        if job is not None and (_confirm_stopped(job, c.node_id, event, now) or late):
+        if job is not None and (_confirm_stopped(state, job, c.node_id, event, now) or late):
             accepted += 1
             touched.add(c.node_id)
             continue
@@ -188,8 +189,11 @@ def _succeed_before_preemption(job: Job, attempt: Attempt, now: int, state: Clus
     )
 
 
-def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -> bool:
-    """Record that a member of the job's ended attempt has stopped; False if not such."""
+def _confirm_stopped(
+    state: ClusterState, job: Job, node_id: str, event: cmd.MemberEvent, now: int
+) -> bool:
+    """Record that a member of the job's ended attempt has stopped, freeing what it still
+    held; False if not such."""
     attempt = job.attempt
     if (
         attempt is None
@@ -205,6 +209,7 @@ def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -
         status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
         status.exit_code = event.exit_code
         status.finished_at_ms = now
+    release_held(state, job, event.rank)
     return True
 
 
