@@ -69,7 +69,7 @@ def _raise_format(state: ClusterState, c: cmd.RaiseFormat, now: int) -> Result:
         return ok(f"the cluster already reads format {state.format_floor}")
     state.format_floor = c.version
     heard = ", ".join(c.replicas) or "every replica"
-    return ok(f"the cluster reads format {c.version} ({heard})", format=c.version)
+    return ok(f"the cluster reads format {c.version} ({heard})")
 
 
 def _barrier(state: ClusterState, c: cmd.Barrier, now: int) -> Result:
