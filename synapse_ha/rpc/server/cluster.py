@@ -59,6 +59,7 @@ class ClusterService(_Base):
             jobs=len(jobs),
             pending_jobs=by_state[JobState.PENDING],
             running_jobs=sum(n for s, n in by_state.items() if s.holds_resources),
+            format_floor=state.format_floor,
         )
 
     def GetReplicaState(

@@ -492,7 +492,7 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self, local_only: _Optional[bool] = ...) -> None: ...
 
 class GetClusterStatusResponse(_message.Message):
-    __slots__ = ("answered_by", "leader_id", "leader_address", "replicas", "nodes", "jobs", "pending_jobs", "running_jobs")
+    __slots__ = ("answered_by", "leader_id", "leader_address", "replicas", "nodes", "jobs", "pending_jobs", "running_jobs", "format_floor")
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -501,6 +501,7 @@ class GetClusterStatusResponse(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FLOOR_FIELD_NUMBER: _ClassVar[int]
     answered_by: str
     leader_id: str
     leader_address: str
@@ -509,7 +510,8 @@ class GetClusterStatusResponse(_message.Message):
     jobs: int
     pending_jobs: int
     running_jobs: int
-    def __init__(self, answered_by: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., nodes: _Optional[int] = ..., jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+    format_floor: int
+    def __init__(self, answered_by: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., nodes: _Optional[int] = ..., jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., format_floor: _Optional[int] = ...) -> None: ...
 
 class GetReplicaStateRequest(_message.Message):
     __slots__ = ()
