@@ -45,7 +45,8 @@ class ReasonCode(enum.StrEnum):
 
     # -- pending
     PENDING_FIRST_PASS = "pending_first_pass"
-    WAITING_CAPACITY = "waiting_capacity"  # members, request, level?, room, domain?, images?
+    # members, request, level?, room, domain?, images?, unhealthy?
+    WAITING_CAPACITY = "waiting_capacity"
     WAITING_SHAPE = "waiting_shape"  # as WAITING_CAPACITY
     WAITING_LOCALITY = "waiting_locality"  # members, request, level, room?, domain?, wait_ms
     RESERVED_FOR_OTHER = "reserved_for_other"  # members, request, holder, start_in_ms?
@@ -228,6 +229,11 @@ def _have(r: Reason) -> str:
     )
     if r.has("images"):
         have += " (only nodes that run container images qualify)"
+    if r.has("unhealthy"):
+        have += (
+            f"; {r.num('unhealthy')} unhealthy GPU(s) are left out until repaired "
+            "(synctl nodes, column UNHEALTHY)"
+        )
     return have
 
 
