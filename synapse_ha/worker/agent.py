@@ -141,6 +141,8 @@ def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
             time_limit_ms=d.time_limit_ms,
             image=d.image,
             resources=Resources(d.cpu_milli, d.memory_mib, len(d.gpus)),
+            progress_timeout_ms=d.progress_timeout_ms,
+            progress_source=d.progress_source,
         ),
         owner=d.owner,
     )
