@@ -9,8 +9,10 @@ import dataclasses
 import pytest
 
 from synapse_ha.core import commands as c
+from synapse_ha.core import formats
 from synapse_ha.core.codec import decode_command, encode_command
-from synapse_ha.core.model import JobState
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import ReasonCode, render, withheld
 from synapse_ha.core.spec import SpecError, parse_job_spec
@@ -88,6 +90,17 @@ def test_progress_survives_the_log_and_the_wire() -> None:
     assert spec_from_proto(spec_to_proto(plain)).progress is None
     # A spec without progress encodes as before the field existed.
     assert b"progress" not in encode_command(c.SubmitJob(plain, "r", 5, "alice"))
+
+
+def test_progress_and_a_hung_exit_need_format_3() -> None:
+    spec = dataclasses.replace(job(), progress=HALF_HOUR)
+    assert formats.format_needed(c.SubmitJob(job(), "r", 5)) == formats.BASE_FORMAT
+    assert formats.format_needed(c.SubmitJob(spec, "r", 5)) == 3
+    event = c.MemberEvent("j", 1, 0, c.MemberEventKind.EXITED, 143, cause=c.ExitCause.HUNG)
+    assert formats.format_needed(c.ReportMembers("n1", (event,))) == 3
+    state = ClusterState()  # not every replica reads format 3 yet: refused, nothing changes
+    assert apply(state, c.SubmitJob(spec, "r", 5)).code is c.ResultCode.CONFLICT
+    assert state.jobs == {}
 
 
 def test_a_progress_message_without_a_source_reads_the_file() -> None:
