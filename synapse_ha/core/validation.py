@@ -36,6 +36,7 @@ from synapse_ha.core.health import (
     GpuFault,
 )
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.core.progress import SOURCE_LOG as PROGRESS_SOURCE_LOG
 from synapse_ha.core.progress import SOURCES as PROGRESS_SOURCES
 from synapse_ha.core.progress import Progress
 
@@ -185,12 +186,14 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
     problem = _name_problem(spec.priority_class) if spec.priority_class else ""
     if problem:
         out.append(invalid("priority", f"{spec.priority_class!r}: a class name is {problem}"))
-    out.extend(_check_progress(spec.progress))
+    out.extend(_check_progress(spec.progress, has_image=bool(spec.image)))
     return out
 
 
-def _check_progress(progress: Progress | None) -> list[Violation]:
-    """``progress:`` (hang detection): a timeout of 10s to 7d, a known source."""
+def _check_progress(progress: Progress | None, *, has_image: bool) -> list[Violation]:
+    """``progress:`` (hang detection): a timeout of 10s to 7d, a known source; a job with
+    an image reads its progress from its output, since the progress file is the host's
+    and is not mounted into its containers."""
     if progress is None:
         return []
     out = []
@@ -202,6 +205,13 @@ def _check_progress(progress: Progress | None) -> list[Violation]:
                 "progress.source",
                 f"{progress.source!r} is not a progress source (allowed: "
                 f"{', '.join(PROGRESS_SOURCES)})",
+            )
+        )
+    elif has_image and progress.source != PROGRESS_SOURCE_LOG:
+        out.append(
+            invalid(
+                "progress.source",
+                "must be log for a job with an image (its containers have no progress file)",
             )
         )
     return out

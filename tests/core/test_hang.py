@@ -74,6 +74,16 @@ def test_a_bad_progress_setting_is_refused_naming_field_and_rule(
     assert rule_part in info.value.rule
 
 
+def test_a_job_with_an_image_reads_its_progress_from_its_output() -> None:
+    image = {"image": "registry.example/train:1"}
+    spec = parse_job_spec(doc(progress={"timeout": "30m", "source": "log"}, **image)).spec
+    assert spec.progress == Progress(1_800_000, "log")
+    with pytest.raises(SpecError) as info:
+        parse_job_spec(doc(progress={"timeout": "30m"}, **image))
+    assert info.value.field == "progress.source"
+    assert "must be log for a job with an image" in info.value.rule
+
+
 def test_the_rule_set_checks_progress_whatever_built_the_spec() -> None:
     spec = job()
     assert check_job_spec(dataclasses.replace(spec, progress=HALF_HOUR), None) == []
