@@ -42,7 +42,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     Queue: frozenset({"max_priority"}),
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
-    JobSpec: frozenset({"queue", "priority_class"}),
+    JobSpec: frozenset({"queue", "priority_class", "progress"}),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
     ClusterState: frozenset({"queues", "queue_history", "format_floor"}),
     # Late success reports after a node death (DESIGN §4).

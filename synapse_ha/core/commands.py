@@ -155,8 +155,10 @@ class ExitCause(enum.StrEnum):
     ``PROGRAM``: the member's own exit (its code is the job's doing). ``FENCED``: its
     worker killed it because the lease ran out or the leader forgot the node. ``LOST``:
     its worker killed or lost it for a reason of its own (agent restart or shutdown, its
-    supervisor gone). Only ``PROGRAM`` exits count against ``retries.max``; the others
-    are disruptions and requeue the gang (DESIGN §4).
+    supervisor gone). ``HUNG``: its worker stopped it because it made no progress for
+    its job's ``progress.timeout`` (:mod:`synapse_ha.core.progress`). Only ``PROGRAM``
+    and ``HUNG`` exits count against ``retries.max``; the others are disruptions and
+    requeue the gang (DESIGN §4).
     """
 
     PROGRAM = "program"
@@ -165,10 +167,12 @@ class ExitCause(enum.StrEnum):
     # The node could not start it (no account for the owner, runtime or image missing,
     # cgroup setup failed, a GPU it cannot see): the node's fault, never the job's.
     NODE_CANNOT_RUN = "node_cannot_run"
+    # No progress for the job's progress timeout: the program's failure, not a disruption.
+    HUNG = "hung"
 
     @property
     def disruption(self) -> bool:
-        return self is not ExitCause.PROGRAM
+        return self is not ExitCause.PROGRAM and self is not ExitCause.HUNG
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,8 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.commands import ExitCause
+from synapse_ha.core.model import JobSpec
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
 FORMAT = 3  # the newest format this release reads
@@ -34,13 +36,18 @@ FORMAT = 3  # the newest format this release reads
 NEW_FIELDS: dict[type, dict[str, int]] = {
     # Resources of an ended attempt held until its members are confirmed stopped.
     ClusterConfig: {"hold_until_stopped": 3},
+    # Hang detection of a job's members (core/progress.py).
+    JobSpec: {"progress": 3},
 }
 # Command types each format added.
 # (``RaiseFormat`` itself is format 3 but never gated: the leader proposes it only once
 # every replica reads it.)
 NEW_COMMANDS: dict[type, int] = {}
 # Enum values each format added (an older release cannot decode them).
-NEW_ENUM_VALUES: dict[enum.Enum, int] = {}
+NEW_ENUM_VALUES: dict[enum.Enum, int] = {
+    # A member stopped by its worker for making no progress (hang detection).
+    ExitCause.HUNG: 3,
+}
 
 _LEAVES = (str, int, bool, float, type(None), bytes)
 

@@ -23,6 +23,7 @@ from synapse_ha.core.cluster_config import (
     QueueHistory,
 )
 from synapse_ha.core.health import GpuFault, Unfit
+from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
 # --------------------------------------------------------------------------- enums
@@ -218,6 +219,7 @@ class JobSpec:
     image: str = ""
     queue: str = DEFAULT_QUEUE
     priority_class: str = ""  # "" : no class; ``priority`` is then the number given
+    progress: Progress | None = None  # None: no hang detection (core/progress.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
+from synapse_ha.core.progress import SOURCE_FILE, Progress
 from synapse_ha.core.validation import (
     MAX_CPU_MILLI,
     MAX_MEMORY_MIB,
@@ -45,11 +46,13 @@ _TOP_FIELDS = frozenset(
         "request_id",
         "image",
         "queue",
+        "progress",
     }
 )
 _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
 _TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
 _RETRY_FIELDS = frozenset({"max", "backoff", "max_backoff"})
+_PROGRESS_FIELDS = frozenset({"timeout", "source"})
 
 _MEMORY_UNITS_MIB: dict[str, float] = {
     "Ki": 1 / 1024,
@@ -252,6 +255,7 @@ def parse_job_spec(
         image=_string(doc.get("image", ""), "image"),
         queue=_string(doc.get("queue", DEFAULT_QUEUE), "queue"),
         priority_class=priority_class,
+        progress=_progress(doc["progress"]) if "progress" in doc else None,
     )
     request_id = _string(doc.get("request_id", ""), "request_id")
     violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)
@@ -331,6 +335,18 @@ def _retries(value: object) -> RetryPolicy:
         max_backoff_ms=parse_duration(doc["max_backoff"], "retries.max_backoff")
         if "max_backoff" in doc
         else defaults.max_backoff_ms,
+    )
+
+
+def _progress(value: object) -> Progress:
+    """``progress:``: hang detection, ``{timeout: 30m}`` or ``{timeout: 30m, source: log}``
+    (the source is ``file`` where absent); the limits are the rule set's."""
+    doc = _mapping(value, "progress", _PROGRESS_FIELDS)
+    if "timeout" not in doc:
+        raise SpecError("progress.timeout", "is required", ViolationCode.REQUIRED)
+    return Progress(
+        timeout_ms=parse_duration(doc["timeout"], "progress.timeout"),
+        source=_string(doc.get("source", SOURCE_FILE), "progress.source"),
     )
 
 

@@ -22,6 +22,7 @@ from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
 from synapse_ha.core.health import GpuFault, Unfit
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.progress import Progress
 from tests.core.harness import Cluster
 from tests.core.test_codec import a_running_and_a_waiting_job
 
@@ -43,7 +44,7 @@ PINNED: dict[type, tuple[str, ...]] = {
                 "finished_at_ms", "owner", "cancelled_by", "lost_attempt"),
     model.JobSpec: ("name", "replicas", "resources", "command", "shell", "env", "workdir",
                     "priority", "topology_required", "topology_preferred", "time_limit_ms",
-                    "retries", "image", "queue", "priority_class"),
+                    "retries", "image", "queue", "priority_class", "progress"),
     cluster_config.Limits: ("spec_bytes", "env_bytes", "pending_jobs_per_user",
                             "pending_jobs_per_queue", "submit_burst", "submit_per_s",
                             "watch_streams_per_identity", "watch_streams_total"),
@@ -65,6 +66,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     reasons.Reason: ("code", "params", "cause"),
     model.Resources: ("cpu_milli", "memory_mib", "gpu"),
     model.RetryPolicy: ("max_retries", "backoff_ms", "max_backoff_ms"),
+    Progress: ("timeout_ms", "source"),
     cluster_config.Timeouts: ("heartbeat_interval_ms", "lease_ttl_ms",
                               "leader_step_down_ms", "dead_timeout_ms", "safety_margin_ms"),
     model.Token: ("token_id", "user", "role", "secret_sha256", "created_at_ms", "created_by",

@@ -126,7 +126,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class")
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "progress")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class JobSpec(_message.Message):
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     name: str
     replicas: int
     resources: Resources
@@ -157,7 +158,16 @@ class JobSpec(_message.Message):
     image: str
     queue: str
     priority_class: str
-    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ...) -> None: ...
+    progress: Progress
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("timeout_ms", "source")
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    timeout_ms: int
+    source: str
+    def __init__(self, timeout_ms: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class CommandArgs(_message.Message):
     __slots__ = ("args",)
@@ -1004,10 +1014,12 @@ class MemberReport(_message.Message):
         FENCED: _ClassVar[MemberReport.Cause]
         LOST: _ClassVar[MemberReport.Cause]
         NODE_CANNOT_RUN: _ClassVar[MemberReport.Cause]
+        HUNG: _ClassVar[MemberReport.Cause]
     PROGRAM: MemberReport.Cause
     FENCED: MemberReport.Cause
     LOST: MemberReport.Cause
     NODE_CANNOT_RUN: MemberReport.Cause
+    HUNG: MemberReport.Cause
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -1025,7 +1037,7 @@ class MemberReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., cause: _Optional[_Union[MemberReport.Cause, str]] = ...) -> None: ...
 
 class DesiredMember(_message.Message):
-    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner", "preemption", "preempted_by", "preempt_grace_ms")
+    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner", "preemption", "preempted_by", "preempt_grace_ms", "progress_timeout_ms", "progress_source")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -1049,6 +1061,8 @@ class DesiredMember(_message.Message):
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_BY_FIELD_NUMBER: _ClassVar[int]
     PREEMPT_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_SOURCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     fencing_token: int
     attempt: int
@@ -1072,7 +1086,9 @@ class DesiredMember(_message.Message):
     preemption: str
     preempted_by: str
     preempt_grace_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ...) -> None: ...
+    progress_timeout_ms: int
+    progress_source: str
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ..., progress_timeout_ms: _Optional[int] = ..., progress_source: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "reports", "running", "gpu_faults")
