@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck layers unit unit-shuffled demo bench clean protos protos-check chaos soak browser
+.PHONY: venv test lint typecheck layers unit unit-shuffled demo bench clean protos protos-check chaos soak soak-health browser
 
 venv: $(STAMP)
 
@@ -81,6 +81,22 @@ soak: $(STAMP)
 	$(BIN)/python -m chaos soak --minutes $(SOAK_MINUTES) --first-seed $(SOAK_FIRST_SEED) \
 	  --duration $(SOAK_DURATION) --skip-kinds "$(CHAOS_SKIP_KINDS)" --out $(SOAK_OUT) \
 	  --lanes $(SOAK_LANES)
+
+# make soak-health: only the node-health kinds (gpu-xid, node-cannot-run), random scenarios
+# seed after seed until HEALTH_FAULTS faults of them have played (at most SOAK_MINUTES),
+# HEALTH_LANES schedules at once (the control-plane lane has nothing to play), each
+# HEALTH_DURATION long; then the same summary line. Outside CI.
+HEALTH_FAULTS ?= 100
+HEALTH_LANES ?= 3
+HEALTH_DURATION ?= 400
+soak-health: $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then \
+	  (command -v nft >/dev/null && command -v ip >/dev/null) || \
+	  (apt-get update && apt-get install -y nftables iproute2); fi
+	$(BIN)/python -m chaos preflight
+	$(BIN)/python -m chaos soak --kinds gpu-xid,node-cannot-run --faults $(HEALTH_FAULTS) \
+	  --minutes $(SOAK_MINUTES) --first-seed $(SOAK_FIRST_SEED) --duration $(HEALTH_DURATION) \
+	  --lanes $(HEALTH_LANES) --out $(SOAK_OUT)
 
 demo: $(STAMP)
 	$(BIN)/python -m synapse_ha.local.demo

@@ -5,6 +5,7 @@
     python -m chaos run [--seeds 1,2 | 1-20] [--duration S] [--out DIR]
                         [--scenarios targeted,random,broken-build,five-membership]
     python -m chaos soak --minutes M [--first-seed N] [--duration S] [--out DIR]
+                         [--kinds gpu-xid,node-cannot-run] [--faults N]
     python -m chaos check RUN_DIR
     python -m chaos summary OUT_DIR [OUT_DIR ...]
 
@@ -14,7 +15,9 @@ skipped; <scenario>=<faults> ...; <seconds> s``; it exits non-zero when a scenar
 violation or aborts, and when the broken build (self-fencing disabled) is NOT caught.
 Each failure prints the line that reproduces it. ``soak`` runs the random scenario with
 one seed after another (and the targeted one every tenth seed) until ``--minutes`` have
-passed, and prints the same summary line.
+passed, and prints the same summary line. ``--kinds`` plays only the kinds named (``run``
+too); with ``--faults N`` the soak also stops once its scenarios have played N faults of
+those kinds (``make soak-health``: the two node-health kinds until 100 faults).
 """
 
 from __future__ import annotations
@@ -66,14 +69,35 @@ def parse_scenarios(text: str) -> list[str]:
     return names
 
 
-def parse_kinds(text: str) -> list[str]:
+def parse_kinds(text: str, flag: str = "--skip-kinds") -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     for name in names:
         if name not in nemesis.ALL_FAULTS:
             raise argparse.ArgumentTypeError(
-                f"--skip-kinds: {name!r} is not one of {', '.join(nemesis.ALL_FAULTS)}"
+                f"{flag}: {name!r} is not one of {', '.join(nemesis.ALL_FAULTS)}"
             )
     return names
+
+
+def parse_only_kinds(text: str) -> list[str]:
+    """``--kinds``: at least one known kind."""
+    names = parse_kinds(text, "--kinds")
+    if not names:
+        raise argparse.ArgumentTypeError("--kinds: name at least one fault kind")
+    return names
+
+
+def parse_faults(text: str) -> int:
+    try:
+        faults = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--faults: {text!r} is not an integer") from None
+    if faults < 0:
+        raise argparse.ArgumentTypeError(f"--faults: {faults} is negative (0: no bound)")
+    return faults
+
+
+KINDS_HELP = "play only these fault kinds (comma-separated; default: every kind)"
 
 
 LANES_HELP = (
@@ -106,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=REPO / "chaos" / "runs")
     run.add_argument("--skip-kinds", type=parse_kinds, default=[], help="fault kinds not to inject")
     run.add_argument("--lanes", type=parse_lanes, default=1, help=LANES_HELP)
+    run.add_argument("--kinds", type=parse_only_kinds, default=[], help=KINDS_HELP)
     soak = sub.add_parser("soak", help="random scenarios, seed after seed, for a given time")
     soak.add_argument("--minutes", type=float, required=True)
     soak.add_argument("--first-seed", type=int, default=1000)
@@ -115,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-kinds", type=parse_kinds, default=[], help="fault kinds not to inject"
     )
     soak.add_argument("--lanes", type=parse_lanes, default=1, help=LANES_HELP)
+    soak.add_argument("--kinds", type=parse_only_kinds, default=[], help=KINDS_HELP)
+    soak.add_argument(
+        "--faults",
+        type=parse_faults,
+        default=0,
+        help="stop once the scenarios played this many faults of the kinds played (0: no bound)",
+    )
     summary = sub.add_parser(
         "summary", help="the summary line over saved runs (e.g. a soak spread over days)"
     )
@@ -124,12 +156,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def skipped_kinds(backends: net.Backends, asked: list[str]) -> dict[str, str]:
-    """Kinds not injected in this run, each with the reason."""
+def skipped_kinds(
+    backends: net.Backends, asked: list[str], only: list[str] | None = None
+) -> dict[str, str]:
+    """Kinds not injected in this run, each with the reason; kinds left out by ``--kinds``
+    (``only``) are not listed."""
     out = dict.fromkeys(asked, "--skip-kinds")
     if backends.freezer_skip:
         out[nemesis.FREEZE_HOST] = backends.freezer_skip
-    return out
+    return {k: why for k, why in out.items() if not only or k in only}
+
+
+def played_kinds(skip: dict[str, str], only: list[str]) -> tuple[str, ...]:
+    """The kinds a run injects: those of ``only`` (every kind when empty) not skipped."""
+    return tuple(k for k in nemesis.ALL_FAULTS if k not in skip and (not only or k in only))
+
+
+def faults_of(results: list[ScenarioResult], kinds: tuple[str, ...]) -> int:
+    """How many faults of ``kinds`` the scenarios played."""
+    return sum(n for r in results for k, n in fault_kinds(r.run_dir).items() if k in kinds)
 
 
 def configs(
@@ -264,11 +309,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"clock {backends.clock}; toxiproxy {backends.toxiproxy}",
         flush=True,
     )
-    skip = skipped_kinds(backends, args.skip_kinds)
+    skip = skipped_kinds(backends, args.skip_kinds, args.kinds)
     skipped = [f"{kind}: {why}" for kind, why in sorted(skip.items())]
     for line in skipped:
         print(f"chaos: skipping {line}", flush=True)
-    kinds = tuple(k for k in nemesis.ALL_FAULTS if k not in skip)
+    kinds = played_kinds(skip, args.kinds)
+    if not kinds:
+        print("chaos: every kind asked for is skipped: nothing to play", file=sys.stderr)
+        return 2
     out = args.out / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     if args.command == "soak":
@@ -282,6 +330,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     began = time.monotonic()
     for cfg in plan:
         if args.command == "soak" and time.monotonic() >= deadline:
+            break
+        if args.command == "soak" and args.faults and faults_of(results, kinds) >= args.faults:
             break
         started = time.monotonic()
         try:

@@ -83,6 +83,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     GPU health (:mod:`chaos.gpu_rules`): no member starts on a GPU that was unhealthy at its
     attempt's bind time, and an attempt ended by an unhealthy GPU is requeued, never
     failed or counted as a retry.
+``node-fault-failed`` / ``unfit-bind``
+    Node fitness (:mod:`chaos.node_rules`): no job fails for a member its node could not
+    start, and no attempt is bound to a node while it is unfit for the job's owner.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
-from chaos import gpu_rules
+from chaos import gpu_rules, node_rules
 from chaos.history import (
     THAW_KILL_BOUND_MS,
     EffectRecord,
@@ -155,6 +158,8 @@ def check_history(history: History) -> list[Violation]:
     out += _check_exactly_once(history, state)
     out += gpu_rules.check_unhealthy_starts(history, state)
     out += gpu_rules.check_gpu_fault_failures(history, state)
+    out += node_rules.check_node_fault_failures(history, state)
+    out += node_rules.check_unfit_binds(history, state)
     out += _check_stalls(history, state)
     return out
 

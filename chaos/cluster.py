@@ -64,6 +64,9 @@ PRIORITY_CLASSES = (
 # disrupts a gang at most once (it ends the attempt on the hosts it holds), so a bound of
 # one requeue per fault of the schedule is never reached by the faults alone.
 MIN_REQUEUES = 50
+# How long a node that could not start a member skips that owner's gangs: short, so that
+# a node healed of ``node-cannot-run`` runs gangs again within the scenario.
+UNFIT_BACKOFF_S = 2.0
 
 
 def max_requeues(steps: list[Step]) -> int:
@@ -201,6 +204,7 @@ class ChaosCluster:
                     "--compact-state",
                     *PRIORITY_CLASSES,
                     f"--max-requeues={max_requeues(cfg.steps)}",
+                    f"--unfit-backoff={_duration_flag(UNFIT_BACKOFF_S)}",
                 ],
                 log_path=run_dir / f"{h.name}.log",
                 env={

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import ledger
-from chaos.nemesis import GPU_XID
+from chaos.nemesis import GPU_XID, NODE_CANNOT_RUN
 from synapse_ha.core.model import AttemptState, JobState
 
 JOB_HISTORY = "job_history.json"  # the replicas' history of finished jobs (chaos.run)
@@ -98,6 +98,21 @@ class GpuUnhealthy:
 
 
 @dataclass(frozen=True, slots=True)
+class UnfitSpan:
+    """A span in which the replicated state held a node unfit for an owner: from the
+    failure that marked it (``until_ms - backoff_ms``) to ``until_ms`` (leader clock)."""
+
+    node: str  # the node's id
+    owner: str
+    until_ms: int
+    backoff_ms: int
+
+    @property
+    def since_ms(self) -> int:
+        return self.until_ms - self.backoff_ms
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptHistory:
     """One ended attempt of a finished job, as the replicas' history keeps it."""
 
@@ -106,6 +121,7 @@ class AttemptHistory:
     state: AttemptState
     bound_at_ms: int
     outcome_code: str  # a ReasonCode value ("gpu_unhealthy", ...)
+    nodes: tuple[str, ...] = ()  # the nodes it was bound to (empty: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +134,7 @@ class JobHistory:
     requeues: int
     retries_used: int
     attempts: tuple[AttemptHistory, ...] = ()
+    owner: str = ""
 
 
 # A thawed supervisor must stop a superseded member within this bound (it finds its lease
@@ -139,6 +156,7 @@ class History:
     applied_truncations: list[str] = field(default_factory=list)
     gpu_unhealthy: list[GpuUnhealthy] = field(default_factory=list)  # gpu-xid and repairs
     job_history: list[JobHistory] = field(default_factory=list)  # every attempt's bind
+    unfit: list[UnfitSpan] = field(default_factory=list)  # node-cannot-run saw them
 
 
 # What pysyncobj logs when a replica deletes entries it has applied.
@@ -224,7 +242,18 @@ def load_history(run_dir: Path) -> History:
         history.final_stall_ms = int(meta.get("final_stall_ms", 0))
     history.gpu_unhealthy = load_gpu_spans(run_dir)
     history.job_history = load_job_history(run_dir / JOB_HISTORY)
+    history.unfit = load_unfit_spans(run_dir)
     return history
+
+
+def load_unfit_spans(run_dir: Path) -> list[UnfitSpan]:
+    """The unfit entries the ``node-cannot-run`` faults saw in the node list."""
+    return [
+        UnfitSpan(str(r["unfit_node"]), str(owner), int(until), int(r["unfit_backoff_ms"]))
+        for r in ledger.read_records(run_dir / ledger.FAULTS)
+        if r.get("kind") == NODE_CANNOT_RUN
+        for owner, until in r.get("unfit_seen", [])
+    ]
 
 
 def load_gpu_spans(run_dir: Path) -> list[GpuUnhealthy]:
@@ -265,9 +294,11 @@ def load_job_history(path: Path) -> list[JobHistory]:
                     AttemptState(a["state"]),
                     int(a["bound_at_ms"]),
                     str(a["outcome_code"]),
+                    tuple(str(n) for n in a.get("nodes", [])),
                 )
                 for a in j["attempts"]
             ),
+            owner=str(j.get("owner", "")),
         )
         for j in json.loads(path.read_text(encoding="utf-8"))
     ]

@@ -36,6 +36,12 @@ CLOCK_JUMP_BACK = "clock-jump-back"
 # A GPU of a worker turns unhealthy (a fatal Xid in the worker's mock fault file); the
 # heal restarts the worker and repairs the GPU (chaos/gpufaults.py).
 GPU_XID = "gpu-xid"
+# A worker cannot start members for a reason of its own (restarted in owner mode, the
+# jobs' owner without a local account); the heal restarts it as it was and uncordons it
+# (chaos/nodefaults.py).
+NODE_CANNOT_RUN = "node-cannot-run"
+# The kinds of node health, which ``soak --kinds`` can play alone.
+HEALTH_FAULTS = (GPU_XID, NODE_CANNOT_RUN)
 HOST_FAULTS = (
     PACKET_LOSS,
     ONE_WAY_LOSS,
@@ -66,6 +72,7 @@ ALL_FAULTS = (
     PAUSE_LEADER,
     *HOST_FAULTS,
     GPU_XID,
+    NODE_CANNOT_RUN,
 )
 
 # Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
@@ -80,6 +87,7 @@ WORKER_FAULTS = (
     FREEZE_HOST,
     DISK_FULL_WORKER,
     GPU_XID,
+    NODE_CANNOT_RUN,
 )
 CONTROL_FAULTS = tuple(k for k in ALL_FAULTS if k not in WORKER_FAULTS)
 MAX_LANES = 5
@@ -134,6 +142,9 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         # Long enough for the worker to read the fault (within 1 s), report it in a
         # heartbeat and the leader to requeue the gangs holding the GPU.
         GPU_XID: (3.0, 5.0),
+        # Long enough for the leader to place gangs on the restarted worker, see them
+        # refused and mark it unfit, and (with a back-off of 2 s) place there again.
+        NODE_CANNOT_RUN: (4.0, 6.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

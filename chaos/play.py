@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import grpc
 
-from chaos import gpufaults, hosts, ledger, membership, nemesis, net
+from chaos import gpufaults, hosts, ledger, membership, nemesis, net, nodefaults
 from chaos.cluster import ChaosCluster
 from chaos.nemesis import Step
 from synapse_ha.client.cluster import ClusterUnavailable
@@ -76,6 +76,7 @@ class Nemesis:
             nemesis.FREEZE_HOST,
             nemesis.DISK_FULL_WORKER,
             nemesis.GPU_XID,
+            nemesis.NODE_CANNOT_RUN,
         )
         busy = self.wait_for_gangs(worker_fault)
         leader = c.fresh_leader()
@@ -151,6 +152,10 @@ class Nemesis:
         elif step.kind == nemesis.GPU_XID:
             targets = [busy[step.pick % len(busy)]]
             detail, self._watch, heal = gpufaults.play_gpu_xid(c, targets[0], rng, extra)
+        elif step.kind == nemesis.NODE_CANNOT_RUN:
+            targets = [busy[step.pick % len(busy)]]
+            play = nodefaults.play_node_cannot_run
+            detail, self._watch, heal = play(c, targets[0], rng, extra)
         elif step.kind in nemesis.HOST_FAULTS:
             targets, detail, heal, hold = self.play_host_fault(step, leader, busy, rng, extra)
         elif step.kind in membership.KINDS:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from chaos import gpufaults, hosts, ledger, nemesis, net
+from chaos import gpufaults, hosts, ledger, nemesis, net, nodefaults
 from chaos.checker import Violation, check_run
 from chaos.cluster import ChaosCluster, InsecureCluster, ScenarioConfig, SinkFailed
 from chaos.history import JOB_HISTORY
@@ -108,6 +108,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         cluster.submitter.stop(grace_s=cluster_submit_grace())
         players[0].heal_all()
         meta["gpu_repairs"] = gpufaults.repair_all(cluster)
+        meta["uncordons"] = nodefaults.uncordon_all(cluster)
         meta["heal_ns"] = ledger.now_ns()
         meta["heal_wall_ms"] = int(time.time() * 1000)
         quiesce(cluster, meta)
@@ -253,12 +254,14 @@ def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
 
 def save_job_history(cluster: ChaosCluster, path: Path) -> None:
     """Every finished job's attempts as the replicas' history holds them (the final state
-    keeps only each job's last attempt): bind times and outcomes for the checker."""
+    keeps only each job's last attempt): owners, bind times, nodes and outcomes for the
+    checker."""
     jobs = cluster.observer.list_history(limit=HISTORY_LIMIT)
     doc = [
         {
             "job": j.job_id,
             "state": job_state(j).value,
+            "owner": j.owner,
             "reason_code": j.reason_code,
             "requeues": j.requeues,
             "retries_used": j.retries_used,
@@ -269,6 +272,7 @@ def save_job_history(cluster: ChaosCluster, path: Path) -> None:
                     "state": attempt_state(a).value,
                     "bound_at_ms": a.bound_at_ms,
                     "outcome_code": a.outcome_code,
+                    "nodes": list(a.nodes),
                 }
                 for a in j.attempt_list
             ],
