@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import JobSpec, MemberPlacement, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason
 
@@ -87,6 +87,19 @@ class RepairGpus:
     gpus: tuple[int, ...] = ()
     now_ms: int = 0
     actor: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportNodeChecks:
+    """What a node's worker reports of its checks (the leader proposes it when a
+    heartbeat's checks differ from the node's conditions). A failing check is recorded as
+    a condition and cordons a ready node (``status_by`` the check's identity,
+    :data:`~synapse_ha.core.health.CHECK_ACTOR`); a passing one clears its condition, and
+    the node is uncordoned once none is left, if that cordon was the check's own."""
+
+    node_id: str
+    checks: tuple[NodeCheck, ...]
+    now_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +313,7 @@ Command = (
     | MarkNodeDead
     | ReportGpuHealth
     | RepairGpus
+    | ReportNodeChecks
     | SubmitJob
     | CancelJob
     | BindPlan
@@ -322,6 +336,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     MarkNodeDead,
     ReportGpuHealth,
     RepairGpus,
+    ReportNodeChecks,
     SubmitJob,
     CancelJob,
     BindPlan,
