@@ -160,4 +160,4 @@ def test_a_dead_node_that_comes_back_reports_its_checks_afresh() -> None:
     assert n1.status is NodeStatus.READY and n1.conditions == ()
     assert conditions_differ(n1.conditions, (FAILING,))
     report(cl, FAILING)
-    assert n1.status is NodeStatus.CORDONED
+    assert cl.state.nodes["n1"].status is NodeStatus.CORDONED
