@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from synapse_ha.core.model import JobSpec, Resources
+from synapse_ha.core.prestart import Prestart
 
 
 class MemberKey(NamedTuple):
@@ -44,6 +45,7 @@ class LaunchSpec:
     time_limit_ms: int = 0  # 0: no limit
     image: str = ""  # "": the member runs on the host
     resources: Resources = field(default_factory=Resources)
+    prestart: Prestart | None = None  # the job's pre-start check: None, none
 
     @classmethod
     def of(cls, spec: JobSpec) -> LaunchSpec:
@@ -55,6 +57,7 @@ class LaunchSpec:
             time_limit_ms=spec.time_limit_ms,
             image=spec.image,
             resources=spec.resources,
+            prestart=spec.prestart,
         )
 
 

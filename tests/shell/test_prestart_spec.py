@@ -66,3 +66,22 @@ def test_the_state_machine_refuses_what_the_parser_refuses() -> None:
     bad = dataclasses.replace(spec, prestart=Prestart(("a", "b"), True, 60_000))
     fields = [v.field for v in check_job_spec(bad, DEFAULT_TOPOLOGY_LEVELS)]
     assert fields == ["prestart.command"]
+
+
+def test_a_prestart_check_survives_the_wire_to_the_worker() -> None:
+    from synapse_ha.core.desired import DesiredMember, LaunchSpec
+    from synapse_ha.rpc.convert import desired_to_proto, spec_from_proto, spec_to_proto
+    from synapse_ha.worker.agent import desired_from_proto
+
+    for value in ("test -d /data", {"command": ["/opt/check", "-v"], "timeout": "5m"}):
+        spec = parse_job_spec(doc(value)).spec
+        assert spec_from_proto(spec_to_proto(spec)) == spec
+        member = DesiredMember(
+            "job-1", 1, 7, 0, 1, 0, 1, (), "h:1", 29500, ("h",), LaunchSpec.of(spec)
+        )
+        assert desired_from_proto(desired_to_proto(member)).spec.prestart == spec.prestart
+    bare = parse_job_spec({"name": "t", "replicas": 1, "command": "x"}).spec
+    assert spec_from_proto(spec_to_proto(bare)).prestart is None
+    assert not desired_to_proto(
+        DesiredMember("j", 1, 1, 0, 1, 0, 1, (), "h:1", 1, ("h",), LaunchSpec.of(bare))
+    ).prestart_command
