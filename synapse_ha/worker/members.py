@@ -53,7 +53,13 @@ from synapse_ha.worker.accounts import (
 )
 from synapse_ha.worker.cgroups import CgroupLimiter
 from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
-from synapse_ha.worker.launch import container_process, give_to_owner, host_process, member_argv
+from synapse_ha.worker.launch import (
+    container_process,
+    give_to_owner,
+    host_process,
+    member_argv,
+    prestart_record,
+)
 from synapse_ha.worker.member_dirs import (
     EXIT_LOST,
     MemberExit,
@@ -309,6 +315,7 @@ class MemberExecutor:
             "time_limit_ms": desired.spec.time_limit_ms,
             "cgroup_dir": cgroup_dir,
             "self_fencing": self.settings.self_fencing,
+            "prestart": prestart_record(desired, self.settings.base_env, account, mdir),
         }
 
     def _start_supervisor(self, member: Member, launch: dict[str, Any]) -> None:
