@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,7 +78,30 @@ def job_document(job: pb.Job) -> Document:
         "queue": spec.queue or "default",
         "priority_class": spec.priority_class,
         "preemption": preemption_document(job.attempt) if has_attempt else None,
+        "prestart": prestart_document(spec, job.redacted),
     }
+
+
+def prestart_document(spec: pb.JobSpec, redacted: bool) -> Document | None:
+    """The job's pre-start check (null: none); its command is null when withheld."""
+    if not spec.HasField("prestart"):
+        return None
+    p = spec.prestart
+    return {
+        "command": None if redacted else list(p.command),
+        "shell": p.shell,
+        "timeout_ms": p.timeout_ms,
+    }
+
+
+def prestart_text(doc: Mapping[str, Any] | None) -> str | None:
+    """``nvidia-smi -L (timeout 1m)``."""
+    if not doc:
+        return None
+    command = "(withheld)" if doc["command"] is None else shlex.join(doc["command"])
+    if doc["shell"] and doc["command"]:
+        command = doc["command"][0]
+    return f"{command} (timeout {duration_text(doc['timeout_ms'])})"
 
 
 def preemption_document(attempt: pb.Attempt) -> Document | None:
@@ -166,6 +190,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("PREEMPTED", preemption_text(doc["preemption"])),
         ("TOPOLOGY", topology),
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
+        ("PRESTART", prestart_text(doc["prestart"])),
         (
             "SUBMITTED",
             f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",

@@ -169,6 +169,8 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
         del spec.env[:]
         spec.workdir = ""
         spec.image = ""
+        if spec.HasField("prestart"):
+            del spec.prestart.command[:]
         request_id = ""
     msg = pb.Job(
         job_id=job.job_id,
