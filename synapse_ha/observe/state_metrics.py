@@ -4,9 +4,9 @@
 snapshot holds: jobs by state and queue, pending gangs by reason code, nodes by status,
 free and used GPUs by rack, unhealthy GPUs by node and the checks failing on each node.
 It reads one immutable snapshot (``ReplicaSource.snapshot()``: the apply lock is held
-only to copy what changed since the previous snapshot) and derives every gauge from it without any lock; the figures
-(:class:`StateFigures`, a pure function of the state) are cached per applied command, so
-scrapes between two applies cost one comparison.
+only to copy what changed since the previous snapshot) and derives every gauge from it
+without any lock; the figures (:class:`StateFigures`, a pure function of the state) are
+cached per applied command, so scrapes between two applies cost one comparison.
 
 A GPU recorded unhealthy (:mod:`synapse_ha.core.health`) is never free: the scheduler
 does not place on it until an operator repairs it. One that a gang still holds while
