@@ -441,12 +441,12 @@ def _check_events(
     now = {k.name for k in after}
     for k in before:
         if k.name not in now:
-            about = {"node_id": node_id, "detail": f"{k.name} passes"}
+            about: dict[str, object] = {"node_id": node_id, "detail": f"{k.name} passes"}
             events.append((EventKind.NODE_CHECK_PASSED, about))
     for k in after:
         if was.get(k.name) != k.message or k.name not in was:
-            about = {"node_id": node_id, "detail": f"{k.name}: {k.message}"}
-            events.append((EventKind.NODE_CHECK_FAILED, about))
+            failed: dict[str, object] = {"node_id": node_id, "detail": f"{k.name}: {k.message}"}
+            events.append((EventKind.NODE_CHECK_FAILED, failed))
 
 
 def faults_text(faults: tuple[GpuFault, ...], with_detail: bool = True) -> str:
