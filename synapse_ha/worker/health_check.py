@@ -46,8 +46,13 @@ class HealthCheckSettings:
         return bool(self.argv)
 
 
-def run_check(argv: tuple[str, ...], timeout_s: float) -> NodeCheck:
-    """Run the program once, as this agent, and say how it went."""
+def run_check(
+    argv: tuple[str, ...],
+    timeout_s: float,
+    running: Callable[[int | None], None] = lambda pgid: None,
+) -> NodeCheck:
+    """Run the program once, as this agent, and say how it went. ``running`` is told
+    the run's process group while it runs (then None), so that it can be killed."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen(
@@ -60,22 +65,28 @@ def run_check(argv: tuple[str, ...], timeout_s: float) -> NodeCheck:
             )
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return NodeCheck(CHECK_NAME, True, f"cannot run the health check: {exc}"[:256])
+        running(proc.pid)
         code: int | None
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = None
         # Nothing the check started outlives it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc.pid)
         if code is None:
             proc.wait()
+        running(None)
         if code == 0:
             return NodeCheck(CHECK_NAME, False, "")
         out.seek(0)
         err.seek(0)
         message = failure_message(code, timeout_s, out.read(READ_LIMIT), err.read(READ_LIMIT))
         return NodeCheck(CHECK_NAME, True, message)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 class HealthCheck:
@@ -88,7 +99,9 @@ class HealthCheck:
         self,
         settings: HealthCheckSettings,
         changed: Callable[[], None] = lambda: None,
-        run: Callable[[tuple[str, ...], float], NodeCheck] = run_check,
+        run: Callable[[tuple[str, ...], float, Callable[[int | None], None]], NodeCheck] = (
+            run_check
+        ),
     ) -> None:
         self.settings = settings
         self._changed = changed
@@ -96,6 +109,7 @@ class HealthCheck:
         self._result: NodeCheck | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._group: int | None = None  # the run under way's process group
         self.runs = 0
 
     def checks(self) -> tuple[NodeCheck, ...]:
@@ -109,11 +123,21 @@ class HealthCheck:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop running the program; a run under way is left to end within its timeout."""
+        """Stop running the program; a run under way is killed with its process group."""
         self._stop.set()
+        group = self._group
+        if group is not None:
+            _kill_group(group)
+
+    def _running(self, group: int | None) -> None:
+        self._group = group
+        if group is not None and self._stop.is_set():
+            _kill_group(group)
 
     def run_once(self) -> NodeCheck:
-        result = self._run(self.settings.argv, self.settings.timeout_s)
+        result = self._run(self.settings.argv, self.settings.timeout_s, self._running)
+        if self._stop.is_set():
+            return result  # cut short by the stop: not the node's health
         self.runs += 1
         before, self._result = self._result, result
         if result != before:

@@ -13,6 +13,7 @@ from synapse_ha.programs.config_file import ConfigError
 from synapse_ha.programs.worker_config import load_config
 from synapse_ha.worker.check_output import failure_message, first_line
 from synapse_ha.worker.health_check import HealthCheck, HealthCheckSettings, run_check
+from tests.integration.cluster import wait_for
 
 BASE = ["--insecure", "--scheduler", "127.0.0.1:1"]
 
@@ -72,7 +73,7 @@ def test_the_thread_runs_at_start_and_every_interval_and_says_when_it_changed() 
     done = threading.Event()
     calls: list[float] = []
 
-    def run(argv: tuple[str, ...], timeout_s: float) -> NodeCheck:
+    def run(argv: tuple[str, ...], timeout_s: float, running: object) -> NodeCheck:
         calls.append(timeout_s)
         if len(calls) >= 3:
             done.set()
@@ -131,7 +132,7 @@ def test_checks_are_never_run_by_the_agent_thread() -> None:
     # The program runs in a thread of its own: the caller returns at once.
     gate = threading.Event()
 
-    def run(argv: tuple[str, ...], timeout_s: float) -> NodeCheck:
+    def run(argv: tuple[str, ...], timeout_s: float, running: object) -> NodeCheck:
         gate.wait(10)
         return NodeCheck("health-check")
 
@@ -140,3 +141,16 @@ def test_checks_are_never_run_by_the_agent_thread() -> None:
     assert check.checks() == ()
     gate.set()
     check.stop()
+
+
+def test_a_stop_kills_the_run_under_way_and_records_nothing(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    script = f"echo $$ > {pidfile}; sleep 60"
+    check = HealthCheck(HealthCheckSettings(sh(script), 60, 120))
+    check.start()
+    wait_for("the run to start", lambda: pidfile.exists() and pidfile.read_text().strip(), 10)
+    check.stop()
+    assert check._thread is not None
+    check._thread.join(10)
+    assert not check._thread.is_alive()  # the run ended at once, not after its timeout
+    assert check.checks() == () and check.runs == 0
