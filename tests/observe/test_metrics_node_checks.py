@@ -24,3 +24,18 @@ def test_a_failing_check_is_a_series_of_its_node_until_it_passes() -> None:
     passing = NodeCheck("health-check", False)
     assert cluster.do(c.ReportNodeChecks("a1", (passing,), cluster.now)).ok
     assert FAILING not in samples(metrics.registry)
+
+
+def test_the_dashboards_node_title_names_its_failing_checks_escaped() -> None:
+    from synapse_ha.observe.pages import render_node_map
+    from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+    node = pb.Node(
+        node_id="w1",
+        status="cordoned",
+        capacity=pb.Resources(gpu=2),
+        conditions=[pb.NodeCondition(name="health-check", message="<b>/data</b> missing")],
+    )
+    page = render_node_map([node])
+    assert "failing: health-check: &lt;b&gt;/data&lt;/b&gt; missing" in page
+    assert "<b>" not in page
