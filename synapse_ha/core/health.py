@@ -106,8 +106,3 @@ def conditions_differ(conditions: tuple[NodeCondition, ...], checks: tuple[NodeC
     if any(recorded.get(name) != message for name, message in failing.items()):
         return True
     return any(name in recorded for name in passing)
-
-
-def describe_conditions(conditions: tuple[NodeCondition, ...]) -> str:
-    """``health-check: disk /scratch full``."""
-    return "; ".join(f"{c.name}: {c.message}" if c.message else c.name for c in conditions)
