@@ -61,7 +61,9 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
 
 A job also has ``queue`` (str), ``priority_class`` (str, "" for a plain number) and
 ``preemption``: null, or ``{preempted_by, kind, deadline_ms}`` while its attempt is being
-preempted (kind reclaim or priority; deadline_ms: when its members are killed).
+preempted (kind reclaim or priority; deadline_ms: when its members are killed), and
+``progress``: null, or ``{timeout_ms, source}`` when its members are stopped as hung
+after ``timeout_ms`` without progress (source file or log).
 
 ``explain``: ``{id, state, explanation, reason_code, reason, attempt, fencing_token,
 members, queue, preemption}`` (``reason_code`` is the explanation's code) where

@@ -42,6 +42,7 @@ def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
         "jobs": status.jobs,
         "pending_jobs": status.pending_jobs,
         "running_jobs": status.running_jobs,
+        "format_floor": status.format_floor,
         "replicas": replicas,
     }
 
@@ -55,6 +56,7 @@ def cluster_table(doc: Mapping[str, Any]) -> str:
         f"leader:  {terminal_safe(leader)}",
         f"nodes:   {doc['nodes']}    jobs: {doc['jobs']} "
         f"({doc['pending_jobs']} pending, {doc['running_jobs']} running)",
+        *_format_line(doc),
         "",
     ]
     rows = [
@@ -75,3 +77,20 @@ def cluster_table(doc: Mapping[str, Any]) -> str:
     headers = ["REPLICA", "ROLE", "TERM", "COMMIT", "APPLIED", "HEALTHY", "ADDRESS"]
     headers += ["METRICS", "DASHBOARD", "ERROR"]
     return "\n".join(head) + table(rows, headers)
+
+
+def _format_line(doc: Mapping[str, Any]) -> list[str]:
+    """The cluster's format, and the replicas that hold it back when they read older."""
+    floor = doc.get("format_floor") or 0
+    if not floor:
+        return []
+    newest = max((r["format_version"] for r in doc["replicas"]), default=floor)
+    if newest <= floor:
+        return [f"format:  {floor} (every replica reads it)"]
+    behind = [r["id"] for r in doc["replicas"] if r["format_version"] < newest]
+    waits = (
+        f"waits for {terminal_safe(', '.join(behind))}"
+        if behind
+        else "the leader raises it shortly"
+    )
+    return [f"format:  {floor}; format {newest} {waits}"]

@@ -20,6 +20,7 @@ from synapse_ha.cli.render import (
 from synapse_ha.cli.render_nodes import topology_document, topology_path
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
 from synapse_ha.core.model import JobState
+from synapse_ha.core.progress import SOURCE_LOG
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -78,8 +79,19 @@ def job_document(job: pb.Job) -> Document:
         "queue": spec.queue or "default",
         "priority_class": spec.priority_class,
         "preemption": preemption_document(job.attempt) if has_attempt else None,
+        "progress": {"timeout_ms": spec.progress.timeout_ms, "source": spec.progress.source}
+        if spec.HasField("progress")
+        else None,
         "prestart": prestart_document(spec, job.redacted),
     }
+
+
+def progress_text(doc: Mapping[str, Any] | None) -> str | None:
+    """``30m without a touch of $SYNAPSE_PROGRESS_FILE`` (or ``of output``)."""
+    if not doc:
+        return None
+    what = "output" if doc["source"] == SOURCE_LOG else "a touch of $SYNAPSE_PROGRESS_FILE"
+    return f"{duration_text(doc['timeout_ms'])} without {what}"
 
 
 def prestart_document(spec: pb.JobSpec, redacted: bool) -> Document | None:
@@ -190,6 +202,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("PREEMPTED", preemption_text(doc["preemption"])),
         ("TOPOLOGY", topology),
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
+        ("HANG AFTER", progress_text(doc["progress"])),
         ("PRESTART", prestart_text(doc["prestart"])),
         (
             "SUBMITTED",

@@ -191,6 +191,10 @@ class ClusterConfig:
     # and is cordoned after this many such failures in a row (0: never cordoned for it).
     unfit_backoff_ms: int = 600_000
     cordon_after_start_failures: int = 3
+    # Keep an ended attempt's resources (and GPUs) reserved until each member is
+    # confirmed stopped or its node is declared dead, instead of freeing them when the
+    # attempt ends (DESIGN §4). Needs format 3 on every replica (core/formats.py).
+    hold_until_stopped: bool = False
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

@@ -35,15 +35,16 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "gpu_drain_threshold",
             "unfit_backoff_ms",
             "cordon_after_start_failures",
+            "hold_until_stopped",
         }
     ),
     # Per-identity limits and authorised priority (DESIGN §8).
     Queue: frozenset({"max_priority"}),
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
-    JobSpec: frozenset({"queue", "priority_class", "prestart"}),
-    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms"}),
-    ClusterState: frozenset({"queues", "queue_history"}),
+    JobSpec: frozenset({"queue", "priority_class", "progress", "prestart"}),
+    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
+    ClusterState: frozenset({"queues", "queue_history", "format_floor"}),
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset({"lost_attempt"}),
     # GPU health (DESIGN §4).

@@ -90,6 +90,16 @@ class RepairGpus:
 
 
 @dataclass(frozen=True, slots=True)
+class RaiseFormat:
+    """Every replica (``replicas``, as the leader heard them) reads format ``version``:
+    commands may now use what it added (core/formats.py). Never lowers the floor."""
+
+    version: int
+    replicas: tuple[str, ...] = ()
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ReportNodeChecks:
     """What a node's worker reports of its checks (the leader proposes it when a
     heartbeat's checks differ from the node's conditions). A failing check is recorded as
@@ -158,8 +168,10 @@ class ExitCause(enum.StrEnum):
     ``PROGRAM``: the member's own exit (its code is the job's doing). ``FENCED``: its
     worker killed it because the lease ran out or the leader forgot the node. ``LOST``:
     its worker killed or lost it for a reason of its own (agent restart or shutdown, its
-    supervisor gone). Only ``PROGRAM`` exits count against ``retries.max``; the others
-    are disruptions and requeue the gang (DESIGN §4).
+    supervisor gone). ``HUNG``: its worker stopped it because it made no progress for
+    its job's ``progress.timeout`` (:mod:`synapse_ha.core.progress`). Only ``PROGRAM``
+    and ``HUNG`` exits count against ``retries.max``; the others are disruptions and
+    requeue the gang (DESIGN §4).
     """
 
     PROGRAM = "program"
@@ -168,10 +180,12 @@ class ExitCause(enum.StrEnum):
     # The node could not start it (no account for the owner, runtime or image missing,
     # cgroup setup failed, a GPU it cannot see): the node's fault, never the job's.
     NODE_CANNOT_RUN = "node_cannot_run"
+    # No progress for the job's progress timeout: the program's failure, not a disruption.
+    HUNG = "hung"
 
     @property
     def disruption(self) -> bool:
-        return self is not ExitCause.PROGRAM
+        return self is not ExitCause.PROGRAM and self is not ExitCause.HUNG
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +327,7 @@ Command = (
     | MarkNodeDead
     | ReportGpuHealth
     | RepairGpus
+    | RaiseFormat
     | ReportNodeChecks
     | SubmitJob
     | CancelJob
@@ -336,6 +351,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     MarkNodeDead,
     ReportGpuHealth,
     RepairGpus,
+    RaiseFormat,
     ReportNodeChecks,
     SubmitJob,
     CancelJob,

@@ -35,8 +35,10 @@ class MemberKey(NamedTuple):
 class LaunchSpec:
     """The part of a job's spec its members are launched with, the same for every member
     of the gang: the command (a string under ``/bin/sh -c`` when ``shell``, else an
-    argv), the job's variables, its working directory, time limit and image, and one
-    member's ``resources`` (the CPU and memory limits its launcher enforces)."""
+    argv), the job's variables, its working directory, time limit and image, one
+    member's ``resources`` (the CPU and memory limits its launcher enforces), and its
+    hang detection (``progress_timeout_ms``, 0: none; ``progress_source``, see
+    :mod:`synapse_ha.core.progress`)."""
 
     command: tuple[str, ...]
     shell: bool = True
@@ -45,6 +47,8 @@ class LaunchSpec:
     time_limit_ms: int = 0  # 0: no limit
     image: str = ""  # "": the member runs on the host
     resources: Resources = field(default_factory=Resources)
+    progress_timeout_ms: int = 0  # 0: no hang detection
+    progress_source: str = ""  # "" with no hang detection, else a progress source
     prestart: Prestart | None = None  # the job's pre-start check: None, none
 
     @classmethod
@@ -57,6 +61,8 @@ class LaunchSpec:
             time_limit_ms=spec.time_limit_ms,
             image=spec.image,
             resources=spec.resources,
+            progress_timeout_ms=spec.progress.timeout_ms if spec.progress else 0,
+            progress_source=spec.progress.source if spec.progress else "",
             prestart=spec.prestart,
         )
 

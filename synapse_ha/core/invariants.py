@@ -55,6 +55,8 @@ def check(state: ClusterState) -> list[str]:
             problems += _holding_problems(state, job_id, job, held)
         elif attempt is not None and attempt.ended_at_ms is None:
             problems.append(f"{job_id}: {job.state.value} but attempt {attempt.number} never ended")
+        if attempt is not None and attempt.held:
+            problems += _held_problems(state, job_id, job, held)
     problems += _token_problems(tokens)
     problems += _node_problems(state, held)
     problems += _bookkeeping_problems(state)
@@ -152,6 +154,35 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
         and any(s.state is not MemberState.BOUND for s in attempt.member_status)
     ):
         problems.append(f"{job_id}: SCHEDULED but a member already started")
+    return problems
+
+
+def _held_problems(state: ClusterState, job_id: str, job: Job, held: _Holdings) -> list[str]:
+    """An ended attempt's ranks still held (``hold_until_stopped``): members not yet
+    confirmed stopped, on live nodes; what they hold is added to ``held``."""
+    attempt = job.attempt
+    assert attempt is not None
+    if attempt.ended_at_ms is None:
+        return [f"{job_id}: attempt {attempt.number} is live but holds ranks of an ended one"]
+    problems = []
+    if list(attempt.held) != sorted(set(attempt.held)):
+        problems.append(f"{job_id}: held ranks {list(attempt.held)} not sorted and distinct")
+    for rank in attempt.held:
+        if not 0 <= rank < len(attempt.members):
+            problems.append(f"{job_id}: held rank {rank} is not a rank of the attempt")
+            continue
+        member = attempt.members[rank]
+        node = state.nodes.get(member.node_id)
+        if attempt.member_status[rank].state is MemberState.EXITED:
+            problems.append(f"{job_id}: rank {rank} confirmed stopped but still held")
+        if node is None or node.status is NodeStatus.DEAD:
+            problems.append(f"{job_id}: held rank {rank} is on a missing or dead node")
+            continue
+        held.resources[member.node_id] = held.resources[member.node_id] + job.spec.resources
+        clash = held.gpus[member.node_id] & set(member.gpus)
+        if clash:
+            problems.append(f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked")
+        held.gpus[member.node_id].update(member.gpus)
     return problems
 
 

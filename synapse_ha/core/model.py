@@ -24,6 +24,7 @@ from synapse_ha.core.cluster_config import (
 )
 from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.prestart import Prestart
+from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
 # --------------------------------------------------------------------------- enums
@@ -221,6 +222,7 @@ class JobSpec:
     image: str = ""
     queue: str = DEFAULT_QUEUE
     priority_class: str = ""  # "" : no class; ``priority`` is then the number given
+    progress: Progress | None = None  # None: no hang detection (core/progress.py)
     prestart: Prestart | None = None  # run on each member's node before the member
 
 
@@ -256,6 +258,9 @@ class Attempt:
     preempted_by: str = ""
     preemption: PreemptionKind | None = None
     preempt_deadline_ms: int = 0
+    # Ranks of this ended attempt whose resources are still reserved on their nodes until
+    # they are confirmed stopped (ClusterConfig.hold_until_stopped), in rank order.
+    held: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +373,8 @@ class ClusterState:
     queues: dict[str, Queue] = field(default_factory=lambda: {DEFAULT_QUEUE: Queue(DEFAULT_QUEUE)})
     # queue name -> decayed usage of its ended attempts (fair share); sorted by name.
     queue_history: dict[str, QueueHistory] = field(default_factory=dict)
+    # The newest format every replica reads (core/formats.py): what a command may use.
+    format_floor: int = 2
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order."""

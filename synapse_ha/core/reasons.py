@@ -38,6 +38,7 @@ class ReasonCode(enum.StrEnum):
     NODE_DEAD = "node_dead"  # node, detail
     GPU_UNHEALTHY = "gpu_unhealthy"  # node, gpus, code: a GPU the attempt held failed
     NODE_CANNOT_RUN = "node_cannot_run"  # rank, node, exit_code, detail
+    MEMBER_HUNG = "member_hung"  # rank, node, exit_code, timeout_ms, detail
     START_TIMEOUT = "start_timeout"  # ranks, nodes, timeout_ms
     TIME_LIMIT = "time_limit"  # limit_ms
     CANCELLED_BY = "cancelled_by"  # text
@@ -45,7 +46,8 @@ class ReasonCode(enum.StrEnum):
 
     # -- pending
     PENDING_FIRST_PASS = "pending_first_pass"
-    WAITING_CAPACITY = "waiting_capacity"  # members, request, level?, room, domain?, images?
+    # members, request, level?, room, domain?, images?, unhealthy?
+    WAITING_CAPACITY = "waiting_capacity"
     WAITING_SHAPE = "waiting_shape"  # as WAITING_CAPACITY
     WAITING_LOCALITY = "waiting_locality"  # members, request, level, room?, domain?, wait_ms
     RESERVED_FOR_OTHER = "reserved_for_other"  # members, request, holder, start_in_ms?
@@ -74,6 +76,7 @@ class ReasonCode(enum.StrEnum):
     FAILED_EXIT = "failed_exit"  # attempt, retries; cause
     FAILED_START_TIMEOUT = "failed_start_timeout"  # attempt, retries; cause
     FAILED_ATTEMPT = "failed_attempt"  # attempt, retries; cause (any other failure)
+    FAILED_HUNG = "failed_hung"  # attempt, retries; cause (a MEMBER_HUNG outcome)
     FAILED_TIME_LIMIT = "failed_time_limit"  # limit_ms
     FAILED_MAX_REQUEUES = "failed_max_requeues"  # attempt, requeues, max_requeues; cause
     CANCELLED = "cancelled"  # text
@@ -117,6 +120,7 @@ WAIT_CODES = frozenset(
 FAILURE_CODES: dict[ReasonCode, ReasonCode] = {
     ReasonCode.MEMBER_EXITED: ReasonCode.FAILED_EXIT,
     ReasonCode.START_TIMEOUT: ReasonCode.FAILED_START_TIMEOUT,
+    ReasonCode.MEMBER_HUNG: ReasonCode.FAILED_HUNG,
 }
 
 
@@ -170,6 +174,7 @@ _JOB_TEXT: dict[ReasonCode, str] = {
     ReasonCode.MEMBER_FENCED: "detail",
     ReasonCode.MEMBER_LOST: "detail",
     ReasonCode.NODE_CANNOT_RUN: "detail",
+    ReasonCode.MEMBER_HUNG: "detail",
     ReasonCode.CANCELLED_BY: "text",
     ReasonCode.CANCELLED: "text",
 }
@@ -213,6 +218,21 @@ def _seconds(ms: int) -> str:
     return f"{ms / 1000:g}s"
 
 
+def _duration(ms: int) -> str:
+    """``30m``, ``2h``, ``1h30m``, ``45s``: whole units where they divide."""
+    if ms % 1000:
+        return _seconds(ms)
+    seconds = ms // 1000
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [
+        f"{hours}h" if hours else "",
+        f"{minutes}m" if minutes else "",
+        f"{secs}s" if secs else "",
+    ]
+    return "".join(parts) or "0s"
+
+
 def _need(r: Reason) -> str:
     level = r.text("level")
     where = f" in one {level}" if level else ""
@@ -228,6 +248,11 @@ def _have(r: Reason) -> str:
     )
     if r.has("images"):
         have += " (only nodes that run container images qualify)"
+    if r.has("unhealthy"):
+        have += (
+            f"; {r.num('unhealthy')} unhealthy GPU(s) are left out until repaired "
+            "(synctl nodes, column UNHEALTHY)"
+        )
     return have
 
 
@@ -245,6 +270,19 @@ def _member(r: Reason, what: str) -> str:
     detail = r.text("detail")
     return f"rank {r.num('rank')} on {r.text('node')} {what} {r.num('exit_code')}" + (
         f": {detail}" if detail else ""
+    )
+
+
+def _hung(r: Reason) -> str:
+    """``rank 0 on n1 hung and was stopped, code 143: no progress for 30m (...)``; without
+    the worker's detail, the timeout it broke."""
+    who = f"rank {r.num('rank')} on {r.text('node')}"
+    detail = r.text("detail")
+    if detail:
+        return f"{who} hung and was stopped, code {r.num('exit_code')}: {detail}"
+    return (
+        f"{who} hung: no progress for {_duration(r.num('timeout_ms'))} (progress.timeout); "
+        f"stopped, code {r.num('exit_code')}"
     )
 
 
@@ -269,6 +307,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ),
     ReasonCode.MEMBER_LOST: lambda r: _member(r, "was lost by its worker, code"),
     ReasonCode.NODE_CANNOT_RUN: lambda r: _member(r, "could not be started by its node, code"),
+    ReasonCode.MEMBER_HUNG: lambda r: _hung(r),
     ReasonCode.NODE_DEAD: lambda r: (
         f"node {r.text('node')} was declared dead"
         + (f" ({r.text('detail')})" if r.text("detail") else "")
@@ -333,6 +372,10 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ),
     ReasonCode.FAILED_ATTEMPT: lambda r: (
         f"attempt {r.num('attempt')} failed ({_cause(r)}); {r.num('retries')} retries used"
+    ),
+    ReasonCode.FAILED_HUNG: lambda r: (
+        f"attempt {r.num('attempt')} failed: a member hung ({_cause(r)}); "
+        f"{r.num('retries')} retries used"
     ),
     ReasonCode.FAILED_TIME_LIMIT: lambda r: f"time limit of {r.num('limit_ms') // 1000}s exceeded",
     ReasonCode.FAILED_MAX_REQUEUES: lambda r: (

@@ -22,6 +22,7 @@ from typing import Any
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
 from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
+from synapse_ha.core.progress import SOURCE_FILE, Progress
 from synapse_ha.core.validation import (
     MAX_CPU_MILLI,
     MAX_MEMORY_MIB,
@@ -46,6 +47,7 @@ _TOP_FIELDS = frozenset(
         "request_id",
         "image",
         "queue",
+        "progress",
         "prestart",
     }
 )
@@ -53,6 +55,7 @@ _PRESTART_FIELDS = frozenset({"command", "timeout"})
 _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
 _TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
 _RETRY_FIELDS = frozenset({"max", "backoff", "max_backoff"})
+_PROGRESS_FIELDS = frozenset({"timeout", "source"})
 
 _MEMORY_UNITS_MIB: dict[str, float] = {
     "Ki": 1 / 1024,
@@ -255,6 +258,7 @@ def parse_job_spec(
         image=_string(doc.get("image", ""), "image"),
         queue=_string(doc.get("queue", DEFAULT_QUEUE), "queue"),
         priority_class=priority_class,
+        progress=_progress(doc["progress"]) if "progress" in doc else None,
         prestart=_prestart(doc["prestart"]) if "prestart" in doc else None,
     )
     request_id = _string(doc.get("request_id", ""), "request_id")
@@ -335,6 +339,18 @@ def _retries(value: object) -> RetryPolicy:
         max_backoff_ms=parse_duration(doc["max_backoff"], "retries.max_backoff")
         if "max_backoff" in doc
         else defaults.max_backoff_ms,
+    )
+
+
+def _progress(value: object) -> Progress:
+    """``progress:``: hang detection, ``{timeout: 30m}`` or ``{timeout: 30m, source: log}``
+    (the source is ``file`` where absent); the limits are the rule set's."""
+    doc = _mapping(value, "progress", _PROGRESS_FIELDS)
+    if "timeout" not in doc:
+        raise SpecError("progress.timeout", "is required", ViolationCode.REQUIRED)
+    return Progress(
+        timeout_ms=parse_duration(doc["timeout"], "progress.timeout"),
+        source=_string(doc.get("source", SOURCE_FILE), "progress.source"),
     )
 
 

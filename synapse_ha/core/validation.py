@@ -37,6 +37,9 @@ from synapse_ha.core.health import (
 )
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 from synapse_ha.core.prestart import MAX_PRESTART_TIMEOUT_MS, Prestart
+from synapse_ha.core.progress import SOURCE_LOG as PROGRESS_SOURCE_LOG
+from synapse_ha.core.progress import SOURCES as PROGRESS_SOURCES
+from synapse_ha.core.progress import Progress
 
 # ------------------------------------------------------------------------- limits
 
@@ -73,6 +76,8 @@ MAX_PRIORITY = 1_000_000
 MAX_TIME_LIMIT_MS = 366 * 24 * 3600 * 1000
 MAX_RETRIES = 1000
 MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
+MIN_PROGRESS_TIMEOUT_MS = 10 * 1000
+MAX_PROGRESS_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 MAX_ENV = 1024
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_PATH = 4096
@@ -182,8 +187,36 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
     problem = _name_problem(spec.priority_class) if spec.priority_class else ""
     if problem:
         out.append(invalid("priority", f"{spec.priority_class!r}: a class name is {problem}"))
+    out.extend(_check_progress(spec.progress, has_image=bool(spec.image)))
     if spec.prestart is not None:
         out.extend(_check_prestart(spec.prestart))
+    return out
+
+
+def _check_progress(progress: Progress | None, *, has_image: bool) -> list[Violation]:
+    """``progress:`` (hang detection): a timeout of 10s to 7d, a known source; a job with
+    an image reads its progress from its output, since the progress file is the host's
+    and is not mounted into its containers."""
+    if progress is None:
+        return []
+    out = []
+    if not MIN_PROGRESS_TIMEOUT_MS <= progress.timeout_ms <= MAX_PROGRESS_TIMEOUT_MS:
+        out.append(invalid("progress.timeout", "must be between 10s and 7d"))
+    if progress.source not in PROGRESS_SOURCES:
+        out.append(
+            invalid(
+                "progress.source",
+                f"{progress.source!r} is not a progress source (allowed: "
+                f"{', '.join(PROGRESS_SOURCES)})",
+            )
+        )
+    elif has_image and progress.source != PROGRESS_SOURCE_LOG:
+        out.append(
+            invalid(
+                "progress.source",
+                "must be log for a job with an image (its containers have no progress file)",
+            )
+        )
     return out
 
 

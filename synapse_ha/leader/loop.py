@@ -42,12 +42,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode, PriorityClass, Timeouts
+from synapse_ha.core.cluster_config import Timeouts
+from synapse_ha.core.formats import held_back_config
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
 from synapse_ha.core.views import due_start_timeouts, due_time_limits
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
+from synapse_ha.leader.scheduling import SchedulingSettings
 
 
 def _marked(state: ClusterState, preemptor: str) -> bool:
@@ -148,59 +150,6 @@ class _InFlight:
 
     def result(self) -> cmd.Result | None:
         return self.future.result() if self.future.done() and self.error() is None else None
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulingSettings:
-    """Replicated settings a replica is configured with (TOML ``[scheduling]``,
-    ``[limits]`` and ``[raft] compact_state``); None leaves the replicated value as it is.
-    ``limits`` names only the limits the file sets (``synctl config set`` changes the
-    others)."""
-
-    priority_classes: tuple[PriorityClass, ...] | None = None
-    preemption: PreemptionMode | None = None
-    fair_share_half_life_ms: int | None = None
-    max_requeues: int | None = None
-    compact_state: bool | None = None
-    start_timeout_ms: int | None = None
-    limits: tuple[tuple[str, int], ...] = ()
-    gpu_drain_threshold: int | None = None
-    unfit_backoff_ms: int | None = None
-    cordon_after_start_failures: int | None = None
-
-    @property
-    def pinned_limits(self) -> frozenset[str]:
-        """The names of the limits this replica puts back when it leads."""
-        return frozenset(name for name, _ in self.limits)
-
-    def applied_to(self, config: ClusterConfig) -> ClusterConfig:
-        if self.limits:
-            config = replace(config, limits=replace(config.limits, **dict(self.limits)))
-        config = replace(
-            config,
-            gpu_drain_threshold=_given(self.gpu_drain_threshold, config.gpu_drain_threshold),
-            unfit_backoff_ms=_given(self.unfit_backoff_ms, config.unfit_backoff_ms),
-            cordon_after_start_failures=_given(
-                self.cordon_after_start_failures, config.cordon_after_start_failures
-            ),
-        )
-        if self.start_timeout_ms is not None:
-            config = replace(config, start_timeout_ms=self.start_timeout_ms)
-        if self.compact_state is not None:
-            config = replace(config, compact_state=self.compact_state)
-        if self.max_requeues is not None:
-            config = replace(config, max_requeues=self.max_requeues)
-        if self.priority_classes is not None:
-            config = replace(config, priority_classes=self.priority_classes)
-        if self.preemption is not None:
-            config = replace(config, preemption=self.preemption)
-        if self.fair_share_half_life_ms is not None:
-            config = replace(config, fair_share_half_life_ms=self.fair_share_half_life_ms)
-        return config
-
-
-def _given(value: int | None, current: int) -> int:
-    return current if value is None else value
 
 
 class LeaderLoop:
@@ -402,6 +351,8 @@ class LeaderLoop:
             wanted = replace(wanted, locality_wait_ms=self._desired_locality_wait_ms)
         if self._desired_scheduling is not None:
             wanted = self._desired_scheduling.applied_to(wanted)
+        # What not every replica reads yet waits for the format gate (core/formats.py).
+        wanted = held_back_config(wanted, state.config, state.format_floor)
         if wanted == state.config:
             return ""
         if self._configure is not None:

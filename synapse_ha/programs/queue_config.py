@@ -6,6 +6,7 @@ by the rule sets the state machine applies."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from synapse_ha.core.cluster_config import (
     PriorityClass,
 )
 from synapse_ha.core.validation import check_priority_classes
-from synapse_ha.leader.loop import SchedulingSettings
+from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs.config_file import ConfigError, duration_ms
 from synapse_ha.programs.settings import Inputs, setting
 
@@ -154,6 +155,23 @@ CORDON_AFTER_START_FAILURES = setting(
     type=int,
     help="cordon a node after this many members in a row it could not start (default 3; 0: never)",
 )
+
+
+def _hold_until_stopped(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"scheduling.hold_until_stopped must be true or false, got {value!r}")
+    return value
+
+
+HOLD_UNTIL_STOPPED = setting(
+    "--hold-until-stopped",
+    "scheduling.hold_until_stopped",
+    check=_hold_until_stopped,
+    action=argparse.BooleanOptionalAction,
+    help="keep an ended gang's GPUs reserved until each member is confirmed stopped or "
+    "its node declared dead (replicated; applied once every replica reads format 3). "
+    "Left as replicated when not given",
+)
 SCHEDULING = (
     LOCALITY_WAIT,
     PRIORITY_CLASS,
@@ -164,6 +182,7 @@ SCHEDULING = (
     GPU_DRAIN_THRESHOLD,
     UNFIT_BACKOFF,
     CORDON_AFTER_START_FAILURES,
+    HOLD_UNTIL_STOPPED,
 )
 
 
@@ -180,6 +199,7 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         gpu_drain_threshold=inputs.value(GPU_DRAIN_THRESHOLD),
         unfit_backoff_ms=inputs.value(UNFIT_BACKOFF),
         cordon_after_start_failures=inputs.value(CORDON_AFTER_START_FAILURES),
+        hold_until_stopped=inputs.value(HOLD_UNTIL_STOPPED),
     )
 
 

@@ -40,6 +40,7 @@ from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, token_hash
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
+from synapse_ha.rpc.server.format_gate import FormatGate
 from synapse_ha.rpc.stream import StreamFirstNudger, StreamServer
 from synapse_ha.security.grants import GrantClaims, sign_grant
 from synapse_ha.security.tls import INSECURE_WARNING, Transport, peer_identity
@@ -140,6 +141,12 @@ class Replica:
         )
         self.streams = self._stream_server()
         self._driver = threading.Thread(target=self._drive, name="leader-loop", daemon=True)
+        self._format_gate = threading.Thread(
+            target=FormatGate(self.context).run,
+            args=(self.stopping,),
+            name="format-gate",
+            daemon=True,
+        )
         self.observe: ObserveServer | None = None
         if config.metrics_address:
             self._serve_observe(config.metrics_address)
@@ -293,6 +300,7 @@ class Replica:
             self.observe.start()
             log.info("metrics at %s, dashboard at %s/", self.observe.metrics_url, self.observe.url)
         self._driver.start()
+        self._format_gate.start()
         log.info(
             "replica %s started: raft %s, grpc %s, data %s",
             self.config.replica_id,
@@ -361,6 +369,7 @@ class Replica:
             self.streams.stop()
         self.server.stop(grace=1.0).wait(2.0)
         self._driver.join(timeout=2.0)
+        self._format_gate.join(timeout=2.0)
         if self.observe is not None:
             self.observe.stop()
             self.dashboard.close()

@@ -50,7 +50,7 @@ from synapse_ha.core.access import split_token
 from synapse_ha.core.cluster_config import LOCALITY_WAIT_MS, Timeouts
 from synapse_ha.core.validation import check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY
-from synapse_ha.leader.loop import SchedulingSettings
+from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs.config_file import ConfigError, address, duration_ms
 from synapse_ha.programs.queue_config import LOCALITY_WAIT, SCHEDULING, scheduling_settings
 from synapse_ha.programs.settings import (

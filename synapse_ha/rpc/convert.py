@@ -26,6 +26,7 @@ from synapse_ha.core.model import (
     Token,
 )
 from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
+from synapse_ha.core.progress import SOURCE_FILE, Progress
 from synapse_ha.core.queue_usage import QueueUsage
 from synapse_ha.core.reasons import render, withheld
 from synapse_ha.core.spec import SpecError
@@ -72,6 +73,9 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         image=msg.image,
         queue=msg.queue or DEFAULT_QUEUE,
         priority_class=msg.priority_class,
+        progress=Progress(msg.progress.timeout_ms, msg.progress.source or SOURCE_FILE)
+        if msg.HasField("progress")
+        else None,
         retries=RetryPolicy(
             max_retries=retries.max,
             backoff_ms=retries.backoff_ms or defaults.backoff_ms,
@@ -109,6 +113,10 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             max_backoff_ms=spec.retries.max_backoff_ms,
         ),
     )
+    if spec.progress is not None:
+        msg.progress.CopyFrom(
+            pb.Progress(timeout_ms=spec.progress.timeout_ms, source=spec.progress.source)
+        )
     if spec.prestart is not None:
         p = spec.prestart
         msg.prestart.CopyFrom(
@@ -270,6 +278,7 @@ _EXIT_CAUSES = {
     pb.MemberReport.FENCED: cmd.ExitCause.FENCED,
     pb.MemberReport.LOST: cmd.ExitCause.LOST,
     pb.MemberReport.NODE_CANNOT_RUN: cmd.ExitCause.NODE_CANNOT_RUN,
+    pb.MemberReport.HUNG: cmd.ExitCause.HUNG,
 }
 
 
@@ -322,6 +331,8 @@ def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
         cpu_milli=d.spec.resources.cpu_milli,
         memory_mib=d.spec.resources.memory_mib,
         owner=d.owner,
+        progress_timeout_ms=d.spec.progress_timeout_ms,
+        progress_source=d.spec.progress_source,
         # A member of an ended attempt never reported running travels as preempted with
         # no grace: the worker never starts it and confirms with an immediate exit.
         preemption=ENDED_ATTEMPT if d.ended else "",

@@ -144,6 +144,8 @@ def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
             time_limit_ms=d.time_limit_ms,
             image=d.image,
             resources=Resources(d.cpu_milli, d.memory_mib, len(d.gpus)),
+            progress_timeout_ms=d.progress_timeout_ms,
+            progress_source=d.progress_source,
             prestart=Prestart(tuple(d.prestart_command), d.prestart_shell, d.prestart_timeout_ms)
             if d.prestart_command
             else None,
@@ -157,8 +159,9 @@ def _report(
 ) -> pb.MemberReport:
     """A report for the control plane. An exit the worker caused is FENCED (``fenced``:
     the lease was lost or the leader forgot this node) or LOST (any other disruption); a
-    member this node could not start is NODE_CANNOT_RUN; only a PROGRAM exit counts
-    against the job's retries."""
+    member this node could not start is NODE_CANNOT_RUN; a member its supervisor stopped
+    for making no progress is HUNG. Only PROGRAM and HUNG exits count against the job's
+    retries."""
     cause = pb.MemberReport.PROGRAM
     if fenced:
         cause = pb.MemberReport.FENCED
@@ -166,6 +169,8 @@ def _report(
         cause = pb.MemberReport.NODE_CANNOT_RUN
     elif exit_ is not None and exit_.disrupted:
         cause = pb.MemberReport.LOST
+    elif exit_ is not None and exit_.hung:
+        cause = pb.MemberReport.HUNG
     return pb.MemberReport(
         job_id=key.job_id,
         fencing_token=key.fencing_token,

@@ -17,6 +17,8 @@ from synapse_ha.worker.accounts import Account, owner_environment
 
 # The variable naming the file a preempted member finds its notice in (docs/queues.md).
 PREEMPT_FILE_ENV = "SYNAPSE_PREEMPT_FILE"
+# The file a member of a job with hang detection touches to show progress (docs/cli.md).
+PROGRESS_FILE_ENV = "SYNAPSE_PROGRESS_FILE"
 
 
 def member_environment(

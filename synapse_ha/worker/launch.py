@@ -18,16 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.progress import SOURCE_FILE, SOURCE_LOG
 from synapse_ha.core.validation import image_reference_problem
 from synapse_ha.worker import shim
 from synapse_ha.worker.accounts import Account
-from synapse_ha.worker.environment import PREEMPT_FILE_ENV, member_environment
+from synapse_ha.worker.environment import PREEMPT_FILE_ENV, PROGRESS_FILE_ENV, member_environment
 from synapse_ha.worker.images import (
     ContainerFiles,
     ImageRuntime,
     NoImageRuntime,
     container_environment,
 )
+from synapse_ha.worker.progress import PROGRESS_FILE
 
 
 def command_argv(member: DesiredMember) -> list[str]:
@@ -69,14 +71,51 @@ def member_argv(
     return argv
 
 
-def give_to_owner(member_dir: Path, log_path: Path, account: Account) -> None:
-    """The output log becomes the owner's alone (0600); the member directory stays the
-    agent's, and the owner's group may enter it but not list or change it (0710): the
-    member reaches its ``$SYNAPSE_PREEMPT_FILE`` there, while the launch record and the
-    pid and exit records stay the agent's alone (0600), and nothing in the directory is
-    the member's to replace."""
-    os.chown(log_path, account.uid, account.gid, follow_symlinks=False)
-    os.chmod(log_path, 0o600)
+def progress_file(member: DesiredMember, member_dir: Path) -> Path | None:
+    """The member's ``$SYNAPSE_PROGRESS_FILE`` when its job has hang detection, else None."""
+    return member_dir / PROGRESS_FILE if member.spec.progress_timeout_ms > 0 else None
+
+
+def create_progress_file(member: DesiredMember, member_dir: Path) -> Path | None:
+    """Create the member's ``$SYNAPSE_PROGRESS_FILE`` empty (its modification time is
+    the member's start until the member touches it) when its job has hang detection;
+    its path, or None."""
+    path = progress_file(member, member_dir)
+    if path is not None:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    return path
+
+
+def progress_fields(
+    desired: DesiredMember, log_path: Path, progress_path: Path | None
+) -> dict[str, Any]:
+    """The launch record's hang detection (:mod:`synapse_ha.worker.progress`): the
+    timeout (0: none), the source and the file it reads."""
+    spec = desired.spec
+    if spec.progress_timeout_ms <= 0:
+        return {"progress_timeout_ms": 0}
+    path = log_path if spec.progress_source == SOURCE_LOG else progress_path
+    return {
+        "progress_timeout_ms": spec.progress_timeout_ms,
+        "progress_source": spec.progress_source or SOURCE_FILE,
+        "progress_path": str(path),
+    }
+
+
+def give_to_owner(
+    member_dir: Path, log_path: Path, account: Account, progress_path: Path | None = None
+) -> None:
+    """The output log (and the progress file, when there is one) becomes the owner's
+    alone (0600); the member directory stays the agent's, and the owner's group may enter
+    it but not list or change it (0710): the member reaches its ``$SYNAPSE_PREEMPT_FILE``
+    and ``$SYNAPSE_PROGRESS_FILE`` there, while the launch record and the pid and exit
+    records stay the agent's alone (0600), and nothing in the directory is the member's to
+    replace."""
+    for path in (log_path, progress_path):
+        if path is None:
+            continue
+        os.chown(path, account.uid, account.gid, follow_symlinks=False)
+        os.chmod(path, 0o600)
     os.chown(member_dir, -1, account.gid, follow_symlinks=False)
     os.chmod(member_dir, 0o710)
 
@@ -114,9 +153,13 @@ def host_process(
 ) -> MemberProcess:
     """A member on the host: its environment over ``base_env``, with the file a
     preemption notice is written to (before the SIGTERM, only when the gang is
-    preempted), run as ``account`` in the job's working directory."""
+    preempted) and, when its job has hang detection, the file it touches to show
+    progress, run as ``account`` in the job's working directory."""
     env = member_environment(member, base_env, account)
     env[PREEMPT_FILE_ENV] = str(member_dir / shim.PREEMPT_FILE)
+    progress = progress_file(member, member_dir)
+    if progress is not None:
+        env[PROGRESS_FILE_ENV] = str(progress)
     return MemberProcess(env=env, run_as=account, cwd=member.spec.workdir)
 
 

@@ -44,6 +44,9 @@ class MemberExit:
     # runtime, files it could not hand over, a supervisor it could not start): the
     # node's fault, reported as such (DESIGN §4).
     node_fault: bool = False
+    # True when its supervisor stopped it for making no progress for its job's progress
+    # timeout (hang detection): the program's failure, reported as hung.
+    hung: bool = False
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], ended_at_ms: int) -> MemberExit:
@@ -54,6 +57,7 @@ class MemberExit:
             int(record.get("ended_at_ms", ended_at_ms)),
             bool(record.get("disrupted", False)),
             bool(record.get("node_fault", False)),
+            bool(record.get("hung", False)),
         )
 
 
@@ -83,6 +87,7 @@ def write_exit_record(member_dir: Path, exit_: MemberExit) -> None:
         "detail": exit_.detail,
         "disrupted": exit_.disrupted,
         "node_fault": exit_.node_fault,
+        "hung": exit_.hung,
         "ended_at_ms": exit_.ended_at_ms,
     }
     tolerate_full_disk(lambda: write_json_atomic(member_dir / "exit.json", record), member_dir)

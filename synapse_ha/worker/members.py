@@ -55,10 +55,12 @@ from synapse_ha.worker.cgroups import CgroupLimiter
 from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
 from synapse_ha.worker.launch import (
     container_process,
+    create_progress_file,
     give_to_owner,
     host_process,
     member_argv,
     prestart_record,
+    progress_fields,
 )
 from synapse_ha.worker.member_dirs import (
     EXIT_LOST,
@@ -284,9 +286,10 @@ class MemberExecutor:
         except ValueError as exc:
             return MemberExit(127, f"could not exec: {exc}", now_ms)
         log_path = mdir / "output.log"
+        progress_path = create_progress_file(desired, mdir)
         if account is not None:
             try:
-                give_to_owner(mdir, log_path, account)
+                give_to_owner(mdir, log_path, account, progress_path)
             except OSError as exc:
                 detail = f"could not give the member's files to {account.name}: {exc}"
                 return MemberExit(EXIT_REFUSED, detail, now_ms, node_fault=True)
@@ -313,6 +316,7 @@ class MemberExecutor:
             "stop_grace_s": self.settings.stop_grace_s,
             "fence_grace_s": self.settings.fence_grace_s,
             "time_limit_ms": desired.spec.time_limit_ms,
+            **progress_fields(desired, log_path, progress_path),
             "cgroup_dir": cgroup_dir,
             "self_fencing": self.settings.self_fencing,
             "prestart": prestart_record(desired, self.settings.base_env, account, mdir),

@@ -18,7 +18,9 @@ for why that keeps every rule below). It reads
   ``$SYNAPSE_PREEMPT_FILE``: kind, preemptor, grace_ms), then sends SIGTERM; the shim's
   grace is then the notice's ``grace_ms``, and the exit is a disruption. During any grace
   the lease and the agent are still watched: a member never outlives its lease;
-* ``time_limit_ms`` (when > 0) is enforced the same way.
+* ``time_limit_ms`` (when > 0) is enforced the same way, and so is hang detection
+  (``progress_timeout_ms`` > 0, :mod:`~synapse_ha.worker.progress`): a member that made
+  no progress for that long is stopped and its exit recorded as ``hung``.
 
 A member whose job names an image runs as the container runtime's client (``podman run``
 and the like), started by its absolute path with the fixed environment of the launch
@@ -59,8 +61,9 @@ both. Exit codes follow the shell: 128 + N for death by signal N. A member stopp
 shim never reports 0: a fenced member that exits cleanly on SIGTERM did not succeed.
 
 The supervisor is this script and the modules it imports: :mod:`~synapse_ha.worker.procgroup`
-(processes and groups), :mod:`~synapse_ha.worker.records` (the records and the lease file)
-and :mod:`~synapse_ha.worker.shim_containers` (a member's container). They import only the
+(processes and groups), :mod:`~synapse_ha.worker.records` (the records and the lease file),
+:mod:`~synapse_ha.worker.shim_containers` (a member's container) and
+:mod:`~synapse_ha.worker.progress` (hang detection). They import only the
 standard library and each other, so that the supervisor runs in isolated mode without
 site-packages and starts in a few milliseconds; keep it so. Run as a script, it finds
 them through the directory that holds the ``synapse_ha`` package (its own location),
@@ -93,6 +96,7 @@ from synapse_ha.worker.procgroup import (
     process_start_ticks,
     signal_group,
 )
+from synapse_ha.worker.progress import ProgressWatch
 from synapse_ha.worker.records import (
     read_lease_deadline,
     reserve,
@@ -111,6 +115,7 @@ if TYPE_CHECKING:
 
 POLL_S = 0.05
 EXIT_TIME_LIMIT = 124
+EXIT_STOPPED = 143  # 128 + SIGTERM: never 0 for a member the supervisor stopped
 EXIT_COULD_NOT_EXEC = 127
 PREEMPT_FILE = "preempt.json"  # in the member directory; see $SYNAPSE_PREEMPT_FILE
 EXIT_PRESTART_FAILED = 126  # the job's pre-start check failed: the member never ran
@@ -182,6 +187,8 @@ class Shim:
         self.member_pid = 0
         self.member_status: int | None = None
         self.started_monotonic = 0.0
+        self.progress: ProgressWatch | None = None
+        self.hung = False  # stopped for making no progress (hang detection)
         # The member's container, its files and the commands that end it (none on the host).
         self.container = MemberContainer(self.launch)
 
@@ -250,6 +257,7 @@ class Shim:
         # The shim reaps with waitpid itself; Popen must not try again.
         proc.returncode = 0
         self.started_monotonic = time.monotonic()
+        self.progress = ProgressWatch.of_launch(self.launch, self.started_monotonic, time.time())
         write_reserved(
             os.path.join(self.dir, "member.json"),
             {
@@ -368,6 +376,11 @@ class Shim:
                 self.terminate(stop_grace)
                 limit = launch["time_limit_ms"]
                 return EXIT_TIME_LIMIT, f"time limit of {limit} ms exceeded", False
+            hung = self.progress.hung(now) if self.progress is not None else None
+            if hung is not None:
+                self.terminate(stop_grace)
+                self.hung = True
+                return EXIT_STOPPED, hung, False
             time.sleep(POLL_S)
 
     def stopped(self) -> tuple[int, str, bool]:
@@ -463,6 +476,7 @@ class Shim:
                 "detail": detail,
                 "ended_at_ms": int(time.time() * 1000),
                 "disrupted": disrupted,
+                "hung": self.hung,
                 "node_fault": node_fault,
             },
         )

@@ -14,7 +14,7 @@ JOB_KEYS = [
     "request_id", "owner", "cancelled_by", "redacted", "attempt", "fencing_token", "replicas",
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
     "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members", "queue",
-    "priority_class", "preemption", "prestart",
+    "priority_class", "preemption", "progress", "prestart",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
@@ -37,6 +37,7 @@ def running_job() -> pb.Job:
             topology_required="rack",
             time_limit_ms=3_600_000,
             retries=pb.RetryPolicy(max=2, backoff_ms=10_000, max_backoff_ms=600_000),
+            progress=pb.Progress(timeout_ms=1_800_000, source="file"),
         ),
         state="RUNNING",
         reason="attempt 2 running",
@@ -81,6 +82,7 @@ def test_a_job_document_has_every_documented_field() -> None:
     assert doc["resources"] == {"gpu": 4, "cpu_milli": 1500, "memory_mib": 262144}
     assert doc["command"] == ["python", "train.py"] and doc["shell"] is False
     assert doc["finished_at_ms"] is None
+    assert doc["progress"] == {"timeout_ms": 1_800_000, "source": "file"}
     assert doc["members"] == [
         {"rank": 0, "node": "w1", "gpus": [0, 1, 2, 3], "state": "running", "exit_code": None},
         {"rank": 1, "node": "w2", "gpus": [4, 5, 6, 7], "state": "exited", "exit_code": 0},
@@ -95,6 +97,7 @@ def test_a_job_never_bound_has_no_attempt() -> None:
     )
     doc = render_jobs.job_document(job)
     assert (doc["attempt"], doc["fencing_token"], doc["members"]) == (0, None, [])
+    assert doc["progress"] is None
     assert doc["command"] == ["echo hi"] and doc["shell"] is True
 
 
@@ -147,6 +150,7 @@ def test_tables_for_people() -> None:
     assert "RESOURCES:     4 GPU, 1.5 CPU, 256Gi per member" in status
     assert "FENCING TOKEN: 41" in status
     assert "TIME LIMIT:    1h" in status
+    assert "HANG AFTER:    30m without a touch of $SYNAPSE_PROGRESS_FILE" in status
 
 
 def test_the_cluster_is_healthy_with_a_leader_and_a_healthy_majority() -> None:

@@ -75,6 +75,11 @@ def test_the_request_id_comes_from_the_file(tmp_path: Path) -> None:
         (VALID + "env:\n  1BAD: x\n", "env.1BAD", 9, "letters, digits"),
         (VALID.replace("name: train", "name: Train_1"), "name", 1, "a-z, 0-9"),
         (VALID + "replicas: 3\n", "replicas", 8, "appears twice"),
+        (VALID + "progress:\n  timeout: 5s\n", "progress.timeout", 9, "between 10s and 7d"),
+        (VALID + "progress: {timeout: 8d}\n", "progress.timeout", 8, "between 10s and 7d"),
+        (VALID + "progress:\n  timeout: 1m\n  source: gpu\n", "progress.source", 10, "file, log"),
+        (VALID + "progress:\n  timeout: 1m\n  every: 1s\n", "progress.every", 10, "unknown"),
+        (VALID + "progress: 30m\n", "progress", 8, "expected a mapping"),
     ],
 )
 def test_errors_name_field_line_and_rule(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, JobState, NodeInfo, Resources, RetryPolicy
 from synapse_ha.core.scheduler import Plan, schedule
@@ -91,6 +92,9 @@ class Cluster:
     log: list[c.Command] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # Every replica of a test cluster runs this release: it reads the newest format.
+        if self.state.format_floor < FORMAT:
+            self.do(c.RaiseFormat(FORMAT))
         if self.state.config != ClusterConfig():
             self.do(c.Configure(self.state.config))
 

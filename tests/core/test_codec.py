@@ -37,6 +37,7 @@ EXAMPLES: list[c.Command] = [
     c.MarkNodeDead("n1", "silent", 99, 5),
     c.ReportGpuHealth("n1", (GpuFault(3, "xid-79", "fell off the bus"),), 7, 5),
     c.RepairGpus("n1", (3,), 6, "user:ops"),
+    c.RaiseFormat(3, ("r1", "r2", "r3"), 8),
     c.ReportNodeChecks("n1", (NodeCheck("health-check", True, "disk full"),), 6),
     c.SubmitJob(job("x", replicas=3, gpu=2, required="rack", time_limit_s=60, retries=2), "r", 6),
     c.CancelJob("job-000001", "user asked", 7),

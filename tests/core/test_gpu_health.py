@@ -42,6 +42,19 @@ def test_a_reported_gpu_is_recorded_since_then_and_never_offered() -> None:
     assert attempt is not None and 3 not in attempt.members[0].gpus
 
 
+def test_a_gang_waiting_for_gpus_is_told_how_many_are_unhealthy() -> None:
+    cl = one_node()
+    assert report(cl, XID).ok
+    whole = cl.submit(job("whole", gpu=8))
+    plan = cl.run_pass()
+    why = plan.reasons[whole]
+    assert why.code is ReasonCode.WAITING_CAPACITY and why.num("unhealthy") == 1
+    assert "1 unhealthy GPU(s) are left out until repaired" in render(why)
+    assert cl.do(c.RepairGpus("n1", (), cl.now, "user:ops")).ok
+    cpu_only = cl.submit(job("cpu", cpu=100))  # more CPU than the node has
+    assert "unhealthy" not in render(cl.run_pass().reasons[cpu_only])
+
+
 def test_a_plan_naming_an_unhealthy_gpu_is_refused_at_apply() -> None:
     cl = one_node()
     report(cl, XID)

@@ -4,6 +4,8 @@ error value that changes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from synapse_ha.core import commands as c
@@ -161,3 +163,20 @@ def test_a_dead_node_that_comes_back_reports_its_checks_afresh() -> None:
     assert conditions_differ(n1.conditions, (FAILING,))
     report(cl, FAILING)
     assert cl.state.nodes["n1"].status is NodeStatus.CORDONED
+
+
+def test_checks_and_prestart_need_the_format_every_replica_reads() -> None:
+    from synapse_ha.core import formats
+    from synapse_ha.core.machine import apply
+    from synapse_ha.core.model import ClusterState
+    from synapse_ha.core.prestart import Prestart
+
+    state = ClusterState()  # a floor from before node checks
+    assert apply(state, c.RegisterNode(node("n1", gpus=8), 1)).ok
+    refused = apply(state, c.ReportNodeChecks("n1", (FAILING,), 2))
+    assert refused.code is c.ResultCode.CONFLICT and "format 3" in refused.message
+    assert state.nodes["n1"].conditions == () and state.nodes["n1"].status is NodeStatus.READY
+    plain = job()
+    checked = dataclasses.replace(plain, prestart=Prestart(("true",)))
+    assert formats.format_needed(c.SubmitJob(plain, "r", 3)) == formats.BASE_FORMAT
+    assert formats.format_needed(c.SubmitJob(checked, "r", 3)) == 3

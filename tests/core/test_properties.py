@@ -23,6 +23,7 @@ from synapse_ha.core import invariants
 from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import PreemptionMode, Queue
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
     ClusterState,
@@ -134,6 +135,8 @@ class ClusterMachine(RuleBasedStateMachine):
         self.saw_max_requeues = False
         self.created_tokens: set[str] = set()
         self.saw_preemption = False
+        self.saw_hold = False
+        self.saw_held_ranks = False
         # Preempted attempts (job, token) -> rank -> (node, GPUs) when preempted.
         self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
 
@@ -279,6 +282,20 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule(mode=st.sampled_from(list(PreemptionMode)))
     def preemption_mode(self, mode: PreemptionMode) -> None:
         assert self.do(c.Configure(replace(self.state.config, preemption=mode), self.now)).ok
+
+    @rule()
+    def raise_format(self) -> None:
+        assert self.do(c.RaiseFormat(FORMAT, ("r1", "r2", "r3"), self.now)).ok
+        assert self.state.format_floor == FORMAT
+
+    @rule(on=st.booleans())
+    def hold_until_stopped(self, on: bool) -> None:
+        wanted = replace(self.state.config, hold_until_stopped=on)
+        result = self.do(c.Configure(wanted, self.now))
+        allowed = not on or self.state.format_floor >= FORMAT
+        assert result.ok is allowed, result.message
+        if on and allowed:
+            self.saw_hold = True
 
     @rule(
         data=st.data(),
@@ -460,6 +477,11 @@ class ClusterMachine(RuleBasedStateMachine):
         assert not problems, problems
 
     @invariant()
+    def held_ranks_seen(self) -> None:
+        if any(j.attempt is not None and j.attempt.held for j in self.state.jobs.values()):
+            self.saw_held_ranks = True
+
+    @invariant()
     def preempted_keep_their_gpus(self) -> None:
         check_preempted(self.state, self.preempted)
 
@@ -486,6 +508,10 @@ class ClusterMachine(RuleBasedStateMachine):
             event("a job failed at max_requeues")
         if self.saw_preemption:
             event("a gang was preempted")
+        if self.saw_hold:
+            event("ended attempts held their resources until confirmed stopped")
+        if self.saw_held_ranks:
+            event("an ended attempt held ranks")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))

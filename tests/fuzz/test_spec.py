@@ -55,6 +55,9 @@ FIELDS = [
     "max",
     "backoff",
     "max_backoff",
+    "progress",
+    "timeout",
+    "source",
     "rack",
     "<<",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -36,6 +37,13 @@ def test_one_leader_is_elected_and_every_replica_is_healthy(cluster: LocalCluste
     assert sorted(roles.values()) == ["follower", "follower", "leader"]
     assert all(r.healthy for r in status.replicas)
     assert len({r.term for r in status.replicas}) == 1
+    assert {r.format_version for r in status.replicas} == {FORMAT}
+    with cluster.client() as client:
+        # Every replica reads this release's format: the leader's format gate opens.
+        wait_for(
+            "the cluster's format to rise to this release's",
+            lambda: client.cluster_status().format_floor == FORMAT,
+        )
 
 
 def test_a_follower_redirects_writes_and_fresh_reads_to_the_leader(

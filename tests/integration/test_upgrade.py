@@ -21,6 +21,7 @@ import pytest
 
 from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.core.codec import decode_state
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import LocalCluster, Replica, job_spec, register_request, wait_for
 
@@ -173,6 +174,9 @@ def test_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_job(
         client.register_node(register_request("n1", "127.0.0.1", gpu=8))
         with SubmissionStream(cluster) as stream:
             wait_for("submissions in the mixed cluster", lambda: stream.progressed(0, 20))
+            # The previous release reads format 2 only: the format gate stays shut.
+            r3 = cluster.replica("r3")
+            assert decode_state(client.replica_state(r3.grpc).encoded_state).format_floor == 2
             for replica_id in ("r1", "r2"):
                 replica = cluster.replica(replica_id)
                 replica.stop()
@@ -201,3 +205,14 @@ def test_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_job(
         jobs = wait_for("identical states on the upgraded replicas", converged, timeout_s=60.0)
     assert acked <= jobs
     assert len(acked) >= 30
+
+    def floors() -> list[int]:
+        with cluster.client(timeout_s=30.0) as client:
+            answers = [client.replica_state(r.grpc) for r in cluster.replicas]
+        return [decode_state(a.encoded_state).format_floor for a in answers]
+
+    wait_for(
+        "the leader raises the cluster's format once every replica reads it",
+        lambda: floors() == [FORMAT] * 3,
+        timeout_s=30.0,
+    )

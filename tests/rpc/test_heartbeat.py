@@ -4,6 +4,7 @@ members per snapshot version."""
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, NodeStatus
@@ -88,6 +89,9 @@ def test_node_checks_become_a_command_only_when_they_change_the_conditions() -> 
     passing = NodeCheck("health-check", False)
     assert checks_command(state, "n1", [passing], 2) is None
     assert checks_command(state, "n1", [], 2) is None
+    # Not before every replica reads it: the heartbeat is answered, the checks wait.
+    assert checks_command(state, "n1", [failing], 2) is None
+    assert apply(state, cmd.RaiseFormat(FORMAT)).ok
     command = checks_command(state, "n1", [failing], 3)
     assert command is not None and command.checks == (failing,)
     assert apply(state, command).ok

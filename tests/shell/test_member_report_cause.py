@@ -15,6 +15,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
         (pb.MemberReport.PROGRAM, cmd.ExitCause.PROGRAM),
         (pb.MemberReport.FENCED, cmd.ExitCause.FENCED),
         (pb.MemberReport.LOST, cmd.ExitCause.LOST),
+        (pb.MemberReport.NODE_CANNOT_RUN, cmd.ExitCause.NODE_CANNOT_RUN),
+        (pb.MemberReport.HUNG, cmd.ExitCause.HUNG),
     ],
 )
 def test_the_exit_cause_is_carried(cause: int, expected: cmd.ExitCause) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.core.cluster_config import ClusterConfig, Limits, PreemptionMode, PriorityClass
-from synapse_ha.leader.loop import SchedulingSettings
+from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs import scheduler as scheduler_main
 
 
@@ -172,3 +172,15 @@ def test_bad_node_health_settings_name_the_key_and_the_rule(
 ) -> None:
     with pytest.raises(scheduler_main.ConfigError, match=words):
         load(tmp_path, toml)
+
+
+def test_hold_until_stopped_from_toml_or_flag(tmp_path: Path) -> None:
+    held = load(tmp_path, "[scheduling]\nhold_until_stopped = true").scheduling
+    assert held.hold_until_stopped is True
+    assert held.applied_to(ClusterConfig()).hold_until_stopped
+    flag = load(tmp_path, "[scheduling]\nhold_until_stopped = true", "--no-hold-until-stopped")
+    assert flag.scheduling.hold_until_stopped is False
+    with pytest.raises(
+        scheduler_main.ConfigError, match="hold_until_stopped must be true or false"
+    ):
+        load(tmp_path, '[scheduling]\nhold_until_stopped = "yes"')

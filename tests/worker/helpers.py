@@ -52,7 +52,9 @@ def desired_member(
     return DesiredMember(**fields)  # type: ignore[arg-type]
 
 
-_LAUNCH_FIELDS = frozenset({"shell", "env", "workdir", "time_limit_ms", "image"})
+_LAUNCH_FIELDS = frozenset(
+    {"shell", "env", "workdir", "time_limit_ms", "image", "progress_timeout_ms", "progress_source"}
+)
 _RESOURCE_FIELDS = frozenset({"cpu_milli", "memory_mib"})
 
 

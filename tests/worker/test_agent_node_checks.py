@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from synapse_ha.core.commands import RaiseFormat
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.health import CHECK_ACTOR, NodeCheck
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -65,6 +67,7 @@ def test_a_failing_check_on_the_stream_cordons_the_node(
     served: tuple[Replica, StreamServer, list[bool]],
 ) -> None:
     replica, server, _ = served
+    assert replica.backend.propose(RaiseFormat(FORMAT)).result(10).ok  # every replica reads it
     plane = StreamControlPlane(FakeUnary(f"127.0.0.1:{server.port}"), channel_as("n1"))
     check = pb.NodeCheck(name="health-check", failing=True, message="no /data mount")
     try:

@@ -141,6 +141,21 @@ def test_a_member_runs_with_its_owners_uid_groups_and_files(
         assert (record_stat.st_uid, stat.S_IMODE(record_stat.st_mode)) == (0, 0o600), record
 
 
+def test_a_member_running_as_its_owner_may_touch_its_progress_file(
+    owner_executor: MakeOwnerExecutor, account: TempAccount
+) -> None:
+    executor = owner_executor()
+    command = 'touch "$SYNAPSE_PROGRESS_FILE" && echo touched'
+    member = executor.start(
+        spec(command, job_id="j-progress", owner=account.name, progress_timeout_ms=60_000)
+    )
+    assert wait_exit(executor, member.key, 20.0) == (0, "")
+    assert (member.dir / "output.log").read_text().strip() == "touched"
+    progress = (member.dir / "progress").stat()
+    assert (progress.st_uid, progress.st_gid) == (account.uid, account.gid)
+    assert stat.S_IMODE(progress.st_mode) == 0o600
+
+
 def test_a_mapped_owner_runs_as_the_mapped_account(
     owner_executor: MakeOwnerExecutor, account: TempAccount
 ) -> None:

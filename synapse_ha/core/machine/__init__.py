@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error
+from synapse_ha.core.formats import format_needed, format_refusal
 from synapse_ha.core.machine import (
     binding,
     config,
@@ -65,6 +66,10 @@ def apply(state: ClusterState, command: cmd.Command) -> Result:
     if handler is None:
         return error(ResultCode.INVALID, f"unknown command type {type(command).__name__}")
     try:
+        if type(command) is not cmd.RaiseFormat:
+            need = format_needed(command)
+            if need > state.format_floor:
+                return error(ResultCode.CONFLICT, format_refusal(need, state.format_floor))
         now = max(command.now_ms, state.last_time_ms)
         result = handler.apply(state, command, now)
     except Exception as exc:  # a bug; the log must keep moving on every replica alike

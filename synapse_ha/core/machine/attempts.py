@@ -52,15 +52,27 @@ def lost_attempt(job: Job, node_id: str) -> LostAttempt:
 def end_attempt(
     state: ClusterState, job: Job, event: lc.AttemptEvent, outcome: Reason, now: int
 ) -> None:
-    """Release everything the live attempt holds and record how it ended."""
+    """Release what the live attempt holds and record how it ended.
+
+    With ``ClusterConfig.hold_until_stopped`` a member not yet confirmed stopped keeps
+    its share reserved on its node (``Attempt.held``) until :func:`release_held` frees it:
+    its exit is reported or its node declared dead. Otherwise the next gang could be
+    bound to a GPU whose old member is still stopping (DESIGN §4)."""
     attempt = job.attempt
     assert attempt is not None
     attempt.state = move(ATTEMPT, attempt.state, event)
-    for member in attempt.members:
+    hold = state.config.hold_until_stopped
+    held: list[int] = []
+    for member, status in zip(attempt.members, attempt.member_status, strict=True):
         node = state.nodes.get(member.node_id)
-        if node is not None:
-            node.allocated = node.allocated - job.spec.resources
-            node.allocated_gpus.difference_update(member.gpus)
+        if node is None:
+            continue
+        if hold and status.state is not MemberState.EXITED and node.status is not NodeStatus.DEAD:
+            held.append(member.rank)  # still reserved until confirmed stopped
+            continue
+        node.allocated = node.allocated - job.spec.resources
+        node.allocated_gpus.difference_update(member.gpus)
+    attempt.held = tuple(held)
     master = state.nodes.get(attempt.members[0].node_id)
     if master is not None:
         ports = master.master_ports
@@ -81,6 +93,21 @@ def end_attempt(
     )
     if new:
         state.queue_history = dict(sorted(state.queue_history.items()))
+
+
+def release_held(state: ClusterState, job: Job, rank: int) -> bool:
+    """Free the share rank ``rank`` of the job's ended attempt still holds, if it holds
+    one: its member is confirmed stopped or its node is dead. True if it held one."""
+    attempt = job.attempt
+    if attempt is None or rank not in attempt.held:
+        return False
+    member = attempt.members[rank]
+    node = state.nodes.get(member.node_id)
+    if node is not None:
+        node.allocated = node.allocated - job.spec.resources
+        node.allocated_gpus.difference_update(member.gpus)
+    attempt.held = tuple(r for r in attempt.held if r != rank)
+    return True
 
 
 def finish(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:

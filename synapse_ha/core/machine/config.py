@@ -1,7 +1,7 @@
 """Cluster configuration commands: ``Configure`` (the configuration's rules, stated in
 :func:`~synapse_ha.core.validation.check_cluster_config` and
 :func:`~synapse_ha.core.admission.check_limits`, and no change that would orphan an
-unfinished job's topology level) and ``Barrier``."""
+unfinished job's topology level), ``RaiseFormat`` (core/formats.py) and ``Barrier``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_limits
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine.changes import Handling, nothing
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.topology import CLUSTER
@@ -58,6 +59,19 @@ def orphaned_levels(state: ClusterState, config: ClusterConfig) -> list[tuple[st
     return sorted(users.items())
 
 
+def _raise_format(state: ClusterState, c: cmd.RaiseFormat, now: int) -> Result:
+    if c.version > FORMAT:
+        return error(
+            ResultCode.INVALID,
+            f"format {c.version} is newer than this replica reads ({FORMAT}); upgrade it",
+        )
+    if c.version <= state.format_floor:
+        return ok(f"the cluster already reads format {state.format_floor}")
+    state.format_floor = c.version
+    heard = ", ".join(c.replicas) or "every replica"
+    return ok(f"the cluster reads format {c.version} ({heard})")
+
+
 def _barrier(state: ClusterState, c: cmd.Barrier, now: int) -> Result:
     return ok(f"barrier {c.leader_id}".strip())
 
@@ -65,4 +79,5 @@ def _barrier(state: ClusterState, c: cmd.Barrier, now: int) -> Result:
 HANDLERS: dict[type, Handling] = {
     cmd.Configure: Handling(_configure, nothing),
     cmd.Barrier: Handling(_barrier, nothing),
+    cmd.RaiseFormat: Handling(_raise_format, nothing),
 }

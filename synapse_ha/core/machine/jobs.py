@@ -134,7 +134,9 @@ def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Resu
     gone = sorted(
         job.job_id
         for job in state.jobs.values()
-        if job.state.finished and job.finished_at_ms <= horizon
+        if job.state.finished
+        and job.finished_at_ms <= horizon
+        and not (job.attempt is not None and job.attempt.held)  # kept while it holds
     )
     for job_id in gone:
         job = state.jobs.pop(job_id)

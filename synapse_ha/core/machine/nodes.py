@@ -11,6 +11,7 @@ from synapse_ha.core.machine.attempts import (
     end_attempt_for,
     end_preempted,
     lost_attempt,
+    release_held,
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, jobs_on_node
@@ -130,6 +131,7 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
             if member.node_id == c.node_id and status.state is not MemberState.EXITED:
                 status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
                 status.finished_at_ms = now
+                release_held(state, state.jobs[job_id], member.rank)
                 touched.update(m.node_id for m in attempt.members)
     settle_drained(state, sorted(touched))
     return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", stopped=tuple(affected))

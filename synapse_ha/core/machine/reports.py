@@ -15,12 +15,13 @@ from synapse_ha.core.machine.attempts import (
     end_attempt_for,
     end_preempted,
     finish,
+    release_held,
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.machine.health import mark_unfit, started_here
 from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
-from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.reasons import Reason, ReasonCode, reason
 
 
 def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Result:
@@ -31,7 +32,7 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     for event in c.events:
         job = state.jobs.get(event.job_id)
         late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
-        if job is not None and (_confirm_stopped(job, c.node_id, event, now) or late):
+        if job is not None and (_confirm_stopped(state, job, c.node_id, event, now) or late):
             accepted += 1
             touched.add(c.node_id)
             continue
@@ -113,22 +114,10 @@ def _live_member_event(
     status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
     status.exit_code = event.exit_code
     status.finished_at_ms = now
-    if event.cause.disruption or event.exit_code != 0:
-        code = {
-            cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
-            cmd.ExitCause.FENCED: ReasonCode.MEMBER_FENCED,
-            cmd.ExitCause.LOST: ReasonCode.MEMBER_LOST,
-            cmd.ExitCause.NODE_CANNOT_RUN: ReasonCode.NODE_CANNOT_RUN,
-        }[event.cause]
+    if event.cause is not cmd.ExitCause.PROGRAM or event.exit_code != 0:
         if event.cause is cmd.ExitCause.NODE_CANNOT_RUN:
             mark_unfit(state, c.node_id, job.owner, event.detail, now)
-        outcome = reason(
-            code,
-            rank=event.rank,
-            node=c.node_id,
-            exit_code=event.exit_code,
-            detail=event.detail or None,
-        )
+        outcome = _exit_outcome(job, c.node_id, event)
         end_attempt_for(state, job, outcome, c.jitter_seed, now)
         touched.update(m.node_id for m in attempt.members)
     elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
@@ -148,6 +137,30 @@ def _live_member_event(
         touched.update(m.node_id for m in attempt.members)
 
 
+_EXIT_OUTCOMES = {
+    cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
+    cmd.ExitCause.FENCED: ReasonCode.MEMBER_FENCED,
+    cmd.ExitCause.LOST: ReasonCode.MEMBER_LOST,
+    cmd.ExitCause.NODE_CANNOT_RUN: ReasonCode.NODE_CANNOT_RUN,
+    cmd.ExitCause.HUNG: ReasonCode.MEMBER_HUNG,
+}
+
+
+def _exit_outcome(job: Job, node_id: str, event: cmd.MemberEvent) -> Reason:
+    """How a member's failing or disrupted exit ends its attempt; a hung member's names
+    the job's progress timeout."""
+    progress = job.spec.progress
+    hung = event.cause is cmd.ExitCause.HUNG
+    return reason(
+        _EXIT_OUTCOMES[event.cause],
+        rank=event.rank,
+        node=node_id,
+        exit_code=event.exit_code,
+        timeout_ms=progress.timeout_ms if hung and progress is not None else None,
+        detail=event.detail or None,
+    )
+
+
 # 128 + SIGTERM: the code a member stopped by its worker reports (worker/shim.py).
 EXIT_STOPPED = 143
 
@@ -157,7 +170,7 @@ def _preempted_exit_code(event: cmd.MemberEvent) -> int:
     program (cause ``PROGRAM``) is a success: a member its worker stopped never reports 0
     (its supervisor reports 143, DESIGN §4), so a disruption reported with code 0 is
     recorded as 143 and never counts as one."""
-    if event.cause.disruption and event.exit_code == 0:
+    if event.cause is not cmd.ExitCause.PROGRAM and event.exit_code == 0:
         return EXIT_STOPPED
     return event.exit_code
 
@@ -188,8 +201,11 @@ def _succeed_before_preemption(job: Job, attempt: Attempt, now: int, state: Clus
     )
 
 
-def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -> bool:
-    """Record that a member of the job's ended attempt has stopped; False if not such."""
+def _confirm_stopped(
+    state: ClusterState, job: Job, node_id: str, event: cmd.MemberEvent, now: int
+) -> bool:
+    """Record that a member of the job's ended attempt has stopped, freeing what it still
+    held; False if not such."""
     attempt = job.attempt
     if (
         attempt is None
@@ -205,6 +221,7 @@ def _confirm_stopped(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -
         status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
         status.exit_code = event.exit_code
         status.finished_at_ms = now
+    release_held(state, job, event.rank)
     return True
 
 

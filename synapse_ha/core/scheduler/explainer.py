@@ -17,8 +17,12 @@ from synapse_ha.core.topology import describe_domain
 class Explainer:
     """Sentences for people: why a gang waits, with the numbers that matter."""
 
-    def __init__(self, names: tuple[str, ...], recall: bool = True) -> None:
+    def __init__(
+        self, names: tuple[str, ...], recall: bool = True, state: ClusterState | None = None
+    ) -> None:
         self.names = names
+        self.state = state
+        self._unhealthy: int | None = None  # counted once per pass, when first needed
         # Keyed by the view itself too (the views of one pass share a version); holding
         # the view keeps its identity from being reused by a later one in the pass.
         self.cache: dict[tuple[Resources, int, int, View], tuple[int, Domain]] = {}
@@ -118,6 +122,8 @@ class Explainer:
             "domain": describe_domain(domain, self.names) if domain else None,
             "images": 1 if spec.image else None,
         }
+        if spec.resources.gpu:
+            have["unhealthy"] = self.unhealthy_gpus() or None
         if reservation is not None:
             return reason(
                 ReasonCode.FIRST_IN_LINE_RESERVED,
@@ -128,6 +134,14 @@ class Explainer:
         if room < gang.n:
             return reason(ReasonCode.WAITING_CAPACITY, **need, **have)
         return reason(ReasonCode.WAITING_SHAPE, **need, **have)
+
+    def unhealthy_gpus(self) -> int:
+        """How many GPUs of schedulable nodes are unhealthy: capacity the gang is not
+        offered until an operator repairs them (``synctl nodes repair``)."""
+        if self._unhealthy is None:
+            nodes = self.state.nodes.values() if self.state is not None else ()
+            self._unhealthy = sum(len(n.gpu_faults) for n in nodes if n.schedulable())
+        return self._unhealthy
 
     def why_waiting_for_locality(
         self, gang: Gang, view: View, local: list[int], wait_ms: int

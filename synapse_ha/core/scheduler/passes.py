@@ -132,7 +132,9 @@ class _Pass:
         self.plan = Plan()
         self.restricted: View | None = None  # the view without the reserved nodes
         self.levels = len(state.config.topology_levels)
-        self.explainer = Explainer(state.config.levels_with_host(), recall=answers.enabled)
+        self.explainer = Explainer(
+            state.config.levels_with_host(), recall=answers.enabled, state=state
+        )
         self.placed: dict[str, Running] = {}  # gangs placed by this pass
         self.wait_ms = state.config.locality_wait_ms
         # Whether a shape fits its locality on an empty cluster.

@@ -12,7 +12,8 @@ from operator import attrgetter
 import grpc
 
 from synapse_ha.core import validation
-from synapse_ha.core.codec import READABLE_VERSIONS, encode_state
+from synapse_ha.core.codec import encode_state
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal, ReplicaRole
 from synapse_ha.core.model import JobState
 from synapse_ha.core.validation import Violation, ViolationCode
@@ -42,7 +43,7 @@ class ClusterService(_Base):
         replicas = [own]
         if not request.local_only:
             replicas = [
-                own if r.replica_id == ctx.self_id else _ask_replica(r, ctx.peer_channel)
+                own if r.replica_id == ctx.self_id else ask_replica(r, ctx.peer_channel)
                 for r in ctx.replicas
             ]
         leader = ctx.by_raft(ctx.backend.leader_address())
@@ -58,6 +59,7 @@ class ClusterService(_Base):
             jobs=len(jobs),
             pending_jobs=by_state[JobState.PENDING],
             running_jobs=sum(n for s, n in by_state.items() if s.holds_resources),
+            format_floor=state.format_floor,
         )
 
     def GetReplicaState(
@@ -215,7 +217,7 @@ class ClusterService(_Base):
             leader_id=leader.replica_id if leader else "",
             healthy=healthy,
             error=error,
-            format_version=max(READABLE_VERSIONS),
+            format_version=FORMAT,
             metrics_url=ctx.metrics_url,
             dashboard_url=ctx.dashboard_url,
         )
@@ -234,9 +236,10 @@ _MEMBERSHIP_REASON = {
 SNAPSHOT_CHUNK_BYTES = 1 << 20
 
 
-def _ask_replica(
+def ask_replica(
     replica: ReplicaAddress, open_channel: Callable[[str], grpc.Channel]
 ) -> pb.ReplicaStatus:
+    """``replica``'s own status, or an UNREACHABLE one saying why it did not answer."""
     try:
         with open_channel(replica.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]

@@ -126,7 +126,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart")
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class JobSpec(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     PRESTART_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     name: str
     replicas: int
     resources: Resources
@@ -159,7 +160,8 @@ class JobSpec(_message.Message):
     queue: str
     priority_class: str
     prestart: Prestart
-    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ...) -> None: ...
+    progress: Progress
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
 
 class Prestart(_message.Message):
     __slots__ = ("command", "shell", "timeout_ms")
@@ -170,6 +172,14 @@ class Prestart(_message.Message):
     shell: bool
     timeout_ms: int
     def __init__(self, command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("timeout_ms", "source")
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    timeout_ms: int
+    source: str
+    def __init__(self, timeout_ms: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class CommandArgs(_message.Message):
     __slots__ = ("args",)
@@ -526,7 +536,7 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self, local_only: _Optional[bool] = ...) -> None: ...
 
 class GetClusterStatusResponse(_message.Message):
-    __slots__ = ("answered_by", "leader_id", "leader_address", "replicas", "nodes", "jobs", "pending_jobs", "running_jobs")
+    __slots__ = ("answered_by", "leader_id", "leader_address", "replicas", "nodes", "jobs", "pending_jobs", "running_jobs", "format_floor")
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -535,6 +545,7 @@ class GetClusterStatusResponse(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FLOOR_FIELD_NUMBER: _ClassVar[int]
     answered_by: str
     leader_id: str
     leader_address: str
@@ -543,7 +554,8 @@ class GetClusterStatusResponse(_message.Message):
     jobs: int
     pending_jobs: int
     running_jobs: int
-    def __init__(self, answered_by: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., nodes: _Optional[int] = ..., jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+    format_floor: int
+    def __init__(self, answered_by: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., nodes: _Optional[int] = ..., jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., format_floor: _Optional[int] = ...) -> None: ...
 
 class GetReplicaStateRequest(_message.Message):
     __slots__ = ()
@@ -1036,10 +1048,12 @@ class MemberReport(_message.Message):
         FENCED: _ClassVar[MemberReport.Cause]
         LOST: _ClassVar[MemberReport.Cause]
         NODE_CANNOT_RUN: _ClassVar[MemberReport.Cause]
+        HUNG: _ClassVar[MemberReport.Cause]
     PROGRAM: MemberReport.Cause
     FENCED: MemberReport.Cause
     LOST: MemberReport.Cause
     NODE_CANNOT_RUN: MemberReport.Cause
+    HUNG: MemberReport.Cause
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -1057,7 +1071,7 @@ class MemberReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., cause: _Optional[_Union[MemberReport.Cause, str]] = ...) -> None: ...
 
 class DesiredMember(_message.Message):
-    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner", "preemption", "preempted_by", "preempt_grace_ms", "prestart_command", "prestart_shell", "prestart_timeout_ms")
+    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner", "preemption", "preempted_by", "preempt_grace_ms", "prestart_command", "prestart_shell", "prestart_timeout_ms", "progress_timeout_ms", "progress_source")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -1084,6 +1098,8 @@ class DesiredMember(_message.Message):
     PRESTART_COMMAND_FIELD_NUMBER: _ClassVar[int]
     PRESTART_SHELL_FIELD_NUMBER: _ClassVar[int]
     PRESTART_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_SOURCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     fencing_token: int
     attempt: int
@@ -1110,7 +1126,9 @@ class DesiredMember(_message.Message):
     prestart_command: _containers.RepeatedScalarFieldContainer[str]
     prestart_shell: bool
     prestart_timeout_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ..., prestart_command: _Optional[_Iterable[str]] = ..., prestart_shell: _Optional[bool] = ..., prestart_timeout_ms: _Optional[int] = ...) -> None: ...
+    progress_timeout_ms: int
+    progress_source: str
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ..., prestart_command: _Optional[_Iterable[str]] = ..., prestart_shell: _Optional[bool] = ..., prestart_timeout_ms: _Optional[int] = ..., progress_timeout_ms: _Optional[int] = ..., progress_source: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "reports", "running", "gpu_faults", "checks")
