@@ -34,6 +34,8 @@ A **job** (``status``, ``jobs`` → ``{"jobs": [...]}``)::
     attempt_outcome    str    "" while the attempt is live
     members            [{rank, node, gpus: [int], state, exit_code: int | null}]
                        of the current or last attempt; state is bound, running or exited
+    prestart           {command: [str] | null, shell, timeout_ms} | null
+                       the pre-start check (null: none; command null when withheld)
 
 A **node** (``nodes`` → ``{"nodes": [...]}``)::
 
@@ -53,6 +55,9 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
                                          them out); [] when all are healthy
     unfit              [{owner, detail, until_ms}]   owners the node may not run members
                                          of until until_ms (expired entries left out)
+    conditions         [{name, message, since_ms}]   checks failing on the node (its
+                                         health-check program: name "health-check");
+                                         [] when all pass
 
 A job also has ``queue`` (str), ``priority_class`` (str, "" for a plain number) and
 ``preemption``: null, or ``{preempted_by, kind, deadline_ms}`` while its attempt is being

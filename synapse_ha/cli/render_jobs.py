@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,6 +82,7 @@ def job_document(job: pb.Job) -> Document:
         "progress": {"timeout_ms": spec.progress.timeout_ms, "source": spec.progress.source}
         if spec.HasField("progress")
         else None,
+        "prestart": prestart_document(spec, job.redacted),
     }
 
 
@@ -90,6 +92,28 @@ def progress_text(doc: Mapping[str, Any] | None) -> str | None:
         return None
     what = "output" if doc["source"] == SOURCE_LOG else "a touch of $SYNAPSE_PROGRESS_FILE"
     return f"{duration_text(doc['timeout_ms'])} without {what}"
+
+
+def prestart_document(spec: pb.JobSpec, redacted: bool) -> Document | None:
+    """The job's pre-start check (null: none); its command is null when withheld."""
+    if not spec.HasField("prestart"):
+        return None
+    p = spec.prestart
+    return {
+        "command": None if redacted else list(p.command),
+        "shell": p.shell,
+        "timeout_ms": p.timeout_ms,
+    }
+
+
+def prestart_text(doc: Mapping[str, Any] | None) -> str | None:
+    """``nvidia-smi -L (timeout 1m)``."""
+    if not doc:
+        return None
+    command = "(withheld)" if doc["command"] is None else shlex.join(doc["command"])
+    if doc["shell"] and doc["command"]:
+        command = doc["command"][0]
+    return f"{command} (timeout {duration_text(doc['timeout_ms'])})"
 
 
 def preemption_document(attempt: pb.Attempt) -> Document | None:
@@ -179,6 +203,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("TOPOLOGY", topology),
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
         ("HANG AFTER", progress_text(doc["progress"])),
+        ("PRESTART", prestart_text(doc["prestart"])),
         (
             "SUBMITTED",
             f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",

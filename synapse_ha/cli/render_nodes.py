@@ -1,6 +1,6 @@
 """synctl's node documents (``synctl nodes``) and their table; the topology of a node
-as a document, outermost level first; a node's unhealthy GPUs and the owners it may not
-run members of (see :mod:`synapse_ha.cli.render` for the fields)."""
+as a document, outermost level first; a node's unhealthy GPUs, its failing checks and
+the owners it may not run members of (see :mod:`synapse_ha.cli.render` for the fields)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,14 @@ def unfit_document(unfit: Iterable[pb.NodeUnfit], now_ms: int) -> list[Document]
     ]
 
 
+def conditions_document(conditions: Iterable[pb.NodeCondition]) -> list[Document]:
+    """``[{name, message, since_ms}]`` of the checks failing on the node, by name."""
+    return [
+        {"name": k.name, "message": k.message, "since_ms": k.since_ms}
+        for k in sorted(conditions, key=lambda k: k.name)
+    ]
+
+
 def faults_text(faults: Sequence[Mapping[str, Any]]) -> str:
     """``3:xid-79,5:ecc-dbe``; "" when every GPU is healthy."""
     return ",".join(f"{f['gpu']}:{f['code']}" for f in faults)
@@ -87,6 +95,7 @@ def node_document(node: pb.Node, now_ms: int = 0) -> Document:
         "members_run_as": node.members_run_as,
         "gpu_faults": gpu_faults_document(node.gpu_faults),
         "unfit": unfit_document(node.unfit, now_ms),
+        "conditions": conditions_document(node.conditions),
     }
 
 
@@ -98,6 +107,7 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
             d["topology_path"],
             f"{d['free_gpus']}/{d['capacity']['gpu']}",
             faults_text(d["gpu_faults"]) or None,
+            ",".join(k["name"] for k in d["conditions"]) or None,
             f"{cpu_text(d['allocated']['cpu_milli'])}/{cpu_text(d['capacity']['cpu_milli'])}",
             f"{memory_text(d['allocated']['memory_mib'])}/"
             f"{memory_text(d['capacity']['memory_mib'])}",
@@ -110,8 +120,8 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
         ]
         for d in docs
     ]
-    headers = ["NODE", "STATUS", "TOPOLOGY", "FREE GPU", "UNHEALTHY", "CPU USED", "MEMORY USED"]
-    return table(rows, [*headers, "HEARTBEAT", "ADDRESS", "RUNS AS", "UNFIT FOR"])
+    headers = ["NODE", "STATUS", "TOPOLOGY", "FREE GPU", "UNHEALTHY", "FAILING", "CPU USED"]
+    return table(rows, [*headers, "MEMORY USED", "HEARTBEAT", "ADDRESS", "RUNS AS", "UNFIT FOR"])
 
 
 def repair_document(node_id: str, answer: pb.RepairGpusResponse) -> Document:

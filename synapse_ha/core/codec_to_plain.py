@@ -42,13 +42,13 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     Queue: frozenset({"max_priority"}),
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
-    JobSpec: frozenset({"queue", "priority_class", "progress"}),
+    JobSpec: frozenset({"queue", "priority_class", "progress", "prestart"}),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
     ClusterState: frozenset({"queues", "queue_history", "format_floor"}),
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset({"lost_attempt"}),
     # GPU health (DESIGN §4).
-    Node: frozenset({"gpu_faults", "unfit", "start_failures"}),
+    Node: frozenset({"gpu_faults", "unfit", "start_failures", "conditions"}),
 }
 _ALWAYS = object()  # a field written whatever its value
 

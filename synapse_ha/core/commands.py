@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import JobSpec, MemberPlacement, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason
 
@@ -96,6 +96,19 @@ class RaiseFormat:
 
     version: int
     replicas: tuple[str, ...] = ()
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReportNodeChecks:
+    """What a node's worker reports of its checks (the leader proposes it when a
+    heartbeat's checks differ from the node's conditions). A failing check is recorded as
+    a condition and cordons a ready node (``status_by`` the check's identity,
+    :data:`~synapse_ha.core.health.CHECK_ACTOR`); a passing one clears its condition, and
+    the node is uncordoned once none is left, if that cordon was the check's own."""
+
+    node_id: str
+    checks: tuple[NodeCheck, ...]
     now_ms: int = 0
 
 
@@ -315,6 +328,7 @@ Command = (
     | ReportGpuHealth
     | RepairGpus
     | RaiseFormat
+    | ReportNodeChecks
     | SubmitJob
     | CancelJob
     | BindPlan
@@ -338,6 +352,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     ReportGpuHealth,
     RepairGpus,
     RaiseFormat,
+    ReportNodeChecks,
     SubmitJob,
     CancelJob,
     BindPlan,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from synapse_ha.core.model import JobSpec, Resources
+from synapse_ha.core.prestart import Prestart
 
 
 class MemberKey(NamedTuple):
@@ -48,6 +49,7 @@ class LaunchSpec:
     resources: Resources = field(default_factory=Resources)
     progress_timeout_ms: int = 0  # 0: no hang detection
     progress_source: str = ""  # "" with no hang detection, else a progress source
+    prestart: Prestart | None = None  # the job's pre-start check: None, none
 
     @classmethod
     def of(cls, spec: JobSpec) -> LaunchSpec:
@@ -61,6 +63,7 @@ class LaunchSpec:
             resources=spec.resources,
             progress_timeout_ms=spec.progress.timeout_ms if spec.progress else 0,
             progress_source=spec.progress.source if spec.progress else "",
+            prestart=spec.prestart,
         )
 
 

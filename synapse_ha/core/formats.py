@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.commands import ExitCause
+from synapse_ha.core.commands import ExitCause, ReportNodeChecks
 from synapse_ha.core.model import JobSpec
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
@@ -36,13 +36,17 @@ FORMAT = 3  # the newest format this release reads
 NEW_FIELDS: dict[type, dict[str, int]] = {
     # Resources of an ended attempt held until its members are confirmed stopped.
     ClusterConfig: {"hold_until_stopped": 3},
-    # Hang detection of a job's members (core/progress.py).
-    JobSpec: {"progress": 3},
+    # Hang detection of a job's members (core/progress.py), and a job's pre-start check
+    # (core/prestart.py).
+    JobSpec: {"progress": 3, "prestart": 3},
 }
 # Command types each format added.
 # (``RaiseFormat`` itself is format 3 but never gated: the leader proposes it only once
 # every replica reads it.)
-NEW_COMMANDS: dict[type, int] = {}
+NEW_COMMANDS: dict[type, int] = {
+    # A worker's node checks (its health-check program): node conditions.
+    ReportNodeChecks: 3,
+}
 # Enum values each format added (an older release cannot decode them).
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     # A member stopped by its worker for making no progress (hang detection).

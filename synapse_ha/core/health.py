@@ -66,3 +66,43 @@ def fault_of(faults: tuple[GpuFault, ...], gpu: int) -> GpuFault | None:
 def describe_faults(faults: tuple[GpuFault, ...]) -> str:
     """``GPU 3 xid-79, GPU 5 ecc-dbe``."""
     return ", ".join(f"GPU {f.gpu} {f.code}" for f in faults)
+
+
+# A node check's name: ``health-check`` (the worker's health-check program).
+CHECK_NAME_PATTERN = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+MAX_CHECK_NAME = 32
+MAX_CHECK_MESSAGE = 256
+# The identity a node cordoned by a failing check records as its ``status_by``: only
+# such a cordon is lifted when the check passes again.
+CHECK_ACTOR = "health-check"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NodeCheck:
+    """What a node's worker reports of one of its checks: its ``name``, whether it is
+    ``failing`` and why (``message``)."""
+
+    name: str
+    failing: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NodeCondition:
+    """A check failing on a node: its name, what it said, and since when (leader clock;
+    set at apply). A node with a condition is cordoned by the check while it was ready."""
+
+    name: str
+    message: str = ""
+    since_ms: int = 0
+
+
+def conditions_differ(conditions: tuple[NodeCondition, ...], checks: tuple[NodeCheck, ...]) -> bool:
+    """Whether ``checks`` (a worker's report) would change ``conditions``: a failing
+    check not recorded, or recorded with another message, or a recorded one passing."""
+    recorded = {c.name: c.message for c in conditions}
+    failing = {c.name: c.message for c in checks if c.failing}
+    passing = {c.name for c in checks if not c.failing}
+    if any(recorded.get(name) != message for name, message in failing.items()):
+        return True
+    return any(name in recorded for name in passing)

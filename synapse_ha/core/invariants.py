@@ -222,6 +222,9 @@ def _node_problems(state: ClusterState, held: _Holdings) -> list[str]:
         sick = [f.gpu for f in node.gpu_faults]
         if sick != sorted(set(sick)) or any(not 0 <= g < node.info.capacity.gpu for g in sick):
             problems.append(f"node {node_id}: GPU faults {sick} not one per GPU of the node")
+        checks = [k.name for k in node.conditions]
+        if checks != sorted(set(checks)):
+            problems.append(f"node {node_id}: conditions {checks} not one per check, by name")
         if not node.allocated.fits_in(node.info.capacity) or node.allocated.is_negative():
             problems.append(
                 f"node {node_id}: over-committed ({node.allocated} of {node.info.capacity})"

@@ -22,7 +22,8 @@ from synapse_ha.core.cluster_config import (
     Queue,
     QueueHistory,
 )
-from synapse_ha.core.health import GpuFault, Unfit
+from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.prestart import Prestart
 from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 
@@ -162,6 +163,8 @@ class Node:
     # and how many members in a row it could not start.
     unfit: tuple[Unfit, ...] = ()
     start_failures: int = 0
+    # Checks failing on the node (its worker's health-check program), by name.
+    conditions: tuple[NodeCondition, ...] = ()
 
     @property
     def node_id(self) -> str:
@@ -220,6 +223,7 @@ class JobSpec:
     queue: str = DEFAULT_QUEUE
     priority_class: str = ""  # "" : no class; ``priority`` is then the number given
     progress: Progress | None = None  # None: no hang detection (core/progress.py)
+    prestart: Prestart | None = None  # run on each member's node before the member
 
 
 @dataclass(frozen=True, slots=True)

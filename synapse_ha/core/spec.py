@@ -21,6 +21,7 @@ from typing import Any
 
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
+from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.progress import SOURCE_FILE, Progress
 from synapse_ha.core.validation import (
     MAX_CPU_MILLI,
@@ -47,8 +48,10 @@ _TOP_FIELDS = frozenset(
         "image",
         "queue",
         "progress",
+        "prestart",
     }
 )
+_PRESTART_FIELDS = frozenset({"command", "timeout"})
 _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
 _TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
 _RETRY_FIELDS = frozenset({"max", "backoff", "max_backoff"})
@@ -256,6 +259,7 @@ def parse_job_spec(
         queue=_string(doc.get("queue", DEFAULT_QUEUE), "queue"),
         priority_class=priority_class,
         progress=_progress(doc["progress"]) if "progress" in doc else None,
+        prestart=_prestart(doc["prestart"]) if "prestart" in doc else None,
     )
     request_id = _string(doc.get("request_id", ""), "request_id")
     violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)
@@ -371,18 +375,36 @@ def _string(value: object, field: str) -> str:
     return value
 
 
-def _command(value: object) -> tuple[tuple[str, ...], bool]:
+def _command(value: object, field: str = "command") -> tuple[tuple[str, ...], bool]:
     if isinstance(value, str):
         if not value.strip():
-            raise SpecError("command", "must not be empty")
+            raise SpecError(field, "must not be empty")
         return (value,), True
     if isinstance(value, list) and value:
         for i, part in enumerate(value):
             if not isinstance(part, str) or not part:
                 raise SpecError(
-                    f"command[{i}]", "expected a non-empty string", ViolationCode.WRONG_TYPE
+                    f"{field}[{i}]", "expected a non-empty string", ViolationCode.WRONG_TYPE
                 )
         return tuple(value), False
     raise SpecError(
-        "command", "expected a string or a non-empty list of strings", ViolationCode.WRONG_TYPE
+        field, "expected a string or a non-empty list of strings", ViolationCode.WRONG_TYPE
     )
+
+
+def _prestart(value: object) -> Prestart:
+    """``prestart:``: a command (string or list, as ``command``), or a mapping of
+    ``command`` and ``timeout`` (default 60s)."""
+    if not isinstance(value, Mapping):
+        command, shell = _command(value, "prestart")
+        return Prestart(command, shell)
+    doc = _mapping(value, "prestart", _PRESTART_FIELDS)
+    if "command" not in doc:
+        raise SpecError("prestart.command", "is required", ViolationCode.REQUIRED)
+    command, shell = _command(doc["command"], "prestart.command")
+    timeout = (
+        parse_duration(doc["timeout"], "prestart.timeout")
+        if "timeout" in doc
+        else DEFAULT_PRESTART_TIMEOUT_MS
+    )
+    return Prestart(command, shell, timeout)

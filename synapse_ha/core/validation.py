@@ -36,6 +36,7 @@ from synapse_ha.core.health import (
     GpuFault,
 )
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.core.prestart import MAX_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.progress import SOURCE_LOG as PROGRESS_SOURCE_LOG
 from synapse_ha.core.progress import SOURCES as PROGRESS_SOURCES
 from synapse_ha.core.progress import Progress
@@ -187,6 +188,8 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
     if problem:
         out.append(invalid("priority", f"{spec.priority_class!r}: a class name is {problem}"))
     out.extend(_check_progress(spec.progress, has_image=bool(spec.image)))
+    if spec.prestart is not None:
+        out.extend(_check_prestart(spec.prestart))
     return out
 
 
@@ -214,6 +217,13 @@ def _check_progress(progress: Progress | None, *, has_image: bool) -> list[Viola
                 "must be log for a job with an image (its containers have no progress file)",
             )
         )
+    return out
+
+
+def _check_prestart(prestart: Prestart) -> list[Violation]:
+    out = _check_command(prestart.command, prestart.shell, "prestart.command")
+    if not 0 < prestart.timeout_ms <= MAX_PRESTART_TIMEOUT_MS:
+        out.append(invalid("prestart.timeout", "must be more than 0 and at most 1h"))
     return out
 
 
@@ -256,15 +266,17 @@ def image_reference_problem(image: str) -> str:
     return ""
 
 
-def _check_command(command: tuple[str, ...], shell: bool) -> list[Violation]:
+def _check_command(
+    command: tuple[str, ...], shell: bool, field: str = "command"
+) -> list[Violation]:
     if not command or not all(command):
-        return [invalid("command", "must be a non-empty string or a list of non-empty strings")]
+        return [invalid(field, "must be a non-empty string or a list of non-empty strings")]
     if any("\x00" in part for part in command):
-        return [invalid("command", "must not contain NUL characters")]
+        return [invalid(field, "must not contain NUL characters")]
     if shell and len(command) != 1:
-        return [invalid("command", "a shell command is exactly one string")]
+        return [invalid(field, "a shell command is exactly one string")]
     if sum(len(part) for part in command) > MAX_COMMAND_BYTES:
-        return [invalid("command", f"must be at most {MAX_COMMAND_BYTES} characters")]
+        return [invalid(field, f"must be at most {MAX_COMMAND_BYTES} characters")]
     return []
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, NodeCondition
 from synapse_ha.core.model import (
     Attempt,
     AttemptState,
@@ -61,6 +61,8 @@ class EventKind(enum.StrEnum):
     NODE_DEAD = "node_dead"
     GPU_UNHEALTHY = "gpu_unhealthy"  # GPUs of a node were recorded unhealthy
     GPU_REPAIRED = "gpu_repaired"  # unhealthy GPUs of a node were repaired
+    NODE_CHECK_FAILED = "node_check_failed"  # a check of a node fails (or says anew why)
+    NODE_CHECK_PASSED = "node_check_passed"  # a failing check of a node passes again
     LEADER_CHANGED = "leader_changed"  # a new leader committed its term's barrier
 
 
@@ -160,6 +162,7 @@ class _NodeMark(NamedTuple):
 
     status: NodeStatus
     gpu_faults: tuple[GpuFault, ...]
+    conditions: tuple[NodeCondition, ...] = ()
 
 
 def _mark(job: Job) -> _JobMark:
@@ -260,7 +263,7 @@ class Tracker:
         that was not written before a crash is written now (writing is idempotent)."""
         self._jobs = {job_id: _mark(job) for job_id, job in state.jobs.items()}
         self._nodes = {
-            node_id: _NodeMark(node.status, node.gpu_faults)
+            node_id: _NodeMark(node.status, node.gpu_faults, node.conditions)
             for node_id, node in state.nodes.items()
         }
         step = Step()
@@ -325,9 +328,11 @@ class Tracker:
             self._nodes.pop(node_id, None)
             return
         after = node.status
-        self._nodes[node_id] = _NodeMark(after, node.gpu_faults)
+        self._nodes[node_id] = _NodeMark(after, node.gpu_faults, node.conditions)
         if known is not None and known.gpu_faults != node.gpu_faults:
             _health_events(node_id, known.gpu_faults, node.gpu_faults, events)
+        if known is not None and known.conditions != node.conditions:
+            _check_events(node_id, known.conditions, node.conditions, events)
         before = known.status if known is not None else None
         if before == after:
             return
@@ -421,6 +426,27 @@ def _health_events(
         events.append((EventKind.GPU_REPAIRED, {"node_id": node_id, "detail": detail}))
     if new:
         events.append((EventKind.GPU_UNHEALTHY, {"node_id": node_id, "detail": faults_text(new)}))
+
+
+def _check_events(
+    node_id: str,
+    before: tuple[NodeCondition, ...],
+    after: tuple[NodeCondition, ...],
+    events: list[tuple[EventKind, dict[str, object]]],
+) -> None:
+    """``node_check_passed`` for each check no longer failing, ``node_check_failed`` for
+    each failing since ``before`` or with a new message; before any status event of the
+    same command, since a cordon follows from the checks."""
+    was = {k.name: k.message for k in before}
+    now = {k.name for k in after}
+    for k in before:
+        if k.name not in now:
+            about: dict[str, object] = {"node_id": node_id, "detail": f"{k.name} passes"}
+            events.append((EventKind.NODE_CHECK_PASSED, about))
+    for k in after:
+        if was.get(k.name) != k.message or k.name not in was:
+            failed: dict[str, object] = {"node_id": node_id, "detail": f"{k.name}: {k.message}"}
+            events.append((EventKind.NODE_CHECK_FAILED, failed))
 
 
 def faults_text(faults: tuple[GpuFault, ...], with_detail: bool = True) -> str:

@@ -183,7 +183,8 @@ def _gpu_cell(gpu: int, allocated: set[int], faults: dict[int, pb.GpuFault]) -> 
 
 
 def _node_cell(n: pb.Node) -> str:
-    """A node of the map: its GPUs, and a title naming its status, use and faults."""
+    """A node of the map: its GPUs, and a title naming its status, use, faults and
+    failing checks."""
     allocated = set(n.allocated_gpus)
     faults = {f.gpu: f for f in n.gpu_faults}
     status = states.shown_node_status(n)
@@ -193,6 +194,8 @@ def _node_cell(n: pb.Node) -> str:
         title += "; unhealthy: " + ", ".join(
             f"GPU {f.gpu} {f.code}" for f in sorted(faults.values(), key=lambda f: f.gpu)
         )
+    if n.conditions:
+        title += "; failing: " + ", ".join(f"{k.name}: {k.message}" for k in n.conditions)
     sick = " sick" if faults else ""
     return (
         f'<span class="node {_e(status)}{sick}" data-node="{_e(n.node_id)}" '

@@ -2,11 +2,11 @@
 
 :class:`ReplicaCollector` reports the Raft figures of the replica and what its newest
 snapshot holds: jobs by state and queue, pending gangs by reason code, nodes by status,
-free and used GPUs by rack, and unhealthy GPUs by node. It reads one immutable snapshot
-(``ReplicaSource.snapshot()``: the apply lock is held only to copy what changed since the
-previous snapshot) and derives every gauge from it without any lock; the figures
-(:class:`StateFigures`, a pure function of the state) are cached per applied command, so
-scrapes between two applies cost one comparison.
+free and used GPUs by rack, unhealthy GPUs by node and the checks failing on each node.
+It reads one immutable snapshot (``ReplicaSource.snapshot()``: the apply lock is held
+only to copy what changed since the previous snapshot) and derives every gauge from it
+without any lock; the figures (:class:`StateFigures`, a pure function of the state) are
+cached per applied command, so scrapes between two applies cost one comparison.
 
 A GPU recorded unhealthy (:mod:`synapse_ha.core.health`) is never free: the scheduler
 does not place on it until an operator repairs it. One that a gang still holds while
@@ -91,6 +91,7 @@ class StateFigures:
     nodes: dict[str, int]  # status -> count
     gpus: dict[tuple[str, str], int]  # (rack, free|used) -> GPUs
     unhealthy: dict[str, int]  # node -> unhealthy GPUs (every node, 0 when healthy)
+    failing: tuple[tuple[str, str], ...] = ()  # (node, check) of every failing check
 
     @classmethod
     def of(
@@ -129,6 +130,9 @@ class StateFigures:
             free = 0 if node.status is NodeStatus.DEAD else node.info.capacity.gpu - unusable
             gpus[(rack, "used")] += used
             gpus[(rack, "free")] += max(0, free)
+        failing = sorted(
+            (node_id, k.name) for node_id, node in state.nodes.items() for k in node.conditions
+        )
         return cls(
             state.applied_commands,
             dict(jobs),
@@ -136,6 +140,7 @@ class StateFigures:
             dict(nodes),
             dict(gpus),
             dict(sorted(unhealthy.items())),
+            tuple(failing),
         )
 
 
@@ -257,3 +262,12 @@ def state_families(figures: StateFigures) -> Iterator[Metric]:
     for node_id, n in figures.unhealthy.items():
         unhealthy.add_metric([node_id], float(n))
     yield unhealthy
+    failing = GaugeMetricFamily(
+        "synapse_node_check_failing",
+        "1 for each check failing on a node (its health-check program); a node with none "
+        "failing has no series",
+        labels=["node", "check"],
+    )
+    for node_id, check in figures.failing:
+        failing.add_metric([node_id, check], 1.0)
+    yield failing

@@ -42,6 +42,7 @@ from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.gpu_health import GpuHealthMonitor, health_monitor
+from synapse_ha.worker.health_check import HealthCheck
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.logs import LogAccess, add_worker_service, new_worker_server
 from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
@@ -326,6 +327,9 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     # and pushes desired members on it; an older one keeps getting unary heartbeats.
     control = StreamControlPlane(GrpcControlPlane(client), transport.channel, box.push)
     gpu_health = _gpu_health_monitor(config, request)
+    # Its first result reaches the leader in the heartbeat after it ends.
+    health_check = HealthCheck(config.health_check, changed=box.wake.set)
+    health_check.start()
     agent = Agent(
         request,
         MeteredControlPlane(control, metrics),
@@ -335,6 +339,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         timings=AgentTimings(config.heartbeat_interval_s, config.lease_ttl_s),
         self_fencing=config.self_fencing,
         gpu_faults=gpu_health.faults,
+        node_checks=health_check.checks,
     )
     if not config.self_fencing:
         log.critical(
@@ -347,6 +352,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     finally:
         log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
         gpu_health.stop()
+        health_check.stop()
         executor.close()
         with contextlib.suppress(OSError):  # a full disk: the supervisors are gone anyway
             lease_file.revoke()

@@ -28,6 +28,12 @@ keys are the flag names with underscores, for example::
     enabled = true
     poll_interval = "5s"
     xid_actions = {"13" = "unhealthy", "79" = "report"}   # override the Xid table
+
+and, at the top level, the health-check program (worker/health_check.py)::
+
+    health_check = "/usr/local/sbin/node-health --quick"
+    health_check_interval = "5m"
+    health_check_timeout = "60s"
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Any
 
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_memory
 from synapse_ha.programs.config_file import ConfigError, address, duration_ms
+from synapse_ha.programs.health_check_config import HEALTH_CHECK_SETTINGS, health_check_settings
 from synapse_ha.programs.member_config import (
     ACCOUNTS,
     ALLOW_ROOT_MEMBERS,
@@ -70,6 +77,7 @@ from synapse_ha.security.tls import TlsFiles, add_tls_flags
 from synapse_ha.worker import discovery
 from synapse_ha.worker.accounts import RunAsMode
 from synapse_ha.worker.gpu_health import GpuHealthSettings
+from synapse_ha.worker.health_check import HealthCheckSettings
 from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.xid import parse_xid_actions
 
@@ -114,6 +122,7 @@ class WorkerConfig:
     # The runtime as it will run (its program by absolute path, found at start), or None.
     image: ImageRuntime | None = None
     gpu_health: GpuHealthSettings = field(default_factory=GpuHealthSettings)
+    health_check: HealthCheckSettings = field(default_factory=HealthCheckSettings)
 
 
 # ------------------------------------------------------------------- the checks
@@ -347,7 +356,18 @@ SERVICE = (NO_CGROUPS, CGROUP_ROOT, LOG_LEVEL, METRICS_ADDRESS)
 
 def build_parser() -> argparse.ArgumentParser:
     p = new_parser("synapse-worker", "Run the synapse node agent on this machine.")
-    add_settings(p, NODE, CAPACITY, GPU_HEALTH, IMAGES, (FEATURES,), TIMING, SERVICE, ACCOUNTS)
+    add_settings(
+        p,
+        NODE,
+        CAPACITY,
+        GPU_HEALTH,
+        HEALTH_CHECK_SETTINGS,
+        IMAGES,
+        (FEATURES,),
+        TIMING,
+        SERVICE,
+        ACCOUNTS,
+    )
     add_tls_flags(
         p,
         "worker",
@@ -441,6 +461,7 @@ def load_config(
         tls=tls,
         image=image,
         gpu_health=_gpu_health(inputs, mock),
+        health_check=health_check_settings(inputs),
     )
 
 

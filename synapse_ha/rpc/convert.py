@@ -14,7 +14,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Limits, PriorityClass, Queue
 from synapse_ha.core.desired import DesiredMember
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, NodeCheck, NodeCondition
 from synapse_ha.core.model import (
     Attempt,
     Job,
@@ -25,6 +25,7 @@ from synapse_ha.core.model import (
     RetryPolicy,
     Token,
 )
+from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.progress import SOURCE_FILE, Progress
 from synapse_ha.core.queue_usage import QueueUsage
 from synapse_ha.core.reasons import render, withheld
@@ -82,8 +83,14 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         )
         if retries is not None
         else defaults,
+        prestart=prestart_from_proto(msg.prestart) if msg.HasField("prestart") else None,
     )
     return spec
+
+
+def prestart_from_proto(msg: pb.Prestart) -> Prestart:
+    """A pre-start check (not yet checked); a timeout left 0 is the default."""
+    return Prestart(tuple(msg.command), msg.shell, msg.timeout_ms or DEFAULT_PRESTART_TIMEOUT_MS)
 
 
 def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
@@ -109,6 +116,11 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
     if spec.progress is not None:
         msg.progress.CopyFrom(
             pb.Progress(timeout_ms=spec.progress.timeout_ms, source=spec.progress.source)
+        )
+    if spec.prestart is not None:
+        p = spec.prestart
+        msg.prestart.CopyFrom(
+            pb.Prestart(command=list(p.command), shell=p.shell, timeout_ms=p.timeout_ms)
         )
     if spec.shell:
         msg.shell_command = spec.command[0] if spec.command else ""
@@ -165,6 +177,8 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
         del spec.env[:]
         spec.workdir = ""
         spec.image = ""
+        if spec.HasField("prestart"):
+            del spec.prestart.command[:]
         request_id = ""
     msg = pb.Job(
         job_id=job.job_id,
@@ -210,7 +224,23 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
         unfit=[
             pb.NodeUnfit(owner=u.owner, detail=u.detail, until_ms=u.until_ms) for u in node.unfit
         ],
+        conditions=conditions_to_proto(node.conditions),
     )
+
+
+def conditions_to_proto(conditions: Iterable[NodeCondition]) -> list[pb.NodeCondition]:
+    return [
+        pb.NodeCondition(name=k.name, message=k.message, since_ms=k.since_ms) for k in conditions
+    ]
+
+
+def checks_to_proto(checks: Iterable[NodeCheck]) -> list[pb.NodeCheck]:
+    return [pb.NodeCheck(name=k.name, failing=k.failing, message=k.message) for k in checks]
+
+
+def checks_from_proto(msgs: Iterable[pb.NodeCheck]) -> tuple[NodeCheck, ...]:
+    """A worker's node checks (not yet checked: :func:`node_checks.check_node_checks`)."""
+    return tuple(NodeCheck(m.name, m.failing, m.message) for m in msgs)
 
 
 def gpu_faults_to_proto(faults: Iterable[GpuFault]) -> list[pb.GpuFault]:
@@ -280,7 +310,7 @@ def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.Member
 
 
 def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
-    return pb.DesiredMember(
+    msg = pb.DesiredMember(
         job_id=d.job_id,
         fencing_token=d.fencing_token,
         attempt=d.attempt,
@@ -307,6 +337,15 @@ def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
         # no grace: the worker never starts it and confirms with an immediate exit.
         preemption=ENDED_ATTEMPT if d.ended else "",
     )
+    return _with_prestart(msg, d.spec.prestart)
+
+
+def _with_prestart(msg: pb.DesiredMember, prestart: Prestart | None) -> pb.DesiredMember:
+    if prestart is not None:
+        msg.prestart_command.extend(prestart.command)
+        msg.prestart_shell = prestart.shell
+        msg.prestart_timeout_ms = prestart.timeout_ms
+    return msg
 
 
 # The ``DesiredMember.preemption`` kind of a member whose attempt has ended.

@@ -14,8 +14,10 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
 from synapse_ha.core.desired import DesiredMember
-from synapse_ha.core.health import GpuFault, unhealthy_gpus
+from synapse_ha.core.formats import format_needed
+from synapse_ha.core.health import GpuFault, NodeCheck, conditions_differ, unhealthy_gpus
 from synapse_ha.core.model import ClusterState, NodeStatus
+from synapse_ha.core.node_checks import check_node_checks
 from synapse_ha.core.views import desired_by_node
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -64,6 +66,25 @@ def gpu_fault_problems(
     if node is None or not faults:
         return []
     return validation.check_gpu_faults(faults, node.info.capacity.gpu)
+
+
+def checks_command(
+    state: ClusterState, node_id: str, checks: Sequence[NodeCheck], now_ms: int
+) -> cmd.ReportNodeChecks | None:
+    """The command that records the results of ``node_id``'s checks, when they differ
+    from the node's conditions (None otherwise: a worker reports them in every
+    heartbeat), and once every replica reads it (until then the checks wait: the
+    heartbeat itself must not be refused)."""
+    node = state.nodes.get(node_id)
+    if node is None or not conditions_differ(node.conditions, tuple(checks)):
+        return None
+    command = cmd.ReportNodeChecks(node_id=node_id, checks=tuple(checks), now_ms=now_ms)
+    return command if format_needed(command) <= state.format_floor else None
+
+
+def check_problems(checks: Sequence[NodeCheck]) -> list[validation.Violation]:
+    """The rules a heartbeat's node checks break."""
+    return check_node_checks(checks)
 
 
 class DesiredMembers:

@@ -62,6 +62,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import (
     DesiredMembers,
     answer_fields,
+    check_problems,
+    checks_command,
     desired_message,
     gpu_fault_problems,
     health_command,
@@ -359,10 +361,16 @@ class StreamServer:
         if violations:
             problem = describe(violations)
             raise _Refused(build_status(Reason.INVALID_FIELD, problem, {"field": "gpu_faults"}))
+        checks = convert.checks_from_proto(request.checks)
+        violations = check_problems(checks)
+        if violations:
+            problem = describe(violations)
+            raise _Refused(build_status(Reason.INVALID_FIELD, problem, {"field": "checks"}))
         ctx.liveness.heard(node_id, now)
         # Health first: a member that died with its GPU is then the node's fault.
         for command in (
             health_command(state, node_id, faults, now),
+            checks_command(state, node_id, checks, now),
             report_command(node_id, events, now),
         ):
             if command is not None:

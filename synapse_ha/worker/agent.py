@@ -30,6 +30,8 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
 * Every heartbeat names every GPU this node finds unhealthy (``gpu_faults``, from the
   GPU health monitor, :mod:`synapse_ha.worker.gpu_health`); a heartbeat goes out early
   when that list changed, so the leader requeues the gang on a failed GPU at once.
+* Every heartbeat carries the latest result of each node check (``checks``: the
+  health-check program, :mod:`synapse_ha.worker.health_check`), early when one changed.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import NodeStatus, Resources
+from synapse_ha.core.prestart import Prestart
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -143,6 +146,9 @@ def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
             resources=Resources(d.cpu_milli, d.memory_mib, len(d.gpus)),
             progress_timeout_ms=d.progress_timeout_ms,
             progress_source=d.progress_source,
+            prestart=Prestart(tuple(d.prestart_command), d.prestart_shell, d.prestart_timeout_ms)
+            if d.prestart_command
+            else None,
         ),
         owner=d.owner,
     )
@@ -196,14 +202,18 @@ class Agent:
         *,
         self_fencing: bool = True,
         gpu_faults: Callable[[], Sequence[GpuFault]] = tuple,
+        node_checks: Callable[[], Sequence[NodeCheck]] = tuple,
     ) -> None:
         """``self_fencing=False`` exists only so the chaos suite can prove it catches a
         build without self-fencing (see ``synapse_ha.programs.worker``); never in production.
         ``gpu_faults`` says which GPUs are unhealthy now (any thread may change its answer;
-        it must not block)."""
+        it must not block); ``node_checks`` the latest result of each node check (the
+        health-check program, :mod:`synapse_ha.worker.health_check`), likewise."""
         self.self_fencing = self_fencing
         self.gpu_faults = gpu_faults
         self.faults_sent: tuple[GpuFault, ...] = ()
+        self.node_checks = node_checks
+        self.checks_sent: tuple[NodeCheck, ...] = ()
         self.registration = registration
         self.node_id = registration.node_id
         self.control = control
@@ -298,6 +308,9 @@ class Agent:
     # --------------------------------------------------------------- internals
 
     def _fresh_faults(self) -> bool:
+        """Whether the unhealthy GPUs or the checks changed since the last heartbeat."""
+        if tuple(self.node_checks()) != self.checks_sent:
+            return True
         return tuple(self.gpu_faults()) != self.faults_sent
 
     def _collect_exits(self) -> None:
@@ -360,13 +373,16 @@ class Agent:
         reports = list(self.pending)
         running = [_report(k, pb.MemberReport.STARTED) for k in self.executor.running()]
         faults = tuple(self.gpu_faults())
+        checks = tuple(self.node_checks())
         request = pb.HeartbeatRequest(
             node_id=self.node_id,
             reports=reports,
             running=running,
             gpu_faults=convert.gpu_faults_to_proto(faults),
+            checks=convert.checks_to_proto(checks),
         )
         self.faults_sent = faults
+        self.checks_sent = checks
         sent_at = self.clock()
         self.last_sent_at = sent_at
         self.fresh_reports = False

@@ -190,3 +190,25 @@ def container_process(
         container=container,
         container_stop=runtime.stop_argvs(member.key),
     )
+
+
+def prestart_record(
+    member: DesiredMember, base_env: Mapping[str, str], account: Account | None, member_dir: Path
+) -> dict[str, Any] | None:
+    """The job's pre-start check as the supervisor runs it (``prestart`` in the launch
+    record; None without one): on the host, as the member would run there (its
+    environment, ``account`` and the job's working directory). A member whose job names
+    an image gets its check on the host too, in ``/`` (the working directory is the
+    container's)."""
+    prestart = member.spec.prestart
+    if prestart is None:
+        return None
+    argv = ["/bin/sh", "-c", prestart.command[0]] if prestart.shell else list(prestart.command)
+    fields = host_process(member, base_env, account, member_dir).launch_fields()
+    return {
+        "argv": argv,
+        "env": fields["env"],
+        "cwd": "/" if member.spec.image else fields["cwd"],
+        "run_as": fields["run_as"],
+        "timeout_s": prestart.timeout_ms / 1000,
+    }

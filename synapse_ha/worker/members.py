@@ -59,6 +59,7 @@ from synapse_ha.worker.launch import (
     give_to_owner,
     host_process,
     member_argv,
+    prestart_record,
     progress_fields,
 )
 from synapse_ha.worker.member_dirs import (
@@ -318,6 +319,7 @@ class MemberExecutor:
             **progress_fields(desired, log_path, progress_path),
             "cgroup_dir": cgroup_dir,
             "self_fencing": self.settings.self_fencing,
+            "prestart": prestart_record(desired, self.settings.base_env, account, mdir),
         }
 
     def _start_supervisor(self, member: Member, launch: dict[str, Any]) -> None:

@@ -104,6 +104,7 @@ from synapse_ha.worker.records import (
     write_reserved,
 )
 from synapse_ha.worker.shim_containers import MemberContainer, error_kind
+from synapse_ha.worker.shim_prestart import FAILED, INTERRUPTED, run_prestart
 
 # No pathlib or typing: they would add several milliseconds to every member start.
 # mypy reads the annotations below; the interpreter never imports typing for them.
@@ -117,6 +118,8 @@ EXIT_TIME_LIMIT = 124
 EXIT_STOPPED = 143  # 128 + SIGTERM: never 0 for a member the supervisor stopped
 EXIT_COULD_NOT_EXEC = 127
 PREEMPT_FILE = "preempt.json"  # in the member directory; see $SYNAPSE_PREEMPT_FILE
+EXIT_PRESTART_FAILED = 126  # the job's pre-start check failed: the member never ran
+_STOPPED = "stopped"
 
 # Why a member could not start, in words that name no path and no program of the job's:
 # the same sentence whether a path does not exist or the member's account may not use it.
@@ -409,6 +412,8 @@ class Shim:
             # Not started: a disruption (the disk's), not the job's failure.
             self.finish(137, f"not started: no room for the member's records ({exc})", True)
             return 0
+        if self.launch.get("prestart") and not self.prestart_passed():
+            return 0
         failure = self.start()
         if failure is not None:
             self.finish(EXIT_COULD_NOT_EXEC, failure)
@@ -428,7 +433,41 @@ class Shim:
         self.finish(exit_code, detail, disrupted=fenced)
         return 0
 
-    def finish(self, exit_code: int, detail: str, disrupted: bool = False) -> None:
+    def prestart_passed(self) -> bool:
+        """Run the job's pre-start check (:mod:`~synapse_ha.worker.shim_prestart`); when
+        it does not pass, finish: the node's fault, or the stop that cut it short."""
+        record = self.launch["prestart"]
+
+        def before_exec(step_write: int) -> Callable[[], None]:
+            return _before_exec(record, step_write)
+
+        outcome, detail = run_prestart(record, self.dir, before_exec, self._interrupted)
+        if outcome == FAILED:
+            detail = f"prestart check failed: {detail}"
+            flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW
+            with contextlib.suppress(OSError):
+                log = os.open(self.launch["log_path"], flags)
+                os.write(log, f"synapse-worker: {detail}\n".encode())
+                os.close(log)
+            self.finish(EXIT_PRESTART_FAILED, detail, node_fault=True)
+        elif outcome == INTERRUPTED:
+            code, detail, _ = self.stopped() if detail == _STOPPED else (137, detail, True)
+            self.finish(code, f"{detail} (during its prestart check)", disrupted=True)
+        return outcome not in (FAILED, INTERRUPTED)
+
+    def _interrupted(self) -> str:
+        """Why a pre-start check must be cut short ("" : it need not)."""
+        if self.fence_requested or (
+            self.self_fencing and time.monotonic() >= read_lease_deadline(self.lease_path)
+        ):
+            return "fenced: the node's lease expired"
+        if self.self_fencing and os.getppid() != self.parent_pid:
+            return "fenced: the worker agent went away"
+        return _STOPPED if self.stop_requested else ""
+
+    def finish(
+        self, exit_code: int, detail: str, disrupted: bool = False, node_fault: bool = False
+    ) -> None:
         self.container.remove_files()
         write_reserved(
             os.path.join(self.dir, "exit.json"),
@@ -438,6 +477,7 @@ class Shim:
                 "ended_at_ms": int(time.time() * 1000),
                 "disrupted": disrupted,
                 "hung": self.hung,
+                "node_fault": node_fault,
             },
         )
 

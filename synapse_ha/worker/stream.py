@@ -153,6 +153,7 @@ class StreamControlPlane:
             reports=request.reports,
             running=request.running,
             gpu_faults=request.gpu_faults,
+            checks=request.checks,
         )
         reply = connection.exchange(message, timeout_s)
         if reply is not None:

@@ -14,12 +14,12 @@ JOB_KEYS = [
     "request_id", "owner", "cancelled_by", "redacted", "attempt", "fencing_token", "replicas",
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
     "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members", "queue",
-    "priority_class", "preemption", "progress",
+    "priority_class", "preemption", "progress", "prestart",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
     "allocated", "free_gpus", "allocated_gpus", "gpu_model", "registered_at_ms",
-    "last_heartbeat_age_ms", "members_run_as", "gpu_faults", "unfit",
+    "last_heartbeat_age_ms", "members_run_as", "gpu_faults", "unfit", "conditions",
 ]  # fmt: skip
 
 
@@ -143,7 +143,7 @@ def test_tables_for_people() -> None:
     ]  # fmt: skip
     nodes = render_nodes.nodes_table([render_nodes.node_document(node("w1", "r1", [0, 1], 1500))])
     assert nodes.splitlines()[1].split() == [
-        "w1", "ready", "z1/b1/r1", "6/8", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
+        "w1", "ready", "z1/b1/r1", "6/8", "-", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
         "w1.example:7070", "-", "-",
     ]  # fmt: skip
     status = render_jobs.job_table(render_jobs.job_document(running_job()), now)

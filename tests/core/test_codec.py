@@ -24,7 +24,7 @@ from synapse_ha.core.codec import (
 )
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.codec_to_plain import _ADDED_FIELDS, to_plain
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from tests.core.harness import Cluster, job, node
@@ -38,6 +38,7 @@ EXAMPLES: list[c.Command] = [
     c.ReportGpuHealth("n1", (GpuFault(3, "xid-79", "fell off the bus"),), 7, 5),
     c.RepairGpus("n1", (3,), 6, "user:ops"),
     c.RaiseFormat(3, ("r1", "r2", "r3"), 8),
+    c.ReportNodeChecks("n1", (NodeCheck("health-check", True, "disk full"),), 6),
     c.SubmitJob(job("x", replicas=3, gpu=2, required="rack", time_limit_s=60, retries=2), "r", 6),
     c.CancelJob("job-000001", "user asked", 7),
     c.BindPlan(

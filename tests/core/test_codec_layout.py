@@ -20,8 +20,9 @@ import pytest
 from synapse_ha.core import cluster_config, model, reasons
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
-from synapse_ha.core.health import GpuFault, Unfit
+from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.prestart import Prestart
 from synapse_ha.core.progress import Progress
 from tests.core.harness import Cluster
 from tests.core.test_codec import a_running_and_a_waiting_job
@@ -44,7 +45,8 @@ PINNED: dict[type, tuple[str, ...]] = {
                 "finished_at_ms", "owner", "cancelled_by", "lost_attempt"),
     model.JobSpec: ("name", "replicas", "resources", "command", "shell", "env", "workdir",
                     "priority", "topology_required", "topology_preferred", "time_limit_ms",
-                    "retries", "image", "queue", "priority_class", "progress"),
+                    "retries", "image", "queue", "priority_class", "progress",
+                    "prestart"),
     cluster_config.Limits: ("spec_bytes", "env_bytes", "pending_jobs_per_user",
                             "pending_jobs_per_queue", "submit_burst", "submit_per_s",
                             "watch_streams_per_identity", "watch_streams_total"),
@@ -53,9 +55,11 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.MemberStatus: ("state", "exit_code", "started_at_ms", "finished_at_ms"),
     model.Node: ("info", "status", "registered_at_ms", "allocated", "allocated_gpus",
                  "master_ports", "status_reason", "status_by", "gpu_faults", "unfit",
-                 "start_failures"),
+                 "start_failures", "conditions"),
     GpuFault: ("gpu", "code", "detail", "since_ms"),
     Unfit: ("owner", "detail", "until_ms"),
+    NodeCondition: ("name", "message", "since_ms"),
+    Prestart: ("command", "shell", "timeout_ms"),
     model.NodeInfo: ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology",
                      "features", "members_run_as"),
     cluster_config.PriorityClass: ("name", "value", "preempts", "grace_ms"),

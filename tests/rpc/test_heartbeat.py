@@ -4,7 +4,8 @@ members per snapshot version."""
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule
@@ -14,6 +15,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.heartbeat import (
     DesiredMembers,
     answer_fields,
+    check_problems,
+    checks_command,
     gpu_fault_problems,
     health_command,
     report_command,
@@ -77,3 +80,24 @@ def test_malformed_unhealthy_gpus_name_the_field_and_the_rule() -> None:
     problems = gpu_fault_problems(state, "n1", [GpuFault(2, "xid-79")])
     assert [str(p) for p in problems] == ["gpu_faults[0].gpu: must be a GPU index from 0 to 1"]
     assert gpu_fault_problems(state, "n1", [GpuFault(1, "lost")]) == []
+
+
+def test_node_checks_become_a_command_only_when_they_change_the_conditions() -> None:
+    state = ClusterState()
+    assert apply(state, cmd.RegisterNode(node("n1", gpus=2), 1)).ok
+    failing = NodeCheck("health-check", True, "disk full")
+    passing = NodeCheck("health-check", False)
+    assert checks_command(state, "n1", [passing], 2) is None
+    assert checks_command(state, "n1", [], 2) is None
+    # Not before every replica reads it: the heartbeat is answered, the checks wait.
+    assert checks_command(state, "n1", [failing], 2) is None
+    assert apply(state, cmd.RaiseFormat(FORMAT)).ok
+    command = checks_command(state, "n1", [failing], 3)
+    assert command is not None and command.checks == (failing,)
+    assert apply(state, command).ok
+    assert state.nodes["n1"].status is NodeStatus.CORDONED
+    assert checks_command(state, "n1", [failing], 4) is None
+    assert checks_command(state, "n9", [failing], 4) is None
+    assert checks_command(state, "n1", [passing], 5) is not None
+    problems = check_problems([NodeCheck("Bad Name", True, "x")])
+    assert [p.field for p in problems] == ["checks[0].name"]

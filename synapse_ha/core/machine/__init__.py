@@ -24,6 +24,7 @@ from synapse_ha.core.machine import (
     config,
     health,
     jobs,
+    node_checks,
     nodes,
     preemption,
     reports,
@@ -55,6 +56,7 @@ HANDLERS: dict[type, Handling] = {
     **tokens_queues.HANDLERS,
     **preemption.HANDLERS,
     **health.HANDLERS,
+    **node_checks.HANDLERS,
 }
 
 

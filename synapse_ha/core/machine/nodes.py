@@ -44,6 +44,7 @@ def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result
     node.status = move(NODE, node.status, lc.NodeEvent.REGISTER)
     if was_dead:
         node.status_reason = ""
+        node.conditions = ()  # its worker reports its checks afresh
         node.registered_at_ms = now
         return ok(f"node {info.node_id} is back")
     return ok(f"node {info.node_id} updated")

@@ -16,6 +16,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import (
     DesiredMembers,
     answer_fields,
+    check_problems,
+    checks_command,
     desired_message,
     gpu_fault_problems,
     health_command,
@@ -78,13 +80,15 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 {"node_id": request.node_id},
             )
         faults = convert.gpu_faults_from_proto(request.gpu_faults)
-        violations = gpu_fault_problems(state, request.node_id, faults)
+        checks = convert.checks_from_proto(request.checks)
+        violations = gpu_fault_problems(state, request.node_id, faults) + check_problems(checks)
         if violations:
             abort_invalid(context, violations)
         self.ctx.liveness.heard(request.node_id, now)
         # Health first: a member that died with its GPU is then the node's fault.
         for command in (
             health_command(state, request.node_id, faults, now),
+            checks_command(state, request.node_id, checks, now),
             report_command(request.node_id, events, now),
         ):
             if command is not None:

@@ -1,0 +1,76 @@
+"""synctl's view of node checks and pre-start checks without a cluster: the node
+document's ``conditions`` and the FAILING column, a job's ``prestart`` (its command
+withheld from other users), and hostile check text kept off the terminal."""
+
+from __future__ import annotations
+
+import json
+
+from synapse_ha.cli import render, render_jobs, render_nodes
+from synapse_ha.core.health import CHECK_ACTOR, NodeCondition
+from synapse_ha.core.model import Job, JobSpec, Node, NodeInfo, NodeStatus, Resources
+from synapse_ha.core.prestart import Prestart
+from synapse_ha.rpc import convert
+from tests.cli.test_gpu_health_render import HOSTILE, NOW, row
+
+
+def checked_node(message: str = "disk /scratch full") -> Node:
+    info = NodeInfo("w1", "h:1", Resources(1000, 1024, 8))
+    node = Node(info=info, status=NodeStatus.CORDONED, registered_at_ms=1)
+    node.status_reason = f"health check failed: {message}"
+    node.status_by = CHECK_ACTOR
+    node.conditions = (NodeCondition("health-check", message, NOW - 1_000),)
+    return node
+
+
+def test_a_failing_check_reaches_the_document_and_the_table() -> None:
+    doc = render_nodes.node_document(convert.node_to_proto(checked_node(), -1), NOW)
+    assert doc["conditions"] == [
+        {"name": "health-check", "message": "disk /scratch full", "since_ms": NOW - 1_000}
+    ]
+    assert doc["status"] == "cordoned"
+    assert doc["status_reason"] == "health check failed: disk /scratch full"
+    assert json.loads(render.structured({"nodes": [doc]}, "json"))["nodes"][0] == doc
+    healthy = convert.node_to_proto(
+        Node(info=NodeInfo("w2", "h:2", Resources(1, 1, 0)), status=NodeStatus.READY,
+             registered_at_ms=1), -1
+    )  # fmt: skip
+    text = render_nodes.nodes_table([doc, render_nodes.node_document(healthy, NOW)])
+    assert row(text, "w1")["FAILING"] == "health-check"
+    assert row(text, "w2")["FAILING"] == "-"
+
+
+def test_hostile_check_text_stays_off_the_terminal_and_exact_in_json() -> None:
+    doc = render_nodes.node_document(convert.node_to_proto(checked_node(HOSTILE), -1), NOW)
+    assert doc["conditions"][0]["message"] == HOSTILE
+    text = render_nodes.nodes_table([doc])
+    for unsafe in ("\x1b", "\x07", "\r", "\u202e"):
+        assert unsafe not in text
+
+
+def job_with_prestart(prestart: Prestart | None) -> Job:
+    spec = JobSpec("train", 1, Resources(), ("python train.py",), prestart=prestart)
+    return Job("job-000001", spec, "r", 1, NOW, owner="alice")
+
+
+def test_a_jobs_prestart_check_is_shown_and_withheld_from_other_users() -> None:
+    prestart = Prestart(("/opt/check", "--gpus"), False, 120_000)
+    doc = render_jobs.job_document(convert.job_to_proto(job_with_prestart(prestart)))
+    assert doc["prestart"] == {
+        "command": ["/opt/check", "--gpus"],
+        "shell": False,
+        "timeout_ms": 120_000,
+    }
+    assert "PRESTART:      /opt/check --gpus (timeout 2m)" in render_jobs.job_table(doc, NOW)
+    shell = Prestart(("test -d /data && nvidia-smi",), True, 60_000)
+    doc = render_jobs.job_document(convert.job_to_proto(job_with_prestart(shell)))
+    assert "PRESTART:      test -d /data && nvidia-smi (timeout 1m)" in (
+        render_jobs.job_table(doc, NOW)
+    )
+    other = render_jobs.job_document(
+        convert.job_to_proto(job_with_prestart(prestart), redacted=True)
+    )
+    assert other["prestart"] == {"command": None, "shell": False, "timeout_ms": 120_000}
+    assert "PRESTART:      (withheld) (timeout 2m)" in render_jobs.job_table(other, NOW)
+    none = render_jobs.job_document(convert.job_to_proto(job_with_prestart(None)))
+    assert none["prestart"] is None
