@@ -202,6 +202,8 @@ class ChaosCluster:
                     "--election-min=400ms",
                     f"--election-max={_duration_flag(t.election_max_s)}",
                     "--compact-state",
+                    # Ended gangs keep their GPUs until their members are confirmed stopped.
+                    "--hold-until-stopped",
                     *PRIORITY_CLASSES,
                     f"--max-requeues={max_requeues(cfg.steps)}",
                     f"--unfit-backoff={_duration_flag(UNFIT_BACKOFF_S)}",
