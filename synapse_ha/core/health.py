@@ -13,7 +13,8 @@ A node that cannot start a member for a reason of its own (no account for the jo
 owner, a container runtime or image missing, a cgroup it cannot set up, a GPU it cannot
 see) reports the exit as ``node_cannot_run``: the gang is requeued as a disruption, the
 node is :class:`Unfit` for that owner for a back-off (``ClusterConfig.unfit_backoff_ms``),
-and after ``ClusterConfig.cordon_after_start_failures`` such failures in a row it is
+and after ``ClusterConfig.cordon_after_start_failures`` such failures in a row (the run
+ends when a member's program runs there to its exit) it is
 cordoned with the reason.
 """
 

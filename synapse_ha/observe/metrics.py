@@ -297,7 +297,7 @@ class MeteredExecutor:
     def highest_token(self, value: Any) -> None:
         self._inner.highest_token = value
 
-    def start(self, spec: Any, preempted: Any = None) -> object:
+    def start(self, spec: Any, preempted: Any = None) -> Any:
         member = self._inner.start(spec, preempted)
         self._metrics.member_starts.inc()
         self._update_running()

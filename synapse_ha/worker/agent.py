@@ -82,11 +82,19 @@ class ControlPlane(Protocol):
         ...
 
 
+class Started(Protocol):
+    """A member as :meth:`Executor.start` left it: ``exit`` is set when it could not
+    start at all."""
+
+    @property
+    def exit(self) -> MemberExit | None: ...
+
+
 class Executor(Protocol):
     known: set[MemberKey]
     highest_token: dict[str, int]
 
-    def start(self, desired: DesiredMember, preempted: PreemptNotice | None = None) -> object: ...
+    def start(self, desired: DesiredMember, preempted: PreemptNotice | None = None) -> Started: ...
     def stop(self, key: MemberKey) -> None: ...
     def preempt(self, key: MemberKey, notice: PreemptNotice) -> None: ...
     def poll(self) -> list[tuple[MemberKey, MemberExit]]: ...
@@ -466,6 +474,7 @@ class Agent:
                 preempted += 1
         started = 0
         waiting = 0
+        refused = 0
         running = self.executor.running()
         # GPUs of every member still running here, also those being stopped: a GPU is
         # given to a new member only once its holder's whole process tree is gone.
@@ -496,12 +505,15 @@ class Agent:
                 waiting += 1
                 continue
             try:
-                self.executor.start(desired_from_proto(d))
+                member = self.executor.start(desired_from_proto(d))
             except (OSError, ValueError) as exc:
                 log.error("could not start %s: %s", key, exc)
                 continue
-            self.pending.append(_report(key, pb.MemberReport.STARTED))
             self.fresh_reports = True
+            if member.exit is not None and member.exit.node_fault:
+                refused += 1  # never started: its exit (the node's fault) is all it reports
+                continue
+            self.pending.append(_report(key, pb.MemberReport.STARTED))
             started += 1
         parts = []
         if started:
@@ -512,4 +524,6 @@ class Agent:
             parts.append(f"{preempted} member(s) being preempted")
         if waiting:
             parts.append(f"{waiting} member(s) waiting for GPUs a stopping member still holds")
+        if refused:
+            parts.append(f"could not start {refused} member(s) (the node's fault)")
         return ", ".join(parts)

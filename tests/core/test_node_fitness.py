@@ -89,16 +89,17 @@ def test_a_plan_onto_a_node_unfit_for_the_owner_is_refused_at_apply() -> None:
     assert "could not start members of alice" in result.rejected[0].message
 
 
-def test_repeated_start_failures_cordon_the_node_and_a_start_resets_the_count() -> None:
+def test_repeated_start_failures_cordon_the_node_and_a_program_run_resets_the_count() -> None:
     cl = cluster(nodes=1, cordon_after_start_failures=2)
     first = submit(cl, "alice", "a")
     cl.run_pass()
     cannot_run(cl, first)
     ok = submit(cl, "bob", "b")
     cl.run_pass()
-    cl.start_all(ok)  # a start here ends the run of failures
+    cl.start_all(ok)  # reported started: its pre-start check may still fail
+    assert cl.state.nodes["n1"].start_failures == 1
+    cl.exit_member(ok, 0, 1)  # its program ran here to its exit: the run of failures ends
     assert cl.state.nodes["n1"].start_failures == 0
-    cl.exit_member(ok, 0, 0)
     for owner in ("carol", "dave"):
         other = submit(cl, owner, owner)
         cl.run_pass()
@@ -118,3 +119,27 @@ def test_the_detail_is_withheld_from_other_users() -> None:
     cannot_run(cl, j)
     shown = render(withheld(cl.state.jobs[j].reason))
     assert "alice" not in shown and "[details withheld]" in shown
+
+
+def test_members_reported_started_that_then_fail_their_node_still_cordon_it() -> None:
+    cl = cluster(nodes=1, cordon_after_start_failures=2)
+    for owner in ("alice", "bob"):
+        j = submit(cl, owner, owner)
+        cl.run_pass()
+        cl.start_all(j)  # the supervisor started; the node's pre-start check then fails
+        cannot_run(cl, j, "prestart check failed: nvidia-smi: no devices found")
+    node = cl.state.nodes["n1"]
+    assert node.status is NodeStatus.CORDONED
+    assert "prestart check failed" in node.status_reason
+
+
+def test_before_format_3_a_reported_start_ends_the_run_as_that_release_did() -> None:
+    cl = cluster(nodes=1, cordon_after_start_failures=2)
+    cl.state.format_floor = 2  # a cluster with a replica of the previous release
+    for owner in ("alice", "bob"):
+        j = submit(cl, owner, owner)
+        cl.run_pass()
+        cl.start_all(j)
+        cannot_run(cl, j)
+        assert cl.state.nodes["n1"].start_failures == 1
+    assert cl.state.nodes["n1"].status is NodeStatus.READY

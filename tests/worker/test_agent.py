@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,11 @@ from tests.worker.helpers import FakeClock
 STARTED, EXITED = pb.MemberReport.STARTED, pb.MemberReport.EXITED
 
 
+@dataclass
+class Started:
+    exit: MemberExit | None = None
+
+
 class FakeExecutor:
     def __init__(self) -> None:
         self.known: set[MemberKey] = set()
@@ -36,13 +42,19 @@ class FakeExecutor:
         self.exits: list[tuple[MemberKey, MemberExit]] = []
         self.reported: list[MemberKey] = []
         self.kill_all_calls: list[str] = []
+        self.refuse: dict[str, str] = {}  # job id -> why this node cannot start its members
 
-    def start(self, spec: DesiredMember) -> object:
+    def start(self, spec: DesiredMember) -> Started:
         self.known.add(spec.key)
+        self.started.append(spec.key)
+        refusal = self.refuse.get(spec.key.job_id)
+        if refusal is not None:  # the node cannot start it: an exit at once, never run
+            exit_ = MemberExit(126, refusal, 0, node_fault=True)
+            self.exits.append((spec.key, exit_))
+            return Started(exit_)
         self.live.add(spec.key)
         self.gpus[spec.key] = spec.gpus
-        self.started.append(spec.key)
-        return spec
+        return Started()
 
     def stop(self, key: MemberKey) -> None:
         self.stopped.append(key)
@@ -156,6 +168,22 @@ def test_registers_then_starts_desired_members_and_reports_them(setup: Setup) ->
     agent.step()  # fresh reports go out early
     assert reports(control.heartbeats[-1]) == [("j", 5, 0, STARTED), ("j", 5, 1, STARTED)]
     assert {(r.job_id, r.rank) for r in control.heartbeats[-1].running} == {("j", 0), ("j", 1)}
+
+
+def test_a_member_its_node_cannot_start_reports_its_exit_and_never_a_start(
+    setup: Setup,
+) -> None:
+    agent, control, executor, clock = setup
+    executor.refuse["j"] = "node n1 has no account for user alice"
+    control.desired = [desired("j", 5, 0)]
+    said = agent.step()
+    assert "could not start 1 member(s) (the node's fault)" in said
+    assert "started" not in said.replace("could not start", "")
+    clock.advance(0.05)
+    agent.step()
+    sent = [r for hb in control.heartbeats for r in hb.reports]
+    assert [(r.kind, r.cause) for r in sent] == [(EXITED, pb.MemberReport.NODE_CANNOT_RUN)]
+    assert "no account for user alice" in sent[0].detail
 
 
 def test_applying_the_same_desired_state_again_changes_nothing(setup: Setup) -> None:

@@ -109,11 +109,14 @@ def _live_member_event(
         job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
     if event.kind is cmd.MemberEventKind.STARTED:
         status.state = move(MEMBER, status.state, lc.MemberEvent.START)
-        started_here(state, c.node_id)
+        if state.format_floor < _RAN_RESETS_FORMAT:
+            started_here(state, c.node_id)
         return
     status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
     status.exit_code = event.exit_code
     status.finished_at_ms = now
+    if state.format_floor >= _RAN_RESETS_FORMAT and event.cause in _PROGRAM_RAN:
+        started_here(state, c.node_id)
     if event.cause is not cmd.ExitCause.PROGRAM or event.exit_code != 0:
         if event.cause is cmd.ExitCause.NODE_CANNOT_RUN:
             mark_unfit(state, c.node_id, job.owner, event.detail, now)
@@ -136,6 +139,13 @@ def _live_member_event(
         )
         touched.update(m.node_id for m in attempt.members)
 
+
+# From format 3 a node's run of start failures ends when a member's program ran there to
+# its exit (a member reported started may still fail its node's pre-start check); before,
+# when a member reported started. The rule changes what replicas apply, so it waits for
+# every replica to read format 3.
+_RAN_RESETS_FORMAT = 3
+_PROGRAM_RAN = frozenset({cmd.ExitCause.PROGRAM, cmd.ExitCause.HUNG})
 
 _EXIT_OUTCOMES = {
     cmd.ExitCause.PROGRAM: ReasonCode.MEMBER_EXITED,
