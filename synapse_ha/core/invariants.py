@@ -14,6 +14,7 @@ from synapse_ha.core.model import (
     Job,
     JobState,
     LostAttempt,
+    MemberPlacement,
     MemberState,
     NodeStatus,
     Resources,
@@ -136,15 +137,7 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
     if attempt.members and attempt.members[0].node_id in held.master_ports:
         held.master_ports[attempt.members[0].node_id].append(attempt.master_port)
     for member in attempt.members:
-        node = state.nodes.get(member.node_id)
-        if node is None or node.status is NodeStatus.DEAD:
-            problems.append(f"{job_id}: rank {member.rank} is on a missing or dead node")
-            continue
-        held.resources[member.node_id] = held.resources[member.node_id] + job.spec.resources
-        clash = held.gpus[member.node_id] & set(member.gpus)
-        if clash:
-            problems.append(f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked")
-        held.gpus[member.node_id].update(member.gpus)
+        problems += _book(state, job_id, job, member, held, "rank")
     if attempt.preempted_by and (attempt.preemption is None or attempt.preempt_deadline_ms <= 0):
         problems.append(f"{job_id}: preempted without a kind or a deadline")
     # Members of a preempted attempt may stop before any started.
@@ -171,19 +164,30 @@ def _held_problems(state: ClusterState, job_id: str, job: Job, held: _Holdings) 
         if not 0 <= rank < len(attempt.members):
             problems.append(f"{job_id}: held rank {rank} is not a rank of the attempt")
             continue
-        member = attempt.members[rank]
-        node = state.nodes.get(member.node_id)
         if attempt.member_status[rank].state is MemberState.EXITED:
             problems.append(f"{job_id}: rank {rank} confirmed stopped but still held")
-        if node is None or node.status is NodeStatus.DEAD:
-            problems.append(f"{job_id}: held rank {rank} is on a missing or dead node")
-            continue
-        held.resources[member.node_id] = held.resources[member.node_id] + job.spec.resources
-        clash = held.gpus[member.node_id] & set(member.gpus)
-        if clash:
-            problems.append(f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked")
-        held.gpus[member.node_id].update(member.gpus)
+        problems += _book(state, job_id, job, attempt.members[rank], held, "held rank")
     return problems
+
+
+def _book(
+    state: ClusterState,
+    job_id: str,
+    job: Job,
+    member: MemberPlacement,
+    held: _Holdings,
+    what: str,
+) -> list[str]:
+    """Add what ``member`` holds on its node to ``held``: a live node, no GPU twice."""
+    node = state.nodes.get(member.node_id)
+    if node is None or node.status is NodeStatus.DEAD:
+        return [f"{job_id}: {what} {member.rank} is on a missing or dead node"]
+    held.resources[member.node_id] = held.resources[member.node_id] + job.spec.resources
+    clash = held.gpus[member.node_id] & set(member.gpus)
+    held.gpus[member.node_id].update(member.gpus)
+    if clash:
+        return [f"{job_id}: GPUs {sorted(clash)} on {member.node_id} double-booked"]
+    return []
 
 
 def _token_problems(tokens: list[tuple[int, str]]) -> list[str]:

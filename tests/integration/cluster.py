@@ -7,18 +7,33 @@ tests share: a fixed Raft password, ``wait_for`` and request builders.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.ports import reserve_ports
 from synapse_ha.local.process import Replica
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.states import node_status
 
-__all__ = ["LocalCluster", "Replica", "job_spec", "register_request", "reserve_ports", "wait_for"]
+__all__ = [
+    "LocalCluster",
+    "Replica",
+    "job_spec",
+    "one_worker_cluster",
+    "register_request",
+    "reserve_ports",
+    "wait_for",
+]
 
 T = TypeVar("T")
 PASSWORD = "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="
@@ -58,3 +73,36 @@ def register_request(node_id: str, host: str, gpu: int = 8) -> pb.RegisterNodeRe
         gpu_islands=[pb.RegisterNodeRequest.GpuIsland(gpus=list(range(gpu)))] if gpu else [],
         topology=[pb.TopologyLabel(level="rack", value="r1")],
     )
+
+
+@contextlib.contextmanager
+def one_worker_cluster(
+    prefix: str, worker_flags: Sequence[str], replica_flags: Sequence[str] = ()
+) -> Iterator[tuple[LocalCluster, ClusterClient]]:
+    """One replica and one worker ``w1`` (``worker_flags``), the worker ready and the
+    cluster at this release's format; everything stopped and removed on the way out."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = LocalCluster(root / "cluster", size=1, extra_args=replica_flags)
+    client: ClusterClient | None = None
+    try:
+        cluster.start()
+        cluster.serving_leader(timeout_s=60)
+        client = c = cluster.client(timeout_s=30.0)
+        worker = cluster.launcher.worker(
+            cluster.grpc_addresses, "w1", root / "w1", extra=list(worker_flags)
+        )
+        cluster.launcher.start(worker)
+        wait_for(
+            "w1 ready",
+            lambda: any(
+                n.node_id == "w1" and node_status(n) is NodeStatus.READY for n in c.list_nodes()
+            ),
+            30.0,
+        )
+        wait_for("the cluster's format", lambda: c.cluster_status().format_floor >= FORMAT, 30.0)
+        yield cluster, client
+    finally:
+        if client is not None:
+            client.close()
+        cluster.close()
+        shutil.rmtree(root, ignore_errors=True)

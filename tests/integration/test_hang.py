@@ -5,19 +5,15 @@ left), counted as the program's failure and not as a requeue."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.formats import FORMAT
-from synapse_ha.core.model import JobState, NodeStatus
+from synapse_ha.core.model import JobState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.states import job_state, node_status
-from tests.integration.cluster import LocalCluster, wait_for
+from synapse_ha.rpc.states import job_state
+from tests.integration.cluster import one_worker_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,35 +25,9 @@ TOUCH_THEN_HANG = (
 
 @pytest.fixture(scope="module")
 def admin() -> Iterator[ClusterClient]:
-    root = Path(tempfile.mkdtemp(prefix="synapse-hang-"))
-    cluster = LocalCluster(root / "cluster", size=1)
-    client: ClusterClient | None = None
-    try:
-        cluster.start()
-        cluster.serving_leader(timeout_s=60)
-        client = cluster.client(timeout_s=30.0)
-        worker = cluster.launcher.worker(
-            cluster.grpc_addresses,
-            "w1",
-            root / "w1",
-            extra=["--mock-gpus", "0", "--no-cgroups", "--stop-grace", "1s"],
-        )
-        cluster.launcher.start(worker)
-        c = client
-        wait_for(
-            "w1 ready",
-            lambda: any(
-                n.node_id == "w1" and node_status(n) is NodeStatus.READY for n in c.list_nodes()
-            ),
-            30.0,
-        )
-        wait_for("the cluster's format", lambda: c.cluster_status().format_floor >= FORMAT, 30.0)
+    flags = ["--mock-gpus", "0", "--no-cgroups", "--stop-grace", "1s"]
+    with one_worker_cluster("synapse-hang-", flags) as (_, client):
         yield client
-    finally:
-        if client is not None:
-            client.close()
-        cluster.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_member_that_stops_making_progress_fails_the_job_as_hung(admin: ClusterClient) -> None:

@@ -5,20 +5,17 @@ the worker has confirmed the member's exit."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.codec import decode_state
 from synapse_ha.core.formats import FORMAT
-from synapse_ha.core.model import ClusterState, JobState, NodeStatus
+from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.states import job_state, node_status
-from tests.integration.cluster import LocalCluster, wait_for
+from synapse_ha.rpc.states import job_state
+from tests.integration.cluster import LocalCluster, one_worker_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,34 +39,9 @@ def _state(cluster: LocalCluster, client: ClusterClient) -> ClusterState:
 
 @pytest.fixture
 def held_cluster() -> Iterator[tuple[LocalCluster, ClusterClient]]:
-    root = Path(tempfile.mkdtemp(prefix="synapse-hold-"))
-    cluster = LocalCluster(root / "cluster", size=1, extra_args=["--hold-until-stopped"])
-    client: ClusterClient | None = None
-    try:
-        cluster.start()
-        cluster.serving_leader(timeout_s=60)
-        client = cluster.client(timeout_s=30.0)
-        worker = cluster.launcher.worker(
-            cluster.grpc_addresses,
-            "w1",
-            root / "w1",
-            extra=["--mock-gpus", "1", "--no-cgroups", "--stop-grace", "20s"],
-        )
-        cluster.launcher.start(worker)
-        c = client
-        wait_for(
-            "w1 to register",
-            lambda: any(
-                n.node_id == "w1" and node_status(n) is NodeStatus.READY for n in c.list_nodes()
-            ),
-            30.0,
-        )
-        yield cluster, client
-    finally:
-        if client is not None:
-            client.close()
-        cluster.close()
-        shutil.rmtree(root, ignore_errors=True)
+    flags = ["--mock-gpus", "1", "--no-cgroups", "--stop-grace", "20s"]
+    with one_worker_cluster("synapse-hold-", flags, ["--hold-until-stopped"]) as made:
+        yield made
 
 
 def test_the_next_gang_is_bound_only_after_the_old_member_is_confirmed_stopped(
