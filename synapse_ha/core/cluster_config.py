@@ -195,6 +195,9 @@ class ClusterConfig:
     # confirmed stopped or its node is declared dead, instead of freeing them when the
     # attempt ends (DESIGN §4). Needs format 3 on every replica (core/formats.py).
     hold_until_stopped: bool = False
+    # A node whose worker registers from a new boot (NodeInfo.boot_id) has its GPU faults
+    # cleared: its worker reports again what NVML still finds wrong after the reboot.
+    clear_gpu_faults_on_reboot: bool = False
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

@@ -20,7 +20,7 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import ClusterConfig, Queue
 from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, Node, Token
+from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, Node, NodeInfo, Token
 
 # Fields added since the previous release (queues, fair share and preemption): written
 # only when they differ from their defaults, so that release reads what does not use them.
@@ -36,6 +36,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "unfit_backoff_ms",
             "cordon_after_start_failures",
             "hold_until_stopped",
+            "clear_gpu_faults_on_reboot",
         }
     ),
     # Per-identity limits and authorised priority (DESIGN §8).
@@ -48,6 +49,8 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset({"lost_attempt"}),
     # GPU health (DESIGN §4).
+    # A node's boot, to tell a reboot (ClusterConfig.clear_gpu_faults_on_reboot).
+    NodeInfo: frozenset({"boot_id"}),
     Node: frozenset({"gpu_faults", "unfit", "start_failures", "conditions"}),
 }
 _ALWAYS = object()  # a field written whatever its value

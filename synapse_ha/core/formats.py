@@ -26,7 +26,7 @@ from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import ExitCause, ReportNodeChecks
-from synapse_ha.core.model import JobSpec
+from synapse_ha.core.model import JobSpec, NodeInfo
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
 FORMAT = 3  # the newest format this release reads
@@ -34,8 +34,11 @@ FORMAT = 3  # the newest format this release reads
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
 NEW_FIELDS: dict[type, dict[str, int]] = {
-    # Resources of an ended attempt held until its members are confirmed stopped.
-    ClusterConfig: {"hold_until_stopped": 3},
+    # Resources of an ended attempt held until its members are confirmed stopped; GPU
+    # faults cleared by a reboot.
+    ClusterConfig: {"hold_until_stopped": 3, "clear_gpu_faults_on_reboot": 3},
+    # The machine's boot, to tell a reboot.
+    NodeInfo: {"boot_id": 3},
     # Hang detection of a job's members (core/progress.py), and a job's pre-start check
     # (core/prestart.py).
     JobSpec: {"progress": 3, "prestart": 3},

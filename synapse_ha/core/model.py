@@ -142,6 +142,8 @@ class NodeInfo:
     # Whose account members run under: "owner" when members run as their job's owner,
     # else "agent:<user>" (the worker agent's own account); "" when the node did not say.
     members_run_as: str = ""
+    # The machine's boot id when its worker registered ("": not said): a new one is a reboot.
+    boot_id: str = ""
 
 
 @dataclass(slots=True)

@@ -84,6 +84,7 @@ MAX_PATH = 4096
 MAX_ADDRESS = 261  # a 253-character host name, ':' and a port
 # A node's members_run_as: "owner", or "agent:" and the agent's account name; "" unsaid.
 MEMBERS_RUN_AS_PATTERN = re.compile(r"(owner|agent:[^\s:]{1,64})?")
+BOOT_ID_PATTERN = re.compile(r"[A-Za-z0-9-]{0,64}")  # a machine's boot id; "": not said
 
 HOST_LEVEL = "host"
 MAX_TOKEN_QUEUES = 64
@@ -380,6 +381,8 @@ def check_node_info(info: NodeInfo) -> list[Violation]:
         out.append(
             invalid("members_run_as", 'must be "owner" or "agent:" and a user name (1 to 64)')
         )
+    if not BOOT_ID_PATTERN.fullmatch(info.boot_id):
+        out.append(invalid("boot_id", "at most 64 letters, digits and dashes"))
     return out
 
 

@@ -26,6 +26,7 @@ class SchedulingSettings:
     unfit_backoff_ms: int | None = None
     cordon_after_start_failures: int | None = None
     hold_until_stopped: bool | None = None
+    clear_gpu_faults_on_reboot: bool | None = None
 
     @property
     def pinned_limits(self) -> frozenset[str]:
@@ -45,6 +46,8 @@ class SchedulingSettings:
         )
         if self.hold_until_stopped is not None:
             config = replace(config, hold_until_stopped=self.hold_until_stopped)
+        if self.clear_gpu_faults_on_reboot is not None:
+            config = replace(config, clear_gpu_faults_on_reboot=self.clear_gpu_faults_on_reboot)
         if self.start_timeout_ms is not None:
             config = replace(config, start_timeout_ms=self.start_timeout_ms)
         if self.compact_state is not None:

@@ -157,20 +157,31 @@ CORDON_AFTER_START_FAILURES = setting(
 )
 
 
-def _hold_until_stopped(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"scheduling.hold_until_stopped must be true or false, got {value!r}")
-    return value
+def _true_or_false(key: str) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+
+    return check
 
 
 HOLD_UNTIL_STOPPED = setting(
     "--hold-until-stopped",
     "scheduling.hold_until_stopped",
-    check=_hold_until_stopped,
+    check=_true_or_false("scheduling.hold_until_stopped"),
     action=argparse.BooleanOptionalAction,
     help="keep an ended gang's GPUs reserved until each member is confirmed stopped or "
     "its node declared dead (replicated; applied once every replica reads format 3). "
     "Left as replicated when not given",
+)
+CLEAR_GPU_FAULTS_ON_REBOOT = setting(
+    "--clear-gpu-faults-on-reboot",
+    "scheduling.clear_gpu_faults_on_reboot",
+    check=_true_or_false("scheduling.clear_gpu_faults_on_reboot"),
+    action=argparse.BooleanOptionalAction,
+    help="a node whose worker registers from a new boot has its GPU faults cleared "
+    "(replicated; applied once every replica reads format 3). Left as replicated when not given",
 )
 SCHEDULING = (
     LOCALITY_WAIT,
@@ -183,6 +194,7 @@ SCHEDULING = (
     UNFIT_BACKOFF,
     CORDON_AFTER_START_FAILURES,
     HOLD_UNTIL_STOPPED,
+    CLEAR_GPU_FAULTS_ON_REBOOT,
 )
 
 
@@ -200,6 +212,7 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         unfit_backoff_ms=inputs.value(UNFIT_BACKOFF),
         cordon_after_start_failures=inputs.value(CORDON_AFTER_START_FAILURES),
         hold_until_stopped=inputs.value(HOLD_UNTIL_STOPPED),
+        clear_gpu_faults_on_reboot=inputs.value(CLEAR_GPU_FAULTS_ON_REBOOT),
     )
 
 

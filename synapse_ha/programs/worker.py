@@ -147,6 +147,7 @@ def registration(config: WorkerConfig, advertise: str) -> pb.RegisterNodeRequest
         topology=[pb.TopologyLabel(level=k, value=v) for k, v in config.topology],
         features=sorted(features),
         members_run_as=run_as_policy(config).advertised(),
+        boot_id=config.gpu_health.boot_id(),
     )
 
 

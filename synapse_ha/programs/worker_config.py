@@ -297,7 +297,16 @@ XID_ACTIONS = setting(
     help="override the Xid table: ACTION is unhealthy (the GPU is taken out of service) "
     "or report (logged only); repeat for several",
 )
-GPU_HEALTH = (NO_GPU_HEALTH, GPU_POLL_INTERVAL, XID_ACTIONS)
+BOOT_ID_FILE = setting(
+    "--boot-id-file",
+    "gpu_health.boot_id_file",
+    default="/proc/sys/kernel/random/boot_id",
+    check=str,
+    metavar="PATH",
+    help="the machine's boot id, sent at registration: with the cluster's "
+    "clear_gpu_faults_on_reboot a new one clears the node's GPU faults ('' : none sent)",
+)
+GPU_HEALTH = (NO_GPU_HEALTH, GPU_POLL_INTERVAL, XID_ACTIONS, BOOT_ID_FILE)
 
 FEATURES = setting(
     "--feature",
@@ -554,4 +563,5 @@ def _gpu_health(inputs: Inputs, mock: int | None) -> GpuHealthSettings:
         poll_interval_s=inputs.value(GPU_POLL_INTERVAL),
         xid_actions=inputs.value(XID_ACTIONS),
         mock_faults=Path(mock_faults).absolute() if mock_faults is not None else None,
+        boot_id_file=Path(boot_id_file) if (boot_id_file := inputs.value(BOOT_ID_FILE)) else None,
     )

@@ -267,6 +267,7 @@ def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
         topology=tuple(sorted((label.level, label.value) for label in msg.topology)),
         features=tuple(sorted(set(msg.features))),
         members_run_as=msg.members_run_as,
+        boot_id=msg.boot_id,
     )
 
 

@@ -258,6 +258,18 @@ class GpuHealthSettings:
     poll_interval_s: float = 5.0
     xid_actions: tuple[tuple[int, XidAction], ...] = ()
     mock_faults: Path | None = None  # the mock fault file (mock GPUs only)
+    # Where the machine's boot id is read, sent when the worker registers (a new one
+    # tells the leader the machine rebooted); None: not sent.
+    boot_id_file: Path | None = Path("/proc/sys/kernel/random/boot_id")
+
+    def boot_id(self) -> str:
+        """The machine's boot id, or "" when it cannot be read."""
+        if self.boot_id_file is None:
+            return ""
+        try:
+            return self.boot_id_file.read_text(encoding="ascii").strip()[:64]
+        except (OSError, UnicodeDecodeError):
+            return ""
 
 
 class GpuHealthMonitor:

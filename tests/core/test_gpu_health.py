@@ -3,6 +3,8 @@ gang holding it is requeued as a disruption, and only a repair clears it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from synapse_ha.core import commands as c
@@ -160,3 +162,36 @@ def test_faults_survive_the_codec_and_a_restart_of_the_worker() -> None:
     # It comes back with fewer GPUs: the faults of GPUs it no longer has are dropped.
     assert cl.do(c.RegisterNode(node("n1", gpus=2), cl.now)).ok
     assert cl.state.nodes["n1"].gpu_faults == ()
+
+
+def _reboot(cl: Cluster, boot_id: str) -> c.Result:
+    info = dataclasses.replace(cl.state.nodes["n1"].info, boot_id=boot_id)
+    return cl.do(c.RegisterNode(info, cl.now))
+
+
+@pytest.mark.parametrize(
+    ("switch", "before", "after", "cleared"),
+    [
+        (True, "boot-a", "boot-b", True),  # rebooted: its worker reports afresh
+        (True, "boot-a", "boot-a", False),  # the worker restarted, the machine did not
+        (True, "", "boot-b", False),  # no earlier boot known: not a reboot
+        (True, "boot-a", "", False),  # a worker that does not say
+        (False, "boot-a", "boot-b", False),  # the cluster keeps faults until a repair
+    ],
+)
+def test_a_reboot_clears_gpu_faults_when_the_cluster_says_so(
+    switch: bool, before: str, after: str, cleared: bool
+) -> None:
+    cl = one_node(clear_gpu_faults_on_reboot=switch)
+    assert _reboot(cl, before).ok
+    assert report(cl, XID).ok
+    result = _reboot(cl, after)
+    assert result.ok
+    assert bool(cl.state.nodes["n1"].gpu_faults) is not cleared
+    assert ("GPU 3 xid-79 cleared" in result.message) is cleared
+
+
+def test_a_boot_id_that_breaks_the_rule_is_refused() -> None:
+    cl = one_node()
+    result = _reboot(cl, "boot id with spaces")
+    assert result.code is c.ResultCode.INVALID and "boot_id" in result.message

@@ -184,3 +184,13 @@ def test_hold_until_stopped_from_toml_or_flag(tmp_path: Path) -> None:
         scheduler_main.ConfigError, match="hold_until_stopped must be true or false"
     ):
         load(tmp_path, '[scheduling]\nhold_until_stopped = "yes"')
+
+
+def test_clear_gpu_faults_on_reboot_from_toml_or_flag(tmp_path: Path) -> None:
+    toml = "[scheduling]\nclear_gpu_faults_on_reboot = true"
+    assert load(tmp_path, toml).scheduling.clear_gpu_faults_on_reboot is True
+    assert load(tmp_path, "").scheduling.clear_gpu_faults_on_reboot is None
+    flag = load(tmp_path, toml, "--no-clear-gpu-faults-on-reboot").scheduling
+    assert flag.applied_to(ClusterConfig(clear_gpu_faults_on_reboot=True)) == ClusterConfig()
+    with pytest.raises(scheduler_main.ConfigError, match="clear_gpu_faults_on_reboot must be"):
+        load(tmp_path, "[scheduling]\nclear_gpu_faults_on_reboot = 1")

@@ -97,6 +97,19 @@ def test_gpu_health_settings_come_from_the_file_and_flags(tmp_path: Path) -> Non
         load_config([*BASE, "--data-dir", str(tmp_path / "d"), "--mock-gpu-faults", "f"])
 
 
+def test_the_boot_id_is_read_from_the_machine_or_the_given_file(tmp_path: Path) -> None:
+    argv = [*BASE, "--data-dir", str(tmp_path / "d")]
+    machine = load_config(argv).gpu_health
+    assert machine.boot_id_file == Path("/proc/sys/kernel/random/boot_id")
+    boot = tmp_path / "boot_id"
+    boot.write_text("0a64b61b-2afc-4c8f-b2d9-9706274ebd5b\n")
+    given = load_config([*argv, "--boot-id-file", str(boot)]).gpu_health
+    assert given.boot_id() == "0a64b61b-2afc-4c8f-b2d9-9706274ebd5b"
+    boot.unlink()
+    assert given.boot_id() == ""  # unreadable: not said
+    assert load_config([*argv, "--boot-id-file", ""]).gpu_health.boot_id_file is None
+
+
 # -------------------------------------------------------------------- the record
 
 

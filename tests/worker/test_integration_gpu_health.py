@@ -114,3 +114,43 @@ def test_a_fault_in_the_mock_file_requeues_the_gang_off_the_gpu_until_repaired(
     time.sleep(1.0)  # four heartbeats: none names the GPU again
     shown = node(client, "w1")
     assert shown is not None and list(shown.gpu_faults) == []
+
+
+def test_a_reboot_clears_the_faults_when_the_cluster_says_so(
+    tmp_path: Path,
+) -> None:
+    """A worker that registers from a new boot (its boot id changed) has its node's GPU
+    faults cleared with ``--clear-gpu-faults-on-reboot``; a mere restart keeps them."""
+    c = LocalCluster(
+        tmp_path / "rebooting", size=1, extra_args=[*TIMEOUTS, "--clear-gpu-faults-on-reboot"]
+    )
+    w = LocalWorkers(tmp_path / "rebooting-workers", c.grpc_addresses, c.credentials)
+    w.root.mkdir()
+    try:
+        c.start()
+        c.serving_leader()
+        with c.client() as client:
+            wait_for("the cluster's format", lambda: client.cluster_status().format_floor >= 3)
+            faults, boot = tmp_path / "gpu-faults", tmp_path / "boot_id"
+            boot.write_text("boot-1\n")
+            args = ["--mock-gpus", "2", "--mock-gpu-faults", str(faults)]
+            worker = w.start("w1", *args, "--boot-id-file", str(boot))
+            wait_for("w1 ready", lambda: ready(client, "w1"), timeout_s=20)
+            with faults.open("a") as f:
+                f.write("1 xid 79\n")
+
+            def faulty() -> list[int]:
+                shown = node(client, "w1")
+                return [f.gpu for f in shown.gpu_faults] if shown is not None else []
+
+            wait_for("GPU 1 unhealthy", lambda: faulty() == [1], timeout_s=10)
+            for boot_id, kept in (("boot-1", [1]), ("boot-2", [])):
+                boot.write_text(f"{boot_id}\n")  # the same boot (a restart), then a new one
+                w.kill(worker, signal.SIGTERM)
+                w.launcher.start(worker)
+                wait_for("w1 back", lambda: ready(client, "w1"), timeout_s=20)
+                time.sleep(1.0)  # four heartbeats after the registration
+                assert faulty() == kept, boot_id
+    finally:
+        w.close()
+        c.close()

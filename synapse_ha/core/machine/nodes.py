@@ -3,9 +3,12 @@ uncordon, and a node's death, which ends the attempts that had members on it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.health import GpuFault, describe_faults
 from synapse_ha.core.lifecycle import MEMBER, NODE, move, transition
 from synapse_ha.core.machine.attempts import (
     end_attempt_for,
@@ -37,32 +40,37 @@ def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result
             f"node {info.node_id}: new capacity {info.capacity.describe()} does not cover "
             f"what is bound to it ({node.allocated.describe()}); report its members' exits first",
         )
+    rebooted = bool(node.info.boot_id and info.boot_id and node.info.boot_id != info.boot_id)
     node.info = info
-    # GPU faults stay (health clears only by a repair), except of GPUs the node lost.
-    node.gpu_faults = tuple(f for f in node.gpu_faults if f.gpu < info.capacity.gpu)
+    # GPU faults stay (health clears only by a repair, or by a reboot when the cluster
+    # says so), except of GPUs the node lost.
+    cleared = node.gpu_faults if rebooted and state.config.clear_gpu_faults_on_reboot else ()
+    node.gpu_faults = tuple(
+        f for f in node.gpu_faults if f.gpu < info.capacity.gpu and f not in cleared
+    )
     was_dead = node.status is NodeStatus.DEAD
     node.status = move(NODE, node.status, lc.NodeEvent.REGISTER)
     if was_dead:
         node.status_reason = ""
         node.conditions = ()  # its worker reports its checks afresh
         node.registered_at_ms = now
-        return ok(f"node {info.node_id} is back")
-    return ok(f"node {info.node_id} updated")
+        return ok(f"node {info.node_id} is back{_after_reboot(cleared)}")
+    return ok(f"node {info.node_id} updated{_after_reboot(cleared)}")
+
+
+def _after_reboot(cleared: tuple[GpuFault, ...]) -> str:
+    return f"; rebooted: {describe_faults(cleared)} cleared" if cleared else ""
 
 
 def _normalised(info: NodeInfo) -> NodeInfo:
     """Fill in singleton NVLink islands when none were given; sort islands and labels."""
     islands = info.gpu_islands or tuple((i,) for i in range(info.capacity.gpu))
     islands = tuple(sorted(tuple(sorted(isl)) for isl in islands))
-    return NodeInfo(
-        node_id=info.node_id,
-        address=info.address,
-        capacity=info.capacity,
+    return dataclasses.replace(
+        info,
         gpu_islands=islands,
-        gpu_model=info.gpu_model,
         topology=tuple(sorted(info.topology)),
         features=tuple(sorted(set(info.features))),
-        members_run_as=info.members_run_as,
     )
 
 

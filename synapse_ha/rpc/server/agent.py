@@ -3,10 +3,13 @@ it is sent."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
+from synapse_ha.core.formats import format_needed
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, states
@@ -37,6 +40,8 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
     ) -> pb.RegisterNodeResponse:
         info = convert.node_info_from_proto(request)
+        if format_needed(info) > self.ctx.backend.snapshot().format_floor:
+            info = dataclasses.replace(info, boot_id="")  # not every replica reads it yet
         self._as_node(context, info.node_id)
         violations = validation.check_node_info(info)
         if violations:

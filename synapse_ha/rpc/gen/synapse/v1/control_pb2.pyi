@@ -994,7 +994,7 @@ class LimitValue(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as")
+    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as", "boot_id")
     class GpuIsland(_message.Message):
         __slots__ = ("gpus",)
         GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -1008,6 +1008,7 @@ class RegisterNodeRequest(_message.Message):
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_RUN_AS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity: Resources
@@ -1016,7 +1017,8 @@ class RegisterNodeRequest(_message.Message):
     topology: _containers.RepeatedCompositeFieldContainer[TopologyLabel]
     features: _containers.RepeatedScalarFieldContainer[str]
     members_run_as: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address", "node_status")
