@@ -138,6 +138,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/catchup.py --entries 100000 --replay 10000 --down-s 10 --replica-arg=--compact-state --out bench/results/catchup.json
 	$(BIN)/python bench/memory.py --out bench/results/memory.json
 	$(BIN)/python bench/durability.py --part cost
+	$(BIN)/python bench/format_gate.py > bench/results/format_gate.json
+	cat bench/results/format_gate.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

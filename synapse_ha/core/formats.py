@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from functools import cache
+import types
+import typing
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
@@ -56,42 +57,82 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ExitCause.HUNG: 3,
 }
 
-_LEAVES = (str, int, bool, float, type(None), bytes)
-
 
 def format_needed(value: Any) -> int:
-    """The oldest format that reads ``value`` (a command, or anything a command carries)."""
+    """The oldest format that reads ``value`` (a command, or anything a command carries).
+
+    Only what may hold something a format added is looked at: which fields those are is
+    worked out once per type from the type hints (:func:`_fields_of`), so a command without
+    any (a bind plan, most reports) costs a lookup, not a walk of its values."""
     need = NEW_COMMANDS.get(type(value), BASE_FORMAT)
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, enum.Enum):
-            need = max(need, NEW_ENUM_VALUES.get(item, BASE_FORMAT))
-        elif isinstance(item, _LEAVES):
-            continue
-        elif isinstance(item, tuple | list | frozenset | set):
+        kind = type(item)
+        if kind is tuple or kind is list or kind is frozenset or kind is set:
             stack.extend(item)
-        elif isinstance(item, dict):
+            continue
+        if kind is dict:
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif dataclasses.is_dataclass(item):
-            kind: type = type(item)
-            for name, added in _fields_of(kind):
-                inner = getattr(item, name)
-                if added is not None and inner != added[1]:
-                    need = max(need, added[0])
+            continue
+        plan = _PLANS.get(kind)
+        if plan is None:
+            if isinstance(item, enum.Enum):
+                need = max(need, NEW_ENUM_VALUES.get(item, BASE_FORMAT))
+                continue
+            plan = _PLANS[kind] = _fields_of(kind) if dataclasses.is_dataclass(item) else ()
+        for name, added, descend in plan:
+            inner = getattr(item, name)
+            if added is not None and inner != added[1]:
+                need = max(need, added[0])
+            if not descend:
+                continue
+            if isinstance(inner, enum.Enum):  # the common leaf, without a round trip
+                need = max(need, NEW_ENUM_VALUES.get(inner, BASE_FORMAT))
+            else:
                 stack.append(inner)
     return need
 
 
-@cache
-def _fields_of(kind: type) -> tuple[tuple[str, tuple[int, Any] | None], ...]:
-    """A dataclass's field names, each with (format, default) when a format added it."""
+# Per type, the fields format_needed looks at (none for a type that is not a dataclass).
+_PLANS: dict[type, tuple[tuple[str, tuple[int, Any] | None, bool], ...]] = {}
+
+
+def _fields_of(kind: type) -> tuple[tuple[str, tuple[int, Any] | None, bool], ...]:
+    """The fields of a dataclass worth looking at: each with (format, default) when a
+    format added it, and whether its value may hold anything a format added (from its
+    type hint). Fields that are neither are left out."""
     added = NEW_FIELDS.get(kind, {})
-    return tuple(
-        (f.name, (added[f.name], _default(f)) if f.name in added else None)
+    hints = typing.get_type_hints(kind)
+    fields = (
+        (
+            f.name,
+            (added[f.name], _default(f)) if f.name in added else None,
+            _may_hold_new(hints[f.name], frozenset()),
+        )
         for f in dataclasses.fields(kind)
     )
+    return tuple(f for f in fields if f[1] is not None or f[2])
+
+
+def _may_hold_new(tp: Any, seen: frozenset[Any]) -> bool:
+    """Whether a value of type ``tp`` may hold a field, a command or an enum value a
+    format added (what cannot be told from the hint counts as may)."""
+    if tp in seen:
+        return False  # a recursive type: its other paths decide
+    if typing.get_origin(tp) is not None or isinstance(tp, types.UnionType):
+        return any(_may_hold_new(arg, seen | {tp}) for arg in typing.get_args(tp) if arg is not ...)
+    if tp in (str, int, bool, float, bytes, type(None)):
+        return False
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return any(type(member) is tp for member in NEW_ENUM_VALUES)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if tp in NEW_FIELDS or tp in NEW_COMMANDS:
+            return True
+        hints = typing.get_type_hints(tp)
+        return any(_may_hold_new(hint, seen | {tp}) for hint in hints.values())
+    return True
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
