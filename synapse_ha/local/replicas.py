@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.local.commands import Peer, loopback_peers
 from synapse_ha.local.launcher import Launcher
@@ -58,6 +59,9 @@ class LocalReplicas:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.extra_args = list(extra_args)
+        # The cluster format a serving leader is waited for: every replica here runs this
+        # release, so its leader raises the format at once (None: some run an older one).
+        self.expect_format: int | None = FORMAT
         self.password = password or new_raft_password()
         self._owns_launcher = launcher is None
         self.launcher = launcher or Launcher(logs_dir or root)
@@ -196,9 +200,10 @@ class LocalReplicas:
     def serving_leader(
         self, timeout_s: float = 15.0, *, abort: threading.Event | None = None
     ) -> Replica:
-        """Wait (bounded) until exactly one running replica says it leads and it answers
-        a leader-only read; that replica. Fails early when a replica expected to run
-        has exited."""
+        """Wait (bounded) until exactly one running replica says it leads, it answers a
+        leader-only read and, when every replica runs, the cluster reads
+        ``expect_format``; that replica. Fails early when a replica expected to run has
+        exited."""
 
         def probe() -> Replica | None:
             leaders = []
@@ -213,6 +218,12 @@ class LocalReplicas:
             with self.channel(leaders[0].grpc) as channel:
                 stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
                 stub.ListNodes(pb.ListNodesRequest(), timeout=1.0)
+                # The leader raises the format only once every replica answers.
+                everyone = all(r.alive and not r.paused for r in self.replicas)
+                if self.expect_format is not None and everyone:
+                    local = pb.GetClusterStatusRequest(local_only=True)
+                    if stub.GetClusterStatus(local, timeout=1.0).format_floor < self.expect_format:
+                        return None  # the leader raises the format within a second
             return leaders[0]
 
         return wait_until(
