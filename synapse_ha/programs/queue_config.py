@@ -26,7 +26,7 @@ from synapse_ha.core.cluster_config import (
 from synapse_ha.core.validation import check_priority_classes
 from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs.config_file import ConfigError, duration_ms
-from synapse_ha.programs.settings import Inputs, setting
+from synapse_ha.programs.settings import Inputs, setting, true_or_false
 
 
 def _locality_wait_ms(raw: object) -> int:
@@ -157,19 +157,10 @@ CORDON_AFTER_START_FAILURES = setting(
 )
 
 
-def _true_or_false(key: str) -> Callable[[Any], bool]:
-    def check(value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-
-    return check
-
-
 HOLD_UNTIL_STOPPED = setting(
     "--hold-until-stopped",
     "scheduling.hold_until_stopped",
-    check=_true_or_false("scheduling.hold_until_stopped"),
+    check=true_or_false("scheduling.hold_until_stopped"),
     action=argparse.BooleanOptionalAction,
     help="keep an ended gang's GPUs reserved until each member is confirmed stopped or "
     "its node declared dead (replicated; applied once every replica reads format 3). "
@@ -178,7 +169,7 @@ HOLD_UNTIL_STOPPED = setting(
 CLEAR_GPU_FAULTS_ON_REBOOT = setting(
     "--clear-gpu-faults-on-reboot",
     "scheduling.clear_gpu_faults_on_reboot",
-    check=_true_or_false("scheduling.clear_gpu_faults_on_reboot"),
+    check=true_or_false("scheduling.clear_gpu_faults_on_reboot"),
     action=argparse.BooleanOptionalAction,
     help="a node whose worker registers from a new boot has its GPU faults cleared "
     "(replicated; applied once every replica reads format 3). Left as replicated when not given",

@@ -63,6 +63,7 @@ from synapse_ha.programs.settings import (
     served_address,
     setting,
     tls_files,
+    true_or_false,
     writable_directory,
 )
 from synapse_ha.raft.channel import data_dir_mode_problem, raft_password_problem
@@ -121,15 +122,6 @@ def parse_replica(value: str) -> ReplicaAddress:
         raft=address(addresses[0].strip(), f"replica {replica_id} raft address"),
         grpc=address(addresses[1].strip(), f"replica {replica_id} grpc address"),
     )
-
-
-def _true_or_false(what: str) -> Callable[[Any], bool]:
-    def check(value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{what} must be true or false, got {value!r}")
-        return value
-
-    return check
 
 
 def _restore_file(value: Any) -> str:
@@ -242,7 +234,7 @@ RAFT_FSYNC = setting(
     "--raft-fsync",
     "raft.fsync",
     default=RAFT_FSYNC_DEFAULT,
-    check=_true_or_false("raft.fsync"),
+    check=true_or_false("raft.fsync"),
     action=argparse.BooleanOptionalAction,
     help="sync every Raft journal change to disk before acknowledging it, so an "
     "acknowledged command survives a power loss of every replica "
@@ -251,7 +243,7 @@ RAFT_FSYNC = setting(
 COMPACT_STATE = setting(
     "--compact-state",
     "raft.compact_state",
-    check=_true_or_false("raft.compact_state"),
+    check=true_or_false("raft.compact_state"),
     action=argparse.BooleanOptionalAction,
     help="write the replicated state as lists of field values, without trailing "
     "defaults (about 40%% of the size of snapshots and state downloads); on only once "
@@ -300,7 +292,7 @@ NO_HISTORY = setting(
     "history.enabled",
     negated=True,
     default=True,
-    check=_true_or_false("history.enabled"),
+    check=true_or_false("history.enabled"),
     action="store_true",
     help="keep no job history and stream no events (synctl history, usage and events "
     "answer that they are turned off)",

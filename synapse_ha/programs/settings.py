@@ -155,6 +155,17 @@ def parse_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argpars
     return parser.parse_args(list(argv))
 
 
+def true_or_false(key: str) -> Callable[[Any], bool]:
+    """The check of a setting that is true or false (TOML booleans only)."""
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+
+    return check
+
+
 def tls_files(inputs: Inputs) -> TlsFiles | None:
     """The TLS files of ``--tls-*`` and ``[tls]``; None with ``insecure``."""
     try:

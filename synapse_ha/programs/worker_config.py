@@ -71,6 +71,7 @@ from synapse_ha.programs.settings import (
     parse_flags,
     setting,
     tls_files,
+    true_or_false,
     writable_directory,
 )
 from synapse_ha.security.tls import TlsFiles, add_tls_flags
@@ -251,15 +252,6 @@ MOCK_GPU_FAULTS = setting(
 CAPACITY = (CPU, MEMORY, MOCK_GPUS, MOCK_NVLINK, MOCK_GPU_MODEL, MOCK_GPU_FAULTS)
 
 
-def _true_or_false(what: str) -> Callable[[Any], bool]:
-    def check(value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{what}: must be true or false, got {value!r}")
-        return value
-
-    return check
-
-
 def _xid_actions(value: Any) -> Any:
     where = "gpu_health.xid_actions" if isinstance(value, dict) else "--xid-action"
     try:
@@ -273,7 +265,7 @@ NO_GPU_HEALTH = setting(
     "gpu_health.enabled",
     negated=True,
     default=True,
-    check=_true_or_false("gpu_health.enabled"),
+    check=true_or_false("gpu_health.enabled"),
     action="store_true",
     help="do not watch the GPUs' health (no Xid, ECC, lost-GPU or NVLink faults reported)",
 )
