@@ -13,46 +13,20 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.codec import decode_state
 from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state, node_status
-from tests.integration.cluster import LocalCluster, wait_for
-from tests.worker.workers import LocalWorkers
+from tests.integration.cluster import wait_for
+from tests.worker.one_replica import OneReplica, node, one_replica
 
 pytestmark = pytest.mark.integration
 
-TIMEOUTS = ["--heartbeat-interval", "250ms", "--lease-ttl", "2s", "--leader-step-down", "1s"]
-
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "cluster", size=1, extra_args=TIMEOUTS)
-    try:
-        c.start()
-        c.serving_leader()
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
-    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
-    w.root.mkdir()
-    try:
-        yield w
-    finally:
-        w.close()
-
-
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
-    with cluster.client() as c:
-        yield c
-
-
-def node(client: ClusterClient, node_id: str) -> pb.Node | None:
-    return next((n for n in client.list_nodes() if n.node_id == node_id), None)
+def world(tmp_path: Path) -> Iterator[OneReplica]:
+    with one_replica(tmp_path) as made:
+        yield made
 
 
 def ready(client: ClusterClient, node_id: str) -> bool:
@@ -67,8 +41,9 @@ def running_attempt(client: ClusterClient, job_id: str, number: int) -> pb.Job |
 
 
 def test_a_fault_in_the_mock_file_requeues_the_gang_off_the_gpu_until_repaired(
-    workers: LocalWorkers, client: ClusterClient, tmp_path: Path
+    world: OneReplica, tmp_path: Path
 ) -> None:
+    workers, client = world.workers, world.client
     faults = tmp_path / "gpu-faults"
     args = ["--cpu", "4", "--memory", "4Gi", "--mock-gpus", "2", "--mock-gpu-faults", str(faults)]
     worker = workers.start("w1", *args)
@@ -116,41 +91,38 @@ def test_a_fault_in_the_mock_file_requeues_the_gang_off_the_gpu_until_repaired(
     assert shown is not None and list(shown.gpu_faults) == []
 
 
-def test_a_reboot_clears_the_faults_when_the_cluster_says_so(
-    tmp_path: Path,
-) -> None:
+def test_a_reboot_clears_the_faults_when_the_cluster_says_so(tmp_path: Path) -> None:
     """A worker that registers from a new boot (its boot id changed) has its node's GPU
     faults cleared with ``--clear-gpu-faults-on-reboot``; a mere restart keeps them."""
-    c = LocalCluster(
-        tmp_path / "rebooting", size=1, extra_args=[*TIMEOUTS, "--clear-gpu-faults-on-reboot"]
-    )
-    w = LocalWorkers(tmp_path / "rebooting-workers", c.grpc_addresses, c.credentials)
-    w.root.mkdir()
-    try:
-        c.start()
-        c.serving_leader()
-        with c.client() as client:
-            wait_for("the cluster's format", lambda: client.cluster_status().format_floor >= 3)
-            faults, boot = tmp_path / "gpu-faults", tmp_path / "boot_id"
-            boot.write_text("boot-1\n")
-            args = ["--mock-gpus", "2", "--mock-gpu-faults", str(faults)]
-            worker = w.start("w1", *args, "--boot-id-file", str(boot))
-            wait_for("w1 ready", lambda: ready(client, "w1"), timeout_s=20)
-            with faults.open("a") as f:
-                f.write("1 xid 79\n")
+    with one_replica(tmp_path / "rebooting", "--clear-gpu-faults-on-reboot") as world:
+        client, workers = world.client, world.workers
+        faults, boot = tmp_path / "gpu-faults", tmp_path / "boot_id"
+        boot.write_text("boot-1\n")
+        args = ["--mock-gpus", "2", "--mock-gpu-faults", str(faults), "--boot-id-file", str(boot)]
+        worker = workers.start("w1", *args)
+        wait_for("w1 ready", lambda: ready(client, "w1"), timeout_s=20)
+        with faults.open("a") as f:
+            f.write("1 xid 79\n")
 
-            def faulty() -> list[int]:
-                shown = node(client, "w1")
-                return [f.gpu for f in shown.gpu_faults] if shown is not None else []
+        def faulty() -> list[int]:
+            shown = node(client, "w1")
+            return [f.gpu for f in shown.gpu_faults] if shown is not None else []
 
-            wait_for("GPU 1 unhealthy", lambda: faulty() == [1], timeout_s=10)
-            for boot_id, kept in (("boot-1", [1]), ("boot-2", [])):
-                boot.write_text(f"{boot_id}\n")  # the same boot (a restart), then a new one
-                w.kill(worker, signal.SIGTERM)
-                w.launcher.start(worker)
-                wait_for("w1 back", lambda: ready(client, "w1"), timeout_s=20)
-                time.sleep(1.0)  # four heartbeats after the registration
-                assert faulty() == kept, boot_id
-    finally:
-        w.close()
-        c.close()
+        def registered(marker: str) -> bool:
+            leader = world.cluster.serving_leader()
+            state = decode_state(client.replica_state(leader.grpc).encoded_state)
+            return marker in state.nodes["w1"].info.features
+
+        wait_for("GPU 1 unhealthy", lambda: faulty() == [1], timeout_s=10)
+        # The same boot (a restart): once the new registration is applied (its feature
+        # marks it), the fault is still there.
+        workers.kill(worker, signal.SIGTERM)
+        worker.argv = [*worker.argv, "--feature", "restarted"]
+        workers.launcher.start(worker)
+        wait_for("w1 registered again", lambda: registered("restarted"), timeout_s=20)
+        assert faulty() == [1]
+        # A new boot: the registration clears it.
+        boot.write_text("boot-2\n")
+        workers.kill(worker, signal.SIGTERM)
+        workers.launcher.start(worker)
+        wait_for("the fault cleared by the reboot", lambda: faulty() == [], timeout_s=20)

@@ -14,44 +14,18 @@ from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state, node_status
-from tests.integration.cluster import LocalCluster, wait_for
-from tests.worker.workers import LocalWorkers
+from tests.integration.cluster import wait_for
+from tests.worker.one_replica import OneReplica, node, one_replica
 
 pytestmark = pytest.mark.integration
 
-TIMEOUTS = ["--heartbeat-interval", "250ms", "--lease-ttl", "2s", "--leader-step-down", "1s"]
 CAPACITY = ["--cpu", "4", "--memory", "4Gi", "--mock-gpus", "0"]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "cluster", size=1, extra_args=TIMEOUTS)
-    try:
-        c.start()
-        c.serving_leader()
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
-    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
-    w.root.mkdir()
-    try:
-        yield w
-    finally:
-        w.close()
-
-
-@pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
-    with cluster.client() as c:
-        yield c
-
-
-def node(client: ClusterClient, node_id: str) -> pb.Node | None:
-    return next((n for n in client.list_nodes() if n.node_id == node_id), None)
+def world(tmp_path: Path) -> Iterator[OneReplica]:
+    with one_replica(tmp_path) as made:
+        yield made
 
 
 def node_in(client: ClusterClient, node_id: str, status: NodeStatus) -> pb.Node | None:
@@ -60,8 +34,9 @@ def node_in(client: ClusterClient, node_id: str, status: NodeStatus) -> pb.Node 
 
 
 def test_a_failing_health_check_cordons_the_node_until_it_passes(
-    workers: LocalWorkers, client: ClusterClient, tmp_path: Path
+    world: OneReplica, tmp_path: Path
 ) -> None:
+    workers, client = world.workers, world.client
     sick = tmp_path / "sick"
     sick.write_text("disk /scratch full\n")
     script = tmp_path / "check.sh"
@@ -108,8 +83,9 @@ def test_a_failing_health_check_cordons_the_node_until_it_passes(
 
 
 def test_a_failing_prestart_check_requeues_the_gang_as_the_nodes_fault(
-    workers: LocalWorkers, client: ClusterClient, tmp_path: Path
+    world: OneReplica, tmp_path: Path
 ) -> None:
+    workers, client = world.workers, world.client
     workers.start("w1", *CAPACITY)
     wait_for("w1 ready", lambda: node_in(client, "w1", NodeStatus.READY), 20)
     marker = tmp_path / "ran"
