@@ -85,10 +85,18 @@ def test_a_fault_in_the_mock_file_requeues_the_gang_off_the_gpu_until_repaired(
     workers.launcher.start(worker)
     wait_for("w1 back", lambda: ready(client, "w1"), timeout_s=20)
     answer = client.repair_gpus("w1")
+    repaired_at = time.monotonic()
     assert list(answer.gpu_faults) == [] and f"GPU {sick} xid-79" in answer.message
-    time.sleep(1.0)  # four heartbeats: none names the GPU again
-    shown = node(client, "w1")
-    assert shown is not None and list(shown.gpu_faults) == []
+
+    def heard_twice_since_the_repair() -> pb.Node | None:
+        # The newest heartbeat came a whole interval (250 ms) after the repair.
+        shown = node(client, "w1")
+        since_ms = (time.monotonic() - repaired_at) * 1000
+        fresh = shown is not None and 0 <= shown.last_heartbeat_age_ms < since_ms - 250
+        return shown if fresh else None
+
+    shown = wait_for("two heartbeats after the repair", heard_twice_since_the_repair, 10)
+    assert list(shown.gpu_faults) == []  # none named the GPU again
 
 
 def test_a_reboot_clears_the_faults_when_the_cluster_says_so(tmp_path: Path) -> None:
