@@ -16,28 +16,25 @@ import grpc
 
 from synapse_ha.cli import render, terminal
 from synapse_ha.cli.defaults import (
-    CA_ENV,
-    CA_FILE_NAME,
-    CERT_ENV,
-    CERT_FILE_NAME,
-    CLUSTER_ENV,
-    DEFAULT_CLUSTER,
     DEFAULT_TIMEOUT_S,
-    KEY_ENV,
-    KEY_FILE_NAME,
     PER_TRY_TIMEOUT_S,
     TLS_HINT,
-    TOKEN_ENV,
-    TOKEN_FILE_NAME,
     ExitCode,
 )
-from synapse_ha.cli.logs import WorkerUnreachable
-from synapse_ha.cli.specfile import SpecFileError
+from synapse_ha.client import credentials
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.client.credentials import (
+    CLUSTER_ENV,
+    DEFAULT_CLUSTER,
+    CredentialsError,
+    parse_cluster,
+)
+from synapse_ha.client.logs import WorkerUnreachable
+from synapse_ha.client.specfile import SpecFileError
 from synapse_ha.core.model import FINISHED_JOB_STATES, JobState
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
-from synapse_ha.security.tls import TlsError, TlsFiles, Transport
+from synapse_ha.security.tls import TlsFiles, Transport
 
 ACTIVE_STATES = (JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING)
 # The names `synctl jobs --state` accepts.
@@ -237,94 +234,22 @@ class Settings:
             self._client = None
 
 
-def config_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CONFIG_HOME/synapse``, or ``~/.config/synapse``."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "synapse"
-
-
-def default_token_file(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CONFIG_HOME/synapse/token``, or ``~/.config/synapse/token``."""
-    return config_dir(environ) / TOKEN_FILE_NAME
-
-
 def find_tls(
     ca: Path | None, cert: Path | None, key: Path | None, environ: Mapping[str, str] | None = None
 ) -> TlsFiles | None:
-    """The TLS files synctl presents: each one as given (``--ca``/``--cert``/``--key``,
-    which click also fills from ``$SYNAPSE_CA``/``$SYNAPSE_CERT``/``$SYNAPSE_KEY``), else
-    ``ca.pem``/``cert.pem``/``key.pem`` in the config directory when that file exists.
-    None when none of the three is found (plaintext). Raises :class:`CommandFailed`
-    (usage) when only some are found, naming the missing ones, or when the files cannot
-    be read or the key is not the certificate's."""
-    folder = config_dir(environ)
-    found: dict[str, Path | None] = {}
-    for (flag, env, name), given in zip(
-        (
-            ("--ca", CA_ENV, CA_FILE_NAME),
-            ("--cert", CERT_ENV, CERT_FILE_NAME),
-            ("--key", KEY_ENV, KEY_FILE_NAME),
-        ),
-        (ca, cert, key),
-        strict=True,
-    ):
-        default = folder / name
-        found[f"{flag} (${env})"] = given or (default if default.is_file() else None)
-    missing = [what for what, path in found.items() if path is None]
-    if len(missing) == len(found):
-        return None
-    if missing:
-        raise CommandFailed(
-            ExitCode.USAGE,
-            f"incomplete TLS settings: {', '.join(missing)} not given; mutual TLS needs the "
-            f"cluster CA, a client certificate and its key (or none of them, for an "
-            f"--insecure cluster). Defaults: {CA_FILE_NAME}, {CERT_FILE_NAME}, "
-            f"{KEY_FILE_NAME} in {folder}",
-            "USAGE",
-        )
-    ca_file, cert_file, key_file = found.values()
-    assert ca_file is not None and cert_file is not None and key_file is not None
-    files = TlsFiles(ca=ca_file, cert=cert_file, key=key_file)
+    """:func:`synapse_ha.client.credentials.find_tls`, its errors as usage errors."""
     try:
-        Transport(files).material()
-    except TlsError as exc:
+        return credentials.find_tls(ca, cert, key, environ)
+    except CredentialsError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), "USAGE") from exc
-    return files
 
 
 def find_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The bearer token synctl sends: from ``token_file`` (given: it must be readable),
-    else ``$SYNAPSE_TOKEN``, else the default token file when it exists; None without
-    one. Raises :class:`CommandFailed` for a given file that cannot be read."""
-    env = os.environ if environ is None else environ
-    if token_file is None:
-        text = env.get(TOKEN_ENV, "").strip()
-        if text:
-            return text
-        token_file = default_token_file(env)
-        if not token_file.is_file():
-            return None
+    """:func:`synapse_ha.client.credentials.find_token`, its errors as usage errors."""
     try:
-        text = token_file.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise CommandFailed(
-            ExitCode.USAGE, f"cannot read the token file {token_file}: {exc.strerror}", "USAGE"
-        ) from exc
-    return text or None
-
-
-def parse_cluster(value: str) -> list[str]:
-    """``host:port,host:port,...`` into a list; raises :class:`ValueError` naming the
-    address that is not ``host:port``."""
-    addresses = [a.strip() for a in value.split(",") if a.strip()]
-    if not addresses:
-        raise ValueError("no address given (expected host:port,host:port,...)")
-    for address in addresses:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{address!r} is not host:port")
-    return addresses
+        return credentials.find_token(token_file, environ)
+    except CredentialsError as exc:
+        raise CommandFailed(ExitCode.USAGE, str(exc), "USAGE") from exc
 
 
 def cluster_callback(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:

@@ -4,24 +4,10 @@ from __future__ import annotations
 
 import enum
 
-# gRPC addresses of the three replicas that ``synctl dev up`` starts.
-DEFAULT_CLUSTER = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
-CLUSTER_ENV = "SYNAPSE_CLUSTER"
-# Where synctl finds its bearer token: --token-file, else this variable (the token's
-# text), else the file ``synapse/token`` in the user's config directory
-# ($XDG_CONFIG_HOME, default ~/.config).
-TOKEN_ENV = "SYNAPSE_TOKEN"
-TOKEN_FILE_ENV = "SYNAPSE_TOKEN_FILE"
-TOKEN_FILE_NAME = "token"
-# The TLS files synctl presents to the cluster: --ca/--cert/--key, else these variables,
-# else these files in the same config directory (each one only when it exists). All three
-# or none: without them synctl speaks plaintext, which a secure cluster refuses.
-CA_ENV = "SYNAPSE_CA"
-CERT_ENV = "SYNAPSE_CERT"
-KEY_ENV = "SYNAPSE_KEY"
-CA_FILE_NAME = "ca.pem"
-CERT_FILE_NAME = "cert.pem"
-KEY_FILE_NAME = "key.pem"
+# Where synctl finds the cluster, its bearer token and its TLS files: the client
+# library's rules (synapse_ha.client.credentials), shared with the Python client.
+from synapse_ha.client.credentials import CA_ENV, CERT_ENV, KEY_ENV
+
 # Added to "cannot reach" errors when synctl spoke plaintext.
 TLS_HINT = (
     f"the cluster may require TLS: set {CA_ENV}, {CERT_ENV}, {KEY_ENV} (synctl dev up prints them)"

@@ -25,17 +25,17 @@ from synapse_ha.cli.app import (
     with_settings,
 )
 from synapse_ha.cli.defaults import POLL_INTERVAL_S, ExitCode
-from synapse_ha.cli.logs import (
+from synapse_ha.cli.logs import LinePrinter
+from synapse_ha.client.cluster import new_request_id
+from synapse_ha.client.logs import (
     GrantCache,
-    LinePrinter,
-    LogGrant,
     MemberFollower,
     MemberLog,
     WorkerUnreachable,
+    fetch_grant,
     read_log,
 )
-from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file
-from synapse_ha.client.cluster import new_request_id
+from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
 from synapse_ha.core.model import JobState
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
@@ -141,27 +141,8 @@ def node_addresses(settings: Settings) -> dict[str, str]:
     return {n.node_id: n.address for n in settings.client().list_nodes()}
 
 
-def fetch_grant(settings: Settings, member: MemberLog) -> LogGrant | None:
-    """A grant to read ``member``'s log, from the leader; None from a cluster that signs
-    none (insecure, ``NEEDS_TLS``). A refusal (not the job's owner, no credential) is
-    raised as the ``grpc.RpcError`` it is."""
-    client = settings.client()
-    request = pb.GrantLogAccessRequest(
-        job_id=member.job_id, attempt=member.attempt, rank=member.rank
-    )
-    try:
-        answer: pb.GrantLogAccessResponse = client.call(
-            "GrantLogAccess", lambda a, t: client.scheduler(a).GrantLogAccess(request, timeout=t)
-        )
-    except grpc.RpcError as exc:
-        if failure_of(exc).reason is Reason.NEEDS_TLS:
-            return None
-        raise
-    return LogGrant(answer.grant, answer.expires_at_ms / 1000)
-
-
 def grant_cache(settings: Settings) -> GrantCache:
-    return GrantCache(functools.partial(fetch_grant, settings))
+    return GrantCache(functools.partial(fetch_grant, settings.client()))
 
 
 def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> list[MemberLog]:

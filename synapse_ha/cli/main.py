@@ -35,20 +35,20 @@ from synapse_ha.cli.app import (
     find_token,
 )
 from synapse_ha.cli.ca import ca
-from synapse_ha.cli.defaults import (
+from synapse_ha.cli.defaults import DEFAULT_TIMEOUT_S
+from synapse_ha.cli.history import HISTORY_COMMANDS
+from synapse_ha.client.credentials import (
     CA_ENV,
     CA_FILE_NAME,
     CERT_ENV,
     CERT_FILE_NAME,
     CLUSTER_ENV,
     DEFAULT_CLUSTER,
-    DEFAULT_TIMEOUT_S,
     KEY_ENV,
     KEY_FILE_NAME,
     TOKEN_ENV,
     TOKEN_FILE_ENV,
 )
-from synapse_ha.cli.history import HISTORY_COMMANDS
 
 # --------------------------------------------------------------------------- group
 

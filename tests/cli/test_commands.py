@@ -16,8 +16,9 @@ import yaml
 from click.testing import CliRunner, Result
 
 from synapse_ha.cli.app import parse_cluster
-from synapse_ha.cli.defaults import DEFAULT_CLUSTER, ExitCode
+from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
+from synapse_ha.client.credentials import DEFAULT_CLUSTER
 from tests.integration.cluster import reserve_ports
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 
 from synapse_ha.cli.app import CommandFailed, find_tls
 from synapse_ha.cli.defaults import ExitCode
-from synapse_ha.cli.logs import GrantCache, LogGrant, MemberLog
+from synapse_ha.client.logs import GrantCache, LogGrant, MemberLog
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import TlsFiles
 

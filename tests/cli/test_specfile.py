@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.cli.specfile import SpecFileError, line_in_file, load_job_file, load_job_spec_file
+from synapse_ha.client.specfile import (
+    SpecFileError,
+    line_in_file,
+    load_job_file,
+    load_job_spec_file,
+)
 from synapse_ha.core.spec import SpecError, parse_job_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

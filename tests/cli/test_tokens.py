@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from synapse_ha.cli.app import CommandFailed, default_token_file, find_token
+from synapse_ha.cli.app import CommandFailed, find_token
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
+from synapse_ha.client.credentials import default_token_file
 from tests.rpc.authed import Replica, serving_replica
 
 

@@ -1,7 +1,7 @@
 """Fuzzing the job-spec parser: only the typed errors it documents ever come out.
 
 :func:`synapse_ha.core.spec.parse_job_spec` raises :class:`SpecError` and
-:func:`synapse_ha.cli.specfile.load_job_file` :class:`SpecFileError` for anything wrong;
+:func:`synapse_ha.client.specfile.load_job_file` :class:`SpecFileError` for anything wrong;
 nothing else may escape, whatever the input (wrong types in every field, nested garbage,
 YAML that is not a job, text that is not YAML), and nothing may hang: YAML bombs (billion
 laughs, recursive anchors, alias chains), deep nesting and huge documents are refused by
@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synapse_ha.cli.specfile import (
+from synapse_ha.client.specfile import (
     MAX_SPEC_ALIASES,
     MAX_SPEC_DEPTH,
     MAX_SPEC_FILE_BYTES,

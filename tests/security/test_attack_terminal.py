@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from synapse_ha.cli.defaults import CLUSTER_ENV
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.client.credentials import CLUSTER_ENV
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.cli.conftest import CREDENTIAL_VARIABLES, exported
 from tests.integration.cluster import LocalCluster, wait_for
