@@ -1,3 +1,41 @@
-"""The client library of a synapse cluster: :class:`~synapse_ha.client.cluster.ClusterClient`
-finds the leader among the replicas, follows redirects and retries, and is what synctl,
-workers, the local launcher, the chaos suite and the benchmarks call the cluster with."""
+"""The client library of a synapse cluster.
+
+:class:`Cluster` (with :class:`Job`, :class:`JobInfo` and the :class:`SynapseError`
+family) is the Python client documented in ``docs/python.md``: what a notebook, a
+pipeline or an orchestrator's task imports. Underneath,
+:class:`~synapse_ha.client.cluster.ClusterClient` finds the leader among the replicas,
+follows redirects and retries; it is what synctl, workers, the local launcher, the chaos
+suite and the benchmarks call the cluster with.
+"""
+
+from synapse_ha.client.api import (
+    AccessDenied,
+    Cluster,
+    ClusterUnreachable,
+    InvalidSpec,
+    Job,
+    JobInfo,
+    JobNotFound,
+    LogLine,
+    Member,
+    SynapseError,
+    WaitTimedOut,
+)
+from synapse_ha.client.credentials import CredentialsError
+from synapse_ha.core.model import JobState
+
+__all__ = [
+    "AccessDenied",
+    "Cluster",
+    "ClusterUnreachable",
+    "CredentialsError",
+    "InvalidSpec",
+    "Job",
+    "JobInfo",
+    "JobNotFound",
+    "JobState",
+    "LogLine",
+    "Member",
+    "SynapseError",
+    "WaitTimedOut",
+]

@@ -1,0 +1,502 @@
+"""The Python client of a synapse cluster: submit, watch, read logs and cancel from Python
+(a notebook, a pipeline, an orchestrator's task) with the rules synctl follows.
+
+    from synapse_ha.client import Cluster
+
+    cluster = Cluster.from_env()
+    job = cluster.submit("train.yaml")
+    for line in job.logs(follow=True):
+        print(line)
+    info = job.wait()
+    assert info.succeeded, info.reason
+
+:meth:`Cluster.from_env` finds the replicas and the credentials as synctl does
+(:mod:`synapse_ha.client.credentials`). Every call goes to the leader, follows redirects
+and retries as :class:`~synapse_ha.client.cluster.ClusterClient` does (it is the same
+client). A failure is raised as a :class:`SynapseError` carrying the cluster's reason
+code (``JOB_NOT_FOUND``, ``INVALID_FIELD``, ``PERMISSION_DENIED``...): its subclasses
+name the cases a caller branches on. ``docs/python.md`` lists the public surface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from synapse_ha.client import credentials
+from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.client.logs import (
+    GrantCache,
+    MemberFollower,
+    MemberLog,
+    WorkerUnreachable,
+    fetch_grant,
+    read_log,
+)
+from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.core.model import JobState
+from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.rpc.convert import spec_to_proto
+from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import job_state
+from synapse_ha.security.tls import TlsFiles, Transport
+
+# How often wait() and logs(follow=True) ask for the job's state.
+POLL_INTERVAL_S = 0.5
+# After a followed job ends, how long its members' log streams may take to deliver the rest.
+FOLLOW_DRAIN_S = 5.0
+
+
+# ------------------------------------------------------------------------- errors
+
+
+class SynapseError(Exception):
+    """A call the cluster refused or could not answer. ``reason`` is the cluster's reason
+    code (a :class:`~synapse_ha.rpc.errors.Reason` value such as ``"JOB_NOT_FOUND"``;
+    ``"UNKNOWN"`` for an error without one), ``message`` the sentence for people."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class InvalidSpec(SynapseError):
+    """A job spec breaks a rule, found here or by the cluster. ``field`` is the dotted
+    path (``resources.memory``), ``rule`` what is allowed, ``line`` the file line when
+    the spec came from a file and the line is known."""
+
+    def __init__(self, field: str, rule: str, line: int | None = None, source: str = "") -> None:
+        where = f"{source}:{line}: " if source and line else (f"{source}: " if source else "")
+        super().__init__(str(Reason.INVALID_FIELD), f"{where}{field}: {rule}")
+        self.field = field
+        self.rule = rule
+        self.line = line
+
+
+class JobNotFound(SynapseError):
+    """No job has this id (or the caller may not see it)."""
+
+    def __init__(self, job_id: str, message: str) -> None:
+        super().__init__(str(Reason.JOB_NOT_FOUND), message)
+        self.job_id = job_id
+
+
+class AccessDenied(SynapseError):
+    """No credential, a refused one, or a caller who may not do this (``UNAUTHENTICATED``,
+    ``PERMISSION_DENIED``)."""
+
+
+class ClusterUnreachable(SynapseError):
+    """No replica answered in time; ``attempts`` lists each address tried and what it
+    answered."""
+
+    def __init__(self, message: str, attempts: Sequence[tuple[str, str]]) -> None:
+        super().__init__("UNAVAILABLE", message)
+        self.attempts = list(attempts)
+
+
+class WaitTimedOut(SynapseError, TimeoutError):
+    """:meth:`Job.wait` gave up before the job finished; ``info`` is its last state."""
+
+    def __init__(self, info: JobInfo, timeout_s: float) -> None:
+        super().__init__("TIMEOUT", f"job {info.id} still {info.state} after {timeout_s:g}s")
+        self.info = info
+
+
+_DENIED = frozenset({Reason.UNAUTHENTICATED, Reason.PERMISSION_DENIED})
+
+
+@contextlib.contextmanager
+def _translated(job_id: str = "") -> Iterator[None]:
+    """Raise the cluster's failures as :class:`SynapseError` values."""
+    try:
+        yield
+    except ClusterUnavailable as exc:
+        raise ClusterUnreachable(str(exc), exc.attempts) from exc
+    except grpc.RpcError as exc:
+        failure = failure_of(exc)
+        if failure.reason is Reason.INVALID_FIELD:
+            raise InvalidSpec(failure.field, failure.rule or failure.message) from exc
+        if failure.reason is Reason.JOB_NOT_FOUND:
+            raise JobNotFound(failure.metadata.get("job_id", job_id), failure.message) from exc
+        if failure.reason in _DENIED or failure.code in (
+            grpc.StatusCode.UNAUTHENTICATED,
+            grpc.StatusCode.PERMISSION_DENIED,
+        ):
+            raise AccessDenied(str(failure.reason), failure.message) from exc
+        reason = str(failure.reason) if failure.reason is not Reason.UNKNOWN else failure.code.name
+        raise SynapseError(reason, failure.message) from exc
+
+
+# ---------------------------------------------------------------------- job values
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """Where one member of the job's current (or last) attempt runs."""
+
+    rank: int
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One job as the cluster knows it at the time of the call. ``reason_code`` is the
+    machine-readable code of ``reason`` (``waiting_capacity``, ``failed_exit``...);
+    ``raw`` is the whole ``synapse.v1.Job`` message for anything not named here."""
+
+    id: str
+    name: str
+    state: JobState
+    reason: str
+    reason_code: str
+    owner: str
+    attempt: int  # 0 before the first placement
+    members: tuple[Member, ...]
+    submitted_at_ms: int
+    finished_at_ms: int
+    raw: pb.Job
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state is JobState.SUCCEEDED
+
+    @classmethod
+    def of(cls, job: pb.Job) -> JobInfo:
+        started = job.HasField("attempt")
+        return cls(
+            id=job.job_id,
+            name=job.spec.name,
+            state=job_state(job),
+            reason=job.reason,
+            reason_code=job.reason_code,
+            owner=job.owner,
+            attempt=job.attempt.number if started else 0,
+            members=tuple(Member(m.rank, m.node_id) for m in job.attempt.members)
+            if started
+            else (),
+            submitted_at_ms=job.submitted_at_ms,
+            finished_at_ms=job.finished_at_ms,
+            raw=job,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line a member wrote (without its newline), decoded as UTF-8 (invalid bytes
+    become U+FFFD). ``str(line)`` is ``[rank N] text``."""
+
+    rank: int
+    attempt: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"[rank {self.rank}] {self.text}"
+
+
+class _Lines:
+    """A :class:`~synapse_ha.client.logs.LogSink` that cuts members' bytes into lines and
+    queues them for the caller's thread."""
+
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.out: queue.SimpleQueue[LogLine] = queue.SimpleQueue()
+        self._partial: dict[int, bytes] = {}
+
+    def feed(self, rank: int, data: bytes) -> None:
+        *lines, rest = (self._partial.pop(rank, b"") + data).split(b"\n")
+        if rest:
+            self._partial[rank] = rest
+        for line in lines:
+            self.out.put(LogLine(rank, self.attempt, line.decode("utf-8", errors="replace")))
+
+    def flush(self, rank: int) -> None:
+        rest = self._partial.pop(rank, b"")
+        if rest:
+            self.out.put(LogLine(rank, self.attempt, rest.decode("utf-8", errors="replace")))
+
+    def drain(self) -> Iterator[LogLine]:
+        while True:
+            try:
+                yield self.out.get_nowait()
+            except queue.Empty:
+                return
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+class Job:
+    """A handle on one job of a :class:`Cluster`; every property or method asks the
+    cluster afresh."""
+
+    def __init__(self, cluster: Cluster, job_id: str, created: bool = True) -> None:
+        self.cluster = cluster
+        self.id = job_id
+        self.created = created  # False: the request id named a job submitted before
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def info(self) -> JobInfo:
+        """The job now (``GetJob``)."""
+        with _translated(self.id):
+            return JobInfo.of(self.cluster.client.get_job(self.id))
+
+    @property
+    def state(self) -> JobState:
+        return self.info().state
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = POLL_INTERVAL_S) -> JobInfo:
+        """Block until the job finished (SUCCEEDED, FAILED or CANCELLED) and return it;
+        :class:`WaitTimedOut` after ``timeout_s`` (None: no limit)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            info = self.info()
+            if info.finished:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimedOut(info, timeout_s or 0.0)
+            pause = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            time.sleep(max(0.0, pause))
+
+    def cancel(self, reason: str = "") -> JobInfo:
+        """Cancel the job (a pending one never starts, a running one's members are
+        stopped) and return it. Cancelling a job already cancelled returns it; one that
+        finished otherwise raises :class:`SynapseError` (``CONFLICT``)."""
+        try:
+            with _translated(self.id):
+                self.cluster.client.cancel_job(self.id, reason)
+        except SynapseError as exc:
+            if exc.reason != str(Reason.CONFLICT) or self.info().state is not JobState.CANCELLED:
+                raise
+        return self.info()
+
+    def explain(self) -> pb.ExplainJobResponse:
+        """Why the job is pending, or where each member runs (``ExplainJob``)."""
+        with _translated(self.id):
+            return self.cluster.client.explain_job(self.id)
+
+    def logs(self, follow: bool = False, member: int | None = None) -> Iterator[LogLine]:
+        """The members' output, line by line (only rank ``member`` when given), read
+        straight from the workers. Without ``follow``: what the current or last attempt
+        wrote so far. With ``follow``: new lines as they are written until the job ends,
+        a retry's new attempt from its start. A member whose worker cannot be reached
+        is skipped (``follow`` keeps trying)."""
+        if follow:
+            yield from self._follow(member)
+            return
+        info = self.info()
+        lines = _Lines(info.attempt)
+        for log in self._member_logs(info, member):
+            try:
+                for data in read_log(
+                    log, self.cluster.client.timeout_s, self.cluster.transport, self._grant(log)
+                ):
+                    lines.feed(log.rank, data)
+            except (LookupError, WorkerUnreachable):
+                pass  # not started yet, or its worker is gone: no output to give
+            finally:
+                lines.flush(log.rank)
+            yield from lines.drain()
+
+    def _grant(self, log: MemberLog) -> str | None:
+        with _translated(self.id):
+            return self.cluster.grants.get(log)
+
+    def _member_logs(self, info: JobInfo, member: int | None) -> list[MemberLog]:
+        if member is not None and all(m.rank != member for m in info.members):
+            raise SynapseError("MEMBER_NOT_FOUND", f"job {self.id} has no member {member}")
+        addresses = self.cluster.node_addresses()
+        return [
+            MemberLog(self.id, info.attempt, m.rank, m.node_id, addresses[m.node_id])
+            for m in info.members
+            if (member is None or m.rank == member) and m.node_id in addresses
+        ]
+
+    def _follow(self, member: int | None) -> Iterator[LogLine]:
+        followers: list[MemberFollower] = []
+        followed = 0
+        lines = _Lines(0)
+        try:
+            while True:
+                info = self.info()
+                if info.attempt and info.attempt != followed:
+                    _stop(followers, FOLLOW_DRAIN_S)
+                    yield from lines.drain()
+                    lines = _Lines(info.attempt)
+                    for log in self._member_logs(info, member):
+                        self._grant(log)  # here, so that a refusal reaches the caller
+                        follower = MemberFollower(
+                            log, lines, self.cluster.transport, self.cluster.grants
+                        )
+                        follower.start()
+                        followers.append(follower)
+                    followed = info.attempt
+                yield from lines.drain()
+                if info.finished:
+                    _stop(followers, FOLLOW_DRAIN_S)
+                    yield from lines.drain()
+                    return
+                time.sleep(POLL_INTERVAL_S)
+        finally:
+            for follower in followers:
+                follower.stop()
+
+
+def _stop(followers: list[MemberFollower], drain_s: float) -> None:
+    deadline = time.monotonic() + drain_s
+    for follower in followers:
+        follower.join(max(0.0, deadline - time.monotonic()))
+    for follower in followers:
+        follower.stop()
+    for follower in followers:
+        follower.join(2.0)
+    followers.clear()
+
+
+# ------------------------------------------------------------------------- cluster
+
+
+class Cluster:
+    """A connection to one cluster: its replicas' gRPC addresses (a list, or
+    ``host:port,host:port``), a bearer ``token`` and the ``tls`` files to present (None:
+    plaintext, for an ``--insecure`` cluster). ``timeout_s`` bounds each call, leader
+    discovery and retries included. Close it (or use it in a ``with`` block)."""
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        token: str | None = None,
+        tls: TlsFiles | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        if isinstance(addresses, str):
+            addresses = credentials.parse_cluster(addresses)
+        elif not addresses:
+            raise ValueError("no address given (expected host:port,host:port,...)")
+        self.transport = Transport(tls)
+        self.client = ClusterClient(
+            list(addresses),
+            timeout_s=timeout_s,
+            per_try_timeout_s=min(2.0, timeout_s),
+            token=token,
+            channel_factory=self.transport.channel,
+        )
+        self.grants = GrantCache(lambda log: fetch_grant(self.client, log))
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, timeout_s: float = 10.0
+    ) -> Cluster:
+        """The cluster and credentials synctl would use: ``$SYNAPSE_CLUSTER`` (else the
+        local dev cluster's addresses), the token and TLS files found by
+        :mod:`synapse_ha.client.credentials`. Raises
+        :class:`~synapse_ha.client.credentials.CredentialsError` naming what is wrong."""
+        env = dict(os.environ if environ is None else environ)
+        addresses = env.get(credentials.CLUSTER_ENV) or credentials.DEFAULT_CLUSTER
+        token_file = env.get(credentials.TOKEN_FILE_ENV)
+        token = credentials.find_token(Path(token_file) if token_file else None, env)
+        given = [env.get(credentials.CA_ENV), env.get(credentials.CERT_ENV)]
+        given.append(env.get(credentials.KEY_ENV))
+        ca, cert, key = (Path(p) if p else None for p in given)
+        tls = credentials.find_tls(ca, cert, key, env)
+        return cls(addresses, token=token, tls=tls, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(self, spec: str | Path | Mapping[str, Any], *, request_id: str | None = None) -> Job:
+        """Validate and submit a job spec: a YAML file's path, or the spec as a mapping
+        (the same fields as the file). A spec breaking a rule raises :class:`InvalidSpec`
+        before anything is sent. The submission carries ``request_id`` (else the file's,
+        else a fresh one), reused on every retry: submitting again with the same id
+        returns the same job (:attr:`Job.created` is then False)."""
+        source = ""
+        try:
+            if isinstance(spec, (str, Path)):
+                source = str(spec)
+                parsed = load_job_file(spec, topology_levels=None)
+            else:
+                parsed = parse_job_spec(dict(spec), topology_levels=None)
+        except SpecFileError as exc:
+            raise InvalidSpec(exc.field, exc.rule, exc.line, source) from exc
+        except SpecError as exc:
+            raise InvalidSpec(exc.field, exc.rule) from exc
+        rid = request_id or parsed.request_id or new_request_id()
+        try:
+            with _translated():
+                answer = self.client.submit_job(spec_to_proto(parsed.spec), rid)
+        except InvalidSpec as exc:  # the cluster's own rules (topology levels, limits)
+            if not source:
+                raise
+            line = line_in_file(source, exc.field)
+            raise InvalidSpec(exc.field, exc.rule, line, source) from exc
+        return Job(self, answer.job_id, answer.created)
+
+    def job(self, job_id: str) -> Job:
+        """A handle on the job ``job_id`` (no call is made until it is used)."""
+        return Job(self, job_id)
+
+    def jobs(
+        self,
+        state: JobState | str | Iterable[JobState | str] | None = None,
+        *,
+        name: str = "",
+        node: str = "",
+        limit: int = 0,
+    ) -> list[JobInfo]:
+        """Jobs in submission order: those in ``state`` (one or several), else every job
+        still active (PENDING, SCHEDULED, RUNNING); ``state="all"`` for finished ones too.
+        ``name`` and ``node`` filter by exact job name and by a member's node."""
+        with _translated():
+            found = self.client.list_jobs(
+                limit=limit, states=_state_names(state), name=name, node_id=node
+            )
+        return [JobInfo.of(j) for j in found]
+
+    def node_addresses(self) -> dict[str, str]:
+        """Each registered node's WorkerService address, by node id."""
+        with _translated():
+            return {n.node_id: n.address for n in self.client.list_nodes()}
+
+
+_ACTIVE = (JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING)
+
+
+def _state_names(state: JobState | str | Iterable[JobState | str] | None) -> list[str]:
+    if state is None:
+        return [str(s) for s in _ACTIVE]
+    if isinstance(state, (JobState, str)):
+        state = [state]
+    names: list[str] = []
+    for s in state:
+        text = str(s).upper()
+        if text == "ALL":
+            return []
+        if text not in JobState.__members__:
+            known = ", ".join(JobState.__members__)
+            raise ValueError(f"{s!r} is not a job state (one of {known}, or 'all')")
+        names.append(text)
+    return names
