@@ -24,15 +24,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.core.cluster_config import LOCALITY_WAIT_MS, MAX_LOCALITY_WAIT_MS, ClusterConfig
+from synapse_ha.core.cluster_config import (
+    LOCALITY_WAIT_MS,
+    MAX_LOCALITY_WAIT_MS,
+    ClusterConfig,
+    PreemptionMode,
+)
 from synapse_ha.sim.engine import Result, simulate
 from synapse_ha.sim.failure_report import parse_policies, run_policies
 from synapse_ha.sim.failure_report import report as failure_report
 from synapse_ha.sim.failure_report import table as failure_table
 from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS, FailureModel
 from synapse_ha.sim.policies import POLICIES
+from synapse_ha.sim.tenancy import MODES, PASS_INTERVAL_MS, run_modes
 from synapse_ha.sim.tenancy import report as tenancy_report
-from synapse_ha.sim.tenancy import run_modes
 from synapse_ha.sim.tenancy import table as tenancy_table
 from synapse_ha.sim.tenants import from_trace, multi_tenant
 from synapse_ha.sim.trace import load_trace, openb_to_trace, write_trace
@@ -130,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``synapse-sim`` with ``argv``; the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.pass_interval is not None and not 0 <= args.pass_interval <= 3600:
+        parser.error("--pass-interval: seconds between 0 and 3600")
     if not 0 <= args.locality_wait * 1000 <= MAX_LOCALITY_WAIT_MS:
         parser.error(f"--locality-wait: seconds between 0 and {MAX_LOCALITY_WAIT_MS // 1000}")
     config = ClusterConfig(retention_ms=0, locality_wait_ms=round(args.locality_wait * 1000))
@@ -151,12 +158,44 @@ def main(argv: list[str] | None = None) -> int:
         _failure_runs(workload, model, config, args)
         return 0
     if workload.queues:
-        results = run_modes(workload, config=config)
-        print(tenancy_table(results), file=sys.stderr)
-        print(json.dumps(tenancy_report(workload, results), indent=2))
+        _compare_modes(workload, _modes(args.modes, parser), config, args)
         return 0
     _compare_policies(workload, names, config, args)
     return 0
+
+
+def _modes(text: str, parser: argparse.ArgumentParser) -> tuple[PreemptionMode, ...]:
+    """``--modes``: preemption modes by name, in the order given."""
+    known = {str(m): m for m in MODES}
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        parser.error(
+            f"--modes: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(known)}"
+        )
+    return tuple(known[n] for n in dict.fromkeys(names))
+
+
+def _compare_modes(
+    workload: Workload,
+    modes: tuple[PreemptionMode, ...],
+    config: ClusterConfig,
+    args: argparse.Namespace,
+) -> None:
+    """Run a workload with queues under each preemption mode; print both tables (the
+    tenancy figures and the placement figures, big gangs included) and the JSON report,
+    and with ``--out`` write the report and the plots there."""
+    interval_ms = (
+        PASS_INTERVAL_MS if args.pass_interval is None else round(args.pass_interval * 1000)
+    )
+    results = run_modes(workload, modes, config=config, pass_interval_ms=interval_ms)
+    report = tenancy_report(workload, results, pass_interval_ms=interval_ms)
+    report["locality_wait_s"] = args.locality_wait
+    report["results"] = {r.policy: r.metrics for r in results}
+    print(tenancy_table(results), file=sys.stderr)
+    print(table(results), file=sys.stderr)
+    _emit(report, results, args.out)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -201,6 +240,20 @@ def _parser() -> argparse.ArgumentParser:
         "the cluster's locality_wait_ms (default %(default)g)",
     )
     parser.add_argument("--out", default=None, help="folder for report.json and PNG plots")
+    parser.add_argument(
+        "--pass-interval",
+        type=float,
+        default=None,
+        help="seconds between two scheduling passes, as the leader's schedule period "
+        f"(default: {PASS_INTERVAL_MS / 1000:g} for workloads with queues; 0, a pass at "
+        "every instant something happens, for the policy comparison)",
+    )
+    parser.add_argument(
+        "--modes",
+        default=",".join(str(m) for m in MODES),
+        help="workloads with queues: the preemption modes to run, comma-separated "
+        "(default %(default)s)",
+    )
     parser.add_argument("--days", type=float, default=3.0, help="training: days of arrivals")
     parser.add_argument("--max-retries", type=int, default=3, help="training: retries per job")
     _failure_options(parser)
@@ -321,10 +374,15 @@ def _compare_policies(
 ) -> None:
     """Run ``workload`` under each named policy; print the table and the JSON report,
     and with ``--out`` write the report and the plots there."""
-    results = [simulate(workload, POLICIES[name](), config=config) for name in names]
+    interval_ms = 0 if args.pass_interval is None else round(args.pass_interval * 1000)
+    results = [
+        simulate(workload, POLICIES[name](), config=config, pass_interval_ms=interval_ms)
+        for name in names
+    ]
     report = {
         "workload": workload.notes,
         "locality_wait_s": args.locality_wait,
+        "pass_interval_s": interval_ms / 1000,
         "results": {r.policy: r.metrics for r in results},
         **compare(results),
     }

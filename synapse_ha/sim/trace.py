@@ -198,7 +198,8 @@ def _job(row: dict[str, str], source: str, number: int, topology_levels: Sequenc
     if not NAME_PATTERN.match(queue) or len(queue) > 63:
         raise bad(
             "queue",
-            f"must be a queue name of 1 to 63 characters of a-z, 0-9 and '-', got {queue!r}",
+            f"must be a queue name of 1 to 63 characters of a-z, 0-9 and '-', starting and "
+            f"ending with a letter or digit, got {queue!r}",
         )
     violations = check_job_spec(spec, topology_levels)
     if violations:

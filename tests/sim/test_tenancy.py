@@ -149,3 +149,39 @@ def test_cli_names_the_bad_trace_line(capsys: pytest.CaptureFixture[str], tmp_pa
         main(["--workload", "trace", "--trace-file", str(trace)])
     assert info.value.code == 2
     assert "jobs.csv line 2: members: must be between 1" in capsys.readouterr().err
+
+
+def test_cli_writes_the_report_of_a_queue_workload_with_the_modes_and_interval_asked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(
+        "submit_s,queue,members,gpus_per_member,duration_s,topology_required\n"
+        "0,team-a,2,8,600,rack\n"
+        "30,team-b,1,4,60,\n"
+    )
+    out_dir = tmp_path / "out"
+    argv = ["--workload", "trace", "--trace-file", str(trace), "--nodes", "4"]
+    argv += ["--modes", "topology,off", "--pass-interval", "2", "--out", str(out_dir)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    written = json.loads((out_dir / "report.json").read_text())
+    assert written == printed
+    assert list(written["modes"]) == ["topology", "off"]
+    assert written["pass_interval_s"] == 2.0
+    assert "targets" not in written  # they compare with blind, which did not run
+    for figures in written["results"].values():  # every figure, big gangs included
+        assert figures["jobs_started"] == 2
+        assert set(figures["queue_delay_big_gangs_s"]) >= {"n", "mean", "max"}
+    tables = captured.err
+    assert "mode" in tables and "big max" in tables
+
+
+def test_cli_refuses_unknown_modes_and_intervals(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--workload", "multi-tenant", "--modes", "topology,greedy"])
+    assert "--modes: unknown greedy; choose from off, blind, topology" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--pass-interval", "-1"])
+    assert "--pass-interval: seconds between 0 and 3600" in capsys.readouterr().err
