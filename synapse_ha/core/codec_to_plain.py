@@ -43,11 +43,11 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     Queue: frozenset({"max_priority"}),
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
-    JobSpec: frozenset({"queue", "priority_class", "progress", "prestart"}),
+    JobSpec: frozenset({"queue", "priority_class", "progress", "prestart", "dependencies"}),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
     ClusterState: frozenset({"queues", "queue_history", "format_floor"}),
     # Late success reports after a node death (DESIGN §4).
-    Job: frozenset({"lost_attempt"}),
+    Job: frozenset({"lost_attempt", "waiting_for", "dependants"}),
     # GPU health (DESIGN §4).
     # A node's boot, to tell a reboot (ClusterConfig.clear_gpu_faults_on_reboot).
     NodeInfo: frozenset({"boot_id"}),

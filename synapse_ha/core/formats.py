@@ -30,7 +30,7 @@ from synapse_ha.core.commands import ExitCause, ReportNodeChecks
 from synapse_ha.core.model import JobSpec, NodeInfo
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 3  # the newest format this release reads
+FORMAT = 4  # the newest format this release reads
 
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
@@ -41,8 +41,8 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
     # The machine's boot, to tell a reboot.
     NodeInfo: {"boot_id": 3},
     # Hang detection of a job's members (core/progress.py), and a job's pre-start check
-    # (core/prestart.py).
-    JobSpec: {"progress": 3, "prestart": 3},
+    # (core/prestart.py); format 4: jobs that wait for other jobs (core/dependencies.py).
+    JobSpec: {"progress": 3, "prestart": 3, "dependencies": 4},
 }
 # Command types each format added.
 # (``RaiseFormat`` itself is format 3 but never gated: the leader proposes it only once

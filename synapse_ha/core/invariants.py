@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from synapse_ha.core.machine.dependencies import Outcome, outcome
 from synapse_ha.core.model import (
     Attempt,
     ClusterState,
@@ -58,9 +59,28 @@ def check(state: ClusterState) -> list[str]:
             problems.append(f"{job_id}: {job.state.value} but attempt {attempt.number} never ended")
         if attempt is not None and attempt.held:
             problems += _held_problems(state, job_id, job, held)
+        if job.waiting_for:
+            problems += _waiting_problems(state, job_id, job)
     problems += _token_problems(tokens)
     problems += _node_problems(state, held)
     problems += _bookkeeping_problems(state)
+    return problems
+
+
+def _waiting_problems(state: ClusterState, job_id: str, job: Job) -> list[str]:
+    """A job waits only while pending, and only for dependencies that may still be met,
+    each on a job that lists it among its dependants (which is how it is resolved)."""
+    if job.state is not JobState.PENDING:
+        return [f"{job_id}: {job.state.value} but still waits for {job.waiting_for}"]
+    problems = []
+    for kind, other_id in job.waiting_for:
+        other = state.jobs.get(other_id)
+        if other is None:
+            problems.append(f"{job_id}: waits ({kind}) for {other_id}, which does not exist")
+        elif job_id not in other.dependants:
+            problems.append(f"{job_id}: waits ({kind}) for {other_id}, not among its dependants")
+        elif outcome(kind, other) is not Outcome.WAITING:
+            problems.append(f"{job_id}: still waits ({kind}) for {other_id}, {other.state.value}")
     return problems
 
 

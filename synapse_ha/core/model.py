@@ -22,6 +22,7 @@ from synapse_ha.core.cluster_config import (
     Queue,
     QueueHistory,
 )
+from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.prestart import Prestart
 from synapse_ha.core.progress import Progress
@@ -226,6 +227,7 @@ class JobSpec:
     priority_class: str = ""  # "" : no class; ``priority`` is then the number given
     progress: Progress | None = None  # None: no hang detection (core/progress.py)
     prestart: Prestart | None = None  # run on each member's node before the member
+    dependencies: Dependencies | None = None  # None: starts as soon as it fits
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +308,11 @@ class Job:
     # The last attempt ended by its node's death while the job is not final (see
     # LostAttempt); None otherwise.
     lost_attempt: LostAttempt | None = None
+    # Dependencies not met yet, as (kind, job id) (core/dependencies.py): the job is not
+    # considered for placement while any remain.
+    waiting_for: tuple[tuple[str, str], ...] = ()
+    # Jobs that named this one as a dependency when they were submitted, in order.
+    dependants: tuple[str, ...] = ()
 
     @property
     def fencing_token(self) -> int:
@@ -379,8 +386,11 @@ class ClusterState:
     format_floor: int = 2
 
     def pending_jobs(self) -> list[Job]:
-        """Pending jobs in queue order: priority (higher first), then submission order."""
-        pending = [j for j in self.jobs.values() if j.state is JobState.PENDING]
+        """Pending jobs in queue order: priority (higher first), then submission order.
+        Jobs still waiting for a dependency are left out: nothing may place them."""
+        pending = [
+            j for j in self.jobs.values() if j.state is JobState.PENDING and not j.waiting_for
+        ]
         pending.sort(key=lambda j: (-j.spec.priority, j.seq))
         return pending
 

@@ -66,6 +66,9 @@ class ReasonCode(enum.StrEnum):
     WAITING_FOR_VICTIMS = "waiting_for_victims"  # count, kind, victims
     PREEMPTING = "preempting"  # preemptor, kind, grace_ms, deadline_ms (a live job's reason)
     WAITING_FOR_PREEMPTOR = "waiting_for_preemptor"  # preemptor, until_ms
+    # -- dependencies (core/dependencies.py)
+    DEPENDENCY = "dependency"  # waiting (what it waits for, as text), count
+    DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"  # job, kind, state
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
@@ -407,6 +410,11 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ReasonCode.WAITING_FOR_PREEMPTOR: lambda r: (
         f"preempted by {r.text('preemptor')}, which takes the GPUs it freed first; "
         "this gang waits until it has been placed (or a short while has passed)"
+    ),
+    ReasonCode.DEPENDENCY: lambda r: f"waiting for {r.text('waiting')}",
+    ReasonCode.DEPENDENCY_NEVER_SATISFIED: lambda r: (
+        f"cancelled: its dependency {r.text('kind')} on {r.text('job')} can never be met "
+        f"({r.text('job')} {r.text('state')})"
     ),
     ReasonCode.PREEMPTING: lambda r: (
         f"being preempted by {r.text('preemptor')} ({_kind(r)}); its members got SIGTERM "

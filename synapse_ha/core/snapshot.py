@@ -52,8 +52,27 @@ def note_touched(state: ClusterState, command: cmd.Command, changes: Changes) ->
     touches = _TOUCHES.get(type(command))
     if touches is None:
         changes.everything = True
-    else:
-        touches(state, command, changes)
+        return
+    fresh = Changes()
+    touches(state, command, fresh)
+    _with_dependants(state, fresh.jobs)
+    changes.nodes |= fresh.nodes
+    changes.jobs |= fresh.jobs
+    changes.request_ids |= fresh.request_ids
+    changes.tokens |= fresh.tokens
+    changes.everything |= fresh.everything
+
+
+def _with_dependants(state: ClusterState, jobs: set[str]) -> None:
+    """Add to ``jobs`` the jobs waiting on them, and on those (a job that starts or
+    finishes resolves its dependants' dependencies, cancelling some down a chain)."""
+    work = [job_id for job_id in jobs if (job := state.jobs.get(job_id)) and job.dependants]
+    while work:
+        job = state.jobs.get(work.pop())
+        for dependant in job.dependants if job is not None else ():
+            if dependant not in jobs:
+                jobs.add(dependant)
+                work.append(dependant)
 
 
 def apply_tracked(state: ClusterState, command: cmd.Command, changes: Changes) -> cmd.Result:

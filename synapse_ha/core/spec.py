@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.dependencies import Dependencies, DependencyKind
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
 from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.progress import SOURCE_FILE, Progress
@@ -49,8 +50,10 @@ _TOP_FIELDS = frozenset(
         "queue",
         "progress",
         "prestart",
+        "dependencies",
     }
 )
+_DEPENDENCY_FIELDS = frozenset(str(kind) for kind in DependencyKind)
 _PRESTART_FIELDS = frozenset({"command", "timeout"})
 _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
 _TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
@@ -260,6 +263,7 @@ def parse_job_spec(
         priority_class=priority_class,
         progress=_progress(doc["progress"]) if "progress" in doc else None,
         prestart=_prestart(doc["prestart"]) if "prestart" in doc else None,
+        dependencies=_dependencies(doc["dependencies"]) if "dependencies" in doc else None,
     )
     request_id = _string(doc.get("request_id", ""), "request_id")
     violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)
@@ -366,6 +370,23 @@ def _priority(value: object) -> tuple[int, str]:
         "priority",
         f"expected an integer or a priority class name, got {_kind(value)}",
         ViolationCode.WRONG_TYPE,
+    )
+
+
+def _dependencies(value: object) -> Dependencies:
+    """``dependencies:``, ``{afterok: [job-000012], after: job-000013}``: per kind a job
+    id or a list of them."""
+    doc = _mapping(value, "dependencies", _DEPENDENCY_FIELDS)
+    ids: dict[str, tuple[str, ...]] = {}
+    for kind, given in doc.items():
+        field = f"dependencies.{kind}"
+        items = given if isinstance(given, list) else [given]
+        ids[kind] = tuple(_string(item, field) for item in items)
+    return Dependencies(
+        after_ok=ids.get(DependencyKind.AFTER_OK, ()),
+        after_any=ids.get(DependencyKind.AFTER_ANY, ()),
+        after_not_ok=ids.get(DependencyKind.AFTER_NOT_OK, ()),
+        after=ids.get(DependencyKind.AFTER, ()),
     )
 
 

@@ -29,6 +29,7 @@ from synapse_ha.core.cluster_config import (
     Queue,
     Timeouts,
 )
+from synapse_ha.core.dependencies import dependency_problems
 from synapse_ha.core.health import (
     FAULT_CODE_PATTERN,
     MAX_FAULT_CODE,
@@ -191,6 +192,7 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
     out.extend(_check_progress(spec.progress, has_image=bool(spec.image)))
     if spec.prestart is not None:
         out.extend(_check_prestart(spec.prestart))
+    out.extend(invalid(field, rule) for field, rule in dependency_problems(spec.dependencies))
     return out
 
 

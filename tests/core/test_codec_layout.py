@@ -20,6 +20,7 @@ import pytest
 from synapse_ha.core import cluster_config, model, reasons
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
+from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.prestart import Prestart
@@ -43,11 +44,12 @@ PINNED: dict[type, tuple[str, ...]] = {
                          "queues", "queue_history", "format_floor"),
     model.Job: ("job_id", "spec", "request_id", "seq", "submitted_at_ms", "state", "reason",
                 "attempt", "attempts_made", "retries_used", "requeues", "retry_not_before_ms",
-                "finished_at_ms", "owner", "cancelled_by", "lost_attempt"),
+                "finished_at_ms", "owner", "cancelled_by", "lost_attempt", "waiting_for",
+                "dependants"),
     model.JobSpec: ("name", "replicas", "resources", "command", "shell", "env", "workdir",
                     "priority", "topology_required", "topology_preferred", "time_limit_ms",
                     "retries", "image", "queue", "priority_class", "progress",
-                    "prestart"),
+                    "prestart", "dependencies"),
     cluster_config.Limits: ("spec_bytes", "env_bytes", "pending_jobs_per_user",
                             "pending_jobs_per_queue", "submit_burst", "submit_per_s",
                             "watch_streams_per_identity", "watch_streams_total"),
@@ -61,6 +63,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     Unfit: ("owner", "detail", "until_ms"),
     NodeCondition: ("name", "message", "since_ms"),
     Prestart: ("command", "shell", "timeout_ms"),
+    Dependencies: ("after_ok", "after_any", "after_not_ok", "after"),
     model.NodeInfo: ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology",
                      "features", "members_run_as", "boot_id"),
     cluster_config.PriorityClass: ("name", "value", "preempts", "grace_ms"),

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, JOB, NODE, move
+from synapse_ha.core.machine.dependencies import settle
 from synapse_ha.core.model import (
     ZERO,
     ClusterState,
@@ -110,7 +111,20 @@ def release_held(state: ClusterState, job: Job, rank: int) -> bool:
     return True
 
 
-def finish(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
+def finish(state: ClusterState, job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
+    """End ``job`` for good (``event`` leads to a final state), and resolve the
+    dependencies of the jobs that wait on it (cancelling those that can never run)."""
+    _final(job, event, why, now)
+    settle_dependants(state, job, now)
+
+
+def settle_dependants(state: ClusterState, job: Job, now: int) -> None:
+    """``job`` started or finished: resolve the dependencies of the jobs waiting on it."""
+    if job.dependants:
+        settle(state, job, lambda waiting, never: _final(waiting, lc.JobEvent.CANCEL, never, now))
+
+
+def _final(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
     job.state = move(JOB, job.state, event)
     job.reason = why
     job.finished_at_ms = now
@@ -150,6 +164,7 @@ def requeue_attempt(state: ClusterState, job: Job, cause: Reason, now: int) -> N
     limit = state.config.max_requeues
     if job.requeues >= limit:
         finish(
+            state,
             job,
             lc.JobEvent.FAIL,
             reason(
@@ -215,7 +230,11 @@ def fail_attempt_and_retry(state: ClusterState, job: Job, why: Reason, seed: int
     else:
         code = FAILURE_CODES.get(why.code, ReasonCode.FAILED_ATTEMPT)
         finish(
-            job, lc.JobEvent.FAIL, reason(code, why, attempt=number, retries=job.retries_used), now
+            state,
+            job,
+            lc.JobEvent.FAIL,
+            reason(code, why, attempt=number, retries=job.retries_used),
+            now,
         )
 
 

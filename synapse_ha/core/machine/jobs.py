@@ -17,6 +17,8 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, one_job
+from synapse_ha.core.machine.dependencies import register as register_dependencies
+from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
 from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, time_limit_deadline
 from synapse_ha.core.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
@@ -36,6 +38,9 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     spec, problems = _resolve_queue_and_class(state, c.spec)
     if problems:
         return error(ResultCode.INVALID, describe(problems))
+    problem = dependency_problem(state, spec)
+    if problem:
+        return error(ResultCode.INVALID, problem)
     seq = state.next_job_seq
     job_id = f"job-{seq:06d}"
     state.next_job_seq = seq + 1
@@ -48,6 +53,7 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
         owner=c.owner,
     )
     state.request_ids[c.request_id] = job_id
+    register_dependencies(state, state.jobs[job_id])
     return ok(f"submitted {job_id}", job_id=job_id, created=True)
 
 
@@ -74,7 +80,7 @@ def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
         end_attempt(
             state, job, lc.AttemptEvent.STOP, reason(ReasonCode.CANCELLED_BY, text=c.reason), now
         )
-    finish(job, lc.JobEvent.CANCEL, reason(ReasonCode.CANCELLED, text=c.reason), now)
+    finish(state, job, lc.JobEvent.CANCEL, reason(ReasonCode.CANCELLED, text=c.reason), now)
     job.cancelled_by = c.actor
     if attempt is not None:
         settle_drained(state, sorted({m.node_id for m in attempt.members}))
@@ -124,7 +130,7 @@ def _expire_time_limit(state: ClusterState, c: cmd.ExpireTimeLimit, now: int) ->
     end_attempt(
         state, job, lc.AttemptEvent.STOP, reason(ReasonCode.TIME_LIMIT, limit_ms=limit), now
     )
-    finish(job, lc.JobEvent.FAIL, reason(ReasonCode.FAILED_TIME_LIMIT, limit_ms=limit), now)
+    finish(state, job, lc.JobEvent.FAIL, reason(ReasonCode.FAILED_TIME_LIMIT, limit_ms=limit), now)
     settle_drained(state, nodes)
     return ok(f"{c.job_id} stopped at its time limit", job_id=c.job_id)
 
@@ -147,6 +153,8 @@ def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Resu
 
 def _touches_submission(state: ClusterState, c: cmd.SubmitJob, changes: Changes) -> None:
     changes.request_ids = True
+    if c.spec.dependencies is not None:  # each job depended on gains a dependant
+        changes.jobs.update(job_id for _, job_id in c.spec.dependencies.pairs())
     job_id = state.request_ids.get(c.request_id)
     if job_id is not None:
         changes.jobs.add(job_id)

@@ -16,6 +16,7 @@ from synapse_ha.core.machine.attempts import (
     end_preempted,
     finish,
     release_held,
+    settle_dependants,
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
@@ -107,6 +108,7 @@ def _live_member_event(
     if job.state is JobState.SCHEDULED:
         job.state = move(JOB, job.state, lc.JobEvent.START)
         job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
+        settle_dependants(state, job, now)  # ``after`` dependencies are met now
     if event.kind is cmd.MemberEventKind.STARTED:
         status.state = move(MEMBER, status.state, lc.MemberEvent.START)
         if state.format_floor < _RAN_RESETS_FORMAT:
@@ -132,6 +134,7 @@ def _live_member_event(
             now,
         )
         finish(
+            state,
             job,
             lc.JobEvent.SUCCEED,
             reason(ReasonCode.SUCCEEDED, members=len(attempt.members)),
@@ -199,6 +202,7 @@ def _succeed_before_preemption(job: Job, attempt: Attempt, now: int, state: Clus
         now,
     )
     finish(
+        state,
         job,
         lc.JobEvent.SUCCEED,
         reason(
@@ -281,6 +285,7 @@ def _count_late_exit(
             now,
         )
     finish(
+        state,
         job,
         lc.JobEvent.LATE_SUCCESS,
         reason(

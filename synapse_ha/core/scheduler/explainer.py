@@ -199,7 +199,7 @@ def why_pending(
     job = state.jobs.get(job_id)
     if job is None or job.state is not JobState.PENDING:
         return None
-    if now_ms < job.retry_not_before_ms or last_plan is None:
+    if now_ms < job.retry_not_before_ms or last_plan is None or job.waiting_for:
         return job.reason
     if job_id in last_plan.reasons:
         return last_plan.reasons[job_id]
