@@ -1,12 +1,14 @@
-"""A three-step pipeline on a synapse cluster: preprocess, then train, then evaluate, each
-step a job submitted once the one before it succeeded — the shape of an Airflow or Prefect
-task that calls the cluster through the Python client.
+"""A three-step pipeline on a synapse cluster: preprocess, then train, then evaluate,
+submitted at once as three jobs chained by dependencies — the shape of an Airflow or
+Prefect task that hands the whole chain to the cluster instead of polling between steps.
 
-Each step's request id is derived from the run's name and the step, so running the
-pipeline again with the same ``--run`` (after a crash of the orchestrator, say) picks up
-the jobs already submitted instead of starting them a second time.
+The cluster starts each step as soon as the one before it succeeded (``afterok``); when a
+step fails for good, the steps after it are cancelled with reason
+``dependency_never_satisfied``. Each step's request id is derived from the run's name,
+so running the pipeline again with the same ``--run`` (after a crash of the
+orchestrator, say) finds the jobs already submitted instead of starting them twice.
 
-    python examples/pipeline.py --run nightly-2026-11-27
+    python examples/pipeline.py --run nightly-2026-11-27 --follow
 
 The cluster and credentials come from the environment, as for synctl
 (``SYNAPSE_CLUSTER``, ``SYNAPSE_TOKEN``, ``SYNAPSE_CA``/``SYNAPSE_CERT``/``SYNAPSE_KEY``).
@@ -18,7 +20,7 @@ import argparse
 import sys
 from typing import Any
 
-from synapse_ha.client import Cluster, JobState, SynapseError
+from synapse_ha.client import Cluster, Job, JobState, SynapseError
 
 
 def step(name: str, replicas: int, script: str) -> dict[str, Any]:
@@ -41,12 +43,16 @@ STEPS = [
 
 
 def run(cluster: Cluster, run_name: str, follow: bool) -> int:
+    jobs: list[Job] = []
     for spec in STEPS:
-        job = cluster.submit(spec, request_id=f"{run_name}-{spec['name']}")
+        previous = jobs[-1:]  # the step before, if any: this one starts after it succeeded
+        job = cluster.submit(spec, request_id=f"{run_name}-{spec['name']}", after_ok=previous)
         print(f"{spec['name']}: {job.id}" + ("" if job.created else " (already submitted)"))
+        jobs.append(job)
+    for spec, job in zip(STEPS, jobs, strict=True):
         if follow:
             for line in job.logs(follow=True):
-                print(f"  {line}")
+                print(f"  {spec['name']} {line}")
         info = job.wait()
         if info.state is not JobState.SUCCEEDED:
             print(f"{spec['name']} {info.state}: {info.reason}", file=sys.stderr)

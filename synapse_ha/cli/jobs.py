@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -36,7 +37,9 @@ from synapse_ha.client.logs import (
     read_log,
 )
 from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
+from synapse_ha.core.spec import ParsedJob
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -54,9 +57,46 @@ from synapse_ha.rpc.states import job_state
     is_flag=True,
     help="Stream every member's output ([rank N] prefix) until the job ends; implies --wait.",
 )
+@click.option(
+    "--after-ok",
+    "after_ok",
+    multiple=True,
+    metavar="JOB[,JOB]",
+    help="Start only once these jobs succeeded (spec: dependencies.afterok).",
+)
+@click.option(
+    "--after-any",
+    "after_any",
+    multiple=True,
+    metavar="JOB[,JOB]",
+    help="Start only once these jobs finished, however they ended.",
+)
+@click.option(
+    "--after-not-ok",
+    "after_not_ok",
+    multiple=True,
+    metavar="JOB[,JOB]",
+    help="Start only once these jobs failed or were cancelled.",
+)
+@click.option(
+    "--after",
+    "after",
+    multiple=True,
+    metavar="JOB[,JOB]",
+    help="Start only once these jobs started.",
+)
 @output_option
 @with_settings
-def submit(settings: Settings, file: Path, wait: bool, follow: bool) -> None:
+def submit(
+    settings: Settings,
+    file: Path,
+    wait: bool,
+    follow: bool,
+    after_ok: tuple[str, ...],
+    after_any: tuple[str, ...],
+    after_not_ok: tuple[str, ...],
+    after: tuple[str, ...],
+) -> None:
     """Validate the job spec FILE (YAML, see docs/cli.md) and submit it; print the job id.
 
     The spec is checked before anything is sent: an invalid one exits 2 naming the file
@@ -65,13 +105,21 @@ def submit(settings: Settings, file: Path, wait: bool, follow: bool) -> None:
     submitting a file with the same request_id again returns the same job.
 
     \b
+    The --after* options add to the spec's dependencies: the job waits (reason
+    DEPENDENCY) until each is met, and is cancelled when one can never be.
+
+    \b
     Examples:
       synctl submit examples/cpu-gang.yaml
       synctl submit job.yaml --wait && echo done
       synctl submit job.yaml --follow
+      synctl submit train.yaml --after-ok job-000012
     """
     # The topology level names are the cluster's configuration: the cluster checks them.
     parsed = load_job_file(file, topology_levels=None)
+    extra = Dependencies(*(_job_ids(given) for given in (after_ok, after_any, after_not_ok, after)))
+    if extra.pairs():
+        parsed = _with_dependencies(parsed, extra)
     request_id = parsed.request_id or new_request_id()
     client = settings.client()
     try:
@@ -106,6 +154,30 @@ def submit(settings: Settings, file: Path, wait: bool, follow: bool) -> None:
         click.echo(render.structured(document, settings.output))
     if state is not JobState.SUCCEEDED:
         raise click.exceptions.Exit(int(ExitCode.JOB_FAILED))
+
+
+def _job_ids(given: tuple[str, ...]) -> tuple[str, ...]:
+    """``--after-ok a,b --after-ok c`` as ``(a, b, c)``."""
+    return tuple(i.strip() for text in given for i in text.split(",") if i.strip())
+
+
+def _with_dependencies(parsed: ParsedJob, extra: Dependencies) -> ParsedJob:
+    """The spec with the --after* options' dependencies added; a malformed one is a
+    usage error naming the option."""
+    spec = dataclasses.replace(parsed.spec, dependencies=merged(parsed.spec.dependencies, extra))
+    for field, rule in dependency_problems(spec.dependencies):
+        kind = field.rpartition(".")[2]
+        option = _OPTIONS.get(kind, "--after-ok")
+        raise CommandFailed(ExitCode.USAGE, f"{option}: {rule}", str(Reason.INVALID_FIELD))
+    return dataclasses.replace(parsed, spec=spec)
+
+
+_OPTIONS = {
+    "afterok": "--after-ok",
+    "afterany": "--after-any",
+    "afternotok": "--after-not-ok",
+    "after": "--after",
+}
 
 
 def _describe_progress(job: pb.Job) -> str:

@@ -83,7 +83,28 @@ def job_document(job: pb.Job) -> Document:
         if spec.HasField("progress")
         else None,
         "prestart": prestart_document(spec, job.redacted),
+        "dependencies": dependencies_document(spec.dependencies)
+        if spec.HasField("dependencies")
+        else None,
+        "waiting_for": dependencies_document(job.waiting_for),
     }
+
+
+_KINDS = (("afterok", "after_ok"), ("afterany", "after_any"), ("afternotok", "after_not_ok"))
+
+
+def dependencies_document(deps: pb.Dependencies) -> dict[str, list[str]]:
+    """``{afterok: [...], afterany: [...], afternotok: [...], after: [...]}``: the kinds
+    with at least one job, as the job spec names them."""
+    by_kind = {name: list(getattr(deps, field)) for name, field in (*_KINDS, ("after", "after"))}
+    return {name: ids for name, ids in by_kind.items() if ids}
+
+
+def dependencies_text(doc: Mapping[str, list[str]] | None) -> str | None:
+    """``afterok job-000012, job-000013; after job-000014``."""
+    if not doc:
+        return None
+    return "; ".join(f"{kind} {', '.join(ids)}" for kind, ids in doc.items())
 
 
 def progress_text(doc: Mapping[str, Any] | None) -> str | None:
@@ -204,6 +225,8 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
         ("HANG AFTER", progress_text(doc["progress"])),
         ("PRESTART", prestart_text(doc["prestart"])),
+        ("DEPENDS ON", dependencies_text(doc["dependencies"])),
+        ("WAITING FOR", dependencies_text(doc["waiting_for"])),
         (
             "SUBMITTED",
             f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",

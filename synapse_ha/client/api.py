@@ -21,6 +21,7 @@ name the cases a caller branches on. ``docs/python.md`` lists the public surface
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import time
@@ -42,6 +43,7 @@ from synapse_ha.client.logs import (
     read_log,
 )
 from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
 from synapse_ha.core.spec import SpecError, parse_job_spec
 from synapse_ha.rpc.convert import spec_to_proto
@@ -166,6 +168,8 @@ class JobInfo:
     submitted_at_ms: int
     finished_at_ms: int
     raw: pb.Job
+    # Dependencies not met yet, as (kind, job id): the job is not placed meanwhile.
+    waiting_for: tuple[tuple[str, str], ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -192,6 +196,12 @@ class JobInfo:
             submitted_at_ms=job.submitted_at_ms,
             finished_at_ms=job.finished_at_ms,
             raw=job,
+            waiting_for=Dependencies(
+                tuple(job.waiting_for.after_ok),
+                tuple(job.waiting_for.after_any),
+                tuple(job.waiting_for.after_not_ok),
+                tuple(job.waiting_for.after),
+            ).pairs(),
         )
 
 
@@ -371,6 +381,9 @@ def _stop(followers: list[MemberFollower], drain_s: float) -> None:
 
 # ------------------------------------------------------------------------- cluster
 
+# Jobs named as dependencies: a Job, a job id, or several.
+Jobs = Job | str | Iterable[Job | str]
+
 
 class Cluster:
     """A connection to one cluster: its replicas' gRPC addresses (a list, or
@@ -427,12 +440,26 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def submit(self, spec: str | Path | Mapping[str, Any], *, request_id: str | None = None) -> Job:
+    def submit(
+        self,
+        spec: str | Path | Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        after_ok: Jobs = (),
+        after_any: Jobs = (),
+        after_not_ok: Jobs = (),
+        after: Jobs = (),
+    ) -> Job:
         """Validate and submit a job spec: a YAML file's path, or the spec as a mapping
         (the same fields as the file). A spec breaking a rule raises :class:`InvalidSpec`
         before anything is sent. The submission carries ``request_id`` (else the file's,
         else a fresh one), reused on every retry: submitting again with the same id
-        returns the same job (:attr:`Job.created` is then False)."""
+        returns the same job (:attr:`Job.created` is then False).
+
+        ``after_ok``, ``after_any``, ``after_not_ok`` and ``after`` (each a :class:`Job`,
+        a job id, or several) add to the spec's ``dependencies``: the job is placed only
+        once the jobs named succeeded, finished, failed, or started, and is cancelled
+        (reason ``dependency_never_satisfied``) when that can never happen."""
         source = ""
         try:
             if isinstance(spec, (str, Path)):
@@ -444,6 +471,14 @@ class Cluster:
             raise InvalidSpec(exc.field, exc.rule, exc.line, source) from exc
         except SpecError as exc:
             raise InvalidSpec(exc.field, exc.rule) from exc
+        extra = Dependencies(*(_ids(jobs) for jobs in (after_ok, after_any, after_not_ok, after)))
+        if extra.pairs():
+            deps = merged(parsed.spec.dependencies, extra)
+            for field, rule in dependency_problems(deps):
+                raise InvalidSpec(field, rule)
+            parsed = dataclasses.replace(
+                parsed, spec=dataclasses.replace(parsed.spec, dependencies=deps)
+            )
         rid = request_id or parsed.request_id or new_request_id()
         try:
             with _translated():
@@ -483,6 +518,12 @@ class Cluster:
 
 
 _ACTIVE = (JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING)
+
+
+def _ids(jobs: Jobs) -> tuple[str, ...]:
+    if isinstance(jobs, (Job, str)):
+        jobs = [jobs]
+    return tuple(j.id if isinstance(j, Job) else j for j in jobs)
 
 
 def _state_names(state: JobState | str | Iterable[JobState | str] | None) -> list[str]:

@@ -74,6 +74,13 @@ class Dependencies:
         )
 
 
+def merged(given: Dependencies | None, more: Dependencies) -> Dependencies | None:
+    """``given`` with ``more`` added after it, kind by kind (a job named twice for one
+    kind once); None when both name nothing."""
+    pairs = dict.fromkeys((*(given.pairs() if given else ()), *more.pairs()))
+    return Dependencies.of_pairs(tuple(pairs)) if pairs else given
+
+
 FIELD = "dependencies"
 
 

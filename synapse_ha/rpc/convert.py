@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Limits, PriorityClass, Queue
+from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.health import GpuFault, NodeCheck, NodeCondition
 from synapse_ha.core.model import (
@@ -84,8 +85,29 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         if retries is not None
         else defaults,
         prestart=prestart_from_proto(msg.prestart) if msg.HasField("prestart") else None,
+        dependencies=dependencies_from_proto(msg.dependencies)
+        if msg.HasField("dependencies")
+        else None,
     )
     return spec
+
+
+def dependencies_from_proto(msg: pb.Dependencies) -> Dependencies:
+    return Dependencies(
+        after_ok=tuple(msg.after_ok),
+        after_any=tuple(msg.after_any),
+        after_not_ok=tuple(msg.after_not_ok),
+        after=tuple(msg.after),
+    )
+
+
+def dependencies_to_proto(deps: Dependencies) -> pb.Dependencies:
+    return pb.Dependencies(
+        after_ok=list(deps.after_ok),
+        after_any=list(deps.after_any),
+        after_not_ok=list(deps.after_not_ok),
+        after=list(deps.after),
+    )
 
 
 def prestart_from_proto(msg: pb.Prestart) -> Prestart:
@@ -122,6 +144,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         msg.prestart.CopyFrom(
             pb.Prestart(command=list(p.command), shell=p.shell, timeout_ms=p.timeout_ms)
         )
+    if spec.dependencies is not None:
+        msg.dependencies.CopyFrom(dependencies_to_proto(spec.dependencies))
     if spec.shell:
         msg.shell_command = spec.command[0] if spec.command else ""
     else:
@@ -200,6 +224,8 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
     )
     if job.attempt is not None:
         msg.attempt.CopyFrom(attempt_to_proto(job.attempt, redacted))
+    if job.waiting_for:
+        msg.waiting_for.CopyFrom(dependencies_to_proto(Dependencies.of_pairs(job.waiting_for)))
     return msg
 
 

@@ -191,3 +191,14 @@ def test_snapshots_see_every_dependant_a_finish_changed() -> None:
     changes = Changes()
     apply_tracked(k.state, c.CancelJob(a, "x", now_ms=k.now), changes)
     assert {a, b, c3} <= changes.jobs
+
+
+def test_a_waiting_job_cancelled_by_its_owner_waits_for_nothing_more() -> None:
+    k = cluster()
+    first = submit(k, "first")
+    second = submit(k, "second", after(after_ok=(first,)))
+    assert k.do(c.CancelJob(second, "not needed", now_ms=k.now)).ok
+    assert k.state.jobs[second].waiting_for == ()
+    run_to(k, first, 0)  # its dependency's end finds it already final: nothing changes
+    assert k.state_of(second) is JobState.CANCELLED
+    assert k.state.jobs[second].reason.code is ReasonCode.CANCELLED

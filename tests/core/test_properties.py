@@ -6,6 +6,7 @@ leader proposes them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 from hypothesis import HealthCheck, event, settings
@@ -23,6 +24,7 @@ from synapse_ha.core import invariants
 from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import PreemptionMode, Queue
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
+from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
@@ -137,6 +139,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.saw_preemption = False
         self.saw_hold = False
         self.saw_held_ranks = False
+        self.saw_dependency_wait = False
         # Preempted attempts (job, token) -> rank -> (node, GPUs) when preempted.
         self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
 
@@ -223,6 +226,24 @@ class ClusterMachine(RuleBasedStateMachine):
             priority_class=priority_class,
         )
         self.do(c.SubmitJob(spec, f"req-{request}", self.now))
+
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["after_ok", "after_any", "after_not_ok", "after"]),
+        request=st.integers(0, 30),
+        gpu=st.sampled_from([0, 4, 8]),
+    )
+    def submit_dependent(self, data: st.DataObject, kind: str, request: int, gpu: int) -> None:
+        """A job waiting for another: mostly one that exists (and may never meet it)."""
+        known = sorted(self.state.jobs) or ["job-000001"]
+        other = data.draw(st.sampled_from([*known, "job-999999"]))
+        deps = Dependencies(**{kind: (other,)})
+        spec = dataclasses.replace(job(gpu=gpu), dependencies=deps)
+        if self.state.format_floor < 4:
+            self.do(c.RaiseFormat(4))
+        result = self.do(c.SubmitJob(spec, f"dep-{request}", self.now))
+        if result.ok and self.state.jobs[result.job_id].waiting_for:
+            self.saw_dependency_wait = True
 
     @rule()
     def scheduling_pass(self) -> None:
@@ -477,6 +498,19 @@ class ClusterMachine(RuleBasedStateMachine):
         assert not problems, problems
 
     @invariant()
+    def no_job_placed_before_its_dependencies_were_met(self) -> None:
+        for j in self.state.jobs.values():
+            if j.attempt is None or j.spec.dependencies is None:
+                continue
+            for kind, other_id in j.spec.dependencies.pairs():
+                other = self.state.jobs.get(other_id)
+                if other is None or kind == "after":  # purged; or met once, for good
+                    continue
+                assert other.state.finished, (j.job_id, kind, other_id, other.state)
+                ok = other.state is JobState.SUCCEEDED
+                assert ok if kind == "afterok" else (kind == "afterany" or not ok)
+
+    @invariant()
     def held_ranks_seen(self) -> None:
         if any(j.attempt is not None and j.attempt.held for j in self.state.jobs.values()):
             self.saw_held_ranks = True
@@ -512,6 +546,8 @@ class ClusterMachine(RuleBasedStateMachine):
             event("ended attempts held their resources until confirmed stopped")
         if self.saw_held_ranks:
             event("an ended attempt held ranks")
+        if self.saw_dependency_wait:
+            event("a job waited for a dependency")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))
@@ -607,6 +643,24 @@ class PreemptionMachine(RuleBasedStateMachine):
             time_limit_s=time_limit,
         )
         self.do(c.SubmitJob(spec, f"req-{request}", self.now))
+
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["after_ok", "after_any", "after_not_ok", "after"]),
+        request=st.integers(0, 30),
+        gpu=st.sampled_from([0, 4, 8]),
+    )
+    def submit_dependent(self, data: st.DataObject, kind: str, request: int, gpu: int) -> None:
+        """A job waiting for another: mostly one that exists (and may never meet it)."""
+        known = sorted(self.state.jobs) or ["job-000001"]
+        other = data.draw(st.sampled_from([*known, "job-999999"]))
+        deps = Dependencies(**{kind: (other,)})
+        spec = dataclasses.replace(job(gpu=gpu), dependencies=deps)
+        if self.state.format_floor < 4:
+            self.do(c.RaiseFormat(4))
+        result = self.do(c.SubmitJob(spec, f"dep-{request}", self.now))
+        if result.ok and self.state.jobs[result.job_id].waiting_for:
+            self.saw_dependency_wait = True
 
     @rule()
     def scheduling_pass(self) -> None:

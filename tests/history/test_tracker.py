@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.history.tracker import INDEX_SHIFT, EventKind, Tracker
@@ -200,3 +203,22 @@ def test_a_preempted_gang_streams_preempted_then_requeued_and_the_preemptor_bind
     assert requeued.reason_code == "requeued_preempted"
     cl.run_pass()
     assert cl.kinds(high) == ["submitted", "bound"]
+
+
+@pytest.mark.parametrize("everything", [False, True])
+def test_dependants_cancelled_down_a_chain_stream_their_cancellation(everything: bool) -> None:
+    cl = ObservedCluster(everything=everything)
+    cl.add(node("n1", gpus=8))
+    first = cl.submit(job("a", gpu=8))
+    second = cl.submit(
+        dataclasses.replace(job("b", gpu=8), dependencies=Dependencies(after_ok=(first,)))
+    )
+    third = cl.submit(
+        dataclasses.replace(job("c", gpu=8), dependencies=Dependencies(after_ok=(second,)))
+    )
+    cl.do(c.CancelJob(first, now_ms=cl.now))
+    for waiting in (second, third):
+        assert cl.kinds(waiting) == ["submitted", "cancelled"]
+        (event,) = [e for e in cl.events if e.job_id == waiting and e.kind is EventKind.CANCELLED]
+        assert event.reason_code == "dependency_never_satisfied"
+    assert sorted(r.job_id for r in cl.jobs) == sorted([first, second, third])

@@ -129,6 +129,7 @@ def _final(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
     job.reason = why
     job.finished_at_ms = now
     job.lost_attempt = None  # kept only while the job is not final
+    job.waiting_for = ()  # a final job waits for nothing (it may be cancelled waiting)
 
 
 def retry_delay_ms(spec: JobSpec, attempt_number: int, seed: int, job_id: str) -> int:

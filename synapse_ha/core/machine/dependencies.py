@@ -44,18 +44,19 @@ def outcome(kind: str, other: Job) -> Outcome:
     return Outcome.NEVER if succeeded else Outcome.MET
 
 
-def submission_problem(state: ClusterState, spec: JobSpec) -> str | None:
-    """Why ``spec``'s dependencies refuse the submission, naming the job; None if none."""
+def submission_problem(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
+    """``(field, rule)`` when ``spec``'s dependencies refuse the submission in ``state``
+    (a job that does not exist, or one whose dependency can already never be met)."""
     if spec.dependencies is None:
         return None
     for kind, job_id in spec.dependencies.pairs():
+        field = f"dependencies.{kind}"
         other = state.jobs.get(job_id)
         if other is None:
-            return f"dependencies.{kind}: no job {job_id} (unknown, or already purged)"
+            return field, f"no job {job_id} (unknown, or finished and already purged)"
         if outcome(kind, other) is Outcome.NEVER:
-            return (
-                f"dependencies.{kind}: {job_id} {other.state.value.lower()}, so this "
-                "dependency can never be met"
+            return field, (
+                f"{job_id} {other.state.value.lower()}, so this dependency can never be met"
             )
     return None
 
@@ -105,7 +106,6 @@ def settle(state: ClusterState, changed: Job, cancel: Cancel) -> None:
                 kind=kind,
                 state=job.state.value.lower(),
             )
-            dependant.waiting_for = ()
             cancel(dependant, why)
             work.append(dependant)
 

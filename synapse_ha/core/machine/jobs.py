@@ -39,8 +39,8 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     if problems:
         return error(ResultCode.INVALID, describe(problems))
     problem = dependency_problem(state, spec)
-    if problem:
-        return error(ResultCode.INVALID, problem)
+    if problem is not None:
+        return error(ResultCode.INVALID, f"{problem[0]}: {problem[1]}")
     seq = state.next_job_seq
     job_id = f"job-{seq:06d}"
     state.next_job_seq = seq + 1

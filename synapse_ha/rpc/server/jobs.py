@@ -11,6 +11,7 @@ from synapse_ha.core import access, admission, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity
 from synapse_ha.core.cluster_config import Limits
+from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
 from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState
 from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
@@ -58,6 +59,9 @@ class JobService(_Base):
         # exist and be one the caller's credential allows (docs/queues.md), at a priority
         # it may use.
         state = self._check_queue(context, identity, spec)
+        problem = dependency_problem(state, spec)
+        if problem is not None:  # apply checks it again, on the state it applies to
+            _invalid(context, SpecError(*problem))
         owner = identity.name
         request_id = admission.request_key(
             state, owner, request.request_id or f"srv-{uuid.uuid4().hex}"
