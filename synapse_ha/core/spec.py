@@ -373,21 +373,22 @@ def _priority(value: object) -> tuple[int, str]:
     )
 
 
-def _dependencies(value: object) -> Dependencies:
+def _dependencies(value: object) -> Dependencies | None:
     """``dependencies:``, ``{afterok: [job-000012], after: job-000013}``: per kind a job
-    id or a list of them."""
+    id or a list of them; None when every list is empty."""
     doc = _mapping(value, "dependencies", _DEPENDENCY_FIELDS)
     ids: dict[str, tuple[str, ...]] = {}
     for kind, given in doc.items():
         field = f"dependencies.{kind}"
         items = given if isinstance(given, list) else [given]
         ids[kind] = tuple(_string(item, field) for item in items)
-    return Dependencies(
+    deps = Dependencies(
         after_ok=ids.get(DependencyKind.AFTER_OK, ()),
         after_any=ids.get(DependencyKind.AFTER_ANY, ()),
         after_not_ok=ids.get(DependencyKind.AFTER_NOT_OK, ()),
         after=ids.get(DependencyKind.AFTER, ()),
     )
+    return deps if deps.pairs() else None
 
 
 def _string(value: object, field: str) -> str:

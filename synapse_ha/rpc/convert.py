@@ -92,13 +92,15 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     return spec
 
 
-def dependencies_from_proto(msg: pb.Dependencies) -> Dependencies:
-    return Dependencies(
+def dependencies_from_proto(msg: pb.Dependencies) -> Dependencies | None:
+    """The dependencies a message names (None when it names no job)."""
+    deps = Dependencies(
         after_ok=tuple(msg.after_ok),
         after_any=tuple(msg.after_any),
         after_not_ok=tuple(msg.after_not_ok),
         after=tuple(msg.after),
     )
+    return deps if deps.pairs() else None
 
 
 def dependencies_to_proto(deps: Dependencies) -> pb.Dependencies:

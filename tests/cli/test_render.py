@@ -14,7 +14,7 @@ JOB_KEYS = [
     "request_id", "owner", "cancelled_by", "redacted", "attempt", "fencing_token", "replicas",
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
     "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members", "queue",
-    "priority_class", "preemption", "progress", "prestart",
+    "priority_class", "preemption", "progress", "prestart", "dependencies", "waiting_for",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",

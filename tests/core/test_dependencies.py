@@ -5,6 +5,7 @@ waiting, cancelled when they can never be met, and gated by the cluster's format
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -15,6 +16,7 @@ from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.explainer import why_pending
 from synapse_ha.core.snapshot import Changes, apply_tracked
+from synapse_ha.core.spec import SpecError, parse_job_spec
 from tests.core.harness import Cluster, job, node
 
 
@@ -202,3 +204,26 @@ def test_a_waiting_job_cancelled_by_its_owner_waits_for_nothing_more() -> None:
     run_to(k, first, 0)  # its dependency's end finds it already final: nothing changes
     assert k.state_of(second) is JobState.CANCELLED
     assert k.state.jobs[second].reason.code is ReasonCode.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("", "dependencies: expected a mapping, got str"),
+        ({"afterok": 5}, "dependencies.afterok: expected a string, got int"),
+        ({"before": ["job-000001"]}, "dependencies.before: unknown field"),
+        ({"afterok": ["job-1"]}, "dependencies.afterok: 'job-1' is not a job id"),
+        ({"after": ["job-000001", "job-000001"]}, "job-000001 is named more than once"),
+    ],
+)
+def test_spec_documents_with_bad_dependencies_name_the_field(value: object, says: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(says)):
+        parse_job_spec({"name": "a", "replicas": 1, "command": "true", "dependencies": value})
+
+
+def test_spec_documents_take_one_id_or_a_list_and_empty_lists_mean_none() -> None:
+    doc = {"name": "a", "replicas": 1, "command": "true"}
+    parsed = parse_job_spec({**doc, "dependencies": {"afterok": "job-000012", "after": []}})
+    assert parsed.spec.dependencies == Dependencies(after_ok=("job-000012",))
+    for empty in ({}, {"afterok": [], "afterany": []}):
+        assert parse_job_spec({**doc, "dependencies": empty}).spec.dependencies is None
