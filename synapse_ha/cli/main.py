@@ -25,7 +25,7 @@ from pathlib import Path
 
 import click
 
-from synapse_ha.cli import cluster_commands, config, jobs, nodes, queues, render, tokens
+from synapse_ha.cli import cluster_commands, config, jobs, nodes, queues, render, sbatch, tokens
 from synapse_ha.cli.app import (
     LOCAL_COMMANDS,
     Settings,
@@ -234,6 +234,7 @@ def dev_up(
 
 for _command in (
     *jobs.COMMANDS,
+    *sbatch.COMMANDS,
     *nodes.COMMANDS,
     *cluster_commands.COMMANDS,
     *tokens.COMMANDS,

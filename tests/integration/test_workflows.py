@@ -108,3 +108,49 @@ def test_synctl_submits_with_after_options_and_shows_the_wait(
     assert "dependencies.after" in unknown.output and "no job job-999999" in unknown.output
     blocker.cancel()
     assert cluster.job(job_id).wait(timeout_s=10).reason_code == "dependency_never_satisfied"
+
+
+SBATCH_SCRIPT = """#!/bin/sh
+#SBATCH -J slurm_env
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=1
+#SBATCH -c 1 --mem=64M
+#SBATCH -t 5
+#SBATCH -o ignored-%j.log
+echo "proc=$SLURM_PROCID node=$SLURM_NODEID of=$SLURM_NNODES job=$SLURM_JOB_ID" \\
+  "name=$SLURM_JOB_NAME list=$SLURM_JOB_NODELIST arg=$1"
+"""
+
+
+def test_a_batch_script_runs_unchanged_with_the_slurm_variables(
+    local: LocalCluster, cluster: Cluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "env.sh"
+    script.write_text(SBATCH_SCRIPT)
+    dry = synctl(local, "sbatch", "--dry-run", str(script), "first")
+    assert dry.exit_code == 0, dry.output
+    assert "replicas: 2" in dry.output and "name: slurm-env" in dry.output
+    submitted = synctl(local, "sbatch", "--parsable", str(script), "first")
+    assert submitted.exit_code == 0, submitted.output
+    job_id = submitted.output.strip().splitlines()[-1]
+    job = cluster.job(job_id)
+    info = job.wait(timeout_s=60)
+    assert info.succeeded, info.reason
+    assert info.raw.spec.time_limit_ms == 300_000
+    lines = sorted(line.text for line in job.logs())
+    assert len(lines) == 2
+    for rank, line in enumerate(lines):  # one worker: both members' host is loopback
+        assert line == (
+            f"proc={rank} node={rank} of=2 job={job_id} name=slurm-env "
+            "list=127.0.0.1,127.0.0.1 arg=first"
+        )
+
+
+def test_sbatch_refuses_what_it_cannot_translate_naming_the_line(
+    local: LocalCluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "array.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -N 1\n#SBATCH --array=0-3\necho $SLURM_ARRAY_TASK_ID\n")
+    refused = synctl(local, "sbatch", str(script))
+    assert refused.exit_code == 2
+    assert f"{script}:3: --array=0-3: not supported" in refused.output

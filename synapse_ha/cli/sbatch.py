@@ -1,0 +1,117 @@
+"""``synctl sbatch``: submit a Slurm batch script (docs/slurm.md).
+
+The translation (:mod:`synapse_ha.client.sbatch`) reads the script's ``#SBATCH`` lines and
+the options given after the script; the result is checked as a job spec file is and
+submitted as ``synctl submit`` does (``--dry-run`` prints it instead).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import grpc
+import yaml
+
+from synapse_ha.cli.app import CommandFailed, Settings, note, with_settings
+from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.client.cluster import new_request_id
+from synapse_ha.client.sbatch import SbatchError, script_position, translate
+from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.rpc.convert import spec_to_proto
+from synapse_ha.rpc.errors import Reason, failure_of
+
+MAX_SCRIPT_BYTES = 48 * 1024  # the script is the members' command (at most 64 KiB in all)
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True},
+    options_metavar="[SBATCH OPTIONS]",
+)
+@click.option("--dry-run", is_flag=True, help="Print the job spec it builds; submit nothing.")
+@click.option("--parsable", is_flag=True, help="Print only the job id.")
+@click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
+@with_settings
+def sbatch(settings: Settings, words: tuple[str, ...], dry_run: bool, parsable: bool) -> None:
+    """Submit a Slurm batch SCRIPT, as sbatch does: its #SBATCH options, and those given
+    before it (which win), become a job spec; the script runs as each member's command,
+    with ARGS, and with the SLURM_* variables set.
+
+    Options not supported here are refused with their line (exit 2), never ignored; the
+    supported ones are listed in docs/slurm.md.
+
+    \b
+    Examples:
+      synctl sbatch train.sh
+      synctl sbatch -N 4 --gres=gpu:8 -t 12:00:00 train.sh --lr 3e-4
+      synctl sbatch --dependency=afterok:job-000012 --dry-run eval.sh
+    """
+    at = script_position(words)
+    if at >= len(words):
+        raise CommandFailed(
+            ExitCode.USAGE, "no script given: synctl sbatch [OPTIONS] SCRIPT", "USAGE"
+        )
+    options, script, args = list(words[:at]), Path(words[at]), list(words[at + 1 :])
+    text = _read(script)
+    try:
+        translation = translate(text, str(script), options, args)
+    except SbatchError as exc:
+        raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
+    for line in translation.notes:
+        note(line)
+    document = translation.spec
+    try:
+        parsed = parse_job_spec(document, topology_levels=None)
+    except SpecError as exc:
+        raise CommandFailed(
+            ExitCode.USAGE, f"{script}: {exc.field}: {exc.rule}", str(Reason.INVALID_FIELD)
+        ) from exc
+    if dry_run:
+        click.echo(yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=100), nl=False)
+        return
+    try:
+        answer = settings.client().submit_job(spec_to_proto(parsed.spec), new_request_id())
+    except grpc.RpcError as exc:
+        failure = failure_of(exc)
+        if failure.reason is not Reason.INVALID_FIELD:
+            raise
+        message = f"{script}: {failure.field}: {failure.rule} (the cluster's rule)"
+        raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
+    job_id = answer.job_id
+    if parsable:
+        click.echo(job_id)
+        return
+    click.echo(f"Submitted batch job {job_id}")
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes strings of several lines (the script) as YAML literal blocks."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _string)
+
+
+def _read(script: Path) -> str:
+    try:
+        with open(script, "rb") as f:
+            raw = f.read(MAX_SCRIPT_BYTES + 1)
+    except OSError as exc:
+        raise CommandFailed(
+            ExitCode.USAGE, f"cannot read {script}: {exc.strerror}", "USAGE"
+        ) from exc
+    if len(raw) > MAX_SCRIPT_BYTES:
+        raise CommandFailed(
+            ExitCode.USAGE, f"{script}: larger than {MAX_SCRIPT_BYTES} bytes", "USAGE"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CommandFailed(ExitCode.USAGE, f"{script}: not UTF-8 text", "USAGE") from exc
+
+
+COMMANDS: list[click.Command] = [sbatch]

@@ -1,0 +1,331 @@
+"""Slurm batch scripts as job specs: ``synctl sbatch script.sh`` (docs/slurm.md).
+
+:func:`translate` reads a script's ``#SBATCH`` lines (those before its first command, as
+sbatch does) and the same options given on the command line (which win, as with
+sbatch), and builds the job spec document ``synctl submit`` reads from a file. The
+common subset of options is translated; every other option is refused with its line and
+"not supported" (:class:`SbatchError`), never ignored. Options that have no meaning here
+but do no harm (``-o``/``-e``: a member's output lives with it on its node) are accepted
+with a note (:attr:`Translation.notes`).
+
+The script becomes the members' command, run by the interpreter its ``#!`` line names
+(``/bin/sh`` without one), after a preamble that sets the Slurm variables an ``srun``-free
+script reads from the rank environment every member gets: ``SLURM_JOB_ID``,
+``SLURM_JOB_NAME``, ``SLURM_NNODES``, ``SLURM_NODEID``, ``SLURM_PROCID``,
+``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_JOB_NODELIST`` and
+``SLURM_CPUS_PER_TASK``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# What each member runs before the script: Slurm's names for the rank environment.
+PREAMBLE = (
+    'export SLURM_JOB_ID="$SYNAPSE_JOB_ID" SLURM_JOB_NAME="$SYNAPSE_SBATCH_NAME" '
+    'SLURM_NNODES="$NNODES" SLURM_NODEID="$NODE_RANK" SLURM_PROCID="$RANK" '
+    'SLURM_NTASKS="$WORLD_SIZE" SLURM_LOCALID="$LOCAL_RANK" '
+    'SLURM_JOB_NODELIST="$SYNAPSE_MEMBER_HOSTS" SLURM_CPUS_PER_TASK="$SYNAPSE_SBATCH_CPUS"\n'
+)
+NAME_ENV = "SYNAPSE_SBATCH_NAME"
+CPUS_ENV = "SYNAPSE_SBATCH_CPUS"
+_DIRECTIVE = re.compile(r"^#SBATCH\s+(.*)$")
+_INVALID_NAME = re.compile(r"[^a-z0-9-]+")
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_MEMORY = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_GRES_GPU = re.compile(r"^gpu(?::[A-Za-z0-9_.-]+)?:(\d+)$")
+_GPUS_PER_NODE = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?(\d+)$")
+_DEPENDENCY_KINDS = {"afterok": "afterok", "afterany": "afterany", "afternotok": "afternotok",
+                     "after": "after"}  # fmt: skip
+
+
+class SbatchError(ValueError):
+    """An option that cannot be translated; ``where`` names the script line or "command
+    line", ``option`` the option as written."""
+
+    def __init__(self, where: str, option: str, rule: str) -> None:
+        super().__init__(f"{where}: {option}: {rule}")
+        self.where = where
+        self.option = option
+        self.rule = rule
+
+
+@dataclass
+class Translation:
+    """The job spec document built from a script, and notes for the user."""
+
+    spec: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+# Option names, long form, with the short forms sbatch knows for them.
+_SHORT = {"J": "job-name", "N": "nodes", "c": "cpus-per-task", "t": "time", "d": "dependency",
+          "p": "partition", "o": "output", "e": "error", "D": "chdir", "a": "array",
+          "n": "ntasks", "G": "gpus", "w": "nodelist", "x": "exclude", "A": "account",
+          "q": "qos", "C": "constraint", "s": "oversubscribe"}  # fmt: skip
+_NOTED = {
+    "output": "output is kept with each member on its node (synctl logs JOB); ignored",
+    "error": "output is kept with each member on its node (synctl logs JOB); ignored",
+    "requeue": "gangs are always requeued after a disruption (a node's death); nothing to do",
+}
+# Options that take no value (sbatch's; only those a script is likely to carry).
+_FLAGS = {"requeue", "no-requeue", "exclusive", "hold", "wait", "parsable", "test-only",
+          "overcommit", "contiguous", "spread-job", "use-min-nodes", "ignore-pbs"}  # fmt: skip
+
+
+def split_options(words: Sequence[str], where: str) -> list[tuple[str, str | None, str]]:
+    """``(name, value, as_written)`` for every option of ``words`` (sbatch's syntax:
+    ``--name=value``, ``--name value``, ``-X value``, ``-Xvalue``)."""
+    out: list[tuple[str, str | None, str]] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            if not eq and name not in _FLAGS:
+                if i >= len(words):
+                    raise SbatchError(where, word, "needs a value")
+                value, i = words[i], i + 1
+            out.append((name, value if eq or name not in _FLAGS else None, word))
+        elif word.startswith("-") and len(word) >= 2:
+            letter, rest = word[1], word[2:]
+            name = _SHORT.get(letter, f"-{letter}")
+            if not rest:
+                if i >= len(words):
+                    raise SbatchError(where, word, "needs a value")
+                rest, i = words[i], i + 1
+            out.append((name, rest, word))
+        else:
+            raise SbatchError(where, word, "not an option (the script's arguments follow it)")
+    return out
+
+
+def script_position(words: Sequence[str]) -> int:
+    """Where the script's name is in ``sbatch [options] script [args]``: the first word
+    that is neither an option nor an option's value (``len(words)`` when none is)."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--"):
+            name, eq, _value = word[2:].partition("=")
+            i += 1 if eq or name in _FLAGS else 2
+        elif word.startswith("-") and len(word) >= 2:
+            i += 1 if len(word) > 2 else 2
+        else:
+            return i
+    return len(words)
+
+
+def directives(script: str) -> list[tuple[int, list[str]]]:
+    """``(line number, words)`` of each ``#SBATCH`` line before the first command."""
+    out = []
+    for number, line in enumerate(script.splitlines(), start=1):
+        stripped = line.strip()
+        if number == 1 and stripped.startswith("#!"):
+            continue
+        match = _DIRECTIVE.match(stripped)
+        if match:
+            out.append((number, shlex.split(match.group(1), comments=True)))
+        elif stripped and not stripped.startswith("#"):
+            break  # sbatch stops reading directives at the first command
+    return out
+
+
+def translate(
+    script: str,
+    script_name: str,
+    command_line: Sequence[str] = (),
+    args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Translation:
+    """The job spec document for ``script`` (its options, then ``command_line``'s, which
+    win), run with ``args``. Raises :class:`SbatchError` naming the line and option."""
+    env = os.environ if environ is None else environ
+    options: dict[str, tuple[str | None, str, str]] = {}
+    for number, words in directives(script):
+        for name, value, written in split_options(words, f"{script_name}:{number}"):
+            options[name] = (value, written, f"{script_name}:{number}")
+    for name, value, written in split_options(list(command_line), "command line"):
+        options[name] = (value, written, "command line")
+    out = Translation(spec={})
+    spec = out.spec
+    spec["name"] = _name(os.path.basename(script_name))
+    spec["replicas"] = 1
+    resources: dict[str, Any] = {"gpu": 0, "cpu": 1, "memory": "1Gi"}
+    env_vars: dict[str, str] = {}
+    for name, (value, written, where) in options.items():
+        handler = _HANDLERS.get(name)
+        if name in _NOTED:
+            out.notes.append(f"{where}: {written}: {_NOTED[name]}")
+            continue
+        if handler is None:
+            raise SbatchError(where, written, "not supported (see docs/slurm.md)")
+        try:
+            handler(value or "", spec, resources, env_vars, env)
+        except ValueError as exc:
+            raise SbatchError(where, written, str(exc)) from None
+    spec["resources"] = resources
+    env_vars[NAME_ENV] = spec["name"]
+    env_vars[CPUS_ENV] = str(resources["cpu"])
+    spec["env"] = env_vars
+    spec["command"] = _command(script, script_name, args)
+    return out
+
+
+def _command(script: str, script_name: str, args: Sequence[str]) -> list[str]:
+    """The interpreter of the ``#!`` line (``/bin/sh`` without one) running the preamble
+    and the script, with the script's name as ``$0`` and ``args`` after it."""
+    first = script.split("\n", 1)[0]
+    interpreter = shlex.split(first[2:]) if first.startswith("#!") else ["/bin/sh"]
+    if not interpreter:
+        interpreter = ["/bin/sh"]
+    return [*interpreter, "-c", PREAMBLE + script, os.path.basename(script_name), *args]
+
+
+def _name(text: str) -> str:
+    """A job name from Slurm's (any text): lower case, runs of other characters as '-'."""
+    name = _INVALID_NAME.sub("-", text.lower()).strip("-")[:63].strip("-")
+    return name or "sbatch"
+
+
+Handler = Callable[[str, dict[str, Any], dict[str, Any], dict[str, str], Mapping[str, str]], None]
+
+
+def _job_name(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["name"] = _name(value)
+
+
+def _nodes(value: str, spec: dict[str, Any], *_: Any) -> None:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError("give a whole number of nodes (a range min-max is not supported)")
+    spec["replicas"] = int(value)
+
+
+def _tasks_per_node(value: str, *_: Any) -> None:
+    if value != "1":
+        raise ValueError(
+            "only 1 is supported: one member runs per node and starts its own processes "
+            "(torchrun --nproc-per-node)"
+        )
+
+
+def _gres(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
+    match = _GRES_GPU.match(value)
+    if not match:
+        raise ValueError("only gpu:N or gpu:TYPE:N is supported")
+    resources["gpu"] = int(match.group(1))
+
+
+def _gpus_per_node(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
+    match = _GPUS_PER_NODE.match(value)
+    if not match:
+        raise ValueError("give N or TYPE:N")
+    resources["gpu"] = int(match.group(1))
+
+
+def _cpus(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError("give a whole number of CPUs")
+    resources["cpu"] = int(value)
+
+
+def _memory(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
+    match = _MEMORY.match(value)
+    if not match or int(match.group(1)) == 0:
+        raise ValueError("give a size such as 64G or 4096 (MB); 0 (all of a node) is not supported")
+    unit = (match.group(2) or "M").upper()
+    resources["memory"] = f"{match.group(1)}{unit}i"
+
+
+def _time(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["time_limit"] = f"{time_seconds(value)}s"
+
+
+def time_seconds(value: str) -> int:
+    """Slurm's time formats: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``."""
+    match = _TIME.match(value.strip())
+    if not match or value.strip() in ("0", "UNLIMITED", "INFINITE"):
+        raise ValueError("give a time limit such as 90, 1:30:00 or 2-00:00:00")
+    days, a, b, c = (int(g) if g else None for g in match.groups())
+    if days is not None:  # D-H[:M[:S]]
+        return days * 86_400 + (a or 0) * 3_600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # H:M:S
+        return (a or 0) * 3_600 + (b or 0) * 60 + c
+    if b is not None:  # M:S
+        return (a or 0) * 60 + b
+    return (a or 0) * 60  # M
+
+
+def _dependency(value: str, spec: dict[str, Any], *_: Any) -> None:
+    if "?" in value:
+        raise ValueError("'?' (any of) is not supported: dependencies are all required")
+    deps: dict[str, list[str]] = {}
+    for part in value.split(","):
+        kind, _sep, ids = part.partition(":")
+        if kind not in _DEPENDENCY_KINDS or not ids:
+            raise ValueError(
+                f"{part!r}: supported are afterok, afterany, afternotok and after, each "
+                "with job ids (afterok:job-000012:job-000013)"
+            )
+        for job_id in ids.split(":"):
+            deps.setdefault(_DEPENDENCY_KINDS[kind], []).append(
+                f"job-{int(job_id):06d}" if job_id.isdigit() else job_id
+            )
+    spec["dependencies"] = deps
+
+
+def _partition(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["queue"] = value
+
+
+def _qos(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["priority"] = value
+
+
+def _chdir(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["workdir"] = value
+
+
+def _export(
+    value: str,
+    spec: dict[str, Any],
+    resources: dict[str, Any],
+    env_vars: dict[str, str],
+    environ: Mapping[str, str],
+) -> None:
+    """``NONE``, ``ALL`` or a list of ``VAR`` (taken from here) and ``VAR=value``. ``ALL``
+    (sbatch's default) passes only the variables named with it: copying this shell's
+    whole environment to every member would carry its secrets and paths along."""
+    for item in value.split(","):
+        name, eq, given = item.partition("=")
+        if name in ("ALL", "NONE") and not eq:
+            continue
+        if eq:
+            env_vars[name] = given
+        elif name in environ:
+            env_vars[name] = environ[name]
+        else:
+            raise ValueError(f"{name} is not set here")
+
+
+_HANDLERS: dict[str, Handler] = {
+    "job-name": _job_name,
+    "nodes": _nodes,
+    "ntasks-per-node": _tasks_per_node,
+    "gres": _gres,
+    "gpus-per-node": _gpus_per_node,
+    "cpus-per-task": _cpus,
+    "mem": _memory,
+    "time": _time,
+    "dependency": _dependency,
+    "partition": _partition,
+    "qos": _qos,
+    "chdir": _chdir,
+    "export": _export,
+}
