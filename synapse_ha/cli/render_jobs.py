@@ -21,6 +21,7 @@ from synapse_ha.cli.render_nodes import topology_document, topology_path
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
 from synapse_ha.core.model import JobState
 from synapse_ha.core.progress import SOURCE_LOG
+from synapse_ha.core.windows import resolved
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -87,6 +88,9 @@ def job_document(job: pb.Job) -> Document:
         if spec.HasField("dependencies")
         else None,
         "waiting_for": dependencies_document(job.waiting_for),
+        "begin_ms": resolved(spec.begin_at_ms, spec.begin_delay_ms, job.submitted_at_ms) or None,
+        "deadline_ms": resolved(spec.deadline_at_ms, spec.deadline_delay_ms, job.submitted_at_ms)
+        or None,
     }
 
 
@@ -227,6 +231,8 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("PRESTART", prestart_text(doc["prestart"])),
         ("DEPENDS ON", dependencies_text(doc["dependencies"])),
         ("WAITING FOR", dependencies_text(doc["waiting_for"])),
+        ("BEGIN", time_text(doc["begin_ms"]) if doc["begin_ms"] else None),
+        ("DEADLINE", time_text(doc["deadline_ms"]) if doc["deadline_ms"] else None),
         (
             "SUBMITTED",
             f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",

@@ -43,7 +43,19 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     Queue: frozenset({"max_priority"}),
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
-    JobSpec: frozenset({"queue", "priority_class", "progress", "prestart", "dependencies"}),
+    JobSpec: frozenset(
+        {
+            "queue",
+            "priority_class",
+            "progress",
+            "prestart",
+            "dependencies",
+            "begin_at_ms",
+            "begin_delay_ms",
+            "deadline_at_ms",
+            "deadline_delay_ms",
+        }
+    ),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
     ClusterState: frozenset({"queues", "queue_history", "format_floor"}),
     # Late success reports after a node death (DESIGN §4).

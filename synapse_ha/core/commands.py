@@ -240,6 +240,14 @@ class ExpireTimeLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpireDeadline:
+    """Cancel a job still pending at its ``deadline`` (core/windows.py)."""
+
+    job_id: str
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeFinished:
     """Remove finished jobs older than the retention window from the replicated state."""
 
@@ -335,6 +343,7 @@ Command = (
     | ReportMembers
     | FailAttempt
     | ExpireTimeLimit
+    | ExpireDeadline
     | PurgeFinished
     | CreateToken
     | RevokeToken
@@ -359,6 +368,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     ReportMembers,
     FailAttempt,
     ExpireTimeLimit,
+    ExpireDeadline,
     PurgeFinished,
     CreateToken,
     RevokeToken,

@@ -26,7 +26,7 @@ import typing
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.commands import ExitCause, ReportNodeChecks
+from synapse_ha.core.commands import ExitCause, ExpireDeadline, ReportNodeChecks
 from synapse_ha.core.model import JobSpec, NodeInfo
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
@@ -41,8 +41,17 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
     # The machine's boot, to tell a reboot.
     NodeInfo: {"boot_id": 3},
     # Hang detection of a job's members (core/progress.py), and a job's pre-start check
-    # (core/prestart.py); format 4: jobs that wait for other jobs (core/dependencies.py).
-    JobSpec: {"progress": 3, "prestart": 3, "dependencies": 4},
+    # (core/prestart.py); format 4: jobs that wait for other jobs (core/dependencies.py)
+    # and a job's begin time and deadline (core/windows.py).
+    JobSpec: {
+        "progress": 3,
+        "prestart": 3,
+        "dependencies": 4,
+        "begin_at_ms": 4,
+        "begin_delay_ms": 4,
+        "deadline_at_ms": 4,
+        "deadline_delay_ms": 4,
+    },
 }
 # Command types each format added.
 # (``RaiseFormat`` itself is format 3 but never gated: the leader proposes it only once
@@ -50,6 +59,8 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
 NEW_COMMANDS: dict[type, int] = {
     # A worker's node checks (its health-check program): node conditions.
     ReportNodeChecks: 3,
+    # A pending job cancelled at its deadline.
+    ExpireDeadline: 4,
 }
 # Enum values each format added (an older release cannot decode them).
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {

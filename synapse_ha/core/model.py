@@ -228,6 +228,13 @@ class JobSpec:
     progress: Progress | None = None  # None: no hang detection (core/progress.py)
     prestart: Prestart | None = None  # run on each member's node before the member
     dependencies: Dependencies | None = None  # None: starts as soon as it fits
+    # Its window (core/windows.py): not considered before ``begin``, cancelled if still
+    # pending at ``deadline``; each a time (ms since the epoch) or a delay after the
+    # submission (ms), 0 when not given.
+    begin_at_ms: int = 0
+    begin_delay_ms: int = 0
+    deadline_at_ms: int = 0
+    deadline_delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from synapse_ha.core.windows import time_text
+
 Param = tuple[str, int | str]
 
 
@@ -69,6 +71,9 @@ class ReasonCode(enum.StrEnum):
     # -- dependencies (core/dependencies.py)
     DEPENDENCY = "dependency"  # waiting (what it waits for, as text), count
     DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"  # job, kind, state
+    # -- a job's window (core/windows.py)
+    BEGIN_TIME = "begin_time"  # at_ms: not considered before then
+    DEADLINE = "deadline"  # at_ms: cancelled, still pending at its deadline
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
@@ -412,6 +417,10 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         "this gang waits until it has been placed (or a short while has passed)"
     ),
     ReasonCode.DEPENDENCY: lambda r: f"waiting for {r.text('waiting')}",
+    ReasonCode.BEGIN_TIME: lambda r: f"not considered before {time_text(r.num('at_ms'))} (begin)",
+    ReasonCode.DEADLINE: lambda r: (
+        f"cancelled: still pending at its deadline, {time_text(r.num('at_ms'))}"
+    ),
     ReasonCode.DEPENDENCY_NEVER_SATISFIED: lambda r: (
         f"cancelled: its dependency {r.text('kind')} on {r.text('job')} can never be met "
         f"({r.text('job')} {r.text('state')})"

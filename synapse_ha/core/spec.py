@@ -13,6 +13,7 @@ reaches the replicated log.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from synapse_ha.core.validation import (
     check_job_spec,
     check_request_id,
 )
+from synapse_ha.core.windows import parse_time
 
 _TOP_FIELDS = frozenset(
     {
@@ -51,6 +53,8 @@ _TOP_FIELDS = frozenset(
         "progress",
         "prestart",
         "dependencies",
+        "begin",
+        "deadline",
     }
 )
 _DEPENDENCY_FIELDS = frozenset(str(kind) for kind in DependencyKind)
@@ -265,6 +269,15 @@ def parse_job_spec(
         prestart=_prestart(doc["prestart"]) if "prestart" in doc else None,
         dependencies=_dependencies(doc["dependencies"]) if "dependencies" in doc else None,
     )
+    begin = _moment(doc["begin"], "begin") if "begin" in doc else (0, 0)
+    deadline = _moment(doc["deadline"], "deadline") if "deadline" in doc else (0, 0)
+    spec = dataclasses.replace(
+        spec,
+        begin_at_ms=begin[0],
+        begin_delay_ms=begin[1],
+        deadline_at_ms=deadline[0],
+        deadline_delay_ms=deadline[1],
+    )
     request_id = _string(doc.get("request_id", ""), "request_id")
     violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)
     if violations:
@@ -371,6 +384,21 @@ def _priority(value: object) -> tuple[int, str]:
         f"expected an integer or a priority class name, got {_kind(value)}",
         ViolationCode.WRONG_TYPE,
     )
+
+
+def _moment(value: object, field: str) -> tuple[int, int]:
+    """``begin:``/``deadline:``: an ISO 8601 time with its zone (``2026-12-01T02:00Z``)
+    as (time, 0), or ``+2h``, a delay after the submission, as (0, delay); in ms."""
+    text = _string(value, field).strip()
+    if text.startswith("+"):
+        return 0, parse_duration(text[1:], field)
+    at_ms = parse_time(text)
+    if at_ms is None:
+        raise SpecError(
+            field,
+            f"{text!r} is neither a time with its zone (2026-12-01T02:00Z) nor a delay (+2h)",
+        )
+    return at_ms, 0
 
 
 def _dependencies(value: object) -> Dependencies | None:

@@ -29,7 +29,6 @@ from synapse_ha.core.cluster_config import (
     Queue,
     Timeouts,
 )
-from synapse_ha.core.dependencies import dependency_problems
 from synapse_ha.core.health import (
     FAULT_CODE_PATTERN,
     MAX_FAULT_CODE,
@@ -41,6 +40,7 @@ from synapse_ha.core.prestart import MAX_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.progress import SOURCE_LOG as PROGRESS_SOURCE_LOG
 from synapse_ha.core.progress import SOURCES as PROGRESS_SOURCES
 from synapse_ha.core.progress import Progress
+from synapse_ha.core.spec_rules import more_problems
 
 # ------------------------------------------------------------------------- limits
 
@@ -192,7 +192,7 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
     out.extend(_check_progress(spec.progress, has_image=bool(spec.image)))
     if spec.prestart is not None:
         out.extend(_check_prestart(spec.prestart))
-    out.extend(invalid(field, rule) for field, rule in dependency_problems(spec.dependencies))
+    out.extend(invalid(field, rule) for field, rule in more_problems(spec))
     return out
 
 

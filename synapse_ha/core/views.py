@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from synapse_ha.core.commands import ExpireTimeLimit, FailAttempt
+from synapse_ha.core.commands import ExpireDeadline, ExpireTimeLimit, FailAttempt
 from synapse_ha.core.desired import DesiredMember, LaunchSpec
 from synapse_ha.core.model import (
     ClusterState,
     Job,
+    JobState,
     MemberState,
     time_limit_deadline,
     unconfirmed_members,
 )
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
+from synapse_ha.core.windows import resolved
 
 
 def not_started_members(job: Job) -> list[int]:
@@ -134,6 +136,18 @@ def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
         if deadline is not None and now_ms >= deadline:
             due.append(ExpireTimeLimit(job.job_id, job.fencing_token, now_ms))
     return due
+
+
+def due_deadlines(state: ClusterState, now_ms: int) -> list[ExpireDeadline]:
+    """Commands cancelling every pending job whose deadline has passed at ``now_ms``."""
+    due = []
+    for job in state.jobs.values():
+        spec = job.spec
+        if (spec.deadline_at_ms or spec.deadline_delay_ms) and job.state is JobState.PENDING:
+            deadline = resolved(spec.deadline_at_ms, spec.deadline_delay_ms, job.submitted_at_ms)
+            if now_ms >= deadline:
+                due.append(ExpireDeadline(job.job_id, now_ms))
+    return sorted(due, key=attrgetter("job_id"))
 
 
 def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:

@@ -47,7 +47,7 @@ from synapse_ha.core.formats import held_back_config
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
-from synapse_ha.core.views import due_start_timeouts, due_time_limits
+from synapse_ha.core.views import due_deadlines, due_start_timeouts, due_time_limits
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
 from synapse_ha.leader.scheduling import SchedulingSettings
 
@@ -66,6 +66,8 @@ def _marked(state: ClusterState, preemptor: str) -> bool:
 # own deafness from its nodes' silence: when it runs again as leader it counts every node
 # as heard then, as at an election (LeaderLoop.note_not_running).
 STALL_MS = 1000
+# How often pending jobs are looked over for a deadline that came due.
+DEADLINE_SCAN_MS = 1000
 
 
 class Liveness:
@@ -200,6 +202,8 @@ class LeaderLoop:
         self._bind: _InFlight | None = None
         self._node_deaths: dict[str, _InFlight] = {}
         self._expiries: dict[str, _InFlight] = {}
+        self._deadlines: dict[str, _InFlight] = {}
+        self._next_deadline_scan_ms = 0
         self._start_timeouts: dict[str, _InFlight] = {}
         self._purge: _InFlight | None = None
         self._preempts: dict[str, tuple[_InFlight, tuple[str, ...]]] = {}
@@ -228,6 +232,7 @@ class LeaderLoop:
         self._next_pass_ms = None
         self._node_deaths.clear()
         self._expiries.clear()
+        self._deadlines.clear()
         self._start_timeouts.clear()
         self._preempts.clear()
         self._purge = None
@@ -294,6 +299,7 @@ class LeaderLoop:
         if housekeeping:
             sentences += self._reap(state, now_ms)
             sentences += self._expire_time_limits(state, now_ms)
+            sentences += self._expire_deadlines(state, now_ms)
             sentences += self._fail_unstarted(state, now_ms)
         sentences += [self._schedule(state, now_ms), self._purge_finished(now_ms)]
         said = [s for s in sentences if s]
@@ -406,6 +412,23 @@ class LeaderLoop:
                 continue
             self._expiries[command.job_id] = self._start(command, now_ms)
             said.append(f"stopping {command.job_id} at its time limit")
+        return said
+
+    def _expire_deadlines(self, state: ClusterState, now_ms: int) -> list[str]:
+        """Cancel pending jobs at their deadline; looked for once a second at most (a
+        scan of the jobs), at most one proposal in flight per job."""
+        if now_ms < self._next_deadline_scan_ms:
+            return []
+        self._next_deadline_scan_ms = now_ms + DEADLINE_SCAN_MS
+        said: list[str] = []
+        for job_id in list(self._deadlines):
+            if self._deadlines[job_id].settled(now_ms):
+                del self._deadlines[job_id]
+        for command in due_deadlines(state, now_ms):
+            if command.job_id in self._deadlines:
+                continue
+            self._deadlines[command.job_id] = self._start(command, now_ms)
+            said.append(f"cancelling {command.job_id} at its deadline")
         return said
 
     # ---------------------------------------------------------- start timeouts

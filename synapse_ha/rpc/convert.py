@@ -88,6 +88,10 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         dependencies=dependencies_from_proto(msg.dependencies)
         if msg.HasField("dependencies")
         else None,
+        begin_at_ms=msg.begin_at_ms,
+        begin_delay_ms=msg.begin_delay_ms,
+        deadline_at_ms=msg.deadline_at_ms,
+        deadline_delay_ms=msg.deadline_delay_ms,
     )
     return spec
 
@@ -131,6 +135,10 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         image=spec.image,
         queue=spec.queue,
         priority_class=spec.priority_class,
+        begin_at_ms=spec.begin_at_ms,
+        begin_delay_ms=spec.begin_delay_ms,
+        deadline_at_ms=spec.deadline_at_ms,
+        deadline_delay_ms=spec.deadline_delay_ms,
         retries=pb.RetryPolicy(
             max=spec.retries.max_retries,
             backoff_ms=spec.retries.backoff_ms,

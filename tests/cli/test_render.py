@@ -15,6 +15,7 @@ JOB_KEYS = [
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
     "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members", "queue",
     "priority_class", "preemption", "progress", "prestart", "dependencies", "waiting_for",
+    "begin_ms", "deadline_ms",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",

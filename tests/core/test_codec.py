@@ -78,6 +78,7 @@ EXAMPLES: list[c.Command] = [
         10,
     ),
     c.ExpireTimeLimit("job-000001", 4, 11),
+    c.ExpireDeadline("job-000001", 12),
     c.PurgeFinished(12),
     c.CreateToken(
         "0123456789ab", "alice", Role.USER, "f" * 64, ("train",), 99_000, 13, "user:root"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import ClusterConfig, Timeouts
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.leader.loop import LeaderLoop, Liveness, LoopSettings
@@ -202,6 +204,22 @@ def test_time_limits_are_enforced_by_the_leader() -> None:
     said = loop.step(61_000)
     assert f"stopping {j.job_id} at its time limit" in said
     assert j.state is JobState.FAILED
+
+
+def test_pending_jobs_are_cancelled_by_the_leader_at_their_deadline() -> None:
+    log = FakeLog()
+    log.propose(cmd.RaiseFormat(FORMAT))
+    too_big = dataclasses.replace(job("t", gpu=64), deadline_delay_ms=30_000)
+    log.propose(cmd.SubmitJob(spec=too_big, request_id="r", now_ms=0))
+    loop, _ = elected(log, now=0)
+    assert "deadline" not in loop.step(29_000)
+    (j,) = log.state.jobs.values()
+    said = loop.step(30_000)
+    assert f"cancelling {j.job_id} at its deadline" in said
+    assert j.state is JobState.CANCELLED and j.reason.code is ReasonCode.DEADLINE
+    assert len(log.of_type(cmd.ExpireDeadline)) == 1
+    loop.step(31_000)  # nothing more to do
+    assert len(log.of_type(cmd.ExpireDeadline)) == 1
 
 
 def test_finished_jobs_are_purged_periodically() -> None:

@@ -121,7 +121,8 @@ def finish(state: ClusterState, job: Job, event: lc.JobEvent, why: Reason, now: 
 def settle_dependants(state: ClusterState, job: Job, now: int) -> None:
     """``job`` started or finished: resolve the dependencies of the jobs waiting on it."""
     if job.dependants:
-        settle(state, job, lambda waiting, never: _final(waiting, lc.JobEvent.CANCEL, never, now))
+        cancel = lambda waiting, never: _final(waiting, lc.JobEvent.CANCEL, never, now)  # noqa: E731
+        settle(state, job, cancel, now)
 
 
 def _final(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:

@@ -86,7 +86,7 @@ def waiting_reason(waiting: tuple[tuple[str, str], ...]) -> Reason:
 Cancel = Callable[[Job, Reason], None]
 
 
-def settle(state: ClusterState, changed: Job, cancel: Cancel) -> None:
+def settle(state: ClusterState, changed: Job, cancel: Cancel, now: int) -> None:
     """``changed`` started or finished: resolve the dependencies on it of every job that
     waits, cancelling (with ``cancel``) those that can never run, and then theirs."""
     work = [changed]
@@ -96,7 +96,7 @@ def settle(state: ClusterState, changed: Job, cancel: Cancel) -> None:
             dependant = state.jobs.get(dependant_id)
             if dependant is None or dependant.state is not JobState.PENDING:
                 continue
-            never = _resolve(state, dependant, job)
+            never = _resolve(dependant, job, now)
             if never is None:
                 continue
             kind, _ = never
@@ -110,7 +110,7 @@ def settle(state: ClusterState, changed: Job, cancel: Cancel) -> None:
             work.append(dependant)
 
 
-def _resolve(state: ClusterState, dependant: Job, job: Job) -> tuple[str, str] | None:
+def _resolve(dependant: Job, job: Job, now: int) -> tuple[str, str] | None:
     """Drop ``dependant``'s dependencies on ``job`` that are met; the first that never
     will be, if any (then nothing is changed)."""
     remaining = []
@@ -126,5 +126,10 @@ def _resolve(state: ClusterState, dependant: Job, job: Job) -> tuple[str, str] |
     waiting = tuple(remaining)
     if waiting != dependant.waiting_for:
         dependant.waiting_for = waiting
-        dependant.reason = waiting_reason(waiting) if waiting else PENDING_FIRST_PASS
+        if waiting:
+            dependant.reason = waiting_reason(waiting)
+        elif dependant.retry_not_before_ms > now:  # its begin time is still to come
+            dependant.reason = reason(ReasonCode.BEGIN_TIME, at_ms=dependant.retry_not_before_ms)
+        else:
+            dependant.reason = PENDING_FIRST_PASS
     return None

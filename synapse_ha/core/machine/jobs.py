@@ -24,6 +24,7 @@ from synapse_ha.core.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.validation import Violation, check_job_queue, check_job_spec, describe
 from synapse_ha.core.views import not_started_members
+from synapse_ha.core.windows import resolved
 
 
 def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
@@ -38,7 +39,7 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     spec, problems = _resolve_queue_and_class(state, c.spec)
     if problems:
         return error(ResultCode.INVALID, describe(problems))
-    problem = dependency_problem(state, spec)
+    problem = dependency_problem(state, spec) or _window_problem(spec, now)
     if problem is not None:
         return error(ResultCode.INVALID, f"{problem[0]}: {problem[1]}")
     seq = state.next_job_seq
@@ -53,8 +54,47 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
         owner=c.owner,
     )
     state.request_ids[c.request_id] = job_id
+    _open_window(state.jobs[job_id])
     register_dependencies(state, state.jobs[job_id])
     return ok(f"submitted {job_id}", job_id=job_id, created=True)
+
+
+def _window_problem(spec: JobSpec, now: int) -> tuple[str, str] | None:
+    """A deadline that has passed at submission (or comes before the begin time)."""
+    deadline = resolved(spec.deadline_at_ms, spec.deadline_delay_ms, now)
+    if deadline and deadline <= now:
+        return "deadline", "has already passed"
+    if deadline and deadline <= resolved(spec.begin_at_ms, spec.begin_delay_ms, now):
+        return "deadline", "must come after begin"
+    return None
+
+
+def _open_window(job: Job) -> None:
+    """A new job with a begin time is not considered before it."""
+    spec = job.spec
+    begin = resolved(spec.begin_at_ms, spec.begin_delay_ms, job.submitted_at_ms)
+    if begin > job.submitted_at_ms:
+        job.retry_not_before_ms = begin
+        job.reason = reason(ReasonCode.BEGIN_TIME, at_ms=begin)
+
+
+def deadline_of(job: Job) -> int:
+    """When ``job`` gives up if still pending (0: never)."""
+    spec = job.spec
+    return resolved(spec.deadline_at_ms, spec.deadline_delay_ms, job.submitted_at_ms)
+
+
+def _expire_deadline(state: ClusterState, c: cmd.ExpireDeadline, now: int) -> Result:
+    job = state.jobs.get(c.job_id)
+    if job is None:
+        return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
+    deadline = deadline_of(job)
+    if job.state is not JobState.PENDING or not deadline:
+        return error(ResultCode.CONFLICT, f"{c.job_id} is {job.state.value}, not waiting")
+    if now < deadline:
+        return error(ResultCode.CONFLICT, f"{c.job_id} has not reached its deadline")
+    finish(state, job, lc.JobEvent.CANCEL, reason(ReasonCode.DEADLINE, at_ms=deadline), now)
+    return ok(f"{c.job_id} cancelled at its deadline", job_id=c.job_id)
 
 
 def _resolve_queue_and_class(state: ClusterState, spec: JobSpec) -> tuple[JobSpec, list[Violation]]:
@@ -170,5 +210,6 @@ HANDLERS: dict[type, Handling] = {
     cmd.CancelJob: Handling(_cancel_job, one_job),
     cmd.FailAttempt: Handling(_fail_attempt, one_job),
     cmd.ExpireTimeLimit: Handling(_expire_time_limit, one_job),
+    cmd.ExpireDeadline: Handling(_expire_deadline, one_job),
     cmd.PurgeFinished: Handling(_purge_finished, _touches_purge),
 }

@@ -1,0 +1,15 @@
+"""Rules of the job spec fields that live in modules of their own (dependencies, the
+window), gathered for :func:`synapse_ha.core.validation.check_job_spec`."""
+
+from __future__ import annotations
+
+from synapse_ha.core.dependencies import dependency_problems
+from synapse_ha.core.model import JobSpec
+from synapse_ha.core.windows import window_problems
+
+
+def more_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """``(field, rule)`` for every such rule ``spec`` breaks, in field order."""
+    return dependency_problems(spec.dependencies) + window_problems(
+        spec.begin_at_ms, spec.begin_delay_ms, spec.deadline_at_ms, spec.deadline_delay_ms
+    )
