@@ -93,6 +93,8 @@ from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from synapse_ha.raft.prevote import PreVoteMixin
+
 log_ = logging.getLogger(__name__)
 _FOLLOWER = _RAFT_STATE.FOLLOWER
 
@@ -252,7 +254,7 @@ def check_pysyncobj_version(installed: str | None = None) -> None:
         )
 
 
-class SafeSyncObj(SyncObj):  # type: ignore[misc]
+class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
     """pysyncobj's ``SyncObj`` with the follower's AppendEntries rules of the Raft paper,
     no forwarding of commands to the leader, and a transport that names peers without
     this replica's key. ``channel_mode`` names this replica's security mode in that
@@ -283,6 +285,7 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         reads before it judges the leader silent (Raft's timeout measures the leader's
         silence, not this replica's own deafness). A leadership transfer is not held."""
         started = raft_clock()
+        self._pre_vote_tick()
         SyncObj._onTick(self, timeToWait)
         ended = raft_clock()
         if ended - started <= self._SyncObj__conf.raftMinTimeout / 2:
@@ -341,6 +344,8 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
                     FAIL_REASON.REQUEST_DENIED, (node, message["request_id"])
                 )
             return
+        if self._pre_vote_message(node, message):
+            return
         cap: int | None = None
         if (
             isinstance(message, dict)
@@ -366,6 +371,8 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
             and self._SyncObj__raftState == _FOLLOWER
         )
         SyncObj._SyncObj__onNodeDisconnected(self, node)
+        if lost_leader and self.pre_vote is not None:
+            self.pre_vote.lost_leader()
         stagger = self.leader_loss_stagger_s
         if not lost_leader or stagger is None or self._SyncObj__selfNode is None:
             return
