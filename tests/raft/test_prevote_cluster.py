@@ -60,7 +60,7 @@ class Cut:
                     return True
                 return bool(original(node, message))
 
-            replica._sync._pre_vote_message = hook
+            replica._sync._pre_vote_message = hook  # type: ignore[method-assign]
 
 
 def _leader(replicas: list[RaftReplica]) -> RaftReplica:

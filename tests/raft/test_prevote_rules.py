@@ -19,6 +19,10 @@ from synapse_ha.raft.prevote import (
 )
 
 
+def _won(state: PreVoteState) -> int | None:
+    return state.won_term
+
+
 def _grant(**changes: object) -> bool:
     args: dict[str, object] = {
         "proposed_term": 5,
@@ -97,9 +101,9 @@ def test_replies_to_another_round_are_stale() -> None:
     old = {"round": first.number, "term": 5, "granted": True}
     assert state.reply("a", old) == STALE
     assert state.reply("a", {"round": second.number, "term": 4, "granted": True}) == STALE
-    assert state.won_term is None
+    assert _won(state) is None
     assert state.reply("a", {"round": second.number, "term": 5, "granted": True}) == WON
-    assert state.won_term == 5
+    assert _won(state) == 5
     assert state.reply("b", {"round": second.number, "term": 5, "granted": True}) == STALE
 
 
