@@ -270,8 +270,8 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
     """pysyncobj's ``SyncObj`` with the follower's AppendEntries rules of the Raft paper,
     pre-vote (:class:`~synapse_ha.raft.prevote.PreVoteMixin`, on once
     :meth:`enable_pre_vote` is called), no forwarding of commands to the leader, and a
-    transport that names peers without this replica's key. ``channel_mode`` names this replica's security mode in that
-    sentence (None: not named).
+    transport that names peers without this replica's key. ``channel_mode`` names this
+    replica's security mode in that sentence (None: not named).
 
     Every name of pysyncobj's private state the replica reads or sets is read or set here
     (:meth:`delay_election`, :meth:`raft_log` among them), and the constructor refuses a
