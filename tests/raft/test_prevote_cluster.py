@@ -103,3 +103,37 @@ def test_without_pre_vote_the_rejoining_follower_deposes_the_leader(tmp_path: Pa
         _leader_before, term = _cut_and_heal(replicas)
         _leader(replicas)
         assert all(_term(r) > term for r in replicas)
+
+
+@contextmanager
+def _mixed(tmp_path: Path, pre_votes: list[bool]) -> Iterator[list[RaftReplica]]:
+    """Replicas with and without pre-vote: one without stands for an earlier release
+    (pysyncobj's handler ignores ``pre_vote``, as the earlier release's does)."""
+    addresses = [f"127.0.0.1:{p}" for p in reserve_ports(len(pre_votes))]
+    replicas: list[RaftReplica] = []
+    try:
+        for i, (address, pre_vote) in enumerate(zip(addresses, pre_votes, strict=True)):
+            data = tmp_path / f"r{i}"
+            data.mkdir()
+            timing = RaftTiming(pre_vote=pre_vote, election_min_s=0.4, election_max_s=0.8)
+            replicas.append(
+                RaftReplica(address, addresses, str(data), PASSWORD, timing=timing, secure=True)
+            )
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()
+        for replica in replicas:
+            sync = replica._sync
+            wait_until("the Raft thread to end", lambda: not sync.tick_thread_alive(), 15.0)  # noqa: B023
+
+
+def test_in_a_rolling_upgrade_the_earlier_replicas_elect_among_themselves(tmp_path: Path) -> None:
+    with _mixed(tmp_path, [True, False, False]) as replicas:
+        upgraded = replicas[0]
+        # Its pre-votes go unanswered: it never stands, while the earlier two elect.
+        leader = _leader(replicas)
+        assert leader is not upgraded
+        assert upgraded.status().term == leader.status().term
+        # The unknown message type closed no connection.
+        assert all(len(r._sync._SyncObj__connectedNodes) == 2 for r in replicas)
