@@ -63,15 +63,17 @@ class Cut:
             replica._sync._pre_vote_message = hook  # type: ignore[method-assign]
 
 
-def _leader(replicas: list[RaftReplica]) -> RaftReplica:
-    def agreed() -> RaftReplica | None:
-        leaders = [r for r in replicas if r.is_leader()]
-        if len(leaders) != 1:
-            return None
-        address = leaders[0].self_address
-        return leaders[0] if all(r.leader_address() == address for r in replicas) else None
+def _agreed(replicas: list[RaftReplica]) -> RaftReplica | None:
+    """The one leader every replica names, or None."""
+    leaders = [r for r in replicas if r.is_leader()]
+    if len(leaders) != 1:
+        return None
+    address = leaders[0].self_address
+    return leaders[0] if all(r.leader_address() == address for r in replicas) else None
 
-    return wait_until("a leader every replica names", agreed, 15.0)
+
+def _leader(replicas: list[RaftReplica]) -> RaftReplica:
+    return wait_until("a leader every replica names", lambda: _agreed(replicas), 15.0)
 
 
 def _term(replica: RaftReplica) -> int:
@@ -137,3 +139,22 @@ def test_in_a_rolling_upgrade_the_earlier_replicas_elect_among_themselves(tmp_pa
         assert upgraded.status().term == leader.status().term
         # The unknown message type closed no connection.
         assert all(len(r._sync._SyncObj__connectedNodes) == 2 for r in replicas)
+
+
+def test_a_leadership_transfer_wins_despite_stickiness(tmp_path: Path) -> None:
+    """Five replicas: the target needs the votes of followers that still hear the old
+    leader; its announced transfer election gets them, in the next term."""
+    with _mixed(tmp_path, [True] * 5) as replicas:
+        leader = _leader(replicas)
+        term = _term(leader)
+        target = next(r for r in replicas if r is not leader)
+        wait_until(
+            "the target to hold every entry",
+            lambda: target.status().last_applied >= leader.status().last_applied,
+            15.0,
+        )
+        address = target.self_address
+        sync = leader._sync
+        leader._membership._call_on_raft_thread(lambda: sync.transferLeadership(node=address))
+        wait_until("the target to lead", lambda: _agreed(replicas) is target, 15.0)
+        assert _term(target) == term + 1
