@@ -385,7 +385,7 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         )
         SyncObj._SyncObj__onNodeDisconnected(self, node)
         if lost_leader and self.pre_vote is not None:
-            self.pre_vote.lost_leader()
+            self.pre_vote.lost_leader(raft_clock())
         stagger = self.leader_loss_stagger_s
         if not lost_leader or stagger is None or self._SyncObj__selfNode is None:
             return

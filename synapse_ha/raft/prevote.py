@@ -17,14 +17,17 @@ still hear the leader and refuse.
 
 **Stickiness.** A follower that heard from a leader within the shortest election timeout
 ignores a ``request_vote`` of a higher term (it neither adopts the term nor votes): a
-member that skipped pre-vote (an older release) cannot depose the leader through it.
+member that skipped pre-vote (an older release) gets no votes from them while they hear
+the leader (the leader itself still adopts a higher term it is sent, as pysyncobj does).
 Two exceptions keep the fast paths: a follower whose connection to its leader closed
 (the leader-loss path of :mod:`synapse_ha.raft.adapter`) counts the leader as not heard,
-so the survivors grant each other at once; a failed round on that path is retried after
-the leader-loss stagger instead of a whole election timeout. And a leadership transfer
-(pysyncobj's ``timeout_now``) skips pre-vote: its target sends ``transfer_vote`` (the
-term it is about to stand in) just before its ``request_vote`` on the same connection,
-and the members accept that one request despite their leader.
+so the survivors grant each other at once; a failed round on that path (another survivor
+had not yet seen the connection close) is retried after a quarter of the leader-loss
+stagger (before the next survivor's turn) instead of a whole election timeout, for two
+shortest election timeouts after the loss. And a
+leadership transfer (pysyncobj's ``timeout_now``) skips pre-vote: its target sends
+``transfer_vote`` (the term it is about to stand in) just before its ``request_vote`` on
+the same connection, and the members accept that one request despite their leader.
 
 **Rolling upgrade.** pysyncobj handles a message by its type and ignores a type it does
 not know: a replica of an earlier release drops ``pre_vote`` and ``transfer_vote``
@@ -128,6 +131,7 @@ class PreVoteState:
         self.window_s = window_s  # the shortest election timeout
         self.last_leader_contact: float | None = None
         self.leader_lost = False
+        self.lost_at = 0.0
         self.round: PreVoteRound | None = None
         self.won_term: int | None = None
         self._rounds = 0
@@ -139,9 +143,16 @@ class PreVoteState:
         self.round = None
         self.won_term = None
 
-    def lost_leader(self) -> None:
+    def lost_leader(self, now: float) -> None:
         self.last_leader_contact = None
         self.leader_lost = True
+        self.lost_at = now
+
+    def retries_soon(self, now: float) -> bool:
+        """Whether a lost round is retried after the leader-loss stagger rather than a
+        whole election timeout: within two shortest election timeouts of losing the
+        leader's connection (the other survivors may not have seen it close yet)."""
+        return self.leader_lost and now - self.lost_at < 2 * self.window_s
 
     def leader_recent(self, now: float) -> bool:
         return leader_heard_within(self.last_leader_contact, now, self.window_s)
@@ -282,5 +293,5 @@ class PreVoteMixin:
         if outcome == WON:
             sync._SyncObj__raftElectionDeadline = 0.0
             log.info("pre-vote for term %s won: standing for election", message["term"])
-        elif outcome == LOST and state.leader_lost and self.leader_loss_stagger_s is not None:
-            sync._SyncObj__raftElectionDeadline = now + self.leader_loss_stagger_s
+        elif outcome == LOST and state.retries_soon(now) and self.leader_loss_stagger_s is not None:
+            sync._SyncObj__raftElectionDeadline = now + self.leader_loss_stagger_s / 4

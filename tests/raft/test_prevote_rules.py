@@ -133,8 +133,10 @@ def test_a_follower_that_heard_its_leader_ignores_higher_terms() -> None:
 def test_a_lost_leader_counts_as_not_heard() -> None:
     state = PreVoteState(window_s=0.4)
     state.heard_leader(100.0)
-    state.lost_leader()
+    state.lost_leader(100.05)
     assert state.leader_lost
+    assert state.retries_soon(100.1)
+    assert not state.retries_soon(100.9)  # two shortest election timeouts later
     assert not state.leader_recent(100.1)
     assert not state.ignores_request_vote("a", 6, 5, now=100.1)
 
