@@ -86,6 +86,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``node-fault-failed`` / ``unfit-bind``
     Node fitness (:mod:`chaos.node_rules`): no job fails for a member its node could not
     start, and no attempt is bound to a node while it is unfit for the job's owner.
+``rejoin-term-change``
+    Elections (:mod:`chaos.rejoin_rules`, read from the run directory): a follower that
+    comes back after a ``rejoin`` fault does not raise the term of a healthy leader.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
-from chaos import gpu_rules, node_rules
+from chaos import gpu_rules, node_rules, rejoin_rules
 from chaos.history import (
     THAW_KILL_BOUND_MS,
     EffectRecord,
@@ -136,7 +139,7 @@ __all__ = [
 
 
 def check_run(run_dir: Path) -> list[Violation]:
-    return check_history(load_history(run_dir))
+    return check_history(load_history(run_dir)) + rejoin_rules.check_run_dir(run_dir)
 
 
 # --------------------------------------------------------------------- checking

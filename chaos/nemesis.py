@@ -40,6 +40,9 @@ GPU_XID = "gpu-xid"
 # jobs' owner without a local account); the heal restarts it as it was and uncordons it
 # (chaos/nodefaults.py).
 NODE_CANNOT_RUN = "node-cannot-run"
+# A follower is taken away (restarted on its data directory, or cut off) for several
+# election timeouts and comes back; the leader must keep its term (chaos/rejoin_rules.py).
+REJOIN = "rejoin"
 # The kinds of node health, which ``soak --kinds`` can play alone.
 HEALTH_FAULTS = (GPU_XID, NODE_CANNOT_RUN)
 HOST_FAULTS = (
@@ -73,6 +76,7 @@ ALL_FAULTS = (
     *HOST_FAULTS,
     GPU_XID,
     NODE_CANNOT_RUN,
+    REJOIN,
 )
 
 # Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
@@ -145,6 +149,8 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         # Long enough for the leader to place gangs on the restarted worker, see them
         # refused and mark it unfit, and (with a back-off of 2 s) place there again.
         NODE_CANNOT_RUN: (4.0, 6.0),
+        # Several election timeouts away: a follower without pre-vote would stand.
+        REJOIN: (4 * t.election_max_s, 4 * t.election_max_s + 2.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import grpc
 
-from chaos import gpufaults, hosts, ledger, membership, nemesis, net, nodefaults
+from chaos import gpufaults, hosts, ledger, membership, nemesis, net, nodefaults, rejoin_rules
 from chaos.cluster import ChaosCluster
 from chaos.nemesis import Step
 from synapse_ha.client.cluster import ClusterUnavailable
@@ -156,6 +156,8 @@ class Nemesis:
             targets = [busy[step.pick % len(busy)]]
             play = nodefaults.play_node_cannot_run
             detail, self._watch, heal = play(c, targets[0], rng, extra)
+        elif step.kind == nemesis.REJOIN:
+            targets, detail, heal = rejoin_rules.play_rejoin(c, rng, self.owner)
         elif step.kind in nemesis.HOST_FAULTS:
             targets, detail, heal, hold = self.play_host_fault(step, leader, busy, rng, extra)
         elif step.kind in membership.KINDS:

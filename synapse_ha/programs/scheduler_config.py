@@ -526,8 +526,12 @@ def _raft(inputs: Inputs, timeouts: Timeouts) -> tuple[RaftTiming, bool | None, 
         raise ConfigError("election_max must exceed election_min")
     if timing.election_min_s <= 3 * timing.append_entries_period_s:
         raise ConfigError(f"election_min must exceed {3 * timing.append_entries_period_s}s")
-    if timing.leader_step_down_s <= timing.append_entries_period_s:
-        raise ConfigError("leader_step_down is too short")
+    if timing.leader_step_down_s < timing.election_max_s:
+        raise ConfigError(
+            f"leader_step_down ({timeouts.leader_step_down_ms} ms) must be at least "
+            f"election_max ({round(timing.election_max_s * 1000)} ms): a leader that "
+            "hears no majority steps down after one election timeout"
+        )
     return timing, compact_state, raft_fsync
 
 

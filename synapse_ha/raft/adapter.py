@@ -1,5 +1,6 @@
-"""pysyncobj 0.3.17, adapted: the one module that reads or sets pysyncobj's private state
-(``SyncObj``'s in :class:`SafeSyncObj`, ``FileJournal``'s in :class:`FileJournalState`),
+"""pysyncobj 0.3.17, adapted: the module that reads or sets pysyncobj's private state
+(``SyncObj``'s in :class:`SafeSyncObj` and its pre-vote base in
+:mod:`synapse_ha.raft.prevote`, ``FileJournal``'s in :class:`FileJournalState`),
 and whose :class:`SafeSyncObj` refuses any other pysyncobj release.
 
 **Raft's AppendEntries rules on the follower side**, which pysyncobj 0.3.17 bends.
@@ -64,9 +65,20 @@ after pysyncobj's retry period, longer than the shortest election timeout).
 **Deaf ticks.** pysyncobj's tick checks the election deadline before it reads the
 socket. A follower whose tick did long work (a restarted replica loading its snapshot and
 applying its journal, thousands of entries in one tick; a process paused and resumed)
-would find its deadline passed with the leader's messages still unread, and depose a
-healthy leader (pysyncobj has no pre-vote). After a tick longer than half the shortest
+would find its deadline passed with the leader's messages still unread, and stand for
+election while the leader is healthy. After a tick longer than half the shortest
 election timeout a follower therefore draws a fresh timeout from the tick's end.
+
+**Pre-vote and check-quorum.** pysyncobj has neither; :mod:`synapse_ha.raft.prevote`
+(a base class of :class:`SafeSyncObj`, hooked into the tick, the message handler and the
+leader-loss path) adds pre-vote and leader stickiness: a follower whose election timeout
+passes raises its term only once a majority would vote for it, and members that hear
+their leader refuse, so a restarted or rejoining follower no longer deposes a healthy
+leader. A leader that hears no majority for one election timeout steps down
+(pysyncobj's ``leaderFallbackTimeout``, set by the replica). Rolling upgrade: a replica
+of an earlier release ignores ``pre_vote`` (pysyncobj skips an unknown message type and
+keeps the connection), so a replica of this release can win an election only once a
+majority runs this release; the earlier ones elect among themselves as before.
 
 **Peers without the key say so.** pysyncobj encrypts every Raft message with a key
 derived from the password (Fernet) and drops a connection whose message does not decrypt,
@@ -92,6 +104,8 @@ from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
+from synapse_ha.raft.prevote import PreVoteMixin
 
 log_ = logging.getLogger(__name__)
 _FOLLOWER = _RAFT_STATE.FOLLOWER
@@ -252,11 +266,12 @@ def check_pysyncobj_version(installed: str | None = None) -> None:
         )
 
 
-class SafeSyncObj(SyncObj):  # type: ignore[misc]
+class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
     """pysyncobj's ``SyncObj`` with the follower's AppendEntries rules of the Raft paper,
-    no forwarding of commands to the leader, and a transport that names peers without
-    this replica's key. ``channel_mode`` names this replica's security mode in that
-    sentence (None: not named).
+    pre-vote (:class:`~synapse_ha.raft.prevote.PreVoteMixin`, on once
+    :meth:`enable_pre_vote` is called), no forwarding of commands to the leader, and a
+    transport that names peers without this replica's key. ``channel_mode`` names this
+    replica's security mode in that sentence (None: not named).
 
     Every name of pysyncobj's private state the replica reads or sets is read or set here
     (:meth:`delay_election`, :meth:`raft_log` among them), and the constructor refuses a
@@ -283,6 +298,7 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
         reads before it judges the leader silent (Raft's timeout measures the leader's
         silence, not this replica's own deafness). A leadership transfer is not held."""
         started = raft_clock()
+        self._pre_vote_tick()
         SyncObj._onTick(self, timeToWait)
         ended = raft_clock()
         if ended - started <= self._SyncObj__conf.raftMinTimeout / 2:
@@ -341,6 +357,8 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
                     FAIL_REASON.REQUEST_DENIED, (node, message["request_id"])
                 )
             return
+        if self._pre_vote_message(node, message):
+            return
         cap: int | None = None
         if (
             isinstance(message, dict)
@@ -366,6 +384,8 @@ class SafeSyncObj(SyncObj):  # type: ignore[misc]
             and self._SyncObj__raftState == _FOLLOWER
         )
         SyncObj._SyncObj__onNodeDisconnected(self, node)
+        if lost_leader and self.pre_vote is not None:
+            self.pre_vote.lost_leader(raft_clock())
         stagger = self.leader_loss_stagger_s
         if not lost_leader or stagger is None or self._SyncObj__selfNode is None:
             return

@@ -58,17 +58,26 @@ class RaftTiming:
     its timers again (pysyncobj's ``autoTickPeriod``); a follower notices a silent
     leader at most this late after its election timeout.
     ``restart_election_delay_s``: a replica restarted on an existing data directory
-    stands for election no sooner than this after it started. pysyncobj has no
-    pre-vote: a restarted follower that timed out before the leader had reconnected to
-    it would start an election with a higher term and depose a healthy leader. The
-    leader reconnects within ``connection_retry_s``; a whole cluster restarted at once
-    elects its first leader this much later. Loading the snapshot and replaying the
-    journal can take longer than the delay; after such a long tick a follower draws a
-    fresh election timeout (:class:`~synapse_ha.raft.adapter.SafeSyncObj`).
+    stands for election no sooner than this after it started, so the leader has
+    reconnected to it (within ``connection_retry_s``) before it looks for one; a whole
+    cluster restarted at once elects its first leader this much later. Loading the
+    snapshot and replaying the journal can take longer than the delay; after such a long
+    tick a follower draws a fresh election timeout
+    (:class:`~synapse_ha.raft.adapter.SafeSyncObj`).
     ``leader_loss_stagger_s``: when a follower's connection to its leader closes (the
     leader's process ended), the survivors stand for election in address order this far
     apart, the first at once, instead of waiting for their election timeouts
-    (:mod:`synapse_ha.raft.adapter`); None waits for the timeouts."""
+    (:mod:`synapse_ha.raft.adapter`); None waits for the timeouts.
+    ``pre_vote``: a replica whose election timeout passed first asks the members whether
+    they would vote for it, and stands only with a majority; a follower that heard its
+    leader within ``election_min_s`` refuses, and ignores higher-term vote requests
+    (:mod:`synapse_ha.raft.prevote`): a restarted or rejoining follower does not depose
+    a healthy leader. False: pysyncobj's elections.
+    Check-quorum: a leader that heard no majority for ``election_max_s`` steps down
+    (pysyncobj's ``leaderFallbackTimeout``) and stops serving
+    (:meth:`RaftReplica.leads_with_quorum`). ``leader_step_down_s`` is the bound the
+    cluster's fencing timeouts assume for that (``dead_timeout`` > ``lease_ttl`` +
+    ``leader_step_down``): it must be at least ``election_max_s``."""
 
     election_min_s: float = 0.4
     election_max_s: float = 0.8
@@ -80,6 +89,12 @@ class RaftTiming:
     tick_period_s: float = 0.02
     restart_election_delay_s: float = 2.0
     leader_loss_stagger_s: float | None = 0.1
+    pre_vote: bool = True
+
+    @property
+    def check_quorum_s(self) -> float:
+        """How long a leader goes without hearing a majority before it steps down."""
+        return self.election_max_s
 
 
 class RaftReplica:
@@ -152,6 +167,8 @@ class RaftReplica:
         durable_journal.check_installed(self._sync, fsync=fsync)
         self._membership = MembershipChanges(self._sync, self_address)
         self._hold_first_election(conf, join, restarted=restarted and bool(other_nodes))
+        if timing.pre_vote:
+            self._sync.enable_pre_vote(timing.election_min_s)
         self._sync.addOnTickCallback(self._on_tick)
         self._proposals.start()
 
@@ -167,7 +184,7 @@ class RaftReplica:
             serializeChecker=self.machine.dump_progress,
             deserializer=self.machine.read_dump,
             appendEntriesUseBatch=False,
-            leaderFallbackTimeout=timing.leader_step_down_s,
+            leaderFallbackTimeout=timing.check_quorum_s,
             raftMinTimeout=timing.election_min_s,
             raftMaxTimeout=timing.election_max_s,
             appendEntriesPeriod=timing.append_entries_period_s,
@@ -221,10 +238,11 @@ class RaftReplica:
         return bool(self._sync._isLeader())
 
     def leads_with_quorum(self) -> bool:
-        """Leads, and its Raft thread heard a majority within ``leader_step_down_s``: a
-        leader whose Raft thread stands still (its journal's disk is full, a long stall)
-        stops serving after that long, as pysyncobj would have it step down."""
-        return bool(self._sync.quorum_contact_within(self._timing.leader_step_down_s))
+        """Leads, and its Raft thread heard a majority within ``check_quorum_s`` (one
+        election timeout): a leader whose Raft thread stands still (its journal's disk is
+        full, a long stall) stops serving after that long, as pysyncobj would have it
+        step down."""
+        return bool(self._sync.quorum_contact_within(self._timing.check_quorum_s))
 
     def leader_address(self) -> str:
         leader = self._sync._getLeader()

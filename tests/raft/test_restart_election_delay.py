@@ -1,7 +1,7 @@
 """A replica restarted on an existing data directory stands for election only after
-``restart_election_delay_s`` (pysyncobj has no pre-vote: a restarted follower must not
-depose a healthy leader before that leader reconnected to it); a fresh one, or one alone
-in its cluster, uses its normal election timeout."""
+``restart_election_delay_s`` (the leader has reconnected to it by then, so it hears the
+leader before it looks for one); a fresh one, or one alone in its cluster, uses its
+normal election timeout."""
 
 from __future__ import annotations
 

@@ -1,0 +1,297 @@
+"""Pre-vote and leader stickiness (Raft thesis §9.6, §4.2.3) for
+:class:`~synapse_ha.raft.adapter.SafeSyncObj`, which pysyncobj 0.3.17 lacks.
+
+**Pre-vote.** When a follower's (or a candidate's) election deadline passes, it does not
+raise its term at once: it sends ``pre_vote`` (the term it would stand in, its last log
+index and term, a round number) to the voting members and pushes its deadline out by a
+fresh election timeout. A member grants (``pre_vote_reply``) only when it is not the
+leader, has not heard from a leader within the shortest election timeout, the proposed
+term is not below its own and the candidate's log is at least as up to date as its own
+(:func:`grant_pre_vote`); answering changes nothing on the member (term, vote, state,
+deadline). With a majority of grants, itself included, the replica's deadline is set to
+now and pysyncobj starts the real election (term + 1, ``request_vote``). Without one, the
+round lapses with the deadline: the next one is a new round, and replies to an older
+round are ignored. A replica restarted after a long snapshot load, or a follower
+rejoining after a partition, therefore no longer deposes a healthy leader: the others
+still hear the leader and refuse.
+
+**Stickiness.** A follower that heard from a leader within the shortest election timeout
+ignores a ``request_vote`` of a higher term (it neither adopts the term nor votes): a
+member that skipped pre-vote (an older release) gets no votes from them while they hear
+the leader (the leader itself still adopts a higher term it is sent, as pysyncobj does).
+Two exceptions keep the fast paths: a follower whose connection to its leader closed
+(the leader-loss path of :mod:`synapse_ha.raft.adapter`) counts the leader as not heard,
+so the survivors grant each other at once; a failed round on that path (another survivor
+had not yet seen the connection close) is retried after a quarter of the leader-loss
+stagger (before the next survivor's turn) instead of a whole election timeout, for two
+shortest election timeouts after the loss. And a
+leadership transfer (pysyncobj's ``timeout_now``) skips pre-vote: its target sends
+``transfer_vote`` (the term it is about to stand in) just before its ``request_vote`` on
+the same connection, and the members accept that one request despite their leader.
+
+**Rolling upgrade.** pysyncobj handles a message by its type and ignores a type it does
+not know: a replica of an earlier release drops ``pre_vote`` and ``transfer_vote``
+without answering and keeps the connection. A replica of this release thus needs grants
+from a majority running this release to stand for election; the earlier ones time out
+and elect among themselves as before (with a higher term, which the members of this
+release accept once they no longer hear the old leader).
+
+The module reads pysyncobj's private state, like the adapter: :class:`PreVoteMixin` is a
+base of ``SafeSyncObj`` only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pysyncobj.monotonic import monotonic as raft_clock
+from pysyncobj.syncobj import _RAFT_STATE
+
+log = logging.getLogger(__name__)
+
+PRE_VOTE = "pre_vote"
+PRE_VOTE_REPLY = "pre_vote_reply"
+TRANSFER_VOTE = "transfer_vote"
+
+WON = "won"
+LOST = "lost"
+OPEN = "open"
+STALE = "stale"
+
+
+def log_up_to_date(candidate: tuple[int, int], own: tuple[int, int]) -> bool:
+    """Whether a log ending at ``candidate`` (index, term) is at least as up to date as
+    one ending at ``own`` (Raft §5.4.1: the later last term wins, then the longer log)."""
+    return (candidate[1], candidate[0]) >= (own[1], own[0])
+
+
+def leader_heard_within(last_contact: float | None, now: float, window_s: float) -> bool:
+    """Whether a leader was heard (at ``last_contact``, None: not since the leader was
+    lost or ever) within ``window_s`` before ``now``."""
+    return last_contact is not None and now - last_contact < window_s
+
+
+def grant_pre_vote(
+    *,
+    proposed_term: int,
+    current_term: int,
+    candidate_log: tuple[int, int],
+    own_log: tuple[int, int],
+    leads: bool,
+    leader_recent: bool,
+) -> bool:
+    """The answer to a ``pre_vote``: grant only when this member neither leads nor heard
+    a leader recently, the proposed term is not below its own and the candidate's log
+    (index, term) is at least as up to date as its own."""
+    if leads or leader_recent or proposed_term < current_term:
+        return False
+    return log_up_to_date(candidate_log, own_log)
+
+
+def is_majority(votes: int, voters: int) -> bool:
+    """Whether ``votes`` of ``voters`` members (this one included in both) are a
+    majority."""
+    return votes > voters / 2
+
+
+@dataclass
+class PreVoteRound:
+    """One pre-vote round: ``voters`` members in all, this one's grant counted."""
+
+    number: int
+    term: int
+    voters: int
+    granted: set[Any] = field(default_factory=set)
+    denied: set[Any] = field(default_factory=set)
+
+    def outcome(self) -> str:
+        if is_majority(1 + len(self.granted), self.voters):
+            return WON
+        if not is_majority(self.voters - len(self.denied), self.voters):
+            return LOST
+        return OPEN
+
+    def record(self, voter: Any, number: int, term: int, granted: bool) -> str:
+        """Count a reply of ``voter``: :data:`STALE` for another round's, else the
+        round's outcome (:data:`WON`, :data:`LOST` or :data:`OPEN`)."""
+        if number != self.number or term != self.term:
+            return STALE
+        if voter not in self.granted and voter not in self.denied:
+            (self.granted if granted else self.denied).add(voter)
+        return self.outcome()
+
+
+class PreVoteState:
+    """A replica's pre-vote bookkeeping: the open round, whether it was won, when a
+    leader was last heard and the transfer elections announced to it."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s  # the shortest election timeout
+        self.last_leader_contact: float | None = None
+        self.leader_lost = False
+        self.lost_at = 0.0
+        self.round: PreVoteRound | None = None
+        self.won_term: int | None = None
+        self._rounds = 0
+        self.transfer_terms: dict[Any, int] = {}
+
+    def heard_leader(self, now: float) -> None:
+        self.last_leader_contact = now
+        self.leader_lost = False
+        self.round = None
+        self.won_term = None
+
+    def lost_leader(self, now: float) -> None:
+        self.last_leader_contact = None
+        self.leader_lost = True
+        self.lost_at = now
+
+    def retries_soon(self, now: float) -> bool:
+        """Whether a lost round is retried after the leader-loss stagger rather than a
+        whole election timeout: within two shortest election timeouts of losing the
+        leader's connection (the other survivors may not have seen it close yet)."""
+        return self.leader_lost and now - self.lost_at < 2 * self.window_s
+
+    def leader_recent(self, now: float) -> bool:
+        return leader_heard_within(self.last_leader_contact, now, self.window_s)
+
+    def start_round(self, term: int, voters: int) -> PreVoteRound:
+        self._rounds += 1
+        self.round = PreVoteRound(self._rounds, term, voters)
+        self.won_term = term if self.round.outcome() == WON else None
+        return self.round
+
+    def reply(self, voter: Any, message: dict[str, Any]) -> str:
+        current = self.round
+        if current is None:
+            return STALE
+        outcome = current.record(
+            voter, int(message["round"]), int(message["term"]), bool(message["granted"])
+        )
+        if outcome == WON:
+            self.won_term = current.term
+            self.round = None
+        elif outcome == LOST:
+            self.round = None
+        return outcome
+
+    def ignores_request_vote(self, voter: Any, term: int, current_term: int, now: float) -> bool:
+        """Whether a follower drops a ``request_vote`` for ``term`` (stickiness)."""
+        if term <= current_term or not self.leader_recent(now):
+            return False
+        return self.transfer_terms.get(voter) != term
+
+
+class PreVoteMixin:
+    """The pre-vote hooks of :class:`~synapse_ha.raft.adapter.SafeSyncObj` (module
+    docstring). ``pre_vote`` None: pysyncobj's elections, unchanged."""
+
+    pre_vote: PreVoteState | None = None
+    leader_loss_stagger_s: float | None = None
+
+    def enable_pre_vote(self, window_s: float) -> None:
+        """Pre-vote and stickiness, with ``window_s`` (the shortest election timeout) as
+        the time a leader counts as recently heard."""
+        self.pre_vote = PreVoteState(window_s)
+
+    def _pre_vote_tick(self) -> None:
+        """Before pysyncobj's tick: a passed election deadline starts a pre-vote round
+        instead of an election, unless the round before was won (or a transfer runs)."""
+        state: PreVoteState | None = self.pre_vote
+        sync: Any = self
+        if state is None or sync._SyncObj__selfNode is None:
+            return
+        if sync._SyncObj__raftState not in (_RAFT_STATE.FOLLOWER, _RAFT_STATE.CANDIDATE):
+            return
+        now = raft_clock()
+        if sync._SyncObj__raftElectionDeadline >= now or not sync._SyncObj__connectedToAnyone():
+            return
+        term = int(sync._SyncObj__raftCurrentTerm) + 1
+        others = list(sync._SyncObj__otherNodes)
+        if sync.__dict__.get("_SyncObj__transferInProgress"):
+            self._send_all(others, {"type": TRANSFER_VOTE, "term": term})
+            return
+        if state.won_term == term:
+            state.won_term = None
+            return  # pysyncobj stands for election in this tick
+        voters = len(others) + 1
+        opened = state.start_round(term, voters)
+        if state.won_term == term:
+            state.won_term = None
+            return  # a single voter
+        sync._SyncObj__raftElectionDeadline = now + sync._SyncObj__generateRaftTimeout()
+        self._send_all(
+            others,
+            {
+                "type": PRE_VOTE,
+                "term": term,
+                "round": opened.number,
+                "last_log_index": int(sync._SyncObj__raftLog[-1][1]),
+                "last_log_term": int(sync._SyncObj__raftLog[-1][2]),
+            },
+        )
+
+    def _send_all(self, nodes: list[Any], message: dict[str, Any]) -> None:
+        transport = self.__dict__["_SyncObj__transport"]
+        for node in nodes:
+            transport.send(node, dict(message))
+
+    def _pre_vote_message(self, node: Any, message: Any) -> bool:
+        """Handle the pre-vote messages and stickiness; True: ``message`` is consumed
+        (pysyncobj does not see it)."""
+        state: PreVoteState | None = self.pre_vote
+        if state is None or not isinstance(message, dict):
+            return False
+        sync: Any = self
+        kind = message.get("type")
+        now = raft_clock()
+        current = int(sync._SyncObj__raftCurrentTerm)
+        if kind == "append_entries" and message.get("term", -1) >= current:
+            state.heard_leader(now)
+        elif kind == PRE_VOTE:
+            self._answer_pre_vote(node, message, state, now)
+            return True
+        elif kind == PRE_VOTE_REPLY:
+            self._count_pre_vote(node, message, state, now)
+            return True
+        elif kind == TRANSFER_VOTE:
+            state.transfer_terms[node] = int(message["term"])
+            return True
+        elif kind == "request_vote" and sync._SyncObj__raftState == _RAFT_STATE.FOLLOWER:
+            return state.ignores_request_vote(node, int(message["term"]), current, now)
+        return False
+
+    def _answer_pre_vote(
+        self, node: Any, message: dict[str, Any], state: PreVoteState, now: float
+    ) -> None:
+        sync: Any = self
+        granted = grant_pre_vote(
+            proposed_term=int(message["term"]),
+            current_term=int(sync._SyncObj__raftCurrentTerm),
+            candidate_log=(int(message["last_log_index"]), int(message["last_log_term"])),
+            own_log=(int(sync._SyncObj__raftLog[-1][1]), int(sync._SyncObj__raftLog[-1][2])),
+            leads=sync._SyncObj__raftState == _RAFT_STATE.LEADER,
+            leader_recent=state.leader_recent(now),
+        )
+        sync._SyncObj__transport.send(
+            node,
+            {
+                "type": PRE_VOTE_REPLY,
+                "term": message["term"],
+                "round": message["round"],
+                "granted": granted,
+            },
+        )
+
+    def _count_pre_vote(
+        self, node: Any, message: dict[str, Any], state: PreVoteState, now: float
+    ) -> None:
+        sync: Any = self
+        outcome = state.reply(node, message)
+        if outcome == WON:
+            sync._SyncObj__raftElectionDeadline = 0.0
+            log.info("pre-vote for term %s won: standing for election", message["term"])
+        elif outcome == LOST and state.retries_soon(now) and self.leader_loss_stagger_s is not None:
+            sync._SyncObj__raftElectionDeadline = now + self.leader_loss_stagger_s / 4
