@@ -118,6 +118,8 @@ bench: $(STAMP)
 	cat bench/results/quorum.json
 	$(BIN)/python bench/gang_start.py > bench/results/gang_start.json
 	cat bench/results/gang_start.json
+	$(BIN)/python bench/dependency_latency.py > bench/results/dependency_latency.json
+	cat bench/results/dependency_latency.json
 	$(BIN)/python bench/security_cost.py
 	$(BIN)/python bench/abuse.py > /dev/null
 	cat bench/results/abuse.json
