@@ -98,7 +98,7 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
-from chaos import gpu_rules, node_rules, rejoin_rules
+from chaos import dependency_rules, gpu_rules, node_rules, rejoin_rules
 from chaos.history import (
     THAW_KILL_BOUND_MS,
     EffectRecord,
@@ -163,6 +163,7 @@ def check_history(history: History) -> list[Violation]:
     out += gpu_rules.check_gpu_fault_failures(history, state)
     out += node_rules.check_node_fault_failures(history, state)
     out += node_rules.check_unfit_binds(history, state)
+    out += dependency_rules.check_dependency_order(history, state)
     out += _check_stalls(history, state)
     return out
 

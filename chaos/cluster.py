@@ -52,6 +52,8 @@ GRPC_PORT = 7101
 WORKER_PORT = 7070
 WORKER_GPUS = 4
 SUBMIT_INTERVAL_S = 1.2  # between the client's submissions (one lane)
+# The share of submissions that wait (afterok) for the job acknowledged before them.
+DEPENDENCY_SHARE = 0.2
 
 # holding their GPUs long when a fault stops them from exiting.
 PRIORITY_CLASSES = (
@@ -345,6 +347,7 @@ class ChaosCluster:
                 tls_cert=str(self.admin_tls.cert),
                 tls_key=str(self.admin_tls.key),
                 queue_gpus=self.cfg.workers * WORKER_GPUS // 2,
+                dependency_share=DEPENDENCY_SHARE,
             ),
             self.dir / "workload.json",
         )

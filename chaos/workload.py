@@ -72,6 +72,9 @@ class WorkloadConfig:
     # Queues and preemption: the nominal GPUs of each of team-a and team-b (0: no queues,
     # every job in the default queue).
     queue_gpus: int = 0
+    # The share of jobs that wait (afterok) for the newest job acknowledged before them,
+    # so that dependency chains run through the faults (0: none).
+    dependency_share: float = 0.0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -112,10 +115,13 @@ def set_up_queues(client: ClusterClient, cfg: WorkloadConfig, stop: Path) -> Non
                 time.sleep(0.2)
 
 
-def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int) -> pb.JobSpec:
+def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "") -> pb.JobSpec:
+    """The ``index``-th job; with ``after`` (a job id), one that waits for it (afterok)."""
     duration = rng.randint(*cfg.member_ms)
     queue, priority_class = queue_and_class(cfg, rng)
+    waits = after and rng.random() < cfg.dependency_share
     return pb.JobSpec(
+        dependencies=pb.Dependencies(after_ok=[after]) if waits else None,
         queue=queue,
         priority_class=priority_class,
         name=f"chaos-{cfg.seed}-{index}",
@@ -129,7 +135,10 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int) -> pb.JobSpec:
     )
 
 
-def submit_one(client: ClusterClient, spec: pb.JobSpec, out: Appender, timeout_s: float) -> str:
+def submit_one(
+    client: ClusterClient, spec: pb.JobSpec, out: Appender, timeout_s: float
+) -> tuple[str, str]:
+    """The outcome (ok, failed or unknown) and, when ok, the job id."""
     request_id = new_request_id()
     base = {"request_id": request_id, "name": spec.name}
     out.append({"type": "begin", **base, "mono_ns": now_ns()})
@@ -137,15 +146,15 @@ def submit_one(client: ClusterClient, spec: pb.JobSpec, out: Appender, timeout_s
         answer = client.submit_job(spec, request_id=request_id, timeout_s=timeout_s)
     except ClusterUnavailable as exc:
         out.append({"type": "unknown", **base, "detail": str(exc)[:500], "mono_ns": now_ns()})
-        return "unknown"
+        return "unknown", ""
     except grpc.RpcError as exc:
         code = exc.code()
         kind = "failed" if code in DEFINITIVE else "unknown"
         detail = f"{code.name if code else 'UNKNOWN'}: {exc.details()}"
         out.append({"type": kind, **base, "detail": detail[:500], "mono_ns": now_ns()})
-        return kind
+        return kind, ""
     out.append({"type": "ok", **base, "job_id": answer.job_id, "mono_ns": now_ns()})
-    return "ok"
+    return "ok", answer.job_id
 
 
 def run(cfg: WorkloadConfig) -> int:
@@ -164,8 +173,11 @@ def run(cfg: WorkloadConfig) -> int:
         if cfg.queue_gpus:
             set_up_queues(client, cfg, stop)
         index = 0
+        newest = ""  # the newest job acknowledged
         while not stop.exists():
-            outcome = submit_one(client, job_spec(cfg, rng, index), out, cfg.submit_timeout_s)
+            spec = job_spec(cfg, rng, index, newest)
+            outcome, job_id = submit_one(client, spec, out, cfg.submit_timeout_s)
+            newest = job_id or newest
             counts[outcome] = counts.get(outcome, 0) + 1
             index += 1
             deadline = time.monotonic() + cfg.interval_s * rng.uniform(0.5, 1.5)
