@@ -125,6 +125,11 @@ class RaftReplica:
         self.self_address = self_address
         self._on_role_change = on_role_change
         self._timing = timing
+        # Serving as leader (leads_with_quorum): the window within which the Raft thread
+        # must have ticked and heard a majority, and when a stalled thread may serve again.
+        self._serving_window_s = min(timing.leader_step_down_s, 0.75 * timing.election_min_s)
+        self._ticked_at = raft_clock()
+        self._serving_after = 0.0
         self.machine = ReplicatedState(on_applied, observer)
         self.machine.dump_path = os.path.join(data_dir, DUMP_FILE)
         self_node, other_nodes = _member_nodes(self_address, peer_addresses, directory or {})
@@ -221,10 +226,22 @@ class RaftReplica:
         return bool(self._sync._isLeader())
 
     def leads_with_quorum(self) -> bool:
-        """Leads, and its Raft thread heard a majority within ``leader_step_down_s``: a
-        leader whose Raft thread stands still (its journal's disk is full, a long stall)
-        stops serving after that long, as pysyncobj would have it step down."""
-        return bool(self._sync.quorum_contact_within(self._timing.leader_step_down_s))
+        """Leads, its Raft thread is running, and it heard a majority within the serving
+        window (three quarters of the shortest election timeout, at most
+        ``leader_step_down_s``). The followers of a leader they stopped hearing elect
+        another no sooner than an election timeout later, so a leader that serves only
+        within that window never answers from a replaced term: a leader cut off from
+        its followers stops serving before they can elect, and one whose process or
+        Raft thread stood still (frozen, a full disk, a long stall) serves nothing until
+        an election timeout after its thread ticks again, by when it has heard the
+        newer term from the others (or lost its quorum contact)."""
+        now = raft_clock()
+        window = self._serving_window_s
+        if now < self._serving_after:
+            return False
+        if now - self._ticked_at > window and self._sync.otherNodes:
+            return False
+        return bool(self._sync.quorum_contact_within(window))
 
     def leader_address(self) -> str:
         leader = self._sync._getLeader()
@@ -281,7 +298,13 @@ class RaftReplica:
     # --------------------------------------------------------------- Raft thread
 
     def _on_tick(self) -> None:
-        """Runs on the Raft thread at every tick."""
+        """Runs on the Raft thread at every tick (before it reads what arrived)."""
+        now = raft_clock()
+        if now - self._ticked_at > self._serving_window_s and self._sync.otherNodes:
+            # The thread stood still: answers received meanwhile (read in this tick) may
+            # come from before a newer leader was elected; serve nothing for a while.
+            self._serving_after = now + self._timing.election_max_s
+        self._ticked_at = now
         self._membership.run_raft_thread_calls()
         if self._joining and self._sync._getLeader() is not None:
             self._finish_join()
