@@ -20,13 +20,8 @@ LEADER_NOT_READY) the pause is at most ``election_backoff_s``: an election ends 
 an election timeout (well under a second), and a client that had backed off to a second
 would find the new leader up to a second late.
 
-A replica that did not answer at all (UNAVAILABLE without a reason, or the per-try
-deadline) is *suspect* for ``suspect_s``: the next call starts elsewhere, a NOT_LEADER
-redirect to a suspect address moves on to the next replica instead (the followers of a
-frozen or cut-off leader keep naming it until they elect another), and a try at a suspect
-address waits at most ``suspect_try_s``. A leader that answers again is trusted again at
-once. :meth:`ClusterClient.suspect` marks an address the caller found silent by other
-means (a heartbeat stream to it went quiet).
+A replica that did not answer at all is suspect for a while (a frozen or cut-off leader:
+:mod:`synapse_ha.client.suspects`; :meth:`ClusterClient.suspect` marks one by hand).
 
 When no replica answers in time it raises :class:`ClusterUnavailable`, listing each
 address tried and what it answered.
@@ -56,6 +51,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.client.suspects import Suspects, silent
 from synapse_ha.client.token import BearerToken
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
@@ -137,9 +133,7 @@ class ClusterClient:
         self._version = credentials_version() if credentials_version else None
         self._version_checked = time.monotonic()
         self.credentials_check_s = 1.0
-        self.suspect_s = suspect_s
-        self.suspect_try_s = suspect_try_s
-        self._suspects: dict[str, float] = {}  # address -> monotonic time it stays suspect
+        self.suspects = Suspects(suspect_s, suspect_try_s)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -160,24 +154,11 @@ class ClusterClient:
         return self._preferred
 
     def suspect(self, address: str) -> None:
-        """``address`` did not answer: for ``suspect_s`` calls start at another replica,
-        redirects to it are not followed and a try there is short (module docstring)."""
+        """``address`` did not answer (:mod:`synapse_ha.client.suspects`)."""
+        self.suspects.add(address)
         with self._lock:
-            self._suspects[address] = time.monotonic() + self.suspect_s
             if self._preferred == address and len(self.addresses) > 1:
                 self._preferred = self._next_address(address)
-
-    def _is_suspect(self, address: str) -> bool:
-        with self._lock:
-            until = self._suspects.get(address)
-            if until is not None and until <= time.monotonic():
-                del self._suspects[address]
-                return False
-            return until is not None
-
-    def _try_timeout(self, address: str, remaining: float) -> float:
-        per_try = min(self.per_try_timeout_s, remaining)
-        return min(per_try, self.suspect_try_s) if self._is_suspect(address) else per_try
 
     def _rotated(self) -> list[grpc.Channel]:
         """Under the lock: the channels to close when the credentials changed on disk."""
@@ -230,26 +211,25 @@ class ClusterClient:
         failures_in_round = 0
         backoff = self.backoff_s
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            per_try = min(self.per_try_timeout_s, deadline - time.monotonic())
+            if per_try <= 0:
                 raise ClusterUnavailable(method, attempts)
             try:
-                result = invoke(address, self._try_timeout(address, remaining))
+                result = invoke(address, self.suspects.try_timeout(address, per_try))
             except grpc.RpcError as exc:
                 failure = failure_of(exc)
                 attempts.append((address, failure.describe()))
                 hint = failure.metadata.get("leader_address", "")
                 if failure.reason is Reason.NOT_LEADER and hint:
                     self._learn(hint)
-                    if not self._is_suspect(hint):
+                    if hint not in self.suspects:
                         address = hint
                         continue
-                    # The followers still name a leader that did not answer: ask the next
-                    # replica (one of them is elected within an election timeout).
+                    # Followers name a silent leader until they elect: ask the next one.
                     failure = RpcFailure(
                         grpc.StatusCode.UNAVAILABLE, Reason.NO_LEADER, failure.message, {}
                     )
-                elif _silent(failure):
+                elif silent(failure):
                     self.suspect(address)
                 if not _retriable(failure, idempotent):
                     raise
@@ -266,9 +246,8 @@ class ClusterClient:
                     time.sleep(self._rng.uniform(pause / 2, pause))
                     backoff = min(backoff * 2, self.max_backoff_s)
                 continue
-            with self._lock:
-                self._preferred = address
-                self._suspects.pop(address, None)
+            self._preferred = address
+            self.suspects.clear(address)
             return result
 
     def _next_address(self, address: str) -> str:
@@ -603,14 +582,6 @@ class ClusterClient:
                 time.sleep(self._rng.uniform(self.backoff_s / 2, self.backoff_s))
             finally:
                 stream.cancel()
-
-
-def _silent(failure: RpcFailure) -> bool:
-    """The replica gave no answer at all: unreachable, or the per-try deadline passed."""
-    return failure.reason is Reason.UNKNOWN and failure.code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-    )
 
 
 def _retriable(failure: RpcFailure, idempotent: bool) -> bool:
