@@ -86,6 +86,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``node-fault-failed`` / ``unfit-bind``
     Node fitness (:mod:`chaos.node_rules`): no job fails for a member its node could not
     start, and no attempt is bound to a node while it is unfit for the job's owner.
+``leader-fault-ended-gang``
+    Leader faults (:mod:`chaos.leader_rules`): a frozen or cut-off leader ends no gang
+    attempt that was running when the fault began (no member fenced, no node dead).
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
-from chaos import gpu_rules, node_rules
+from chaos import gpu_rules, leader_rules, node_rules
 from chaos.history import (
     THAW_KILL_BOUND_MS,
     EffectRecord,
@@ -160,6 +163,7 @@ def check_history(history: History) -> list[Violation]:
     out += gpu_rules.check_gpu_fault_failures(history, state)
     out += node_rules.check_node_fault_failures(history, state)
     out += node_rules.check_unfit_binds(history, state)
+    out += leader_rules.check_leader_fault_gangs(history, state)
     out += _check_stalls(history, state)
     return out
 
