@@ -97,7 +97,7 @@ def test_a_gang_keeps_running_while_the_leader_is_frozen(
     assert "fenced" not in logs and "declared this node dead" not in logs, logs
 
 
-def _answer(future: grpc.Future) -> tuple[Any, Reason | None]:
+def _answer(future: grpc.Future[Any]) -> tuple[Any, Reason | None]:
     try:
         return future.result(timeout=10.0), None
     except grpc.RpcError as exc:
@@ -156,7 +156,7 @@ def test_a_client_finds_the_new_leader_while_the_old_one_is_frozen(
             attempts: list[str] = []
             real_invoke = client.scheduler
 
-            def recording(address: str) -> object:
+            def recording(address: str) -> pb_grpc.SchedulerServiceStub:
                 attempts.append(address)
                 return real_invoke(address)
 
