@@ -172,7 +172,15 @@ class Gang:
             why.append(f"nodes not ready: {dead}")
         if gone:
             why.append(f"members gone: {gone}")
+        if why:
+            why += [line for w in self.workers for line in _telling(w.log_tail(20_000))]
         return not why, "; ".join(why)
+
+
+def _telling(log: str) -> list[str]:
+    """The worker log lines that say why members were killed."""
+    words = ("fenced", "killed", "dead", "does not know", "registering again")
+    return [line for line in log.splitlines() if any(w in line for w in words)][-8:]
 
 
 def _read(path: Path) -> str | None:
@@ -247,7 +255,7 @@ def one_fault(
     term_before, _ = watch.reading()
     wait_for("acks before the fault", lambda: all(s.acks for s in loads), timeout_s=30)
     time.sleep(0.3)
-    fault = Fault(kind, leader)
+    fault = Fault(kind, leader, [r for r in cluster.replicas if r is not leader])
     fault_mono, fault_wall_ms = time.monotonic(), time.time() * 1000
     try:
         fault.begin()

@@ -4,14 +4,16 @@ the root namespace drop loopback TCP to and from the replica both ways: nothing 
 
 A partition drops every loopback TCP packet from or to one of the replica's ports: its
 Raft, gRPC and heartbeat-stream listening ports, and the local ports of the connections
-it opened itself (found with ``ss``, refreshed while the partition lasts, so that a
-connection it opens again is cut too). The table is named ``synapse_bench_<pid>``; it is
-removed by the code that adds it (``try``/``finally``), and :func:`sweep` removes any
-left behind by an earlier run.
+it opened itself (found with ``ss``, refreshed while the partition lasts); and every new
+connection to the other replicas' Raft ports (theirs to each other are already open), so
+that the cut-off replica cannot reach them again through a connection it opens anew.
+The table is named ``synapse_bench_<pid>``; it is removed by the code that adds it
+(``try``/``finally``), and :func:`sweep` removes any left behind by an earlier run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -64,8 +66,9 @@ def connection_ports(pid: int) -> set[int]:
 class Partition:
     """Cut ``replica`` off (loopback TCP both ways) until :meth:`heal`."""
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, others: list[Replica]) -> None:
         assert replica.process is not None
+        self.raft_ports = {int(r.raft.rpartition(":")[2]) for r in others}
         self.pid = replica.process.pid
         self.table = f"{TABLE_PREFIX}_{self.pid}"
         self.ports = listening_ports(replica)
@@ -75,12 +78,14 @@ class Partition:
     def start(self) -> None:
         self.ports |= connection_ports(self.pid)
         body = ", ".join(str(p) for p in sorted(self.ports))
+        raft = ", ".join(str(p) for p in sorted(self.raft_ports))
         _nft(
             f"table inet {self.table} {{\n"
             f"  set ports {{ type inet_service; elements = {{ {body} }} }}\n"
             "  chain out { type filter hook output priority -10; policy accept;\n"
             '    oifname "lo" tcp sport @ports drop\n'
             '    oifname "lo" tcp dport @ports drop\n'
+            f'    oifname "lo" tcp dport {{ {raft} }} tcp flags & (syn | ack) == syn drop\n'
             "  }\n"
             "}\n"
         )
@@ -92,7 +97,8 @@ class Partition:
             if new:
                 self.ports |= new
                 body = ", ".join(str(p) for p in sorted(new))
-                _nft(f"add element inet {self.table} ports {{ {body} }}\n")
+                with contextlib.suppress(subprocess.CalledProcessError):
+                    _nft(f"add element inet {self.table} ports {{ {body} }}\n")
 
     def heal(self) -> None:
         self._stop.set()
@@ -104,11 +110,12 @@ class Partition:
 class Fault:
     """One fault of ``kind`` on ``replica``: :meth:`begin`, then :meth:`end` (always)."""
 
-    def __init__(self, kind: str, replica: Replica) -> None:
+    def __init__(self, kind: str, replica: Replica, others: list[Replica]) -> None:
         if kind not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {kind!r}")
         self.kind = kind
         self.replica = replica
+        self.others = others
         self._partition: Partition | None = None
 
     def begin(self) -> None:
@@ -117,7 +124,7 @@ class Fault:
         elif self.kind == "freeze":
             self.replica.pause()
         else:
-            self._partition = Partition(self.replica)
+            self._partition = Partition(self.replica, self.others)
             self._partition.start()
 
     def end(self) -> None:

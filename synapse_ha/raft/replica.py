@@ -13,6 +13,7 @@ membership changes (:mod:`~synapse_ha.raft.membership`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -226,20 +227,19 @@ class RaftReplica:
         return bool(self._sync._isLeader())
 
     def leads_with_quorum(self) -> bool:
-        """Leads, its Raft thread is running, and it heard a majority within the serving
+        """Leads, and it heard a majority within the serving
         window (three quarters of the shortest election timeout, at most
         ``leader_step_down_s``). The followers of a leader they stopped hearing elect
         another no sooner than an election timeout later, so a leader that serves only
         within that window never answers from a replaced term: a leader cut off from
         its followers stops serving before they can elect, and one whose process or
-        Raft thread stood still (frozen, a full disk, a long stall) serves nothing until
-        an election timeout after its thread ticks again, by when it has heard the
-        newer term from the others (or lost its quorum contact)."""
+        Raft thread stood still while it led (frozen, a full disk, a long stall) serves
+        nothing until a majority answered what it sent after the stall: the answers
+        that waited in its sockets meanwhile do not count, and those that come later
+        carry the newer term, if there is one, which ends its leadership."""
         now = raft_clock()
-        window = self._serving_window_s
-        if now < self._serving_after:
-            return False
-        if now - self._ticked_at > window and self._sync.otherNodes:
+        window = min(self._serving_window_s, now - self._serving_after)
+        if window <= 0:
             return False
         return bool(self._sync.quorum_contact_within(window))
 
@@ -300,10 +300,14 @@ class RaftReplica:
     def _on_tick(self) -> None:
         """Runs on the Raft thread at every tick (before it reads what arrived)."""
         now = raft_clock()
-        if now - self._ticked_at > self._serving_window_s and self._sync.otherNodes:
-            # The thread stood still: answers received meanwhile (read in this tick) may
-            # come from before a newer leader was elected; serve nothing for a while.
-            self._serving_after = now + self._timing.election_max_s
+        stalled = now - self._ticked_at > self._serving_window_s
+        if stalled and self._sync.otherNodes and self._sync._isLeader():
+            # The thread stood still while leading: the answers this tick reads may
+            # come from before a newer leader was elected. Serve again once a majority
+            # answered after them (from the next tick on).
+            self._serving_after = math.inf
+        elif self._serving_after == math.inf:
+            self._serving_after = now
         self._ticked_at = now
         self._membership.run_raft_thread_calls()
         if self._joining and self._sync._getLeader() is not None:
