@@ -255,7 +255,7 @@ def one_fault(
     term_before, _ = watch.reading()
     wait_for("acks before the fault", lambda: all(s.acks for s in loads), timeout_s=30)
     time.sleep(0.3)
-    fault = Fault(kind, leader, [r for r in cluster.replicas if r is not leader])
+    fault = Fault(kind, leader)
     fault_mono, fault_wall_ms = time.monotonic(), time.time() * 1000
     try:
         fault.begin()

@@ -2,13 +2,13 @@
 ``freeze`` (SIGSTOP: nothing closes, nothing answers) and ``partition`` (nftables rules in
 the root namespace drop loopback TCP to and from the replica both ways: nothing closes).
 
-A partition drops every loopback TCP packet from or to one of the replica's ports: its
-Raft, gRPC and heartbeat-stream listening ports, and the local ports of the connections
-it opened itself (found with ``ss``, refreshed while the partition lasts); and every new
-connection to the other replicas' Raft ports (theirs to each other are already open), so
-that the cut-off replica cannot reach them again through a connection it opens anew.
-The table is named ``synapse_bench_<pid>``; it is removed by the code that adds it
-(``try``/``finally``), and :func:`sweep` removes any left behind by an earlier run.
+A partition drops every loopback TCP packet the replica's process sends (its process
+is moved into a cgroup v2 group of its own, matched by ``socket cgroupv2``), and every
+one sent to its Raft, gRPC and heartbeat-stream listening ports or to the local ports of
+the connections it held when the partition began. Its sockets stay open: nothing tells
+the others it is gone. The table and the group are named ``synapse_bench_<pid>``; they
+are removed by the code that adds them (``try``/``finally``), and :func:`sweep` removes
+any left behind by an earlier run.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import contextlib
 import re
 import signal
 import subprocess
-import threading
 from pathlib import Path
 
 from synapse_ha.local.process import Replica
 
 TABLE_PREFIX = "synapse_bench"
+CGROUP2 = Path("/sys/fs/cgroup/unified")  # nftables names groups below /sys/fs/cgroup
 FAULTS = ("kill", "freeze", "partition")
 
 
@@ -39,6 +39,9 @@ def sweep() -> list[str]:
         if len(parts) == 3 and parts[2].startswith(TABLE_PREFIX):
             subprocess.run(["nft", "delete", "table", parts[1], parts[2]], check=False)
             removed.append(parts[2])
+    for group in CGROUP2.glob(f"{TABLE_PREFIX}_*"):
+        _release(group)
+        removed.append(str(group))
     return removed
 
 
@@ -66,56 +69,50 @@ def connection_ports(pid: int) -> set[int]:
 class Partition:
     """Cut ``replica`` off (loopback TCP both ways) until :meth:`heal`."""
 
-    def __init__(self, replica: Replica, others: list[Replica]) -> None:
+    def __init__(self, replica: Replica) -> None:
         assert replica.process is not None
-        self.raft_ports = {int(r.raft.rpartition(":")[2]) for r in others}
         self.pid = replica.process.pid
-        self.table = f"{TABLE_PREFIX}_{self.pid}"
-        self.ports = listening_ports(replica)
-        self._stop = threading.Event()
-        self._refresher = threading.Thread(target=self._refresh, daemon=True)
+        self.name = f"{TABLE_PREFIX}_{self.pid}"
+        self.group = CGROUP2 / self.name
+        self.ports = listening_ports(replica) | connection_ports(self.pid)
 
     def start(self) -> None:
-        self.ports |= connection_ports(self.pid)
+        self.group.mkdir(exist_ok=True)
+        (self.group / "cgroup.procs").write_text(str(self.pid))
         body = ", ".join(str(p) for p in sorted(self.ports))
-        raft = ", ".join(str(p) for p in sorted(self.raft_ports))
         _nft(
-            f"table inet {self.table} {{\n"
-            f"  set ports {{ type inet_service; elements = {{ {body} }} }}\n"
+            f"table inet {self.name} {{\n"
             "  chain out { type filter hook output priority -10; policy accept;\n"
-            '    oifname "lo" tcp sport @ports drop\n'
-            '    oifname "lo" tcp dport @ports drop\n'
-            f'    oifname "lo" tcp dport {{ {raft} }} tcp flags & (syn | ack) == syn drop\n'
+            f'    oifname "lo" socket cgroupv2 level 1 "unified/{self.name}" drop\n'
+            f'    oifname "lo" tcp dport {{ {body} }} drop\n'
             "  }\n"
             "}\n"
         )
-        self._refresher.start()
-
-    def _refresh(self) -> None:
-        while not self._stop.wait(0.05):
-            new = connection_ports(self.pid) - self.ports
-            if new:
-                self.ports |= new
-                body = ", ".join(str(p) for p in sorted(new))
-                with contextlib.suppress(subprocess.CalledProcessError):
-                    _nft(f"add element inet {self.table} ports {{ {body} }}\n")
 
     def heal(self) -> None:
-        self._stop.set()
-        if self._refresher.is_alive():
-            self._refresher.join(timeout=5)
-        subprocess.run(["nft", "delete", "table", "inet", self.table], check=False)
+        subprocess.run(["nft", "delete", "table", "inet", self.name], check=False)
+        _release(self.group)
+
+
+def _release(group: Path) -> None:
+    """Move the processes of ``group`` back to the root group and remove it."""
+    if not group.exists():
+        return
+    for pid in (group / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError):
+            (CGROUP2 / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        group.rmdir()
 
 
 class Fault:
     """One fault of ``kind`` on ``replica``: :meth:`begin`, then :meth:`end` (always)."""
 
-    def __init__(self, kind: str, replica: Replica, others: list[Replica]) -> None:
+    def __init__(self, kind: str, replica: Replica) -> None:
         if kind not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {kind!r}")
         self.kind = kind
         self.replica = replica
-        self.others = others
         self._partition: Partition | None = None
 
     def begin(self) -> None:
@@ -124,7 +121,7 @@ class Fault:
         elif self.kind == "freeze":
             self.replica.pause()
         else:
-            self._partition = Partition(self.replica, self.others)
+            self._partition = Partition(self.replica)
             self._partition.start()
 
     def end(self) -> None:
