@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from synapse_ha.client.suspects import Suspects, silent
+from synapse_ha.client.suspects import Suspects, as_no_leader, silent
 from synapse_ha.client.token import BearerToken
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
@@ -70,7 +70,6 @@ __all__ = [
 _MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
 # Reasons after which the same replica is asked again after a back-off.
 _WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.LEADER_STEPPING_DOWN})
-
 # Reasons that say a leader is being elected or is committing its barrier right now.
 _ELECTING = frozenset({Reason.NO_LEADER, Reason.LEADER_NOT_READY})
 
@@ -210,12 +209,16 @@ class ClusterClient:
         address = self._preferred
         failures_in_round = 0
         backoff = self.backoff_s
+        tried_briefly: set[str] = set()
         while True:
             per_try = min(self.per_try_timeout_s, deadline - time.monotonic())
             if per_try <= 0:
                 raise ClusterUnavailable(method, attempts)
+            if address in self.suspects and address not in tried_briefly:
+                tried_briefly.add(address)  # briefly once a call: it may only be slow
+                per_try = min(per_try, self.suspects.try_s)
             try:
-                result = invoke(address, self.suspects.try_timeout(address, per_try))
+                result = invoke(address, per_try)
             except grpc.RpcError as exc:
                 failure = failure_of(exc)
                 attempts.append((address, failure.describe()))
@@ -225,10 +228,7 @@ class ClusterClient:
                     if hint not in self.suspects:
                         address = hint
                         continue
-                    # Followers name a silent leader until they elect: ask the next one.
-                    failure = RpcFailure(
-                        grpc.StatusCode.UNAVAILABLE, Reason.NO_LEADER, failure.message, {}
-                    )
+                    failure = as_no_leader(failure)  # named by followers until they elect
                 elif silent(failure):
                     self.suspect(address)
                 if not _retriable(failure, idempotent):

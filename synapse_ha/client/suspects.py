@@ -6,9 +6,10 @@ connection: a call to it waits for its whole deadline, and its followers keep na
 in their NOT_LEADER redirects until they elect another. A replica that gave no answer
 (UNAVAILABLE without a reason, or the per-try deadline) is therefore *suspect* for a
 while: calls start at another replica, a redirect to it is not followed (the next replica
-is asked instead, as after NO_LEADER), and a try there waits at most ``try_s``. It stays
-in the rotation, so a leader whose only fault was one lost answer is still reached; the
-first answer it gives clears it.
+is asked instead, as after NO_LEADER), and the first try there in a call waits at most
+``try_s`` (later ones in the same call the whole per-try deadline: it may only be slow).
+It stays in the rotation, so a leader whose only fault was one lost answer is still
+reached; the first answer it gives clears it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def silent(failure: RpcFailure) -> bool:
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
     )
+
+
+def as_no_leader(failure: RpcFailure) -> RpcFailure:
+    """A redirect to a suspect replica, taken as NO_LEADER: ask the next replica."""
+    return RpcFailure(grpc.StatusCode.UNAVAILABLE, Reason.NO_LEADER, failure.message, {})
 
 
 class Suspects:
@@ -54,7 +60,3 @@ class Suspects:
                 del self._until[address]  # type: ignore[arg-type]
                 return False
             return until is not None
-
-    def try_timeout(self, address: str, per_try_s: float) -> float:
-        """The deadline of one try at ``address``."""
-        return min(per_try_s, self.try_s) if address in self else per_try_s
