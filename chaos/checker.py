@@ -89,6 +89,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``rejoin-term-change``
     Elections (:mod:`chaos.rejoin_rules`, read from the run directory): a follower that
     comes back after a ``rejoin`` fault does not raise the term of a healthy leader.
+``leader-fault-ended-gang``
+    Leader faults (:mod:`chaos.leader_rules`): a frozen or cut-off leader ends no gang
+    attempt that was running when the fault began (no member fenced, no node dead).
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
-from chaos import dependency_rules, gpu_rules, node_rules, rejoin_rules
+from chaos import dependency_rules, gpu_rules, leader_rules, node_rules, rejoin_rules
 from chaos.history import (
     THAW_KILL_BOUND_MS,
     EffectRecord,
@@ -164,6 +167,7 @@ def check_history(history: History) -> list[Violation]:
     out += node_rules.check_node_fault_failures(history, state)
     out += node_rules.check_unfit_binds(history, state)
     out += dependency_rules.check_dependency_order(history, state)
+    out += leader_rules.check_leader_fault_gangs(history, state)
     out += _check_stalls(history, state)
     return out
 

@@ -20,6 +20,9 @@ LEADER_NOT_READY) the pause is at most ``election_backoff_s``: an election ends 
 an election timeout (well under a second), and a client that had backed off to a second
 would find the new leader up to a second late.
 
+A replica that did not answer at all is suspect for a while (a frozen or cut-off leader:
+:mod:`synapse_ha.client.suspects`; :meth:`ClusterClient.suspect` marks one by hand).
+
 When no replica answers in time it raises :class:`ClusterUnavailable`, listing each
 address tried and what it answered.
 
@@ -48,6 +51,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.client.suspects import Suspects, as_no_leader, silent
 from synapse_ha.client.token import BearerToken
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
@@ -66,7 +70,6 @@ __all__ = [
 _MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
 # Reasons after which the same replica is asked again after a back-off.
 _WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.LEADER_STEPPING_DOWN})
-
 # Reasons that say a leader is being elected or is committing its barrier right now.
 _ELECTING = frozenset({Reason.NO_LEADER, Reason.LEADER_NOT_READY})
 
@@ -102,6 +105,8 @@ class ClusterClient:
         token: str | None = None,
         channel_factory: Callable[[str], grpc.Channel] | None = None,
         credentials_version: Callable[[], object] | None = None,
+        suspect_s: float = 5.0,
+        suspect_try_s: float = 0.5,
     ) -> None:
         """``token``: a bearer token sent with every call. ``channel_factory``: makes
         the channel to one address (default: a plaintext channel); with a token it must be
@@ -127,6 +132,7 @@ class ClusterClient:
         self._version = credentials_version() if credentials_version else None
         self._version_checked = time.monotonic()
         self.credentials_check_s = 1.0
+        self.suspects = Suspects(suspect_s, suspect_try_s)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -145,6 +151,13 @@ class ClusterClient:
     @property
     def leader_hint(self) -> str:
         return self._preferred
+
+    def suspect(self, address: str) -> None:
+        """``address`` did not answer (:mod:`synapse_ha.client.suspects`)."""
+        self.suspects.add(address)
+        with self._lock:
+            if self._preferred == address and len(self.addresses) > 1:
+                self._preferred = self._next_address(address)
 
     def _rotated(self) -> list[grpc.Channel]:
         """Under the lock: the channels to close when the credentials changed on disk."""
@@ -196,20 +209,28 @@ class ClusterClient:
         address = self._preferred
         failures_in_round = 0
         backoff = self.backoff_s
+        tried_briefly: set[str] = set()
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            per_try = min(self.per_try_timeout_s, deadline - time.monotonic())
+            if per_try <= 0:
                 raise ClusterUnavailable(method, attempts)
+            if address in self.suspects and address not in tried_briefly:
+                tried_briefly.add(address)  # briefly once a call: it may only be slow
+                per_try = min(per_try, self.suspects.try_s)
             try:
-                result = invoke(address, min(self.per_try_timeout_s, remaining))
+                result = invoke(address, per_try)
             except grpc.RpcError as exc:
                 failure = failure_of(exc)
                 attempts.append((address, failure.describe()))
                 hint = failure.metadata.get("leader_address", "")
                 if failure.reason is Reason.NOT_LEADER and hint:
                     self._learn(hint)
-                    address = hint
-                    continue
+                    if hint not in self.suspects:
+                        address = hint
+                        continue
+                    failure = as_no_leader(failure)  # named by followers until they elect
+                elif silent(failure):
+                    self.suspect(address)
                 if not _retriable(failure, idempotent):
                     raise
                 failures_in_round += 1
@@ -226,6 +247,7 @@ class ClusterClient:
                     backoff = min(backoff * 2, self.max_backoff_s)
                 continue
             self._preferred = address
+            self.suspects.clear(address)
             return result
 
     def _next_address(self, address: str) -> str:

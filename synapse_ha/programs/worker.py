@@ -326,7 +326,12 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     observe = _observe_server(config, metrics)
     # Heartbeat streams: a leader that offers one gets heartbeats on a stream
     # and pushes desired members on it; an older one keeps getting unary heartbeats.
-    control = StreamControlPlane(GrpcControlPlane(client), transport.channel, box.push)
+    control = StreamControlPlane(
+        GrpcControlPlane(client),
+        transport.channel,
+        box.push,
+        on_silent=lambda: client.suspect(client.leader_hint),
+    )
     gpu_health = _gpu_health_monitor(config, request)
     # Its first result reaches the leader in the heartbeat after it ends.
     health_check = HealthCheck(config.health_check, changed=box.wake.set)

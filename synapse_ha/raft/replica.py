@@ -13,6 +13,7 @@ membership changes (:mod:`~synapse_ha.raft.membership`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -140,6 +141,11 @@ class RaftReplica:
         self.self_address = self_address
         self._on_role_change = on_role_change
         self._timing = timing
+        # Serving as leader (leads_with_quorum): the window within which the Raft thread
+        # must have ticked and heard a majority, and when a stalled thread may serve again.
+        self._serving_window_s = min(timing.leader_step_down_s, 0.75 * timing.election_min_s)
+        self._ticked_at = raft_clock()
+        self._serving_after = 0.0
         self.machine = ReplicatedState(on_applied, observer)
         self.machine.dump_path = os.path.join(data_dir, DUMP_FILE)
         self_node, other_nodes = _member_nodes(self_address, peer_addresses, directory or {})
@@ -238,11 +244,21 @@ class RaftReplica:
         return bool(self._sync._isLeader())
 
     def leads_with_quorum(self) -> bool:
-        """Leads, and its Raft thread heard a majority within ``check_quorum_s`` (one
-        election timeout): a leader whose Raft thread stands still (its journal's disk is
-        full, a long stall) stops serving after that long, as pysyncobj would have it
-        step down."""
-        return bool(self._sync.quorum_contact_within(self._timing.check_quorum_s))
+        """Leads, and it heard a majority within the serving
+        window (three quarters of the shortest election timeout, at most
+        ``leader_step_down_s``). The followers of a leader they stopped hearing elect
+        another no sooner than an election timeout later, so a leader that serves only
+        within that window never answers from a replaced term: a leader cut off from
+        its followers stops serving before they can elect, and one whose process or
+        Raft thread stood still while it led (frozen, a full disk, a long stall) serves
+        nothing until a majority answered what it sent after the stall: the answers
+        that waited in its sockets meanwhile do not count, and those that come later
+        carry the newer term, if there is one, which ends its leadership."""
+        now = raft_clock()
+        window = min(self._serving_window_s, now - self._serving_after)
+        if window <= 0:
+            return False
+        return bool(self._sync.quorum_contact_within(window))
 
     def leader_address(self) -> str:
         leader = self._sync._getLeader()
@@ -299,7 +315,17 @@ class RaftReplica:
     # --------------------------------------------------------------- Raft thread
 
     def _on_tick(self) -> None:
-        """Runs on the Raft thread at every tick."""
+        """Runs on the Raft thread at every tick (before it reads what arrived)."""
+        now = raft_clock()
+        stalled = now - self._ticked_at > self._serving_window_s
+        if stalled and self._sync.otherNodes and self._sync._isLeader():
+            # The thread stood still while leading: the answers this tick reads may
+            # come from before a newer leader was elected. Serve again once a majority
+            # answered after them (from the next tick on).
+            self._serving_after = math.inf
+        elif self._serving_after == math.inf:
+            self._serving_after = now
+        self._ticked_at = now
         self._membership.run_raft_thread_calls()
         if self._joining and self._sync._getLeader() is not None:
             self._finish_join()

@@ -58,7 +58,10 @@ from synapse_ha.worker.members import PreemptNotice
 log = logging.getLogger("synapse.worker.agent")
 
 MIN_REPORT_GAP_S = 0.02  # an early heartbeat for fresh reports waits at least this long
-REGISTER_RETRY_S = 0.5
+# Between registration calls that found no leader (each one already tries every replica
+# for up to a heartbeat interval): short, so that a worker whose leader froze finds the
+# new one well within its lease.
+REGISTER_RETRY_S = 0.1
 
 
 class NotRegistered(Exception):

@@ -17,6 +17,10 @@ list; the agent applies it only while it holds its lease. When the stream ends, 
 heartbeat gets no acknowledgement in time, the stream is closed and :meth:`heartbeat`
 raises :class:`~synapse_ha.worker.agent.StreamEnded`: the agent registers again, which
 finds the current leader, and its lease runs out meanwhile as it would with unary calls.
+A stream that went silent (no acknowledgement in time: the leader froze or was cut off,
+which closes nothing) is reported to ``on_silent`` first, so that the registration asks
+the other replicas before the silent leader (:meth:`ClusterClient.suspect
+<synapse_ha.client.cluster.ClusterClient.suspect>`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ from synapse_ha.worker.agent import (
 log = logging.getLogger("synapse.worker.stream")
 
 PushHandler = Callable[[list[pb.DesiredMember]], None]
+
+# How a stream to a leader that answers nothing ends (no acknowledgement at all: None).
+_SILENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class _Connection:
@@ -122,8 +129,12 @@ class StreamControlPlane:
         unary: ControlPlane,
         channel_factory: Callable[[str], grpc.Channel],
         on_push: PushHandler = lambda desired: None,
+        on_silent: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_silent``: called when the leader stopped acknowledging heartbeats on an
+        open stream (before :class:`StreamEnded` is raised)."""
         self.unary = unary
+        self._on_silent = on_silent
         self._channel_factory = channel_factory
         self._on_push = on_push
         self.stream_address = ""
@@ -164,6 +175,8 @@ class StreamControlPlane:
             return reply
         ended = connection.ended
         self.close()
+        if ended is None or ended.code() in _SILENT:
+            self._on_silent()
         if ended is not None and failure_of(ended).reason is Reason.NODE_NOT_FOUND:
             raise NotRegistered(str(ended.details()))
         if ended is not None and ended.code() is grpc.StatusCode.UNIMPLEMENTED:

@@ -3,6 +3,7 @@ backend of :mod:`tests.rpc.authed`; the peer identity travels in metadata there)
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -109,7 +110,12 @@ def test_a_stream_ended_by_a_step_down_asks_the_agent_to_register_again(
     served: tuple[Replica, StreamServer, list[bool]],
 ) -> None:
     _, server, serving = served
-    plane = StreamControlPlane(FakeUnary(f"127.0.0.1:{server.port}"), channel_as("n1"))
+    silent: list[bool] = []
+    plane = StreamControlPlane(
+        FakeUnary(f"127.0.0.1:{server.port}"),
+        channel_as("n1"),
+        on_silent=lambda: silent.append(True),
+    )
     try:
         plane.register(pb.RegisterNodeRequest(node_id="n1"))
         plane.heartbeat(pb.HeartbeatRequest(node_id="n1"), 10.0)
@@ -118,6 +124,28 @@ def test_a_stream_ended_by_a_step_down_asks_the_agent_to_register_again(
             plane.heartbeat(pb.HeartbeatRequest(node_id="n1"), 10.0)
     finally:
         plane.close()
+    assert silent == []  # the leader answered: it stepped down, it is not silent
+
+
+def test_a_leader_that_answers_nothing_is_reported_silent() -> None:
+    """A frozen leader: its socket accepts connections and never answers."""
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen()
+    silent: list[bool] = []
+    plane = StreamControlPlane(
+        FakeUnary(f"127.0.0.1:{frozen.getsockname()[1]}"),
+        channel_as("n1"),
+        on_silent=lambda: silent.append(True),
+    )
+    try:
+        plane.register(pb.RegisterNodeRequest(node_id="n1"))
+        with pytest.raises(StreamEnded, match="no acknowledgement"):
+            plane.heartbeat(pb.HeartbeatRequest(node_id="n1"), 0.3)
+    finally:
+        plane.close()
+        frozen.close()
+    assert silent == [True]
 
 
 def test_an_unknown_node_is_not_registered(

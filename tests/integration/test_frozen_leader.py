@@ -1,0 +1,167 @@
+"""A leader that freezes (SIGSTOP: its sockets stay open, nothing is closed) under real
+workers running a gang, and what the frozen leader answers when it wakes.
+
+The workers must find the new leader within their lease: the gang's attempt survives
+(same fencing token, still running, no member killed, no node declared dead). The woken
+leader serves nothing from its old term: no stale read, no write."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.model import NodeStatus
+from synapse_ha.local.process import Replica
+from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.states import node_status
+from tests.integration.cluster import LocalCluster, job_spec, wait_for
+from tests.worker.helpers import process_gone
+from tests.worker.test_integration_worker import gang, pid_of, start_workers, wait_state
+from tests.worker.workers import LocalWorkers
+
+pytestmark = pytest.mark.integration
+
+FREEZE_S = 10.0  # longer than the lease (4 s) and the dead timeout (10 s) together allow
+REFUSALS = frozenset({Reason.NOT_LEADER, Reason.LEADER_NOT_READY, Reason.NO_LEADER})
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """Three replicas with the default timeouts (heartbeat 1 s, lease 4 s, dead 10 s)."""
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.start()
+        c.serving_leader(timeout_s=60)
+        yield c
+    finally:
+        for r in c.replicas:  # a test may have frozen one
+            if r.process is not None and r.process.poll() is None:
+                os.killpg(r.process.pid, signal.SIGCONT)
+        c.close()
+
+
+@pytest.fixture
+def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
+    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
+    w.root.mkdir()
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def new_leader(cluster: LocalCluster, old: Replica) -> Replica:
+    leader = cluster.serving_leader(timeout_s=30)
+    assert leader is not old
+    return leader
+
+
+def test_a_gang_keeps_running_while_the_leader_is_frozen(
+    cluster: LocalCluster, workers: LocalWorkers, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    with cluster.client(timeout_s=30.0) as client:
+        start_workers(workers, client, 2)
+        job_id = client.submit_job(
+            gang("frozen", 2, "echo $$ > $OUT/pid-$RANK; exec sleep 600", out, retries=2)
+        ).job_id
+        pids = [pid_of(out, "pid-0"), pid_of(out, "pid-1")]
+        before = wait_state(client, job_id, "RUNNING").attempt
+    old = cluster.serving_leader()
+    old.pause()
+    try:
+        leader = new_leader(cluster, old)
+        time.sleep(FREEZE_S)
+    finally:
+        old.resume()
+    with cluster.client(timeout_s=30.0) as client:
+        wait_for("the woken replica to follow", lambda: cluster.serving_leader() is leader)
+        job = client.get_job(job_id)
+        nodes = {n.node_id: node_status(n) for n in client.list_nodes()}
+    assert job.state == "RUNNING", job
+    assert (job.attempt.number, job.attempt.fencing_token) == (before.number, before.fencing_token)
+    assert nodes == {"w1": NodeStatus.READY, "w2": NodeStatus.READY}
+    assert not [p for p in pids if process_gone(p)]
+    logs = workers.logs()
+    assert "fenced" not in logs and "declared this node dead" not in logs, logs
+
+
+def _answer(future: grpc.Future[Any]) -> tuple[Any, Reason | None]:
+    try:
+        return future.result(timeout=10.0), None
+    except grpc.RpcError as exc:
+        return None, failure_of(exc).reason
+
+
+def test_a_woken_leader_serves_no_stale_read_and_takes_no_write(cluster: LocalCluster) -> None:
+    old = cluster.serving_leader()
+    with cluster.channel(old.grpc) as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub.ListNodes(pb.ListNodesRequest(), timeout=5.0)  # the connection is open
+        old.pause()
+        try:
+            leader = new_leader(cluster, old)
+            with cluster.client(timeout_s=30.0) as client:
+                job_id = client.submit_job(job_spec("after-the-freeze"), request_id="fz-1").job_id
+            # Asked before it wakes: the calls wait in its socket and are the first
+            # things it reads.
+            reads = [
+                stub.GetJob.future(pb.GetJobRequest(job_id=job_id), timeout=10.0) for _ in range(4)
+            ]
+            spec = job_spec("stale")
+            writes = [
+                stub.SubmitJob.future(
+                    pb.SubmitJobRequest(spec=spec, request_id=f"fz-{i}"), timeout=10.0
+                )
+                for i in range(2, 4)
+            ]
+        finally:
+            old.resume()
+        read_answers = [_answer(f) for f in reads]
+        write_answers = [_answer(f) for f in writes]
+    for got, refused in read_answers:
+        # Either the current data or a refusal that sends the caller to the leader.
+        assert refused in REFUSALS or (got is not None and got.job.job_id == job_id), refused
+    for wrote, refused in write_answers:
+        assert wrote is None and refused in REFUSALS, (wrote, refused)
+    assert cluster.serving_leader() is leader
+    with cluster.client() as client:
+        assert [j.spec.name for j in client.list_jobs()] == ["after-the-freeze"]
+
+
+def test_a_client_finds_the_new_leader_while_the_old_one_is_frozen(
+    cluster: LocalCluster,
+) -> None:
+    old = cluster.serving_leader()
+    client: ClusterClient = cluster.client(timeout_s=30.0)
+    with client:
+        client.submit_job(job_spec("before"), request_id="fz-before")
+        assert client.leader_hint == old.grpc
+        old.pause()
+        try:
+            client.submit_job(job_spec("during"), request_id="fz-during")
+            # The next call starts elsewhere instead of waiting on the frozen replica.
+            assert client.leader_hint != old.grpc
+            attempts: list[str] = []
+            real_invoke = client.scheduler
+
+            def recording(address: str) -> pb_grpc.SchedulerServiceStub:
+                attempts.append(address)
+                return real_invoke(address)
+
+            client.scheduler = recording  # type: ignore[method-assign]
+            client.submit_job(job_spec("after"), request_id="fz-after")
+            assert attempts and old.grpc not in attempts, attempts
+        finally:
+            old.resume()
