@@ -1,19 +1,23 @@
 """The check every log entry received from a peer passes before this replica keeps it.
 
-pysyncobj stores a command as a pickle (``pickle.dumps((funcID, args, kwargs))`` for a
-replicated call, ``['add'|'rem', id, node]`` for a membership change, the version for
-``set_version``) and unpickles it when the entry is applied. Bytes from a peer must
-therefore never hold a pickle that imports or calls: :func:`command_problem` walks the
-opcodes and refuses every one that can (``REDUCE``, ``INST``, ``OBJ``, ``NEWOBJ_EX``,
-the extension registry, persistent ids), and allows ``GLOBAL``/``STACK_GLOBAL`` only for
-the node classes a membership command carries (:data:`ALLOWED_CLASSES`); it then loads
-the pickle with an unpickler whose only reachable classes are those, so what is checked
-is what is read. ``NEWOBJ`` and ``BUILD`` on such a class make an instance and set its
-attributes, nothing else.
+pysyncobj stores a command as a pickle of protocol 2 (``pickle.dumps((funcID, args,
+kwargs))`` for a replicated call, ``['add'|'rem', id, node]`` for a membership change,
+the version for ``set_version``) and unpickles it when the entry is applied. Bytes from a
+peer must therefore never hold a pickle that imports or calls anything but what those
+commands need: :func:`pickle_problem` walks the opcodes and refuses ``INST``, ``OBJ``,
+``NEWOBJ_EX``, the extension registry and persistent ids, and allows
+``GLOBAL``/``STACK_GLOBAL`` only for :data:`ALLOWED_GLOBALS`: pysyncobj's node classes
+(a membership command carries its node) and ``_codecs.encode`` (protocol 2 writes bytes
+as ``_codecs.encode(text, 'latin1')``, one ``REDUCE``). It then loads the pickle with
+stand-ins for those names: a node stand-in that takes only an address and whose class
+refuses new attributes, and an encoder that takes only a string and ``latin1``. So the
+one call a pickle can make is to encode a string or make a node from its address, and
+what is checked is what pysyncobj reads.
 
-:func:`message_problem` applies the check to a Raft message's entries (and to a large
-entry's joined chunks, see :meth:`synapse_ha.raft.adapter.SafeSyncObj._join_transmission`).
-Both Raft transports run it on every message before pysyncobj sees it.
+:func:`message_problem` applies the check to a Raft message's entries, and
+:func:`chunks_problem` to a large entry's joined chunks (see
+:meth:`synapse_ha.raft.adapter.SafeSyncObj._join_transmission`). Both Raft transports
+run it on every message before pysyncobj sees it.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from typing import Any
 # pysyncobj's command type of the no-op entry a new leader appends (one byte, no
 # pickle), and the node classes its membership commands carry.
 _NO_OP = 1
-ALLOWED_CLASSES = frozenset({("pysyncobj.node", "TCPNode"), ("pysyncobj.node", "Node")})
+ALLOWED_GLOBALS = frozenset(
+    {("pysyncobj.node", "TCPNode"), ("pysyncobj.node", "Node"), ("_codecs", "encode")}
+)
 _CALLING = frozenset(
     {
-        "REDUCE",
         "INST",
         "OBJ",
         "NEWOBJ_EX",
@@ -48,11 +53,39 @@ class RefusedPickle(pickle.UnpicklingError):
     """A pickle that imports or calls something it may not."""
 
 
+class _StandInClass(type):
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise RefusedPickle(f"the pickle sets the attribute {name} of a class")
+
+
+class _NodeStandIn(metaclass=_StandInClass):
+    """What a node class stands for while a pickle is checked."""
+
+    def __init__(self, *args: Any) -> None:
+        if len(args) != 1 or type(args[0]) is not str:
+            raise RefusedPickle("the pickle makes a node from other than its address")
+
+
+def _latin1(text: Any, encoding: Any) -> bytes:
+    """What ``_codecs.encode`` stands for while a pickle is checked."""
+    if type(text) is not str or encoding not in ("latin1", "latin-1"):
+        raise RefusedPickle("the pickle encodes other than a string to latin1")
+    return text.encode("latin-1")
+
+
+_STAND_INS: dict[tuple[str, str], Any] = {
+    ("pysyncobj.node", "TCPNode"): _NodeStandIn,
+    ("pysyncobj.node", "Node"): _NodeStandIn,
+    ("_codecs", "encode"): _latin1,
+}
+
+
 class _Restricted(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in ALLOWED_CLASSES:
+        stand_in = _STAND_INS.get((module, name))
+        if stand_in is None:
             raise RefusedPickle(f"the pickle imports {module}.{name}")
-        return super().find_class(module, name)
+        return stand_in
 
     def persistent_load(self, pid: Any) -> Any:
         raise RefusedPickle("the pickle refers to a persistent id")
@@ -69,10 +102,10 @@ def pickle_problem(data: bytes) -> str | None:
                 return f"the pickle holds the opcode {name}, which calls or imports"
             if name == "GLOBAL":
                 module, _, attr = str(arg).partition(" ")
-                if (module, attr) not in ALLOWED_CLASSES:
+                if (module, attr) not in ALLOWED_GLOBALS:
                     return f"the pickle imports {module}.{attr}"
             elif name == "STACK_GLOBAL" and (
-                len(last) < 2 or (last[-2], last[-1]) not in ALLOWED_CLASSES
+                len(last) < 2 or (last[-2], last[-1]) not in ALLOWED_GLOBALS
             ):
                 return "the pickle imports a name built on its stack"
             if name in _STRINGS:

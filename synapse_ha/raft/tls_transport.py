@@ -410,7 +410,9 @@ class TlsTransport(Transport):  # type: ignore[misc]
             await asyncio.sleep(max(wait, 0.0))
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, TimeoutError, ssl.SSLError):
+        # A cancelled task here is logged by asyncio's server as an error: at shutdown
+        # the task ends normally.
+        with contextlib.suppress(OSError, TimeoutError, ssl.SSLError, asyncio.CancelledError):
             await self._serve(_Link(self), reader, writer)
 
     async def _serve(
@@ -474,8 +476,8 @@ class TlsTransport(Transport):  # type: ignore[misc]
         finally:
             link.closed = True
             writing.cancel()
-            writer.close()
-            with contextlib.suppress(Exception):
+            writer.transport.abort()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writing
             if announced:
                 self._post("closed", link)
