@@ -54,8 +54,7 @@ def _members(tmp_path: Path, cluster_ca: Authority) -> Iterator[list[tuple[Any, 
             status = tmp_path / f"r{i}.json"
             args = [address, ",".join(addresses), str(data), str(certs.ca), str(certs.cert)]
             process = subprocess.Popen(
-                [sys.executable, "-m", "tests.security.raft_tls_member", *args]
-                + [str(certs.key), str(status)],
+                [sys.executable, "-m", "tests.security.raft_tls_member", *args, str(certs.key), str(status)],
                 cwd=REPO,
                 stdin=subprocess.PIPE,
                 text=True,
@@ -174,10 +173,10 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
 def test_a_replica_certificate_of_the_cluster_is_heard(
     tmp_path: Path, cluster_ca: Authority
 ) -> None:
-    with _lone_replica(tmp_path, cluster_ca) as (member, others):
-        with _dial(member, cluster_ca.issue(replica("r1"))) as sock:
-            sock.sendall(wire.frame(others[0]) + wire.frame(_vote()))
-            wait_until("the vote's term taken", lambda: member.term() == VOTE_TERM or None, 15.0)
+    certs = cluster_ca.issue(replica("r1"))
+    with _lone_replica(tmp_path, cluster_ca) as (member, others), _dial(member, certs) as sock:
+        sock.sendall(wire.frame(others[0]) + wire.frame(_vote()))
+        wait_until("the vote's term taken", lambda: member.term() == VOTE_TERM or None, 15.0)
 
 
 @pytest.mark.parametrize("who", ["worker of the cluster", "replica of another CA", "plaintext"])
@@ -278,12 +277,14 @@ def test_malformed_frames_close_only_their_connection(
 ) -> None:
     tmp_path = tmp_path_factory.mktemp("fuzz")
     certs = cluster_ca.issue(replica("r1"))
-    with _lone_replica(tmp_path, cluster_ca) as (member, others):
-        with _member_link(member, certs, others[0]) as kept:
-            with _member_link(member, certs, others[1]) as fuzzed:
-                payload = garbage if not framed else len(garbage).to_bytes(4, "big") + garbage
-                _send_quietly(fuzzed, payload + wire.frame({"type": 1}))
-                if framed:
-                    assert _closed_by_peer(fuzzed)
-            kept.sendall(wire.frame(_vote()))
-            wait_until("the vote's term taken", lambda: member.term() == VOTE_TERM or None, 15.0)
+    with (
+        _lone_replica(tmp_path, cluster_ca) as (member, others),
+        _member_link(member, certs, others[0]) as kept,
+    ):
+        with _member_link(member, certs, others[1]) as fuzzed:
+            payload = garbage if not framed else len(garbage).to_bytes(4, "big") + garbage
+            _send_quietly(fuzzed, payload + wire.frame({"type": 1}))
+            if framed:
+                assert _closed_by_peer(fuzzed)
+        kept.sendall(wire.frame(_vote()))
+        wait_until("the vote's term taken", lambda: member.term() == VOTE_TERM or None, 15.0)
