@@ -54,7 +54,14 @@ def _members(tmp_path: Path, cluster_ca: Authority) -> Iterator[list[tuple[Any, 
             status = tmp_path / f"r{i}.json"
             args = [address, ",".join(addresses), str(data), str(certs.ca), str(certs.cert)]
             process = subprocess.Popen(
-                [sys.executable, "-m", "tests.security.raft_tls_member", *args, str(certs.key), str(status)],
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.security.raft_tls_member",
+                    *args,
+                    str(certs.key),
+                    str(status),
+                ],
                 cwd=REPO,
                 stdin=subprocess.PIPE,
                 text=True,
