@@ -142,7 +142,8 @@ class KeyMismatchLog:
         self._last[(peer, what)] = now
         log_.warning(
             "Raft peer %s %s (%s): it does not share this replica's Raft key. Replicas of "
-            "one cluster need the same Raft password and the same security mode%s",
+            "one cluster need the same Raft password, the same security mode and the same "
+            "raft.transport%s",
             peer,
             what,
             consequence,

@@ -18,7 +18,8 @@ does not decode, or a message whose log entries hold a command that imports or c
 
 **Connections** follow pysyncobj's TCP transport: of two members, the one with the
 greater address connects, retries ``connectionRetryTime`` after its last attempt, and
-its first frame is its Raft address. pysyncobj hears ``onNodeConnected`` once a
+its first frame is its Raft address; a connection on which this replica sends while
+nothing arrived for ``connectionTimeout`` is closed. pysyncobj hears ``onNodeConnected`` once a
 connection is established (outgoing) or has named a member (incoming), and
 ``onNodeDisconnected`` when it closes (the peer's process ended, a bad frame, a full
 queue). Utility messages (pysyncobj's admin tool) and read-only nodes are not served.
@@ -87,8 +88,10 @@ class RefusalLog:
                 return
             self._last[(peer, why)] = now
         log_.warning(
-            "Raft peer %s refused: %s. Replicas talk Raft over mutual TLS with replica "
-            "certificates of the cluster's CA",
+            "Raft peer %s refused: %s. This replica talks Raft over mutual TLS with "
+            "replica certificates of the cluster's CA (raft.transport = tls); a replica on "
+            "the password channel (raft.transport = password, --insecure, or an earlier "
+            "release) cannot reach it",
             peer,
             why,
         )
@@ -143,6 +146,7 @@ class _Link:
         self._wake = asyncio.Event()
         self._signalled = False
         self.closed = False
+        self.last_read = raft_clock()  # when a frame last arrived: by the loop thread only
 
     def queue_frame(self, data: bytes) -> bool:
         """Queue a frame (Raft thread); False when the peer has not read enough."""
@@ -339,6 +343,11 @@ class TlsTransport(Transport):  # type: ignore[misc]
         link = self._links.get(node)
         if link is None or link.closed:
             return False
+        if raft_clock() - link.last_read > self._sync.conf.connectionTimeout:
+            # As pysyncobj's channel: a peer that sends nothing back while this replica
+            # sends (a paused process) loses its connection, reopened when it answers.
+            link.close_soon()
+            return False
         try:
             data = wire.frame(message)
         except wire.WireError as exc:
@@ -459,6 +468,7 @@ class TlsTransport(Transport):  # type: ignore[misc]
                 announced = True
             while True:
                 message = await _read_message(reader)
+                link.last_read = raft_clock()
                 if not announced:
                     if not isinstance(message, str):
                         raise wire.WireError("the first frame does not name a member")
