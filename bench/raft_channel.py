@@ -69,23 +69,30 @@ def member(spec: dict[str, Any]) -> None:
             status.with_suffix(".new").write_text(json.dumps(report))
             os.replace(status.with_suffix(".new"), status)
             if leads and go.exists() and not done.exists():
-                _propose(node, spec["entries"], spec["in_flight"], payload)
-                done.write_text(json.dumps({"index": node.status().commit_index}))
+                failed = _propose(node, spec["entries"], spec["in_flight"], payload)
+                report = {"index": node.status().commit_index, "failed": failed}
+                done.write_text(json.dumps(report))
             time.sleep(0.05)
     finally:
         node.stop()
 
 
-def _propose(node: RaftReplica, entries: int, in_flight: int, payload: str) -> None:
-    sent = 0
+def _propose(node: RaftReplica, entries: int, in_flight: int, payload: str) -> int:
+    """Propose ``entries`` barriers, ``in_flight`` at a time; how many failed (an
+    election on a loaded machine)."""
+    sent = failed = 0
     while sent < entries:
         wave = [
             node.propose(cmd.Barrier(f"{payload}{sent + i}"))
             for i in range(min(in_flight, entries - sent))
         ]
         for future in wave:
-            future.result(30.0)
+            try:
+                future.result(30.0)
+            except Exception:
+                failed += 1
         sent += len(wave)
+    return failed
 
 
 def run_channel(channel: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -130,7 +137,8 @@ def run_channel(channel: str, args: argparse.Namespace, root: Path) -> dict[str,
         _wait(lambda: done.exists(), 600.0)
         elapsed = time.monotonic() - started
         after = {p.pid: _cpu_s(p.pid) for p in processes}
-        committed = json.loads(done.read_text())["index"] - index_before
+        finished = json.loads(done.read_text())
+        committed = finished["index"] - index_before
     finally:
         for p in processes:
             p.terminate()
@@ -142,6 +150,7 @@ def run_channel(channel: str, args: argparse.Namespace, root: Path) -> dict[str,
     return {
         "log_entries": committed,
         "proposals": args.entries,
+        "failed_proposals": finished["failed"],
         "seconds": round(elapsed, 3),
         "proposals_per_s": round(args.entries / elapsed, 1),
         "leader_cpu_s": round(leader_cpu, 3),
