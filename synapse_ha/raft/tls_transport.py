@@ -24,6 +24,9 @@ connection is established (outgoing) or has named a member (incoming), and
 ``onNodeDisconnected`` when it closes (the peer's process ended, a bad frame, a full
 queue). Utility messages (pysyncobj's admin tool) and read-only nodes are not served.
 
+The TLS files are read again for a new connection after they change, as the gRPC
+ports do.
+
 **Threads.** All socket work runs on one thread of this transport with an asyncio loop;
 pysyncobj's callbacks run on its Raft thread: received messages wait in a queue, and a
 pipe registered with pysyncobj's poller wakes the Raft thread. :meth:`TlsTransport.send`
@@ -53,7 +56,8 @@ from synapse_ha.core.access import Kind
 from synapse_ha.raft import wire
 from synapse_ha.raft.safe_pickle import message_problem
 from synapse_ha.security.pki import REPLICA_SERVER_NAME, PkiError, identity_of_cert
-from synapse_ha.security.tls import TlsFiles, read_material
+from synapse_ha.security.tls import TlsError, TlsFiles, read_material
+from synapse_ha.security.tls import Transport as GrpcTransport
 
 log_ = logging.getLogger(__name__)
 
@@ -205,6 +209,8 @@ class TlsTransport(Transport):  # type: ignore[misc]
         self._sync = syncObj
         self._self = selfNode
         self.refusals = RefusalLog()
+        self._files = GrpcTransport(files)
+        self._files_version = self._files.version()
         self._server_ctx, self._client_ctx = tls_contexts(files)
         self._nodes: dict[str, Any] = {}  # address -> node (Raft thread)
         self._links: dict[Any, _Link] = {}  # node -> its connected link (Raft thread)
@@ -424,6 +430,22 @@ class TlsTransport(Transport):  # type: ignore[misc]
         with contextlib.suppress(OSError, TimeoutError, ssl.SSLError, asyncio.CancelledError):
             await self._serve(_Link(self), reader, writer)
 
+    def _reload_changed_files(self) -> None:
+        """Read the TLS files again when they changed (a rotated certificate or CA
+        bundle serves new connections); files that do not fit keep the previous ones."""
+        version = self._files.version()
+        if version == self._files_version:
+            return
+        self._files_version = version
+        assert self._files.files is not None
+        try:
+            self._server_ctx, self._client_ctx = tls_contexts(self._files.files)
+        except (TlsError, OSError, ssl.SSLError) as exc:
+            log_.error(
+                "the changed TLS files do not serve the Raft channel (%s): kept the previous ones",
+                exc,
+            )
+
     async def _serve(
         self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -431,6 +453,7 @@ class TlsTransport(Transport):  # type: ignore[misc]
         connection closes."""
         peer = _peer_name(link, writer)
         timeout = self._sync.conf.connectionTimeout
+        self._reload_changed_files()
         try:
             if link.outgoing:
                 await writer.start_tls(
