@@ -28,7 +28,8 @@ import pickletools
 from typing import Any
 
 # pysyncobj's command type of the no-op entry a new leader appends (one byte, no
-# pickle), and the node classes its membership commands carry.
+# pickle; pysyncobj applies it without reading further), and the names its commands'
+# pickles need.
 _NO_OP = 1
 ALLOWED_GLOBALS = frozenset(
     {("pysyncobj.node", "TCPNode"), ("pysyncobj.node", "Node"), ("_codecs", "encode")}
@@ -127,8 +128,8 @@ def command_problem(command: Any) -> str | None:
         return f"a command is {type(command).__name__}, not bytes"
     if not command:
         return "a command is empty"
-    if command[0] == _NO_OP and len(command) == 1:
-        return None
+    if command[0] == _NO_OP:
+        return None  # pysyncobj never reads past a no-op's type byte
     return pickle_problem(command[1:])
 
 
