@@ -6,6 +6,7 @@ malformed frames close only their own connection. Replicas and peers on 127.0.0.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import signal
@@ -13,6 +14,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -27,7 +29,7 @@ from synapse_ha.local.ports import reserve_ports
 from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft import wire
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
-from synapse_ha.raft.tls_transport import TlsTransport
+from synapse_ha.raft.tls_transport import RefusalLog, TlsTransport
 from synapse_ha.security.pki import REPLICA_SERVER_NAME, CertFiles
 from synapse_ha.security.tls import TlsFiles
 from tests.security.conftest import Authority
@@ -295,3 +297,71 @@ def test_malformed_frames_close_only_their_connection(
                 assert _closed_by_peer(fuzzed)
         kept.sendall(wire.frame(_vote()))
         wait_until("the vote's term taken", lambda: member.term() == VOTE_TERM or None, 15.0)
+
+
+def test_refusals_are_logged_once_per_peer_and_reason_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    refusals = RefusalLog(interval_s=30.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="synapse_ha.raft.tls_transport"):
+        refusals.refused("at 10.0.0.9 (incoming)", "no certificate")
+        refusals.refused("at 10.0.0.9 (incoming)", "no certificate")
+        refusals.refused("at 10.0.0.8 (incoming)", "no certificate")
+        now[0] = 31.0
+        refusals.refused("at 10.0.0.9 (incoming)", "no certificate")
+    assert refusals.reports == 4
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert "at 10.0.0.9 (incoming) refused: no certificate" in lines[0]
+
+
+def test_a_listener_with_a_worker_certificate_is_refused_by_the_dialling_replica(
+    tmp_path: Path, cluster_ca: Authority
+) -> None:
+    # The replica's address sorts last, so it dials the member a worker plays.
+    fake, own = sorted(f"127.0.0.1:{p}" for p in reserve_ports(2))
+    certs = cluster_ca.issue(worker("n1"), hosts=("127.0.0.1",))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(certs.cert), str(certs.key))
+    received: list[bytes] = []
+    handshakes: list[str] = []
+    stop = threading.Event()
+    host, port = fake.rsplit(":", 1)
+
+    def serve(listener: socket.socket) -> None:
+        while not stop.is_set():
+            try:
+                raw, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with raw:
+                raw.settimeout(5.0)
+                try:
+                    with context.wrap_socket(raw, server_side=True) as tls:
+                        handshakes.append("completed")
+                        received.append(tls.recv(65536))
+                except (ssl.SSLError, OSError) as exc:
+                    handshakes.append(type(exc).__name__)
+
+    with socket.create_server((host, int(port))) as listener:
+        listener.settimeout(0.2)
+        thread = threading.Thread(target=serve, args=(listener,))
+        thread.start()
+        try:
+            files = TlsFiles.from_cert_files(cluster_ca.issue(replica("r0")))
+            data = tmp_path / "r0"
+            data.mkdir()
+            peers = [own, fake]
+            member = RaftReplica(own, peers, str(data), "", QUIET, secure=True, raft_tls=files)
+            try:
+                refusals = _transport(member).refusals
+                wait_until("the worker refused", lambda: refusals.reports > 0 or None, 15.0)
+                assert not member._sync._SyncObj__connectedNodes
+            finally:
+                member.stop()
+        finally:
+            stop.set()
+            thread.join(10.0)
+    assert handshakes and all(h != "completed" for h in handshakes), handshakes
+    assert not any(received)
