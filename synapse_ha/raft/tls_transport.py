@@ -61,8 +61,11 @@ from synapse_ha.security.tls import Transport as GrpcTransport
 
 log_ = logging.getLogger(__name__)
 
-# Bytes queued for one peer and not yet written before its connection is closed.
-MAX_QUEUED_BYTES = 64 << 20
+# Bytes queued for one peer and not yet written before its connection is closed. A
+# snapshot sent to a follower is queued whole in one tick (pysyncobj sends every chunk at
+# once), so the bound is that of a whole state (the gRPC answers' too); a peer that reads
+# nothing loses its connection well before, after connectionTimeout.
+MAX_QUEUED_BYTES = 512 << 20
 # How long the loop thread gets to close its connections when the transport is destroyed.
 _STOP_WAIT_S = 5.0
 REFUSAL_LOG_INTERVAL_S = 30.0
