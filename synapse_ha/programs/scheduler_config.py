@@ -417,17 +417,17 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     if not data_dir:
         raise ConfigError("a data directory is required (--data-dir or data_dir)")
     writable_directory(data_dir)
+    timeouts = _timeouts(inputs)
+    locality_wait_ms = inputs.value(LOCALITY_WAIT)
+    scheduling = scheduling_settings(inputs)
+    timing, compact_state, raft_fsync = _raft(inputs, timeouts)
+    heavy_reads, share = inputs.value(HEAVY_READS), inputs.value(HEAVY_READ_CPU_SHARE)
     tls = tls_files(inputs)
     try:
         transport = raft_channel(inputs.value(RAFT_TRANSPORT), secure=tls is not None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     password = _raft_password(inputs, environ) if transport == PASSWORD_CHANNEL else ""
-    timeouts = _timeouts(inputs)
-    locality_wait_ms = inputs.value(LOCALITY_WAIT)
-    scheduling = scheduling_settings(inputs)
-    timing, compact_state, raft_fsync = _raft(inputs, timeouts)
-    heavy_reads, share = inputs.value(HEAVY_READS), inputs.value(HEAVY_READ_CPU_SHARE)
     # A restore needs an empty data directory (restore_into refuses any other, saying so).
     mixed = None if restore else data_dir_mode_problem(data_dir, secure=tls is not None)
     if mixed is not None:
