@@ -119,6 +119,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/gang_start.py > bench/results/gang_start.json
 	cat bench/results/gang_start.json
 	$(BIN)/python bench/security_cost.py
+	$(BIN)/python bench/raft_channel.py > /dev/null
+	cat bench/results/raft_channel.json
 	$(BIN)/python bench/abuse.py > /dev/null
 	cat bench/results/abuse.json
 	$(BIN)/synapse-sim --workload synthetic --jobs 20000 --nodes 2000 \
