@@ -121,6 +121,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/dependency_latency.py > bench/results/dependency_latency.json
 	cat bench/results/dependency_latency.json
 	$(BIN)/python bench/security_cost.py
+	$(BIN)/python bench/raft_channel.py > /dev/null
+	cat bench/results/raft_channel.json
 	$(BIN)/python bench/abuse.py > /dev/null
 	cat bench/results/abuse.json
 	$(BIN)/synapse-sim --workload synthetic --jobs 20000 --nodes 2000 \

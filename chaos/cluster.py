@@ -45,6 +45,8 @@ from synapse_ha.security.tls import Transport
 log = logging.getLogger("chaos")
 
 REPO = Path(__file__).resolve().parent.parent
+# Read by a replica only on the password Raft channel (raft.transport = password); the
+# chaos cluster's replicas talk Raft over mutual TLS.
 RAFT_PASSWORD = "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="
 SINK_PORT = 7900
 RAFT_PORT = 7001

@@ -2,8 +2,10 @@
 
 :class:`LocalReplicas` prepares ``synapse-scheduler`` replicas through a
 :class:`~synapse_ha.local.launcher.Launcher` (with the cluster's credentials unless
-insecure), hands them the Raft password through their environment only, adds replicas,
-and finds the leader by asking each replica for its own status.
+insecure), hands them the Raft password through their environment only (read on the
+password Raft channel: an insecure cluster, or ``--raft-transport password``; a secure
+replica talks Raft over mutual TLS), adds replicas, and finds the leader by asking each
+replica for its own status.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
 from synapse_ha.programs.config_file import ConfigError
 from synapse_ha.programs.scheduler_config import SchedulerConfig, load_config
+from synapse_ha.raft.channel import TLS_CHANNEL
 from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.restore import RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot_file import SnapshotMember
@@ -163,6 +164,7 @@ class Replica:
             config.data_dir,
             config.raft_password,
             secure=config.tls is not None,
+            raft_tls=config.tls if config.raft_transport == TLS_CHANNEL else None,
             timing=config.timing,
             on_role_change=self._role_changed,
             on_applied=self._wake.set,

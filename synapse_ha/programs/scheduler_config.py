@@ -3,8 +3,8 @@ checked whole before the replica starts (:func:`load_config`)::
 
     replica_id = "r1"
     data_dir = "/var/lib/synapse/r1"
-    raft_password_file = "/etc/synapse/raft.password"   # or env SYNAPSE_RAFT_PASSWORD;
-                                                        # 32 random bytes: openssl rand -base64 32
+    raft_password_file = "/etc/synapse/raft.password"   # only with raft.transport = "password";
+                                    # or env SYNAPSE_RAFT_PASSWORD; openssl rand -base64 32
     [[replicas]]
     id = "r1"
     raft = "10.0.0.1:7001"
@@ -19,6 +19,7 @@ checked whole before the replica starts (:func:`load_config`)::
     election_min = "400ms"
     election_max = "800ms"
     fsync = true             # sync the journal before acknowledging (see README)
+    transport = "tls"        # the Raft channel: "tls" (default with [tls]) or "password"
     bootstrap_token_file = "/etc/synapse/admin.token"  # the first admin's token
     [tls]                    # mutual TLS (required unless insecure = true)
     ca = "/etc/synapse/tls/ca.pem"
@@ -66,7 +67,13 @@ from synapse_ha.programs.settings import (
     true_or_false,
     writable_directory,
 )
-from synapse_ha.raft.channel import data_dir_mode_problem, raft_password_problem
+from synapse_ha.raft.channel import (
+    PASSWORD_CHANNEL,
+    RAFT_CHANNELS,
+    data_dir_mode_problem,
+    raft_channel,
+    raft_password_problem,
+)
 from synapse_ha.raft.replica import RaftTiming
 from synapse_ha.rpc.server import ReplicaAddress
 from synapse_ha.security.tls import TlsFiles, add_tls_flags
@@ -99,6 +106,7 @@ class SchedulerConfig:
     raft_fsync: bool = RAFT_FSYNC_DEFAULT  # journal changes synced before acknowledging
     # Heartbeat streams: where NodeStreamService listens; "" serves none.
     agent_address: str = ""
+    raft_transport: str = PASSWORD_CHANNEL  # the Raft channel (synapse_ha.raft.channel)
 
     @property
     def me(self) -> ReplicaAddress:
@@ -258,7 +266,18 @@ COMPACTION_ENTRIES = setting(
     type=int,
     help="write a snapshot and trim the journal after this many entries (default 20000)",
 )
-RAFT = (ELECTION_MIN, ELECTION_MAX, RAFT_FSYNC, COMPACT_STATE, COMPACTION_ENTRIES)
+RAFT_TRANSPORT = setting(
+    "--raft-transport",
+    "raft.transport",
+    merge="truthy",
+    default="",
+    choices=RAFT_CHANNELS,
+    help="the Raft channel: tls (mutual TLS with the replica certificates; the default "
+    "with TLS, needs no Raft password) or password (pysyncobj's channel under the Raft "
+    "password, as replicas of earlier releases speak; always with --insecure). Every "
+    "replica of a cluster runs the same one ([raft] transport)",
+)
+RAFT = (ELECTION_MIN, ELECTION_MAX, RAFT_FSYNC, COMPACT_STATE, COMPACTION_ENTRIES, RAFT_TRANSPORT)
 
 HEAVY_READS = setting(
     "--heavy-reads",
@@ -398,13 +417,17 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
     if not data_dir:
         raise ConfigError("a data directory is required (--data-dir or data_dir)")
     writable_directory(data_dir)
-    password = _raft_password(inputs, environ)
     timeouts = _timeouts(inputs)
     locality_wait_ms = inputs.value(LOCALITY_WAIT)
     scheduling = scheduling_settings(inputs)
     timing, compact_state, raft_fsync = _raft(inputs, timeouts)
     heavy_reads, share = inputs.value(HEAVY_READS), inputs.value(HEAVY_READ_CPU_SHARE)
     tls = tls_files(inputs)
+    try:
+        transport = raft_channel(inputs.value(RAFT_TRANSPORT), secure=tls is not None)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    password = _raft_password(inputs, environ) if transport == PASSWORD_CHANNEL else ""
     # A restore needs an empty data directory (restore_into refuses any other, saying so).
     mixed = None if restore else data_dir_mode_problem(data_dir, secure=tls is not None)
     if mixed is not None:
@@ -433,6 +456,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         event_ring=event_ring,
         scheduling=replace(scheduling, compact_state=compact_state),
         raft_fsync=raft_fsync,
+        raft_transport=transport,
     )
 
 
@@ -486,7 +510,8 @@ def _raft_password(inputs: Inputs, environ: dict[str, str]) -> str:
     if not password:
         raise ConfigError(
             "a Raft password is required (--raft-password-file or SYNAPSE_RAFT_PASSWORD): "
-            "it encrypts the replicas' traffic"
+            "it encrypts the replicas' traffic on the password channel (--insecure or "
+            "raft.transport = password)"
         )
     weak = raft_password_problem(password)
     if weak is not None:

@@ -106,6 +106,7 @@ from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from synapse_ha.raft.prevote import PreVoteMixin
+from synapse_ha.raft.safe_pickle import TRUNCATED, chunks_problem, message_problem
 
 log_ = logging.getLogger(__name__)
 _FOLLOWER = _RAFT_STATE.FOLLOWER
@@ -154,7 +155,8 @@ class KeyMismatchLog:
         self._last[(peer, what)] = now
         log_.warning(
             "Raft peer %s %s (%s): it does not share this replica's Raft key. Replicas of "
-            "one cluster need the same Raft password and the same security mode%s",
+            "one cluster need the same Raft password, the same security mode and the same "
+            "raft.transport%s",
             peer,
             what,
             consequence,
@@ -221,6 +223,14 @@ class KeyCheckingTransport(TCPTransport):  # type: ignore[misc]
     def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
         self._exchanging.discard(id(conn))
         TCPTransport._onOutgoingMessageReceived(self, conn, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        problem = message_problem(message)
+        if problem is not None:
+            peer = getattr(node, "address", node)
+            log_.warning("Raft message from %s refused: %s", peer, problem)
+            return
+        TCPTransport._onMessageReceived(self, node, message)
 
     def _onDisconnected(self, conn: Any) -> None:
         if id(conn) in self._exchanging:
@@ -456,13 +466,18 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         if not isinstance(received, bytes):
             received = b""  # pysyncobj starts from "" before any first chunk
         data = received + message["data"]
-        try:
-            entry = raft_pickle.loads(data)
-        except Exception:
+        problem = chunks_problem(data) if isinstance(data, bytes) else "not bytes"
+        if problem == TRUNCATED:
             # Marked last too early (see the module docstring): keep collecting.
             self._SyncObj__recvTransmission = data
             self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
             return None
+        if problem is not None:
+            # Bytes from a peer that would import or call (or are no entry): never loaded.
+            log_.warning("a chunked Raft entry from %s refused: %s", node.address, problem)
+            self._SyncObj__recvTransmission = ""
+            return None
+        entry = raft_pickle.loads(data)
         self._SyncObj__recvTransmission = ""
         whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
         whole["entries"] = [entry]

@@ -1,6 +1,11 @@
-"""The Raft channel's guard: the password rule, the key bound to the security mode, and
-the security mode a data directory remembers.
+"""The Raft channel's guard: which channel a replica runs (:func:`raft_channel`), the
+password rule, the key bound to the security mode, and the security mode a data
+directory remembers.
 
+A secure replica talks Raft over mutual TLS with its replica certificate by default
+(:mod:`synapse_ha.raft.tls_transport`: no password, no pickle on the wire);
+``raft.transport = "password"`` keeps pysyncobj's channel, which a cluster of replicas of
+an earlier release speaks, and which an insecure replica always runs. On that channel,
 pysyncobj encrypts and authenticates every Raft message with a key derived from the Raft
 password, and unpickles what decrypts: whoever holds the key can run code on every
 replica. So the password must be a real key (:func:`raft_password_problem`,
@@ -35,6 +40,26 @@ _BASE64 = re.compile(r"^[A-Za-z0-9+/_-]+={0,2}$")
 _INSECURE_KEY_LABEL = b"synapse raft channel v1: a replica started --insecure"
 MODE_FILE = "raft.mode"
 SECURE, INSECURE = "secure", "insecure"
+# The Raft channels (raft.transport): mutual TLS with the replica certificates
+# (synapse_ha.raft.tls_transport), or pysyncobj's channel under the Raft password.
+TLS_CHANNEL, PASSWORD_CHANNEL = "tls", "password"
+RAFT_CHANNELS = (TLS_CHANNEL, PASSWORD_CHANNEL)
+
+
+def raft_channel(value: str, secure: bool) -> str:
+    """The Raft channel of a replica whose setting is ``value`` ("" when not given):
+    :data:`TLS_CHANNEL` by default for a secure replica, :data:`PASSWORD_CHANNEL` for an
+    insecure one (the only one it can run). ``ValueError`` names the rule otherwise."""
+    if value and value not in RAFT_CHANNELS:
+        raise ValueError(f"raft.transport must be one of {', '.join(RAFT_CHANNELS)}, got {value!r}")
+    if not secure:
+        if value == TLS_CHANNEL:
+            raise ValueError(
+                "raft.transport = tls needs the replica's TLS files; a replica started "
+                "--insecure talks Raft over the password channel"
+            )
+        return PASSWORD_CHANNEL
+    return value or TLS_CHANNEL
 
 
 def raft_password_problem(password: str) -> str | None:

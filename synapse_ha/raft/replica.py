@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from pysyncobj import SyncObjConf
 from pysyncobj.monotonic import monotonic as raft_clock
@@ -41,6 +42,8 @@ from synapse_ha.raft.proposals import ProposalBatcher
 from synapse_ha.raft.replicated_state import ApplyObserver, ReplicatedState
 from synapse_ha.raft.snapshot_file import SnapshotMember
 from synapse_ha.raft.status import LEADER_STATE, RaftStatus, read_status
+from synapse_ha.raft.tls_transport import tls_transport_class
+from synapse_ha.security.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -126,15 +129,23 @@ class RaftReplica:
         fsync: bool = False,
         *,
         secure: bool,
+        raft_tls: TlsFiles | None = None,
     ) -> None:
         """``secure``: whether this replica serves mutual TLS (False: ``--insecure``); it
-        chooses the Raft key (:func:`~synapse_ha.raft.channel.raft_key`). Raises
+        chooses the Raft key (:func:`~synapse_ha.raft.channel.raft_key`). ``raft_tls``:
+        the replica's TLS files when its Raft channel is mutual TLS
+        (:mod:`~synapse_ha.raft.tls_transport`; ``secure`` only), which needs no
+        ``password``; None: pysyncobj's channel, encrypted with the password. Raises
         ``ValueError`` with the rule for a weak ``password``
         (:func:`~synapse_ha.raft.channel.raft_password_problem`), and for an insecure
         replica on a secure cluster's data directory
         (:func:`~synapse_ha.raft.channel.data_dir_mode_problem`)."""
         timing = timing or RaftTiming()
-        problem = raft_password_problem(password) or data_dir_mode_problem(data_dir, secure)
+        if raft_tls is not None and not secure:
+            raise ValueError("a Raft channel over TLS needs a secure replica")
+        problem = data_dir_mode_problem(data_dir, secure)
+        if raft_tls is None:
+            problem = raft_password_problem(password) or problem
         if problem is not None:
             raise ValueError(problem)
         record_mode(data_dir, secure)
@@ -154,7 +165,8 @@ class RaftReplica:
         restarted = any(
             os.path.exists(os.path.join(data_dir, name)) for name in (JOURNAL_FILE, DUMP_FILE)
         )
-        conf = self._sync_conf(data_dir, raft_key(password, secure))
+        key = None if raft_tls is not None else raft_key(password, secure)
+        conf = self._sync_conf(data_dir, key)
         self._proposals = ProposalBatcher(
             self.machine.apply_commands, batch_forget_s=2 * timing.leader_step_down_s
         )
@@ -163,12 +175,16 @@ class RaftReplica:
         # answer or counts the vote that relies on it.
         durable_journal.register(conf.journalFile, conf.fullDumpFile, fsync=fsync)
         self.fsync = fsync
+        channel: dict[str, Any] = {}
+        if raft_tls is not None:
+            channel["transportClass"] = tls_transport_class(raft_tls)
         self._sync = SafeSyncObj(
             self_node,
             other_nodes,
             conf=conf,
             consumers=[self.machine],
             channel_mode="secure (TLS)" if secure else "insecure (--insecure)",
+            **channel,
         )
         durable_journal.check_installed(self._sync, fsync=fsync)
         self._membership = MembershipChanges(self._sync, self_address)
@@ -178,7 +194,7 @@ class RaftReplica:
         self._sync.addOnTickCallback(self._on_tick)
         self._proposals.start()
 
-    def _sync_conf(self, data_dir: str, key: str) -> SyncObjConf:
+    def _sync_conf(self, data_dir: str, key: str | None) -> SyncObjConf:
         """pysyncobj's configuration: this replica's files, hooks and timers."""
         timing = self._timing
         return SyncObjConf(

@@ -220,7 +220,8 @@ def test_the_three_replica_configs_load_and_form_one_quorum(secrets: Secrets) ->
         assert config.replica_id == r
         assert config.tls == secrets.creds.replica_tls(r)
         assert config.bootstrap_token == secrets.creds.admin_token
-        assert config.raft_password == "eR82Q9ICx+bbMKByoNMieHUaHiAj/sFAQSHOPhNEmAI="
+        # Raft over mutual TLS: the password the flags name is not read.
+        assert (config.raft_transport, config.raft_password) == ("tls", "")
         configs.append(config)
         text = path.read_text()
         expected = "/var/lib/" + state_dir.replace("%i", r)
@@ -245,7 +246,7 @@ def test_the_configs_name_the_files_deploy_readme_tells_operators_to_make(
             "cert": f"{ETC}/tls/{issued.cert.name}",
             "key": f"{ETC}/tls/{issued.key.name}",
         }
-        assert doc["raft_password_file"] == f"{ETC}/raft.password"
+        assert "raft_password_file" not in doc  # Raft over mutual TLS
         assert doc["bootstrap_token_file"] == f"{ETC}/admin.token"
     doc = tomllib.loads((DEPLOY / "worker.toml").read_text())
     issued = secrets.creds.worker_tls(doc["node_id"])
@@ -331,12 +332,15 @@ def test_heavy_read_limits_come_from_flags_or_the_file_and_are_bounded(
 
 def test_a_missing_or_empty_raft_password_file_is_refused(secrets: Secrets) -> None:
     missing = secrets.root / "no-such.password"
+    channel = ("--raft-transport", "password")
     with pytest.raises(scheduler_main.ConfigError, match="raft password file"):
-        load_replica(secrets, "a", "--raft-password-file", str(missing))
+        load_replica(secrets, "a", *channel, "--raft-password-file", str(missing))
     empty = secrets.root / "empty.password"
     empty.write_text("\n")
     with pytest.raises(scheduler_main.ConfigError, match="Raft password is required"):
-        load_replica(secrets, "a", "--raft-password-file", str(empty))
+        load_replica(secrets, "a", *channel, "--raft-password-file", str(empty))
+    # On the TLS channel no password is read.
+    assert load_replica(secrets, "a", "--raft-password-file", str(missing)).raft_password == ""
 
 
 def test_a_bootstrap_token_file_that_holds_no_token_is_refused(secrets: Secrets) -> None:
@@ -369,6 +373,8 @@ def test_the_readme_commands_make_a_raft_password_and_a_bootstrap_token(
         str(made / "admin.token"),
         "--raft-password-file",
         str(made / "raft.password"),
+        "--raft-transport",
+        "password",
     )
     assert (config.bootstrap_token, config.raft_password) == (token, password)
 

@@ -5,7 +5,9 @@ online membership changes), built into a directory of its own with ``pip install
 --target`` (the dependencies are the same) and run with ``PYTHONPATH`` pointing there. A cluster of
 two old replicas and one new one takes a stream of submissions while the old ones are
 replaced one at a time by the new release on the same data; no acknowledged job is lost
-and the replicas end with identical states.
+and the replicas end with identical states. The previous release talks Raft on the
+password channel only: the new replicas run ``--raft-transport password`` throughout, as
+deploy/README.md tells an operator to ("Raft between replicas").
 """
 
 from __future__ import annotations
@@ -90,10 +92,12 @@ def _run_release(replica: Replica, previous: Path | None) -> None:
         # when it forked a snapshot writer under load (see synapse_ha.programs).
         env["GRPC_ENABLE_FORK_SUPPORT"] = "false"
         # Flags newer than that release are left out (it would refuse to start).
-        for flag in ("--metrics-address", "--agent-address"):
+        for flag in ("--metrics-address", "--agent-address", "--raft-transport"):
             if flag in replica.argv:
                 i = replica.argv.index(flag)
                 replica.argv = replica.argv[:i] + replica.argv[i + 2 :]
+    elif "--raft-transport" not in replica.argv:
+        replica.argv = [*replica.argv, "--raft-transport", "password"]
     replica.env = env
 
 

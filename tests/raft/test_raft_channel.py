@@ -19,8 +19,11 @@ from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft.adapter import KeyMismatchLog
 from synapse_ha.raft.channel import (
     MODE_FILE,
+    PASSWORD_CHANNEL,
     PASSWORD_RULE,
+    TLS_CHANNEL,
     data_dir_mode_problem,
+    raft_channel,
     raft_key,
     raft_password_problem,
 )
@@ -168,3 +171,13 @@ def test_replicas_of_different_modes_never_talk_and_both_say_why(
     assert "this replica runs secure (TLS)" in caplog.text
     assert "this replica runs insecure (--insecure)" in caplog.text
     assert os.path.exists(tmp_path / "r0" / MODE_FILE)
+
+
+def test_a_secure_replica_talks_raft_over_tls_unless_told_otherwise() -> None:
+    assert raft_channel("", secure=True) == TLS_CHANNEL
+    assert raft_channel(PASSWORD_CHANNEL, secure=True) == PASSWORD_CHANNEL
+    assert raft_channel("", secure=False) == PASSWORD_CHANNEL
+    with pytest.raises(ValueError, match="needs the replica's TLS files"):
+        raft_channel(TLS_CHANNEL, secure=False)
+    with pytest.raises(ValueError, match="must be one of tls, password"):
+        raft_channel("plain", secure=True)

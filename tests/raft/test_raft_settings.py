@@ -1,7 +1,8 @@
 """synapse-scheduler's ``[raft]`` settings in TOML and their flags (flags win): the
-journal's fsync mode (``--raft-fsync`` / ``--no-raft-fsync``) and the compact state
+journal's fsync mode (``--raft-fsync`` / ``--no-raft-fsync``), the compact state
 (``--compact-state`` / ``--no-compact-state``, left as replicated when neither says and
-applied to the replicated configuration by the leader)."""
+applied to the replicated configuration by the leader), and the Raft channel
+(``raft.transport``; with TLS, see tests/deploy)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,12 @@ def test_a_compact_state_that_is_not_a_boolean_is_refused(tmp_path: Path) -> Non
         scheduler_main.ConfigError, match=r"raft\.compact_state must be true or false"
     ):
         load(tmp_path, '[raft]\ncompact_state = "yes"\n')
+
+
+def test_an_insecure_replica_runs_the_password_channel_and_refuses_tls(tmp_path: Path) -> None:
+    config = load(tmp_path)
+    assert (config.raft_transport, bool(config.raft_password)) == ("password", True)
+    with pytest.raises(scheduler_main.ConfigError, match="needs the replica's TLS files"):
+        load(tmp_path, '[raft]\ntransport = "tls"\n')
+    with pytest.raises(scheduler_main.ConfigError, match="must be one of tls, password"):
+        load(tmp_path, '[raft]\ntransport = "plain"\n')

@@ -6,8 +6,8 @@
 * A replica started ``--insecure`` with the cluster's password in the place of a member
   of a secure cluster (a fresh machine on its addresses): it would serve the cluster's
   state, tokens included, to anonymous callers as an admin. It never gets a byte of the
-  state (its Raft key differs from the secure replicas'), and its log says why; the
-  secure cluster goes on untouched.
+  state (it talks the password channel, the secure replicas mutual TLS), and its log
+  says why; the secure cluster goes on untouched.
 * The same member restarted ``--insecure`` on its own data directory refuses to start:
   the directory holds a secure cluster's state.
 """
@@ -175,8 +175,7 @@ def test_an_insecure_replica_in_a_secure_members_place_never_gets_the_state(
         secure_logs = cluster.replica("r1").log_tail(40_000) + cluster.replica("r2").log_tail(
             40_000
         )
-        assert WHY in secure_logs
-        assert "this replica runs secure (TLS)" in secure_logs
+        assert "refused: the TLS handshake failed" in secure_logs
     finally:
         intruder_launcher.close()
     assert _fingerprint(victim.data_dir) == secure_data
