@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck layers unit unit-shuffled demo bench clean protos protos-check chaos soak soak-health browser
+.PHONY: venv test lint typecheck layers unit unit-shuffled demo bench clean protos protos-check chaos soak soak-health browser nettools
 
 venv: $(STAMP)
 
@@ -24,14 +24,21 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) browser
+unit: $(STAMP) browser nettools
 	$(BIN)/pytest
 
 # The same suite in a random order (pytest-randomly: modules, then the tests in each). The
 # seed is printed first; `make unit-shuffled SEED=<it>` replays that order.
 SEED ?=
-unit-shuffled: $(STAMP) browser
+unit-shuffled: $(STAMP) browser nettools
 	$(BIN)/pytest -p randomly $(if $(SEED),--randomly-seed=$(SEED))
+
+# The failover benchmark's smoke test cuts a replica off with nftables (and ss finds its
+# connections): as root (CI) nftables and iproute2 are installed when missing.
+nettools:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  (command -v nft >/dev/null && command -v ss >/dev/null) || \
+	  (apt-get update && apt-get install -y nftables iproute2); fi
 
 # The dashboard test drives Debian's chromium (Playwright cannot download its own
 # browser here). As root (CI, .ci/run) it is installed when missing.

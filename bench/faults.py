@@ -22,7 +22,21 @@ from pathlib import Path
 from synapse_ha.local.process import Replica
 
 TABLE_PREFIX = "synapse_bench"
-CGROUP2 = Path("/sys/fs/cgroup/unified")  # nftables names groups below /sys/fs/cgroup
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # nftables names cgroup v2 groups below it
+
+
+def _cgroup2_mount() -> Path:
+    """Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup itself on a host with
+    cgroup v2 alone, /sys/fs/cgroup/unified on a hybrid one."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup2":
+                return Path(fields[1])
+    return CGROUP_ROOT
+
+
+CGROUP2 = _cgroup2_mount()
 FAULTS = ("kill", "freeze", "partition")
 
 
@@ -74,6 +88,8 @@ class Partition:
         self.pid = replica.process.pid
         self.name = f"{TABLE_PREFIX}_{self.pid}"
         self.group = CGROUP2 / self.name
+        # The group as nftables names it: its path below /sys/fs/cgroup.
+        self.nft_path = str(self.group.relative_to(CGROUP_ROOT))
         self.ports = listening_ports(replica) | connection_ports(self.pid)
 
     def start(self) -> None:
@@ -83,7 +99,7 @@ class Partition:
         _nft(
             f"table inet {self.name} {{\n"
             "  chain out { type filter hook output priority -10; policy accept;\n"
-            f'    oifname "lo" socket cgroupv2 level 1 "unified/{self.name}" drop\n'
+            f'    oifname "lo" socket cgroupv2 level 1 "{self.nft_path}" drop\n'
             f'    oifname "lo" tcp dport {{ {body} }} drop\n'
             "  }\n"
             "}\n"
