@@ -35,6 +35,7 @@ from synapse_ha.client.logs import (
     WorkerUnreachable,
     fetch_grant,
     read_log,
+    stop_followers,
 )
 from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
@@ -238,16 +239,8 @@ def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> l
 
 
 def _stop_followers(followers: list[MemberFollower], drain_s: float) -> None:
-    deadline = time.monotonic() + drain_s
-    for follower in followers:
-        follower.join(max(0.0, deadline - time.monotonic()))
-    for follower in followers:
-        follower.stop()
-    for follower in followers:
-        follower.join(2.0)
-        if not follower.done and follower.last_error:
-            note(f"[rank {follower.member.rank}] log may be incomplete: {follower.last_error}")
-    followers.clear()
+    for follower in stop_followers(followers, drain_s):
+        note(f"[rank {follower.member.rank}] log may be incomplete: {follower.last_error}")
 
 
 def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = False) -> pb.Job:

@@ -41,6 +41,7 @@ from synapse_ha.client.logs import (
     WorkerUnreachable,
     fetch_grant,
     read_log,
+    stop_followers,
 )
 from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
@@ -346,7 +347,7 @@ class Job:
             while True:
                 info = self.info()
                 if info.attempt and info.attempt != followed:
-                    _stop(followers, FOLLOW_DRAIN_S)
+                    stop_followers(followers, FOLLOW_DRAIN_S)
                     yield from lines.drain()
                     lines = _Lines(info.attempt)
                     for log in self._member_logs(info, member):
@@ -359,24 +360,13 @@ class Job:
                     followed = info.attempt
                 yield from lines.drain()
                 if info.finished:
-                    _stop(followers, FOLLOW_DRAIN_S)
+                    stop_followers(followers, FOLLOW_DRAIN_S)
                     yield from lines.drain()
                     return
                 time.sleep(POLL_INTERVAL_S)
         finally:
             for follower in followers:
                 follower.stop()
-
-
-def _stop(followers: list[MemberFollower], drain_s: float) -> None:
-    deadline = time.monotonic() + drain_s
-    for follower in followers:
-        follower.join(max(0.0, deadline - time.monotonic()))
-    for follower in followers:
-        follower.stop()
-    for follower in followers:
-        follower.join(2.0)
-    followers.clear()
 
 
 # ------------------------------------------------------------------------- cluster

@@ -256,3 +256,19 @@ class MemberFollower(threading.Thread):
                         self.printer.flush(self.member.rank)
                 self._stopping.wait(RETRY_S)
         self.printer.flush(self.member.rank)
+
+
+def stop_followers(followers: list[MemberFollower], drain_s: float) -> list[MemberFollower]:
+    """Give ``followers`` up to ``drain_s`` to deliver the rest of their members' output,
+    then stop them all and empty the list; those that stopped with output perhaps missing
+    (not done, after an error), for the caller to say so."""
+    deadline = time.monotonic() + drain_s
+    for follower in followers:
+        follower.join(max(0.0, deadline - time.monotonic()))
+    for follower in followers:
+        follower.stop()
+    for follower in followers:
+        follower.join(2.0)
+    incomplete = [f for f in followers if not f.done and f.last_error]
+    followers.clear()
+    return incomplete

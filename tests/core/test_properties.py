@@ -125,7 +125,36 @@ def check_preempted(
                 del preempted[key]
 
 
-class ClusterMachine(RuleBasedStateMachine):
+class DependentSubmissions(RuleBasedStateMachine):
+    """The rule both machines share: jobs that wait for other jobs."""
+
+    state: ClusterState
+    now: int
+    saw_dependency_wait = False
+
+    def do(self, command: c.Command) -> c.Result:
+        raise NotImplementedError
+
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["after_ok", "after_any", "after_not_ok", "after"]),
+        request=st.integers(0, 30),
+        gpu=st.sampled_from([0, 4, 8]),
+    )
+    def submit_dependent(self, data: st.DataObject, kind: str, request: int, gpu: int) -> None:
+        """A job waiting for another: mostly one that exists (and may never meet it)."""
+        known = sorted(self.state.jobs) or ["job-000001"]
+        other = data.draw(st.sampled_from([*known, "job-999999"]))
+        deps = Dependencies(**{kind: (other,)})
+        spec = dataclasses.replace(job(gpu=gpu), dependencies=deps)
+        if self.state.format_floor < 4:
+            self.do(c.RaiseFormat(4))
+        result = self.do(c.SubmitJob(spec, f"dep-{request}", self.now))
+        if result.ok and self.state.jobs[result.job_id].waiting_for:
+            self.saw_dependency_wait = True
+
+
+class ClusterMachine(DependentSubmissions):
     def __init__(self) -> None:
         super().__init__()
         self.state = ClusterState()
@@ -226,24 +255,6 @@ class ClusterMachine(RuleBasedStateMachine):
             priority_class=priority_class,
         )
         self.do(c.SubmitJob(spec, f"req-{request}", self.now))
-
-    @rule(
-        data=st.data(),
-        kind=st.sampled_from(["after_ok", "after_any", "after_not_ok", "after"]),
-        request=st.integers(0, 30),
-        gpu=st.sampled_from([0, 4, 8]),
-    )
-    def submit_dependent(self, data: st.DataObject, kind: str, request: int, gpu: int) -> None:
-        """A job waiting for another: mostly one that exists (and may never meet it)."""
-        known = sorted(self.state.jobs) or ["job-000001"]
-        other = data.draw(st.sampled_from([*known, "job-999999"]))
-        deps = Dependencies(**{kind: (other,)})
-        spec = dataclasses.replace(job(gpu=gpu), dependencies=deps)
-        if self.state.format_floor < 4:
-            self.do(c.RaiseFormat(4))
-        result = self.do(c.SubmitJob(spec, f"dep-{request}", self.now))
-        if result.ok and self.state.jobs[result.job_id].waiting_for:
-            self.saw_dependency_wait = True
 
     @rule()
     def scheduling_pass(self) -> None:
@@ -570,7 +581,7 @@ ClusterMachine.TestCase.settings = settings(
 TestClusterMachine = ClusterMachine.TestCase
 
 
-class PreemptionMachine(RuleBasedStateMachine):
+class PreemptionMachine(DependentSubmissions):
     """Queues, classes and preemption, concentrated: a fixed set of ready nodes in two
     racks, queues qa and qb in one cohort, gangs of every class, passes with preemption
     on, stop confirmations and node deaths. The invariants of :class:`ClusterMachine`
@@ -643,24 +654,6 @@ class PreemptionMachine(RuleBasedStateMachine):
             time_limit_s=time_limit,
         )
         self.do(c.SubmitJob(spec, f"req-{request}", self.now))
-
-    @rule(
-        data=st.data(),
-        kind=st.sampled_from(["after_ok", "after_any", "after_not_ok", "after"]),
-        request=st.integers(0, 30),
-        gpu=st.sampled_from([0, 4, 8]),
-    )
-    def submit_dependent(self, data: st.DataObject, kind: str, request: int, gpu: int) -> None:
-        """A job waiting for another: mostly one that exists (and may never meet it)."""
-        known = sorted(self.state.jobs) or ["job-000001"]
-        other = data.draw(st.sampled_from([*known, "job-999999"]))
-        deps = Dependencies(**{kind: (other,)})
-        spec = dataclasses.replace(job(gpu=gpu), dependencies=deps)
-        if self.state.format_floor < 4:
-            self.do(c.RaiseFormat(4))
-        result = self.do(c.SubmitJob(spec, f"dep-{request}", self.now))
-        if result.ok and self.state.jobs[result.job_id].waiting_for:
-            self.saw_dependency_wait = True
 
     @rule()
     def scheduling_pass(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from synapse_ha.client import Cluster
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.ports import reserve_ports
@@ -105,3 +106,20 @@ def one_worker_cluster(
             client.close()
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def python_client_cluster(prefix: str) -> Iterator[LocalCluster]:
+    """:func:`one_worker_cluster` with a worker for small CPU gangs (no GPUs, no cgroups,
+    a short stop grace), for the Python client's tests."""
+    flags = ["--mock-gpus", "0", "--no-cgroups", "--stop-grace", "1s"]
+    with one_worker_cluster(prefix, flags) as (cluster, _):
+        yield cluster
+
+
+@contextlib.contextmanager
+def admin_python_client(local: LocalCluster) -> Iterator[Cluster]:
+    """The Python client of ``local``, as its admin (by certificate)."""
+    assert local.credentials is not None
+    with Cluster(local.grpc_addresses, tls=local.credentials.admin_tls(), timeout_s=30) as c:
+        yield c

@@ -21,7 +21,7 @@ from synapse_ha.client import (
     JobState,
     WaitTimedOut,
 )
-from tests.integration.cluster import LocalCluster, one_worker_cluster
+from tests.integration.cluster import LocalCluster, admin_python_client, python_client_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -31,16 +31,14 @@ SMALL = {"gpu": 0, "cpu": "100m", "memory": "64Mi"}
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalCluster]:
-    flags = ["--mock-gpus", "0", "--no-cgroups", "--stop-grace", "1s"]
-    with one_worker_cluster("synapse-pyclient-", flags) as (cluster, _):
+    with python_client_cluster("synapse-pyclient-") as cluster:
         yield cluster
 
 
 @pytest.fixture
 def cluster(local: LocalCluster) -> Iterator[Cluster]:
-    assert local.credentials is not None
-    with Cluster(local.grpc_addresses, tls=local.credentials.admin_tls(), timeout_s=30) as c:
-        yield c
+    with admin_python_client(local) as client:
+        yield client
 
 
 def spec(name: str, command: str, replicas: int = 1) -> dict[str, object]:

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from synapse_ha.cli.main import cli
 from synapse_ha.client import Cluster, InvalidSpec, JobState
-from tests.integration.cluster import LocalCluster, one_worker_cluster
+from tests.integration.cluster import LocalCluster, admin_python_client, python_client_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -23,16 +23,14 @@ SMALL = {"gpu": 0, "cpu": "100m", "memory": "64Mi"}
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalCluster]:
-    flags = ["--mock-gpus", "0", "--no-cgroups", "--stop-grace", "1s"]
-    with one_worker_cluster("synapse-deps-", flags) as (cluster, _):
+    with python_client_cluster("synapse-deps-") as cluster:
         yield cluster
 
 
 @pytest.fixture
 def cluster(local: LocalCluster) -> Iterator[Cluster]:
-    assert local.credentials is not None
-    with Cluster(local.grpc_addresses, tls=local.credentials.admin_tls(), timeout_s=30) as c:
-        yield c
+    with admin_python_client(local) as client:
+        yield client
 
 
 def spec(name: str, command: str) -> dict[str, object]:
