@@ -5,17 +5,15 @@ election timeout; without the stagger it waits for the timeout, as pysyncobj doe
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
-from synapse_ha.local.ports import reserve_ports
 from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft.adapter import leader_loss_delay
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
-from tests.integration.cluster import PASSWORD
+from tests.raft.in_process import replicas_of
 
 # Election timeouts far longer than the waits below: a new leader within them can only
 # come from the leader-loss rule.
@@ -36,29 +34,13 @@ def test_a_member_not_among_the_members_is_refused() -> None:
         leader_loss_delay("10.0.0.9:7001", ["10.0.0.1:7001", "10.0.0.2:7001"], "10.0.0.1:7001", 0.1)
 
 
-@contextmanager
-def _three(tmp_path: Path, stagger_s: float | None) -> Iterator[list[RaftReplica]]:
+def _three(tmp_path: Path, stagger_s: float | None) -> AbstractContextManager[list[RaftReplica]]:
     timing = RaftTiming(
         election_min_s=LONG_TIMEOUT_S,
         election_max_s=2 * LONG_TIMEOUT_S,
         leader_loss_stagger_s=stagger_s,
     )
-    addresses = [f"127.0.0.1:{p}" for p in reserve_ports(3)]
-    replicas: list[RaftReplica] = []
-    try:
-        for i, address in enumerate(addresses):
-            data = tmp_path / f"r{i}"
-            data.mkdir()
-            replicas.append(
-                RaftReplica(address, addresses, str(data), PASSWORD, timing=timing, secure=True)
-            )
-        yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
-        for replica in replicas:
-            sync = replica._sync
-            wait_until("the Raft thread to end", lambda: not sync.tick_thread_alive(), 15.0)  # noqa: B023
+    return replicas_of(tmp_path, [timing] * 3)
 
 
 def _elect(replicas: list[RaftReplica], index: int) -> RaftReplica:
@@ -88,17 +70,24 @@ def _survivors_after_stopping(
     return survivors
 
 
-def test_the_first_survivor_by_address_leads_soon_after_the_leader_stops(tmp_path: Path) -> None:
+def test_a_survivor_leads_soon_after_the_leader_stops(tmp_path: Path) -> None:
+    """The election timeouts are a minute: a leader within the wait comes from the rule.
+    The first survivor by address stands first (the turns are checked above); which one
+    wins is not asserted: with pre-vote, a survivor that has not yet seen the leader's
+    connection close refuses the first one's pre-vote, and under load the second's turn
+    can come first."""
     with _three(tmp_path, stagger_s=0.2) as replicas:
         ordered = sorted(replicas, key=lambda r: r._sync.selfNode.address)
         leader = _elect(replicas, replicas.index(ordered[1]))
         survivors = _survivors_after_stopping(replicas, leader)
-        first = ordered[0]
-        wait_until("a survivor to lead", lambda: any(r.is_leader() for r in survivors), 15.0)
-        assert first.is_leader()
+        new = wait_until(
+            "a survivor to lead",
+            lambda: next((r for r in survivors if r.is_leader()), None),
+            15.0,
+        )
         wait_until(
             "both survivors to name the new leader",
-            lambda: all(r.leader_address() == first._sync.selfNode.address for r in survivors),
+            lambda: all(r.leader_address() == new._sync.selfNode.address for r in survivors),
             15.0,
         )
 

@@ -7,39 +7,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.local.ports import reserve_ports
 from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
-from tests.integration.cluster import PASSWORD
+from tests.raft.in_process import replicas_of
 
 CUT_S = 3.0  # several election timeouts (0.4-0.8 s)
 SETTLE_S = 2.0  # long enough for a rejoined follower to have stood, had it done so
 
 
-@contextmanager
-def _three(tmp_path: Path, pre_vote: bool) -> Iterator[list[RaftReplica]]:
-    timing = RaftTiming(pre_vote=pre_vote)
-    addresses = [f"127.0.0.1:{p}" for p in reserve_ports(3)]
-    replicas: list[RaftReplica] = []
-    try:
-        for i, address in enumerate(addresses):
-            data = tmp_path / f"r{i}"
-            data.mkdir()
-            replicas.append(
-                RaftReplica(address, addresses, str(data), PASSWORD, timing=timing, secure=True)
-            )
-        yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
-        for replica in replicas:
-            sync = replica._sync
-            wait_until("the Raft thread to end", lambda: not sync.tick_thread_alive(), 15.0)  # noqa: B023
+def _three(tmp_path: Path, pre_vote: bool) -> AbstractContextManager[list[RaftReplica]]:
+    return replicas_of(tmp_path, [RaftTiming(pre_vote=pre_vote)] * 3)
 
 
 class Cut:
@@ -107,27 +88,11 @@ def test_without_pre_vote_the_rejoining_follower_deposes_the_leader(tmp_path: Pa
         assert all(_term(r) > term for r in replicas)
 
 
-@contextmanager
-def _mixed(tmp_path: Path, pre_votes: list[bool]) -> Iterator[list[RaftReplica]]:
+def _mixed(tmp_path: Path, pre_votes: list[bool]) -> AbstractContextManager[list[RaftReplica]]:
     """Replicas with and without pre-vote: one without stands for an earlier release
     (pysyncobj's handler ignores ``pre_vote``, as the earlier release's does)."""
-    addresses = [f"127.0.0.1:{p}" for p in reserve_ports(len(pre_votes))]
-    replicas: list[RaftReplica] = []
-    try:
-        for i, (address, pre_vote) in enumerate(zip(addresses, pre_votes, strict=True)):
-            data = tmp_path / f"r{i}"
-            data.mkdir()
-            timing = RaftTiming(pre_vote=pre_vote, election_min_s=0.4, election_max_s=0.8)
-            replicas.append(
-                RaftReplica(address, addresses, str(data), PASSWORD, timing=timing, secure=True)
-            )
-        yield replicas
-    finally:
-        for replica in replicas:
-            replica.stop()
-        for replica in replicas:
-            sync = replica._sync
-            wait_until("the Raft thread to end", lambda: not sync.tick_thread_alive(), 15.0)  # noqa: B023
+    timings = [RaftTiming(pre_vote=p, election_min_s=0.4, election_max_s=0.8) for p in pre_votes]
+    return replicas_of(tmp_path, timings)
 
 
 def test_in_a_rolling_upgrade_the_earlier_replicas_elect_among_themselves(tmp_path: Path) -> None:
