@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
+
 from synapse_ha.client import Cluster
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import NodeStatus
@@ -21,6 +23,7 @@ from synapse_ha.local.ports import reserve_ports
 from synapse_ha.local.process import Replica
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.local.waiting import RPC_ERRORS, wait_until
+from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import node_status
@@ -123,3 +126,19 @@ def admin_python_client(local: LocalCluster) -> Iterator[Cluster]:
     assert local.credentials is not None
     with Cluster(local.grpc_addresses, tls=local.credentials.admin_tls(), timeout_s=30) as c:
         yield c
+
+
+def membership_change(call: Callable[[], pb.MembershipResponse]) -> pb.MembershipResponse:
+    """The answer of a membership change that must go through, retried (bounded) while
+    the leader judges it unsafe for now: on a loaded machine a live replica may briefly
+    look unreachable or behind to the leader."""
+
+    def attempt() -> pb.MembershipResponse | None:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if failure_of(exc).reason in (Reason.WOULD_LOSE_QUORUM, Reason.CHANGE_IN_FLIGHT):
+                return None
+            raise
+
+    return wait_for("the membership change", attempt, timeout_s=30.0, every_s=0.2)

@@ -14,7 +14,13 @@ from synapse_ha.cli.main import cli
 from synapse_ha.core.backup import decode_backup
 from synapse_ha.core.codec import decode_state
 from synapse_ha.programs.scheduler import ConfigError, load_config, restore_into
-from tests.integration.cluster import LocalCluster, job_spec, register_request, wait_for
+from tests.integration.cluster import (
+    LocalCluster,
+    job_spec,
+    membership_change,
+    register_request,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +74,9 @@ def test_save_then_restore_into_a_new_cluster_finds_every_job_and_node(tmp_path:
             for replica_id in ("r2", "r3"):
                 added = new.add_replica(replica_id, extra=["--join"])
                 new.start(added)  # first: a cluster of one commits nothing without it
-                client.add_replica(replica_id, added.raft, added.grpc)
+                membership_change(
+                    lambda r=replica_id, a=added: client.add_replica(r, a.raft, a.grpc)
+                )
             job = client.submit_job(job_spec("after-restore")).job_id
 
             def converged() -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -12,7 +12,14 @@ from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.codec import decode_state
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from tests.integration.cluster import LocalCluster, Replica, job_spec, register_request, wait_for
+from tests.integration.cluster import (
+    LocalCluster,
+    Replica,
+    job_spec,
+    membership_change,
+    register_request,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -36,22 +43,6 @@ def _refusal(call: object) -> Reason:
     return failure_of(caught.value).reason
 
 
-def _changed(call: Callable[[], pb.MembershipResponse]) -> pb.MembershipResponse:
-    """The answer of a membership change that must go through, retried (bounded) while
-    the leader judges it unsafe for now: on a loaded machine a live replica may briefly
-    look unreachable or behind to the leader."""
-
-    def attempt() -> pb.MembershipResponse | None:
-        try:
-            return call()
-        except grpc.RpcError as exc:
-            if failure_of(exc).reason in (Reason.WOULD_LOSE_QUORUM, Reason.CHANGE_IN_FLIGHT):
-                return None
-            raise
-
-    return wait_for("the membership change", attempt, timeout_s=30.0, every_s=0.2)
-
-
 def _same_state(cluster: LocalCluster, replicas: list[Replica]) -> str | None:
     """The one state digest of ``replicas`` when they all agree, else None."""
     with cluster.client() as client:
@@ -70,7 +61,7 @@ def test_add_a_replica_then_remove_the_first_and_writes_still_commit(
         client.register_node(register_request("n1", "127.0.0.1", gpu=8))
         jobs = [client.submit_job(job_spec(f"before-{i}")).job_id for i in range(30)]
         r4 = cluster.add_replica("r4")
-        answer = _changed(lambda: client.add_replica("r4", r4.raft, r4.grpc))
+        answer = membership_change(lambda: client.add_replica("r4", r4.raft, r4.grpc))
         assert _member_ids(answer) == ["r1", "r2", "r3", "r4"]
         cluster.start(r4)
         # The new replica catches up: the very same encoded state as the others.
@@ -87,7 +78,7 @@ def test_add_a_replica_then_remove_the_first_and_writes_still_commit(
         assert _refusal(lambda: client.remove_replica("r9")) is Reason.REPLICA_NOT_FOUND
 
         # Remove r1 (whoever leads: a leader hands over first), then stop it.
-        answer = _changed(lambda: client.remove_replica("r1"))
+        answer = membership_change(lambda: client.remove_replica("r1"))
         assert _member_ids(answer) == ["r2", "r3", "r4"]
         cluster.replica("r1").stop()
 
@@ -123,9 +114,11 @@ def test_replace_a_dead_replica_with_two_commands(cluster: LocalCluster) -> None
         )
         assert _refusal(lambda: client.remove_replica(alive.replica_id)) is Reason.WOULD_LOSE_QUORUM
         # The documented replacement: remove the dead one, add the new one.
-        removed = _changed(lambda: client.remove_replica(dead.replica_id))
+        removed = membership_change(lambda: client.remove_replica(dead.replica_id))
         assert dead.replica_id not in _member_ids(removed)
-        assert "r4" in _member_ids(_changed(lambda: client.add_replica("r4", r4.raft, r4.grpc)))
+        assert "r4" in _member_ids(
+            membership_change(lambda: client.add_replica("r4", r4.raft, r4.grpc))
+        )
         cluster.start(r4)
         job = client.submit_job(job_spec("after-replace")).job_id
         members = [leader, alive, r4]
