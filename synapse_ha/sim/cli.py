@@ -35,6 +35,8 @@ from synapse_ha.sim.failure_report import parse_policies, run_policies
 from synapse_ha.sim.failure_report import report as failure_report
 from synapse_ha.sim.failure_report import table as failure_table
 from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS, FailureModel
+from synapse_ha.sim.pipelines import MODES as PIPELINE_MODES
+from synapse_ha.sim.pipelines import pipeline_workload, run_pipelines
 from synapse_ha.sim.policies import POLICIES
 from synapse_ha.sim.tenancy import MODES, PASS_INTERVAL_MS, run_modes
 from synapse_ha.sim.tenancy import report as tenancy_report
@@ -55,6 +57,8 @@ def _workload(args: argparse.Namespace) -> Workload:
             raise ValueError("--trace-file is required with --workload trace")
         jobs = load_trace(Path(args.trace_file))
         return from_trace(jobs, synthetic_cluster(args.nodes), name=Path(args.trace_file).name)
+    if args.workload == "pipelines":
+        return pipeline_workload(seed=args.seed, hours=args.hours, nodes=args.nodes)
     if args.workload == "training":
         return training(
             seed=args.seed,
@@ -157,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if model is not None:
         _failure_runs(workload, model, config, args)
         return 0
+    if args.workload == "pipelines":
+        _compare_pipelines(workload, config, args)
+        return 0
     if workload.queues:
         _compare_modes(workload, _modes(args.modes, parser), config, args)
         return 0
@@ -177,6 +184,30 @@ def _modes(text: str, parser: argparse.ArgumentParser) -> tuple[PreemptionMode, 
     return tuple(known[n] for n in dict.fromkeys(names))
 
 
+def _interval_ms(args: argparse.Namespace, default_ms: int = PASS_INTERVAL_MS) -> int:
+    """``--pass-interval`` in ms, or ``default_ms`` when it is not given."""
+    return default_ms if args.pass_interval is None else round(args.pass_interval * 1000)
+
+
+def _compare_pipelines(workload: Workload, config: ClusterConfig, args: argparse.Namespace) -> None:
+    """Pipelines with the dependencies in the scheduler and in a polling orchestrator;
+    the makespans side by side (table on stderr, JSON on stdout and in ``--out``)."""
+    interval_ms = _interval_ms(args)
+    report = run_pipelines(workload, config, pass_interval_ms=interval_ms)
+    rows = [("dependencies", "pipelines", "makespan mean", "p95", "max", "alloc")]
+    for mode in PIPELINE_MODES:
+        m = report[mode]
+        span = m["makespan_s"]
+        rows.append(
+            (mode, f"{m['completed']}/{m['pipelines']}", f"{span['mean']:.0f}s",
+             f"{span['p95']:.0f}s", f"{span['max']:.0f}s", f"{m['gpu_allocation']:.1%}")
+        )  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)), file=sys.stderr)
+    _emit(report, [], args.out)
+
+
 def _compare_modes(
     workload: Workload,
     modes: tuple[PreemptionMode, ...],
@@ -186,9 +217,7 @@ def _compare_modes(
     """Run a workload with queues under each preemption mode; print both tables (the
     tenancy figures and the placement figures, big gangs included) and the JSON report,
     and with ``--out`` write the report and the plots there."""
-    interval_ms = (
-        PASS_INTERVAL_MS if args.pass_interval is None else round(args.pass_interval * 1000)
-    )
+    interval_ms = _interval_ms(args)
     results = run_modes(workload, modes, config=config, pass_interval_ms=interval_ms)
     report = tenancy_report(workload, results, pass_interval_ms=interval_ms)
     report["locality_wait_s"] = args.locality_wait
@@ -207,11 +236,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workload",
-        choices=["synthetic", "openb", "multi-tenant", "trace", "training"],
+        choices=["synthetic", "openb", "multi-tenant", "trace", "training", "pipelines"],
         default="synthetic",
     )
     parser.add_argument("--trace-file", default=None, help="trace: a CSV in the trace format")
-    parser.add_argument("--hours", type=float, default=6.0, help="multi-tenant: hours of arrivals")
+    parser.add_argument(
+        "--hours", type=float, default=6.0, help="multi-tenant, pipelines: hours of arrivals"
+    )
     parser.add_argument(
         "--write-trace",
         default=None,
@@ -224,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--limit", type=int, default=None, help="openb: first N pods only")
     parser.add_argument("--jobs", type=int, default=2_000, help="synthetic: number of jobs")
-    parser.add_argument("--nodes", type=int, default=512, help="synthetic: 8-GPU hosts")
+    parser.add_argument("--nodes", type=int, default=512, help="synthetic, pipelines: 8-GPU hosts")
     parser.add_argument("--load", type=float, default=0.9, help="synthetic, training: offered load")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -356,6 +387,8 @@ def _emit(report: dict[str, Any], results: list[Result], out_dir: str | None) ->
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        if not results:
+            return  # nothing to plot (the pipelines' report is figures only)
         from synapse_ha.sim.plots import write_plots
 
         for line in write_plots(results, out):
@@ -374,7 +407,7 @@ def _compare_policies(
 ) -> None:
     """Run ``workload`` under each named policy; print the table and the JSON report,
     and with ``--out`` write the report and the plots there."""
-    interval_ms = 0 if args.pass_interval is None else round(args.pass_interval * 1000)
+    interval_ms = _interval_ms(args, 0)
     results = [
         simulate(workload, POLICIES[name](), config=config, pass_interval_ms=interval_ms)
         for name in names

@@ -16,8 +16,9 @@ from typing import Any
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterState, JobState
+from synapse_ha.core.model import ClusterState, JobSpec, JobState
 from synapse_ha.sim.capacity import FreeGpus, RackLayout
 from synapse_ha.sim.fairness import Loss, TenancyMeter
 from synapse_ha.sim.metrics import JobRecord, Tally, queue_delays, run_metrics, tenancy_metrics
@@ -76,6 +77,7 @@ def build_cluster(workload: Workload, config: ClusterConfig) -> ClusterState:
     """A cluster configured with ``config``, the workload's queues and its nodes, all
     through ``apply``; anything it refuses raises ValueError."""
     state = ClusterState()
+    apply(state, c.RaiseFormat(FORMAT))  # every replica of a simulated cluster is this release
     configured = apply(state, c.Configure(config))
     if not configured.ok:
         raise ValueError(f"cluster configuration: {configured.message}")
@@ -199,10 +201,10 @@ class Run:
         """Apply an event of a kind a subclass added; False when it changed nothing."""
         raise ValueError(f"unknown simulation event kind {kind}")
 
-    def _arrive(self, index: int) -> None:
-        """Submit the workload's job ``index``; it waits."""
+    def _arrive(self, index: int, spec: JobSpec | None = None) -> None:
+        """Submit the workload's job ``index`` (as ``spec``, when given); it waits."""
         job = self.workload.jobs[index]
-        spec = job.spec
+        spec = spec or job.spec
         res = apply(self.state, c.SubmitJob(spec, f"sim-{index}", self.now, owner=job.user))
         if not res.ok:
             raise ValueError(f"job {spec.name}: {res.message}")

@@ -21,6 +21,8 @@ class SimJob:
     spec: JobSpec
     duration_ms: int  # how long the job runs once started (a time limit may cut it)
     user: str = ""  # who submits it (the job's owner)
+    # Workload jobs (by index) this one waits for (afterok): each must succeed first.
+    after_ok: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
