@@ -10,7 +10,7 @@ the handshake each side reads the identity the peer's certificate names
 is a replica: a worker's or a user's certificate of the same CA, a certificate of
 another CA, and a plaintext client never deliver a message. The replica names each
 refused peer and why in the log, at most once per peer and reason every
-:data:`~synapse_ha.raft.adapter.KEY_MISMATCH_LOG_INTERVAL_S` (:class:`RefusalLog`).
+:data:`~synapse_ha.raft.password_transport.KEY_MISMATCH_LOG_INTERVAL_S` (:class:`RefusalLog`).
 
 **What is sent.** A frame of :mod:`synapse_ha.raft.wire`: never pickle. A frame that
 does not decode, or a message whose log entries hold a command that imports or calls

@@ -8,6 +8,8 @@ import base64
 import logging
 import os
 import secrets
+import socket
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +18,6 @@ import pytest
 
 from synapse_ha.local.ports import reserve_ports
 from synapse_ha.local.waiting import wait_until
-from synapse_ha.raft.adapter import KeyMismatchLog
 from synapse_ha.raft.channel import (
     MODE_FILE,
     PASSWORD_CHANNEL,
@@ -27,6 +28,7 @@ from synapse_ha.raft.channel import (
     raft_key,
     raft_password_problem,
 )
+from synapse_ha.raft.password_transport import KeyMismatchLog
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.security.bundle import new_raft_password
 from tests.integration.cluster import PASSWORD
@@ -113,7 +115,7 @@ def test_the_data_dir_remembers_a_secure_cluster(tmp_path: Path) -> None:
 def test_mismatches_are_named_once_per_peer_and_interval(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
     log = KeyMismatchLog("secure (TLS)", interval_s=30.0, clock=lambda: now[0])
-    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.adapter")
+    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.password_transport")
     for _ in range(5):
         log.undecryptable("10.0.0.9:7001")
     log.closed_during_key_exchange("10.0.0.9:7001")
@@ -155,7 +157,7 @@ def test_replicas_of_one_mode_form_a_cluster(tmp_path: Path) -> None:
 def test_replicas_of_different_modes_never_talk_and_both_say_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.adapter")
+    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.password_transport")
     with two_replicas(tmp_path, (True, False)) as replicas:
 
         def both_said_why() -> bool:
@@ -171,6 +173,29 @@ def test_replicas_of_different_modes_never_talk_and_both_say_why(
     assert "this replica runs secure (TLS)" in caplog.text
     assert "this replica runs insecure (--insecure)" in caplog.text
     assert os.path.exists(tmp_path / "r0" / MODE_FILE)
+
+
+def _client_hello() -> bytes:
+    """The first bytes a TLS client sends (a ClientHello record)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="peer")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_a_password_replica_names_a_tls_peer_and_closes_its_connection(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="synapse_ha.raft.password_transport")
+    with two_replicas(tmp_path, (False, False)) as replicas:
+        host, port = replicas[0].self_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10.0) as peer:
+            peer.sendall(_client_hello())
+            assert peer.recv(1024) == b""  # closed at once, not after the peer gives up
+        wait_until("the replica to say why", lambda: "opened a TLS handshake" in caplog.text, 5.0)
+    assert "it runs raft.transport = tls" in caplog.text
+    assert "this replica runs insecure (--insecure)" in caplog.text
 
 
 def test_a_secure_replica_talks_raft_over_tls_unless_told_otherwise() -> None:

@@ -1,0 +1,213 @@
+"""The password channel's Raft transport (``raft.transport = password``, and every
+``--insecure`` replica): pysyncobj's TCP transport, which says why a peer cannot be read.
+
+pysyncobj encrypts every Raft message with a key derived from the password (Fernet) and
+drops a connection whose message does not decrypt, silently: two replicas whose keys
+differ (another password, or the other security mode, see
+:func:`synapse_ha.raft.channel.raft_key`) never exchange a message, and neither says why.
+:class:`KeyCheckingTransport` keeps pysyncobj's transport and adds the reason to the log:
+the replica that receives a message it cannot decrypt names the peer and the cause; the
+replica whose connection is closed before the key exchange finished names the peer too.
+Each peer is named at most once per :data:`KEY_MISMATCH_LOG_INTERVAL_S`.
+
+A peer on the TLS channel (:mod:`synapse_ha.raft.tls_transport`) that connects to a
+replica of the password channel opens with a TLS handshake record, which pysyncobj would
+read as the length of a message it then waits for until the peer gives up. The transport
+recognises the record on an accepted connection, names the peer and the cause in the
+same way, and closes the connection at once.
+
+It reads pysyncobj 0.3.17's private connection state (the accepted socket, the read
+buffer and the message parser of ``TcpConnection``); :class:`~synapse_ha.raft.adapter.
+SafeSyncObj` refuses any other pysyncobj release.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cryptography.fernet import InvalidToken
+from pysyncobj.monotonic import monotonic as raft_clock
+from pysyncobj.transport import TCPTransport
+
+from synapse_ha.raft.safe_pickle import message_problem
+
+log_ = logging.getLogger(__name__)
+
+# A peer whose key differs retries every connection_retry_s; it is named this seldom.
+KEY_MISMATCH_LOG_INTERVAL_S = 30.0
+
+
+class KeyMismatchLog:
+    """Says, at most once per peer and cause per ``interval_s``, that a Raft peer does
+    not share this replica's key. ``mode`` names this replica's security mode in the
+    sentence (when known). ``reports`` counts every occurrence (logged or not)."""
+
+    def __init__(
+        self,
+        mode: str | None,
+        interval_s: float = KEY_MISMATCH_LOG_INTERVAL_S,
+        clock: Callable[[], float] = raft_clock,
+    ) -> None:
+        self.mode = mode
+        self.interval_s = interval_s
+        self._clock = clock
+        self.reports = 0
+        self._last: dict[tuple[str, str], float] = {}
+
+    def undecryptable(self, peer: str) -> None:
+        self._say(
+            peer,
+            "sent a message this replica cannot decrypt",
+            "nothing it sends is read",
+        )
+
+    def closed_during_key_exchange(self, peer: str) -> None:
+        self._say(
+            peer,
+            "closed the connection before the key exchange finished",
+            "it could not decrypt this replica's first message",
+        )
+
+    def speaks_tls(self, peer: str) -> None:
+        self._say(
+            peer,
+            "opened a TLS handshake",
+            "it runs raft.transport = tls; the connection is closed",
+        )
+
+    def _say(self, peer: str, what: str, consequence: str) -> None:
+        self.reports += 1
+        now = self._clock()
+        last = self._last.get((peer, what))
+        if last is not None and now - last < self.interval_s:
+            return
+        self._last[(peer, what)] = now
+        log_.warning(
+            "Raft peer %s %s (%s): it does not share this replica's Raft key. Replicas of "
+            "one cluster need the same Raft password, the same security mode and the same "
+            "raft.transport%s",
+            peer,
+            what,
+            consequence,
+            f"; this replica runs {self.mode}" if self.mode else "",
+        )
+
+
+class _CheckedKey:
+    """pysyncobj's Fernet for one connection, reporting messages that do not decrypt
+    (pysyncobj then drops the connection, as before)."""
+
+    def __init__(self, fernet: Any, peer: str, mismatches: KeyMismatchLog) -> None:
+        self._fernet = fernet
+        self._peer = peer
+        self._mismatches = mismatches
+
+    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
+        encrypted: bytes = self._fernet.encrypt_at_time(data, current_time)
+        return encrypted
+
+    def extract_timestamp(self, token: bytes) -> int:
+        try:
+            timestamp: int = self._fernet.extract_timestamp(token)
+        except InvalidToken:
+            self._mismatches.undecryptable(self._peer)
+            raise
+        return timestamp
+
+    def decrypt(self, token: bytes) -> bytes:
+        try:
+            data: bytes = self._fernet.decrypt(token)
+        except InvalidToken:
+            self._mismatches.undecryptable(self._peer)
+            raise
+        return data
+
+
+class KeyCheckingTransport(TCPTransport):  # type: ignore[misc]
+    """pysyncobj's TCP transport, which says why a peer without this replica's key cannot
+    be reached (module docstring). It reads the sentence's mode from the
+    :class:`SafeSyncObj`'s ``channel_mode``."""
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        self.key_mismatches = KeyMismatchLog(syncObj.channel_mode)
+        self._exchanging: set[int] = set()  # ids of outgoing connections mid key exchange
+        TCPTransport.__init__(self, syncObj, selfNode, otherNodes)
+
+    def addNode(self, node: Any) -> None:
+        TCPTransport.addNode(self, node)
+        conn = self._connections.get(node)
+        if conn is not None and conn.encryptor is not None:
+            conn.encryptor = _CheckedKey(conn.encryptor, node.address, self.key_mismatches)
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        TCPTransport._onNewIncomingConnection(self, conn)
+        if conn.encryptor is not None:
+            peer = _peer_of(conn)
+            conn.encryptor = _CheckedKey(conn.encryptor, peer, self.key_mismatches)
+            _refuse_tls_handshake(conn, peer, self.key_mismatches)
+
+    def _onOutgoingConnected(self, conn: Any) -> None:
+        if conn.encryptor is not None:
+            self._exchanging.add(id(conn))
+        TCPTransport._onOutgoingConnected(self, conn)
+
+    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
+        self._exchanging.discard(id(conn))
+        TCPTransport._onOutgoingMessageReceived(self, conn, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        problem = message_problem(message)
+        if problem is not None:
+            peer = getattr(node, "address", node)
+            log_.warning("Raft message from %s refused: %s", peer, problem)
+            return
+        TCPTransport._onMessageReceived(self, node, message)
+
+    def _onDisconnected(self, conn: Any) -> None:
+        if id(conn) in self._exchanging:
+            self._exchanging.discard(id(conn))
+            node = self._connToNode(conn)
+            self.key_mismatches.closed_during_key_exchange(
+                node.address if node is not None else "(unknown)"
+            )
+        TCPTransport._onDisconnected(self, conn)
+
+
+def _peer_of(conn: Any) -> str:
+    """The host an accepted connection comes from. Its port is an ephemeral one, new at
+    every retry, and which member it is arrives only in a message that must decrypt
+    first: the host alone names the peer (and keeps the log to one line per host).
+    pysyncobj keeps the socket private."""
+    sock = conn._TcpConnection__socket
+    try:
+        host = str(sock.getpeername()[0]) if sock is not None else ""
+    except OSError:  # already closed
+        host = ""
+    return f"at {host} (incoming)" if host else "(an incoming connection)"
+
+
+# The first two bytes of a TLS handshake record: content type 22, major version 3.
+TLS_HANDSHAKE_RECORD = b"\x16\x03"
+
+
+def _refuse_tls_handshake(conn: Any, peer: str, mismatches: KeyMismatchLog) -> None:
+    """Check the first bytes an accepted connection sends before pysyncobj parses them:
+    a TLS handshake record is reported and the connection closed; anything else goes to
+    pysyncobj's parser, which is then no longer checked. (The first message of the
+    password channel is a short key exchange: its 4-byte length never starts so.)"""
+    parse = conn._TcpConnection__processParseMessage
+
+    def first_bytes_checked() -> Any:
+        start = conn._TcpConnection__readBuffer[: len(TLS_HANDSHAKE_RECORD)]
+        if len(start) < len(TLS_HANDSHAKE_RECORD):
+            return parse()
+        conn._TcpConnection__processParseMessage = parse
+        if start == TLS_HANDSHAKE_RECORD:
+            mismatches.speaks_tls(peer)
+            conn.disconnect()
+            return None
+        return parse()
+
+    conn._TcpConnection__processParseMessage = first_bytes_checked
