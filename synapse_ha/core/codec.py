@@ -155,7 +155,18 @@ def _decode_state(data: bytes) -> ClusterState:
     if envelope.get("v") == 1:
         body = upgrade_state_v1(body)
     state: ClusterState = from_plain(ClusterState, body, "state")
+    _share_array_specs(state)
     return state
+
+
+def _share_array_specs(state: ClusterState) -> None:
+    """An array's tasks share its spec in memory, as the state machine made them (the
+    encoded state repeats it per task)."""
+    for array in state.arrays.values():
+        for task_id in array.task_ids():
+            task = state.jobs.get(task_id)
+            if task is not None and task.spec == array.spec:
+                task.spec = array.spec
 
 
 def encode_result(result: cmd.Result) -> bytes:

@@ -54,12 +54,13 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "begin_delay_ms",
             "deadline_at_ms",
             "deadline_delay_ms",
+            "array",
         }
     ),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
-    ClusterState: frozenset({"queues", "queue_history", "format_floor"}),
+    ClusterState: frozenset({"queues", "queue_history", "format_floor", "arrays"}),
     # Late success reports after a node death (DESIGN §4).
-    Job: frozenset({"lost_attempt", "waiting_for", "dependants"}),
+    Job: frozenset({"lost_attempt", "waiting_for", "dependants", "array_id", "array_index"}),
     # GPU health (DESIGN §4).
     # A node's boot, to tell a reboot (ClusterConfig.clear_gpu_faults_on_reboot).
     NodeInfo: frozenset({"boot_id"}),

@@ -399,6 +399,7 @@ class RejectCode(enum.StrEnum):
     NO_ROOM = "no_room"
     TOPOLOGY_SPAN = "topology_span"
     OVER_QUOTA = "over_quota"
+    ARRAY_THROTTLE = "array_throttle"
 
 
 @dataclass(frozen=True, slots=True)

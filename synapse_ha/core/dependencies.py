@@ -36,7 +36,8 @@ class DependencyKind(enum.StrEnum):
 
 # Dependencies of one job, of every kind together.
 MAX_DEPENDENCIES = 100
-JOB_ID_PATTERN = re.compile(r"^job-[0-9]{6,12}$")
+# A job, an array, or a task of an array (core/arrays.py).
+JOB_ID_PATTERN = re.compile(r"^job-[0-9]{6,12}(_[0-9]{1,7})?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,12 @@ def dependency_problems(deps: Dependencies | None) -> list[tuple[str, str]]:
     seen: set[str] = set()
     for kind, job_id in pairs:
         if not JOB_ID_PATTERN.match(job_id):
-            out.append((f"{FIELD}.{kind}", f"{job_id!r} is not a job id (job-NNNNNN)"))
+            out.append(
+                (
+                    f"{FIELD}.{kind}",
+                    f"{job_id!r} is not a job id (job-NNNNNN, or job-NNNNNN_I for a task)",
+                )
+            )
         elif job_id in seen:
             out.append((f"{FIELD}.{kind}", f"{job_id} is named more than once"))
         seen.add(job_id)

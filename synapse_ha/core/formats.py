@@ -28,9 +28,10 @@ from typing import Any
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import ExitCause, ExpireDeadline, ReportNodeChecks
 from synapse_ha.core.model import JobSpec, NodeInfo
+from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 4  # the newest format this release reads
+FORMAT = 5  # the newest format this release reads
 
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
@@ -51,6 +52,8 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
         "begin_delay_ms": 4,
         "deadline_at_ms": 4,
         "deadline_delay_ms": 4,
+        # format 5: job arrays (core/arrays.py).
+        "array": 5,
     },
 }
 # Command types each format added.
@@ -66,6 +69,8 @@ NEW_COMMANDS: dict[type, int] = {
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     # A member stopped by its worker for making no progress (hang detection).
     ExitCause.HUNG: 3,
+    # A task of an array waiting for a slot of its throttle (a BindPlan's reason).
+    ReasonCode.ARRAY_THROTTLE: 5,
 }
 
 

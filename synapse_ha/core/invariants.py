@@ -8,7 +8,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from synapse_ha.core.machine.dependencies import Outcome, outcome
+from synapse_ha.core.arrays import task_id
+from synapse_ha.core.machine.dependencies import Outcome, outcome_of
 from synapse_ha.core.model import (
     Attempt,
     ClusterState,
@@ -19,6 +20,7 @@ from synapse_ha.core.model import (
     MemberState,
     NodeStatus,
     Resources,
+    occupies_slot,
 )
 
 
@@ -45,6 +47,7 @@ def check(state: ClusterState) -> list[str]:
     problems: list[str] = []
     held = _Holdings.empty(state)
     tokens: list[tuple[int, str]] = []
+    judged: dict[tuple[str, str], Outcome | None] = {}  # (kind, target): its outcome
     for job_id, job in sorted(state.jobs.items()):
         attempt = job.attempt
         if attempt is not None:
@@ -60,27 +63,59 @@ def check(state: ClusterState) -> list[str]:
         if attempt is not None and attempt.held:
             problems += _held_problems(state, job_id, job, held)
         if job.waiting_for:
-            problems += _waiting_problems(state, job_id, job)
+            problems += _waiting_problems(state, job_id, job, judged)
+        if job.array_id:
+            problems += _task_problems(state, job_id, job)
+    problems += _array_problems(state)
     problems += _token_problems(tokens)
     problems += _node_problems(state, held)
     problems += _bookkeeping_problems(state)
     return problems
 
 
-def _waiting_problems(state: ClusterState, job_id: str, job: Job) -> list[str]:
+def _waiting_problems(
+    state: ClusterState, job_id: str, job: Job, judged: dict[tuple[str, str], Outcome | None]
+) -> list[str]:
     """A job waits only while pending, and only for dependencies that may still be met,
-    each on a job that lists it among its dependants (which is how it is resolved)."""
+    each on a job or array that lists it among its dependants (which is how it is
+    resolved). ``judged``: outcomes already worked out, by (kind, job or array)."""
     if job.state is not JobState.PENDING:
         return [f"{job_id}: {job.state.value} but still waits for {job.waiting_for}"]
     problems = []
     for kind, other_id in job.waiting_for:
-        other = state.jobs.get(other_id)
+        other = state.jobs.get(other_id) or state.arrays.get(other_id)
+        if (kind, other_id) not in judged:
+            judged[kind, other_id] = outcome_of(state, kind, other_id)
         if other is None:
             problems.append(f"{job_id}: waits ({kind}) for {other_id}, which does not exist")
         elif job_id not in other.dependants:
             problems.append(f"{job_id}: waits ({kind}) for {other_id}, not among its dependants")
-        elif outcome(kind, other) is not Outcome.WAITING:
-            problems.append(f"{job_id}: still waits ({kind}) for {other_id}, {other.state.value}")
+        elif judged[kind, other_id] is not Outcome.WAITING:
+            problems.append(f"{job_id}: still waits ({kind}) for {other_id}, already decided")
+    return problems
+
+
+def _task_problems(state: ClusterState, job_id: str, job: Job) -> list[str]:
+    """A task is named after its array and index, and its array exists and lists it."""
+    array = state.arrays.get(job.array_id)
+    if array is None:
+        return [f"{job_id}: a task of {job.array_id}, which does not exist"]
+    if job_id != task_id(job.array_id, job.array_index) or job.array_index not in array.indices:
+        return [f"{job_id}: not task {job.array_index} of {job.array_id}"]
+    return []
+
+
+def _array_problems(state: ClusterState) -> list[str]:
+    """An array keeps at least one task, and no more of them occupy a slot than its
+    throttle allows."""
+    problems = []
+    for array_id, array in sorted(state.arrays.items()):
+        tasks = [state.jobs[t] for t in array.task_ids() if t in state.jobs]
+        if not tasks:
+            problems.append(f"{array_id}: an array without tasks")
+        busy = sum(1 for task in tasks if occupies_slot(task))
+        if array.throttle and busy > array.throttle:
+            problems.append(f"{array_id}: {busy} tasks occupy slots, throttle {array.throttle}")
     return problems
 
 

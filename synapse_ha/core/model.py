@@ -235,6 +235,9 @@ class JobSpec:
     begin_delay_ms: int = 0
     deadline_at_ms: int = 0
     deadline_delay_ms: int = 0
+    # ``array:`` as given (core/arrays.py): one submission makes a task per index; "" is
+    # a single job.
+    array: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +323,9 @@ class Job:
     waiting_for: tuple[tuple[str, str], ...] = ()
     # Jobs that named this one as a dependency when they were submitted, in order.
     dependants: tuple[str, ...] = ()
+    # For a task of an array (core/arrays.py): the array's id and the task's index.
+    array_id: str = ""
+    array_index: int = 0
 
     @property
     def fencing_token(self) -> int:
@@ -330,6 +336,28 @@ class Job:
         if self.state.holds_resources:
             return self.attempt
         return None
+
+
+@dataclass(slots=True)
+class ArrayJob:
+    """An array (core/arrays.py): what one submission made. Its tasks are the jobs
+    ``<array_id>_<index>`` for each of ``indices`` (each shares ``spec``); ``throttle``
+    bounds how many of them hold resources at once (0: no bound). It is purged with the
+    last of its tasks."""
+
+    array_id: str
+    spec: JobSpec
+    request_id: str
+    seq: int
+    submitted_at_ms: int
+    indices: tuple[int, ...]
+    throttle: int = 0
+    owner: str = ""
+    # Jobs that named the array as a dependency when they were submitted, in order.
+    dependants: tuple[str, ...] = ()
+
+    def task_ids(self) -> list[str]:
+        return [f"{self.array_id}_{index}" for index in self.indices]
 
 
 # --------------------------------------------------------------------------- tokens
@@ -391,15 +419,48 @@ class ClusterState:
     queue_history: dict[str, QueueHistory] = field(default_factory=dict)
     # The newest format every replica reads (core/formats.py): what a command may use.
     format_floor: int = 2
+    # Arrays by id (core/arrays.py); their tasks are in ``jobs``.
+    arrays: dict[str, ArrayJob] = field(default_factory=dict)
 
     def pending_jobs(self) -> list[Job]:
-        """Pending jobs in queue order: priority (higher first), then submission order.
-        Jobs still waiting for a dependency are left out: nothing may place them."""
+        """Pending jobs in queue order: priority (higher first), then submission order
+        (an array's tasks by index). Jobs still waiting for a dependency are left out, and
+        tasks of an array beyond its throttle: nothing may place them."""
+        return self.pending_and_throttled()[0]
+
+    def pending_and_throttled(self) -> tuple[list[Job], list[Job]]:
+        """:meth:`pending_jobs`, and the pending tasks its throttle leaves out (in the same
+        order): of an array with ``n`` free slots (:meth:`array_slots`), the first ``n``
+        pending tasks may be placed."""
         pending = [
             j for j in self.jobs.values() if j.state is JobState.PENDING and not j.waiting_for
         ]
-        pending.sort(key=lambda j: (-j.spec.priority, j.seq))
-        return pending
+        pending.sort(key=lambda j: (-j.spec.priority, j.seq, j.array_index))
+        slots = self.array_slots() if self.arrays else {}
+        if not slots:
+            return pending, []
+        eligible: list[Job] = []
+        held: list[Job] = []
+        for job in pending:
+            free = slots.get(job.array_id) if job.array_id else None
+            if free is None or free > 0:
+                eligible.append(job)
+                if free is not None:
+                    slots[job.array_id] = free - 1
+            else:
+                held.append(job)
+        return eligible, held
+
+    def array_slots(self) -> dict[str, int]:
+        """Per throttled array, how many more of its tasks may be bound now: its throttle
+        less the tasks that occupy a slot (holding resources, or with members of an ended
+        attempt not yet known to have stopped, see :func:`occupies_slot`)."""
+        slots = {a.array_id: a.throttle for a in self.arrays.values() if a.throttle}
+        if slots:
+            for job in self.jobs.values():
+                if job.array_id in slots and occupies_slot(job):
+                    slots[job.array_id] -= 1
+        return slots
 
     def live_jobs(self) -> list[Job]:
         """Jobs holding resources (scheduled or running), in the dictionary's order.
@@ -429,6 +490,22 @@ def unconfirmed_members(job: Job) -> list[int]:
     return [
         rank for rank, s in enumerate(attempt.member_status) if s.state is not MemberState.EXITED
     ]
+
+
+def occupies_slot(job: Job) -> bool:
+    """Whether a task counts against its array's throttle: it holds resources, its ended
+    attempt still holds some (``held``), or members of its ended attempt are not yet known
+    to have stopped while it waits to run again."""
+    attempt = job.attempt
+    if job.state.holds_resources:
+        return True
+    if attempt is None:
+        return False
+    return bool(attempt.held) or (
+        job.state is JobState.PENDING
+        and attempt.ended_at_ms is not None
+        and any(s.state is not MemberState.EXITED for s in attempt.member_status)
+    )
 
 
 def time_limit_deadline(job: Job) -> int | None:

@@ -74,6 +74,8 @@ class ReasonCode(enum.StrEnum):
     # -- a job's window (core/windows.py)
     BEGIN_TIME = "begin_time"  # at_ms: not considered before then
     DEADLINE = "deadline"  # at_ms: cancelled, still pending at its deadline
+    # -- arrays (core/arrays.py)
+    ARRAY_THROTTLE = "array_throttle"  # array, throttle: its array runs that many already
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
@@ -420,6 +422,10 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ReasonCode.BEGIN_TIME: lambda r: f"not considered before {time_text(r.num('at_ms'))} (begin)",
     ReasonCode.DEADLINE: lambda r: (
         f"cancelled: still pending at its deadline, {time_text(r.num('at_ms'))}"
+    ),
+    ReasonCode.ARRAY_THROTTLE: lambda r: (
+        f"waiting for a slot of array {r.text('array')}: at most {r.num('throttle')} of its "
+        f"tasks run at once (its %{r.num('throttle')} throttle)"
     ),
     ReasonCode.DEPENDENCY_NEVER_SATISFIED: lambda r: (
         f"cancelled: its dependency {r.text('kind')} on {r.text('job')} can never be met "

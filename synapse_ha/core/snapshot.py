@@ -64,12 +64,20 @@ def note_touched(state: ClusterState, command: cmd.Command, changes: Changes) ->
 
 
 def _with_dependants(state: ClusterState, jobs: set[str]) -> None:
-    """Add to ``jobs`` the jobs waiting on them, and on those (a job that starts or
-    finishes resolves its dependants' dependencies, cancelling some down a chain)."""
-    work = [job_id for job_id in jobs if (job := state.jobs.get(job_id)) and job.dependants]
+    """Add to ``jobs`` the jobs waiting on them or on their arrays, and on those (a job
+    that starts or finishes resolves its dependants' dependencies, cancelling some down a
+    chain)."""
+    work = [
+        job_id
+        for job_id in jobs
+        if (job := state.jobs.get(job_id)) and (job.dependants or job.array_id)
+    ]
     while work:
         job = state.jobs.get(work.pop())
-        for dependant in job.dependants if job is not None else ():
+        if job is None:
+            continue
+        array = state.arrays.get(job.array_id) if job.array_id else None
+        for dependant in (*job.dependants, *(array.dependants if array else ())):
             if dependant not in jobs:
                 jobs.add(dependant)
                 work.append(dependant)
@@ -201,7 +209,7 @@ class SnapshotBuilder:
                     else:
                         new.append(job)
                 # New jobs go last in submission order, as in the live dictionary.
-                for job in sorted(new, key=lambda j: j.seq):
+                for job in sorted(new, key=lambda j: (j.seq, j.array_index)):
                     jobs[job.job_id] = clone(job)
             snap = ClusterState(
                 config=state.config,

@@ -53,6 +53,7 @@ _TOP_FIELDS = frozenset(
         "progress",
         "prestart",
         "dependencies",
+        "array",
         "begin",
         "deadline",
     }
@@ -268,6 +269,7 @@ def parse_job_spec(
         progress=_progress(doc["progress"]) if "progress" in doc else None,
         prestart=_prestart(doc["prestart"]) if "prestart" in doc else None,
         dependencies=_dependencies(doc["dependencies"]) if "dependencies" in doc else None,
+        array=_array(doc["array"]) if "array" in doc else "",
     )
     begin = _moment(doc["begin"], "begin") if "begin" in doc else (0, 0)
     deadline = _moment(doc["deadline"], "deadline") if "deadline" in doc else (0, 0)
@@ -417,6 +419,13 @@ def _dependencies(value: object) -> Dependencies | None:
         after=ids.get(DependencyKind.AFTER, ()),
     )
     return deps if deps.pairs() else None
+
+
+def _array(value: object) -> str:
+    """``array:``: Slurm's text (``"0-99%10"``), or a single index as a number."""
+    if _is_int(value):
+        return str(value)
+    return _string(value, "array").strip()
 
 
 def _string(value: object, field: str) -> str:

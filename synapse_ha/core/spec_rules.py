@@ -3,6 +3,7 @@ window), gathered for :func:`synapse_ha.core.validation.check_job_spec`."""
 
 from __future__ import annotations
 
+from synapse_ha.core.arrays import array_problems
 from synapse_ha.core.dependencies import dependency_problems
 from synapse_ha.core.model import JobSpec
 from synapse_ha.core.windows import window_problems
@@ -10,6 +11,10 @@ from synapse_ha.core.windows import window_problems
 
 def more_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """``(field, rule)`` for every such rule ``spec`` breaks, in field order."""
-    return dependency_problems(spec.dependencies) + window_problems(
-        spec.begin_at_ms, spec.begin_delay_ms, spec.deadline_at_ms, spec.deadline_delay_ms
+    return (
+        dependency_problems(spec.dependencies)
+        + window_problems(
+            spec.begin_at_ms, spec.begin_delay_ms, spec.deadline_at_ms, spec.deadline_delay_ms
+        )
+        + array_problems(spec.array)
     )

@@ -119,8 +119,9 @@ def finish(state: ClusterState, job: Job, event: lc.JobEvent, why: Reason, now: 
 
 
 def settle_dependants(state: ClusterState, job: Job, now: int) -> None:
-    """``job`` started or finished: resolve the dependencies of the jobs waiting on it."""
-    if job.dependants:
+    """``job`` started or finished: resolve the dependencies of the jobs waiting on it
+    (or, for a task, on its array)."""
+    if job.dependants or job.array_id:
         cancel = lambda waiting, never: _final(waiting, lc.JobEvent.CANCEL, never, now)  # noqa: E731
         settle(state, job, cancel, now)
 

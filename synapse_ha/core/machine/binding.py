@@ -36,15 +36,21 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
     bound: list[str] = []
     rejected: list[Rejection] = []
     usage = QueueUsage.of(state) if c.placements and has_quotas(state) else None
+    slots = state.array_slots() if c.placements and state.arrays else {}
     for placement in c.placements:
         problem = verify_placement(state, placement, now)
         if problem is None and usage is not None:
             problem = _verify_quota(state, usage, placement)
+        if problem is None and slots:
+            problem = _verify_throttle(state, slots, placement)
         if problem is not None:
             rejected.append(problem)
         else:
             _bind(state, placement, now)
             bound.append(placement.job_id)
+            array_id = state.jobs[placement.job_id].array_id
+            if array_id in slots:
+                slots[array_id] -= 1
             if usage is not None:
                 spec = state.jobs[placement.job_id].spec
                 usage.add(spec.queue, gang_request(spec))
@@ -57,6 +63,21 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
         bound=tuple(bound),
         rejected=tuple(rejected),
     )
+
+
+def _verify_throttle(
+    state: ClusterState, slots: dict[str, int], p: cmd.GangPlacement
+) -> Rejection | None:
+    """A task of an array whose throttle's slots are all taken is not bound."""
+    array_id = state.jobs[p.job_id].array_id
+    if array_id in slots and slots[array_id] <= 0:
+        throttle = state.arrays[array_id].throttle
+        return Rejection(
+            p.job_id,
+            RejectCode.ARRAY_THROTTLE,
+            f"array {array_id} already runs {throttle} task(s), its throttle",
+        )
+    return None
 
 
 def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rejection | None:

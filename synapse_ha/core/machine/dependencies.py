@@ -1,13 +1,15 @@
 """Dependencies in the state machine (core/dependencies.py): checked when a job is
 submitted, resolved when a job depended on starts or finishes.
 
-At submission every job named must exist, and a dependency that can already never be
-met is refused (the submission changes nothing). Those already met are left out of the
-new job's ``waiting_for``; the job is added to the ``dependants`` of each job it still
-waits for. From then on :func:`settle` runs at each start and finish of a job (from
-:func:`~synapse_ha.core.machine.attempts.finish` and the first member report): the jobs
-waiting on it have the dependency marked met, or are cancelled when it can never be, and
-so on down a chain of dependants (a worklist, never recursion).
+A dependency may name a job or an array (met once every task meets it:
+:func:`array_outcome`). At submission every job named must exist, and a dependency that
+can already never be met is refused (the submission changes nothing). Those already met
+are left out of the new job's ``waiting_for``; the job is added to the ``dependants`` of
+each job it still waits for. From then on :func:`settle` runs at each start and finish of
+a job (from :func:`~synapse_ha.core.machine.attempts.finish` and the first member
+report): the jobs waiting on it (or on its array) have the dependency marked met, or are
+cancelled when it can never be, and so on down a chain of dependants (a worklist, never
+recursion).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import enum
 from collections.abc import Callable
 
 from synapse_ha.core.dependencies import DependencyKind, describe_wait
-from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState
+from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobSpec, JobState
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason, ReasonCode, reason
 
 
@@ -44,39 +46,93 @@ def outcome(kind: str, other: Job) -> Outcome:
     return Outcome.NEVER if succeeded else Outcome.MET
 
 
+def array_outcome(kind: str, tasks: list[Job], changed: Job | None = None) -> Outcome:
+    """Whether a dependency of ``kind`` on an array whose tasks are ``tasks`` is met: once
+    every task meets it (``after``: every task started; ``afterok``: every task
+    succeeded; ``afterany``: every task finished; ``afternotok``: every task finished
+    and one did not succeed). ``afterok`` and ``after`` can never be met as soon as one
+    task can never meet them.
+
+    ``changed``: the task whose transition asks (None: a full look, at submission). A
+    task that made the dependency impossible was looked at by its own transition, so
+    after checking ``changed`` the look stops at the first task still on its way."""
+    if kind == DependencyKind.AFTER_NOT_OK:
+        if any(not task.state.finished for task in tasks):
+            return Outcome.WAITING
+        ok = all(task.state is JobState.SUCCEEDED for task in tasks)
+        return Outcome.NEVER if ok else Outcome.MET
+    if changed is not None and outcome(kind, changed) is Outcome.NEVER:
+        return Outcome.NEVER
+    result = Outcome.MET
+    for task in tasks:
+        one = outcome(kind, task)
+        if one is Outcome.NEVER:
+            return Outcome.NEVER
+        if one is Outcome.WAITING:
+            if changed is not None:
+                return Outcome.WAITING
+            result = Outcome.WAITING
+    return result
+
+
+def outcome_of(state: ClusterState, kind: str, target_id: str) -> Outcome | None:
+    """:func:`outcome` of a dependency on a job or an array; None when neither exists."""
+    job = state.jobs.get(target_id)
+    if job is not None:
+        return outcome(kind, job)
+    array = state.arrays.get(target_id)
+    if array is None:
+        return None
+    return array_outcome(kind, _tasks(state, array))
+
+
+def _tasks(state: ClusterState, array: ArrayJob) -> list[Job]:
+    """The array's tasks that still exist (finished ones leave with the retention)."""
+    jobs = state.jobs
+    return [jobs[task_id] for task_id in array.task_ids() if task_id in jobs]
+
+
 def submission_problem(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
     """``(field, rule)`` when ``spec``'s dependencies refuse the submission in ``state``
-    (a job that does not exist, or one whose dependency can already never be met)."""
+    (a job or array that does not exist, or one whose dependency can already never be
+    met)."""
     if spec.dependencies is None:
         return None
     for kind, job_id in spec.dependencies.pairs():
         field = f"dependencies.{kind}"
-        other = state.jobs.get(job_id)
-        if other is None:
+        result = outcome_of(state, kind, job_id)
+        if result is None:
             return field, f"no job {job_id} (unknown, or finished and already purged)"
-        if outcome(kind, other) is Outcome.NEVER:
-            return field, (
-                f"{job_id} {other.state.value.lower()}, so this dependency can never be met"
-            )
+        if result is Outcome.NEVER:
+            other = state.jobs.get(job_id)
+            said = other.state.value.lower() if other is not None else "has tasks that ended"
+            return field, f"{job_id} {said}, so this dependency can never be met"
     return None
 
 
-def register(state: ClusterState, job: Job) -> None:
-    """Record a new job's dependencies: those not met yet in its ``waiting_for`` (its
-    reason says what it waits for), itself in each such job's ``dependants``."""
-    if job.spec.dependencies is None:
+def register(state: ClusterState, jobs: list[Job]) -> None:
+    """Record the dependencies of new jobs of one submission (one job, or an array's
+    tasks, which share their spec): those not met yet in each one's ``waiting_for`` (its
+    reason says what it waits for), the jobs in each such job's or array's
+    ``dependants``."""
+    deps = jobs[0].spec.dependencies if jobs else None
+    if deps is None:
         return
     waiting = tuple(
         (kind, job_id)
-        for kind, job_id in job.spec.dependencies.pairs()
-        if outcome(kind, state.jobs[job_id]) is Outcome.WAITING
+        for kind, job_id in deps.pairs()
+        if outcome_of(state, kind, job_id) is Outcome.WAITING
     )
-    job.waiting_for = waiting
-    for job_id in dict.fromkeys(job_id for _, job_id in waiting):
-        other = state.jobs[job_id]
-        other.dependants = (*other.dependants, job.job_id)
-    if waiting:
-        job.reason = waiting_reason(waiting)
+    if not waiting:
+        return
+    why = waiting_reason(waiting)
+    for job in jobs:
+        job.waiting_for = waiting
+        job.reason = why
+    ids = tuple(job.job_id for job in jobs)
+    for target_id in dict.fromkeys(job_id for _, job_id in waiting):
+        other: Job | ArrayJob = state.jobs.get(target_id) or state.arrays[target_id]
+        other.dependants = (*other.dependants, *ids)
 
 
 def waiting_reason(waiting: tuple[tuple[str, str], ...]) -> Reason:
@@ -84,43 +140,78 @@ def waiting_reason(waiting: tuple[tuple[str, str], ...]) -> Reason:
 
 
 Cancel = Callable[[Job, Reason], None]
+Judge = Callable[[str], Outcome]
 
 
 def settle(state: ClusterState, changed: Job, cancel: Cancel, now: int) -> None:
-    """``changed`` started or finished: resolve the dependencies on it of every job that
-    waits, cancelling (with ``cancel``) those that can never run, and then theirs."""
+    """``changed`` started or finished: resolve the dependencies on it (and on its array,
+    for a task) of every job that waits, cancelling (with ``cancel``) those that can
+    never run, and then theirs."""
     work = [changed]
     while work:
         job = work.pop()
-        for dependant_id in job.dependants:
-            dependant = state.jobs.get(dependant_id)
-            if dependant is None or dependant.state is not JobState.PENDING:
-                continue
-            never = _resolve(dependant, job, now)
-            if never is None:
-                continue
-            kind, _ = never
-            why = reason(
-                ReasonCode.DEPENDENCY_NEVER_SATISFIED,
-                job=job.job_id,
-                kind=kind,
-                state=job.state.value.lower(),
+        for target_id, dependants, judge, said in _targets(state, job):
+            for dependant_id in dependants:
+                dependant = state.jobs.get(dependant_id)
+                if dependant is None or dependant.state is not JobState.PENDING:
+                    continue
+                kind = _resolve(dependant, target_id, judge, now)
+                if kind is None:
+                    continue
+                why = reason(
+                    ReasonCode.DEPENDENCY_NEVER_SATISFIED,
+                    job=target_id,
+                    kind=kind,
+                    state=said(kind),
+                )
+                cancel(dependant, why)
+                work.append(dependant)
+
+
+def _targets(
+    state: ClusterState, job: Job
+) -> list[tuple[str, tuple[str, ...], Judge, Callable[[str], str]]]:
+    """What a transition of ``job`` may resolve: dependencies on it, and on its array
+    (with how each is judged and how its state is said when it can never be met)."""
+    targets: list[tuple[str, tuple[str, ...], Judge, Callable[[str], str]]] = []
+    if job.dependants:
+        targets.append(
+            (
+                job.job_id,
+                job.dependants,
+                lambda kind: outcome(kind, job),
+                lambda kind: job.state.value.lower(),
             )
-            cancel(dependant, why)
-            work.append(dependant)
+        )
+    array = state.arrays.get(job.array_id) if job.array_id else None
+    if array is not None and array.dependants:
+        tasks = _tasks(state, array)
+        targets.append(
+            (
+                array.array_id,
+                array.dependants,
+                lambda kind: array_outcome(kind, tasks, job),
+                lambda kind: (
+                    "succeeded"
+                    if kind == DependencyKind.AFTER_NOT_OK
+                    else f"{job.state.value.lower()} in task {job.job_id}"
+                ),
+            )
+        )
+    return targets
 
 
-def _resolve(dependant: Job, job: Job, now: int) -> tuple[str, str] | None:
-    """Drop ``dependant``'s dependencies on ``job`` that are met; the first that never
-    will be, if any (then nothing is changed)."""
+def _resolve(dependant: Job, target_id: str, judge: Judge, now: int) -> str | None:
+    """Drop ``dependant``'s dependencies on ``target_id`` that are met; the kind of the
+    first that never will be, if any (then nothing is changed)."""
     remaining = []
     for kind, job_id in dependant.waiting_for:
-        if job_id != job.job_id:
+        if job_id != target_id:
             remaining.append((kind, job_id))
             continue
-        result = outcome(kind, job)
+        result = judge(kind)
         if result is Outcome.NEVER:
-            return kind, job_id
+            return kind
         if result is Outcome.WAITING:
             remaining.append((kind, job_id))
     waiting = tuple(remaining)

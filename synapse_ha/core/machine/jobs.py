@@ -8,6 +8,7 @@ import dataclasses
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
+from synapse_ha.core.arrays import parse_array, task_id
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.attempts import (
     end_attempt,
@@ -16,10 +17,17 @@ from synapse_ha.core.machine.attempts import (
     finish,
     settle_drained,
 )
-from synapse_ha.core.machine.changes import Changes, Handling, one_job
+from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, one_job
 from synapse_ha.core.machine.dependencies import register as register_dependencies
 from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
-from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, time_limit_deadline
+from synapse_ha.core.model import (
+    ArrayJob,
+    ClusterState,
+    Job,
+    JobSpec,
+    JobState,
+    time_limit_deadline,
+)
 from synapse_ha.core.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.validation import Violation, check_job_queue, check_job_spec, describe
@@ -45,7 +53,10 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     seq = state.next_job_seq
     job_id = f"job-{seq:06d}"
     state.next_job_seq = seq + 1
-    state.jobs[job_id] = Job(
+    state.request_ids[c.request_id] = job_id
+    if spec.array:
+        return _submit_array(state, c, spec, job_id, now)
+    job = Job(
         job_id=job_id,
         spec=spec,
         request_id=c.request_id,
@@ -53,10 +64,46 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
         submitted_at_ms=now,
         owner=c.owner,
     )
-    state.request_ids[c.request_id] = job_id
-    _open_window(state.jobs[job_id])
-    register_dependencies(state, state.jobs[job_id])
+    state.jobs[job_id] = job
+    _open_window(job)
+    register_dependencies(state, [job])
     return ok(f"submitted {job_id}", job_id=job_id, created=True)
+
+
+def _submit_array(
+    state: ClusterState, c: cmd.SubmitJob, spec: JobSpec, array_id: str, now: int
+) -> Result:
+    """One command, the whole array: its record and a pending job per task, sharing the
+    spec (the text was checked with the spec)."""
+    plan = parse_array(spec.array)
+    seq = state.next_job_seq - 1
+    state.arrays[array_id] = ArrayJob(
+        array_id=array_id,
+        spec=spec,
+        request_id=c.request_id,
+        seq=seq,
+        submitted_at_ms=now,
+        indices=plan.indices,
+        throttle=plan.throttle,
+        owner=c.owner,
+    )
+    tasks = []
+    for index in plan.indices:
+        task = Job(
+            job_id=task_id(array_id, index),
+            spec=spec,
+            request_id=c.request_id,
+            seq=seq,
+            submitted_at_ms=now,
+            owner=c.owner,
+            array_id=array_id,
+            array_index=index,
+        )
+        state.jobs[task.job_id] = task
+        _open_window(task)
+        tasks.append(task)
+    register_dependencies(state, tasks)
+    return ok(f"submitted array {array_id} of {len(tasks)} task(s)", job_id=array_id, created=True)
 
 
 def _window_problem(spec: JobSpec, now: int) -> tuple[str, str] | None:
@@ -108,6 +155,9 @@ def _resolve_queue_and_class(state: ClusterState, spec: JobSpec) -> tuple[JobSpe
 
 
 def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
+    array = state.arrays.get(c.job_id)
+    if array is not None:
+        return _cancel_array(state, array, c, now)
     job = state.jobs.get(c.job_id)
     if job is None:
         return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
@@ -115,6 +165,24 @@ def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
         return ok(f"{c.job_id} was already cancelled", job_id=c.job_id)
     if job.state.finished:
         return error(ResultCode.CONFLICT, f"{c.job_id} already finished as {job.state.value}")
+    _cancel(state, job, c, now)
+    return ok(f"{c.job_id} cancelled", job_id=c.job_id)
+
+
+def _cancel_array(state: ClusterState, array: ArrayJob, c: cmd.CancelJob, now: int) -> Result:
+    """Every unfinished task of the array is cancelled (finished ones keep their end)."""
+    unfinished = [
+        state.jobs[task]
+        for task in array.task_ids()
+        if task in state.jobs and not state.jobs[task].state.finished
+    ]
+    for job in unfinished:
+        if not job.state.finished:  # a dependant cancelled on the way stays as it ended
+            _cancel(state, job, c, now)
+    return ok(f"{c.job_id}: {len(unfinished)} unfinished task(s) cancelled", job_id=c.job_id)
+
+
+def _cancel(state: ClusterState, job: Job, c: cmd.CancelJob, now: int) -> None:
     attempt = job.live_attempt()
     if attempt is not None:
         end_attempt(
@@ -124,7 +192,6 @@ def _cancel_job(state: ClusterState, c: cmd.CancelJob, now: int) -> Result:
     job.cancelled_by = c.actor
     if attempt is not None:
         settle_drained(state, sorted({m.node_id for m in attempt.members}))
-    return ok(f"{c.job_id} cancelled", job_id=c.job_id)
 
 
 def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
@@ -184,10 +251,18 @@ def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Resu
         and job.finished_at_ms <= horizon
         and not (job.attempt is not None and job.attempt.held)  # kept while it holds
     )
+    purged = []
     for job_id in gone:
         job = state.jobs.pop(job_id)
+        purged.append(job)
         if state.request_ids.get(job.request_id) == job_id:
             del state.request_ids[job.request_id]
+    for array_id in sorted({job.array_id for job in purged} - {""}):  # gone with its last task
+        array = state.arrays[array_id]
+        if not any(task in state.jobs for task in array.task_ids()):
+            del state.arrays[array_id]
+            if state.request_ids.get(array.request_id) == array_id:
+                del state.request_ids[array.request_id]
     return ok(f"purged {len(gone)} finished job(s)", purged=tuple(gone))
 
 
@@ -198,6 +273,16 @@ def _touches_submission(state: ClusterState, c: cmd.SubmitJob, changes: Changes)
     job_id = state.request_ids.get(c.request_id)
     if job_id is not None:
         changes.jobs.add(job_id)
+        array = state.arrays.get(job_id)
+        if array is not None:  # made (or named again) by this command
+            changes.jobs.update(array.task_ids())
+
+
+def _touches_cancel(state: ClusterState, c: cmd.CancelJob, changes: Changes) -> None:
+    """The job and its nodes, or, for an array, every task and its nodes."""
+    array = state.arrays.get(c.job_id)
+    for job_id in array.task_ids() if array is not None else (c.job_id,):
+        job_and_its_nodes(state, job_id, changes)
 
 
 def _touches_purge(state: ClusterState, c: cmd.PurgeFinished, changes: Changes) -> None:
@@ -207,7 +292,7 @@ def _touches_purge(state: ClusterState, c: cmd.PurgeFinished, changes: Changes) 
 
 HANDLERS: dict[type, Handling] = {
     cmd.SubmitJob: Handling(_submit_job, _touches_submission),
-    cmd.CancelJob: Handling(_cancel_job, one_job),
+    cmd.CancelJob: Handling(_cancel_job, _touches_cancel),
     cmd.FailAttempt: Handling(_fail_attempt, one_job),
     cmd.ExpireTimeLimit: Handling(_expire_time_limit, one_job),
     cmd.ExpireDeadline: Handling(_expire_deadline, one_job),

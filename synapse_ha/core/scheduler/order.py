@@ -24,11 +24,17 @@ from synapse_ha.core.quota import QueueUsage
 
 
 def ordered_pending(
-    state: ClusterState, now_ms: int, usage: QueueUsage | None, first: set[str]
+    state: ClusterState,
+    now_ms: int,
+    usage: QueueUsage | None,
+    first: set[str],
+    pending: list[Job] | None = None,
 ) -> Iterator[Job]:
-    """Pending jobs in the order the pass considers them. Lazy: ``usage`` may change
-    between two jobs (a gang placed) and the next choice sees it."""
-    pending = state.pending_jobs()
+    """Pending jobs (``pending``, by default :meth:`ClusterState.pending_jobs`) in the
+    order the pass considers them. Lazy: ``usage`` may change between two jobs (a gang
+    placed) and the next choice sees it."""
+    if pending is None:
+        pending = state.pending_jobs()
     if first:
         for job in pending:
             if job.job_id in first:

@@ -80,12 +80,19 @@ def _plan(
 ) -> Plan:
     """The pass's decisions, gang by gang in queue order, on the table behind ``view``."""
     work = _Pass(state, now_ms, view, empty_view, answers)
-    for job in ordered_pending(state, now_ms, work.usage, set(work.claims)):
+    pending, throttled = state.pending_and_throttled()
+    for job in ordered_pending(state, now_ms, work.usage, set(work.claims), pending):
         if now_ms < job.retry_not_before_ms:
             continue  # its reason was set when the attempt failed
         placed = work.decide(job)
         if placed is not None and on_decision is not None:
             on_decision(job.job_id, placed)
+    for job in throttled:
+        if now_ms >= job.retry_not_before_ms:
+            throttle = state.arrays[job.array_id].throttle
+            work.plan.reasons[job.job_id] = reason(
+                ReasonCode.ARRAY_THROTTLE, array=job.array_id, throttle=throttle
+            )
     return _with_causes(state, work.plan)
 
 
