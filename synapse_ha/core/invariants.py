@@ -300,10 +300,11 @@ def _node_problems(state: ClusterState, held: _Holdings) -> list[str]:
 
 
 def _bookkeeping_problems(state: ClusterState) -> list[str]:
-    """Request ids point at the jobs they made; sequence numbers stay below the next."""
+    """Request ids point at the jobs or arrays they made; sequence numbers stay below the
+    next."""
     problems = []
     for request_id, job_id in sorted(state.request_ids.items()):
-        owner = state.jobs.get(job_id)
+        owner = state.jobs.get(job_id) or state.arrays.get(job_id)
         if owner is None or owner.request_id != request_id:
             problems.append(f"request id {request_id!r} points at a missing job {job_id}")
     if state.jobs and max(j.seq for j in state.jobs.values()) >= state.next_job_seq:

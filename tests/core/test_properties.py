@@ -22,10 +22,10 @@ from hypothesis.stateful import (
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.access import Role
-from synapse_ha.core.cluster_config import PreemptionMode, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode, Queue
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
 from synapse_ha.core.dependencies import Dependencies
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.formats import FORMAT, NEW_FIELDS
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
     ClusterState,
@@ -324,7 +324,8 @@ class ClusterMachine(DependentSubmissions):
     def hold_until_stopped(self, on: bool) -> None:
         wanted = replace(self.state.config, hold_until_stopped=on)
         result = self.do(c.Configure(wanted, self.now))
-        allowed = not on or self.state.format_floor >= FORMAT
+        needed = NEW_FIELDS[ClusterConfig]["hold_until_stopped"]
+        allowed = not on or self.state.format_floor >= needed
         assert result.ok is allowed, result.message
         if on and allowed:
             self.saw_hold = True
