@@ -279,20 +279,34 @@ class ClusterClient:
 
     def list_jobs(self, limit: int = 0, **filters: Any) -> list[pb.Job]:
         """Every matching job (at most ``limit`` when it is set), page after page."""
-        jobs: list[pb.Job] = []
+        return [item for item in self.list_lines(limit, **filters) if isinstance(item, pb.Job)]
+
+    def list_lines(self, limit: int = 0, **filters: Any) -> list[pb.Job | pb.ArraySummary]:
+        """Every matching job, and with ``collapse_arrays=True`` each array as one
+        summary in its place, in submission order (at most ``limit`` when it is set)."""
+        lines: list[pb.Job | pb.ArraySummary] = []
         page_token = ""
         while True:
-            page_size = min(limit - len(jobs), 1000) if limit else 0
+            page_size = min(limit - len(lines), 1000) if limit else 0
             request = pb.ListJobsRequest(limit=page_size, page_token=page_token, **filters)
 
             def page(address: str, timeout: float, r: pb.ListJobsRequest = request) -> Any:
                 return self.scheduler(address).ListJobs(r, timeout=timeout)
 
             response = self.call("ListJobs", page)
-            jobs.extend(response.jobs)
+            got: list[pb.Job | pb.ArraySummary] = [*response.jobs, *response.arrays]
+            lines.extend(sorted(got, key=lambda item: item.seq))
             page_token = response.next_page_token
-            if not page_token or (limit and len(jobs) >= limit):
-                return jobs
+            if not page_token or (limit and len(lines) >= limit):
+                return lines
+
+    def get_array(self, array_id: str, allow_stale: bool = False) -> pb.ArraySummary:
+        request = pb.GetArrayRequest(array_id=array_id, allow_stale=allow_stale)
+        response = self.call(
+            "GetArray", lambda a, t: self.scheduler(a).GetArray(request, timeout=t)
+        )
+        array: pb.ArraySummary = response.array
+        return array
 
     def cancel_job(self, job_id: str, reason: str = "") -> pb.CancelJobResponse:
         request = pb.CancelJobRequest(job_id=job_id, reason=reason)

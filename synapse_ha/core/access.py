@@ -140,6 +140,7 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("SubmitJob"): _PEOPLE,
     _scheduler("GetJob"): _READERS,
     _scheduler("ListJobs"): _READERS,
+    _scheduler("GetArray"): _READERS,
     _scheduler("CancelJob"): _PEOPLE,
     _scheduler("ExplainJob"): _PEOPLE,
     _scheduler("GrantLogAccess"): _PEOPLE,

@@ -239,15 +239,15 @@ class PendingInFlight:
         """Held for ``owner`` and for ``queue``; call with :attr:`lock` held."""
         return self._owner.get(owner, 0), self._queue.get(queue, 0)
 
-    def hold(self, owner: str, queue: str) -> None:
-        """Count one more; call with :attr:`lock` held."""
-        self._owner[owner] = self._owner.get(owner, 0) + 1
-        self._queue[queue] = self._queue.get(queue, 0) + 1
+    def hold(self, owner: str, queue: str, jobs: int = 1) -> None:
+        """Count ``jobs`` more (an array's tasks); call with :attr:`lock` held."""
+        self._owner[owner] = self._owner.get(owner, 0) + jobs
+        self._queue[queue] = self._queue.get(queue, 0) + jobs
 
-    def release(self, owner: str, queue: str) -> None:
+    def release(self, owner: str, queue: str, jobs: int = 1) -> None:
         with self.lock:
             for counts, key in ((self._owner, owner), (self._queue, queue)):
-                left = counts.get(key, 0) - 1
+                left = counts.get(key, 0) - jobs
                 if left > 0:
                     counts[key] = left
                 else:

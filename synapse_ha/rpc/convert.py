@@ -17,6 +17,7 @@ from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.health import GpuFault, NodeCheck, NodeCondition
 from synapse_ha.core.model import (
+    ArrayJob,
     Attempt,
     Job,
     JobSpec,
@@ -92,6 +93,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         begin_delay_ms=msg.begin_delay_ms,
         deadline_at_ms=msg.deadline_at_ms,
         deadline_delay_ms=msg.deadline_delay_ms,
+        array=msg.array,
     )
     return spec
 
@@ -139,6 +141,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         begin_delay_ms=spec.begin_delay_ms,
         deadline_at_ms=spec.deadline_at_ms,
         deadline_delay_ms=spec.deadline_delay_ms,
+        array=spec.array,
         retries=pb.RetryPolicy(
             max=spec.retries.max_retries,
             backoff_ms=spec.retries.backoff_ms,
@@ -207,12 +210,7 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
     spec = spec_to_proto(job.spec)
     request_id = shown_request_id(job.owner, job.request_id)
     if redacted:
-        spec.ClearField("command")
-        del spec.env[:]
-        spec.workdir = ""
-        spec.image = ""
-        if spec.HasField("prestart"):
-            del spec.prestart.command[:]
+        _withhold(spec)
         request_id = ""
     msg = pb.Job(
         job_id=job.job_id,
@@ -236,7 +234,43 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
         msg.attempt.CopyFrom(attempt_to_proto(job.attempt, redacted))
     if job.waiting_for:
         msg.waiting_for.CopyFrom(dependencies_to_proto(Dependencies.of_pairs(job.waiting_for)))
+    if job.array_id:
+        msg.array_id = job.array_id
+        msg.array_index = job.array_index
     return msg
+
+
+def _withhold(spec: pb.JobSpec) -> None:
+    """Clear what an owner wrote in a spec that may carry a secret (see job_to_proto)."""
+    spec.ClearField("command")
+    del spec.env[:]
+    spec.workdir = ""
+    spec.image = ""
+    if spec.HasField("prestart"):
+        del spec.prestart.command[:]
+
+
+def array_to_proto(array: ArrayJob, tasks: list[Job], redacted: bool = False) -> pb.ArraySummary:
+    """An array as one summary: its spec (withheld as for a job when ``redacted``) and
+    its tasks (those still kept) counted by state."""
+    spec = spec_to_proto(array.spec)
+    if redacted:
+        _withhold(spec)
+    counts: dict[str, int] = {}
+    for task in tasks:
+        counts[task.state.value] = counts.get(task.state.value, 0) + 1
+    return pb.ArraySummary(
+        array_id=array.array_id,
+        spec=spec,
+        owner=array.owner,
+        submitted_at_ms=array.submitted_at_ms,
+        seq=array.seq,
+        tasks=len(tasks),
+        throttle=array.throttle,
+        task_states=counts,
+        redacted=redacted,
+        request_id="" if redacted else shown_request_id(array.owner, array.request_id),
+    )
 
 
 # -------------------------------------------------------------------------- nodes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from synapse_ha.core.arrays import task_of
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.worker.accounts import Account, owner_environment
 
@@ -26,7 +27,8 @@ def member_environment(
 ) -> dict[str, str]:
     """The member's environment: ``base``, then ``HOME``, ``USER`` and ``LOGNAME`` of the
     ``account`` it runs as (when it runs as its owner), then the job's ``env``, then the
-    DESIGN §5 variables (which the job cannot override: they define the gang)."""
+    DESIGN §5 variables (which the job cannot override: they define the gang), with the
+    array's for a task of an array."""
     env = dict(base)
     if account is not None:
         env.update(owner_environment(account))
@@ -48,6 +50,17 @@ def member_environment(
             "SYNAPSE_MEMBER_HOSTS": ",".join(member.member_hosts),
         }
     )
+    task = task_of(member.job_id)
+    if task is not None:  # a task of an array (core/arrays.py)
+        array_id, index = task
+        env.update(
+            {
+                "SYNAPSE_ARRAY_JOB_ID": array_id,
+                "SYNAPSE_ARRAY_TASK_ID": str(index),
+                "SLURM_ARRAY_JOB_ID": array_id,
+                "SLURM_ARRAY_TASK_ID": str(index),
+            }
+        )
     return env
 
 

@@ -457,3 +457,17 @@ def test_kill_all_keeps_the_exit_of_a_member_that_had_already_exited(
     ((key, exit_),) = executor.poll()
     assert key == member.key
     assert (exit_.exit_code, exit_.disrupted) == (0, False)
+
+
+def test_a_task_of_an_array_sees_its_array_and_index_and_a_job_does_not(
+    make_executor: MakeExecutor,
+) -> None:
+    executor = make_executor()
+    task = executor.start(spec("env", job_id="job-000042_7"))
+    single = executor.start(spec("env", job_id="job-000043", token=2))
+    assert finish(executor, task).exit_code == 0 and finish(executor, single).exit_code == 0
+    env = parse_env(log_text(task))
+    assert env["SYNAPSE_JOB_ID"] == "job-000042_7"
+    assert (env["SYNAPSE_ARRAY_JOB_ID"], env["SYNAPSE_ARRAY_TASK_ID"]) == ("job-000042", "7")
+    assert (env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) == ("job-000042", "7")
+    assert not any(name.endswith("ARRAY_TASK_ID") for name in parse_env(log_text(single)))

@@ -10,9 +10,10 @@ import grpc
 from synapse_ha.core import access, admission, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity
+from synapse_ha.core.arrays import parse_array
 from synapse_ha.core.cluster_config import Limits
 from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
-from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState
+from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobSpec, JobState
 from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, states
@@ -32,8 +33,44 @@ from synapse_ha.rpc.server.context import (
 )
 
 
+def _listed(job: Job, wanted_states: set[JobState], request: pb.ListJobsRequest) -> bool:
+    """Whether ``job`` passes the request's state, name and node filters."""
+    if wanted_states and job.state not in wanted_states:
+        return False
+    if request.name and job.spec.name != request.name:
+        return False
+    return not request.node_id or (
+        job.attempt is not None and any(m.node_id == request.node_id for m in job.attempt.members)
+    )
+
+
+def _tasks(state: ClusterState, array: ArrayJob) -> list[Job]:
+    return [state.jobs[t] for t in array.task_ids() if t in state.jobs]
+
+
+# A page ends after a job (its seq), or after a task of an array ("<seq>:<index>"). An
+# array shown as one line ends its page at its seq: its tasks are all behind it.
+_WHOLE_SEQ = 1 << 62
+
+
+def _page_token(last: Job | ArrayJob) -> str:
+    if isinstance(last, Job) and last.array_id:
+        return f"{last.seq}:{last.array_index}"
+    return str(last.seq)
+
+
+def _page_start(context: grpc.ServicerContext, token: str) -> tuple[int, int]:
+    """Where the page after ``token`` starts: after this (seq, task index)."""
+    if not token:
+        return (0, _WHOLE_SEQ)
+    seq, _, index = token.partition(":")
+    if not seq.isdigit() or (index and not index.isdigit()):
+        _invalid(context, SpecError("page_token", "is not a next_page_token a replica returned"))
+    return (int(seq), int(index) if index else _WHOLE_SEQ)
+
+
 class JobService(_Base):
-    """SubmitJob, CancelJob, GetJob, ListJobs, ExplainJob and GrantLogAccess."""
+    """SubmitJob, CancelJob, GetJob, GetArray, ListJobs, ExplainJob and GrantLogAccess."""
 
     # ------------------------------------------------------------------- writes
 
@@ -69,7 +106,8 @@ class JobService(_Base):
         existing = state.request_ids.get(request_id)
         if existing is not None:  # a retry: nothing new to admit
             return pb.SubmitJobResponse(job_id=existing, created=False)
-        held = limited and self._hold_pending(context, identity, spec, limits)
+        jobs = len(parse_array(spec.array).indices) if spec.array else 1
+        held = limited and self._hold_pending(context, identity, spec, limits, jobs)
         try:
             command = cmd.SubmitJob(
                 spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms(), owner=owner
@@ -77,7 +115,7 @@ class JobService(_Base):
             result = self._check(context, self._propose(context, command))
         finally:
             if held:
-                self.ctx.pending_in_flight.release(owner, spec.queue)
+                self.ctx.pending_in_flight.release(owner, spec.queue, jobs)
         if result.created:
             _audit(identity, "SubmitJob", result.job_id)
         return pb.SubmitJobResponse(job_id=result.job_id, created=result.created)
@@ -103,21 +141,26 @@ class JobService(_Base):
             )
 
     def _hold_pending(
-        self, context: grpc.ServicerContext, identity: Identity, spec: JobSpec, limits: Limits
+        self,
+        context: grpc.ServicerContext,
+        identity: Identity,
+        spec: JobSpec,
+        limits: Limits,
+        jobs: int,
     ) -> bool:
-        """Count the submission against the pending caps until it is applied (abort with
-        LIMIT_EXCEEDED when it would pass one); True once held. The state is read under
-        the lock a release takes after its apply, so every other submission is counted
-        once: in the state, or as held."""
+        """Count the submission's ``jobs`` (an array's tasks) against the pending caps
+        until it is applied (abort with LIMIT_EXCEEDED when it would pass one); True once
+        held. The state is read under the lock a release takes after its apply, so every
+        other submission is counted once: in the state, or as held."""
         in_flight = self.ctx.pending_in_flight
         with in_flight.lock:
             state = self.ctx.backend.snapshot()
             counts = admission.pending_counts(state, identity.name, spec.queue)
             mine, queued = in_flight.counts(identity.name, spec.queue)
             total = admission.PendingCounts(counts.owner + mine, counts.queue + queued)
-            refusal = admission.pending_refusal(limits, total, identity.name, spec.queue)
+            refusal = admission.pending_refusal(limits, total, identity.name, spec.queue, jobs)
             if refusal is None:
-                in_flight.hold(identity.name, spec.queue)
+                in_flight.hold(identity.name, spec.queue, jobs)
         _refuse_limit(context, identity, refusal)
         return True
 
@@ -152,7 +195,8 @@ class JobService(_Base):
             _required(context, "job_id")
         identity = caller(context)
         self._require_serving_leader(context)
-        known = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        snapshot = self.ctx.backend.snapshot()
+        known = snapshot.jobs.get(request.job_id) or snapshot.arrays.get(request.job_id)
         if known is None:
             _job_not_found(context, request.job_id)
         self._may_manage(context, identity, request.job_id, known.owner)
@@ -169,7 +213,7 @@ class JobService(_Base):
         )
         _audit(identity, "CancelJob", request.job_id)
         job = self.ctx.backend.snapshot().jobs.get(request.job_id)
-        job_state = job.state if job is not None else JobState.CANCELLED
+        job_state = job.state if job is not None else JobState.CANCELLED  # an array: its tasks
         return pb.CancelJobResponse(message=result.message, **states.job_state_fields(job_state))
 
     # -------------------------------------------------------------------- reads
@@ -196,42 +240,54 @@ class JobService(_Base):
                 _invalid(context, SpecError(f"states[{i}]", f"{name!r} is not one of {allowed}"))
         if request.limit < 0:
             _invalid(context, SpecError("limit", "must not be negative"))
-        after_seq = 0
-        if request.page_token:
-            if not request.page_token.isdigit():
-                _invalid(
-                    context, SpecError("page_token", "is not a next_page_token a replica returned")
-                )
-            after_seq = int(request.page_token)
+        after = _page_start(context, request.page_token)
         page_size = min(request.limit or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         stale = self._read_mode(context, request.allow_stale)
         identity = caller(context)
         with self._heavy_read(context):
             state = self.ctx.backend.snapshot()
-            page: list[Job] = []
+            page: list[Job | ArrayJob] = []
             more = False
-            for job in sorted(state.jobs.values(), key=lambda j: j.seq):
-                if job.seq <= after_seq:
+            shown: set[str] = set()  # arrays already on the page
+            for job in sorted(state.jobs.values(), key=lambda j: (j.seq, j.array_index)):
+                if (job.seq, job.array_index) <= after or job.array_id in shown:
                     continue
-                if wanted_states and job.state not in wanted_states:
+                if request.array_id and job.array_id != request.array_id:
                     continue
-                if request.name and job.spec.name != request.name:
-                    continue
-                if request.node_id and not (
-                    job.attempt is not None
-                    and any(m.node_id == request.node_id for m in job.attempt.members)
-                ):
+                if not _listed(job, wanted_states, request):
                     continue
                 if len(page) == page_size:
                     more = True
                     break
-                page.append(job)
-            out = [
-                convert.job_to_proto(job, not access.may_manage_job(identity, job.owner))
-                for job in page
-            ]
-        next_token = str(page[-1].seq) if more else ""
-        return pb.ListJobsResponse(jobs=out, stale=stale, next_page_token=next_token)
+                if request.collapse_arrays and job.array_id:
+                    shown.add(job.array_id)
+                    page.append(state.arrays[job.array_id])
+                else:
+                    page.append(job)
+            out = []
+            arrays = []
+            for item in page:
+                redacted = not access.may_manage_job(identity, item.owner)
+                if isinstance(item, ArrayJob):
+                    arrays.append(convert.array_to_proto(item, _tasks(state, item), redacted))
+                else:
+                    out.append(convert.job_to_proto(item, redacted))
+        next_token = _page_token(page[-1]) if more else ""
+        return pb.ListJobsResponse(jobs=out, arrays=arrays, stale=stale, next_page_token=next_token)
+
+    def GetArray(
+        self, request: pb.GetArrayRequest, context: grpc.ServicerContext
+    ) -> pb.GetArrayResponse:
+        if not request.array_id:
+            _required(context, "array_id")
+        stale = self._read_mode(context, request.allow_stale)
+        state = self.ctx.backend.snapshot()
+        array = state.arrays.get(request.array_id)
+        if array is None:
+            _job_not_found(context, request.array_id)
+        redacted = not access.may_manage_job(caller(context), array.owner)
+        summary = convert.array_to_proto(array, _tasks(state, array), redacted)
+        return pb.GetArrayResponse(array=summary, stale=stale)
 
     def ExplainJob(
         self, request: pb.ExplainJobRequest, context: grpc.ServicerContext

@@ -126,7 +126,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms")
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms", "array")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class JobSpec(_message.Message):
     BEGIN_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_AT_MS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
     name: str
     replicas: int
     resources: Resources
@@ -171,7 +172,8 @@ class JobSpec(_message.Message):
     begin_delay_ms: int
     deadline_at_ms: int
     deadline_delay_ms: int
-    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ...) -> None: ...
+    array: str
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ..., array: _Optional[str] = ...) -> None: ...
 
 class Dependencies(_message.Message):
     __slots__ = ("after_ok", "after_any", "after_not_ok", "after")
@@ -254,7 +256,7 @@ class Attempt(_message.Message):
     def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., master_port: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., preempted_by: _Optional[str] = ..., preemption: _Optional[str] = ..., preempt_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq", "reason_code", "retries_used", "requeues", "owner", "redacted", "cancelled_by", "job_state", "waiting_for")
+    __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq", "reason_code", "retries_used", "requeues", "owner", "redacted", "cancelled_by", "job_state", "waiting_for", "array_id", "array_index")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +276,8 @@ class Job(_message.Message):
     CANCELLED_BY_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     request_id: str
     spec: JobSpec
@@ -293,7 +297,40 @@ class Job(_message.Message):
     cancelled_by: str
     job_state: JobState
     waiting_for: Dependencies
-    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts_made: _Optional[int] = ..., retry_not_before_ms: _Optional[int] = ..., attempt: _Optional[_Union[Attempt, _Mapping]] = ..., seq: _Optional[int] = ..., reason_code: _Optional[str] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., owner: _Optional[str] = ..., redacted: _Optional[bool] = ..., cancelled_by: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., waiting_for: _Optional[_Union[Dependencies, _Mapping]] = ...) -> None: ...
+    array_id: str
+    array_index: int
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts_made: _Optional[int] = ..., retry_not_before_ms: _Optional[int] = ..., attempt: _Optional[_Union[Attempt, _Mapping]] = ..., seq: _Optional[int] = ..., reason_code: _Optional[str] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., owner: _Optional[str] = ..., redacted: _Optional[bool] = ..., cancelled_by: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., waiting_for: _Optional[_Union[Dependencies, _Mapping]] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
+
+class ArraySummary(_message.Message):
+    __slots__ = ("array_id", "spec", "owner", "submitted_at_ms", "seq", "tasks", "throttle", "task_states", "redacted", "request_id")
+    class TaskStatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_FIELD_NUMBER: _ClassVar[int]
+    TASK_STATES_FIELD_NUMBER: _ClassVar[int]
+    REDACTED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    spec: JobSpec
+    owner: str
+    submitted_at_ms: int
+    seq: int
+    tasks: int
+    throttle: int
+    task_states: _containers.ScalarMap[str, int]
+    redacted: bool
+    request_id: str
+    def __init__(self, array_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., owner: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., seq: _Optional[int] = ..., tasks: _Optional[int] = ..., throttle: _Optional[int] = ..., task_states: _Optional[_Mapping[str, int]] = ..., redacted: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "request_id")
@@ -328,7 +365,7 @@ class GetJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., stale: _Optional[bool] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "name", "node_id", "limit", "allow_stale", "page_token", "job_states")
+    __slots__ = ("states", "name", "node_id", "limit", "allow_stale", "page_token", "job_states", "collapse_arrays", "array_id")
     STATES_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +373,8 @@ class ListJobsRequest(_message.Message):
     ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     JOB_STATES_FIELD_NUMBER: _ClassVar[int]
+    COLLAPSE_ARRAYS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[str]
     name: str
     node_id: str
@@ -343,17 +382,37 @@ class ListJobsRequest(_message.Message):
     allow_stale: bool
     page_token: str
     job_states: _containers.RepeatedScalarFieldContainer[JobState]
-    def __init__(self, states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node_id: _Optional[str] = ..., limit: _Optional[int] = ..., allow_stale: _Optional[bool] = ..., page_token: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[JobState, str]]] = ...) -> None: ...
+    collapse_arrays: bool
+    array_id: str
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node_id: _Optional[str] = ..., limit: _Optional[int] = ..., allow_stale: _Optional[bool] = ..., page_token: _Optional[str] = ..., job_states: _Optional[_Iterable[_Union[JobState, str]]] = ..., collapse_arrays: _Optional[bool] = ..., array_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "stale", "next_page_token")
+    __slots__ = ("jobs", "stale", "next_page_token", "arrays")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ARRAYS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
     stale: bool
     next_page_token: str
-    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., stale: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    arrays: _containers.RepeatedCompositeFieldContainer[ArraySummary]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., stale: _Optional[bool] = ..., next_page_token: _Optional[str] = ..., arrays: _Optional[_Iterable[_Union[ArraySummary, _Mapping]]] = ...) -> None: ...
+
+class GetArrayRequest(_message.Message):
+    __slots__ = ("array_id", "allow_stale")
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
+    array_id: str
+    allow_stale: bool
+    def __init__(self, array_id: _Optional[str] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
+
+class GetArrayResponse(_message.Message):
+    __slots__ = ("array", "stale")
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    array: ArraySummary
+    stale: bool
+    def __init__(self, array: _Optional[_Union[ArraySummary, _Mapping]] = ..., stale: _Optional[bool] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id", "reason")

@@ -49,6 +49,11 @@ class SchedulerServiceStub:
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.GetArray = channel.unary_unary(
+                '/synapse.v1.SchedulerService/GetArray',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetArrayRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetArrayResponse.FromString,
+                _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/synapse.v1.SchedulerService/CancelJob',
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.CancelJobRequest.SerializeToString,
@@ -188,6 +193,13 @@ class SchedulerServiceServicer:
 
     def ListJobs(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetArray(self, request, context):
+        """An array (job arrays: `array:` in the spec) as one summary.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -364,6 +376,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListJobsRequest.FromString,
                     response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'GetArray': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetArray,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetArrayRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetArrayResponse.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
@@ -567,6 +584,33 @@ class SchedulerService:
             '/synapse.v1.SchedulerService/ListJobs',
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListJobsRequest.SerializeToString,
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetArray(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/GetArray',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetArrayRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetArrayResponse.FromString,
             options,
             channel_credentials,
             insecure,
