@@ -11,7 +11,7 @@ from typing import Any
 import click
 import grpc
 
-from synapse_ha.cli import render, render_jobs
+from synapse_ha.cli import render, render_arrays, render_jobs
 from synapse_ha.cli.app import (
     ACTIVE_STATES,
     ALL_STATES,
@@ -25,6 +25,7 @@ from synapse_ha.cli.app import (
     output_option,
     with_settings,
 )
+from synapse_ha.cli.arrays import is_array_answer, wait_for_array, with_array
 from synapse_ha.cli.defaults import POLL_INTERVAL_S, ExitCode
 from synapse_ha.cli.logs import LinePrinter
 from synapse_ha.client.cluster import new_request_id
@@ -38,6 +39,7 @@ from synapse_ha.client.logs import (
     stop_followers,
 )
 from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.core.arrays import task_id
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
 from synapse_ha.core.spec import ParsedJob
@@ -86,6 +88,14 @@ from synapse_ha.rpc.states import job_state
     metavar="JOB[,JOB]",
     help="Start only once these jobs started.",
 )
+@click.option(
+    "--array",
+    "array",
+    default=None,
+    metavar="INDICES[%N]",
+    help="Submit an array: a task per index (0-99, 1,3,5, 0-98:2), at most N at once "
+    "(spec: array).",
+)
 @output_option
 @with_settings
 def submit(
@@ -97,6 +107,7 @@ def submit(
     after_any: tuple[str, ...],
     after_not_ok: tuple[str, ...],
     after: tuple[str, ...],
+    array: str | None,
 ) -> None:
     """Validate the job spec FILE (YAML, see docs/cli.md) and submit it; print the job id.
 
@@ -110,17 +121,32 @@ def submit(
     DEPENDENCY) until each is met, and is cancelled when one can never be.
 
     \b
+    --array (or the spec's array:) submits an array: a job per task,
+    ARRAY_<index>, each with $SYNAPSE_ARRAY_TASK_ID; the id printed is the
+    array's. --wait then waits for every task.
+
+    \b
     Examples:
       synctl submit examples/cpu-gang.yaml
       synctl submit job.yaml --wait && echo done
       synctl submit job.yaml --follow
       synctl submit train.yaml --after-ok job-000012
+      synctl submit sweep.yaml --array 0-49%8
     """
     # The topology level names are the cluster's configuration: the cluster checks them.
     parsed = load_job_file(file, topology_levels=None)
     extra = Dependencies(*(_job_ids(given) for given in (after_ok, after_any, after_not_ok, after)))
     if extra.pairs():
         parsed = _with_dependencies(parsed, extra)
+    if array is not None:
+        parsed = with_array(parsed, array)
+    if follow and parsed.spec.array:
+        raise CommandFailed(
+            ExitCode.USAGE,
+            "--follow streams one job's output; for an array, follow a task: "
+            "synctl logs ARRAY --task INDEX -f",
+            str(Reason.INVALID_FIELD),
+        )
     request_id = parsed.request_id or new_request_id()
     client = settings.client()
     try:
@@ -147,6 +173,9 @@ def submit(
         return
     if settings.output == "table":
         click.echo(job_id)
+    if parsed.spec.array:
+        wait_for_array(settings, job_id, document)
+        return
     job = follow_job(settings, job_id, None) if follow else wait_for_job(settings, job_id)
     state = job_state(job)
     note(f"job {job_id} {state}" + (f": {job.reason}" if job.reason else ""))
@@ -285,6 +314,9 @@ def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = 
 @click.command()
 @click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
 @click.option("--member", type=click.IntRange(min=0), help="Only this rank's output.")
+@click.option(
+    "--task", type=click.IntRange(min=0), help="JOB is an array: this task's output (JOB_TASK)."
+)
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new output until the job ends.")
 @click.option(
     "--raw",
@@ -293,7 +325,14 @@ def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = 
     "(for a file or a pipe; a terminal obeys them).",
 )
 @with_settings
-def logs(settings: Settings, job_id: str, member: int | None, follow: bool, raw: bool) -> None:
+def logs(
+    settings: Settings,
+    job_id: str,
+    member: int | None,
+    task: int | None,
+    follow: bool,
+    raw: bool,
+) -> None:
     """Print the output of a job's members (of its current or last attempt).
 
     Each line is prefixed with [rank N] unless --member picks one rank. Logs are read
@@ -309,7 +348,10 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool, raw:
       synctl logs 42
       synctl logs 42 --member 0 -f
       synctl logs 42 --member 0 --raw > rank0.log
+      synctl logs job-000012 --task 7
     """
+    if task is not None:
+        job_id = task_id(job_id, task)
     if follow:
         job = follow_job(settings, job_id, member, raw)
         note(f"job {job_id} {job_state(job)}")
@@ -355,11 +397,21 @@ def logs(settings: Settings, job_id: str, member: int | None, follow: bool, raw:
 def status(settings: Settings, job_id: str) -> None:
     """Show one job: state, reason, attempt and fencing token, and where each member runs.
 
+    For an array: what it was submitted as and its tasks counted by state.
+
     \b
     Example:
       synctl status 42 -o json
     """
-    document = render_jobs.job_document(settings.client().get_job(job_id))
+    client = settings.client()
+    try:
+        document = render_jobs.job_document(client.get_job(job_id))
+    except grpc.RpcError as exc:
+        if not is_array_answer(exc):
+            raise
+        document = render_arrays.array_document(client.get_array(job_id))
+        emit(settings, document, lambda: render_arrays.array_table(document, now_ms()))
+        return
     emit(settings, document, lambda: render_jobs.job_table(document, now_ms()))
 
 
@@ -374,21 +426,50 @@ def status(settings: Settings, job_id: str) -> None:
 @click.option("-a", "--all", "show_all", is_flag=True, help="Finished jobs too.")
 @click.option("--name", default="", help="Only jobs with this exact name.")
 @click.option("--node", default="", help="Only jobs with a member on this node.")
+@click.option("--expand", is_flag=True, help="Each task of an array on its own line.")
+@click.option("--array", "array_id", default="", help="Only the tasks of this array.")
 @output_option
 @with_settings
-def jobs(settings: Settings, states: tuple[str, ...], show_all: bool, name: str, node: str) -> None:
+def jobs(
+    settings: Settings,
+    states: tuple[str, ...],
+    show_all: bool,
+    name: str,
+    node: str,
+    expand: bool,
+    array_id: str,
+) -> None:
     """List jobs in submission order: active ones, or --all, or those in --state.
+
+    An array is one line, its tasks counted by state (one with a task in the
+    states listed is shown); --expand lists the tasks instead.
 
     \b
     Examples:
       synctl jobs
       synctl jobs --all -o json
       synctl jobs --state pending --state failed
+      synctl jobs --array job-000012 --all
     """
     wanted = [s.upper() for s in states] or ([] if show_all else [str(s) for s in ACTIVE_STATES])
-    found = settings.client().list_jobs(states=wanted, name=name, node_id=node)
-    documents = [render_jobs.job_document(j) for j in found]
-    emit(settings, {"jobs": documents}, lambda: render_jobs.jobs_table(documents, now_ms()))
+    found = settings.client().list_lines(
+        states=wanted,
+        name=name,
+        node_id=node,
+        array_id=array_id,
+        collapse_arrays=not (expand or array_id),
+    )
+    documents = [render_jobs.job_document(j) for j in found if isinstance(j, pb.Job)]
+    arrays = [render_arrays.array_document(a) for a in found if isinstance(a, pb.ArraySummary)]
+    lines = [
+        render_jobs.job_document(j) if isinstance(j, pb.Job) else render_arrays.array_document(j)
+        for j in found
+    ]
+    emit(
+        settings,
+        {"jobs": documents, "arrays": arrays},
+        lambda: render_arrays.lines_table(lines, now_ms()),
+    )
 
 
 @click.command()

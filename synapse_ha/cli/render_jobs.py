@@ -249,21 +249,25 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
     return "\n".join(lines)
 
 
-def jobs_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
-    rows = [
-        [
-            d["id"],
-            d["name"],
-            d["state"],
-            d["replicas"],
-            d["resources"]["gpu"],
-            d["attempt"] or None,
-            age_text(d["submitted_at_ms"], now_ms),
-            _short(d["reason"], 60),
-        ]
-        for d in docs
+JOBS_HEADERS = ["ID", "NAME", "STATE", "MEMBERS", "GPU/MEMBER", "ATTEMPT", "AGE", "REASON"]
+
+
+def job_row(d: Mapping[str, Any], now_ms: int) -> list[object]:
+    """The job's line in ``synctl jobs`` (:data:`JOBS_HEADERS`)."""
+    return [
+        d["id"],
+        d["name"],
+        d["state"],
+        d["replicas"],
+        d["resources"]["gpu"],
+        d["attempt"] or None,
+        age_text(d["submitted_at_ms"], now_ms),
+        _short(d["reason"], 60),
     ]
-    return table(rows, ["ID", "NAME", "STATE", "MEMBERS", "GPU/MEMBER", "ATTEMPT", "AGE", "REASON"])
+
+
+def jobs_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
+    return table([job_row(d, now_ms) for d in docs], JOBS_HEADERS)
 
 
 def explain_table(doc: Mapping[str, Any]) -> str:

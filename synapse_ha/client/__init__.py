@@ -1,31 +1,29 @@
 """The client library of a synapse cluster.
 
-:class:`Cluster` (with :class:`Job`, :class:`JobInfo` and the :class:`SynapseError`
-family) is the Python client documented in ``docs/python.md``: what a notebook, a
-pipeline or an orchestrator's task imports. Underneath,
+:class:`Cluster` (with :class:`Job`, :class:`JobInfo`, :class:`Array`, :class:`ArrayInfo`
+and the :class:`SynapseError` family) is the Python client documented in
+``docs/python.md``: what a notebook, a pipeline or an orchestrator's task imports. Underneath,
 :class:`~synapse_ha.client.cluster.ClusterClient` finds the leader among the replicas,
 follows redirects and retries; it is what synctl, workers, the local launcher, the chaos
 suite and the benchmarks call the cluster with.
 """
 
-from synapse_ha.client.api import (
+from synapse_ha.client.api import Array, ArrayInfo, Cluster, Job, JobInfo, LogLine, Member
+from synapse_ha.client.credentials import CredentialsError
+from synapse_ha.client.errors import (
     AccessDenied,
-    Cluster,
     ClusterUnreachable,
     InvalidSpec,
-    Job,
-    JobInfo,
     JobNotFound,
-    LogLine,
-    Member,
     SynapseError,
     WaitTimedOut,
 )
-from synapse_ha.client.credentials import CredentialsError
 from synapse_ha.core.model import JobState
 
 __all__ = [
     "AccessDenied",
+    "Array",
+    "ArrayInfo",
     "Cluster",
     "ClusterUnreachable",
     "CredentialsError",

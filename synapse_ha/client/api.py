@@ -20,7 +20,6 @@ name the cases a caller branches on. ``docs/python.md`` lists the public surface
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import queue
@@ -30,10 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from synapse_ha.client import credentials
-from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.client.cluster import ClusterClient, new_request_id
+from synapse_ha.client.errors import (
+    InvalidSpec,
+    SynapseError,
+    WaitTimedOut,
+    translated,
+)
 from synapse_ha.client.logs import (
     GrantCache,
     MemberFollower,
@@ -44,11 +47,12 @@ from synapse_ha.client.logs import (
     stop_followers,
 )
 from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.core.arrays import array_problems, task_id
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
-from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
 from synapse_ha.rpc.convert import spec_to_proto
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state
 from synapse_ha.security.tls import TlsFiles, Transport
@@ -57,88 +61,6 @@ from synapse_ha.security.tls import TlsFiles, Transport
 POLL_INTERVAL_S = 0.5
 # After a followed job ends, how long its members' log streams may take to deliver the rest.
 FOLLOW_DRAIN_S = 5.0
-
-
-# ------------------------------------------------------------------------- errors
-
-
-class SynapseError(Exception):
-    """A call the cluster refused or could not answer. ``reason`` is the cluster's reason
-    code (a :class:`~synapse_ha.rpc.errors.Reason` value such as ``"JOB_NOT_FOUND"``;
-    ``"UNKNOWN"`` for an error without one), ``message`` the sentence for people."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
-
-
-class InvalidSpec(SynapseError):
-    """A job spec breaks a rule, found here or by the cluster. ``field`` is the dotted
-    path (``resources.memory``), ``rule`` what is allowed, ``line`` the file line when
-    the spec came from a file and the line is known."""
-
-    def __init__(self, field: str, rule: str, line: int | None = None, source: str = "") -> None:
-        where = f"{source}:{line}: " if source and line else (f"{source}: " if source else "")
-        super().__init__(str(Reason.INVALID_FIELD), f"{where}{field}: {rule}")
-        self.field = field
-        self.rule = rule
-        self.line = line
-
-
-class JobNotFound(SynapseError):
-    """No job has this id (or the caller may not see it)."""
-
-    def __init__(self, job_id: str, message: str) -> None:
-        super().__init__(str(Reason.JOB_NOT_FOUND), message)
-        self.job_id = job_id
-
-
-class AccessDenied(SynapseError):
-    """No credential, a refused one, or a caller who may not do this (``UNAUTHENTICATED``,
-    ``PERMISSION_DENIED``)."""
-
-
-class ClusterUnreachable(SynapseError):
-    """No replica answered in time; ``attempts`` lists each address tried and what it
-    answered."""
-
-    def __init__(self, message: str, attempts: Sequence[tuple[str, str]]) -> None:
-        super().__init__("UNAVAILABLE", message)
-        self.attempts = list(attempts)
-
-
-class WaitTimedOut(SynapseError, TimeoutError):
-    """:meth:`Job.wait` gave up before the job finished; ``info`` is its last state."""
-
-    def __init__(self, info: JobInfo, timeout_s: float) -> None:
-        super().__init__("TIMEOUT", f"job {info.id} still {info.state} after {timeout_s:g}s")
-        self.info = info
-
-
-_DENIED = frozenset({Reason.UNAUTHENTICATED, Reason.PERMISSION_DENIED})
-
-
-@contextlib.contextmanager
-def _translated(job_id: str = "") -> Iterator[None]:
-    """Raise the cluster's failures as :class:`SynapseError` values."""
-    try:
-        yield
-    except ClusterUnavailable as exc:
-        raise ClusterUnreachable(str(exc), exc.attempts) from exc
-    except grpc.RpcError as exc:
-        failure = failure_of(exc)
-        if failure.reason is Reason.INVALID_FIELD:
-            raise InvalidSpec(failure.field, failure.rule or failure.message) from exc
-        if failure.reason is Reason.JOB_NOT_FOUND:
-            raise JobNotFound(failure.metadata.get("job_id", job_id), failure.message) from exc
-        if failure.reason in _DENIED or failure.code in (
-            grpc.StatusCode.UNAUTHENTICATED,
-            grpc.StatusCode.PERMISSION_DENIED,
-        ):
-            raise AccessDenied(str(failure.reason), failure.message) from exc
-        reason = str(failure.reason) if failure.reason is not Reason.UNKNOWN else failure.code.name
-        raise SynapseError(reason, failure.message) from exc
 
 
 # ---------------------------------------------------------------------- job values
@@ -265,7 +187,7 @@ class Job:
 
     def info(self) -> JobInfo:
         """The job now (``GetJob``)."""
-        with _translated(self.id):
+        with translated(self.id):
             return JobInfo.of(self.cluster.client.get_job(self.id))
 
     @property
@@ -290,7 +212,7 @@ class Job:
         stopped) and return it. Cancelling a job already cancelled returns it; one that
         finished otherwise raises :class:`SynapseError` (``CONFLICT``)."""
         try:
-            with _translated(self.id):
+            with translated(self.id):
                 self.cluster.client.cancel_job(self.id, reason)
         except SynapseError as exc:
             if exc.reason != str(Reason.CONFLICT) or self.info().state is not JobState.CANCELLED:
@@ -299,7 +221,7 @@ class Job:
 
     def explain(self) -> pb.ExplainJobResponse:
         """Why the job is pending, or where each member runs (``ExplainJob``)."""
-        with _translated(self.id):
+        with translated(self.id):
             return self.cluster.client.explain_job(self.id)
 
     def logs(self, follow: bool = False, member: int | None = None) -> Iterator[LogLine]:
@@ -326,7 +248,7 @@ class Job:
             yield from lines.drain()
 
     def _grant(self, log: MemberLog) -> str | None:
-        with _translated(self.id):
+        with translated(self.id):
             return self.cluster.grants.get(log)
 
     def _member_logs(self, info: JobInfo, member: int | None) -> list[MemberLog]:
@@ -373,6 +295,89 @@ class Job:
 
 # Jobs named as dependencies: a Job, a job id, or several.
 Jobs = Job | str | Iterable[Job | str]
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayInfo:
+    """An array as the cluster knows it at the time of the call: its tasks (those still
+    kept) counted by state. ``raw`` is the whole ``synapse.v1.ArraySummary``."""
+
+    id: str
+    name: str
+    owner: str
+    tasks: int
+    throttle: int  # at most this many tasks run at once (0: no bound)
+    task_states: dict[JobState, int]
+    raw: pb.ArraySummary
+
+    @property
+    def finished(self) -> bool:
+        """Every task finished (however)."""
+        return sum(n for s, n in self.task_states.items() if s.finished) == self.tasks
+
+    @property
+    def succeeded(self) -> bool:
+        return self.task_states.get(JobState.SUCCEEDED, 0) == self.tasks
+
+    @classmethod
+    def of(cls, array: pb.ArraySummary) -> ArrayInfo:
+        counts = {JobState(s): n for s, n in sorted(array.task_states.items())}
+        return cls(
+            id=array.array_id,
+            name=array.spec.name,
+            owner=array.owner,
+            tasks=array.tasks,
+            throttle=array.throttle,
+            task_states=counts,
+            raw=array,
+        )
+
+
+class Array:
+    """A handle on one array (:meth:`Cluster.submit_array`): its tasks are jobs,
+    ``<array id>_<index>``, each with its own attempts and logs."""
+
+    def __init__(self, cluster: Cluster, array_id: str, created: bool = True) -> None:
+        self.cluster = cluster
+        self.id = array_id
+        self.created = created  # False: the request id named an array submitted before
+
+    def __repr__(self) -> str:
+        return f"Array({self.id!r})"
+
+    def info(self) -> ArrayInfo:
+        """The array now (``GetArray``)."""
+        with translated(self.id):
+            return ArrayInfo.of(self.cluster.client.get_array(self.id))
+
+    def task(self, index: int) -> Job:
+        """A handle on the task ``index`` (a job)."""
+        return Job(self.cluster, task_id(self.id, index))
+
+    def tasks(self) -> list[JobInfo]:
+        """Every task still kept, finished ones too, by index."""
+        return self.cluster.jobs("all", array=self.id)
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = POLL_INTERVAL_S) -> ArrayInfo:
+        """Block until every task finished and return the array; :class:`WaitTimedOut`
+        after ``timeout_s`` (None: no limit)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            info = self.info()
+            if info.finished:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                left = info.tasks - sum(n for s, n in info.task_states.items() if s.finished)
+                what = f"array {self.id} still has {left} unfinished task(s)"
+                raise WaitTimedOut(info, timeout_s or 0.0, what)
+            pause = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            time.sleep(max(0.0, pause))
+
+    def cancel(self, reason: str = "") -> ArrayInfo:
+        """Cancel every unfinished task (finished ones keep how they ended)."""
+        with translated(self.id):
+            self.cluster.client.cancel_job(self.id, reason)
+        return self.info()
 
 
 class Cluster:
@@ -449,7 +454,61 @@ class Cluster:
         ``after_ok``, ``after_any``, ``after_not_ok`` and ``after`` (each a :class:`Job`,
         a job id, or several) add to the spec's ``dependencies``: the job is placed only
         once the jobs named succeeded, finished, failed, or started, and is cancelled
-        (reason ``dependency_never_satisfied``) when that can never happen."""
+        (reason ``dependency_never_satisfied``) when that can never happen. A spec with
+        ``array:`` is refused here: :meth:`submit_array` submits it."""
+        parsed, source = self._parsed(spec, after_ok, after_any, after_not_ok, after)
+        if parsed.spec.array:
+            raise InvalidSpec("array", "an array: submit it with Cluster.submit_array")
+        job_id, created = self._submit(parsed, request_id, source)
+        return Job(self, job_id, created)
+
+    def submit_array(
+        self,
+        spec: str | Path | Mapping[str, Any],
+        array: str | None = None,
+        *,
+        request_id: str | None = None,
+        after_ok: Jobs = (),
+        after_any: Jobs = (),
+        after_not_ok: Jobs = (),
+        after: Jobs = (),
+    ) -> Array:
+        """Submit an array as :meth:`submit` submits a job: a task per index of
+        ``array`` (Slurm's ``--array`` text, ``"0-99%10"``; None: the spec's ``array:``),
+        each a job with ``$SYNAPSE_ARRAY_TASK_ID``. The dependencies may name arrays."""
+        parsed, source = self._parsed(spec, after_ok, after_any, after_not_ok, after)
+        if array is not None:
+            for field, rule in array_problems(array.strip() or " "):
+                raise InvalidSpec(field, rule)
+            parsed = dataclasses.replace(
+                parsed, spec=dataclasses.replace(parsed.spec, array=array.strip())
+            )
+        if not parsed.spec.array:
+            raise InvalidSpec("array", "names no task: pass array= or give the spec array:")
+        array_id, created = self._submit(parsed, request_id, source)
+        return Array(self, array_id, created)
+
+    def _submit(self, parsed: ParsedJob, request_id: str | None, source: str) -> tuple[str, bool]:
+        rid = request_id or parsed.request_id or new_request_id()
+        try:
+            with translated():
+                answer = self.client.submit_job(spec_to_proto(parsed.spec), rid)
+        except InvalidSpec as exc:  # the cluster's own rules (topology levels, limits)
+            if not source:
+                raise
+            line = line_in_file(source, exc.field)
+            raise InvalidSpec(exc.field, exc.rule, line, source) from exc
+        return answer.job_id, answer.created
+
+    def _parsed(
+        self,
+        spec: str | Path | Mapping[str, Any],
+        after_ok: Jobs,
+        after_any: Jobs,
+        after_not_ok: Jobs,
+        after: Jobs,
+    ) -> tuple[ParsedJob, str]:
+        """The spec checked here, with the dependencies added, and the file it came from."""
         source = ""
         try:
             if isinstance(spec, (str, Path)):
@@ -469,16 +528,7 @@ class Cluster:
             parsed = dataclasses.replace(
                 parsed, spec=dataclasses.replace(parsed.spec, dependencies=deps)
             )
-        rid = request_id or parsed.request_id or new_request_id()
-        try:
-            with _translated():
-                answer = self.client.submit_job(spec_to_proto(parsed.spec), rid)
-        except InvalidSpec as exc:  # the cluster's own rules (topology levels, limits)
-            if not source:
-                raise
-            line = line_in_file(source, exc.field)
-            raise InvalidSpec(exc.field, exc.rule, line, source) from exc
-        return Job(self, answer.job_id, answer.created)
+        return parsed, source
 
     def job(self, job_id: str) -> Job:
         """A handle on the job ``job_id`` (no call is made until it is used)."""
@@ -490,20 +540,22 @@ class Cluster:
         *,
         name: str = "",
         node: str = "",
+        array: str = "",
         limit: int = 0,
     ) -> list[JobInfo]:
-        """Jobs in submission order: those in ``state`` (one or several), else every job
-        still active (PENDING, SCHEDULED, RUNNING); ``state="all"`` for finished ones too.
-        ``name`` and ``node`` filter by exact job name and by a member's node."""
-        with _translated():
+        """Jobs in submission order (an array's tasks by index): those in ``state`` (one
+        or several), else every job still active (PENDING, SCHEDULED, RUNNING);
+        ``state="all"`` for finished ones too. ``name``, ``node`` and ``array`` filter by
+        exact job name, by a member's node and by the array a task belongs to."""
+        with translated():
             found = self.client.list_jobs(
-                limit=limit, states=_state_names(state), name=name, node_id=node
+                limit=limit, states=_state_names(state), name=name, node_id=node, array_id=array
             )
         return [JobInfo.of(j) for j in found]
 
     def node_addresses(self) -> dict[str, str]:
         """Each registered node's WorkerService address, by node id."""
-        with _translated():
+        with translated():
             return {n.node_id: n.address for n in self.client.list_nodes()}
 
 

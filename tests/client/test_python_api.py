@@ -21,8 +21,9 @@ from synapse_ha.client import (
     JobState,
     SynapseError,
 )
-from synapse_ha.client.api import _Lines, _state_names, _translated
+from synapse_ha.client.api import _Lines, _state_names
 from synapse_ha.client.cluster import ClusterUnavailable
+from synapse_ha.client.errors import translated
 from synapse_ha.rpc.errors import Reason, build_status
 from synapse_ha.security.bundle import ClusterCredentials
 
@@ -141,7 +142,7 @@ class _Failed(grpc.RpcError):
 def test_failures_become_typed_errors_with_the_reason(
     failure: Exception, kind: type[SynapseError], reason: str
 ) -> None:
-    with pytest.raises(kind) as caught, _translated("job-9"):
+    with pytest.raises(kind) as caught, translated("job-9"):
         raise failure
     assert caught.value.reason == reason
     if isinstance(caught.value, JobNotFound):

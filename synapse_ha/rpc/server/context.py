@@ -309,7 +309,21 @@ def _refuse_limit(
     )
 
 
-def _job_not_found(context: grpc.ServicerContext, job_id: str) -> NoReturn:
+def _job_not_found(
+    context: grpc.ServicerContext, job_id: str, state: ClusterState | None = None
+) -> NoReturn:
+    """JOB_NOT_FOUND; for the id of an array (``state`` given), says so (metadata
+    ``array``: its task count) and where its tasks are."""
+    array = state.arrays.get(job_id) if state is not None else None
+    if array is not None:
+        tasks = len(array.indices)
+        abort(
+            context,
+            Reason.JOB_NOT_FOUND,
+            f"{job_id} is an array of {tasks} task(s), not one job: GetArray (synctl status "
+            f"{job_id}) shows it, and its tasks are the jobs {job_id}_<index>",
+            {"job_id": job_id, "array": str(tasks)},
+        )
     abort(context, Reason.JOB_NOT_FOUND, f"no job {job_id!r}", {"job_id": job_id})
 
 

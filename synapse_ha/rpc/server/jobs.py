@@ -222,11 +222,12 @@ class JobService(_Base):
         if not request.job_id:
             _required(context, "job_id")
         stale = self._read_mode(context, request.allow_stale)
-        job = self.ctx.backend.snapshot().jobs.get(request.job_id)
+        state = self.ctx.backend.snapshot()
+        job = state.jobs.get(request.job_id)
         if job is not None:
             redacted = not access.may_manage_job(caller(context), job.owner)
             return pb.GetJobResponse(job=convert.job_to_proto(job, redacted), stale=stale)
-        _job_not_found(context, request.job_id)
+        _job_not_found(context, request.job_id, state)
 
     def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.ServicerContext
@@ -299,7 +300,7 @@ class JobService(_Base):
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
         if job is None:
-            _job_not_found(context, request.job_id)
+            _job_not_found(context, request.job_id, state)
         self._may_manage(context, caller(context), job.job_id, job.owner)
         last_plan = None if stale else self.ctx.last_plan()
         with self._heavy_read(context):
@@ -327,7 +328,7 @@ class JobService(_Base):
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
         if job is None:
-            _job_not_found(context, request.job_id)
+            _job_not_found(context, request.job_id, state)
         self._may_manage(context, identity, job.job_id, job.owner)
         attempt = job.attempt
         if attempt is None or request.attempt not in (0, attempt.number):
