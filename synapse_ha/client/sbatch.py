@@ -18,12 +18,15 @@ script reads from the rank environment every member gets: ``SLURM_JOB_ID``,
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from synapse_ha.core.arrays import array_problems
 
 # What each member runs before the script: Slurm's names for the rank environment.
 PREAMBLE = (
@@ -280,6 +283,51 @@ def _dependency(value: str, spec: dict[str, Any], *_: Any) -> None:
     spec["dependencies"] = deps
 
 
+def _array(value: str, spec: dict[str, Any], *_: Any) -> None:
+    for _field, rule in array_problems(value.strip() or " "):
+        raise ValueError(rule)
+    spec["array"] = value.strip()
+
+
+_BEGIN_UNITS = {"": 1, "s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
+                "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
+                "d": 86_400, "day": 86_400, "days": 86_400, "week": 604_800,
+                "weeks": 604_800}  # fmt: skip
+_BEGIN_RELATIVE = re.compile(r"^now\+(\d+)([a-z]*)$")
+_BEGIN_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2})?)?$")
+_BEGIN_CLOCK = re.compile(r"^\d{2}:\d{2}(:\d{2})?$")
+
+
+def _begin(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["begin"] = begin_text(value, datetime.datetime.now().astimezone())
+
+
+def begin_text(value: str, now: datetime.datetime) -> str:
+    """``begin:`` for sbatch's ``--begin`` (``now+2hours``, ``2026-12-01T02:00``,
+    ``16:00``): a delay, or the time in UTC of a date and time read in ``now``'s zone (the
+    submitting machine's, as sbatch reads them); a clock time already past is tomorrow's."""
+    text = value.strip()
+    relative = _BEGIN_RELATIVE.match(text)
+    if relative:
+        unit = _BEGIN_UNITS.get(relative.group(2))
+        if unit is None:
+            raise ValueError(f"{relative.group(2)!r}: give seconds, minutes, hours, days or weeks")
+        return f"+{int(relative.group(1)) * unit}s"
+    if _BEGIN_DATE.match(text):
+        at = datetime.datetime.fromisoformat(text).replace(tzinfo=now.tzinfo)
+    elif _BEGIN_CLOCK.match(text):
+        clock = datetime.time.fromisoformat(text)
+        at = datetime.datetime.combine(now.date(), clock, tzinfo=now.tzinfo)
+        if at <= now:
+            at += datetime.timedelta(days=1)
+    else:
+        raise ValueError(
+            "give now+N[seconds|minutes|hours|days|weeks], YYYY-MM-DD[THH:MM[:SS]] or "
+            "HH:MM[:SS] (midnight, noon, teatime and MMDDYY are not supported)"
+        )
+    return at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _partition(value: str, spec: dict[str, Any], *_: Any) -> None:
     spec["queue"] = value
 
@@ -328,4 +376,6 @@ _HANDLERS: dict[str, Handler] = {
     "qos": _qos,
     "chdir": _chdir,
     "export": _export,
+    "array": _array,
+    "begin": _begin,
 }

@@ -3,11 +3,14 @@ option, command-line options over #SBATCH lines, and each refusal naming its lin
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from synapse_ha.client.sbatch import (
     PREAMBLE,
     SbatchError,
+    begin_text,
     script_position,
     time_seconds,
     translate,
@@ -75,7 +78,8 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
 @pytest.mark.parametrize(
     ("line", "where", "says"),
     [
-        ("#SBATCH --array=0-9", "s.sh:2", "--array=0-9: not supported"),
+        ("#SBATCH --array=0-9%0", "s.sh:2", "the throttle after % must be"),
+        ("#SBATCH --array=9-0", "s.sh:2", "a range ends at or after its start"),
         ("#SBATCH --exclusive", "s.sh:2", "--exclusive: not supported"),
         ("#SBATCH -n 8", "s.sh:2", "-n: not supported"),
         ("#SBATCH --ntasks-per-node=8", "s.sh:2", "only 1 is supported"),
@@ -86,7 +90,8 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH -d singleton", "s.sh:2", "supported are afterok"),
         ("#SBATCH -d afterok:1?afterany:2", "s.sh:2", "'?' (any of) is not supported"),
         ("#SBATCH --export=NOT_SET_HERE", "s.sh:2", "NOT_SET_HERE is not set here"),
-        ("#SBATCH --begin=now+1hour", "s.sh:2", "--begin=now+1hour: not supported"),
+        ("#SBATCH --begin=teatime", "s.sh:2", "teatime and MMDDYY are not supported"),
+        ("#SBATCH --begin=now+1fortnight", "s.sh:2", "give seconds, minutes, hours"),
         ("#SBATCH -J", "s.sh:2", "-J: needs a value"),
     ],
 )
@@ -113,3 +118,25 @@ def test_the_script_is_the_first_word_that_is_not_an_option() -> None:
     assert script_position(["-N", "2", "--gres=gpu:8", "--requeue", "run.sh", "-x"]) == 4
     assert script_position(["-N2", "run.sh"]) == 1
     assert script_position(["-N", "2"]) == 2
+
+
+def test_an_array_and_a_begin_time_are_translated() -> None:
+    out = translate(
+        "#!/bin/sh\n#SBATCH --array=0-15:4%2\n#SBATCH --begin=now+1hour\necho\n", "s.sh"
+    )
+    assert out.spec["array"] == "0-15:4%2" and out.spec["begin"] == "+3600s"
+    parsed = parse_job_spec(out.spec, topology_levels=None)
+    assert parsed.spec.array == "0-15:4%2" and parsed.spec.begin_delay_ms == 3_600_000
+    on_line = translate("echo\n", "s.sh", ["-a", "1,3"]).spec
+    assert on_line["array"] == "1,3"
+
+
+def test_begin_times_are_read_in_the_submitting_machines_zone() -> None:
+    zone = datetime.timezone(datetime.timedelta(hours=2))
+    now = datetime.datetime(2026, 11, 27, 15, 0, tzinfo=zone)
+    assert begin_text("2026-12-01T02:00", now) == "2026-12-01T00:00:00Z"
+    assert begin_text("2026-12-01", now) == "2026-11-30T22:00:00Z"
+    assert begin_text("16:30", now) == "2026-11-27T14:30:00Z"  # later today
+    assert begin_text("14:00", now) == "2026-11-28T12:00:00Z"  # past: tomorrow
+    assert begin_text("now+90", now) == "+90s"
+    assert begin_text("now+2days", now) == "+172800s"
