@@ -20,11 +20,19 @@ from synapse_ha.core.spec import ParsedJob
 from synapse_ha.rpc.errors import Reason, failure_of
 
 
-def with_array(parsed: ParsedJob, text: str) -> ParsedJob:
-    """The spec as an array of ``--array``'s text (it replaces the spec's ``array:``); a
-    malformed text is a usage error naming the option and the rule."""
+def with_array(parsed: ParsedJob, text: str, follow: bool) -> ParsedJob:
+    """The spec as an array of ``text`` (``--array``'s, which replaces the spec's
+    ``array:``); a malformed text, or ``--follow`` of an array, is a usage error naming the
+    option and the rule."""
     for _, rule in array_problems(text.strip() or " "):
         raise CommandFailed(ExitCode.USAGE, f"--array: {rule}", str(Reason.INVALID_FIELD))
+    if follow:
+        raise CommandFailed(
+            ExitCode.USAGE,
+            "--follow streams one job's output; for an array, follow a task: "
+            "synctl logs ARRAY --task INDEX -f",
+            str(Reason.INVALID_FIELD),
+        )
     spec = dataclasses.replace(parsed.spec, array=text.strip())
     return dataclasses.replace(parsed, spec=spec)
 

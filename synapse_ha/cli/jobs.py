@@ -138,15 +138,8 @@ def submit(
     extra = Dependencies(*(_job_ids(given) for given in (after_ok, after_any, after_not_ok, after)))
     if extra.pairs():
         parsed = _with_dependencies(parsed, extra)
-    if array is not None:
-        parsed = with_array(parsed, array)
-    if follow and parsed.spec.array:
-        raise CommandFailed(
-            ExitCode.USAGE,
-            "--follow streams one job's output; for an array, follow a task: "
-            "synctl logs ARRAY --task INDEX -f",
-            str(Reason.INVALID_FIELD),
-        )
+    if array is not None or parsed.spec.array:
+        parsed = with_array(parsed, parsed.spec.array if array is None else array, follow)
     request_id = parsed.request_id or new_request_id()
     client = settings.client()
     try:

@@ -259,6 +259,13 @@ class ClusterClient:
 
     # -------------------------------------------------------------- typed calls
 
+    def ask(self, method: str, request: Any) -> Any:
+        """The answer of the scheduler's unary ``method`` to ``request``, as :meth:`call`
+        gets it (the leader, redirects, retries of an idempotent call)."""
+        return self.call(
+            method, lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t)
+        )
+
     def submit_job(
         self, spec: pb.JobSpec, request_id: str | None = None, timeout_s: float | None = None
     ) -> pb.SubmitJobResponse:
@@ -272,9 +279,9 @@ class ClusterClient:
         return response
 
     def get_job(self, job_id: str, allow_stale: bool = False) -> pb.Job:
-        request = pb.GetJobRequest(job_id=job_id, allow_stale=allow_stale)
-        response = self.call("GetJob", lambda a, t: self.scheduler(a).GetJob(request, timeout=t))
-        job: pb.Job = response.job
+        job: pb.Job = self.ask(
+            "GetJob", pb.GetJobRequest(job_id=job_id, allow_stale=allow_stale)
+        ).job
         return job
 
     def list_jobs(self, limit: int = 0, **filters: Any) -> list[pb.Job]:
@@ -302,23 +309,18 @@ class ClusterClient:
 
     def get_array(self, array_id: str, allow_stale: bool = False) -> pb.ArraySummary:
         request = pb.GetArrayRequest(array_id=array_id, allow_stale=allow_stale)
-        response = self.call(
-            "GetArray", lambda a, t: self.scheduler(a).GetArray(request, timeout=t)
-        )
-        array: pb.ArraySummary = response.array
+        array: pb.ArraySummary = self.ask("GetArray", request).array
         return array
 
     def cancel_job(self, job_id: str, reason: str = "") -> pb.CancelJobResponse:
-        request = pb.CancelJobRequest(job_id=job_id, reason=reason)
-        response: pb.CancelJobResponse = self.call(
-            "CancelJob", lambda a, t: self.scheduler(a).CancelJob(request, timeout=t)
+        response: pb.CancelJobResponse = self.ask(
+            "CancelJob", pb.CancelJobRequest(job_id=job_id, reason=reason)
         )
         return response
 
     def explain_job(self, job_id: str) -> pb.ExplainJobResponse:
-        request = pb.ExplainJobRequest(job_id=job_id)
-        response: pb.ExplainJobResponse = self.call(
-            "ExplainJob", lambda a, t: self.scheduler(a).ExplainJob(request, timeout=t)
+        response: pb.ExplainJobResponse = self.ask(
+            "ExplainJob", pb.ExplainJobRequest(job_id=job_id)
         )
         return response
 
@@ -355,10 +357,7 @@ class ClusterClient:
 
     def get_limits(self) -> pb.Limits:
         """The cluster's per-identity limits (anyone may read them)."""
-        request = pb.GetLimitsRequest()
-        response: pb.GetLimitsResponse = self.call(
-            "GetLimits", lambda a, t: self.scheduler(a).GetLimits(request, timeout=t)
-        )
+        response: pb.GetLimitsResponse = self.ask("GetLimits", pb.GetLimitsRequest())
         return response.limits
 
     def set_limits(self, values: Mapping[str, int]) -> pb.Limits:
@@ -366,28 +365,20 @@ class ClusterClient:
         request = pb.SetLimitsRequest(
             values=[pb.LimitValue(name=k, value=v) for k, v in sorted(values.items())]
         )
-        response: pb.GetLimitsResponse = self.call(
-            "SetLimits", lambda a, t: self.scheduler(a).SetLimits(request, timeout=t)
-        )
+        response: pb.GetLimitsResponse = self.ask("SetLimits", request)
         return response.limits
 
     # --------------------------------------------- queues and preemption
 
     def list_queues(self) -> pb.ListQueuesResponse:
         """Every queue with its usage, the priority classes and the preemption mode."""
-        request = pb.ListQueuesRequest()
-        response: pb.ListQueuesResponse = self.call(
-            "ListQueues", lambda a, t: self.scheduler(a).ListQueues(request, timeout=t)
-        )
+        response: pb.ListQueuesResponse = self.ask("ListQueues", pb.ListQueuesRequest())
         return response
 
     def set_queue(self, queue: pb.Queue) -> pb.SetQueueResponse:
         """Create or replace a queue (admins only). Idempotent: the same settings again
         change nothing (a retry may report ``created`` false)."""
-        request = pb.SetQueueRequest(queue=queue)
-        response: pb.SetQueueResponse = self.call(
-            "SetQueue", lambda a, t: self.scheduler(a).SetQueue(request, timeout=t)
-        )
+        response: pb.SetQueueResponse = self.ask("SetQueue", pb.SetQueueRequest(queue=queue))
         return response
 
     def delete_queue(self, name: str) -> pb.DeleteQueueResponse:
@@ -408,25 +399,17 @@ class ClusterClient:
             raise ValueError(f"action must be one of {sorted(methods)}, got {action!r}")
         method = methods[action]
         request = pb.NodeStatusRequest(node_id=node_id, reason=reason)
-        response: pb.NodeStatusResponse = self.call(
-            method, lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t)
-        )
+        response: pb.NodeStatusResponse = self.ask(method, request)
         return states.node_status(response)
 
     def repair_gpus(self, node_id: str, gpus: Sequence[int] = ()) -> pb.RepairGpusResponse:
         """Clear the faults of ``node_id``'s GPUs (``gpus`` empty: all of them)."""
         request = pb.RepairGpusRequest(node_id=node_id, gpus=list(gpus))
-        response: pb.RepairGpusResponse = self.call(
-            "RepairGpus", lambda a, t: self.scheduler(a).RepairGpus(request, timeout=t)
-        )
+        response: pb.RepairGpusResponse = self.ask("RepairGpus", request)
         return response
 
     def list_nodes(self) -> list[pb.Node]:
-        request = pb.ListNodesRequest()
-        response = self.call(
-            "ListNodes", lambda a, t: self.scheduler(a).ListNodes(request, timeout=t)
-        )
-        return list(response.nodes)
+        return list(self.ask("ListNodes", pb.ListNodesRequest()).nodes)
 
     def cluster_status(self) -> pb.GetClusterStatusResponse:
         """Asked of any replica that answers (no leader needed)."""
