@@ -218,6 +218,7 @@ def configs(
                 gang_sizes=(2,),
                 gpus_per_member=(1,),
                 unsafe_no_self_fencing=True,
+                array_share=0.0,  # no array's tasks to crowd out the cut gang's next attempt
             )
         )
     return out

@@ -92,6 +92,14 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``leader-fault-ended-gang``
     Leader faults (:mod:`chaos.leader_rules`): a frozen or cut-off leader ends no gang
     attempt that was running when the fault began (no member fenced, no node dead).
+``dependency-early``
+    Dependencies (:mod:`chaos.dependency_rules`): no job started before what it waited
+    for (a job, or every task of an array) allowed it to.
+``array-throttle`` / ``array-tasks``
+    Job arrays (:mod:`chaos.array_rules`): no more tasks of a throttled array ran at once
+    than its throttle, and every acknowledged array has exactly its tasks
+    ``<array>_<index>``. A task is a job for every other rule; an array's submission is
+    acknowledged with the array's id, so exactly-once and ``lost`` hold for each task.
 """
 
 from __future__ import annotations
@@ -101,7 +109,14 @@ import itertools
 from collections import defaultdict
 from pathlib import Path
 
-from chaos import dependency_rules, gpu_rules, leader_rules, node_rules, rejoin_rules
+from chaos import (
+    array_rules,
+    dependency_rules,
+    gpu_rules,
+    leader_rules,
+    node_rules,
+    rejoin_rules,
+)
 from chaos.history import (
     THAW_KILL_BOUND_MS,
     EffectRecord,
@@ -110,6 +125,8 @@ from chaos.history import (
     MemberRecord,
     Submission,
     Violation,
+    frozen_attempts,
+    in_thaw_window,
     load_history,
     preemptions,
     reruns,
@@ -167,6 +184,7 @@ def check_history(history: History) -> list[Violation]:
     out += node_rules.check_node_fault_failures(history, state)
     out += node_rules.check_unfit_binds(history, state)
     out += dependency_rules.check_dependency_order(history, state)
+    out += array_rules.check_arrays(history, state)
     out += leader_rules.check_leader_fault_gangs(history, state)
     out += _check_stalls(history, state)
     return out
@@ -234,56 +252,15 @@ def _attempt_starts(history: History) -> dict[str, dict[int, int]]:
     return starts
 
 
-Thaws = dict[tuple[str, int], list[tuple[str, int, int]]]
-
-
-def _thaws(history: History) -> Thaws:
-    """(job, token) frozen with a host -> each freeze of it: (the host as members name it,
-    the freeze, the thaw). A gang on several hosts can be frozen on more than one at once
-    (soak lanes freeze hosts independently).
-
-    Frozen are the attempts the nemesis listed and every attempt with a record on the host
-    before the thaw: the whole host is frozen, so a member that started just before the
-    freeze, too late for the nemesis's list, is frozen all the same. (An attempt that ended
-    before the freeze has no record in the window, so listing it changes nothing.)"""
-    freezes = [f for f in history.faults if f.kind == "freeze-host"]
-    out: Thaws = defaultdict(list)
-    if not freezes:
-        return out
-    first_on: dict[str, dict[tuple[str, int], int]] = defaultdict(dict)
-    for r in history.members:
-        seen = first_on[r.node]
-        key = (r.job, r.token)
-        if key not in seen or r.mono_ns < seen[key]:
-            seen[key] = r.mono_ns
-    for f in freezes:
-        there = {key for key, at in first_on[f.frozen_node].items() if at <= f.end_ns}
-        for job, token in sorted(there | set(f.frozen)):
-            out[(job, token)].append((f.frozen_node, f.start_ns, f.end_ns))
-    return out
-
-
-def _in_thaw_window(r: MemberRecord, thaws: Thaws) -> bool:
-    """A record of a frozen attempt on a host frozen with it, written while frozen (from
-    the freeze) or at most ``THAW_KILL_BOUND_MS`` after the thaw. An ``effect`` record here
-    is a request the member made before its supervisor could kill it: whether the sink
-    accepted it is ``stale-write``'s question."""
-    bound = THAW_KILL_BOUND_MS * 1_000_000
-    return any(
-        r.node == node and frozen <= r.mono_ns <= thawed + bound
-        for node, frozen, thawed in thaws.get((r.job, r.token), ())
-    )
-
-
 def thaw_writes(history: History) -> list[str]:
     """Records frozen members wrote inside the thaw window while a newer attempt of their
     job had already started (``job/token rank r: type``); the report lists them."""
-    thaws = _thaws(history)
+    thaws = frozen_attempts(history)
     starts = _attempt_starts(history)
     return sorted(
         f"{r.job}/{r.token} rank {r.rank}: {r.type}"
         for r in history.members
-        if _in_thaw_window(r, thaws)
+        if in_thaw_window(r, thaws)
         and any(t > r.token and at <= r.mono_ns for t, at in starts.get(r.job, {}).items())
     )
 
@@ -291,13 +268,13 @@ def thaw_writes(history: History) -> list[str]:
 def _check_overlap(history: History) -> list[Violation]:
     out: list[Violation] = []
     starts = _attempt_starts(history)
-    thaws = _thaws(history)
+    thaws = frozen_attempts(history)
     reported: set[tuple[str, int, int]] = set()
     for r in sorted(history.members, key=lambda r: r.mono_ns):
         for newer_token, started in starts.get(r.job, {}).items():
             if newer_token <= r.token or r.mono_ns < started:
                 continue
-            if _in_thaw_window(r, thaws):
+            if in_thaw_window(r, thaws):
                 continue
             key = (r.job, r.token, newer_token)
             if key in reported:
@@ -533,7 +510,13 @@ def _check_exactly_once(history: History, state: ClusterState | None) -> list[Vi
         if submission.outcome == "failed":
             out.append(Violation("failed-ran", job.job_id, "a failed submission created a job"))
             continue
-        if submission.outcome == "ok" and submission.job_id and submission.job_id != job.job_id:
+        # A task was acknowledged as its array.
+        acknowledged_as = job.array_id or job.job_id
+        if (
+            submission.outcome == "ok"
+            and submission.job_id
+            and submission.job_id != acknowledged_as
+        ):
             out.append(
                 Violation(
                     "phantom",
@@ -591,7 +574,7 @@ def _check_exactly_once(history: History, state: ClusterState | None) -> list[Vi
             )
     known_jobs = set(state.jobs)
     for s in history.submissions:
-        if s.outcome == "ok" and s.job_id not in known_jobs:
+        if s.outcome == "ok" and s.job_id not in known_jobs and s.job_id not in state.arrays:
             out.append(Violation("lost", s.job_id, f"acknowledged request {s.request_id} is gone"))
     for job_id in sorted({r.job for r in history.members} - known_jobs):
         out.append(Violation("phantom", job_id, "members ran for a job the cluster never had"))

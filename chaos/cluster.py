@@ -56,6 +56,9 @@ WORKER_GPUS = 4
 SUBMIT_INTERVAL_S = 1.2  # between the client's submissions (one lane)
 # The share of submissions that wait (afterok) for the job acknowledged before them.
 DEPENDENCY_SHARE = 0.2
+# The share of submissions that are job arrays of small gangs (chaos/workload.py), some
+# throttled: the throttle must hold through the faults (chaos/array_rules.py).
+ARRAY_SHARE = 0.15
 
 # holding their GPUs long when a fault stops them from exiting.
 PRIORITY_CLASSES = (
@@ -95,6 +98,7 @@ class ScenarioConfig:
     workers: int = 4
     timeouts: FaultTimeouts = field(default_factory=FaultTimeouts)
     replicas: int = 3  # five for the membership scenario (chaos/membership.py)
+    array_share: float = ARRAY_SHARE
 
     @property
     def dir_name(self) -> str:
@@ -350,6 +354,7 @@ class ChaosCluster:
                 tls_key=str(self.admin_tls.key),
                 queue_gpus=self.cfg.workers * WORKER_GPUS // 2,
                 dependency_share=DEPENDENCY_SHARE,
+                array_share=self.cfg.array_share,
             ),
             self.dir / "workload.json",
         )

@@ -8,7 +8,8 @@ with ``afterok`` (that job's effect was committed, and it then succeeded), and a
 first start of a job it waits for with ``after``. The final state says how each job
 depended on ended: an ``afterok`` dependant may have run only if it SUCCEEDED, an
 ``afternotok`` one only if it FAILED or was CANCELLED, an ``afterany`` one only once it
-finished.
+finished. A dependency on an array is met once every task meets it: each task of the
+array is held to the rule as if the dependant had named it.
 """
 
 from __future__ import annotations
@@ -37,15 +38,18 @@ def check_dependency_order(history: History, state: ClusterState | None) -> list
         started = first_start.get(job.job_id)
         if deps is None or started is None:
             continue
-        for kind, other_id in deps.pairs():
-            other = state.jobs.get(other_id)
-            if other is None:
-                continue  # purged after it finished: its records say nothing more
-            why = _early(
-                kind, other.state, started, first_start.get(other_id), last_done.get(other_id)
-            )
-            if why:
-                out.append(Violation("dependency-early", job.job_id, f"{kind} {other_id}: {why}"))
+        for kind, named in deps.pairs():
+            array = state.arrays.get(named)
+            for other_id in array.task_ids() if array is not None else [named]:
+                other = state.jobs.get(other_id)
+                if other is None:
+                    continue  # purged after it finished: its records say nothing more
+                why = _early(
+                    kind, other.state, started, first_start.get(other_id), last_done.get(other_id)
+                )
+                if why:
+                    where = named if other_id == named else f"{named} (task {other_id})"
+                    out.append(Violation("dependency-early", job.job_id, f"{kind} {where}: {why}"))
     return out
 
 

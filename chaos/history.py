@@ -59,7 +59,9 @@ class EffectRecord:
 class Submission:
     request_id: str
     outcome: str  # ok | failed | unknown
-    job_id: str = ""
+    job_id: str = ""  # an array's id for an array (its tasks are ``<job_id>_<index>``)
+    array: str = ""  # the ``array:`` text submitted ("" for a single job)
+    throttle: int = 0  # the array's throttle (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,49 @@ class History:
     unfit: list[UnfitSpan] = field(default_factory=list)  # node-cannot-run saw them
 
 
+# ---------------------------------------------------------------- frozen hosts
+
+Thaws = dict[tuple[str, int], list[tuple[str, int, int]]]
+
+
+def frozen_attempts(history: History) -> Thaws:
+    """(job, token) frozen with a host -> each freeze of it: (the host as members name it,
+    the freeze, the thaw). A gang on several hosts can be frozen on more than one at once
+    (soak lanes freeze hosts independently).
+
+    Frozen are the attempts the nemesis listed and every attempt with a record on the host
+    before the thaw: the whole host is frozen, so a member that started just before the
+    freeze, too late for the nemesis's list, is frozen all the same. (An attempt that ended
+    before the freeze has no record in the window, so listing it changes nothing.)"""
+    freezes = [f for f in history.faults if f.kind == "freeze-host"]
+    out: Thaws = defaultdict(list)
+    if not freezes:
+        return out
+    first_on: dict[str, dict[tuple[str, int], int]] = defaultdict(dict)
+    for r in history.members:
+        seen = first_on[r.node]
+        key = (r.job, r.token)
+        if key not in seen or r.mono_ns < seen[key]:
+            seen[key] = r.mono_ns
+    for f in freezes:
+        there = {key for key, at in first_on[f.frozen_node].items() if at <= f.end_ns}
+        for job, token in sorted(there | set(f.frozen)):
+            out[(job, token)].append((f.frozen_node, f.start_ns, f.end_ns))
+    return out
+
+
+def in_thaw_window(r: MemberRecord, thaws: Thaws) -> bool:
+    """A record of a frozen attempt on a host frozen with it, written while frozen (from
+    the freeze) or at most ``THAW_KILL_BOUND_MS`` after the thaw. An ``effect`` record here
+    is a request the member made before its supervisor could kill it: whether the sink
+    accepted it is ``stale-write``'s question."""
+    bound = THAW_KILL_BOUND_MS * 1_000_000
+    return any(
+        r.node == node and frozen <= r.mono_ns <= thawed + bound
+        for node, frozen, thawed in thaws.get((r.job, r.token), ())
+    )
+
+
 # What pysyncobj logs when a replica deletes entries it has applied.
 APPLIED_TRUNCATED = "truncating already-applied log entries"
 
@@ -202,10 +247,12 @@ def load_history(run_dir: Path) -> History:
     outcomes: dict[str, Submission] = {}
     for r in ledger.read_records(run_dir / ledger.SUBMISSIONS):
         rid = str(r["request_id"])
+        array, throttle = str(r.get("array", "")), int(r.get("throttle", 0))
         if r["type"] == "begin":
-            outcomes.setdefault(rid, Submission(rid, "unknown"))
+            outcomes.setdefault(rid, Submission(rid, "unknown", "", array, throttle))
         else:
-            outcomes[rid] = Submission(rid, str(r["type"]), str(r.get("job_id", "")))
+            job_id = str(r.get("job_id", ""))
+            outcomes[rid] = Submission(rid, str(r["type"]), job_id, array, throttle)
     history.submissions = list(outcomes.values())
     for r in ledger.read_records(run_dir / ledger.FAULTS):
         history.faults.append(

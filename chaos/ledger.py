@@ -13,7 +13,9 @@ Record kinds (field ``type``):
 * sink decisions (``effects.jsonl``): ``effect`` with ``job``, ``token``, ``rank``,
   ``attempt``, ``node``, ``pid``, ``accepted``, ``highest_before``, ``mono_ns``;
 * submissions (``submissions.jsonl``): ``begin``, then one of ``ok``, ``failed``,
-  ``unknown`` with ``request_id``, ``name``, ``job_id``, ``detail``, ``mono_ns``;
+  ``unknown`` with ``request_id``, ``name``, ``job_id``, ``detail``, ``mono_ns``; an
+  array's records also carry ``array`` (its text) and ``throttle`` (0: none), and its
+  ``job_id`` is the array's id;
 * faults (``faults.jsonl``): ``fault`` with ``kind``, ``step``, ``targets``, ``hit``,
   ``start_ns``, ``end_ns``, ``detail``;
 * observations (``leaders.jsonl``): ``role`` with ``replica``, ``role``, ``term``,

@@ -20,7 +20,11 @@ jobs are of class ``high``, which preempts team-a's own ``low`` gangs. So preemp
 happen while the faults run.
 Jobs are drawn from a seeded random generator: gangs of 2-3 members of 1-2 mock GPUs each
 (configurable), each member running :mod:`chaos.member` for a drawn number of
-milliseconds.
+milliseconds. With ``array_share`` set, that share of the submissions are job arrays
+(``array: "0-4%2"``) of 3-6 tasks, each task a gang of the smallest size and GPU count
+running for a duration from the lower half of the range; about half of them are
+throttled to 1 or 2 tasks at once. An array's records carry its text and throttle, and
+its acknowledged ``job_id`` is the array's id (its tasks are ``<id>_<index>``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import grpc
 
 from chaos.ledger import Appender, now_ns
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.core.arrays import parse_array
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import TlsFiles, Transport
 
@@ -75,6 +80,10 @@ class WorkloadConfig:
     # The share of jobs that wait (afterok) for the newest job acknowledged before them,
     # so that dependency chains run through the faults (0: none).
     dependency_share: float = 0.0
+    # The share of submissions that are job arrays (0: none; nothing else is drawn then,
+    # so a seed makes the same jobs as without the field). A job that waits for the newest
+    # acknowledged submission may thus wait for an array.
+    array_share: float = 0.0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -115,32 +124,56 @@ def set_up_queues(client: ClusterClient, cfg: WorkloadConfig, stop: Path) -> Non
                 time.sleep(0.2)
 
 
+ARRAY_TASKS = (3, 6)  # the fewest and most tasks of an array
+ARRAY_THROTTLES = (1, 2)  # the throttles a throttled array is drawn with
+ARRAY_THROTTLED_SHARE = 0.5
+
+
+def array_text(cfg: WorkloadConfig, rng: random.Random) -> str:
+    """``array:`` for the next submission, or "" for a single job (drawn at
+    ``array_share``; nothing is drawn when it is 0)."""
+    if not cfg.array_share or rng.random() >= cfg.array_share:
+        return ""
+    last = rng.randint(*ARRAY_TASKS) - 1
+    throttled = rng.random() < ARRAY_THROTTLED_SHARE
+    return f"0-{last}%{rng.choice(ARRAY_THROTTLES)}" if throttled else f"0-{last}"
+
+
 def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "") -> pb.JobSpec:
-    """The ``index``-th job; with ``after`` (a job id), one that waits for it (afterok)."""
-    duration = rng.randint(*cfg.member_ms)
+    """The ``index``-th job (or array, see :func:`array_text`); with ``after`` (a job or
+    array id), one that waits for it (afterok) at ``dependency_share``."""
+    array = array_text(cfg, rng)
+    low, high = cfg.member_ms
+    duration = rng.randint(low, (low + high) // 2) if array else rng.randint(low, high)
     queue, priority_class = queue_and_class(cfg, rng)
     waits = after and rng.random() < cfg.dependency_share
+    replicas = min(cfg.gang_sizes) if array else rng.choice(cfg.gang_sizes)
+    gpu = min(cfg.gpus_per_member) if array else rng.choice(cfg.gpus_per_member)
     return pb.JobSpec(
         dependencies=pb.Dependencies(after_ok=[after]) if waits else None,
         queue=queue,
         priority_class=priority_class,
         name=f"chaos-{cfg.seed}-{index}",
-        replicas=rng.choice(cfg.gang_sizes),
-        resources=pb.Resources(cpu_milli=500, memory_mib=256, gpu=rng.choice(cfg.gpus_per_member)),
+        replicas=replicas,
+        resources=pb.Resources(cpu_milli=500, memory_mib=256, gpu=gpu),
         argv=pb.CommandArgs(
             args=[cfg.python, "-m", "chaos.member", cfg.ledger, cfg.sink, str(duration)]
         ),
         env=[pb.EnvVar(name="PYTHONPATH", value=cfg.pythonpath)],
         retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
+        array=array,
     )
 
 
 def submit_one(
     client: ClusterClient, spec: pb.JobSpec, out: Appender, timeout_s: float
 ) -> tuple[str, str]:
-    """The outcome (ok, failed or unknown) and, when ok, the job id."""
+    """The outcome (ok, failed or unknown) and, when ok, the job id (an array's id for an
+    array)."""
     request_id = new_request_id()
-    base = {"request_id": request_id, "name": spec.name}
+    base: dict[str, object] = {"request_id": request_id, "name": spec.name}
+    if spec.array:
+        base.update(array=spec.array, throttle=parse_array(spec.array).throttle)
     out.append({"type": "begin", **base, "mono_ns": now_ns()})
     try:
         answer = client.submit_job(spec, request_id=request_id, timeout_s=timeout_s)
