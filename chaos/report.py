@@ -32,9 +32,12 @@ def write_report(
 ) -> dict[str, Any]:
     meta: dict[str, Any] = json.loads((run_dir / "meta.json").read_text(encoding="utf-8"))
     submissions: dict[str, int] = defaultdict(int)
+    arrays: dict[str, int] = defaultdict(int)  # array submissions by outcome
     for r in ledger.read_records(run_dir / ledger.SUBMISSIONS):
         if r["type"] != "begin":
             submissions[str(r["type"])] += 1
+            if r.get("array"):
+                arrays[str(r["type"])] += 1
     effects = [
         e
         for e in ledger.read_records(run_dir / ledger.EFFECTS)
@@ -54,6 +57,7 @@ def write_report(
         ],
         "jobs": jobs,
         "submissions": dict(submissions),
+        "array_submissions": dict(arrays),
         "effects": {
             "accepted": sum(1 for e in effects if e["accepted"]),
             "rejected_stale_token": sum(

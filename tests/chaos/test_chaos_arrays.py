@@ -24,6 +24,7 @@ from chaos.history import (
     Submission,
     load_history,
 )
+from chaos.report import write_report
 from chaos.workload import ARRAY_TASKS, WorkloadConfig, job_spec, submit_one
 from synapse_ha.core.arrays import parse_array
 from synapse_ha.core.codec import encode_state
@@ -314,3 +315,7 @@ def test_an_array_submission_is_recorded_with_its_text_and_throttle(tmp_path: Pa
         "ok", "job-000042", "0-4%2", 2,
     )  # fmt: skip
     assert (single.array, single.throttle) == ("", 0)
+    # The report counts array submissions apart.
+    (tmp_path / "meta.json").write_text("{}\n", encoding="utf-8")
+    report = write_report(tmp_path, [], faults=0, jobs=0)
+    assert (report["submissions"], report["array_submissions"]) == ({"ok": 2}, {"ok": 1})
