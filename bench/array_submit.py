@@ -17,7 +17,8 @@
 
 2. **In process** (no allocator noise): ``apply`` of the same SubmitJob to a
    ``ClusterState`` under ``tracemalloc`` (the bytes it keeps, per task, alone and once
-   the first scheduling pass's plan is applied too; and the apply time), and one
+   the first scheduling pass's plan is applied too, and those a replica's history
+   tracker keeps for both; and the apply time), and one
    scheduling pass (``core.scheduler.schedule``) over a state with a few nodes and the
    array's tasks pending, throttled (``%10``) and not.
 
@@ -49,6 +50,7 @@ from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule
+from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -190,34 +192,43 @@ def base_state(nodes: int) -> ClusterState:
 
 
 def traced_submit(tasks: int) -> dict[str, Any]:
-    """``apply`` of the array's SubmitJob under ``tracemalloc``: bytes kept per task;
-    then also those kept once the leader's first pass is applied (its plan binds what
-    the throttle lets through and records why each other task waits)."""
+    """``apply`` of the array's SubmitJob under ``tracemalloc``: the bytes the state keeps
+    per task; then also once the leader's first pass is applied (its plan binds what the
+    throttle lets through and records why each other task waits); and what a replica's
+    history tracker (the apply observer of every replica) keeps for both commands."""
     state = base_state(NODES)
+    recorder = HistoryRecorder(None)
+    recorder.tracker.reset(state)
     command = c.SubmitJob(array_spec(tasks, THROTTLE), "array-submit", 1)
     gc.collect()
     tracemalloc.start(1)
     base, _ = tracemalloc.get_traced_memory()
     result = apply(state, command)
     assert result.ok, result.message
-    del result
     gc.collect()
     kept = tracemalloc.get_traced_memory()[0] - base
     plan = schedule(state, 2).command(2)
     assert plan is not None
-    apply(state, plan)
-    del plan
+    plan_result = apply(state, plan)
     gc.collect()
     kept_with_pass = tracemalloc.get_traced_memory()[0] - base
+    recorder.observe(command, result, None, None, state)
+    recorder.observe(plan, plan_result, None, None, state)
+    del result, plan, plan_result
+    gc.collect()
+    tracked = tracemalloc.get_traced_memory()[0] - base - kept_with_pass
     tracemalloc.stop()
-    timed = base_state(NODES)
-    started = time.perf_counter()
-    apply(timed, command)
-    apply_ms = (time.perf_counter() - started) * 1000
+    times = []
+    for _ in range(PASSES):
+        timed = base_state(NODES)
+        started = time.perf_counter()
+        apply(timed, command)
+        times.append((time.perf_counter() - started) * 1000)
     return {
         "traced_bytes_per_task": round(kept / tasks),
         "traced_bytes_per_task_after_first_pass": round(kept_with_pass / tasks),
-        "apply_ms": round(apply_ms, 1),
+        "history_tracker_bytes_per_task": round(tracked / tasks),
+        "apply_ms": round(statistics.median(times), 1),
     }
 
 
@@ -264,10 +275,12 @@ def run(tasks: int, repeat: int) -> dict[str, Any]:
         },
     }
     report["meets_ack_target"] = real["ack_ms"] <= TARGET_ACK_MS
-    report["meets_memory_target"] = (
-        in_process["traced_bytes_per_task"] <= TARGET_BYTES_PER_TASK
-        and real["rss_bytes_per_task"] <= TARGET_BYTES_PER_TASK
+    # The replicated state's own cost, as the leader holds it after its first pass; and
+    # the whole leader process's, allocator and every replica-side structure included.
+    report["meets_memory_target_state"] = (
+        in_process["traced_bytes_per_task_after_first_pass"] <= TARGET_BYTES_PER_TASK
     )
+    report["meets_memory_target_rss"] = real["rss_bytes_per_task"] <= TARGET_BYTES_PER_TASK
     return report
 
 

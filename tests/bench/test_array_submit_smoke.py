@@ -26,9 +26,13 @@ def test_array_submit_benchmark_smoke_run_reports_its_figures() -> None:
     assert cluster["applied_commands"] >= 1 and cluster["one_job_applied_commands"] >= 1
     for key in ("ack_ms", "raft_entries", "rss_bytes_per_task"):
         assert isinstance(cluster[key], int | float)
-    assert report["in_process"]["traced_bytes_per_task"] > 0
+    in_process = report["in_process"]
+    assert in_process["traced_bytes_per_task"] > 0
+    assert in_process["traced_bytes_per_task_after_first_pass"] > 0
+    assert isinstance(in_process["history_tracker_bytes_per_task"], int)
     passes = report["schedule_pass"]
     assert passes["throttled"]["placed_by_the_pass"] == 10
     assert passes["unthrottled"]["placed_by_the_pass"] == 20
     assert isinstance(report["meets_ack_target"], bool)
-    assert isinstance(report["meets_memory_target"], bool)
+    assert isinstance(report["meets_memory_target_state"], bool)
+    assert isinstance(report["meets_memory_target_rss"], bool)
