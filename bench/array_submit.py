@@ -13,7 +13,9 @@
      for one plain job (``one_job_*``): the whole array is one command, as one job is
      (the other entry is the pass recording why the jobs wait);
    - ``rss_bytes_per_task``: the leader's ``VmRSS`` (``/proc/<pid>/status``) after the
-     call less before it, each read after a quiet moment, divided by the tasks.
+     call less before it, each read after a quiet moment, divided by the tasks;
+   - ``elections``: new Raft terms from the first array submission to the end of the
+     run (0: the leader kept its leadership throughout).
 
 2. **In process** (no allocator noise): ``apply`` of the same SubmitJob to a
    ``ClusterState`` under ``tracemalloc`` (the bytes it keeps, per task, alone and once
@@ -29,6 +31,7 @@ object (``--out`` also writes it to a file); ``--smoke`` runs a tiny array.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import os
@@ -40,10 +43,13 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.memory import proc_memory
 from bench.report import emit
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import commands as c
 from synapse_ha.core.codec import decode_state
 from synapse_ha.core.formats import FORMAT
@@ -117,19 +123,28 @@ def submit_counted(
     return counted, ack_ms
 
 
-def more_acks(stub: Any, array_id: str, tasks: int, count: int) -> list[float]:
+def more_acks(client: ClusterClient, array_id: str, tasks: int, count: int) -> list[float]:
     """``count`` more submissions of the array, each once the one before was cancelled
-    (so the pending cap holds): their wall times (ms)."""
+    (so the pending cap holds), through a client that follows the leader: their wall
+    times (ms)."""
     acks = []
     for n in range(count):
-        stub.CancelJob(pb.CancelJobRequest(job_id=array_id), timeout=60)
+        client.cancel_job(array_id)
         time.sleep(QUIET_S)
         spec = spec_to_proto(array_spec(tasks, THROTTLE))
-        request = pb.SubmitJobRequest(spec=spec, request_id=f"again-{n}")
         started = time.perf_counter()
-        array_id = stub.SubmitJob(request, timeout=60).job_id
+        array_id = client.submit_job(spec, request_id=f"again-{n}").job_id
         acks.append((time.perf_counter() - started) * 1000)
     return acks
+
+
+def highest_term(cluster: LocalReplicas) -> int:
+    """The highest Raft term a running replica reports (a new term: an election)."""
+    terms = [0]
+    for replica in cluster.replicas:
+        with contextlib.suppress(grpc.RpcError):
+            terms.append(int(cluster.local_status(replica, timeout_s=5.0).term))
+    return max(terms)
 
 
 def cluster_run(root: Path, tasks: int, repeat: int) -> dict[str, Any]:
@@ -149,16 +164,21 @@ def cluster_run(root: Path, tasks: int, repeat: int) -> dict[str, Any]:
             plain = dataclasses.replace(array_spec(1, 0), name="plain", array="")
             one_job, _ = submit_counted(cluster, stub, leader.grpc, pid, plain)
             stub.CancelJob(pb.CancelJobRequest(job_id=one_job["job_id"]), timeout=10)
+            term_before = highest_term(cluster)
             counted, ack_ms = submit_counted(
                 cluster, stub, leader.grpc, pid, array_spec(tasks, THROTTLE)
             )
-            rss_before, rss_after = counted["rss_before"], counted["rss_after"]
-            status = stub.GetClusterStatus(pb.GetClusterStatusRequest(), timeout=10)
-            acks = [ack_ms, *more_acks(stub, counted["job_id"], tasks, repeat - 1)]
+        rss_before, rss_after = counted["rss_before"], counted["rss_after"]
+        with cluster.client(timeout_s=120, per_try_timeout_s=60) as client:
+            pending = int(client.cluster_status().pending_jobs)
+            acks = [ack_ms, *more_acks(client, counted["job_id"], tasks, repeat - 1)]
+        time.sleep(QUIET_S)
         per_task = (rss_after - rss_before) / tasks
         return {
             "array_id": counted["job_id"],
-            "pending_jobs": int(status.pending_jobs),
+            "pending_jobs": pending,
+            # New Raft terms from the first array submission to the end (0: no election).
+            "elections": highest_term(cluster) - term_before,
             "ack_ms": round(statistics.median(acks), 1),
             "ack_ms_each": [round(ms, 1) for ms in acks],
             "raft_entries": counted["raft_entries"],

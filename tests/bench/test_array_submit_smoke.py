@@ -24,7 +24,7 @@ def test_array_submit_benchmark_smoke_run_reports_its_figures() -> None:
     assert cluster["pending_jobs"] == 20
     assert cluster["array_id"] and len(cluster["ack_ms_each"]) == 1
     assert cluster["applied_commands"] >= 1 and cluster["one_job_applied_commands"] >= 1
-    for key in ("ack_ms", "raft_entries", "rss_bytes_per_task"):
+    for key in ("ack_ms", "raft_entries", "rss_bytes_per_task", "elections"):
         assert isinstance(cluster[key], int | float)
     in_process = report["in_process"]
     assert in_process["traced_bytes_per_task"] > 0
