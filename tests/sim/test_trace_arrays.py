@@ -152,3 +152,13 @@ def test_synapse_sim_replays_a_trace_with_an_array(
     assert ours["jobs"] == 5 and ours["jobs_started"] == 5
     assert ours["after_ok"]["never_submitted"] == 0
     assert "ours" in captured.err
+
+
+def test_the_failure_runs_refuse_a_trace_with_after_ok(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "sweep.csv"
+    trace.write_text(SWEEP)
+    with pytest.raises(SystemExit):
+        main(["--workload", "trace", "--trace-file", str(trace), "--gpu-failures"])
+    assert "do not replay after_ok" in capsys.readouterr().err
