@@ -412,8 +412,9 @@ class AfterOkRun(Run):
     each has succeeded (an array: every task), and cancels it when one cannot.
 
     Finished jobs are purged as the run goes: a job waited for that was purged after it
-    succeeded is met already; one purged after it failed leaves the job never submitted
-    (``never_submitted``), as the cluster would have refused it."""
+    succeeded is met already; one that failed (an array: any task of it), purged or not,
+    leaves the job never submitted (``never_submitted``), as the cluster would have
+    refused it or cancelled it at once."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -435,13 +436,13 @@ class AfterOkRun(Run):
                 self.never_submitted.add(index)
                 return
             known = outcome_of(self.state, DependencyKind.AFTER_OK, target)
-            if known is Outcome.WAITING:
-                waiting.append(target)
-            elif known is Outcome.NEVER or (
-                known is None and not all(self.succeeded.get(t) for t in self.tasks_of[target])
-            ):
+            # How its jobs (an array's tasks) that ended did; those purged are known here only.
+            ended = [self.succeeded[t] for t in self.tasks_of[target] if t in self.succeeded]
+            if known is Outcome.NEVER or not all(ended) or (known is None and not ended):
                 self.never_submitted.add(index)
                 return
+            if known is Outcome.WAITING:
+                waiting.append(target)
         spec = spec or job.spec
         if waiting:
             spec = replace(spec, dependencies=Dependencies(after_ok=tuple(waiting)))

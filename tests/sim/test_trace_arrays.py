@@ -99,6 +99,12 @@ def test_a_job_waited_for_may_be_purged_before_the_dependant_arrives() -> None:
     assert ok.records[ok.job_id_of[1]].end_ms == 110_000
     failed = _replay(_workload(header + "0,default,1,1,10,5,\n100,default,1,1,10,,2\n"), 1)
     assert failed.never_submitted == {1} and len(failed.records) == 1
+    array = header.replace("after_ok", "array,after_ok")
+    tasks_failed = _replay(
+        _workload(array + "0,default,1,1,10,5,0-1,\n100,default,1,1,10,,,2\n"), 1
+    )
+    assert tasks_failed.never_submitted == {1} and len(tasks_failed.records) == 2
+    assert not tasks_failed.state.arrays  # purged with its tasks before line 3 arrived
 
 
 HEADER = "submit_s,queue,members,gpus_per_member,duration_s,array,after_ok"
