@@ -295,7 +295,7 @@ class Tracker:
         for node_id in nodes:
             self._node_events(command, node_id, state, events)
         ids = set(self._jobs) | set(state.jobs) if job_ids is None else job_ids
-        changed: list[tuple[int, str, _JobMark | None, Job]] = []
+        changed: list[tuple[int, str, _JobMark | None, _JobMark, Job]] = []
         for job_id in ids:  # most touched jobs (a pass's new reasons) did not change
             job = state.jobs.get(job_id)
             if job is None:  # purged: history already has it
@@ -305,16 +305,16 @@ class Tracker:
             after = _mark(job)
             if after != before:
                 self._jobs[job_id] = after
-                changed.append((job.seq, job_id, before, job))
+                changed.append((job.seq, job_id, before, after, job))
         changed.sort(key=lambda c: (c[0], c[1]))
         arrays: set[str] = set()  # arrays whose submission is told (once, not per task)
-        for _, _, before, job in changed:
+        for _, _, before, after, job in changed:
             if before is None and job.array_id:
                 if job.array_id not in arrays:
                     arrays.add(job.array_id)
                     events.append(_array_submitted(job, state))
                 before = _SUBMITTED
-            self._job_events(before, job, applied, events, out)
+            self._job_events(before, after, job, applied, events, out)
         for k, (kind, values) in enumerate(events[:MAX_EVENTS_PER_COMMAND]):
             out.events.append(
                 Event(index=(applied << INDEX_SHIFT) | k, kind=kind, time_ms=now, **values)  # type: ignore[arg-type]
@@ -361,13 +361,13 @@ class Tracker:
     def _job_events(
         self,
         before: _JobMark | None,
+        after: _JobMark,
         job: Job,
         applied: int,
         events: list[tuple[EventKind, dict[str, object]]],
         out: Step,
     ) -> None:
         job_id = job.job_id
-        after = _mark(job)
         about: dict[str, object] = {
             "job_id": job_id,
             "job_name": job.spec.name,
