@@ -1,6 +1,7 @@
 """Member reports: starts and exits of members as their workers report them, at least
-once, checked against the fencing token; the attempt's outcome they decide; and the late
-success of an attempt its node's death had already ended."""
+once, checked against the fencing token, and their checkpoint marks; the attempt's
+outcome they decide; and the late success of an attempt its node's death had already
+ended."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
+from synapse_ha.core.machine.checkpoints import record_mark
 from synapse_ha.core.machine.health import mark_unfit, started_here
 from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
@@ -48,6 +50,9 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
             stale += 1
             continue
         accepted += 1
+        if event.kind is cmd.MemberEventKind.CHECKPOINT:
+            record_mark(attempt, event, now)
+            continue
         status = attempt.member_status[event.rank]
         if status.state is MemberState.EXITED:
             continue  # already known; reports are at-least-once
