@@ -20,6 +20,10 @@ from synapse_ha.worker.accounts import Account, owner_environment
 PREEMPT_FILE_ENV = "SYNAPSE_PREEMPT_FILE"
 # The file a member of a job with hang detection touches to show progress (docs/cli.md).
 PROGRESS_FILE_ENV = "SYNAPSE_PROGRESS_FILE"
+# The file a member writes a line to to mark a checkpoint, and the step of the gang's
+# newest mark of an earlier attempt (docs/checkpoints.md).
+CHECKPOINT_FILE_ENV = "SYNAPSE_CHECKPOINT_FILE"
+RESUME_STEP_ENV = "SYNAPSE_RESUME_STEP"
 
 
 def member_environment(
@@ -28,7 +32,7 @@ def member_environment(
     """The member's environment: ``base``, then ``HOME``, ``USER`` and ``LOGNAME`` of the
     ``account`` it runs as (when it runs as its owner), then the job's ``env``, then the
     DESIGN §5 variables (which the job cannot override: they define the gang), with the
-    array's for a task of an array."""
+    array's for a task of an array and the step to resume from when there is one."""
     env = dict(base)
     if account is not None:
         env.update(owner_environment(account))
@@ -50,6 +54,8 @@ def member_environment(
             "SYNAPSE_MEMBER_HOSTS": ",".join(member.member_hosts),
         }
     )
+    if member.resume_step is not None:
+        env[RESUME_STEP_ENV] = str(member.resume_step)
     task = task_of(member.job_id)
     if task is not None:  # a task of an array (core/arrays.py)
         array_id, index = task

@@ -25,12 +25,22 @@ from tests.core.harness import job, node
 
 
 def test_no_events_propose_nothing_and_events_one_report() -> None:
-    assert report_command("n1", (), 5) is None
+    assert report_command("n1", (), 5, FORMAT) is None
     event = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
-    command = report_command("n1", [event], 5)
+    command = report_command("n1", [event], 5, FORMAT)
     assert command is not None
     assert (command.node_id, command.events, command.now_ms) == ("n1", (event,), 5)
     assert 0 <= command.jitter_seed < 1 << 63
+
+
+def test_checkpoint_marks_wait_for_every_replica_to_read_them() -> None:
+    started = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
+    mark = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.CHECKPOINT, step=3, mark_seq=1)
+    command = report_command("n1", [started, mark], 5, 4)
+    assert command is not None and command.events == (started,)
+    assert report_command("n1", [mark], 5, 4) is None
+    command = report_command("n1", [started, mark], 5, 5)
+    assert command is not None and command.events == (started, mark)
 
 
 def test_an_answer_says_dead_for_a_node_the_state_does_not_have() -> None:
