@@ -22,6 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The member variables (DESIGN §5): the file a member writes a line to to mark a
+# checkpoint, and the step its gang resumes from on a restart.
+CHECKPOINT_FILE_ENV = "SYNAPSE_CHECKPOINT_FILE"
+RESUME_STEP_ENV = "SYNAPSE_RESUME_STEP"
+
 
 @dataclass(frozen=True, slots=True)
 class CheckpointMark:

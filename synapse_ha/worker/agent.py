@@ -358,8 +358,11 @@ class Agent:
     def _collect_exits(self) -> None:
         exits = self.executor.poll()
         if exits:
-            # Read after the exit was collected: every mark the member wrote is seen.
-            self._add_marks([key for key, _ in exits])
+            # Read after the exit was collected: every mark the member wrote is seen,
+            # and so is every mark of its gang's members here so far.
+            jobs = {key.job_id for key, _ in exits}
+            gang = [key for key in self.executor.running() if key.job_id in jobs]
+            self._add_marks([key for key, _ in exits] + gang)
         for key, exit_ in exits:
             self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
             self.fresh_reports = True

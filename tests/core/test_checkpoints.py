@@ -175,3 +175,29 @@ def test_marks_need_format_5_and_plain_reports_do_not() -> None:
     assert not result.ok and "needs format 5" in result.message
     plain = to_plain(c.ReportMembers("n1", (started,)))
     assert "step" not in plain["events"][0] and "mark_seq" not in plain["events"][0]
+
+
+def test_a_mark_reported_after_its_attempt_ended_counts_until_the_member_is_stopped() -> None:
+    cl, j = _running(retries=1)
+    cl.now = 2_000
+    _mark(cl, j, 0, 5, 1)
+    cl.now = 3_000
+    cl.exit_member(j, 0, 1)  # the attempt ends; rank 1 on n2 has not reported its mark
+    record = cl.state.jobs[j]
+    assert record.state is JobState.PENDING and record.resume_step is None
+    assert _mark(cl, j, 1, 5, 1).accepted_events == 1
+    assert record.resume_step == 5
+    assert record.attempt is not None
+    assert record.attempt.mark() == AttemptMark(at_ms=2_000, step=5)
+    cl.exit_member(j, 1, 143)  # confirmed stopped: a later mark of it is stale
+    assert _mark(cl, j, 1, 6, 2).stale_events == 1
+    assert record.resume_step == 5
+
+
+def test_a_mark_of_a_finished_job_is_stale() -> None:
+    cl, j = _running(retries=0)
+    cl.exit_member(j, 0, 1)
+    assert cl.state_of(j) is JobState.FAILED
+    assert _mark(cl, j, 1, 5, 1).stale_events == 1
+    attempt = cl.state.jobs[j].attempt
+    assert attempt is not None and attempt.marks == ()

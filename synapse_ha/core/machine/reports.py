@@ -21,7 +21,7 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.machine.checkpoints import record_mark
+from synapse_ha.core.machine.checkpoints import report_mark
 from synapse_ha.core.machine.health import mark_unfit, started_here
 from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
@@ -34,6 +34,12 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     touched: set[str] = set()
     for event in c.events:
         job = state.jobs.get(event.job_id)
+        if event.kind is cmd.MemberEventKind.CHECKPOINT:
+            if job is not None and report_mark(job, c.node_id, event, now):
+                accepted += 1
+            else:
+                stale += 1
+            continue
         late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
         if job is not None and (_confirm_stopped(state, job, c.node_id, event, now) or late):
             accepted += 1
@@ -50,9 +56,6 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
             stale += 1
             continue
         accepted += 1
-        if event.kind is cmd.MemberEventKind.CHECKPOINT:
-            record_mark(attempt, event, now)
-            continue
         status = attempt.member_status[event.rank]
         if status.state is MemberState.EXITED:
             continue  # already known; reports are at-least-once
