@@ -8,10 +8,13 @@ Run it as the command of a job (every member runs it; each saves its own part):
     retries: {max: 3}
 
 Every ``--every`` steps each member saves its state for that step (``torch.save`` when
-PyTorch is installed, else a small JSON file) under ``--dir`` and then calls
-``synapse_ha.client.checkpoint(step)``. The scheduler keeps each member's newest mark;
-the gang's mark is the oldest of them. When an attempt fails or is requeued, the next
-attempt's members get ``$SYNAPSE_RESUME_STEP`` and load the state saved at that step.
+PyTorch is installed, else a small JSON file) under ``--dir``, calls
+``synapse_ha.client.checkpoint(step)``, and waits until every member of the gang has
+done so (a barrier: ``torch.distributed.barrier()`` in a real job; here files in
+``--dir``, which must then be shared by the gang's nodes). The scheduler keeps each
+member's newest mark; the gang's mark is the oldest of them. When an attempt fails or is
+requeued, the next attempt's members get ``$SYNAPSE_RESUME_STEP`` and load the state
+saved at that step.
 
 ``--crash-at STEP`` makes a first attempt (one that does not resume) exit with code 1 at
 that step, to see a restart resume.
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +91,17 @@ def load(state: dict[str, Any], path: Path) -> None:
     state["optimizer"].load_state_dict(saved["optimizer"])
 
 
+def barrier(directory: Path, step: int, rank: str, timeout_s: float = 300.0) -> None:
+    """Wait until every member of the gang has saved and marked ``step``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    (directory / f"step-{step}.rank-{rank}.marked").touch()
+    deadline = time.monotonic() + timeout_s
+    while any(not (directory / f"step-{step}.rank-{r}.marked").exists() for r in range(world)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gang did not all mark step {step} within {timeout_s}s")
+        time.sleep(0.05)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000, help="train up to this step")
@@ -111,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if step % args.every == 0:
             save(state, _state_path(directory, step, rank), step)
             marked = checkpoint(step)
+            barrier(directory, step, rank)
             print(f"rank {rank}: saved step {step}{' and marked it' if marked else ''}", flush=True)
         if start is None and step == args.crash_at:
             print(f"rank {rank}: crashing at step {step}", flush=True)
