@@ -799,7 +799,7 @@ class HistoryAttempt(_message.Message):
     def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., outcome_code: _Optional[str] = ..., outcome: _Optional[str] = ..., attempt_state: _Optional[_Union[AttemptState, str]] = ...) -> None: ...
 
 class HistoryJob(_message.Message):
-    __slots__ = ("job_id", "name", "owner", "queue", "state", "reason_code", "reason", "submitted_at_ms", "started_at_ms", "finished_at_ms", "attempts", "retries_used", "requeues", "gpus_per_attempt", "gpu_ms", "nodes", "cancelled_by", "spec", "attempt_list", "applied_index", "job_state")
+    __slots__ = ("job_id", "name", "owner", "queue", "state", "reason_code", "reason", "submitted_at_ms", "started_at_ms", "finished_at_ms", "attempts", "retries_used", "requeues", "gpus_per_attempt", "gpu_ms", "nodes", "cancelled_by", "spec", "attempt_list", "applied_index", "job_state", "checkpoint", "resume_step")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -821,6 +821,8 @@ class HistoryJob(_message.Message):
     ATTEMPT_LIST_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     owner: str
@@ -842,7 +844,9 @@ class HistoryJob(_message.Message):
     attempt_list: _containers.RepeatedCompositeFieldContainer[HistoryAttempt]
     applied_index: int
     job_state: JobState
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[str] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., gpus_per_attempt: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., cancelled_by: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., attempt_list: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., applied_index: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    resume_step: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[str] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., gpus_per_attempt: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., cancelled_by: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., attempt_list: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., applied_index: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., resume_step: _Optional[int] = ...) -> None: ...
 
 class ListHistoryRequest(_message.Message):
     __slots__ = ("user", "queue", "node_id", "since_ms", "until_ms", "limit")
