@@ -141,8 +141,11 @@ def _attempt_problems(state: ClusterState, job_id: str, job: Job, attempt: Attem
         problems.append(f"{job_id}: a checkpoint mark older than attempt {attempt.number}")
     mark = attempt.mark()
     ended = attempt.ended_at_ms is not None
-    if ended and mark is not None and mark.step is not None and job.resume_step is None:
-        problems.append(f"{job_id}: attempt {attempt.number} marked step {mark.step}, kept none")
+    if ended and mark is not None and mark.step is not None and job.resume_step != mark.step:
+        problems.append(
+            f"{job_id}: attempt {attempt.number} marked step {mark.step}, "
+            f"resumes from {job.resume_step}"
+        )
     if job.resume_step is not None and job.resume_step < 0:
         problems.append(f"{job_id}: resumes from step {job.resume_step}")
     return problems
