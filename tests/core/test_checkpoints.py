@@ -184,7 +184,7 @@ def test_a_mark_reported_after_its_attempt_ended_counts_until_the_member_is_stop
     cl.now = 3_000
     cl.exit_member(j, 0, 1)  # the attempt ends; rank 1 on n2 has not reported its mark
     record = cl.state.jobs[j]
-    assert record.state is JobState.PENDING and record.resume_step is None
+    assert (record.state, record.resume_step) == (JobState.PENDING, None)
     assert _mark(cl, j, 1, 5, 1).accepted_events == 1
     assert record.resume_step == 5
     assert record.attempt is not None

@@ -70,7 +70,7 @@ def test_a_failed_attempt_resumes_from_its_gangs_mark(
         f"step-{step}.rank-{rank}.json" for step in (10, 5) for rank in (0, 1)
     ]
     raw = info.raw
-    assert raw.resume_step == 10  # where a next attempt would resume from
+    assert info.resume_step == raw.resume_step == 10  # where a next attempt would resume
     assert raw.attempt.HasField("checkpoint") and raw.attempt.checkpoint.step == 10
     assert [m.checkpoint.step for m in raw.attempt.members] == [10, 10]
 
