@@ -108,6 +108,12 @@ class CheckpointWatches:
             watch = self._watches.get(key)
             if watch is None:
                 continue
+            try:
+                info = os.lstat(watch.path)
+            except OSError:
+                continue
+            if (info.st_mtime_ns, info.st_size) == watch.seen:
+                continue  # the common case: one lstat, nothing opened
             looked = _look(watch.path)
             if looked is None:
                 continue
