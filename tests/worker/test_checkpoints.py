@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from synapse_ha.core.desired import MemberKey
 from synapse_ha.rpc.convert import desired_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.worker.agent import Agent, AgentTimings
+from synapse_ha.worker.agent import Agent, AgentTimings, ControlPlaneUnreachable
 from synapse_ha.worker.checkpoints import (
     TAIL_BYTES,
     CheckpointWatches,
@@ -25,7 +26,7 @@ from synapse_ha.worker.checkpoints import (
 from synapse_ha.worker.environment import CHECKPOINT_FILE_ENV, RESUME_STEP_ENV, member_environment
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import FakeClock, Fifo, spec
-from tests.worker.test_agent import FakeControl
+from tests.worker.test_agent import FakeControl, FakeExecutor, desired
 
 
 @pytest.mark.parametrize(
@@ -125,3 +126,42 @@ def test_a_mark_written_just_before_a_failing_exit_is_reported_before_the_exit(
     assert mark.HasField("checkpoint_step") and mark.checkpoint_step == 5
     assert mark.checkpoint_seq == 1
     assert sent[2].exit_code == 1
+
+
+def test_an_unacknowledged_mark_is_replaced_by_the_members_newer_one() -> None:
+    clock = FakeClock()
+    control = FakeControl(clock)
+    executor = FakeExecutor()
+    key = MemberKey("j", 5, 0)
+    waiting: list[tuple[MemberKey, Mark]] = []
+
+    def marks(keys: Sequence[MemberKey]) -> list[tuple[MemberKey, Mark]]:
+        out = [(k, m) for k, m in waiting if k in keys]
+        waiting.clear()
+        return out
+
+    agent = Agent(
+        pb.RegisterNodeRequest(node_id="n1", address="127.0.0.1:7070"),
+        control,
+        executor,
+        clock,
+        timings=AgentTimings(heartbeat_interval_s=1.0, lease_ttl_s=4.0),
+        checkpoint_marks=marks,
+    )
+    control.desired = [desired("j", 5, 0)]
+    agent.step()  # registers, starts the member
+    control.fail = ControlPlaneUnreachable("no leader")
+    for seq, step in ((1, 10), (2, 20)):
+        waiting.append((key, Mark(seq, step)))
+        clock.advance(1.0)
+        agent.step()
+    sent = control.heartbeats[-1].reports
+    assert [(r.kind, r.checkpoint_seq) for r in sent] == [
+        (pb.MemberReport.STARTED, 0),
+        (pb.MemberReport.CHECKPOINT, 2),
+    ]
+    assert sent[1].checkpoint_step == 20
+    control.fail = None
+    clock.advance(1.0)
+    agent.step()
+    assert agent.pending == []  # acknowledged: never sent again
