@@ -127,6 +127,7 @@ bench: $(STAMP)
 	cat bench/results/gang_start.json
 	$(BIN)/python bench/dependency_latency.py > bench/results/dependency_latency.json
 	cat bench/results/dependency_latency.json
+	$(BIN)/python bench/array_submit.py --out bench/results/array_submit.json > /dev/null
 	$(BIN)/python bench/security_cost.py
 	$(BIN)/python bench/raft_channel.py > /dev/null
 	cat bench/results/raft_channel.json

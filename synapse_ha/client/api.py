@@ -387,7 +387,9 @@ class Cluster:
     """A connection to one cluster: its replicas' gRPC addresses (a list, or
     ``host:port,host:port``), a bearer ``token`` and the ``tls`` files to present (None:
     plaintext, for an ``--insecure`` cluster). ``timeout_s`` bounds each call, leader
-    discovery and retries included. Close it (or use it in a ``with`` block)."""
+    discovery and retries included; ``follower_reads`` lets followers serve its reads,
+    never older than its own writes (docs/consistency.md). Close it (or use it in a
+    ``with`` block)."""
 
     def __init__(
         self,
@@ -396,6 +398,7 @@ class Cluster:
         token: str | None = None,
         tls: TlsFiles | None = None,
         timeout_s: float = 10.0,
+        follower_reads: bool = False,
     ) -> None:
         if isinstance(addresses, str):
             addresses = credentials.parse_cluster(addresses)
@@ -408,6 +411,7 @@ class Cluster:
             per_try_timeout_s=min(2.0, timeout_s),
             token=token,
             channel_factory=self.transport.channel,
+            follower_reads=follower_reads,
         )
         self.grants = GrantCache(lambda log: fetch_grant(self.client, log))
 

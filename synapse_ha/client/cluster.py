@@ -51,8 +51,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.client.events import watch_events
 from synapse_ha.client.suspects import Suspects, as_no_leader, silent
-from synapse_ha.client.token import BearerToken
+from synapse_ha.client.token import BearerToken, ReadToken
+from synapse_ha.client.unavailable import ClusterUnavailable
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, RpcFailure, failure_of
@@ -76,13 +78,8 @@ _ELECTING = frozenset({Reason.NO_LEADER, Reason.LEADER_NOT_READY})
 Response = TypeVar("Response")
 
 
-class ClusterUnavailable(Exception):
-    """No replica gave an answer before the deadline."""
-
-    def __init__(self, method: str, attempts: list[tuple[str, str]]) -> None:
-        tried = "; ".join(f"{address}: {why}" for address, why in attempts[-12:]) or "none"
-        super().__init__(f"{method}: no replica answered before the deadline (tried {tried})")
-        self.attempts = attempts
+# Reads a follower serves to a client with a read token (docs/consistency.md).
+FOLLOWER_READS = frozenset({"GetJob", "ListJobs", "GetArray", "ListNodes", "ListQueues"})
 
 
 def new_request_id() -> str:
@@ -107,13 +104,18 @@ class ClusterClient:
         credentials_version: Callable[[], object] | None = None,
         suspect_s: float = 5.0,
         suspect_try_s: float = 0.5,
+        follower_reads: bool = False,
     ) -> None:
         """``token``: a bearer token sent with every call. ``channel_factory``: makes
         the channel to one address (default: a plaintext channel); with a token it must be
         one that checks the server is a replica, as ``Transport.channel`` does.
         ``credentials_version``
         (e.g. ``Transport.version``): checked at most once a second; when it changes
-        (rotated certificates) the channels are rebuilt with the new files."""
+        (rotated certificates) the channels are rebuilt with the new files.
+        ``follower_reads``: reads that a follower may serve (:data:`FOLLOWER_READS`) go
+        first to one replica drawn for this client, with the client's read token, so
+        they spread over the replicas and never see a state older than this client's
+        acknowledged writes (docs/consistency.md)."""
         if not addresses:
             raise ValueError("at least one replica address is required")
         self.addresses = list(dict.fromkeys(addresses))
@@ -133,6 +135,9 @@ class ClusterClient:
         self._version_checked = time.monotonic()
         self.credentials_check_s = 1.0
         self.suspects = Suspects(suspect_s, suspect_try_s)
+        self.read_token = ReadToken()
+        self.read_token.send = follower_reads
+        self._home = self._rng.choice(self.addresses) if follower_reads else ""
 
     # ------------------------------------------------------------------ plumbing
 
@@ -157,7 +162,7 @@ class ClusterClient:
         self.suspects.add(address)
         with self._lock:
             if self._preferred == address and len(self.addresses) > 1:
-                self._preferred = self._next_address(address)
+                self._preferred = self.next_address(address)
 
     def _rotated(self) -> list[grpc.Channel]:
         """Under the lock: the channels to close when the credentials changed on disk."""
@@ -182,7 +187,7 @@ class ClusterClient:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channel_factory(address)
+                channel = grpc.intercept_channel(self._channel_factory(address), self.read_token)
                 if self._token:
                     channel = grpc.intercept_channel(channel, BearerToken(self._token))
                 self._channels[address] = channel
@@ -201,12 +206,14 @@ class ClusterClient:
         *,
         idempotent: bool = True,
         timeout_s: float | None = None,
+        start: str = "",
     ) -> Response:
-        """Run ``invoke(address, per_try_timeout)`` against the leader, following
-        redirects and retrying as described in the module docstring."""
+        """Run ``invoke(address, per_try_timeout)`` against the leader (or first against
+        ``start``, a replica that may serve it), following redirects and retrying as
+        described in the module docstring."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         attempts: list[tuple[str, str]] = []
-        address = self._preferred
+        address = start or self._preferred
         failures_in_round = 0
         backoff = self.backoff_s
         tried_briefly: set[str] = set()
@@ -237,7 +244,7 @@ class ClusterClient:
                 if failure.reason in _WAIT_HERE:
                     failures_in_round = len(self.addresses)  # back off, then ask it again
                 else:
-                    address = self._next_address(address)
+                    address = self.next_address(address)
                 if failures_in_round >= len(self.addresses):
                     failures_in_round = 0
                     pause = min(backoff, max(0.0, deadline - time.monotonic()))
@@ -246,11 +253,12 @@ class ClusterClient:
                     time.sleep(self._rng.uniform(pause / 2, pause))
                     backoff = min(backoff * 2, self.max_backoff_s)
                 continue
-            self._preferred = address
+            if address != start:  # a follower that served a read is not the leader
+                self._preferred = address
             self.suspects.clear(address)
             return result
 
-    def _next_address(self, address: str) -> str:
+    def next_address(self, address: str) -> str:
         try:
             i = self.addresses.index(address)
         except ValueError:
@@ -263,8 +271,15 @@ class ClusterClient:
         """The answer of the scheduler's unary ``method`` to ``request``, as :meth:`call`
         gets it (the leader, redirects, retries of an idempotent call)."""
         return self.call(
-            method, lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t)
+            method,
+            lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t),
+            start=self._read_start(method),
         )
+
+    def _read_start(self, method: str) -> str:
+        """Where a call of ``method`` starts: this client's home replica for a read a
+        follower may serve, with follower reads on; else the leader ("")."""
+        return self._home if method in FOLLOWER_READS else ""
 
     def submit_job(
         self, spec: pb.JobSpec, request_id: str | None = None, timeout_s: float | None = None
@@ -300,7 +315,7 @@ class ClusterClient:
             def page(address: str, timeout: float, r: pb.ListJobsRequest = request) -> Any:
                 return self.scheduler(address).ListJobs(r, timeout=timeout)
 
-            response = self.call("ListJobs", page)
+            response = self.call("ListJobs", page, start=self._read_start("ListJobs"))
             got: list[pb.Job | pb.ArraySummary] = [*response.jobs, *response.arrays]
             lines.extend(sorted(got, key=lambda item: item.seq))
             page_token = response.next_page_token
@@ -535,50 +550,9 @@ class ClusterClient:
         self, since_index: int = 0, follow: bool = False, reconnect_s: float | None = None
     ) -> Iterator[pb.Event]:
         """Events after ``since_index`` (0: the oldest the replica holds); with
-        ``follow``, until the caller stops iterating. A replica that goes away mid-stream
-        is replaced by the next one, resuming after the last event received (every
-        replica has the same indexes), for up to ``reconnect_s`` (default: the client's
-        timeout) without an answer; then :class:`ClusterUnavailable`. A replica that no
-        longer holds the events after ``since_index`` (EVENTS_EXPIRED: restarted, or
-        too far behind) is skipped for one that does; when none does, that error is
-        raised, as refusals are, as the ``grpc.RpcError`` it is."""
-        window = self.timeout_s if reconnect_s is None else reconnect_s
-        address = self._preferred
-        since = since_index
-        attempts: list[tuple[str, str]] = []
-        give_up = time.monotonic() + window
-        expired: set[str] = set()  # replicas that no longer hold what follows ``since``
-        while True:
-            request = pb.WatchEventsRequest(since_index=since, follow=follow)
-            stream = self.scheduler(address).WatchEvents(request)
-            try:
-                for event in stream:
-                    give_up = time.monotonic() + window
-                    expired.clear()
-                    since = event.index
-                    yield event
-                return
-            except grpc.RpcError as exc:
-                failure = failure_of(exc)
-                attempts.append((address, failure.describe()))
-                if failure.reason is Reason.EVENTS_EXPIRED:
-                    expired.add(address)
-                    if expired >= set(self.addresses):
-                        raise
-                    address = self._next_address(address)
-                    continue
-                transport = failure.reason is Reason.UNKNOWN and failure.code in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.CANCELLED,
-                )
-                if not transport and failure.reason is not Reason.OVERLOADED:
-                    raise
-                if time.monotonic() > give_up:
-                    raise ClusterUnavailable("WatchEvents", attempts) from exc
-                address = self._next_address(address)
-                time.sleep(self._rng.uniform(self.backoff_s / 2, self.backoff_s))
-            finally:
-                stream.cancel()
+        ``follow``, until the caller stops iterating
+        (:func:`synapse_ha.client.events.watch_events`)."""
+        return watch_events(self, since_index, follow, reconnect_s)
 
 
 def _retriable(failure: RpcFailure, idempotent: bool) -> bool:

@@ -18,6 +18,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from synapse_ha.core.reasons import Reason, ReasonCode, reason
+
+if TYPE_CHECKING:
+    from synapse_ha.core.model import ArrayJob
 
 MAX_TASKS = 10_000
 MAX_INDEX = 1_000_000
@@ -100,5 +106,6 @@ def task_of(job_id: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
-def throttle_text(plan: ArrayPlan) -> str:
-    return f"at most {plan.throttle} at once" if plan.throttle else "no throttle"
+def throttle_reason(array: ArrayJob) -> Reason:
+    """Why a task of ``array`` waits for a slot of its throttle."""
+    return reason(ReasonCode.ARRAY_THROTTLE, array=array.array_id, throttle=array.throttle)

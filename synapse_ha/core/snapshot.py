@@ -72,12 +72,17 @@ def _with_dependants(state: ClusterState, jobs: set[str]) -> None:
         for job_id in jobs
         if (job := state.jobs.get(job_id)) and (job.dependants or job.array_id)
     ]
+    arrays: set[str] = set()  # arrays whose dependants were added (once each)
     while work:
         job = state.jobs.get(work.pop())
         if job is None:
             continue
-        array = state.arrays.get(job.array_id) if job.array_id else None
-        for dependant in (*job.dependants, *(array.dependants if array else ())):
+        more = job.dependants
+        if job.array_id and job.array_id not in arrays:
+            arrays.add(job.array_id)
+            array = state.arrays.get(job.array_id)
+            more = (*more, *(array.dependants if array else ()))
+        for dependant in more:
             if dependant not in jobs:
                 jobs.add(dependant)
                 work.append(dependant)

@@ -316,7 +316,13 @@ class Tracker:
                 self._jobs[job_id] = after
                 changed.append((job.seq, job_id, before, job))
         changed.sort(key=lambda c: (c[0], c[1]))
+        arrays: set[str] = set()  # arrays whose submission is told (once, not per task)
         for _, _, before, job in changed:
+            if before is None and job.array_id:
+                if job.array_id not in arrays:
+                    arrays.add(job.array_id)
+                    events.append(_array_submitted(job, state))
+                before = _SUBMITTED
             self._job_events(before, job, applied, events, out)
         for k, (kind, values) in enumerate(events[:MAX_EVENTS_PER_COMMAND]):
             out.events.append(
@@ -415,6 +421,23 @@ class Tracker:
             events.append((EventKind.CANCELLED, {**about, **_why(job, job.reason)}))
         if job.state.finished and not before.state.finished:
             out.jobs.append(job_record(job, applied))
+
+
+_SUBMITTED = _JobMark(JobState.PENDING, 0, None, False, False)  # a new job, told
+
+
+def _array_submitted(task: Job, state: ClusterState) -> tuple[EventKind, dict[str, object]]:
+    """The one ``submitted`` event of an array (its tasks are not told one by one)."""
+    array = state.arrays.get(task.array_id)
+    tasks = len(array.indices) if array is not None else 0
+    about: dict[str, object] = {
+        "job_id": task.array_id,
+        "job_name": task.spec.name,
+        "owner": task.owner,
+        "queue": queue_of(task),
+        "detail": f"an array of {tasks} task(s): {task.array_id}_<index>",
+    }
+    return EventKind.SUBMITTED, about
 
 
 def _health_events(

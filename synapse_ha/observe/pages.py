@@ -137,14 +137,30 @@ def _members_nodes(job: pb.Job) -> str:
 
 
 def render_queue(jobs: Sequence[pb.Job]) -> str:
+    """Pending gangs; an array's pending tasks as one row, its first task's, naming how
+    many wait."""
     pending = [j for j in jobs if states.shown_job_state(j) == JobState.PENDING]
-    rows = [
-        f'<tr data-job="{_e(j.job_id)}"><td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a>'
-        f"</td><td>{_e(j.spec.name)}</td><td>{_e(j.owner or '-')}</td>"
-        f"<td>{j.spec.replicas} x {j.spec.resources.gpu} GPU</td><td>{j.spec.priority}</td>"
-        f'<td data-reason="{_e(j.reason_code)}">{_e(j.reason)}</td></tr>'
-        for j in pending
-    ]
+    tasks: dict[str, int] = {}
+    for j in pending:
+        if j.array_id:
+            tasks[j.array_id] = tasks.get(j.array_id, 0) + 1
+    shown: set[str] = set()
+    rows = []
+    for j in pending:
+        name = _e(j.spec.name)
+        if j.array_id:
+            if j.array_id in shown:
+                continue
+            shown.add(j.array_id)
+            name += (
+                f' <span class="muted">(array {_e(j.array_id)}: {tasks[j.array_id]} tasks)</span>'
+            )
+        rows.append(
+            f'<tr data-job="{_e(j.job_id)}"><td><a href="/jobs/{_e(j.job_id)}">{_e(j.job_id)}</a>'
+            f"</td><td>{name}</td><td>{_e(j.owner or '-')}</td>"
+            f"<td>{j.spec.replicas} x {j.spec.resources.gpu} GPU</td><td>{j.spec.priority}</td>"
+            f'<td data-reason="{_e(j.reason_code)}">{_e(j.reason)}</td></tr>'
+        )
     if not rows:
         return '<p class="muted">no pending jobs</p>'
     return (

@@ -210,6 +210,7 @@ class Replica:
             history=self.history.store if self.history else None,
             events=self.history.ring if self.history else None,
             pinned_limits=config.scheduling.pinned_limits,
+            follows_live_leader=self.raft.follows_live_leader,
         )
 
     def _auth(self) -> AuthInterceptor | None:

@@ -276,6 +276,16 @@ class RaftReplica:
             return False
         return bool(self._sync.quorum_contact_within(window))
 
+    def follows_live_leader(self) -> bool:
+        """Follows a leader it heard within the shortest election timeout (pre-vote's
+        record of leader contact; without pre-vote: it knows a leader)."""
+        if self.is_leader():
+            return False
+        pre_vote = self._sync.pre_vote
+        if pre_vote is None:
+            return bool(self.leader_address())
+        return bool(pre_vote.leader_recent(raft_clock()))
+
     def leader_address(self) -> str:
         leader = self._sync._getLeader()
         return str(leader.address) if leader is not None else ""

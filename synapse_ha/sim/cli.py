@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         parser.error(f"cannot load the {args.workload} workload: {exc}")
     if model is not None:
+        if any(j.after_ok for j in workload.jobs):
+            parser.error("--gpu-failures: the failure runs do not replay after_ok dependencies")
         _failure_runs(workload, model, config, args)
         return 0
     if args.workload == "pipelines":

@@ -11,13 +11,15 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.dependencies import Dependencies, DependencyKind
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
+from synapse_ha.core.machine.dependencies import Outcome, outcome_of
 from synapse_ha.core.model import ClusterState, JobSpec, JobState
 from synapse_ha.sim.capacity import FreeGpus, RackLayout
 from synapse_ha.sim.fairness import Loss, TenancyMeter
@@ -63,11 +65,15 @@ def simulate(
     ``pass_interval_ms``: 0 plans at every instant something happened (and at the
     policy's wake time); otherwise passes run only at multiples of it, as a leader
     planning on a period does.
+
+    Jobs with ``after_ok`` wait for those jobs through the real dependencies
+    (:class:`AfterOkRun`); an array job's tasks each run the job's duration.
     """
     if not policy.topology_aware:
         workload = workload.without_topology()
     state = build_cluster(workload, config or ClusterConfig(retention_ms=0))
-    run = Run(workload, policy, state, grace_ms, pass_interval_ms, purge_every)
+    run_type = AfterOkRun if any(j.after_ok for j in workload.jobs) else Run
+    run = run_type(workload, policy, state, grace_ms, pass_interval_ms, purge_every)
     wall_start = time.perf_counter()
     run.run()
     return run.result(time.perf_counter() - wall_start)
@@ -131,7 +137,9 @@ class Run:
         self.last_t = 0
         self.applied = 0  # events applied (ends of stale attempts not counted)
         self.records: dict[str, JobRecord] = {}
-        self.index_of: dict[str, int] = {}  # job id -> index in the workload
+        self.index_of: dict[str, int] = {}  # job id (an array's: each task's) -> index
+        self.job_id_of: dict[int, str] = {}  # index -> the job or array id it was given
+        self.tasks_of: dict[str, tuple[str, ...]] = {}  # that id -> the jobs it made
         self.pending: dict[str, int] = {}  # pending job id -> GPUs per member
         self.allocated = 0  # GPUs bound to live attempts
         self.free = FreeGpus(state)
@@ -202,24 +210,30 @@ class Run:
         raise ValueError(f"unknown simulation event kind {kind}")
 
     def _arrive(self, index: int, spec: JobSpec | None = None) -> None:
-        """Submit the workload's job ``index`` (as ``spec``, when given); it waits."""
+        """Submit the workload's job ``index`` (as ``spec``, when given); it waits. An
+        array's tasks are jobs of their own here, each running the job's duration."""
         job = self.workload.jobs[index]
         spec = spec or job.spec
         res = apply(self.state, c.SubmitJob(spec, f"sim-{index}", self.now, owner=job.user))
         if not res.ok:
             raise ValueError(f"job {spec.name}: {res.message}")
+        self.job_id_of[index] = res.job_id
+        array = self.state.arrays.get(res.job_id) if spec.array else None
+        job_ids = array.task_ids() if array is not None else [res.job_id]
+        self.tasks_of[res.job_id] = tuple(job_ids)
         gpus = spec.resources.gpu * spec.replicas
-        self.records[res.job_id] = JobRecord(
-            arrival_ms=self.now,
-            gpus=gpus,
-            members=spec.replicas,
-            duration_ms=job.duration_ms,
-            fits_one_rack=gpus <= self.layout.largest_rack,
-            queue=spec.queue,
-            topology=bool(spec.topology_required or spec.topology_preferred),
-        )
-        self.index_of[res.job_id] = index
-        self.pending[res.job_id] = spec.resources.gpu
+        for job_id in job_ids:
+            self.records[job_id] = JobRecord(
+                arrival_ms=self.now,
+                gpus=gpus,
+                members=spec.replicas,
+                duration_ms=job.duration_ms,
+                fits_one_rack=gpus <= self.layout.largest_rack,
+                queue=spec.queue,
+                topology=bool(spec.topology_required or spec.topology_preferred),
+            )
+            self.index_of[job_id] = index
+            self.pending[job_id] = spec.resources.gpu
 
     def _end(self, kind: int, key: str) -> bool:
         """An attempt's end: it finished, hit its time limit, or its members stopped
@@ -389,6 +403,71 @@ class Run:
 
     def _extra_metrics(self, metrics: dict[str, Any]) -> None:
         """A subclass's figures, added to ``metrics`` (here: none)."""
+
+
+class AfterOkRun(Run):
+    """A run whose jobs may wait for earlier ones (``SimJob.after_ok``) through the real
+    dependencies: a job is submitted with ``dependencies.after_ok`` naming the job or
+    array ids those were given, the state machine holds it (reason ``dependency``) until
+    each has succeeded (an array: every task), and cancels it when one cannot.
+
+    Finished jobs are purged as the run goes: a job waited for that was purged after it
+    succeeded is met already; one that failed (an array: any task of it), purged or not,
+    leaves the job never submitted (``never_submitted``), as the cluster would have
+    refused it or cancelled it at once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.succeeded: dict[str, bool] = {}  # finished job id -> whether it succeeded
+        self.never_submitted: set[int] = set()  # indices of jobs never submitted
+        self.cancelled_waiting = 0  # jobs the state machine cancelled while they waited
+
+    def _arrive(self, index: int, spec: JobSpec | None = None) -> None:
+        job = self.workload.jobs[index]
+        waiting: list[str] = []
+        for before in job.after_ok:
+            target = self.job_id_of.get(before)
+            if target is None:
+                if before not in self.never_submitted:
+                    raise ValueError(
+                        f"job {job.spec.name} waits for job {before} of the workload, "
+                        "which arrives after it"
+                    )
+                self.never_submitted.add(index)
+                return
+            known = outcome_of(self.state, DependencyKind.AFTER_OK, target)
+            # How its jobs (an array's tasks) that ended did; those purged are known here only.
+            ended = [self.succeeded[t] for t in self.tasks_of[target] if t in self.succeeded]
+            if known is Outcome.NEVER or not all(ended) or (known is None and not ended):
+                self.never_submitted.add(index)
+                return
+            if known is Outcome.WAITING:
+                waiting.append(target)
+        spec = spec or job.spec
+        if waiting:
+            spec = replace(spec, dependencies=Dependencies(after_ok=tuple(waiting)))
+        super()._arrive(index, spec)
+
+    def _released(self, job_id: str) -> None:
+        super()._released(job_id)
+        job = self.state.jobs[job_id]
+        if not job.state.finished:
+            return
+        self.succeeded[job_id] = job.state is JobState.SUCCEEDED
+        if job.state is not JobState.SUCCEEDED:
+            # Jobs waiting for it (directly or not) were cancelled: they never held resources.
+            jobs = self.state.jobs
+            for waiting_id in [j for j in self.pending if jobs[j].state.finished]:
+                del self.pending[waiting_id]
+                self.succeeded[waiting_id] = False
+                self.cancelled_waiting += 1
+
+    def _extra_metrics(self, metrics: dict[str, Any]) -> None:
+        metrics["after_ok"] = {
+            "jobs_with_after_ok": sum(1 for j in self.workload.jobs if j.after_ok),
+            "cancelled_waiting": self.cancelled_waiting,
+            "never_submitted": len(self.never_submitted),
+        }
 
 
 def report_all(

@@ -107,7 +107,6 @@ class PipelineRun(Run):
     def __init__(self, *args: Any, orchestrated: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.orchestrated = orchestrated
-        self.job_id_of: dict[int, str] = {}
         self.ended: dict[int, JobState] = {}  # index -> how it ended
         self.never_run: set[int] = set()  # steps never submitted (a step before failed)
 
@@ -130,7 +129,6 @@ class PipelineRun(Run):
         super()._arrive(
             index, dataclasses.replace(job.spec, dependencies=deps) if waiting else None
         )
-        self.job_id_of[index] = next(reversed(self.index_of))
 
     def _released(self, job_id: str) -> None:
         super()._released(job_id)

@@ -171,7 +171,9 @@ def from_trace(
 
     Without ``queues``, every queue the trace names gets an equal share of the cluster's
     GPUs (rounded down) as its nominal quota, all in cohort ``trace``; ``default`` keeps
-    no quota. A queue the trace names that ``queues`` lacks raises ValueError.
+    no quota. A queue the trace names that ``queues`` lacks raises ValueError. A job's
+    ``after_ok`` lines become the indices of their jobs in the workload (``jobs`` are in
+    submission order, so each comes before the jobs that wait for it).
     """
     named = sorted({j.spec.queue for j in jobs})
     if queues is None:
@@ -183,6 +185,21 @@ def from_trace(
     unknown = [q for q in named if q not in known]
     if unknown:
         raise ValueError(f"the trace names queues with no settings: {', '.join(unknown)}")
-    sim_jobs = tuple(SimJob(j.submit_ms, j.spec, j.duration_ms, user=j.user) for j in jobs)
-    notes = f"{name}: {len(sim_jobs)} jobs on {len(nodes)} nodes, queues {', '.join(named)}"
+    index_of = {j.line: i for i, j in enumerate(jobs)}
+    sim_jobs = tuple(
+        SimJob(
+            j.submit_ms,
+            j.spec,
+            j.duration_ms,
+            user=j.user,
+            after_ok=tuple(index_of[line] for line in j.after_ok),
+        )
+        for j in jobs
+    )
+    arrays = sum(1 for j in jobs if j.spec.array)
+    notes = (
+        f"{name}: {len(sim_jobs)} jobs"
+        + (f" ({arrays} of them arrays)" if arrays else "")
+        + f" on {len(nodes)} nodes, queues {', '.join(named)}"
+    )
     return Workload(name, nodes, sim_jobs, notes, queues=tuple(queues))

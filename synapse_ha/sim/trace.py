@@ -20,7 +20,14 @@ column                 required  meaning
 ``priority``           no        an integer priority, used when no class is given
 ``cpu_milli``          no        CPU per member in millicores (default 8000 per GPU, or 1000)
 ``memory_mib``         no        memory per member in MiB (default 64 GiB per GPU, or 1 GiB)
+``array``              no        Slurm ``--array`` text (``0-99%10``): the line submits an
+                                 array, a task per index, each running ``duration_s``
+``after_ok``           no        line numbers of earlier lines, separated by ``;``: the job
+                                 waits until each of those jobs (or arrays) has succeeded
 =====================  ========  ==========================================================
+
+A line named in ``after_ok`` is counted as in error messages (the header is line 1,
+comments and empty lines count); it must be a job line above this one, submitted no later.
 
 Every line is checked: a bad line raises :class:`TraceError` naming the line number, the
 field and the rule it breaks, and the whole trace is refused (nothing is half-loaded).
@@ -32,11 +39,12 @@ import csv
 import io
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.dependencies import MAX_DEPENDENCIES
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.core.validation import (
     MAX_GPUS_PER_NODE,
@@ -56,10 +64,13 @@ OPTIONAL = (
     "priority",
     "cpu_milli",
     "memory_mib",
+    "array",
+    "after_ok",
 )
 COLUMNS = REQUIRED + OPTIONAL
 USER_PATTERN = re.compile(r"^[a-z0-9._-]{1,63}$")
 MAX_DURATION_S = 366 * 86_400
+AFTER_OK_SEPARATOR = ";"
 
 
 class TraceError(ValueError):
@@ -83,6 +94,8 @@ class TraceJob:
     user: str
     spec: JobSpec
     duration_ms: int
+    # Lines of the trace (their numbers) whose jobs must succeed before this one runs.
+    after_ok: tuple[int, ...] = ()
 
 
 def load_trace(
@@ -136,8 +149,31 @@ def parse_trace(
             )
         row = dict(zip(header, (cell.strip() for cell in cells), strict=True))
         jobs.append(_job(row, source, number, topology_levels))
+    _check_after_ok(jobs, source)
     jobs.sort(key=lambda j: (j.submit_ms, j.line))
     return jobs
+
+
+def _check_after_ok(jobs: list[TraceJob], source: str) -> None:
+    """Every line an ``after_ok`` names is a job line above it, submitted no later (so
+    its job exists when the dependant is submitted)."""
+    by_line = {j.line: j for j in jobs}
+    for job in jobs:
+        for line in job.after_ok:
+            other = by_line.get(line)
+            if other is None:
+                rule = f"line {line} is not a job line of the trace"
+            elif line >= job.line:
+                rule = f"line {line} is not above this line: name earlier lines only"
+            elif other.submit_ms > job.submit_ms:
+                rule = (
+                    f"line {line} is submitted at {_seconds(other.submit_ms)} s, after this "
+                    f"line ({_seconds(job.submit_ms)} s): a job waits only for jobs "
+                    "submitted no later"
+                )
+            else:
+                continue
+            raise TraceError(source, job.line, "after_ok", rule)
 
 
 def _job(row: dict[str, str], source: str, number: int, topology_levels: Sequence[str]) -> TraceJob:
@@ -194,6 +230,7 @@ def _job(row: dict[str, str], source: str, number: int, topology_levels: Sequenc
         time_limit_ms=time_limit_ms,
         queue=queue,
         priority_class=row.get("priority_class", ""),
+        array=row.get("array", ""),
     )
     if not NAME_PATTERN.match(queue) or len(queue) > 63:
         raise bad(
@@ -206,7 +243,27 @@ def _job(row: dict[str, str], source: str, number: int, topology_levels: Sequenc
         v = violations[0]
         field = _COLUMN_OF.get(v.field, v.field)
         raise bad(field, v.rule)
-    return TraceJob(number, submit_ms, user, spec, duration_ms)
+    after_ok = _after_ok(row.get("after_ok", ""), bad)
+    return TraceJob(number, submit_ms, user, spec, duration_ms, after_ok)
+
+
+def _after_ok(text: str, bad: Callable[[str, str], TraceError]) -> tuple[int, ...]:
+    """The line numbers of an ``after_ok`` cell (each once, in the order given)."""
+    if not text:
+        return ()
+    lines: list[int] = []
+    for item in (part.strip() for part in text.split(AFTER_OK_SEPARATOR)):
+        if not item.isdigit() or int(item) < 1:
+            raise bad(
+                "after_ok",
+                f"must be line numbers separated by {AFTER_OK_SEPARATOR!r} (e.g. 3;7), "
+                f"got {text!r}",
+            )
+        lines.append(int(item))
+    unique = tuple(dict.fromkeys(lines))
+    if len(unique) > MAX_DEPENDENCIES:
+        raise bad("after_ok", f"names at most {MAX_DEPENDENCIES} lines, got {len(unique)}")
+    return unique
 
 
 # The job spec's field names as trace columns, for messages.
@@ -220,16 +277,22 @@ _COLUMN_OF = {
     "topology.preferred": "topology_preferred",
     "time_limit": "time_limit_s",
     "priority": "priority",
+    "array": "array",
 }
 
 
 def write_trace(jobs: Iterable[TraceJob], out: io.TextIOBase | io.StringIO) -> int:
-    """Write ``jobs`` in the trace format (every column); returns the number written."""
+    """Write ``jobs`` in the trace format (every column); returns the number written.
+    An ``after_ok`` names the lines of this output its jobs were written on (a line not
+    among ``jobs`` is left out)."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
+    listed = list(jobs)
+    written_on = {j.line: number for number, j in enumerate(listed, start=2)}
     count = 0
-    for j in jobs:
+    for j in listed:
         s = j.spec
+        after = [str(written_on[line]) for line in j.after_ok if line in written_on]
         writer.writerow(
             (
                 _seconds(j.submit_ms),
@@ -246,6 +309,8 @@ def write_trace(jobs: Iterable[TraceJob], out: io.TextIOBase | io.StringIO) -> i
                 s.priority,
                 s.resources.cpu_milli,
                 s.resources.memory_mib,
+                s.array,
+                AFTER_OK_SEPARATOR.join(after),
             )
         )
         count += 1

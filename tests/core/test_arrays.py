@@ -261,3 +261,20 @@ def test_an_array_needs_format_5() -> None:
     result = apply(state, c.SubmitJob(spec, "r", 1))
     assert result.code is c.ResultCode.CONFLICT and "needs format 5" in result.message
     assert not state.jobs and not state.arrays
+
+
+def test_an_array_waiting_on_an_array_is_released_or_cancelled_once() -> None:
+    k = cluster(nodes=4)
+    first = k.submit(sweep("0-2", gpu=0))
+    second = k.submit(sweep("0-199", gpu=0, dependencies=Dependencies((first,))))
+    assert len(k.state.arrays[first].dependants) == 200
+    k.run_pass()
+    for i in range(3):
+        run_task(k, f"{first}_{i}", 0)
+    assert all(not k.state.jobs[f"{second}_{i}"].waiting_for for i in range(200))
+    assert k.state.arrays[first].dependants == ()  # settled: not looked at again
+    third = k.submit(sweep("0-99", gpu=0, dependencies=Dependencies((second,))))
+    result = k.do(c.CancelJob(second, "stop", k.now))
+    assert result.ok, result.message
+    assert {k.state_of(f"{third}_{i}") for i in range(100)} == {JobState.CANCELLED}
+    assert k.state.arrays[second].dependants == ()

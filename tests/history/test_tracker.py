@@ -222,3 +222,17 @@ def test_dependants_cancelled_down_a_chain_stream_their_cancellation(everything:
         (event,) = [e for e in cl.events if e.job_id == waiting and e.kind is EventKind.CANCELLED]
         assert event.reason_code == "dependency_never_satisfied"
     assert sorted(r.job_id for r in cl.jobs) == sorted([first, second, third])
+
+
+def test_an_array_is_submitted_once_and_its_tasks_run_and_end_one_by_one() -> None:
+    cl = ObservedCluster()
+    cl.add(node("n1", gpus=8))
+    array_id = cl.submit(dataclasses.replace(job("sweep", gpu=8), array="0-2"))
+    submitted = [e for e in cl.events if e.kind is EventKind.SUBMITTED]
+    assert [(e.job_id, e.job_name) for e in submitted] == [(array_id, "sweep")]
+    assert submitted[0].description == f"an array of 3 task(s): {array_id}_<index>"
+    cl.run_pass()
+    cl.do(c.CancelJob(array_id, now_ms=cl.now))
+    assert cl.kinds(f"{array_id}_0") == ["bound", "cancelled"]
+    assert cl.kinds(f"{array_id}_2") == ["cancelled"]
+    assert sorted(r.job_id for r in cl.jobs) == [f"{array_id}_{i}" for i in range(3)]

@@ -10,7 +10,14 @@ from pathlib import Path
 from synapse_ha.cli.render_cluster import cluster_document, cluster_table
 from synapse_ha.observe.dashboard import COOKIE, LEGACY_TOKEN_COOKIE, LOGIN_COOKIE, Dashboard
 from synapse_ha.observe.http import ObserveServer, Request, Response
-from synapse_ha.observe.pages import STYLESHEET, Overview, render_job, render_login, render_overview
+from synapse_ha.observe.pages import (
+    STYLESHEET,
+    Overview,
+    render_job,
+    render_login,
+    render_overview,
+    render_queue,
+)
 from synapse_ha.observe.sessions import Sessions
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.bundle import ClusterCredentials
@@ -294,3 +301,14 @@ def test_synctl_cluster_shows_each_replicas_urls() -> None:
     assert doc["replicas"][1]["dashboard_url"] == "https://127.0.0.1:9001/"
     text = cluster_table(doc)
     assert "DASHBOARD" in text and "https://127.0.0.1:9002/metrics" in text
+
+
+def test_the_queue_shows_an_arrays_pending_tasks_as_one_row() -> None:
+    tasks = [a_job(f"job-000012_{i}", "PENDING", []) for i in range(50)]
+    for i, task in enumerate(tasks):
+        task.array_id, task.array_index = "job-000012", i
+    single = a_job("job-000013", "PENDING", [])
+    html = render_queue([*tasks, single])
+    rows = re.findall(r'<tr data-job="([^"]+)"', html)
+    assert rows == ["job-000012_0", "job-000013"]
+    assert "(array job-000012: 50 tasks)" in html

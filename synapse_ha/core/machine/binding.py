@@ -28,7 +28,7 @@ from synapse_ha.core.model import (
     unconfirmed_members,
 )
 from synapse_ha.core.quota import QueueUsage, gang_request, has_quotas
-from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.topology import domain_at
 
 
@@ -54,10 +54,11 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
             if usage is not None:
                 spec = state.jobs[placement.job_id].spec
                 usage.add(spec.queue, gang_request(spec))
+    shared: dict[Reason, Reason] = {}  # equal reasons kept once (an array's waiting tasks)
     for job_id, why in c.reasons:
         job = state.jobs.get(job_id)
         if job is not None and job.state is JobState.PENDING:
-            job.reason = why
+            job.reason = shared.setdefault(why, why)
     return ok(
         f"bound {len(bound)} gang(s), rejected {len(rejected)}",
         bound=tuple(bound),

@@ -166,6 +166,9 @@ def settle(state: ClusterState, changed: Job, cancel: Cancel, now: int) -> None:
                 )
                 cancel(dependant, why)
                 work.append(dependant)
+            array = state.arrays.get(target_id)
+            if array is not None:
+                _forget_settled(state, array)
 
 
 def _targets(
@@ -185,12 +188,23 @@ def _targets(
         )
     array = state.arrays.get(job.array_id) if job.array_id else None
     if array is not None and array.dependants:
-        tasks = _tasks(state, array)
+        # The array's outcome of a kind is the same for every dependant: worked out once,
+        # from its tasks looked up only when a dependant asks.
+        judged: dict[str, Outcome] = {}
+        tasks: list[Job] = []
+
+        def judge(kind: str) -> Outcome:
+            if kind not in judged:
+                if not tasks:
+                    tasks.extend(_tasks(state, array))
+                judged[kind] = array_outcome(kind, tasks, job)
+            return judged[kind]
+
         targets.append(
             (
                 array.array_id,
                 array.dependants,
-                lambda kind: array_outcome(kind, tasks, job),
+                judge,
                 lambda kind: (
                     "succeeded"
                     if kind == DependencyKind.AFTER_NOT_OK
@@ -199,6 +213,19 @@ def _targets(
             )
         )
     return targets
+
+
+def _forget_settled(state: ClusterState, array: ArrayJob) -> None:
+    """Keep in the array's ``dependants`` only the jobs that still wait on it, so that the
+    transitions of its other tasks do not look at them again."""
+    jobs = state.jobs
+    array.dependants = tuple(
+        d
+        for d in array.dependants
+        if (w := jobs.get(d)) is not None
+        and w.state is JobState.PENDING
+        and any(target == array.array_id for _, target in w.waiting_for)
+    )
 
 
 def _resolve(dependant: Job, target_id: str, judge: Judge, now: int) -> str | None:

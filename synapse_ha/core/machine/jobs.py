@@ -8,7 +8,7 @@ import dataclasses
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
-from synapse_ha.core.arrays import parse_array, task_id
+from synapse_ha.core.arrays import parse_array, task_id, throttle_reason
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.attempts import (
     end_attempt,
@@ -87,7 +87,8 @@ def _submit_array(
         throttle=plan.throttle,
         owner=c.owner,
     )
-    tasks = []
+    tasks: list[Job] = []
+    waits = throttle_reason(state.arrays[array_id])  # past the throttle's first slots
     for index in plan.indices:
         task = Job(
             job_id=task_id(array_id, index),
@@ -99,6 +100,8 @@ def _submit_array(
             array_id=array_id,
             array_index=index,
         )
+        if plan.throttle and len(tasks) >= plan.throttle:
+            task.reason = waits
         state.jobs[task.job_id] = task
         _open_window(task)
         tasks.append(task)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from synapse_ha.core.arrays import throttle_reason
 from synapse_ha.core.cluster_config import PreemptionMode
 from synapse_ha.core.commands import GangPlacement
 from synapse_ha.core.model import ClusterState, Job, JobSpec, Resources, unconfirmed_members
@@ -87,12 +88,14 @@ def _plan(
         placed = work.decide(job)
         if placed is not None and on_decision is not None:
             on_decision(job.job_id, placed)
+    waits: dict[str, Reason] = {}  # one reason per array, shared by its tasks
     for job in throttled:
         if now_ms >= job.retry_not_before_ms:
-            throttle = state.arrays[job.array_id].throttle
-            work.plan.reasons[job.job_id] = reason(
-                ReasonCode.ARRAY_THROTTLE, array=job.array_id, throttle=throttle
-            )
+            why = waits.get(job.array_id)
+            if why is None:
+                why = waits[job.array_id] = throttle_reason(state.arrays[job.array_id])
+            if job.reason != why:  # most tasks have said so since their submission
+                work.plan.reasons[job.job_id] = why
     return _with_causes(state, work.plan)
 
 

@@ -61,7 +61,7 @@ class AdminService(_Base):
     def ListTokens(
         self, request: pb.ListTokensRequest, context: grpc.ServicerContext
     ) -> pb.ListTokensResponse:
-        self._read_mode(context, allow_stale=False)
+        self._read_mode(context, allow_stale=False, follower=False)
         tokens = self.ctx.backend.snapshot().tokens.values()
         ordered = sorted(tokens, key=lambda t: (t.created_at_ms, t.token_id))
         return pb.ListTokensResponse(tokens=[convert.token_to_proto(t) for t in ordered])

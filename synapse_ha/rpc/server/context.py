@@ -5,6 +5,7 @@ leader, proposing and waiting for the commit) and the helpers that end a call.""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from contextlib import AbstractContextManager, contextmanager
@@ -142,6 +143,10 @@ class ReplicaContext:
     # Limits this replica's configuration file sets ([limits]): as leader it puts them
     # back, so SetLimits refuses to change them here.
     pinned_limits: frozenset[str] = frozenset()
+    # Follower reads (docs/consistency.md): whether this replica follows a leader it heard
+    # lately, and how long a read carrying a token waits for this replica to catch up.
+    follows_live_leader: Callable[[], bool] = lambda: False
+    follower_read_wait_s: float = 0.5
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -192,14 +197,56 @@ class _Base:
     def _require_serving_leader(self, context: grpc.ServicerContext) -> None:
         require_serving_leader(self.ctx, context)
 
-    def _read_mode(self, context: grpc.ServicerContext, allow_stale: bool) -> bool:
-        """Check a read may be served here; return whether the answer is stale."""
+    def _read_mode(
+        self, context: grpc.ServicerContext, allow_stale: bool, follower: bool = True
+    ) -> bool:
+        """Check a read may be served here; return whether the answer is stale (served
+        by a replica that is not the serving leader). Every answer carries this replica's
+        applied index (:data:`INDEX_KEY`).
+
+        A follower serves a read that carries a read token (:data:`MIN_INDEX_KEY`, the
+        newest index its client saw) once it has applied that index, while it follows a
+        leader it heard lately, waiting up to ``follower_read_wait_s`` to catch up;
+        otherwise it redirects to the leader. So a client never reads a state older than
+        its own acknowledged writes (docs/consistency.md). ``follower`` False: never
+        served by a follower for a token (a read that needs the leader's own view)."""
         if self.ctx.serving():
+            self._send_index(context)
             return False
         if allow_stale:
+            self._send_index(context)
+            return True
+        wanted = _read_token(context)
+        if (
+            follower
+            and wanted is not None
+            and self.ctx.follows_live_leader()
+            and self._caught_up(context, wanted)
+        ):
             return True
         self._require_serving_leader(context)
+        self._send_index(context)
         return False
+
+    def _caught_up(self, context: grpc.ServicerContext, wanted: int) -> bool:
+        """Whether this replica has applied index ``wanted``, waiting (bounded by the
+        wait and the call's deadline) for it; the index served is sent back."""
+        waited = time.monotonic() + self.ctx.follower_read_wait_s
+        remaining = context.time_remaining()
+        if remaining is not None:
+            waited = min(waited, time.monotonic() + remaining - 0.05)
+        while True:
+            applied = self.ctx.backend.snapshot().applied_commands
+            if applied >= wanted:
+                context.set_trailing_metadata(((INDEX_KEY, str(applied)),))
+                return True
+            if time.monotonic() >= waited:
+                return False
+            time.sleep(FOLLOWER_READ_POLL_S)
+
+    def _send_index(self, context: grpc.ServicerContext) -> None:
+        applied = self.ctx.backend.snapshot().applied_commands
+        context.set_trailing_metadata(((INDEX_KEY, str(applied)),))
 
     @contextmanager
     def _heavy_read(self, context: grpc.ServicerContext) -> Iterator[None]:
@@ -240,6 +287,7 @@ class _Base:
                     f"the outcome is unknown ({exc}); retrying with the same request is safe",
                 )
             abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
+        self._send_index(context)  # the state now holds the write: a read token for it
         return result
 
     def _check(
@@ -307,6 +355,22 @@ def _refuse_limit(
         refusal.message,
         {"limit": refusal.limit, "allowed": str(refusal.allowed), "actual": str(refusal.actual)},
     )
+
+
+# Read tokens (docs/consistency.md): every answer carries the applied index of the state it
+# was served from (or, for a write, a state that holds the write); a client that sends the
+# newest one it saw is never served an older state.
+INDEX_KEY = "x-synapse-index"
+MIN_INDEX_KEY = "x-synapse-min-index"
+FOLLOWER_READ_POLL_S = 0.005
+
+
+def _read_token(context: grpc.ServicerContext) -> int | None:
+    """The read token a call carries (None: it carries none, or not a number)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == MIN_INDEX_KEY and isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
 
 
 def _job_not_found(

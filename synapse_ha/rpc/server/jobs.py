@@ -295,7 +295,7 @@ class JobService(_Base):
     ) -> pb.ExplainJobResponse:
         if not request.job_id:
             _required(context, "job_id")
-        stale = self._read_mode(context, request.allow_stale)
+        stale = self._read_mode(context, request.allow_stale, follower=False)
         now = self.ctx.clock_ms()
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
@@ -324,7 +324,7 @@ class JobService(_Base):
         if not request.job_id:
             _required(context, "job_id")
         identity = caller(context)
-        self._read_mode(context, allow_stale=False)
+        self._read_mode(context, allow_stale=False, follower=False)
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
         if job is None:
