@@ -16,6 +16,8 @@ from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.views import desired_members
 from tests.core.harness import Cluster, job, node
+from tests.core.test_preempt_apply import cluster as preemption_cluster
+from tests.core.test_preempt_apply import preempted_pair
 
 
 def _running(retries: int = 1) -> tuple[Cluster, str]:
@@ -201,3 +203,21 @@ def test_a_mark_of_a_finished_job_is_stale() -> None:
     assert _mark(cl, j, 1, 5, 1).stale_events == 1
     attempt = cl.state.jobs[j].attempt
     assert attempt is not None and attempt.marks == ()
+
+
+def test_a_preempted_gang_that_marks_during_its_grace_resumes_from_that_mark() -> None:
+    cl = preemption_cluster()
+    low, _high = preempted_pair(cl)
+    attempt = cl.state.jobs[low].attempt
+    assert attempt is not None and attempt.preempted_by
+    cl.now += 500  # within the grace: the members save and mark, then stop
+    _mark(cl, low, 0, 900, 1)
+    _mark(cl, low, 1, 900, 1)
+    assert attempt.mark() == AttemptMark(at_ms=cl.now, step=900)
+    for rank in (0, 1):
+        event = c.MemberEvent(
+            low, attempt.fencing_token, rank, c.MemberEventKind.EXITED, 143, cause=c.ExitCause.LOST
+        )
+        cl.do(c.ReportMembers(attempt.members[rank].node_id, (event,), now_ms=cl.now))
+    record = cl.state.jobs[low]
+    assert record.state is JobState.PENDING and record.resume_step == 900
