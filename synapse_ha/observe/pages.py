@@ -4,8 +4,9 @@
   leader), the queue (pending jobs with their reasons), the running gangs with their
   nodes, and the nodes as a rack-by-rack map of GPU occupancy (unhealthy GPUs marked,
   each node's title naming its faults);
-* one job's page (:func:`render_job`) — its members (node, GPUs, state), its current
-  attempt on a timeline, and the tail of each member's log;
+* one job's page (:func:`render_job`) — its members (node, GPUs, state, newest
+  checkpoint mark), its current attempt on a timeline, the attempt's checkpoint mark and
+  the step a restart resumes from, and the tail of each member's log;
 * the sign-in form (:func:`render_login`) and the short pages that say why a request was
   refused or found nothing;
 * the one stylesheet (:data:`STYLE`, served at :data:`STYLESHEET`): the pages carry no
