@@ -86,7 +86,7 @@ def test_a_failed_attempt_resumes_from_its_gangs_mark(
     assert "checkpoint: step 10, " in explained.output
 
 
-def test_a_member_outside_a_mark_gets_no_resume_step(cluster: Cluster) -> None:
+def test_a_first_attempt_has_a_checkpoint_file_and_no_resume_step(cluster: Cluster) -> None:
     job = cluster.submit(
         {
             "name": "ckpt-plain",
