@@ -16,6 +16,7 @@ import click
 
 from synapse_ha.cli import render, terminal
 from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
+from synapse_ha.cli.render_jobs import checkpoint_document
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -85,6 +86,8 @@ def history_document(j: pb.HistoryJob) -> dict[str, Any]:
         "replicas": j.spec.replicas,
         "resources": render.resources_document(j.spec.resources),
         "attempt_list": [attempt_document(a) for a in j.attempt_list],
+        "checkpoint": checkpoint_document(j.checkpoint) if j.HasField("checkpoint") else None,
+        "resume_step": j.resume_step if j.HasField("resume_step") else None,
     }
 
 

@@ -481,7 +481,7 @@ def explain(settings: Settings, job_id: str) -> None:
     job = client.get_job(job_id)
     nodes = client.list_nodes() if job.HasField("attempt") else []
     document = render_jobs.explain_document(answer, job, nodes)
-    emit(settings, document, lambda: render_jobs.explain_table(document))
+    emit(settings, document, lambda: render_jobs.explain_table(document, now_ms()))
 
 
 @click.command()

@@ -63,11 +63,15 @@ A job also has ``queue`` (str), ``priority_class`` (str, "" for a plain number) 
 ``preemption``: null, or ``{preempted_by, kind, deadline_ms}`` while its attempt is being
 preempted (kind reclaim or priority; deadline_ms: when its members are killed), and
 ``progress``: null, or ``{timeout_ms, source}`` when its members are stopped as hung
-after ``timeout_ms`` without progress (source file or log).
+after ``timeout_ms`` without progress (source file or log), ``checkpoint``: null, or
+``{at_ms, step}``, the attempt's checkpoint mark (the oldest of its members' newest; step
+null when none carried one), ``resume_step``: null, or the step the job's next attempt
+resumes from, and each member ``checkpoint``: its newest mark, null before its first.
 
 ``explain``: ``{id, state, explanation, reason_code, reason, attempt, fencing_token,
-members, queue, preemption}`` (``reason_code`` is the explanation's code) where
-each member also has ``rack``, ``topology`` and ``topology_path`` of its node.
+members, queue, preemption, checkpoint, resume_step}`` (``reason_code`` is the
+explanation's code) where each member also has ``rack``, ``topology`` and
+``topology_path`` of its node.
 ``queues``: ``{queues: [{name, cohort, nominal: {gpu, cpu_milli, memory_mib} (null:
 no quota), borrowing_limit_gpu, lending_limit_gpu (null: no limit), priority_classes,
 used: {gpu, cpu_milli, memory_mib}, borrowed_gpu, lent_gpu, running_jobs, pending_jobs,

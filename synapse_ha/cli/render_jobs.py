@@ -33,7 +33,21 @@ def member_document(m: pb.Member) -> Document:
         "gpus": list(m.gpus),
         "state": states.shown_member_state(m),
         "exit_code": m.exit_code if m.has_exit_code else None,
+        "checkpoint": checkpoint_document(m.checkpoint) if m.HasField("checkpoint") else None,
     }
+
+
+def checkpoint_document(mark: pb.Checkpoint) -> Document:
+    """A checkpoint mark: ``{at_ms, step}`` (step null when the mark carried none)."""
+    return {"at_ms": mark.at_ms, "step": mark.step if mark.HasField("step") else None}
+
+
+def checkpoint_text(doc: Mapping[str, Any] | None, now_ms: int) -> str | None:
+    """``step 1200, 3m ago`` (or ``3m ago, no step``)."""
+    if not doc:
+        return None
+    ago = f"{age_text(doc['at_ms'], now_ms)} ago"
+    return f"{ago}, no step" if doc["step"] is None else f"step {doc['step']}, {ago}"
 
 
 def job_document(job: pb.Job) -> Document:
@@ -91,6 +105,10 @@ def job_document(job: pb.Job) -> Document:
         "begin_ms": resolved(spec.begin_at_ms, spec.begin_delay_ms, job.submitted_at_ms) or None,
         "deadline_ms": resolved(spec.deadline_at_ms, spec.deadline_delay_ms, job.submitted_at_ms)
         or None,
+        "checkpoint": checkpoint_document(job.attempt.checkpoint)
+        if has_attempt and job.attempt.HasField("checkpoint")
+        else None,
+        "resume_step": job.resume_step if job.HasField("resume_step") else None,
     }
 
 
@@ -188,13 +206,21 @@ def explain_document(
         "members": members,
         "queue": job_doc["queue"],
         "preemption": job_doc["preemption"],
+        "checkpoint": job_doc["checkpoint"],
+        "resume_step": job_doc["resume_step"],
     }
 
 
-def members_table(members: Sequence[Mapping[str, Any]], with_topology: bool = False) -> str:
+def members_table(
+    members: Sequence[Mapping[str, Any]], now_ms: int, with_topology: bool = False
+) -> str:
+    """The members, with each one's newest checkpoint mark once one of them has marked."""
     headers = ["RANK", "NODE", "GPUS", "STATE", "EXIT"]
     if with_topology:
         headers[3:3] = ["RACK", "TOPOLOGY"]
+    marked = any(m["checkpoint"] for m in members)
+    if marked:
+        headers.append("CHECKPOINT")
     rows = []
     for m in members:
         row: list[object] = [
@@ -206,6 +232,8 @@ def members_table(members: Sequence[Mapping[str, Any]], with_topology: bool = Fa
         ]
         if with_topology:
             row[3:3] = [m["rack"], m["topology_path"]]
+        if marked:
+            row.append(checkpoint_text(m["checkpoint"], now_ms))
         rows.append(row)
     return table(rows, headers)
 
@@ -229,6 +257,8 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
         ("HANG AFTER", progress_text(doc["progress"])),
         ("PRESTART", prestart_text(doc["prestart"])),
+        ("CHECKPOINT", checkpoint_text(doc["checkpoint"], now_ms)),
+        ("RESUME STEP", doc["resume_step"]),
         ("DEPENDS ON", dependencies_text(doc["dependencies"])),
         ("WAITING FOR", dependencies_text(doc["waiting_for"])),
         ("BEGIN", time_text(doc["begin_ms"]) if doc["begin_ms"] else None),
@@ -245,7 +275,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         fields.append(("COMMAND", "(withheld: not your job)"))
     lines = [f"{name + ':':<15}{cell_text(value)}" for name, value in fields]
     if doc["members"]:
-        lines += ["", members_table(doc["members"])]
+        lines += ["", members_table(doc["members"], now_ms)]
     return "\n".join(lines)
 
 
@@ -270,7 +300,7 @@ def jobs_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
     return table([job_row(d, now_ms) for d in docs], JOBS_HEADERS)
 
 
-def explain_table(doc: Mapping[str, Any]) -> str:
+def explain_table(doc: Mapping[str, Any], now_ms: int) -> str:
     lines = [terminal_safe(f"job {doc['id']} is {doc['state']}")]
     if doc["attempt"]:
         lines[0] += f", attempt {doc['attempt']} (fencing token {doc['fencing_token']})"
@@ -281,9 +311,25 @@ def explain_table(doc: Mapping[str, Any]) -> str:
     preempted = preemption_text(doc["preemption"])
     if preempted:
         lines.append(terminal_safe(preempted))
+    lines += _checkpoint_lines(doc, now_ms)
     if doc["members"]:
-        lines += ["", members_table(doc["members"], with_topology=True)]
+        lines += ["", members_table(doc["members"], now_ms, with_topology=True)]
     return "\n".join(lines)
+
+
+def _checkpoint_lines(doc: Mapping[str, Any], now_ms: int) -> list[str]:
+    """Where the gang can resume from: its attempt's checkpoint mark (the oldest of its
+    members' newest), and the step its next attempt resumes from."""
+    lines = []
+    mark = checkpoint_text(doc["checkpoint"], now_ms)
+    if mark:
+        lines.append(f"checkpoint: {mark} (the oldest of its members' newest marks)")
+    elif doc["members"] and any(m["checkpoint"] for m in doc["members"]):
+        marked = sum(1 for m in doc["members"] if m["checkpoint"])
+        lines.append(f"checkpoint: none yet ({marked} of {len(doc['members'])} members marked)")
+    if doc["resume_step"] is not None:
+        lines.append(f"a restart resumes from step {doc['resume_step']} ($SYNAPSE_RESUME_STEP)")
+    return lines
 
 
 def _short(text: str, width: int) -> str:

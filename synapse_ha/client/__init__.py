@@ -5,7 +5,8 @@ and the :class:`SynapseError` family) is the Python client documented in
 ``docs/python.md``: what a notebook, a pipeline or an orchestrator's task imports. Underneath,
 :class:`~synapse_ha.client.cluster.ClusterClient` finds the leader among the replicas,
 follows redirects and retries; it is what synctl, workers, the local launcher, the chaos
-suite and the benchmarks call the cluster with.
+suite and the benchmarks call the cluster with. :func:`checkpoint` and
+:func:`resume_step` are for the code of a gang member: its checkpoint marks.
 """
 
 from synapse_ha.client.api import Array, ArrayInfo, Cluster, Job, JobInfo, LogLine, Member
@@ -18,6 +19,7 @@ from synapse_ha.client.errors import (
     SynapseError,
     WaitTimedOut,
 )
+from synapse_ha.client.marks import checkpoint, resume_step
 from synapse_ha.core.model import JobState
 
 __all__ = [
@@ -36,4 +38,6 @@ __all__ = [
     "Member",
     "SynapseError",
     "WaitTimedOut",
+    "checkpoint",
+    "resume_step",
 ]

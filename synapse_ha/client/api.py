@@ -93,6 +93,8 @@ class JobInfo:
     raw: pb.Job
     # Dependencies not met yet, as (kind, job id): the job is not placed meanwhile.
     waiting_for: tuple[tuple[str, str], ...] = ()
+    # The step its next attempt resumes from (docs/checkpoints.md); None: none.
+    resume_step: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -125,6 +127,7 @@ class JobInfo:
                 tuple(job.waiting_for.after_not_ok),
                 tuple(job.waiting_for.after),
             ).pairs(),
+            resume_step=job.resume_step if job.HasField("resume_step") else None,
         )
 
 

@@ -57,10 +57,14 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "array",
         }
     ),
-    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held"}),
+    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held", "marks"}),
     ClusterState: frozenset({"queues", "queue_history", "format_floor", "arrays"}),
     # Late success reports after a node death (DESIGN §4).
-    Job: frozenset({"lost_attempt", "waiting_for", "dependants", "array_id", "array_index"}),
+    Job: frozenset(
+        {"lost_attempt", "waiting_for", "dependants", "array_id", "array_index", "resume_step"}
+    ),
+    # Checkpoint marks (core/checkpoints.py).
+    cmd.MemberEvent: frozenset({"step", "mark_seq"}),
     # GPU health (DESIGN §4).
     # A node's boot, to tell a reboot (ClusterConfig.clear_gpu_faults_on_reboot).
     NodeInfo: frozenset({"boot_id"}),

@@ -160,6 +160,8 @@ class BindPlan:
 class MemberEventKind(enum.StrEnum):
     STARTED = "started"
     EXITED = "exited"
+    # The member marked a checkpoint (core/checkpoints.py): ``step`` and ``mark_seq``.
+    CHECKPOINT = "checkpoint"
 
 
 class ExitCause(enum.StrEnum):
@@ -197,11 +199,16 @@ class MemberEvent:
     exit_code: int = 0
     detail: str = ""
     cause: ExitCause = ExitCause.PROGRAM
+    # For CHECKPOINT: the step the mark carried (None: none), and the mark's number
+    # among that member's marks on its worker (1, 2, ...).
+    step: int | None = None
+    mark_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ReportMembers:
-    """What a worker observed since its last report (started and exited members).
+    """What a worker observed since its last report (started and exited members, and
+    checkpoint marks: the newest of a member, recorded at the command's ``now_ms``).
 
     Events whose fencing token is not the job's current one, or whose member is not
     bound to ``node_id``, are ignored and counted as stale.

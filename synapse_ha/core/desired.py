@@ -99,6 +99,9 @@ class DesiredMember:
     # exit (as a member preempted before it started), which confirms to the leader that
     # it is stopped (DESIGN §4: the next attempt waits for that confirmation).
     ended: bool = False
+    # The step the gang resumes from (its job's newest attempt mark with a step,
+    # core/checkpoints.py): the members get it as $SYNAPSE_RESUME_STEP. None: none.
+    resume_step: int | None = None
 
     @property
     def key(self) -> MemberKey:

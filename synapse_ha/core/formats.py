@@ -26,8 +26,14 @@ import typing
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.commands import ExitCause, ExpireDeadline, ReportNodeChecks
-from synapse_ha.core.model import JobSpec, NodeInfo
+from synapse_ha.core.commands import (
+    ExitCause,
+    ExpireDeadline,
+    MemberEvent,
+    MemberEventKind,
+    ReportNodeChecks,
+)
+from synapse_ha.core.model import Attempt, Job, JobSpec, NodeInfo
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
@@ -55,6 +61,11 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
         # format 5: job arrays (core/arrays.py).
         "array": 5,
     },
+    # format 5: checkpoint marks (core/checkpoints.py): a mark's step and number, each
+    # member's newest mark on its attempt, and the step a job's next attempt resumes from.
+    MemberEvent: {"step": 5, "mark_seq": 5},
+    Attempt: {"marks": 5},
+    Job: {"resume_step": 5},
 }
 # Command types each format added.
 # (``RaiseFormat`` itself is format 3 but never gated: the leader proposes it only once
@@ -71,6 +82,8 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ExitCause.HUNG: 3,
     # A task of an array waiting for a slot of its throttle (a BindPlan's reason).
     ReasonCode.ARRAY_THROTTLE: 5,
+    # A member's checkpoint mark (core/checkpoints.py).
+    MemberEventKind.CHECKPOINT: 5,
 }
 
 

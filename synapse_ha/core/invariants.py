@@ -9,6 +9,7 @@ import itertools
 from dataclasses import dataclass
 
 from synapse_ha.core.arrays import task_id
+from synapse_ha.core.checkpoints import mark_problems
 from synapse_ha.core.machine.dependencies import Outcome, outcome_of
 from synapse_ha.core.model import (
     Attempt,
@@ -135,6 +136,18 @@ def _attempt_problems(state: ClusterState, job_id: str, job: Job, attempt: Attem
         problems.append(f"{job_id}: {job.state.value} with attempt {attempt.state.value}")
     if attempt.ended_at_ms is not None and attempt.outcome is None:
         problems.append(f"{job_id}: attempt {attempt.number} ended without an outcome")
+    problems += [f"{job_id}: {p}" for p in mark_problems(attempt.marks, len(attempt.members))]
+    if any(m.at_ms < attempt.bound_at_ms for m in attempt.marks):
+        problems.append(f"{job_id}: a checkpoint mark older than attempt {attempt.number}")
+    mark = attempt.mark()
+    ended = attempt.ended_at_ms is not None
+    if ended and mark is not None and mark.step is not None and job.resume_step != mark.step:
+        problems.append(
+            f"{job_id}: attempt {attempt.number} marked step {mark.step}, "
+            f"resumes from {job.resume_step}"
+        )
+    if job.resume_step is not None and job.resume_step < 0:
+        problems.append(f"{job_id}: resumes from step {job.resume_step}")
     return problems
 
 

@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.access import Role
+from synapse_ha.core.checkpoints import AttemptMark, CheckpointMark, attempt_mark
 from synapse_ha.core.cluster_config import (
     DEFAULT_QUEUE,
     ClusterConfig,
@@ -275,6 +276,13 @@ class Attempt:
     # Ranks of this ended attempt whose resources are still reserved on their nodes until
     # they are confirmed stopped (ClusterConfig.hold_until_stopped), in rank order.
     held: tuple[int, ...] = ()
+    # The newest checkpoint mark of each member that marked one, in rank order
+    # (core/checkpoints.py); the attempt's mark is derived from them.
+    marks: tuple[CheckpointMark, ...] = ()
+
+    def mark(self) -> AttemptMark | None:
+        """The point the whole gang can resume from: None until every member marked."""
+        return attempt_mark(self.marks, len(self.members))
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +334,9 @@ class Job:
     # For a task of an array (core/arrays.py): the array's id and the task's index.
     array_id: str = ""
     array_index: int = 0
+    # The step of the newest attempt mark that carried one (core/checkpoints.py): its
+    # next attempt's members get it as $SYNAPSE_RESUME_STEP. None: none yet.
+    resume_step: int | None = None
 
     @property
     def fencing_token(self) -> int:

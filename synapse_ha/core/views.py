@@ -79,6 +79,7 @@ def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
                     spec=launch,
                     owner=job.owner,
                     preempt_deadline_ms=attempt.preempt_deadline_ms,
+                    resume_step=job.resume_step,
                 )
             )
     return wanted

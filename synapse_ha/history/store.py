@@ -6,7 +6,9 @@ so every replica that applied the same log holds the same rows:
 * ``attempts``: every ended attempt (job, number, nodes, GPUs, bind/start/end, outcome),
   keyed by (job_id, number);
 * ``jobs``: every finished job (spec, owner, queue, outcome, attempts, GPU-seconds of all
-  its attempts), keyed by job_id.
+  its attempts, its last attempt's checkpoint mark and its resume step), keyed by job_id.
+  A file written before the checkpoint columns existed gets them when it is opened (its
+  older rows hold no mark).
 
 Writes are idempotent (``INSERT OR IGNORE`` on those keys): replaying the journal after
 a restart, or re-recording what a restored snapshot still holds, adds nothing twice.
@@ -80,11 +82,29 @@ CREATE TABLE IF NOT EXISTS jobs (
     nodes TEXT NOT NULL,
     cancelled_by TEXT NOT NULL,
     spec TEXT NOT NULL,
-    applied_index INTEGER NOT NULL
+    applied_index INTEGER NOT NULL,
+    checkpoint_at_ms INTEGER NOT NULL DEFAULT 0,
+    checkpoint_step INTEGER,
+    resume_step INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_by_finish ON jobs (finished_at_ms);
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, finished_at_ms);
 """
+# Columns of ``jobs`` added since its first release: added to an older file on opening.
+_ADDED_JOB_COLUMNS = (
+    ("checkpoint_at_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoint_step", "INTEGER"),
+    ("resume_step", "INTEGER"),
+)
+
+
+# The columns of ``jobs``, in the order rows are written and read.
+_JOB_COLUMNS = (
+    "job_id, name, owner, queue, state, reason_code, reason, submitted_at_ms, "
+    "started_at_ms, finished_at_ms, attempts, retries_used, requeues, gpus_per_attempt, "
+    "gpu_ms, nodes, cancelled_by, spec, applied_index, checkpoint_at_ms, checkpoint_step, "
+    "resume_step"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +144,9 @@ class HistoryJob:
     spec: JobSpec
     applied_index: int
     attempt_list: tuple[HistoryAttempt, ...] = ()
+    checkpoint_at_ms: int = 0  # the last attempt's checkpoint mark: when (0: none)
+    checkpoint_step: int | None = None  # and its step
+    resume_step: int | None = None  # the step a next attempt would have resumed from
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +184,10 @@ class HistoryStore:
         # (Tracker.reset), so the write ahead log need not be synced on every commit.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for name, kind in _ADDED_JOB_COLUMNS:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -203,8 +230,8 @@ class HistoryStore:
                     self._attempt_totals(j.job_id) if j.attempts else (0, 0, [])
                 )
                 db.execute(
-                    "INSERT OR IGNORE INTO jobs VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT OR IGNORE INTO jobs ({_JOB_COLUMNS}) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         j.job_id,
                         j.name,
@@ -225,6 +252,9 @@ class HistoryStore:
                         j.cancelled_by,
                         json.dumps(to_plain(j.spec), sort_keys=True),
                         j.applied_index,
+                        j.checkpoint_at_ms,
+                        j.checkpoint_step,
+                        j.resume_step,
                     ),
                 )
             db.execute("COMMIT")
@@ -279,9 +309,7 @@ class HistoryStore:
             args.append(f.until_ms)
         limit = max(1, min(f.limit or MAX_ROWS, MAX_ROWS))
         sql = (
-            "SELECT job_id, name, owner, queue, state, reason_code, reason, submitted_at_ms, "
-            "started_at_ms, finished_at_ms, attempts, retries_used, requeues, "
-            "gpus_per_attempt, gpu_ms, nodes, cancelled_by, spec, applied_index FROM jobs "
+            f"SELECT {_JOB_COLUMNS} FROM jobs "
             f"WHERE {' AND '.join(where)} ORDER BY finished_at_ms DESC, job_id DESC LIMIT ?"
         )
         with self.reader() as db:
@@ -380,4 +408,7 @@ def _job(r: Sequence[Any], attempts: Sequence[HistoryAttempt]) -> HistoryJob:
         spec=from_plain(JobSpec, json.loads(r[17])),
         applied_index=r[18],
         attempt_list=tuple(attempts),
+        checkpoint_at_ms=r[19],
+        checkpoint_step=r[20],
+        resume_step=r[21],
     )

@@ -136,6 +136,11 @@ class JobRecord:
     cancelled_by: str
     spec: object  # the JobSpec (stored as the core codec's plain form)
     applied_index: int
+    # The last attempt's checkpoint mark (core/checkpoints.py): when (0: none) and its
+    # step; and the step a next attempt would have resumed from.
+    checkpoint_at_ms: int = 0
+    checkpoint_step: int | None = None
+    resume_step: int | None = None
 
 
 @dataclass(slots=True)
@@ -213,6 +218,7 @@ def attempt_record(job: Job, applied_index: int) -> AttemptRecord | None:
 
 
 def job_record(job: Job, applied_index: int) -> JobRecord:
+    mark = job.attempt.mark() if job.attempt is not None else None
     return JobRecord(
         job_id=job.job_id,
         name=job.spec.name,
@@ -230,6 +236,9 @@ def job_record(job: Job, applied_index: int) -> JobRecord:
         cancelled_by=job.cancelled_by,
         spec=job.spec,
         applied_index=applied_index,
+        checkpoint_at_ms=mark.at_ms if mark is not None else 0,
+        checkpoint_step=mark.step if mark is not None else None,
+        resume_step=job.resume_step,
     )
 
 

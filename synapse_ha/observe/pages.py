@@ -4,8 +4,9 @@
   leader), the queue (pending jobs with their reasons), the running gangs with their
   nodes, and the nodes as a rack-by-rack map of GPU occupancy (unhealthy GPUs marked,
   each node's title naming its faults);
-* one job's page (:func:`render_job`) — its members (node, GPUs, state), its current
-  attempt on a timeline, and the tail of each member's log;
+* one job's page (:func:`render_job`) — its members (node, GPUs, state, newest
+  checkpoint mark), its current attempt on a timeline, the attempt's checkpoint mark and
+  the step a restart resumes from, and the tail of each member's log;
 * the sign-in form (:func:`render_login`) and the short pages that say why a request was
   refused or found nothing;
 * the one stylesheet (:data:`STYLE`, served at :data:`STYLESHEET`): the pages carry no
@@ -278,6 +279,28 @@ def _timeline(attempt: pb.Attempt, now_ms: int) -> str:
     )
 
 
+def _mark_text(mark: pb.Checkpoint, now_ms: int) -> str:
+    """``step 1200, 3m ago`` (or ``3m ago, no step``)."""
+    ago = _age(now_ms, mark.at_ms)
+    return f"step {mark.step}, {ago}" if mark.HasField("step") else f"{ago}, no step"
+
+
+def _checkpoint_rows(job: pb.Job, now_ms: int) -> list[str]:
+    """The attempt's checkpoint mark (the oldest of its members' newest) and the step a
+    restart resumes from, when there are."""
+    rows = []
+    if job.HasField("attempt") and job.attempt.HasField("checkpoint"):
+        rows.append(
+            '<tr><th>checkpoint</th><td id="checkpoint">'
+            f"{_e(_mark_text(job.attempt.checkpoint, now_ms))}</td></tr>"
+        )
+    if job.HasField("resume_step"):
+        rows.append(
+            f'<tr><th>resumes from</th><td id="resume-step">step {job.resume_step}</td></tr>'
+        )
+    return rows
+
+
 def render_job(
     job: pb.Job, logs: dict[int, str], now_ms: int, viewer: str = "", csrf: str = ""
 ) -> str:
@@ -295,6 +318,7 @@ def render_job(
         f"<tr><th>submitted</th><td>{_age(now_ms, job.submitted_at_ms)}</td></tr>",
         f"<tr><th>attempts</th><td>{job.attempts_made} (retries used {job.retries_used}, "
         f"requeues {job.requeues})</td></tr>",
+        *_checkpoint_rows(job, now_ms),
         "</table>",
     ]
     if job.HasField("attempt"):
@@ -308,12 +332,13 @@ def render_job(
             f'<tr data-rank="{m.rank}" data-node="{_e(m.node_id)}"><td>{m.rank}</td>'
             f"<td>{_e(m.node_id)}</td><td>{_e(','.join(str(g) for g in m.gpus) or '-')}</td>"
             f"<td>{_e(states.shown_member_state(m))}</td>"
-            f"<td>{m.exit_code if m.has_exit_code else '-'}</td></tr>"
+            f"<td>{m.exit_code if m.has_exit_code else '-'}</td>"
+            f"<td>{_mark_text(m.checkpoint, now_ms) if m.HasField('checkpoint') else '-'}</td></tr>"
             for m in a.members
         ]
         parts.append(
             '<table id="members"><tr><th>rank</th><th>node</th><th>GPUs</th><th>state</th>'
-            "<th>exit</th></tr>" + "".join(rows) + "</table>"
+            "<th>exit</th><th>checkpoint</th></tr>" + "".join(rows) + "</table>"
         )
         parts.append("<h2>Logs (tail)</h2>")
         for m in a.members:

@@ -346,6 +346,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         self_fencing=config.self_fencing,
         gpu_faults=gpu_health.faults,
         node_checks=health_check.checks,
+        checkpoint_marks=executor.marks,
     )
     if not config.self_fencing:
         log.critical(

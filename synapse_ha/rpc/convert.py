@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import shown_request_id
@@ -175,18 +176,21 @@ def resources_to_proto(r: Resources) -> pb.Resources:
 
 def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
     members = []
+    marks = {m.rank: m for m in a.marks}
     for placement, status in zip(a.members, a.member_status, strict=False):
-        members.append(
-            pb.Member(
-                rank=placement.rank,
-                node_id=placement.node_id,
-                gpus=list(placement.gpus),
-                **states.member_state_fields(status.state),
-                has_exit_code=status.exit_code is not None,
-                exit_code=status.exit_code or 0,
-            )
+        member = pb.Member(
+            rank=placement.rank,
+            node_id=placement.node_id,
+            gpus=list(placement.gpus),
+            **states.member_state_fields(status.state),
+            has_exit_code=status.exit_code is not None,
+            exit_code=status.exit_code or 0,
         )
-    return pb.Attempt(
+        mark = marks.get(placement.rank)
+        if mark is not None:
+            member.checkpoint.CopyFrom(checkpoint_to_proto(mark.at_ms, mark.step))
+        members.append(member)
+    msg = pb.Attempt(
         number=a.number,
         fencing_token=a.fencing_token,
         master_port=a.master_port,
@@ -199,6 +203,10 @@ def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
         preemption=str(a.preemption) if a.preemption is not None else "",
         preempt_deadline_ms=a.preempt_deadline_ms,
     )
+    gang = a.mark()
+    if gang is not None:
+        msg.checkpoint.CopyFrom(checkpoint_to_proto(gang.at_ms, gang.step))
+    return msg
 
 
 def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
@@ -237,6 +245,8 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
     if job.array_id:
         msg.array_id = job.array_id
         msg.array_index = job.array_index
+    if job.resume_step is not None:
+        msg.resume_step = job.resume_step
     return msg
 
 
@@ -356,16 +366,20 @@ _EXIT_CAUSES = {
 def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.MemberEvent, ...]:
     events = []
     for i, report in enumerate(reports):
-        if report.kind == pb.MemberReport.STARTED:
-            kind = cmd.MemberEventKind.STARTED
-        elif report.kind == pb.MemberReport.EXITED:
-            kind = cmd.MemberEventKind.EXITED
-        else:
-            raise SpecError(f"reports[{i}].kind", "must be STARTED or EXITED")
+        kind = _EVENT_KINDS.get(report.kind)
+        if kind is None:
+            raise SpecError(f"reports[{i}].kind", "must be STARTED, EXITED or CHECKPOINT")
         if not report.job_id:
             raise SpecError(f"reports[{i}].job_id", "is required")
         if report.rank < 0 or report.fencing_token <= 0:
             raise SpecError(f"reports[{i}]", "rank must be >= 0 and fencing_token > 0")
+        step = report.checkpoint_step if report.HasField("checkpoint_step") else None
+        if kind is cmd.MemberEventKind.CHECKPOINT and (
+            report.checkpoint_seq <= 0 or (step is not None and step < 0)
+        ):
+            raise SpecError(
+                f"reports[{i}]", "a checkpoint needs checkpoint_seq > 0 and checkpoint_step >= 0"
+            )
         events.append(
             cmd.MemberEvent(
                 job_id=report.job_id,
@@ -375,9 +389,32 @@ def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.Member
                 exit_code=report.exit_code,
                 detail=report.detail[:1024],
                 cause=_EXIT_CAUSES.get(report.cause, cmd.ExitCause.PROGRAM),
+                **_mark_fields(kind, step, report.checkpoint_seq),
             )
         )
     return tuple(events)
+
+
+_EVENT_KINDS = {
+    pb.MemberReport.STARTED: cmd.MemberEventKind.STARTED,
+    pb.MemberReport.EXITED: cmd.MemberEventKind.EXITED,
+    pb.MemberReport.CHECKPOINT: cmd.MemberEventKind.CHECKPOINT,
+}
+
+
+def _mark_fields(kind: cmd.MemberEventKind, step: int | None, seq: int) -> dict[str, Any]:
+    """A checkpoint's step and number (only a CHECKPOINT event carries them)."""
+    if kind is not cmd.MemberEventKind.CHECKPOINT:
+        return {}
+    return {"step": step, "mark_seq": seq}
+
+
+def checkpoint_to_proto(at_ms: int, step: int | None) -> pb.Checkpoint:
+    """A checkpoint mark (a member's, or its attempt's) as the API shows it."""
+    msg = pb.Checkpoint(at_ms=at_ms)
+    if step is not None:
+        msg.step = step
+    return msg
 
 
 def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
@@ -408,6 +445,8 @@ def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
         # no grace: the worker never starts it and confirms with an immediate exit.
         preemption=ENDED_ATTEMPT if d.ended else "",
     )
+    if d.resume_step is not None:
+        msg.resume_step = d.resume_step
     return _with_prestart(msg, d.spec.prestart)
 
 

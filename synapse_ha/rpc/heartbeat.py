@@ -24,10 +24,14 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
 def report_command(
-    node_id: str, events: Sequence[cmd.MemberEvent], now_ms: int
+    node_id: str, events: Sequence[cmd.MemberEvent], now_ms: int, floor: int
 ) -> cmd.ReportMembers | None:
     """The command that records ``events`` of ``node_id``'s members (None without any),
-    with a fresh seed for the retry back-off jitter of the attempts they may end."""
+    with a fresh seed for the retry back-off jitter of the attempts they may end.
+    Checkpoint marks are left out while not every replica reads them (the cluster's
+    format ``floor``): the starts and exits must not be refused with them."""
+    if floor < format_needed(cmd.MemberEventKind.CHECKPOINT):
+        events = [e for e in events if e.kind is not cmd.MemberEventKind.CHECKPOINT]
     if not events:
         return None
     return cmd.ReportMembers(

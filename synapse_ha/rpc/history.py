@@ -7,7 +7,7 @@ from synapse_ha.core.reasons import render, withheld
 from synapse_ha.history.store import HistoryAttempt, HistoryJob, UsageRow
 from synapse_ha.history.tracker import Event
 from synapse_ha.rpc import states
-from synapse_ha.rpc.convert import clamp_int32, spec_to_proto
+from synapse_ha.rpc.convert import checkpoint_to_proto, clamp_int32, spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -28,7 +28,7 @@ def attempt_to_proto(a: HistoryAttempt) -> pb.HistoryAttempt:
 
 
 def history_job_to_proto(j: HistoryJob) -> pb.HistoryJob:
-    return pb.HistoryJob(
+    msg = pb.HistoryJob(
         job_id=j.job_id,
         name=j.name,
         owner=j.owner,
@@ -50,6 +50,11 @@ def history_job_to_proto(j: HistoryJob) -> pb.HistoryJob:
         attempt_list=[attempt_to_proto(a) for a in j.attempt_list],
         applied_index=j.applied_index,
     )
+    if j.checkpoint_at_ms:
+        msg.checkpoint.CopyFrom(checkpoint_to_proto(j.checkpoint_at_ms, j.checkpoint_step))
+    if j.resume_step is not None:
+        msg.resume_step = j.resume_step
+    return msg
 
 
 def usage_row_to_proto(r: UsageRow) -> pb.UsageRow:

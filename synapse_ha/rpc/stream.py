@@ -371,7 +371,7 @@ class StreamServer:
         for command in (
             health_command(state, node_id, faults, now),
             checks_command(state, node_id, checks, now),
-            report_command(node_id, events, now),
+            report_command(node_id, events, now, state.format_floor),
         ):
             if command is not None:
                 await self._commit(command, node_id)

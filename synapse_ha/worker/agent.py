@@ -32,6 +32,11 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   when that list changed, so the leader requeues the gang on a failed GPU at once.
 * Every heartbeat carries the latest result of each node check (``checks``: the
   health-check program, :mod:`synapse_ha.worker.health_check`), early when one changed.
+* Checkpoint marks (:mod:`synapse_ha.worker.checkpoints`): when a heartbeat goes out, a
+  running member whose ``$SYNAPSE_CHECKPOINT_FILE`` changed gets a CHECKPOINT report (its
+  newest mark; an older one not yet acknowledged is replaced), and a member that exited
+  gets one, when its file changed, just before its EXITED report, so that the mark it
+  wrote before it ended reaches the leader before the end of its attempt.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from synapse_ha.core.prestart import Prestart
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker.checkpoints import Mark
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
 from synapse_ha.worker.member_dirs import MemberExit
 from synapse_ha.worker.members import PreemptNotice
@@ -162,6 +168,7 @@ def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
             else None,
         ),
         owner=d.owner,
+        resume_step=d.resume_step if d.HasField("resume_step") else None,
     )
 
 
@@ -193,6 +200,24 @@ def _report(
     )
 
 
+def _mark_report(key: MemberKey, mark: Mark) -> pb.MemberReport:
+    """A member's newest checkpoint mark, for the control plane."""
+    report = pb.MemberReport(
+        job_id=key.job_id,
+        fencing_token=key.fencing_token,
+        rank=key.rank,
+        kind=pb.MemberReport.CHECKPOINT,
+        checkpoint_seq=mark.seq,
+    )
+    if mark.step is not None:
+        report.checkpoint_step = mark.step
+    return report
+
+
+def _no_marks(keys: Sequence[MemberKey]) -> Sequence[tuple[MemberKey, Mark]]:
+    return ()
+
+
 @dataclass(frozen=True, slots=True)
 class AgentTimings:
     """Used until the leader says otherwise (its replies carry the cluster's values)."""
@@ -214,12 +239,18 @@ class Agent:
         self_fencing: bool = True,
         gpu_faults: Callable[[], Sequence[GpuFault]] = tuple,
         node_checks: Callable[[], Sequence[NodeCheck]] = tuple,
+        checkpoint_marks: Callable[
+            [Sequence[MemberKey]], Sequence[tuple[MemberKey, Mark]]
+        ] = _no_marks,
     ) -> None:
         """``self_fencing=False`` exists only so the chaos suite can prove it catches a
         build without self-fencing (see ``synapse_ha.programs.worker``); never in production.
         ``gpu_faults`` says which GPUs are unhealthy now (any thread may change its answer;
         it must not block); ``node_checks`` the latest result of each node check (the
-        health-check program, :mod:`synapse_ha.worker.health_check`), likewise."""
+        health-check program, :mod:`synapse_ha.worker.health_check`), likewise;
+        ``checkpoint_marks`` the new checkpoint mark of each of the members it is given
+        whose file changed since it was last asked (the executor's ``marks``)."""
+        self.checkpoint_marks = checkpoint_marks
         self.self_fencing = self_fencing
         self.gpu_faults = gpu_faults
         self.faults_sent: tuple[GpuFault, ...] = ()
@@ -325,10 +356,32 @@ class Agent:
         return tuple(self.gpu_faults()) != self.faults_sent
 
     def _collect_exits(self) -> None:
-        for key, exit_ in self.executor.poll():
+        exits = self.executor.poll()
+        if exits:
+            # Read after the exit was collected: every mark the member wrote is seen,
+            # and so is every mark of its gang's members here so far.
+            jobs = {key.job_id for key, _ in exits}
+            gang = [key for key in self.executor.running() if key.job_id in jobs]
+            self._add_marks([key for key, _ in exits] + gang)
+        for key, exit_ in exits:
             self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
             self.fresh_reports = True
             log.info("member %s exited with %d %s", key, exit_.exit_code, exit_.detail)
+
+    def _add_marks(self, keys: Sequence[MemberKey]) -> None:
+        """Queue the new checkpoint mark of each of ``keys`` whose file changed, in place
+        of a mark of the same member not yet acknowledged (only the newest counts)."""
+        marks = self.checkpoint_marks(keys)
+        if not marks:
+            return
+        replaced = {key for key, _ in marks}
+        self.pending = [
+            r
+            for r in self.pending
+            if r.kind != pb.MemberReport.CHECKPOINT
+            or MemberKey(r.job_id, r.fencing_token, r.rank) not in replaced
+        ]
+        self.pending.extend(_mark_report(key, mark) for key, mark in marks)
 
     def _write_lease_file(self, deadline: float) -> str:
         """Write the lease deadline the supervisors read; on a full (or failing) disk say
@@ -381,6 +434,7 @@ class Agent:
         return True, f"registered (status {status})"
 
     def _heartbeat(self, apply_desired: bool = True) -> str:
+        self._add_marks(self.executor.running())
         reports = list(self.pending)
         running = [_report(k, pb.MemberReport.STARTED) for k in self.executor.running()]
         faults = tuple(self.gpu_faults())

@@ -13,8 +13,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from synapse_ha.core.arrays import task_of
+from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, RESUME_STEP_ENV
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.worker.accounts import Account, owner_environment
+
+__all__ = [
+    "CHECKPOINT_FILE_ENV",
+    "PREEMPT_FILE_ENV",
+    "PROGRESS_FILE_ENV",
+    "RESUME_STEP_ENV",
+    "changes_process_behaviour",
+    "member_environment",
+    "supervisor_environment",
+]
 
 # The variable naming the file a preempted member finds its notice in (docs/queues.md).
 PREEMPT_FILE_ENV = "SYNAPSE_PREEMPT_FILE"
@@ -28,7 +39,7 @@ def member_environment(
     """The member's environment: ``base``, then ``HOME``, ``USER`` and ``LOGNAME`` of the
     ``account`` it runs as (when it runs as its owner), then the job's ``env``, then the
     DESIGN §5 variables (which the job cannot override: they define the gang), with the
-    array's for a task of an array."""
+    array's for a task of an array and the step to resume from when there is one."""
     env = dict(base)
     if account is not None:
         env.update(owner_environment(account))
@@ -50,6 +61,8 @@ def member_environment(
             "SYNAPSE_MEMBER_HOSTS": ",".join(member.member_hosts),
         }
     )
+    if member.resume_step is not None:
+        env[RESUME_STEP_ENV] = str(member.resume_step)
     task = task_of(member.job_id)
     if task is not None:  # a task of an array (core/arrays.py)
         array_id, index = task

@@ -22,7 +22,13 @@ from synapse_ha.core.progress import SOURCE_FILE, SOURCE_LOG
 from synapse_ha.core.validation import image_reference_problem
 from synapse_ha.worker import shim
 from synapse_ha.worker.accounts import Account
-from synapse_ha.worker.environment import PREEMPT_FILE_ENV, PROGRESS_FILE_ENV, member_environment
+from synapse_ha.worker.checkpoints import CHECKPOINT_FILE
+from synapse_ha.worker.environment import (
+    CHECKPOINT_FILE_ENV,
+    PREEMPT_FILE_ENV,
+    PROGRESS_FILE_ENV,
+    member_environment,
+)
 from synapse_ha.worker.images import (
     ContainerFiles,
     ImageRuntime,
@@ -103,15 +109,19 @@ def progress_fields(
 
 
 def give_to_owner(
-    member_dir: Path, log_path: Path, account: Account, progress_path: Path | None = None
+    member_dir: Path,
+    log_path: Path,
+    account: Account,
+    progress_path: Path | None = None,
+    checkpoint_path: Path | None = None,
 ) -> None:
-    """The output log (and the progress file, when there is one) becomes the owner's
-    alone (0600); the member directory stays the agent's, and the owner's group may enter
-    it but not list or change it (0710): the member reaches its ``$SYNAPSE_PREEMPT_FILE``
-    and ``$SYNAPSE_PROGRESS_FILE`` there, while the launch record and the pid and exit
-    records stay the agent's alone (0600), and nothing in the directory is the member's to
-    replace."""
-    for path in (log_path, progress_path):
+    """The output log (and the progress and checkpoint files, when there are) becomes the
+    owner's alone (0600); the member directory stays the agent's, and the owner's group
+    may enter it but not list or change it (0710): the member reaches its
+    ``$SYNAPSE_PREEMPT_FILE``, ``$SYNAPSE_PROGRESS_FILE`` and ``$SYNAPSE_CHECKPOINT_FILE``
+    there, while the launch record and the pid and exit records stay the agent's alone
+    (0600), and nothing in the directory is the member's to replace."""
+    for path in (log_path, progress_path, checkpoint_path):
         if path is None:
             continue
         os.chown(path, account.uid, account.gid, follow_symlinks=False)
@@ -153,10 +163,12 @@ def host_process(
 ) -> MemberProcess:
     """A member on the host: its environment over ``base_env``, with the file a
     preemption notice is written to (before the SIGTERM, only when the gang is
-    preempted) and, when its job has hang detection, the file it touches to show
-    progress, run as ``account`` in the job's working directory."""
+    preempted), the file it writes a line to to mark a checkpoint and, when its job has
+    hang detection, the file it touches to show progress, run as ``account`` in the
+    job's working directory."""
     env = member_environment(member, base_env, account)
     env[PREEMPT_FILE_ENV] = str(member_dir / shim.PREEMPT_FILE)
+    env[CHECKPOINT_FILE_ENV] = str(member_dir / CHECKPOINT_FILE)
     progress = progress_file(member, member_dir)
     if progress is not None:
         env[PROGRESS_FILE_ENV] = str(progress)

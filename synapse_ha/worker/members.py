@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from synapse_ha.worker.accounts import (
     resolve_member_account,
 )
 from synapse_ha.worker.cgroups import CgroupLimiter
+from synapse_ha.worker.checkpoints import CheckpointWatches, Mark, create_checkpoint_file
 from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
 from synapse_ha.worker.launch import (
     container_process,
@@ -198,6 +199,7 @@ class MemberExecutor:
         self._supervisors = SupervisorStarter(
             self.settings.python, self.settings.fork_server, self.settings.fence_grace_s
         )
+        self.checkpoints = CheckpointWatches()  # the members' $SYNAPSE_CHECKPOINT_FILE
 
     # ------------------------------------------------------------- lifecycle
 
@@ -287,9 +289,11 @@ class MemberExecutor:
             return MemberExit(127, f"could not exec: {exc}", now_ms)
         log_path = mdir / "output.log"
         progress_path = create_progress_file(desired, mdir)
+        checkpoint_path = create_checkpoint_file(mdir)
+        self.checkpoints.watch(member.key, checkpoint_path)
         if account is not None:
             try:
-                give_to_owner(mdir, log_path, account, progress_path)
+                give_to_owner(mdir, log_path, account, progress_path, checkpoint_path)
             except OSError as exc:
                 detail = f"could not give the member's files to {account.name}: {exc}"
                 return MemberExit(EXIT_REFUSED, detail, now_ms, node_fault=True)
@@ -403,6 +407,11 @@ class MemberExecutor:
     def running(self) -> list[MemberKey]:
         return [k for k, m in self.members.items() if m.exit is None]
 
+    def marks(self, keys: Iterable[MemberKey]) -> list[tuple[MemberKey, Mark]]:
+        """The new checkpoint mark of each of ``keys`` whose file changed since the last
+        call (:mod:`synapse_ha.worker.checkpoints`)."""
+        return self.checkpoints.poll(keys)
+
     def gpus_held(self) -> dict[MemberKey, tuple[int, ...]]:
         """The GPUs of each running member (one whose supervisor has not yet recorded
         that its whole process group is gone)."""
@@ -508,6 +517,7 @@ class MemberExecutor:
         """The control plane has acknowledged this member's exit; it is never reported
         again, also after an agent restart."""
         member = self.members.pop(key, None)
+        self.checkpoints.forget(key)
         if member is not None:
             # Without the mark (a full disk) an agent restarted later reports the exit
             # again: reports are at-least-once.

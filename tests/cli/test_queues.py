@@ -150,7 +150,7 @@ def test_status_and_explain_show_who_preempts_a_job() -> None:
         "deadline_ms": 1_700_000_000_000,
     }
     answer = pb.ExplainJobResponse(job_id=job.job_id, state="RUNNING", explanation="placed")
-    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []))
+    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), 0)
     assert "being preempted by job job-000009 (reclaim)" in text
     assert "being preempted by job job-000009" in render_jobs.job_table(doc, 0)
     plain = render_jobs.job_document(pb.Job(job_id="j", spec=pb.JobSpec(shell_command="x")))

@@ -15,7 +15,7 @@ JOB_KEYS = [
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
     "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members", "queue",
     "priority_class", "preemption", "progress", "prestart", "dependencies", "waiting_for",
-    "begin_ms", "deadline_ms",
+    "begin_ms", "deadline_ms", "checkpoint", "resume_step",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
@@ -85,9 +85,16 @@ def test_a_job_document_has_every_documented_field() -> None:
     assert doc["finished_at_ms"] is None
     assert doc["progress"] == {"timeout_ms": 1_800_000, "source": "file"}
     assert doc["members"] == [
-        {"rank": 0, "node": "w1", "gpus": [0, 1, 2, 3], "state": "running", "exit_code": None},
-        {"rank": 1, "node": "w2", "gpus": [4, 5, 6, 7], "state": "exited", "exit_code": 0},
-    ]
+        {
+            "rank": 0, "node": "w1", "gpus": [0, 1, 2, 3], "state": "running",
+            "exit_code": None, "checkpoint": None,
+        },
+        {
+            "rank": 1, "node": "w2", "gpus": [4, 5, 6, 7], "state": "exited",
+            "exit_code": 0, "checkpoint": None,
+        },
+    ]  # fmt: skip
+    assert (doc["checkpoint"], doc["resume_step"]) == (None, None)
     assert json.loads(render.structured(doc, "json")) == doc
     assert yaml.safe_load(render.structured(doc, "yaml")) == doc
 
@@ -128,12 +135,39 @@ def test_explain_adds_each_members_rack() -> None:
         (0, "r1", "z1/b1/r1"),
         (1, "r2", "z1/b1/r2"),
     ]
-    text = render_jobs.explain_table(doc)
+    text = render_jobs.explain_table(doc, 0)
     assert text.splitlines()[0] == "job job-000007 is RUNNING, attempt 2 (fencing token 41)"
     assert text.splitlines()[2].split() == [
         "RANK", "NODE", "GPUS", "RACK", "TOPOLOGY", "STATE", "EXIT",
     ]  # fmt: skip
     assert text.splitlines()[3].split() == ["0", "w1", "0,1,2,3", "r1", "z1/b1/r1", "running", "-"]
+
+
+def test_checkpoint_marks_in_the_documents_and_the_tables() -> None:
+    job = running_job()
+    job.resume_step = 500
+    job.attempt.checkpoint.CopyFrom(pb.Checkpoint(at_ms=1_700_000_000_000, step=1200))
+    job.attempt.members[0].checkpoint.CopyFrom(pb.Checkpoint(at_ms=1_700_000_000_000, step=1200))
+    job.attempt.members[1].checkpoint.CopyFrom(pb.Checkpoint(at_ms=1_700_000_060_000))
+    doc = render_jobs.job_document(job)
+    assert doc["checkpoint"] == {"at_ms": 1_700_000_000_000, "step": 1200}
+    assert doc["resume_step"] == 500
+    assert doc["members"][1]["checkpoint"] == {"at_ms": 1_700_000_060_000, "step": None}
+    assert json.loads(render.structured(doc, "json")) == doc
+    now = 1_700_000_180_000
+    text = render_jobs.job_table(doc, now)
+    assert "CHECKPOINT:    step 1200, 3m ago" in text
+    assert "RESUME STEP:   500" in text
+    assert text.splitlines()[-3].split()[-1] == "CHECKPOINT"
+    assert text.splitlines()[-1].endswith("2m ago, no step")
+    answer = pb.ExplainJobResponse(job_id="job-000007", state="RUNNING", explanation="...")
+    explained = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), now)
+    assert "checkpoint: step 1200, 3m ago (the oldest of its members' newest marks)" in explained
+    assert "a restart resumes from step 500 ($SYNAPSE_RESUME_STEP)" in explained
+    job.attempt.ClearField("checkpoint")
+    job.attempt.members[1].ClearField("checkpoint")
+    explained = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), now)
+    assert "checkpoint: none yet (1 of 2 members marked)" in explained
 
 
 def test_tables_for_people() -> None:

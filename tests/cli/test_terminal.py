@@ -74,13 +74,13 @@ def test_explain_keeps_the_explanations_lines_and_escapes_the_rest() -> None:
     job = hostile_job()
     job.state = "PENDING"
     job.ClearField("attempt")
-    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []))
+    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), 0)
     assert_inert(text)
     assert "line one\nline two\\x1b[2J" in text
     failed = render_jobs.explain_document(
         pb.ExplainJobResponse(job_id="job-000001", state="FAILED"), hostile_job(), []
     )
-    assert ESCAPED in render_jobs.explain_table({**failed, "state": "FAILED"})
+    assert ESCAPED in render_jobs.explain_table({**failed, "state": "FAILED"}, 0)
 
 
 def test_node_and_cluster_tables_escape_what_nodes_and_replicas_report() -> None:

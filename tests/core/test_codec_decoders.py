@@ -44,7 +44,7 @@ from synapse_ha.core.model import JobSpec, Resources
         (
             b'{"v":2,"type":"ReportMembers","body":{"node_id":"n","events":[{"job_id":"j",'
             b'"fencing_token":3,"rank":0,"kind":"bogus","exit_code":1,"detail":""}]}}',
-            "ReportMembers.events[0].kind: 'bogus' is not one of started, exited",
+            "ReportMembers.events[0].kind: 'bogus' is not one of started, exited, checkpoint",
         ),
     ],
 )

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from synapse_ha.core import cluster_config, model, reasons
+from synapse_ha.core.checkpoints import CheckpointMark
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
 from synapse_ha.core.dependencies import Dependencies
@@ -31,7 +32,7 @@ from tests.core.test_codec import a_running_and_a_waiting_job
 PINNED: dict[type, tuple[str, ...]] = {
     model.Attempt: ("number", "fencing_token", "members", "master_port", "bound_at_ms",
                     "member_status", "started_at_ms", "ended_at_ms", "state", "outcome",
-                    "preempted_by", "preemption", "preempt_deadline_ms", "held"),
+                    "preempted_by", "preemption", "preempt_deadline_ms", "held", "marks"),
     cluster_config.ClusterConfig: ("topology_levels", "timeouts", "retention_ms",
                                    "master_port_base", "master_port_span", "locality_wait_ms",
                                    "max_requeues", "start_timeout_ms", "priority_classes",
@@ -45,7 +46,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.Job: ("job_id", "spec", "request_id", "seq", "submitted_at_ms", "state", "reason",
                 "attempt", "attempts_made", "retries_used", "requeues", "retry_not_before_ms",
                 "finished_at_ms", "owner", "cancelled_by", "lost_attempt", "waiting_for",
-                "dependants", "array_id", "array_index"),
+                "dependants", "array_id", "array_index", "resume_step"),
     model.JobSpec: ("name", "replicas", "resources", "command", "shell", "env", "workdir",
                     "priority", "topology_required", "topology_preferred", "time_limit_ms",
                     "retries", "image", "queue", "priority_class", "progress",
@@ -78,6 +79,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.Resources: ("cpu_milli", "memory_mib", "gpu"),
     model.RetryPolicy: ("max_retries", "backoff_ms", "max_backoff_ms"),
     Progress: ("timeout_ms", "source"),
+    CheckpointMark: ("rank", "at_ms", "step", "seq"),
     cluster_config.Timeouts: ("heartbeat_interval_ms", "lease_ttl_ms",
                               "leader_step_down_ms", "dead_timeout_ms", "safety_margin_ms"),
     model.Token: ("token_id", "user", "role", "secret_sha256", "created_at_ms", "created_by",

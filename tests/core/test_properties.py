@@ -37,7 +37,7 @@ from synapse_ha.core.model import (
 from synapse_ha.core.quota import gang_request
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
-from synapse_ha.core.views import due_start_timeouts, due_time_limits
+from synapse_ha.core.views import desired_by_node, due_start_timeouts, due_time_limits
 from tests.core.harness import job, node
 
 NODE_IDS = [f"n{i}" for i in range(6)]
@@ -171,6 +171,9 @@ class ClusterMachine(DependentSubmissions):
         self.saw_dependency_wait = False
         # Preempted attempts (job, token) -> rank -> (node, GPUs) when preempted.
         self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
+        # Every step a checkpoint mark of each job carried, and whether a gang marked.
+        self.marked_steps: dict[str, set[int]] = {}
+        self.saw_gang_mark = False
 
     def do(self, command: c.Command) -> c.Result:
         data = encode_command(command)
@@ -354,6 +357,46 @@ class ClusterMachine(DependentSubmissions):
                 job_id, token, member.rank, c.MemberEventKind.EXITED, exit_code, "", cause
             )
         self.do(c.ReportMembers(member.node_id, (event,), seed, self.now))
+
+    @rule(
+        data=st.data(),
+        step=st.one_of(st.none(), st.integers(0, 50)),
+        seq=st.integers(1, 4),
+    )
+    @precondition(lambda self: any(j.attempt is not None for j in self.state.jobs.values()))
+    def mark(self, data: st.DataObject, step: int | None, seq: int) -> None:
+        """A member marks a checkpoint (reported at least once, maybe stale or late)."""
+        bound = sorted(j.job_id for j in self.state.jobs.values() if j.attempt is not None)
+        job = self.state.jobs[data.draw(st.sampled_from(bound))]
+        attempt = job.attempt
+        assert attempt is not None
+        if self.state.format_floor < FORMAT and data.draw(st.booleans()):
+            self.raise_format()  # marks are refused until every replica reads them
+        whole_gang = data.draw(st.booleans())
+        members = attempt.members if whole_gang else [data.draw(st.sampled_from(attempt.members))]
+        token = attempt.fencing_token - data.draw(st.sampled_from([0, 0, 1]))
+        for member in members:
+            kind = c.MemberEventKind.CHECKPOINT
+            event = c.MemberEvent(job.job_id, token, member.rank, kind, step=step, mark_seq=seq)
+            result = self.do(c.ReportMembers(member.node_id, (event,), 0, self.now))
+            assert result.ok is (self.state.format_floor >= 5), result.message
+            if result.ok and step is not None:
+                self.marked_steps.setdefault(job.job_id, set()).add(step)
+        if attempt.mark() is not None:
+            self.saw_gang_mark = True
+
+    @invariant()
+    def jobs_resume_only_from_a_marked_step(self) -> None:
+        for job_id, j in self.state.jobs.items():
+            if j.resume_step is not None:
+                assert j.resume_step in self.marked_steps.get(job_id, set())
+            attempt = j.attempt
+            if attempt is not None and attempt.ended_at_ms is None and j.resume_step is not None:
+                assert all(
+                    d.resume_step == j.resume_step
+                    for d in desired_by_node(self.state).get(attempt.members[0].node_id, [])
+                    if d.job_id == job_id
+                )
 
     @rule(data=st.data(), cause=st.sampled_from([c.ExitCause.FENCED, c.ExitCause.LOST]))
     @precondition(lambda self: any(j.state.holds_resources for j in self.state.jobs.values()))
@@ -548,6 +591,8 @@ class ClusterMachine(DependentSubmissions):
                 self.saw_requeue = True
 
     def teardown(self) -> None:
+        if self.saw_gang_mark:
+            event("a whole gang marked a checkpoint")
         if self.saw_requeue:
             event("a job was requeued")
         if self.saw_max_requeues:

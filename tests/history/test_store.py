@@ -165,3 +165,50 @@ def test_a_full_database_raises_its_own_error_and_writes_nothing(tmp_path: Path)
     assert not store._db.in_transaction
     with store.reader() as db:
         assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
+
+
+def test_a_finished_job_keeps_its_last_checkpoint_mark(tmp_path: Path) -> None:
+    cl = ObservedCluster()
+    cl.add(node("n1", gpus=8))
+    j = cl.do(c.SubmitJob(job("ck", gpu=1), "rc", cl.now, owner="alice")).job_id
+    cl.run_pass()
+    cl.start_all(j)
+    cl.now += 5_000
+    token = cl.state.jobs[j].fencing_token
+    mark = c.MemberEvent(j, token, 0, c.MemberEventKind.CHECKPOINT, step=300, mark_seq=1)
+    cl.do(c.ReportMembers("n1", (mark,), now_ms=cl.now))
+    marked_at = cl.now
+    cl.now += 1_000
+    cl.exit_member(j, 0, 0)
+    store = HistoryStore(tmp_path / FILE_NAME)
+    store.write(cl.attempts, cl.jobs)
+    (row,) = store.jobs(HistoryFilter())
+    assert (row.checkpoint_at_ms, row.checkpoint_step, row.resume_step) == (marked_at, 300, 300)
+
+
+def test_an_older_history_file_gets_the_checkpoint_columns(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, owner TEXT NOT NULL,"
+        " queue TEXT NOT NULL, state TEXT NOT NULL, reason_code TEXT NOT NULL,"
+        " reason TEXT NOT NULL, submitted_at_ms INTEGER NOT NULL,"
+        " started_at_ms INTEGER NOT NULL, finished_at_ms INTEGER NOT NULL,"
+        " attempts INTEGER NOT NULL, retries_used INTEGER NOT NULL,"
+        " requeues INTEGER NOT NULL, gpus_per_attempt INTEGER NOT NULL,"
+        " gpu_ms INTEGER NOT NULL, nodes TEXT NOT NULL, cancelled_by TEXT NOT NULL,"
+        " spec TEXT NOT NULL, applied_index INTEGER NOT NULL)"
+    )
+    db.execute(
+        "INSERT INTO jobs VALUES ('job-000009', 'old', 'bob', 'default', 'SUCCEEDED', "
+        "'succeeded', 'done', 1, 2, 3, 1, 0, 0, 0, 0, '[]', '', "
+        """'{"name": "old", "replicas": 1, "resources": {}, "command": ["true"]}', 4)"""
+    )
+    db.commit()
+    db.close()
+    cl = finished_cluster()
+    store = HistoryStore(path)
+    store.write(cl.attempts, cl.jobs)
+    rows = {j.job_id: j for j in store.jobs(HistoryFilter())}
+    assert (rows["job-000009"].checkpoint_at_ms, rows["job-000009"].checkpoint_step) == (0, None)
+    assert rows["job-000001"].checkpoint_at_ms == 0 and len(rows) == 3

@@ -91,6 +91,19 @@ def test_the_job_page_lists_members_and_log_tails() -> None:
     assert 'data-rank="1" data-node="w2"' in page
     assert "hi &lt;0&gt;" in page
     assert "fencing token 7" in page
+    assert 'id="checkpoint"' not in page and 'id="resume-step"' not in page
+
+
+def test_the_job_page_shows_the_checkpoint_marks() -> None:
+    job = a_job("job-1", "RUNNING", ["w1", "w2"])
+    job.resume_step = 500
+    job.attempt.checkpoint.CopyFrom(pb.Checkpoint(at_ms=4_000, step=1200))
+    job.attempt.members[0].checkpoint.CopyFrom(pb.Checkpoint(at_ms=4_000, step=1200))
+    job.attempt.members[1].checkpoint.CopyFrom(pb.Checkpoint(at_ms=7_000))
+    page = render_job(job, {}, 10_000)
+    assert '<td id="checkpoint">step 1200, 6s ago</td>' in page
+    assert '<td id="resume-step">step 500</td>' in page
+    assert "<td>3s ago, no step</td>" in page
 
 
 class FakeClock:

@@ -3,6 +3,8 @@ members per snapshot version."""
 
 from __future__ import annotations
 
+import pytest
+
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.health import GpuFault, NodeCheck
@@ -10,7 +12,9 @@ from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import full_copy
+from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import states
+from synapse_ha.rpc.convert import member_events_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.heartbeat import (
     DesiredMembers,
@@ -25,12 +29,22 @@ from tests.core.harness import job, node
 
 
 def test_no_events_propose_nothing_and_events_one_report() -> None:
-    assert report_command("n1", (), 5) is None
+    assert report_command("n1", (), 5, FORMAT) is None
     event = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
-    command = report_command("n1", [event], 5)
+    command = report_command("n1", [event], 5, FORMAT)
     assert command is not None
     assert (command.node_id, command.events, command.now_ms) == ("n1", (event,), 5)
     assert 0 <= command.jitter_seed < 1 << 63
+
+
+def test_checkpoint_marks_wait_for_every_replica_to_read_them() -> None:
+    started = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
+    mark = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.CHECKPOINT, step=3, mark_seq=1)
+    command = report_command("n1", [started, mark], 5, 4)
+    assert command is not None and command.events == (started,)
+    assert report_command("n1", [mark], 5, 4) is None
+    command = report_command("n1", [started, mark], 5, 5)
+    assert command is not None and command.events == (started, mark)
 
 
 def test_an_answer_says_dead_for_a_node_the_state_does_not_have() -> None:
@@ -101,3 +115,25 @@ def test_node_checks_become_a_command_only_when_they_change_the_conditions() -> 
     assert checks_command(state, "n1", [passing], 5) is not None
     problems = check_problems([NodeCheck("Bad Name", True, "x")])
     assert [p.field for p in problems] == ["checks[0].name"]
+
+
+def test_checkpoint_reports_become_mark_events_and_bad_ones_are_refused() -> None:
+    kind = pb.MemberReport.CHECKPOINT
+    marked = pb.MemberReport(
+        job_id="j", fencing_token=3, rank=1, kind=kind, checkpoint_step=40, checkpoint_seq=2
+    )
+    plain = pb.MemberReport(job_id="j", fencing_token=3, rank=0, kind=kind, checkpoint_seq=1)
+    started = pb.MemberReport(job_id="j", fencing_token=3, rank=0, kind=pb.MemberReport.STARTED)
+    events = member_events_from_proto([marked, plain, started])
+    assert [(e.kind, e.step, e.mark_seq) for e in events] == [
+        (cmd.MemberEventKind.CHECKPOINT, 40, 2),
+        (cmd.MemberEventKind.CHECKPOINT, None, 1),
+        (cmd.MemberEventKind.STARTED, None, 0),
+    ]
+    no_number = pb.MemberReport(job_id="j", fencing_token=3, kind=kind)
+    negative = pb.MemberReport(
+        job_id="j", fencing_token=3, kind=kind, checkpoint_step=-1, checkpoint_seq=1
+    )
+    for bad in (no_number, negative):
+        with pytest.raises(SpecError, match="checkpoint_seq > 0 and checkpoint_step >= 0"):
+            member_events_from_proto([bad])

@@ -19,6 +19,7 @@ import pytest
 
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, local_account
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
+from synapse_ha.worker.checkpoints import Mark
 from synapse_ha.worker.environment import FIXED_LANG, FIXED_PATH
 from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile
@@ -154,6 +155,23 @@ def test_a_member_running_as_its_owner_may_touch_its_progress_file(
     progress = (member.dir / "progress").stat()
     assert (progress.st_uid, progress.st_gid) == (account.uid, account.gid)
     assert stat.S_IMODE(progress.st_mode) == 0o600
+
+
+def test_a_member_running_as_its_owner_marks_checkpoints_the_agent_reads(
+    owner_executor: MakeOwnerExecutor, account: TempAccount
+) -> None:
+    executor = owner_executor()
+    command = 'echo "step 12" >> "$SYNAPSE_CHECKPOINT_FILE" && echo marked'
+    member = executor.start(spec(command, job_id="j-mark", owner=account.name))
+    assert wait_exit(executor, member.key, 20.0) == (0, "")
+    assert (member.dir / "output.log").read_text().strip() == "marked"
+    mark = (member.dir / "checkpoint").stat()
+    assert (mark.st_uid, mark.st_gid, stat.S_IMODE(mark.st_mode)) == (
+        account.uid,
+        account.gid,
+        0o600,
+    )
+    assert executor.marks([member.key]) == [(member.key, Mark(1, 12))]
 
 
 def test_a_mapped_owner_runs_as_the_mapped_account(

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, JOB, NODE, move
+from synapse_ha.core.machine.checkpoints import keep_resume_step
 from synapse_ha.core.machine.dependencies import settle
 from synapse_ha.core.model import (
     ZERO,
@@ -82,6 +83,7 @@ def end_attempt(
             del ports[i]
     attempt.ended_at_ms = now
     attempt.outcome = outcome
+    keep_resume_step(job)
     # Fair share: the queue's decayed usage grows by what this attempt held, for as long.
     queue = job.spec.queue
     new = queue not in state.queue_history

@@ -1,6 +1,7 @@
 """Member reports: starts and exits of members as their workers report them, at least
-once, checked against the fencing token; the attempt's outcome they decide; and the late
-success of an attempt its node's death had already ended."""
+once, checked against the fencing token, and their checkpoint marks; the attempt's
+outcome they decide; and the late success of an attempt its node's death had already
+ended."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
+from synapse_ha.core.machine.checkpoints import report_mark
 from synapse_ha.core.machine.health import mark_unfit, started_here
 from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
@@ -32,6 +34,12 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
     touched: set[str] = set()
     for event in c.events:
         job = state.jobs.get(event.job_id)
+        if event.kind is cmd.MemberEventKind.CHECKPOINT:
+            if job is not None and report_mark(job, c.node_id, event, now):
+                accepted += 1
+            else:
+                stale += 1
+            continue
         late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
         if job is not None and (_confirm_stopped(state, job, c.node_id, event, now) or late):
             accepted += 1

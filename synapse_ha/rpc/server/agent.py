@@ -94,7 +94,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         for command in (
             health_command(state, request.node_id, faults, now),
             checks_command(state, request.node_id, checks, now),
-            report_command(request.node_id, events, now),
+            report_command(request.node_id, events, now, state.format_floor),
         ):
             if command is not None:
                 self._check(

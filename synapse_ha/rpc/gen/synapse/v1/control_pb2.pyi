@@ -211,8 +211,16 @@ class CommandArgs(_message.Message):
     args: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, args: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class Checkpoint(_message.Message):
+    __slots__ = ("at_ms", "step")
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    at_ms: int
+    step: int
+    def __init__(self, at_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
 class Member(_message.Message):
-    __slots__ = ("rank", "node_id", "gpus", "state", "has_exit_code", "exit_code", "member_state")
+    __slots__ = ("rank", "node_id", "gpus", "state", "has_exit_code", "exit_code", "member_state", "checkpoint")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +228,7 @@ class Member(_message.Message):
     HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     MEMBER_STATE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node_id: str
     gpus: _containers.RepeatedScalarFieldContainer[int]
@@ -227,10 +236,11 @@ class Member(_message.Message):
     has_exit_code: bool
     exit_code: int
     member_state: MemberState
-    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., member_state: _Optional[_Union[MemberState, str]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., member_state: _Optional[_Union[MemberState, str]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("number", "fencing_token", "master_port", "bound_at_ms", "started_at_ms", "ended_at_ms", "outcome", "members", "preempted_by", "preemption", "preempt_deadline_ms")
+    __slots__ = ("number", "fencing_token", "master_port", "bound_at_ms", "started_at_ms", "ended_at_ms", "outcome", "members", "preempted_by", "preemption", "preempt_deadline_ms", "checkpoint")
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +252,7 @@ class Attempt(_message.Message):
     PREEMPTED_BY_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     PREEMPT_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     number: int
     fencing_token: int
     master_port: int
@@ -253,10 +264,11 @@ class Attempt(_message.Message):
     preempted_by: str
     preemption: str
     preempt_deadline_ms: int
-    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., master_port: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., preempted_by: _Optional[str] = ..., preemption: _Optional[str] = ..., preempt_deadline_ms: _Optional[int] = ...) -> None: ...
+    checkpoint: Checkpoint
+    def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., master_port: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., preempted_by: _Optional[str] = ..., preemption: _Optional[str] = ..., preempt_deadline_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq", "reason_code", "retries_used", "requeues", "owner", "redacted", "cancelled_by", "job_state", "waiting_for", "array_id", "array_index")
+    __slots__ = ("job_id", "request_id", "spec", "state", "reason", "submitted_at_ms", "finished_at_ms", "attempts_made", "retry_not_before_ms", "attempt", "seq", "reason_code", "retries_used", "requeues", "owner", "redacted", "cancelled_by", "job_state", "waiting_for", "array_id", "array_index", "resume_step")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +290,7 @@ class Job(_message.Message):
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     request_id: str
     spec: JobSpec
@@ -299,7 +312,8 @@ class Job(_message.Message):
     waiting_for: Dependencies
     array_id: str
     array_index: int
-    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts_made: _Optional[int] = ..., retry_not_before_ms: _Optional[int] = ..., attempt: _Optional[_Union[Attempt, _Mapping]] = ..., seq: _Optional[int] = ..., reason_code: _Optional[str] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., owner: _Optional[str] = ..., redacted: _Optional[bool] = ..., cancelled_by: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., waiting_for: _Optional[_Union[Dependencies, _Mapping]] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
+    resume_step: int
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts_made: _Optional[int] = ..., retry_not_before_ms: _Optional[int] = ..., attempt: _Optional[_Union[Attempt, _Mapping]] = ..., seq: _Optional[int] = ..., reason_code: _Optional[str] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., owner: _Optional[str] = ..., redacted: _Optional[bool] = ..., cancelled_by: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., waiting_for: _Optional[_Union[Dependencies, _Mapping]] = ..., array_id: _Optional[str] = ..., array_index: _Optional[int] = ..., resume_step: _Optional[int] = ...) -> None: ...
 
 class ArraySummary(_message.Message):
     __slots__ = ("array_id", "spec", "owner", "submitted_at_ms", "seq", "tasks", "throttle", "task_states", "redacted", "request_id")
@@ -785,7 +799,7 @@ class HistoryAttempt(_message.Message):
     def __init__(self, number: _Optional[int] = ..., fencing_token: _Optional[int] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., bound_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., outcome_code: _Optional[str] = ..., outcome: _Optional[str] = ..., attempt_state: _Optional[_Union[AttemptState, str]] = ...) -> None: ...
 
 class HistoryJob(_message.Message):
-    __slots__ = ("job_id", "name", "owner", "queue", "state", "reason_code", "reason", "submitted_at_ms", "started_at_ms", "finished_at_ms", "attempts", "retries_used", "requeues", "gpus_per_attempt", "gpu_ms", "nodes", "cancelled_by", "spec", "attempt_list", "applied_index", "job_state")
+    __slots__ = ("job_id", "name", "owner", "queue", "state", "reason_code", "reason", "submitted_at_ms", "started_at_ms", "finished_at_ms", "attempts", "retries_used", "requeues", "gpus_per_attempt", "gpu_ms", "nodes", "cancelled_by", "spec", "attempt_list", "applied_index", "job_state", "checkpoint", "resume_step")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -807,6 +821,8 @@ class HistoryJob(_message.Message):
     ATTEMPT_LIST_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     owner: str
@@ -828,7 +844,9 @@ class HistoryJob(_message.Message):
     attempt_list: _containers.RepeatedCompositeFieldContainer[HistoryAttempt]
     applied_index: int
     job_state: JobState
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[str] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., gpus_per_attempt: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., cancelled_by: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., attempt_list: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., applied_index: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    resume_step: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[str] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., submitted_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., attempts: _Optional[int] = ..., retries_used: _Optional[int] = ..., requeues: _Optional[int] = ..., gpus_per_attempt: _Optional[int] = ..., gpu_ms: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., cancelled_by: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., attempt_list: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., applied_index: _Optional[int] = ..., job_state: _Optional[_Union[JobState, str]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., resume_step: _Optional[int] = ...) -> None: ...
 
 class ListHistoryRequest(_message.Message):
     __slots__ = ("user", "queue", "node_id", "since_ms", "until_ms", "limit")
@@ -1118,15 +1136,17 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class MemberReport(_message.Message):
-    __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail", "cause")
+    __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail", "cause", "checkpoint_step", "checkpoint_seq")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[MemberReport.Kind]
         STARTED: _ClassVar[MemberReport.Kind]
         EXITED: _ClassVar[MemberReport.Kind]
+        CHECKPOINT: _ClassVar[MemberReport.Kind]
     KIND_UNSPECIFIED: MemberReport.Kind
     STARTED: MemberReport.Kind
     EXITED: MemberReport.Kind
+    CHECKPOINT: MemberReport.Kind
     class Cause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PROGRAM: _ClassVar[MemberReport.Cause]
@@ -1146,6 +1166,8 @@ class MemberReport(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     fencing_token: int
     rank: int
@@ -1153,10 +1175,12 @@ class MemberReport(_message.Message):
     exit_code: int
     detail: str
     cause: MemberReport.Cause
-    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., cause: _Optional[_Union[MemberReport.Cause, str]] = ...) -> None: ...
+    checkpoint_step: int
+    checkpoint_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., kind: _Optional[_Union[MemberReport.Kind, str]] = ..., exit_code: _Optional[int] = ..., detail: _Optional[str] = ..., cause: _Optional[_Union[MemberReport.Cause, str]] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ...) -> None: ...
 
 class DesiredMember(_message.Message):
-    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner", "preemption", "preempted_by", "preempt_grace_ms", "prestart_command", "prestart_shell", "prestart_timeout_ms", "progress_timeout_ms", "progress_source")
+    __slots__ = ("job_id", "fencing_token", "attempt", "rank", "world_size", "gpus", "master_addr", "master_port", "member_hosts", "local_rank", "local_world_size", "command", "shell", "env", "workdir", "time_limit_ms", "image", "cpu_milli", "memory_mib", "owner", "preemption", "preempted_by", "preempt_grace_ms", "prestart_command", "prestart_shell", "prestart_timeout_ms", "progress_timeout_ms", "progress_source", "resume_step")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -1185,6 +1209,7 @@ class DesiredMember(_message.Message):
     PRESTART_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     fencing_token: int
     attempt: int
@@ -1213,7 +1238,8 @@ class DesiredMember(_message.Message):
     prestart_timeout_ms: int
     progress_timeout_ms: int
     progress_source: str
-    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ..., prestart_command: _Optional[_Iterable[str]] = ..., prestart_shell: _Optional[bool] = ..., prestart_timeout_ms: _Optional[int] = ..., progress_timeout_ms: _Optional[int] = ..., progress_source: _Optional[str] = ...) -> None: ...
+    resume_step: int
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ..., prestart_command: _Optional[_Iterable[str]] = ..., prestart_shell: _Optional[bool] = ..., prestart_timeout_ms: _Optional[int] = ..., progress_timeout_ms: _Optional[int] = ..., progress_source: _Optional[str] = ..., resume_step: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "reports", "running", "gpu_faults", "checks")
