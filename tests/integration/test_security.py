@@ -97,6 +97,7 @@ MATRIX = """
 SubmitJob        OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 GetJob           OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 ListJobs         OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
+GetArray         OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 CancelJob        OK       OK       OK       DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 ExplainJob       OK       OK       OK       DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 GrantLogAccess   OK       OK       OK       DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
@@ -426,6 +427,12 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
         target = world.submit("alice", pending_job("matrix-target"))
         cleanup.append(target)
         return lambda: stub.CancelJob(pb.CancelJobRequest(job_id=target), **kw)
+    if method == "GetArray":
+        spec = pending_job("matrix-array")
+        spec.array = "0-1"
+        array = world.submit("alice", spec)
+        cleanup.append(array)
+        return lambda: stub.GetArray(pb.GetArrayRequest(array_id=array), **kw)
     if method == "Heartbeat":
         world.admin.agent(leader).RegisterNode(tiny_node(MATRIX_NODE), timeout=TIMEOUT_S)
         return lambda: agent.Heartbeat(pb.HeartbeatRequest(node_id=MATRIX_NODE), **kw)

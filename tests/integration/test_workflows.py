@@ -147,8 +147,27 @@ def test_a_batch_script_runs_unchanged_with_the_slurm_variables(
 def test_sbatch_refuses_what_it_cannot_translate_naming_the_line(
     local: LocalCluster, tmp_path: Path
 ) -> None:
-    script = tmp_path / "array.sh"
-    script.write_text("#!/bin/sh\n#SBATCH -N 1\n#SBATCH --array=0-3\necho $SLURM_ARRAY_TASK_ID\n")
+    script = tmp_path / "whole-node.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -N 1\n#SBATCH --exclusive\necho $SLURM_JOB_ID\n")
     refused = synctl(local, "sbatch", str(script))
     assert refused.exit_code == 2
-    assert f"{script}:3: --array=0-3: not supported" in refused.output
+    assert f"{script}:3: --exclusive: not supported" in refused.output
+
+
+def test_sbatch_submits_an_array_whose_tasks_see_their_slurm_index(
+    local: LocalCluster, cluster: Cluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "sweep.sh"
+    script.write_text(
+        "#!/bin/sh\n#SBATCH -J sweep\n#SBATCH --array=1,3%1\n#SBATCH --mem=64M\n"
+        'echo "task=$SLURM_ARRAY_TASK_ID of=$SLURM_ARRAY_JOB_ID job=$SLURM_JOB_ID"\n'
+    )
+    submitted = synctl(local, "sbatch", "--parsable", str(script))
+    assert submitted.exit_code == 0, submitted.output
+    array_id = submitted.output.strip()  # its tasks are the jobs ARRAY_1 and ARRAY_3
+    assert cluster.jobs("all", array=array_id)[0].id == f"{array_id}_1"
+    for index in (1, 3):
+        task = cluster.job(f"{array_id}_{index}")
+        assert task.wait(timeout_s=60).state is JobState.SUCCEEDED
+        logs = synctl(local, "logs", array_id, "--task", str(index))
+        assert f"task={index} of={array_id} job={array_id}_{index}" in logs.output
