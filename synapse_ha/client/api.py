@@ -24,10 +24,10 @@ import dataclasses
 import os
 import queue
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from synapse_ha.client import credentials
 from synapse_ha.client.cluster import ClusterClient, new_request_id
@@ -200,15 +200,10 @@ class Job:
     def wait(self, timeout_s: float | None = None, poll_s: float = POLL_INTERVAL_S) -> JobInfo:
         """Block until the job finished (SUCCEEDED, FAILED or CANCELLED) and return it;
         :class:`WaitTimedOut` after ``timeout_s`` (None: no limit)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            info = self.info()
-            if info.finished:
-                return info
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimedOut(info, timeout_s or 0.0)
-            pause = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
-            time.sleep(max(0.0, pause))
+        info = _until_finished(self.info, timeout_s, poll_s)
+        if not info.finished:
+            raise WaitTimedOut(info, timeout_s or 0.0)
+        return info
 
     def cancel(self, reason: str = "") -> JobInfo:
         """Cancel the job (a pending one never starts, a running one's members are
@@ -364,17 +359,12 @@ class Array:
     def wait(self, timeout_s: float | None = None, poll_s: float = POLL_INTERVAL_S) -> ArrayInfo:
         """Block until every task finished and return the array; :class:`WaitTimedOut`
         after ``timeout_s`` (None: no limit)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            info = self.info()
-            if info.finished:
-                return info
-            if deadline is not None and time.monotonic() >= deadline:
-                left = info.tasks - sum(n for s, n in info.task_states.items() if s.finished)
-                what = f"array {self.id} still has {left} unfinished task(s)"
-                raise WaitTimedOut(info, timeout_s or 0.0, what)
-            pause = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
-            time.sleep(max(0.0, pause))
+        info = _until_finished(self.info, timeout_s, poll_s)
+        if not info.finished:
+            left = info.tasks - sum(n for s, n in info.task_states.items() if s.finished)
+            what = f"array {self.id} still has {left} unfinished task(s)"
+            raise WaitTimedOut(info, timeout_s or 0.0, what)
+        return info
 
     def cancel(self, reason: str = "") -> ArrayInfo:
         """Cancel every unfinished task (finished ones keep how they ended)."""
@@ -564,6 +554,21 @@ class Cluster:
         """Each registered node's WorkerService address, by node id."""
         with translated():
             return {n.node_id: n.address for n in self.client.list_nodes()}
+
+
+_Info = TypeVar("_Info", JobInfo, ArrayInfo)
+
+
+def _until_finished(look: Callable[[], _Info], timeout_s: float | None, poll_s: float) -> _Info:
+    """``look()`` every ``poll_s`` until what it returns has finished or ``timeout_s``
+    passed (None: no limit); the last answer."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        info = look()
+        if info.finished or (deadline is not None and time.monotonic() >= deadline):
+            return info
+        pause = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+        time.sleep(max(0.0, pause))
 
 
 _ACTIVE = (JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING)

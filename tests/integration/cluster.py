@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+from click.testing import CliRunner, Result
 
+from synapse_ha.cli.main import cli
 from synapse_ha.client import Cluster
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import NodeStatus
@@ -126,6 +128,25 @@ def admin_python_client(local: LocalCluster) -> Iterator[Cluster]:
     assert local.credentials is not None
     with Cluster(local.grpc_addresses, tls=local.credentials.admin_tls(), timeout_s=30) as c:
         yield c
+
+
+# Per member: the small CPU gang the Python client's tests run.
+SMALL = {"gpu": 0, "cpu": "100m", "memory": "64Mi"}
+
+
+def small_spec(name: str, command: str) -> dict[str, object]:
+    """A one-member job spec (as a mapping) of :data:`SMALL` running ``command``."""
+    return {"name": name, "replicas": 1, "resources": SMALL, "command": command}
+
+
+def synctl(local: LocalCluster, *args: str) -> Result:
+    """``synctl --cluster <local's replicas> ARGS`` run in process as ``local``'s admin."""
+    creds = local.credentials
+    assert creds is not None
+    tls = creds.admin_tls()
+    env = {"SYNAPSE_CA": str(tls.ca), "SYNAPSE_CERT": str(tls.cert), "SYNAPSE_KEY": str(tls.key)}
+    addresses = ",".join(local.grpc_addresses)
+    return CliRunner().invoke(cli, ["--cluster", addresses, "--timeout", "20", *args], env=env)
 
 
 def membership_change(call: Callable[[], pb.MembershipResponse]) -> pb.MembershipResponse:

@@ -10,20 +10,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from synapse_ha.cli.main import cli
 from synapse_ha.client import Cluster, InvalidSpec, JobState
 from tests.integration.cluster import (
     LocalCluster,
     admin_python_client,
     python_client_cluster,
+    small_spec,
+    synctl,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
 
-SMALL = {"gpu": 0, "cpu": "100m", "memory": "64Mi"}
 SAYS = 'echo "task=$SYNAPSE_ARRAY_TASK_ID of=$SYNAPSE_ARRAY_JOB_ID slurm=$SLURM_ARRAY_TASK_ID"'
 
 
@@ -37,19 +36,6 @@ def local() -> Iterator[LocalCluster]:
 def cluster(local: LocalCluster) -> Iterator[Cluster]:
     with admin_python_client(local) as client:
         yield client
-
-
-def spec(name: str, command: str) -> dict[str, object]:
-    return {"name": name, "replicas": 1, "resources": SMALL, "command": command}
-
-
-def synctl(local: LocalCluster, *args: str) -> Result:
-    creds = local.credentials
-    assert creds is not None
-    tls = creds.admin_tls()
-    env = {"SYNAPSE_CA": str(tls.ca), "SYNAPSE_CERT": str(tls.cert), "SYNAPSE_KEY": str(tls.key)}
-    addresses = ",".join(local.grpc_addresses)
-    return CliRunner().invoke(cli, ["--cluster", addresses, "--timeout", "20", *args], env=env)
 
 
 def most_at_once(intervals: list[tuple[int, int]]) -> int:
@@ -66,8 +52,8 @@ def most_at_once(intervals: list[tuple[int, int]]) -> int:
 def test_an_array_runs_its_tasks_within_the_throttle_then_its_dependant(
     local: LocalCluster, cluster: Cluster
 ) -> None:
-    array = cluster.submit_array(spec("sweep", f"{SAYS}; sleep 1"), "0-4%2")
-    after = cluster.submit(spec("pick-best", "true"), after_ok=array.id)
+    array = cluster.submit_array(small_spec("sweep", f"{SAYS}; sleep 1"), "0-4%2")
+    after = cluster.submit(small_spec("pick-best", "true"), after_ok=array.id)
     assert after.info().waiting_for == (("afterok", array.id),)
     info = array.wait(timeout_s=120)
     assert info.succeeded and info.tasks == 5 and info.throttle == 2
@@ -96,7 +82,7 @@ def test_an_array_runs_its_tasks_within_the_throttle_then_its_dependant(
 def test_cancelling_an_array_cancels_its_unfinished_tasks(
     local: LocalCluster, cluster: Cluster
 ) -> None:
-    array = cluster.submit_array(spec("long-sweep", "sleep 300"), "0-3%1")
+    array = cluster.submit_array(small_spec("long-sweep", "sleep 300"), "0-3%1")
     running = array.task(0)
     wait_for("task 0 to run", lambda: running.info().state is JobState.RUNNING, 60.0)
     table = synctl(local, "jobs")
@@ -114,10 +100,10 @@ def test_bad_array_texts_are_refused_before_anything_is_sent(
     local: LocalCluster, cluster: Cluster, tmp_path: Path
 ) -> None:
     with pytest.raises(InvalidSpec) as refused:
-        cluster.submit_array(spec("bad", "true"), "0-9%0")
+        cluster.submit_array(small_spec("bad", "true"), "0-9%0")
     assert refused.value.field == "array" and "throttle" in refused.value.rule
     with pytest.raises(InvalidSpec, match="submit_array"):
-        cluster.submit({**spec("bad", "true"), "array": "0-3"})
+        cluster.submit({**small_spec("bad", "true"), "array": "0-3"})
     path = tmp_path / "job.yaml"
     path.write_text("name: x\nreplicas: 1\ncommand: 'true'\n")
     bad = synctl(local, "submit", str(path), "--array", "3-1")

@@ -11,11 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from synapse_ha.cli.main import cli
 from synapse_ha.client import Cluster, JobState
-from tests.integration.cluster import LocalCluster, admin_python_client, python_client_cluster
+from tests.integration.cluster import (
+    LocalCluster,
+    admin_python_client,
+    python_client_cluster,
+    synctl,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +35,6 @@ def local() -> Iterator[LocalCluster]:
 def cluster(local: LocalCluster) -> Iterator[Cluster]:
     with admin_python_client(local) as client:
         yield client
-
-
-def synctl(local: LocalCluster, *args: str) -> Result:
-    creds = local.credentials
-    assert creds is not None
-    tls = creds.admin_tls()
-    env = {"SYNAPSE_CA": str(tls.ca), "SYNAPSE_CERT": str(tls.cert), "SYNAPSE_KEY": str(tls.key)}
-    addresses = ",".join(local.grpc_addresses)
-    return CliRunner().invoke(cli, ["--cluster", addresses, "--timeout", "20", *args], env=env)
 
 
 def test_a_failed_attempt_resumes_from_its_gangs_mark(

@@ -10,15 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from synapse_ha.cli.main import cli
 from synapse_ha.client import Cluster, InvalidSpec, JobState
-from tests.integration.cluster import LocalCluster, admin_python_client, python_client_cluster
+from tests.integration.cluster import (
+    LocalCluster,
+    admin_python_client,
+    python_client_cluster,
+    small_spec,
+    synctl,
+)
 
 pytestmark = pytest.mark.integration
-
-SMALL = {"gpu": 0, "cpu": "100m", "memory": "64Mi"}
 
 
 @pytest.fixture(scope="module")
@@ -33,25 +35,12 @@ def cluster(local: LocalCluster) -> Iterator[Cluster]:
         yield client
 
 
-def spec(name: str, command: str) -> dict[str, object]:
-    return {"name": name, "replicas": 1, "resources": SMALL, "command": command}
-
-
-def synctl(local: LocalCluster, *args: str) -> Result:
-    creds = local.credentials
-    assert creds is not None
-    tls = creds.admin_tls()
-    env = {"SYNAPSE_CA": str(tls.ca), "SYNAPSE_CERT": str(tls.cert), "SYNAPSE_KEY": str(tls.key)}
-    addresses = ",".join(local.grpc_addresses)
-    return CliRunner().invoke(cli, ["--cluster", addresses, "--timeout", "20", *args], env=env)
-
-
 def test_a_chain_runs_in_order_and_each_step_starts_after_the_last_succeeded(
     cluster: Cluster,
 ) -> None:
-    first = cluster.submit(spec("dep-prep", "sleep 1"))
-    second = cluster.submit(spec("dep-train", "true"), after_ok=first)
-    third = cluster.submit(spec("dep-eval", "true"), after_any=[second])
+    first = cluster.submit(small_spec("dep-prep", "sleep 1"))
+    second = cluster.submit(small_spec("dep-train", "true"), after_ok=first)
+    third = cluster.submit(small_spec("dep-eval", "true"), after_any=[second])
     waiting = second.info()
     assert waiting.waiting_for == (("afterok", first.id),)
     assert waiting.reason_code == "dependency"
@@ -64,10 +53,10 @@ def test_a_chain_runs_in_order_and_each_step_starts_after_the_last_succeeded(
 
 
 def test_a_failed_step_cancels_the_steps_after_it(cluster: Cluster) -> None:
-    failing = cluster.submit(spec("dep-fail", "exit 3"))
-    second = cluster.submit(spec("dep-after-fail", "true"), after_ok=failing)
-    third = cluster.submit(spec("dep-after-after", "true"), after_ok=second)
-    cleanup = cluster.submit(spec("dep-cleanup", "true"), after_not_ok=failing)
+    failing = cluster.submit(small_spec("dep-fail", "exit 3"))
+    second = cluster.submit(small_spec("dep-after-fail", "true"), after_ok=failing)
+    third = cluster.submit(small_spec("dep-after-after", "true"), after_ok=second)
+    cleanup = cluster.submit(small_spec("dep-cleanup", "true"), after_not_ok=failing)
     assert failing.wait(timeout_s=60).state is JobState.FAILED
     for job, on in ((second, failing), (third, second)):
         info = job.wait(timeout_s=10)
@@ -76,7 +65,7 @@ def test_a_failed_step_cancels_the_steps_after_it(cluster: Cluster) -> None:
         assert on.id in info.reason and "can never be met" in info.reason
     assert cleanup.wait(timeout_s=60).state is JobState.SUCCEEDED
     with pytest.raises(InvalidSpec) as refused:
-        cluster.submit(spec("dep-hopeless", "true"), after_ok=failing)
+        cluster.submit(small_spec("dep-hopeless", "true"), after_ok=failing)
     assert refused.value.field == "dependencies.afterok"
     assert "can never be met" in refused.value.rule
 
@@ -84,7 +73,7 @@ def test_a_failed_step_cancels_the_steps_after_it(cluster: Cluster) -> None:
 def test_synctl_submits_with_after_options_and_shows_the_wait(
     local: LocalCluster, cluster: Cluster, tmp_path: Path
 ) -> None:
-    blocker = cluster.submit(spec("dep-blocker", "sleep 300"))
+    blocker = cluster.submit(small_spec("dep-blocker", "sleep 300"))
     path = tmp_path / "job.yaml"
     path.write_text(
         "name: dep-cli\nreplicas: 1\ncommand: 'true'\n"
