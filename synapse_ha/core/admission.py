@@ -198,7 +198,7 @@ def priority_refusal(
 ) -> Refusal | None:
     """None when ``identity`` may submit ``spec`` at its priority to ``queue``, else a
     PERMISSION_DENIED naming the class or the figure and the rule. The class is assumed to
-    exist (:func:`synapse_ha.core.validation.check_job_queue` says when it does not)."""
+    exist (:func:`synapse_ha.core.queue_rules.check_job_queue` says when it does not)."""
     trusted = identity.kind is Kind.USER and identity.role in (Role.ADMIN, Role.OPERATOR)
     who = describe_caller(identity)
     cls = next((c for c in classes if c.name == spec.priority_class), None)

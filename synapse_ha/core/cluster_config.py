@@ -22,6 +22,9 @@ MIN_START_TIMEOUT_MS = 1_000
 MAX_START_TIMEOUT_MS = 86_400_000
 FAIR_SHARE_HALF_LIFE_MS = 7 * 86_400_000  # see ClusterConfig.fair_share_half_life_ms
 DEFAULT_GRACE_MS = 30_000  # see PriorityClass.grace_ms
+MAX_MIN_RUNTIME_MS = 7 * 86_400_000  # see PriorityClass.min_runtime_ms, Queue.min_runtime_ms
+RECLAIM_WAIT_MAX_MS = 600_000  # see ClusterConfig.reclaim_wait_max_ms
+MAX_RECLAIM_WAIT_MS = 86_400_000
 DEFAULT_QUEUE = DEFAULT_QUEUE_NAME  # the built-in queue without a quota
 
 
@@ -52,12 +55,15 @@ class PreemptionKind(enum.StrEnum):
 class PriorityClass:
     """A named priority. ``value``: higher runs first. ``preempts``: a pending gang of this
     class may evict gangs of lower classes of its own queue. ``grace_ms``: how long a
-    victim of this class has between SIGTERM and SIGKILL."""
+    victim of this class has between SIGTERM and SIGKILL. ``min_runtime_ms``: how long
+    a gang of this class runs, from the bind of its attempt, before it may be a victim
+    (:mod:`synapse_ha.core.victims`; 0: at once)."""
 
     name: str
     value: int
     preempts: bool = False
     grace_ms: int = DEFAULT_GRACE_MS
+    min_runtime_ms: int = 0
 
 
 DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
@@ -81,7 +87,9 @@ class Queue:
     its jobs may use (empty: every class that does not preempt; a class that preempts
     must be listed). ``max_priority``: the highest priority (a number, or a class's
     value) a user may give a job here without a token that allows more
-    (:func:`synapse_ha.core.access.priority_refusal`).
+    (:func:`synapse_ha.core.access.priority_refusal`). ``min_runtime_ms``: the least
+    time a gang of this queue runs before it may be a victim; the longer of this and
+    its class's ``min_runtime_ms`` holds (:mod:`synapse_ha.core.victims`).
     """
 
     name: str
@@ -93,6 +101,7 @@ class Queue:
     lending_limit_gpu: int | None = None
     priority_classes: tuple[str, ...] = ()
     max_priority: int = 0
+    min_runtime_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +179,10 @@ class ClusterConfig:
     40 % of the bytes (:mod:`synapse_ha.core.codec`). A release before the one that has
     this field cannot read such a state, so it is turned on only once every replica runs
     this release.
+
+    ``reclaim_wait_max_ms``: a gang that reclaims its queue's nominal quota and has
+    waited this long (since it was queued) may preempt gangs still within their minimum
+    run time (:mod:`synapse_ha.core.victims`).
     """
 
     topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
@@ -198,6 +211,7 @@ class ClusterConfig:
     # A node whose worker registers from a new boot (NodeInfo.boot_id) has its GPU faults
     # cleared: its worker reports again what NVML still finds wrong after the reboot.
     clear_gpu_faults_on_reboot: bool = False
+    reclaim_wait_max_ms: int = RECLAIM_WAIT_MAX_MS
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

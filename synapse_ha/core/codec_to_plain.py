@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.cluster_config import ClusterConfig, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, PriorityClass, Queue
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, Node, NodeInfo, Token
 
@@ -37,10 +37,13 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "cordon_after_start_failures",
             "hold_until_stopped",
             "clear_gpu_faults_on_reboot",
+            "reclaim_wait_max_ms",
         }
     ),
-    # Per-identity limits and authorised priority (DESIGN §8).
-    Queue: frozenset({"max_priority"}),
+    # Per-identity limits and authorised priority (DESIGN §8); minimum run time
+    # (core/victims.py).
+    Queue: frozenset({"max_priority", "min_runtime_ms"}),
+    PriorityClass: frozenset({"min_runtime_ms"}),
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
     JobSpec: frozenset(

@@ -25,7 +25,7 @@ import types
 import typing
 from typing import Any
 
-from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.cluster_config import ClusterConfig, PriorityClass, Queue
 from synapse_ha.core.commands import (
     ExitCause,
     ExpireDeadline,
@@ -37,14 +37,22 @@ from synapse_ha.core.model import Attempt, Job, JobSpec, NodeInfo
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 5  # the newest format this release reads
+FORMAT = 6  # the newest format this release reads
 
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
 NEW_FIELDS: dict[type, dict[str, int]] = {
     # Resources of an ended attempt held until its members are confirmed stopped; GPU
     # faults cleared by a reboot.
-    ClusterConfig: {"hold_until_stopped": 3, "clear_gpu_faults_on_reboot": 3},
+    # Format 6: minimum run time of a priority class and a queue, and how long a reclaim
+    # waits before it overrides it (core/victims.py).
+    ClusterConfig: {
+        "hold_until_stopped": 3,
+        "clear_gpu_faults_on_reboot": 3,
+        "reclaim_wait_max_ms": 6,
+    },
+    PriorityClass: {"min_runtime_ms": 6},
+    Queue: {"min_runtime_ms": 6},
     # The machine's boot, to tell a reboot.
     NodeInfo: {"boot_id": 3},
     # Hang detection of a job's members (core/progress.py), and a job's pre-start check
@@ -173,12 +181,22 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 def held_back_config(wanted: ClusterConfig, current: ClusterConfig, floor: int) -> ClusterConfig:
     """``wanted`` with every setting that needs a format above ``floor`` kept as it is in
-    ``current``: what the leader may replicate now of what its configuration asks for."""
-    keep = {
+    ``current`` (a priority class's: at its default, all a state at ``floor`` can
+    hold): what the leader may replicate now of what its configuration asks for."""
+    keep: dict[str, Any] = {
         name: getattr(current, name)
         for name, version in NEW_FIELDS.get(ClusterConfig, {}).items()
         if version > floor
     }
+    reset = {
+        f.name: _default(f)
+        for f in dataclasses.fields(PriorityClass)
+        if NEW_FIELDS[PriorityClass].get(f.name, BASE_FORMAT) > floor
+    }
+    if reset:
+        keep["priority_classes"] = tuple(
+            dataclasses.replace(c, **reset) for c in wanted.priority_classes
+        )
     return dataclasses.replace(wanted, **keep) if keep else wanted
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core import access
 from synapse_ha.core.cluster_config import (
     MAX_LOCALITY_WAIT_MS,
+    MAX_MIN_RUNTIME_MS,
+    MAX_RECLAIM_WAIT_MS,
     MAX_REQUEUES_LIMIT,
     MAX_START_TIMEOUT_MS,
     MIN_START_TIMEOUT_MS,
@@ -500,6 +502,8 @@ def check_cluster_config(config: ClusterConfig) -> list[Violation]:
     out.extend(check_priority_classes(config.priority_classes))
     if config.fair_share_half_life_ms < 1:
         out.append(invalid("fair_share_half_life_ms", "must be >= 1"))
+    if not 0 <= config.reclaim_wait_max_ms <= MAX_RECLAIM_WAIT_MS:
+        out.append(invalid("reclaim_wait_max_ms", f"must be between 0 and {MAX_RECLAIM_WAIT_MS}"))
     return out
 
 
@@ -525,6 +529,7 @@ def check_queue(queue: Queue, classes: Sequence[PriorityClass]) -> list[Violatio
         ("memory_mib", queue.memory_mib, MAX_MEMORY_MIB),
         ("borrowing_limit_gpu", queue.borrowing_limit_gpu, MAX_QUEUE_GPUS),
         ("lending_limit_gpu", queue.lending_limit_gpu, MAX_QUEUE_GPUS),
+        ("min_runtime_ms", queue.min_runtime_ms, MAX_MIN_RUNTIME_MS),
     )
     for field, value, most in limits:
         if value is not None and not 0 <= value <= most:
@@ -570,31 +575,6 @@ def check_priority_classes(classes: Sequence[PriorityClass]) -> list[Violation]:
             )
         if not 0 <= c.grace_ms <= MAX_GRACE_MS:
             out.append(invalid(f"priority_classes[{i}].grace_ms", "must be between 0 and 24h"))
-    return out
-
-
-def check_job_queue(
-    spec: JobSpec, queues: Mapping[str, Queue], classes: Sequence[PriorityClass]
-) -> list[Violation]:
-    """Every rule ``spec`` breaks against the cluster's queues and priority classes: its
-    queue must exist; its class (when it names one) must exist; a queue that lists
-    classes admits only jobs naming one of them. The rest of the spec is
-    :func:`check_job_spec`'s. Fields are named as in a job spec file (``priority:``
-    holds a number or a class name)."""
-    out: list[Violation] = []
-    queue = queues.get(spec.queue)
-    if queue is None:
-        known = ", ".join(sorted(queues)) or "none"
-        out.append(invalid("queue", f"no queue {spec.queue!r} (queues: {known})"))
-    names = [c.name for c in classes]
-    if spec.priority_class and spec.priority_class not in names:
-        known = ", ".join(sorted(names)) or "none are configured"
-        out.append(invalid("priority", f"no priority class {spec.priority_class!r} ({known})"))
-    elif queue is not None and queue.priority_classes:
-        allowed = ", ".join(queue.priority_classes)
-        if spec.priority_class not in queue.priority_classes:
-            given = repr(spec.priority_class) if spec.priority_class else "a plain number"
-            out.append(
-                invalid("priority", f"queue {queue.name} allows the classes {allowed}, not {given}")
-            )
+        if not 0 <= c.min_runtime_ms <= MAX_MIN_RUNTIME_MS:
+            out.append(invalid(f"priority_classes[{i}].min_runtime_ms", "must be 0 to 7 days"))
     return out

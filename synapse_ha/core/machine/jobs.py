@@ -28,9 +28,10 @@ from synapse_ha.core.model import (
     JobState,
     time_limit_deadline,
 )
+from synapse_ha.core.queue_rules import check_job_queue
 from synapse_ha.core.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
-from synapse_ha.core.validation import Violation, check_job_queue, check_job_spec, describe
+from synapse_ha.core.validation import Violation, check_job_spec, describe
 from synapse_ha.core.views import not_started_members
 from synapse_ha.core.windows import resolved
 

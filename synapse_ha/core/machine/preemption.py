@@ -10,6 +10,7 @@ from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, JobState
 from synapse_ha.core.quota import QueueUsage, gang_request, grace_ms, priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.victims import protection_problem
 
 
 def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
@@ -26,9 +27,14 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
       victim is of another queue of that cohort, which is above its nominal and stays at
       or above it once every victim of this command and earlier ones has stopped.
 
+    And no victim is within its minimum run time at the command's time, unless the
+    command is a reclaim whose preemptor has waited past ``reclaim_wait_max_ms``
+    (:mod:`synapse_ha.core.victims`).
+
     These rules make thrashing impossible: a victim is always of strictly lower
     priority, or of a queue that is borrowing, and a reclaim never takes the preemptor's
-    queue above nominal, so a reclaimed gang can never reclaim back.
+    queue above nominal, so a reclaimed gang can never reclaim back; the minimum run
+    time bounds how often one gang can be stopped at all.
     """
     found = _preemptor_and_victims(state, c)
     if isinstance(found, Result):
@@ -38,6 +44,7 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
         problem = _priority_problem(state, preemptor, victims)
     else:
         problem = _reclaim_problem(state, preemptor, victims)
+    problem = problem or protection_problem(state, preemptor, c.kind, victims, now)
     if problem:
         return error(ResultCode.CONFLICT, problem)
     names = [job.job_id for job in victims]

@@ -20,7 +20,6 @@ from synapse_ha.core.scheduler.placement import (
     fits,
     locality_depths,
     members_for,
-    pending_since,
     place,
     search_depths,
     unfit_nodes,
@@ -35,6 +34,7 @@ from synapse_ha.core.scheduler.preempting import (
     waiting_for,
 )
 from synapse_ha.core.scheduler.reservation import Running, reserve, running_gangs
+from synapse_ha.core.victims import pending_since
 
 
 def schedule(

@@ -96,11 +96,6 @@ def locality_depths(state: ClusterState, spec: JobSpec, depths: list[int]) -> li
     return local
 
 
-def pending_since(job: Job) -> int:
-    """When the job joined the queue for its next attempt."""
-    return max(job.submitted_at_ms, job.retry_not_before_ms)
-
-
 def place(
     gang: Gang, view: View, depths: list[int], within: Domain = ()
 ) -> list[tuple[str, int]] | None:

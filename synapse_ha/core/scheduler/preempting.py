@@ -171,7 +171,9 @@ class Preempting:
             return None
         if self.candidates is None:
             self.candidates = live_candidates(self.state, self.now_ms)
-        options = rules_for(self.state, gang, self.candidates, usage, self._keeps(), self.claimed)
+        options = rules_for(
+            self.state, gang, self.candidates, usage, self._keeps(), self.claimed, self.now_ms
+        )
         if not options:
             self.failed.add(key)
             return None

@@ -11,7 +11,9 @@ Who may be a victim (the kinds; ``apply`` verifies the same rules again):
   live gangs of the other queues of the cohort that are borrowing, and no victim queue
   is taken below its nominal.
 
-Victims are whole gangs, never already being preempted, never placed by this pass.
+Victims are whole gangs, never already being preempted, never placed by this pass, and
+never within their minimum run time, unless the gang reclaims and has waited past
+``reclaim_wait_max_ms`` (:mod:`synapse_ha.core.victims`, which also states the cost).
 
 How the set is chosen:
 
@@ -19,7 +21,8 @@ How the set is chosen:
   else the whole cluster), candidates with a member in it are added cheapest first
   until the gang can be placed there (within its topology), then each one that turns
   out unneeded is dropped again. The cheapest set over the domains wins: least GPU-time
-  lost (GPUs x time since the victim's attempt was bound), then lower highest priority,
+  lost (GPUs x time since the victim's checkpoint mark, or its bind without one), then
+  lower highest priority,
   then fewer gangs, then job ids. Only the most promising domains (by a lower bound of
   their cost) are tried, which keeps the search cheap at 10,000 nodes.
 * ``BLIND``: candidates lowest priority first, newest first, until enough GPUs are free
@@ -36,6 +39,7 @@ from synapse_ha.core.model import Attempt, ClusterState, Job
 from synapse_ha.core.quota import QueueUsage, gang_request
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
 from synapse_ha.core.scheduler.placement import Gang, place
+from synapse_ha.core.victims import lost_gpu_ms, protected_until_ms, reclaim_overdue
 
 MAX_DOMAINS = 8  # domains tried exactly per search, the best by their cost's lower bound
 
@@ -47,10 +51,11 @@ class Candidate:
     job: Job
     attempt: Attempt
     gpus: int  # the whole gang's
-    lost_ms: int  # GPU-milliseconds lost if it is preempted now
+    lost_ms: int  # GPU-milliseconds lost if it is preempted now (since its mark)
     priority: int
     queue: str
     nodes: frozenset[str]
+    protected_until_ms: int = 0  # its minimum run time ends then
 
     @property
     def job_id(self) -> str:
@@ -71,10 +76,11 @@ def live_candidates(state: ClusterState, now_ms: int) -> list[Candidate]:
                 job,
                 attempt,
                 gpus,
-                gpus * max(now_ms - attempt.bound_at_ms, 0),
+                lost_gpu_ms(attempt, gpus, now_ms),
                 job.spec.priority,
                 job.spec.queue,
                 frozenset(m.node_id for m in attempt.members),
+                protected_until_ms(state, job, attempt),
             )
         )
     return out
@@ -130,12 +136,16 @@ def rules_for(
     usage: QueueUsage | None,
     keeps: QueueUsage,
     claimed: set[str],
+    now_ms: int,
 ) -> list[Rules]:
     """The kinds of preemption open to ``gang``, priority first (it stays within the
     queue), each with its allowed victims. ``keeps``: usage without gangs already being
     preempted, plus the claims of gangs waiting for victims. ``claimed``: victims of
-    this pass."""
+    this pass. Gangs within their minimum run time at ``now_ms`` are left out, but for
+    a reclaim that has waited past its limit."""
     spec = gang.spec
+    overdue = reclaim_overdue(state, gang.job, now_ms)
+    candidates = [c for c in candidates if c.protected_until_ms <= now_ms or overdue]
     out: list[Rules] = []
     need = gang_request(spec).gpu
     cls = next((p for p in state.config.priority_classes if p.name == spec.priority_class), None)
@@ -143,7 +153,10 @@ def rules_for(
         allowed = [
             c
             for c in candidates
-            if c.queue == spec.queue and c.priority < spec.priority and c.job_id not in claimed
+            if c.queue == spec.queue
+            and c.priority < spec.priority
+            and c.job_id not in claimed
+            and c.protected_until_ms <= now_ms
         ]
         headroom = usage.headroom_gpu(spec.queue) if usage is not None else None
         gap = 0 if headroom is None else max(0, need - headroom)

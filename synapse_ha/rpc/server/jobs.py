@@ -7,7 +7,7 @@ import uuid
 
 import grpc
 
-from synapse_ha.core import access, admission, validation
+from synapse_ha.core import access, admission, queue_rules, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity
 from synapse_ha.core.arrays import parse_array
@@ -172,7 +172,7 @@ class JobService(_Base):
         priority (:func:`admission.priority_refusal`); the state it was checked against."""
         state = self.ctx.backend.snapshot()
         classes = state.config.priority_classes
-        violations = validation.check_job_queue(spec, state.queues, classes)
+        violations = queue_rules.check_job_queue(spec, state.queues, classes)
         if violations:
             abort_invalid(context, violations)
         token = _presented_token(context, state)
