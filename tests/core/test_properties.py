@@ -22,7 +22,7 @@ from hypothesis.stateful import (
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.access import Role
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, PreemptionMode, Queue
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.formats import FORMAT, NEW_FIELDS
@@ -123,6 +123,30 @@ def check_preempted(
                 assert attempt.outcome.code is ReasonCode.PREEMPTED, attempt.outcome
             if not stopping:
                 del preempted[key]
+
+
+def protected_victims(state: ClusterState, preempt: c.Preempt, now: int) -> list[str]:
+    """Victims of ``preempt`` still within their minimum run time (the longer of
+    their class's and their queue's, from their bind), unless the preemptor is a
+    reclaim queued at least ``reclaim_wait_max_ms`` ago."""
+    config = state.config
+    preemptor = state.jobs[preempt.preemptor]
+    waited = now - max(preemptor.submitted_at_ms, preemptor.retry_not_before_ms)
+    if preempt.kind is PreemptionKind.RECLAIM and waited >= config.reclaim_wait_max_ms:
+        return []
+    out = []
+    for v in preempt.victims:
+        j = state.jobs[v.job_id]
+        cls = [p for p in config.priority_classes if p.name == j.spec.priority_class]
+        queue = state.queues.get(j.spec.queue)
+        least = max(
+            cls[0].min_runtime_ms if cls else 0,
+            queue.min_runtime_ms if queue is not None else 0,
+        )
+        assert j.attempt is not None
+        if now < j.attempt.bound_at_ms + least:
+            out.append(v.job_id)
+    return out
 
 
 class DependentSubmissions(RuleBasedStateMachine):
@@ -273,8 +297,10 @@ class ClusterMachine(DependentSubmissions):
             assert not breaches, breaches
         # The leader proposes the pass's preemptions after its bind: each is accepted.
         for preempt in plan.preempt_commands(self.now):
+            protected = protected_victims(self.state, preempt, self.now)
             result = self.do(preempt)
             assert result.ok, result.message
+            assert not protected, protected
             self.saw_preemption = True
             for victim in preempt.victims:
                 attempt = self.state.jobs[victim.job_id].attempt
@@ -290,6 +316,7 @@ class ClusterMachine(DependentSubmissions):
         borrowing=st.sampled_from([None, 0, 4]),
         lending=st.sampled_from([None, 0, 4]),
         classes=st.sampled_from([(), ("high",), ("low", "normal")]),
+        min_runtime=st.sampled_from([0, 0, 5_000, 70_000]),
     )
     def set_queue(
         self,
@@ -299,6 +326,7 @@ class ClusterMachine(DependentSubmissions):
         borrowing: int | None,
         lending: int | None,
         classes: tuple[str, ...],
+        min_runtime: int,
     ) -> None:
         queue = Queue(
             name,
@@ -307,8 +335,28 @@ class ClusterMachine(DependentSubmissions):
             borrowing_limit_gpu=borrowing,
             lending_limit_gpu=lending,
             priority_classes=classes,
+            min_runtime_ms=min_runtime,
         )
         self.do(c.SetQueue(queue, self.now, "user:root"))
+
+    @rule(
+        low=st.sampled_from([0, 1_000, 70_000]),
+        normal=st.sampled_from([0, 5_000]),
+        reclaim_wait=st.sampled_from([0, 5_000, 600_000]),
+    )
+    def min_runtimes(self, low: int, normal: int, reclaim_wait: int) -> None:
+        """Minimum run times of the classes that can be victims, and the reclaim wait."""
+        minimums = {"low": low, "normal": normal}
+        classes = tuple(
+            replace(p, min_runtime_ms=minimums.get(p.name, 0))
+            for p in self.state.config.priority_classes
+        )
+        wanted = replace(
+            self.state.config, priority_classes=classes, reclaim_wait_max_ms=reclaim_wait
+        )
+        result = self.do(c.Configure(wanted, self.now))
+        needs_6 = low or normal or reclaim_wait != ClusterConfig().reclaim_wait_max_ms
+        assert result.ok is (not needs_6 or self.state.format_floor >= 6), result.message
 
     @rule(name=st.sampled_from(["qa", "qb"]))
     def delete_queue(self, name: str) -> None:
@@ -655,15 +703,35 @@ class PreemptionMachine(DependentSubmissions):
         quotas=st.lists(st.sampled_from([4, 8, 16]), min_size=2, max_size=2),
         borrowing=st.sampled_from([None, 0, 4]),
         mode=st.sampled_from([PreemptionMode.TOPOLOGY, PreemptionMode.BLIND]),
+        low_min=st.sampled_from([0, 0, 30_000, 120_000]),
+        reclaim_wait=st.sampled_from([0, 60_000, 600_000]),
     )
-    def cluster(self, quotas: list[int], borrowing: int | None, mode: PreemptionMode) -> None:
+    def cluster(
+        self,
+        quotas: list[int],
+        borrowing: int | None,
+        mode: PreemptionMode,
+        low_min: int,
+        reclaim_wait: int,
+    ) -> None:
+        assert self.do(c.RaiseFormat(FORMAT, ("r1", "r2", "r3"), self.now)).ok
         for i in range(4):
             info = node(NODE_IDS[i], gpus=8, cpu=64, rack=f"r{i // 2}")
             self.do(c.RegisterNode(info, self.now))
         for name, gpu in zip(["qa", "qb"], quotas, strict=True):
             queue = Queue(name, gpu=gpu, cohort="c1", borrowing_limit_gpu=borrowing)
             assert self.do(c.SetQueue(queue, self.now)).ok
-        assert self.do(c.Configure(replace(self.state.config, preemption=mode), self.now)).ok
+        classes = tuple(
+            replace(p, min_runtime_ms=low_min) if p.name == "low" else p
+            for p in self.state.config.priority_classes
+        )
+        wanted = replace(
+            self.state.config,
+            preemption=mode,
+            priority_classes=classes,
+            reclaim_wait_max_ms=reclaim_wait,
+        )
+        assert self.do(c.Configure(wanted, self.now)).ok
         # Low-priority gangs fill most of the cluster, so later gangs need victims.
         for i, (queue, gpu, replicas) in enumerate(
             [("default", 8, 2), ("qa", 4, 1), ("qb", 2, 2), ("qa", 2, 1)]
@@ -713,8 +781,10 @@ class PreemptionMachine(DependentSubmissions):
             assert result.rejected == (), result.rejected
             assert not breaches, breaches
         for preempt in plan.preempt_commands(self.now):
+            protected = protected_victims(self.state, preempt, self.now)
             result = self.do(preempt)
             assert result.ok, result.message
+            assert not protected, protected
             self.saw_preemption = True
             for victim in preempt.victims:
                 attempt = self.state.jobs[victim.job_id].attempt
