@@ -14,7 +14,7 @@ import click
 from synapse_ha.cli import render_queues
 from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
-from synapse_ha.core.spec import SpecError, parse_cpu, parse_memory
+from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -81,6 +81,12 @@ def _classes(value: str) -> list[str]:
     show_default=True,
     help="The highest priority users may give a job here; more needs a token allowing it.",
 )
+@click.option(
+    "--min-runtime",
+    default=None,
+    help="How long its gangs run (from their bind) before they may be preempted, e.g. 2h "
+    "(default 0; the longer of this and the job's class's holds).",
+)
 @output_option
 @with_settings
 def queue_set(
@@ -94,6 +100,7 @@ def queue_set(
     lending_limit: int | None,
     classes: str,
     max_priority: int,
+    min_runtime: str | None,
 ) -> None:
     """Create queue NAME, or replace all of its settings (unset options become unset).
 
@@ -104,10 +111,15 @@ def queue_set(
     try:
         cpu_milli = parse_cpu(cpu, "--cpu") if cpu is not None else None
         memory_mib = parse_memory(memory, "--memory") if memory is not None else None
+        min_runtime_ms = parse_duration(min_runtime, "--min-runtime") if min_runtime else 0
     except SpecError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
     msg = pb.Queue(
-        name=name, cohort=cohort, priority_classes=_classes(classes), max_priority=max_priority
+        name=name,
+        cohort=cohort,
+        priority_classes=_classes(classes),
+        max_priority=max_priority,
+        min_runtime_ms=min_runtime_ms,
     )
     for field, value in (
         ("gpu", gpu),

@@ -32,6 +32,7 @@ def queue_document(status: pb.QueueStatus) -> Document:
         "borrowing_limit_gpu": _optional(q, "borrowing_limit_gpu"),
         "lending_limit_gpu": _optional(q, "lending_limit_gpu"),
         "priority_classes": list(q.priority_classes),
+        "min_runtime_ms": q.min_runtime_ms,
         "used": {"gpu": u.used_gpu, "cpu_milli": u.used_cpu_milli, "memory_mib": u.used_memory_mib},
         "borrowed_gpu": u.borrowed_gpu,
         "lent_gpu": u.lent_gpu,
@@ -46,10 +47,17 @@ def queues_document(answer: pb.ListQueuesResponse) -> Document:
     return {
         "queues": [queue_document(q) for q in answer.queues],
         "priority_classes": [
-            {"name": c.name, "value": c.value, "preempts": c.preempts, "grace_ms": c.grace_ms}
+            {
+                "name": c.name,
+                "value": c.value,
+                "preempts": c.preempts,
+                "grace_ms": c.grace_ms,
+                "min_runtime_ms": c.min_runtime_ms,
+            }
             for c in answer.priority_classes
         ],
         "preemption": answer.preemption,
+        "reclaim_wait_max_ms": answer.reclaim_wait_max_ms,
     }
 
 
@@ -76,14 +84,20 @@ def queues_table(doc: Mapping[str, Any]) -> str:
                 + (f" ({q['preempting_jobs']} preempting)" if q["preempting_jobs"] else ""),
                 f"{q['pending_jobs']} ({q['pending_gpu']} GPU)",
                 ",".join(q["priority_classes"]) or "any",
+                duration_text(q["min_runtime_ms"]) if q["min_runtime_ms"] else "-",
             ]
         )
     headers = ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "MAY BORROW"]
-    out = table(rows, [*headers, "MAY LEND", "RUNNING", "PENDING", "CLASSES"])
+    out = table(rows, [*headers, "MAY LEND", "RUNNING", "PENDING", "CLASSES", "MIN RUN"])
     classes = ", ".join(
         f"{c['name']} {c['value']}{' (preempts)' if c['preempts'] else ''}"
         f" grace {duration_text(c['grace_ms'])}"
+        + (f" min run {duration_text(c['min_runtime_ms'])}" if c["min_runtime_ms"] else "")
         for c in doc["priority_classes"]
     )
-    tail = f"priority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
+    wait = duration_text(doc["reclaim_wait_max_ms"])
+    tail = (
+        f"priority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
+        f" (a reclaim overrides minimum run times after {wait})"
+    )
     return f"{out}\n\n{terminal_safe(tail, keep=MULTILINE)}"

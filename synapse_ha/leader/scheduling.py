@@ -27,6 +27,7 @@ class SchedulingSettings:
     cordon_after_start_failures: int | None = None
     hold_until_stopped: bool | None = None
     clear_gpu_faults_on_reboot: bool | None = None
+    reclaim_wait_max_ms: int | None = None
 
     @property
     def pinned_limits(self) -> frozenset[str]:
@@ -60,6 +61,8 @@ class SchedulingSettings:
             config = replace(config, preemption=self.preemption)
         if self.fair_share_half_life_ms is not None:
             config = replace(config, fair_share_half_life_ms=self.fair_share_half_life_ms)
+        if self.reclaim_wait_max_ms is not None:
+            config = replace(config, reclaim_wait_max_ms=self.reclaim_wait_max_ms)
         return config
 
 

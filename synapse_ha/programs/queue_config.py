@@ -16,6 +16,7 @@ from synapse_ha.core.cluster_config import (
     DEFAULT_GRACE_MS,
     LOCALITY_WAIT_MS,
     MAX_LOCALITY_WAIT_MS,
+    MAX_RECLAIM_WAIT_MS,
     MAX_REQUEUES_LIMIT,
     MAX_START_TIMEOUT_MS,
     MIN_START_TIMEOUT_MS,
@@ -85,6 +86,14 @@ def _unfit_backoff_ms(raw: object) -> int:
 
 MAX_UNFIT_BACKOFF_MS = 7 * 86_400_000
 
+
+def _reclaim_wait_max_ms(raw: object) -> int:
+    wait = duration_ms(raw, "reclaim_wait_max")
+    if not 0 <= wait <= MAX_RECLAIM_WAIT_MS:
+        raise ConfigError(f"reclaim_wait_max must be from 0s to 24h, got {raw!r}")
+    return wait
+
+
 LOCALITY_WAIT = setting(
     "--locality-wait",
     "scheduling.locality_wait",
@@ -99,7 +108,7 @@ PRIORITY_CLASS = setting(
     "scheduling.priority_classes",
     action="append",
     flag_default=[],
-    metavar="NAME=VALUE[,preempts][,grace=30s]",
+    metavar="NAME=VALUE[,preempts][,grace=30s][,min-runtime=2h]",
     help="a priority class (repeatable; replaces the built-in low, normal, high)",
 )
 PREEMPTION = setting(
@@ -131,6 +140,14 @@ START_TIMEOUT = setting(
     check=_start_timeout_ms,
     help="how long after its bind a gang's members may take to report running before "
     "the attempt fails: allow for the largest image pull (default 60s; 1s to 24h)",
+)
+RECLAIM_WAIT_MAX = setting(
+    "--reclaim-wait-max",
+    "scheduling.reclaim_wait_max",
+    merge="truthy",
+    check=_reclaim_wait_max_ms,
+    help="how long a gang reclaiming its queue's nominal quota waits before it may preempt "
+    "gangs within their minimum run time (replicated; default 10m)",
 )
 # Node health and fitness (DESIGN §4).
 GPU_DRAIN_THRESHOLD = setting(
@@ -181,6 +198,7 @@ SCHEDULING = (
     FAIR_SHARE_HALF_LIFE,
     MAX_REQUEUES,
     START_TIMEOUT,
+    RECLAIM_WAIT_MAX,
     GPU_DRAIN_THRESHOLD,
     UNFIT_BACKOFF,
     CORDON_AFTER_START_FAILURES,
@@ -204,15 +222,19 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         cordon_after_start_failures=inputs.value(CORDON_AFTER_START_FAILURES),
         hold_until_stopped=inputs.value(HOLD_UNTIL_STOPPED),
         clear_gpu_faults_on_reboot=inputs.value(CLEAR_GPU_FAULTS_ON_REBOOT),
+        reclaim_wait_max_ms=inputs.value(RECLAIM_WAIT_MAX),
     )
 
 
 def _priority_class_flag(text: str) -> dict[str, Any]:
-    """``NAME=VALUE[,preempts][,grace=30s]`` as the TOML table it stands for."""
+    """``NAME=VALUE[,preempts][,grace=30s][,min-runtime=2h]`` as the TOML table it
+    stands for."""
     head, *options = [part.strip() for part in text.split(",")]
     name, sep, value = head.partition("=")
     if not sep:
-        raise ConfigError(f"--priority-class {text!r}: expected NAME=VALUE[,preempts][,grace=D]")
+        raise ConfigError(
+            f"--priority-class {text!r}: expected NAME=VALUE[,preempts][,grace=D][,min-runtime=D]"
+        )
     try:
         number = int(value)
     except ValueError:
@@ -224,6 +246,8 @@ def _priority_class_flag(text: str) -> dict[str, Any]:
             table["preempts"] = True
         elif key == "grace" and raw:
             table["grace"] = raw
+        elif key == "min-runtime" and raw:
+            table["min_runtime"] = raw
         else:
             raise ConfigError(f"--priority-class {text!r}: unknown option {option!r}")
     return table
@@ -250,7 +274,7 @@ def _priority_class(i: int, table: object) -> PriorityClass:
     where = f"scheduling.priority_classes[{i}]"
     if not isinstance(table, dict) or not {"name", "value"} <= set(table):
         raise ConfigError(f"{where}: expected a table with name and value")
-    unknown = set(table) - {"name", "value", "preempts", "grace"}
+    unknown = set(table) - {"name", "value", "preempts", "grace", "min_runtime"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     value, preempts = table["value"], table.get("preempts", False)
@@ -259,7 +283,9 @@ def _priority_class(i: int, table: object) -> PriorityClass:
     if not isinstance(preempts, bool) or not isinstance(table["name"], str):
         raise ConfigError(f"{where}: name is a string and preempts true or false")
     grace = duration_ms(table["grace"], f"{where}.grace") if "grace" in table else DEFAULT_GRACE_MS
-    return PriorityClass(table["name"], value, preempts, grace)
+    least = table.get("min_runtime")
+    least_ms = duration_ms(least, f"{where}.min_runtime") if least is not None else 0
+    return PriorityClass(table["name"], value, preempts, grace, least_ms)
 
 
 def _limits(l_doc: dict[str, Any]) -> tuple[tuple[str, int], ...]:

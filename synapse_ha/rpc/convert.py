@@ -506,6 +506,7 @@ def queue_from_proto(msg: pb.Queue) -> Queue:
         lending_limit_gpu=opt("lending_limit_gpu"),
         priority_classes=tuple(msg.priority_classes),
         max_priority=msg.max_priority,
+        min_runtime_ms=msg.min_runtime_ms,
     )
 
 
@@ -515,6 +516,7 @@ def queue_to_proto(queue: Queue) -> pb.Queue:
         cohort=queue.cohort,
         priority_classes=list(queue.priority_classes),
         max_priority=queue.max_priority,
+        min_runtime_ms=queue.min_runtime_ms,
     )
     for name in ("gpu", "cpu_milli", "memory_mib", "borrowing_limit_gpu", "lending_limit_gpu"):
         value = getattr(queue, name)
@@ -538,7 +540,13 @@ def queue_usage_to_proto(usage: QueueUsage) -> pb.QueueUsage:
 
 
 def priority_class_to_proto(c: PriorityClass) -> pb.PriorityClass:
-    return pb.PriorityClass(name=c.name, value=c.value, preempts=c.preempts, grace_ms=c.grace_ms)
+    return pb.PriorityClass(
+        name=c.name,
+        value=c.value,
+        preempts=c.preempts,
+        grace_ms=c.grace_ms,
+        min_runtime_ms=c.min_runtime_ms,
+    )
 
 
 def preemption_to_desired(msg: pb.DesiredMember, attempt: Attempt, now_ms: int) -> None:

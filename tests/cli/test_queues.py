@@ -15,6 +15,7 @@ from synapse_ha.cli import render_jobs
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, Replica, serving_replica
@@ -155,3 +156,28 @@ def test_status_and_explain_show_who_preempts_a_job() -> None:
     assert "being preempted by job job-000009" in render_jobs.job_table(doc, 0)
     plain = render_jobs.job_document(pb.Job(job_id="j", spec=pb.JobSpec(shell_command="x")))
     assert plain["preemption"] is None and plain["queue"] == "default"
+
+
+def test_a_queues_minimum_run_time_is_set_shown_and_checked(replica: Replica) -> None:
+    args = ("queue", "set", "team-a", "--gpu", "3", "--min-runtime", "2h")
+    early = synctl(replica, *args)  # not every replica is known to read it yet
+    assert early.exit_code != 0 and "this change needs format 6" in early.stderr
+    assert "team-a" not in replica.backend.state.queues
+    assert apply(replica.backend.state, cmd.RaiseFormat(FORMAT, ("a",), NOW)).ok
+    made = synctl(replica, *args)
+    assert made.exit_code == 0, made.output
+    assert replica.backend.state.queues["team-a"].min_runtime_ms == 7_200_000
+    doc = json.loads(synctl(replica, "queues", "-o", "json").stdout)
+    team_a = next(q for q in doc["queues"] if q["name"] == "team-a")
+    assert team_a["min_runtime_ms"] == 7_200_000
+    assert [c["min_runtime_ms"] for c in doc["priority_classes"]] == [0, 0, 0]
+    assert doc["reclaim_wait_max_ms"] == 600_000
+    table = synctl(replica, "queues").stdout
+    assert "MIN RUN" in table.splitlines()[0]
+    assert next(line for line in table.splitlines() if line.startswith("team-a")).endswith("2h")
+    assert "a reclaim overrides minimum run times after 10m" in table
+    too_long = synctl(replica, "queue", "set", "team-a", "--gpu", "3", "--min-runtime", "8d")
+    assert too_long.exit_code == ExitCode.USAGE and "min_runtime_ms" in too_long.stderr
+    garbled = synctl(replica, "queue", "set", "team-a", "--min-runtime", "soon")
+    assert garbled.exit_code == ExitCode.USAGE and "--min-runtime" in garbled.stderr
+    assert replica.backend.state.queues["team-a"].min_runtime_ms == 7_200_000

@@ -91,6 +91,9 @@ def test_flags_replace_the_files_classes(tmp_path: Path) -> None:
         (("--start-timeout", "500ms"), "start_timeout must be from 1s to 24h, got '500ms'"),
         (("--start-timeout", "2d"), "start_timeout must be from 1s to 24h, got '2d'"),
         (("--start-timeout", "soon"), "start_timeout"),
+        (("--priority-class", "x=1,min-runtime=8d"), "min_runtime_ms: must be 0 to 7 days"),
+        (("--priority-class", "x=1,min-runtime=soon"), "min_runtime"),
+        (("--reclaim-wait-max", "2d"), "reclaim_wait_max must be from 0s to 24h, got '2d'"),
     ],
 )
 def test_bad_settings_are_refused_naming_them(
@@ -194,3 +197,25 @@ def test_clear_gpu_faults_on_reboot_from_toml_or_flag(tmp_path: Path) -> None:
     assert flag.applied_to(ClusterConfig(clear_gpu_faults_on_reboot=True)) == ClusterConfig()
     with pytest.raises(scheduler_main.ConfigError, match="clear_gpu_faults_on_reboot must be"):
         load(tmp_path, "[scheduling]\nclear_gpu_faults_on_reboot = 1")
+
+
+def test_minimum_run_times_and_the_reclaim_wait_from_toml_or_flags(tmp_path: Path) -> None:
+    toml = """
+[scheduling]
+reclaim_wait_max = "20m"
+
+[[scheduling.priority_classes]]
+name = "batch"
+value = -10
+min_runtime = "1h"
+"""
+    settings = load(tmp_path, toml).scheduling
+    assert settings.priority_classes == (PriorityClass("batch", -10, False, 30_000, 3_600_000),)
+    assert settings.applied_to(ClusterConfig()).reclaim_wait_max_ms == 1_200_000
+    flags = load(
+        tmp_path, toml, "--priority-class", "low=-1,min-runtime=30m", "--reclaim-wait-max", "0s"
+    ).scheduling
+    assert flags.priority_classes == (PriorityClass("low", -1, False, 30_000, 1_800_000),)
+    assert flags.applied_to(ClusterConfig()).reclaim_wait_max_ms == 0
+    unset = load(tmp_path, "").scheduling.applied_to(ClusterConfig())
+    assert unset.reclaim_wait_max_ms == ClusterConfig().reclaim_wait_max_ms

@@ -129,7 +129,7 @@ class AdminService(_Base):
         self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
     ) -> pb.ListQueuesResponse:
         """Every queue with its settings and usage (:mod:`synapse_ha.core.queue_usage`),
-        the cluster's priority classes and preemption mode."""
+        the cluster's priority classes, preemption mode and reclaim wait."""
         stale = self._read_mode(context, request.allow_stale)
         state = self.ctx.backend.snapshot()
         with self._heavy_read(context):
@@ -147,6 +147,7 @@ class AdminService(_Base):
                 convert.priority_class_to_proto(c) for c in state.config.priority_classes
             ],
             preemption=str(state.config.preemption),
+            reclaim_wait_max_ms=state.config.reclaim_wait_max_ms,
         )
 
     def SetQueue(

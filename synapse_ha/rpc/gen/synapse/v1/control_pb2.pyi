@@ -947,7 +947,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, since_index: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes", "max_priority")
+    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes", "max_priority", "min_runtime_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
@@ -957,6 +957,7 @@ class Queue(_message.Message):
     LENDING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MIN_RUNTIME_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu: int
     cpu_milli: int
@@ -966,7 +967,8 @@ class Queue(_message.Message):
     lending_limit_gpu: int
     priority_classes: _containers.RepeatedScalarFieldContainer[str]
     max_priority: int
-    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ...) -> None: ...
+    min_runtime_ms: int
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ..., min_runtime_ms: _Optional[int] = ...) -> None: ...
 
 class QueueUsage(_message.Message):
     __slots__ = ("used_gpu", "used_cpu_milli", "used_memory_mib", "borrowed_gpu", "lent_gpu", "running_jobs", "pending_jobs", "pending_gpu", "preempting_jobs")
@@ -999,16 +1001,18 @@ class QueueStatus(_message.Message):
     def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., usage: _Optional[_Union[QueueUsage, _Mapping]] = ...) -> None: ...
 
 class PriorityClass(_message.Message):
-    __slots__ = ("name", "value", "preempts", "grace_ms")
+    __slots__ = ("name", "value", "preempts", "grace_ms", "min_runtime_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     PREEMPTS_FIELD_NUMBER: _ClassVar[int]
     GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_RUNTIME_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     value: int
     preempts: bool
     grace_ms: int
-    def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ..., preempts: _Optional[bool] = ..., grace_ms: _Optional[int] = ...) -> None: ...
+    min_runtime_ms: int
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ..., preempts: _Optional[bool] = ..., grace_ms: _Optional[int] = ..., min_runtime_ms: _Optional[int] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ("allow_stale",)
@@ -1017,16 +1021,18 @@ class ListQueuesRequest(_message.Message):
     def __init__(self, allow_stale: _Optional[bool] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
-    __slots__ = ("queues", "stale", "priority_classes", "preemption")
+    __slots__ = ("queues", "stale", "priority_classes", "preemption", "reclaim_wait_max_ms")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_WAIT_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     stale: bool
     priority_classes: _containers.RepeatedCompositeFieldContainer[PriorityClass]
     preemption: str
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ...) -> None: ...
+    reclaim_wait_max_ms: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ..., reclaim_wait_max_ms: _Optional[int] = ...) -> None: ...
 
 class SetQueueRequest(_message.Message):
     __slots__ = ("queue",)
