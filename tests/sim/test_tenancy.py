@@ -291,3 +291,29 @@ def test_cli_refuses_unknown_modes_and_intervals(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["--pass-interval", "-1"])
     assert "--pass-interval: seconds between 0 and 3600" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workload", ["trace", "multi-tenant"])
+def test_cli_writes_the_report_and_plots_of_every_queue_workload(
+    workload: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(
+        "submit_s,queue,members,gpus_per_member,duration_s,checkpoint_s\n"
+        "0,team-a,2,8,3000,600\n"
+        "30,team-b,1,4,60,\n"
+    )
+    out_dir = tmp_path / "out"
+    argv = ["--workload", workload, "--nodes", "4", "--out", str(out_dir)]
+    argv += ["--trace-file", str(trace)] if workload == "trace" else ["--hours", "0.3"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads((out_dir / "report.json").read_text()) == printed
+    assert set(printed["modes"]) == {"off", "blind", "topology"}
+    assert all(f["checkpoint_marks"] > 0 for f in printed["modes"].values())
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return  # the plots need the bench extra; the report is written without it
+    for name in ("allocation.png", "queue.png", "delay_cdf.png"):
+        assert (out_dir / name).stat().st_size > 0
