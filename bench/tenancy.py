@@ -126,15 +126,20 @@ def summary_table(modes: dict[str, Any]) -> str:
     for mode, figures in modes.items():
         cells = []
         for _, name in shown:
-            s = figures[name]
+            f = figures[name]
             cells.append(
-                "-" if s["mean"] is None else f"{s['mean']:.3g} ({s['min']:.3g}-{s['max']:.3g})"
+                "-" if f["mean"] is None else f"{_n(f['mean'])} ({_n(f['min'])}-{_n(f['max'])})"
             )
         rows.append((mode, *cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
     )
+
+
+def _n(value: float) -> str:
+    """A figure for the table: whole numbers from 100 up, three digits below."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def main() -> None:

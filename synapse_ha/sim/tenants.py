@@ -116,21 +116,7 @@ def multi_tenant(
         mean_work = sum(d.gpus * d.duration_ms for d in sample) / len(sample)
         start_ms = int(tenant.start_h * 3_600_000)
         rate = tenant.load * tenant.gpu / mean_work  # jobs per ms while arriving
-        arrivals: list[int] = []
-        now = float(start_ms)
-        if tenant.pattern == "bursty":
-            burst_rate = rate / tenant.burst
-            while True:
-                now += rng.expovariate(burst_rate)
-                if now >= horizon_ms:
-                    break
-                arrivals.extend(int(now + rng.uniform(0, 60_000)) for _ in range(tenant.burst))
-        else:
-            while True:
-                now += rng.expovariate(rate)
-                if now >= horizon_ms:
-                    break
-                arrivals.append(int(now))
+        arrivals = _arrivals(rng, tenant, rate, start_ms, horizon_ms)
         for i, at in enumerate(sorted(arrivals)):
             d = _draw(rng, tenant, rack_gpus, median_ms)
             spec = _member_spec(f"{tenant.name}-{i}", tenant.name, d.gpus, d.per_member)
@@ -157,6 +143,38 @@ def multi_tenant(
             jobs.append(SimJob(at, spec, duration, f"{tenant.name}-user", checkpoint_ms=every))
     jobs.sort(key=lambda j: (j.arrival_ms, j.spec.name))
     queues = tuple(Queue(t.name, gpu=t.gpu, cohort=COHORT) for t in tenants)
+    notes = (
+        f"multi-tenant seed {seed}: {len(jobs)} jobs over {hours:g} h on {hosts} x 8 GPUs "
+        f"(racks of {hosts_per_rack} hosts), {_described(tenants, checkpoint_minutes)}"
+    )
+    return Workload("multi-tenant", nodes, tuple(jobs), notes, queues=queues)
+
+
+def _arrivals(
+    rng: random.Random, tenant: Tenant, rate: float, start_ms: int, horizon_ms: int
+) -> list[int]:
+    """A tenant's arrival times (ms) at ``rate`` jobs per ms from ``start_ms`` to the
+    horizon: Poisson, or Poisson bursts of ``tenant.burst`` jobs within a minute."""
+    arrivals: list[int] = []
+    now = float(start_ms)
+    if tenant.pattern == "bursty":
+        burst_rate = rate / tenant.burst
+        while True:
+            now += rng.expovariate(burst_rate)
+            if now >= horizon_ms:
+                break
+            arrivals.extend(int(now + rng.uniform(0, 60_000)) for _ in range(tenant.burst))
+    else:
+        while True:
+            now += rng.expovariate(rate)
+            if now >= horizon_ms:
+                break
+            arrivals.append(int(now))
+    return arrivals
+
+
+def _described(tenants: Sequence[Tenant], checkpoint_minutes: tuple[float, float] | None) -> str:
+    """The workload's checkpoints and queues, for its notes."""
     described = ", ".join(
         f"{t.name} {t.gpu} GPUs {t.pattern}"
         + (f" from {t.start_h:g} h" if t.pattern == "late" else "")
@@ -168,11 +186,7 @@ def multi_tenant(
         if checkpoint_minutes
         else "no checkpoints"
     )
-    notes = (
-        f"multi-tenant seed {seed}: {len(jobs)} jobs over {hours:g} h on {hosts} x 8 GPUs "
-        f"(racks of {hosts_per_rack} hosts), {marks}; cohort {COHORT}: {described}"
-    )
-    return Workload("multi-tenant", nodes, tuple(jobs), notes, queues=queues)
+    return f"{marks}; cohort {COHORT}: {described}"
 
 
 def _checkpoint_ms(rng: random.Random, minutes: tuple[float, float] | None) -> int:

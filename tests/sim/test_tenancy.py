@@ -204,6 +204,13 @@ def test_multi_tenant_workload_is_seeded_and_has_its_patterns() -> None:
     assert rack and all(j.spec.replicas == 8 and j.spec.resources.gpu == 8 for j in rack)
     assert any(j.spec.priority_class == "high" for j in a.jobs)
     assert all(j.user for j in a.jobs)
+    # Checkpoint intervals log-uniform in 10-60 min, from a generator of their own.
+    every = [j.checkpoint_ms for j in a.jobs]
+    assert all(600_000 <= e <= 3_600_000 for e in every)
+    assert min(every) < 1_200_000 and max(every) > 2_400_000
+    plain = multi_tenant(seed=4, hours=3, checkpoint_minutes=None)
+    assert [replace(j, checkpoint_ms=0) for j in a.jobs] == list(plain.jobs)
+    assert all(j.checkpoint_ms == 0 for j in plain.jobs)
 
 
 def test_three_modes_side_by_side_on_a_small_run() -> None:
