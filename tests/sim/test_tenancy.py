@@ -14,7 +14,7 @@ from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
 from synapse_ha.core.commands import BindPlan, Preempt, Victim
 from synapse_ha.core.model import ClusterState
 from synapse_ha.sim.cli import main
-from synapse_ha.sim.engine import GRACE_MS, Run, build_cluster, simulate
+from synapse_ha.sim.engine import GRACE_MS, MARK, Run, build_cluster, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import report, run_modes, table
 from synapse_ha.sim.tenants import Tenant, from_trace, multi_tenant
@@ -133,6 +133,29 @@ def test_a_trace_job_with_checkpoint_s_marks_on_its_attempt_every_interval() -> 
     assert mark == AttemptMark(at_ms=1_800_000, step=1_800)
     assert run.tally.marks == 3
     assert run.result(0.0).metrics["jobs_started"] == 2
+
+
+def test_marks_are_queued_one_at_a_time_however_short_the_interval() -> None:
+    # Two one-member jobs of 2 h marking every second: 14,398 marks, never more than one
+    # mark event per attempt in the queue.
+    jobs = (
+        SimJob(0, job("j1", gpu=8), 7_200_000, checkpoint_ms=1_000),
+        SimJob(0, job("j2", gpu=8), 7_200_000, checkpoint_ms=1_000),
+    )
+    w = Workload("marks", synthetic_cluster(2), jobs, "marks")
+
+    class Counting(_MarksSeen):
+        most = 0
+
+        def _mark(self, key: str) -> None:
+            super()._mark(key)
+            self.most = max(self.most, sum(1 for e in self.events if e[2] == MARK))
+
+    run = Counting(w, Ours(), build_cluster(w, ClusterConfig(retention_ms=0)), GRACE_MS, 0, 500)
+    run.run()
+    assert run.tally.marks == 2 * 7_199
+    assert run.most == 2
+    assert run.seen[-1][3] == AttemptMark(at_ms=7_199_000, step=7_199)
 
 
 def _marking_reclaim(preempt_at_s: int, every_s: int = 1_200) -> Workload:
