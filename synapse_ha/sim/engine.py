@@ -23,11 +23,13 @@ from synapse_ha.core.machine.dependencies import Outcome, outcome_of
 from synapse_ha.core.model import ClusterState, JobSpec, JobState
 from synapse_ha.sim.capacity import FreeGpus, RackLayout
 from synapse_ha.sim.fairness import Loss, TenancyMeter
+from synapse_ha.sim.marks import Marking, kept_ms, lost_since, report_marks
 from synapse_ha.sim.metrics import JobRecord, Tally, queue_delays, run_metrics, tenancy_metrics
 from synapse_ha.sim.policies import Policy
 from synapse_ha.sim.workload import Workload
 
-ARRIVE, FINISH, EXPIRE, WAKE, STOP = 0, 1, 2, 3, 4
+ARRIVE, FINISH, EXPIRE, WAKE, STOP, MARK = 0, 1, 2, 3, 4, 5
+LAST_KIND = MARK  # the kinds a subclass adds are above this
 ATTEMPT_ENDS = frozenset({FINISH, EXPIRE, STOP})
 GRACE_MS = 30_000  # how long a preempted gang takes to stop (its whole grace period)
 SIGTERM_EXIT = 143  # the exit code a member stopped by SIGTERM reports
@@ -59,8 +61,11 @@ def simulate(
 
     Preemption: the policy's ``Preempt`` commands are applied after its bind; every
     member of a victim exits (code 143, as after SIGTERM) ``grace_ms`` later, which
-    confirms it stopped, unless its own end comes first. A requeued victim runs its whole
-    duration again when placed again (no checkpoints).
+    confirms it stopped, unless its own end comes first. It loses its GPUs x the time
+    from its attempt's checkpoint mark (or its bind) to its stop. A job with a checkpoint
+    interval marks through the real state machine while it runs
+    (:mod:`synapse_ha.sim.marks`); requeued, it runs again from its resume step, any
+    other job its whole duration.
 
     ``pass_interval_ms``: 0 plans at every instant something happened (and at the
     policy's wake time); otherwise passes run only at multiples of it, as a leader
@@ -103,12 +108,13 @@ class Run:
     waiting and holding GPUs, and the running sums the figures are made of.
 
     Events are ``(time, sequence, kind, key)``: an arrival's key is the job's index in
-    the workload, an end's (FINISH, EXPIRE, STOP) is ``job_id@fencing_token`` so an end
-    of an attempt that no longer holds resources is ignored, a WAKE's is empty.
+    the workload, an end's (FINISH, EXPIRE, STOP) and a checkpoint mark's (MARK) is
+    ``job_id@fencing_token`` so one of an attempt that no longer holds resources is
+    ignored, a WAKE's is empty. A mark alone is no reason to plan.
 
-    A subclass adds kinds of its own (above STOP) through :meth:`_other_event`, and may
-    extend :meth:`_more_to_do`, :meth:`_run_ms`, :meth:`_after_start` and
-    :meth:`_extra_metrics`; as defined here they change nothing.
+    A subclass adds kinds of its own (above LAST_KIND) through :meth:`_other_event`, and
+    may extend :meth:`_more_to_do`, :meth:`_run_ms`, :meth:`_after_start`,
+    :meth:`_marks_every` and :meth:`_extra_metrics`; as defined here they change nothing.
     """
 
     def __init__(
@@ -149,12 +155,19 @@ class Run:
         self.tally = Tally()
         self.series_alloc: list[tuple[float, float]] = []
         self.series_queue: list[tuple[float, float]] = []
+        self.marking: dict[str, Marking] = {}  # job -> its live attempt's marks
 
     def run(self) -> None:
         """Every instant with events, in time order: account for the time since the
         last one, apply its events, plan (or wait for the next pass), observe."""
-        while self.events and self._more_to_do():
-            now = self.events[0][0]
+        events = self.events
+        while events and self._more_to_do():
+            now, _, kind, key = events[0]
+            if kind == MARK:  # a mark changes nothing to account for, plan or observe
+                heapq.heappop(events)
+                self.now = now
+                self._mark(key)
+                continue
             pending_count = len(self.pending)
             self._advance(now, pending_count)
             self._apply_events()
@@ -190,6 +203,9 @@ class Run:
         events, now = self.events, self.now
         while events and events[0][0] == now:
             _, _, kind, key = heapq.heappop(events)
+            if kind == MARK:
+                self._mark(key)
+                continue
             if kind == WAKE:
                 self.wakes.discard(now)
             elif kind == ARRIVE:
@@ -246,6 +262,11 @@ class Run:
         if kind == EXPIRE:
             apply(self.state, c.ExpireTimeLimit(job_id, token, self.now))
         elif kind == STOP:
+            attempt = record.attempt
+            assert attempt is not None
+            gpus, since = self.records[job_id].gpus, lost_since(attempt)
+            ran = self.now - attempt.bound_at_ms
+            self.tally.losses.append(Loss(gpus, self.now - since, ran))
             report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now, SIGTERM_EXIT)
         else:
             report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now)
@@ -259,6 +280,7 @@ class Run:
         rec = self.records[job_id]
         self.allocated -= rec.gpus
         self.usage[rec.queue] -= rec.gpus
+        self.marking.pop(job_id, None)
         job = self.state.jobs[job_id]
         self.free.update(self.state, job)
         if job.state is JobState.PENDING:
@@ -343,33 +365,61 @@ class Run:
             self._push(now + spec.time_limit_ms, EXPIRE, tag)
         else:
             self._push(now + run, FINISH, tag)
+        every = self._marks_every(job_id)
+        if every:
+            ends = now + min(run, spec.time_limit_ms or run)
+            marking = Marking(attempt.fencing_token, every, now, kept_ms(job), ends)
+            self.marking[job_id] = marking
+            self._next_mark(job_id, marking)
         self._after_start(job_id)
 
     def _run_ms(self, job_id: str) -> int:
-        """How long the attempt just started runs to its end (here: the whole duration)."""
-        return self.workload.jobs[self.index_of[job_id]].duration_ms
+        """How long the attempt just started runs to its end: the job's duration, less
+        the run time its resume step kept when it marks checkpoints."""
+        duration = self.workload.jobs[self.index_of[job_id]].duration_ms
+        if not self._marks_every(job_id):
+            return duration
+        return max(duration - kept_ms(self.state.jobs[job_id]), 1)
+
+    def _marks_every(self, job_id: str) -> int:
+        """How often the job's members mark a checkpoint, ms of run time (0: never)."""
+        return self.workload.jobs[self.index_of[job_id]].checkpoint_ms
+
+    def _next_mark(self, job_id: str, marking: Marking) -> None:
+        """Queue the attempt's next mark, unless its run ends first."""
+        at = marking.next_at()
+        if at is not None:
+            self._push(at, MARK, f"{job_id}@{marking.token}")
+
+    def _mark(self, key: str) -> None:
+        """Every member of the attempt named marks a checkpoint (through the real
+        ``ReportMembers``); then its next mark is queued. Nothing when the attempt no
+        longer holds resources."""
+        job_id, token_text = key.rsplit("@", 1)
+        marking = self.marking.get(job_id)
+        if marking is None or marking.token != int(token_text):
+            return
+        seq, step = marking.mark()
+        report_marks(self.state, job_id, seq, step, self.now)
+        self.tally.marks += 1
+        self._next_mark(job_id, marking)
 
     def _after_start(self, job_id: str) -> None:
         """A subclass's look at an attempt just started (here: nothing)."""
 
     def _preempt(self, preempt: c.Preempt) -> None:
         """Apply one of the policy's preemptions; each victim's members stop a grace
-        later, and the work its attempt had done is lost."""
+        later, losing the work since its attempt's mark (counted when they stop)."""
         tally, state, now = self.tally, self.state, self.now
         tally.preempt_commands += 1
-        victims = [
-            (v, state.jobs[v.job_id].attempt) for v in preempt.victims if v.job_id in state.jobs
-        ]
+        victims = [v for v in preempt.victims if v.job_id in state.jobs]
         if not apply(state, preempt).ok:
             tally.preempt_rejected += 1
             return
         rec = self.records[preempt.preemptor]
         if rec.preempting_since_ms is None:
             rec.preempting_since_ms = now
-        for victim, attempt in victims:
-            assert attempt is not None
-            ran_from = attempt.started_at_ms or attempt.bound_at_ms
-            tally.losses.append(Loss(self.records[victim.job_id].gpus, now - ran_from))
+        for victim in victims:
             tally.victims_by_kind[str(preempt.kind)] += 1
             self._push(now + self.grace_ms, STOP, f"{victim.job_id}@{victim.fencing_token}")
 

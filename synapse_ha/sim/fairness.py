@@ -41,19 +41,28 @@ def jain(values: Sequence[float]) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Loss:
-    """One preempted gang: its GPUs and how long its attempt had been running when it
-    was chosen as a victim (ms); the work lost is their product."""
+    """One preempted gang, when its members stopped: its GPUs and the run time it lost
+    (``lost_ms``: since its attempt's checkpoint mark, or since its bind without one);
+    the work lost is their product. ``ran_ms``: its whole run since its bind, what it
+    would have lost without marks (``lost_ms`` when not given)."""
 
     gpus: int
-    ran_ms: int
+    lost_ms: int
+    ran_ms: int | None = None
 
     @property
     def gpu_hours(self) -> float:
-        return self.gpus * self.ran_ms / MS_PER_HOUR
+        return self.gpus * self.lost_ms / MS_PER_HOUR
+
+    @property
+    def gpu_hours_since_bind(self) -> float:
+        ran = self.lost_ms if self.ran_ms is None else self.ran_ms
+        return self.gpus * ran / MS_PER_HOUR
 
 
 def gpu_hours_lost(losses: Iterable[Loss]) -> float:
-    """GPU-hours of work thrown away by preemption (no checkpoints assumed)."""
+    """GPU-hours of work thrown away by preemption: GPUs x run time since each victim's
+    checkpoint mark (or its bind), to when it stopped."""
     return sum(loss.gpu_hours for loss in losses)
 
 

@@ -53,7 +53,7 @@ from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.health import GpuFault
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, Job, JobState, NodeStatus
-from synapse_ha.sim.engine import GRACE_MS, STOP, Result, Run, build_cluster, report_all
+from synapse_ha.sim.engine import GRACE_MS, LAST_KIND, Result, Run, build_cluster, report_all
 from synapse_ha.sim.fairness import summary
 from synapse_ha.sim.policies import Ours, Policy
 from synapse_ha.sim.workload import Workload
@@ -61,7 +61,7 @@ from synapse_ha.sim.workload import Workload
 LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS = round(1000 * (148 + 72) / (16_384 * 54), 4)
 MS_PER_DAY = 86_400_000
 MS_PER_HOUR = 3_600_000
-FAULT, NOTICE, REPAIR, CRASH = STOP + 1, STOP + 2, STOP + 3, STOP + 4
+FAULT, NOTICE, REPAIR, CRASH = LAST_KIND + 1, LAST_KIND + 2, LAST_KIND + 3, LAST_KIND + 4
 FAULT_CODE = "xid-79"  # how the simulated failure is named in the state (GPU fell off the bus)
 EXIT_ON_FAULT = 1  # the exit code of a member whose GPU failed under it
 SIGTERM_EXIT = 143
@@ -383,6 +383,11 @@ class FaultRun(Run):
         job = self.state.jobs[job_id]
         if job.state.finished:
             self.final_states[job_id] = job.state
+
+    def _marks_every(self, job_id: str) -> int:
+        """Never: the model's checkpoint period keeps a gang's work here, in place of the
+        jobs' own checkpoint intervals."""
+        return 0
 
     def _run_ms(self, job_id: str) -> int:
         whole = super()._run_ms(job_id)

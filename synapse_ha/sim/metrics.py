@@ -74,7 +74,8 @@ class Tally:
     preempt_commands: int = 0
     preempt_rejected: int = 0
     victims_by_kind: Counter[str] = field(default_factory=Counter)
-    losses: list[Loss] = field(default_factory=list)
+    losses: list[Loss] = field(default_factory=list)  # one per victim, when it stopped
+    marks: int = 0  # checkpoint marks of attempts (each of all their members)
 
 
 def run_metrics(
@@ -154,6 +155,17 @@ def tenancy_metrics(
             "preempt_commands_rejected": tally.preempt_rejected,
             "requeued_jobs": sum(1 for r in records.values() if r.starts > 1),
             "gpu_hours_lost": round(gpu_hours_lost(tally.losses), 3),
+            "gpu_hours_lost_per_preemptor_placed": (
+                round(gpu_hours_lost(tally.losses) / len(placed), 3) if placed else None
+            ),
+            "gpu_hours_lost_without_marks": round(
+                sum(loss.gpu_hours_since_bind for loss in tally.losses), 3
+            ),
+            "victims_stopped": len(tally.losses),
+            "victims_stopped_with_a_mark": sum(
+                1 for loss in tally.losses if loss.ran_ms is not None and loss.lost_ms < loss.ran_ms
+            ),
+            "checkpoint_marks": tally.marks,
             "preemptors": len(preemptors),
             "preemptors_placed": len(placed),
             "preemptor_wait_s": summary(

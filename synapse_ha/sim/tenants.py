@@ -14,6 +14,8 @@ from synapse_ha.sim.trace import TraceJob
 from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
 
 COHORT = "research"
+# The multi-tenant jobs' checkpoint intervals: log-uniform between these, minutes.
+CHECKPOINT_MINUTES = (10.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ def multi_tenant(
     hosts: int = 32,
     hosts_per_rack: int = 8,
     median_minutes: float = 20.0,
+    checkpoint_minutes: tuple[float, float] | None = CHECKPOINT_MINUTES,
 ) -> Workload:
     """A seeded multi-tenant workload on ``hosts`` 8-GPU hosts, ``hosts_per_rack`` to a
     rack (2 racks to a block), with one queue per tenant, all in cohort ``research``.
@@ -95,8 +98,13 @@ def multi_tenant(
     one rack. Durations are log-normal (median ``median_minutes``, capped at 4 h); a third
     carry a time limit of 1.5x their duration rounded up to minutes. Arrivals stop after
     ``hours``; the simulation then runs until every job has ended.
+
+    Every job checkpoints at an interval drawn log-uniform within ``checkpoint_minutes``
+    (from a generator of its own, so the jobs are the same with or without them); None:
+    no job checkpoints.
     """
     rng = random.Random(seed)
+    marks_rng = random.Random(f"checkpoints:{seed}")
     nodes = synthetic_cluster(hosts, hosts_per_rack=hosts_per_rack, racks_per_block=2)
     rack_gpus = 8 * hosts_per_rack
     horizon_ms = int(hours * 3_600_000)
@@ -108,21 +116,7 @@ def multi_tenant(
         mean_work = sum(d.gpus * d.duration_ms for d in sample) / len(sample)
         start_ms = int(tenant.start_h * 3_600_000)
         rate = tenant.load * tenant.gpu / mean_work  # jobs per ms while arriving
-        arrivals: list[int] = []
-        now = float(start_ms)
-        if tenant.pattern == "bursty":
-            burst_rate = rate / tenant.burst
-            while True:
-                now += rng.expovariate(burst_rate)
-                if now >= horizon_ms:
-                    break
-                arrivals.extend(int(now + rng.uniform(0, 60_000)) for _ in range(tenant.burst))
-        else:
-            while True:
-                now += rng.expovariate(rate)
-                if now >= horizon_ms:
-                    break
-                arrivals.append(int(now))
+        arrivals = _arrivals(rng, tenant, rate, start_ms, horizon_ms)
         for i, at in enumerate(sorted(arrivals)):
             d = _draw(rng, tenant, rack_gpus, median_ms)
             spec = _member_spec(f"{tenant.name}-{i}", tenant.name, d.gpus, d.per_member)
@@ -145,20 +139,62 @@ def multi_tenant(
                 queue=tenant.name,
                 priority_class=klass,
             )
-            jobs.append(SimJob(at, spec, duration, user=f"{tenant.name}-user"))
+            every = _checkpoint_ms(marks_rng, checkpoint_minutes)
+            jobs.append(SimJob(at, spec, duration, f"{tenant.name}-user", checkpoint_ms=every))
     jobs.sort(key=lambda j: (j.arrival_ms, j.spec.name))
     queues = tuple(Queue(t.name, gpu=t.gpu, cohort=COHORT) for t in tenants)
+    notes = (
+        f"multi-tenant seed {seed}: {len(jobs)} jobs over {hours:g} h on {hosts} x 8 GPUs "
+        f"(racks of {hosts_per_rack} hosts), {_described(tenants, checkpoint_minutes)}"
+    )
+    return Workload("multi-tenant", nodes, tuple(jobs), notes, queues=queues)
+
+
+def _arrivals(
+    rng: random.Random, tenant: Tenant, rate: float, start_ms: int, horizon_ms: int
+) -> list[int]:
+    """A tenant's arrival times (ms) at ``rate`` jobs per ms from ``start_ms`` to the
+    horizon: Poisson, or Poisson bursts of ``tenant.burst`` jobs within a minute."""
+    arrivals: list[int] = []
+    now = float(start_ms)
+    if tenant.pattern == "bursty":
+        burst_rate = rate / tenant.burst
+        while True:
+            now += rng.expovariate(burst_rate)
+            if now >= horizon_ms:
+                break
+            arrivals.extend(int(now + rng.uniform(0, 60_000)) for _ in range(tenant.burst))
+    else:
+        while True:
+            now += rng.expovariate(rate)
+            if now >= horizon_ms:
+                break
+            arrivals.append(int(now))
+    return arrivals
+
+
+def _described(tenants: Sequence[Tenant], checkpoint_minutes: tuple[float, float] | None) -> str:
+    """The workload's checkpoints and queues, for its notes."""
     described = ", ".join(
         f"{t.name} {t.gpu} GPUs {t.pattern}"
         + (f" from {t.start_h:g} h" if t.pattern == "late" else "")
         + (f", {t.rack_gangs:.0%} whole-rack gangs" if t.rack_gangs else "")
         for t in tenants
     )
-    notes = (
-        f"multi-tenant seed {seed}: {len(jobs)} jobs over {hours:g} h on {hosts} x 8 GPUs "
-        f"(racks of {hosts_per_rack} hosts); cohort {COHORT}: {described}"
+    marks = (
+        f"checkpoints every {checkpoint_minutes[0]:g}-{checkpoint_minutes[1]:g} min (log-uniform)"
+        if checkpoint_minutes
+        else "no checkpoints"
     )
-    return Workload("multi-tenant", nodes, tuple(jobs), notes, queues=queues)
+    return f"{marks}; cohort {COHORT}: {described}"
+
+
+def _checkpoint_ms(rng: random.Random, minutes: tuple[float, float] | None) -> int:
+    """A checkpoint interval drawn log-uniform within ``minutes`` (0 for None), ms."""
+    if minutes is None:
+        return 0
+    low, high = minutes
+    return round(math.exp(rng.uniform(math.log(low), math.log(high))) * 60_000)
 
 
 def from_trace(
@@ -193,6 +229,7 @@ def from_trace(
             j.duration_ms,
             user=j.user,
             after_ok=tuple(index_of[line] for line in j.after_ok),
+            checkpoint_ms=j.checkpoint_ms,
         )
         for j in jobs
     )

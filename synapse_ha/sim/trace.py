@@ -24,6 +24,8 @@ column                 required  meaning
                                  array, a task per index, each running ``duration_s``
 ``after_ok``           no        line numbers of earlier lines, separated by ``;``: the job
                                  waits until each of those jobs (or arrays) has succeeded
+``checkpoint_s``       no        while it runs, every member marks a checkpoint this often,
+                                 seconds of run time (>= 1); empty: never
 =====================  ========  ==========================================================
 
 A line named in ``after_ok`` is counted as in error messages (the header is line 1,
@@ -66,11 +68,13 @@ OPTIONAL = (
     "memory_mib",
     "array",
     "after_ok",
+    "checkpoint_s",
 )
 COLUMNS = REQUIRED + OPTIONAL
 USER_PATTERN = re.compile(r"^[a-z0-9._-]{1,63}$")
 MAX_DURATION_S = 366 * 86_400
 AFTER_OK_SEPARATOR = ";"
+MIN_CHECKPOINT_MS = 1_000  # marks carry whole seconds of run time as their step
 
 
 class TraceError(ValueError):
@@ -96,6 +100,8 @@ class TraceJob:
     duration_ms: int
     # Lines of the trace (their numbers) whose jobs must succeed before this one runs.
     after_ok: tuple[int, ...] = ()
+    # How often its members mark a checkpoint while it runs (ms of run time); 0: never.
+    checkpoint_ms: int = 0
 
 
 def load_trace(
@@ -210,6 +216,9 @@ def _job(row: dict[str, str], source: str, number: int, topology_levels: Sequenc
     submit_ms = seconds("submit_s", positive=False)
     duration_ms = seconds("duration_s", positive=True)
     time_limit_ms = seconds("time_limit_s", positive=False, optional=True)
+    checkpoint_ms = seconds("checkpoint_s", positive=True, optional=True)
+    if row.get("checkpoint_s", "") and checkpoint_ms < MIN_CHECKPOINT_MS:
+        raise bad("checkpoint_s", f"must be at least 1 second, got {row['checkpoint_s']!r}")
     members = integer("members", 1, MAX_REPLICAS)
     gpus = integer("gpus_per_member", 0, MAX_GPUS_PER_NODE)
     cpu = integer("cpu_milli", 1, 10_000_000, default=8_000 * gpus if gpus else 1_000)
@@ -244,7 +253,7 @@ def _job(row: dict[str, str], source: str, number: int, topology_levels: Sequenc
         field = _COLUMN_OF.get(v.field, v.field)
         raise bad(field, v.rule)
     after_ok = _after_ok(row.get("after_ok", ""), bad)
-    return TraceJob(number, submit_ms, user, spec, duration_ms, after_ok)
+    return TraceJob(number, submit_ms, user, spec, duration_ms, after_ok, checkpoint_ms)
 
 
 def _after_ok(text: str, bad: Callable[[str, str], TraceError]) -> tuple[int, ...]:
@@ -311,6 +320,7 @@ def write_trace(jobs: Iterable[TraceJob], out: io.TextIOBase | io.StringIO) -> i
                 s.resources.memory_mib,
                 s.array,
                 AFTER_OK_SEPARATOR.join(after),
+                _seconds(j.checkpoint_ms) if j.checkpoint_ms else "",
             )
         )
         count += 1

@@ -23,6 +23,8 @@ class SimJob:
     user: str = ""  # who submits it (the job's owner)
     # Workload jobs (by index) this one waits for (afterok): each must succeed first.
     after_ok: tuple[int, ...] = ()
+    # While it runs, every member marks a checkpoint this often (ms of run time); 0: never.
+    checkpoint_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

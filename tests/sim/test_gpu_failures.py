@@ -53,7 +53,8 @@ def _job(run: FaultRun, name: str) -> Any:
 
 
 def _figures(run: FaultRun) -> dict[str, Any]:
-    return run.result(0.0).metrics["gpu_faults"]
+    figures: dict[str, Any] = run.result(0.0).metrics["gpu_faults"]
+    return figures
 
 
 def test_the_llama3_rate_is_gpu_and_hbm_failures_per_gpu_day() -> None:

@@ -122,3 +122,37 @@ def test_openb_pods_convert_to_one_member_jobs_queued_by_qos() -> None:
     out = io.StringIO()
     write_trace(jobs, out)
     assert len(parse_trace(out.getvalue())) == 300
+
+
+CHECKPOINT_HEADER = "submit_s,queue,members,gpus_per_member,duration_s,checkpoint_s"
+
+
+def test_checkpoint_intervals_load_write_back_and_reach_the_workload() -> None:
+    text = f"{CHECKPOINT_HEADER}\n0,team-a,2,8,3600,600\n5,team-a,1,1,60,\n9,team-a,1,1,60,1.5\n"
+    jobs = parse_trace(text)
+    assert [j.checkpoint_ms for j in jobs] == [600_000, 0, 1_500]
+    out = io.StringIO()
+    write_trace(jobs, out)
+    assert [j.checkpoint_ms for j in parse_trace(out.getvalue())] == [600_000, 0, 1_500]
+    w = from_trace(jobs, synthetic_cluster(4))
+    assert [j.checkpoint_ms for j in w.jobs] == [600_000, 0, 1_500]
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        ("often", "must be a number of seconds, got 'often'"),
+        ("0", "must be > 0 seconds, got '0'"),
+        ("-60", "must be > 0 seconds, got '-60'"),
+        ("inf", "must be > 0 seconds"),
+        ("0.5", "must be at least 1 second, got '0.5'"),
+        ("40000000", "must be at most 31622400 seconds"),
+    ],
+)
+def test_a_bad_checkpoint_interval_names_its_line_and_column(value: str, rule: str) -> None:
+    text = f"# intervals\n{CHECKPOINT_HEADER}\n0,team-a,1,1,10,60\n0,team-a,1,1,10,{value}\n"
+    with pytest.raises(TraceError) as info:
+        parse_trace(text, source="t.csv")
+    assert (info.value.line, info.value.field) == (4, "checkpoint_s")
+    assert rule in info.value.rule
+    assert str(info.value).startswith("t.csv line 4: checkpoint_s: ")

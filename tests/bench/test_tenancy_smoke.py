@@ -1,0 +1,29 @@
+"""The tenancy benchmark's smoke run, so that it cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "tenancy.py"
+
+
+def test_tenancy_benchmark_smoke_run_reports_each_seed_and_the_spread() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert set(report["per_seed"]) == {"1", "2"}
+    for seed in report["per_seed"].values():
+        assert set(seed["modes"]) == {"off", "blind", "topology"}
+        assert seed["modes"]["off"]["gpu_hours_lost"] == 0
+        assert all(m["checkpoint_marks"] > 0 for m in seed["modes"].values())
+    modes = report["summary"]["modes"]
+    lost = modes["blind"]["gpu_hours_lost"]
+    assert lost["n"] == 2 and lost["min"] <= lost["mean"] <= lost["max"]
+    assert lost["stdev"] >= 0
+    assert set(report["summary"]["targets_met_in_seeds"]) >= {"gpu_hours_lost_vs_blind"}
+    assert all(v.endswith("/2") for v in report["summary"]["targets_met_in_seeds"].values())
