@@ -92,6 +92,9 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ReasonCode.ARRAY_THROTTLE: 5,
     # A member's checkpoint mark (core/checkpoints.py).
     MemberEventKind.CHECKPOINT: 5,
+    # A gang whose possible victims are within their minimum run time (core/victims.py;
+    # only a cluster whose minimum run times are set, which needs format 6, gives it).
+    ReasonCode.WAITING_MIN_RUNTIME: 6,
 }
 
 

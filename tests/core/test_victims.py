@@ -21,6 +21,7 @@ from synapse_ha.core.codec import encode_state
 from synapse_ha.core.formats import format_needed, held_back_config
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState
+from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.validation import check_cluster_config, check_queue
 from synapse_ha.core.victims import lost_gpu_ms, protected_until_ms
 from tests.core.harness import Cluster, job, node
@@ -135,6 +136,14 @@ def test_a_class_min_runtime_protects_a_gang_from_its_bind_and_a_mark_does_not_e
     cl.now += HOUR - 1_000
     mark_all(cl, low, step=10)  # cheap now, but still within its minimum
     assert victims_planned(cl) == []
+    plan = cl.plan()
+    why = plan.reasons[high]
+    assert why.code is ReasonCode.WAITING_MIN_RUNTIME, render(why)
+    assert (why.num("count"), why.num("until_ms"), plan.wake_ms) == (1, bound + HOUR, bound + HOUR)
+    assert render(why).startswith(
+        "no room yet: 1 gang(s) it may preempt (priority: a higher priority class of the same "
+        "queue) are within their minimum run time, the first until "
+    )
     cl.now += 1_000
     assert victims_planned(cl) == [[low]]
     for p in cl.plan().preempt_commands(cl.now):
@@ -182,10 +191,14 @@ def reclaim_cluster(wait_ms: int) -> tuple[Cluster, list[str]]:
 
 def test_a_reclaim_waits_for_the_minimum_run_time_until_it_has_waited_past_its_limit() -> None:
     cl, borrowers = reclaim_cluster(wait_ms=10 * MINUTE)
-    cl.submit(job(queue="team-a", gpu=8, replicas=2))
-    cl.submit(job(queue="team-a", gpu=8))
+    beyond = cl.submit(job(queue="team-a", gpu=8, replicas=2))  # beyond its nominal: no reclaim
+    within = cl.submit(job(queue="team-a", gpu=8))
     cl.now += 10 * MINUTE - 1
     assert victims_planned(cl) == []
+    reasons = cl.plan().reasons
+    assert reasons[beyond].code is ReasonCode.WAITING_QUOTA
+    assert reasons[within].code is ReasonCode.WAITING_MIN_RUNTIME, render(reasons[within])
+    assert "(reclaim: its queue takes back quota" in render(reasons[within])
     cl.now += 1
     # team-b borrows 8 (one gang): only one is taken, never below its nominal.
     planned = victims_planned(cl)

@@ -213,7 +213,18 @@ class _Pass:
         if self.preempt is not None and self._preempt(gang, depths):
             return False
         self._wait(gang, depths)
+        self._waiting_on_min_runtime(job)
         return False
+
+    def _waiting_on_min_runtime(self, job: Job) -> None:
+        """A gang without room whose possible victims are within their minimum run time
+        says so (rather than only that there is no room), and the pass wakes then."""
+        waiting_on = self.preempt.waiting_on if self.preempt is not None else None
+        if waiting_on is None:
+            return
+        self._wake_at(waiting_on.num("until_ms"))
+        if self.plan.reasons[job.job_id].code in _NO_ROOM:
+            self.plan.reasons[job.job_id] = waiting_on
 
     def _wake_at(self, ms: int) -> None:
         plan = self.plan
@@ -245,6 +256,7 @@ class _Pass:
             self.plan.reasons[job.job_id] = waiting_for(victims_of(preempt, chosen), job)
         else:
             self.plan.reasons[job.job_id] = short.reason()
+            self._waiting_on_min_runtime(job)
 
     def _target(self, spec: JobSpec) -> View:
         """The view a gang is placed on: without the reserved nodes, unless it ends
@@ -321,6 +333,13 @@ class _Pass:
             plan.reasons[job_id] = self.explainer.why_waiting(
                 gang, view, depths, None, self.now_ms, behind=reservation if blocked else None
             )
+
+
+# Reasons a gang gives when nothing else explains its wait better than the minimum run
+# time of the gangs it may preempt.
+_NO_ROOM = frozenset(
+    {ReasonCode.WAITING_CAPACITY, ReasonCode.FIRST_IN_LINE_RESERVED, ReasonCode.WAITING_QUOTA}
+)
 
 
 def _with_causes(state: ClusterState, plan: Plan) -> Plan:

@@ -22,6 +22,7 @@ from synapse_ha.core.scheduler.preemption import (
     choose,
     fits_with,
     live_candidates,
+    protected_blockers,
     rules_for,
 )
 
@@ -124,6 +125,10 @@ class Preempting:
         self.victims: dict[str, list[Candidate]] = {}
         self.budget = Budget(MAX_TRIALS_PER_PASS)
         self.binds: list[tuple[str, Resources]] = []
+        # Per shape that found no victims: why, when gangs within their minimum run time
+        # are what it waits for. ``waiting_on``: that reason for the gang just tried.
+        self.protected: dict[tuple[object, ...], Reason | None] = {}
+        self.waiting_on: Reason | None = None
 
     def _keeps(self) -> QueueUsage:
         if self.keeps is None:
@@ -167,6 +172,7 @@ class Preempting:
             bool(spec.image),
             gang.avoid,
         )
+        self.waiting_on = self.protected.get(key)
         if self.searches >= MAX_SEARCHES or key in self.failed:
             return None
         if self.candidates is None:
@@ -175,7 +181,7 @@ class Preempting:
             self.state, gang, self.candidates, usage, self._keeps(), self.claimed, self.now_ms
         )
         if not options:
-            self.failed.add(key)
+            self._fail(key, gang, usage)
             return None
         self.searches += 1
         for rules in options:
@@ -211,8 +217,27 @@ class Preempting:
                 tuple(Victim(v.job_id, v.attempt.fencing_token) for v in victims),
                 choice.kind,
             )
-        self.failed.add(key)
+        self._fail(key, gang, usage)
         return None
+
+    def _fail(self, key: tuple[object, ...], gang: Gang, usage: QueueUsage | None) -> None:
+        """No victims for ``gang`` (nor for its shape, in this pass): note whether gangs
+        within their minimum run time are why."""
+        self.failed.add(key)
+        assert self.candidates is not None
+        found, kind = protected_blockers(
+            self.state, gang, self.candidates, usage, self._keeps(), self.claimed, self.now_ms
+        )
+        self.waiting_on = self.protected[key] = (
+            reason(
+                ReasonCode.WAITING_MIN_RUNTIME,
+                count=len(found),
+                kind=kind.value if kind is not None else None,
+                until_ms=min(c.protected_until_ms for c in found),
+            )
+            if found
+            else None
+        )
 
 
 def victims_of(preempt: Preempting | None, chosen: Preemption) -> list[Candidate]:

@@ -184,6 +184,27 @@ def rules_for(
     return out
 
 
+def protected_blockers(
+    state: ClusterState,
+    gang: Gang,
+    candidates: list[Candidate],
+    usage: QueueUsage | None,
+    keeps: QueueUsage,
+    claimed: set[str],
+    now_ms: int,
+) -> tuple[list[Candidate], PreemptionKind | None]:
+    """The gangs ``gang`` may preempt but for their minimum run time at ``now_ms`` (as
+    :func:`rules_for` allows them once every protection has ended), with the kind."""
+    later = max((c.protected_until_ms for c in candidates), default=now_ms)
+    if later <= now_ms:
+        return [], None
+    for rules in rules_for(state, gang, candidates, usage, keeps, claimed, later):
+        protected = [c for c in rules.allowed if c.protected_until_ms > now_ms]
+        if protected:
+            return protected, rules.kind
+    return [], None
+
+
 def choose(
     state: ClusterState,
     gang: Gang,
