@@ -16,6 +16,13 @@ member's newest mark; the gang's mark is the oldest of them. When an attempt fai
 requeued, the next attempt's members get ``$SYNAPSE_RESUME_STEP`` and load the state
 saved at that step.
 
+When the gang is preempted, each member gets SIGTERM after its worker has written the
+notice ``synapse_ha.client.preempt_notice()`` reads: the loop finishes its step, saves and
+marks it, and exits, so the gang loses nothing since (the grace period ends as soon as
+every member has exited). In a real job the members agree on that step first (an
+``all_reduce`` of a stop flag each step); here each saves the step it reached and, on a
+restart, loads its newest state at or before the gang's resume step.
+
 ``--crash-at STEP`` makes a first attempt (one that does not resume) exit with code 1 at
 that step, to see a restart resume.
 """
@@ -25,12 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.client import checkpoint, resume_step
+from synapse_ha.client import checkpoint, preempt_notice, resume_step
 
 try:
     import torch
@@ -102,27 +110,49 @@ def barrier(directory: Path, step: int, rank: str, timeout_s: float = 300.0) -> 
         time.sleep(0.05)
 
 
+def newest_saved(directory: Path, rank: str, at_most: int) -> int | None:
+    """The newest step at or before ``at_most`` this member saved a state for."""
+    steps = []
+    for path in directory.glob(f"step-*.rank-{rank}.*"):
+        step = path.name.split(".")[0].removeprefix("step-")
+        if step.isdigit() and int(step) <= at_most and not path.name.endswith(".partial"):
+            steps.append(int(step))
+    return max(steps, default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000, help="train up to this step")
     parser.add_argument("--every", type=int, default=100, help="save and mark every N steps")
     parser.add_argument("--dir", default="checkpoints", help="where the states are saved")
     parser.add_argument("--crash-at", type=int, default=0, help="a first attempt fails here")
+    parser.add_argument("--step-s", type=float, default=0.0, help="sleep this long per step")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     directory = Path(args.dir)
     state = new_state()
     start = resume_step()
     step = 0
-    if start is not None and _state_path(directory, start, rank).exists():
-        load(state, _state_path(directory, start, rank))
-        step = start
-        print(f"rank {rank}: resuming from step {start}", flush=True)
+    saved = newest_saved(directory, rank, start) if start is not None else None
+    if saved is not None:
+        load(state, _state_path(directory, saved, rank))
+        step = saved
+        print(f"rank {rank}: resuming from step {saved} (the gang's mark: {start})", flush=True)
     elif start is not None:
         print(f"rank {rank}: no state saved at step {start}; starting over", flush=True)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     while step < args.steps:
         step += 1
         train_step(state, step)
+        time.sleep(args.step_s)
+        if stopping:
+            if preempt_notice() is None:
+                return 143  # cancelled or stopped: nothing to keep
+            save(state, _state_path(directory, step, rank), step)
+            checkpoint(step)
+            print(f"rank {rank}: preempted; saved and marked step {step}", flush=True)
+            return 143
         if step % args.every == 0:
             save(state, _state_path(directory, step, rank), step)
             marked = checkpoint(step)

@@ -76,7 +76,8 @@ explanation's code) where each member also has ``rack``, ``topology`` and
 no quota), borrowing_limit_gpu, lending_limit_gpu (null: no limit), priority_classes,
 min_runtime_ms, used: {gpu, cpu_milli, memory_mib}, borrowed_gpu, lent_gpu, running_jobs,
 pending_jobs, pending_gpu, preempting_jobs}], priority_classes: [{name, value, preempts,
-grace_ms, min_runtime_ms}], preemption, reclaim_wait_max_ms}``. ``queue set``: ``{name, created}``; ``queue delete``: ``{name, deleted}``.
+grace_ms, min_runtime_ms}], preemption, reclaim_wait_max_ms}``. ``queue set``: ``{name,
+created}``; ``queue delete``: ``{name, deleted}``.
 ``cluster``: ``{healthy, leader, leader_address, answered_by, nodes, jobs, pending_jobs,
 running_jobs, replicas: [{id, role, term, commit_index, last_applied, leader, healthy,
 grpc_address, raft_address, error, metrics_url, dashboard_url}]}`` (the two URLs are

@@ -6,7 +6,8 @@ and the :class:`SynapseError` family) is the Python client documented in
 :class:`~synapse_ha.client.cluster.ClusterClient` finds the leader among the replicas,
 follows redirects and retries; it is what synctl, workers, the local launcher, the chaos
 suite and the benchmarks call the cluster with. :func:`checkpoint` and
-:func:`resume_step` are for the code of a gang member: its checkpoint marks.
+:func:`resume_step` are for the code of a gang member: its checkpoint marks;
+:func:`preempt_notice` tells it that it is being preempted.
 """
 
 from synapse_ha.client.api import Array, ArrayInfo, Cluster, Job, JobInfo, LogLine, Member
@@ -19,7 +20,7 @@ from synapse_ha.client.errors import (
     SynapseError,
     WaitTimedOut,
 )
-from synapse_ha.client.marks import checkpoint, resume_step
+from synapse_ha.client.marks import checkpoint, preempt_notice, resume_step
 from synapse_ha.core.model import JobState
 
 __all__ = [
@@ -39,5 +40,6 @@ __all__ = [
     "SynapseError",
     "WaitTimedOut",
     "checkpoint",
+    "preempt_notice",
     "resume_step",
 ]

@@ -3,15 +3,19 @@
 :func:`checkpoint` appends a line (``step N``, or ``checkpoint`` without a step) to the
 member's ``$SYNAPSE_CHECKPOINT_FILE`` and forces it to disk; the member's worker reports
 it as the member's newest mark. :func:`resume_step` reads ``$SYNAPSE_RESUME_STEP``: the
-step of the gang's newest mark of an earlier attempt. Outside a member both do nothing.
+step of the gang's newest mark of an earlier attempt. :func:`preempt_notice` reads the
+notice a preempted member finds in ``$SYNAPSE_PREEMPT_FILE``. Outside a member they do
+nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
-from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, RESUME_STEP_ENV
+from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, PREEMPT_FILE_ENV, RESUME_STEP_ENV
 
 
 def checkpoint(step: int | None = None, *, environ: Mapping[str, str] | None = None) -> bool:
@@ -43,3 +47,21 @@ def resume_step(*, environ: Mapping[str, str] | None = None) -> int | None:
     step, or not a gang member)."""
     text = (os.environ if environ is None else environ).get(RESUME_STEP_ENV, "").strip()
     return int(text) if text.isdigit() else None
+
+
+def preempt_notice(*, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The notice of this member's preemption, or None while it is not preempted (and
+    outside a gang member): ``{"kind": "reclaim" | "priority", "preemptor": job id,
+    "grace_ms": time left before SIGKILL when it was written, "checkpoint": True}``. Its
+    worker writes it before SIGTERM, so a SIGTERM handler that finds it knows the gang is
+    being preempted (not cancelled), is asked to save and mark a checkpoint, and will be
+    requeued. A notice that cannot be read whole counts as none."""
+    path = (os.environ if environ is None else environ).get(PREEMPT_FILE_ENV, "")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            notice = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return notice if isinstance(notice, dict) else None

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 # checkpoint, and the step its gang resumes from on a restart.
 CHECKPOINT_FILE_ENV = "SYNAPSE_CHECKPOINT_FILE"
 RESUME_STEP_ENV = "SYNAPSE_RESUME_STEP"
+# The file a preempted member finds its notice in (docs/queues.md): it asks the gang to
+# save and mark a checkpoint before its grace period ends.
+PREEMPT_FILE_ENV = "SYNAPSE_PREEMPT_FILE"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from synapse_ha.core.arrays import task_of
-from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, RESUME_STEP_ENV
+from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, PREEMPT_FILE_ENV, RESUME_STEP_ENV
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.worker.accounts import Account, owner_environment
 
@@ -27,8 +27,6 @@ __all__ = [
     "supervisor_environment",
 ]
 
-# The variable naming the file a preempted member finds its notice in (docs/queues.md).
-PREEMPT_FILE_ENV = "SYNAPSE_PREEMPT_FILE"
 # The file a member of a job with hang detection touches to show progress (docs/cli.md).
 PROGRESS_FILE_ENV = "SYNAPSE_PROGRESS_FILE"
 

@@ -364,7 +364,8 @@ class MemberExecutor:
 
     def preempt(self, key: MemberKey, notice: PreemptNotice) -> None:
         """Stop a member whose gang is preempted: write the notice to the member's
-        ``$SYNAPSE_PREEMPT_FILE`` (JSON: kind, preemptor, grace_ms), then ask its
+        ``$SYNAPSE_PREEMPT_FILE`` (JSON: kind, preemptor, grace_ms, and ``checkpoint``:
+        true, asking the gang to save and mark a checkpoint), then ask its
         supervisor to stop it, which sends SIGTERM to the member's process group at once
         and SIGKILL when ``notice.grace_ms`` has passed (the lease still ends it sooner).
         Asynchronous and idempotent; the exit shows up in :meth:`poll`, a disruption."""
@@ -375,6 +376,7 @@ class MemberExecutor:
             "kind": notice.kind,
             "preemptor": notice.preemptor,
             "grace_ms": max(0, notice.grace_ms),
+            "checkpoint": True,
         }
         # On a full disk the member is stopped all the same, without the notice (its
         # supervisor then gives it the plain stop grace).

@@ -1,14 +1,15 @@
-"""``synapse_ha.client.checkpoint`` and ``resume_step``: a gang member's checkpoint marks,
-and nothing at all outside a member."""
+"""``synapse_ha.client.checkpoint``, ``resume_step`` and ``preempt_notice``: a gang
+member's checkpoint marks and its preemption notice, and nothing at all outside a member."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from synapse_ha.client import checkpoint, resume_step
+from synapse_ha.client import checkpoint, preempt_notice, resume_step
 from synapse_ha.worker.checkpoints import last_line, parse_step
 
 
@@ -52,3 +53,17 @@ def test_the_resume_step_is_read_as_a_number() -> None:
     assert resume_step(environ={"SYNAPSE_RESUME_STEP": "1200"}) == 1200
     assert resume_step(environ={"SYNAPSE_RESUME_STEP": " 7\n"}) == 7
     assert resume_step(environ={"SYNAPSE_RESUME_STEP": "soon"}) is None
+
+
+def test_the_preempt_notice_is_none_until_the_worker_writes_it(tmp_path: Path) -> None:
+    path = tmp_path / "preempt.json"
+    env = {"SYNAPSE_PREEMPT_FILE": str(path)}
+    assert preempt_notice(environ={}) is None
+    assert preempt_notice(environ=env) is None  # not preempted: the file does not exist
+    path.write_text('{"kind": "priority", "preem')  # torn: never read as a notice
+    assert preempt_notice(environ=env) is None
+    path.write_text('["not", "a", "notice"]')
+    assert preempt_notice(environ=env) is None
+    doc = {"kind": "priority", "preemptor": "job-000007", "grace_ms": 5000, "checkpoint": True}
+    path.write_text(json.dumps(doc))
+    assert preempt_notice(environ=env) == doc

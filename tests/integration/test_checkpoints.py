@@ -58,7 +58,11 @@ def test_a_failed_attempt_resumes_from_its_gangs_mark(
     assert lines == sorted(
         f"rank {rank}: {text}"
         for rank in (0, 1)
-        for text in ("resuming from step 5", "saved step 10 and marked it", "done at step 10")
+        for text in (
+            "resuming from step 5 (the gang's mark: 5)",
+            "saved step 10 and marked it",
+            "done at step 10",
+        )
     )
     assert sorted(p.name for p in saved.glob("*.json")) == [
         f"step-{step}.rank-{rank}.json" for step in (10, 5) for rank in (0, 1)

@@ -1,16 +1,22 @@
-"""Queues and reclaim preemption through synctl on a real TLS cluster: three replicas and
-one mock-GPU worker on 127.0.0.1, users with tokens naming their queues.
+"""Queues and preemption through synctl on a real TLS cluster: three replicas and one
+mock-GPU worker on 127.0.0.1, users with tokens naming their queues.
 
 team-a and team-b share cohort ``lab`` (4 GPUs of nominal quota each, 8 GPUs in all).
 team-b borrows all 8; team-a then submits a gang within its nominal quota, so team-b's
 gang is preempted whole: each member finds its notice in ``$SYNAPSE_PREEMPT_FILE`` and
 gets SIGTERM, the gang is requeued (PENDING, same place in line, retries untouched) and
 team-a's gang runs. ``synctl queues`` and ``synctl explain`` say so along the way.
+
+A gang of a class with a minimum run time is not preempted before it has run that long
+(the preemptor says so: ``waiting_min_runtime``); once preempted, its members save, mark
+a checkpoint and exit on SIGTERM (examples/pytorch_checkpoint.py), so the grace ends at
+once, and its next attempt resumes from that mark.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,12 +32,18 @@ from tests.worker.workers import LocalWorkers
 
 pytestmark = pytest.mark.integration
 
+MIN_RUNTIME_S = 12
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pytorch_checkpoint.py"
+
 # A short grace for the victims' class, so that a member ignoring SIGTERM would not hold
 # the test up; these members exit on SIGTERM anyway.
 CLASSES = [
     "--priority-class", "low=-100,grace=3s",
     "--priority-class", "normal=0,grace=3s",
     "--priority-class", "high=100,preempts,grace=3s",
+    # A long grace the victims end early by saving, marking and exiting, and a minimum
+    # run time the preemptor waits for.
+    "--priority-class", f"patient=-50,grace=60s,min-runtime={MIN_RUNTIME_S}s",
     "--preemption", "topology",
 ]  # fmt: skip
 
@@ -202,3 +214,59 @@ def test_a_queue_within_its_quota_reclaims_from_a_borrower(synctl: Synctl, tmp_p
     # Leave the cluster as found.
     for job_id in (a_id, *b_ids):
         ok(synctl("cancel", job_id), synctl)
+
+
+def test_a_victim_runs_its_minimum_then_checkpoints_in_its_grace_and_resumes(
+    synctl: Synctl, tmp_path: Path
+) -> None:
+    ok(synctl("queue", "set", "prio", "--classes", "patient,high"), synctl)
+    saved = tmp_path / "states"
+    command = [sys.executable, str(EXAMPLE), "--steps", "1000000", "--every", "1000000"]
+    victim_spec = tmp_path / "victim.yaml"
+    victim_spec.write_text(
+        "name: patient\nreplicas: 2\nqueue: prio\npriority: patient\n"
+        "resources: {gpu: 4, cpu: 1, memory: 256Mi}\n"
+        f"command: {json.dumps([*command, '--step-s', '0.01', '--dir', str(saved)])}\n"
+    )
+    victim = ok(synctl("submit", str(victim_spec)), synctl).strip()
+    wait_for("the victim running", lambda: job(synctl, victim)["state"] == "RUNNING", timeout_s=30)
+    urgent_spec = tmp_path / "urgent.yaml"
+    urgent_spec.write_text(
+        "name: urgent\nreplicas: 1\nqueue: prio\npriority: high\n"
+        "resources: {gpu: 8, cpu: 1, memory: 256Mi}\ncommand: sleep 600\n"
+    )
+    urgent = ok(synctl("submit", str(urgent_spec)), synctl).strip()
+
+    # Within the victim's minimum run time the preemptor waits, and says why.
+    waiting = wait_for(
+        "the preemptor waiting for the minimum run time",
+        lambda: (d := job(synctl, urgent))["reason_code"] == "waiting_min_runtime" and d,
+        timeout_s=MIN_RUNTIME_S,
+    )
+    assert "1 gang(s) it may preempt (priority:" in waiting["reason"], waiting
+    assert job(synctl, victim)["state"] == "RUNNING"
+
+    # Then the victim is preempted: its members save and mark the step they reached and
+    # exit, and the preemptor runs long before the victim's 60 s grace is over.
+    wait_for("the preemptor running", lambda: job(synctl, urgent)["state"] == "RUNNING", 40)
+    requeued = wait_for(
+        "the victim requeued with a resume step",
+        lambda: (
+            (d := job(synctl, victim))["state"] == "PENDING" and d["resume_step"] is not None and d
+        ),
+        timeout_s=30,
+    )
+    step = requeued["resume_step"]
+    assert requeued["requeues"] == 0 and requeued["retries_used"] == 0, requeued
+    assert requeued["checkpoint"]["step"] == step, requeued
+    logs = ok(synctl("logs", victim), synctl)
+    assert "preempted; saved and marked step" in logs, logs
+
+    # Once the preemptor is gone the victim resumes from that step.
+    ok(synctl("cancel", urgent), synctl)
+    wait_for(
+        "the victim resumed",
+        lambda: f"(the gang's mark: {step})" in ok(synctl("logs", victim), synctl),
+        timeout_s=60,
+    )
+    ok(synctl("cancel", victim), synctl)

@@ -53,7 +53,12 @@ def test_a_member_that_traps_sigterm_reads_the_notice_and_exits(
     assert fifo.read_line() == "done"  # the trap ran: SIGTERM reached the member
     with open(marker, encoding="utf-8") as f:
         seen = json.load(f)
-    assert seen == {"kind": "reclaim", "preemptor": "job-000009", "grace_ms": 10_000}
+    assert seen == {
+        "kind": "reclaim",
+        "preemptor": "job-000009",
+        "grace_ms": 10_000,
+        "checkpoint": True,
+    }
     result = finish(member, executor.poll)
     assert result.exit_code == 143  # stopped by the worker, even though it exited 0
     assert result.disrupted  # never the job's failure
