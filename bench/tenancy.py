@@ -49,6 +49,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "preemptors_with_topology_in_one_rack": ("preemptors_with_topology_in_one_rack",),
     "quota_back_p95_s": ("quota_back_s", "p95"),
     "quota_back_max_s": ("quota_back_s", "max"),
+    "quota_back_reclaimable_p95_s": ("quota_back_reclaimable_s", "p95"),
+    "quota_back_reclaimable_max_s": ("quota_back_reclaimable_s", "max"),
     "queue_delay_p50_s": ("queue_delay_s", "all", "p50"),
     "queue_delay_mean_s": ("queue_delay_s", "all", "mean"),
     "checkpoint_marks": ("checkpoint_marks",),
@@ -121,6 +123,7 @@ def summary_table(modes: dict[str, Any]) -> str:
         ("delay p50", "queue_delay_p50_s"),
         ("delay mean", "queue_delay_mean_s"),
         ("quota back p95", "quota_back_p95_s"),
+        ("reclaimable p95", "quota_back_reclaimable_p95_s"),
     )
     rows = [("mode", *(label for label, _ in shown))]
     for mode, figures in modes.items():

@@ -151,6 +151,7 @@ class Run:
         self.free = FreeGpus(state)
         self.usage: Counter[str] = Counter()  # queue -> GPUs its live attempts hold
         self.nominal = {q.name: q.gpu for q in workload.queues if q.gpu}
+        self.cohort = {q.name: q.cohort for q in workload.queues}
         self.meter = TenancyMeter(workload.queues) if workload.queues else None
         self.tally = Tally()
         self.series_alloc: list[tuple[float, float]] = []
@@ -437,7 +438,22 @@ class Run:
                 smallest[rec.queue] = rec.gpus
         usage, nominal = self.usage, self.nominal
         starved = [q for q, g in smallest.items() if q in nominal and usage[q] + g <= nominal[q]]
-        self.meter.observe(self.now, usage, smallest, starved)
+        self.meter.observe(self.now, usage, smallest, starved, self._reclaimable(starved, smallest))
+
+    def _reclaimable(self, starved: list[str], smallest: dict[str, int]) -> list[str]:
+        """Of the ``starved`` queues, those whose smallest pending gang the other queues
+        of their cohort borrow enough GPUs for (see :mod:`synapse_ha.sim.fairness`)."""
+        usage, nominal, cohort = self.usage, self.nominal, self.cohort
+        out = []
+        for q in starved:
+            borrowed = sum(
+                max(0, usage[o] - n)
+                for o, n in nominal.items()
+                if o != q and cohort.get(o) and cohort.get(o) == cohort.get(q)
+            )
+            if smallest[q] <= borrowed:
+                out.append(q)
+        return out
 
     def result(self, wall_s: float) -> Result:
         """The run's figures, series and queueing delays, once every event is applied."""

@@ -14,6 +14,11 @@ Definitions (docs/simulator.md):
 * A queue is *starved* while one of its pending gangs would fit within its nominal
   quota (usage + the gang's GPUs <= nominal). A starved episode lasts from the instant
   that becomes true until it is false again; the quota-back time is its length.
+* An episode is *reclaimable* when, at some instant of it, the other queues of its
+  cohort borrowed at least the GPUs of that gang: reclaim alone could have ended it. The
+  others wait for running gangs to end (a whole-rack gang when less than a rack is
+  borrowed; a gang of 8 GPUs on one host when 4 are borrowed and the free GPUs are
+  scattered) and no victim choice can shorten them. Both are reported.
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ class TenancyMeter:
     _jain_ms: int = 0
     _starved_since: dict[str, int] = field(default_factory=dict)
     episodes: dict[str, list[int]] = field(default_factory=dict)  # queue -> lengths, ms
+    reclaimable: dict[str, list[int]] = field(default_factory=dict)  # those reclaim could end
+    _reclaimable_now: set[str] = field(default_factory=set)  # open episodes reclaim could end
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _next_sample_ms: int = 0
     _first_ms: int = 0
@@ -109,6 +116,7 @@ class TenancyMeter:
             self._backlogged_ms[name] = 0
             self._backlogged_share_area[name] = 0.0
             self.episodes[name] = []
+            self.reclaimable[name] = []
             self.series[name] = []
 
     def share(self, queue: str, usage: int) -> float:
@@ -120,9 +128,11 @@ class TenancyMeter:
         usage: Mapping[str, int],
         backlogged: Iterable[str],
         starved: Iterable[str],
+        reclaimable: Iterable[str] = (),
     ) -> None:
-        """The cluster at ``now_ms``: GPUs held per queue, the queues with pending jobs
-        and the starved queues (see the module docstring)."""
+        """The cluster at ``now_ms``: GPUs held per queue, the queues with pending jobs,
+        the starved queues and those of them reclaim could serve (see the module
+        docstring)."""
         if self._last_ms is None:
             self._first_ms = now_ms
             self._next_sample_ms = now_ms
@@ -134,13 +144,21 @@ class TenancyMeter:
         now_starved = {q for q in starved if q in self._nominal}
         for q in list(self._starved_since):
             if q not in now_starved:
-                self.episodes[q].append(now_ms - self._starved_since.pop(q))
+                self._end_episode(q, now_ms)
         for q in now_starved:
             self._starved_since.setdefault(q, now_ms)
+        self._reclaimable_now.update(q for q in reclaimable if q in now_starved)
         if now_ms >= self._next_sample_ms:
             for q in self._nominal:
                 self.series[q].append((now_ms / MS_PER_HOUR, self.share(q, self._usage[q])))
             self._next_sample_ms = now_ms + self.series_every_ms
+
+    def _end_episode(self, q: str, now_ms: int) -> None:
+        length = now_ms - self._starved_since.pop(q)
+        self.episodes[q].append(length)
+        if q in self._reclaimable_now:
+            self._reclaimable_now.discard(q)
+            self.reclaimable[q].append(length)
 
     def _close(self, now_ms: int) -> None:
         assert self._last_ms is not None
@@ -163,9 +181,8 @@ class TenancyMeter:
         """The metrics; episodes still open at ``now_ms`` end there."""
         if self._last_ms is not None:
             self._close(now_ms)
-        for q, since in sorted(self._starved_since.items()):
-            self.episodes[q].append(now_ms - since)
-        self._starved_since.clear()
+        for q in sorted(self._starved_since):
+            self._end_episode(q, now_ms)
         span = max(now_ms - self._first_ms, 1)
         per_queue = {}
         for q, nominal in sorted(self._nominal.items()):
@@ -178,11 +195,14 @@ class TenancyMeter:
                 ),
                 "backlogged_h": round(backlogged / MS_PER_HOUR, 3),
                 "quota_back_s": summary([e / 1000 for e in self.episodes[q]]),
+                "quota_back_reclaimable_s": summary([e / 1000 for e in self.reclaimable[q]]),
             }
         every = [e / 1000 for q in sorted(self.episodes) for e in self.episodes[q]]
+        served = [e / 1000 for q in sorted(self.reclaimable) for e in self.reclaimable[q]]
         return {
             "jain_backlogged": round(self._jain_area / self._jain_ms, 4) if self._jain_ms else None,
             "jain_backlogged_h": round(self._jain_ms / MS_PER_HOUR, 3),
             "quota_back_s": summary(every),
+            "quota_back_reclaimable_s": summary(served),
             "queues": per_queue,
         }

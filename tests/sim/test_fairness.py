@@ -59,3 +59,20 @@ def test_a_starved_episode_still_open_ends_with_the_run() -> None:
     meter.observe(2_000, {}, {"a"}, {"a"})
     out = meter.finish(7_000)
     assert out["quota_back_s"] == {"n": 1, "mean": 5.0, "p95": 5.0, "max": 5.0}
+
+
+def test_episodes_reclaim_could_end_are_reported_apart() -> None:
+    meter = TenancyMeter([Queue("a", gpu=8), Queue("b", gpu=8)])
+    # a starved 0-4 s, never reclaimable (nothing borrowed); b starved 1-3 s, reclaimable
+    # from 2 s on (its cohort then borrowed enough).
+    meter.observe(0, {}, {"a"}, {"a"})
+    meter.observe(1_000, {}, {"a", "b"}, {"a", "b"})
+    meter.observe(2_000, {}, {"a", "b"}, {"a", "b"}, {"b"})
+    meter.observe(3_000, {}, {"a"}, {"a"})
+    meter.observe(4_000, {}, set(), set())
+    meter.observe(5_000, {}, {"b"}, {"b"}, {"b"})  # open at the end: reclaimable
+    out = meter.finish(6_000)
+    assert out["quota_back_s"] == {"n": 3, "mean": 2.3, "p95": 4.0, "max": 4.0}
+    assert out["quota_back_reclaimable_s"] == {"n": 2, "mean": 1.5, "p95": 2.0, "max": 2.0}
+    assert out["queues"]["a"]["quota_back_reclaimable_s"]["n"] == 0
+    assert out["queues"]["b"]["quota_back_reclaimable_s"]["n"] == 2
