@@ -13,6 +13,11 @@ report holds, per seed, the headline figures per mode and which targets were met
 per mode each figure's mean, standard deviation, minimum and maximum over the seeds.
 Queues do not form trees yet, so there is no hierarchical workload.
 
+``--heavy`` runs the long, heavy-tailed workload instead (``heavy_tailed``: eight queues
+of 32 GPUs with unequal demand, 1.3x the GPUs in all, jobs of median 10 h capped at a
+week, arrivals for ``--weeks``, 3 by default, on 3 seeds by default) and writes
+bench/results/tenancy_heavy.json.
+
 Prints JSON to stdout, writes it to bench/results/tenancy.json, and prints a table per
 seed and the summary to stderr. ``--smoke`` runs a small version in a few seconds so the
 benchmark cannot rot.
@@ -31,9 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.sim.tenancy import report, run_modes, table
-from synapse_ha.sim.tenants import multi_tenant
+from synapse_ha.sim.tenants import heavy_tailed, multi_tenant
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tenancy.json"
+HEAVY_RESULTS = RESULTS.with_name("tenancy_heavy.json")
 
 # The figures summarised over the seeds: name -> where it is in a mode's headline figures.
 FIGURES: dict[str, tuple[str, ...]] = {
@@ -78,9 +84,13 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-def run_seed(seed: int, hours: float, hosts: int) -> dict[str, Any]:
+def run_seed(seed: int, hours: float, hosts: int, heavy: bool = False) -> dict[str, Any]:
     """One seed's workload under every mode: its headline figures and targets."""
-    workload = multi_tenant(seed=seed, hours=hours, hosts=hosts)
+    workload = (
+        heavy_tailed(seed=seed, weeks=hours / 168, hosts=hosts)
+        if heavy
+        else multi_tenant(seed=seed, hours=hours, hosts=hosts)
+    )
     results = run_modes(workload)
     print(f"seed {seed}: {len(workload.jobs)} jobs", file=sys.stderr)
     print(table(results), file=sys.stderr)
@@ -151,16 +161,21 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=12.0, help="hours of arrivals")
     parser.add_argument("--hosts", type=int, default=32, help="8-GPU hosts, 8 to a rack")
     parser.add_argument("--smoke", action="store_true", help="a small, quick run")
+    parser.add_argument("--heavy", action="store_true", help="the long, heavy-tailed workload")
+    parser.add_argument("--weeks", type=float, default=3.0, help="--heavy: weeks of arrivals")
     args = parser.parse_args()
-    seeds = args.seeds if args.seeds is not None else 2 if args.smoke else 5
+    default_seeds = 2 if args.smoke else 3 if args.heavy else 5
+    seeds = args.seeds if args.seeds is not None else default_seeds
     if seeds < 1:
         parser.error(f"--seeds: at least 1, got {seeds}")
-    hours, hosts = (1.0, 16) if args.smoke else (args.hours, args.hosts)
+    hours = args.weeks * 168 if args.heavy else args.hours
+    hours, hosts = (1.0 if not args.heavy else 12.0, 16) if args.smoke else (hours, args.hosts)
     started = time.perf_counter()
-    per_seed = {seed: run_seed(seed, hours, hosts) for seed in range(1, seeds + 1)}
+    per_seed = {seed: run_seed(seed, hours, hosts, args.heavy) for seed in range(1, seeds + 1)}
     over = summary(per_seed)
+    kind = "heavy-tailed" if args.heavy else "multi-tenant"
     out = {
-        "workload": f"multi-tenant, {hours:g} h of arrivals on {hosts} x 8 GPUs, seeds 1-{seeds}",
+        "workload": f"{kind}, {hours:g} h of arrivals on {hosts} x 8 GPUs, seeds 1-{seeds}",
         "hierarchical_workload": "not run: queues do not form trees yet",
         "summary": over,
         "per_seed": per_seed,
@@ -171,7 +186,7 @@ def main() -> None:
     print(text)
     if not args.smoke:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(text + "\n")
+        (HEAVY_RESULTS if args.heavy else RESULTS).write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -59,8 +59,38 @@ class _Draw:
     duration_ms: int
 
 
-def _draw(rng: random.Random, tenant: Tenant, rack_gpus: int, median_ms: float) -> _Draw:
-    duration = min(int(rng.lognormvariate(math.log(median_ms), 1.0)), 4 * 3_600_000)
+# A heavy-tailed workload (the preemption targets' long trace): eight queues of unequal
+# demand, 1.3x the cluster's GPUs in all, jobs of median 10 h, for three weeks.
+HEAVY_TAILED_TENANTS: tuple[Tenant, ...] = (
+    Tenant("q1", 32, "steady", load=2.2, high=0.05),
+    Tenant("q2", 32, "bursty", load=1.8, burst=6),
+    Tenant("q3", 32, "steady", load=1.6, rack_gangs=0.05),
+    Tenant("q4", 32, "steady", load=1.3),
+    Tenant("q5", 32, "bursty", load=1.1, burst=4),
+    Tenant("q6", 32, "late", load=0.9, start_h=48.0, rack_gangs=0.1),
+    Tenant("q7", 32, "steady", load=0.8),
+    Tenant("q8", 32, "steady", load=0.7),
+)
+
+
+def heavy_tailed(seed: int = 1, weeks: float = 3.0, hosts: int = 32) -> Workload:
+    """The long, heavy-tailed workload: :data:`HEAVY_TAILED_TENANTS` on ``hosts`` 8-GPU
+    hosts, arrivals for ``weeks``, durations log-normal with a median of 10 h (capped at
+    a week), checkpoints every 10-60 min."""
+    return multi_tenant(
+        seed=seed,
+        hours=weeks * 168,
+        tenants=HEAVY_TAILED_TENANTS,
+        hosts=hosts,
+        median_minutes=600.0,
+        max_hours=168.0,
+    )
+
+
+def _draw(
+    rng: random.Random, tenant: Tenant, rack_gpus: int, median_ms: float, max_ms: int
+) -> _Draw:
+    duration = min(int(rng.lognormvariate(math.log(median_ms), 1.0)), max_ms)
     if rng.random() < tenant.rack_gangs:
         return _Draw(rack_gpus, 8, "rack", "", duration)
     if rng.random() < 0.6:
@@ -89,13 +119,15 @@ def multi_tenant(
     hosts_per_rack: int = 8,
     median_minutes: float = 20.0,
     checkpoint_minutes: tuple[float, float] | None = CHECKPOINT_MINUTES,
+    max_hours: float = 4.0,
 ) -> Workload:
     """A seeded multi-tenant workload on ``hosts`` 8-GPU hosts, ``hosts_per_rack`` to a
     rack (2 racks to a block), with one queue per tenant, all in cohort ``research``.
 
     Job mix per tenant: whole-rack gangs (``rack_gangs``); of the rest 60 % one host of
     1-8 GPUs, 40 % gangs of 16 or 32 GPUs (8 per member), a third of those preferring
-    one rack. Durations are log-normal (median ``median_minutes``, capped at 4 h); a third
+    one rack. Durations are log-normal (median ``median_minutes``, capped at
+    ``max_hours``); a third
     carry a time limit of 1.5x their duration rounded up to minutes. Arrivals stop after
     ``hours``; the simulation then runs until every job has ended.
 
@@ -109,16 +141,17 @@ def multi_tenant(
     rack_gpus = 8 * hosts_per_rack
     horizon_ms = int(hours * 3_600_000)
     median_ms = median_minutes * 60_000
+    max_ms = int(max_hours * 3_600_000)
     jobs: list[SimJob] = []
     for tenant in tenants:
         # Mean GPU-milliseconds per job, to turn the offered load into an arrival rate.
-        sample = [_draw(rng, tenant, rack_gpus, median_ms) for _ in range(200)]
+        sample = [_draw(rng, tenant, rack_gpus, median_ms, max_ms) for _ in range(200)]
         mean_work = sum(d.gpus * d.duration_ms for d in sample) / len(sample)
         start_ms = int(tenant.start_h * 3_600_000)
         rate = tenant.load * tenant.gpu / mean_work  # jobs per ms while arriving
         arrivals = _arrivals(rng, tenant, rate, start_ms, horizon_ms)
         for i, at in enumerate(sorted(arrivals)):
-            d = _draw(rng, tenant, rack_gpus, median_ms)
+            d = _draw(rng, tenant, rack_gpus, median_ms, max_ms)
             spec = _member_spec(f"{tenant.name}-{i}", tenant.name, d.gpus, d.per_member)
             roll = rng.random()
             klass = (

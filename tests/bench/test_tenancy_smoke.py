@@ -27,3 +27,17 @@ def test_tenancy_benchmark_smoke_run_reports_each_seed_and_the_spread() -> None:
     assert lost["stdev"] >= 0
     assert set(report["summary"]["targets_met_in_seeds"]) >= {"gpu_hours_lost_vs_blind"}
     assert all(v.endswith("/2") for v in report["summary"]["targets_met_in_seeds"].values())
+
+
+def test_the_heavy_tailed_smoke_run_reports_every_mode() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--heavy", "--smoke", "--seeds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["workload"].startswith("heavy-tailed, 12 h of arrivals on 16 x 8 GPUs")
+    assert set(report["summary"]["modes"]) == {"off", "blind", "topology"}
+    assert "quota_back_within_pass_plus_grace" in report["per_seed"]["1"]["targets"]

@@ -17,7 +17,7 @@ from synapse_ha.sim.cli import main
 from synapse_ha.sim.engine import GRACE_MS, MARK, Run, build_cluster, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import report, run_modes, table
-from synapse_ha.sim.tenants import Tenant, from_trace, multi_tenant
+from synapse_ha.sim.tenants import Tenant, from_trace, heavy_tailed, multi_tenant
 from synapse_ha.sim.trace import parse_trace
 from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
 from tests.core.harness import job
@@ -347,3 +347,20 @@ def test_cli_writes_the_report_and_plots_of_every_queue_workload(
         return  # the plots need the bench extra; the report is written without it
     for name in ("allocation.png", "queue.png", "delay_cdf.png"):
         assert (out_dir / name).stat().st_size > 0
+
+
+def test_the_heavy_tailed_workload_has_eight_unequal_queues_and_long_jobs() -> None:
+    workload = heavy_tailed(seed=3, weeks=1.0)
+    assert [q.gpu for q in workload.queues] == [32] * 8
+    assert {q.cohort for q in workload.queues} == {"research"}
+    durations = sorted(j.duration_ms for j in workload.jobs)
+    median_h = durations[len(durations) // 2] / 3_600_000
+    assert 6 <= median_h <= 16, median_h  # drawn with a median of 10 h
+    assert durations[-1] <= 168 * 3_600_000 and durations[-1] > 4 * 3_600_000
+    demand: dict[str, float] = {}
+    for j in workload.jobs:
+        gpus = j.spec.resources.gpu * j.spec.replicas
+        demand[j.spec.queue] = demand.get(j.spec.queue, 0.0) + gpus * j.duration_ms
+    assert max(demand.values()) > 2 * min(demand.values())  # unequal demand
+    assert all(j.checkpoint_ms for j in workload.jobs)
+    assert heavy_tailed(seed=3, weeks=1.0).jobs == workload.jobs  # seeded
