@@ -10,7 +10,7 @@ suite and the benchmarks call the cluster with. :func:`checkpoint` and
 :func:`preempt_notice` tells it that it is being preempted.
 """
 
-from synapse_ha.client.api import Array, ArrayInfo, Cluster, Job, JobInfo, LogLine, Member
+from synapse_ha.client.api import Array, ArrayInfo, Cluster, Job, JobInfo, Member
 from synapse_ha.client.credentials import CredentialsError
 from synapse_ha.client.errors import (
     AccessDenied,
@@ -20,6 +20,7 @@ from synapse_ha.client.errors import (
     SynapseError,
     WaitTimedOut,
 )
+from synapse_ha.client.logs import LogLine
 from synapse_ha.client.marks import checkpoint, preempt_notice, resume_step
 from synapse_ha.core.model import JobState
 

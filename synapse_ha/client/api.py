@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import queue
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ from synapse_ha.client.errors import (
 )
 from synapse_ha.client.logs import (
     GrantCache,
+    LogLine,
+    LogLines,
     MemberFollower,
     MemberLog,
     WorkerUnreachable,
@@ -57,6 +58,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state
 from synapse_ha.security.tls import TlsFiles, Transport
 
+# Jobs in one SubmitJobs call of submit_many (the most the cluster takes in one).
+SUBMIT_BATCH = 1_000
 # How often wait() and logs(follow=True) ask for the job's state.
 POLL_INTERVAL_S = 0.5
 # After a followed job ends, how long its members' log streams may take to deliver the rest.
@@ -131,48 +134,6 @@ class JobInfo:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """One line a member wrote (without its newline), decoded as UTF-8 (invalid bytes
-    become U+FFFD). ``str(line)`` is ``[rank N] text``."""
-
-    rank: int
-    attempt: int
-    text: str
-
-    def __str__(self) -> str:
-        return f"[rank {self.rank}] {self.text}"
-
-
-class _Lines:
-    """A :class:`~synapse_ha.client.logs.LogSink` that cuts members' bytes into lines and
-    queues them for the caller's thread."""
-
-    def __init__(self, attempt: int) -> None:
-        self.attempt = attempt
-        self.out: queue.SimpleQueue[LogLine] = queue.SimpleQueue()
-        self._partial: dict[int, bytes] = {}
-
-    def feed(self, rank: int, data: bytes) -> None:
-        *lines, rest = (self._partial.pop(rank, b"") + data).split(b"\n")
-        if rest:
-            self._partial[rank] = rest
-        for line in lines:
-            self.out.put(LogLine(rank, self.attempt, line.decode("utf-8", errors="replace")))
-
-    def flush(self, rank: int) -> None:
-        rest = self._partial.pop(rank, b"")
-        if rest:
-            self.out.put(LogLine(rank, self.attempt, rest.decode("utf-8", errors="replace")))
-
-    def drain(self) -> Iterator[LogLine]:
-        while True:
-            try:
-                yield self.out.get_nowait()
-            except queue.Empty:
-                return
-
-
 # ---------------------------------------------------------------------------- jobs
 
 
@@ -232,7 +193,7 @@ class Job:
             yield from self._follow(member)
             return
         info = self.info()
-        lines = _Lines(info.attempt)
+        lines = LogLines(info.attempt)
         for log in self._member_logs(info, member):
             try:
                 for data in read_log(
@@ -262,14 +223,14 @@ class Job:
     def _follow(self, member: int | None) -> Iterator[LogLine]:
         followers: list[MemberFollower] = []
         followed = 0
-        lines = _Lines(0)
+        lines = LogLines(0)
         try:
             while True:
                 info = self.info()
                 if info.attempt and info.attempt != followed:
                     stop_followers(followers, FOLLOW_DRAIN_S)
                     yield from lines.drain()
-                    lines = _Lines(info.attempt)
+                    lines = LogLines(info.attempt)
                     for log in self._member_logs(info, member):
                         self._grant(log)  # here, so that a refusal reaches the caller
                         follower = MemberFollower(
@@ -526,6 +487,34 @@ class Cluster:
                 parsed, spec=dataclasses.replace(parsed.spec, dependencies=deps)
             )
         return parsed, source
+
+    def submit_many(
+        self, specs: Iterable[str | Path | Mapping[str, Any]], *, batch: int = SUBMIT_BATCH
+    ) -> list[Job]:
+        """Submit many jobs, ``batch`` to a call (``SubmitJobs``): each spec as
+        :meth:`submit` takes one, each with its own request id (its file's, else a fresh
+        one) reused on retries. Every spec is checked here before anything is sent; the
+        cluster then checks a whole call before it makes any of its jobs, and a refusal
+        names the spec as ``jobs[i]`` of its call. The jobs, in the order of ``specs``."""
+        if not 1 <= batch <= SUBMIT_BATCH:
+            raise ValueError(f"batch must be 1 to {SUBMIT_BATCH}, got {batch}")
+        requests = []
+        for i, spec in enumerate(specs):
+            parsed, _ = self._parsed(spec, (), (), (), ())
+            if parsed.spec.array:
+                raise InvalidSpec(f"specs[{i}].array", "an array: submit it with submit_array")
+            requests.append(
+                pb.SubmitJobRequest(
+                    spec=spec_to_proto(parsed.spec),
+                    request_id=parsed.request_id or new_request_id(),
+                )
+            )
+        jobs: list[Job] = []
+        for start in range(0, len(requests), batch):
+            with translated():
+                answers = self.client.submit_jobs(requests[start : start + batch])
+            jobs.extend(Job(self, a.job_id, a.created) for a in answers)
+        return jobs
 
     def job(self, job_id: str) -> Job:
         """A handle on the job ``job_id`` (no call is made until it is used)."""

@@ -293,6 +293,21 @@ class ClusterClient:
         )
         return response
 
+    def submit_jobs(
+        self, requests: Sequence[pb.SubmitJobRequest], timeout_s: float | None = None
+    ) -> list[pb.SubmitJobResponse]:
+        """Submit many jobs in one call (at most 1,000), each with its idempotency key
+        (generated here when a request has none) reused on retries."""
+        sent = pb.SubmitJobsRequest()
+        for r in requests:
+            sent.jobs.add(spec=r.spec, request_id=r.request_id or new_request_id())
+        response: pb.SubmitJobsResponse = self.call(
+            "SubmitJobs",
+            lambda a, t: self.scheduler(a).SubmitJobs(sent, timeout=t),
+            timeout_s=timeout_s,
+        )
+        return list(response.jobs)
+
     def get_job(self, job_id: str, allow_stale: bool = False) -> pb.Job:
         job: pb.Job = self.ask(
             "GetJob", pb.GetJobRequest(job_id=job_id, allow_stale=allow_stale)

@@ -21,6 +21,7 @@ follows one member's log until it has exited, handing the bytes to a :class:`Log
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -272,3 +273,45 @@ def stop_followers(followers: list[MemberFollower], drain_s: float) -> list[Memb
     incomplete = [f for f in followers if not f.done and f.last_error]
     followers.clear()
     return incomplete
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line a member wrote (without its newline), decoded as UTF-8 (invalid bytes
+    become U+FFFD). ``str(line)`` is ``[rank N] text``."""
+
+    rank: int
+    attempt: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"[rank {self.rank}] {self.text}"
+
+
+class LogLines:
+    """A :class:`~synapse_ha.client.logs.LogSink` that cuts members' bytes into lines and
+    queues them for the caller's thread."""
+
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.out: queue.SimpleQueue[LogLine] = queue.SimpleQueue()
+        self._partial: dict[int, bytes] = {}
+
+    def feed(self, rank: int, data: bytes) -> None:
+        *lines, rest = (self._partial.pop(rank, b"") + data).split(b"\n")
+        if rest:
+            self._partial[rank] = rest
+        for line in lines:
+            self.out.put(LogLine(rank, self.attempt, line.decode("utf-8", errors="replace")))
+
+    def flush(self, rank: int) -> None:
+        rest = self._partial.pop(rank, b"")
+        if rest:
+            self.out.put(LogLine(rank, self.attempt, rest.decode("utf-8", errors="replace")))
+
+    def drain(self) -> Iterator[LogLine]:
+        while True:
+            try:
+                yield self.out.get_nowait()
+            except queue.Empty:
+                return

@@ -138,6 +138,7 @@ def _agent(method: str) -> str:
 # a worker speaks only for its own node (:func:`may_speak_for_node`).
 POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("SubmitJob"): _PEOPLE,
+    _scheduler("SubmitJobs"): _PEOPLE,
     _scheduler("GetJob"): _READERS,
     _scheduler("ListJobs"): _READERS,
     _scheduler("GetArray"): _READERS,

@@ -146,17 +146,18 @@ class SubmitRate:
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float]] = {}  # who -> (tokens, at)
 
-    def take(self, who: str, burst: int, per_s: int) -> float:
-        """Charge one submission to ``who``: 0.0 when allowed, else the seconds until the
-        bucket holds one again (nothing is charged then)."""
+    def take(self, who: str, burst: int, per_s: int, count: int = 1) -> float:
+        """Charge ``count`` submissions (at most ``burst``) to ``who``: 0.0 when allowed,
+        else the seconds until the bucket holds that many again (nothing is charged
+        then)."""
         now = self._clock()
         with self._lock:
             tokens, at = self._buckets.get(who, (float(burst), now))
             tokens = min(float(burst), tokens + max(0.0, now - at) * per_s)
-            if tokens < 1.0:
+            if tokens < count:
                 self._buckets[who] = (tokens, now)
-                return (1.0 - tokens) / per_s
-            self._buckets[who] = (tokens - 1.0, now)
+                return (count - tokens) / per_s
+            self._buckets[who] = (tokens - count, now)
             if len(self._buckets) > self._max:
                 self._forget_full(now, burst, per_s)
             return 0.0

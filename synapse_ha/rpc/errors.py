@@ -128,6 +128,41 @@ def build_status(
     )
 
 
+_DETAILS_KEY = "grpc-status-details-bin"  # the rich status (google.rpc.Status) it carries
+
+
+def for_item(status: grpc.Status, index: int) -> grpc.Status:
+    """``status`` as the refusal of the ``index``-th item of a call that carries many
+    (``SubmitJobs``): its message begins ``jobs[index]:`` and the fields it names begin
+    ``jobs[index].`` (in the BadRequest and the ErrorInfo's ``field``)."""
+    prefix = f"jobs[{index}]"
+    trailing = []
+    for key, value in status.trailing_metadata:
+        if key == _DETAILS_KEY and isinstance(value, bytes):
+            full = status_pb2.Status.FromString(value)
+            full.message = f"{prefix}: {full.message}"
+            for detail in full.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    if "field" in info.metadata:
+                        info.metadata["field"] = f"{prefix}.{info.metadata['field']}"
+                    detail.Pack(info)
+                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                    bad = error_details_pb2.BadRequest()
+                    detail.Unpack(bad)
+                    for v in bad.field_violations:
+                        v.field = f"{prefix}.{v.field}"
+                    detail.Pack(bad)
+            value = full.SerializeToString()
+        trailing.append((key, value))
+    return _Status(
+        code=status.code,
+        details=f"{prefix}: {status.details}",
+        trailing_metadata=tuple(trailing),
+    )
+
+
 def abort(
     context: grpc.ServicerContext,
     reason: Reason,

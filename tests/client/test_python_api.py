@@ -21,9 +21,10 @@ from synapse_ha.client import (
     JobState,
     SynapseError,
 )
-from synapse_ha.client.api import _Lines, _state_names
+from synapse_ha.client.api import _state_names
 from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.client.errors import translated
+from synapse_ha.client.logs import LogLines
 from synapse_ha.rpc.errors import Reason, build_status
 from synapse_ha.security.bundle import ClusterCredentials
 
@@ -85,7 +86,7 @@ def test_state_filters() -> None:
 
 
 def test_lines_are_cut_per_member_and_the_rest_is_flushed() -> None:
-    lines = _Lines(attempt=2)
+    lines = LogLines(attempt=2)
     lines.feed(0, b"a\nb")
     lines.feed(1, b"x\xff\n")
     lines.feed(0, b"c\n")

@@ -79,6 +79,22 @@ def test_the_same_request_id_returns_the_same_job(cluster: Cluster) -> None:
     assert len(cluster.jobs(state="all", name="py-idem")) == 1
 
 
+def test_submit_many_makes_each_job_once_in_calls_of_a_batch(cluster: Cluster) -> None:
+    specs = [{**spec(f"py-many-{i}", f"echo {i}"), "request_id": f"py-many-{i}"} for i in range(5)]
+    jobs = cluster.submit_many(specs, batch=2)  # three SubmitJobs calls
+    assert [j.created for j in jobs] == [True] * 5
+    assert [j.info().name for j in jobs] == [f"py-many-{i}" for i in range(5)]
+    again = cluster.submit_many(specs)
+    assert [(j.id, j.created) for j in again] == [(j.id, False) for j in jobs]
+    for i, job in enumerate(jobs):
+        assert job.wait(timeout_s=60).succeeded
+        assert [line.text for line in job.logs()] == [str(i)]
+    with pytest.raises(InvalidSpec) as caught:
+        cluster.submit_many([spec("fine", "true"), {"name": "x", "replicas": 0, "command": "true"}])
+    assert caught.value.field == "replicas"  # checked here: nothing was sent
+    assert cluster.jobs(state="all", name="fine") == []
+
+
 def test_cancel_and_wait_with_a_timeout(cluster: Cluster) -> None:
     job = cluster.submit(spec("py-sleep", "sleep 300"))
     with pytest.raises(WaitTimedOut) as waited:

@@ -264,31 +264,46 @@ class _Base:
 
     def _propose(self, context: grpc.ServicerContext, command: cmd.Command) -> cmd.Result:
         """Commit ``command`` and return its result; abort on any failure."""
+        return self._committed(context, [self._start_proposal(context, command)])[0]
+
+    def _start_proposal(
+        self, context: grpc.ServicerContext, command: cmd.Command
+    ) -> futures.Future[cmd.Result]:
+        """Propose ``command`` (this replica must be the serving leader)."""
         self._require_serving_leader(context)
+        return self.ctx.backend.propose(command)
+
+    def _committed(
+        self, context: grpc.ServicerContext, proposed: Sequence[futures.Future[cmd.Result]]
+    ) -> list[cmd.Result]:
+        """The results of ``proposed``, in order, each committed within the write
+        timeout and the call's deadline; abort on the first that is not."""
         remaining = context.time_remaining()
         timeout = self.ctx.write_timeout_s
         if remaining is not None:
             timeout = max(0.0, min(timeout, remaining - 0.05))
-        future = self.ctx.backend.propose(command)
-        try:
-            result = future.result(timeout=timeout)
-        except futures.TimeoutError:
-            abort(
-                context,
-                Reason.OUTCOME_UNKNOWN,
-                "the outcome is unknown (not committed within the deadline); "
-                "retrying with the same request is safe",
-            )
-        except ProposalError as exc:
-            if exc.committed_unknown:
+        deadline = time.monotonic() + timeout
+        results = []
+        for future in proposed:
+            try:
+                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+            except futures.TimeoutError:
                 abort(
                     context,
                     Reason.OUTCOME_UNKNOWN,
-                    f"the outcome is unknown ({exc}); retrying with the same request is safe",
+                    "the outcome is unknown (not committed within the deadline); "
+                    "retrying with the same request is safe",
                 )
-            abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
-        self._send_index(context)  # the state now holds the write: a read token for it
-        return result
+            except ProposalError as exc:
+                if exc.committed_unknown:
+                    abort(
+                        context,
+                        Reason.OUTCOME_UNKNOWN,
+                        f"the outcome is unknown ({exc}); retrying with the same request is safe",
+                    )
+                abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
+        self._send_index(context)  # the state now holds the writes: a read token for them
+        return results
 
     def _check(
         self,

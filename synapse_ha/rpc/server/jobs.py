@@ -3,34 +3,26 @@ read, list, explain, and the grants that let a caller read a member's log."""
 
 from __future__ import annotations
 
-import uuid
-
 import grpc
 
-from synapse_ha.core import access, admission, queue_rules, validation
+from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity
-from synapse_ha.core.arrays import parse_array
-from synapse_ha.core.cluster_config import Limits
-from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
-from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobSpec, JobState
+from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobState
 from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
-from synapse_ha.rpc.errors import Reason, abort, abort_invalid
+from synapse_ha.rpc.errors import Reason, abort
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server.context import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     _audit,
-    _Base,
     _invalid,
     _job_not_found,
-    _presented_token,
-    _refuse_limit,
     _required,
 )
+from synapse_ha.rpc.server.submit import SubmitService
 
 
 def _listed(job: Job, wanted_states: set[JobState], request: pb.ListJobsRequest) -> bool:
@@ -69,124 +61,9 @@ def _page_start(context: grpc.ServicerContext, token: str) -> tuple[int, int]:
     return (int(seq), int(index) if index else _WHOLE_SEQ)
 
 
-class JobService(_Base):
-    """SubmitJob, CancelJob, GetJob, GetArray, ListJobs, ExplainJob and GrantLogAccess."""
-
-    # ------------------------------------------------------------------- writes
-
-    def SubmitJob(
-        self, request: pb.SubmitJobRequest, context: grpc.ServicerContext
-    ) -> pb.SubmitJobResponse:
-        identity = caller(context)
-        limits = self.ctx.backend.cluster_config().limits
-        limited = admission.limited(identity)
-        if limited:
-            self._charge_submission(context, identity, limits)
-        if not request.HasField("spec"):
-            _required(context, "spec")
-        spec = convert.spec_from_proto(request.spec)
-        levels = self.ctx.backend.cluster_config().topology_levels
-        violations = validation.check_job_spec(spec, levels)
-        violations += validation.check_request_id(request.request_id)
-        if violations:
-            abort_invalid(context, violations)
-        _refuse_limit(context, identity, admission.size_refusal(limits, spec))
-        self._require_serving_leader(context)
-        # The policy lets only users submit (jobs run as their owner); the queue must
-        # exist and be one the caller's credential allows (docs/queues.md), at a priority
-        # it may use.
-        state = self._check_queue(context, identity, spec)
-        problem = dependency_problem(state, spec)
-        if problem is not None:  # apply checks it again, on the state it applies to
-            _invalid(context, SpecError(*problem))
-        owner = identity.name
-        request_id = admission.request_key(
-            state, owner, request.request_id or f"srv-{uuid.uuid4().hex}"
-        )
-        existing = state.request_ids.get(request_id)
-        if existing is not None:  # a retry: nothing new to admit
-            return pb.SubmitJobResponse(job_id=existing, created=False)
-        jobs = len(parse_array(spec.array).indices) if spec.array else 1
-        held = limited and self._hold_pending(context, identity, spec, limits, jobs)
-        try:
-            command = cmd.SubmitJob(
-                spec=spec, request_id=request_id, now_ms=self.ctx.clock_ms(), owner=owner
-            )
-            result = self._check(context, self._propose(context, command))
-        finally:
-            if held:
-                self.ctx.pending_in_flight.release(owner, spec.queue, jobs)
-        if result.created:
-            _audit(identity, "SubmitJob", result.job_id)
-        return pb.SubmitJobResponse(job_id=result.job_id, created=result.created)
-
-    def _charge_submission(
-        self, context: grpc.ServicerContext, identity: Identity, limits: Limits
-    ) -> None:
-        """Abort with LIMIT_EXCEEDED when ``identity`` submits faster than its rate."""
-        wait_s = self.ctx.submit_rate.take(str(identity), limits.submit_burst, limits.submit_per_s)
-        if wait_s > 0:
-            abort(
-                context,
-                Reason.LIMIT_EXCEEDED,
-                f"{access.describe_caller(identity)} submits faster than limits.submit_per_s "
-                f"({limits.submit_per_s} a second, bursts of {limits.submit_burst}); retry in "
-                f"{wait_s:.2f}s",
-                {
-                    "limit": admission.LimitName.SUBMIT_PER_S,
-                    "allowed": str(limits.submit_per_s),
-                    "actual": str(limits.submit_burst),
-                    "retry_after_ms": str(max(1, round(wait_s * 1000))),
-                },
-            )
-
-    def _hold_pending(
-        self,
-        context: grpc.ServicerContext,
-        identity: Identity,
-        spec: JobSpec,
-        limits: Limits,
-        jobs: int,
-    ) -> bool:
-        """Count the submission's ``jobs`` (an array's tasks) against the pending caps
-        until it is applied (abort with LIMIT_EXCEEDED when it would pass one); True once
-        held. The state is read under the lock a release takes after its apply, so every
-        other submission is counted once: in the state, or as held."""
-        in_flight = self.ctx.pending_in_flight
-        with in_flight.lock:
-            state = self.ctx.backend.snapshot()
-            counts = admission.pending_counts(state, identity.name, spec.queue)
-            mine, queued = in_flight.counts(identity.name, spec.queue)
-            total = admission.PendingCounts(counts.owner + mine, counts.queue + queued)
-            refusal = admission.pending_refusal(limits, total, identity.name, spec.queue, jobs)
-            if refusal is None:
-                in_flight.hold(identity.name, spec.queue, jobs)
-        _refuse_limit(context, identity, refusal)
-        return True
-
-    def _check_queue(
-        self, context: grpc.ServicerContext, identity: Identity, spec: JobSpec
-    ) -> ClusterState:
-        """Abort unless ``spec``'s queue and class exist (INVALID_FIELD), the caller may
-        submit to that queue (PERMISSION_DENIED, :func:`access.queue_refusal`) and at that
-        priority (:func:`admission.priority_refusal`); the state it was checked against."""
-        state = self.ctx.backend.snapshot()
-        classes = state.config.priority_classes
-        violations = queue_rules.check_job_queue(spec, state.queues, classes)
-        if violations:
-            abort_invalid(context, violations)
-        token = _presented_token(context, state)
-        queues = None if token is None else token.queues
-        refusal = access.queue_refusal(identity, spec.queue, queues)
-        if refusal is None:
-            grant = admission.PriorityGrant()
-            if token is not None:
-                grant = admission.PriorityGrant(token.priority_classes, token.max_priority)
-            queue = state.queues[spec.queue]
-            refusal = admission.priority_refusal(identity, spec, queue, classes, grant)
-        if refusal is not None:
-            self._refuse(context, refusal, identity)
-        return state
+class JobService(SubmitService):
+    """SubmitJob(s) (:class:`SubmitService`), CancelJob, GetJob, GetArray, ListJobs,
+    ExplainJob and GrantLogAccess."""
 
     def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.ServicerContext

@@ -362,6 +362,18 @@ class SubmitJobResponse(_message.Message):
     created: bool
     def __init__(self, job_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class SubmitJobsRequest(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[SubmitJobRequest]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[SubmitJobResponse]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobResponse, _Mapping]]] = ...) -> None: ...
+
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id", "allow_stale")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
