@@ -222,6 +222,30 @@ def test_a_user_at_its_pending_cap_takes_no_more_and_others_are_not_blocked(
         assert world.admin.submit_job(pending_job("admins")).created
 
 
+def test_one_batch_cannot_pass_the_pending_cap_or_the_burst(
+    world: World, alice: ClusterClient
+) -> None:
+    """SubmitJobs counts every job of the call against the caps and the submit rate: a
+    batch that would pass one is refused whole, naming the job that would."""
+    with cancelled_afterwards(world), limits(world, pending_jobs_per_user=3):
+        alice.submit_job(pending_job("before"))
+        before = world.job_ids()
+        batch = [pb.SubmitJobRequest(spec=pending_job(f"b{i}")) for i in range(3)]
+        failure = refused(lambda: alice.submit_jobs(batch))
+        assert failure.reason is Reason.LIMIT_EXCEEDED
+        assert failure.metadata["limit"] == "pending_jobs_per_user"
+        assert failure.message.startswith("jobs[2]: ")
+        assert world.job_ids() == before  # not even the first two
+        assert [a.created for a in alice.submit_jobs(batch[:2])] == [True, True]
+    with cancelled_afterwards(world), limits(world, submit_burst=5):
+        before = world.job_ids()
+        many = [pb.SubmitJobRequest(spec=pending_job(f"m{i}")) for i in range(6)]
+        failure = refused(lambda: alice.submit_jobs(many))
+        assert failure.reason is Reason.LIMIT_EXCEEDED
+        assert "may submit at most limits.submit_burst (5) jobs at once" in failure.message
+        assert world.job_ids() == before
+
+
 def test_concurrent_submissions_cannot_overshoot_the_pending_cap(world: World) -> None:
     dave = world.user("dave")  # a bucket of his own: the rate is not what this tests
     with cancelled_afterwards(world), limits(world, pending_jobs_per_user=5):
