@@ -32,6 +32,7 @@ from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
 from synapse_ha.programs.config_file import ConfigError
+from synapse_ha.programs.log_queue import queued_logging, stop_queued_logging
 from synapse_ha.programs.scheduler_config import SchedulerConfig, load_config
 from synapse_ha.raft.channel import TLS_CHANNEL
 from synapse_ha.raft.replica import RaftReplica
@@ -448,11 +449,14 @@ def restore_into(config: SchedulerConfig) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = queued_logging()
+    try:
+        return _run(argv)
+    finally:
+        stop_queued_logging(handler)
+
+
+def _run(argv: Sequence[str] | None) -> int:
     try:
         config = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
