@@ -68,7 +68,8 @@ class ReasonCode(enum.StrEnum):
     WAITING_FOR_VICTIMS = "waiting_for_victims"  # count, kind, victims
     PREEMPTING = "preempting"  # preemptor, kind, grace_ms, deadline_ms (a live job's reason)
     WAITING_FOR_PREEMPTOR = "waiting_for_preemptor"  # preemptor, until_ms
-    WAITING_MIN_RUNTIME = "waiting_min_runtime"  # count, kind, until_ms (core/victims.py)
+    # count, kind, until_ms: from when it may preempt them (core/victims.py)
+    WAITING_MIN_RUNTIME = "waiting_min_runtime"
     # -- dependencies (core/dependencies.py)
     DEPENDENCY = "dependency"  # waiting (what it waits for, as text), count
     DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"  # job, kind, state
@@ -422,8 +423,8 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ),
     ReasonCode.WAITING_MIN_RUNTIME: lambda r: (
         f"no room yet: {r.num('count')} gang(s) it may preempt ({_kind(r)}) are within "
-        f"their minimum run time, the first until {time_text(r.num('until_ms'))}; it "
-        "preempts then if it still needs to"
+        f"their minimum run time; it may preempt from {time_text(r.num('until_ms'))} on, "
+        "if it still needs to"
     ),
     ReasonCode.DEPENDENCY: lambda r: f"waiting for {r.text('waiting')}",
     ReasonCode.BEGIN_TIME: lambda r: f"not considered before {time_text(r.num('at_ms'))} (begin)",

@@ -65,10 +65,16 @@ def pending_since(job: Job) -> int:
     return max(job.submitted_at_ms, job.retry_not_before_ms)
 
 
+def reclaim_due_ms(state: ClusterState, preemptor: Job) -> int:
+    """From when ``preemptor``'s reclaim may preempt gangs within their minimum run
+    time."""
+    return pending_since(preemptor) + state.config.reclaim_wait_max_ms
+
+
 def reclaim_overdue(state: ClusterState, preemptor: Job, now_ms: int) -> bool:
     """Whether ``preemptor``'s reclaim has waited long enough to preempt gangs within
     their minimum run time."""
-    return now_ms - pending_since(preemptor) >= state.config.reclaim_wait_max_ms
+    return now_ms >= reclaim_due_ms(state, preemptor)
 
 
 def protection_problem(

@@ -142,7 +142,7 @@ def test_a_class_min_runtime_protects_a_gang_from_its_bind_and_a_mark_does_not_e
     assert (why.num("count"), why.num("until_ms"), plan.wake_ms) == (1, bound + HOUR, bound + HOUR)
     assert render(why).startswith(
         "no room yet: 1 gang(s) it may preempt (priority: a higher priority class of the same "
-        "queue) are within their minimum run time, the first until "
+        "queue) are within their minimum run time; it may preempt from "
     )
     cl.now += 1_000
     assert victims_planned(cl) == [[low]]
@@ -198,6 +198,8 @@ def test_a_reclaim_waits_for_the_minimum_run_time_until_it_has_waited_past_its_l
     reasons = cl.plan().reasons
     assert reasons[beyond].code is ReasonCode.WAITING_QUOTA
     assert reasons[within].code is ReasonCode.WAITING_MIN_RUNTIME, render(reasons[within])
+    queued = cl.state.jobs[within].submitted_at_ms
+    assert reasons[within].num("until_ms") == queued + 10 * MINUTE  # before the hour ends
     assert "(reclaim: its queue takes back quota" in render(reasons[within])
     cl.now += 1
     # team-b borrows 8 (one gang): only one is taken, never below its nominal.

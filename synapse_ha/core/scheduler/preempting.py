@@ -8,6 +8,7 @@ of one pass (the rules and the search are :mod:`.preemption`'s), bounded per pas
 
 from __future__ import annotations
 
+from synapse_ha.core.cluster_config import PreemptionKind
 from synapse_ha.core.commands import Victim
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.quota import QueueUsage, gang_request
@@ -25,6 +26,7 @@ from synapse_ha.core.scheduler.preemption import (
     protected_blockers,
     rules_for,
 )
+from synapse_ha.core.victims import reclaim_due_ms
 
 
 def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
@@ -228,15 +230,17 @@ class Preempting:
         found, kind = protected_blockers(
             self.state, gang, self.candidates, usage, self._keeps(), self.claimed, self.now_ms
         )
-        self.waiting_on = self.protected[key] = (
-            reason(
-                ReasonCode.WAITING_MIN_RUNTIME,
-                count=len(found),
-                kind=kind.value if kind is not None else None,
-                until_ms=min(c.protected_until_ms for c in found),
-            )
-            if found
-            else None
+        if not found:
+            self.waiting_on = self.protected[key] = None
+            return
+        until = min(c.protected_until_ms for c in found)
+        if kind is PreemptionKind.RECLAIM:  # a reclaim may override them once overdue
+            until = min(until, reclaim_due_ms(self.state, gang.job))
+        self.waiting_on = self.protected[key] = reason(
+            ReasonCode.WAITING_MIN_RUNTIME,
+            count=len(found),
+            kind=kind.value if kind is not None else None,
+            until_ms=until,
         )
 
 
