@@ -134,13 +134,17 @@ class JobRecord:
     requeues: int
     gpus_per_attempt: int
     cancelled_by: str
-    spec: object  # the JobSpec (stored as the core codec's plain form)
+    spec: object  # the JobSpec (stored as the core codec's plain form, or as below)
     applied_index: int
     # The last attempt's checkpoint mark (core/checkpoints.py): when (0: none) and its
     # step; and the step a next attempt would have resumed from.
     checkpoint_at_ms: int = 0
     checkpoint_step: int | None = None
     resume_step: int | None = None
+    # The encoded SubmitJob command the job's spec came from, as the replica applied it
+    # (b"": unknown, e.g. the job was restored from a snapshot). Stored in its place:
+    # the spec is then never encoded again.
+    submission: bytes = b""
 
 
 @dataclass(slots=True)
@@ -217,7 +221,7 @@ def attempt_record(job: Job, applied_index: int) -> AttemptRecord | None:
     )
 
 
-def job_record(job: Job, applied_index: int) -> JobRecord:
+def job_record(job: Job, applied_index: int, submission: bytes = b"") -> JobRecord:
     mark = job.attempt.mark() if job.attempt is not None else None
     return JobRecord(
         job_id=job.job_id,
@@ -239,6 +243,7 @@ def job_record(job: Job, applied_index: int) -> JobRecord:
         checkpoint_at_ms=mark.at_ms if mark is not None else 0,
         checkpoint_step=mark.step if mark is not None else None,
         resume_step=job.resume_step,
+        submission=submission,
     )
 
 
@@ -265,12 +270,16 @@ class Tracker:
     def __init__(self) -> None:
         self._jobs: dict[str, _JobMark] = {}
         self._nodes: dict[str, _NodeMark] = {}
+        # The encoded SubmitJob command of each unfinished job whose spec is the one that
+        # command carried (one shared bytes object for an array's tasks).
+        self._submissions: dict[str, bytes] = {}
 
     def reset(self, state: ClusterState) -> Step:
         """Forget everything and mark ``state`` (a restored snapshot). Returns the
         records ``state`` still holds (finished jobs, ended attempts) so that history
         that was not written before a crash is written now (writing is idempotent)."""
         self._jobs = {job_id: _mark(job) for job_id, job in state.jobs.items()}
+        self._submissions = {}
         self._nodes = {
             node_id: _NodeMark(node.status, node.gpu_faults, node.conditions)
             for node_id, node in state.nodes.items()
@@ -291,9 +300,12 @@ class Tracker:
         job_ids: Iterable[str] | None,
         node_ids: Iterable[str] | None,
         state: ClusterState,
+        encoded: bytes = b"",
     ) -> Step:
         """Events and records of one applied command. ``job_ids``/``node_ids`` are
-        the records it may have touched; None means any (every record is compared)."""
+        the records it may have touched; None means any (every record is compared).
+        ``encoded``: the command as the replica applied it, if known (a submission's is
+        kept until its job's record is made)."""
         out = Step()
         applied = state.applied_commands
         now = state.last_time_ms
@@ -309,6 +321,7 @@ class Tracker:
             job = state.jobs.get(job_id)
             if job is None:  # purged: history already has it
                 self._jobs.pop(job_id, None)
+                self._submissions.pop(job_id, None)
                 continue
             before = self._jobs.get(job_id)
             after = _mark(job)
@@ -317,7 +330,10 @@ class Tracker:
                 changed.append((job.seq, job_id, before, after, job))
         changed.sort(key=lambda c: (c[0], c[1]))
         arrays: set[str] = set()  # arrays whose submission is told (once, not per task)
+        spec = command.spec if encoded and isinstance(command, cmd.SubmitJob) else None
         for _, _, before, after, job in changed:
+            if before is None and spec is not None and job.spec is spec:
+                self._submissions[job.job_id] = encoded
             if before is None and job.array_id:
                 if job.array_id not in arrays:
                     arrays.add(job.array_id)
@@ -420,7 +436,7 @@ class Tracker:
         elif job.state is JobState.CANCELLED and not before.state.finished:
             events.append((EventKind.CANCELLED, {**about, **_why(job, job.reason)}))
         if job.state.finished and not before.state.finished:
-            out.jobs.append(job_record(job, applied))
+            out.jobs.append(job_record(job, applied, self._submissions.pop(job_id, b"")))
 
 
 _SUBMITTED = _JobMark(JobState.PENDING, 0, None, False, False)  # a new job, told
