@@ -209,7 +209,7 @@ class HistoryRecorder:
             return self._done.wait_for(lambda: self._written >= target, timeout_s)
 
     def close(self) -> None:
-        self.applied()
+        """Stop the writer once it has written everything queued."""
         self.ring.close()
         if self._writer is not None:
             with self._lock:

@@ -254,7 +254,7 @@ class HistoryStore:
                         j.requeues,
                         j.gpus_per_attempt,
                         gpu_ms,
-                        json.dumps(nodes),
+                        json.dumps(nodes) if nodes else "[]",
                         j.cancelled_by,
                         "" if j.submission else json.dumps(to_plain(j.spec), sort_keys=True),
                         j.applied_index,
