@@ -36,6 +36,7 @@ from synapse_ha.core.model import (
     NodeStatus,
 )
 from synapse_ha.core.reasons import Reason, render
+from synapse_ha.history.submissions import Submissions
 
 INDEX_SHIFT = 16
 MAX_EVENTS_PER_COMMAND = (1 << INDEX_SHIFT) - 1
@@ -270,16 +271,16 @@ class Tracker:
     def __init__(self) -> None:
         self._jobs: dict[str, _JobMark] = {}
         self._nodes: dict[str, _NodeMark] = {}
-        # The encoded SubmitJob command of each unfinished job whose spec is the one that
-        # command carried (one shared bytes object for an array's tasks).
-        self._submissions: dict[str, bytes] = {}
+        # The encoded SubmitJob command of unfinished jobs whose spec is the one that
+        # command carried.
+        self.submissions = Submissions()
 
     def reset(self, state: ClusterState) -> Step:
         """Forget everything and mark ``state`` (a restored snapshot). Returns the
         records ``state`` still holds (finished jobs, ended attempts) so that history
         that was not written before a crash is written now (writing is idempotent)."""
         self._jobs = {job_id: _mark(job) for job_id, job in state.jobs.items()}
-        self._submissions = {}
+        self.submissions.clear()
         self._nodes = {
             node_id: _NodeMark(node.status, node.gpu_faults, node.conditions)
             for node_id, node in state.nodes.items()
@@ -321,7 +322,7 @@ class Tracker:
             job = state.jobs.get(job_id)
             if job is None:  # purged: history already has it
                 self._jobs.pop(job_id, None)
-                self._submissions.pop(job_id, None)
+                self.submissions.take(job_id)
                 continue
             before = self._jobs.get(job_id)
             after = _mark(job)
@@ -330,10 +331,12 @@ class Tracker:
                 changed.append((job.seq, job_id, before, after, job))
         changed.sort(key=lambda c: (c[0], c[1]))
         arrays: set[str] = set()  # arrays whose submission is told (once, not per task)
-        spec = command.spec if encoded and isinstance(command, cmd.SubmitJob) else None
+        if encoded and isinstance(command, cmd.SubmitJob):
+            spec = command.spec
+            fresh = [c[1] for c in changed if c[2] is None and c[4].spec is spec]
+            if fresh:
+                self.submissions.keep(fresh, encoded)
         for _, _, before, after, job in changed:
-            if before is None and spec is not None and job.spec is spec:
-                self._submissions[job.job_id] = encoded
             if before is None and job.array_id:
                 if job.array_id not in arrays:
                     arrays.add(job.array_id)
@@ -436,7 +439,7 @@ class Tracker:
         elif job.state is JobState.CANCELLED and not before.state.finished:
             events.append((EventKind.CANCELLED, {**about, **_why(job, job.reason)}))
         if job.state.finished and not before.state.finished:
-            out.jobs.append(job_record(job, applied, self._submissions.pop(job_id, b"")))
+            out.jobs.append(job_record(job, applied, self.submissions.take(job_id)))
 
 
 _SUBMITTED = _JobMark(JobState.PENDING, 0, None, False, False)  # a new job, told

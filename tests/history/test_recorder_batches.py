@@ -15,7 +15,8 @@ from synapse_ha.core.formats import FORMAT
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME, HistoryFilter, HistoryStore
-from synapse_ha.history.tracker import Event
+from synapse_ha.history.submissions import ENTRY_BYTES
+from synapse_ha.history.tracker import Event, Tracker
 from synapse_ha.raft.batch import frame
 from synapse_ha.raft.replicated_state import ReplicatedState
 from tests.core.harness import job, node
@@ -169,3 +170,32 @@ def test_a_spec_the_submission_changed_is_stored_as_itself(tmp_path: Path) -> No
     assert row.spec == dataclasses.replace(spec, priority=500)
     plain, submission = stored_specs(tmp_path / FILE_NAME)["job-000001"]
     assert plain and submission is None
+
+
+def test_the_oldest_kept_submissions_give_way_to_the_budget(tmp_path: Path) -> None:
+    first = c.SubmitJob(job("first", gpu=64), "req-1", 10, "alice")
+    second = c.SubmitJob(job("second", gpu=64), "req-2", 11, "alice")
+    commands = [
+        *started(),
+        first,
+        second,
+        c.CancelJob("job-000001", now_ms=12),
+        c.CancelJob("job-000002", now_ms=12),
+    ]
+    items = [encode_command(command) for command in commands]
+    tracker = Tracker()
+    tracker.submissions.budget_bytes = len(items[3]) + ENTRY_BYTES  # room for one
+    recorder = HistoryRecorder(HistoryStore(tmp_path / FILE_NAME), tracker=tracker)
+    try:
+        ReplicatedState(observer=recorder).apply_commands(frame(items), _doApply=True)
+        assert recorder.flush(30.0)
+        assert recorder.store is not None
+        rows = {j.job_id: j for j in recorder.store.jobs(HistoryFilter())}
+    finally:
+        recorder.close()
+    assert (tracker.submissions.dropped, len(tracker.submissions)) == (1, 0)
+    assert tracker.submissions.kept_bytes == 0
+    assert (rows["job-000001"].spec, rows["job-000002"].spec) == (first.spec, second.spec)
+    stored = stored_specs(tmp_path / FILE_NAME)
+    assert stored["job-000001"][0] and stored["job-000001"][1] is None
+    assert stored["job-000002"] == ("", items[3])
