@@ -307,11 +307,13 @@ def apply_path(count: int, repeats: int, batch: int, gap_ms: float) -> dict[str,
         best: dict[str, float] = {}
         apply_cpu: dict[str, float] = {}
         writer: dict[str, float] = {}
-        for mode in MODES:
-            runs = []
-            for _ in range(repeats):
+        by_mode: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+        for _ in range(repeats):  # the modes alternate, as the load on the machine moves
+            for mode in MODES:
                 with tempfile.TemporaryDirectory(prefix="synapse-history-apply-") as tmp:
-                    runs.append(_apply(commands, mode == "history_on", Path(tmp), batch, 0.0))
+                    history = mode == "history_on"
+                    by_mode[mode].append(_apply(commands, history, Path(tmp), batch, 0.0))
+        for mode, runs in by_mode.items():
             best[mode] = min(r["seconds"] for r in runs)
             apply_cpu[mode] = min(r["apply_cpu_s"] for r in runs) * 1e6 / count
             if mode == "history_on":

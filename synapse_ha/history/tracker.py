@@ -313,7 +313,10 @@ class Tracker:
         events: list[tuple[EventKind, dict[str, object]]] = []
         if isinstance(command, cmd.Barrier) and result.ok:
             events.append((EventKind.LEADER_CHANGED, {"leader_id": command.leader_id}))
-        nodes = sorted(set(self._nodes) | set(state.nodes) if node_ids is None else set(node_ids))
+        if node_ids is None:
+            nodes: Iterable[str] = sorted(set(self._nodes) | set(state.nodes))
+        else:
+            nodes = sorted(set(node_ids)) if node_ids else ()  # most commands touch none
         for node_id in nodes:
             self._node_events(command, node_id, state, events)
         ids = set(self._jobs) | set(state.jobs) if job_ids is None else job_ids
@@ -329,7 +332,8 @@ class Tracker:
             if after != before:
                 self._jobs[job_id] = after
                 changed.append((job.seq, job_id, before, after, job))
-        changed.sort(key=lambda c: (c[0], c[1]))
+        if len(changed) > 1:
+            changed.sort(key=lambda c: (c[0], c[1]))
         arrays: set[str] = set()  # arrays whose submission is told (once, not per task)
         if encoded and isinstance(command, cmd.SubmitJob):
             spec = command.spec
@@ -343,7 +347,9 @@ class Tracker:
                     events.append(_array_submitted(job, state))
                 before = _SUBMITTED
             self._job_events(before, after, job, applied, events, out)
-        for k, (kind, values) in enumerate(events[:MAX_EVENTS_PER_COMMAND]):
+        if len(events) > MAX_EVENTS_PER_COMMAND:
+            events = events[:MAX_EVENTS_PER_COMMAND]
+        for k, (kind, values) in enumerate(events):
             out.events.append(
                 Event(index=(applied << INDEX_SHIFT) | k, kind=kind, time_ms=now, **values)  # type: ignore[arg-type]
             )
@@ -404,7 +410,7 @@ class Tracker:
         }
         if before is None:
             events.append((EventKind.SUBMITTED, about))
-            before = _JobMark(JobState.PENDING, 0, None, False, False)
+            before = _SUBMITTED
         attempt = job.attempt
         if attempt is not None:
             with_attempt = {**about, "attempt": attempt.number, "nodes": attempt_nodes(attempt)}
