@@ -73,7 +73,7 @@ class HistoryRecorder:
         self._stop = False
         self._queued = 0  # batches handed to the writer
         self._written = 0  # batches it has written (or failed to)
-        self.wakeups = 0  # times the writer was woken with work to do
+        self.wakeups = 0  # times the writer took up queued work (woken, or finding it)
         self.writes = 0  # transactions it committed
         self._writer: threading.Thread | None = None
         if store is not None:
@@ -170,7 +170,8 @@ class HistoryRecorder:
                 self._hurry = False  # nothing is left for a flush to wait for
                 self._work.wait()
             self._idle = False
-            self.wakeups += 1
+            if self._pending:
+                self.wakeups += 1
             deadline = time.monotonic() + self.linger_s
             while not (self._stop or self._hurry):
                 left = deadline - time.monotonic()
