@@ -20,7 +20,18 @@ included by a flush at the end), per workload, best of ``--apply-repeats`` runs 
 ``--apply-commands`` commands. Every replica pays it for every entry, so on one machine
 running all three replicas the cluster-level slowdown it implies is about
 3 x overhead per submission x the measured submissions/s / the machine's cores (when the
-machine is CPU-bound), reported as ``implied_slowdown_percent``.
+machine is CPU-bound), reported as ``implied_slowdown_percent``; and from CPU time alone
+(``history_cpu_us_per_submission``: the applying thread's CPU time with history on less
+that with it off, plus the writer thread's), the share of the three replicas' CPU time
+per submission it adds, ``implied_cpu_slowdown_percent``.
+
+Two figures that hold still when other work shares the machine, because they count CPU
+time and wake-ups rather than rates: in each cluster round, the CPU seconds the three
+replica processes used per 1,000 submissions (``replica_cpu_s_per_1000``, from
+``/proc``); and in the apply path, the CPU time of the recorder's writer thread and the
+number of times it was woken (voluntary context switches), per 1,000 submissions, both
+for commands applied back to back and for batches arriving ``--apply-gap-ms`` apart (as
+a cluster applies them: a committed entry of ``--apply-batch`` commands at a time).
 
 A submission counts once a replica acknowledged it (committed). Each thread submits once
 before the clock starts, so connection set-up is not part of the rate. The modes run
@@ -57,6 +68,7 @@ from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.replicas import LocalReplicas
+from synapse_ha.raft.batch import frame
 from synapse_ha.raft.replicated_state import ReplicatedState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -64,6 +76,7 @@ RESULT = Path(__file__).resolve().parent / "results" / "history_cost.json"
 MODES = ("history_off", "history_on")
 WORKLOADS = ("submit", "submit_cancel")
 USER = "bench"
+UNLIMITED = {"submit_burst": 1_000_000, "submit_per_s": 1_000_000}
 
 
 @contextlib.contextmanager
@@ -78,6 +91,9 @@ def cluster(root: Path, mode: str) -> Iterator[tuple[LocalReplicas, str]]:
         replicas.start()
         replicas.serving_leader(timeout_s=60)
         with replicas.client(timeout_s=30.0) as admin:
+            # The submission rate limit (a token bucket per user) would measure itself;
+            # set before the token, so every replica that knows the token has it too.
+            admin.set_limits(UNLIMITED)
             token = admin.create_token(USER).token
             wait_for("the token on every replica", lambda: _token_known(replicas, token), 30)
         yield replicas, token
@@ -178,11 +194,24 @@ def history_rows(replicas: LocalReplicas, expected: int) -> list[int]:
     return wait_for("every replica's history", probe, timeout_s=120)
 
 
+def replica_cpu_s(replicas: LocalReplicas) -> float:
+    """User and system CPU seconds the replica processes used so far (all threads)."""
+    ticks = 0
+    for r in replicas.replicas:
+        with open(f"/proc/{r.pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def measure(root: Path, mode: str, workload: str, count: int, threads: int) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     with cluster(root, mode) as (replicas, token):
         cancel = workload == "submit_cancel"
+        cpu_before = replica_cpu_s(replicas)
         result = submissions_per_s(replicas, token, count, threads, cancel)
+        cpu = replica_cpu_s(replicas) - cpu_before
+        result["replica_cpu_s_per_1000"] = round(cpu / max(1, result["submissions"]) * 1000, 3)
         if mode == "history_on" and cancel:
             # every measured job and each thread's warm-up job
             result["history_rows_per_replica"] = history_rows(replicas, count + threads)
@@ -207,39 +236,91 @@ def _commands(count: int, cancel: bool) -> list[bytes]:
     return out
 
 
-def _apply_seconds(commands: list[bytes], history: bool, data_dir: Path) -> float:
+def _thread_cpu_s(thread: threading.Thread) -> float:
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def _thread_wakeups(thread: threading.Thread) -> int:
+    """How often ``thread`` gave up the CPU to wait (its voluntary context switches)."""
+    with open(f"/proc/self/task/{thread.native_id}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _apply(
+    commands: list[bytes], history: bool, data_dir: Path, batch: int, gap_s: float
+) -> dict[str, float]:
+    """Apply ``commands`` as committed entries of ``batch`` commands, ``gap_s`` apart;
+    the seconds it took (with the writer's flush), the applying thread's CPU seconds, and
+    the writer thread's CPU seconds and wake-ups."""
     recorder = HistoryRecorder.in_dir(data_dir) if history else None
     machine = ReplicatedState(observer=recorder)
     node = NodeInfo("n1", "127.0.0.1:1", Resources(64_000, 262_144, 8))
     machine._apply_one(encode_command(cmd.RegisterNode(node, now_ms=1)))
+    entries = [frame(commands[i : i + batch]) for i in range(0, len(commands), batch)]
+    writer: threading.Thread | None = getattr(recorder, "_writer", None)
     try:
+        cpu = _thread_cpu_s(writer) if writer is not None else 0.0
+        wakeups = _thread_wakeups(writer) if writer is not None else 0
         start = time.perf_counter()
-        for command in commands:
-            machine._apply_one(command)
+        applying = 0.0
+        for entry in entries:
+            began = time.thread_time()
+            machine.apply_commands(entry, _doApply=True)
+            applying += time.thread_time() - began
+            if gap_s:
+                time.sleep(gap_s)
         if recorder is not None and not recorder.flush(120.0):
             raise RuntimeError("the history writer did not catch up")
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start - gap_s * len(entries)
+        if writer is not None:
+            cpu = _thread_cpu_s(writer) - cpu
+            wakeups = _thread_wakeups(writer) - wakeups
+        return {
+            "seconds": seconds,
+            "apply_cpu_s": applying,
+            "writer_cpu_s": cpu,
+            "writer_wakeups": wakeups,
+        }
     finally:
         if recorder is not None:
             recorder.close()
 
 
-def apply_path(count: int, repeats: int) -> dict[str, Any]:
+def apply_path(count: int, repeats: int, batch: int, gap_ms: float) -> dict[str, Any]:
     # The collector settings of a running replica (programs/scheduler.py tune_gc): with
     # the interpreter's defaults, collections over the growing state dominate the timing.
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    out: dict[str, Any] = {"gc_threshold": list(gc.get_threshold())}
+    out: dict[str, Any] = {
+        "gc_threshold": list(gc.get_threshold()),
+        "commands_per_entry": batch,
+        "paced_gap_ms": gap_ms,
+    }
+    per_1000 = 1000 / count
     for workload in WORKLOADS:
         commands = _commands(count, cancel=workload == "submit_cancel")
-        best = {}
-        for mode in MODES:
-            times = []
-            for _ in range(repeats):
+        best: dict[str, float] = {}
+        apply_cpu: dict[str, float] = {}
+        writer: dict[str, float] = {}
+        by_mode: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+        for _ in range(repeats):  # the modes alternate, as the load on the machine moves
+            for mode in MODES:
                 with tempfile.TemporaryDirectory(prefix="synapse-history-apply-") as tmp:
-                    times.append(_apply_seconds(commands, mode == "history_on", Path(tmp)))
-            best[mode] = min(times)
+                    history = mode == "history_on"
+                    by_mode[mode].append(_apply(commands, history, Path(tmp), batch, 0.0))
+        for mode, runs in by_mode.items():
+            best[mode] = min(r["seconds"] for r in runs)
+            apply_cpu[mode] = min(r["apply_cpu_s"] for r in runs) * 1e6 / count
+            if mode == "history_on":
+                writer["cpu_ms_per_1000"] = min(r["writer_cpu_s"] for r in runs) * 1e3 * per_1000
+                writer["wakeups_per_1000"] = min(r["writer_wakeups"] for r in runs) * per_1000
+        with tempfile.TemporaryDirectory(prefix="synapse-history-apply-") as tmp:
+            paced = _apply(commands, True, Path(tmp), batch, gap_ms / 1000)
         per_submission_us = {m: round(best[m] / count * 1e6, 1) for m in MODES}
         out[workload] = {
             "submissions": count,
@@ -248,6 +329,17 @@ def apply_path(count: int, repeats: int) -> dict[str, Any]:
             "overhead_us_per_submission": round(
                 per_submission_us["history_on"] - per_submission_us["history_off"], 1
             ),
+            "apply_thread_cpu_us_per_submission": {m: round(apply_cpu[m], 1) for m in MODES},
+            # What history costs in CPU time per submission: on the applying thread and
+            # on the writer thread (not disturbed by other work waiting for a core).
+            "history_cpu_us_per_submission": round(
+                apply_cpu["history_on"] - apply_cpu["history_off"] + writer["cpu_ms_per_1000"],
+                1,
+            ),
+            "writer_cpu_ms_per_1000": round(writer["cpu_ms_per_1000"], 1),
+            "writer_wakeups_per_1000": round(writer["wakeups_per_1000"], 1),
+            "paced_writer_cpu_ms_per_1000": round(paced["writer_cpu_s"] * 1e3 * per_1000, 1),
+            "paced_writer_wakeups_per_1000": round(paced["writer_wakeups"] * per_1000, 1),
         }
     return out
 
@@ -293,23 +385,42 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--apply-commands", type=int, default=5000)
     p.add_argument("--apply-repeats", type=int, default=5)
+    p.add_argument("--apply-batch", type=int, default=8, help="commands per applied entry")
+    p.add_argument("--apply-gap-ms", type=float, default=4.0, help="between entries, paced")
+    p.add_argument("--apply-only", action="store_true", help="the apply path only")
     p.add_argument("--out", type=Path, help=f"where to write the JSON (default {RESULT})")
     args = p.parse_args()
+    if args.apply_only:
+        applied = apply_path(
+            args.apply_commands, args.apply_repeats, args.apply_batch, args.apply_gap_ms
+        )
+        print(json.dumps({"apply_path": applied}, indent=2))
+        return 0
     if args.smoke:
         report = {"smoke": True, **run(100, 4, 1)}
-        report["apply_path"] = apply_path(200, 1)
+        report["apply_path"] = apply_path(200, 1, args.apply_batch, args.apply_gap_ms)
         out = args.out
     else:
         report = {"smoke": False, **run(args.submissions, args.threads, args.rounds)}
-        report["apply_path"] = apply_path(args.apply_commands, args.apply_repeats)
+        report["apply_path"] = apply_path(
+            args.apply_commands, args.apply_repeats, args.apply_batch, args.apply_gap_ms
+        )
         out = args.out or RESULT
     cores = os.cpu_count() or 1
     report["cores"] = cores
     for workload in WORKLOADS:
-        overhead_s = report["apply_path"][workload]["overhead_us_per_submission"] / 1e6
+        applied = report["apply_path"][workload]
+        overhead_s = applied["overhead_us_per_submission"] / 1e6
         rate = report[workload]["best_submissions_per_s"]["history_off"]
-        report["apply_path"][workload]["implied_slowdown_percent"] = round(
-            100 * 3 * overhead_s * rate / cores, 2
+        applied["implied_slowdown_percent"] = round(100 * 3 * overhead_s * rate / cores, 2)
+        # The same from CPU time alone: the three replicas' CPU per submission without
+        # history (the least of the rounds) against what history adds to it.
+        cluster_s = min(
+            r["replica_cpu_s_per_1000"] / 1000 for r in report[workload]["rounds"]["history_off"]
+        )
+        added_s = 3 * applied["history_cpu_us_per_submission"] / 1e6
+        applied["implied_cpu_slowdown_percent"] = round(
+            100 * added_s / (cluster_s + added_s) if cluster_s + added_s > 0 else 0.0, 2
         )
     text = json.dumps(report, indent=2)
     if out is not None:

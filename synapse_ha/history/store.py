@@ -8,7 +8,10 @@ so every replica that applied the same log holds the same rows:
 * ``jobs``: every finished job (spec, owner, queue, outcome, attempts, GPU-seconds of all
   its attempts, its last attempt's checkpoint mark and its resume step), keyed by job_id.
   A file written before the checkpoint columns existed gets them when it is opened (its
-  older rows hold no mark).
+  older rows hold no mark). The spec is stored as the bytes of the ``SubmitJob`` command
+  it came from (``submission``, decoded when read) when the replica applied that
+  command, so that it is never encoded again; otherwise (a job restored from a snapshot,
+  a spec the submission changed) as the core codec's plain form in JSON (``spec``).
 
 Writes are idempotent (``INSERT OR IGNORE`` on those keys): replaying the journal after
 a restart, or re-recording what a restored snapshot still holds, adds nothing twice.
@@ -32,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from synapse_ha.core.codec import decode_command
 from synapse_ha.core.codec_from_plain import from_plain
 from synapse_ha.core.codec_to_plain import to_plain
+from synapse_ha.core.commands import SubmitJob
 from synapse_ha.core.model import JobSpec
 from synapse_ha.core.reasons import render
 from synapse_ha.history.tracker import AttemptRecord, JobRecord
@@ -85,7 +90,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     applied_index INTEGER NOT NULL,
     checkpoint_at_ms INTEGER NOT NULL DEFAULT 0,
     checkpoint_step INTEGER,
-    resume_step INTEGER
+    resume_step INTEGER,
+    submission BLOB
 );
 CREATE INDEX IF NOT EXISTS jobs_by_finish ON jobs (finished_at_ms);
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, finished_at_ms);
@@ -95,6 +101,7 @@ _ADDED_JOB_COLUMNS = (
     ("checkpoint_at_ms", "INTEGER NOT NULL DEFAULT 0"),
     ("checkpoint_step", "INTEGER"),
     ("resume_step", "INTEGER"),
+    ("submission", "BLOB"),
 )
 
 
@@ -103,7 +110,7 @@ _JOB_COLUMNS = (
     "job_id, name, owner, queue, state, reason_code, reason, submitted_at_ms, "
     "started_at_ms, finished_at_ms, attempts, retries_used, requeues, gpus_per_attempt, "
     "gpu_ms, nodes, cancelled_by, spec, applied_index, checkpoint_at_ms, checkpoint_step, "
-    "resume_step"
+    "resume_step, submission"
 )
 
 
@@ -224,14 +231,13 @@ class HistoryStore:
                     for a in attempts
                 ],
             )
+            rows = []
             for j in jobs:
                 # A job cancelled before its first bind has no attempts to add up.
                 started, gpu_ms, nodes = (
                     self._attempt_totals(j.job_id) if j.attempts else (0, 0, [])
                 )
-                db.execute(
-                    f"INSERT OR IGNORE INTO jobs ({_JOB_COLUMNS}) VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows.append(
                     (
                         j.job_id,
                         j.name,
@@ -248,15 +254,21 @@ class HistoryStore:
                         j.requeues,
                         j.gpus_per_attempt,
                         gpu_ms,
-                        json.dumps(nodes),
+                        json.dumps(nodes) if nodes else "[]",
                         j.cancelled_by,
-                        json.dumps(to_plain(j.spec), sort_keys=True),
+                        "" if j.submission else json.dumps(to_plain(j.spec), sort_keys=True),
                         j.applied_index,
                         j.checkpoint_at_ms,
                         j.checkpoint_step,
                         j.resume_step,
-                    ),
+                        j.submission or None,
+                    )
                 )
+            db.executemany(
+                f"INSERT OR IGNORE INTO jobs ({_JOB_COLUMNS}) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
             db.execute("COMMIT")
         except BaseException:
             # A failed COMMIT (a full disk) may have ended the transaction already; then
@@ -386,6 +398,17 @@ def _attempts_of(db: sqlite3.Connection, job_ids: list[str]) -> dict[str, list[H
     return out
 
 
+def _spec(plain: str, submission: bytes | None) -> JobSpec:
+    """A stored spec: from the SubmitJob command it came from, else its plain form."""
+    if submission:
+        command = decode_command(submission)
+        if not isinstance(command, SubmitJob):
+            raise ValueError(f"a job's stored submission is a {type(command).__name__}")
+        return command.spec
+    spec: JobSpec = from_plain(JobSpec, json.loads(plain))
+    return spec
+
+
 def _job(r: Sequence[Any], attempts: Sequence[HistoryAttempt]) -> HistoryJob:
     return HistoryJob(
         job_id=r[0],
@@ -405,7 +428,7 @@ def _job(r: Sequence[Any], attempts: Sequence[HistoryAttempt]) -> HistoryJob:
         gpu_ms=r[14],
         nodes=tuple(json.loads(r[15])),
         cancelled_by=r[16],
-        spec=from_plain(JobSpec, json.loads(r[17])),
+        spec=_spec(r[17], r[22]),
         applied_index=r[18],
         attempt_list=tuple(attempts),
         checkpoint_at_ms=r[19],

@@ -36,6 +36,7 @@ from synapse_ha.core.model import (
     NodeStatus,
 )
 from synapse_ha.core.reasons import Reason, render
+from synapse_ha.history.submissions import Submissions
 
 INDEX_SHIFT = 16
 MAX_EVENTS_PER_COMMAND = (1 << INDEX_SHIFT) - 1
@@ -134,13 +135,17 @@ class JobRecord:
     requeues: int
     gpus_per_attempt: int
     cancelled_by: str
-    spec: object  # the JobSpec (stored as the core codec's plain form)
+    spec: object  # the JobSpec (stored as the core codec's plain form, or as below)
     applied_index: int
     # The last attempt's checkpoint mark (core/checkpoints.py): when (0: none) and its
     # step; and the step a next attempt would have resumed from.
     checkpoint_at_ms: int = 0
     checkpoint_step: int | None = None
     resume_step: int | None = None
+    # The encoded SubmitJob command the job's spec came from, as the replica applied it
+    # (b"": unknown, e.g. the job was restored from a snapshot). Stored in its place:
+    # the spec is then never encoded again.
+    submission: bytes = b""
 
 
 @dataclass(slots=True)
@@ -217,7 +222,7 @@ def attempt_record(job: Job, applied_index: int) -> AttemptRecord | None:
     )
 
 
-def job_record(job: Job, applied_index: int) -> JobRecord:
+def job_record(job: Job, applied_index: int, submission: bytes = b"") -> JobRecord:
     mark = job.attempt.mark() if job.attempt is not None else None
     return JobRecord(
         job_id=job.job_id,
@@ -239,6 +244,7 @@ def job_record(job: Job, applied_index: int) -> JobRecord:
         checkpoint_at_ms=mark.at_ms if mark is not None else 0,
         checkpoint_step=mark.step if mark is not None else None,
         resume_step=job.resume_step,
+        submission=submission,
     )
 
 
@@ -265,12 +271,16 @@ class Tracker:
     def __init__(self) -> None:
         self._jobs: dict[str, _JobMark] = {}
         self._nodes: dict[str, _NodeMark] = {}
+        # The encoded SubmitJob command of unfinished jobs whose spec is the one that
+        # command carried.
+        self.submissions = Submissions()
 
     def reset(self, state: ClusterState) -> Step:
         """Forget everything and mark ``state`` (a restored snapshot). Returns the
         records ``state`` still holds (finished jobs, ended attempts) so that history
         that was not written before a crash is written now (writing is idempotent)."""
         self._jobs = {job_id: _mark(job) for job_id, job in state.jobs.items()}
+        self.submissions.clear()
         self._nodes = {
             node_id: _NodeMark(node.status, node.gpu_faults, node.conditions)
             for node_id, node in state.nodes.items()
@@ -291,16 +301,22 @@ class Tracker:
         job_ids: Iterable[str] | None,
         node_ids: Iterable[str] | None,
         state: ClusterState,
+        encoded: bytes = b"",
     ) -> Step:
         """Events and records of one applied command. ``job_ids``/``node_ids`` are
-        the records it may have touched; None means any (every record is compared)."""
+        the records it may have touched; None means any (every record is compared).
+        ``encoded``: the command as the replica applied it, if known (a submission's is
+        kept until its job's record is made)."""
         out = Step()
         applied = state.applied_commands
         now = state.last_time_ms
         events: list[tuple[EventKind, dict[str, object]]] = []
         if isinstance(command, cmd.Barrier) and result.ok:
             events.append((EventKind.LEADER_CHANGED, {"leader_id": command.leader_id}))
-        nodes = sorted(set(self._nodes) | set(state.nodes) if node_ids is None else set(node_ids))
+        if node_ids is None:
+            nodes: Iterable[str] = sorted(set(self._nodes) | set(state.nodes))
+        else:
+            nodes = sorted(set(node_ids)) if node_ids else ()  # most commands touch none
         for node_id in nodes:
             self._node_events(command, node_id, state, events)
         ids = set(self._jobs) | set(state.jobs) if job_ids is None else job_ids
@@ -309,14 +325,21 @@ class Tracker:
             job = state.jobs.get(job_id)
             if job is None:  # purged: history already has it
                 self._jobs.pop(job_id, None)
+                self.submissions.take(job_id)
                 continue
             before = self._jobs.get(job_id)
             after = _mark(job)
             if after != before:
                 self._jobs[job_id] = after
                 changed.append((job.seq, job_id, before, after, job))
-        changed.sort(key=lambda c: (c[0], c[1]))
+        if len(changed) > 1:
+            changed.sort(key=lambda c: (c[0], c[1]))
         arrays: set[str] = set()  # arrays whose submission is told (once, not per task)
+        if encoded and isinstance(command, cmd.SubmitJob):
+            spec = command.spec
+            fresh = [c[1] for c in changed if c[2] is None and c[4].spec is spec]
+            if fresh:
+                self.submissions.keep(fresh, encoded)
         for _, _, before, after, job in changed:
             if before is None and job.array_id:
                 if job.array_id not in arrays:
@@ -324,7 +347,9 @@ class Tracker:
                     events.append(_array_submitted(job, state))
                 before = _SUBMITTED
             self._job_events(before, after, job, applied, events, out)
-        for k, (kind, values) in enumerate(events[:MAX_EVENTS_PER_COMMAND]):
+        if len(events) > MAX_EVENTS_PER_COMMAND:
+            events = events[:MAX_EVENTS_PER_COMMAND]
+        for k, (kind, values) in enumerate(events):
             out.events.append(
                 Event(index=(applied << INDEX_SHIFT) | k, kind=kind, time_ms=now, **values)  # type: ignore[arg-type]
             )
@@ -385,7 +410,7 @@ class Tracker:
         }
         if before is None:
             events.append((EventKind.SUBMITTED, about))
-            before = _JobMark(JobState.PENDING, 0, None, False, False)
+            before = _SUBMITTED
         attempt = job.attempt
         if attempt is not None:
             with_attempt = {**about, "attempt": attempt.number, "nodes": attempt_nodes(attempt)}
@@ -420,7 +445,7 @@ class Tracker:
         elif job.state is JobState.CANCELLED and not before.state.finished:
             events.append((EventKind.CANCELLED, {**about, **_why(job, job.reason)}))
         if job.state.finished and not before.state.finished:
-            out.jobs.append(job_record(job, applied))
+            out.jobs.append(job_record(job, applied, self.submissions.take(job_id)))
 
 
 _SUBMITTED = _JobMark(JobState.PENDING, 0, None, False, False)  # a new job, told

@@ -59,6 +59,7 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         # release before online membership changes): the configured replicas.
         self.default_members: tuple[TCPNode, ...] = ()
         self.observer = observer
+        self._in_entry = False  # apply_commands is applying an entry's commands
         # Background snapshot writes (see start_dump): where the snapshot file lives, and
         # the pysyncobj SERIALIZER_STATE of the write in progress or just finished.
         self.dump_path: str | None = None
@@ -95,7 +96,12 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             items = unframe(envelope)
         except FrameError:
             return []
-        results = [self._apply_one(item) for item in items]
+        self._in_entry = True
+        try:
+            results = [self._apply_one(item) for item in items]
+        finally:
+            self._in_entry = False
+        self._observer_applied()
         if self._on_applied is not None:
             try:
                 self._on_applied()
@@ -119,7 +125,9 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
                     if self.observer is None:
                         result = apply_tracked(self.state, command, self._snapshots.changes)
                     else:
-                        result = self._apply_observed(command)
+                        result = self._apply_observed(command, item)
+                if not self._in_entry:  # one command on its own is a batch of its own
+                    self._observer_applied()
             return result
         except Exception as exc:  # a bug; keeping the log moving matters more
             log.exception("unexpected error applying a command")
@@ -127,11 +135,11 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
 
     # -- apply observer (history and events)
 
-    def _apply_observed(self, command: cmd.Command) -> cmd.Result:
+    def _apply_observed(self, command: cmd.Command, encoded: bytes) -> cmd.Result:
         """Apply under the lock, then tell the observer what the command touched (the
         records :mod:`synapse_ha.core.snapshot` notes for this one command, also added
-        to the snapshot builder's changes). The observer must not raise; if it does,
-        the error is logged and the log moves on."""
+        to the snapshot builder's changes) and the bytes it was decoded from. The
+        observer must not raise; if it does, the error is logged and the log moves on."""
         touched = Changes()
         result = apply_tracked(self.state, command, touched)
         changes = self._snapshots.changes
@@ -149,10 +157,21 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
                     None if everything else touched.jobs,
                     None if everything else touched.nodes,
                     self.state,
+                    encoded,
                 )
             except Exception:
                 log.exception("apply observer failed")
         return result
+
+    def _observer_applied(self) -> None:
+        """Tell the observer that the commands it was told about since the last call
+        form one applied batch (a committed entry), if it asks to be told."""
+        applied = getattr(self.observer, "applied", None)
+        if applied is not None:
+            try:
+                applied()
+            except Exception:
+                log.exception("apply observer failed to publish an applied batch")
 
     # -- snapshot hooks (SyncObjConf serializer/deserializer)
 
@@ -270,7 +289,11 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
 class ApplyObserver(Protocol):
     """Told about every applied command, on the Raft thread under the apply lock
     (synapse_ha.history.recorder.HistoryRecorder). Must be quick and must not raise;
-    slow work (disk writes) goes to a thread of its own."""
+    slow work (disk writes) goes to a thread of its own.
+
+    An observer that also has the method ``applied()`` (:class:`BatchObserver`) is told
+    once after every applied batch of commands, and may keep what it derived from them
+    until then."""
 
     def observe(
         self,
@@ -279,14 +302,25 @@ class ApplyObserver(Protocol):
         job_ids: set[str] | None,
         node_ids: set[str] | None,
         state: ClusterState,
+        encoded: bytes,
     ) -> None:
-        """``job_ids``/``node_ids``: what the command may have touched; None: anything."""
+        """``job_ids``/``node_ids``: what the command may have touched; None: anything.
+        ``encoded``: the bytes the command was decoded from."""
 
     def restored(self, state: ClusterState) -> None:
         """The state was replaced by a restored snapshot."""
 
     def flush(self) -> bool:
         """Finish queued work before a snapshot is written; False if it could not."""
+
+
+class BatchObserver(ApplyObserver, Protocol):
+    """An :class:`ApplyObserver` told about the batches its commands were applied in."""
+
+    def applied(self) -> None:
+        """The commands observed since the previous call were one applied batch (a
+        committed entry, or one command applied on its own), on the Raft thread, after
+        the apply lock is released."""
 
 
 class LockStats:
