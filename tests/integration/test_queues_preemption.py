@@ -32,7 +32,7 @@ from tests.worker.workers import LocalWorkers
 
 pytestmark = pytest.mark.integration
 
-MIN_RUNTIME_S = 12
+MIN_RUNTIME_S = 8
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pytorch_checkpoint.py"
 
 # A short grace for the victims' class, so that a member ignoring SIGTERM would not hold

@@ -95,6 +95,7 @@ pytestmark = pytest.mark.integration
 # method           admin    operator alice    bob      worker   replica  client   revoked  forged
 MATRIX = """
 SubmitJob        OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+SubmitJobs       OK       OK       OK       OK       DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 GetJob           OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 ListJobs         OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 GetArray         OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
@@ -423,6 +424,17 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
             return answer
 
         return submit
+    if method == "SubmitJobs":
+
+        def submit_many() -> Any:
+            item = pb.SubmitJobRequest(
+                spec=pending_job("matrix-many"), request_id=secrets.token_hex(8)
+            )
+            answer = stub.SubmitJobs(pb.SubmitJobsRequest(jobs=[item]), **kw)
+            cleanup.extend(a.job_id for a in answer.jobs)
+            return answer
+
+        return submit_many
     if method == "CancelJob":
         target = world.submit("alice", pending_job("matrix-target"))
         cleanup.append(target)
