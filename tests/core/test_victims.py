@@ -13,7 +13,6 @@ from synapse_ha.core.cluster_config import (
     DEFAULT_PRIORITY_CLASSES,
     ClusterConfig,
     PreemptionKind,
-    PreemptionMode,
     PriorityClass,
     Queue,
 )
@@ -24,7 +23,10 @@ from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.validation import check_cluster_config, check_queue
 from synapse_ha.core.victims import lost_gpu_ms, protected_until_ms
-from tests.core.harness import Cluster, job, node
+from tests.core.harness import Cluster, job
+from tests.core.test_queues import cluster as queues_cluster
+from tests.core.test_queues import run as queues_run
+from tests.core.test_queues import stop_all
 
 HOUR = 3_600_000
 MINUTE = 60_000
@@ -40,27 +42,16 @@ def classes(low_min_ms: int = 0) -> tuple[PriorityClass, ...]:
 def cluster(
     *queues: Queue, low_min_ms: int = 0, racks: int = 2, per_rack: int = 2, **config: int
 ) -> Cluster:
-    settings = ClusterConfig(
-        preemption=PreemptionMode.TOPOLOGY,
-        locality_wait_ms=0,
-        priority_classes=classes(low_min_ms),
-        **config,  # type: ignore[arg-type]
-    )
-    cl = Cluster(state=ClusterState(config=settings))
-    for r in range(racks):
-        for h in range(per_rack):
-            cl.add(node(f"r{r}h{h}", gpus=8, rack=f"r{r}"))
-    for q in queues:
-        assert cl.do(c.SetQueue(q, cl.now)).ok
+    """A cluster of test_queues' shape whose ``low`` class has ``low_min_ms`` as its
+    minimum run time, with ``config`` (e.g. ``reclaim_wait_max_ms``) set."""
+    cl = queues_cluster(*queues, racks=racks, per_rack=per_rack)
+    wanted = dataclasses.replace(cl.state.config, priority_classes=classes(low_min_ms), **config)
+    assert cl.do(c.Configure(wanted, cl.now)).ok
     return cl
 
 
 def run(cl: Cluster, queue: str, gpu: int, replicas: int = 1, cls: str = "low") -> str:
-    j = cl.submit(job(queue=queue, gpu=gpu, replicas=replicas, priority_class=cls))
-    cl.run_pass()
-    assert cl.state_of(j) is JobState.SCHEDULED
-    cl.start_all(j)
-    return j
+    return queues_run(cl, queue, gpu, replicas, cls)
 
 
 def mark_all(cl: Cluster, j: str, step: int) -> None:
@@ -75,13 +66,6 @@ def mark_all(cl: Cluster, j: str, step: int) -> None:
 
 def victims_planned(cl: Cluster) -> list[list[str]]:
     return [sorted(v.job_id for v in p.victims) for p in cl.plan().preemptions]
-
-
-def stop_all(cl: Cluster, j: str) -> None:
-    attempt = cl.state.jobs[j].attempt
-    assert attempt is not None
-    for m in attempt.members:
-        cl.exit_member(j, m.rank, 143)
 
 
 # -------------------------------------------------------------------------- cost
