@@ -264,9 +264,10 @@ def test_a_victim_runs_its_minimum_then_checkpoints_in_its_grace_and_resumes(
 
     # Once the preemptor is gone the victim resumes from that step.
     ok(synctl("cancel", urgent), synctl)
-    wait_for(
-        "the victim resumed",
-        lambda: f"(the gang's mark: {step})" in ok(synctl("logs", victim), synctl),
-        timeout_s=60,
-    )
+
+    def resumed() -> bool:
+        shown = synctl("logs", victim)  # refused while its new attempt has not started
+        return shown.exit_code == 0 and f"(the gang's mark: {step})" in shown.stdout
+
+    wait_for("the victim resumed", resumed, timeout_s=60)
     ok(synctl("cancel", victim), synctl)
