@@ -23,6 +23,7 @@ from synapse_ha.core.codec import (
     encode_state,
 )
 from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec_from_plain import from_plain_compiled
 from synapse_ha.core.codec_to_plain import _ADDED_FIELDS, to_plain
 from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, MemberPlacement, NodeStatus
@@ -105,6 +106,8 @@ def test_command_round_trip(command: c.Command) -> None:
     data = encode_command(command)
     assert decode_command(data) == command
     assert encode_command(decode_command(data)) == data
+    # The compiled decoders alone decode it whole (codec_compiled).
+    assert from_plain_compiled(type(command), json.loads(data)["body"]) == command
 
 
 def test_state_round_trip_and_canonical_bytes() -> None:
