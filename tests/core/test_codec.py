@@ -23,6 +23,7 @@ from synapse_ha.core.codec import (
     encode_state,
 )
 from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec_from_plain import from_plain_compiled
 from synapse_ha.core.codec_to_plain import _ADDED_FIELDS, to_plain
 from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, MemberPlacement, NodeStatus
@@ -105,6 +106,8 @@ def test_command_round_trip(command: c.Command) -> None:
     data = encode_command(command)
     assert decode_command(data) == command
     assert encode_command(decode_command(data)) == data
+    # The compiled decoders alone decode it whole (codec_compiled).
+    assert from_plain_compiled(type(command), json.loads(data)["body"]) == command
 
 
 def test_state_round_trip_and_canonical_bytes() -> None:
@@ -441,3 +444,23 @@ def test_a_state_is_coded_with_the_collector_paused_and_left_as_it_was(
         assert not gc.isenabled()  # left off, as it was
     finally:
         gc.enable()
+
+
+def test_a_state_parsed_by_another_parser_decodes_alike_and_its_refusals_are_reparsed() -> None:
+    cl = a_running_and_a_waiting_job()
+    data = encode_state(cl.state)
+    parsed: list[bytes] = []
+
+    def parse(raw: bytes) -> Any:
+        parsed.append(raw)
+        return json.loads(raw)
+
+    assert decode_state(data, parse) == decode_state(data) == cl.state
+    assert parsed == [data]
+
+    def refuse(raw: bytes) -> Any:
+        raise ValueError("not for me")
+
+    assert decode_state(data, refuse) == cl.state  # parsed again by the core
+    with pytest.raises(CodecError, match=r"^state: not valid JSON"):
+        decode_state(data[:-1], refuse)

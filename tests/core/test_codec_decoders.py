@@ -1,14 +1,23 @@
 """Decoding with per-type decoders worked out once: nested errors still name the exact
-path and the rule, and a decoded value is rebuilt afresh every time."""
+path and the rule, a decoded value is rebuilt afresh every time, and the compiled
+decoders (the fast path) build what the constructors build."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
 
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_command, encode_command
+from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
+from synapse_ha.core.codec_compiled import Mismatch, _twin
 from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.model import JobSpec, Resources
+from synapse_ha.core.codec_from_plain import from_plain, from_plain_compiled
+from synapse_ha.core.codec_to_plain import to_plain
+from synapse_ha.core.model import ClusterState, JobSpec, Resources
+from tests.core.test_codec import a_running_and_a_waiting_job
 
 
 @pytest.mark.parametrize(
@@ -67,3 +76,128 @@ def test_each_decode_builds_new_equal_values() -> None:
     with pytest.raises(CodecError):
         decode_command(encoded.replace(b'"replicas":2', b'"replicas":"2"'))
     assert decode_command(encoded) == first
+
+
+def assert_built_as_by_constructors(value: Any) -> None:
+    """Every record in ``value`` (a decoded tree) equals the record its constructor
+    builds from its fields, with every field set; a frozen one hashes alike and stays
+    frozen."""
+    if isinstance(value, dict):
+        for item in value.values():
+            assert_built_as_by_constructors(item)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            assert_built_as_by_constructors(item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        rebuilt = type(value)(**fields)
+        assert rebuilt == value
+        if type(value).__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            assert hash(rebuilt) == hash(value)
+            name = next(iter(fields))
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(value, name, fields[name])
+        for item in fields.values():
+            assert_built_as_by_constructors(item)
+
+
+def test_a_decoded_state_holds_records_as_their_constructors_build_them() -> None:
+    cl = a_running_and_a_waiting_job()
+    for compact in (False, True):
+        cl.state.config = dataclasses.replace(cl.state.config, compact_state=compact)
+        data = encode_state(cl.state)
+        decoded = decode_state(data)
+        assert decoded == cl.state
+        assert_built_as_by_constructors(decoded)
+        # The compiled decoders alone decode it whole.
+        assert from_plain_compiled(ClusterState, json.loads(data)["state"]) == cl.state
+        # Defaults made by a factory are made afresh for each record and each decode.
+        again = decode_state(data)
+        assert again.tokens is not decoded.tokens
+        specs = [j.spec for j in decoded.jobs.values()]
+        assert specs[0].retries is not again.jobs[next(iter(again.jobs))].spec.retries
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plain:
+    name: str
+    size: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checked:
+    """Its ``__post_init__`` runs for a decoded value too."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise TypeError("name must not be empty")
+
+
+@dataclasses.dataclass
+class Unslotted:
+    items: tuple[Plain, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Derived(Plain):
+    extra: str = ""
+
+
+@dataclasses.dataclass(slots=True)
+class Mixed:
+    either: Plain | Derived
+    checked: Checked | None = None
+    by_name: dict[str, Unslotted] = dataclasses.field(default_factory=dict)
+    codes: frozenset[int] = frozenset()
+    pairs: tuple[tuple[str, int | str], ...] = ()
+    anything: Any = None
+
+
+def test_only_records_built_by_a_plain_init_are_built_without_it() -> None:
+    assert _twin(Plain) is not None and _twin(Mixed) is not None
+    # A __post_init__, no slots, a base class: built by calling the constructor.
+    assert _twin(Checked) is None and _twin(Unslotted) is None and _twin(Derived) is None
+    value = Mixed(
+        Derived("d", 2, "x"),
+        Checked("c"),
+        {"u": Unslotted((Plain("p"), Plain("q", 3)))},
+        frozenset({3, 1}),
+        (("a", 1), ("b", "two")),
+        {"any": [1]},
+    )
+    plain = to_plain(value)
+    assert from_plain(Mixed, plain) == value
+    assert from_plain_compiled(Mixed, plain) == value
+    assert_built_as_by_constructors(from_plain(Mixed, plain))
+    # The constructor's own check still runs, on the fast path and the generic one.
+    plain["checked"] = {"name": ""}
+    with pytest.raises(CodecError, match=r"^\$\.checked: name must not be empty"):
+        from_plain(Mixed, plain)
+
+
+@pytest.mark.parametrize(
+    ("plain", "message"),
+    [
+        ({"either": {"name": "p", "size": True}}, "$.either.size: expected an integer, got bool"),
+        ({"either": {"name": "p"}, "pairs": [["a", 1, 2]]}, "$.pairs[0]: expected 2 items"),
+        ({"either": {"name": "p"}, "pairs": [["a", None]]}, "$.pairs[0][1]: "),
+        ({"either": {"name": "p"}, "codes": [1, "2"]}, "$.codes[1]: expected an integer"),
+        (
+            {"either": {"name": "p"}, "by_name": {"u": {"items": [["p", 1, 2]]}}},
+            "$.by_name.u.items[0]: 3 fields",
+        ),
+        ({"either": {"name": "p"}, "by_name": {"u": 5}}, "$.by_name.u: expected an object"),
+        ({"either": {"name": "p"}, "nope": 1}, "$: unknown field 'nope'"),
+        ({}, "$: Mixed.__init__() missing 1 required positional argument"),
+    ],
+)
+def test_what_the_compiled_decoders_refuse_the_generic_path_names(
+    plain: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(Mismatch):
+        from_plain_compiled(Mixed, plain)
+    with pytest.raises(CodecError) as info:
+        from_plain(Mixed, plain)
+    assert str(info.value).startswith(message)

@@ -7,6 +7,7 @@ leader proposes them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import replace
 
 from hypothesis import HealthCheck, event, settings
@@ -24,6 +25,7 @@ from synapse_ha.core import invariants
 from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, PreemptionMode, Queue
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
+from synapse_ha.core.codec_from_plain import from_plain_compiled
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.formats import FORMAT, NEW_FIELDS
 from synapse_ha.core.machine import apply
@@ -39,6 +41,7 @@ from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import desired_by_node, due_start_timeouts, due_time_limits
 from tests.core.harness import job, node
+from tests.core.test_codec_decoders import assert_built_as_by_constructors
 
 NODE_IDS = [f"n{i}" for i in range(6)]
 QUEUES = ["default", "qa", "qb", "qc"]  # qc is never created: submissions to it fail
@@ -663,6 +666,12 @@ class ClusterMachine(DependentSubmissions):
         compact = replace(self.state, config=replace(self.state.config, compact_state=True))
         compact_encoded = encode_state(compact)
         assert decode_state(compact_encoded) == compact
+        # The compiled decoders alone decode both layouts whole (no value was left to the
+        # generic path), and build what the constructors build.
+        for state, data in ((self.state, encoded), (compact, compact_encoded)):
+            built = from_plain_compiled(ClusterState, json.loads(data)["state"])
+            assert built == state
+            assert_built_as_by_constructors(built)
         assert len(compact_encoded) < len(encoded)
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec import encode_command, encode_state
+from synapse_ha.core.codec import decode_state, encode_command, encode_state
+from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule
@@ -79,6 +83,42 @@ def test_a_snapshot_restores_the_exact_state(tmp_path: Path) -> None:
     # A file without a member list stands for the configured members (none here).
     assert machine.read_dump(path) == (entries[0], entries[1], [])
     assert encode_state(machine.state) == encode_state(state)
+
+
+def test_a_snapshot_is_read_as_the_core_decodes_it_whatever_the_parser_takes(
+    tmp_path: Path,
+) -> None:
+    """The file's state is parsed by msgspec, and what msgspec refuses by the core's
+    parser: the state read is the core's decoding either way, and a body that is not a
+    state is named as the core names it."""
+    state = ClusterState()
+    state.config = replace(state.config, compact_state=True)
+    apply(state, cmd.RegisterNode(info=node("n1"), now_ms=1))
+    for i in range(3):
+        apply(state, cmd.SubmitJob(spec=job(f"j{i}", gpu=4), request_id=f"r{i}", now_ms=2))
+    bind = schedule(state, 3).command(3)
+    assert bind is not None
+    apply(state, bind)
+    state.last_time_ms = 2**70  # an integer beyond 64 bits is read as one
+    entries = ((b"\x01newest", 7, 2), (b"\x01older", 6, 2))
+    path = tmp_path / "raft.dump"
+    write_snapshot(str(path), state, entries)
+    body = encode_state(state)
+    assert msgspec.json.decode(body) == json.loads(body)
+    restored = read_snapshot(str(path))[0]
+    assert restored == decode_state(body) == state
+    assert encode_state(restored) == body
+
+    header = path.read_bytes().partition(b"\n")[0] + b"\n"
+    # msgspec refuses a NaN, the core's parser takes it and names the field.
+    path.write_bytes(header + body.replace(str(2**70).encode(), b"NaN"))
+    with pytest.raises(msgspec.DecodeError):
+        msgspec.json.decode(path.read_bytes().partition(b"\n")[2])
+    with pytest.raises(CodecError, match=r"^state\.last_time_ms: expected an integer, got float"):
+        read_snapshot(str(path))
+    path.write_bytes(header + body[:-5])
+    with pytest.raises(CodecError, match=r"^state: not valid JSON"):
+        read_snapshot(str(path))
 
 
 @pytest.mark.parametrize(
