@@ -115,7 +115,7 @@ def run(
                 commit = cluster.local_status(leader).commit_index
                 since = settled_snapshot_index() if commit >= entries else snapshot_index()
                 if commit < entries:
-                    chunk = 2_000
+                    chunk = max(20, min(2_000, entries - commit))
                 elif commit - since < replay:
                     if replay_from is not None and since != replay_from:
                         compactions += 1  # counting starts again from the new snapshot
@@ -239,7 +239,7 @@ def main() -> int:
     )
     parser.add_argument("--verbose", action="store_true", help="print the restarted replica's log")
     args = parser.parse_args()
-    entries, down_s = (300, 1.0) if args.smoke else (args.entries, args.down_s)
+    entries, down_s = (500, 1.0) if args.smoke else (args.entries, args.down_s)
     with tempfile.TemporaryDirectory(prefix="synapse-catchup-") as tmp:
         report = {
             "smoke": args.smoke,

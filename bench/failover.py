@@ -22,7 +22,7 @@ and two real ``synapse-worker`` processes (mock GPUs) running one long two-membe
    dead): ``gangs_survived``.
 
 Prints one JSON object (``--out`` also writes it to a file): the kill figures under the
-keys of earlier versions, and every kind's under ``faults``. ``--smoke`` runs 2 faults of
+keys of earlier versions, and every kind's under ``faults``. ``--smoke`` runs 1 fault of
 each kind. Extra flags for the replicas (``--replica-arg=--election-min=300ms``) let the
 same run compare settings.
 Targets on a two-core machine: kill -> next committed bind p50 <= 0.1 s, max <= 0.5 s;
@@ -418,7 +418,7 @@ def main() -> int:
     kinds = list(dict.fromkeys(args.fault or FAULTS))
     per_kind, quiet, streams = args.faults, args.quiet_s, args.streams
     if args.smoke:
-        per_kind, quiet, streams = 2, 2.0, 1
+        per_kind, quiet, streams = 1, 2.0, 1
     with tempfile.TemporaryDirectory(prefix="synapse-failover-") as tmp:
         figures = run(Path(tmp), kinds, per_kind, quiet, streams, args.replica_arg)
         report = {"smoke": args.smoke, **figures}
