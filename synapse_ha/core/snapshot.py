@@ -4,13 +4,16 @@
 Anything that only reads — a scheduling pass, ``explain``, ``ListJobs``, the heartbeat's
 desired state — works on a snapshot instead, so it never holds that lock while it thinks.
 
-A snapshot is a ``ClusterState`` whose records are never changed after it is made. It is
-bought in O(what changed): :func:`apply_tracked` notes which node and job records each
-command may touch (a superset, judged by the command's type, before and after it is
-applied), and :meth:`SnapshotBuilder.take` copies only those records, sharing every other
-one with the previous snapshot. The dictionaries themselves are copied (a C-speed copy of
-references). A command type it does not know and a restored state make the
-next snapshot a full copy, so an unknown change can cost time but never correctness.
+A snapshot is a ``ClusterState`` whose records are never changed after it is made. Taking
+one copies the record dictionaries (a C-speed copy of references) and no record at all: a
+snapshot shares the live records. The copying is done on the write side, record by
+record: :func:`apply_tracked` knows which node and job records each command may touch (a
+superset, judged by the command's type, before it is applied), and a record still shared
+with the newest snapshot is replaced in the live state by a private copy before the
+command changes it — once per record between two snapshots. So a snapshot costs the same
+whether 10 or 10,000 records changed since the previous one, and a command pays for the
+records it changes. A command type it does not know makes every record private first,
+so an unknown change can cost time but never correctness.
 
 Nothing here reads a clock or does I/O. The caller holds the apply lock while it calls
 :func:`apply_tracked` and :meth:`SnapshotBuilder.take`; it may read the snapshot anywhere.
@@ -26,7 +29,7 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import HANDLERS, apply
 from synapse_ha.core.machine.changes import Changes, Touches
-from synapse_ha.core.model import ClusterState, Job
+from synapse_ha.core.model import ClusterState
 
 __all__ = [
     "Changes",
@@ -46,8 +49,9 @@ def note_touched(state: ClusterState, command: cmd.Command, changes: Changes) ->
     """Add to ``changes`` every record ``command`` may change in ``state``.
 
     Called once before and once after the command is applied: before, to catch records
-    it may release or remove (an attempt's old nodes, purged jobs); after, to catch the
-    ones it creates or binds (a new job, a new attempt's nodes).
+    it may change or remove (an attempt's old nodes, purged jobs, the nodes a bind names);
+    after, to catch the ones it creates (a new job). A record the command changes must be
+    in the first set: only those are copied before the change (:func:`apply_tracked`).
     """
     touches = _TOUCHES.get(type(command))
     if touches is None:
@@ -56,11 +60,7 @@ def note_touched(state: ClusterState, command: cmd.Command, changes: Changes) ->
     fresh = Changes()
     touches(state, command, fresh)
     _with_dependants(state, fresh.jobs)
-    changes.nodes |= fresh.nodes
-    changes.jobs |= fresh.jobs
-    changes.request_ids |= fresh.request_ids
-    changes.tokens |= fresh.tokens
-    changes.everything |= fresh.everything
+    changes.add(fresh)
 
 
 def _with_dependants(state: ClusterState, jobs: set[str]) -> None:
@@ -88,12 +88,48 @@ def _with_dependants(state: ClusterState, jobs: set[str]) -> None:
                 work.append(dependant)
 
 
-def apply_tracked(state: ClusterState, command: cmd.Command, changes: Changes) -> cmd.Result:
-    """:func:`apply`, noting in ``changes`` what the command may have touched."""
-    note_touched(state, command, changes)
+def apply_tracked(
+    state: ClusterState, command: cmd.Command, changes: Changes, also: Changes | None = None
+) -> cmd.Result:
+    """:func:`apply`, noting in ``changes`` (and in ``also``, when given: this command's
+    records alone) what the command may have touched. A record it may change that is
+    still shared with the newest snapshot is first replaced by a copy of its own."""
+    touched = Changes()
+    note_touched(state, command, touched)
+    if changes.shared:
+        _own(state, touched, changes)
     result = apply(state, command)
-    note_touched(state, command, changes)
+    note_touched(state, command, touched)
+    changes.add(touched)
+    if also is not None:
+        also.add(touched)
     return result
+
+
+def _own(state: ClusterState, touched: Changes, changes: Changes) -> None:
+    """Replace every record in ``touched`` that the live state does not own yet (it is
+    shared with the newest snapshot) by a copy, and note that it owns it now."""
+    if changes.own_all:
+        return
+    if touched.everything:  # a command of unknown reach: own every record
+        for node_id, record in state.nodes.items():
+            if node_id not in changes.own_nodes:
+                state.nodes[node_id] = clone(record)
+        for job_id, whole in state.jobs.items():
+            if job_id not in changes.own_jobs:
+                state.jobs[job_id] = clone(whole)
+        changes.own_all = True
+        return
+    for node_id in touched.nodes - changes.own_nodes:
+        node = state.nodes.get(node_id)
+        if node is not None:
+            state.nodes[node_id] = clone(node)
+    for job_id in touched.jobs - changes.own_jobs:
+        job = state.jobs.get(job_id)
+        if job is not None:
+            state.jobs[job_id] = clone(job)
+    changes.own_nodes |= touched.nodes
+    changes.own_jobs |= touched.jobs
 
 
 # ----------------------------------------------------------------------- copying
@@ -165,7 +201,7 @@ _COUNTERS = tuple(
 
 
 class SnapshotBuilder:
-    """Makes snapshots of one live state, each from the previous one and the changes.
+    """Makes snapshots of one live state (copy-on-write: see the module's docstring).
 
     Not thread-safe: the owner calls :func:`apply_tracked` and :meth:`take` under the
     same lock. ``changes`` is the set :func:`apply_tracked` must be given.
@@ -176,56 +212,36 @@ class SnapshotBuilder:
         self._last: ClusterState | None = None
 
     def reset(self) -> None:
-        """The live state was replaced (a restored dump): the next snapshot copies all."""
+        """The live state was replaced (a restored dump): it shares nothing with the
+        newest snapshot, and the next one copies the small dictionaries afresh."""
         self.changes.everything = True
+        self.changes.shared = False
 
     def take(self, state: ClusterState) -> ClusterState:
-        """A snapshot equal to ``state`` now. Costs O(records changed since the last one)
-        plus a copy of the two record dictionaries' references."""
+        """A snapshot equal to ``state`` now. Copies the record dictionaries' references
+        and no record: the records are shared until a command changes one."""
         last, changes = self._last, self.changes
         if last is not None and not changes and last.applied_commands == state.applied_commands:
             return last
-        if last is None or changes.everything:
-            snap = full_copy(state)
+        request_ids, tokens = state.request_ids, state.tokens
+        if last is None or changes.everything or changes.request_ids:
+            request_ids = dict(request_ids)
         else:
-            nodes = last.nodes
-            if changes.nodes:
-                nodes = dict(nodes)
-                added = False
-                for node_id in changes.nodes:
-                    node = state.nodes.get(node_id)
-                    if node is None:
-                        nodes.pop(node_id, None)
-                    else:
-                        added = added or node_id not in nodes
-                        nodes[node_id] = clone(node)
-                if added:  # rare: keep registration order, as the live dictionary has it
-                    nodes = {node_id: nodes[node_id] for node_id in state.nodes}
-            jobs = last.jobs
-            if changes.jobs:
-                jobs = dict(jobs)
-                new: list[Job] = []
-                for job_id in changes.jobs:
-                    job = state.jobs.get(job_id)
-                    if job is None:
-                        jobs.pop(job_id, None)
-                    elif job_id in jobs:
-                        jobs[job_id] = clone(job)
-                    else:
-                        new.append(job)
-                # New jobs go last in submission order, as in the live dictionary.
-                for job in sorted(new, key=lambda j: (j.seq, j.array_index)):
-                    jobs[job.job_id] = clone(job)
-            snap = ClusterState(
-                config=state.config,
-                nodes=nodes,
-                jobs=jobs,
-                request_ids=dict(state.request_ids) if changes.request_ids else last.request_ids,
-                # Tokens are frozen values: a copy of the dictionary is a full copy.
-                tokens=dict(state.tokens) if changes.tokens else last.tokens,
-            )
-            for name in _COUNTERS:
-                setattr(snap, name, clone(getattr(state, name)))
+            request_ids = last.request_ids
+        if last is None or changes.everything or changes.tokens:
+            tokens = dict(tokens)  # tokens are frozen values: this is a full copy
+        else:
+            tokens = last.tokens
+        snap = ClusterState(
+            config=state.config,
+            nodes=dict(state.nodes),
+            jobs=dict(state.jobs),
+            request_ids=request_ids,
+            tokens=tokens,
+        )
+        for name in _COUNTERS:
+            setattr(snap, name, clone(getattr(state, name)))
         changes.clear()
+        changes.shared = True
         self._last = snap
         return snap

@@ -4,7 +4,7 @@
 snapshot holds: jobs by state and queue, pending gangs by reason code, nodes by status,
 free and used GPUs by rack, unhealthy GPUs by node and the checks failing on each node.
 It reads one immutable snapshot (``ReplicaSource.snapshot()``: the apply lock is held
-only to copy what changed since the previous snapshot) and derives every gauge from it
+only to copy the record dictionaries) and derives every gauge from it
 without any lock; the figures (:class:`StateFigures`, a pure function of the state) are
 cached per applied command, so scrapes between two applies cost one comparison.
 

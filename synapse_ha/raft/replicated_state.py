@@ -72,9 +72,9 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
     def snapshot(self) -> ClusterState:
         """An immutable snapshot of the state as of the newest applied command.
 
-        Holds the apply lock only while the records changed since the previous snapshot
-        are copied (see :mod:`synapse_ha.core.snapshot`); the caller then reads it with no
-        lock at all. Never change the returned state."""
+        Holds the apply lock only while the record dictionaries are copied (no record
+        is: see :mod:`synapse_ha.core.snapshot`); the caller then reads it with no lock
+        at all. Never change the returned state."""
         with self.lock:
             started = time.perf_counter()
             snap = self._snapshots.take(self.state)
@@ -141,13 +141,7 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         to the snapshot builder's changes) and the bytes it was decoded from. The
         observer must not raise; if it does, the error is logged and the log moves on."""
         touched = Changes()
-        result = apply_tracked(self.state, command, touched)
-        changes = self._snapshots.changes
-        changes.nodes |= touched.nodes
-        changes.jobs |= touched.jobs
-        changes.request_ids |= touched.request_ids
-        changes.tokens |= touched.tokens
-        changes.everything |= touched.everything
+        result = apply_tracked(self.state, command, self._snapshots.changes, touched)
         if self.observer is not None:
             everything = touched.everything
             try:
@@ -208,7 +202,7 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
         it is on disk, and only then does pysyncobj drop the log entries it covers.
 
         Runs on the Raft thread between two applies, so the copy-on-write snapshot taken
-        here (:mod:`synapse_ha.core.snapshot`, O(records changed since the last one)) is
+        here (:mod:`synapse_ha.core.snapshot`: a copy of the record dictionaries) is
         exactly the state after that entry; a forked child encodes it, writes and fsyncs
         the file (:class:`synapse_ha.raft.snapshot_file.ForkedWrite`: a synchronous write, or
         one on a thread of this process, stops the Raft thread for seconds at 10,000

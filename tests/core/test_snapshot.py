@@ -1,10 +1,12 @@
 """Copy-on-write snapshots: after any command sequence a snapshot equals the live state,
-and a snapshot once taken never changes, whatever is applied afterwards."""
+and a snapshot once taken never changes, whatever is applied afterwards (every record a
+command changes was copied before it changed it)."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
@@ -13,7 +15,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core import snapshot
 from synapse_ha.core.codec import encode_command, encode_state
 from synapse_ha.core.machine import HANDLERS, apply
-from synapse_ha.core.model import ClusterState
+from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked, full_copy
 from tests.core.harness import job, node
@@ -42,10 +44,11 @@ class SnapshotMachine(ClusterMachine):
         assert encoded == encode_state(self.state)
         assert list(snap.jobs) == list(self.state.jobs)  # same (submission) order
         assert list(snap.nodes) == list(self.state.nodes)
+        # Taking one copies no record: it shares the live ones until a command changes one.
         for node_id, record in snap.nodes.items():
-            assert record is not self.state.nodes[node_id]  # never a live record
+            assert record is self.state.nodes[node_id]
         for job_id, record in snap.jobs.items():
-            assert record is not self.state.jobs[job_id]
+            assert record is self.state.jobs[job_id]
         if keep:
             self.kept = [*self.kept[-4:], (snap, encoded)]
 
@@ -92,16 +95,43 @@ def test_an_unchanged_state_gives_the_same_snapshot_and_shares_untouched_records
     assert "job-000001" in second.jobs and "job-000001" not in first.jobs
 
 
-def test_an_unknown_command_type_makes_a_full_copy() -> None:
+def test_a_changed_record_is_copied_once_and_the_snapshot_keeps_the_old_one() -> None:
     state = ClusterState()
     builder = SnapshotBuilder()
     apply_tracked(state, c.RegisterNode(node("a", gpus=4), 1), builder.changes)
+    apply_tracked(state, c.SubmitJob(job("j", gpu=2), "r1", 2), builder.changes)
     first = builder.take(state)
-    snapshot.note_touched(state, object(), builder.changes)  # type: ignore[arg-type]
-    assert builder.changes.everything
-    second = builder.take(state)
-    assert second.nodes["a"] is not first.nodes["a"]
-    assert encode_state(second) == encode_state(state) == encode_state(full_copy(state))
+    before = encode_state(first)
+    bind = schedule(state, 3).command(3)
+    assert bind is not None and apply_tracked(state, bind, builder.changes).ok
+    node_a = state.nodes["a"]
+    assert node_a is not first.nodes["a"]  # copied before the bind changed it
+    assert first.nodes["a"].allocated.gpu == 0 and node_a.allocated.gpu == 2
+    job_id = next(iter(state.jobs))
+    report = c.ReportMembers("a", (c.MemberEvent(job_id, 1, 0, c.MemberEventKind.STARTED),), 0, 4)
+    apply_tracked(state, report, builder.changes)
+    assert state.nodes["a"] is node_a  # owned since the snapshot: not copied again
+    assert encode_state(first) == before
+    assert encode_state(builder.take(state)) == encode_state(state)
+
+
+def test_an_unknown_command_type_makes_every_record_private_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = ClusterState()
+    builder = SnapshotBuilder()
+    for n in ("a", "b"):
+        apply_tracked(state, c.RegisterNode(node(n, gpus=4), 1), builder.changes)
+    first = builder.take(state)
+    before = encode_state(first)
+    monkeypatch.delitem(snapshot._TOUCHES, c.SetNodeStatus)
+    command = c.SetNodeStatus("a", NodeStatus.CORDONED, "maintenance", 2)
+    assert apply_tracked(state, command, builder.changes).ok
+    assert builder.changes.everything and builder.changes.own_all
+    assert all(state.nodes[n] is not first.nodes[n] for n in ("a", "b"))
+    assert encode_state(first) == before  # the snapshot still has "a" ready
+    assert first.nodes["a"].status is NodeStatus.READY
+    assert encode_state(builder.take(state)) == encode_state(state)
 
 
 def _mutable_parts(value: object) -> list[object]:

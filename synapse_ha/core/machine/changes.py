@@ -15,13 +15,22 @@ from synapse_ha.core.model import ClusterState, Job
 
 @dataclasses.dataclass(slots=True)
 class Changes:
-    """Records touched since the last snapshot."""
+    """Records touched since the last snapshot.
+
+    The rest is the snapshot's copy-on-write bookkeeping (:mod:`synapse_ha.core.snapshot`):
+    ``shared``: the live records may be shared with the newest snapshot; ``own_nodes`` /
+    ``own_jobs``: records the live state has copied for itself since (``own_all``: all).
+    """
 
     nodes: set[str] = dataclasses.field(default_factory=set)
     jobs: set[str] = dataclasses.field(default_factory=set)
     request_ids: bool = False
     tokens: bool = False
     everything: bool = False
+    shared: bool = False
+    own_nodes: set[str] = dataclasses.field(default_factory=set)
+    own_jobs: set[str] = dataclasses.field(default_factory=set)
+    own_all: bool = False
 
     def clear(self) -> None:
         self.nodes.clear()
@@ -29,6 +38,17 @@ class Changes:
         self.request_ids = False
         self.tokens = False
         self.everything = False
+        self.own_nodes.clear()
+        self.own_jobs.clear()
+        self.own_all = False
+
+    def add(self, other: Changes) -> None:
+        """Note ``other``'s records too."""
+        self.nodes |= other.nodes
+        self.jobs |= other.jobs
+        self.request_ids |= other.request_ids
+        self.tokens |= other.tokens
+        self.everything |= other.everything
 
     def __bool__(self) -> bool:
         return bool(self.nodes or self.jobs or self.request_ids or self.tokens or self.everything)
