@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from synapse_ha.cli.render import Document, table
+from synapse_ha.cli.render import Document, cell_text
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -101,4 +101,10 @@ def tree_table(doc: Mapping[str, Any]) -> str:
     for queue in doc["queues"]:
         rows += _rows(queue, "", True, True)
     headers = ["COHORT / QUEUE", "NOMINAL", "USED", "BORROWED", "MAY BORROW", "MAY LEND"]
-    return table(rows, headers)
+    # Laid out here rather than by render.table, which would strip the indentation.
+    cells = [headers, *[[cell_text(c) for c in row] for row in rows]]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in cells
+    )
