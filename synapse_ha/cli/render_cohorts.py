@@ -105,6 +105,5 @@ def tree_table(doc: Mapping[str, Any]) -> str:
     cells = [headers, *[[cell_text(c) for c in row] for row in rows]]
     widths = [max(len(line[i]) for line in cells) for i in range(len(headers))]
     return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-        for line in cells
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
     )

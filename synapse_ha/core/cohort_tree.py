@@ -199,6 +199,13 @@ class CohortTree:
         total += sum(self.queues[q].gpu or 0 for q in self.members.get(cohort, ()))
         return total + sum(self.nominal(c) for c in self.children.get(cohort, ()))
 
+    def queues_below(self, cohort: str) -> list[str]:
+        """The queues with a quota in ``cohort``'s subtree: its own, then its cohorts'."""
+        out = list(self.members.get(cohort, ()))
+        for child in self.children.get(cohort, ()):
+            out += self.queues_below(child)
+        return out
+
     def subtree_used(self, cohort: str) -> int:
         total = sum(self.used(q) for q in self.members.get(cohort, ()))
         return total + sum(self.subtree_used(c) for c in self.children.get(cohort, ()))

@@ -15,6 +15,7 @@ from synapse_ha.core.cluster_config import (
     PreemptionKind,
     PreemptionMode,
     Queue,
+    QueueHistory,
 )
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.cohort_tree import MAX_COHORT_DEPTH, CohortTree, distance
@@ -363,3 +364,49 @@ def test_apply_refuses_a_reclaim_from_another_tree() -> None:
     result = cl.do(preempt)
     assert result.code is c.ResultCode.CONFLICT
     assert "not in another queue of the cohort tree of org" in result.message
+
+
+# ------------------------------------------------------------------ fair share
+
+
+def test_fair_share_compares_teams_before_their_queues() -> None:
+    cl = tree_cluster(
+        (Cohort("org"), Cohort("team-a", "org"), Cohort("team-b", "org")),
+        Queue("a1", gpu=8, cohort="team-a"),
+        Queue("a2", gpu=8, cohort="team-a"),
+        Queue("b1", gpu=16, cohort="team-b"),
+        nodes=1,
+    )
+    half_life = cl.state.config.fair_share_half_life_ms
+    # Over one half-life: a1 held 16 GPUs (share 2), a2 none (0), b1 8 (0.5). Team a
+    # used 16 of its 16 (1), team b 8 of its 16 (0.5).
+    cl.state.queue_history = {
+        "a1": QueueHistory(gpu_ms=16 * half_life, at_ms=cl.now),
+        "b1": QueueHistory(gpu_ms=8 * half_life, at_ms=cl.now),
+    }
+    a2 = cl.submit(job(queue="a2", gpu=8))
+    b1 = cl.submit(job(queue="b1", gpu=8))
+    cl.run_pass()
+    # One node: team b goes first, though a2's own share is the lowest of all.
+    assert cl.state_of(b1) is JobState.SCHEDULED
+    assert cl.state_of(a2) is JobState.PENDING
+
+
+def test_without_cohort_records_fair_share_is_by_queue() -> None:
+    cl = tree_cluster(
+        (),
+        Queue("a1", gpu=8, cohort="lab"),
+        Queue("a2", gpu=8, cohort="lab"),
+        Queue("b1", gpu=16, cohort="lab"),
+        nodes=1,
+    )
+    half_life = cl.state.config.fair_share_half_life_ms
+    cl.state.queue_history = {
+        "a1": QueueHistory(gpu_ms=16 * half_life, at_ms=cl.now),
+        "b1": QueueHistory(gpu_ms=8 * half_life, at_ms=cl.now),
+    }
+    a2 = cl.submit(job(queue="a2", gpu=8))
+    b1 = cl.submit(job(queue="b1", gpu=8))
+    cl.run_pass()
+    assert cl.state_of(a2) is JobState.SCHEDULED
+    assert cl.state_of(b1) is JobState.PENDING
