@@ -410,3 +410,19 @@ def test_without_cohort_records_fair_share_is_by_queue() -> None:
     cl.run_pass()
     assert cl.state_of(a2) is JobState.SCHEDULED
     assert cl.state_of(b1) is JobState.PENDING
+
+
+def test_a_queue_of_the_common_cohort_itself_is_its_own_branch() -> None:
+    """A queue sitting in org (an uncle of a1) that borrows is reclaimed from, too."""
+    cl = tree_cluster(
+        (Cohort("org"), Cohort("team-a", "org")),
+        Queue("a1", gpu=16, cohort="team-a"),
+        Queue("o1", gpu=0, cohort="org"),
+        nodes=2,
+    )
+    uncle = [run(cl, "o1", 8) for _ in range(2)]
+    mine = cl.submit(job(queue="a1", gpu=8))
+    plan = cl.run_pass()
+    assert len(plan.preemptions) == 1
+    assert plan.preemptions[0].victims[0].job_id in uncle
+    assert cl.state.jobs[mine].reason.code is ReasonCode.WAITING_FOR_VICTIMS

@@ -201,7 +201,8 @@ def _reclaim_room(
     """The queues a reclaim for queue ``name`` (of ``cohort``) may take from, each with
     the GPUs it borrows and its distance in the cohort tree: every other queue of the
     tree that borrows, where for a queue beyond the preemptor's own cohort the branch
-    below the nearest common cohort borrows too (what it holds came from above)."""
+    below the nearest common cohort borrows too (what it holds came from above; a queue
+    that sits in the common cohort itself is its own branch)."""
     room: dict[str, int] = {}
     distance: dict[str, int] = {}
     for other_name in sorted(state.queues):
@@ -212,8 +213,9 @@ def _reclaim_room(
         borrowed = keeps.borrowed(other_name)
         if level is None or borrowed <= 0:
             continue
-        if level > 0:
-            below = branch(other.cohort, _depth_to(other.cohort, cohort, state) - 1, state.cohorts)
+        up = _depth_to(other.cohort, cohort, state)
+        if level > 0 and up > 0:
+            below = branch(other.cohort, up - 1, state.cohorts)
             if not below or keeps.tree.cohort_figures(below)[1] <= 0:
                 continue
         room[other_name] = borrowed
