@@ -765,6 +765,7 @@ class PreemptionMachine(DependentSubmissions):
         self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
         self.saw_preemption = False
         self.saw_requeue = False
+        self.saw_cousin_reclaim = False
 
     def do(self, command: c.Command) -> c.Result:
         data = encode_command(command)
@@ -795,7 +796,8 @@ class PreemptionMachine(DependentSubmissions):
             info = node(NODE_IDS[i], gpus=8, cpu=64, rack=f"r{i // 2}")
             self.do(c.RegisterNode(info, self.now))
         for name, gpu in zip(["qa", "qb"], quotas, strict=True):
-            queue = Queue(name, gpu=gpu, cohort="c1", borrowing_limit_gpu=borrowing)
+            limit = None if tree else borrowing  # with the tree, c1's own limits bind
+            queue = Queue(name, gpu=gpu, cohort="c1", borrowing_limit_gpu=limit)
             assert self.do(c.SetQueue(queue, self.now)).ok
         if tree:  # org -> c1 (qa, qb), c2 (qc): a cohort tree two levels deep
             for record in (Cohort("org"), Cohort("c1", "org"), Cohort("c2", "org")):
@@ -812,10 +814,12 @@ class PreemptionMachine(DependentSubmissions):
             reclaim_wait_max_ms=reclaim_wait,
         )
         assert self.do(c.Configure(wanted, self.now)).ok
-        # Low-priority gangs fill most of the cluster, so later gangs need victims.
-        for i, (queue, gpu, replicas) in enumerate(
-            [("default", 8, 2), ("qa", 4, 1), ("qb", 2, 2), ("qa", 2, 1)]
-        ):
+        # Low-priority gangs fill most of the cluster, so later gangs need victims; with
+        # the tree, c1's queues borrow c2's idle GPUs through org (a cousin's to reclaim).
+        fill = [("default", 8, 2), ("qa", 4, 1), ("qb", 2, 2), ("qa", 2, 1)]
+        if tree:
+            fill = [*fill[1:], ("qa", 8, 1), ("qb", 4, 1)]
+        for i, (queue, gpu, replicas) in enumerate(fill):
             spec = job(replicas=replicas, gpu=gpu, queue=queue, priority_class="low")
             assert self.do(c.SubmitJob(spec, f"fill-{i}", self.now)).ok
         self.scheduling_pass()
@@ -866,12 +870,22 @@ class PreemptionMachine(DependentSubmissions):
             assert result.ok, result.message
             assert not protected, protected
             self.saw_preemption = True
+            mine = self.state.queues[self.state.jobs[preempt.preemptor].spec.queue].cohort
             for victim in preempt.victims:
+                theirs = self.state.queues[self.state.jobs[victim.job_id].spec.queue].cohort
+                self.saw_cousin_reclaim |= theirs != mine
                 attempt = self.state.jobs[victim.job_id].attempt
                 assert attempt is not None and attempt.preempted_by == preempt.preemptor
                 self.preempted[(victim.job_id, victim.fencing_token)] = {
                     m.rank: (m.node_id, set(m.gpus)) for m in attempt.members
                 }
+
+    @rule(gpu=st.sampled_from([2, 4, 8]), request=st.integers(0, 30))
+    @precondition(lambda self: "qc" in self.state.queues)
+    def submit_to_c2(self, gpu: int, request: int) -> None:
+        """A gang of c2 within its nominal: it may reclaim what c1 borrows through org."""
+        spec = job(gpu=gpu, queue="qc", priority_class="normal")
+        self.do(c.SubmitJob(spec, f"c2-{request}", self.now))
 
     @rule(data=st.data(), code=st.sampled_from([0, 1, 143]))
     @precondition(lambda self: any(j.live_attempt() for j in self.state.jobs.values()))
@@ -959,6 +973,8 @@ class PreemptionMachine(DependentSubmissions):
             event("a gang was preempted")
         if self.saw_requeue:
             event("a job was requeued")
+        if self.saw_cousin_reclaim:
+            event("a reclaim took a gang of another cohort of the tree")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))
