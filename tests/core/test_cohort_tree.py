@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synapse_ha.core import commands as c
+from synapse_ha.core import invariants
 from synapse_ha.core.cluster_config import (
     ClusterConfig,
     Cohort,
@@ -426,3 +427,15 @@ def test_a_queue_of_the_common_cohort_itself_is_its_own_branch() -> None:
     assert len(plan.preemptions) == 1
     assert plan.preemptions[0].victims[0].job_id in uncle
     assert cl.state.jobs[mine].reason.code is ReasonCode.WAITING_FOR_VICTIMS
+
+
+def test_the_invariants_check_that_the_cohorts_form_a_tree() -> None:
+    state = _state()
+    for record in (Cohort("org"), Cohort("team", "org")):
+        assert apply(state, c.SetCohort(record, 1)).ok
+    assert invariants.check(state) == []
+    state.cohorts["org"] = Cohort("org", "team")  # only a bug could do this
+    problems = invariants.check(state)
+    assert any("has no root" in p for p in problems), problems
+    state.cohorts["org"] = Cohort("org", "gone")
+    assert any("its parent gone does not exist" in p for p in invariants.check(state))
