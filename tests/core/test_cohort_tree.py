@@ -26,6 +26,7 @@ from synapse_ha.core.model import ClusterState, JobState, Resources
 from synapse_ha.core.quota import QueueUsage
 from synapse_ha.core.reasons import ReasonCode
 from tests.core.harness import Cluster, job, node
+from tests.core.test_properties import tree_breaches
 from tests.core.test_queues import run
 
 ORG = (
@@ -439,3 +440,48 @@ def test_the_invariants_check_that_the_cohorts_form_a_tree() -> None:
     assert any("has no root" in p for p in problems), problems
     state.cohorts["org"] = Cohort("org", "gone")
     assert any("its parent gone does not exist" in p for p in invariants.check(state))
+
+
+@st.composite
+def _trees(draw: st.DrawFn) -> tuple[ClusterState, dict[str, int]]:
+    """A random tree of up to 6 cohorts (each one's parent drawn among the earlier ones)
+    with up to 6 queues in them, and what each queue uses."""
+    state = _state()
+    names = [f"c{i}" for i in range(draw(st.integers(1, 6)))]
+    for i, name in enumerate(names):
+        parent = draw(st.sampled_from(["", *names[:i]]))
+        record = Cohort(name, parent, draw(_limit), draw(_limit), draw(_limit))
+        assert apply(state, c.SetCohort(record, 1)).ok
+    used: dict[str, int] = {}
+    for i in range(draw(st.integers(1, 6))):
+        gpu = draw(st.integers(0, 12))
+        lending = draw(_limit)
+        queue = Queue(
+            f"q{i}",
+            gpu=gpu,
+            cohort=draw(st.sampled_from([*names, "flat"])),
+            borrowing_limit_gpu=draw(_limit),
+            lending_limit_gpu=None if lending is None else min(lending, gpu),
+        )
+        assert apply(state, c.SetQueue(queue, 1)).ok
+        used[queue.name] = draw(st.integers(0, 20))
+    return state, used
+
+
+@settings(max_examples=300, deadline=None)
+@given(_trees())
+def test_what_a_queue_may_borrow_keeps_every_subtree_within_its_limits(
+    case: tuple[ClusterState, dict[str, int]],
+) -> None:
+    state, used = case
+    u = QueueUsage(state.queues, {n: Resources(gpu=g) for n, g in used.items()}, state.cohorts)
+    for name in sorted(used):
+        queue = state.queues[name]
+        room = u.borrowable(name)
+        if room == 0:
+            continue
+        # Taking its idle nominal and all it may borrow: no subtree above it goes beyond
+        # its nominal plus its borrowing limit, and its root stays within what it has.
+        after = dict(used)
+        after[name] = max(used[name], queue.gpu or 0) + room
+        assert tree_breaches(state, queue, after) == [], (name, room)
