@@ -485,3 +485,25 @@ def test_what_a_queue_may_borrow_keeps_every_subtree_within_its_limits(
         after = dict(used)
         after[name] = max(used[name], queue.gpu or 0) + room
         assert tree_breaches(state, queue, after) == [], (name, room)
+
+
+def test_a_queue_of_a_parent_cohort_reclaims_only_what_a_child_team_borrows() -> None:
+    """o1 sits in org; team-a below it has a1 (nominal 8) and a2 (0). a2 borrows a1's
+    idle 8 within team-a: team-a borrows nothing from org, so o1 may not take it."""
+    cohorts = (Cohort("org"), Cohort("team-a", "org"))
+    queues = (
+        Queue("o1", gpu=8, cohort="org"),
+        Queue("a1", gpu=8, cohort="team-a"),
+        Queue("a2", gpu=0, cohort="team-a"),
+    )
+    cl = tree_cluster(cohorts, *queues, nodes=1)
+    run(cl, "a2", 8)
+    mine = cl.submit(job(queue="o1", gpu=8))
+    assert cl.run_pass().preemptions == []
+    assert cl.state.jobs[mine].state is JobState.PENDING
+    # Once team-a borrows from org (a2 takes o1's idle GPUs too), o1 reclaims that.
+    cl = tree_cluster(cohorts, *queues, nodes=2)
+    nephews = [run(cl, "a2", 8) for _ in range(2)]
+    mine = cl.submit(job(queue="o1", gpu=8))
+    (preemption,) = cl.run_pass().preemptions
+    assert preemption.victims[0].job_id in nephews

@@ -199,9 +199,10 @@ def _reclaim_room(
     state: ClusterState, name: str, cohort: str, keeps: QueueUsage
 ) -> tuple[dict[str, int], dict[str, int]]:
     """The queues a reclaim for queue ``name`` (of ``cohort``) may take from, each with
-    the GPUs it borrows and its distance in the cohort tree: every other queue of the
-    tree that borrows, where for a queue beyond the preemptor's own cohort the branch
-    below the nearest common cohort borrows too (what it holds came from above; a queue
+    the GPUs it borrows and its distance in the cohort tree (the levels from the farther
+    of the two cohorts up to their nearest common one: 0 for a sibling): every other
+    queue of the tree that borrows, where for a queue below the common cohort the
+    branch just below it borrows too (what the queue holds came from above; a queue
     that sits in the common cohort itself is its own branch)."""
     room: dict[str, int] = {}
     distance: dict[str, int] = {}
@@ -214,12 +215,12 @@ def _reclaim_room(
         if level is None or borrowed <= 0:
             continue
         up = _depth_to(other.cohort, cohort, state)
-        if level > 0 and up > 0:
+        if up > 0:
             below = branch(other.cohort, up - 1, state.cohorts)
             if not below or keeps.tree.cohort_figures(below)[1] <= 0:
                 continue
         room[other_name] = borrowed
-        distance[other_name] = level
+        distance[other_name] = max(level, up)
     return room, distance
 
 
