@@ -4,6 +4,8 @@ records' rules and their format, and reclaim nearest first (DESIGN §8)."""
 from __future__ import annotations
 
 import copy
+import json
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from synapse_ha.core.cluster_config import (
     QueueHistory,
 )
 from synapse_ha.core.codec import decode_state, encode_state
+from synapse_ha.core.codec_from_plain import from_plain_compiled
 from synapse_ha.core.cohort_tree import MAX_COHORT_DEPTH, CohortTree, distance
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
@@ -26,6 +29,7 @@ from synapse_ha.core.model import ClusterState, JobState, Resources
 from synapse_ha.core.quota import QueueUsage
 from synapse_ha.core.reasons import ReasonCode
 from tests.core.harness import Cluster, job, node
+from tests.core.test_codec_decoders import assert_built_as_by_constructors
 from tests.core.test_properties import tree_breaches
 from tests.core.test_queues import run
 
@@ -252,8 +256,16 @@ def test_cohort_records_need_format_7() -> None:
 def test_the_state_with_cohorts_survives_the_codec() -> None:
     state = _state()
     assert apply(state, c.SetCohort(Cohort("org", gpu=2, lending_limit_gpu=1), 1)).ok
+    assert apply(state, c.SetCohort(Cohort("team", "org", borrowing_limit_gpu=3), 1)).ok
     assert decode_state(encode_state(state)).cohorts == state.cohorts
     assert b"cohorts" not in encode_state(_state())
+    # The compact layout and the compiled decoders read them alike.
+    compact = replace(state, config=replace(state.config, compact_state=True))
+    data = encode_state(compact)
+    assert decode_state(data) == compact
+    built = from_plain_compiled(ClusterState, json.loads(data)["state"])
+    assert built.cohorts == state.cohorts
+    assert_built_as_by_constructors(built)
 
 
 # ------------------------------------------------------------------------ the pass
