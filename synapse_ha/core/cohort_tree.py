@@ -1,5 +1,5 @@
-"""The cohort tree: cohorts inside cohorts (organisation -> team -> project, any depth),
-and what a queue may borrow through it (DESIGN §8). Pure.
+"""The cohort tree: cohorts inside cohorts (organisation -> team -> project, up to
+:data:`MAX_COHORT_DEPTH` deep), and what a queue may borrow through it (DESIGN §8). Pure.
 
 Nodes are cohorts (:class:`~synapse_ha.core.cluster_config.Cohort` records, and the
 names queues use that no record defines: roots with nothing of their own) and, as leaves,

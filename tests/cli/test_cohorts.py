@@ -13,6 +13,7 @@ from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
+from synapse_ha.core.model import MemberPlacement
 from tests.cli.test_queues import synctl
 from tests.core.harness import job
 from tests.rpc.authed import NOW, Replica, serving_replica
@@ -28,9 +29,7 @@ def _bind(replica: Replica, queue: str, gpus: int) -> None:
     """A job of ``queue`` bound to ``gpus`` GPUs of node n1 (n1 has them)."""
     made = apply(replica.backend.state, cmd.SubmitJob(job(queue=queue, gpu=gpus), queue, NOW))
     assert made.ok, made.message
-    placement = cmd.GangPlacement(
-        made.job_id, 0, (cmd.MemberPlacement(0, "n1", tuple(range(gpus))),)
-    )
+    placement = cmd.GangPlacement(made.job_id, 0, (MemberPlacement(0, "n1", tuple(range(gpus))),))
     assert apply(replica.backend.state, cmd.BindPlan((placement,), now_ms=NOW)).bound
 
 
