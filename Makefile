@@ -152,6 +152,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/durability.py --part cost
 	$(BIN)/python bench/format_gate.py > bench/results/format_gate.json
 	cat bench/results/format_gate.json
+	$(BIN)/python bench/cohort_tree.py > bench/results/cohort_tree.json
+	cat bench/results/cohort_tree.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

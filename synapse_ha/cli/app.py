@@ -99,6 +99,7 @@ _EXIT_FOR_REASON = {
     Reason.PERMISSION_DENIED: ExitCode.DENIED,
     Reason.TOKEN_NOT_FOUND: ExitCode.NOT_FOUND,
     Reason.QUEUE_NOT_FOUND: ExitCode.NOT_FOUND,
+    Reason.COHORT_NOT_FOUND: ExitCode.NOT_FOUND,
     Reason.LIMIT_EXCEEDED: ExitCode.DENIED,
 }
 

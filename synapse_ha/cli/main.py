@@ -25,7 +25,17 @@ from pathlib import Path
 
 import click
 
-from synapse_ha.cli import cluster_commands, config, jobs, nodes, queues, render, sbatch, tokens
+from synapse_ha.cli import (
+    cluster_commands,
+    cohorts,
+    config,
+    jobs,
+    nodes,
+    queues,
+    render,
+    sbatch,
+    tokens,
+)
 from synapse_ha.cli.app import (
     LOCAL_COMMANDS,
     Settings,
@@ -240,6 +250,7 @@ for _command in (
     *tokens.COMMANDS,
     *config.COMMANDS,
     *queues.COMMANDS,
+    *cohorts.COMMANDS,
     *HISTORY_COMMANDS,
     ca,
 ):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from synapse_ha.cli import render_queues
+from synapse_ha.cli import render_cohorts, render_queues
 from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
@@ -20,17 +20,26 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
 @click.command()
+@click.option(
+    "--tree", is_flag=True, help="Draw the cohort tree: nominal, used and borrowed per node."
+)
 @output_option
 @with_settings
-def queues(settings: Settings) -> None:
+def queues(settings: Settings, tree: bool) -> None:
     """List queues: nominal GPUs, used, borrowed, lent, running and pending jobs.
 
     \b
     Examples:
       synctl queues
       synctl queues -o json
+      synctl queues --tree
     """
-    document = render_queues.queues_document(settings.client().list_queues())
+    answer = settings.client().list_queues()
+    if tree:
+        drawn = render_cohorts.tree_document(answer)
+        emit(settings, drawn, lambda: render_cohorts.tree_table(drawn))
+        return
+    document = render_queues.queues_document(answer)
     emit(settings, document, lambda: render_queues.queues_table(document))
 
 
@@ -55,7 +64,12 @@ def _classes(value: str) -> list[str]:
 @click.option("--gpu", type=click.IntRange(min=0), default=None, help="Nominal GPU quota.")
 @click.option("--cpu", default=None, help="Nominal CPU: cores (64, 0.5) or millicores (500m).")
 @click.option("--memory", default=None, help="Nominal memory, e.g. 512Gi.")
-@click.option("--cohort", default="", help="Queues of one cohort lend each other idle quota.")
+@click.option(
+    "--cohort",
+    default="",
+    help="Queues of one cohort lend each other idle quota; a cohort of the cohort tree "
+    "(synctl cohort set) lends and borrows through the cohorts above it too.",
+)
 @click.option(
     "--borrowing-limit",
     type=click.IntRange(min=0),

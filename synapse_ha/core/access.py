@@ -167,6 +167,8 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("ListQueues"): _READERS,
     _scheduler("SetQueue"): frozenset({_A}),
     _scheduler("DeleteQueue"): frozenset({_A}),
+    _scheduler("SetCohort"): frozenset({_A}),
+    _scheduler("DeleteCohort"): frozenset({_A}),
     # Per-identity limits: everyone may read them, admins change them.
     _scheduler("GetLimits"): _READERS,
     _scheduler("SetLimits"): frozenset({_A}),

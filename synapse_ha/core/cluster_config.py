@@ -105,6 +105,26 @@ class Queue:
 
 
 @dataclass(frozen=True, slots=True)
+class Cohort:
+    """A cohort of the cohort tree (DESIGN §8, :mod:`synapse_ha.core.cohort_tree`).
+
+    ``parent``: the cohort it belongs to ("" : a root). ``gpu``: the cohort's own
+    nominal GPUs, shared by the queues below it (None: none of its own).
+    ``borrowing_limit_gpu``: how many GPUs its subtree may take from its parent's pool
+    beyond what the subtree itself has (None: any). ``lending_limit_gpu``: how many of
+    its subtree's idle GPUs its parent's other children may borrow (None: all of them).
+    A queue's ``cohort`` names the cohort it sits in; a name no record defines is a root
+    cohort of its own, with no quota or limits of its own.
+    """
+
+    name: str
+    parent: str = ""
+    gpu: int | None = None
+    borrowing_limit_gpu: int | None = None
+    lending_limit_gpu: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueHistory:
     """A queue's past usage for fair share, decayed with ``fair_share_half_life_ms``:
     resource-milliseconds of its ended attempts (GPU-ms, CPU millicore-ms, MiB-ms), as

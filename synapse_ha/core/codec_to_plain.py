@@ -61,7 +61,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
         }
     ),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held", "marks"}),
-    ClusterState: frozenset({"queues", "queue_history", "format_floor", "arrays"}),
+    ClusterState: frozenset({"queues", "queue_history", "format_floor", "arrays", "cohorts"}),
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset(
         {"lost_attempt", "waiting_for", "dependants", "array_id", "array_index", "resume_step"}

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from synapse_ha.core.access import Role
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, Cohort, PreemptionKind, Queue
 from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import JobSpec, MemberPlacement, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason
@@ -309,6 +309,27 @@ class DeleteQueue:
 
 
 @dataclass(frozen=True, slots=True)
+class SetCohort:
+    """Add a cohort to the cohort tree or replace its settings (admin). Validated like
+    any command: names, a parent that exists, no cycle, a bounded depth, limits >= 0
+    (:func:`synapse_ha.core.cohort_tree.check_cohort`)."""
+
+    cohort: Cohort
+    now_ms: int = 0
+    actor: str = ""  # who asked (audit)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCohort:
+    """Remove a cohort record. Refused while another cohort names it as its parent;
+    queues that name it form a cohort of their own again."""
+
+    name: str
+    now_ms: int = 0
+    actor: str = ""  # who asked (audit)
+
+
+@dataclass(frozen=True, slots=True)
 class Victim:
     """A gang to preempt, named by its job and the fencing token of its live attempt
     (a victim whose attempt changed since the plan is stale)."""
@@ -357,6 +378,8 @@ Command = (
     | SetQueue
     | DeleteQueue
     | Preempt
+    | SetCohort
+    | DeleteCohort
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
@@ -382,6 +405,8 @@ COMMAND_TYPES: tuple[type, ...] = (
     SetQueue,
     DeleteQueue,
     Preempt,
+    SetCohort,
+    DeleteCohort,
 )
 
 

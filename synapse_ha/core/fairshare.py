@@ -8,7 +8,8 @@ from integer square roots of 2 (``math.isqrt``), never from floats.
 A queue's **share** (what the scheduler orders the queues of a cohort by, ascending) is
 its dominant resource's ``(decayed GPU-ms / half_life + GPUs held now) / nominal``, the
 same for CPU and memory where the queue has such a quota: usage measured in "resources
-held on average over one half-life", against what the queue is entitled to.
+held on average over one half-life", against what the queue is entitled to. A cohort of
+the cohort tree has a share too (:func:`subtree_share`): the same over its queues' GPUs.
 """
 
 from __future__ import annotations
@@ -93,6 +94,15 @@ def share(
             continue
         best = max(best, (used_ms + now_held * h) * SHARE_SCALE // (max(nominal, 1) * h))
     return best
+
+
+def subtree_share(past_gpu_ms: int, held_gpu: int, nominal_gpu: int, half_life_ms: int) -> int:
+    """The share of a subtree of the cohort tree times :data:`SHARE_SCALE`: its queues'
+    decayed GPU-ms (``past_gpu_ms``) over one half-life plus the GPUs they hold now,
+    against its nominal GPUs (its own and everything below it). Cohorts have GPU quotas
+    only, so GPUs are the dominant resource at that level."""
+    h = max(half_life_ms, 1)
+    return (past_gpu_ms + held_gpu * h) * SHARE_SCALE // (max(nominal_gpu, 1) * h)
 
 
 def history_of(state: ClusterState, queue: str) -> QueueHistory | None:

@@ -27,17 +27,19 @@ from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig, PriorityClass, Queue
 from synapse_ha.core.commands import (
+    DeleteCohort,
     ExitCause,
     ExpireDeadline,
     MemberEvent,
     MemberEventKind,
     ReportNodeChecks,
+    SetCohort,
 )
 from synapse_ha.core.model import Attempt, Job, JobSpec, NodeInfo
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 6  # the newest format this release reads
+FORMAT = 7  # the newest format this release reads
 
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
@@ -83,6 +85,9 @@ NEW_COMMANDS: dict[type, int] = {
     ReportNodeChecks: 3,
     # A pending job cancelled at its deadline.
     ExpireDeadline: 4,
+    # The cohort tree (core/cohort_tree.py): cohort records.
+    SetCohort: 7,
+    DeleteCohort: 7,
 }
 # Enum values each format added (an older release cannot decode them).
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {

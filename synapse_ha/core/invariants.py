@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from synapse_ha.core.arrays import task_id
 from synapse_ha.core.checkpoints import mark_problems
+from synapse_ha.core.cohort_tree import MAX_COHORT_DEPTH, ancestors
 from synapse_ha.core.machine.dependencies import Outcome, outcome_of
 from synapse_ha.core.model import (
     Attempt,
@@ -71,6 +72,7 @@ def check(state: ClusterState) -> list[str]:
     problems += _token_problems(tokens)
     problems += _node_problems(state, held)
     problems += _bookkeeping_problems(state)
+    problems += _cohort_problems(state)
     return problems
 
 
@@ -322,4 +324,19 @@ def _bookkeeping_problems(state: ClusterState) -> list[str]:
             problems.append(f"request id {request_id!r} points at a missing job {job_id}")
     if state.jobs and max(j.seq for j in state.jobs.values()) >= state.next_job_seq:
         problems.append("a job's sequence number is not below next_job_seq")
+    return problems
+
+
+def _cohort_problems(state: ClusterState) -> list[str]:
+    """The cohort tree is a tree: every parent exists, no cohort is above itself, no
+    way up is longer than the bound (core/cohort_tree.py)."""
+    problems = []
+    for name, record in sorted(state.cohorts.items()):
+        if record.name != name:
+            problems.append(f"cohort {name} is recorded as {record.name}")
+        if record.parent and record.parent not in state.cohorts:
+            problems.append(f"cohort {name}: its parent {record.parent} does not exist")
+        up = ancestors(name, state.cohorts)
+        if len(up) > MAX_COHORT_DEPTH or state.cohorts.get(up[-1], record).parent:
+            problems.append(f"cohort {name}: its way up ({' -> '.join(up)}) has no root")
     return problems

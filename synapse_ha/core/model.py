@@ -19,6 +19,7 @@ from synapse_ha.core.checkpoints import AttemptMark, CheckpointMark, attempt_mar
 from synapse_ha.core.cluster_config import (
     DEFAULT_QUEUE,
     ClusterConfig,
+    Cohort,
     PreemptionKind,
     Queue,
     QueueHistory,
@@ -432,6 +433,8 @@ class ClusterState:
     format_floor: int = 2
     # Arrays by id (core/arrays.py); their tasks are in ``jobs``.
     arrays: dict[str, ArrayJob] = field(default_factory=dict)
+    # The cohort tree (core/cohort_tree.py): cohort records by name, sorted by name.
+    cohorts: dict[str, Cohort] = field(default_factory=dict)
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order

@@ -13,6 +13,11 @@ A pure function of a state snapshot (DESIGN §8, docs/queues.md):
   borrowing, the lenders are taken in name order, so the figures are deterministic;
 * ``pending``: jobs waiting (PENDING) and the GPUs they need, all members.
 
+And per cohort of the cohort tree (:func:`cohort_usage`, what ``synctl queues --tree``
+draws): its nominal (its own and everything below it), what the queues below it use,
+and what its subtree borrows from and lends to its parent's pool
+(:mod:`synapse_ha.core.cohort_tree`).
+
 Integers only; no clock, no I/O.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from synapse_ha.core.cluster_config import Cohort
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.quota import QueueUsage as QuotaUsage
 from synapse_ha.core.quota import gang_request
@@ -95,5 +101,40 @@ def queue_usage(state: ClusterState) -> dict[str, QueueUsage]:
             pending_jobs=t.pending,
             pending_gpu=t.pending_gpu,
             preempting_jobs=t.preempting,
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CohortUsage:
+    """A cohort of the tree now. ``cohort``: its record, or for a name queues use that
+    no record defines, a root without anything of its own (``defined`` False)."""
+
+    cohort: Cohort
+    defined: bool
+    nominal_gpu: int
+    used_gpu: int
+    borrowed_gpu: int
+    lendable_gpu: int
+
+
+def cohort_usage(state: ClusterState) -> list[CohortUsage]:
+    """Every cohort of ``state`` (records, and names queues use), by name."""
+    quota = QuotaUsage.of(state)
+    tree = quota.tree
+    names = set(state.cohorts) | set(tree.members)
+    out = []
+    for name in sorted(names):
+        record = state.cohorts.get(name)
+        lends, borrows = tree.cohort_figures(name)
+        out.append(
+            CohortUsage(
+                cohort=record if record is not None else Cohort(name),
+                defined=record is not None,
+                nominal_gpu=tree.nominal(name),
+                used_gpu=tree.subtree_used(name),
+                borrowed_gpu=borrows,
+                lendable_gpu=lends,
+            )
         )
     return out

@@ -8,9 +8,11 @@ Rules, stated once here and used by the scheduler (admission) and by ``apply``
   queue without a GPU quota (``gpu`` None) has no limit.
 * A queue **borrows** what it uses beyond its nominal GPUs; it **lends** at most
   ``min(lending_limit, max(0, nominal - usage))``.
-* What a queue may still take: its idle nominal, plus what it may borrow:
-  ``min(borrowing_limit - borrowed, lendable of the other queues of its cohort - what
-  those others already borrow)``. A queue of cohort "" is a cohort of its own.
+* What a queue may still take: its idle nominal, plus what it may borrow: in a cohort
+  of queues alone, ``min(borrowing_limit - borrowed, lendable of the other queues of
+  its cohort - what every queue of the cohort already borrows)``; in a cohort tree, the
+  same rule at every level up to the root (:mod:`synapse_ha.core.cohort_tree`). A queue
+  of cohort "" is a cohort of its own.
 * CPU and memory quotas, when set, are caps within the nominal (nothing is borrowed).
 
 All arithmetic is on integers; iteration is in queue-name order.
@@ -21,7 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from synapse_ha.core.cluster_config import DEFAULT_GRACE_MS, ClusterConfig, PriorityClass, Queue
+from synapse_ha.core.cluster_config import (
+    DEFAULT_GRACE_MS,
+    ClusterConfig,
+    Cohort,
+    PriorityClass,
+    Queue,
+)
+from synapse_ha.core.cohort_tree import CohortTree
 from synapse_ha.core.model import ClusterState, JobSpec, JobState, Resources
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 
@@ -100,14 +109,15 @@ class QueueUsage:
     caller owns for one pass or one apply; :meth:`add` and :meth:`remove` keep it
     current as gangs are placed or leave."""
 
-    def __init__(self, queues: Mapping[str, Queue], usage: dict[str, Resources]) -> None:
+    def __init__(
+        self,
+        queues: Mapping[str, Queue],
+        usage: dict[str, Resources],
+        cohorts: Mapping[str, Cohort] | None = None,
+    ) -> None:
         self.queues = queues
         self.usage = usage
-        self.cohorts: dict[str, list[str]] = {}
-        for name in sorted(queues):
-            cohort = queues[name].cohort
-            if cohort and queues[name].gpu is not None:
-                self.cohorts.setdefault(cohort, []).append(name)
+        self.tree = CohortTree(queues, cohorts or {}, lambda name: self.used(name).gpu)
 
     @classmethod
     def of(cls, state: ClusterState, *, counting_preempted: bool = True) -> QueueUsage:
@@ -120,7 +130,7 @@ class QueueUsage:
                 continue
             q = job.spec.queue
             usage[q] = usage.get(q, ZERO) + gang_request(job.spec)
-        return cls(state.queues, usage)
+        return cls(state.queues, usage, state.cohorts)
 
     @classmethod
     def kept_after_reclaims(cls, state: ClusterState, *, besides: str = "") -> QueueUsage:
@@ -159,19 +169,9 @@ class QueueUsage:
         return idle if q.lending_limit_gpu is None else min(idle, q.lending_limit_gpu)
 
     def borrowable(self, queue: str) -> int:
-        """GPUs ``queue`` may borrow now beyond what it already borrows."""
-        q = self.queues.get(queue)
-        if q is None or q.gpu is None or not q.cohort:
-            return 0
-        members = self.cohorts.get(q.cohort, ())
-        others = [n for n in members if n != queue]
-        # The idle quota others lend, less what every queue of the cohort (this one
-        # included) already borrows from it.
-        pool = sum(self.lendable(n) for n in others) - sum(self.borrowed(n) for n in members)
-        room = max(0, pool)
-        if q.borrowing_limit_gpu is not None:
-            room = min(room, max(0, q.borrowing_limit_gpu - self.borrowed(queue)))
-        return room
+        """GPUs ``queue`` may borrow now beyond what it already borrows, through its
+        cohort and the cohorts above it (:mod:`synapse_ha.core.cohort_tree`)."""
+        return self.tree.borrowable(queue)
 
     def headroom_gpu(self, queue: str) -> int | None:
         """GPUs ``queue`` may still take (idle nominal + borrowable); None: no limit."""

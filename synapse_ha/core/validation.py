@@ -185,10 +185,10 @@ def check_job_spec(spec: JobSpec, topology_levels: Sequence[str] | None) -> list
         out.append(
             invalid("retries.max_backoff", "must be at least retries.backoff and at most 7d")
         )
-    problem = _name_problem(spec.queue)
+    problem = name_problem(spec.queue)
     if problem:
         out.append(invalid("queue", f"{spec.queue!r}: a queue name is {problem}"))
-    problem = _name_problem(spec.priority_class) if spec.priority_class else ""
+    problem = name_problem(spec.priority_class) if spec.priority_class else ""
     if problem:
         out.append(invalid("priority", f"{spec.priority_class!r}: a class name is {problem}"))
     out.extend(_check_progress(spec.progress, has_image=bool(spec.image)))
@@ -510,7 +510,7 @@ def check_cluster_config(config: ClusterConfig) -> list[Violation]:
 # ------------------------------------------------------------------------- queues
 
 
-def _name_problem(name: str) -> str:
+def name_problem(name: str) -> str:
     if not NAME_PATTERN.match(name) or len(name) > MAX_NAME:
         return "lowercase letters, digits and -, at most 63, starting and ending alphanumeric"
     return ""
@@ -520,7 +520,7 @@ def check_queue(queue: Queue, classes: Sequence[PriorityClass]) -> list[Violatio
     """Every rule a queue's settings break, in field order. ``classes`` are the cluster's
     priority classes, which the queue's allowed classes must name."""
     out: list[Violation] = []
-    problem = _name_problem(queue.name)
+    problem = name_problem(queue.name)
     if problem:
         out.append(invalid("name", problem))
     limits = (
@@ -535,7 +535,7 @@ def check_queue(queue: Queue, classes: Sequence[PriorityClass]) -> list[Violatio
         if value is not None and not 0 <= value <= most:
             out.append(invalid(field, f"must be between 0 and {most}, or unset"))
     if queue.cohort:
-        problem = _name_problem(queue.cohort)
+        problem = name_problem(queue.cohort)
         if problem:
             out.append(invalid("cohort", problem))
     if queue.gpu is None and queue.cohort:
@@ -560,7 +560,7 @@ def check_priority_classes(classes: Sequence[PriorityClass]) -> list[Violation]:
         out.append(invalid("priority_classes", f"at most {MAX_PRIORITY_CLASSES}"))
     seen: set[str] = set()
     for i, c in enumerate(classes):
-        problem = _name_problem(c.name)
+        problem = name_problem(c.name)
         if problem:
             out.append(invalid(f"priority_classes[{i}].name", problem))
         if c.name in seen:

@@ -3,8 +3,8 @@
 Pages:
 
 * ``/`` — cluster health (replicas, roles, terms, the leader), the queue (pending jobs
-  with their reasons), the running gangs with their nodes, and the nodes as a
-  rack-by-rack map of GPU occupancy;
+  with their reasons), the running gangs with their nodes, the nodes as a
+  rack-by-rack map of GPU occupancy, and the cohort tree when there is one;
 * ``/jobs/<id>`` — one job: its members (node, GPUs, state), its current attempt on a
   timeline, and the tail of each member's log;
 * ``/login`` (GET: the form; POST: sign in) and ``/logout`` (POST only);
@@ -382,6 +382,10 @@ class Dashboard:
             overview.nodes = client.list_nodes()
         except (grpc.RpcError, ClusterUnavailable) as exc:
             overview.errors["nodes"] = _describe(exc)
+        try:
+            overview.queues = client.list_queues()
+        except (grpc.RpcError, ClusterUnavailable):
+            overview.queues = None  # the tree is left out; the other sections still show
         return overview
 
     def _job_page(self, request: Request, viewer: Viewer, job_id: str) -> Response:

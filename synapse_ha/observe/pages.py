@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from synapse_ha.core.model import JobState
+from synapse_ha.observe.cohort_tree_page import render_cohort_tree
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -104,6 +105,7 @@ class Overview:
     status: pb.GetClusterStatusResponse | None = None
     jobs: list[pb.Job] = field(default_factory=list)
     nodes: list[pb.Node] = field(default_factory=list)
+    queues: pb.ListQueuesResponse | None = None  # for the cohort tree
     errors: dict[str, str] = field(default_factory=dict)  # section -> why it is empty
 
 
@@ -240,7 +242,8 @@ def render_node_map(nodes: Sequence[pb.Node]) -> str:
 
 
 def render_overview(overview: Overview, viewer: str = "", csrf: str = "") -> str:
-    """The main page: health, queue, running gangs, node map."""
+    """The main page: health, queue, running gangs, node map, and the cohort tree when
+    the cluster has cohorts."""
     parts = ["<h2>Cluster</h2>"]
     if overview.status is not None:
         parts.append(render_health(overview.status))
@@ -260,6 +263,10 @@ def render_overview(overview: Overview, viewer: str = "", csrf: str = "") -> str
     parts.append(
         f'<p class="bad">{_e(nodes_error)}</p>' if nodes_error else render_node_map(overview.nodes)
     )
+    tree = render_cohort_tree(overview.queues) if overview.queues is not None else ""
+    if tree:
+        parts.append("<h2>Cohort tree (GPUs)</h2>")
+        parts.append(tree)
     return _page("synapse cluster", "".join(parts), viewer, csrf)
 
 

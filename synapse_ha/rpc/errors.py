@@ -57,6 +57,7 @@ class Reason(enum.StrEnum):
     LEADER_STEPPING_DOWN = "LEADER_STEPPING_DOWN"  # removing the leader: it hands over; retry
     EVENTS_EXPIRED = "EVENTS_EXPIRED"  # a since-index older than held; metadata oldest_index
     QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"  # metadata queue
+    COHORT_NOT_FOUND = "COHORT_NOT_FOUND"  # metadata cohort
     # A per-identity limit (DESIGN §8); metadata limit, allowed, actual (retry_after_ms)
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
@@ -86,6 +87,7 @@ STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
     Reason.LEADER_STEPPING_DOWN: grpc.StatusCode.UNAVAILABLE,
     Reason.EVENTS_EXPIRED: grpc.StatusCode.OUT_OF_RANGE,
     Reason.QUEUE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.COHORT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }

@@ -13,7 +13,7 @@ import pytest
 from synapse_ha.core import codec
 from synapse_ha.core import commands as c
 from synapse_ha.core.access import Role
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, Cohort, PreemptionKind, Queue
 from synapse_ha.core.codec import (
     decode_command,
     decode_result,
@@ -93,6 +93,8 @@ EXAMPLES: list[c.Command] = [
         "user:root",
     ),
     c.DeleteQueue("team-a", 16, "user:root"),
+    c.SetCohort(Cohort("team", "org", gpu=4, borrowing_limit_gpu=2), 17, "user:root"),
+    c.DeleteCohort("team", 18, "user:root"),
     c.Preempt("job-2", 0, (c.Victim("job-1", 3),), PreemptionKind.RECLAIM, 17),
 ]
 

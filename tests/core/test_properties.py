@@ -23,7 +23,13 @@ from hypothesis.stateful import (
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.access import Role
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, PreemptionMode, Queue
+from synapse_ha.core.cluster_config import (
+    ClusterConfig,
+    Cohort,
+    PreemptionKind,
+    PreemptionMode,
+    Queue,
+)
 from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
 from synapse_ha.core.codec_from_plain import from_plain_compiled
 from synapse_ha.core.dependencies import Dependencies
@@ -81,9 +87,43 @@ def quota_breaches(state: ClusterState, bind: c.BindPlan) -> list[str]:
             borrow = lendable
             if queue.borrowing_limit_gpu is not None:
                 borrow = min(borrow, queue.borrowing_limit_gpu)
-            if need and used.get(queue.name, 0) + need > queue.gpu + borrow:
+            flat = not state.cohorts
+            if flat and need and used.get(queue.name, 0) + need > queue.gpu + borrow:
                 out.append(f"{placement.job_id} takes {queue.name} beyond its quota")
         used[spec.queue] = used.get(spec.queue, 0) + need
+        if queue is not None and queue.gpu is not None and need and used[queue.name] > queue.gpu:
+            out.extend(f"{placement.job_id}: {b}" for b in tree_breaches(state, queue, used))
+    return out
+
+
+def tree_breaches(state: ClusterState, queue: Queue, used: dict[str, int]) -> list[str]:
+    """For a queue that borrows: the subtrees above it that take more beyond their own
+    nominal than their borrowing limit allows, or a root that uses more than it has."""
+    out = []
+    if queue.borrowing_limit_gpu is not None and used[queue.name] - queue.gpu > (
+        queue.borrowing_limit_gpu
+    ):
+        out.append(f"{queue.name} beyond its borrowing limit")
+    if not queue.cohort:
+        return [*out, f"{queue.name} borrows without a cohort"]
+    name, seen = queue.cohort, set()
+    while name and name not in seen:
+        seen.add(name)
+        under = {name}  # the cohort and every cohort below it
+        while grown := {n for n, r in state.cohorts.items() if r.parent in under} - under:
+            under |= grown
+        nominal = sum((state.cohorts[n].gpu or 0) for n in under if n in state.cohorts)
+        members = [q for q in state.queues.values() if q.cohort in under and q.gpu is not None]
+        nominal += sum(q.gpu or 0 for q in members)
+        over = sum(used.get(q.name, 0) for q in members) - nominal
+        record = state.cohorts.get(name)
+        parent = record.parent if record is not None else ""
+        limit = record.borrowing_limit_gpu if record is not None else None
+        if not parent and over > 0:
+            out.append(f"root {name} uses {over} more than it has")
+        elif parent and limit is not None and over > limit:
+            out.append(f"{name} takes {over} beyond its nominal, limit {limit}")
+        name = parent
     return out
 
 
@@ -196,6 +236,7 @@ class ClusterMachine(DependentSubmissions):
         self.saw_hold = False
         self.saw_held_ranks = False
         self.saw_dependency_wait = False
+        self.saw_cohort_tree = False
         # Preempted attempts (job, token) -> rank -> (node, GPUs) when preempted.
         self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
         # Every step a checkpoint mark of each job carried, and whether a gang marked.
@@ -315,7 +356,7 @@ class ClusterMachine(DependentSubmissions):
     @rule(
         name=st.sampled_from(["qa", "qb"]),
         gpu=st.sampled_from([None, 0, 4, 8, 16]),
-        cohort=st.sampled_from(["", "c1", "c1"]),
+        cohort=st.sampled_from(["", "c1", "c1", "c2"]),
         borrowing=st.sampled_from([None, 0, 4]),
         lending=st.sampled_from([None, 0, 4]),
         classes=st.sampled_from([(), ("high",), ("low", "normal")]),
@@ -360,6 +401,28 @@ class ClusterMachine(DependentSubmissions):
         result = self.do(c.Configure(wanted, self.now))
         needs_6 = low or normal or reclaim_wait != ClusterConfig().reclaim_wait_max_ms
         assert result.ok is (not needs_6 or self.state.format_floor >= 6), result.message
+
+    @rule(
+        name=st.sampled_from(["c1", "c2", "org"]),
+        parent=st.sampled_from(["", "", "org", "c1"]),
+        gpu=st.sampled_from([None, 0, 4]),
+        borrowing=st.sampled_from([None, 0, 4]),
+        lending=st.sampled_from([None, 0, 4]),
+    )
+    def set_cohort(
+        self, name: str, parent: str, gpu: int | None, borrowing: int | None, lending: int | None
+    ) -> None:
+        """A cohort record of the cohort tree (format 7), valid or not."""
+        cohort = Cohort(name, parent, gpu, borrowing, lending)
+        result = self.do(c.SetCohort(cohort, self.now, "user:root"))
+        if self.state.format_floor < 7:
+            assert result.code is c.ResultCode.CONFLICT, result.message
+        elif parent in (name, "") or parent in self.state.cohorts:
+            self.saw_cohort_tree |= result.ok and bool(parent)
+
+    @rule(name=st.sampled_from(["c1", "c2", "org"]))
+    def delete_cohort(self, name: str) -> None:
+        self.do(c.DeleteCohort(name, self.now, "user:root"))
 
     @rule(name=st.sampled_from(["qa", "qb"]))
     def delete_queue(self, name: str) -> None:
@@ -656,6 +719,8 @@ class ClusterMachine(DependentSubmissions):
             event("an ended attempt held ranks")
         if self.saw_dependency_wait:
             event("a job waited for a dependency")
+        if self.saw_cohort_tree:
+            event("a cohort had a parent")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))
@@ -700,6 +765,7 @@ class PreemptionMachine(DependentSubmissions):
         self.preempted: dict[tuple[str, int], dict[int, tuple[str, set[int]]]] = {}
         self.saw_preemption = False
         self.saw_requeue = False
+        self.saw_cousin_reclaim = False
 
     def do(self, command: c.Command) -> c.Result:
         data = encode_command(command)
@@ -714,6 +780,7 @@ class PreemptionMachine(DependentSubmissions):
         mode=st.sampled_from([PreemptionMode.TOPOLOGY, PreemptionMode.BLIND]),
         low_min=st.sampled_from([0, 0, 30_000, 120_000]),
         reclaim_wait=st.sampled_from([0, 60_000, 600_000]),
+        tree=st.booleans(),
     )
     def cluster(
         self,
@@ -722,14 +789,20 @@ class PreemptionMachine(DependentSubmissions):
         mode: PreemptionMode,
         low_min: int,
         reclaim_wait: int,
+        tree: bool,
     ) -> None:
         assert self.do(c.RaiseFormat(FORMAT, ("r1", "r2", "r3"), self.now)).ok
         for i in range(4):
             info = node(NODE_IDS[i], gpus=8, cpu=64, rack=f"r{i // 2}")
             self.do(c.RegisterNode(info, self.now))
         for name, gpu in zip(["qa", "qb"], quotas, strict=True):
-            queue = Queue(name, gpu=gpu, cohort="c1", borrowing_limit_gpu=borrowing)
+            limit = None if tree else borrowing  # with the tree, c1's own limits bind
+            queue = Queue(name, gpu=gpu, cohort="c1", borrowing_limit_gpu=limit)
             assert self.do(c.SetQueue(queue, self.now)).ok
+        if tree:  # org -> c1 (qa, qb), c2 (qc): a cohort tree two levels deep
+            for record in (Cohort("org"), Cohort("c1", "org"), Cohort("c2", "org")):
+                assert self.do(c.SetCohort(record, self.now)).ok
+            assert self.do(c.SetQueue(Queue("qc", gpu=8, cohort="c2"), self.now)).ok
         classes = tuple(
             replace(p, min_runtime_ms=low_min) if p.name == "low" else p
             for p in self.state.config.priority_classes
@@ -741,16 +814,18 @@ class PreemptionMachine(DependentSubmissions):
             reclaim_wait_max_ms=reclaim_wait,
         )
         assert self.do(c.Configure(wanted, self.now)).ok
-        # Low-priority gangs fill most of the cluster, so later gangs need victims.
-        for i, (queue, gpu, replicas) in enumerate(
-            [("default", 8, 2), ("qa", 4, 1), ("qb", 2, 2), ("qa", 2, 1)]
-        ):
+        # Low-priority gangs fill most of the cluster, so later gangs need victims; with
+        # the tree, c1's queues borrow c2's idle GPUs through org (a cousin's to reclaim).
+        fill = [("default", 8, 2), ("qa", 4, 1), ("qb", 2, 2), ("qa", 2, 1)]
+        if tree:
+            fill = [*fill[1:], ("qa", 8, 1), ("qb", 4, 1)]
+        for i, (queue, gpu, replicas) in enumerate(fill):
             spec = job(replicas=replicas, gpu=gpu, queue=queue, priority_class="low")
             assert self.do(c.SubmitJob(spec, f"fill-{i}", self.now)).ok
         self.scheduling_pass()
 
     @rule(
-        queue=st.sampled_from(["default", "qa", "qb", "qa", "qb"]),
+        queue=st.sampled_from(["default", "qa", "qb", "qa", "qb", "qc"]),
         priority_class=st.sampled_from(["", "low", "normal", "high", "high"]),
         gpu=st.sampled_from([1, 2, 4, 8, 8]),
         replicas=st.integers(1, 4),
@@ -795,12 +870,22 @@ class PreemptionMachine(DependentSubmissions):
             assert result.ok, result.message
             assert not protected, protected
             self.saw_preemption = True
+            mine = self.state.queues[self.state.jobs[preempt.preemptor].spec.queue].cohort
             for victim in preempt.victims:
+                theirs = self.state.queues[self.state.jobs[victim.job_id].spec.queue].cohort
+                self.saw_cousin_reclaim |= theirs != mine
                 attempt = self.state.jobs[victim.job_id].attempt
                 assert attempt is not None and attempt.preempted_by == preempt.preemptor
                 self.preempted[(victim.job_id, victim.fencing_token)] = {
                     m.rank: (m.node_id, set(m.gpus)) for m in attempt.members
                 }
+
+    @rule(gpu=st.sampled_from([2, 4, 8]), request=st.integers(0, 30))
+    @precondition(lambda self: "qc" in self.state.queues)
+    def submit_to_c2(self, gpu: int, request: int) -> None:
+        """A gang of c2 within its nominal: it may reclaim what c1 borrows through org."""
+        spec = job(gpu=gpu, queue="qc", priority_class="normal")
+        self.do(c.SubmitJob(spec, f"c2-{request}", self.now))
 
     @rule(data=st.data(), code=st.sampled_from([0, 1, 143]))
     @precondition(lambda self: any(j.live_attempt() for j in self.state.jobs.values()))
@@ -859,6 +944,19 @@ class PreemptionMachine(DependentSubmissions):
     def set_queue(self, name: str, gpu: int, lending: int | None) -> None:
         self.do(c.SetQueue(Queue(name, gpu=gpu, cohort="c1", lending_limit_gpu=lending)))
 
+    @rule(
+        name=st.sampled_from(["c1", "c2"]),
+        gpu=st.sampled_from([None, 0, 4]),
+        borrowing=st.sampled_from([None, 0, 2, 8]),
+        lending=st.sampled_from([None, 0, 4]),
+    )
+    @precondition(lambda self: "org" in self.state.cohorts)
+    def set_cohort(
+        self, name: str, gpu: int | None, borrowing: int | None, lending: int | None
+    ) -> None:
+        """Limits at the middle level of the tree change (as an admin may at any time)."""
+        assert self.do(c.SetCohort(Cohort(name, "org", gpu, borrowing, lending))).ok
+
     @invariant()
     def invariants_hold(self) -> None:
         problems = invariants.check(self.state)
@@ -875,6 +973,8 @@ class PreemptionMachine(DependentSubmissions):
             event("a gang was preempted")
         if self.saw_requeue:
             event("a job was requeued")
+        if self.saw_cousin_reclaim:
+            event("a reclaim took a gang of another cohort of the tree")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))

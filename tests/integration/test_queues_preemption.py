@@ -271,3 +271,47 @@ def test_a_victim_runs_its_minimum_then_checkpoints_in_its_grace_and_resumes(
 
     wait_for("the victim resumed", resumed, timeout_s=60)
     ok(synctl("cancel", victim), synctl)
+
+
+def test_a_cohort_tree_is_built_drawn_and_bounds_admission(synctl: Synctl, tmp_path: Path) -> None:
+    """``synctl cohort set`` once every replica reads format 7 (the leader raises the
+    floor by itself), ``synctl queues --tree``, and a gang beyond what its team may
+    borrow waiting with the quota reason."""
+    wait_for(
+        "the cohort org created (format 7)",
+        lambda: synctl("cohort", "set", "org").exit_code == 0,
+        timeout_s=30,
+    )
+    ok(synctl("cohort", "set", "team-x", "--parent", "org", "--borrowing-limit", "0"), synctl)
+    ok(synctl("cohort", "set", "team-y", "--parent", "org", "--gpu", "2"), synctl)
+    ok(synctl("queue", "set", "tx", "--gpu", "1", "--cohort", "team-x"), synctl)
+    ok(synctl("queue", "set", "ty", "--gpu", "1", "--cohort", "team-y"), synctl)
+
+    doc = json.loads(ok(synctl("queues", "--tree", "-o", "json"), synctl))
+    (org,) = [root for root in doc["tree"] if root["name"] == "org"]
+    assert (org["nominal_gpu"], org["used_gpu"], org["borrowed_gpu"]) == (4, 0, 0)
+    teams = {c["name"]: c for c in org["children"]}
+    assert sorted(teams) == ["team-x", "team-y"]
+    assert teams["team-x"]["borrowing_limit_gpu"] == 0 and teams["team-y"]["nominal_gpu"] == 3
+    assert [q["name"] for q in teams["team-x"]["children"]] == ["tx"]
+    drawn = ok(synctl("queues", "--tree"), synctl).splitlines()
+    assert drawn[0].split()[:3] == ["COHORT", "/", "QUEUE"]
+    assert ["|-", "team-x", "1", "0", "0", "0", "any"] in [line.split() for line in drawn]
+
+    # tx has 1 GPU and its team may borrow none of org's 3 idle GPUs: a 2-GPU gang waits.
+    spec = gang_spec(tmp_path / "tx.yaml", "tx-gang", "tx", 1, 2, tmp_path)
+    waiting = ok(synctl("submit", str(spec)), synctl).strip()
+    shown = wait_for(
+        "tx-gang waiting for quota",
+        lambda: (d := job(synctl, waiting))["reason_code"] == "waiting_quota" and d,
+        timeout_s=30,
+    )
+    assert shown["state"] == "PENDING" and "queue tx uses 0/1 GPUs" in shown["reason"], shown
+    ok(synctl("cancel", waiting), synctl)
+
+    busy = synctl("cohort", "delete", "org")
+    assert busy.exit_code != 0 and "parent of team-x, team-y" in busy.stderr, busy.output
+    for name in ("team-x", "team-y", "org"):
+        ok(synctl("cohort", "delete", name), synctl)
+    missing = synctl("cohort", "delete", "org")
+    assert missing.exit_code == 4 and "COHORT_NOT_FOUND" in missing.stderr, missing.output

@@ -123,6 +123,8 @@ WatchEvents      OK       OK       OK       OK       DENIED   OK       UNAUTH   
 ListQueues       OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 SetQueue         OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 DeleteQueue      NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+SetCohort        OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+DeleteCohort     NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 GetLimits        OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 SetLimits        OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 """
@@ -139,6 +141,7 @@ CODES: dict[str, tuple[grpc.StatusCode, set[Reason]]] = {
             Reason.TOKEN_NOT_FOUND,
             Reason.REPLICA_NOT_FOUND,
             Reason.QUEUE_NOT_FOUND,
+            Reason.COHORT_NOT_FOUND,
         },
     ),
     "EXISTS": (grpc.StatusCode.ALREADY_EXISTS, {Reason.REPLICA_EXISTS}),
@@ -489,6 +492,10 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
             pb.SetQueueRequest(queue=pb.Queue(name="matrix-queue", gpu=1)), **kw
         ),
         "DeleteQueue": lambda: stub.DeleteQueue(pb.DeleteQueueRequest(name=NO_SUCH_QUEUE), **kw),
+        "SetCohort": lambda: stub.SetCohort(
+            pb.SetCohortRequest(cohort=pb.Cohort(name="matrix-cohort")), **kw
+        ),
+        "DeleteCohort": lambda: stub.DeleteCohort(pb.DeleteCohortRequest(name=NO_SUCH_QUEUE), **kw),
         # Per-identity limits: SetLimits with nothing named changes nothing.
         "GetLimits": lambda: stub.GetLimits(pb.GetLimitsRequest(), **kw),
         "SetLimits": lambda: stub.SetLimits(pb.SetLimitsRequest(), **kw),

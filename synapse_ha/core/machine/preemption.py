@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
+from synapse_ha.core.cohort_tree import root_of
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, JobState
@@ -24,8 +25,9 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
       and of strictly lower priority.
     * ``RECLAIM``: the preemptor's queue has a quota and a cohort and stays within its
       nominal after taking the gang (counting its other gangs waiting for victims); every
-      victim is of another queue of that cohort, which is above its nominal and stays at
-      or above it once every victim of this command and earlier ones has stopped.
+      victim is of another queue of that cohort or of a cohort of the same cohort tree
+      (:mod:`synapse_ha.core.cohort_tree`), which is above its nominal and stays at or
+      above it once every victim of this command and earlier ones has stopped.
 
     And no victim is within its minimum run time at the command's time, unless the
     command is a reclaim whose preemptor has waited past ``reclaim_wait_max_ms``
@@ -149,10 +151,16 @@ def _reclaim_problem(state: ClusterState, preemptor: Job, victims: list[Job]) ->
             f"queue {spec.queue} would use {keeps.used(spec.queue).gpu + need} of its "
             f"{queue.gpu} nominal GPUs: a reclaim must keep it within its nominal quota"
         )
+    tree = root_of(queue.cohort, state.cohorts)
     for job in victims:
         other = state.queues.get(job.spec.queue)
-        if job.spec.queue == spec.queue or other is None or other.cohort != queue.cohort:
-            return f"victim {job.job_id} is not in another queue of cohort {queue.cohort}"
+        if (
+            job.spec.queue == spec.queue
+            or other is None
+            or not other.cohort
+            or root_of(other.cohort, state.cohorts) != tree
+        ):
+            return f"victim {job.job_id} is not in another queue of the cohort tree of {tree}"
         keeps.remove(job.spec.queue, gang_request(job.spec))
     for name in sorted({job.spec.queue for job in victims}):
         nominal = state.queues[name].gpu

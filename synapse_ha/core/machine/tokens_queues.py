@@ -1,4 +1,5 @@
-"""Tokens and queues: creating and revoking API tokens, setting and deleting queues."""
+"""Tokens and queues: creating and revoking API tokens, setting and deleting queues and
+the cohorts of the cohort tree."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_priority_allowance
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE
+from synapse_ha.core.cohort_tree import check_cohort
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Handling, nothing, tokens
 from synapse_ha.core.model import ClusterState, Token
@@ -86,9 +88,37 @@ def _delete_queue(state: ClusterState, c: cmd.DeleteQueue, now: int) -> Result:
     return ok(f"queue {c.name} deleted")
 
 
+# ---------------------------------------------------------------------------- cohorts
+
+
+def _set_cohort(state: ClusterState, c: cmd.SetCohort, now: int) -> Result:
+    violations = check_cohort(c.cohort, state.cohorts)
+    if violations:
+        return error(ResultCode.INVALID, describe(violations))
+    existed = c.cohort.name in state.cohorts
+    state.cohorts[c.cohort.name] = c.cohort
+    state.cohorts = dict(sorted(state.cohorts.items()))
+    return ok(f"cohort {c.cohort.name} {'updated' if existed else 'created'}")
+
+
+def _delete_cohort(state: ClusterState, c: cmd.DeleteCohort, now: int) -> Result:
+    if c.name not in state.cohorts:
+        return error(ResultCode.NOT_FOUND, f"no cohort {c.name!r}")
+    children = sorted(n for n, record in state.cohorts.items() if record.parent == c.name)
+    if children:
+        return error(
+            ResultCode.CONFLICT,
+            f"cohort {c.name} is the parent of {', '.join(children)}: move or delete them first",
+        )
+    del state.cohorts[c.name]
+    return ok(f"cohort {c.name} deleted")
+
+
 HANDLERS: dict[type, Handling] = {
     cmd.CreateToken: Handling(_create_token, tokens),
     cmd.RevokeToken: Handling(_revoke_token, tokens),
     cmd.SetQueue: Handling(_set_queue, nothing),
     cmd.DeleteQueue: Handling(_delete_queue, nothing),
+    cmd.SetCohort: Handling(_set_cohort, nothing),
+    cmd.DeleteCohort: Handling(_delete_cohort, nothing),
 }

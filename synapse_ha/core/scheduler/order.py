@@ -5,7 +5,11 @@
 * Between queues: ascending fair share (:func:`synapse_ha.core.fairshare.share`), then
   the head gang's priority and submission order. The share of a queue is recomputed
   after each of its gangs is considered, so gangs placed in this pass count at once and
-  the queues interleave.
+  the queues interleave. In a cohort tree the shares are compared level by level: first
+  the shares of the subtrees below the root the two queues are in
+  (:func:`synapse_ha.core.fairshare.subtree_share`), then the next level down, and the
+  queues' own shares last; so a team that used little goes before a busier team's
+  least busy queue. Without cohort records only the queues' own shares count.
 * Within a queue: priority (higher first), then submission order.
 
 With one queue (or no quotas at all) this is the plain order of
@@ -18,7 +22,9 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from synapse_ha.core.fairshare import share
+from synapse_ha.core.cluster_config import Queue
+from synapse_ha.core.cohort_tree import ancestors
+from synapse_ha.core.fairshare import decayed, share, subtree_share
 from synapse_ha.core.model import ClusterState, Job
 from synapse_ha.core.quota import QueueUsage
 
@@ -48,8 +54,9 @@ def ordered_pending(
     for job in pending:
         lines.setdefault(job.spec.queue, deque()).append(job)
     half_life = state.config.fair_share_half_life_ms
+    levels = _Levels(state, usage, now_ms) if state.cohorts else None
 
-    def key(name: str) -> tuple[int, int, int, str]:
+    def key(name: str) -> tuple[tuple[int, ...], int, int, str]:
         head = lines[name][0]
         queue = state.queues.get(name)
         fair = (
@@ -57,7 +64,8 @@ def ordered_pending(
             if queue is not None
             else 0
         )
-        return (fair, -head.spec.priority, head.seq, name)
+        above = levels.shares(queue) if levels is not None and queue is not None else ()
+        return ((*above, fair), -head.spec.priority, head.seq, name)
 
     heap = [key(name) for name in sorted(lines)]
     heapq.heapify(heap)
@@ -67,3 +75,33 @@ def ordered_pending(
         yield line.popleft()
         if line:
             heapq.heappush(heap, key(name))
+
+
+class _Levels:
+    """The shares of the cohorts above a queue, for one pass: the decayed GPU usage of
+    every queue is worked out once (it does not change within a pass), what queues hold
+    now is read from ``usage`` at each question."""
+
+    def __init__(self, state: ClusterState, usage: QueueUsage, now_ms: int) -> None:
+        self.state = state
+        self.usage = usage
+        self.half_life = max(state.config.fair_share_half_life_ms, 1)
+        self.past = {
+            name: decayed(history, now_ms, self.half_life).gpu_ms
+            for name, history in state.queue_history.items()
+        }
+
+    def shares(self, queue: Queue) -> tuple[int, ...]:
+        """The shares of the cohorts from just below the root down to the queue's own,
+        outermost first (none for a queue in a root, or in no cohort)."""
+        if queue.gpu is None or not queue.cohort:
+            return ()
+        path = ancestors(queue.cohort, self.state.cohorts)
+        return tuple(self._share(c) for c in reversed(path[:-1]))
+
+    def _share(self, cohort: str) -> int:
+        tree = self.usage.tree
+        below = tree.queues_below(cohort)
+        held = sum(self.usage.used(q).gpu for q in below)
+        past = sum(self.past.get(q, 0) for q in below)
+        return subtree_share(past, held, tree.nominal(cohort), self.half_life)

@@ -8,8 +8,10 @@ Who may be a victim (the kinds; ``apply`` verifies the same rules again):
   with strictly lower priority. Their GPUs count towards the queue's quota too.
 * ``RECLAIM``: the gang's queue has a quota in a cohort and stays within its nominal
   after taking the gang (counting its gangs already waiting for victims); victims are
-  live gangs of the other queues of the cohort that are borrowing, and no victim queue
-  is taken below its nominal.
+  live gangs of the other queues of its cohort tree that are borrowing, and no victim
+  queue is taken below its nominal. The nearest first: the queues of its own cohort
+  (siblings), and only if they do not do, those of the cohorts one level up (cousins,
+  whose branch of the tree borrows too), and so on (:mod:`synapse_ha.core.cohort_tree`).
 
 Victims are whole gangs, never already being preempted, never placed by this pass, and
 never within their minimum run time, unless the gang reclaims and has waited past
@@ -35,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
+from synapse_ha.core.cohort_tree import branch
+from synapse_ha.core.cohort_tree import distance as tree_distance
 from synapse_ha.core.model import Attempt, ClusterState, Job
 from synapse_ha.core.quota import QueueUsage, gang_request
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
@@ -110,7 +114,12 @@ class Rules:
     """Which candidates a gang may preempt, and the per-queue limits (reclaim)."""
 
     def __init__(
-        self, kind: PreemptionKind, allowed: list[Candidate], room: dict[str, int], quota_gap: int
+        self,
+        kind: PreemptionKind,
+        allowed: list[Candidate],
+        room: dict[str, int],
+        quota_gap: int,
+        distance: dict[str, int] | None = None,
     ) -> None:
         self.kind = kind
         self.allowed = allowed
@@ -118,6 +127,12 @@ class Rules:
         self.room = room
         # PRIORITY: GPUs of victims needed for the gang to fit its own queue's quota.
         self.quota_gap = quota_gap
+        # RECLAIM: each victim queue's distance in the cohort tree (0: a sibling).
+        self.distance = distance or {}
+
+    def key(self, c: Candidate) -> tuple[int, int, int, str]:
+        """Candidates nearest in the cohort tree first, then cheapest first."""
+        return (self.distance.get(c.queue, 0), *_sort_key(c))
 
     def admits(self, chosen: list[Candidate], extra: Candidate) -> bool:
         if extra.queue not in self.room:
@@ -169,19 +184,50 @@ def rules_for(
         and queue.cohort
         and keeps.within_nominal(spec.queue, need)
     ):
-        room: dict[str, int] = {}
-        for name in sorted(state.queues):
-            other = state.queues[name]
-            if name != spec.queue and other.cohort == queue.cohort and other.gpu is not None:
-                borrowed = keeps.borrowed(name)
-                if borrowed > 0:
-                    room[name] = borrowed
+        room, distance = _reclaim_room(state, queue.name, queue.cohort, keeps)
         allowed = [
             c for c in candidates if c.queue in room and c.job_id not in claimed and c.gpus > 0
         ]
-        if allowed:
-            out.append(Rules(PreemptionKind.RECLAIM, allowed, room, 0))
+        # Siblings' borrowing first; a farther level only if the nearer ones do not do.
+        for level in sorted({distance[c.queue] for c in allowed}):
+            near = [c for c in allowed if distance[c.queue] <= level]
+            out.append(Rules(PreemptionKind.RECLAIM, near, room, 0, distance))
     return out
+
+
+def _reclaim_room(
+    state: ClusterState, name: str, cohort: str, keeps: QueueUsage
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The queues a reclaim for queue ``name`` (of ``cohort``) may take from, each with
+    the GPUs it borrows and its distance in the cohort tree (the levels from the farther
+    of the two cohorts up to their nearest common one: 0 for a sibling): every other
+    queue of the tree that borrows, where for a queue below the common cohort the
+    branch just below it borrows too (what the queue holds came from above; a queue
+    that sits in the common cohort itself is its own branch)."""
+    room: dict[str, int] = {}
+    distance: dict[str, int] = {}
+    for other_name in sorted(state.queues):
+        other = state.queues[other_name]
+        if other_name == name or other.gpu is None or not other.cohort:
+            continue
+        level = tree_distance(cohort, other.cohort, state.cohorts)
+        borrowed = keeps.borrowed(other_name)
+        if level is None or borrowed <= 0:
+            continue
+        up = _depth_to(other.cohort, cohort, state)
+        if up > 0:
+            below = branch(other.cohort, up - 1, state.cohorts)
+            if not below or keeps.tree.cohort_figures(below)[1] <= 0:
+                continue
+        room[other_name] = borrowed
+        distance[other_name] = max(level, up)
+    return room, distance
+
+
+def _depth_to(cohort: str, other: str, state: ClusterState) -> int:
+    """Levels from ``cohort`` up to its nearest common cohort with ``other``."""
+    level = tree_distance(cohort, other, state.cohorts)
+    return level if level is not None else 0
 
 
 def protected_blockers(
@@ -225,7 +271,15 @@ def choose(
 def _blind(gang: Gang, view: View, rules: Rules) -> Choice | None:
     free = view.totals.get((), [0, 0, 0])[0]
     need = gang.req.gpu * gang.n
-    order = sorted(rules.allowed, key=lambda c: (c.priority, -c.attempt.bound_at_ms, c.job_id))
+    order = sorted(
+        rules.allowed,
+        key=lambda c: (
+            rules.distance.get(c.queue, 0),
+            c.priority,
+            -c.attempt.bound_at_ms,
+            c.job_id,
+        ),
+    )
     chosen: list[Candidate] = []
     for c in order:
         if free >= need and rules.quota_met(chosen):
@@ -318,7 +372,7 @@ def _best_at(
     ranked: list[tuple[int, Domain]] = []
     for domain, cands in domains.items():
         free = view.totals.get(domain, [0, 0, 0])[0]
-        cands.sort(key=_sort_key)
+        cands.sort(key=rules.key)
         bound, have = 0, free
         for c in cands:
             if have >= need:
@@ -415,7 +469,7 @@ def _fill(
     if hosts is None:
         return None
     # Drop victims that turn out unneeded, the costliest first.
-    for c in sorted(chosen, key=_sort_key, reverse=True):
+    for c in sorted(chosen, key=rules.key, reverse=True):
         if len(chosen) == 1:
             break
         trial = [v for v in chosen if v is not c]

@@ -1,5 +1,5 @@
-"""The administrative methods of ``SchedulerService``: tokens, the per-identity limits
-and queues."""
+"""The administrative methods of ``SchedulerService``: tokens, the per-identity limits,
+queues and the cohort tree."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import grpc
 from synapse_ha.core import admission, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role
-from synapse_ha.core.queue_usage import queue_usage
+from synapse_ha.core.cohort_tree import check_cohort
+from synapse_ha.core.queue_usage import cohort_usage, queue_usage
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert, states
+from synapse_ha.rpc import convert, convert_cohorts, states
 from synapse_ha.rpc.auth import caller, new_token
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -129,11 +130,13 @@ class AdminService(_Base):
         self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
     ) -> pb.ListQueuesResponse:
         """Every queue with its settings and usage (:mod:`synapse_ha.core.queue_usage`),
-        the cluster's priority classes, preemption mode and reclaim wait."""
+        the cluster's priority classes, preemption mode and reclaim wait, and the
+        cohort tree."""
         stale = self._read_mode(context, request.allow_stale)
         state = self.ctx.backend.snapshot()
         with self._heavy_read(context):
             usage = queue_usage(state)
+            cohorts = cohort_usage(state)
         return pb.ListQueuesResponse(
             queues=[
                 pb.QueueStatus(
@@ -148,6 +151,7 @@ class AdminService(_Base):
             ],
             preemption=str(state.config.preemption),
             reclaim_wait_max_ms=state.config.reclaim_wait_max_ms,
+            cohorts=[convert_cohorts.cohort_status_to_proto(c) for c in cohorts],
         )
 
     def SetQueue(
@@ -184,3 +188,38 @@ class AdminService(_Base):
         )
         _audit(identity, "DeleteQueue", request.name)
         return pb.DeleteQueueResponse()
+
+    def SetCohort(
+        self, request: pb.SetCohortRequest, context: grpc.ServicerContext
+    ) -> pb.SetCohortResponse:
+        if not request.HasField("cohort"):
+            _required(context, "cohort")
+        identity = caller(context)
+        cohort = convert_cohorts.cohort_from_proto(request.cohort)
+        self._require_serving_leader(context)
+        state = self.ctx.backend.snapshot()
+        violations = check_cohort(cohort, state.cohorts)
+        if violations:
+            abort_invalid(context, violations)
+        existed = cohort.name in state.cohorts
+        command = cmd.SetCohort(cohort=cohort, now_ms=self.ctx.clock_ms(), actor=str(identity))
+        self._check(context, self._propose(context, command))
+        _audit(identity, "SetCohort", cohort.name)
+        return pb.SetCohortResponse(created=not existed)
+
+    def DeleteCohort(
+        self, request: pb.DeleteCohortRequest, context: grpc.ServicerContext
+    ) -> pb.DeleteCohortResponse:
+        if not request.name:
+            _required(context, "name")
+        identity = caller(context)
+        command = cmd.DeleteCohort(
+            name=request.name, now_ms=self.ctx.clock_ms(), actor=str(identity)
+        )
+        self._check(
+            context,
+            self._propose(context, command),
+            (Reason.COHORT_NOT_FOUND, "cohort", request.name),
+        )
+        _audit(identity, "DeleteCohort", request.name)
+        return pb.DeleteCohortResponse()

@@ -1033,18 +1033,72 @@ class ListQueuesRequest(_message.Message):
     def __init__(self, allow_stale: _Optional[bool] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
-    __slots__ = ("queues", "stale", "priority_classes", "preemption", "reclaim_wait_max_ms")
+    __slots__ = ("queues", "stale", "priority_classes", "preemption", "reclaim_wait_max_ms", "cohorts")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     RECLAIM_WAIT_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    COHORTS_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     stale: bool
     priority_classes: _containers.RepeatedCompositeFieldContainer[PriorityClass]
     preemption: str
     reclaim_wait_max_ms: int
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ..., reclaim_wait_max_ms: _Optional[int] = ...) -> None: ...
+    cohorts: _containers.RepeatedCompositeFieldContainer[CohortStatus]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ..., reclaim_wait_max_ms: _Optional[int] = ..., cohorts: _Optional[_Iterable[_Union[CohortStatus, _Mapping]]] = ...) -> None: ...
+
+class Cohort(_message.Message):
+    __slots__ = ("name", "parent", "gpu", "borrowing_limit_gpu", "lending_limit_gpu")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    BORROWING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
+    LENDING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    parent: str
+    gpu: int
+    borrowing_limit_gpu: int
+    lending_limit_gpu: int
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., gpu: _Optional[int] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ...) -> None: ...
+
+class CohortStatus(_message.Message):
+    __slots__ = ("cohort", "defined", "nominal_gpu", "used_gpu", "borrowed_gpu", "lendable_gpu")
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    DEFINED_FIELD_NUMBER: _ClassVar[int]
+    NOMINAL_GPU_FIELD_NUMBER: _ClassVar[int]
+    USED_GPU_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPU_FIELD_NUMBER: _ClassVar[int]
+    LENDABLE_GPU_FIELD_NUMBER: _ClassVar[int]
+    cohort: Cohort
+    defined: bool
+    nominal_gpu: int
+    used_gpu: int
+    borrowed_gpu: int
+    lendable_gpu: int
+    def __init__(self, cohort: _Optional[_Union[Cohort, _Mapping]] = ..., defined: _Optional[bool] = ..., nominal_gpu: _Optional[int] = ..., used_gpu: _Optional[int] = ..., borrowed_gpu: _Optional[int] = ..., lendable_gpu: _Optional[int] = ...) -> None: ...
+
+class SetCohortRequest(_message.Message):
+    __slots__ = ("cohort",)
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    cohort: Cohort
+    def __init__(self, cohort: _Optional[_Union[Cohort, _Mapping]] = ...) -> None: ...
+
+class SetCohortResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class DeleteCohortRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteCohortResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SetQueueRequest(_message.Message):
     __slots__ = ("queue",)

@@ -169,6 +169,16 @@ class SchedulerServiceStub:
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueRequest.SerializeToString,
                 response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueResponse.FromString,
                 _registered_method=True)
+        self.SetCohort = channel.unary_unary(
+                '/synapse.v1.SchedulerService/SetCohort',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetCohortRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetCohortResponse.FromString,
+                _registered_method=True)
+        self.DeleteCohort = channel.unary_unary(
+                '/synapse.v1.SchedulerService/DeleteCohort',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteCohortRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteCohortResponse.FromString,
+                _registered_method=True)
         self.GetLimits = channel.unary_unary(
                 '/synapse.v1.SchedulerService/GetLimits',
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.GetLimitsRequest.SerializeToString,
@@ -357,6 +367,18 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCohort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCohort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetLimits(self, request, context):
         """Per-identity limits (DESIGN §8): everyone may read them, admins change them.
         """
@@ -507,6 +529,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.DeleteQueue,
                     request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueRequest.FromString,
                     response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueResponse.SerializeToString,
+            ),
+            'SetCohort': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCohort,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetCohortRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetCohortResponse.SerializeToString,
+            ),
+            'DeleteCohort': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCohort,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteCohortRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteCohortResponse.SerializeToString,
             ),
             'GetLimits': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLimits,
@@ -1248,6 +1280,60 @@ class SchedulerService:
             '/synapse.v1.SchedulerService/DeleteQueue',
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueRequest.SerializeToString,
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCohort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/SetCohort',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetCohortRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.SetCohortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCohort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.SchedulerService/DeleteCohort',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteCohortRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.DeleteCohortResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,102 @@
+"""``synctl cohort set|delete``: the cohort tree's records (DESIGN §8, docs/queues.md
+"Hierarchical cohorts"). For admins; the cluster refuses anyone else with
+PERMISSION_DENIED (exit 5). ``synctl queues --tree`` draws the tree. Added to ``synctl``
+by :mod:`synapse_ha.cli.main`."""
+
+from __future__ import annotations
+
+import click
+
+from synapse_ha.cli.app import Settings, emit, output_option, with_settings
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+
+@click.group()
+def cohort() -> None:
+    """Create, change and delete cohorts of the cohort tree (admins only).
+
+    \b
+    Examples:
+      synctl cohort set org --gpu 8
+      synctl cohort set research --parent org --borrowing-limit 16 --lending-limit 8
+      synctl queue set team-a --gpu 32 --cohort research
+      synctl queues --tree
+      synctl cohort delete research
+    """
+
+
+@cohort.command("set")
+@click.argument("name")
+@click.option("--parent", default="", help="The cohort it belongs to (default: a root).")
+@click.option(
+    "--gpu", type=click.IntRange(min=0), default=None, help="Its own nominal GPUs (default 0)."
+)
+@click.option(
+    "--borrowing-limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="GPUs its subtree may take from its parent's pool (default: any).",
+)
+@click.option(
+    "--lending-limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Of its subtree's idle GPUs, how many its parent's other children may borrow "
+    "(default: all).",
+)
+@output_option
+@with_settings
+def cohort_set(
+    settings: Settings,
+    name: str,
+    parent: str,
+    gpu: int | None,
+    borrowing_limit: int | None,
+    lending_limit: int | None,
+) -> None:
+    """Create cohort NAME, or replace all of its settings (unset options become unset).
+    Needs every replica at format 7 (``synctl cluster -o json``).
+
+    \b
+    Example:
+      synctl cohort set team-a --parent org --borrowing-limit 8
+    """
+    msg = pb.Cohort(name=name, parent=parent)
+    for field, value in (
+        ("gpu", gpu),
+        ("borrowing_limit_gpu", borrowing_limit),
+        ("lending_limit_gpu", lending_limit),
+    ):
+        if value is not None:
+            setattr(msg, field, value)
+    answer: pb.SetCohortResponse = settings.client().ask(
+        "SetCohort", pb.SetCohortRequest(cohort=msg)
+    )
+    document = {"name": name, "created": answer.created}
+    emit(settings, document, lambda: f"cohort {name}: {'created' if answer.created else 'updated'}")
+
+
+@cohort.command("delete")
+@click.argument("name")
+@output_option
+@with_settings
+def cohort_delete(settings: Settings, name: str) -> None:
+    """Delete cohort NAME (refused while another cohort names it as its parent; queues
+    that name it form a cohort of their own again).
+
+    \b
+    Example:
+      synctl cohort delete team-a
+    """
+    client = settings.client()
+    request = pb.DeleteCohortRequest(name=name)
+    client.call(
+        "DeleteCohort",
+        lambda a, t: client.scheduler(a).DeleteCohort(request, timeout=t),
+        idempotent=False,
+    )
+    emit(settings, {"name": name, "deleted": True}, lambda: f"cohort {name}: deleted")
+
+
+# The commands this module adds to synctl.
+COMMANDS: list[click.Command] = [cohort]
