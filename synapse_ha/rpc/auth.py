@@ -15,7 +15,9 @@ Then :func:`synapse_ha.core.access.authorize` judges the method. A refusal ends 
 with ``UNAUTHENTICATED`` / ``PERMISSION_DENIED`` (typed reasons, metadata ``identity`` and
 ``method``), is logged on ``synapse_ha.audit`` at WARNING with the identity tried, and is
 counted by (reason, method). An accepted call reaches its handler, which reads the
-identity with :func:`caller`.
+identity with :func:`caller`; one whose bytes are not a message of its method is refused
+first, as an invalid ``request`` (``INVALID_FIELD``), so a malformed call never meets a
+handler and is never taken for a bug of the replica.
 
 ``insecure=True`` is the explicit, logged opt-out: every caller is the anonymous admin.
 
@@ -40,7 +42,8 @@ from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Kind, Refusal, RefusalCode, Role
 from synapse_ha.core.model import Token
-from synapse_ha.rpc.errors import Reason, build_status
+from synapse_ha.core.spec import SpecError
+from synapse_ha.rpc.errors import Reason, abort_invalid, build_status
 
 audit = logging.getLogger("synapse_ha.audit")
 
@@ -293,12 +296,15 @@ def _guarded(
     def wrap(behaviour: Callable[[Any, Any], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
         def guarded(request: Any, context: grpc.ServicerContext) -> Any:
             identity = admit(context)
+            if isinstance(request, _Undecodable):
+                error = SpecError("request", f"is not a message of this method ({request.detail})")
+                abort_invalid(context, error.violations)
             return behaviour(request, _CallerContext(context, identity, method))
 
         return guarded
 
     serializers = {
-        "request_deserializer": h.request_deserializer,
+        "request_deserializer": _decoding(h.request_deserializer),
         "response_serializer": h.response_serializer,
     }
     if h.unary_unary is not None:
@@ -308,3 +314,29 @@ def _guarded(
     if h.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(wrap(h.stream_unary), **serializers)
     return grpc.stream_stream_rpc_method_handler(wrap(h.stream_stream), **serializers)
+
+
+class _Undecodable:
+    """A request whose bytes are not a message of the method's type."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+def _decoding(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserializer``, answering :class:`_Undecodable` instead of raising: the call is
+    then refused as an invalid ``request`` once its caller is checked, rather than with
+    the INTERNAL status gRPC gives a request it cannot decode."""
+    if deserializer is None:
+        return None
+    decode = deserializer
+
+    def decoding(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except Exception as exc:  # DecodeError, or a value the message type refuses
+            return _Undecodable(f"{type(exc).__name__}: {exc}")
+
+    return decoding

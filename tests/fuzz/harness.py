@@ -158,11 +158,13 @@ def call_raw(
         code = getattr(exc, "code", lambda: None)()
         if code is grpc.StatusCode.CANCELLED and stream:
             return Outcome(ACCEPTED, "OK")
-        if code is grpc.StatusCode.INTERNAL and not _parses(method, payload):
-            # grpcio answers INTERNAL for a request it cannot decode, before any handler
-            # runs: a refusal, not a crash (a payload that parses is held to the rule).
-            return Outcome(REJECTED, "INTERNAL_UNDECODABLE")
-        return _classify_error(exc, stream=stream)
+        outcome = _classify_error(exc, stream=stream)
+        if outcome.kind == REJECTED and not _parses(method, payload):
+            # A request that cannot be decoded is refused, once its caller is checked,
+            # as an invalid ``request`` (rpc/auth.py), never handled.
+            refusals = ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_FIELD")
+            assert outcome.detail in refusals, (method.name, outcome)
+        return outcome
 
 
 def _parses(method: Method, payload: bytes) -> bool:
