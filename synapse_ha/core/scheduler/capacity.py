@@ -7,7 +7,7 @@ the planner owns, and is then brought up to date from the nodes whose allocation
 domains whose free GPUs cannot hold the gang, and the reservation search tries a
 placement only when a release may have made room. A pass also keeps, per gang shape and
 table version, the answers that changed nothing (no room, no reservation, why it waits:
-``passes.Answers``), so a long queue of alike gangs costs one search per shape. None of
+``answers.Answers``), so a long queue of alike gangs costs one search per shape. None of
 this changes a plan: ``schedule`` without a cache or without recall works everything out
 afresh, and tests compare them.
 """

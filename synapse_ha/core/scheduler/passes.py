@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from synapse_ha.core.arrays import throttle_reason
 from synapse_ha.core.cluster_config import PreemptionMode
@@ -10,6 +11,7 @@ from synapse_ha.core.commands import GangPlacement
 from synapse_ha.core.model import ClusterState, Job, JobSpec, Resources, unconfirmed_members
 from synapse_ha.core.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
+from synapse_ha.core.scheduler.answers import Answers
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
@@ -18,13 +20,10 @@ from synapse_ha.core.scheduler.placement import (
     Gang,
     commit,
     fits,
-    locality_depths,
     members_for,
-    place,
-    search_depths,
     unfit_nodes,
 )
-from synapse_ha.core.scheduler.plan import Plan, Reservation
+from synapse_ha.core.scheduler.plan import Plan
 from synapse_ha.core.scheduler.preempting import (
     CLAIM_WINDOW_MS,
     Preempting,
@@ -33,7 +32,8 @@ from synapse_ha.core.scheduler.preempting import (
     victims_of,
     waiting_for,
 )
-from synapse_ha.core.scheduler.reservation import Running, reserve, running_gangs
+from synapse_ha.core.scheduler.preemption import Candidate
+from synapse_ha.core.scheduler.reservation import Running, running_gangs
 from synapse_ha.core.victims import pending_since
 
 
@@ -59,16 +59,48 @@ def schedule(
     capacity change. ``recall=False`` works every gang out afresh, with the same plan;
     tests compare the two.
     """
+    return run(state, now_ms, on_decision, cache=cache, recall=recall).plan
+
+
+@dataclass(slots=True)
+class PassEnd:
+    """A pass's plan and what :mod:`.incremental` needs of the pass's working state at
+    its end, to decide more gangs after its last one or to tell how long the plan
+    stands (the values a pass worked out once and its later gangs would read)."""
+
+    plan: Plan
+    claims: dict[str, list[Candidate]]
+    unfit: dict[str, frozenset[str]]
+    last: Job | None  # the last gang considered in queue order
+    queues: frozenset[str]  # the queues of the gangs considered
+    throttled: dict[str, Reason]  # throttled tasks past any back-off: their reason
+    next_retry_ms: int | None  # the first back-off of a pending gang to end after now
+    quotas: bool  # whether queue usage was kept (quotas: fair-share order)
+    searches: int  # preemption searches that had candidates
+    failed: set[tuple[object, ...]]  # preemption keys that found no victims
+    protected: dict[tuple[object, ...], Reason | None]
+    unhealthy: int | None
+
+
+def run(
+    state: ClusterState,
+    now_ms: int,
+    on_decision: Callable[[str, bool], None] | None = None,
+    *,
+    cache: CapacityCache | None = None,
+    recall: bool = True,
+) -> PassEnd:
+    """:func:`schedule`, with the pass's end (:class:`PassEnd`)."""
     cached = cache.borrow(state) if cache is not None else CachedTable(state)
     table = cached.table
     # Should _plan raise, the table may be mid-change: it is dropped, never reused.
-    plan = _plan(state, now_ms, on_decision, cached.view, cached.empty_view, Answers(recall))
+    end = _plan(state, now_ms, on_decision, cached.view, cached.empty_view, Answers(recall))
     for extra in table.views[1:]:
         extra.detach()
     table.undo(0)
     if cache is not None:
         cache.give_back(cached)
-    return plan
+    return end
 
 
 def _plan(
@@ -78,7 +110,7 @@ def _plan(
     view: View,
     empty_view: Callable[[ClusterState], View],
     answers: Answers,
-) -> Plan:
+) -> PassEnd:
     """The pass's decisions, gang by gang in queue order, on the table behind ``view``."""
     work = _Pass(state, now_ms, view, empty_view, answers)
     pending, throttled = state.pending_and_throttled()
@@ -89,14 +121,76 @@ def _plan(
         if placed is not None and on_decision is not None:
             on_decision(job.job_id, placed)
     waits: dict[str, Reason] = {}  # one reason per array, shared by its tasks
+    whys: dict[str, Reason] = {}
     for job in throttled:
         if now_ms >= job.retry_not_before_ms:
             why = waits.get(job.array_id)
             if why is None:
                 why = waits[job.array_id] = throttle_reason(state.arrays[job.array_id])
+            whys[job.job_id] = why
             if job.reason != why:  # most tasks have said so since their submission
                 work.plan.reasons[job.job_id] = why
-    return _with_causes(state, work.plan)
+    backoffs = [j.retry_not_before_ms for j in (*pending, *throttled)]
+    later = [ms for ms in backoffs if ms > now_ms] if max(backoffs, default=0) > now_ms else []
+    return work.end(
+        _with_causes(state, work.plan),
+        pending[-1] if pending else None,
+        frozenset(job.spec.queue for job in pending),
+        whys,
+        min(later, default=None),
+    )
+
+
+def extend(
+    state: ClusterState, now_ms: int, base: PassEnd, jobs: list[Job], cache: CapacityCache
+) -> PassEnd:
+    """Decide ``jobs`` (in queue order) after the last gang of the pass that ended in
+    ``base``, on ``state`` at ``now_ms``, as a pass over ``state`` does at its end when
+    ``jobs`` come last in its order and the rest of the pass decides as ``base`` did
+    (the caller's proof). ``base``'s pass took no capacity (no placement, preemption or
+    claim), so the table as it left it is the table at the start. The plan returned has
+    only these jobs' decisions (placements, reasons, reservation, preemptions, wake);
+    its reasons carry their causes, and ``changed_reasons`` is left to the caller."""
+    cached = cache.borrow(state)
+    table = cached.table
+    work = _Pass(
+        state,
+        now_ms,
+        cached.view,
+        cached.empty_view,
+        Answers(),
+        claims=base.claims,
+        unfit=base.unfit,
+    )
+    made = base.plan.reservation
+    if made is not None:
+        work.plan.reservation = made
+        work.restricted = work.view.without(made.nodes)
+    if work.preempt is not None:
+        work.preempt.failed = set(base.failed)
+        work.preempt.protected = dict(base.protected)
+        work.preempt.searches = base.searches
+    work.explainer.known_unhealthy = base.unhealthy
+    for job in jobs:
+        if now_ms >= job.retry_not_before_ms:
+            work.decide(job)
+    for extra in table.views[1:]:
+        extra.detach()
+    table.undo(0)
+    cache.give_back(cached)
+    plan = work.plan
+    for job_id, why in plan.reasons.items():
+        last = state.jobs[job_id].attempt
+        if why.cause is None and last is not None and last.outcome is not None:
+            plan.reasons[job_id] = Reason(why.code, why.params, last.outcome)
+    later = [j.retry_not_before_ms for j in jobs if j.retry_not_before_ms > now_ms]
+    return work.end(
+        plan,
+        jobs[-1] if jobs else base.last,
+        base.queues | {job.spec.queue for job in jobs},
+        base.throttled,
+        min(later, default=None),
+    )
 
 
 class _Pass:
@@ -132,7 +226,12 @@ class _Pass:
         view: View,
         empty_view: Callable[[ClusterState], View],
         answers: Answers,
+        *,
+        claims: dict[str, list[Candidate]] | None = None,
+        unfit: dict[str, frozenset[str]] | None = None,
     ) -> None:
+        """``claims`` and ``unfit``: :func:`claimants` and :func:`unfit_nodes` of
+        ``state`` at ``now_ms``, when the caller knows them."""
         self.state = state
         self.now_ms = now_ms
         self.view = view
@@ -151,12 +250,36 @@ class _Pass:
         self.fits_local: dict[tuple[Resources, int, bool, frozenset[str], int], bool] = {}
         self.running: dict[str, Running] | None = None  # every gang holding capacity
         self.usage = QueueUsage.of(state) if has_quotas(state) else None
-        self.claims = claimants(state)
-        self.unfit = unfit_nodes(state, now_ms)
+        self.claims = claimants(state) if claims is None else claims
+        self.unfit = unfit_nodes(state, now_ms) if unfit is None else unfit
         self.preempt = (
             Preempting(state, now_ms, self.claims)
             if state.config.preemption is not (PreemptionMode.OFF)
             else None
+        )
+
+    def end(
+        self,
+        plan: Plan,
+        last: Job | None,
+        queues: frozenset[str],
+        throttled: dict[str, Reason],
+        next_retry_ms: int | None,
+    ) -> PassEnd:
+        preempt = self.preempt
+        return PassEnd(
+            plan=plan,
+            claims=self.claims,
+            unfit=self.unfit,
+            last=last,
+            queues=queues,
+            throttled=throttled,
+            next_retry_ms=next_retry_ms,
+            quotas=self.usage is not None,
+            searches=preempt.searches if preempt is not None else 0,
+            failed=preempt.failed if preempt is not None else set(),
+            protected=preempt.protected if preempt is not None else {},
+            unhealthy=self.explainer.known_unhealthy,
         )
 
     def decide(self, job: Job) -> bool | None:
@@ -356,95 +479,3 @@ def _with_causes(state: ClusterState, plan: Plan) -> Plan:
         if state.jobs[job_id].reason != why
     ]
     return plan
-
-
-class Answers:
-    """What this pass already worked out for a gang shape on a version of a view.
-
-    Whether a gang fits, where ``place`` finds no room and where the reservation search
-    finds no start depend only on the gang's shape (per-member request, member count,
-    whether it needs image support), the depths searched and the free capacity the view
-    shows, which the view and the table's version name exactly (``Table.version``). A
-    long queue of alike gangs, the common case under a stream of submissions, therefore
-    costs one search per shape and capacity change instead of one per gang. Only answers
-    that leave the table as it was are kept (no room, fits or not, no reservation): a
-    placement changes the version. ``enabled=False`` keeps nothing.
-    """
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.no_room: set[tuple[object, ...]] = set()
-        self.fit: dict[tuple[object, ...], bool] = {}
-        self.no_start: set[tuple[object, ...]] = set()
-        self.searched: dict[tuple[str, str], tuple[list[int], list[int] | None]] = {}
-
-    @staticmethod
-    def _key(gang: Gang, view: View, depths: list[int]) -> tuple[object, ...]:
-        # Plain ints, not the Resources value: they hash and compare without Python code.
-        req = gang.req
-        return (
-            req.gpu,
-            req.cpu_milli,
-            req.memory_mib,
-            gang.n,
-            bool(gang.spec.image),
-            gang.avoid,
-            tuple(depths),
-            view,
-            view.version,
-        )
-
-    def depths(
-        self, state: ClusterState, spec: JobSpec, levels: int
-    ) -> tuple[list[int], list[int] | None]:
-        """The depths a gang searches and those it searches while it waits for locality
-        (:func:`search_depths`, :func:`locality_depths`), per topology request. The lists
-        are shared: callers do not change them."""
-        key = (spec.topology_required, spec.topology_preferred)
-        hit = self.searched.get(key) if self.enabled else None
-        if hit is None:
-            depths = search_depths(state, spec, levels)
-            hit = (depths, locality_depths(state, spec, depths))
-            if self.enabled:
-                self.searched[key] = hit
-        return hit
-
-    def place(self, gang: Gang, view: View, depths: list[int]) -> list[tuple[str, int]] | None:
-        if not self.enabled:
-            return place(gang, view, depths)
-        key = self._key(gang, view, depths)
-        if key in self.no_room:
-            return None
-        hosts = place(gang, view, depths)
-        if hosts is None:
-            self.no_room.add(key)
-        return hosts
-
-    def fits(self, gang: Gang, view: View, depths: list[int]) -> bool:
-        if not self.enabled:
-            return fits(gang, view, depths)
-        key = self._key(gang, view, depths)
-        hit = self.fit.get(key)
-        if hit is None:
-            hit = self.fit[key] = fits(gang, view, depths)
-        return hit
-
-    def reserve(
-        self,
-        gang: Gang,
-        view: View,
-        depths: list[int],
-        running: dict[str, Running],
-        empty_view: Callable[[], View],
-    ) -> Reservation | None:
-        """:func:`reserve`; a shape that found no start finds none again until the
-        capacity changes (which is also when the running gangs change: a placement)."""
-        if not self.enabled:
-            return reserve(gang, view, depths, running, empty_view)
-        key = self._key(gang, view, depths)
-        if key in self.no_start:
-            return None
-        made = reserve(gang, view, depths, running, empty_view)
-        if made is None:
-            self.no_start.add(key)  # the search undid its changes: the same version
-        return made

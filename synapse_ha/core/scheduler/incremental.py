@@ -1,0 +1,287 @@
+"""Incremental planning: a pass that visits only the gangs whose outcome can have changed.
+
+A scheduling pass (:func:`.passes.schedule`) is a function of the state and the time.
+:class:`IncrementalPlanner` keeps the previous pass's plan with the snapshot it was made
+on, and on the next snapshot works out what changed by record identity (snapshots share
+every record no command touched, :mod:`synapse_ha.core.snapshot`). It keeps the previous
+plan when that is provably the plan a full pass would make, and otherwise runs one:
+
+* **Nothing the pass reads changed.** Node records, queues, their history, arrays and
+  the configuration are equal; every job record that changed differs only in its
+  ``reason`` (what the plan's own :class:`~synapse_ha.core.commands.BindPlan` writes). A
+  pass reads a pending job's reason in two places only: which reasons changed
+  (``changed_reasons``), and whether a throttled task's reason is restated; both are
+  brought up to date for the changed jobs alone.
+* **Time alone changed nothing.** The plan *stands* from the pass's ``now_ms`` until the
+  earliest time the clock alone may change any part of it (:func:`stands_until`): its
+  ``wake_ms`` (locality waits, claim windows, minimum run times), a back-off ending, a
+  node's unfit back-off ending. A plan that reads the clock continuously stands only at
+  the time it was made: a timed reservation (reasons say how far off it starts, and
+  backfill depends on it), the fair-share order between queues (usage decays), a
+  preemption search that had candidates (their cost is the work they would lose), or a
+  plan that binds or preempts (the next snapshot holds its effects).
+* **New gangs that come last.** Gangs submitted since, each after every gang the
+  previous pass considered in queue order (the order is plain: one queue, or no quotas;
+  no preemptor goes first), are decided after them, as a full pass would at its end; the
+  gangs before them are unaffected, since a pass decides in order. This needs the pass's
+  working state at its end, which :func:`.passes.extend` rebuilds from a previous pass
+  that took no capacity (no placement, preemption or claim).
+
+Anything else (a bind, a release, a node's change, a cancel, a purge, a new queue) runs
+a full pass. Pure: the caller passes the time; the planner keeps only values.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from dataclasses import dataclass, fields
+from itertools import compress, islice
+
+from synapse_ha.core.model import ClusterState, Job, JobState
+from synapse_ha.core.scheduler.capacity import CapacityCache
+from synapse_ha.core.scheduler.passes import PassEnd, extend, run
+from synapse_ha.core.scheduler.plan import Plan
+
+# What a pass reads of a job, but for its reason.
+_JOB_FIELDS = tuple(f.name for f in fields(Job) if f.name != "reason")
+# State fields a pass may read besides the node and job records.
+_STATE_FIELDS = ("config", "queues", "queue_history", "arrays", "format_floor")
+
+
+def stands_until(state: ClusterState, now_ms: int, end: PassEnd) -> int:
+    """The end (exclusive) of the time from ``now_ms`` during which a pass over
+    ``state`` makes ``end.plan`` again, judged from what the pass read of the clock."""
+    until = _plan_stands_until(now_ms, end)
+    for node in state.nodes.values():
+        for unfit in node.unfit:
+            until = _sooner(until, unfit.until_ms, now_ms)
+    return until
+
+
+def _plan_stands_until(now_ms: int, end: PassEnd) -> int:
+    """:func:`stands_until` but for the nodes' unfit back-offs."""
+    plan = end.plan
+    made = plan.reservation
+    if (
+        plan.placements
+        or plan.preemptions
+        or end.searches
+        or (made is not None and made.start_ms is not None and made.start_ms > now_ms)
+        or (end.quotas and len(end.queues) > 1)
+        or (plan.wake_ms is not None and plan.wake_ms <= now_ms)
+    ):
+        return now_ms + 1
+    until = _NEVER
+    if plan.wake_ms is not None:
+        until = plan.wake_ms
+    if end.next_retry_ms is not None:
+        until = _sooner(until, end.next_retry_ms, now_ms)
+    return until
+
+
+_NEVER = 1 << 62
+
+
+def _sooner(until: int, at: int, now_ms: int) -> int:
+    return at if now_ms < at < until else until
+
+
+@dataclass(slots=True)
+class _Base:
+    """The previous pass: the snapshot and time it planned on, and until when it stands."""
+
+    state: ClusterState
+    now_ms: int
+    end: PassEnd
+    until_ms: int
+
+
+class IncrementalPlanner:
+    """Plans like :func:`.passes.schedule`, visiting only what changed (module doc).
+
+    Owned by whoever plans (the leader loop); fed snapshots, which are never changed
+    once made. Not thread-safe. :meth:`reset` forgets the previous pass (a new leader
+    starts with a full one). ``counts`` says how each plan was made: ``full``,
+    ``kept``, ``extended``, and for each full pass after the first the reason it was
+    needed (``fallback:<why>``).
+    """
+
+    def __init__(self, cache: CapacityCache | None = None) -> None:
+        self.cache = cache if cache is not None else CapacityCache()
+        self.counts: Counter[str] = Counter()
+        self._base: _Base | None = None
+
+    def reset(self) -> None:
+        self._base = None
+
+    def plan(self, state: ClusterState, now_ms: int) -> Plan:
+        """The plan :func:`.passes.schedule` makes of ``state`` at ``now_ms``."""
+        base = self._base
+        if base is not None:
+            kept = self._incremental(base, state, now_ms)
+            if isinstance(kept, _Base):
+                self._base = kept
+                return kept.end.plan
+            self.counts["fallback:" + kept] += 1
+        self.counts["full"] += 1
+        end = run(state, now_ms, cache=self.cache)
+        self._base = _Base(state, now_ms, end, stands_until(state, now_ms, end))
+        return end.plan
+
+    def _incremental(self, base: _Base, state: ClusterState, now_ms: int) -> _Base | str:
+        """The base brought up to ``state`` and ``now_ms`` without a full pass, or why
+        one is needed."""
+        if not base.now_ms <= now_ms < base.until_ms:
+            return "time"
+        diff = _diff(base.state, state)
+        if diff is None:
+            return "changed"
+        reworded, added = diff
+        end = base.end
+        if reworded:
+            end = _reworded(state, end, reworded)
+        if not added:
+            self.counts["kept"] += 1
+            return _Base(state, base.now_ms, end, base.until_ms)
+        why = _appendable(end, added)
+        if why is not None:
+            return why
+        more = extend(state, now_ms, end, added, self.cache)
+        self.counts["extended"] += 1
+        until = min(base.until_ms, _plan_stands_until(now_ms, more))
+        return _Base(state, now_ms, _merged(state, end, more), until)
+
+
+def _diff(old: ClusterState, new: ClusterState) -> tuple[list[str], list[Job]] | None:
+    """The jobs whose reason alone changed, and the jobs added (in the order the state
+    holds them); None when anything else a pass reads changed."""
+    for name in _STATE_FIELDS:
+        a, b = getattr(old, name), getattr(new, name)
+        if a is not b and a != b:
+            return None
+    if new.nodes is not old.nodes:
+        if list(new.nodes) != list(old.nodes):
+            return None
+        for node_id in compress(
+            new.nodes, map(operator.is_not, new.nodes.values(), old.nodes.values())
+        ):
+            if new.nodes[node_id] != old.nodes[node_id]:
+                return None
+    if new.jobs is old.jobs:
+        return [], []
+    before, after = old.jobs, new.jobs
+    ids = list(after)
+    kept = len(before)
+    if len(ids) < kept or ids[:kept] != list(before):
+        return None  # a job removed (a purge)
+    reworded: list[str] = []
+    for job_id in compress(
+        before, map(operator.is_not, islice(after.values(), kept), before.values())
+    ):
+        a, b = before[job_id], after[job_id]
+        for name in _JOB_FIELDS:
+            x, y = getattr(a, name), getattr(b, name)
+            if x is not y and x != y:
+                return None
+        reworded.append(job_id)
+    return reworded, [after[job_id] for job_id in ids[kept:]]
+
+
+def _reworded(state: ClusterState, end: PassEnd, job_ids: list[str]) -> PassEnd:
+    """``end`` on ``state``, where only the reasons of ``job_ids`` changed: the plan's
+    changed reasons, and the throttled tasks it restates, as a pass over ``state``."""
+    plan = end.plan
+    reasons = plan.reasons
+    changed = dict(plan.changed_reasons)
+    for job_id in job_ids:
+        now = state.jobs[job_id].reason
+        throttled = end.throttled.get(job_id)
+        if throttled is not None:
+            if reasons is plan.reasons:
+                reasons = dict(reasons)
+            if now != throttled:
+                reasons[job_id] = throttled
+            else:
+                reasons.pop(job_id, None)
+        why = reasons.get(job_id)
+        if why is not None and why != now:
+            changed[job_id] = why
+        else:
+            changed.pop(job_id, None)
+    fresh = Plan(
+        placements=plan.placements,
+        reasons=reasons,
+        changed_reasons=sorted(changed.items()),
+        reservation=plan.reservation,
+        wake_ms=plan.wake_ms,
+        preemptions=plan.preemptions,
+    )
+    return _with_plan(end, fresh)
+
+
+def _appendable(end: PassEnd, added: list[Job]) -> str | None:
+    """None when a pass considers ``added`` (in this order) after every gang that the
+    pass which ended in ``end`` considered, and that pass took no capacity and searched
+    no victims; else why not."""
+    plan = end.plan
+    if plan.placements or plan.preemptions or end.claims or end.searches:
+        return "took-capacity"
+    for job in added:
+        if job.state is not JobState.PENDING or job.waiting_for or job.array_id:
+            return "added-not-plain"
+    if end.quotas and len(end.queues | {job.spec.queue for job in added}) > 1:
+        return "fair-share-order"
+    last = _order_key(end.last) if end.last is not None else None
+    for job in added:
+        key = _order_key(job)
+        if last is not None and key <= last:
+            return "added-not-last"
+        last = key
+    return None
+
+
+def _order_key(job: Job) -> tuple[int, int, int]:
+    return (-job.spec.priority, job.seq, job.array_index)
+
+
+def _merged(state: ClusterState, end: PassEnd, more: PassEnd) -> PassEnd:
+    """The base's plan followed by ``more``'s decisions, with the changed reasons."""
+    plan, extra = end.plan, more.plan
+    reasons = {**plan.reasons, **extra.reasons}
+    changed = dict(plan.changed_reasons)
+    for job_id, why in extra.reasons.items():
+        if state.jobs[job_id].reason != why:
+            changed[job_id] = why
+    wake = plan.wake_ms
+    if extra.wake_ms is not None and (wake is None or extra.wake_ms < wake):
+        wake = extra.wake_ms
+    merged = Plan(
+        placements=[*plan.placements, *extra.placements],
+        reasons=reasons,
+        changed_reasons=sorted(changed.items()),
+        reservation=extra.reservation,
+        wake_ms=wake,
+        preemptions=[*plan.preemptions, *extra.preemptions],
+    )
+    return _with_plan(more, merged)
+
+
+def _with_plan(end: PassEnd, plan: Plan) -> PassEnd:
+    return PassEnd(
+        plan=plan,
+        claims=end.claims,
+        unfit=end.unfit,
+        last=end.last,
+        queues=end.queues,
+        throttled=end.throttled,
+        next_retry_ms=end.next_retry_ms,
+        quotas=end.quotas,
+        searches=end.searches,
+        failed=end.failed,
+        protected=end.protected,
+        unhealthy=end.unhealthy,
+    )
+
+
+__all__ = ["IncrementalPlanner", "stands_until"]
