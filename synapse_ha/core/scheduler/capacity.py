@@ -359,8 +359,13 @@ class CapacityCache:
     def __init__(self) -> None:
         self._cached: CachedTable | None = None
 
-    def borrow(self, state: ClusterState) -> CachedTable:
+    def borrow(self, state: ClusterState, unchanged: bool = False) -> CachedTable:
+        """The table of ``state``. ``unchanged``: the caller knows that the nodes and
+        the configuration equal those of the state the table was last borrowed for
+        (the incremental planner compares its snapshots), so it is not refreshed."""
         cached, self._cached = self._cached, None
+        if cached is not None and unchanged:
+            return cached
         if cached is None or not cached.refresh(state):
             cached = CachedTable(state)
         return cached

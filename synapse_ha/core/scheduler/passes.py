@@ -147,11 +147,12 @@ def extend(
     """Decide ``jobs`` (in queue order) after the last gang of the pass that ended in
     ``base``, on ``state`` at ``now_ms``, as a pass over ``state`` does at its end when
     ``jobs`` come last in its order and the rest of the pass decides as ``base`` did
-    (the caller's proof). ``base``'s pass took no capacity (no placement, preemption or
+    (the caller's proof), and ``cache`` was last borrowed for a state whose nodes and
+    configuration equal ``state``'s. ``base``'s pass took no capacity (no placement, preemption or
     claim), so the table as it left it is the table at the start. The plan returned has
     only these jobs' decisions (placements, reasons, reservation, preemptions, wake);
     its reasons carry their causes, and ``changed_reasons`` is left to the caller."""
-    cached = cache.borrow(state)
+    cached = cache.borrow(state, unchanged=True)
     table = cached.table
     work = _Pass(
         state,
