@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from itertools import compress, islice
 
@@ -171,21 +172,28 @@ def _diff(old: ClusterState, new: ClusterState) -> tuple[list[str], list[Job]] |
     if new.jobs is old.jobs:
         return [], []
     before, after = old.jobs, new.jobs
-    ids = list(after)
     kept = len(before)
-    if len(ids) < kept or ids[:kept] != list(before):
+    if len(after) < kept:
         return None  # a job removed (a purge)
     reworded: list[str] = []
-    for job_id in compress(
-        before, map(operator.is_not, islice(after.values(), kept), before.values())
-    ):
-        a, b = before[job_id], after[job_id]
+    for a, b in _differing(list(before.values()), list(islice(after.values(), kept))):
+        # A job removed and another added in its place differ in their ids.
         for name in _JOB_FIELDS:
             x, y = getattr(a, name), getattr(b, name)
             if x is not y and x != y:
                 return None
-        reworded.append(job_id)
-    return reworded, [after[job_id] for job_id in ids[kept:]]
+        reworded.append(a.job_id)
+    return reworded, list(islice(after.values(), kept, None))
+
+
+def _differing(old: list[Job], new: list[Job]) -> Iterator[tuple[Job, Job]]:
+    """The pairs at the same positions of two equally long lists that differ, found a
+    chunk at a time (a list comparison runs in C, an identity check first)."""
+    step = 512
+    for start in range(0, len(old), step):
+        a, b = old[start : start + step], new[start : start + step]
+        if a != b:
+            yield from ((x, y) for x, y in zip(a, b, strict=True) if x is not y and x != y)
 
 
 def _reworded(state: ClusterState, end: PassEnd, job_ids: list[str]) -> PassEnd:
@@ -281,6 +289,7 @@ def _with_plan(end: PassEnd, plan: Plan) -> PassEnd:
         failed=end.failed,
         protected=end.protected,
         unhealthy=end.unhealthy,
+        recalled=end.recalled,
     )
 
 

@@ -80,6 +80,29 @@ class PassEnd:
     failed: set[tuple[object, ...]]  # preemption keys that found no victims
     protected: dict[tuple[object, ...], Reason | None]
     unhealthy: int | None
+    recalled: Recalled | None = None
+
+
+@dataclass(slots=True)
+class Recalled:
+    """What a pass worked out per gang shape (answers, reasons, whether it fits its
+    locality) and its view without the reserved nodes, all on the table as the pass
+    left it: good for another pass on the same table while it keeps ``version``."""
+
+    view: View
+    version: int
+    restricted: View | None
+    answers: Answers
+    explainer: Explainer
+    fits_local: dict[tuple[Resources, int, bool, frozenset[str], int], bool]
+    uses: int = 0
+
+    def usable(self, view: View) -> bool:
+        return view is self.view and view.version == self.version and self.uses < _MAX_USES
+
+
+# Passes that may add to one Recalled (each adds what its new gangs worked out).
+_MAX_USES = 1_000
 
 
 def run(
@@ -98,6 +121,8 @@ def run(
     for extra in table.views[1:]:
         extra.detach()
     table.undo(0)
+    if end.recalled is not None:
+        end.recalled.version = table.version
     if cache is not None:
         cache.give_back(cached)
     return end
@@ -154,19 +179,21 @@ def extend(
     its reasons carry their causes, and ``changed_reasons`` is left to the caller."""
     cached = cache.borrow(state, unchanged=True)
     table = cached.table
+    recalled = base.recalled if base.recalled and base.recalled.usable(cached.view) else None
+    answers = recalled.answers if recalled is not None else Answers()
     work = _Pass(
-        state,
-        now_ms,
-        cached.view,
-        cached.empty_view,
-        Answers(),
-        claims=base.claims,
-        unfit=base.unfit,
+        state, now_ms, cached.view, cached.empty_view, answers, claims=base.claims, unfit=base.unfit
     )
     made = base.plan.reservation
     if made is not None:
         work.plan.reservation = made
-        work.restricted = work.view.without(made.nodes)
+        if recalled is not None and recalled.restricted is not None:
+            table.views.append(recalled.restricted)  # kept in step again
+            work.restricted = recalled.restricted
+        else:
+            work.restricted = work.view.without(made.nodes)
+    if recalled is not None:
+        work.explainer, work.fits_local = recalled.explainer, recalled.fits_local
     if work.preempt is not None:
         work.preempt.failed = set(base.failed)
         work.preempt.protected = dict(base.protected)
@@ -185,13 +212,17 @@ def extend(
         if why.cause is None and last is not None and last.outcome is not None:
             plan.reasons[job_id] = Reason(why.code, why.params, last.outcome)
     later = [j.retry_not_before_ms for j in jobs if j.retry_not_before_ms > now_ms]
-    return work.end(
+    end = work.end(
         plan,
         jobs[-1] if jobs else base.last,
         base.queues | {job.spec.queue for job in jobs},
         base.throttled,
         min(later, default=None),
     )
+    if end.recalled is not None:
+        end.recalled.version = table.version
+        end.recalled.uses = recalled.uses + 1 if recalled is not None else 0
+    return end
 
 
 class _Pass:
@@ -281,6 +312,16 @@ class _Pass:
             failed=preempt.failed if preempt is not None else set(),
             protected=preempt.protected if preempt is not None else {},
             unhealthy=self.explainer.known_unhealthy,
+            recalled=Recalled(
+                self.view,
+                -1,  # set once the table is as the pass found it
+                self.restricted,
+                self.answers,
+                self.explainer,
+                self.fits_local,
+            )
+            if self.answers.enabled
+            else None,
         )
 
     def decide(self, job: Job) -> bool | None:
