@@ -16,14 +16,16 @@ each time:
   table), for comparison.
 
 ``--timed`` gives the running and pending gangs time limits as the placement benchmark
-does (half of them): the head-of-line reservation then has a start time, every gang
-behind it says how far off that is, and so the plan changes with the clock and each
-pass is a full one (reported, with its cost).
+does (half of them): the head-of-line reservation then has a start time, the gangs
+waiting for it say how far off that is, and a kept plan has those reasons brought up to
+date; a plan stands only until the reservation starts or a gang may no longer backfill
+before it (``plans_by_kind`` says how often a full pass was needed).
 
 The collector is set as the scheduler program sets it once its state is loaded
-(``gc.freeze()``, a larger threshold). ``cold_pass_s``: the placement benchmark's pass (5,000 pending gangs) with the capacity
-table built from scratch, as a new leader's first pass. ``--profile`` prints its
-cProfile to stderr. Prints JSON; ``--smoke`` runs a tiny version in seconds.
+(``gc.freeze()``, a larger threshold). ``cold_pass_s``: the placement benchmark's pass
+(5,000 pending gangs) with the capacity table built from scratch, as a new leader's
+first pass. ``--profile`` prints its cProfile to stderr. Prints JSON; ``--smoke`` runs a
+tiny version in seconds.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.codec import decode_command, encode_command
 from synapse_ha.core.health import GpuFault
 from synapse_ha.core.model import ClusterState, JobSpec, JobState, MemberPlacement, NodeStatus
+from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import IncrementalPlanner, Plan, schedule
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
 from tests.core.harness import job, node
@@ -245,18 +246,60 @@ def test_a_new_submission_that_waits_extends_the_plan_without_a_full_pass() -> N
     assert all(j.state is JobState.PENDING for j in list(machine.state.jobs.values())[1:])
 
 
-def test_a_timed_reservation_is_planned_afresh_as_the_clock_moves() -> None:
-    # The reasons of gangs behind a timed reservation say how far off it starts.
+def test_a_timed_reservation_counts_down_as_the_clock_moves() -> None:
+    # The reasons of gangs behind a timed reservation say how far off it starts: kept
+    # plans say so at their own time; once it is due a full pass plans again.
     machine = PlainQueueMachine()
     machine.cluster(["r1"], 0)
     _started(machine, job(gpu=8, time_limit_s=30), "running")
-    machine.do(c.SubmitJob(job(gpu=8), "waits", machine.now))
+    head = machine.do(c.SubmitJob(job(gpu=8), "head", machine.now)).job_id
+    behind = machine.do(c.SubmitJob(job(gpu=8), "behind", machine.now)).job_id
     machine.scheduling_pass()
-    assert machine.last is not None and machine.last.reservation is not None
-    before = machine.planner.counts["fallback:time"]
+    made = machine.last.reservation if machine.last is not None else None
+    assert made is not None and made.start_ms is not None
+    counts = machine.planner.counts
+    kept, full = counts["kept"], counts["full"]
     machine.now += 1_000
     machine.compare()
-    assert machine.planner.counts["fallback:time"] == before + 1
+    assert machine.last is not None
+    assert machine.last.reasons[head].num("start_in_ms") == made.start_ms - machine.now
+    assert not machine.last.reasons[behind].has("start_in_ms")  # it would not fit now
+    assert dict(machine.last.changed_reasons).keys() == {head}
+    assert (counts["kept"], counts["full"]) == (kept + 1, full)
+    machine.now = made.start_ms
+    machine.compare()
+    assert counts["fallback:time"] >= 1 and counts["full"] == full + 1
+
+
+def _bound_on(machine: PlainQueueMachine, spec: JobSpec, host: str) -> str:
+    """Submit ``spec`` (one member of 8 GPUs) and bind it on ``host``."""
+    job_id = machine.do(c.SubmitJob(spec, host, machine.now)).job_id
+    members = (MemberPlacement(0, host, tuple(range(8))),)
+    assert machine.do(c.BindPlan((c.GangPlacement(job_id, 0, members),), (), machine.now)).bound
+    return job_id
+
+
+def test_a_gang_that_may_no_longer_backfill_is_planned_afresh() -> None:
+    machine = PlainQueueMachine()
+    machine.cluster(["r1", "r1", "r2", "r2"], 60_000)
+    _bound_on(machine, job(gpu=8, time_limit_s=30), "n0")  # ends at 31 s
+    _bound_on(machine, job(gpu=8), "n2")  # no time limit
+    machine.do(c.SubmitJob(job(replicas=3, gpu=8), "head", machine.now))  # reserves
+    # Two members: fits across the racks now and would end before the reservation
+    # starts, so it waits for one rack (locality) while it may backfill.
+    late = machine.do(c.SubmitJob(job(replicas=2, gpu=8, time_limit_s=10), "b", machine.now))
+    machine.scheduling_pass()
+    made = machine.last.reservation if machine.last is not None else None
+    assert made is not None and made.start_ms == 31_000
+    assert machine.state.jobs[late.job_id].reason.code is ReasonCode.WAITING_LOCALITY
+    machine.now = made.start_ms - 10_000  # the last moment it may backfill
+    machine.compare()
+    full = machine.planner.counts["full"]
+    machine.now += 1
+    machine.compare()
+    assert machine.planner.counts["full"] == full + 1
+    assert machine.last is not None
+    assert machine.last.reasons[late.job_id].code is ReasonCode.RESERVED_FOR_OTHER
 
 
 def test_a_locality_wait_ending_is_planned_afresh() -> None:

@@ -13,13 +13,16 @@ plan when that is provably the plan a full pass would make, and otherwise runs o
   (``changed_reasons``), and whether a throttled task's reason is restated; both are
   brought up to date for the changed jobs alone.
 * **Time alone changed nothing.** The plan *stands* from the pass's ``now_ms`` until the
-  earliest time the clock alone may change any part of it (:func:`stands_until`): its
-  ``wake_ms`` (locality waits, claim windows, minimum run times), a back-off ending, a
-  node's unfit back-off ending. A plan that reads the clock continuously stands only at
-  the time it was made: a timed reservation (reasons say how far off it starts, and
-  backfill depends on it), the fair-share order between queues (usage decays), a
-  preemption search that had candidates (their cost is the work they would lose), or a
-  plan that binds or preempts (the next snapshot holds its effects).
+  earliest time the clock alone may change any decision in it (:func:`stands_until`):
+  its ``wake_ms`` (locality waits, claim windows, minimum run times), a back-off ending,
+  a node's unfit back-off ending, a timed reservation's start, the moment a gang that
+  may backfill before it no longer may. Meanwhile the only part of the plan that moves
+  with the clock is how far off the timed reservation starts, which the reasons of the
+  gangs waiting for it say: those reasons are brought up to date. A plan stands only at
+  the time it was made when it reads the clock otherwise: the fair-share order between
+  queues (usage decays), a preemption search that had candidates (their cost is the
+  work they would lose), or a plan that binds or preempts (the next snapshot holds its
+  effects).
 * **New gangs that come last.** Gangs submitted since, each after every gang the
   previous pass considered in queue order (the order is plain: one queue, or no quotas;
   no preemptor goes first), are decided after them, as a full pass would at its end; the
@@ -40,6 +43,7 @@ from dataclasses import dataclass, fields
 from itertools import compress, islice
 
 from synapse_ha.core.model import ClusterState, Job, JobState
+from synapse_ha.core.reasons import Reason
 from synapse_ha.core.scheduler.capacity import CapacityCache
 from synapse_ha.core.scheduler.passes import PassEnd, extend, run
 from synapse_ha.core.scheduler.plan import Plan
@@ -68,7 +72,6 @@ def _plan_stands_until(now_ms: int, end: PassEnd) -> int:
         plan.placements
         or plan.preemptions
         or end.searches
-        or (made is not None and made.start_ms is not None and made.start_ms > now_ms)
         or (end.quotas and len(end.queues) > 1)
         or (plan.wake_ms is not None and plan.wake_ms <= now_ms)
     ):
@@ -76,8 +79,9 @@ def _plan_stands_until(now_ms: int, end: PassEnd) -> int:
     until = _NEVER
     if plan.wake_ms is not None:
         until = plan.wake_ms
-    if end.next_retry_ms is not None:
-        until = _sooner(until, end.next_retry_ms, now_ms)
+    for at in (end.next_retry_ms, end.backfill_ends_ms, made.start_ms if made else None):
+        if at is not None:
+            until = _sooner(until, at, now_ms)
     return until
 
 
@@ -96,6 +100,10 @@ class _Base:
     now_ms: int
     end: PassEnd
     until_ms: int
+    # The reasons that say how far off the timed reservation starts, and the time they
+    # were worked out for.
+    timed: tuple[str, ...] = ()
+    timed_at_ms: int = 0
 
 
 class IncrementalPlanner:
@@ -127,7 +135,8 @@ class IncrementalPlanner:
             self.counts["fallback:" + kept] += 1
         self.counts["full"] += 1
         end = run(state, now_ms, cache=self.cache)
-        self._base = _Base(state, now_ms, end, stands_until(state, now_ms, end))
+        until = stands_until(state, now_ms, end)
+        self._base = _Base(state, now_ms, end, until, _timed(end.plan, now_ms), now_ms)
         return end.plan
 
     def _incremental(self, base: _Base, state: ClusterState, now_ms: int) -> _Base | str:
@@ -140,18 +149,62 @@ class IncrementalPlanner:
             return "changed"
         reworded, added = diff
         end = base.end
+        if base.timed and now_ms != base.timed_at_ms:
+            end = _retimed(state, end, base.timed, now_ms)
         if reworded:
             end = _reworded(state, end, reworded)
         if not added:
             self.counts["kept"] += 1
-            return _Base(state, base.now_ms, end, base.until_ms)
+            return _Base(state, base.now_ms, end, base.until_ms, base.timed, now_ms)
         why = _appendable(end, added)
         if why is not None:
             return why
         more = extend(state, now_ms, end, added, self.cache)
         self.counts["extended"] += 1
         until = min(base.until_ms, _plan_stands_until(now_ms, more))
-        return _Base(state, now_ms, _merged(state, end, more), until)
+        timed = (*base.timed, *_timed(more.plan, now_ms))
+        return _Base(state, now_ms, _merged(state, end, more), until, timed, now_ms)
+
+
+def _timed(plan: Plan, now_ms: int) -> tuple[str, ...]:
+    """The jobs whose reasons say how far off the plan's reservation starts (none once
+    it is due: they say it starts now)."""
+    made = plan.reservation
+    if made is None or made.start_ms is None or made.start_ms <= now_ms:
+        return ()
+    return tuple(job_id for job_id, why in plan.reasons.items() if why.has(_START_IN))
+
+
+_START_IN = "start_in_ms"
+
+
+def _retimed(state: ClusterState, end: PassEnd, job_ids: tuple[str, ...], now_ms: int) -> PassEnd:
+    """``end`` at ``now_ms``, before its timed reservation starts: the reasons of
+    ``job_ids`` say how far off it is then (the only part of such a plan that moves with
+    the clock while it stands)."""
+    plan = end.plan
+    made = plan.reservation
+    assert made is not None and made.start_ms is not None and made.start_ms > now_ms
+    start_in = made.start_ms - now_ms
+    reasons = dict(plan.reasons)
+    changed = dict(plan.changed_reasons)
+    for job_id in job_ids:
+        why = reasons[job_id]
+        params = tuple((k, start_in if k == _START_IN else v) for k, v in why.params)
+        why = reasons[job_id] = Reason(why.code, params, why.cause)
+        if state.jobs[job_id].reason != why:
+            changed[job_id] = why
+        else:
+            changed.pop(job_id, None)
+    fresh = Plan(
+        placements=plan.placements,
+        reasons=reasons,
+        changed_reasons=sorted(changed.items()),
+        reservation=made,
+        wake_ms=plan.wake_ms,
+        preemptions=plan.preemptions,
+    )
+    return _with_plan(end, fresh)
 
 
 def _diff(old: ClusterState, new: ClusterState) -> tuple[list[str], list[Job]] | None:
@@ -284,6 +337,7 @@ def _with_plan(end: PassEnd, plan: Plan) -> PassEnd:
         queues=end.queues,
         throttled=end.throttled,
         next_retry_ms=end.next_retry_ms,
+        backfill_ends_ms=end.backfill_ends_ms,
         quotas=end.quotas,
         searches=end.searches,
         failed=end.failed,

@@ -23,7 +23,7 @@ from synapse_ha.core.scheduler.placement import (
     members_for,
     unfit_nodes,
 )
-from synapse_ha.core.scheduler.plan import Plan
+from synapse_ha.core.scheduler.plan import Plan, Reservation
 from synapse_ha.core.scheduler.preempting import (
     CLAIM_WINDOW_MS,
     Preempting,
@@ -75,6 +75,7 @@ class PassEnd:
     queues: frozenset[str]  # the queues of the gangs considered
     throttled: dict[str, Reason]  # throttled tasks past any back-off: their reason
     next_retry_ms: int | None  # the first back-off of a pending gang to end after now
+    backfill_ends_ms: int | None  # the first time a gang may no longer backfill
     quotas: bool  # whether queue usage was kept (quotas: fair-share order)
     searches: int  # preemption searches that had candidates
     failed: set[tuple[object, ...]]  # preemption keys that found no victims
@@ -163,6 +164,23 @@ def _plan(
         frozenset(job.spec.queue for job in pending),
         whys,
         min(later, default=None),
+        backfill_ends(work.plan.reservation, pending, now_ms),
+    )
+
+
+def backfill_ends(made: Reservation | None, jobs: list[Job], now_ms: int) -> int | None:
+    """The first time after ``now_ms`` at which one of ``jobs`` that may backfill before
+    the timed reservation ``made`` (it ends before it starts) may no longer."""
+    if made is None or made.start_ms is None:
+        return None
+    start = made.start_ms
+    return min(
+        (
+            start - limit + 1
+            for job in jobs
+            if (limit := job.spec.time_limit_ms) > 0 and now_ms + limit <= start
+        ),
+        default=None,
     )
 
 
@@ -218,6 +236,7 @@ def extend(
         base.queues | {job.spec.queue for job in jobs},
         base.throttled,
         min(later, default=None),
+        backfill_ends(work.plan.reservation, jobs, now_ms),
     )
     if end.recalled is not None:
         end.recalled.version = table.version
@@ -297,6 +316,7 @@ class _Pass:
         queues: frozenset[str],
         throttled: dict[str, Reason],
         next_retry_ms: int | None,
+        backfill_ends_ms: int | None,
     ) -> PassEnd:
         preempt = self.preempt
         return PassEnd(
@@ -307,6 +327,7 @@ class _Pass:
             queues=queues,
             throttled=throttled,
             next_retry_ms=next_retry_ms,
+            backfill_ends_ms=backfill_ends_ms,
             quotas=self.usage is not None,
             searches=preempt.searches if preempt is not None else 0,
             failed=preempt.failed if preempt is not None else set(),
