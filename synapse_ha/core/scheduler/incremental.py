@@ -50,8 +50,21 @@ from synapse_ha.core.scheduler.plan import Plan
 
 # What a pass reads of a job, but for its reason.
 _JOB_FIELDS = tuple(f.name for f in fields(Job) if f.name != "reason")
-# State fields a pass may read besides the node and job records.
-_STATE_FIELDS = ("config", "queues", "queue_history", "arrays", "format_floor")
+# State fields no pass reads (counters, request ids, tokens), and the records compared
+# one by one; every other field (a field added later too) is compared whole.
+_NOT_READ = frozenset(
+    {
+        "nodes",
+        "jobs",
+        "request_ids",
+        "tokens",
+        "next_job_seq",
+        "last_fencing_token",
+        "applied_commands",
+        "last_time_ms",
+    }
+)
+_STATE_FIELDS = tuple(f.name for f in fields(ClusterState) if f.name not in _NOT_READ)
 
 
 def stands_until(state: ClusterState, now_ms: int, end: PassEnd) -> int:
