@@ -36,17 +36,19 @@ a full pass. Pure: the caller passes the time; the planner keeps only values.
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from itertools import compress, islice
+from itertools import islice
+from typing import TypeVar
 
-from synapse_ha.core.model import ClusterState, Job, JobState
+from synapse_ha.core.model import ClusterState, Job, JobState, Node
 from synapse_ha.core.reasons import Reason
 from synapse_ha.core.scheduler.capacity import CapacityCache
 from synapse_ha.core.scheduler.passes import PassEnd, extend, run
 from synapse_ha.core.scheduler.plan import Plan
+
+_R = TypeVar("_R", Job, Node)
 
 # What a pass reads of a job, but for its reason.
 _JOB_FIELDS = tuple(f.name for f in fields(Job) if f.name != "reason")
@@ -228,13 +230,11 @@ def _diff(old: ClusterState, new: ClusterState) -> tuple[list[str], list[Job]] |
         if a is not b and a != b:
             return None
     if new.nodes is not old.nodes:
-        if list(new.nodes) != list(old.nodes):
+        if len(new.nodes) != len(old.nodes):
             return None
-        for node_id in compress(
-            new.nodes, map(operator.is_not, new.nodes.values(), old.nodes.values())
-        ):
-            if new.nodes[node_id] != old.nodes[node_id]:
-                return None
+        # A node removed and another added in its place differ in their ids.
+        for _ in _differing(list(old.nodes.values()), list(new.nodes.values())):
+            return None
     if new.jobs is old.jobs:
         return [], []
     before, after = old.jobs, new.jobs
@@ -252,9 +252,9 @@ def _diff(old: ClusterState, new: ClusterState) -> tuple[list[str], list[Job]] |
     return reworded, list(islice(after.values(), kept, None))
 
 
-def _differing(old: list[Job], new: list[Job]) -> Iterator[tuple[Job, Job]]:
-    """The pairs at the same positions of two equally long lists that differ, found a
-    chunk at a time (a list comparison runs in C, an identity check first)."""
+def _differing(old: list[_R], new: list[_R]) -> Iterator[tuple[_R, _R]]:
+    """The pairs at the same positions of two equally long lists of records that
+    differ, found a chunk at a time (a list comparison runs in C, identity first)."""
     step = 512
     for start in range(0, len(old), step):
         a, b = old[start : start + step], new[start : start + step]
