@@ -117,6 +117,8 @@ bench: $(STAMP)
 	mkdir -p bench/results
 	$(BIN)/python bench/placement.py > bench/results/placement.json
 	cat bench/results/placement.json
+	$(BIN)/python bench/incremental.py > bench/results/incremental.json
+	cat bench/results/incremental.json
 	$(BIN)/python bench/lock_hold.py > bench/results/lock_hold.json
 	cat bench/results/lock_hold.json
 	$(BIN)/python bench/read_storm.py > bench/results/read_storm.json

@@ -93,15 +93,20 @@ def in_queue(spec: JobSpec, rng: random.Random, queues: list[str]) -> JobSpec:
 
 
 def make_busy(
-    state: ClusterState, rng: random.Random, target_share: float, queues: list[str] | None = None
+    state: ClusterState,
+    rng: random.Random,
+    target_share: float,
+    queues: list[str] | None = None,
+    timed: bool = True,
 ) -> int:
-    """Place background gangs (all with time limits) until ``target_share`` of GPUs is used."""
+    """Place background gangs (with time limits, unless not ``timed``) until
+    ``target_share`` of GPUs is used."""
     total = sum(n.info.capacity.gpu for n in state.nodes.values())
     seq = 0
     while (used := sum(n.allocated.gpu for n in state.nodes.values())) < total * target_share:
         for _ in range(max(1, int(total * target_share - used) // 200)):
             seq += 1
-            spec = in_queue(gang_spec(rng, f"bg-{seq}", True), rng, queues or [])
+            spec = in_queue(gang_spec(rng, f"bg-{seq}", timed), rng, queues or [])
             apply(state, c.SubmitJob(spec, f"bg-{seq}", 0))
         command = schedule(state, 0).command(0)
         if command is not None:

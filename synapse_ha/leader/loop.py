@@ -29,6 +29,11 @@ Rules it keeps:
   scheduling pass, however long, holds no lock that the log's applies need. The free
   capacity table is kept between passes in the loop's own :class:`CapacityCache`, and the
   last pass's plan is kept so that ``explain`` answers from it instead of planning again.
+* Its passes are incremental (:class:`~synapse_ha.core.scheduler.IncrementalPlanner`):
+  a pass keeps the previous plan when nothing it reads changed and the clock crossed no
+  deadline, and decides only new submissions that come last in the queue; anything else
+  is a full pass. The plan is the one a full pass makes. A new term starts with a full
+  pass.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from synapse_ha.core.cluster_config import Timeouts
 from synapse_ha.core.formats import held_back_config
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
-from synapse_ha.core.scheduler import CapacityCache, Plan, schedule
+from synapse_ha.core.scheduler import CapacityCache, IncrementalPlanner, Plan, schedule
 from synapse_ha.core.views import due_deadlines, due_start_timeouts, due_time_limits
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
 from synapse_ha.leader.scheduling import SchedulingSettings
@@ -120,6 +125,7 @@ class LoopSettings:
     every ``schedule_period_ms`` (back-off timers expire without any state change), or
     after the gap when that is longer.
     Reaper and time limits are checked every ``housekeeping_period_ms``.
+    ``incremental_planning`` off makes every pass a full one (the same plans).
     """
 
     schedule_period_ms: int = 500
@@ -128,6 +134,7 @@ class LoopSettings:
     housekeeping_period_ms: int = 100
     purge_period_ms: int = 60_000
     proposal_timeout_ms: int = 5_000
+    incremental_planning: bool = True
 
 
 class _InFlight:
@@ -212,6 +219,7 @@ class LeaderLoop:
         self._last_pass_ms = 0
         self._last_purge_ms = 0
         self._cache = CapacityCache()
+        self._planner = IncrementalPlanner(self._cache)
         self._last_plan: Plan | None = None
         self._notable: list[str] = []
 
@@ -243,6 +251,7 @@ class LeaderLoop:
         self._last_housekeeping_ms = -(1 << 62)
         self._last_purge_ms = now_ms
         self._last_plan = None
+        self._planner.reset()
         self._set_ready(False)
         if is_leader:
             self._liveness.reset(now_ms)
@@ -282,6 +291,13 @@ class LeaderLoop:
         and what it placed), or None before the first. Safe to read from any thread:
         a plan is never changed once made."""
         return self._last_plan
+
+    @property
+    def planning(self) -> dict[str, int]:
+        """How this loop's passes were made, by kind: ``full``, ``kept`` (the previous
+        plan stood), ``extended`` (new submissions decided after it) and
+        ``fallback:<why>`` (a full pass where an incremental one was tried)."""
+        return dict(self._planner.counts)
 
     # --------------------------------------------------------------------- step
 
@@ -480,7 +496,10 @@ class LeaderLoop:
         self._planned_applied = state.applied_commands
         self._last_pass_ms = now_ms
         started = self._timer()
-        plan = schedule(state, now_ms, cache=self._cache)
+        if self._settings.incremental_planning:
+            plan = self._planner.plan(state, now_ms)
+        else:
+            plan = schedule(state, now_ms, cache=self._cache)
         command = plan.command(now_ms)
         self._pass_cost_ms = (self._timer() - started) * 1000
         self._last_plan = plan

@@ -11,7 +11,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import MAX_LOCALITY_WAIT_MS, ClusterConfig
 from synapse_ha.core.model import ClusterState, JobState, MemberPlacement, NodeStatus, Resources
 from synapse_ha.core.reasons import ReasonCode, render
-from synapse_ha.core.scheduler import CapacityCache, explain, passes, schedule
+from synapse_ha.core.scheduler import CapacityCache, answers, explain, schedule
 from synapse_ha.core.scheduler.capacity import Table
 from synapse_ha.core.scheduler.placement import Gang
 from tests.core.harness import Cluster, job, node
@@ -433,7 +433,7 @@ def test_a_queue_of_alike_gangs_costs_one_search_per_shape_and_capacity_change(
             cl.submit(job(f"small-{i}", gpu=1))  # fits: each one changes the capacity
     searched: list[tuple[str, bool]] = []
     reserved: list[str] = []
-    place, reserve = passes.place, passes.reserve
+    place, reserve = answers.place, answers.reserve
 
     def counting_place(gang: Gang, *args: object) -> object:
         hosts = place(gang, *args)  # type: ignore[arg-type]
@@ -444,8 +444,8 @@ def test_a_queue_of_alike_gangs_costs_one_search_per_shape_and_capacity_change(
         reserved.append(gang.spec.name.split("-")[0])
         return reserve(gang, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(passes, "place", counting_place)
-    monkeypatch.setattr(passes, "reserve", counting_reserve)
+    monkeypatch.setattr(answers, "place", counting_place)
+    monkeypatch.setattr(answers, "reserve", counting_reserve)
     plan = schedule(cl.state, cl.now, recall=False)
     afresh = (list(searched), list(reserved))
     searched.clear()

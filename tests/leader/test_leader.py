@@ -175,6 +175,33 @@ def test_the_periodic_pass_also_waits_out_a_gap_longer_than_the_period() -> None
     assert loop.step(1_000) == "scheduling pass: nothing to bind (1 pending)"
 
 
+def test_passes_keep_the_plan_while_nothing_changes_and_a_new_term_plans_afresh() -> None:
+    log = FakeLog()
+    log.propose(cmd.RegisterNode(info=node("a"), now_ms=0))
+    for name in ("first", "second", "third"):  # one fits; the others wait
+        log.propose(cmd.SubmitJob(spec=job(name, gpu=8), request_id=name, now_ms=0))
+    loop, _ = elected(log)
+    assert "proposing to bind 1 gangs" in loop.step(1_100)
+    now = 1_100
+    for _ in range(4):  # periodic passes: the bind and the reasons are applied, then idle
+        now += 600
+        loop.step(now)
+    planning = loop.planning
+    assert planning.get("kept", 0) >= 2
+    log.propose(cmd.SubmitJob(spec=job("fourth", gpu=8), request_id="fourth", now_ms=now))
+    now += 600
+    loop.step(now)
+    assert loop.planning.get("extended", 0) == planning.get("extended", 0) + 1
+    assert loop.planning["full"] == planning["full"]
+    assert loop.last_plan is not None and len(loop.last_plan.reasons) == 3
+    loop.on_role_change(False, 4, now)
+    loop.on_role_change(True, 6, now)
+    loop.step(now)
+    loop.step(now)  # the barrier committed
+    loop.step(now + 600)
+    assert loop.planning["full"] == planning["full"] + 1  # a new term plans afresh
+
+
 def test_losing_leadership_forgets_proposals_in_flight() -> None:
     log = FakeLog()
     for n in ("a", "b"):

@@ -7,18 +7,21 @@ submission order) and places each gang whole or not at all. The package is split
 * :mod:`.placement`: placing one gang (topology, locality wait, best fit, NVLink);
 * :mod:`.reservation`: the head-of-line reservation and backfill;
 * :mod:`.explainer`: why a gang waits, ``why_pending`` and ``explain``;
-* :mod:`.plan` and :mod:`.passes`: the plan and the pass that makes it.
+* :mod:`.plan` and :mod:`.passes`: the plan and the pass that makes it;
+* :mod:`.incremental`: a planner that visits only the gangs whose outcome can have changed.
 
 The scheduler plans; it never imports the state machine (an import-linter contract).
 """
 
 from synapse_ha.core.scheduler.capacity import CapacityCache
 from synapse_ha.core.scheduler.explainer import explain, why_pending
+from synapse_ha.core.scheduler.incremental import IncrementalPlanner
 from synapse_ha.core.scheduler.passes import schedule
 from synapse_ha.core.scheduler.plan import Plan, Preemption, Reservation
 
 __all__ = [
     "CapacityCache",
+    "IncrementalPlanner",
     "Plan",
     "Preemption",
     "Reservation",

@@ -7,7 +7,7 @@ the planner owns, and is then brought up to date from the nodes whose allocation
 domains whose free GPUs cannot hold the gang, and the reservation search tries a
 placement only when a release may have made room. A pass also keeps, per gang shape and
 table version, the answers that changed nothing (no room, no reservation, why it waits:
-``passes.Answers``), so a long queue of alike gangs costs one search per shape. None of
+``answers.Answers``), so a long queue of alike gangs costs one search per shape. None of
 this changes a plan: ``schedule`` without a cache or without recall works everything out
 afresh, and tests compare them.
 """
@@ -101,6 +101,7 @@ class Table:
         self.nodes: dict[str, NodeFree] = {}
         self.at: list[NodeFree] = []  # by position (topology-path order)
         self.members: dict[Domain, list[str]] = {}  # domain -> node ids, in path order
+        self.first: dict[Domain, int] = {}  # domain -> position of its first node
         self.domains: list[list[Domain]] = [[] for _ in range(levels + 1)]  # by depth
         self.by_free_gpu: dict[int, list[int]] = {}  # free GPUs -> sorted positions
         self.views: list[View] = []  # views kept in step with every change
@@ -131,6 +132,7 @@ class Table:
                 if members is None:
                     members = table.members[domain] = []
                     table.domains[depth].append(domain)
+                    table.first[domain] = pos
                 members.append(n.node_id)
             table.by_free_gpu.setdefault(n.gpu, []).append(pos)
         return table
@@ -212,6 +214,7 @@ class View:
         self.excluded: frozenset[str] = frozenset()
         self.totals: dict[Domain, list[int]] = {}  # domain -> [gpu, cpu, mem]
         self.hist: dict[Domain, dict[int, int]] = {}  # domain -> {free GPUs: nodes}
+        self.at_depth: dict[int, list[Domain]] = {}  # domains_at, once asked
         for n in table.at:
             self._count(n, +1)
         table.views.append(self)
@@ -241,6 +244,7 @@ class View:
         view.table, view.levels, view.nodes = self.table, self.levels, self.nodes
         view.members, view.by_free_gpu = self.members, self.by_free_gpu
         view.excluded = self.excluded | excluded
+        view.at_depth = {}
         view.totals = {d: list(t) for d, t in self.totals.items()}
         view.hist = {d: dict(h) for d, h in self.hist.items()}
         for node_id in sorted(excluded - self.excluded):
@@ -275,8 +279,14 @@ class View:
             h[new] = h.get(new, 0) + 1
 
     def domains_at(self, depth: int) -> list[Domain]:
-        """Domains at ``depth`` with at least one node in this view."""
-        return [d for d in self.table.domains[depth] if d in self.totals]
+        """Domains at ``depth`` with at least one node in this view. Which domains have
+        one is fixed once the view is made (its nodes are), so the list is kept; callers
+        do not change it."""
+        found = self.at_depth.get(depth)
+        if found is None:
+            totals = self.totals
+            found = self.at_depth[depth] = [d for d in self.table.domains[depth] if d in totals]
+        return found
 
     def gpu_slots(self, domain: Domain, gpu: int) -> int:
         """Members of ``gpu`` GPUs each that the domain's free GPUs could hold (an upper
@@ -359,8 +369,13 @@ class CapacityCache:
     def __init__(self) -> None:
         self._cached: CachedTable | None = None
 
-    def borrow(self, state: ClusterState) -> CachedTable:
+    def borrow(self, state: ClusterState, unchanged: bool = False) -> CachedTable:
+        """The table of ``state``. ``unchanged``: the caller knows that the nodes and
+        the configuration equal those of the state the table was last borrowed for
+        (the incremental planner compares its snapshots), so it is not refreshed."""
         cached, self._cached = self._cached, None
+        if cached is not None and unchanged:
+            return cached
         if cached is None or not cached.refresh(state):
             cached = CachedTable(state)
         return cached

@@ -22,7 +22,7 @@ class Explainer:
     ) -> None:
         self.names = names
         self.state = state
-        self._unhealthy: int | None = None  # counted once per pass, when first needed
+        self.known_unhealthy: int | None = None  # counted once per pass, when first needed
         # Keyed by the view itself too (the views of one pass share a version); holding
         # the view keeps its identity from being reused by a later one in the pass.
         self.cache: dict[tuple[Resources, int, int, View], tuple[int, Domain]] = {}
@@ -138,10 +138,10 @@ class Explainer:
     def unhealthy_gpus(self) -> int:
         """How many GPUs of schedulable nodes are unhealthy: capacity the gang is not
         offered until an operator repairs them (``synctl nodes repair``)."""
-        if self._unhealthy is None:
+        if self.known_unhealthy is None:
             nodes = self.state.nodes.values() if self.state is not None else ()
-            self._unhealthy = sum(len(n.gpu_faults) for n in nodes if n.schedulable())
-        return self._unhealthy
+            self.known_unhealthy = sum(len(n.gpu_faults) for n in nodes if n.schedulable())
+        return self.known_unhealthy
 
     def why_waiting_for_locality(
         self, gang: Gang, view: View, local: list[int], wait_ms: int

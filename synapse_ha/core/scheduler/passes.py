@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from synapse_ha.core.arrays import throttle_reason
 from synapse_ha.core.cluster_config import PreemptionMode
@@ -10,6 +11,7 @@ from synapse_ha.core.commands import GangPlacement
 from synapse_ha.core.model import ClusterState, Job, JobSpec, Resources, unconfirmed_members
 from synapse_ha.core.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
+from synapse_ha.core.scheduler.answers import Answers
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
@@ -18,10 +20,7 @@ from synapse_ha.core.scheduler.placement import (
     Gang,
     commit,
     fits,
-    locality_depths,
     members_for,
-    place,
-    search_depths,
     unfit_nodes,
 )
 from synapse_ha.core.scheduler.plan import Plan, Reservation
@@ -33,7 +32,8 @@ from synapse_ha.core.scheduler.preempting import (
     victims_of,
     waiting_for,
 )
-from synapse_ha.core.scheduler.reservation import Running, reserve, running_gangs
+from synapse_ha.core.scheduler.preemption import Candidate
+from synapse_ha.core.scheduler.reservation import Running, running_gangs
 from synapse_ha.core.victims import pending_since
 
 
@@ -59,16 +59,74 @@ def schedule(
     capacity change. ``recall=False`` works every gang out afresh, with the same plan;
     tests compare the two.
     """
+    return run(state, now_ms, on_decision, cache=cache, recall=recall).plan
+
+
+@dataclass(slots=True)
+class PassEnd:
+    """A pass's plan and what :mod:`.incremental` needs of the pass's working state at
+    its end, to decide more gangs after its last one or to tell how long the plan
+    stands (the values a pass worked out once and its later gangs would read)."""
+
+    plan: Plan
+    claims: dict[str, list[Candidate]]
+    unfit: dict[str, frozenset[str]]
+    last: Job | None  # the last gang considered in queue order
+    queues: frozenset[str]  # the queues of the gangs considered
+    throttled: dict[str, Reason]  # throttled tasks past any back-off: their reason
+    next_retry_ms: int | None  # the first back-off of a pending gang to end after now
+    backfill_ends_ms: int | None  # the first time a gang may no longer backfill
+    quotas: bool  # whether queue usage was kept (quotas: fair-share order)
+    searches: int  # preemption searches that had candidates
+    failed: set[tuple[object, ...]]  # preemption keys that found no victims
+    protected: dict[tuple[object, ...], Reason | None]
+    unhealthy: int | None
+    recalled: Recalled | None = None
+
+
+@dataclass(slots=True)
+class Recalled:
+    """What a pass worked out per gang shape (answers, reasons, whether it fits its
+    locality) and its view without the reserved nodes, all on the table as the pass
+    left it: good for another pass on the same table while it keeps ``version``."""
+
+    view: View
+    version: int
+    restricted: View | None
+    answers: Answers
+    explainer: Explainer
+    fits_local: dict[tuple[Resources, int, bool, frozenset[str], int], bool]
+    uses: int = 0
+
+    def usable(self, view: View) -> bool:
+        return view is self.view and view.version == self.version and self.uses < _MAX_USES
+
+
+# Passes that may add to one Recalled (each adds what its new gangs worked out).
+_MAX_USES = 1_000
+
+
+def run(
+    state: ClusterState,
+    now_ms: int,
+    on_decision: Callable[[str, bool], None] | None = None,
+    *,
+    cache: CapacityCache | None = None,
+    recall: bool = True,
+) -> PassEnd:
+    """:func:`schedule`, with the pass's end (:class:`PassEnd`)."""
     cached = cache.borrow(state) if cache is not None else CachedTable(state)
     table = cached.table
     # Should _plan raise, the table may be mid-change: it is dropped, never reused.
-    plan = _plan(state, now_ms, on_decision, cached.view, cached.empty_view, Answers(recall))
+    end = _plan(state, now_ms, on_decision, cached.view, cached.empty_view, Answers(recall))
     for extra in table.views[1:]:
         extra.detach()
     table.undo(0)
+    if end.recalled is not None:
+        end.recalled.version = table.version
     if cache is not None:
         cache.give_back(cached)
-    return plan
+    return end
 
 
 def _plan(
@@ -78,7 +136,7 @@ def _plan(
     view: View,
     empty_view: Callable[[ClusterState], View],
     answers: Answers,
-) -> Plan:
+) -> PassEnd:
     """The pass's decisions, gang by gang in queue order, on the table behind ``view``."""
     work = _Pass(state, now_ms, view, empty_view, answers)
     pending, throttled = state.pending_and_throttled()
@@ -89,14 +147,101 @@ def _plan(
         if placed is not None and on_decision is not None:
             on_decision(job.job_id, placed)
     waits: dict[str, Reason] = {}  # one reason per array, shared by its tasks
+    whys: dict[str, Reason] = {}
     for job in throttled:
         if now_ms >= job.retry_not_before_ms:
             why = waits.get(job.array_id)
             if why is None:
                 why = waits[job.array_id] = throttle_reason(state.arrays[job.array_id])
+            whys[job.job_id] = why
             if job.reason != why:  # most tasks have said so since their submission
                 work.plan.reasons[job.job_id] = why
-    return _with_causes(state, work.plan)
+    backoffs = [j.retry_not_before_ms for j in (*pending, *throttled)]
+    later = [ms for ms in backoffs if ms > now_ms] if max(backoffs, default=0) > now_ms else []
+    return work.end(
+        _with_causes(state, work.plan),
+        pending[-1] if pending else None,
+        frozenset(job.spec.queue for job in pending),
+        whys,
+        min(later, default=None),
+        backfill_ends(work.plan.reservation, pending, now_ms),
+    )
+
+
+def backfill_ends(made: Reservation | None, jobs: list[Job], now_ms: int) -> int | None:
+    """The first time after ``now_ms`` at which one of ``jobs`` that may backfill before
+    the timed reservation ``made`` (it ends before it starts) may no longer."""
+    if made is None or made.start_ms is None:
+        return None
+    start = made.start_ms
+    return min(
+        (
+            start - limit + 1
+            for job in jobs
+            if (limit := job.spec.time_limit_ms) > 0 and now_ms + limit <= start
+        ),
+        default=None,
+    )
+
+
+def extend(
+    state: ClusterState, now_ms: int, base: PassEnd, jobs: list[Job], cache: CapacityCache
+) -> PassEnd:
+    """Decide ``jobs`` (in queue order) after the last gang of the pass that ended in
+    ``base``, on ``state`` at ``now_ms``, as a pass over ``state`` does at its end when
+    ``jobs`` come last in its order and the rest of the pass decides as ``base`` did
+    (the caller's proof), and ``cache`` was last borrowed for a state whose nodes and
+    configuration equal ``state``'s. ``base``'s pass took no capacity (no placement, preemption or
+    claim), so the table as it left it is the table at the start. The plan returned has
+    only these jobs' decisions (placements, reasons, reservation, preemptions, wake);
+    its reasons carry their causes, and ``changed_reasons`` is left to the caller."""
+    cached = cache.borrow(state, unchanged=True)
+    table = cached.table
+    recalled = base.recalled if base.recalled and base.recalled.usable(cached.view) else None
+    answers = recalled.answers if recalled is not None else Answers()
+    work = _Pass(
+        state, now_ms, cached.view, cached.empty_view, answers, claims=base.claims, unfit=base.unfit
+    )
+    made = base.plan.reservation
+    if made is not None:
+        work.plan.reservation = made
+        if recalled is not None and recalled.restricted is not None:
+            table.views.append(recalled.restricted)  # kept in step again
+            work.restricted = recalled.restricted
+        else:
+            work.restricted = work.view.without(made.nodes)
+    if recalled is not None:
+        work.explainer, work.fits_local = recalled.explainer, recalled.fits_local
+    if work.preempt is not None:
+        work.preempt.failed = set(base.failed)
+        work.preempt.protected = dict(base.protected)
+        work.preempt.searches = base.searches
+    work.explainer.known_unhealthy = base.unhealthy
+    for job in jobs:
+        if now_ms >= job.retry_not_before_ms:
+            work.decide(job)
+    for extra in table.views[1:]:
+        extra.detach()
+    table.undo(0)
+    cache.give_back(cached)
+    plan = work.plan
+    for job_id, why in plan.reasons.items():
+        last = state.jobs[job_id].attempt
+        if why.cause is None and last is not None and last.outcome is not None:
+            plan.reasons[job_id] = Reason(why.code, why.params, last.outcome)
+    later = [j.retry_not_before_ms for j in jobs if j.retry_not_before_ms > now_ms]
+    end = work.end(
+        plan,
+        jobs[-1] if jobs else base.last,
+        base.queues | {job.spec.queue for job in jobs},
+        base.throttled,
+        min(later, default=None),
+        backfill_ends(work.plan.reservation, jobs, now_ms),
+    )
+    if end.recalled is not None:
+        end.recalled.version = table.version
+        end.recalled.uses = recalled.uses + 1 if recalled is not None else 0
+    return end
 
 
 class _Pass:
@@ -132,7 +277,12 @@ class _Pass:
         view: View,
         empty_view: Callable[[ClusterState], View],
         answers: Answers,
+        *,
+        claims: dict[str, list[Candidate]] | None = None,
+        unfit: dict[str, frozenset[str]] | None = None,
     ) -> None:
+        """``claims`` and ``unfit``: :func:`claimants` and :func:`unfit_nodes` of
+        ``state`` at ``now_ms``, when the caller knows them."""
         self.state = state
         self.now_ms = now_ms
         self.view = view
@@ -151,12 +301,48 @@ class _Pass:
         self.fits_local: dict[tuple[Resources, int, bool, frozenset[str], int], bool] = {}
         self.running: dict[str, Running] | None = None  # every gang holding capacity
         self.usage = QueueUsage.of(state) if has_quotas(state) else None
-        self.claims = claimants(state)
-        self.unfit = unfit_nodes(state, now_ms)
+        self.claims = claimants(state) if claims is None else claims
+        self.unfit = unfit_nodes(state, now_ms) if unfit is None else unfit
         self.preempt = (
             Preempting(state, now_ms, self.claims)
             if state.config.preemption is not (PreemptionMode.OFF)
             else None
+        )
+
+    def end(
+        self,
+        plan: Plan,
+        last: Job | None,
+        queues: frozenset[str],
+        throttled: dict[str, Reason],
+        next_retry_ms: int | None,
+        backfill_ends_ms: int | None,
+    ) -> PassEnd:
+        preempt = self.preempt
+        return PassEnd(
+            plan=plan,
+            claims=self.claims,
+            unfit=self.unfit,
+            last=last,
+            queues=queues,
+            throttled=throttled,
+            next_retry_ms=next_retry_ms,
+            backfill_ends_ms=backfill_ends_ms,
+            quotas=self.usage is not None,
+            searches=preempt.searches if preempt is not None else 0,
+            failed=preempt.failed if preempt is not None else set(),
+            protected=preempt.protected if preempt is not None else {},
+            unhealthy=self.explainer.known_unhealthy,
+            recalled=Recalled(
+                self.view,
+                -1,  # set once the table is as the pass found it
+                self.restricted,
+                self.answers,
+                self.explainer,
+                self.fits_local,
+            )
+            if self.answers.enabled
+            else None,
         )
 
     def decide(self, job: Job) -> bool | None:
@@ -356,95 +542,3 @@ def _with_causes(state: ClusterState, plan: Plan) -> Plan:
         if state.jobs[job_id].reason != why
     ]
     return plan
-
-
-class Answers:
-    """What this pass already worked out for a gang shape on a version of a view.
-
-    Whether a gang fits, where ``place`` finds no room and where the reservation search
-    finds no start depend only on the gang's shape (per-member request, member count,
-    whether it needs image support), the depths searched and the free capacity the view
-    shows, which the view and the table's version name exactly (``Table.version``). A
-    long queue of alike gangs, the common case under a stream of submissions, therefore
-    costs one search per shape and capacity change instead of one per gang. Only answers
-    that leave the table as it was are kept (no room, fits or not, no reservation): a
-    placement changes the version. ``enabled=False`` keeps nothing.
-    """
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.no_room: set[tuple[object, ...]] = set()
-        self.fit: dict[tuple[object, ...], bool] = {}
-        self.no_start: set[tuple[object, ...]] = set()
-        self.searched: dict[tuple[str, str], tuple[list[int], list[int] | None]] = {}
-
-    @staticmethod
-    def _key(gang: Gang, view: View, depths: list[int]) -> tuple[object, ...]:
-        # Plain ints, not the Resources value: they hash and compare without Python code.
-        req = gang.req
-        return (
-            req.gpu,
-            req.cpu_milli,
-            req.memory_mib,
-            gang.n,
-            bool(gang.spec.image),
-            gang.avoid,
-            tuple(depths),
-            view,
-            view.version,
-        )
-
-    def depths(
-        self, state: ClusterState, spec: JobSpec, levels: int
-    ) -> tuple[list[int], list[int] | None]:
-        """The depths a gang searches and those it searches while it waits for locality
-        (:func:`search_depths`, :func:`locality_depths`), per topology request. The lists
-        are shared: callers do not change them."""
-        key = (spec.topology_required, spec.topology_preferred)
-        hit = self.searched.get(key) if self.enabled else None
-        if hit is None:
-            depths = search_depths(state, spec, levels)
-            hit = (depths, locality_depths(state, spec, depths))
-            if self.enabled:
-                self.searched[key] = hit
-        return hit
-
-    def place(self, gang: Gang, view: View, depths: list[int]) -> list[tuple[str, int]] | None:
-        if not self.enabled:
-            return place(gang, view, depths)
-        key = self._key(gang, view, depths)
-        if key in self.no_room:
-            return None
-        hosts = place(gang, view, depths)
-        if hosts is None:
-            self.no_room.add(key)
-        return hosts
-
-    def fits(self, gang: Gang, view: View, depths: list[int]) -> bool:
-        if not self.enabled:
-            return fits(gang, view, depths)
-        key = self._key(gang, view, depths)
-        hit = self.fit.get(key)
-        if hit is None:
-            hit = self.fit[key] = fits(gang, view, depths)
-        return hit
-
-    def reserve(
-        self,
-        gang: Gang,
-        view: View,
-        depths: list[int],
-        running: dict[str, Running],
-        empty_view: Callable[[], View],
-    ) -> Reservation | None:
-        """:func:`reserve`; a shape that found no start finds none again until the
-        capacity changes (which is also when the running gangs change: a placement)."""
-        if not self.enabled:
-            return reserve(gang, view, depths, running, empty_view)
-        key = self._key(gang, view, depths)
-        if key in self.no_start:
-            return None
-        made = reserve(gang, view, depths, running, empty_view)
-        if made is None:
-            self.no_start.add(key)  # the search undid its changes: the same version
-        return made

@@ -231,14 +231,17 @@ def _best_gpu_host_by_rack(gang: Gang, view: View, within: Domain) -> str | None
     req, n = gang.req, gang.n
     k = len(within)
     depth = view.levels
-    racks = [d for d in view.domains_at(depth) if d[:k] == within]
-    if not racks:
+    racks = view.domains_at(depth)
+    if k:
+        racks = [d for d in racks if d[:k] == within]
+    inside = view.hist.get(within)  # the free GPU counts of the racks' hosts, together
+    if not racks or inside is None:
         return None
     hist, totals, members, nodes = view.hist, view.totals, view.members, view.nodes
-    first = {d: view.nodes[members[d][0]].pos for d in racks}
+    first = view.table.first
     excluded = view.excluded
     need = req.gpu * n
-    counts = sorted({free for d in racks for free in hist[d] if free >= need})
+    counts = sorted(free for free in inside if free >= need)
     for free in counts:
         holding = [d for d in racks if hist[d].get(free)]
         holding.sort(key=lambda d: (totals[d][0], first[d]))
