@@ -239,7 +239,7 @@ def main() -> int:
     )
     parser.add_argument("--verbose", action="store_true", help="print the restarted replica's log")
     args = parser.parse_args()
-    entries, down_s = (500, 1.0) if args.smoke else (args.entries, args.down_s)
+    entries, down_s = (800, 1.0) if args.smoke else (args.entries, args.down_s)
     with tempfile.TemporaryDirectory(prefix="synapse-catchup-") as tmp:
         report = {
             "smoke": args.smoke,
