@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import islice
 from typing import TypeVar
 
@@ -211,15 +211,7 @@ def _retimed(state: ClusterState, end: PassEnd, job_ids: tuple[str, ...], now_ms
             changed[job_id] = why
         else:
             changed.pop(job_id, None)
-    fresh = Plan(
-        placements=plan.placements,
-        reasons=reasons,
-        changed_reasons=sorted(changed.items()),
-        reservation=made,
-        wake_ms=plan.wake_ms,
-        preemptions=plan.preemptions,
-    )
-    return _with_plan(end, fresh)
+    return _with_reasons(end, reasons, changed)
 
 
 def _diff(old: ClusterState, new: ClusterState) -> tuple[list[str], list[Job]] | None:
@@ -283,15 +275,7 @@ def _reworded(state: ClusterState, end: PassEnd, job_ids: list[str]) -> PassEnd:
             changed[job_id] = why
         else:
             changed.pop(job_id, None)
-    fresh = Plan(
-        placements=plan.placements,
-        reasons=reasons,
-        changed_reasons=sorted(changed.items()),
-        reservation=plan.reservation,
-        wake_ms=plan.wake_ms,
-        preemptions=plan.preemptions,
-    )
-    return _with_plan(end, fresh)
+    return _with_reasons(end, reasons, changed)
 
 
 def _appendable(end: PassEnd, added: list[Job]) -> str | None:
@@ -339,6 +323,12 @@ def _merged(state: ClusterState, end: PassEnd, more: PassEnd) -> PassEnd:
         preemptions=[*plan.preemptions, *extra.preemptions],
     )
     return _with_plan(more, merged)
+
+
+def _with_reasons(end: PassEnd, reasons: dict[str, Reason], changed: dict[str, Reason]) -> PassEnd:
+    """``end`` with its plan's reasons and changed reasons replaced."""
+    fresh = replace(end.plan, reasons=reasons, changed_reasons=sorted(changed.items()))
+    return _with_plan(end, fresh)
 
 
 def _with_plan(end: PassEnd, plan: Plan) -> PassEnd:
