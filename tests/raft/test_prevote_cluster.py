@@ -5,11 +5,14 @@ while cut off and deposes the leader when the cut heals."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+
+from pysyncobj import FAIL_REASON
 
 from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft.replica import RaftReplica, RaftTiming
@@ -106,6 +109,25 @@ def test_in_a_rolling_upgrade_the_earlier_replicas_elect_among_themselves(tmp_pa
         assert all(len(r._sync._SyncObj__connectedNodes) == 2 for r in replicas)
 
 
+def _transfer(leader: RaftReplica, target: RaftReplica) -> None:
+    """Ask ``leader`` to hand over to ``target`` until the request is sent. pysyncobj
+    denies a transfer while the leader's match index for the target trails its log (an
+    entry appended after the target caught up); a denied request sends nothing, so asking
+    again cannot start a second election."""
+    address = target.self_address
+    sync = leader._sync
+    outcomes: queue.Queue[Any] = queue.Queue()
+
+    def ask() -> None:
+        sync.transferLeadership(node=address, callback=lambda _r, error: outcomes.put(error))
+
+    def sent() -> bool:
+        leader._membership._call_on_raft_thread(ask)
+        return bool(outcomes.get(timeout=5.0) == FAIL_REASON.SUCCESS)
+
+    wait_until("the leader to send the transfer", sent, 15.0, retry_on=(queue.Empty,))
+
+
 def test_a_leadership_transfer_wins_despite_stickiness(tmp_path: Path) -> None:
     """Five replicas: the target needs the votes of followers that still hear the old
     leader; its announced transfer election gets them, in the next term."""
@@ -118,8 +140,6 @@ def test_a_leadership_transfer_wins_despite_stickiness(tmp_path: Path) -> None:
             lambda: target.status().last_applied >= leader.status().last_applied,
             15.0,
         )
-        address = target.self_address
-        sync = leader._sync
-        leader._membership._call_on_raft_thread(lambda: sync.transferLeadership(node=address))
+        _transfer(leader, target)
         wait_until("the target to lead", lambda: _agreed(replicas) is target, 15.0)
         assert _term(target) == term + 1
