@@ -176,6 +176,8 @@ POLICY: dict[str, frozenset[Audience]] = {
     _agent("Heartbeat"): frozenset({_A, Audience.WORKER}),
     # Heartbeat streams: the same callers as Heartbeat.
     f"/{NODE_STREAM_SERVICE}/Connect": frozenset({_A, Audience.WORKER}),
+    # Relayed heartbeats: a follower forwards its workers' heartbeats to the leader.
+    _agent("RelayHeartbeats"): frozenset({_A, Audience.REPLICA}),
 }
 
 

@@ -232,6 +232,9 @@ class ClusterConfig:
     # cleared: its worker reports again what NVML still finds wrong after the reboot.
     clear_gpu_faults_on_reboot: bool = False
     reclaim_wait_max_ms: int = RECLAIM_WAIT_MAX_MS
+    # Relayed heartbeats: followers terminate workers' heartbeat streams and forward them
+    # to the leader in batches (synapse_ha/rpc/relay.py); needs format 8 on every replica.
+    relay_heartbeats: bool = False
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

@@ -38,6 +38,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "hold_until_stopped",
             "clear_gpu_faults_on_reboot",
             "reclaim_wait_max_ms",
+            "relay_heartbeats",
         }
     ),
     # Per-identity limits and authorised priority (DESIGN §8); minimum run time

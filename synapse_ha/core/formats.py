@@ -39,7 +39,7 @@ from synapse_ha.core.model import Attempt, Job, JobSpec, NodeInfo
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 7  # the newest format this release reads
+FORMAT = 8  # the newest format this release reads
 
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
@@ -52,6 +52,8 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
         "hold_until_stopped": 3,
         "clear_gpu_faults_on_reboot": 3,
         "reclaim_wait_max_ms": 6,
+        # Format 8: followers relay workers' heartbeats (rpc/relay.py).
+        "relay_heartbeats": 8,
     },
     PriorityClass: {"min_runtime_ms": 6},
     Queue: {"min_runtime_ms": 6},

@@ -28,6 +28,7 @@ class SchedulingSettings:
     hold_until_stopped: bool | None = None
     clear_gpu_faults_on_reboot: bool | None = None
     reclaim_wait_max_ms: int | None = None
+    relay_heartbeats: bool | None = None
 
     @property
     def pinned_limits(self) -> frozenset[str]:
@@ -63,6 +64,8 @@ class SchedulingSettings:
             config = replace(config, fair_share_half_life_ms=self.fair_share_half_life_ms)
         if self.reclaim_wait_max_ms is not None:
             config = replace(config, reclaim_wait_max_ms=self.reclaim_wait_max_ms)
+        if self.relay_heartbeats is not None:
+            config = replace(config, relay_heartbeats=self.relay_heartbeats)
         return config
 
 

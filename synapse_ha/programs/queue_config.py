@@ -191,6 +191,15 @@ CLEAR_GPU_FAULTS_ON_REBOOT = setting(
     help="a node whose worker registers from a new boot has its GPU faults cleared "
     "(replicated; applied once every replica reads format 3). Left as replicated when not given",
 )
+RELAY_HEARTBEATS = setting(
+    "--relay-heartbeats",
+    "scheduling.relay_heartbeats",
+    check=true_or_false("scheduling.relay_heartbeats"),
+    action=argparse.BooleanOptionalAction,
+    help="followers terminate workers' heartbeat streams and forward them to the leader "
+    "in batches, spreading the workers over the replicas (replicated; applied once every "
+    "replica reads format 8). Left as replicated when not given",
+)
 SCHEDULING = (
     LOCALITY_WAIT,
     PRIORITY_CLASS,
@@ -204,6 +213,7 @@ SCHEDULING = (
     CORDON_AFTER_START_FAILURES,
     HOLD_UNTIL_STOPPED,
     CLEAR_GPU_FAULTS_ON_REBOOT,
+    RELAY_HEARTBEATS,
 )
 
 
@@ -223,6 +233,7 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         hold_until_stopped=inputs.value(HOLD_UNTIL_STOPPED),
         clear_gpu_faults_on_reboot=inputs.value(CLEAR_GPU_FAULTS_ON_REBOOT),
         reclaim_wait_max_ms=inputs.value(RECLAIM_WAIT_MAX),
+        relay_heartbeats=inputs.value(RELAY_HEARTBEATS),
     )
 
 

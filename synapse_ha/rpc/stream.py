@@ -69,6 +69,7 @@ from synapse_ha.rpc.heartbeat import (
     health_command,
     report_command,
 )
+from synapse_ha.rpc.relay import RelayClient, RelayFailed
 from synapse_ha.rpc.server import ReplicaContext
 
 log = logging.getLogger("synapse.rpc.stream")
@@ -94,12 +95,15 @@ def _digest(members: Iterable[DesiredMember]) -> Digest:
 
 
 class _Stream:
-    __slots__ = ("context", "lock", "node_id", "sent", "term", "version")
+    __slots__ = ("context", "lock", "node_id", "relayed", "sent", "term", "version")
 
-    def __init__(self, node_id: str, context: Any, term: int) -> None:
+    def __init__(self, node_id: str, context: Any, term: int, relayed: bool = False) -> None:
         self.node_id = node_id
         self.context = context
         self.term = term
+        # Opened on a follower that relays (rpc/relay.py): it lives across leader changes,
+        # and term is that of the leader that confirmed its last acknowledgement.
+        self.relayed = relayed
         self.lock = asyncio.Lock()
         self.sent: Digest | None = None  # the digest of the last list sent on this stream
         self.version = -1  # the state version of the last message sent on it
@@ -129,6 +133,7 @@ class StreamServer:
         self.pushes = 0
         self._streams: dict[str, _Stream] = {}
         self._desired = DesiredMembers()
+        self.relay = RelayClient(ctx)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: aio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -198,21 +203,37 @@ class StreamServer:
         self._server = server
         self._ready.set()
         watcher = asyncio.ensure_future(self._watch())
+        relay = asyncio.ensure_future(self.relay.run())
         await self._stopped.wait()
         watcher.cancel()
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
         await server.stop(grace=0.5)
 
     async def _watch(self) -> None:
-        """End every stream when this replica stops serving or its term changes."""
+        """End every stream to the leader when this replica stops serving or its term
+        changes; end relayed streams when this replica neither serves nor relays. On a
+        follower, push a relayed stream's new desired list once its state changed it."""
+        pushed_at = -1
         while True:
             await asyncio.sleep(self.watch_period_s)
             if not self._streams:
                 continue
             serving = self.ctx.serving()
             term = self.ctx.backend.status().term if serving else -1
+            relaying = not serving and self.relay.may_relay()
             for stream in list(self._streams.values()):
-                if not serving or stream.term != term:
+                if stream.relayed:
+                    if not serving and not relaying:
+                        self._spawn(self._end(stream, "this replica stopped relaying heartbeats"))
+                elif not serving or stream.term != term:
                     self._spawn(self._end(stream, "this replica stopped serving as leader"))
+            if relaying:
+                version = self.ctx.backend.snapshot().applied_commands
+                if version != pushed_at:
+                    pushed_at = version
+                    self._push_now([s.node_id for s in self._streams.values() if s.relayed])
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -259,7 +280,9 @@ class StreamServer:
                 self._spawn(self._push_one(stream))
 
     async def _push_one(self, stream: _Stream) -> None:
-        if not self.ctx.serving():
+        # A follower pushes only on a relayed stream it has acknowledged on: from then on
+        # its states are at or past the one the leader confirmed.
+        if not self.ctx.serving() and not (stream.relayed and stream.version >= 0):
             return
         async with stream.lock:
             state = self.ctx.backend.snapshot()
@@ -313,9 +336,10 @@ class StreamServer:
                     build_status(Reason.INVALID_FIELD, "node_id is required", {"field": "node_id"})
                 )
             self._admit(context, node_id)
-            if not self.ctx.serving():
+            serving = self.ctx.serving()
+            if not serving and not self.relay.may_relay():
                 raise self._not_serving()
-            stream = _Stream(node_id, context, self.ctx.backend.status().term)
+            stream = _Stream(node_id, context, self.ctx.backend.status().term, relayed=not serving)
             older = self._streams.get(node_id)
             self._streams[node_id] = stream
             if older is not None:  # a reconnected worker: its old stream is dead
@@ -350,7 +374,10 @@ class StreamServer:
                     build_status(Reason.INVALID_FIELD, str(exc), {"field": "reports"})
                 ) from None
         if not ctx.serving():
-            raise self._not_serving()
+            if not stream.relayed:
+                raise self._not_serving()
+            await self._answer_relayed(stream, request)
+            return
         now = ctx.clock_ms()
         node_id = stream.node_id
         state = ctx.backend.snapshot()
@@ -381,6 +408,29 @@ class StreamServer:
                 # Never answer from a state older than one already sent on this stream.
                 state = ctx.backend.snapshot()
             msg = self._message(stream, state, now, request.seq, acked)
+            assert msg is not None
+            self.heartbeats += 1
+            await stream.context.write(msg)
+
+    async def _answer_relayed(self, stream: _Stream, request: pb.WorkerMessage) -> None:
+        """Acknowledge ``request`` once the leader confirmed it, from this replica's state
+        at or past the one the leader named (rpc/relay.py states why that is a lease)."""
+        heartbeat = pb.RelayedHeartbeat(
+            node_id=stream.node_id,
+            reports=request.reports,
+            gpu_faults=request.gpu_faults,
+            checks=request.checks,
+        )
+        try:
+            confirmed = await self.relay.relay(heartbeat)
+            state = await self.relay.caught_up(confirmed.applied_commands)
+        except RelayFailed as failed:
+            raise _Refused(failed.status) from None
+        async with stream.lock:
+            stream.term = confirmed.term
+            msg = self._message(
+                stream, state, self.ctx.clock_ms(), request.seq, confirmed.acked_reports
+            )
             assert msg is not None
             self.heartbeats += 1
             await stream.context.write(msg)

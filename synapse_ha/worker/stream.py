@@ -21,6 +21,12 @@ A stream that went silent (no acknowledgement in time: the leader froze or was c
 which closes nothing) is reported to ``on_silent`` first, so that the registration asks
 the other replicas before the silent leader (:meth:`ClusterClient.suspect
 <synapse_ha.client.cluster.ClusterClient.suspect>`).
+
+With relayed heartbeats (:mod:`synapse_ha.rpc.relay`) the leader may name a follower's
+stream (``RegisterNodeResponse.relayed``). The acknowledgements on it carry the same
+proof, so nothing above changes, except that a relayed stream gone silent says nothing
+about the leader: its address is sent back as unreachable with the next registrations
+(for ``UNREACHABLE_S``), and the leader names another replica's stream.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -49,6 +56,7 @@ PushHandler = Callable[[list[pb.DesiredMember]], None]
 
 # How a stream to a leader that answers nothing ends (no acknowledgement at all: None).
 _SILENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+UNREACHABLE_S = 30.0  # how long a silent relayed stream's address is avoided
 
 
 class _Connection:
@@ -138,6 +146,8 @@ class StreamControlPlane:
         self._channel_factory = channel_factory
         self._on_push = on_push
         self.stream_address = ""
+        self.relayed = False  # the stream is a follower's (rpc/relay.py)
+        self._unreachable: dict[str, float] = {}  # relayed stream address -> when silent
         self._connection: _Connection | None = None
         self._seq = 0
         self.streamed = 0  # heartbeats acknowledged on a stream
@@ -145,8 +155,14 @@ class StreamControlPlane:
 
     def register(self, request: pb.RegisterNodeRequest) -> pb.RegisterNodeResponse:
         self.close()
-        answer = self.unary.register(request)
+        oldest = time.monotonic() - UNREACHABLE_S
+        self._unreachable = {a: at for a, at in self._unreachable.items() if at >= oldest}
+        sent = pb.RegisterNodeRequest()
+        sent.CopyFrom(request)
+        sent.unreachable_streams[:] = sorted(self._unreachable)
+        answer = self.unary.register(sent)
         self.stream_address = answer.stream_address
+        self.relayed = answer.relayed
         return answer
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
@@ -170,13 +186,20 @@ class StreamControlPlane:
         if reply is not None:
             if not connection.acknowledged:
                 connection.acknowledged = True
-                log.info("heartbeats on a stream to the leader at %s", self.stream_address)
+                log.info(
+                    "heartbeats on a stream to %s at %s",
+                    "a follower that relays them" if self.relayed else "the leader",
+                    self.stream_address,
+                )
             self.streamed += 1
             return reply
         ended = connection.ended
         self.close()
         if ended is None or ended.code() in _SILENT:
-            self._on_silent()
+            if self.relayed:  # the follower went silent, not (as far as is known) the leader
+                self._unreachable[self.stream_address] = time.monotonic()
+            else:
+                self._on_silent()
         if ended is not None and failure_of(ended).reason is Reason.NODE_NOT_FOUND:
             raise NotRegistered(str(ended.details()))
         if ended is not None and ended.code() is grpc.StatusCode.UNIMPLEMENTED:

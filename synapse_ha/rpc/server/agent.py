@@ -9,10 +9,12 @@ import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
+from synapse_ha.core.access import Kind
 from synapse_ha.core.formats import format_needed
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, states
+from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -26,6 +28,7 @@ from synapse_ha.rpc.heartbeat import (
     health_command,
     report_command,
 )
+from synapse_ha.rpc.relay import MAX_RELAYED, relay_heartbeats
 from synapse_ha.rpc.server.context import ReplicaContext, _Base, _invalid, _required
 
 
@@ -56,13 +59,41 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         state = self.ctx.backend.snapshot()
         timeouts = state.config.timeouts
         node = state.nodes.get(info.node_id)
+        relay = ""
+        if state.config.relay_heartbeats and self.ctx.stream_address:
+            relay = self.ctx.relays.pick(info.node_id, avoid=set(request.unreachable_streams))
         return pb.RegisterNodeResponse(
             # A node forgotten meanwhile (declared dead) holds nothing: dead.
             **states.node_status_fields(node.status if node is not None else NodeStatus.DEAD),
             heartbeat_interval_ms=timeouts.heartbeat_interval_ms,
             lease_ttl_ms=timeouts.lease_ttl_ms,
-            stream_address=self.ctx.stream_address,
+            stream_address=relay or self.ctx.stream_address,
+            relayed=bool(relay),
         )
+
+    def RelayHeartbeats(
+        self, request: pb.RelayHeartbeatsRequest, context: grpc.ServicerContext
+    ) -> pb.RelayHeartbeatsResponse:
+        """A follower's batch of its workers' heartbeats (:mod:`synapse_ha.rpc.relay`)."""
+        identity = caller(context)
+        if identity.kind is Kind.REPLICA and identity.name != request.replica_id:
+            abort(
+                context,
+                Reason.PERMISSION_DENIED,
+                f"{identity} may relay only as itself, not as replica {request.replica_id!r}",
+                {"identity": str(identity)},
+            )
+        if not request.replica_id:
+            _required(context, "replica_id")
+        if len(request.heartbeats) > MAX_RELAYED:
+            abort(
+                context,
+                Reason.INVALID_FIELD,
+                f"heartbeats: at most {MAX_RELAYED} in one request",
+                {"field": "heartbeats"},
+            )
+        self._require_serving_leader(context)
+        return relay_heartbeats(self.ctx, self.ctx.relays, request)
 
     def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext

@@ -36,6 +36,7 @@ from synapse_ha.rpc.auth import (
     method_of,
 )
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
+from synapse_ha.rpc.relay_table import RelayTable
 
 log = logging.getLogger(__name__)
 audit = logging.getLogger("synapse_ha.audit")
@@ -133,8 +134,10 @@ class ReplicaContext:
     # reported in its ReplicaStatus ("" when it serves neither).
     metrics_url: str = ""
     dashboard_url: str = ""
-    # Heartbeat streams: where this replica serves NodeStreamService ("": none).
+    # Heartbeat streams: where this replica serves NodeStreamService ("": none), and,
+    # while it leads with relayed heartbeats on, the followers that relay (rpc/relay.py).
     stream_address: str = ""
+    relays: RelayTable = field(default_factory=RelayTable)
     # Per-identity limits (DESIGN §8): this replica's submit buckets and open streams,
     # and the submissions it has checked against the pending caps but not yet applied.
     submit_rate: SubmitRate = field(default_factory=SubmitRate)

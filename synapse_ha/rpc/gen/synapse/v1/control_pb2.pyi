@@ -1167,7 +1167,7 @@ class LimitValue(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as", "boot_id")
+    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as", "boot_id", "unreachable_streams")
     class GpuIsland(_message.Message):
         __slots__ = ("gpus",)
         GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -1182,6 +1182,7 @@ class RegisterNodeRequest(_message.Message):
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_RUN_AS_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity: Resources
@@ -1191,21 +1192,24 @@ class RegisterNodeRequest(_message.Message):
     features: _containers.RepeatedScalarFieldContainer[str]
     members_run_as: str
     boot_id: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    unreachable_streams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ..., boot_id: _Optional[str] = ..., unreachable_streams: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address", "node_status")
+    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address", "node_status", "relayed")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     status: str
     heartbeat_interval_ms: int
     lease_ttl_ms: int
     stream_address: str
     node_status: NodeStatus
-    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
+    relayed: bool
+    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., relayed: _Optional[bool] = ...) -> None: ...
 
 class MemberReport(_message.Message):
     __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail", "cause", "checkpoint_step", "checkpoint_seq")
@@ -1344,6 +1348,59 @@ class HeartbeatResponse(_message.Message):
     leader_term: int
     node_status: NodeStatus
     def __init__(self, desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., acked_reports: _Optional[int] = ..., node_status_name: _Optional[str] = ..., leader_term: _Optional[int] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
+
+class RelayedHeartbeat(_message.Message):
+    __slots__ = ("node_id", "reports", "gpu_faults", "checks")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
+    checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ...) -> None: ...
+
+class RelayHeartbeatsRequest(_message.Message):
+    __slots__ = ("replica_id", "stream_address", "heartbeats")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stream_address: str
+    heartbeats: _containers.RepeatedCompositeFieldContainer[RelayedHeartbeat]
+    def __init__(self, replica_id: _Optional[str] = ..., stream_address: _Optional[str] = ..., heartbeats: _Optional[_Iterable[_Union[RelayedHeartbeat, _Mapping]]] = ...) -> None: ...
+
+class RelayedAnswer(_message.Message):
+    __slots__ = ("reason", "message", "metadata", "acked_reports")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    message: str
+    metadata: _containers.ScalarMap[str, str]
+    acked_reports: int
+    def __init__(self, reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., acked_reports: _Optional[int] = ...) -> None: ...
+
+class RelayHeartbeatsResponse(_message.Message):
+    __slots__ = ("leader_term", "applied_commands", "answers", "relay")
+    LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    leader_term: int
+    applied_commands: int
+    answers: _containers.RepeatedCompositeFieldContainer[RelayedAnswer]
+    relay: bool
+    def __init__(self, leader_term: _Optional[int] = ..., applied_commands: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[RelayedAnswer, _Mapping]]] = ..., relay: _Optional[bool] = ...) -> None: ...
 
 class ReplicaMember(_message.Message):
     __slots__ = ("replica_id", "raft_address", "grpc_address", "live")

@@ -1418,6 +1418,11 @@ class NodeAgentServiceStub:
                 request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.RelayHeartbeats = channel.unary_unary(
+                '/synapse.v1.NodeAgentService/RelayHeartbeats',
+                request_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.RelayHeartbeatsRequest.SerializeToString,
+                response_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.RelayHeartbeatsResponse.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServiceServicer:
@@ -1435,6 +1440,12 @@ class NodeAgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RelayHeartbeats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1447,6 +1458,11 @@ def add_NodeAgentServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.HeartbeatRequest.FromString,
                     response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'RelayHeartbeats': grpc.unary_unary_rpc_method_handler(
+                    servicer.RelayHeartbeats,
+                    request_deserializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.RelayHeartbeatsRequest.FromString,
+                    response_serializer=synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.RelayHeartbeatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1503,6 +1519,33 @@ class NodeAgentService:
             '/synapse.v1.NodeAgentService/Heartbeat',
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.HeartbeatRequest.SerializeToString,
             synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RelayHeartbeats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/synapse.v1.NodeAgentService/RelayHeartbeats',
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.RelayHeartbeatsRequest.SerializeToString,
+            synapse__ha_dot_rpc_dot_gen_dot_synapse_dot_v1_dot_control__pb2.RelayHeartbeatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
