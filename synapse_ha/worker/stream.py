@@ -24,9 +24,10 @@ the other replicas before the silent leader (:meth:`ClusterClient.suspect
 
 With relayed heartbeats (:mod:`synapse_ha.rpc.relay`) the leader may name a follower's
 stream (``RegisterNodeResponse.relayed``). The acknowledgements on it carry the same
-proof, so nothing above changes, except that a relayed stream gone silent says nothing
-about the leader: its address is sent back as unreachable with the next registrations
-(for ``UNREACHABLE_S``), and the leader names another replica's stream.
+proof, so nothing above changes, except that a relayed stream gone silent does not say
+which one was silent, the follower or the leader behind it: the follower's address
+is sent back as unreachable with the next registrations (for ``UNREACHABLE_S``), so the
+leader names another replica's stream, and the leader is suspected as well.
 """
 
 from __future__ import annotations
@@ -196,17 +197,17 @@ class StreamControlPlane:
         ended = connection.ended
         self.close()
         if ended is None or ended.code() in _SILENT:
-            if self.relayed:  # the follower went silent, not (as far as is known) the leader
+            if self.relayed:  # the follower, or the leader behind it, went silent
                 self._unreachable[self.stream_address] = time.monotonic()
-            else:
-                self._on_silent()
+            self._on_silent()
         if ended is not None and failure_of(ended).reason is Reason.NODE_NOT_FOUND:
             raise NotRegistered(str(ended.details()))
         if ended is not None and ended.code() is grpc.StatusCode.UNIMPLEMENTED:
             address, self.stream_address = self.stream_address, ""  # unary from now on
             raise ControlPlaneUnreachable(f"no heartbeat stream served at {address}")
         why = f"{ended.code()}: {ended.details()}" if ended is not None else "no acknowledgement"
-        raise StreamEnded(f"the heartbeat stream to the leader ended ({why})")
+        whom = "a follower that relays them" if self.relayed else "the leader"
+        raise StreamEnded(f"the heartbeat stream to {whom} ended ({why})")
 
     def close(self) -> None:
         connection, self._connection = self._connection, None

@@ -1,0 +1,126 @@
+"""Relayed heartbeats on a real cluster (``--relay-heartbeats``): workers stream their
+heartbeats to followers, which forward them to the leader, and a running gang survives
+a frozen follower and a frozen leader (no member killed, same attempt, no node declared
+dead)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.model import NodeStatus
+from synapse_ha.local.process import Replica
+from synapse_ha.rpc.states import node_status
+from tests.integration.cluster import LocalCluster, wait_for
+from tests.worker.helpers import process_gone
+from tests.worker.test_integration_worker import gang, pid_of, start_workers, wait_state
+from tests.worker.workers import LocalWorkers
+
+pytestmark = pytest.mark.integration
+
+FREEZE_S = 8.0  # twice the lease (4 s): a worker left on the frozen replica would fence
+STREAM_AT = re.compile(r"heartbeat streams at (\S+)")
+ANY_STREAM = re.compile(r"heartbeats on a stream to .+? at (\S+)")
+RELAYED_TO = re.compile(r"heartbeats on a stream to a follower that relays them at (\S+)")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path / "cluster", extra_args=["--relay-heartbeats"])
+    try:
+        c.start()
+        c.serving_leader(timeout_s=60)
+        yield c
+    finally:
+        for r in c.replicas:  # a test may have frozen one
+            if r.process is not None and r.process.poll() is None:
+                os.killpg(r.process.pid, signal.SIGCONT)
+        c.close()
+
+
+@pytest.fixture
+def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
+    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
+    w.root.mkdir()
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def _stream_owner(cluster: LocalCluster, address: str) -> Replica:
+    for r in cluster.replicas:
+        found = STREAM_AT.search(r.log_path.read_text(errors="replace"))
+        if found and found.group(1) == address:
+            return r
+    raise AssertionError(f"no replica serves streams at {address}")
+
+
+def _relayed_addresses(workers: LocalWorkers) -> list[str] | None:
+    """The followers' stream addresses the workers said they use, once there are two."""
+    found: list[str] = RELAYED_TO.findall(workers.logs())
+    return found if len(found) >= 2 else None
+
+
+def test_a_gang_on_relayed_streams_survives_a_frozen_follower_and_a_frozen_leader(
+    cluster: LocalCluster, workers: LocalWorkers, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    with cluster.client(timeout_s=30.0) as client:
+        wait_for(
+            "every replica to read format 8",
+            lambda: client.cluster_status().format_floor == FORMAT,
+            30,
+        )
+        start_workers(workers, client, 2)
+        job_id = client.submit_job(
+            gang("relayed", 2, "echo $$ > $OUT/pid-$RANK; exec sleep 600", out, retries=2)
+        ).job_id
+        pids = [pid_of(out, "pid-0"), pid_of(out, "pid-1")]
+        before = wait_state(client, job_id, "RUNNING").attempt
+    # The workers registered while the followers announced themselves, or re-register
+    # once they have: each ends on a follower's stream.
+    relayed = wait_for(
+        "both workers on followers' streams",
+        lambda: _relayed_addresses(workers),
+        30,
+    )
+    leader = cluster.serving_leader()
+    holders = [_stream_owner(cluster, a) for a in relayed]
+    assert all(h is not leader for h in holders)
+    # A follower holding streams freezes: its workers move to another replica's stream.
+    follower = holders[0]
+    follower.pause()
+    try:
+        time.sleep(FREEZE_S)
+    finally:
+        follower.resume()
+    for worker in workers.workers:
+        now_at = ANY_STREAM.findall(worker.log_path.read_text(errors="replace"))[-1]
+        assert _stream_owner(cluster, now_at) is not follower, f"{worker.node_id} stayed"
+    # The leader freezes: the followers relay to the new one.
+    old = cluster.serving_leader()
+    old.pause()
+    try:
+        new = cluster.serving_leader(timeout_s=30)
+        assert new is not old
+        time.sleep(FREEZE_S)
+    finally:
+        old.resume()
+    with cluster.client(timeout_s=30.0) as client:
+        job = client.get_job(job_id)
+        nodes = {n.node_id: node_status(n) for n in client.list_nodes()}
+    assert job.state == "RUNNING", job
+    assert (job.attempt.number, job.attempt.fencing_token) == (before.number, before.fencing_token)
+    assert nodes == {"w1": NodeStatus.READY, "w2": NodeStatus.READY}
+    assert not [p for p in pids if process_gone(p)]
+    logs = workers.logs()
+    assert "fenced" not in logs and "declared this node dead" not in logs, logs
