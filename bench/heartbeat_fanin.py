@@ -1,17 +1,21 @@
-"""Heartbeat fan-in: the leader's CPU per heartbeat, unary calls against streams.
+"""Heartbeat fan-in: the leader's CPU per heartbeat, unary calls, streams to the leader
+and streams relayed by the followers.
 
 Three TLS replicas on loopback (LocalReplicas). N simulated nodes are registered as the
 cluster's admin (an admin may speak for any node), then heartbeat once per interval from
 load-generator processes of their own (asyncio gRPC clients, mutual TLS with the admin's
 certificate): either unary ``NodeAgentService.Heartbeat`` calls, or one
-``NodeStreamService.Connect`` stream per node. For each N and transport the leader
-process's CPU seconds (utime + stime from ``/proc/<pid>/stat``) over a measurement window
-are divided by the heartbeats acknowledged in that window (counted by the generators).
-An idle window (no heartbeats) gives the leader's baseline.
+``NodeStreamService.Connect`` stream per node, either to the leader (``stream``) or, with
+``--relay-heartbeats`` on, to the follower the leader named when the node registered
+(``relay``: the followers forward the heartbeats in batches, rpc/relay.py). For each N and
+transport the leader process's CPU seconds (utime + stime from ``/proc/<pid>/stat``) over
+a measurement window are divided by the heartbeats acknowledged in that window (counted by
+the generators); each follower's CPU share is reported too. An idle window (no
+heartbeats) gives the leader's baseline.
 
-Then, with the largest N streaming, one node stops heartbeating: the time from its last
-acknowledged heartbeat until the leader's ListNodes shows it dead, against
-``dead_timeout + 1 s``.
+Then, with the largest N streaming (to the leader, and relayed), one node stops
+heartbeating: the time from its last acknowledged heartbeat until the leader's ListNodes
+shows it dead, against ``dead_timeout + 1 s``.
 
 Prints one JSON object and writes it to bench/results/heartbeat_fanin.json (not with
 ``--smoke``, which runs a tiny version in seconds; a test runs it). The machine may be
@@ -49,6 +53,7 @@ from synapse_ha.security.tls import TlsFiles, Transport
 
 RESULT = Path(__file__).resolve().parent / "results" / "heartbeat_fanin.json"
 TARGET_US = 50.0
+FOLLOWER_TARGET_SHARE = 0.6  # of a core, per follower, when relaying
 NODES_PER_CHANNEL = 500
 
 
@@ -63,7 +68,7 @@ def _cpu_s(pid: int) -> float:
 def _generator(
     files: TlsFiles,
     agent: str,
-    stream: str,
+    streams: list[str],
     node_ids: list[str],
     interval_s: float,
     mode: str,
@@ -81,7 +86,7 @@ def _generator(
         _generate(
             files,
             agent,
-            stream,
+            streams,
             node_ids,
             interval_s,
             mode,
@@ -98,7 +103,7 @@ def _generator(
 async def _generate(
     files: TlsFiles,
     agent: str,
-    stream: str,
+    streams: list[str],
     node_ids: list[str],
     interval_s: float,
     mode: str,
@@ -114,11 +119,21 @@ async def _generate(
     credentials = grpc.ssl_channel_credentials(
         root_certificates=material.ca, private_key=material.key, certificate_chain=material.cert
     )
-    target = stream if mode == "stream" else agent
-    channels = [
-        aio.secure_channel(target, credentials, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(max(1, len(node_ids) // NODES_PER_CHANNEL))
-    ]
+    # Each node's address: the leader's agent service, or the stream its registration named.
+    targets = [agent] * len(node_ids) if mode == "unary" else streams
+    by_target: dict[str, list[Any]] = {}
+    for target in sorted(set(targets)):
+        count = max(1, targets.count(target) // NODES_PER_CHANNEL)
+        by_target[target] = [
+            aio.secure_channel(target, credentials, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(count)
+        ]
+    channels = [c for cs in by_target.values() for c in cs]
+
+    def channel_of(i: int) -> Any:
+        own = by_target[targets[i]]
+        return own[i % len(own)]
+
     done = asyncio.Event()
 
     async def watch_stop() -> None:
@@ -127,7 +142,7 @@ async def _generate(
         done.set()
 
     async def unary(i: int, node_id: str) -> None:
-        stub = pb_grpc.NodeAgentServiceStub(channels[i % len(channels)])  # type: ignore[no-untyped-call]
+        stub = pb_grpc.NodeAgentServiceStub(channel_of(i))  # type: ignore[no-untyped-call]
         await asyncio.sleep(interval_s * i / len(node_ids))
         request = pb.HeartbeatRequest(node_id=node_id)
         next_at = time.monotonic()
@@ -141,7 +156,7 @@ async def _generate(
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
     async def streamed(i: int, node_id: str) -> None:
-        stub = pb_grpc.NodeStreamServiceStub(channels[i % len(channels)])  # type: ignore[no-untyped-call]
+        stub = pb_grpc.NodeStreamServiceStub(channel_of(i))  # type: ignore[no-untyped-call]
         await asyncio.sleep(interval_s * i / len(node_ids))
         while not done.is_set():
             call = stub.Connect()
@@ -196,7 +211,7 @@ class Load:
         self,
         files: TlsFiles,
         agent: str,
-        stream: str,
+        streams: list[str],
         node_ids: list[str],
         interval_s: float,
         mode: str,
@@ -214,7 +229,7 @@ class Load:
                 args=(
                     files,
                     agent,
-                    stream,
+                    streams[p::processes],
                     node_ids[p::processes],
                     interval_s,
                     mode,
@@ -251,7 +266,13 @@ class Load:
 
 
 def _window(
-    pid: int, load: Load, warmup_s: float, window_s: float, interval_s: float, nodes: int
+    pid: int,
+    load: Load,
+    warmup_s: float,
+    window_s: float,
+    interval_s: float,
+    nodes: int,
+    followers: dict[str, int],
 ) -> dict[str, Any]:
     # Every node sends its first heartbeat within one interval; then measure.
     # (bounded: generators that cannot drive every node are measured at what they reach)
@@ -260,10 +281,12 @@ def _window(
         time.sleep(0.05)
     time.sleep(warmup_s)
     acks0, errors0 = load.counts()
+    others0 = {r: _cpu_s(p) for r, p in followers.items()}
     cpu0, t0 = _cpu_s(pid), time.monotonic()
     time.sleep(window_s)
     acks1, errors1 = load.counts()
     cpu1, t1 = _cpu_s(pid), time.monotonic()
+    others = {r: round((_cpu_s(p) - others0[r]) / (t1 - t0), 3) for r, p in followers.items()}
     heartbeats = acks1 - acks0
     cpu = cpu1 - cpu0
     return {
@@ -276,15 +299,17 @@ def _window(
         "leader_cpu_s": round(cpu, 3),
         "leader_cpu_share": round(cpu / (t1 - t0), 3),
         "leader_cpu_us_per_heartbeat": round(cpu / heartbeats * 1e6, 1) if heartbeats else None,
+        "follower_cpu_share": others,
     }
 
 
 def _register(
-    cluster: LocalReplicas, node_ids: list[str], first: int, attempts: int = 3
-) -> tuple[str, Replica]:
+    cluster: LocalReplicas, node_ids: list[str], first: int, relay: bool, attempts: int = 3
+) -> tuple[list[str], str, Replica]:
     """Register ``node_ids`` with the serving leader (again with a new one, should the
     leader change meanwhile: registering twice is harmless). Returns the stream address
-    and the leader."""
+    each registration named (with ``relay``, once the leader names followers' streams),
+    the leader's own stream address, and the leader."""
     for attempt in range(attempts):
         leader = cluster.serving_leader()
         try:
@@ -294,9 +319,20 @@ def _register(
                     register_request(n, loopback_host(first + i), gpu=0)
                     for i, n in enumerate(node_ids)
                 ]
-                pipelined(agent.RegisterNode, requests, 16)
-                answer = agent.RegisterNode(requests[0], timeout=10)
-            return str(answer.stream_address), leader
+                if relay:
+                    wait_for(
+                        "the leader to name followers' streams",
+                        lambda a=agent, r=requests[0]: a.RegisterNode(r, timeout=10).relayed,
+                        60,
+                        0.2,
+                    )
+                answers, _ = pipelined(agent.RegisterNode, requests, 16)
+                named = [str(a.stream_address) for a in answers]
+                own = pb.RegisterNodeRequest()
+                own.CopyFrom(requests[0])
+                own.unreachable_streams.extend(sorted(set(named)))
+                answer = agent.RegisterNode(own, timeout=10)
+            return named, str(answer.stream_address), leader
         except (RuntimeError, grpc.RpcError) as exc:
             print(f"registration attempt {attempt + 1} failed: {exc!s:.200}", file=sys.stderr)
     raise RuntimeError(f"could not register {len(node_ids)} nodes in {attempts} attempts")
@@ -349,6 +385,7 @@ def run(
     poll_s: float,
     extra: list[str],
 ) -> dict[str, Any]:
+    relay = "relay" in modes
     cluster = LocalReplicas(
         root / "cluster",
         extra_args=[
@@ -356,6 +393,7 @@ def run(
             f"{interval_s:g}s",
             "--dead-timeout",
             f"{dead_timeout_s:g}s",
+            *(["--relay-heartbeats"] if relay else []),
             *extra,
         ],
     )
@@ -373,13 +411,15 @@ def run(
         idle = (_cpu_s(pid) - idle0) / (time.monotonic() - t0)
         report["leader_idle_cpu_share"] = round(idle, 4)
         registered: list[str] = []
+        named: list[str] = []  # the stream each registration named
         stream_address = ""
         runs: list[dict[str, Any]] = []
         for n in sizes:
             fresh = [f"node-{i:05d}" for i in range(len(registered), n)]
             if fresh:
-                stream_address, now_leader = _register(cluster, fresh, len(registered))
+                more, stream_address, now_leader = _register(cluster, fresh, len(registered), relay)
                 registered += fresh
+                named += more
                 if now_leader.replica_id != leader.replica_id:
                     report["leader_changes_while_registering"] = (
                         report.get("leader_changes_while_registering", 0) + 1
@@ -388,12 +428,18 @@ def run(
                     assert leader.process is not None
                     pid = leader.process.pid
             for mode in modes:
-                load = Load(
-                    files, leader.grpc, stream_address, registered, interval_s, mode, processes
-                )
+                streams = named if mode == "relay" else [stream_address] * len(registered)
+                load = Load(files, leader.grpc, streams, registered, interval_s, mode, processes)
                 load.start()
-                figures = _window(pid, load, warmup_s, window_s, interval_s, n)
+                followers = {
+                    r.replica_id: r.process.pid
+                    for r in cluster.replicas
+                    if r is not leader and r.process is not None
+                }
+                figures = _window(pid, load, warmup_s, window_s, interval_s, n, followers)
                 figures["mode"] = mode
+                if mode == "relay":
+                    figures["streams_per_replica"] = {a: named.count(a) for a in sorted(set(named))}
                 # Net of what the leader spends with no heartbeats at all (Raft ticks,
                 # the leader loop).
                 net = figures["leader_cpu_s"] - idle * figures["window_s"]
@@ -404,14 +450,12 @@ def run(
                 )
                 runs.append(figures)
                 print(json.dumps(figures), file=sys.stderr)
-                last = n == sizes[-1] and mode == "stream"
-                if last:
+                if n == sizes[-1] and mode in ("stream", "relay"):
                     # On the replica leading now: an overloaded leader may have been
                     # replaced during the runs (reported as leader_changed).
                     serving = cluster.serving_leader()
-                    report["death"] = _detect_death(
-                        cluster, serving.grpc, load, dead_timeout_s, poll_s
-                    )
+                    key = "death" if mode == "stream" else "death_relayed"
+                    report[key] = _detect_death(cluster, serving.grpc, load, dead_timeout_s, poll_s)
                 load.close()
                 load = None
         report["runs"] = runs
@@ -422,12 +466,17 @@ def run(
         if load is not None:
             load.close()
         cluster.close()
-    stream_runs = [r for r in report["runs"] if r["mode"] == "stream"]
-    biggest = stream_runs[-1] if stream_runs else None
     report["target_us_per_heartbeat"] = TARGET_US
-    if biggest is not None:
-        per = biggest["leader_cpu_us_per_heartbeat"]
-        report["stream_meets_target_at_largest_n"] = per is not None and per <= TARGET_US
+    report["follower_target_cpu_share"] = FOLLOWER_TARGET_SHARE
+    for mode in ("stream", "relay"):
+        of_mode = [r for r in report["runs"] if r["mode"] == mode]
+        if of_mode:
+            per = of_mode[-1]["leader_cpu_us_per_heartbeat"]
+            report[f"{mode}_meets_target_at_largest_n"] = per is not None and per <= TARGET_US
+    relayed = [r for r in report["runs"] if r["mode"] == "relay"]
+    if relayed:
+        shares = relayed[-1]["follower_cpu_share"].values()
+        report["relay_followers_within_share"] = all(x <= FOLLOWER_TARGET_SHARE for x in shares)
     return report
 
 
@@ -435,7 +484,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny run that takes seconds")
     parser.add_argument("--sizes", default="1000,3000,10000", help="node counts, ascending")
-    parser.add_argument("--modes", default="unary,stream")
+    parser.add_argument("--modes", default="unary,stream,relay")
     parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, s")
     parser.add_argument("--window", type=float, default=10.0, help="measurement window, s")
     parser.add_argument("--processes", type=int, default=2, help="load-generator processes")

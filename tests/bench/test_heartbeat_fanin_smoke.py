@@ -10,19 +10,24 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "heartbeat_fanin.py"
 
 
-def test_heartbeat_fanin_smoke_run_reports_both_transports_and_a_death() -> None:
+def test_heartbeat_fanin_smoke_run_reports_every_transport_and_a_death() -> None:
     out = subprocess.run(
         [sys.executable, str(BENCH), "--smoke"], capture_output=True, text=True, timeout=240
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["stream_address"].startswith("127.0.0.1:")
-    assert {r["mode"] for r in report["runs"]} == {"unary", "stream"}
+    assert {r["mode"] for r in report["runs"]} == {"unary", "stream", "relay"}
     for run in report["runs"]:
         assert run["heartbeats"] > 0
         assert run["errors"] == 0
         assert run["leader_cpu_us_per_heartbeat"] > 0
-    death = report["death"]
-    # Declared dead by the reaper: never before dead_timeout after the last heartbeat
-    # was sent (the leader heard it later than that).
-    assert death["last_heartbeat_sent_to_dead_s"] >= death["dead_timeout_s"]
+    relayed = next(r for r in report["runs"] if r["mode"] == "relay")
+    # The followers held the streams: the leader's own address named none of them.
+    assert report["stream_address"] not in relayed["streams_per_replica"]
+    assert len(relayed["streams_per_replica"]) == 2
+    for key in ("death", "death_relayed"):
+        death = report[key]
+        # Declared dead by the reaper: never before dead_timeout after the last heartbeat
+        # was sent (the leader heard it later than that).
+        assert death["last_heartbeat_sent_to_dead_s"] >= death["dead_timeout_s"]
