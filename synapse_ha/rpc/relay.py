@@ -135,10 +135,22 @@ def _outcome(future: futures.Future[cmd.Result], deadline: float, node_id: str) 
     return None
 
 
-def _answer(refused: Refused) -> pb.RelayedAnswer:
-    return pb.RelayedAnswer(
-        reason=str(refused.reason), message=refused.message, metadata=dict(refused.metadata)
+def _refusal(index: int, refused: Refused) -> pb.RelayedRefusal:
+    return pb.RelayedRefusal(
+        index=index,
+        reason=str(refused.reason),
+        message=refused.message,
+        metadata=dict(refused.metadata),
     )
+
+
+def _idle(state: ClusterState, heartbeat: pb.RelayedHeartbeat) -> bool:
+    """A heartbeat that says nothing but "alive" from a registered node whose conditions
+    are clear: it needs no command (the common case, decided without converting it)."""
+    if heartbeat.reports or heartbeat.gpu_faults or heartbeat.checks:
+        return False
+    node = state.nodes.get(heartbeat.node_id)
+    return node is not None and not node.conditions
 
 
 def relay_heartbeats(
@@ -155,30 +167,35 @@ def relay_heartbeats(
         )
     table.heard(request.replica_id, request.stream_address)
     now = ctx.clock_ms()
-    answers: list[pb.RelayedAnswer] = []
+    heard = ctx.liveness.heard
+    acked: list[int] = []
+    refusals: list[pb.RelayedRefusal] = []
     waits: list[tuple[int, str, list[futures.Future[cmd.Result]]]] = []
-    for heartbeat in request.heartbeats:
-        refused, commands, acked = _commands(state, heartbeat, now)
-        if refused is not None:
-            answers.append(_answer(refused))
+    for index, heartbeat in enumerate(request.heartbeats):
+        acked.append(0)
+        if _idle(state, heartbeat):
+            heard(heartbeat.node_id, now)
             continue
-        ctx.liveness.heard(heartbeat.node_id, now)
+        refused, commands, count = _commands(state, heartbeat, now)
+        if refused is not None:
+            refusals.append(_refusal(index, refused))
+            continue
+        heard(heartbeat.node_id, now)
+        acked[index] = count
         if commands:
-            waits.append(
-                (len(answers), heartbeat.node_id, [ctx.backend.propose(c) for c in commands])
-            )
-        answers.append(pb.RelayedAnswer(acked_reports=acked))
+            waits.append((index, heartbeat.node_id, [ctx.backend.propose(c) for c in commands]))
     deadline = time.monotonic() + ctx.write_timeout_s
     for index, node_id, proposed in waits:
         for future in proposed:
             refused = _outcome(future, deadline, node_id)
             if refused is not None:
-                answers[index] = _answer(refused)
+                refusals.append(_refusal(index, refused))
                 break
     return pb.RelayHeartbeatsResponse(
         leader_term=term,
         applied_commands=ctx.backend.snapshot().applied_commands,
-        answers=answers,
+        acked_reports=acked,
+        refusals=refusals,
         relay=True,
     )
 
@@ -203,12 +220,12 @@ class RelayFailed(Exception):
         self.status = status
 
 
-def _failed(answer: pb.RelayedAnswer) -> RelayFailed:
+def _failed(refusal: pb.RelayedRefusal) -> RelayFailed:
     try:
-        reason = Reason(answer.reason)
+        reason = Reason(refusal.reason)
     except ValueError:  # a newer leader's reason: register again to learn more
         reason = Reason.NOT_LEADER
-    return RelayFailed(build_status(reason, answer.message, dict(answer.metadata)))
+    return RelayFailed(build_status(reason, refusal.message, dict(refusal.metadata)))
 
 
 @dataclass(slots=True)
@@ -233,14 +250,14 @@ class RelayClient:
         self._wake: asyncio.Event | None = None
         self._channels: dict[str, grpc.Channel] = {}
 
+    def switched_on(self) -> bool:
+        """The switch is on in this replica's state, and it serves streams."""
+        return bool(self.ctx.stream_address and self.ctx.backend.snapshot().config.relay_heartbeats)
+
     def may_relay(self) -> bool:
-        """Whether this replica should hold relayed streams now: the switch is on in its
-        state, it serves streams, and the leader did not say otherwise."""
-        return bool(
-            self.ctx.stream_address
-            and self.leader_relays
-            and self.ctx.backend.snapshot().config.relay_heartbeats
-        )
+        """Whether this replica should hold relayed streams now: switched on, and the
+        leader's last answer did not say otherwise."""
+        return self.leader_relays and self.switched_on()
 
     async def relay(self, heartbeat: pb.RelayedHeartbeat) -> Confirmed:
         """Queue ``heartbeat`` for the next batch; its confirmation (or RelayFailed)."""
@@ -268,7 +285,8 @@ class RelayClient:
 
     async def run(self) -> None:
         """Send a batch every period (or at once when a report waits), until cancelled;
-        an empty one while relaying tells the leader this replica still does."""
+        an empty one while switched on tells the leader this replica relays (and asks
+        whether the leader agrees)."""
         self._wake = asyncio.Event()
         try:
             while True:
@@ -293,7 +311,7 @@ class RelayClient:
 
     async def _send(self) -> None:
         entries, self._pending = self._pending, []
-        if not entries and not self.may_relay():
+        if not entries and not self.switched_on():
             return
         stub = self._leader_stub()
         if stub is None:  # no leader known: wait for one, a while
@@ -315,19 +333,20 @@ class RelayClient:
             return
         self.batches += 1
         self.leader_relays = answer.relay
-        if not answer.relay or len(answer.answers) != len(entries):
+        if not answer.relay or len(answer.acked_reports) != len(entries):
             self._fail(entries, "the leader does not take relayed heartbeats")
             return
-        for entry, one in zip(entries, answer.answers, strict=True):
+        refused = {r.index: r for r in answer.refusals}
+        term, applied = answer.leader_term, answer.applied_commands
+        for index, (entry, acked) in enumerate(zip(entries, answer.acked_reports, strict=True)):
             if entry.future.done():
                 continue
-            if one.reason:
-                entry.future.set_exception(_failed(one))
+            refusal = refused.get(index)
+            if refusal is not None:
+                entry.future.set_exception(_failed(refusal))
             else:
                 self.relayed += 1
-                entry.future.set_result(
-                    Confirmed(answer.leader_term, answer.applied_commands, one.acked_reports)
-                )
+                entry.future.set_result(Confirmed(term, applied, acked))
 
     def _fail(self, entries: list[_Entry], why: str) -> None:
         status = build_status(

@@ -251,6 +251,29 @@ def test_a_committed_bind_is_pushed_on_the_relayed_stream(clients: list[Client])
         }
 
 
+def test_a_relayed_report_is_committed_before_it_is_acknowledged(clients: list[Client]) -> None:
+    with relaying() as pair:
+        state = pair.leader.backend.state
+        command = schedule(pair.leader.backend.snapshot(), NOW).command(NOW)
+        assert command is not None
+        with pair.leader.backend.lock:
+            assert apply(state, command).ok
+        node_id, members = min((n, m) for n, m in desired_by_node(state).items() if m)
+        member = members[0]
+        c = connect(pair.streams, node_id, clients)
+        started = pb.MemberReport(
+            job_id=member.job_id,
+            fencing_token=member.fencing_token,
+            rank=member.rank,
+            kind=pb.MemberReport.STARTED,
+        )
+        c.outbox.put(pb.WorkerMessage(seq=1, node_id=node_id, reports=[started]))
+        ack = next(m for m in iter(c.receive, None) if m.ack_seq == 1)
+        assert ack.acked_reports == 1
+        attempt = state.jobs[member.job_id].attempt
+        assert attempt is not None and attempt.started_at_ms > 0
+
+
 def test_without_a_reachable_leader_nothing_is_acknowledged(clients: list[Client]) -> None:
     with relaying(leader_grpc="127.0.0.1:1") as pair:  # nothing listens there
         c = connect(pair.streams, "n1", clients)

@@ -1371,8 +1371,8 @@ class RelayHeartbeatsRequest(_message.Message):
     heartbeats: _containers.RepeatedCompositeFieldContainer[RelayedHeartbeat]
     def __init__(self, replica_id: _Optional[str] = ..., stream_address: _Optional[str] = ..., heartbeats: _Optional[_Iterable[_Union[RelayedHeartbeat, _Mapping]]] = ...) -> None: ...
 
-class RelayedAnswer(_message.Message):
-    __slots__ = ("reason", "message", "metadata", "acked_reports")
+class RelayedRefusal(_message.Message):
+    __slots__ = ("index", "reason", "message", "metadata")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1380,27 +1380,29 @@ class RelayedAnswer(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
-    ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    index: int
     reason: str
     message: str
     metadata: _containers.ScalarMap[str, str]
-    acked_reports: int
-    def __init__(self, reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., acked_reports: _Optional[int] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RelayHeartbeatsResponse(_message.Message):
-    __slots__ = ("leader_term", "applied_commands", "answers", "relay")
+    __slots__ = ("leader_term", "applied_commands", "acked_reports", "refusals", "relay")
     LEADER_TERM_FIELD_NUMBER: _ClassVar[int]
     APPLIED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
-    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
     leader_term: int
     applied_commands: int
-    answers: _containers.RepeatedCompositeFieldContainer[RelayedAnswer]
+    acked_reports: _containers.RepeatedScalarFieldContainer[int]
+    refusals: _containers.RepeatedCompositeFieldContainer[RelayedRefusal]
     relay: bool
-    def __init__(self, leader_term: _Optional[int] = ..., applied_commands: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[RelayedAnswer, _Mapping]]] = ..., relay: _Optional[bool] = ...) -> None: ...
+    def __init__(self, leader_term: _Optional[int] = ..., applied_commands: _Optional[int] = ..., acked_reports: _Optional[_Iterable[int]] = ..., refusals: _Optional[_Iterable[_Union[RelayedRefusal, _Mapping]]] = ..., relay: _Optional[bool] = ...) -> None: ...
 
 class ReplicaMember(_message.Message):
     __slots__ = ("replica_id", "raft_address", "grpc_address", "live")
