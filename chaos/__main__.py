@@ -188,7 +188,16 @@ def configs(
     t = nemesis.FaultTimeouts()
     for seed in seeds:
         if "targeted" in scenarios:
-            out.append(ScenarioConfig("targeted", seed, nemesis.targeted_schedule(seed, t, kinds)))
+            # Workers on relayed streams here (every kind once), on the leader's streams in
+            # the random scenario: both ways a worker heartbeats are played.
+            out.append(
+                ScenarioConfig(
+                    "targeted",
+                    seed,
+                    nemesis.targeted_schedule(seed, t, kinds),
+                    relay_heartbeats=True,
+                )
+            )
         if "random" in scenarios:
             out.append(
                 ScenarioConfig(
@@ -202,7 +211,13 @@ def configs(
         for seed in seeds:
             steps = membership.schedule(seed)
             out.append(
-                ScenarioConfig(membership.SCENARIO, seed, steps, replicas=membership.REPLICAS)
+                ScenarioConfig(
+                    membership.SCENARIO,
+                    seed,
+                    steps,
+                    replicas=membership.REPLICAS,
+                    relay_heartbeats=True,
+                )
             )
     if "broken-build" in scenarios:
         out.append(

@@ -90,8 +90,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     Elections (:mod:`chaos.rejoin_rules`, read from the run directory): a follower that
     comes back after a ``rejoin`` fault does not raise the term of a healthy leader.
 ``leader-fault-ended-gang``
-    Leader faults (:mod:`chaos.leader_rules`): a frozen or cut-off leader ends no gang
-    attempt that was running when the fault began (no member fenced, no node dead).
+    Leader faults (:mod:`chaos.leader_rules`): a frozen or cut-off leader, or a follower
+    cut off from it (``cut-relay``), ends no gang attempt that was running when the fault
+    began (no member fenced, no node dead).
 ``dependency-early``
     Dependencies (:mod:`chaos.dependency_rules`): no job started before what it waited
     for (a job, or every task of an array) allowed it to.

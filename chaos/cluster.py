@@ -99,6 +99,8 @@ class ScenarioConfig:
     timeouts: FaultTimeouts = field(default_factory=FaultTimeouts)
     replicas: int = 3  # five for the membership scenario (chaos/membership.py)
     array_share: float = ARRAY_SHARE
+    # Followers terminate the workers' heartbeat streams (docs/relay.md).
+    relay_heartbeats: bool = False
 
     @property
     def dir_name(self) -> str:
@@ -215,6 +217,7 @@ class ChaosCluster:
                     *PRIORITY_CLASSES,
                     f"--max-requeues={max_requeues(cfg.steps)}",
                     f"--unfit-backoff={_duration_flag(UNFIT_BACKOFF_S)}",
+                    *(["--relay-heartbeats"] if cfg.relay_heartbeats else []),
                 ],
                 log_path=run_dir / f"{h.name}.log",
                 env={

@@ -4,8 +4,10 @@ state.
 
 ``leader-fault-ended-gang``
     A ``pause-leader`` or ``isolate-leader`` fault (the leader frozen, or cut off: nothing
-    closes, so its workers must find the new leader within their lease) ends no gang
-    attempt that was running when it began. An attempt was running at the fault's start
+    closes, so its workers must find the new leader within their lease), or a
+    ``cut-relay`` fault (a follower cut off from the leader only: the workers whose
+    relayed streams it holds must move to another replica within their lease), ends no
+    gang attempt that was running when it began. An attempt was running at the fault's start
     when a member of it had written its ``start`` record before then and none of its
     members had written an ``end`` record. It was ended by the fault when it ended with
     a control-plane outcome (``member_fenced``: a member killed by its worker's fencing,
@@ -21,11 +23,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from chaos.history import FaultRecord, History, Violation
-from chaos.nemesis import ISOLATE_LEADER, PAUSE_LEADER
+from chaos.nemesis import CUT_RELAY, ISOLATE_LEADER, PAUSE_LEADER
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.reasons import ReasonCode
 
-LEADER_FAULTS = frozenset({PAUSE_LEADER, ISOLATE_LEADER})
+LEADER_FAULTS = frozenset({PAUSE_LEADER, ISOLATE_LEADER, CUT_RELAY})
 # Control-plane outcomes: a member fenced by its worker, a node declared dead.
 ENDED_BY_CONTROL_PLANE = frozenset({ReasonCode.MEMBER_FENCED.value, ReasonCode.NODE_DEAD.value})
 # An attempt a leader fault ends is ended at the latest a dead timeout after the heal

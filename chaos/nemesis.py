@@ -43,6 +43,10 @@ NODE_CANNOT_RUN = "node-cannot-run"
 # A follower is taken away (restarted on its data directory, or cut off) for several
 # election timeouts and comes back; the leader must keep its term (chaos/rejoin_rules.py).
 REJOIN = "rejoin"
+# A follower is cut off from the leader only (workers and the other follower still reach
+# it): with relayed heartbeats, the workers whose streams it holds must move to another
+# replica within their lease (docs/relay.md; chaos/leader_rules.py judges it).
+CUT_RELAY = "cut-relay"
 # The kinds of node health, which ``soak --kinds`` can play alone.
 HEALTH_FAULTS = (GPU_XID, NODE_CANNOT_RUN)
 HOST_FAULTS = (
@@ -77,6 +81,7 @@ ALL_FAULTS = (
     GPU_XID,
     NODE_CANNOT_RUN,
     REJOIN,
+    CUT_RELAY,
 )
 
 # Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
@@ -151,6 +156,8 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         NODE_CANNOT_RUN: (4.0, 6.0),
         # Several election timeouts away: a follower without pre-vote would stand.
         REJOIN: (4 * t.election_max_s, 4 * t.election_max_s + 2.0),
+        # Past the lease: a worker left on the cut follower would fence itself.
+        CUT_RELAY: (2 * t.lease_ttl_s, 2 * t.lease_ttl_s + 1.5),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

@@ -96,6 +96,10 @@ class Nemesis:
             targets = [rng.choice(c.followers())]
             others = [h.address for h in c.hosts if h.name != targets[0]]
             net.set_blocked(net.cut([c.address(targets[0])], others), self.owner)
+        elif step.kind == nemesis.CUT_RELAY:
+            targets = [rng.choice(c.followers())]
+            detail = f"cut from leader {leader} only; workers and the other replicas reach it"
+            net.set_blocked(net.cut([c.address(targets[0])], [c.address(leader)]), self.owner)
         elif step.kind == nemesis.BRIDGE:
             bridge, far = rng.sample(c.followers(), 2)
             targets = [leader, bridge, far]

@@ -85,6 +85,7 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         "timeouts": asdict(cfg.timeouts),
         "backends": asdict(backends),
         "unsafe_no_self_fencing": cfg.unsafe_no_self_fencing,
+        "relay_heartbeats": cfg.relay_heartbeats,
         "final_deadline_ms": int(FINAL_DEADLINE_S * lane_load(nemesis.lanes_of(cfg.steps)) * 1000),
         "final_stall_ms": int(FINAL_STALL_S * 1000),
         "member_ms": list(cfg.member_ms),

@@ -65,6 +65,9 @@ if TYPE_CHECKING:  # the servicers import this module
     from synapse_ha.rpc.server.context import ReplicaContext
 
 RELAY_PERIOD_S = 0.15  # a follower sends what it heard at least this often
+# ... and at least four times per heartbeat interval, so that an acknowledgement comes
+# well within the interval a worker waits for it.
+PERIODS_PER_INTERVAL = 4
 RELAY_CALL_TIMEOUT_S = 2.0  # one RelayHeartbeats request
 RELAY_WAIT_S = 2.0  # how long a heartbeat waits for a leader to be known, or caught up with
 MAX_RELAYED = 20_000  # heartbeats in one request
@@ -290,8 +293,12 @@ class RelayClient:
         self._wake = asyncio.Event()
         try:
             while True:
+                interval_s = (
+                    self.ctx.backend.snapshot().config.timeouts.heartbeat_interval_ms / 1000
+                )
+                period_s = min(self.period_s, interval_s / PERIODS_PER_INTERVAL)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.period_s)
+                    await asyncio.wait_for(self._wake.wait(), period_s)
                 self._wake.clear()
                 await self._send()
         finally:
