@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from synapse_ha.core import commands as cmd
@@ -128,6 +128,62 @@ class ReplicaMetrics:
 
     def proposer(self, inner: Proposing) -> MeteredProposer:
         return MeteredProposer(inner, self)
+
+    def watch_streams(self, streams: StreamStats) -> None:
+        """Report ``streams``' counts at every scrape (:class:`StreamCollector`)."""
+        self.registry.register(StreamCollector(streams))
+
+
+class StreamStats(Protocol):
+    """What a replica's heartbeat stream server counts (rpc/stream.py, rpc/relay.py)."""
+
+    heartbeats: int
+    pushes: int
+
+    def stream_counts(self) -> tuple[int, int]: ...  # (to the leader, relayed)
+
+    def relay_counts(self) -> tuple[int, int, int]: ...  # (batches, relayed, failed)
+
+
+class StreamCollector(Collector):
+    """The heartbeat streams this replica holds and what its relay did, read at scrape
+    time: an operator sees where the workers' streams are and whether relaying works."""
+
+    def __init__(self, streams: StreamStats) -> None:
+        self.streams = streams
+
+    def collect(self) -> Iterator[Metric]:
+        direct, relayed = self.streams.stream_counts()
+        open_streams = GaugeMetricFamily(
+            "synapse_heartbeat_streams",
+            "workers' heartbeat streams open on this replica, to it as leader or relayed",
+            labels=["kind"],
+        )
+        open_streams.add_metric(["leader"], direct)
+        open_streams.add_metric(["relayed"], relayed)
+        yield open_streams
+        yield CounterMetricFamily(
+            "synapse_heartbeat_stream_acks",
+            "heartbeats acknowledged on this replica's streams",
+            value=self.streams.heartbeats,
+        )
+        batches, confirmed, failed = self.streams.relay_counts()
+        yield CounterMetricFamily(
+            "synapse_relay_batches",
+            "RelayHeartbeats requests the leader answered (docs/relay.md)",
+            value=batches,
+        )
+        yield CounterMetricFamily(
+            "synapse_relayed_heartbeats",
+            "heartbeats this follower relayed and the leader confirmed",
+            value=confirmed,
+        )
+        yield CounterMetricFamily(
+            "synapse_relay_failures",
+            "heartbeats this follower could not relay (no leader, the leader unreachable, "
+            "or this replica behind): their streams ended",
+            value=failed,
+        )
 
 
 class MeteredProposer:

@@ -231,6 +231,7 @@ class Replica:
             self.context, self.config.agent_address, self.context.auth, self.transport.add_port
         )
         self.stream_nudger.streams = streams
+        self.metrics.watch_streams(streams)
         return streams
 
     def _serve_observe(self, metrics_address: str) -> None:

@@ -248,6 +248,7 @@ class RelayClient:
         self.period_s = period_s
         self.batches = 0  # requests the leader answered
         self.relayed = 0  # heartbeats it confirmed
+        self.failed = 0  # heartbeats not relayed (their streams end)
         self.leader_relays = True  # the leader's last answer said relaying is on
         self._pending: list[_Entry] = []
         self._wake: asyncio.Event | None = None
@@ -278,6 +279,7 @@ class RelayClient:
             if state.applied_commands >= applied_commands:
                 return state
             if time.monotonic() >= deadline:
+                self.failed += 1
                 raise RelayFailed(
                     build_status(
                         Reason.NOT_LEADER,
@@ -362,4 +364,5 @@ class RelayClient:
         )
         for entry in entries:
             if not entry.future.done():
+                self.failed += 1
                 entry.future.set_exception(RelayFailed(status))

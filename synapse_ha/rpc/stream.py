@@ -168,6 +168,15 @@ class StreamServer:
     def connected(self) -> int:
         return len(self._streams)
 
+    def stream_counts(self) -> tuple[int, int]:
+        """Streams open here: (to this replica as leader, relayed)."""
+        relayed = sum(1 for s in list(self._streams.values()) if s.relayed)
+        return len(self._streams) - relayed, relayed
+
+    def relay_counts(self) -> tuple[int, int, int]:
+        """The relay's (batches answered, heartbeats confirmed, heartbeats failed)."""
+        return self.relay.batches, self.relay.relayed, self.relay.failed
+
     def push(self, node_ids: Iterable[str]) -> list[str]:
         """Push the current desired list to each node that has a stream here (if it
         changed); thread-safe, never blocks. Returns the nodes that have no stream here

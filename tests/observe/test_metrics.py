@@ -323,3 +323,34 @@ def test_committed_preemptions_count_their_victims_and_refused_ones_nothing() ->
     inner.futures[0].set_result(c.ok())
     inner.futures[1].set_result(c.error(c.ResultCode.CONFLICT, "stale"))
     assert samples(metrics.registry)[("synapse_scheduler_preemptions_total", ())] == 2
+
+
+@dataclass
+class FakeStreams:
+    heartbeats: int = 120
+    pushes: int = 3
+    counts: tuple[int, int] = (2, 5)
+    relay: tuple[int, int, int] = (40, 110, 4)
+
+    def stream_counts(self) -> tuple[int, int]:
+        return self.counts
+
+    def relay_counts(self) -> tuple[int, int, int]:
+        return self.relay
+
+
+def test_heartbeat_streams_and_the_relay_are_read_at_every_scrape() -> None:
+    metrics = ReplicaMetrics("r2", FakeReplica(ClusterState()))
+    streams = FakeStreams()
+    metrics.watch_streams(streams)
+    got = samples(metrics.registry)
+    assert got[("synapse_heartbeat_streams", (("kind", "leader"),))] == 2
+    assert got[("synapse_heartbeat_streams", (("kind", "relayed"),))] == 5
+    assert got[("synapse_heartbeat_stream_acks_total", ())] == 120
+    assert got[("synapse_relay_batches_total", ())] == 40
+    assert got[("synapse_relayed_heartbeats_total", ())] == 110
+    assert got[("synapse_relay_failures_total", ())] == 4
+    streams.counts, streams.relay = (0, 7), (41, 117, 4)
+    got = samples(metrics.registry)
+    assert got[("synapse_heartbeat_streams", (("kind", "relayed"),))] == 7
+    assert got[("synapse_relayed_heartbeats_total", ())] == 117
