@@ -119,12 +119,14 @@ def relaying(leader_grpc: str | None = None, as_replica: str = "r2") -> Iterator
         _relay_on(leader)
         leader.ctx.stream_address = "127.0.0.1:7"  # the leader's own streams (not served)
         follower = FollowerBackend(leader.backend)
+        members = [
+            ReplicaAddress("r1", LEADER_RAFT, leader_grpc or leader.address),
+            ReplicaAddress("r2", "127.0.0.1:2", "127.0.0.1:0"),
+        ]
+        leader.ctx.replicas = members
         ctx = ReplicaContext(
             self_id="r2",
-            replicas=[
-                ReplicaAddress("r1", LEADER_RAFT, leader_grpc or leader.address),
-                ReplicaAddress("r2", "127.0.0.1:2", "127.0.0.1:0"),
-            ],
+            replicas=members,
             backend=follower,  # type: ignore[arg-type]
             liveness=Liveness(),
             serving=lambda: False,
@@ -292,6 +294,13 @@ def test_a_replica_relays_only_as_itself(clients: list[Client]) -> None:
         assert pair.leader.ctx.relays.fresh() == {}
     with serving_replica() as leader:
         _relay_on(leader)
+        removed = [(PEER_KEY, access.replica("r9").spiffe_id)]  # a valid cert, no member
+        with pytest.raises(grpc.RpcError) as refused:
+            leader.agent.RelayHeartbeats(
+                pb.RelayHeartbeatsRequest(replica_id="r9"), metadata=removed
+            )
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "not a member" in (refused.value.details() or "")
         worker = [(PEER_KEY, access.worker("n1").spiffe_id)]
         with pytest.raises(grpc.RpcError) as refused:
             leader.agent.RelayHeartbeats(

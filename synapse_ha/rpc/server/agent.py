@@ -85,6 +85,14 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
             )
         if not request.replica_id:
             _required(context, "replica_id")
+        if all(r.replica_id != request.replica_id for r in self.ctx.replicas):
+            abort(
+                context,
+                Reason.PERMISSION_DENIED,
+                f"replica {request.replica_id!r} is not a member of this cluster; "
+                "only members relay heartbeats",
+                {"identity": str(identity)},
+            )
         if len(request.heartbeats) > MAX_RELAYED:
             abort(
                 context,
