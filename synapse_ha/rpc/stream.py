@@ -239,10 +239,10 @@ class StreamServer:
                 elif not serving or stream.term != term:
                     self._spawn(self._end(stream, "this replica stopped serving as leader"))
             if relaying:
-                version = self.ctx.backend.snapshot().applied_commands
-                if version != pushed_at:
-                    pushed_at = version
-                    self._push_now([s.node_id for s in self._streams.values() if s.relayed])
+                state = self.ctx.backend.snapshot()
+                if state.applied_commands != pushed_at:
+                    pushed_at = state.applied_commands
+                    self._push_now(self._changed_lists(state))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -281,6 +281,18 @@ class StreamServer:
         return msg
 
     # ------------------------------------------------------------- pushes
+
+    def _changed_lists(self, state: ClusterState) -> list[str]:
+        """The nodes of the relayed streams acknowledged on whose desired list in
+        ``state`` differs from the one last sent (one task each is then spawned)."""
+        changed = []
+        for stream in list(self._streams.values()):
+            if not stream.relayed or stream.version < 0:
+                continue
+            desired = self._desired.of(state, stream.node_id)
+            if (desired or stream.sent) and _digest(desired) != stream.sent:
+                changed.append(stream.node_id)
+        return changed
 
     def _push_now(self, node_ids: list[str]) -> None:
         for node_id in node_ids:

@@ -237,20 +237,21 @@ def test_the_leaders_refusal_ends_the_relayed_stream(clients: list[Client]) -> N
 def test_a_committed_bind_is_pushed_on_the_relayed_stream(clients: list[Client]) -> None:
     with relaying() as pair:
         state = pair.leader.backend.state
-        c = connect(pair.streams, "n1", clients)
-        c.send(1, "n1")
-        assert c.receive().ack_seq == 1
+        streams = {n: connect(pair.streams, n, clients) for n in ("n1", "n2")}
+        for node_id, c in streams.items():
+            c.send(1, node_id)
+            assert c.receive().ack_seq == 1
         command = schedule(pair.leader.backend.snapshot(), NOW).command(NOW)
         assert command is not None
         with pair.leader.backend.lock:
             assert apply(state, command).ok
-        if not desired_by_node(state).get("n1"):
-            pytest.skip("the plan put nothing on n1")  # the harness's jobs fit on either node
-        pushed = c.receive()
-        assert (pushed.ack_seq, pushed.has_desired) == (0, True)
-        assert {d.job_id for d in pushed.desired} == {
-            d.job_id for d in desired_by_node(state)["n1"]
-        }
+        bound = {n: m for n, m in desired_by_node(state).items() if m}
+        assert bound  # the harness's two jobs fit
+        for node_id, members in bound.items():
+            pushed = streams[node_id].receive()
+            assert (pushed.ack_seq, pushed.has_desired) == (0, True)
+            assert {d.job_id for d in pushed.desired} == {d.job_id for d in members}
+        assert pair.streams.pushes == len(bound)
 
 
 def test_a_relayed_report_is_committed_before_it_is_acknowledged(clients: list[Client]) -> None:
