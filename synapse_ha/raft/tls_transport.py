@@ -8,7 +8,10 @@ by a CA of the bundle, and the listener's to carry the replicas' role name
 the handshake each side reads the identity the peer's certificate names
 (:func:`~synapse_ha.security.pki.identity_of_cert`) and closes the connection unless it
 is a replica: a worker's or a user's certificate of the same CA, a certificate of
-another CA, and a plaintext client never deliver a message. The replica names each
+another CA, and a plaintext client never deliver a message. The replica a certificate
+names must also be the member at the Raft address the connection speaks for (the address
+dialled, or the one an incoming connection announces), whenever the members' replica ids
+are known: a replica's certificate cannot speak for another member. The replica names each
 refused peer and why in the log, at most once per peer and reason every
 :data:`~synapse_ha.raft.password_transport.KEY_MISMATCH_LOG_INTERVAL_S` (:class:`RefusalLog`).
 
@@ -121,21 +124,35 @@ def tls_contexts(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return contexts[0], contexts[1]
 
 
-def peer_refusal(writer: asyncio.StreamWriter) -> str | None:
-    """Why the peer of a TLS connection is not a replica (None: it is)."""
+def peer_replica(writer: asyncio.StreamWriter) -> tuple[str, str | None]:
+    """The replica the peer's certificate names, or why the peer of a TLS connection is
+    not a replica: ``(name, None)`` or ``("", why)``."""
     ssl_object = writer.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
     if not der:
-        return "no certificate"
+        return "", "no certificate"
     try:
         identity = identity_of_cert(der)
     except PkiError:
-        return "an unreadable certificate"
+        return "", "an unreadable certificate"
     if identity is None:
-        return "a certificate that names no identity of this cluster"
+        return "", "a certificate that names no identity of this cluster"
     if identity.kind is not Kind.REPLICA:
-        return f"the certificate of {identity}, not of a replica"
-    return None
+        return "", f"the certificate of {identity}, not of a replica"
+    return identity.name, None
+
+
+def impersonation(node: Any, replica: str) -> str | None:
+    """Why a connection whose certificate names ``replica`` may not speak for ``node``
+    (None: it may). A member whose replica id is not known (its id is its address: a
+    member of an earlier release, or one configured without ids) is not checked."""
+    expected = str(getattr(node, "replica_id", "") or "")
+    if not expected or expected == str(node.address) or expected == replica:
+        return None
+    return (
+        f"the certificate of replica {replica!r}, but the member at {node.address} "
+        f"is replica {expected!r}"
+    )
 
 
 class _Link:
@@ -154,6 +171,7 @@ class _Link:
         self._signalled = False
         self.closed = False
         self.last_read = raft_clock()  # when a frame last arrived: by the loop thread only
+        self.replica = ""  # the replica the peer's certificate names, once checked
 
     def queue_frame(self, data: bytes) -> bool:
         """Queue a frame (Raft thread); False when the peer has not read enough."""
@@ -324,6 +342,11 @@ class TlsTransport(Transport):  # type: ignore[misc]
                 self.refusals.refused(f"{address!r} (incoming)", "it is not a member")
             link.close_soon()
             return
+        claim = impersonation(node, link.replica)
+        if claim is not None:
+            self.refusals.refused(f"{address!r} (incoming)", f"it presented {claim}")
+            link.close_soon()
+            return
         link.node = node
         previous = self._links.get(node)
         self._links[node] = link
@@ -470,7 +493,9 @@ class TlsTransport(Transport):  # type: ignore[misc]
             self.refusals.refused(peer, f"the TLS handshake failed ({_reason(exc)})")
             writer.close()
             return
-        refusal = peer_refusal(writer)
+        link.replica, refusal = peer_replica(writer)
+        if refusal is None and link.outgoing:
+            refusal = impersonation(link.node, link.replica)
         if refusal is not None:
             self.refusals.refused(peer, f"it presented {refusal}")
             writer.close()

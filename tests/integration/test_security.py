@@ -114,6 +114,7 @@ ListTokens       OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   
 RevokeToken      NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 RegisterNode     OK       DENIED   DENIED   DENIED   OK       DENIED   UNAUTH   UNAUTH   UNAUTH
 Heartbeat        OK       DENIED   DENIED   DENIED   OK       DENIED   UNAUTH   UNAUTH   UNAUTH
+RelayHeartbeats  OK       DENIED   DENIED   DENIED   DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 AddReplica       EXISTS   DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 RemoveReplica    NOTFOUND DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 SaveSnapshot     OK       DENIED   DENIED   DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
@@ -453,6 +454,11 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
         return lambda: agent.Heartbeat(pb.HeartbeatRequest(node_id=MATRIX_NODE), **kw)
     calls: dict[str, Callable[[], Any]] = {
         "GetJob": lambda: stub.GetJob(pb.GetJobRequest(job_id=alice), **kw),
+        # As replica r1 (the replica caller's certificate): relaying is off here, so the
+        # leader answers that, changing nothing.
+        "RelayHeartbeats": lambda: agent.RelayHeartbeats(
+            pb.RelayHeartbeatsRequest(replica_id="r1"), **kw
+        ),
         "ListJobs": lambda: stub.ListJobs(pb.ListJobsRequest(), **kw),
         "ExplainJob": lambda: stub.ExplainJob(pb.ExplainJobRequest(job_id=alice), **kw),
         "GrantLogAccess": lambda: stub.GrantLogAccess(

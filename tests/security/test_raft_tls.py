@@ -124,15 +124,28 @@ def test_three_replicas_commit_and_fail_over_when_the_leader_is_killed(
 
 
 @contextmanager
-def _lone_replica(tmp_path: Path, cluster_ca: Authority) -> Iterator[tuple[RaftReplica, list[str]]]:
-    """A replica whose two other members do not run: the tests speak for them."""
+def _lone_replica(
+    tmp_path: Path, cluster_ca: Authority, named: bool = False
+) -> Iterator[tuple[RaftReplica, list[str]]]:
+    """A replica whose two other members do not run: the tests speak for them. With
+    ``named``, the members' replica ids are known (r0, r1, r2 in address order)."""
     ports = reserve_ports(3)
     # The replica's address sorts first, so it never dials the members the tests play.
     own, *others = sorted(f"127.0.0.1:{p}" for p in ports)
     files = TlsFiles.from_cert_files(cluster_ca.issue(replica("r0")))
     data = tmp_path / "r0"
     data.mkdir()
-    member = RaftReplica(own, [own, *others], str(data), "", QUIET, secure=True, raft_tls=files)
+    directory = {a: (f"r{i}", "") for i, a in enumerate([own, *others])} if named else None
+    member = RaftReplica(
+        own,
+        [own, *others],
+        str(data),
+        "",
+        QUIET,
+        directory=directory,
+        secure=True,
+        raft_tls=files,
+    )
     try:
         yield member, others
     finally:
@@ -209,6 +222,23 @@ def test_peers_that_are_not_replicas_of_the_cluster_are_refused(
                 assert _closed_by_peer(sock)
         wait_until("the refusal logged", lambda: refusals.reports > 0 or None, 15.0)
         assert member.term() < VOTE_TERM  # no message reached Raft
+
+
+def test_a_replica_certificate_cannot_speak_for_another_member(
+    tmp_path: Path, cluster_ca: Authority
+) -> None:
+    with _lone_replica(tmp_path, cluster_ca, named=True) as (member, others):
+        refusals = _transport(member).refusals
+        # r2's certificate announcing r1's address: refused, nothing reaches Raft.
+        with _dial(member, cluster_ca.issue(replica("r2"))) as sock:
+            _send_quietly(sock, wire.frame(others[0]) + wire.frame(_vote()))
+            assert _closed_by_peer(sock)
+        assert refusals.reports > 0
+        assert member.term() < VOTE_TERM
+        # r1's own certificate for its own address is heard.
+        with _dial(member, cluster_ca.issue(replica("r1"))) as sock:
+            sock.sendall(wire.frame(others[0]) + wire.frame(_vote()))
+            wait_until("the vote's term taken", lambda: member.term() == VOTE_TERM or None, 15.0)
 
 
 def _log_end(member: RaftReplica) -> tuple[int, int]:
