@@ -17,13 +17,15 @@ must prove that a serving leader heard the node after that moment. On a relayed 
 2. the leader records the node's liveness and commits its reports while it serves
    (``RelayHeartbeats`` is refused by a replica that does not), and answers with its term
    and the applied-command count of a state that holds those reports
-   (:func:`relay_heartbeats`);
+   (:func:`relay_heartbeats`). The liveness is stamped when the follower received the
+   heartbeat (the batch says how long ago, on the follower's monotonic clock), which is
+   still after it was sent;
 3. the follower acknowledges the heartbeat only after that answer, and builds the
    acknowledgement (node status, desired members) from its own state at or past that
    count, so never from a state older than the one the leader would have answered from.
 
-Death detection is unchanged but for the batch period: the leader hears a relayed node at
-most ``RELAY_PERIOD_S`` plus one request later than it would directly. A follower that
+Death detection is unchanged: a relayed node is stamped as heard when the follower
+received its heartbeat, however long the batch then took to reach the leader. A follower that
 cannot reach the leader acknowledges nothing: its workers' leases run out as they would
 with a silent leader, unless they register again first (the leader then names another
 replica's stream: :attr:`RegisterNodeRequest.unreachable_streams` and the table's
@@ -71,6 +73,9 @@ PERIODS_PER_INTERVAL = 4
 RELAY_CALL_TIMEOUT_S = 2.0  # one RelayHeartbeats request
 RELAY_WAIT_S = 2.0  # how long a heartbeat waits for a leader to be known, or caught up with
 MAX_RELAYED = 20_000  # heartbeats in one request
+# The most a relayed heartbeat's waited_ms counts: how long it may wait for a leader, and
+# its request's time.
+MAX_WAITED_MS = int((RELAY_WAIT_S + RELAY_CALL_TIMEOUT_S) * 1000)
 
 
 # ------------------------------------------------------------------ the leader's side
@@ -176,14 +181,16 @@ def relay_heartbeats(
     waits: list[tuple[int, str, list[futures.Future[cmd.Result]]]] = []
     for index, heartbeat in enumerate(request.heartbeats):
         acked.append(0)
+        # When the follower received it: after it was sent, as the lease rule needs.
+        received = now - min(max(heartbeat.waited_ms, 0), MAX_WAITED_MS)
         if _idle(state, heartbeat):
-            heard(heartbeat.node_id, now)
+            heard(heartbeat.node_id, received)
             continue
         refused, commands, count = _commands(state, heartbeat, now)
         if refused is not None:
             refusals.append(_refusal(index, refused))
             continue
-        heard(heartbeat.node_id, now)
+        heard(heartbeat.node_id, received)
         acked[index] = count
         if commands:
             waits.append((index, heartbeat.node_id, [ctx.backend.propose(c) for c in commands]))
@@ -328,6 +335,9 @@ class RelayClient:
             self._fail([e for e in entries if e.queued_at < oldest], "no leader is known")
             self._pending = [e for e in entries if e.queued_at >= oldest] + self._pending
             return
+        sent_at = time.monotonic()
+        for entry in entries:
+            entry.heartbeat.waited_ms = int((sent_at - entry.queued_at) * 1000)
         request = pb.RelayHeartbeatsRequest(
             replica_id=self.ctx.self_id,
             stream_address=self.ctx.stream_address,

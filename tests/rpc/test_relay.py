@@ -172,11 +172,41 @@ def test_a_follower_acknowledges_a_heartbeat_the_leader_heard(clients: list[Clie
         c.send(1, "n1")
         ack = c.receive()
         assert (ack.ack_seq, ack.has_desired, ack.leader_term) == (1, True, 1)
-        # The leader heard n1 (at its own clock); the follower itself records nothing.
-        assert pair.leader.ctx.liveness.heard_since_election("n1") == pair.leader.clock[0]
+        # The leader heard n1 (at its own clock, less the moments the heartbeat waited in
+        # the follower's batch); the follower itself records nothing.
+        heard = pair.leader.ctx.liveness.heard_since_election("n1")
+        assert heard is not None and pair.leader.clock[0] - 1_000 <= heard <= pair.leader.clock[0]
+        assert pair.streams.relay.ctx.liveness.heard_since_election("n1") is None
         assert pair.streams.relay.relayed == 1
         c.send(2, "n1")
         assert c.receive().ack_seq == 2
+
+
+def test_the_leader_stamps_a_relayed_node_as_heard_when_the_follower_received_it(
+    clients: list[Client],
+) -> None:
+    with relaying() as pair:
+        relay = pair.streams.relay
+        # The batch goes when the test wakes the relay (the period is also bounded by a
+        # quarter of the heartbeat interval).
+        relay.period_s = 30.0
+        state = pair.leader.backend.state
+        slow = dataclasses.replace(state.config.timeouts, heartbeat_interval_ms=120_000)
+        state.config = dataclasses.replace(state.config, timeouts=slow)
+        time.sleep(0.3)  # the relay's current wait ends
+        c = connect(pair.streams, "n1", clients)
+        c.send(1, "n1")
+        time.sleep(0.4)
+        assert c.inbox.empty()
+        loop = pair.streams._loop
+        assert loop is not None and relay._wake is not None
+        loop.call_soon_threadsafe(relay._wake.set)
+        assert c.receive().ack_seq == 1
+        heard = pair.leader.ctx.liveness.heard_since_election("n1")
+        # The leader's clock stands still here: the stamp is earlier by about the 0.4 s
+        # the heartbeat waited on the follower.
+        assert heard is not None
+        assert pair.leader.clock[0] - 30_000 <= heard <= pair.leader.clock[0] - 300
 
 
 def test_the_leader_sends_registering_workers_to_a_relaying_follower() -> None:

@@ -1350,16 +1350,18 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., acked_reports: _Optional[int] = ..., node_status_name: _Optional[str] = ..., leader_term: _Optional[int] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class RelayedHeartbeat(_message.Message):
-    __slots__ = ("node_id", "reports", "gpu_faults", "checks")
+    __slots__ = ("node_id", "reports", "gpu_faults", "checks", "waited_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
+    WAITED_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
     gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
     checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
-    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ...) -> None: ...
+    waited_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ..., waited_ms: _Optional[int] = ...) -> None: ...
 
 class RelayHeartbeatsRequest(_message.Message):
     __slots__ = ("replica_id", "stream_address", "heartbeats")
