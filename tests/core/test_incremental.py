@@ -189,7 +189,7 @@ class PlainQueueMachine(_Compared, RuleBasedStateMachine):
 
 
 PlainQueueMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=100,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

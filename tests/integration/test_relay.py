@@ -25,7 +25,7 @@ from tests.worker.workers import LocalWorkers
 
 pytestmark = pytest.mark.integration
 
-FREEZE_S = 8.0  # twice the lease (4 s): a worker left on the frozen replica would fence
+FREEZE_S = 6.0  # past the lease (4 s): a worker left on the frozen replica would fence
 STREAM_AT = re.compile(r"heartbeat streams at (\S+)")
 ANY_STREAM = re.compile(r"heartbeats on a stream to .+? at (\S+)")
 RELAYED_TO = re.compile(r"heartbeats on a stream to a follower that relays them at (\S+)")
