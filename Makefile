@@ -60,7 +60,7 @@ test: lint typecheck layers protos-check unit chaos
 # real cluster, then the checker (docs/chaos.md). Needs root; installs nftables/iproute2
 # when missing. CHAOS_SKIP_KINDS=kind,... leaves fault kinds out.
 SEEDS ?= 1
-DURATION ?= 300
+DURATION ?= 280
 CHAOS_SCENARIOS ?= targeted,random,broken-build,five-membership
 CHAOS_SKIP_KINDS ?=
 # make soak SOAK_MINUTES=60: random scenarios seed after seed (the targeted one every tenth
