@@ -8,7 +8,9 @@ tests share: a fixed Raft password, ``wait_for`` and request builders.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -35,6 +37,7 @@ __all__ = [
     "Replica",
     "job_spec",
     "one_worker_cluster",
+    "pausable_cluster",
     "register_request",
     "reserve_ports",
     "wait_for",
@@ -49,6 +52,24 @@ def wait_for(
 ) -> T:
     """Call ``probe`` until it returns something other than None/False; bounded."""
     return wait_until(what, probe, timeout_s, every_s=every_s, retry_on=RPC_ERRORS)
+
+
+@contextlib.contextmanager
+def pausable_cluster(
+    root: Path, extra_args: Sequence[str] = (), leader_timeout_s: float = 60.0
+) -> Iterator[LocalCluster]:
+    """Three replicas started and leading; on the way out every replica a test paused
+    (SIGSTOP) is resumed first, so that it can be stopped."""
+    c = LocalCluster(root, extra_args=extra_args)
+    try:
+        c.start()
+        c.serving_leader(timeout_s=leader_timeout_s)
+        yield c
+    finally:
+        for r in c.replicas:
+            if r.process is not None and r.process.poll() is None:
+                os.killpg(r.process.pid, signal.SIGCONT)
+        c.close()
 
 
 class LocalCluster(LocalReplicas):

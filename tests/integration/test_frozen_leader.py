@@ -7,10 +7,9 @@ leader serves nothing from its old term: no stale read, no write."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,10 @@ from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import node_status
-from tests.integration.cluster import LocalCluster, job_spec, wait_for
+from tests.integration.cluster import LocalCluster, job_spec, pausable_cluster, wait_for
 from tests.worker.helpers import process_gone
 from tests.worker.test_integration_worker import gang, pid_of, start_workers, wait_state
-from tests.worker.workers import LocalWorkers
+from tests.worker.workers import LocalWorkers, workers_of
 
 pytestmark = pytest.mark.integration
 
@@ -38,26 +37,14 @@ REFUSALS = frozenset({Reason.NOT_LEADER, Reason.LEADER_NOT_READY, Reason.NO_LEAD
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """Three replicas with the default timeouts (heartbeat 1 s, lease 4 s, dead 10 s)."""
-    c = LocalCluster(tmp_path / "cluster")
-    try:
-        c.start()
-        c.serving_leader(timeout_s=60)
+    with pausable_cluster(tmp_path / "cluster") as c:
         yield c
-    finally:
-        for r in c.replicas:  # a test may have frozen one
-            if r.process is not None and r.process.poll() is None:
-                os.killpg(r.process.pid, signal.SIGCONT)
-        c.close()
 
 
 @pytest.fixture
 def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
-    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
-    w.root.mkdir()
-    try:
+    with workers_of(cluster, tmp_path / "workers") as w:
         yield w
-    finally:
-        w.close()
 
 
 def new_leader(cluster: LocalCluster, old: Replica) -> Replica:
@@ -69,15 +56,9 @@ def new_leader(cluster: LocalCluster, old: Replica) -> Replica:
 def test_a_gang_keeps_running_while_the_leader_is_frozen(
     cluster: LocalCluster, workers: LocalWorkers, tmp_path: Path
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
     with cluster.client(timeout_s=30.0) as client:
         start_workers(workers, client, 2)
-        job_id = client.submit_job(
-            gang("frozen", 2, "echo $$ > $OUT/pid-$RANK; exec sleep 600", out, retries=2)
-        ).job_id
-        pids = [pid_of(out, "pid-0"), pid_of(out, "pid-1")]
-        before = wait_state(client, job_id, "RUNNING").attempt
+        running = RunningGang.start(client, "frozen", tmp_path / "out")
     old = cluster.serving_leader()
     old.pause()
     try:
@@ -85,16 +66,39 @@ def test_a_gang_keeps_running_while_the_leader_is_frozen(
         time.sleep(FREEZE_S)
     finally:
         old.resume()
-    with cluster.client(timeout_s=30.0) as client:
-        wait_for("the woken replica to follow", lambda: cluster.serving_leader() is leader)
-        job = client.get_job(job_id)
-        nodes = {n.node_id: node_status(n) for n in client.list_nodes()}
-    assert job.state == "RUNNING", job
-    assert (job.attempt.number, job.attempt.fencing_token) == (before.number, before.fencing_token)
-    assert nodes == {"w1": NodeStatus.READY, "w2": NodeStatus.READY}
-    assert not [p for p in pids if process_gone(p)]
-    logs = workers.logs()
-    assert "fenced" not in logs and "declared this node dead" not in logs, logs
+    wait_for("the woken replica to follow", lambda: cluster.serving_leader() is leader)
+    running.assert_survived(cluster, workers)
+
+
+@dataclass(frozen=True)
+class RunningGang:
+    """A 2-member gang that sleeps, one member on each of two workers: its job, its
+    members' pids and its attempt when it started."""
+
+    job_id: str
+    pids: tuple[int, ...]
+    attempt: pb.Attempt
+
+    @classmethod
+    def start(cls, client: ClusterClient, name: str, out: Path) -> RunningGang:
+        out.mkdir()
+        command = "echo $$ > $OUT/pid-$RANK; exec sleep 600"
+        job_id = client.submit_job(gang(name, 2, command, out, retries=2)).job_id
+        pids = (pid_of(out, "pid-0"), pid_of(out, "pid-1"))
+        return cls(job_id, pids, wait_state(client, job_id, "RUNNING").attempt)
+
+    def assert_survived(self, cluster: LocalCluster, workers: LocalWorkers) -> None:
+        """The same attempt still runs: no member killed, no node dead, nothing fenced."""
+        with cluster.client(timeout_s=30.0) as client:
+            job = client.get_job(self.job_id)
+            nodes = {n.node_id: node_status(n) for n in client.list_nodes()}
+        assert job.state == "RUNNING", job
+        before = (self.attempt.number, self.attempt.fencing_token)
+        assert (job.attempt.number, job.attempt.fencing_token) == before
+        assert nodes == {"w1": NodeStatus.READY, "w2": NodeStatus.READY}
+        assert not [p for p in self.pids if process_gone(p)]
+        logs = workers.logs()
+        assert "fenced" not in logs and "declared this node dead" not in logs, logs
 
 
 def _answer(future: grpc.Future[Any]) -> tuple[Any, Reason | None]:

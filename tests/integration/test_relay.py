@@ -5,9 +5,7 @@ dead)."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +13,11 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.core.formats import FORMAT
-from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.process import Replica
-from synapse_ha.rpc.states import node_status
-from tests.integration.cluster import LocalCluster, wait_for
-from tests.worker.helpers import process_gone
-from tests.worker.test_integration_worker import gang, pid_of, start_workers, wait_state
-from tests.worker.workers import LocalWorkers
+from tests.integration.cluster import LocalCluster, pausable_cluster, wait_for
+from tests.integration.test_frozen_leader import RunningGang
+from tests.worker.test_integration_worker import start_workers
+from tests.worker.workers import LocalWorkers, workers_of
 
 pytestmark = pytest.mark.integration
 
@@ -33,26 +29,14 @@ RELAYED_TO = re.compile(r"heartbeats on a stream to a follower that relays them 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "cluster", extra_args=["--relay-heartbeats"])
-    try:
-        c.start()
-        c.serving_leader(timeout_s=60)
+    with pausable_cluster(tmp_path / "cluster", ["--relay-heartbeats"]) as c:
         yield c
-    finally:
-        for r in c.replicas:  # a test may have frozen one
-            if r.process is not None and r.process.poll() is None:
-                os.killpg(r.process.pid, signal.SIGCONT)
-        c.close()
 
 
 @pytest.fixture
 def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
-    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
-    w.root.mkdir()
-    try:
+    with workers_of(cluster, tmp_path / "workers") as w:
         yield w
-    finally:
-        w.close()
 
 
 def _stream_owner(cluster: LocalCluster, address: str) -> Replica:
@@ -72,8 +56,6 @@ def _relayed_addresses(workers: LocalWorkers) -> list[str] | None:
 def test_a_gang_on_relayed_streams_survives_a_frozen_follower_and_a_frozen_leader(
     cluster: LocalCluster, workers: LocalWorkers, tmp_path: Path
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
     with cluster.client(timeout_s=30.0) as client:
         wait_for(
             "every replica to read format 8",
@@ -81,11 +63,7 @@ def test_a_gang_on_relayed_streams_survives_a_frozen_follower_and_a_frozen_leade
             30,
         )
         start_workers(workers, client, 2)
-        job_id = client.submit_job(
-            gang("relayed", 2, "echo $$ > $OUT/pid-$RANK; exec sleep 600", out, retries=2)
-        ).job_id
-        pids = [pid_of(out, "pid-0"), pid_of(out, "pid-1")]
-        before = wait_state(client, job_id, "RUNNING").attempt
+        running = RunningGang.start(client, "relayed", tmp_path / "out")
     # The workers registered while the followers announced themselves, or re-register
     # once they have: each ends on a follower's stream.
     relayed = wait_for(
@@ -115,12 +93,4 @@ def test_a_gang_on_relayed_streams_survives_a_frozen_follower_and_a_frozen_leade
         time.sleep(FREEZE_S)
     finally:
         old.resume()
-    with cluster.client(timeout_s=30.0) as client:
-        job = client.get_job(job_id)
-        nodes = {n.node_id: node_status(n) for n in client.list_nodes()}
-    assert job.state == "RUNNING", job
-    assert (job.attempt.number, job.attempt.fencing_token) == (before.number, before.fencing_token)
-    assert nodes == {"w1": NodeStatus.READY, "w2": NodeStatus.READY}
-    assert not [p for p in pids if process_gone(p)]
-    logs = workers.logs()
-    assert "fenced" not in logs and "declared this node dead" not in logs, logs
+    running.assert_survived(cluster, workers)

@@ -28,7 +28,7 @@ from synapse_ha.rpc.relay_table import RELAY_FRESH_S, RelayTable
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext
 from synapse_ha.rpc.stream import StreamServer
 from tests.rpc.authed import NOW, PEER_KEY, FakeBackend, Replica, serving_replica
-from tests.rpc.test_stream import Client, connect
+from tests.rpc.stream_client import Client, connect
 
 LEADER_RAFT = "127.0.0.1:1"
 FOLLOWER_STREAMS_WAIT_S = 10.0
@@ -149,14 +149,6 @@ def relaying(leader_grpc: str | None = None, as_replica: str = "r2") -> Iterator
             yield Pair(leader, follower, streams)
         finally:
             streams.stop()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
 
 
 def _wait(what: str, probe: Any) -> None:

@@ -4,69 +4,20 @@ metadata stand in for certificates, as in the access tests)."""
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import grpc
-import pytest
 
-from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.views import desired_by_node
 from synapse_ha.rpc import states
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.stream import StreamFirstNudger, StreamServer
-from tests.rpc.authed import NOW, PEER_KEY, Replica, serving_replica
-
-WAIT_S = 20.0
-
-
-class Client:
-    """One stream, with messages read into a queue by a thread."""
-
-    def __init__(self, address: str, peer: str) -> None:
-        self.channel = grpc.insecure_channel(address)
-        self.outbox: queue.SimpleQueue[pb.WorkerMessage | None] = queue.SimpleQueue()
-        self.inbox: queue.SimpleQueue[pb.LeaderMessage | grpc.RpcError | None] = queue.SimpleQueue()
-        stub = pb_grpc.NodeStreamServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.call = stub.Connect(self._requests(), metadata=[(PEER_KEY, peer)])
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _requests(self) -> Iterator[pb.WorkerMessage]:
-        while (message := self.outbox.get()) is not None:
-            yield message
-
-    def _read(self) -> None:
-        try:
-            for message in self.call:
-                self.inbox.put(message)
-            self.inbox.put(None)
-        except grpc.RpcError as exc:
-            self.inbox.put(exc)
-
-    def send(self, seq: int, node_id: str) -> None:
-        self.outbox.put(pb.WorkerMessage(seq=seq, node_id=node_id))
-
-    def receive(self) -> pb.LeaderMessage:
-        got = self.inbox.get(timeout=WAIT_S)
-        assert isinstance(got, pb.LeaderMessage), got
-        return got
-
-    def ended(self) -> grpc.RpcError:
-        got = self.inbox.get(timeout=WAIT_S)
-        assert isinstance(got, grpc.RpcError), got
-        return got
-
-    def close(self) -> None:
-        self.outbox.put(None)
-        self.call.cancel()
-        self.channel.close()
+from tests.rpc.authed import NOW, Replica, serving_replica
+from tests.rpc.stream_client import Client, connect
 
 
 @contextmanager
@@ -86,20 +37,6 @@ def stream_server() -> Iterator[tuple[Replica, StreamServer, list[bool]]]:
             yield replica, server, serving
         finally:
             server.stop()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
-def connect(server: StreamServer, node_id: str, clients: list[Client], as_node: str = "") -> Client:
-    c = Client(f"127.0.0.1:{server.port}", access.worker(as_node or node_id).spiffe_id)
-    clients.append(c)
-    return c
 
 
 def test_each_heartbeat_is_acknowledged_and_the_list_sent_only_when_it_changed(

@@ -18,9 +18,9 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import Transport
 from synapse_ha.worker.records import read_json
-from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.cluster import LocalCluster, pausable_cluster, wait_for
 from tests.worker.helpers import process_gone, wait_gone
-from tests.worker.workers import LocalWorkers
+from tests.worker.workers import LocalWorkers, workers_of
 
 pytestmark = pytest.mark.integration
 
@@ -41,26 +41,14 @@ TIMEOUTS = [
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "cluster", extra_args=TIMEOUTS)
-    try:
-        c.start()
-        c.serving_leader()
+    with pausable_cluster(tmp_path / "cluster", TIMEOUTS, leader_timeout_s=15.0) as c:
         yield c
-    finally:
-        for r in c.replicas:  # a test may have frozen them
-            if r.process is not None and r.process.poll() is None:
-                os.killpg(r.process.pid, signal.SIGCONT)
-        c.close()
 
 
 @pytest.fixture
 def workers(cluster: LocalCluster, tmp_path: Path) -> Iterator[LocalWorkers]:
-    w = LocalWorkers(tmp_path / "workers", cluster.grpc_addresses, cluster.credentials)
-    w.root.mkdir()
-    try:
+    with workers_of(cluster, tmp_path / "workers") as w:
         yield w
-    finally:
-        w.close()
 
 
 @pytest.fixture

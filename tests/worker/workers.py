@@ -10,7 +10,10 @@ replicas of a TLS cluster refuse anything else); without, the agents run ``--ins
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.process import Worker
@@ -18,7 +21,22 @@ from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.worker.procgroup import kill_recorded_process
 from synapse_ha.worker.records import read_json
 
-__all__ = ["LocalWorkers", "Worker"]
+if TYPE_CHECKING:
+    from synapse_ha.local.replicas import LocalReplicas
+
+__all__ = ["LocalWorkers", "Worker", "workers_of"]
+
+
+@contextmanager
+def workers_of(cluster: LocalReplicas, root: Path) -> Iterator[LocalWorkers]:
+    """Workers of ``cluster`` (its addresses and credentials) under ``root``, a new
+    directory; every one of them stopped on the way out."""
+    w = LocalWorkers(root, cluster.grpc_addresses, cluster.credentials)
+    w.root.mkdir()
+    try:
+        yield w
+    finally:
+        w.close()
 
 
 class LocalWorkers:
