@@ -401,6 +401,8 @@ class StreamServer:
             return
         now = ctx.clock_ms()
         node_id = stream.node_id
+        if stream.relayed:  # opened while this replica followed; it leads now
+            stream.term = ctx.backend.status().term
         state = ctx.backend.snapshot()
         if node_id not in state.nodes:
             raise _node_not_found(node_id)

@@ -215,6 +215,12 @@ def test_the_leader_sends_registering_workers_to_a_relaying_follower() -> None:
         request.unreachable_streams.append(pair.follower_address)
         answer = pair.leader.agent.RegisterNode(request, metadata=peer)
         assert (answer.stream_address, answer.relayed) == ("127.0.0.1:7", False)
+        # A worker cannot make the leader hold an unbounded list.
+        request.unreachable_streams.extend(f"10.0.0.{i}:1" for i in range(200))
+        with pytest.raises(grpc.RpcError) as refused:
+            pair.leader.agent.RegisterNode(request, metadata=peer)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "unreachable_streams" in (refused.value.details() or "")
 
 
 def test_an_acknowledgement_waits_for_the_follower_to_catch_up(clients: list[Client]) -> None:

@@ -31,6 +31,9 @@ from synapse_ha.rpc.heartbeat import (
 from synapse_ha.rpc.relay import MAX_RELAYED, relay_heartbeats
 from synapse_ha.rpc.server.context import ReplicaContext, _Base, _invalid, _required
 
+# A worker names the relayed streams it could not reach lately: a few replicas' at most.
+MAX_UNREACHABLE = 100
+
 
 class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
     """Register and Heartbeat, for synapse-worker agents. Leader only."""
@@ -42,6 +45,13 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
     def RegisterNode(
         self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext
     ) -> pb.RegisterNodeResponse:
+        if len(request.unreachable_streams) > MAX_UNREACHABLE:
+            abort(
+                context,
+                Reason.INVALID_FIELD,
+                f"unreachable_streams: at most {MAX_UNREACHABLE} addresses",
+                {"field": "unreachable_streams"},
+            )
         info = convert.node_info_from_proto(request)
         if format_needed(info) > self.ctx.backend.snapshot().format_floor:
             info = dataclasses.replace(info, boot_id="")  # not every replica reads it yet
