@@ -91,6 +91,25 @@ def check_problems(checks: Sequence[NodeCheck]) -> list[validation.Violation]:
     return check_node_checks(checks)
 
 
+def heartbeat_commands(
+    state: ClusterState,
+    node_id: str,
+    faults: Sequence[GpuFault],
+    checks: Sequence[NodeCheck],
+    events: Sequence[cmd.MemberEvent],
+    now_ms: int,
+) -> list[cmd.Command]:
+    """The commands a checked heartbeat of ``node_id`` needs, in the order they must be
+    applied: health first (a member that died with its GPU is then the node's fault),
+    then the node's checks, then its member reports."""
+    made = (
+        health_command(state, node_id, faults, now_ms),
+        checks_command(state, node_id, checks, now_ms),
+        report_command(node_id, events, now_ms, state.format_floor),
+    )
+    return [c for c in made if c is not None]
+
+
 class DesiredMembers:
     """The members each node should run, computed once per snapshot version and shared
     by every heartbeat answered from it (outside the apply lock: states are snapshots)."""

@@ -56,10 +56,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import (
     check_problems,
-    checks_command,
     gpu_fault_problems,
-    health_command,
-    report_command,
+    heartbeat_commands,
 )
 from synapse_ha.rpc.relay_table import RelayTable
 
@@ -120,12 +118,7 @@ def _commands(
     violations = check_problems(checks)
     if violations:
         return Refused(Reason.INVALID_FIELD, describe(violations), {"field": "checks"}), [], 0
-    made = (
-        health_command(state, node_id, faults, now_ms),
-        checks_command(state, node_id, checks, now_ms),
-        report_command(node_id, events, now_ms, state.format_floor),
-    )
-    return None, [c for c in made if c is not None], len(events)
+    return None, heartbeat_commands(state, node_id, faults, checks, events, now_ms), len(events)
 
 
 def _outcome(future: futures.Future[cmd.Result], deadline: float, node_id: str) -> Refused | None:

@@ -63,11 +63,9 @@ from synapse_ha.rpc.heartbeat import (
     DesiredMembers,
     answer_fields,
     check_problems,
-    checks_command,
     desired_message,
     gpu_fault_problems,
-    health_command,
-    report_command,
+    heartbeat_commands,
 )
 from synapse_ha.rpc.relay import RelayClient, RelayFailed
 from synapse_ha.rpc.server import ReplicaContext
@@ -417,14 +415,8 @@ class StreamServer:
             problem = describe(violations)
             raise _Refused(build_status(Reason.INVALID_FIELD, problem, {"field": "checks"}))
         ctx.liveness.heard(node_id, now)
-        # Health first: a member that died with its GPU is then the node's fault.
-        for command in (
-            health_command(state, node_id, faults, now),
-            checks_command(state, node_id, checks, now),
-            report_command(node_id, events, now, state.format_floor),
-        ):
-            if command is not None:
-                await self._commit(command, node_id)
+        for command in heartbeat_commands(state, node_id, faults, checks, events, now):
+            await self._commit(command, node_id)
         acked = len(events)
         async with stream.lock:
             if events or state.applied_commands < stream.version:

@@ -22,11 +22,9 @@ from synapse_ha.rpc.heartbeat import (
     DesiredMembers,
     answer_fields,
     check_problems,
-    checks_command,
     desired_message,
     gpu_fault_problems,
-    health_command,
-    report_command,
+    heartbeat_commands,
 )
 from synapse_ha.rpc.relay import MAX_RELAYED, relay_heartbeats
 from synapse_ha.rpc.server.context import ReplicaContext, _Base, _invalid, _required
@@ -139,18 +137,12 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
         if violations:
             abort_invalid(context, violations)
         self.ctx.liveness.heard(request.node_id, now)
-        # Health first: a member that died with its GPU is then the node's fault.
-        for command in (
-            health_command(state, request.node_id, faults, now),
-            checks_command(state, request.node_id, checks, now),
-            report_command(request.node_id, events, now, state.format_floor),
-        ):
-            if command is not None:
-                self._check(
-                    context,
-                    self._propose(context, command),
-                    (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
-                )
+        for command in heartbeat_commands(state, request.node_id, faults, checks, events, now):
+            self._check(
+                context,
+                self._propose(context, command),
+                (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
+            )
         term = self.ctx.backend.status().term
         state = self.ctx.backend.snapshot()
         desired = self._desired.of(state, request.node_id)
