@@ -185,13 +185,17 @@ def test_the_leader_stamps_a_relayed_node_as_heard_when_the_follower_received_it
         state = pair.leader.backend.state
         slow = dataclasses.replace(state.config.timeouts, heartbeat_interval_ms=120_000)
         state.config = dataclasses.replace(state.config, timeouts=slow)
-        time.sleep(0.3)  # the relay's current wait ends
-        c = connect(pair.streams, "n1", clients)
-        c.send(1, "n1")
-        time.sleep(0.4)
-        assert c.inbox.empty()
+        _wait("the relay to run", lambda: relay._wake is not None)
         loop = pair.streams._loop
         assert loop is not None and relay._wake is not None
+        # Woken, the relay sends one (empty) batch and then waits on the new period.
+        sent = relay.batches
+        loop.call_soon_threadsafe(relay._wake.set)
+        _wait("a batch after the wake", lambda: relay.batches > sent)
+        c = connect(pair.streams, "n1", clients)
+        c.send(1, "n1")
+        time.sleep(0.4)  # the time the heartbeat waits on the follower, which is measured
+        assert c.inbox.empty()
         loop.call_soon_threadsafe(relay._wake.set)
         assert c.receive().ack_seq == 1
         heard = pair.leader.ctx.liveness.heard_since_election("n1")
