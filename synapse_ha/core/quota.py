@@ -107,7 +107,9 @@ class QuotaShortfall:
 class QueueUsage:
     """Per-queue usage with the quota questions answered from it. A plain object a
     caller owns for one pass or one apply; :meth:`add` and :meth:`remove` keep it
-    current as gangs are placed or leave."""
+    current as gangs are placed or leave (and are the only way to change it: what a
+    queue may borrow is kept until the next change, since a pass asks it for every
+    pending gang and the tree's answer walks every queue of the cohorts above)."""
 
     def __init__(
         self,
@@ -118,6 +120,8 @@ class QueueUsage:
         self.queues = queues
         self.usage = usage
         self.tree = CohortTree(queues, cohorts or {}, lambda name: self.used(name).gpu)
+        self._borrowable: dict[str, int] = {}  # queue -> the tree's answer for this usage
+        self.version = 0  # counts the changes (add, remove): answers kept are for one
 
     @classmethod
     def of(cls, state: ClusterState, *, counting_preempted: bool = True) -> QueueUsage:
@@ -147,9 +151,13 @@ class QueueUsage:
 
     def add(self, queue: str, request: Resources) -> None:
         self.usage[queue] = self.usage.get(queue, ZERO) + request
+        self._borrowable.clear()
+        self.version += 1
 
     def remove(self, queue: str, request: Resources) -> None:
         self.usage[queue] = self.usage.get(queue, ZERO) - request
+        self._borrowable.clear()
+        self.version += 1
 
     def used(self, queue: str) -> Resources:
         return self.usage.get(queue, ZERO)
@@ -171,7 +179,10 @@ class QueueUsage:
     def borrowable(self, queue: str) -> int:
         """GPUs ``queue`` may borrow now beyond what it already borrows, through its
         cohort and the cohorts above it (:mod:`synapse_ha.core.cohort_tree`)."""
-        return self.tree.borrowable(queue)
+        answer = self._borrowable.get(queue)
+        if answer is None:
+            answer = self._borrowable[queue] = self.tree.borrowable(queue)
+        return answer
 
     def headroom_gpu(self, queue: str) -> int | None:
         """GPUs ``queue`` may still take (idle nominal + borrowable); None: no limit."""

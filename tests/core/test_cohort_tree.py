@@ -28,6 +28,7 @@ from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState, Resources
 from synapse_ha.core.quota import QueueUsage
 from synapse_ha.core.reasons import ReasonCode
+from synapse_ha.core.scheduler.order import ordered_pending
 from tests.core.harness import Cluster, job, node
 from tests.core.test_codec_decoders import assert_built_as_by_constructors
 from tests.core.test_properties import tree_breaches
@@ -185,6 +186,34 @@ def test_without_cohort_records_the_answers_are_the_flat_ones(
     u = QueueUsage(queues, {n: Resources(gpu=g) for n, g in used.items()})
     for name in queues:
         assert u.borrowable(name) == _flat_borrowable(queues, used, name), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([q.name for q in QUEUES]), st.integers(-8, 8)),
+        max_size=30,
+    )
+)
+def test_what_a_queue_may_borrow_follows_every_change_of_its_usage(
+    changes: list[tuple[str, int]],
+) -> None:
+    """The answers a usage keeps between changes are the tree's answers for the usage
+    at that moment, however the questions and changes interleave."""
+    u = usage({})
+    held = {q.name: 0 for q in QUEUES}
+    for name, delta in changes:
+        for q in QUEUES:  # asked (and kept) before the change
+            u.borrowable(q.name)
+        if delta >= 0:
+            u.add(name, Resources(gpu=delta))
+        else:
+            u.remove(name, Resources(gpu=-delta))
+        held[name] += delta
+        fresh = usage(held)
+        for q in QUEUES:
+            assert u.borrowable(q.name) == fresh.tree.borrowable(q.name), (q.name, held)
+            assert u.headroom_gpu(q.name) == fresh.headroom_gpu(q.name), (q.name, held)
 
 
 # ------------------------------------------------------------------------ records
@@ -519,3 +548,25 @@ def test_a_queue_of_a_parent_cohort_reclaims_only_what_a_child_team_borrows() ->
     mine = cl.submit(job(queue="o1", gpu=8))
     (preemption,) = cl.run_pass().preemptions
     assert preemption.victims[0].job_id in nephews
+
+
+def test_a_teams_share_in_the_order_follows_a_gang_placed_during_the_pass() -> None:
+    """The pass orders pending gangs lazily: a gang placed in team a (in a queue with
+    nothing pending) raises team a's share, and the next gang comes from team b even
+    though team a's next one was submitted first."""
+    cl = tree_cluster(
+        (Cohort("org"), Cohort("team-a", "org"), Cohort("team-b", "org")),
+        Queue("a1", gpu=8, cohort="team-a"),
+        Queue("a2", gpu=8, cohort="team-a"),
+        Queue("b1", gpu=16, cohort="team-b"),
+        nodes=1,
+    )
+    first = cl.submit(job(queue="a1", gpu=1))
+    second = cl.submit(job(queue="a1", gpu=1))
+    other = cl.submit(job(queue="b1", gpu=1))
+    u = QueueUsage.of(cl.state)
+    order = ordered_pending(cl.state, cl.now, u, set())
+    assert next(order).job_id == first  # every share 0: by submission
+    u.add("a2", Resources(gpu=8))  # team a now holds half its nominal; a1 still none
+    assert next(order).job_id == other
+    assert next(order).job_id == second

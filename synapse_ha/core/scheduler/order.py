@@ -80,7 +80,7 @@ def ordered_pending(
 class _Levels:
     """The shares of the cohorts above a queue, for one pass: the decayed GPU usage of
     every queue is worked out once (it does not change within a pass), what queues hold
-    now is read from ``usage`` at each question."""
+    now is read from ``usage``, each cohort's share once per change of it."""
 
     def __init__(self, state: ClusterState, usage: QueueUsage, now_ms: int) -> None:
         self.state = state
@@ -90,6 +90,9 @@ class _Levels:
             name: decayed(history, now_ms, self.half_life).gpu_ms
             for name, history in state.queue_history.items()
         }
+        self._below: dict[str, tuple[list[str], int]] = {}  # cohort -> its queues, nominal
+        self._shares: dict[str, int] = {}  # cohort -> its share at usage ``_version``
+        self._version = usage.version
 
     def shares(self, queue: Queue) -> tuple[int, ...]:
         """The shares of the cohorts from just below the root down to the queue's own,
@@ -100,8 +103,21 @@ class _Levels:
         return tuple(self._share(c) for c in reversed(path[:-1]))
 
     def _share(self, cohort: str) -> int:
-        tree = self.usage.tree
-        below = tree.queues_below(cohort)
+        if self._version != self.usage.version:
+            self._shares.clear()
+            self._version = self.usage.version
+        known = self._shares.get(cohort)
+        if known is not None:
+            return known
+        below_and_nominal = self._below.get(cohort)
+        if below_and_nominal is None:
+            tree = self.usage.tree
+            below_and_nominal = self._below[cohort] = (
+                tree.queues_below(cohort),
+                tree.nominal(cohort),
+            )
+        below, nominal = below_and_nominal
         held = sum(self.usage.used(q).gpu for q in below)
         past = sum(self.past.get(q, 0) for q in below)
-        return subtree_share(past, held, tree.nominal(cohort), self.half_life)
+        share = self._shares[cohort] = subtree_share(past, held, nominal, self.half_life)
+        return share
