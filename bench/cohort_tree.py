@@ -9,9 +9,10 @@ one (borrowed from the idle fourth), and
 * ``tree``: an organisation with ``teams`` teams, each with its own borrowing and
   lending limits, the queues spread over the teams (two levels of cohort records).
 
-For each shape: the median time of a whole pass (``schedule``) and of one
-``QueueUsage.headroom_gpu`` question (what admission asks per gang), over ``rounds``
-rounds. Prints JSON. ``--smoke`` runs a tiny version in a second.
+For each shape: the median time of a whole pass (``schedule``) and of the tree's answer
+to one queue's "how many GPUs may it still borrow" (``CohortTree.borrowable``: a pass
+asks it once per queue and change of usage), over ``rounds`` rounds, the two shapes'
+rounds interleaved. Prints JSON. ``--smoke`` runs a tiny version in a second.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,6 +52,9 @@ def _spec(queue: str) -> JobSpec:
     )  # fmt: skip
 
 
+SHAPES = ("flat", "tree")
+
+
 def build(shape: str, nodes: int, queues: int, teams: int, pending: int) -> ClusterState:
     state = ClusterState(format_floor=FORMAT)
     for i in range(nodes):
@@ -76,33 +81,47 @@ def build(shape: str, nodes: int, queues: int, teams: int, pending: int) -> Clus
     return state
 
 
-def _median_ms(fn: object, rounds: int) -> float:
+def _once_ms(fn: object) -> float:
     assert callable(fn)
-    times = []
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+def _every_question(usage: QueueUsage, names: list[str]) -> None:
+    """The tree's own answer for each queue, as a pass's first question of it gets it
+    (a usage keeps the answer until it changes)."""
+    for name in names:
+        usage.tree.borrowable(name)
+
+
+def measure(nodes: int, queues: int, teams: int, pending: int, rounds: int) -> list[dict]:
+    """Both shapes, their rounds interleaved (flat, tree, flat, ...) so that a change in
+    the machine's load between rounds falls on both alike."""
+    states = {shape: build(shape, nodes, queues, teams, pending) for shape in SHAPES}
+    passes: dict[str, list[float]] = {shape: [] for shape in SHAPES}
+    questions: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return round(statistics.median(times) * 1000, 3)
-
-
-def measure(shape: str, nodes: int, queues: int, teams: int, pending: int, rounds: int) -> dict:
-    state = build(shape, nodes, queues, teams, pending)
-    usage = QueueUsage.of(state)
-    names = sorted(state.queues)
-
-    def every_headroom() -> None:
-        for name in names:
-            usage.headroom_gpu(name)
-
-    running = sum(1 for j in state.jobs.values() if j.live_attempt() is not None)
-    return {
-        "shape": shape,
-        "cohort_records": len(state.cohorts),
-        "running_gangs": running,
-        "pass_ms": _median_ms(lambda: schedule(state, 4), rounds),
-        "headroom_us": round(_median_ms(every_headroom, rounds) * 1000 / len(names), 2),
-    }
+        for shape, state in states.items():
+            passes[shape].append(_once_ms(partial(schedule, state, 4)))
+            names = sorted(state.queues)
+            ask = partial(_every_question, QueueUsage.of(state), names)
+            questions[shape].append(_once_ms(ask) * 1000 / len(names))
+    out = []
+    for shape, state in states.items():
+        out.append(
+            {
+                "shape": shape,
+                "cohort_records": len(state.cohorts),
+                "running_gangs": sum(
+                    1 for j in state.jobs.values() if j.live_attempt() is not None
+                ),
+                "pass_ms": round(statistics.median(passes[shape]), 3),
+                "pass_ms_each_round": [round(v, 1) for v in passes[shape]],
+                "headroom_us": round(statistics.median(questions[shape]), 2),
+            }
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "teams": sizes[2],
         "pending": sizes[3],
         "rounds": sizes[4],
-        "shapes": [measure(shape, *sizes) for shape in ("flat", "tree")],
+        "shapes": measure(*sizes),
     }
     print(json.dumps(out, indent=2))
     return 0
