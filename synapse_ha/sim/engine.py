@@ -16,6 +16,7 @@ from typing import Any
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.cohort_tree import root_of
 from synapse_ha.core.dependencies import Dependencies, DependencyKind
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
@@ -57,7 +58,8 @@ def simulate(
 
     ``config`` is the simulated cluster's configuration (default: the defaults, with
     finished jobs purged at once); a configuration ``apply`` refuses raises ValueError.
-    The workload's queues are set through ``apply`` first (one refused raises ValueError).
+    The workload's cohort records and queues are set through ``apply`` first (one refused
+    raises ValueError).
 
     Preemption: the policy's ``Preempt`` commands are applied after its bind; every
     member of a victim exits (code 143, as after SIGTERM) ``grace_ms`` later, which
@@ -92,6 +94,10 @@ def build_cluster(workload: Workload, config: ClusterConfig) -> ClusterState:
     configured = apply(state, c.Configure(config))
     if not configured.ok:
         raise ValueError(f"cluster configuration: {configured.message}")
+    for cohort in workload.cohorts:
+        set_cohort = apply(state, c.SetCohort(cohort, 0))
+        if not set_cohort.ok:
+            raise ValueError(f"cohort {cohort.name}: {set_cohort.message}")
     for queue in workload.queues:
         set_queue = apply(state, c.SetQueue(queue, 0, "sim"))
         if not set_queue.ok:
@@ -151,7 +157,10 @@ class Run:
         self.free = FreeGpus(state)
         self.usage: Counter[str] = Counter()  # queue -> GPUs its live attempts hold
         self.nominal = {q.name: q.gpu for q in workload.queues if q.gpu}
-        self.cohort = {q.name: q.cohort for q in workload.queues}
+        # Each queue's tree (its root cohort; its own cohort without records): the
+        # queues a reclaim may take from.
+        records = {r.name: r for r in workload.cohorts}
+        self.cohort = {q.name: root_of(q.cohort, records) for q in workload.queues}
         self.meter = TenancyMeter(workload.queues) if workload.queues else None
         self.tally = Tally()
         self.series_alloc: list[tuple[float, float]] = []
@@ -442,7 +451,7 @@ class Run:
 
     def _reclaimable(self, starved: list[str], smallest: dict[str, int]) -> list[str]:
         """Of the ``starved`` queues, those whose smallest pending gang the other queues
-        of their cohort borrow enough GPUs for (see :mod:`synapse_ha.sim.fairness`)."""
+        of their cohort tree borrow enough GPUs for (see :mod:`synapse_ha.sim.fairness`)."""
         usage, nominal, cohort = self.usage, self.nominal, self.cohort
         out = []
         for q in starved:

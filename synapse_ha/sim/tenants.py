@@ -8,7 +8,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from synapse_ha.core.cluster_config import Queue
+from synapse_ha.core.cluster_config import Cohort, Queue
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 from synapse_ha.sim.trace import TraceJob
 from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
@@ -120,9 +120,13 @@ def multi_tenant(
     median_minutes: float = 20.0,
     checkpoint_minutes: tuple[float, float] | None = CHECKPOINT_MINUTES,
     max_hours: float = 4.0,
+    organisations: int = 0,
 ) -> Workload:
     """A seeded multi-tenant workload on ``hosts`` 8-GPU hosts, ``hosts_per_rack`` to a
     rack (2 racks to a block), with one queue per tenant, all in cohort ``research``.
+    With ``organisations`` (N >= 1), the cohort is a tree: ``research`` with N
+    organisation cohorts ``org-1``..``org-N`` below it, the tenants dealt to them in
+    turn (the same jobs: only the queues' cohorts differ).
 
     Job mix per tenant: whole-rack gangs (``rack_gangs``); of the rest 60 % one host of
     1-8 GPUs, 40 % gangs of 16 or 32 GPUs (8 per member), a third of those preferring
@@ -175,12 +179,32 @@ def multi_tenant(
             every = _checkpoint_ms(marks_rng, checkpoint_minutes)
             jobs.append(SimJob(at, spec, duration, f"{tenant.name}-user", checkpoint_ms=every))
     jobs.sort(key=lambda j: (j.arrival_ms, j.spec.name))
-    queues = tuple(Queue(t.name, gpu=t.gpu, cohort=COHORT) for t in tenants)
+    cohorts, queues = _tree(tenants, organisations)
     notes = (
         f"multi-tenant seed {seed}: {len(jobs)} jobs over {hours:g} h on {hosts} x 8 GPUs "
         f"(racks of {hosts_per_rack} hosts), {_described(tenants, checkpoint_minutes)}"
     )
-    return Workload("multi-tenant", nodes, tuple(jobs), notes, queues=queues)
+    if cohorts:
+        notes += "; " + ", ".join(
+            f"{r.name} under {r.parent}: " + ", ".join(q.name for q in queues if q.cohort == r.name)
+            for r in cohorts
+            if r.parent
+        )
+    return Workload("multi-tenant", nodes, tuple(jobs), notes, queues=queues, cohorts=cohorts)
+
+
+def _tree(
+    tenants: Sequence[Tenant], organisations: int
+) -> tuple[tuple[Cohort, ...], tuple[Queue, ...]]:
+    """The cohort records (parents first) and the tenants' queues: all in ``research``
+    without organisations, else dealt in turn to organisations below it."""
+    if organisations < 1:
+        return (), tuple(Queue(t.name, gpu=t.gpu, cohort=COHORT) for t in tenants)
+    orgs = tuple(Cohort(f"org-{i + 1}", COHORT) for i in range(organisations))
+    queues = tuple(
+        Queue(t.name, gpu=t.gpu, cohort=orgs[i % organisations].name) for i, t in enumerate(tenants)
+    )
+    return (Cohort(COHORT), *orgs), queues
 
 
 def _arrivals(

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from synapse_ha.core.cluster_config import Queue
+from synapse_ha.core.cluster_config import Cohort, Queue
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 
 GPU_NODE_CPU = 96_000
@@ -36,6 +36,9 @@ class Workload:
     # Queues set through the real apply before the first job arrives (none: the
     # built-in ``default`` queue only).
     queues: tuple[Queue, ...] = ()
+    # Cohort records, parents first, set through apply before the queues (none: every
+    # cohort a queue names is a flat one).
+    cohorts: tuple[Cohort, ...] = ()
 
     @property
     def total_gpus(self) -> int:

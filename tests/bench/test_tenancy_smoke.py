@@ -41,3 +41,19 @@ def test_the_heavy_tailed_smoke_run_reports_every_mode() -> None:
     assert report["workload"].startswith("heavy-tailed, 12 h of arrivals on 16 x 8 GPUs")
     assert set(report["summary"]["modes"]) == {"off", "blind", "topology"}
     assert "quota_back_within_pass_plus_grace" in report["per_seed"]["1"]["targets"]
+
+
+def test_the_tree_smoke_run_puts_the_queues_in_two_organisations() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--tree", "--smoke", "--seeds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["workload"].startswith("multi-tenant in a cohort tree of 2 organisations")
+    notes = report["per_seed"]["1"]["workload"]
+    assert "org-1 under research: team-a, team-c" in notes
+    assert "org-2 under research: team-b, team-d" in notes
+    assert set(report["summary"]["modes"]) == {"off", "blind", "topology"}

@@ -236,6 +236,24 @@ def test_multi_tenant_workload_is_seeded_and_has_its_patterns() -> None:
     assert all(j.checkpoint_ms == 0 for j in plain.jobs)
 
 
+def test_the_tree_workload_has_the_same_jobs_in_two_organisations() -> None:
+    flat = multi_tenant(seed=4, hours=3)
+    tree = multi_tenant(seed=4, hours=3, organisations=2)
+    assert tree.jobs == flat.jobs
+    assert {q.name: q.cohort for q in tree.queues} == {
+        "team-a": "org-1",
+        "team-b": "org-2",
+        "team-c": "org-1",
+        "team-d": "org-2",
+    }
+    state = build_cluster(tree, ClusterConfig(retention_ms=0))
+    assert {name: r.parent for name, r in state.cohorts.items()} == {
+        "research": "",
+        "org-1": "research",
+        "org-2": "research",
+    }
+
+
 def test_three_modes_side_by_side_on_a_small_run() -> None:
     tenants = (
         Tenant("x", 32, "steady", load=1.5),
