@@ -20,7 +20,9 @@ the backlogged queues looked like at the instant:
   nominal to level the shares (fair-sharing preemption) would raise the index.
 
 For each category, the gangs of queues above the backlogged queues' mean share that
-held the most GPU-time while it applied: job id, queue, GPUs, topology, when bound.
+held the most GPU-time while it applied (job id, queue, GPUs, topology, when bound), and
+the queues below that mean the longest, each with its smallest pending gang and the GPUs
+it misses to its nominal.
 ``series``: every 10 minutes, each queue's share, the backlogged queues and the index.
 
 Prints JSON (``--out`` also writes it); ``--smoke`` runs a tiny version in seconds.
@@ -46,6 +48,9 @@ from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import PASS_INTERVAL_MS
 from synapse_ha.sim.tenants import multi_tenant
 
+# An instant's start, index, category, the gangs of queues above the mean share (job
+# id, GPUs) and the queues below it (name, smallest pending gang, GPUs to nominal).
+_Open = tuple[int, float, str, list[tuple[str, int]], list[tuple[str, int, int]]]
 CATEGORIES = (
     "below_nominal_reclaimable",
     "below_nominal_unreclaimable",
@@ -61,15 +66,17 @@ class DiagnosedRun(Run):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.shortfall: Counter[str] = Counter()  # category -> (1 - index) x ms
+        self.shortfall: defaultdict[str, float] = defaultdict(float)  # category -> (1 - index) x ms
         self.time_in: Counter[str] = Counter()  # category -> ms
         self.index_area = 0.0
         self.index_ms = 0
         self.gang_excess: dict[str, Counter[str]] = defaultdict(Counter)  # category -> job
         self.gang_info: dict[str, dict[str, Any]] = {}
+        # category -> (queue, its smallest pending gang, GPUs it misses to nominal) -> ms
+        self.waiting: dict[str, Counter[tuple[str, int, int]]] = defaultdict(Counter)
         self.series: list[dict[str, Any]] = []
         self._next_sample = 0
-        self._open: tuple[int, float, str, list[tuple[str, int]]] | None = None
+        self._open: _Open | None = None
 
     def _observe(self, pending_count: int) -> None:
         super()._observe(pending_count)
@@ -104,6 +111,11 @@ class DiagnosedRun(Run):
         held = {q: shares[q] for q in smallest}
         mean = statistics.fmean(held.values())
         over = {q for q, s in held.items() if s > mean}
+        under = [
+            (q, smallest[q], self.nominal[q] - self.usage[q])
+            for q in sorted(held)
+            if held[q] < mean
+        ]
         gangs = []
         for job in self.state.live_jobs():
             attempt = job.live_attempt()
@@ -119,7 +131,7 @@ class DiagnosedRun(Run):
                     "bound_h": round(attempt.bound_at_ms / 3_600_000, 3),
                     "priority_class": job.spec.priority_class,
                 }
-        self._open = (now, index, category, gangs)
+        self._open = (now, index, category, gangs, under)
 
     def _category(self, smallest: dict[str, int], shares: dict[str, float]) -> str:
         below = [q for q in sorted(smallest) if shares[q] < 1.0]
@@ -136,7 +148,7 @@ class DiagnosedRun(Run):
 
     def _close(self, now: int) -> None:
         assert self._open is not None
-        since, index, category, gangs = self._open
+        since, index, category, gangs, under = self._open
         dt = now - since
         self._open = None
         if dt <= 0:
@@ -148,6 +160,8 @@ class DiagnosedRun(Run):
         excess = self.gang_excess[category]
         for job_id, gpus in gangs:
             excess[job_id] += gpus * dt
+        for key in under:
+            self.waiting[category][key] += dt
 
     def diagnosis(self) -> dict[str, Any]:
         """The figures, once the run is over (its last instant closed)."""
@@ -171,6 +185,15 @@ class DiagnosedRun(Run):
                 "gangs_over_the_mean": [
                     {"job": job_id, "gpu_h_held": round(v / 3_600_000, 1)} | self.gang_info[job_id]
                     for job_id, v in top
+                ],
+                "queues_under_the_mean": [
+                    {
+                        "queue": queue,
+                        "smallest_pending_gpus": gang,
+                        "gpus_to_nominal": missing,
+                        "hours": round(ms / 3_600_000, 2),
+                    }
+                    for (queue, gang, missing), ms in self.waiting[cat].most_common(TOP_GANGS)
                 ],
             }
         return out

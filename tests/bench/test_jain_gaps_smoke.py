@@ -24,5 +24,5 @@ def test_the_shortfall_is_split_into_categories_that_add_up_to_the_index() -> No
     for c in categories:
         assert c["index_without_it"] >= index
         if c["share_of_shortfall"] > 0:
-            assert c["gangs_over_the_mean"], c
+            assert c["gangs_over_the_mean"] and c["queues_under_the_mean"], c
     assert run["series"] and all("shares" in point for point in run["series"])
