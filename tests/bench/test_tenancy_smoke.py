@@ -6,16 +6,22 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tenancy.py"
 
 
-def test_tenancy_benchmark_smoke_run_reports_each_seed_and_the_spread() -> None:
+def _report(*flags: str, timeout: int = 120) -> dict[str, Any]:
+    """The benchmark's JSON report, run with ``flags``."""
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke"], capture_output=True, text=True, timeout=120
+        [sys.executable, str(BENCH), *flags], capture_output=True, text=True, timeout=timeout
     )
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_tenancy_benchmark_smoke_run_reports_each_seed_and_the_spread() -> None:
+    report = _report("--smoke")
     assert set(report["per_seed"]) == {"1", "2"}
     for seed in report["per_seed"].values():
         assert set(seed["modes"]) == {"off", "blind", "topology"}
@@ -30,28 +36,14 @@ def test_tenancy_benchmark_smoke_run_reports_each_seed_and_the_spread() -> None:
 
 
 def test_the_heavy_tailed_smoke_run_reports_every_mode() -> None:
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--heavy", "--smoke", "--seeds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    report = _report("--heavy", "--smoke", "--seeds", "1", timeout=300)
     assert report["workload"].startswith("heavy-tailed, 12 h of arrivals on 16 x 8 GPUs")
     assert set(report["summary"]["modes"]) == {"off", "blind", "topology"}
     assert "quota_back_within_pass_plus_grace" in report["per_seed"]["1"]["targets"]
 
 
 def test_the_tree_smoke_run_puts_the_queues_in_two_organisations() -> None:
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--tree", "--smoke", "--seeds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    report = _report("--tree", "--smoke", "--seeds", "1")
     assert report["workload"].startswith("multi-tenant in a cohort tree of 2 organisations")
     notes = report["per_seed"]["1"]["workload"]
     assert "org-1 under research: team-a, team-c" in notes

@@ -412,14 +412,19 @@ def test_apply_refuses_a_reclaim_from_another_tree() -> None:
 # ------------------------------------------------------------------ fair share
 
 
-def test_fair_share_compares_teams_before_their_queues() -> None:
-    cl = tree_cluster(
+def two_teams() -> Cluster:
+    """One node; team a (a1, a2: 8 GPUs each) and team b (b1: 16) under org."""
+    return tree_cluster(
         (Cohort("org"), Cohort("team-a", "org"), Cohort("team-b", "org")),
         Queue("a1", gpu=8, cohort="team-a"),
         Queue("a2", gpu=8, cohort="team-a"),
         Queue("b1", gpu=16, cohort="team-b"),
         nodes=1,
     )
+
+
+def test_fair_share_compares_teams_before_their_queues() -> None:
+    cl = two_teams()
     half_life = cl.state.config.fair_share_half_life_ms
     # Over one half-life: a1 held 16 GPUs (share 2), a2 none (0), b1 8 (0.5). Team a
     # used 16 of its 16 (1), team b 8 of its 16 (0.5).
@@ -554,13 +559,7 @@ def test_a_teams_share_in_the_order_follows_a_gang_placed_during_the_pass() -> N
     """The pass orders pending gangs lazily: a gang placed in team a (in a queue with
     nothing pending) raises team a's share, and the next gang comes from team b even
     though team a's next one was submitted first."""
-    cl = tree_cluster(
-        (Cohort("org"), Cohort("team-a", "org"), Cohort("team-b", "org")),
-        Queue("a1", gpu=8, cohort="team-a"),
-        Queue("a2", gpu=8, cohort="team-a"),
-        Queue("b1", gpu=16, cohort="team-b"),
-        nodes=1,
-    )
+    cl = two_teams()
     first = cl.submit(job(queue="a1", gpu=1))
     second = cl.submit(job(queue="a1", gpu=1))
     other = cl.submit(job(queue="b1", gpu=1))
