@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from synapse_ha.core.model import AttemptState, JobState, MemberState, NodeStatus
+from synapse_ha.core.model import AttemptState, ClusterState, Job, JobState, MemberState, NodeStatus
 
 S = TypeVar("S", bound=enum.Enum)
 E = TypeVar("E", bound=enum.Enum)
@@ -187,6 +187,14 @@ NODE: Lifecycle[NodeStatus, NodeEvent] = Lifecycle(
 )
 
 LIFECYCLES = (JOB, ATTEMPT, MEMBER, NODE)
+
+
+def move_job(state: ClusterState, job: Job, event: JobEvent) -> None:
+    """Move ``job`` of ``state`` along :data:`JOB` (the precondition checked already),
+    keeping the state's index of the jobs that hold resources."""
+    job.state = move(JOB, job.state, event)
+    state.job_state_changed(job)
+
 
 # The operator's SetNodeStatus target status -> the event it is.
 NODE_EVENT_FOR_STATUS: dict[NodeStatus, NodeEvent] = {

@@ -435,6 +435,10 @@ class ClusterState:
     arrays: dict[str, ArrayJob] = field(default_factory=dict)
     # The cohort tree (core/cohort_tree.py): cohort records by name, sorted by name.
     cohorts: dict[str, Cohort] = field(default_factory=dict)
+    # Derived, not replicated: the ids of the jobs holding resources, built on first use
+    # by :meth:`live_jobs` and kept by :meth:`job_state_changed` after every change of a
+    # job's state (None: not built yet).
+    _live: set[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order
@@ -477,12 +481,37 @@ class ClusterState:
         return slots
 
     def live_jobs(self) -> list[Job]:
-        """Jobs holding resources (scheduled or running), in the dictionary's order.
+        """Jobs holding resources (scheduled or running), in job id order.
 
-        Compared by identity, not through :attr:`JobState.holds_resources`: the leader
-        calls this on every housekeeping step, over every job, pending ones included."""
-        scheduled, running = JobState.SCHEDULED, JobState.RUNNING
-        return [j for j in self.jobs.values() if j.state is scheduled or j.state is running]
+        Read from an index of their ids (:meth:`live_ids`), not from a scan: the leader
+        calls this on every housekeeping step and in every pass that reserves, and there
+        may be far more finished and pending jobs than live ones."""
+        jobs = self.jobs
+        return [jobs[job_id] for job_id in sorted(self.live_ids())]
+
+    def live_ids(self) -> set[str]:
+        """The ids of the jobs holding resources: the index itself, built on first use
+        (a scan of every job) and kept by :meth:`job_state_changed`. Do not change it."""
+        live = self._live
+        if live is None:
+            scheduled, running = JobState.SCHEDULED, JobState.RUNNING
+            live = self._live = {
+                job_id
+                for job_id, j in self.jobs.items()
+                if j.state is scheduled or j.state is running
+            }
+        return live
+
+    def job_state_changed(self, job: Job) -> None:
+        """Keep the index of :meth:`live_jobs` after ``job``'s state changed or it was
+        removed from :attr:`jobs` (every change of a job's state must call this)."""
+        live = self._live
+        if live is None:
+            return
+        if job.state.holds_resources and job.job_id in self.jobs:
+            live.add(job.job_id)
+        else:
+            live.discard(job.job_id)
 
 
 # ---------------------------------------------------------------- job predicates

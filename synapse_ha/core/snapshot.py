@@ -196,7 +196,7 @@ def full_copy(state: ClusterState) -> ClusterState:
 _COUNTERS = tuple(
     f.name
     for f in dataclasses.fields(ClusterState)
-    if f.name not in ("config", "nodes", "jobs", "request_ids", "tokens")
+    if f.name not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live")
 )
 
 
@@ -241,6 +241,7 @@ class SnapshotBuilder:
         )
         for name in _COUNTERS:
             setattr(snap, name, clone(getattr(state, name)))
+        snap._live = set(state.live_ids())  # built once on the live state, then kept
         changes.clear()
         changes.shared = True
         self._last = snap

@@ -132,7 +132,7 @@ def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
 def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
     """Commands stopping every live attempt whose time limit has passed at ``now_ms``."""
     due = []
-    for job in sorted(state.live_jobs(), key=attrgetter("job_id")):
+    for job in state.live_jobs():  # in job id order
         deadline = time_limit_deadline(job)
         if deadline is not None and now_ms >= deadline:
             due.append(ExpireTimeLimit(job.job_id, job.fencing_token, now_ms))
@@ -157,7 +157,7 @@ def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
     late ranks and their nodes; ``jitter_seed`` is 0 (the proposer fills in its own)."""
     timeout = state.config.start_timeout_ms
     due = []
-    for job in sorted(state.live_jobs(), key=attrgetter("job_id")):
+    for job in state.live_jobs():  # in job id order
         attempt = job.attempt
         if attempt is None or now_ms < attempt.bound_at_ms + timeout or attempt.preempted_by:
             continue  # a preempted attempt stops within its grace period instead

@@ -192,6 +192,11 @@ def protected_victims(state: ClusterState, preempt: c.Preempt, now: int) -> list
     return out
 
 
+def live_by_scan(state: ClusterState) -> set[str]:
+    """The ids of the jobs holding resources, found by looking at every job."""
+    return {job_id for job_id, j in state.jobs.items() if j.state.holds_resources}
+
+
 class DependentSubmissions(RuleBasedStateMachine):
     """The rule both machines share: jobs that wait for other jobs."""
 
@@ -219,6 +224,11 @@ class DependentSubmissions(RuleBasedStateMachine):
         result = self.do(c.SubmitJob(spec, f"dep-{request}", self.now))
         if result.ok and self.state.jobs[result.job_id].waiting_for:
             self.saw_dependency_wait = True
+
+    @invariant()
+    def the_live_index_is_the_jobs_holding_resources(self) -> None:
+        # Built at the first check, then kept by apply through every later command.
+        assert self.state.live_ids() == live_by_scan(self.state)
 
 
 class ClusterMachine(DependentSubmissions):

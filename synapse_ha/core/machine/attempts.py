@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.fairshare import add_usage
-from synapse_ha.core.lifecycle import ATTEMPT, JOB, NODE, move
+from synapse_ha.core.lifecycle import ATTEMPT, NODE, move, move_job
 from synapse_ha.core.machine.checkpoints import keep_resume_step
 from synapse_ha.core.machine.dependencies import settle
 from synapse_ha.core.model import (
@@ -116,7 +116,7 @@ def release_held(state: ClusterState, job: Job, rank: int) -> bool:
 def finish(state: ClusterState, job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
     """End ``job`` for good (``event`` leads to a final state), and resolve the
     dependencies of the jobs that wait on it (cancelling those that can never run)."""
-    _final(job, event, why, now)
+    _final(state, job, event, why, now)
     settle_dependants(state, job, now)
 
 
@@ -124,12 +124,12 @@ def settle_dependants(state: ClusterState, job: Job, now: int) -> None:
     """``job`` started or finished: resolve the dependencies of the jobs waiting on it
     (or, for a task, on its array)."""
     if job.dependants or job.array_id:
-        cancel = lambda waiting, never: _final(waiting, lc.JobEvent.CANCEL, never, now)  # noqa: E731
+        cancel = lambda waiting, never: _final(state, waiting, lc.JobEvent.CANCEL, never, now)  # noqa: E731
         settle(state, job, cancel, now)
 
 
-def _final(job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
-    job.state = move(JOB, job.state, event)
+def _final(state: ClusterState, job: Job, event: lc.JobEvent, why: Reason, now: int) -> None:
+    move_job(state, job, event)
     job.reason = why
     job.finished_at_ms = now
     job.lost_attempt = None  # kept only while the job is not final
@@ -183,7 +183,7 @@ def requeue_attempt(state: ClusterState, job: Job, cause: Reason, now: int) -> N
         )
         return
     job.requeues += 1
-    job.state = move(JOB, job.state, lc.JobEvent.REQUEUE)
+    move_job(state, job, lc.JobEvent.REQUEUE)
     job.retry_not_before_ms = now
     job.reason = reason(
         REQUEUE_CODES[cause.code],
@@ -204,7 +204,7 @@ def end_preempted(state: ClusterState, job: Job, now: int) -> None:
         ReasonCode.PREEMPTED, preemptor=attempt.preempted_by, kind=attempt.preemption.value
     )
     end_attempt(state, job, lc.AttemptEvent.REQUEUE, outcome, now)
-    job.state = move(JOB, job.state, lc.JobEvent.REQUEUE)
+    move_job(state, job, lc.JobEvent.REQUEUE)
     job.retry_not_before_ms = now
     job.reason = reason(
         ReasonCode.REQUEUED_PREEMPTED,
@@ -222,7 +222,7 @@ def fail_attempt_and_retry(state: ClusterState, job: Job, why: Reason, seed: int
     if job.retries_used < job.spec.retries.max_retries:
         delay = retry_delay_ms(job.spec, number, seed, job.job_id)
         job.retries_used += 1
-        job.state = move(JOB, job.state, lc.JobEvent.RETRY)
+        move_job(state, job, lc.JobEvent.RETRY)
         job.retry_not_before_ms = now + delay
         job.reason = reason(
             ReasonCode.RETRY_BACKOFF,

@@ -11,7 +11,7 @@ from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
 from synapse_ha.core.health import fault_of, unfit_owners
-from synapse_ha.core.lifecycle import JOB, move
+from synapse_ha.core.lifecycle import move_job
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import (
     FEATURE_IMAGES,
@@ -251,7 +251,7 @@ def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
         bound_at_ms=now,
         member_status=[MemberStatus() for _ in p.members],
     )
-    job.state = move(JOB, job.state, lc.JobEvent.BIND)
+    move_job(state, job, lc.JobEvent.BIND)
     hosts = len({m.node_id for m in p.members})
     job.reason = reason(ReasonCode.BOUND, attempt=job.attempts_made, hosts=hosts)
 

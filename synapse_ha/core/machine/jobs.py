@@ -258,6 +258,7 @@ def _purge_finished(state: ClusterState, c: cmd.PurgeFinished, now: int) -> Resu
     purged = []
     for job_id in gone:
         job = state.jobs.pop(job_id)
+        state.job_state_changed(job)
         purged.append(job)
         if state.request_ids.get(job.request_id) == job_id:
             del state.request_ids[job.request_id]

@@ -10,7 +10,7 @@ import dataclasses
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
-from synapse_ha.core.lifecycle import ATTEMPT, JOB, MEMBER, move
+from synapse_ha.core.lifecycle import ATTEMPT, MEMBER, move, move_job
 from synapse_ha.core.machine.attempts import (
     end_attempt,
     end_attempt_for,
@@ -114,7 +114,7 @@ def _live_member_event(
     if attempt.state is AttemptState.BOUND:
         attempt.state = move(ATTEMPT, attempt.state, lc.AttemptEvent.START)
     if job.state is JobState.SCHEDULED:
-        job.state = move(JOB, job.state, lc.JobEvent.START)
+        move_job(state, job, lc.JobEvent.START)
         job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number)
         settle_dependants(state, job, now)  # ``after`` dependencies are met now
     if event.kind is cmd.MemberEventKind.STARTED:
