@@ -571,7 +571,8 @@ class ClusterMachine(DependentSubmissions):
             return
         forget_node(self.preempted, node_id)
         for _ in range(data.draw(st.integers(0, len(attempt.members)))):
-            if job.lost_attempt is None:
+            # Read afresh: a command may replace a record (copy-on-write, SnapshotMachine).
+            if self.state.jobs[job.job_id].lost_attempt is None:
                 break
             self.late_report(
                 data,
@@ -598,6 +599,7 @@ class ClusterMachine(DependentSubmissions):
             job.job_id, lost.fencing_token, rank, c.MemberEventKind.EXITED, exit_code, "", cause
         )
         self.do(c.ReportMembers(lost.nodes[rank], (late,), 0, self.now))
+        job = self.state.jobs[job.job_id]  # afresh: the command may have replaced it
         success = exit_code == 0 and cause is c.ExitCause.PROGRAM
         completes = success and set(lost.exited_zero) | {rank} == set(range(len(lost.nodes)))
         assert (job.state is JobState.SUCCEEDED) == completes
