@@ -19,8 +19,8 @@ Runs, each on the same jobs as FIFO's run of its row:
   the same workload with a time limit on every job (1.2-3x its duration, as the 30%
   have), so that every reservation knows when it starts and backfill can use its nodes.
 
-For each run: mean queueing delay of all jobs, and the big gangs' (more than one rack's
-GPUs) p50, mean, p99 and max; for each ``ours*`` run its ratios to the FIFO run on the
+For each run: mean queueing delay of all jobs, and the big gangs' (64 GPUs or more, a
+rack's worth) p50, mean, p99 and max; for each ``ours*`` run its ratios to the FIFO run on the
 same jobs, against the targets (mean ≤ 1.5x; big-gang p99 and max ≤ 1x).
 
 Prints JSON (``--out`` also writes it); ``--smoke`` runs a tiny version in seconds.
