@@ -43,10 +43,8 @@ replica runs this release.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from synapse_ha.core import commands as cmd
@@ -54,6 +52,7 @@ from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
 from synapse_ha.core.codec_from_plain import from_plain
 from synapse_ha.core.codec_to_plain import to_plain, to_plain_compact
 from synapse_ha.core.codec_v1 import upgrade_command_v1, upgrade_state_v1
+from synapse_ha.core.collector import collector_paused
 from synapse_ha.core.model import ClusterState
 
 # Version 2: reasons and attempt outcomes are Reason values (code, params, cause), not
@@ -121,28 +120,12 @@ def decode_command(data: bytes) -> cmd.Command:
     return result
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a whole state is encoded or decoded.
-    Those build hundreds of thousands of containers that are not garbage, and the
-    collections their allocations trigger would walk the growing tree again and again: a
-    third of the time of a large state's encoding or more. The output is the same either
-    way."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def encode_state(state: ClusterState) -> bytes:
     """The whole state, canonical: equal states give equal bytes. Compact (each
     dataclass a list of its field values) once the replicated ``config.compact_state``
     says so; every replica applies the same config, so they still write the same bytes."""
     walk = to_plain_compact if state.config.compact_state else to_plain
-    with _collector_paused():
+    with collector_paused():
         return _dumps({"v": STATE_VERSION, "state": walk(state)})
 
 
@@ -151,7 +134,7 @@ def decode_state(data: bytes, parse: Parse | None = None) -> ClusterState:
     that gives what ``json.loads`` gives for what it accepts; a replica passes one in
     from outside the core, :mod:`synapse_ha.raft.snapshot_file`): the result is the
     same with or without it."""
-    with _collector_paused():
+    with collector_paused():
         return _decode_state(data, parse)
 
 

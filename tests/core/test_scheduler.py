@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -614,3 +615,31 @@ def test_configure_refuses_a_negative_or_absurd_locality_wait() -> None:
     assert codec.decode_command(codec.encode_command(command)) == command
     assert cl.do(command).ok
     assert cl.state.config.locality_wait_ms == 0
+
+
+def test_a_pass_runs_with_the_collector_paused_and_leaves_it_as_it_was() -> None:
+    # A cold pass builds hundreds of thousands of containers that live on; collections
+    # triggered by them found nothing and took two fifths of a pass at 10,000 nodes.
+    cl = Cluster()
+    cl.add(node("n1", gpus=8))
+    cl.submit(job("fits", gpu=8))
+    cl.submit(job("waits", gpu=8))
+    during: list[bool] = []
+    assert gc.isenabled()
+    plan = schedule(cl.state, 0, lambda _job, _placed: during.append(gc.isenabled()))
+    assert [p.job_id for p in plan.placements] == ["job-000001"]
+    assert during == [False, False]
+    assert gc.isenabled()
+
+    def fails(_job: str, _placed: bool) -> None:
+        raise RuntimeError("a decision's observer failed")
+
+    with pytest.raises(RuntimeError):
+        schedule(cl.state, 0, fails)
+    assert gc.isenabled()  # enabled again, also when the pass raised
+    gc.disable()
+    try:
+        assert schedule(cl.state, 0) == plan
+        assert not gc.isenabled()  # left off, as it was
+    finally:
+        gc.enable()

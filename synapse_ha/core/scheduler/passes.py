@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from synapse_ha.core.arrays import throttle_reason
 from synapse_ha.core.cluster_config import PreemptionMode
+from synapse_ha.core.collector import collector_paused
 from synapse_ha.core.commands import GangPlacement
 from synapse_ha.core.model import ClusterState, Job, JobSpec, Resources, unconfirmed_members
 from synapse_ha.core.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
@@ -114,7 +115,19 @@ def run(
     cache: CapacityCache | None = None,
     recall: bool = True,
 ) -> PassEnd:
-    """:func:`schedule`, with the pass's end (:class:`PassEnd`)."""
+    """:func:`schedule`, with the pass's end (:class:`PassEnd`). The cyclic garbage
+    collector is paused for the pass (:mod:`synapse_ha.core.collector`)."""
+    with collector_paused():
+        return _run(state, now_ms, on_decision, cache, recall)
+
+
+def _run(
+    state: ClusterState,
+    now_ms: int,
+    on_decision: Callable[[str, bool], None] | None,
+    cache: CapacityCache | None,
+    recall: bool,
+) -> PassEnd:
     cached = cache.borrow(state) if cache is not None else CachedTable(state)
     table = cached.table
     # Should _plan raise, the table may be mid-change: it is dropped, never reused.
