@@ -17,7 +17,7 @@ measurement for one interpreter:
 With ``--profile DIR`` the leader is sampled by ``py-spy`` (``pip install py-spy``, the
 ``bench`` extra) during each measured phase, and the profile summary (the functions with
 the most samples, by self and by total time, and the samples per submission / per bound
-member) goes into the JSON report.
+member) goes into the JSON report; in part (a) one follower is sampled as well.
 
 Prints one JSON object and writes it to ``bench/results/throughput.json`` (``--smoke``:
 a tiny run that takes seconds, written nowhere unless ``--out`` is given).
@@ -334,7 +334,10 @@ def bench_submissions(
         split_before = _proc_user_system_s(leader.pid)
         switches_before = _context_switches(leader.pid)
         followers_before = sum(_proc_cpu_s(r.pid) for r in followers)
-        with Profiler(profile, "submit", leader) as spy:
+        with (
+            Profiler(profile, "submit", leader) as spy,
+            Profiler(profile, "submit-follower", followers[0]) as follower_spy,
+        ):
             started, finished, acked, distinct, generators_cpu = run_generators(
                 cluster, specs, processes, window, "s"
             )
@@ -370,6 +373,9 @@ def bench_submissions(
         summary = spy.summary(acked)
         if summary is not None:
             report["profile"] = summary
+        summary = follower_spy.summary(acked)
+        if summary is not None:
+            report["profile_follower"] = summary
         return report
     except Exception:
         print(cluster.logs(), file=sys.stderr)

@@ -11,6 +11,7 @@ only :func:`synapse_ha.core.machine.apply` changes them.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
 
@@ -439,6 +440,16 @@ class ClusterState:
     # by :meth:`live_jobs` and kept by :meth:`job_state_changed` after every change of a
     # job's state (None: not built yet).
     _live: set[str] | None = field(default=None, init=False, repr=False, compare=False)
+    # Derived, not replicated: node id -> the ids of the unfinished jobs whose current
+    # attempt has a member on it, sorted (:meth:`jobs_on_node`), and the same relation by
+    # job. Built on first use, kept by :meth:`job_state_changed`; values are tuples, never
+    # changed in place, so a snapshot shares them (None: not built yet).
+    _on_node: dict[str, tuple[str, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _nodes_of: dict[str, tuple[str, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order
@@ -502,16 +513,82 @@ class ClusterState:
             }
         return live
 
+    def jobs_on_node(self, node_id: str) -> tuple[str, ...]:
+        """The ids of the unfinished jobs whose current attempt has a member on
+        ``node_id``, in job id order: every job that may want a member there (a live
+        attempt's, or an ended attempt's not yet known to have stopped). Read from an
+        index kept by :meth:`job_state_changed`, so a heartbeat costs its node's jobs, not
+        every job's."""
+        on_node = self._on_node
+        if on_node is None:
+            on_node = self._build_node_index()
+        return on_node.get(node_id, ())
+
+    def node_index(self) -> dict[str, tuple[str, ...]]:
+        """The index of :meth:`jobs_on_node` itself (built on first use). Do not change it."""
+        on_node = self._on_node
+        return on_node if on_node is not None else self._build_node_index()
+
+    def _build_node_index(self) -> dict[str, tuple[str, ...]]:
+        nodes_of: dict[str, tuple[str, ...]] = {}
+        members: dict[str, list[str]] = {}
+        for job_id in sorted(self.jobs):
+            nodes = _attempt_nodes(self.jobs[job_id])
+            if nodes:
+                nodes_of[job_id] = nodes
+                for node_id in nodes:
+                    members.setdefault(node_id, []).append(job_id)
+        self._nodes_of = nodes_of
+        on_node = self._on_node = {node_id: tuple(ids) for node_id, ids in members.items()}
+        return on_node
+
     def job_state_changed(self, job: Job) -> None:
-        """Keep the index of :meth:`live_jobs` after ``job``'s state changed or it was
-        removed from :attr:`jobs` (every change of a job's state must call this)."""
+        """Keep the indexes of :meth:`live_jobs` and :meth:`jobs_on_node` after ``job``'s
+        state or attempt changed or it was removed from :attr:`jobs` (every change of a
+        job's state, and every new attempt, must call this)."""
+        present = job.job_id in self.jobs
         live = self._live
-        if live is None:
+        if live is not None:
+            if job.state.holds_resources and present:
+                live.add(job.job_id)
+            else:
+                live.discard(job.job_id)
+        on_node, nodes_of = self._on_node, self._nodes_of
+        if on_node is None:
             return
-        if job.state.holds_resources and job.job_id in self.jobs:
-            live.add(job.job_id)
+        if nodes_of is None:  # a snapshot's index: rebuilt on its next use
+            self._on_node = None
+            return
+        job_id = job.job_id
+        old = nodes_of.get(job_id, ())
+        new = _attempt_nodes(job) if present else ()
+        if old == new:
+            return
+        for node_id in old:
+            if node_id not in new:
+                left = tuple(i for i in on_node[node_id] if i != job_id)
+                if left:
+                    on_node[node_id] = left
+                else:
+                    del on_node[node_id]
+        for node_id in new:
+            if node_id not in old:
+                ids = on_node.get(node_id, ())
+                at = bisect.bisect_left(ids, job_id)
+                on_node[node_id] = (*ids[:at], job_id, *ids[at:])
+        if new:
+            nodes_of[job_id] = new
         else:
-            live.discard(job.job_id)
+            nodes_of.pop(job_id, None)
+
+
+def _attempt_nodes(job: Job) -> tuple[str, ...]:
+    """The distinct nodes of ``job``'s current attempt while the job is not finished, in
+    rank order of their first member (none for a finished job or one never bound)."""
+    attempt = job.attempt
+    if attempt is None or job.state.finished:
+        return ()
+    return tuple(dict.fromkeys(m.node_id for m in attempt.members))
 
 
 # ---------------------------------------------------------------- job predicates

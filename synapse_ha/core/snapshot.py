@@ -196,7 +196,8 @@ def full_copy(state: ClusterState) -> ClusterState:
 _COUNTERS = tuple(
     f.name
     for f in dataclasses.fields(ClusterState)
-    if f.name not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live")
+    if f.name
+    not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live", "_on_node", "_nodes_of")
 )
 
 
@@ -242,6 +243,7 @@ class SnapshotBuilder:
         for name in _COUNTERS:
             setattr(snap, name, clone(getattr(state, name)))
         snap._live = set(state.live_ids())  # built once on the live state, then kept
+        snap._on_node = dict(state.node_index())  # its values are never changed in place
         changes.clear()
         changes.shared = True
         self._last = snap

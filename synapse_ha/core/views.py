@@ -42,91 +42,99 @@ def start_timeout_reason(state: ClusterState, job: Job) -> Reason:
 
 def desired_by_node(state: ClusterState) -> dict[str, list[DesiredMember]]:
     """What every node should be running: ``{node_id: members}`` for each node with
-    members of a live attempt, each list ordered by (job id, rank). One pass over the
-    jobs serves every node, so heartbeats share it per state version."""
+    members of a live attempt, each list ordered by (job id, rank). One pass over every
+    job: a heartbeat asks :func:`desired_members` instead, which reads its node's jobs
+    from the state's index."""
     wanted: dict[str, list[DesiredMember]] = {}
     for job_id in sorted(state.jobs):
-        job = state.jobs[job_id]
-        attempt = job.live_attempt()
-        if attempt is None:
-            _add_ended_unstarted(state, job, wanted)
-            continue
-        hosts = tuple(
-            state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
-            for m in attempt.members
-        )
-        launch = LaunchSpec.of(job.spec)  # shared by every member of the gang
-        per_node: dict[str, int] = {}
-        for member in attempt.members:
-            per_node[member.node_id] = per_node.get(member.node_id, 0) + 1
-        local_ranks: dict[str, int] = {}
-        for member in attempt.members:
-            local_rank = local_ranks.get(member.node_id, 0)
-            local_ranks[member.node_id] = local_rank + 1
-            wanted.setdefault(member.node_id, []).append(
+        for member in job_desired(state, state.jobs[job_id]):
+            wanted.setdefault(member.node_id, []).append(member.desired)
+    return wanted
+
+
+def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
+    """Members ``node_id`` should run (of live attempts, and ended ones not yet known to
+    have stopped), ordered by (job id, rank): ``desired_by_node(state)[node_id]``, at
+    the cost of the node's own jobs (:meth:`ClusterState.jobs_on_node`)."""
+    jobs = state.jobs
+    return [
+        member.desired
+        for job_id in state.jobs_on_node(node_id)
+        for member in job_desired(state, jobs[job_id], node_id)
+    ]
+
+
+class Placed:
+    """A desired member and the node it is for."""
+
+    __slots__ = ("desired", "node_id")
+
+    def __init__(self, node_id: str, desired: DesiredMember) -> None:
+        self.node_id = node_id
+        self.desired = desired
+
+
+def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> list[Placed]:
+    """The members ``job`` wants run, in rank order, on ``node_id`` alone when given: every
+    member of its live attempt, or (without one) the members of its ended attempt never
+    reported running nor exited, marked ``ended``: without them in its desired list, a
+    worker that never started such a member would never report it stopped, and the job
+    would wait for it forever."""
+    attempt = job.live_attempt()
+    ended = attempt is None
+    if ended:
+        attempt = job.attempt
+        ranks = unconfirmed_members(job)
+        if attempt is None or not ranks:
+            return []
+        # Reported running: its worker knows it and reports its exit.
+        picked = [r for r in ranks if attempt.member_status[r].state is MemberState.BOUND]
+    else:
+        assert attempt is not None
+        picked = list(range(len(attempt.members)))
+    members = attempt.members
+    if node_id is not None:
+        picked = [r for r in picked if members[r].node_id == node_id]
+    if not picked:
+        return []
+    nodes = state.nodes
+    hosts = tuple(
+        nodes[m.node_id].info.address if m.node_id in nodes else m.node_id for m in members
+    )
+    launch = LaunchSpec.of(job.spec)  # shared by every member of the gang
+    per_node: dict[str, int] = {}
+    local_rank_of: list[int] = []
+    for member in members:
+        seen = per_node.get(member.node_id, 0)
+        local_rank_of.append(seen)
+        per_node[member.node_id] = seen + 1
+    out = []
+    for rank in picked:
+        member = members[rank]
+        out.append(
+            Placed(
+                member.node_id,
                 DesiredMember(
-                    job_id=job_id,
+                    job_id=job.job_id,
                     attempt=attempt.number,
                     fencing_token=attempt.fencing_token,
                     rank=member.rank,
-                    world_size=len(attempt.members),
-                    local_rank=local_rank,
-                    local_world_size=per_node[member.node_id],
+                    world_size=len(members),
+                    local_rank=0 if ended else local_rank_of[rank],
+                    local_world_size=1 if ended else per_node[member.node_id],
                     gpus=member.gpus,
                     master_addr=hosts[0],
                     master_port=attempt.master_port,
                     member_hosts=hosts,
                     spec=launch,
                     owner=job.owner,
-                    preempt_deadline_ms=attempt.preempt_deadline_ms,
-                    resume_step=job.resume_step,
-                )
-            )
-    return wanted
-
-
-def _add_ended_unstarted(
-    state: ClusterState, job: Job, wanted: dict[str, list[DesiredMember]]
-) -> None:
-    """The members of ``job``'s ended attempt never reported running nor exited, marked
-    ``ended``: without them in its desired list, a worker that never started such a
-    member would never report it stopped, and the job would wait for it forever."""
-    attempt = job.attempt
-    ranks = unconfirmed_members(job)
-    if attempt is None or not ranks:
-        return
-    hosts = tuple(
-        state.nodes[m.node_id].info.address if m.node_id in state.nodes else m.node_id
-        for m in attempt.members
-    )
-    launch = LaunchSpec.of(job.spec)
-    for rank in ranks:
-        if attempt.member_status[rank].state is not MemberState.BOUND:
-            continue  # reported running: its worker knows it and reports its exit
-        member = attempt.members[rank]
-        wanted.setdefault(member.node_id, []).append(
-            DesiredMember(
-                job_id=job.job_id,
-                attempt=attempt.number,
-                fencing_token=attempt.fencing_token,
-                rank=member.rank,
-                world_size=len(attempt.members),
-                local_rank=0,
-                local_world_size=1,
-                gpus=member.gpus,
-                master_addr=hosts[0],
-                master_port=attempt.master_port,
-                member_hosts=hosts,
-                spec=launch,
-                owner=job.owner,
-                ended=True,
+                    preempt_deadline_ms=0 if ended else attempt.preempt_deadline_ms,
+                    resume_step=None if ended else job.resume_step,
+                    ended=ended,
+                ),
             )
         )
-
-
-def desired_members(state: ClusterState, node_id: str) -> list[DesiredMember]:
-    """Members of live attempts bound to ``node_id``, ordered by (job id, rank)."""
-    return desired_by_node(state).get(node_id, [])
+    return out
 
 
 def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:

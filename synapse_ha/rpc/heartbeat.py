@@ -18,7 +18,7 @@ from synapse_ha.core.formats import format_needed
 from synapse_ha.core.health import GpuFault, NodeCheck, conditions_differ, unhealthy_gpus
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.node_checks import check_node_checks
-from synapse_ha.core.views import desired_by_node
+from synapse_ha.core.views import desired_members
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -111,21 +111,40 @@ def heartbeat_commands(
 
 
 class DesiredMembers:
-    """The members each node should run, computed once per snapshot version and shared
-    by every heartbeat answered from it (outside the apply lock: states are snapshots)."""
+    """The members each node should run (:func:`desired_members`), remembered per node
+    with the records they were computed from: the node's jobs and those jobs' nodes.
+    Copy-on-write snapshots replace a record that a command changes, so an answer is
+    reused, from any snapshot, for as long as every one of those records is the same
+    object; a heartbeat costs its own node's jobs, and a version move elsewhere costs it
+    nothing."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._version = -1
-        self._by_node: dict[str, list[DesiredMember]] = {}
+        self._known: dict[str, tuple[tuple[object, ...], list[DesiredMember]]] = {}
 
     def of(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
+        jobs, nodes = state.jobs, state.nodes
+        key: list[object] = []
+        for job_id in state.jobs_on_node(node_id):
+            job = jobs[job_id]
+            key.append(job)
+            if job.attempt is not None:
+                key.extend(nodes.get(m.node_id) for m in job.attempt.members)
         with self._lock:
-            # A heartbeat holding an older snapshot than another's gets the newer answer.
-            if self._version < state.applied_commands:
-                self._by_node = desired_by_node(state)
-                self._version = state.applied_commands
-            return self._by_node.get(node_id, [])
+            known = self._known.get(node_id)
+            if known is not None and _same(known[0], key):
+                return known[1]
+        members = desired_members(state, node_id)
+        with self._lock:
+            if key:
+                self._known[node_id] = (tuple(key), members)
+            else:
+                self._known.pop(node_id, None)
+        return members
+
+
+def _same(old: tuple[object, ...], new: list[object]) -> bool:
+    return len(old) == len(new) and all(a is b for a, b in zip(old, new, strict=True))
 
 
 def answer_fields(state: ClusterState, node_id: str) -> dict[str, Any]:

@@ -45,7 +45,12 @@ from synapse_ha.core.model import (
 from synapse_ha.core.quota import gang_request
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
-from synapse_ha.core.views import desired_by_node, due_start_timeouts, due_time_limits
+from synapse_ha.core.views import (
+    desired_by_node,
+    desired_members,
+    due_start_timeouts,
+    due_time_limits,
+)
 from tests.core.harness import job, node
 from tests.core.test_codec_decoders import assert_built_as_by_constructors
 
@@ -197,6 +202,19 @@ def live_by_scan(state: ClusterState) -> set[str]:
     return {job_id for job_id, j in state.jobs.items() if j.state.holds_resources}
 
 
+def node_index_by_scan(state: ClusterState) -> dict[str, tuple[str, ...]]:
+    """Per node, the unfinished jobs whose current attempt has a member there, found by
+    looking at every job."""
+    found: dict[str, list[str]] = {}
+    for job_id in sorted(state.jobs):
+        job = state.jobs[job_id]
+        if job.attempt is None or job.state.finished:
+            continue
+        for node_id in sorted({m.node_id for m in job.attempt.members}):
+            found.setdefault(node_id, []).append(job_id)
+    return {node_id: tuple(ids) for node_id, ids in found.items()}
+
+
 class DependentSubmissions(RuleBasedStateMachine):
     """The rule both machines share: jobs that wait for other jobs."""
 
@@ -229,6 +247,14 @@ class DependentSubmissions(RuleBasedStateMachine):
     def the_live_index_is_the_jobs_holding_resources(self) -> None:
         # Built at the first check, then kept by apply through every later command.
         assert self.state.live_ids() == live_by_scan(self.state)
+
+    @invariant()
+    def each_node_desires_what_a_scan_of_every_job_finds(self) -> None:
+        # The node index is built at the first check, then kept by apply.
+        assert node_index_by_scan(self.state) == self.state.node_index()
+        wanted = desired_by_node(self.state)
+        for node_id in sorted({*self.state.nodes, *wanted}):
+            assert desired_members(self.state, node_id) == wanted.get(node_id, [])
 
 
 class ClusterMachine(DependentSubmissions):

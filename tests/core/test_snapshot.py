@@ -19,7 +19,7 @@ from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked, full_copy
 from tests.core.harness import job, node
-from tests.core.test_properties import ClusterMachine, live_by_scan
+from tests.core.test_properties import ClusterMachine, live_by_scan, node_index_by_scan
 
 
 class SnapshotMachine(ClusterMachine):
@@ -51,6 +51,8 @@ class SnapshotMachine(ClusterMachine):
             assert record is self.state.jobs[job_id]
         assert snap.live_ids() == live_by_scan(snap)  # the index taken with it
         assert snap.live_ids() is not self.state.live_ids()
+        assert snap.node_index() == node_index_by_scan(snap)
+        assert snap.node_index() is not self.state.node_index()
         if keep:
             self.kept = [*self.kept[-4:], (snap, encoded)]
 
@@ -65,6 +67,7 @@ class SnapshotMachine(ClusterMachine):
         for snap, encoded in self.kept:
             assert encode_state(snap) == encoded
             assert snap.live_ids() == live_by_scan(snap)
+            assert snap.node_index() == node_index_by_scan(snap)
 
 
 SnapshotMachine.TestCase.settings = settings(
