@@ -31,7 +31,8 @@ the disk before the method returns, and pysyncobj calls these methods on
 its Raft thread before it sends the message that relies on them:
 
 * ``add`` (an entry appended by the leader or received by a follower) syncs the mapping
-  (``msync(MS_SYNC)``, which on Linux is an ``fdatasync`` of the written range), so the
+  (an ``fdatasync`` of the file, what ``msync(MS_SYNC)`` does on Linux, but with the
+  interpreter lock released: :meth:`ReservedFile.flush`), so the
   follower's ``next_node_idx`` success answer and the leader's own vote in the commit
   count follow a durable write. A batch of entries received in one message is synced
   once per entry; our proposals are group-committed (many commands in one entry), so a
@@ -171,6 +172,13 @@ class ReservedFile(ResizableFile):  # type: ignore[misc]
                 self.reserved = end
         mapping[offset:end] = values
 
+    def flush(self) -> None:
+        """Make the written records durable: ``fdatasync`` of the mapped file, which is
+        what ``mmap.flush`` (``msync(MS_SYNC)``) does on Linux, but with the interpreter
+        lock released while the disk works, so the replica's other threads (its RPCs, the
+        Raft channel's reader) go on meanwhile."""
+        os.fdatasync(self._ResizableFile__f.fileno())
+
 
 class AtomicFileJournal(FileJournal):  # type: ignore[misc]
     """A FileJournal whose compaction a crash cannot tear, which, on opening, drops the
@@ -308,7 +316,7 @@ class DurableFileJournal(AtomicFileJournal):
             fsync_directory(self.directory)
 
     def sync(self) -> None:
-        self.flush()  # ResizableFile.flush: mmap.flush, i.e. msync(MS_SYNC)
+        self.flush()  # ReservedFile.flush: fdatasync, the interpreter lock released
         self.syncs += 1
 
     def add(self, command: Any, idx: int, term: int) -> None:

@@ -116,14 +116,17 @@ class DesiredMembers:
     Copy-on-write snapshots replace a record that a command changes, so an answer is
     reused, from any snapshot, for as long as every one of those records is the same
     object; a heartbeat costs its own node's jobs, and a version move elsewhere costs it
-    nothing."""
+    nothing. A heartbeat holding an older snapshot than the one a node was last answered
+    from gets that newer answer, never an older one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._known: dict[str, tuple[tuple[object, ...], list[DesiredMember]]] = {}
+        # node id -> (state version, the records, the members)
+        self._known: dict[str, tuple[int, tuple[object, ...], list[DesiredMember]]] = {}
 
     def of(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
         jobs, nodes = state.jobs, state.nodes
+        version = state.applied_commands
         key: list[object] = []
         for job_id in state.jobs_on_node(node_id):
             job = jobs[job_id]
@@ -132,14 +135,18 @@ class DesiredMembers:
                 key.extend(nodes.get(m.node_id) for m in job.attempt.members)
         with self._lock:
             known = self._known.get(node_id)
-            if known is not None and _same(known[0], key):
-                return known[1]
+            if known is not None:
+                if version < known[0]:
+                    return known[2]
+                if _same(known[1], key):
+                    self._known[node_id] = (version, known[1], known[2])
+                    return known[2]
         members = desired_members(state, node_id)
         with self._lock:
-            if key:
-                self._known[node_id] = (tuple(key), members)
-            else:
-                self._known.pop(node_id, None)
+            known = self._known.get(node_id)
+            if known is not None and version < known[0]:
+                return known[2]  # a newer answer was made meanwhile
+            self._known[node_id] = (version, tuple(key), members)
         return members
 
 

@@ -161,7 +161,7 @@ def relay_heartbeats(
     one would be; each accepted node is heard now and its commands are proposed, all at
     once (group commit), then waited for. The answer names a state that holds them."""
     state = ctx.backend.snapshot()
-    term = ctx.backend.status().term
+    term = ctx.backend.term()
     if not state.config.relay_heartbeats:
         return pb.RelayHeartbeatsResponse(
             leader_term=term, applied_commands=state.applied_commands, relay=False

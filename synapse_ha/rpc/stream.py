@@ -228,7 +228,7 @@ class StreamServer:
             if not self._streams:
                 continue
             serving = self.ctx.serving()
-            term = self.ctx.backend.status().term if serving else -1
+            term = self.ctx.backend.term() if serving else -1
             relaying = not serving and self.relay.may_relay()
             for stream in list(self._streams.values()):
                 if stream.relayed:
@@ -358,7 +358,7 @@ class StreamServer:
             serving = self.ctx.serving()
             if not serving and not self.relay.may_relay():
                 raise self._not_serving()
-            stream = _Stream(node_id, context, self.ctx.backend.status().term, relayed=not serving)
+            stream = _Stream(node_id, context, self.ctx.backend.term(), relayed=not serving)
             older = self._streams.get(node_id)
             self._streams[node_id] = stream
             if older is not None:  # a reconnected worker: its old stream is dead
@@ -400,7 +400,7 @@ class StreamServer:
         now = ctx.clock_ms()
         node_id = stream.node_id
         if stream.relayed:  # opened while this replica followed; it leads now
-            stream.term = ctx.backend.status().term
+            stream.term = ctx.backend.term()
         state = ctx.backend.snapshot()
         if node_id not in state.nodes:
             raise _node_not_found(node_id)

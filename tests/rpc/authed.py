@@ -83,6 +83,9 @@ class FakeBackend:
     def leader_address(self) -> str:
         return "127.0.0.1:1"
 
+    def term(self) -> int:
+        return self.status().term
+
 
 def peer_from_metadata(context: grpc.ServicerContext) -> Identity | None:
     for key, value in context.invocation_metadata():

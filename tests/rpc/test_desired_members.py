@@ -62,5 +62,7 @@ def test_an_answer_is_kept_until_a_record_it_came_from_changes() -> None:
     for n in ("n1", "n2", "n3"):
         assert desired.of(cancelled, n) == desired_by_node(cancelled).get(n, [])
         assert all(d.job_id != first for d in desired.of(cancelled, n))
-    # An older snapshot still gets its own answer.
-    assert desired.of(snap, placed[0]) == on_node[placed[0]]
+    # A heartbeat holding an older snapshot gets the newer answer, never an older one.
+    assert desired.of(snap, placed[0]) == []
+    # A fresh cache answers an old snapshot from that snapshot.
+    assert DesiredMembers().of(snap, placed[0]) == on_node[placed[0]]

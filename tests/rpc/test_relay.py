@@ -80,6 +80,9 @@ class FollowerBackend:
     def leader_address(self) -> str:
         return LEADER_RAFT
 
+    def term(self) -> int:
+        return self.status().term
+
     def propose(self, command: Any) -> Any:
         raise AssertionError("a follower proposes nothing")
 

@@ -143,7 +143,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 self._propose(context, command),
                 (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
             )
-        term = self.ctx.backend.status().term
+        term = self.ctx.backend.term()
         state = self.ctx.backend.snapshot()
         desired = self._desired.of(state, request.node_id)
         return pb.HeartbeatResponse(
