@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pysyncobj.node import TCPNode
 
-from synapse_ha.raft import wire
+from synapse_ha.raft import safe_pickle, wire
 from synapse_ha.raft.safe_pickle import (
     TRUNCATED,
     chunks_problem,
     command_problem,
+    is_replicated_call,
     message_problem,
 )
 
@@ -112,6 +113,52 @@ def test_pysyncobj_commands_pass() -> None:
     assert command_problem(b"\x00" + raft_pickle.dumps((0, (b"\x00\xff",), {}))) is None
     assert command_problem(b"\x03" + raft_pickle.dumps(2)) is None
     assert command_problem(b"\x01") is None  # a new leader's no-op
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    func_id=st.integers(0, 1 << 31 - 1),
+    envelope=st.binary(min_size=1, max_size=300),
+    cut=st.integers(0, 400),
+    flip=st.integers(0, 255),
+)
+def test_a_replicated_call_is_recognised_byte_for_byte(
+    func_id: int, envelope: bytes, cut: int, flip: int
+) -> None:
+    """The shortcut for the common pickle accepts what pysyncobj writes for a call with a
+    bytes argument, and anything else it accepts, the full check accepts too."""
+    data = raft_pickle.dumps((func_id, (envelope,), {}))
+    assert is_replicated_call(data)
+    assert pickle.loads(data) == (func_id, (envelope,), {})
+    changed = bytearray(data)
+    changed[cut % len(data)] ^= flip or 1
+    for other in (bytes(changed), data[: cut % len(data)], data + b"."):
+        if is_replicated_call(other):
+            assert _full_check(other) is None
+            assert pickle.loads(other)[1:] == ((pickle.loads(other)[1][0],), {})
+
+
+def _full_check(data: bytes) -> str | None:
+    """:func:`safe_pickle.pickle_problem` without its shortcut."""
+    shortcut = safe_pickle.is_replicated_call
+    safe_pickle.is_replicated_call = lambda _data: False  # type: ignore[assignment]
+    try:
+        return safe_pickle.pickle_problem(data)
+    finally:
+        safe_pickle.is_replicated_call = shortcut  # type: ignore[assignment]
+
+
+def test_other_pickles_are_not_taken_for_a_replicated_call() -> None:
+    call = raft_pickle.dumps((3, (b"abc",), {}))
+    for other in (
+        call.replace(b"latin1", b"utf_8_"),
+        call.replace(b"_codecs\nencode", b"posix\nsystem"),
+        raft_pickle.dumps((3, (b"abc",), {"a": 1})),
+        raft_pickle.dumps((3, ("text",), {})),
+        raft_pickle.dumps((3, (b"",), {})),
+        raft_pickle.dumps((3, (b"a", b"b"), {})),
+    ):
+        assert not is_replicated_call(other)
 
 
 @pytest.mark.parametrize(
