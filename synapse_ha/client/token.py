@@ -64,6 +64,17 @@ class ReadToken(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
             metadata = tuple(m for m in (details.metadata or ()) if m[0] != MIN_INDEX_KEY)
             details = _Details(details, (*metadata, (MIN_INDEX_KEY, str(self.index))))
         outcome = continuation(details, request)
+        # A call made with ``future`` returns before it completes: its index is read when
+        # it does. Reading the trailing metadata now would wait for the answer, and so
+        # make every call of a pipelining client wait for the one before.
+        if outcome.done():
+            self._read(outcome)
+        else:
+            outcome.add_done_callback(self._read)
+        return outcome
+
+    def _read(self, outcome: Any) -> None:
+        """Keep the index a completed call's trailing metadata carries."""
         try:
             trailing = outcome.trailing_metadata() or ()
         except Exception:
@@ -71,4 +82,3 @@ class ReadToken(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
         for key, value in trailing:
             if key == INDEX_KEY and isinstance(value, str) and value.isdigit():
                 self.seen(int(value))
-        return outcome
