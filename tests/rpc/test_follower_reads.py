@@ -130,6 +130,9 @@ class Outcome:
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.trailing
 
+    def done(self) -> bool:
+        return True  # a blocking call's outcome: complete when the continuation returns
+
 
 class Details(grpc.ClientCallDetails):
     def __init__(self) -> None:
