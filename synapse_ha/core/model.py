@@ -514,11 +514,12 @@ class ClusterState:
         return live
 
     def jobs_on_node(self, node_id: str) -> tuple[str, ...]:
-        """The ids of the unfinished jobs whose current attempt has a member on
-        ``node_id``, in job id order: every job that may want a member there (a live
-        attempt's, or an ended attempt's not yet known to have stopped). Read from an
-        index kept by :meth:`job_state_changed`, so a heartbeat costs its node's jobs, not
-        every job's."""
+        """The ids of the jobs whose current attempt has a member on ``node_id``, in job
+        id order, unless the job is finished and every member of that attempt is known to
+        have stopped: every job that may want a member there or may still have one
+        running there (a live attempt's, or an ended attempt's not yet known to have
+        stopped). Read from an index kept by :meth:`job_state_changed`, so a heartbeat or
+        a node's death costs its node's jobs, not every job's."""
         on_node = self._on_node
         if on_node is None:
             on_node = self._build_node_index()
@@ -544,8 +545,9 @@ class ClusterState:
 
     def job_state_changed(self, job: Job) -> None:
         """Keep the indexes of :meth:`live_jobs` and :meth:`jobs_on_node` after ``job``'s
-        state or attempt changed or it was removed from :attr:`jobs` (every change of a
-        job's state, and every new attempt, must call this)."""
+        state or attempt changed, a member of its attempt stopped, or it was removed from
+        :attr:`jobs` (every change of a job's state, every new attempt and every member
+        exit must call this)."""
         present = job.job_id in self.jobs
         live = self._live
         if live is not None:
@@ -583,10 +585,13 @@ class ClusterState:
 
 
 def _attempt_nodes(job: Job) -> tuple[str, ...]:
-    """The distinct nodes of ``job``'s current attempt while the job is not finished, in
-    rank order of their first member (none for a finished job or one never bound)."""
+    """The distinct nodes of ``job``'s current attempt, in rank order of their first
+    member, while the job is not finished or a member of that attempt is not known to
+    have stopped (none for a job never bound)."""
     attempt = job.attempt
-    if attempt is None or job.state.finished:
+    if attempt is None:
+        return ()
+    if job.state.finished and all(s.state is MemberState.EXITED for s in attempt.member_status):
         return ()
     return tuple(dict.fromkeys(m.node_id for m in attempt.members))
 

@@ -203,12 +203,16 @@ def live_by_scan(state: ClusterState) -> set[str]:
 
 
 def node_index_by_scan(state: ClusterState) -> dict[str, tuple[str, ...]]:
-    """Per node, the unfinished jobs whose current attempt has a member there, found by
-    looking at every job."""
+    """Per node, the jobs whose current attempt has a member there, unless the job is
+    finished and every member of that attempt is known to have stopped, found by looking
+    at every job."""
     found: dict[str, list[str]] = {}
     for job_id in sorted(state.jobs):
         job = state.jobs[job_id]
-        if job.attempt is None or job.state.finished:
+        if job.attempt is None:
+            continue
+        stopped = all(s.state is MemberState.EXITED for s in job.attempt.member_status)
+        if job.state.finished and stopped:
             continue
         for node_id in sorted({m.node_id for m in job.attempt.members}):
             found.setdefault(node_id, []).append(job_id)

@@ -17,7 +17,7 @@ from synapse_ha.core.machine.attempts import (
     release_held,
     settle_drained,
 )
-from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, jobs_on_node
+from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, MemberState, Node, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.validation import check_node_info, describe
@@ -101,12 +101,13 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
         return ok(f"node {c.node_id} was already dead")
     node.status = move(NODE, node.status, lc.NodeEvent.DIE)
     node.status_reason = c.reason or "declared dead"
-    affected = sorted(
-        job.job_id
-        for job in state.jobs.values()
-        if (attempt := job.live_attempt()) is not None
+    on_node = state.jobs_on_node(c.node_id)  # in job id order
+    affected = [
+        job_id
+        for job_id in on_node
+        if (attempt := state.jobs[job_id].live_attempt()) is not None
         and any(m.node_id == c.node_id for m in attempt.members)
-    )
+    ]
     outcome = reason(ReasonCode.NODE_DEAD, node=c.node_id, detail=node.status_reason)
     touched: set[str] = set()
     for job_id in affected:
@@ -131,16 +132,18 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
                 job.lost_attempt = lost
     # Members on a dead node are gone: its worker fenced itself before the node was
     # declared dead (dead_timeout > lease_ttl + leader_step_down).
-    for job_id in sorted(state.jobs):
-        attempt = state.jobs[job_id].attempt
+    for job_id in on_node:
+        job = state.jobs[job_id]
+        attempt = job.attempt
         if attempt is None or attempt.ended_at_ms is None:
             continue
         for member, status in zip(attempt.members, attempt.member_status, strict=True):
             if member.node_id == c.node_id and status.state is not MemberState.EXITED:
                 status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
                 status.finished_at_ms = now
-                release_held(state, state.jobs[job_id], member.rank)
+                release_held(state, job, member.rank)
                 touched.update(m.node_id for m in attempt.members)
+        state.job_state_changed(job)
     settle_drained(state, sorted(touched))
     return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", stopped=tuple(affected))
 
@@ -155,8 +158,8 @@ def _touches_node(state: ClusterState, c: cmd.SetNodeStatus, changes: Changes) -
 
 def _touches_death(state: ClusterState, c: cmd.MarkNodeDead, changes: Changes) -> None:
     changes.nodes.add(c.node_id)
-    for job in jobs_on_node(state, c.node_id):
-        job_and_its_nodes(state, job.job_id, changes)
+    for job_id in state.jobs_on_node(c.node_id):
+        job_and_its_nodes(state, job_id, changes)
 
 
 HANDLERS: dict[type, Handling] = {

@@ -32,8 +32,11 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
         return error(ResultCode.NOT_FOUND, f"no node {c.node_id!r}")
     accepted = stale = 0
     touched: set[str] = set()
+    reported: dict[str, Job] = {}  # jobs whose members may have stopped
     for event in c.events:
         job = state.jobs.get(event.job_id)
+        if job is not None and event.kind is cmd.MemberEventKind.EXITED:
+            reported[job.job_id] = job
         if event.kind is cmd.MemberEventKind.CHECKPOINT:
             if job is not None and report_mark(job, c.node_id, event, now):
                 accepted += 1
@@ -63,6 +66,8 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
             _preempted_member_exited(state, job, attempt, event, now, touched)
         else:
             _live_member_event(state, c, job, attempt, event, now, touched)
+    for job in reported.values():
+        state.job_state_changed(job)  # the node index forgets a finished job's last exit
     settle_drained(state, sorted(touched))
     return ok(
         f"{accepted} event(s) accepted, {stale} stale", accepted_events=accepted, stale_events=stale
