@@ -11,7 +11,6 @@ only :func:`synapse_ha.core.machine.apply` changes them.
 
 from __future__ import annotations
 
-import bisect
 import enum
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from synapse_ha.core.cluster_config import (
 )
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.node_index import NodeIndex
 from synapse_ha.core.prestart import Prestart
 from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
@@ -440,16 +440,9 @@ class ClusterState:
     # by :meth:`live_jobs` and kept by :meth:`job_state_changed` after every change of a
     # job's state (None: not built yet).
     _live: set[str] | None = field(default=None, init=False, repr=False, compare=False)
-    # Derived, not replicated: node id -> the ids of the unfinished jobs whose current
-    # attempt has a member on it, sorted (:meth:`jobs_on_node`), and the same relation by
-    # job. Built on first use, kept by :meth:`job_state_changed`; values are tuples, never
-    # changed in place, so a snapshot shares them (None: not built yet).
-    _on_node: dict[str, tuple[str, ...]] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-    _nodes_of: dict[str, tuple[str, ...]] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
+    # Derived, not replicated: the jobs each node has members of (:meth:`jobs_on_node`),
+    # built on first use and kept by :meth:`job_state_changed` (None: not built yet).
+    _nodes: NodeIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order
@@ -517,31 +510,18 @@ class ClusterState:
         """The ids of the jobs whose current attempt has a member on ``node_id``, in job
         id order, unless the job is finished and every member of that attempt is known to
         have stopped: every job that may want a member there or may still have one
-        running there (a live attempt's, or an ended attempt's not yet known to have
-        stopped). Read from an index kept by :meth:`job_state_changed`, so a heartbeat or
-        a node's death costs its node's jobs, not every job's."""
-        on_node = self._on_node
-        if on_node is None:
-            on_node = self._build_node_index()
-        return on_node.get(node_id, ())
+        running there. From an index kept by :meth:`job_state_changed` (core/node_index)."""
+        return self._node_index().on_node.get(node_id, ())
 
     def node_index(self) -> dict[str, tuple[str, ...]]:
-        """The index of :meth:`jobs_on_node` itself (built on first use). Do not change it."""
-        on_node = self._on_node
-        return on_node if on_node is not None else self._build_node_index()
+        """Node id -> :meth:`jobs_on_node`, for every node with jobs. Do not change it."""
+        return self._node_index().on_node
 
-    def _build_node_index(self) -> dict[str, tuple[str, ...]]:
-        nodes_of: dict[str, tuple[str, ...]] = {}
-        members: dict[str, list[str]] = {}
-        for job_id in sorted(self.jobs):
-            nodes = _attempt_nodes(self.jobs[job_id])
-            if nodes:
-                nodes_of[job_id] = nodes
-                for node_id in nodes:
-                    members.setdefault(node_id, []).append(job_id)
-        self._nodes_of = nodes_of
-        on_node = self._on_node = {node_id: tuple(ids) for node_id, ids in members.items()}
-        return on_node
+    def _node_index(self) -> NodeIndex:
+        if self._nodes is None:
+            jobs = self.jobs
+            self._nodes = NodeIndex.build((i, _attempt_nodes(jobs[i])) for i in sorted(jobs))
+        return self._nodes
 
     def job_state_changed(self, job: Job) -> None:
         """Keep the indexes of :meth:`live_jobs` and :meth:`jobs_on_node` after ``job``'s
@@ -555,33 +535,9 @@ class ClusterState:
                 live.add(job.job_id)
             else:
                 live.discard(job.job_id)
-        on_node, nodes_of = self._on_node, self._nodes_of
-        if on_node is None:
-            return
-        if nodes_of is None:  # a snapshot's index: rebuilt on its next use
-            self._on_node = None
-            return
-        job_id = job.job_id
-        old = nodes_of.get(job_id, ())
-        new = _attempt_nodes(job) if present else ()
-        if old == new:
-            return
-        for node_id in old:
-            if node_id not in new:
-                left = tuple(i for i in on_node[node_id] if i != job_id)
-                if left:
-                    on_node[node_id] = left
-                else:
-                    del on_node[node_id]
-        for node_id in new:
-            if node_id not in old:
-                ids = on_node.get(node_id, ())
-                at = bisect.bisect_left(ids, job_id)
-                on_node[node_id] = (*ids[:at], job_id, *ids[at:])
-        if new:
-            nodes_of[job_id] = new
-        else:
-            nodes_of.pop(job_id, None)
+        index = self._nodes
+        if index is not None and not index.keep(job.job_id, _attempt_nodes(job) if present else ()):
+            self._nodes = None  # a snapshot's copy: built anew on its next use
 
 
 def _attempt_nodes(job: Job) -> tuple[str, ...]:

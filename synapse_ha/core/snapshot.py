@@ -30,6 +30,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import HANDLERS, apply
 from synapse_ha.core.machine.changes import Changes, Touches
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.node_index import NodeIndex
 
 __all__ = [
     "Changes",
@@ -138,7 +139,7 @@ def _own(state: ClusterState, touched: Changes, changes: Changes) -> None:
 # Types whose values are never changed in place: shared by every copy. Enum types and
 # frozen dataclasses join on first sight. Tuples in the state hold only such values.
 _IMMUTABLE: set[type] = {str, int, float, bool, type(None), tuple, frozenset, bytes}
-_COPIERS: dict[type, Callable[[Any], Any]] = {}  # mutable dataclass -> its copier
+_COPIERS: dict[type, Callable[[Any], Any]] = {NodeIndex: NodeIndex.copy}  # mutable type -> copier
 
 
 def clone(value: Any) -> Any:
@@ -196,8 +197,7 @@ def full_copy(state: ClusterState) -> ClusterState:
 _COUNTERS = tuple(
     f.name
     for f in dataclasses.fields(ClusterState)
-    if f.name
-    not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live", "_on_node", "_nodes_of")
+    if f.name not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live", "_nodes")
 )
 
 
@@ -243,7 +243,7 @@ class SnapshotBuilder:
         for name in _COUNTERS:
             setattr(snap, name, clone(getattr(state, name)))
         snap._live = set(state.live_ids())  # built once on the live state, then kept
-        snap._on_node = dict(state.node_index())  # its values are never changed in place
+        snap._nodes = state._node_index().snapshot()  # its tuples are never changed
         changes.clear()
         changes.shared = True
         self._last = snap

@@ -52,8 +52,9 @@ _R = TypeVar("_R", Job, Node)
 
 # What a pass reads of a job, but for its reason.
 _JOB_FIELDS = tuple(f.name for f in fields(Job) if f.name != "reason")
-# State fields no pass reads (counters, request ids, tokens), and the records compared
-# one by one; every other field (a field added later too) is compared whole.
+# State fields no pass reads (counters, request ids, tokens, the node index), and the
+# records compared one by one; every other field (a field added later too) is compared
+# whole.
 _NOT_READ = frozenset(
     {
         "nodes",
@@ -64,6 +65,7 @@ _NOT_READ = frozenset(
         "last_fencing_token",
         "applied_commands",
         "last_time_ms",
+        "_nodes",  # derived from the jobs, which are compared one by one
     }
 )
 _STATE_FIELDS = tuple(f.name for f in fields(ClusterState) if f.name not in _NOT_READ)
