@@ -14,6 +14,15 @@ it last found to be the leader, and branches on the error's reason
 * every other error is raised to the caller as the ``grpc.RpcError`` it is (read it with
   :func:`synapse_ha.rpc.errors.failure_of`).
 
+A call that is safe to send twice (``idempotent``: reads, and writes whose retry returns
+the same result) is hedged: when the replica asked has not answered within ``hedge_s``
+(default 0.2 s), the next replica is asked while the first attempt keeps running, and
+the first definitive answer wins (:mod:`synapse_ha.client.attempts`). A replica with an
+attempt in flight is not asked again in that call, nor followed to by a redirect. So a
+client that has never seen the cluster, whose first address is a frozen leader, loses
+``hedge_s`` there rather than the whole per-try deadline; a call answered within
+``hedge_s`` goes to one replica only.
+
 After a full round without an answer it backs off (exponentially, with jitter) until the
 call's overall deadline. While the replicas say a leader is being elected (NO_LEADER,
 LEADER_NOT_READY) the pause is at most ``election_backoff_s``: an election ends within
@@ -51,13 +60,15 @@ from typing import Any, TypeVar
 
 import grpc
 
+from synapse_ha.client.attempts import Flight, Outcome, Workers, fly
 from synapse_ha.client.events import watch_events
-from synapse_ha.client.suspects import Suspects, as_no_leader, silent
+from synapse_ha.client.routing import Route
+from synapse_ha.client.suspects import Suspects, silent
 from synapse_ha.client.token import BearerToken, ReadToken
 from synapse_ha.client.unavailable import ClusterUnavailable
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
-from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, RpcFailure, failure_of
+from synapse_ha.rpc.errors import LEADER_METADATA_KEY, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 
@@ -67,13 +78,6 @@ __all__ = [
     "ClusterUnavailable",
     "new_request_id",
 ]
-
-# Reasons after which the same call is sent again (to the next replica, or the leader).
-_MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
-# Reasons after which the same replica is asked again after a back-off.
-_WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.LEADER_STEPPING_DOWN})
-# Reasons that say a leader is being elected or is committing its barrier right now.
-_ELECTING = frozenset({Reason.NO_LEADER, Reason.LEADER_NOT_READY})
 
 Response = TypeVar("Response")
 
@@ -105,6 +109,7 @@ class ClusterClient:
         suspect_s: float = 5.0,
         suspect_try_s: float = 0.5,
         follower_reads: bool = False,
+        hedge_s: float | None = 0.2,
     ) -> None:
         """``token``: a bearer token sent with every call. ``channel_factory``: makes
         the channel to one address (default: a plaintext channel); with a token it must be
@@ -115,7 +120,8 @@ class ClusterClient:
         ``follower_reads``: reads that a follower may serve (:data:`FOLLOWER_READS`) go
         first to one replica drawn for this client, with the client's read token, so
         they spread over the replicas and never see a state older than this client's
-        acknowledged writes (docs/consistency.md)."""
+        acknowledged writes (docs/consistency.md). ``hedge_s``: how long an idempotent
+        call waits for one replica before it also asks the next (None: never)."""
         if not addresses:
             raise ValueError("at least one replica address is required")
         self.addresses = list(dict.fromkeys(addresses))
@@ -124,7 +130,9 @@ class ClusterClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.election_backoff_s = election_backoff_s
-        self._rng = rng or random.Random()
+        self.hedge_s = hedge_s
+        self.rng = rng or random.Random()
+        self._workers = Workers()
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._preferred = self.addresses[0]
@@ -137,15 +145,19 @@ class ClusterClient:
         self.suspects = Suspects(suspect_s, suspect_try_s)
         self.read_token = ReadToken()
         self.read_token.send = follower_reads
-        self._home = self._rng.choice(self.addresses) if follower_reads else ""
+        self._home = self.rng.choice(self.addresses) if follower_reads else ""
 
     # ------------------------------------------------------------------ plumbing
 
     def close(self) -> None:
+        """Close the channels (ending the attempts in flight) and the idle threads; the
+        client may still be used (it opens what it needs again)."""
         with self._lock:
             channels, self._channels = self._channels, {}
+            workers, self._workers = self._workers, Workers()
         for channel in channels.values():
             channel.close()
+        workers.close()
 
     def __enter__(self) -> ClusterClient:
         return self
@@ -207,56 +219,34 @@ class ClusterClient:
         idempotent: bool = True,
         timeout_s: float | None = None,
         start: str = "",
+        hedge: bool = True,
     ) -> Response:
         """Run ``invoke(address, per_try_timeout)`` against the leader (or first against
         ``start``, a replica that may serve it), following redirects and retrying as
-        described in the module docstring."""
+        described in the module docstring. An ``idempotent`` call is hedged unless
+        ``hedge`` is False (a call too heavy to send twice): ``invoke`` may then run in
+        another thread, and more than once at a time for different addresses."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        attempts: list[tuple[str, str]] = []
-        address = start or self._preferred
-        failures_in_round = 0
-        backoff = self.backoff_s
-        tried_briefly: set[str] = set()
-        while True:
-            per_try = min(self.per_try_timeout_s, deadline - time.monotonic())
-            if per_try <= 0:
-                raise ClusterUnavailable(method, attempts)
-            if address in self.suspects and address not in tried_briefly:
-                tried_briefly.add(address)  # briefly once a call: it may only be slow
-                per_try = min(per_try, self.suspects.try_s)
-            try:
-                result = invoke(address, per_try)
-            except grpc.RpcError as exc:
-                failure = failure_of(exc)
-                attempts.append((address, failure.describe()))
-                hint = failure.metadata.get("leader_address", "")
-                if failure.reason is Reason.NOT_LEADER and hint:
-                    self._learn(hint)
-                    if hint not in self.suspects:
-                        address = hint
-                        continue
-                    failure = as_no_leader(failure)  # named by followers until they elect
-                elif silent(failure):
-                    self.suspect(address)
-                if not _retriable(failure, idempotent):
-                    raise
-                failures_in_round += 1
-                if failure.reason in _WAIT_HERE:
-                    failures_in_round = len(self.addresses)  # back off, then ask it again
-                else:
-                    address = self.next_address(address)
-                if failures_in_round >= len(self.addresses):
-                    failures_in_round = 0
-                    pause = min(backoff, max(0.0, deadline - time.monotonic()))
-                    if failure.reason in _ELECTING:
-                        pause = min(pause, self.election_backoff_s)
-                    time.sleep(self._rng.uniform(pause / 2, pause))
-                    backoff = min(backoff * 2, self.max_backoff_s)
-                continue
-            if address != start:  # a follower that served a read is not the leader
-                self._preferred = address
-            self.suspects.clear(address)
-            return result
+        route = Route(self, method, idempotent, deadline)
+        hedged = hedge and idempotent and self.hedge_s is not None and len(self.addresses) > 1
+        flight = Flight(invoke, self._workers if hedged else None, self._after_call)
+        try:
+            outcome = fly(flight, route, start or self._preferred, self.hedge_s if hedged else None)
+        finally:
+            flight.close()
+        if outcome.address != start:  # a follower that served a read is not the leader
+            self._preferred = outcome.address
+        self.suspects.clear(outcome.address)
+        result: Response = outcome.result
+        return result
+
+    def _after_call(self, outcome: Outcome) -> None:
+        """An attempt that ended after its call was answered elsewhere: a replica silent
+        to its deadline is suspect; one that answered is trusted again."""
+        if outcome.error is None:
+            self.suspects.clear(outcome.address)
+        elif isinstance(outcome.error, grpc.RpcError) and silent(failure_of(outcome.error)):
+            self.suspect(outcome.address)
 
     def next_address(self, address: str) -> str:
         try:
@@ -480,7 +470,7 @@ class ClusterClient:
 
     # ------------------------------------------------- membership and backup
 
-    def _learn(self, address: str) -> None:
+    def learn(self, address: str) -> None:
         """Remember a replica address learnt from the cluster (a leader added after this
         client started), so that later failovers may also try it."""
         with self._lock:
@@ -534,7 +524,8 @@ class ClusterClient:
                 raise ValueError("the leader sent no snapshot")
             return first, b"".join(parts)
 
-        head, data = self.call("SaveSnapshot", fetch, timeout_s=timeout_s)
+        # One stream of the whole state: too heavy to send twice.
+        head, data = self.call("SaveSnapshot", fetch, timeout_s=timeout_s, hedge=False)
         if len(data) != head.total_bytes:
             raise ValueError(f"snapshot truncated: {len(data)} of {head.total_bytes} bytes")
         if hashlib.sha256(data).hexdigest() != head.sha256:
@@ -568,19 +559,3 @@ class ClusterClient:
         ``follow``, until the caller stops iterating
         (:func:`synapse_ha.client.events.watch_events`)."""
         return watch_events(self, since_index, follow, reconnect_s)
-
-
-def _retriable(failure: RpcFailure, idempotent: bool) -> bool:
-    """Whether the call may be sent again: a replica that could not take it (no leader,
-    not committed, a barrier pending, or no answer at all), or, for an idempotent call, an
-    unknown outcome."""
-    if failure.reason in _MOVE_ON or failure.reason in _WAIT_HERE:
-        return True
-    if failure.reason is Reason.OUTCOME_UNKNOWN:
-        return idempotent
-    if failure.reason is not Reason.UNKNOWN:
-        return False
-    # No ErrorInfo: the transport answered (replica down, or the per-try deadline passed).
-    if failure.code is grpc.StatusCode.UNAVAILABLE:
-        return True
-    return failure.code is grpc.StatusCode.DEADLINE_EXCEEDED and idempotent

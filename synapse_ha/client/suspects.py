@@ -10,6 +10,10 @@ is asked instead, as after NO_LEADER), and the first try there in a call waits a
 ``try_s`` (later ones in the same call the whole per-try deadline: it may only be slow).
 It stays in the rotation, so a leader whose only fault was one lost answer is still
 reached; the first answer it gives clears it.
+
+A hedged call (:mod:`synapse_ha.client.attempts`) does not wait for such a replica past
+the hedge delay even before it is suspect; an attempt left unanswered there still makes
+it suspect when its deadline passes, after the call was answered elsewhere.
 """
 
 from __future__ import annotations

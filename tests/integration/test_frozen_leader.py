@@ -169,3 +169,30 @@ def test_a_client_finds_the_new_leader_while_the_old_one_is_frozen(
             assert attempts and old.grpc not in attempts, attempts
         finally:
             old.resume()
+
+
+def test_a_fresh_client_does_not_wait_out_a_frozen_leader(cluster: LocalCluster) -> None:
+    """A client that has never seen the cluster, whose first address is the frozen
+    leader: its write lands once the others elect a leader, long before the per-try
+    deadline it would have waited on the frozen replica (the hedge moves on)."""
+    per_try_s = 20.0
+    old = cluster.serving_leader()
+    addresses = [old.grpc, *(a for a in cluster.grpc_addresses if a != old.grpc)]
+    old.pause()
+    try:
+        started = time.monotonic()
+        with ClusterClient(
+            addresses,
+            timeout_s=60.0,
+            per_try_timeout_s=per_try_s,
+            channel_factory=cluster.transport.channel,
+        ) as client:
+            job_id = client.submit_job(job_spec("fresh"), request_id="fz-fresh").job_id
+            took = time.monotonic() - started
+            assert client.leader_hint != old.grpc
+    finally:
+        old.resume()
+    # An election (under a second) and the hedge delay, with room for a loaded machine.
+    assert took < per_try_s / 2, took
+    with cluster.client(timeout_s=30.0) as client:
+        assert client.get_job(job_id).spec.name == "fresh"

@@ -45,6 +45,7 @@ def not_leader(leader: Replica) -> Step:
 
 
 def _client(*replicas: Replica, timeout_s: float) -> ClusterClient:
+    """Without hedging: the suspects alone (hedged calls: test_client_hedging)."""
     return ClusterClient(
         [r.address for r in replicas],
         timeout_s=timeout_s,
@@ -53,6 +54,7 @@ def _client(*replicas: Replica, timeout_s: float) -> ClusterClient:
         max_backoff_s=0.002,
         rng=random.Random(7),
         suspect_try_s=0.2,
+        hedge_s=None,
     )
 
 
