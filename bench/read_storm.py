@@ -48,6 +48,9 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import job_state, replica_role
 from synapse_ha.security.tls import Transport
 
+# Failures after which a worker looks for the leader again. Others (a deadline, a call
+# cancelled) leave the channel as it is: closing it would cancel every call in flight.
+_LEADER_MOVED = frozenset({"UNAVAILABLE", "FAILED_PRECONDITION"})
 LEASE_TTL_S = 4.0  # the default lease_ttl: a longer silence fences a node's members
 
 
@@ -73,14 +76,21 @@ class Heartbeats(threading.Thread):
         self.lock = threading.Lock()
         self.rtts: list[tuple[float, float]] = []  # (sent at, seconds)
         self.failed = 0
+        self.moved = 0  # failures that say the leader may have moved
+        self.failed_by_code: dict[str, int] = {}
         self.last_ok: dict[str, float] = {}
         self.max_gap: dict[str, float] = {}
 
     def _done(self, node_id: str, sent: float, future: grpc.Future) -> None:
         now = time.monotonic()
         with self.lock:
-            if future.exception() is not None:
+            error = future.exception()
+            if error is not None:
                 self.failed += 1
+                code = error.code().name if isinstance(error, grpc.Call) else type(error).__name__
+                self.failed_by_code[code] = self.failed_by_code.get(code, 0) + 1
+                if code in _LEADER_MOVED:
+                    self.moved += 1
                 return
             self.rtts.append((sent, now - sent))
             last = self.last_ok.get(node_id)
@@ -89,11 +99,11 @@ class Heartbeats(threading.Thread):
             self.last_ok[node_id] = now
 
     def run(self) -> None:
-        failed = 0
+        moved = 0
         while not self.stop.is_set():
             started = time.monotonic()
-            if self.failed > failed:  # the leader may have moved: find it, as workers do
-                failed = self.failed
+            if self.moved > moved:  # the leader may have moved: find it, as workers do
+                moved = self.moved
                 self.channel.close()
                 self.channel = self.transport.channel(self.find_leader())
                 self.stub = pb_grpc.NodeAgentServiceStub(self.channel)  # type: ignore[no-untyped-call]
@@ -315,6 +325,7 @@ def run(
             "heartbeat_rtt_before_storm": _rtt_summary(heartbeats.window(quiet_start, storm_start)),
             "heartbeat_rtt_during_storm": _rtt_summary(heartbeats.window(storm_start, storm_end)),
             "heartbeats_failed": heartbeats.failed,
+            "heartbeats_failed_by_code": dict(sorted(heartbeats.failed_by_code.items())),
             "longest_heartbeat_gap_of_a_node_with_members_s": round(max(gaps, default=0.0), 3),
             "nodes_past_lease_ttl": sum(1 for g in gaps if g > LEASE_TTL_S),
             "gangs_requeued_or_failed": sum(
