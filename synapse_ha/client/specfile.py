@@ -5,9 +5,10 @@ The document is parsed twice from the same text: once into plain data for
 :func:`synapse_ha.core.spec.parse_job_spec` (which applies the core's one rule set,
 :mod:`synapse_ha.core.validation`), once into PyYAML's node tree, whose marks give the
 line of every key and list item. A violation naming ``resources.memory`` is then
-reported as ``job.yaml:5: resources.memory: '...' is not a memory quantity``. A field that
-is absent from the file (a required one, or a rule that relates two fields) is reported at
-the line of its nearest enclosing field, or without a line at the top level.
+reported as ``job.yaml:5: resources.memory: '...' is not a memory quantity``; every rule
+the file breaks is reported at once, in line order. A field that is absent from the file
+(a required one, or a rule that relates two fields) is reported at the line of its
+nearest enclosing field, or without a line (after the others) at the top level.
 
 Duplicate keys, which PyYAML would silently collapse to the last value, are rejected.
 """
@@ -15,6 +16,7 @@ Duplicate keys, which PyYAML would silently collapse to the last value, are reje
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -22,7 +24,7 @@ import yaml
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.model import JobSpec
 from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
-from synapse_ha.core.validation import ViolationCode
+from synapse_ha.core.validation import Violation, ViolationCode
 
 MAX_SPEC_FILE_BYTES = 1024 * 1024
 # Limits on the document's shape, checked before it is built: PyYAML builds nested
@@ -33,12 +35,35 @@ MAX_SPEC_ALIASES = 1000
 MAX_SPEC_NODES = 100_000  # values of the document with its aliases expanded
 
 
-class SpecFileError(SpecError):
-    """A job spec file is unreadable, not YAML, or breaks a spec rule.
+@dataclass(frozen=True, slots=True)
+class FileProblem:
+    """One rule a spec file breaks, at its 1-based ``line`` (None when the file lacks the
+    field and has no enclosing one)."""
 
-    ``field`` is a dotted path such as ``resources.memory`` (``spec`` for the document as a
-    whole), ``line`` the 1-based line in the file when known, ``rule`` what is allowed.
-    ``str()`` gives ``path:line: field: rule``; ``code`` says which kind of rule it was.
+    line: int | None
+    violation: Violation
+
+    @property
+    def field(self) -> str:
+        return self.violation.field
+
+    @property
+    def rule(self) -> str:
+        return self.violation.rule
+
+    @property
+    def code(self) -> ViolationCode:
+        return self.violation.code
+
+
+class SpecFileError(SpecError):
+    """A job spec file is not YAML or breaks spec rules.
+
+    ``problems`` are every rule broken, in line order (those without a line last), each
+    with its line, field and rule; ``field``, ``line``, ``rule`` and ``code`` are the
+    first one's. ``field`` is a dotted path such as ``resources.memory`` (``spec`` for
+    the document as a whole). ``str()`` gives ``path:line: field: rule``, a line per
+    problem.
     """
 
     def __init__(
@@ -48,18 +73,56 @@ class SpecFileError(SpecError):
         field: str,
         rule: str,
         code: ViolationCode | None = None,
+        *,
+        problems: Sequence[FileProblem] = (),
     ) -> None:
-        super().__init__(field, rule, code or ViolationCode.INVALID_FIELD)
+        first = Violation(code or ViolationCode.INVALID_FIELD, field, rule)
+        self.problems: tuple[FileProblem, ...] = tuple(problems) or (FileProblem(line, first),)
+        super().__init__(field, rule, first.code, violations=[p.violation for p in self.problems])
         self.path = path
         self.line = line
         self.args = (self.render(),)
 
+    @classmethod
+    def located(
+        cls, path: str, violations: Sequence[Violation], lines: dict[str, int]
+    ) -> SpecFileError:
+        """The error for ``violations`` (non-empty) of the file whose fields are at
+        ``lines``: sorted by line, then field."""
+        problems = sorted(
+            (FileProblem(line_of(v.field, lines), v) for v in violations),
+            key=lambda p: (p.line is None, p.line or 0, p.field),
+        )
+        first = problems[0]
+        return cls(path, first.line, first.field, first.rule, first.code, problems=problems)
+
+    def lines(self) -> list[str]:
+        """``path:line: field: rule`` for each problem."""
+        return [self._where(p.line) + f": {p.field}: {p.rule}" for p in self.problems]
+
     def render(self) -> str:
-        where = f"{self.path}:{self.line}" if self.line is not None else self.path
-        return f"{where}: {self.field}: {self.rule}"
+        return "\n".join(self.lines())
+
+    def _where(self, line: int | None) -> str:
+        return f"{self.path}:{line}" if line is not None else self.path
 
     def __str__(self) -> str:
         return self.render()
+
+
+class SpecFileUnreadable(SpecFileError):
+    """The spec file cannot be read: ``no such file: PATH`` when it does not exist.
+    ``os_error`` is the error the system gave."""
+
+    def __init__(self, path: str, os_error: OSError) -> None:
+        self.os_error = os_error
+        missing = isinstance(os_error, FileNotFoundError)
+        super().__init__(
+            path, None, "spec", "no such file" if missing else f"cannot read: {os_error.strerror}"
+        )
+
+    def render(self) -> str:
+        return f"{self.rule}: {self.path}"
 
 
 def field_lines(root: yaml.Node | None) -> dict[str, int]:
@@ -131,7 +194,7 @@ def load_job_file(
         with open(path, "rb") as f:
             raw = f.read(MAX_SPEC_FILE_BYTES + 1)
     except OSError as exc:
-        raise SpecFileError(name, None, "spec", f"cannot read the file: {exc.strerror}") from exc
+        raise SpecFileUnreadable(name, exc) from exc
     if len(raw) > MAX_SPEC_FILE_BYTES:
         raise SpecFileError(name, None, "spec", f"file larger than {MAX_SPEC_FILE_BYTES} bytes")
     try:
@@ -146,6 +209,8 @@ def load_job_file(
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         problem = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        if "'\\t'" in problem:
+            problem += " (YAML indents with spaces, not tabs)"
         raise SpecFileError(name, line, "spec", f"not valid YAML: {problem}") from exc
     except yaml.YAMLError as exc:
         raise SpecFileError(name, None, "spec", f"not valid YAML: {exc}") from exc
@@ -156,8 +221,7 @@ def load_job_file(
     try:
         return parse_job_spec(data, topology_levels)
     except SpecError as exc:
-        line = line_of(exc.field, lines)
-        raise SpecFileError(name, line, exc.field, exc.rule, exc.code) from exc
+        raise SpecFileError.located(name, exc.violations, lines) from exc
 
 
 def _check_shape(name: str, text: str) -> None:

@@ -6,19 +6,21 @@ only the document's shape: which fields exist, their types and how quantities an
 durations are written. Every rule on the values, and every limit, belongs to
 :mod:`synapse_ha.core.validation`, which the parser calls on the spec it built.
 
-Errors are :class:`SpecError`, carrying a :class:`~synapse_ha.core.validation.Violation`
-that names the offending field and the rule it broke, so that nothing invalid ever
-reaches the replicated log.
+Errors are :class:`SpecError`, carrying every
+:class:`~synapse_ha.core.validation.Violation` the document has (each names the offending
+field and the rule it broke; an unknown field or value the closest allowed one), so that
+one reading reports them all and nothing invalid ever reaches the replicated log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.dependencies import Dependencies, DependencyKind
@@ -32,6 +34,8 @@ from synapse_ha.core.validation import (
     ViolationCode,
     check_job_spec,
     check_request_id,
+    describe,
+    did_you_mean,
 )
 from synapse_ha.core.windows import parse_time
 
@@ -80,14 +84,15 @@ _MEMORY_UNITS_MIB: dict[str, float] = {
 }
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
+_T = TypeVar("_T")
 
 
 class SpecError(ValueError):
-    """A job specification (or another document read by a program) broke a rule.
+    """A job specification (or another document read by a program) broke rules.
 
-    ``violation`` is the first rule broken, as a value; ``violations`` every one found
-    (the parser stops at the first malformed field, the rule check reports them all).
-    ``field`` is a dotted path such as ``resources.memory``; ``rule`` says what is allowed.
+    ``violations`` are every rule broken, in the document's order (a file reader sorts
+    them by line); ``violation`` is the first. ``field`` is a dotted path such as
+    ``resources.memory``; ``rule`` says what is allowed. The message lists them all.
     """
 
     def __init__(
@@ -98,13 +103,13 @@ class SpecError(ValueError):
         *,
         violations: Sequence[Violation] = (),
     ) -> None:
-        super().__init__(f"{field}: {rule}")
         self.violation = Violation(code, field, rule)
         self.violations: tuple[Violation, ...] = tuple(violations) or (self.violation,)
+        super().__init__(describe(self.violations))
 
     @classmethod
     def of(cls, violations: Sequence[Violation]) -> SpecError:
-        """The error for a non-empty list of violations (the first one is its message)."""
+        """The error for a non-empty list of violations (the first one is ``violation``)."""
         first = violations[0]
         return cls(first.field, first.rule, first.code, violations=violations)
 
@@ -225,54 +230,114 @@ def parse_duration(value: object, field: str) -> int:
 
 # -------------------------------------------------------------------- whole specs
 
+# What a spec states for each member when it leaves ``resources.cpu`` or
+# ``resources.memory`` out: Slurm's one CPU per task, and a GiB. ``synctl sbatch`` and the
+# Python client read their documents here too, so all three apply the same defaults; an
+# explicit ``0`` still means none.
+DEFAULT_CPU = 1
+DEFAULT_MEMORY = "1Gi"
+DEFAULT_RESOURCES = Resources(cpu_milli=1000, memory_mib=1024, gpu=0)
+
+# Fields of the mappings nested in a spec, for the hint given for one written at the top.
+_NESTED_FIELDS = {
+    "resources": _RESOURCE_FIELDS,
+    "topology": _TOPOLOGY_FIELDS,
+    "retries": _RETRY_FIELDS,
+    "progress": _PROGRESS_FIELDS,
+    "prestart": _PRESTART_FIELDS,
+}
+
+
+class _Problems:
+    """Every rule a document breaks, gathered as it is read, so that one reading reports
+    them all."""
+
+    def __init__(self) -> None:
+        self.found: list[Violation] = []
+
+    def add(self, field: str, rule: str, code: ViolationCode = ViolationCode.INVALID_FIELD) -> None:
+        self.found.append(Violation(code, field, rule))
+
+    def take(self, read: Callable[[], _T], fallback: _T) -> _T:
+        """``read()``, or ``fallback`` once the rules it broke are noted."""
+        try:
+            return read()
+        except SpecError as exc:
+            self.found.extend(exc.violations)
+            return fallback
+
 
 def parse_job_spec(
     data: object, topology_levels: Sequence[str] | None = DEFAULT_TOPOLOGY_LEVELS
 ) -> ParsedJob:
     """Validate a plain job document and build the core spec.
 
+    Raises a :class:`SpecError` listing every rule the document breaks, ordered by its
+    top-level fields as the document gives them (a field it lacks comes last).
     ``topology_levels`` are the cluster's levels above a host; ``host`` is always allowed.
     ``None`` means they are not known here (a client of a cluster whose levels are
     configured there): any well-formed level name passes, and the cluster checks it.
     """
-    doc = _mapping(data, "spec", _TOP_FIELDS)
+    problems = _Problems()
+    doc = _mapping(data, "spec", _TOP_FIELDS, problems)
+    misspelt = {
+        close
+        for key in (data if isinstance(data, Mapping) else ())
+        if isinstance(key, str) and key not in _TOP_FIELDS
+        for close in difflib.get_close_matches(key, sorted(_TOP_FIELDS), n=1)
+    }
     for field in ("name", "replicas", "command"):
-        if field not in doc:
-            raise SpecError(field, "is required", ViolationCode.REQUIRED)
-    resources = _resources(doc.get("resources", {}))
-    command, shell = _command(doc["command"])
-    env = _env(doc.get("env", {}))
-    topology_doc = _mapping(doc.get("topology", {}), "topology", _TOPOLOGY_FIELDS)
-    retries = _retries(doc.get("retries", {}))
-    replicas = doc["replicas"]
+        if field not in doc and field not in misspelt:  # a misspelt one is said once
+            problems.add(field, "is required", ViolationCode.REQUIRED)
+    take = problems.take
+    resources = take(lambda: _resources(doc.get("resources", {}), problems), DEFAULT_RESOURCES)
+    stand_in: tuple[tuple[str, ...], bool] = (("true",), True)
+    command, shell = take(lambda: _command(doc.get("command", "true")), stand_in)
+    no_env: tuple[tuple[str, str], ...] = ()
+    env = take(lambda: _env(doc.get("env", {}), problems), no_env)
+    no_topology: Mapping[str, Any] = {}
+    topology_doc = take(
+        lambda: _mapping(doc.get("topology", {}), "topology", _TOPOLOGY_FIELDS, problems),
+        no_topology,
+    )
+    retries = take(lambda: _retries(doc.get("retries", {}), problems), RetryPolicy())
+    replicas = doc.get("replicas", 1)
     if not _is_int(replicas):
-        raise SpecError(
+        problems.add(
             "replicas", f"expected an integer, got {_kind(replicas)}", ViolationCode.WRONG_TYPE
         )
-    priority, priority_class = _priority(doc.get("priority", 0))
+        replicas = 1
+    priority, priority_class = take(lambda: _priority(doc.get("priority", 0)), (0, ""))
+
+    def string(field: str, value: object) -> str:
+        return take(lambda: _string(value, field), "")
+
+    def optional(field: str, read: Callable[[object], _T], absent: _T) -> _T:
+        return take(lambda: read(doc[field]), absent) if field in doc else absent
+
     spec = JobSpec(
-        name=_string(doc["name"], "name"),
+        name=string("name", doc.get("name", "")),
         replicas=replicas,
         resources=resources,
         command=command,
         shell=shell,
         env=env,
-        workdir=_string(doc.get("workdir", ""), "workdir"),
+        workdir=string("workdir", doc.get("workdir", "")),
         priority=priority,
-        topology_required=_string(topology_doc.get("required", ""), "topology.required"),
-        topology_preferred=_string(topology_doc.get("preferred", ""), "topology.preferred"),
-        time_limit_ms=parse_duration(doc["time_limit"], "time_limit") if "time_limit" in doc else 0,
+        topology_required=string("topology.required", topology_doc.get("required", "")),
+        topology_preferred=string("topology.preferred", topology_doc.get("preferred", "")),
+        time_limit_ms=optional("time_limit", lambda v: parse_duration(v, "time_limit"), 0),
         retries=retries,
-        image=_string(doc.get("image", ""), "image"),
-        queue=_string(doc.get("queue", DEFAULT_QUEUE), "queue"),
+        image=string("image", doc.get("image", "")),
+        queue=string("queue", doc.get("queue", DEFAULT_QUEUE)),
         priority_class=priority_class,
-        progress=_progress(doc["progress"]) if "progress" in doc else None,
-        prestart=_prestart(doc["prestart"]) if "prestart" in doc else None,
-        dependencies=_dependencies(doc["dependencies"]) if "dependencies" in doc else None,
-        array=_array(doc["array"]) if "array" in doc else "",
+        progress=optional("progress", lambda v: _progress(v, problems), None),
+        prestart=optional("prestart", lambda v: _prestart(v, problems), None),
+        dependencies=optional("dependencies", lambda v: _dependencies(v, problems), None),
+        array=optional("array", _array, ""),
     )
-    begin = _moment(doc["begin"], "begin") if "begin" in doc else (0, 0)
-    deadline = _moment(doc["deadline"], "deadline") if "deadline" in doc else (0, 0)
+    begin = optional("begin", lambda v: _moment(v, "begin"), (0, 0))
+    deadline = optional("deadline", lambda v: _moment(v, "deadline"), (0, 0))
     spec = dataclasses.replace(
         spec,
         begin_at_ms=begin[0],
@@ -280,11 +345,36 @@ def parse_job_spec(
         deadline_at_ms=deadline[0],
         deadline_delay_ms=deadline[1],
     )
-    request_id = _string(doc.get("request_id", ""), "request_id")
-    violations = check_job_spec(spec, topology_levels) + check_request_id(request_id)
+    request_id = string("request_id", doc.get("request_id", ""))
+    found = problems.found
+    # A field that could not be read (or was misspelt) has a stand-in the rules ignore.
+    ruled = [
+        v
+        for v in check_job_spec(spec, topology_levels) + check_request_id(request_id)
+        if not any(_related(v.field, f) for f in [*misspelt, *(f.field for f in found)])
+    ]
+    violations = found + ruled
     if violations:
-        raise SpecError.of(violations)
+        raise SpecError.of(_in_document_order(violations, data))
     return ParsedJob(spec=spec, request_id=request_id)
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether one field path is the other or lies within it."""
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith((f"{short}.", f"{short}["))
+
+
+def _in_document_order(violations: list[Violation], data: object) -> list[Violation]:
+    """Ordered by the top-level field each names, as the document gives them; fields it
+    lacks last; the order found within one field."""
+    keys = list(data) if isinstance(data, Mapping) else []
+    position = {key: i for i, key in enumerate(keys)}
+
+    def top(field: str) -> int:
+        return position.get(re.split(r"[.\[]", field, maxsplit=1)[0], len(keys))
+
+    return sorted(violations, key=lambda v: top(v.field))
 
 
 # ------------------------------------------------------------------------ helpers
@@ -294,83 +384,108 @@ def _kind(value: object) -> str:
     return "nothing" if value is None else type(value).__name__
 
 
-def _mapping(value: object, field: str, allowed: frozenset[str] | None) -> Mapping[str, Any]:
+def _mapping(
+    value: object, field: str, allowed: frozenset[str] | None, problems: _Problems | None = None
+) -> Mapping[str, Any]:
+    """``value`` as a mapping of its well-formed keys. A key that is not a string, or not
+    an ``allowed`` field, is a problem noted in ``problems`` (raised when None); not a
+    mapping at all raises."""
     if not isinstance(value, Mapping):
         raise SpecError(field, f"expected a mapping, got {_kind(value)}", ViolationCode.WRONG_TYPE)
-    for key in value:
+    noted = _Problems() if problems is None else problems
+    kept: dict[str, Any] = {}
+    prefix = "" if field == "spec" else f"{field}."
+    for key, item in value.items():
         if not isinstance(key, str):
-            raise SpecError(
-                field, f"keys must be strings, got {_kind(key)}", ViolationCode.WRONG_TYPE
-            )
-        if allowed is not None and key not in allowed:
-            prefix = "" if field == "spec" else f"{field}."
-            raise SpecError(
-                f"{prefix}{key}",
-                f"unknown field (allowed: {', '.join(sorted(allowed))})",
-                ViolationCode.UNKNOWN_FIELD,
-            )
-    return value
+            noted.add(field, f"keys must be strings, got {_kind(key)}", ViolationCode.WRONG_TYPE)
+        elif allowed is not None and key not in allowed:
+            noted.add(f"{prefix}{key}", _unknown(key, field, allowed), ViolationCode.UNKNOWN_FIELD)
+        else:
+            kept[key] = item
+    if problems is None and noted.found:
+        raise SpecError.of(noted.found)
+    return kept
 
 
-def _resources(value: object) -> Resources:
-    """``resources:``: GPUs a whole number, CPU and memory as quantities."""
-    doc = _mapping(value, "resources", _RESOURCE_FIELDS)
+def _unknown(key: str, field: str, allowed: frozenset[str]) -> str:
+    """The rule for an unknown field: the closest allowed name, or the field of a nested
+    mapping it belongs to (a key written at the top, not indented under its parent)."""
+    hint = did_you_mean(key, sorted(allowed))
+    if not hint and field == "spec":
+        parents = sorted(parent for parent, fields in _NESTED_FIELDS.items() if key in fields)
+        if parents:
+            return (
+                f"unknown field; did you mean `{parents[0]}.{key}` (indented under {parents[0]}:)?"
+            )
+    if hint:
+        return f"unknown field; {hint}"
+    return f"unknown field (allowed: {', '.join(sorted(allowed))})"
+
+
+def _resources(value: object, problems: _Problems) -> Resources:
+    """``resources:``: GPUs a whole number, CPU and memory as quantities (one CPU and
+    1Gi per member where absent)."""
+    doc = _mapping(value, "resources", _RESOURCE_FIELDS, problems)
     gpu = doc.get("gpu", 0)
     if not _is_int(gpu):
-        raise SpecError(
+        problems.add(
             "resources.gpu", f"expected an integer, got {_kind(gpu)}", ViolationCode.WRONG_TYPE
         )
+        gpu = 0
     return Resources(
-        cpu_milli=parse_cpu(doc.get("cpu", 0)),
-        memory_mib=parse_memory(doc.get("memory", 0)),
+        cpu_milli=problems.take(lambda: parse_cpu(doc.get("cpu", DEFAULT_CPU)), 0),
+        memory_mib=problems.take(lambda: parse_memory(doc.get("memory", DEFAULT_MEMORY)), 0),
         gpu=gpu,
     )
 
 
-def _env(value: object) -> tuple[tuple[str, str], ...]:
+def _env(value: object, problems: _Problems) -> tuple[tuple[str, str], ...]:
     """``env:``: a mapping of names to strings (numbers are written as strings)."""
     env = []
-    for key, item in _mapping(value, "env", None).items():
+    for key, item in _mapping(value, "env", None, problems).items():
         if not isinstance(item, (str, int, float)) or isinstance(item, bool):
-            raise SpecError(
+            problems.add(
                 f"env.{key}", f"expected a string, got {_kind(item)}", ViolationCode.WRONG_TYPE
             )
+            continue
         env.append((str(key), str(item)))
     return tuple(env)
 
 
-def _retries(value: object) -> RetryPolicy:
+def _retries(value: object, problems: _Problems) -> RetryPolicy:
     """``retries:``: how many, and the backoff durations (the defaults where absent)."""
-    doc = _mapping(value, "retries", _RETRY_FIELDS)
+    doc = _mapping(value, "retries", _RETRY_FIELDS, problems)
+    defaults = RetryPolicy()
     max_retries = doc.get("max", 0)
     if not _is_int(max_retries):
-        raise SpecError(
+        problems.add(
             "retries.max",
             f"expected an integer, got {_kind(max_retries)}",
             ViolationCode.WRONG_TYPE,
         )
-    defaults = RetryPolicy()
-    return RetryPolicy(
-        max_retries=max_retries,
-        backoff_ms=parse_duration(doc.get("backoff", "10s"), "retries.backoff")
-        if "backoff" in doc
-        else defaults.backoff_ms,
-        max_backoff_ms=parse_duration(doc["max_backoff"], "retries.max_backoff")
-        if "max_backoff" in doc
-        else defaults.max_backoff_ms,
-    )
+        max_retries = 0
+    backoff = defaults.backoff_ms
+    if "backoff" in doc:
+        backoff = problems.take(lambda: parse_duration(doc["backoff"], "retries.backoff"), backoff)
+    max_backoff = defaults.max_backoff_ms
+    if "max_backoff" in doc:
+        max_backoff = problems.take(
+            lambda: parse_duration(doc["max_backoff"], "retries.max_backoff"), max_backoff
+        )
+    return RetryPolicy(max_retries=max_retries, backoff_ms=backoff, max_backoff_ms=max_backoff)
 
 
-def _progress(value: object) -> Progress:
+def _progress(value: object, problems: _Problems) -> Progress:
     """``progress:``: hang detection, ``{timeout: 30m}`` or ``{timeout: 30m, source: log}``
     (the source is ``file`` where absent); the limits are the rule set's."""
-    doc = _mapping(value, "progress", _PROGRESS_FIELDS)
+    doc = _mapping(value, "progress", _PROGRESS_FIELDS, problems)
+    timeout = 0
     if "timeout" not in doc:
-        raise SpecError("progress.timeout", "is required", ViolationCode.REQUIRED)
-    return Progress(
-        timeout_ms=parse_duration(doc["timeout"], "progress.timeout"),
-        source=_string(doc.get("source", SOURCE_FILE), "progress.source"),
-    )
+        problems.add("progress.timeout", "is required", ViolationCode.REQUIRED)
+    else:
+        timeout = problems.take(lambda: parse_duration(doc["timeout"], "progress.timeout"), 0)
+    source = problems.take(lambda: _string(doc.get("source", SOURCE_FILE), "progress.source"), "")
+    return Progress(timeout_ms=timeout, source=source)
 
 
 def _priority(value: object) -> tuple[int, str]:
@@ -403,15 +518,21 @@ def _moment(value: object, field: str) -> tuple[int, int]:
     return at_ms, 0
 
 
-def _dependencies(value: object) -> Dependencies | None:
+def _dependencies(value: object, problems: _Problems) -> Dependencies | None:
     """``dependencies:``, ``{afterok: [job-000012], after: job-000013}``: per kind a job
     id or a list of them; None when every list is empty."""
-    doc = _mapping(value, "dependencies", _DEPENDENCY_FIELDS)
+    doc = _mapping(value, "dependencies", _DEPENDENCY_FIELDS, problems)
     ids: dict[str, tuple[str, ...]] = {}
     for kind, given in doc.items():
         field = f"dependencies.{kind}"
         items = given if isinstance(given, list) else [given]
-        ids[kind] = tuple(_string(item, field) for item in items)
+        texts = []
+        for item in items:
+            try:
+                texts.append(_string(item, field))
+            except SpecError as exc:
+                problems.found.extend(exc.violations)
+        ids[kind] = tuple(texts)
     deps = Dependencies(
         after_ok=ids.get(DependencyKind.AFTER_OK, ()),
         after_any=ids.get(DependencyKind.AFTER_ANY, ()),
@@ -440,24 +561,26 @@ def _command(value: object, field: str = "command") -> tuple[tuple[str, ...], bo
             raise SpecError(field, "must not be empty")
         return (value,), True
     if isinstance(value, list) and value:
-        for i, part in enumerate(value):
-            if not isinstance(part, str) or not part:
-                raise SpecError(
-                    f"{field}[{i}]", "expected a non-empty string", ViolationCode.WRONG_TYPE
-                )
+        wrong = [
+            Violation(ViolationCode.WRONG_TYPE, f"{field}[{i}]", "expected a non-empty string")
+            for i, part in enumerate(value)
+            if not isinstance(part, str) or not part
+        ]
+        if wrong:
+            raise SpecError.of(wrong)
         return tuple(value), False
     raise SpecError(
         field, "expected a string or a non-empty list of strings", ViolationCode.WRONG_TYPE
     )
 
 
-def _prestart(value: object) -> Prestart:
+def _prestart(value: object, problems: _Problems) -> Prestart:
     """``prestart:``: a command (string or list, as ``command``), or a mapping of
     ``command`` and ``timeout`` (default 60s)."""
     if not isinstance(value, Mapping):
         command, shell = _command(value, "prestart")
         return Prestart(command, shell)
-    doc = _mapping(value, "prestart", _PRESTART_FIELDS)
+    doc = _mapping(value, "prestart", _PRESTART_FIELDS, problems)
     if "command" not in doc:
         raise SpecError("prestart.command", "is required", ViolationCode.REQUIRED)
     command, shell = _command(doc["command"], "prestart.command")

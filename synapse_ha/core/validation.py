@@ -13,6 +13,7 @@ it needs (a gRPC BadRequest, a line in a file, a ``Result`` message).
 
 from __future__ import annotations
 
+import difflib
 import enum
 import re
 from collections.abc import Sequence
@@ -127,6 +128,13 @@ def describe(violations: Sequence[Violation]) -> str:
     return "; ".join(str(v) for v in violations)
 
 
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``did you mean `command`?`` for the choice closest to a misspelt ``word``
+    (:func:`difflib.get_close_matches`, its default cutoff), else empty."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f"did you mean `{close[0]}`?" if close else ""
+
+
 # ------------------------------------------------------------------------ job specs
 
 
@@ -208,11 +216,13 @@ def _check_progress(progress: Progress | None, *, has_image: bool) -> list[Viola
     if not MIN_PROGRESS_TIMEOUT_MS <= progress.timeout_ms <= MAX_PROGRESS_TIMEOUT_MS:
         out.append(invalid("progress.timeout", "must be between 10s and 7d"))
     if progress.source not in PROGRESS_SOURCES:
+        hint = did_you_mean(progress.source, PROGRESS_SOURCES)
         out.append(
             invalid(
                 "progress.source",
-                f"{progress.source!r} is not a progress source (allowed: "
-                f"{', '.join(PROGRESS_SOURCES)})",
+                f"{progress.source!r} is not a progress source"
+                + (f", {hint} (allowed: " if hint else " (allowed: ")
+                + f"{', '.join(PROGRESS_SOURCES)})",
             )
         )
     elif has_image and progress.source != PROGRESS_SOURCE_LOG:
@@ -322,7 +332,10 @@ def _check_level(level: str, topology_levels: Sequence[str] | None) -> str:
         return "" if LEVEL_NAME_PATTERN.match(level) else f"{level!r} is not a topology level name"
     levels = tuple(dict.fromkeys((*topology_levels, HOST_LEVEL)))
     if level not in levels:
-        return f"{level!r} is not a topology level ({', '.join(levels)})"
+        hint = did_you_mean(level, levels)
+        return (
+            f"{level!r} is not a topology level{f', {hint}' if hint else ''} ({', '.join(levels)})"
+        )
     return ""
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from synapse_ha.client.specfile import (
     SpecFileError,
+    SpecFileUnreadable,
     line_in_file,
     load_job_file,
     load_job_spec_file,
@@ -116,11 +117,14 @@ def test_a_document_that_is_not_a_mapping(tmp_path: Path, text: str, kind: str) 
     assert error.rule == f"expected a mapping, got {kind}"
 
 
-def test_an_unreadable_file(tmp_path: Path) -> None:
+def test_a_missing_file_says_no_such_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
     with pytest.raises(SpecFileError) as info:
-        load_job_file(tmp_path / "missing.yaml")
+        load_job_file(missing)
     assert info.value.field == "spec"
-    assert "cannot read the file" in info.value.rule
+    assert str(info.value) == f"no such file: {missing}"
+    assert isinstance(info.value, SpecFileUnreadable)
+    assert isinstance(info.value.os_error, FileNotFoundError)
 
 
 def test_a_spec_file_error_is_a_spec_error(tmp_path: Path) -> None:

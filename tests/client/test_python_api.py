@@ -161,7 +161,7 @@ def test_a_spec_breaking_a_rule_is_refused_before_any_call(tmp_path: Path) -> No
             cluster.submit({"name": "x", "replicas": 0, "command": "true"})
         assert caught.value.field == "replicas"
         bad = tmp_path / "job.yaml"
-        bad.write_text("name: x\nreplicas: 1\ncommand: true\nresources:\n  memory: lots\n")
+        bad.write_text("name: x\nreplicas: 1\ncommand: echo hi\nresources:\n  memory: lots\n")
         with pytest.raises(InvalidSpec) as in_file:
             cluster.submit(bad)
         assert (in_file.value.field, in_file.value.line) == ("resources.memory", 5)
