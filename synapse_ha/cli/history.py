@@ -14,9 +14,10 @@ from typing import Any
 
 import click
 
-from synapse_ha.cli import render, terminal
+from synapse_ha.cli import render, render_times, terminal
 from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
 from synapse_ha.cli.render_jobs import checkpoint_document
+from synapse_ha.cli.render_times import with_iso
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -49,23 +50,33 @@ def parse_since(value: str, now_ms: int, option: str = "--since") -> int:
 
 
 def attempt_document(a: pb.HistoryAttempt) -> dict[str, Any]:
-    return {
-        "attempt": a.number,
-        "fencing_token": a.fencing_token,
-        "state": states.shown_attempt_state(a),
-        "nodes": list(a.nodes),
-        "gpus": a.gpus,
-        "bound_at_ms": a.bound_at_ms,
-        "started_at_ms": a.started_at_ms or None,
-        "ended_at_ms": a.ended_at_ms,
-        "gpu_seconds": a.gpu_ms / 1000,
-        "outcome_code": a.outcome_code,
-        "outcome": a.outcome,
-    }
+    return with_iso(
+        {
+            "attempt": a.number,
+            "fencing_token": a.fencing_token,
+            "state": states.shown_attempt_state(a),
+            "nodes": list(a.nodes),
+            "gpus": a.gpus,
+            "bound_at_ms": a.bound_at_ms,
+            "started_at_ms": a.started_at_ms or None,
+            "ended_at_ms": a.ended_at_ms,
+            "gpu_seconds": a.gpu_ms / 1000,
+            "outcome_code": a.outcome_code,
+            "outcome": a.outcome,
+        },
+        "bound_at_ms",
+        "started_at_ms",
+        "ended_at_ms",
+    )
 
 
 def history_document(j: pb.HistoryJob) -> dict[str, Any]:
-    return {
+    """A finished job. ``id`` is its id as in ``synctl jobs``; ``job_id`` the same, kept
+    for scripts written before. ``wait_ms``: submission to first start; ``elapsed_ms``:
+    first start to end (every attempt and the gaps between them)."""
+    started = j.started_at_ms or None
+    doc = {
+        "id": j.job_id,
         "job_id": j.job_id,
         "name": j.name,
         "owner": j.owner,
@@ -88,26 +99,48 @@ def history_document(j: pb.HistoryJob) -> dict[str, Any]:
         "attempt_list": [attempt_document(a) for a in j.attempt_list],
         "checkpoint": checkpoint_document(j.checkpoint) if j.HasField("checkpoint") else None,
         "resume_step": j.resume_step if j.HasField("resume_step") else None,
+        "wait_ms": max(0, started - j.submitted_at_ms) if started and j.submitted_at_ms else None,
+        "elapsed_ms": max(0, j.finished_at_ms - started) if started and j.finished_at_ms else None,
     }
+    return with_iso(doc, "submitted_at_ms", "started_at_ms", "finished_at_ms")
 
 
-def history_table(docs: Sequence[Mapping[str, Any]]) -> str:
+HISTORY_HEADERS = (
+    "ID",
+    "NAME",
+    "USER",
+    "QUEUE",
+    "STATE",
+    "ATT",
+    "SUBMITTED",
+    "WAIT",
+    "ELAPSED",
+    "ENDED",
+    "GPU-H",
+    "NODES",
+)
+
+
+def history_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
+    """Finished jobs, times local (``short_time`` against ``now_ms``)."""
     rows = [
         (
-            d["job_id"],
+            d["id"],
             d["name"],
             d["owner"],
             d["queue"],
             d["state"],
             d["attempts"],
-            render.time_text(d["started_at_ms"]),
-            render.time_text(d["finished_at_ms"]),
+            render_times.short_time(d["submitted_at_ms"], now_ms),
+            render_times.clock(d["wait_ms"]),
+            render_times.clock(d["elapsed_ms"]),
+            render_times.short_time(d["finished_at_ms"], now_ms),
             f"{d['gpu_seconds'] / 3600:.2f}",
             ",".join(d["nodes"][:4]) + (",..." if len(d["nodes"]) > 4 else ""),
         )
         for d in docs
     ]
-    headers = ("JOB", "NAME", "USER", "QUEUE", "STATE", "ATT", "START", "END", "GPU-H", "NODES")
+    headers = HISTORY_HEADERS
     return render.table(rows, headers) if rows else "no finished jobs match"
 
 
@@ -155,9 +188,13 @@ def event_document(e: pb.Event) -> dict[str, Any]:
     return doc
 
 
+EVENT_HEADER = ("INDEX", "TIME", "KIND", "SUBJECT", "DETAIL")
+
+
 def event_line(d: Mapping[str, Any]) -> str:
-    """One event as a line; every part the cluster, a job or a node wrote is escaped
-    (:func:`~synapse_ha.cli.terminal.terminal_safe`), newlines included."""
+    """One event as a line under :func:`event_header`; every part the cluster, a job or
+    a node wrote is escaped (:func:`~synapse_ha.cli.terminal.terminal_safe`), newlines
+    included."""
     safe = terminal.terminal_safe
     subject = safe(d.get("job_id") or d.get("node_id") or d.get("leader_id") or "-")
     extra = []
@@ -167,10 +204,19 @@ def event_line(d: Mapping[str, Any]) -> str:
         extra.append("on " + safe(",".join(d["nodes"])))
     if "detail" in d:
         extra.append(safe(d["detail"]))
-    return (
-        f"{d['index']:>14}  {render.time_text(d['time_ms'])}  {safe(d['kind']):<15} "
-        f"{subject:<12} " + "; ".join(extra)
-    ).rstrip()
+    return _event_columns(
+        str(d["index"]), render.time_text(d["time_ms"]), safe(d["kind"]), subject, "; ".join(extra)
+    )
+
+
+def event_header() -> str:
+    """The column names above :func:`event_line` lines."""
+    return _event_columns(*EVENT_HEADER)
+
+
+def _event_columns(index: str, when: str, kind: str, subject: str, detail: str) -> str:
+    # Fixed widths: a followed stream prints line by line, so no table can size them.
+    return f"{index:>14}  {when:<23}  {kind:<15} {subject:<12} {detail}".rstrip()
 
 
 # --------------------------------------------------------------------- commands
@@ -204,12 +250,13 @@ def history(
       synctl history --since 1d
       synctl history --user alice --node w7 -o json
     """
-    since_ms = parse_since(since, now_ms()) if since else 0
+    now = now_ms()
+    since_ms = parse_since(since, now) if since else 0
     found = settings.client().list_history(
         user=user, queue=queue, node_id=node, since_ms=since_ms, limit=limit
     )
     docs = [history_document(j) for j in found]
-    emit(settings, {"jobs": docs}, lambda: history_table(docs))
+    emit(settings, {"jobs": docs}, lambda: history_table(docs, now))
 
 
 @click.command()
@@ -275,6 +322,8 @@ def events(settings: Settings, follow: bool, since_index: int) -> None:
         since_index, follow=follow, reconnect_s=settings.timeout
     )
     if follow:
+        if settings.output == "table":
+            click.echo(event_header())
         for event in stream:
             doc = event_document(event)
             if settings.output == "table":
@@ -287,7 +336,7 @@ def events(settings: Settings, follow: bool, since_index: int) -> None:
     emit(
         settings,
         {"events": docs, "last_index": last},
-        lambda: "\n".join(event_line(d) for d in docs) if docs else "no events",
+        lambda: "\n".join([event_header(), *map(event_line, docs)]) if docs else "no events",
     )
 
 

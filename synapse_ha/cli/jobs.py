@@ -398,7 +398,7 @@ def status(settings: Settings, job_id: str) -> None:
     """
     client = settings.client()
     try:
-        document = render_jobs.job_document(client.get_job(job_id))
+        document = render_jobs.job_document(client.get_job(job_id), now_ms())
     except grpc.RpcError as exc:
         if not is_array_answer(exc):
             raise
@@ -452,16 +452,19 @@ def jobs(
         array_id=array_id,
         collapse_arrays=not (expand or array_id),
     )
-    documents = [render_jobs.job_document(j) for j in found if isinstance(j, pb.Job)]
+    now = now_ms()
+    documents = [render_jobs.job_document(j, now) for j in found if isinstance(j, pb.Job)]
     arrays = [render_arrays.array_document(a) for a in found if isinstance(a, pb.ArraySummary)]
     lines = [
-        render_jobs.job_document(j) if isinstance(j, pb.Job) else render_arrays.array_document(j)
+        render_jobs.job_document(j, now)
+        if isinstance(j, pb.Job)
+        else render_arrays.array_document(j)
         for j in found
     ]
     emit(
         settings,
         {"jobs": documents, "arrays": arrays},
-        lambda: render_arrays.lines_table(lines, now_ms()),
+        lambda: render_arrays.lines_table(lines, now),
     )
 
 

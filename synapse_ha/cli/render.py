@@ -109,13 +109,13 @@ An **error** (on stderr, with the command's exit code)::
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 from tabulate import tabulate  # type: ignore[import-untyped]
 
+from synapse_ha.cli import render_times
 from synapse_ha.cli.terminal import terminal_safe
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -204,9 +204,8 @@ def duration_text(ms: int | None) -> str:
 
 
 def time_text(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
+    """``2026-11-28 22:39:20 CET``: the local time (see :mod:`~synapse_ha.cli.render_times`)."""
+    return render_times.local_time(ms)
 
 
 def age_text(since_ms: int | None, now_ms: int) -> str:

@@ -8,7 +8,6 @@ from typing import Any
 
 from synapse_ha.cli.render import (
     Document,
-    age_text,
     cell_text,
     resources_document,
     resources_text,
@@ -21,6 +20,7 @@ from synapse_ha.cli.render_jobs import (
     dependencies_text,
     job_row,
 )
+from synapse_ha.cli.render_times import relative, short_time
 from synapse_ha.core.model import JobState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -72,7 +72,10 @@ def array_row(doc: Mapping[str, Any], now_ms: int) -> list[object]:
         doc["replicas"],
         doc["resources"]["gpu"],
         None,
-        age_text(doc["submitted_at_ms"], now_ms),
+        short_time(doc["submitted_at_ms"], now_ms),
+        None,
+        None,
+        None,
         f"{states_text(doc)} ({throttle_text(doc)})",
     ]
 
@@ -97,7 +100,7 @@ def array_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("DEPENDS ON", dependencies_text(doc["dependencies"])),
         (
             "SUBMITTED",
-            f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",
+            f"{time_text(doc['submitted_at_ms'])} ({relative(doc['submitted_at_ms'], now_ms)})",
         ),
         ("REQUEST ID", doc["request_id"]),
     ]

@@ -18,6 +18,14 @@ from synapse_ha.cli.render import (
     time_text,
 )
 from synapse_ha.cli.render_nodes import topology_document, topology_path
+from synapse_ha.cli.render_times import (
+    clock,
+    iso,
+    job_durations,
+    relative,
+    short_time,
+    with_iso,
+)
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
 from synapse_ha.core.model import JobState
 from synapse_ha.core.progress import SOURCE_LOG
@@ -50,7 +58,9 @@ def checkpoint_text(doc: Mapping[str, Any] | None, now_ms: int) -> str | None:
     return f"{ago}, no step" if doc["step"] is None else f"step {doc['step']}, {ago}"
 
 
-def job_document(job: pb.Job) -> Document:
+def job_document(job: pb.Job, now_ms: int | None = None) -> Document:
+    """The job as ``synctl`` shows it; its durations (wait, elapsed, time left) as of
+    ``now_ms`` (null without it)."""
     spec = job.spec
     has_attempt = job.HasField("attempt")
     command: list[str] | None
@@ -60,7 +70,7 @@ def job_document(job: pb.Job) -> Document:
         command, shell = list(spec.argv.args), False
     else:
         command, shell = [spec.shell_command], True
-    return {
+    doc = {
         "id": job.job_id,
         "name": spec.name,
         "state": states.shown_job_state(job),
@@ -110,6 +120,33 @@ def job_document(job: pb.Job) -> Document:
         else None,
         "resume_step": job.resume_step if job.HasField("resume_step") else None,
     }
+    return {**with_iso(doc, *_TIMES), **times_document(job, now_ms)}
+
+
+_TIMES = ("submitted_at_ms", "finished_at_ms")
+
+
+def times_document(job: pb.Job, now_ms: int | None) -> Document:
+    """``{started_at_ms, started_at, wait_ms, elapsed_ms, time_left_ms}``: when the
+    current or last attempt started (its members running, else its bind), and the job's
+    durations as of ``now_ms`` (see :func:`~synapse_ha.cli.render_times.job_durations`).
+    A job waiting again after an attempt ended waits since its submission."""
+    attempt = job.attempt if job.HasField("attempt") else None
+    started = (attempt.started_at_ms or attempt.bound_at_ms) if attempt else 0
+    ended = (attempt.ended_at_ms or job.finished_at_ms) if attempt else job.finished_at_ms
+    if states.shown_job_state(job) == JobState.PENDING:
+        started = ended = 0
+    doc: Document = {"started_at_ms": started or None, "started_at": iso(started)}
+    if now_ms is None:
+        return {**doc, "wait_ms": None, "elapsed_ms": None, "time_left_ms": None}
+    durations = job_durations(
+        submitted_ms=job.submitted_at_ms or None,
+        started_ms=started or None,
+        ended_ms=ended or None,
+        time_limit_ms=job.spec.time_limit_ms,
+        now_ms=now_ms,
+    )
+    return {**doc, **durations}
 
 
 _KINDS = (("afterok", "after_ok"), ("afterany", "after_any"), ("afternotok", "after_not_ok"))
@@ -263,11 +300,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("WAITING FOR", dependencies_text(doc["waiting_for"])),
         ("BEGIN", time_text(doc["begin_ms"]) if doc["begin_ms"] else None),
         ("DEADLINE", time_text(doc["deadline_ms"]) if doc["deadline_ms"] else None),
-        (
-            "SUBMITTED",
-            f"{time_text(doc['submitted_at_ms'])} ({age_text(doc['submitted_at_ms'], now_ms)} ago)",
-        ),
-        ("FINISHED", time_text(doc["finished_at_ms"]) if doc["finished_at_ms"] else None),
+        *times_fields(doc, now_ms),
         ("CANCELLED BY", doc["cancelled_by"] or None),
         ("REQUEST ID", doc["request_id"]),
     ]
@@ -279,7 +312,46 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
     return "\n".join(lines)
 
 
-JOBS_HEADERS = ["ID", "NAME", "STATE", "MEMBERS", "GPU/MEMBER", "ATTEMPT", "AGE", "REASON"]
+def times_fields(doc: Mapping[str, Any], now_ms: int) -> list[tuple[str, object]]:
+    """The job's times for ``synctl status``: local times with how long ago, the wait in
+    the queue, the elapsed run time and what its time limit leaves."""
+    limit = doc["time_limit_ms"]
+    left = doc["time_left_ms"]
+    waiting = doc["state"] == JobState.PENDING
+    fields: list[tuple[str, object]] = [
+        ("SUBMITTED", _when(doc["submitted_at_ms"], now_ms)),
+        ("STARTED", _when(doc["started_at_ms"], now_ms) if doc["started_at_ms"] else None),
+        ("FINISHED", _when(doc["finished_at_ms"], now_ms) if doc["finished_at_ms"] else None),
+        ("WAITING" if waiting else "WAITED", _clock_or_none(doc["wait_ms"])),
+        ("ELAPSED", _clock_or_none(doc["elapsed_ms"])),
+    ]
+    if left is not None:
+        fields.append(("TIME LEFT", f"{clock(left)} of {clock(limit)}"))
+    return fields
+
+
+def _when(ms: int | None, now_ms: int) -> str | None:
+    """``2026-11-28 22:39:20 CET (8m47s ago)``."""
+    return f"{time_text(ms)} ({relative(ms, now_ms)})" if ms else None
+
+
+def _clock_or_none(ms: int | None) -> str | None:
+    return None if ms is None else clock(ms)
+
+
+JOBS_HEADERS = [
+    "ID",
+    "NAME",
+    "STATE",
+    "MEMBERS",
+    "GPU/MEMBER",
+    "ATTEMPT",
+    "SUBMITTED",
+    "WAIT",
+    "ELAPSED",
+    "LEFT",
+    "REASON",
+]
 
 
 def job_row(d: Mapping[str, Any], now_ms: int) -> list[object]:
@@ -291,7 +363,10 @@ def job_row(d: Mapping[str, Any], now_ms: int) -> list[object]:
         d["replicas"],
         d["resources"]["gpu"],
         d["attempt"] or None,
-        age_text(d["submitted_at_ms"], now_ms),
+        short_time(d["submitted_at_ms"], now_ms),
+        _clock_or_none(d.get("wait_ms")),
+        _clock_or_none(d.get("elapsed_ms")),
+        _clock_or_none(d.get("time_left_ms")),
         _short(d["reason"], 60),
     ]
 

@@ -272,7 +272,7 @@ def _have(r: Reason) -> str:
 def _when(r: Reason) -> str:
     if not r.has("start_in_ms"):
         return "until jobs without a time limit end"
-    return f"from t+{r.num('start_in_ms') / 1000:.0f}s"
+    return f"starting in {_duration(r.num('start_in_ms') // 1000 * 1000)}"
 
 
 def _ranks(r: Reason) -> str:

@@ -6,16 +6,24 @@ import json
 
 import yaml
 
-from synapse_ha.cli import render, render_cluster, render_jobs, render_nodes, render_tokens
+from synapse_ha.cli import (
+    render,
+    render_cluster,
+    render_jobs,
+    render_nodes,
+    render_times,
+    render_tokens,
+)
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 JOB_KEYS = [
     "id", "name", "state", "reason", "reason_code", "retries_used", "requeues", "image",
     "request_id", "owner", "cancelled_by", "redacted", "attempt", "fencing_token", "replicas",
     "priority", "resources", "topology", "time_limit_ms", "retries", "command", "shell",
-    "submitted_at_ms", "finished_at_ms", "attempt_outcome", "members", "queue",
-    "priority_class", "preemption", "progress", "prestart", "dependencies", "waiting_for",
-    "begin_ms", "deadline_ms", "checkpoint", "resume_step",
+    "submitted_at_ms", "submitted_at", "finished_at_ms", "finished_at", "attempt_outcome",
+    "members", "queue", "priority_class", "preemption", "progress", "prestart",
+    "dependencies", "waiting_for", "begin_ms", "deadline_ms", "checkpoint", "resume_step",
+    "started_at_ms", "started_at", "wait_ms", "elapsed_ms", "time_left_ms",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
@@ -172,9 +180,10 @@ def test_checkpoint_marks_in_the_documents_and_the_tables() -> None:
 
 def test_tables_for_people() -> None:
     now = 1_700_000_090_000
-    jobs = render_jobs.jobs_table([render_jobs.job_document(running_job())], now)
+    jobs = render_jobs.jobs_table([render_jobs.job_document(running_job(), now)], now)
+    submitted = render_times.short_time(1_700_000_000_000, now)
     assert jobs.splitlines()[1].split()[:7] == [
-        "job-000007", "train", "RUNNING", "2", "4", "2", "1m",
+        "job-000007", "train", "RUNNING", "2", "4", "2", submitted,
     ]  # fmt: skip
     nodes = render_nodes.nodes_table([render_nodes.node_document(node("w1", "r1", [0, 1], 1500))])
     assert nodes.splitlines()[1].split() == [

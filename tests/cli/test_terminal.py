@@ -116,7 +116,7 @@ def test_the_history_table_escapes_each_cell() -> None:
     job = pb.HistoryJob(
         job_id="job-1", name="n", owner="o\x1b[2J", nodes=["w\r1"], job_state=pb.JOB_STATE_FAILED
     )
-    text = history.history_table([history.history_document(job)])
+    text = history.history_table([history.history_document(job)], now_ms=1)
     assert_inert(text)
     assert "o\\x1b[2J" in text and "w\\r1" in text
 
