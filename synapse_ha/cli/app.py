@@ -4,7 +4,6 @@ discovery, output options and shell completion, shared by every command module."
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from synapse_ha.client import credentials
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.client.credentials import (
     CLUSTER_ENV,
-    DEFAULT_CLUSTER,
     CredentialsError,
     parse_cluster,
 )
@@ -70,20 +68,23 @@ def _one_line(text: str, width: int = 240) -> str:
 def unreachable_message(
     exc: ClusterUnavailable, addresses: Sequence[str], timeout: float, plaintext: bool = False
 ) -> str:
-    """Every configured address with the last answer it gave (or that it was not tried);
-    with ``plaintext`` (synctl had no TLS files), the hint that the cluster may need
-    them."""
+    """Every configured address with why it could not be reached, or else the last
+    answer it gave (or that it was not tried), and what to do about it; with
+    ``plaintext`` (synctl had no TLS files) and no cause known, the hint that the cluster
+    may need them."""
     last: dict[str, str] = {}
     for address, why in exc.attempts:
-        last[address] = why
+        last[address] = _one_line(why, 160)
+    last |= {address: str(cause) for address, cause in exc.causes.items()}
     tried = [
-        f"{a} ({_one_line(last[a], 160)})" if a in last else f"{a} (not tried)"
+        f"{a} ({last[a]})" if a in last else f"{a} (not tried)"
         for a in dict.fromkeys([*addresses, *last])
     ]
-    message = (
-        f"cannot reach the cluster within {timeout:g}s; tried {'; '.join(tried)}. "
-        f"Is it running? Set --cluster or {CLUSTER_ENV}."
-    )
+    within = "" if exc.fast else f" within {timeout:g}s"
+    message = f"cannot reach the cluster{within}; tried {'; '.join(tried)}."
+    if exc.hint:
+        return f"{message} {exc.hint} Set --cluster or {CLUSTER_ENV} for another cluster."
+    message += f" Is it running? Set --cluster or {CLUSTER_ENV}."
     return f"{message} Or {TLS_HINT}." if plaintext else message
 
 
@@ -226,6 +227,8 @@ class Settings:
                 per_try_timeout_s=min(PER_TRY_TIMEOUT_S, self.timeout),
                 token=self.token,
                 channel_factory=self.transport.channel,
+                fail_fast=True,
+                secure=self.tls is not None,
             )
         return self._client
 
@@ -253,7 +256,26 @@ def find_token(token_file: Path | None, environ: Mapping[str, str] | None = None
         raise CommandFailed(ExitCode.USAGE, str(exc), "USAGE") from exc
 
 
-def cluster_callback(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+def discover(
+    cluster: list[str] | None,
+    *,
+    token_file: Path | None,
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
+) -> credentials.Found:
+    """:func:`synapse_ha.client.credentials.discover`, its errors as usage errors."""
+    try:
+        return credentials.discover(cluster, token_file=token_file, ca=ca, cert=cert, key=key)
+    except CredentialsError as exc:
+        raise CommandFailed(ExitCode.USAGE, str(exc), "USAGE") from exc
+
+
+def cluster_callback(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> list[str] | None:
+    if value is None:
+        return None  # not given: discover() finds it
     try:
         return parse_cluster(value)
     except ValueError as exc:
@@ -305,22 +327,24 @@ def now_ms() -> int:
 
 def _completion_client(ctx: click.Context) -> ClusterClient | None:
     root = ctx.find_root()
-    value = root.params.get("cluster") or os.environ.get(CLUSTER_ENV) or DEFAULT_CLUSTER
+    value = root.params.get("cluster")
     try:
-        addresses = value if isinstance(value, list) else parse_cluster(str(value))
-    except ValueError:
-        return None
-    try:
-        token = find_token(root.params.get("token_file"))
-        tls = find_tls(root.params.get("ca"), root.params.get("cert"), root.params.get("key"))
-    except CommandFailed:
+        found = credentials.discover(
+            value if isinstance(value, list) else None,
+            token_file=root.params.get("token_file"),
+            ca=root.params.get("ca"),
+            cert=root.params.get("cert"),
+            key=root.params.get("key"),
+        )
+    except (CredentialsError, ValueError):
         return None
     return ClusterClient(
-        addresses,
+        found.addresses,
         timeout_s=1.0,
         per_try_timeout_s=0.5,
-        token=token,
-        channel_factory=Transport(tls).channel,
+        token=found.token,
+        channel_factory=Transport(found.tls).channel,
+        fail_fast=True,
     )
 
 

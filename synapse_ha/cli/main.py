@@ -11,15 +11,14 @@ refused (no credential, a bad one, or not allowed). With
 own (``UNREACHABLE``, ``INTERRUPTED``, ...). The exit code is the same either way.
 
 Credentials (DESIGN §8). synctl presents a client certificate (``--ca``/``--cert``/
-``--key``, see :func:`find_tls`) over mutual TLS and sends a bearer token (see
-:func:`find_token`); the token says who the caller is, or, without one, a user
+``--key``) over mutual TLS and sends a bearer token, found as
+:mod:`synapse_ha.client.credentials` says; the token says who the caller is, or, without one, a user
 certificate does. Without TLS files it speaks plaintext, which only an ``--insecure``
 cluster accepts.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from synapse_ha.cli import (
     cluster_commands,
     cohorts,
     config,
+    dev,
     jobs,
     nodes,
     queues,
@@ -41,8 +41,7 @@ from synapse_ha.cli.app import (
     Settings,
     SynctlGroup,
     cluster_callback,
-    find_tls,
-    find_token,
+    discover,
 )
 from synapse_ha.cli.ca import ca
 from synapse_ha.cli.defaults import DEFAULT_TIMEOUT_S
@@ -76,12 +75,12 @@ from synapse_ha.client.credentials import (
 @click.option(
     "--cluster",
     envvar=CLUSTER_ENV,
-    default=DEFAULT_CLUSTER,
-    show_default=True,
+    default=None,
     show_envvar=True,
     callback=cluster_callback,
     help="gRPC addresses of the scheduler replicas, comma-separated (any one will do; "
-    "requests find the leader).",
+    "requests find the leader). Default: the cluster of a running `synctl dev up` "
+    f"(with its admin credentials), else {DEFAULT_CLUSTER}.",
 )
 @click.option(
     "-o",
@@ -154,92 +153,18 @@ def cli(
       synctl --cluster 10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000 cluster
 
     \b
-    Credentials (printed by `synctl dev up`):
-      export SYNAPSE_CA=... SYNAPSE_CERT=... SYNAPSE_KEY=... SYNAPSE_TOKEN_FILE=...
+    Where synctl finds the cluster and its credentials, first match wins: the flags,
+    the SYNAPSE_* variables, the running `synctl dev up` (its profile), the files in
+    $XDG_CONFIG_HOME/synapse (ca.pem, cert.pem, key.pem, token). `synctl dev env`
+    prints the dev cluster's settings as export lines.
     """
-    settings = Settings(addresses=cluster, output=output, timeout=timeout)
+    settings = Settings(addresses=cluster or [], output=output, timeout=timeout)
     ctx.obj = settings
     ctx.call_on_close(settings.close)
     if ctx.invoked_subcommand in LOCAL_COMMANDS:
         return  # they touch local files or start processes; no cluster credentials
-    settings.token = find_token(token_file)
-    settings.tls = find_tls(ca, cert, key)
-
-
-# ----------------------------------------------------------------------------- dev
-
-
-@cli.group()
-def dev() -> None:
-    """Tools for trying synapse on one machine."""
-
-
-@dev.command("up")
-@click.option("--workers", type=click.IntRange(0, 64), default=4, show_default=True)
-@click.option("--racks", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option(
-    "--gpus-per-worker",
-    type=click.IntRange(0, 64),
-    default=8,
-    show_default=True,
-    help="Mock GPUs each worker declares.",
-)
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Keep replica and worker data (and the cluster's credentials) here (default: a "
-    "temporary directory, removed).",
-)
-@click.option(
-    "--insecure",
-    is_flag=True,
-    help="No TLS and no authentication: anyone who can reach the ports is an admin.",
-)
-@click.option(
-    "--replicas",
-    type=click.Choice(["3", "5"]),
-    default="3",
-    show_default=True,
-    help="Scheduler replicas (five survive two failures; ports 7101-7105).",
-)
-def dev_up(
-    workers: int,
-    racks: int,
-    gpus_per_worker: int,
-    data_dir: Path | None,
-    insecure: bool,
-    replicas: str,
-) -> None:
-    """Run three (or, with --replicas 5, five) scheduler replicas and mock-GPU workers on
-    127.0.0.1 in the foreground, until Ctrl-C; then stop them all.
-
-    Secure by default: it makes a CA, certificates and an admin token in DATA_DIR/credentials
-    and prints the export lines that let the next synctl commands in.
-
-    \b
-    Example:
-      synctl dev up --workers 4 --racks 2
-      # printed; paste them into another shell:
-      export SYNAPSE_CLUSTER=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103
-      export SYNAPSE_CA=... SYNAPSE_CERT=... SYNAPSE_KEY=... SYNAPSE_TOKEN_FILE=...
-    """
-    from synapse_ha.local.devoptions import DevClusterOptions
-    from synapse_ha.local.foreground import run_foreground
-
-    sys.exit(
-        run_foreground(
-            DevClusterOptions(
-                workers=workers,
-                racks=racks,
-                gpus_per_worker=gpus_per_worker,
-                data_dir=data_dir,
-                insecure=insecure,
-                replicas=int(replicas),
-            ),
-            out=click.echo,
-        )
-    )
+    found = discover(cluster, token_file=token_file, ca=ca, cert=cert, key=key)
+    settings.addresses, settings.token, settings.tls = found.addresses, found.token, found.tls
 
 
 for _command in (
@@ -252,6 +177,7 @@ for _command in (
     *queues.COMMANDS,
     *cohorts.COMMANDS,
     *HISTORY_COMMANDS,
+    *dev.COMMANDS,
     ca,
 ):
     cli.add_command(_command)

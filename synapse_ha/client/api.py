@@ -363,6 +363,8 @@ class Cluster:
             token=token,
             channel_factory=self.transport.channel,
             follower_reads=follower_reads,
+            fail_fast=True,
+            secure=tls is not None,
         )
         self.grants = GrantCache(lambda log: fetch_grant(self.client, log))
 
@@ -370,19 +372,15 @@ class Cluster:
     def from_env(
         cls, environ: Mapping[str, str] | None = None, *, timeout_s: float = 10.0
     ) -> Cluster:
-        """The cluster and credentials synctl would use: ``$SYNAPSE_CLUSTER`` (else the
-        local dev cluster's addresses), the token and TLS files found by
-        :mod:`synapse_ha.client.credentials`. Raises
+        """The cluster and credentials synctl would use, found by
+        :func:`synapse_ha.client.credentials.discover`: ``$SYNAPSE_CLUSTER``, else the
+        running ``synctl dev up`` cluster (with its admin credentials), else the dev
+        cluster's default addresses; the token and TLS files from the variables, the dev
+        profile or the config directory. Raises
         :class:`~synapse_ha.client.credentials.CredentialsError` naming what is wrong."""
         env = dict(os.environ if environ is None else environ)
-        addresses = env.get(credentials.CLUSTER_ENV) or credentials.DEFAULT_CLUSTER
-        token_file = env.get(credentials.TOKEN_FILE_ENV)
-        token = credentials.find_token(Path(token_file) if token_file else None, env)
-        given = [env.get(credentials.CA_ENV), env.get(credentials.CERT_ENV)]
-        given.append(env.get(credentials.KEY_ENV))
-        ca, cert, key = (Path(p) if p else None for p in given)
-        tls = credentials.find_tls(ca, cert, key, env)
-        return cls(addresses, token=token, tls=tls, timeout_s=timeout_s)
+        found = credentials.discover(environ=env)
+        return cls(found.addresses, token=found.token, tls=found.tls, timeout_s=timeout_s)
 
     def close(self) -> None:
         self.client.close()

@@ -33,7 +33,10 @@ A replica that did not answer at all is suspect for a while (a frozen or cut-off
 :mod:`synapse_ha.client.suspects`; :meth:`ClusterClient.suspect` marks one by hand).
 
 When no replica answers in time it raises :class:`ClusterUnavailable`, listing each
-address tried and what it answered.
+address tried and what it answered; with ``fail_fast``, as soon as every replica failed
+to connect for a cause waiting does not cure (connection refused, a name that does not
+resolve, a TLS handshake that failed), with the cause and a hint
+(:mod:`synapse_ha.client.unavailable`).
 
 Every call carries the client's credential: a bearer token (``token``) is sent as
 ``authorization: Bearer <token>`` metadata on each call; a client certificate comes with
@@ -65,7 +68,7 @@ from synapse_ha.client.events import watch_events
 from synapse_ha.client.routing import Route
 from synapse_ha.client.suspects import Suspects, silent
 from synapse_ha.client.token import BearerToken, ReadToken
-from synapse_ha.client.unavailable import ClusterUnavailable
+from synapse_ha.client.unavailable import Cause, ClusterUnavailable, cause_of
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, failure_of
@@ -110,6 +113,8 @@ class ClusterClient:
         suspect_try_s: float = 0.5,
         follower_reads: bool = False,
         hedge_s: float | None = 0.2,
+        fail_fast: bool = False,
+        secure: bool | None = None,
     ) -> None:
         """``token``: a bearer token sent with every call. ``channel_factory``: makes
         the channel to one address (default: a plaintext channel); with a token it must be
@@ -121,7 +126,13 @@ class ClusterClient:
         first to one replica drawn for this client, with the client's read token, so
         they spread over the replicas and never see a state older than this client's
         acknowledged writes (docs/consistency.md). ``hedge_s``: how long an idempotent
-        call waits for one replica before it also asks the next (None: never)."""
+        call waits for one replica before it also asks the next (None: never).
+        ``fail_fast``: a call gives up at once when every replica failed to connect for
+        a cause waiting does not cure (refused, unresolvable, TLS handshake;
+        :mod:`synapse_ha.client.routing`), for people waiting at a prompt; programs that
+        must outlast a restart of every replica (workers) leave it off. ``secure``:
+        whether the channels present TLS files, for the hint of
+        :class:`ClusterUnavailable` (None: not known)."""
         if not addresses:
             raise ValueError("at least one replica address is required")
         self.addresses = list(dict.fromkeys(addresses))
@@ -131,6 +142,8 @@ class ClusterClient:
         self.max_backoff_s = max_backoff_s
         self.election_backoff_s = election_backoff_s
         self.hedge_s = hedge_s
+        self.fail_fast = fail_fast
+        self.secure = secure
         self.rng = rng or random.Random()
         self._workers = Workers()
         self._lock = threading.Lock()
@@ -435,6 +448,7 @@ class ClusterClient:
         """Asked of any replica that answers (no leader needed)."""
         request = pb.GetClusterStatusRequest()
         attempts: list[tuple[str, str]] = []
+        causes: dict[str, Cause] = {}
         for address in [self._preferred, *self.addresses]:
             try:
                 response: pb.GetClusterStatusResponse = self.scheduler(address).GetClusterStatus(
@@ -443,7 +457,16 @@ class ClusterClient:
                 return response
             except grpc.RpcError as exc:
                 attempts.append((address, failure_of(exc).describe()))
-        raise ClusterUnavailable("GetClusterStatus", attempts)
+                cause = cause_of(failure_of(exc))
+                if cause is not None:
+                    causes[address] = cause
+        raise ClusterUnavailable(
+            "GetClusterStatus",
+            attempts,
+            causes=causes,
+            fast=set(causes) >= set(self.addresses),
+            secure=self.secure,
+        )
 
     def replica_state(self, address: str) -> pb.GetReplicaStateResponse:
         """The replica at ``address`` answers from its own copy (no redirect, no retry)."""

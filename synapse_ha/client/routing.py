@@ -7,6 +7,11 @@ running, :mod:`synapse_ha.client.attempts`) are skipped: the rotation passes ove
 a redirect to one is taken as NO_LEADER (the followers name it until they elect
 another), and a round without an answer counts only the replicas that could be asked.
 A call that is not hedged never has a replica busy when it is steered.
+
+With the client's ``fail_fast``, a call gives up as soon as every replica's latest
+attempt failed to connect for a cause that waiting does not cure (refused, a name that
+does not resolve, a failed TLS handshake: :func:`~synapse_ha.client.unavailable.cause_of`)
+and none is still in flight, instead of retrying until the deadline.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from synapse_ha.client.suspects import as_no_leader, silent
-from synapse_ha.client.unavailable import ClusterUnavailable
+from synapse_ha.client.unavailable import Cause, ClusterUnavailable, cause_of
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 
 if TYPE_CHECKING:
@@ -48,6 +53,7 @@ class Route:
         self.failures_in_round = 0
         self.backoff = client.backoff_s
         self.tried_briefly: set[str] = set()
+        self.causes: dict[str, Cause] = {}  # address -> why its latest attempt got no answer
 
     def per_try(self, address: str, now: float) -> float:
         """The deadline of the attempt at ``address`` sent ``now`` (<= 0: too late). The
@@ -83,6 +89,13 @@ class Route:
             raise error
         failure = failure_of(error)
         self.attempts.append((address, failure.describe()))
+        cause = cause_of(failure)
+        if cause is None:
+            self.causes.pop(address, None)
+        else:
+            self.causes[address] = cause
+            if self.client.fail_fast and self.hopeless(busy):
+                raise self.unavailable(busy, fast=True)
         hint = failure.metadata.get("leader_address", "")
         if failure.reason is Reason.NOT_LEADER and hint:
             self.client.learn(hint)
@@ -116,11 +129,23 @@ class Route:
         self.backoff = min(self.backoff * 2, self.client.max_backoff_s)
         return self.client.rng.uniform(pause / 2, pause)
 
-    def unavailable(self, busy: Collection[str]) -> ClusterUnavailable:
-        """The error once the deadline has passed: every address tried and what it
-        answered (an attempt still unanswered says so)."""
+    def hopeless(self, busy: Collection[str]) -> bool:
+        """Every replica's latest attempt failed to connect (:attr:`causes`) and none is
+        in flight: no answer can come before the deadline."""
+        return not busy and all(a in self.causes for a in self.client.addresses)
+
+    def unavailable(self, busy: Collection[str], *, fast: bool = False) -> ClusterUnavailable:
+        """The error once the deadline has passed (or, ``fast``, once :meth:`hopeless`):
+        every address tried and what it answered (an attempt still unanswered says so),
+        and why those that could not be reached could not."""
         silent_to_the_end = [(a, "no answer before the deadline") for a in sorted(busy)]
-        return ClusterUnavailable(self.method, [*self.attempts, *silent_to_the_end])
+        return ClusterUnavailable(
+            self.method,
+            [*self.attempts, *silent_to_the_end],
+            causes={a: self.causes[a] for a in self.client.addresses if a in self.causes},
+            fast=fast,
+            secure=self.client.secure,
+        )
 
 
 def retriable(failure: RpcFailure, idempotent: bool) -> bool:

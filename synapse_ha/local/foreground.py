@@ -1,22 +1,43 @@
 """``synctl dev up``: a local dev cluster kept up in the foreground until a signal.
 
 :func:`run_foreground` starts a :class:`~synapse_ha.local.devcluster.DevCluster`, prints
-where it is (:func:`describe`, ending with the ``export`` lines that point ``synctl`` at
-it as its admin), reports programs that exit, and stops everything on SIGINT or SIGTERM,
-or when a majority of the replicas is gone.
+where it is (:func:`describe`), reports programs that exit, and stops everything on
+SIGINT or SIGTERM, or when a majority of the replicas is gone.
+
+Once the cluster serves, it writes the *dev profile*
+(:func:`synapse_ha.client.credentials.write_dev_profile`): synctl and the Python client
+of the same account then find the cluster and its admin credentials with no flag and no
+variable; ``synctl dev env`` prints it as ``export`` lines. The profile is removed when
+the cluster stops. One dev cluster runs per account: a second ``synctl dev up`` while a
+live profile exists is refused. The replicas listen on 127.0.0.1:7101-7103 (7105) when
+those ports are free, else on free ports, which the profile tells the clients.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from synapse_ha.client.credentials import (
+    DevProfile,
+    dev_profile_path,
+    read_dev_profile,
+    remove_dev_profile,
+    write_dev_profile,
+)
 from synapse_ha.local.devcluster import DevCluster, DevClusterError, PortBusy
-from synapse_ha.local.devoptions import DevClusterOptions
-from synapse_ha.local.ports import HOST
+from synapse_ha.local.devoptions import (
+    DEFAULT_WORKER_PORT_BASE,
+    FIVE_GRPC_PORTS,
+    FIVE_RAFT_PORTS,
+    DevClusterOptions,
+)
+from synapse_ha.local.ports import HOST, port_in_use
 from synapse_ha.security.tls import INSECURE_WARNING
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
@@ -51,9 +72,36 @@ def describe(cluster: DevCluster) -> list[str]:
     else:
         lines.append(f"warning: {INSECURE_WARNING}")
     lines.append("")
-    lines.append("point synctl at it (as the cluster admin):")
+    lines.append(
+        "synctl and the Python client (synapse_ha.client.Cluster.from_env) of this account "
+        "find it by themselves, as its admin; other shells and tools: "
+        'eval "$(synctl dev env)", or:'
+    )
     lines += cluster.exports()
     return lines
+
+
+def profile_of(cluster: DevCluster) -> DevProfile:
+    """What clients need to reach ``cluster`` as its admin (written as the dev profile)."""
+    credentials = cluster.credentials
+    return DevProfile(
+        cluster=cluster.cluster,
+        pid=os.getpid(),
+        tls=None if credentials is None else credentials.client_tls(),
+        token_file=None if credentials is None else credentials.admin_token_file,
+    )
+
+
+def busy_default_port(options: DevClusterOptions) -> str | None:
+    """The first fixed port ``options`` needs that is in use, described; None when all
+    are free (or the options ask for free ports anyway)."""
+    if options.ephemeral_ports:
+        return None
+    n = options.replicas
+    wanted = [*FIVE_GRPC_PORTS[:n], *FIVE_RAFT_PORTS[:n]]
+    wanted += [DEFAULT_WORKER_PORT_BASE + i for i in range(options.workers)]
+    busy = next((port for port in wanted if port_in_use(port)), None)
+    return None if busy is None else f"{HOST}:{busy}"
 
 
 def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> int:
@@ -61,6 +109,17 @@ def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> in
     stop everything and return 0. Returns 2 (after printing why) when the options are
     invalid or a fixed port is busy, 1 when the cluster failed to start or a replica
     died while running."""
+    running = read_dev_profile()
+    if running is not None:
+        out(
+            f"error: a dev cluster is already running (synctl dev up, pid {running.pid}, "
+            f"{running.cluster}); stop it first, or use it"
+        )
+        return 2
+    busy = busy_default_port(options)
+    if busy is not None:
+        out(f"{busy} is in use: the replicas and workers listen on free ports instead")
+        options = dataclasses.replace(options, ephemeral_ports=True)
     stop = threading.Event()
     previous = _stop_on_signals(stop)
     try:
@@ -77,11 +136,13 @@ def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> in
         try:
             for line in describe(cluster):
                 out(line)
+            _publish(cluster, out)
             out("")
             out("ready; press Ctrl-C to stop")
             code = _watch(cluster, stop, out)
             out("stopping ...")
         finally:
+            remove_dev_profile(os.getpid())
             cluster.stop()
         out("stopped")
         return code
@@ -89,6 +150,17 @@ def run_foreground(options: DevClusterOptions, out: Callable[[str], None]) -> in
         for sig, handler in previous.items():
             if handler is not None:
                 signal.signal(sig, handler)
+
+
+def _publish(cluster: DevCluster, out: Callable[[str], None]) -> None:
+    """Write the dev profile; a profile that cannot be written costs only the discovery
+    (the export lines are printed), so it is a warning."""
+    try:
+        path = write_dev_profile(profile_of(cluster))
+    except OSError as exc:
+        out(f"warning: cannot write {dev_profile_path()}: {exc}; use the export lines above")
+        return
+    out(f"profile: {path} (removed when this cluster stops)")
 
 
 def _stop_on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:

@@ -43,7 +43,7 @@ def test_without_tls_files_synctl_cannot_reach_and_hints_at_tls(synctl: Synctl) 
     result = synctl("--timeout", "2", "jobs", env=env)
     assert result.exit_code == ExitCode.UNREACHABLE, result.output
     assert result.stderr.count("\n") == 1
-    assert "the cluster may require TLS: set SYNAPSE_CA, SYNAPSE_CERT, SYNAPSE_KEY" in (
+    assert "the client has no TLS files: set SYNAPSE_CA, SYNAPSE_CERT, SYNAPSE_KEY" in (
         result.stderr
     )
     as_json = synctl("--timeout", "2", "-o", "json", "jobs", env=env)
