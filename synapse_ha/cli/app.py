@@ -28,7 +28,7 @@ from synapse_ha.client.credentials import (
     parse_cluster,
 )
 from synapse_ha.client.logs import WorkerUnreachable
-from synapse_ha.client.specfile import SpecFileError
+from synapse_ha.client.specfile import SpecFileError, SpecFileUnreadable
 from synapse_ha.core.model import FINISHED_JOB_STATES, JobState
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
@@ -134,17 +134,10 @@ class SynctlGroup(click.Group):
             return super().invoke(ctx)
         except CommandFailed as exc:
             _fail(ctx, exc.code, render.error_document(exc.reason, str(exc)))
+        except SpecFileUnreadable as exc:
+            _fail(ctx, ExitCode.USAGE, render.error_document("USAGE", str(exc), file=exc.path))
         except SpecFileError as exc:
-            document = render.error_document(
-                str(Reason.INVALID_FIELD),
-                f"invalid job spec: {exc}",
-                field=exc.field,
-                rule=exc.rule,
-                violation=str(exc.code),
-                file=exc.path,
-                line=exc.line,
-            )
-            _fail(ctx, ExitCode.USAGE, document)
+            _fail(ctx, ExitCode.USAGE, spec_file_error_document(exc), multiline=True)
         except ClusterUnavailable as exc:
             settings = _settings_of(ctx)
             addresses = settings.addresses if settings else []
@@ -184,13 +177,42 @@ def _plaintext(settings: Settings | None) -> bool:
     return settings is not None and settings.tls is None
 
 
-def _fail(ctx: click.Context, code: ExitCode, document: render.Document) -> NoReturn:
-    """One line on stderr, ``error: <message>``; with ``-o json``/``-o yaml`` the error
-    document instead (also on stderr: stdout carries only answers)."""
+def spec_file_error_document(exc: SpecFileError) -> render.Document:
+    """Every problem of a job spec file: the message a line for each (``FILE:LINE:
+    FIELD: RULE``, in line order), the first one's fields, and ``problems`` for all."""
+    lines = [line.replace("\n", "\\n") for line in exc.lines()]  # a line per problem
+    message = (
+        f"invalid job spec: {lines[0]}"
+        if len(lines) == 1
+        else "\n  ".join([f"invalid job spec, {len(lines)} problems:", *lines])
+    )
+    return render.error_document(
+        str(Reason.INVALID_FIELD),
+        message,
+        field=exc.field,
+        rule=exc.rule,
+        violation=str(exc.code),
+        file=exc.path,
+        line=exc.line,
+        problems=[
+            {"line": p.line, "field": p.field, "rule": p.rule, "violation": str(p.code)}
+            for p in exc.problems
+        ],
+    )
+
+
+def _fail(
+    ctx: click.Context, code: ExitCode, document: render.Document, *, multiline: bool = False
+) -> NoReturn:
+    """``error: <message>`` on stderr (one line, unless ``multiline`` keeps the
+    message's lines); with ``-o json``/``-o yaml`` the error document instead (also on
+    stderr: stdout carries only answers)."""
     settings = _settings_of(ctx)
     output = settings.output if settings else "table"
     if output == "table":
-        click.echo(f"error: {terminal.terminal_safe(document['error']['message'])}", err=True)
+        keep = terminal.MULTILINE if multiline else ""
+        message = terminal.terminal_safe(document["error"]["message"], keep)
+        click.echo(f"error: {message}", err=True)
     else:
         click.echo(render.structured(document, output).rstrip("\n"), err=True)
     raise click.exceptions.Exit(int(code))

@@ -38,7 +38,7 @@ from synapse_ha.client.logs import (
     read_log,
     stop_followers,
 )
-from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.client.specfile import cluster_refusal, load_job_file
 from synapse_ha.core.arrays import task_id
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
@@ -148,15 +148,7 @@ def submit(
         failure = failure_of(exc)
         if failure.reason is not Reason.INVALID_FIELD or not failure.field:
             raise
-        line = line_in_file(file, failure.field)
-        violation = failure.violations[0] if failure.violations else None
-        raise SpecFileError(
-            str(file),
-            line,
-            failure.field,
-            f"{failure.rule} (the cluster's rule)",
-            violation.code if violation else None,
-        ) from exc
+        raise cluster_refusal(file, failure.violations, failure.field, failure.rule) from exc
     job_id = answer.job_id
     if not answer.created:
         note(f"job {job_id} already submitted (request_id {request_id}); not submitted again")

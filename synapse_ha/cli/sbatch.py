@@ -63,9 +63,8 @@ def sbatch(settings: Settings, words: tuple[str, ...], dry_run: bool, parsable: 
     try:
         parsed = parse_job_spec(document, topology_levels=None)
     except SpecError as exc:
-        raise CommandFailed(
-            ExitCode.USAGE, f"{script}: {exc.field}: {exc.rule}", str(Reason.INVALID_FIELD)
-        ) from exc
+        message = "; ".join(f"{script}: {v}" for v in exc.violations)
+        raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
     if dry_run:
         click.echo(yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=100), nl=False)
         return
@@ -75,7 +74,10 @@ def sbatch(settings: Settings, words: tuple[str, ...], dry_run: bool, parsable: 
         failure = failure_of(exc)
         if failure.reason is not Reason.INVALID_FIELD:
             raise
-        message = f"{script}: {failure.field}: {failure.rule} (the cluster's rule)"
+        broken = [f"{v.field}: {v.rule}" for v in failure.violations] or [
+            f"{failure.field}: {failure.rule}"
+        ]
+        message = "; ".join(f"{script}: {b} (the cluster's rule)" for b in broken)
         raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
     job_id = answer.job_id
     if parsable:

@@ -47,7 +47,12 @@ from synapse_ha.client.logs import (
     read_log,
     stop_followers,
 )
-from synapse_ha.client.specfile import SpecFileError, line_in_file, load_job_file
+from synapse_ha.client.specfile import (
+    SpecFileError,
+    SpecFileUnreadable,
+    line_in_file,
+    load_job_file,
+)
 from synapse_ha.core.arrays import array_problems, task_id
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
@@ -402,10 +407,12 @@ class Cluster:
         after: Jobs = (),
     ) -> Job:
         """Validate and submit a job spec: a YAML file's path, or the spec as a mapping
-        (the same fields as the file). A spec breaking a rule raises :class:`InvalidSpec`
-        before anything is sent. The submission carries ``request_id`` (else the file's,
-        else a fresh one), reused on every retry: submitting again with the same id
-        returns the same job (:attr:`Job.created` is then False).
+        (the same fields as the file). A spec breaking rules raises :class:`InvalidSpec`,
+        listing every one, before anything is sent (a file that cannot be read raises
+        its :class:`OSError`, such as :class:`FileNotFoundError`). The submission
+        carries ``request_id`` (else the file's, else a fresh one), reused on every
+        retry: submitting again with the same id returns the same job
+        (:attr:`Job.created` is then False).
 
         ``after_ok``, ``after_any``, ``after_not_ok`` and ``after`` (each a :class:`Job`,
         a job id, or several) add to the spec's ``dependencies``: the job is placed only
@@ -452,8 +459,12 @@ class Cluster:
         except InvalidSpec as exc:  # the cluster's own rules (topology levels, limits)
             if not source:
                 raise
-            line = line_in_file(source, exc.field)
-            raise InvalidSpec(exc.field, exc.rule, line, source) from exc
+            problems = sorted(
+                ((line_in_file(source, field), field, rule) for _, field, rule in exc.problems),
+                key=lambda p: (p[0] is None, p[0] or 0, p[1]),
+            )
+            line, field, rule = problems[0]
+            raise InvalidSpec(field, rule, line, source, problems=problems) from exc
         return answer.job_id, answer.created
 
     def _parsed(
@@ -472,10 +483,14 @@ class Cluster:
                 parsed = load_job_file(spec, topology_levels=None)
             else:
                 parsed = parse_job_spec(dict(spec), topology_levels=None)
+        except SpecFileUnreadable as exc:
+            raise exc.os_error from None
         except SpecFileError as exc:
-            raise InvalidSpec(exc.field, exc.rule, exc.line, source) from exc
+            problems = [(p.line, p.field, p.rule) for p in exc.problems]
+            raise InvalidSpec(exc.field, exc.rule, exc.line, source, problems=problems) from exc
         except SpecError as exc:
-            raise InvalidSpec(exc.field, exc.rule) from exc
+            problems = [(None, v.field, v.rule) for v in exc.violations]
+            raise InvalidSpec(exc.field, exc.rule, problems=problems) from exc
         extra = Dependencies(*(_ids(jobs) for jobs in (after_ok, after_any, after_not_ok, after)))
         if extra.pairs():
             deps = merged(parsed.spec.dependencies, extra)

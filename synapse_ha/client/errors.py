@@ -29,16 +29,28 @@ class SynapseError(Exception):
 
 
 class InvalidSpec(SynapseError):
-    """A job spec breaks a rule, found here or by the cluster. ``field`` is the dotted
-    path (``resources.memory``), ``rule`` what is allowed, ``line`` the file line when
-    the spec came from a file and the line is known."""
+    """A job spec breaks rules, found here or by the cluster. ``problems`` are every one,
+    as ``(line, field, rule)`` in line order (the line None when unknown or the spec came
+    from no file); the message has a line for each. ``field`` (the dotted path, such as
+    ``resources.memory``), ``rule`` (what is allowed) and ``line`` are the first one's."""
 
-    def __init__(self, field: str, rule: str, line: int | None = None, source: str = "") -> None:
-        where = f"{source}:{line}: " if source and line else (f"{source}: " if source else "")
-        super().__init__(str(Reason.INVALID_FIELD), f"{where}{field}: {rule}")
-        self.field = field
-        self.rule = rule
-        self.line = line
+    def __init__(
+        self,
+        field: str,
+        rule: str,
+        line: int | None = None,
+        source: str = "",
+        *,
+        problems: Sequence[tuple[int | None, str, str]] = (),
+    ) -> None:
+        self.problems = list(problems) or [(line, field, rule)]
+
+        def where(at: int | None) -> str:
+            return f"{source}:{at}: " if source and at else (f"{source}: " if source else "")
+
+        message = "\n".join(f"{where(at)}{name}: {text}" for at, name, text in self.problems)
+        super().__init__(str(Reason.INVALID_FIELD), message)
+        self.field, self.rule, self.line = self.problems[0][1], self.problems[0][2], line
 
 
 class JobNotFound(SynapseError):
@@ -86,7 +98,11 @@ def translated(job_id: str = "") -> Iterator[None]:
     except grpc.RpcError as exc:
         failure = failure_of(exc)
         if failure.reason is Reason.INVALID_FIELD:
-            raise InvalidSpec(failure.field, failure.rule or failure.message) from exc
+            raise InvalidSpec(
+                failure.field,
+                failure.rule or failure.message,
+                problems=[(None, v.field, v.rule) for v in failure.violations],
+            ) from exc
         if failure.reason is Reason.JOB_NOT_FOUND:
             raise JobNotFound(failure.metadata.get("job_id", job_id), failure.message) from exc
         if failure.reason in _DENIED or failure.code in (

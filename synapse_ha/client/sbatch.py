@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synapse_ha.core.arrays import array_problems
+from synapse_ha.core.spec import DEFAULT_CPU, DEFAULT_MEMORY
 
 # What each member runs before the script: Slurm's names for the rank environment.
 PREAMBLE = (
@@ -160,7 +161,8 @@ def translate(
     spec = out.spec
     spec["name"] = _name(os.path.basename(script_name))
     spec["replicas"] = 1
-    resources: dict[str, Any] = {"gpu": 0, "cpu": 1, "memory": "1Gi"}
+    # A job spec's own defaults (Slurm's one CPU a task), written out for --dry-run.
+    resources: dict[str, Any] = {"gpu": 0, "cpu": DEFAULT_CPU, "memory": DEFAULT_MEMORY}
     env_vars: dict[str, str] = {}
     for name, (value, written, where) in options.items():
         handler = _HANDLERS.get(name)

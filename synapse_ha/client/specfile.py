@@ -257,14 +257,29 @@ def load_job_spec_file(
     return load_job_file(path, topology_levels).spec
 
 
+def cluster_refusal(
+    path: str | Path, violations: Sequence[Violation], field: str = "", rule: str = ""
+) -> SpecFileError:
+    """The cluster's refusal of the spec read from ``path``: each of its ``violations``
+    (or the one ``field`` and ``rule`` it named) at its line in the file, in line order,
+    marked as the cluster's rule."""
+    given = violations or [Violation(ViolationCode.INVALID_FIELD, field, rule)]
+    marked = [Violation(v.code, v.field, f"{v.rule} (the cluster's rule)") for v in given]
+    return SpecFileError.located(str(path), marked, _lines_in_file(path))
+
+
+def _lines_in_file(path: str | Path) -> dict[str, int]:
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        return field_lines(root)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, SpecError):
+        return {}
+
+
 def line_in_file(path: str | Path, field: str) -> int | None:
     """The line of ``field`` (or of its nearest enclosing field) in a spec file, for errors
     found elsewhere, such as a cluster's own topology levels; None when unknown."""
-    try:
-        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-        return line_of(field, field_lines(root))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, SpecError):
-        return None
+    return line_of(field, _lines_in_file(path))
 
 
 class _LocatedError(SpecError):

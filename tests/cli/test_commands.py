@@ -170,10 +170,11 @@ def test_invalid_specs_exit_2_naming_line_and_field(tmp_path: Path, body: str, w
     assert len(result.stderr.splitlines()) == 1
 
 
-def test_a_missing_spec_file_exits_2(tmp_path: Path) -> None:
-    result = run("submit", str(tmp_path / "nope.yaml"))
+def test_a_missing_spec_file_exits_2_saying_no_such_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = run("--cluster", "127.0.0.1:1", "submit", str(missing))
     assert result.exit_code == ExitCode.USAGE
-    assert "nope.yaml: spec: cannot read the file" in result.stderr
+    assert result.stderr == f"error: no such file: {missing}\n"
 
 
 @pytest.mark.parametrize(
