@@ -7,20 +7,18 @@ holds the same history and events, so these read from whichever replica answers.
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import click
 
-from synapse_ha.cli import render, render_times, terminal
+from synapse_ha.cli import render, terminal
 from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
 from synapse_ha.cli.render_jobs import checkpoint_document
-from synapse_ha.cli.render_times import with_iso
-from synapse_ha.core.spec import SpecError, parse_duration
-from synapse_ha.rpc import states
+from synapse_ha.rpc import readable, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.readable import with_iso
 
 MS_PER_HOUR = 3_600_000
 
@@ -28,22 +26,14 @@ MS_PER_HOUR = 3_600_000
 def parse_since(value: str, now_ms: int, option: str = "--since") -> int:
     """A point in time as epoch milliseconds: a duration back from now (``7d``,
     ``12h``, ``30m``) or a UTC date or time (``2024-10-01``, ``2024-10-01T12:00``)."""
-    text = value.strip()
-    try:
-        return max(0, now_ms - parse_duration(text, option))
-    except SpecError:
-        pass
-    try:
-        moment = datetime.datetime.fromisoformat(text)
-    except ValueError:
+    moment = readable.parse_moment(value, now_ms, option)
+    if moment is None:
         raise click.BadParameter(
             f"{value!r} is neither a duration back from now (7d, 12h) nor a UTC date or time "
             "(2024-10-01, 2024-10-01T12:00)",
             param_hint=option,
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return int(moment.timestamp() * 1000)
+        )
+    return moment
 
 
 # -------------------------------------------------------------------- documents
@@ -131,10 +121,10 @@ def history_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
             d["queue"],
             d["state"],
             d["attempts"],
-            render_times.short_time(d["submitted_at_ms"], now_ms),
-            render_times.clock(d["wait_ms"]),
-            render_times.clock(d["elapsed_ms"]),
-            render_times.short_time(d["finished_at_ms"], now_ms),
+            readable.short_time(d["submitted_at_ms"], now_ms),
+            readable.clock(d["wait_ms"]),
+            readable.clock(d["elapsed_ms"]),
+            readable.short_time(d["finished_at_ms"], now_ms),
             f"{d['gpu_seconds'] / 3600:.2f}",
             ",".join(d["nodes"][:4]) + (",..." if len(d["nodes"]) > 4 else ""),
         )

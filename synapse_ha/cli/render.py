@@ -115,9 +115,11 @@ from typing import Any
 import yaml
 from tabulate import tabulate  # type: ignore[import-untyped]
 
-from synapse_ha.cli import render_times
 from synapse_ha.cli.terminal import terminal_safe
+from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.readable import cpu_text as cpu_text
+from synapse_ha.rpc.readable import memory_text as memory_text
 
 OUTPUT_FORMATS = ("table", "json", "yaml")
 
@@ -172,21 +174,6 @@ def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
     return text
 
 
-def cpu_text(milli: int) -> str:
-    return f"{milli / 1000:g}"
-
-
-def memory_text(mib: int) -> str:
-    if mib == 0:
-        return "0"
-    for unit, size in (("Ti", 1024 * 1024), ("Gi", 1024)):
-        if mib >= size and mib % size == 0:
-            return f"{mib // size}{unit}"
-    if mib >= 1024:
-        return f"{mib / 1024:.1f}Gi"
-    return f"{mib}Mi"
-
-
 def resources_text(r: Mapping[str, int]) -> str:
     return f"{r['gpu']} GPU, {cpu_text(r['cpu_milli'])} CPU, {memory_text(r['memory_mib'])}"
 
@@ -204,8 +191,8 @@ def duration_text(ms: int | None) -> str:
 
 
 def time_text(ms: int | None) -> str:
-    """``2026-11-28 22:39:20 CET``: the local time (see :mod:`~synapse_ha.cli.render_times`)."""
-    return render_times.local_time(ms)
+    """``2026-11-28 22:39:20 CET``: the local time (see :mod:`~synapse_ha.rpc.readable`)."""
+    return readable.local_time(ms)
 
 
 def age_text(since_ms: int | None, now_ms: int) -> str:

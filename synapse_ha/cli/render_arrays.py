@@ -20,9 +20,9 @@ from synapse_ha.cli.render_jobs import (
     dependencies_text,
     job_row,
 )
-from synapse_ha.cli.render_times import relative, short_time
 from synapse_ha.core.model import JobState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.readable import relative, short_time
 
 
 def array_document(array: pb.ArraySummary) -> Document:

@@ -18,7 +18,13 @@ from synapse_ha.cli.render import (
     time_text,
 )
 from synapse_ha.cli.render_nodes import topology_document, topology_path
-from synapse_ha.cli.render_times import (
+from synapse_ha.cli.terminal import MULTILINE, terminal_safe
+from synapse_ha.core.model import JobState
+from synapse_ha.core.progress import SOURCE_LOG
+from synapse_ha.core.windows import resolved
+from synapse_ha.rpc import states
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.readable import (
     clock,
     iso,
     job_durations,
@@ -26,12 +32,6 @@ from synapse_ha.cli.render_times import (
     short_time,
     with_iso,
 )
-from synapse_ha.cli.terminal import MULTILINE, terminal_safe
-from synapse_ha.core.model import JobState
-from synapse_ha.core.progress import SOURCE_LOG
-from synapse_ha.core.windows import resolved
-from synapse_ha.rpc import states
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
 def member_document(m: pb.Member) -> Document:
@@ -129,7 +129,7 @@ _TIMES = ("submitted_at_ms", "finished_at_ms")
 def times_document(job: pb.Job, now_ms: int | None) -> Document:
     """``{started_at_ms, started_at, wait_ms, elapsed_ms, time_left_ms}``: when the
     current or last attempt started (its members running, else its bind), and the job's
-    durations as of ``now_ms`` (see :func:`~synapse_ha.cli.render_times.job_durations`).
+    durations as of ``now_ms`` (see :func:`~synapse_ha.rpc.readable.job_durations`).
     A job waiting again after an attempt ended waits since its submission."""
     attempt = job.attempt if job.HasField("attempt") else None
     started = (attempt.started_at_ms or attempt.bound_at_ms) if attempt else 0

@@ -11,9 +11,9 @@ from synapse_ha.cli import (
     render_cluster,
     render_jobs,
     render_nodes,
-    render_times,
     render_tokens,
 )
+from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 JOB_KEYS = [
@@ -181,7 +181,7 @@ def test_checkpoint_marks_in_the_documents_and_the_tables() -> None:
 def test_tables_for_people() -> None:
     now = 1_700_000_090_000
     jobs = render_jobs.jobs_table([render_jobs.job_document(running_job(), now)], now)
-    submitted = render_times.short_time(1_700_000_000_000, now)
+    submitted = readable.short_time(1_700_000_000_000, now)
     assert jobs.splitlines()[1].split()[:7] == [
         "job-000007", "train", "RUNNING", "2", "4", "2", submitted,
     ]  # fmt: skip

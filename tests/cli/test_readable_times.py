@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime
 import re
 
-from synapse_ha.cli import history, render_jobs, render_times
+from synapse_ha.cli import history, render_jobs
+from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 UTC = datetime.UTC
@@ -16,39 +17,39 @@ EPOCH_MS = re.compile(r"\b\d{13}\b")
 
 
 def test_times_read_in_the_given_zone_and_iso_in_utc() -> None:
-    assert render_times.local_time(NOW, UTC) == "2026-11-28 17:13:01 UTC"
-    assert render_times.local_time(NOW, CET) == "2026-11-28 18:13:01 CET"
-    assert render_times.iso(NOW) == "2026-11-28T17:13:01.589Z"
-    assert render_times.iso(0) is None and render_times.local_time(None) == "-"
+    assert readable.local_time(NOW, UTC) == "2026-11-28 17:13:01 UTC"
+    assert readable.local_time(NOW, CET) == "2026-11-28 18:13:01 CET"
+    assert readable.iso(NOW) == "2026-11-28T17:13:01.589Z"
+    assert readable.iso(0) is None and readable.local_time(None) == "-"
 
 
 def test_short_times_drop_what_now_shares() -> None:
-    assert render_times.short_time(NOW - 60_000, NOW, UTC) == "17:12:01"
-    assert render_times.short_time(NOW - 86_400_000, NOW, UTC) == "Nov 27 17:13"
-    assert render_times.short_time(NOW - 400 * 86_400_000, NOW, UTC) == "2025-10-24"
+    assert readable.short_time(NOW - 60_000, NOW, UTC) == "17:12:01"
+    assert readable.short_time(NOW - 86_400_000, NOW, UTC) == "Nov 27 17:13"
+    assert readable.short_time(NOW - 400 * 86_400_000, NOW, UTC) == "2025-10-24"
     # The day is the zone's: 23:43 UTC on the 27th is the 28th in CET.
     late = NOW - 17 * 3_600_000 - 30 * 60_000  # 2026-11-27 23:43:01 UTC
-    assert render_times.short_time(late, NOW, UTC) == "Nov 27 23:43"
-    assert render_times.short_time(late, NOW, CET) == "00:43:01"
+    assert readable.short_time(late, NOW, UTC) == "Nov 27 23:43"
+    assert readable.short_time(late, NOW, CET) == "00:43:01"
 
 
 def test_durations_keep_two_units() -> None:
-    assert render_times.clock(450) == "0.4s"
-    assert render_times.clock(47_900) == "47s"
-    assert render_times.clock(527_000) == "8m47s"
-    assert render_times.clock(2 * 3_600_000 + 5 * 60_000 + 59_000) == "2h05m"
-    assert render_times.clock(3 * 86_400_000 + 4 * 3_600_000) == "3d04h"
-    assert render_times.clock(None) == "-"
-    assert render_times.relative(NOW + 527_000, NOW) == "in 8m47s"
-    assert render_times.relative(NOW - 527_000, NOW) == "8m47s ago"
+    assert readable.clock(450) == "0.4s"
+    assert readable.clock(47_900) == "47s"
+    assert readable.clock(527_000) == "8m47s"
+    assert readable.clock(2 * 3_600_000 + 5 * 60_000 + 59_000) == "2h05m"
+    assert readable.clock(3 * 86_400_000 + 4 * 3_600_000) == "3d04h"
+    assert readable.clock(None) == "-"
+    assert readable.relative(NOW + 527_000, NOW) == "in 8m47s"
+    assert readable.relative(NOW - 527_000, NOW) == "8m47s ago"
 
 
 def test_a_job_waits_runs_and_has_time_left() -> None:
-    waiting = render_times.job_durations(
+    waiting = readable.job_durations(
         submitted_ms=NOW - 90_000, started_ms=None, ended_ms=None, time_limit_ms=0, now_ms=NOW
     )
     assert waiting == {"wait_ms": 90_000, "elapsed_ms": None, "time_left_ms": None}
-    running = render_times.job_durations(
+    running = readable.job_durations(
         submitted_ms=NOW - 90_000,
         started_ms=NOW - 60_000,
         ended_ms=None,
@@ -56,7 +57,7 @@ def test_a_job_waits_runs_and_has_time_left() -> None:
         now_ms=NOW,
     )
     assert running == {"wait_ms": 30_000, "elapsed_ms": 60_000, "time_left_ms": 3_540_000}
-    ended = render_times.job_durations(
+    ended = readable.job_durations(
         submitted_ms=NOW - 90_000,
         started_ms=NOW - 60_000,
         ended_ms=NOW - 10_000,
@@ -80,8 +81,8 @@ def running_job() -> pb.Job:
 def test_status_and_jobs_show_start_elapsed_and_time_left() -> None:
     doc = render_jobs.job_document(running_job(), NOW)
     assert doc["started_at_ms"] == NOW - 473_000
-    assert doc["started_at"] == render_times.iso(NOW - 473_000)
-    assert doc["submitted_at"] == render_times.iso(NOW - 600_000)
+    assert doc["started_at"] == readable.iso(NOW - 473_000)
+    assert doc["submitted_at"] == readable.iso(NOW - 600_000)
     assert (doc["wait_ms"], doc["elapsed_ms"], doc["time_left_ms"]) == (
         127_000,
         473_000,
@@ -122,8 +123,8 @@ def test_history_names_the_id_as_jobs_does_and_reads_its_times() -> None:
     )
     doc = history.history_document(job)
     assert doc["id"] == doc["job_id"] == "job-1"  # job_id kept for existing scripts
-    assert doc["finished_at"] == render_times.iso(NOW - 100_000)
-    assert doc["attempt_list"][0]["bound_at"] == render_times.iso(NOW - 640_000)
+    assert doc["finished_at"] == readable.iso(NOW - 100_000)
+    assert doc["attempt_list"][0]["bound_at"] == readable.iso(NOW - 640_000)
     assert (doc["wait_ms"], doc["elapsed_ms"]) == (60_000, 540_000)
     text = history.history_table([doc], NOW)
     header, row = text.splitlines()

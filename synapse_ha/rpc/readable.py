@@ -1,4 +1,5 @@
-"""Times and durations as people read them, and as scripts parse them.
+"""Times, durations and quantities as people read them (``synctl``'s tables and the
+dashboard's pages), and times as scripts parse them.
 
 Pure functions: the present (``now_ms``) and the time zone (``tz``, default the local
 one) are arguments, so the same inputs give the same text. Times arrive as milliseconds
@@ -11,6 +12,8 @@ since the Unix epoch; 0 and None both mean "not yet" (or "never").
 * :func:`iso` ``2026-11-28T21:39:20.123Z``: the ISO-8601 string JSON carries next to
   each ``*_at_ms`` field (:func:`with_iso`).
 * :func:`job_durations` a job's wait in the queue, elapsed run time and time left.
+* :func:`parse_moment` ``7d`` (back from now) or ``2024-10-01T12:00`` (UTC) as a time.
+* :func:`cpu_text` ``1.5`` (of millicores) and :func:`memory_text` ``256Gi`` (of MiB).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 from typing import Any
+
+from synapse_ha.core.spec import SpecError, parse_duration
 
 _SECOND = 1000
 _UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", _SECOND))
@@ -117,3 +122,36 @@ def job_durations(
         elapsed = None
     left = max(0, time_limit_ms - (elapsed or 0)) if live and time_limit_ms > 0 else None
     return {"wait_ms": wait, "elapsed_ms": elapsed, "time_left_ms": left}
+
+
+def parse_moment(text: str, now_ms: int, option: str = "since") -> int | None:
+    """A point in time as epoch milliseconds: a duration back from ``now_ms`` (``7d``,
+    ``12h``, ``30m``) or a UTC date or time (``2024-10-01``, ``2024-10-01T12:00``);
+    None when it is neither."""
+    text = text.strip()
+    try:
+        return max(0, now_ms - parse_duration(text, option))
+    except SpecError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def cpu_text(milli: int) -> str:
+    return f"{milli / 1000:g}"
+
+
+def memory_text(mib: int) -> str:
+    if mib == 0:
+        return "0"
+    for unit, size in (("Ti", 1024 * 1024), ("Gi", 1024)):
+        if mib >= size and mib % size == 0:
+            return f"{mib // size}{unit}"
+    if mib >= 1024:
+        return f"{mib / 1024:.1f}Gi"
+    return f"{mib}Mi"
