@@ -414,9 +414,8 @@ def _unknown(key: str, field: str, allowed: frozenset[str]) -> str:
     if not hint and field == "spec":
         parents = sorted(parent for parent, fields in _NESTED_FIELDS.items() if key in fields)
         if parents:
-            return (
-                f"unknown field; did you mean `{parents[0]}.{key}` (indented under {parents[0]}:)?"
-            )
+            parent = parents[0]
+            return f"unknown field; did you mean `{parent}.{key}`? (indent it under {parent}:)"
     if hint:
         return f"unknown field; {hint}"
     return f"unknown field (allowed: {', '.join(sorted(allowed))})"
