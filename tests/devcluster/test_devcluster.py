@@ -20,9 +20,10 @@ from click.testing import CliRunner
 
 from synapse_ha.cli.main import cli
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.client.credentials import DevProfile, read_dev_profile, write_dev_profile
 from synapse_ha.local.devcluster import DevCluster
 from synapse_ha.local.devoptions import DEFAULT_CLUSTER, DevClusterOptions
-from synapse_ha.local.foreground import describe, run_foreground
+from synapse_ha.local.foreground import busy_default_port, describe, run_foreground
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
@@ -129,7 +130,7 @@ def test_workers_are_spread_over_racks_in_contiguous_blocks() -> None:
     assert not cluster.data_dir.exists()
 
 
-def test_a_busy_default_port_is_a_clear_error_with_exit_code_2() -> None:
+def test_a_busy_default_port_sends_the_cluster_to_free_ports() -> None:
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         try:
@@ -138,14 +139,24 @@ def test_a_busy_default_port_is_a_clear_error_with_exit_code_2() -> None:
         except OSError as exc:  # something else holds it: busy all the same
             if exc.errno != errno.EADDRINUSE:
                 raise
-        lines: list[str] = []
-        assert run_foreground(DevClusterOptions(workers=1, racks=1), lines.append) == 2
-        assert "127.0.0.1:7101" in lines[-1]
-        assert "gRPC of replica a" in lines[-1]
-        assert lines[-1].startswith("error:")
+        assert busy_default_port(DevClusterOptions(workers=1, racks=1)) == "127.0.0.1:7101"
+        assert busy_default_port(SMALL) is None  # free ports asked for anyway
         assert DEFAULT_CLUSTER.split(",")[0] == "127.0.0.1:7101"
     finally:
         holder.close()
+
+
+def test_a_second_dev_up_of_the_same_account_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    write_dev_profile(DevProfile(cluster=DEFAULT_CLUSTER, pid=os.getpid()))
+    lines: list[str] = []
+    assert run_foreground(SMALL, lines.append) == 2
+    assert lines == [
+        f"error: a dev cluster is already running (synctl dev up, pid {os.getpid()}, "
+        f"{DEFAULT_CLUSTER}); stop it first, or use it"
+    ]
 
 
 # ------------------------------------------------------------------ clusters
@@ -262,7 +273,10 @@ sys.exit(run_foreground(options, lambda line: print(line, flush=True)))
 
 
 @pytest.mark.integration
-def test_run_foreground_stops_everything_on_sigint(marker: str, tmp_path: Path) -> None:
+def test_run_foreground_stops_everything_on_sigint(
+    marker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     output = tmp_path / "out.txt"
     with open(output, "wb") as out:
         process = subprocess.Popen(
@@ -293,6 +307,10 @@ def test_run_foreground_stops_everything_on_sigint(marker: str, tmp_path: Path) 
         addresses = exported["SYNAPSE_CLUSTER"].split(",")
         assert len(addresses) == 3
         assert "w1" in text and "rack=r2" in text
+        published = read_dev_profile()  # what synctl and Cluster.from_env find
+        assert published is not None and published.addresses == addresses
+        assert published.pid == process.pid
+        assert published.token_file == Path(exported["SYNAPSE_TOKEN_FILE"])
         # What the printed lines give a user: the transport-only certificate and the
         # admin token.
         transport = Transport(
@@ -319,6 +337,7 @@ def test_run_foreground_stops_everything_on_sigint(marker: str, tmp_path: Path) 
         assert process.wait(timeout=60) == 0
         text = output.read_text()
         assert text.splitlines()[-1] == "stopped"
+        assert not (tmp_path / "config" / "synapse" / "dev-cluster.json").exists()
         assert wait_no_marked_processes(marker, timeout_s=5) == []
     finally:
         if process.poll() is None:

@@ -1,0 +1,116 @@
+"""README.md's "play with a cluster yourself" commands, exactly as written there, from a
+fresh account: no SYNAPSE_* variable, HOME and the XDG directories in a temporary
+directory. The first command (`synctl dev up`) runs in the background until the test
+stops it with Ctrl-C; every other command must exit 0, and the gang must complete.
+
+The commands are read from the README, so the test follows it when it changes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.devcluster.procs import (
+    MARKER_VARIABLE,
+    kill_marked,
+    new_marker,
+    wait_no_marked_processes,
+)
+from tests.leftovers import SESSION_VARIABLE
+
+ROOT = Path(__file__).resolve().parents[2]
+READY = "ready; press Ctrl-C to stop"
+
+
+def quickstart_commands(readme: str) -> list[str]:
+    """The command lines of the README's shell block that starts `synctl dev up`, with
+    comment-only lines left out (the shell would skip them too)."""
+    for block in re.findall(r"```sh\n(.*?)```", readme, flags=re.DOTALL):
+        lines = [line for line in block.splitlines() if line.strip()]
+        if lines and re.search(r"synctl dev up\b", lines[0]):
+            return [line for line in lines if not line.lstrip().startswith("#")]
+    raise AssertionError("README.md has no ```sh block starting with `synctl dev up`")
+
+
+def fresh_environment(home: Path, marker: str) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "TMPDIR": str(home / "tmp"),
+        "LANG": "C.UTF-8",
+        MARKER_VARIABLE: marker,
+    }
+    if os.environ.get(SESSION_VARIABLE):
+        env[SESSION_VARIABLE] = os.environ[SESSION_VARIABLE]  # the suite's leftover check
+    (home / "tmp").mkdir(parents=True)
+    return env
+
+
+def test_the_quickstart_block_is_found() -> None:
+    commands = quickstart_commands((ROOT / "README.md").read_text())
+    assert commands[0].startswith(".venv/bin/synctl dev up")
+    assert any("submit examples/cpu-gang.yaml" in c for c in commands)
+
+
+@pytest.mark.integration
+def test_the_readme_quickstart_works_as_written(tmp_path: Path) -> None:
+    if not (ROOT / ".venv" / "bin" / "synctl").exists():
+        pytest.skip("the README's commands use .venv/bin/synctl; run `make` first")
+    up, *commands = quickstart_commands((ROOT / "README.md").read_text())
+    marker = new_marker()
+    env = fresh_environment(tmp_path / "home", marker)
+    log = tmp_path / "dev-up.txt"
+    with open(log, "wb") as out:
+        dev_up = subprocess.Popen(
+            ["bash", "-c", up],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while READY not in log.read_text():
+            assert dev_up.poll() is None, f"dev up exited early:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"dev up not ready:\n{log.read_text()}"
+            time.sleep(0.2)
+        outputs = []
+        for command in commands:
+            result = subprocess.run(
+                ["bash", "-c", command],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert result.returncode == 0, (command, result.stdout, result.stderr)
+            outputs.append(result.stdout)
+        followed = next(o for c, o in zip(commands, outputs, strict=True) if "--follow" in c)
+        for rank in range(4):
+            assert f"rank {rank} of 4" in followed, followed
+        listed = next(o for c, o in zip(commands, outputs, strict=True) if " jobs" in c)
+        assert re.search(r"cpu-gang\s.*succeeded", listed, flags=re.IGNORECASE), listed
+        os.killpg(dev_up.pid, signal.SIGINT)
+        assert dev_up.wait(timeout=60) == 0, log.read_text()
+        assert log.read_text().splitlines()[-1] == "stopped"
+        assert not (tmp_path / "home" / ".config" / "synapse" / "dev-cluster.json").exists()
+        assert wait_no_marked_processes(marker, timeout_s=5) == []
+    finally:
+        if dev_up.poll() is None:
+            os.killpg(dev_up.pid, signal.SIGKILL)
+            dev_up.wait(timeout=10)
+        kill_marked(marker)
