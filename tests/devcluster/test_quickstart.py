@@ -1,7 +1,9 @@
 """README.md's "play with a cluster yourself" commands, exactly as written there, from a
 fresh account: no SYNAPSE_* variable, HOME and the XDG directories in a temporary
 directory. The first command (`synctl dev up`) runs in the background until the test
-stops it with Ctrl-C; every other command must exit 0, and the gang must complete.
+stops it with Ctrl-C; every other command must exit 0, and the gang must complete. The
+README's Python example then runs against the same cluster from another directory. The
+README's CLI table must list every command and exit code synctl has.
 
 The commands are read from the README, so the test follows it when it changes."""
 
@@ -14,8 +16,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import click
 import pytest
 
+from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.cli.main import cli
 from tests.devcluster.procs import (
     MARKER_VARIABLE,
     kill_marked,
@@ -54,6 +59,30 @@ def fresh_environment(home: Path, marker: str) -> dict[str, str]:
         env[SESSION_VARIABLE] = os.environ[SESSION_VARIABLE]  # the suite's leftover check
     (home / "tmp").mkdir(parents=True)
     return env
+
+
+def readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_the_cli_table_lists_every_command_and_exit_code() -> None:
+    """Every command `synctl --help` lists, and every subcommand of a group, is in a row
+    of the README's CLI table; every exit code is in the paragraph after it."""
+    section = readme_section("The CLI at a glance")
+    rows = [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| `")]
+    missing = []
+    for name, command in sorted(cli.commands.items()):
+        mine = [r for r in rows if re.search(rf"(synctl |/ `|\\\|){name}\b", r)]
+        if not mine:
+            missing.append(name)
+        elif isinstance(command, click.Group):
+            missing += [f"{name} {sub}" for sub in command.commands if sub not in " ".join(mine)]
+    assert missing == []
+    for code in ExitCode:
+        assert f"**{int(code)}**" in section, code
 
 
 def test_the_quickstart_block_is_found() -> None:
@@ -104,6 +133,26 @@ def test_the_readme_quickstart_works_as_written(tmp_path: Path) -> None:
             assert f"rank {rank} of 4" in followed, followed
         listed = next(o for c, o in zip(commands, outputs, strict=True) if " jobs" in c)
         assert re.search(r"cpu-gang\s.*succeeded", listed, flags=re.IGNORECASE), listed
+        # The README's Python example, from another directory.
+        (example,) = [
+            b
+            for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+            if "Cluster.from_env()" in b
+        ]
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        python = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "python"), "-c", example],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert python.returncode == 0, (python.stdout, python.stderr)
+        assert "rank 1 of 2" in python.stdout
+        assert python.stdout.strip().splitlines()[-1].lower().endswith("succeeded")
         os.killpg(dev_up.pid, signal.SIGINT)
         assert dev_up.wait(timeout=60) == 0, log.read_text()
         assert log.read_text().splitlines()[-1] == "stopped"
