@@ -59,6 +59,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "deadline_at_ms",
             "deadline_delay_ms",
             "array",
+            "wait_for_nodes",
         }
     ),
     Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held", "marks"}),

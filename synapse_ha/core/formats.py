@@ -39,7 +39,7 @@ from synapse_ha.core.model import Attempt, Job, JobSpec, NodeInfo
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 8  # the newest format this release reads
+FORMAT = 9  # the newest format this release reads
 
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
@@ -72,6 +72,9 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
         "deadline_delay_ms": 4,
         # format 5: job arrays (core/arrays.py).
         "array": 5,
+        # format 9: a job no node could hold yet is refused at submission unless it
+        # waits for nodes to join (core/feasibility.py).
+        "wait_for_nodes": 9,
     },
     # format 5: checkpoint marks (core/checkpoints.py): a mark's step and number, each
     # member's newest mark on its attempt, and the step a job's next attempt resumes from.
@@ -102,6 +105,9 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     # A gang whose possible victims are within their minimum run time (core/victims.py;
     # only a cluster whose minimum run times are set, which needs format 6, gives it).
     ReasonCode.WAITING_MIN_RUNTIME: 6,
+    # A gang no set of the cluster's nodes could ever hold waits for nodes to join
+    # (core/feasibility.py).
+    ReasonCode.WAITING_FOR_NODES: 9,
 }
 
 

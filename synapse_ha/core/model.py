@@ -241,6 +241,7 @@ class JobSpec:
     # ``array:`` as given (core/arrays.py): one submission makes a task per index; "" is
     # a single job.
     array: str = ""
+    wait_for_nodes: bool = False  # accepted though no node could hold it yet (feasibility)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,8 @@ class ReasonCode(enum.StrEnum):
     DEADLINE = "deadline"  # at_ms: cancelled, still pending at its deadline
     # -- arrays (core/arrays.py)
     ARRAY_THROTTLE = "array_throttle"  # array, throttle: its array runs that many already
+    # -- a gang no set of the cluster's nodes could hold (core/feasibility.py)
+    WAITING_FOR_NODES = "waiting_for_nodes"  # members, request, level?, missing
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
@@ -126,6 +128,7 @@ WAIT_CODES = frozenset(
         ReasonCode.WAITING_FOR_VICTIMS,
         ReasonCode.WAITING_FOR_PREEMPTOR,
         ReasonCode.WAITING_MIN_RUNTIME,
+        ReasonCode.WAITING_FOR_NODES,
     }
 )
 
@@ -338,6 +341,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ReasonCode.WAITING_CAPACITY: lambda r: (
         f"{_need(r)}; {_have(r)}; it waits for capacity to free or for nodes to join"
     ),
+    ReasonCode.WAITING_FOR_NODES: lambda r: f"waits for nodes to join: {r.text('missing')}",
     ReasonCode.WAITING_SHAPE: lambda r: (
         f"{_need(r)}; {_have(r)}, but not in a shape the gang can use; it waits for capacity"
     ),

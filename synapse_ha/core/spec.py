@@ -60,6 +60,7 @@ _TOP_FIELDS = frozenset(
         "array",
         "begin",
         "deadline",
+        "wait_for_nodes",
     }
 )
 _DEPENDENCY_FIELDS = frozenset(str(kind) for kind in DependencyKind)
@@ -335,6 +336,7 @@ def parse_job_spec(
         prestart=optional("prestart", lambda v: _prestart(v, problems), None),
         dependencies=optional("dependencies", lambda v: _dependencies(v, problems), None),
         array=optional("array", _array, ""),
+        wait_for_nodes=optional("wait_for_nodes", _flag, False),
     )
     begin = optional("begin", lambda v: _moment(v, "begin"), (0, 0))
     deadline = optional("deadline", lambda v: _moment(v, "deadline"), (0, 0))
@@ -539,6 +541,12 @@ def _dependencies(value: object, problems: _Problems) -> Dependencies | None:
         after=ids.get(DependencyKind.AFTER, ()),
     )
     return deps if deps.pairs() else None
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):  # wait_for_nodes: true or false
+        return value
+    raise SpecError("wait_for_nodes", f"expected true or false, got {_kind(value)}")
 
 
 def _array(value: object) -> str:

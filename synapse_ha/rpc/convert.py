@@ -95,6 +95,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         deadline_at_ms=msg.deadline_at_ms,
         deadline_delay_ms=msg.deadline_delay_ms,
         array=msg.array,
+        wait_for_nodes=msg.wait_for_nodes,
     )
     return spec
 
@@ -143,6 +144,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         deadline_at_ms=spec.deadline_at_ms,
         deadline_delay_ms=spec.deadline_delay_ms,
         array=spec.array,
+        wait_for_nodes=spec.wait_for_nodes,
         retries=pb.RetryPolicy(
             max=spec.retries.max_retries,
             backoff_ms=spec.retries.backoff_ms,

@@ -66,6 +66,7 @@ def job(
     image: str = "",
     queue: str = "default",
     priority_class: str = "",
+    wait_for_nodes: bool = False,
 ) -> JobSpec:
     return JobSpec(
         name=name,
@@ -80,6 +81,7 @@ def job(
         image=image,
         queue=queue,
         priority_class=priority_class,
+        wait_for_nodes=wait_for_nodes,
     )
 
 

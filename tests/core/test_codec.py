@@ -116,7 +116,7 @@ def test_state_round_trip_and_canonical_bytes() -> None:
     cl = Cluster()
     cl.add(node("b", gpus=8, rack="r2"), node("a", gpus=8, rack="r1"))
     j = cl.submit(job(replicas=2, gpu=4))
-    cl.submit(job("waits", replicas=9, gpu=8))
+    cl.submit(job("waits", replicas=9, gpu=8, wait_for_nodes=True))
     cl.run_pass()
     cl.start_all(j)
     data = encode_state(cl.state)
@@ -161,7 +161,9 @@ def test_the_per_type_encoders_give_what_the_definition_gives() -> None:
     cl = Cluster()
     cl.add(node("b", gpus=8, rack="r2", islands=((0, 1, 2, 3), (4, 5, 6, 7))), node("a"))
     j = cl.submit(job(replicas=2, gpu=4, required="rack", retries=1))
-    cl.submit(job("waits", replicas=9, gpu=8, queue="default", priority_class="high"))
+    cl.submit(
+        job("waits", replicas=9, gpu=8, wait_for_nodes=True, queue="default", priority_class="high")
+    )
     cl.run_pass()
     cl.start_all(j)
     cl.exit_member(j, 0, 3, seed=1)
@@ -184,7 +186,7 @@ def a_running_and_a_waiting_job() -> Cluster:
     cl = Cluster()
     cl.add(node("b", gpus=8, rack="r2"), node("a", gpus=8, rack="r1"))
     j = cl.submit(job(replicas=2, gpu=4))
-    cl.submit(job("waits", replicas=9, gpu=8, retries=2))
+    cl.submit(job("waits", replicas=2, gpu=8, retries=2))
     cl.run_pass()
     cl.start_all(j)
     return cl

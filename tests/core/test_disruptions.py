@@ -268,7 +268,7 @@ def test_configure_validates_requeues_and_start_timeout(
 def test_configure_refuses_to_orphan_a_topology_level_in_use() -> None:
     cl = Cluster()
     cl.add(node("n1", gpus=8))
-    j = cl.submit(job(replicas=2, gpu=8, required="block"))
+    j = cl.submit(job(replicas=2, gpu=8, required="block", wait_for_nodes=True))
     without_block = replace(ClusterConfig(), topology_levels=("zone", "rack"))
     result = cl.do(c.Configure(without_block))
     assert result.code is c.ResultCode.CONFLICT

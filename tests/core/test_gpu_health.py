@@ -53,7 +53,7 @@ def test_a_gang_waiting_for_gpus_is_told_how_many_are_unhealthy() -> None:
     assert why.code is ReasonCode.WAITING_CAPACITY and why.num("unhealthy") == 1
     assert "1 unhealthy GPU(s) are left out until repaired" in render(why)
     assert cl.do(c.RepairGpus("n1", (), cl.now, "user:ops")).ok
-    cpu_only = cl.submit(job("cpu", cpu=100))  # more CPU than the node has
+    cpu_only = cl.submit(job("cpu", cpu=100, wait_for_nodes=True))  # more than the node has
     assert "unhealthy" not in render(cl.run_pass().reasons[cpu_only])
 
 

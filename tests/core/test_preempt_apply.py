@@ -253,7 +253,9 @@ def test_a_preempted_attempt_has_no_start_timeout_and_a_failure_ends_it_as_preem
     cl = cluster()
     low = cl.submit(job(queue="solo", gpu=8, priority_class="low"))
     cl.run_pass()  # bound, never started
-    high = cl.submit(job(queue="solo", gpu=16, replicas=2, priority_class="high"))
+    high = cl.submit(
+        job(queue="solo", gpu=16, replicas=2, priority_class="high", wait_for_nodes=True)
+    )
     assert preempt(cl, high, [low], PRIO).ok
     cl.now += cl.state.config.start_timeout_ms + 1
     assert due_start_timeouts(cl.state, cl.now) == []
@@ -376,7 +378,7 @@ def test_a_stale_preempt_is_refused(
 def test_preemption_off_refuses_every_preempt() -> None:
     cl = cluster(PreemptionMode.OFF)
     low = running(cl, "solo", 8, cls="low")
-    high = cl.submit(job(queue="solo", gpu=16, priority_class="high"))
+    high = cl.submit(job(queue="solo", gpu=16, priority_class="high", wait_for_nodes=True))
     result = preempt(cl, high, [low], PRIO)
     assert result.code is c.ResultCode.CONFLICT and "off" in result.message
 

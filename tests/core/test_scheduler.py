@@ -21,15 +21,15 @@ from tests.core.harness import Cluster, job, node
 def test_gang_waits_until_a_fourth_node_joins_then_binds_all_four_at_once() -> None:
     cl = Cluster()
     cl.add(*(node(f"cpu{i}", gpus=0, cpu=1) for i in range(3)))
-    j = cl.submit(job(replicas=4, cpu=1))
+    j = cl.submit(job(replicas=4, cpu=1, wait_for_nodes=True))
     plan = cl.run_pass()
     assert plan.placements == []
     assert cl.state_of(j) is JobState.PENDING
-    assert "needs 4 member(s)" in render(cl.state.jobs[j].reason)
-    assert "room for 3" in render(cl.state.jobs[j].reason)
+    assert "waits for nodes to join: needs 4 nodes with 1 CPU" in render(cl.state.jobs[j].reason)
+    assert "the cluster has 3 so far" in render(cl.state.jobs[j].reason)
     why = cl.state.jobs[j].reason
-    assert why.code is ReasonCode.WAITING_CAPACITY
-    assert (why.num("members"), why.num("room")) == (4, 3)
+    assert why.code is ReasonCode.WAITING_FOR_NODES
+    assert why.num("members") == 4
     # Nothing of the gang is bound while it waits.
     assert all(n.allocated.cpu_milli == 0 for n in cl.state.nodes.values())
 
@@ -66,11 +66,11 @@ def test_gang_uses_fewest_hosts_and_contiguous_ranks() -> None:
 def test_required_rack_waits_rather_than_spread() -> None:
     cl = Cluster()
     cl.add(node("a1", gpus=2, rack="r1"), node("b1", gpus=2, rack="r2"))
-    strict = cl.submit(job("strict", replicas=4, gpu=1, required="rack"))
+    strict = cl.submit(job("strict", replicas=4, gpu=1, required="rack", wait_for_nodes=True))
     cl.run_pass()
     assert cl.state_of(strict) is JobState.PENDING
     reason = render(cl.state.jobs[strict].reason)
-    assert "in one rack" in reason and "room for 2" in reason
+    assert "in one rack" in reason and "the roomiest rack holds 2" in reason
 
     loose = cl.submit(job("loose", replicas=4, gpu=1, priority=-1))
     cl.run_pass()
@@ -188,16 +188,18 @@ def test_backfill_may_use_capacity_the_reservation_does_not_need() -> None:
     assert cl.nodes_of(other) == ["spare"]
 
 
-def test_gang_larger_than_the_cluster_is_accepted_and_waits_with_a_reason() -> None:
+def test_gang_larger_than_the_cluster_waits_for_nodes_when_it_asks_to() -> None:
     cl = Cluster()
     cl.add(node("n1", gpus=8))
-    huge = cl.submit(job("huge", replicas=4, gpu=8))
+    huge = cl.submit(job("huge", replicas=4, gpu=8, wait_for_nodes=True))
     small = cl.submit(job("small", gpu=1))
     plan = cl.run_pass()
     assert plan.reservation is None  # no point reserving: it cannot fit even when empty
     assert cl.state_of(huge) is JobState.PENDING
     assert cl.state_of(small) is JobState.SCHEDULED
-    assert "room for" in render(cl.state.jobs[huge].reason)
+    assert render(cl.state.jobs[huge].reason) == (
+        "waits for nodes to join: needs 4 nodes with 8 GPUs; the cluster has 1 so far"
+    )
 
 
 def test_priority_then_submission_order() -> None:
@@ -277,14 +279,14 @@ def test_schedule_does_not_mutate_its_input_and_is_deterministic() -> None:
 def test_explain_pending_and_placed() -> None:
     cl = Cluster()
     cl.add(node("n1", gpus=2, rack="r3"))
-    waiting = cl.submit(job("w", replicas=2, gpu=2, required="rack"))
+    waiting = cl.submit(job("w", replicas=2, gpu=2, required="rack", wait_for_nodes=True))
     fits = cl.submit(job("f", gpu=1))
     # Before any pass there is only the replicated reason.
     assert explain(cl.state, waiting, cl.now) == render(cl.state.jobs[waiting].reason)
     plan = schedule(cl.state, cl.now)
     # Explained from the pass's recorded reasons, without planning again.
-    assert "needs 2 member(s)" in explain(cl.state, waiting, cl.now, plan)
-    assert "rack r3 has room for 1" in explain(cl.state, waiting, cl.now, plan)
+    assert "needs 2 nodes with 2 GPUs in one rack" in explain(cl.state, waiting, cl.now, plan)
+    assert "the largest rack has 1" in explain(cl.state, waiting, cl.now, plan)
     assert "placed on n1 by the latest scheduling pass" in explain(cl.state, fits, cl.now, plan)
     late = cl.submit(job("late", gpu=1))  # the pass never saw it
     assert explain(cl.state, late, cl.now, plan) == render(cl.state.jobs[late].reason)
@@ -315,6 +317,7 @@ def _random_step(cl: Cluster, rng: random.Random, step: int) -> None:
                 retries=rng.choice([0, 2]),
                 backoff_s=1,
                 image=rng.choice(["", "", "", "img"]),
+                wait_for_nodes=True,
             )
         )
     elif kind < 0.75:
@@ -406,7 +409,7 @@ def test_a_pass_gathers_running_gangs_once_however_many_gangs_wait(
     cl = Cluster()
     cl.add(node("n1", gpus=8))
     for i in range(50):
-        cl.submit(job(f"big-{i}", replicas=4, gpu=8))
+        cl.submit(job(f"big-{i}", replicas=4, gpu=8, wait_for_nodes=True))
     calls = []
     original = type(cl.state).live_jobs
 
@@ -428,8 +431,8 @@ def test_a_queue_of_alike_gangs_costs_one_search_per_shape_and_capacity_change(
     cl = Cluster()
     cl.add(node("n1", gpus=8))
     for i in range(40):
-        cl.submit(job(f"big-{i}", replicas=4, gpu=8))  # never fits on 8 GPUs
-        cl.submit(job(f"wide-{i}", replicas=2, gpu=8))  # nor this
+        cl.submit(job(f"big-{i}", replicas=4, gpu=8, wait_for_nodes=True))  # never fits
+        cl.submit(job(f"wide-{i}", replicas=2, gpu=8, wait_for_nodes=True))  # nor this
         if i % 10 == 0:
             cl.submit(job(f"small-{i}", gpu=1))  # fits: each one changes the capacity
     searched: list[tuple[str, bool]] = []

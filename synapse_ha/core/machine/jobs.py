@@ -10,6 +10,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.arrays import parse_array, task_id, throttle_reason
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.feasibility import REFUSES_AT_FORMAT, shortfall
 from synapse_ha.core.machine.attempts import (
     end_attempt,
     end_attempt_for,
@@ -48,7 +49,9 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     spec, problems = _resolve_queue_and_class(state, c.spec)
     if problems:
         return error(ResultCode.INVALID, describe(problems))
-    problem = dependency_problem(state, spec) or _window_problem(spec, now)
+    problem = (
+        dependency_problem(state, spec) or _window_problem(spec, now) or _never_fits(state, spec)
+    )
     if problem is not None:
         return error(ResultCode.INVALID, f"{problem[0]}: {problem[1]}")
     seq = state.next_job_seq
@@ -118,6 +121,21 @@ def _window_problem(spec: JobSpec, now: int) -> tuple[str, str] | None:
     if deadline and deadline <= resolved(spec.begin_at_ms, spec.begin_delay_ms, now):
         return "deadline", "must come after begin"
     return None
+
+
+def _never_fits(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
+    """A gang no set of the cluster's nodes could ever hold (core/feasibility.py), unless
+    it asks to wait for nodes to join; an array's tasks share the spec, so the whole array
+    is refused once. Only once every replica refuses it alike (the format floor)."""
+    if spec.wait_for_nodes or state.format_floor < REFUSES_AT_FORMAT:
+        return None
+    short = shortfall(state, spec)
+    if short is None:
+        return None
+    return short.field, (
+        f"the job can never fit this cluster: {short.refusal()} (to wait for nodes that will "
+        "join, submit it with wait_for_nodes: true, or sbatch --wait-for-nodes)"
+    )
 
 
 def _open_window(job: Job) -> None:

@@ -8,6 +8,7 @@ import dataclasses
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.feasibility import note_registered
 from synapse_ha.core.health import GpuFault, describe_faults
 from synapse_ha.core.lifecycle import MEMBER, NODE, move, transition
 from synapse_ha.core.machine.attempts import (
@@ -31,6 +32,7 @@ def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result
     node = state.nodes.get(info.node_id)
     if node is None:
         state.nodes[info.node_id] = Node(info=info, status=NodeStatus.READY, registered_at_ms=now)
+        note_registered(state, info.node_id, None)
         return ok(f"node {info.node_id} registered")
     if not node.allocated.fits_in(info.capacity) or not node.allocated_gpus <= set(
         range(info.capacity.gpu)
@@ -41,7 +43,8 @@ def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result
             f"what is bound to it ({node.allocated.describe()}); report its members' exits first",
         )
     rebooted = bool(node.info.boot_id and info.boot_id and node.info.boot_id != info.boot_id)
-    node.info = info
+    before, node.info = node.info, info
+    note_registered(state, info.node_id, before)
     # GPU faults stay (health clears only by a repair, or by a reboot when the cluster
     # says so), except of GPUs the node lost.
     cleared = node.gpu_faults if rebooted and state.config.clear_gpu_faults_on_reboot else ()

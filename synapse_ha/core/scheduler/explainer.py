@@ -6,7 +6,15 @@ why, with the numbers as fields (rendered to a sentence only at the edges).
 
 from __future__ import annotations
 
-from synapse_ha.core.model import ClusterState, JobState, MemberState, Resources, topology_path
+from synapse_ha.core.feasibility import REFUSES_AT_FORMAT, shortfall
+from synapse_ha.core.model import (
+    ClusterState,
+    JobSpec,
+    JobState,
+    MemberState,
+    Resources,
+    topology_path,
+)
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from synapse_ha.core.scheduler.capacity import UNLIMITED, Domain, View
 from synapse_ha.core.scheduler.placement import Gang
@@ -109,6 +117,9 @@ class Explainer:
     ) -> Reason:
         spec = gang.spec
         need = _need(gang)
+        missing = self.never_fits(spec)
+        if missing is not None:
+            return reason(ReasonCode.WAITING_FOR_NODES, missing=missing, **need)
         if behind is not None:
             return reason(
                 ReasonCode.RESERVED_FOR_OTHER,
@@ -134,6 +145,16 @@ class Explainer:
         if room < gang.n:
             return reason(ReasonCode.WAITING_CAPACITY, **need, **have)
         return reason(ReasonCode.WAITING_SHAPE, **need, **have)
+
+    def never_fits(self, spec: JobSpec) -> str | None:
+        """What no set of the cluster's nodes has for ``spec``, as a job waiting for nodes
+        reads it (None when some set could hold it, or the cluster's format predates the
+        reason: a replica of an older release could not read it)."""
+        state = self.state
+        if state is None or state.format_floor < REFUSES_AT_FORMAT:
+            return None
+        short = shortfall(state, spec)
+        return short.waiting() if short is not None else None
 
     def unhealthy_gpus(self) -> int:
         """How many GPUs of schedulable nodes are unhealthy: capacity the gang is not
