@@ -10,7 +10,7 @@ from synapse_ha.client.credentials import CA_ENV, CERT_ENV, KEY_ENV
 
 # Added to "cannot reach" errors when synctl spoke plaintext.
 TLS_HINT = (
-    f"the cluster may require TLS: set {CA_ENV}, {CERT_ENV}, {KEY_ENV} (synctl dev up prints them)"
+    f"the cluster may require TLS: set {CA_ENV}, {CERT_ENV}, {KEY_ENV} (synctl dev env prints them)"
 )
 
 # Seconds one command may spend finding the leader and getting an answer.
