@@ -259,8 +259,9 @@ def settle_drained(state: ClusterState, node_ids: Iterable[str]) -> None:
 
 
 def _has_unconfirmed(state: ClusterState, node_id: str) -> bool:
-    for job in state.jobs.values():
-        attempt = job.attempt
+    # The node index holds every job with a member there not known to have stopped.
+    for job_id in state.jobs_on_node(node_id):
+        attempt = state.jobs[job_id].attempt
         if attempt is None or attempt.ended_at_ms is None:
             continue
         for member, status in zip(attempt.members, attempt.member_status, strict=True):

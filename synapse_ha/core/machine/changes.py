@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from synapse_ha.core.commands import Result
-from synapse_ha.core.model import ClusterState, Job
+from synapse_ha.core.model import ClusterState
 
 
 @dataclasses.dataclass(slots=True)
@@ -69,14 +69,6 @@ def job_and_its_nodes(state: ClusterState, job_id: str, changes: Changes) -> Non
     job = state.jobs.get(job_id)
     if job is not None and job.attempt is not None:
         changes.nodes.update(m.node_id for m in job.attempt.members)
-
-
-def jobs_on_node(state: ClusterState, node_id: str) -> list[Job]:
-    return [
-        job
-        for job in state.jobs.values()
-        if job.attempt is not None and any(m.node_id == node_id for m in job.attempt.members)
-    ]
 
 
 def nothing(state: ClusterState, command: Any, changes: Changes) -> None:

@@ -16,7 +16,7 @@ from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.health import GpuFault, Unfit, describe_faults, unhealthy_gpus
 from synapse_ha.core.lifecycle import NODE, transition
 from synapse_ha.core.machine.attempts import end_attempt_for, settle_drained
-from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, jobs_on_node
+from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, Node, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.validation import check_gpu_faults, describe
@@ -74,7 +74,8 @@ def _requeue_holders(
 
 def _holders(state: ClusterState, node_id: str, gpus: frozenset[int]) -> list[Job]:
     out = []
-    for job in state.jobs.values():
+    for job_id in state.jobs_on_node(node_id):  # the node's jobs, not every job
+        job = state.jobs[job_id]
         attempt = job.live_attempt()
         if attempt is None or attempt.preempted_by:
             continue
@@ -148,8 +149,8 @@ def started_here(state: ClusterState, node_id: str) -> None:
 
 def _touches_health(state: ClusterState, c: cmd.ReportGpuHealth, changes: Changes) -> None:
     changes.nodes.add(c.node_id)
-    for job in jobs_on_node(state, c.node_id):
-        job_and_its_nodes(state, job.job_id, changes)
+    for job_id in state.jobs_on_node(c.node_id):  # every job that may hold a GPU there
+        job_and_its_nodes(state, job_id, changes)
 
 
 def _touches_repair(state: ClusterState, c: cmd.RepairGpus, changes: Changes) -> None:
