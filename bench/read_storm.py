@@ -54,6 +54,13 @@ _LEADER_MOVED = frozenset({"UNAVAILABLE", "FAILED_PRECONDITION"})
 LEASE_TTL_S = 4.0  # the default lease_ttl: a longer silence fences a node's members
 
 
+def waiting_spec(name: str, replicas: int) -> pb.JobSpec:
+    """A gang of ``replicas`` x 8 GPUs that waits for nodes to join."""
+    spec = small_spec(name, replicas, gpu=8)
+    spec.wait_for_nodes = True
+    return spec
+
+
 class Heartbeats(threading.Thread):
     """Every node heartbeats once per interval, the sends spread evenly over it; records
     each round trip and, per node, the longest time between two answered heartbeats."""
@@ -254,14 +261,13 @@ def run(
                 lambda: cluster.serving_leader().grpc, node_ids, cluster.transport
             )
             heartbeats.start()
-            # Gangs of 4 x 8 GPUs hold whole nodes; gangs larger than the cluster wait.
+            # Gangs of 4 x 8 GPUs hold whole nodes; gangs larger than the cluster wait for
+            # nodes to join (they ask to: otherwise they are refused at submission).
             gangs = [
                 pb.SubmitJobRequest(spec=small_spec(f"run{i}", 4, gpu=8), request_id=f"run{i}")
                 for i in range(running)
             ] + [
-                pb.SubmitJobRequest(
-                    spec=small_spec(f"wait{i}", nodes + 1, gpu=8), request_id=f"wait{i}"
-                )
+                pb.SubmitJobRequest(spec=waiting_spec(f"wait{i}", nodes + 1), request_id=f"wait{i}")
                 for i in range(pending)
             ]
             answers, _ = pipelined(stub.SubmitJob, gangs, 128)

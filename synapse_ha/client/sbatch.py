@@ -79,7 +79,8 @@ _NOTED = {
 }
 # Options that take no value (sbatch's; only those a script is likely to carry).
 _FLAGS = {"requeue", "no-requeue", "exclusive", "hold", "wait", "parsable", "test-only",
-          "overcommit", "contiguous", "spread-job", "use-min-nodes", "ignore-pbs"}  # fmt: skip
+          "overcommit", "contiguous", "spread-job", "use-min-nodes", "ignore-pbs",
+          "wait-for-nodes"}  # fmt: skip
 
 
 def split_options(words: Sequence[str], where: str) -> list[tuple[str, str | None, str]]:
@@ -380,4 +381,5 @@ _HANDLERS: dict[str, Handler] = {
     "export": _export,
     "array": _array,
     "begin": _begin,
+    "wait-for-nodes": lambda _value, spec, *_: spec.update(wait_for_nodes=True),
 }

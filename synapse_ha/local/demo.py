@@ -197,7 +197,10 @@ class Demo:
 
     def gang_waits(self) -> None:
         n = self.n
-        n.step("A 5 x 4-GPU gang needs 20 GPUs; only 16 exist, so it waits")
+        n.step(
+            "A 5 x 4-GPU gang needs 20 GPUs; only 16 exist: it asks to wait for nodes to join "
+            "(wait_for_nodes), so it waits"
+        )
         job_id = self.submit(
             {
                 "name": "pretrain",
@@ -207,6 +210,7 @@ class Demo:
                 "env": {"LEDGER": str(self.ledger)},
                 "retries": {"max": 2, "backoff": "1s"},
                 "request_id": "demo-pretrain-1",
+                "wait_for_nodes": True,
             }
         )
         n.say(f"submitted pretrain as {job_id} (request id demo-pretrain-1)")

@@ -12,6 +12,7 @@ is retried whole, and the jobs already made come back with ``created`` false.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity
 from synapse_ha.core.arrays import parse_array
 from synapse_ha.core.cluster_config import Limits
+from synapse_ha.core.feasibility import REFUSES_AT_FORMAT
 from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
 from synapse_ha.core.model import ClusterState, JobSpec
 from synapse_ha.core.spec import SpecError
@@ -167,6 +169,10 @@ class SubmitService(_Base):
         existing = state.request_ids.get(request_id)
         if existing is not None:
             return _Admitted(existing=existing)
+        if spec.wait_for_nodes and state.format_floor < REFUSES_AT_FORMAT:
+            # Below that format nothing is refused for never fitting: the flag is moot,
+            # and a replica of an older release could not read it.
+            spec = dataclasses.replace(spec, wait_for_nodes=False)
         jobs = len(parse_array(spec.array).indices) if spec.array else 1
         held = limited and self._hold_pending(context, identity, spec, limits, jobs)
         command = cmd.SubmitJob(
