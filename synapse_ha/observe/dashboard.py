@@ -1,15 +1,26 @@
-"""The web dashboard every replica serves: server-rendered HTML, read-only.
+"""The web dashboard every replica serves: server-rendered HTML that refreshes itself.
 
 Pages:
 
 * ``/`` — cluster health (replicas, roles, terms, the leader), the queue (pending jobs
   with their reasons), the running gangs with their nodes, the nodes as a
-  rack-by-rack map of GPU occupancy, and the cohort tree when there is one;
-* ``/jobs/<id>`` — one job: its members (node, GPUs, state), its current attempt on a
-  timeline, and the tail of each member's log;
+  rack-by-rack map of GPU occupancy (each GPU titled with the job holding it), and the
+  cohort tree when there is one;
+* ``/jobs/<id>`` — one job: queue, resources, command, time limit, its times and
+  durations, its members (node, GPUs, state), its current attempt on a time axis, the
+  tail of each member's log, and a cancel button for those who may cancel it;
+  ``POST /jobs/<id>/cancel`` cancels it through the API's ``CancelJob`` as the viewer
+  (the API's own access check decides);
+* ``/nodes``, ``/queues``, ``/history`` (``?user=&queue=&node=&since=``) — see
+  :mod:`synapse_ha.observe.list_pages`;
 * ``/login`` (GET: the form; POST: sign in) and ``/logout`` (POST only);
-* ``/static/dashboard.css`` — the one stylesheet (the pages carry no inline style and no
-  script, so the Content-Security-Policy forbids both).
+* ``/static/dashboard.css`` and ``/static/dashboard.js`` — the one stylesheet and the
+  one script (:mod:`synapse_ha.observe.script`: times in the browser's zone, and the
+  live pages' refresh); the pages carry no inline style and no inline script, so the
+  Content-Security-Policy forbids both.
+
+**Who is signed in** is named by the user and role the token proves (``alice (user)``)
+when the replica says (``identify``), else by the token's id.
 
 **Same data, same rules as the API.** The dashboard is a client of the cluster's own
 gRPC API (:class:`~synapse_ha.client.cluster.ClusterClient`), so it follows the leader for
@@ -26,11 +37,12 @@ the browser gets only the session's random id in a cookie (``__Host-`` prefixed,
 ``HttpOnly``, ``Secure``, ``SameSite=Strict``). The token itself stays in this replica's
 memory and never goes back to the browser.
 
-**Forgery.** Sign-in and sign-out are POSTs that must come from this dashboard's own
-pages: a request whose ``Origin`` is another site is refused, and each form carries a
-random value that must match — for sign-in, a short-lived cookie set with the form
-(double submit), for sign-out, the session's own value. So another site can neither sign
-a browser in as someone else (login CSRF) nor sign it out; a GET changes nothing.
+**Forgery.** Sign-in, sign-out and cancel are POSTs that must come from this
+dashboard's own pages: a request whose ``Origin`` is another site is refused, and each
+form carries a random value that must match — for sign-in, a short-lived cookie set
+with the form (double submit), for sign-out and cancel, the session's own value. So
+another site can neither sign a browser in as someone else (login CSRF), nor sign it
+out, nor cancel a job in its name; a GET changes nothing.
 
 **Cheap refusals.** Everything that needs no API call — the form, the stylesheet, a
 request without a credential, a forged form, a malformed token — is answered by
@@ -58,11 +70,19 @@ import grpc
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.access import split_token
 from synapse_ha.observe.http import Request, Response
+from synapse_ha.observe.list_pages import (
+    HistoryFilters,
+    render_history,
+    render_nodes,
+    render_queues,
+)
 from synapse_ha.observe.member_logs import read_log_tail
+from synapse_ha.observe.page_kit import REFRESH_S, SCRIPT
 from synapse_ha.observe.pages import (
     STYLE,
     STYLESHEET,
     Overview,
+    gpu_holders,
     render_job,
     render_job_error,
     render_login,
@@ -70,7 +90,9 @@ from synapse_ha.observe.pages import (
     render_overview,
     render_refused,
 )
+from synapse_ha.observe.script import SCRIPT_JS
 from synapse_ha.observe.sessions import Session, Sessions, token_label
+from synapse_ha.rpc import readable
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import Transport
@@ -86,6 +108,9 @@ LOGIN_FORM_TTL_S = 600
 _NONCE = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 LIVE_STATES = ("PENDING", "SCHEDULED", "RUNNING")
 MAX_CLIENTS = 32  # one API client per viewer token, least recently used dropped
+PAGES = ("/", "/nodes", "/queues", "/history")
+CANCEL_SUFFIX = "/cancel"
+HISTORY_LIMIT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +163,9 @@ class Dashboard:
     ``addresses``: the replicas' gRPC addresses (this replica's first); ``transport``:
     this replica's TLS transport (the channel presents its certificate; the viewer's
     token names the viewer); ``sessions``: the signed-in browsers (a fresh store on
-    ``clock_ms`` by default)."""
+    ``clock_ms`` by default); ``identify``: the name a token proves (``alice (user)``;
+    "" when it proves nobody), from the replica's own copy of the tokens;
+    ``refresh_s``: how often the live pages refresh themselves."""
 
     def __init__(
         self,
@@ -147,6 +174,8 @@ class Dashboard:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         timeout_s: float = 5.0,
         sessions: Sessions | None = None,
+        identify: Callable[[str], str] | None = None,
+        refresh_s: int = REFRESH_S,
     ) -> None:
         self._addresses = list(addresses)
         self._transport = transport
@@ -156,6 +185,14 @@ class Dashboard:
         self._scheme = "https" if transport.secure else "http"
         self._lock = threading.Lock()
         self._clients: OrderedDict[str, ClusterClient] = OrderedDict()
+        self._identify = identify
+        self.refresh_s = refresh_s
+
+    def _name(self, token: str) -> str:
+        """How the pages name the viewer of ``token``: the user and role it proves,
+        else its id."""
+        name = self._identify(token) if self._identify is not None and token else ""
+        return name or token_label(token)
 
     def close(self) -> None:
         with self._lock:
@@ -203,16 +240,34 @@ class Dashboard:
             if request.method not in ("GET", "HEAD"):
                 return _not_allowed("GET, HEAD")
             return Response(200, STYLE.encode(), "text/css; charset=utf-8")
+        if path == SCRIPT:
+            if request.method not in ("GET", "HEAD"):
+                return _not_allowed("GET, HEAD")
+            return Response(200, SCRIPT_JS.encode(), "text/javascript; charset=utf-8")
         if path == "/login":
             return self._login_form(request)
         if path == "/logout":
             return self._logout(request)
-        if path != "/" and not path.startswith("/jobs/"):
+        if path not in PAGES and not path.startswith("/jobs/"):
             return _html(404, render_not_found(path))
-        if request.method not in ("GET", "HEAD"):
+        if path.startswith("/jobs/") and path.endswith(CANCEL_SUFFIX):
+            if request.method != "POST":
+                return _not_allowed("POST")
+            if not self._same_origin(request):
+                return _forbidden("cancel refused: the form was posted from another site")
+        elif request.method not in ("GET", "HEAD"):
             return _not_allowed("GET, HEAD")
         viewer = self._viewer(request)
-        return viewer if isinstance(viewer, Response) else None
+        if isinstance(viewer, Response):
+            return viewer
+        session = viewer.session
+        if (
+            request.method == "POST"
+            and session is not None
+            and not _same(form_of(request).get("csrf", ""), session.csrf)
+        ):
+            return _forbidden("cancel refused: the form is not this dashboard's")
+        return None
 
     def __call__(self, request: Request) -> Response:
         quick = self.triage(request)
@@ -228,8 +283,14 @@ class Dashboard:
             overview = self.overview(viewer.token)
             if _refused_overview(overview):
                 return self._signed_out(request, viewer, overview.errors.get("status", ""))
-            return _html(200, render_overview(overview, viewer.label, viewer.csrf))
-        return self._job_page(request, viewer, urllib.parse.unquote(path[len("/jobs/") :]))
+            page = render_overview(overview, viewer.label, viewer.csrf, self.refresh_s)
+            return _html(200, page)
+        if path in PAGES:
+            return self._list_page(request, viewer, path)
+        job_id = urllib.parse.unquote(path[len("/jobs/") :])
+        if request.method == "POST":
+            return self._cancel(request, viewer, job_id.removesuffix(CANCEL_SUFFIX))
+        return self._job_page(request, viewer, job_id)
 
     def _viewer(self, request: Request) -> Viewer | Response:
         """Who the request is from, or the answer for a request from nobody."""
@@ -246,12 +307,12 @@ class Dashboard:
                     "text/plain; charset=utf-8",
                     (("WWW-Authenticate", "Bearer"),),
                 )
-            return Viewer(token, token_label(token))
+            return Viewer(token, self._name(token))
         session_id = cookies_of(request).get(COOKIE, "")
         session = self.sessions.get(session_id) if session_id else None
         if session is None:
             return _redirect("/login", clear=COOKIE if session_id else "")
-        return Viewer(session.token, session.label, session)
+        return Viewer(session.token, self._name(session.token), session)
 
     def _same_origin(self, request: Request) -> bool:
         """Whether a form post comes from this dashboard's own pages: its ``Origin`` is
@@ -402,8 +463,63 @@ class Dashboard:
             )
             return _html(status, render_job_error(job_id, _describe(exc)))
         logs = self.log_tails(client, job) if job.HasField("attempt") else {}
-        page = render_job(job, logs, self._clock_ms(), viewer.label, viewer.csrf)
+        page = render_job(job, logs, self._clock_ms(), viewer.label, viewer.csrf, self.refresh_s)
         return _html(200, page)
+
+    def _list_page(self, request: Request, viewer: Viewer, path: str) -> Response:
+        """``/nodes``, ``/queues`` or ``/history``, read through the API as the viewer."""
+        client = self._client(viewer.token)
+        label, csrf, now = viewer.label, viewer.csrf, self._clock_ms()
+        try:
+            if path == "/nodes":
+                nodes = client.list_nodes()
+                try:
+                    holders = gpu_holders(client.list_jobs(states=["SCHEDULED", "RUNNING"]))
+                except (grpc.RpcError, ClusterUnavailable):
+                    holders = {}  # the GPUs still show, without their holders
+                page = render_nodes(nodes, holders, now, label, csrf, refresh_s=self.refresh_s)
+            elif path == "/queues":
+                page = render_queues(client.list_queues(), label, csrf, refresh_s=self.refresh_s)
+            else:
+                page = self._history_page(client, viewer, request, now)
+        except (grpc.RpcError, ClusterUnavailable) as exc:
+            if _refused(exc):
+                return self._signed_out(request, viewer, _describe(exc))
+            return _html(502, render_job_error(path.strip("/"), _describe(exc)))
+        return _html(200, page)
+
+    def _history_page(
+        self, client: ClusterClient, viewer: Viewer, request: Request, now_ms: int
+    ) -> str:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+        filters = HistoryFilters.of({k: v[0] for k, v in query.items() if v})
+        since = readable.parse_moment(filters.since, now_ms) if filters.since else 0
+        if since is None:
+            error = f"since: {filters.since!r} is neither a duration (7d) nor a date (2026-11-01)"
+            return render_history([], filters, now_ms, viewer.label, viewer.csrf, error)
+        found = client.list_history(
+            user=filters.user,
+            queue=filters.queue,
+            node_id=filters.node,
+            since_ms=since,
+            limit=HISTORY_LIMIT,
+        )
+        return render_history(found, filters, now_ms, viewer.label, viewer.csrf)
+
+    def _cancel(self, request: Request, viewer: Viewer, job_id: str) -> Response:
+        """Cancel through the API as the viewer: the API decides who may (the owner,
+        operators and admins), as for ``synctl cancel``; its refusal is shown."""
+        client = self._client(viewer.token)
+        try:
+            client.cancel_job(job_id, reason=f"cancelled from the dashboard by {viewer.label}")
+        except (grpc.RpcError, ClusterUnavailable) as exc:
+            if _refused(exc):
+                return self._signed_out(request, viewer, _describe(exc))
+            status = 403 if isinstance(exc, grpc.RpcError) else 502
+            if isinstance(exc, grpc.RpcError) and exc.code() is grpc.StatusCode.NOT_FOUND:
+                status = 404
+            return _html(status, render_refused(f"job {job_id} not cancelled: {_describe(exc)}"))
+        return _redirect(f"/jobs/{urllib.parse.quote(job_id)}")
 
     def log_tails(self, client: ClusterClient, job: pb.Job) -> dict[int, str]:
         """The end of each member's log of the job's current attempt, or why not."""

@@ -4,13 +4,20 @@
   leader), the queue (pending jobs with their reasons), the running gangs with their
   nodes, and the nodes as a rack-by-rack map of GPU occupancy (unhealthy GPUs marked,
   each node's title naming its faults);
-* one job's page (:func:`render_job`) — its members (node, GPUs, state, newest
-  checkpoint mark), its current attempt on a timeline, the attempt's checkpoint mark and
-  the step a restart resumes from, and the tail of each member's log;
+* one job's page (:func:`render_job`) — its queue, resources, command, time limit,
+  times (submitted, started, finished) and durations (wait, elapsed, time left), a
+  cancel button when the viewer may manage it, its members (node, GPUs, state, newest
+  checkpoint mark), its current attempt on a time axis (:mod:`~synapse_ha.observe.timeline`),
+  the attempt's checkpoint mark and the step a restart resumes from, and the tail of each
+  member's log;
 * the sign-in form (:func:`render_login`) and the short pages that say why a request was
   refused or found nothing;
 * the one stylesheet (:data:`STYLE`, served at :data:`STYLESHEET`): the pages carry no
-  inline style and no script, so the Content-Security-Policy forbids both.
+  inline style and no inline script, so the Content-Security-Policy forbids both; the
+  one script (:mod:`~synapse_ha.observe.script`) is served from this origin.
+
+The frame every page shares, and times, are in :mod:`~synapse_ha.observe.page_kit`; the
+nodes, queues and history pages in :mod:`~synapse_ha.observe.list_pages`.
 
 Every value a page shows is HTML-escaped. Protobuf messages in, HTML out: the benchmark
 times :func:`render_overview` on a synthetic cluster.
@@ -18,18 +25,30 @@ times :func:`render_overview` on a synthetic cluster.
 
 from __future__ import annotations
 
-import html
+import shlex
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from synapse_ha.core.model import JobState
 from synapse_ha.observe.cohort_tree_page import render_cohort_tree
-from synapse_ha.rpc import states
+from synapse_ha.observe.page_kit import (
+    REFRESH_S,
+    STYLESHEET,
+    duration_html,
+    esc,
+    page,
+    when_html,
+)
+from synapse_ha.observe.timeline import attempt_timeline
+from synapse_ha.rpc import readable, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.readable import cpu_text, memory_text
 
-STYLESHEET = "/static/dashboard.css"
+__all__ = ["STYLESHEET"]
+
 RACK_LEVEL = "rack"
+GpuHolders = Mapping[tuple[str, int], str]  # (node, GPU index) -> the job holding it
 
 STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
@@ -46,13 +65,18 @@ th{background:#f3f3f3}.leader{font-weight:bold;color:#075}
 .g.u{background:#2a7}.g.f{background:#ddd}
 .g.x{background:#c22;outline:1px solid #600}.node.sick{border-color:#c22}
 .bar{display:block}.bar .track{fill:#eee}.bar .run{fill:#48c}
+.bar .axis,.bar .tick{stroke:#888}.bar .tick-label{font-size:10px;fill:#555}
 pre{background:#f7f7f7;padding:6px;max-height:20em;overflow:auto}
 form.inline{display:inline}form.inline button{font:inherit;padding:0 4px}
+nav{margin:0 0 .6em}nav a{margin-right:.2em}nav a.here{font-weight:bold}
+.node .name{display:block;font-size:10px;text-align:center;color:#444}
+.g.u.mine{background:#175}
+.filters label{margin-right:.8em}
+button.danger{color:#fff;background:#b00;border:1px solid #700;padding:2px 10px}
 """
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+_e = esc
 
 
 _HOLDING = (JobState.SCHEDULED, JobState.RUNNING)
@@ -62,33 +86,22 @@ def _role(replica: pb.ReplicaStatus) -> str:
     return states.shown_replica_role(replica)
 
 
-def _page(title: str, body: str, viewer: str = "", csrf: str = "") -> str:
-    """A whole page. ``csrf``: the viewer's session value, for the sign-out form (none
-    without a session: a bearer header has nothing to sign out of)."""
-    sign_out = (
-        ' · <form class="inline" method="post" action="/logout">'
-        f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
-        '<button type="submit" id="sign-out">sign out</button></form>'
-        if csrf
-        else ""
-    )
-    who = f'<p class="muted">signed in as {_e(viewer)}{sign_out}</p>' if viewer else ""
-    return (
-        f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title>"
-        f'<link rel="stylesheet" href="{STYLESHEET}"></head>'
-        f"<body><h1>{_e(title)}</h1>{who}{body}</body></html>"
-    )
+_page = page
 
 
 def _age(now_ms: int, at_ms: int) -> str:
-    if not at_ms:
-        return "-"
-    seconds = max(0, now_ms - at_ms) // 1000
-    if seconds < 120:
-        return f"{seconds}s ago"
-    if seconds < 7200:
-        return f"{seconds // 60}m ago"
-    return f"{seconds // 3600}h ago"
+    return readable.relative(at_ms, now_ms) if at_ms else "-"
+
+
+def gpu_holders(jobs: Sequence[pb.Job]) -> dict[tuple[str, int], str]:
+    """Which job holds each GPU: its live attempt's members' GPUs."""
+    held: dict[tuple[str, int], str] = {}
+    for j in jobs:
+        if states.shown_job_state(j) in _HOLDING and j.HasField("attempt"):
+            for m in j.attempt.members:
+                for g in m.gpus:
+                    held[(m.node_id, g)] = j.job_id
+    return held
 
 
 def rack_of(node: pb.Node) -> str:
@@ -190,24 +203,34 @@ def render_running(jobs: Sequence[pb.Job]) -> str:
     )
 
 
-def _gpu_cell(gpu: int, allocated: set[int], faults: dict[int, pb.GpuFault]) -> str:
-    """One GPU: unhealthy (``g x``, whatever holds it), in use (``g u``) or free (``g f``)."""
+def gpu_cell(
+    gpu: int, allocated: set[int], faults: Mapping[int, pb.GpuFault], holder: str = ""
+) -> str:
+    """One GPU: unhealthy (``g x``, whatever holds it), in use (``g u``, titled with the
+    job holding it when known) or free (``g f``)."""
     fault = faults.get(gpu)
     if fault is not None:
         what = f"GPU {gpu} {fault.code}" + (f": {fault.detail}" if fault.detail else "")
         return (
             f'<i class="g x" data-gpu="{gpu}" data-fault="{_e(fault.code)}" title="{_e(what)}"></i>'
         )
-    return '<i class="g u"></i>' if gpu in allocated else '<i class="g f"></i>'
+    if gpu not in allocated:
+        return f'<i class="g f" data-gpu="{gpu}" title="GPU {gpu} free"></i>'
+    title = f"GPU {gpu}: {holder}" if holder else f"GPU {gpu} in use"
+    job = f' data-job="{_e(holder)}"' if holder else ""
+    return f'<i class="g u" data-gpu="{gpu}"{job} title="{_e(title)}"></i>'
 
 
-def _node_cell(n: pb.Node) -> str:
-    """A node of the map: its GPUs, and a title naming its status, use, faults and
-    failing checks."""
+def _node_cell(n: pb.Node, holders: GpuHolders) -> str:
+    """A node of the map: its GPUs (each titled with the job holding it), its name, and
+    a title naming its status, use, faults and failing checks."""
     allocated = set(n.allocated_gpus)
     faults = {f.gpu: f for f in n.gpu_faults}
     status = states.shown_node_status(n)
-    cells = "".join(_gpu_cell(i, allocated, faults) for i in range(n.capacity.gpu))
+    cells = "".join(
+        gpu_cell(i, allocated, faults, holders.get((n.node_id, i), ""))
+        for i in range(n.capacity.gpu)
+    )
     title = f"{n.node_id} {status} {len(allocated)}/{n.capacity.gpu} GPU"
     if faults:
         title += "; unhealthy: " + ", ".join(
@@ -219,11 +242,11 @@ def _node_cell(n: pb.Node) -> str:
     return (
         f'<span class="node {_e(status)}{sick}" data-node="{_e(n.node_id)}" '
         f'data-used="{len(allocated)}" data-unhealthy="{len(faults)}" title="{_e(title)}">'
-        f"{cells or _e(n.node_id)}</span>"
+        f'{cells}<a class="name" href="/nodes#node-{_e(n.node_id)}">{_e(n.node_id)}</a></span>'
     )
 
 
-def render_node_map(nodes: Sequence[pb.Node]) -> str:
+def render_node_map(nodes: Sequence[pb.Node], holders: GpuHolders | None = None) -> str:
     by_rack: dict[str, list[pb.Node]] = defaultdict(list)
     for node in nodes:
         by_rack[rack_of(node)].append(node)
@@ -235,13 +258,15 @@ def render_node_map(nodes: Sequence[pb.Node]) -> str:
         out.append(
             f'<section class="rack" data-rack="{_e(rack)}"><h3>{_e(rack)} · {used}/{total} GPU</h3>'
         )
-        out.extend(_node_cell(n) for n in members)
+        out.extend(_node_cell(n, holders or {}) for n in members)
         out.append("</section>")
     out.append("</div>")
     return "".join(out)
 
 
-def render_overview(overview: Overview, viewer: str = "", csrf: str = "") -> str:
+def render_overview(
+    overview: Overview, viewer: str = "", csrf: str = "", refresh_s: int = REFRESH_S
+) -> str:
     """The main page: health, queue, running gangs, node map, and the cohort tree when
     the cluster has cohorts."""
     parts = ["<h2>Cluster</h2>"]
@@ -261,29 +286,15 @@ def render_overview(overview: Overview, viewer: str = "", csrf: str = "") -> str
     parts.append("<h2>Nodes (GPU occupancy by rack)</h2>")
     nodes_error = overview.errors.get("nodes")
     parts.append(
-        f'<p class="bad">{_e(nodes_error)}</p>' if nodes_error else render_node_map(overview.nodes)
+        f'<p class="bad">{_e(nodes_error)}</p>'
+        if nodes_error
+        else render_node_map(overview.nodes, gpu_holders(overview.jobs))
     )
     tree = render_cohort_tree(overview.queues) if overview.queues is not None else ""
     if tree:
         parts.append("<h2>Cohort tree (GPUs)</h2>")
         parts.append(tree)
-    return _page("synapse cluster", "".join(parts), viewer, csrf)
-
-
-def _timeline(attempt: pb.Attempt, now_ms: int) -> str:
-    start = attempt.bound_at_ms
-    end = attempt.ended_at_ms or now_ms
-    span = max(1, end - start)
-    run_from = attempt.started_at_ms or end
-    left = min(100.0, max(0.0, 100.0 * (run_from - start) / span))
-    # SVG attributes, not inline style: the Content-Security-Policy allows no inline style.
-    return (
-        '<svg class="bar" width="400" height="10" role="img" aria-label="bound, started, ended">'
-        '<rect class="track" x="0" y="0" width="100%" height="10"></rect>'
-        f'<rect class="run" x="{left:.1f}%" y="0" width="{100 - left:.1f}%" height="10"></rect>'
-        f"</svg><small>bound {attempt.bound_at_ms} · started {attempt.started_at_ms or '-'} · "
-        f"ended {attempt.ended_at_ms or '-'} (ms since the epoch)</small>"
-    )
+    return _page("synapse cluster", "".join(parts), viewer, csrf, refresh_s, here="/")
 
 
 def _mark_text(mark: pb.Checkpoint, now_ms: int) -> str:
@@ -308,31 +319,91 @@ def _checkpoint_rows(job: pb.Job, now_ms: int) -> list[str]:
     return rows
 
 
+def _command_text(job: pb.Job) -> str:
+    spec = job.spec
+    if job.redacted:
+        return "(withheld: not your job)"
+    if spec.WhichOneof("command") == "argv":
+        return shlex.join(spec.argv.args)
+    return spec.shell_command
+
+
+def _times_rows(job: pb.Job, now_ms: int) -> list[str]:
+    """Submitted, started, finished (times and how long ago); the wait in the queue, the
+    elapsed run time and what the time limit leaves (as ``synctl status`` counts them)."""
+    attempt = job.attempt if job.HasField("attempt") else None
+    waiting = states.shown_job_state(job) == JobState.PENDING
+    started = 0 if waiting or attempt is None else attempt.started_at_ms or attempt.bound_at_ms
+    ended = 0 if waiting or attempt is None else attempt.ended_at_ms or job.finished_at_ms
+    d = readable.job_durations(
+        submitted_ms=job.submitted_at_ms or None,
+        started_ms=started or None,
+        ended_ms=ended or job.finished_at_ms or None,
+        time_limit_ms=job.spec.time_limit_ms,
+        now_ms=now_ms,
+    )
+    limit = job.spec.time_limit_ms
+    left = d["time_left_ms"]
+    rows = [
+        ("submitted", "submitted", when_html(job.submitted_at_ms, now_ms)),
+        ("started", "started", when_html(started, now_ms)),
+        ("finished", "finished", when_html(job.finished_at_ms, now_ms)),
+        ("wait", "waiting" if waiting else "waited", duration_html(d["wait_ms"])),
+        ("elapsed", "elapsed", duration_html(d["elapsed_ms"])),
+        ("time-limit", "time limit", duration_html(limit) if limit else "none"),
+    ]
+    if left is not None:
+        rows.append(("time-left", "time left", duration_html(left)))
+    return [f'<tr><th>{label}</th><td id="{key}">{value}</td></tr>' for key, label, value in rows]
+
+
+def _cancel_form(job: pb.Job, csrf: str) -> str:
+    """The cancel button, for a live job the viewer may manage (the API withholds
+    nothing of it: the viewer owns it or is an admin); the API judges the post again."""
+    if job.redacted or states.shown_job_state(job) not in (JobState.PENDING, *_HOLDING):
+        return ""
+    return (
+        f'<form method="post" action="/jobs/{_e(job.job_id)}/cancel" id="cancel-form">'
+        f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+        '<button type="submit" class="danger" id="cancel">cancel this job</button></form>'
+    )
+
+
 def render_job(
-    job: pb.Job, logs: dict[int, str], now_ms: int, viewer: str = "", csrf: str = ""
+    job: pb.Job,
+    logs: dict[int, str],
+    now_ms: int,
+    viewer: str = "",
+    csrf: str = "",
+    refresh_s: int = REFRESH_S,
 ) -> str:
-    """One job's page: summary, attempt timeline, members, log tails (``logs``: rank →
-    text, or the reason the log could not be read)."""
+    """One job's page: summary, times, attempt on a time axis, members, log tails
+    (``logs``: rank → text, or the reason the log could not be read)."""
+    spec = job.spec
+    r = spec.resources
+    per_member = f"{r.gpu} GPU, {cpu_text(r.cpu_milli)} CPU, {memory_text(r.memory_mib)} memory"
     parts = [
-        '<p><a href="/">← cluster</a></p>',
-        f'<table id="job" data-state="{_e(states.shown_job_state(job))}">',
+        '<table id="job" data-state="' + _e(states.shown_job_state(job)) + '">',
         f"<tr><th>id</th><td>{_e(job.job_id)}</td></tr>",
-        f"<tr><th>name</th><td>{_e(job.spec.name)}</td></tr>",
+        f"<tr><th>name</th><td>{_e(spec.name)}</td></tr>",
         f"<tr><th>owner</th><td>{_e(job.owner or '-')}</td></tr>",
+        f'<tr><th>queue</th><td id="queue-name">{_e(spec.queue or "default")}</td></tr>',
         f'<tr><th>state</th><td id="state">{_e(states.shown_job_state(job))}</td></tr>',
         f"<tr><th>reason</th><td>{_e(job.reason)}</td></tr>",
-        f"<tr><th>gang</th><td>{job.spec.replicas} x {job.spec.resources.gpu} GPU</td></tr>",
-        f"<tr><th>submitted</th><td>{_age(now_ms, job.submitted_at_ms)}</td></tr>",
+        f'<tr><th>gang</th><td id="gang">{spec.replicas} members x {_e(per_member)}</td></tr>',
+        f'<tr><th>command</th><td><code id="command">{_e(_command_text(job))}</code></td></tr>',
+        *_times_rows(job, now_ms),
         f"<tr><th>attempts</th><td>{job.attempts_made} (retries used {job.retries_used}, "
         f"requeues {job.requeues})</td></tr>",
         *_checkpoint_rows(job, now_ms),
         "</table>",
+        _cancel_form(job, csrf),
     ]
     if job.HasField("attempt"):
         a = job.attempt
         parts.append(
             f"<h2>Attempt {a.number} (fencing token {a.fencing_token})</h2>"
-            + _timeline(a, now_ms)
+            + attempt_timeline(a, now_ms)
             + (f"<p>outcome: {_e(a.outcome)}</p>" if a.outcome else "")
         )
         rows = [
@@ -355,7 +426,8 @@ def render_job(
             )
     else:
         parts.append('<p class="muted">not bound yet</p>')
-    return _page(f"job {job.job_id}", "".join(parts), viewer, csrf)
+    live = states.shown_job_state(job) in (JobState.PENDING, *_HOLDING)
+    return _page(f"job {job.job_id}", "".join(parts), viewer, csrf, refresh_s if live else 0)
 
 
 def render_login(message: str = "", csrf: str = "") -> str:

@@ -39,7 +39,7 @@ from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.restore import RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot_file import SnapshotMember
 from synapse_ha.rpc.admission import ReadGate
-from synapse_ha.rpc.auth import AuthInterceptor, token_hash
+from synapse_ha.rpc.auth import AuthInterceptor, identify_token, token_hash
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from synapse_ha.rpc.server.format_gate import FormatGate
@@ -238,12 +238,22 @@ class Replica:
         """The metrics endpoint and the dashboard, which shows every replica."""
         config = self.config
         others = [r.grpc for r in config.replicas if r.replica_id != config.replica_id]
-        self.dashboard = Dashboard([config.me.grpc, *others], self.transport, clock_ms=_now_ms)
+        self.dashboard = Dashboard(
+            [config.me.grpc, *others], self.transport, clock_ms=_now_ms, identify=self._who
+        )
         self.observe = ObserveServer(
             metrics_address, self.metrics.registry, config.tls, app=self.dashboard
         )
         self.context.metrics_url = self.observe.metrics_url
         self.context.dashboard_url = self.observe.url + "/"
+
+    def _who(self, token: str) -> str:
+        """The dashboard's name for the viewer of ``token``: ``alice (user)``; "" when
+        the token proves nobody (the API call refuses it then)."""
+        identity, refusal = identify_token(token, self.raft.snapshot().tokens, _now_ms())
+        if identity is None or refusal is not None:
+            return ""
+        return f"{identity.name} ({identity.role})"
 
     def _sign_grant(self, job_id: str, subject: str, node_id: str) -> tuple[str, int]:
         """A log grant for ``subject`` to read ``job_id``'s member logs on ``node_id``,

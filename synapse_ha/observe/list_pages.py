@@ -1,0 +1,236 @@
+"""The dashboard's list pages, pure functions of the API's messages:
+
+* ``/nodes`` (:func:`render_nodes`) — each node: status and why, labels (topology),
+  each GPU with the job holding it, unhealthy GPUs, failing checks (conditions), CPU
+  and memory in use, the last heartbeat;
+* ``/queues`` (:func:`render_queues`) — each queue: cohort, nominal quota, used,
+  borrowed, lent, running and pending jobs and the GPUs the pending ones need, and its
+  share now (used / nominal); the cohort tree below;
+* ``/history`` (:func:`render_history`) — finished jobs, newest first, with filters
+  (user, queue, node, finished since) as a GET form.
+
+The fair-share order itself (decayed past usage against entitlement, docs/queues.md)
+is not in the API's answer, so ``/queues`` shows the share of nominal quota in use now
+and orders by it, lowest first, and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from synapse_ha.observe.cohort_tree_page import render_cohort_tree
+from synapse_ha.observe.page_kit import REFRESH_S, duration_html, esc, page, time_html
+from synapse_ha.observe.pages import gpu_cell, rack_of
+from synapse_ha.rpc import readable, states
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.readable import cpu_text, memory_text
+
+
+def _error(message: str) -> str:
+    return f'<p class="bad">{esc(message)}</p>'
+
+
+# ------------------------------------------------------------------------- nodes
+
+
+def _labels(n: pb.Node) -> str:
+    return " ".join(f"{t.level}={t.value}" for t in n.topology) or "-"
+
+
+def _gpus(n: pb.Node, holders: Mapping[tuple[str, int], str]) -> str:
+    """Each GPU as a cell, then the jobs holding them by name."""
+    allocated = set(n.allocated_gpus)
+    faults = {f.gpu: f for f in n.gpu_faults}
+    cells = "".join(
+        gpu_cell(i, allocated, faults, holders.get((n.node_id, i), ""))
+        for i in range(n.capacity.gpu)
+    )
+    by_job: dict[str, list[int]] = {}
+    for i in range(n.capacity.gpu):
+        holder = holders.get((n.node_id, i))
+        if holder:
+            by_job.setdefault(holder, []).append(i)
+    held = "; ".join(
+        f'<a href="/jobs/{esc(j)}" data-holds="{",".join(map(str, g))}">{esc(j)}</a> '
+        f"GPU {','.join(map(str, g))}"
+        for j, g in sorted(by_job.items())
+    )
+    return f"{cells} {len(allocated)}/{n.capacity.gpu}" + (f"<br>{held}" if held else "")
+
+
+def _health(n: pb.Node, now_ms: int) -> str:
+    parts = [f"GPU {f.gpu} {f.code}" + (f": {f.detail}" if f.detail else "") for f in n.gpu_faults]
+    parts += [f"{k.name}: {k.message}" for k in n.conditions]
+    unfit = [u for u in n.unfit if u.until_ms > now_ms]
+    parts += [f"not for {u.owner} until {readable.local_time(u.until_ms)}" for u in unfit]
+    return '<span class="bad">' + esc("; ".join(parts)) + "</span>" if parts else "ok"
+
+
+def render_nodes(
+    nodes: Sequence[pb.Node],
+    holders: Mapping[tuple[str, int], str],
+    now_ms: int,
+    viewer: str = "",
+    csrf: str = "",
+    error: str = "",
+    refresh_s: int = REFRESH_S,
+) -> str:
+    """Every node, by rack then name."""
+    rows = []
+    for n in sorted(nodes, key=lambda n: (rack_of(n), n.node_id)):
+        status = states.shown_node_status(n)
+        reason = f" ({n.status_reason})" if n.status_reason else ""
+        heartbeat = (
+            f"{duration_html(n.last_heartbeat_age_ms)} ago" if n.last_heartbeat_age_ms else "-"
+        )
+        rows.append(
+            f'<tr id="node-{esc(n.node_id)}" data-node="{esc(n.node_id)}" '
+            f'data-status="{esc(status)}"><td>{esc(n.node_id)}</td>'
+            f"<td>{esc(status + reason)}</td><td>{esc(_labels(n))}</td>"
+            f'<td class="gpus">{_gpus(n, holders)}</td>'
+            f'<td class="health">{_health(n, now_ms)}</td>'
+            f"<td>{cpu_text(n.allocated.cpu_milli)}/{cpu_text(n.capacity.cpu_milli)}</td>"
+            f"<td>{memory_text(n.allocated.memory_mib)}/{memory_text(n.capacity.memory_mib)}</td>"
+            f"<td>{heartbeat}</td><td>{esc(n.gpu_model or '-')}</td></tr>"
+        )
+    body = _error(error) if error else ""
+    if rows:
+        body += (
+            '<table id="node-table"><tr><th>node</th><th>status</th><th>labels</th>'
+            "<th>GPUs (holder)</th><th>health and conditions</th><th>CPU</th><th>memory</th>"
+            "<th>heartbeat</th><th>GPU model</th></tr>" + "".join(rows) + "</table>"
+        )
+    elif not error:
+        body += '<p class="muted">no nodes</p>'
+    return page("synapse nodes", body, viewer, csrf, refresh_s, here="/nodes")
+
+
+# ------------------------------------------------------------------------ queues
+
+
+def _share(q: pb.QueueStatus) -> float | None:
+    """Used GPUs over nominal; None without a GPU quota."""
+    if not q.queue.HasField("gpu") or q.queue.gpu <= 0:
+        return None
+    return q.usage.used_gpu / q.queue.gpu
+
+
+def render_queues(
+    answer: pb.ListQueuesResponse | None,
+    viewer: str = "",
+    csrf: str = "",
+    error: str = "",
+    refresh_s: int = REFRESH_S,
+) -> str:
+    """Every queue, the lowest share of its quota in use first; the cohort tree."""
+    if answer is None:
+        return page("synapse queues", _error(error or "unavailable"), viewer, csrf, here="/queues")
+    ordered = sorted(
+        answer.queues,
+        key=lambda q: (_share(q) is None, _share(q) or 0.0, q.queue.name),
+    )
+    rows = []
+    for position, q in enumerate(ordered, 1):
+        u, share = q.usage, _share(q)
+        nominal = str(q.queue.gpu) if q.queue.HasField("gpu") else "none"
+        rows.append(
+            f'<tr data-queue="{esc(q.queue.name)}"><td>{position}</td>'
+            f"<td>{esc(q.queue.name)}</td><td>{esc(q.queue.cohort or '-')}</td>"
+            f'<td class="nominal">{nominal}</td><td class="used">{u.used_gpu}</td>'
+            f'<td class="borrowed">{u.borrowed_gpu}</td><td>{u.lent_gpu}</td>'
+            f"<td>{u.running_jobs}</td>"
+            f'<td class="pending">{u.pending_jobs} ({u.pending_gpu} GPU)</td>'
+            f'<td class="share">{"-" if share is None else f"{share:.0%}"}</td></tr>'
+        )
+    table = (
+        '<table id="queue-table"><tr><th>#</th><th>queue</th><th>cohort</th><th>nominal GPU</th>'
+        "<th>used</th><th>borrowed</th><th>lent</th><th>running</th><th>pending</th>"
+        "<th>share now</th></tr>" + "".join(rows) + "</table>"
+        '<p class="muted">Ordered by the share of nominal GPUs in use now, lowest first. '
+        "The scheduler's fair-share order also weighs each queue's decayed past usage "
+        "(fair_share_half_life), which this page does not show.</p>"
+    )
+    tree = render_cohort_tree(answer)
+    if tree:
+        table += "<h2>Cohort tree (GPUs)</h2>" + tree
+    classes = ", ".join(f"{c.name} ({c.value})" for c in answer.priority_classes)
+    table += (
+        f'<p class="muted">preemption: {esc(answer.preemption or "-")} · '
+        f"priority classes: {esc(classes or 'none')}</p>"
+    )
+    return page("synapse queues", table, viewer, csrf, refresh_s, here="/queues")
+
+
+# ----------------------------------------------------------------------- history
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryFilters:
+    """The ``/history`` form: each empty means any."""
+
+    user: str = ""
+    queue: str = ""
+    node: str = ""
+    since: str = ""  # a duration back from now (7d, 12h) or a UTC date
+
+    @classmethod
+    def of(cls, query: Mapping[str, str]) -> HistoryFilters:
+        def value(name: str) -> str:
+            return query.get(name, "").strip()[:200]
+
+        return cls(value("user"), value("queue"), value("node"), value("since"))
+
+
+def _filters_form(f: HistoryFilters) -> str:
+    fields = "".join(
+        f'<label>{label} <input name="{name}" id="filter-{name}" value="{esc(value)}" '
+        f'size="12"></label>'
+        for name, label, value in (
+            ("user", "user", f.user),
+            ("queue", "queue", f.queue),
+            ("node", "node", f.node),
+            ("since", "finished since (7d, 2026-11-01)", f.since),
+        )
+    )
+    return (
+        f'<form class="filters" method="get" action="/history">{fields}'
+        '<button type="submit" id="filter">filter</button></form>'
+    )
+
+
+def render_history(
+    jobs: Sequence[pb.HistoryJob],
+    filters: HistoryFilters,
+    now_ms: int,
+    viewer: str = "",
+    csrf: str = "",
+    error: str = "",
+) -> str:
+    """Finished jobs, newest first, under the filter form."""
+    rows = []
+    for j in jobs:
+        started = j.started_at_ms or None
+        wait = max(0, started - j.submitted_at_ms) if started and j.submitted_at_ms else None
+        ran = max(0, j.finished_at_ms - started) if started and j.finished_at_ms else None
+        rows.append(
+            f'<tr data-job="{esc(j.job_id)}"><td>{esc(j.job_id)}</td><td>{esc(j.name)}</td>'
+            f"<td>{esc(j.owner)}</td><td>{esc(j.queue)}</td>"
+            f"<td>{esc(states.shown_job_state(j))}</td><td>{j.attempts}</td>"
+            f"<td>{time_html(j.submitted_at_ms)}</td><td>{duration_html(wait)}</td>"
+            f"<td>{duration_html(ran)}</td><td>{time_html(j.finished_at_ms)}</td>"
+            f"<td>{j.gpu_ms / 3_600_000:.2f}</td><td>{esc(', '.join(j.nodes[:8]))}</td>"
+            f"<td>{esc(j.reason)}</td></tr>"
+        )
+    body = _filters_form(filters) + (_error(error) if error else "")
+    if rows:
+        body += (
+            '<table id="history"><tr><th>job</th><th>name</th><th>user</th><th>queue</th>'
+            "<th>state</th><th>attempts</th><th>submitted</th><th>wait</th><th>ran</th>"
+            "<th>ended</th><th>GPU-hours</th><th>nodes</th><th>how it ended</th></tr>"
+            + "".join(rows)
+            + "</table>"
+        )
+    elif not error:
+        body += '<p class="muted" id="no-history">no finished jobs match</p>'
+    return page("synapse history", body, viewer, csrf, here="/history")
