@@ -117,9 +117,6 @@ class Explainer:
     ) -> Reason:
         spec = gang.spec
         need = _need(gang)
-        missing = self.never_fits(spec)
-        if missing is not None:
-            return reason(ReasonCode.WAITING_FOR_NODES, missing=missing, **need)
         if behind is not None:
             return reason(
                 ReasonCode.RESERVED_FOR_OTHER,
@@ -142,6 +139,9 @@ class Explainer:
                 **need,
                 **have,
             )
+        missing = self.never_fits(spec)  # only a gang with no room now may never fit
+        if missing is not None:
+            return reason(ReasonCode.WAITING_FOR_NODES, missing=missing, **need)
         if room < gang.n:
             return reason(ReasonCode.WAITING_CAPACITY, **need, **have)
         return reason(ReasonCode.WAITING_SHAPE, **need, **have)
