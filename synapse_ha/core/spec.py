@@ -2,9 +2,10 @@
 
 :func:`parse_job_spec` turns a plain mapping (parsed YAML or JSON, with human quantities
 such as ``"500m"``, ``"256Gi"`` or ``"12h"``) into a :class:`ParsedJob`. This module owns
-only the document's shape: which fields exist, their types and how quantities and
-durations are written. Every rule on the values, and every limit, belongs to
-:mod:`synapse_ha.core.validation`, which the parser calls on the spec it built.
+only the document's shape: which fields exist and their types; how quantities and
+durations are written is :mod:`synapse_ha.core.spec_values`. Every rule on the values,
+and every limit, belongs to :mod:`synapse_ha.core.validation`, which the parser calls on
+the spec it built.
 
 Errors are :class:`SpecError`, carrying every
 :class:`~synapse_ha.core.validation.Violation` the document has (each names the offending
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,14 +27,17 @@ from synapse_ha.core.dependencies import Dependencies, DependencyKind
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
 from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.progress import SOURCE_FILE, Progress
+from synapse_ha.core.spec_values import SpecError as SpecError
+from synapse_ha.core.spec_values import is_int as _is_int
+from synapse_ha.core.spec_values import kind as _kind
+from synapse_ha.core.spec_values import parse_cpu as parse_cpu
+from synapse_ha.core.spec_values import parse_duration as parse_duration
+from synapse_ha.core.spec_values import parse_memory as parse_memory
 from synapse_ha.core.validation import (
-    MAX_CPU_MILLI,
-    MAX_MEMORY_MIB,
     Violation,
     ViolationCode,
     check_job_spec,
     check_request_id,
-    describe,
     did_you_mean,
 )
 from synapse_ha.core.windows import parse_time
@@ -70,163 +73,13 @@ _TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
 _RETRY_FIELDS = frozenset({"max", "backoff", "max_backoff"})
 _PROGRESS_FIELDS = frozenset({"timeout", "source"})
 
-_MEMORY_UNITS_MIB: dict[str, float] = {
-    "Ki": 1 / 1024,
-    "Mi": 1,
-    "Gi": 1024,
-    "Ti": 1024**2,
-    "Pi": 1024**3,
-    "K": 1000 / 1024**2,
-    "k": 1000 / 1024**2,
-    "M": 1000**2 / 1024**2,
-    "G": 1000**3 / 1024**2,
-    "T": 1000**4 / 1024**2,
-    "P": 1000**5 / 1024**2,
-}
-_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
 _T = TypeVar("_T")
-
-
-class SpecError(ValueError):
-    """A job specification (or another document read by a program) broke rules.
-
-    ``violations`` are every rule broken, in the document's order (a file reader sorts
-    them by line); ``violation`` is the first. ``field`` is a dotted path such as
-    ``resources.memory``; ``rule`` says what is allowed. The message lists them all.
-    """
-
-    def __init__(
-        self,
-        field: str,
-        rule: str,
-        code: ViolationCode = ViolationCode.INVALID_FIELD,
-        *,
-        violations: Sequence[Violation] = (),
-    ) -> None:
-        self.violation = Violation(code, field, rule)
-        self.violations: tuple[Violation, ...] = tuple(violations) or (self.violation,)
-        super().__init__(describe(self.violations))
-
-    @classmethod
-    def of(cls, violations: Sequence[Violation]) -> SpecError:
-        """The error for a non-empty list of violations (the first one is ``violation``)."""
-        first = violations[0]
-        return cls(first.field, first.rule, first.code, violations=violations)
-
-    @property
-    def field(self) -> str:
-        return self.violation.field
-
-    @property
-    def rule(self) -> str:
-        return self.violation.rule
-
-    @property
-    def code(self) -> ViolationCode:
-        return self.violation.code
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedJob:
     spec: JobSpec
     request_id: str  # empty when the document carried none
-
-
-# ---------------------------------------------------------------------- quantities
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-# Larger plain numbers are rejected before float conversion, which would overflow.
-_MAX_PLAIN_NUMBER = 2**53
-
-
-def _check_plain_number(value: object, field: str, limit: str) -> None:
-    """Reject negative, non-finite and absurdly large numbers (and negative strings)
-    before a quantity is converted; ``limit`` says what is allowed."""
-    if isinstance(value, str):
-        if value.strip().startswith("-"):
-            raise SpecError(field, f"must not be negative, got {value!r}")
-        return
-    if not (_is_int(value) or isinstance(value, float)):
-        return
-    number: float = value  # type: ignore[assignment]
-    if isinstance(number, float) and not math.isfinite(number):
-        raise SpecError(field, f"must be a finite number, got {number}")
-    if number < 0:
-        raise SpecError(field, f"must not be negative, got {number}")
-    if number > _MAX_PLAIN_NUMBER:
-        raise SpecError(field, limit)
-
-
-def parse_cpu(value: object, field: str = "resources.cpu") -> int:
-    """CPU as millicores: ``32``, ``0.5``, ``"2"`` or ``"500m"``."""
-    _check_plain_number(value, field, f"must be between 0 and {MAX_CPU_MILLI // 1000} cores")
-    if _is_int(value) or isinstance(value, float):
-        milli = float(value) * 1000  # type: ignore[arg-type]
-    elif isinstance(value, str):
-        match = _QUANTITY.match(value.strip())
-        if match is None or match.group(2) not in ("", "m"):
-            raise SpecError(field, f"{value!r} is not a CPU quantity (e.g. 32, 0.5 or 500m)")
-        number = float(match.group(1))
-        milli = number if match.group(2) == "m" else number * 1000
-    else:
-        raise SpecError(
-            field,
-            f"expected a number or a string like 500m, got {_kind(value)}",
-            ViolationCode.WRONG_TYPE,
-        )
-    if milli != int(milli):
-        raise SpecError(field, f"{value!r} is finer than one millicore")
-    result = int(milli)
-    if not 0 <= result <= MAX_CPU_MILLI:
-        raise SpecError(field, f"must be between 0 and {MAX_CPU_MILLI // 1000} cores")
-    return result
-
-
-def parse_memory(value: object, field: str = "resources.memory") -> int:
-    """Memory as MiB: ``"256Gi"``, ``"512Mi"``, ``"1G"``; a bare integer means bytes."""
-    _check_plain_number(value, field, "must be between 0 and 1Pi")
-    if _is_int(value):
-        mib = float(value) / (1024 * 1024)  # type: ignore[arg-type]
-    elif isinstance(value, str):
-        match = _QUANTITY.match(value.strip())
-        unit = match.group(2) if match else ""
-        if match is None or (unit and unit not in _MEMORY_UNITS_MIB):
-            raise SpecError(field, f"{value!r} is not a memory quantity (e.g. 256Gi, 512Mi or 1G)")
-        number = float(match.group(1))
-        mib = number / (1024 * 1024) if not unit else number * _MEMORY_UNITS_MIB[unit]
-    else:
-        raise SpecError(
-            field, f"expected a string like 256Gi, got {_kind(value)}", ViolationCode.WRONG_TYPE
-        )
-    result = int(-(-mib // 1))  # round up to whole MiB
-    if not 0 <= result <= MAX_MEMORY_MIB:
-        raise SpecError(field, "must be between 0 and 1Pi")
-    return result
-
-
-def parse_duration(value: object, field: str) -> int:
-    """A duration as milliseconds: ``"10s"``, ``"10m"``, ``"12h"``, ``"2d"``, ``"500ms"``;
-    a bare number means seconds."""
-    _check_plain_number(value, field, "is too long")
-    if _is_int(value) or isinstance(value, float):
-        ms = float(value) * 1000  # type: ignore[arg-type]
-    elif isinstance(value, str):
-        match = _QUANTITY.match(value.strip())
-        if match is None or match.group(2) not in _DURATION_UNITS_MS:
-            raise SpecError(field, f"{value!r} is not a duration (e.g. 10s, 10m or 12h)")
-        ms = float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
-    else:
-        raise SpecError(
-            field, f"expected a duration like 10m, got {_kind(value)}", ViolationCode.WRONG_TYPE
-        )
-    if ms < 0:
-        raise SpecError(field, "must not be negative")
-    return int(ms)
 
 
 # -------------------------------------------------------------------- whole specs
@@ -281,15 +134,7 @@ def parse_job_spec(
     """
     problems = _Problems()
     doc = _mapping(data, "spec", _TOP_FIELDS, problems)
-    misspelt = {
-        close
-        for key in (data if isinstance(data, Mapping) else ())
-        if isinstance(key, str) and key not in _TOP_FIELDS
-        for close in difflib.get_close_matches(key, sorted(_TOP_FIELDS), n=1)
-    }
-    for field in ("name", "replicas", "command"):
-        if field not in doc and field not in misspelt:  # a misspelt one is said once
-            problems.add(field, "is required", ViolationCode.REQUIRED)
+    misspelt = _required(data, doc, problems)
     take = problems.take
     resources = take(lambda: _resources(doc.get("resources", {}), problems), DEFAULT_RESOURCES)
     stand_in: tuple[tuple[str, ...], bool] = (("true",), True)
@@ -302,12 +147,7 @@ def parse_job_spec(
         no_topology,
     )
     retries = take(lambda: _retries(doc.get("retries", {}), problems), RetryPolicy())
-    replicas = doc.get("replicas", 1)
-    if not _is_int(replicas):
-        problems.add(
-            "replicas", f"expected an integer, got {_kind(replicas)}", ViolationCode.WRONG_TYPE
-        )
-        replicas = 1
+    replicas = take(lambda: _integer(doc.get("replicas", 1), "replicas"), 1)
     priority, priority_class = take(lambda: _priority(doc.get("priority", 0)), (0, ""))
 
     def string(field: str, value: object) -> str:
@@ -361,6 +201,27 @@ def parse_job_spec(
     return ParsedJob(spec=spec, request_id=request_id)
 
 
+def _required(data: object, doc: Mapping[str, Any], problems: _Problems) -> set[str]:
+    """Note each required field ``doc`` lacks, unless a field of ``data`` is a misspelling
+    of it (said once, as the misspelling); the fields misspelt."""
+    misspelt = {
+        close
+        for key in (data if isinstance(data, Mapping) else ())
+        if isinstance(key, str) and key not in _TOP_FIELDS
+        for close in difflib.get_close_matches(key, sorted(_TOP_FIELDS), n=1)
+    }
+    for field in ("name", "replicas", "command"):
+        if field not in doc and field not in misspelt:
+            problems.add(field, "is required", ViolationCode.REQUIRED)
+    return misspelt
+
+
+def _integer(value: object, field: str) -> int:
+    if not _is_int(value):
+        raise SpecError(field, f"expected an integer, got {_kind(value)}", ViolationCode.WRONG_TYPE)
+    return value  # type: ignore[return-value]
+
+
 def _related(a: str, b: str) -> bool:
     """Whether one field path is the other or lies within it."""
     short, long = sorted((a, b), key=len)
@@ -380,10 +241,6 @@ def _in_document_order(violations: list[Violation], data: object) -> list[Violat
 
 
 # ------------------------------------------------------------------------ helpers
-
-
-def _kind(value: object) -> str:
-    return "nothing" if value is None else type(value).__name__
 
 
 def _mapping(
