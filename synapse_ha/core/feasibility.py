@@ -22,15 +22,14 @@ The nodes are summarised (:class:`NodeSummary`) as counts of node *shapes* (GPUs
 memory, whether it runs images), for the cluster and per topology domain; a question
 costs the shapes (and, with ``topology.required``, the domains of that level), and its
 answer is kept with the summary, so alike submissions cost one dictionary look-up. The
-summary of the replicated state is kept by the state machine: a node's registration
-updates it (:func:`note_registered`, copy on write), the only command that changes what a
-node is. A snapshot of the state, whose node table is a new dictionary, reuses the
-summary of a table with the same node descriptions (an identity check of each).
+summary is derived state of the :class:`ClusterState` (``_fits``, not replicated), built
+on first use: a node's registration, the only command that changes what a node is,
+replaces it with an updated copy (:func:`note_registered`, which costs the node's domains,
+not the nodes), and a snapshot shares it, so a scheduling pass never rebuilds it.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -80,29 +79,23 @@ class NodeSummary:
     topology level (``levels``, outermost first) each domain's shapes. Never changed once
     made (:meth:`changed` makes a new one), but for the answers it keeps."""
 
-    __slots__ = ("answers", "domains", "infos", "levels", "node_ids", "shapes")
+    __slots__ = ("answers", "domains", "levels", "shapes")
 
     def __init__(
         self,
         levels: tuple[str, ...],
         shapes: dict[Shape, int],
         domains: tuple[dict[Domain, dict[Shape, int]], ...],
-        node_ids: list[str],
-        infos: list[NodeInfo],
     ) -> None:
         self.levels = levels
         self.shapes = shapes
         self.domains = domains
-        self.node_ids = node_ids  # in the node table's order, with their descriptions
-        self.infos = infos
         self.answers: dict[tuple[object, ...], Shortfall | None] = {}
 
     @classmethod
     def build(cls, nodes: Iterable[Node], levels: tuple[str, ...]) -> NodeSummary:
-        summary = cls(levels, {}, tuple({} for _ in levels), [], [])
+        summary = cls(levels, {}, tuple({} for _ in levels))
         for node in nodes:
-            summary.node_ids.append(node.node_id)
-            summary.infos.append(node.info)
             summary._count(node.info, +1)
         return summary
 
@@ -132,25 +125,11 @@ class NodeSummary:
                 if domain in copied:
                     copied[domain] = dict(copied[domain])
             domains.append(copied)
-        ids, infos = list(self.node_ids), list(self.infos)
-        if before is None:
-            ids.append(after.node_id)
-            infos.append(after)
-        else:
-            infos[ids.index(after.node_id)] = after
-        summary = NodeSummary(self.levels, dict(self.shapes), tuple(domains), ids, infos)
+        summary = NodeSummary(self.levels, dict(self.shapes), tuple(domains))
         if before is not None:
             summary._count(before, -1)
         summary._count(after, +1)
         return summary
-
-    def describes(self, nodes: dict[str, Node]) -> bool:
-        """Whether this summarises exactly ``nodes`` (the same descriptions, by identity)."""
-        return (
-            len(nodes) == len(self.node_ids)
-            and list(nodes) == self.node_ids
-            and all(map(operator.is_, [n.info for n in nodes.values()], self.infos))
-        )
 
 
 def _bump(counts: dict[Shape, int], shape: Shape, sign: int) -> None:
@@ -166,61 +145,33 @@ def shape_of(info: NodeInfo) -> Shape:
     return (c.gpu, c.cpu_milli, c.memory_mib, FEATURE_IMAGES in info.features)
 
 
-# --------------------------------------------------------------------------- the cache
-
-# Node table (by identity) -> (that table, its summary); the newest last. Holding the
-# table keeps its identity from being reused while it is here.
-_CACHE: dict[int, tuple[dict[str, Node], NodeSummary]] = {}
-_CACHE_SIZE = 16
+# ------------------------------------------------------------------------- the summary
 
 
 def summary_of(state: ClusterState) -> NodeSummary:
-    """The summary of ``state``'s nodes: kept, reused from a table with the same node
-    descriptions, or built."""
-    nodes = state.nodes
+    """The summary of ``state``'s nodes, kept with the state (built on first use)."""
+    summary = state._fits
     levels = state.config.topology_levels
-    hit = _CACHE.get(id(nodes))
-    if hit is not None and hit[0] is nodes:
-        summary = hit[1]
-        if summary.levels == levels and len(summary.node_ids) == len(nodes):
-            return summary
-    found = None
-    for kept_nodes, kept in list(_CACHE.values())[-2:]:
-        if kept_nodes is not nodes and kept.levels == levels and kept.describes(nodes):
-            found = kept
-    if found is None:
-        found = NodeSummary.build(nodes.values(), levels)
-    _remember(nodes, found)
-    return found
+    if not isinstance(summary, NodeSummary) or summary.levels != levels:
+        summary = state._fits = NodeSummary.build(state.nodes.values(), levels)
+    return summary
 
 
 def note_registered(state: ClusterState, node_id: str, before: NodeInfo | None) -> None:
     """Keep the summary of ``state``'s nodes after node ``node_id`` registered
     (``before``: its description until then, None for a new node). The state machine
-    calls it; without a kept summary it does nothing (the next question builds one)."""
-    nodes = state.nodes
-    hit = _CACHE.get(id(nodes))
-    if hit is None or hit[0] is not nodes:
+    calls it; without a summary it does nothing (the next question builds one). The
+    summary is replaced, never changed: snapshots may share the old one."""
+    summary = state._fits
+    if not isinstance(summary, NodeSummary):
         return
-    summary = hit[1]
-    after = nodes[node_id].info
+    after = state.nodes[node_id].info
     if before is after:
         return
-    if summary.levels != state.config.topology_levels or (
-        (before is None) is (node_id in summary.node_ids)
-    ):
-        _CACHE.pop(id(nodes), None)  # not the table it summarised: built anew when asked
+    if summary.levels != state.config.topology_levels:
+        state._fits = None  # built anew, with the levels, when next asked
         return
-    _remember(nodes, summary.changed(before, after))
-
-
-def _remember(nodes: dict[str, Node], summary: NodeSummary) -> None:
-    key = id(nodes)
-    _CACHE.pop(key, None)
-    _CACHE[key] = (nodes, summary)
-    kept = list(_CACHE)  # a copy: another thread may ask at the same time
-    for old in kept[: len(kept) - _CACHE_SIZE]:
-        _CACHE.pop(old, None)
+    state._fits = summary.changed(before, after)
 
 
 # ------------------------------------------------------------------------ the question

@@ -441,9 +441,10 @@ class ClusterState:
     # by :meth:`live_jobs` and kept by :meth:`job_state_changed` after every change of a
     # job's state (None: not built yet).
     _live: set[str] | None = field(default=None, init=False, repr=False, compare=False)
-    # Derived, not replicated: the jobs each node has members of (:meth:`jobs_on_node`),
-    # built on first use and kept by :meth:`job_state_changed` (None: not built yet).
+    # Derived, not replicated, built on first use: the jobs on each node (:meth:`jobs_on_node`,
+    # kept by :meth:`job_state_changed`), core/feasibility's summary of the nodes (shared).
     _nodes: NodeIndex | None = field(default=None, init=False, repr=False, compare=False)
+    _fits: object = field(default=None, init=False, repr=False, compare=False)
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order: priority (higher first), then submission order

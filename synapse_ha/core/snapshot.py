@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.feasibility import NodeSummary
 from synapse_ha.core.machine import HANDLERS, apply
 from synapse_ha.core.machine.changes import Changes, Touches
 from synapse_ha.core.model import ClusterState
@@ -137,8 +138,9 @@ def _own(state: ClusterState, touched: Changes, changes: Changes) -> None:
 
 
 # Types whose values are never changed in place: shared by every copy. Enum types and
-# frozen dataclasses join on first sight. Tuples in the state hold only such values.
-_IMMUTABLE: set[type] = {str, int, float, bool, type(None), tuple, frozenset, bytes}
+# frozen dataclasses join on first sight. Tuples in the state hold only such values. A
+# node summary (core/feasibility) is replaced, never changed, but for the answers it keeps.
+_IMMUTABLE: set[type] = {str, int, float, bool, type(None), tuple, frozenset, bytes, NodeSummary}
 _COPIERS: dict[type, Callable[[Any], Any]] = {NodeIndex: NodeIndex.copy}  # mutable type -> copier
 
 
@@ -197,7 +199,8 @@ def full_copy(state: ClusterState) -> ClusterState:
 _COUNTERS = tuple(
     f.name
     for f in dataclasses.fields(ClusterState)
-    if f.name not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live", "_nodes")
+    if f.name
+    not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live", "_nodes", "_fits")
 )
 
 
@@ -244,6 +247,7 @@ class SnapshotBuilder:
             setattr(snap, name, clone(getattr(state, name)))
         snap._live = set(state.live_ids())  # built once on the live state, then kept
         snap._nodes = state._node_index().snapshot()  # its tuples are never changed
+        snap._fits = state._fits  # replaced when a node registers, never changed
         changes.clear()
         changes.shared = True
         self._last = snap

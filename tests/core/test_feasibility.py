@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.feasibility import NodeSummary, check, shortfall, summary_of
+from synapse_ha.core.snapshot import SnapshotBuilder
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, JobState, NodeStatus, Resources
@@ -147,6 +148,19 @@ def test_the_summary_is_kept_by_registrations_and_equals_a_fresh_one() -> None:
     fresh = NodeSummary.build(cl.state.nodes.values(), cl.state.config.topology_levels)
     assert newer is not kept and (newer.shapes, newer.domains) == (fresh.shapes, fresh.domains)
     assert kept.shapes != newer.shapes  # the older summary was not changed under its readers
+
+
+def test_a_snapshot_shares_the_summary_and_keeps_it_when_a_node_registers_later() -> None:
+    cl = four_nodes()
+    kept = summary_of(cl.state)
+    builder = SnapshotBuilder()
+    snap = builder.take(cl.state)
+    assert summary_of(snap) is kept  # a scheduling pass asks the snapshot: nothing rebuilt
+    cl.add(node("n1", gpus=16, rack="r1"))  # n1 registers again, larger
+    assert summary_of(snap) is kept
+    assert check(summary_of(cl.state), job("wide", gpu=16)) is None
+    assert check(summary_of(snap), job("wide", gpu=16)) is not None
+    assert summary_of(builder.take(cl.state)) is summary_of(cl.state)
 
 
 # --------------------------------------------------- agreement with the scheduler

@@ -571,8 +571,12 @@ class ClusterMachine(DependentSubmissions):
         event = c.MemberEvent(
             job_id, attempt.fencing_token, member.rank, c.MemberEventKind.EXITED, 137, "", cause
         )
+        preempting = bool(attempt.preempted_by)
         self.do(c.ReportMembers(member.node_id, (event,), 0, self.now))
-        assert not self.state.jobs[job_id].state.holds_resources
+        # A gang being preempted ends as its preemption says (once every member stopped
+        # or its grace ran out); any other gang requeues at once.
+        if not preempting:
+            assert not self.state.jobs[job_id].state.holds_resources
 
     @rule(data=st.data())
     @precondition(lambda self: any(unconfirmed_members(j) for j in self.state.jobs.values()))

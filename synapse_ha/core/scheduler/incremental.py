@@ -66,6 +66,7 @@ _NOT_READ = frozenset(
         "applied_commands",
         "last_time_ms",
         "_nodes",  # derived from the jobs, which are compared one by one
+        "_fits",  # derived from the nodes, which are compared one by one
     }
 )
 _STATE_FIELDS = tuple(f.name for f in fields(ClusterState) if f.name not in _NOT_READ)
