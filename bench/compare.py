@@ -182,6 +182,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("members bound/s", "throughput-b", "bind.members_bound_per_s", HIGHER),
     Figure("leader CPU us/member", "throughput-b", "bind.leader_cpu_us_per_member", LOWER),
     Figure("bind elections", "throughput-b", "bind.elections_during_run", LOWER),
+    Figure("bind gang requeues", "throughput-b", "bind.gang_requeues", LOWER),
     Figure(
         "stream: leader CPU us/heartbeat",
         "fanin-stream",

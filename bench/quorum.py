@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,9 @@ def bench_submissions(root: Path, count: int) -> dict[str, Any]:
 
 class Heartbeater(threading.Thread):
     """Heartbeats every node once per interval from this process (pipelined), following
-    the leader like real workers do."""
+    the leader like real workers do. Nodes given to :meth:`add` while it runs join from
+    its next round: a worker heartbeats from its registration on, not once every node
+    registered (registering thousands takes longer than a lease)."""
 
     def __init__(
         self,
@@ -225,19 +227,26 @@ class Heartbeater(threading.Thread):
             channel_factory=(transport or Transport.insecure()).channel,
         )
         self.address = addresses[0]
-        self.node_ids = node_ids
+        self.node_ids = list(node_ids)
+        self._lock = threading.Lock()
         self.interval_s = interval_s
         self.stop = threading.Event()
         self.sent = 0
         self.failed = 0
 
+    def add(self, node_ids: Sequence[str]) -> None:
+        """Heartbeat ``node_ids`` too, from the next round on."""
+        with self._lock:
+            self.node_ids = [*self.node_ids, *node_ids]
+
     def run(self) -> None:
         while not self.stop.is_set():
             started = time.monotonic()
             stub = self.client.agent(self.address)
+            with self._lock:
+                node_ids = self.node_ids
             futures = [
-                stub.Heartbeat.future(pb.HeartbeatRequest(node_id=n), timeout=5.0)
-                for n in self.node_ids
+                stub.Heartbeat.future(pb.HeartbeatRequest(node_id=n), timeout=5.0) for n in node_ids
             ]
             failed = 0
             for f in futures:

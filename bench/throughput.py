@@ -50,9 +50,11 @@ import grpc
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.process import Replica
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import node_status
 from synapse_ha.security.tls import TlsFiles, Transport
 
 RESULTS = Path(__file__).resolve().parent / "results" / "throughput.json"
@@ -109,6 +111,9 @@ def _generator(
     out.put((index, started, finished, len(responses), len(ids), cpu))
 
 
+_REGISTER_CHUNK = 128  # nodes registered before they join the heartbeats
+
+
 def _nodes(
     files: tuple[str, str, str],
     addresses: list[str],
@@ -118,10 +123,13 @@ def _nodes(
     stop: Any,
 ) -> None:
     """The simulated nodes: register ``count`` nodes (on the first address, the
-    leader), then heartbeat each once per ``interval_s`` (following the leader) until
-    ``stop`` is set. Puts the number registered on ``ready`` once they heartbeat."""
+    leader), each heartbeating once per ``interval_s`` (following the leader) from its
+    registration on, as a worker does, until ``stop`` is set. Puts the number registered
+    on ``ready`` once they all heartbeat."""
     transport = _transport(files)
     node_ids = [f"node-{i:05d}" for i in range(count)]
+    beat = Heartbeater(addresses, [], interval_s=interval_s, transport=transport)
+    beat.start()
     with ClusterClient(addresses, channel_factory=transport.channel) as client:
 
         def follow() -> Any:
@@ -131,9 +139,9 @@ def _nodes(
         registrations = [
             register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)
         ]
-        pipelined(follow(), registrations, 64, follow=follow)
-    beat = Heartbeater(addresses, node_ids, interval_s=interval_s, transport=transport)
-    beat.start()
+        for at in range(0, count, _REGISTER_CHUNK):
+            pipelined(follow(), registrations[at : at + _REGISTER_CHUNK], 64, follow=follow)
+            beat.add(node_ids[at : at + _REGISTER_CHUNK])
     ready.put(len(node_ids))
     stop.wait(900)
     beat.stop.set()
@@ -440,6 +448,10 @@ def bench_binding(
                     raise
                 done = time.monotonic()
             cpu = _proc_cpu_s(leader.pid) - cpu_before
+            # A node whose heartbeats the leader cannot answer within its lease is declared
+            # dead and its gangs requeued: the run then measures a storm, not binding.
+            dead = sum(1 for n in watcher.list_nodes() if node_status(n) is NodeStatus.DEAD)
+            requeues = sum(j.requeues for j in watcher.list_jobs())
         bound = acked * members
         elapsed = done - started
         report: dict[str, Any] = {
@@ -455,6 +467,8 @@ def bench_binding(
             "leader_cpu_s": round(cpu, 2),
             "leader_cpu_us_per_member": round(1e6 * cpu / max(1, bound), 1),
             "elections_during_run": _terms(cluster) - term,
+            "nodes_dead_at_end": dead,
+            "gang_requeues": requeues,
         }
         summary = spy.summary(bound)
         if summary is not None:
