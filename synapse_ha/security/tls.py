@@ -197,10 +197,13 @@ class Transport:
     ``Transport(files)`` is mutual TLS with those files; ``Transport.insecure()`` (also
     ``Transport(None)``) is plaintext, which a program must only choose behind an explicit
     ``--insecure`` flag. The files are read when a channel or port is made (and, for
-    server ports, again after they change), never cached across changes."""
+    server ports, again after they change); what was read is kept while the files'
+    :meth:`version` (inode, size and times) stays the same, so that opening a channel
+    costs no key parsing, and never across a change."""
 
     def __init__(self, files: TlsFiles | None) -> None:
         self.files = files
+        self._read: tuple[tuple[FileStamp, ...], TlsMaterial] | None = None  # stamps, contents
 
     @classmethod
     def insecure(cls) -> Transport:
@@ -216,12 +219,25 @@ class Transport:
         and rebuild their channels when it differs."""
         if self.files is None:
             return None
-        return tuple(_stamp(p) for p in (self.files.ca, self.files.cert, self.files.key))
+        return self._stamps(self.files)
+
+    @staticmethod
+    def _stamps(files: TlsFiles) -> tuple[FileStamp, ...]:
+        return tuple(_stamp(p) for p in (files.ca, files.cert, files.key))
 
     def material(self) -> TlsMaterial | None:
         """The current contents of the files (None when insecure); :class:`TlsError` when
         they cannot be read or do not fit."""
-        return None if self.files is None else read_material(self.files)
+        if self.files is None:
+            return None
+        stamps = self._stamps(self.files)
+        read = self._read
+        if read is not None and read[0] == stamps:
+            return read[1]
+        material = read_material(self.files)
+        if all(len(stamp) > 1 for stamp in stamps):  # every file was there when stamped
+            self._read = (stamps, material)
+        return material
 
     def channel(
         self,

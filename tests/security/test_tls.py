@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from synapse_ha.core.access import Role, replica, user, worker
+from synapse_ha.security import tls
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.pki import CertFiles
 from synapse_ha.security.tls import TlsError, TlsFiles, Transport, tls_settings
@@ -218,6 +219,28 @@ def test_a_half_replaced_certificate_keeps_the_old_material(
         assert server_handshake(address, alice) == ("TLSv1.3", replica("r1"))
         shutil.copyfile(second.key, live.key)
         assert server_handshake(address, alice) == ("TLSv1.3", replica("r2"))
+
+
+def test_the_files_are_parsed_once_while_unchanged_and_again_once_replaced(
+    tmp_path: Path, cluster_ca: Authority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = TlsFiles(ca=tmp_path / "ca.pem", cert=tmp_path / "me.pem", key=tmp_path / "me.key")
+    _install(cluster_ca.issue(replica("r1"), hosts=SERVER_HOSTS), cluster_ca.ca_pem, live)
+    transport = Transport(live)
+    reads: list[TlsFiles] = []
+    real = tls.read_material
+    monkeypatch.setattr(tls, "read_material", lambda files: reads.append(files) or real(files))
+    first = transport.material()
+    for _ in range(5):  # a channel per worker: no key parsing each time
+        transport.channel("127.0.0.1:1", worker="n1").close()
+    assert transport.material() is first and len(reads) == 1
+    _install(cluster_ca.issue(replica("r2"), hosts=SERVER_HOSTS), cluster_ca.ca_pem, live)
+    second = transport.material()
+    assert second is not None and first is not None and second.cert != first.cert
+    assert len(reads) == 2
+    shutil.copyfile(cluster_ca.issue(replica("r3"), hosts=SERVER_HOSTS).key, live.key)
+    with pytest.raises(TlsError, match="is not the private key of"):
+        transport.material()  # a change is read, and refused, not hidden by the kept one
 
 
 def test_an_insecure_transport_has_one_version_and_no_material() -> None:
