@@ -168,10 +168,18 @@ def test_explain_a_running_gang_shows_node_gpus_and_rack(synctl: Synctl) -> None
     assert synctl("submit", str(EXAMPLES / "topology-required.yaml"), "--wait").exit_code == 0
 
 
-def test_a_gang_too_large_waits_explains_and_can_be_cancelled(
+def test_a_gang_too_large_is_refused_or_waits_explains_and_can_be_cancelled(
     synctl: Synctl, tmp_path: Path
 ) -> None:
-    path = spec_file(tmp_path, "huge", "replicas: 3\nresources: {gpu: 8}\ncommand: 'true'\n")
+    spec = "replicas: 3\nresources: {gpu: 8}\ncommand: 'true'\n"
+    # Larger than the two nodes: refused at submit, saying what is missing ...
+    refused = synctl("submit", str(spec_file(tmp_path, "huge", spec)))
+    assert refused.exit_code != 0
+    assert "needs 3 nodes" in refused.output and "the cluster has 2" in refused.output
+    assert "wait_for_nodes" in refused.output
+    assert "huge" not in [j.spec.name for j in synctl.client.list_jobs()]
+    # ... unless it asks to wait for nodes that will join.
+    path = spec_file(tmp_path, "huge", spec + "wait_for_nodes: true\n")
     job_id = synctl("submit", str(path)).stdout.strip()
     wait_for(f"{job_id} pending with a reason", lambda: synctl.client.get_job(job_id).reason)
     explained = synctl("explain", job_id)
