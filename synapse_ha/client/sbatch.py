@@ -162,7 +162,7 @@ def translate(
     spec = out.spec
     spec["name"] = _name(os.path.basename(script_name))
     spec["replicas"] = 1
-    # A job spec's own defaults (Slurm's one CPU a task), written out for --dry-run.
+    # A job spec's own defaults (none reserved), written out for --dry-run.
     resources: dict[str, Any] = {"gpu": 0, "cpu": DEFAULT_CPU, "memory": DEFAULT_MEMORY}
     env_vars: dict[str, str] = {}
     for name, (value, written, where) in options.items():

@@ -85,12 +85,13 @@ class ParsedJob:
 # -------------------------------------------------------------------- whole specs
 
 # What a spec states for each member when it leaves ``resources.cpu`` or
-# ``resources.memory`` out: Slurm's one CPU per task, and a GiB. ``synctl sbatch`` and the
-# Python client read their documents here too, so all three apply the same defaults; an
-# explicit ``0`` still means none.
-DEFAULT_CPU = 1
-DEFAULT_MEMORY = "1Gi"
-DEFAULT_RESOURCES = Resources(cpu_milli=1000, memory_mib=1024, gpu=0)
+# ``resources.memory`` out: none, so nothing is reserved and nothing limited (a request is
+# also the member's limit where the worker enforces limits: a default of a CPU and a GiB
+# would throttle and kill a training job that did not say). ``synctl sbatch`` and the
+# Python client read their documents here too, so all three apply the same defaults.
+DEFAULT_CPU = 0
+DEFAULT_MEMORY = 0
+DEFAULT_RESOURCES = Resources(cpu_milli=0, memory_mib=0, gpu=0)
 
 # Fields of the mappings nested in a spec, for the hint given for one written at the top.
 _NESTED_FIELDS = {
@@ -281,8 +282,8 @@ def _unknown(key: str, field: str, allowed: frozenset[str]) -> str:
 
 
 def _resources(value: object, problems: _Problems) -> Resources:
-    """``resources:``: GPUs a whole number, CPU and memory as quantities (one CPU and
-    1Gi per member where absent)."""
+    """``resources:``: GPUs a whole number, CPU and memory as quantities (none where
+    absent: :data:`DEFAULT_RESOURCES`)."""
     doc = _mapping(value, "resources", _RESOURCE_FIELDS, problems)
     gpu = doc.get("gpu", 0)
     if not _is_int(gpu):

@@ -92,4 +92,4 @@ def test_a_spec_and_an_sbatch_script_without_resources_get_the_same(tmp_path: Pa
     script = "#!/bin/bash\n#SBATCH --job-name=train\npython train.py\n"
     from_sbatch = parse_job_spec(translate(script, "train.sh").spec).spec.resources
     assert from_yaml == from_sbatch
-    assert (from_yaml.cpu_milli, from_yaml.memory_mib, from_yaml.gpu) == (1000, 1024, 0)
+    assert (from_yaml.cpu_milli, from_yaml.memory_mib, from_yaml.gpu) == (0, 0, 0)

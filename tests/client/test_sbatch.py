@@ -71,7 +71,7 @@ def test_command_line_options_win_over_the_script() -> None:
 def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
     spec = translate("echo hi\n", "hello.sh").spec
     assert spec["command"][:2] == ["/bin/sh", "-c"] and spec["replicas"] == 1
-    assert spec["resources"] == {"gpu": 0, "cpu": 1, "memory": "1Gi"}
+    assert spec["resources"] == {"gpu": 0, "cpu": 0, "memory": 0}
     parse_job_spec(spec, topology_levels=None)
 
 

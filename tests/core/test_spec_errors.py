@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from synapse_ha.core.model import Resources
 from synapse_ha.core.spec import DEFAULT_RESOURCES, SpecError, parse_job_spec
 from synapse_ha.core.validation import ViolationCode
 
@@ -103,15 +104,15 @@ def test_a_name_far_from_every_field_lists_the_allowed_ones() -> None:
     assert error.violations[0].rule == "unknown field (allowed: cpu, gpu, memory)"
 
 
-def test_a_spec_without_cpu_or_memory_gets_one_cpu_and_a_gib_per_member() -> None:
+def test_a_spec_without_cpu_or_memory_reserves_and_limits_none() -> None:
     bare = parse_job_spec({"name": "a", "replicas": 2, "command": "x"}).spec
-    assert (bare.resources.cpu_milli, bare.resources.memory_mib) == (1000, 1024)
+    assert (bare.resources.cpu_milli, bare.resources.memory_mib) == (0, 0)
     assert bare.resources == DEFAULT_RESOURCES
     gpus_only = parse_job_spec(
         {"name": "a", "replicas": 2, "command": "x", "resources": {"gpu": 8}}
     ).spec
-    assert (gpus_only.resources.cpu_milli, gpus_only.resources.memory_mib) == (1000, 1024)
+    assert gpus_only.resources == Resources(cpu_milli=0, memory_mib=0, gpu=8)
     explicit = parse_job_spec(
-        {"name": "a", "replicas": 1, "command": "x", "resources": {"cpu": 0, "memory": 0}}
+        {"name": "a", "replicas": 1, "command": "x", "resources": {"cpu": 2, "memory": "4Gi"}}
     ).spec
-    assert (explicit.resources.cpu_milli, explicit.resources.memory_mib) == (0, 0)
+    assert (explicit.resources.cpu_milli, explicit.resources.memory_mib) == (2000, 4096)
