@@ -12,7 +12,11 @@ measurement for one interpreter:
 (b) **members bound/s**: simulated nodes registered and heartbeating from a process of
     their own (at a modest rate, ``--heartbeat-s``), gangs submitted by the generator
     processes; the figure is every member bound over the time from the first submission
-    until no job is pending any more.
+    until no job is pending any more. Each node heartbeats from its registration on, by
+    default with unary calls sent in one burst a round; ``--heartbeats stream`` gives each
+    node a stream of its own to the address its registration names, as ``synapse-worker``
+    does. The report counts the nodes dead at the end and the gangs requeued: nodes
+    whose heartbeats the leader could not answer within ``dead_timeout``.
 
 With ``--profile DIR`` the leader is sampled by ``py-spy`` (``pip install py-spy``, the
 ``bench`` extra) during each measured phase, and the profile summary (the functions with
@@ -47,6 +51,7 @@ import contextlib
 
 import grpc
 
+from bench.heartbeat_fanin import Load
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
 from synapse_ha.client.cluster import ClusterClient
@@ -54,6 +59,7 @@ from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.process import Replica
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import node_status
 from synapse_ha.security.tls import TlsFiles, Transport
 
@@ -111,6 +117,7 @@ def _generator(
     out.put((index, started, finished, len(responses), len(ids), cpu))
 
 
+STREAM_PROCESSES = 2  # generator processes of streamed heartbeats
 _REGISTER_CHUNK = 128  # nodes registered before they join the heartbeats
 
 
@@ -404,23 +411,28 @@ def bench_binding(
     window: int,
     heartbeat_s: float,
     profile: Path | None,
+    heartbeats: str = "unary",
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "b")
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     beater = None
+    streams: Load | None = None
     try:
         cluster.start()
         leader = cluster.serving_leader()
         ready = ctx.Queue()
         addresses = _leader_first(cluster, leader)
-        beater = ctx.Process(
-            target=_nodes,
-            args=(_admin_files(cluster), addresses, nodes, heartbeat_s, ready, stop),
-            daemon=True,
-        )
-        beater.start()
-        ready.get(timeout=300)
+        if heartbeats == "stream":
+            streams = _streamed_nodes(cluster, leader, nodes, heartbeat_s)
+        else:
+            beater = ctx.Process(
+                target=_nodes,
+                args=(_admin_files(cluster), addresses, nodes, heartbeat_s, ready, stop),
+                daemon=True,
+            )
+            beater.start()
+            ready.get(timeout=300)
         with cluster.client() as watcher:
             specs = [small_spec(f"g{i}", members, gpu=1) for i in range(jobs)]
 
@@ -456,6 +468,7 @@ def bench_binding(
         elapsed = done - started
         report: dict[str, Any] = {
             "nodes": nodes,
+            "heartbeats": heartbeats,
             "heartbeat_interval_s": heartbeat_s,
             "generator_processes": processes,
             "gangs": acked,
@@ -483,7 +496,44 @@ def bench_binding(
             beater.join(timeout=20)
             if beater.is_alive():
                 beater.kill()
+        if streams is not None:
+            streams.close()
         cluster.close()
+
+
+def _streamed_nodes(cluster: LocalReplicas, leader: Replica, count: int, interval_s: float) -> Load:
+    """The simulated nodes as ``synapse-worker`` runs them: registered (on the leader),
+    then each heartbeating once per ``interval_s`` on a stream of its own to the address
+    its registration named (``NodeStreamService.Connect``), from generator processes."""
+    node_ids = [f"node-{i:05d}" for i in range(count)]
+    with cluster.channel(leader.grpc) as channel:
+        agent = pb_grpc.NodeAgentServiceStub(channel)  # type: ignore[no-untyped-call]
+        answers, _ = pipelined(
+            agent.RegisterNode,
+            [register_request(n, loopback_host(i), gpu=8) for i, n in enumerate(node_ids)],
+            64,
+        )
+    named = [str(a.stream_address) for a in answers]
+    if not all(named):
+        raise RuntimeError("the leader named no heartbeat stream for some registrations")
+    assert cluster.credentials is not None, "the benchmark runs with TLS"
+    load = Load(
+        cluster.credentials.admin_tls(),
+        leader.grpc,
+        named,
+        node_ids,
+        interval_s,
+        "stream",
+        processes=STREAM_PROCESSES,
+    )
+    load.start()
+    wait_for(
+        "every node's first heartbeat",
+        lambda: load.counts()[0] >= count,
+        timeout_s=60,
+        every_s=0.1,
+    )
+    return load
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -499,6 +549,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gangs", type=int, default=1_000)
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--heartbeat-s", type=float, default=2.0)
+    parser.add_argument(
+        "--heartbeats",
+        choices=["unary", "stream"],
+        default="unary",
+        help="(b): the simulated nodes' heartbeats as unary calls from one burst a round "
+        "(default), or one stream per node as synapse-worker sends them",
+    )
     parser.add_argument("--profile", type=Path, help="sample the leader with py-spy into DIR")
     parser.add_argument("--out", type=Path, help=f"where the JSON goes (default {RESULTS})")
     parser.add_argument(
@@ -532,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.window,
                 args.heartbeat_s,
                 args.profile,
+                args.heartbeats,
             )
     text = json.dumps(report, indent=2)
     print(text)

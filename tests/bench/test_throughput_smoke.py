@@ -35,6 +35,21 @@ def test_throughput_smoke_run_measures_submissions_and_binds(tmp_path: Path) -> 
     assert bind["members_bound_per_s"] > 0 and bind["seconds_submit_to_all_bound"] > 0
 
 
+@pytest.mark.integration
+def test_throughput_smoke_binds_with_nodes_heartbeating_on_streams() -> None:
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--only", "b", "--heartbeats", "stream"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    bind = json.loads(run.stdout)["bind"]
+    assert bind["heartbeats"] == "stream"
+    assert bind["gangs"] == 40 and bind["members_bound"] == 40 * 4
+    assert bind["nodes_dead_at_end"] == 0 and bind["gang_requeues"] == 0
+
+
 def test_profile_summary_counts_self_and_total_samples_per_function(tmp_path: Path) -> None:
     collapsed = tmp_path / "profile.txt"
     collapsed.write_text(
