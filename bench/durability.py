@@ -59,6 +59,7 @@ def queued_spec(name: str) -> pb.JobSpec:
         replicas=1,
         resources=pb.Resources(cpu_milli=10, memory_mib=16, gpu=64),
         shell_command="true",
+        wait_for_nodes=True,
     )
 
 

@@ -48,7 +48,9 @@ def submit_and_cancel(count: int) -> list[bytes]:
     of its job (jobs that wait: no node has 64 GPUs)."""
     commands = started()
     for i in range(count):
-        commands.append(c.SubmitJob(job(f"j{i}", gpu=64), f"req-{i}", 10 + i, "alice"))
+        commands.append(
+            c.SubmitJob(job(f"j{i}", gpu=64, wait_for_nodes=True), f"req-{i}", 10 + i, "alice")
+        )
         commands.append(c.CancelJob(f"job-{i + 1:06d}", now_ms=10 + i, actor="alice"))
     return [encode_command(command) for command in commands]
 
@@ -118,9 +120,9 @@ def stored_specs(path: Path) -> dict[str, tuple[str, bytes | None]]:
 
 def test_a_spec_is_stored_as_the_bytes_of_its_submission(tmp_path: Path) -> None:
     recorder = recorder_in(tmp_path)
-    spec = dataclasses.replace(job("sweep", gpu=64), array="0-1")
+    spec = dataclasses.replace(job("sweep", gpu=64, wait_for_nodes=True), array="0-1")
     submit = c.SubmitJob(spec, "req-a", 10, "alice")
-    single = c.SubmitJob(job("single", gpu=64), "req-s", 12, "alice")
+    single = c.SubmitJob(job("single", gpu=64, wait_for_nodes=True), "req-s", 12, "alice")
     commands = [
         *started(),
         submit,
@@ -149,7 +151,7 @@ def test_a_spec_the_submission_changed_is_stored_as_itself(tmp_path: Path) -> No
     """A priority class's value replaces the spec's ``priority``: the stored spec is the
     job's, not the command's."""
     config = ClusterConfig(priority_classes=(PriorityClass("high", 500),), retention_ms=0)
-    spec = dataclasses.replace(job("classy", gpu=64), priority_class="high")
+    spec = dataclasses.replace(job("classy", gpu=64, wait_for_nodes=True), priority_class="high")
     commands = [
         *started(),
         c.Configure(config, now_ms=1),
@@ -173,8 +175,8 @@ def test_a_spec_the_submission_changed_is_stored_as_itself(tmp_path: Path) -> No
 
 
 def test_the_oldest_kept_submissions_give_way_to_the_budget(tmp_path: Path) -> None:
-    first = c.SubmitJob(job("first", gpu=64), "req-1", 10, "alice")
-    second = c.SubmitJob(job("second", gpu=64), "req-2", 11, "alice")
+    first = c.SubmitJob(job("first", gpu=64, wait_for_nodes=True), "req-1", 10, "alice")
+    second = c.SubmitJob(job("second", gpu=64, wait_for_nodes=True), "req-2", 11, "alice")
     commands = [
         *started(),
         first,

@@ -246,7 +246,9 @@ def restarted_follower(world: World) -> Replica:
     leader = cluster.serving_leader()
     victim = cluster.followers(leader)[0]
     for i in range(60):  # more GPUs than any node has: they wait, and finish nothing
-        world.admin.submit_job(gpu_job(f"filler-{i}", 64, 1.0))
+        filler = gpu_job(f"filler-{i}", 64, 1.0)
+        filler.wait_for_nodes = True
+        world.admin.submit_job(filler)
     cluster.kill(victim)
     cluster.start(victim)
     cluster.serving_leader(timeout_s=60)

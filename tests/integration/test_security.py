@@ -252,8 +252,11 @@ def small_job(
 
 
 def pending_job(name: str) -> pb.JobSpec:
-    """A job no node of this cluster can hold (no node has 8 GPUs): it stays pending."""
-    return small_job(name, "true", gpu=8)
+    """A job no node of this cluster can hold (no node has 8 GPUs), submitted to wait for
+    nodes that will join: it stays pending."""
+    spec = small_job(name, "true", gpu=8)
+    spec.wait_for_nodes = True
+    return spec
 
 
 def tiny_node(node_id: str) -> pb.RegisterNodeRequest:

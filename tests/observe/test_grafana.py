@@ -20,7 +20,7 @@ GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 def exported_names() -> set[str]:
     cluster = Cluster()
     cluster.add(node("a1"))
-    cluster.submit(job("pending", replicas=4, gpu=8))
+    cluster.submit(job("pending", replicas=4, gpu=8, wait_for_nodes=True))
     cluster.run_pass()
     names: set[str] = set()
     for registry in (

@@ -65,7 +65,7 @@ def busy_cluster() -> Cluster:
     cluster = Cluster()
     cluster.add(node("a1", rack="r1"), node("a2", rack="r1"), node("b1", rack="r2"))
     running = cluster.submit(job("fits", replicas=2, gpu=4, required="rack"))
-    cluster.submit(job("huge", replicas=4, gpu=8))
+    cluster.submit(job("huge", replicas=4, gpu=8, wait_for_nodes=True))
     cluster.run_pass()
     cluster.start_all(running)
     return cluster
