@@ -24,6 +24,7 @@ import yaml
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.model import JobSpec
 from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
+from synapse_ha.core.spec_values import NamesItsViolation
 from synapse_ha.core.validation import Violation, ViolationCode
 
 MAX_SPEC_FILE_BYTES = 1024 * 1024
@@ -36,24 +37,12 @@ MAX_SPEC_NODES = 100_000  # values of the document with its aliases expanded
 
 
 @dataclass(frozen=True, slots=True)
-class FileProblem:
+class FileProblem(NamesItsViolation):
     """One rule a spec file breaks, at its 1-based ``line`` (None when the file lacks the
     field and has no enclosing one)."""
 
     line: int | None
     violation: Violation
-
-    @property
-    def field(self) -> str:
-        return self.violation.field
-
-    @property
-    def rule(self) -> str:
-        return self.violation.rule
-
-    @property
-    def code(self) -> ViolationCode:
-        return self.violation.code
 
 
 class SpecFileError(SpecError):

@@ -35,7 +35,26 @@ _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_4
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
 
 
-class SpecError(ValueError):
+class NamesItsViolation:
+    """``field``, ``rule`` and ``code`` of the object's ``violation``."""
+
+    __slots__ = ()
+    violation: Violation
+
+    @property
+    def field(self) -> str:
+        return self.violation.field
+
+    @property
+    def rule(self) -> str:
+        return self.violation.rule
+
+    @property
+    def code(self) -> ViolationCode:
+        return self.violation.code
+
+
+class SpecError(NamesItsViolation, ValueError):
     """A job specification (or another document read by a program) broke rules.
 
     ``violations`` are every rule broken, in the document's order (a file reader sorts
@@ -60,18 +79,6 @@ class SpecError(ValueError):
         """The error for a non-empty list of violations (the first one is ``violation``)."""
         first = violations[0]
         return cls(first.field, first.rule, first.code, violations=violations)
-
-    @property
-    def field(self) -> str:
-        return self.violation.field
-
-    @property
-    def rule(self) -> str:
-        return self.violation.rule
-
-    @property
-    def code(self) -> ViolationCode:
-        return self.violation.code
 
 
 def kind(value: object) -> str:

@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import click
@@ -21,6 +20,7 @@ import pytest
 
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
+from synapse_ha.local.waiting import wait_until
 from tests.devcluster.procs import (
     MARKER_VARIABLE,
     kill_marked,
@@ -110,11 +110,12 @@ def test_the_readme_quickstart_works_as_written(tmp_path: Path) -> None:
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 120
-        while READY not in log.read_text():
+
+        def ready() -> bool:
             assert dev_up.poll() is None, f"dev up exited early:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"dev up not ready:\n{log.read_text()}"
-            time.sleep(0.2)
+            return READY in log.read_text()
+
+        wait_until("dev up to print that it is ready", ready, 120, every_s=0.2)
         outputs = []
         for command in commands:
             result = subprocess.run(
