@@ -1,6 +1,11 @@
-"""synctl's queues document (``synctl queues``: quotas, usage, borrowing, the priority
-classes and the preemption mode) and its table (see :mod:`synapse_ha.cli.render` for the
-fields)."""
+"""synctl's queues document (``synctl queues``: quotas, usage, borrowing, each queue's
+place in the fair-share order, the priority classes and the preemption mode) and its
+table (see :mod:`synapse_ha.cli.render` for the fields).
+
+The fair share of a queue is its dominant resource's decayed past usage over one
+half-life plus what it holds now, against its nominal quota (1.0: exactly its
+entitlement); the scheduler considers the queues lowest first, the shares of the
+cohorts above them compared before their own (``order``: 1 is considered first)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 
 from synapse_ha.cli.render import Document, duration_text, table
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
+from synapse_ha.core.fairshare import SHARE_SCALE
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -40,6 +46,11 @@ def queue_document(status: pb.QueueStatus) -> Document:
         "pending_jobs": u.pending_jobs,
         "pending_gpu": u.pending_gpu,
         "preempting_jobs": u.preempting_jobs,
+        "fair_share": {
+            "share": status.fair_share_ppm / SHARE_SCALE,
+            "cohort_shares": [s / SHARE_SCALE for s in status.cohort_shares_ppm],
+            "order": status.fair_share_position,
+        },
     }
 
 
@@ -58,6 +69,7 @@ def queues_document(answer: pb.ListQueuesResponse) -> Document:
         ],
         "preemption": answer.preemption,
         "reclaim_wait_max_ms": answer.reclaim_wait_max_ms,
+        "fair_share_half_life_ms": answer.fair_share_half_life_ms,
     }
 
 
@@ -83,12 +95,15 @@ def queues_table(doc: Mapping[str, Any]) -> str:
                 f"{q['running_jobs']}"
                 + (f" ({q['preempting_jobs']} preempting)" if q["preempting_jobs"] else ""),
                 f"{q['pending_jobs']} ({q['pending_gpu']} GPU)",
+                f"{q['fair_share']['share']:.0%}" if nominal is not None else "-",
+                q["fair_share"]["order"],
                 ",".join(q["priority_classes"]) or "any",
                 duration_text(q["min_runtime_ms"]) if q["min_runtime_ms"] else "-",
             ]
         )
     headers = ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "MAY BORROW"]
-    out = table(rows, [*headers, "MAY LEND", "RUNNING", "PENDING", "CLASSES", "MIN RUN"])
+    headers += ["MAY LEND", "RUNNING", "PENDING", "SHARE", "ORDER", "CLASSES", "MIN RUN"]
+    out = table(rows, headers)
     classes = ", ".join(
         f"{c['name']} {c['value']}{' (preempts)' if c['preempts'] else ''}"
         f" grace {duration_text(c['grace_ms'])}"
@@ -96,7 +111,11 @@ def queues_table(doc: Mapping[str, Any]) -> str:
         for c in doc["priority_classes"]
     )
     wait = duration_text(doc["reclaim_wait_max_ms"])
+    half_life = duration_text(doc["fair_share_half_life_ms"])
     tail = (
+        f"fair share: the scheduler considers queues in ORDER, lowest SHARE first (past "
+        f"usage decayed with half-life {half_life}, plus what a queue holds now, against "
+        f"its nominal quota; the shares of its cohorts are compared first)\n"
         f"priority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
         f" (a reclaim overrides minimum run times after {wait})"
     )

@@ -18,7 +18,11 @@ draws): its nominal (its own and everything below it), what the queues below it 
 and what its subtree borrows from and lends to its parent's pool
 (:mod:`synapse_ha.core.cohort_tree`).
 
-Integers only; no clock, no I/O.
+:func:`queues_now` gives all of it and each queue's place in the fair-share order
+(:func:`synapse_ha.core.scheduler.order.queue_standings`) from one pass over the jobs:
+what ``ListQueues`` answers.
+
+Integers only; no clock (``now_ms`` is given), no I/O.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import Cohort
-from synapse_ha.core.model import ClusterState, JobState
+from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.quota import QueueUsage as QuotaUsage
-from synapse_ha.core.quota import gang_request
+from synapse_ha.core.quota import count_held, gang_request
+from synapse_ha.core.scheduler.order import QueueStanding, queue_standings
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,26 +57,72 @@ class _Tally:
     preempting: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class QueuesNow:
+    """What ``ListQueues`` answers: each queue's usage and standing (by name), and the
+    cohorts of the tree (by name)."""
+
+    usage: dict[str, QueueUsage]
+    cohorts: list[CohortUsage]
+    standings: dict[str, QueueStanding]
+
+
+def queues_now(state: ClusterState, now_ms: int) -> QueuesNow:
+    """Usage (:func:`queue_usage`), cohorts (:func:`cohort_usage`) and each queue's place
+    in the order between queues as of ``now_ms``, reading every job once."""
+    held: dict[str, Resources] = {}
+    tallies = {name: _Tally() for name in sorted(state.queues)}
+    heads: dict[str, Job] = {}
+    for job in state.jobs.values():
+        count_held(held, job)
+        _tally(tallies, heads, job)
+    quota = QuotaUsage(state.queues, held, state.cohorts)
+    return QueuesNow(
+        usage=_usage(state, quota, tallies),
+        cohorts=_cohorts(state, quota),
+        standings=queue_standings(state, quota, now_ms, heads),
+    )
+
+
 def queue_usage(state: ClusterState) -> dict[str, QueueUsage]:
     """Usage of every queue of ``state``, by name (sorted). Used, borrowed and lendable
     are :class:`synapse_ha.core.quota.QueueUsage`'s (the rules the scheduler admits
     by); jobs naming a queue that no longer exists are not counted."""
-    quota = QuotaUsage.of(state)
     tallies = {name: _Tally() for name in sorted(state.queues)}
     for job in state.jobs.values():
-        tally = tallies.get(job.spec.queue)
-        if tally is None:
-            continue
-        if job.state is JobState.PENDING:
-            tally.pending += 1
-            tally.pending_gpu += gang_request(job.spec).gpu
-            continue
-        attempt = job.live_attempt()
-        if attempt is None:
-            continue
-        tally.running += 1
-        if attempt.preempted_by:
-            tally.preempting += 1
+        _tally(tallies, {}, job)
+    return _usage(state, QuotaUsage.of(state), tallies)
+
+
+def _head_key(job: Job) -> tuple[int, int, int]:
+    """Queue order within a queue, as :meth:`ClusterState.pending_jobs` sorts."""
+    return (-job.spec.priority, job.seq, job.array_index)
+
+
+def _tally(tallies: dict[str, _Tally], heads: dict[str, Job], job: Job) -> None:
+    """Count ``job`` in its queue's tally; keep the queue's first pending gang that may
+    be placed (no dependency waited for) in ``heads``."""
+    tally = tallies.get(job.spec.queue)
+    if tally is None:
+        return
+    if job.state is JobState.PENDING:
+        tally.pending += 1
+        tally.pending_gpu += gang_request(job.spec).gpu
+        head = heads.get(job.spec.queue)
+        if not job.waiting_for and (head is None or _head_key(job) < _head_key(head)):
+            heads[job.spec.queue] = job
+        return
+    attempt = job.live_attempt()
+    if attempt is None:
+        return
+    tally.running += 1
+    if attempt.preempted_by:
+        tally.preempting += 1
+
+
+def _usage(
+    state: ClusterState, quota: QuotaUsage, tallies: dict[str, _Tally]
+) -> dict[str, QueueUsage]:
     lent = dict.fromkeys(tallies, 0)
     cohorts: dict[str, list[str]] = {}
     for name, q in sorted(state.queues.items()):
@@ -120,7 +171,10 @@ class CohortUsage:
 
 def cohort_usage(state: ClusterState) -> list[CohortUsage]:
     """Every cohort of ``state`` (records, and names queues use), by name."""
-    quota = QuotaUsage.of(state)
+    return _cohorts(state, QuotaUsage.of(state))
+
+
+def _cohorts(state: ClusterState, quota: QuotaUsage) -> list[CohortUsage]:
     tree = quota.tree
     names = set(state.cohorts) | set(tree.members)
     out = []

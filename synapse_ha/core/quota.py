@@ -31,7 +31,7 @@ from synapse_ha.core.cluster_config import (
     Queue,
 )
 from synapse_ha.core.cohort_tree import CohortTree
-from synapse_ha.core.model import ClusterState, JobSpec, JobState, Resources
+from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, Resources
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 
 ZERO = Resources()
@@ -40,6 +40,18 @@ ZERO = Resources()
 def gang_request(spec: JobSpec) -> Resources:
     """What a whole gang of ``spec`` holds while it is live."""
     return spec.resources.times(spec.replicas)
+
+
+def count_held(usage: dict[str, Resources], job: Job, *, counting_preempted: bool = True) -> None:
+    """Add what ``job``'s live attempt holds to its queue's entry of ``usage`` (nothing
+    without a live attempt; with ``counting_preempted=False``, nothing for an attempt
+    being preempted): the one rule of what counts against a quota, for
+    :meth:`QueueUsage.of` and for callers that read every job once for more than usage."""
+    attempt = job.live_attempt()
+    if attempt is None or (attempt.preempted_by and not counting_preempted):
+        return
+    q = job.spec.queue
+    usage[q] = usage.get(q, ZERO) + gang_request(job.spec)
 
 
 def priority_class(config: ClusterConfig, name: str) -> PriorityClass | None:
@@ -129,11 +141,7 @@ class QueueUsage:
         attempts already being preempted (what a queue keeps once they stop)."""
         usage: dict[str, Resources] = {}
         for job in state.jobs.values():
-            attempt = job.live_attempt()
-            if attempt is None or (attempt.preempted_by and not counting_preempted):
-                continue
-            q = job.spec.queue
-            usage[q] = usage.get(q, ZERO) + gang_request(job.spec)
+            count_held(usage, job, counting_preempted=counting_preempted)
         return cls(state.queues, usage, state.cohorts)
 
     @classmethod

@@ -3,15 +3,13 @@
 * ``/nodes`` (:func:`render_nodes`) — each node: status and why, labels (topology),
   each GPU with the job holding it, unhealthy GPUs, failing checks (conditions), CPU
   and memory in use, the last heartbeat;
-* ``/queues`` (:func:`render_queues`) — each queue: cohort, nominal quota, used,
-  borrowed, lent, running and pending jobs and the GPUs the pending ones need, and its
-  share now (used / nominal); the cohort tree below;
+* ``/queues`` (:func:`render_queues`) — each queue in the order the scheduler considers
+  them (the API's fair-share position): its fair share (decayed past usage and what it
+  holds, against its nominal quota) and its cohorts' shares, cohort, nominal quota, used,
+  borrowed, lent, running and pending jobs and the GPUs the pending ones need; the
+  cohort tree below;
 * ``/history`` (:func:`render_history`) — finished jobs, newest first, with filters
   (user, queue, node, finished since) as a GET form.
-
-The fair-share order itself (decayed past usage against entitlement, docs/queues.md)
-is not in the API's answer, so ``/queues`` shows the share of nominal quota in use now
-and orders by it, lowest first, and says so.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from synapse_ha.core.fairshare import SHARE_SCALE
 from synapse_ha.observe.cohort_tree_page import render_cohort_tree
 from synapse_ha.observe.page_kit import REFRESH_S, duration_html, esc, page, time_html
 from synapse_ha.observe.pages import gpu_cell, rack_of
@@ -109,11 +108,23 @@ def render_nodes(
 # ------------------------------------------------------------------------ queues
 
 
-def _share(q: pb.QueueStatus) -> float | None:
-    """Used GPUs over nominal; None without a GPU quota."""
-    if not q.queue.HasField("gpu") or q.queue.gpu <= 0:
-        return None
-    return q.usage.used_gpu / q.queue.gpu
+def _percent(ppm: int) -> str:
+    return f"{ppm / SHARE_SCALE:.0%}"
+
+
+def _cohorts_above(q: pb.QueueStatus, parents: Mapping[str, str]) -> str:
+    """The shares of the cohorts above a queue, each named: from just below the root
+    down to the queue's own cohort (the order the API gives them in)."""
+    path: list[str] = []
+    cohort = q.queue.cohort
+    while cohort and cohort not in path and len(path) <= len(parents):
+        path.append(cohort)
+        cohort = parents.get(cohort, "")
+    names = list(reversed(path[:-1]))
+    shares = list(q.cohort_shares_ppm)
+    if len(names) != len(shares):
+        names = [""] * len(shares)
+    return ", ".join(f"{n} {_percent(s)}".strip() for n, s in zip(names, shares, strict=True))
 
 
 def render_queues(
@@ -123,33 +134,43 @@ def render_queues(
     error: str = "",
     refresh_s: int = REFRESH_S,
 ) -> str:
-    """Every queue, the lowest share of its quota in use first; the cohort tree."""
+    """Every queue in the fair-share order (first considered first); the cohort tree."""
     if answer is None:
         return page("synapse queues", _error(error or "unavailable"), viewer, csrf, here="/queues")
-    ordered = sorted(
-        answer.queues,
-        key=lambda q: (_share(q) is None, _share(q) or 0.0, q.queue.name),
-    )
+    ordered = sorted(answer.queues, key=lambda q: (q.fair_share_position, q.queue.name))
+    parents = {c.cohort.name: c.cohort.parent for c in answer.cohorts}
     rows = []
-    for position, q in enumerate(ordered, 1):
-        u, share = q.usage, _share(q)
-        nominal = str(q.queue.gpu) if q.queue.HasField("gpu") else "none"
+    for q in ordered:
+        u = q.usage
+        quota = q.queue.HasField("gpu")
+        nominal = str(q.queue.gpu) if quota else "none"
+        share = _percent(q.fair_share_ppm) if quota else "-"
+        above = _cohorts_above(q, parents) or "-"
         rows.append(
-            f'<tr data-queue="{esc(q.queue.name)}"><td>{position}</td>'
-            f"<td>{esc(q.queue.name)}</td><td>{esc(q.queue.cohort or '-')}</td>"
+            f'<tr data-queue="{esc(q.queue.name)}" data-position="{q.fair_share_position}">'
+            f'<td class="position">{q.fair_share_position}</td>'
+            f"<td>{esc(q.queue.name)}</td>"
+            f'<td class="share" data-ppm="{q.fair_share_ppm}">{share}</td>'
+            f'<td class="cohort-shares">{esc(above)}</td><td>{esc(q.queue.cohort or "-")}</td>'
             f'<td class="nominal">{nominal}</td><td class="used">{u.used_gpu}</td>'
             f'<td class="borrowed">{u.borrowed_gpu}</td><td>{u.lent_gpu}</td>'
             f"<td>{u.running_jobs}</td>"
-            f'<td class="pending">{u.pending_jobs} ({u.pending_gpu} GPU)</td>'
-            f'<td class="share">{"-" if share is None else f"{share:.0%}"}</td></tr>'
+            f'<td class="pending">{u.pending_jobs} ({u.pending_gpu} GPU)</td></tr>'
         )
+    half_life = readable.clock(answer.fair_share_half_life_ms)
     table = (
-        '<table id="queue-table"><tr><th>#</th><th>queue</th><th>cohort</th><th>nominal GPU</th>'
-        "<th>used</th><th>borrowed</th><th>lent</th><th>running</th><th>pending</th>"
-        "<th>share now</th></tr>" + "".join(rows) + "</table>"
-        '<p class="muted">Ordered by the share of nominal GPUs in use now, lowest first. '
-        "The scheduler's fair-share order also weighs each queue's decayed past usage "
-        "(fair_share_half_life), which this page does not show.</p>"
+        '<table id="queue-table"><tr><th>order</th><th>queue</th><th>fair share</th>'
+        "<th>cohorts' shares</th><th>cohort</th><th>nominal GPU</th><th>used</th>"
+        "<th>borrowed</th><th>lent</th><th>running</th><th>pending</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        '<p class="muted" id="fair-share-note">In the order the scheduler considers the '
+        "queues now, lowest share first. A queue's fair share is its past usage (decayed "
+        f"by half every {esc(half_life)}) plus what it holds now, against its nominal "
+        "quota (100%: exactly what it is entitled to; by its dominant resource). In a "
+        "cohort tree the shares of the cohorts above it are compared first, outermost "
+        "first; equal shares go by the first waiting gang's priority, then submission "
+        "order.</p>"
     )
     tree = render_cohort_tree(answer)
     if tree:

@@ -15,6 +15,7 @@ from synapse_ha.cli import render_jobs
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import QueueHistory
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -51,6 +52,11 @@ def test_an_admin_sets_a_queue_and_queues_shows_it(replica: Replica) -> None:
         ),
     )
     assert job.ok
+    # team-b used 2 GPUs for two half-lives, decayed to a quarter: 1 GPU-half-life of 1.
+    half_life = replica.backend.state.config.fair_share_half_life_ms
+    replica.backend.state.queue_history["team-b"] = QueueHistory(
+        gpu_ms=2 * half_life, at_ms=replica.clock[0] - 2 * half_life
+    )
     listed = synctl(replica, "queues", "-o", "json", who="bob")
     assert listed.exit_code == 0, listed.output
     doc = json.loads(listed.stdout)
@@ -62,6 +68,11 @@ def test_an_admin_sets_a_queue_and_queues_shows_it(replica: Replica) -> None:
     assert queues["default"]["used"]["gpu"] == 1 and queues["default"]["pending_jobs"] == 1
     assert [c["name"] for c in doc["priority_classes"]] == ["low", "normal", "high"]
     assert doc["preemption"] == "topology"
+    # The fair-share order: default (no quota, share 0) has a gang waiting; team-a holds
+    # and held nothing; team-b's past use puts it last.
+    shares = {n: (q["fair_share"]["share"], q["fair_share"]["order"]) for n, q in queues.items()}
+    assert shares == {"default": (0, 1), "team-a": (0, 2), "team-b": (0.5, 3)}
+    assert doc["fair_share_half_life_ms"] == half_life
 
     table = synctl(replica, "queues", who="alice")
     assert table.exit_code == 0, table.output
@@ -69,6 +80,10 @@ def test_an_admin_sets_a_queue_and_queues_shows_it(replica: Replica) -> None:
     assert lines[0].split()[:6] == ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT"]
     team_a = next(line for line in lines if line.startswith("team-a"))
     assert team_a.split()[:6] == ["team-a", "lab", "3", "0", "0", "0"]
+    assert lines[0].split()[-5:] == ["SHARE", "ORDER", "CLASSES", "MIN", "RUN"]
+    team_b = next(line for line in lines if line.startswith("team-b")).split()
+    assert team_b[-4:] == ["50%", "3", "any", "-"]
+    assert "lowest SHARE first (past usage decayed with half-life 7d" in table.stdout
     assert "preemption: topology" in table.stdout
     assert "high 100 (preempts)" in table.stdout
 

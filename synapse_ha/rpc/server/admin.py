@@ -11,7 +11,7 @@ from synapse_ha.core import admission, validation
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Role
 from synapse_ha.core.cohort_tree import check_cohort
-from synapse_ha.core.queue_usage import cohort_usage, queue_usage
+from synapse_ha.core.queue_usage import queues_now
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, convert_cohorts, states
 from synapse_ha.rpc.auth import caller, new_token
@@ -129,19 +129,22 @@ class AdminService(_Base):
     def ListQueues(
         self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
     ) -> pb.ListQueuesResponse:
-        """Every queue with its settings and usage (:mod:`synapse_ha.core.queue_usage`),
-        the cluster's priority classes, preemption mode and reclaim wait, and the
-        cohort tree."""
+        """Every queue with its settings, usage and place in the fair-share order
+        (:func:`synapse_ha.core.queue_usage.queues_now`, one pass over the jobs), the
+        cluster's priority classes, preemption mode and reclaim wait, and the cohort
+        tree."""
         stale = self._read_mode(context, request.allow_stale)
         state = self.ctx.backend.snapshot()
         with self._heavy_read(context):
-            usage = queue_usage(state)
-            cohorts = cohort_usage(state)
+            now = queues_now(state, self.ctx.clock_ms())
         return pb.ListQueuesResponse(
             queues=[
                 pb.QueueStatus(
                     queue=convert.queue_to_proto(state.queues[name]),
-                    usage=convert.queue_usage_to_proto(usage[name]),
+                    usage=convert.queue_usage_to_proto(now.usage[name]),
+                    fair_share_ppm=now.standings[name].share,
+                    cohort_shares_ppm=now.standings[name].cohort_shares,
+                    fair_share_position=now.standings[name].position,
                 )
                 for name in sorted(state.queues)
             ],
@@ -151,7 +154,8 @@ class AdminService(_Base):
             ],
             preemption=str(state.config.preemption),
             reclaim_wait_max_ms=state.config.reclaim_wait_max_ms,
-            cohorts=[convert_cohorts.cohort_status_to_proto(c) for c in cohorts],
+            cohorts=[convert_cohorts.cohort_status_to_proto(c) for c in now.cohorts],
+            fair_share_half_life_ms=state.config.fair_share_half_life_ms,
         )
 
     def SetQueue(

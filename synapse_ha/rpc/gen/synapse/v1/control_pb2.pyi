@@ -1007,12 +1007,18 @@ class QueueUsage(_message.Message):
     def __init__(self, used_gpu: _Optional[int] = ..., used_cpu_milli: _Optional[int] = ..., used_memory_mib: _Optional[int] = ..., borrowed_gpu: _Optional[int] = ..., lent_gpu: _Optional[int] = ..., running_jobs: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., pending_gpu: _Optional[int] = ..., preempting_jobs: _Optional[int] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
-    __slots__ = ("queue", "usage")
+    __slots__ = ("queue", "usage", "fair_share_ppm", "cohort_shares_ppm", "fair_share_position")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_PPM_FIELD_NUMBER: _ClassVar[int]
+    COHORT_SHARES_PPM_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_POSITION_FIELD_NUMBER: _ClassVar[int]
     queue: Queue
     usage: QueueUsage
-    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., usage: _Optional[_Union[QueueUsage, _Mapping]] = ...) -> None: ...
+    fair_share_ppm: int
+    cohort_shares_ppm: _containers.RepeatedScalarFieldContainer[int]
+    fair_share_position: int
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ..., usage: _Optional[_Union[QueueUsage, _Mapping]] = ..., fair_share_ppm: _Optional[int] = ..., cohort_shares_ppm: _Optional[_Iterable[int]] = ..., fair_share_position: _Optional[int] = ...) -> None: ...
 
 class PriorityClass(_message.Message):
     __slots__ = ("name", "value", "preempts", "grace_ms", "min_runtime_ms")
@@ -1035,20 +1041,22 @@ class ListQueuesRequest(_message.Message):
     def __init__(self, allow_stale: _Optional[bool] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
-    __slots__ = ("queues", "stale", "priority_classes", "preemption", "reclaim_wait_max_ms", "cohorts")
+    __slots__ = ("queues", "stale", "priority_classes", "preemption", "reclaim_wait_max_ms", "cohorts", "fair_share_half_life_ms")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     RECLAIM_WAIT_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     COHORTS_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_HALF_LIFE_MS_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStatus]
     stale: bool
     priority_classes: _containers.RepeatedCompositeFieldContainer[PriorityClass]
     preemption: str
     reclaim_wait_max_ms: int
     cohorts: _containers.RepeatedCompositeFieldContainer[CohortStatus]
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ..., reclaim_wait_max_ms: _Optional[int] = ..., cohorts: _Optional[_Iterable[_Union[CohortStatus, _Mapping]]] = ...) -> None: ...
+    fair_share_half_life_ms: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ..., reclaim_wait_max_ms: _Optional[int] = ..., cohorts: _Optional[_Iterable[_Union[CohortStatus, _Mapping]]] = ..., fair_share_half_life_ms: _Optional[int] = ...) -> None: ...
 
 class Cohort(_message.Message):
     __slots__ = ("name", "parent", "gpu", "borrowing_limit_gpu", "lending_limit_gpu")
