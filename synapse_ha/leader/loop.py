@@ -55,6 +55,7 @@ from synapse_ha.core.scheduler import CapacityCache, IncrementalPlanner, Plan, s
 from synapse_ha.core.views import due_deadlines, due_start_timeouts, due_time_limits
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
 from synapse_ha.leader.scheduling import SchedulingSettings
+from synapse_ha.leader.silence import DEFAULT_SILENCE_HOLD, SilenceHold, hold_reason
 
 
 def _marked(state: ClusterState, preemptor: str) -> bool:
@@ -124,7 +125,8 @@ class LoopSettings:
     applies and heartbeats need, so passes back to back would starve them. It also runs
     every ``schedule_period_ms`` (back-off timers expire without any state change), or
     after the gap when that is longer.
-    Reaper and time limits are checked every ``housekeeping_period_ms``.
+    Reaper and time limits are checked every ``housekeeping_period_ms``; the reaper
+    declares no node dead during a mass silence (``silence_hold``, leader/silence.py).
     ``incremental_planning`` off makes every pass a full one (the same plans).
     """
 
@@ -135,6 +137,7 @@ class LoopSettings:
     purge_period_ms: int = 60_000
     proposal_timeout_ms: int = 5_000
     incremental_planning: bool = True
+    silence_hold: SilenceHold = DEFAULT_SILENCE_HOLD
 
 
 class _InFlight:
@@ -208,6 +211,7 @@ class LeaderLoop:
         self._barrier: _InFlight | None = None
         self._bind: _InFlight | None = None
         self._node_deaths: dict[str, _InFlight] = {}
+        self._held = False  # node deaths held for a mass silence (leader/silence.py)
         self._expiries: dict[str, _InFlight] = {}
         self._deadlines: dict[str, _InFlight] = {}
         self._next_deadline_scan_ms = 0
@@ -239,6 +243,7 @@ class LeaderLoop:
         self._bind_nodes = ()
         self._next_pass_ms = None
         self._node_deaths.clear()
+        self._held = False
         self._expiries.clear()
         self._deadlines.clear()
         self._start_timeouts.clear()
@@ -399,12 +404,21 @@ class LeaderLoop:
         for node_id in list(self._node_deaths):
             if self._node_deaths[node_id].settled(now_ms):
                 del self._node_deaths[node_id]
-        for node_id in sorted(state.nodes):
-            node = state.nodes[node_id]
-            if node.status is NodeStatus.DEAD or node_id in self._node_deaths:
-                continue
-            silent = now_ms - self._liveness.last_heard(node_id)
-            if silent <= dead_after:
+        silences = {
+            node_id: now_ms - self._liveness.last_heard(node_id)
+            for node_id, node in state.nodes.items()
+            if node.status is not NodeStatus.DEAD
+        }
+        late = sum(1 for silent in silences.values() if silent > dead_after // 2)
+        held = hold_reason(late, len(silences), dead_after, self._settings.silence_hold)
+        if bool(held) != self._held:  # said when a hold starts or ends, not at every step
+            self._held = bool(held)
+            said.append(self._note(held or "node deaths no longer held: most nodes are heard"))
+        if held:
+            return said
+        for node_id in sorted(silences):
+            silent = silences[node_id]
+            if silent <= dead_after or node_id in self._node_deaths:
                 continue
             command = cmd.MarkNodeDead(
                 node_id=node_id,

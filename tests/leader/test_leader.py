@@ -148,6 +148,53 @@ def test_a_short_stall_or_a_follower_changes_nothing() -> None:
     assert follower.note_not_running(60_000, 1) == ""
 
 
+def _ten_nodes(log: FakeLog) -> list[str]:
+    names = [f"n{i}" for i in range(10)]
+    for n in names:
+        log.propose(cmd.RegisterNode(info=node(n), now_ms=0))
+    return names
+
+
+def test_a_silence_of_most_nodes_at_once_holds_every_death_until_most_are_heard() -> None:
+    log = FakeLog()
+    names = _ten_nodes(log)
+    loop, liveness = elected(log, now=0)
+    # Six of ten nodes go unheard (a leader too busy to read them); four keep talking.
+    t = 2 * DEAD_MS
+    for n in names[6:]:
+        liveness.heard(n, t - 1_000)
+    said = loop.step(t)
+    assert "holding node deaths: 6 of 10 nodes unheard" in said
+    assert log.of_type(cmd.MarkNodeDead) == []
+    assert "holding" not in loop.step(t + 200)  # said once, not at every step
+    assert log.of_type(cmd.MarkNodeDead) == []
+    # Two of the six are heard again: 4 of 10 late is no longer a mass silence, and the
+    # four still silent past dead_timeout are declared dead.
+    for n in (*names[:2], *names[6:]):
+        liveness.heard(n, t + 300)
+    said = loop.step(t + 400)
+    assert "node deaths no longer held" in said
+    dead = sorted(c.node_id for c in log.of_type(cmd.MarkNodeDead))  # type: ignore[attr-defined]
+    assert dead == names[2:6]
+
+
+def test_half_the_nodes_silent_or_a_small_cluster_all_silent_is_no_mass_silence() -> None:
+    log = FakeLog()
+    names = _ten_nodes(log)
+    loop, liveness = elected(log, now=0)
+    t = 2 * DEAD_MS
+    for n in names[5:]:
+        liveness.heard(n, t - 1_000)
+    assert "holding" not in loop.step(t)
+    assert len(log.of_type(cmd.MarkNodeDead)) == 5
+    small = FakeLog()
+    for n in ("a", "b", "c"):
+        small.propose(cmd.RegisterNode(info=node(n), now_ms=0))
+    loop, _ = elected(small, now=0)
+    assert "holding" not in loop.step(2 * DEAD_MS)
+    assert len(small.of_type(cmd.MarkNodeDead)) == 3
+
+
 def test_scheduling_passes_are_spaced_by_their_own_cost() -> None:
     log = FakeLog()
     ticks = iter([0.0, 0.2, 1.0, 1.2, 2.0, 2.2, 3.0, 3.2])  # every pass costs 200 ms
