@@ -25,7 +25,7 @@ layers: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP) browser nettools
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest --durations=60
 
 # The same suite in a random order (pytest-randomly: modules, then the tests in each). The
 # seed is printed first; `make unit-shuffled SEED=<it>` replays that order.
