@@ -19,7 +19,7 @@ and what its subtree borrows from and lends to its parent's pool
 (:mod:`synapse_ha.core.cohort_tree`).
 
 :func:`queues_now` gives all of it and each queue's place in the fair-share order
-(:func:`synapse_ha.core.scheduler.order.queue_standings`) from one pass over the jobs:
+(:func:`synapse_ha.core.queue_order.queue_standings`) from one pass over the jobs:
 what ``ListQueues`` answers.
 
 Integers only; no clock (``now_ms`` is given), no I/O.
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import Cohort
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
+from synapse_ha.core.queue_order import QueueStanding, queue_standings
 from synapse_ha.core.quota import QueueUsage as QuotaUsage
 from synapse_ha.core.quota import count_held, gang_request
-from synapse_ha.core.scheduler.order import QueueStanding, queue_standings
 
 
 @dataclass(frozen=True, slots=True)

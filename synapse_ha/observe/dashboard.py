@@ -11,13 +11,16 @@ Pages:
   tail of each member's log, and a cancel button for those who may cancel it;
   ``POST /jobs/<id>/cancel`` cancels it through the API's ``CancelJob`` as the viewer
   (the API's own access check decides);
-* ``/nodes``, ``/queues``, ``/history`` (``?user=&queue=&node=&since=``) — see
-  :mod:`synapse_ha.observe.list_pages`;
+* ``/nodes``, ``/queues``, ``/history`` (``?user=&queue=&node=&since=``), ``/usage``
+  (``?by=&since=&until=``) — see :mod:`synapse_ha.observe.list_pages`;
+* ``/charts`` (``?window=``) — GPUs allocated and pending, and the queue wait per queue,
+  over the last hours (:mod:`synapse_ha.observe.chart_pages`);
 * ``/login`` (GET: the form; POST: sign in) and ``/logout`` (POST only);
 * ``/static/dashboard.css`` and ``/static/dashboard.js`` — the one stylesheet and the
-  one script (:mod:`synapse_ha.observe.script`: times in the browser's zone, and the
-  live pages' refresh); the pages carry no inline style and no inline script, so the
-  Content-Security-Policy forbids both.
+  script every page loads (:mod:`synapse_ha.observe.script`: times in the browser's
+  zone, and the live pages' refresh); the charts page's script and the charting library
+  (:mod:`synapse_ha.observe.static_files`). The pages carry no inline style and no
+  inline script, so the Content-Security-Policy forbids both.
 
 **Who is signed in** is named by the user and role the token proves (``alice (user)``)
 when the replica says (``identify``), else by the token's id.
@@ -69,15 +72,18 @@ import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.access import split_token
+from synapse_ha.observe.chart_pages import CHARTS_REFRESH_FACTOR
 from synapse_ha.observe.http import Request, Response
-from synapse_ha.observe.list_pages import (
-    HistoryFilters,
-    render_history,
-    render_nodes,
-    render_queues,
-)
+from synapse_ha.observe.list_pages import render_nodes, render_queues
 from synapse_ha.observe.member_logs import read_log_tail
 from synapse_ha.observe.page_kit import REFRESH_S, SCRIPT
+from synapse_ha.observe.page_reads import (
+    LIVE_STATES,
+    charts_page,
+    history_page,
+    query_of,
+    usage_page,
+)
 from synapse_ha.observe.pages import (
     STYLE,
     STYLESHEET,
@@ -92,7 +98,7 @@ from synapse_ha.observe.pages import (
 )
 from synapse_ha.observe.script import SCRIPT_JS
 from synapse_ha.observe.sessions import Session, Sessions, token_label
-from synapse_ha.rpc import readable
+from synapse_ha.observe.static_files import STATIC_PREFIX, StaticFile, load_static
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import Transport
@@ -106,11 +112,10 @@ LOGIN_COOKIE = "__Host-synapse_login"  # the sign-in form's double-submit value
 LEGACY_TOKEN_COOKIE = "synapse_token"
 LOGIN_FORM_TTL_S = 600
 _NONCE = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
-LIVE_STATES = ("PENDING", "SCHEDULED", "RUNNING")
 MAX_CLIENTS = 32  # one API client per viewer token, least recently used dropped
-PAGES = ("/", "/nodes", "/queues", "/history")
+PAGES = ("/", "/charts", "/nodes", "/queues", "/history", "/usage")
+FORM_PAGES = {"/history": history_page, "/usage": usage_page}
 CANCEL_SUFFIX = "/cancel"
-HISTORY_LIMIT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +192,7 @@ class Dashboard:
         self._clients: OrderedDict[str, ClusterClient] = OrderedDict()
         self._identify = identify
         self.refresh_s = refresh_s
+        self._static: dict[str, StaticFile] = load_static()
 
     def _name(self, token: str) -> str:
         """How the pages name the viewer of ``token``: the user and role it proves,
@@ -244,6 +250,13 @@ class Dashboard:
             if request.method not in ("GET", "HEAD"):
                 return _not_allowed("GET, HEAD")
             return Response(200, SCRIPT_JS.encode(), "text/javascript; charset=utf-8")
+        if path.startswith(STATIC_PREFIX):
+            found = self._static.get(path)
+            if found is None:
+                return _html(404, render_not_found(path))
+            if request.method not in ("GET", "HEAD"):
+                return _not_allowed("GET, HEAD")
+            return Response(200, found.body, found.content_type)
         if path == "/login":
             return self._login_form(request)
         if path == "/logout":
@@ -467,7 +480,8 @@ class Dashboard:
         return _html(200, page)
 
     def _list_page(self, request: Request, viewer: Viewer, path: str) -> Response:
-        """``/nodes``, ``/queues`` or ``/history``, read through the API as the viewer."""
+        """``/nodes``, ``/queues``, ``/history``, ``/usage`` or ``/charts``, read through
+        the API as the viewer."""
         client = self._client(viewer.token)
         label, csrf, now = viewer.label, viewer.csrf, self._clock_ms()
         try:
@@ -480,31 +494,16 @@ class Dashboard:
                 page = render_nodes(nodes, holders, now, label, csrf, refresh_s=self.refresh_s)
             elif path == "/queues":
                 page = render_queues(client.list_queues(), label, csrf, refresh_s=self.refresh_s)
+            elif path == "/charts":
+                every = self.refresh_s * CHARTS_REFRESH_FACTOR
+                page = charts_page(client, query_of(request.path), now, label, csrf, every)
             else:
-                page = self._history_page(client, viewer, request, now)
+                page = FORM_PAGES[path](client, query_of(request.path), now, label, csrf)
         except (grpc.RpcError, ClusterUnavailable) as exc:
             if _refused(exc):
                 return self._signed_out(request, viewer, _describe(exc))
             return _html(502, render_job_error(path.strip("/"), _describe(exc)))
         return _html(200, page)
-
-    def _history_page(
-        self, client: ClusterClient, viewer: Viewer, request: Request, now_ms: int
-    ) -> str:
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
-        filters = HistoryFilters.of({k: v[0] for k, v in query.items() if v})
-        since = readable.parse_moment(filters.since, now_ms) if filters.since else 0
-        if since is None:
-            error = f"since: {filters.since!r} is neither a duration (7d) nor a date (2026-11-01)"
-            return render_history([], filters, now_ms, viewer.label, viewer.csrf, error)
-        found = client.list_history(
-            user=filters.user,
-            queue=filters.queue,
-            node_id=filters.node,
-            since_ms=since,
-            limit=HISTORY_LIMIT,
-        )
-        return render_history(found, filters, now_ms, viewer.label, viewer.csrf)
 
     def _cancel(self, request: Request, viewer: Viewer, job_id: str) -> Response:
         """Cancel through the API as the viewer: the API decides who may (the owner,

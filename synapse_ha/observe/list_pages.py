@@ -9,7 +9,9 @@
   borrowed, lent, running and pending jobs and the GPUs the pending ones need; the
   cohort tree below;
 * ``/history`` (:func:`render_history`) — finished jobs, newest first, with filters
-  (user, queue, node, finished since) as a GET form.
+  (user, queue, node, finished since) as a GET form;
+* ``/usage`` (:func:`render_usage`) — GPU-hours per user or queue over a period (a GET
+  form), most first, and per UTC day: the API's ``GetUsage``, as ``synctl usage``.
 """
 
 from __future__ import annotations
@@ -255,3 +257,94 @@ def render_history(
     elif not error:
         body += '<p class="muted" id="no-history">no finished jobs match</p>'
     return page("synapse history", body, viewer, csrf, here="/history")
+
+
+# ------------------------------------------------------------------------- usage
+
+USAGE_BY = ("user", "queue")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageFilters:
+    """The ``/usage`` form: sum per ``by`` (user or queue) from ``since`` (a duration
+    back from now, or a UTC date) to ``until`` (empty: now)."""
+
+    by: str = "user"
+    since: str = "7d"
+    until: str = ""
+
+    @classmethod
+    def of(cls, query: Mapping[str, str]) -> UsageFilters:
+        def value(name: str, default: str) -> str:
+            return query.get(name, "").strip()[:200] or default
+
+        return cls(value("by", "user"), value("since", "7d"), value("until", ""))
+
+
+def _usage_form(f: UsageFilters) -> str:
+    by = "".join(
+        f'<option value="{b}"{" selected" if b == f.by else ""}>{b}</option>' for b in USAGE_BY
+    )
+    return (
+        '<form class="filters" method="get" action="/usage">'
+        f'<label>per <select name="by" id="usage-by">{by}</select></label>'
+        f'<label>since (7d, 2026-11-01) <input name="since" id="usage-since" '
+        f'value="{esc(f.since)}" size="12"></label>'
+        f'<label>until (empty: now) <input name="until" id="usage-until" '
+        f'value="{esc(f.until)}" size="12"></label>'
+        '<button type="submit" id="usage-show">show</button></form>'
+    )
+
+
+def render_usage(
+    answer: pb.GetUsageResponse | None,
+    filters: UsageFilters,
+    viewer: str = "",
+    csrf: str = "",
+    error: str = "",
+) -> str:
+    """GPU-hours per user (or queue) over the period, most first, then per UTC day (as
+    ``synctl usage``): from the attempts that ended, each counted from its bind to its
+    end; a user sees only their own."""
+    body = _usage_form(filters) + (_error(error) if error else "")
+    if answer is None:
+        return page("synapse usage", body, viewer, csrf, here="/usage")
+    totals: dict[str, list[int]] = {}
+    for r in answer.rows:
+        cell = totals.setdefault(r.key, [0, 0])
+        cell[0] += r.gpu_ms
+        cell[1] += r.attempts
+    grand = sum(t[0] for t in totals.values())
+    until = answer.until_ms
+    body += (
+        f'<p id="usage-period">from {time_html(answer.since_ms)} to '
+        f"{time_html(until) if until else 'now'} · per {esc(answer.by)} · "
+        f'total <b id="usage-total">{grand / 3_600_000:.2f}</b> GPU-hours</p>'
+    )
+    if not totals:
+        body += '<p class="muted" id="no-usage">no GPU usage in that period</p>'
+        return page("synapse usage", body, viewer, csrf, here="/usage")
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    rows = "".join(
+        f'<tr data-key="{esc(key)}"><td>{esc(key)}</td>'
+        f'<td class="gpu-hours">{gpu_ms / 3_600_000:.2f}</td>'
+        f'<td><meter min="0" max="1" value="{gpu_ms / grand if grand else 0:.4f}"></meter> '
+        f"{gpu_ms / grand if grand else 0:.0%}</td><td>{attempts}</td></tr>"
+        for key, (gpu_ms, attempts) in ranked
+    )
+    days = "".join(
+        f'<tr data-day="{esc(r.day)}" data-key="{esc(r.key)}"><td>{esc(r.day)}</td>'
+        f"<td>{esc(r.key)}</td><td>{r.gpu_ms / 3_600_000:.2f}</td><td>{r.attempts}</td></tr>"
+        for r in answer.rows
+    )
+    body += (
+        f'<table id="usage-totals"><tr><th>{esc(answer.by)}</th><th>GPU-hours</th>'
+        f"<th>of the total</th><th>attempts</th></tr>{rows}</table>"
+        "<h2>Per day (UTC)</h2>"
+        f'<table id="usage-days"><tr><th>day</th><th>{esc(answer.by)}</th><th>GPU-hours</th>'
+        f"<th>attempts</th></tr>{days}</table>"
+        '<p class="muted">From the attempts that ended, each counted from its bind to its '
+        "end (its GPUs were nobody else's); one that spans midnight is split between the "
+        "days. A user sees only their own usage.</p>"
+    )
+    return page("synapse usage", body, viewer, csrf, here="/usage")

@@ -15,13 +15,21 @@ be fetched (the replica went away, the session ended) stays as it was.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from synapse_ha.rpc import readable
 
 STYLESHEET = "/static/dashboard.css"
 SCRIPT = "/static/dashboard.js"
 REFRESH_S = 10  # how often the live pages fetch themselves again
-NAVIGATION = (("/", "cluster"), ("/nodes", "nodes"), ("/queues", "queues"), ("/history", "history"))
+NAVIGATION = (
+    ("/", "cluster"),
+    ("/charts", "charts"),
+    ("/nodes", "nodes"),
+    ("/queues", "queues"),
+    ("/history", "history"),
+    ("/usage", "usage"),
+)
 
 
 def esc(value: object) -> str:
@@ -61,10 +69,13 @@ def page(
     csrf: str = "",
     refresh_s: int = 0,
     here: str = "",
+    scripts: Sequence[str] = (),
+    stylesheets: Sequence[str] = (),
 ) -> str:
     """A whole page. ``csrf``: the viewer's session value, for the sign-out form (none
     without a session: a bearer header has nothing to sign out of); ``here``: the
-    navigation entry to mark as the current page."""
+    navigation entry to mark as the current page; ``scripts`` and ``stylesheets``: more
+    of this origin's files the page loads (after the dashboard's own)."""
     sign_out = (
         ' · <form class="inline" method="post" action="/logout">'
         f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
@@ -85,9 +96,11 @@ def page(
         ]
         nav = f'<nav id="nav">{" · ".join(links)}</nav>'
     refresh = f' data-refresh-s="{refresh_s}"' if refresh_s else ""
+    sheets = "".join(f'<link rel="stylesheet" href="{esc(s)}">' for s in stylesheets)
+    more = "".join(f'<script src="{esc(s)}" defer></script>' for s in scripts)
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{esc(title)}</title>"
-        f'<link rel="stylesheet" href="{STYLESHEET}">'
-        f'<script src="{SCRIPT}" defer></script></head>'
+        f'<link rel="stylesheet" href="{STYLESHEET}">{sheets}'
+        f'<script src="{SCRIPT}" defer></script>{more}</head>'
         f"<body{refresh}><h1>{esc(title)}</h1>{nav}{who}<main>{body}</main></body></html>"
     )

@@ -11,7 +11,8 @@ It does two things, and the pages read fully without it:
   the tab is hidden or a form control has the focus, and keeps the page as it is when
   the fetch fails or is redirected (a session that ended goes to the sign-in form on
   the next navigation, not under the reader's eyes). ``<body data-refreshed>`` counts
-  the swaps.
+  the swaps, and each swap fires a ``synapse:refreshed`` event on the document (the
+  charts page's script, :mod:`synapse_ha.observe.static_files`, redraws on it).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ SCRIPT_JS = """\
         main.replaceWith(fresh);
         var n = Number(document.body.getAttribute("data-refreshed") || 0) + 1;
         document.body.setAttribute("data-refreshed", String(n));
+        document.dispatchEvent(new Event("synapse:refreshed"));
       })
       .catch(function () {});
   }

@@ -6,18 +6,22 @@ API client replaced by :class:`FakeCluster` (what ``ListJobs``, ``ListNodes``,
 Checks: no page shows a 13-digit epoch number; times are shown in the browser's own
 zone; the job page has queue, CPU, memory, time limit, elapsed time, time left and
 command, and an attempt bar with time ticks; the signed-in user is named; ``/nodes``
-names each GPU's holder, health and conditions; ``/queues`` nominal, used, borrowed and
-pending; ``/history`` finished jobs with filters; a live page refreshes itself without
-reloading (the scroll position stays).
+names each GPU's holder, health and conditions; ``/queues`` nominal, used, borrowed,
+pending and the fair-share position, in that order; ``/history`` finished jobs with
+filters; ``/charts`` draws its two charts (uPlot canvases) from series that match the
+jobs, under the CSP; ``/usage`` GPU-hours per user or queue with its period form; a live
+page refreshes itself without reloading (the scroll position stays), the charts too.
 
 ``SYNAPSE_DASHBOARD_SCREENSHOTS=DIR`` saves a screenshot of each page there
 (``dashboard-overview.png``, ``dashboard-job.png``, ``dashboard-nodes.png``,
-``dashboard-queues.png``, ``dashboard-history.png``).
+``dashboard-queues.png``, ``dashboard-history.png``, ``dashboard-charts.png``,
+``dashboard-usage.png``).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import time
@@ -50,6 +54,7 @@ class FakeCluster:
         self.now_ms = now_ms
         self.jobs = [running_job(now_ms), pending_job(now_ms, "job-000002")]
         self.history_asked: list[dict[str, Any]] = []
+        self.usage_asked: list[tuple[str, int, int]] = []
 
     def close(self) -> None:
         pass
@@ -85,19 +90,31 @@ class FakeCluster:
         return [node("w1", "ra", [0, 1, 2, 3]), node("w2", "ra", [0, 1, 2, 3]), sick_node()]
 
     def list_queues(self) -> pb.ListQueuesResponse:
+        # The API's order (positions) is not the order of the names, nor of the shares
+        # of nominal in use now: the page follows the positions.
         return pb.ListQueuesResponse(
             queues=[
                 pb.QueueStatus(
-                    queue=pb.Queue(name="research", gpu=4, cohort="lab"),
-                    usage=pb.QueueUsage(used_gpu=8, borrowed_gpu=4, running_jobs=1),
-                ),
-                pb.QueueStatus(
                     queue=pb.Queue(name="prod", gpu=8, cohort="lab"),
                     usage=pb.QueueUsage(lent_gpu=4, pending_jobs=1, pending_gpu=6),
+                    fair_share_ppm=1_250_000,
+                    cohort_shares_ppm=[400_000],
+                    fair_share_position=2,
+                ),
+                pb.QueueStatus(
+                    queue=pb.Queue(name="research", gpu=4, cohort="lab"),
+                    usage=pb.QueueUsage(used_gpu=8, borrowed_gpu=4, running_jobs=1),
+                    fair_share_ppm=250_000,
+                    cohort_shares_ppm=[400_000],
+                    fair_share_position=1,
                 ),
             ],
-            cohorts=[pb.CohortStatus(cohort=pb.Cohort(name="lab"), nominal_gpu=12, used_gpu=8)],
+            cohorts=[
+                pb.CohortStatus(cohort=pb.Cohort(name="lab", parent="org"), nominal_gpu=12),
+                pb.CohortStatus(cohort=pb.Cohort(name="org"), nominal_gpu=12, used_gpu=8),
+            ],
             preemption="topology",
+            fair_share_half_life_ms=7 * 24 * 60 * MINUTE,
         )
 
     def list_history(self, **filters: Any) -> list[pb.HistoryJob]:
@@ -106,16 +123,37 @@ class FakeCluster:
             finished("job-000000", "alice", self.now_ms - 90 * MINUTE),
             finished("job-000003", "bob", self.now_ms - 30 * MINUTE),
         ]
-        return [j for j in done if not filters.get("user") or j.owner == filters["user"]]
+        return [
+            j
+            for j in done
+            if (not filters.get("user") or j.owner == filters["user"])
+            and j.finished_at_ms >= filters.get("since_ms", 0)
+        ]
+
+    def get_usage(self, by: str, since_ms: int, until_ms: int = 0) -> pb.GetUsageResponse:
+        self.usage_asked.append((by, since_ms, until_ms))
+        day = "2026-11-28"
+        rows = (
+            [("alice", 6 * 60 * MINUTE, 2), ("bob", 3 * 60 * MINUTE, 1), ("carol", 45 * MINUTE, 1)]
+            if by == "user"
+            else [("prod", 9 * 60 * MINUTE, 3), ("research", 45 * MINUTE, 1)]
+        )
+        return pb.GetUsageResponse(
+            by=by,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            rows=[pb.UsageRow(key=k, day=day, gpu_ms=ms, attempts=n) for k, ms, n in rows],
+        )
 
 
-def running_job(now_ms: int) -> pb.Job:
+def running_job(now_ms: int, job_id: str = "job-000001") -> pb.Job:
+    """Waited 2 minutes; holds 2 x 4 GPUs since 10 minutes ago."""
     members = [
         pb.Member(rank=i, node_id=n, gpus=[0, 1, 2, 3], state="running")
         for i, n in enumerate(("w1", "w2"))
     ]
     return pb.Job(
-        job_id="job-000001",
+        job_id=job_id,
         owner="alice",
         spec=pb.JobSpec(
             name="train-llm",
@@ -141,6 +179,7 @@ def running_job(now_ms: int) -> pb.Job:
 
 
 def pending_job(now_ms: int, job_id: str) -> pb.Job:
+    """Waits for 3 x 2 GPUs since 3 minutes ago."""
     return pb.Job(
         job_id=job_id,
         owner="bob",
@@ -174,6 +213,7 @@ def sick_node() -> pb.Node:
 
 
 def finished(job_id: str, owner: str, ended_ms: int) -> pb.HistoryJob:
+    """Waited 5 minutes, then held 8 GPUs for 45."""
     return pb.HistoryJob(
         job_id=job_id,
         name="nightly",
@@ -186,8 +226,14 @@ def finished(job_id: str, owner: str, ended_ms: int) -> pb.HistoryJob:
         started_at_ms=ended_ms - 45 * MINUTE,
         finished_at_ms=ended_ms,
         attempts=1,
+        gpus_per_attempt=8,
         gpu_ms=8 * 45 * MINUTE,
         nodes=["w1", "w2"],
+        attempt_list=[
+            pb.HistoryAttempt(
+                number=1, gpus=8, bound_at_ms=ended_ms - 45 * MINUTE, ended_at_ms=ended_ms
+            )
+        ],
     )
 
 
@@ -314,19 +360,22 @@ def test_every_page_reads_in_the_browsers_zone_and_refreshes_itself(
             w3 = page.inner_text('#node-table tr[data-node="w3"] .health')
             assert "GPU 2 xid-79: fell off the bus" in w3 and "disk /scratch full" in w3
 
-            # Queues: nominal, used, borrowed, pending; lowest share first.
+            # Queues: nominal, used, borrowed, pending; in the fair-share order.
             visit("/queues", "#queue-table", "queues")
             research = page.locator('#queue-table tr[data-queue="research"]')
             cells = [
                 research.locator(f".{c}").inner_text() for c in ("nominal", "used", "borrowed")
             ]
             assert cells == ["4", "8", "4"]
-            prod = page.locator('#queue-table tr[data-queue="prod"] .pending').inner_text()
-            assert prod == "1 (6 GPU)"
+            prod = page.locator('#queue-table tr[data-queue="prod"]')
+            assert prod.locator(".pending").inner_text() == "1 (6 GPU)"
+            assert prod.locator(".share").inner_text() == "125%"
+            assert prod.locator(".cohort-shares").inner_text() == "lab 40%"
             names = page.locator("#queue-table tr[data-queue]").evaluate_all(
-                "rows => rows.map(r => r.dataset.queue)"
+                "rows => rows.map(r => [r.dataset.queue, r.querySelector('.position').innerText])"
             )
-            assert names == ["prod", "research"]  # 0% before 200%
+            assert names == [["research", "1"], ["prod", "2"]]  # the API's positions
+            assert "decayed by half every 7d00h" in page.inner_text("#fair-share-note")
             assert page.locator('#cohort-tree [data-cohort="lab"]').count() == 1
 
             # History: finished jobs in the browser's zone, filtered by the form.
@@ -343,6 +392,9 @@ def test_every_page_reads_in_the_browsers_zone_and_refreshes_itself(
             page.goto(url + "/history?since=yesterday-ish", timeout=30_000)
             assert "neither a duration" in page.inner_text("main")
 
+            _charts(page, visit, fake)
+            _usage(page, visit, fake)
+
             # A live page refreshes itself in place: no reload, the scroll position stays.
             page.goto(url + "/", timeout=30_000)
             page.wait_for_selector("#queue", timeout=30_000)
@@ -357,6 +409,76 @@ def test_every_page_reads_in_the_browsers_zone_and_refreshes_itself(
             assert page.evaluate("window.notReloaded") is True
             assert page.evaluate("window.scrollY") == 120
             assert int(page.get_attribute("body", "data-refreshed") or 0) >= 1
+
+            # The charts page refreshes (less often) and draws the fresh series again.
+            page.goto(url + "/charts?window=1h", timeout=30_000)
+            page.wait_for_selector("#chart-gpus canvas", timeout=30_000)
+            fake.jobs.append(running_job(fake.now_ms, "job-000010"))
+            wait_for(
+                "the charts to show the new job's GPUs",
+                lambda: page.inner_text("#now-allocated") == "16",
+                timeout_s=15,
+                every_s=0.2,
+            )
+            assert page.locator("#chart-gpus canvas").count() == 1  # redrawn, not added
+            assert page.get_attribute("#chart-gpus", "data-points") == "61"
             assert not errors, errors  # no script error, no CSP refusal
         finally:
             browser.close()
+
+
+def _charts(page: Any, visit: Any, fake: FakeCluster) -> None:
+    """/charts: two uPlot canvases, drawn from series that match the fake jobs."""
+    visit("/charts", "#chart-wait canvas", "charts")
+    data = json.loads(page.inner_text("#chart-data"))
+    bucket, first = data["bucket_ms"], data["times_ms"][0]
+    assert bucket == 5 * MINUTE and len(data["times_ms"]) in (72, 73)  # 6 hours
+
+    def at(series: list[Any], minutes_ago: float) -> Any:
+        return series[(fake.now_ms - int(minutes_ago * MINUTE) - first) // bucket]
+
+    # job-000001 holds 8 GPUs since 10m ago; job-000002 waits for 6 since 3m ago.
+    assert at(data["allocated"], 0.01) == 8 and at(data["pending"], 0.01) == 6
+    # job-000000 held 8 between 135m and 90m ago, after waiting 5 minutes (prod).
+    assert at(data["allocated"], 110) == 8 and at(data["allocated"], 240) == 0
+    assert at(data["wait_s"]["prod"], 135) == 300
+    assert at(data["wait_s"]["research"], 10) == 120
+    assert page.inner_text("#now-allocated") == "8" and page.inner_text("#now-pending") == "6"
+    assert "of 12 in the cluster" in page.inner_text("#now")
+    # Both charts are drawn by uPlot (no inline script: the CSP would have refused it).
+    assert page.locator("#chart-gpus canvas").count() == 1
+    assert page.locator("#chart-wait canvas").count() == 1
+    assert page.get_attribute("#chart-gpus", "data-points") == str(len(data["times_ms"]))
+    assert page.get_attribute("#chart-wait", "data-series") == "prod,research"
+    assert page.get_attribute("body", "data-charts") == "2"
+    legend = page.inner_text("#chart-wait .u-legend")
+    assert "prod" in legend and "research" in legend
+    started = page.locator('#wait-summary tr[data-queue="prod"] .started').inner_text()
+    assert started == "2"
+    # Another window, by the form.
+    page.select_option("#window", "24h")
+    page.click("#show")
+    page.wait_for_url(re.compile(r"window=24h"), timeout=30_000)
+    page.wait_for_selector("#chart-gpus canvas", timeout=30_000)
+    assert json.loads(page.inner_text("#chart-data"))["bucket_ms"] == 15 * MINUTE
+
+
+def _usage(page: Any, visit: Any, fake: FakeCluster) -> None:
+    """/usage: GPU-hours per user, most first, and the period form."""
+    visit("/usage", "#usage-totals", "usage")
+    by, since, until = fake.usage_asked[-1]
+    assert by == "user" and abs(since - (fake.now_ms - 7 * 24 * 60 * MINUTE)) < 1000
+    assert until == 0
+    keys = page.locator("#usage-totals tr[data-key]").evaluate_all(
+        "rows => rows.map(r => [r.dataset.key, r.querySelector('.gpu-hours').innerText])"
+    )
+    assert keys == [["alice", "6.00"], ["bob", "3.00"], ["carol", "0.75"]]
+    assert page.inner_text("#usage-total") == "9.75"
+    page.select_option("#usage-by", "queue")
+    page.fill("#usage-since", "30d")
+    page.click("#usage-show")
+    page.wait_for_url(re.compile(r"by=queue"), timeout=30_000)
+    assert fake.usage_asked[-1][0] == "queue"
+    assert page.locator("#usage-totals tr[data-key]").count() == 2
+    page.goto(page.url.split("/usage")[0] + "/usage?since=soon", timeout=30_000)
+    assert "since: 'soon' is neither a duration" in page.inner_text("main")

@@ -1,6 +1,7 @@
-"""The dashboard's new routes without a cluster: the script and the list pages are
-routed (not 404), the cancel post is refused from another site or without the session's
-value before any API call, and the attempt bar's axis ticks fall on round times."""
+"""The dashboard's new routes without a cluster: the script, the charts' files (read
+from the package) and the list pages are routed (not 404), the cancel post is refused
+from another site or without the session's value before any API call, and the attempt
+bar's axis ticks fall on round times."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from pathlib import Path
 from synapse_ha.observe.dashboard import COOKIE, Dashboard
 from synapse_ha.observe.http import Request
 from synapse_ha.observe.page_kit import SCRIPT
+from synapse_ha.observe.static_files import (
+    CHARTS_SCRIPT,
+    UPLOT_SCRIPT,
+    UPLOT_STYLESHEET,
+    UPLOT_VERSION,
+)
 from synapse_ha.observe.timeline import attempt_timeline, tick_step, ticks
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.bundle import ClusterCredentials
@@ -22,10 +29,26 @@ def test_the_script_and_the_list_pages_are_routed(tmp_path: Path) -> None:
         script = app(Request("GET", SCRIPT, {}, b"", False))
         assert script.status == 200 and script.content_type.startswith("text/javascript")
         assert b"data-refresh-s" in script.body
-        for path in ("/nodes", "/queues", "/history?user=alice"):
+        for path in ("/nodes", "/queues", "/history?user=alice", "/charts?window=1h", "/usage"):
             answer = app.triage(Request("GET", path, {}, b"", False))
             assert answer is not None and answer.status == 303  # to sign in, not 404
         assert app(Request("GET", "/cpu", {}, b"", False)).status == 404
+        # The charts' files come from the package, to anyone (they hold nothing secret).
+        for path, kind, start in (
+            (
+                UPLOT_SCRIPT,
+                "text/javascript",
+                f"/*! https://github.com/leeoniya/uPlot (v{UPLOT_VERSION})",
+            ),
+            (UPLOT_STYLESHEET, "text/css", ".uplot"),
+            (CHARTS_SCRIPT, "text/javascript", '"use strict";'),
+            ("/static/uPlot.LICENSE", "text/plain", "The MIT License"),
+        ):
+            served = app.triage(Request("GET", path, {}, b"", False))
+            assert served is not None and served.status == 200, path
+            assert served.content_type.startswith(kind) and served.body.decode().startswith(start)
+        assert app(Request("GET", "/static/other.js", {}, b"", False)).status == 404
+        assert app(Request("POST", CHARTS_SCRIPT, {}, b"", False)).status == 405
     finally:
         app.close()
 
