@@ -18,14 +18,15 @@ SCHEDULER_MODULE = "synapse_ha.programs.scheduler"
 WORKER_MODULE = "synapse_ha.programs.worker"
 
 
-def metrics_address(host: str, ports: PortHolder | None = None) -> str:
-    """Where a program on ``host`` serves /metrics. Port 0 (the program picks a free one
-    and reports it: a replica in its status) unless ``ports`` is given: then, on
-    loopback, a port held by ``ports``, so that the URL is known before the program
-    starts and stays the same across restarts."""
+def metrics_address(host: str, ports: PortHolder | None = None, preferred: int = 0) -> str:
+    """Where a program on ``host`` serves /metrics (and a replica its dashboard). Port 0
+    (the program picks a free one and reports it: a replica in its status) unless
+    ``ports`` is given: then, on loopback, a port held by ``ports``, so that the URL is
+    known before the program starts and stays the same across restarts: ``preferred``
+    when it is free (the same URL from one run to the next), else a free one."""
     if ports is None or host != HOST:
         return f"{host}:0"
-    return f"{host}:{ports.reserve(1, host)[0]}"
+    return f"{host}:{ports.reserve_preferred(preferred, host)}"
 
 
 @dataclass(frozen=True)

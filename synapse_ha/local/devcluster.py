@@ -61,6 +61,8 @@ from synapse_ha.local.devoptions import (
     FIVE_REPLICA_IDS,
     MAX_WORKERS,
     DevClusterOptions,
+    preferred_metrics_ports,
+    worker_id,
 )
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.ports import HOST, port_in_use
@@ -137,6 +139,9 @@ class DevCluster:
         self.launcher = Launcher(
             self.logs_dir, env=os.environ, credentials=self.credentials, fixed_metrics_ports=True
         )
+        # Dashboards and /metrics on fixed ports when free (none with ephemeral ports).
+        self.preferred_metrics_ports = preferred_metrics_ports(self.options)
+        self.launcher.preferred_metrics_ports = self.preferred_metrics_ports
         self.workers: list[DevWorker] = []
         self._client: ClusterClient | None = None
         self._stop_lock = threading.Lock()
@@ -167,6 +172,12 @@ class DevCluster:
     def cluster_addresses(self) -> list[str]:
         """gRPC addresses of the replicas (what ``--cluster`` takes)."""
         return [r.grpc for r in self.replicas]
+
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard of the first replica (every replica serves one)."""
+        scheme = "http" if self.credentials is None else "https"
+        return f"{scheme}://{self.replicas[0].metrics}/"
 
     @property
     def cluster(self) -> str:
@@ -419,7 +430,7 @@ class DevCluster:
 
     def _start_worker(self, rack: str, gpus: int) -> DevWorker:
         index = len(self.workers) + 1
-        node_id = f"w{index}"
+        node_id = worker_id(index)
         if self.options.ephemeral_ports:
             listen = f"{HOST}:0"
         else:

@@ -3,15 +3,18 @@
 By default the replicas listen on fixed loopback ports so that ``synctl`` works without
 ``--cluster``:
 
-=================  ====================================
-gRPC (clients)     127.0.0.1:7101, 7102, 7103  (``DEFAULT_CLUSTER``)
-Raft               127.0.0.1:7111, 7112, 7113
-worker log service 127.0.0.1:7121, 7122, ... (one per worker)
-=================  ====================================
+=======================  ====================================
+gRPC (clients)           127.0.0.1:7101, 7102, 7103  (``DEFAULT_CLUSTER``)
+Raft                     127.0.0.1:7111, 7112, 7113
+worker log service       127.0.0.1:7121, 7122, ... (one per worker)
+dashboard and /metrics   127.0.0.1:7191, 7192, 7193 (replicas a, b, c)
+worker /metrics          127.0.0.1:7201, 7202, ... (one per worker)
+=======================  ====================================
 
-Five replicas add 7104, 7105 (gRPC) and 7114, 7115 (Raft).
+Five replicas add 7104, 7105 (gRPC), 7114, 7115 (Raft) and 7194, 7195 (dashboard).
 ``DevClusterOptions(ephemeral_ports=True)`` picks free ports instead, so tests and the
-demo never clash with a running dev cluster.
+demo never clash with a running dev cluster. A dashboard or /metrics port that is taken
+is replaced by a free one (:func:`preferred_metrics_ports`); the others stay.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ FIVE_REPLICA_IDS = (*REPLICA_IDS, "d", "e")
 FIVE_GRPC_PORTS = (*DEFAULT_GRPC_PORTS, 7104, 7105)
 FIVE_RAFT_PORTS = (*DEFAULT_RAFT_PORTS, 7114, 7115)
 MAX_WORKERS = 64
+FIVE_DASHBOARD_PORTS = (7191, 7192, 7193, 7194, 7195)  # after the workers' 7121-7184
+DEFAULT_WORKER_METRICS_BASE = 7201
 
 
 @dataclass(frozen=True)
@@ -85,3 +90,22 @@ class DevClusterOptions:
                 probe.unlink()
             except OSError as exc:
                 raise ValueError(f"data_dir: {self.data_dir} is not writable: {exc}") from None
+
+
+def worker_id(index: int) -> str:
+    """The node id of the dev cluster's ``index``-th worker (1-based)."""
+    return f"w{index}"
+
+
+def preferred_metrics_ports(options: DevClusterOptions) -> dict[str, int]:
+    """The port each program of a dev cluster of ``options`` serves /metrics on when it
+    is free (a replica's dashboard too), by replica id and worker node id: fixed, so the
+    dashboard's address stays the same from one run to the next; none with
+    ``ephemeral_ports`` (every port free). Workers added later get the next ports."""
+    if options.ephemeral_ports:
+        return {}
+    n = options.replicas
+    ports = dict(zip(FIVE_REPLICA_IDS[:n], FIVE_DASHBOARD_PORTS[:n], strict=True))
+    for i in range(1, MAX_WORKERS + 1):
+        ports[worker_id(i)] = DEFAULT_WORKER_METRICS_BASE + i - 1
+    return ports

@@ -11,6 +11,9 @@ variable; ``synctl dev env`` prints it as ``export`` lines. The profile is remov
 the cluster stops. One dev cluster runs per account: a second ``synctl dev up`` while a
 live profile exists is refused. The replicas listen on 127.0.0.1:7101-7103 (7105) when
 those ports are free, else on free ports, which the profile tells the clients.
+
+The first line it prints after the start is the dashboard's address (the first
+replica's, 127.0.0.1:7191 when free) and the file of the token to sign in with.
 """
 
 from __future__ import annotations
@@ -43,11 +46,34 @@ from synapse_ha.security.tls import INSECURE_WARNING
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
+def dashboard_line(cluster: DevCluster) -> str:
+    """Where to open the dashboard (the first replica's) and how to sign in."""
+    first = cluster.replicas[0].replica_id
+    where = f"dashboard: {cluster.dashboard_url} (replica {first}'s; every replica serves one)"
+    if cluster.credentials is None:
+        return f"{where} — no sign-in (insecure)"
+    token = cluster.credentials.admin_token_file
+    return f"{where} — sign in with the admin token in {token}"
+
+
+def moved_ports(cluster: DevCluster) -> list[str]:
+    """A line for each program whose fixed /metrics port was taken."""
+    programs = [(r.replica_id, r.name, r.metrics) for r in cluster.replicas]
+    programs += [(w.node_id, w.name, w.metrics) for w in cluster.workers]
+    lines = []
+    for key, name, metrics in programs:
+        preferred = cluster.preferred_metrics_ports.get(key, 0)
+        if preferred and metrics != f"{HOST}:{preferred}":
+            lines.append(f"{HOST}:{preferred} is in use: {name} serves on {metrics} instead")
+    return lines
+
+
 def describe(cluster: DevCluster) -> list[str]:
-    """Lines describing a running cluster: replicas, workers, data, the export line."""
+    """Lines describing a running cluster: the dashboard first, then replicas, workers,
+    data, the export line."""
     leader = cluster.leader_id()
     scheme = "http" if cluster.credentials is None else "https"
-    lines = ["replicas:"]
+    lines = [dashboard_line(cluster), *moved_ports(cluster), "replicas:"]
     for r in cluster.replicas:
         role = "leader" if r.replica_id == leader else "follower"
         lines.append(f"  {r.replica_id}  grpc {r.grpc}  raft {r.raft}  {role}")

@@ -60,6 +60,27 @@ class PortHolder:
                 self._held[(host, port)] = s
         return ports
 
+    def reserve_preferred(self, preferred: int, host: str = HOST) -> int:
+        """``preferred`` held as by :meth:`reserve` when nothing else has it (so that a
+        program's address stays the same from one run to the next), else a free port
+        (0 asks for a free port at once). Never the port of something listening."""
+        if preferred:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, preferred))
+            except OSError as exc:
+                s.close()
+                if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                    raise
+            else:
+                with self._lock:
+                    if (host, preferred) not in self._held:
+                        self._held[(host, preferred)] = s
+                        return preferred
+                s.close()  # held here already, for another program
+        return self.reserve(1, host)[0]
+
     def held(self) -> list[tuple[str, int]]:
         with self._lock:
             return sorted(self._held)

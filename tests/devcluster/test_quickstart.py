@@ -3,6 +3,7 @@ fresh account: no SYNAPSE_* variable, HOME and the XDG directories in a temporar
 directory. The first command (`synctl dev up`) runs in the background until the test
 stops it with Ctrl-C; every other command must exit 0, and the gang must complete. The
 README's Python example then runs against the same cluster from another directory. The
+dashboard's address is the first thing dev up prints, and it serves there. The
 README's CLI table must list every command and exit code synctl has.
 
 The commands are read from the README, so the test follows it when it changes."""
@@ -12,7 +13,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import click
@@ -21,6 +24,7 @@ import pytest
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
 from synapse_ha.local.waiting import wait_until
+from synapse_ha.security.bundle import ClusterCredentials
 from tests.devcluster.procs import (
     MARKER_VARIABLE,
     kill_marked,
@@ -116,6 +120,22 @@ def test_the_readme_quickstart_works_as_written(tmp_path: Path) -> None:
             return READY in log.read_text()
 
         wait_until("dev up to print that it is ready", ready, 120, every_s=0.2)
+        # The dashboard first, at a fixed port unless it was taken (then said), and served.
+        printed = log.read_text().splitlines()
+        at = next(i for i, line in enumerate(printed) if line.startswith("dashboard: "))
+        shown = re.fullmatch(
+            r"dashboard: (https://127\.0\.0\.1:(\d+)/) \(replica a's; every replica serves "
+            r"one\) — sign in with the admin token in (\S+)",
+            printed[at],
+        )
+        assert shown is not None, printed[at]
+        listed = printed.index("replicas:")
+        assert at < listed and all(" is in use: " in line for line in printed[at + 1 : listed])
+        assert shown[2] == "7191" or "7191 is in use" in printed[at + 1], printed[at:listed]
+        ca = ClusterCredentials.ensure(Path(shown[3]).parent).ca
+        context = ssl.create_default_context(cafile=str(ca))
+        with urllib.request.urlopen(shown[1] + "login", context=context, timeout=10) as page:
+            assert page.status == 200 and b'id="token"' in page.read()
         outputs = []
         for command in commands:
             result = subprocess.run(

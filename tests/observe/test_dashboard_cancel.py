@@ -5,13 +5,17 @@ access check decides.
 alice (role user) runs a job. bob (role user) is shown no button on it, and a post he
 makes anyway from the dashboard's own origin is refused with the API's reason, the job
 still running. alice, signed in through the form, is named on the page as herself,
-cancels it with the button, and the job ends CANCELLED by her.
+cancels it with the button, and the job ends CANCELLED by her. Her charts, usage and
+queue pages then show what the API answers: the job's GPU and its wait, her usage only,
+the queue's fair-share position.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,5 +88,35 @@ def test_only_whom_the_api_allows_can_cancel_from_the_dashboard(tmp_path: Path) 
                         timeout_s=30,
                     )
                 assert done.cancelled_by == "user:alice", done.cancelled_by
+                _pages_after(page, url, done)
             finally:
                 browser.close()
+
+
+def _pages_after(page: Any, url: str, job: pb.Job) -> None:
+    """alice's charts, usage and queues, from the real API's answers: her cancelled job
+    (1 GPU) is in the history, so in the charts and in her usage."""
+
+    def charted() -> dict[str, Any] | None:
+        page.goto(f"{url}charts?window=1h", timeout=30_000)
+        page.wait_for_selector("#chart-gpus canvas", timeout=30_000)
+        data: dict[str, Any] = json.loads(page.inner_text("#chart-data"))
+        return data if data["wait_s"] else None
+
+    data = wait_for("the cancelled job in the charts", charted, timeout_s=30, every_s=0.5)
+    assert list(data["wait_s"]) == ["default"] and sum(data["started"]["default"]) == 1
+    bound, first = job.attempt.bound_at_ms, data["times_ms"][0]
+    at = (bound - first) // data["bucket_ms"]
+    assert data["wait_s"]["default"][at] == round((bound - job.submitted_at_ms) / 1000, 3)
+    assert 0 < data["allocated"][at] <= 1 and max(data["allocated"]) <= 1  # its one GPU
+    assert page.locator("#chart-wait canvas").count() == 1
+
+    def used() -> bool:
+        page.goto(f"{url}usage", timeout=30_000)
+        return page.locator('#usage-totals tr[data-key="alice"]').count() == 1
+
+    wait_for("alice's usage", used, timeout_s=30, every_s=0.5)
+    assert page.locator("#usage-totals tr[data-key]").count() == 1  # hers only
+    page.goto(f"{url}queues", timeout=30_000)
+    default = page.locator('#queue-table tr[data-queue="default"]')
+    assert default.get_attribute("data-position") == "1"
