@@ -88,6 +88,8 @@ class Launcher:
         self.logs_dir = logs_dir
         self.credentials = credentials
         self.fixed_metrics_ports = fixed_metrics_ports  # see metrics_address
+        # With fixed ports: the port a program (by replica id or node id) gets when free.
+        self.preferred_metrics_ports: dict[str, int] = {}
         # Ports of the programs started here, held until close (see PortHolder).
         self.ports = PortHolder()
         self.env = dict(os.environ if env is None else env)
@@ -148,7 +150,8 @@ class Launcher:
                 "--bootstrap-token-file",
                 str(self.credentials.admin_token_file),
             ]
-        metrics = metrics_address(me.grpc.rpartition(":")[0], self._fixed_ports())
+        preferred = self.preferred_metrics_ports.get(me.replica_id, 0)
+        metrics = metrics_address(me.grpc.rpartition(":")[0], self._fixed_ports(), preferred)
         # Heartbeat streams: a port the replica picks and tells workers.
         streams = ["--agent-address", f"{me.grpc.rpartition(':')[0]}:0"]
         return Replica(
@@ -189,7 +192,8 @@ class Launcher:
             else self.credentials.tls_args(self.credentials.worker_tls(node_id))
         )
         run_as = [] if "--run-as" in extra else ["--run-as", "agent"]
-        metrics = metrics_address(listen.rpartition(":")[0], self._fixed_ports())
+        preferred = self.preferred_metrics_ports.get(node_id, 0)
+        metrics = metrics_address(listen.rpartition(":")[0], self._fixed_ports(), preferred)
         observe = ["--metrics-address", metrics]
         return Worker(
             metrics=metrics,
