@@ -3,7 +3,7 @@
 Examples::
 
     synapse-sim --workload synthetic --jobs 2000 --nodes 512 --out bench/results/sim
-    synapse-sim --workload openb --trace ../shared/data/alibaba-openb-v2023 --limit 3000
+    synapse-sim --workload openb --trace DIR --limit 3000   # the Alibaba trace: docs/simulator.md
     synapse-sim --workload multi-tenant --hours 6          # preemption off/blind/topology
     synapse-sim --workload trace --trace-file jobs.csv --nodes 64
     synapse-sim --workload openb --write-trace openb.csv   # convert, then stop
