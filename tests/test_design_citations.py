@@ -1,5 +1,6 @@
 """Every "DESIGN §N" (or "DESIGN §N.M") citation in the repository names a section of
-docs/design.md, and nothing points at a design document outside the repository."""
+docs/design.md, every module docs/design.md names exists, and nothing points at a design
+document outside the repository."""
 
 from __future__ import annotations
 
@@ -82,6 +83,31 @@ def test_every_design_citation_names_a_section_of_docs_design_md() -> None:
     assert {str(n) for n in range(1, 10)} <= headings
     assert sum(len(cited_sections(t)) for t in texts.values()) > 100  # the scan found them
     assert missing_citations(texts, headings) == []
+
+
+def named_modules(text: str) -> set[str]:
+    """The files a document names in backquotes (``core/spec.py``, ``worker/shim.py``)."""
+    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_/]*\.(?:py|md|toml))`", text))
+
+
+def missing_modules(names: set[str]) -> list[str]:
+    """The names that are no file of the repository or of the package."""
+    return sorted(
+        name
+        for name in names
+        if not (ROOT / name).is_file() and not (ROOT / "synapse_ha" / name).is_file()
+    )
+
+
+def test_a_module_that_does_not_exist_is_found() -> None:
+    named = named_modules("see `core/nothere.py`, `worker/shim.py` and `tests/conftest.py`")
+    assert missing_modules(named) == ["core/nothere.py"]
+
+
+def test_the_modules_docs_design_md_names_exist() -> None:
+    named = named_modules(DESIGN.read_text(encoding="utf-8"))
+    assert "core/machine/binding.py" in named  # the flows of §2.2 are read
+    assert missing_modules(named) == []
 
 
 def test_nothing_points_at_a_design_document_outside_the_repository() -> None:
