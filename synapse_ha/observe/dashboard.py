@@ -170,7 +170,8 @@ class Dashboard:
     token names the viewer); ``sessions``: the signed-in browsers (a fresh store on
     ``clock_ms`` by default); ``identify``: the name a token proves (``alice (user)``;
     "" when it proves nobody), from the replica's own copy of the tokens;
-    ``refresh_s``: how often the live pages refresh themselves."""
+    ``refresh_s``: how often the live pages refresh themselves; ``charts_refresh_s``: how
+    often ``/charts`` does (by default :data:`CHARTS_REFRESH_FACTOR` times less often)."""
 
     def __init__(
         self,
@@ -181,6 +182,7 @@ class Dashboard:
         sessions: Sessions | None = None,
         identify: Callable[[str], str] | None = None,
         refresh_s: int = REFRESH_S,
+        charts_refresh_s: int = 0,
     ) -> None:
         self._addresses = list(addresses)
         self._transport = transport
@@ -192,6 +194,7 @@ class Dashboard:
         self._clients: OrderedDict[str, ClusterClient] = OrderedDict()
         self._identify = identify
         self.refresh_s = refresh_s
+        self.charts_refresh_s = charts_refresh_s or refresh_s * CHARTS_REFRESH_FACTOR
         self._static: dict[str, StaticFile] = load_static()
 
     def _name(self, token: str) -> str:
@@ -495,8 +498,8 @@ class Dashboard:
             elif path == "/queues":
                 page = render_queues(client.list_queues(), label, csrf, refresh_s=self.refresh_s)
             elif path == "/charts":
-                every = self.refresh_s * CHARTS_REFRESH_FACTOR
-                page = charts_page(client, query_of(request.path), now, label, csrf, every)
+                query, every = query_of(request.path), self.charts_refresh_s
+                page = charts_page(client, query, now, label, csrf, every)
             else:
                 page = FORM_PAGES[path](client, query_of(request.path), now, label, csrf)
         except (grpc.RpcError, ClusterUnavailable) as exc:

@@ -245,6 +245,7 @@ class FakedDashboard(Dashboard):
             clock_ms=lambda: fake.now_ms,
             identify=lambda token: "alice (user)" if token == TOKEN else "",
             refresh_s=1,
+            charts_refresh_s=1,
         )
         self.fake = fake
 
