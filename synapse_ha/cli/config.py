@@ -27,12 +27,19 @@ _UNITS = {
     "submit_per_s": "submissions a second",
     "watch_streams_per_identity": "streams, per replica",
     "watch_streams_total": "streams, per replica",
+    "member_min_cpu_milli": "millicores a node reserves per member at least",
+    "member_min_memory_mib": "MiB a node reserves per member at least",
+    "member_overhead_memory_mib": "MiB a node reserves per member for its supervisor",
+    "running_members_per_user": "members of one owner's live attempts, every owner",
+    "members_per_node_per_user": "of those on one node, every owner",
 }
 
 
 @click.group()
 def config() -> None:
-    """Show and change the cluster's per-identity limits.
+    """Show and change the cluster's per-identity limits, and the floors and caps on
+    members (what a node reserves per member; one user's members in the cluster and on a
+    node).
 
     \b
     Examples:
@@ -47,7 +54,10 @@ def _limits_document(limits: pb.Limits) -> dict[str, int]:
 
 def _limits_table(document: dict[str, int]) -> str:
     rows = [(f"{PREFIX}{name}", value, _UNITS.get(name, "")) for name, value in document.items()]
-    note = "Users and operators are held to them; admins, replicas and workers only to sizes."
+    note = (
+        "Users and operators are held to them; admins, replicas and workers only to sizes. "
+        "The member floors and caps hold every job's owner (a queue may set its own caps)."
+    )
     return render.table(rows, ["limit", "value", "counts"]) + "\n" + note
 
 

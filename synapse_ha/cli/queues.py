@@ -101,6 +101,20 @@ def _classes(value: str) -> list[str]:
     help="How long its gangs run (from their bind) before they may be preempted, e.g. 2h "
     "(default 0; the longer of this and the job's class's holds).",
 )
+@click.option(
+    "--user-running-members",
+    type=click.IntRange(min=0),
+    default=None,
+    help="At most this many members of one user's live gangs when it starts a gang here "
+    "(default: the cluster's limits.running_members_per_user).",
+)
+@click.option(
+    "--user-members-per-node",
+    type=click.IntRange(min=0),
+    default=None,
+    help="At most this many members of one user's live gangs on one node, for gangs of "
+    "this queue (default: the cluster's limits.members_per_node_per_user).",
+)
 @output_option
 @with_settings
 def queue_set(
@@ -115,6 +129,8 @@ def queue_set(
     classes: str,
     max_priority: int,
     min_runtime: str | None,
+    user_running_members: int | None,
+    user_members_per_node: int | None,
 ) -> None:
     """Create queue NAME, or replace all of its settings (unset options become unset).
 
@@ -141,6 +157,8 @@ def queue_set(
         ("memory_mib", memory_mib),
         ("borrowing_limit_gpu", borrowing_limit),
         ("lending_limit_gpu", lending_limit),
+        ("running_members_per_user", user_running_members),
+        ("members_per_node_per_user", user_members_per_node),
     ):
         if value is not None:
             setattr(msg, field, value)

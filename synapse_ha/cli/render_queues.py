@@ -39,6 +39,8 @@ def queue_document(status: pb.QueueStatus) -> Document:
         "lending_limit_gpu": _optional(q, "lending_limit_gpu"),
         "priority_classes": list(q.priority_classes),
         "min_runtime_ms": q.min_runtime_ms,
+        "running_members_per_user": _optional(q, "running_members_per_user"),
+        "members_per_node_per_user": _optional(q, "members_per_node_per_user"),
         "used": {"gpu": u.used_gpu, "cpu_milli": u.used_cpu_milli, "memory_mib": u.used_memory_mib},
         "borrowed_gpu": u.borrowed_gpu,
         "lent_gpu": u.lent_gpu,
@@ -77,6 +79,17 @@ def _limit(value: int | None) -> str:
     return "any" if value is None else str(value)
 
 
+def _user_caps(q: Mapping[str, Any]) -> str:
+    """``50 running, 4/node``; ``limits`` for a cap the queue leaves to the cluster."""
+    running, per_node = q["running_members_per_user"], q["members_per_node_per_user"]
+    if running is None and per_node is None:
+        return "limits"
+    return (
+        f"{'limits' if running is None else running} running, "
+        f"{'limits' if per_node is None else per_node}/node"
+    )
+
+
 def queues_table(doc: Mapping[str, Any]) -> str:
     """One row per queue (GPUs), then the priority classes and the preemption mode."""
     rows = []
@@ -99,10 +112,12 @@ def queues_table(doc: Mapping[str, Any]) -> str:
                 q["fair_share"]["order"],
                 ",".join(q["priority_classes"]) or "any",
                 duration_text(q["min_runtime_ms"]) if q["min_runtime_ms"] else "-",
+                _user_caps(q),
             ]
         )
     headers = ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "MAY BORROW"]
     headers += ["MAY LEND", "RUNNING", "PENDING", "SHARE", "ORDER", "CLASSES", "MIN RUN"]
+    headers += ["USER CAPS"]
     out = table(rows, headers)
     classes = ", ".join(
         f"{c['name']} {c['value']}{' (preempts)' if c['preempts'] else ''}"
@@ -116,6 +131,8 @@ def queues_table(doc: Mapping[str, Any]) -> str:
         f"fair share: the scheduler considers queues in ORDER, lowest SHARE first (past "
         f"usage decayed with half-life {half_life}, plus what a queue holds now, against "
         f"its nominal quota; the shares of its cohorts are compared first)\n"
+        f"USER CAPS: a queue's own caps on one user's members (running in the cluster, on "
+        f"one node); 'limits': the cluster's (synctl config show)\n"
         f"priority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
         f" (a reclaim overrides minimum run times after {wait})"
     )

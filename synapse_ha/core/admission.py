@@ -13,6 +13,9 @@ applies them before it proposes anything, so a refused submission changes nothin
   it *and* a credential allowed to use it (role admin or operator, or a token naming the
   class); a priority above the queue's ``max_priority`` (a number, or a class's value)
   needs role admin or operator, or a token whose ``max_priority`` reaches it.
+* **Members** (:mod:`synapse_ha.core.member_limits`): the floor and supervisor's share a
+  node reserves per member, and the caps on one owner's running members, which the
+  scheduler and the state machine apply to every owner.
 * **Request ids** (:func:`scoped_request_id`): a user's idempotency key is stored as
   ``<owner>/<request id>``, so the same id from two users makes two jobs, and nobody can
   take over, or learn about, another user's submission by guessing its id. Owner names
@@ -52,6 +55,9 @@ MAX_PENDING_JOBS = 10_000_000
 MAX_SUBMIT_BURST = 1_000_000
 MAX_SUBMIT_PER_S = 1_000_000
 MAX_WATCH_STREAMS = 1_024
+MAX_MEMBER_FLOOR_CPU_MILLI = 64_000  # a floor above a large node's CPU would fit nothing
+MAX_MEMBER_FLOOR_MEMORY_MIB = 256 * 1024
+MAX_MEMBERS = 10_000_000
 
 
 class LimitName(enum.StrEnum):
@@ -65,6 +71,11 @@ class LimitName(enum.StrEnum):
     SUBMIT_PER_S = "submit_per_s"
     WATCH_STREAMS_PER_IDENTITY = "watch_streams_per_identity"
     WATCH_STREAMS_TOTAL = "watch_streams_total"
+    MEMBER_MIN_CPU_MILLI = "member_min_cpu_milli"
+    MEMBER_MIN_MEMORY_MIB = "member_min_memory_mib"
+    MEMBER_OVERHEAD_MEMORY_MIB = "member_overhead_memory_mib"
+    RUNNING_MEMBERS_PER_USER = "running_members_per_user"
+    MEMBERS_PER_NODE_PER_USER = "members_per_node_per_user"
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +297,11 @@ def check_limits(limits: Limits) -> list[Violation]:
         LimitName.SUBMIT_PER_S: (1, MAX_SUBMIT_PER_S),
         LimitName.WATCH_STREAMS_PER_IDENTITY: (1, MAX_WATCH_STREAMS),
         LimitName.WATCH_STREAMS_TOTAL: (1, MAX_WATCH_STREAMS),
+        LimitName.MEMBER_MIN_CPU_MILLI: (0, MAX_MEMBER_FLOOR_CPU_MILLI),
+        LimitName.MEMBER_MIN_MEMORY_MIB: (0, MAX_MEMBER_FLOOR_MEMORY_MIB),
+        LimitName.MEMBER_OVERHEAD_MEMORY_MIB: (0, MAX_MEMBER_FLOOR_MEMORY_MIB),
+        LimitName.RUNNING_MEMBERS_PER_USER: (1, MAX_MEMBERS),
+        LimitName.MEMBERS_PER_NODE_PER_USER: (1, MAX_MEMBERS),
     }
     out = []
     for name, (low, high) in bounds.items():

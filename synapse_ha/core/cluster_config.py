@@ -90,6 +90,8 @@ class Queue:
     (:func:`synapse_ha.core.access.priority_refusal`). ``min_runtime_ms``: the least
     time a gang of this queue runs before it may be a victim; the longer of this and
     its class's ``min_runtime_ms`` holds (:mod:`synapse_ha.core.victims`).
+    ``running_members_per_user`` / ``members_per_node_per_user``: the member caps of
+    :class:`Limits` for this queue's gangs (None: the cluster's).
     """
 
     name: str
@@ -102,6 +104,8 @@ class Queue:
     priority_classes: tuple[str, ...] = ()
     max_priority: int = 0
     min_runtime_ms: int = 0
+    running_members_per_user: int | None = None
+    members_per_node_per_user: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +165,14 @@ class Limits:
     (the replica that receives a SubmitJob, leader or not, charges it);
     ``watch_streams_per_identity`` / ``watch_streams_total``: open WatchEvents streams on
     one replica, each of which holds a server thread.
+
+    What one user's members may take of the nodes (:mod:`synapse_ha.core.member_limits`,
+    in force once every replica reads its format): a node reserves for each member at
+    least ``member_min_cpu_milli`` and ``member_min_memory_mib``, plus
+    ``member_overhead_memory_mib`` for the member's supervisor, whatever the member asked
+    (what it asked stays its cgroup limit); ``running_members_per_user`` and
+    ``members_per_node_per_user`` cap the members of one owner's live attempts, in the
+    cluster and on one node (a queue may set its own), for every owner, admins' too.
     """
 
     spec_bytes: int = 64 * 1024
@@ -171,6 +183,11 @@ class Limits:
     submit_per_s: int = 50
     watch_streams_per_identity: int = 4
     watch_streams_total: int = 32
+    member_min_cpu_milli: int = 100
+    member_min_memory_mib: int = 64
+    member_overhead_memory_mib: int = 4
+    running_members_per_user: int = 10_000
+    members_per_node_per_user: int = 128
 
 
 @dataclass(frozen=True, slots=True)

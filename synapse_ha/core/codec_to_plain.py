@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.cluster_config import ClusterConfig, PriorityClass, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, Limits, PriorityClass, Queue
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, Node, NodeInfo, Token
 
@@ -43,7 +43,19 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     ),
     # Per-identity limits and authorised priority (DESIGN §8); minimum run time
     # (core/victims.py).
-    Queue: frozenset({"max_priority", "min_runtime_ms"}),
+    Queue: frozenset(
+        {"max_priority", "min_runtime_ms", "running_members_per_user", "members_per_node_per_user"}
+    ),
+    # Floors and caps on members (core/member_limits.py).
+    Limits: frozenset(
+        {
+            "member_min_cpu_milli",
+            "member_min_memory_mib",
+            "member_overhead_memory_mib",
+            "running_members_per_user",
+            "members_per_node_per_user",
+        }
+    ),
     PriorityClass: frozenset({"min_runtime_ms"}),
     Token: frozenset({"priority_classes", "max_priority"}),
     cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
@@ -62,7 +74,9 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
             "wait_for_nodes",
         }
     ),
-    Attempt: frozenset({"preempted_by", "preemption", "preempt_deadline_ms", "held", "marks"}),
+    Attempt: frozenset(
+        {"preempted_by", "preemption", "preempt_deadline_ms", "held", "marks", "reserved"}
+    ),
     ClusterState: frozenset({"queues", "queue_history", "format_floor", "arrays", "cohorts"}),
     # Late success reports after a node death (DESIGN §4).
     Job: frozenset(

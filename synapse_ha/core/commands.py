@@ -432,6 +432,7 @@ class RejectCode(enum.StrEnum):
     TOPOLOGY_SPAN = "topology_span"
     OVER_QUOTA = "over_quota"
     ARRAY_THROTTLE = "array_throttle"
+    MEMBER_CAP = "member_cap"
 
 
 @dataclass(frozen=True, slots=True)

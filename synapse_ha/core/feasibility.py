@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from synapse_ha.core.member_limits import rules_in_force
 from synapse_ha.core.model import (
     FEATURE_IMAGES,
     ZERO,
@@ -179,15 +180,33 @@ def note_registered(state: ClusterState, node_id: str, before: NodeInfo | None) 
 
 def shortfall(state: ClusterState, spec: JobSpec) -> Shortfall | None:
     """None when some set of ``state``'s nodes could hold the whole gang of ``spec`` at
-    once (or the cluster has no node yet); else what is missing."""
+    once (or the cluster has no node yet); else what is missing. A member takes what its
+    node reserves for it, its request raised to the floor with its supervisor's share
+    (core/member_limits.py): a gang whose request fits only without those is told so."""
     if not state.nodes:
         return None
-    return check(summary_of(state), spec)
+    summary = summary_of(state)
+    found = check(summary, spec)
+    reserved = rules_in_force(state).reserved(spec.resources)
+    if found is not None or reserved is spec.resources:
+        return found
+    found = check(summary, spec, reserved)
+    if found is None:
+        return None
+    return Shortfall(
+        found.field,
+        f"{found.missing} (a node reserves {reserved.describe()} per member: the cluster's "
+        "floor and the member's supervisor)",
+        found.have,
+    )
 
 
-def check(summary: NodeSummary, spec: JobSpec) -> Shortfall | None:
-    """:func:`shortfall` on a summary (its answer is kept with the summary)."""
-    req = spec.resources
+def check(
+    summary: NodeSummary, spec: JobSpec, reserved: Resources | None = None
+) -> Shortfall | None:
+    """:func:`shortfall` on a summary (its answer is kept with the summary), each member
+    taking ``reserved`` (default: its request)."""
+    req = spec.resources if reserved is None else reserved
     level = spec.topology_required if spec.topology_required != CLUSTER else ""
     key = (req.gpu, req.cpu_milli, req.memory_mib, spec.replicas, level, bool(spec.image))
     answers = summary.answers

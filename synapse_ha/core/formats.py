@@ -25,7 +25,7 @@ import types
 import typing
 from typing import Any
 
-from synapse_ha.core.cluster_config import ClusterConfig, PriorityClass, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, Limits, PriorityClass, Queue
 from synapse_ha.core.commands import (
     DeleteCohort,
     ExitCause,
@@ -39,7 +39,7 @@ from synapse_ha.core.model import Attempt, Job, JobSpec, NodeInfo
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 9  # the newest format this release reads
+FORMAT = 10  # the newest format this release reads
 
 # Fields (of commands and of what they carry) each format added, by owning type; a value
 # that keeps such a field at its default reads as the previous format wrote it.
@@ -56,7 +56,16 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
         "relay_heartbeats": 8,
     },
     PriorityClass: {"min_runtime_ms": 6},
-    Queue: {"min_runtime_ms": 6},
+    # format 10: floors and caps on members (core/member_limits.py), a queue's own caps and
+    # what an attempt's members reserve on their nodes.
+    Limits: {
+        "member_min_cpu_milli": 10,
+        "member_min_memory_mib": 10,
+        "member_overhead_memory_mib": 10,
+        "running_members_per_user": 10,
+        "members_per_node_per_user": 10,
+    },
+    Queue: {"min_runtime_ms": 6, "running_members_per_user": 10, "members_per_node_per_user": 10},
     # The machine's boot, to tell a reboot.
     NodeInfo: {"boot_id": 3},
     # Hang detection of a job's members (core/progress.py), and a job's pre-start check
@@ -79,7 +88,7 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
     # format 5: checkpoint marks (core/checkpoints.py): a mark's step and number, each
     # member's newest mark on its attempt, and the step a job's next attempt resumes from.
     MemberEvent: {"step": 5, "mark_seq": 5},
-    Attempt: {"marks": 5},
+    Attempt: {"marks": 5, "reserved": 10},
     Job: {"resume_step": 5},
 }
 # Command types each format added.
@@ -108,6 +117,8 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     # A gang no set of the cluster's nodes could ever hold waits for nodes to join
     # (core/feasibility.py).
     ReasonCode.WAITING_FOR_NODES: 9,
+    # A gang one owner's member caps hold back (core/member_limits.py).
+    ReasonCode.WAITING_MEMBER_CAP: 10,
 }
 
 
@@ -197,13 +208,20 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 def held_back_config(wanted: ClusterConfig, current: ClusterConfig, floor: int) -> ClusterConfig:
     """``wanted`` with every setting that needs a format above ``floor`` kept as it is in
-    ``current`` (a priority class's: at its default, all a state at ``floor`` can
-    hold): what the leader may replicate now of what its configuration asks for."""
+    ``current`` (a limit's too; a priority class's: at its default, all a state at
+    ``floor`` can hold): what the leader may replicate now of what its configuration asks for."""
     keep: dict[str, Any] = {
         name: getattr(current, name)
         for name, version in NEW_FIELDS.get(ClusterConfig, {}).items()
         if version > floor
     }
+    limits = {
+        name: getattr(current.limits, name)
+        for name, version in NEW_FIELDS[Limits].items()
+        if version > floor
+    }
+    if limits:
+        keep["limits"] = dataclasses.replace(wanted.limits, **limits)
     reset = {
         f.name: _default(f)
         for f in dataclasses.fields(PriorityClass)

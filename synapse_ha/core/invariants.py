@@ -12,6 +12,8 @@ from synapse_ha.core.arrays import task_id
 from synapse_ha.core.checkpoints import mark_problems
 from synapse_ha.core.cohort_tree import MAX_COHORT_DEPTH, ancestors
 from synapse_ha.core.machine.dependencies import Outcome, outcome_of
+from synapse_ha.core.member_counts import MemberCounts
+from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import (
     Attempt,
     ClusterState,
@@ -73,6 +75,7 @@ def check(state: ClusterState) -> list[str]:
     problems += _node_problems(state, held)
     problems += _bookkeeping_problems(state)
     problems += _cohort_problems(state)
+    problems += _member_problems(state)
     return problems
 
 
@@ -252,7 +255,7 @@ def _book(
     node = state.nodes.get(member.node_id)
     if node is None or node.status is NodeStatus.DEAD:
         return [f"{job_id}: {what} {member.rank} is on a missing or dead node"]
-    held.resources[member.node_id] = held.resources[member.node_id] + job.spec.resources
+    held.resources[member.node_id] = held.resources[member.node_id] + reserved_of(job)
     clash = held.gpus[member.node_id] & set(member.gpus)
     held.gpus[member.node_id].update(member.gpus)
     if clash:
@@ -339,4 +342,30 @@ def _cohort_problems(state: ClusterState) -> list[str]:
         up = ancestors(name, state.cohorts)
         if len(up) > MAX_COHORT_DEPTH or state.cohorts.get(up[-1], record).parent:
             problems.append(f"cohort {name}: its way up ({' -> '.join(up)}) has no root")
+    return problems
+
+
+def _member_problems(state: ClusterState) -> list[str]:
+    """What an attempt reserves per member is at least what it asked, GPUs alike; the
+    owners' member counts, once built, are those of the live attempts
+    (core/member_limits.py)."""
+    problems = []
+    for job_id, job in sorted(state.jobs.items()):
+        attempt = job.attempt
+        reserved = attempt.reserved if attempt is not None else None
+        asked = job.spec.resources
+        if reserved is not None and (reserved.gpu != asked.gpu or not asked.fits_in(reserved)):
+            problems.append(f"{job_id}: reserves {reserved} per member, less than {asked}")
+    counts = state._members
+    if counts is not None:
+        recount = MemberCounts.build(
+            (job.job_id, job.owner, attempt)
+            for job in state.jobs.values()
+            if (attempt := job.live_attempt()) is not None
+        )
+        if (counts.total, counts.on_node) != (recount.total, recount.on_node):
+            problems.append(
+                f"owners' member counts {counts.total} disagree with their live attempts' "
+                f"{recount.total}"
+            )
     return problems

@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from synapse_ha.core.access import Role
 from synapse_ha.core.checkpoints import AttemptMark, CheckpointMark, attempt_mark
 from synapse_ha.core.cluster_config import (
     DEFAULT_QUEUE,
@@ -26,10 +25,12 @@ from synapse_ha.core.cluster_config import (
 )
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.node_index import NodeIndex
 from synapse_ha.core.prestart import Prestart
 from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
+from synapse_ha.core.tokens import Token as Token  # re-exported: the state holds tokens
 
 # --------------------------------------------------------------------------- enums
 
@@ -282,6 +283,9 @@ class Attempt:
     # The newest checkpoint mark of each member that marked one, in rank order
     # (core/checkpoints.py); the attempt's mark is derived from them.
     marks: tuple[CheckpointMark, ...] = ()
+    # What each member's node reserves for it: its request raised to the cluster's floor,
+    # plus its supervisor (core/member_limits.py); None: the request as it is.
+    reserved: Resources | None = None
 
     def mark(self) -> AttemptMark | None:
         """The point the whole gang can resume from: None until every member marked."""
@@ -374,42 +378,6 @@ class ArrayJob:
         return [f"{self.array_id}_{index}" for index in self.indices]
 
 
-# --------------------------------------------------------------------------- tokens
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """A bearer token of one user. Only the SHA-256 of its secret is replicated; the
-    text (``syn_<token_id>_<secret>``) is shown once, to whoever created it.
-
-    ``queues`` are recorded for the queue admission rules of DESIGN §8; nothing enforces
-    them until queues exist. ``expires_at_ms`` 0 means never; ``revoked_at_ms`` 0 means
-    live. ``created_by`` / ``revoked_by`` name the identity that did it (``bootstrap``
-    for the first admin token, made by a replica itself). ``priority_classes``: the
-    classes that preempt its user may use (in queues that list them);
-    ``max_priority``: the highest priority it allows above a queue's own ceiling
-    (:func:`synapse_ha.core.access.priority_refusal`)."""
-
-    token_id: str
-    user: str
-    role: Role
-    secret_sha256: str
-    created_at_ms: int
-    created_by: str
-    queues: tuple[str, ...] = ()
-    expires_at_ms: int = 0
-    revoked_at_ms: int = 0
-    revoked_by: str = ""
-    priority_classes: tuple[str, ...] = ()
-    max_priority: int = 0
-
-    def live_at(self, now_ms: int) -> bool:
-        """Neither revoked nor expired at ``now_ms``."""
-        if self.revoked_at_ms:
-            return False
-        return self.expires_at_ms == 0 or now_ms < self.expires_at_ms
-
-
 # ---------------------------------------------------------------------------- state
 
 
@@ -441,9 +409,11 @@ class ClusterState:
     # by :meth:`live_jobs` and kept by :meth:`job_state_changed` after every change of a
     # job's state (None: not built yet).
     _live: set[str] | None = field(default=None, init=False, repr=False, compare=False)
-    # Derived, not replicated, built on first use: the jobs on each node (:meth:`jobs_on_node`,
-    # kept by :meth:`job_state_changed`), core/feasibility's summary of the nodes (shared).
+    # Derived, not replicated, built on first use: the jobs on each node (:meth:`jobs_on_node`)
+    # and each owner's members (core/member_limits.py), kept by :meth:`job_state_changed`;
+    # core/feasibility's summary of the nodes (shared).
     _nodes: NodeIndex | None = field(default=None, init=False, repr=False, compare=False)
+    _members: MemberCounts | None = field(default=None, init=False, repr=False, compare=False)
     _fits: object = field(default=None, init=False, repr=False, compare=False)
 
     def pending_jobs(self) -> list[Job]:
@@ -526,10 +496,10 @@ class ClusterState:
         return self._nodes
 
     def job_state_changed(self, job: Job) -> None:
-        """Keep the indexes of :meth:`live_jobs` and :meth:`jobs_on_node` after ``job``'s
-        state or attempt changed, a member of its attempt stopped, or it was removed from
-        :attr:`jobs` (every change of a job's state, every new attempt and every member
-        exit must call this)."""
+        """Keep the indexes of :meth:`live_jobs`, :meth:`jobs_on_node` and the owners'
+        member counts after ``job``'s state or attempt changed, a member of its attempt
+        stopped, or it was removed from :attr:`jobs` (every change of a job's state, every
+        new attempt and every member exit must call this)."""
         present = job.job_id in self.jobs
         live = self._live
         if live is not None:
@@ -537,6 +507,9 @@ class ClusterState:
                 live.add(job.job_id)
             else:
                 live.discard(job.job_id)
+        members = self._members
+        if members is not None:
+            members.keep(job.job_id, job.owner, job.live_attempt() if present else None)
         index = self._nodes
         if index is not None and not index.keep(job.job_id, _attempt_nodes(job) if present else ()):
             self._nodes = None  # a snapshot's copy: built anew on its next use

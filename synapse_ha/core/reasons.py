@@ -80,6 +80,9 @@ class ReasonCode(enum.StrEnum):
     ARRAY_THROTTLE = "array_throttle"  # array, throttle: its array runs that many already
     # -- a gang no set of the cluster's nodes could hold (core/feasibility.py)
     WAITING_FOR_NODES = "waiting_for_nodes"  # members, request, level?, missing
+    # -- one owner's members at a cap (core/member_limits.py): limit, allowed, queue?, user,
+    # members, and running (the cluster's cap) or nodes (the nodes full to a node's cap)
+    WAITING_MEMBER_CAP = "waiting_member_cap"
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
@@ -129,6 +132,7 @@ WAIT_CODES = frozenset(
         ReasonCode.WAITING_FOR_PREEMPTOR,
         ReasonCode.WAITING_MIN_RUNTIME,
         ReasonCode.WAITING_FOR_NODES,
+        ReasonCode.WAITING_MEMBER_CAP,
     }
 )
 
@@ -252,7 +256,8 @@ def _duration(ms: int) -> str:
 def _need(r: Reason) -> str:
     level = r.text("level")
     where = f" in one {level}" if level else ""
-    return f"needs {r.num('members')} member(s) x ({r.text('request')}){where}"
+    reserved = f"; a node reserves {r.text('reserved')} each" if r.has("reserved") else ""
+    return f"needs {r.num('members')} member(s) x ({r.text('request')}{reserved}){where}"
 
 
 def _have(r: Reason) -> str:
@@ -306,6 +311,25 @@ def _cause(r: Reason) -> str:
     return render(r.cause) if r.cause is not None else "unknown cause"
 
 
+def _member_cap(r: Reason) -> str:
+    """``user alice runs 10000 member(s) and this gang has 1; limits.running_members_per_user
+    allows 10000; ...``: the cap, its value and where it is set."""
+    limit, user, allowed = r.text("limit"), r.text("user") or "(no owner)", r.num("allowed")
+    named = f"queue {r.text('queue')}'s {limit}" if r.has("queue") else f"limits.{limit}"
+    if r.has("nodes"):
+        said = (
+            f"it would fit but for {named}: at most {allowed} of user {user}'s members on a "
+            f"node ({r.num('nodes')} node(s) have that many), too few for its "
+            f"{r.num('members')} member(s) where there is room"
+        )
+    else:
+        said = (
+            f"user {user} runs {r.num('running')} member(s) and this gang has "
+            f"{r.num('members')}; {named} allows {allowed}"
+        )
+    return f"{said}; it waits for some of them to end"
+
+
 def _requeued(r: Reason, what: str) -> str:
     return (
         f"attempt {r.num('attempt')} ended by a disruption ({_cause(r)}); {what} "
@@ -342,6 +366,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"{_need(r)}; {_have(r)}; it waits for capacity to free or for nodes to join"
     ),
     ReasonCode.WAITING_FOR_NODES: lambda r: f"waits for nodes to join: {r.text('missing')}",
+    ReasonCode.WAITING_MEMBER_CAP: _member_cap,
     ReasonCode.WAITING_SHAPE: lambda r: (
         f"{_need(r)}; {_have(r)}, but not in a shape the gang can use; it waits for capacity"
     ),

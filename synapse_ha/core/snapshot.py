@@ -30,6 +30,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.feasibility import NodeSummary
 from synapse_ha.core.machine import HANDLERS, apply
 from synapse_ha.core.machine.changes import Changes, Touches
+from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.node_index import NodeIndex
 
@@ -141,7 +142,11 @@ def _own(state: ClusterState, touched: Changes, changes: Changes) -> None:
 # frozen dataclasses join on first sight. Tuples in the state hold only such values. A
 # node summary (core/feasibility) is replaced, never changed, but for the answers it keeps.
 _IMMUTABLE: set[type] = {str, int, float, bool, type(None), tuple, frozenset, bytes, NodeSummary}
-_COPIERS: dict[type, Callable[[Any], Any]] = {NodeIndex: NodeIndex.copy}  # mutable type -> copier
+# mutable type -> copier
+_COPIERS: dict[type, Callable[[Any], Any]] = {
+    NodeIndex: NodeIndex.copy,
+    MemberCounts: MemberCounts.copy,
+}
 
 
 def clone(value: Any) -> Any:
@@ -200,7 +205,17 @@ _COUNTERS = tuple(
     f.name
     for f in dataclasses.fields(ClusterState)
     if f.name
-    not in ("config", "nodes", "jobs", "request_ids", "tokens", "_live", "_nodes", "_fits")
+    not in (
+        "config",
+        "nodes",
+        "jobs",
+        "request_ids",
+        "tokens",
+        "_live",
+        "_nodes",
+        "_fits",
+        "_members",
+    )
 )
 
 
@@ -248,6 +263,8 @@ class SnapshotBuilder:
         snap._live = set(state.live_ids())  # built once on the live state, then kept
         snap._nodes = state._node_index().snapshot()  # its tuples are never changed
         snap._fits = state._fits  # replaced when a node registers, never changed
+        members = state._members  # built once on the live state (its first bind), then kept
+        snap._members = members.copy() if members is not None else None
         changes.clear()
         changes.shared = True
         self._last = snap

@@ -543,6 +543,8 @@ def check_queue(queue: Queue, classes: Sequence[PriorityClass]) -> list[Violatio
         ("borrowing_limit_gpu", queue.borrowing_limit_gpu, MAX_QUEUE_GPUS),
         ("lending_limit_gpu", queue.lending_limit_gpu, MAX_QUEUE_GPUS),
         ("min_runtime_ms", queue.min_runtime_ms, MAX_MIN_RUNTIME_MS),
+        ("running_members_per_user", queue.running_members_per_user, MAX_QUEUE_GPUS),
+        ("members_per_node_per_user", queue.members_per_node_per_user, MAX_QUEUE_GPUS),
     )
     for field, value, most in limits:
         if value is not None and not 0 <= value <= most:

@@ -509,6 +509,8 @@ def queue_from_proto(msg: pb.Queue) -> Queue:
         priority_classes=tuple(msg.priority_classes),
         max_priority=msg.max_priority,
         min_runtime_ms=msg.min_runtime_ms,
+        running_members_per_user=opt("running_members_per_user"),
+        members_per_node_per_user=opt("members_per_node_per_user"),
     )
 
 
@@ -520,7 +522,15 @@ def queue_to_proto(queue: Queue) -> pb.Queue:
         max_priority=queue.max_priority,
         min_runtime_ms=queue.min_runtime_ms,
     )
-    for name in ("gpu", "cpu_milli", "memory_mib", "borrowing_limit_gpu", "lending_limit_gpu"):
+    for name in (
+        "gpu",
+        "cpu_milli",
+        "memory_mib",
+        "borrowing_limit_gpu",
+        "lending_limit_gpu",
+        "running_members_per_user",
+        "members_per_node_per_user",
+    ):
         value = getattr(queue, name)
         if value is not None:
             setattr(msg, name, value)

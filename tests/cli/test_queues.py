@@ -80,9 +80,9 @@ def test_an_admin_sets_a_queue_and_queues_shows_it(replica: Replica) -> None:
     assert lines[0].split()[:6] == ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT"]
     team_a = next(line for line in lines if line.startswith("team-a"))
     assert team_a.split()[:6] == ["team-a", "lab", "3", "0", "0", "0"]
-    assert lines[0].split()[-5:] == ["SHARE", "ORDER", "CLASSES", "MIN", "RUN"]
+    assert lines[0].split()[-7:] == ["SHARE", "ORDER", "CLASSES", "MIN", "RUN", "USER", "CAPS"]
     team_b = next(line for line in lines if line.startswith("team-b")).split()
-    assert team_b[-4:] == ["50%", "3", "any", "-"]
+    assert team_b[-5:] == ["50%", "3", "any", "-", "limits"]
     assert "lowest SHARE first (past usage decayed with half-life 7d" in table.stdout
     assert "preemption: topology" in table.stdout
     assert "high 100 (preempts)" in table.stdout
@@ -189,10 +189,32 @@ def test_a_queues_minimum_run_time_is_set_shown_and_checked(replica: Replica) ->
     assert doc["reclaim_wait_max_ms"] == 600_000
     table = synctl(replica, "queues").stdout
     assert "MIN RUN" in table.splitlines()[0]
-    assert next(line for line in table.splitlines() if line.startswith("team-a")).endswith("2h")
+    team_a_row = next(line for line in table.splitlines() if line.startswith("team-a"))
+    assert team_a_row.split()[-2:] == ["2h", "limits"]
     assert "a reclaim overrides minimum run times after 10m" in table
     too_long = synctl(replica, "queue", "set", "team-a", "--gpu", "3", "--min-runtime", "8d")
     assert too_long.exit_code == ExitCode.USAGE and "min_runtime_ms" in too_long.stderr
     garbled = synctl(replica, "queue", "set", "team-a", "--min-runtime", "soon")
     assert garbled.exit_code == ExitCode.USAGE and "--min-runtime" in garbled.stderr
     assert replica.backend.state.queues["team-a"].min_runtime_ms == 7_200_000
+
+
+def test_a_queues_own_member_caps_are_set_shown_and_checked(replica: Replica) -> None:
+    args = ("queue", "set", "batch", "--user-running-members", "50")
+    early = synctl(replica, *args, "--user-members-per-node", "4")
+    assert early.exit_code != 0 and "this change needs format 10" in early.stderr
+    assert apply(replica.backend.state, cmd.RaiseFormat(FORMAT, ("a",), NOW)).ok
+    made = synctl(replica, *args, "--user-members-per-node", "4")
+    assert made.exit_code == 0, made.output
+    stored = replica.backend.state.queues["batch"]
+    assert (stored.running_members_per_user, stored.members_per_node_per_user) == (50, 4)
+    doc = json.loads(synctl(replica, "queues", "-o", "json").stdout)
+    batch = next(q for q in doc["queues"] if q["name"] == "batch")
+    assert (batch["running_members_per_user"], batch["members_per_node_per_user"]) == (50, 4)
+    table = synctl(replica, "queues").stdout
+    row = next(line for line in table.splitlines() if line.startswith("batch"))
+    assert row.endswith("50 running, 4/node"), row
+    assert "USER CAPS: a queue's own caps on one user's members" in table
+    assert synctl(replica, *args).exit_code == 0  # set replaces every setting
+    stored = replica.backend.state.queues["batch"]
+    assert (stored.running_members_per_user, stored.members_per_node_per_user) == (50, None)

@@ -26,6 +26,7 @@ from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import (
     ClusterConfig,
     Cohort,
+    Limits,
     PreemptionKind,
     PreemptionMode,
     Queue,
@@ -35,6 +36,7 @@ from synapse_ha.core.codec_from_plain import from_plain_compiled
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.formats import FORMAT, NEW_FIELDS
 from synapse_ha.core.machine import apply
+from synapse_ha.core.member_limits import MEMBER_LIMITS_FORMAT, member_counts, rules_in_force
 from synapse_ha.core.model import (
     ClusterState,
     JobState,
@@ -197,6 +199,45 @@ def protected_victims(state: ClusterState, preempt: c.Preempt, now: int) -> list
     return out
 
 
+def member_cap_breaches(state: ClusterState, bind: c.BindPlan) -> list[str]:
+    """Placements of ``bind`` (applied to ``state`` in order) that take their owner past
+    a member cap in force: its running members in the cluster, or on one node (counted by
+    a scan of every job)."""
+    rules = rules_in_force(state)
+    running: dict[str, int] = {}
+    on_node: dict[tuple[str, str], int] = {}
+    for j in state.jobs.values():
+        if (attempt := j.live_attempt()) is not None:
+            running[j.owner] = running.get(j.owner, 0) + len(attempt.members)
+            for m in attempt.members:
+                on_node[j.owner, m.node_id] = on_node.get((j.owner, m.node_id), 0) + 1
+    out = []
+    for placement in bind.placements:
+        j = state.jobs[placement.job_id]
+        cap, node_cap = rules.caps(state.queues.get(j.spec.queue))
+        running[j.owner] = running.get(j.owner, 0) + len(placement.members)
+        if running[j.owner] > cap.allowed:
+            out.append(f"{placement.job_id} takes {j.owner!r} past {cap.named()}")
+        for m in placement.members:
+            on_node[j.owner, m.node_id] = on_node.get((j.owner, m.node_id), 0) + 1
+            if on_node[j.owner, m.node_id] > node_cap.allowed:
+                out.append(f"{placement.job_id} takes {m.node_id} past {node_cap.named()}")
+    return out
+
+
+def member_counts_by_scan(state: ClusterState) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Each owner's members of live attempts, in all and per node, by looking at every job."""
+    total: dict[str, int] = {}
+    on_node: dict[str, dict[str, int]] = {}
+    for j in state.jobs.values():
+        if (attempt := j.live_attempt()) is not None:
+            total[j.owner] = total.get(j.owner, 0) + len(attempt.members)
+            mine = on_node.setdefault(j.owner, {})
+            for m in attempt.members:
+                mine[m.node_id] = mine.get(m.node_id, 0) + 1
+    return total, on_node
+
+
 def live_by_scan(state: ClusterState) -> set[str]:
     """The ids of the jobs holding resources, found by looking at every job."""
     return {job_id for job_id, j in state.jobs.items() if j.state.holds_resources}
@@ -225,6 +266,7 @@ class DependentSubmissions(RuleBasedStateMachine):
     state: ClusterState
     now: int
     saw_dependency_wait = False
+    saw_member_cap = False
 
     def do(self, command: c.Command) -> c.Result:
         raise NotImplementedError
@@ -251,6 +293,63 @@ class DependentSubmissions(RuleBasedStateMachine):
     def the_live_index_is_the_jobs_holding_resources(self) -> None:
         # Built at the first check, then kept by apply through every later command.
         assert self.state.live_ids() == live_by_scan(self.state)
+
+    @invariant()
+    def the_member_counts_are_the_live_attempts_members(self) -> None:
+        # Built at the first check, then kept by apply through binds, exits, requeues,
+        # preemptions and cancels.
+        counts = member_counts(self.state)
+        assert (counts.total, counts.on_node) == member_counts_by_scan(self.state)
+
+    @rule(
+        floor_cpu=st.sampled_from([0, 100, 4_000]),
+        floor_memory=st.sampled_from([0, 64, 8_192]),
+        overhead=st.sampled_from([0, 4, 2_048]),
+        running=st.sampled_from([1, 3, 10_000]),
+        per_node=st.sampled_from([1, 2, 128]),
+        raise_first=st.booleans(),
+    )
+    def member_limits(
+        self,
+        floor_cpu: int,
+        floor_memory: int,
+        overhead: int,
+        running: int,
+        per_node: int,
+        raise_first: bool,
+    ) -> None:
+        """Floors and caps on members, changed while gangs run (refused below format 10
+        unless they are the defaults)."""
+        if raise_first and self.state.format_floor < FORMAT:
+            assert self.do(c.RaiseFormat(FORMAT, ("r1", "r2", "r3"), self.now)).ok
+        limits = replace(
+            self.state.config.limits,
+            member_min_cpu_milli=floor_cpu,
+            member_min_memory_mib=floor_memory,
+            member_overhead_memory_mib=overhead,
+            running_members_per_user=running,
+            members_per_node_per_user=per_node,
+        )
+        result = self.do(c.Configure(replace(self.state.config, limits=limits), self.now))
+        usual = all(getattr(limits, name) == getattr(Limits(), name) for name in NEW_FIELDS[Limits])
+        assert result.ok is (usual or self.state.format_floor >= MEMBER_LIMITS_FORMAT)
+
+    @rule(
+        name=st.sampled_from(["qa", "qb"]),
+        running=st.sampled_from([None, 2]),
+        per_node=st.sampled_from([None, 1, 3]),
+    )
+    def queue_member_caps(self, name: str, running: int | None, per_node: int | None) -> None:
+        """A queue's own member caps, replacing the cluster's for its gangs."""
+        queue = self.state.queues.get(name)
+        if queue is None:
+            return
+        wanted = replace(
+            queue, running_members_per_user=running, members_per_node_per_user=per_node
+        )
+        result = self.do(c.SetQueue(wanted, self.now, "user:root"))
+        usual = running is None and per_node is None
+        assert result.ok is (usual or self.state.format_floor >= MEMBER_LIMITS_FORMAT)
 
     @invariant()
     def each_node_desires_what_a_scan_of_every_job_finds(self) -> None:
@@ -372,9 +471,12 @@ class ClusterMachine(DependentSubmissions):
         plan = schedule(self.state, self.now)
         # Recalling answers per gang shape within the pass changes nothing in the plan.
         assert schedule(self.state, self.now, recall=False) == plan
+        held = [w for w in plan.reasons.values() if w.code is ReasonCode.WAITING_MEMBER_CAP]
+        self.saw_member_cap |= bool(held)
         command = plan.command(self.now)
         if command is not None:
             breaches = quota_breaches(self.state, command)
+            breaches += member_cap_breaches(self.state, command)
             result = self.do(command)
             # A fresh plan on the current state is never stale.
             assert result.rejected == (), result.rejected
@@ -767,6 +869,8 @@ class ClusterMachine(DependentSubmissions):
             event("a job waited for a dependency")
         if self.saw_cohort_tree:
             event("a cohort had a parent")
+        if self.saw_member_cap:
+            event("a gang waited at a member cap")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))
@@ -904,9 +1008,12 @@ class PreemptionMachine(DependentSubmissions):
         plan = schedule(self.state, self.now)
         # Recalling answers per gang shape within the pass changes nothing in the plan.
         assert schedule(self.state, self.now, recall=False) == plan
+        held = [w for w in plan.reasons.values() if w.code is ReasonCode.WAITING_MEMBER_CAP]
+        self.saw_member_cap |= bool(held)
         command = plan.command(self.now)
         if command is not None:
             breaches = quota_breaches(self.state, command)
+            breaches += member_cap_breaches(self.state, command)
             result = self.do(command)
             assert result.rejected == (), result.rejected
             assert not breaches, breaches
@@ -1021,6 +1128,8 @@ class PreemptionMachine(DependentSubmissions):
             event("a job was requeued")
         if self.saw_cousin_reclaim:
             event("a reclaim took a gang of another cohort of the tree")
+        if self.saw_member_cap:
+            event("a gang waited at a member cap")
         replayed = ClusterState()
         for data in self.log:
             apply(replayed, decode_command(data))

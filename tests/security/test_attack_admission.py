@@ -20,6 +20,7 @@ import pytest
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.cluster_config import Limits
+from synapse_ha.core.formats import FORMAT
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import LocalCluster, register_request, wait_for
@@ -454,3 +455,48 @@ def test_the_limits_are_readable_by_users_and_changed_by_admins_only(
     after = alice.call("GetLimits", lambda a, t: alice.scheduler(a).GetLimits(
         pb.GetLimitsRequest(), timeout=t))  # fmt: skip
     assert after.limits == answer.limits
+
+
+# --------------------------------------------------------------- swamping a node
+
+
+def test_a_tiny_array_cannot_swamp_a_node(world: World, alice: ClusterClient) -> None:
+    """Alice's 300 tasks asking a millicore and a MiB each, on real replicas: the leader
+    binds at most limits.members_per_node_per_user of them on a node, and every task left
+    waiting says which limit holds it (tests/security/test_attack_swamp.py has the rest
+    of the attack on the core)."""
+    # The floors and caps are in force once every replica reads the newest format.
+    newest = lambda: world.admin.cluster_status().format_floor == FORMAT  # noqa: E731
+    wait_for("every replica to read the newest format", newest, timeout_s=30)
+    world.admin.register_node(register_request("n-swamp", "127.0.0.10", gpu=0))
+    spec = pb.JobSpec(
+        name="swamp",
+        replicas=1,
+        resources=pb.Resources(cpu_milli=1, memory_mib=1, gpu=0),
+        shell_command="true",
+        array="0-299",
+    )
+    array_id = alice.submit_job(spec).job_id
+    try:
+
+        def decided() -> list[pb.Job] | None:
+            tasks = [j for j in world.jobs() if j.array_id == array_id]
+            waiting = [j for j in tasks if j.reason_code == "pending_first_pass"]
+            return tasks if len(tasks) == 300 and not waiting else None
+
+        tasks = wait_for("the leader's pass over the array", decided, timeout_s=30)
+        on_node: dict[str, int] = {}
+        for j in tasks:
+            if j.state == "SCHEDULED":
+                for m in j.attempt.members:
+                    on_node[m.node_id] = on_node.get(m.node_id, 0) + 1
+        assert on_node, "no task was bound"
+        assert max(on_node.values()) < 300, f"one node runs the whole array: {on_node}"
+        cap = Limits().members_per_node_per_user
+        assert max(on_node.values()) <= cap, on_node
+        held = [j for j in tasks if j.state == "PENDING"]
+        assert held and all(j.reason_code == "waiting_member_cap" for j in held)
+        assert f"limits.members_per_node_per_user: at most {cap}" in held[0].reason
+    finally:
+        world.admin.cancel_job(array_id, reason="test cleanup")
+        world.admin.set_node_status("n-swamp", "cordon", "swamp test done")

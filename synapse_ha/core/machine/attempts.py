@@ -13,6 +13,7 @@ from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, NODE, move, move_job
 from synapse_ha.core.machine.checkpoints import keep_resume_step
 from synapse_ha.core.machine.dependencies import settle
+from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import (
     ZERO,
     ClusterState,
@@ -64,6 +65,7 @@ def end_attempt(
     assert attempt is not None
     attempt.state = move(ATTEMPT, attempt.state, event)
     hold = state.config.hold_until_stopped
+    reserved = reserved_of(job)
     held: list[int] = []
     for member, status in zip(attempt.members, attempt.member_status, strict=True):
         node = state.nodes.get(member.node_id)
@@ -72,7 +74,7 @@ def end_attempt(
         if hold and status.state is not MemberState.EXITED and node.status is not NodeStatus.DEAD:
             held.append(member.rank)  # still reserved until confirmed stopped
             continue
-        node.allocated = node.allocated - job.spec.resources
+        node.allocated = node.allocated - reserved
         node.allocated_gpus.difference_update(member.gpus)
     attempt.held = tuple(held)
     master = state.nodes.get(attempt.members[0].node_id)
@@ -107,7 +109,7 @@ def release_held(state: ClusterState, job: Job, rank: int) -> bool:
     member = attempt.members[rank]
     node = state.nodes.get(member.node_id)
     if node is not None:
-        node.allocated = node.allocated - job.spec.resources
+        node.allocated = node.allocated - reserved_of(job)
         node.allocated_gpus.difference_update(member.gpus)
     attempt.held = tuple(r for r in attempt.held if r != rank)
     return True

@@ -1,6 +1,6 @@
 """Binding: the leader's plan verified again at apply, gang by gang and whole (the
-nodes, GPUs, room, topology and queue quota), and a verified gang bound under a new
-fencing token."""
+nodes, GPUs, room, topology, queue quota and member caps), and a verified gang bound
+under a new fencing token."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
 from synapse_ha.core.health import fault_of, unfit_owners
 from synapse_ha.core.lifecycle import move_job
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
+from synapse_ha.core.member_limits import (
+    NO_RULES,
+    MemberRules,
+    cap_refusal,
+    member_counts,
+    rules_in_force,
+)
 from synapse_ha.core.model import (
     FEATURE_IMAGES,
     Attempt,
@@ -37,8 +44,11 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
     rejected: list[Rejection] = []
     usage = QueueUsage.of(state) if c.placements and has_quotas(state) else None
     slots = state.array_slots() if c.placements and state.arrays else {}
+    rules = rules_in_force(state)
     for placement in c.placements:
-        problem = verify_placement(state, placement, now)
+        problem = verify_placement(state, placement, now, rules)
+        if problem is None:
+            problem = _verify_caps(state, rules, placement)
         if problem is None and usage is not None:
             problem = _verify_quota(state, usage, placement)
         if problem is None and slots:
@@ -46,7 +56,7 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
         if problem is not None:
             rejected.append(problem)
         else:
-            _bind(state, placement, now)
+            _bind(state, placement, now, rules)
             bound.append(placement.job_id)
             array_id = state.jobs[placement.job_id].array_id
             if array_id in slots:
@@ -81,14 +91,32 @@ def _verify_throttle(
     return None
 
 
-def verify_placement(state: ClusterState, p: cmd.GangPlacement, now: int) -> Rejection | None:
-    """Why ``p`` cannot be bound to ``state`` now, or None when it can (whole gang)."""
+def verify_placement(
+    state: ClusterState, p: cmd.GangPlacement, now: int, rules: MemberRules | None = None
+) -> Rejection | None:
+    """Why ``p`` cannot be bound to ``state`` now, or None when it can (whole gang), with
+    what each member reserves under ``rules`` (default: the rules in force)."""
     job = state.jobs.get(p.job_id)
     problem = _job_problem(job, p, now)
     if problem is None:
         assert job is not None
-        problem = _members_problem(state, job.spec, p) or _unfit_problem(state, job, p, now)
+        reserved = (rules or rules_in_force(state)).reserved(job.spec.resources)
+        problem = _members_problem(state, job.spec, reserved, p) or _unfit_problem(
+            state, job, p, now
+        )
     return Rejection(p.job_id, *problem) if problem is not None else None
+
+
+def _verify_caps(state: ClusterState, rules: MemberRules, p: cmd.GangPlacement) -> Rejection | None:
+    """A gang is bound only within its owner's member caps (core/member_limits.py)."""
+    if rules is NO_RULES:
+        return None
+    job = state.jobs[p.job_id]
+    nodes = [m.node_id for m in p.members]
+    refusal = cap_refusal(
+        rules, state.queues.get(job.spec.queue), member_counts(state), job.owner, nodes
+    )
+    return Rejection(p.job_id, RejectCode.MEMBER_CAP, refusal) if refusal is not None else None
 
 
 Problem = tuple[RejectCode, str]
@@ -132,16 +160,19 @@ def _unfit_problem(state: ClusterState, job: Job, p: cmd.GangPlacement, now: int
     return None
 
 
-def _members_problem(state: ClusterState, spec: JobSpec, p: cmd.GangPlacement) -> Problem | None:
+def _members_problem(
+    state: ClusterState, spec: JobSpec, reserved: Resources, p: cmd.GangPlacement
+) -> Problem | None:
     """Why the members of ``p`` do not fit: a rank, node or GPU that is wrong, a node
-    without room for what the gang puts there, or a span over the required domain."""
+    without room for what the gang puts there (``reserved`` per member), or a span over
+    the required domain."""
     per_node: dict[str, Resources] = {}
     gpus_taken: dict[str, set[int]] = {}
     for rank, member in enumerate(p.members):
         problem = _member_problem(state, spec, rank, member, gpus_taken)
         if problem is not None:
             return problem
-        per_node[member.node_id] = per_node.get(member.node_id, Resources()) + spec.resources
+        per_node[member.node_id] = per_node.get(member.node_id, Resources()) + reserved
     for node_id, request in sorted(per_node.items()):
         node = state.nodes[node_id]
         if not request.fits_in(node.free):
@@ -230,14 +261,14 @@ def _verify_quota(state: ClusterState, usage: QueueUsage, p: cmd.GangPlacement) 
     )
 
 
-def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
+def _bind(state: ClusterState, p: cmd.GangPlacement, now: int, rules: MemberRules) -> None:
     job = state.jobs[p.job_id]
-    spec = job.spec
+    reserved = rules.reserved(job.spec.resources)
     state.last_fencing_token += 1
     token = state.last_fencing_token
     for member in p.members:
         node = state.nodes[member.node_id]
-        node.allocated = node.allocated + spec.resources
+        node.allocated = node.allocated + reserved
         node.allocated_gpus.update(member.gpus)
     job.attempts_made += 1
     master = state.nodes[p.members[0].node_id]
@@ -250,6 +281,7 @@ def _bind(state: ClusterState, p: cmd.GangPlacement, now: int) -> None:
         master_port=master_port,
         bound_at_ms=now,
         member_status=[MemberStatus() for _ in p.members],
+        reserved=reserved if reserved is not job.spec.resources else None,
     )
     move_job(state, job, lc.JobEvent.BIND)
     hosts = len({m.node_id for m in p.members})

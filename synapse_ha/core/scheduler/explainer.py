@@ -81,17 +81,20 @@ class Explainer:
         behind: Reservation | None = None,
     ) -> Reason:
         spec = gang.spec
-        req = spec.resources
-        if not self.recall or gang.req is not req:
+        req, asked = gang.req, spec.resources
+        if not self.recall:
             return self._why_waiting(gang, view, depths, reservation, now_ms, behind)
         key = (  # plain ints rather than the Resources value: no Python code to hash
             req.gpu,
             req.cpu_milli,
             req.memory_mib,
+            asked.cpu_milli,
+            asked.memory_mib,
             gang.n,
             spec.topology_required,
             bool(spec.image),
             gang.avoid,
+            gang.room,
             min(depths) if spec.topology_required else 0,
             view,
             view.version,
@@ -180,10 +183,14 @@ class Explainer:
 
 
 def _need(gang: Gang) -> dict[str, int | str | None]:
-    """The fields every wait reason carries: the gang's size, request and required level."""
+    """The fields every wait reason carries: the gang's size, request and required level,
+    and what a node reserves per member when that is more than the request (the floor and
+    the supervisor's share, core/member_limits.py)."""
+    asked = gang.spec.resources
     return {
         "members": gang.n,
-        "request": gang.spec.resources.describe(),
+        "request": asked.describe(),
+        "reserved": gang.req.describe() if gang.req != asked else None,
         "level": gang.spec.topology_required or None,
     }
 

@@ -67,6 +67,7 @@ _NOT_READ = frozenset(
         "last_time_ms",
         "_nodes",  # derived from the jobs, which are compared one by one
         "_fits",  # derived from the nodes, which are compared one by one
+        "_members",  # derived from the jobs, which are compared one by one
     }
 )
 _STATE_FIELDS = tuple(f.name for f in fields(ClusterState) if f.name not in _NOT_READ)

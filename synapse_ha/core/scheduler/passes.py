@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from synapse_ha.core.arrays import throttle_reason
 from synapse_ha.core.cluster_config import PreemptionMode
@@ -14,11 +14,14 @@ from synapse_ha.core.quota import QueueUsage, QuotaShortfall, gang_request, has_
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.scheduler.answers import Answers
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
+from synapse_ha.core.scheduler.caps import PassCaps
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
 from synapse_ha.core.scheduler.placement import (
+    NO_CAP,
     NONE,
     Gang,
+    NodeRoom,
     commit,
     fits,
     members_for,
@@ -96,7 +99,7 @@ class Recalled:
     restricted: View | None
     answers: Answers
     explainer: Explainer
-    fits_local: dict[tuple[Resources, int, bool, frozenset[str], int], bool]
+    fits_local: dict[tuple[Resources, int, bool, frozenset[str], NodeRoom, int], bool]
     uses: int = 0
 
     def usable(self, view: View) -> bool:
@@ -264,6 +267,7 @@ class _Pass:
 
     __slots__ = (
         "answers",
+        "caps",
         "claims",
         "empty_view",
         "explainer",
@@ -311,9 +315,10 @@ class _Pass:
         self.placed: dict[str, Running] = {}  # gangs placed by this pass
         self.wait_ms = state.config.locality_wait_ms
         # Whether a shape fits its locality on an empty cluster.
-        self.fits_local: dict[tuple[Resources, int, bool, frozenset[str], int], bool] = {}
+        self.fits_local: dict[tuple[Resources, int, bool, frozenset[str], NodeRoom, int], bool] = {}
         self.running: dict[str, Running] | None = None  # every gang holding capacity
         self.usage = QueueUsage.of(state) if has_quotas(state) else None
+        self.caps = PassCaps(state)
         self.claims = claimants(state) if claims is None else claims
         self.unfit = unfit_nodes(state, now_ms) if unfit is None else unfit
         self.preempt = (
@@ -382,7 +387,16 @@ class _Pass:
             )
             return None
         spec = job.spec
-        gang = Gang(job, spec, spec.resources, spec.replicas, self.unfit.get(job.owner, NONE))
+        caps = self.caps
+        room = caps.room(job)
+        gang = Gang(
+            job,
+            spec,
+            caps.reserved(spec.resources),
+            spec.replicas,
+            self.unfit.get(job.owner, NONE),
+            room,
+        )
         answers = self.answers
         depths, local_depths = answers.depths(self.state, spec, self.levels)
         usage = self.usage
@@ -392,6 +406,10 @@ class _Pass:
             # Its victims are still stopping: keep what it needs from everyone else.
             hold(self.table, gang, self.view, depths, victims_left)
             plan.reasons[job.job_id] = waiting_for(victims_left, job)
+            return False
+        over = caps.over_running_cap(job)
+        if over is not None:
+            plan.reasons[job.job_id] = over
             return False
         if short is not None:
             self._preempt_over_quota(gang, depths, short)
@@ -409,6 +427,9 @@ class _Pass:
         if hosts is not None:
             self._bind(gang, target, hosts)
             return True
+        if room is not NO_CAP and answers.fits(replace(gang, room=NO_CAP), target, depths):
+            plan.reasons[job.job_id] = caps.over_node_cap(job, room)
+            return False
         if self.preempt is not None and self._preempt(gang, depths):
             return False
         self._wait(gang, depths)
@@ -479,7 +500,7 @@ class _Pass:
         wait = self.wait_ms and gang.n > 1 and gang.job.job_id not in self.claims
         if not wait or local_depths is None or self.now_ms >= deadline:
             return None
-        key = (gang.req, gang.n, bool(gang.spec.image), gang.avoid, local_depths[-1])
+        key = (gang.req, gang.n, bool(gang.spec.image), gang.avoid, gang.room, local_depths[-1])
         possible = self.fits_local.get(key)
         if possible is None:
             possible = self.fits_local[key] = fits(gang, self.empty_view(self.state), local_depths)
@@ -489,14 +510,15 @@ class _Pass:
         """Place the gang on ``hosts``: its capacity taken, its queue charged."""
         job, spec = gang.job, gang.spec
         members = members_for(gang, target, hosts)
-        commit(self.table, spec.resources, members)
+        commit(self.table, gang.req, members)
+        self.caps.placed(job.owner, members)
         self.plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
         if self.usage is not None:
             self.usage.add(spec.queue, gang_request(spec))
         if self.preempt is not None:
             self.preempt.placed(spec.queue, gang_request(spec))
         end = self.now_ms + spec.time_limit_ms if spec.time_limit_ms else None
-        running = self.placed[job.job_id] = Running(end, spec.resources, members)
+        running = self.placed[job.job_id] = Running(end, gang.req, members)
         if self.running is not None:
             self.running[job.job_id] = running
 

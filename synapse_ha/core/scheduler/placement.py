@@ -33,14 +33,35 @@ from synapse_ha.core.scheduler.capacity import Domain, NodeFree, Table, View
 from synapse_ha.core.topology import CLUSTER
 
 
+class NodeRoom:
+    """How many members of one gang each node may take under its owner's per-node cap
+    (core/member_limits.py): ``room`` for the nodes where the owner has members that
+    leave less than the gang's size, ``most`` for every other node. Compared by identity:
+    a pass keeps one per owner and cap until it places another gang of that owner."""
+
+    __slots__ = ("most", "room")
+
+    def __init__(self, most: int, room: dict[str, int]) -> None:
+        self.most = most
+        self.room = room
+
+    def of(self, node_id: str) -> int:
+        return self.room.get(node_id, self.most)
+
+
+NO_CAP = NodeRoom(1 << 62, {})
+
+
 @dataclass(slots=True)
 class Gang:
     job: Job
     spec: JobSpec
-    req: Resources
+    req: Resources  # per member, what its node reserves (core/member_limits.py)
     n: int
     # Nodes this gang may not use now: they could not start its owner's members.
     avoid: frozenset[str] = frozenset()
+    # How many of its members each node may take under its owner's per-node cap.
+    room: NodeRoom = NO_CAP
 
 
 NONE: frozenset[str] = frozenset()
@@ -67,8 +88,15 @@ def _leftover(total: list[int], req: Resources, n: int) -> tuple[int, int, int]:
     return (total[0] - req.gpu * n, total[1] - req.cpu_milli * n, total[2] - req.memory_mib * n)
 
 
-def _eligible(node: NodeFree, gang: Gang) -> bool:
-    return (node.images or not gang.spec.image) and node.node_id not in gang.avoid
+def _slots(node: NodeFree, gang: Gang, n: int) -> int:
+    """How many of the gang's members ``node`` may take, at most ``n``: none when it may
+    not run them, else what its free capacity and the owner's per-node cap allow."""
+    if not (node.images or not gang.spec.image) or node.node_id in gang.avoid:
+        return 0
+    room = gang.room
+    if room is not NO_CAP:
+        n = min(n, room.of(node.node_id))
+    return node.slots(gang.req, n)
 
 
 def search_depths(state: ClusterState, spec: JobSpec, levels: int) -> list[int]:
@@ -165,10 +193,9 @@ def fits(gang: Gang, view: View, depths: list[int]) -> bool:
             continue
         room = 0
         for node in _candidates(view, domain, req):
-            if _eligible(node, gang):
-                room += node.slots(req, n)
-                if room >= n:
-                    return True
+            room += _slots(node, gang, n)
+            if room >= n:
+                return True
     return False
 
 
@@ -185,7 +212,7 @@ def _best_single_host(gang: Gang, view: View, within: Domain = ()) -> str | None
     for node in view.table.at:
         if node.node_id in view.excluded or node.path[:k] != within:
             continue
-        if node.slots(req, n) >= n and _eligible(node, gang):
+        if _slots(node, gang, n) >= n:
             key = (node.cpu - req.cpu_milli * n, node.mem - req.memory_mib * n)
             if best is None or key < best[0]:
                 best = (key, node.node_id)
@@ -205,10 +232,9 @@ def _best_gpu_host_scan(gang: Gang, view: View, within: Domain) -> str | None:
         for pos in view.by_free_gpu[free]:
             node = at[pos]
             if (
-                node.slots(req, n) >= n
-                and _eligible(node, gang)
-                and node.node_id not in view.excluded
+                node.node_id not in view.excluded
                 and node.path[:k] == within
+                and _slots(node, gang, n) >= n
             ):
                 key = (totals[node.domains[-1]][0], pos)
                 if best_key is None or key < best_key:
@@ -248,12 +274,7 @@ def _best_gpu_host_by_rack(gang: Gang, view: View, within: Domain) -> str | None
         for rack in holding:
             for node_id in members[rack]:
                 node = nodes[node_id]
-                if (
-                    node.gpu == free
-                    and node_id not in excluded
-                    and node.slots(req, n) >= n
-                    and _eligible(node, gang)
-                ):
+                if node.gpu == free and node_id not in excluded and _slots(node, gang, n) >= n:
                     return node_id
     return None
 
@@ -264,7 +285,7 @@ def _fill_domain(gang: Gang, view: View, domain: Domain) -> list[tuple[str, int]
     slots: dict[str, int] = {}
     room = 0
     for node in _candidates(view, domain, req):
-        s = node.slots(req, n) if _eligible(node, gang) else 0
+        s = _slots(node, gang, n)
         if s:
             slots[node.node_id] = s
             room += s

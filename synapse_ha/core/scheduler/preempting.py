@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from synapse_ha.core.cluster_config import PreemptionKind
 from synapse_ha.core.commands import Victim
+from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.quota import QueueUsage, gang_request
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
@@ -93,7 +94,7 @@ def hold(
     mark = table.mark()
     for v in victims:
         for m in v.attempt.members:
-            table.adjust(m.node_id, v.job.spec.resources, m.gpus, +1)
+            table.adjust(m.node_id, reserved_of(v.job), m.gpus, +1)
     members = members_for(gang, view, hosts)
     table.undo(mark)
     for m in members:
@@ -173,6 +174,7 @@ class Preempting:
             spec.priority_class,
             bool(spec.image),
             gang.avoid,
+            gang.room,
         )
         self.waiting_on = self.protected.get(key)
         if self.searches >= MAX_SEARCHES or key in self.failed:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
 from synapse_ha.core.cohort_tree import branch
 from synapse_ha.core.cohort_tree import distance as tree_distance
+from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import Attempt, ClusterState, Job
 from synapse_ha.core.quota import QueueUsage, gang_request
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
@@ -407,7 +408,7 @@ def _release(table: Table, victims: list[Candidate]) -> None:
     for v in victims:
         for m in v.attempt.members:
             if m.node_id in table.nodes:
-                table.adjust(m.node_id, v.job.spec.resources, m.gpus, +1)
+                table.adjust(m.node_id, reserved_of(v.job), m.gpus, +1)
 
 
 def fits_with(

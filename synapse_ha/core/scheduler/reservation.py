@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import ClusterState, MemberPlacement, Resources, time_limit_deadline
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
 from synapse_ha.core.scheduler.placement import Gang, fits_totals, place
@@ -29,7 +30,7 @@ class Running:
 def running_gangs(state: ClusterState, placed: dict[str, Running]) -> dict[str, Running]:
     """Every gang holding capacity: live attempts, and gangs placed earlier this pass."""
     running = {
-        job.job_id: Running(time_limit_deadline(job), job.spec.resources, attempt.members)
+        job.job_id: Running(time_limit_deadline(job), reserved_of(job), attempt.members)
         for job in state.live_jobs()
         if (attempt := job.attempt) is not None
     }

@@ -961,7 +961,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, since_index: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes", "max_priority", "min_runtime_ms")
+    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes", "max_priority", "min_runtime_ms", "running_members_per_user", "members_per_node_per_user")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
@@ -972,6 +972,8 @@ class Queue(_message.Message):
     PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MIN_RUNTIME_MS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_MEMBERS_PER_USER_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_PER_NODE_PER_USER_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu: int
     cpu_milli: int
@@ -982,7 +984,9 @@ class Queue(_message.Message):
     priority_classes: _containers.RepeatedScalarFieldContainer[str]
     max_priority: int
     min_runtime_ms: int
-    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ..., min_runtime_ms: _Optional[int] = ...) -> None: ...
+    running_members_per_user: int
+    members_per_node_per_user: int
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ..., min_runtime_ms: _Optional[int] = ..., running_members_per_user: _Optional[int] = ..., members_per_node_per_user: _Optional[int] = ...) -> None: ...
 
 class QueueUsage(_message.Message):
     __slots__ = ("used_gpu", "used_cpu_milli", "used_memory_mib", "borrowed_gpu", "lent_gpu", "running_jobs", "pending_jobs", "pending_gpu", "preempting_jobs")
@@ -1133,7 +1137,7 @@ class DeleteQueueResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("spec_bytes", "env_bytes", "pending_jobs_per_user", "pending_jobs_per_queue", "submit_burst", "submit_per_s", "watch_streams_per_identity", "watch_streams_total")
+    __slots__ = ("spec_bytes", "env_bytes", "pending_jobs_per_user", "pending_jobs_per_queue", "submit_burst", "submit_per_s", "watch_streams_per_identity", "watch_streams_total", "member_min_cpu_milli", "member_min_memory_mib", "member_overhead_memory_mib", "running_members_per_user", "members_per_node_per_user")
     SPEC_BYTES_FIELD_NUMBER: _ClassVar[int]
     ENV_BYTES_FIELD_NUMBER: _ClassVar[int]
     PENDING_JOBS_PER_USER_FIELD_NUMBER: _ClassVar[int]
@@ -1142,6 +1146,11 @@ class Limits(_message.Message):
     SUBMIT_PER_S_FIELD_NUMBER: _ClassVar[int]
     WATCH_STREAMS_PER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     WATCH_STREAMS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_MIN_CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_MIN_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_OVERHEAD_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_MEMBERS_PER_USER_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_PER_NODE_PER_USER_FIELD_NUMBER: _ClassVar[int]
     spec_bytes: int
     env_bytes: int
     pending_jobs_per_user: int
@@ -1150,7 +1159,12 @@ class Limits(_message.Message):
     submit_per_s: int
     watch_streams_per_identity: int
     watch_streams_total: int
-    def __init__(self, spec_bytes: _Optional[int] = ..., env_bytes: _Optional[int] = ..., pending_jobs_per_user: _Optional[int] = ..., pending_jobs_per_queue: _Optional[int] = ..., submit_burst: _Optional[int] = ..., submit_per_s: _Optional[int] = ..., watch_streams_per_identity: _Optional[int] = ..., watch_streams_total: _Optional[int] = ...) -> None: ...
+    member_min_cpu_milli: int
+    member_min_memory_mib: int
+    member_overhead_memory_mib: int
+    running_members_per_user: int
+    members_per_node_per_user: int
+    def __init__(self, spec_bytes: _Optional[int] = ..., env_bytes: _Optional[int] = ..., pending_jobs_per_user: _Optional[int] = ..., pending_jobs_per_queue: _Optional[int] = ..., submit_burst: _Optional[int] = ..., submit_per_s: _Optional[int] = ..., watch_streams_per_identity: _Optional[int] = ..., watch_streams_total: _Optional[int] = ..., member_min_cpu_milli: _Optional[int] = ..., member_min_memory_mib: _Optional[int] = ..., member_overhead_memory_mib: _Optional[int] = ..., running_members_per_user: _Optional[int] = ..., members_per_node_per_user: _Optional[int] = ...) -> None: ...
 
 class GetLimitsRequest(_message.Message):
     __slots__ = ()
