@@ -91,7 +91,8 @@ def render_charts(
         + '<p class="muted">Derived from the jobs the API lists (live ones and the history '
         f"of finished ones): each point is the average over a {esc(bucket)} bucket, on "
         "times in your browser's zone. Pending: GPUs the jobs waiting for a start (or a "
-        "restart) ask for.</p>"
+        "restart) ask for. The history a user may read holds only their own jobs: for a "
+        "user, the jobs that finished are theirs, the live ones everybody's.</p>"
         "<h2>GPUs allocated and pending</h2>"
         '<div class="chart" id="chart-gpus"></div>'
         "<h2>Queue wait: submission to start, per queue</h2>"
