@@ -91,26 +91,29 @@ class FakeCluster:
 
     def list_queues(self) -> pb.ListQueuesResponse:
         # The API's order (positions) is not the order of the names, nor of the shares
-        # of nominal in use now: the page follows the positions.
+        # of nominal in use now (prod holds nothing now but used much in the past): the
+        # page follows the positions.
         return pb.ListQueuesResponse(
             queues=[
                 pb.QueueStatus(
                     queue=pb.Queue(name="prod", gpu=8, cohort="lab"),
                     usage=pb.QueueUsage(lent_gpu=4, pending_jobs=1, pending_gpu=6),
-                    fair_share_ppm=1_250_000,
-                    cohort_shares_ppm=[400_000],
+                    fair_share_ppm=2_500_000,
+                    cohort_shares_ppm=[700_000],
                     fair_share_position=2,
                 ),
                 pb.QueueStatus(
                     queue=pb.Queue(name="research", gpu=4, cohort="lab"),
                     usage=pb.QueueUsage(used_gpu=8, borrowed_gpu=4, running_jobs=1),
-                    fair_share_ppm=250_000,
-                    cohort_shares_ppm=[400_000],
+                    fair_share_ppm=2_100_000,
+                    cohort_shares_ppm=[700_000],
                     fair_share_position=1,
                 ),
             ],
             cohorts=[
-                pb.CohortStatus(cohort=pb.Cohort(name="lab", parent="org"), nominal_gpu=12),
+                pb.CohortStatus(
+                    cohort=pb.Cohort(name="lab", parent="org"), nominal_gpu=12, used_gpu=8
+                ),
                 pb.CohortStatus(cohort=pb.Cohort(name="org"), nominal_gpu=12, used_gpu=8),
             ],
             preemption="topology",
@@ -370,8 +373,8 @@ def test_every_page_reads_in_the_browsers_zone_and_refreshes_itself(
             assert cells == ["4", "8", "4"]
             prod = page.locator('#queue-table tr[data-queue="prod"]')
             assert prod.locator(".pending").inner_text() == "1 (6 GPU)"
-            assert prod.locator(".share").inner_text() == "125%"
-            assert prod.locator(".cohort-shares").inner_text() == "lab 40%"
+            assert prod.locator(".share").inner_text() == "250%"
+            assert prod.locator(".cohort-shares").inner_text() == "lab 70%"
             names = page.locator("#queue-table tr[data-queue]").evaluate_all(
                 "rows => rows.map(r => [r.dataset.queue, r.querySelector('.position').innerText])"
             )
