@@ -28,7 +28,8 @@ class _Attempt(Protocol):
 
 class MemberCounts:
     """``total``: owner -> members of its live attempts; ``on_node``: owner -> node id ->
-    its members there; ``counted``: job id -> (owner, each member's node) as counted.
+    its members there; ``counted``: job id -> (owner, each member's node) as counted, or
+    None for a snapshot's copy, which cannot be kept up to date (:meth:`keep` says so).
     Owners and nodes with no member are left out."""
 
     __slots__ = ("counted", "on_node", "total")
@@ -36,14 +37,21 @@ class MemberCounts:
     def __init__(self) -> None:
         self.total: dict[str, int] = {}
         self.on_node: dict[str, dict[str, int]] = {}
-        self.counted: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.counted: dict[str, tuple[str, tuple[str, ...]]] | None = {}
 
     def copy(self) -> MemberCounts:
         """A copy that shares nothing mutable with this index."""
+        copied = self.snapshot()
+        copied.counted = dict(self.counted) if self.counted is not None else None
+        return copied
+
+    def snapshot(self) -> MemberCounts:
+        """A copy for a snapshot: the counts (each owner's own), not what was counted per
+        job, which only keeping the index needs (a cost of the live jobs per snapshot)."""
         copied = MemberCounts()
         copied.total = dict(self.total)
         copied.on_node = {owner: dict(nodes) for owner, nodes in self.on_node.items()}
-        copied.counted = dict(self.counted)
+        copied.counted = None
         return copied
 
     @classmethod
@@ -54,19 +62,24 @@ class MemberCounts:
             counts.keep(job_id, owner, attempt)
         return counts
 
-    def keep(self, job_id: str, owner: str, live: _Attempt | None) -> None:
+    def keep(self, job_id: str, owner: str, live: _Attempt | None) -> bool:
         """Count ``job_id`` as ``owner``'s with the members of ``live``, its live attempt
-        (None: it holds nothing, or it was removed)."""
+        (None: it holds nothing, or it was removed); False when this index cannot be kept
+        (a snapshot's copy), and must be built anew."""
+        counted = self.counted
+        if counted is None:
+            return False
         nodes = tuple(m.node_id for m in live.members) if live is not None else ()
-        old = self.counted.get(job_id)
+        old = counted.get(job_id)
         if old is not None:
             if old[0] == owner and old[1] == nodes:
-                return
-            del self.counted[job_id]
+                return True
+            del counted[job_id]
             self._count(*old, -1)
         if nodes:
-            self.counted[job_id] = (owner, nodes)
+            counted[job_id] = (owner, nodes)
             self._count(owner, nodes, +1)
+        return True
 
     def _count(self, owner: str, nodes: tuple[str, ...], sign: int) -> None:
         left = self.total.get(owner, 0) + sign * len(nodes)

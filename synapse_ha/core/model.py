@@ -508,8 +508,10 @@ class ClusterState:
             else:
                 live.discard(job.job_id)
         members = self._members
-        if members is not None:
-            members.keep(job.job_id, job.owner, job.live_attempt() if present else None)
+        if members is not None and not members.keep(
+            job.job_id, job.owner, job.live_attempt() if present else None
+        ):
+            self._members = None  # a snapshot's copy: built anew on its next use
         index = self._nodes
         if index is not None and not index.keep(job.job_id, _attempt_nodes(job) if present else ()):
             self._nodes = None  # a snapshot's copy: built anew on its next use

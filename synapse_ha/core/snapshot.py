@@ -264,7 +264,7 @@ class SnapshotBuilder:
         snap._nodes = state._node_index().snapshot()  # its tuples are never changed
         snap._fits = state._fits  # replaced when a node registers, never changed
         members = state._members  # built once on the live state (its first bind), then kept
-        snap._members = members.copy() if members is not None else None
+        snap._members = members.snapshot() if members is not None else None
         changes.clear()
         changes.shared = True
         self._last = snap

@@ -152,6 +152,9 @@ def test_a_snapshot_keeps_the_counts_it_was_taken_with() -> None:
     assert apply_tracked(state, c.CancelJob("job-000001", now_ms=3), builder.changes).ok
     assert member_counts(state).running("mallory") == 1
     assert member_counts(snap).running("mallory") == 2  # the snapshot's own copy
+    # A snapshot's copy is not kept by apply: a state made from one counts afresh.
+    assert apply(snap, c.CancelJob("job-000002", now_ms=4)).ok
+    assert snap._members is None and member_counts(snap).running("mallory") == 1
 
 
 # ------------------------------------------------------------------------- the caps
