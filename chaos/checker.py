@@ -343,13 +343,18 @@ def _check_gpu_reuse(history: History) -> list[Violation]:
 
 
 def _check_duplicate_members(history: History) -> list[Violation]:
-    pids: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    # A process is its pid in its PID namespace: members of a worker that gives each one
+    # a namespace of its own all have pid 2.
+    pids: dict[tuple[str, int, int], set[tuple[int, int]]] = defaultdict(set)
     for r in history.members:
         if r.type == "start":
-            pids[(r.job, r.token, r.rank)].add(r.pid)
+            pids[(r.job, r.token, r.rank)].add((r.pid_ns, r.pid))
     return [
         Violation(
-            "duplicate-member", job, f"rank {rank} of token {token} started by pids {sorted(p)}"
+            "duplicate-member",
+            job,
+            f"rank {rank} of token {token} started by pids {sorted(pid for _, pid in p)} "
+            f"(PID namespaces {sorted({ns for ns, _ in p})})",
         )
         for (job, token, rank), p in sorted(pids.items())
         if len(p) > 1

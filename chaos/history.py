@@ -42,6 +42,7 @@ class MemberRecord:
     gpus: tuple[int, ...] = ()  # the member's CUDA_VISIBLE_DEVICES
     outcome: str = ""  # an end record's: accepted | already committed | rejected | ...
     world: int = 0  # the gang's size (0: not recorded)
+    pid_ns: int = 0  # the inode of the member's PID namespace (0: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,7 @@ def load_history(run_dir: Path) -> History:
                 gpus=tuple(int(g) for g in str(r.get("gpus", "")).split(",") if g.strip()),
                 outcome=str(r.get("outcome", "")),
                 world=int(r.get("world", 0)),
+                pid_ns=int(r.get("pid_ns", 0)),
             )
         )
     for r in ledger.read_records(run_dir / ledger.EFFECTS):

@@ -32,6 +32,18 @@ HEARTBEAT_S = 0.1
 PREEMPT_DRAIN_S = 0.3
 
 
+def pid_namespace() -> int:
+    """The inode number of this process's PID namespace (0: unknown). With the pid it
+    names the process on its machine: a worker may start each member in a PID namespace
+    of its own, where every member's pid is 2."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # pid:[4026532281]
+    except OSError:
+        return 0
+    inode = link.partition("[")[2].rstrip("]")
+    return int(inode) if inode.isdigit() else 0
+
+
 def identity() -> dict[str, Any]:
     hosts = os.environ.get("SYNAPSE_MEMBER_HOSTS", "").split(",")
     rank = int(os.environ["RANK"])
@@ -44,6 +56,7 @@ def identity() -> dict[str, Any]:
         "world": int(os.environ.get("WORLD_SIZE", "0")),
         "node": node,
         "pid": os.getpid(),
+        "pid_ns": pid_namespace(),
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     }
 

@@ -5,7 +5,9 @@ inherits ``SYNAPSE_TEST_SESSION`` from the pytest process, which adds its own id
 when the session begins (``tests/conftest.py``; ids are joined with ``:``, so a session
 run inside a test keeps its parent's id too), and a scan of ``/proc`` finds them
 wherever they are: in another session or process group, reparented to init, run as
-another user.
+another user. A worker's members get none of its variables but those it is told to pass
+on (``member_env_passthrough``; the worker tests' executors name this one); a member in
+a PID namespace of its own lives no longer than its keeper and init, which carry it.
 
 The check runs once every fixture that could own such a process has been torn down: after
 each test at whose end no class-, module- or package-scoped fixture is set up (a module's

@@ -51,6 +51,9 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
                                          from the node since its election
     members_run_as     str               "owner" (each job's owner's account) or
                                          "agent:<user>"; "" when the node did not say
+    member_isolation   str               "pid-namespace" (each member sees only its own
+                                         processes) or "shared" (every member sees every
+                                         process of the node); "" when the node did not say
     gpu_faults         [{gpu, code, detail, since_ms}]   unhealthy GPUs (free_gpus leaves
                                          them out); [] when all are healthy
     unfit              [{owner, detail, until_ms}]   owners the node may not run members

@@ -93,10 +93,18 @@ def node_document(node: pb.Node, now_ms: int = 0) -> Document:
             node.last_heartbeat_age_ms if node.last_heartbeat_age_ms >= 0 else None
         ),
         "members_run_as": node.members_run_as,
+        "member_isolation": node.member_isolation,
         "gpu_faults": gpu_faults_document(node.gpu_faults),
         "unfit": unfit_document(node.unfit, now_ms),
         "conditions": conditions_document(node.conditions),
     }
+
+
+def runs_as_text(document: Mapping[str, Any]) -> str:
+    """Whose account members run under, and whether they share the node's processes:
+    ``owner``, ``owner (shared PIDs)``, ``agent:svc``; "" when the node said neither."""
+    shared = " (shared PIDs)" if document.get("member_isolation") == "shared" else ""
+    return f"{document['members_run_as']}{shared}".strip()
 
 
 def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
@@ -115,7 +123,7 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
             if d["last_heartbeat_age_ms"] is not None
             else None,
             d["address"],
-            d["members_run_as"] or None,
+            runs_as_text(d) or None,
             ",".join(u["owner"] for u in d["unfit"]) or None,
         ]
         for d in docs

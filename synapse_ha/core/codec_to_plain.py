@@ -86,7 +86,7 @@ _ADDED_FIELDS: dict[type, frozenset[str]] = {
     cmd.MemberEvent: frozenset({"step", "mark_seq"}),
     # GPU health (DESIGN §4).
     # A node's boot, to tell a reboot (ClusterConfig.clear_gpu_faults_on_reboot).
-    NodeInfo: frozenset({"boot_id"}),
+    NodeInfo: frozenset({"boot_id", "member_isolation"}),
     Node: frozenset({"gpu_faults", "unfit", "start_failures", "conditions"}),
 }
 _ALWAYS = object()  # a field written whatever its value

@@ -67,7 +67,8 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
     },
     Queue: {"min_runtime_ms": 6, "running_members_per_user": 10, "members_per_node_per_user": 10},
     # The machine's boot, to tell a reboot.
-    NodeInfo: {"boot_id": 3},
+    # Format 10: whether members get PID namespaces of their own (worker/isolation.py).
+    NodeInfo: {"boot_id": 3, "member_isolation": 10},
     # Hang detection of a job's members (core/progress.py), and a job's pre-start check
     # (core/prestart.py); format 4: jobs that wait for other jobs (core/dependencies.py)
     # and a job's begin time and deadline (core/windows.py).

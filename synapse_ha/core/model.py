@@ -149,6 +149,9 @@ class NodeInfo:
     members_run_as: str = ""
     # The machine's boot id when its worker registered ("": not said): a new one is a reboot.
     boot_id: str = ""
+    # "pid-namespace" when each member runs in a PID namespace of its own, "shared" when
+    # members share the node's; "" when the node did not say.
+    member_isolation: str = ""
 
 
 @dataclass(slots=True)

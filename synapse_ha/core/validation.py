@@ -89,6 +89,7 @@ MAX_ADDRESS = 261  # a 253-character host name, ':' and a port
 # A node's members_run_as: "owner", or "agent:" and the agent's account name; "" unsaid.
 MEMBERS_RUN_AS_PATTERN = re.compile(r"(owner|agent:[^\s:]{1,64})?")
 BOOT_ID_PATTERN = re.compile(r"[A-Za-z0-9-]{0,64}")  # a machine's boot id; "": not said
+MEMBER_ISOLATIONS = ("", "pid-namespace", "shared")  # a node's member_isolation
 
 HOST_LEVEL = "host"
 MAX_TOKEN_QUEUES = 64
@@ -400,6 +401,8 @@ def check_node_info(info: NodeInfo) -> list[Violation]:
         )
     if not BOOT_ID_PATTERN.fullmatch(info.boot_id):
         out.append(invalid("boot_id", "at most 64 letters, digits and dashes"))
+    if info.member_isolation not in MEMBER_ISOLATIONS:
+        out.append(invalid("member_isolation", 'must be "pid-namespace" or "shared"'))
     return out
 
 

@@ -13,9 +13,9 @@ suite and the benchmarks. A :class:`Launcher` starts ``synapse-scheduler`` repli
   ``ip netns exec r1`` to run a replica inside a network namespace (``ip netns exec``
   execs the program, so the pid is the program's own).
 * **A marker.** Every process gets ``SYNAPSE_LAUNCH_MARKER=<unique value>`` in its
-  environment; everything it starts inherits it (members included, since the agent passes
-  its environment on), so :meth:`Launcher.close` finds what is left whatever session or
-  group it is in.
+  environment; everything it starts inherits it (members included: workers pass it on
+  to their members with ``--member-env-passthrough``), so :meth:`Launcher.close` finds
+  what is left whatever session or group it is in.
 * **Bounded stops.** :meth:`Launcher.close` stops everything it started (see
   :mod:`synapse_ha.local.process`), then SIGKILLs every remaining group it knows and every
   process carrying its marker. It is idempotent and never raises because one process
@@ -195,11 +195,17 @@ class Launcher:
         preferred = self.preferred_metrics_ports.get(node_id, 0)
         metrics = metrics_address(listen.rpartition(":")[0], self._fixed_ports(), preferred)
         observe = ["--metrics-address", metrics]
+        # Members get none of the agent's variables but those named: the marker is one.
+        marker = ["--member-env-passthrough", MARKER_VARIABLE]
         return Worker(
             metrics=metrics,
             name=name or f"worker {node_id}",
             argv=worker_argv(
-                schedulers, node_id, listen, data_dir, [*security, *run_as, *observe, *extra]
+                schedulers,
+                node_id,
+                listen,
+                data_dir,
+                [*security, *run_as, *observe, *marker, *extra],
             ),
             log_path=log_path or self.logs_dir / f"{node_id}.log",
             env=None if env is None else dict(env),

@@ -1,14 +1,17 @@
 """``synapse-worker``'s settings of how members run: the container runtime for members
-whose job names an image, and the account members run as (``run_as``, ``[user_map]``,
-``allow_root_members``)."""
+whose job names an image, the account members run as (``run_as``, ``[user_map]``,
+``allow_root_members``), the variables of the agent's environment members get
+(``member_env_passthrough``) and whether members may share the node's PID namespace
+(``allow_shared_pid_namespace``)."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 from synapse_ha.programs.config_file import ConfigError
-from synapse_ha.programs.settings import Inputs, defaulted, setting
+from synapse_ha.programs.settings import Inputs, defaulted, setting, true_or_false
 from synapse_ha.worker.accounts import RunAsMode, parse_user_map
+from synapse_ha.worker.environment import env_name_problem
 from synapse_ha.worker.images import ImageRuntime
 
 
@@ -88,6 +91,43 @@ ALLOW_ROOT_MEMBERS = setting(
     help="let members run as root when their owner maps to it (default: refused)",
 )
 ACCOUNTS = (RUN_AS, USER_MAP, ALLOW_ROOT_MEMBERS)
+
+
+def _passthrough(value: Any) -> tuple[str, ...]:
+    names: list[str] = []
+    for item in value:
+        for name in filter(None, (part.strip() for part in str(item).split(","))):
+            problem = env_name_problem(name)
+            if problem:
+                raise ConfigError(f"member_env_passthrough: {problem}")
+            names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+MEMBER_ENV_PASSTHROUGH = setting(
+    "--member-env-passthrough",
+    "member_env_passthrough",
+    merge="both",
+    default=(),
+    check=_passthrough,
+    action="append",
+    flag_default=[],
+    metavar="NAME",
+    help="a variable of this agent's environment that members get as it is (repeatable, "
+    "or NAME,NAME); members get no other variable of the agent's",
+)
+ALLOW_SHARED_PID_NAMESPACE = setting(
+    "--allow-shared-pid-namespace",
+    "allow_shared_pid_namespace",
+    default=False,
+    check=true_or_false("allow_shared_pid_namespace"),
+    blank_is_default=True,
+    action="store_true",
+    help="with --run-as owner, start even where members cannot get a PID namespace of "
+    "their own: every member then sees every process of the node, other users' command "
+    "lines too (synctl nodes shows it)",
+)
+PROCESSES = (MEMBER_ENV_PASSTHROUGH, ALLOW_SHARED_PID_NAMESPACE)
 
 
 class ImageOptions(NamedTuple):

@@ -43,6 +43,12 @@ from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
 from synapse_ha.worker.gpu_health import GpuHealthMonitor, health_monitor
 from synapse_ha.worker.health_check import HealthCheck
+from synapse_ha.worker.isolation import (
+    IsolationRefused,
+    MemberIsolation,
+    decide_isolation,
+    probe_pid_namespace,
+)
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.logs import LogAccess, add_worker_service, new_worker_server
 from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
@@ -123,7 +129,32 @@ def _warn_about_a_shared_key(key: Path) -> None:
         )
 
 
-def registration(config: WorkerConfig, advertise: str) -> pb.RegisterNodeRequest:
+def member_isolation(config: WorkerConfig) -> MemberIsolation:
+    """Whether members get PID namespaces of their own here, said at every start; a
+    worker running members as their owners where they cannot refuses to start (a
+    ConfigError) unless the operator allowed it."""
+    try:
+        isolation = decide_isolation(
+            config.run_as, os.geteuid(), config.allow_shared_pid_namespace, probe_pid_namespace
+        )
+    except IsolationRefused as exc:
+        raise ConfigError(str(exc)) from None
+    if isolation.pid_namespace:
+        log.info("each member runs in a PID namespace of its own: it sees only its processes")
+    elif config.run_as is RunAsMode.OWNER:
+        log.warning(
+            "members share this node's PID namespace (%s): every member sees every process "
+            "of the node, other users' command lines too (--allow-shared-pid-namespace)",
+            isolation.why_shared,
+        )
+    else:
+        log.info("members share this node's PID namespace: %s", isolation.why_shared)
+    return isolation
+
+
+def registration(
+    config: WorkerConfig, advertise: str, isolation: MemberIsolation | None = None
+) -> pb.RegisterNodeRequest:
     warn = _warn_once()
     if config.mock_gpus is not None:
         gpus = discovery.mock_gpus(config.mock_gpus, config.mock_nvlink, config.mock_gpu_model)
@@ -147,6 +178,7 @@ def registration(config: WorkerConfig, advertise: str) -> pb.RegisterNodeRequest
         topology=[pb.TopologyLabel(level=k, value=v) for k, v in config.topology],
         features=sorted(features),
         members_run_as=run_as_policy(config).advertised(),
+        member_isolation=isolation.advertised if isolation is not None else "",
         boot_id=config.gpu_health.boot_id(),
     )
 
@@ -197,7 +229,10 @@ def _cgroup_limiter(config: WorkerConfig) -> CgroupLimiter | None:
 
 
 def _member_executor(
-    config: WorkerConfig, lease_file: LeaseFile, cgroups: CgroupLimiter | None
+    config: WorkerConfig,
+    lease_file: LeaseFile,
+    cgroups: CgroupLimiter | None,
+    isolation: MemberIsolation,
 ) -> MemberExecutor:
     run_as = run_as_policy(config)
     say_whose_account_members_use(config, run_as)
@@ -210,6 +245,8 @@ def _member_executor(
             self_fencing=config.self_fencing,
             run_as=run_as,
             fork_server=True,  # supervisors forked, not started as interpreters
+            member_env_passthrough=config.member_env_passthrough,
+            pid_namespace=isolation.pid_namespace,
         ),
         image_runtime=config.image,
         cgroups=cgroups,
@@ -310,14 +347,15 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     cgroups = _cgroup_limiter(config)
     lease_file = LeaseFile(config.data_dir / "lease")
     lease_file.revoke()
-    executor = _member_executor(config, lease_file, cgroups)
+    isolation = member_isolation(config)
+    executor = _member_executor(config, lease_file, cgroups, isolation)
     recovered = executor.recover()
     for key, exit_ in recovered:
         log.warning("member %s from a previous life: %s", key, exit_.detail)
     # The leader's nudges and pushes reach the agent through this box once it exists.
     box = _AgentBox()
     server, transport, advertise = _serve_logs(config, executor, box)
-    request = registration(config, advertise)
+    request = registration(config, advertise, isolation)
     _say_what_this_node_offers(config, advertise, request)
     client = _cluster_client(config, transport)
     metrics = WorkerMetrics(

@@ -20,6 +20,8 @@ keys are the flag names with underscores, for example::
     features = ["ib"]
     run_as = "owner"                   # or "agent" (default: owner when run as root)
     allow_root_members = false
+    member_env_passthrough = ["HTTPS_PROXY", "NCCL_SOCKET_IFNAME"]  # agent variables members get
+    allow_shared_pid_namespace = false # true: start where members cannot get PID namespaces
     [user_map]                         # job owner = local account
     alice = "svc_alice"
     [metrics]                          # /metrics over HTTPS with the worker's certificate
@@ -54,7 +56,10 @@ from synapse_ha.programs.health_check_config import HEALTH_CHECK_SETTINGS, healt
 from synapse_ha.programs.member_config import (
     ACCOUNTS,
     ALLOW_ROOT_MEMBERS,
+    ALLOW_SHARED_PID_NAMESPACE,
     IMAGES,
+    MEMBER_ENV_PASSTHROUGH,
+    PROCESSES,
     RUN_AS,
     USER_MAP,
     image_options,
@@ -118,6 +123,10 @@ class WorkerConfig:
     run_as: RunAsMode = RunAsMode.AGENT
     user_map: tuple[tuple[str, str], ...] = ()
     allow_root_members: bool = False
+    # Variables of the agent's environment members get; members get no other one.
+    member_env_passthrough: tuple[str, ...] = ()
+    # With --run-as owner: start even where members cannot get PID namespaces of their own.
+    allow_shared_pid_namespace: bool = False
     tls: TlsFiles | None = None  # None: --insecure
     metrics_address: str = ""  # where /metrics is served; "" serves none
     # The runtime as it will run (its program by absolute path, found at start), or None.
@@ -368,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         TIMING,
         SERVICE,
         ACCOUNTS,
+        PROCESSES,
     )
     add_tls_flags(
         p,
@@ -398,6 +408,7 @@ _FILE_TYPES: dict[str, tuple[type, ...]] = {
     "rootless_runtime": (bool,),
     "gpu_health": (dict,),
     "mock_gpu_faults": (str,),
+    "member_env_passthrough": (list,),
 }
 
 
@@ -411,7 +422,9 @@ def load_config(
         flags.unsafe_no_self_fencing, os.environ if environ is None else environ
     )
     inputs = Inputs.read(
-        flags, _FILE_TYPES, string_lists=("schedulers", "features", "image_cap_add")
+        flags,
+        _FILE_TYPES,
+        string_lists=("schedulers", "features", "image_cap_add", "member_env_passthrough"),
     )
     schedulers = _schedulers(inputs)
     node_id = str(inputs.raw(NODE_ID) or socket.gethostname())
@@ -433,6 +446,8 @@ def load_config(
     allow_root, tls = inputs.value(ALLOW_ROOT_MEMBERS), tls_files(inputs)
     metrics, topology = inputs.value(METRICS_ADDRESS), inputs.value(TOPOLOGY)
     return WorkerConfig(
+        member_env_passthrough=inputs.value(MEMBER_ENV_PASSTHROUGH),
+        allow_shared_pid_namespace=inputs.value(ALLOW_SHARED_PID_NAMESPACE),
         metrics_address=metrics,
         schedulers=tuple(dict.fromkeys(schedulers)),
         node_id=node_id,

@@ -302,6 +302,7 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
         registered_at_ms=node.registered_at_ms,
         last_heartbeat_age_ms=heartbeat_age_ms,
         members_run_as=node.info.members_run_as,
+        member_isolation=node.info.member_isolation,
         gpu_faults=gpu_faults_to_proto(node.gpu_faults),
         unfit=[
             pb.NodeUnfit(owner=u.owner, detail=u.detail, until_ms=u.until_ms) for u in node.unfit
@@ -350,6 +351,7 @@ def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
         features=tuple(sorted(set(msg.features))),
         members_run_as=msg.members_run_as,
         boot_id=msg.boot_id,
+        member_isolation=msg.member_isolation,
     )
 
 

@@ -49,6 +49,7 @@ class Account:
     gid: int  # primary group
     groups: tuple[int, ...]  # every group the account belongs to, the primary one included
     home: str
+    shell: str = ""  # its login shell ("": the account database names none)
 
 
 class RefusalCode(enum.StrEnum):
@@ -156,6 +157,7 @@ def local_account(
         gid=entry.pw_gid,
         groups=tuple(sorted(set(groups) | {entry.pw_gid})),
         home=entry.pw_dir,
+        shell=entry.pw_shell,
     )
 
 

@@ -1,7 +1,11 @@
 """The environments of the processes the worker starts.
 
 * A member gets :func:`member_environment`: the DESIGN §5 contract (the torchrun
-  variables and ours), over the job's own variables.
+  variables and ours), over the job's own variables, over a minimal base
+  (:func:`member_base_environment`: ``PATH``, ``HOME``, ``USER``, ``LOGNAME``, ``SHELL``,
+  ``LANG`` and ``TMPDIR`` of the account it runs as, and the variables the operator
+  names with ``member_env_passthrough``). Nothing else of the agent's environment
+  reaches a member: a credential in it (a cloud key, a token) is the agent's alone.
 * Every root process besides the member (the supervisors, their fork server, the
   container runtime's client) gets a fixed environment, or the agent's own without any
   variable that changes how a process behaves (:func:`supervisor_environment`): the job's
@@ -10,7 +14,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from synapse_ha.core.arrays import task_of
 from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, PREEMPT_FILE_ENV, RESUME_STEP_ENV
@@ -19,10 +24,13 @@ from synapse_ha.worker.accounts import Account, owner_environment
 
 __all__ = [
     "CHECKPOINT_FILE_ENV",
+    "MEMBER_BASE_NAMES",
     "PREEMPT_FILE_ENV",
     "PROGRESS_FILE_ENV",
     "RESUME_STEP_ENV",
     "changes_process_behaviour",
+    "env_name_problem",
+    "member_base_environment",
     "member_environment",
     "supervisor_environment",
 ]
@@ -34,10 +42,11 @@ PROGRESS_FILE_ENV = "SYNAPSE_PROGRESS_FILE"
 def member_environment(
     member: DesiredMember, base: Mapping[str, str], account: Account | None = None
 ) -> dict[str, str]:
-    """The member's environment: ``base``, then ``HOME``, ``USER`` and ``LOGNAME`` of the
-    ``account`` it runs as (when it runs as its owner), then the job's ``env``, then the
-    DESIGN §5 variables (which the job cannot override: they define the gang), with the
-    array's for a task of an array and the step to resume from when there is one."""
+    """The member's environment: ``base`` (on the host, :func:`member_base_environment`),
+    then ``HOME``, ``USER`` and ``LOGNAME`` of the ``account`` it runs as (when it runs as
+    its owner), then the job's ``env``, then the DESIGN §5 variables (which the job cannot
+    override: they define the gang), with the array's for a task of an array and the step
+    to resume from when there is one."""
     env = dict(base)
     if account is not None:
         env.update(owner_environment(account))
@@ -80,6 +89,62 @@ def member_environment(
 # and nothing that changes how the loader or an interpreter behaves.
 FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FIXED_LANG = "C.UTF-8"
+FIXED_TMPDIR = "/tmp"
+FALLBACK_SHELL = "/bin/sh"  # an account whose passwd entry names no shell
+
+# The variables every member on the host starts with, whoever runs it (docs/security.md).
+MEMBER_BASE_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TMPDIR")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_name_problem(name: str) -> str:
+    """Why ``name`` cannot be an environment variable's name ("" when it can): letters,
+    digits and underscores, not starting with a digit."""
+    if _ENV_NAME.fullmatch(name):
+        return ""
+    return f"{name!r} is not a variable name (letters, digits and _, not starting with a digit)"
+
+
+def member_base_environment(
+    account: Account | None,
+    agent_env: Mapping[str, str],
+    passthrough: Sequence[str] = (),
+    agent_home: str = "/",
+    agent_user: str = "",
+) -> dict[str, str]:
+    """What a member on the host starts with besides the job's variables and the gang's
+    (:data:`MEMBER_BASE_NAMES`), then the variables of ``agent_env`` named in
+    ``passthrough`` (the operator's ``member_env_passthrough``) that it has.
+
+    A member running as its owner's ``account`` gets that account's ``HOME``, ``USER``,
+    ``LOGNAME`` and ``SHELL`` (from the account database), the fixed ``PATH`` and ``LANG``
+    and ``TMPDIR=/tmp``. A member running as the agent's own account (``account`` None)
+    gets the agent's values of the same names, each one the agent lacks from the agent's
+    account (``agent_home``, ``agent_user``) or fixed as above."""
+    if account is not None:
+        env = {
+            "PATH": FIXED_PATH,
+            "HOME": account.home,
+            "USER": account.name,
+            "LOGNAME": account.name,
+            "SHELL": account.shell or FALLBACK_SHELL,
+            "LANG": FIXED_LANG,
+            "TMPDIR": FIXED_TMPDIR,
+        }
+    else:
+        fallback = {
+            "PATH": FIXED_PATH,
+            "HOME": agent_home,
+            "USER": agent_user,
+            "LOGNAME": agent_user,
+            "SHELL": FALLBACK_SHELL,
+            "LANG": FIXED_LANG,
+            "TMPDIR": FIXED_TMPDIR,
+        }
+        env = {name: agent_env.get(name) or fallback[name] for name in MEMBER_BASE_NAMES}
+    env.update({name: agent_env[name] for name in passthrough if name in agent_env})
+    return env
+
 
 # Variables that change what the dynamic loader, the C library, a shell or an
 # interpreter does: the names glibc drops for set-user-ID programs (unsecvars.h), the

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +104,7 @@ _REFUSED_RUN_OPTIONS = {
     "net": "members use the host's network",
     "workdir": "the job's workdir is the container's working directory",
     "volumes-from": "would mount another container's volumes",
+    "pid": "each member sees only its own processes (a PID namespace of its own)",
 }
 # Bind sources that give a container the host's root file system, its devices or kernel
 # interfaces, or a container runtime's API socket (which is root).
@@ -351,11 +352,14 @@ class NoImageRuntime(ValueError):
     """The member names an image and this node has no image runtime."""
 
 
-def container_environment(member: DesiredMember, runtime: ImageRuntime) -> dict[str, str]:
-    """The variables a containerised member gets (through the env file): the job's, then
-    the DESIGN §5 variables, except that with GPU devices the container numbers its GPUs
-    from 0."""
-    out = member_environment(member, {})
+def container_environment(
+    member: DesiredMember, runtime: ImageRuntime, passthrough: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The variables a containerised member gets (through the env file): the operator's
+    ``passthrough`` ones (``member_env_passthrough``), the job's, then the DESIGN §5
+    variables, except that with GPU devices the container numbers its GPUs from 0. The
+    image gives the rest (``PATH``, ``HOME``, ...); nothing else of the agent's."""
+    out = member_environment(member, passthrough or {})
     if runtime.gpu_devices:
         out["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(member.gpus)))
     return out

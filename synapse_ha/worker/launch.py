@@ -161,7 +161,8 @@ class MemberProcess:
 def host_process(
     member: DesiredMember, base_env: Mapping[str, str], account: Account | None, member_dir: Path
 ) -> MemberProcess:
-    """A member on the host: its environment over ``base_env``, with the file a
+    """A member on the host: its environment over ``base_env`` (the minimal base of
+    :func:`~synapse_ha.worker.environment.member_base_environment`), with the file a
     preemption notice is written to (before the SIGTERM, only when the gang is
     preempted), the file it writes a line to to mark a checkpoint and, when its job has
     hang detection, the file it touches to show progress, run as ``account`` in the
@@ -181,18 +182,20 @@ def container_process(
     account: Account | None,
     member_dir: Path,
     agent_home: str,
+    passthrough: Mapping[str, str] | None = None,
 ) -> MemberProcess:
     """A member in a container: the runtime's client gets a fixed environment and runs
     in the member directory, as root or (rootless) as the owner; the job's variables
-    reach the container through the env file, and the runtime enforces the limits and
-    sets the working directory inside the container."""
+    (over the operator's ``passthrough`` ones; the image gives the rest) reach the
+    container through the env file, and the runtime enforces the limits and sets the
+    working directory inside the container."""
     files = ContainerFiles.of_member(member_dir)
     rootless_owner = account if runtime.rootless else None
     container = {
         "dir": str(files.directory),
         "env_file": str(files.env_file),
         "cidfile": str(files.cidfile),
-        "env": container_environment(member, runtime),
+        "env": container_environment(member, runtime, passthrough or {}),
         "owner": None if rootless_owner is None else [rootless_owner.uid, rootless_owner.gid],
     }
     return MemberProcess(
@@ -205,13 +208,17 @@ def container_process(
 
 
 def prestart_record(
-    member: DesiredMember, base_env: Mapping[str, str], account: Account | None, member_dir: Path
+    member: DesiredMember,
+    base_env: Mapping[str, str],
+    account: Account | None,
+    member_dir: Path,
+    pid_namespace: bool = False,
 ) -> dict[str, Any] | None:
     """The job's pre-start check as the supervisor runs it (``prestart`` in the launch
     record; None without one): on the host, as the member would run there (its
-    environment, ``account`` and the job's working directory). A member whose job names
-    an image gets its check on the host too, in ``/`` (the working directory is the
-    container's)."""
+    environment, ``account``, the job's working directory and, with ``pid_namespace``, a
+    PID namespace of its own). A member whose job names an image gets its check on the
+    host too, in ``/`` (the working directory is the container's)."""
     prestart = member.spec.prestart
     if prestart is None:
         return None
@@ -223,4 +230,5 @@ def prestart_record(
         "cwd": "/" if member.spec.image else fields["cwd"],
         "run_as": fields["run_as"],
         "timeout_s": prestart.timeout_ms / 1000,
+        "pid_namespace": pid_namespace,
     }

@@ -1,7 +1,8 @@
 """Gang members on this node: their launch, their records and their ends.
 
 Every member runs under its own supervisor (:mod:`synapse_ha.worker.shim`), which starts
-it as a process group of its own and kills that group when the lease expires, when the
+it as a process group of its own (with ``pid_namespace``, in a PID namespace of its own:
+:mod:`synapse_ha.worker.pidns`) and kills that group when the lease expires, when the
 agent goes away, on a stop request, or at the time limit. With ``fork_server`` set the
 supervisors are forked from one pre-started process (:mod:`synapse_ha.worker.forkserver`,
 which explains why a member still never outlives its lease) instead of each starting an
@@ -48,11 +49,13 @@ from synapse_ha.worker.accounts import (
     AccountLookup,
     RunAsPolicy,
     RunAsRefusal,
+    agent_user_name,
     local_account,
     resolve_member_account,
 )
 from synapse_ha.worker.cgroups import CgroupLimiter
 from synapse_ha.worker.checkpoints import CheckpointWatches, Mark, create_checkpoint_file
+from synapse_ha.worker.environment import member_base_environment
 from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
 from synapse_ha.worker.launch import (
     container_process,
@@ -114,7 +117,12 @@ class ExecutorSettings:
     stop_grace_s: float = 5.0  # SIGTERM → SIGKILL on a graceful stop and at the time limit
     fence_grace_s: float = 0.5  # SIGTERM → SIGKILL when the lease is lost
     python: str = sys.executable  # interpreter that runs the supervisor
+    # The agent's environment: members get only its variables named in
+    # member_env_passthrough (and, running as the agent's account, its PATH, HOME, ...).
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    member_env_passthrough: tuple[str, ...] = ()
+    # Each member on the host (and its pre-start check) in a PID namespace of its own.
+    pid_namespace: bool = False
     # False only in the deliberately broken test build (synapse_ha.programs.worker): the
     # supervisors then ignore the lease file and the agent's disappearance.
     self_fencing: bool = True
@@ -195,7 +203,7 @@ class MemberExecutor:
         # Members that failed before a supervisor could start (bad command, no runtime).
         self._immediate_exits: list[tuple[MemberKey, MemberExit]] = []
         # The runtime's client, run as root, gets the agent's own home.
-        self._agent_home = _home_of(os.geteuid())
+        self._agent_home, self._agent_user = _home_of(os.geteuid()), agent_user_name()
         self._supervisors = SupervisorStarter(
             self.settings.python, self.settings.fork_server, self.settings.fence_grace_s
         )
@@ -297,13 +305,21 @@ class MemberExecutor:
             except OSError as exc:
                 detail = f"could not give the member's files to {account.name}: {exc}"
                 return MemberExit(EXIT_REFUSED, detail, now_ms, node_fault=True)
-        cgroup_dir = ""
+        cgroup_dir, settings = "", self.settings
+        base = member_base_environment(
+            account,
+            settings.base_env,
+            settings.member_env_passthrough,
+            self._agent_home,
+            self._agent_user,
+        )
         if desired.spec.image and self.image_runtime is not None:
+            passthrough = {k: base[k] for k in settings.member_env_passthrough if k in base}
             process = container_process(
-                desired, self.image_runtime, account, mdir, self._agent_home
+                desired, self.image_runtime, account, mdir, self._agent_home, passthrough
             )
         else:
-            process = host_process(desired, self.settings.base_env, account, mdir)
+            process = host_process(desired, base, account, mdir)
             if self.cgroups is not None:
                 resources = desired.spec.resources
                 cgroup_dir = self.cgroups.create(
@@ -322,8 +338,10 @@ class MemberExecutor:
             "time_limit_ms": desired.spec.time_limit_ms,
             **progress_fields(desired, log_path, progress_path),
             "cgroup_dir": cgroup_dir,
-            "self_fencing": self.settings.self_fencing,
-            "prestart": prestart_record(desired, self.settings.base_env, account, mdir),
+            "self_fencing": settings.self_fencing,
+            # A container has the PID namespace its runtime gives it.
+            "pid_namespace": settings.pid_namespace and process.container is None,
+            "prestart": prestart_record(desired, base, account, mdir, settings.pid_namespace),
         }
 
     def _start_supervisor(self, member: Member, launch: dict[str, Any]) -> None:

@@ -55,6 +55,11 @@ give the same sentence (:data:`WORKDIR_REFUSED`), and so do a program that does 
 and one it may not run (:data:`NOT_RUNNABLE`). The detail becomes the job's reason, which
 other users may see.
 
+A member whose launch record says ``pid_namespace`` runs in a PID namespace of its own,
+with a ``/proc`` of its own (:mod:`~synapse_ha.worker.pidns`): the pid the records name is
+then that of the member's keeper, whose group holds the member, and killing the group
+ends the namespace.
+
 The shim writes ``member.json`` (pid and start time of the member) once the member runs,
 and ``exit.json`` (exit code, detail, end time) atomically when it is gone; the agent reads
 both. Exit codes follow the shell: 128 + N for death by signal N. A member stopped by the
@@ -62,7 +67,8 @@ shim never reports 0: a fenced member that exits cleanly on SIGTERM did not succ
 
 The supervisor is this script and the modules it imports: :mod:`~synapse_ha.worker.procgroup`
 (processes and groups), :mod:`~synapse_ha.worker.records` (the records and the lease file),
-:mod:`~synapse_ha.worker.shim_containers` (a member's container) and
+:mod:`~synapse_ha.worker.shim_containers` (a member's container),
+:mod:`~synapse_ha.worker.pidns` (a member's PID namespace) and
 :mod:`~synapse_ha.worker.progress` (hang detection). They import only the
 standard library and each other, so that the supervisor runs in isolated mode without
 site-packages and starts in a few milliseconds; keep it so. Run as a script, it finds
@@ -89,6 +95,8 @@ if __name__ == "__main__":
     # library so that nothing there can stand in for a standard module.
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from synapse_ha.worker.pidns import NamespacedProcess, NamespaceError
+from synapse_ha.worker.pidns import start as start_process
 from synapse_ha.worker.procgroup import (
     become_subreaper,
     drop_to,
@@ -216,15 +224,14 @@ class Shim:
         )
         step_read, step_write = os.pipe()
         try:
-            proc = subprocess.Popen(
+            proc = start_process(
                 launch["argv"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=launch["env"],
-                start_new_session=True,
-                preexec_fn=_before_exec(launch, step_write),
-                close_fds=True,
+                launch["env"],
+                log,
+                log,
+                _before_exec(launch, step_write),
+                bool(launch.get("pid_namespace")),
+                min(float(launch.get("stop_grace_s", 5.0)), 1.0),
             )
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             os.close(step_write)
@@ -246,11 +253,13 @@ class Shim:
         runtime or the program that could not run."""
         if failed_step in _STEP_FAILURES:
             return _STEP_FAILURES[failed_step]
+        if isinstance(exc, NamespaceError):
+            return "could not exec: could not give the member a PID namespace of its own"
         if self.container.files is not None:
             return f"could not run the container runtime: {error_kind(exc)}"
         return _exec_failure(exc)
 
-    def _record_member(self, proc: subprocess.Popen[bytes]) -> None:
+    def _record_member(self, proc: subprocess.Popen[bytes] | NamespacedProcess) -> None:
         """The member runs: remember it and write ``member.json`` (into the room taken
         before it started)."""
         self.member_pid = proc.pid

@@ -1,6 +1,7 @@
 """A job's pre-start check, run by the member's supervisor before the member: as the
 member would run (its account, its environment, its working directory; on the host,
-also for a member whose job names an image), in a process group of its own.
+also for a member whose job names an image), in a process group of its own, in a PID
+namespace of its own when the member's is (:mod:`~synapse_ha.worker.pidns`).
 
 Exit 0 passes and the member starts. A non-zero exit, a check that cannot be run, or one
 still running after its timeout (its group is killed) fails: the member is not started,
@@ -22,6 +23,8 @@ import subprocess
 import time
 
 from synapse_ha.worker.check_output import READ_LIMIT, failure_message
+from synapse_ha.worker.pidns import NamespacedProcess
+from synapse_ha.worker.pidns import start as start_process
 from synapse_ha.worker.procgroup import signal_group
 
 TYPE_CHECKING = False
@@ -52,15 +55,13 @@ def run_prestart(
     out, err = (os.open(path, flags, 0o600) for path in paths)
     step_read, step_write = os.pipe()
     try:
-        proc = subprocess.Popen(
+        proc = start_process(
             record["argv"],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            env=record["env"],
-            start_new_session=True,
-            preexec_fn=before_exec(step_write),
-            close_fds=True,
+            record["env"],
+            out,
+            err,
+            before_exec(step_write),
+            bool(record.get("pid_namespace")),
         )
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         os.close(step_write)
@@ -85,7 +86,9 @@ def run_prestart(
 
 
 def _wait(
-    proc: subprocess.Popen[bytes], timeout_s: float, interrupted: Callable[[], str]
+    proc: subprocess.Popen[bytes] | NamespacedProcess,
+    timeout_s: float,
+    interrupted: Callable[[], str],
 ) -> tuple[int | None, str]:
     """The check's exit code (None: timed out) or why it was cut short; its group is
     gone either way."""

@@ -400,3 +400,10 @@ def test_a_member_started_twice_is_reported() -> None:
     history = clean_history()
     history.members.append(MemberRecord("start", "j1", 1, 3, 0, "w3", 500 * MS, 99))
     assert kinds(history) == {"duplicate-member"}
+
+
+def test_a_member_started_twice_with_one_pid_in_two_pid_namespaces_is_reported() -> None:
+    history = clean_history()
+    first = next(r for r in history.members if r.type == "start" and r.job == "j1")
+    history.members.append(replace(first, node="w3", mono_ns=500 * MS, pid_ns=4026532999))
+    assert kinds(history) == {"duplicate-member"}

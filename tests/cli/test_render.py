@@ -28,7 +28,8 @@ JOB_KEYS = [
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
     "allocated", "free_gpus", "allocated_gpus", "gpu_model", "registered_at_ms",
-    "last_heartbeat_age_ms", "members_run_as", "gpu_faults", "unfit", "conditions",
+    "last_heartbeat_age_ms", "members_run_as", "member_isolation", "gpu_faults", "unfit",
+    "conditions",
 ]  # fmt: skip
 
 

@@ -74,7 +74,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     Prestart: ("command", "shell", "timeout_ms"),
     Dependencies: ("after_ok", "after_any", "after_not_ok", "after"),
     model.NodeInfo: ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology",
-                     "features", "members_run_as", "boot_id"),
+                     "features", "members_run_as", "boot_id", "member_isolation"),
     cluster_config.PriorityClass: ("name", "value", "preempts", "grace_ms", "min_runtime_ms"),
     cluster_config.Queue: ("name", "gpu", "cpu_milli", "memory_mib", "cohort",
                            "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes",

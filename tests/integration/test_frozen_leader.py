@@ -24,7 +24,7 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import node_status
 from tests.integration.cluster import LocalCluster, job_spec, pausable_cluster, wait_for
-from tests.worker.helpers import process_gone
+from tests.worker.helpers import ECHO_PID, process_gone
 from tests.worker.test_integration_worker import gang, pid_of, start_workers, wait_state
 from tests.worker.workers import LocalWorkers, workers_of
 
@@ -82,7 +82,7 @@ class RunningGang:
     @classmethod
     def start(cls, client: ClusterClient, name: str, out: Path) -> RunningGang:
         out.mkdir()
-        command = "echo $$ > $OUT/pid-$RANK; exec sleep 600"
+        command = f"{ECHO_PID} > $OUT/pid-$RANK; exec sleep 600"
         job_id = client.submit_job(gang(name, 2, command, out, retries=2)).job_id
         pids = (pid_of(out, "pid-0"), pid_of(out, "pid-1"))
         return cls(job_id, pids, wait_state(client, job_id, "RUNNING").attempt)

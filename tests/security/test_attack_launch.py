@@ -517,9 +517,16 @@ def test_the_supervisor_carries_none_of_the_jobs_variables(world: World, mallory
 
         mdir = wait_for("the member to run", running, 30.0)
         shim_pid = _record_pid(mdir / "shim.json")
-        member_pid = _record_pid(mdir / "member.json")
+        # The record names the member's process group: in a PID namespace of its own, its
+        # keeper (root, outside), whose child is the namespace's init (root), whose child
+        # is the member.
+        group = _record_pid(mdir / "member.json")
+        chain = [group, *_descendants(group)]
+        member_pid = chain[-1]
         fork_server = _parent_of(shim_pid)
-        for pid, who in ((shim_pid, "supervisor"), (fork_server, "fork server")):
+        root_processes = [(shim_pid, "supervisor"), (fork_server, "fork server")]
+        root_processes += [(pid, "member's keeper or init") for pid in chain[:-1]]
+        for pid, who in root_processes:
             env = _environ(pid)
             assert _uid_of(pid) == 0, who
             carried = {k: v for k, v in env.items() if k in planted and v == planted[k]}
@@ -539,6 +546,15 @@ def test_the_supervisor_carries_none_of_the_jobs_variables(world: World, mallory
 
 def _record_pid(path: Path) -> int:
     return int(json.loads(path.read_text())["pid"])
+
+
+def _descendants(pid: int) -> list[int]:
+    """The first child of ``pid``, its first child, and so on."""
+    found: list[int] = []
+    while children := Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        pid = int(children[0])
+        found.append(pid)
+    return found
 
 
 def _environ(pid: int) -> dict[str, str]:

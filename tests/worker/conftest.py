@@ -10,6 +10,7 @@ from synapse_ha.worker.cgroups import CgroupLimiter
 from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
+from tests.leftovers import SESSION_VARIABLE
 from tests.worker.helpers import Fifo
 
 MakeExecutor = Callable[..., MemberExecutor]
@@ -28,6 +29,7 @@ def make_executor(tmp_path: Path) -> Iterator[MakeExecutor]:
         lease_s: float = 3600.0,
         image_runtime: ImageRuntime | None = None,
         cgroups: CgroupLimiter | None = None,
+        pid_namespace: bool = False,
     ) -> MemberExecutor:
         data = tmp_path / name
         data.mkdir(exist_ok=True)
@@ -36,7 +38,14 @@ def make_executor(tmp_path: Path) -> Iterator[MakeExecutor]:
         executor = MemberExecutor(
             data,
             lease.path,
-            ExecutorSettings(stop_grace_s=stop_grace_s, fence_grace_s=0.2),
+            ExecutorSettings(
+                stop_grace_s=stop_grace_s,
+                fence_grace_s=0.2,
+                pid_namespace=pid_namespace,
+                # Members get none of the test process's variables but those named: the
+                # session's, by which a member left running is found (tests/leftovers.py).
+                member_env_passthrough=(SESSION_VARIABLE,),
+            ),
             image_runtime=image_runtime,
             cgroups=cgroups,
         )

@@ -19,7 +19,7 @@ from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import Transport
 from synapse_ha.worker.records import read_json
 from tests.integration.cluster import LocalCluster, pausable_cluster, wait_for
-from tests.worker.helpers import process_gone, wait_gone
+from tests.worker.helpers import ECHO_PID, host_pid, process_gone, wait_gone
 from tests.worker.workers import LocalWorkers, workers_of
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,8 @@ def wait_state(client: ClusterClient, job_id: str, state: str, timeout_s: float 
 
 
 def pid_of(out: Path, name: str) -> int:
-    return int(wait_for(f"pid file {name}", lambda: _read(out / name), timeout_s=20))
+    """The host's pid of the running member that wrote :data:`ECHO_PID` to ``name``."""
+    return host_pid(wait_for(f"pid file {name}", lambda: _read(out / name), timeout_s=20))
 
 
 def _read(path: Path) -> str | None:
@@ -213,7 +214,7 @@ def test_one_member_failing_stops_the_whole_gang_and_it_is_retried(
 ) -> None:
     start_workers(workers, client, 2)
     command = (
-        "echo $$ > $OUT/pid-$SYNAPSE_ATTEMPT-$RANK; "
+        f"{ECHO_PID} > $OUT/pid-$SYNAPSE_ATTEMPT-$RANK; "
         'if [ "$SYNAPSE_ATTEMPT" = 1 ]; then '
         '  if [ "$RANK" = 1 ]; then sleep 0.5; exit 1; fi; exec sleep 600; '
         "fi; echo done"
@@ -221,9 +222,10 @@ def test_one_member_failing_stops_the_whole_gang_and_it_is_retried(
     # The back-off outlasts a heartbeat round plus the stop: the leader does not wait for
     # the failed attempt's other members to confirm their exit before binding the next.
     job_id = client.submit_job(gang("flaky", 2, command, out, retries=1, backoff_ms=1500)).job_id
+    first = pid_of(out, "pid-1-0")  # running until rank 1 fails, half a second later
     job = wait_state(client, job_id, "SUCCEEDED")
     assert job.attempts_made == 2
-    assert process_gone(pid_of(out, "pid-1-0"))
+    assert process_gone(first)
 
     records = {}
     for d in member_dirs(workers, job_id):
@@ -246,7 +248,7 @@ def test_a_worker_cut_off_from_the_leader_kills_its_members_within_the_lease(
 ) -> None:
     start_workers(workers, client, 2)
     job_id = client.submit_job(
-        gang("cutoff", 2, "echo $$ > $OUT/pid-$RANK; exec sleep 600", out)
+        gang("cutoff", 2, f"{ECHO_PID} > $OUT/pid-$RANK; exec sleep 600", out)
     ).job_id
     pids = [pid_of(out, "pid-0"), pid_of(out, "pid-1")]
     wait_state(client, job_id, "RUNNING")
@@ -271,7 +273,7 @@ def test_a_killed_worker_has_its_gang_replaced_after_dead_timeout_never_before(
 ) -> None:
     start_workers(workers, client, 3)
     job_id = client.submit_job(
-        gang("mover", 2, "echo $$ > $OUT/pid-$SYNAPSE_ATTEMPT-$RANK; exec sleep 600", out, 2)
+        gang("mover", 2, f"{ECHO_PID} > $OUT/pid-$SYNAPSE_ATTEMPT-$RANK; exec sleep 600", out, 2)
     ).job_id
     pids = [pid_of(out, "pid-1-0"), pid_of(out, "pid-1-1")]
     job = wait_state(client, job_id, "RUNNING")

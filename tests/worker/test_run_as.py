@@ -128,7 +128,7 @@ def passwd(name: str, uid: int, gid: int, home: str) -> pwd.struct_passwd:
     return pwd.struct_passwd((name, "x", uid, gid, "", home, "/bin/sh"))
 
 
-def test_a_local_account_has_its_supplementary_groups_and_home() -> None:
+def test_a_local_account_has_its_supplementary_groups_home_and_shell() -> None:
     def getpwnam(name: str) -> pwd.struct_passwd:
         if name != "alice":
             raise KeyError(name)
@@ -139,7 +139,7 @@ def test_a_local_account_has_its_supplementary_groups_and_home() -> None:
         return [44, 100, 27]
 
     found = local_account("alice", getpwnam=getpwnam, getgrouplist=getgrouplist)
-    assert found == Account("alice", 1001, 100, (27, 44, 100), "/home/alice")
+    assert found == Account("alice", 1001, 100, (27, 44, 100), "/home/alice", "/bin/sh")
     assert local_account("bob", getpwnam=getpwnam, getgrouplist=getgrouplist) is None
     assert local_account("", getpwnam=getpwnam, getgrouplist=getgrouplist) is None
 

@@ -96,7 +96,9 @@ def owner_executor(data_dir: Path) -> Iterator[MakeOwnerExecutor]:
         executor = MemberExecutor(
             data_dir,
             lease.path,
-            ExecutorSettings(fence_grace_s=0.2, run_as=run_as),
+            # As a root worker running members as their owners does: each member in a PID
+            # namespace of its own.
+            ExecutorSettings(fence_grace_s=0.2, run_as=run_as, pid_namespace=True),
             cgroups=cgroups,
             image_runtime=image_runtime,
         )

@@ -4,14 +4,15 @@ it is sent."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import validation
 from synapse_ha.core.access import Kind
-from synapse_ha.core.formats import format_needed
-from synapse_ha.core.model import NodeStatus
+from synapse_ha.core.formats import NEW_FIELDS, format_needed
+from synapse_ha.core.model import NodeInfo, NodeStatus
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
@@ -51,8 +52,12 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 {"field": "unreachable_streams"},
             )
         info = convert.node_info_from_proto(request)
-        if format_needed(info) > self.ctx.backend.snapshot().format_floor:
-            info = dataclasses.replace(info, boot_id="")  # not every replica reads it yet
+        floor = self.ctx.backend.snapshot().format_floor
+        if format_needed(info) > floor:  # left out: not every replica reads them yet
+            newer: dict[str, Any] = {
+                name: "" for name, version in NEW_FIELDS[NodeInfo].items() if version > floor
+            }
+            info = dataclasses.replace(info, **newer)
         self._as_node(context, info.node_id)
         violations = validation.check_node_info(info)
         if violations:

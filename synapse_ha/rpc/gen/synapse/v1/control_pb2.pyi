@@ -485,7 +485,7 @@ class ExplainJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., explanation: _Optional[str] = ..., stale: _Optional[bool] = ..., reason_code: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status", "gpu_faults", "unfit", "conditions")
+    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status", "gpu_faults", "unfit", "conditions", "member_isolation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -502,6 +502,7 @@ class Node(_message.Message):
     GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     UNFIT_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ISOLATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     status: str
@@ -518,7 +519,8 @@ class Node(_message.Message):
     gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
     unfit: _containers.RepeatedCompositeFieldContainer[NodeUnfit]
     conditions: _containers.RepeatedCompositeFieldContainer[NodeCondition]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., unfit: _Optional[_Iterable[_Union[NodeUnfit, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[NodeCondition, _Mapping]]] = ...) -> None: ...
+    member_isolation: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., unfit: _Optional[_Iterable[_Union[NodeUnfit, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[NodeCondition, _Mapping]]] = ..., member_isolation: _Optional[str] = ...) -> None: ...
 
 class NodeCondition(_message.Message):
     __slots__ = ("name", "message", "since_ms")
@@ -1191,7 +1193,7 @@ class LimitValue(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as", "boot_id", "unreachable_streams")
+    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as", "boot_id", "unreachable_streams", "member_isolation")
     class GpuIsland(_message.Message):
         __slots__ = ("gpus",)
         GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -1207,6 +1209,7 @@ class RegisterNodeRequest(_message.Message):
     MEMBERS_RUN_AS_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ISOLATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity: Resources
@@ -1217,7 +1220,8 @@ class RegisterNodeRequest(_message.Message):
     members_run_as: str
     boot_id: str
     unreachable_streams: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ..., boot_id: _Optional[str] = ..., unreachable_streams: _Optional[_Iterable[str]] = ...) -> None: ...
+    member_isolation: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ..., boot_id: _Optional[str] = ..., unreachable_streams: _Optional[_Iterable[str]] = ..., member_isolation: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address", "node_status", "relayed")
