@@ -18,6 +18,7 @@ from synapse_ha.worker.cgroups import CgroupLimits, cgroup_limits, probe_cgroups
 from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
 from synapse_ha.worker.launch import member_argv
 from tests.integration.cluster import wait_for
+from tests.leftovers import SESSION_VARIABLE
 from tests.worker import fake_runtime
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import FakeClock, Fifo, desired_member, spec, wait_exit
@@ -269,7 +270,8 @@ def test_a_member_with_an_image_runs_through_the_runtime(
     assert "--cpus=0.250" in argv and "--memory=64m" in argv
     assert run["cwd"] == str(member.dir)
     variables = run["env_file"]["variables"]
-    assert set(variables) == {"HF_HOME", *SECTION_5}
+    # The job's, the gang's and the one the executor passes through (member_env_passthrough).
+    assert set(variables) == {"HF_HOME", SESSION_VARIABLE, *SECTION_5}
     assert variables["RANK"] == "1"
     assert variables["WORLD_SIZE"] == "2"
     assert variables["SYNAPSE_JOB_ID"] == "job-7"
