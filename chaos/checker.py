@@ -343,18 +343,19 @@ def _check_gpu_reuse(history: History) -> list[Violation]:
 
 
 def _check_duplicate_members(history: History) -> list[Violation]:
-    # A process is its pid in its PID namespace: members of a worker that gives each one
-    # a namespace of its own all have pid 2.
-    pids: dict[tuple[str, int, int], set[tuple[int, int]]] = defaultdict(set)
+    # A process is its pid in its PID namespace, started when it started: members of a
+    # worker that gives each one a namespace of its own all have pid 2, and a namespace's
+    # number is used again once it is gone.
+    pids: dict[tuple[str, int, int], set[tuple[int, int, int]]] = defaultdict(set)
     for r in history.members:
         if r.type == "start":
-            pids[(r.job, r.token, r.rank)].add((r.pid_ns, r.pid))
+            pids[(r.job, r.token, r.rank)].add((r.pid_ns, r.start_ticks, r.pid))
     return [
         Violation(
             "duplicate-member",
             job,
-            f"rank {rank} of token {token} started by pids {sorted(pid for _, pid in p)} "
-            f"(PID namespaces {sorted({ns for ns, _ in p})})",
+            f"rank {rank} of token {token} started by pids {sorted(pid for *_, pid in p)} "
+            f"(PID namespaces {sorted({ns for ns, *_ in p})})",
         )
         for (job, token, rank), p in sorted(pids.items())
         if len(p) > 1

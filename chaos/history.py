@@ -43,6 +43,7 @@ class MemberRecord:
     outcome: str = ""  # an end record's: accepted | already committed | rejected | ...
     world: int = 0  # the gang's size (0: not recorded)
     pid_ns: int = 0  # the inode of the member's PID namespace (0: not recorded)
+    start_ticks: int = 0  # when its process started, in clock ticks since boot (0: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +231,7 @@ def load_history(run_dir: Path) -> History:
                 outcome=str(r.get("outcome", "")),
                 world=int(r.get("world", 0)),
                 pid_ns=int(r.get("pid_ns", 0)),
+                start_ticks=int(r.get("start_ticks", 0)),
             )
         )
     for r in ledger.read_records(run_dir / ledger.EFFECTS):

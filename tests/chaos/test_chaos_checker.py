@@ -407,3 +407,7 @@ def test_a_member_started_twice_with_one_pid_in_two_pid_namespaces_is_reported()
     first = next(r for r in history.members if r.type == "start" and r.job == "j1")
     history.members.append(replace(first, node="w3", mono_ns=500 * MS, pid_ns=4026532999))
     assert kinds(history) == {"duplicate-member"}
+    # Once in a namespace whose number a later one got again.
+    again = clean_history()
+    again.members.append(replace(first, mono_ns=500 * MS, start_ticks=first.start_ticks + 40))
+    assert kinds(again) == {"duplicate-member"}
