@@ -19,7 +19,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,14 +129,18 @@ def _warn_about_a_shared_key(key: Path) -> None:
         )
 
 
-def member_isolation(config: WorkerConfig) -> MemberIsolation:
+def member_isolation(
+    config: WorkerConfig,
+    euid: int | None = None,
+    probe: Callable[[], str] = probe_pid_namespace,
+) -> MemberIsolation:
     """Whether members get PID namespaces of their own here, said at every start; a
     worker running members as their owners where they cannot refuses to start (a
-    ConfigError) unless the operator allowed it."""
+    ConfigError) unless the operator allowed it. ``euid`` stands for this process's
+    effective uid and ``probe`` for :func:`probe_pid_namespace` (tests give them)."""
+    euid = os.geteuid() if euid is None else euid
     try:
-        isolation = decide_isolation(
-            config.run_as, os.geteuid(), config.allow_shared_pid_namespace, probe_pid_namespace
-        )
+        isolation = decide_isolation(config.run_as, euid, config.allow_shared_pid_namespace, probe)
     except IsolationRefused as exc:
         raise ConfigError(str(exc)) from None
     if isolation.pid_namespace:

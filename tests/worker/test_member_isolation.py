@@ -4,6 +4,7 @@ settings, the isolation decided at start, and how the node shows it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from synapse_ha.cli.render_nodes import nodes_table, runs_as_text
 from synapse_ha.programs.config_file import ConfigError
-from synapse_ha.programs.worker import registration
+from synapse_ha.programs.worker import member_isolation, registration
 from synapse_ha.programs.worker_config import load_config
 from synapse_ha.worker.accounts import Account, RunAsMode
 from synapse_ha.worker.environment import (
@@ -183,3 +184,19 @@ def test_the_node_registers_and_shows_its_isolation(tmp_path: Path) -> None:
         **owner,
     }
     assert "owner (shared PIDs)" in nodes_table([document])
+
+
+def test_a_worker_running_members_as_owners_refuses_to_start_without_namespaces(
+    tmp_path: Path,
+) -> None:
+    flags = [*FLAGS, "--data-dir", str(tmp_path), "--run-as", "owner"]
+    config = load_config(flags, {}, euid=0)
+
+    def refused() -> str:
+        return "unshare: Operation not permitted"
+
+    with pytest.raises(ConfigError, match="--allow-shared-pid-namespace"):
+        member_isolation(config, euid=0, probe=refused)
+    allowed = dataclasses.replace(config, allow_shared_pid_namespace=True)
+    assert member_isolation(allowed, euid=0, probe=refused) == MemberIsolation(False, refused())
+    assert member_isolation(config, euid=0, probe=lambda: "") == MemberIsolation(True)
