@@ -195,6 +195,27 @@ def test_the_running_cap_waits_without_reserving_or_preempting() -> None:
     assert cl.state_of(waiting) is JobState.SCHEDULED
 
 
+def test_a_gang_larger_than_its_running_cap_is_refused_at_submit_and_an_array_is_not() -> None:
+    cl = Cluster()
+    cl.add(node("n1", gpus=0, cpu=8), node("n2", gpus=0, cpu=8))
+    with_limits(cl, running_members_per_user=3)
+    assert cl.do(c.SetQueue(Queue("small", running_members_per_user=1), cl.now)).ok
+    jobs_before = dict(cl.state.jobs)
+    refused = cl.do(tiny("wide", replicas=4))
+    assert refused.code is c.ResultCode.INVALID
+    assert refused.message == (
+        "replicas: the gang has 4 members and limits.running_members_per_user allows a "
+        "user 3 running at once: it could never start"
+    )
+    in_queue = cl.do(tiny("pair", replicas=2, queue="small"))
+    assert "queue small's running_members_per_user allows a user 1" in in_queue.message
+    assert cl.state.jobs == jobs_before  # refused: nothing changed
+    assert cl.do(tiny("fits", replicas=3)).ok
+    # An array counts task by task: 10 one-member tasks are each within the cap.
+    array = dataclasses.replace(job("many", replicas=1), resources=TINY, array="0-9")
+    assert cl.do(c.SubmitJob(array, "r-many", cl.now, owner="mallory")).ok
+
+
 # -------------------------------------------------------------------- the format gate
 
 

@@ -21,6 +21,7 @@ from synapse_ha.core.machine.attempts import (
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, one_job
 from synapse_ha.core.machine.dependencies import register as register_dependencies
 from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
+from synapse_ha.core.member_limits import NO_RULES, rules_in_force
 from synapse_ha.core.model import (
     ArrayJob,
     ClusterState,
@@ -50,7 +51,10 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     if problems:
         return error(ResultCode.INVALID, describe(problems))
     problem = (
-        dependency_problem(state, spec) or _window_problem(spec, now) or _never_fits(state, spec)
+        dependency_problem(state, spec)
+        or _window_problem(spec, now)
+        or _never_fits(state, spec)
+        or _over_member_cap(state, spec)
     )
     if problem is not None:
         return error(ResultCode.INVALID, f"{problem[0]}: {problem[1]}")
@@ -135,6 +139,22 @@ def _never_fits(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
     return short.field, (
         f"the job can never fit this cluster: {short.refusal()} (to wait for nodes that will "
         "join, submit it with wait_for_nodes: true, or sbatch --wait-for-nodes)"
+    )
+
+
+def _over_member_cap(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
+    """A gang with more members than its owner may run at once (core/member_limits.py):
+    it could never start, whoever else runs. Arrays count task by task, so a task's own
+    gang is what counts."""
+    rules = rules_in_force(state)
+    if rules is NO_RULES:
+        return None
+    running_cap, _ = rules.caps(state.queues.get(spec.queue))
+    if spec.replicas <= running_cap.allowed:
+        return None
+    return "replicas", (
+        f"the gang has {spec.replicas} members and {running_cap.named()} allows a user "
+        f"{running_cap.allowed} running at once: it could never start"
     )
 
 
