@@ -6,7 +6,9 @@ reports, per member, the CPU time of the agent's side (this process) and of the
 supervisors and members (for forked supervisors, from the fork server's ``/proc`` times,
 which include its reaped children; otherwise from this process's reaped children), plus
 the wall time from the first start call until every member's first act (writing the
-time to a file). Prints one JSON object; ``--smoke`` starts a few members.
+time to a file); as root, also forked supervisors that start each member in a PID
+namespace of its own (``fork_server_pid_namespace``). Prints one JSON object;
+``--smoke`` starts a few members.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _spec(rank: int, stamps: Path) -> DesiredMember:
     )
 
 
-def measure(members: int, fork_server: bool) -> dict[str, float]:
+def measure(members: int, fork_server: bool, pid_namespace: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="synapse-member-start-") as tmp:
         root = Path(tmp)
         stamps = root / "stamps"
@@ -67,7 +69,11 @@ def measure(members: int, fork_server: bool) -> dict[str, float]:
         lease = LeaseFile(root / "lease")
         lease.write(time.monotonic() + 3600)
         executor = MemberExecutor(
-            root, lease.path, ExecutorSettings(fork_server=fork_server, fence_grace_s=0.2)
+            root,
+            lease.path,
+            ExecutorSettings(
+                fork_server=fork_server, fence_grace_s=0.2, pid_namespace=pid_namespace
+            ),
         )
         try:
             server = executor.fork_server_pid
@@ -115,6 +121,8 @@ def main() -> int:
         "fork_server": measure(members, fork_server=True),
         "interpreter_per_member": measure(members, fork_server=False),
     }
+    if os.geteuid() == 0:  # a PID namespace per member needs root (worker/pidns.py)
+        report["fork_server_pid_namespace"] = measure(members, fork_server=True, pid_namespace=True)
     print(json.dumps(report, indent=2))
     return 0
 
