@@ -59,6 +59,7 @@ from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import node_status, replica_role
+from synapse_ha.worker.pidns import ECHO_PID, host_pid
 
 
 class TermWatch(threading.Thread):
@@ -143,8 +144,9 @@ class Gang:
         spec = pb.JobSpec(
             name="long-gang",
             replicas=2,
-            resources=pb.Resources(cpu_milli=1000, memory_mib=1024, gpu=1),
-            shell_command="echo $$ > $OUT/pid-$RANK; exec sleep 100000",
+            # All of each worker's CPU and GPU, and its memory but its supervisor's share.
+            resources=pb.Resources(cpu_milli=1000, memory_mib=1000, gpu=1),
+            shell_command=f"{ECHO_PID} > $OUT/pid-$RANK; exec sleep 100000",
             env=[pb.EnvVar(name="OUT", value=str(self.out))],
         )
         self.job_id = client.submit_job(spec, timeout_s=60).job_id
@@ -154,10 +156,13 @@ class Gang:
             timeout_s=60,
         )
         self.token = job.attempt.fencing_token
-        self.pids = [
-            int(wait_for(f"pid {r}", lambda r=r: _read(self.out / f"pid-{r}"), timeout_s=30))
-            for r in range(2)
+        said = [
+            wait_for(f"pid {r}", lambda r=r: _read(self.out / f"pid-{r}"), 30) for r in range(2)
         ]
+        pids = [host_pid(s) for s in said]  # each member may be PID 2 of a namespace
+        if None in pids:
+            raise RuntimeError(f"a member of the gang ended before it ran: {said}")
+        self.pids = [p for p in pids if p is not None]
 
     def survived(self, client: ClusterClient) -> tuple[bool, str]:
         """Whether the attempt running before the faults still runs, and if not, why."""

@@ -323,6 +323,35 @@ def _member(
         os._exit(EXIT_FAILED)
 
 
+# What a member's shell runs to say which process it is: its pid and its PID namespace
+# (a member in a namespace of its own is PID 2 there; see :func:`host_pid`).
+ECHO_PID = 'echo "$$ $(readlink /proc/self/ns/pid)"'
+
+
+def host_pid(said: str) -> int | None:
+    """The pid in this process's namespace of the running process that said ``said`` (a
+    line of :data:`ECHO_PID`; a bare pid is this namespace's), or None when it is gone:
+    the process of that namespace whose innermost pid (``NSpid``) is the one said."""
+    pid_text, _, namespace = said.strip().partition(" ")
+    pid = int(pid_text)
+    if not namespace or namespace == os.readlink("/proc/self/ns/pid"):
+        return pid
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != namespace:
+                continue
+            with open(f"/proc/{name}/status", encoding="utf-8") as f:
+                status = f.read()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
+                return int(name)
+    return None
+
+
 def probe() -> str:
     """ "" when this node can start a member in a PID namespace of its own, else why
     not (needs root, or the rights to make PID and mount namespaces and mount proc)."""

@@ -23,8 +23,9 @@ from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import node_status
+from synapse_ha.worker.pidns import ECHO_PID
 from tests.integration.cluster import LocalCluster, job_spec, pausable_cluster, wait_for
-from tests.worker.helpers import ECHO_PID, process_gone
+from tests.worker.helpers import process_gone
 from tests.worker.test_integration_worker import gang, pid_of, start_workers, wait_state
 from tests.worker.workers import LocalWorkers, workers_of
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
 from synapse_ha.core.model import JobSpec, Resources
+from synapse_ha.worker import pidns
 from synapse_ha.worker.members import MemberExecutor
 
 
@@ -107,31 +108,12 @@ def process_gone(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :].split()[0] in ("Z", "X")
 
 
-# What a member's shell runs to say which process it is: its pid and its PID namespace
-# (a worker may give each member a namespace of its own, where the pid is 2).
-ECHO_PID = 'echo "$$ $(readlink /proc/self/ns/pid)"'
-
-
 def host_pid(said: str) -> int:
     """The pid on this machine of the running process that said ``said`` (a line of
     :data:`ECHO_PID`; a bare pid is this namespace's). Fails when it is gone."""
-    pid_text, _, namespace = said.strip().partition(" ")
-    pid = int(pid_text)
-    if not namespace or namespace == os.readlink("/proc/self/ns/pid"):
-        return pid
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.readlink(entry / "ns" / "pid") != namespace:
-                continue
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
-                return int(entry.name)
-    raise AssertionError(f"no process {pid} in {namespace} any more")
+    pid = pidns.host_pid(said)
+    assert pid is not None, f"no process said {said.strip()!r} any more"
+    return pid
 
 
 class Fifo:

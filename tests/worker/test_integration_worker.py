@@ -17,9 +17,10 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import Transport
+from synapse_ha.worker.pidns import ECHO_PID
 from synapse_ha.worker.records import read_json
 from tests.integration.cluster import LocalCluster, pausable_cluster, wait_for
-from tests.worker.helpers import ECHO_PID, host_pid, process_gone, wait_gone
+from tests.worker.helpers import host_pid, process_gone, wait_gone
 from tests.worker.workers import LocalWorkers, workers_of
 
 pytestmark = pytest.mark.integration
