@@ -1,5 +1,5 @@
-"""The durability benchmark's smoke run (one kill cycle and a tiny cost measurement), so
-that it cannot rot."""
+"""The durability benchmark's smoke run (its tiny cost measurement), so that it cannot rot.
+Its kill cycles run in tests/integration/test_durability.py, with and without fsync."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def test_durability_benchmark_smoke_run_reports_its_figures(tmp_path: Path) -> N
             sys.executable,
             str(BENCH),
             "--smoke",
-            "--out",
-            str(tmp_path / "durability.json"),
+            "--part",
+            "cost",
             "--cost-out",
             str(tmp_path / "fsync_cost.json"),
         ],
@@ -31,12 +31,9 @@ def test_durability_benchmark_smoke_run_reports_its_figures(tmp_path: Path) -> N
     )
     assert out.returncode == 0, out.stderr[-4000:]
     report = json.loads(out.stdout)
-    cycles, cost = report["cycles"], report["cost"]
-    assert json.loads((tmp_path / "durability.json").read_text()) == cycles
+    assert "cycles" not in report
+    cost = report["cost"]
     assert json.loads((tmp_path / "fsync_cost.json").read_text()) == cost
-    assert (cycles["cycles"], len(cycles["per_cycle"])) == (1, 1)
-    assert cycles["acknowledged"] > 0
-    assert cycles["acknowledged_lost"] == 0
     for mode in ("fsync_off", "fsync_on"):
         assert cost[mode]["concurrent"]["submissions"] == 40
         assert cost[mode]["concurrent"]["submissions_per_s"] > 0
