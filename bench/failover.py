@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.faults import FAULTS, Fault, sweep
 from bench.loopback import wait_for
-from bench.quorum import Heartbeater, Stream, loopback_host, register_request
+from bench.quorum import Heartbeater, Stream, lift_member_limits, loopback_host, register_request
 from bench.report import emit
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.membership import ReplicaRole
@@ -321,6 +321,7 @@ def run(
         cluster.serving_leader(timeout_s=60)
         node_ids = [f"fo-{i}" for i in range(4)]
         with cluster.client(timeout_s=60.0) as client:
+            lift_member_limits(client)
             gang.start(client)  # first: the small jobs never land on its workers
             for i, n in enumerate(node_ids):
                 client.register_node(register_request(n, loopback_host(i), gpu=0))
