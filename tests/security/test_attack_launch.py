@@ -19,19 +19,15 @@ import grp
 import json
 import os
 import secrets
-import shutil
 import stat
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 
-from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.desired import MemberKey
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.local.process import Worker
@@ -46,7 +42,8 @@ from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile
 from synapse_ha.worker.members import ExecutorSettings, MemberExecutor
 from synapse_ha.worker.shim import WORKDIR_REFUSED
-from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.cluster import wait_for
+from tests.security.tenants import AS_ROOT, TenantNode, tenant_node
 from tests.worker import fake_runtime
 from tests.worker.helpers import FakeClock, desired_member, wait_exit
 from tests.worker.test_agent import FakeControl
@@ -54,7 +51,6 @@ from tests.worker.test_agent import FakeControl
 pytestmark = pytest.mark.integration
 
 IMAGE = "registry.example/team/train:24.01"
-AS_ROOT = os.geteuid() == 0 and shutil.which("useradd") is not None
 needs_root = pytest.mark.skipif(
     not AS_ROOT,
     reason="runs the worker as root with members as temporary local accounts: needs root "
@@ -65,39 +61,10 @@ DONE = ("SUCCEEDED", "FAILED", "CANCELLED")
 HIJACK_NAMES = ("PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "CONTAINERS_CONF", "PYTHONSTARTUP")
 
 
-def _run(*argv: str) -> None:
-    """Run an account command; another one holding the account database's lock (tests
-    running beside these) is waited out, within a bound."""
-    deadline = time.monotonic() + 30
-    while True:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-        if done.returncode == 0:
-            return
-        if "lock" not in done.stderr or time.monotonic() > deadline:
-            raise AssertionError(f"{' '.join(argv)}: {done.stderr.strip()}")
-        time.sleep(0.2)
-
-
 @dataclass
-class World:
-    root: Path
-    cluster: LocalCluster
-    admin: ClusterClient
-    clients: dict[str, ClusterClient] = field(default_factory=dict)
-    accounts: list[str] = field(default_factory=list)
-    group: str = ""
+class World(TenantNode):
     worker: Worker | None = None
     runtime: fake_runtime.FakeRuntime | None = None
-
-    @property
-    def data_dir(self) -> Path:
-        return self.root / "w1"
-
-    def user(self, name: str) -> ClusterClient:
-        if name not in self.clients:
-            token = self.admin.create_token(name).token
-            self.clients[name] = self.cluster.client(timeout_s=30.0, token=token)
-        return self.clients[name]
 
     def job_ids(self) -> set[str]:
         return {j.job_id for j in self.admin.list_jobs()}
@@ -123,42 +90,14 @@ class World:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    # Every account must be able to reach its member directory: not pytest's root-only
-    # temporary directories.
-    root = Path(tempfile.mkdtemp(prefix="synapse-attack-launch-"))
-    root.chmod(0o755)
-    cluster = LocalCluster(root / "cluster", size=1)
-    w: World | None = None
-    try:
-        cluster.start()
-        cluster.serving_leader(timeout_s=60)
-        w = World(root, cluster, cluster.client(timeout_s=30.0))
-        if AS_ROOT:
-            _make_accounts(w)
-            _start_worker(w)
+    # The worker runs as root with members as the accounts: only as root.
+    with tenant_node("synapse-attack-launch-", World, _start_worker_as_root) as w:
         yield w
-    finally:
-        if w is not None:
-            for client in [*w.clients.values(), w.admin]:
-                client.close()
-        cluster.close()
-        if w is not None:
-            for name in w.accounts:
-                subprocess.run(["userdel", name], capture_output=True, timeout=30, check=False)
-            if w.group:
-                subprocess.run(["groupdel", w.group], capture_output=True, timeout=30, check=False)
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def _make_accounts(w: World) -> None:
-    """mallory and victim, sharing one primary group (as users of a group ``users``)."""
-    suffix = secrets.token_hex(3)
-    w.group = f"synapse-s-{suffix}"
-    _run("groupadd", "--system", w.group)
-    for role in ("mallory", "victim"):
-        name = f"syn-{role}-{suffix}"
-        _run("useradd", "--system", "--no-create-home", "--gid", w.group, name)
-        w.accounts.append(name)
+def _start_worker_as_root(w: World) -> None:
+    if AS_ROOT:
+        _start_worker(w)
 
 
 def _start_worker(w: World) -> None:

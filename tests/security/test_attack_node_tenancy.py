@@ -12,27 +12,20 @@ that needs two users is skipped.
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.local.launcher import MARKER_VARIABLE
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.accounts import local_account
-from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.cluster import wait_for
+from tests.security.tenants import AS_ROOT, TenantNode, tenant_node
 
 pytestmark = pytest.mark.integration
 
-AS_ROOT = os.geteuid() == 0 and shutil.which("useradd") is not None
 needs_root = pytest.mark.skipif(
     not AS_ROOT,
     reason="runs members as two temporary local accounts: needs root and useradd",
@@ -69,37 +62,7 @@ GANG = {
 }
 
 
-def _run(*argv: str) -> None:
-    """An account command; one holding the account database's lock is waited out."""
-    deadline = time.monotonic() + 30
-    while True:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-        if done.returncode == 0:
-            return
-        if "lock" not in done.stderr or time.monotonic() > deadline:
-            raise AssertionError(f"{' '.join(argv)}: {done.stderr.strip()}")
-        time.sleep(0.2)
-
-
-@dataclass
-class Node:
-    root: Path
-    cluster: LocalCluster
-    admin: ClusterClient
-    clients: dict[str, ClusterClient] = field(default_factory=dict)
-    accounts: list[str] = field(default_factory=list)
-    group: str = ""
-
-    @property
-    def data_dir(self) -> Path:
-        return self.root / "w1"
-
-    def user(self, name: str) -> ClusterClient:
-        if name not in self.clients:
-            token = self.admin.create_token(name).token
-            self.clients[name] = self.cluster.client(timeout_s=30.0, token=token)
-        return self.clients[name]
-
+class Node(TenantNode):
     def state(self, job_id: str, states: tuple[str, ...], timeout_s: float = 30.0) -> str:
         def reached() -> str | None:
             found = self.admin.get_job(job_id).state
@@ -114,41 +77,8 @@ class Node:
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
-    # Every account must be able to reach its member directory: not pytest's root-only
-    # temporary directories.
-    root = Path(tempfile.mkdtemp(prefix="synapse-attack-node-"))
-    root.chmod(0o755)
-    cluster = LocalCluster(root / "cluster", size=1)
-    n: Node | None = None
-    try:
-        cluster.start()
-        cluster.serving_leader(timeout_s=60)
-        n = Node(root, cluster, cluster.client(timeout_s=30.0))
-        if AS_ROOT:
-            _make_accounts(n)
-        _start_worker(n)
+    with tenant_node("synapse-attack-node-", Node, _start_worker) as n:
         yield n
-    finally:
-        if n is not None:
-            for client in [*n.clients.values(), n.admin]:
-                client.close()
-        cluster.close()
-        if n is not None:
-            for name in n.accounts:
-                subprocess.run(["userdel", name], capture_output=True, timeout=30, check=False)
-            if n.group:
-                subprocess.run(["groupdel", n.group], capture_output=True, timeout=30, check=False)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _make_accounts(n: Node) -> None:
-    """mallory and victim, sharing one primary group (as users of a group ``users``)."""
-    n.group = f"synapse-n-{TAG}"
-    _run("groupadd", "--system", n.group)
-    for role in ("mallory", "victim"):
-        name = f"syn-{role}-{TAG}"
-        _run("useradd", "--system", "--no-create-home", "--gid", n.group, name)
-        n.accounts.append(name)
 
 
 def _start_worker(n: Node) -> None:
