@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -23,6 +22,7 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.accounts import local_account
 from tests.integration.cluster import wait_for
 from tests.security.tenants import AS_ROOT, TenantNode, tenant_node
+from tests.worker.helpers import host_pids_with
 
 pytestmark = pytest.mark.integration
 
@@ -163,19 +163,6 @@ done
 """
 
 
-def _host_pids_with(text: str) -> list[int]:
-    """Pids of the host's processes whose command line holds ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @needs_root
 def test_a_member_sees_only_its_own_processes(node: Node, mallory: str) -> None:
     victim = node.accounts[1]
@@ -187,7 +174,7 @@ def test_a_member_sees_only_its_own_processes(node: Node, mallory: str) -> None:
     )
     try:
         assert node.state(victim_job, ("RUNNING",)) == "RUNNING"
-        wait_for("the victim's member to run", lambda: _host_pids_with(secret) or None, 15.0)
+        wait_for("the victim's member to run", lambda: host_pids_with(secret) or None, 15.0)
         spy = node.user(mallory).submit_job(job("spy", shell_command=LOOK_AT_PROCESSES)).job_id
         assert node.state(spy, DONE) == "SUCCEEDED"
         output = node.output(spy)
@@ -205,4 +192,4 @@ def test_a_member_sees_only_its_own_processes(node: Node, mallory: str) -> None:
         assert max(owners) < 50, output  # pids of a namespace of its own
     # Killing the victim's member still kills all of it.
     assert node.state(victim_job, DONE) == "CANCELLED"
-    wait_for("nothing of the victim's member left", lambda: not _host_pids_with(secret), 15.0)
+    wait_for("nothing of the victim's member left", lambda: not host_pids_with(secret), 15.0)

@@ -108,6 +108,19 @@ def process_gone(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :].split()[0] in ("Z", "X")
 
 
+def host_pids_with(text: str) -> list[int]:
+    """Pids of the host's processes whose command line holds ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def host_pid(said: str) -> int:
     """The pid on this machine of the running process that said ``said`` (a line of
     :data:`ECHO_PID`; a bare pid is this namespace's). Fails when it is gone."""

@@ -20,22 +20,9 @@ from synapse_ha.worker.pidns import NamespaceError, start
 from synapse_ha.worker.shim import NOT_RUNNABLE
 from tests.integration.cluster import wait_for
 from tests.worker.conftest import MakeExecutor
-from tests.worker.helpers import spec, wait_exit
+from tests.worker.helpers import host_pids_with, spec, wait_exit
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces need root")
-
-
-def host_pids_with(text: str) -> list[int]:
-    """Pids of the host's processes whose command line holds ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def marker() -> str:
