@@ -24,8 +24,8 @@ keeps writing what the previous release reads until then (deploy/README.md, "Rol
 upgrade"). ``synctl cluster -o json`` shows each replica's ``format_version`` to check.
 
 "Keeps writing what the previous release reads" is mechanical for added fields: a field
-listed in ``_ADDED_FIELDS`` (:mod:`synapse_ha.core.codec_to_plain`) is written only when
-it differs from its default. A command or state that does not use a new feature (a job in
+listed in ``ADDED_FIELDS`` (:mod:`synapse_ha.core.formats`) is written only when it
+differs from its default. A command or state that does not use a new feature (a job in
 the ``default`` queue, no preemption) therefore encodes exactly as the previous release
 wrote it, and a replica of that release applies it; one that uses a new feature carries
 the field, and that replica refuses it as above.

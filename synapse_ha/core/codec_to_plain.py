@@ -3,10 +3,11 @@
 :func:`to_plain` writes each dataclass as an object of named fields (commands, results
 and the full state); :func:`to_plain_compact` as a list of its field values in
 declaration order, without the trailing ones that hold their defaults (the compact state,
-:mod:`synapse_ha.core.codec`). Either way the fields added since the previous release
-(``_ADDED_FIELDS``) are left out while they hold their defaults, so what uses no new
-feature encodes as that release wrote it. The same value always gives the same plain
-value; :func:`synapse_ha.core.codec_from_plain.from_plain` reads it back.
+:mod:`synapse_ha.core.codec`). Either way the fields added since the first format
+(:data:`synapse_ha.core.formats.ADDED_FIELDS`) are left out while they hold their
+defaults, so what uses no new feature encodes as an older release wrote it. The same
+value always gives the same plain value;
+:func:`synapse_ha.core.codec_from_plain.from_plain` reads it back.
 """
 
 from __future__ import annotations
@@ -17,78 +18,9 @@ import typing
 from functools import cache
 from typing import Any
 
-from synapse_ha.core import commands as cmd
-from synapse_ha.core.cluster_config import ClusterConfig, Limits, PriorityClass, Queue
 from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, Node, NodeInfo, Token
+from synapse_ha.core.formats import ADDED_FIELDS
 
-# Fields added since the previous release (queues, fair share and preemption): written
-# only when they differ from their defaults, so that release reads what does not use them.
-_ADDED_FIELDS: dict[type, frozenset[str]] = {
-    ClusterConfig: frozenset(
-        {
-            "priority_classes",
-            "fair_share_half_life_ms",
-            "preemption",
-            "compact_state",
-            "limits",
-            "gpu_drain_threshold",
-            "unfit_backoff_ms",
-            "cordon_after_start_failures",
-            "hold_until_stopped",
-            "clear_gpu_faults_on_reboot",
-            "reclaim_wait_max_ms",
-            "relay_heartbeats",
-        }
-    ),
-    # Per-identity limits and authorised priority (DESIGN §8); minimum run time
-    # (core/victims.py).
-    Queue: frozenset(
-        {"max_priority", "min_runtime_ms", "running_members_per_user", "members_per_node_per_user"}
-    ),
-    # Floors and caps on members (core/member_limits.py).
-    Limits: frozenset(
-        {
-            "member_min_cpu_milli",
-            "member_min_memory_mib",
-            "member_overhead_memory_mib",
-            "running_members_per_user",
-            "members_per_node_per_user",
-        }
-    ),
-    PriorityClass: frozenset({"min_runtime_ms"}),
-    Token: frozenset({"priority_classes", "max_priority"}),
-    cmd.CreateToken: frozenset({"priority_classes", "max_priority"}),
-    JobSpec: frozenset(
-        {
-            "queue",
-            "priority_class",
-            "progress",
-            "prestart",
-            "dependencies",
-            "begin_at_ms",
-            "begin_delay_ms",
-            "deadline_at_ms",
-            "deadline_delay_ms",
-            "array",
-            "wait_for_nodes",
-        }
-    ),
-    Attempt: frozenset(
-        {"preempted_by", "preemption", "preempt_deadline_ms", "held", "marks", "reserved"}
-    ),
-    ClusterState: frozenset({"queues", "queue_history", "format_floor", "arrays", "cohorts"}),
-    # Late success reports after a node death (DESIGN §4).
-    Job: frozenset(
-        {"lost_attempt", "waiting_for", "dependants", "array_id", "array_index", "resume_step"}
-    ),
-    # Checkpoint marks (core/checkpoints.py).
-    cmd.MemberEvent: frozenset({"step", "mark_seq"}),
-    # GPU health (DESIGN §4).
-    # A node's boot, to tell a reboot (ClusterConfig.clear_gpu_faults_on_reboot).
-    NodeInfo: frozenset({"boot_id", "member_isolation"}),
-    Node: frozenset({"gpu_faults", "unfit", "start_failures", "conditions"}),
-}
 _ALWAYS = object()  # a field written whatever its value
 
 _Encoder = typing.Callable[[Any], Any]
@@ -99,7 +31,7 @@ def _plain_walker(compact: bool) -> _Encoder:
     """A :func:`to_plain`: with ``compact``, each dataclass is a list of its field values
     without the trailing ones that hold their defaults (what ``ClusterConfig.compact_state``
     writes); without, an object of named fields, leaving out only the fields added since
-    the previous release that hold their defaults (``_ADDED_FIELDS``).
+    the first format that hold their defaults (``ADDED_FIELDS``).
 
     How a value of each type is turned is worked out once per type and kept, so encoding
     costs the values, not the inspection of their types."""
@@ -170,9 +102,9 @@ to_plain_compact.__doc__ = "Turn a dataclass tree into the compact state's JSON-
 @cache
 def _layout(cls: type, compact: bool = False) -> tuple[tuple[str, Any], ...]:
     """Each field's name, with its default when it is written only if it differs from it
-    (every field that has one when ``compact``, else those of ``_ADDED_FIELDS``), else
+    (every field that has one when ``compact``, else those of ``ADDED_FIELDS``), else
     ``_ALWAYS``."""
-    added = _ADDED_FIELDS.get(cls, frozenset())
+    added = ADDED_FIELDS.get(cls, {})
     layout = []
     for f in init_fields(cls):
         default: Any = _ALWAYS

@@ -1,16 +1,16 @@
 """Which format a replica reads, and which a command needs: the format gate.
 
 A release reads every format up to :data:`FORMAT` and says so (``format_version`` in
-``synctl cluster -o json``). What it added since the previous format — fields written only
-when they differ from their defaults (``_ADDED_FIELDS`` in
-:mod:`synapse_ha.core.codec_to_plain`), command types, enum values — is listed here with the
-format that reads it. A replica of an older release refuses what it cannot read, and a
-replica that refuses a command the others applied no longer has their state. So the
-replicated state carries a floor (``ClusterState.format_floor``): the newest format every
-replica reads, raised by :class:`~synapse_ha.core.commands.RaiseFormat` once the leader has
-heard every replica report it, never lowered. ``apply`` refuses, with an error value, a
-command that needs a format above the floor (:func:`format_needed`), and the leader holds
-back a configured setting that would (:func:`held_back_config`).
+``synctl cluster -o json``). What each format added — fields written only when they differ
+from their defaults (:data:`ADDED_FIELDS`, which the codec reads), command types, enum
+values — is listed here with the format that reads it. A replica of an older release
+refuses what it cannot read, and a replica that refuses a command the others applied no
+longer has their state. So the replicated state carries a floor
+(``ClusterState.format_floor``): the newest format every replica reads, raised by
+:class:`~synapse_ha.core.commands.RaiseFormat` once the leader has heard every replica
+report it, never lowered. ``apply`` refuses, with an error value, a command that needs a
+format above the floor (:func:`format_needed`), and the leader holds back a configured
+setting that would (:func:`held_back_config`).
 
 The floor of a state written before the gate existed is :data:`BASE_FORMAT`, which is also
 where every replica starts: every replica, whatever its release, must begin from the same
@@ -25,8 +25,10 @@ import types
 import typing
 from typing import Any
 
+from synapse_ha.core import model
 from synapse_ha.core.cluster_config import ClusterConfig, Limits, PriorityClass, Queue
 from synapse_ha.core.commands import (
+    CreateToken,
     DeleteCohort,
     ExitCause,
     ExpireDeadline,
@@ -35,29 +37,40 @@ from synapse_ha.core.commands import (
     ReportNodeChecks,
     SetCohort,
 )
-from synapse_ha.core.model import Attempt, Job, JobSpec, NodeInfo
+from synapse_ha.core.model import ADDED_IN, Token
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
 FORMAT = 10  # the newest format this release reads
 
-# Fields (of commands and of what they carry) each format added, by owning type; a value
-# that keeps such a field at its default reads as the previous format wrote it.
-NEW_FIELDS: dict[type, dict[str, int]] = {
-    # Resources of an ended attempt held until its members are confirmed stopped; GPU
-    # faults cleared by a reboot.
-    # Format 6: minimum run time of a priority class and a queue, and how long a reclaim
-    # waits before it overrides it (core/victims.py).
+# The format that added each field of a type declared outside core/model.py (a field of
+# core/model.py says its own: ``since(format, default)``), by owning type. Such a field is
+# written only when it differs from its default, so that a value keeping it at its default
+# reads as the previous format wrote it; a command that sets it needs its format. Format 2
+# (BASE_FORMAT): added before the format gate, never refused.
+_DECLARED: dict[type, dict[str, int]] = {
+    # Format 3: resources of an ended attempt held until its members are confirmed
+    # stopped; GPU faults cleared by a reboot. Format 6: how long a reclaim waits before
+    # it overrides a minimum run time (core/victims.py).
     ClusterConfig: {
+        "priority_classes": 2,
+        "fair_share_half_life_ms": 2,
+        "preemption": 2,
+        "compact_state": 2,
+        "limits": 2,
+        "gpu_drain_threshold": 2,
+        "unfit_backoff_ms": 2,
+        "cordon_after_start_failures": 2,
         "hold_until_stopped": 3,
         "clear_gpu_faults_on_reboot": 3,
         "reclaim_wait_max_ms": 6,
         # Format 8: followers relay workers' heartbeats (rpc/relay.py).
         "relay_heartbeats": 8,
     },
+    # Format 6: minimum run time of a priority class and a queue (core/victims.py).
     PriorityClass: {"min_runtime_ms": 6},
-    # format 10: floors and caps on members (core/member_limits.py), a queue's own caps and
-    # what an attempt's members reserve on their nodes.
+    # Format 10: floors and caps on members (core/member_limits.py) and a queue's own caps;
+    # per-identity limits and authorised priority (DESIGN §8).
     Limits: {
         "member_min_cpu_milli": 10,
         "member_min_memory_mib": 10,
@@ -65,32 +78,39 @@ NEW_FIELDS: dict[type, dict[str, int]] = {
         "running_members_per_user": 10,
         "members_per_node_per_user": 10,
     },
-    Queue: {"min_runtime_ms": 6, "running_members_per_user": 10, "members_per_node_per_user": 10},
-    # The machine's boot, to tell a reboot.
-    # Format 10: whether members get PID namespaces of their own (worker/isolation.py).
-    NodeInfo: {"boot_id": 3, "member_isolation": 10},
-    # Hang detection of a job's members (core/progress.py), and a job's pre-start check
-    # (core/prestart.py); format 4: jobs that wait for other jobs (core/dependencies.py)
-    # and a job's begin time and deadline (core/windows.py).
-    JobSpec: {
-        "progress": 3,
-        "prestart": 3,
-        "dependencies": 4,
-        "begin_at_ms": 4,
-        "begin_delay_ms": 4,
-        "deadline_at_ms": 4,
-        "deadline_delay_ms": 4,
-        # format 5: job arrays (core/arrays.py).
-        "array": 5,
-        # format 9: a job no node could hold yet is refused at submission unless it
-        # waits for nodes to join (core/feasibility.py).
-        "wait_for_nodes": 9,
+    Queue: {
+        "max_priority": 2,
+        "min_runtime_ms": 6,
+        "running_members_per_user": 10,
+        "members_per_node_per_user": 10,
     },
-    # format 5: checkpoint marks (core/checkpoints.py): a mark's step and number, each
-    # member's newest mark on its attempt, and the step a job's next attempt resumes from.
+    Token: {"priority_classes": 2, "max_priority": 2},
+    CreateToken: {"priority_classes": 2, "max_priority": 2},
+    # Format 5: checkpoint marks (core/checkpoints.py): a mark's step and number.
     MemberEvent: {"step": 5, "mark_seq": 5},
-    Attempt: {"marks": 5, "reserved": 10},
-    Job: {"resume_step": 5},
+}
+
+
+def _declared_in_model() -> dict[type, dict[str, int]]:
+    """The fields of core/model.py's types declared with ``since``, by type."""
+    out: dict[type, dict[str, int]] = {}
+    for kind in vars(model).values():
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            fields = dataclasses.fields(kind)
+            found = {f.name: f.metadata[ADDED_IN] for f in fields if ADDED_IN in f.metadata}
+            if found and kind.__module__ == model.__name__:
+                out[kind] = found
+    return out
+
+
+# Every field added since the first format, with the format that added it, by owning type:
+# the codec's fields written only away from their defaults (core/codec_to_plain.py).
+ADDED_FIELDS: dict[type, dict[str, int]] = {**_DECLARED, **_declared_in_model()}
+# Of those, the fields a command may only set at their format (above BASE_FORMAT).
+NEW_FIELDS: dict[type, dict[str, int]] = {
+    kind: gated
+    for kind, fields in ADDED_FIELDS.items()
+    if (gated := {name: version for name, version in fields.items() if version > BASE_FORMAT})
 }
 # Command types each format added.
 # (``RaiseFormat`` itself is format 3 but never gated: the leader proposes it only once

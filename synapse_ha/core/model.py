@@ -32,6 +32,16 @@ from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 from synapse_ha.core.tokens import Token as Token  # re-exported: the state holds tokens
 
+ADDED_IN = "format"  # the metadata key of a field's format (core/formats.py)
+
+
+def added_in(version: int) -> dict[str, int]:
+    """The metadata of a field added in format ``version`` (core/formats.py): the codec
+    leaves it out while it holds its default, and a command that sets it needs that
+    format (format 2, the oldest the format gate knows, is never refused)."""
+    return {ADDED_IN: version}
+
+
 # --------------------------------------------------------------------------- enums
 
 
@@ -148,10 +158,10 @@ class NodeInfo:
     # else "agent:<user>" (the worker agent's own account); "" when the node did not say.
     members_run_as: str = ""
     # The machine's boot id when its worker registered ("": not said): a new one is a reboot.
-    boot_id: str = ""
+    boot_id: str = field(default="", metadata=added_in(3))
     # "pid-namespace" when each member runs in a PID namespace of its own, "shared" when
     # members share the node's; "" when the node did not say.
-    member_isolation: str = ""
+    member_isolation: str = field(default="", metadata=added_in(10))
 
 
 @dataclass(slots=True)
@@ -168,13 +178,13 @@ class Node:
     status_reason: str = ""
     status_by: str = ""  # the identity that last cordoned, drained or uncordoned it (audit)
     # Unhealthy GPUs, by index (core/health.py): never placed on until repaired.
-    gpu_faults: tuple[GpuFault, ...] = ()
+    gpu_faults: tuple[GpuFault, ...] = field(default=(), metadata=added_in(2))
     # Owners whose members this node could not start, for a back-off (core/health.py),
     # and how many members in a row it could not start.
-    unfit: tuple[Unfit, ...] = ()
-    start_failures: int = 0
+    unfit: tuple[Unfit, ...] = field(default=(), metadata=added_in(2))
+    start_failures: int = field(default=0, metadata=added_in(2))
     # Checks failing on the node (its worker's health-check program), by name.
-    conditions: tuple[NodeCondition, ...] = ()
+    conditions: tuple[NodeCondition, ...] = field(default=(), metadata=added_in(2))
 
     @property
     def node_id(self) -> str:
@@ -230,22 +240,27 @@ class JobSpec:
     time_limit_ms: int = 0  # 0 means no limit
     retries: RetryPolicy = field(default_factory=RetryPolicy)
     image: str = ""
-    queue: str = DEFAULT_QUEUE
-    priority_class: str = ""  # "" : no class; ``priority`` is then the number given
-    progress: Progress | None = None  # None: no hang detection (core/progress.py)
-    prestart: Prestart | None = None  # run on each member's node before the member
-    dependencies: Dependencies | None = None  # None: starts as soon as it fits
+    queue: str = field(default=DEFAULT_QUEUE, metadata=added_in(2))
+    # "": no class; ``priority`` is then the number given.
+    priority_class: str = field(default="", metadata=added_in(2))
+    # None: no hang detection (core/progress.py).
+    progress: Progress | None = field(default=None, metadata=added_in(3))
+    # Run on each member's node before the member (core/prestart.py).
+    prestart: Prestart | None = field(default=None, metadata=added_in(3))
+    # None: starts as soon as it fits (core/dependencies.py).
+    dependencies: Dependencies | None = field(default=None, metadata=added_in(4))
     # Its window (core/windows.py): not considered before ``begin``, cancelled if still
     # pending at ``deadline``; each a time (ms since the epoch) or a delay after the
     # submission (ms), 0 when not given.
-    begin_at_ms: int = 0
-    begin_delay_ms: int = 0
-    deadline_at_ms: int = 0
-    deadline_delay_ms: int = 0
+    begin_at_ms: int = field(default=0, metadata=added_in(4))
+    begin_delay_ms: int = field(default=0, metadata=added_in(4))
+    deadline_at_ms: int = field(default=0, metadata=added_in(4))
+    deadline_delay_ms: int = field(default=0, metadata=added_in(4))
     # ``array:`` as given (core/arrays.py): one submission makes a task per index; "" is
     # a single job.
-    array: str = ""
-    wait_for_nodes: bool = False  # accepted though no node could hold it yet (feasibility)
+    array: str = field(default="", metadata=added_in(5))
+    # Accepted though no node could hold it yet (core/feasibility.py).
+    wait_for_nodes: bool = field(default=False, metadata=added_in(9))
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,18 +292,18 @@ class Attempt:
     outcome: Reason | None = None  # None while live; how it ended otherwise
     # Set while the attempt is being preempted: the preemptor's job id, the kind, and
     # when its grace period ends (its members get SIGTERM at once, SIGKILL then).
-    preempted_by: str = ""
-    preemption: PreemptionKind | None = None
-    preempt_deadline_ms: int = 0
+    preempted_by: str = field(default="", metadata=added_in(2))
+    preemption: PreemptionKind | None = field(default=None, metadata=added_in(2))
+    preempt_deadline_ms: int = field(default=0, metadata=added_in(2))
     # Ranks of this ended attempt whose resources are still reserved on their nodes until
     # they are confirmed stopped (ClusterConfig.hold_until_stopped), in rank order.
-    held: tuple[int, ...] = ()
+    held: tuple[int, ...] = field(default=(), metadata=added_in(2))
     # The newest checkpoint mark of each member that marked one, in rank order
     # (core/checkpoints.py); the attempt's mark is derived from them.
-    marks: tuple[CheckpointMark, ...] = ()
+    marks: tuple[CheckpointMark, ...] = field(default=(), metadata=added_in(5))
     # What each member's node reserves for it: its request raised to the cluster's floor,
     # plus its supervisor (core/member_limits.py); None: the request as it is.
-    reserved: Resources | None = None
+    reserved: Resources | None = field(default=None, metadata=added_in(10))
 
     def mark(self) -> AttemptMark | None:
         """The point the whole gang can resume from: None until every member marked."""
@@ -335,18 +350,18 @@ class Job:
     cancelled_by: str = ""  # the identity that cancelled it (audit), as "kind:name"
     # The last attempt ended by its node's death while the job is not final (see
     # LostAttempt); None otherwise.
-    lost_attempt: LostAttempt | None = None
+    lost_attempt: LostAttempt | None = field(default=None, metadata=added_in(2))
     # Dependencies not met yet, as (kind, job id) (core/dependencies.py): the job is not
     # considered for placement while any remain.
-    waiting_for: tuple[tuple[str, str], ...] = ()
+    waiting_for: tuple[tuple[str, str], ...] = field(default=(), metadata=added_in(2))
     # Jobs that named this one as a dependency when they were submitted, in order.
-    dependants: tuple[str, ...] = ()
+    dependants: tuple[str, ...] = field(default=(), metadata=added_in(2))
     # For a task of an array (core/arrays.py): the array's id and the task's index.
-    array_id: str = ""
-    array_index: int = 0
+    array_id: str = field(default="", metadata=added_in(2))
+    array_index: int = field(default=0, metadata=added_in(2))
     # The step of the newest attempt mark that carried one (core/checkpoints.py): its
     # next attempt's members get it as $SYNAPSE_RESUME_STEP. None: none yet.
-    resume_step: int | None = None
+    resume_step: int | None = field(default=None, metadata=added_in(5))
 
     @property
     def fencing_token(self) -> int:
@@ -399,15 +414,17 @@ class ClusterState:
     applied_commands: int = 0
     last_time_ms: int = 0  # the newest command time seen; never goes backwards
     tokens: dict[str, Token] = field(default_factory=dict)  # token_id -> token
-    queues: dict[str, Queue] = field(default_factory=lambda: {DEFAULT_QUEUE: Queue(DEFAULT_QUEUE)})
+    queues: dict[str, Queue] = field(
+        default_factory=lambda: {DEFAULT_QUEUE: Queue(DEFAULT_QUEUE)}, metadata=added_in(2)
+    )
     # queue name -> decayed usage of its ended attempts (fair share); sorted by name.
-    queue_history: dict[str, QueueHistory] = field(default_factory=dict)
+    queue_history: dict[str, QueueHistory] = field(default_factory=dict, metadata=added_in(2))
     # The newest format every replica reads (core/formats.py): what a command may use.
-    format_floor: int = 2
+    format_floor: int = field(default=2, metadata=added_in(2))
     # Arrays by id (core/arrays.py); their tasks are in ``jobs``.
-    arrays: dict[str, ArrayJob] = field(default_factory=dict)
+    arrays: dict[str, ArrayJob] = field(default_factory=dict, metadata=added_in(2))
     # The cohort tree (core/cohort_tree.py): cohort records by name, sorted by name.
-    cohorts: dict[str, Cohort] = field(default_factory=dict)
+    cohorts: dict[str, Cohort] = field(default_factory=dict, metadata=added_in(2))
     # Derived, not replicated: the ids of the jobs holding resources, built on first use
     # by :meth:`live_jobs` and kept by :meth:`job_state_changed` after every change of a
     # job's state (None: not built yet).

@@ -24,7 +24,8 @@ from synapse_ha.core.codec import (
 )
 from synapse_ha.core.codec_errors import CodecError
 from synapse_ha.core.codec_from_plain import from_plain_compiled
-from synapse_ha.core.codec_to_plain import _ADDED_FIELDS, to_plain
+from synapse_ha.core.codec_to_plain import to_plain
+from synapse_ha.core.formats import ADDED_FIELDS
 from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
@@ -135,7 +136,7 @@ def _plain_by_definition(value: object) -> object:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        added = _ADDED_FIELDS.get(type(value), frozenset())
+        added = ADDED_FIELDS.get(type(value), {})
         out = {}
         for f in dataclasses.fields(value):
             if not f.init:
