@@ -1,46 +1,19 @@
-"""pysyncobj 0.3.17, adapted: the module that reads or sets pysyncobj's private state
-(``SyncObj``'s in :class:`SafeSyncObj` and its pre-vote base in
-:mod:`synapse_ha.raft.prevote`, ``FileJournal``'s in :class:`FileJournalState`, the
-password channel's connections in :mod:`synapse_ha.raft.password_transport`), and whose
-:class:`SafeSyncObj` refuses any other pysyncobj release.
+"""pysyncobj 0.3.17, adapted: the one module that names pysyncobj's private state and
+hooks (anything ``_``-prefixed of pysyncobj, and its module-level ``createJournal``), and
+whose :class:`SafeSyncObj` refuses any other pysyncobj release. The rest of the package
+works through the public names given here:
 
-**Raft's AppendEntries rules on the follower side**, which pysyncobj 0.3.17 bends.
-
-A follower that receives ``append_entries`` (previous index ``P``, entries ``E``) must,
-by the Raft paper (Figure 2, receiver rules 3-5):
-
-* delete its own entries only from the first one that *conflicts* with ``E`` (same index,
-  different term), and append the entries of ``E`` it does not have;
-* set its commit index to ``min(leaderCommit, index of the last new entry)``.
-
-pysyncobj instead deletes every entry after ``P`` whenever its log is longer, conflict or
-not (its commit rule, capped by the end of the log, is right only because of that). A
-leader whose ``next_node_idx`` for a follower is lowered by a late reply re-sends from
-there, and a message limited by the batch size can cover less than the follower already
-acknowledged: the follower drops the rest. The leader still counts the acknowledgement
-(its match index never goes down) and commits an entry that only it holds. When the
-leader is then paused or killed, the follower that dropped the entry and the third
-replica elect a leader without it: a command a client was told is committed is lost, and
-the old leader, which applied it, logs "truncating already-applied log entries" when it
-rejoins (seen in the chaos suite after a paused leader).
-
-:class:`SafeSyncObj` corrects the message before pysyncobj's handler sees it, so the
-handler's own steps produce what the rules demand:
-
-* the leading entries of ``E`` that the log already holds (same index and term) are
-  dropped from the message and ``P`` moves past them: the handler deletes from the first
-  conflicting or missing entry only;
-* when the log holds all of ``E`` (a re-send), the message becomes a heartbeat at the end
-  of the log: nothing is deleted and appended again; its commit index is capped at
-  ``P + len(E)`` (entries beyond may be of an older term the leader does not have), and
-  the acknowledgement sent back is capped at ``P + len(E) + 1``: the follower vouches only
-  for what the leader sent.
-
-A large entry arrives in chunks (``transmission``); the chunks are joined here once the
-last one arrives so the same rules apply. pysyncobj marks a chunk as the last by
-comparing the offset with the command's length rather than the pickled entry's, so a
-chunk before the real last one can carry the mark: such a chunk does not decode and is
-kept as a middle chunk.
+* :class:`SafeSyncObj`: ``SyncObj`` with the follower's AppendEntries rules
+  (:mod:`synapse_ha.raft.follower_rules`), no forwarding, leader loss, deaf ticks (below),
+  the pre-vote hooks of :mod:`synapse_ha.raft.prevote`, and read/set access to the Raft
+  state those need (term, role, election deadline, log tail, peers);
+* :class:`KeyCheckingTransport`: pysyncobj's TCP transport, whose connection events
+  reach the password channel's :class:`~synapse_ha.raft.password_transport.PasswordChannelWatch`;
+* :class:`TransportBase`: pysyncobj's transport interface with public names for the
+  events a transport reports (:mod:`synapse_ha.raft.tls_transport`);
+* :class:`FileJournalState`, :class:`ResizableFileState` and
+  :func:`install_journal_factory`: the journal's private state and the factory pysyncobj
+  builds it with (:mod:`synapse_ha.raft.journal`).
 
 **No forwarding.** pysyncobj forwards a command proposed on a replica that is not the
 leader to the leader it knows (``apply_command``), and it decides so when it drains its
@@ -90,20 +63,44 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Callable
 from typing import Any
 
+import pysyncobj.syncobj as syncobj_module
 from pysyncobj import FAIL_REASON, SyncObj
 from pysyncobj import pickle as raft_pickle
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.syncobj import _RAFT_STATE
+from pysyncobj.transport import TCPTransport, Transport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from synapse_ha.raft.password_transport import KeyCheckingTransport
+from synapse_ha.raft.follower_rules import conflict_free, leader_loss_delay
+from synapse_ha.raft.password_transport import TLS_HANDSHAKE_RECORD, PasswordChannelWatch
 from synapse_ha.raft.prevote import PreVoteMixin
 from synapse_ha.raft.safe_pickle import TRUNCATED, chunks_problem
 
+__all__ = [
+    "TESTED_PYSYNCOBJ",
+    "FileJournalState",
+    "KeyCheckingTransport",
+    "ResizableFileState",
+    "SafeSyncObj",
+    "TransportBase",
+    "UntestedPysyncobj",
+    "check_pysyncobj_version",
+    "conflict_free",
+    "install_journal_factory",
+    "leader_loss_delay",
+]
+
 log_ = logging.getLogger(__name__)
 _FOLLOWER = _RAFT_STATE.FOLLOWER
+# pysyncobj's role numbers, by the names the rest of the package uses.
+_ROLES = {
+    _RAFT_STATE.FOLLOWER: "follower",
+    _RAFT_STATE.CANDIDATE: "candidate",
+    _RAFT_STATE.LEADER: "leader",
+}
 
 # The pysyncobj release this module adapts: its overrides and the private names it
 # reads are that release's. Another release may have moved any of them.
@@ -133,10 +130,10 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
     transport that names peers without this replica's key. ``channel_mode`` names this
     replica's security mode in that sentence (None: not named).
 
-    Every name of pysyncobj's private state the replica reads or sets is read or set here
-    or in the modules the module docstring names (:meth:`delay_election`,
-    :meth:`raft_log` among them), and the constructor refuses a
-    pysyncobj release other than :data:`TESTED_PYSYNCOBJ`."""
+    Every name of pysyncobj's private state the replica reads or sets is read or set here,
+    behind the public methods below (:meth:`set_election_deadline`, :meth:`raft_log`,
+    :meth:`term` among them), and the constructor refuses a pysyncobj release other than
+    :data:`TESTED_PYSYNCOBJ`."""
 
     _ack_cap: int | None = None  # while a corrected message is handled: highest ack + 1
     # Seconds between the survivors' elections after the leader's connection closed
@@ -164,21 +161,70 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         ended = raft_clock()
         if ended - started <= self._SyncObj__conf.raftMinTimeout / 2:
             return
-        if self._isLeader() or self.__dict__.get("_SyncObj__transferInProgress"):
+        if self.leads() or self.transfer_in_progress():
             return
-        deadline = ended + self._SyncObj__generateRaftTimeout()
-        current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
-        if current < deadline:
-            self._SyncObj__raftElectionDeadline = deadline
+        deadline = ended + self.fresh_election_timeout()
+        if self.election_deadline() < deadline:
+            self.set_election_deadline(deadline)
 
-    def delay_election(self, deadline: float) -> None:
-        """Stand for election no sooner than ``deadline`` (pysyncobj's clock,
-        :func:`raft_clock`), unless a leader is heard from first."""
+    def set_election_deadline(self, deadline: float) -> None:
+        """Stand for election at ``deadline`` (pysyncobj's clock, :func:`raft_clock`; a
+        deadline passed: at the next tick), unless a leader is heard from first."""
         self._SyncObj__raftElectionDeadline = deadline
+
+    def election_deadline(self) -> float:
+        deadline: float = self.__dict__["_SyncObj__raftElectionDeadline"]
+        return deadline
+
+    def fresh_election_timeout(self) -> float:
+        """A new random election timeout (seconds), drawn as pysyncobj draws it."""
+        timeout: float = self._SyncObj__generateRaftTimeout()
+        return timeout
 
     def raft_log(self) -> Any:
         """The journal pysyncobj keeps this replica's log in."""
         return self.__dict__.get("_SyncObj__raftLog")
+
+    def last_log_entry(self) -> tuple[int, int]:
+        """The index and term of the last entry of the log."""
+        last = self._SyncObj__raftLog[-1]
+        return int(last[1]), int(last[2])
+
+    def role(self) -> str:
+        """``follower``, ``candidate`` or ``leader``."""
+        return _ROLES[self._SyncObj__raftState]
+
+    def leads(self) -> bool:
+        return bool(self._isLeader())
+
+    def leader_node(self) -> Any:
+        """The node this replica knows as leader (None: none known)."""
+        return self._getLeader()
+
+    def term(self) -> int:
+        return int(self._SyncObj__raftCurrentTerm)
+
+    def self_node(self) -> Any:
+        """This replica's node (None on a read-only node)."""
+        return self._SyncObj__selfNode
+
+    def other_nodes(self) -> list[Any]:
+        return list(self._SyncObj__otherNodes)
+
+    def connected_to_anyone(self) -> bool:
+        return bool(self._SyncObj__connectedToAnyone())
+
+    def transfer_in_progress(self) -> bool:
+        """Whether a leadership transfer (pysyncobj's ``timeout_now``) is running."""
+        return bool(self.__dict__.get("_SyncObj__transferInProgress"))
+
+    def send_to(self, node: Any, message: dict[str, Any]) -> None:
+        """Send ``message`` to ``node`` over this replica's Raft transport."""
+        self.__dict__["_SyncObj__transport"].send(node, message)
+
+    def raft_poller(self) -> Any:
+        """The poller the Raft thread waits on (a transport subscribes its descriptors)."""
+        return self._poller
 
     def quorum_contact_within(self, seconds: float) -> bool:
         """Whether this replica leads and its Raft thread has heard a majority (itself
@@ -254,9 +300,8 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         members += [other.address for other in self._SyncObj__otherNodes]
         delay = leader_loss_delay(self._SyncObj__selfNode.address, members, node.address, stagger)
         deadline = raft_clock() + delay
-        current: float = self.__dict__["_SyncObj__raftElectionDeadline"]
-        if deadline < current:
-            self._SyncObj__raftElectionDeadline = deadline
+        if deadline < self.election_deadline():
+            self.set_election_deadline(deadline)
             log_.info(
                 "lost the connection to leader %s: standing for election in %.0f ms",
                 node.address,
@@ -335,57 +380,6 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         return whole
 
 
-def leader_loss_delay(self_address: str, members: list[str], lost: str, stagger_s: float) -> float:
-    """Seconds until the member ``self_address`` stands for election after losing its
-    connection to the leader ``lost``: the other ``members`` take turns in address order,
-    ``stagger_s`` apart, the first at once."""
-    survivors = sorted({m for m in members if m != lost})
-    return survivors.index(self_address) * stagger_s
-
-
-def conflict_free(log: Any, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-    """``message`` rewritten so that pysyncobj's handler applies the Raft rules to ``log``
-    (a sequence of ``(command, index, term)``), and the cap on the acknowledgement (None:
-    no cap). A message whose previous entry the log does not hold is left alone: the
-    handler rejects it."""
-    if message.get("transmission") is not None:
-        return message, None  # a first or middle chunk: nothing to apply yet
-    prev = int(message["prevLogIdx"])
-    entries = list(message.get("entries") or [])
-    if len(log) == 0:
-        return message, None
-    first = int(log[0][1])
-    last = int(log[-1][1])
-    if prev < first or prev > last or int(log[prev - first][2]) != message["prevLogTerm"]:
-        return message, None
-    held = 0
-    for entry in entries:
-        index, term = int(entry[1]), int(entry[2])
-        if index > last or int(log[index - first][2]) != term:
-            break
-        held += 1
-    if held < len(entries):
-        if held == 0:
-            return message, None
-        kept = entries[held - 1]
-        return {
-            **message,
-            "prevLogIdx": int(kept[1]),
-            "prevLogTerm": int(kept[2]),
-            "entries": entries[held:],
-        }, None
-    end = prev + len(entries)
-    if last == end and not entries:
-        return message, None  # a heartbeat at the end of the log
-    return {
-        **message,
-        "prevLogIdx": last,
-        "prevLogTerm": int(log[-1][2]),
-        "entries": [],
-        "commit_index": min(int(message["commit_index"]), end),
-    }, end + 1
-
-
 class FileJournalState:
     """pysyncobj's ``FileJournal`` private state, read and set for the journal that
     subclasses it (:mod:`synapse_ha.raft.journal`): the mapped file, the offset of the
@@ -430,3 +424,131 @@ class FileJournalState:
     def default_header(self) -> bytes:
         header: bytes = self._journal._FileJournal__getDefaultHeader()
         return header
+
+
+class ResizableFileState:
+    """pysyncobj's ``ResizableFile`` private state: the shared mapping of the journal file
+    and the open file under it."""
+
+    def __init__(self, resizable: Any) -> None:
+        self._resizable = resizable
+
+    @property
+    def mapping(self) -> Any:
+        return self._resizable._ResizableFile__mm
+
+    def fileno(self) -> int:
+        return int(self._resizable._ResizableFile__f.fileno())
+
+
+def install_journal_factory(create: Callable[[str], Any | None]) -> bool:
+    """Have pysyncobj build its journals with ``create`` (given the journal path; None:
+    pysyncobj's own journal). pysyncobj calls the ``createJournal`` it imported into
+    :mod:`pysyncobj.syncobj`: that name is replaced, once per process. False: something
+    else replaced it first (nothing is installed)."""
+    current = syncobj_module.createJournal
+    if getattr(current, "synapse_factory", None) is create:
+        return True
+    if current is not _original_create_journal:
+        return False
+
+    def create_journal(journalFile: str | None = None) -> Any:
+        if journalFile is not None:
+            journal = create(journalFile)
+            if journal is not None:
+                return journal
+        return _original_create_journal(journalFile)
+
+    create_journal.synapse_factory = create  # type: ignore[attr-defined]
+    syncobj_module.createJournal = create_journal
+    return True
+
+
+_original_create_journal = syncobj_module.createJournal
+
+
+class TransportBase(Transport):  # type: ignore[misc]
+    """pysyncobj's transport interface, with public names for what a transport reports
+    to the Raft thread."""
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        Transport.__init__(self, syncObj, selfNode, otherNodes)
+
+    def deliver(self, node: Any, message: Any) -> None:
+        """Hand ``message`` from ``node`` to pysyncobj's handler (it may raise on a message
+        it cannot take)."""
+        self._onMessageReceived(node, message)
+
+    def node_connected(self, node: Any) -> None:
+        self._onNodeConnected(node)
+
+    def node_disconnected(self, node: Any) -> None:
+        self._onNodeDisconnected(node)
+
+
+def _incoming_host(conn: Any) -> str:
+    """The host an accepted connection comes from ("" once closed)."""
+    sock = conn._TcpConnection__socket
+    try:
+        return str(sock.getpeername()[0]) if sock is not None else ""
+    except OSError:  # already closed
+        return ""
+
+
+def _check_first_bytes(conn: Any, length: int, refuses: Callable[[bytes], bool]) -> None:
+    """Before pysyncobj parses what an accepted connection sends, show its first
+    ``length`` bytes to ``refuses``: True closes the connection; otherwise pysyncobj's
+    parser takes over, unchecked from then on."""
+    parse = conn._TcpConnection__processParseMessage
+
+    def first_bytes_checked() -> Any:
+        start = conn._TcpConnection__readBuffer[:length]
+        if len(start) < length:
+            return parse()
+        conn._TcpConnection__processParseMessage = parse
+        if refuses(bytes(start)):
+            conn.disconnect()
+            return None
+        return parse()
+
+    conn._TcpConnection__processParseMessage = first_bytes_checked
+
+
+class KeyCheckingTransport(TCPTransport):  # type: ignore[misc]
+    """pysyncobj's TCP transport (the password channel), whose connection events go to a
+    :class:`~synapse_ha.raft.password_transport.PasswordChannelWatch` (``watch``), which
+    says why a peer without this replica's key cannot be reached. The sentence's mode is
+    the :class:`SafeSyncObj`'s ``channel_mode``."""
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        self.watch = PasswordChannelWatch(syncObj.channel_mode)
+        TCPTransport.__init__(self, syncObj, selfNode, otherNodes)
+
+    def addNode(self, node: Any) -> None:
+        TCPTransport.addNode(self, node)
+        conn = self._connections.get(node)
+        if conn is not None:
+            self.watch.outgoing_added(conn, node.address)
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        TCPTransport._onNewIncomingConnection(self, conn)
+        refuses = self.watch.incoming(conn, _incoming_host(conn))
+        if refuses is not None:
+            _check_first_bytes(conn, len(TLS_HANDSHAKE_RECORD), refuses)
+
+    def _onOutgoingConnected(self, conn: Any) -> None:
+        self.watch.outgoing_connecting(conn)
+        TCPTransport._onOutgoingConnected(self, conn)
+
+    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
+        self.watch.outgoing_answered(conn)
+        TCPTransport._onOutgoingMessageReceived(self, conn, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        if self.watch.accepts(node, message):
+            TCPTransport._onMessageReceived(self, node, message)
+
+    def _onDisconnected(self, conn: Any) -> None:
+        node = self._connToNode(conn)
+        self.watch.disconnected(conn, node.address if node is not None else None)
+        TCPTransport._onDisconnected(self, conn)

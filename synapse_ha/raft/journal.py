@@ -63,13 +63,13 @@ the others elect a leader. It rejoins where it stopped when space returns, as af
 pause.
 
 pysyncobj creates its journal with the module-level ``createJournal`` it imported into
-:mod:`pysyncobj.syncobj`. :func:`register` replaces that name, once per process, with a
-function that builds our journal for the journal paths registered (durable or not, per
-path) and defers to the original for every other path. :func:`check_installed` verifies,
-after ``SyncObj`` is built, that the journal really is ours: a pysyncobj that stopped
-calling ``createJournal`` makes the replica refuse to start instead of running silently
-without these guarantees.
-"""
+:mod:`pysyncobj.syncobj`. :func:`register` has the adapter
+(:func:`~synapse_ha.raft.adapter.install_journal_factory`) replace that name, once per
+process, with a function that builds our journal for the journal paths registered
+(durable or not, per path) and defers to the original for every other path.
+:func:`check_installed` verifies, after ``SyncObj`` is built, that the journal really is
+ours: a pysyncobj that stopped calling ``createJournal`` makes the replica refuse to
+start instead of running silently without these guarantees."""
 
 from __future__ import annotations
 
@@ -80,7 +80,6 @@ import struct
 import threading
 from typing import Any
 
-import pysyncobj.syncobj as _syncobj
 from pysyncobj.journal import (
     FIRST_RECORD_OFFSET,
     LAST_RECORD_OFFSET_OFFSET,
@@ -91,7 +90,7 @@ from pysyncobj.journal import (
 from pysyncobj.pickle import dumps, to_bytes
 
 from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.raft.adapter import FileJournalState
+from synapse_ha.raft.adapter import FileJournalState, ResizableFileState, install_journal_factory
 from synapse_ha.raft.snapshot_file import read_snapshot_entries
 
 log = logging.getLogger(__name__)
@@ -148,12 +147,13 @@ class ReservedFile(ResizableFile):  # type: ignore[misc]
     ending the process with SIGBUS when the mapping touches a page with no block."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(path)
+        self._private = ResizableFileState(self)
         self.reserved = 0  # bytes from the start known to have blocks
+        super().__init__(path)
 
     def write(self, offset: int, values: bytes) -> None:
         end = offset + len(values)
-        mapping: Any = self._ResizableFile__mm
+        mapping: Any = self._private.mapping
         if end > self.reserved:
             # Reserve ahead, a chunk at a time (one call per RESERVE_CHUNK, not per
             # append); the mapping, which only grows, always covers what is reserved.
@@ -161,7 +161,7 @@ class ReservedFile(ResizableFile):  # type: ignore[misc]
             if ahead > len(mapping):
                 # Grow the mapping (and the file, sparse) as pysyncobj does, by doubling.
                 mapping.resize(max(2 * len(mapping), ahead))
-            fd = self._ResizableFile__f.fileno()
+            fd = self._private.fileno()
             try:
                 os.posix_fallocate(fd, 0, ahead)
                 self.reserved = ahead
@@ -177,7 +177,7 @@ class ReservedFile(ResizableFile):  # type: ignore[misc]
         what ``mmap.flush`` (``msync(MS_SYNC)``) does on Linux, but with the interpreter
         lock released while the disk works, so the replica's other threads (its RPCs, the
         Raft channel's reader) go on meanwhile."""
-        os.fdatasync(self._ResizableFile__f.fileno())
+        os.fdatasync(self._private.fileno())
 
 
 class AtomicFileJournal(FileJournal):  # type: ignore[misc]
@@ -345,19 +345,17 @@ class DurableFileJournal(AtomicFileJournal):
 
 _lock = threading.Lock()
 _ours: dict[str, tuple[str | None, bool]] = {}  # absolute journal path -> (snapshot, fsync)
-_original_create = _syncobj.createJournal
 
 
-def _create_journal(journalFile: str | None = None) -> Any:
-    if journalFile is not None:
-        with _lock:
-            found = _ours.get(os.path.abspath(journalFile))
-        if found is not None:
-            dump, fsync = found
-            if fsync:
-                return DurableFileJournal(journalFile, dump)
-            return AtomicFileJournal(journalFile, dump)
-    return _original_create(journalFile)
+def _create_journal(journalFile: str) -> AtomicFileJournal | None:
+    with _lock:
+        found = _ours.get(os.path.abspath(journalFile))
+    if found is None:
+        return None  # pysyncobj's own journal
+    dump, fsync = found
+    if fsync:
+        return DurableFileJournal(journalFile, dump)
+    return AtomicFileJournal(journalFile, dump)
 
 
 def register(journal_file: str, dump_file: str | None, fsync: bool = True) -> None:
@@ -365,10 +363,8 @@ def register(journal_file: str, dump_file: str | None, fsync: bool = True) -> No
     ``fsync``); their snapshot file is ``dump_file``. Installs the hook on first use."""
     with _lock:
         _ours[os.path.abspath(journal_file)] = (dump_file, fsync)
-        if _syncobj.createJournal is not _create_journal:
-            if _syncobj.createJournal is not _original_create:
-                raise JournalHookError("pysyncobj.syncobj.createJournal was replaced by another")
-            _syncobj.createJournal = _create_journal
+        if not install_journal_factory(_create_journal):
+            raise JournalHookError("pysyncobj.syncobj.createJournal was replaced by another")
 
 
 def unregister(journal_file: str) -> None:

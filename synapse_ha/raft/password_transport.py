@@ -4,11 +4,12 @@
 pysyncobj encrypts every Raft message with a key derived from the password (Fernet) and
 drops a connection whose message does not decrypt, silently: two replicas whose keys
 differ (another password, or the other security mode, see
-:func:`synapse_ha.raft.channel.raft_key`) never exchange a message, and neither says why.
-:class:`KeyCheckingTransport` keeps pysyncobj's transport and adds the reason to the log:
-the replica that receives a message it cannot decrypt names the peer and the cause; the
-replica whose connection is closed before the key exchange finished names the peer too.
-Each peer is named at most once per :data:`KEY_MISMATCH_LOG_INTERVAL_S`.
+:func:`synapse_ha.raft.channel.raft_key`) never exchange a message, and neither says
+why. :class:`~synapse_ha.raft.adapter.KeyCheckingTransport` keeps pysyncobj's transport
+and adds the reason to the log: the replica that receives a message it cannot decrypt
+names the peer and the cause; the replica whose connection is closed before the key
+exchange finished names the peer too. Each peer is named at most once per
+:data:`KEY_MISMATCH_LOG_INTERVAL_S`.
 
 A peer on the TLS channel (:mod:`synapse_ha.raft.tls_transport`) that connects to a
 replica of the password channel opens with a TLS handshake record, which pysyncobj would
@@ -16,9 +17,8 @@ read as the length of a message it then waits for until the peer gives up. The t
 recognises the record on an accepted connection, names the peer and the cause in the
 same way, and closes the connection at once.
 
-It reads pysyncobj 0.3.17's private connection state (the accepted socket, the read
-buffer and the message parser of ``TcpConnection``); :class:`~synapse_ha.raft.adapter.
-SafeSyncObj` refuses any other pysyncobj release.
+:class:`PasswordChannelWatch` holds the checks; the transport itself, which hooks into
+pysyncobj's private connection events, is the adapter's ``KeyCheckingTransport``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 
 from cryptography.fernet import InvalidToken
 from pysyncobj.monotonic import monotonic as raft_clock
-from pysyncobj.transport import TCPTransport
 
 from synapse_ha.raft.safe_pickle import message_problem
 
@@ -125,89 +124,66 @@ class _CheckedKey:
         return data
 
 
-class KeyCheckingTransport(TCPTransport):  # type: ignore[misc]
-    """pysyncobj's TCP transport, which says why a peer without this replica's key cannot
-    be reached (module docstring). It reads the sentence's mode from the
-    :class:`SafeSyncObj`'s ``channel_mode``."""
-
-    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
-        self.key_mismatches = KeyMismatchLog(syncObj.channel_mode)
-        self._exchanging: set[int] = set()  # ids of outgoing connections mid key exchange
-        TCPTransport.__init__(self, syncObj, selfNode, otherNodes)
-
-    def addNode(self, node: Any) -> None:
-        TCPTransport.addNode(self, node)
-        conn = self._connections.get(node)
-        if conn is not None and conn.encryptor is not None:
-            conn.encryptor = _CheckedKey(conn.encryptor, node.address, self.key_mismatches)
-
-    def _onNewIncomingConnection(self, conn: Any) -> None:
-        TCPTransport._onNewIncomingConnection(self, conn)
-        if conn.encryptor is not None:
-            peer = _peer_of(conn)
-            conn.encryptor = _CheckedKey(conn.encryptor, peer, self.key_mismatches)
-            _refuse_tls_handshake(conn, peer, self.key_mismatches)
-
-    def _onOutgoingConnected(self, conn: Any) -> None:
-        if conn.encryptor is not None:
-            self._exchanging.add(id(conn))
-        TCPTransport._onOutgoingConnected(self, conn)
-
-    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
-        self._exchanging.discard(id(conn))
-        TCPTransport._onOutgoingMessageReceived(self, conn, message)
-
-    def _onMessageReceived(self, node: Any, message: Any) -> None:
-        problem = message_problem(message)
-        if problem is not None:
-            peer = getattr(node, "address", node)
-            log_.warning("Raft message from %s refused: %s", peer, problem)
-            return
-        TCPTransport._onMessageReceived(self, node, message)
-
-    def _onDisconnected(self, conn: Any) -> None:
-        if id(conn) in self._exchanging:
-            self._exchanging.discard(id(conn))
-            node = self._connToNode(conn)
-            self.key_mismatches.closed_during_key_exchange(
-                node.address if node is not None else "(unknown)"
-            )
-        TCPTransport._onDisconnected(self, conn)
-
-
-def _peer_of(conn: Any) -> str:
-    """The host an accepted connection comes from. Its port is an ephemeral one, new at
-    every retry, and which member it is arrives only in a message that must decrypt
-    first: the host alone names the peer (and keeps the log to one line per host).
-    pysyncobj keeps the socket private."""
-    sock = conn._TcpConnection__socket
-    try:
-        host = str(sock.getpeername()[0]) if sock is not None else ""
-    except OSError:  # already closed
-        host = ""
-    return f"at {host} (incoming)" if host else "(an incoming connection)"
-
-
 # The first two bytes of a TLS handshake record: content type 22, major version 3.
 TLS_HANDSHAKE_RECORD = b"\x16\x03"
 
 
-def _refuse_tls_handshake(conn: Any, peer: str, mismatches: KeyMismatchLog) -> None:
-    """Check the first bytes an accepted connection sends before pysyncobj parses them:
-    a TLS handshake record is reported and the connection closed; anything else goes to
-    pysyncobj's parser, which is then no longer checked. (The first message of the
-    password channel is a short key exchange: its 4-byte length never starts so.)"""
-    parse = conn._TcpConnection__processParseMessage
+class PasswordChannelWatch:
+    """What the password channel's transport
+    (:class:`~synapse_ha.raft.adapter.KeyCheckingTransport`) reports about its
+    connections, and the reasons it logs (module docstring). ``mode`` names this
+    replica's security mode in the sentence (None: not named)."""
 
-    def first_bytes_checked() -> Any:
-        start = conn._TcpConnection__readBuffer[: len(TLS_HANDSHAKE_RECORD)]
-        if len(start) < len(TLS_HANDSHAKE_RECORD):
-            return parse()
-        conn._TcpConnection__processParseMessage = parse
-        if start == TLS_HANDSHAKE_RECORD:
-            mismatches.speaks_tls(peer)
-            conn.disconnect()
+    def __init__(self, mode: str | None) -> None:
+        self.key_mismatches = KeyMismatchLog(mode)
+        self._exchanging: set[int] = set()  # ids of outgoing connections mid key exchange
+
+    def outgoing_added(self, conn: Any, address: str) -> None:
+        """A connection to the member ``address`` was made (not yet opened)."""
+        if conn.encryptor is not None:
+            conn.encryptor = _CheckedKey(conn.encryptor, address, self.key_mismatches)
+
+    def incoming(self, conn: Any, host: str) -> Callable[[bytes], bool] | None:
+        """A connection from ``host`` ("" when unknown) was accepted; what judges its
+        first bytes (True: refuse the connection), None when it is not encrypted.
+
+        The host alone names the peer: the port is an ephemeral one, new at every retry,
+        and which member it is arrives only in a message that must decrypt first (the
+        host keeps the log to one line per host). A TLS handshake record is reported and
+        refused; the first message of the password channel is a short key exchange,
+        whose 4-byte length never starts so."""
+        if conn.encryptor is None:
             return None
-        return parse()
+        peer = f"at {host} (incoming)" if host else "(an incoming connection)"
+        conn.encryptor = _CheckedKey(conn.encryptor, peer, self.key_mismatches)
 
-    conn._TcpConnection__processParseMessage = first_bytes_checked
+        def refuses(start: bytes) -> bool:
+            if start != TLS_HANDSHAKE_RECORD:
+                return False
+            self.key_mismatches.speaks_tls(peer)
+            return True
+
+        return refuses
+
+    def outgoing_connecting(self, conn: Any) -> None:
+        if conn.encryptor is not None:
+            self._exchanging.add(id(conn))
+
+    def outgoing_answered(self, conn: Any) -> None:
+        self._exchanging.discard(id(conn))
+
+    def accepts(self, node: Any, message: Any) -> bool:
+        """Whether ``message`` from ``node`` goes on to pysyncobj (else it is logged)."""
+        problem = message_problem(message)
+        if problem is None:
+            return True
+        log_.warning("Raft message from %s refused: %s", getattr(node, "address", node), problem)
+        return False
+
+    def disconnected(self, conn: Any, address: str | None) -> None:
+        """A connection (to or from the member ``address``, None: unknown) closed."""
+        if id(conn) in self._exchanging:
+            self._exchanging.discard(id(conn))
+            self.key_mismatches.closed_during_key_exchange(
+                address if address is not None else "(unknown)"
+            )

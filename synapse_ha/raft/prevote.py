@@ -36,8 +36,9 @@ from a majority running this release to stand for election; the earlier ones tim
 and elect among themselves as before (with a higher term, which the members of this
 release accept once they no longer hear the old leader).
 
-The module reads pysyncobj's private state, like the adapter: :class:`PreVoteMixin` is a
-base of ``SafeSyncObj`` only.
+:class:`PreVoteMixin` is a base of ``SafeSyncObj`` only, and reads and sets the Raft state
+through its public methods (the adapter is the module that names pysyncobj's private
+state).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pysyncobj.monotonic import monotonic as raft_clock
-from pysyncobj.syncobj import _RAFT_STATE
 
 log = logging.getLogger(__name__)
 
@@ -201,16 +201,16 @@ class PreVoteMixin:
         instead of an election, unless the round before was won (or a transfer runs)."""
         state: PreVoteState | None = self.pre_vote
         sync: Any = self
-        if state is None or sync._SyncObj__selfNode is None:
+        if state is None or sync.self_node() is None:
             return
-        if sync._SyncObj__raftState not in (_RAFT_STATE.FOLLOWER, _RAFT_STATE.CANDIDATE):
+        if sync.role() not in ("follower", "candidate"):
             return
         now = raft_clock()
-        if sync._SyncObj__raftElectionDeadline >= now or not sync._SyncObj__connectedToAnyone():
+        if sync.election_deadline() >= now or not sync.connected_to_anyone():
             return
-        term = int(sync._SyncObj__raftCurrentTerm) + 1
-        others = list(sync._SyncObj__otherNodes)
-        if sync.__dict__.get("_SyncObj__transferInProgress"):
+        term = sync.term() + 1
+        others = sync.other_nodes()
+        if sync.transfer_in_progress():
             self._send_all(others, {"type": TRANSFER_VOTE, "term": term})
             return
         if state.won_term == term:
@@ -221,22 +221,23 @@ class PreVoteMixin:
         if state.won_term == term:
             state.won_term = None
             return  # a single voter
-        sync._SyncObj__raftElectionDeadline = now + sync._SyncObj__generateRaftTimeout()
+        sync.set_election_deadline(now + sync.fresh_election_timeout())
+        last_index, last_term = sync.last_log_entry()
         self._send_all(
             others,
             {
                 "type": PRE_VOTE,
                 "term": term,
                 "round": opened.number,
-                "last_log_index": int(sync._SyncObj__raftLog[-1][1]),
-                "last_log_term": int(sync._SyncObj__raftLog[-1][2]),
+                "last_log_index": last_index,
+                "last_log_term": last_term,
             },
         )
 
     def _send_all(self, nodes: list[Any], message: dict[str, Any]) -> None:
-        transport = self.__dict__["_SyncObj__transport"]
+        sync: Any = self
         for node in nodes:
-            transport.send(node, dict(message))
+            sync.send_to(node, dict(message))
 
     def _pre_vote_message(self, node: Any, message: Any) -> bool:
         """Handle the pre-vote messages and stickiness; True: ``message`` is consumed
@@ -247,7 +248,7 @@ class PreVoteMixin:
         sync: Any = self
         kind = message.get("type")
         now = raft_clock()
-        current = int(sync._SyncObj__raftCurrentTerm)
+        current = sync.term()
         if kind == "append_entries" and message.get("term", -1) >= current:
             state.heard_leader(now)
         elif kind == PRE_VOTE:
@@ -259,7 +260,7 @@ class PreVoteMixin:
         elif kind == TRANSFER_VOTE:
             state.transfer_terms[node] = int(message["term"])
             return True
-        elif kind == "request_vote" and sync._SyncObj__raftState == _RAFT_STATE.FOLLOWER:
+        elif kind == "request_vote" and sync.role() == "follower":
             return state.ignores_request_vote(node, int(message["term"]), current, now)
         return False
 
@@ -269,13 +270,13 @@ class PreVoteMixin:
         sync: Any = self
         granted = grant_pre_vote(
             proposed_term=int(message["term"]),
-            current_term=int(sync._SyncObj__raftCurrentTerm),
+            current_term=sync.term(),
             candidate_log=(int(message["last_log_index"]), int(message["last_log_term"])),
-            own_log=(int(sync._SyncObj__raftLog[-1][1]), int(sync._SyncObj__raftLog[-1][2])),
-            leads=sync._SyncObj__raftState == _RAFT_STATE.LEADER,
+            own_log=sync.last_log_entry(),
+            leads=sync.role() == "leader",
             leader_recent=state.leader_recent(now),
         )
-        sync._SyncObj__transport.send(
+        sync.send_to(
             node,
             {
                 "type": PRE_VOTE_REPLY,
@@ -291,7 +292,7 @@ class PreVoteMixin:
         sync: Any = self
         outcome = state.reply(node, message)
         if outcome == WON:
-            sync._SyncObj__raftElectionDeadline = 0.0
+            sync.set_election_deadline(0.0)
             log.info("pre-vote for term %s won: standing for election", message["term"])
         elif outcome == LOST and state.retries_soon(now) and self.leader_loss_stagger_s is not None:
-            sync._SyncObj__raftElectionDeadline = now + self.leader_loss_stagger_s / 4
+            sync.set_election_deadline(now + self.leader_loss_stagger_s / 4)

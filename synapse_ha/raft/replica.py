@@ -230,11 +230,11 @@ class RaftReplica:
             # the first deadline is pushed out too (it was drawn with the normal ones).
             conf.raftMinTimeout = _JOIN_ELECTION_TIMEOUT_S
             conf.raftMaxTimeout = 2 * _JOIN_ELECTION_TIMEOUT_S
-            self._sync.delay_election(raft_clock() + _JOIN_ELECTION_TIMEOUT_S)
+            self._sync.set_election_deadline(raft_clock() + _JOIN_ELECTION_TIMEOUT_S)
         elif restarted:
             # No election before the leader had time to reconnect (see RaftTiming).
             # pysyncobj's deadlines are on its own clock (CLOCK_MONOTONIC_RAW).
-            self._sync.delay_election(raft_clock() + timing.restart_election_delay_s)
+            self._sync.set_election_deadline(raft_clock() + timing.restart_election_delay_s)
         if not join:
             self._sync.leader_loss_stagger_s = timing.leader_loss_stagger_s
 
@@ -257,7 +257,7 @@ class RaftReplica:
         return read_status(self._sync)
 
     def is_leader(self) -> bool:
-        return bool(self._sync._isLeader())
+        return bool(self._sync.leads())
 
     def leads_with_quorum(self) -> bool:
         """Leads, and it heard a majority within the serving
@@ -287,11 +287,11 @@ class RaftReplica:
         return bool(pre_vote.leader_recent(raft_clock()))
 
     def leader_address(self) -> str:
-        leader = self._sync._getLeader()
+        leader = self._sync.leader_node()
         return str(leader.address) if leader is not None else ""
 
     def term(self) -> int:
-        return int(self._sync._getTerm())
+        return self._sync.term()
 
     # -------------------------------------------------------------- local state
 
@@ -344,7 +344,7 @@ class RaftReplica:
         """Runs on the Raft thread at every tick (before it reads what arrived)."""
         now = raft_clock()
         stalled = now - self._ticked_at > self._serving_window_s
-        if stalled and self._sync.otherNodes and self._sync._isLeader():
+        if stalled and self._sync.otherNodes and self._sync.leads():
             # The thread stood still while leading: the answers this tick reads may
             # come from before a newer leader was elected. Serve again once a majority
             # answered after them (from the next tick on).
@@ -353,7 +353,7 @@ class RaftReplica:
             self._serving_after = now
         self._ticked_at = now
         self._membership.run_raft_thread_calls()
-        if self._joining and self._sync._getLeader() is not None:
+        if self._joining and self._sync.leader_node() is not None:
             self._finish_join()
 
     def _finish_join(self) -> None:
@@ -380,7 +380,7 @@ class RaftReplica:
         if was_leader == is_leader:
             return
         try:
-            self._on_role_change(is_leader, int(self._sync._getTerm()))
+            self._on_role_change(is_leader, self._sync.term())
         except Exception:
             log.exception("role change listener failed")
 

@@ -37,7 +37,7 @@ def raw_status(sync: SafeSyncObj) -> dict[str, Any]:
 
 def read_status(sync: SafeSyncObj) -> RaftStatus:
     """The replica's Raft status as of now."""
-    leader = sync._getLeader()
+    leader = sync.leader_node()
     raw = raw_status(sync)
     return RaftStatus(
         role=_ROLES.get(int(raw["state"]), "unknown"),

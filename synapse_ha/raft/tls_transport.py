@@ -53,10 +53,11 @@ from typing import Any
 
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.poller import POLL_EVENT_TYPE
-from pysyncobj.transport import Transport, TransportNotReadyError
+from pysyncobj.transport import TransportNotReadyError
 
 from synapse_ha.core.access import Kind
 from synapse_ha.raft import wire
+from synapse_ha.raft.adapter import TransportBase
 from synapse_ha.raft.safe_pickle import message_problem
 from synapse_ha.security.pki import REPLICA_SERVER_NAME, PkiError, identity_of_cert
 from synapse_ha.security.tls import TlsError, TlsFiles, read_material
@@ -219,12 +220,12 @@ class _Link:
                 self.written += len(data)
 
 
-class TlsTransport(Transport):  # type: ignore[misc]
+class TlsTransport(TransportBase):
     """pysyncobj's transport over mutual TLS between replicas (module docstring).
     ``files``: this replica's CA bundle, certificate and key."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, files: TlsFiles) -> None:
-        Transport.__init__(self, syncObj, selfNode, otherNodes)
+        TransportBase.__init__(self, syncObj, selfNode, otherNodes)
         if selfNode is None:
             raise ValueError("the TLS Raft transport serves members only, not read-only nodes")
         self._sync = syncObj
@@ -241,7 +242,7 @@ class TlsTransport(Transport):  # type: ignore[misc]
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        syncObj._poller.subscribe(self._wake_r, self._on_wake, POLL_EVENT_TYPE.READ)
+        syncObj.raft_poller().subscribe(self._wake_r, self._on_wake, POLL_EVENT_TYPE.READ)
         self.loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._ready = False
@@ -319,13 +320,13 @@ class TlsTransport(Transport):  # type: ignore[misc]
                 node = link.node
                 if node is not None and self._links.get(node) is link:
                     del self._links[node]
-                    self._onNodeDisconnected(node)
+                    self.node_disconnected(node)
 
     def _deliver(self, link: _Link, message: Any) -> None:
         """Hand ``message`` to pysyncobj; a message its handler cannot take (a field
         missing or of another type) closes the connection it came on."""
         try:
-            self._onMessageReceived(link.node, message)
+            self.deliver(link.node, message)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             log_.warning(
                 "closing the Raft connection with %s: a message pysyncobj cannot handle (%r)",
@@ -352,7 +353,7 @@ class TlsTransport(Transport):  # type: ignore[misc]
         self._links[node] = link
         if previous is not None:
             previous.close_soon()
-        self._onNodeConnected(node)
+        self.node_connected(node)
 
     def _should_connect(self, node: Any) -> bool:
         return bool(self._self.address > node.address)
@@ -391,7 +392,7 @@ class TlsTransport(Transport):  # type: ignore[misc]
         self.setOnMessageReceivedCallback(None)
         self.setOnNodeConnectedCallback(None)
         self.setOnNodeDisconnectedCallback(None)
-        self._sync._poller.unsubscribe(self._wake_r)
+        self._sync.raft_poller().unsubscribe(self._wake_r)
         if self.loop.is_running():
             future = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
             with contextlib.suppress(Exception):
