@@ -83,9 +83,11 @@ def _generator(
     ready: Any,
     go: Any,
     out: Any,
+    batch: int = 1,
 ) -> None:
     """One load generator process: warm up its channel, wait for ``go``, submit its
-    share (serialized ``JobSpec`` messages) with ``window`` calls in flight, report
+    share (serialized ``JobSpec`` messages) with ``window`` calls in flight (one job a
+    ``SubmitJob`` call, or with ``batch`` > 1 that many a ``SubmitJobs`` call), report
     ``(index, started, finished, acknowledged, distinct job ids, CPU seconds)``
     (monotonic seconds: one clock for every process on the machine; the CPU time of the
     whole process, every thread, over the measured submissions)."""
@@ -108,13 +110,30 @@ def _generator(
             pb.SubmitJobRequest(spec=pb.JobSpec.FromString(raw), request_id=f"{prefix}-{index}-{i}")
             for i, raw in enumerate(specs)
         ]
+        calls: list[Any] = requests
+        if batch > 1:
+            calls = [
+                pb.SubmitJobsRequest(jobs=requests[i : i + batch])
+                for i in range(0, len(requests), batch)
+            ]
         ready.put(index)
         go.wait(120)
         started, cpu = time.monotonic(), time.process_time()
-        responses, _ = pipelined(stub.SubmitJob, requests, window, follow=follow)
+        if batch > 1:
+            answers, _ = pipelined(
+                stub.SubmitJobs, calls, window, follow=lambda: follow_batch(client, addresses)
+            )
+            responses = [job for a in answers if a is not None for job in a.jobs]
+        else:
+            responses, _ = pipelined(stub.SubmitJob, calls, window, follow=follow)
         finished, cpu = time.monotonic(), time.process_time() - cpu
     ids = {r.job_id for r in responses if r is not None}
     out.put((index, started, finished, len(responses), len(ids), cpu))
+
+
+def follow_batch(client: ClusterClient, addresses: list[str]) -> Any:
+    """SubmitJobs on whichever replica leads now."""
+    return client.scheduler(client.cluster_status().leader_address or addresses[0]).SubmitJobs
 
 
 STREAM_PROCESSES = 2  # generator processes of streamed heartbeats
@@ -165,10 +184,11 @@ def run_generators(
     processes: int,
     window: int,
     prefix: str,
+    batch: int = 1,
 ) -> tuple[float, float, int, int, float]:
-    """Submit ``specs`` from ``processes`` generator processes at once; the start of the
-    first, the end of the last, the acknowledged and distinct job counts and the
-    generators' CPU seconds."""
+    """Submit ``specs`` from ``processes`` generator processes at once (``batch`` jobs a
+    call); the start of the first, the end of the last, the acknowledged and distinct job
+    counts and the generators' CPU seconds."""
     files = _admin_files(cluster)
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
@@ -176,7 +196,7 @@ def run_generators(
     procs = [
         ctx.Process(
             target=_generator,
-            args=(i, files, cluster.grpc_addresses, share, prefix, window, ready, go, out),
+            args=(i, files, cluster.grpc_addresses, share, prefix, window, ready, go, out, batch),
             daemon=True,
         )
         for i, share in enumerate(_split(raw, processes))
@@ -337,7 +357,7 @@ def _context_switches(pid: int | None) -> int:
 
 
 def bench_submissions(
-    root: Path, count: int, processes: int, window: int, profile: Path | None
+    root: Path, count: int, processes: int, window: int, profile: Path | None, batch: int = 1
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "a")
     try:
@@ -354,7 +374,7 @@ def bench_submissions(
             Profiler(profile, "submit-follower", followers[0]) as follower_spy,
         ):
             started, finished, acked, distinct, generators_cpu = run_generators(
-                cluster, specs, processes, window, "s"
+                cluster, specs, processes, window, "s", batch
             )
         split = _proc_user_system_s(leader.pid)
         user, system = split[0] - split_before[0], split[1] - split_before[1]
@@ -365,6 +385,7 @@ def bench_submissions(
         report: dict[str, Any] = {
             "generator_processes": processes,
             "in_flight_per_process": window,
+            "jobs_per_call": batch,
             "submissions": count,
             "acknowledged": acked,
             "distinct_jobs": distinct,
@@ -412,6 +433,7 @@ def bench_binding(
     heartbeat_s: float,
     profile: Path | None,
     heartbeats: str = "unary",
+    batch: int = 1,
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "b")
     ctx = mp.get_context("spawn")
@@ -443,7 +465,7 @@ def bench_binding(
             cpu_before = _proc_cpu_s(leader.pid)
             with Profiler(profile, "bind", leader) as spy:
                 started, submitted, acked, _, _ = run_generators(
-                    cluster, specs, processes, window, "g"
+                    cluster, specs, processes, window, "g", batch
                 )
                 try:
                     wait_for(
@@ -471,6 +493,7 @@ def bench_binding(
             "heartbeats": heartbeats,
             "heartbeat_interval_s": heartbeat_s,
             "generator_processes": processes,
+            "jobs_per_call": batch,
             "gangs": acked,
             "members_per_gang": members,
             "members_bound": bound,
@@ -556,6 +579,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="(b): the simulated nodes' heartbeats as unary calls from one burst a round "
         "(default), or one stream per node as synapse-worker sends them",
     )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="jobs a call: 1 (default) sends one SubmitJob per job; more sends SubmitJobs "
+        "calls of that many (synctl's and the client library's way for many jobs)",
+    )
     parser.add_argument("--profile", type=Path, help="sample the leader with py-spy into DIR")
     parser.add_argument("--out", type=Path, help=f"where the JSON goes (default {RESULTS})")
     parser.add_argument(
@@ -577,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = Path(tmp)
         if args.only in (None, "a"):
             report["submit"] = bench_submissions(
-                root, args.submissions, args.processes, args.window, args.profile
+                root, args.submissions, args.processes, args.window, args.profile, args.batch
             )
         if args.only in (None, "b"):
             report["bind"] = bench_binding(
@@ -590,6 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.heartbeat_s,
                 args.profile,
                 args.heartbeats,
+                args.batch,
             )
     text = json.dumps(report, indent=2)
     print(text)

@@ -42,7 +42,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -104,13 +104,16 @@ class Liveness:
             if now_ms > self._heard.get(node_id, 0):
                 self._heard[node_id] = now_ms
 
-    def last_heard(self, node_id: str) -> int:
-        with self._lock:
-            return max(self._heard.get(node_id, 0), self._baseline_ms)
-
     def heard_since_election(self, node_id: str) -> int | None:
         with self._lock:
             return self._heard.get(node_id)
+
+    def silences(self, node_ids: Iterable[str], now_ms: int) -> dict[str, int]:
+        """How long each of ``node_ids`` has been silent at ``now_ms``, under one lock."""
+        with self._lock:
+            heard = self._heard.get
+            baseline = self._baseline_ms
+            return {n: now_ms - max(heard(n, 0), baseline) for n in node_ids}
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,11 +407,9 @@ class LeaderLoop:
         for node_id in list(self._node_deaths):
             if self._node_deaths[node_id].settled(now_ms):
                 del self._node_deaths[node_id]
-        silences = {
-            node_id: now_ms - self._liveness.last_heard(node_id)
-            for node_id, node in state.nodes.items()
-            if node.status is not NodeStatus.DEAD
-        }
+        silences = self._liveness.silences(
+            (n for n, node in state.nodes.items() if node.status is not NodeStatus.DEAD), now_ms
+        )
         late = sum(1 for silent in silences.values() if silent > dead_after // 2)
         held = hold_reason(late, len(silences), dead_after, self._settings.silence_hold)
         if bool(held) != self._held:  # said when a hold starts or ends, not at every step

@@ -465,3 +465,14 @@ def test_members_all_running_are_never_failed_for_start_timeout() -> None:
     loop.step(later)
     assert log.of_type(cmd.FailAttempt) == []
     assert j.state is JobState.RUNNING
+
+
+def test_silences_count_from_the_last_heartbeat_or_the_baseline_whichever_is_later() -> None:
+    liveness = Liveness()
+    liveness.reset(1_000)  # an election at 1,000 ms
+    liveness.heard("a", 1_500)
+    liveness.heard("b", 800)  # before the election: counts as heard at the election
+    liveness.heard("a", 1_200)  # an older heartbeat never moves the clock back
+    assert liveness.silences(["a", "b", "never"], 3_000) == {"a": 1_500, "b": 2_000, "never": 2_000}
+    liveness.raise_baseline(2_500)  # a stall of the leader
+    assert liveness.silences(iter(["a", "b"]), 3_000) == {"a": 500, "b": 500}
