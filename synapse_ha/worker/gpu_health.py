@@ -4,7 +4,8 @@ A :class:`GpuHealthMonitor` runs one thread over a *source* of what the GPUs rep
 NVML (:mod:`synapse_ha.worker.gpu_nvml`: critical Xid and double-bit ECC events, and a
 poll for a lost GPU, pending page retirement, a failed row remapping, an NVLink gone
 down), or, with mock GPUs, the mock fault file (:class:`MockFaultFile`). Everything a
-source sees goes to one :class:`HealthRecord`, which decides what is a fault:
+source sees goes to one :class:`~synapse_ha.worker.gpu_faults.HealthRecord`, which decides
+what is a fault:
 
 * An Xid goes through the Xid table (:mod:`synapse_ha.worker.xid`): ``unhealthy`` makes
   the fault ``xid-<code>``; ``report`` is logged at WARNING only.
@@ -39,85 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from synapse_ha.core.health import MAX_FAULT_DETAIL, GpuFault
+from synapse_ha.core.health import GpuFault
+from synapse_ha.worker.gpu_faults import FAULT_KINDS, HealthRecord
+from synapse_ha.worker.gpu_nvml import NvmlWatch
 from synapse_ha.worker.xid import XidAction, XidTable
 
 log = logging.getLogger("synapse.worker.gpu_health")
 
-# The fault codes a worker sends besides ``xid-<code>``, with what each means.
-FAULT_KINDS = {
-    "ecc-dbe": "double-bit ECC error",
-    "lost": "GPU is lost",
-    "retired-pages": "retired pages pending a GPU reset",
-    "remap-failed": "row remapping failed",
-    "nvlink": "NVLink down",
-}
 MOCK_READ_EVERY_S = 0.2
 STOP_JOIN_S = 3.0
-
-
-def _bounded(text: str) -> str:
-    """A detail the leader accepts: printable, at most MAX_FAULT_DETAIL characters."""
-    clean = "".join(c if c.isprintable() else "?" for c in text)
-    return clean[:MAX_FAULT_DETAIL]
-
-
-class HealthRecord:
-    """The GPUs found unhealthy, sticky; safe to call from any thread."""
-
-    def __init__(self, gpu_count: int, xids: XidTable) -> None:
-        self.gpu_count = gpu_count
-        self.xids = xids
-        self._lock = threading.Lock()
-        self._faults: dict[int, GpuFault] = {}
-        self._also: set[tuple[int, str]] = set()
-
-    def faults(self) -> tuple[GpuFault, ...]:
-        with self._lock:
-            return tuple(sorted(self._faults.values()))
-
-    def is_unhealthy(self, gpu: int) -> bool:
-        with self._lock:
-            return gpu in self._faults
-
-    def saw_xid(self, gpu: int, xid: int, where: str = "") -> GpuFault | None:
-        """The driver reported Xid ``xid`` on ``gpu``; the fault when the table says the
-        GPU is unhealthy, else None (logged)."""
-        entry = self.xids.entry(xid)
-        detail = f"Xid {xid}: {entry.name}{f' ({where})' if where else ''}"
-        if entry.action is XidAction.REPORT:
-            log.warning("GPU %d reported %s; not fatal (the Xid table says report)", gpu, detail)
-            return None
-        return self.saw(gpu, f"xid-{xid}", detail)
-
-    def saw(self, gpu: int, code: str, detail: str) -> GpuFault | None:
-        """``gpu`` is unhealthy (``code``, ``detail``); the new fault, or None when the GPU
-        already had one or is not this node's."""
-        if not 0 <= gpu < self.gpu_count:
-            log.warning(
-                "ignored %s on GPU %d: this node has GPUs 0..%d", code, gpu, self.gpu_count - 1
-            )
-            return None
-        fault = GpuFault(gpu, code, _bounded(detail))
-        with self._lock:
-            first = self._faults.get(gpu)
-            if first is None:
-                self._faults[gpu] = fault
-            elif (gpu, code) in self._also or first.code == code:
-                return None
-            else:
-                self._also.add((gpu, code))
-        if first is None:
-            log.warning("GPU %d is unhealthy: %s (%s)", gpu, code, fault.detail)
-            return fault
-        log.warning(
-            "GPU %d also reported %s (%s); it stays reported as %s",
-            gpu,
-            code,
-            fault.detail,
-            first.code,
-        )
-        return None
 
 
 # ------------------------------------------------------------------ mock faults
@@ -335,7 +266,5 @@ def health_monitor(
             return GpuHealthMonitor(record, None)
         reader = MockFaultFile(path, record)  # skips the lines already there, now
         return GpuHealthMonitor(record, lambda: reader)
-    from synapse_ha.worker.gpu_nvml import NvmlWatch
-
     poll_s = settings.poll_interval_s
     return GpuHealthMonitor(record, lambda: NvmlWatch.open(load_nvml(), record, poll_s))

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from synapse_ha.worker.gpu_health import HealthRecord
+from synapse_ha.worker.gpu_faults import HealthRecord
 
 log = logging.getLogger("synapse.worker.gpu_health")
 

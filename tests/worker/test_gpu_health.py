@@ -15,10 +15,10 @@ import pytest
 from synapse_ha.core.health import GpuFault
 from synapse_ha.programs.config_file import ConfigError
 from synapse_ha.programs.worker_config import load_config
+from synapse_ha.worker.gpu_faults import HealthRecord
 from synapse_ha.worker.gpu_health import (
     GpuHealthMonitor,
     GpuHealthSettings,
-    HealthRecord,
     MockFaultFile,
     health_monitor,
     parse_mock_line,

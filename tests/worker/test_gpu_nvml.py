@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from synapse_ha.worker.gpu_faults import HealthRecord
 from synapse_ha.worker.gpu_health import (
     GpuHealthMonitor,
     GpuHealthSettings,
-    HealthRecord,
     health_monitor,
 )
 from synapse_ha.worker.gpu_nvml import NvmlWatch
