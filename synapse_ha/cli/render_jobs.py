@@ -90,6 +90,7 @@ def job_document(job: pb.Job, now_ms: int | None = None) -> Document:
         "resources": resources_document(spec.resources),
         "topology": {"required": spec.topology_required, "preferred": spec.topology_preferred},
         "time_limit_ms": spec.time_limit_ms,
+        "stop_grace_ms": spec.stop_grace_ms,
         "retries": {
             "max": spec.retries.max,
             "backoff_ms": spec.retries.backoff_ms,
@@ -292,6 +293,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("PREEMPTED", preemption_text(doc["preemption"])),
         ("TOPOLOGY", topology),
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
+        ("STOP GRACE", duration_text(doc["stop_grace_ms"]) if doc["stop_grace_ms"] else None),
         ("HANG AFTER", progress_text(doc["progress"])),
         ("PRESTART", prestart_text(doc["prestart"])),
         ("CHECKPOINT", checkpoint_text(doc["checkpoint"], now_ms)),

@@ -31,6 +31,15 @@ class MemberKey(NamedTuple):
         return f"{self.job_id}/token {self.fencing_token}/rank {self.rank}"
 
 
+class Preempting(NamedTuple):
+    """A desired member being preempted: the kind, the preemptor's job id, and
+    the grace left before SIGKILL (ms, counted from when the worker heard it)."""
+
+    kind: str
+    preemptor: str
+    grace_ms: int
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """The part of a job's spec its members are launched with, the same for every member
@@ -50,6 +59,7 @@ class LaunchSpec:
     progress_timeout_ms: int = 0  # 0: no hang detection
     progress_source: str = ""  # "" with no hang detection, else a progress source
     prestart: Prestart | None = None  # the job's pre-start check: None, none
+    stop_grace_ms: int = 0  # SIGTERM to SIGKILL when it is stopped; 0: the node's
 
     @classmethod
     def of(cls, spec: JobSpec) -> LaunchSpec:
@@ -64,6 +74,7 @@ class LaunchSpec:
             progress_timeout_ms=spec.progress.timeout_ms if spec.progress else 0,
             progress_source=spec.progress.source if spec.progress else "",
             prestart=spec.prestart,
+            stop_grace_ms=spec.stop_grace_ms,
         )
 
 

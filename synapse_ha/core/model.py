@@ -261,6 +261,8 @@ class JobSpec:
     array: str = field(default="", metadata=added_in(5))
     # Accepted though no node could hold it yet (core/feasibility.py).
     wait_for_nodes: bool = field(default=False, metadata=added_in(9))
+    # A stopped member's SIGTERM to SIGKILL (core/spec_fields.py); 0: its node's.
+    stop_grace_ms: int = field(default=0, metadata=added_in(11))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
@@ -27,6 +28,7 @@ from synapse_ha.core.dependencies import Dependencies, DependencyKind
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
 from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.progress import SOURCE_FILE, Progress
+from synapse_ha.core.spec_fields import SPEC_FIELDS
 from synapse_ha.core.spec_values import SpecError as SpecError
 from synapse_ha.core.spec_values import is_int as _is_int
 from synapse_ha.core.spec_values import kind as _kind
@@ -64,6 +66,7 @@ _TOP_FIELDS = frozenset(
         "begin",
         "deadline",
         "wait_for_nodes",
+        *(f.key for f in SPEC_FIELDS),
     }
 )
 _DEPENDENCY_FIELDS = frozenset(str(kind) for kind in DependencyKind)
@@ -74,6 +77,9 @@ _RETRY_FIELDS = frozenset({"max", "backoff", "max_backoff"})
 _PROGRESS_FIELDS = frozenset({"timeout", "source"})
 
 _T = TypeVar("_T")
+_PLAIN = JobSpec("", 1, Resources(), ())  # the defaults of the fields a document leaves out
+# How each kind of spec_fields.SPEC_FIELDS is read.
+_READERS: dict[str, Callable[[object, str], Any]] = {"duration": parse_duration}
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +184,11 @@ def parse_job_spec(
         dependencies=optional("dependencies", lambda v: _dependencies(v, problems), None),
         array=optional("array", _array, ""),
         wait_for_nodes=optional("wait_for_nodes", _flag, False),
+        **{
+            f.attr: take(partial(_READERS[f.kind], doc[f.key], f.key), getattr(_PLAIN, f.attr))
+            for f in SPEC_FIELDS
+            if f.key in doc
+        },
     )
     begin = optional("begin", lambda v: _moment(v, "begin"), (0, 0))
     deadline = optional("deadline", lambda v: _moment(v, "deadline"), (0, 0))

@@ -1,11 +1,13 @@
 """Rules of the job spec fields that live in modules of their own (dependencies, the
-window), gathered for :func:`synapse_ha.core.validation.check_job_spec`."""
+window, arrays, the one-value fields of :mod:`synapse_ha.core.spec_fields`), gathered for
+:func:`synapse_ha.core.validation.check_job_spec`."""
 
 from __future__ import annotations
 
 from synapse_ha.core.arrays import array_problems
 from synapse_ha.core.dependencies import dependency_problems
 from synapse_ha.core.model import JobSpec
+from synapse_ha.core.spec_fields import spec_field_problems
 from synapse_ha.core.windows import window_problems
 
 
@@ -17,4 +19,5 @@ def more_problems(spec: JobSpec) -> list[tuple[str, str]]:
             spec.begin_at_ms, spec.begin_delay_ms, spec.deadline_at_ms, spec.deadline_delay_ms
         )
         + array_problems(spec.array)
+        + spec_field_problems(spec)
     )

@@ -42,19 +42,20 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
+from synapse_ha.core.desired import DesiredMember, MemberKey, Preempting
 from synapse_ha.core.health import GpuFault, NodeCheck
-from synapse_ha.core.model import NodeStatus, Resources
-from synapse_ha.core.prestart import Prestart
-from synapse_ha.rpc import convert, states
+from synapse_ha.core.model import NodeStatus
+from synapse_ha.rpc import states, to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.from_proto import desired_from_proto as desired_from_proto
+from synapse_ha.rpc.from_proto import preemption_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.checkpoints import Mark
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
@@ -138,38 +139,13 @@ class GrpcControlPlane:
             raise ControlPlaneUnreachable(f"{exc.code()}: {exc.details()}") from None
 
 
-def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
-    """The desired member a heartbeat carries (the inverse of the control plane's
-    ``desired_to_proto``). Its preemption travels apart, as a :class:`PreemptNotice`."""
-    return DesiredMember(
-        job_id=d.job_id,
-        attempt=d.attempt,
-        fencing_token=d.fencing_token,
-        rank=d.rank,
-        world_size=d.world_size,
-        local_rank=d.local_rank,
-        local_world_size=d.local_world_size,
-        gpus=tuple(d.gpus),
-        master_addr=d.master_addr,
-        master_port=d.master_port,
-        member_hosts=tuple(d.member_hosts),
-        spec=LaunchSpec(
-            command=tuple(d.command),
-            shell=d.shell,
-            env=tuple((e.name, e.value) for e in d.env),
-            workdir=d.workdir,
-            time_limit_ms=d.time_limit_ms,
-            image=d.image,
-            resources=Resources(d.cpu_milli, d.memory_mib, len(d.gpus)),
-            progress_timeout_ms=d.progress_timeout_ms,
-            progress_source=d.progress_source,
-            prestart=Prestart(tuple(d.prestart_command), d.prestart_shell, d.prestart_timeout_ms)
-            if d.prestart_command
-            else None,
-        ),
-        owner=d.owner,
-        resume_step=d.resume_step if d.HasField("resume_step") else None,
-    )
+# A desired member, and its preemption (None: not preempted).
+Wanted = tuple[DesiredMember, Preempting | None]
+
+
+def wanted_from_proto(desired: Iterable[pb.DesiredMember]) -> list[Wanted]:
+    """The leader's desired list, as the agent reconciles on it."""
+    return [(desired_from_proto(d), preemption_from_proto(d)) for d in desired]
 
 
 def _report(
@@ -273,7 +249,7 @@ class Agent:
         self.fresh_reports = False
         self.nudged = False
         self.desired_seen: set[MemberKey] = set()
-        self._pushed: list[pb.DesiredMember] | None = None
+        self._pushed: list[Wanted] | None = None
         self.lease_unwritable = ""  # why the lease file could not be written, if so
         self._revoke_lease_file()
 
@@ -296,7 +272,7 @@ class Agent:
     def push(self, desired: Sequence[pb.DesiredMember]) -> None:
         """The leader pushed this node's new desired list on its heartbeat stream. Called
         from another thread; the next :meth:`step` applies it if the lease is held."""
-        self._pushed = list(desired)
+        self._pushed = wanted_from_proto(desired)
 
     def step(self) -> str:
         """One pass: collect exits, fence if the lease ran out, register or heartbeat when
@@ -443,8 +419,8 @@ class Agent:
             node_id=self.node_id,
             reports=reports,
             running=running,
-            gpu_faults=convert.gpu_faults_to_proto(faults),
-            checks=convert.checks_to_proto(checks),
+            gpu_faults=to_proto.gpu_faults_to_proto(faults),
+            checks=to_proto.checks_to_proto(checks),
         )
         self.faults_sent = faults
         self.checks_sent = checks
@@ -486,7 +462,7 @@ class Agent:
         said = "lease renewed after fencing" if was_fenced else ""
         if not apply_desired:
             return "; ".join(s for s in (said, unwritten) if s)
-        applied = self._apply(answer.desired, may_start=not unwritten)
+        applied = self._apply(wanted_from_proto(answer.desired), may_start=not unwritten)
         return "; ".join(s for s in (said, unwritten, applied) if s)
 
     def _forgotten(self, why: str) -> str:
@@ -505,29 +481,26 @@ class Agent:
             self.lease.fence()
         return f"{why}; killed {len(exits)} member(s); registering again"
 
-    def _apply(self, desired: Sequence[pb.DesiredMember], may_start: bool = True) -> str:
+    def _apply(self, desired: Sequence[Wanted], may_start: bool = True) -> str:
         """Reconcile with the leader's desired list (idempotent). Without ``may_start``
         (the lease file cannot be written) members are stopped and preempted as asked but
         none is started."""
         highest = self.executor.highest_token
-        for d in desired:
+        for d, _ in desired:
             if d.fencing_token > highest.get(d.job_id, 0):
                 highest[d.job_id] = d.fencing_token
-        wanted: dict[MemberKey, pb.DesiredMember] = {}
-        for d in desired:
-            key = MemberKey(d.job_id, d.fencing_token, d.rank)
+        wanted: dict[MemberKey, Wanted] = {}
+        for d, preempting in desired:
             if d.fencing_token >= highest.get(d.job_id, 0):
-                wanted[key] = d
+                wanted[d.key] = (d, preempting)
         stopped = 0
         preempted = 0
         for key in self.executor.running():
             if key not in wanted:
                 self.executor.stop(key)
                 stopped += 1
-            elif wanted[key].preemption:
-                d = wanted[key]
-                notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
-                self.executor.preempt(key, notice)
+            elif (preempting := wanted[key][1]) is not None:
+                self.executor.preempt(key, PreemptNotice(*preempting))
                 preempted += 1
         started = 0
         waiting = 0
@@ -536,15 +509,14 @@ class Agent:
         # GPUs of every member still running here, also those being stopped: a GPU is
         # given to a new member only once its holder's whole process tree is gone.
         busy_gpus = {g for gpus in self.executor.gpus_held().values() for g in gpus}
-        for key, d in wanted.items():
+        for key, (d, preempting) in wanted.items():
             if key in self.executor.known or not may_start:
                 continue
-            if d.preemption:
+            if preempting is not None:
                 # Preempted before it started here: it never runs, and its (immediate)
                 # exit confirms to the leader that it is stopped.
-                notice = PreemptNotice(d.preemption, d.preempted_by, d.preempt_grace_ms)
                 try:
-                    self.executor.start(desired_from_proto(d), notice)
+                    self.executor.start(d, PreemptNotice(*preempting))
                 except (OSError, ValueError) as exc:
                     log.error("could not record %s as stopped: %s", key, exc)
                     continue
@@ -562,7 +534,7 @@ class Agent:
                 waiting += 1
                 continue
             try:
-                member = self.executor.start(desired_from_proto(d))
+                member = self.executor.start(d)
             except (OSError, ValueError) as exc:
                 log.error("could not start %s: %s", key, exc)
                 continue

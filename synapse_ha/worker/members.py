@@ -333,7 +333,8 @@ class MemberExecutor:
             "log_path": str(log_path),
             "lease_path": str(self.lease_path),
             "parent_pid": os.getpid(),  # or the fork server's: see SupervisorStarter.start
-            "stop_grace_s": self.settings.stop_grace_s,
+            # The job's own stop grace, else the node's.
+            "stop_grace_s": desired.spec.stop_grace_ms / 1000 or self.settings.stop_grace_s,
             "fence_grace_s": self.settings.fence_grace_s,
             "time_limit_ms": desired.spec.time_limit_ms,
             **progress_fields(desired, log_path, progress_path),

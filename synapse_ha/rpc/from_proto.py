@@ -1,0 +1,258 @@
+"""Protobuf messages to core values: every conversion from the wire. No I/O, no policy.
+
+Conversion states no rule of its own: a spec or node description built here is checked
+by :mod:`synapse_ha.core.validation`, the one rule set (the server before proposing, the
+state machine again when applying). The fields a message and a core value name alike are
+declared once, for both directions, in :mod:`synapse_ha.rpc.fields`; the other direction
+is :mod:`synapse_ha.rpc.to_proto`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Cohort, Limits, Queue
+from synapse_ha.core.dependencies import Dependencies
+from synapse_ha.core.desired import DesiredMember, LaunchSpec, Preempting
+from synapse_ha.core.health import GpuFault, NodeCheck
+from synapse_ha.core.model import JobSpec, NodeInfo, Resources, RetryPolicy
+from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
+from synapse_ha.core.progress import SOURCE_FILE, Progress
+from synapse_ha.core.spec import SpecError
+from synapse_ha.rpc import fields
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+_job_spec = fields.copier(fields.JOB_SPEC)
+_member = fields.copier(fields.MEMBER)
+_launch = fields.copier(fields.LAUNCH)
+
+
+# ----------------------------------------------------------------------- job spec
+
+
+def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
+    """Build a core spec (not yet checked). A message with neither ``shell_command`` nor
+    ``argv`` gets an empty command, which the rule set refuses."""
+    which = msg.WhichOneof("command")
+    command: tuple[str, ...] = ()
+    shell = True
+    if which == "shell_command":
+        command = (msg.shell_command,)
+    elif which == "argv":
+        command = tuple(msg.argv.args)
+        shell = False
+    names = [e.name for e in msg.env]
+    retries = msg.retries if msg.HasField("retries") else None
+    defaults = RetryPolicy()
+    spec = JobSpec(
+        **_job_spec(msg),
+        resources=Resources(
+            cpu_milli=msg.resources.cpu_milli,
+            memory_mib=msg.resources.memory_mib,
+            gpu=msg.resources.gpu,
+        ),
+        command=command,
+        shell=shell,
+        env=tuple(zip(names, (e.value for e in msg.env), strict=True)),
+        queue=msg.queue or DEFAULT_QUEUE,
+        progress=Progress(msg.progress.timeout_ms, msg.progress.source or SOURCE_FILE)
+        if msg.HasField("progress")
+        else None,
+        retries=RetryPolicy(
+            max_retries=retries.max,
+            backoff_ms=retries.backoff_ms or defaults.backoff_ms,
+            max_backoff_ms=retries.max_backoff_ms or defaults.max_backoff_ms,
+        )
+        if retries is not None
+        else defaults,
+        prestart=prestart_from_proto(msg.prestart) if msg.HasField("prestart") else None,
+        dependencies=dependencies_from_proto(msg.dependencies)
+        if msg.HasField("dependencies")
+        else None,
+    )
+    return spec
+
+
+def dependencies_from_proto(msg: pb.Dependencies) -> Dependencies | None:
+    """The dependencies a message names (None when it names no job)."""
+    deps = Dependencies(
+        after_ok=tuple(msg.after_ok),
+        after_any=tuple(msg.after_any),
+        after_not_ok=tuple(msg.after_not_ok),
+        after=tuple(msg.after),
+    )
+    return deps if deps.pairs() else None
+
+
+def prestart_from_proto(msg: pb.Prestart) -> Prestart:
+    """A pre-start check (not yet checked); a timeout left 0 is the default."""
+    return Prestart(tuple(msg.command), msg.shell, msg.timeout_ms or DEFAULT_PRESTART_TIMEOUT_MS)
+
+
+def checks_from_proto(msgs: Iterable[pb.NodeCheck]) -> tuple[NodeCheck, ...]:
+    """A worker's node checks (not yet checked: :func:`node_checks.check_node_checks`)."""
+    return tuple(NodeCheck(m.name, m.failing, m.message) for m in msgs)
+
+
+def gpu_faults_from_proto(msgs: Iterable[pb.GpuFault]) -> tuple[GpuFault, ...]:
+    """A worker's unhealthy GPUs (not yet checked: :func:`validation.check_gpu_faults`);
+    the time is the leader's to set."""
+    return tuple(GpuFault(m.gpu, m.code, m.detail) for m in msgs)
+
+
+def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
+    """Build a node description (not yet checked). No NVLink islands stay no islands: the
+    state machine decides what that means (each GPU on its own)."""
+    return NodeInfo(
+        node_id=msg.node_id,
+        address=msg.address,
+        capacity=Resources(msg.capacity.cpu_milli, msg.capacity.memory_mib, msg.capacity.gpu),
+        gpu_islands=tuple(tuple(island.gpus) for island in msg.gpu_islands),
+        gpu_model=msg.gpu_model,
+        topology=tuple(sorted((label.level, label.value) for label in msg.topology)),
+        features=tuple(sorted(set(msg.features))),
+        members_run_as=msg.members_run_as,
+        boot_id=msg.boot_id,
+        member_isolation=msg.member_isolation,
+    )
+
+
+_EXIT_CAUSES = {
+    pb.MemberReport.PROGRAM: cmd.ExitCause.PROGRAM,
+    pb.MemberReport.FENCED: cmd.ExitCause.FENCED,
+    pb.MemberReport.LOST: cmd.ExitCause.LOST,
+    pb.MemberReport.NODE_CANNOT_RUN: cmd.ExitCause.NODE_CANNOT_RUN,
+    pb.MemberReport.HUNG: cmd.ExitCause.HUNG,
+}
+
+
+def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.MemberEvent, ...]:
+    events = []
+    for i, report in enumerate(reports):
+        kind = _EVENT_KINDS.get(report.kind)
+        if kind is None:
+            raise SpecError(f"reports[{i}].kind", "must be STARTED, EXITED or CHECKPOINT")
+        if not report.job_id:
+            raise SpecError(f"reports[{i}].job_id", "is required")
+        if report.rank < 0 or report.fencing_token <= 0:
+            raise SpecError(f"reports[{i}]", "rank must be >= 0 and fencing_token > 0")
+        step = report.checkpoint_step if report.HasField("checkpoint_step") else None
+        if kind is cmd.MemberEventKind.CHECKPOINT and (
+            report.checkpoint_seq <= 0 or (step is not None and step < 0)
+        ):
+            raise SpecError(
+                f"reports[{i}]", "a checkpoint needs checkpoint_seq > 0 and checkpoint_step >= 0"
+            )
+        events.append(
+            cmd.MemberEvent(
+                job_id=report.job_id,
+                fencing_token=report.fencing_token,
+                rank=report.rank,
+                kind=kind,
+                exit_code=report.exit_code,
+                detail=report.detail[:1024],
+                cause=_EXIT_CAUSES.get(report.cause, cmd.ExitCause.PROGRAM),
+                **_mark_fields(kind, step, report.checkpoint_seq),
+            )
+        )
+    return tuple(events)
+
+
+_EVENT_KINDS = {
+    pb.MemberReport.STARTED: cmd.MemberEventKind.STARTED,
+    pb.MemberReport.EXITED: cmd.MemberEventKind.EXITED,
+    pb.MemberReport.CHECKPOINT: cmd.MemberEventKind.CHECKPOINT,
+}
+
+
+def _mark_fields(kind: cmd.MemberEventKind, step: int | None, seq: int) -> dict[str, Any]:
+    """A checkpoint's step and number (only a CHECKPOINT event carries them)."""
+    if kind is not cmd.MemberEventKind.CHECKPOINT:
+        return {}
+    return {"step": step, "mark_seq": seq}
+
+
+def queue_from_proto(msg: pb.Queue) -> Queue:
+    """Build a queue (not yet checked: :func:`synapse_ha.core.validation.check_queue`).
+    An unset limit stays None ("no limit")."""
+
+    def opt(name: str) -> int | None:
+        return int(getattr(msg, name)) if msg.HasField(name) else None
+
+    return Queue(
+        name=msg.name,
+        gpu=opt("gpu"),
+        cpu_milli=opt("cpu_milli"),
+        memory_mib=opt("memory_mib"),
+        cohort=msg.cohort,
+        borrowing_limit_gpu=opt("borrowing_limit_gpu"),
+        lending_limit_gpu=opt("lending_limit_gpu"),
+        priority_classes=tuple(msg.priority_classes),
+        max_priority=msg.max_priority,
+        min_runtime_ms=msg.min_runtime_ms,
+        running_members_per_user=opt("running_members_per_user"),
+        members_per_node_per_user=opt("members_per_node_per_user"),
+    )
+
+
+def limits_with(limits: Limits, values: Iterable[pb.LimitValue]) -> Limits:
+    """``limits`` with the named ones replaced; raises :class:`SpecError` naming an
+    unknown limit (the values themselves are checked by
+    :func:`synapse_ha.core.admission.check_limits`)."""
+    known = {f.name for f in dataclasses.fields(Limits)}
+    changes: dict[str, int] = {}
+    for i, v in enumerate(values):
+        if v.name not in known:
+            raise SpecError(
+                f"values[{i}].name", f"no limit {v.name!r} ({', '.join(sorted(known))})"
+            )
+        changes[v.name] = int(v.value)
+    return dataclasses.replace(limits, **changes)
+
+
+def cohort_from_proto(msg: pb.Cohort) -> Cohort:
+    """Build a cohort (not yet checked: :func:`synapse_ha.core.cohort_tree.check_cohort`).
+    An unset limit stays None ("no limit"; for ``gpu``: nothing of its own)."""
+
+    def opt(name: str) -> int | None:
+        return int(getattr(msg, name)) if msg.HasField(name) else None
+
+    return Cohort(
+        name=msg.name,
+        parent=msg.parent,
+        gpu=opt("gpu"),
+        borrowing_limit_gpu=opt("borrowing_limit_gpu"),
+        lending_limit_gpu=opt("lending_limit_gpu"),
+    )
+
+
+def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
+    """The desired member a heartbeat carries (the inverse of
+    :func:`synapse_ha.rpc.to_proto.desired_to_proto`); its preemption travels apart
+    (:func:`preemption_from_proto`)."""
+    return DesiredMember(
+        **_member(d),
+        gpus=tuple(d.gpus),
+        master_addr=d.master_addr,
+        member_hosts=tuple(d.member_hosts),
+        spec=LaunchSpec(
+            **_launch(d),
+            command=tuple(d.command),
+            env=tuple((e.name, e.value) for e in d.env),
+            resources=Resources(d.cpu_milli, d.memory_mib, len(d.gpus)),
+            prestart=Prestart(tuple(d.prestart_command), d.prestart_shell, d.prestart_timeout_ms)
+            if d.prestart_command
+            else None,
+        ),
+        resume_step=d.resume_step if d.HasField("resume_step") else None,
+    )
+
+
+def preemption_from_proto(d: pb.DesiredMember) -> Preempting | None:
+    """The preemption of a desired member (None: not preempted)."""
+    if not d.preemption:
+        return None
+    return Preempting(d.preemption, d.preempted_by, d.preempt_grace_ms)

@@ -1,0 +1,455 @@
+"""Core values to protobuf messages: every conversion to the wire. No I/O, no policy.
+
+The fields a message and a core value name alike are declared once, for both directions,
+in :mod:`synapse_ha.rpc.fields`; the other direction is :mod:`synapse_ha.rpc.from_proto`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from synapse_ha.core.admission import shown_request_id
+from synapse_ha.core.cluster_config import Cohort, Limits, PriorityClass, Queue
+from synapse_ha.core.dependencies import Dependencies
+from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.health import GpuFault, NodeCheck, NodeCondition
+from synapse_ha.core.model import (
+    ArrayJob,
+    Attempt,
+    AttemptState,
+    Job,
+    JobSpec,
+    JobState,
+    Node,
+    Resources,
+    Token,
+)
+from synapse_ha.core.prestart import Prestart
+from synapse_ha.core.queue_usage import CohortUsage, QueueUsage
+from synapse_ha.core.reasons import render, withheld
+from synapse_ha.core.views import host_of
+from synapse_ha.history.store import HistoryAttempt, HistoryJob, UsageRow
+from synapse_ha.history.tracker import Event
+from synapse_ha.rpc import fields, states
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+_INT32_MAX = 2**31 - 1
+_job_spec = fields.copier(fields.JOB_SPEC)
+_member = fields.copier(fields.MEMBER)
+_launch = fields.copier(fields.LAUNCH)
+
+
+def dependencies_to_proto(deps: Dependencies) -> pb.Dependencies:
+    return pb.Dependencies(
+        after_ok=list(deps.after_ok),
+        after_any=list(deps.after_any),
+        after_not_ok=list(deps.after_not_ok),
+        after=list(deps.after),
+    )
+
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    msg = pb.JobSpec(
+        **_job_spec(spec),
+        resources=resources_to_proto(spec.resources),
+        env=[pb.EnvVar(name=k, value=v) for k, v in spec.env],
+        queue=spec.queue,
+        retries=pb.RetryPolicy(
+            max=spec.retries.max_retries,
+            backoff_ms=spec.retries.backoff_ms,
+            max_backoff_ms=spec.retries.max_backoff_ms,
+        ),
+    )
+    if spec.progress is not None:
+        msg.progress.CopyFrom(
+            pb.Progress(timeout_ms=spec.progress.timeout_ms, source=spec.progress.source)
+        )
+    if spec.prestart is not None:
+        p = spec.prestart
+        msg.prestart.CopyFrom(
+            pb.Prestart(command=list(p.command), shell=p.shell, timeout_ms=p.timeout_ms)
+        )
+    if spec.dependencies is not None:
+        msg.dependencies.CopyFrom(dependencies_to_proto(spec.dependencies))
+    if spec.shell:
+        msg.shell_command = spec.command[0] if spec.command else ""
+    else:
+        msg.argv.args.extend(spec.command)
+    return msg
+
+
+def resources_to_proto(r: Resources) -> pb.Resources:
+    return pb.Resources(cpu_milli=r.cpu_milli, memory_mib=r.memory_mib, gpu=r.gpu)
+
+
+def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
+    members = []
+    marks = {m.rank: m for m in a.marks}
+    for placement, status in zip(a.members, a.member_status, strict=False):
+        member = pb.Member(
+            rank=placement.rank,
+            node_id=placement.node_id,
+            gpus=list(placement.gpus),
+            **states.member_state_fields(status.state),
+            has_exit_code=status.exit_code is not None,
+            exit_code=status.exit_code or 0,
+        )
+        mark = marks.get(placement.rank)
+        if mark is not None:
+            member.checkpoint.CopyFrom(checkpoint_to_proto(mark.at_ms, mark.step))
+        members.append(member)
+    msg = pb.Attempt(
+        number=a.number,
+        fencing_token=a.fencing_token,
+        master_port=a.master_port,
+        bound_at_ms=a.bound_at_ms,
+        started_at_ms=a.started_at_ms,
+        ended_at_ms=a.ended_at_ms,
+        outcome=render(withheld(a.outcome) if redacted else a.outcome),
+        members=members,
+        preempted_by=a.preempted_by,
+        preemption=str(a.preemption) if a.preemption is not None else "",
+        preempt_deadline_ms=a.preempt_deadline_ms,
+    )
+    gang = a.mark()
+    if gang is not None:
+        msg.checkpoint.CopyFrom(checkpoint_to_proto(gang.at_ms, gang.step))
+    return msg
+
+
+def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
+    """The job as the API shows it. ``redacted`` (a caller who may not manage the job;
+    DESIGN §8) withholds everything the job's owner wrote that may carry a secret: the
+    command and its arguments, the environment, the workdir, the image and the request
+    id, and the job's text in its reasons (:func:`withheld`); ``redacted`` says so. The
+    request id is shown as its owner gave it."""
+    spec = spec_to_proto(job.spec)
+    request_id = shown_request_id(job.owner, job.request_id)
+    if redacted:
+        _withhold(spec)
+        request_id = ""
+    msg = pb.Job(
+        job_id=job.job_id,
+        request_id=request_id,
+        spec=spec,
+        owner=job.owner,
+        redacted=redacted,
+        cancelled_by=job.cancelled_by,
+        **states.job_state_fields(job.state),
+        reason=render(withheld(job.reason) if redacted else job.reason),
+        reason_code=str(job.reason.code),
+        retries_used=job.retries_used,
+        requeues=job.requeues,
+        submitted_at_ms=job.submitted_at_ms,
+        finished_at_ms=job.finished_at_ms,
+        attempts_made=job.attempts_made,
+        retry_not_before_ms=job.retry_not_before_ms,
+        seq=job.seq,
+    )
+    if job.attempt is not None:
+        msg.attempt.CopyFrom(attempt_to_proto(job.attempt, redacted))
+    if job.waiting_for:
+        msg.waiting_for.CopyFrom(dependencies_to_proto(Dependencies.of_pairs(job.waiting_for)))
+    if job.array_id:
+        msg.array_id = job.array_id
+        msg.array_index = job.array_index
+    if job.resume_step is not None:
+        msg.resume_step = job.resume_step
+    return msg
+
+
+def _withhold(spec: pb.JobSpec) -> None:
+    """Clear what an owner wrote in a spec that may carry a secret (see job_to_proto)."""
+    spec.ClearField("command")
+    del spec.env[:]
+    spec.workdir = ""
+    spec.image = ""
+    if spec.HasField("prestart"):
+        del spec.prestart.command[:]
+
+
+def array_to_proto(array: ArrayJob, tasks: list[Job], redacted: bool = False) -> pb.ArraySummary:
+    """An array as one summary: its spec (withheld as for a job when ``redacted``) and
+    its tasks (those still kept) counted by state."""
+    spec = spec_to_proto(array.spec)
+    if redacted:
+        _withhold(spec)
+    counts: dict[str, int] = {}
+    for task in tasks:
+        counts[task.state.value] = counts.get(task.state.value, 0) + 1
+    return pb.ArraySummary(
+        array_id=array.array_id,
+        spec=spec,
+        owner=array.owner,
+        submitted_at_ms=array.submitted_at_ms,
+        seq=array.seq,
+        tasks=len(tasks),
+        throttle=array.throttle,
+        task_states=counts,
+        redacted=redacted,
+        request_id="" if redacted else shown_request_id(array.owner, array.request_id),
+    )
+
+
+def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
+    return pb.Node(
+        node_id=node.node_id,
+        address=node.info.address,
+        **states.node_status_fields(node.status),
+        status_reason=node.status_reason,
+        capacity=resources_to_proto(node.info.capacity),
+        allocated=resources_to_proto(node.allocated),
+        allocated_gpus=sorted(node.allocated_gpus),
+        topology=[pb.TopologyLabel(level=k, value=v) for k, v in node.info.topology],
+        gpu_model=node.info.gpu_model,
+        registered_at_ms=node.registered_at_ms,
+        last_heartbeat_age_ms=heartbeat_age_ms,
+        members_run_as=node.info.members_run_as,
+        member_isolation=node.info.member_isolation,
+        gpu_faults=gpu_faults_to_proto(node.gpu_faults),
+        unfit=[
+            pb.NodeUnfit(owner=u.owner, detail=u.detail, until_ms=u.until_ms) for u in node.unfit
+        ],
+        conditions=conditions_to_proto(node.conditions),
+    )
+
+
+def conditions_to_proto(conditions: Iterable[NodeCondition]) -> list[pb.NodeCondition]:
+    return [
+        pb.NodeCondition(name=k.name, message=k.message, since_ms=k.since_ms) for k in conditions
+    ]
+
+
+def checks_to_proto(checks: Iterable[NodeCheck]) -> list[pb.NodeCheck]:
+    return [pb.NodeCheck(name=k.name, failing=k.failing, message=k.message) for k in checks]
+
+
+def gpu_faults_to_proto(faults: Iterable[GpuFault]) -> list[pb.GpuFault]:
+    return [
+        pb.GpuFault(gpu=f.gpu, code=f.code, detail=f.detail, since_ms=f.since_ms) for f in faults
+    ]
+
+
+def checkpoint_to_proto(at_ms: int, step: int | None) -> pb.Checkpoint:
+    """A checkpoint mark (a member's, or its attempt's) as the API shows it."""
+    msg = pb.Checkpoint(at_ms=at_ms)
+    if step is not None:
+        msg.step = step
+    return msg
+
+
+def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
+    launch = d.spec
+    msg = pb.DesiredMember(
+        **_member(d),
+        **_launch(launch),
+        gpus=list(d.gpus),
+        master_addr=host_of(d.master_addr),
+        member_hosts=[host_of(h) for h in d.member_hosts],
+        command=list(launch.command),
+        env=[pb.EnvVar(name=k, value=v) for k, v in launch.env],
+        cpu_milli=launch.resources.cpu_milli,
+        memory_mib=launch.resources.memory_mib,
+        # A member of an ended attempt never reported running travels as preempted with
+        # no grace: the worker never starts it and confirms with an immediate exit.
+        preemption=ENDED_ATTEMPT if d.ended else "",
+    )
+    if d.resume_step is not None:
+        msg.resume_step = d.resume_step
+    return _with_prestart(msg, d.spec.prestart)
+
+
+def _with_prestart(msg: pb.DesiredMember, prestart: Prestart | None) -> pb.DesiredMember:
+    if prestart is not None:
+        msg.prestart_command.extend(prestart.command)
+        msg.prestart_shell = prestart.shell
+        msg.prestart_timeout_ms = prestart.timeout_ms
+    return msg
+
+
+ENDED_ATTEMPT = "attempt-ended"
+
+
+def clamp_int32(value: int) -> int:
+    return max(-_INT32_MAX, min(_INT32_MAX, value))
+
+
+def token_to_proto(token: Token) -> pb.TokenInfo:
+    """A token as ``ListTokens`` shows it: never its secret or the secret's hash."""
+    return pb.TokenInfo(
+        token_id=token.token_id,
+        user=token.user,
+        **states.user_role_fields(token.role),
+        queues=list(token.queues),
+        created_at_ms=token.created_at_ms,
+        created_by=token.created_by,
+        expires_at_ms=token.expires_at_ms,
+        revoked_at_ms=token.revoked_at_ms,
+        revoked_by=token.revoked_by,
+        priority_classes=list(token.priority_classes),
+        max_priority=token.max_priority,
+    )
+
+
+def queue_to_proto(queue: Queue) -> pb.Queue:
+    msg = pb.Queue(
+        name=queue.name,
+        cohort=queue.cohort,
+        priority_classes=list(queue.priority_classes),
+        max_priority=queue.max_priority,
+        min_runtime_ms=queue.min_runtime_ms,
+    )
+    for name in (
+        "gpu",
+        "cpu_milli",
+        "memory_mib",
+        "borrowing_limit_gpu",
+        "lending_limit_gpu",
+        "running_members_per_user",
+        "members_per_node_per_user",
+    ):
+        value = getattr(queue, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def queue_usage_to_proto(usage: QueueUsage) -> pb.QueueUsage:
+    return pb.QueueUsage(
+        used_gpu=usage.used_gpu,
+        used_cpu_milli=usage.used_cpu_milli,
+        used_memory_mib=usage.used_memory_mib,
+        borrowed_gpu=usage.borrowed_gpu,
+        lent_gpu=usage.lent_gpu,
+        running_jobs=usage.running_jobs,
+        pending_jobs=usage.pending_jobs,
+        pending_gpu=usage.pending_gpu,
+        preempting_jobs=usage.preempting_jobs,
+    )
+
+
+def priority_class_to_proto(c: PriorityClass) -> pb.PriorityClass:
+    return pb.PriorityClass(
+        name=c.name,
+        value=c.value,
+        preempts=c.preempts,
+        grace_ms=c.grace_ms,
+        min_runtime_ms=c.min_runtime_ms,
+    )
+
+
+def preemption_to_desired(msg: pb.DesiredMember, attempt: Attempt, now_ms: int) -> None:
+    """Tell a worker its member is being preempted: the kind, the preemptor and the grace
+    left before SIGKILL, computed from the attempt's deadline (leader clock) at ``now_ms``
+    so that the worker's own clock never matters. Nothing for an attempt not preempted."""
+    if not attempt.preempted_by or attempt.preemption is None:
+        return
+    msg.preemption = str(attempt.preemption)
+    msg.preempted_by = attempt.preempted_by
+    msg.preempt_grace_ms = max(0, attempt.preempt_deadline_ms - now_ms)
+
+
+def limits_to_proto(limits: Limits) -> pb.Limits:
+    return pb.Limits(**dataclasses.asdict(limits))
+
+
+# ------------------------------------------------------------------------ cohorts
+
+_COHORT_LIMITS = ("gpu", "borrowing_limit_gpu", "lending_limit_gpu")
+
+
+def cohort_to_proto(cohort: Cohort) -> pb.Cohort:
+    msg = pb.Cohort(name=cohort.name, parent=cohort.parent)
+    for name in _COHORT_LIMITS:
+        value = getattr(cohort, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def cohort_status_to_proto(usage: CohortUsage) -> pb.CohortStatus:
+    return pb.CohortStatus(
+        cohort=cohort_to_proto(usage.cohort),
+        defined=usage.defined,
+        nominal_gpu=usage.nominal_gpu,
+        used_gpu=usage.used_gpu,
+        borrowed_gpu=usage.borrowed_gpu,
+        lendable_gpu=usage.lendable_gpu,
+    )
+
+
+# -------------------------------------------------------- history rows and events
+
+
+def history_attempt_to_proto(a: HistoryAttempt) -> pb.HistoryAttempt:
+    return pb.HistoryAttempt(
+        number=clamp_int32(a.number),
+        fencing_token=a.fencing_token,
+        **states.attempt_state_fields(AttemptState(a.state)),
+        nodes=list(a.nodes),
+        gpus=a.gpus,
+        bound_at_ms=a.bound_at_ms,
+        started_at_ms=a.started_at_ms,
+        ended_at_ms=a.ended_at_ms,
+        gpu_ms=a.gpu_ms,
+        outcome_code=a.outcome_code,
+        outcome=a.outcome,
+    )
+
+
+def history_job_to_proto(j: HistoryJob) -> pb.HistoryJob:
+    msg = pb.HistoryJob(
+        job_id=j.job_id,
+        name=j.name,
+        owner=j.owner,
+        queue=j.queue,
+        **states.job_state_fields(JobState(j.state)),
+        reason_code=j.reason_code,
+        reason=j.reason,
+        submitted_at_ms=j.submitted_at_ms,
+        started_at_ms=j.started_at_ms,
+        finished_at_ms=j.finished_at_ms,
+        attempts=clamp_int32(j.attempts),
+        retries_used=clamp_int32(j.retries_used),
+        requeues=clamp_int32(j.requeues),
+        gpus_per_attempt=j.gpus_per_attempt,
+        gpu_ms=j.gpu_ms,
+        nodes=list(j.nodes),
+        cancelled_by=j.cancelled_by,
+        spec=spec_to_proto(j.spec),
+        attempt_list=[history_attempt_to_proto(a) for a in j.attempt_list],
+        applied_index=j.applied_index,
+    )
+    if j.checkpoint_at_ms:
+        msg.checkpoint.CopyFrom(checkpoint_to_proto(j.checkpoint_at_ms, j.checkpoint_step))
+    if j.resume_step is not None:
+        msg.resume_step = j.resume_step
+    return msg
+
+
+def usage_row_to_proto(r: UsageRow) -> pb.UsageRow:
+    return pb.UsageRow(key=r.key, day=r.day, gpu_ms=r.gpu_ms, attempts=clamp_int32(r.attempts))
+
+
+def event_to_proto(e: Event, redacted: bool = False) -> pb.Event:
+    """The event as the API shows it; ``redacted`` withholds the text its job controls
+    (:func:`synapse_ha.core.reasons.withheld`) from a caller who may not manage the job."""
+    detail = e.description
+    if redacted and e.reason is not None:
+        detail = render(withheld(e.reason))
+    return pb.Event(
+        index=e.index,
+        kind=str(e.kind),
+        time_ms=e.time_ms,
+        job_id=e.job_id,
+        job_name=e.job_name,
+        owner=e.owner,
+        queue=e.queue,
+        attempt=clamp_int32(e.attempt),
+        nodes=list(e.nodes),
+        node_id=e.node_id,
+        reason_code=e.reason_code,
+        detail=detail,
+        leader_id=e.leader_id,
+    )
