@@ -14,7 +14,6 @@ The reasons are documented in ``docs/errors.md`` and in the header of
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -24,43 +23,13 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.service.refusal import Reason, Refusal
+
+__all__ = ["Reason"]  # the use cases' reasons; clients read them from here
 
 DOMAIN = "synapse.v1"
 # Kept for clients that predate ErrorInfo; the reason's metadata is what clients read.
 LEADER_METADATA_KEY = "synapse-leader"
-
-
-class Reason(enum.StrEnum):
-    """Why a call failed (``ErrorInfo.reason``). Stable: values are only ever added."""
-
-    NOT_LEADER = "NOT_LEADER"  # this replica follows; metadata leader_id, leader_address
-    LEADER_NOT_READY = "LEADER_NOT_READY"  # just elected; its term barrier is not committed
-    NO_LEADER = "NO_LEADER"  # no leader is known (election under way, or no quorum)
-    INVALID_FIELD = "INVALID_FIELD"  # a request field breaks a rule; metadata field, rule
-    JOB_NOT_FOUND = "JOB_NOT_FOUND"  # metadata job_id
-    NODE_NOT_FOUND = "NODE_NOT_FOUND"  # metadata node_id (a heartbeat: register first)
-    CONFLICT = "CONFLICT"  # valid, but not in the current state (finished job, dead node)
-    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # a write was not confirmed in time; retry is safe
-    NOT_COMMITTED = "NOT_COMMITTED"  # a write was refused before commit; retry
-    INTERNAL = "INTERNAL"  # a bug in the replica
-    OVERLOADED = "OVERLOADED"  # heavy reads are rationed on this replica; retry after a pause
-    UNAUTHENTICATED = "UNAUTHENTICATED"  # no credential, or one refused; metadata method
-    PERMISSION_DENIED = "PERMISSION_DENIED"  # the caller may not; metadata identity, method
-    TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # metadata token_id
-    NEEDS_TLS = "NEEDS_TLS"  # log grants are signed only when the cluster has TLS set up
-    # Membership changes; metadata replica_id
-    CHANGE_IN_FLIGHT = "CHANGE_IN_FLIGHT"  # another membership change is not committed yet
-    WOULD_LOSE_QUORUM = "WOULD_LOSE_QUORUM"  # the change would leave too few live replicas
-    REPLICA_EXISTS = "REPLICA_EXISTS"  # the id or an address is already a member's
-    REPLICA_NOT_FOUND = "REPLICA_NOT_FOUND"  # no member with that id
-    LAST_REPLICA = "LAST_REPLICA"  # the only replica cannot be removed
-    LEADER_STEPPING_DOWN = "LEADER_STEPPING_DOWN"  # removing the leader: it hands over; retry
-    EVENTS_EXPIRED = "EVENTS_EXPIRED"  # a since-index older than held; metadata oldest_index
-    QUEUE_NOT_FOUND = "QUEUE_NOT_FOUND"  # metadata queue
-    COHORT_NOT_FOUND = "COHORT_NOT_FOUND"  # metadata cohort
-    # A per-identity limit (DESIGN §8); metadata limit, allowed, actual (retry_after_ms)
-    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
-    UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
 STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
@@ -185,6 +154,31 @@ def abort_invalid(context: grpc.ServicerContext, violations: Sequence[Violation]
     message = "; ".join(str(v) for v in violations)
     metadata = {"field": first.field, "rule": first.rule, "violation": str(first.code)}
     abort(context, Reason.INVALID_FIELD, message, metadata, violations)
+
+
+def refusal_metadata(refusal: Refusal) -> dict[str, str]:
+    """The ErrorInfo metadata of a use case's refusal: its own, and the field at fault
+    (with the first broken rule, when it names its violations)."""
+    metadata = dict(refusal.metadata)
+    if refusal.violations:
+        first = refusal.violations[0]
+        metadata.update(field=first.field, rule=first.rule, violation=str(first.code))
+    elif refusal.field:
+        metadata["field"] = refusal.field
+    return metadata
+
+
+def refusal_status(refusal: Refusal, extra: Mapping[str, str] | None = None) -> grpc.Status:
+    """The one wire error of a use case's :class:`Refusal` (plus ``extra`` metadata,
+    such as the method a transport served); a NOT_LEADER naming the leader's address
+    also carries it in the legacy trailing key."""
+    metadata = refusal_metadata(refusal)
+    if extra:
+        metadata.update(extra)
+    trailing: tuple[tuple[str, str], ...] = ()
+    if refusal.code is Reason.NOT_LEADER and metadata.get("leader_address"):
+        trailing = ((LEADER_METADATA_KEY, metadata["leader_address"]),)
+    return build_status(refusal.code, refusal.words, metadata, refusal.violations, trailing)
 
 
 # ----------------------------------------------------------------------- client side

@@ -5,7 +5,7 @@ Why: a heartbeat on a stream costs the leader about 200 µs of CPU, almost all o
 grpc.aio's per-message read and write; one core saturates near 5,000 nodes while the
 followers sit idle. With relaying, each follower holds a share of the streams (the
 leader names one to each registering worker, spread by node id over the followers that
-relayed lately: :class:`RelayTable`) and sends the leader one ``RelayHeartbeats``
+relayed lately: ``rpc/relay_table.py``) and sends the leader one ``RelayHeartbeats``
 request per ``RELAY_PERIOD_S`` carrying every heartbeat it heard meanwhile
 (:class:`RelayClient`).
 
@@ -38,28 +38,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState
-from synapse_ha.core.spec import SpecError
-from synapse_ha.core.validation import describe
-from synapse_ha.leader.ports import ProposalError
-from synapse_ha.rpc import convert
-from synapse_ha.rpc.errors import Reason, build_status
+from synapse_ha.rpc.errors import Reason, refusal_metadata
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.rpc.heartbeat import (
-    check_problems,
-    gpu_fault_problems,
-    heartbeat_commands,
-)
-from synapse_ha.rpc.relay_table import RelayTable
+from synapse_ha.rpc.heartbeat import heartbeat_in, heartbeat_message
+from synapse_ha.service.commit import settle
+from synapse_ha.service.heartbeat import heartbeat
+from synapse_ha.service.refusal import Refusal, node_not_found
+from synapse_ha.service.replica import Replica
 
 if TYPE_CHECKING:  # the servicers import this module
     from synapse_ha.rpc.server.context import ReplicaContext
@@ -79,121 +73,55 @@ MAX_WAITED_MS = int((RELAY_WAIT_S + RELAY_CALL_TIMEOUT_S) * 1000)
 # ------------------------------------------------------------------ the leader's side
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """Why the leader did not take one relayed heartbeat."""
-
-    reason: Reason
-    message: str
-    metadata: Mapping[str, str] = field(default_factory=dict)
-
-
-def _not_registered(node_id: str) -> Refused:
-    return Refused(
-        Reason.NODE_NOT_FOUND,
-        f"node {node_id!r} is not registered; call RegisterNode",
-        {"node_id": node_id},
-    )
-
-
-def _commands(
-    state: ClusterState, heartbeat: pb.RelayedHeartbeat, now_ms: int
-) -> tuple[Refused | None, list[cmd.Command], int]:
-    """The refusal of one relayed heartbeat, or the commands it needs (health, checks,
-    then member reports, as a direct heartbeat) and how many reports it carries."""
-    node_id = heartbeat.node_id
-    if not node_id:
-        return Refused(Reason.INVALID_FIELD, "node_id is required", {"field": "node_id"}), [], 0
-    try:
-        events = convert.member_events_from_proto(list(heartbeat.reports))
-    except SpecError as exc:
-        return Refused(Reason.INVALID_FIELD, str(exc), {"field": "reports"}), [], 0
-    if node_id not in state.nodes:
-        return _not_registered(node_id), [], 0
-    faults = convert.gpu_faults_from_proto(heartbeat.gpu_faults)
-    violations = gpu_fault_problems(state, node_id, faults)
-    if violations:
-        return Refused(Reason.INVALID_FIELD, describe(violations), {"field": "gpu_faults"}), [], 0
-    checks = convert.checks_from_proto(heartbeat.checks)
-    violations = check_problems(checks)
-    if violations:
-        return Refused(Reason.INVALID_FIELD, describe(violations), {"field": "checks"}), [], 0
-    return None, heartbeat_commands(state, node_id, faults, checks, events, now_ms), len(events)
-
-
-def _outcome(future: futures.Future[cmd.Result], deadline: float, node_id: str) -> Refused | None:
-    try:
-        result = future.result(timeout=max(0.0, deadline - time.monotonic()))
-    except TimeoutError:
-        return Refused(Reason.OUTCOME_UNKNOWN, "the reports were not committed in time")
-    except ProposalError as exc:
-        reason = Reason.OUTCOME_UNKNOWN if exc.committed_unknown else Reason.NOT_COMMITTED
-        return Refused(reason, f"reports not committed: {exc}")
-    if result.code is cmd.ResultCode.NOT_FOUND:
-        return _not_registered(node_id)
-    if not result.ok:
-        return Refused(Reason.INTERNAL, result.message)
-    return None
-
-
-def _refusal(index: int, refused: Refused) -> pb.RelayedRefusal:
+def _refusal(index: int, refusal: Refusal) -> pb.RelayedRefusal:
+    """A heartbeat's refusal as the follower ends that worker's stream with it."""
     return pb.RelayedRefusal(
         index=index,
-        reason=str(refused.reason),
-        message=refused.message,
-        metadata=dict(refused.metadata),
+        reason=str(refusal.code),
+        message=refusal.words,
+        metadata=refusal_metadata(refusal),
     )
-
-
-def _idle(state: ClusterState, heartbeat: pb.RelayedHeartbeat) -> bool:
-    """A heartbeat that says nothing but "alive" from a registered node whose conditions
-    are clear: it needs no command (the common case, decided without converting it)."""
-    if heartbeat.reports or heartbeat.gpu_faults or heartbeat.checks:
-        return False
-    node = state.nodes.get(heartbeat.node_id)
-    return node is not None and not node.conditions
 
 
 def relay_heartbeats(
-    ctx: ReplicaContext, table: RelayTable, request: pb.RelayHeartbeatsRequest
+    replica: Replica, ctx: ReplicaContext, request: pb.RelayHeartbeatsRequest
 ) -> pb.RelayHeartbeatsResponse:
-    """The serving leader's handling of one batch: every heartbeat is checked as a direct
-    one would be; each accepted node is heard now and its commands are proposed, all at
-    once (group commit), then waited for. The answer names a state that holds them."""
+    """The serving leader's handling of one batch: every heartbeat is taken as a direct
+    one is (:func:`synapse_ha.service.heartbeat.heartbeat`), heard when the follower
+    received it; their commands are all proposed at once (group commit), then waited
+    for. The answer names a state that holds them."""
     state = ctx.backend.snapshot()
     term = ctx.backend.term()
     if not state.config.relay_heartbeats:
         return pb.RelayHeartbeatsResponse(
             leader_term=term, applied_commands=state.applied_commands, relay=False
         )
-    table.heard(request.replica_id, request.stream_address)
+    ctx.relays.heard(request.replica_id, request.stream_address)
     now = ctx.clock_ms()
-    heard = ctx.liveness.heard
     acked: list[int] = []
     refusals: list[pb.RelayedRefusal] = []
-    waits: list[tuple[int, str, list[futures.Future[cmd.Result]]]] = []
-    for index, heartbeat in enumerate(request.heartbeats):
+    waits: list[tuple[int, str, tuple[futures.Future[cmd.Result], ...]]] = []
+    for index, relayed in enumerate(request.heartbeats):
         acked.append(0)
-        # When the follower received it: after it was sent, as the lease rule needs.
-        received = now - min(max(heartbeat.waited_ms, 0), MAX_WAITED_MS)
-        if _idle(state, heartbeat):
-            heard(heartbeat.node_id, received)
+        message = heartbeat_message(relayed)
+        beat = heartbeat_in(message)
+        if isinstance(beat, Refusal):
+            refusals.append(_refusal(index, beat))
             continue
-        refused, commands, count = _commands(state, heartbeat, now)
-        if refused is not None:
-            refusals.append(_refusal(index, refused))
+        # Heard when the follower received it: after it was sent, as the lease rule needs.
+        received = now - min(max(relayed.waited_ms, 0), MAX_WAITED_MS)
+        taken = heartbeat(replica, beat, now, received, state)
+        if isinstance(taken, Refusal):
+            refusals.append(_refusal(index, taken))
             continue
-        heard(heartbeat.node_id, received)
-        acked[index] = count
-        if commands:
-            waits.append((index, heartbeat.node_id, [ctx.backend.propose(c) for c in commands]))
+        acked[index] = taken.acked_reports
+        if taken.proposed:
+            waits.append((index, message.node_id, taken.proposed))
     deadline = time.monotonic() + ctx.write_timeout_s
     for index, node_id, proposed in waits:
-        for future in proposed:
-            refused = _outcome(future, deadline, node_id)
-            if refused is not None:
-                refusals.append(_refusal(index, refused))
-                break
+        refused = settle(proposed, deadline, node_not_found(node_id))
+        if refused is not None:
+            refusals.append(_refusal(index, refused))
     return pb.RelayHeartbeatsResponse(
         leader_term=term,
         applied_commands=ctx.backend.snapshot().applied_commands,
@@ -216,19 +144,20 @@ class Confirmed:
 
 
 class RelayFailed(Exception):
-    """A relayed heartbeat was not confirmed: end its stream with ``status``."""
+    """A relayed heartbeat was not confirmed: end its stream with ``refusal``."""
 
-    def __init__(self, status: grpc.Status) -> None:
-        super().__init__(status.details)
-        self.status = status
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.words)
+        self.refusal = refusal
 
 
 def _failed(refusal: pb.RelayedRefusal) -> RelayFailed:
+    """The leader's refusal of one heartbeat, as the follower ends its stream with."""
     try:
         reason = Reason(refusal.reason)
     except ValueError:  # a newer leader's reason: register again to learn more
         reason = Reason.NOT_LEADER
-    return RelayFailed(build_status(reason, refusal.message, dict(refusal.metadata)))
+    return RelayFailed(Refusal(reason, refusal.message, metadata=dict(refusal.metadata)))
 
 
 @dataclass(slots=True)
@@ -267,7 +196,7 @@ class RelayClient:
         """Queue ``heartbeat`` for the next batch; its confirmation (or RelayFailed)."""
         future: asyncio.Future[Confirmed] = asyncio.get_running_loop().create_future()
         self._pending.append(_Entry(heartbeat, future, time.monotonic()))
-        if heartbeat.reports and self._wake is not None:
+        if heartbeat.heartbeat.reports and self._wake is not None:
             self._wake.set()
         return await future
 
@@ -281,7 +210,7 @@ class RelayClient:
             if time.monotonic() >= deadline:
                 self.failed += 1
                 raise RelayFailed(
-                    build_status(
+                    Refusal(
                         Reason.NOT_LEADER,
                         f"replica {self.ctx.self_id} is behind the leader; register again",
                     )
@@ -361,11 +290,11 @@ class RelayClient:
                 entry.future.set_result(Confirmed(term, applied, acked))
 
     def _fail(self, entries: list[_Entry], why: str) -> None:
-        status = build_status(
+        refusal = Refusal(
             Reason.NOT_LEADER,
             f"replica {self.ctx.self_id} could not relay this heartbeat: {why}; register again",
         )
         for entry in entries:
             if not entry.future.done():
                 self.failed += 1
-                entry.future.set_exception(RelayFailed(status))
+                entry.future.set_exception(RelayFailed(refusal))

@@ -41,34 +41,29 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent import futures
 from typing import Any
 
-import grpc
 from grpc import aio
 
 from synapse_ha.core import access
-from synapse_ha.core import commands as cmd
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState
-from synapse_ha.core.spec import SpecError
-from synapse_ha.core.validation import describe
-from synapse_ha.leader.ports import ProposalError
-from synapse_ha.rpc import convert
 from synapse_ha.rpc.auth import AuthInterceptor
-from synapse_ha.rpc.errors import Reason, build_status
+from synapse_ha.rpc.errors import Reason, refusal_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import (
-    DesiredMembers,
     answer_fields,
-    check_problems,
     desired_message,
-    gpu_fault_problems,
-    heartbeat_commands,
+    heartbeat_in,
+    heartbeat_message,
 )
 from synapse_ha.rpc.relay import RelayClient, RelayFailed
 from synapse_ha.rpc.server import ReplicaContext
+from synapse_ha.rpc.server.context import ReplicaPort
+from synapse_ha.service.commit import settled
+from synapse_ha.service.heartbeat import DesiredMembers, heartbeat
+from synapse_ha.service.refusal import Refusal, denied, node_not_found, required
 
 log = logging.getLogger("synapse.rpc.stream")
 
@@ -79,11 +74,11 @@ Digest = tuple[tuple[str, int, int, int], ...]
 
 
 class _Refused(Exception):
-    """End the stream with this status."""
+    """End the stream with this refusal's wire error."""
 
-    def __init__(self, status: grpc.Status) -> None:
-        super().__init__(status.details)
-        self.status = status
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.words)
+        self.refusal = refusal
 
 
 def _digest(members: Iterable[DesiredMember]) -> Digest:
@@ -131,6 +126,7 @@ class StreamServer:
         self.pushes = 0
         self._streams: dict[str, _Stream] = {}
         self._desired = DesiredMembers()
+        self.replica = ReplicaPort(ctx)
         self.relay = RelayClient(ctx)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: aio.Server | None = None
@@ -251,7 +247,9 @@ class StreamServer:
         """End ``stream`` from outside its handler: the worker registers again."""
         if self._streams.get(stream.node_id) is stream:
             del self._streams[stream.node_id]
-        status = build_status(Reason.NOT_LEADER, f"{why}; register again to find the leader")
+        status = refusal_status(
+            Refusal(Reason.NOT_LEADER, f"{why}; register again to find the leader")
+        )
         with contextlib.suppress(Exception):  # ending a call that ends anyway
             await stream.context.abort(status.code, status.details, status.trailing_metadata)
 
@@ -324,22 +322,14 @@ class StreamServer:
             refusal = access.may_speak_for_node(identity, node_id)
         if refusal is not None:
             self._auth.refused(refusal, identity, CONNECT_METHOD)
-            reason = (
-                Reason.UNAUTHENTICATED
-                if refusal.code is access.RefusalCode.UNAUTHENTICATED
-                else Reason.PERMISSION_DENIED
-            )
-            metadata = {"method": access.short_method(CONNECT_METHOD)}
-            if identity is not None:
-                metadata["identity"] = str(identity)
-            raise _Refused(build_status(reason, refusal.message, metadata))
+            raise _Refused(denied(refusal, identity))
 
     def _not_serving(self) -> _Refused:
         return _Refused(
-            build_status(
+            Refusal(
                 Reason.NOT_LEADER,
                 "this replica does not serve as leader now; register again to find the leader",
-                {"leader_id": ""},
+                metadata={"leader_id": ""},
             )
         )
 
@@ -347,13 +337,11 @@ class StreamServer:
         first = await context.read()
         if first is _EOF:
             return
-        node_id = first.node_id
+        node_id = heartbeat_message(first).node_id
         stream: _Stream | None = None
         try:
             if not node_id:
-                raise _Refused(
-                    build_status(Reason.INVALID_FIELD, "node_id is required", {"field": "node_id"})
-                )
+                raise _Refused(required("node_id"))
             self._admit(context, node_id)
             serving = self.ctx.serving()
             if not serving and not self.relay.may_relay():
@@ -365,118 +353,85 @@ class StreamServer:
                 self._spawn(self._end(older, "a newer stream speaks for this node"))
             message = first
             while message is not _EOF:
-                if message.node_id and message.node_id != node_id:
+                named = heartbeat_message(message).node_id
+                if named and named != node_id:
                     raise _Refused(
-                        build_status(
+                        Refusal(
                             Reason.INVALID_FIELD,
-                            f"this stream speaks for node {node_id!r}, not {message.node_id!r}",
-                            {"field": "node_id"},
+                            f"this stream speaks for node {node_id!r}, not {named!r}",
+                            "node_id",
                         )
                     )
                 await self._answer(stream, message)
                 message = await context.read()
         except _Refused as refused:
-            status = refused.status
+            # The one place a refusal on a stream becomes its wire error.
+            extra = None
+            if refused.refusal.denied is not None:
+                extra = {"method": access.short_method(CONNECT_METHOD)}
+            status = refusal_status(refused.refusal, extra)
             await context.abort(status.code, status.details, status.trailing_metadata)
         finally:
             if stream is not None and self._streams.get(node_id) is stream:
                 del self._streams[node_id]
 
     async def _answer(self, stream: _Stream, request: pb.WorkerMessage) -> None:
+        """Take one heartbeat (:func:`synapse_ha.service.heartbeat.heartbeat`) and
+        acknowledge it once its commands committed; on a follower, relay it."""
         ctx = self.ctx
-        events: tuple[Any, ...] = ()
-        if request.reports:
-            try:
-                events = convert.member_events_from_proto(list(request.reports))
-            except SpecError as exc:
-                raise _Refused(
-                    build_status(Reason.INVALID_FIELD, str(exc), {"field": "reports"})
-                ) from None
+        message = heartbeat_message(request)
+        beat = heartbeat_in(message, stream.node_id)
+        if isinstance(beat, Refusal):
+            raise _Refused(beat)
         if not ctx.serving():
             if not stream.relayed:
                 raise self._not_serving()
-            await self._answer_relayed(stream, request)
+            await self._answer_relayed(stream, request.seq, message)
             return
         now = ctx.clock_ms()
-        node_id = stream.node_id
         if stream.relayed:  # opened while this replica followed; it leads now
             stream.term = ctx.backend.term()
-        state = ctx.backend.snapshot()
-        if node_id not in state.nodes:
-            raise _node_not_found(node_id)
-        faults = convert.gpu_faults_from_proto(request.gpu_faults)
-        violations = gpu_fault_problems(state, node_id, faults)
-        if violations:
-            problem = describe(violations)
-            raise _Refused(build_status(Reason.INVALID_FIELD, problem, {"field": "gpu_faults"}))
-        checks = convert.checks_from_proto(request.checks)
-        violations = check_problems(checks)
-        if violations:
-            problem = describe(violations)
-            raise _Refused(build_status(Reason.INVALID_FIELD, problem, {"field": "checks"}))
-        ctx.liveness.heard(node_id, now)
-        for command in heartbeat_commands(state, node_id, faults, checks, events, now):
-            await self._commit(command, node_id)
-        acked = len(events)
+        taken = heartbeat(self.replica, beat, now)
+        if isinstance(taken, Refusal):
+            raise _Refused(taken)
+        state = taken.state
+        if taken.proposed:
+            not_found = node_not_found(stream.node_id)
+            refused = await settled(taken.proposed, ctx.write_timeout_s, not_found)
+            if refused is not None:
+                raise _Refused(refused)
         async with stream.lock:
-            if events or state.applied_commands < stream.version:
+            if taken.proposed or state.applied_commands < stream.version:
                 # Never answer from a state older than one already sent on this stream.
                 state = ctx.backend.snapshot()
-            msg = self._message(stream, state, now, request.seq, acked)
+            msg = self._message(stream, state, now, request.seq, taken.acked_reports)
             assert msg is not None
             self.heartbeats += 1
             await stream.context.write(msg)
 
-    async def _answer_relayed(self, stream: _Stream, request: pb.WorkerMessage) -> None:
-        """Acknowledge ``request`` once the leader confirmed it, from this replica's state
-        at or past the one the leader named (rpc/relay.py states why that is a lease)."""
-        heartbeat = pb.RelayedHeartbeat(
-            node_id=stream.node_id,
-            reports=request.reports,
-            gpu_faults=request.gpu_faults,
-            checks=request.checks,
+    async def _answer_relayed(self, stream: _Stream, seq: int, message: Any) -> None:
+        """Acknowledge heartbeat ``seq`` once the leader confirmed it, from this replica's
+        state at or past the one the leader named (rpc/relay.py states why that is a
+        lease)."""
+        relayed = pb.RelayedHeartbeat(
+            heartbeat=pb.Heartbeat(
+                node_id=stream.node_id,
+                reports=message.reports,
+                gpu_faults=message.gpu_faults,
+                checks=message.checks,
+            )
         )
         try:
-            confirmed = await self.relay.relay(heartbeat)
+            confirmed = await self.relay.relay(relayed)
             state = await self.relay.caught_up(confirmed.applied_commands)
         except RelayFailed as failed:
-            raise _Refused(failed.status) from None
+            raise _Refused(failed.refusal) from None
         async with stream.lock:
             stream.term = confirmed.term
-            msg = self._message(
-                stream, state, self.ctx.clock_ms(), request.seq, confirmed.acked_reports
-            )
+            msg = self._message(stream, state, self.ctx.clock_ms(), seq, confirmed.acked_reports)
             assert msg is not None
             self.heartbeats += 1
             await stream.context.write(msg)
-
-    async def _commit(self, command: cmd.Command, node_id: str) -> None:
-        future: futures.Future[cmd.Result] = self.ctx.backend.propose(command)
-        try:
-            result = await asyncio.wait_for(
-                asyncio.wrap_future(future), timeout=self.ctx.write_timeout_s
-            )
-        except TimeoutError:
-            raise _Refused(
-                build_status(Reason.OUTCOME_UNKNOWN, "the reports were not committed in time")
-            ) from None
-        except ProposalError as exc:
-            reason = Reason.OUTCOME_UNKNOWN if exc.committed_unknown else Reason.NOT_COMMITTED
-            raise _Refused(build_status(reason, f"reports not committed: {exc}")) from None
-        if result.code is cmd.ResultCode.NOT_FOUND:
-            raise _node_not_found(node_id)
-        if not result.ok:
-            raise _Refused(build_status(Reason.INTERNAL, result.message))
-
-
-def _node_not_found(node_id: str) -> _Refused:
-    return _Refused(
-        build_status(
-            Reason.NODE_NOT_FOUND,
-            f"node {node_id!r} is not registered; call RegisterNode",
-            {"node_id": node_id},
-        )
-    )
 
 
 class _Servicer(pb_grpc.NodeStreamServiceServicer):

@@ -130,6 +130,21 @@ class _Connection:
         self.channel.close()
 
 
+def _embedded(request: pb.HeartbeatRequest) -> pb.Heartbeat:
+    """The heartbeat ``request`` carries, as the embedded message the unary and stream
+    shapes share (replicas read the flat fields of earlier releases' workers too, so the
+    replicas are upgraded before the workers)."""
+    if request.HasField("heartbeat"):
+        return request.heartbeat
+    return pb.Heartbeat(
+        node_id=request.node_id,
+        reports=request.reports,
+        running=request.running,
+        gpu_faults=request.gpu_faults,
+        checks=request.checks,
+    )
+
+
 class StreamControlPlane:
     """Heartbeats on a stream to the leader when it offers one, unary calls otherwise."""
 
@@ -167,22 +182,16 @@ class StreamControlPlane:
         return answer
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
+        beat = _embedded(request)
         if not self.stream_address:
             self.unary_heartbeats += 1
-            return self.unary.heartbeat(request, timeout_s)
+            return self.unary.heartbeat(pb.HeartbeatRequest(heartbeat=beat), timeout_s)
         connection = self._connection
         if connection is None:
             connection = _Connection(self._channel_factory(self.stream_address), self._on_push)
             self._connection = connection
         self._seq += 1
-        message = pb.WorkerMessage(
-            seq=self._seq,
-            node_id=request.node_id,
-            reports=request.reports,
-            running=request.running,
-            gpu_faults=request.gpu_faults,
-            checks=request.checks,
-        )
+        message = pb.WorkerMessage(seq=self._seq, heartbeat=beat)
         reply = connection.exchange(message, timeout_s)
         if reply is not None:
             if not connection.acknowledged:

@@ -9,7 +9,7 @@ import dataclasses
 from synapse_ha.core import commands as c
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
 from synapse_ha.core.views import desired_by_node
-from synapse_ha.rpc.heartbeat import DesiredMembers
+from synapse_ha.service.heartbeat import DesiredMembers
 from tests.core.harness import Cluster, job, node
 
 

@@ -16,9 +16,9 @@ from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import states
 from synapse_ha.rpc.convert import member_events_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.heartbeat import (
+from synapse_ha.rpc.heartbeat import answer_fields
+from synapse_ha.service.heartbeat import (
     DesiredMembers,
-    answer_fields,
     check_problems,
     checks_command,
     gpu_fault_problems,

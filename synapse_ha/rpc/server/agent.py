@@ -3,32 +3,21 @@ it is sent."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import grpc
 
-from synapse_ha.core import commands as cmd
-from synapse_ha.core import validation
 from synapse_ha.core.access import Kind
-from synapse_ha.core.formats import NEW_FIELDS, format_needed
-from synapse_ha.core.model import NodeInfo, NodeStatus
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
-from synapse_ha.rpc.errors import Reason, abort, abort_invalid
+from synapse_ha.rpc.errors import Reason, abort
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.rpc.heartbeat import (
-    DesiredMembers,
-    answer_fields,
-    check_problems,
-    desired_message,
-    gpu_fault_problems,
-    heartbeat_commands,
-)
+from synapse_ha.rpc.heartbeat import answer_fields, desired_message, heartbeat_in, heartbeat_message
 from synapse_ha.rpc.relay import MAX_RELAYED, relay_heartbeats
-from synapse_ha.rpc.server.context import ReplicaContext, _Base, _invalid, _required
+from synapse_ha.rpc.server.context import ReplicaContext, _Base, _required
+from synapse_ha.service.heartbeat import DesiredMembers, heartbeat
+from synapse_ha.service.nodes import register_node
+from synapse_ha.service.refusal import Refusal, node_not_found
 
 # A worker names the relayed streams it could not reach lately: a few replicas' at most.
 MAX_UNREACHABLE = 100
@@ -52,24 +41,11 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 {"field": "unreachable_streams"},
             )
         info = convert.node_info_from_proto(request)
-        floor = self.ctx.backend.snapshot().format_floor
-        if format_needed(info) > floor:  # left out: not every replica reads them yet
-            newer: dict[str, Any] = {
-                name: "" for name, version in NEW_FIELDS[NodeInfo].items() if version > floor
-            }
-            info = dataclasses.replace(info, **newer)
-        self._as_node(context, info.node_id)
-        violations = validation.check_node_info(info)
-        if violations:
-            abort_invalid(context, violations)
-        now = self.ctx.clock_ms()
-        self._check(
-            context,
-            self._propose(context, cmd.RegisterNode(info=info, now_ms=now)),
-            (Reason.NODE_NOT_FOUND, "node_id", info.node_id),
-        )
-        self.ctx.liveness.heard(info.node_id, now)
-        state = self.ctx.backend.snapshot()
+        identity = caller(context)
+        state = register_node(self.replica, identity, info, self._write_timeout_s(context))
+        if isinstance(state, Refusal):
+            self._fail(context, state, identity)
+        self._send_index(context)
         timeouts = state.config.timeouts
         node = state.nodes.get(info.node_id)
         relay = ""
@@ -114,46 +90,29 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 {"field": "heartbeats"},
             )
         self._require_serving_leader(context)
-        return relay_heartbeats(self.ctx, self.ctx.relays, request)
+        return relay_heartbeats(self.replica, self.ctx, request)
 
     def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.HeartbeatResponse:
-        if not request.node_id:
-            _required(context, "node_id")
-        self._as_node(context, request.node_id)
-        try:
-            events = convert.member_events_from_proto(list(request.reports))
-        except SpecError as exc:
-            _invalid(context, exc)
+        message = heartbeat_message(request)
+        if message.node_id:
+            self._as_node(context, message.node_id)
+        beat = heartbeat_in(message)
+        if isinstance(beat, Refusal):
+            self._fail(context, beat)
         self._require_serving_leader(context)
         now = self.ctx.clock_ms()
-        state = self.ctx.backend.snapshot()
-        if request.node_id not in state.nodes:
-            abort(
-                context,
-                Reason.NODE_NOT_FOUND,
-                f"node {request.node_id!r} is not registered; call RegisterNode",
-                {"node_id": request.node_id},
-            )
-        faults = convert.gpu_faults_from_proto(request.gpu_faults)
-        checks = convert.checks_from_proto(request.checks)
-        violations = gpu_fault_problems(state, request.node_id, faults) + check_problems(checks)
-        if violations:
-            abort_invalid(context, violations)
-        self.ctx.liveness.heard(request.node_id, now)
-        for command in heartbeat_commands(state, request.node_id, faults, checks, events, now):
-            self._check(
-                context,
-                self._propose(context, command),
-                (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
-            )
+        taken = heartbeat(self.replica, beat, now)
+        if isinstance(taken, Refusal):
+            self._fail(context, taken)
+        self._settle(context, taken.proposed, node_not_found(beat.node_id))
         term = self.ctx.backend.term()
         state = self.ctx.backend.snapshot()
-        desired = self._desired.of(state, request.node_id)
+        desired = self._desired.of(state, beat.node_id)
         return pb.HeartbeatResponse(
             desired=[desired_message(state, d, now) for d in desired],
-            acked_reports=len(events),
+            acked_reports=taken.acked_reports,
             leader_term=term,
-            **answer_fields(state, request.node_id),
+            **answer_fields(state, beat.node_id),
         )

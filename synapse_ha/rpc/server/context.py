@@ -14,7 +14,7 @@ from typing import NoReturn, Protocol
 
 import grpc
 
-from synapse_ha.core import access, admission
+from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity, Role
 from synapse_ha.core.cluster_config import ClusterConfig
@@ -25,18 +25,13 @@ from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.store import HistoryStore
-from synapse_ha.leader.ports import ProposalError
-from synapse_ha.rpc.admission import Overloaded, PendingInFlight, ReadGate, StreamSlots, SubmitRate
-from synapse_ha.rpc.auth import (
-    AUTHORIZATION_KEY,
-    BEARER,
-    AuthInterceptor,
-    abort_refused,
-    caller,
-    method_of,
-)
-from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, abort, abort_invalid
+from synapse_ha.rpc.admission import Overloaded, ReadGate, StreamSlots
+from synapse_ha.rpc.auth import AUTHORIZATION_KEY, BEARER, AuthInterceptor, caller, method_of
+from synapse_ha.rpc.errors import Reason, abort, abort_invalid, refusal_status
 from synapse_ha.rpc.relay_table import RelayTable
+from synapse_ha.service import commit
+from synapse_ha.service.limits import PendingInFlight, SubmitRate
+from synapse_ha.service.refusal import Refusal, denied
 
 log = logging.getLogger(__name__)
 audit = logging.getLogger("synapse_ha.audit")
@@ -159,28 +154,60 @@ class ReplicaContext:
         return None
 
 
-# The reason for each error result of ``apply``; NOT_FOUND depends on what was looked up.
-_RESULT_REASON = {
-    cmd.ResultCode.INVALID: Reason.INVALID_FIELD,
-    cmd.ResultCode.CONFLICT: Reason.CONFLICT,
-    cmd.ResultCode.INTERNAL: Reason.INTERNAL,
-}
+class ReplicaPort:
+    """The replica as the use cases see it (:class:`synapse_ha.service.replica.Replica`):
+    its state, proposals, leader routing, liveness table and clock."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: ReplicaContext) -> None:
+        self.ctx = ctx
+
+    def snapshot(self) -> ClusterState:
+        return self.ctx.backend.snapshot()
+
+    def cluster_config(self) -> ClusterConfig:
+        return self.ctx.backend.cluster_config()
+
+    def propose(self, command: cmd.Command) -> futures.Future[cmd.Result]:
+        return self.ctx.backend.propose(command)
+
+    def leader_refusal(self) -> Refusal | None:
+        return leader_refusal(self.ctx)
+
+    def heard(self, node_id: str, now_ms: int) -> None:
+        self.ctx.liveness.heard(node_id, now_ms)
+
+    def clock_ms(self) -> int:
+        return self.ctx.clock_ms()
 
 
 class _Base:
     def __init__(self, ctx: ReplicaContext) -> None:
         self.ctx = ctx
+        self.replica = ReplicaPort(ctx)
+
+    def _fail(
+        self, context: grpc.ServicerContext, refusal: Refusal, identity: Identity | None = None
+    ) -> NoReturn:
+        """End the call with ``refusal``'s wire error: the one place a use case's refusal
+        becomes a gRPC status. An access refusal is logged and counted with the
+        interceptor's, naming the method."""
+        extra = None
+        if refusal.denied is not None:
+            method = method_of(context)
+            if self.ctx.auth is not None:
+                self.ctx.auth.refused(refusal.denied, identity, method)
+            extra = {"method": access.short_method(method)}
+        context.abort_with_status(refusal_status(refusal, extra))
+        raise AssertionError("unreachable")  # abort_with_status raises
 
     # ---------------------------------------------------------------- who
 
     def _refuse(
         self, context: grpc.ServicerContext, refusal: access.Refusal, identity: Identity
     ) -> NoReturn:
-        method = method_of(context)
-        if self.ctx.auth is not None:
-            self.ctx.auth.refused(refusal, identity, method)
-        abort_refused(context, refusal, identity, method)
-        raise AssertionError("unreachable")
+        self._fail(context, denied(refusal, identity), identity)
 
     def _may_manage(
         self, context: grpc.ServicerContext, identity: Identity, job_id: str, owner: str
@@ -277,37 +304,40 @@ class _Base:
         self._require_serving_leader(context)
         return self.ctx.backend.propose(command)
 
+    def _write_timeout_s(self, context: grpc.ServicerContext) -> float:
+        """How long a write may wait for its commit: the write timeout, within the
+        call's deadline."""
+        remaining = context.time_remaining()
+        timeout = self.ctx.write_timeout_s
+        if remaining is not None:
+            timeout = max(0.0, min(timeout, remaining - 0.05))
+        return timeout
+
     def _committed(
         self, context: grpc.ServicerContext, proposed: Sequence[futures.Future[cmd.Result]]
     ) -> list[cmd.Result]:
         """The results of ``proposed``, in order, each committed within the write
         timeout and the call's deadline; abort on the first that is not."""
-        remaining = context.time_remaining()
-        timeout = self.ctx.write_timeout_s
-        if remaining is not None:
-            timeout = max(0.0, min(timeout, remaining - 0.05))
-        deadline = time.monotonic() + timeout
-        results = []
-        for future in proposed:
-            try:
-                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
-            except futures.TimeoutError:
-                abort(
-                    context,
-                    Reason.OUTCOME_UNKNOWN,
-                    "the outcome is unknown (not committed within the deadline); "
-                    "retrying with the same request is safe",
-                )
-            except ProposalError as exc:
-                if exc.committed_unknown:
-                    abort(
-                        context,
-                        Reason.OUTCOME_UNKNOWN,
-                        f"the outcome is unknown ({exc}); retrying with the same request is safe",
-                    )
-                abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
+        results = commit.committed(proposed, self._write_timeout_s(context))
+        if isinstance(results, Refusal):
+            self._fail(context, results)
         self._send_index(context)  # the state now holds the writes: a read token for them
         return results
+
+    def _settle(
+        self,
+        context: grpc.ServicerContext,
+        proposed: Sequence[futures.Future[cmd.Result]],
+        not_found: Refusal,
+    ) -> None:
+        """Wait for ``proposed`` to commit OK (:func:`commit.settle`); abort otherwise."""
+        if not proposed:
+            return
+        deadline = time.monotonic() + self._write_timeout_s(context)
+        refusal = commit.settle(proposed, deadline, not_found)
+        if refusal is not None:
+            self._fail(context, refusal)
+        self._send_index(context)
 
     def _check(
         self,
@@ -319,10 +349,10 @@ class _Base:
         result, with the metadata key and value naming what was looked up."""
         if result.ok:
             return result
-        if result.code is cmd.ResultCode.NOT_FOUND:
-            reason, key, value = not_found
-            abort(context, reason, result.message, {key: value})
-        abort(context, _RESULT_REASON.get(result.code, Reason.INTERNAL), result.message)
+        reason, key, value = not_found
+        refusal = commit.refused(result, Refusal(reason, "", metadata={key: value}))
+        assert refusal is not None
+        self._fail(context, refusal)
 
 
 def _audit(identity: Identity, method: str, target: str) -> None:
@@ -360,22 +390,6 @@ def _presented_token(context: grpc.ServicerContext, state: ClusterState) -> Toke
 _NO_GRANTS = Token("", "", Role.USER, "", 0, "")
 
 
-def _refuse_limit(
-    context: grpc.ServicerContext, identity: Identity, refusal: admission.LimitExceeded | None
-) -> None:
-    """Abort with LIMIT_EXCEEDED naming the limit and the figures, when there is one."""
-    if refusal is None:
-        return
-    audit.info("%s refused by limits.%s (%d of %d)", identity, refusal.limit,
-               refusal.actual, refusal.allowed)  # fmt: skip
-    abort(
-        context,
-        Reason.LIMIT_EXCEEDED,
-        refusal.message,
-        {"limit": refusal.limit, "allowed": str(refusal.allowed), "actual": str(refusal.actual)},
-    )
-
-
 # Read tokens (docs/consistency.md): every answer carries the applied index of the state it
 # was served from (or, for a write, a state that holds the write); a client that sends the
 # newest one it saw is never served an older state.
@@ -410,26 +424,31 @@ def _job_not_found(
     abort(context, Reason.JOB_NOT_FOUND, f"no job {job_id!r}", {"job_id": job_id})
 
 
-def require_serving_leader(ctx: ReplicaContext, context: grpc.ServicerContext) -> None:
-    """Return when this replica is the serving leader; otherwise end the call with
-    where to go: NOT_LEADER (the leader's id and address), LEADER_NOT_READY or
-    NO_LEADER."""
+def leader_refusal(ctx: ReplicaContext) -> Refusal | None:
+    """None while this replica is the serving leader; otherwise where to go: NOT_LEADER
+    (the leader's id and address), LEADER_NOT_READY or NO_LEADER."""
     if ctx.serving():
-        return
+        return None
     if ctx.backend.is_leader():
-        abort(
-            context,
+        return Refusal(
             Reason.LEADER_NOT_READY,
             "this replica was just elected leader and is committing its barrier; retry",
-            {"leader_id": ctx.self_id},
+            metadata={"leader_id": ctx.self_id},
         )
     leader = ctx.by_raft(ctx.backend.leader_address())
     if leader is None or leader.replica_id == ctx.self_id:
-        abort(context, Reason.NO_LEADER, "no leader is elected; retry shortly")
-    abort(
-        context,
+        return Refusal(Reason.NO_LEADER, "no leader is elected; retry shortly")
+    return Refusal(
         Reason.NOT_LEADER,
         f"not the leader; the leader is {leader.replica_id} at {leader.grpc}",
-        {"leader_id": leader.replica_id, "leader_address": leader.grpc},
-        trailing=((LEADER_METADATA_KEY, leader.grpc),),
+        metadata={"leader_id": leader.replica_id, "leader_address": leader.grpc},
     )
+
+
+def require_serving_leader(ctx: ReplicaContext, context: grpc.ServicerContext) -> None:
+    """Return when this replica is the serving leader; otherwise end the call with
+    where to go (:func:`leader_refusal`)."""
+    refusal = leader_refusal(ctx)
+    if refusal is not None:
+        context.abort_with_status(refusal_status(refusal))
+        raise AssertionError("unreachable")  # abort_with_status raises

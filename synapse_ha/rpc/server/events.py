@@ -16,7 +16,8 @@ from synapse_ha.rpc.admission import StreamRefusal
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server.context import _Base, _refuse_limit
+from synapse_ha.rpc.server.context import _Base
+from synapse_ha.service.submit import limit_refusal
 
 
 class EventService(_Base):
@@ -122,7 +123,7 @@ class EventService(_Base):
             who, limited, limits.watch_streams_per_identity, limits.watch_streams_total
         )
         if refusal is not None:
-            _refuse_limit(context, identity, _stream_limit(identity, refusal))
+            self._fail(context, limit_refusal(identity, _stream_limit(identity, refusal)))
         try:
             yield from _stream_events(ring, request, context, identity)
         finally:

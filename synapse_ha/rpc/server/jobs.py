@@ -8,7 +8,6 @@ from operator import attrgetter
 import grpc
 
 from synapse_ha.core import access
-from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobState
 from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
@@ -19,12 +18,13 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server.context import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
-    _audit,
     _invalid,
     _job_not_found,
     _required,
 )
 from synapse_ha.rpc.server.submit import SubmitService
+from synapse_ha.service.jobs import cancel
+from synapse_ha.service.refusal import Refusal
 
 _SUBMISSION_ORDER = attrgetter("seq", "array_index")
 
@@ -72,30 +72,14 @@ class JobService(SubmitService):
     def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.ServicerContext
     ) -> pb.CancelJobResponse:
-        if not request.job_id:
-            _required(context, "job_id")
         identity = caller(context)
-        self._require_serving_leader(context)
-        snapshot = self.ctx.backend.snapshot()
-        known = snapshot.jobs.get(request.job_id) or snapshot.arrays.get(request.job_id)
-        if known is None:
-            _job_not_found(context, request.job_id)
-        self._may_manage(context, identity, request.job_id, known.owner)
-        command = cmd.CancelJob(
-            job_id=request.job_id,
-            reason=request.reason[:1024] or "cancelled by user",
-            now_ms=self.ctx.clock_ms(),
-            actor=str(identity),
+        done = cancel(
+            self.replica, identity, request.job_id, request.reason, self._write_timeout_s(context)
         )
-        result = self._check(
-            context,
-            self._propose(context, command),
-            (Reason.JOB_NOT_FOUND, "job_id", request.job_id),
-        )
-        _audit(identity, "CancelJob", request.job_id)
-        job = self.ctx.backend.snapshot().jobs.get(request.job_id)
-        job_state = job.state if job is not None else JobState.CANCELLED  # an array: its tasks
-        return pb.CancelJobResponse(message=result.message, **states.job_state_fields(job_state))
+        if isinstance(done, Refusal):
+            self._fail(context, done, identity)
+        self._send_index(context)  # the state now holds the write: a read token for it
+        return pb.CancelJobResponse(message=done.message, **states.job_state_fields(done.state))
 
     # -------------------------------------------------------------------- reads
 

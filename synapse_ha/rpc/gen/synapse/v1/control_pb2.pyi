@@ -1349,7 +1349,7 @@ class DesiredMember(_message.Message):
     stop_grace_ms: int
     def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ..., prestart_command: _Optional[_Iterable[str]] = ..., prestart_shell: _Optional[bool] = ..., prestart_timeout_ms: _Optional[int] = ..., progress_timeout_ms: _Optional[int] = ..., progress_source: _Optional[str] = ..., resume_step: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ...) -> None: ...
 
-class HeartbeatRequest(_message.Message):
+class Heartbeat(_message.Message):
     __slots__ = ("node_id", "reports", "running", "gpu_faults", "checks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
@@ -1362,6 +1362,22 @@ class HeartbeatRequest(_message.Message):
     gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
     checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
     def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "reports", "running", "gpu_faults", "checks", "heartbeat")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    running: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
+    checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
+    heartbeat: Heartbeat
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("desired", "lease_ttl_ms", "heartbeat_interval_ms", "acked_reports", "node_status_name", "leader_term", "node_status")
@@ -1382,18 +1398,20 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, desired: _Optional[_Iterable[_Union[DesiredMember, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., acked_reports: _Optional[int] = ..., node_status_name: _Optional[str] = ..., leader_term: _Optional[int] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class RelayedHeartbeat(_message.Message):
-    __slots__ = ("node_id", "reports", "gpu_faults", "checks", "waited_ms")
+    __slots__ = ("node_id", "reports", "gpu_faults", "checks", "heartbeat", "waited_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     WAITED_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
     gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
     checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
+    heartbeat: Heartbeat
     waited_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ..., waited_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., waited_ms: _Optional[int] = ...) -> None: ...
 
 class RelayHeartbeatsRequest(_message.Message):
     __slots__ = ("replica_id", "stream_address", "heartbeats")
@@ -1493,20 +1511,22 @@ class SnapshotChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., raft_index: _Optional[int] = ..., raft_term: _Optional[int] = ..., replica_id: _Optional[str] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("seq", "node_id", "reports", "running", "gpu_faults", "checks")
+    __slots__ = ("seq", "node_id", "reports", "running", "gpu_faults", "checks", "heartbeat")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     node_id: str
     reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
     running: _containers.RepeatedCompositeFieldContainer[MemberReport]
     gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
     checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
-    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ...) -> None: ...
+    heartbeat: Heartbeat
+    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
 
 class LeaderMessage(_message.Message):
     __slots__ = ("ack_seq", "acked_reports", "lease_ttl_ms", "heartbeat_interval_ms", "node_status_name", "leader_term", "has_desired", "desired", "node_status")

@@ -1,0 +1,36 @@
+"""What a use case needs from the replica it runs on: a small port, implemented over the
+Raft replica by :class:`synapse_ha.rpc.server.context.ReplicaPort`, and by a stand-in
+in tests."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Protocol
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.model import ClusterState
+from synapse_ha.service.refusal import Refusal
+
+
+class Replica(Protocol):
+    def snapshot(self) -> ClusterState:
+        """The newest applied state (an immutable snapshot)."""
+        ...
+
+    def cluster_config(self) -> ClusterConfig: ...
+
+    def propose(self, command: cmd.Command) -> futures.Future[cmd.Result]:
+        """Propose ``command`` (this replica must be the serving leader)."""
+        ...
+
+    def leader_refusal(self) -> Refusal | None:
+        """None while this replica is the serving leader; else where to go (NOT_LEADER
+        with the leader's id and address, LEADER_NOT_READY, NO_LEADER)."""
+        ...
+
+    def heard(self, node_id: str, now_ms: int) -> None:
+        """Record that ``node_id``'s worker was heard at ``now_ms`` (liveness)."""
+        ...
+
+    def clock_ms(self) -> int: ...
