@@ -38,6 +38,7 @@ from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS, F
 from synapse_ha.sim.pipelines import MODES as PIPELINE_MODES
 from synapse_ha.sim.pipelines import pipeline_workload, run_pipelines
 from synapse_ha.sim.policies import POLICIES
+from synapse_ha.sim.tables import Column, results_table
 from synapse_ha.sim.tenancy import MODES, PASS_INTERVAL_MS, run_modes
 from synapse_ha.sim.tenancy import report as tenancy_report
 from synapse_ha.sim.tenancy import table as tenancy_table
@@ -95,37 +96,21 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
+_COLUMNS: tuple[Column, ...] = (
+    ("policy", lambda r: r.policy),
+    ("alloc", lambda r: f"{r.metrics['gpu_allocation']:.1%}"),
+    ("delay mean", lambda r: f"{r.metrics['queue_delay_s']['mean']:.0f}s"),
+    ("p95", lambda r: f"{r.metrics['queue_delay_s']['p95']:.0f}s"),
+    ("big max", lambda r: f"{r.metrics['queue_delay_big_gangs_s']['max']:.0f}s"),
+    ("one rack*", lambda r: _percent(r.metrics["rack_fitting_gangs_in_one_rack"])),
+    ("one rack**", lambda r: _percent(r.metrics["gangs_with_rack_room_at_bind_in_one_rack"])),
+    ("frag", lambda r: f"{r.metrics['fragmentation_gpus']:.1f}"),
+    ("cpu ms/dec", lambda r: f"{r.metrics['scheduler_cpu_ms_per_decision']:.3f}"),
+)
+
+
 def table(results: list[Result]) -> str:
-    rows = [
-        (
-            "policy",
-            "alloc",
-            "delay mean",
-            "p95",
-            "big max",
-            "one rack*",
-            "one rack**",
-            "frag",
-            "cpu ms/dec",
-        ),
-    ]
-    for r in results:
-        m = r.metrics
-        rows.append(
-            (
-                r.policy,
-                f"{m['gpu_allocation']:.1%}",
-                f"{m['queue_delay_s']['mean']:.0f}s",
-                f"{m['queue_delay_s']['p95']:.0f}s",
-                f"{m['queue_delay_big_gangs_s']['max']:.0f}s",
-                _percent(m["rack_fitting_gangs_in_one_rack"]),
-                _percent(m["gangs_with_rack_room_at_bind_in_one_rack"]),
-                f"{m['fragmentation_gpus']:.1f}",
-                f"{m['scheduler_cpu_ms_per_decision']:.3f}",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines = results_table(_COLUMNS, results)
     lines.append("*  of multi-member gangs no larger than a rack, the share placed in one rack")
     lines.append("** of multi-member gangs bound while some rack had room, the share in one rack")
     return "\n".join(lines)

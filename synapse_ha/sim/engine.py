@@ -91,21 +91,14 @@ def build_cluster(workload: Workload, config: ClusterConfig) -> ClusterState:
     through ``apply``; anything it refuses raises ValueError."""
     state = ClusterState()
     apply(state, c.RaiseFormat(FORMAT))  # every replica of a simulated cluster is this release
-    configured = apply(state, c.Configure(config))
-    if not configured.ok:
-        raise ValueError(f"cluster configuration: {configured.message}")
-    for cohort in workload.cohorts:
-        set_cohort = apply(state, c.SetCohort(cohort, 0))
-        if not set_cohort.ok:
-            raise ValueError(f"cohort {cohort.name}: {set_cohort.message}")
-    for queue in workload.queues:
-        set_queue = apply(state, c.SetQueue(queue, 0, "sim"))
-        if not set_queue.ok:
-            raise ValueError(f"queue {queue.name}: {set_queue.message}")
-    for info in workload.nodes:
-        result = apply(state, c.RegisterNode(info, 0))
+    steps: list[tuple[c.Command, str]] = [(c.Configure(config), "cluster configuration")]
+    steps += [(c.SetCohort(cohort, 0), f"cohort {cohort.name}") for cohort in workload.cohorts]
+    steps += [(c.SetQueue(queue, 0, "sim"), f"queue {queue.name}") for queue in workload.queues]
+    steps += [(c.RegisterNode(info, 0), f"node {info.node_id}") for info in workload.nodes]
+    for command, what in steps:
+        result = apply(state, command)
         if not result.ok:
-            raise ValueError(f"node {info.node_id}: {result.message}")
+            raise ValueError(f"{what}: {result.message}")
     return state
 
 

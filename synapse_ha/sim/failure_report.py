@@ -17,6 +17,7 @@ from synapse_ha.sim.gpu_failures import (
     FaultPolicy,
     simulate_failures,
 )
+from synapse_ha.sim.tables import Column, results_table
 from synapse_ha.sim.workload import Workload
 
 LOSS_REDUCTION_TARGET = 0.50
@@ -83,42 +84,29 @@ def loss_target(aware: dict[str, Any], blind: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _faults(r: Result) -> dict[str, Any]:
+    faults: dict[str, Any] = r.metrics["gpu_faults"]
+    return faults
+
+
+_COLUMNS: tuple[Column, ...] = (
+    ("policy", lambda r: r.policy),
+    ("failures", lambda r: str(_faults(r)["gpu_failures"])),
+    ("killed", lambda r: str(_faults(r)["gangs_killed_by_failures"])),
+    ("onto failed", lambda r: str(_faults(r)["placements_onto_failed_gpus"])),
+    ("GPU-h lost", lambda r: f"{_faults(r)['gpu_hours_lost_to_faults']:.1f}"),
+    ("jobs failed", lambda r: str(_faults(r)["jobs_failed_by_faults"])),
+    ("GPU-h out", lambda r: f"{_faults(r)['gpu_hours_out_of_service']:.0f}"),
+    ("restart mean", lambda r: f"{_faults(r)['restart_delay_s']['mean']:.0f}s"),
+    ("delay mean", lambda r: f"{r.metrics['queue_delay_s']['mean']:.0f}s"),
+    ("JCT mean", lambda r: f"{r.metrics['job_completion_s']['mean']:.0f}s"),
+    ("alloc", lambda r: f"{r.metrics['gpu_allocation']:.1%}"),
+)
+
+
 def table(results: list[Result]) -> str:
     """The headline figures, one line per policy."""
-    rows = [
-        (
-            "policy",
-            "failures",
-            "killed",
-            "onto failed",
-            "GPU-h lost",
-            "jobs failed",
-            "GPU-h out",
-            "restart mean",
-            "delay mean",
-            "JCT mean",
-            "alloc",
-        )
-    ]
-    for r in results:
-        m, f = r.metrics, r.metrics["gpu_faults"]
-        rows.append(
-            (
-                r.policy,
-                str(f["gpu_failures"]),
-                str(f["gangs_killed_by_failures"]),
-                str(f["placements_onto_failed_gpus"]),
-                f"{f['gpu_hours_lost_to_faults']:.1f}",
-                str(f["jobs_failed_by_faults"]),
-                f"{f['gpu_hours_out_of_service']:.0f}",
-                f"{f['restart_delay_s']['mean']:.0f}s",
-                f"{m['queue_delay_s']['mean']:.0f}s",
-                f"{m['job_completion_s']['mean']:.0f}s",
-                f"{m['gpu_allocation']:.1%}",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines = results_table(_COLUMNS, results)
     lines.append(
         "killed: gangs running on a GPU when it failed; onto failed: gangs bound on a failed "
         "GPU; GPU-h out: failed GPUs and cordoned nodes x time; jobs failed: for good"

@@ -16,6 +16,7 @@ from typing import Any
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
 from synapse_ha.sim.engine import GRACE_MS, Result, simulate
 from synapse_ha.sim.policies import Ours
+from synapse_ha.sim.tables import Column, results_table
 from synapse_ha.sim.workload import Workload
 
 MODES = (PreemptionMode.OFF, PreemptionMode.BLIND, PreemptionMode.TOPOLOGY)
@@ -193,39 +194,38 @@ def _delay_target(off: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _tenancy(r: Result) -> dict[str, Any]:
+    figures: dict[str, Any] = r.metrics["tenancy"]
+    return figures
+
+
+def _one_rack(r: Result) -> float | None:
+    share: float | None = _tenancy(r)["preemptors_with_topology_in_one_rack"]
+    return share
+
+
+def _seconds(figures: dict[str, float], first: str, second: str) -> str:
+    """``12s/40s``: two figures of ``figures``, in whole seconds."""
+    return f"{figures[first]:.0f}s/{figures[second]:.0f}s"
+
+
+def _optional(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+_COLUMNS: tuple[Column, ...] = (
+    ("mode", lambda r: r.policy),
+    ("alloc", lambda r: f"{r.metrics['gpu_allocation']:.1%}"),
+    ("Jain", lambda r: _optional(_tenancy(r)["jain_backlogged"], ".3f")),
+    ("GPU-h lost", lambda r: f"{_tenancy(r)['gpu_hours_lost']:.1f}"),
+    ("lost/placed", lambda r: _optional(_tenancy(r)["gpu_hours_lost_per_preemptor_placed"], ".2f")),
+    ("victims", lambda r: str(_tenancy(r)["preemptions"])),
+    ("quota back p95/max", lambda r: _seconds(_tenancy(r)["quota_back_s"], "p95", "max")),
+    ("preemptor 1 rack", lambda r: _optional(_one_rack(r), ".0%")),
+    ("delay mean/p95", lambda r: _seconds(r.metrics["queue_delay_s"], "mean", "p95")),
+)
+
+
 def table(results: list[Result]) -> str:
     """The side-by-side figures as a fixed-width table."""
-    rows = [
-        (
-            "mode",
-            "alloc",
-            "Jain",
-            "GPU-h lost",
-            "lost/placed",
-            "victims",
-            "quota back p95/max",
-            "preemptor 1 rack",
-            "delay mean/p95",
-        )
-    ]
-    for r in results:
-        m, t = r.metrics, r.metrics["tenancy"]
-        one_rack = t["preemptors_with_topology_in_one_rack"]
-        per_placed = t["gpu_hours_lost_per_preemptor_placed"]
-        rows.append(
-            (
-                r.policy,
-                f"{m['gpu_allocation']:.1%}",
-                "-" if t["jain_backlogged"] is None else f"{t['jain_backlogged']:.3f}",
-                f"{t['gpu_hours_lost']:.1f}",
-                "-" if per_placed is None else f"{per_placed:.2f}",
-                str(t["preemptions"]),
-                f"{t['quota_back_s']['p95']:.0f}s/{t['quota_back_s']['max']:.0f}s",
-                "-" if one_rack is None else f"{one_rack:.0%}",
-                f"{m['queue_delay_s']['mean']:.0f}s/{m['queue_delay_s']['p95']:.0f}s",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows
-    )
+    return "\n".join(results_table(_COLUMNS, results))

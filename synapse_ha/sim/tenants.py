@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import Cohort, Queue
-from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.core.model import JobSpec, NodeInfo
 from synapse_ha.sim.trace import TraceJob
-from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
+from synapse_ha.sim.workload import SimJob, Workload, gang_spec, synthetic_cluster
 
 COHORT = "research"
 # The multi-tenant jobs' checkpoint intervals: log-uniform between these, minutes.
@@ -100,17 +100,6 @@ def _draw(
     return _Draw(rng.choice([16, 32]), 8, "", preferred, duration)
 
 
-def _member_spec(name: str, queue: str, gpus: int, per_member: int) -> JobSpec:
-    per_member = min(per_member, gpus)
-    return JobSpec(
-        name=name,
-        replicas=max(gpus // per_member, 1),
-        resources=Resources(per_member * 8_000, per_member * 64 * 1024, per_member),
-        command=("python train.py",),
-        queue=queue,
-    )
-
-
 def multi_tenant(
     seed: int = 1,
     hours: float = 6.0,
@@ -156,7 +145,7 @@ def multi_tenant(
         arrivals = _arrivals(rng, tenant, rate, start_ms, horizon_ms)
         for i, at in enumerate(sorted(arrivals)):
             d = _draw(rng, tenant, rack_gpus, median_ms, max_ms)
-            spec = _member_spec(f"{tenant.name}-{i}", tenant.name, d.gpus, d.per_member)
+            spec = gang_spec(f"{tenant.name}-{i}", d.gpus, d.per_member, queue=tenant.name)
             roll = rng.random()
             klass = (
                 "high" if roll < tenant.high else "low" if roll < tenant.high + tenant.low else ""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -54,6 +55,7 @@ from synapse_ha.core.validation import (
     NAME_PATTERN,
     check_job_spec,
 )
+from synapse_ha.sim.workload import openb_pods
 
 REQUIRED = ("submit_s", "queue", "members", "gpus_per_member", "duration_s")
 OPTIONAL = (
@@ -343,27 +345,17 @@ def openb_to_trace(folder: Path, limit: int | None = None) -> list[TraceJob]:
     run time are left out. CPU and memory are the pod's own.
     """
     jobs = []
-    with (folder / "openb_pod_list_default.csv").open() as f:
-        for number, row in enumerate(csv.DictReader(f), start=2):
-            gpus = int(row["num_gpu"])
-            if gpus == 0 and int(row["gpu_milli"] or 0) > 0:
-                gpus = 1
-            created = int(row["creation_time"])
-            started = int(row["scheduled_time"]) if row["scheduled_time"] else created
-            duration_s = int(row["deletion_time"]) - started
-            if duration_s <= 0:
-                continue
-            spec = JobSpec(
-                name=row["name"],
-                replicas=1,
-                resources=Resources(
-                    max(int(row["cpu_milli"]), 1), max(int(row["memory_mib"]), 1), gpus
-                ),
-                command=("trace",),
-                queue=(row["qos"] or "default").lower(),
-            )
-            jobs.append(TraceJob(number, created * 1000, "openb", spec, duration_s * 1000))
-            if limit is not None and len(jobs) >= limit:
-                break
+    for pod in itertools.islice(openb_pods(folder), limit):
+        row = pod.row
+        spec = JobSpec(
+            name=row["name"],
+            replicas=1,
+            resources=Resources(
+                max(int(row["cpu_milli"]), 1), max(int(row["memory_mib"]), 1), pod.gpus
+            ),
+            command=("trace",),
+            queue=(row["qos"] or "default").lower(),
+        )
+        jobs.append(TraceJob(pod.line, pod.created_s * 1000, "openb", spec, pod.duration_s * 1000))
     jobs.sort(key=lambda j: (j.submit_ms, j.line))
     return jobs

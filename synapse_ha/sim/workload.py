@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -76,14 +78,45 @@ def synthetic_cluster(
     )
 
 
-def gang_spec(name: str, gpus: int, per_member: int) -> JobSpec:
+def gang_spec(name: str, gpus: int, per_member: int, queue: str | None = None) -> JobSpec:
+    """A training gang of ``gpus`` GPUs, ``per_member`` to a member (8 CPUs and 64 GiB of
+    memory a GPU); in ``queue`` (None: the default queue)."""
     per_member = min(per_member, gpus)
-    return JobSpec(
+    spec = JobSpec(
         name=name,
         replicas=max(gpus // per_member, 1),
         resources=Resources(per_member * 8_000, per_member * 64 * 1024, per_member),
         command=("python train.py",),
     )
+    return spec if queue is None else replace(spec, queue=queue)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenbPod:
+    """A pod of the Alibaba openb pod list that ran: its line in the file, its row, its
+    GPUs (a pod sharing a GPU counts one whole GPU) and when and how long it ran."""
+
+    line: int
+    row: dict[str, str]
+    gpus: int
+    created_s: int
+    duration_s: int
+
+
+def openb_pods(folder: Path) -> Iterator[OpenbPod]:
+    """The pods of ``folder``'s ``openb_pod_list_default.csv`` with a run time, in file
+    order: run time is ``deletion_time`` minus ``scheduled_time`` (or minus
+    ``creation_time`` for a pod never scheduled)."""
+    with (folder / "openb_pod_list_default.csv").open() as f:
+        for number, row in enumerate(csv.DictReader(f), start=2):
+            gpus = int(row["num_gpu"])
+            if gpus == 0 and int(row["gpu_milli"] or 0) > 0:
+                gpus = 1
+            created = int(row["creation_time"])
+            started = int(row["scheduled_time"]) if row["scheduled_time"] else created
+            duration_s = int(row["deletion_time"]) - started
+            if duration_s > 0:
+                yield OpenbPod(number, row, gpus, created, duration_s)
 
 
 def synthetic(
@@ -168,25 +201,14 @@ def load_openb(
                 )
             )
     jobs = []
-    with (folder / "openb_pod_list_default.csv").open() as f:
-        for row in csv.DictReader(f):
-            gpus = int(row["num_gpu"])
-            if gpus == 0 and int(row["gpu_milli"] or 0) > 0:
-                gpus = 1
-            created = int(row["creation_time"])
-            started = int(row["scheduled_time"]) if row["scheduled_time"] else created
-            duration_s = int(row["deletion_time"]) - started
-            if duration_s <= 0:
-                continue
-            spec = JobSpec(
-                name=row["name"],
-                replicas=1,
-                resources=Resources(int(row["cpu_milli"]), int(row["memory_mib"]), gpus),
-                command=("trace",),
-            )
-            jobs.append(SimJob(created * 1000, spec, duration_s * 1000))
-            if limit is not None and len(jobs) >= limit:
-                break
+    for pod in itertools.islice(openb_pods(folder), limit):
+        spec = JobSpec(
+            name=pod.row["name"],
+            replicas=1,
+            resources=Resources(int(pod.row["cpu_milli"]), int(pod.row["memory_mib"]), pod.gpus),
+            command=("trace",),
+        )
+        jobs.append(SimJob(pod.created_s * 1000, spec, pod.duration_s * 1000))
     jobs.sort(key=lambda j: (j.arrival_ms, j.spec.name))
     notes = (
         f"alibaba openb v2023: {len(jobs)} pods as one-member jobs on {len(nodes)} GPU nodes; "

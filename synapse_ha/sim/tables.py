@@ -1,0 +1,19 @@
+"""The simulator's fixed-width tables: one row per result, columns declared as a header
+and the cell it shows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from synapse_ha.sim.engine import Result
+
+Column = tuple[str, Callable[[Result], str]]
+
+
+def results_table(columns: Sequence[Column], results: Sequence[Result]) -> list[str]:
+    """The lines of a table of ``results``: the headers, then a row per result, each
+    column as wide as its widest cell, two spaces apart."""
+    rows = [tuple(header for header, _ in columns)]
+    rows += [tuple(cell(r) for _, cell in columns) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
