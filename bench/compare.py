@@ -120,6 +120,37 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         smoke=(("--smoke", "--only", "b"),),
         timeout_s=900,
     ),
+    # The same two parts with the jobs sent 100 a SubmitJobs call (synctl's and the client
+    # library's way for many jobs) and, in (b), heartbeats on streams as workers send them.
+    Benchmark(
+        "throughput-a-batch",
+        "bench/throughput.py",
+        args=(("--only", "a", "--batch", "100", "--window", "2", "--out", os.devnull),),
+        smoke=(("--smoke", "--only", "a", "--batch", "10", "--window", "2"),),
+        timeout_s=900,
+        needs=('"--batch"',),
+    ),
+    Benchmark(
+        "throughput-b-batch",
+        "bench/throughput.py",
+        args=(
+            (
+                "--only",
+                "b",
+                "--batch",
+                "100",
+                "--window",
+                "2",
+                "--heartbeats",
+                "stream",
+                "--out",
+                os.devnull,
+            ),
+        ),
+        smoke=(("--smoke", "--only", "b", "--batch", "10", "--window", "2"),),
+        timeout_s=900,
+        needs=('"--batch"',),
+    ),
     Benchmark(
         "fanin-stream",
         "bench/heartbeat_fanin.py",
@@ -183,6 +214,21 @@ FIGURES: tuple[Figure, ...] = (
     Figure("leader CPU us/member", "throughput-b", "bind.leader_cpu_us_per_member", LOWER),
     Figure("bind elections", "throughput-b", "bind.elections_during_run", LOWER),
     Figure("bind gang requeues", "throughput-b", "bind.gang_requeues", LOWER),
+    Figure("100 a call: submissions/s", "throughput-a-batch", "submit.submissions_per_s", HIGHER),
+    Figure(
+        "100 a call: leader CPU us/submission",
+        "throughput-a-batch",
+        "submit.leader_cpu_us_per_submission",
+        LOWER,
+    ),
+    Figure(
+        "100 a call: followers CPU us/submission",
+        "throughput-a-batch",
+        "submit.cpu_us_per_submission.followers",
+        LOWER,
+    ),
+    Figure("100 a call: members bound/s", "throughput-b-batch", "bind.members_bound_per_s", HIGHER),
+    Figure("100 a call: bind elections", "throughput-b-batch", "bind.elections_during_run", LOWER),
     Figure(
         "stream: leader CPU us/heartbeat",
         "fanin-stream",

@@ -198,7 +198,13 @@ def test_options_a_script_accepts_are_read_from_its_help() -> None:
 
 def test_only_takes_benchmarks_groups_and_figures() -> None:
     options = cmp.parse_args(["bd86c1d", "--only", "throughput,incremental", "--smoke"])
-    assert [b.name for b in options.benchmarks] == ["throughput-a", "throughput-b", "incremental"]
+    assert [b.name for b in options.benchmarks] == [
+        "throughput-a",
+        "throughput-b",
+        "throughput-a-batch",
+        "throughput-b-batch",
+        "incremental",
+    ]
     assert options.rounds == 1 and options.smoke and not options.keep
     assert options.out == ROOT / "bench" / "results" / "compare_smoke.json"
     options = cmp.parse_args(["main", "--only", "members bound/s,failover-kill", "--keep"])
