@@ -43,10 +43,10 @@ from synapse_ha.core.arrays import task_id
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
 from synapse_ha.core.spec import ParsedJob
-from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state
+from synapse_ha.rpc.to_proto import spec_to_proto
 
 # -------------------------------------------------------------------------- submit
 

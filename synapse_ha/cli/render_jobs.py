@@ -90,7 +90,6 @@ def job_document(job: pb.Job, now_ms: int | None = None) -> Document:
         "resources": resources_document(spec.resources),
         "topology": {"required": spec.topology_required, "preferred": spec.topology_preferred},
         "time_limit_ms": spec.time_limit_ms,
-        "stop_grace_ms": spec.stop_grace_ms,
         "retries": {
             "max": spec.retries.max,
             "backoff_ms": spec.retries.backoff_ms,
@@ -120,6 +119,7 @@ def job_document(job: pb.Job, now_ms: int | None = None) -> Document:
         if has_attempt and job.attempt.HasField("checkpoint")
         else None,
         "resume_step": job.resume_step if job.HasField("resume_step") else None,
+        "stop_grace_ms": spec.stop_grace_ms,
     }
     return {**with_iso(doc, *_TIMES), **times_document(job, now_ms)}
 

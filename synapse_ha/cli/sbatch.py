@@ -18,8 +18,8 @@ from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client.cluster import new_request_id
 from synapse_ha.client.sbatch import SbatchError, script_position, translate
 from synapse_ha.core.spec import SpecError, parse_job_spec
-from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.to_proto import spec_to_proto
 
 MAX_SCRIPT_BYTES = 48 * 1024  # the script is the members' command (at most 64 KiB in all)
 

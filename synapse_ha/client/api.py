@@ -57,10 +57,10 @@ from synapse_ha.core.arrays import array_problems, task_id
 from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
 from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
-from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state
+from synapse_ha.rpc.to_proto import spec_to_proto
 from synapse_ha.security.tls import TlsFiles, Transport
 
 # Jobs in one SubmitJobs call of submit_many (the most the cluster takes in one).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.cluster_config import Cohort, Limits, PriorityClass, Queue
@@ -29,10 +30,12 @@ from synapse_ha.core.prestart import Prestart
 from synapse_ha.core.queue_usage import CohortUsage, QueueUsage
 from synapse_ha.core.reasons import render, withheld
 from synapse_ha.core.views import host_of
-from synapse_ha.history.store import HistoryAttempt, HistoryJob, UsageRow
-from synapse_ha.history.tracker import Event
 from synapse_ha.rpc import fields, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+if TYPE_CHECKING:  # only named in annotations: the worker and synctl never load history
+    from synapse_ha.history.store import HistoryAttempt, HistoryJob, UsageRow
+    from synapse_ha.history.tracker import Event
 
 _INT32_MAX = 2**31 - 1
 _job_spec = fields.copier(fields.JOB_SPEC)

@@ -1,6 +1,6 @@
 """A job's own stop grace (``stop_grace:``, core/spec_fields.py), end to end: the document,
 the rule, the format that carries it, the API's and the heartbeat's messages, and the
-worker that gives a stopped member that long between SIGTERM and SIGKILL."""
+worker that gives a stopped member that long between SIGTERM and SIGKILL, and synctl."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import time
 
 import pytest
 
+from synapse_ha.cli import render_jobs
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import formats
 from synapse_ha.core.desired import LaunchSpec
 from synapse_ha.core.spec import SpecError, parse_job_spec
 from synapse_ha.core.validation import check_job_spec
 from synapse_ha.rpc.from_proto import desired_from_proto, spec_from_proto
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.to_proto import desired_to_proto, spec_to_proto
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import Fifo, desired_member, process_gone
@@ -62,3 +64,15 @@ def test_it_reaches_the_worker_and_a_member_ignoring_sigterm_is_killed_after_it(
     assert member.exit is not None and member.exit.exit_code == 137  # SIGKILL after 300ms
     assert time.monotonic() - started < 20
     assert process_gone(pid)
+
+
+def test_synctl_shows_it() -> None:
+    job = parse_job_spec({**DOC, "stop_grace": "2m"}).spec
+    doc = render_jobs.job_document(pb.Job(job_id="job-1", spec=spec_to_proto(job)))
+    assert doc["stop_grace_ms"] == 120_000
+    assert "STOP GRACE:    2m" in render_jobs.job_table(doc, now_ms=0)
+    plain = render_jobs.job_document(
+        pb.Job(job_id="job-2", spec=spec_to_proto(parse_job_spec(DOC).spec))
+    )
+    assert plain["stop_grace_ms"] == 0
+    assert "STOP GRACE:    -" in render_jobs.job_table(plain, now_ms=0)  # the node's
