@@ -302,23 +302,15 @@ class HistoryStore:
     def jobs(self, f: HistoryFilter) -> list[HistoryJob]:
         """Finished jobs matching ``f``, newest finish first (then job id), at most
         ``f.limit`` (capped at :data:`MAX_ROWS`)."""
-        where: list[str] = ["1 = 1"]
-        args: list[Any] = []
-        if f.owner:
-            where.append("owner = ?")
-            args.append(f.owner)
-        if f.queue:
-            where.append("queue = ?")
-            args.append(f.queue)
-        if f.node_id:
-            where.append("EXISTS (SELECT 1 FROM json_each(jobs.nodes) WHERE value = ?)")
-            args.append(f.node_id)
-        if f.since_ms:
-            where.append("finished_at_ms >= ?")
-            args.append(f.since_ms)
-        if f.until_ms:
-            where.append("finished_at_ms < ?")
-            args.append(f.until_ms)
+        conditions = (
+            ("owner = ?", f.owner),
+            ("queue = ?", f.queue),
+            ("EXISTS (SELECT 1 FROM json_each(jobs.nodes) WHERE value = ?)", f.node_id),
+            ("finished_at_ms >= ?", f.since_ms),
+            ("finished_at_ms < ?", f.until_ms),
+        )
+        where = ["1 = 1", *(condition for condition, value in conditions if value)]
+        args: list[Any] = [value for _, value in conditions if value]
         limit = max(1, min(f.limit or MAX_ROWS, MAX_ROWS))
         sql = (
             f"SELECT {_JOB_COLUMNS} FROM jobs "

@@ -166,6 +166,11 @@ class Demo:
     def job(self, name: str) -> pb.Job:
         return self.client.get_job(self.jobs[name])
 
+    def check_waits_whole(self, what: str, job: pb.Job) -> None:
+        """Check that ``job`` is pending with no member bound (the gang waits whole)."""
+        waits = job_state(job) is JobState.PENDING and not job.attempt.members
+        self.n.check(what, waits, job_state(job))
+
     def wait_state(self, name: str, wanted: set[JobState], timeout_s: float) -> pb.Job:
         def probe() -> pb.Job | None:
             job = self.job(name)
@@ -224,11 +229,7 @@ class Demo:
         job = self.job("pretrain")
         n.say(f"reason: {job.reason}")
         n.say(f"explain: {self.client.explain_job(job_id).explanation}")
-        n.check(
-            "the gang waits whole (no member bound)",
-            job_state(job) is JobState.PENDING and not job.attempt.members,
-            job_state(job),
-        )
+        self.check_waits_whole("the gang waits whole (no member bound)", job)
 
     def worker_joins(self) -> None:
         n = self.n
@@ -271,11 +272,7 @@ class Demo:
         time.sleep(1.5)  # a few scheduling passes
         job = self.job("finetune")
         n.say(f"{job_state(job)}: {job.reason or '-'}")
-        n.check(
-            "finetune queues behind the running gang",
-            job_state(job) is JobState.PENDING and not job.attempt.members,
-            job_state(job),
-        )
+        self.check_waits_whole("finetune queues behind the running gang", job)
 
     def kill_leader(self) -> None:
         n = self.n

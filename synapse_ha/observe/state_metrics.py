@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -224,50 +224,53 @@ class ReplicaCollector(Collector):
             yield family
 
 
+def _gauge(
+    name: str, doc: str, labels: Sequence[str], samples: Iterable[tuple[Sequence[str], float]]
+) -> GaugeMetricFamily:
+    """A gauge family named ``name`` with one sample per ``(label values, value)``."""
+    family = GaugeMetricFamily(name, doc, labels=list(labels))
+    for values, n in samples:
+        family.add_metric(list(values), float(n))
+    return family
+
+
 def state_families(figures: StateFigures) -> Iterator[Metric]:
     """The gauges of what the replicated state holds, from its figures."""
-    jobs = GaugeMetricFamily(
+    yield _gauge(
         "synapse_jobs",
         "jobs in the replicated state by state and queue",
-        labels=["state", "queue"],
+        ("state", "queue"),
+        sorted(figures.jobs.items()),
     )
-    for (state, queue), n in sorted(figures.jobs.items()):
-        jobs.add_metric([state, queue], float(n))
-    yield jobs
-    pending = GaugeMetricFamily(
+    yield _gauge(
         "synapse_scheduler_pending_gangs",
         "pending gangs by the code of the reason they wait",
-        labels=["reason"],
+        ("reason",),
+        (((code,), n) for code, n in sorted(figures.pending.items())),
     )
-    for code, n in sorted(figures.pending.items()):
-        pending.add_metric([code], float(n))
-    yield pending
-    nodes = GaugeMetricFamily("synapse_nodes", "nodes by status", labels=["status"])
-    for status_name in (str(s) for s in NodeStatus):
-        nodes.add_metric([status_name], float(figures.nodes.get(status_name, 0)))
-    yield nodes
-    gpus = GaugeMetricFamily(
+    statuses = [str(s) for s in NodeStatus]
+    yield _gauge(
+        "synapse_nodes",
+        "nodes by status",
+        ("status",),
+        (((status,), figures.nodes.get(status, 0)) for status in statuses),
+    )
+    yield _gauge(
         "synapse_gpus",
         "GPUs by rack, free or used (an unhealthy GPU is never free)",
-        labels=["rack", "state"],
+        ("rack", "state"),
+        sorted(figures.gpus.items()),
     )
-    for (rack, kind), n in sorted(figures.gpus.items()):
-        gpus.add_metric([rack, kind], float(n))
-    yield gpus
-    unhealthy = GaugeMetricFamily(
+    yield _gauge(
         "synapse_gpus_unhealthy",
         "GPUs of each node recorded unhealthy (never placed on until repaired)",
-        labels=["node"],
+        ("node",),
+        (((node_id,), n) for node_id, n in figures.unhealthy.items()),
     )
-    for node_id, n in figures.unhealthy.items():
-        unhealthy.add_metric([node_id], float(n))
-    yield unhealthy
-    failing = GaugeMetricFamily(
+    yield _gauge(
         "synapse_node_check_failing",
         "1 for each check failing on a node (its health-check program); a node with none "
         "failing has no series",
-        labels=["node", "check"],
+        ("node", "check"),
+        ((key, 1.0) for key in figures.failing),
     )
-    for node_id, check in figures.failing:
-        failing.add_metric([node_id, check], 1.0)
-    yield failing

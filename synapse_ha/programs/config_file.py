@@ -1,13 +1,17 @@
 """What both programs' configurations share: the error they refuse to start with, the
-TOML file read and its value types checked, addresses and durations."""
+TOML file read and its value types checked, addresses and durations, and the loading at
+start (:func:`load_program_config`)."""
 
 from __future__ import annotations
 
+import logging
+import sys
 import tomllib
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.security.tls import INSECURE_WARNING
 
 
 class ConfigError(Exception):
@@ -67,3 +71,33 @@ def duration_ms(value: object, what: str) -> int:
         return parse_duration(value, what)
     except SpecError as exc:
         raise ConfigError(str(exc)) from None
+
+
+class _Started(Protocol):
+    @property
+    def log_level(self) -> str: ...
+    @property
+    def tls(self) -> object | None: ...
+
+
+C = TypeVar("C", bound=_Started)
+
+
+def load_program_config(
+    program: str,
+    load: Callable[[Sequence[str]], C],
+    argv: Sequence[str] | None,
+    log: logging.Logger,
+) -> C | None:
+    """``program``'s configuration from ``argv`` (None: the command line), its log level
+    set and, when it runs without TLS, the insecure warning on ``log``; None when it is
+    refused (said on standard error, after the program's name)."""
+    try:
+        config = load(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"{program}: {exc}", file=sys.stderr)
+        return None
+    logging.getLogger().setLevel(config.log_level)
+    if config.tls is None:
+        log.warning("%s", INSECURE_WARNING)
+    return config

@@ -31,7 +31,7 @@ from synapse_ha.leader.loop import STALL_MS, LeaderLoop, Liveness, LoopSettings
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
-from synapse_ha.programs.config_file import ConfigError
+from synapse_ha.programs.config_file import ConfigError, load_program_config
 from synapse_ha.programs.log_queue import queued_logging, stop_queued_logging
 from synapse_ha.programs.scheduler_config import SchedulerConfig, load_config
 from synapse_ha.raft.channel import TLS_CHANNEL
@@ -45,7 +45,7 @@ from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from synapse_ha.rpc.server.format_gate import FormatGate
 from synapse_ha.rpc.stream import StreamFirstNudger, StreamServer
 from synapse_ha.security.grants import GrantClaims, sign_grant
-from synapse_ha.security.tls import INSECURE_WARNING, Transport, peer_identity
+from synapse_ha.security.tls import Transport, peer_identity
 
 log = logging.getLogger("synapse.scheduler")
 
@@ -468,14 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:
-        print(f"synapse-scheduler: {exc}", file=sys.stderr)
+    config = load_program_config("synapse-scheduler", load_config, argv, log)
+    if config is None:
         return 2
-    logging.getLogger().setLevel(config.log_level)
-    if config.tls is None:
-        log.warning("%s", INSECURE_WARNING)
     if config.restore:
         try:
             log.info("%s", restore_into(config))

@@ -29,14 +29,14 @@ from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import MeteredControlPlane, MeteredExecutor, WorkerMetrics
-from synapse_ha.programs.config_file import ConfigError
+from synapse_ha.programs.config_file import ConfigError, load_program_config
 from synapse_ha.programs.worker_config import (
     UNSAFE_NO_SELF_FENCING_ENV,
     WorkerConfig,
     load_config,
 )
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.security.tls import INSECURE_WARNING, Transport
+from synapse_ha.security.tls import Transport
 from synapse_ha.worker import discovery
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
@@ -420,14 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:
-        print(f"synapse-worker: {exc}", file=sys.stderr)
+    config = load_program_config("synapse-worker", load_config, argv, log)
+    if config is None:
         return 2
-    logging.getLogger().setLevel(config.log_level)
-    if config.tls is None:
-        log.warning("%s", INSECURE_WARNING)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -97,11 +97,16 @@ class NvmlWatch:
             with contextlib.suppress(_Lost):
                 self._register_gpu(gpu, wanted)
 
-    def _register_gpu(self, gpu: int, wanted: int) -> None:
+    def _handle(self, gpu: int) -> Any:
+        """NVML's handle of ``gpu``, as :meth:`_query` answers it."""
         nvml = self.nvml
-        handle = self._query(gpu, "handle", lambda: nvml.nvmlDeviceGetHandleByIndex(gpu))
+        return self._query(gpu, "handle", lambda: nvml.nvmlDeviceGetHandleByIndex(gpu))
+
+    def _register_gpu(self, gpu: int, wanted: int) -> None:
+        handle = self._handle(gpu)
         if handle is None:
             return
+        nvml = self.nvml
         types = self._query(
             gpu, "event-types", lambda: nvml.nvmlDeviceGetSupportedEventTypes(handle)
         )
@@ -183,10 +188,10 @@ class NvmlWatch:
                 self._poll_gpu(gpu)
 
     def _poll_gpu(self, gpu: int) -> None:
-        nvml = self.nvml
-        handle = self._query(gpu, "handle", lambda: nvml.nvmlDeviceGetHandleByIndex(gpu))
+        handle = self._handle(gpu)
         if handle is None:
             return
+        nvml = self.nvml
         pending = self._query(
             gpu, "retired-pages", lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
         )
