@@ -1,7 +1,7 @@
 """The fields a message and a core value name alike, declared once for both directions of
 conversion (:mod:`synapse_ha.rpc.to_proto`, :mod:`synapse_ha.rpc.from_proto`).
 
-Each table lists the scalar fields copied as they are between a message and a core value;
+Each field table lists the scalar fields copied as they are between a message and a core value;
 a field that needs more (a default for 0, a nested message, a oneof) is converted by hand
 in both modules. A job-spec field that is one scalar is added to :data:`JOB_SPEC`, and to
 :data:`LAUNCH` when the worker launches its members with it.
@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 # pb.JobSpec and core.model.JobSpec.
 JOB_SPEC: tuple[str, ...] = (
@@ -53,6 +56,20 @@ LAUNCH: tuple[str, ...] = (
     "progress_timeout_ms",
     "progress_source",
     "stop_grace_ms",
+)
+
+# pb.MemberReport's kinds and causes and core.commands' (a worker's reports of its members).
+REPORT_KINDS: tuple[tuple[int, cmd.MemberEventKind], ...] = (
+    (pb.MemberReport.STARTED, cmd.MemberEventKind.STARTED),
+    (pb.MemberReport.EXITED, cmd.MemberEventKind.EXITED),
+    (pb.MemberReport.CHECKPOINT, cmd.MemberEventKind.CHECKPOINT),
+)
+EXIT_CAUSES: tuple[tuple[int, cmd.ExitCause], ...] = (
+    (pb.MemberReport.PROGRAM, cmd.ExitCause.PROGRAM),
+    (pb.MemberReport.FENCED, cmd.ExitCause.FENCED),
+    (pb.MemberReport.LOST, cmd.ExitCause.LOST),
+    (pb.MemberReport.NODE_CANNOT_RUN, cmd.ExitCause.NODE_CANNOT_RUN),
+    (pb.MemberReport.HUNG, cmd.ExitCause.HUNG),
 )
 
 

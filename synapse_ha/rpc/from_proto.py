@@ -120,13 +120,8 @@ def node_info_from_proto(msg: pb.RegisterNodeRequest) -> NodeInfo:
     )
 
 
-_EXIT_CAUSES = {
-    pb.MemberReport.PROGRAM: cmd.ExitCause.PROGRAM,
-    pb.MemberReport.FENCED: cmd.ExitCause.FENCED,
-    pb.MemberReport.LOST: cmd.ExitCause.LOST,
-    pb.MemberReport.NODE_CANNOT_RUN: cmd.ExitCause.NODE_CANNOT_RUN,
-    pb.MemberReport.HUNG: cmd.ExitCause.HUNG,
-}
+_EXIT_CAUSES = dict(fields.EXIT_CAUSES)
+_EVENT_KINDS = dict(fields.REPORT_KINDS)
 
 
 def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.MemberEvent, ...]:
@@ -159,13 +154,6 @@ def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.Member
             )
         )
     return tuple(events)
-
-
-_EVENT_KINDS = {
-    pb.MemberReport.STARTED: cmd.MemberEventKind.STARTED,
-    pb.MemberReport.EXITED: cmd.MemberEventKind.EXITED,
-    pb.MemberReport.CHECKPOINT: cmd.MemberEventKind.CHECKPOINT,
-}
 
 
 def _mark_fields(kind: cmd.MemberEventKind, step: int | None, seq: int) -> dict[str, Any]:

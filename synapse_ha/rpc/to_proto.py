@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.cluster_config import Cohort, Limits, PriorityClass, Queue
 from synapse_ha.core.dependencies import Dependencies
@@ -232,6 +233,29 @@ def gpu_faults_to_proto(faults: Iterable[GpuFault]) -> list[pb.GpuFault]:
     return [
         pb.GpuFault(gpu=f.gpu, code=f.code, detail=f.detail, since_ms=f.since_ms) for f in faults
     ]
+
+
+_REPORT_KINDS = {kind: wire for wire, kind in fields.REPORT_KINDS}
+_REPORT_CAUSES = {cause: wire for wire, cause in fields.EXIT_CAUSES}
+
+
+def member_event_to_proto(e: cmd.MemberEvent) -> pb.MemberReport:
+    """A worker's report of one of its members (read back by
+    :func:`synapse_ha.rpc.from_proto.member_events_from_proto`)."""
+    msg = pb.MemberReport(
+        job_id=e.job_id,
+        fencing_token=e.fencing_token,
+        rank=e.rank,
+        kind=_REPORT_KINDS[e.kind],  # type: ignore[arg-type]
+        exit_code=e.exit_code,
+        detail=e.detail,
+        cause=_REPORT_CAUSES[e.cause],  # type: ignore[arg-type]
+    )
+    if e.kind is cmd.MemberEventKind.CHECKPOINT:
+        msg.checkpoint_seq = e.mark_seq
+        if e.step is not None:
+            msg.checkpoint_step = e.step
+    return msg
 
 
 def checkpoint_to_proto(at_ms: int, step: int | None) -> pb.Checkpoint:

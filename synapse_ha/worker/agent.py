@@ -49,6 +49,7 @@ from typing import Protocol
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
+from synapse_ha.core.commands import ExitCause, MemberEvent, MemberEventKind
 from synapse_ha.core.desired import DesiredMember, MemberKey, Preempting
 from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import NodeStatus
@@ -149,45 +150,43 @@ def wanted_from_proto(desired: Iterable[pb.DesiredMember]) -> list[Wanted]:
 
 
 def _report(
-    key: MemberKey, kind: int, exit_: MemberExit | None = None, *, fenced: bool = False
-) -> pb.MemberReport:
+    key: MemberKey,
+    kind: MemberEventKind,
+    exit_: MemberExit | None = None,
+    *,
+    fenced: bool = False,
+) -> MemberEvent:
     """A report for the control plane. An exit the worker caused is FENCED (``fenced``:
     the lease was lost or the leader forgot this node) or LOST (any other disruption); a
     member this node could not start is NODE_CANNOT_RUN; a member its supervisor stopped
     for making no progress is HUNG. Only PROGRAM and HUNG exits count against the job's
     retries."""
-    cause = pb.MemberReport.PROGRAM
+    cause = ExitCause.PROGRAM
+    if exit_ is None:
+        return MemberEvent(key.job_id, key.fencing_token, key.rank, kind)
     if fenced:
-        cause = pb.MemberReport.FENCED
-    elif exit_ is not None and exit_.node_fault:
-        cause = pb.MemberReport.NODE_CANNOT_RUN
-    elif exit_ is not None and exit_.disrupted:
-        cause = pb.MemberReport.LOST
-    elif exit_ is not None and exit_.hung:
-        cause = pb.MemberReport.HUNG
-    return pb.MemberReport(
-        job_id=key.job_id,
-        fencing_token=key.fencing_token,
-        rank=key.rank,
-        kind=kind,  # type: ignore[arg-type]
-        exit_code=exit_.exit_code if exit_ else 0,
-        detail=exit_.detail if exit_ else "",
-        cause=cause if exit_ is not None else pb.MemberReport.PROGRAM,
+        cause = ExitCause.FENCED
+    elif exit_.node_fault:
+        cause = ExitCause.NODE_CANNOT_RUN
+    elif exit_.disrupted:
+        cause = ExitCause.LOST
+    elif exit_.hung:
+        cause = ExitCause.HUNG
+    return MemberEvent(
+        key.job_id, key.fencing_token, key.rank, kind, exit_.exit_code, exit_.detail, cause
     )
 
 
-def _mark_report(key: MemberKey, mark: Mark) -> pb.MemberReport:
+def _mark_report(key: MemberKey, mark: Mark) -> MemberEvent:
     """A member's newest checkpoint mark, for the control plane."""
-    report = pb.MemberReport(
-        job_id=key.job_id,
-        fencing_token=key.fencing_token,
-        rank=key.rank,
-        kind=pb.MemberReport.CHECKPOINT,
-        checkpoint_seq=mark.seq,
+    return MemberEvent(
+        key.job_id,
+        key.fencing_token,
+        key.rank,
+        MemberEventKind.CHECKPOINT,
+        step=mark.step,
+        mark_seq=mark.seq,
     )
-    if mark.step is not None:
-        report.checkpoint_step = mark.step
-    return report
 
 
 def _no_marks(keys: Sequence[MemberKey]) -> Sequence[tuple[MemberKey, Mark]]:
@@ -242,7 +241,7 @@ class Agent:
         self.lease = Lease(self.timings.lease_ttl_s, clock)
         self.lease_file = lease_file
         self.registered = False
-        self.pending: list[pb.MemberReport] = []
+        self.pending: list[MemberEvent] = []
         self.next_heartbeat_at = 0.0
         self.next_register_at = 0.0
         self.last_sent_at = -1.0
@@ -258,7 +257,7 @@ class Agent:
     def add_recovered(self, exits: Sequence[tuple[MemberKey, MemberExit]]) -> None:
         """Exits found at start-up (a previous life's members) to report."""
         for key, exit_ in exits:
-            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+            self.pending.append(_report(key, MemberEventKind.EXITED, exit_))
         self.fresh_reports = bool(exits) or self.fresh_reports
 
     def nudge(self, node_id: str) -> bool:
@@ -318,7 +317,7 @@ class Agent:
         last heartbeat when a leader answers."""
         exits = stop()
         for key, exit_ in exits:
-            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+            self.pending.append(_report(key, MemberEventKind.EXITED, exit_))
         if self.registered and self.pending:
             self._heartbeat(apply_desired=False)
         return f"stopped {len(exits)} member(s)"
@@ -340,7 +339,7 @@ class Agent:
             gang = [key for key in self.executor.running() if key.job_id in jobs]
             self._add_marks([key for key, _ in exits] + gang)
         for key, exit_ in exits:
-            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_))
+            self.pending.append(_report(key, MemberEventKind.EXITED, exit_))
             self.fresh_reports = True
             log.info("member %s exited with %d %s", key, exit_.exit_code, exit_.detail)
 
@@ -354,7 +353,7 @@ class Agent:
         self.pending = [
             r
             for r in self.pending
-            if r.kind != pb.MemberReport.CHECKPOINT
+            if r.kind is not MemberEventKind.CHECKPOINT
             or MemberKey(r.job_id, r.fencing_token, r.rank) not in replaced
         ]
         self.pending.extend(_mark_report(key, mark) for key, mark in marks)
@@ -388,7 +387,7 @@ class Agent:
         self._revoke_lease_file()
         exits = self.executor.kill_all(detail)
         for key, exit_ in exits:
-            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_, fenced=True))
+            self.pending.append(_report(key, MemberEventKind.EXITED, exit_, fenced=True))
         self.lease.fence()
         log.warning("%s; killed %d member(s)", detail, len(exits))
         return f"{detail}; killed {len(exits)} member(s)"
@@ -412,13 +411,13 @@ class Agent:
     def _heartbeat(self, apply_desired: bool = True) -> str:
         self._add_marks(self.executor.running())
         reports = list(self.pending)
-        running = [_report(k, pb.MemberReport.STARTED) for k in self.executor.running()]
+        running = [_report(k, MemberEventKind.STARTED) for k in self.executor.running()]
         faults = tuple(self.gpu_faults())
         checks = tuple(self.node_checks())
         request = pb.HeartbeatRequest(
             node_id=self.node_id,
-            reports=reports,
-            running=running,
+            reports=[to_proto.member_event_to_proto(r) for r in reports],
+            running=[to_proto.member_event_to_proto(r) for r in running],
             gpu_faults=to_proto.gpu_faults_to_proto(faults),
             checks=to_proto.checks_to_proto(checks),
         )
@@ -444,7 +443,7 @@ class Agent:
         self._pushed = None
         acked = max(0, min(answer.acked_reports, len(reports)))
         for report in reports[:acked]:
-            if report.kind == pb.MemberReport.EXITED:
+            if report.kind is MemberEventKind.EXITED:
                 self.executor.mark_reported(
                     MemberKey(report.job_id, report.fencing_token, report.rank)
                 )
@@ -476,7 +475,7 @@ class Agent:
         self._revoke_lease_file()
         exits = self.executor.kill_all(f"killed: {why}")
         for key, exit_ in exits:
-            self.pending.append(_report(key, pb.MemberReport.EXITED, exit_, fenced=True))
+            self.pending.append(_report(key, MemberEventKind.EXITED, exit_, fenced=True))
         if self.lease.state is LeaseState.HELD:
             self.lease.fence()
         return f"{why}; killed {len(exits)} member(s); registering again"
@@ -520,7 +519,7 @@ class Agent:
                 except (OSError, ValueError) as exc:
                     log.error("could not record %s as stopped: %s", key, exc)
                     continue
-                self.pending.append(_report(key, pb.MemberReport.STARTED))
+                self.pending.append(_report(key, MemberEventKind.STARTED))
                 self.fresh_reports = True
                 continue
             if any(r.job_id == key.job_id and r.fencing_token < key.fencing_token for r in running):
@@ -542,7 +541,7 @@ class Agent:
             if member.exit is not None and member.exit.node_fault:
                 refused += 1  # never started: its exit (the node's fault) is all it reports
                 continue
-            self.pending.append(_report(key, pb.MemberReport.STARTED))
+            self.pending.append(_report(key, MemberEventKind.STARTED))
             started += 1
         parts = []
         if started:

@@ -8,11 +8,11 @@ import os
 import re
 from pathlib import Path
 
+from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.desired import MemberKey
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.core.progress import Progress
 from synapse_ha.rpc.convert import desired_to_proto
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import _report, desired_from_proto
 from synapse_ha.worker.environment import PROGRESS_FILE_ENV
 from synapse_ha.worker.member_dirs import MemberExit
@@ -53,8 +53,8 @@ def test_a_member_that_stops_touching_its_progress_file_is_stopped_and_reported_
         rf"no progress for 1s \(progress file not touched since {STAMP}\)", exit_.detail
     )
     assert process_gone(child)  # the whole process group is gone
-    report = _report(member.key, pb.MemberReport.EXITED, exit_)
-    assert report.cause == pb.MemberReport.HUNG
+    report = _report(member.key, MemberEventKind.EXITED, exit_)
+    assert report.cause is ExitCause.HUNG
     assert report.detail == exit_.detail
 
 
@@ -65,7 +65,7 @@ def test_a_member_that_keeps_touching_its_progress_file_runs_to_its_end(
     member = executor.start(spec(KEEP_TOUCHING, progress_timeout_ms=2000))
     exit_ = finish(executor, member)
     assert (exit_.exit_code, exit_.hung, exit_.detail) == (0, False, "")
-    assert _report(member.key, pb.MemberReport.EXITED, exit_).cause == pb.MemberReport.PROGRAM
+    assert _report(member.key, MemberEventKind.EXITED, exit_).cause is ExitCause.PROGRAM
 
 
 def test_with_source_log_a_member_whose_log_stops_growing_is_hung(

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.prestart import Prestart
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.agent import _report
 from synapse_ha.worker.member_dirs import MemberExit
 from synapse_ha.worker.members import Member, MemberExecutor
@@ -63,8 +63,8 @@ def test_a_failing_check_never_runs_the_member_and_is_the_nodes_fault(
     assert result.detail == "prestart check failed: no /data mount"
     assert not marker.exists()
     assert "prestart check failed: no /data mount" in (member.dir / "output.log").read_text()
-    report = _report(member.key, pb.MemberReport.EXITED, result)
-    assert report.cause == pb.MemberReport.NODE_CANNOT_RUN
+    report = _report(member.key, MemberEventKind.EXITED, result)
+    assert report.cause is ExitCause.NODE_CANNOT_RUN
 
 
 def test_a_check_past_its_timeout_fails_with_how_it_ended(make_executor: MakeExecutor) -> None:

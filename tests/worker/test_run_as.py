@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.cli import render_nodes
+from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.model import JobSpec, Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.programs.worker import registration, run_as_policy
 from synapse_ha.programs.worker_config import ConfigError, load_config
@@ -257,7 +258,7 @@ def test_a_refused_owner_is_a_start_failure_with_the_reason(
     assert (exit_.exit_code, exit_.detail, exit_.disrupted) == (EXIT_REFUSED, detail, False)
     # The node's fault, never the job's: reported so, the gang is requeued elsewhere.
     assert exit_.node_fault
-    assert _report(key, pb.MemberReport.EXITED, exit_).cause == pb.MemberReport.NODE_CANNOT_RUN
+    assert _report(key, MemberEventKind.EXITED, exit_).cause is ExitCause.NODE_CANNOT_RUN
     assert (member.dir / "output.log").read_text() == f"synapse-worker: {detail}\n"
     assert key in executor.known  # never started again on this node
 
