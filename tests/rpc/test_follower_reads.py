@@ -13,7 +13,7 @@ import pytest
 from synapse_ha.client.token import INDEX_KEY, MIN_INDEX_KEY, ReadToken
 from synapse_ha.core.model import ClusterState
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY
-from synapse_ha.rpc.server.context import ReplicaAddress, ReplicaContext, _Base
+from synapse_ha.rpc.server.context import ReplicaAddress, ReplicaContext, Servicer
 
 LEADER = "127.0.0.1:8001"  # the leader's gRPC address
 
@@ -65,7 +65,7 @@ class Follower:
         return "127.0.0.1:7001"
 
 
-def replica(backend: Follower, live_leader: bool = True, wait_s: float = 0.2) -> _Base:
+def replica(backend: Follower, live_leader: bool = True, wait_s: float = 0.2) -> Servicer:
     ctx = ReplicaContext(
         self_id="r2",
         replicas=[ReplicaAddress("r1", "127.0.0.1:7001", LEADER), ReplicaAddress("r2", "", "")],
@@ -76,10 +76,10 @@ def replica(backend: Follower, live_leader: bool = True, wait_s: float = 0.2) ->
         follows_live_leader=lambda: live_leader,
         follower_read_wait_s=wait_s,
     )
-    return _Base(ctx)
+    return Servicer(ctx)
 
 
-def redirected(base: _Base, context: Context, **kw: Any) -> bool:
+def redirected(base: Servicer, context: Context, **kw: Any) -> bool:
     """Whether the read ended in NOT_LEADER naming the leader's address."""
     with pytest.raises(Aborted) as ended:
         base._read_mode(context, allow_stale=False, **kw)  # type: ignore[arg-type]

@@ -19,7 +19,10 @@ state) and in one INFO line on the ``synapse_ha.audit`` logger.
 
 The services, one module per concern: :mod:`.jobs`, :mod:`.nodes`, :mod:`.cluster`,
 :mod:`.admin` (tokens, limits, queues), :mod:`.events` (history and events) and
-:mod:`.agent` (workers); what they share is :mod:`.context`.
+:mod:`.agent` (workers); what they share is :mod:`.context`. The use cases with rules
+of their own (a heartbeat, a submission, a cancellation, a registration) live in
+:mod:`synapse_ha.service`: a servicer converts, calls one and ends the call with its
+refusal (``Servicer._fail``).
 """
 
 from __future__ import annotations

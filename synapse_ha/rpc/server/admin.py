@@ -17,10 +17,10 @@ from synapse_ha.rpc import convert, convert_cohorts, states
 from synapse_ha.rpc.auth import caller, new_token
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server.context import _audit, _Base, _invalid, _required
+from synapse_ha.rpc.server.context import Servicer, abort_required, abort_spec_error, audit_write
 
 
-class AdminService(_Base):
+class AdminService(Servicer):
     """Tokens, per-identity limits and queues."""
 
     # ------------------------------------------------------------------- tokens
@@ -54,7 +54,7 @@ class AdminService(_Base):
             request.max_priority,
         )
         self._check(context, self._propose(context, command))
-        _audit(identity, "CreateToken", f"{command.token_id} ({request.user}, role {role})")
+        audit_write(identity, "CreateToken", f"{command.token_id} ({request.user}, role {role})")
         return pb.CreateTokenResponse(
             token=text, token_id=command.token_id, expires_at_ms=command.expires_at_ms
         )
@@ -71,7 +71,7 @@ class AdminService(_Base):
         self, request: pb.RevokeTokenRequest, context: grpc.ServicerContext
     ) -> pb.RevokeTokenResponse:
         if not request.token_id:
-            _required(context, "token_id")
+            abort_required(context, "token_id")
         identity = caller(context)
         command = cmd.RevokeToken(
             token_id=request.token_id, now_ms=self.ctx.clock_ms(), actor=str(identity)
@@ -81,7 +81,7 @@ class AdminService(_Base):
             self._propose(context, command),
             (Reason.TOKEN_NOT_FOUND, "token_id", request.token_id),
         )
-        _audit(identity, "RevokeToken", request.token_id)
+        audit_write(identity, "RevokeToken", request.token_id)
         token = self.ctx.backend.snapshot().tokens.get(request.token_id)
         return pb.RevokeTokenResponse(revoked_at_ms=token.revoked_at_ms if token else 0)
 
@@ -104,7 +104,7 @@ class AdminService(_Base):
         try:
             limits = convert.limits_with(config.limits, request.values)
         except SpecError as exc:
-            _invalid(context, exc)
+            abort_spec_error(context, exc)
         pinned = sorted({v.name for v in request.values} & self.ctx.pinned_limits)
         if pinned:
             abort(
@@ -120,7 +120,7 @@ class AdminService(_Base):
         command = cmd.Configure(config=wanted, now_ms=self.ctx.clock_ms(), actor=str(identity))
         self._check(context, self._propose(context, command))
         changed = ", ".join(f"{v.name}={v.value}" for v in request.values)
-        _audit(identity, "SetLimits", changed or "nothing")
+        audit_write(identity, "SetLimits", changed or "nothing")
         limits = self.ctx.backend.cluster_config().limits
         return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
 
@@ -162,7 +162,7 @@ class AdminService(_Base):
         self, request: pb.SetQueueRequest, context: grpc.ServicerContext
     ) -> pb.SetQueueResponse:
         if not request.HasField("queue"):
-            _required(context, "queue")
+            abort_required(context, "queue")
         identity = caller(context)
         queue = convert.queue_from_proto(request.queue)
         self._require_serving_leader(context)
@@ -173,14 +173,14 @@ class AdminService(_Base):
         existed = queue.name in state.queues
         command = cmd.SetQueue(queue=queue, now_ms=self.ctx.clock_ms(), actor=str(identity))
         self._check(context, self._propose(context, command))
-        _audit(identity, "SetQueue", queue.name)
+        audit_write(identity, "SetQueue", queue.name)
         return pb.SetQueueResponse(created=not existed)
 
     def DeleteQueue(
         self, request: pb.DeleteQueueRequest, context: grpc.ServicerContext
     ) -> pb.DeleteQueueResponse:
         if not request.name:
-            _required(context, "name")
+            abort_required(context, "name")
         identity = caller(context)
         command = cmd.DeleteQueue(
             name=request.name, now_ms=self.ctx.clock_ms(), actor=str(identity)
@@ -190,14 +190,14 @@ class AdminService(_Base):
             self._propose(context, command),
             (Reason.QUEUE_NOT_FOUND, "queue", request.name),
         )
-        _audit(identity, "DeleteQueue", request.name)
+        audit_write(identity, "DeleteQueue", request.name)
         return pb.DeleteQueueResponse()
 
     def SetCohort(
         self, request: pb.SetCohortRequest, context: grpc.ServicerContext
     ) -> pb.SetCohortResponse:
         if not request.HasField("cohort"):
-            _required(context, "cohort")
+            abort_required(context, "cohort")
         identity = caller(context)
         cohort = convert_cohorts.cohort_from_proto(request.cohort)
         self._require_serving_leader(context)
@@ -208,14 +208,14 @@ class AdminService(_Base):
         existed = cohort.name in state.cohorts
         command = cmd.SetCohort(cohort=cohort, now_ms=self.ctx.clock_ms(), actor=str(identity))
         self._check(context, self._propose(context, command))
-        _audit(identity, "SetCohort", cohort.name)
+        audit_write(identity, "SetCohort", cohort.name)
         return pb.SetCohortResponse(created=not existed)
 
     def DeleteCohort(
         self, request: pb.DeleteCohortRequest, context: grpc.ServicerContext
     ) -> pb.DeleteCohortResponse:
         if not request.name:
-            _required(context, "name")
+            abort_required(context, "name")
         identity = caller(context)
         command = cmd.DeleteCohort(
             name=request.name, now_ms=self.ctx.clock_ms(), actor=str(identity)
@@ -225,5 +225,5 @@ class AdminService(_Base):
             self._propose(context, command),
             (Reason.COHORT_NOT_FOUND, "cohort", request.name),
         )
-        _audit(identity, "DeleteCohort", request.name)
+        audit_write(identity, "DeleteCohort", request.name)
         return pb.DeleteCohortResponse()

@@ -14,7 +14,7 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import answer_fields, desired_message, heartbeat_in, heartbeat_message
 from synapse_ha.rpc.relay import MAX_RELAYED, relay_heartbeats
-from synapse_ha.rpc.server.context import ReplicaContext, _Base, _required
+from synapse_ha.rpc.server.context import ReplicaContext, Servicer, abort_required
 from synapse_ha.service.heartbeat import DesiredMembers, heartbeat
 from synapse_ha.service.nodes import register_node
 from synapse_ha.service.refusal import Refusal, node_not_found
@@ -23,7 +23,7 @@ from synapse_ha.service.refusal import Refusal, node_not_found
 MAX_UNREACHABLE = 100
 
 
-class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
+class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
     """Register and Heartbeat, for synapse-worker agents. Leader only."""
 
     def __init__(self, ctx: ReplicaContext) -> None:
@@ -73,7 +73,7 @@ class NodeAgentServicer(_Base, pb_grpc.NodeAgentServiceServicer):
                 {"identity": str(identity)},
             )
         if not request.replica_id:
-            _required(context, "replica_id")
+            abort_required(context, "replica_id")
         if all(r.replica_id != request.replica_id for r in self.ctx.replicas):
             abort(
                 context,

@@ -26,13 +26,13 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.server.context import (
     MembershipControl,
     ReplicaAddress,
-    _audit,
-    _Base,
-    _required,
+    Servicer,
+    abort_required,
+    audit_write,
 )
 
 
-class ClusterService(_Base):
+class ClusterService(Servicer):
     """GetClusterStatus, GetReplicaState, AddReplica, RemoveReplica and SaveSnapshot."""
 
     def GetClusterStatus(
@@ -104,7 +104,7 @@ class ClusterService(_Base):
         identity = caller(context)
         outcome = control.add_member(request.replica_id, request.raft_address, request.grpc_address)
         self._await_change(context, outcome, request.replica_id)
-        _audit(identity, "AddReplica", f"{request.replica_id} ({request.raft_address})")
+        audit_write(identity, "AddReplica", f"{request.replica_id} ({request.raft_address})")
         return self._members_response(control)
 
     def RemoveReplica(
@@ -112,12 +112,12 @@ class ClusterService(_Base):
     ) -> pb.MembershipResponse:
         """Remove a replica (admin, on the serving leader); answers once committed."""
         if not request.replica_id:
-            _required(context, "replica_id")
+            abort_required(context, "replica_id")
         control = self._membership(context)
         identity = caller(context)
         outcome = control.remove_member(request.replica_id)
         self._await_change(context, outcome, request.replica_id)
-        _audit(identity, "RemoveReplica", request.replica_id)
+        audit_write(identity, "RemoveReplica", request.replica_id)
         return self._members_response(control)
 
     def SaveSnapshot(
@@ -135,7 +135,7 @@ class ClusterService(_Base):
         with self._heavy_read(context):
             encoded = encode_state(state)
         digest = hashlib.sha256(encoded).hexdigest()
-        _audit(caller(context), "SaveSnapshot", f"index {raft_index}, {len(encoded)} bytes")
+        audit_write(caller(context), "SaveSnapshot", f"index {raft_index}, {len(encoded)} bytes")
         for offset in range(0, max(len(encoded), 1), SNAPSHOT_CHUNK_BYTES):
             data = encoded[offset : offset + SNAPSHOT_CHUNK_BYTES]
             if offset == 0:

@@ -96,6 +96,17 @@ class MembershipControl(Protocol):
 
 
 @dataclass(slots=True)
+class PerIdentity:
+    """This replica's own per-identity limits (DESIGN §8): its submit buckets, its open
+    watch streams, and the submissions it has checked against the pending caps but not
+    yet applied."""
+
+    submit_rate: SubmitRate = field(default_factory=SubmitRate)
+    watch_slots: StreamSlots = field(default_factory=StreamSlots)
+    pending_in_flight: PendingInFlight = field(default_factory=PendingInFlight)
+
+
+@dataclass(slots=True)
 class ReplicaContext:
     """Everything the servicers share. ``serving`` says whether this replica is the leader
     and its term barrier has committed; ``clock_ms`` is wall-clock milliseconds.
@@ -134,11 +145,7 @@ class ReplicaContext:
     # while it leads with relayed heartbeats on, the followers that relay (rpc/relay.py).
     stream_address: str = ""
     relays: RelayTable = field(default_factory=RelayTable)
-    # Per-identity limits (DESIGN §8): this replica's submit buckets and open streams,
-    # and the submissions it has checked against the pending caps but not yet applied.
-    submit_rate: SubmitRate = field(default_factory=SubmitRate)
-    watch_slots: StreamSlots = field(default_factory=StreamSlots)
-    pending_in_flight: PendingInFlight = field(default_factory=PendingInFlight)
+    per_identity: PerIdentity = field(default_factory=PerIdentity)
     # Limits this replica's configuration file sets ([limits]): as leader it puts them
     # back, so SetLimits refuses to change them here.
     pinned_limits: frozenset[str] = frozenset()
@@ -182,7 +189,11 @@ class ReplicaPort:
         return self.ctx.clock_ms()
 
 
-class _Base:
+class Servicer:
+    """The base of every servicer: who is calling, routing to the serving leader,
+    proposing and waiting for the commit, and :meth:`_fail`, where a use case's
+    :class:`Refusal` ends the call."""
+
     def __init__(self, ctx: ReplicaContext) -> None:
         self.ctx = ctx
         self.replica = ReplicaPort(ctx)
@@ -355,16 +366,16 @@ class _Base:
         self._fail(context, refusal)
 
 
-def _audit(identity: Identity, method: str, target: str) -> None:
+def audit_write(identity: Identity, method: str, target: str) -> None:
     """One line per accepted write: who did what to which."""
     audit.info("%s %s %s", identity, method, target)
 
 
-def _invalid(context: grpc.ServicerContext, error: SpecError) -> NoReturn:
+def abort_spec_error(context: grpc.ServicerContext, error: SpecError) -> NoReturn:
     abort_invalid(context, error.violations)
 
 
-def _required(context: grpc.ServicerContext, field: str) -> NoReturn:
+def abort_required(context: grpc.ServicerContext, field: str) -> NoReturn:
     abort_invalid(context, [Violation(ViolationCode.REQUIRED, field, "is required")])
 
 
@@ -373,7 +384,7 @@ DEFAULT_PAGE_SIZE = 500
 MAX_PAGE_SIZE = 1000
 
 
-def _presented_token(context: grpc.ServicerContext, state: ClusterState) -> Token | None:
+def presented_token(context: grpc.ServicerContext, state: ClusterState) -> Token | None:
     """The token the caller presented (the interceptor already proved it), or None when
     it presented none (a certificate, or an insecure server). A token the state does
     not hold (only ever the bootstrap token, before it commits) allows no more than a
@@ -406,7 +417,7 @@ def _read_token(context: grpc.ServicerContext) -> int | None:
     return None
 
 
-def _job_not_found(
+def abort_job_not_found(
     context: grpc.ServicerContext, job_id: str, state: ClusterState | None = None
 ) -> NoReturn:
     """JOB_NOT_FOUND; for the id of an array (``state`` given), says so (metadata

@@ -16,11 +16,11 @@ from synapse_ha.rpc.admission import StreamRefusal
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server.context import _Base
+from synapse_ha.rpc.server.context import Servicer
 from synapse_ha.service.submit import limit_refusal
 
 
-class EventService(_Base):
+class EventService(Servicer):
     """ListHistory, GetUsage and WatchEvents."""
 
     # ------------------------------------------------ history and events
@@ -119,7 +119,7 @@ class EventService(_Base):
         limits = self.ctx.backend.cluster_config().limits
         limited = admission.limited(identity)
         who = str(identity)
-        refusal = self.ctx.watch_slots.acquire(
+        refusal = self.ctx.per_identity.watch_slots.acquire(
             who, limited, limits.watch_streams_per_identity, limits.watch_streams_total
         )
         if refusal is not None:
@@ -127,7 +127,7 @@ class EventService(_Base):
         try:
             yield from _stream_events(ring, request, context, identity)
         finally:
-            self.ctx.watch_slots.release(who, limited)
+            self.ctx.per_identity.watch_slots.release(who, limited)
 
 
 def _stream_limit(identity: Identity, refusal: StreamRefusal) -> admission.LimitExceeded:

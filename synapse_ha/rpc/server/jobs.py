@@ -18,9 +18,9 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server.context import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
-    _invalid,
-    _job_not_found,
-    _required,
+    abort_job_not_found,
+    abort_required,
+    abort_spec_error,
 )
 from synapse_ha.rpc.server.submit import SubmitService
 from synapse_ha.service.jobs import cancel
@@ -61,7 +61,9 @@ def _page_start(context: grpc.ServicerContext, token: str) -> tuple[int, int]:
         return (0, _WHOLE_SEQ)
     seq, _, index = token.partition(":")
     if not seq.isdigit() or (index and not index.isdigit()):
-        _invalid(context, SpecError("page_token", "is not a next_page_token a replica returned"))
+        abort_spec_error(
+            context, SpecError("page_token", "is not a next_page_token a replica returned")
+        )
     return (int(seq), int(index) if index else _WHOLE_SEQ)
 
 
@@ -85,14 +87,14 @@ class JobService(SubmitService):
 
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.GetJobResponse:
         if not request.job_id:
-            _required(context, "job_id")
+            abort_required(context, "job_id")
         stale = self._read_mode(context, request.allow_stale)
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
         if job is not None:
             redacted = not access.may_manage_job(caller(context), job.owner)
             return pb.GetJobResponse(job=convert.job_to_proto(job, redacted), stale=stale)
-        _job_not_found(context, request.job_id, state)
+        abort_job_not_found(context, request.job_id, state)
 
     def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.ServicerContext
@@ -103,9 +105,11 @@ class JobService(SubmitService):
                 wanted_states.add(JobState(name.upper()))
             except ValueError:
                 allowed = ", ".join(s.value for s in JobState)
-                _invalid(context, SpecError(f"states[{i}]", f"{name!r} is not one of {allowed}"))
+                abort_spec_error(
+                    context, SpecError(f"states[{i}]", f"{name!r} is not one of {allowed}")
+                )
         if request.limit < 0:
-            _invalid(context, SpecError("limit", "must not be negative"))
+            abort_spec_error(context, SpecError("limit", "must not be negative"))
         after = _page_start(context, request.page_token)
         page_size = min(request.limit or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         stale = self._read_mode(context, request.allow_stale)
@@ -147,12 +151,12 @@ class JobService(SubmitService):
         self, request: pb.GetArrayRequest, context: grpc.ServicerContext
     ) -> pb.GetArrayResponse:
         if not request.array_id:
-            _required(context, "array_id")
+            abort_required(context, "array_id")
         stale = self._read_mode(context, request.allow_stale)
         state = self.ctx.backend.snapshot()
         array = state.arrays.get(request.array_id)
         if array is None:
-            _job_not_found(context, request.array_id)
+            abort_job_not_found(context, request.array_id)
         redacted = not access.may_manage_job(caller(context), array.owner)
         summary = convert.array_to_proto(array, _tasks(state, array), redacted)
         return pb.GetArrayResponse(array=summary, stale=stale)
@@ -161,13 +165,13 @@ class JobService(SubmitService):
         self, request: pb.ExplainJobRequest, context: grpc.ServicerContext
     ) -> pb.ExplainJobResponse:
         if not request.job_id:
-            _required(context, "job_id")
+            abort_required(context, "job_id")
         stale = self._read_mode(context, request.allow_stale, follower=False)
         now = self.ctx.clock_ms()
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
         if job is None:
-            _job_not_found(context, request.job_id, state)
+            abort_job_not_found(context, request.job_id, state)
         self._may_manage(context, caller(context), job.job_id, job.owner)
         last_plan = None if stale else self.ctx.last_plan()
         with self._heavy_read(context):
@@ -189,19 +193,21 @@ class JobService(SubmitService):
         """A signed grant to read one member's log on its worker, for whoever may manage
         the job. ``attempt`` 0 means the current (or last) attempt."""
         if not request.job_id:
-            _required(context, "job_id")
+            abort_required(context, "job_id")
         identity = caller(context)
         self._read_mode(context, allow_stale=False, follower=False)
         state = self.ctx.backend.snapshot()
         job = state.jobs.get(request.job_id)
         if job is None:
-            _job_not_found(context, request.job_id, state)
+            abort_job_not_found(context, request.job_id, state)
         self._may_manage(context, identity, job.job_id, job.owner)
         attempt = job.attempt
         if attempt is None or request.attempt not in (0, attempt.number):
-            _invalid(context, SpecError("attempt", "names no attempt of this job that has run"))
+            abort_spec_error(
+                context, SpecError("attempt", "names no attempt of this job that has run")
+            )
         if not 0 <= request.rank < len(attempt.members):
-            _invalid(
+            abort_spec_error(
                 context, SpecError("rank", f"must be between 0 and {len(attempt.members) - 1}")
             )
         signer = self.ctx.grant_signer

@@ -11,17 +11,17 @@ from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server.context import _audit, _Base, _required
+from synapse_ha.rpc.server.context import Servicer, abort_required, audit_write
 
 
-class NodeService(_Base):
+class NodeService(Servicer):
     """CordonNode, UncordonNode, DrainNode, RepairGpus and ListNodes."""
 
     def _set_node_status(
         self, request: pb.NodeStatusRequest, context: grpc.ServicerContext, status: NodeStatus
     ) -> pb.NodeStatusResponse:
         if not request.node_id:
-            _required(context, "node_id")
+            abort_required(context, "node_id")
         identity = caller(context)
         command = cmd.SetNodeStatus(
             node_id=request.node_id,
@@ -35,7 +35,7 @@ class NodeService(_Base):
             self._propose(context, command),
             (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
         )
-        _audit(identity, f"SetNodeStatus({status})", request.node_id)
+        audit_write(identity, f"SetNodeStatus({status})", request.node_id)
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
         # A node forgotten meanwhile (declared dead) holds nothing: dead.
         status = node.status if node is not None else NodeStatus.DEAD
@@ -60,7 +60,7 @@ class NodeService(_Base):
         self, request: pb.RepairGpusRequest, context: grpc.ServicerContext
     ) -> pb.RepairGpusResponse:
         if not request.node_id:
-            _required(context, "node_id")
+            abort_required(context, "node_id")
         identity = caller(context)
         command = cmd.RepairGpus(
             node_id=request.node_id,
@@ -73,7 +73,7 @@ class NodeService(_Base):
             self._propose(context, command),
             (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
         )
-        _audit(identity, f"RepairGpus({list(command.gpus) or 'all'})", request.node_id)
+        audit_write(identity, f"RepairGpus({list(command.gpus) or 'all'})", request.node_id)
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
         left = node.gpu_faults if node is not None else ()
         return pb.RepairGpusResponse(

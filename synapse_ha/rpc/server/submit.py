@@ -25,7 +25,13 @@ from synapse_ha.rpc import convert
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import for_item
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server.context import _audit, _Base, _invalid, _presented_token, _required
+from synapse_ha.rpc.server.context import (
+    Servicer,
+    abort_required,
+    abort_spec_error,
+    audit_write,
+    presented_token,
+)
 from synapse_ha.service import submit
 from synapse_ha.service.refusal import Refusal
 
@@ -49,7 +55,7 @@ class _ItemContext:
         return getattr(self._context, name)
 
 
-class SubmitService(_Base):
+class SubmitService(Servicer):
     """SubmitJob and SubmitJobs: the transport of :mod:`synapse_ha.service.submit`."""
 
     def SubmitJob(
@@ -64,16 +70,16 @@ class SubmitService(_Base):
         try:
             return self._submitted(context, identity, [admitted])[0]
         finally:
-            submit.release(self.ctx.pending_in_flight, [admitted])
+            submit.release(self.ctx.per_identity.pending_in_flight, [admitted])
 
     def SubmitJobs(
         self, request: pb.SubmitJobsRequest, context: grpc.ServicerContext
     ) -> pb.SubmitJobsResponse:
         identity = caller(context)
         if not request.jobs:
-            _required(context, "jobs")
+            abort_required(context, "jobs")
         if len(request.jobs) > MAX_SUBMIT_BATCH:
-            _invalid(context, SpecError("jobs", f"at most {MAX_SUBMIT_BATCH} jobs a call"))
+            abort_spec_error(context, SpecError("jobs", f"at most {MAX_SUBMIT_BATCH} jobs a call"))
         limits = self.ctx.backend.cluster_config().limits
         limited = admission.limited(identity)
         if limited:
@@ -85,7 +91,7 @@ class SubmitService(_Base):
                 admitted.append(self._admit(item_context, identity, item, limits, limited))
             return pb.SubmitJobsResponse(jobs=self._submitted(context, identity, admitted))
         finally:
-            submit.release(self.ctx.pending_in_flight, admitted)
+            submit.release(self.ctx.per_identity.pending_in_flight, admitted)
 
     def _submitted(
         self,
@@ -104,14 +110,14 @@ class SubmitService(_Base):
             item_context: Any = _ItemContext(context, i) if len(admitted) > 1 else context
             result = self._check(item_context, next(results))
             if result.created:
-                _audit(identity, "SubmitJob", result.job_id)
+                audit_write(identity, "SubmitJob", result.job_id)
             out.append(pb.SubmitJobResponse(job_id=result.job_id, created=result.created))
         return out
 
     def _charge(
         self, context: grpc.ServicerContext, identity: Identity, limits: Limits, count: int
     ) -> None:
-        refusal = submit.charge(self.ctx.submit_rate, identity, limits, count)
+        refusal = submit.charge(self.ctx.per_identity.submit_rate, identity, limits, count)
         if refusal is not None:
             self._fail(context, refusal)
 
@@ -126,7 +132,7 @@ class SubmitService(_Base):
         """One submission, converted and admitted (:func:`submit.admit`); abort on the
         first rule it breaks."""
         if not request.HasField("spec"):
-            _required(context, "spec")
+            abort_required(context, "spec")
         admitted = submit.admit(
             self.replica,
             identity,
@@ -134,8 +140,8 @@ class SubmitService(_Base):
             request.request_id,
             limits=limits,
             limited=limited,
-            presented=lambda state: _presented_token(context, state),
-            pending=self.ctx.pending_in_flight,
+            presented=lambda state: presented_token(context, state),
+            pending=self.ctx.per_identity.pending_in_flight,
         )
         if isinstance(admitted, Refusal):
             self._fail(context, admitted, identity)

@@ -1,0 +1,204 @@
+"""The use cases without a transport (synapse_ha.service), on a stand-in replica: the
+heartbeat's one check sequence and its refusals, the one mapping of a proposal's outcome
+to a refusal, and the one mapping of a refusal to its gRPC status; the three heartbeat
+shapes read alike, embedded or in an earlier release's flat fields."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.access import Identity, Kind, Role
+from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.health import GpuFault
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import ClusterState, JobState
+from synapse_ha.leader.ports import ProposalError
+from synapse_ha.rpc.errors import LEADER_METADATA_KEY, refusal_status
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.heartbeat import heartbeat_in, heartbeat_message
+from synapse_ha.service import commit
+from synapse_ha.service.heartbeat import HeartbeatIn, HeartbeatOut, heartbeat
+from synapse_ha.service.jobs import cancel
+from synapse_ha.service.refusal import Reason, Refusal, node_not_found
+from tests.core.harness import job, node
+
+STARTED = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
+
+
+class StandIn:
+    """A serving leader whose proposals apply at once to its own state."""
+
+    def __init__(self, state: ClusterState, leader: Refusal | None = None) -> None:
+        self.state = state
+        self.leader = leader
+        self.heard_at: dict[str, int] = {}
+        self.proposed: list[cmd.Command] = []
+
+    def snapshot(self) -> ClusterState:
+        return self.state
+
+    def cluster_config(self) -> ClusterConfig:
+        return self.state.config
+
+    def propose(self, command: cmd.Command) -> futures.Future[cmd.Result]:
+        self.proposed.append(command)
+        done: futures.Future[cmd.Result] = futures.Future()
+        done.set_result(apply(self.state, command))
+        return done
+
+    def leader_refusal(self) -> Refusal | None:
+        return self.leader
+
+    def heard(self, node_id: str, now_ms: int) -> None:
+        self.heard_at[node_id] = now_ms
+
+    def clock_ms(self) -> int:
+        return 50
+
+
+def registered(gpus: int = 2) -> StandIn:
+    state = ClusterState()
+    assert apply(state, cmd.RegisterNode(node("n1", gpus=gpus), 1)).ok
+    return StandIn(state)
+
+
+def test_an_idle_heartbeat_is_heard_and_proposes_nothing() -> None:
+    replica = registered()
+    taken = heartbeat(replica, HeartbeatIn("n1"), 10, heard_ms=7)
+    assert isinstance(taken, HeartbeatOut)
+    assert (taken.acked_reports, taken.proposed, replica.proposed) == (0, (), [])
+    assert replica.heard_at == {"n1": 7}
+
+
+def test_reports_are_proposed_and_acknowledged_once_committed() -> None:
+    replica = registered()
+    taken = heartbeat(replica, HeartbeatIn("n1", events=(STARTED,)), 10)
+    assert isinstance(taken, HeartbeatOut)
+    assert taken.acked_reports == 1
+    assert [type(c) for c in replica.proposed] == [cmd.ReportMembers]
+    assert commit.settle(taken.proposed, 1e18, node_not_found("n1")) is None
+    assert replica.heard_at == {"n1": 10}
+
+
+def test_an_unregistered_node_is_refused_and_not_heard() -> None:
+    replica = registered()
+    refused = heartbeat(replica, HeartbeatIn("n9", events=(STARTED,)), 10)
+    assert isinstance(refused, Refusal)
+    assert (refused.code, refused.metadata) == (Reason.NODE_NOT_FOUND, {"node_id": "n9"})
+    assert replica.heard_at == {} and replica.proposed == []
+
+
+def test_a_gpu_the_node_lacks_is_refused_naming_the_field() -> None:
+    replica = registered(gpus=2)
+    refused = heartbeat(replica, HeartbeatIn("n1", faults=(GpuFault(5, "xid-79"),)), 10)
+    assert isinstance(refused, Refusal)
+    assert (refused.code, refused.field) == (Reason.INVALID_FIELD, "gpu_faults[0].gpu")
+    assert replica.heard_at == {} and replica.proposed == []
+
+
+def test_a_proposal_outcome_maps_to_one_refusal() -> None:
+    def failing(exc: BaseException) -> futures.Future[cmd.Result]:
+        future: futures.Future[cmd.Result] = futures.Future()
+        future.set_exception(exc)
+        return future
+
+    not_found = node_not_found("n1")
+    unknown = commit.settle([failing(ProposalError("x", committed_unknown=True))], 1e18, not_found)
+    refused = commit.settle([failing(ProposalError("x", committed_unknown=False))], 1e18, not_found)
+    late = commit.settle([futures.Future()], 0.0, not_found)
+    assert [r.code if r else None for r in (unknown, refused, late)] == [
+        Reason.OUTCOME_UNKNOWN,
+        Reason.NOT_COMMITTED,
+        Reason.OUTCOME_UNKNOWN,
+    ]
+    gone = commit.refused(cmd.Result(cmd.ResultCode.NOT_FOUND, "no node"), not_found)
+    assert gone is not None and (gone.code, gone.words) == (Reason.NODE_NOT_FOUND, "no node")
+    conflict = commit.refused(cmd.Result(cmd.ResultCode.CONFLICT, "dead"), not_found)
+    assert conflict is not None and conflict.code is Reason.CONFLICT
+
+
+def _details(status: grpc.Status) -> tuple[dict[str, str], list[str]]:
+    raw = dict(status.trailing_metadata)["grpc-status-details-bin"]
+    assert isinstance(raw, bytes)
+    full = status_pb2.Status.FromString(raw)
+    metadata: dict[str, str] = {}
+    fields: list[str] = []
+    for detail in full.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            metadata = dict(info.metadata)
+        else:
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            fields = [v.field for v in bad.field_violations]
+    return metadata, fields
+
+
+def test_a_refusal_becomes_its_status_in_one_place() -> None:
+    replica = registered(gpus=2)
+    invalid = heartbeat(replica, HeartbeatIn("n1", faults=(GpuFault(5, "xid-79"),)), 10)
+    assert isinstance(invalid, Refusal)
+    status = refusal_status(invalid)
+    assert status.code is grpc.StatusCode.INVALID_ARGUMENT
+    metadata, fields = _details(status)
+    assert metadata["field"] == "gpu_faults[0].gpu" and fields == ["gpu_faults[0].gpu"]
+    elsewhere = Refusal(
+        Reason.NOT_LEADER, "not me", metadata={"leader_id": "r2", "leader_address": "h:1"}
+    )
+    status = refusal_status(elsewhere, {"method": "Heartbeat"})
+    assert status.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert (LEADER_METADATA_KEY, "h:1") in status.trailing_metadata
+    assert _details(status)[0] == {
+        "leader_id": "r2",
+        "leader_address": "h:1",
+        "method": "Heartbeat",
+    }
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pb.HeartbeatRequest(heartbeat=pb.Heartbeat(node_id="n1", gpu_faults=[pb.GpuFault(gpu=1)])),
+        pb.HeartbeatRequest(node_id="n1", gpu_faults=[pb.GpuFault(gpu=1)]),  # earlier release
+        pb.WorkerMessage(
+            seq=3, heartbeat=pb.Heartbeat(node_id="n1", gpu_faults=[pb.GpuFault(gpu=1)])
+        ),
+        pb.WorkerMessage(seq=3, node_id="n1", gpu_faults=[pb.GpuFault(gpu=1)]),
+        pb.RelayedHeartbeat(heartbeat=pb.Heartbeat(node_id="n1", gpu_faults=[pb.GpuFault(gpu=1)])),
+        pb.RelayedHeartbeat(node_id="n1", gpu_faults=[pb.GpuFault(gpu=1)]),
+    ],
+)
+def test_every_shape_embedded_or_flat_reads_as_the_same_heartbeat(
+    shape: pb.HeartbeatRequest | pb.WorkerMessage | pb.RelayedHeartbeat,
+) -> None:
+    assert heartbeat_in(heartbeat_message(shape)) == HeartbeatIn("n1", faults=(GpuFault(1, ""),))
+
+
+def test_a_stream_message_need_not_name_its_node_but_a_heartbeat_must() -> None:
+    later = pb.WorkerMessage(seq=4, heartbeat=pb.Heartbeat())
+    assert heartbeat_in(heartbeat_message(later), "n1") == HeartbeatIn("n1")
+    refused = heartbeat_in(heartbeat_message(pb.HeartbeatRequest()))
+    assert isinstance(refused, Refusal) and refused.field == "node_id"
+
+
+def test_cancel_refuses_another_users_job_and_cancels_ones_own() -> None:
+    replica = registered()
+    assert apply(replica.state, cmd.SubmitJob(job("j", replicas=1), "r1", 2, owner="ann")).ok
+    bob = Identity(Kind.USER, "bob", Role.USER)
+    refused = cancel(replica, bob, "job-000001", "", 1.0)
+    assert isinstance(refused, Refusal) and refused.code is Reason.PERMISSION_DENIED
+    assert refused.denied is not None and replica.proposed == []
+    missing = cancel(replica, bob, "job-000009", "", 1.0)
+    assert isinstance(missing, Refusal) and missing.code is Reason.JOB_NOT_FOUND
+    ann = Identity(Kind.USER, "ann", Role.USER)
+    done = cancel(replica, ann, "job-000001", "", 1.0)
+    assert not isinstance(done, Refusal) and done.state is JobState.CANCELLED
+    elsewhere = StandIn(replica.state, Refusal(Reason.NO_LEADER, "no leader"))
+    refused = cancel(elsewhere, ann, "job-000001", "", 1.0)
+    assert isinstance(refused, Refusal) and refused.code is Reason.NO_LEADER
