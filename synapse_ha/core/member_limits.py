@@ -135,8 +135,18 @@ def member_counts(state: ClusterState) -> MemberCounts:
 # ------------------------------------------------------------------------- refusals
 
 
-def running_cap_reason(cap: MemberCap, owner: str, running: int, members: int) -> Reason:
-    """A gang whose owner's running members and its own would pass ``cap``."""
+def cap_reason(
+    cap: MemberCap,
+    owner: str,
+    members: int,
+    *,
+    running: int | None = None,
+    nodes: int | None = None,
+) -> Reason:
+    """Why a gang of ``members`` members of ``owner`` waits at ``cap``: its owner's
+    ``running`` members and its own would pass the cluster's cap, or it would fit but for
+    the ``nodes`` nodes its owner's members fill to ``cap`` (each lacks room under the cap
+    for the whole gang)."""
     return reason(
         ReasonCode.WAITING_MEMBER_CAP,
         limit=str(cap.limit),
@@ -144,22 +154,20 @@ def running_cap_reason(cap: MemberCap, owner: str, running: int, members: int) -
         queue=cap.queue or None,
         user=owner,
         running=running,
+        nodes=nodes,
         members=members,
     )
+
+
+def running_cap_reason(cap: MemberCap, owner: str, running: int, members: int) -> Reason:
+    """A gang whose owner's running members and its own would pass ``cap``."""
+    return cap_reason(cap, owner, members, running=running)
 
 
 def node_cap_reason(cap: MemberCap, owner: str, nodes: int, members: int) -> Reason:
     """A gang that would fit but for the ``nodes`` nodes its owner's members fill to
-    ``cap`` (each lacks room under the cap for the whole gang)."""
-    return reason(
-        ReasonCode.WAITING_MEMBER_CAP,
-        limit=str(cap.limit),
-        allowed=cap.allowed,
-        queue=cap.queue or None,
-        user=owner,
-        nodes=nodes,
-        members=members,
-    )
+    ``cap``."""
+    return cap_reason(cap, owner, members, nodes=nodes)
 
 
 def cap_refusal(

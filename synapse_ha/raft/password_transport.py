@@ -9,7 +9,7 @@ why. :class:`~synapse_ha.raft.adapter.KeyCheckingTransport` keeps pysyncobj's tr
 and adds the reason to the log: the replica that receives a message it cannot decrypt
 names the peer and the cause; the replica whose connection is closed before the key
 exchange finished names the peer too. Each peer is named at most once per
-:data:`KEY_MISMATCH_LOG_INTERVAL_S`.
+:data:`PEER_NOTICE_INTERVAL_S`.
 
 A peer on the TLS channel (:mod:`synapse_ha.raft.tls_transport`) that connects to a
 replica of the password channel opens with a TLS handshake record, which pysyncobj would
@@ -24,6 +24,7 @@ pysyncobj's private connection events, is the adapter's ``KeyCheckingTransport``
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -34,26 +35,48 @@ from synapse_ha.raft.safe_pickle import message_problem
 
 log_ = logging.getLogger(__name__)
 
-# A peer whose key differs retries every connection_retry_s; it is named this seldom.
-KEY_MISMATCH_LOG_INTERVAL_S = 30.0
+# A peer that cannot talk (its key differs, it is refused) retries every
+# connection_retry_s; it is named this seldom.
+PEER_NOTICE_INTERVAL_S = 30.0
 
 
-class KeyMismatchLog:
-    """Says, at most once per peer and cause per ``interval_s``, that a Raft peer does
-    not share this replica's key. ``mode`` names this replica's security mode in the
-    sentence (when known). ``reports`` counts every occurrence (logged or not)."""
+class PeerThrottle:
+    """Lets a notice about a Raft peer through at most once per peer and cause per
+    ``interval_s``; ``reports`` counts every occurrence (let through or not). Safe from
+    any thread."""
 
     def __init__(
         self,
-        mode: str | None,
-        interval_s: float = KEY_MISMATCH_LOG_INTERVAL_S,
+        interval_s: float = PEER_NOTICE_INTERVAL_S,
         clock: Callable[[], float] = raft_clock,
     ) -> None:
-        self.mode = mode
         self.interval_s = interval_s
         self._clock = clock
+        self._lock = threading.Lock()
         self.reports = 0
         self._last: dict[tuple[str, str], float] = {}
+
+    def due(self, peer: str, cause: str) -> bool:
+        """Count one occurrence; whether to say it (the first for ``peer`` and ``cause``
+        in ``interval_s``)."""
+        with self._lock:
+            self.reports += 1
+            now = self._clock()
+            last = self._last.get((peer, cause))
+            if last is not None and now - last < self.interval_s:
+                return False
+            self._last[(peer, cause)] = now
+            return True
+
+
+class KeyMismatchLog(PeerThrottle):
+    """Says, at most once per peer and cause per ``interval_s``, that a Raft peer does
+    not share this replica's key. ``mode`` names this replica's security mode in the
+    sentence (when known)."""
+
+    def __init__(self, mode: str | None, **throttle: Any) -> None:
+        super().__init__(**throttle)
+        self.mode = mode
 
     def undecryptable(self, peer: str) -> None:
         self._say(
@@ -77,12 +100,8 @@ class KeyMismatchLog:
         )
 
     def _say(self, peer: str, what: str, consequence: str) -> None:
-        self.reports += 1
-        now = self._clock()
-        last = self._last.get((peer, what))
-        if last is not None and now - last < self.interval_s:
+        if not self.due(peer, what):
             return
-        self._last[(peer, what)] = now
         log_.warning(
             "Raft peer %s %s (%s): it does not share this replica's Raft key. Replicas of "
             "one cluster need the same Raft password, the same security mode and the same "
@@ -108,20 +127,20 @@ class _CheckedKey:
         return encrypted
 
     def extract_timestamp(self, token: bytes) -> int:
-        try:
-            timestamp: int = self._fernet.extract_timestamp(token)
-        except InvalidToken:
-            self._mismatches.undecryptable(self._peer)
-            raise
+        timestamp: int = self._checked(self._fernet.extract_timestamp, token)
         return timestamp
 
     def decrypt(self, token: bytes) -> bytes:
+        data: bytes = self._checked(self._fernet.decrypt, token)
+        return data
+
+    def _checked(self, read: Callable[[bytes], Any], token: bytes) -> Any:
+        """``read(token)``; a token that does not decrypt is reported, then raised."""
         try:
-            data: bytes = self._fernet.decrypt(token)
+            return read(token)
         except InvalidToken:
             self._mismatches.undecryptable(self._peer)
             raise
-        return data
 
 
 # The first two bytes of a TLS handshake record: content type 22, major version 3.

@@ -13,7 +13,7 @@ names must also be the member at the Raft address the connection speaks for (the
 dialled, or the one an incoming connection announces), whenever the members' replica ids
 are known: a replica's certificate cannot speak for another member. The replica names each
 refused peer and why in the log, at most once per peer and reason every
-:data:`~synapse_ha.raft.password_transport.KEY_MISMATCH_LOG_INTERVAL_S` (:class:`RefusalLog`).
+:data:`~synapse_ha.raft.password_transport.PEER_NOTICE_INTERVAL_S` (:class:`RefusalLog`).
 
 **What is sent.** A frame of :mod:`synapse_ha.raft.wire`: never pickle. A frame that
 does not decode, or a message whose log entries hold a command that imports or calls
@@ -58,6 +58,7 @@ from pysyncobj.transport import TransportNotReadyError
 from synapse_ha.core.access import Kind
 from synapse_ha.raft import wire
 from synapse_ha.raft.adapter import TransportBase
+from synapse_ha.raft.password_transport import PeerThrottle
 from synapse_ha.raft.safe_pickle import message_problem
 from synapse_ha.security.pki import REPLICA_SERVER_NAME, PkiError, identity_of_cert
 from synapse_ha.security.tls import TlsError, TlsFiles, read_material
@@ -72,32 +73,15 @@ log_ = logging.getLogger(__name__)
 MAX_QUEUED_BYTES = 512 << 20
 # How long the loop thread gets to close its connections when the transport is destroyed.
 _STOP_WAIT_S = 5.0
-REFUSAL_LOG_INTERVAL_S = 30.0
 
 
-class RefusalLog:
+class RefusalLog(PeerThrottle):
     """Says, at most once per peer and reason per ``interval_s``, that a Raft peer was
     refused. ``reports`` counts every refusal (logged or not)."""
 
-    def __init__(
-        self,
-        interval_s: float = REFUSAL_LOG_INTERVAL_S,
-        clock: Callable[[], float] = raft_clock,
-    ) -> None:
-        self.interval_s = interval_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self.reports = 0
-        self._last: dict[tuple[str, str], float] = {}
-
     def refused(self, peer: str, why: str) -> None:
-        with self._lock:
-            self.reports += 1
-            now = self._clock()
-            last = self._last.get((peer, why))
-            if last is not None and now - last < self.interval_s:
-                return
-            self._last[(peer, why)] = now
+        if not self.due(peer, why):
+            return
         log_.warning(
             "Raft peer %s refused: %s. This replica talks Raft over mutual TLS with "
             "replica certificates of the cluster's CA (raft.transport = tls); a replica on "

@@ -4,6 +4,7 @@ the cohorts of the cohort tree."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.admission import check_priority_allowance
@@ -56,6 +57,17 @@ def _revoke_token(state: ClusterState, c: cmd.RevokeToken, now: int) -> Result:
 # ----------------------------------------------------------------------------- queues
 
 
+V = TypeVar("V")
+
+
+def _stored(table: dict[str, V], name: str, value: V, what: str) -> tuple[dict[str, V], Result]:
+    """``table`` with ``value`` under ``name``, in name order, and the result that says
+    whether the ``what`` was created or updated."""
+    existed = name in table
+    table[name] = value
+    return dict(sorted(table.items())), ok(f"{what} {name} {'updated' if existed else 'created'}")
+
+
 def _set_queue(state: ClusterState, c: cmd.SetQueue, now: int) -> Result:
     violations = check_queue(c.queue, state.config.priority_classes)
     violations += check_priority_allowance((), c.queue.max_priority)
@@ -63,10 +75,8 @@ def _set_queue(state: ClusterState, c: cmd.SetQueue, now: int) -> Result:
         violations.append(Violation(ViolationCode.INVALID_FIELD, "cohort", "not for default"))
     if violations:
         return error(ResultCode.INVALID, describe(violations))
-    existed = c.queue.name in state.queues
-    state.queues[c.queue.name] = c.queue
-    state.queues = dict(sorted(state.queues.items()))
-    return ok(f"queue {c.queue.name} {'updated' if existed else 'created'}")
+    state.queues, stored = _stored(state.queues, c.queue.name, c.queue, "queue")
+    return stored
 
 
 def _delete_queue(state: ClusterState, c: cmd.DeleteQueue, now: int) -> Result:
@@ -95,10 +105,8 @@ def _set_cohort(state: ClusterState, c: cmd.SetCohort, now: int) -> Result:
     violations = check_cohort(c.cohort, state.cohorts)
     if violations:
         return error(ResultCode.INVALID, describe(violations))
-    existed = c.cohort.name in state.cohorts
-    state.cohorts[c.cohort.name] = c.cohort
-    state.cohorts = dict(sorted(state.cohorts.items()))
-    return ok(f"cohort {c.cohort.name} {'updated' if existed else 'created'}")
+    state.cohorts, stored = _stored(state.cohorts, c.cohort.name, c.cohort, "cohort")
+    return stored
 
 
 def _delete_cohort(state: ClusterState, c: cmd.DeleteCohort, now: int) -> Result:
