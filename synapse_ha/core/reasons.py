@@ -330,17 +330,33 @@ def _member_cap(r: Reason) -> str:
     return f"{said}; it waits for some of them to end"
 
 
-def _requeued(r: Reason, what: str) -> str:
+def _requeued(r: Reason) -> str:
     return (
-        f"attempt {r.num('attempt')} ended by a disruption ({_cause(r)}); {what} "
+        f"attempt {r.num('attempt')} ended by a disruption ({_cause(r)}); requeue "
         f"{r.num('requeue')} of {r.num('max_requeues')}, not counted against retries; "
         f"the gang keeps its place in line"
     )
 
 
+def _text(r: Reason) -> str:
+    return r.text("text")
+
+
+def _all_exited_zero(r: Reason) -> str:
+    return f"all {r.num('members')} members exited 0"
+
+
+def _time_limit(r: Reason) -> str:
+    return f"time limit of {r.num('limit_ms') // 1000}s exceeded"
+
+
+def _failed(r: Reason) -> str:
+    return f"attempt {r.num('attempt')} failed ({_cause(r)}); {r.num('retries')} retries used"
+
+
 _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
-    ReasonCode.TEXT: lambda r: r.text("text"),
-    ReasonCode.ALL_EXITED_ZERO: lambda r: f"all {r.num('members')} members exited 0",
+    ReasonCode.TEXT: _text,
+    ReasonCode.ALL_EXITED_ZERO: _all_exited_zero,
     ReasonCode.MEMBER_EXITED: lambda r: _member(r, "exited with code"),
     ReasonCode.MEMBER_FENCED: lambda r: _member(
         r, "was stopped by fencing (its worker lost its lease), code"
@@ -359,7 +375,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"rank(s) {_ranks(r)} on {r.text('nodes')} not running "
         f"{_seconds(r.num('timeout_ms'))} after bind (start_timeout_ms)"
     ),
-    ReasonCode.TIME_LIMIT: lambda r: f"time limit of {r.num('limit_ms') // 1000}s exceeded",
+    ReasonCode.TIME_LIMIT: _time_limit,
     ReasonCode.CANCELLED_BY: lambda r: f"cancelled: {r.text('text')}",
     ReasonCode.PENDING_FIRST_PASS: lambda r: "waiting for the next scheduling pass",
     ReasonCode.WAITING_CAPACITY: lambda r: (
@@ -395,37 +411,30 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"waiting for {r.num('count')} member(s) of attempt {r.num('attempt')} "
         f"to be confirmed stopped before the next attempt (ranks {r.text('ranks')})"
     ),
-    ReasonCode.REQUEUED_NODE_DEAD: lambda r: _requeued(r, "requeue"),
-    ReasonCode.REQUEUED_FENCED: lambda r: _requeued(r, "requeue"),
-    ReasonCode.REQUEUED_LOST: lambda r: _requeued(r, "requeue"),
-    ReasonCode.REQUEUED_GPU_UNHEALTHY: lambda r: _requeued(r, "requeue"),
-    ReasonCode.REQUEUED_NODE_CANNOT_RUN: lambda r: _requeued(r, "requeue"),
+    # Every disruption's requeue but a preemption's (below) says the same.
+    **dict.fromkeys(REQUEUE_CODES.values(), _requeued),
     ReasonCode.BOUND: lambda r: (
         f"attempt {r.num('attempt')} bound to {r.num('hosts')} node(s); "
         f"waiting for members to start"
     ),
     ReasonCode.RUNNING: lambda r: f"attempt {r.num('attempt')} running",
-    ReasonCode.SUCCEEDED: lambda r: f"all {r.num('members')} members exited 0",
-    ReasonCode.FAILED_EXIT: lambda r: (
-        f"attempt {r.num('attempt')} failed ({_cause(r)}); {r.num('retries')} retries used"
-    ),
+    ReasonCode.SUCCEEDED: _all_exited_zero,
+    ReasonCode.FAILED_EXIT: _failed,
     ReasonCode.FAILED_START_TIMEOUT: lambda r: (
         f"attempt {r.num('attempt')} failed to start ({_cause(r)}); {r.num('retries')} retries used"
     ),
-    ReasonCode.FAILED_ATTEMPT: lambda r: (
-        f"attempt {r.num('attempt')} failed ({_cause(r)}); {r.num('retries')} retries used"
-    ),
+    ReasonCode.FAILED_ATTEMPT: _failed,
     ReasonCode.FAILED_HUNG: lambda r: (
         f"attempt {r.num('attempt')} failed: a member hung ({_cause(r)}); "
         f"{r.num('retries')} retries used"
     ),
-    ReasonCode.FAILED_TIME_LIMIT: lambda r: f"time limit of {r.num('limit_ms') // 1000}s exceeded",
+    ReasonCode.FAILED_TIME_LIMIT: _time_limit,
     ReasonCode.FAILED_MAX_REQUEUES: lambda r: (
         f"attempt {r.num('attempt')} ended by a disruption ({_cause(r)}) after "
         f"{r.num('requeues')} requeue(s); max_requeues ({r.num('max_requeues')}) reached, "
         f"so the job failed"
     ),
-    ReasonCode.CANCELLED: lambda r: r.text("text"),
+    ReasonCode.CANCELLED: _text,
     ReasonCode.PREEMPTED: lambda r: f"preempted by {r.text('preemptor')} ({_kind(r)})",
     ReasonCode.REQUEUED_PREEMPTED: lambda r: (
         f"attempt {r.num('attempt')} was preempted by {r.text('preemptor')} ({_kind(r)}); "
