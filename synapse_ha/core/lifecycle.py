@@ -1,9 +1,10 @@
 """The lifecycles of jobs, attempts, members and nodes as transition tables.
 
 Each ``(state, event) -> state`` is declared once, here. :func:`transition` answers with
-the new state, or with a :class:`Refusal` for a pair the table does not declare; the state
-machine changes a record's state only through it, so the tables are the whole truth
-(``tests/core/test_lifecycle.py`` walks every row and every undeclared pair).
+the new state, or with an :class:`UndeclaredTransition` for a pair the table does not
+declare; the state machine changes a record's state only through it, so the tables are
+the whole truth (``tests/core/test_lifecycle.py`` walks every row and every undeclared
+pair).
 
 Rules the tables state:
 
@@ -73,7 +74,7 @@ class NodeEvent(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class UndeclaredTransition:
     """A ``(state, event)`` pair the lifecycle does not declare."""
 
     lifecycle: str
@@ -85,6 +86,10 @@ class Refusal:
         return f"a {self.lifecycle} that is {self.state} cannot {self.event}"
 
 
+# The earlier name, still imported by the state machine's handlers.
+Refusal = UndeclaredTransition
+
+
 @dataclass(frozen=True, slots=True)
 class Lifecycle(Generic[S, E]):
     name: str
@@ -93,11 +98,12 @@ class Lifecycle(Generic[S, E]):
     rows: Mapping[tuple[S, E], S]
 
 
-def transition(lifecycle: Lifecycle[S, E], state: S, event: E) -> S | Refusal:
-    """The state after ``event``, or a :class:`Refusal` when the table has no such row."""
+def transition(lifecycle: Lifecycle[S, E], state: S, event: E) -> S | UndeclaredTransition:
+    """The state after ``event``, or an :class:`UndeclaredTransition` when the table has no
+    such row."""
     after = lifecycle.rows.get((state, event))
     if after is None:
-        return Refusal(lifecycle.name, str(state.value), str(event.value))
+        return UndeclaredTransition(lifecycle.name, str(state.value), str(event.value))
     return after
 
 
@@ -109,7 +115,7 @@ class TransitionRefused(Exception):
 def move(lifecycle: Lifecycle[S, E], state: S, event: E) -> S:
     """Like :func:`transition`, for callers that checked the precondition already."""
     after = transition(lifecycle, state, event)
-    if isinstance(after, Refusal):
+    if isinstance(after, UndeclaredTransition):
         raise TransitionRefused(after.message)
     return after
 

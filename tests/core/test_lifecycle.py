@@ -82,7 +82,7 @@ def test_every_undeclared_pair_is_refused(lifecycle: lc.Lifecycle[Any, Any]) -> 
         if (state, event) in lifecycle.rows:
             continue
         answer = lc.transition(lifecycle, state, event)
-        assert answer == lc.Refusal(lifecycle.name, str(state.value), str(event.value))
+        assert answer == lc.UndeclaredTransition(lifecycle.name, str(state.value), str(event.value))
         with pytest.raises(lc.TransitionRefused):
             lc.move(lifecycle, state, event)
         refused += 1
@@ -92,15 +92,18 @@ def test_every_undeclared_pair_is_refused(lifecycle: lc.Lifecycle[Any, Any]) -> 
 def test_finished_jobs_and_ended_attempts_are_final() -> None:
     for state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
         assert all(lc.transition(lc.JOB, state, e) != state for e in lc.JobEvent)
-        assert all(isinstance(lc.transition(lc.JOB, state, e), lc.Refusal) for e in lc.JobEvent)
+        assert all(
+            isinstance(lc.transition(lc.JOB, state, e), lc.UndeclaredTransition)
+            for e in lc.JobEvent
+        )
     for attempt in AttemptState:
         if not attempt.live:
             assert all(
-                isinstance(lc.transition(lc.ATTEMPT, attempt, e), lc.Refusal)
+                isinstance(lc.transition(lc.ATTEMPT, attempt, e), lc.UndeclaredTransition)
                 for e in lc.AttemptEvent
             )
     assert all(
-        isinstance(lc.transition(lc.MEMBER, MemberState.EXITED, e), lc.Refusal)
+        isinstance(lc.transition(lc.MEMBER, MemberState.EXITED, e), lc.UndeclaredTransition)
         for e in lc.MemberEvent
     )
 
