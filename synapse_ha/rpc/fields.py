@@ -1,10 +1,11 @@
 """The fields a message and a core value name alike, declared once for both directions of
 conversion (:mod:`synapse_ha.rpc.to_proto`, :mod:`synapse_ha.rpc.from_proto`).
 
-Each field table lists the scalar fields copied as they are between a message and a core value;
-a field that needs more (a default for 0, a nested message, a oneof) is converted by hand
-in both modules. A job-spec field that is one scalar is added to :data:`JOB_SPEC`, and to
-:data:`LAUNCH` when the worker launches its members with it.
+Each field table lists the scalar fields copied as they are between a message and a core
+value; a field that needs more (a default for 0, a nested message, a oneof) is converted
+by hand in both modules. A job-spec field that is one scalar is added to :data:`JOB_SPEC`,
+and to :data:`LAUNCH` when the worker launches its members with it. The enum tables pair
+a message's values with the core's.
 """
 
 from __future__ import annotations
