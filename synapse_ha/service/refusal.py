@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 from collections.abc import Mapping, Sequence
 
 from synapse_ha.core import access
@@ -45,7 +46,7 @@ class Reason(enum.StrEnum):
     UNKNOWN = "UNKNOWN"  # client side only: no ErrorInfo of this domain, or a newer reason
 
 
-_NO_METADATA: Mapping[str, str] = {}
+_NO_METADATA: Mapping[str, str] = types.MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
