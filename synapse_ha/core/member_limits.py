@@ -135,27 +135,19 @@ def member_counts(state: ClusterState) -> MemberCounts:
 # ------------------------------------------------------------------------- refusals
 
 
-def cap_reason(
-    cap: MemberCap,
-    owner: str,
-    members: int,
-    *,
-    running: int | None = None,
-    nodes: int | None = None,
-) -> Reason:
-    """Why a gang of ``members`` members of ``owner`` waits at ``cap``: its owner's
-    ``running`` members and its own would pass the cluster's cap, or it would fit but for
-    the ``nodes`` nodes its owner's members fill to ``cap`` (each lacks room under the cap
-    for the whole gang)."""
+def cap_reason(cap: MemberCap, owner: str, members: int, **counted: int) -> Reason:
+    """Why a gang of ``members`` members of ``owner`` waits at ``cap``, with what was
+    counted: ``running`` (its owner's running members, which with its own would pass the
+    cluster's cap) or ``nodes`` (the nodes its owner's members fill to ``cap``: each lacks
+    room under the cap for the whole gang, which would fit but for them)."""
     return reason(
         ReasonCode.WAITING_MEMBER_CAP,
         limit=str(cap.limit),
         allowed=cap.allowed,
         queue=cap.queue or None,
         user=owner,
-        running=running,
-        nodes=nodes,
         members=members,
+        **counted,
     )
 
 

@@ -163,6 +163,17 @@ class Demo:
         self.request_ids[doc["name"]] = request_id
         return answer.job_id
 
+    def pretrain(self) -> dict[str, Any]:
+        """The spec of the demo's big gang: 5 members of 4 GPUs, two retries."""
+        return {
+            "name": "pretrain",
+            "replicas": 5,
+            "resources": {"gpu": 4, "cpu": 1, "memory": "1Gi"},
+            "command": self.member_command(),
+            "env": {"LEDGER": str(self.ledger)},
+            "retries": {"max": 2, "backoff": "1s"},
+        }
+
     def job(self, name: str) -> pb.Job:
         return self.client.get_job(self.jobs[name])
 
@@ -207,16 +218,7 @@ class Demo:
             "(wait_for_nodes), so it waits"
         )
         job_id = self.submit(
-            {
-                "name": "pretrain",
-                "replicas": 5,
-                "resources": {"gpu": 4, "cpu": 1, "memory": "1Gi"},
-                "command": self.member_command(),
-                "env": {"LEDGER": str(self.ledger)},
-                "retries": {"max": 2, "backoff": "1s"},
-                "request_id": "demo-pretrain-1",
-                "wait_for_nodes": True,
-            }
+            {**self.pretrain(), "request_id": "demo-pretrain-1", "wait_for_nodes": True}
         )
         n.say(f"submitted pretrain as {job_id} (request id demo-pretrain-1)")
 
@@ -289,17 +291,7 @@ class Demo:
         took = time.monotonic() - killed
         n.check("another replica took over", new != old, f"replica {new} after {took:.1f}s")
         answer = self.client.submit_job(
-            job_spec(
-                {
-                    "name": "pretrain",
-                    "replicas": 5,
-                    "resources": {"gpu": 4, "cpu": 1, "memory": "1Gi"},
-                    "command": self.member_command(),
-                    "env": {"LEDGER": str(self.ledger)},
-                    "retries": {"max": 2, "backoff": "1s"},
-                }
-            )[0],
-            request_id=self.request_ids["pretrain"],
+            job_spec(self.pretrain())[0], request_id=self.request_ids["pretrain"]
         )
         n.check(
             "resubmitting with the same request id returns the same job",

@@ -1,11 +1,13 @@
 """What both programs' configurations share: the error they refuse to start with, the
-TOML file read and its value types checked, addresses and durations, and the loading at
-start (:func:`load_program_config`)."""
+TOML file read and its value types checked, addresses and durations; and what both do at
+start (:func:`load_program_config`, :func:`stop_on_signals`)."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -101,3 +103,17 @@ def load_program_config(
     if config.tls is None:
         log.warning("%s", INSECURE_WARNING)
     return config
+
+
+def stop_on_signals(log: logging.Logger, what: str) -> threading.Event:
+    """An event set when the process gets SIGTERM or SIGINT (logged on ``log`` with
+    ``what`` the program does then). Call from the main thread."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("received %s; %s", signal.Signals(signum).name, what)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop

@@ -13,7 +13,6 @@ import logging
 import os
 import queue
 import random
-import signal
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ from synapse_ha.leader.loop import STALL_MS, LeaderLoop, Liveness, LoopSettings
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
-from synapse_ha.programs.config_file import ConfigError, load_program_config
+from synapse_ha.programs.config_file import ConfigError, load_program_config, stop_on_signals
 from synapse_ha.programs.log_queue import queued_logging, stop_queued_logging
 from synapse_ha.programs.scheduler_config import SchedulerConfig, load_config
 from synapse_ha.raft.channel import TLS_CHANNEL
@@ -479,14 +478,7 @@ def _run(argv: Sequence[str] | None) -> int:
             return 2
     tune_gc()
     replica = Replica(config)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("received %s; stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log, "stopping")
     replica.start()
     while not stop.wait(1.0):
         pass

@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import signal
 import socket
 import stat
 import sys
@@ -29,7 +28,7 @@ from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import FEATURE_IMAGES
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import MeteredControlPlane, MeteredExecutor, WorkerMetrics
-from synapse_ha.programs.config_file import ConfigError, load_program_config
+from synapse_ha.programs.config_file import ConfigError, load_program_config, stop_on_signals
 from synapse_ha.programs.worker_config import (
     UNSAFE_NO_SELF_FENCING_ENV,
     WorkerConfig,
@@ -423,14 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = load_program_config("synapse-worker", load_config, argv, log)
     if config is None:
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("received %s; stopping members", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log, "stopping members")
     try:
         return run(config, stop)
     except ConfigError as exc:

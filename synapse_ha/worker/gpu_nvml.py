@@ -35,7 +35,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, TypeVar
 
 from synapse_ha.worker.gpu_faults import HealthRecord
@@ -93,19 +94,20 @@ class NvmlWatch:
         except Exception as exc:
             log.warning("no NVML events (%s): GPU health is polled only", exc)
             return
-        for gpu in range(self.record.gpu_count):
-            with contextlib.suppress(_Lost):
-                self._register_gpu(gpu, wanted)
+        gpus = range(self.record.gpu_count)
+        self._each_gpu(gpus, lambda gpu, handle: self._register_gpu(gpu, handle, wanted))
 
-    def _handle(self, gpu: int) -> Any:
-        """NVML's handle of ``gpu``, as :meth:`_query` answers it."""
+    def _each_gpu(self, gpus: Iterable[int], step: Callable[[int, Any], None]) -> None:
+        """``step(gpu, handle)`` for each of ``gpus`` whose handle NVML gives (see
+        :meth:`_query`); a GPU found lost is recorded and the next one taken."""
         nvml = self.nvml
-        return self._query(gpu, "handle", lambda: nvml.nvmlDeviceGetHandleByIndex(gpu))
+        for gpu in gpus:
+            with contextlib.suppress(_Lost):
+                handle = self._query(gpu, "handle", partial(nvml.nvmlDeviceGetHandleByIndex, gpu))
+                if handle is not None:
+                    step(gpu, handle)
 
-    def _register_gpu(self, gpu: int, wanted: int) -> None:
-        handle = self._handle(gpu)
-        if handle is None:
-            return
+    def _register_gpu(self, gpu: int, handle: Any, wanted: int) -> None:
         nvml = self.nvml
         types = self._query(
             gpu, "event-types", lambda: nvml.nvmlDeviceGetSupportedEventTypes(handle)
@@ -181,16 +183,11 @@ class NvmlWatch:
     def poll(self) -> None:
         """Check every GPU not unhealthy yet (see the module docstring)."""
         self.next_poll_at = self.clock() + self.poll_interval_s
-        for gpu in range(self.record.gpu_count):
-            if self.record.is_unhealthy(gpu):
-                continue
-            with contextlib.suppress(_Lost):
-                self._poll_gpu(gpu)
+        record = self.record
+        healthy = (gpu for gpu in range(record.gpu_count) if not record.is_unhealthy(gpu))
+        self._each_gpu(healthy, self._poll_gpu)
 
-    def _poll_gpu(self, gpu: int) -> None:
-        handle = self._handle(gpu)
-        if handle is None:
-            return
+    def _poll_gpu(self, gpu: int, handle: Any) -> None:
         nvml = self.nvml
         pending = self._query(
             gpu, "retired-pages", lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
