@@ -162,17 +162,7 @@ def init_ca(
         .not_valid_after(now + timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage("key_cert_sign", "crl_sign"),
             critical=True,
         )
         .add_extension(ski, critical=False)
@@ -295,17 +285,7 @@ def _issue(
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage("digital_signature"),
             critical=True,
         )
         .add_extension(
@@ -478,6 +458,24 @@ def _host_sans(cert: x509.Certificate) -> tuple[list[str], list[str]]:
         return [], []
     dns = list(san.get_values_for_type(x509.DNSName))
     return dns, [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+
+
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+
+
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """The key usage extension that allows ``allowed`` only."""
+    return x509.KeyUsage(**{usage: usage in allowed for usage in _KEY_USAGES})
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
