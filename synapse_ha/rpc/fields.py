@@ -11,11 +11,12 @@ a message's values with the core's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+_T = TypeVar("_T")
 
 # pb.JobSpec and core.model.JobSpec.
 JOB_SPEC: tuple[str, ...] = (
@@ -74,8 +75,17 @@ EXIT_CAUSES: tuple[tuple[int, cmd.ExitCause], ...] = (
 )
 
 
-def copier(names: tuple[str, ...]) -> Callable[[Any], dict[str, Any]]:
-    """A function giving ``{name: value}`` of ``names`` read from any object (one C-level
-    attribute fetch for all of them)."""
-    get = attrgetter(*names)
-    return lambda value: dict(zip(names, get(value), strict=True))
+def constructor(cls: Callable[..., _T], **tables: tuple[str, ...]) -> Callable[..., _T]:
+    """``new(*sources, **rest)``: ``cls(**rest)`` with every field of each table read from
+    the positional argument named after it, e.g. ``constructor(pb.JobSpec,
+    spec=JOB_SPEC)(spec, env=...)``. Compiled once, as :mod:`dataclasses` compiles an
+    ``__init__``, so a conversion through a table costs what one written out does: the
+    heartbeat answer's ``desired_to_proto`` is one."""
+    for names in tables.values():
+        assert all(name.isidentifier() for name in names), names
+    reads = ", ".join(f"{n}={source}.{n}" for source, names in tables.items() for n in names)
+    code = f"def new({', '.join(tables)}, **rest):\n    return cls({reads}, **rest)\n"
+    namespace: dict[str, Any] = {"cls": cls}
+    exec(code, namespace)
+    new: Callable[..., _T] = namespace["new"]
+    return new

@@ -25,9 +25,9 @@ from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import fields
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
-_job_spec = fields.copier(fields.JOB_SPEC)
-_member = fields.copier(fields.MEMBER)
-_launch = fields.copier(fields.LAUNCH)
+_new_spec = fields.constructor(JobSpec, msg=fields.JOB_SPEC)
+_new_desired = fields.constructor(DesiredMember, d=fields.MEMBER)
+_new_launch = fields.constructor(LaunchSpec, d=fields.LAUNCH)
 
 
 # ----------------------------------------------------------------------- job spec
@@ -47,8 +47,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     names = [e.name for e in msg.env]
     retries = msg.retries if msg.HasField("retries") else None
     defaults = RetryPolicy()
-    spec = JobSpec(
-        **_job_spec(msg),
+    spec = _new_spec(
+        msg,
         resources=Resources(
             cpu_milli=msg.resources.cpu_milli,
             memory_mib=msg.resources.memory_mib,
@@ -221,13 +221,13 @@ def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:
     """The desired member a heartbeat carries (the inverse of
     :func:`synapse_ha.rpc.to_proto.desired_to_proto`); its preemption travels apart
     (:func:`preemption_from_proto`)."""
-    return DesiredMember(
-        **_member(d),
+    return _new_desired(
+        d,
         gpus=tuple(d.gpus),
         master_addr=d.master_addr,
         member_hosts=tuple(d.member_hosts),
-        spec=LaunchSpec(
-            **_launch(d),
+        spec=_new_launch(
+            d,
             command=tuple(d.command),
             env=tuple((e.name, e.value) for e in d.env),
             resources=Resources(d.cpu_milli, d.memory_mib, len(d.gpus)),

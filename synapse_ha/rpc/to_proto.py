@@ -39,9 +39,8 @@ if TYPE_CHECKING:  # only named in annotations: the worker and synctl never load
     from synapse_ha.history.tracker import Event
 
 _INT32_MAX = 2**31 - 1
-_job_spec = fields.copier(fields.JOB_SPEC)
-_member = fields.copier(fields.MEMBER)
-_launch = fields.copier(fields.LAUNCH)
+_new_spec = fields.constructor(pb.JobSpec, spec=fields.JOB_SPEC)
+_new_desired = fields.constructor(pb.DesiredMember, d=fields.MEMBER, launch=fields.LAUNCH)
 
 
 def dependencies_to_proto(deps: Dependencies) -> pb.Dependencies:
@@ -54,8 +53,8 @@ def dependencies_to_proto(deps: Dependencies) -> pb.Dependencies:
 
 
 def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
-    msg = pb.JobSpec(
-        **_job_spec(spec),
+    msg = _new_spec(
+        spec,
         resources=resources_to_proto(spec.resources),
         env=[pb.EnvVar(name=k, value=v) for k, v in spec.env],
         queue=spec.queue,
@@ -268,9 +267,9 @@ def checkpoint_to_proto(at_ms: int, step: int | None) -> pb.Checkpoint:
 
 def desired_to_proto(d: DesiredMember) -> pb.DesiredMember:
     launch = d.spec
-    msg = pb.DesiredMember(
-        **_member(d),
-        **_launch(launch),
+    msg = _new_desired(
+        d,
+        launch,
         gpus=list(d.gpus),
         master_addr=host_of(d.master_addr),
         member_hosts=[host_of(h) for h in d.member_hosts],
