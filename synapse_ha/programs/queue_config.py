@@ -6,7 +6,6 @@ by the rule sets the state machine applies."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +26,7 @@ from synapse_ha.core.cluster_config import (
 from synapse_ha.core.validation import check_priority_classes
 from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs.config_file import ConfigError, duration_ms
-from synapse_ha.programs.settings import Inputs, setting, true_or_false
+from synapse_ha.programs.settings import Inputs, Setting, setting, switch
 
 
 def _locality_wait_ms(raw: object) -> int:
@@ -75,6 +74,13 @@ def _count(name: str, largest: int) -> Callable[[object], int]:
         return raw
 
     return check
+
+
+def _count_setting(name: str, largest: int, help: str) -> Setting:
+    """The setting ``scheduling.<name>`` (flag ``--<name>`` with dashes): an integer from
+    0 to ``largest``."""
+    flag = f"--{name.replace('_', '-')}"
+    return setting(flag, f"scheduling.{name}", check=_count(name, largest), type=int, help=help)
 
 
 def _unfit_backoff_ms(raw: object) -> int:
@@ -150,12 +156,10 @@ RECLAIM_WAIT_MAX = setting(
     "gangs within their minimum run time (replicated; default 10m)",
 )
 # Node health and fitness (DESIGN §4).
-GPU_DRAIN_THRESHOLD = setting(
-    "--gpu-drain-threshold",
-    "scheduling.gpu_drain_threshold",
-    check=_count("gpu_drain_threshold", 1024),
-    type=int,
-    help="drain a node once this many of its GPUs are unhealthy (default 0: never)",
+GPU_DRAIN_THRESHOLD = _count_setting(
+    "gpu_drain_threshold",
+    1024,
+    "drain a node once this many of its GPUs are unhealthy (default 0: never)",
 )
 UNFIT_BACKOFF = setting(
     "--unfit-backoff",
@@ -165,38 +169,27 @@ UNFIT_BACKOFF = setting(
     help="how long a node that could not start an owner's member skips that owner's "
     "gangs (default 10m)",
 )
-CORDON_AFTER_START_FAILURES = setting(
-    "--cordon-after-start-failures",
-    "scheduling.cordon_after_start_failures",
-    check=_count("cordon_after_start_failures", 1000),
-    type=int,
-    help="cordon a node after this many members in a row it could not start (default 3; 0: never)",
+CORDON_AFTER_START_FAILURES = _count_setting(
+    "cordon_after_start_failures",
+    1000,
+    "cordon a node after this many members in a row it could not start (default 3; 0: never)",
 )
 
 
-HOLD_UNTIL_STOPPED = setting(
-    "--hold-until-stopped",
+HOLD_UNTIL_STOPPED = switch(
     "scheduling.hold_until_stopped",
-    check=true_or_false("scheduling.hold_until_stopped"),
-    action=argparse.BooleanOptionalAction,
-    help="keep an ended gang's GPUs reserved until each member is confirmed stopped or "
+    "keep an ended gang's GPUs reserved until each member is confirmed stopped or "
     "its node declared dead (replicated; applied once every replica reads format 3). "
     "Left as replicated when not given",
 )
-CLEAR_GPU_FAULTS_ON_REBOOT = setting(
-    "--clear-gpu-faults-on-reboot",
+CLEAR_GPU_FAULTS_ON_REBOOT = switch(
     "scheduling.clear_gpu_faults_on_reboot",
-    check=true_or_false("scheduling.clear_gpu_faults_on_reboot"),
-    action=argparse.BooleanOptionalAction,
-    help="a node whose worker registers from a new boot has its GPU faults cleared "
+    "a node whose worker registers from a new boot has its GPU faults cleared "
     "(replicated; applied once every replica reads format 3). Left as replicated when not given",
 )
-RELAY_HEARTBEATS = setting(
-    "--relay-heartbeats",
+RELAY_HEARTBEATS = switch(
     "scheduling.relay_heartbeats",
-    check=true_or_false("scheduling.relay_heartbeats"),
-    action=argparse.BooleanOptionalAction,
-    help="followers terminate workers' heartbeat streams and forward them to the leader "
+    "followers terminate workers' heartbeat streams and forward them to the leader "
     "in batches, spreading the workers over the replicas (replicated; applied once every "
     "replica reads format 8). Left as replicated when not given",
 )

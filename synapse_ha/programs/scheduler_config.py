@@ -63,6 +63,7 @@ from synapse_ha.programs.settings import (
     parse_flags,
     served_address,
     setting,
+    switch,
     tls_files,
     true_or_false,
     writable_directory,
@@ -220,40 +221,36 @@ DEAD_TIMEOUT = _timeout("dead_timeout", _TIMEOUT_DEFAULTS.dead_timeout_ms)
 TIMEOUTS = (HEARTBEAT_INTERVAL, LEASE_TTL, LEADER_STEP_DOWN, DEAD_TIMEOUT)
 
 _RAFT_DEFAULTS = RaftTiming()
-ELECTION_MIN = setting(
-    "--election-min",
-    "raft.election_min",
-    merge="truthy",
-    default=_RAFT_DEFAULTS.election_min_s,
-    check=_election_s("election_min"),
-    blank_is_default=True,
-    help="Raft election timeout, lower bound (default 400ms)",
-)
-ELECTION_MAX = setting(
-    "--election-max",
-    "raft.election_max",
-    merge="truthy",
-    default=_RAFT_DEFAULTS.election_max_s,
-    check=_election_s("election_max"),
-    blank_is_default=True,
-    help="Raft election timeout, upper bound (default 800ms)",
-)
-RAFT_FSYNC = setting(
-    "--raft-fsync",
+
+
+def _election_bound(bound: str, default_s: float, which: str) -> Setting:
+    """``raft.election_<bound>`` (``--election-<bound>``), a bound of the election
+    timeout, blank for its default."""
+    name = f"election_{bound}"
+    return setting(
+        f"--election-{bound}",
+        f"raft.{name}",
+        merge="truthy",
+        default=default_s,
+        check=_election_s(name),
+        blank_is_default=True,
+        help=f"Raft election timeout, {which} bound (default {default_s * 1000:.0f}ms)",
+    )
+
+
+ELECTION_MIN = _election_bound("min", _RAFT_DEFAULTS.election_min_s, "lower")
+ELECTION_MAX = _election_bound("max", _RAFT_DEFAULTS.election_max_s, "upper")
+RAFT_FSYNC = switch(
     "raft.fsync",
-    default=RAFT_FSYNC_DEFAULT,
-    check=true_or_false("raft.fsync"),
-    action=argparse.BooleanOptionalAction,
-    help="sync every Raft journal change to disk before acknowledging it, so an "
+    "sync every Raft journal change to disk before acknowledging it, so an "
     "acknowledged command survives a power loss of every replica "
     f"(default {'on' if RAFT_FSYNC_DEFAULT else 'off'}; [raft] fsync)",
+    flag="--raft-fsync",
+    default=RAFT_FSYNC_DEFAULT,
 )
-COMPACT_STATE = setting(
-    "--compact-state",
+COMPACT_STATE = switch(
     "raft.compact_state",
-    check=true_or_false("raft.compact_state"),
-    action=argparse.BooleanOptionalAction,
-    help="write the replicated state as lists of field values, without trailing "
+    "write the replicated state as lists of field values, without trailing "
     "defaults (about 40%% of the size of snapshots and state downloads); on only once "
     "every replica runs "
     "this release. Left as replicated when not given ([raft] compact_state)",

@@ -166,6 +166,20 @@ def true_or_false(key: str) -> Callable[[Any], bool]:
     return check
 
 
+def switch(key: str, help: str, *, flag: str = "", default: bool | None = None) -> Setting:
+    """A setting that is on or off: ``--flag``/``--no-flag`` on the command line (the
+    flag is the key's last part with dashes unless given), true or false in the file."""
+    flag = flag or f"--{key.rpartition('.')[2].replace('_', '-')}"
+    return setting(
+        flag,
+        key,
+        default=default,
+        check=true_or_false(key),
+        action=argparse.BooleanOptionalAction,
+        help=help,
+    )
+
+
 def tls_files(inputs: Inputs) -> TlsFiles | None:
     """The TLS files of ``--tls-*`` and ``[tls]``; None with ``insecure``."""
     try:
