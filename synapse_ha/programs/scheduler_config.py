@@ -494,16 +494,22 @@ def _replica_set(inputs: Inputs) -> tuple[str, list[ReplicaAddress], bool, str]:
     return replica_id, replicas, join, restore
 
 
+def _file_text(path: str, what: str) -> str:
+    """The text of the file at ``path`` without surrounding blanks; one that cannot be
+    read is a :class:`ConfigError` naming ``what``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
 def _raft_password(inputs: Inputs, environ: dict[str, str]) -> str:
     """The Raft password, from its file or the environment, strong enough."""
     password = environ.get("SYNAPSE_RAFT_PASSWORD", "")
     password_file = inputs.value(RAFT_PASSWORD_FILE)
     if password_file:
-        try:
-            with open(password_file, encoding="utf-8") as pw:
-                password = pw.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"raft password file: {exc}") from None
+        password = _file_text(password_file, "raft password file")
     if not password:
         raise ConfigError(
             "a Raft password is required (--raft-password-file or SYNAPSE_RAFT_PASSWORD): "
@@ -562,11 +568,7 @@ def _bootstrap_token(inputs: Inputs) -> str:
     bootstrap_token = ""
     token_file = inputs.value(BOOTSTRAP_TOKEN_FILE)
     if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as token_text:
-                bootstrap_token = token_text.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"bootstrap token file: {exc}") from None
+        bootstrap_token = _file_text(token_file, "bootstrap token file")
         if split_token(bootstrap_token) is None:
             raise ConfigError(
                 f"bootstrap token file {token_file}: not a token (syn_<12 hex>_<secret>)"

@@ -15,6 +15,7 @@ from synapse_ha.sim.gpu_failures import (
     LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS,
     FailureModel,
     FaultPolicy,
+    fault_run,
     simulate_failures,
 )
 from synapse_ha.sim.tables import Column, results_table
@@ -47,7 +48,7 @@ def run_policies(
     with queues, as the tenancy runs; at every event otherwise)."""
     interval = PASS_INTERVAL_WITH_QUEUES_MS if workload.queues else 0
     return [
-        simulate_failures(workload, model, p, config=config, pass_interval_ms=interval)
+        simulate_failures(fault_run(workload, model, p, config=config, pass_interval_ms=interval))
         for p in policies
     ]
 

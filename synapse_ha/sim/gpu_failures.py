@@ -449,23 +449,15 @@ def fault_figures(run: FaultRun) -> dict[str, Any]:
     }
 
 
-def simulate_failures(
-    workload: Workload,
-    model: FailureModel,
-    fault_policy: FaultPolicy,
-    config: ClusterConfig | None = None,
-    grace_ms: int = GRACE_MS,
-    pass_interval_ms: int = 0,
-) -> Result:
-    """Replay ``workload`` with the real core planner (``Ours``) while GPUs fail as
-    ``model`` says, lived with as ``fault_policy`` says. The result's policy is the
-    fault policy's name; ``metrics["gpu_faults"]`` holds the failure figures. A model
-    out of range raises ValueError naming the field."""
-    run = fault_run(workload, model, fault_policy, config, grace_ms, pass_interval_ms)
+def simulate_failures(run: FaultRun) -> Result:
+    """Run ``run`` (:func:`fault_run`) to its end: the workload replayed with the real
+    core planner (``Ours``) while GPUs fail as its model says, lived with as its fault
+    policy says. The result's policy is the fault policy's name; ``metrics["gpu_faults"]``
+    holds the failure figures."""
     wall_start = time.perf_counter()
     run.run()
     result = run.result(time.perf_counter() - wall_start)
-    result.policy = str(fault_policy)
+    result.policy = str(run.fault_policy)
     return result
 
 
@@ -478,8 +470,10 @@ def fault_run(
     pass_interval_ms: int = 0,
     scripted: tuple[tuple[int, str, int], ...] | None = None,
 ) -> FaultRun:
-    """The run :func:`simulate_failures` makes, not yet run (``run.run()`` runs it):
-    for a look at its state and records afterwards, or with ``scripted`` failures."""
+    """A run of ``workload`` with the real core planner while GPUs fail as ``model``
+    says, lived with as ``fault_policy`` says, not yet run (:func:`simulate_failures` or
+    ``run.run()`` runs it), with ``scripted`` failures when given. A model out of range
+    raises ValueError naming the field."""
     model.check()
     state = build_cluster(workload, config or ClusterConfig(retention_ms=0))
     return FaultRun(

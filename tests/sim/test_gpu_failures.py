@@ -153,7 +153,7 @@ def test_failures_are_seeded_and_the_same_under_both_policies() -> None:
 def test_without_failures_the_run_is_the_plain_simulation() -> None:
     w = synthetic(seed=4, jobs=120, nodes=16, load=0.8)
     plain = simulate(w, Ours()).metrics
-    failing = simulate_failures(w, FailureModel(per_1000_gpu_days=0), AWARE).metrics
+    failing = simulate_failures(fault_run(w, FailureModel(per_1000_gpu_days=0), AWARE)).metrics
     failing.pop("gpu_faults")
     for key in ("wall_s", "scheduler_cpu_ms_per_decision"):
         plain.pop(key)
@@ -173,7 +173,7 @@ def test_without_failures_the_run_is_the_plain_simulation() -> None:
 )
 def test_a_model_out_of_range_is_refused_naming_the_field(field: str, model: FailureModel) -> None:
     with pytest.raises(ValueError, match=field):
-        simulate_failures(_two_nodes(0), model, AWARE)
+        simulate_failures(fault_run(_two_nodes(0), model, AWARE))
 
 
 def test_policies_parse_and_the_target_compares_losses() -> None:
