@@ -37,6 +37,7 @@ from synapse_ha.sim.failure_report import table as failure_table
 from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS, FailureModel
 from synapse_ha.sim.pipelines import MODES as PIPELINE_MODES
 from synapse_ha.sim.pipelines import pipeline_workload, run_pipelines
+from synapse_ha.sim.plots import write_plots
 from synapse_ha.sim.policies import POLICIES
 from synapse_ha.sim.tables import Column, results_table
 from synapse_ha.sim.tenancy import MODES, PASS_INTERVAL_MS, run_modes
@@ -376,8 +377,6 @@ def _emit(report: dict[str, Any], results: list[Result], out_dir: str | None) ->
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         if not results:
             return  # nothing to plot (the pipelines' report is figures only)
-        from synapse_ha.sim.plots import write_plots
-
         for line in write_plots(results, out):
             print(line, file=sys.stderr)
 

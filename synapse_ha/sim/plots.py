@@ -11,7 +11,7 @@ from synapse_ha.sim.engine import Result
 
 
 def write_plots(results: list[Result], out: Path) -> list[str]:
-    try:
+    try:  # an optional dependency (the bench extra), imported only to plot
         import matplotlib
 
         matplotlib.use("Agg")
