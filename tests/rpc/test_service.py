@@ -18,7 +18,7 @@ from synapse_ha.core.health import GpuFault
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.leader.ports import ProposalError
-from synapse_ha.rpc.errors import LEADER_METADATA_KEY, refusal_status
+from synapse_ha.rpc.errors import LEADER_METADATA_KEY, failure_of, refusal_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.heartbeat import heartbeat_in, heartbeat_message
 from synapse_ha.service import commit
@@ -26,6 +26,7 @@ from synapse_ha.service.heartbeat import HeartbeatIn, HeartbeatOut, heartbeat
 from synapse_ha.service.jobs import cancel
 from synapse_ha.service.refusal import Reason, Refusal, node_not_found
 from tests.core.harness import job, node
+from tests.rpc.authed import PEER_KEY, serving_replica
 
 STARTED = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
 
@@ -202,3 +203,19 @@ def test_cancel_refuses_another_users_job_and_cancels_ones_own() -> None:
     elsewhere = StandIn(replica.state, Refusal(Reason.NO_LEADER, "no leader"))
     refused = cancel(elsewhere, ann, "job-000001", "", 1.0)
     assert isinstance(refused, Refusal) and refused.code is Reason.NO_LEADER
+
+
+def test_the_unary_heartbeat_reads_the_embedded_message_and_checks_its_node() -> None:
+    with serving_replica() as replica:
+        worker = [(PEER_KEY, "spiffe://synapse/worker/n1")]
+        fault = pb.GpuFault(gpu=1, code="xid-79")
+        beat = pb.HeartbeatRequest(heartbeat=pb.Heartbeat(node_id="n1", gpu_faults=[fault]))
+        replica.agent.Heartbeat(beat, metadata=worker)
+        assert [f.gpu for f in replica.backend.state.nodes["n1"].gpu_faults] == [1]
+        for wrong, reason in (
+            (pb.Heartbeat(node_id="n2"), Reason.PERMISSION_DENIED),  # another node's
+            (pb.Heartbeat(node_id="n1", gpu_faults=[pb.GpuFault(gpu=5)]), Reason.INVALID_FIELD),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                replica.agent.Heartbeat(pb.HeartbeatRequest(heartbeat=wrong), metadata=worker)
+            assert failure_of(refused.value).reason is reason
