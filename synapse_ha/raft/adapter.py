@@ -440,6 +440,10 @@ class ResizableFileState:
     def fileno(self) -> int:
         return int(self._resizable._ResizableFile__f.fileno())
 
+    def close(self) -> None:
+        """Unmap and close the file (pysyncobj's ``_destroy``)."""
+        self._resizable._destroy()
+
 
 def install_journal_factory(create: Callable[[str], Any | None]) -> bool:
     """Have pysyncobj build its journals with ``create`` (given the journal path; None:

@@ -203,7 +203,7 @@ class AtomicFileJournal(FileJournal):  # type: ignore[misc]
     def _use_reserved_file(self) -> None:
         old = self._private.file
         self._private.file = ReservedFile(self.path)
-        old._destroy()
+        ResizableFileState(old).close()
 
     def add(self, command: Any, idx: int, term: int) -> None:
         """Append an entry: the file first (waiting for space), then the in-memory log."""
