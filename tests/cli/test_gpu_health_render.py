@@ -11,7 +11,7 @@ import yaml
 from synapse_ha.cli import render, render_nodes
 from synapse_ha.core.health import GpuFault, Unfit
 from synapse_ha.core.model import Node, NodeInfo, NodeStatus, Resources
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 NOW = 1_700_000_000_000
@@ -140,7 +140,7 @@ def test_the_replicated_node_reaches_the_document_through_the_wire() -> None:
             Unfit("erin", "image missing", NOW - 60_000),
         ),
     )
-    doc = render_nodes.node_document(convert.node_to_proto(node, heartbeat_age_ms=5), NOW)
+    doc = render_nodes.node_document(to_proto.node_to_proto(node, heartbeat_age_ms=5), NOW)
     assert doc["gpu_faults"] == [
         {"gpu": 2, "code": "lost", "detail": "GPU fell off the bus", "since_ms": NOW - 10}
     ]

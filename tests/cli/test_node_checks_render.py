@@ -10,7 +10,7 @@ from synapse_ha.cli import render, render_jobs, render_nodes
 from synapse_ha.core.health import CHECK_ACTOR, NodeCondition
 from synapse_ha.core.model import Job, JobSpec, Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.core.prestart import Prestart
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import to_proto
 from tests.cli.test_gpu_health_render import HOSTILE, NOW, row
 
 
@@ -24,14 +24,14 @@ def checked_node(message: str = "disk /scratch full") -> Node:
 
 
 def test_a_failing_check_reaches_the_document_and_the_table() -> None:
-    doc = render_nodes.node_document(convert.node_to_proto(checked_node(), -1), NOW)
+    doc = render_nodes.node_document(to_proto.node_to_proto(checked_node(), -1), NOW)
     assert doc["conditions"] == [
         {"name": "health-check", "message": "disk /scratch full", "since_ms": NOW - 1_000}
     ]
     assert doc["status"] == "cordoned"
     assert doc["status_reason"] == "health check failed: disk /scratch full"
     assert json.loads(render.structured({"nodes": [doc]}, "json"))["nodes"][0] == doc
-    healthy = convert.node_to_proto(
+    healthy = to_proto.node_to_proto(
         Node(info=NodeInfo("w2", "h:2", Resources(1, 1, 0)), status=NodeStatus.READY,
              registered_at_ms=1), -1
     )  # fmt: skip
@@ -41,7 +41,7 @@ def test_a_failing_check_reaches_the_document_and_the_table() -> None:
 
 
 def test_hostile_check_text_stays_off_the_terminal_and_exact_in_json() -> None:
-    doc = render_nodes.node_document(convert.node_to_proto(checked_node(HOSTILE), -1), NOW)
+    doc = render_nodes.node_document(to_proto.node_to_proto(checked_node(HOSTILE), -1), NOW)
     assert doc["conditions"][0]["message"] == HOSTILE
     text = render_nodes.nodes_table([doc])
     for unsafe in ("\x1b", "\x07", "\r", "\u202e"):
@@ -55,7 +55,7 @@ def job_with_prestart(prestart: Prestart | None) -> Job:
 
 def test_a_jobs_prestart_check_is_shown_and_withheld_from_other_users() -> None:
     prestart = Prestart(("/opt/check", "--gpus"), False, 120_000)
-    doc = render_jobs.job_document(convert.job_to_proto(job_with_prestart(prestart)))
+    doc = render_jobs.job_document(to_proto.job_to_proto(job_with_prestart(prestart)))
     assert doc["prestart"] == {
         "command": ["/opt/check", "--gpus"],
         "shell": False,
@@ -63,14 +63,14 @@ def test_a_jobs_prestart_check_is_shown_and_withheld_from_other_users() -> None:
     }
     assert "PRESTART:      /opt/check --gpus (timeout 2m)" in render_jobs.job_table(doc, NOW)
     shell = Prestart(("test -d /data && nvidia-smi",), True, 60_000)
-    doc = render_jobs.job_document(convert.job_to_proto(job_with_prestart(shell)))
+    doc = render_jobs.job_document(to_proto.job_to_proto(job_with_prestart(shell)))
     assert "PRESTART:      test -d /data && nvidia-smi (timeout 1m)" in (
         render_jobs.job_table(doc, NOW)
     )
     other = render_jobs.job_document(
-        convert.job_to_proto(job_with_prestart(prestart), redacted=True)
+        to_proto.job_to_proto(job_with_prestart(prestart), redacted=True)
     )
     assert other["prestart"] == {"command": None, "shell": False, "timeout_ms": 120_000}
     assert "PRESTART:      (withheld) (timeout 2m)" in render_jobs.job_table(other, NOW)
-    none = render_jobs.job_document(convert.job_to_proto(job_with_prestart(None)))
+    none = render_jobs.job_document(to_proto.job_to_proto(job_with_prestart(None)))
     assert none["prestart"] is None
