@@ -244,3 +244,12 @@ def preemption_from_proto(d: pb.DesiredMember) -> Preempting | None:
     if not d.preemption:
         return None
     return Preempting(d.preemption, d.preempted_by, d.preempt_grace_ms)
+
+
+# A desired member, and its preemption (None: not preempted).
+Wanted = tuple[DesiredMember, Preempting | None]
+
+
+def desired_list_from_proto(desired: Iterable[pb.DesiredMember]) -> list[Wanted]:
+    """A heartbeat answer's (or push's) desired list, as a worker reconciles on it."""
+    return [(desired_from_proto(d), preemption_from_proto(d)) for d in desired]

@@ -257,6 +257,24 @@ def member_event_to_proto(e: cmd.MemberEvent) -> pb.MemberReport:
     return msg
 
 
+def heartbeat_to_proto(
+    node_id: str,
+    reports: Iterable[cmd.MemberEvent],
+    running: Iterable[cmd.MemberEvent],
+    faults: Iterable[GpuFault],
+    checks: Iterable[NodeCheck],
+) -> pb.HeartbeatRequest:
+    """A worker's heartbeat: its reports not yet acknowledged, its running members, its
+    unhealthy GPUs and its checks' latest results."""
+    return pb.HeartbeatRequest(
+        node_id=node_id,
+        reports=[member_event_to_proto(r) for r in reports],
+        running=[member_event_to_proto(r) for r in running],
+        gpu_faults=gpu_faults_to_proto(faults),
+        checks=checks_to_proto(checks),
+    )
+
+
 def checkpoint_to_proto(at_ms: int, step: int | None) -> pb.Checkpoint:
     """A checkpoint mark (a member's, or its attempt's) as the API shows it."""
     msg = pb.Checkpoint(at_ms=at_ms)

@@ -42,7 +42,7 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,13 +50,13 @@ import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.commands import ExitCause, MemberEvent, MemberEventKind
-from synapse_ha.core.desired import DesiredMember, MemberKey, Preempting
+from synapse_ha.core.desired import DesiredMember, MemberKey
 from synapse_ha.core.health import GpuFault, NodeCheck
 from synapse_ha.core.model import NodeStatus
-from synapse_ha.rpc import states, to_proto
+from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.from_proto import Wanted
 from synapse_ha.rpc.from_proto import desired_from_proto as desired_from_proto
-from synapse_ha.rpc.from_proto import preemption_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.checkpoints import Mark
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
@@ -138,15 +138,6 @@ class GrpcControlPlane:
             if failure_of(exc).reason is Reason.NODE_NOT_FOUND:
                 raise NotRegistered(str(exc.details())) from None
             raise ControlPlaneUnreachable(f"{exc.code()}: {exc.details()}") from None
-
-
-# A desired member, and its preemption (None: not preempted).
-Wanted = tuple[DesiredMember, Preempting | None]
-
-
-def wanted_from_proto(desired: Iterable[pb.DesiredMember]) -> list[Wanted]:
-    """The leader's desired list, as the agent reconciles on it."""
-    return [(desired_from_proto(d), preemption_from_proto(d)) for d in desired]
 
 
 def _report(
@@ -271,7 +262,7 @@ class Agent:
     def push(self, desired: Sequence[pb.DesiredMember]) -> None:
         """The leader pushed this node's new desired list on its heartbeat stream. Called
         from another thread; the next :meth:`step` applies it if the lease is held."""
-        self._pushed = wanted_from_proto(desired)
+        self._pushed = from_proto.desired_list_from_proto(desired)
 
     def step(self) -> str:
         """One pass: collect exits, fence if the lease ran out, register or heartbeat when
@@ -414,13 +405,7 @@ class Agent:
         running = [_report(k, MemberEventKind.STARTED) for k in self.executor.running()]
         faults = tuple(self.gpu_faults())
         checks = tuple(self.node_checks())
-        request = pb.HeartbeatRequest(
-            node_id=self.node_id,
-            reports=[to_proto.member_event_to_proto(r) for r in reports],
-            running=[to_proto.member_event_to_proto(r) for r in running],
-            gpu_faults=to_proto.gpu_faults_to_proto(faults),
-            checks=to_proto.checks_to_proto(checks),
-        )
+        request = to_proto.heartbeat_to_proto(self.node_id, reports, running, faults, checks)
         self.faults_sent = faults
         self.checks_sent = checks
         sent_at = self.clock()
@@ -461,7 +446,9 @@ class Agent:
         said = "lease renewed after fencing" if was_fenced else ""
         if not apply_desired:
             return "; ".join(s for s in (said, unwritten) if s)
-        applied = self._apply(wanted_from_proto(answer.desired), may_start=not unwritten)
+        applied = self._apply(
+            from_proto.desired_list_from_proto(answer.desired), may_start=not unwritten
+        )
         return "; ".join(s for s in (said, unwritten, applied) if s)
 
     def _forgotten(self, why: str) -> str:
