@@ -11,7 +11,7 @@ The array keeps the job id the submission was given (``job-000012``); its tasks 
 attempts, retries and logs. One replicated command creates them all. The array itself is
 an :class:`ArrayJob` record: what it was submitted as, and the jobs that wait for it (a
 dependency on an array is met once every task meets it, see
-:func:`synapse_ha.core.machine.dependencies.outcome_of`).
+:func:`synapse_ha.core.machine.apply_dependencies.outcome_of`).
 """
 
 from __future__ import annotations

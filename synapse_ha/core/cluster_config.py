@@ -57,7 +57,7 @@ class PriorityClass:
     class may evict gangs of lower classes of its own queue. ``grace_ms``: how long a
     victim of this class has between SIGTERM and SIGKILL. ``min_runtime_ms``: how long
     a gang of this class runs, from the bind of its attempt, before it may be a victim
-    (:mod:`synapse_ha.core.victims`; 0: at once)."""
+    (:mod:`synapse_ha.core.victim_rules`; 0: at once)."""
 
     name: str
     value: int
@@ -89,7 +89,7 @@ class Queue:
     value) a user may give a job here without a token that allows more
     (:func:`synapse_ha.core.access.priority_refusal`). ``min_runtime_ms``: the least
     time a gang of this queue runs before it may be a victim; the longer of this and
-    its class's ``min_runtime_ms`` holds (:mod:`synapse_ha.core.victims`).
+    its class's ``min_runtime_ms`` holds (:mod:`synapse_ha.core.victim_rules`).
     ``running_members_per_user`` / ``members_per_node_per_user``: the member caps of
     :class:`Limits` for this queue's gangs (None: the cluster's).
     """
@@ -219,7 +219,7 @@ class ClusterConfig:
 
     ``reclaim_wait_max_ms``: a gang that reclaims its queue's nominal quota and has
     waited this long (since it was queued) may preempt gangs still within their minimum
-    run time (:mod:`synapse_ha.core.victims`).
+    run time (:mod:`synapse_ha.core.victim_rules`).
     """
 
     topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS

@@ -51,7 +51,7 @@ FORMAT = 11  # the newest format this release reads
 _DECLARED: dict[type, dict[str, int]] = {
     # Format 3: resources of an ended attempt held until its members are confirmed
     # stopped; GPU faults cleared by a reboot. Format 6: how long a reclaim waits before
-    # it overrides a minimum run time (core/victims.py).
+    # it overrides a minimum run time (core/victim_rules.py).
     ClusterConfig: {
         "priority_classes": 2,
         "fair_share_half_life_ms": 2,
@@ -67,7 +67,7 @@ _DECLARED: dict[type, dict[str, int]] = {
         # Format 8: followers relay workers' heartbeats (rpc/relay.py).
         "relay_heartbeats": 8,
     },
-    # Format 6: minimum run time of a priority class and a queue (core/victims.py).
+    # Format 6: minimum run time of a priority class and a queue (core/victim_rules.py).
     PriorityClass: {"min_runtime_ms": 6},
     # Format 10: floors and caps on members (core/member_limits.py) and a queue's own caps;
     # per-identity limits and authorised priority (DESIGN §8).
@@ -132,7 +132,7 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ReasonCode.ARRAY_THROTTLE: 5,
     # A member's checkpoint mark (core/checkpoints.py).
     MemberEventKind.CHECKPOINT: 5,
-    # A gang whose possible victims are within their minimum run time (core/victims.py;
+    # A gang whose possible victims are within their minimum run time (core/victim_rules.py;
     # only a cluster whose minimum run times are set, which needs format 6, gives it).
     ReasonCode.WAITING_MIN_RUNTIME: 6,
     # A gang no set of the cluster's nodes could ever hold waits for nodes to join

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from synapse_ha.core.arrays import task_id
 from synapse_ha.core.checkpoints import mark_problems
 from synapse_ha.core.cohort_tree import MAX_COHORT_DEPTH, ancestors
-from synapse_ha.core.machine.dependencies import Outcome, outcome_of
+from synapse_ha.core.machine.apply_dependencies import Outcome, outcome_of
 from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import (

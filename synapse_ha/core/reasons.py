@@ -68,7 +68,7 @@ class ReasonCode(enum.StrEnum):
     WAITING_FOR_VICTIMS = "waiting_for_victims"  # count, kind, victims
     PREEMPTING = "preempting"  # preemptor, kind, grace_ms, deadline_ms (a live job's reason)
     WAITING_FOR_PREEMPTOR = "waiting_for_preemptor"  # preemptor, until_ms
-    # count, kind, until_ms: from when it may preempt them (core/victims.py)
+    # count, kind, until_ms: from when it may preempt them (core/victim_rules.py)
     WAITING_MIN_RUNTIME = "waiting_min_runtime"
     # -- dependencies (core/dependencies.py)
     DEPENDENCY = "dependency"  # waiting (what it waits for, as text), count

@@ -37,8 +37,8 @@ from synapse_ha.raft.channel import TLS_CHANNEL
 from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.restore import RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot_file import SnapshotMember
-from synapse_ha.rpc.admission import ReadGate
 from synapse_ha.rpc.auth import AuthInterceptor, identify_token, token_hash
+from synapse_ha.rpc.load_gates import ReadGate
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from synapse_ha.rpc.server.format_gate import FormatGate

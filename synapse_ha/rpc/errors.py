@@ -2,7 +2,7 @@
 
 Every error a replica returns carries, besides its status code and sentence, a
 ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer (the ``grpcio-status``
-convention) holding an ``ErrorInfo`` with ``domain="synapse.v1"``, a :class:`Reason` and
+convention) holding an ``ErrorInfo`` with ``domain="synapse.v1"``, a :class:`ErrorReason` and
 string metadata; an ``INVALID_ARGUMENT`` also carries a ``BadRequest`` with one field
 violation per broken rule. Clients branch on the reason and read the metadata (the
 leader's address, the field), never on the sentence, which is for people.
@@ -23,42 +23,45 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from synapse_ha.core.validation import Violation, ViolationCode
-from synapse_ha.service.refusal import Reason, Refusal
+from synapse_ha.service.refusal import ErrorReason, Refusal
 
-__all__ = ["Reason"]  # the use cases' reasons; clients read them from here
+__all__ = ["ErrorReason", "Reason"]  # the use cases' reasons; clients read them from here
+
+# The same enum under the name the client library, the CLI and the dashboard import.
+Reason = ErrorReason
 
 DOMAIN = "synapse.v1"
 # Kept for clients that predate ErrorInfo; the reason's metadata is what clients read.
 LEADER_METADATA_KEY = "synapse-leader"
 
 
-STATUS_OF: Mapping[Reason, grpc.StatusCode] = {
-    Reason.NOT_LEADER: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.LEADER_NOT_READY: grpc.StatusCode.UNAVAILABLE,
-    Reason.NO_LEADER: grpc.StatusCode.UNAVAILABLE,
-    Reason.INVALID_FIELD: grpc.StatusCode.INVALID_ARGUMENT,
-    Reason.JOB_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.NODE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.OUTCOME_UNKNOWN: grpc.StatusCode.DEADLINE_EXCEEDED,
-    Reason.NOT_COMMITTED: grpc.StatusCode.UNAVAILABLE,
-    Reason.INTERNAL: grpc.StatusCode.INTERNAL,
-    Reason.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    Reason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    Reason.TOKEN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.NEEDS_TLS: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.CHANGE_IN_FLIGHT: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.WOULD_LOSE_QUORUM: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.REPLICA_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Reason.REPLICA_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.LAST_REPLICA: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.LEADER_STEPPING_DOWN: grpc.StatusCode.UNAVAILABLE,
-    Reason.EVENTS_EXPIRED: grpc.StatusCode.OUT_OF_RANGE,
-    Reason.QUEUE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.COHORT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.UNKNOWN: grpc.StatusCode.UNKNOWN,
+STATUS_OF: Mapping[ErrorReason, grpc.StatusCode] = {
+    ErrorReason.NOT_LEADER: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.LEADER_NOT_READY: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.NO_LEADER: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.INVALID_FIELD: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorReason.JOB_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.NODE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.CONFLICT: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.OUTCOME_UNKNOWN: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorReason.NOT_COMMITTED: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorReason.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorReason.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorReason.TOKEN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.NEEDS_TLS: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.CHANGE_IN_FLIGHT: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.WOULD_LOSE_QUORUM: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.REPLICA_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorReason.REPLICA_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.LAST_REPLICA: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.LEADER_STEPPING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.EVENTS_EXPIRED: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorReason.QUEUE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.COHORT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.LIMIT_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 
 
@@ -73,7 +76,7 @@ class _Status(grpc.Status):
 
 
 def build_status(
-    reason: Reason,
+    reason: ErrorReason,
     message: str,
     metadata: Mapping[str, str] | None = None,
     violations: Sequence[Violation] = (),
@@ -136,7 +139,7 @@ def for_item(status: grpc.Status, index: int) -> grpc.Status:
 
 def abort(
     context: grpc.ServicerContext,
-    reason: Reason,
+    reason: ErrorReason,
     message: str,
     metadata: Mapping[str, str] | None = None,
     violations: Sequence[Violation] = (),
@@ -153,7 +156,7 @@ def abort_invalid(context: grpc.ServicerContext, violations: Sequence[Violation]
     first = violations[0]
     message = "; ".join(str(v) for v in violations)
     metadata = {"field": first.field, "rule": first.rule, "violation": str(first.code)}
-    abort(context, Reason.INVALID_FIELD, message, metadata, violations)
+    abort(context, ErrorReason.INVALID_FIELD, message, metadata, violations)
 
 
 def refusal_metadata(refusal: Refusal) -> dict[str, str]:
@@ -176,7 +179,7 @@ def refusal_status(refusal: Refusal, extra: Mapping[str, str] | None = None) -> 
     if extra:
         metadata.update(extra)
     trailing: tuple[tuple[str, str], ...] = ()
-    if refusal.code is Reason.NOT_LEADER and metadata.get("leader_address"):
+    if refusal.code is ErrorReason.NOT_LEADER and metadata.get("leader_address"):
         trailing = ((LEADER_METADATA_KEY, metadata["leader_address"]),)
     return build_status(refusal.code, refusal.words, metadata, refusal.violations, trailing)
 
@@ -191,7 +194,7 @@ class RpcFailure:
     violations of a BadRequest."""
 
     code: grpc.StatusCode
-    reason: Reason
+    reason: ErrorReason
     message: str
     metadata: Mapping[str, str] = field(default_factory=dict)
     violations: tuple[Violation, ...] = ()
@@ -211,21 +214,21 @@ class RpcFailure:
 
     def describe(self) -> str:
         """``CODE: message`` for people (logs, a list of attempts)."""
-        return f"{self.reason if self.reason is not Reason.UNKNOWN else self.code.name}: " + (
+        return f"{self.reason if self.reason is not ErrorReason.UNKNOWN else self.code.name}: " + (
             self.message
         )
 
 
 def failure_of(exc: grpc.RpcError) -> RpcFailure:
     """Read the code, reason, metadata and violations of a failed call. Never raises:
-    an error without (or with unreadable) details gives ``Reason.UNKNOWN``."""
+    an error without (or with unreadable) details gives ``ErrorReason.UNKNOWN``."""
     code_of: Any = getattr(exc, "code", None)
     details_of: Any = getattr(exc, "details", None)
     code = code_of() if callable(code_of) else None
     message = details_of() if callable(details_of) else None
     failure = RpcFailure(
         code=code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN,
-        reason=Reason.UNKNOWN,
+        reason=ErrorReason.UNKNOWN,
         message=message if isinstance(message, str) else str(exc),
     )
     call: Any = exc  # a grpc.Call at run time (a test's stand-in need only have its methods)
@@ -237,7 +240,7 @@ def failure_of(exc: grpc.RpcError) -> RpcFailure:
         return failure
     if status is None:
         return failure
-    reason = Reason.UNKNOWN
+    reason = ErrorReason.UNKNOWN
     metadata: dict[str, str] = {}
     violations: list[Violation] = []
     for detail in status.details:
@@ -247,9 +250,9 @@ def failure_of(exc: grpc.RpcError) -> RpcFailure:
             if info.domain != DOMAIN:
                 continue
             try:
-                reason = Reason(info.reason)
+                reason = ErrorReason(info.reason)
             except ValueError:
-                reason = Reason.UNKNOWN
+                reason = ErrorReason.UNKNOWN
             metadata = dict(info.metadata)
         elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             bad = error_details_pb2.BadRequest()

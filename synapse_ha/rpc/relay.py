@@ -46,7 +46,7 @@ import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState
-from synapse_ha.rpc.errors import Reason, refusal_metadata
+from synapse_ha.rpc.errors import ErrorReason, refusal_metadata
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import heartbeat_in, heartbeat_message
@@ -154,9 +154,9 @@ class RelayFailed(Exception):
 def _failed(refusal: pb.RelayedRefusal) -> RelayFailed:
     """The leader's refusal of one heartbeat, as the follower ends its stream with."""
     try:
-        reason = Reason(refusal.reason)
+        reason = ErrorReason(refusal.reason)
     except ValueError:  # a newer leader's reason: register again to learn more
-        reason = Reason.NOT_LEADER
+        reason = ErrorReason.NOT_LEADER
     return RelayFailed(Refusal(reason, refusal.message, metadata=dict(refusal.metadata)))
 
 
@@ -211,7 +211,7 @@ class RelayClient:
                 self.failed += 1
                 raise RelayFailed(
                     Refusal(
-                        Reason.NOT_LEADER,
+                        ErrorReason.NOT_LEADER,
                         f"replica {self.ctx.self_id} is behind the leader; register again",
                     )
                 )
@@ -291,7 +291,7 @@ class RelayClient:
 
     def _fail(self, entries: list[_Entry], why: str) -> None:
         refusal = Refusal(
-            Reason.NOT_LEADER,
+            ErrorReason.NOT_LEADER,
             f"replica {self.ctx.self_id} could not relay this heartbeat: {why}; register again",
         )
         for entry in entries:

@@ -49,7 +49,7 @@ from synapse_ha.core import access
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState
 from synapse_ha.rpc.auth import AuthInterceptor
-from synapse_ha.rpc.errors import Reason, refusal_status
+from synapse_ha.rpc.errors import ErrorReason, refusal_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import (
@@ -248,7 +248,7 @@ class StreamServer:
         if self._streams.get(stream.node_id) is stream:
             del self._streams[stream.node_id]
         status = refusal_status(
-            Refusal(Reason.NOT_LEADER, f"{why}; register again to find the leader")
+            Refusal(ErrorReason.NOT_LEADER, f"{why}; register again to find the leader")
         )
         with contextlib.suppress(Exception):  # ending a call that ends anyway
             await stream.context.abort(status.code, status.details, status.trailing_metadata)
@@ -327,7 +327,7 @@ class StreamServer:
     def _not_serving(self) -> _Refused:
         return _Refused(
             Refusal(
-                Reason.NOT_LEADER,
+                ErrorReason.NOT_LEADER,
                 "this replica does not serve as leader now; register again to find the leader",
                 metadata={"leader_id": ""},
             )
@@ -357,7 +357,7 @@ class StreamServer:
                 if named and named != node_id:
                     raise _Refused(
                         Refusal(
-                            Reason.INVALID_FIELD,
+                            ErrorReason.INVALID_FIELD,
                             f"this stream speaks for node {node_id!r}, not {named!r}",
                             "node_id",
                         )

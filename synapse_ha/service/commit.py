@@ -12,13 +12,13 @@ from concurrent import futures
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.leader.ports import ProposalError
-from synapse_ha.service.refusal import Reason, Refusal
+from synapse_ha.service.refusal import ErrorReason, Refusal
 
 # The reason for each error result of ``apply``; NOT_FOUND depends on what was looked up.
 _RESULT_REASON = {
-    cmd.ResultCode.INVALID: Reason.INVALID_FIELD,
-    cmd.ResultCode.CONFLICT: Reason.CONFLICT,
-    cmd.ResultCode.INTERNAL: Reason.INTERNAL,
+    cmd.ResultCode.INVALID: ErrorReason.INVALID_FIELD,
+    cmd.ResultCode.CONFLICT: ErrorReason.CONFLICT,
+    cmd.ResultCode.INTERNAL: ErrorReason.INTERNAL,
 }
 
 
@@ -27,12 +27,12 @@ def failed(exc: TimeoutError | ProposalError) -> Refusal:
     if isinstance(exc, ProposalError):
         if exc.committed_unknown:
             return Refusal(
-                Reason.OUTCOME_UNKNOWN,
+                ErrorReason.OUTCOME_UNKNOWN,
                 f"the outcome is unknown ({exc}); retrying with the same request is safe",
             )
-        return Refusal(Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
+        return Refusal(ErrorReason.NOT_COMMITTED, f"not committed: {exc}; retry")
     return Refusal(
-        Reason.OUTCOME_UNKNOWN,
+        ErrorReason.OUTCOME_UNKNOWN,
         "the outcome is unknown (not committed within the deadline); "
         "retrying with the same request is safe",
     )
@@ -45,7 +45,7 @@ def refused(result: cmd.Result, not_found: Refusal) -> Refusal | None:
         return None
     if result.code is cmd.ResultCode.NOT_FOUND:
         return Refusal(not_found.code, result.message, not_found.field, not_found.metadata)
-    return Refusal(_RESULT_REASON.get(result.code, Reason.INTERNAL), result.message)
+    return Refusal(_RESULT_REASON.get(result.code, ErrorReason.INTERNAL), result.message)
 
 
 def committed(

@@ -10,7 +10,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import Identity
 from synapse_ha.core.model import JobState
 from synapse_ha.service import commit
-from synapse_ha.service.refusal import Reason, Refusal, denied, required
+from synapse_ha.service.refusal import ErrorReason, Refusal, denied, required
 from synapse_ha.service.replica import Replica
 
 audit = logging.getLogger("synapse_ha.audit")
@@ -27,7 +27,7 @@ class Cancelled:
 
 
 def job_not_found(job_id: str) -> Refusal:
-    return Refusal(Reason.JOB_NOT_FOUND, f"no job {job_id!r}", metadata={"job_id": job_id})
+    return Refusal(ErrorReason.JOB_NOT_FOUND, f"no job {job_id!r}", metadata={"job_id": job_id})
 
 
 def cancel(

@@ -1,4 +1,4 @@
-"""Why a use case said no: one :class:`Refusal` (a :class:`Reason`, the field at fault
+"""Why a use case said no: one :class:`Refusal` (a :class:`ErrorReason`, the field at fault
 and a sentence for people), whatever the transport that maps it to its wire error."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from synapse_ha.core import access
 from synapse_ha.core.validation import Violation, ViolationCode
 
 
-class Reason(enum.StrEnum):
+class ErrorReason(enum.StrEnum):
     """Why a call failed (``ErrorInfo.reason`` on the wire). Stable: values are only
     ever added."""
 
@@ -57,7 +57,7 @@ class Refusal:
     breaks; ``denied`` the access policy's refusal this is, which the transport logs and
     counts with the refusals it makes itself."""
 
-    code: Reason
+    code: ErrorReason
     words: str
     field: str = ""
     metadata: Mapping[str, str] = dataclasses.field(default_factory=lambda: _NO_METADATA)
@@ -69,7 +69,7 @@ def invalid(violations: Sequence[Violation]) -> Refusal:
     """INVALID_FIELD for a non-empty list of broken rules; the first names the field."""
     first = violations[0]
     return Refusal(
-        Reason.INVALID_FIELD,
+        ErrorReason.INVALID_FIELD,
         "; ".join(str(v) for v in violations),
         first.field,
         violations=tuple(violations),
@@ -82,15 +82,15 @@ def required(field_name: str) -> Refusal:
 
 def node_not_found(node_id: str) -> Refusal:
     return Refusal(
-        Reason.NODE_NOT_FOUND,
+        ErrorReason.NODE_NOT_FOUND,
         f"node {node_id!r} is not registered; call RegisterNode",
         metadata={"node_id": node_id},
     )
 
 
 _DENIED_REASON = {
-    access.RefusalCode.UNAUTHENTICATED: Reason.UNAUTHENTICATED,
-    access.RefusalCode.PERMISSION_DENIED: Reason.PERMISSION_DENIED,
+    access.RefusalCode.UNAUTHENTICATED: ErrorReason.UNAUTHENTICATED,
+    access.RefusalCode.PERMISSION_DENIED: ErrorReason.PERMISSION_DENIED,
 }
 
 

@@ -21,11 +21,11 @@ from synapse_ha.core.access import Identity
 from synapse_ha.core.arrays import parse_array
 from synapse_ha.core.cluster_config import Limits
 from synapse_ha.core.feasibility import REFUSES_AT_FORMAT
-from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
+from synapse_ha.core.machine.apply_dependencies import submission_problem as dependency_problem
 from synapse_ha.core.model import ClusterState, JobSpec, Token
 from synapse_ha.core.spec import SpecError
 from synapse_ha.service.limits import PendingInFlight, SubmitRate
-from synapse_ha.service.refusal import Reason, Refusal, denied, invalid
+from synapse_ha.service.refusal import ErrorReason, Refusal, denied, invalid
 from synapse_ha.service.replica import Replica
 
 audit = logging.getLogger("synapse_ha.audit")
@@ -50,7 +50,7 @@ def limit_refusal(identity: Identity, refusal: admission.LimitExceeded) -> Refus
     audit.info("%s refused by limits.%s (%d of %d)", identity, refusal.limit,
                refusal.actual, refusal.allowed)  # fmt: skip
     return Refusal(
-        Reason.LIMIT_EXCEEDED,
+        ErrorReason.LIMIT_EXCEEDED,
         refusal.message,
         metadata={
             "limit": refusal.limit,
@@ -65,7 +65,7 @@ def charge(rate: SubmitRate, identity: Identity, limits: Limits, count: int) -> 
     allows (or more at once than its burst); else the submissions are charged."""
     if count > limits.submit_burst:
         return Refusal(
-            Reason.LIMIT_EXCEEDED,
+            ErrorReason.LIMIT_EXCEEDED,
             f"{access.describe_caller(identity)} may submit at most limits.submit_burst "
             f"({limits.submit_burst}) jobs at once; this call has {count}",
             metadata={
@@ -77,7 +77,7 @@ def charge(rate: SubmitRate, identity: Identity, limits: Limits, count: int) -> 
     wait_s = rate.take(str(identity), limits.submit_burst, limits.submit_per_s, count)
     if wait_s > 0:
         return Refusal(
-            Reason.LIMIT_EXCEEDED,
+            ErrorReason.LIMIT_EXCEEDED,
             f"{access.describe_caller(identity)} submits faster than limits.submit_per_s "
             f"({limits.submit_per_s} a second, bursts of {limits.submit_burst}); retry in "
             f"{wait_s:.2f}s",

@@ -20,7 +20,7 @@ from synapse_ha.core.cohort_tree import root_of
 from synapse_ha.core.dependencies import Dependencies, DependencyKind
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
-from synapse_ha.core.machine.dependencies import Outcome, outcome_of
+from synapse_ha.core.machine.apply_dependencies import Outcome, outcome_of
 from synapse_ha.core.model import ClusterState, JobSpec, JobState
 from synapse_ha.sim.capacity import FreeGpus, RackLayout
 from synapse_ha.sim.fairness import Loss, TenancyMeter

@@ -52,7 +52,7 @@ class Account:
     shell: str = ""  # its login shell ("": the account database names none)
 
 
-class RefusalCode(enum.StrEnum):
+class RunAsRefusalCode(enum.StrEnum):
     NO_ACCOUNT = "no_account"  # the owner has no local account and no user-map entry
     ROOT_REFUSED = "root_refused"  # the owner's account is root; the node does not allow it
 
@@ -61,13 +61,13 @@ class RefusalCode(enum.StrEnum):
 class RunAsRefusal:
     """Why a member may not start on this node under its owner's account."""
 
-    code: RefusalCode
+    code: RunAsRefusalCode
     node_id: str
     owner: str
     mapped_to: str = ""  # the account name the user map gave, when there was an entry
 
     def describe(self) -> str:
-        if self.code is RefusalCode.ROOT_REFUSED:
+        if self.code is RunAsRefusalCode.ROOT_REFUSED:
             return f"node {self.node_id} does not run members as root"
         if self.mapped_to:
             return (
@@ -122,14 +122,14 @@ def resolve_member_account(
         # Nobody to switch to: the member would run as the agent itself, which is root.
         if policy.allow_root_members:
             return None
-        return RunAsRefusal(RefusalCode.ROOT_REFUSED, policy.node_id, owner)
+        return RunAsRefusal(RunAsRefusalCode.ROOT_REFUSED, policy.node_id, owner)
     name = policy.account_name(owner)
     mapped = dict(policy.user_map).get(owner, "")
     account = lookup(name)
     if account is None:
-        return RunAsRefusal(RefusalCode.NO_ACCOUNT, policy.node_id, owner, mapped)
+        return RunAsRefusal(RunAsRefusalCode.NO_ACCOUNT, policy.node_id, owner, mapped)
     if account.uid == 0 and not policy.allow_root_members:
-        return RunAsRefusal(RefusalCode.ROOT_REFUSED, policy.node_id, owner, mapped)
+        return RunAsRefusal(RunAsRefusalCode.ROOT_REFUSED, policy.node_id, owner, mapped)
     return account
 
 

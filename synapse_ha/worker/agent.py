@@ -32,7 +32,7 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   when that list changed, so the leader requeues the gang on a failed GPU at once.
 * Every heartbeat carries the latest result of each node check (``checks``: the
   health-check program, :mod:`synapse_ha.worker.health_check`), early when one changed.
-* Checkpoint marks (:mod:`synapse_ha.worker.checkpoints`): when a heartbeat goes out, a
+* Checkpoint marks (:mod:`synapse_ha.worker.checkpoint_files`): when a heartbeat goes out, a
   running member whose ``$SYNAPSE_CHECKPOINT_FILE`` changed gets a CHECKPOINT report (its
   newest mark; an older one not yet acknowledged is replaced), and a member that exited
   gets one, when its file changed, just before its EXITED report, so that the mark it
@@ -58,7 +58,7 @@ from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.from_proto import Wanted
 from synapse_ha.rpc.from_proto import desired_from_proto as desired_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.worker.checkpoints import Mark
+from synapse_ha.worker.checkpoint_files import Mark
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
 from synapse_ha.worker.member_dirs import MemberExit
 from synapse_ha.worker.members import PreemptNotice

@@ -22,7 +22,7 @@ from synapse_ha.core.progress import SOURCE_FILE, SOURCE_LOG
 from synapse_ha.core.validation import image_reference_problem
 from synapse_ha.worker import shim
 from synapse_ha.worker.accounts import Account
-from synapse_ha.worker.checkpoints import CHECKPOINT_FILE
+from synapse_ha.worker.checkpoint_files import CHECKPOINT_FILE
 from synapse_ha.worker.environment import (
     CHECKPOINT_FILE_ENV,
     PREEMPT_FILE_ENV,

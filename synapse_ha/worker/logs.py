@@ -136,7 +136,7 @@ def read_chunks(
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class LogRefusal:
     """Why a call is refused: the status code and a sentence for the caller."""
 
     code: grpc.StatusCode
@@ -154,26 +154,26 @@ class Reader:
 
 class LogAuthorizer(Protocol):
     """Decides whether the caller of the current RPC may read a job's logs or nudge this
-    worker: None (or a :class:`Reader`) allows, a :class:`Refusal` refuses."""
+    worker: None (or a :class:`Reader`) allows, a :class:`LogRefusal` refuses."""
 
-    def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None: ...
+    def check_read(self, context: grpc.ServicerContext, job_id: str) -> LogRefusal | None: ...
 
-    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | Reader: ...
+    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> LogRefusal | Reader: ...
 
-    def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None: ...
+    def check_nudge(self, context: grpc.ServicerContext) -> LogRefusal | None: ...
 
 
 class AllowAll:
     """Allows every call: for plaintext test servers and callers that predate access
     control."""
 
-    def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None:
+    def check_read(self, context: grpc.ServicerContext, job_id: str) -> LogRefusal | None:
         return None
 
-    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | Reader:
+    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> LogRefusal | Reader:
         return Reader(None)
 
-    def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None:
+    def check_nudge(self, context: grpc.ServicerContext) -> LogRefusal | None:
         return None
 
 
@@ -209,11 +209,11 @@ class LogAccess:
         access._ca_pem = _CurrentCa(transport)
         return access
 
-    def check_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | None:
+    def check_read(self, context: grpc.ServicerContext, job_id: str) -> LogRefusal | None:
         admitted = self.admit_read(context, job_id)
-        return admitted if isinstance(admitted, Refusal) else None
+        return admitted if isinstance(admitted, LogRefusal) else None
 
-    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> Refusal | Reader:
+    def admit_read(self, context: grpc.ServicerContext, job_id: str) -> LogRefusal | Reader:
         ca_pem = self._ca_pem()
         if ca_pem is None:
             return Reader(None)
@@ -223,12 +223,12 @@ class LogAccess:
         grants = [v for k, v in context.invocation_metadata() if k == GRANT_METADATA_KEY]
         if not grants:
             if caller is None:
-                return Refusal(
+                return LogRefusal(
                     grpc.StatusCode.UNAUTHENTICATED,
                     "reading logs needs a grant from a replica (metadata "
                     f"{GRANT_METADATA_KEY!r}) or a replica certificate; this call has neither",
                 )
-            return Refusal(
+            return LogRefusal(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{caller} may not read logs without a grant from a replica "
                 f"(metadata {GRANT_METADATA_KEY!r})",
@@ -248,20 +248,20 @@ class LogAccess:
                 if exc.reason.authenticates
                 else grpc.StatusCode.UNAUTHENTICATED
             )
-            return Refusal(code, f"log grant refused ({exc.reason}): {exc}")
+            return LogRefusal(code, f"log grant refused ({exc.reason}): {exc}")
         return Reader(claims.subject)
 
-    def check_nudge(self, context: grpc.ServicerContext) -> Refusal | None:
+    def check_nudge(self, context: grpc.ServicerContext) -> LogRefusal | None:
         if self._ca_pem() is None:
             return None
         caller = peer_identity(context)
         if caller is None:
-            return Refusal(
+            return LogRefusal(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "only a replica may nudge; this call has no certificate",
             )
         if caller.kind is not Kind.REPLICA:
-            return Refusal(
+            return LogRefusal(
                 grpc.StatusCode.PERMISSION_DENIED, f"only a replica may nudge, not {caller}"
             )
         return None
@@ -316,18 +316,18 @@ class FollowSlots:
         self._by_identity: dict[str | None, int] = {}
         self._open = 0
 
-    def acquire(self, who: str | None) -> Refusal | None:
+    def acquire(self, who: str | None) -> LogRefusal | None:
         """Take a slot for ``who`` (None: a replica, limited by the total only)."""
         with self._lock:
             mine = self._by_identity.get(who, 0)
             if who is not None and mine >= self.per_identity:
-                return Refusal(
+                return LogRefusal(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"{who} follows {mine} logs on this node already, the most one identity "
                     f"may ({self.per_identity}); stop one first",
                 )
             if self._open >= self.total:
-                return Refusal(
+                return LogRefusal(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"{self._open} logs are followed on this node, the most it serves at "
                     "once; read without following, or retry later",
@@ -377,7 +377,7 @@ class WorkerServicer(wpb_grpc.WorkerServiceServicer):
         self, request: wpb.ReadLogRequest, context: grpc.ServicerContext
     ) -> Iterator[wpb.LogChunk]:
         admitted = self.authorize.admit_read(context, request.job_id)
-        if isinstance(admitted, Refusal):
+        if isinstance(admitted, LogRefusal):
             context.abort(admitted.code, admitted.message)
         if request.rank < 0 or request.attempt < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "rank and attempt must be >= 0")

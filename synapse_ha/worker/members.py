@@ -54,7 +54,7 @@ from synapse_ha.worker.accounts import (
     resolve_member_account,
 )
 from synapse_ha.worker.cgroups import CgroupLimiter
-from synapse_ha.worker.checkpoints import CheckpointWatches, Mark, create_checkpoint_file
+from synapse_ha.worker.checkpoint_files import CheckpointWatches, Mark, create_checkpoint_file
 from synapse_ha.worker.environment import member_base_environment
 from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
 from synapse_ha.worker.launch import (
@@ -430,7 +430,7 @@ class MemberExecutor:
 
     def marks(self, keys: Iterable[MemberKey]) -> list[tuple[MemberKey, Mark]]:
         """The new checkpoint mark of each of ``keys`` whose file changed since the last
-        call (:mod:`synapse_ha.worker.checkpoints`)."""
+        call (:mod:`synapse_ha.worker.checkpoint_files`)."""
         return self.checkpoints.poll(keys)
 
     def gpus_held(self) -> dict[MemberKey, tuple[int, ...]]:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from synapse_ha.rpc import states
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.worker.agent import (
@@ -209,7 +209,7 @@ class StreamControlPlane:
             if self.relayed:  # the follower, or the leader behind it, went silent
                 self._unreachable[self.stream_address] = time.monotonic()
             self._on_silent()
-        if ended is not None and failure_of(ended).reason is Reason.NODE_NOT_FOUND:
+        if ended is not None and failure_of(ended).reason is ErrorReason.NODE_NOT_FOUND:
             raise NotRegistered(str(ended.details()))
         if ended is not None and ended.code() is grpc.StatusCode.UNIMPLEMENTED:
             address, self.stream_address = self.stream_address, ""  # unary from now on

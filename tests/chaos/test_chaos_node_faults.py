@@ -41,10 +41,10 @@ from synapse_ha.core.model import (
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.accounts import (
-    RefusalCode,
     RunAsMode,
     RunAsPolicy,
     RunAsRefusal,
+    RunAsRefusalCode,
     parse_user_map,
     resolve_member_account,
 )
@@ -110,7 +110,7 @@ def test_the_worker_refuses_the_owner_for_a_reason_of_the_node(present: set[str]
     entries = [f.removeprefix("--user-map=") for f in flags if f.startswith("--user-map=")]
     policy = RunAsPolicy(RunAsMode.OWNER, "w1", "root", user_map=parse_user_map(entries))
     refused = resolve_member_account(policy, "admin", lambda name: None)
-    assert isinstance(refused, RunAsRefusal) and refused.code is RefusalCode.NO_ACCOUNT
+    assert isinstance(refused, RunAsRefusal) and refused.code is RunAsRefusalCode.NO_ACCOUNT
     assert f"no account {'for user ' if not entries else ''}{account}" in refused.describe()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.client import checkpoint, preempt_notice, resume_step
-from synapse_ha.worker.checkpoints import last_line, parse_step
+from synapse_ha.worker.checkpoint_files import last_line, parse_step
 
 
 def test_outside_a_member_nothing_is_written() -> None:

@@ -13,7 +13,7 @@ from synapse_ha.core.cluster_config import (
 from synapse_ha.core.fairshare import add_usage, decay, share
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus, Resources
 from synapse_ha.core.reasons import ReasonCode, render
-from synapse_ha.core.scheduler.preempting import CLAIM_WINDOW_MS
+from synapse_ha.core.scheduler.pass_preemptions import CLAIM_WINDOW_MS
 from tests.core.harness import Cluster, job, node
 
 

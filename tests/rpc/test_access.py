@@ -19,7 +19,7 @@ from synapse_ha.core.access import Role
 from synapse_ha.core.machine import apply
 from synapse_ha.leader.loop import Liveness
 from synapse_ha.rpc.auth import new_token
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from tests.rpc.authed import NOW, PEER_KEY, FakeBackend, Replica, serving_replica
@@ -146,7 +146,7 @@ def test_refusal_matrix(
         failure = failure_of(exc)
         got = failure.code
         if expected is not OK and got is expected:
-            assert failure.reason is Reason(expected.name), failure
+            assert failure.reason is ErrorReason(expected.name), failure
             assert failure.metadata.get("method"), failure
     assert got is expected
 
@@ -240,13 +240,13 @@ def test_admin_creates_lists_and_revokes_tokens(replica: Replica) -> None:
     replica.scheduler.RevokeToken(pb.RevokeTokenRequest(token_id=made.token_id), metadata=admin)
     with pytest.raises(grpc.RpcError) as refused:
         replica.scheduler.CordonNode(CORDON, metadata=erin)
-    assert failure_of(refused.value).reason is Reason.UNAUTHENTICATED
+    assert failure_of(refused.value).reason is ErrorReason.UNAUTHENTICATED
     assert "revoked" in failure_of(refused.value).message
     with pytest.raises(grpc.RpcError) as unknown:
         replica.scheduler.RevokeToken(
             pb.RevokeTokenRequest(token_id="ffffffffffff"), metadata=admin
         )
-    assert failure_of(unknown.value).reason is Reason.TOKEN_NOT_FOUND
+    assert failure_of(unknown.value).reason is ErrorReason.TOKEN_NOT_FOUND
 
 
 def test_a_token_is_refused_once_its_revocation_commits(replica: Replica) -> None:
@@ -273,7 +273,7 @@ def test_a_follower_sends_a_token_it_cannot_verify_to_the_leader(replica: Replic
     stale = pb.ListJobsRequest(allow_stale=True)
     with pytest.raises(grpc.RpcError) as leader_refuses:
         replica.scheduler.ListJobs(stale, metadata=erin)
-    assert failure_of(leader_refuses.value).reason is Reason.UNAUTHENTICATED
+    assert failure_of(leader_refuses.value).reason is ErrorReason.UNAUTHENTICATED
 
     # The same replica as a follower of r2.
     replica.ctx.serving = lambda: False
@@ -289,16 +289,16 @@ def test_a_follower_sends_a_token_it_cannot_verify_to_the_leader(replica: Replic
         with pytest.raises(grpc.RpcError) as routed:
             replica.scheduler.ListJobs(stale, metadata=who)
         failure = failure_of(routed.value)
-        assert failure.reason is Reason.NOT_LEADER, failure
+        assert failure.reason is ErrorReason.NOT_LEADER, failure
         assert failure.metadata["leader_address"] == "10.9.9.9:7000"
     for final in ("garbage-token", "revoked", "expired"):
         with pytest.raises(grpc.RpcError) as refused:
             replica.scheduler.ListJobs(stale, metadata=_as(replica, final))
-        assert failure_of(refused.value).reason is Reason.UNAUTHENTICATED, final
+        assert failure_of(refused.value).reason is ErrorReason.UNAUTHENTICATED, final
     leader[0] = ""
     with pytest.raises(grpc.RpcError) as leaderless:
         replica.scheduler.ListJobs(stale, metadata=erin)
-    assert failure_of(leaderless.value).reason is Reason.NO_LEADER
+    assert failure_of(leaderless.value).reason is ErrorReason.NO_LEADER
 
 
 def test_a_token_expires_by_the_replica_clock(replica: Replica) -> None:
@@ -319,7 +319,7 @@ def test_create_token_refuses_bad_fields(replica: Replica) -> None:
             pb.CreateTokenRequest(user="erin", role="root"), metadata=_as(replica, "admin")
         )
     failure = failure_of(refused.value)
-    assert failure.reason is Reason.INVALID_FIELD and failure.field == "role"
+    assert failure.reason is ErrorReason.INVALID_FIELD and failure.field == "role"
 
 
 # ----------------------------------------------------------------------- log grants
@@ -337,7 +337,7 @@ def test_log_grants_need_a_signer_and_name_the_members_node(replica: Replica) ->
     request = pb.GrantLogAccessRequest(job_id=replica.jobs["alice"], rank=0)
     with pytest.raises(grpc.RpcError) as refused:
         replica.scheduler.GrantLogAccess(request, metadata=_as(replica, "alice"))
-    assert failure_of(refused.value).reason is Reason.NEEDS_TLS
+    assert failure_of(refused.value).reason is ErrorReason.NEEDS_TLS
     signed: list[tuple[str, str, str]] = []
 
     def signer(job_id: str, subject: str, node_id: str) -> tuple[str, int]:
@@ -359,11 +359,11 @@ def test_the_client_sends_its_token_on_every_call(replica: Replica) -> None:
         assert {j.owner for j in client.list_jobs()} == {"alice", "bob"}
         with pytest.raises(grpc.RpcError) as refused:
             client.set_node_status("n1", "cordon")
-        assert failure_of(refused.value).reason is Reason.PERMISSION_DENIED
+        assert failure_of(refused.value).reason is ErrorReason.PERMISSION_DENIED
     with ClusterClient([replica.address], timeout_s=3) as anonymous:
         with pytest.raises(grpc.RpcError) as unauth:
             anonymous.list_jobs()
-        assert failure_of(unauth.value).reason is Reason.UNAUTHENTICATED
+        assert failure_of(unauth.value).reason is ErrorReason.UNAUTHENTICATED
 
 
 def test_insecure_mode_makes_every_caller_the_anonymous_admin() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 import synapse_ha.client.cluster as client_module
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.rpc.errors import Reason
+from synapse_ha.rpc.errors import ErrorReason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.test_errors import Replica, Step, answer, fails, serve
 
@@ -39,9 +39,9 @@ def _submit_through(replica: Replica) -> pb.SubmitJobResponse:
         return client.submit_job(pb.JobSpec(name="a"), request_id="r1")
 
 
-@pytest.mark.parametrize("reason", [Reason.NO_LEADER, Reason.LEADER_NOT_READY])
+@pytest.mark.parametrize("reason", [ErrorReason.NO_LEADER, ErrorReason.LEADER_NOT_READY])
 def test_while_a_leader_is_elected_the_pause_stays_short(
-    serve: Callable[[list[Step]], Replica], pauses: list[float], reason: Reason
+    serve: Callable[[list[Step]], Replica], pauses: list[float], reason: ErrorReason
 ) -> None:
     replica = serve([fails(reason)] * 8 + [answer()])
     assert _submit_through(replica).job_id == "job-000001"
@@ -53,7 +53,7 @@ def test_while_a_leader_is_elected_the_pause_stays_short(
 def test_other_refusals_keep_backing_off_exponentially(
     serve: Callable[[list[Step]], Replica], pauses: list[float]
 ) -> None:
-    replica = serve([fails(Reason.OVERLOADED)] * 8 + [answer()])
+    replica = serve([fails(ErrorReason.OVERLOADED)] * 8 + [answer()])
     assert _submit_through(replica).job_id == "job-000001"
     assert len(pauses) == 8
     assert max(pauses) > 0.2

@@ -20,7 +20,7 @@ import pytest
 from synapse_ha.client.attempts import Workers
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.local.waiting import wait_until
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.test_client_suspect import frozen, not_leader, thaw
 from tests.rpc.test_errors import Replica, Step, answer, fails, serve, submit
@@ -86,7 +86,7 @@ def test_a_redirect_to_a_replica_still_silent_is_not_followed(
     """A fresh client during an election: a follower names the frozen leader until it
     has elected another; the frozen one is asked once, never waited on again."""
     old = serve([frozen(thaw)])
-    new = serve([fails(Reason.NO_LEADER), answer("job-new")])
+    new = serve([fails(ErrorReason.NO_LEADER), answer("job-new")])
     follower = serve([not_leader(old)])
     with _client(follower, old, new) as client:
         # follower (to old), old (silent: hedged), new (no leader yet), follower (to
@@ -162,10 +162,10 @@ def test_a_refusal_from_the_next_replica_ends_the_call(
     serve: Callable[[list[Step]], Replica], thaw: threading.Event
 ) -> None:
     old = serve([frozen(thaw)])
-    new = serve([fails(Reason.INVALID_FIELD, field="name", rule="is required")])
+    new = serve([fails(ErrorReason.INVALID_FIELD, field="name", rule="is required")])
     with _client(old, new) as client, pytest.raises(grpc.RpcError) as info:
         submit(client)
-    assert failure_of(info.value).reason is Reason.INVALID_FIELD
+    assert failure_of(info.value).reason is ErrorReason.INVALID_FIELD
 
 
 def test_when_no_replica_answers_the_error_names_each_one_tried(

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.rpc.errors import Reason
+from synapse_ha.rpc.errors import ErrorReason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.test_errors import Replica, Step, answer, fails, serve, submit
 
@@ -41,7 +41,7 @@ def frozen(thaw: threading.Event) -> Step:
 
 
 def not_leader(leader: Replica) -> Step:
-    return fails(Reason.NOT_LEADER, leader_address=leader.address, leader_id="old")
+    return fails(ErrorReason.NOT_LEADER, leader_address=leader.address, leader_id="old")
 
 
 def _client(*replicas: Replica, timeout_s: float) -> ClusterClient:
@@ -82,7 +82,7 @@ def test_a_replica_reported_silent_is_asked_last_and_briefly(
     serve: Callable[[list[Step]], Replica], thaw: threading.Event
 ) -> None:
     old = serve([frozen(thaw)])
-    new = serve([fails(Reason.NO_LEADER), answer("job-new")])
+    new = serve([fails(ErrorReason.NO_LEADER), answer("job-new")])
     follower = serve([not_leader(old)])
     with _client(old, follower, new, timeout_s=5.0) as client:
         client.suspect(old.address)

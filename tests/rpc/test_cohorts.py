@@ -14,7 +14,7 @@ import pytest
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import Cohort
 from synapse_ha.core.formats import FORMAT
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, Replica, serving_replica
 from tests.rpc.test_queues import _md, _refused, _set
@@ -77,7 +77,7 @@ def test_an_admin_builds_a_tree_and_lists_it(replica: Replica) -> None:
             )
         )
     )
-    assert unknown.reason is Reason.COHORT_NOT_FOUND and unknown.metadata["cohort"] == "org"
+    assert unknown.reason is ErrorReason.COHORT_NOT_FOUND and unknown.metadata["cohort"] == "org"
 
 
 def test_cohorts_are_checked_before_proposing_and_need_format_7(replica: Replica) -> None:
@@ -87,7 +87,7 @@ def test_cohorts_are_checked_before_proposing_and_need_format_7(replica: Replica
     _raise_format(replica)
     bad = pb.Cohort(name="Org_X", parent="nowhere", lending_limit_gpu=-1)
     failure = failure_of(_refused(lambda: _set_cohort(replica, bad)))
-    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.reason is ErrorReason.INVALID_FIELD
     assert [v.field for v in failure.violations] == ["name", "parent", "lending_limit_gpu"]
     assert replica.backend.state.cohorts == {}
 

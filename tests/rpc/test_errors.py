@@ -19,7 +19,7 @@ from synapse_ha.rpc.errors import (
     DOMAIN,
     LEADER_METADATA_KEY,
     STATUS_OF,
-    Reason,
+    ErrorReason,
     abort,
     abort_invalid,
     build_status,
@@ -80,7 +80,7 @@ def answer(job_id: str = "job-000001") -> Step:
     return lambda context: pb.SubmitJobResponse(job_id=job_id, created=True)
 
 
-def fails(reason: Reason, message: str = "", **metadata: str) -> Step:
+def fails(reason: ErrorReason, message: str = "", **metadata: str) -> Step:
     def step(context: grpc.ServicerContext) -> pb.SubmitJobResponse:
         abort(context, reason, message or f"{reason} happened", metadata)
 
@@ -127,9 +127,9 @@ def error_from(replica: Replica) -> grpc.RpcError:
 # --------------------------------------------------------------- build and parse
 
 
-@pytest.mark.parametrize("reason", [r for r in Reason if r is not Reason.UNKNOWN])
+@pytest.mark.parametrize("reason", [r for r in ErrorReason if r is not ErrorReason.UNKNOWN])
 def test_every_reason_goes_over_the_wire_with_its_code_and_metadata(
-    serve: Callable[[list[Step]], Replica], reason: Reason
+    serve: Callable[[list[Step]], Replica], reason: ErrorReason
 ) -> None:
     replica = serve([fails(reason, "the sentence", job_id="job-7")])
     error = error_from(replica)
@@ -153,7 +153,7 @@ def test_invalid_fields_carry_every_violation(serve: Callable[[list[Step]], Repl
     error = error_from(serve([step]))
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
     failure = failure_of(error)
-    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.reason is ErrorReason.INVALID_FIELD
     assert failure.violations == tuple(violations)
     assert (failure.field, failure.rule) == ("name", "is required")
     assert failure.metadata == {"field": "name", "rule": "is required", "violation": "required"}
@@ -166,7 +166,7 @@ def test_extra_trailing_metadata_travels_beside_the_details(
     def step(context: grpc.ServicerContext) -> pb.SubmitJobResponse:
         abort(
             context,
-            Reason.NOT_LEADER,
+            ErrorReason.NOT_LEADER,
             "not the leader",
             {"leader_address": "127.0.0.1:1"},
             trailing=((LEADER_METADATA_KEY, "127.0.0.1:1"),),
@@ -180,14 +180,14 @@ def test_extra_trailing_metadata_travels_beside_the_details(
 def test_an_error_without_details_has_no_reason(serve: Callable[[list[Step]], Replica]) -> None:
     error = error_from(serve([fails_plain(grpc.StatusCode.NOT_FOUND, "no job 'x'")]))
     failure = failure_of(error)
-    assert failure.reason is Reason.UNKNOWN
+    assert failure.reason is ErrorReason.UNKNOWN
     assert failure.code is grpc.StatusCode.NOT_FOUND
     assert failure.message == "no job 'x'"
     assert failure.describe() == "NOT_FOUND: no job 'x'"
 
 
 def test_another_domain_or_a_newer_reason_is_unknown() -> None:
-    status = build_status(Reason.CONFLICT, "x")
+    status = build_status(ErrorReason.CONFLICT, "x")
     assert status.code is grpc.StatusCode.FAILED_PRECONDITION
 
     class Fake(grpc.RpcError):
@@ -203,14 +203,14 @@ def test_another_domain_or_a_newer_reason_is_unknown() -> None:
         def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
             return self._trailing
 
-    assert failure_of(Fake(status.trailing_metadata)).reason is Reason.CONFLICT
+    assert failure_of(Fake(status.trailing_metadata)).reason is ErrorReason.CONFLICT
     from google.rpc import error_details_pb2, status_pb2
 
     for domain, reason in (("other.v1", "CONFLICT"), (DOMAIN, "FROM_THE_FUTURE")):
         rich = status_pb2.Status(code=9, message="x")
         rich.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason, domain=domain))
         fake = Fake((("grpc-status-details-bin", rich.SerializeToString()),))
-        assert failure_of(fake).reason is Reason.UNKNOWN
+        assert failure_of(fake).reason is ErrorReason.UNKNOWN
 
 
 # ------------------------------------------------------------- the client branches
@@ -220,7 +220,7 @@ def test_not_leader_sends_the_call_to_the_named_leader(
     serve: Callable[[list[Step]], Replica],
 ) -> None:
     leader = serve([answer("job-000042")])
-    follower = serve([fails(Reason.NOT_LEADER, leader_address=leader.address, leader_id="r2")])
+    follower = serve([fails(ErrorReason.NOT_LEADER, leader_address=leader.address, leader_id="r2")])
     with client_for(follower) as client:  # the leader's address is not even configured
         assert submit(client).job_id == "job-000042"
     assert (follower.servicer.calls, leader.servicer.calls) == (1, 1)
@@ -254,10 +254,15 @@ def test_a_replica_that_does_not_answer_is_passed_over(
 
 @pytest.mark.parametrize(
     "reason",
-    [Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.NO_LEADER, Reason.NOT_COMMITTED],
+    [
+        ErrorReason.LEADER_NOT_READY,
+        ErrorReason.OVERLOADED,
+        ErrorReason.NO_LEADER,
+        ErrorReason.NOT_COMMITTED,
+    ],
 )
 def test_a_replica_that_cannot_take_the_call_yet_is_asked_again(
-    serve: Callable[[list[Step]], Replica], reason: Reason
+    serve: Callable[[list[Step]], Replica], reason: ErrorReason
 ) -> None:
     replica = serve([fails(reason), fails(reason), answer()])
     with client_for(replica) as client:
@@ -266,7 +271,7 @@ def test_a_replica_that_cannot_take_the_call_yet_is_asked_again(
 
 
 def test_no_leader_moves_on_to_the_next_replica(serve: Callable[[list[Step]], Replica]) -> None:
-    lost = serve([fails(Reason.NO_LEADER)])
+    lost = serve([fails(ErrorReason.NO_LEADER)])
     good = serve([answer()])
     with client_for(lost, good) as client:
         assert submit(client).created
@@ -277,29 +282,29 @@ def test_no_leader_moves_on_to_the_next_replica(serve: Callable[[list[Step]], Re
 def test_an_unknown_outcome_is_retried_only_when_idempotent(
     serve: Callable[[list[Step]], Replica],
 ) -> None:
-    replica = serve([fails(Reason.OUTCOME_UNKNOWN), answer()])
+    replica = serve([fails(ErrorReason.OUTCOME_UNKNOWN), answer()])
     with client_for(replica) as client:
         assert submit(client, idempotent=True).created
     assert replica.servicer.calls == 2
-    once = serve([fails(Reason.OUTCOME_UNKNOWN), answer()])
+    once = serve([fails(ErrorReason.OUTCOME_UNKNOWN), answer()])
     with client_for(once) as client, pytest.raises(grpc.RpcError) as info:
         submit(client, idempotent=False)
-    assert failure_of(info.value).reason is Reason.OUTCOME_UNKNOWN
+    assert failure_of(info.value).reason is ErrorReason.OUTCOME_UNKNOWN
     assert once.servicer.calls == 1
 
 
 @pytest.mark.parametrize(
     "reason",
     [
-        Reason.INVALID_FIELD,
-        Reason.JOB_NOT_FOUND,
-        Reason.NODE_NOT_FOUND,
-        Reason.CONFLICT,
-        Reason.INTERNAL,
+        ErrorReason.INVALID_FIELD,
+        ErrorReason.JOB_NOT_FOUND,
+        ErrorReason.NODE_NOT_FOUND,
+        ErrorReason.CONFLICT,
+        ErrorReason.INTERNAL,
     ],
 )
 def test_the_callers_errors_are_raised_at_once(
-    serve: Callable[[list[Step]], Replica], reason: Reason
+    serve: Callable[[list[Step]], Replica], reason: ErrorReason
 ) -> None:
     replica = serve([fails(reason), answer()])
     with client_for(replica) as client, pytest.raises(grpc.RpcError) as info:

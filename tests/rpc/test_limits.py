@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import Replica, serving_replica
 
@@ -36,7 +36,7 @@ def test_a_limit_pinned_by_the_leaders_file_is_refused_and_nothing_changes(
     with pytest.raises(grpc.RpcError) as refused:
         replica.scheduler.SetLimits(request, metadata=_as(replica, "admin"), timeout=5)
     failure = failure_of(refused.value)
-    assert failure.reason is Reason.CONFLICT
+    assert failure.reason is ErrorReason.CONFLICT
     assert "submit_per_s" in failure.message and "[limits] in its TOML" in failure.message
     before = replica.backend.state.config.limits
     assert (before.submit_per_s, before.submit_burst) == (50, 200)

@@ -12,7 +12,7 @@ import pytest
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.reasons import ReasonCode
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, Replica, serving_replica
 from tests.rpc.test_access import credentials
@@ -53,7 +53,7 @@ def test_a_job_no_node_could_hold_is_refused_with_what_is_missing(replica: Repli
         submit(replica, request("big", gpu=3))
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     failure = failure_of(caught.value)
-    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.reason is ErrorReason.INVALID_FIELD
     assert "no node has 3 GPUs; the largest has 2" in failure.message
     assert "wait_for_nodes" in failure.message
     with pytest.raises(grpc.RpcError) as caught:

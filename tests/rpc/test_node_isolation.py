@@ -11,7 +11,7 @@ import pytest
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.rpc.convert import node_to_proto
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, Replica, serving_replica
 from tests.rpc.test_access import credentials
@@ -61,5 +61,5 @@ def test_a_node_cannot_say_anything_else(replica: Replica) -> None:
         register(replica, "isolated, trust me")
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     failure = failure_of(caught.value)
-    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.reason is ErrorReason.INVALID_FIELD
     assert failure.field == "member_isolation"

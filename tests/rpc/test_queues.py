@@ -18,7 +18,7 @@ from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import PreemptionKind, Queue
 from synapse_ha.core.machine import apply
 from synapse_ha.rpc.auth import new_token
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, PEER_KEY, Replica, serving_replica
 
@@ -115,7 +115,7 @@ def test_only_admins_change_queues(replica: Replica, who: str) -> None:
 def test_queue_settings_are_checked_before_proposing(replica: Replica) -> None:
     bad = pb.Queue(name="Team_A", gpu=4, lending_limit_gpu=8, priority_classes=["urgent"])
     failure = failure_of(_refused(lambda: _set(replica, bad)))
-    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.reason is ErrorReason.INVALID_FIELD
     fields = [v.field for v in failure.violations]
     assert fields == ["name", "lending_limit_gpu", "priority_classes[0]"]
     assert set(replica.backend.state.queues) == {"default"}
@@ -130,7 +130,7 @@ def test_deleting_an_unknown_or_the_default_queue_is_refused(replica: Replica) -
             )
         )
     )
-    assert unknown.reason is Reason.QUEUE_NOT_FOUND and unknown.metadata["queue"] == "nope"
+    assert unknown.reason is ErrorReason.QUEUE_NOT_FOUND and unknown.metadata["queue"] == "nope"
     default = failure_of(
         _refused(
             lambda: replica.scheduler.DeleteQueue(
@@ -138,7 +138,7 @@ def test_deleting_an_unknown_or_the_default_queue_is_refused(replica: Replica) -
             )
         )
     )
-    assert default.reason is Reason.CONFLICT
+    assert default.reason is ErrorReason.CONFLICT
 
 
 # ------------------------------------------------------------- submitting to a queue
@@ -161,7 +161,7 @@ def test_a_submission_names_an_existing_queue_and_an_allowed_class(replica: Repl
         (_spec("Team A"), "queue", "a queue name is"),
     ):
         failure = failure_of(_refused(lambda s=spec: _submit(replica, "admin", s)))
-        assert failure.reason is Reason.INVALID_FIELD, failure
+        assert failure.reason is ErrorReason.INVALID_FIELD, failure
         assert failure.field == field and words in failure.rule, failure
 
 
@@ -198,7 +198,7 @@ def test_the_credential_names_the_queues_a_user_may_submit_to(
         assert replica.backend.state.jobs[job_id].spec.queue == queue
         return
     failure = failure_of(_refused(lambda: _submit(replica, who, _spec(queue))))
-    assert failure.reason is Reason.PERMISSION_DENIED, failure
+    assert failure.reason is ErrorReason.PERMISSION_DENIED, failure
     assert f"may not submit to queue {queue}" in failure.message
     rule = {
         "team-a-user": "its token allows the queues team-a",

@@ -24,7 +24,7 @@ from synapse_ha.rpc.heartbeat import heartbeat_in, heartbeat_message
 from synapse_ha.service import commit
 from synapse_ha.service.heartbeat import HeartbeatIn, HeartbeatOut, heartbeat
 from synapse_ha.service.jobs import cancel
-from synapse_ha.service.refusal import Reason, Refusal, node_not_found
+from synapse_ha.service.refusal import ErrorReason, Refusal, node_not_found
 from tests.core.harness import job, node
 from tests.rpc.authed import PEER_KEY, serving_replica
 
@@ -90,7 +90,7 @@ def test_an_unregistered_node_is_refused_and_not_heard() -> None:
     replica = registered()
     refused = heartbeat(replica, HeartbeatIn("n9", events=(STARTED,)), 10)
     assert isinstance(refused, Refusal)
-    assert (refused.code, refused.metadata) == (Reason.NODE_NOT_FOUND, {"node_id": "n9"})
+    assert (refused.code, refused.metadata) == (ErrorReason.NODE_NOT_FOUND, {"node_id": "n9"})
     assert replica.heard_at == {} and replica.proposed == []
 
 
@@ -98,7 +98,7 @@ def test_a_gpu_the_node_lacks_is_refused_naming_the_field() -> None:
     replica = registered(gpus=2)
     refused = heartbeat(replica, HeartbeatIn("n1", faults=(GpuFault(5, "xid-79"),)), 10)
     assert isinstance(refused, Refusal)
-    assert (refused.code, refused.field) == (Reason.INVALID_FIELD, "gpu_faults[0].gpu")
+    assert (refused.code, refused.field) == (ErrorReason.INVALID_FIELD, "gpu_faults[0].gpu")
     assert replica.heard_at == {} and replica.proposed == []
 
 
@@ -113,14 +113,14 @@ def test_a_proposal_outcome_maps_to_one_refusal() -> None:
     refused = commit.settle([failing(ProposalError("x", committed_unknown=False))], 1e18, not_found)
     late = commit.settle([futures.Future()], 0.0, not_found)
     assert [r.code if r else None for r in (unknown, refused, late)] == [
-        Reason.OUTCOME_UNKNOWN,
-        Reason.NOT_COMMITTED,
-        Reason.OUTCOME_UNKNOWN,
+        ErrorReason.OUTCOME_UNKNOWN,
+        ErrorReason.NOT_COMMITTED,
+        ErrorReason.OUTCOME_UNKNOWN,
     ]
     gone = commit.refused(cmd.Result(cmd.ResultCode.NOT_FOUND, "no node"), not_found)
-    assert gone is not None and (gone.code, gone.words) == (Reason.NODE_NOT_FOUND, "no node")
+    assert gone is not None and (gone.code, gone.words) == (ErrorReason.NODE_NOT_FOUND, "no node")
     conflict = commit.refused(cmd.Result(cmd.ResultCode.CONFLICT, "dead"), not_found)
-    assert conflict is not None and conflict.code is Reason.CONFLICT
+    assert conflict is not None and conflict.code is ErrorReason.CONFLICT
 
 
 def _details(status: grpc.Status) -> tuple[dict[str, str], list[str]]:
@@ -150,7 +150,7 @@ def test_a_refusal_becomes_its_status_in_one_place() -> None:
     metadata, fields = _details(status)
     assert metadata["field"] == "gpu_faults[0].gpu" and fields == ["gpu_faults[0].gpu"]
     elsewhere = Refusal(
-        Reason.NOT_LEADER, "not me", metadata={"leader_id": "r2", "leader_address": "h:1"}
+        ErrorReason.NOT_LEADER, "not me", metadata={"leader_id": "r2", "leader_address": "h:1"}
     )
     status = refusal_status(elsewhere, {"method": "Heartbeat"})
     assert status.code is grpc.StatusCode.FAILED_PRECONDITION
@@ -193,16 +193,16 @@ def test_cancel_refuses_another_users_job_and_cancels_ones_own() -> None:
     assert apply(replica.state, cmd.SubmitJob(job("j", replicas=1), "r1", 2, owner="ann")).ok
     bob = Identity(Kind.USER, "bob", Role.USER)
     refused = cancel(replica, bob, "job-000001", "", 1.0)
-    assert isinstance(refused, Refusal) and refused.code is Reason.PERMISSION_DENIED
+    assert isinstance(refused, Refusal) and refused.code is ErrorReason.PERMISSION_DENIED
     assert refused.denied is not None and replica.proposed == []
     missing = cancel(replica, bob, "job-000009", "", 1.0)
-    assert isinstance(missing, Refusal) and missing.code is Reason.JOB_NOT_FOUND
+    assert isinstance(missing, Refusal) and missing.code is ErrorReason.JOB_NOT_FOUND
     ann = Identity(Kind.USER, "ann", Role.USER)
     done = cancel(replica, ann, "job-000001", "", 1.0)
     assert not isinstance(done, Refusal) and done.state is JobState.CANCELLED
-    elsewhere = StandIn(replica.state, Refusal(Reason.NO_LEADER, "no leader"))
+    elsewhere = StandIn(replica.state, Refusal(ErrorReason.NO_LEADER, "no leader"))
     refused = cancel(elsewhere, ann, "job-000001", "", 1.0)
-    assert isinstance(refused, Refusal) and refused.code is Reason.NO_LEADER
+    assert isinstance(refused, Refusal) and refused.code is ErrorReason.NO_LEADER
 
 
 def test_the_unary_heartbeat_reads_the_embedded_message_and_checks_its_node() -> None:
@@ -213,8 +213,11 @@ def test_the_unary_heartbeat_reads_the_embedded_message_and_checks_its_node() ->
         replica.agent.Heartbeat(beat, metadata=worker)
         assert [f.gpu for f in replica.backend.state.nodes["n1"].gpu_faults] == [1]
         for wrong, reason in (
-            (pb.Heartbeat(node_id="n2"), Reason.PERMISSION_DENIED),  # another node's
-            (pb.Heartbeat(node_id="n1", gpu_faults=[pb.GpuFault(gpu=5)]), Reason.INVALID_FIELD),
+            (pb.Heartbeat(node_id="n2"), ErrorReason.PERMISSION_DENIED),  # another node's
+            (
+                pb.Heartbeat(node_id="n1", gpu_faults=[pb.GpuFault(gpu=5)]),
+                ErrorReason.INVALID_FIELD,
+            ),
         ):
             with pytest.raises(grpc.RpcError) as refused:
                 replica.agent.Heartbeat(pb.HeartbeatRequest(heartbeat=wrong), metadata=worker)

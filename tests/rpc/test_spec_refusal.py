@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
 from synapse_ha.client import Cluster, InvalidSpec
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import Replica, serving_replica
 from tests.rpc.test_access import credentials
@@ -66,7 +66,7 @@ def test_a_refused_spec_carries_every_rule_it_breaks(replica: Replica) -> None:
         )
     failure = failure_of(caught.value)
     assert failure.code is grpc.StatusCode.INVALID_ARGUMENT
-    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.reason is ErrorReason.INVALID_FIELD
     assert [v.field for v in failure.violations] == [
         "name",
         "replicas",

@@ -13,7 +13,7 @@ import pytest
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import Limits, Queue
 from synapse_ha.core.machine import apply
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, Replica, serving_replica
 from tests.rpc.test_access import credentials
@@ -67,7 +67,7 @@ def test_a_job_breaking_a_rule_is_named_and_nothing_is_made(replica: Replica) ->
         replica, "alice", item("ok", "r-ok"), item("bad", "r-bad", cpu_milli=-5), item("x", "r-x")
     )
     failure = failure_of(error)
-    assert failure.reason is Reason.INVALID_FIELD
+    assert failure.reason is ErrorReason.INVALID_FIELD
     assert failure.message.startswith("jobs[1]: ")
     assert failure.metadata["field"] == "jobs[1].resources.cpu"
     assert [v.field for v in failure.violations] == ["jobs[1].resources.cpu"]
@@ -77,16 +77,16 @@ def test_a_queue_that_does_not_exist_is_refused_for_that_job(replica: Replica) -
     assert apply(replica.backend.state, cmd.SetQueue(Queue("gold", gpu=4), NOW)).ok
     error = refused(replica, "bob", item("a", "q-a"), item("b", "q-b", queue="nope"))
     failure = failure_of(error)
-    assert failure.reason is Reason.INVALID_FIELD, failure.message
+    assert failure.reason is ErrorReason.INVALID_FIELD, failure.message
     assert failure.message.startswith("jobs[1]: queue: no queue 'nope'")
 
 
 def test_an_empty_or_oversized_call_is_refused(replica: Replica) -> None:
     empty = failure_of(refused(replica, "alice"))
-    assert empty.reason is Reason.INVALID_FIELD and empty.metadata["field"] == "jobs"
+    assert empty.reason is ErrorReason.INVALID_FIELD and empty.metadata["field"] == "jobs"
     many = [item(f"m{i}", f"m{i}") for i in range(1_001)]
     big = failure_of(refused(replica, "admin", *many))
-    assert big.reason is Reason.INVALID_FIELD and "at most 1000 jobs a call" in big.message
+    assert big.reason is ErrorReason.INVALID_FIELD and "at most 1000 jobs a call" in big.message
 
 
 def test_a_users_batch_is_charged_job_by_job_against_the_submit_rate(replica: Replica) -> None:
@@ -96,7 +96,7 @@ def test_a_users_batch_is_charged_job_by_job_against_the_submit_rate(replica: Re
     assert apply(state, cmd.Configure(config, NOW)).ok
     assert Limits().submit_burst > 3  # the test lowers it
     over = failure_of(refused(replica, "alice", *[item(f"o{i}", f"o{i}") for i in range(4)]))
-    assert over.reason is Reason.LIMIT_EXCEEDED
+    assert over.reason is ErrorReason.LIMIT_EXCEEDED
     assert "may submit at most limits.submit_burst (3) jobs at once; this call has 4" in (
         over.message
     )
@@ -104,6 +104,6 @@ def test_a_users_batch_is_charged_job_by_job_against_the_submit_rate(replica: Re
     assert len(made.jobs) == 3
     # The bucket is empty now: one more job waits for the rate.
     later = failure_of(refused(replica, "alice", item("late", "late")))
-    assert later.reason is Reason.LIMIT_EXCEEDED and "submits faster than" in later.message
+    assert later.reason is ErrorReason.LIMIT_EXCEEDED and "submits faster than" in later.message
     # Admins are not limited by it.
     assert len(submit(replica, "admin", *[item(f"a{i}", f"a{i}") for i in range(5)]).jobs) == 5

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from synapse_ha.rpc.errors import Reason, failure_of
+from synapse_ha.rpc.errors import ErrorReason, failure_of
 from tests.rpc.authed import Replica, serving_replica
 from tests.rpc.test_access import credentials
 
@@ -32,10 +32,10 @@ def test_an_undecodable_request_is_refused_once_its_caller_is_checked(
         raw(b"\xff\xff\xff\xff", metadata=credentials(replica, who), timeout=5)
     failure = failure_of(refused.value)
     if who == "nobody":
-        assert failure.reason is Reason.UNAUTHENTICATED
+        assert failure.reason is ErrorReason.UNAUTHENTICATED
     else:
         assert failure.code is grpc.StatusCode.INVALID_ARGUMENT
-        assert failure.reason is Reason.INVALID_FIELD
+        assert failure.reason is ErrorReason.INVALID_FIELD
         assert failure.field == "request"
         assert "is not a message of this method" in failure.message
     assert set(replica.backend.state.jobs) == jobs_before

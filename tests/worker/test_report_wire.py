@@ -11,7 +11,7 @@ from synapse_ha.rpc.from_proto import member_events_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.to_proto import member_event_to_proto
 from synapse_ha.worker.agent import _mark_report, _report
-from synapse_ha.worker.checkpoints import Mark
+from synapse_ha.worker.checkpoint_files import Mark
 from synapse_ha.worker.member_dirs import MemberExit
 
 KEY = MemberKey("job-1", 7, 2)

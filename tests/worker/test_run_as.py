@@ -18,10 +18,10 @@ from synapse_ha.rpc import convert
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.accounts import (
     Account,
-    RefusalCode,
     RunAsMode,
     RunAsPolicy,
     RunAsRefusal,
+    RunAsRefusalCode,
     agent_user_name,
     local_account,
     parse_user_map,
@@ -77,7 +77,7 @@ def test_the_user_map_names_the_account_instead() -> None:
 def test_an_owner_without_an_account_or_mapping_is_refused_with_the_reason() -> None:
     refusal = resolve_member_account(policy(), "alice", FakeAccounts(SVC))
     assert isinstance(refusal, RunAsRefusal)
-    assert refusal.code is RefusalCode.NO_ACCOUNT
+    assert refusal.code is RunAsRefusalCode.NO_ACCOUNT
     assert refusal.describe() == ("node w1 has no account for user alice (and no --user-map entry)")
 
 
@@ -85,7 +85,7 @@ def test_a_mapping_to_a_missing_account_names_both() -> None:
     mapped = policy(user_map=(("alice", "svc_gone"),))
     refusal = resolve_member_account(mapped, "alice", FakeAccounts(ALICE))
     assert isinstance(refusal, RunAsRefusal)
-    assert refusal.code is RefusalCode.NO_ACCOUNT
+    assert refusal.code is RunAsRefusalCode.NO_ACCOUNT
     assert "svc_gone" in refusal.describe() and "alice" in refusal.describe()
 
 
@@ -94,7 +94,7 @@ def test_root_is_refused_unless_the_node_allows_it(user_map: tuple[tuple[str, st
     owner = "alice" if user_map else "root"
     refusal = resolve_member_account(policy(user_map=user_map), owner, FakeAccounts(ROOT))
     assert isinstance(refusal, RunAsRefusal)
-    assert refusal.code is RefusalCode.ROOT_REFUSED
+    assert refusal.code is RunAsRefusalCode.ROOT_REFUSED
     assert refusal.describe() == "node w1 does not run members as root"
     allowed = policy(user_map=user_map, allow_root_members=True)
     assert resolve_member_account(allowed, owner, FakeAccounts(ROOT)) == ROOT

@@ -19,7 +19,7 @@ import pytest
 
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, local_account
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
-from synapse_ha.worker.checkpoints import Mark
+from synapse_ha.worker.checkpoint_files import Mark
 from synapse_ha.worker.environment import FIXED_LANG, FIXED_PATH
 from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.lease import LeaseFile

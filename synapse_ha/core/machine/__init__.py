@@ -9,9 +9,15 @@ command becomes an error :class:`Result`, and an unexpected exception becomes an
 
 One module per aggregate, each with the handlers of its commands (``HANDLERS``):
 :mod:`.config`, :mod:`.nodes`, :mod:`.jobs`, :mod:`.binding` (plan verification),
-:mod:`.reports` (member reports), :mod:`.preemption`, :mod:`.tokens_queues`; and
-:mod:`.attempts`, how an attempt ends, which they share. Each handler is declared with
-what its command may touch (:mod:`.changes`), from which snapshots are built.
+:mod:`.reports` (member reports), :mod:`.apply_preemption`, :mod:`.apply_health`,
+:mod:`.apply_node_checks`, :mod:`.tokens_queues`; and :mod:`.attempts`, how an attempt
+ends, which they share. An ``apply_`` module is the state-machine side of the rules
+module of the same subject in :mod:`synapse_ha.core` (``apply_health`` applies
+:mod:`synapse_ha.core.health`, ``apply_dependencies`` :mod:`synapse_ha.core.dependencies`,
+``apply_checkpoints`` :mod:`synapse_ha.core.checkpoints`, ``apply_node_checks``
+:mod:`synapse_ha.core.node_checks`, ``apply_preemption``
+:mod:`synapse_ha.core.victim_rules`). Each handler is declared with what its command may
+touch (:mod:`.changes`), from which snapshots are built.
 """
 
 from __future__ import annotations
@@ -20,13 +26,13 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import Result, ResultCode, error
 from synapse_ha.core.formats import format_needed, format_refusal
 from synapse_ha.core.machine import (
+    apply_health,
+    apply_node_checks,
+    apply_preemption,
     binding,
     config,
-    health,
     jobs,
-    node_checks,
     nodes,
-    preemption,
     reports,
     tokens_queues,
 )
@@ -54,9 +60,9 @@ HANDLERS: dict[type, Handling] = {
     **binding.HANDLERS,
     **reports.HANDLERS,
     **tokens_queues.HANDLERS,
-    **preemption.HANDLERS,
-    **health.HANDLERS,
-    **node_checks.HANDLERS,
+    **apply_preemption.HANDLERS,
+    **apply_health.HANDLERS,
+    **apply_node_checks.HANDLERS,
 }
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, NODE, move, move_job
-from synapse_ha.core.machine.checkpoints import keep_resume_step
-from synapse_ha.core.machine.dependencies import settle
+from synapse_ha.core.machine.apply_checkpoints import keep_resume_step
+from synapse_ha.core.machine.apply_dependencies import settle
 from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import (
     ZERO,

@@ -11,6 +11,8 @@ from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.arrays import parse_array, task_id, throttle_reason
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.feasibility import REFUSES_AT_FORMAT, shortfall
+from synapse_ha.core.machine.apply_dependencies import register as register_dependencies
+from synapse_ha.core.machine.apply_dependencies import submission_problem as dependency_problem
 from synapse_ha.core.machine.attempts import (
     end_attempt,
     end_attempt_for,
@@ -19,8 +21,6 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, one_job
-from synapse_ha.core.machine.dependencies import register as register_dependencies
-from synapse_ha.core.machine.dependencies import submission_problem as dependency_problem
 from synapse_ha.core.member_limits import NO_RULES, rules_in_force
 from synapse_ha.core.model import (
     ArrayJob,

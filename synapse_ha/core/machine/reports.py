@@ -11,6 +11,8 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.lifecycle import ATTEMPT, MEMBER, move, move_job
+from synapse_ha.core.machine.apply_checkpoints import report_mark
+from synapse_ha.core.machine.apply_health import mark_unfit, started_here
 from synapse_ha.core.machine.attempts import (
     end_attempt,
     end_attempt_for,
@@ -21,8 +23,6 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.machine.checkpoints import report_mark
-from synapse_ha.core.machine.health import mark_unfit, started_here
 from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 

@@ -17,6 +17,14 @@ from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
 from synapse_ha.core.scheduler.caps import PassCaps
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
+from synapse_ha.core.scheduler.pass_preemptions import (
+    CLAIM_WINDOW_MS,
+    Preempting,
+    claimants,
+    hold,
+    victims_of,
+    waiting_for,
+)
 from synapse_ha.core.scheduler.placement import (
     NO_CAP,
     NONE,
@@ -28,17 +36,9 @@ from synapse_ha.core.scheduler.placement import (
     unfit_nodes,
 )
 from synapse_ha.core.scheduler.plan import Plan, Reservation
-from synapse_ha.core.scheduler.preempting import (
-    CLAIM_WINDOW_MS,
-    Preempting,
-    claimants,
-    hold,
-    victims_of,
-    waiting_for,
-)
-from synapse_ha.core.scheduler.preemption import Candidate
 from synapse_ha.core.scheduler.reservation import Running, running_gangs
-from synapse_ha.core.victims import pending_since
+from synapse_ha.core.scheduler.victim_search import Candidate
+from synapse_ha.core.victim_rules import pending_since
 
 
 def schedule(

@@ -15,7 +15,7 @@ from synapse_ha.core.queue_usage import queues_now
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, convert_cohorts, states
 from synapse_ha.rpc.auth import caller, new_token
-from synapse_ha.rpc.errors import Reason, abort, abort_invalid
+from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server.context import Servicer, abort_required, abort_spec_error, audit_write
 
@@ -79,7 +79,7 @@ class AdminService(Servicer):
         self._check(
             context,
             self._propose(context, command),
-            (Reason.TOKEN_NOT_FOUND, "token_id", request.token_id),
+            (ErrorReason.TOKEN_NOT_FOUND, "token_id", request.token_id),
         )
         audit_write(identity, "RevokeToken", request.token_id)
         token = self.ctx.backend.snapshot().tokens.get(request.token_id)
@@ -109,7 +109,7 @@ class AdminService(Servicer):
         if pinned:
             abort(
                 context,
-                Reason.CONFLICT,
+                ErrorReason.CONFLICT,
                 f"limits {', '.join(pinned)} are set by the leader's configuration file "
                 f"([limits] in its TOML), which it puts back: change them there",
             )
@@ -188,7 +188,7 @@ class AdminService(Servicer):
         self._check(
             context,
             self._propose(context, command),
-            (Reason.QUEUE_NOT_FOUND, "queue", request.name),
+            (ErrorReason.QUEUE_NOT_FOUND, "queue", request.name),
         )
         audit_write(identity, "DeleteQueue", request.name)
         return pb.DeleteQueueResponse()
@@ -223,7 +223,7 @@ class AdminService(Servicer):
         self._check(
             context,
             self._propose(context, command),
-            (Reason.COHORT_NOT_FOUND, "cohort", request.name),
+            (ErrorReason.COHORT_NOT_FOUND, "cohort", request.name),
         )
         audit_write(identity, "DeleteCohort", request.name)
         return pb.DeleteCohortResponse()

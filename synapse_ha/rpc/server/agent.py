@@ -9,7 +9,7 @@ from synapse_ha.core.access import Kind
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
-from synapse_ha.rpc.errors import Reason, abort
+from synapse_ha.rpc.errors import ErrorReason, abort
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.heartbeat import answer_fields, desired_message, heartbeat_in, heartbeat_message
@@ -36,7 +36,7 @@ class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
         if len(request.unreachable_streams) > MAX_UNREACHABLE:
             abort(
                 context,
-                Reason.INVALID_FIELD,
+                ErrorReason.INVALID_FIELD,
                 f"unreachable_streams: at most {MAX_UNREACHABLE} addresses",
                 {"field": "unreachable_streams"},
             )
@@ -68,7 +68,7 @@ class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
         if identity.kind is Kind.REPLICA and identity.name != request.replica_id:
             abort(
                 context,
-                Reason.PERMISSION_DENIED,
+                ErrorReason.PERMISSION_DENIED,
                 f"{identity} may relay only as itself, not as replica {request.replica_id!r}",
                 {"identity": str(identity)},
             )
@@ -77,7 +77,7 @@ class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
         if all(r.replica_id != request.replica_id for r in self.ctx.replicas):
             abort(
                 context,
-                Reason.PERMISSION_DENIED,
+                ErrorReason.PERMISSION_DENIED,
                 f"replica {request.replica_id!r} is not a member of this cluster; "
                 "only members relay heartbeats",
                 {"identity": str(identity)},
@@ -85,7 +85,7 @@ class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
         if len(request.heartbeats) > MAX_RELAYED:
             abort(
                 context,
-                Reason.INVALID_FIELD,
+                ErrorReason.INVALID_FIELD,
                 f"heartbeats: at most {MAX_RELAYED} in one request",
                 {"field": "heartbeats"},
             )

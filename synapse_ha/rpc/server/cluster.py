@@ -20,7 +20,7 @@ from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc import states
 from synapse_ha.rpc.auth import caller
-from synapse_ha.rpc.errors import Reason, abort, abort_invalid
+from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.server.context import (
@@ -154,7 +154,7 @@ class ClusterService(Servicer):
         self._require_serving_leader(context)
         control = self.ctx.membership
         if control is None:
-            abort(context, Reason.INTERNAL, "this replica offers no membership changes")
+            abort(context, ErrorReason.INTERNAL, "this replica offers no membership changes")
         return control
 
     def _await_change(
@@ -175,14 +175,14 @@ class ClusterService(Servicer):
         except futures.TimeoutError:
             abort(
                 context,
-                Reason.OUTCOME_UNKNOWN,
+                ErrorReason.OUTCOME_UNKNOWN,
                 "the membership change was not confirmed within the deadline; read the "
                 "members with `synctl cluster` before retrying",
             )
         except ProposalError as exc:
             if exc.committed_unknown:
-                abort(context, Reason.OUTCOME_UNKNOWN, f"the outcome is unknown ({exc})")
-            abort(context, Reason.NOT_COMMITTED, f"not committed: {exc}; retry")
+                abort(context, ErrorReason.OUTCOME_UNKNOWN, f"the outcome is unknown ({exc})")
+            abort(context, ErrorReason.NOT_COMMITTED, f"not committed: {exc}; retry")
 
     @staticmethod
     def _members_response(control: MembershipControl) -> pb.MembershipResponse:
@@ -226,12 +226,12 @@ class ClusterService(Servicer):
 # Membership and backup: the gRPC reason of each refusal, and the size of one
 # SaveSnapshot chunk (well under gRPC's 4 MB default message limit).
 _MEMBERSHIP_REASON = {
-    MembershipCode.CHANGE_IN_FLIGHT: Reason.CHANGE_IN_FLIGHT,
-    MembershipCode.WOULD_LOSE_QUORUM: Reason.WOULD_LOSE_QUORUM,
-    MembershipCode.REPLICA_EXISTS: Reason.REPLICA_EXISTS,
-    MembershipCode.REPLICA_NOT_FOUND: Reason.REPLICA_NOT_FOUND,
-    MembershipCode.LAST_REPLICA: Reason.LAST_REPLICA,
-    MembershipCode.IS_LEADER: Reason.LEADER_STEPPING_DOWN,
+    MembershipCode.CHANGE_IN_FLIGHT: ErrorReason.CHANGE_IN_FLIGHT,
+    MembershipCode.WOULD_LOSE_QUORUM: ErrorReason.WOULD_LOSE_QUORUM,
+    MembershipCode.REPLICA_EXISTS: ErrorReason.REPLICA_EXISTS,
+    MembershipCode.REPLICA_NOT_FOUND: ErrorReason.REPLICA_NOT_FOUND,
+    MembershipCode.LAST_REPLICA: ErrorReason.LAST_REPLICA,
+    MembershipCode.IS_LEADER: ErrorReason.LEADER_STEPPING_DOWN,
 }
 SNAPSHOT_CHUNK_BYTES = 1 << 20
 

@@ -25,9 +25,9 @@ from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.store import HistoryStore
-from synapse_ha.rpc.admission import Overloaded, ReadGate, StreamSlots
 from synapse_ha.rpc.auth import AUTHORIZATION_KEY, BEARER, AuthInterceptor, caller, method_of
-from synapse_ha.rpc.errors import Reason, abort, abort_invalid, refusal_status
+from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid, refusal_status
+from synapse_ha.rpc.load_gates import Overloaded, ReadGate, StreamSlots
 from synapse_ha.rpc.relay_table import RelayTable
 from synapse_ha.service import commit
 from synapse_ha.service.limits import PendingInFlight, SubmitRate
@@ -123,7 +123,7 @@ class ReplicaContext:
     write_timeout_s: float = 5.0
     # The leader's newest scheduling pass, which ExplainJob answers from.
     last_plan: Callable[[], Plan | None] = lambda: None
-    # Rations heavy reads so they cannot starve Raft and heartbeats (rpc/admission.py).
+    # Rations heavy reads so they cannot starve Raft and heartbeats (rpc/load_gates.py).
     read_gate: ReadGate = field(default_factory=ReadGate)
     grant_signer: GrantSigner | None = None
     # Where handlers report the refusals they make themselves (another user's job, a
@@ -298,7 +298,7 @@ class Servicer:
         try:
             admission.__enter__()
         except Overloaded as exc:
-            abort(context, Reason.OVERLOADED, f"{exc}; retry after a pause")
+            abort(context, ErrorReason.OVERLOADED, f"{exc}; retry after a pause")
         try:
             yield
         finally:
@@ -354,7 +354,7 @@ class Servicer:
         self,
         context: grpc.ServicerContext,
         result: cmd.Result,
-        not_found: tuple[Reason, str, str] = (Reason.JOB_NOT_FOUND, "job_id", ""),
+        not_found: tuple[ErrorReason, str, str] = (ErrorReason.JOB_NOT_FOUND, "job_id", ""),
     ) -> cmd.Result:
         """Abort unless ``result`` is OK. ``not_found`` is the reason for a NOT_FOUND
         result, with the metadata key and value naming what was looked up."""
@@ -427,12 +427,12 @@ def abort_job_not_found(
         tasks = len(array.indices)
         abort(
             context,
-            Reason.JOB_NOT_FOUND,
+            ErrorReason.JOB_NOT_FOUND,
             f"{job_id} is an array of {tasks} task(s), not one job: GetArray (synctl status "
             f"{job_id}) shows it, and its tasks are the jobs {job_id}_<index>",
             {"job_id": job_id, "array": str(tasks)},
         )
-    abort(context, Reason.JOB_NOT_FOUND, f"no job {job_id!r}", {"job_id": job_id})
+    abort(context, ErrorReason.JOB_NOT_FOUND, f"no job {job_id!r}", {"job_id": job_id})
 
 
 def leader_refusal(ctx: ReplicaContext) -> Refusal | None:
@@ -442,15 +442,15 @@ def leader_refusal(ctx: ReplicaContext) -> Refusal | None:
         return None
     if ctx.backend.is_leader():
         return Refusal(
-            Reason.LEADER_NOT_READY,
+            ErrorReason.LEADER_NOT_READY,
             "this replica was just elected leader and is committing its barrier; retry",
             metadata={"leader_id": ctx.self_id},
         )
     leader = ctx.by_raft(ctx.backend.leader_address())
     if leader is None or leader.replica_id == ctx.self_id:
-        return Refusal(Reason.NO_LEADER, "no leader is elected; retry shortly")
+        return Refusal(ErrorReason.NO_LEADER, "no leader is elected; retry shortly")
     return Refusal(
-        Reason.NOT_LEADER,
+        ErrorReason.NOT_LEADER,
         f"not the leader; the leader is {leader.replica_id} at {leader.grpc}",
         metadata={"leader_id": leader.replica_id, "leader_address": leader.grpc},
     )

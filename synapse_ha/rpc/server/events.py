@@ -12,10 +12,10 @@ from synapse_ha.core.access import Identity
 from synapse_ha.history.events import EventRing, EventsExpired
 from synapse_ha.history.store import USAGE_KEYS, HistoryFilter, HistoryStore
 from synapse_ha.rpc import history as history_pb
-from synapse_ha.rpc.admission import StreamRefusal
 from synapse_ha.rpc.auth import caller
-from synapse_ha.rpc.errors import Reason, abort, abort_invalid
+from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.load_gates import StreamRefusal
 from synapse_ha.rpc.server.context import Servicer
 from synapse_ha.service.submit import limit_refusal
 
@@ -45,7 +45,7 @@ class EventService(Servicer):
 
     def _history_store(self, context: grpc.ServicerContext) -> HistoryStore:
         if self.ctx.history is None:
-            abort(context, Reason.CONFLICT, "history is turned off on this replica")
+            abort(context, ErrorReason.CONFLICT, "history is turned off on this replica")
         return self.ctx.history
 
     def ListHistory(
@@ -114,7 +114,7 @@ class EventService(Servicer):
             abort_invalid(context, [validation.invalid("since_index", "must be 0 or positive")])
         ring = self.ctx.events
         if ring is None:
-            abort(context, Reason.CONFLICT, "events are turned off on this replica")
+            abort(context, ErrorReason.CONFLICT, "events are turned off on this replica")
         identity = caller(context)
         limits = self.ctx.backend.cluster_config().limits
         limited = admission.limited(identity)
@@ -166,7 +166,7 @@ def _stream_events(
         except EventsExpired as exc:
             abort(
                 context,
-                Reason.EVENTS_EXPIRED,
+                ErrorReason.EVENTS_EXPIRED,
                 str(exc),
                 {"oldest_index": str(exc.complete_after), "since_index": str(exc.since)},
             )

@@ -13,7 +13,7 @@ from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
-from synapse_ha.rpc.errors import Reason, abort
+from synapse_ha.rpc.errors import ErrorReason, abort
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server.context import (
     DEFAULT_PAGE_SIZE,
@@ -214,7 +214,7 @@ class JobService(SubmitService):
         if signer is None:
             abort(
                 context,
-                Reason.NEEDS_TLS,
+                ErrorReason.NEEDS_TLS,
                 "log grants need TLS: this cluster has no key to sign them; read logs "
                 "from the worker directly",
             )

@@ -9,7 +9,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
-from synapse_ha.rpc.errors import Reason
+from synapse_ha.rpc.errors import ErrorReason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.server.context import Servicer, abort_required, audit_write
 
@@ -33,7 +33,7 @@ class NodeService(Servicer):
         self._check(
             context,
             self._propose(context, command),
-            (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
+            (ErrorReason.NODE_NOT_FOUND, "node_id", request.node_id),
         )
         audit_write(identity, f"SetNodeStatus({status})", request.node_id)
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
@@ -71,7 +71,7 @@ class NodeService(Servicer):
         result = self._check(
             context,
             self._propose(context, command),
-            (Reason.NODE_NOT_FOUND, "node_id", request.node_id),
+            (ErrorReason.NODE_NOT_FOUND, "node_id", request.node_id),
         )
         audit_write(identity, f"RepairGpus({list(command.gpus) or 'all'})", request.node_id)
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
