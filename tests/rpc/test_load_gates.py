@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from synapse_ha.rpc.admission import Overloaded, ReadGate
+from synapse_ha.rpc.load_gates import Overloaded, ReadGate
 
 
 class Clocks:

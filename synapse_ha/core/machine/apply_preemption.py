@@ -11,7 +11,7 @@ from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, JobState
 from synapse_ha.core.quota import QueueUsage, gang_request, grace_ms, priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
-from synapse_ha.core.victims import protection_problem
+from synapse_ha.core.victim_rules import protection_problem
 
 
 def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
@@ -31,7 +31,7 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
 
     And no victim is within its minimum run time at the command's time, unless the
     command is a reclaim whose preemptor has waited past ``reclaim_wait_max_ms``
-    (:mod:`synapse_ha.core.victims`).
+    (:mod:`synapse_ha.core.victim_rules`).
 
     These rules make thrashing impossible: a victim is always of strictly lower
     priority, or of a queue that is borrowing, and a reclaim never takes the preemptor's

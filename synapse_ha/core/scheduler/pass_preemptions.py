@@ -3,7 +3,7 @@
 A gang that preempted others keeps a claim until it is placed: the free GPUs it will use
 are held from later gangs while its victims stop (:func:`hold`), and each victim leaves
 what it freed to it for :data:`CLAIM_WINDOW_MS`. :class:`Preempting` chooses the victims
-of one pass (the rules and the search are :mod:`.preemption`'s), bounded per pass.
+of one pass (the rules and the search are :mod:`.victim_search`'s), bounded per pass.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.scheduler.capacity import Table, View
 from synapse_ha.core.scheduler.placement import Gang, members_for
 from synapse_ha.core.scheduler.plan import Preemption
-from synapse_ha.core.scheduler.preemption import (
+from synapse_ha.core.scheduler.victim_search import (
     MAX_TRIALS_PER_PASS,
     Budget,
     Candidate,
@@ -27,7 +27,7 @@ from synapse_ha.core.scheduler.preemption import (
     protected_blockers,
     rules_for,
 )
-from synapse_ha.core.victims import reclaim_due_ms
+from synapse_ha.core.victim_rules import reclaim_due_ms
 
 
 def claimants(state: ClusterState) -> dict[str, list[Candidate]]:

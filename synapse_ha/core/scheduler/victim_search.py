@@ -15,7 +15,7 @@ Who may be a victim (the kinds; ``apply`` verifies the same rules again):
 
 Victims are whole gangs, never already being preempted, never placed by this pass, and
 never within their minimum run time, unless the gang reclaims and has waited past
-``reclaim_wait_max_ms`` (:mod:`synapse_ha.core.victims`, which also states the cost).
+``reclaim_wait_max_ms`` (:mod:`synapse_ha.core.victim_rules`, which also states the cost).
 
 How the set is chosen:
 
@@ -44,7 +44,7 @@ from synapse_ha.core.model import Attempt, ClusterState, Job
 from synapse_ha.core.quota import QueueUsage, gang_request
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
 from synapse_ha.core.scheduler.placement import Gang, place
-from synapse_ha.core.victims import lost_gpu_ms, protected_until_ms, reclaim_overdue
+from synapse_ha.core.victim_rules import lost_gpu_ms, protected_until_ms, reclaim_overdue
 
 MAX_DOMAINS = 8  # domains tried exactly per search, the best by their cost's lower bound
 
