@@ -17,7 +17,7 @@ from synapse_ha.rpc import convert, convert_cohorts, states
 from synapse_ha.rpc.auth import caller, new_token
 from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server.context import Servicer, abort_required, abort_spec_error, audit_write
+from synapse_ha.rpc.server.context import Servicer, abort_spec_error
 
 
 class AdminService(Servicer):
@@ -53,8 +53,8 @@ class AdminService(Servicer):
             classes,
             request.max_priority,
         )
-        self._check(context, self._propose(context, command))
-        audit_write(identity, "CreateToken", f"{command.token_id} ({request.user}, role {role})")
+        audited = ("CreateToken", f"{command.token_id} ({request.user}, role {role})")
+        self._write(context, identity, command, audited)
         return pb.CreateTokenResponse(
             token=text, token_id=command.token_id, expires_at_ms=command.expires_at_ms
         )
@@ -70,18 +70,13 @@ class AdminService(Servicer):
     def RevokeToken(
         self, request: pb.RevokeTokenRequest, context: grpc.ServicerContext
     ) -> pb.RevokeTokenResponse:
-        if not request.token_id:
-            abort_required(context, "token_id")
-        identity = caller(context)
-        command = cmd.RevokeToken(
-            token_id=request.token_id, now_ms=self.ctx.clock_ms(), actor=str(identity)
-        )
-        self._check(
+        self._remove(
             context,
-            self._propose(context, command),
-            (ErrorReason.TOKEN_NOT_FOUND, "token_id", request.token_id),
+            cmd.RevokeToken,
+            "token_id",
+            request.token_id,
+            (ErrorReason.TOKEN_NOT_FOUND, "token_id"),
         )
-        audit_write(identity, "RevokeToken", request.token_id)
         token = self.ctx.backend.snapshot().tokens.get(request.token_id)
         return pb.RevokeTokenResponse(revoked_at_ms=token.revoked_at_ms if token else 0)
 
@@ -118,9 +113,8 @@ class AdminService(Servicer):
             abort_invalid(context, violations)
         wanted = dataclasses.replace(config, limits=limits)
         command = cmd.Configure(config=wanted, now_ms=self.ctx.clock_ms(), actor=str(identity))
-        self._check(context, self._propose(context, command))
         changed = ", ".join(f"{v.name}={v.value}" for v in request.values)
-        audit_write(identity, "SetLimits", changed or "nothing")
+        self._write(context, identity, command, ("SetLimits", changed or "nothing"))
         limits = self.ctx.backend.cluster_config().limits
         return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
 
@@ -161,69 +155,34 @@ class AdminService(Servicer):
     def SetQueue(
         self, request: pb.SetQueueRequest, context: grpc.ServicerContext
     ) -> pb.SetQueueResponse:
-        if not request.HasField("queue"):
-            abort_required(context, "queue")
-        identity = caller(context)
+        identity, state = self._writer(context, request, "queue")
         queue = convert.queue_from_proto(request.queue)
-        self._require_serving_leader(context)
-        state = self.ctx.backend.snapshot()
-        violations = validation.check_queue(queue, state.config.priority_classes)
-        if violations:
-            abort_invalid(context, violations)
-        existed = queue.name in state.queues
         command = cmd.SetQueue(queue=queue, now_ms=self.ctx.clock_ms(), actor=str(identity))
-        self._check(context, self._propose(context, command))
-        audit_write(identity, "SetQueue", queue.name)
-        return pb.SetQueueResponse(created=not existed)
+        violations = validation.check_queue(queue, state.config.priority_classes)
+        return pb.SetQueueResponse(
+            created=self._put(context, identity, command, queue.name, state.queues, violations)
+        )
 
     def DeleteQueue(
         self, request: pb.DeleteQueueRequest, context: grpc.ServicerContext
     ) -> pb.DeleteQueueResponse:
-        if not request.name:
-            abort_required(context, "name")
-        identity = caller(context)
-        command = cmd.DeleteQueue(
-            name=request.name, now_ms=self.ctx.clock_ms(), actor=str(identity)
-        )
-        self._check(
-            context,
-            self._propose(context, command),
-            (ErrorReason.QUEUE_NOT_FOUND, "queue", request.name),
-        )
-        audit_write(identity, "DeleteQueue", request.name)
+        not_found = (ErrorReason.QUEUE_NOT_FOUND, "queue")
+        self._remove(context, cmd.DeleteQueue, "name", request.name, not_found)
         return pb.DeleteQueueResponse()
 
     def SetCohort(
         self, request: pb.SetCohortRequest, context: grpc.ServicerContext
     ) -> pb.SetCohortResponse:
-        if not request.HasField("cohort"):
-            abort_required(context, "cohort")
-        identity = caller(context)
+        identity, state = self._writer(context, request, "cohort")
         cohort = convert_cohorts.cohort_from_proto(request.cohort)
-        self._require_serving_leader(context)
-        state = self.ctx.backend.snapshot()
-        violations = check_cohort(cohort, state.cohorts)
-        if violations:
-            abort_invalid(context, violations)
-        existed = cohort.name in state.cohorts
         command = cmd.SetCohort(cohort=cohort, now_ms=self.ctx.clock_ms(), actor=str(identity))
-        self._check(context, self._propose(context, command))
-        audit_write(identity, "SetCohort", cohort.name)
-        return pb.SetCohortResponse(created=not existed)
+        violations = check_cohort(cohort, state.cohorts)
+        created = self._put(context, identity, command, cohort.name, state.cohorts, violations)
+        return pb.SetCohortResponse(created=created)
 
     def DeleteCohort(
         self, request: pb.DeleteCohortRequest, context: grpc.ServicerContext
     ) -> pb.DeleteCohortResponse:
-        if not request.name:
-            abort_required(context, "name")
-        identity = caller(context)
-        command = cmd.DeleteCohort(
-            name=request.name, now_ms=self.ctx.clock_ms(), actor=str(identity)
-        )
-        self._check(
-            context,
-            self._propose(context, command),
-            (ErrorReason.COHORT_NOT_FOUND, "cohort", request.name),
-        )
-        audit_write(identity, "DeleteCohort", request.name)
+        not_found = (ErrorReason.COHORT_NOT_FOUND, "cohort")
+        self._remove(context, cmd.DeleteCohort, "name", request.name, not_found)
         return pb.DeleteCohortResponse()

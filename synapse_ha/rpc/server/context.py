@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from concurrent import futures
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 import grpc
+from google.protobuf.message import Message
 
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
@@ -364,6 +365,70 @@ class Servicer:
         refusal = commit.refused(result, Refusal(reason, "", metadata={key: value}))
         assert refusal is not None
         self._fail(context, refusal)
+
+    def _write(
+        self,
+        context: grpc.ServicerContext,
+        identity: Identity,
+        command: cmd.Command,
+        audited: tuple[str, str],
+        not_found: tuple[ErrorReason, str, str] = (ErrorReason.JOB_NOT_FOUND, "job_id", ""),
+    ) -> cmd.Result:
+        """Commit ``identity``'s ``command``, abort unless its result is OK (``not_found``
+        as in :meth:`_check`), and write its audit line (``audited``: the method and what
+        it was done to)."""
+        result = self._check(context, self._propose(context, command), not_found)
+        audit_write(identity, *audited)
+        return result
+
+    def _remove(
+        self,
+        context: grpc.ServicerContext,
+        command_type: Callable[..., cmd.Command],
+        field: str,
+        value: str,
+        not_found: tuple[ErrorReason, str],
+    ) -> None:
+        """Commit the command of ``command_type`` that removes what the request's
+        ``field`` (required) names: ``value``; a NOT_FOUND result is ``not_found``'s
+        reason with its metadata key set to ``value``. Audited under the command's name."""
+        if not value:
+            abort_required(context, field)
+        identity = caller(context)
+        command = command_type(**{field: value}, now_ms=self.ctx.clock_ms(), actor=str(identity))
+        reason, key = not_found
+        self._write(
+            context, identity, command, (type(command).__name__, value), (reason, key, value)
+        )
+
+    def _writer(
+        self, context: grpc.ServicerContext, request: Message, field: str
+    ) -> tuple[Identity, ClusterState]:
+        """Who writes the request's required message ``field``, and the state to check
+        the write against (this replica must be the serving leader)."""
+        if not request.HasField(field):
+            abort_required(context, field)
+        identity = caller(context)
+        self._require_serving_leader(context)
+        return identity, self.ctx.backend.snapshot()
+
+    def _put(
+        self,
+        context: grpc.ServicerContext,
+        identity: Identity,
+        command: cmd.Command,
+        name: str,
+        existing: Container[str],
+        violations: Sequence[Violation],
+    ) -> bool:
+        """Commit ``command``, which creates or replaces ``name`` (one of ``existing``),
+        unless ``violations`` refuse it; True when ``name`` is new. Audited under the
+        command's name."""
+        if violations:
+            abort_invalid(context, violations)
+        existed = name in existing
+        self._write(context, identity, command, (type(command).__name__, name))
+        return not existed
 
 
 def audit_write(identity: Identity, method: str, target: str) -> None:

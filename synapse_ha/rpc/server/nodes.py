@@ -3,6 +3,8 @@ list."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import grpc
 
 from synapse_ha.core import commands as cmd
@@ -11,7 +13,22 @@ from synapse_ha.rpc import convert, states
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server.context import Servicer, abort_required, audit_write
+from synapse_ha.rpc.server.context import Servicer, abort_required
+
+StatusMethod = Callable[
+    ["NodeService", pb.NodeStatusRequest, grpc.ServicerContext], pb.NodeStatusResponse
+]
+
+
+def _node_status_method(status: NodeStatus) -> StatusMethod:
+    """The method that sets a node's status to ``status``."""
+
+    def method(
+        self: NodeService, request: pb.NodeStatusRequest, context: grpc.ServicerContext
+    ) -> pb.NodeStatusResponse:
+        return self._set_node_status(request, context, status)
+
+    return method
 
 
 class NodeService(Servicer):
@@ -20,60 +37,44 @@ class NodeService(Servicer):
     def _set_node_status(
         self, request: pb.NodeStatusRequest, context: grpc.ServicerContext, status: NodeStatus
     ) -> pb.NodeStatusResponse:
-        if not request.node_id:
-            abort_required(context, "node_id")
-        identity = caller(context)
-        command = cmd.SetNodeStatus(
-            node_id=request.node_id,
-            status=status,
-            reason=request.reason[:1024],
-            now_ms=self.ctx.clock_ms(),
-            actor=str(identity),
-        )
-        self._check(
-            context,
-            self._propose(context, command),
-            (ErrorReason.NODE_NOT_FOUND, "node_id", request.node_id),
-        )
-        audit_write(identity, f"SetNodeStatus({status})", request.node_id)
+        audited = f"SetNodeStatus({status})"
+        fields = {"status": status, "reason": request.reason[:1024]}
+        self._node_write(context, request.node_id, cmd.SetNodeStatus, audited, fields)
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
         # A node forgotten meanwhile (declared dead) holds nothing: dead.
         status = node.status if node is not None else NodeStatus.DEAD
         return pb.NodeStatusResponse(**states.node_status_fields(status))
 
-    def CordonNode(
-        self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
-    ) -> pb.NodeStatusResponse:
-        return self._set_node_status(request, context, NodeStatus.CORDONED)
+    def _node_write(
+        self,
+        context: grpc.ServicerContext,
+        node_id: str,
+        command_type: Callable[..., cmd.Command],
+        method: str,
+        fields: Mapping[str, object],
+    ) -> cmd.Result:
+        """Commit the command of ``command_type`` on node ``node_id`` (required) with
+        ``fields``, audited as ``method``."""
+        if not node_id:
+            abort_required(context, "node_id")
+        identity = caller(context)
+        command = command_type(
+            node_id=node_id, **fields, now_ms=self.ctx.clock_ms(), actor=str(identity)
+        )
+        not_found = (ErrorReason.NODE_NOT_FOUND, "node_id", node_id)
+        return self._write(context, identity, command, (method, node_id), not_found)
 
-    def UncordonNode(
-        self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
-    ) -> pb.NodeStatusResponse:
-        return self._set_node_status(request, context, NodeStatus.READY)
-
-    def DrainNode(
-        self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
-    ) -> pb.NodeStatusResponse:
-        return self._set_node_status(request, context, NodeStatus.DRAINING)
+    # CordonNode, UncordonNode and DrainNode: one status each.
+    CordonNode = _node_status_method(NodeStatus.CORDONED)
+    UncordonNode = _node_status_method(NodeStatus.READY)
+    DrainNode = _node_status_method(NodeStatus.DRAINING)
 
     def RepairGpus(
         self, request: pb.RepairGpusRequest, context: grpc.ServicerContext
     ) -> pb.RepairGpusResponse:
-        if not request.node_id:
-            abort_required(context, "node_id")
-        identity = caller(context)
-        command = cmd.RepairGpus(
-            node_id=request.node_id,
-            gpus=tuple(sorted(set(request.gpus))),
-            now_ms=self.ctx.clock_ms(),
-            actor=str(identity),
-        )
-        result = self._check(
-            context,
-            self._propose(context, command),
-            (ErrorReason.NODE_NOT_FOUND, "node_id", request.node_id),
-        )
-        audit_write(identity, f"RepairGpus({list(command.gpus) or 'all'})", request.node_id)
+        gpus = tuple(sorted(set(request.gpus)))
+        audited = f"RepairGpus({list(gpus) or 'all'})"
+        result = self._node_write(context, request.node_id, cmd.RepairGpus, audited, {"gpus": gpus})
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
         left = node.gpu_faults if node is not None else ()
         return pb.RepairGpusResponse(
