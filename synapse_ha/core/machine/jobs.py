@@ -24,6 +24,7 @@ from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.member_limits import NO_RULES, rules_in_force
 from synapse_ha.core.model import (
     ArrayJob,
+    Attempt,
     ClusterState,
     Job,
     JobSpec,
@@ -236,13 +237,23 @@ def _cancel(state: ClusterState, job: Job, c: cmd.CancelJob, now: int) -> None:
         settle_drained(state, sorted({m.node_id for m in attempt.members}))
 
 
-def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
-    job = state.jobs.get(c.job_id)
+def _holding(state: ClusterState, job_id: str, token: int) -> tuple[Job, Attempt] | Result:
+    """Job ``job_id`` and its live attempt when that attempt holds fencing ``token``;
+    otherwise the error (NOT_FOUND without the job, CONFLICT for another token)."""
+    job = state.jobs.get(job_id)
     if job is None:
-        return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
+        return error(ResultCode.NOT_FOUND, f"no job {job_id!r}")
     attempt = job.live_attempt()
-    if attempt is None or attempt.fencing_token != c.fencing_token:
-        return error(ResultCode.CONFLICT, f"{c.job_id}: token {c.fencing_token} is not current")
+    if attempt is None or attempt.fencing_token != token:
+        return error(ResultCode.CONFLICT, f"{job_id}: token {token} is not current")
+    return job, attempt
+
+
+def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
+    held = _holding(state, c.job_id, c.fencing_token)
+    if isinstance(held, Result):
+        return held
+    job, attempt = held
     if attempt.preempted_by:
         if c.reason.code is ReasonCode.START_TIMEOUT:
             return error(
@@ -265,12 +276,10 @@ def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
 
 
 def _expire_time_limit(state: ClusterState, c: cmd.ExpireTimeLimit, now: int) -> Result:
-    job = state.jobs.get(c.job_id)
-    if job is None:
-        return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
-    attempt = job.live_attempt()
-    if attempt is None or attempt.fencing_token != c.fencing_token:
-        return error(ResultCode.CONFLICT, f"{c.job_id}: token {c.fencing_token} is not current")
+    held = _holding(state, c.job_id, c.fencing_token)
+    if isinstance(held, Result):
+        return held
+    job, attempt = held
     deadline = time_limit_deadline(job)
     if deadline is None or now < deadline:
         return error(ResultCode.CONFLICT, f"{c.job_id} has not reached its time limit")
