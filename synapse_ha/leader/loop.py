@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import Timeouts
@@ -141,6 +142,10 @@ class LoopSettings:
     proposal_timeout_ms: int = 5_000
     incremental_planning: bool = True
     silence_hold: SilenceHold = DEFAULT_SILENCE_HOLD
+
+
+# The commands proposed at most once at a time per job (:meth:`LeaderLoop._per_job`).
+_JobCommand = TypeVar("_JobCommand", cmd.ExpireTimeLimit, cmd.ExpireDeadline, cmd.FailAttempt)
 
 
 class _InFlight:
@@ -434,16 +439,10 @@ class LeaderLoop:
     # ------------------------------------------------------------- time limits
 
     def _expire_time_limits(self, state: ClusterState, now_ms: int) -> list[str]:
-        said: list[str] = []
-        for job_id in list(self._expiries):
-            if self._expiries[job_id].settled(now_ms):
-                del self._expiries[job_id]
-        for command in due_time_limits(state, now_ms):
-            if command.job_id in self._expiries:
-                continue
-            self._expiries[command.job_id] = self._start(command, now_ms)
-            said.append(f"stopping {command.job_id} at its time limit")
-        return said
+        due = due_time_limits(state, now_ms)
+        return self._per_job(
+            self._expiries, due, now_ms, lambda c: f"stopping {c.job_id} at its time limit"
+        )
 
     def _expire_deadlines(self, state: ClusterState, now_ms: int) -> list[str]:
         """Cancel pending jobs at their deadline; looked for once a second at most (a
@@ -451,32 +450,43 @@ class LeaderLoop:
         if now_ms < self._next_deadline_scan_ms:
             return []
         self._next_deadline_scan_ms = now_ms + DEADLINE_SCAN_MS
-        said: list[str] = []
-        for job_id in list(self._deadlines):
-            if self._deadlines[job_id].settled(now_ms):
-                del self._deadlines[job_id]
-        for command in due_deadlines(state, now_ms):
-            if command.job_id in self._deadlines:
-                continue
-            self._deadlines[command.job_id] = self._start(command, now_ms)
-            said.append(f"cancelling {command.job_id} at its deadline")
-        return said
+        due = due_deadlines(state, now_ms)
+        return self._per_job(
+            self._deadlines, due, now_ms, lambda c: f"cancelling {c.job_id} at its deadline"
+        )
 
     # ---------------------------------------------------------- start timeouts
 
     def _fail_unstarted(self, state: ClusterState, now_ms: int) -> list[str]:
         """Fail attempts with a member not running ``start_timeout_ms`` after the bind;
         at most one proposal in flight per job."""
+        due = (
+            replace(command, jitter_seed=self._rng.getrandbits(63))
+            for command in due_start_timeouts(state, now_ms)
+            if command.job_id not in self._start_timeouts
+        )
+        return self._per_job(
+            self._start_timeouts, due, now_ms, lambda c: f"failing {c.job_id}: {render(c.reason)}"
+        )
+
+    def _per_job(
+        self,
+        in_flight: dict[str, _InFlight],
+        due: Iterable[_JobCommand],
+        now_ms: int,
+        saying: Callable[[_JobCommand], str],
+    ) -> list[str]:
+        """Propose each of ``due`` whose job has no proposal of its kind ``in_flight``
+        (forgetting those settled first), and say so (``saying``)."""
+        for job_id in list(in_flight):
+            if in_flight[job_id].settled(now_ms):
+                del in_flight[job_id]
         said: list[str] = []
-        for job_id in list(self._start_timeouts):
-            if self._start_timeouts[job_id].settled(now_ms):
-                del self._start_timeouts[job_id]
-        for command in due_start_timeouts(state, now_ms):
-            if command.job_id in self._start_timeouts:
+        for command in due:
+            if command.job_id in in_flight:
                 continue
-            command = replace(command, jitter_seed=self._rng.getrandbits(63))
-            self._start_timeouts[command.job_id] = self._start(command, now_ms)
-            said.append(f"failing {command.job_id}: {render(command.reason)}")
+            in_flight[command.job_id] = self._start(command, now_ms)
+            said.append(saying(command))
         return said
 
     # -------------------------------------------------------------- scheduling

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from synapse_ha.worker import shim
+from synapse_ha.worker.procgroup import process_state
 
 log = logging.getLogger("synapse.worker.forkserver")
 
@@ -56,20 +57,6 @@ REPLY_TIMEOUT_S = 10.0  # a fork takes milliseconds; this bounds a wedged fork s
 
 class ForkServerError(Exception):
     """A request could not reach the fork server: nothing was forked for it."""
-
-
-def _proc_state(pid: int) -> tuple[str, int] | None:
-    """(state letter, start ticks) of ``pid`` from ``/proc``, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 class ForkedSupervisor:
@@ -114,7 +101,7 @@ class ForkedSupervisor:
                 self.returncode = 0
             return self.returncode
         pid, ticks = self._answer
-        state = _proc_state(pid)
+        state = process_state(pid)
         if state is None or state[1] != ticks or state[0] in ("Z", "X"):
             self.returncode = 0
         return self.returncode

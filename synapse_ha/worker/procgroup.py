@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22),
-    or None when no such process exists. Together with the pid it names one process."""
+def process_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, start ticks) of ``pid`` from ``/proc/PID/stat`` (fields 3 and 22),
+    or None when no such process exists."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             stat = f.read()
@@ -34,9 +34,16 @@ def process_start_ticks(pid: int) -> int | None:
         return None
     fields = stat[stat.rfind(")") + 2 :].split()
     try:
-        return int(fields[19])
+        return fields[0], int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22),
+    or None when no such process exists. Together with the pid it names one process."""
+    found = process_state(pid)
+    return None if found is None else found[1]
 
 
 def group_alive(pgid: int) -> bool:
