@@ -26,8 +26,9 @@ def test_clean():
 
 def test_leaves_a_thread():
     stop = threading.Event()
-    # Non-daemon: the interpreter would wait for it at exit; it ends on its own later.
-    threading.Thread(target=stop.wait, args=(5,), name="forgotten-worker").start()
+    # Non-daemon: the interpreter would wait for it at exit; it ends on its own later,
+    # after the check (which waits SYNAPSE_TEST_SETTLE_S, 1 s here).
+    threading.Thread(target=stop.wait, args=(4,), name="forgotten-worker").start()
 
 def test_after_the_thread():
     pass
@@ -114,3 +115,70 @@ def test_the_check_names_and_kills_what_a_test_leaves_running(pytester: pytest.P
     # What the inner session left, its check killed: nothing of it runs now (its
     # processes carry this session's id too).
     assert not session_processes(os.environ[SESSION_VARIABLE].split(":")[-1])
+
+
+# Two files for a session of two xdist workers (one file each): the first holds a process
+# in a module fixture while the second's tests end, and are checked, on the other worker.
+HOLDS_A_PROCESS = """
+import pathlib, subprocess, sys, time
+import pytest
+
+@pytest.fixture(scope="module")
+def server():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield p
+    p.kill()
+    p.wait()
+
+def test_holds_its_process_while_the_other_worker_checks(server):
+    pathlib.Path("{sync}/held").touch()
+    deadline = time.monotonic() + 60
+    while not pathlib.Path("{sync}/checked").exists():
+        assert time.monotonic() < deadline, "the other worker never ran"
+        time.sleep(0.02)
+    assert server.poll() is None
+
+def test_still_holds_it(server):
+    assert server.poll() is None
+"""
+
+ENDS_WHILE_THE_OTHER_HOLDS = """
+import pathlib, time
+
+def test_ends_while_the_other_worker_holds_a_process():
+    deadline = time.monotonic() + 60
+    while not pathlib.Path("{sync}/held").exists():
+        assert time.monotonic() < deadline, "the other worker never started its process"
+        time.sleep(0.02)
+
+def test_after_the_check():  # the test before it has been checked by now
+    pathlib.Path("{sync}/checked").touch()
+"""
+
+
+def test_under_xdist_each_worker_checks_only_its_own_processes(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("from tests.conftest import *  # noqa: F403\n")
+    sync = pytester.mkdir("sync")
+    pytester.makepyfile(
+        test_holder=HOLDS_A_PROCESS.format(sync=sync),
+        test_quick=ENDS_WHILE_THE_OTHER_HOLDS.format(sync=sync),
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SYNAPSE_TEST_SETTLE_S": "1"}
+    # One file on each of two workers.
+    xdist = ["-n", "2", "--dist", "loadfile"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *xdist],
+        cwd=pytester.path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = run.stdout + run.stderr
+    # The second worker's check found no process of its own; the first worker's process
+    # (its session id is the worker's, not the other's) was neither reported nor killed.
+    assert run.returncode == 0, out
+    assert "2 workers [4 items]" in out, out
+    assert "4 passed" in out, out
+    assert "left running" not in out, out
