@@ -21,6 +21,7 @@ from synapse_ha.core.scheduler.victim_search import (
     MAX_TRIALS_PER_PASS,
     Budget,
     Candidate,
+    Rules,
     choose,
     fits_with,
     live_candidates,
@@ -181,9 +182,7 @@ class Preempting:
             return None
         if self.candidates is None:
             self.candidates = live_candidates(self.state, self.now_ms)
-        options = rules_for(
-            self.state, gang, self.candidates, usage, self._keeps(), self.claimed, self.now_ms
-        )
+        options = self._rules(gang, usage, self.now_ms)
         if not options:
             self._fail(key, gang, usage)
             return None
@@ -224,13 +223,19 @@ class Preempting:
         self._fail(key, gang, usage)
         return None
 
+    def _rules(self, gang: Gang, usage: QueueUsage | None, at_ms: int) -> list[Rules]:
+        """The kinds of preemption open to ``gang`` at ``at_ms`` (:func:`rules_for`)."""
+        assert self.candidates is not None
+        keeps = self._keeps()
+        return rules_for(self.state, gang, self.candidates, usage, keeps, self.claimed, at_ms)
+
     def _fail(self, key: tuple[object, ...], gang: Gang, usage: QueueUsage | None) -> None:
         """No victims for ``gang`` (nor for its shape, in this pass): note whether gangs
         within their minimum run time are why."""
         self.failed.add(key)
         assert self.candidates is not None
         found, kind = protected_blockers(
-            self.state, gang, self.candidates, usage, self._keeps(), self.claimed, self.now_ms
+            self.candidates, self.now_ms, lambda at_ms: self._rules(gang, usage, at_ms)
         )
         if not found:
             self.waiting_on = self.protected[key] = None

@@ -34,6 +34,7 @@ How the set is chosen:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
@@ -232,20 +233,15 @@ def _depth_to(cohort: str, other: str, state: ClusterState) -> int:
 
 
 def protected_blockers(
-    state: ClusterState,
-    gang: Gang,
-    candidates: list[Candidate],
-    usage: QueueUsage | None,
-    keeps: QueueUsage,
-    claimed: set[str],
-    now_ms: int,
+    candidates: list[Candidate], now_ms: int, rules_at: Callable[[int], list[Rules]]
 ) -> tuple[list[Candidate], PreemptionKind | None]:
-    """The gangs ``gang`` may preempt but for their minimum run time at ``now_ms`` (as
-    :func:`rules_for` allows them once every protection has ended), with the kind."""
+    """The gangs a gang may preempt but for their minimum run time at ``now_ms`` (as
+    ``rules_at``, the gang's :func:`rules_for` at a time, allows them once every
+    protection has ended), with the kind."""
     later = max((c.protected_until_ms for c in candidates), default=now_ms)
     if later <= now_ms:
         return [], None
-    for rules in rules_for(state, gang, candidates, usage, keeps, claimed, later):
+    for rules in rules_at(later):
         protected = [c for c in rules.allowed if c.protected_until_ms > now_ms]
         if protected:
             return protected, rules.kind
