@@ -68,12 +68,7 @@ class WorkerNudger:
     def nudge(self, targets: Sequence[tuple[str, str]]) -> None:
         version = self._credentials_version()
         if version != self._version:
-            with self._lock:
-                self._version = version
-                stale = [channel for channel, _ in self._channels.values()]
-                self._channels.clear()
-            for channel in stale:
-                channel.close()
+            self._drop_channels(version, closing=False)
         for node_id, address in targets:
             stub = self._stub(node_id, address)
             if stub is None:
@@ -86,11 +81,19 @@ class WorkerNudger:
             call.add_done_callback(lambda f, n=node_id, a=address: _settled(f, n, a))
 
     def close(self) -> None:
+        self._drop_channels(None, closing=True)
+
+    def _drop_channels(self, version: object, *, closing: bool) -> None:
+        """Close every cached channel: the credentials are now ``version``, or the nudger
+        is ``closing`` (it opens none again)."""
         with self._lock:
-            self._closed = True
-            channels = [channel for channel, _ in self._channels.values()]
+            if closing:
+                self._closed = True
+            else:
+                self._version = version
+            stale = [channel for channel, _ in self._channels.values()]
             self._channels.clear()
-        for channel in channels:
+        for channel in stale:
             channel.close()
 
     def _stub(self, node_id: str, address: str) -> wpb_grpc.WorkerServiceStub | None:
