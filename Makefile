@@ -39,7 +39,8 @@ UNIT_PARALLEL := tests/core tests/sim tests/chaos tests/history tests/leader tes
     jain_gaps lock_hold placement snapshot_decode synthetic_gap tenancy \
     history_cost catchup array_submit security_cost vs_ray durability submit_batch \
     gang_start dependency_latency raft_channel memory)) \
-  tests/test_layout.py tests/test_design_citations.py tests/test_leftovers.py
+  tests/bench/test_compare.py tests/test_layout.py tests/test_design_citations.py \
+  tests/test_leftovers.py
 unit: $(STAMP) browser nettools
 	@status=0; \
 	echo "$(BIN)/pytest -n $(UNIT_WORKERS) --dist loadfile --durations=60 $(UNIT_PARALLEL)"; \
