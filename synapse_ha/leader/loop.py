@@ -43,9 +43,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import Timeouts
@@ -54,6 +52,7 @@ from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, IncrementalPlanner, Plan, schedule
 from synapse_ha.core.views import due_deadlines, due_start_timeouts, due_time_limits
+from synapse_ha.leader.in_flight import InFlight, propose_per_job
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
 from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.leader.silence import DEFAULT_SILENCE_HOLD, SilenceHold, hold_reason
@@ -144,34 +143,6 @@ class LoopSettings:
     silence_hold: SilenceHold = DEFAULT_SILENCE_HOLD
 
 
-# The commands proposed at most once at a time per job (:meth:`LeaderLoop._per_job`).
-_JobCommand = TypeVar("_JobCommand", cmd.ExpireTimeLimit, cmd.ExpireDeadline, cmd.FailAttempt)
-
-
-class _InFlight:
-    """One proposal this term. A proposal with no outcome after ``timeout_ms`` counts
-    as settled with an unknown outcome (its callback may never come once leadership
-    moved); the state machine re-verifies whatever is proposed next."""
-
-    __slots__ = ("future", "since_ms", "timeout_ms")
-
-    def __init__(self, future: Future[cmd.Result], since_ms: int, timeout_ms: int) -> None:
-        self.future = future
-        self.since_ms = since_ms
-        self.timeout_ms = timeout_ms
-
-    def settled(self, now_ms: int) -> bool:
-        return self.future.done() or now_ms - self.since_ms >= self.timeout_ms
-
-    def error(self) -> BaseException | None:
-        if not self.future.done():
-            return TimeoutError(f"no outcome within {self.timeout_ms} ms")
-        return self.future.exception()
-
-    def result(self) -> cmd.Result | None:
-        return self.future.result() if self.future.done() and self.error() is None else None
-
-
 class LeaderLoop:
     """The leader-only control loop. Not thread-safe: one driver thread calls it."""
 
@@ -212,20 +183,20 @@ class LeaderLoop:
         self._next_pass_ms: int | None = None
         self._pass_cost_ms = 0.0
         self._last_housekeeping_ms = -(1 << 62)
-        self._configure: _InFlight | None = None
+        self._configure: InFlight | None = None
         self._leader = False
         self._term = 0
         self._ready = False
-        self._barrier: _InFlight | None = None
-        self._bind: _InFlight | None = None
-        self._node_deaths: dict[str, _InFlight] = {}
+        self._barrier: InFlight | None = None
+        self._bind: InFlight | None = None
+        self._node_deaths: dict[str, InFlight] = {}
         self._held = False  # node deaths held for a mass silence (leader/silence.py)
-        self._expiries: dict[str, _InFlight] = {}
-        self._deadlines: dict[str, _InFlight] = {}
+        self._expiries: dict[str, InFlight] = {}
+        self._deadlines: dict[str, InFlight] = {}
         self._next_deadline_scan_ms = 0
-        self._start_timeouts: dict[str, _InFlight] = {}
-        self._purge: _InFlight | None = None
-        self._preempts: dict[str, tuple[_InFlight, tuple[str, ...]]] = {}
+        self._start_timeouts: dict[str, InFlight] = {}
+        self._purge: InFlight | None = None
+        self._preempts: dict[str, tuple[InFlight, tuple[str, ...]]] = {}
         self._dirty = True
         self._planned_applied = -1  # the state's applied_commands the last pass planned on
         self._last_pass_ms = 0
@@ -360,12 +331,12 @@ class LeaderLoop:
             if self._on_ready is not None:
                 self._on_ready(ready)
 
-    def _start(self, command: cmd.Command, now_ms: int) -> _InFlight:
+    def _start(self, command: cmd.Command, now_ms: int) -> InFlight:
         future = self._proposer.propose(command)
         if self._wake is not None:
             wake = self._wake
             future.add_done_callback(lambda _f: wake())
-        return _InFlight(future, now_ms, self._settings.proposal_timeout_ms)
+        return InFlight(future, now_ms, self._settings.proposal_timeout_ms)
 
     def next_step_in_ms(self, now_ms: int) -> int | None:
         """When a scheduling pass that is waiting out the gap after the previous one
@@ -440,8 +411,12 @@ class LeaderLoop:
 
     def _expire_time_limits(self, state: ClusterState, now_ms: int) -> list[str]:
         due = due_time_limits(state, now_ms)
-        return self._per_job(
-            self._expiries, due, now_ms, lambda c: f"stopping {c.job_id} at its time limit"
+        return propose_per_job(
+            self._expiries,
+            due,
+            now_ms,
+            self._start,
+            lambda c: f"stopping {c.job_id} at its time limit",
         )
 
     def _expire_deadlines(self, state: ClusterState, now_ms: int) -> list[str]:
@@ -451,8 +426,12 @@ class LeaderLoop:
             return []
         self._next_deadline_scan_ms = now_ms + DEADLINE_SCAN_MS
         due = due_deadlines(state, now_ms)
-        return self._per_job(
-            self._deadlines, due, now_ms, lambda c: f"cancelling {c.job_id} at its deadline"
+        return propose_per_job(
+            self._deadlines,
+            due,
+            now_ms,
+            self._start,
+            lambda c: f"cancelling {c.job_id} at its deadline",
         )
 
     # ---------------------------------------------------------- start timeouts
@@ -465,29 +444,13 @@ class LeaderLoop:
             for command in due_start_timeouts(state, now_ms)
             if command.job_id not in self._start_timeouts
         )
-        return self._per_job(
-            self._start_timeouts, due, now_ms, lambda c: f"failing {c.job_id}: {render(c.reason)}"
+        return propose_per_job(
+            self._start_timeouts,
+            due,
+            now_ms,
+            self._start,
+            lambda c: f"failing {c.job_id}: {render(c.reason)}",
         )
-
-    def _per_job(
-        self,
-        in_flight: dict[str, _InFlight],
-        due: Iterable[_JobCommand],
-        now_ms: int,
-        saying: Callable[[_JobCommand], str],
-    ) -> list[str]:
-        """Propose each of ``due`` whose job has no proposal of its kind ``in_flight``
-        (forgetting those settled first), and say so (``saying``)."""
-        for job_id in list(in_flight):
-            if in_flight[job_id].settled(now_ms):
-                del in_flight[job_id]
-        said: list[str] = []
-        for command in due:
-            if command.job_id in in_flight:
-                continue
-            in_flight[command.job_id] = self._start(command, now_ms)
-            said.append(saying(command))
-        return said
 
     # -------------------------------------------------------------- scheduling
 
