@@ -38,7 +38,7 @@ UNIT_PARALLEL := tests/core tests/sim tests/chaos tests/history tests/leader tes
   $(addprefix tests/bench/test_,$(addsuffix _smoke.py,cohort_tree format_gate incremental \
     jain_gaps lock_hold placement snapshot_decode synthetic_gap tenancy \
     history_cost catchup array_submit security_cost vs_ray durability submit_batch \
-    gang_start dependency_latency raft_channel memory)) \
+    gang_start dependency_latency raft_channel memory follower_reads gpu_fault member_start)) \
   tests/bench/test_compare.py tests/test_layout.py tests/test_design_citations.py \
   tests/test_leftovers.py
 unit: $(STAMP) browser nettools
