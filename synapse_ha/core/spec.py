@@ -200,8 +200,21 @@ def parse_job_spec(
         deadline_delay_ms=deadline[1],
     )
     request_id = string("request_id", doc.get("request_id", ""))
-    found = problems.found
-    # A field that could not be read (or was misspelt) has a stand-in the rules ignore.
+    _raise_problems(data, spec, request_id, topology_levels, problems.found, misspelt)
+    return ParsedJob(spec=spec, request_id=request_id)
+
+
+def _raise_problems(
+    data: object,
+    spec: JobSpec,
+    request_id: str,
+    topology_levels: Sequence[str] | None,
+    found: list[Violation],
+    misspelt: set[str],
+) -> None:
+    """Raise every problem of the document at once: those found reading it, then the
+    rules the spec it gave breaks, except for a field that could not be read (or was
+    misspelt), whose stand-in the rules ignore."""
     ruled = [
         v
         for v in check_job_spec(spec, topology_levels) + check_request_id(request_id)
@@ -210,7 +223,6 @@ def parse_job_spec(
     violations = found + ruled
     if violations:
         raise SpecError.of(_in_document_order(violations, data))
-    return ParsedJob(spec=spec, request_id=request_id)
 
 
 def _required(data: object, doc: Mapping[str, Any], problems: _Problems) -> set[str]:
