@@ -13,6 +13,7 @@ from synapse_ha.cli.app import (
     output_option,
     with_settings,
 )
+from synapse_ha.client import nodes as client_nodes
 
 # --------------------------------------------------------------------------- nodes
 
@@ -30,7 +31,9 @@ def nodes(settings: Settings) -> None:
     if click.get_current_context().invoked_subcommand is not None:
         return
     now = now_ms()
-    documents = [render_nodes.node_document(n, now) for n in settings.client().list_nodes()]
+    documents = [
+        render_nodes.node_document(n, now) for n in client_nodes.list_nodes(settings.client())
+    ]
     emit(settings, {"nodes": documents}, lambda: render_nodes.nodes_table(documents))
 
 
@@ -55,7 +58,7 @@ def repair(settings: Settings, node_id: str, gpus: tuple[int, ...]) -> None:
     Example:
       synctl nodes repair gpu-017 --gpu 3 --gpu 5
     """
-    answer = settings.client().repair_gpus(node_id, sorted(set(gpus)))
+    answer = client_nodes.repair_gpus(settings.client(), node_id, sorted(set(gpus)))
     document = render_nodes.repair_document(node_id, answer)
     emit(settings, document, lambda: render_nodes.repair_text(document))
 

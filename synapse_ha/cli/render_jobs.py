@@ -221,7 +221,7 @@ def explain_document(
     answer: pb.ExplainJobResponse, job: pb.Job, nodes: Sequence[pb.Node]
 ) -> Document:
     job_doc = job_document(job)
-    by_id = {n.node_id: topology_document(n.topology) for n in nodes}
+    by_id = {n.node_id: topology_document((t.level, t.value) for t in n.topology) for n in nodes}
     members = []
     for member in job_doc["members"]:
         topology = by_id.get(member["node"], {})

@@ -17,9 +17,9 @@ from synapse_ha.cli.render import (
     time_text,
 )
 from synapse_ha.cli.terminal import terminal_safe
+from synapse_ha.client.nodes import NodeView, Repaired
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
-from synapse_ha.rpc import states
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
 
 
 def ordered_levels(labels: Iterable[str]) -> list[str]:
@@ -30,8 +30,9 @@ def ordered_levels(labels: Iterable[str]) -> list[str]:
     return known + sorted(present - set(known))
 
 
-def topology_document(labels: Iterable[pb.TopologyLabel]) -> dict[str, str]:
-    by_level = {label.level: label.value for label in labels}
+def topology_document(labels: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``{level: value}`` from (level, value) pairs, the outermost level first."""
+    by_level = dict(labels)
     return {level: by_level[level] for level in ordered_levels(by_level)}
 
 
@@ -39,7 +40,7 @@ def topology_path(topology: Mapping[str, str]) -> str:
     return "/".join(topology.values()) or "-"
 
 
-def gpu_faults_document(faults: Iterable[pb.GpuFault]) -> list[Document]:
+def gpu_faults_document(faults: Iterable[GpuFault]) -> list[Document]:
     """``[{gpu, code, detail, since_ms}]`` by GPU."""
     return [
         {"gpu": f.gpu, "code": f.code, "detail": f.detail, "since_ms": f.since_ms}
@@ -47,7 +48,7 @@ def gpu_faults_document(faults: Iterable[pb.GpuFault]) -> list[Document]:
     ]
 
 
-def unfit_document(unfit: Iterable[pb.NodeUnfit], now_ms: int) -> list[Document]:
+def unfit_document(unfit: Iterable[Unfit], now_ms: int) -> list[Document]:
     """``[{owner, detail, until_ms}]`` of the entries still in force at ``now_ms``, by
     owner (an expired entry no longer keeps anything off the node)."""
     return [
@@ -57,7 +58,7 @@ def unfit_document(unfit: Iterable[pb.NodeUnfit], now_ms: int) -> list[Document]
     ]
 
 
-def conditions_document(conditions: Iterable[pb.NodeCondition]) -> list[Document]:
+def conditions_document(conditions: Iterable[NodeCondition]) -> list[Document]:
     """``[{name, message, since_ms}]`` of the checks failing on the node, by name."""
     return [
         {"name": k.name, "message": k.message, "since_ms": k.since_ms}
@@ -70,7 +71,7 @@ def faults_text(faults: Sequence[Mapping[str, Any]]) -> str:
     return ",".join(f"{f['gpu']}:{f['code']}" for f in faults)
 
 
-def node_document(node: pb.Node, now_ms: int = 0) -> Document:
+def node_document(node: NodeView, now_ms: int = 0) -> Document:
     """The node as ``synctl nodes`` shows it; ``now_ms`` (ms since the epoch) decides
     which :attr:`unfit` entries are still in force. ``free_gpus`` counts neither
     allocated nor unhealthy GPUs: only those the scheduler may place on."""
@@ -79,7 +80,7 @@ def node_document(node: pb.Node, now_ms: int = 0) -> Document:
     return {
         "id": node.node_id,
         "address": node.address,
-        "status": states.shown_node_status(node),
+        "status": node.status,
         "status_reason": node.status_reason,
         "topology": topology,
         "topology_path": topology_path(topology),
@@ -89,9 +90,7 @@ def node_document(node: pb.Node, now_ms: int = 0) -> Document:
         "allocated_gpus": list(node.allocated_gpus),
         "gpu_model": node.gpu_model,
         "registered_at_ms": node.registered_at_ms,
-        "last_heartbeat_age_ms": (
-            node.last_heartbeat_age_ms if node.last_heartbeat_age_ms >= 0 else None
-        ),
+        "last_heartbeat_age_ms": node.last_heartbeat_age_ms,
         "members_run_as": node.members_run_as,
         "member_isolation": node.member_isolation,
         "gpu_faults": gpu_faults_document(node.gpu_faults),
@@ -132,7 +131,7 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
     return table(rows, [*headers, "MEMORY USED", "HEARTBEAT", "ADDRESS", "RUNS AS", "UNFIT FOR"])
 
 
-def repair_document(node_id: str, answer: pb.RepairGpusResponse) -> Document:
+def repair_document(node_id: str, answer: Repaired) -> Document:
     """``synctl nodes repair``: ``{id, message, gpu_faults}`` (the faults left)."""
     return {
         "id": node_id,

@@ -9,6 +9,7 @@ import json
 import yaml
 
 from synapse_ha.cli import render, render_nodes
+from synapse_ha.client.nodes import node_from_proto, repaired_from_proto
 from synapse_ha.core.health import GpuFault, Unfit
 from synapse_ha.core.model import Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.rpc import to_proto
@@ -60,7 +61,7 @@ def row(text: str, node_id: str) -> dict[str, str]:
 
 
 def test_the_document_carries_faults_by_gpu_and_the_unfit_owners_in_force() -> None:
-    doc = render_nodes.node_document(sick_node(), NOW)
+    doc = render_nodes.node_document(node_from_proto(sick_node()), NOW)
     assert doc["gpu_faults"] == [
         {
             "gpu": 3,
@@ -82,7 +83,7 @@ def test_the_document_carries_faults_by_gpu_and_the_unfit_owners_in_force() -> N
 
 def test_the_table_names_each_unhealthy_gpu_and_the_owners_kept_off() -> None:
     healthy = pb.Node(node_id="w2", status="ready", capacity=pb.Resources(gpu=8))
-    docs = [render_nodes.node_document(n, NOW) for n in (sick_node(), healthy)]
+    docs = [render_nodes.node_document(node_from_proto(n), NOW) for n in (sick_node(), healthy)]
     text = render_nodes.nodes_table(docs)
     assert row(text, "w1")["UNHEALTHY"] == "3:xid-79,5:ecc-dbe"
     assert row(text, "w1")["UNFIT FOR"] == "alice,bob"
@@ -94,7 +95,7 @@ def test_the_table_names_each_unhealthy_gpu_and_the_owners_kept_off() -> None:
 def test_hostile_fault_text_is_escaped_in_the_table_and_kept_exact_in_json() -> None:
     node = sick_node(code=HOSTILE, detail=HOSTILE)
     node.unfit.append(pb.NodeUnfit(owner=HOSTILE, detail=HOSTILE, until_ms=NOW + 10))
-    doc = render_nodes.node_document(node, NOW)
+    doc = render_nodes.node_document(node_from_proto(node), NOW)
     text = render_nodes.nodes_table([doc])
     for unsafe in ("\x1b", "\x07", "\r", "\u202e"):
         assert unsafe not in text
@@ -113,7 +114,7 @@ def test_the_repair_answer_shows_the_message_and_each_fault_left() -> None:
         message="node w1: GPU 3 xid-79 repaired",
         gpu_faults=[pb.GpuFault(gpu=5, code="ecc-dbe", detail=HOSTILE, since_ms=NOW)],
     )
-    doc = render_nodes.repair_document("w1", answer)
+    doc = render_nodes.repair_document("w1", repaired_from_proto(answer))
     assert doc == {
         "id": "w1",
         "message": "node w1: GPU 3 xid-79 repaired",
@@ -124,7 +125,9 @@ def test_the_repair_answer_shows_the_message_and_each_fault_left() -> None:
     assert lines[1].startswith("still unhealthy: GPU 5 ecc-dbe (\\x1b]0;pwned")
     assert lines[1].endswith(f"since {render.time_text(NOW)}")
     assert len(lines) == 2
-    every = render_nodes.repair_document("w1", pb.RepairGpusResponse(message="ok"))
+    every = render_nodes.repair_document(
+        "w1", repaired_from_proto(pb.RepairGpusResponse(message="ok"))
+    )
     assert render_nodes.repair_text(every).splitlines() == ["ok", "node w1: every GPU healthy"]
 
 
@@ -140,7 +143,9 @@ def test_the_replicated_node_reaches_the_document_through_the_wire() -> None:
             Unfit("erin", "image missing", NOW - 60_000),
         ),
     )
-    doc = render_nodes.node_document(to_proto.node_to_proto(node, heartbeat_age_ms=5), NOW)
+    doc = render_nodes.node_document(
+        node_from_proto(to_proto.node_to_proto(node, heartbeat_age_ms=5)), NOW
+    )
     assert doc["gpu_faults"] == [
         {"gpu": 2, "code": "lost", "detail": "GPU fell off the bus", "since_ms": NOW - 10}
     ]

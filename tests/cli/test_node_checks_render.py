@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from synapse_ha.cli import render, render_jobs, render_nodes
+from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.core.health import CHECK_ACTOR, NodeCondition
 from synapse_ha.core.model import Job, JobSpec, Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.core.prestart import Prestart
@@ -24,7 +25,9 @@ def checked_node(message: str = "disk /scratch full") -> Node:
 
 
 def test_a_failing_check_reaches_the_document_and_the_table() -> None:
-    doc = render_nodes.node_document(to_proto.node_to_proto(checked_node(), -1), NOW)
+    doc = render_nodes.node_document(
+        node_from_proto(to_proto.node_to_proto(checked_node(), -1)), NOW
+    )
     assert doc["conditions"] == [
         {"name": "health-check", "message": "disk /scratch full", "since_ms": NOW - 1_000}
     ]
@@ -35,13 +38,17 @@ def test_a_failing_check_reaches_the_document_and_the_table() -> None:
         Node(info=NodeInfo("w2", "h:2", Resources(1, 1, 0)), status=NodeStatus.READY,
              registered_at_ms=1), -1
     )  # fmt: skip
-    text = render_nodes.nodes_table([doc, render_nodes.node_document(healthy, NOW)])
+    text = render_nodes.nodes_table(
+        [doc, render_nodes.node_document(node_from_proto(healthy), NOW)]
+    )
     assert row(text, "w1")["FAILING"] == "health-check"
     assert row(text, "w2")["FAILING"] == "-"
 
 
 def test_hostile_check_text_stays_off_the_terminal_and_exact_in_json() -> None:
-    doc = render_nodes.node_document(to_proto.node_to_proto(checked_node(HOSTILE), -1), NOW)
+    doc = render_nodes.node_document(
+        node_from_proto(to_proto.node_to_proto(checked_node(HOSTILE), -1)), NOW
+    )
     assert doc["conditions"][0]["message"] == HOSTILE
     text = render_nodes.nodes_table([doc])
     for unsafe in ("\x1b", "\x07", "\r", "\u202e"):

@@ -13,6 +13,7 @@ from synapse_ha.cli import (
     render_nodes,
     render_tokens,
 )
+from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -119,7 +120,7 @@ def test_a_job_never_bound_has_no_attempt() -> None:
 
 
 def test_a_node_document_orders_topology_from_the_outside_in() -> None:
-    doc = render_nodes.node_document(node("w1", "r3", [0, 1], -1))
+    doc = render_nodes.node_document(node_from_proto(node("w1", "r3", [0, 1], -1)))
     assert list(doc) == NODE_KEYS
     assert list(doc["topology"].items()) == [("zone", "z1"), ("block", "b1"), ("rack", "r3")]
     assert doc["topology_path"] == "z1/b1/r3"
@@ -186,7 +187,9 @@ def test_tables_for_people() -> None:
     assert jobs.splitlines()[1].split()[:7] == [
         "job-000007", "train", "RUNNING", "2", "4", "2", submitted,
     ]  # fmt: skip
-    nodes = render_nodes.nodes_table([render_nodes.node_document(node("w1", "r1", [0, 1], 1500))])
+    nodes = render_nodes.nodes_table(
+        [render_nodes.node_document(node_from_proto(node("w1", "r1", [0, 1], 1500)))]
+    )
     assert nodes.splitlines()[1].split() == [
         "w1", "ready", "z1/b1/r1", "6/8", "-", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
         "w1.example:7070", "-", "-",

@@ -11,6 +11,7 @@ import yaml
 
 from synapse_ha.cli import history, render, render_cluster, render_jobs, render_nodes, terminal
 from synapse_ha.cli.logs import MAX_LINE_BYTES, LinePrinter
+from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 # Retitle the window, clear the screen, return to the line start and overwrite it,
@@ -91,7 +92,7 @@ def test_node_and_cluster_tables_escape_what_nodes_and_replicas_report() -> None
         members_run_as="agent:\rroot",
         topology=[pb.TopologyLabel(level="rack", value="r1\b\b")],
     )
-    nodes = render_nodes.nodes_table([render_nodes.node_document(node)])
+    nodes = render_nodes.nodes_table([render_nodes.node_document(node_from_proto(node))])
     assert_inert(nodes)
     assert "\\x1b]0;x\\x07" in nodes and "agent:\\rroot" in nodes and "r1\\b\\b" in nodes
     status = pb.GetClusterStatusResponse(
