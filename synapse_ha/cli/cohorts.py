@@ -8,7 +8,8 @@ from __future__ import annotations
 import click
 
 from synapse_ha.cli.app import Settings, emit, output_option, with_settings
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.client import queues as client_queues
+from synapse_ha.core.cluster_config import Cohort
 
 
 @click.group()
@@ -61,19 +62,16 @@ def cohort_set(
     Example:
       synctl cohort set team-a --parent org --borrowing-limit 8
     """
-    msg = pb.Cohort(name=name, parent=parent)
-    for field, value in (
-        ("gpu", gpu),
-        ("borrowing_limit_gpu", borrowing_limit),
-        ("lending_limit_gpu", lending_limit),
-    ):
-        if value is not None:
-            setattr(msg, field, value)
-    answer: pb.SetCohortResponse = settings.client().ask(
-        "SetCohort", pb.SetCohortRequest(cohort=msg)
+    record = Cohort(
+        name=name,
+        parent=parent,
+        gpu=gpu,
+        borrowing_limit_gpu=borrowing_limit,
+        lending_limit_gpu=lending_limit,
     )
-    document = {"name": name, "created": answer.created}
-    emit(settings, document, lambda: f"cohort {name}: {'created' if answer.created else 'updated'}")
+    created = client_queues.set_cohort(settings.client(), record)
+    document = {"name": name, "created": created}
+    emit(settings, document, lambda: f"cohort {name}: {'created' if created else 'updated'}")
 
 
 @cohort.command("delete")
@@ -88,13 +86,7 @@ def cohort_delete(settings: Settings, name: str) -> None:
     Example:
       synctl cohort delete team-a
     """
-    client = settings.client()
-    request = pb.DeleteCohortRequest(name=name)
-    client.call(
-        "DeleteCohort",
-        lambda a, t: client.scheduler(a).DeleteCohort(request, timeout=t),
-        idempotent=False,
-    )
+    client_queues.delete_cohort(settings.client(), name)
     emit(settings, {"name": name, "deleted": True}, lambda: f"cohort {name}: deleted")
 
 

@@ -14,9 +14,10 @@ import click
 from synapse_ha.cli import render_cohorts, render_queues
 from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.client import queues as client_queues
+from synapse_ha.core.cluster_config import Queue
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.errors import Reason
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
 @click.command()
@@ -34,7 +35,7 @@ def queues(settings: Settings, tree: bool) -> None:
       synctl queues -o json
       synctl queues --tree
     """
-    answer = settings.client().list_queues()
+    answer = client_queues.list_queues(settings.client())
     if tree:
         drawn = render_cohorts.tree_document(answer)
         emit(settings, drawn, lambda: render_cohorts.tree_table(drawn))
@@ -144,27 +145,23 @@ def queue_set(
         min_runtime_ms = parse_duration(min_runtime, "--min-runtime") if min_runtime else 0
     except SpecError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
-    msg = pb.Queue(
+    record = Queue(
         name=name,
+        gpu=gpu,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
         cohort=cohort,
-        priority_classes=_classes(classes),
+        borrowing_limit_gpu=borrowing_limit,
+        lending_limit_gpu=lending_limit,
+        priority_classes=tuple(_classes(classes)),
         max_priority=max_priority,
         min_runtime_ms=min_runtime_ms,
+        running_members_per_user=user_running_members,
+        members_per_node_per_user=user_members_per_node,
     )
-    for field, value in (
-        ("gpu", gpu),
-        ("cpu_milli", cpu_milli),
-        ("memory_mib", memory_mib),
-        ("borrowing_limit_gpu", borrowing_limit),
-        ("lending_limit_gpu", lending_limit),
-        ("running_members_per_user", user_running_members),
-        ("members_per_node_per_user", user_members_per_node),
-    ):
-        if value is not None:
-            setattr(msg, field, value)
-    answer = settings.client().set_queue(msg)
-    document = {"name": name, "created": answer.created}
-    emit(settings, document, lambda: f"queue {name}: {'created' if answer.created else 'updated'}")
+    created = client_queues.set_queue(settings.client(), record)
+    document = {"name": name, "created": created}
+    emit(settings, document, lambda: f"queue {name}: {'created' if created else 'updated'}")
 
 
 @queue.command("delete")
@@ -178,7 +175,7 @@ def queue_delete(settings: Settings, name: str) -> None:
     Example:
       synctl queue delete team-b
     """
-    settings.client().delete_queue(name)
+    client_queues.delete_queue(settings.client(), name)
     emit(settings, {"name": name, "deleted": True}, lambda: f"queue {name}: deleted")
 
 

@@ -8,22 +8,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from synapse_ha.cli.render import Document, cell_text
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.client.queues import Queues, QueueStatus
+from synapse_ha.core.queue_usage import CohortUsage
 
 
-def _optional(msg: Any, name: str) -> int | None:
-    return int(getattr(msg, name)) if msg.HasField(name) else None
-
-
-def _cohort_node(status: pb.CohortStatus) -> Document:
+def _cohort_node(status: CohortUsage) -> Document:
     c = status.cohort
     return {
         "name": c.name,
         "kind": "cohort",
         "defined": status.defined,
-        "gpu": _optional(c, "gpu"),
-        "borrowing_limit_gpu": _optional(c, "borrowing_limit_gpu"),
-        "lending_limit_gpu": _optional(c, "lending_limit_gpu"),
+        "gpu": c.gpu,
+        "borrowing_limit_gpu": c.borrowing_limit_gpu,
+        "lending_limit_gpu": c.lending_limit_gpu,
         "nominal_gpu": status.nominal_gpu,
         "used_gpu": status.used_gpu,
         "borrowed_gpu": status.borrowed_gpu,
@@ -32,21 +29,21 @@ def _cohort_node(status: pb.CohortStatus) -> Document:
     }
 
 
-def _queue_node(status: pb.QueueStatus) -> Document:
+def _queue_node(status: QueueStatus) -> Document:
     q, u = status.queue, status.usage
     return {
         "name": q.name,
         "kind": "queue",
-        "borrowing_limit_gpu": _optional(q, "borrowing_limit_gpu"),
-        "lending_limit_gpu": _optional(q, "lending_limit_gpu"),
-        "nominal_gpu": _optional(q, "gpu"),
+        "borrowing_limit_gpu": q.borrowing_limit_gpu,
+        "lending_limit_gpu": q.lending_limit_gpu,
+        "nominal_gpu": q.gpu,
         "used_gpu": u.used_gpu,
         "borrowed_gpu": u.borrowed_gpu,
         "lent_gpu": u.lent_gpu,
     }
 
 
-def tree_document(answer: pb.ListQueuesResponse) -> Document:
+def tree_document(answer: Queues) -> Document:
     """``{"tree": roots, "queues": queues in no cohort}``: each cohort with its
     ``children``, the cohorts below it first, then its queues, both by name."""
     nodes = {s.cohort.name: _cohort_node(s) for s in answer.cohorts}

@@ -14,33 +14,25 @@ from typing import Any
 
 from synapse_ha.cli.render import Document, duration_text, table
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
+from synapse_ha.client.queues import Queues, QueueStatus
 from synapse_ha.core.fairshare import SHARE_SCALE
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
-def _optional(msg: Any, name: str) -> int | None:
-    return int(getattr(msg, name)) if msg.HasField(name) else None
-
-
-def queue_document(status: pb.QueueStatus) -> Document:
+def queue_document(status: QueueStatus) -> Document:
     q, u = status.queue, status.usage
-    has_quota = any(q.HasField(n) for n in ("gpu", "cpu_milli", "memory_mib"))
+    has_quota = any(v is not None for v in (q.gpu, q.cpu_milli, q.memory_mib))
     return {
         "name": q.name,
         "cohort": q.cohort,
-        "nominal": {
-            "gpu": _optional(q, "gpu"),
-            "cpu_milli": _optional(q, "cpu_milli"),
-            "memory_mib": _optional(q, "memory_mib"),
-        }
+        "nominal": {"gpu": q.gpu, "cpu_milli": q.cpu_milli, "memory_mib": q.memory_mib}
         if has_quota
         else None,
-        "borrowing_limit_gpu": _optional(q, "borrowing_limit_gpu"),
-        "lending_limit_gpu": _optional(q, "lending_limit_gpu"),
+        "borrowing_limit_gpu": q.borrowing_limit_gpu,
+        "lending_limit_gpu": q.lending_limit_gpu,
         "priority_classes": list(q.priority_classes),
         "min_runtime_ms": q.min_runtime_ms,
-        "running_members_per_user": _optional(q, "running_members_per_user"),
-        "members_per_node_per_user": _optional(q, "members_per_node_per_user"),
+        "running_members_per_user": q.running_members_per_user,
+        "members_per_node_per_user": q.members_per_node_per_user,
         "used": {"gpu": u.used_gpu, "cpu_milli": u.used_cpu_milli, "memory_mib": u.used_memory_mib},
         "borrowed_gpu": u.borrowed_gpu,
         "lent_gpu": u.lent_gpu,
@@ -56,7 +48,7 @@ def queue_document(status: pb.QueueStatus) -> Document:
     }
 
 
-def queues_document(answer: pb.ListQueuesResponse) -> Document:
+def queues_document(answer: Queues) -> Document:
     return {
         "queues": [queue_document(q) for q in answer.queues],
         "priority_classes": [
