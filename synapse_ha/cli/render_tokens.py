@@ -6,11 +6,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from synapse_ha.cli.render import Document, table, time_text
-from synapse_ha.rpc import states
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.client.tokens import CreatedToken, TokenView
 
 
-def created_token_document(answer: pb.CreateTokenResponse, user: str, role: str) -> Document:
+def created_token_document(answer: CreatedToken, user: str, role: str) -> Document:
     return {
         "id": answer.token_id,
         "token": answer.token,
@@ -20,11 +19,11 @@ def created_token_document(answer: pb.CreateTokenResponse, user: str, role: str)
     }
 
 
-def token_document(token: pb.TokenInfo) -> Document:
+def token_document(token: TokenView) -> Document:
     return {
         "id": token.token_id,
         "user": token.user,
-        "role": states.shown_user_role(token),
+        "role": token.role,
         "queues": list(token.queues),
         "created_at_ms": token.created_at_ms or None,
         "created_by": token.created_by,

@@ -7,9 +7,9 @@ import click
 from synapse_ha.cli import render_tokens
 from synapse_ha.cli.app import CommandFailed, Settings, emit, note, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.client import tokens as client_tokens
 from synapse_ha.core.spec import SpecError, parse_duration
 from synapse_ha.rpc.errors import Reason
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 # -------------------------------------------------------------------------- tokens
 
@@ -66,7 +66,8 @@ def token_create(
         ttl_ms = parse_duration(ttl, "ttl") if ttl else 0
     except SpecError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
-    answer = settings.client().create_token(
+    answer = client_tokens.create_token(
+        settings.client(),
         user_name,
         role,
         queues,
@@ -90,12 +91,8 @@ def token_list(settings: Settings) -> None:
     Example:
       synctl token list -o json
     """
-    client = settings.client()
-    request = pb.ListTokensRequest()
-    answer: pb.ListTokensResponse = client.call(
-        "ListTokens", lambda a, t: client.scheduler(a).ListTokens(request, timeout=t)
-    )
-    documents = [render_tokens.token_document(t) for t in answer.tokens]
+    tokens = client_tokens.list_tokens(settings.client())
+    documents = [render_tokens.token_document(t) for t in tokens]
     emit(settings, {"tokens": documents}, lambda: render_tokens.tokens_table(documents))
 
 
@@ -110,12 +107,8 @@ def token_revoke(settings: Settings, token_id: str) -> None:
     Example:
       synctl token revoke 0123456789ab
     """
-    client = settings.client()
-    request = pb.RevokeTokenRequest(token_id=token_id)
-    answer: pb.RevokeTokenResponse = client.call(
-        "RevokeToken", lambda a, t: client.scheduler(a).RevokeToken(request, timeout=t)
-    )
-    document = {"id": token_id, "revoked_at_ms": answer.revoked_at_ms}
+    revoked_at_ms = client_tokens.revoke_token(settings.client(), token_id)
+    document = {"id": token_id, "revoked_at_ms": revoked_at_ms}
     emit(settings, document, lambda: f"token {token_id}: revoked")
 
 

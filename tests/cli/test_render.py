@@ -14,6 +14,7 @@ from synapse_ha.cli import (
     render_tokens,
 )
 from synapse_ha.client.nodes import node_from_proto
+from synapse_ha.client.tokens import token_from_proto
 from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -258,7 +259,7 @@ def test_the_token_table_never_shows_secrets_and_says_which_are_revoked() -> Non
             revoked_by="user:root",
         ),
     ]
-    docs = [render_tokens.token_document(t) for t in tokens]
+    docs = [render_tokens.token_document(token_from_proto(t)) for t in tokens]
     assert docs[0]["expires_at_ms"] is None and docs[1]["revoked_at_ms"] == 5
     lines = render_tokens.tokens_table(docs).splitlines()
     headers = ["ID", "USER", "ROLE", "QUEUES", "PRIORITY", "CREATED", "BY", "EXPIRES", "STATE"]

@@ -1,0 +1,98 @@
+"""Users' bearer tokens as the client library hands them out (admins only): a token made
+(:class:`CreatedToken`, its text shown this once) and a token listed (:class:`TokenView`:
+the fields of :class:`~synapse_ha.core.tokens.Token` but its secret's hash, which no
+answer carries). A listed token's role is the text the server showed, so that a role
+this library does not know is shown rather than refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.rpc import states
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedToken:
+    """``token`` is ``syn_<token_id>_<secret>``; ``expires_at_ms`` 0: never."""
+
+    token: str
+    token_id: str
+    expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenView:
+    """A token as ``ListTokens`` shows it; times 0: never (expiry), live (revocation),
+    unknown (creation)."""
+
+    token_id: str
+    user: str
+    role: str
+    queues: tuple[str, ...]
+    created_at_ms: int
+    created_by: str
+    expires_at_ms: int
+    revoked_at_ms: int
+    revoked_by: str
+    priority_classes: tuple[str, ...]
+    max_priority: int
+
+
+def token_from_proto(msg: pb.TokenInfo) -> TokenView:
+    return TokenView(
+        token_id=msg.token_id,
+        user=msg.user,
+        role=states.shown_user_role(msg),
+        queues=tuple(msg.queues),
+        created_at_ms=msg.created_at_ms,
+        created_by=msg.created_by,
+        expires_at_ms=msg.expires_at_ms,
+        revoked_at_ms=msg.revoked_at_ms,
+        revoked_by=msg.revoked_by,
+        priority_classes=tuple(msg.priority_classes),
+        max_priority=msg.max_priority,
+    )
+
+
+def create_token(
+    client: ClusterClient,
+    user: str,
+    role: str = "user",
+    queues: Sequence[str] = (),
+    ttl_ms: int = 0,
+    *,
+    priority_classes: Sequence[str] = (),
+    max_priority: int = 0,
+) -> CreatedToken:
+    """A new token for ``user`` (see :meth:`ClusterClient.create_token`)."""
+    answer = client.create_token(
+        user,
+        role,
+        queues,
+        ttl_ms,
+        priority_classes=priority_classes,
+        max_priority=max_priority,
+    )
+    return CreatedToken(answer.token, answer.token_id, answer.expires_at_ms)
+
+
+def list_tokens(client: ClusterClient) -> list[TokenView]:
+    """Every token the cluster keeps, never a secret or its hash."""
+    request = pb.ListTokensRequest()
+    answer: pb.ListTokensResponse = client.call(
+        "ListTokens", lambda a, t: client.scheduler(a).ListTokens(request, timeout=t)
+    )
+    return [token_from_proto(t) for t in answer.tokens]
+
+
+def revoke_token(client: ClusterClient, token_id: str) -> int:
+    """Revoke a token; the time the revocation committed (ms since the epoch)."""
+    request = pb.RevokeTokenRequest(token_id=token_id)
+    answer: pb.RevokeTokenResponse = client.call(
+        "RevokeToken", lambda a, t: client.scheduler(a).RevokeToken(request, timeout=t)
+    )
+    return int(answer.revoked_at_ms)
