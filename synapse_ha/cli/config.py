@@ -8,13 +8,16 @@ with PERMISSION_DENIED, exit 5) and changes only the limits it names, as
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from synapse_ha.cli import render
 from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.client import limits as client_limits
+from synapse_ha.core.cluster_config import Limits
 from synapse_ha.rpc.errors import Reason
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 PREFIX = "limits."
 # What each limit counts, for the table.
@@ -48,8 +51,9 @@ def config() -> None:
     """
 
 
-def _limits_document(limits: pb.Limits) -> dict[str, int]:
-    return {f.name: int(getattr(limits, f.name)) for f in pb.Limits.DESCRIPTOR.fields}
+def limits_document(limits: Limits) -> dict[str, int]:
+    """``{name: value}`` in the order of :class:`Limits`' fields."""
+    return dataclasses.asdict(limits)
 
 
 def _limits_table(document: dict[str, int]) -> str:
@@ -71,7 +75,7 @@ def config_show(settings: Settings) -> None:
     Example:
       synctl config show -o json
     """
-    document = _limits_document(settings.client().get_limits())
+    document = limits_document(client_limits.get_limits(settings.client()))
     emit(settings, {"limits": document}, lambda: _limits_table(document))
 
 
@@ -106,8 +110,8 @@ def config_set(settings: Settings, assignments: tuple[str, ...]) -> None:
       synctl config set limits.pending_jobs_per_user=500
       synctl config set limits.submit_burst=50 limits.submit_per_s=10
     """
-    limits = settings.client().set_limits(dict(_parse(a) for a in assignments))
-    document = _limits_document(limits)
+    limits = client_limits.set_limits(settings.client(), dict(_parse(a) for a in assignments))
+    document = limits_document(limits)
     emit(settings, {"limits": document}, lambda: _limits_table(document))
 
 

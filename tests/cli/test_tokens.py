@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from synapse_ha.cli import config
 from synapse_ha.cli.app import CommandFailed, find_token
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
 from synapse_ha.client.credentials import default_token_file
+from synapse_ha.client.limits import limits_from_proto
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import Replica, serving_replica
 
 
@@ -198,3 +201,10 @@ def test_the_limits_are_shown_to_users_and_set_by_admins(replica: Replica) -> No
     again = synctl(replica, "config", "show", "-o", "json", token=replica.tokens["alice"])
     unchanged = json.loads(again.stdout)["limits"]
     assert unchanged == after
+
+
+def test_the_limits_document_keeps_the_wire_order_and_every_value() -> None:
+    wire = pb.Limits(**{f.name: i + 1 for i, f in enumerate(pb.Limits.DESCRIPTOR.fields)})
+    document = config.limits_document(limits_from_proto(wire))
+    assert list(document) == [f.name for f in pb.Limits.DESCRIPTOR.fields]
+    assert list(document.values()) == list(range(1, len(document) + 1))
