@@ -28,13 +28,13 @@ layers: $(STAMP)
 # on one worker, so its module fixtures are set up once), the tests that hold under a busy
 # machine: those that start no cluster and bind only port 0 (pure functions, the state
 # machine's properties, in-process servers, the benchmarks' smoke runs that compute in one
-# process), and the benchmarks' smoke runs on clusters whose checks are counts and shapes,
-# never a time or a heartbeat kept. Then the rest, which starts clusters and times them,
-# one test at a time. Both passes run; make fails if either does. Each prints its 60
-# slowest.
+# process), and the tests on clusters whose checks are counts, shapes and correctness, never
+# a time or a heartbeat kept (benchmark smoke runs, fuzzing with generous call timeouts).
+# Then the rest, which starts clusters and times them, one test at a time. Both passes run;
+# make fails if either does. Each prints its 60 slowest.
 UNIT_WORKERS ?= 2
 UNIT_PARALLEL := tests/core tests/sim tests/chaos tests/history tests/leader tests/rpc \
-  tests/fuzz/test_spec.py tests/fuzz/test_config.py \
+  tests/fuzz \
   $(addprefix tests/bench/test_,$(addsuffix _smoke.py,cohort_tree format_gate incremental \
     jain_gaps lock_hold placement snapshot_decode synthetic_gap tenancy \
     history_cost catchup array_submit security_cost vs_ray durability submit_batch \
