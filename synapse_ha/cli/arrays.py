@@ -14,6 +14,7 @@ from synapse_ha.cli import render
 from synapse_ha.cli.app import CommandFailed, Settings, note
 from synapse_ha.cli.defaults import POLL_INTERVAL_S, ExitCode
 from synapse_ha.cli.render_arrays import array_document, states_text
+from synapse_ha.client.jobs import get_array
 from synapse_ha.core.arrays import array_problems
 from synapse_ha.core.model import JobState
 from synapse_ha.core.spec import ParsedJob
@@ -50,7 +51,7 @@ def wait_for_array(settings: Settings, array_id: str, document: dict[str, Any]) 
     client = settings.client()
     last = ""
     while True:
-        summary = array_document(client.get_array(array_id))
+        summary = array_document(get_array(client, array_id))
         counts = states_text(summary)
         done = summary["finished"] == summary["tasks"]
         if counts != last and not done:

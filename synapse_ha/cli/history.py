@@ -16,6 +16,7 @@ import click
 from synapse_ha.cli import render, terminal
 from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
 from synapse_ha.cli.render_jobs import checkpoint_document
+from synapse_ha.client.jobs import checkpoint_from_proto
 from synapse_ha.rpc import readable, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.readable import with_iso
@@ -87,7 +88,9 @@ def history_document(j: pb.HistoryJob) -> dict[str, Any]:
         "replicas": j.spec.replicas,
         "resources": render.resources_document(j.spec.resources),
         "attempt_list": [attempt_document(a) for a in j.attempt_list],
-        "checkpoint": checkpoint_document(j.checkpoint) if j.HasField("checkpoint") else None,
+        "checkpoint": checkpoint_document(checkpoint_from_proto(j.checkpoint))
+        if j.HasField("checkpoint")
+        else None,
         "resume_step": j.resume_step if j.HasField("resume_step") else None,
         "wait_ms": max(0, started - j.submitted_at_ms) if started and j.submitted_at_ms else None,
         "elapsed_ms": max(0, j.finished_at_ms - started) if started and j.finished_at_ms else None,

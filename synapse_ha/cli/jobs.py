@@ -28,7 +28,10 @@ from synapse_ha.cli.app import (
 from synapse_ha.cli.arrays import is_array_answer, wait_for_array, with_array
 from synapse_ha.cli.defaults import POLL_INTERVAL_S, ExitCode
 from synapse_ha.cli.logs import LinePrinter
+from synapse_ha.client import jobs as client_jobs
+from synapse_ha.client import nodes as client_nodes
 from synapse_ha.client.cluster import new_request_id
+from synapse_ha.client.jobs import ArrayView, JobView
 from synapse_ha.client.logs import (
     GrantCache,
     MemberFollower,
@@ -44,9 +47,6 @@ from synapse_ha.core.dependencies import Dependencies, dependency_problems, merg
 from synapse_ha.core.model import JobState
 from synapse_ha.core.spec import ParsedJob
 from synapse_ha.rpc.errors import Reason, failure_of
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.states import job_state
-from synapse_ha.rpc.to_proto import spec_to_proto
 
 # -------------------------------------------------------------------------- submit
 
@@ -143,16 +143,15 @@ def submit(
     request_id = parsed.request_id or new_request_id()
     client = settings.client()
     try:
-        answer = client.submit_job(spec_to_proto(parsed.spec), request_id)
+        job_id, created = client_jobs.submit_job(client, parsed.spec, request_id)
     except grpc.RpcError as exc:
         failure = failure_of(exc)
         if failure.reason is not Reason.INVALID_FIELD or not failure.field:
             raise
         raise cluster_refusal(file, failure.violations, failure.field, failure.rule) from exc
-    job_id = answer.job_id
-    if not answer.created:
+    if not created:
         note(f"job {job_id} already submitted (request_id {request_id}); not submitted again")
-    document: dict[str, Any] = {"id": job_id, "request_id": request_id, "created": answer.created}
+    document: dict[str, Any] = {"id": job_id, "request_id": request_id, "created": created}
     if not (wait or follow):
         emit(settings, document, lambda: job_id)
         return
@@ -162,7 +161,7 @@ def submit(
         wait_for_array(settings, job_id, document)
         return
     job = follow_job(settings, job_id, None) if follow else wait_for_job(settings, job_id)
-    state = job_state(job)
+    state = job.job_state
     note(f"job {job_id} {state}" + (f": {job.reason}" if job.reason else ""))
     if settings.output != "table":
         document["state"] = str(state)
@@ -195,24 +194,24 @@ _OPTIONS = {
 }
 
 
-def _describe_progress(job: pb.Job) -> str:
-    state = job_state(job)
+def _describe_progress(job: JobView) -> str:
+    state = job.job_state
     text = f"job {job.job_id}: {state}"
-    if job.HasField("attempt") and state.holds_resources:
+    if job.attempt and state.holds_resources:
         text += f" (attempt {job.attempt.number})"
     elif job.reason and state is JobState.PENDING:
         text += f" ({job.reason})"
     return text
 
 
-def wait_for_job(settings: Settings, job_id: str) -> pb.Job:
+def wait_for_job(settings: Settings, job_id: str) -> JobView:
     """Poll until the job reaches a final state, noting each change on stderr."""
     client = settings.client()
     last = ""
     while True:
-        job = client.get_job(job_id)
+        job = client_jobs.get_job(client, job_id)
         progress = _describe_progress(job)
-        finished = job_state(job).finished
+        finished = job.job_state.finished
         if progress != last and not finished:
             note(progress)
             last = progress
@@ -225,15 +224,17 @@ def wait_for_job(settings: Settings, job_id: str) -> pb.Job:
 
 
 def node_addresses(settings: Settings) -> dict[str, str]:
-    return {n.node_id: n.address for n in settings.client().list_nodes()}
+    return {n.node_id: n.address for n in client_nodes.list_nodes(settings.client())}
 
 
 def grant_cache(settings: Settings) -> GrantCache:
     return GrantCache(functools.partial(fetch_grant, settings.client()))
 
 
-def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> list[MemberLog]:
-    members = list(job.attempt.members)
+def member_logs(job: JobView, addresses: dict[str, str], member: int | None) -> list[MemberLog]:
+    attempt = job.attempt
+    members = list(attempt.members) if attempt else []
+    number = attempt.number if attempt else 0
     if member is not None:
         members = [m for m in members if m.rank == member]
         if not members:
@@ -248,7 +249,7 @@ def member_logs(job: pb.Job, addresses: dict[str, str], member: int | None) -> l
         if not address:
             note(f"[rank {m.rank}] node {m.node_id} is no longer registered; no log")
             continue
-        out.append(MemberLog(job.job_id, job.attempt.number, m.rank, m.node_id, address))
+        out.append(MemberLog(job.job_id, number, m.rank, m.node_id, address))
     return out
 
 
@@ -257,7 +258,7 @@ def _stop_followers(followers: list[MemberFollower], drain_s: float) -> None:
         note(f"[rank {follower.member.rank}] log may be incomplete: {follower.last_error}")
 
 
-def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = False) -> pb.Job:
+def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = False) -> JobView:
     """Stream the members' output until the job ends; a retry's new attempt is followed
     from its start. Returns the final job. Output is escaped for the terminal unless
     ``raw``."""
@@ -269,13 +270,13 @@ def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = 
     last = ""
     try:
         while True:
-            job = client.get_job(job_id)
+            job = client_jobs.get_job(client, job_id)
             progress = _describe_progress(job)
-            finished = job_state(job).finished
+            finished = job.job_state.finished
             if progress != last and not finished:
                 note(progress)
                 last = progress
-            attempt = job.attempt.number if job.HasField("attempt") else 0
+            attempt = job.attempt.number if job.attempt else 0
             if attempt and attempt != followed:
                 if followers:
                     _stop_followers(followers, FOLLOW_DRAIN_S)
@@ -339,13 +340,13 @@ def logs(
         job_id = task_id(job_id, task)
     if follow:
         job = follow_job(settings, job_id, member, raw)
-        note(f"job {job_id} {job_state(job)}")
+        note(f"job {job_id} {job.job_state}")
         return
-    job = settings.client().get_job(job_id)
-    if not job.HasField("attempt"):
+    job = client_jobs.get_job(settings.client(), job_id)
+    if job.attempt is None:
         raise CommandFailed(
             ExitCode.JOB_FAILED,
-            f"job {job_id} is {job_state(job)} and has never started, so it has no output"
+            f"job {job_id} is {job.job_state} and has never started, so it has no output"
             + (f" ({job.reason})" if job.reason else ""),
             "NOT_STARTED",
         )
@@ -390,11 +391,11 @@ def status(settings: Settings, job_id: str) -> None:
     """
     client = settings.client()
     try:
-        document = render_jobs.job_document(client.get_job(job_id), now_ms())
+        document = render_jobs.job_document(client_jobs.get_job(client, job_id), now_ms())
     except grpc.RpcError as exc:
         if not is_array_answer(exc):
             raise
-        document = render_arrays.array_document(client.get_array(job_id))
+        document = render_arrays.array_document(client_jobs.get_array(client, job_id))
         emit(settings, document, lambda: render_arrays.array_table(document, now_ms()))
         return
     emit(settings, document, lambda: render_jobs.job_table(document, now_ms()))
@@ -437,7 +438,8 @@ def jobs(
       synctl jobs --array job-000012 --all
     """
     wanted = [s.upper() for s in states] or ([] if show_all else [str(s) for s in ACTIVE_STATES])
-    found = settings.client().list_lines(
+    found = client_jobs.list_lines(
+        settings.client(),
         states=wanted,
         name=name,
         node_id=node,
@@ -445,11 +447,11 @@ def jobs(
         collapse_arrays=not (expand or array_id),
     )
     now = now_ms()
-    documents = [render_jobs.job_document(j, now) for j in found if isinstance(j, pb.Job)]
-    arrays = [render_arrays.array_document(a) for a in found if isinstance(a, pb.ArraySummary)]
+    documents = [render_jobs.job_document(j, now) for j in found if isinstance(j, JobView)]
+    arrays = [render_arrays.array_document(a) for a in found if isinstance(a, ArrayView)]
     lines = [
         render_jobs.job_document(j, now)
-        if isinstance(j, pb.Job)
+        if isinstance(j, JobView)
         else render_arrays.array_document(j)
         for j in found
     ]
@@ -472,9 +474,9 @@ def explain(settings: Settings, job_id: str) -> None:
       synctl explain 42
     """
     client = settings.client()
-    answer = client.explain_job(job_id)
-    job = client.get_job(job_id)
-    nodes = client.list_nodes() if job.HasField("attempt") else []
+    answer = client_jobs.explain_job(client, job_id)
+    job = client_jobs.get_job(client, job_id)
+    nodes = client_nodes.list_nodes(client) if job.attempt else []
     document = render_jobs.explain_document(answer, job, nodes)
     emit(settings, document, lambda: render_jobs.explain_table(document, now_ms()))
 
@@ -493,14 +495,14 @@ def cancel(settings: Settings, job_id: str, reason: str) -> None:
     """
     client = settings.client()
     try:
-        answer = client.cancel_job(job_id, reason)
-        document = {"id": job_id, "state": str(job_state(answer)), "message": answer.message}
+        cancelled, message = client_jobs.cancel_job(client, job_id, reason)
+        document = {"id": job_id, "state": str(cancelled), "message": message}
     except grpc.RpcError as exc:
         if failure_of(exc).reason is not Reason.CONFLICT:
             raise
         # Already finished. A retried cancel whose first try went through lands here too.
-        job = client.get_job(job_id)
-        state = job_state(job)
+        job = client_jobs.get_job(client, job_id)
+        state = job.job_state
         if state is not JobState.CANCELLED:
             raise CommandFailed(
                 ExitCode.JOB_FAILED,

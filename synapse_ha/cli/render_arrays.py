@@ -20,12 +20,12 @@ from synapse_ha.cli.render_jobs import (
     dependencies_text,
     job_row,
 )
+from synapse_ha.client.jobs import ArrayView
 from synapse_ha.core.model import JobState
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.readable import relative, short_time
 
 
-def array_document(array: pb.ArraySummary) -> Document:
+def array_document(array: ArrayView) -> Document:
     spec = array.spec
     given = dict(array.task_states)
     counts = {str(s): given[str(s)] for s in JobState if given.get(str(s))}
@@ -44,9 +44,7 @@ def array_document(array: pb.ArraySummary) -> Document:
         "queue": spec.queue or "default",
         "priority": spec.priority,
         "priority_class": spec.priority_class,
-        "dependencies": dependencies_document(spec.dependencies)
-        if spec.HasField("dependencies")
-        else None,
+        "dependencies": dependencies_document(spec.dependencies) if spec.dependencies else None,
         "submitted_at_ms": array.submitted_at_ms or None,
         "request_id": array.request_id,
         "redacted": array.redacted,

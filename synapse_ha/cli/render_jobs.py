@@ -19,11 +19,12 @@ from synapse_ha.cli.render import (
 )
 from synapse_ha.cli.render_nodes import topology_document, topology_path
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
-from synapse_ha.core.model import JobState
+from synapse_ha.client.jobs import AttemptView, Checkpoint, Explained, JobView, MemberView
+from synapse_ha.client.nodes import NodeView
+from synapse_ha.core.dependencies import Dependencies
+from synapse_ha.core.model import JobSpec, JobState
 from synapse_ha.core.progress import SOURCE_LOG
 from synapse_ha.core.windows import resolved
-from synapse_ha.rpc import states
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.readable import (
     clock,
     iso,
@@ -34,20 +35,20 @@ from synapse_ha.rpc.readable import (
 )
 
 
-def member_document(m: pb.Member) -> Document:
+def member_document(m: MemberView) -> Document:
     return {
         "rank": m.rank,
         "node": m.node_id,
         "gpus": list(m.gpus),
-        "state": states.shown_member_state(m),
-        "exit_code": m.exit_code if m.has_exit_code else None,
-        "checkpoint": checkpoint_document(m.checkpoint) if m.HasField("checkpoint") else None,
+        "state": m.state,
+        "exit_code": m.exit_code,
+        "checkpoint": checkpoint_document(m.checkpoint) if m.checkpoint else None,
     }
 
 
-def checkpoint_document(mark: pb.Checkpoint) -> Document:
+def checkpoint_document(mark: Checkpoint) -> Document:
     """A checkpoint mark: ``{at_ms, step}`` (step null when the mark carried none)."""
-    return {"at_ms": mark.at_ms, "step": mark.step if mark.HasField("step") else None}
+    return {"at_ms": mark.at_ms, "step": mark.step}
 
 
 def checkpoint_text(doc: Mapping[str, Any] | None, now_ms: int) -> str | None:
@@ -58,22 +59,16 @@ def checkpoint_text(doc: Mapping[str, Any] | None, now_ms: int) -> str | None:
     return f"{ago}, no step" if doc["step"] is None else f"step {doc['step']}, {ago}"
 
 
-def job_document(job: pb.Job, now_ms: int | None = None) -> Document:
+def job_document(job: JobView, now_ms: int | None = None) -> Document:
     """The job as ``synctl`` shows it; its durations (wait, elapsed, time left) as of
     ``now_ms`` (null without it)."""
-    spec = job.spec
-    has_attempt = job.HasField("attempt")
-    command: list[str] | None
-    if job.redacted:  # another user's job: the cluster withheld command and environment
-        command, shell = None, spec.WhichOneof("command") != "argv"
-    elif spec.WhichOneof("command") == "argv":
-        command, shell = list(spec.argv.args), False
-    else:
-        command, shell = [spec.shell_command], True
+    spec, attempt = job.spec, job.attempt
+    # Another user's job: the cluster withheld command and environment.
+    command = None if job.redacted else list(spec.command)
     doc = {
         "id": job.job_id,
         "name": spec.name,
-        "state": states.shown_job_state(job),
+        "state": job.state,
         "reason": job.reason,
         "reason_code": job.reason_code,
         "retries_used": job.retries_used,
@@ -83,42 +78,40 @@ def job_document(job: pb.Job, now_ms: int | None = None) -> Document:
         "owner": job.owner,
         "cancelled_by": job.cancelled_by,
         "redacted": job.redacted,
-        "attempt": job.attempt.number if has_attempt else 0,
-        "fencing_token": job.attempt.fencing_token if has_attempt else None,
+        "attempt": attempt.number if attempt else 0,
+        "fencing_token": attempt.fencing_token if attempt else None,
         "replicas": spec.replicas,
         "priority": spec.priority,
         "resources": resources_document(spec.resources),
         "topology": {"required": spec.topology_required, "preferred": spec.topology_preferred},
         "time_limit_ms": spec.time_limit_ms,
         "retries": {
-            "max": spec.retries.max,
+            "max": spec.retries.max_retries,
             "backoff_ms": spec.retries.backoff_ms,
             "max_backoff_ms": spec.retries.max_backoff_ms,
         },
         "command": command,
-        "shell": shell,
+        "shell": spec.shell,
         "submitted_at_ms": job.submitted_at_ms or None,
         "finished_at_ms": job.finished_at_ms or None,
-        "attempt_outcome": job.attempt.outcome if has_attempt else "",
-        "members": [member_document(m) for m in job.attempt.members] if has_attempt else [],
+        "attempt_outcome": attempt.outcome if attempt else "",
+        "members": [member_document(m) for m in attempt.members] if attempt else [],
         "queue": spec.queue or "default",
         "priority_class": spec.priority_class,
-        "preemption": preemption_document(job.attempt) if has_attempt else None,
+        "preemption": preemption_document(attempt) if attempt else None,
         "progress": {"timeout_ms": spec.progress.timeout_ms, "source": spec.progress.source}
-        if spec.HasField("progress")
+        if spec.progress
         else None,
         "prestart": prestart_document(spec, job.redacted),
-        "dependencies": dependencies_document(spec.dependencies)
-        if spec.HasField("dependencies")
-        else None,
+        "dependencies": dependencies_document(spec.dependencies) if spec.dependencies else None,
         "waiting_for": dependencies_document(job.waiting_for),
         "begin_ms": resolved(spec.begin_at_ms, spec.begin_delay_ms, job.submitted_at_ms) or None,
         "deadline_ms": resolved(spec.deadline_at_ms, spec.deadline_delay_ms, job.submitted_at_ms)
         or None,
-        "checkpoint": checkpoint_document(job.attempt.checkpoint)
-        if has_attempt and job.attempt.HasField("checkpoint")
+        "checkpoint": checkpoint_document(attempt.checkpoint)
+        if attempt and attempt.checkpoint
         else None,
-        "resume_step": job.resume_step if job.HasField("resume_step") else None,
+        "resume_step": job.resume_step,
         "stop_grace_ms": spec.stop_grace_ms,
     }
     return {**with_iso(doc, *_TIMES), **times_document(job, now_ms)}
@@ -127,15 +120,15 @@ def job_document(job: pb.Job, now_ms: int | None = None) -> Document:
 _TIMES = ("submitted_at_ms", "finished_at_ms")
 
 
-def times_document(job: pb.Job, now_ms: int | None) -> Document:
+def times_document(job: JobView, now_ms: int | None) -> Document:
     """``{started_at_ms, started_at, wait_ms, elapsed_ms, time_left_ms}``: when the
     current or last attempt started (its members running, else its bind), and the job's
     durations as of ``now_ms`` (see :func:`~synapse_ha.rpc.readable.job_durations`).
     A job waiting again after an attempt ended waits since its submission."""
-    attempt = job.attempt if job.HasField("attempt") else None
+    attempt = job.attempt
     started = (attempt.started_at_ms or attempt.bound_at_ms) if attempt else 0
     ended = (attempt.ended_at_ms or job.finished_at_ms) if attempt else job.finished_at_ms
-    if states.shown_job_state(job) == JobState.PENDING:
+    if job.state == JobState.PENDING:
         started = ended = 0
     doc: Document = {"started_at_ms": started or None, "started_at": iso(started)}
     if now_ms is None:
@@ -153,7 +146,7 @@ def times_document(job: pb.Job, now_ms: int | None) -> Document:
 _KINDS = (("afterok", "after_ok"), ("afterany", "after_any"), ("afternotok", "after_not_ok"))
 
 
-def dependencies_document(deps: pb.Dependencies) -> dict[str, list[str]]:
+def dependencies_document(deps: Dependencies) -> dict[str, list[str]]:
     """``{afterok: [...], afterany: [...], afternotok: [...], after: [...]}``: the kinds
     with at least one job, as the job spec names them."""
     by_kind = {name: list(getattr(deps, field)) for name, field in (*_KINDS, ("after", "after"))}
@@ -175,11 +168,11 @@ def progress_text(doc: Mapping[str, Any] | None) -> str | None:
     return f"{duration_text(doc['timeout_ms'])} without {what}"
 
 
-def prestart_document(spec: pb.JobSpec, redacted: bool) -> Document | None:
+def prestart_document(spec: JobSpec, redacted: bool) -> Document | None:
     """The job's pre-start check (null: none); its command is null when withheld."""
-    if not spec.HasField("prestart"):
-        return None
     p = spec.prestart
+    if p is None:
+        return None
     return {
         "command": None if redacted else list(p.command),
         "shell": p.shell,
@@ -197,7 +190,7 @@ def prestart_text(doc: Mapping[str, Any] | None) -> str | None:
     return f"{command} (timeout {duration_text(doc['timeout_ms'])})"
 
 
-def preemption_document(attempt: pb.Attempt) -> Document | None:
+def preemption_document(attempt: AttemptView) -> Document | None:
     if not attempt.preempted_by:
         return None
     return {
@@ -217,11 +210,9 @@ def preemption_text(doc: Mapping[str, Any] | None) -> str | None:
     return text
 
 
-def explain_document(
-    answer: pb.ExplainJobResponse, job: pb.Job, nodes: Sequence[pb.Node]
-) -> Document:
+def explain_document(answer: Explained, job: JobView, nodes: Sequence[NodeView]) -> Document:
     job_doc = job_document(job)
-    by_id = {n.node_id: topology_document((t.level, t.value) for t in n.topology) for n in nodes}
+    by_id = {n.node_id: topology_document(n.topology) for n in nodes}
     members = []
     for member in job_doc["members"]:
         topology = by_id.get(member["node"], {})
@@ -235,7 +226,7 @@ def explain_document(
         )
     return {
         "id": answer.job_id,
-        "state": states.shown_job_state(answer),
+        "state": answer.state,
         "explanation": answer.explanation,
         "reason_code": answer.reason_code,
         "reason": job.reason,

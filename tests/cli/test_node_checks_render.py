@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 
 from synapse_ha.cli import render, render_jobs, render_nodes
+from synapse_ha.client.jobs import job_from_proto
 from synapse_ha.client.nodes import node_from_proto
+from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.health import CHECK_ACTOR, NodeCondition
-from synapse_ha.core.model import Job, JobSpec, Node, NodeInfo, NodeStatus, Resources
+from synapse_ha.core.model import Job, JobSpec, Node, NodeInfo, NodeStatus, Resources, RetryPolicy
 from synapse_ha.core.prestart import Prestart
+from synapse_ha.core.progress import SOURCE_LOG, Progress
 from synapse_ha.rpc import to_proto
 from tests.cli.test_gpu_health_render import HOSTILE, NOW, row
 
@@ -62,7 +65,9 @@ def job_with_prestart(prestart: Prestart | None) -> Job:
 
 def test_a_jobs_prestart_check_is_shown_and_withheld_from_other_users() -> None:
     prestart = Prestart(("/opt/check", "--gpus"), False, 120_000)
-    doc = render_jobs.job_document(to_proto.job_to_proto(job_with_prestart(prestart)))
+    doc = render_jobs.job_document(
+        job_from_proto(to_proto.job_to_proto(job_with_prestart(prestart)))
+    )
     assert doc["prestart"] == {
         "command": ["/opt/check", "--gpus"],
         "shell": False,
@@ -70,14 +75,33 @@ def test_a_jobs_prestart_check_is_shown_and_withheld_from_other_users() -> None:
     }
     assert "PRESTART:      /opt/check --gpus (timeout 2m)" in render_jobs.job_table(doc, NOW)
     shell = Prestart(("test -d /data && nvidia-smi",), True, 60_000)
-    doc = render_jobs.job_document(to_proto.job_to_proto(job_with_prestart(shell)))
+    doc = render_jobs.job_document(job_from_proto(to_proto.job_to_proto(job_with_prestart(shell))))
     assert "PRESTART:      test -d /data && nvidia-smi (timeout 1m)" in (
         render_jobs.job_table(doc, NOW)
     )
     other = render_jobs.job_document(
-        to_proto.job_to_proto(job_with_prestart(prestart), redacted=True)
+        job_from_proto(to_proto.job_to_proto(job_with_prestart(prestart), redacted=True))
     )
     assert other["prestart"] == {"command": None, "shell": False, "timeout_ms": 120_000}
     assert "PRESTART:      (withheld) (timeout 2m)" in render_jobs.job_table(other, NOW)
-    none = render_jobs.job_document(to_proto.job_to_proto(job_with_prestart(None)))
+    none = render_jobs.job_document(job_from_proto(to_proto.job_to_proto(job_with_prestart(None))))
     assert none["prestart"] is None
+
+
+def test_a_job_from_the_wire_shows_its_spec_as_submitted() -> None:
+    spec = JobSpec(
+        "train", 2, Resources(2000, 1024, 1), ("python", "train.py"), shell=False,
+        retries=RetryPolicy(3, 5_000, 60_000), progress=Progress(1_800_000, SOURCE_LOG),
+        dependencies=Dependencies(after_ok=("job-000001",)), queue="team-a",
+    )  # fmt: skip
+    doc = render_jobs.job_document(
+        job_from_proto(to_proto.job_to_proto(Job("job-2", spec, "r", 1, NOW)))
+    )
+    assert doc["command"] == ["python", "train.py"] and doc["shell"] is False
+    assert doc["retries"] == {"max": 3, "backoff_ms": 5_000, "max_backoff_ms": 60_000}
+    assert doc["progress"] == {"timeout_ms": 1_800_000, "source": SOURCE_LOG}
+    assert doc["dependencies"] == {"afterok": ["job-000001"]}
+    assert (doc["queue"], doc["replicas"], doc["resources"]["cpu_milli"]) == ("team-a", 2, 2000)
+    withheld = to_proto.job_to_proto(Job("job-3", spec, "r", 1, NOW, owner="bob"), redacted=True)
+    other = render_jobs.job_document(job_from_proto(withheld))
+    assert other["command"] is None and other["redacted"]

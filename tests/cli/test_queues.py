@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from synapse_ha.cli import render_jobs
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
+from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import QueueHistory
 from synapse_ha.core.formats import FORMAT
@@ -158,7 +159,7 @@ def test_status_and_explain_show_who_preempts_a_job() -> None:
             preempt_deadline_ms=1_700_000_000_000,
         ),
     )
-    doc = render_jobs.job_document(job)
+    doc = render_jobs.job_document(job_from_proto(job))
     assert doc["queue"] == "team-b"
     assert doc["preemption"] == {
         "preempted_by": "job-000009",
@@ -166,10 +167,14 @@ def test_status_and_explain_show_who_preempts_a_job() -> None:
         "deadline_ms": 1_700_000_000_000,
     }
     answer = pb.ExplainJobResponse(job_id=job.job_id, state="RUNNING", explanation="placed")
-    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), 0)
+    text = render_jobs.explain_table(
+        render_jobs.explain_document(explained_from_proto(answer), job_from_proto(job), []), 0
+    )
     assert "being preempted by job job-000009 (reclaim)" in text
     assert "being preempted by job job-000009" in render_jobs.job_table(doc, 0)
-    plain = render_jobs.job_document(pb.Job(job_id="j", spec=pb.JobSpec(shell_command="x")))
+    plain = render_jobs.job_document(
+        job_from_proto(pb.Job(job_id="j", spec=pb.JobSpec(shell_command="x")))
+    )
     assert plain["preemption"] is None and plain["queue"] == "default"
 
 

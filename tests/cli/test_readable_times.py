@@ -7,6 +7,7 @@ import datetime
 import re
 
 from synapse_ha.cli import history, render_jobs
+from synapse_ha.client.jobs import job_from_proto
 from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -79,7 +80,7 @@ def running_job() -> pb.Job:
 
 
 def test_status_and_jobs_show_start_elapsed_and_time_left() -> None:
-    doc = render_jobs.job_document(running_job(), NOW)
+    doc = render_jobs.job_document(job_from_proto(running_job()), NOW)
     assert doc["started_at_ms"] == NOW - 473_000
     assert doc["started_at"] == readable.iso(NOW - 473_000)
     assert doc["submitted_at"] == readable.iso(NOW - 600_000)
@@ -103,7 +104,7 @@ def test_a_job_waiting_again_waits_since_its_submission() -> None:
     job = running_job()
     job.state, job.job_state = "PENDING", pb.JOB_STATE_PENDING
     job.attempt.ended_at_ms = NOW - 5_000
-    doc = render_jobs.job_document(job, NOW)
+    doc = render_jobs.job_document(job_from_proto(job), NOW)
     assert (doc["wait_ms"], doc["elapsed_ms"], doc["started_at_ms"]) == (600_000, None, None)
     assert "WAITING:       10m00s" in render_jobs.job_table(doc, NOW)
 

@@ -13,6 +13,7 @@ from synapse_ha.cli import (
     render_nodes,
     render_tokens,
 )
+from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.client.tokens import token_from_proto
 from synapse_ha.rpc import readable
@@ -87,7 +88,7 @@ def node(node_id: str, rack: str, used: list[int], age_ms: int) -> pb.Node:
 
 
 def test_a_job_document_has_every_documented_field() -> None:
-    doc = render_jobs.job_document(running_job())
+    doc = render_jobs.job_document(job_from_proto(running_job()))
     assert list(doc) == JOB_KEYS
     assert doc["attempt"] == 2 and doc["fencing_token"] == 41
     assert (doc["reason_code"], doc["requeues"], doc["retries_used"]) == ("running", 1, 0)
@@ -114,7 +115,7 @@ def test_a_job_never_bound_has_no_attempt() -> None:
     job = pb.Job(
         job_id="j", state="PENDING", reason="waits", spec=pb.JobSpec(shell_command="echo hi")
     )
-    doc = render_jobs.job_document(job)
+    doc = render_jobs.job_document(job_from_proto(job))
     assert (doc["attempt"], doc["fencing_token"], doc["members"]) == (0, None, [])
     assert doc["progress"] is None
     assert doc["command"] == ["echo hi"] and doc["shell"] is True
@@ -141,7 +142,11 @@ def test_unknown_topology_levels_follow_the_known_ones() -> None:
 def test_explain_adds_each_members_rack() -> None:
     answer = pb.ExplainJobResponse(job_id="job-000007", state="RUNNING", explanation="...")
     nodes = [node("w1", "r1", [0, 1, 2, 3], 10), node("w2", "r2", [4, 5, 6, 7], 10)]
-    doc = render_jobs.explain_document(answer, running_job(), nodes)
+    doc = render_jobs.explain_document(
+        explained_from_proto(answer),
+        job_from_proto(running_job()),
+        [node_from_proto(n) for n in nodes],
+    )
     assert [(m["rank"], m["rack"], m["topology_path"]) for m in doc["members"]] == [
         (0, "r1", "z1/b1/r1"),
         (1, "r2", "z1/b1/r2"),
@@ -160,7 +165,7 @@ def test_checkpoint_marks_in_the_documents_and_the_tables() -> None:
     job.attempt.checkpoint.CopyFrom(pb.Checkpoint(at_ms=1_700_000_000_000, step=1200))
     job.attempt.members[0].checkpoint.CopyFrom(pb.Checkpoint(at_ms=1_700_000_000_000, step=1200))
     job.attempt.members[1].checkpoint.CopyFrom(pb.Checkpoint(at_ms=1_700_000_060_000))
-    doc = render_jobs.job_document(job)
+    doc = render_jobs.job_document(job_from_proto(job))
     assert doc["checkpoint"] == {"at_ms": 1_700_000_000_000, "step": 1200}
     assert doc["resume_step"] == 500
     assert doc["members"][1]["checkpoint"] == {"at_ms": 1_700_000_060_000, "step": None}
@@ -172,18 +177,24 @@ def test_checkpoint_marks_in_the_documents_and_the_tables() -> None:
     assert text.splitlines()[-3].split()[-1] == "CHECKPOINT"
     assert text.splitlines()[-1].endswith("2m ago, no step")
     answer = pb.ExplainJobResponse(job_id="job-000007", state="RUNNING", explanation="...")
-    explained = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), now)
+    explained = render_jobs.explain_table(
+        render_jobs.explain_document(explained_from_proto(answer), job_from_proto(job), []), now
+    )
     assert "checkpoint: step 1200, 3m ago (the oldest of its members' newest marks)" in explained
     assert "a restart resumes from step 500 ($SYNAPSE_RESUME_STEP)" in explained
     job.attempt.ClearField("checkpoint")
     job.attempt.members[1].ClearField("checkpoint")
-    explained = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), now)
+    explained = render_jobs.explain_table(
+        render_jobs.explain_document(explained_from_proto(answer), job_from_proto(job), []), now
+    )
     assert "checkpoint: none yet (1 of 2 members marked)" in explained
 
 
 def test_tables_for_people() -> None:
     now = 1_700_000_090_000
-    jobs = render_jobs.jobs_table([render_jobs.job_document(running_job(), now)], now)
+    jobs = render_jobs.jobs_table(
+        [render_jobs.job_document(job_from_proto(running_job()), now)], now
+    )
     submitted = readable.short_time(1_700_000_000_000, now)
     assert jobs.splitlines()[1].split()[:7] == [
         "job-000007", "train", "RUNNING", "2", "4", "2", submitted,
@@ -195,7 +206,7 @@ def test_tables_for_people() -> None:
         "w1", "ready", "z1/b1/r1", "6/8", "-", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
         "w1.example:7070", "-", "-",
     ]  # fmt: skip
-    status = render_jobs.job_table(render_jobs.job_document(running_job()), now)
+    status = render_jobs.job_table(render_jobs.job_document(job_from_proto(running_job())), now)
     assert "RESOURCES:     4 GPU, 1.5 CPU, 256Gi per member" in status
     assert "FENCING TOKEN: 41" in status
     assert "TIME LIMIT:    1h" in status
@@ -235,13 +246,13 @@ def test_a_redacted_job_shows_no_command_and_says_why() -> None:
     job = running_job()
     job.owner, job.redacted, job.cancelled_by = "bob", True, "user:ops"
     job.spec.ClearField("command")
-    doc = render_jobs.job_document(job)
+    doc = render_jobs.job_document(job_from_proto(job))
     assert doc["command"] is None and doc["redacted"] is True
     assert (doc["owner"], doc["cancelled_by"]) == ("bob", "user:ops")
     text = render_jobs.job_table(doc, now_ms=1_700_000_100_000)
     assert "OWNER:         bob" in text and "CANCELLED BY:  user:ops" in text
     assert "(withheld: not your job)" in text
-    mine = render_jobs.job_document(running_job())
+    mine = render_jobs.job_document(job_from_proto(running_job()))
     assert mine["command"] == ["python", "train.py"] and not mine["redacted"]
     assert "withheld" not in render_jobs.job_table(mine, now_ms=1_700_000_100_000)
 

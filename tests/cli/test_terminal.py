@@ -11,6 +11,7 @@ import yaml
 
 from synapse_ha.cli import history, render, render_cluster, render_jobs, render_nodes, terminal
 from synapse_ha.cli.logs import MAX_LINE_BYTES, LinePrinter
+from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -58,7 +59,7 @@ def hostile_job() -> pb.Job:
 
 
 def test_job_tables_escape_what_the_job_wrote() -> None:
-    doc = render_jobs.job_document(hostile_job())
+    doc = render_jobs.job_document(job_from_proto(hostile_job()))
     for text in (render_jobs.job_table(doc, 0), render_jobs.jobs_table([doc], 0)):
         assert_inert(text)
         assert "\\x1b]0;pwned\\x07" in text
@@ -75,11 +76,15 @@ def test_explain_keeps_the_explanations_lines_and_escapes_the_rest() -> None:
     job = hostile_job()
     job.state = "PENDING"
     job.ClearField("attempt")
-    text = render_jobs.explain_table(render_jobs.explain_document(answer, job, []), 0)
+    text = render_jobs.explain_table(
+        render_jobs.explain_document(explained_from_proto(answer), job_from_proto(job), []), 0
+    )
     assert_inert(text)
     assert "line one\nline two\\x1b[2J" in text
     failed = render_jobs.explain_document(
-        pb.ExplainJobResponse(job_id="job-000001", state="FAILED"), hostile_job(), []
+        explained_from_proto(pb.ExplainJobResponse(job_id="job-000001", state="FAILED")),
+        job_from_proto(hostile_job()),
+        [],
     )
     assert ESCAPED in render_jobs.explain_table({**failed, "state": "FAILED"}, 0)
 
@@ -123,7 +128,7 @@ def test_the_history_table_escapes_each_cell() -> None:
 
 
 def test_structured_output_is_escaped_by_its_encoder() -> None:
-    doc = render_jobs.job_document(hostile_job())
+    doc = render_jobs.job_document(job_from_proto(hostile_job()))
     for output in ("json", "yaml"):
         text = render.structured(doc, output)
         assert_inert(text)

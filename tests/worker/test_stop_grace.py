@@ -9,6 +9,7 @@ import time
 import pytest
 
 from synapse_ha.cli import render_jobs
+from synapse_ha.client.jobs import job_from_proto
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import formats
 from synapse_ha.core.desired import LaunchSpec
@@ -68,11 +69,11 @@ def test_it_reaches_the_worker_and_a_member_ignoring_sigterm_is_killed_after_it(
 
 def test_synctl_shows_it() -> None:
     job = parse_job_spec({**DOC, "stop_grace": "2m"}).spec
-    doc = render_jobs.job_document(pb.Job(job_id="job-1", spec=spec_to_proto(job)))
+    doc = render_jobs.job_document(job_from_proto(pb.Job(job_id="job-1", spec=spec_to_proto(job))))
     assert doc["stop_grace_ms"] == 120_000
     assert "STOP GRACE:    2m" in render_jobs.job_table(doc, now_ms=0)
     plain = render_jobs.job_document(
-        pb.Job(job_id="job-2", spec=spec_to_proto(parse_job_spec(DOC).spec))
+        job_from_proto(pb.Job(job_id="job-2", spec=spec_to_proto(parse_job_spec(DOC).spec)))
     )
     assert plain["stop_grace_ms"] == 0
     assert "STOP GRACE:    -" in render_jobs.job_table(plain, now_ms=0)  # the node's
