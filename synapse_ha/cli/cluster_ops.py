@@ -12,6 +12,7 @@ size and SHA-256 are checked, so FILE is either the whole backup or untouched.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,16 @@ import click
 from synapse_ha.cli.app import CommandFailed, Settings, emit, note, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.render import table
+from synapse_ha.client import replicas
+from synapse_ha.client.replicas import ReplicaMember
 from synapse_ha.core.backup import BackupError, decode_backup, encode_backup
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 # Membership changes wait for their commit; a backup may be large.
 CHANGE_TIMEOUT_S = 30.0
 SNAPSHOT_TIMEOUT_S = 300.0
 
 
-def members_document(response: pb.MembershipResponse) -> dict[str, Any]:
+def members_document(members: Sequence[ReplicaMember]) -> dict[str, Any]:
     return {
         "members": [
             {
@@ -37,7 +39,7 @@ def members_document(response: pb.MembershipResponse) -> dict[str, Any]:
                 "grpc_address": m.grpc_address,
                 "live": m.live,
             }
-            for m in response.members
+            for m in members
         ]
     }
 
@@ -67,9 +69,12 @@ def add_replica(settings: Settings, replica_id: str, raft_address: str, grpc_add
       synctl ca issue replica r4 --host 10.0.0.4
       synctl cluster add-replica r4 10.0.0.4:7001 10.0.0.4:7101
     """
-    client = settings.client()
-    answer = client.add_replica(
-        replica_id, raft_address, grpc_address, timeout_s=max(settings.timeout, 10.0)
+    answer = replicas.add_replica(
+        settings.client(),
+        replica_id,
+        raft_address,
+        grpc_address,
+        timeout_s=max(settings.timeout, 10.0),
     )
     note(f"added {replica_id}; start it with --join if it is not running yet")
     document = members_document(answer)
@@ -90,8 +95,9 @@ def remove_replica(settings: Settings, replica_id: str) -> None:
     Example:
       synctl cluster remove-replica r1
     """
-    client = settings.client()
-    answer = client.remove_replica(replica_id, timeout_s=max(settings.timeout, 10.0))
+    answer = replicas.remove_replica(
+        settings.client(), replica_id, timeout_s=max(settings.timeout, 10.0)
+    )
     note(f"removed {replica_id}; stop its synapse-scheduler process now")
     document = members_document(answer)
     emit(settings, document, lambda: members_table(document))
@@ -121,9 +127,10 @@ def snapshot_save(settings: Settings, file: Path) -> None:
     Example:
       synctl cluster snapshot save /var/backups/synapse-$(date +%F).snap
     """
-    client = settings.client()
     try:
-        head, data = client.save_snapshot(timeout_s=max(settings.timeout, SNAPSHOT_TIMEOUT_S))
+        head, data = replicas.save_snapshot(
+            settings.client(), timeout_s=max(settings.timeout, SNAPSHOT_TIMEOUT_S)
+        )
     except ValueError as exc:
         raise CommandFailed(ExitCode.JOB_FAILED, str(exc), "CORRUPT_TRANSFER") from None
     content = encode_backup(data, head.raft_index, head.raft_term, head.replica_id)

@@ -16,9 +16,9 @@ import click
 from synapse_ha.cli import render, terminal
 from synapse_ha.cli.app import Settings, emit, now_ms, output_option, with_settings
 from synapse_ha.cli.render_jobs import checkpoint_document
-from synapse_ha.client.jobs import checkpoint_from_proto
-from synapse_ha.rpc import readable, states
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.client import history as client_history
+from synapse_ha.client.history import ClusterEvent, FinishedAttempt, FinishedJob, Usage
+from synapse_ha.rpc import readable
 from synapse_ha.rpc.readable import with_iso
 
 MS_PER_HOUR = 3_600_000
@@ -40,12 +40,12 @@ def parse_since(value: str, now_ms: int, option: str = "--since") -> int:
 # -------------------------------------------------------------------- documents
 
 
-def attempt_document(a: pb.HistoryAttempt) -> dict[str, Any]:
+def attempt_document(a: FinishedAttempt) -> dict[str, Any]:
     return with_iso(
         {
             "attempt": a.number,
             "fencing_token": a.fencing_token,
-            "state": states.shown_attempt_state(a),
+            "state": a.state,
             "nodes": list(a.nodes),
             "gpus": a.gpus,
             "bound_at_ms": a.bound_at_ms,
@@ -61,7 +61,7 @@ def attempt_document(a: pb.HistoryAttempt) -> dict[str, Any]:
     )
 
 
-def history_document(j: pb.HistoryJob) -> dict[str, Any]:
+def history_document(j: FinishedJob) -> dict[str, Any]:
     """A finished job. ``id`` is its id as in ``synctl jobs``; ``job_id`` the same, kept
     for scripts written before. ``wait_ms``: submission to first start; ``elapsed_ms``:
     first start to end (every attempt and the gaps between them)."""
@@ -72,7 +72,7 @@ def history_document(j: pb.HistoryJob) -> dict[str, Any]:
         "name": j.name,
         "owner": j.owner,
         "queue": j.queue,
-        "state": states.shown_job_state(j),
+        "state": j.state,
         "reason_code": j.reason_code,
         "reason": j.reason,
         "submitted_at_ms": j.submitted_at_ms,
@@ -85,13 +85,11 @@ def history_document(j: pb.HistoryJob) -> dict[str, Any]:
         "gpu_seconds": j.gpu_ms / 1000,
         "nodes": list(j.nodes),
         "cancelled_by": j.cancelled_by,
-        "replicas": j.spec.replicas,
-        "resources": render.resources_document(j.spec.resources),
+        "replicas": j.replicas,
+        "resources": render.resources_document(j.resources),
         "attempt_list": [attempt_document(a) for a in j.attempt_list],
-        "checkpoint": checkpoint_document(checkpoint_from_proto(j.checkpoint))
-        if j.HasField("checkpoint")
-        else None,
-        "resume_step": j.resume_step if j.HasField("resume_step") else None,
+        "checkpoint": checkpoint_document(j.checkpoint) if j.checkpoint else None,
+        "resume_step": j.resume_step,
         "wait_ms": max(0, started - j.submitted_at_ms) if started and j.submitted_at_ms else None,
         "elapsed_ms": max(0, j.finished_at_ms - started) if started and j.finished_at_ms else None,
     }
@@ -137,7 +135,7 @@ def history_table(docs: Sequence[Mapping[str, Any]], now_ms: int) -> str:
     return render.table(rows, headers) if rows else "no finished jobs match"
 
 
-def usage_document(answer: pb.GetUsageResponse) -> dict[str, Any]:
+def usage_document(answer: Usage) -> dict[str, Any]:
     return {
         "by": answer.by,
         "since_ms": answer.since_ms,
@@ -164,7 +162,7 @@ def usage_table(doc: Mapping[str, Any]) -> str:
     return f"{body}\ntotal: {doc['total_gpu_hours']:.2f} GPU-hours"
 
 
-def event_document(e: pb.Event) -> dict[str, Any]:
+def event_document(e: ClusterEvent) -> dict[str, Any]:
     doc: dict[str, Any] = {"index": e.index, "kind": e.kind, "time_ms": e.time_ms}
     for name in ("job_id", "job_name", "owner", "queue", "node_id", "leader_id"):
         value = getattr(e, name)
@@ -245,8 +243,8 @@ def history(
     """
     now = now_ms()
     since_ms = parse_since(since, now) if since else 0
-    found = settings.client().list_history(
-        user=user, queue=queue, node_id=node, since_ms=since_ms, limit=limit
+    found = client_history.list_history(
+        settings.client(), user=user, queue=queue, node_id=node, since_ms=since_ms, limit=limit
     )
     docs = [history_document(j) for j in found]
     emit(settings, {"jobs": docs}, lambda: history_table(docs, now))
@@ -282,7 +280,7 @@ def usage(settings: Settings, by: str, since: str, until: str | None) -> None:
     now = now_ms()
     since_ms = parse_since(since, now)
     until_ms = parse_since(until, now, "--until") if until else 0
-    answer = settings.client().get_usage(by, since_ms, until_ms)
+    answer = client_history.get_usage(settings.client(), by, since_ms, until_ms)
     doc = usage_document(answer)
     emit(settings, doc, lambda: usage_table(doc))
 
@@ -311,8 +309,8 @@ def events(settings: Settings, follow: bool, since_index: int) -> None:
       synctl events
       synctl events -f --since 3932160
     """
-    stream = settings.client().watch_events(
-        since_index, follow=follow, reconnect_s=settings.timeout
+    stream = client_history.watch_events(
+        settings.client(), since_index, follow=follow, reconnect_s=settings.timeout
     )
     if follow:
         if settings.output == "table":

@@ -122,7 +122,6 @@ from tabulate import tabulate  # type: ignore[import-untyped]
 from synapse_ha.cli.terminal import terminal_safe
 from synapse_ha.core.model import Resources
 from synapse_ha.rpc import readable
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.readable import cpu_text as cpu_text
 from synapse_ha.rpc.readable import memory_text as memory_text
 
@@ -134,7 +133,7 @@ Document = dict[str, Any]
 # ----------------------------------------------------------------------- documents
 
 
-def resources_document(r: pb.Resources | Resources) -> Document:
+def resources_document(r: Resources) -> Document:
     return {"gpu": r.gpu, "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
 
 

@@ -7,6 +7,7 @@ import datetime
 import re
 
 from synapse_ha.cli import history, render_jobs
+from synapse_ha.client.history import event_from_proto, finished_job_from_proto
 from synapse_ha.client.jobs import job_from_proto
 from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -122,7 +123,7 @@ def test_history_names_the_id_as_jobs_does_and_reads_its_times() -> None:
             pb.HistoryAttempt(number=1, bound_at_ms=NOW - 640_000, ended_at_ms=NOW - 100_000)
         ],
     )
-    doc = history.history_document(job)
+    doc = history.history_document(finished_job_from_proto(job))
     assert doc["id"] == doc["job_id"] == "job-1"  # job_id kept for existing scripts
     assert doc["finished_at"] == readable.iso(NOW - 100_000)
     assert doc["attempt_list"][0]["bound_at"] == readable.iso(NOW - 640_000)
@@ -135,7 +136,9 @@ def test_history_names_the_id_as_jobs_does_and_reads_its_times() -> None:
 
 
 def test_events_have_a_header_over_their_columns() -> None:
-    doc = history.event_document(pb.Event(index=7, kind="bound", time_ms=NOW, job_id="job-1"))
+    doc = history.event_document(
+        event_from_proto(pb.Event(index=7, kind="bound", time_ms=NOW, job_id="job-1"))
+    )
     header, line = history.event_header(), history.event_line(doc)
     assert header.split() == ["INDEX", "TIME", "KIND", "SUBJECT", "DETAIL"]
     assert line.index("bound") == header.index("KIND")

@@ -7,6 +7,7 @@ import json
 import yaml
 
 from synapse_ha.cli import (
+    cluster_ops,
     render,
     render_cluster,
     render_jobs,
@@ -15,6 +16,7 @@ from synapse_ha.cli import (
 )
 from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.client.nodes import node_from_proto
+from synapse_ha.client.replicas import members_from_proto
 from synapse_ha.client.tokens import token_from_proto
 from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -279,3 +281,19 @@ def test_the_token_table_never_shows_secrets_and_says_which_are_revoked() -> Non
         "0123456789ab", "alice", "user", "-", "-", "bootstrap", "never", "live"
     ]  # fmt: skip
     assert "revoked by user:root" in lines[2] and "train,eval" in lines[2]
+
+
+def test_the_replica_members_after_a_change_are_listed_with_their_liveness() -> None:
+    answer = pb.MembershipResponse(
+        members=[
+            pb.ReplicaMember(replica_id="r1", raft_address="h:1", grpc_address="h:2", live=True),
+            pb.ReplicaMember(replica_id="r4", raft_address="h:3", grpc_address="h:4"),
+        ]
+    )
+    doc = cluster_ops.members_document(members_from_proto(answer))
+    assert doc["members"][1] == {
+        "id": "r4", "raft_address": "h:3", "grpc_address": "h:4", "live": False
+    }  # fmt: skip
+    lines = cluster_ops.members_table(doc).splitlines()
+    assert lines[0].split() == ["REPLICA", "RAFT", "GRPC", "LIVE"]
+    assert lines[1].split() == ["r1", "h:1", "h:2", "yes"] and lines[2].split()[-1] == "no"

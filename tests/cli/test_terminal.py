@@ -11,6 +11,7 @@ import yaml
 
 from synapse_ha.cli import history, render, render_cluster, render_jobs, render_nodes, terminal
 from synapse_ha.cli.logs import MAX_LINE_BYTES, LinePrinter
+from synapse_ha.client.history import event_from_proto, finished_job_from_proto
 from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -113,7 +114,7 @@ def test_event_lines_escape_details_and_names() -> None:
     event = pb.Event(
         index=7, kind="cancelled", time_ms=1, job_id="job-1", nodes=["w1\r"], detail=HOSTILE
     )
-    line = history.event_line(history.event_document(event))
+    line = history.event_line(history.event_document(event_from_proto(event)))
     assert_inert(line)
     assert ESCAPED in line and "on w1\\r" in line
 
@@ -122,7 +123,7 @@ def test_the_history_table_escapes_each_cell() -> None:
     job = pb.HistoryJob(
         job_id="job-1", name="n", owner="o\x1b[2J", nodes=["w\r1"], job_state=pb.JOB_STATE_FAILED
     )
-    text = history.history_table([history.history_document(job)], now_ms=1)
+    text = history.history_table([history.history_document(finished_job_from_proto(job))], now_ms=1)
     assert_inert(text)
     assert "o\\x1b[2J" in text and "w\\r1" in text
 
