@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.cli import render_nodes
+from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.model import JobSpec, Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.programs.worker import registration, run_as_policy
@@ -344,7 +345,7 @@ def test_members_run_as_travels_from_registration_to_the_node_listing() -> None:
 def test_synctl_nodes_shows_whose_account_members_run_under() -> None:
     info = NodeInfo("w1", "h:1", Resources(1000, 1024, 0), members_run_as="agent:svc")
     node = Node(info=info, status=NodeStatus.READY, registered_at_ms=1)
-    doc = render_nodes.node_document(convert.node_to_proto(node, 1500))
+    doc = render_nodes.node_document(node_from_proto(convert.node_to_proto(node, 1500)))
     assert doc["members_run_as"] == "agent:svc"
     header, row = render_nodes.nodes_table([doc]).splitlines()
     # The last columns: RUNS AS, then UNFIT FOR ("-": none).
