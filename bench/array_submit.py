@@ -58,9 +58,9 @@ from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.local.replicas import LocalReplicas
-from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.to_proto import spec_to_proto
 
 TARGET_ACK_MS = 1_000
 TARGET_BYTES_PER_TASK = 2_048

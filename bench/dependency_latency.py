@@ -31,8 +31,8 @@ from bench.loopback import loopback_cluster, percentile
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.states import job_state
+from synapse_ha.rpc.to_proto import spec_to_proto
 
 TARGET_P50_MS = 200
 

@@ -30,9 +30,9 @@ from bench.report import emit
 from bench.throughput import _context_switches, _proc_cpu_s
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.local.replicas import LocalReplicas
-from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.to_proto import spec_to_proto
 
 WAYS = ("single", "batch")
 

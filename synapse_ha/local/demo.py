@@ -48,9 +48,9 @@ from synapse_ha.core.model import FINISHED_JOB_STATES, JobState, NodeStatus
 from synapse_ha.core.spec import parse_job_spec
 from synapse_ha.local.devcluster import DevCluster, DevClusterError
 from synapse_ha.local.devoptions import DevClusterOptions
-from synapse_ha.rpc.convert import spec_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state, node_status, replica_role
+from synapse_ha.rpc.to_proto import spec_to_proto
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from typing import Any
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert, states
+from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.service.heartbeat import HeartbeatIn
 from synapse_ha.service.refusal import Refusal, invalid, required
@@ -39,14 +39,14 @@ def heartbeat_in(message: pb.Heartbeat | Shape, node_id: str = "") -> HeartbeatI
     events: tuple[Any, ...] = ()
     if message.reports:
         try:
-            events = convert.member_events_from_proto(list(message.reports))
+            events = from_proto.member_events_from_proto(list(message.reports))
         except SpecError as exc:
             return invalid(exc.violations)
     return HeartbeatIn(
         node_id,
         events,
-        convert.gpu_faults_from_proto(message.gpu_faults) if message.gpu_faults else (),
-        convert.checks_from_proto(message.checks) if message.checks else (),
+        from_proto.gpu_faults_from_proto(message.gpu_faults) if message.gpu_faults else (),
+        from_proto.checks_from_proto(message.checks) if message.checks else (),
     )
 
 
@@ -65,9 +65,9 @@ def answer_fields(state: ClusterState, node_id: str) -> dict[str, Any]:
 def desired_message(state: ClusterState, d: DesiredMember, now_ms: int) -> pb.DesiredMember:
     """A desired member, with the grace left before SIGKILL when its gang is being
     preempted (the attempt's deadline is the leader's clock; the worker gets a duration)."""
-    msg = convert.desired_to_proto(d)
+    msg = to_proto.desired_to_proto(d)
     job = state.jobs.get(d.job_id)
     attempt = job.attempt if job is not None else None
     if attempt is not None and attempt.fencing_token == d.fencing_token:
-        convert.preemption_to_desired(msg, attempt, now_ms)
+        to_proto.preemption_to_desired(msg, attempt, now_ms)
     return msg

@@ -56,7 +56,6 @@ from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.from_proto import Wanted
-from synapse_ha.rpc.from_proto import desired_from_proto as desired_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.checkpoint_files import Mark
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState

@@ -12,7 +12,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.model import JobState, MemberState
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.views import desired_members
-from synapse_ha.rpc.convert import ENDED_ATTEMPT, desired_to_proto
+from synapse_ha.rpc.to_proto import ENDED_ATTEMPT, desired_to_proto
 from tests.core.harness import Cluster, job, node
 
 

@@ -17,7 +17,8 @@ from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import ReasonCode, render, withheld
 from synapse_ha.core.spec import SpecError, parse_job_spec
 from synapse_ha.core.validation import check_job_spec
-from synapse_ha.rpc.convert import spec_from_proto, spec_to_proto
+from synapse_ha.rpc.from_proto import spec_from_proto
+from synapse_ha.rpc.to_proto import spec_to_proto
 from tests.core.harness import Cluster, job, node
 
 DETAIL = "no progress for 30m (progress file not touched since 2026-05-02T10:14:03Z)"

@@ -14,7 +14,7 @@ from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc import states
-from synapse_ha.rpc.convert import member_events_from_proto
+from synapse_ha.rpc.from_proto import member_events_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.heartbeat import answer_fields
 from synapse_ha.service.heartbeat import (

@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.rpc.convert import node_to_proto
 from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.to_proto import node_to_proto
 from tests.rpc.authed import NOW, Replica, serving_replica
 from tests.rpc.test_access import credentials
 

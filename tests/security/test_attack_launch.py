@@ -32,9 +32,9 @@ from synapse_ha.core.desired import MemberKey
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.local.process import Worker
 from synapse_ha.programs import worker as worker_main
-from synapse_ha.rpc.convert import desired_to_proto
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.to_proto import desired_to_proto
 from synapse_ha.worker.accounts import local_account
 from synapse_ha.worker.agent import Agent
 from synapse_ha.worker.environment import FIXED_PATH

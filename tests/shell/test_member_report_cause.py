@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.rpc.convert import member_events_from_proto
+from synapse_ha.rpc.from_proto import member_events_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 

@@ -70,8 +70,8 @@ def test_the_state_machine_refuses_what_the_parser_refuses() -> None:
 
 def test_a_prestart_check_survives_the_wire_to_the_worker() -> None:
     from synapse_ha.core.desired import DesiredMember, LaunchSpec
-    from synapse_ha.rpc.convert import desired_to_proto, spec_from_proto, spec_to_proto
-    from synapse_ha.worker.agent import desired_from_proto
+    from synapse_ha.rpc.from_proto import desired_from_proto, spec_from_proto
+    from synapse_ha.rpc.to_proto import desired_to_proto, spec_to_proto
 
     for value in ("test -d /data", {"command": ["/opt/check", "-v"], "timeout": "5m"}):
         spec = parse_job_spec(doc(value)).spec

@@ -155,7 +155,8 @@ def test_the_parser_and_the_state_machine_share_one_rule_set() -> None:
 
 
 def test_an_image_reaches_the_core_spec_and_survives_the_wire() -> None:
-    from synapse_ha.rpc.convert import spec_from_proto, spec_to_proto
+    from synapse_ha.rpc.from_proto import spec_from_proto
+    from synapse_ha.rpc.to_proto import spec_to_proto
 
     spec = parse_job_spec(doc(image="registry.local/train:1.2")).spec
     assert spec.image == "registry.local/train:1.2"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.core.desired import MemberKey
-from synapse_ha.rpc.convert import desired_to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.to_proto import desired_to_proto
 from synapse_ha.worker.agent import Agent, AgentTimings, ControlPlaneUnreachable
 from synapse_ha.worker.checkpoint_files import (
     TAIL_BYTES,

@@ -12,8 +12,9 @@ from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.desired import MemberKey
 from synapse_ha.core.model import JobSpec, Resources
 from synapse_ha.core.progress import Progress
-from synapse_ha.rpc.convert import desired_to_proto
-from synapse_ha.worker.agent import _report, desired_from_proto
+from synapse_ha.rpc.from_proto import desired_from_proto
+from synapse_ha.rpc.to_proto import desired_to_proto
+from synapse_ha.worker.agent import _report
 from synapse_ha.worker.environment import PROGRESS_FILE_ENV
 from synapse_ha.worker.member_dirs import MemberExit
 from synapse_ha.worker.members import Member, MemberExecutor

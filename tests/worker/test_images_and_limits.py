@@ -11,9 +11,10 @@ import pytest
 
 from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.rpc.convert import desired_to_proto
+from synapse_ha.rpc.from_proto import desired_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.worker.agent import Agent, desired_from_proto
+from synapse_ha.rpc.to_proto import desired_to_proto
+from synapse_ha.worker.agent import Agent
 from synapse_ha.worker.cgroups import CgroupLimits, cgroup_limits, probe_cgroups
 from synapse_ha.worker.images import ImageRuntime, NoImageRuntime
 from synapse_ha.worker.launch import member_argv

@@ -14,8 +14,8 @@ import pytest
 
 from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
 from synapse_ha.core.model import Resources
+from synapse_ha.rpc.from_proto import desired_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.worker.agent import desired_from_proto
 from synapse_ha.worker.environment import (
     FIXED_PATH,
     changes_process_behaviour,

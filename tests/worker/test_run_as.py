@@ -15,7 +15,8 @@ from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.model import JobSpec, Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.programs.worker import registration, run_as_policy
 from synapse_ha.programs.worker_config import ConfigError, load_config
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import from_proto, to_proto
+from synapse_ha.rpc.from_proto import desired_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.accounts import (
     Account,
@@ -28,7 +29,7 @@ from synapse_ha.worker.accounts import (
     parse_user_map,
     resolve_member_account,
 )
-from synapse_ha.worker.agent import _report, desired_from_proto
+from synapse_ha.worker.agent import _report
 from synapse_ha.worker.environment import member_environment
 from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.launch import member_argv
@@ -328,7 +329,7 @@ def test_the_registration_says_whose_account_members_run_under(tmp_path: Path) -
 def test_the_owner_travels_from_the_desired_member_to_the_launch() -> None:
     job_spec = JobSpec(name="t", replicas=1, resources=Resources(0, 0, 0), command=("true",))
     desired = desired_member(job_spec, job_id="j1", token=3, host="10.0.0.1", owner="alice")
-    assert desired_from_proto(convert.desired_to_proto(desired)).owner == "alice"
+    assert desired_from_proto(to_proto.desired_to_proto(desired)).owner == "alice"
 
 
 def test_members_run_as_travels_from_registration_to_the_node_listing() -> None:
@@ -338,14 +339,14 @@ def test_members_run_as_travels_from_registration_to_the_node_listing() -> None:
         capacity=pb.Resources(cpu_milli=1000, memory_mib=1024, gpu=0),
         members_run_as="agent:svc",
     )
-    info = convert.node_info_from_proto(request)
+    info = from_proto.node_info_from_proto(request)
     assert info == NodeInfo("w1", "h:1", Resources(1000, 1024, 0), members_run_as="agent:svc")
 
 
 def test_synctl_nodes_shows_whose_account_members_run_under() -> None:
     info = NodeInfo("w1", "h:1", Resources(1000, 1024, 0), members_run_as="agent:svc")
     node = Node(info=info, status=NodeStatus.READY, registered_at_ms=1)
-    doc = render_nodes.node_document(node_from_proto(convert.node_to_proto(node, 1500)))
+    doc = render_nodes.node_document(node_from_proto(to_proto.node_to_proto(node, 1500)))
     assert doc["members_run_as"] == "agent:svc"
     header, row = render_nodes.nodes_table([doc]).splitlines()
     # The last columns: RUNS AS, then UNFIT FOR ("-": none).

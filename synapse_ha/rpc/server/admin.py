@@ -13,7 +13,7 @@ from synapse_ha.core.access import Role
 from synapse_ha.core.cohort_tree import check_cohort
 from synapse_ha.core.queue_usage import queues_now
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert, convert_cohorts, states
+from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.auth import caller, new_token
 from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -65,7 +65,7 @@ class AdminService(Servicer):
         self._read_mode(context, allow_stale=False, follower=False)
         tokens = self.ctx.backend.snapshot().tokens.values()
         ordered = sorted(tokens, key=lambda t: (t.created_at_ms, t.token_id))
-        return pb.ListTokensResponse(tokens=[convert.token_to_proto(t) for t in ordered])
+        return pb.ListTokensResponse(tokens=[to_proto.token_to_proto(t) for t in ordered])
 
     def RevokeToken(
         self, request: pb.RevokeTokenRequest, context: grpc.ServicerContext
@@ -86,7 +86,7 @@ class AdminService(Servicer):
         self, request: pb.GetLimitsRequest, context: grpc.ServicerContext
     ) -> pb.GetLimitsResponse:
         limits = self.ctx.backend.cluster_config().limits
-        return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
+        return pb.GetLimitsResponse(limits=to_proto.limits_to_proto(limits))
 
     def SetLimits(
         self, request: pb.SetLimitsRequest, context: grpc.ServicerContext
@@ -97,7 +97,7 @@ class AdminService(Servicer):
         self._require_serving_leader(context)
         config = self.ctx.backend.cluster_config()
         try:
-            limits = convert.limits_with(config.limits, request.values)
+            limits = from_proto.limits_with(config.limits, request.values)
         except SpecError as exc:
             abort_spec_error(context, exc)
         pinned = sorted({v.name for v in request.values} & self.ctx.pinned_limits)
@@ -116,7 +116,7 @@ class AdminService(Servicer):
         changed = ", ".join(f"{v.name}={v.value}" for v in request.values)
         self._write(context, identity, command, ("SetLimits", changed or "nothing"))
         limits = self.ctx.backend.cluster_config().limits
-        return pb.GetLimitsResponse(limits=convert.limits_to_proto(limits))
+        return pb.GetLimitsResponse(limits=to_proto.limits_to_proto(limits))
 
     # ------------------------------------------------- queues and preemption
 
@@ -134,8 +134,8 @@ class AdminService(Servicer):
         return pb.ListQueuesResponse(
             queues=[
                 pb.QueueStatus(
-                    queue=convert.queue_to_proto(state.queues[name]),
-                    usage=convert.queue_usage_to_proto(now.usage[name]),
+                    queue=to_proto.queue_to_proto(state.queues[name]),
+                    usage=to_proto.queue_usage_to_proto(now.usage[name]),
                     fair_share_ppm=now.standings[name].share,
                     cohort_shares_ppm=now.standings[name].cohort_shares,
                     fair_share_position=now.standings[name].position,
@@ -144,11 +144,11 @@ class AdminService(Servicer):
             ],
             stale=stale,
             priority_classes=[
-                convert.priority_class_to_proto(c) for c in state.config.priority_classes
+                to_proto.priority_class_to_proto(c) for c in state.config.priority_classes
             ],
             preemption=str(state.config.preemption),
             reclaim_wait_max_ms=state.config.reclaim_wait_max_ms,
-            cohorts=[convert_cohorts.cohort_status_to_proto(c) for c in now.cohorts],
+            cohorts=[to_proto.cohort_status_to_proto(c) for c in now.cohorts],
             fair_share_half_life_ms=state.config.fair_share_half_life_ms,
         )
 
@@ -156,7 +156,7 @@ class AdminService(Servicer):
         self, request: pb.SetQueueRequest, context: grpc.ServicerContext
     ) -> pb.SetQueueResponse:
         identity, state = self._writer(context, request, "queue")
-        queue = convert.queue_from_proto(request.queue)
+        queue = from_proto.queue_from_proto(request.queue)
         command = cmd.SetQueue(queue=queue, now_ms=self.ctx.clock_ms(), actor=str(identity))
         violations = validation.check_queue(queue, state.config.priority_classes)
         return pb.SetQueueResponse(
@@ -174,7 +174,7 @@ class AdminService(Servicer):
         self, request: pb.SetCohortRequest, context: grpc.ServicerContext
     ) -> pb.SetCohortResponse:
         identity, state = self._writer(context, request, "cohort")
-        cohort = convert_cohorts.cohort_from_proto(request.cohort)
+        cohort = from_proto.cohort_from_proto(request.cohort)
         command = cmd.SetCohort(cohort=cohort, now_ms=self.ctx.clock_ms(), actor=str(identity))
         violations = check_cohort(cohort, state.cohorts)
         created = self._put(context, identity, command, cohort.name, state.cohorts, violations)

@@ -7,7 +7,7 @@ import grpc
 
 from synapse_ha.core.access import Kind
 from synapse_ha.core.model import NodeStatus
-from synapse_ha.rpc import convert, states
+from synapse_ha.rpc import from_proto, states
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason, abort
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -40,7 +40,7 @@ class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
                 f"unreachable_streams: at most {MAX_UNREACHABLE} addresses",
                 {"field": "unreachable_streams"},
             )
-        info = convert.node_info_from_proto(request)
+        info = from_proto.node_info_from_proto(request)
         identity = caller(context)
         state = register_node(self.replica, identity, info, self._write_timeout_s(context))
         if isinstance(state, Refusal):

@@ -11,7 +11,7 @@ from synapse_ha.core import access, admission, validation
 from synapse_ha.core.access import Identity
 from synapse_ha.history.events import EventRing, EventsExpired
 from synapse_ha.history.store import USAGE_KEYS, HistoryFilter, HistoryStore
-from synapse_ha.rpc import history as history_pb
+from synapse_ha.rpc import to_proto
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -72,7 +72,7 @@ class EventService(Servicer):
         with self._heavy_read(context):
             jobs = store.jobs(wanted)
         return pb.ListHistoryResponse(
-            jobs=[history_pb.history_job_to_proto(j) for j in jobs], answered_by=self.ctx.self_id
+            jobs=[to_proto.history_job_to_proto(j) for j in jobs], answered_by=self.ctx.self_id
         )
 
     def GetUsage(
@@ -94,7 +94,7 @@ class EventService(Servicer):
         with self._heavy_read(context):
             rows = store.usage(request.by, request.since_ms, until, owner=owner)
         return pb.GetUsageResponse(
-            rows=[history_pb.usage_row_to_proto(r) for r in rows],
+            rows=[to_proto.usage_row_to_proto(r) for r in rows],
             by=request.by,
             since_ms=request.since_ms,
             until_ms=until,
@@ -174,7 +174,7 @@ def _stream_events(
             if end is not None and event.index > end:
                 return
             redacted = bool(event.job_id) and not access.may_manage_job(viewer, event.owner)
-            yield history_pb.event_to_proto(event, redacted)
+            yield to_proto.event_to_proto(event, redacted)
             since = event.index
         if end is not None and (not events or since >= end):
             return

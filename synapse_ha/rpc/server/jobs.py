@@ -11,7 +11,7 @@ from synapse_ha.core import access
 from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobState
 from synapse_ha.core.scheduler import explain, why_pending
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert, states
+from synapse_ha.rpc import states, to_proto
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason, abort
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -93,7 +93,7 @@ class JobService(SubmitService):
         job = state.jobs.get(request.job_id)
         if job is not None:
             redacted = not access.may_manage_job(caller(context), job.owner)
-            return pb.GetJobResponse(job=convert.job_to_proto(job, redacted), stale=stale)
+            return pb.GetJobResponse(job=to_proto.job_to_proto(job, redacted), stale=stale)
         abort_job_not_found(context, request.job_id, state)
 
     def ListJobs(
@@ -141,9 +141,9 @@ class JobService(SubmitService):
             for item in page:
                 redacted = not access.may_manage_job(identity, item.owner)
                 if isinstance(item, ArrayJob):
-                    arrays.append(convert.array_to_proto(item, _tasks(state, item), redacted))
+                    arrays.append(to_proto.array_to_proto(item, _tasks(state, item), redacted))
                 else:
-                    out.append(convert.job_to_proto(item, redacted))
+                    out.append(to_proto.job_to_proto(item, redacted))
         next_token = _page_token(page[-1]) if more else ""
         return pb.ListJobsResponse(jobs=out, arrays=arrays, stale=stale, next_page_token=next_token)
 
@@ -158,7 +158,7 @@ class JobService(SubmitService):
         if array is None:
             abort_job_not_found(context, request.array_id)
         redacted = not access.may_manage_job(caller(context), array.owner)
-        summary = convert.array_to_proto(array, _tasks(state, array), redacted)
+        summary = to_proto.array_to_proto(array, _tasks(state, array), redacted)
         return pb.GetArrayResponse(array=summary, stale=stale)
 
     def ExplainJob(

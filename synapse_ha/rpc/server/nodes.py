@@ -9,7 +9,7 @@ import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import NodeStatus
-from synapse_ha.rpc import convert, states
+from synapse_ha.rpc import states, to_proto
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -78,7 +78,7 @@ class NodeService(Servicer):
         node = self.ctx.backend.snapshot().nodes.get(request.node_id)
         left = node.gpu_faults if node is not None else ()
         return pb.RepairGpusResponse(
-            message=result.message, gpu_faults=convert.gpu_faults_to_proto(left)
+            message=result.message, gpu_faults=to_proto.gpu_faults_to_proto(left)
         )
 
     def ListNodes(
@@ -92,5 +92,5 @@ class NodeService(Servicer):
             for node_id in sorted(state.nodes):
                 heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
                 age = -1 if heard is None else max(0, now - heard)
-                out.append(convert.node_to_proto(state.nodes[node_id], age))
+                out.append(to_proto.node_to_proto(state.nodes[node_id], age))
         return pb.ListNodesResponse(nodes=out, stale=stale)

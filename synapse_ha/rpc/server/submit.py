@@ -21,7 +21,7 @@ from synapse_ha.core import admission
 from synapse_ha.core.access import Identity
 from synapse_ha.core.cluster_config import Limits
 from synapse_ha.core.spec import SpecError
-from synapse_ha.rpc import convert
+from synapse_ha.rpc import from_proto
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import for_item
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -136,7 +136,7 @@ class SubmitService(Servicer):
         admitted = submit.admit(
             self.replica,
             identity,
-            convert.spec_from_proto(request.spec),
+            from_proto.spec_from_proto(request.spec),
             request.request_id,
             limits=limits,
             limited=limited,
