@@ -21,6 +21,8 @@ from synapse_ha.cli.defaults import (
     ExitCode,
 )
 from synapse_ha.client import credentials
+from synapse_ha.client import jobs as client_jobs
+from synapse_ha.client import nodes as client_nodes
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.client.credentials import (
     CLUSTER_ENV,
@@ -30,7 +32,6 @@ from synapse_ha.client.credentials import (
 from synapse_ha.client.logs import WorkerUnreachable
 from synapse_ha.client.specfile import SpecFileError, SpecFileUnreadable
 from synapse_ha.core.model import FINISHED_JOB_STATES, JobState
-from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.security.tls import TlsFiles, Transport
 
@@ -394,7 +395,7 @@ def complete_job_ids(
 ) -> list[click.shell_completion.CompletionItem]:
     return _complete(
         ctx,
-        lambda c: [(j.job_id, f"{j.spec.name} {states.shown_job_state(j)}") for j in c.list_jobs()],
+        lambda c: [(j.job_id, f"{j.spec.name} {j.state}") for j in client_jobs.list_jobs(c)],
         incomplete,
     )
 
@@ -404,6 +405,6 @@ def complete_node_ids(
 ) -> list[click.shell_completion.CompletionItem]:
     return _complete(
         ctx,
-        lambda c: [(n.node_id, states.shown_node_status(n)) for n in c.list_nodes()],
+        lambda c: [(n.node_id, n.status) for n in client_nodes.list_nodes(c)],
         incomplete,
     )

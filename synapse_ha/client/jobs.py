@@ -216,6 +216,11 @@ def list_lines(client: ClusterClient, **filters: Any) -> list[JobView | ArrayVie
     ]
 
 
+def list_jobs(client: ClusterClient, **filters: Any) -> list[JobView]:
+    """Every matching job, each task of an array on its own line."""
+    return [job_from_proto(j) for j in client.list_jobs(**filters)]
+
+
 def explain_job(client: ClusterClient, job_id: str) -> Explained:
     return explained_from_proto(client.explain_job(job_id))
 
