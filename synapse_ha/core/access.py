@@ -181,16 +181,16 @@ POLICY: dict[str, frozenset[Audience]] = {
 }
 
 
-class RefusalCode(enum.StrEnum):
+class AccessRefusalCode(enum.StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # no credential, or one that proves nothing
     PERMISSION_DENIED = "permission_denied"  # a known caller, not allowed to do this
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class AccessRefusal:
     """Why a call is refused: a code for programs and a sentence a person can act on."""
 
-    code: RefusalCode
+    code: AccessRefusalCode
     message: str
 
 
@@ -219,8 +219,8 @@ def _needs(allowed: frozenset[Audience]) -> str:
     return "it needs " + " or ".join(parts) if parts else "nobody may call it"
 
 
-def unauthenticated(why: str) -> Refusal:
-    return Refusal(RefusalCode.UNAUTHENTICATED, why)
+def unauthenticated(why: str) -> AccessRefusal:
+    return AccessRefusal(AccessRefusalCode.UNAUTHENTICATED, why)
 
 
 NO_CREDENTIAL = (
@@ -229,7 +229,7 @@ NO_CREDENTIAL = (
 )
 
 
-def authorize(identity: Identity | None, method: str) -> Refusal | None:
+def authorize(identity: Identity | None, method: str) -> AccessRefusal | None:
     """None when ``identity`` may call ``method`` (a full gRPC path), else why not.
 
     A method the policy does not name is refused to everyone: a new RPC is closed until
@@ -239,13 +239,14 @@ def authorize(identity: Identity | None, method: str) -> Refusal | None:
     name = short_method(method)
     allowed = POLICY.get(method)
     if allowed is None:
-        return Refusal(
-            RefusalCode.PERMISSION_DENIED, f"{name} is not a method the cluster's policy names"
+        return AccessRefusal(
+            AccessRefusalCode.PERMISSION_DENIED,
+            f"{name} is not a method the cluster's policy names",
         )
     if audience_of(identity) in allowed:
         return None
-    return Refusal(
-        RefusalCode.PERMISSION_DENIED,
+    return AccessRefusal(
+        AccessRefusalCode.PERMISSION_DENIED,
         f"{describe_caller(identity)} may not call {name}; {_needs(allowed)}",
     )
 
@@ -261,13 +262,13 @@ def may_manage_job(identity: Identity, job_owner: str) -> bool:
     return bool(job_owner) and identity.name == job_owner
 
 
-def job_refusal(identity: Identity, job_id: str, job_owner: str) -> Refusal | None:
+def job_refusal(identity: Identity, job_id: str, job_owner: str) -> AccessRefusal | None:
     """None when :func:`may_manage_job`, else a PERMISSION_DENIED naming the owner."""
     if may_manage_job(identity, job_owner):
         return None
     owner = f"user {job_owner}" if job_owner else "no user"
-    return Refusal(
-        RefusalCode.PERMISSION_DENIED,
+    return AccessRefusal(
+        AccessRefusalCode.PERMISSION_DENIED,
         f"{describe_caller(identity)} may not manage {job_id}: it belongs to {owner}; "
         f"it needs its owner, or role operator or admin",
     )
@@ -281,15 +282,15 @@ def sees_all_history(identity: Identity) -> bool:
     return identity.kind is Kind.USER and identity.role in (Role.ADMIN, Role.OPERATOR)
 
 
-def may_speak_for_node(identity: Identity, node_id: str) -> Refusal | None:
+def may_speak_for_node(identity: Identity, node_id: str) -> AccessRefusal | None:
     """None when ``identity`` may register or heartbeat as ``node_id``: the worker that
     node id names, or an admin."""
     if identity.kind is Kind.WORKER and identity.name == node_id:
         return None
     if identity.kind is Kind.USER and identity.role is Role.ADMIN:
         return None
-    return Refusal(
-        RefusalCode.PERMISSION_DENIED,
+    return AccessRefusal(
+        AccessRefusalCode.PERMISSION_DENIED,
         f"{describe_caller(identity)} may not speak for node {node_id!r}; only the "
         f"worker whose certificate names it may",
     )
@@ -305,7 +306,7 @@ DEFAULT_QUEUE_NAME = "default"  # the built-in queue; core.model.DEFAULT_QUEUE n
 
 def queue_refusal(
     identity: Identity, queue: str, token_queues: tuple[str, ...] | None
-) -> Refusal | None:
+) -> AccessRefusal | None:
     """None when ``identity`` may submit to ``queue``, else a PERMISSION_DENIED naming the
     queue and the rule (DESIGN §8, docs/queues.md).
 
@@ -326,8 +327,8 @@ def queue_refusal(
         rule = "its token names no queues, so it allows the default queue only"
     else:
         rule = f"its token allows the queues {', '.join(token_queues)}"
-    return Refusal(
-        RefusalCode.PERMISSION_DENIED,
+    return AccessRefusal(
+        AccessRefusalCode.PERMISSION_DENIED,
         f"{describe_caller(identity)} may not submit to queue {queue}: {rule}; "
         f"an admin can make a token naming it (synctl token create --queue {queue})",
     )

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.access import (
+    AccessRefusal,
+    AccessRefusalCode,
     Identity,
     Kind,
-    Refusal,
-    RefusalCode,
     Role,
     describe_caller,
 )
@@ -206,7 +206,7 @@ def priority_refusal(
     queue: Queue,
     classes: Sequence[PriorityClass],
     grant: PriorityGrant,
-) -> Refusal | None:
+) -> AccessRefusal | None:
     """None when ``identity`` may submit ``spec`` at its priority to ``queue``, else a
     PERMISSION_DENIED naming the class or the figure and the rule. The class is assumed to
     exist (:func:`synapse_ha.core.queue_rules.check_job_queue` says when it does not)."""
@@ -215,15 +215,15 @@ def priority_refusal(
     cls = next((c for c in classes if c.name == spec.priority_class), None)
     if cls is not None and cls.preempts:
         if cls.name not in queue.priority_classes:
-            return Refusal(
-                RefusalCode.PERMISSION_DENIED,
+            return AccessRefusal(
+                AccessRefusalCode.PERMISSION_DENIED,
                 f"{who} may not use priority class {cls.name} in queue {queue.name}: a class "
                 f"that preempts must be listed by the queue (synctl queue set {queue.name} "
                 f"--priority-class {cls.name} ...)",
             )
         if not trusted and cls.name not in grant.classes:
-            return Refusal(
-                RefusalCode.PERMISSION_DENIED,
+            return AccessRefusal(
+                AccessRefusalCode.PERMISSION_DENIED,
                 f"{who} may not use priority class {cls.name}: it preempts other gangs, which "
                 "needs role operator or admin, or a token allowing the class (synctl token "
                 f"create --priority-class {cls.name})",
@@ -233,8 +233,8 @@ def priority_refusal(
     if priority <= queue.max_priority or trusted or priority <= grant.max_priority:
         return None
     what = f"priority class {cls.name} (value {priority})" if cls else f"priority {priority}"
-    return Refusal(
-        RefusalCode.PERMISSION_DENIED,
+    return AccessRefusal(
+        AccessRefusalCode.PERMISSION_DENIED,
         f"{who} may not submit {what} to queue {queue.name}: the queue allows up to "
         f"{queue.max_priority} (its max_priority); more needs role operator or admin, or a "
         f"token allowing it (synctl token create --max-priority {priority})",

@@ -40,7 +40,7 @@ import grpc
 
 from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity, Kind, Refusal, RefusalCode, Role
+from synapse_ha.core.access import AccessRefusal, AccessRefusalCode, Identity, Kind, Role
 from synapse_ha.core.model import Token
 from synapse_ha.core.spec import SpecError
 from synapse_ha.rpc.errors import Reason, abort_invalid, build_status
@@ -54,8 +54,8 @@ ANONYMOUS = Identity(Kind.USER, "anonymous", Role.ADMIN)
 PeerIdentity = Callable[[grpc.ServicerContext], Identity | None]
 
 _REASON_OF = {
-    RefusalCode.UNAUTHENTICATED: Reason.UNAUTHENTICATED,
-    RefusalCode.PERMISSION_DENIED: Reason.PERMISSION_DENIED,
+    AccessRefusalCode.UNAUTHENTICATED: Reason.UNAUTHENTICATED,
+    AccessRefusalCode.PERMISSION_DENIED: Reason.PERMISSION_DENIED,
 }
 
 
@@ -101,7 +101,7 @@ def new_token(
 
 def identify_token(
     text: str, tokens: Mapping[str, Token], now_ms: int
-) -> tuple[Identity | None, Refusal | None]:
+) -> tuple[Identity | None, AccessRefusal | None]:
     """The user a token text proves, or why it proves nobody (UNAUTHENTICATED). The
     identity is returned alongside a refusal when the token was real but is no longer
     good (revoked, expired), so the refusal can be logged with who tried."""
@@ -164,7 +164,7 @@ def method_of(context: grpc.ServicerContext) -> str:
 
 
 def abort_refused(
-    context: grpc.ServicerContext, refusal: Refusal, identity: Identity | None, method: str
+    context: grpc.ServicerContext, refusal: AccessRefusal, identity: Identity | None, method: str
 ) -> Any:
     """End the call with ``refusal`` (metadata ``identity``, ``method``)."""
     metadata = {"method": access.short_method(method)}
@@ -217,7 +217,9 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         with self._lock:
             return dict(self._refusals)
 
-    def identify(self, context: grpc.ServicerContext) -> tuple[Identity | None, Refusal | None]:
+    def identify(
+        self, context: grpc.ServicerContext
+    ) -> tuple[Identity | None, AccessRefusal | None]:
         """Who the caller is, or why nobody (see the module docstring for the order)."""
         if self.insecure:
             return ANONYMOUS, None
@@ -259,7 +261,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         self.refused(refusal, identity, method)
         return abort_refused(context, refusal, identity, method)  # type: ignore[no-any-return]
 
-    def refused(self, refusal: Refusal, identity: Identity | None, method: str) -> None:
+    def refused(self, refusal: AccessRefusal, identity: Identity | None, method: str) -> None:
         """Log and count a refusal (also those a handler makes: another user's job)."""
         name = access.short_method(method)
         reason = _REASON_OF[refusal.code]

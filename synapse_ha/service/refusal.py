@@ -62,7 +62,7 @@ class Refusal:
     field: str = ""
     metadata: Mapping[str, str] = dataclasses.field(default_factory=lambda: _NO_METADATA)
     violations: tuple[Violation, ...] = ()
-    denied: access.Refusal | None = None
+    denied: access.AccessRefusal | None = None
 
 
 def invalid(violations: Sequence[Violation]) -> Refusal:
@@ -89,12 +89,12 @@ def node_not_found(node_id: str) -> Refusal:
 
 
 _DENIED_REASON = {
-    access.RefusalCode.UNAUTHENTICATED: ErrorReason.UNAUTHENTICATED,
-    access.RefusalCode.PERMISSION_DENIED: ErrorReason.PERMISSION_DENIED,
+    access.AccessRefusalCode.UNAUTHENTICATED: ErrorReason.UNAUTHENTICATED,
+    access.AccessRefusalCode.PERMISSION_DENIED: ErrorReason.PERMISSION_DENIED,
 }
 
 
-def denied(refusal: access.Refusal, identity: access.Identity | None) -> Refusal:
+def denied(refusal: access.AccessRefusal, identity: access.Identity | None) -> Refusal:
     """The access policy's ``refusal`` of ``identity`` (metadata ``identity``)."""
     metadata = {"identity": str(identity)} if identity is not None else {}
     return Refusal(_DENIED_REASON[refusal.code], refusal.message, metadata=metadata, denied=refusal)

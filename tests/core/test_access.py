@@ -9,7 +9,7 @@ import pytest
 
 from synapse_ha.core import access
 from synapse_ha.core import commands as c
-from synapse_ha.core.access import Identity, RefusalCode, Role
+from synapse_ha.core.access import AccessRefusalCode, Identity, Role
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
@@ -91,7 +91,7 @@ def test_role_method_matrix(identity: Identity, method: str, allowed: bool) -> N
         assert refusal is None
     else:
         assert refusal is not None
-        assert refusal.code is RefusalCode.PERMISSION_DENIED
+        assert refusal.code is AccessRefusalCode.PERMISSION_DENIED
         assert method in refusal.message and str(identity) in refusal.message
 
 
@@ -105,9 +105,9 @@ def test_a_refusal_says_what_is_needed() -> None:
 
 def test_no_identity_is_unauthenticated_and_unknown_methods_are_closed() -> None:
     refusal = access.authorize(None, _m("ListJobs"))
-    assert refusal is not None and refusal.code is RefusalCode.UNAUTHENTICATED
+    assert refusal is not None and refusal.code is AccessRefusalCode.UNAUTHENTICATED
     unknown = access.authorize(ADMIN, "/synapse.v1.SchedulerService/DropEverything")
-    assert unknown is not None and unknown.code is RefusalCode.PERMISSION_DENIED
+    assert unknown is not None and unknown.code is AccessRefusalCode.PERMISSION_DENIED
 
 
 @pytest.mark.parametrize(

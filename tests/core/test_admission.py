@@ -81,7 +81,7 @@ def test_a_class_that_preempts_needs_the_queue_and_the_credential(
     refusal = admission.priority_refusal(who, spec, queue, CLASSES, grant)
     assert (refusal is None) is allowed
     if refusal is not None:
-        assert refusal.code is access.RefusalCode.PERMISSION_DENIED
+        assert refusal.code is access.AccessRefusalCode.PERMISSION_DENIED
         assert "high" in refusal.message
 
 

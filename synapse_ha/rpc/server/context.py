@@ -217,7 +217,7 @@ class Servicer:
     # ---------------------------------------------------------------- who
 
     def _refuse(
-        self, context: grpc.ServicerContext, refusal: access.Refusal, identity: Identity
+        self, context: grpc.ServicerContext, refusal: access.AccessRefusal, identity: Identity
     ) -> NoReturn:
         self._fail(context, denied(refusal, identity), identity)
 

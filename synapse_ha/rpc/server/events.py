@@ -34,8 +34,8 @@ class EventService(Servicer):
         if asked and asked != identity.name:
             self._refuse(
                 context,
-                access.Refusal(
-                    access.RefusalCode.PERMISSION_DENIED,
+                access.AccessRefusal(
+                    access.AccessRefusalCode.PERMISSION_DENIED,
                     f"{access.describe_caller(identity)} may read only its own history, "
                     f"not user {asked}'s; it needs role operator or admin",
                 ),
