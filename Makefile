@@ -29,18 +29,19 @@ layers: $(STAMP)
 # machine: those that start no cluster and bind only port 0 (pure functions, the state
 # machine's properties, in-process servers, the benchmarks' smoke runs that compute in one
 # process), and the tests on clusters whose checks are counts, shapes and correctness, never
-# a time or a heartbeat kept (benchmark smoke runs, fuzzing with generous call timeouts).
-# Then the rest, which starts clusters and times them, one test at a time. Both passes run;
-# make fails if either does. Each prints its 60 slowest.
+# a time or a heartbeat kept, and whose calls ride out an election (benchmark smoke runs,
+# fuzzing with generous call timeouts). The long files come first, so that the workers end
+# together. Then the rest, which starts clusters and times them, one test at a time. Both
+# passes run; make fails if either does. Each prints its 60 slowest.
 UNIT_WORKERS ?= 2
-UNIT_PARALLEL := tests/core tests/sim tests/chaos tests/history tests/leader tests/rpc \
-  tests/fuzz \
-  $(addprefix tests/bench/test_,$(addsuffix _smoke.py,cohort_tree format_gate incremental \
-    jain_gaps lock_hold placement snapshot_decode synthetic_gap tenancy \
-    history_cost catchup array_submit security_cost vs_ray durability submit_batch \
-    gang_start dependency_latency raft_channel memory follower_reads gpu_fault member_start)) \
-  tests/bench/test_compare.py tests/test_layout.py tests/test_design_citations.py \
-  tests/test_leftovers.py
+UNIT_PARALLEL := \
+  $(addprefix tests/bench/test_,$(addsuffix _smoke.py,history_cost array_submit \
+    security_cost vs_ray durability gang_start dependency_latency raft_channel \
+    follower_reads gpu_fault member_start cohort_tree format_gate incremental \
+    jain_gaps lock_hold placement snapshot_decode synthetic_gap tenancy)) \
+  tests/fuzz tests/test_leftovers.py tests/bench/test_compare.py \
+  tests/core tests/sim tests/chaos tests/history tests/leader tests/rpc \
+  tests/test_layout.py tests/test_design_citations.py
 unit: $(STAMP) browser nettools
 	@status=0; \
 	echo "$(BIN)/pytest -n $(UNIT_WORKERS) --dist loadfile --durations=60 $(UNIT_PARALLEL)"; \
