@@ -8,7 +8,7 @@ import click
 from synapse_ha.cli import render_cluster
 from synapse_ha.cli.app import Settings, emit, output_option, with_settings
 from synapse_ha.cli.cluster_ops import add_cluster_commands
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.client.replicas import cluster_status
 
 # ------------------------------------------------------------------------- cluster
 
@@ -30,12 +30,7 @@ def cluster(settings: Settings) -> None:
     """
     if click.get_current_context().invoked_subcommand is not None:
         return
-    client = settings.client()
-    request = pb.GetClusterStatusRequest()
-    answer: pb.GetClusterStatusResponse = client.call(
-        "GetClusterStatus", lambda a, t: client.scheduler(a).GetClusterStatus(request, timeout=t)
-    )
-    document = render_cluster.cluster_document(answer)
+    document = render_cluster.cluster_document(cluster_status(settings.client()))
     emit(settings, document, lambda: render_cluster.cluster_table(document))
 
 

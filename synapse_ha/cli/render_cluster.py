@@ -8,15 +8,14 @@ from typing import Any
 
 from synapse_ha.cli.render import Document, table
 from synapse_ha.cli.terminal import terminal_safe
-from synapse_ha.rpc import states
-from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.client.replicas import ClusterStatus
 
 
-def cluster_document(status: pb.GetClusterStatusResponse) -> Document:
+def cluster_document(status: ClusterStatus) -> Document:
     replicas = [
         {
             "id": r.replica_id,
-            "role": states.shown_replica_role(r),
+            "role": r.role,
             "term": r.term,
             "commit_index": r.commit_index,
             "last_applied": r.last_applied,

@@ -1,5 +1,6 @@
-"""The replica set as the client library hands it out to admins: the members after a
-membership change (:class:`ReplicaMember`) and what a backup was read from
+"""The replica set as the client library hands it out: each replica's status and the
+cluster's as a replica answered them (:class:`ClusterStatus`, ``synctl cluster``), the
+members after a membership change (:class:`ReplicaMember`) and what a backup was read from
 (:class:`SavedSnapshot`)."""
 
 from __future__ import annotations
@@ -7,7 +8,84 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    """One replica as it reported itself (``role`` as shown: ``leader``, ``follower``,
+    ...; ``error`` when it could not be asked)."""
+
+    replica_id: str
+    role: str
+    term: int
+    commit_index: int
+    last_applied: int
+    leader_id: str
+    healthy: bool
+    grpc_address: str
+    raft_address: str
+    error: str
+    format_version: int
+    metrics_url: str
+    dashboard_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """The cluster as the replica that answered (``answered_by``) sees it: the leader,
+    the counts of nodes and jobs, the format every replica reads, and every replica."""
+
+    leader_id: str
+    leader_address: str
+    answered_by: str
+    nodes: int
+    jobs: int
+    pending_jobs: int
+    running_jobs: int
+    format_floor: int
+    replicas: tuple[ReplicaStatus, ...]
+
+
+def status_from_proto(msg: pb.GetClusterStatusResponse) -> ClusterStatus:
+    return ClusterStatus(
+        leader_id=msg.leader_id,
+        leader_address=msg.leader_address,
+        answered_by=msg.answered_by,
+        nodes=msg.nodes,
+        jobs=msg.jobs,
+        pending_jobs=msg.pending_jobs,
+        running_jobs=msg.running_jobs,
+        format_floor=msg.format_floor,
+        replicas=tuple(
+            ReplicaStatus(
+                replica_id=r.replica_id,
+                role=states.shown_replica_role(r),
+                term=r.term,
+                commit_index=r.commit_index,
+                last_applied=r.last_applied,
+                leader_id=r.leader_id,
+                healthy=r.healthy,
+                grpc_address=r.grpc_address,
+                raft_address=r.raft_address,
+                error=r.error,
+                format_version=r.format_version,
+                metrics_url=r.metrics_url,
+                dashboard_url=r.dashboard_url,
+            )
+            for r in msg.replicas
+        ),
+    )
+
+
+def cluster_status(client: ClusterClient) -> ClusterStatus:
+    """Any replica's view of the cluster (no leader needed)."""
+    request = pb.GetClusterStatusRequest()
+    answer: pb.GetClusterStatusResponse = client.call(
+        "GetClusterStatus", lambda a, t: client.scheduler(a).GetClusterStatus(request, timeout=t)
+    )
+    return status_from_proto(answer)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from synapse_ha.cli import (
 )
 from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.client.nodes import node_from_proto
-from synapse_ha.client.replicas import members_from_proto
+from synapse_ha.client.replicas import members_from_proto, status_from_proto
 from synapse_ha.client.tokens import token_from_proto
 from synapse_ha.rpc import readable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -222,17 +222,17 @@ def test_the_cluster_is_healthy_with_a_leader_and_a_healthy_majority() -> None:
         pb.ReplicaStatus(replica_id="c", role="unreachable", healthy=False, error="refused"),
     ]
     status = pb.GetClusterStatusResponse(answered_by="b", leader_id="a", replicas=replicas)
-    doc = render_cluster.cluster_document(status)
+    doc = render_cluster.cluster_document(status_from_proto(status))
     assert doc["healthy"] is True
     assert [r["id"] for r in doc["replicas"]] == ["a", "b", "c"]
     assert "refused" in render_cluster.cluster_table(doc)
     del replicas[1]
     lonely = pb.GetClusterStatusResponse(answered_by="a", leader_id="a", replicas=replicas)
-    assert render_cluster.cluster_document(lonely)["healthy"] is False
+    assert render_cluster.cluster_document(status_from_proto(lonely))["healthy"] is False
     no_leader = pb.GetClusterStatusResponse(answered_by="b", replicas=replicas)
-    assert render_cluster.cluster_table(render_cluster.cluster_document(no_leader)).startswith(
-        "health:  UNHEALTHY\nleader:  none"
-    )
+    assert render_cluster.cluster_table(
+        render_cluster.cluster_document(status_from_proto(no_leader))
+    ).startswith("health:  UNHEALTHY\nleader:  none")
 
 
 def test_quantities_and_durations_read_well() -> None:

@@ -14,6 +14,7 @@ from synapse_ha.cli.logs import MAX_LINE_BYTES, LinePrinter
 from synapse_ha.client.history import event_from_proto, finished_job_from_proto
 from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.client.nodes import node_from_proto
+from synapse_ha.client.replicas import status_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 # Retitle the window, clear the screen, return to the line start and overwrite it,
@@ -105,7 +106,9 @@ def test_node_and_cluster_tables_escape_what_nodes_and_replicas_report() -> None
         leader_id="r1\x1b[2J",
         replicas=[pb.ReplicaStatus(replica_id="r1", role="leader", error=HOSTILE)],
     )
-    cluster = render_cluster.cluster_table(render_cluster.cluster_document(status))
+    cluster = render_cluster.cluster_table(
+        render_cluster.cluster_document(status_from_proto(status))
+    )
     assert_inert(cluster)
     assert ESCAPED in cluster and "r1\\x1b[2J" in cluster
 

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from synapse_ha.cli.render_cluster import cluster_document, cluster_table
+from synapse_ha.client.replicas import status_from_proto
 from synapse_ha.observe.dashboard import COOKIE, LEGACY_TOKEN_COOKIE, LOGIN_COOKIE, Dashboard
 from synapse_ha.observe.http import ObserveServer, Request, Response
 from synapse_ha.observe.page_kit import SCRIPT
@@ -301,7 +302,7 @@ def _registry():  # type: ignore[no-untyped-def]
 
 
 def test_synctl_cluster_shows_each_replicas_urls() -> None:
-    doc = cluster_document(status())
+    doc = cluster_document(status_from_proto(status()))
     assert doc["replicas"][1]["dashboard_url"] == "https://127.0.0.1:9001/"
     text = cluster_table(doc)
     assert "DASHBOARD" in text and "https://127.0.0.1:9002/metrics" in text
