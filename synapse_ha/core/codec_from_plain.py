@@ -145,20 +145,8 @@ def _lazy(tp: Any) -> typing.Callable[[], _Decoder]:
 
 
 def _tuple_decoder(args: tuple[Any, ...]) -> _Decoder:
-    if len(args) == 2 and args[1] is Ellipsis:
-        item = args[0]
-        lazy_item = _lazy(item)
-
-        def decode_items(data: Any, path: str) -> Any:
-            _expect(data, list, path)
-            each = lazy_item()
-            try:
-                return tuple([each(v, path) for v in data])
-            except CodecError:
-                return tuple([each(v, f"{path}[{i}]") for i, v in enumerate(data)])
-
-        return decode_items
-
+    if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: a collection of X
+        return _collection_decoder(tuple, args[0])
     found: list[tuple[_Decoder, ...]] = []  # the items' decoders, looked up on first use
 
     def decode_fixed(data: Any, path: str) -> Any:

@@ -263,26 +263,26 @@ def _check(
                 best,
                 lambda r: _best_domain(summary, shapes, _slots_of(shapes, r, n), level, n),
             )
-            if single:
-                need, have = f"needs {n} nodes with {what}", f"the largest {level} has {best}"
-            else:
-                need, have = (
-                    f"needs room for {n} members of {what}",
-                    f"the roomiest {level} holds {best}",
-                )
-            return Shortfall("topology.required", f"{need} in one {level}", have + among)
+            have = (
+                f"the largest {level} has {best}"
+                if single
+                else f"the roomiest {level} holds {best}"
+            )
+            return Shortfall(
+                "topology.required", f"{_needs(n, what, single)} in one {level}", have + among
+            )
     total = _total(shapes, slots)
     if total < n:
         what = _binding(req, total, lambda r: _total(shapes, _slots_of(shapes, r, n)))
-        if single:
-            need, have = f"needs {n} nodes with {what}", f"the cluster has {total}"
-        else:
-            need, have = (
-                f"needs room for {n} members of {what}",
-                f"the cluster's nodes hold {total}",
-            )
-        return Shortfall("replicas", need, have + among)
+        have = f"the cluster has {total}" if single else f"the cluster's nodes hold {total}"
+        return Shortfall("replicas", _needs(n, what, single), have + among)
     return None
+
+
+def _needs(n: int, what: str, single: bool) -> str:
+    """What a gang of ``n`` members of ``what`` needs: nodes when each node holds one
+    member at most (``single``), else room for its members."""
+    return f"needs {n} nodes with {what}" if single else f"needs room for {n} members of {what}"
 
 
 def _total(shapes: dict[Shape, int], slots: dict[Shape, int]) -> int:

@@ -21,7 +21,7 @@ All arithmetic is on integers; iteration is in queue-name order.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from synapse_ha.core.cluster_config import (
     DEFAULT_GRACE_MS,
@@ -104,16 +104,12 @@ class QuotaShortfall:
     need: int
 
     def reason(self) -> Reason:
-        return reason(
-            ReasonCode.WAITING_QUOTA,
-            queue=self.queue,
-            resource=self.resource if self.resource != "gpu" else None,
-            used=self.used,
-            nominal=self.nominal,
-            borrowing_limit=self.borrowing_limit,
-            borrowable=self.borrowable,
-            need=self.need,
-        )
+        """``WAITING_QUOTA`` with a parameter per field (``resource`` named only when it
+        is not GPUs)."""
+        params = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.resource == "gpu":
+            params["resource"] = None
+        return reason(ReasonCode.WAITING_QUOTA, **params)
 
 
 class QueueUsage:

@@ -55,6 +55,14 @@ def test_a_required_rack_larger_than_any_rack_is_refused() -> None:
     assert four_nodes().submit(job("rack2", replicas=2, gpu=8, required="rack"))
 
 
+def test_a_gang_of_several_members_a_node_is_refused_with_the_room_for_members() -> None:
+    cl = four_nodes()
+    message = refusal(cl, job("many", replicas=40, gpu=1))
+    assert "needs room for 40 members of 1 GPU; the cluster's nodes hold 32" in message
+    message = refusal(cl, job("rack", replicas=20, gpu=1, required="rack"))
+    assert "needs room for 20 members of 1 GPU in one rack; the roomiest rack holds 16" in message
+
+
 def test_cpu_and_memory_no_node_has_are_refused() -> None:
     cl = four_nodes()
     assert "no node has 100 CPUs; the largest has 64" in refusal(cl, job("cpu", cpu=100))

@@ -12,6 +12,7 @@ from synapse_ha.core.cluster_config import (
 )
 from synapse_ha.core.fairshare import add_usage, decay, share
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus, Resources
+from synapse_ha.core.quota import QuotaShortfall
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.pass_preemptions import CLAIM_WINDOW_MS
 from tests.core.harness import Cluster, job, node
@@ -73,6 +74,28 @@ def test_a_gang_beyond_its_quota_waits_with_a_reason_naming_the_limit() -> None:
         "queue team-a uses 16/16 GPUs, borrowing limit 0, 0 idle GPU(s) of its cohort to "
         "borrow; this gang needs 8"
     )
+
+
+def test_a_quota_shortfall_reason_names_its_resource_unless_gpus() -> None:
+    cpu = QuotaShortfall("q", "cpu_milli", 4000, 4000, None, 0, 1000).reason()
+    assert cpu.code is ReasonCode.WAITING_QUOTA
+    assert cpu.params == (
+        ("borrowable", 0),
+        ("need", 1000),
+        ("nominal", 4000),
+        ("queue", "q"),
+        ("resource", "cpu_milli"),
+        ("used", 4000),
+    )
+    gpu = QuotaShortfall("q", "gpu", 8, 8, 2, 1, 4).reason()
+    assert dict(gpu.params) == {
+        "borrowable": 1,
+        "borrowing_limit": 2,
+        "need": 4,
+        "nominal": 8,
+        "queue": "q",
+        "used": 8,
+    }
 
 
 def test_a_queue_borrows_idle_cohort_quota_up_to_its_borrowing_limit() -> None:
