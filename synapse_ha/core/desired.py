@@ -12,7 +12,7 @@ the worker imports it without the state machine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from synapse_ha.core.model import JobSpec, Resources
@@ -63,19 +63,20 @@ class LaunchSpec:
 
     @classmethod
     def of(cls, spec: JobSpec) -> LaunchSpec:
+        """The launch part of ``spec``: every field of the same name in both, and its
+        hang detection (``spec.progress``) as the two ``progress_*`` fields."""
+        progress = spec.progress
         return cls(
-            command=spec.command,
-            shell=spec.shell,
-            env=spec.env,
-            workdir=spec.workdir,
-            time_limit_ms=spec.time_limit_ms,
-            image=spec.image,
-            resources=spec.resources,
-            progress_timeout_ms=spec.progress.timeout_ms if spec.progress else 0,
-            progress_source=spec.progress.source if spec.progress else "",
-            prestart=spec.prestart,
-            stop_grace_ms=spec.stop_grace_ms,
+            **{name: getattr(spec, name) for name in _FROM_JOB_SPEC},
+            progress_timeout_ms=progress.timeout_ms if progress else 0,
+            progress_source=progress.source if progress else "",
         )
+
+
+# The fields a launch spec copies from the job spec as they are.
+_FROM_JOB_SPEC = tuple(
+    f.name for f in fields(LaunchSpec) if f.name in {g.name for g in fields(JobSpec)}
+)
 
 
 @dataclass(frozen=True, slots=True)
