@@ -33,15 +33,24 @@ from synapse_ha.raft.replica import RaftReplica, RaftTiming
 from synapse_ha.security.bundle import new_raft_password
 from tests.integration.cluster import PASSWORD
 
+# Random keys drawn at import: each has a fixed id, so that every xdist worker collects
+# the same tests.
 STRONG = [
-    base64.b64encode(secrets.token_bytes(32)).decode(),  # openssl rand -base64 32
-    base64.b64encode(secrets.token_bytes(48)).decode().rstrip("="),
-    secrets.token_hex(32),  # openssl rand -hex 32
-    secrets.token_hex(32).upper(),
-    secrets.token_urlsafe(32),
-    PASSWORD,
+    # openssl rand -base64 32
+    pytest.param(base64.b64encode(secrets.token_bytes(32)).decode(), id="base64-32"),
+    pytest.param(
+        base64.b64encode(secrets.token_bytes(48)).decode().rstrip("="), id="base64-48-unpadded"
+    ),
+    # openssl rand -hex 32
+    pytest.param(secrets.token_hex(32), id="hex-32"),
+    pytest.param(secrets.token_hex(32).upper(), id="hex-32-upper"),
+    pytest.param(secrets.token_urlsafe(32), id="urlsafe-32"),
+    pytest.param(PASSWORD, id="test-password"),
     # openssl rand -base64 64: two lines of base64
-    "\n".join((lambda t: [t[:64], t[64:]])(base64.b64encode(secrets.token_bytes(64)).decode())),
+    pytest.param(
+        "\n".join((lambda t: [t[:64], t[64:]])(base64.b64encode(secrets.token_bytes(64)).decode())),
+        id="base64-64-two-lines",
+    ),
 ]
 
 
@@ -62,9 +71,13 @@ def test_generated_passwords_pass() -> None:
         ("integration-test-password", "neither base64 nor hex"),
         ("example-raft-passwords", "holds 16 bytes"),
         ("correct horse battery staple", "neither base64 nor hex"),
-        (base64.b64encode(secrets.token_bytes(31)).decode(), "holds 31 bytes"),
-        (secrets.token_hex(31), "holds 31 bytes"),
-        (secrets.token_hex(32)[:-1], "neither base64 nor hex"),  # an odd number of digits
+        pytest.param(
+            base64.b64encode(secrets.token_bytes(31)).decode(), "holds 31 bytes", id="base64-31"
+        ),
+        pytest.param(secrets.token_hex(31), "holds 31 bytes", id="hex-31"),
+        pytest.param(  # an odd number of digits
+            secrets.token_hex(32)[:-1], "neither base64 nor hex", id="hex-63-digits"
+        ),
         ("a" * 44, "holds 22 bytes"),  # hex digits only: read as hex
         ("Z" * 44, "take only 3 distinct values"),
         ("ab" * 32, "take only 1 distinct values"),  # hex: 0xab, 32 times
