@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
 from synapse_ha.core.quota import gang_request
-from synapse_ha.sim.engine import GRACE_MS, AfterOkRun, Run, build_cluster
+from synapse_ha.sim.engine import GRACE_MS, AfterOkRun, Pacing, Run, build_cluster
 from synapse_ha.sim.fairness import jain
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import PASS_INTERVAL_MS
@@ -212,7 +212,7 @@ def diagnose(seed: int, hours: float, hosts: int) -> dict[str, Any]:
     state = build_cluster(workload, config)
     run_type = AfterOkRun if any(j.after_ok for j in workload.jobs) else Run
     assert run_type is Run, "the multi-tenant workload has no dependencies"
-    run = DiagnosedRun(workload, Ours(), state, GRACE_MS, PASS_INTERVAL_MS, 500)
+    run = DiagnosedRun(workload, Ours(), state, Pacing(GRACE_MS, PASS_INTERVAL_MS))
     run.run()
     out = run.diagnosis()
     assert run.meter is not None

@@ -37,6 +37,18 @@ SIGTERM_EXIT = 143  # the exit code a member stopped by SIGTERM reports
 MS_PER_HOUR = 3_600_000
 
 
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """How the simulated leader paces its work. ``grace_ms``: how long a preempted gang
+    takes to stop. ``pass_interval_ms``: 0 plans at every instant something happened
+    (and at the policy's wake time); otherwise passes run only at multiples of it.
+    ``purge_every``: finished jobs are purged after every that many applied events."""
+
+    grace_ms: int = GRACE_MS
+    pass_interval_ms: int = 0
+    purge_every: int = 500
+
+
 @dataclass(slots=True)
 class Result:
     policy: str
@@ -80,7 +92,7 @@ def simulate(
         workload = workload.without_topology()
     state = build_cluster(workload, config or ClusterConfig(retention_ms=0))
     run_type = AfterOkRun if any(j.after_ok for j in workload.jobs) else Run
-    run = run_type(workload, policy, state, grace_ms, pass_interval_ms, purge_every)
+    run = run_type(workload, policy, state, Pacing(grace_ms, pass_interval_ms, purge_every))
     wall_start = time.perf_counter()
     run.run()
     return run.result(time.perf_counter() - wall_start)
@@ -117,20 +129,12 @@ class Run:
     """
 
     def __init__(
-        self,
-        workload: Workload,
-        policy: Policy,
-        state: ClusterState,
-        grace_ms: int,
-        pass_interval_ms: int,
-        purge_every: int,
+        self, workload: Workload, policy: Policy, state: ClusterState, pacing: Pacing
     ) -> None:
         self.workload = workload
         self.policy = policy
         self.state = state
-        self.grace_ms = grace_ms
-        self.pass_interval_ms = pass_interval_ms
-        self.purge_every = purge_every
+        self.pacing = pacing
         self.total_gpus = workload.total_gpus
         self.layout = RackLayout(workload.nodes)
         self.events: list[tuple[int, int, int, str]] = []
@@ -176,7 +180,7 @@ class Run:
             self._apply_events()
             if self.pending:
                 self._pass_or_wait(pending_count)
-            if self.applied % self.purge_every == 0:
+            if self.applied % self.pacing.purge_every == 0:
                 apply(self.state, c.PurgeFinished(now))
             self._observe(pending_count)
 
@@ -295,7 +299,7 @@ class Run:
 
     def _pass_or_wait(self, pending_count: int) -> None:
         """Plan now, or, off the pass period, at its next multiple."""
-        interval, now = self.pass_interval_ms, self.now
+        interval, now = self.pacing.pass_interval_ms, self.now
         if interval > 0 and now % interval != 0:
             self._wake_at(now - now % interval + interval)
         else:
@@ -424,7 +428,7 @@ class Run:
             rec.preempting_since_ms = now
         for victim in victims:
             tally.victims_by_kind[str(preempt.kind)] += 1
-            self._push(now + self.grace_ms, STOP, f"{victim.job_id}@{victim.fencing_token}")
+            self._push(now + self.pacing.grace_ms, STOP, f"{victim.job_id}@{victim.fencing_token}")
 
     def _observe(self, pending_count: int) -> None:
         """Record the instant's allocation and queue length, and the queues' shares."""

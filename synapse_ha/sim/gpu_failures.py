@@ -53,7 +53,15 @@ from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.health import GpuFault
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, Job, JobState, NodeStatus
-from synapse_ha.sim.engine import GRACE_MS, LAST_KIND, Result, Run, build_cluster, report_all
+from synapse_ha.sim.engine import (
+    GRACE_MS,
+    LAST_KIND,
+    Pacing,
+    Result,
+    Run,
+    build_cluster,
+    report_all,
+)
 from synapse_ha.sim.fairness import summary
 from synapse_ha.sim.policies import Ours, Policy
 from synapse_ha.sim.workload import Workload
@@ -150,12 +158,10 @@ class FaultRun(Run):
         state: ClusterState,
         model: FailureModel,
         fault_policy: FaultPolicy,
-        grace_ms: int = GRACE_MS,
-        pass_interval_ms: int = 0,
-        purge_every: int = 500,
+        pacing: Pacing | None = None,
         scripted: tuple[tuple[int, str, int], ...] | None = None,
     ) -> None:
-        super().__init__(workload, policy, state, grace_ms, pass_interval_ms, purge_every)
+        super().__init__(workload, policy, state, pacing or Pacing())
         self.model = model
         self.fault_policy = fault_policy
         self.aware = fault_policy is FaultPolicy.HEALTH_AWARE
@@ -482,8 +488,7 @@ def fault_run(
         state,
         model,
         fault_policy,
-        grace_ms,
-        pass_interval_ms,
+        Pacing(grace_ms, pass_interval_ms),
         scripted=scripted,
     )
 

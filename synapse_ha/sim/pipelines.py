@@ -21,7 +21,7 @@ from typing import Any
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import JobSpec, JobState, Resources
-from synapse_ha.sim.engine import ARRIVE, GRACE_MS, Run, build_cluster
+from synapse_ha.sim.engine import ARRIVE, Pacing, Run, build_cluster
 from synapse_ha.sim.fairness import summary
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.workload import SimJob, Workload, gang_spec, synthetic_cluster
@@ -172,7 +172,7 @@ def run_pipelines(workload: Workload, config: ClusterConfig | None = None,
     out: dict[str, Any] = {"workload": workload.notes, "poll_s": POLL_MS / 1000}
     for mode in MODES:
         state = build_cluster(workload, config or ClusterConfig(retention_ms=0))
-        run = PipelineRun(workload, Ours(), state, GRACE_MS, pass_interval_ms, 500,
+        run = PipelineRun(workload, Ours(), state, Pacing(pass_interval_ms=pass_interval_ms),
                           orchestrated=mode == "orchestrator")  # fmt: skip
         run.run()
         result = run.result(0.0)

@@ -10,7 +10,7 @@ import pytest
 
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.cli import main
-from synapse_ha.sim.engine import GRACE_MS, build_cluster
+from synapse_ha.sim.engine import GRACE_MS, Pacing, build_cluster
 from synapse_ha.sim.pipelines import POLL_MS, PipelineRun, pipeline_workload, pipelines_of
 from synapse_ha.sim.policies import Ours
 
@@ -18,7 +18,9 @@ from synapse_ha.sim.policies import Ours
 def run(orchestrated: bool) -> PipelineRun:
     workload = pipeline_workload(seed=2, hours=1.5, nodes=8)
     state = build_cluster(workload, ClusterConfig(retention_ms=0))
-    pipeline = PipelineRun(workload, Ours(), state, GRACE_MS, 500, 500, orchestrated=orchestrated)
+    pipeline = PipelineRun(
+        workload, Ours(), state, Pacing(GRACE_MS, 500), orchestrated=orchestrated
+    )
     pipeline.run()
     return pipeline
 

@@ -14,7 +14,7 @@ from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
 from synapse_ha.core.commands import BindPlan, Preempt, Victim
 from synapse_ha.core.model import ClusterState
 from synapse_ha.sim.cli import main
-from synapse_ha.sim.engine import GRACE_MS, MARK, Run, build_cluster, simulate
+from synapse_ha.sim.engine import GRACE_MS, MARK, Pacing, Run, build_cluster, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import report, run_modes, table
 from synapse_ha.sim.tenants import Tenant, from_trace, heavy_tailed, multi_tenant
@@ -105,7 +105,7 @@ class _MarksSeen(Run):
 
 
 def _run(w: Workload, policy: Ours, grace_ms: int = GRACE_MS) -> _MarksSeen:
-    run = _MarksSeen(w, policy, build_cluster(w, ClusterConfig(retention_ms=0)), grace_ms, 0, 500)
+    run = _MarksSeen(w, policy, build_cluster(w, ClusterConfig(retention_ms=0)), Pacing(grace_ms))
     run.run()
     return run
 
@@ -151,7 +151,7 @@ def test_marks_are_queued_one_at_a_time_however_short_the_interval() -> None:
             super()._mark(key)
             self.most = max(self.most, sum(1 for e in self.events if e[2] == MARK))
 
-    run = Counting(w, Ours(), build_cluster(w, ClusterConfig(retention_ms=0)), GRACE_MS, 0, 500)
+    run = Counting(w, Ours(), build_cluster(w, ClusterConfig(retention_ms=0)), Pacing())
     run.run()
     assert run.tally.marks == 2 * 7_199
     assert run.most == 2

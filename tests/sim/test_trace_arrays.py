@@ -11,7 +11,7 @@ import pytest
 
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.cli import main
-from synapse_ha.sim.engine import GRACE_MS, AfterOkRun, build_cluster, simulate
+from synapse_ha.sim.engine import GRACE_MS, AfterOkRun, Pacing, build_cluster, simulate
 from synapse_ha.sim.metrics import JobRecord
 from synapse_ha.sim.policies import POLICIES, Ours
 from synapse_ha.sim.tenants import from_trace
@@ -33,7 +33,7 @@ def _workload(text: str, nodes: int = 4) -> Workload:
 
 def _replay(workload: Workload, purge_every: int = 500) -> AfterOkRun:
     state = build_cluster(workload, ClusterConfig(retention_ms=0))
-    run = AfterOkRun(workload, Ours(), state, GRACE_MS, 500, purge_every)
+    run = AfterOkRun(workload, Ours(), state, Pacing(GRACE_MS, 500, purge_every))
     run.run()
     return run
 
