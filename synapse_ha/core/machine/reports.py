@@ -23,7 +23,15 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.model import Attempt, AttemptState, ClusterState, Job, JobState, MemberState
+from synapse_ha.core.model import (
+    Attempt,
+    AttemptState,
+    ClusterState,
+    Job,
+    JobState,
+    MemberState,
+    MemberStatus,
+)
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 
 
@@ -85,10 +93,7 @@ def _preempted_member_exited(
     """A member of a preempted attempt exited: that confirms it stopped, never the
     job's failure; once all have, the attempt ends (in success when all exited 0 by
     themselves before the preemption reached them)."""
-    status = attempt.member_status[event.rank]
-    status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
-    status.exit_code = _preempted_exit_code(event)
-    status.finished_at_ms = now
+    _exited(attempt.member_status[event.rank], _preempted_exit_code(event), now)
     if all(s.state is MemberState.EXITED for s in attempt.member_status):
         if attempt.state is AttemptState.RUNNING and all(
             s.exit_code == 0 for s in attempt.member_status
@@ -127,9 +132,7 @@ def _live_member_event(
         if state.format_floor < _RAN_RESETS_FORMAT:
             started_here(state, c.node_id)
         return
-    status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
-    status.exit_code = event.exit_code
-    status.finished_at_ms = now
+    _exited(status, event.exit_code, now)
     if state.format_floor >= _RAN_RESETS_FORMAT and event.cause in _PROGRAM_RAN:
         started_here(state, c.node_id)
     if event.cause is not cmd.ExitCause.PROGRAM or event.exit_code != 0:
@@ -139,21 +142,25 @@ def _live_member_event(
         end_attempt_for(state, job, outcome, c.jitter_seed, now)
         touched.update(m.node_id for m in attempt.members)
     elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
-        end_attempt(
-            state,
-            job,
-            lc.AttemptEvent.SUCCEED,
-            reason(ReasonCode.ALL_EXITED_ZERO, members=len(attempt.members)),
-            now,
-        )
-        finish(
-            state,
-            job,
-            lc.JobEvent.SUCCEED,
-            reason(ReasonCode.SUCCEEDED, members=len(attempt.members)),
-            now,
+        _succeed(
+            state, job, attempt, reason(ReasonCode.SUCCEEDED, members=len(attempt.members)), now
         )
         touched.update(m.node_id for m in attempt.members)
+
+
+def _exited(status: MemberStatus, exit_code: int, now: int) -> None:
+    """A member's exit, with its code, recorded at ``now``."""
+    status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
+    status.exit_code = exit_code
+    status.finished_at_ms = now
+
+
+def _succeed(state: ClusterState, job: Job, attempt: Attempt, why: Reason, now: int) -> None:
+    """Every member of ``attempt``, the job's live one, exited 0: the attempt succeeds,
+    and the job with ``why``."""
+    outcome = reason(ReasonCode.ALL_EXITED_ZERO, members=len(attempt.members))
+    end_attempt(state, job, lc.AttemptEvent.SUCCEED, outcome, now)
+    finish(state, job, lc.JobEvent.SUCCEED, why, now)
 
 
 # From format 3 a node's run of start failures ends when a member's program ran there to
@@ -206,26 +213,13 @@ def _succeed_before_preemption(job: Job, attempt: Attempt, now: int, state: Clus
     the preemption reached it (its exits were reported after the preemption was decided).
     The job succeeds instead of running again; the preemptor gets the GPUs as it would
     have, once the next pass places it."""
-    members = len(attempt.members)
-    end_attempt(
-        state,
-        job,
-        lc.AttemptEvent.SUCCEED,
-        reason(ReasonCode.ALL_EXITED_ZERO, members=members),
-        now,
+    why = reason(
+        ReasonCode.SUCCEEDED_BEFORE_PREEMPTION,
+        attempt=attempt.number,
+        members=len(attempt.members),
+        preemptor=attempt.preempted_by,
     )
-    finish(
-        state,
-        job,
-        lc.JobEvent.SUCCEED,
-        reason(
-            ReasonCode.SUCCEEDED_BEFORE_PREEMPTION,
-            attempt=attempt.number,
-            members=members,
-            preemptor=attempt.preempted_by,
-        ),
-        now,
-    )
+    _succeed(state, job, attempt, why, now)
 
 
 def _confirm_stopped(
@@ -245,9 +239,7 @@ def _confirm_stopped(
         return False
     status = attempt.member_status[event.rank]
     if status.state is not MemberState.EXITED:
-        status.state = move(MEMBER, status.state, lc.MemberEvent.EXIT)
-        status.exit_code = event.exit_code
-        status.finished_at_ms = now
+        _exited(status, event.exit_code, now)
     release_held(state, job, event.rank)
     return True
 
