@@ -392,7 +392,7 @@ class Dashboard:
                 self._forget(token)
             return self._login_page(request, 401, _describe(exc))
         session = self.sessions.open(token)
-        max_age = self.sessions.ttl_ms // 1000
+        max_age = self.sessions.limits.ttl_ms // 1000
         headers = (
             ("Location", "/"),
             (

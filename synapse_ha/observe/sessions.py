@@ -42,29 +42,34 @@ class Session:
         return token_label(self.token)
 
 
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """How long a session lives (``ttl_ms`` from sign-in, ``idle_ms`` without a
+    request) and how many live at once (``max_sessions`` on the replica, ``per_token``
+    of one token)."""
+
+    ttl_ms: int = SESSION_TTL_MS
+    idle_ms: int = SESSION_IDLE_MS
+    max_sessions: int = MAX_SESSIONS
+    per_token: int = MAX_SESSIONS_PER_TOKEN
+
+
+DEFAULT_LIMITS = SessionLimits()
+
+
 class Sessions:
     """Signed-in browsers on this replica: a random id (the cookie) → the viewer's token.
 
     A session ends at :meth:`close` (sign-out), :meth:`close_token` (the API refused the
-    token), ``idle_ms`` after its last request, or ``ttl_ms`` after it was opened, by
-    ``clock_ms``. At most ``max_sessions`` live (opening one more closes the least
-    recently used) and at most ``per_token`` per token (opening one more closes that
-    token's oldest), so one credential signing in again and again cannot push out the
-    sessions of others. Thread-safe."""
+    token), ``limits.idle_ms`` after its last request, or ``limits.ttl_ms`` after it was
+    opened, by ``clock_ms``. At most ``limits.max_sessions`` live (opening one more
+    closes the least recently used) and at most ``limits.per_token`` per token (opening
+    one more closes that token's oldest), so one credential signing in again and again
+    cannot push out the sessions of others. Thread-safe."""
 
-    def __init__(
-        self,
-        clock_ms: Callable[[], int],
-        ttl_ms: int = SESSION_TTL_MS,
-        idle_ms: int = SESSION_IDLE_MS,
-        max_sessions: int = MAX_SESSIONS,
-        per_token: int = MAX_SESSIONS_PER_TOKEN,
-    ) -> None:
+    def __init__(self, clock_ms: Callable[[], int], limits: SessionLimits = DEFAULT_LIMITS) -> None:
         self._clock_ms = clock_ms
-        self.ttl_ms = ttl_ms
-        self.idle_ms = idle_ms
-        self._max = max_sessions
-        self._per_token = per_token
+        self.limits = limits
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
 
@@ -78,10 +83,10 @@ class Sessions:
         with self._lock:
             same = [s for s in self._sessions.values() if s.token == token]
             for old in sorted(same, key=lambda s: s.created_ms)[
-                : max(0, len(same) - self._per_token + 1)
+                : max(0, len(same) - self.limits.per_token + 1)
             ]:
                 del self._sessions[old.session_id]
-            while len(self._sessions) >= self._max:
+            while len(self._sessions) >= self.limits.max_sessions:
                 self._sessions.popitem(last=False)
             self._sessions[session.session_id] = session
         return session
@@ -94,7 +99,8 @@ class Sessions:
             session = self._sessions.get(session_id)
             if session is None:
                 return None
-            if now - session.seen_ms >= self.idle_ms or now - session.created_ms >= self.ttl_ms:
+            limits = self.limits
+            if now - session.seen_ms >= limits.idle_ms or now - session.created_ms >= limits.ttl_ms:
                 del self._sessions[session_id]
                 return None
             session.seen_ms = now

@@ -20,7 +20,7 @@ from synapse_ha.observe.pages import (
     render_overview,
     render_queue,
 )
-from synapse_ha.observe.sessions import Sessions
+from synapse_ha.observe.sessions import SessionLimits, Sessions
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import Transport
@@ -204,7 +204,9 @@ def test_the_sign_in_form_refuses_forgeries_before_any_api_call(tmp_path: Path) 
 
 def test_sessions_expire_idle_and_at_their_lifetime_and_are_bounded() -> None:
     clock = FakeClock()
-    sessions = Sessions(clock, ttl_ms=10_000, idle_ms=3_000, max_sessions=4, per_token=2)
+    sessions = Sessions(
+        clock, SessionLimits(ttl_ms=10_000, idle_ms=3_000, max_sessions=4, per_token=2)
+    )
     a = sessions.open("syn_aaaaaaaaaaaa_x")
     assert a.session_id != a.token and a.token not in a.session_id
     for _ in range(3):  # in use every 2 s: alive until its lifetime ends

@@ -30,7 +30,7 @@ import pytest
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.observe.dashboard import COOKIE, LOGIN_COOKIE, Dashboard
 from synapse_ha.observe.http import CONTENT_SECURITY_POLICY, ObserveServer
-from synapse_ha.observe.sessions import Sessions
+from synapse_ha.observe.sessions import SessionLimits, Sessions
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import Transport
@@ -377,7 +377,7 @@ def dashboard_on_a_fake_clock(site: Site) -> Iterator[tuple[Browser, FakeClock, 
     from prometheus_client import CollectorRegistry
 
     clock = FakeClock(1_800_000_000_000)
-    sessions = Sessions(clock, ttl_ms=3_600_000, idle_ms=600_000)
+    sessions = Sessions(clock, SessionLimits(ttl_ms=3_600_000, idle_ms=600_000))
     app = Dashboard(
         site.cluster.grpc_addresses,
         Transport(site.credentials.client_tls()),
@@ -405,19 +405,19 @@ def test_a_session_expires_idle_and_at_its_lifetime(
     browser, clock, sessions = dashboard_on_a_fake_clock
     assert browser.sign_in(site.credentials.admin_token).status == 303
     stolen = browser.jar[COOKIE]
-    clock.now_ms += sessions.idle_ms - 1
+    clock.now_ms += sessions.limits.idle_ms - 1
     assert browser.sees_the_cluster()
-    clock.now_ms += sessions.idle_ms  # idle too long
+    clock.now_ms += sessions.limits.idle_ms  # idle too long
     expired = browser.request("GET", "/")
     assert expired.status == 303 and expired.header("location") == "/login"
     assert COOKIE not in browser.jar and len(sessions) == 0  # cleared here, closed there
     # Kept busy, a session still ends at its lifetime.
     assert browser.sign_in(site.credentials.admin_token).status == 303
     busy = browser.jar[COOKIE]
-    for _ in range(sessions.ttl_ms // (sessions.idle_ms // 2) - 1):
-        clock.now_ms += sessions.idle_ms // 2
+    for _ in range(sessions.limits.ttl_ms // (sessions.limits.idle_ms // 2) - 1):
+        clock.now_ms += sessions.limits.idle_ms // 2
         assert browser.sees_the_cluster()
-    clock.now_ms += sessions.idle_ms // 2
+    clock.now_ms += sessions.limits.idle_ms // 2
     assert browser.request("GET", "/").status == 303
     # Replaying either old cookie opens nothing.
     for cookie in (stolen, busy):
