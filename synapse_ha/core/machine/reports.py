@@ -57,13 +57,7 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
             touched.add(c.node_id)
             continue
         attempt = job.live_attempt() if job is not None else None
-        if (
-            job is None
-            or attempt is None
-            or attempt.fencing_token != event.fencing_token
-            or not 0 <= event.rank < len(attempt.members)
-            or attempt.members[event.rank].node_id != c.node_id
-        ):
+        if job is None or attempt is None or not _is_member_of(attempt, event, c.node_id):
             stale += 1
             continue
         accepted += 1
@@ -146,6 +140,16 @@ def _live_member_event(
             state, job, attempt, reason(ReasonCode.SUCCEEDED, members=len(attempt.members)), now
         )
         touched.update(m.node_id for m in attempt.members)
+
+
+def _is_member_of(attempt: Attempt, event: cmd.MemberEvent, node_id: str) -> bool:
+    """Whether ``event`` is of a member of ``attempt`` (its fencing token, a rank it has)
+    placed on ``node_id``."""
+    return (
+        attempt.fencing_token == event.fencing_token
+        and 0 <= event.rank < len(attempt.members)
+        and attempt.members[event.rank].node_id == node_id
+    )
 
 
 def _exited(status: MemberStatus, exit_code: int, now: int) -> None:
@@ -232,9 +236,7 @@ def _confirm_stopped(
         attempt is None
         or attempt.ended_at_ms is None
         or event.kind is not cmd.MemberEventKind.EXITED
-        or attempt.fencing_token != event.fencing_token
-        or not 0 <= event.rank < len(attempt.members)
-        or attempt.members[event.rank].node_id != node_id
+        or not _is_member_of(attempt, event, node_id)
     ):
         return False
     status = attempt.member_status[event.rank]
