@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.cluster_config import Timeouts
 from synapse_ha.core.formats import held_back_config
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
@@ -54,7 +53,7 @@ from synapse_ha.core.scheduler import CapacityCache, IncrementalPlanner, Plan, s
 from synapse_ha.core.views import due_deadlines, due_start_timeouts, due_time_limits
 from synapse_ha.leader.in_flight import InFlight, propose_per_job
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
-from synapse_ha.leader.scheduling import SchedulingSettings
+from synapse_ha.leader.scheduling import DesiredSettings
 from synapse_ha.leader.silence import DEFAULT_SILENCE_HOLD, SilenceHold, hold_reason
 
 
@@ -155,17 +154,16 @@ class LeaderLoop:
         settings: LoopSettings | None = None,
         rng: random.Random | None = None,
         on_ready: Callable[[bool], None] | None = None,
-        desired_timeouts: Timeouts | None = None,
+        desired: DesiredSettings | None = None,
         timer: Callable[[], float] = time.perf_counter,
-        desired_locality_wait_ms: int | None = None,
         nudger: Nudger | None = None,
         wake: Callable[[], None] | None = None,
-        desired_scheduling: SchedulingSettings | None = None,
     ) -> None:
         """``wake`` is called (on another thread) when one of this loop's proposals
         settles, so the driver can step at once instead of at its next tick.
-        ``desired_scheduling``: priority classes, preemption mode and fair-share half-life
-        this replica is configured with, replicated like the timeouts."""
+        ``desired``: the timeouts, locality wait and scheduling settings this replica is
+        configured with, replicated when the cluster's configuration differs (dropped once
+        the cluster refuses them)."""
         self._state = state
         self._proposer = proposer
         self._liveness = liveness
@@ -173,9 +171,7 @@ class LeaderLoop:
         self._settings = settings or LoopSettings()
         self._rng = rng or random.Random()
         self._on_ready = on_ready
-        self._desired_timeouts = desired_timeouts
-        self._desired_locality_wait_ms = desired_locality_wait_ms
-        self._desired_scheduling = desired_scheduling
+        self._desired = desired
         self._timer = timer
         self._nudger = nudger
         self._wake = wake
@@ -350,13 +346,7 @@ class LeaderLoop:
     def _configure_cluster(self, state: ClusterState, now_ms: int) -> str:
         """Replicate this replica's configured timeouts and locality wait when the
         replicated configuration differs."""
-        wanted = state.config
-        if self._desired_timeouts is not None:
-            wanted = replace(wanted, timeouts=self._desired_timeouts)
-        if self._desired_locality_wait_ms is not None:
-            wanted = replace(wanted, locality_wait_ms=self._desired_locality_wait_ms)
-        if self._desired_scheduling is not None:
-            wanted = self._desired_scheduling.applied_to(wanted)
+        wanted = state.config if self._desired is None else self._desired.applied_to(state.config)
         # What not every replica reads yet waits for the format gate (core/formats.py).
         wanted = held_back_config(wanted, state.config, state.format_floor)
         if wanted == state.config:
@@ -368,9 +358,7 @@ class LeaderLoop:
             self._configure = None
             if result is not None and not result.ok:
                 # Refused: keep the replicated values.
-                self._desired_timeouts = None
-                self._desired_locality_wait_ms = None
-                self._desired_scheduling = None
+                self._desired = None
                 return self._note(f"the configured settings were refused: {result.message}")
         self._configure = self._start(cmd.Configure(config=wanted, now_ms=now_ms), now_ms)
         return "replicating the configured settings"

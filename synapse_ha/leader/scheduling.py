@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode, PriorityClass
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode, PriorityClass, Timeouts
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +47,24 @@ class SchedulingSettings:
             if f.name != "limits" and getattr(self, f.name) is not None
         }
         return replace(config, **given)
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredSettings:
+    """Everything a replica is configured with that its leader loop replicates: the
+    timeouts, the locality wait and the scheduling settings; None leaves the replicated
+    value as it is."""
+
+    timeouts: Timeouts | None = None
+    locality_wait_ms: int | None = None
+    scheduling: SchedulingSettings | None = None
+
+    def applied_to(self, config: ClusterConfig) -> ClusterConfig:
+        """``config`` with every setting given here in place of its own."""
+        if self.timeouts is not None:
+            config = replace(config, timeouts=self.timeouts)
+        if self.locality_wait_ms is not None:
+            config = replace(config, locality_wait_ms=self.locality_wait_ms)
+        if self.scheduling is not None:
+            config = self.scheduling.applied_to(config)
+        return config

@@ -27,6 +27,7 @@ from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
 from synapse_ha.history.store import HistoryStore
 from synapse_ha.leader.loop import STALL_MS, LeaderLoop, Liveness, LoopSettings
+from synapse_ha.leader.scheduling import DesiredSettings
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
@@ -183,9 +184,7 @@ class Replica:
             config.replica_id,
             settings=LoopSettings(),
             rng=random.Random(),
-            desired_timeouts=config.timeouts,
-            desired_locality_wait_ms=config.locality_wait_ms,
-            desired_scheduling=config.scheduling,
+            desired=DesiredSettings(config.timeouts, config.locality_wait_ms, config.scheduling),
             nudger=self.stream_nudger,
             wake=self._wake.set,
         )

@@ -12,6 +12,7 @@ from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.leader.loop import LeaderLoop, Liveness, LoopSettings
+from synapse_ha.leader.scheduling import DesiredSettings
 from tests.core.harness import job, node
 from tests.leader.fakes import FakeLog
 
@@ -307,7 +308,7 @@ def test_finished_jobs_are_purged_periodically() -> None:
 def test_configured_timeouts_are_replicated_once() -> None:
     log = FakeLog()
     wanted = Timeouts(dead_timeout_ms=20_000)
-    loop, _ = elected(log, now=0, desired_timeouts=wanted)
+    loop, _ = elected(log, now=0, desired=DesiredSettings(timeouts=wanted))
     assert "replicating the configured settings" in loop.step(1)
     assert log.state.config.timeouts == wanted
     loop.step(2)
@@ -316,14 +317,14 @@ def test_configured_timeouts_are_replicated_once() -> None:
 
 def test_the_configured_locality_wait_is_replicated_and_a_refused_one_dropped() -> None:
     log = FakeLog()
-    loop, _ = elected(log, now=0, desired_locality_wait_ms=0)
+    loop, _ = elected(log, now=0, desired=DesiredSettings(locality_wait_ms=0))
     assert "replicating the configured settings" in loop.step(1)
     assert log.state.config.locality_wait_ms == 0
     loop.step(2)
     assert len(log.of_type(cmd.Configure)) == 1
 
     log = FakeLog()
-    loop, _ = elected(log, now=0, desired_locality_wait_ms=-1)
+    loop, _ = elected(log, now=0, desired=DesiredSettings(locality_wait_ms=-1))
     log.hold = True
     loop.step(1)
     log.commit_pending()
