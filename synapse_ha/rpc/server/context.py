@@ -26,6 +26,7 @@ from synapse_ha.core.spec import SpecError
 from synapse_ha.core.validation import Violation, ViolationCode
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.store import HistoryStore
+from synapse_ha.observe.state_metrics import RaftFigures
 from synapse_ha.rpc.auth import AUTHORIZATION_KEY, BEARER, AuthInterceptor, caller, method_of
 from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid, refusal_status
 from synapse_ha.rpc.load_gates import Overloaded, ReadGate, StreamSlots
@@ -57,19 +58,11 @@ class HeardFrom(Protocol):
     def heard_since_election(self, node_id: str) -> int | None: ...
 
 
-class RaftStatusView(Protocol):
-    @property
-    def role(self) -> str: ...
-    @property
-    def term(self) -> int: ...
-    @property
-    def commit_index(self) -> int: ...
-    @property
-    def last_applied(self) -> int: ...
+class RaftStatusView(RaftFigures, Protocol):
+    """The Raft figures the metrics report, and the leader's Raft address."""
+
     @property
     def leader(self) -> str: ...
-    @property
-    def has_quorum(self) -> bool: ...
 
 
 class Backend(Protocol):
