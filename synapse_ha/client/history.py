@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.client.jobs import Checkpoint, checkpoint_from_proto
 from synapse_ha.core.model import Resources
-from synapse_ha.rpc import states
+from synapse_ha.rpc import fields, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -100,70 +100,29 @@ class ClusterEvent:
 
 
 def attempt_from_proto(a: pb.HistoryAttempt) -> FinishedAttempt:
-    return FinishedAttempt(
-        number=a.number,
-        fencing_token=a.fencing_token,
-        state=states.shown_attempt_state(a),
-        nodes=tuple(a.nodes),
-        gpus=a.gpus,
-        bound_at_ms=a.bound_at_ms,
-        started_at_ms=a.started_at_ms,
-        ended_at_ms=a.ended_at_ms,
-        gpu_ms=a.gpu_ms,
-        outcome_code=a.outcome_code,
-        outcome=a.outcome,
-    )
+    return fields.from_message(FinishedAttempt, a, state=states.shown_attempt_state(a))
 
 
 def finished_job_from_proto(j: pb.HistoryJob) -> FinishedJob:
     r = j.spec.resources
-    return FinishedJob(
-        job_id=j.job_id,
-        name=j.name,
-        owner=j.owner,
-        queue=j.queue,
+    return fields.from_message(
+        FinishedJob,
+        j,
         state=states.shown_job_state(j),
-        reason_code=j.reason_code,
-        reason=j.reason,
-        submitted_at_ms=j.submitted_at_ms,
-        started_at_ms=j.started_at_ms,
-        finished_at_ms=j.finished_at_ms,
-        attempts=j.attempts,
-        retries_used=j.retries_used,
-        requeues=j.requeues,
-        gpus_per_attempt=j.gpus_per_attempt,
-        gpu_ms=j.gpu_ms,
-        nodes=tuple(j.nodes),
-        cancelled_by=j.cancelled_by,
         replicas=j.spec.replicas,
         resources=Resources(r.cpu_milli, r.memory_mib, r.gpu),
         attempt_list=tuple(attempt_from_proto(a) for a in j.attempt_list),
         checkpoint=checkpoint_from_proto(j.checkpoint) if j.HasField("checkpoint") else None,
-        resume_step=j.resume_step if j.HasField("resume_step") else None,
     )
 
 
 def usage_from_proto(answer: pb.GetUsageResponse) -> Usage:
-    rows = tuple(UsageRow(r.key, r.day, r.gpu_ms, r.attempts) for r in answer.rows)
-    return Usage(answer.by, answer.since_ms, answer.until_ms, rows)
+    rows = tuple(fields.from_message(UsageRow, r) for r in answer.rows)
+    return fields.from_message(Usage, answer, rows=rows)
 
 
 def event_from_proto(e: pb.Event) -> ClusterEvent:
-    return ClusterEvent(
-        index=e.index,
-        kind=e.kind,
-        time_ms=e.time_ms,
-        job_id=e.job_id,
-        job_name=e.job_name,
-        owner=e.owner,
-        queue=e.queue,
-        attempt=e.attempt,
-        nodes=tuple(e.nodes),
-        node_id=e.node_id,
-        reason_code=e.reason_code,
-        detail=e.detail,
-        leader_id=e.leader_id,
-    )
+    return fields.from_message(ClusterEvent, e)
 
 
 def list_history(client: ClusterClient, **filters: object) -> list[FinishedJob]:

@@ -18,7 +18,7 @@ from typing import Any
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import JobSpec, JobState
-from synapse_ha.rpc import from_proto, states, to_proto
+from synapse_ha.rpc import fields, from_proto, states, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -120,10 +120,9 @@ def _mark(msg: Any) -> Checkpoint | None:
 
 
 def member_from_proto(m: pb.Member) -> MemberView:
-    return MemberView(
-        rank=m.rank,
-        node_id=m.node_id,
-        gpus=tuple(m.gpus),
+    return fields.from_message(
+        MemberView,
+        m,
         state=states.shown_member_state(m),
         exit_code=m.exit_code if m.has_exit_code else None,
         checkpoint=_mark(m),
@@ -131,63 +130,28 @@ def member_from_proto(m: pb.Member) -> MemberView:
 
 
 def attempt_from_proto(a: pb.Attempt) -> AttemptView:
-    return AttemptView(
-        number=a.number,
-        fencing_token=a.fencing_token,
-        outcome=a.outcome,
-        members=tuple(member_from_proto(m) for m in a.members),
-        bound_at_ms=a.bound_at_ms,
-        started_at_ms=a.started_at_ms,
-        ended_at_ms=a.ended_at_ms,
-        preempted_by=a.preempted_by,
-        preemption=a.preemption,
-        preempt_deadline_ms=a.preempt_deadline_ms,
-        checkpoint=_mark(a),
+    return fields.from_message(
+        AttemptView, a, members=tuple(member_from_proto(m) for m in a.members), checkpoint=_mark(a)
     )
 
 
 def job_from_proto(job: pb.Job) -> JobView:
-    w = job.waiting_for
-    return JobView(
-        job_id=job.job_id,
+    return fields.from_message(
+        JobView,
+        job,
         spec=from_proto.spec_from_proto(job.spec),
         state=states.shown_job_state(job),
-        reason=job.reason,
-        reason_code=job.reason_code,
-        retries_used=job.retries_used,
-        requeues=job.requeues,
-        request_id=job.request_id,
-        owner=job.owner,
-        cancelled_by=job.cancelled_by,
-        redacted=job.redacted,
         attempt=attempt_from_proto(job.attempt) if job.HasField("attempt") else None,
-        submitted_at_ms=job.submitted_at_ms,
-        finished_at_ms=job.finished_at_ms,
-        waiting_for=Dependencies(
-            tuple(w.after_ok), tuple(w.after_any), tuple(w.after_not_ok), tuple(w.after)
-        ),
-        resume_step=job.resume_step if job.HasField("resume_step") else None,
+        waiting_for=fields.from_message(Dependencies, job.waiting_for),
     )
 
 
 def array_from_proto(array: pb.ArraySummary) -> ArrayView:
-    return ArrayView(
-        array_id=array.array_id,
-        spec=from_proto.spec_from_proto(array.spec),
-        owner=array.owner,
-        tasks=array.tasks,
-        throttle=array.throttle,
-        task_states=dict(array.task_states),
-        submitted_at_ms=array.submitted_at_ms,
-        request_id=array.request_id,
-        redacted=array.redacted,
-    )
+    return fields.from_message(ArrayView, array, spec=from_proto.spec_from_proto(array.spec))
 
 
 def explained_from_proto(answer: pb.ExplainJobResponse) -> Explained:
-    return Explained(
-        answer.job_id, states.shown_job_state(answer), answer.explanation, answer.reason_code
-    )
+    return fields.from_message(Explained, answer, state=states.shown_job_state(answer))
 
 
 # ------------------------------------------------------------------------- calls

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.cluster_config import Cohort, PriorityClass, Queue
 from synapse_ha.core.queue_usage import CohortUsage, QueueUsage
-from synapse_ha.rpc import from_proto, to_proto
+from synapse_ha.rpc import fields, from_proto, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -47,52 +47,26 @@ class Queues:
     fair_share_half_life_ms: int
 
 
-def usage_from_proto(u: pb.QueueUsage) -> QueueUsage:
-    return QueueUsage(
-        used_gpu=u.used_gpu,
-        used_cpu_milli=u.used_cpu_milli,
-        used_memory_mib=u.used_memory_mib,
-        borrowed_gpu=u.borrowed_gpu,
-        lent_gpu=u.lent_gpu,
-        running_jobs=u.running_jobs,
-        pending_jobs=u.pending_jobs,
-        pending_gpu=u.pending_gpu,
-        preempting_jobs=u.preempting_jobs,
-    )
-
-
 def queue_status_from_proto(s: pb.QueueStatus) -> QueueStatus:
-    return QueueStatus(
+    return fields.from_message(
+        QueueStatus,
+        s,
         queue=from_proto.queue_from_proto(s.queue),
-        usage=usage_from_proto(s.usage),
-        fair_share_ppm=s.fair_share_ppm,
-        cohort_shares_ppm=tuple(s.cohort_shares_ppm),
-        fair_share_position=s.fair_share_position,
+        usage=fields.from_message(QueueUsage, s.usage),
     )
 
 
 def cohort_usage_from_proto(s: pb.CohortStatus) -> CohortUsage:
-    return CohortUsage(
-        cohort=from_proto.cohort_from_proto(s.cohort),
-        defined=s.defined,
-        nominal_gpu=s.nominal_gpu,
-        used_gpu=s.used_gpu,
-        borrowed_gpu=s.borrowed_gpu,
-        lendable_gpu=s.lendable_gpu,
-    )
+    return fields.from_message(CohortUsage, s, cohort=from_proto.cohort_from_proto(s.cohort))
 
 
 def queues_from_proto(msg: pb.ListQueuesResponse) -> Queues:
-    return Queues(
+    return fields.from_message(
+        Queues,
+        msg,
         queues=tuple(queue_status_from_proto(q) for q in msg.queues),
-        priority_classes=tuple(
-            PriorityClass(c.name, c.value, c.preempts, c.grace_ms, c.min_runtime_ms)
-            for c in msg.priority_classes
-        ),
-        preemption=msg.preemption,
-        reclaim_wait_max_ms=msg.reclaim_wait_max_ms,
+        priority_classes=tuple(fields.from_message(PriorityClass, c) for c in msg.priority_classes),
         cohorts=tuple(cohort_usage_from_proto(c) for c in msg.cohorts),
-        fair_share_half_life_ms=msg.fair_share_half_life_ms,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.rpc import states
+from synapse_ha.rpc import fields, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -49,34 +49,11 @@ class ClusterStatus:
 
 
 def status_from_proto(msg: pb.GetClusterStatusResponse) -> ClusterStatus:
-    return ClusterStatus(
-        leader_id=msg.leader_id,
-        leader_address=msg.leader_address,
-        answered_by=msg.answered_by,
-        nodes=msg.nodes,
-        jobs=msg.jobs,
-        pending_jobs=msg.pending_jobs,
-        running_jobs=msg.running_jobs,
-        format_floor=msg.format_floor,
-        replicas=tuple(
-            ReplicaStatus(
-                replica_id=r.replica_id,
-                role=states.shown_replica_role(r),
-                term=r.term,
-                commit_index=r.commit_index,
-                last_applied=r.last_applied,
-                leader_id=r.leader_id,
-                healthy=r.healthy,
-                grpc_address=r.grpc_address,
-                raft_address=r.raft_address,
-                error=r.error,
-                format_version=r.format_version,
-                metrics_url=r.metrics_url,
-                dashboard_url=r.dashboard_url,
-            )
-            for r in msg.replicas
-        ),
+    replicas = tuple(
+        fields.from_message(ReplicaStatus, r, role=states.shown_replica_role(r))
+        for r in msg.replicas
     )
+    return fields.from_message(ClusterStatus, msg, replicas=replicas)
 
 
 def cluster_status(client: ClusterClient) -> ClusterStatus:
@@ -111,9 +88,7 @@ class SavedSnapshot:
 
 
 def members_from_proto(msg: pb.MembershipResponse) -> tuple[ReplicaMember, ...]:
-    return tuple(
-        ReplicaMember(m.replica_id, m.raft_address, m.grpc_address, m.live) for m in msg.members
-    )
+    return tuple(fields.from_message(ReplicaMember, m) for m in msg.members)
 
 
 def add_replica(
@@ -136,7 +111,4 @@ def save_snapshot(client: ClusterClient, timeout_s: float) -> tuple[SavedSnapsho
     """The leader's state, checked against the size and checksum it announced
     (``ValueError`` when they differ), and where it was read."""
     head, data = client.save_snapshot(timeout_s=timeout_s)
-    saved = SavedSnapshot(
-        head.raft_index, head.raft_term, head.replica_id, head.total_bytes, head.sha256
-    )
-    return saved, data
+    return fields.from_message(SavedSnapshot, head), data

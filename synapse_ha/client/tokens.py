@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.rpc import states
+from synapse_ha.rpc import fields, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
@@ -43,19 +43,7 @@ class TokenView:
 
 
 def token_from_proto(msg: pb.TokenInfo) -> TokenView:
-    return TokenView(
-        token_id=msg.token_id,
-        user=msg.user,
-        role=states.shown_user_role(msg),
-        queues=tuple(msg.queues),
-        created_at_ms=msg.created_at_ms,
-        created_by=msg.created_by,
-        expires_at_ms=msg.expires_at_ms,
-        revoked_at_ms=msg.revoked_at_ms,
-        revoked_by=msg.revoked_by,
-        priority_classes=tuple(msg.priority_classes),
-        max_priority=msg.max_priority,
-    )
+    return fields.from_message(TokenView, msg, role=states.shown_user_role(msg))
 
 
 def create_token(
@@ -77,7 +65,7 @@ def create_token(
         priority_classes=priority_classes,
         max_priority=max_priority,
     )
-    return CreatedToken(answer.token, answer.token_id, answer.expires_at_ms)
+    return fields.from_message(CreatedToken, answer)
 
 
 def list_tokens(client: ClusterClient) -> list[TokenView]:

@@ -166,24 +166,7 @@ def _mark_fields(kind: cmd.MemberEventKind, step: int | None, seq: int) -> dict[
 def queue_from_proto(msg: pb.Queue) -> Queue:
     """Build a queue (not yet checked: :func:`synapse_ha.core.validation.check_queue`).
     An unset limit stays None ("no limit")."""
-
-    def opt(name: str) -> int | None:
-        return int(getattr(msg, name)) if msg.HasField(name) else None
-
-    return Queue(
-        name=msg.name,
-        gpu=opt("gpu"),
-        cpu_milli=opt("cpu_milli"),
-        memory_mib=opt("memory_mib"),
-        cohort=msg.cohort,
-        borrowing_limit_gpu=opt("borrowing_limit_gpu"),
-        lending_limit_gpu=opt("lending_limit_gpu"),
-        priority_classes=tuple(msg.priority_classes),
-        max_priority=msg.max_priority,
-        min_runtime_ms=msg.min_runtime_ms,
-        running_members_per_user=opt("running_members_per_user"),
-        members_per_node_per_user=opt("members_per_node_per_user"),
-    )
+    return fields.from_message(Queue, msg)
 
 
 def limits_with(limits: Limits, values: Iterable[pb.LimitValue]) -> Limits:
@@ -204,17 +187,7 @@ def limits_with(limits: Limits, values: Iterable[pb.LimitValue]) -> Limits:
 def cohort_from_proto(msg: pb.Cohort) -> Cohort:
     """Build a cohort (not yet checked: :func:`synapse_ha.core.cohort_tree.check_cohort`).
     An unset limit stays None ("no limit"; for ``gpu``: nothing of its own)."""
-
-    def opt(name: str) -> int | None:
-        return int(getattr(msg, name)) if msg.HasField(name) else None
-
-    return Cohort(
-        name=msg.name,
-        parent=msg.parent,
-        gpu=opt("gpu"),
-        borrowing_limit_gpu=opt("borrowing_limit_gpu"),
-        lending_limit_gpu=opt("lending_limit_gpu"),
-    )
+    return fields.from_message(Cohort, msg)
 
 
 def desired_from_proto(d: pb.DesiredMember) -> DesiredMember:

@@ -102,23 +102,15 @@ def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
         if mark is not None:
             member.checkpoint.CopyFrom(checkpoint_to_proto(mark.at_ms, mark.step))
         members.append(member)
-    msg = pb.Attempt(
-        number=a.number,
-        fencing_token=a.fencing_token,
-        master_port=a.master_port,
-        bound_at_ms=a.bound_at_ms,
-        started_at_ms=a.started_at_ms,
-        ended_at_ms=a.ended_at_ms,
+    gang = a.mark()
+    return fields.to_message(
+        pb.Attempt,
+        a,
         outcome=render(withheld(a.outcome) if redacted else a.outcome),
         members=members,
-        preempted_by=a.preempted_by,
         preemption=str(a.preemption) if a.preemption is not None else "",
-        preempt_deadline_ms=a.preempt_deadline_ms,
+        checkpoint=checkpoint_to_proto(gang.at_ms, gang.step) if gang is not None else None,
     )
-    gang = a.mark()
-    if gang is not None:
-        msg.checkpoint.CopyFrom(checkpoint_to_proto(gang.at_ms, gang.step))
-    return msg
 
 
 def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
@@ -132,34 +124,19 @@ def job_to_proto(job: Job, redacted: bool = False) -> pb.Job:
     if redacted:
         _withhold(spec)
         request_id = ""
-    msg = pb.Job(
-        job_id=job.job_id,
+    waiting_for = Dependencies.of_pairs(job.waiting_for) if job.waiting_for else None
+    return fields.to_message(
+        pb.Job,
+        job,
         request_id=request_id,
         spec=spec,
-        owner=job.owner,
         redacted=redacted,
-        cancelled_by=job.cancelled_by,
         **states.job_state_fields(job.state),
         reason=render(withheld(job.reason) if redacted else job.reason),
         reason_code=str(job.reason.code),
-        retries_used=job.retries_used,
-        requeues=job.requeues,
-        submitted_at_ms=job.submitted_at_ms,
-        finished_at_ms=job.finished_at_ms,
-        attempts_made=job.attempts_made,
-        retry_not_before_ms=job.retry_not_before_ms,
-        seq=job.seq,
+        attempt=attempt_to_proto(job.attempt, redacted) if job.attempt is not None else None,
+        waiting_for=dependencies_to_proto(waiting_for) if waiting_for is not None else None,
     )
-    if job.attempt is not None:
-        msg.attempt.CopyFrom(attempt_to_proto(job.attempt, redacted))
-    if job.waiting_for:
-        msg.waiting_for.CopyFrom(dependencies_to_proto(Dependencies.of_pairs(job.waiting_for)))
-    if job.array_id:
-        msg.array_id = job.array_id
-        msg.array_index = job.array_index
-    if job.resume_step is not None:
-        msg.resume_step = job.resume_step
-    return msg
 
 
 def _withhold(spec: pb.JobSpec) -> None:
@@ -321,66 +298,20 @@ def clamp_int32(value: int) -> int:
 
 def token_to_proto(token: Token) -> pb.TokenInfo:
     """A token as ``ListTokens`` shows it: never its secret or the secret's hash."""
-    return pb.TokenInfo(
-        token_id=token.token_id,
-        user=token.user,
-        **states.user_role_fields(token.role),
-        queues=list(token.queues),
-        created_at_ms=token.created_at_ms,
-        created_by=token.created_by,
-        expires_at_ms=token.expires_at_ms,
-        revoked_at_ms=token.revoked_at_ms,
-        revoked_by=token.revoked_by,
-        priority_classes=list(token.priority_classes),
-        max_priority=token.max_priority,
-    )
+    return fields.to_message(pb.TokenInfo, token, **states.user_role_fields(token.role))
 
 
 def queue_to_proto(queue: Queue) -> pb.Queue:
-    msg = pb.Queue(
-        name=queue.name,
-        cohort=queue.cohort,
-        priority_classes=list(queue.priority_classes),
-        max_priority=queue.max_priority,
-        min_runtime_ms=queue.min_runtime_ms,
-    )
-    for name in (
-        "gpu",
-        "cpu_milli",
-        "memory_mib",
-        "borrowing_limit_gpu",
-        "lending_limit_gpu",
-        "running_members_per_user",
-        "members_per_node_per_user",
-    ):
-        value = getattr(queue, name)
-        if value is not None:
-            setattr(msg, name, value)
-    return msg
+    """A queue; a limit of None ("no limit") is left unset."""
+    return fields.to_message(pb.Queue, queue)
 
 
 def queue_usage_to_proto(usage: QueueUsage) -> pb.QueueUsage:
-    return pb.QueueUsage(
-        used_gpu=usage.used_gpu,
-        used_cpu_milli=usage.used_cpu_milli,
-        used_memory_mib=usage.used_memory_mib,
-        borrowed_gpu=usage.borrowed_gpu,
-        lent_gpu=usage.lent_gpu,
-        running_jobs=usage.running_jobs,
-        pending_jobs=usage.pending_jobs,
-        pending_gpu=usage.pending_gpu,
-        preempting_jobs=usage.preempting_jobs,
-    )
+    return fields.to_message(pb.QueueUsage, usage)
 
 
 def priority_class_to_proto(c: PriorityClass) -> pb.PriorityClass:
-    return pb.PriorityClass(
-        name=c.name,
-        value=c.value,
-        preempts=c.preempts,
-        grace_ms=c.grace_ms,
-        min_runtime_ms=c.min_runtime_ms,
-    )
+    return fields.to_message(pb.PriorityClass, c)
 
 
 def preemption_to_desired(msg: pb.DesiredMember, attempt: Attempt, now_ms: int) -> None:
@@ -400,80 +331,46 @@ def limits_to_proto(limits: Limits) -> pb.Limits:
 
 # ------------------------------------------------------------------------ cohorts
 
-_COHORT_LIMITS = ("gpu", "borrowing_limit_gpu", "lending_limit_gpu")
-
 
 def cohort_to_proto(cohort: Cohort) -> pb.Cohort:
-    msg = pb.Cohort(name=cohort.name, parent=cohort.parent)
-    for name in _COHORT_LIMITS:
-        value = getattr(cohort, name)
-        if value is not None:
-            setattr(msg, name, value)
-    return msg
+    """A cohort; a limit of None ("no limit") is left unset."""
+    return fields.to_message(pb.Cohort, cohort)
 
 
 def cohort_status_to_proto(usage: CohortUsage) -> pb.CohortStatus:
-    return pb.CohortStatus(
-        cohort=cohort_to_proto(usage.cohort),
-        defined=usage.defined,
-        nominal_gpu=usage.nominal_gpu,
-        used_gpu=usage.used_gpu,
-        borrowed_gpu=usage.borrowed_gpu,
-        lendable_gpu=usage.lendable_gpu,
-    )
+    return fields.to_message(pb.CohortStatus, usage, cohort=cohort_to_proto(usage.cohort))
 
 
 # -------------------------------------------------------- history rows and events
 
 
 def history_attempt_to_proto(a: HistoryAttempt) -> pb.HistoryAttempt:
-    return pb.HistoryAttempt(
+    return fields.to_message(
+        pb.HistoryAttempt,
+        a,
         number=clamp_int32(a.number),
-        fencing_token=a.fencing_token,
         **states.attempt_state_fields(AttemptState(a.state)),
-        nodes=list(a.nodes),
-        gpus=a.gpus,
-        bound_at_ms=a.bound_at_ms,
-        started_at_ms=a.started_at_ms,
-        ended_at_ms=a.ended_at_ms,
-        gpu_ms=a.gpu_ms,
-        outcome_code=a.outcome_code,
-        outcome=a.outcome,
     )
 
 
 def history_job_to_proto(j: HistoryJob) -> pb.HistoryJob:
-    msg = pb.HistoryJob(
-        job_id=j.job_id,
-        name=j.name,
-        owner=j.owner,
-        queue=j.queue,
+    return fields.to_message(
+        pb.HistoryJob,
+        j,
         **states.job_state_fields(JobState(j.state)),
-        reason_code=j.reason_code,
-        reason=j.reason,
-        submitted_at_ms=j.submitted_at_ms,
-        started_at_ms=j.started_at_ms,
-        finished_at_ms=j.finished_at_ms,
         attempts=clamp_int32(j.attempts),
         retries_used=clamp_int32(j.retries_used),
         requeues=clamp_int32(j.requeues),
-        gpus_per_attempt=j.gpus_per_attempt,
-        gpu_ms=j.gpu_ms,
-        nodes=list(j.nodes),
-        cancelled_by=j.cancelled_by,
         spec=spec_to_proto(j.spec),
         attempt_list=[history_attempt_to_proto(a) for a in j.attempt_list],
-        applied_index=j.applied_index,
+        checkpoint=checkpoint_to_proto(j.checkpoint_at_ms, j.checkpoint_step)
+        if j.checkpoint_at_ms
+        else None,
     )
-    if j.checkpoint_at_ms:
-        msg.checkpoint.CopyFrom(checkpoint_to_proto(j.checkpoint_at_ms, j.checkpoint_step))
-    if j.resume_step is not None:
-        msg.resume_step = j.resume_step
-    return msg
 
 
 def usage_row_to_proto(r: UsageRow) -> pb.UsageRow:
-    return pb.UsageRow(key=r.key, day=r.day, gpu_ms=r.gpu_ms, attempts=clamp_int32(r.attempts))
+    return fields.to_message(pb.UsageRow, r, attempts=clamp_int32(r.attempts))
 
 
 def event_to_proto(e: Event, redacted: bool = False) -> pb.Event:
@@ -482,18 +379,6 @@ def event_to_proto(e: Event, redacted: bool = False) -> pb.Event:
     detail = e.description
     if redacted and e.reason is not None:
         detail = render(withheld(e.reason))
-    return pb.Event(
-        index=e.index,
-        kind=str(e.kind),
-        time_ms=e.time_ms,
-        job_id=e.job_id,
-        job_name=e.job_name,
-        owner=e.owner,
-        queue=e.queue,
-        attempt=clamp_int32(e.attempt),
-        nodes=list(e.nodes),
-        node_id=e.node_id,
-        reason_code=e.reason_code,
-        detail=detail,
-        leader_id=e.leader_id,
+    return fields.to_message(
+        pb.Event, e, kind=str(e.kind), attempt=clamp_int32(e.attempt), detail=detail
     )
