@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ class StreamSlots:
     def __init__(self, unlimited_slots: int = 16) -> None:
         self.unlimited_slots = unlimited_slots
         self._lock = threading.Lock()
-        self._by_identity: dict[str, int] = {}
+        self._by_identity: Counter[str] = Counter()
         self._limited = 0
         self._unlimited = 0
 
@@ -162,12 +163,12 @@ class StreamSlots:
                     return StreamRefusal("unlimited_streams", self.unlimited_slots, self._unlimited)
                 self._unlimited += 1
                 return None
-            mine = self._by_identity.get(who, 0)
+            mine = self._by_identity[who]
             if mine >= per_identity:
                 return StreamRefusal("watch_streams_per_identity", per_identity, mine)
             if self._limited >= total:
                 return StreamRefusal("watch_streams_total", total, self._limited)
-            self._by_identity[who] = mine + 1
+            self._by_identity[who] += 1
             self._limited += 1
             return None
 
@@ -176,13 +177,9 @@ class StreamSlots:
             if not limited:
                 self._unlimited -= 1
                 return
-            left = self._by_identity.get(who, 0) - 1
-            if left > 0:
-                self._by_identity[who] = left
-            else:
-                self._by_identity.pop(who, None)
+            self._by_identity -= Counter({who: 1})  # keeps only identities holding some
             self._limited -= 1
 
     def held(self, who: str) -> int:
         with self._lock:
-            return self._by_identity.get(who, 0)
+            return self._by_identity[who]

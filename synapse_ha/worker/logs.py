@@ -33,6 +33,7 @@ import os
 import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -313,13 +314,13 @@ class FollowSlots:
         self.per_identity = per_identity
         self.total = total
         self._lock = threading.Lock()
-        self._by_identity: dict[str | None, int] = {}
+        self._by_identity: Counter[str | None] = Counter()
         self._open = 0
 
     def acquire(self, who: str | None) -> LogRefusal | None:
         """Take a slot for ``who`` (None: a replica, limited by the total only)."""
         with self._lock:
-            mine = self._by_identity.get(who, 0)
+            mine = self._by_identity[who]
             if who is not None and mine >= self.per_identity:
                 return LogRefusal(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -332,17 +333,13 @@ class FollowSlots:
                     f"{self._open} logs are followed on this node, the most it serves at "
                     "once; read without following, or retry later",
                 )
-            self._by_identity[who] = mine + 1
+            self._by_identity[who] += 1
             self._open += 1
             return None
 
     def release(self, who: str | None) -> None:
         with self._lock:
-            left = self._by_identity.get(who, 0) - 1
-            if left > 0:
-                self._by_identity[who] = left
-            else:
-                self._by_identity.pop(who, None)
+            self._by_identity -= Counter({who: 1})  # keeps only identities holding some
             self._open -= 1
 
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from synapse_ha.rpc.load_gates import Overloaded, ReadGate
+from synapse_ha.rpc.load_gates import Overloaded, ReadGate, StreamRefusal, StreamSlots
 
 
 class Clocks:
@@ -107,3 +107,21 @@ def test_bad_settings_are_refused() -> None:
         ReadGate(concurrency=0)
     with pytest.raises(ValueError, match="cpu_share"):
         ReadGate(cpu_share=0)
+
+
+def test_stream_slots_bound_each_identity_and_all_and_free_on_release() -> None:
+    slots = StreamSlots(unlimited_slots=1)
+    assert slots.acquire("u", True, 2, 3) is None
+    assert slots.acquire("u", True, 2, 3) is None
+    assert slots.acquire("u", True, 2, 3) == StreamRefusal("watch_streams_per_identity", 2, 2)
+    assert slots.acquire("v", True, 2, 3) is None
+    assert slots.acquire("w", True, 2, 3) == StreamRefusal("watch_streams_total", 3, 3)
+    assert slots.acquire("admin", False, 2, 3) is None  # beside the limited ones
+    assert slots.acquire("admin", False, 2, 3) == StreamRefusal("unlimited_streams", 1, 1)
+    slots.release("u", True)
+    slots.release("v", True)
+    slots.release("admin", False)
+    assert (slots.held("u"), slots.held("v")) == (1, 0)
+    assert slots.acquire("w", True, 2, 3) is None
+    assert slots.acquire("w", True, 2, 3) is None
+    assert slots.acquire("admin", False, 2, 3) is None

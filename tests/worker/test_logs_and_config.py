@@ -18,7 +18,7 @@ from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.tls import TlsFiles
-from synapse_ha.worker.logs import add_worker_service, find_member_dir, read_chunks
+from synapse_ha.worker.logs import FollowSlots, add_worker_service, find_member_dir, read_chunks
 from synapse_ha.worker.members import MemberExecutor
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import Fifo, spec
@@ -277,3 +277,19 @@ def test_the_container_options_come_from_flags_or_the_file(tmp_path: Path) -> No
     path.write_text('image_runtime = "true"\nimage_cap_add = "NET_RAW"\n')
     with pytest.raises(ConfigError, match="image_cap_add: must be an array"):
         load_config(args, {}, euid=0)
+
+
+def test_follow_slots_bound_each_identity_and_the_node_and_free_on_release() -> None:
+    slots = FollowSlots(per_identity=1, total=2)
+    assert slots.acquire("u") is None
+    refused = slots.acquire("u")
+    assert refused is not None and "u follows 1 logs" in refused.message
+    assert slots.acquire(None) is None  # a replica: bound by the total only
+    refused = slots.acquire("v")
+    assert refused is not None and "2 logs are followed" in refused.message
+    slots.release("u")
+    assert slots.acquire("v") is None
+    refused = slots.acquire("u")  # its own slot was given back: only the node is full
+    assert refused is not None and "2 logs are followed" in refused.message
+    slots.release(None)
+    assert slots.acquire("u") is None
