@@ -65,9 +65,11 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
         if status.state is MemberState.EXITED:
             continue  # already known; reports are at-least-once
         if attempt.preempted_by and event.kind is cmd.MemberEventKind.EXITED:
-            _preempted_member_exited(state, job, attempt, event, now, touched)
+            ended = _preempted_member_exited(state, job, attempt, event, now)
         else:
-            _live_member_event(state, c, job, attempt, event, now, touched)
+            ended = _live_member_event(state, c, job, attempt, event, now)
+        if ended:
+            touched.update(m.node_id for m in attempt.members)
     for job in reported.values():
         state.job_state_changed(job)  # the node index forgets a finished job's last exit
     settle_drained(state, sorted(touched))
@@ -77,25 +79,21 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
 
 
 def _preempted_member_exited(
-    state: ClusterState,
-    job: Job,
-    attempt: Attempt,
-    event: cmd.MemberEvent,
-    now: int,
-    touched: set[str],
-) -> None:
+    state: ClusterState, job: Job, attempt: Attempt, event: cmd.MemberEvent, now: int
+) -> bool:
     """A member of a preempted attempt exited: that confirms it stopped, never the
     job's failure; once all have, the attempt ends (in success when all exited 0 by
-    themselves before the preemption reached them)."""
+    themselves before the preemption reached them). Whether the attempt ended."""
     _exited(attempt.member_status[event.rank], _preempted_exit_code(event), now)
-    if all(s.state is MemberState.EXITED for s in attempt.member_status):
-        if attempt.state is AttemptState.RUNNING and all(
-            s.exit_code == 0 for s in attempt.member_status
-        ):
-            _succeed_before_preemption(job, attempt, now, state)
-        else:
-            end_preempted(state, job, now)
-        touched.update(m.node_id for m in attempt.members)
+    if not all(s.state is MemberState.EXITED for s in attempt.member_status):
+        return False
+    if attempt.state is AttemptState.RUNNING and all(
+        s.exit_code == 0 for s in attempt.member_status
+    ):
+        _succeed_before_preemption(job, attempt, now, state)
+    else:
+        end_preempted(state, job, now)
+    return True
 
 
 def _live_member_event(
@@ -105,11 +103,11 @@ def _live_member_event(
     attempt: Attempt,
     event: cmd.MemberEvent,
     now: int,
-    touched: set[str],
-) -> None:
+) -> bool:
     """A member of the live attempt started or exited: the attempt and the job run from
     its first report; a failing or disrupted exit ends the attempt (retried or
-    requeued), the last of all-zero exits ends it in success."""
+    requeued), the last of all-zero exits ends it in success. Whether the attempt
+    ended."""
     status = attempt.member_status[event.rank]
     if status.started_at_ms is None:
         status.started_at_ms = now
@@ -125,7 +123,7 @@ def _live_member_event(
         status.state = move(MEMBER, status.state, lc.MemberEvent.START)
         if state.format_floor < _RAN_RESETS_FORMAT:
             started_here(state, c.node_id)
-        return
+        return False
     _exited(status, event.exit_code, now)
     if state.format_floor >= _RAN_RESETS_FORMAT and event.cause in _PROGRAM_RAN:
         started_here(state, c.node_id)
@@ -134,12 +132,13 @@ def _live_member_event(
             mark_unfit(state, c.node_id, job.owner, event.detail, now)
         outcome = _exit_outcome(job, c.node_id, event)
         end_attempt_for(state, job, outcome, c.jitter_seed, now)
-        touched.update(m.node_id for m in attempt.members)
-    elif all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
+        return True
+    if all(s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status):
         _succeed(
             state, job, attempt, reason(ReasonCode.SUCCEEDED, members=len(attempt.members)), now
         )
-        touched.update(m.node_id for m in attempt.members)
+        return True
+    return False
 
 
 def _is_member_of(attempt: Attempt, event: cmd.MemberEvent, node_id: str) -> bool:
