@@ -125,6 +125,43 @@ class NamespacedProcess:
         return -1 if code is None else code
 
 
+class StartFailure(Exception):
+    """A process :func:`start_stepped` could not start: the error ``cause`` and the step
+    before exec that failed, as the steps wrote it (``b""`` when none did)."""
+
+    def __init__(self, cause: BaseException, step: bytes) -> None:
+        super().__init__(f"could not start: {cause}")
+        self.cause = cause
+        self.step = step
+
+
+def start_stepped(
+    argv: Sequence[str],
+    env: dict[str, str],
+    stdout: int,
+    stderr: int,
+    before_exec: Callable[[int], Callable[[], None]],
+    pid_namespace: bool,
+    leftover_grace_s: float = 1.0,
+) -> subprocess.Popen[bytes] | NamespacedProcess:
+    """:func:`start`, running ``before_exec(fd)`` before the exec, whose steps write the
+    one that fails to ``fd`` (the write end of a pipe, closed at exec); raises
+    :class:`StartFailure` with the error and that step when it could not start."""
+    step_read, step_write = os.pipe()
+    try:
+        proc = start(
+            argv, env, stdout, stderr, before_exec(step_write), pid_namespace, leftover_grace_s
+        )
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        os.close(step_write)
+        step = os.read(step_read, 64)
+        os.close(step_read)
+        raise StartFailure(exc, step) from exc
+    os.close(step_write)
+    os.close(step_read)
+    return proc
+
+
 def start(
     argv: Sequence[str],
     env: dict[str, str],

@@ -115,3 +115,17 @@ def become_subreaper() -> None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def reap_exited() -> dict[int, int]:
+    """Reap every child that has exited, without waiting for those still running: their
+    wait statuses by pid."""
+    exited: dict[int, int] = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return exited  # no child left
+        if pid == 0:
+            return exited
+        exited[pid] = status

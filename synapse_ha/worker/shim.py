@@ -95,13 +95,18 @@ if __name__ == "__main__":
     # library so that nothing there can stand in for a standard module.
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from synapse_ha.worker.pidns import NamespacedProcess, NamespaceError
-from synapse_ha.worker.pidns import start as start_process
+from synapse_ha.worker.pidns import (
+    NamespacedProcess,
+    NamespaceError,
+    StartFailure,
+    start_stepped,
+)
 from synapse_ha.worker.procgroup import (
     become_subreaper,
     drop_to,
     group_alive,
     process_start_ticks,
+    reap_exited,
     signal_group,
 )
 from synapse_ha.worker.progress import ProgressWatch
@@ -222,28 +227,22 @@ class Shim:
         log = os.open(
             launch["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
         )
-        step_read, step_write = os.pipe()
         try:
-            proc = start_process(
+            proc = start_stepped(
                 launch["argv"],
                 launch["env"],
                 log,
                 log,
-                _before_exec(launch, step_write),
+                lambda step_write: _before_exec(launch, step_write),
                 bool(launch.get("pid_namespace")),
                 min(float(launch.get("stop_grace_s", 5.0)), 1.0),
             )
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            os.close(step_write)
-            failed_step = os.read(step_read, 64)
-            os.close(step_read)
-            detail = self._start_failure(exc, failed_step)
+        except StartFailure as exc:
+            detail = self._start_failure(exc.cause, exc.step)
             os.write(log, f"synapse-worker: {detail}\n".encode())
             os.close(log)
             self.container.remove_files()
             return detail
-        os.close(step_write)
-        os.close(step_read)
         os.close(log)
         self._record_member(proc)
         return None
@@ -281,15 +280,9 @@ class Shim:
 
     def reap(self) -> None:
         """Reap every exited child; remember the member's own status."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == self.member_pid:
-                self.member_status = status
+        status = reap_exited().get(self.member_pid)
+        if status is not None:
+            self.member_status = status
 
     def fenced_now(self) -> bool:
         """The lease has passed or the agent is gone (never with self-fencing off)."""
@@ -540,13 +533,7 @@ def serve_forks(agent_pid: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     buffered = b""
     while True:
-        while True:  # reap the supervisors that ended (their exit is in exit.json)
-            try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        reap_exited()  # the supervisors that ended (their exit is in exit.json)
         if os.getppid() != agent_pid:
             return 0
         ready, _, _ = select.select([0], [], [], POLL_S)

@@ -23,8 +23,7 @@ import subprocess
 import time
 
 from synapse_ha.worker.check_output import READ_LIMIT, failure_message
-from synapse_ha.worker.pidns import NamespacedProcess
-from synapse_ha.worker.pidns import start as start_process
+from synapse_ha.worker.pidns import NamespacedProcess, StartFailure, start_stepped
 from synapse_ha.worker.procgroup import signal_group
 
 TYPE_CHECKING = False
@@ -53,25 +52,15 @@ def run_prestart(
     paths = [os.path.join(member_dir, name) for name in ("prestart.out", "prestart.err")]
     flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     out, err = (os.open(path, flags, 0o600) for path in paths)
-    step_read, step_write = os.pipe()
     try:
-        proc = start_process(
-            record["argv"],
-            record["env"],
-            out,
-            err,
-            before_exec(step_write),
-            bool(record.get("pid_namespace")),
+        proc = start_stepped(
+            record["argv"], record["env"], out, err, before_exec, bool(record.get("pid_namespace"))
         )
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        os.close(step_write)
-        step = os.read(step_read, 64).decode("ascii", errors="replace")
-        os.close(step_read)
+    except StartFailure as failure:
         for fd in (out, err):
             os.close(fd)
-        return FAILED, f"could not run it ({step or type(exc).__name__})"
-    os.close(step_write)
-    os.close(step_read)
+        step = failure.step.decode("ascii", errors="replace")
+        return FAILED, f"could not run it ({step or type(failure.cause).__name__})"
     try:
         code, why = _wait(proc, timeout_s, interrupted)
         if why:

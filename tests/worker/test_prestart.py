@@ -5,7 +5,11 @@ the check's first output line; a stop cuts it short."""
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.desired import DesiredMember
@@ -14,6 +18,7 @@ from synapse_ha.worker.agent import _report
 from synapse_ha.worker.member_dirs import MemberExit
 from synapse_ha.worker.members import Member, MemberExecutor
 from synapse_ha.worker.shim import EXIT_PRESTART_FAILED
+from synapse_ha.worker.shim_prestart import FAILED, run_prestart
 from tests.integration.cluster import wait_for
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import spec
@@ -93,3 +98,29 @@ def test_a_stop_cuts_a_running_check_short(make_executor: MakeExecutor, tmp_path
     assert not result.node_fault
     assert result.exit_code == 143
     assert result.detail.endswith("(during its prestart check)")
+
+
+def _failing_step(step_write: int) -> Callable[[], None]:
+    def before_exec() -> None:
+        os.write(step_write, b"cwd")
+        raise OSError("refused")
+
+    return before_exec
+
+
+@pytest.mark.parametrize(
+    ("argv", "before_exec", "said"),
+    [
+        (["/nonexistent/check"], lambda step_write: lambda: None, "FileNotFoundError"),
+        (["/bin/true"], _failing_step, "cwd"),
+    ],
+)
+def test_a_check_that_cannot_start_says_the_step_that_failed_or_the_error(
+    tmp_path: Path,
+    argv: list[str],
+    before_exec: Callable[[int], Callable[[], None]],
+    said: str,
+) -> None:
+    record = {"argv": argv, "env": {}, "timeout_s": 5.0}
+    outcome = run_prestart(record, str(tmp_path), before_exec, lambda: "")
+    assert outcome == (FAILED, f"could not run it ({said})")
