@@ -318,6 +318,12 @@ def output_option(func: F) -> F:
     )(func)
 
 
+def limit_option(flag: str, help: str) -> Callable[[F], F]:
+    """An option whose value is a whole number of 0 or more, None when not given (for a
+    limit: "none", or the default its help names)."""
+    return click.option(flag, type=click.IntRange(min=0), default=None, help=help)
+
+
 def with_settings(func: Callable[..., Any]) -> Callable[..., Any]:
     """Pass the global settings, with a command's own ``-o`` applied, as ``settings``."""
 
@@ -339,6 +345,28 @@ def emit(settings: Settings, document: object, table: Callable[[], str]) -> None
         click.echo(terminal.terminal_safe(table(), keep=terminal.MULTILINE))
     else:
         click.echo(render.structured(document, settings.output))
+
+
+def emit_put(settings: Settings, kind: str, name: str, created: bool) -> None:
+    """The answer of a write that creates or replaces the ``kind`` named ``name``."""
+    document = {"name": name, "created": created}
+    emit(settings, document, lambda: f"{kind} {name}: {'created' if created else 'updated'}")
+
+
+def delete_command(
+    group: click.Group, kind: str, delete: Callable[[ClusterClient, str], None], help: str
+) -> click.Command:
+    """``<group> delete NAME``: ``delete`` the ``kind`` named NAME."""
+
+    @group.command("delete", help=help)
+    @click.argument("name")
+    @output_option
+    @with_settings
+    def delete_named(settings: Settings, name: str) -> None:
+        delete(settings.client(), name)
+        emit(settings, {"name": name, "deleted": True}, lambda: f"{kind} {name}: deleted")
+
+    return delete_named
 
 
 def now_ms() -> int:

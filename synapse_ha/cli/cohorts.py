@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import click
 
-from synapse_ha.cli.app import Settings, emit, output_option, with_settings
+from synapse_ha.cli.app import (
+    Settings,
+    delete_command,
+    emit_put,
+    limit_option,
+    output_option,
+    with_settings,
+)
 from synapse_ha.client import queues as client_queues
 from synapse_ha.core.cluster_config import Cohort
 
@@ -29,21 +36,13 @@ def cohort() -> None:
 @cohort.command("set")
 @click.argument("name")
 @click.option("--parent", default="", help="The cohort it belongs to (default: a root).")
-@click.option(
-    "--gpu", type=click.IntRange(min=0), default=None, help="Its own nominal GPUs (default 0)."
+@limit_option("--gpu", "Its own nominal GPUs (default 0).")
+@limit_option(
+    "--borrowing-limit", "GPUs its subtree may take from its parent's pool (default: any)."
 )
-@click.option(
-    "--borrowing-limit",
-    type=click.IntRange(min=0),
-    default=None,
-    help="GPUs its subtree may take from its parent's pool (default: any).",
-)
-@click.option(
+@limit_option(
     "--lending-limit",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Of its subtree's idle GPUs, how many its parent's other children may borrow "
-    "(default: all).",
+    "Of its subtree's idle GPUs, how many its parent's other children may borrow (default: all).",
 )
 @output_option
 @with_settings
@@ -69,25 +68,21 @@ def cohort_set(
         borrowing_limit_gpu=borrowing_limit,
         lending_limit_gpu=lending_limit,
     )
-    created = client_queues.set_cohort(settings.client(), record)
-    document = {"name": name, "created": created}
-    emit(settings, document, lambda: f"cohort {name}: {'created' if created else 'updated'}")
+    emit_put(settings, "cohort", name, client_queues.set_cohort(settings.client(), record))
 
 
-@cohort.command("delete")
-@click.argument("name")
-@output_option
-@with_settings
-def cohort_delete(settings: Settings, name: str) -> None:
+cohort_delete = delete_command(
+    cohort,
+    "cohort",
+    client_queues.delete_cohort,
     """Delete cohort NAME (refused while another cohort names it as its parent; queues
     that name it form a cohort of their own again).
 
     \b
     Example:
       synctl cohort delete team-a
-    """
-    client_queues.delete_cohort(settings.client(), name)
-    emit(settings, {"name": name, "deleted": True}, lambda: f"cohort {name}: deleted")
+    """,
+)
 
 
 # The commands this module adds to synctl.

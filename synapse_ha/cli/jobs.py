@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,8 +206,9 @@ def _describe_progress(job: JobView) -> str:
     return text
 
 
-def wait_for_job(settings: Settings, job_id: str) -> JobView:
-    """Poll until the job reaches a final state, noting each change on stderr."""
+def _polled(settings: Settings, job_id: str) -> Iterator[JobView]:
+    """The job at every poll, the last one in a final state, noting each change of its
+    progress on stderr."""
     client = settings.client()
     last = ""
     while True:
@@ -215,9 +218,15 @@ def wait_for_job(settings: Settings, job_id: str) -> JobView:
         if progress != last and not finished:
             note(progress)
             last = progress
+        yield job
         if finished:
-            return job
+            return
         time.sleep(POLL_INTERVAL_S)
+
+
+def wait_for_job(settings: Settings, job_id: str) -> JobView:
+    """Poll until the job reaches a final state, noting each change on stderr."""
+    return deque(_polled(settings, job_id), maxlen=1).pop()  # the last poll's
 
 
 # ---------------------------------------------------------------------------- logs
@@ -262,20 +271,12 @@ def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = 
     """Stream the members' output until the job ends; a retry's new attempt is followed
     from its start. Returns the final job. Output is escaped for the terminal unless
     ``raw``."""
-    client = settings.client()
     printer = LinePrinter(click.echo, prefixed=member is None, raw=raw)
     grants = grant_cache(settings)
     followers: list[MemberFollower] = []
     followed = 0
-    last = ""
     try:
-        while True:
-            job = client_jobs.get_job(client, job_id)
-            progress = _describe_progress(job)
-            finished = job.job_state.finished
-            if progress != last and not finished:
-                note(progress)
-                last = progress
+        for job in _polled(settings, job_id):
             attempt = job.attempt.number if job.attempt else 0
             if attempt and attempt != followed:
                 if followers:
@@ -288,10 +289,8 @@ def follow_job(settings: Settings, job_id: str, member: int | None, raw: bool = 
                     follower.start()
                     followers.append(follower)
                 followed = attempt
-            if finished:
-                _stop_followers(followers, FOLLOW_DRAIN_S)
-                return job
-            time.sleep(POLL_INTERVAL_S)
+        _stop_followers(followers, FOLLOW_DRAIN_S)
+        return job
     finally:
         for follower in followers:
             follower.stop()

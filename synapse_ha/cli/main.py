@@ -19,7 +19,7 @@ cluster accepts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -38,6 +38,7 @@ from synapse_ha.cli import (
 )
 from synapse_ha.cli.app import (
     LOCAL_COMMANDS,
+    F,
     Settings,
     SynctlGroup,
     cluster_callback,
@@ -60,6 +61,18 @@ from synapse_ha.client.credentials import (
 )
 
 # --------------------------------------------------------------------------- group
+
+
+def _file_option(flag: str, envvar: str, help: str) -> Callable[[F], F]:
+    """A global option naming a file, read from ``envvar`` when not given."""
+    return click.option(
+        flag,
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar=envvar,
+        show_envvar=True,
+        default=None,
+        help=help,
+    )
 
 
 @click.group(
@@ -97,39 +110,27 @@ from synapse_ha.client.credentials import (
     show_default=True,
     help="Seconds each call may take, leader search and retries included.",
 )
-@click.option(
+@_file_option(
     "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar=TOKEN_FILE_ENV,
-    show_envvar=True,
-    default=None,
-    help=f"File holding the bearer token to send (default: ${TOKEN_ENV}, else "
+    TOKEN_FILE_ENV,
+    f"File holding the bearer token to send (default: ${TOKEN_ENV}, else "
     "$XDG_CONFIG_HOME/synapse/token, i.e. ~/.config/synapse/token).",
 )
-@click.option(
+@_file_option(
     "--ca",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar=CA_ENV,
-    show_envvar=True,
-    default=None,
-    help=f"The cluster CA bundle (PEM) (default: $XDG_CONFIG_HOME/synapse/{CA_FILE_NAME} "
+    CA_ENV,
+    f"The cluster CA bundle (PEM) (default: $XDG_CONFIG_HOME/synapse/{CA_FILE_NAME} "
     "when it exists). With --cert and --key: mutual TLS; without all three: plaintext.",
 )
-@click.option(
+@_file_option(
     "--cert",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar=CERT_ENV,
-    show_envvar=True,
-    default=None,
-    help=f"synctl's client certificate (PEM) (default: .../synapse/{CERT_FILE_NAME}).",
+    CERT_ENV,
+    f"synctl's client certificate (PEM) (default: .../synapse/{CERT_FILE_NAME}).",
 )
-@click.option(
+@_file_option(
     "--key",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar=KEY_ENV,
-    show_envvar=True,
-    default=None,
-    help=f"The client certificate's private key (default: .../synapse/{KEY_FILE_NAME}).",
+    KEY_ENV,
+    f"The client certificate's private key (default: .../synapse/{KEY_FILE_NAME}).",
 )
 @click.version_option(package_name="synapse-ha", prog_name="synctl")
 @click.pass_context

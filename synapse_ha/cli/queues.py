@@ -12,7 +12,16 @@ from __future__ import annotations
 import click
 
 from synapse_ha.cli import render_cohorts, render_queues
-from synapse_ha.cli.app import CommandFailed, Settings, emit, output_option, with_settings
+from synapse_ha.cli.app import (
+    CommandFailed,
+    Settings,
+    delete_command,
+    emit,
+    emit_put,
+    limit_option,
+    output_option,
+    with_settings,
+)
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client import queues as client_queues
 from synapse_ha.core.cluster_config import Queue
@@ -62,7 +71,7 @@ def _classes(value: str) -> list[str]:
 
 @queue.command("set")
 @click.argument("name")
-@click.option("--gpu", type=click.IntRange(min=0), default=None, help="Nominal GPU quota.")
+@limit_option("--gpu", "Nominal GPU quota.")
 @click.option("--cpu", default=None, help="Nominal CPU: cores (64, 0.5) or millicores (500m).")
 @click.option("--memory", default=None, help="Nominal memory, e.g. 512Gi.")
 @click.option(
@@ -71,18 +80,11 @@ def _classes(value: str) -> list[str]:
     help="Queues of one cohort lend each other idle quota; a cohort of the cohort tree "
     "(synctl cohort set) lends and borrows through the cohorts above it too.",
 )
-@click.option(
+@limit_option(
     "--borrowing-limit",
-    type=click.IntRange(min=0),
-    default=None,
-    help="GPUs it may borrow beyond its quota (default: any idle quota of the cohort).",
+    "GPUs it may borrow beyond its quota (default: any idle quota of the cohort).",
 )
-@click.option(
-    "--lending-limit",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Of its idle quota, GPUs others may borrow (default: all of it).",
-)
+@limit_option("--lending-limit", "Of its idle quota, GPUs others may borrow (default: all of it).")
 @click.option(
     "--classes",
     default="",
@@ -102,18 +104,14 @@ def _classes(value: str) -> list[str]:
     help="How long its gangs run (from their bind) before they may be preempted, e.g. 2h "
     "(default 0; the longer of this and the job's class's holds).",
 )
-@click.option(
+@limit_option(
     "--user-running-members",
-    type=click.IntRange(min=0),
-    default=None,
-    help="At most this many members of one user's live gangs when it starts a gang here "
+    "At most this many members of one user's live gangs when it starts a gang here "
     "(default: the cluster's limits.running_members_per_user).",
 )
-@click.option(
+@limit_option(
     "--user-members-per-node",
-    type=click.IntRange(min=0),
-    default=None,
-    help="At most this many members of one user's live gangs on one node, for gangs of "
+    "At most this many members of one user's live gangs on one node, for gangs of "
     "this queue (default: the cluster's limits.members_per_node_per_user).",
 )
 @output_option
@@ -159,24 +157,20 @@ def queue_set(
         running_members_per_user=user_running_members,
         members_per_node_per_user=user_members_per_node,
     )
-    created = client_queues.set_queue(settings.client(), record)
-    document = {"name": name, "created": created}
-    emit(settings, document, lambda: f"queue {name}: {'created' if created else 'updated'}")
+    emit_put(settings, "queue", name, client_queues.set_queue(settings.client(), record))
 
 
-@queue.command("delete")
-@click.argument("name")
-@output_option
-@with_settings
-def queue_delete(settings: Settings, name: str) -> None:
+queue_delete = delete_command(
+    queue,
+    "queue",
+    client_queues.delete_queue,
     """Delete queue NAME (refused for default and while unfinished jobs name it).
 
     \b
     Example:
       synctl queue delete team-b
-    """
-    client_queues.delete_queue(settings.client(), name)
-    emit(settings, {"name": name, "deleted": True}, lambda: f"queue {name}: deleted")
+    """,
+)
 
 
 # The commands this module adds to synctl.

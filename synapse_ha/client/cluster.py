@@ -270,12 +270,16 @@ class ClusterClient:
 
     # -------------------------------------------------------------- typed calls
 
-    def ask(self, method: str, request: Any) -> Any:
+    def ask(
+        self, method: str, request: Any, *, idempotent: bool = True, timeout_s: float | None = None
+    ) -> Any:
         """The answer of the scheduler's unary ``method`` to ``request``, as :meth:`call`
         gets it (the leader, redirects, retries of an idempotent call)."""
         return self.call(
             method,
             lambda a, t: getattr(self.scheduler(a), method)(request, timeout=t),
+            idempotent=idempotent,
+            timeout_s=timeout_s,
             start=self._read_start(method),
         )
 
@@ -289,11 +293,7 @@ class ClusterClient:
     ) -> pb.SubmitJobResponse:
         """Submit with an idempotency key (generated when not given) reused on retries."""
         request = pb.SubmitJobRequest(spec=spec, request_id=request_id or new_request_id())
-        response: pb.SubmitJobResponse = self.call(
-            "SubmitJob",
-            lambda a, t: self.scheduler(a).SubmitJob(request, timeout=t),
-            timeout_s=timeout_s,
-        )
+        response: pb.SubmitJobResponse = self.ask("SubmitJob", request, timeout_s=timeout_s)
         return response
 
     def submit_jobs(
@@ -304,11 +304,7 @@ class ClusterClient:
         sent = pb.SubmitJobsRequest()
         for r in requests:
             sent.jobs.add(spec=r.spec, request_id=r.request_id or new_request_id())
-        response: pb.SubmitJobsResponse = self.call(
-            "SubmitJobs",
-            lambda a, t: self.scheduler(a).SubmitJobs(sent, timeout=t),
-            timeout_s=timeout_s,
-        )
+        response: pb.SubmitJobsResponse = self.ask("SubmitJobs", sent, timeout_s=timeout_s)
         return list(response.jobs)
 
     def get_job(self, job_id: str, allow_stale: bool = False) -> pb.Job:
@@ -379,11 +375,7 @@ class ClusterClient:
             priority_classes=list(priority_classes),
             max_priority=max_priority,
         )
-        response: pb.CreateTokenResponse = self.call(
-            "CreateToken",
-            lambda a, t: self.scheduler(a).CreateToken(request, timeout=t),
-            idempotent=False,
-        )
+        response: pb.CreateTokenResponse = self.ask("CreateToken", request, idempotent=False)
         return response
 
     # ------------------------------------------------------------ per-identity limits
@@ -418,11 +410,7 @@ class ClusterClient:
         """Delete a queue (admins only); refused for ``default`` and while unfinished jobs
         name it. Not retried on an unknown outcome (a retry would answer not found)."""
         request = pb.DeleteQueueRequest(name=name)
-        response: pb.DeleteQueueResponse = self.call(
-            "DeleteQueue",
-            lambda a, t: self.scheduler(a).DeleteQueue(request, timeout=t),
-            idempotent=False,
-        )
+        response: pb.DeleteQueueResponse = self.ask("DeleteQueue", request, idempotent=False)
         return response
 
     def set_node_status(self, node_id: str, action: str, reason: str = "") -> NodeStatus:
@@ -508,11 +496,8 @@ class ClusterClient:
         request = pb.AddReplicaRequest(
             replica_id=replica_id, raft_address=raft_address, grpc_address=grpc_address
         )
-        response: pb.MembershipResponse = self.call(
-            "AddReplica",
-            lambda a, t: self.scheduler(a).AddReplica(request, timeout=t),
-            idempotent=False,
-            timeout_s=timeout_s,
+        response: pb.MembershipResponse = self.ask(
+            "AddReplica", request, idempotent=False, timeout_s=timeout_s
         )
         return response
 
@@ -520,11 +505,8 @@ class ClusterClient:
         """Remove a replica (admin); when it is the leader, the call waits while it hands
         leadership over and then asks the new leader."""
         request = pb.RemoveReplicaRequest(replica_id=replica_id)
-        response: pb.MembershipResponse = self.call(
-            "RemoveReplica",
-            lambda a, t: self.scheduler(a).RemoveReplica(request, timeout=t),
-            idempotent=False,
-            timeout_s=timeout_s,
+        response: pb.MembershipResponse = self.ask(
+            "RemoveReplica", request, idempotent=False, timeout_s=timeout_s
         )
         return response
 
@@ -562,17 +544,13 @@ class ClusterClient:
         every one holds the same history), newest first. ``filters`` are the fields of
         ListHistoryRequest (user, queue, node_id, since_ms, until_ms, limit)."""
         request = pb.ListHistoryRequest(**filters)
-        response = self.call(
-            "ListHistory", lambda a, t: self.scheduler(a).ListHistory(request, timeout=t)
-        )
+        response = self.ask("ListHistory", request)
         return list(response.jobs)
 
     def get_usage(self, by: str, since_ms: int, until_ms: int = 0) -> pb.GetUsageResponse:
         """GPU-milliseconds per ``by`` (user or queue) and UTC day."""
         request = pb.GetUsageRequest(by=by, since_ms=since_ms, until_ms=until_ms)
-        response: pb.GetUsageResponse = self.call(
-            "GetUsage", lambda a, t: self.scheduler(a).GetUsage(request, timeout=t)
-        )
+        response: pb.GetUsageResponse = self.ask("GetUsage", request)
         return response
 
     def watch_events(

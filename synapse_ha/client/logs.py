@@ -134,9 +134,7 @@ def fetch_grant(client: ClusterClient, member: MemberLog) -> LogGrant | None:
         job_id=member.job_id, attempt=member.attempt, rank=member.rank
     )
     try:
-        answer: pb.GrantLogAccessResponse = client.call(
-            "GrantLogAccess", lambda a, t: client.scheduler(a).GrantLogAccess(request, timeout=t)
-        )
+        answer: pb.GrantLogAccessResponse = client.ask("GrantLogAccess", request)
     except grpc.RpcError as exc:
         if failure_of(exc).reason is Reason.NEEDS_TLS:
             return None

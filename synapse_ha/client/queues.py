@@ -96,8 +96,4 @@ def delete_cohort(client: ClusterClient, name: str) -> None:
     """Delete a cohort; refused while another cohort names it as its parent. Not retried
     on an unknown outcome (a retry would answer not found)."""
     request = pb.DeleteCohortRequest(name=name)
-    client.call(
-        "DeleteCohort",
-        lambda a, t: client.scheduler(a).DeleteCohort(request, timeout=t),
-        idempotent=False,
-    )
+    client.ask("DeleteCohort", request, idempotent=False)

@@ -59,9 +59,7 @@ def status_from_proto(msg: pb.GetClusterStatusResponse) -> ClusterStatus:
 def cluster_status(client: ClusterClient) -> ClusterStatus:
     """Any replica's view of the cluster (no leader needed)."""
     request = pb.GetClusterStatusRequest()
-    answer: pb.GetClusterStatusResponse = client.call(
-        "GetClusterStatus", lambda a, t: client.scheduler(a).GetClusterStatus(request, timeout=t)
-    )
+    answer: pb.GetClusterStatusResponse = client.ask("GetClusterStatus", request)
     return status_from_proto(answer)
 
 

@@ -71,16 +71,12 @@ def create_token(
 def list_tokens(client: ClusterClient) -> list[TokenView]:
     """Every token the cluster keeps, never a secret or its hash."""
     request = pb.ListTokensRequest()
-    answer: pb.ListTokensResponse = client.call(
-        "ListTokens", lambda a, t: client.scheduler(a).ListTokens(request, timeout=t)
-    )
+    answer: pb.ListTokensResponse = client.ask("ListTokens", request)
     return [token_from_proto(t) for t in answer.tokens]
 
 
 def revoke_token(client: ClusterClient, token_id: str) -> int:
     """Revoke a token; the time the revocation committed (ms since the epoch)."""
     request = pb.RevokeTokenRequest(token_id=token_id)
-    answer: pb.RevokeTokenResponse = client.call(
-        "RevokeToken", lambda a, t: client.scheduler(a).RevokeToken(request, timeout=t)
-    )
+    answer: pb.RevokeTokenResponse = client.ask("RevokeToken", request)
     return int(answer.revoked_at_ms)
