@@ -14,9 +14,7 @@ cordon the check set; an operator's cordon or drain stays).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
 import subprocess
 import tempfile
@@ -26,6 +24,8 @@ from dataclasses import dataclass
 
 from synapse_ha.core.health import CHECK_ACTOR, NodeCheck
 from synapse_ha.worker.check_output import READ_LIMIT, failure_message
+from synapse_ha.worker.pidns import spawn
+from synapse_ha.worker.procgroup import signal_group
 
 log = logging.getLogger("synapse.worker.health_check")
 
@@ -55,14 +55,7 @@ def run_check(
     the run's process group while it runs (then None), so that it can be killed."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = spawn(argv, out.fileno(), err.fileno())
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return NodeCheck(CHECK_NAME, True, f"cannot run the health check: {exc}"[:256])
         running(proc.pid)
@@ -71,8 +64,7 @@ def run_check(
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = None
-        # Nothing the check started outlives it.
-        _kill_group(proc.pid)
+        signal_group(proc.pid, signal.SIGKILL)  # nothing the check started outlives it
         if code is None:
             proc.wait()
         running(None)
@@ -82,11 +74,6 @@ def run_check(
         err.seek(0)
         message = failure_message(code, timeout_s, out.read(READ_LIMIT), err.read(READ_LIMIT))
         return NodeCheck(CHECK_NAME, True, message)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 class HealthCheck:
@@ -127,12 +114,12 @@ class HealthCheck:
         self._stop.set()
         group = self._group
         if group is not None:
-            _kill_group(group)
+            signal_group(group, signal.SIGKILL)
 
     def _running(self, group: int | None) -> None:
         self._group = group
         if group is not None and self._stop.is_set():
-            _kill_group(group)
+            signal_group(group, signal.SIGKILL)
 
     def run_once(self) -> NodeCheck:
         result = self._run(self.settings.argv, self.settings.timeout_s, self._running)

@@ -125,6 +125,28 @@ class NamespacedProcess:
         return -1 if code is None else code
 
 
+def spawn(
+    argv: Sequence[str],
+    stdout: int,
+    stderr: int,
+    env: dict[str, str] | None = None,
+    before_exec: Callable[[], None] | None = None,
+) -> subprocess.Popen[bytes]:
+    """``Popen`` of ``argv`` in a session of its own, stdin from ``/dev/null``, output to
+    ``stdout`` and ``stderr``, no other descriptor inherited; with ``env`` (default:
+    this process's), running ``before_exec`` before the exec."""
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        start_new_session=True,
+        preexec_fn=before_exec,
+        close_fds=True,
+    )
+
+
 class StartFailure(Exception):
     """A process :func:`start_stepped` could not start: the error ``cause`` and the step
     before exec that failed, as the steps wrote it (``b""`` when none did)."""
@@ -176,16 +198,7 @@ def start(
     PID namespace of its own when ``pid_namespace``. Raises as ``Popen`` does when it
     could not start, and :class:`NamespaceError` when the namespace could not be made."""
     if not pid_namespace:
-        return subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-            start_new_session=True,
-            preexec_fn=before_exec,
-            close_fds=True,
-        )
+        return spawn(argv, stdout, stderr, env, before_exec)
     report_read, report_write = os.pipe()
     supervisor = os.getpid()
     try:
