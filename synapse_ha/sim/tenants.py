@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from synapse_ha.core.cluster_config import Cohort, Queue
-from synapse_ha.core.model import JobSpec, NodeInfo
+from synapse_ha.core.model import NodeInfo
 from synapse_ha.sim.trace import TraceJob
 from synapse_ha.sim.workload import SimJob, Workload, gang_spec, synthetic_cluster
 
@@ -154,15 +154,11 @@ def multi_tenant(
             limit = 0
             if rng.random() < 1 / 3:
                 limit = math.ceil(duration * 1.5 / 60_000) * 60_000
-            spec = JobSpec(
-                name=spec.name,
-                replicas=spec.replicas,
-                resources=spec.resources,
-                command=spec.command,
+            spec = replace(
+                spec,
                 topology_required=d.required,
                 topology_preferred=d.preferred,
                 time_limit_ms=limit,
-                queue=tenant.name,
                 priority_class=klass,
             )
             every = _checkpoint_ms(marks_rng, checkpoint_minutes)
