@@ -354,19 +354,24 @@ def emit_put(settings: Settings, kind: str, name: str, created: bool) -> None:
 
 
 def delete_command(
-    group: click.Group, kind: str, delete: Callable[[ClusterClient, str], None], help: str
-) -> click.Command:
-    """``<group> delete NAME``: ``delete`` the ``kind`` named NAME."""
+    group: click.Group,
+) -> Callable[[Callable[[ClusterClient, str], None]], click.Command]:
+    """``<group> delete NAME``: the decorated ``delete(client, name)`` (whose docstring is
+    the command's help) deletes the record of the group's kind named NAME."""
 
-    @group.command("delete", help=help)
-    @click.argument("name")
-    @output_option
-    @with_settings
-    def delete_named(settings: Settings, name: str) -> None:
-        delete(settings.client(), name)
-        emit(settings, {"name": name, "deleted": True}, lambda: f"{kind} {name}: deleted")
+    def command(delete: Callable[[ClusterClient, str], None]) -> click.Command:
+        @group.command("delete", help=delete.__doc__)
+        @click.argument("name")
+        @output_option
+        @with_settings
+        def delete_named(settings: Settings, name: str) -> None:
+            delete(settings.client(), name)
+            document = {"name": name, "deleted": True}
+            emit(settings, document, lambda: f"{group.name} {name}: deleted")
 
-    return delete_named
+        return delete_named
+
+    return command
 
 
 def now_ms() -> int:

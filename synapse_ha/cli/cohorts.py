@@ -16,6 +16,7 @@ from synapse_ha.cli.app import (
     with_settings,
 )
 from synapse_ha.client import queues as client_queues
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.cluster_config import Cohort
 
 
@@ -71,18 +72,16 @@ def cohort_set(
     emit_put(settings, "cohort", name, client_queues.set_cohort(settings.client(), record))
 
 
-cohort_delete = delete_command(
-    cohort,
-    "cohort",
-    client_queues.delete_cohort,
+@delete_command(cohort)
+def cohort_delete(client: ClusterClient, name: str) -> None:
     """Delete cohort NAME (refused while another cohort names it as its parent; queues
     that name it form a cohort of their own again).
 
     \b
     Example:
       synctl cohort delete team-a
-    """,
-)
+    """
+    client_queues.delete_cohort(client, name)
 
 
 # The commands this module adds to synctl.

@@ -24,6 +24,7 @@ from synapse_ha.cli.app import (
 )
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client import queues as client_queues
+from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.cluster_config import Queue
 from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.errors import Reason
@@ -160,17 +161,15 @@ def queue_set(
     emit_put(settings, "queue", name, client_queues.set_queue(settings.client(), record))
 
 
-queue_delete = delete_command(
-    queue,
-    "queue",
-    client_queues.delete_queue,
+@delete_command(queue)
+def queue_delete(client: ClusterClient, name: str) -> None:
     """Delete queue NAME (refused for default and while unfinished jobs name it).
 
     \b
     Example:
       synctl queue delete team-b
-    """,
-)
+    """
+    client_queues.delete_queue(client, name)
 
 
 # The commands this module adds to synctl.

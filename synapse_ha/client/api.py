@@ -142,17 +142,22 @@ class JobInfo:
 # ---------------------------------------------------------------------------- jobs
 
 
-class Job:
-    """A handle on one job of a :class:`Cluster`; every property or method asks the
-    cluster afresh."""
+@dataclass(frozen=True, eq=False, repr=False)
+class _Handle:
+    """A handle on what ``id`` names in ``cluster``; ``created`` False: the request id
+    named one submitted before."""
 
-    def __init__(self, cluster: Cluster, job_id: str, created: bool = True) -> None:
-        self.cluster = cluster
-        self.id = job_id
-        self.created = created  # False: the request id named a job submitted before
+    cluster: Cluster
+    id: str
+    created: bool = True
 
     def __repr__(self) -> str:
-        return f"Job({self.id!r})"
+        return f"{type(self).__name__}({self.id!r})"
+
+
+class Job(_Handle):
+    """A handle on one job of a :class:`Cluster`; every property or method asks the
+    cluster afresh."""
 
     def info(self) -> JobInfo:
         """The job now (``GetJob``)."""
@@ -297,17 +302,9 @@ class ArrayInfo:
         )
 
 
-class Array:
+class Array(_Handle):
     """A handle on one array (:meth:`Cluster.submit_array`): its tasks are jobs,
     ``<array id>_<index>``, each with its own attempts and logs."""
-
-    def __init__(self, cluster: Cluster, array_id: str, created: bool = True) -> None:
-        self.cluster = cluster
-        self.id = array_id
-        self.created = created  # False: the request id named an array submitted before
-
-    def __repr__(self) -> str:
-        return f"Array({self.id!r})"
 
     def info(self) -> ArrayInfo:
         """The array now (``GetArray``)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
@@ -37,23 +38,25 @@ WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.LEADER
 ELECTING = frozenset({Reason.NO_LEADER, Reason.LEADER_NOT_READY})
 
 
+@dataclass(eq=False)
 class Route:
     """The course of one call until ``deadline`` (monotonic): what each replica
     answered (``attempts``, for :class:`ClusterUnavailable`), the failures in this round
     and the back-off reached."""
 
-    def __init__(
-        self, client: ClusterClient, method: str, idempotent: bool, deadline: float
-    ) -> None:
-        self.client = client
-        self.method = method
-        self.idempotent = idempotent
-        self.deadline = deadline
-        self.attempts: list[tuple[str, str]] = []
-        self.failures_in_round = 0
-        self.backoff = client.backoff_s
-        self.tried_briefly: set[str] = set()
-        self.causes: dict[str, Cause] = {}  # address -> why its latest attempt got no answer
+    client: ClusterClient
+    method: str
+    idempotent: bool
+    deadline: float
+    attempts: list[tuple[str, str]] = field(default_factory=list, init=False)
+    failures_in_round: int = field(default=0, init=False)
+    backoff: float = field(init=False)
+    tried_briefly: set[str] = field(default_factory=set, init=False)
+    # address -> why its latest attempt got no answer
+    causes: dict[str, Cause] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.backoff = self.client.backoff_s
 
     def per_try(self, address: str, now: float) -> float:
         """The deadline of the attempt at ``address`` sent ``now`` (<= 0: too late). The
