@@ -57,6 +57,7 @@ from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.history.recorder import HistoryRecorder
+from synapse_ha.history.tracker import AppliedCommand
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
@@ -232,8 +233,8 @@ def traced_submit(tasks: int) -> dict[str, Any]:
     plan_result = apply(state, plan)
     gc.collect()
     kept_with_pass = tracemalloc.get_traced_memory()[0] - base
-    recorder.observe(command, result, None, None, state)
-    recorder.observe(plan, plan_result, None, None, state)
+    recorder.observe(AppliedCommand(command, result, state))
+    recorder.observe(AppliedCommand(plan, plan_result, state))
     del result, plan, plan_result
     gc.collect()
     tracked = tracemalloc.get_traced_memory()[0] - base - kept_with_pass

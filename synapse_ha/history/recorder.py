@@ -27,11 +27,10 @@ import threading
 import time
 from pathlib import Path
 
-from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState
 from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
 from synapse_ha.history.store import FILE_NAME, HistoryStore
-from synapse_ha.history.tracker import AttemptRecord, Event, JobRecord, Tracker
+from synapse_ha.history.tracker import AppliedCommand, AttemptRecord, Event, JobRecord, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +91,11 @@ class HistoryRecorder:
 
     # ------------------------------------------------------------- apply thread
 
-    def observe(
-        self,
-        command: cmd.Command,
-        result: cmd.Result,
-        job_ids: set[str] | None,
-        node_ids: set[str] | None,
-        state: ClusterState,
-        encoded: bytes = b"",
-    ) -> None:
-        """After ``command`` (whose encoding is ``encoded``, when known) was applied to
-        ``state``; what it produced is published by the next :meth:`applied`."""
+    def observe(self, entry: AppliedCommand) -> None:
+        """After a command was applied; what it produced is published by the next
+        :meth:`applied`."""
         try:
-            step = self.tracker.step(command, result, job_ids, node_ids, state, encoded)
+            step = self.tracker.step(entry)
             self._events += step.events
             self._attempts += step.attempts
             self._jobs += step.jobs

@@ -21,7 +21,7 @@ are not contiguous.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -263,6 +263,21 @@ _ENDED_KIND = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class AppliedCommand:
+    """``command``, applied to ``state`` with ``result``. ``job_ids``/``node_ids``: the
+    records it may have touched (None: any, and every record is compared); ``encoded``:
+    the bytes the replica decoded it from, when known (a submission's is kept until its
+    job's record is made)."""
+
+    command: cmd.Command
+    result: cmd.Result
+    state: ClusterState
+    job_ids: Collection[str] | None = None
+    node_ids: Collection[str] | None = None
+    encoded: bytes = b""
+
+
 class Tracker:
     """Marks of the jobs and nodes of one replica's state; see the module docstring.
 
@@ -294,19 +309,10 @@ class Tracker:
                 step.jobs.append(job_record(job, 0))
         return step
 
-    def step(
-        self,
-        command: cmd.Command,
-        result: cmd.Result,
-        job_ids: Iterable[str] | None,
-        node_ids: Iterable[str] | None,
-        state: ClusterState,
-        encoded: bytes = b"",
-    ) -> Step:
-        """Events and records of one applied command. ``job_ids``/``node_ids`` are
-        the records it may have touched; None means any (every record is compared).
-        ``encoded``: the command as the replica applied it, if known (a submission's is
-        kept until its job's record is made)."""
+    def step(self, entry: AppliedCommand) -> Step:
+        """Events and records of one applied command."""
+        command, result, state = entry.command, entry.result, entry.state
+        job_ids, node_ids, encoded = entry.job_ids, entry.node_ids, entry.encoded
         out = Step()
         applied = state.applied_commands
         now = state.last_time_ms

@@ -28,6 +28,7 @@ from synapse_ha.core.codec import decode_command
 from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
+from synapse_ha.history.tracker import AppliedCommand
 from synapse_ha.raft.batch import FrameError, unframe
 from synapse_ha.raft.membership import member_of, tcp_node
 from synapse_ha.raft.snapshot_file import (
@@ -146,12 +147,14 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
             everything = touched.everything
             try:
                 self.observer.observe(
-                    command,
-                    result,
-                    None if everything else touched.jobs,
-                    None if everything else touched.nodes,
-                    self.state,
-                    encoded,
+                    AppliedCommand(
+                        command,
+                        result,
+                        self.state,
+                        None if everything else touched.jobs,
+                        None if everything else touched.nodes,
+                        encoded,
+                    )
                 )
             except Exception:
                 log.exception("apply observer failed")
@@ -289,17 +292,9 @@ class ApplyObserver(Protocol):
     once after every applied batch of commands, and may keep what it derived from them
     until then."""
 
-    def observe(
-        self,
-        command: cmd.Command,
-        result: cmd.Result,
-        job_ids: set[str] | None,
-        node_ids: set[str] | None,
-        state: ClusterState,
-        encoded: bytes,
-    ) -> None:
-        """``job_ids``/``node_ids``: what the command may have touched; None: anything.
-        ``encoded``: the bytes the command was decoded from."""
+    def observe(self, entry: AppliedCommand) -> None:
+        """``entry``: the command, its result, the state, what it may have touched and
+        the bytes it was decoded from."""
 
     def restored(self, state: ClusterState) -> None:
         """The state was replaced by a restored snapshot."""

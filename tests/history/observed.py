@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.snapshot import Changes, apply_tracked
-from synapse_ha.history.tracker import AttemptRecord, Event, JobRecord, Step, Tracker
+from synapse_ha.history.tracker import (
+    AppliedCommand,
+    AttemptRecord,
+    Event,
+    JobRecord,
+    Step,
+    Tracker,
+)
 from tests.core.harness import Cluster
 
 
@@ -29,7 +36,7 @@ class ObservedCluster(Cluster):
         assert result.code is not c.ResultCode.INTERNAL, result.message
         ids = None if self.everything else touched.jobs
         nodes = None if self.everything else touched.nodes
-        self.take(self.tracker.step(command, result, ids, nodes, self.state))
+        self.take(self.tracker.step(AppliedCommand(command, result, self.state, ids, nodes)))
         return result
 
     def take(self, step: Step) -> None:

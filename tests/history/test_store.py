@@ -10,7 +10,7 @@ import pytest
 from synapse_ha.core import commands as c
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import DAY_MS, FILE_NAME, HistoryFilter, HistoryStore
-from synapse_ha.history.tracker import AttemptRecord, Tracker
+from synapse_ha.history.tracker import AppliedCommand, AttemptRecord, Tracker
 from tests.core.harness import job, node
 from tests.history.observed import ObservedCluster
 
@@ -148,7 +148,7 @@ def test_the_recorder_never_raises_into_the_apply_thread(tmp_path: Path) -> None
 
     recorder = HistoryRecorder(None, tracker=Broken())
     cl = ObservedCluster()
-    recorder.observe(c.Barrier("r1"), c.ok(), None, None, cl.state)
+    recorder.observe(AppliedCommand(c.Barrier("r1"), c.ok(), cl.state))
     assert recorder.errors == 1
     recorder.close()
 
