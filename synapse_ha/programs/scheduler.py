@@ -39,7 +39,7 @@ from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.restore import RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot_file import SnapshotMember
 from synapse_ha.rpc.auth import AuthInterceptor, identify_token, token_hash
-from synapse_ha.rpc.load_gates import ReadGate
+from synapse_ha.rpc.load_gates import ReadGate, ReadLimits
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from synapse_ha.rpc.server.format_gate import FormatGate
@@ -200,9 +200,7 @@ class Replica:
             serving=lambda: self.loop.ready and self.raft.leads_with_quorum(),
             clock_ms=_now_ms,
             last_plan=lambda: self.loop.last_plan,
-            read_gate=ReadGate(
-                concurrency=config.heavy_reads, cpu_share=config.heavy_read_cpu_share
-            ),
+            read_gate=ReadGate(ReadLimits(config.heavy_reads, config.heavy_read_cpu_share)),
             peer_channel=self.transport.channel,
             grant_signer=self._sign_grant if config.tls is not None else None,
             membership=self.raft,

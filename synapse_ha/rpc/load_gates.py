@@ -47,33 +47,43 @@ class GateStats:
     credit_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """The bounds of heavy reads (see the module's description); a concurrency below 1
+    or a CPU share outside (0, 64] raises ValueError."""
+
+    concurrency: int = 2
+    cpu_share: float = 0.3
+    burst_s: float = 0.5
+    max_wait_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not 0 < self.cpu_share <= 64:
+            raise ValueError("cpu_share must be in (0, 64]")
+
+
+DEFAULT_READ_LIMITS = ReadLimits()
+
+
 class ReadGate:
     """Thread-safe. ``clock`` is monotonic wall time, ``cpu_clock`` the calling thread's
     CPU time; both are injectable for tests."""
 
     def __init__(
         self,
+        limits: ReadLimits = DEFAULT_READ_LIMITS,
         *,
-        concurrency: int = 2,
-        cpu_share: float = 0.3,
-        burst_s: float = 0.5,
-        max_wait_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if not 0 < cpu_share <= 64:
-            raise ValueError("cpu_share must be in (0, 64]")
-        self.concurrency = concurrency
-        self.cpu_share = cpu_share
-        self.burst_s = burst_s
-        self.max_wait_s = max_wait_s
+        self.limits = limits
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._cond = threading.Condition()
         self._running = 0
-        self._credit = burst_s
+        self._credit = limits.burst_s
         self._refilled_at = clock()
         self._admitted = 0
         self._refused = 0
@@ -81,20 +91,20 @@ class ReadGate:
     def _refill(self, now: float) -> None:
         elapsed = max(0.0, now - self._refilled_at)
         self._refilled_at = now
-        self._credit = min(self.burst_s, self._credit + elapsed * self.cpu_share)
+        self._credit = min(self.limits.burst_s, self._credit + elapsed * self.limits.cpu_share)
 
     def _blocked(self) -> str:
-        if self._running >= self.concurrency:
+        if self._running >= self.limits.concurrency:
             return f"{self._running} heavy reads running"
         if self._credit <= 0:
-            return f"read CPU share {self.cpu_share:.0%} of a core used up"
+            return f"read CPU share {self.limits.cpu_share:.0%} of a core used up"
         return ""
 
     @contextmanager
     def admit(self) -> Iterator[None]:
         """Run the body as one heavy read, or raise :class:`Overloaded`."""
         started = self._clock()
-        deadline = started + self.max_wait_s
+        deadline = started + self.limits.max_wait_s
         with self._cond:
             while True:
                 now = self._clock()
@@ -107,8 +117,8 @@ class ReadGate:
                     raise Overloaded(now - started, why)
                 # The bucket refills with time, not only on release: wake to re-check.
                 wait = deadline - now
-                if self._running < self.concurrency and self._credit <= 0:
-                    wait = min(wait, -self._credit / self.cpu_share + 0.001)
+                if self._running < self.limits.concurrency and self._credit <= 0:
+                    wait = min(wait, -self._credit / self.limits.cpu_share + 0.001)
                 self._cond.wait(timeout=max(0.001, wait))
             self._running += 1
             self._admitted += 1

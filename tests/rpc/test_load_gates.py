@@ -6,7 +6,13 @@ import threading
 
 import pytest
 
-from synapse_ha.rpc.load_gates import Overloaded, ReadGate, StreamRefusal, StreamSlots
+from synapse_ha.rpc.load_gates import (
+    Overloaded,
+    ReadGate,
+    ReadLimits,
+    StreamRefusal,
+    StreamSlots,
+)
 
 
 class Clocks:
@@ -26,11 +32,14 @@ class Clocks:
 def gate(clocks: Clocks, **kw: float) -> ReadGate:
     options = {"concurrency": 2, "cpu_share": 0.25, "burst_s": 0.5, "max_wait_s": 0.0}
     options.update(kw)
-    return ReadGate(
+    limits = ReadLimits(
         concurrency=int(options["concurrency"]),
         cpu_share=options["cpu_share"],
         burst_s=options["burst_s"],
         max_wait_s=options["max_wait_s"],
+    )
+    return ReadGate(
+        limits,
         clock=clocks.now,
         cpu_clock=clocks.thread_cpu,
     )
@@ -73,7 +82,7 @@ def test_at_most_concurrency_reads_run_at_once() -> None:
 
 
 def test_a_waiting_read_starts_when_a_running_one_ends() -> None:
-    g = ReadGate(concurrency=1, cpu_share=1.0, burst_s=10.0, max_wait_s=30.0)
+    g = ReadGate(ReadLimits(concurrency=1, cpu_share=1.0, burst_s=10.0, max_wait_s=30.0))
     entered = threading.Event()
     release = threading.Event()
     second_ran = threading.Event()
@@ -104,9 +113,9 @@ def test_a_waiting_read_starts_when_a_running_one_ends() -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="concurrency"):
-        ReadGate(concurrency=0)
+        ReadLimits(concurrency=0)
     with pytest.raises(ValueError, match="cpu_share"):
-        ReadGate(cpu_share=0)
+        ReadLimits(cpu_share=0)
 
 
 def test_stream_slots_bound_each_identity_and_all_and_free_on_release() -> None:
