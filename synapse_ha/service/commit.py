@@ -6,6 +6,7 @@ heartbeat streams."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from concurrent import futures
@@ -63,17 +64,25 @@ def committed(
     return results
 
 
+def _verdict(
+    future: futures.Future[cmd.Result], timeout_s: float, not_found: Refusal
+) -> Refusal | None:
+    """The refusal of ``future``'s outcome (None: committed OK), waiting ``timeout_s`` at
+    most for it."""
+    try:
+        result = future.result(timeout=timeout_s)
+    except (TimeoutError, ProposalError) as exc:
+        return failed(exc)
+    return refused(result, not_found)
+
+
 def settle(
     proposed: Sequence[futures.Future[cmd.Result]], deadline: float, not_found: Refusal
 ) -> Refusal | None:
     """Wait (until the monotonic ``deadline``) for ``proposed`` to commit OK; the first
     refusal, if any."""
     for future in proposed:
-        try:
-            result = future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except (TimeoutError, ProposalError) as exc:
-            return failed(exc)
-        refusal = refused(result, not_found)
+        refusal = _verdict(future, max(0.0, deadline - time.monotonic()), not_found)
         if refusal is not None:
             return refusal
     return None
@@ -82,16 +91,16 @@ def settle(
 async def settled(
     proposed: Sequence[futures.Future[cmd.Result]], timeout_s: float, not_found: Refusal
 ) -> Refusal | None:
-    """:func:`settle`, awaited on an event loop (which it never blocks)."""
+    """:func:`settle`, awaited on an event loop (which it never blocks): each proposal
+    is awaited until the deadline (never cancelled), then its outcome read without
+    waiting."""
     deadline = time.monotonic() + timeout_s
     for future in proposed:
-        try:
-            result = await asyncio.wait_for(
-                asyncio.wrap_future(future), max(0.0, deadline - time.monotonic())
+        with contextlib.suppress(TimeoutError, ProposalError):  # read just below
+            await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(future)), max(0.0, deadline - time.monotonic())
             )
-        except (TimeoutError, ProposalError) as exc:
-            return failed(exc)
-        refusal = refused(result, not_found)
+        refusal = _verdict(future, 0.0, not_found)
         if refusal is not None:
             return refusal
     return None

@@ -5,6 +5,8 @@ shapes read alike, embedded or in an earlier release's flat fields."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from concurrent import futures
 
 import grpc
@@ -102,21 +104,36 @@ def test_a_gpu_the_node_lacks_is_refused_naming_the_field() -> None:
     assert replica.heard_at == {} and replica.proposed == []
 
 
-def test_a_proposal_outcome_maps_to_one_refusal() -> None:
+@pytest.mark.parametrize("awaited", [False, True], ids=["waited", "awaited"])
+def test_a_proposal_outcome_maps_to_one_refusal(awaited: bool) -> None:
     def failing(exc: BaseException) -> futures.Future[cmd.Result]:
         future: futures.Future[cmd.Result] = futures.Future()
         future.set_exception(exc)
         return future
 
+    def done(code: cmd.ResultCode) -> futures.Future[cmd.Result]:
+        future: futures.Future[cmd.Result] = futures.Future()
+        future.set_result(cmd.Result(code, str(code)))
+        return future
+
     not_found = node_not_found("n1")
-    unknown = commit.settle([failing(ProposalError("x", committed_unknown=True))], 1e18, not_found)
-    refused = commit.settle([failing(ProposalError("x", committed_unknown=False))], 1e18, not_found)
-    late = commit.settle([futures.Future()], 0.0, not_found)
-    assert [r.code if r else None for r in (unknown, refused, late)] == [
+
+    def settle(proposed: list[futures.Future[cmd.Result]], timeout_s: float) -> Refusal | None:
+        if awaited:
+            return asyncio.run(commit.settled(proposed, timeout_s, not_found))
+        return commit.settle(proposed, time.monotonic() + timeout_s, not_found)
+
+    unknown = settle([failing(ProposalError("x", committed_unknown=True))], 30.0)
+    refused = settle([failing(ProposalError("x", committed_unknown=False))], 30.0)
+    late = settle([done(cmd.ResultCode.OK), futures.Future()], 0.01)
+    first = settle([done(cmd.ResultCode.OK), done(cmd.ResultCode.CONFLICT), futures.Future()], 30)
+    assert [r.code if r else None for r in (unknown, refused, late, first)] == [
         ErrorReason.OUTCOME_UNKNOWN,
         ErrorReason.NOT_COMMITTED,
         ErrorReason.OUTCOME_UNKNOWN,
+        ErrorReason.CONFLICT,
     ]
+    assert settle([done(cmd.ResultCode.OK), done(cmd.ResultCode.OK)], 30.0) is None
     gone = commit.refused(cmd.Result(cmd.ResultCode.NOT_FOUND, "no node"), not_found)
     assert gone is not None and (gone.code, gone.words) == (ErrorReason.NODE_NOT_FOUND, "no node")
     conflict = commit.refused(cmd.Result(cmd.ResultCode.CONFLICT, "dead"), not_found)
