@@ -12,7 +12,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.access import AccessRefusalCode, Identity, Role
 from synapse_ha.core.codec import decode_state, encode_state
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterState
+from synapse_ha.core.model import ClusterState, Token
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 ADMIN = access.user("root", Role.ADMIN)
@@ -180,15 +180,22 @@ def create(token_id: str = "0123456789ab", **overrides: object) -> c.CreateToken
 
 def test_create_and_revoke_a_token() -> None:
     state = ClusterState()
-    assert apply(state, create(expires_at_ms=5_000)).ok
+    made = create(expires_at_ms=5_000, priority_classes=("high",), max_priority=50)
+    assert apply(state, made).ok
     token = state.tokens["0123456789ab"]
-    assert (token.user, token.role, token.queues, token.created_by) == (
-        "alice",
-        Role.USER,
-        ("train",),
-        "user:root",
+    assert token == Token(
+        token_id="0123456789ab",
+        user="alice",
+        role=Role.USER,
+        secret_sha256=HASH,
+        created_at_ms=100,
+        created_by="user:root",
+        queues=("train",),
+        expires_at_ms=5_000,
+        priority_classes=("high",),
+        max_priority=50,
     )
-    assert token.created_at_ms == 100 and token.live_at(4_999) and not token.live_at(5_000)
+    assert token.live_at(4_999) and not token.live_at(5_000)
     result = apply(state, c.RevokeToken("0123456789ab", 200, "user:root"))
     assert result.ok
     revoked = state.tokens["0123456789ab"]

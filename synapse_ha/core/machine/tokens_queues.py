@@ -27,19 +27,17 @@ def _create_token(state: ClusterState, c: cmd.CreateToken, now: int) -> Result:
         return error(ResultCode.CONFLICT, f"token {c.token_id} exists already")
     if c.expires_at_ms and c.expires_at_ms <= now:
         return error(ResultCode.INVALID, "expires_at_ms: must be later than now")
-    state.tokens[c.token_id] = Token(
-        token_id=c.token_id,
-        user=c.user,
-        role=c.role,
-        secret_sha256=c.secret_sha256,
-        created_at_ms=now,
-        created_by=c.actor,
-        queues=tuple(c.queues),
-        expires_at_ms=c.expires_at_ms,
-        priority_classes=tuple(c.priority_classes),
-        max_priority=c.max_priority,
-    )
+    given = {name: getattr(c, name) for name in _GIVEN_BY_COMMAND}
+    state.tokens[c.token_id] = Token(**given, created_at_ms=now, created_by=c.actor)
     return ok(f"token {c.token_id} created for {c.user} (role {c.role})")
+
+
+# The fields of a token its CreateToken gives as they are (the rest: when and by whom).
+_GIVEN_BY_COMMAND = tuple(
+    f.name
+    for f in dataclasses.fields(Token)
+    if f.name in {g.name for g in dataclasses.fields(cmd.CreateToken)}
+)
 
 
 def _revoke_token(state: ClusterState, c: cmd.RevokeToken, now: int) -> Result:
