@@ -51,8 +51,8 @@ from bench.memory import proc_memory
 from bench.report import emit
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_state
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule

@@ -1,4 +1,4 @@
-"""What the cohort tree costs a scheduling pass (core/cohort_tree.py, DESIGN §8).
+"""What the cohort tree costs a scheduling pass (core/queues/cohort_tree.py, DESIGN §8).
 
 The same cluster — ``nodes`` nodes of 8 GPUs in racks of 16, ``queues`` queues of 8
 nominal GPUs each, three queues of four running a gang of 8 GPUs, one of those a second
@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import Cohort, Queue
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
-from synapse_ha.core.quota import QueueUsage
+from synapse_ha.core.queues.quota import QueueUsage
 from synapse_ha.core.scheduler import schedule
 
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loopback import loopback_cluster, percentile
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import JobSpec, Resources
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc.states import job_state
 from synapse_ha.rpc.to_proto import spec_to_proto
 

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import invariants
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.local.waiting import RPC_ERRORS, wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -1,5 +1,5 @@
 """What the format gate costs each apply: ``format_needed`` walks every command before
-it is applied (core/formats.py), on every replica.
+it is applied (core/codec/formats.py), on every replica.
 
 Commands: a job submission with a full spec, a bind plan of ``gangs`` gangs of 8
 members with a pending reason each, and a report of 64 member events. For each, the
@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import encode_command
-from synapse_ha.core.formats import format_needed
+from synapse_ha.core.codec.formats import format_needed
+from synapse_ha.core.codec.versioned import encode_command
 from synapse_ha.core.model import JobSpec, MemberPlacement, Resources, RetryPolicy
 from synapse_ha.core.reasons import ReasonCode, reason
 

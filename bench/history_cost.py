@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.loopback import wait_for
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec import encode_command
+from synapse_ha.core.codec.versioned import encode_command
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.local.launcher import Launcher

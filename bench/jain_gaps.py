@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
-from synapse_ha.core.quota import gang_request
+from synapse_ha.core.queues.quota import gang_request
 from synapse_ha.sim.engine import GRACE_MS, AfterOkRun, Pacing, Run, build_cluster
 from synapse_ha.sim.fairness import jain
 from synapse_ha.sim.policies import Ours

@@ -7,7 +7,7 @@ state's memory goes.
    all bound: live jobs). The replica's resident set (``VmRSS`` and its peak ``VmHWM``
    from ``/proc/<pid>/status``) is read when it started, after the nodes and after the
    jobs; the encoded state is the size of ``GetReplicaState``'s canonical encoding
-   (:mod:`synapse_ha.core.codec`), compact as a new cluster writes it. The nodes' dead
+   (:mod:`synapse_ha.core.codec.versioned`), compact as a new cluster writes it. The nodes' dead
    timeout is set long so that nothing is reaped while the benchmark loads. The loads are
    sent again when refused for a while (UNAVAILABLE, or no answer in time) and the reads
    go through the client library (:class:`~synapse_ha.client.cluster.ClusterClient`), so
@@ -44,7 +44,7 @@ from bench.quorum import loopback_host, pipelined, register_request, small_spec
 from bench.report import emit
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_state, encode_state
+from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import Queue
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule

@@ -73,7 +73,7 @@ NO_MEMBER_LIMITS = {
     "member_min_cpu_milli": 0,
     "member_min_memory_mib": 0,
     "member_overhead_memory_mib": 0,
-    "running_members_per_user": 10_000_000,  # the highest allowed (core/admission.py)
+    "running_members_per_user": 10_000_000,  # the highest allowed (core/identity/admission.py)
     "members_per_node_per_user": 10_000_000,
 }
 

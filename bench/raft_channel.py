@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import replica
+from synapse_ha.core.identity.access import replica
 from synapse_ha.local.ports import reserve_ports
 from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.security.bundle import new_raft_password

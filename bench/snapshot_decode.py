@@ -8,7 +8,7 @@ seconds with the collector paused as the codec pauses it:
 
 - ``read_snapshot_file_s``: reading the file as a replica does (msgspec's parser, the
   core's decoding);
-- ``decode_state_stdlib_s``: :func:`synapse_ha.core.codec.decode_state` with the standard
+- ``decode_state_stdlib_s``: :func:`synapse_ha.core.codec.versioned.decode_state` with the standard
   library's parser alone (the reference);
 - where the time goes: parsing with each parser (``parse_s``), and rebuilding the records
   from the parsed values (``from_plain_s``).
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import emit
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.codec_from_plain import from_plain
+from synapse_ha.core.codec.from_plain import from_plain
+from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, Resources
 from synapse_ha.core.scheduler import schedule

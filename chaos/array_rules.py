@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from chaos.history import History, Violation, frozen_attempts, in_thaw_window
-from synapse_ha.core.admission import shown_request_id
-from synapse_ha.core.arrays import ArrayTextError, parse_array, task_id, task_of
+from synapse_ha.core.identity.admission import shown_request_id
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.workflows.arrays import ArrayTextError, parse_array, task_id, task_of
 
 Span = tuple[int, int]  # (first record, last record), monotonic ns
 

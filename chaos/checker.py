@@ -134,9 +134,9 @@ from chaos.history import (
     reruns_after_unfinished,
 )
 from synapse_ha.core import invariants
-from synapse_ha.core.admission import shown_request_id
-from synapse_ha.core.codec import decode_state
-from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.versioned import decode_state
+from synapse_ha.core.identity.admission import shown_request_id
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode, render
 

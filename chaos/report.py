@@ -23,8 +23,8 @@ from chaos.checker import (
     reruns_after_unfinished,
     thaw_writes,
 )
-from synapse_ha.core.codec import decode_state
-from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.versioned import decode_state
 
 
 def write_report(

@@ -27,7 +27,7 @@ from chaos.history import JOB_HISTORY
 from chaos.nemesis import Step
 from chaos.play import Nemesis
 from synapse_ha.client.cluster import ClusterUnavailable
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import attempt_state, job_state
 

@@ -40,7 +40,7 @@ import grpc
 
 from chaos.ledger import Appender, now_ns
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable, new_request_id
-from synapse_ha.core.arrays import parse_array
+from synapse_ha.core.workflows.arrays import parse_array
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.security.tls import TlsFiles, Transport
 

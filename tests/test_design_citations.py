@@ -86,7 +86,7 @@ def test_every_design_citation_names_a_section_of_docs_design_md() -> None:
 
 
 def named_modules(text: str) -> set[str]:
-    """The files a document names in backquotes (``core/spec.py``, ``worker/shim.py``)."""
+    """The files a document names in backquotes (``core/spec/document.py``, ``worker/shim.py``)."""
     return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_/]*\.(?:py|md|toml))`", text))
 
 

@@ -15,9 +15,9 @@ from synapse_ha.cli.app import CommandFailed, Settings, note
 from synapse_ha.cli.defaults import POLL_INTERVAL_S, ExitCode
 from synapse_ha.cli.render_arrays import array_document, states_text
 from synapse_ha.client.jobs import get_array
-from synapse_ha.core.arrays import array_problems
 from synapse_ha.core.model import JobState
-from synapse_ha.core.spec import ParsedJob
+from synapse_ha.core.spec.document import ParsedJob
+from synapse_ha.core.workflows.arrays import array_problems
 from synapse_ha.rpc.errors import Reason, failure_of
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from synapse_ha.core.access import NAME_PATTERN, Identity, Kind, Role
+from synapse_ha.core.identity.access import NAME_PATTERN, Identity, Kind, Role
 from synapse_ha.security.pki import PkiError, init_ca, issue, issue_client
 
 # The transport-only certificate kind (no identity: a token says who the caller is).

@@ -23,7 +23,7 @@ from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.render import table
 from synapse_ha.client import replicas
 from synapse_ha.client.replicas import ReplicaMember
-from synapse_ha.core.backup import BackupError, decode_backup, encode_backup
+from synapse_ha.core.codec.backup import BackupError, decode_backup, encode_backup
 
 # Membership changes wait for their commit; a backup may be large.
 CHANGE_TIMEOUT_S = 30.0

@@ -44,10 +44,10 @@ from synapse_ha.client.logs import (
     stop_followers,
 )
 from synapse_ha.client.specfile import cluster_refusal, load_job_file
-from synapse_ha.core.arrays import task_id
-from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
-from synapse_ha.core.spec import ParsedJob
+from synapse_ha.core.spec.document import ParsedJob
+from synapse_ha.core.workflows.arrays import task_id
+from synapse_ha.core.workflows.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.rpc.errors import Reason, failure_of
 
 # -------------------------------------------------------------------------- submit

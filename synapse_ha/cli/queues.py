@@ -26,7 +26,7 @@ from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client import queues as client_queues
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.cluster_config import Queue
-from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
+from synapse_ha.core.spec.document import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.rpc.errors import Reason
 
 

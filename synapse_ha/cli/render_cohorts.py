@@ -9,7 +9,7 @@ from typing import Any
 
 from synapse_ha.cli.render import Document, cell_text
 from synapse_ha.client.queues import Queues, QueueStatus
-from synapse_ha.core.queue_usage import CohortUsage
+from synapse_ha.core.queues.usage import CohortUsage
 
 
 def _cohort_node(status: CohortUsage) -> Document:

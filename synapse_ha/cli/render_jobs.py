@@ -21,10 +21,10 @@ from synapse_ha.cli.render_nodes import topology_document, topology_path
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
 from synapse_ha.client.jobs import AttemptView, Checkpoint, Explained, JobView, MemberView
 from synapse_ha.client.nodes import NodeView
-from synapse_ha.core.dependencies import Dependencies
+from synapse_ha.core.health.progress import SOURCE_LOG
 from synapse_ha.core.model import JobSpec, JobState
-from synapse_ha.core.progress import SOURCE_LOG
-from synapse_ha.core.windows import resolved
+from synapse_ha.core.workflows.dependencies import Dependencies
+from synapse_ha.core.workflows.windows import resolved
 from synapse_ha.rpc.readable import (
     clock,
     iso,

@@ -19,7 +19,7 @@ from synapse_ha.cli.render import (
 from synapse_ha.cli.terminal import terminal_safe
 from synapse_ha.client.nodes import NodeView, Repaired
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
-from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.health.fitness import GpuFault, NodeCondition, Unfit
 
 
 def ordered_levels(labels: Iterable[str]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 from synapse_ha.cli.render import Document, duration_text, table
 from synapse_ha.cli.terminal import MULTILINE, terminal_safe
 from synapse_ha.client.queues import Queues, QueueStatus
-from synapse_ha.core.fairshare import SHARE_SCALE
+from synapse_ha.core.queues.fairshare import SHARE_SCALE
 
 
 def queue_document(status: QueueStatus) -> Document:

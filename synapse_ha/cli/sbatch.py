@@ -17,7 +17,7 @@ from synapse_ha.cli.app import CommandFailed, Settings, note, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client.cluster import new_request_id
 from synapse_ha.client.sbatch import SbatchError, script_position, translate
-from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.to_proto import spec_to_proto
 

@@ -8,7 +8,7 @@ from synapse_ha.cli import render_tokens
 from synapse_ha.cli.app import CommandFailed, Settings, emit, note, output_option, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client import tokens as client_tokens
-from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.core.spec.document import SpecError, parse_duration
 from synapse_ha.rpc.errors import Reason
 
 # -------------------------------------------------------------------------- tokens

@@ -53,10 +53,10 @@ from synapse_ha.client.specfile import (
     line_in_file,
     load_job_file,
 )
-from synapse_ha.core.arrays import array_problems, task_id
-from synapse_ha.core.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.core.model import JobState
-from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
+from synapse_ha.core.spec.document import ParsedJob, SpecError, parse_job_spec
+from synapse_ha.core.workflows.arrays import array_problems, task_id
+from synapse_ha.core.workflows.dependencies import Dependencies, dependency_problems, merged
 from synapse_ha.rpc.errors import Reason
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import JobSpec, JobState
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc import fields, from_proto, states, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

@@ -15,7 +15,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, PREEMPT_FILE_ENV, RESUME_STEP_ENV
+from synapse_ha.core.workflows.checkpoints import (
+    CHECKPOINT_FILE_ENV,
+    PREEMPT_FILE_ENV,
+    RESUME_STEP_ENV,
+)
 
 
 def checkpoint(step: int | None = None, *, environ: Mapping[str, str] | None = None) -> bool:

@@ -1,7 +1,7 @@
 """The cluster's nodes as the client library hands them out: :class:`NodeView` (what
 ``ListNodes`` says of a node) and :class:`Repaired` (the answer to a GPU repair), built
 of core values (:class:`~synapse_ha.core.model.Resources`, the health records of
-:mod:`synapse_ha.core.health`) so that callers never read a protobuf message.
+:mod:`synapse_ha.core.health.fitness`) so that callers never read a protobuf message.
 
 A node's status stays the text the server showed: a newer server may name a status this
 library does not know, and it is shown as the server said it.
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.health.fitness import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.model import Resources
 from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -1,8 +1,8 @@
 """The cluster's queues and cohort tree as the client library hands them out, in core
 values: each queue's record (:class:`~synapse_ha.core.cluster_config.Queue`) with its
-usage (:class:`~synapse_ha.core.queue_usage.QueueUsage`) and its place in the fair-share
+usage (:class:`~synapse_ha.core.queues.usage.QueueUsage`) and its place in the fair-share
 order (:class:`QueueStatus`), the priority classes, and every cohort of the tree
-(:class:`~synapse_ha.core.queue_usage.CohortUsage`). Writes take the same records.
+(:class:`~synapse_ha.core.queues.usage.CohortUsage`). Writes take the same records.
 Queues and cohorts are changed by admins only; the cluster refuses anyone else.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.cluster_config import Cohort, PriorityClass, Queue
-from synapse_ha.core.queue_usage import CohortUsage, QueueUsage
+from synapse_ha.core.queues.usage import CohortUsage, QueueUsage
 from synapse_ha.rpc import fields, from_proto, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from synapse_ha.core.arrays import array_problems
-from synapse_ha.core.spec import DEFAULT_CPU, DEFAULT_MEMORY
+from synapse_ha.core.spec.document import DEFAULT_CPU, DEFAULT_MEMORY
+from synapse_ha.core.workflows.arrays import array_problems
 
 # What each member runs before the script: Slurm's names for the rank environment.
 PREAMBLE = (

@@ -2,8 +2,8 @@
 point at the file line.
 
 The document is parsed twice from the same text: once into plain data for
-:func:`synapse_ha.core.spec.parse_job_spec` (which applies the core's one rule set,
-:mod:`synapse_ha.core.validation`), once into PyYAML's node tree, whose marks give the
+:func:`synapse_ha.core.spec.document.parse_job_spec` (which applies the core's one rule set,
+:mod:`synapse_ha.core.spec.validation`), once into PyYAML's node tree, whose marks give the
 line of every key and list item. A violation naming ``resources.memory`` is then
 reported as ``job.yaml:5: resources.memory: '...' is not a memory quantity``; every rule
 the file breaks is reported at once, in line order. A field that is absent from the file
@@ -23,9 +23,9 @@ import yaml
 
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
 from synapse_ha.core.model import JobSpec
-from synapse_ha.core.spec import ParsedJob, SpecError, parse_job_spec
-from synapse_ha.core.spec_values import NamesItsViolation
-from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.core.spec.document import ParsedJob, SpecError, parse_job_spec
+from synapse_ha.core.spec.validation import Violation, ViolationCode
+from synapse_ha.core.spec.values import NamesItsViolation
 
 MAX_SPEC_FILE_BYTES = 1024 * 1024
 # Limits on the document's shape, checked before it is built: PyYAML builds nested
@@ -177,7 +177,7 @@ def load_job_file(
     ``request_id`` (empty when it has none). Raises :class:`SpecFileError`.
 
     ``topology_levels=None`` accepts any well-formed level name (see
-    :func:`synapse_ha.core.spec.parse_job_spec`)."""
+    :func:`synapse_ha.core.spec.document.parse_job_spec`)."""
     name = str(path)
     try:
         with open(path, "rb") as f:

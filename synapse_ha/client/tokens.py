@@ -1,6 +1,6 @@
 """Users' bearer tokens as the client library hands them out (admins only): a token made
 (:class:`CreatedToken`, its text shown this once) and a token listed (:class:`TokenView`:
-the fields of :class:`~synapse_ha.core.tokens.Token` but its secret's hash, which no
+the fields of :class:`~synapse_ha.core.identity.tokens.Token` but its secret's hash, which no
 answer carries). A listed token's role is the text the server showed, so that a role
 this library does not know is shown rather than refused.
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from synapse_ha.core.access import DEFAULT_QUEUE_NAME
+from synapse_ha.core.identity.access import DEFAULT_QUEUE_NAME
 
 # --------------------------------------------------------------------------- config
 
@@ -57,7 +57,7 @@ class PriorityClass:
     class may evict gangs of lower classes of its own queue. ``grace_ms``: how long a
     victim of this class has between SIGTERM and SIGKILL. ``min_runtime_ms``: how long
     a gang of this class runs, from the bind of its attempt, before it may be a victim
-    (:mod:`synapse_ha.core.victim_rules`; 0: at once)."""
+    (:mod:`synapse_ha.core.queues.victim_rules`; 0: at once)."""
 
     name: str
     value: int
@@ -87,9 +87,9 @@ class Queue:
     its jobs may use (empty: every class that does not preempt; a class that preempts
     must be listed). ``max_priority``: the highest priority (a number, or a class's
     value) a user may give a job here without a token that allows more
-    (:func:`synapse_ha.core.access.priority_refusal`). ``min_runtime_ms``: the least
+    (:func:`synapse_ha.core.identity.access.priority_refusal`). ``min_runtime_ms``: the least
     time a gang of this queue runs before it may be a victim; the longer of this and
-    its class's ``min_runtime_ms`` holds (:mod:`synapse_ha.core.victim_rules`).
+    its class's ``min_runtime_ms`` holds (:mod:`synapse_ha.core.queues.victim_rules`).
     ``running_members_per_user`` / ``members_per_node_per_user``: the member caps of
     :class:`Limits` for this queue's gangs (None: the cluster's).
     """
@@ -110,7 +110,7 @@ class Queue:
 
 @dataclass(frozen=True, slots=True)
 class Cohort:
-    """A cohort of the cohort tree (DESIGN §8, :mod:`synapse_ha.core.cohort_tree`).
+    """A cohort of the cohort tree (DESIGN §8, :mod:`synapse_ha.core.queues.cohort_tree`).
 
     ``parent``: the cohort it belongs to ("" : a root). ``gpu``: the cohort's own
     nominal GPUs, shared by the queues below it (None: none of its own).
@@ -143,7 +143,7 @@ class QueueHistory:
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """The timeouts that together guarantee no duplicate execution (DESIGN §4); their
-    rules are :func:`synapse_ha.core.validation.check_timeouts`."""
+    rules are :func:`synapse_ha.core.spec.validation.check_timeouts`."""
 
     heartbeat_interval_ms: int = 1_000
     lease_ttl_ms: int = 4_000
@@ -155,7 +155,7 @@ class Timeouts:
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What one identity may take of the control plane (DESIGN §8), part of the
-    replicated configuration. The rules are :mod:`synapse_ha.core.admission`.
+    replicated configuration. The rules are :mod:`synapse_ha.core.identity.admission`.
 
     ``spec_bytes`` / ``env_bytes``: the size of a job spec and of its environment, for
     everyone (a spec is replicated to every replica and kept until the job is purged).
@@ -166,7 +166,7 @@ class Limits:
     ``watch_streams_per_identity`` / ``watch_streams_total``: open WatchEvents streams on
     one replica, each of which holds a server thread.
 
-    What one user's members may take of the nodes (:mod:`synapse_ha.core.member_limits`,
+    What one user's members may take of the nodes (:mod:`synapse_ha.core.spec.member_limits`,
     in force once every replica reads its format): a node reserves for each member at
     least ``member_min_cpu_milli`` and ``member_min_memory_mib``, plus
     ``member_overhead_memory_mib`` for the member's supervisor, whatever the member asked
@@ -213,13 +213,13 @@ class ClusterConfig:
 
     ``compact_state``: the state (snapshots, ``GetReplicaState``, backups) is written
     as lists of field values, without trailing fields that hold their defaults: about
-    40 % of the bytes (:mod:`synapse_ha.core.codec`). A release before the one that has
+    40 % of the bytes (:mod:`synapse_ha.core.codec.versioned`). A release before the one that has
     this field cannot read such a state, so it is turned on only once every replica runs
     this release.
 
     ``reclaim_wait_max_ms``: a gang that reclaims its queue's nominal quota and has
     waited this long (since it was queued) may preempt gangs still within their minimum
-    run time (:mod:`synapse_ha.core.victim_rules`).
+    run time (:mod:`synapse_ha.core.queues.victim_rules`).
     """
 
     topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
@@ -243,7 +243,7 @@ class ClusterConfig:
     cordon_after_start_failures: int = 3
     # Keep an ended attempt's resources (and GPUs) reserved until each member is
     # confirmed stopped or its node is declared dead, instead of freeing them when the
-    # attempt ends (DESIGN §4). Needs format 3 on every replica (core/formats.py).
+    # attempt ends (DESIGN §4). Needs format 3 on every replica (core/codec/formats.py).
     hold_until_stopped: bool = False
     # A node whose worker registers from a new boot (NodeInfo.boot_id) has its GPU faults
     # cleared: its worker reports again what NVML still finds wrong after the reboot.

@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import ClusterConfig, Cohort, PreemptionKind, Queue
-from synapse_ha.core.health import GpuFault, NodeCheck
+from synapse_ha.core.health.fitness import GpuFault, NodeCheck
+from synapse_ha.core.identity.access import Role
 from synapse_ha.core.model import JobSpec, MemberPlacement, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason
 
@@ -92,7 +92,7 @@ class RepairGpus:
 @dataclass(frozen=True, slots=True)
 class RaiseFormat:
     """Every replica (``replicas``, as the leader heard them) reads format ``version``:
-    commands may now use what it added (core/formats.py). Never lowers the floor."""
+    commands may now use what it added (core/codec/formats.py). Never lowers the floor."""
 
     version: int
     replicas: tuple[str, ...] = ()
@@ -104,7 +104,7 @@ class ReportNodeChecks:
     """What a node's worker reports of its checks (the leader proposes it when a
     heartbeat's checks differ from the node's conditions). A failing check is recorded as
     a condition and cordons a ready node (``status_by`` the check's identity,
-    :data:`~synapse_ha.core.health.CHECK_ACTOR`); a passing one clears its condition, and
+    :data:`~synapse_ha.core.health.fitness.CHECK_ACTOR`); a passing one clears its condition, and
     the node is uncordoned once none is left, if that cordon was the check's own."""
 
     node_id: str
@@ -160,7 +160,7 @@ class BindPlan:
 class MemberEventKind(enum.StrEnum):
     STARTED = "started"
     EXITED = "exited"
-    # The member marked a checkpoint (core/checkpoints.py): ``step`` and ``mark_seq``.
+    # The member marked a checkpoint (core/workflows/checkpoints.py): ``step`` and ``mark_seq``.
     CHECKPOINT = "checkpoint"
 
 
@@ -171,7 +171,7 @@ class ExitCause(enum.StrEnum):
     worker killed it because the lease ran out or the leader forgot the node. ``LOST``:
     its worker killed or lost it for a reason of its own (agent restart or shutdown, its
     supervisor gone). ``HUNG``: its worker stopped it because it made no progress for
-    its job's ``progress.timeout`` (:mod:`synapse_ha.core.progress`). Only ``PROGRAM``
+    its job's ``progress.timeout`` (:mod:`synapse_ha.core.health.progress`). Only ``PROGRAM``
     and ``HUNG`` exits count against ``retries.max``; the others are disruptions and
     requeue the gang (DESIGN §4).
     """
@@ -248,7 +248,7 @@ class ExpireTimeLimit:
 
 @dataclass(frozen=True, slots=True)
 class ExpireDeadline:
-    """Cancel a job still pending at its ``deadline`` (core/windows.py)."""
+    """Cancel a job still pending at its ``deadline`` (core/workflows/windows.py)."""
 
     job_id: str
     now_ms: int = 0
@@ -312,7 +312,7 @@ class DeleteQueue:
 class SetCohort:
     """Add a cohort to the cohort tree or replace its settings (admin). Validated like
     any command: names, a parent that exists, no cycle, a bounded depth, limits >= 0
-    (:func:`synapse_ha.core.cohort_tree.check_cohort`)."""
+    (:func:`synapse_ha.core.queues.cohort_tree.check_cohort`)."""
 
     cohort: Cohort
     now_ms: int = 0

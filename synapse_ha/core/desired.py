@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
+from synapse_ha.core.health.prestart import Prestart
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.core.prestart import Prestart
 
 
 class MemberKey(NamedTuple):
@@ -47,7 +47,7 @@ class LaunchSpec:
     argv), the job's variables, its working directory, time limit and image, one
     member's ``resources`` (the CPU and memory limits its launcher enforces), and its
     hang detection (``progress_timeout_ms``, 0: none; ``progress_source``, see
-    :mod:`synapse_ha.core.progress`)."""
+    :mod:`synapse_ha.core.health.progress`)."""
 
     command: tuple[str, ...]
     shell: bool = True
@@ -112,7 +112,7 @@ class DesiredMember:
     # it is stopped (DESIGN §4: the next attempt waits for that confirmation).
     ended: bool = False
     # The step the gang resumes from (its job's newest attempt mark with a step,
-    # core/checkpoints.py): the members get it as $SYNAPSE_RESUME_STEP. None: none.
+    # core/workflows/checkpoints.py): the members get it as $SYNAPSE_RESUME_STEP. None: none.
     resume_step: int | None = None
 
     @property

@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from synapse_ha.core.member_limits import rules_in_force
 from synapse_ha.core.model import (
     FEATURE_IMAGES,
     ZERO,
@@ -43,6 +42,7 @@ from synapse_ha.core.model import (
     NodeInfo,
     Resources,
 )
+from synapse_ha.core.spec.member_limits import rules_in_force
 from synapse_ha.core.topology import CLUSTER
 
 HOST = "host"
@@ -182,7 +182,7 @@ def shortfall(state: ClusterState, spec: JobSpec) -> Shortfall | None:
     """None when some set of ``state``'s nodes could hold the whole gang of ``spec`` at
     once (or the cluster has no node yet); else what is missing. A member takes what its
     node reserves for it, its request raised to the floor with its supervisor's share
-    (core/member_limits.py): a gang whose request fits only without those is told so."""
+    (core/spec/member_limits.py): a gang whose request fits only without those is told so."""
     if not state.nodes:
         return None
     summary = summary_of(state)

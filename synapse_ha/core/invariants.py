@@ -8,12 +8,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from synapse_ha.core.arrays import task_id
-from synapse_ha.core.checkpoints import mark_problems
-from synapse_ha.core.cohort_tree import MAX_COHORT_DEPTH, ancestors
 from synapse_ha.core.machine.apply_dependencies import Outcome, outcome_of
 from synapse_ha.core.member_counts import MemberCounts
-from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import (
     Attempt,
     ClusterState,
@@ -26,6 +22,10 @@ from synapse_ha.core.model import (
     Resources,
     occupies_slot,
 )
+from synapse_ha.core.queues.cohort_tree import MAX_COHORT_DEPTH, ancestors
+from synapse_ha.core.spec.member_limits import reserved_of
+from synapse_ha.core.workflows.arrays import task_id
+from synapse_ha.core.workflows.checkpoints import mark_problems
 
 
 @dataclass(slots=True)
@@ -332,7 +332,7 @@ def _bookkeeping_problems(state: ClusterState) -> list[str]:
 
 def _cohort_problems(state: ClusterState) -> list[str]:
     """The cohort tree is a tree: every parent exists, no cohort is above itself, no
-    way up is longer than the bound (core/cohort_tree.py)."""
+    way up is longer than the bound (core/queues/cohort_tree.py)."""
     problems = []
     for name, record in sorted(state.cohorts.items()):
         if record.name != name:
@@ -348,7 +348,7 @@ def _cohort_problems(state: ClusterState) -> list[str]:
 def _member_problems(state: ClusterState) -> list[str]:
     """What an attempt reserves per member is at least what it asked, GPUs alike; the
     owners' member counts, once built, are those of the live attempts
-    (core/member_limits.py)."""
+    (core/spec/member_limits.py)."""
     problems = []
     for job_id, job in sorted(state.jobs.items()):
         attempt = job.attempt

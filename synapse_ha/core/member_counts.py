@@ -1,6 +1,6 @@
 """How many members each owner runs, in the cluster and on each node: an index of the
 state that apply keeps (like :mod:`synapse_ha.core.node_index`), so the member caps of
-:mod:`synapse_ha.core.member_limits` cost a look-up per decision, never a scan of the jobs.
+:mod:`synapse_ha.core.spec.member_limits` cost a look-up per decision, never a scan of the jobs.
 
 A job counts while it holds resources (scheduled or running): every member of its
 current attempt once, on that member's node, whether or not the member has exited yet

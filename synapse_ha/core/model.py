@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from synapse_ha.core.checkpoints import AttemptMark, CheckpointMark, attempt_mark
 from synapse_ha.core.cluster_config import (
     DEFAULT_QUEUE,
     ClusterConfig,
@@ -23,20 +22,21 @@ from synapse_ha.core.cluster_config import (
     Queue,
     QueueHistory,
 )
-from synapse_ha.core.dependencies import Dependencies
-from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.health.fitness import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.health.prestart import Prestart
+from synapse_ha.core.health.progress import Progress
+from synapse_ha.core.identity.tokens import Token as Token  # re-exported: the state holds tokens
 from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.node_index import NodeIndex
-from synapse_ha.core.prestart import Prestart
-from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
-from synapse_ha.core.tokens import Token as Token  # re-exported: the state holds tokens
+from synapse_ha.core.workflows.checkpoints import AttemptMark, CheckpointMark, attempt_mark
+from synapse_ha.core.workflows.dependencies import Dependencies
 
-ADDED_IN = "format"  # the metadata key of a field's format (core/formats.py)
+ADDED_IN = "format"  # the metadata key of a field's format (core/codec/formats.py)
 
 
 def added_in(version: int) -> dict[str, int]:
-    """The metadata of a field added in format ``version`` (core/formats.py): the codec
+    """The metadata of a field added in format ``version`` (core/codec/formats.py): the codec
     leaves it out while it holds its default, and a command that sets it needs that
     format (format 2, the oldest the format gate knows, is never refused)."""
     return {ADDED_IN: version}
@@ -177,9 +177,9 @@ class Node:
     master_ports: list[int] = field(default_factory=list)
     status_reason: str = ""
     status_by: str = ""  # the identity that last cordoned, drained or uncordoned it (audit)
-    # Unhealthy GPUs, by index (core/health.py): never placed on until repaired.
+    # Unhealthy GPUs, by index (core/health/fitness.py): never placed on until repaired.
     gpu_faults: tuple[GpuFault, ...] = field(default=(), metadata=added_in(2))
-    # Owners whose members this node could not start, for a back-off (core/health.py),
+    # Owners whose members this node could not start, for a back-off (core/health/fitness.py),
     # and how many members in a row it could not start.
     unfit: tuple[Unfit, ...] = field(default=(), metadata=added_in(2))
     start_failures: int = field(default=0, metadata=added_in(2))
@@ -243,25 +243,25 @@ class JobSpec:
     queue: str = field(default=DEFAULT_QUEUE, metadata=added_in(2))
     # "": no class; ``priority`` is then the number given.
     priority_class: str = field(default="", metadata=added_in(2))
-    # None: no hang detection (core/progress.py).
+    # None: no hang detection (core/health/progress.py).
     progress: Progress | None = field(default=None, metadata=added_in(3))
-    # Run on each member's node before the member (core/prestart.py).
+    # Run on each member's node before the member (core/health/prestart.py).
     prestart: Prestart | None = field(default=None, metadata=added_in(3))
-    # None: starts as soon as it fits (core/dependencies.py).
+    # None: starts as soon as it fits (core/workflows/dependencies.py).
     dependencies: Dependencies | None = field(default=None, metadata=added_in(4))
-    # Its window (core/windows.py): not considered before ``begin``, cancelled if still
+    # Its window (core/workflows/windows.py): not considered before ``begin``, cancelled if still
     # pending at ``deadline``; each a time (ms since the epoch) or a delay after the
     # submission (ms), 0 when not given.
     begin_at_ms: int = field(default=0, metadata=added_in(4))
     begin_delay_ms: int = field(default=0, metadata=added_in(4))
     deadline_at_ms: int = field(default=0, metadata=added_in(4))
     deadline_delay_ms: int = field(default=0, metadata=added_in(4))
-    # ``array:`` as given (core/arrays.py): one submission makes a task per index; "" is
+    # ``array:`` as given (core/workflows/arrays.py): one submission makes a task per index; "" is
     # a single job.
     array: str = field(default="", metadata=added_in(5))
     # Accepted though no node could hold it yet (core/feasibility.py).
     wait_for_nodes: bool = field(default=False, metadata=added_in(9))
-    # A stopped member's SIGTERM to SIGKILL (core/spec_fields.py); 0: its node's.
+    # A stopped member's SIGTERM to SIGKILL (core/spec/fields.py); 0: its node's.
     stop_grace_ms: int = field(default=0, metadata=added_in(11))
 
 
@@ -301,10 +301,10 @@ class Attempt:
     # they are confirmed stopped (ClusterConfig.hold_until_stopped), in rank order.
     held: tuple[int, ...] = field(default=(), metadata=added_in(2))
     # The newest checkpoint mark of each member that marked one, in rank order
-    # (core/checkpoints.py); the attempt's mark is derived from them.
+    # (core/workflows/checkpoints.py); the attempt's mark is derived from them.
     marks: tuple[CheckpointMark, ...] = field(default=(), metadata=added_in(5))
     # What each member's node reserves for it: its request raised to the cluster's floor,
-    # plus its supervisor (core/member_limits.py); None: the request as it is.
+    # plus its supervisor (core/spec/member_limits.py); None: the request as it is.
     reserved: Resources | None = field(default=None, metadata=added_in(10))
 
     def mark(self) -> AttemptMark | None:
@@ -353,15 +353,15 @@ class Job:
     # The last attempt ended by its node's death while the job is not final (see
     # LostAttempt); None otherwise.
     lost_attempt: LostAttempt | None = field(default=None, metadata=added_in(2))
-    # Dependencies not met yet, as (kind, job id) (core/dependencies.py): the job is not
+    # Dependencies not met yet, as (kind, job id) (core/workflows/dependencies.py): the job is not
     # considered for placement while any remain.
     waiting_for: tuple[tuple[str, str], ...] = field(default=(), metadata=added_in(2))
     # Jobs that named this one as a dependency when they were submitted, in order.
     dependants: tuple[str, ...] = field(default=(), metadata=added_in(2))
-    # For a task of an array (core/arrays.py): the array's id and the task's index.
+    # For a task of an array (core/workflows/arrays.py): the array's id and the task's index.
     array_id: str = field(default="", metadata=added_in(2))
     array_index: int = field(default=0, metadata=added_in(2))
-    # The step of the newest attempt mark that carried one (core/checkpoints.py): its
+    # The step of the newest attempt mark that carried one (core/workflows/checkpoints.py): its
     # next attempt's members get it as $SYNAPSE_RESUME_STEP. None: none yet.
     resume_step: int | None = field(default=None, metadata=added_in(5))
 
@@ -378,7 +378,7 @@ class Job:
 
 @dataclass(slots=True)
 class ArrayJob:
-    """An array (core/arrays.py): what one submission made. Its tasks are the jobs
+    """An array (core/workflows/arrays.py): what one submission made. Its tasks are the jobs
     ``<array_id>_<index>`` for each of ``indices`` (each shares ``spec``); ``throttle``
     bounds how many of them hold resources at once (0: no bound). It is purged with the
     last of its tasks."""
@@ -409,7 +409,7 @@ class ClusterState:
     nodes: dict[str, Node] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
     # request_id -> job_id; a user's ids are scoped to it ("<owner>/<id>", see
-    # synapse_ha.core.admission.scoped_request_id), ids of older releases are not.
+    # synapse_ha.core.identity.admission.scoped_request_id), ids of older releases are not.
     request_ids: dict[str, str] = field(default_factory=dict)
     next_job_seq: int = 1
     last_fencing_token: int = 0
@@ -421,18 +421,18 @@ class ClusterState:
     )
     # queue name -> decayed usage of its ended attempts (fair share); sorted by name.
     queue_history: dict[str, QueueHistory] = field(default_factory=dict, metadata=added_in(2))
-    # The newest format every replica reads (core/formats.py): what a command may use.
+    # The newest format every replica reads (core/codec/formats.py): what a command may use.
     format_floor: int = field(default=2, metadata=added_in(2))
-    # Arrays by id (core/arrays.py); their tasks are in ``jobs``.
+    # Arrays by id (core/workflows/arrays.py); their tasks are in ``jobs``.
     arrays: dict[str, ArrayJob] = field(default_factory=dict, metadata=added_in(2))
-    # The cohort tree (core/cohort_tree.py): cohort records by name, sorted by name.
+    # The cohort tree (core/queues/cohort_tree.py): cohort records by name, sorted by name.
     cohorts: dict[str, Cohort] = field(default_factory=dict, metadata=added_in(2))
     # Derived, not replicated: the ids of the jobs holding resources, built on first use
     # by :meth:`live_jobs` and kept by :meth:`job_state_changed` after every change of a
     # job's state (None: not built yet).
     _live: set[str] | None = field(default=None, init=False, repr=False, compare=False)
     # Derived, not replicated, built on first use: the jobs on each node (:meth:`jobs_on_node`)
-    # and each owner's members (core/member_limits.py), kept by :meth:`job_state_changed`;
+    # and each owner's members (core/spec/member_limits.py), kept by :meth:`job_state_changed`;
     # core/feasibility's summary of the nodes (shared).
     _nodes: NodeIndex | None = field(default=None, init=False, repr=False, compare=False)
     _members: MemberCounts | None = field(default=None, init=False, repr=False, compare=False)

@@ -24,7 +24,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse_ha.core.windows import time_text
+from synapse_ha.core.workflows.windows import time_text
 
 Param = tuple[str, int | str]
 
@@ -68,19 +68,19 @@ class ReasonCode(enum.StrEnum):
     WAITING_FOR_VICTIMS = "waiting_for_victims"  # count, kind, victims
     PREEMPTING = "preempting"  # preemptor, kind, grace_ms, deadline_ms (a live job's reason)
     WAITING_FOR_PREEMPTOR = "waiting_for_preemptor"  # preemptor, until_ms
-    # count, kind, until_ms: from when it may preempt them (core/victim_rules.py)
+    # count, kind, until_ms: from when it may preempt them (core/queues/victim_rules.py)
     WAITING_MIN_RUNTIME = "waiting_min_runtime"
-    # -- dependencies (core/dependencies.py)
+    # -- dependencies (core/workflows/dependencies.py)
     DEPENDENCY = "dependency"  # waiting (what it waits for, as text), count
     DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"  # job, kind, state
-    # -- a job's window (core/windows.py)
+    # -- a job's window (core/workflows/windows.py)
     BEGIN_TIME = "begin_time"  # at_ms: not considered before then
     DEADLINE = "deadline"  # at_ms: cancelled, still pending at its deadline
-    # -- arrays (core/arrays.py)
+    # -- arrays (core/workflows/arrays.py)
     ARRAY_THROTTLE = "array_throttle"  # array, throttle: its array runs that many already
     # -- a gang no set of the cluster's nodes could hold (core/feasibility.py)
     WAITING_FOR_NODES = "waiting_for_nodes"  # members, request, level?, missing
-    # -- one owner's members at a cap (core/member_limits.py): limit, allowed, queue?, user,
+    # -- one owner's members at a cap (core/spec/member_limits.py): limit, allowed, queue?, user,
     # members, and running (the cluster's cap) or nodes (the nodes full to a node's cap)
     WAITING_MEMBER_CAP = "waiting_member_cap"
 

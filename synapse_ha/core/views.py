@@ -16,7 +16,7 @@ from synapse_ha.core.model import (
     unconfirmed_members,
 )
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
-from synapse_ha.core.windows import resolved
+from synapse_ha.core.workflows.windows import resolved
 
 
 def not_started_members(job: Job) -> list[int]:

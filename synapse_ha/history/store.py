@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.core.codec import decode_command
-from synapse_ha.core.codec_from_plain import from_plain
-from synapse_ha.core.codec_to_plain import to_plain
+from synapse_ha.core.codec.from_plain import from_plain
+from synapse_ha.core.codec.to_plain import to_plain
+from synapse_ha.core.codec.versioned import decode_command
 from synapse_ha.core.commands import SubmitJob
 from synapse_ha.core.model import JobSpec
 from synapse_ha.core.reasons import render

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.health import GpuFault, NodeCondition
+from synapse_ha.core.health.fitness import GpuFault, NodeCondition
 from synapse_ha.core.model import (
     Attempt,
     AttemptState,
@@ -137,7 +137,7 @@ class JobRecord:
     cancelled_by: str
     spec: object  # the JobSpec (stored as the core codec's plain form, or as below)
     applied_index: int
-    # The last attempt's checkpoint mark (core/checkpoints.py): when (0: none) and its
+    # The last attempt's checkpoint mark (core/workflows/checkpoints.py): when (0: none) and its
     # step; and the step a next attempt would have resumed from.
     checkpoint_at_ms: int = 0
     checkpoint_step: int | None = None

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.formats import held_back_config
+from synapse_ha.core.codec.formats import held_back_config
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, IncrementalPlanner, Plan, schedule
@@ -347,7 +347,7 @@ class LeaderLoop:
         """Replicate this replica's configured timeouts and locality wait when the
         replicated configuration differs."""
         wanted = state.config if self._desired is None else self._desired.applied_to(state.config)
-        # What not every replica reads yet waits for the format gate (core/formats.py).
+        # What not every replica reads yet waits for the format gate (core/codec/formats.py).
         wanted = held_back_config(wanted, state.config, state.format_floor)
         if wanted == state.config:
             return ""

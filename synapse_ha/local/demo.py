@@ -45,7 +45,7 @@ import grpc
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.core.model import FINISHED_JOB_STATES, JobState, NodeStatus
-from synapse_ha.core.spec import parse_job_spec
+from synapse_ha.core.spec.document import parse_job_spec
 from synapse_ha.local.devcluster import DevCluster, DevClusterError
 from synapse_ha.local.devoptions import DevClusterOptions
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -52,7 +52,7 @@ import grpc
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import NodeStatus
-from synapse_ha.core.spec import parse_duration
+from synapse_ha.core.spec.document import parse_duration
 from synapse_ha.local.commands import loopback_peers
 from synapse_ha.local.devoptions import (
     DEFAULT_WORKER_PORT_BASE,

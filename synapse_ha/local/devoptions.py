@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_memory
+from synapse_ha.core.spec.document import SpecError, parse_cpu, parse_duration, parse_memory
 from synapse_ha.local.ports import HOST
 
 REPLICA_IDS = ("a", "b", "c")

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.local.commands import Peer, loopback_peers
 from synapse_ha.local.launcher import Launcher

@@ -71,7 +71,7 @@ from dataclasses import dataclass
 import grpc
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.core.access import split_token
+from synapse_ha.core.identity.access import split_token
 from synapse_ha.observe.chart_pages import CHARTS_REFRESH_FACTOR
 from synapse_ha.observe.http import Request, Response
 from synapse_ha.observe.list_pages import render_nodes, render_queues

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from synapse_ha.core.fairshare import SHARE_SCALE
+from synapse_ha.core.queues.fairshare import SHARE_SCALE
 from synapse_ha.observe.cohort_tree_page import render_cohort_tree
 from synapse_ha.observe.page_kit import REFRESH_S, duration_html, esc, page, time_html
 from synapse_ha.observe.pages import gpu_cell, rack_of

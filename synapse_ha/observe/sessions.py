@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse_ha.core.access import split_token
+from synapse_ha.core.identity.access import split_token
 
 SESSION_TTL_MS = 8 * 3_600_000  # from sign-in, however active
 SESSION_IDLE_MS = 30 * 60_000  # without a request

@@ -8,7 +8,7 @@ only to copy the record dictionaries) and derives every gauge from it
 without any lock; the figures (:class:`StateFigures`, a pure function of the state) are
 cached per applied command, so scrapes between two applies cost one comparison.
 
-A GPU recorded unhealthy (:mod:`synapse_ha.core.health`) is never free: the scheduler
+A GPU recorded unhealthy (:mod:`synapse_ha.core.health.fitness`) is never free: the scheduler
 does not place on it until an operator repairs it. One that a gang still holds while
 its members are being stopped counts as used, as any held GPU does.
 """
@@ -24,7 +24,7 @@ from typing import Protocol
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from synapse_ha.core.health import unhealthy_gpus
+from synapse_ha.core.health.fitness import unhealthy_gpus
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus, topology_path
 

@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.core.spec.document import SpecError, parse_duration
 from synapse_ha.security.tls import INSECURE_WARNING
 
 

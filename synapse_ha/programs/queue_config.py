@@ -10,7 +10,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from synapse_ha.core.admission import check_limits
 from synapse_ha.core.cluster_config import (
     DEFAULT_GRACE_MS,
     LOCALITY_WAIT_MS,
@@ -23,7 +22,8 @@ from synapse_ha.core.cluster_config import (
     PreemptionMode,
     PriorityClass,
 )
-from synapse_ha.core.validation import check_priority_classes
+from synapse_ha.core.identity.admission import check_limits
+from synapse_ha.core.spec.validation import check_priority_classes
 from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs.config_file import ConfigError, duration_ms
 from synapse_ha.programs.settings import Inputs, Setting, setting, switch

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Role, split_token
-from synapse_ha.core.backup import BackupError, decode_backup
+from synapse_ha.core.codec.backup import BackupError, decode_backup
+from synapse_ha.core.identity.access import Role, split_token
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME as HISTORY_FILE

@@ -47,9 +47,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from synapse_ha.core.access import split_token
 from synapse_ha.core.cluster_config import LOCALITY_WAIT_MS, Timeouts
-from synapse_ha.core.validation import check_timeouts
+from synapse_ha.core.identity.access import split_token
+from synapse_ha.core.spec.validation import check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY
 from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs.config_file import ConfigError, address, duration_ms

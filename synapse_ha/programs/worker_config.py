@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.core.spec import SpecError, parse_cpu, parse_memory
+from synapse_ha.core.spec.document import SpecError, parse_cpu, parse_memory
 from synapse_ha.programs.config_file import ConfigError, address, duration_ms
 from synapse_ha.programs.health_check_config import HEALTH_CHECK_SETTINGS, health_check_settings
 from synapse_ha.programs.member_config import (

@@ -89,7 +89,7 @@ from pysyncobj.journal import (
 )
 from pysyncobj.pickle import dumps, to_bytes
 
-from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec.decode_errors import CodecError
 from synapse_ha.raft.adapter import FileJournalState, ResizableFileState, install_journal_factory
 from synapse_ha.raft.snapshot_file import read_snapshot_entries
 

@@ -14,7 +14,7 @@ from typing import Any
 from pysyncobj.config import FAIL_REASON
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec import encode_command
+from synapse_ha.core.codec.versioned import encode_command
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.raft.batch import frame
 

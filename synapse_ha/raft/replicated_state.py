@@ -24,8 +24,8 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec import decode_command
-from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
+from synapse_ha.core.codec.decode_errors import CodecError, UnreadableFormat
+from synapse_ha.core.codec.versioned import decode_command
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
 from synapse_ha.history.tracker import AppliedCommand
@@ -116,7 +116,7 @@ class ReplicatedState(SyncObjConsumer):  # type: ignore[misc]
                 command = decode_command(item)
             except UnreadableFormat as exc:
                 # Written by a newer release: this replica now lacks a change the others
-                # applied. Loud, because the upgrade rule was broken (core/codec.py).
+                # applied. Loud, because the upgrade rule was broken (core/codec/versioned.py).
                 log.error("cannot apply a command of a newer release: %s", exc)
                 result = cmd.error(cmd.ResultCode.INVALID, f"unreadable command: {exc}")
             except CodecError as exc:

@@ -3,7 +3,7 @@
 pysyncobj hands a custom serializer the two newest applied log entries and the cluster
 membership, but not the replicated objects: the serializer reads the state itself. The
 file is one JSON header line (format version and the two log entries, commands in
-base64) followed by the canonical state encoding from :mod:`synapse_ha.core.codec`.
+base64) followed by the canonical state encoding from :mod:`synapse_ha.core.codec.versioned`.
 
 The serializer runs on the Raft thread between two applies and takes a copy-on-write
 snapshot of the state there, exactly the state after the newest entry it is given; the
@@ -51,8 +51,8 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.model import ClusterState
 
 SNAPSHOT_VERSION = 1

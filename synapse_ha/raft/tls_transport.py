@@ -55,7 +55,7 @@ from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.transport import TransportNotReadyError
 
-from synapse_ha.core.access import Kind
+from synapse_ha.core.identity.access import Kind
 from synapse_ha.raft import wire
 from synapse_ha.raft.adapter import TransportBase
 from synapse_ha.raft.password_transport import PeerThrottle

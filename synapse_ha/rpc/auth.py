@@ -11,7 +11,7 @@
    SPIFFE name, provided by the TLS layer);
 3. otherwise nobody: ``UNAUTHENTICATED``.
 
-Then :func:`synapse_ha.core.access.authorize` judges the method. A refusal ends the call
+Then :func:`synapse_ha.core.identity.access.authorize` judges the method. A refusal ends the call
 with ``UNAUTHENTICATED`` / ``PERMISSION_DENIED`` (typed reasons, metadata ``identity`` and
 ``method``), is logged on ``synapse_ha.audit`` at WARNING with the identity tried, and is
 counted by (reason, method). An accepted call reaches its handler, which reads the
@@ -38,11 +38,11 @@ from typing import Any
 
 import grpc
 
-from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import AccessRefusal, AccessRefusalCode, Identity, Kind, Role
+from synapse_ha.core.identity import access
+from synapse_ha.core.identity.access import AccessRefusal, AccessRefusalCode, Identity, Kind, Role
 from synapse_ha.core.model import Token
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.spec.document import SpecError
 from synapse_ha.rpc.errors import Reason, abort_invalid, build_status
 
 audit = logging.getLogger("synapse_ha.audit")
@@ -81,7 +81,7 @@ def new_token(
     once, and the command that replicates its hash. ``ttl_ms`` 0 means it never expires.
     A replica bootstrapping the first admin token passes ``created_by="bootstrap"``.
     ``priority_classes`` and ``max_priority``: what it allows beyond a queue's own rules
-    (:func:`synapse_ha.core.admission.priority_refusal`)."""
+    (:func:`synapse_ha.core.identity.admission.priority_refusal`)."""
     token_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     command = cmd.CreateToken(

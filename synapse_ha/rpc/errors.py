@@ -22,7 +22,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.core.spec.validation import Violation, ViolationCode
 from synapse_ha.service.refusal import ErrorReason, Refusal
 
 __all__ = ["ErrorReason", "Reason"]  # the use cases' reasons; clients read them from here

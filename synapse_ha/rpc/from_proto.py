@@ -1,7 +1,7 @@
 """Protobuf messages to core values: every conversion from the wire. No I/O, no policy.
 
 Conversion states no rule of its own: a spec or node description built here is checked
-by :mod:`synapse_ha.core.validation`, the one rule set (the server before proposing, the
+by :mod:`synapse_ha.core.spec.validation`, the one rule set (the server before proposing, the
 state machine again when applying). The fields a message and a core value name alike are
 declared once, for both directions, in :mod:`synapse_ha.rpc.fields`; the other direction
 is :mod:`synapse_ha.rpc.to_proto`.
@@ -15,13 +15,13 @@ from typing import Any
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Cohort, Limits, Queue
-from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.desired import DesiredMember, LaunchSpec, Preempting
-from synapse_ha.core.health import GpuFault, NodeCheck
+from synapse_ha.core.health.fitness import GpuFault, NodeCheck
+from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
+from synapse_ha.core.health.progress import SOURCE_FILE, Progress
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources, RetryPolicy
-from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
-from synapse_ha.core.progress import SOURCE_FILE, Progress
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.spec.document import SpecError
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc import fields
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -164,7 +164,7 @@ def _mark_fields(kind: cmd.MemberEventKind, step: int | None, seq: int) -> dict[
 
 
 def queue_from_proto(msg: pb.Queue) -> Queue:
-    """Build a queue (not yet checked: :func:`synapse_ha.core.validation.check_queue`).
+    """Build a queue (not yet checked: :func:`synapse_ha.core.spec.validation.check_queue`).
     An unset limit stays None ("no limit")."""
     return fields.from_message(Queue, msg)
 
@@ -172,7 +172,7 @@ def queue_from_proto(msg: pb.Queue) -> Queue:
 def limits_with(limits: Limits, values: Iterable[pb.LimitValue]) -> Limits:
     """``limits`` with the named ones replaced; raises :class:`SpecError` naming an
     unknown limit (the values themselves are checked by
-    :func:`synapse_ha.core.admission.check_limits`)."""
+    :func:`synapse_ha.core.identity.admission.check_limits`)."""
     known = {f.name for f in dataclasses.fields(Limits)}
     changes: dict[str, int] = {}
     for i, v in enumerate(values):
@@ -185,7 +185,7 @@ def limits_with(limits: Limits, values: Iterable[pb.LimitValue]) -> Limits:
 
 
 def cohort_from_proto(msg: pb.Cohort) -> Cohort:
-    """Build a cohort (not yet checked: :func:`synapse_ha.core.cohort_tree.check_cohort`).
+    """Build a cohort (not yet checked: :func:`synapse_ha.core.queues.cohort_tree.check_cohort`).
     An unset limit stays None ("no limit"; for ``gpu``: nothing of its own)."""
     return fields.from_message(Cohort, msg)
 

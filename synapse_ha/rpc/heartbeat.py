@@ -11,7 +11,7 @@ from typing import Any
 
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState, NodeStatus
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.spec.document import SpecError
 from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.service.heartbeat import HeartbeatIn

@@ -22,7 +22,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from synapse_ha.core.spec import SpecError, parse_duration
+from synapse_ha.core.spec.document import SpecError, parse_duration
 
 _SECOND = 1000
 _UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", _SECOND))

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterable
 from typing import Generic, TypedDict, TypeVar, cast
 
-from synapse_ha.core.access import Role
+from synapse_ha.core.identity.access import Role
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.core.model import AttemptState, JobState, MemberState, NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -30,8 +30,9 @@ Fencing is unchanged (DESIGN §4, and the contract above ``WorkerMessage`` in
 
 Who may connect is checked with the same functions as the unary path
 (:class:`~synapse_ha.rpc.auth.AuthInterceptor`'s ``identify``,
-:func:`~synapse_ha.core.access.authorize`, :func:`~synapse_ha.core.access.may_speak_for_node`)
-on the stream's first message; later messages must name the same node.
+:func:`~synapse_ha.core.identity.access.authorize`,
+:func:`~synapse_ha.core.identity.access.may_speak_for_node`) on the stream's first message;
+later messages must name the same node.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ from typing import Any
 
 from grpc import aio
 
-from synapse_ha.core import access
 from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.identity import access
 from synapse_ha.core.model import ClusterState
 from synapse_ha.rpc.auth import AuthInterceptor
 from synapse_ha.rpc.errors import ErrorReason, refusal_status

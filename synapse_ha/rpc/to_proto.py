@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.admission import shown_request_id
 from synapse_ha.core.cluster_config import Cohort, Limits, PriorityClass, Queue
-from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.desired import DesiredMember
-from synapse_ha.core.health import GpuFault, NodeCheck, NodeCondition
+from synapse_ha.core.health.fitness import GpuFault, NodeCheck, NodeCondition
+from synapse_ha.core.health.prestart import Prestart
+from synapse_ha.core.identity.admission import shown_request_id
 from synapse_ha.core.model import (
     ArrayJob,
     Attempt,
@@ -27,10 +27,10 @@ from synapse_ha.core.model import (
     Resources,
     Token,
 )
-from synapse_ha.core.prestart import Prestart
-from synapse_ha.core.queue_usage import CohortUsage, QueueUsage
+from synapse_ha.core.queues.usage import CohortUsage, QueueUsage
 from synapse_ha.core.reasons import render, withheld
 from synapse_ha.core.views import host_of
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc import fields, states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

@@ -2,7 +2,7 @@
 transport and the caller's identity (:mod:`.tls`), and signed log-access grants
 (:mod:`.grants`). DESIGN §8.
 
-It depends only on :mod:`synapse_ha.core.access`, ``grpc``, ``cryptography`` and the
+It depends only on :mod:`synapse_ha.core.identity.access`, ``grpc``, ``cryptography`` and the
 standard library (an import-linter contract holds it to that), so every process
 (replica, worker, synctl) can use it.
 

@@ -21,7 +21,7 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from synapse_ha.core.access import TOKEN_PREFIX, Identity, Role, replica, user, worker
+from synapse_ha.core.identity.access import TOKEN_PREFIX, Identity, Role, replica, user, worker
 from synapse_ha.security.pki import ca_files, init_ca, issue, issue_client, outdated
 from synapse_ha.security.tls import TlsFiles
 

@@ -44,7 +44,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from synapse_ha.core.access import Kind
+from synapse_ha.core.identity.access import Kind
 from synapse_ha.security.pki import identity_of, key_matches_certificate
 
 GRANT_METADATA_KEY = "synapse-grant"

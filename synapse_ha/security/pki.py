@@ -53,7 +53,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from synapse_ha.core.access import NAME_PATTERN, Identity, Kind, parse_spiffe_id
+from synapse_ha.core.identity.access import NAME_PATTERN, Identity, Kind, parse_spiffe_id
 
 CA_CERT_NAME = "ca.pem"
 CA_KEY_NAME = "ca.key"
@@ -343,7 +343,7 @@ def identity_of(cert: x509.Certificate) -> Identity | None:
 
 def identity_of_cert(pem_or_der: bytes) -> Identity | None:
     """The identity a certificate (PEM or DER) names in its SPIFFE URI SAN, parsed with
-    :func:`synapse_ha.core.access.parse_spiffe_id`; None when it names none of ours (or
+    :func:`synapse_ha.core.identity.access.parse_spiffe_id`; None when it names none of ours (or
     more than one). Raises :class:`PkiError` when the bytes are not a certificate.
 
     This only reads the certificate: whether the cluster's CA issued it is the TLS

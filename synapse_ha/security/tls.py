@@ -32,7 +32,7 @@ this process's certificate and its key) and makes client channels and server por
   as they are when :meth:`Transport.channel` is called; a client holding long-lived
   channels compares :meth:`Transport.version` and rebuilds them when it changes.
 * **Caller identity.** :func:`peer_identity` reads the verified client certificate of
-  the current call and returns the :class:`~synapse_ha.core.access.Identity` it names.
+  the current call and returns the :class:`~synapse_ha.core.identity.access.Identity` it names.
 
 TLS versions (grpcio 1.85): the Python API builds gRPC core's SSL credentials, which
 offer TLS 1.2 and TLS 1.3 (BoringSSL) and negotiate TLS 1.3 whenever the peer offers it;
@@ -58,7 +58,7 @@ from typing import Any
 
 import grpc
 
-from synapse_ha.core.access import Identity
+from synapse_ha.core.identity.access import Identity
 from synapse_ha.security.pki import (
     REPLICA_SERVER_NAME,
     CertFiles,

@@ -15,12 +15,12 @@ from concurrent import futures
 from dataclasses import dataclass
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core import validation
+from synapse_ha.core.codec.formats import format_needed
 from synapse_ha.core.desired import DesiredMember
-from synapse_ha.core.formats import format_needed
-from synapse_ha.core.health import GpuFault, NodeCheck, conditions_differ, unhealthy_gpus
+from synapse_ha.core.health.fitness import GpuFault, NodeCheck, conditions_differ, unhealthy_gpus
+from synapse_ha.core.health.node_checks import check_node_checks
 from synapse_ha.core.model import ClusterState
-from synapse_ha.core.node_checks import check_node_checks
+from synapse_ha.core.spec import validation
 from synapse_ha.core.views import desired_members
 from synapse_ha.service.refusal import Refusal, invalid, node_not_found
 from synapse_ha.service.replica import Replica

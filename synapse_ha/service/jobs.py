@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity
+from synapse_ha.core.identity import access
+from synapse_ha.core.identity.access import Identity
 from synapse_ha.core.model import JobState
 from synapse_ha.service import commit
 from synapse_ha.service.refusal import ErrorReason, Refusal, denied, required

@@ -7,11 +7,12 @@ import dataclasses
 import time
 from typing import Any
 
-from synapse_ha.core import access, validation
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity
-from synapse_ha.core.formats import NEW_FIELDS, format_needed
+from synapse_ha.core.codec.formats import NEW_FIELDS, format_needed
+from synapse_ha.core.identity import access
+from synapse_ha.core.identity.access import Identity
 from synapse_ha.core.model import ClusterState, NodeInfo
+from synapse_ha.core.spec import validation
 from synapse_ha.service import commit
 from synapse_ha.service.refusal import Refusal, denied, invalid, node_not_found
 from synapse_ha.service.replica import Replica

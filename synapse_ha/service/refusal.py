@@ -8,8 +8,8 @@ import enum
 import types
 from collections.abc import Mapping, Sequence
 
-from synapse_ha.core import access
-from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.core.identity import access
+from synapse_ha.core.spec.validation import Violation, ViolationCode
 
 
 class ErrorReason(enum.StrEnum):

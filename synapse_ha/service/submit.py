@@ -15,15 +15,17 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from synapse_ha.core import access, admission, queue_rules, validation
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity
-from synapse_ha.core.arrays import parse_array
 from synapse_ha.core.cluster_config import Limits
 from synapse_ha.core.feasibility import REFUSES_AT_FORMAT
+from synapse_ha.core.identity import access, admission
+from synapse_ha.core.identity.access import Identity
 from synapse_ha.core.machine.apply_dependencies import submission_problem as dependency_problem
 from synapse_ha.core.model import ClusterState, JobSpec, Token
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.queues import job_rules as queue_rules
+from synapse_ha.core.spec import validation
+from synapse_ha.core.spec.document import SpecError
+from synapse_ha.core.workflows.arrays import parse_array
 from synapse_ha.service.limits import PendingInFlight, SubmitRate
 from synapse_ha.service.refusal import ErrorReason, Refusal, denied, invalid
 from synapse_ha.service.replica import Replica

@@ -16,12 +16,12 @@ from typing import Any
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.cohort_tree import root_of
-from synapse_ha.core.dependencies import Dependencies, DependencyKind
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.machine.apply_dependencies import Outcome, outcome_of
 from synapse_ha.core.model import ClusterState, JobSpec, JobState
+from synapse_ha.core.queues.cohort_tree import root_of
+from synapse_ha.core.workflows.dependencies import Dependencies, DependencyKind
 from synapse_ha.sim.capacity import FreeGpus, RackLayout
 from synapse_ha.sim.fairness import Loss, TenancyMeter
 from synapse_ha.sim.marks import Marking, kept_ms, lost_since, report_marks

@@ -50,7 +50,7 @@ from typing import Any
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, Job, JobState, NodeStatus
 from synapse_ha.sim.engine import (

@@ -1,4 +1,4 @@
-"""Checkpoint marks in the simulator (:mod:`synapse_ha.core.checkpoints`).
+"""Checkpoint marks in the simulator (:mod:`synapse_ha.core.workflows.checkpoints`).
 
 A job with a checkpoint interval (``SimJob.checkpoint_ms``) has every member mark a
 checkpoint each interval of run time while its attempt holds resources, a victim's grace

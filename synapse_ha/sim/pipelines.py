@@ -19,8 +19,8 @@ import random
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import JobSpec, JobState, Resources
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.sim.engine import ARRIVE, Pacing, Run, build_cluster
 from synapse_ha.sim.fairness import summary
 from synapse_ha.sim.policies import Ours

@@ -47,14 +47,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
-from synapse_ha.core.dependencies import MAX_DEPENDENCIES
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.core.validation import (
+from synapse_ha.core.spec.validation import (
     MAX_GPUS_PER_NODE,
     MAX_REPLICAS,
     NAME_PATTERN,
     check_job_spec,
 )
+from synapse_ha.core.workflows.dependencies import MAX_DEPENDENCIES
 from synapse_ha.sim.workload import openb_pods
 
 REQUIRED = ("submit_s", "queue", "members", "gpus_per_member", "duration_s")

@@ -51,7 +51,7 @@ import grpc
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.commands import ExitCause, MemberEvent, MemberEventKind
 from synapse_ha.core.desired import DesiredMember, MemberKey
-from synapse_ha.core.health import GpuFault, NodeCheck
+from synapse_ha.core.health.fitness import GpuFault, NodeCheck
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.errors import Reason, failure_of

@@ -1,4 +1,4 @@
-"""Checkpoint marks of the members on this node (:mod:`synapse_ha.core.checkpoints`).
+"""Checkpoint marks of the members on this node (:mod:`synapse_ha.core.workflows.checkpoints`).
 
 Every member on the host gets ``$SYNAPSE_CHECKPOINT_FILE``: a file in its member directory,
 created empty (and the owner's, like the output log, when it runs as its owner). A member

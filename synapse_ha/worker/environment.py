@@ -17,9 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from synapse_ha.core.arrays import task_of
-from synapse_ha.core.checkpoints import CHECKPOINT_FILE_ENV, PREEMPT_FILE_ENV, RESUME_STEP_ENV
 from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.workflows.arrays import task_of
+from synapse_ha.core.workflows.checkpoints import (
+    CHECKPOINT_FILE_ENV,
+    PREEMPT_FILE_ENV,
+    RESUME_STEP_ENV,
+)
 from synapse_ha.worker.accounts import Account, owner_environment
 
 __all__ = [
@@ -71,7 +75,7 @@ def member_environment(
     if member.resume_step is not None:
         env[RESUME_STEP_ENV] = str(member.resume_step)
     task = task_of(member.job_id)
-    if task is not None:  # a task of an array (core/arrays.py)
+    if task is not None:  # a task of an array (core/workflows/arrays.py)
         array_id, index = task
         env.update(
             {

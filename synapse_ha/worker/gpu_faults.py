@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from synapse_ha.core.health import MAX_FAULT_DETAIL, GpuFault
+from synapse_ha.core.health.fitness import MAX_FAULT_DETAIL, GpuFault
 from synapse_ha.worker.xid import XidAction, XidTable
 
 log = logging.getLogger("synapse.worker.gpu_health")

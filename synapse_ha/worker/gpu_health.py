@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.worker.gpu_faults import FAULT_KINDS, HealthRecord
 from synapse_ha.worker.gpu_nvml import NvmlWatch
 from synapse_ha.worker.xid import XidAction, XidTable

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse_ha.core.health import CHECK_ACTOR, NodeCheck
+from synapse_ha.core.health.fitness import CHECK_ACTOR, NodeCheck
 from synapse_ha.worker.check_output import READ_LIMIT, failure_message
 from synapse_ha.worker.pidns import spawn
 from synapse_ha.worker.procgroup import signal_group

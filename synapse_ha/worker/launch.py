@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from synapse_ha.core.desired import DesiredMember
-from synapse_ha.core.progress import SOURCE_FILE, SOURCE_LOG
-from synapse_ha.core.validation import image_reference_problem
+from synapse_ha.core.health.progress import SOURCE_FILE, SOURCE_LOG
+from synapse_ha.core.spec.validation import image_reference_problem
 from synapse_ha.worker import shim
 from synapse_ha.worker.accounts import Account
 from synapse_ha.worker.checkpoint_files import CHECKPOINT_FILE

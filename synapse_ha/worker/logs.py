@@ -42,7 +42,7 @@ from typing import BinaryIO, Protocol
 
 import grpc
 
-from synapse_ha.core.access import Kind
+from synapse_ha.core.identity.access import Kind
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.grants import GRANT_METADATA_KEY, GrantError, verify_grant

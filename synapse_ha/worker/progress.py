@@ -1,6 +1,6 @@
 """Hang detection of one member, as its supervisor (:mod:`synapse_ha.worker.shim`) does it.
 
-A member of a job with ``progress: {timeout: ...}`` (:mod:`synapse_ha.core.progress`) is
+A member of a job with ``progress: {timeout: ...}`` (:mod:`synapse_ha.core.health.progress`) is
 watched through one file: its ``$SYNAPSE_PROGRESS_FILE`` (source ``file``), which the
 member touches whenever it makes progress, or its output log (source ``log``). Its last
 progress is the newest of its start and the last change of that file's modification time;

@@ -26,10 +26,10 @@ from chaos.history import (
 )
 from chaos.report import write_report
 from chaos.workload import ARRAY_TASKS, WorkloadConfig, job_spec, submit_one
-from synapse_ha.core.arrays import parse_array
-from synapse_ha.core.codec import encode_state
-from synapse_ha.core.dependencies import Dependencies
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.model import JobState
+from synapse_ha.core.workflows.arrays import parse_array
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.core.harness import Cluster, job, node
 

@@ -17,7 +17,7 @@ from chaos.checker import (
     reruns,
     reruns_after_unfinished,
 )
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.model import (
     Attempt,
     AttemptState,

@@ -11,7 +11,7 @@ from chaos.dependency_rules import check_dependency_order
 from chaos.history import History, MemberRecord
 from chaos.workload import WorkloadConfig, job_spec
 from synapse_ha.core import commands as c
-from synapse_ha.core.dependencies import Dependencies
+from synapse_ha.core.workflows.dependencies import Dependencies
 from tests.core.harness import Cluster, job, node
 
 MS = 1_000_000

@@ -16,8 +16,8 @@ import pytest
 from chaos import gpu_rules, gpufaults, ledger, nemesis, run
 from chaos.checker import History, check_history, check_run
 from chaos.history import AttemptHistory, GpuUnhealthy, JobHistory, load_history
-from synapse_ha.core.codec import encode_state
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.codec.versioned import encode_state
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.model import (
     AttemptState,
     ClusterState,

@@ -27,8 +27,8 @@ from chaos.checker import History, check_history, check_run
 from chaos.history import AttemptHistory, JobHistory, UnfitSpan, load_history
 from chaos.net import Backends
 from chaos.run import ScenarioResult
-from synapse_ha.core.codec import encode_state
-from synapse_ha.core.health import Unfit
+from synapse_ha.core.codec.versioned import encode_state
+from synapse_ha.core.health.fitness import Unfit
 from synapse_ha.core.model import (
     AttemptState,
     ClusterState,

@@ -20,7 +20,7 @@ from chaos.checker import (
 )
 from chaos.report import most_attempts
 from chaos.workload import WorkloadConfig, job_spec
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.model import JobState
 from tests.chaos.test_chaos_checker import HEAL_WALL_MS, MS, final_state
 

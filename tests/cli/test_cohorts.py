@@ -11,7 +11,7 @@ import pytest
 
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import MemberPlacement
 from tests.cli.test_queues import synctl

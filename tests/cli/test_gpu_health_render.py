@@ -10,7 +10,7 @@ import yaml
 
 from synapse_ha.cli import render, render_nodes
 from synapse_ha.client.nodes import node_from_proto, repaired_from_proto
-from synapse_ha.core.health import GpuFault, Unfit
+from synapse_ha.core.health.fitness import GpuFault, Unfit
 from synapse_ha.core.model import Node, NodeInfo, NodeStatus, Resources
 from synapse_ha.rpc import to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

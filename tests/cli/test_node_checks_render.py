@@ -9,11 +9,11 @@ import json
 from synapse_ha.cli import render, render_jobs, render_nodes
 from synapse_ha.client.jobs import job_from_proto
 from synapse_ha.client.nodes import node_from_proto
-from synapse_ha.core.dependencies import Dependencies
-from synapse_ha.core.health import CHECK_ACTOR, NodeCondition
+from synapse_ha.core.health.fitness import CHECK_ACTOR, NodeCondition
+from synapse_ha.core.health.prestart import Prestart
+from synapse_ha.core.health.progress import SOURCE_LOG, Progress
 from synapse_ha.core.model import Job, JobSpec, Node, NodeInfo, NodeStatus, Resources, RetryPolicy
-from synapse_ha.core.prestart import Prestart
-from synapse_ha.core.progress import SOURCE_LOG, Progress
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc import to_proto
 from tests.cli.test_gpu_health_render import HOSTILE, NOW, row
 

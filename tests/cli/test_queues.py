@@ -17,7 +17,7 @@ from synapse_ha.cli.main import cli
 from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import QueueHistory
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, Replica, serving_replica

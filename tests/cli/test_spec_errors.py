@@ -15,7 +15,7 @@ from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.cli.main import cli
 from synapse_ha.client.sbatch import translate
 from synapse_ha.client.specfile import SpecFileError, load_job_file
-from synapse_ha.core.spec import parse_job_spec
+from synapse_ha.core.spec.document import parse_job_spec
 
 # The mistakes people make, one a line: a value out of range, a plural for a field, a
 # word for a number, a misspelt field, a duration in words.

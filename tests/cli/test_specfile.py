@@ -14,7 +14,7 @@ from synapse_ha.client.specfile import (
     load_job_file,
     load_job_spec_file,
 )
-from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -15,7 +15,7 @@ from synapse_ha.client.sbatch import (
     time_seconds,
     translate,
 )
-from synapse_ha.core.spec import parse_job_spec
+from synapse_ha.core.spec.document import parse_job_spec
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=LLaMA_pretrain.v2

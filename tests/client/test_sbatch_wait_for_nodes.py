@@ -4,7 +4,7 @@ being refused when no set of the cluster's nodes could ever hold it."""
 from __future__ import annotations
 
 from synapse_ha.client.sbatch import translate
-from synapse_ha.core.spec import parse_job_spec
+from synapse_ha.core.spec.document import parse_job_spec
 
 SCRIPT = "#!/bin/sh\n#SBATCH -N 5\n#SBATCH --gpus-per-node=8\n{extra}python train.py\n"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, JobState, NodeInfo, Resources, RetryPolicy
 from synapse_ha.core.scheduler import Plan, schedule

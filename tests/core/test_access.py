@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from synapse_ha.core import access
 from synapse_ha.core import commands as c
-from synapse_ha.core.access import AccessRefusalCode, Identity, Role
-from synapse_ha.core.codec import decode_state, encode_state
+from synapse_ha.core.codec.versioned import decode_state, encode_state
+from synapse_ha.core.identity import access
+from synapse_ha.core.identity.access import AccessRefusalCode, Identity, Role
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, Token
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

@@ -1,4 +1,4 @@
-"""The admission rules (core/admission.py): sizes, pending caps, authorised priority and
+"""The admission rules (core/identity/admission.py): sizes, pending caps, authorised priority and
 request ids scoped to their owner; and the reasons a job's text is withheld from."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from synapse_ha.core import access, admission
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import DEFAULT_PRIORITY_CLASSES, ClusterConfig, Limits, Queue
+from synapse_ha.core.identity import access, admission
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec
 from synapse_ha.core.reasons import ReasonCode, reason, render, text, withheld

@@ -1,4 +1,4 @@
-"""Job arrays in the core (core/arrays.py): the ``array:`` text, one command for the whole
+"""Job arrays in the core (core/workflows/arrays.py): the ``array:`` text, one command for the whole
 array, the throttle at plan and at apply, cancelling an array, dependencies on an array,
 purging, the codec and the format gate."""
 
@@ -9,15 +9,21 @@ import dataclasses
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.arrays import MAX_TASKS, ArrayPlan, ArrayTextError, parse_array, task_of
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.dependencies import Dependencies
-from synapse_ha.core.formats import format_needed
+from synapse_ha.core.codec.formats import format_needed
+from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, JobState
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
-from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.core.workflows.arrays import (
+    MAX_TASKS,
+    ArrayPlan,
+    ArrayTextError,
+    parse_array,
+    task_of,
+)
+from synapse_ha.core.workflows.dependencies import Dependencies
 from tests.core.harness import Cluster, job, node
 
 

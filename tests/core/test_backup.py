@@ -7,8 +7,8 @@ import json
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.backup import BackupError, decode_backup, encode_backup
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec.backup import BackupError, decode_backup, encode_backup
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from tests.core.harness import job, node

@@ -1,4 +1,4 @@
-"""Checkpoint marks (core/checkpoints.py): each member's newest mark on its attempt, the
+"""Checkpoint marks (core/workflows/checkpoints.py): each member's newest mark on its attempt, the
 attempt's mark (the oldest of the members' newest), the step a job's next attempt resumes
 from, and the format gate."""
 
@@ -7,14 +7,19 @@ from __future__ import annotations
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.checkpoints import AttemptMark, CheckpointMark, attempt_mark, with_mark
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.codec_from_plain import from_plain
-from synapse_ha.core.codec_to_plain import to_plain
-from synapse_ha.core.formats import format_needed
+from synapse_ha.core.codec.formats import format_needed
+from synapse_ha.core.codec.from_plain import from_plain
+from synapse_ha.core.codec.to_plain import to_plain
+from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.views import desired_members
+from synapse_ha.core.workflows.checkpoints import (
+    AttemptMark,
+    CheckpointMark,
+    attempt_mark,
+    with_mark,
+)
 from tests.core.harness import Cluster, job, node
 from tests.core.test_preempt_apply import cluster as preemption_cluster
 from tests.core.test_preempt_apply import preempted_pair

@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
-from synapse_ha.core import codec
 from synapse_ha.core import commands as c
-from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import ClusterConfig, Cohort, PreemptionKind, Queue
-from synapse_ha.core.codec import (
+from synapse_ha.core.codec import versioned as codec
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.formats import ADDED_FIELDS
+from synapse_ha.core.codec.from_plain import from_plain_compiled
+from synapse_ha.core.codec.to_plain import to_plain
+from synapse_ha.core.codec.versioned import (
     decode_command,
     decode_result,
     decode_state,
@@ -22,11 +25,8 @@ from synapse_ha.core.codec import (
     encode_result,
     encode_state,
 )
-from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.codec_from_plain import from_plain_compiled
-from synapse_ha.core.codec_to_plain import to_plain
-from synapse_ha.core.formats import ADDED_FIELDS
-from synapse_ha.core.health import GpuFault, NodeCheck
+from synapse_ha.core.health.fitness import GpuFault, NodeCheck
+from synapse_ha.core.identity.access import Role
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from tests.core.harness import Cluster, job, node
@@ -387,7 +387,7 @@ def test_version_1_state_decodes_with_derived_attempt_state_and_retries() -> Non
     ],
 )
 def test_what_a_newer_release_wrote_is_refused_as_unreadable(payload: bytes, message: str) -> None:
-    from synapse_ha.core.codec_errors import UnreadableFormat
+    from synapse_ha.core.codec.decode_errors import UnreadableFormat
 
     with pytest.raises(UnreadableFormat) as info:
         decode_command(payload)
@@ -395,8 +395,8 @@ def test_what_a_newer_release_wrote_is_refused_as_unreadable(payload: bytes, mes
 
 
 def test_a_state_of_a_newer_format_is_refused_as_unreadable() -> None:
-    from synapse_ha.core.codec import decode_state
-    from synapse_ha.core.codec_errors import UnreadableFormat
+    from synapse_ha.core.codec.decode_errors import UnreadableFormat
+    from synapse_ha.core.codec.versioned import decode_state
 
     with pytest.raises(UnreadableFormat, match="format version 9 is newer"):
         decode_state(b'{"v": 9, "state": {}}')

@@ -11,11 +11,16 @@ from typing import Any
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
-from synapse_ha.core.codec_compiled import Mismatch, _twin
-from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.codec_from_plain import from_plain, from_plain_compiled
-from synapse_ha.core.codec_to_plain import to_plain
+from synapse_ha.core.codec.compiled import Mismatch, _twin
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.from_plain import from_plain, from_plain_compiled
+from synapse_ha.core.codec.to_plain import to_plain
+from synapse_ha.core.codec.versioned import (
+    decode_command,
+    decode_state,
+    encode_command,
+    encode_state,
+)
 from synapse_ha.core.model import ClusterState, JobSpec, Resources
 from tests.core.test_codec import a_running_and_a_waiting_job
 

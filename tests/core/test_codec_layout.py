@@ -1,5 +1,5 @@
 """The compact state writes every dataclass as a list of its field values in declaration
-order (:mod:`synapse_ha.core.codec`), so that order is part of the format: a replica of
+order (:mod:`synapse_ha.core.codec.versioned`), so that order is part of the format: a replica of
 the next release must read this release's states. Every type the state holds is pinned
 here to the fields it had; a field may only be appended, with a default. A field moved,
 renamed or removed fails this test: that is a format change, and needs a new state
@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from synapse_ha.core import cluster_config, model, reasons
-from synapse_ha.core.checkpoints import CheckpointMark
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
-from synapse_ha.core.dependencies import Dependencies
-from synapse_ha.core.health import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.codec.decode_errors import CodecError, UnreadableFormat
+from synapse_ha.core.codec.versioned import decode_state, encode_state
+from synapse_ha.core.health.fitness import GpuFault, NodeCondition, Unfit
+from synapse_ha.core.health.prestart import Prestart
+from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.model import ClusterState
-from synapse_ha.core.prestart import Prestart
-from synapse_ha.core.progress import Progress
+from synapse_ha.core.workflows.checkpoints import CheckpointMark
+from synapse_ha.core.workflows.dependencies import Dependencies
 from tests.core.harness import Cluster
 from tests.core.test_codec import a_running_and_a_waiting_job
 

@@ -1,4 +1,4 @@
-"""The cohort tree (core/cohort_tree.py): what a queue may borrow at every level, the
+"""The cohort tree (core/queues/cohort_tree.py): what a queue may borrow at every level, the
 records' rules and their format, and reclaim nearest first (DESIGN §8)."""
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from synapse_ha.core.cluster_config import (
     Queue,
     QueueHistory,
 )
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.codec_from_plain import from_plain_compiled
-from synapse_ha.core.cohort_tree import MAX_COHORT_DEPTH, CohortTree, distance
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.codec.from_plain import from_plain_compiled
+from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState, Resources
-from synapse_ha.core.quota import QueueUsage
+from synapse_ha.core.queues.cohort_tree import MAX_COHORT_DEPTH, CohortTree, distance
+from synapse_ha.core.queues.quota import QueueUsage
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler.order import ordered_pending
 from tests.core.harness import Cluster, job, node

@@ -1,4 +1,4 @@
-"""Job dependencies in the state machine and the scheduler (core/dependencies.py): checked
+"""Job dependencies in the state machine and the scheduler (core/workflows/dependencies.py): checked
 at submission, resolved at the transition of the job depended on, never placed while
 waiting, cancelled when they can never be met, and gated by the cluster's format."""
 
@@ -10,13 +10,13 @@ import re
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.dependencies import Dependencies
-from synapse_ha.core.formats import format_needed
+from synapse_ha.core.codec.formats import format_needed
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.explainer import why_pending
 from synapse_ha.core.snapshot import Changes, apply_tracked
-from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.core.workflows.dependencies import Dependencies
 from tests.core.harness import Cluster, job, node
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from synapse_ha.core.desired import LaunchSpec
+from synapse_ha.core.health.prestart import Prestart
+from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.core.prestart import Prestart
-from synapse_ha.core.progress import Progress
 
 
 def test_a_launch_spec_carries_the_job_specs_launch_fields_and_its_hang_detection() -> None:

@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.feasibility import NodeSummary, check, shortfall, summary_of
-from synapse_ha.core.formats import FORMAT
 from synapse_ha.core.machine import apply
-from synapse_ha.core.member_limits import rules_in_force
 from synapse_ha.core.model import ClusterState, JobSpec, JobState, NodeStatus, Resources
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.capacity import Table, View
 from synapse_ha.core.scheduler.placement import Gang, fits, search_depths
 from synapse_ha.core.snapshot import SnapshotBuilder
+from synapse_ha.core.spec.member_limits import rules_in_force
 from tests.core.harness import Cluster, job, node
 
 

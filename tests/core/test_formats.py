@@ -1,4 +1,4 @@
-"""The format gate (core/formats.py): a command that needs a format not every replica
+"""The format gate (core/codec/formats.py): a command that needs a format not every replica
 reads is refused at apply, the floor only rises through RaiseFormat, and the leader holds
 back configured settings the floor does not allow yet."""
 
@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
-from synapse_ha.core import codec, formats
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.codec import formats
+from synapse_ha.core.codec import versioned as codec
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec
 

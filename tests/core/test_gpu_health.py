@@ -9,8 +9,8 @@ import pytest
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.codec.versioned import decode_state, encode_state
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.model import AttemptState, ClusterState, JobState, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, render
 from tests.core.harness import Cluster, job, node

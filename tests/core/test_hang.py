@@ -9,14 +9,14 @@ import dataclasses
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core import formats
-from synapse_ha.core.codec import decode_command, encode_command
+from synapse_ha.core.codec import formats
+from synapse_ha.core.codec.versioned import decode_command, encode_command
+from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState
-from synapse_ha.core.progress import Progress
 from synapse_ha.core.reasons import ReasonCode, render, withheld
-from synapse_ha.core.spec import SpecError, parse_job_spec
-from synapse_ha.core.validation import check_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.core.spec.validation import check_job_spec
 from synapse_ha.rpc.from_proto import spec_from_proto
 from synapse_ha.rpc.to_proto import spec_to_proto
 from tests.core.harness import Cluster, job, node

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_command, encode_command
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.codec.versioned import decode_command, encode_command
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, JobState, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import ReasonCode

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from synapse_ha.core import codec
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.codec import versioned as codec
 from synapse_ha.core.invariants import check
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (

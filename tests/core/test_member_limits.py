@@ -1,4 +1,4 @@
-"""Floors and caps on members (core/member_limits.py): what a node reserves per member, the
+"""Floors and caps on members (core/spec/member_limits.py): what a node reserves per member, the
 owners' member counts kept by apply through every way an attempt ends, the caps at plan
 and at apply, and the format gate that keeps all of it off until every replica reads it.
 Table tests through the harness; the random sequences are tests/core/test_properties.py's."""
@@ -10,21 +10,21 @@ import dataclasses
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core import formats
 from synapse_ha.core.cluster_config import ClusterConfig, Limits, PreemptionKind, Queue
-from synapse_ha.core.codec import decode_state, encode_state
+from synapse_ha.core.codec import formats
+from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.machine import apply
-from synapse_ha.core.member_limits import (
+from synapse_ha.core.model import ClusterState, JobState, Resources
+from synapse_ha.core.reasons import ReasonCode, render
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
+from synapse_ha.core.spec.member_limits import (
     MEMBER_LIMITS_FORMAT,
     NO_RULES,
     member_counts,
     reserved_of,
     rules_in_force,
 )
-from synapse_ha.core.model import ClusterState, JobState, Resources
-from synapse_ha.core.reasons import ReasonCode, render
-from synapse_ha.core.scheduler import schedule
-from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
 from tests.core.harness import Cluster, job, node
 
 TINY = Resources(cpu_milli=1, memory_mib=1, gpu=0)

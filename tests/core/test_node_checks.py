@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_state, encode_state
-from synapse_ha.core.health import CHECK_ACTOR, NodeCheck, NodeCondition, conditions_differ
+from synapse_ha.core.codec.versioned import decode_state, encode_state
+from synapse_ha.core.health.fitness import CHECK_ACTOR, NodeCheck, NodeCondition, conditions_differ
 from synapse_ha.core.model import JobState, NodeStatus
 from tests.core.harness import Cluster, job, node
 
@@ -166,10 +166,10 @@ def test_a_dead_node_that_comes_back_reports_its_checks_afresh() -> None:
 
 
 def test_checks_and_prestart_need_the_format_every_replica_reads() -> None:
-    from synapse_ha.core import formats
+    from synapse_ha.core.codec import formats
+    from synapse_ha.core.health.prestart import Prestart
     from synapse_ha.core.machine import apply
     from synapse_ha.core.model import ClusterState
-    from synapse_ha.core.prestart import Prestart
 
     state = ClusterState()  # a floor from before node checks
     assert apply(state, c.RegisterNode(node("n1", gpus=8), 1)).ok

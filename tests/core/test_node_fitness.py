@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.health import Unfit
+from synapse_ha.core.health.fitness import Unfit
 from synapse_ha.core.model import ClusterState, JobState, MemberPlacement, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, render, withheld
 from tests.core.harness import Cluster, job, node

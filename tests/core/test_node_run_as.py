@@ -9,10 +9,15 @@ import json
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
+from synapse_ha.core.codec.versioned import (
+    decode_command,
+    decode_state,
+    encode_command,
+    encode_state,
+)
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, NodeInfo, Resources
-from synapse_ha.core.validation import check_node_info
+from synapse_ha.core.spec.validation import check_node_info
 
 NODE = NodeInfo(
     node_id="w1",

@@ -10,10 +10,10 @@ import pytest
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, PreemptionMode, Queue
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.invariants import check as check_invariants
 from synapse_ha.core.model import AttemptState, ClusterState, JobState
-from synapse_ha.core.quota import QueueUsage, waiting_preemptors
+from synapse_ha.core.queues.quota import QueueUsage, waiting_preemptors
 from synapse_ha.core.reasons import ReasonCode, reason, render
 from synapse_ha.core.views import desired_by_node, due_start_timeouts
 from tests.core.harness import Cluster, job, node

@@ -22,7 +22,6 @@ from hypothesis.stateful import (
 
 from synapse_ha.core import commands as c
 from synapse_ha.core import invariants
-from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import (
     ClusterConfig,
     Cohort,
@@ -31,12 +30,16 @@ from synapse_ha.core.cluster_config import (
     PreemptionMode,
     Queue,
 )
-from synapse_ha.core.codec import decode_command, decode_state, encode_command, encode_state
-from synapse_ha.core.codec_from_plain import from_plain_compiled
-from synapse_ha.core.dependencies import Dependencies
-from synapse_ha.core.formats import FORMAT, NEW_FIELDS
+from synapse_ha.core.codec.formats import FORMAT, NEW_FIELDS
+from synapse_ha.core.codec.from_plain import from_plain_compiled
+from synapse_ha.core.codec.versioned import (
+    decode_command,
+    decode_state,
+    encode_command,
+    encode_state,
+)
+from synapse_ha.core.identity.access import Role
 from synapse_ha.core.machine import apply
-from synapse_ha.core.member_limits import MEMBER_LIMITS_FORMAT, member_counts, rules_in_force
 from synapse_ha.core.model import (
     ClusterState,
     JobState,
@@ -44,15 +47,17 @@ from synapse_ha.core.model import (
     NodeStatus,
     unconfirmed_members,
 )
-from synapse_ha.core.quota import gang_request
+from synapse_ha.core.queues.quota import gang_request
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.spec.member_limits import MEMBER_LIMITS_FORMAT, member_counts, rules_in_force
 from synapse_ha.core.views import (
     desired_by_node,
     desired_members,
     due_start_timeouts,
     due_time_limits,
 )
+from synapse_ha.core.workflows.dependencies import Dependencies
 from tests.core.harness import job, node
 from tests.core.test_codec_decoders import assert_built_as_by_constructors
 

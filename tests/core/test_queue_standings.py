@@ -1,5 +1,5 @@
 """Each queue's place in the fair-share order (core/scheduler/order.py ``queue_standings``,
-reported by ``ListQueues`` through core/queue_usage.py ``queues_now``): the key a pass
+reported by ``ListQueues`` through core/queues/usage.py ``queues_now``): the key a pass
 orders queues by, so the positions are the order in which a pass first reaches each
 queue's gangs."""
 
@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import Cohort, Queue, QueueHistory
-from synapse_ha.core.fairshare import SHARE_SCALE
 from synapse_ha.core.model import JobState
-from synapse_ha.core.queue_usage import cohort_usage, queue_usage, queues_now
-from synapse_ha.core.quota import QueueUsage
+from synapse_ha.core.queues.fairshare import SHARE_SCALE
+from synapse_ha.core.queues.quota import QueueUsage
+from synapse_ha.core.queues.usage import cohort_usage, queue_usage, queues_now
 from synapse_ha.core.scheduler.order import ordered_pending
 from tests.core.harness import Cluster, job
 from tests.core.test_queues import cluster, run

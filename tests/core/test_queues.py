@@ -10,9 +10,9 @@ from synapse_ha.core.cluster_config import (
     Queue,
     QueueHistory,
 )
-from synapse_ha.core.fairshare import add_usage, decay, share
 from synapse_ha.core.model import ClusterState, JobState, NodeStatus, Resources
-from synapse_ha.core.quota import QuotaShortfall
+from synapse_ha.core.queues.fairshare import add_usage, decay, share
+from synapse_ha.core.queues.quota import QuotaShortfall
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.pass_preemptions import CLAIM_WINDOW_MS
 from tests.core.harness import Cluster, job, node

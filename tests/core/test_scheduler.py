@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from synapse_ha.core import codec
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import MAX_LOCALITY_WAIT_MS, ClusterConfig
+from synapse_ha.core.codec import versioned as codec
 from synapse_ha.core.model import ClusterState, JobState, MemberPlacement, NodeStatus, Resources
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler import CapacityCache, answers, explain, schedule
@@ -263,7 +263,7 @@ def test_plan_against_an_older_attempt_is_stale() -> None:
 
 
 def test_schedule_does_not_mutate_its_input_and_is_deterministic() -> None:
-    from synapse_ha.core.codec import encode_state
+    from synapse_ha.core.codec.versioned import encode_state
 
     cl = Cluster()
     cl.add(*(node(f"n{i}", gpus=8, rack=f"r{i % 3}") for i in range(9)))

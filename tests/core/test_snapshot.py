@@ -13,7 +13,7 @@ from hypothesis.stateful import invariant, rule
 
 from synapse_ha.core import commands as c
 from synapse_ha.core import snapshot
-from synapse_ha.core.codec import encode_command, encode_state
+from synapse_ha.core.codec.versioned import encode_command, encode_state
 from synapse_ha.core.machine import HANDLERS, apply
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule

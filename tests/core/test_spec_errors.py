@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from synapse_ha.core.model import Resources
-from synapse_ha.core.spec import DEFAULT_RESOURCES, SpecError, parse_job_spec
-from synapse_ha.core.validation import ViolationCode
+from synapse_ha.core.spec.document import DEFAULT_RESOURCES, SpecError, parse_job_spec
+from synapse_ha.core.spec.validation import ViolationCode
 
 
 def problems_of(doc: dict[str, Any], levels: tuple[str, ...] | None = ("rack",)) -> SpecError:

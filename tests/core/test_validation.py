@@ -10,10 +10,10 @@ import pytest
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS, ClusterConfig, Timeouts
-from synapse_ha.core.codec import decode_result, encode_result
+from synapse_ha.core.codec.versioned import decode_result, encode_result
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources, RetryPolicy
-from synapse_ha.core.validation import (
+from synapse_ha.core.spec.validation import (
     MAX_COMMAND_BYTES,
     MAX_ENV,
     MAX_GPUS_PER_NODE,

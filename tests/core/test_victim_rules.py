@@ -1,4 +1,4 @@
-"""Who may be a victim and what it costs (core/victim_rules.py, DESIGN §8): the cost counts
+"""Who may be a victim and what it costs (core/queues/victim_rules.py, DESIGN §8): the cost counts
 from a gang's checkpoint mark, the minimum run time of a class or a queue protects a gang
 from its bind, and a reclaim that has waited past ``reclaim_wait_max_ms`` overrides it."""
 
@@ -16,13 +16,13 @@ from synapse_ha.core.cluster_config import (
     PriorityClass,
     Queue,
 )
-from synapse_ha.core.codec import encode_state
-from synapse_ha.core.formats import format_needed, held_back_config
+from synapse_ha.core.codec.formats import format_needed, held_back_config
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState
+from synapse_ha.core.queues.victim_rules import lost_gpu_ms, protected_until_ms
 from synapse_ha.core.reasons import ReasonCode, render
-from synapse_ha.core.validation import check_cluster_config, check_queue
-from synapse_ha.core.victim_rules import lost_gpu_ms, protected_until_ms
+from synapse_ha.core.spec.validation import check_cluster_config, check_queue
 from tests.core.harness import Cluster, job
 from tests.core.test_queues import cluster as queues_cluster
 from tests.core.test_queues import run as queues_run

@@ -1,4 +1,4 @@
-"""A job's window (core/windows.py): a begin time keeps it out of every pass until then,
+"""A job's window (core/workflows/windows.py): a begin time keeps it out of every pass until then,
 a deadline cancels it when still pending, both resolved with the command time."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.formats import format_needed
+from synapse_ha.core.codec.formats import format_needed
 from synapse_ha.core.model import JobState
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.explainer import why_pending
-from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from synapse_ha.core.views import due_deadlines
-from synapse_ha.core.windows import MAX_TIME_MS, MIN_TIME_MS, parse_time, time_text
+from synapse_ha.core.workflows.windows import MAX_TIME_MS, MIN_TIME_MS, parse_time, time_text
 from tests.core.harness import Cluster, job, node
 
 HOUR = 3_600_000

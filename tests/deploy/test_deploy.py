@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.access import split_token
-from synapse_ha.core.validation import check_timeouts
+from synapse_ha.core.identity.access import split_token
+from synapse_ha.core.spec.validation import check_timeouts
 from synapse_ha.programs import scheduler as scheduler_main
 from synapse_ha.programs import worker as worker_main
 from synapse_ha.security.bundle import ClusterCredentials

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synapse_ha.core.access import POLICY, Audience, short_method
+from synapse_ha.core.identity.access import POLICY, Audience, short_method
 from synapse_ha.security.grants import GRANT_METADATA_KEY
 from synapse_ha.security.tls import TlsError, tls_settings
 

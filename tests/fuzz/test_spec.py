@@ -1,6 +1,6 @@
 """Fuzzing the job-spec parser: only the typed errors it documents ever come out.
 
-:func:`synapse_ha.core.spec.parse_job_spec` raises :class:`SpecError` and
+:func:`synapse_ha.core.spec.document.parse_job_spec` raises :class:`SpecError` and
 :func:`synapse_ha.client.specfile.load_job_file` :class:`SpecFileError` for anything wrong;
 nothing else may escape, whatever the input (wrong types in every field, nested garbage,
 YAML that is not a job, text that is not YAML), and nothing may hang: YAML bombs (billion
@@ -28,7 +28,7 @@ from synapse_ha.client.specfile import (
     SpecFileError,
     load_job_file,
 )
-from synapse_ha.core.spec import SpecError, parse_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from tests.fuzz import harness
 
 HANG_BOUND_S = 120.0  # far beyond any input within the limits, on a shared machine

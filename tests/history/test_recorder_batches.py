@@ -10,8 +10,8 @@ from pathlib import Path
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig, PriorityClass
-from synapse_ha.core.codec import encode_command
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.codec.versioned import encode_command
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME, HistoryFilter, HistoryStore

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.codec import encode_command
+from synapse_ha.core.codec.versioned import encode_command
 from synapse_ha.core.model import ClusterState
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import HistoryFilter

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.dependencies import Dependencies
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.snapshot import full_copy
+from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.history.tracker import INDEX_SHIFT, EventKind, Tracker
 from tests.core.harness import job, node
 from tests.history.observed import ObservedCluster

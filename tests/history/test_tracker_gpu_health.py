@@ -7,7 +7,7 @@ import pytest
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.history.tracker import INDEX_SHIFT, EventKind, Tracker

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.health import NodeCheck
+from synapse_ha.core.health.fitness import NodeCheck
 from synapse_ha.history.tracker import EventKind
 from tests.core.harness import node
 from tests.history.observed import ObservedCluster

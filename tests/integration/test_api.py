@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from synapse_ha.cli.main import cli
-from synapse_ha.core.backup import decode_backup
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.backup import decode_backup
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.programs.scheduler import ConfigError, load_config, restore_into
 from tests.integration.cluster import (
     LocalCluster,

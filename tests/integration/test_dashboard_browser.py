@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.access import split_token
+from synapse_ha.core.identity.access import split_token
 from synapse_ha.observe.dashboard import COOKIE
 from tests.integration.cluster import wait_for
 from tests.observe.world import gang, wait_running, world

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.codec import decode_state
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state

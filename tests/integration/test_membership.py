@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import (

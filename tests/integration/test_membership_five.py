@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.versioned import decode_state
 from tests.integration.cluster import LocalCluster, Replica, job_spec, register_request, wait_for
 
 pytestmark = pytest.mark.integration

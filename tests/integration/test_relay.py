@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.local.process import Replica
 from tests.integration.cluster import LocalCluster, pausable_cluster, wait_for
 from tests.integration.test_frozen_leader import RunningGang

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from synapse_ha.core import invariants
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import LocalCluster, job_spec, register_request, wait_for
 

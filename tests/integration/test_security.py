@@ -75,7 +75,7 @@ from typing import Any
 import grpc
 import pytest
 
-from synapse_ha.core.access import Role, user
+from synapse_ha.core.identity.access import Role, user
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.local.process import Replica, Worker
 from synapse_ha.rpc import states

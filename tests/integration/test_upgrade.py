@@ -22,8 +22,8 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterUnavailable
-from synapse_ha.core.codec import decode_state
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import LocalCluster, Replica, job_spec, register_request, wait_for
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import ClusterConfig, Timeouts
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.leader.loop import LeaderLoop, Liveness, LoopSettings

@@ -4,7 +4,7 @@ a harness state: no network, no clock."""
 from __future__ import annotations
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.observe.metrics import ReplicaMetrics
 from synapse_ha.observe.state_metrics import StateFigures
 from tests.core.harness import Cluster

@@ -4,7 +4,7 @@ check fails, gone once it passes. Over a harness state: no network, no clock."""
 from __future__ import annotations
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.health import NodeCheck
+from synapse_ha.core.health.fitness import NodeCheck
 from synapse_ha.observe.metrics import ReplicaMetrics
 from tests.observe.test_metrics import FakeReplica, busy_cluster, samples
 

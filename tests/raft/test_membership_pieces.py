@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec import encode_state
-from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.raft.replicated_state import ReplicatedState

@@ -16,7 +16,7 @@ from pysyncobj.config import SERIALIZER_STATE
 
 import synapse_ha.raft.snapshot_file as snapshot_module
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec import encode_state
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import apply_tracked, full_copy

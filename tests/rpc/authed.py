@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity, Role
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.identity import access
+from synapse_ha.core.identity.access import Identity, Role
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import full_copy

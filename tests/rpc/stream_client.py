@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from synapse_ha.core import access
+from synapse_ha.core.identity import access
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.stream import StreamServer

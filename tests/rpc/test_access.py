@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Role
+from synapse_ha.core.identity import access
+from synapse_ha.core.identity.access import Role
 from synapse_ha.core.machine import apply
 from synapse_ha.leader.loop import Liveness
 from synapse_ha.rpc.auth import new_token

@@ -13,7 +13,7 @@ import pytest
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import Cohort
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.rpc.authed import NOW, Replica, serving_replica

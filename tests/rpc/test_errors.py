@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.core.spec.validation import Violation, ViolationCode
 from synapse_ha.rpc.errors import (
     DOMAIN,
     LEADER_METADATA_KEY,

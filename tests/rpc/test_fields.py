@@ -11,10 +11,10 @@ import pytest
 from google.protobuf.message import Message
 
 from synapse_ha.client.jobs import ArrayView
-from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import Cohort, PriorityClass, Queue
-from synapse_ha.core.queue_usage import CohortUsage, QueueUsage
-from synapse_ha.core.tokens import Token
+from synapse_ha.core.identity.access import Role
+from synapse_ha.core.identity.tokens import Token
+from synapse_ha.core.queues.usage import CohortUsage, QueueUsage
 from synapse_ha.rpc import fields, from_proto, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 

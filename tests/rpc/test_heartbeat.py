@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.formats import FORMAT
-from synapse_ha.core.health import GpuFault, NodeCheck
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.health.fitness import GpuFault, NodeCheck
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import full_copy
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.spec.document import SpecError
 from synapse_ha.rpc import states
 from synapse_ha.rpc.from_proto import member_events_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

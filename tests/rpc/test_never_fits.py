@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

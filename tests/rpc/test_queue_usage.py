@@ -1,16 +1,16 @@
-"""The per-queue numbers ``synctl queues`` shows (synapse_ha.core.queue_usage): used,
+"""The per-queue numbers ``synctl queues`` shows (synapse_ha.core.queues.usage): used,
 borrowed, lent (within a cohort, lending limits honoured), running and pending."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Queue
+from synapse_ha.core.identity import access
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
-from synapse_ha.core.queue_usage import queue_usage
+from synapse_ha.core.queues.usage import queue_usage
 from tests.core.harness import job, node
 
 NOW = 1_000

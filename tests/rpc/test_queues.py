@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Role
 from synapse_ha.core.cluster_config import PreemptionKind, Queue
+from synapse_ha.core.identity.access import Role
 from synapse_ha.core.machine import apply
 from synapse_ha.rpc.auth import new_token
 from synapse_ha.rpc.errors import ErrorReason, failure_of

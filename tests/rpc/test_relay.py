@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from synapse_ha.core import access
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.identity import access
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule

@@ -14,9 +14,9 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity, Kind, Role
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health.fitness import GpuFault
+from synapse_ha.core.identity.access import Identity, Kind, Role
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.leader.ports import ProposalError

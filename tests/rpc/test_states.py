@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.access import Role
+from synapse_ha.core.identity.access import Role
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.core.model import AttemptState, JobState, MemberState, NodeStatus
 from synapse_ha.rpc import states

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from synapse_ha.core.access import Identity, Role, replica, user, worker
+from synapse_ha.core.identity.access import Identity, Role, replica, user, worker
 from synapse_ha.security.pki import CertFiles, identity_of_cert, init_ca, issue
 from synapse_ha.security.tls import TlsFiles, Transport, peer_identity
 

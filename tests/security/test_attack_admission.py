@@ -20,7 +20,7 @@ import pytest
 
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.cluster_config import Limits
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.rpc.errors import Reason, RpcFailure, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from tests.integration.cluster import LocalCluster, register_request, wait_for

@@ -27,7 +27,7 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.local.launcher import Launcher
 from synapse_ha.local.process import Replica
 from synapse_ha.local.replicas import RAFT_PASSWORD_VARIABLE

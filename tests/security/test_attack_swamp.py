@@ -7,7 +7,7 @@ through the state machine and the scheduler (as the leader plans and binds); it 
 that the node's accounting holds the members to the cluster's floor and each member's
 supervisor, that the user's members are held to the caps, and that every task left
 waiting says which limit holds it and its value. The cluster's limits are the defaults
-unless a test says otherwise (core/member_limits.py).
+unless a test says otherwise (core/spec/member_limits.py).
 """
 
 from __future__ import annotations

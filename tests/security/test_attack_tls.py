@@ -30,7 +30,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
-from synapse_ha.core.access import Identity, Role, replica, user, worker
+from synapse_ha.core.identity.access import Identity, Role, replica, user, worker
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.rpc.nudge import WorkerNudger

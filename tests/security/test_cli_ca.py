@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from cryptography import x509
 
 from synapse_ha.cli.main import cli
-from synapse_ha.core.access import Role, replica, user
+from synapse_ha.core.identity.access import Role, replica, user
 from synapse_ha.security.pki import identity_of_cert
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from synapse_ha.core.access import Role, replica, user
+from synapse_ha.core.identity.access import Role, replica, user
 from synapse_ha.security.grants import (
     GrantClaims,
     GrantError,

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from synapse_ha.core.access import replica, worker
+from synapse_ha.core.identity.access import replica, worker
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2 as wpb
 from synapse_ha.rpc.gen.synapse.v1 import worker_pb2_grpc as wpb_grpc
 from synapse_ha.security.grants import GRANT_METADATA_KEY, GrantClaims, sign_grant

@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from synapse_ha.core.access import Identity, Kind, Role, replica, user, worker
+from synapse_ha.core.identity.access import Identity, Kind, Role, replica, user, worker
 from synapse_ha.security.pki import (
     PkiError,
     identity_of_cert,

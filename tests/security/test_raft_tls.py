@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synapse_ha.core.access import replica, worker
+from synapse_ha.core.identity.access import replica, worker
 from synapse_ha.local.ports import reserve_ports
 from synapse_ha.local.waiting import wait_until
 from synapse_ha.raft import wire

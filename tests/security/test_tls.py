@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from synapse_ha.core.access import Role, replica, user, worker
+from synapse_ha.core.identity.access import Role, replica, user, worker
 from synapse_ha.security import tls
 from synapse_ha.security.bundle import ClusterCredentials
 from synapse_ha.security.pki import CertFiles

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
-from synapse_ha.core.prestart import Prestart
-from synapse_ha.core.spec import SpecError, parse_job_spec
-from synapse_ha.core.validation import check_job_spec
+from synapse_ha.core.health.prestart import Prestart
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.core.spec.validation import check_job_spec
 
 
 def doc(prestart: Any) -> dict[str, Any]:

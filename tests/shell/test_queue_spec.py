@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from synapse_ha.core.cluster_config import DEFAULT_PRIORITY_CLASSES, Queue
-from synapse_ha.core.queue_rules import check_job_queue
-from synapse_ha.core.spec import SpecError, parse_job_spec
-from synapse_ha.core.validation import ViolationCode
+from synapse_ha.core.queues.job_rules import check_job_queue
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.core.spec.validation import ViolationCode
 
 
 def doc(**overrides: Any) -> dict[str, Any]:

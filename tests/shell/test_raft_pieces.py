@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec import decode_state, encode_command, encode_state
-from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.versioned import decode_state, encode_command, encode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule

@@ -8,8 +8,14 @@ from typing import Any
 import pytest
 
 from synapse_ha.core.cluster_config import DEFAULT_TOPOLOGY_LEVELS
-from synapse_ha.core.spec import SpecError, parse_cpu, parse_duration, parse_job_spec, parse_memory
-from synapse_ha.core.validation import Violation, ViolationCode, check_job_spec
+from synapse_ha.core.spec.document import (
+    SpecError,
+    parse_cpu,
+    parse_duration,
+    parse_job_spec,
+    parse_memory,
+)
+from synapse_ha.core.spec.validation import Violation, ViolationCode, check_job_spec
 
 
 def doc(**overrides: Any) -> dict[str, Any]:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.checkpoints import AttemptMark, CheckpointMark
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionKind, Queue
 from synapse_ha.core.commands import BindPlan, Preempt, Victim
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.workflows.checkpoints import AttemptMark, CheckpointMark
 from synapse_ha.sim.cli import main
 from synapse_ha.sim.engine import GRACE_MS, MARK, Pacing, Run, build_cluster, simulate
 from synapse_ha.sim.policies import Ours

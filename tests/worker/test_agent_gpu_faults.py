@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.stream import StreamServer
 from synapse_ha.worker.agent import Agent, AgentTimings

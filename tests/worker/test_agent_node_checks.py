@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.commands import RaiseFormat
-from synapse_ha.core.formats import FORMAT
-from synapse_ha.core.health import CHECK_ACTOR, NodeCheck
+from synapse_ha.core.health.fitness import CHECK_ACTOR, NodeCheck
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.stream import StreamServer

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.health import GpuFault
+from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.programs.config_file import ConfigError
 from synapse_ha.programs.worker_config import load_config
 from synapse_ha.worker.gpu_faults import HealthRecord

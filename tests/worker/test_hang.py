@@ -10,8 +10,8 @@ from pathlib import Path
 
 from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.desired import MemberKey
+from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.model import JobSpec, Resources
-from synapse_ha.core.progress import Progress
 from synapse_ha.rpc.from_proto import desired_from_proto
 from synapse_ha.rpc.to_proto import desired_to_proto
 from synapse_ha.worker.agent import _report

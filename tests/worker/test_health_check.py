@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.health import NodeCheck
+from synapse_ha.core.health.fitness import NodeCheck
 from synapse_ha.programs.config_file import ConfigError
 from synapse_ha.programs.worker_config import load_config
 from synapse_ha.worker.check_output import failure_message, first_line

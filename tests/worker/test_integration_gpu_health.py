@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core.codec import decode_state
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import job_state, node_status

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse_ha.core.prestart import Prestart
+from synapse_ha.core.health.prestart import Prestart
 from synapse_ha.worker.pidns import NamespaceError, start
 from synapse_ha.worker.shim import NOT_RUNNABLE
 from tests.integration.cluster import wait_for

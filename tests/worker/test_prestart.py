@@ -13,7 +13,7 @@ import pytest
 
 from synapse_ha.core.commands import ExitCause, MemberEventKind
 from synapse_ha.core.desired import DesiredMember
-from synapse_ha.core.prestart import Prestart
+from synapse_ha.core.health.prestart import Prestart
 from synapse_ha.worker.agent import _report
 from synapse_ha.worker.member_dirs import MemberExit
 from synapse_ha.worker.members import Member, MemberExecutor

@@ -1,4 +1,4 @@
-"""A job's own stop grace (``stop_grace:``, core/spec_fields.py), end to end: the document,
+"""A job's own stop grace (``stop_grace:``, core/spec/fields.py), end to end: the document,
 the rule, the format that carries it, the API's and the heartbeat's messages, and the
 worker that gives a stopped member that long between SIGTERM and SIGKILL, and synctl."""
 
@@ -11,10 +11,10 @@ import pytest
 from synapse_ha.cli import render_jobs
 from synapse_ha.client.jobs import job_from_proto
 from synapse_ha.core import commands as cmd
-from synapse_ha.core import formats
+from synapse_ha.core.codec import formats
 from synapse_ha.core.desired import LaunchSpec
-from synapse_ha.core.spec import SpecError, parse_job_spec
-from synapse_ha.core.validation import check_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.core.spec.validation import check_job_spec
 from synapse_ha.rpc.from_proto import desired_from_proto, spec_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.to_proto import desired_to_proto, spec_to_proto

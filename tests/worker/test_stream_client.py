@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
-from synapse_ha.core import access
+from synapse_ha.core.identity import access
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.scheduler import schedule

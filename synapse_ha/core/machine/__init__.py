@@ -13,18 +13,19 @@ One module per aggregate, each with the handlers of its commands (``HANDLERS``):
 :mod:`.apply_node_checks`, :mod:`.tokens_queues`; and :mod:`.attempts`, how an attempt
 ends, which they share. An ``apply_`` module is the state-machine side of the rules
 module of the same subject in :mod:`synapse_ha.core` (``apply_health`` applies
-:mod:`synapse_ha.core.health`, ``apply_dependencies`` :mod:`synapse_ha.core.dependencies`,
-``apply_checkpoints`` :mod:`synapse_ha.core.checkpoints`, ``apply_node_checks``
-:mod:`synapse_ha.core.node_checks`, ``apply_preemption``
-:mod:`synapse_ha.core.victim_rules`). Each handler is declared with what its command may
+:mod:`synapse_ha.core.health.fitness`, ``apply_dependencies``
+:mod:`synapse_ha.core.workflows.dependencies`, ``apply_checkpoints``
+:mod:`synapse_ha.core.workflows.checkpoints`, ``apply_node_checks``
+:mod:`synapse_ha.core.health.node_checks`, ``apply_preemption``
+:mod:`synapse_ha.core.queues.victim_rules`). Each handler is declared with what its command may
 touch (:mod:`.changes`), from which snapshots are built.
 """
 
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
+from synapse_ha.core.codec.formats import format_needed, format_refusal
 from synapse_ha.core.commands import Result, ResultCode, error
-from synapse_ha.core.formats import format_needed, format_refusal
 from synapse_ha.core.machine import (
     apply_health,
     apply_node_checks,

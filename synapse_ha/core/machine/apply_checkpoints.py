@@ -1,11 +1,11 @@
-"""Checkpoint marks in the state (:mod:`synapse_ha.core.checkpoints`): a member's newest
+"""Checkpoint marks in the state (:mod:`synapse_ha.core.workflows.checkpoints`): a member's newest
 mark recorded on its job's attempt, and the step a job keeps when an attempt ends."""
 
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.checkpoints import with_mark
 from synapse_ha.core.model import Attempt, Job, MemberState
+from synapse_ha.core.workflows.checkpoints import with_mark
 
 
 def report_mark(job: Job, node_id: str, event: cmd.MemberEvent, now: int) -> bool:

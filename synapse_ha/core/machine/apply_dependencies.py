@@ -1,4 +1,4 @@
-"""Dependencies in the state machine (core/dependencies.py): checked when a job is
+"""Dependencies in the state machine (core/workflows/dependencies.py): checked when a job is
 submitted, resolved when a job depended on starts or finishes.
 
 A dependency may name a job or an array (met once every task meets it:
@@ -17,9 +17,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from synapse_ha.core.dependencies import DependencyKind, describe_wait
 from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobSpec, JobState
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason, ReasonCode, reason
+from synapse_ha.core.workflows.dependencies import DependencyKind, describe_wait
 
 
 class Outcome(enum.Enum):

@@ -13,13 +13,13 @@ from __future__ import annotations
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
-from synapse_ha.core.health import GpuFault, Unfit, describe_faults, unhealthy_gpus
+from synapse_ha.core.health.fitness import GpuFault, Unfit, describe_faults, unhealthy_gpus
 from synapse_ha.core.lifecycle import NODE, transition
 from synapse_ha.core.machine.attempts import end_attempt_for, settle_drained
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, Node, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, reason
-from synapse_ha.core.validation import check_gpu_faults, describe
+from synapse_ha.core.spec.validation import check_gpu_faults, describe
 
 
 def _report_gpu_health(state: ClusterState, c: cmd.ReportGpuHealth, now: int) -> Result:

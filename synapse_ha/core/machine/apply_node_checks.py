@@ -8,12 +8,12 @@ from __future__ import annotations
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
-from synapse_ha.core.health import CHECK_ACTOR, NodeCondition
+from synapse_ha.core.health.fitness import CHECK_ACTOR, NodeCondition
+from synapse_ha.core.health.node_checks import check_node_checks
 from synapse_ha.core.lifecycle import NODE, transition
 from synapse_ha.core.machine.changes import Changes, Handling
 from synapse_ha.core.model import ClusterState, Node, NodeStatus
-from synapse_ha.core.node_checks import check_node_checks
-from synapse_ha.core.validation import describe
+from synapse_ha.core.spec.validation import describe
 
 
 def _report_node_checks(state: ClusterState, c: cmd.ReportNodeChecks, now: int) -> Result:

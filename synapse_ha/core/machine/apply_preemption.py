@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
-from synapse_ha.core.cohort_tree import root_of
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, JobState
-from synapse_ha.core.quota import QueueUsage, gang_request, grace_ms, priority_class
+from synapse_ha.core.queues.cohort_tree import root_of
+from synapse_ha.core.queues.quota import QueueUsage, gang_request, grace_ms, priority_class
+from synapse_ha.core.queues.victim_rules import protection_problem
 from synapse_ha.core.reasons import ReasonCode, reason
-from synapse_ha.core.victim_rules import protection_problem
 
 
 def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
@@ -26,12 +26,12 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
     * ``RECLAIM``: the preemptor's queue has a quota and a cohort and stays within its
       nominal after taking the gang (counting its other gangs waiting for victims); every
       victim is of another queue of that cohort or of a cohort of the same cohort tree
-      (:mod:`synapse_ha.core.cohort_tree`), which is above its nominal and stays at or
+      (:mod:`synapse_ha.core.queues.cohort_tree`), which is above its nominal and stays at or
       above it once every victim of this command and earlier ones has stopped.
 
     And no victim is within its minimum run time at the command's time, unless the
     command is a reclaim whose preemptor has waited past ``reclaim_wait_max_ms``
-    (:mod:`synapse_ha.core.victim_rules`).
+    (:mod:`synapse_ha.core.queues.victim_rules`).
 
     These rules make thrashing impossible: a victim is always of strictly lower
     priority, or of a queue that is borrowing, and a reclaim never takes the preemptor's

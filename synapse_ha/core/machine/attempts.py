@@ -9,11 +9,9 @@ import random
 from collections.abc import Iterable
 
 from synapse_ha.core import lifecycle as lc
-from synapse_ha.core.fairshare import add_usage
 from synapse_ha.core.lifecycle import ATTEMPT, NODE, move, move_job
 from synapse_ha.core.machine.apply_checkpoints import keep_resume_step
 from synapse_ha.core.machine.apply_dependencies import settle
-from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import (
     ZERO,
     ClusterState,
@@ -23,7 +21,8 @@ from synapse_ha.core.model import (
     MemberState,
     NodeStatus,
 )
-from synapse_ha.core.quota import gang_request
+from synapse_ha.core.queues.fairshare import add_usage
+from synapse_ha.core.queues.quota import gang_request
 from synapse_ha.core.reasons import (
     FAILURE_CODES,
     REQUEUE_CODES,
@@ -31,6 +30,7 @@ from synapse_ha.core.reasons import (
     ReasonCode,
     reason,
 )
+from synapse_ha.core.spec.member_limits import reserved_of
 
 
 def lost_attempt(job: Job, node_id: str) -> LostAttempt:

@@ -10,16 +10,9 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
-from synapse_ha.core.health import fault_of, unfit_owners
+from synapse_ha.core.health.fitness import fault_of, unfit_owners
 from synapse_ha.core.lifecycle import move_job
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.member_limits import (
-    NO_RULES,
-    MemberRules,
-    cap_refusal,
-    member_counts,
-    rules_in_force,
-)
 from synapse_ha.core.model import (
     FEATURE_IMAGES,
     Attempt,
@@ -34,8 +27,15 @@ from synapse_ha.core.model import (
     topology_path,
     unconfirmed_members,
 )
-from synapse_ha.core.quota import QueueUsage, gang_request, has_quotas
+from synapse_ha.core.queues.quota import QueueUsage, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
+from synapse_ha.core.spec.member_limits import (
+    NO_RULES,
+    MemberRules,
+    cap_refusal,
+    member_counts,
+    rules_in_force,
+)
 from synapse_ha.core.topology import domain_at
 
 
@@ -108,7 +108,7 @@ def verify_placement(
 
 
 def _verify_caps(state: ClusterState, rules: MemberRules, p: cmd.GangPlacement) -> Rejection | None:
-    """A gang is bound only within its owner's member caps (core/member_limits.py)."""
+    """A gang is bound only within its owner's member caps (core/spec/member_limits.py)."""
     if rules is NO_RULES:
         return None
     job = state.jobs[p.job_id]

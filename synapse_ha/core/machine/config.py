@@ -1,19 +1,19 @@
 """Cluster configuration commands: ``Configure`` (the configuration's rules, stated in
-:func:`~synapse_ha.core.validation.check_cluster_config` and
-:func:`~synapse_ha.core.admission.check_limits`, and no change that would orphan an
-unfinished job's topology level), ``RaiseFormat`` (core/formats.py) and ``Barrier``."""
+:func:`~synapse_ha.core.spec.validation.check_cluster_config` and
+:func:`~synapse_ha.core.identity.admission.check_limits`, and no change that would orphan an
+unfinished job's topology level), ``RaiseFormat`` (core/codec/formats.py) and ``Barrier``."""
 
 from __future__ import annotations
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.admission import check_limits
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.commands import Result, ResultCode, error, ok
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.identity.admission import check_limits
 from synapse_ha.core.machine.changes import Handling, nothing
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.spec.validation import check_cluster_config
 from synapse_ha.core.topology import CLUSTER
-from synapse_ha.core.validation import check_cluster_config
 
 
 def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:

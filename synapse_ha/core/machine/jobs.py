@@ -8,7 +8,6 @@ import dataclasses
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
-from synapse_ha.core.arrays import parse_array, task_id, throttle_reason
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.feasibility import REFUSES_AT_FORMAT, shortfall
 from synapse_ha.core.machine.apply_dependencies import register as register_dependencies
@@ -21,7 +20,6 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, one_job
-from synapse_ha.core.member_limits import NO_RULES, rules_in_force
 from synapse_ha.core.model import (
     ArrayJob,
     Attempt,
@@ -31,12 +29,14 @@ from synapse_ha.core.model import (
     JobState,
     time_limit_deadline,
 )
-from synapse_ha.core.queue_rules import check_job_queue
-from synapse_ha.core.quota import priority_class
+from synapse_ha.core.queues.job_rules import check_job_queue
+from synapse_ha.core.queues.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
-from synapse_ha.core.validation import Violation, check_job_spec, describe
+from synapse_ha.core.spec.member_limits import NO_RULES, rules_in_force
+from synapse_ha.core.spec.validation import Violation, check_job_spec, describe
 from synapse_ha.core.views import not_started_members
-from synapse_ha.core.windows import resolved
+from synapse_ha.core.workflows.arrays import parse_array, task_id, throttle_reason
+from synapse_ha.core.workflows.windows import resolved
 
 
 def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
@@ -144,7 +144,7 @@ def _never_fits(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
 
 
 def _over_member_cap(state: ClusterState, spec: JobSpec) -> tuple[str, str] | None:
-    """A gang with more members than its owner may run at once (core/member_limits.py):
+    """A gang with more members than its owner may run at once (core/spec/member_limits.py):
     it could never start, whoever else runs. Arrays count task by task, so a task's own
     gang is what counts."""
     rules = rules_in_force(state)

@@ -9,7 +9,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.feasibility import note_registered
-from synapse_ha.core.health import GpuFault, describe_faults
+from synapse_ha.core.health.fitness import GpuFault, describe_faults
 from synapse_ha.core.lifecycle import MEMBER, NODE, move, transition
 from synapse_ha.core.machine.attempts import (
     end_attempt_for,
@@ -21,7 +21,7 @@ from synapse_ha.core.machine.attempts import (
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, MemberState, Node, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, reason
-from synapse_ha.core.validation import check_node_info, describe
+from synapse_ha.core.spec.validation import check_node_info, describe
 
 
 def _register_node(state: ClusterState, c: cmd.RegisterNode, now: int) -> Result:

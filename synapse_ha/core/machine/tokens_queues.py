@@ -7,13 +7,19 @@ import dataclasses
 from typing import TypeVar
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.admission import check_priority_allowance
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE
-from synapse_ha.core.cohort_tree import check_cohort
 from synapse_ha.core.commands import Result, ResultCode, error, ok
+from synapse_ha.core.identity.admission import check_priority_allowance
 from synapse_ha.core.machine.changes import Handling, nothing, tokens
 from synapse_ha.core.model import ClusterState, Token
-from synapse_ha.core.validation import Violation, ViolationCode, check_queue, check_token, describe
+from synapse_ha.core.queues.cohort_tree import check_cohort
+from synapse_ha.core.spec.validation import (
+    Violation,
+    ViolationCode,
+    check_queue,
+    check_token,
+    describe,
+)
 
 
 def _create_token(state: ClusterState, c: cmd.CreateToken, now: int) -> Result:

@@ -20,7 +20,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 from itertools import compress
 
-from synapse_ha.core.health import unhealthy_gpus
+from synapse_ha.core.health.fitness import unhealthy_gpus
 from synapse_ha.core.model import FEATURE_IMAGES, ClusterState, Node, Resources, topology_path
 
 Domain = tuple[str, ...]

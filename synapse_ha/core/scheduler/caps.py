@@ -1,4 +1,4 @@
-"""The member caps as one scheduling pass applies them (core/member_limits.py).
+"""The member caps as one scheduling pass applies them (core/spec/member_limits.py).
 
 A pass reads each owner's members from the state's index (never changed by the pass) and
 adds the gangs it places itself, so the caps hold across the gangs of one plan as the
@@ -13,7 +13,10 @@ to it (:meth:`PassCaps.room`), and kept until the pass places another gang of th
 from __future__ import annotations
 
 from synapse_ha.core.member_counts import MemberCounts
-from synapse_ha.core.member_limits import (
+from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Resources
+from synapse_ha.core.reasons import Reason
+from synapse_ha.core.scheduler.placement import NO_CAP, NodeRoom
+from synapse_ha.core.spec.member_limits import (
     NO_RULES,
     MemberCap,
     member_counts,
@@ -21,9 +24,6 @@ from synapse_ha.core.member_limits import (
     rules_in_force,
     running_cap_reason,
 )
-from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Resources
-from synapse_ha.core.reasons import Reason
-from synapse_ha.core.scheduler.placement import NO_CAP, NodeRoom
 
 
 class PassCaps:

@@ -185,7 +185,7 @@ class Explainer:
 def _need(gang: Gang) -> dict[str, int | str | None]:
     """The fields every wait reason carries: the gang's size, request and required level,
     and what a node reserves per member when that is more than the request (the floor and
-    the supervisor's share, core/member_limits.py)."""
+    the supervisor's share, core/spec/member_limits.py)."""
     asked = gang.spec.resources
     return {
         "members": gang.n,

@@ -2,12 +2,12 @@
 
 * Gangs that preempted others come first (seq order): they have first claim on what
   their victims free, so no gang later in the pass takes it.
-* Between queues: ascending fair share (:func:`synapse_ha.core.fairshare.share`), then
+* Between queues: ascending fair share (:func:`synapse_ha.core.queues.fairshare.share`), then
   the head gang's priority and submission order. The share of a queue is recomputed
   after each of its gangs is considered, so gangs placed in this pass count at once and
   the queues interleave. In a cohort tree the shares are compared level by level: first
   the shares of the subtrees below the root the two queues are in
-  (:func:`synapse_ha.core.fairshare.subtree_share`), then the next level down, and the
+  (:func:`synapse_ha.core.queues.fairshare.subtree_share`), then the next level down, and the
   queues' own shares last; so a team that used little goes before a busier team's
   least busy queue. Without cohort records only the queues' own shares count.
 * Within a queue: priority (higher first), then submission order.
@@ -15,7 +15,7 @@
 With one queue (or no quotas at all) this is the plain order of
 :meth:`ClusterState.pending_jobs`.
 
-The key between queues is :func:`synapse_ha.core.queue_order.queue_key`, which also
+The key between queues is :func:`synapse_ha.core.queues.ordering.queue_key`, which also
 gives every queue's place as a pass would begin (what ``ListQueues`` reports).
 """
 
@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Iterator
 
 from synapse_ha.core.model import ClusterState, Job
-from synapse_ha.core.queue_order import CohortShares, QueueKey, queue_key
-from synapse_ha.core.quota import QueueUsage
+from synapse_ha.core.queues.ordering import CohortShares, QueueKey, queue_key
+from synapse_ha.core.queues.quota import QueueUsage
 
 
 def ordered_pending(

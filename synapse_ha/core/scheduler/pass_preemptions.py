@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from synapse_ha.core.cluster_config import PreemptionKind
 from synapse_ha.core.commands import Victim
-from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
-from synapse_ha.core.quota import QueueUsage, gang_request
+from synapse_ha.core.queues.quota import QueueUsage, gang_request
+from synapse_ha.core.queues.victim_rules import reclaim_due_ms
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.scheduler.capacity import Table, View
 from synapse_ha.core.scheduler.placement import Gang, members_for
@@ -28,7 +28,7 @@ from synapse_ha.core.scheduler.victim_search import (
     protected_blockers,
     rules_for,
 )
-from synapse_ha.core.victim_rules import reclaim_due_ms
+from synapse_ha.core.spec.member_limits import reserved_of
 
 
 def claimants(state: ClusterState) -> dict[str, list[Candidate]]:

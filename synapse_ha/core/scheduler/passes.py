@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from synapse_ha.core.arrays import throttle_reason
 from synapse_ha.core.cluster_config import PreemptionMode
 from synapse_ha.core.collector import collector_paused
 from synapse_ha.core.commands import GangPlacement
 from synapse_ha.core.model import ClusterState, Job, JobSpec, Resources, unconfirmed_members
-from synapse_ha.core.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
+from synapse_ha.core.queues.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
+from synapse_ha.core.queues.victim_rules import pending_since
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.scheduler.answers import Answers
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
@@ -38,7 +38,7 @@ from synapse_ha.core.scheduler.placement import (
 from synapse_ha.core.scheduler.plan import Plan, Reservation
 from synapse_ha.core.scheduler.reservation import Running, running_gangs
 from synapse_ha.core.scheduler.victim_search import Candidate
-from synapse_ha.core.victim_rules import pending_since
+from synapse_ha.core.workflows.arrays import throttle_reason
 
 
 def schedule(

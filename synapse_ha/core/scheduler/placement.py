@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from synapse_ha.core.health import unfit_owners
+from synapse_ha.core.health.fitness import unfit_owners
 from synapse_ha.core.model import ClusterState, Job, JobSpec, MemberPlacement, Resources
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, Table, View
 from synapse_ha.core.topology import CLUSTER
@@ -35,7 +35,7 @@ from synapse_ha.core.topology import CLUSTER
 
 class NodeRoom:
     """How many members of one gang each node may take under its owner's per-node cap
-    (core/member_limits.py): ``room`` for the nodes where the owner has members that
+    (core/spec/member_limits.py): ``room`` for the nodes where the owner has members that
     leave less than the gang's size, ``most`` for every other node. Compared by identity:
     a pass keeps one per owner and cap until it places another gang of that owner."""
 
@@ -56,7 +56,7 @@ NO_CAP = NodeRoom(1 << 62, {})
 class Gang:
     job: Job
     spec: JobSpec
-    req: Resources  # per member, what its node reserves (core/member_limits.py)
+    req: Resources  # per member, what its node reserves (core/spec/member_limits.py)
     n: int
     # Nodes this gang may not use now: they could not start its owner's members.
     avoid: frozenset[str] = frozenset()
@@ -69,7 +69,7 @@ NONE: frozenset[str] = frozenset()
 
 def unfit_nodes(state: ClusterState, now_ms: int) -> dict[str, frozenset[str]]:
     """For each owner, the nodes that cannot run its members at ``now_ms``: they failed
-    to start one of them within the back-off (:class:`~synapse_ha.core.health.Unfit`)."""
+    to start one of them within the back-off (:class:`~synapse_ha.core.health.fitness.Unfit`)."""
     out: dict[str, set[str]] = {}
     for node in state.nodes.values():
         if node.unfit:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import ClusterState, MemberPlacement, Resources, time_limit_deadline
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
 from synapse_ha.core.scheduler.placement import Gang, fits_totals, place
 from synapse_ha.core.scheduler.plan import Reservation
+from synapse_ha.core.spec.member_limits import reserved_of
 
 
 @dataclass(slots=True)

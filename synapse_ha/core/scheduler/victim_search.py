@@ -11,11 +11,11 @@ Who may be a victim (the kinds; ``apply`` verifies the same rules again):
   live gangs of the other queues of its cohort tree that are borrowing, and no victim
   queue is taken below its nominal. The nearest first: the queues of its own cohort
   (siblings), and only if they do not do, those of the cohorts one level up (cousins,
-  whose branch of the tree borrows too), and so on (:mod:`synapse_ha.core.cohort_tree`).
+  whose branch of the tree borrows too), and so on (:mod:`synapse_ha.core.queues.cohort_tree`).
 
 Victims are whole gangs, never already being preempted, never placed by this pass, and
 never within their minimum run time, unless the gang reclaims and has waited past
-``reclaim_wait_max_ms`` (:mod:`synapse_ha.core.victim_rules`, which also states the cost).
+``reclaim_wait_max_ms`` (:mod:`synapse_ha.core.queues.victim_rules`, which also states the cost).
 
 How the set is chosen:
 
@@ -38,14 +38,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
-from synapse_ha.core.cohort_tree import branch
-from synapse_ha.core.cohort_tree import distance as tree_distance
-from synapse_ha.core.member_limits import reserved_of
 from synapse_ha.core.model import Attempt, ClusterState, Job
-from synapse_ha.core.quota import QueueUsage, gang_request
+from synapse_ha.core.queues.cohort_tree import branch
+from synapse_ha.core.queues.cohort_tree import distance as tree_distance
+from synapse_ha.core.queues.quota import QueueUsage, gang_request
+from synapse_ha.core.queues.victim_rules import lost_gpu_ms, protected_until_ms, reclaim_overdue
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
 from synapse_ha.core.scheduler.placement import Gang, place
-from synapse_ha.core.victim_rules import lost_gpu_ms, protected_until_ms, reclaim_overdue
+from synapse_ha.core.spec.member_limits import reserved_of
 
 MAX_DOMAINS = 8  # domains tried exactly per search, the best by their cost's lower bound
 

@@ -11,7 +11,7 @@ Every error is built by :mod:`synapse_ha.rpc.errors` and carries a machine-reada
 reason (docs/errors.md).
 
 Who may call what is checked before a handler runs (:mod:`synapse_ha.rpc.auth`, the
-policy in :mod:`synapse_ha.core.access`); handlers read the caller with
+policy in :mod:`synapse_ha.core.identity.access`); handlers read the caller with
 :func:`~synapse_ha.rpc.auth.caller` and narrow further: a user manages only its own jobs
 and sees the command and environment of no other job, a worker speaks only for its own
 node. Every accepted write names its actor in the command (audit, in the replicated

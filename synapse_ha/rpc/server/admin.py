@@ -7,12 +7,13 @@ import dataclasses
 
 import grpc
 
-from synapse_ha.core import admission, validation
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Role
-from synapse_ha.core.cohort_tree import check_cohort
-from synapse_ha.core.queue_usage import queues_now
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.identity import admission
+from synapse_ha.core.identity.access import Role
+from synapse_ha.core.queues.cohort_tree import check_cohort
+from synapse_ha.core.queues.usage import queues_now
+from synapse_ha.core.spec import validation
+from synapse_ha.core.spec.document import SpecError
 from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.auth import caller, new_token
 from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid
@@ -124,7 +125,7 @@ class AdminService(Servicer):
         self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
     ) -> pb.ListQueuesResponse:
         """Every queue with its settings, usage and place in the fair-share order
-        (:func:`synapse_ha.core.queue_usage.queues_now`, one pass over the jobs), the
+        (:func:`synapse_ha.core.queues.usage.queues_now`, one pass over the jobs), the
         cluster's priority classes, preemption mode and reclaim wait, and the cohort
         tree."""
         stale = self._read_mode(context, request.allow_stale)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from synapse_ha.core.access import Kind
+from synapse_ha.core.identity.access import Kind
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import from_proto, states
 from synapse_ha.rpc.auth import caller

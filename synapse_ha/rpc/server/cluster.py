@@ -11,12 +11,12 @@ from operator import attrgetter
 
 import grpc
 
-from synapse_ha.core import validation
-from synapse_ha.core.codec import encode_state
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.membership import MembershipCode, MembershipRefusal, ReplicaRole
 from synapse_ha.core.model import JobState
-from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.core.spec import validation
+from synapse_ha.core.spec.validation import Violation, ViolationCode
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc import states
 from synapse_ha.rpc.auth import caller

@@ -15,15 +15,15 @@ from typing import NoReturn, Protocol
 import grpc
 from google.protobuf.message import Message
 
-from synapse_ha.core import access
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import Identity, Role
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.identity import access
+from synapse_ha.core.identity.access import Identity, Role
 from synapse_ha.core.membership import MembershipRefusal, MemberView
 from synapse_ha.core.model import ClusterState, Token
 from synapse_ha.core.scheduler import Plan
-from synapse_ha.core.spec import SpecError
-from synapse_ha.core.validation import Violation, ViolationCode
+from synapse_ha.core.spec.document import SpecError
+from synapse_ha.core.spec.validation import Violation, ViolationCode
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.store import HistoryStore
 from synapse_ha.observe.state_metrics import RaftFigures

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import grpc
 
-from synapse_ha.core import access, admission, validation
-from synapse_ha.core.access import Identity
+from synapse_ha.core.identity import access, admission
+from synapse_ha.core.identity.access import Identity
+from synapse_ha.core.spec import validation
 from synapse_ha.history.events import EventRing, EventsExpired
 from synapse_ha.history.store import USAGE_KEYS, HistoryFilter, HistoryStore
 from synapse_ha.rpc import to_proto

@@ -1,4 +1,4 @@
-"""The leader's half of the format gate (core/formats.py): while the cluster's format
+"""The leader's half of the format gate (core/codec/formats.py): while the cluster's format
 floor is below what this release reads, ask every member replica which format it reads,
 and once each one answers with this release's format, replicate ``RaiseFormat``.
 
@@ -13,7 +13,7 @@ import logging
 import threading
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.formats import FORMAT
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.rpc.server.cluster import ask_replica
 from synapse_ha.rpc.server.context import ReplicaContext
 

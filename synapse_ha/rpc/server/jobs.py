@@ -7,10 +7,10 @@ from operator import attrgetter
 
 import grpc
 
-from synapse_ha.core import access
+from synapse_ha.core.identity import access
 from synapse_ha.core.model import ArrayJob, ClusterState, Job, JobState
 from synapse_ha.core.scheduler import explain, why_pending
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.spec.document import SpecError
 from synapse_ha.rpc import states, to_proto
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason, abort

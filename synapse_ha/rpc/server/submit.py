@@ -17,10 +17,10 @@ from typing import Any, NoReturn
 
 import grpc
 
-from synapse_ha.core import admission
-from synapse_ha.core.access import Identity
 from synapse_ha.core.cluster_config import Limits
-from synapse_ha.core.spec import SpecError
+from synapse_ha.core.identity import admission
+from synapse_ha.core.identity.access import Identity
+from synapse_ha.core.spec.document import SpecError
 from synapse_ha.rpc import from_proto
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import for_item

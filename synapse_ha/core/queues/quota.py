@@ -11,7 +11,7 @@ Rules, stated once here and used by the scheduler (admission) and by ``apply``
 * What a queue may still take: its idle nominal, plus what it may borrow: in a cohort
   of queues alone, ``min(borrowing_limit - borrowed, lendable of the other queues of
   its cohort - what every queue of the cohort already borrows)``; in a cohort tree, the
-  same rule at every level up to the root (:mod:`synapse_ha.core.cohort_tree`). A queue
+  same rule at every level up to the root (:mod:`synapse_ha.core.queues.cohort_tree`). A queue
   of cohort "" is a cohort of its own.
 * CPU and memory quotas, when set, are caps within the nominal (nothing is borrowed).
 
@@ -30,8 +30,8 @@ from synapse_ha.core.cluster_config import (
     PriorityClass,
     Queue,
 )
-from synapse_ha.core.cohort_tree import CohortTree
 from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, Resources
+from synapse_ha.core.queues.cohort_tree import CohortTree
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 
 ZERO = Resources()
@@ -182,7 +182,7 @@ class QueueUsage:
 
     def borrowable(self, queue: str) -> int:
         """GPUs ``queue`` may borrow now beyond what it already borrows, through its
-        cohort and the cohorts above it (:mod:`synapse_ha.core.cohort_tree`)."""
+        cohort and the cohorts above it (:mod:`synapse_ha.core.queues.cohort_tree`)."""
         answer = self._borrowable.get(queue)
         if answer is None:
             answer = self._borrowable[queue] = self.tree.borrowable(queue)

@@ -1,12 +1,12 @@
 """JSON-ready values back to typed dataclass trees: the read half of the codec.
 
 :func:`from_plain` rebuilds a value of a type from what
-:func:`~synapse_ha.core.codec_to_plain.to_plain` (or ``to_plain_compact``) wrote, checking
+:func:`~synapse_ha.core.codec.to_plain.to_plain` (or ``to_plain_compact``) wrote, checking
 every field's type against the type hints and raising :class:`CodecError` naming the
 path of the offending field; a field or a position this release does not know is
 :class:`UnreadableFormat`. Each type's decoder is worked out once and kept, and the
 dataclass decoders are generated for speed (a large snapshot holds hundreds of thousands
-of records: :mod:`synapse_ha.core.codec_compiled`), with a generic path that names
+of records: :mod:`synapse_ha.core.codec.compiled`), with a generic path that names
 the exact error.
 """
 
@@ -19,9 +19,9 @@ import typing
 from functools import cache
 from typing import Any
 
-from synapse_ha.core.codec_compiled import Compiler
-from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
-from synapse_ha.core.codec_to_plain import init_fields
+from synapse_ha.core.codec.compiled import Compiler
+from synapse_ha.core.codec.decode_errors import CodecError, UnreadableFormat
+from synapse_ha.core.codec.to_plain import init_fields
 
 
 def from_plain(tp: Any, data: Any, path: str = "$") -> Any:
@@ -34,7 +34,7 @@ def from_plain(tp: Any, data: Any, path: str = "$") -> Any:
 
 def from_plain_compiled(tp: type, data: Any) -> Any:
     """:func:`from_plain` of dataclass ``tp`` by its compiled decoders alone
-    (:mod:`synapse_ha.core.codec_compiled`), without the generic path: raises where that
+    (:mod:`synapse_ha.core.codec.compiled`), without the generic path: raises where that
     path would be taken. It shows that the fast path decodes a value whole."""
     return _COMPILER.of(tp).decode(data)
 

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import Queue
-from synapse_ha.core.cohort_tree import ancestors
-from synapse_ha.core.fairshare import decayed, share, subtree_share
 from synapse_ha.core.model import ClusterState, Job
-from synapse_ha.core.quota import QueueUsage
+from synapse_ha.core.queues.cohort_tree import ancestors
+from synapse_ha.core.queues.fairshare import decayed, share, subtree_share
+from synapse_ha.core.queues.quota import QueueUsage
 
 # The shares level by level (the cohorts below the root first, the queue's own last);
 # whether the queue has a gang waiting (0) or not (1), its head gang's -priority and
@@ -48,7 +48,7 @@ def queue_key(
 @dataclass(frozen=True, slots=True)
 class QueueStanding:
     """A queue's place in the order between queues now: its own share (times
-    :data:`~synapse_ha.core.fairshare.SHARE_SCALE`), the shares of the cohorts above it
+    :data:`~synapse_ha.core.queues.fairshare.SHARE_SCALE`), the shares of the cohorts above it
     (outermost first, compared before its own), and its position (1: considered first)."""
 
     share: int

@@ -5,9 +5,9 @@ A pure function of a state snapshot (DESIGN §8, docs/queues.md):
 * ``used``: the resources of the queue's live attempts (every member of a bound or
   running gang), a gang being preempted included until its members are confirmed stopped;
 * ``borrowed``: GPUs used beyond the nominal quota, which come from idle quota of other
-  queues of its cohort (0 for a queue without a quota), as :mod:`synapse_ha.core.quota`
+  queues of its cohort (0 for a queue without a quota), as :mod:`synapse_ha.core.queues.quota`
   counts it;
-* ``lent``: of its lendable quota (:meth:`synapse_ha.core.quota.QueueUsage.lendable`:
+* ``lent``: of its lendable quota (:meth:`synapse_ha.core.queues.quota.QueueUsage.lendable`:
   idle nominal, at most its lending limit), the part that covers
   what the other queues of its cohort borrow. When several queues could cover the same
   borrowing, the lenders are taken in name order, so the figures are deterministic;
@@ -16,10 +16,10 @@ A pure function of a state snapshot (DESIGN §8, docs/queues.md):
 And per cohort of the cohort tree (:func:`cohort_usage`, what ``synctl queues --tree``
 draws): its nominal (its own and everything below it), what the queues below it use,
 and what its subtree borrows from and lends to its parent's pool
-(:mod:`synapse_ha.core.cohort_tree`).
+(:mod:`synapse_ha.core.queues.cohort_tree`).
 
 :func:`queues_now` gives all of it and each queue's place in the fair-share order
-(:func:`synapse_ha.core.queue_order.queue_standings`) from one pass over the jobs:
+(:func:`synapse_ha.core.queues.ordering.queue_standings`) from one pass over the jobs:
 what ``ListQueues`` answers.
 
 Integers only; no clock (``now_ms`` is given), no I/O.
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import Cohort
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
-from synapse_ha.core.queue_order import QueueStanding, queue_standings
-from synapse_ha.core.quota import QueueUsage as QuotaUsage
-from synapse_ha.core.quota import count_held, gang_request
+from synapse_ha.core.queues.ordering import QueueStanding, queue_standings
+from synapse_ha.core.queues.quota import QueueUsage as QuotaUsage
+from synapse_ha.core.queues.quota import count_held, gang_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ def queues_now(state: ClusterState, now_ms: int) -> QueuesNow:
 
 def queue_usage(state: ClusterState) -> dict[str, QueueUsage]:
     """Usage of every queue of ``state``, by name (sorted). Used, borrowed and lendable
-    are :class:`synapse_ha.core.quota.QueueUsage`'s (the rules the scheduler admits
+    are :class:`synapse_ha.core.queues.quota.QueueUsage`'s (the rules the scheduler admits
     by); jobs naming a queue that no longer exists are not counted."""
     tallies = {name: _Tally() for name in sorted(state.queues)}
     for job in state.jobs.values():

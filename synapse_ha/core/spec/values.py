@@ -1,7 +1,7 @@
 """The error type of spec documents and how their quantities are written: CPU
 (``32``, ``0.5``, ``"500m"``), memory (``"256Gi"``, ``"1G"``) and durations (``"10m"``,
 ``"12h"``), read into the core's integer units (millicores, MiB, milliseconds).
-:mod:`synapse_ha.core.spec` re-exports all of it; the programs' own configuration files
+:mod:`synapse_ha.core.spec.document` re-exports all of it; the programs' own configuration files
 read their quantities here too."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from synapse_ha.core.validation import (
+from synapse_ha.core.spec.validation import (
     MAX_CPU_MILLI,
     MAX_MEMORY_MIB,
     Violation,

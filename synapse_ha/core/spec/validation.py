@@ -19,7 +19,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from synapse_ha.core import access
 from synapse_ha.core.cluster_config import (
     MAX_LOCALITY_WAIT_MS,
     MAX_MIN_RUNTIME_MS,
@@ -32,18 +31,19 @@ from synapse_ha.core.cluster_config import (
     Queue,
     Timeouts,
 )
-from synapse_ha.core.health import (
+from synapse_ha.core.health.fitness import (
     FAULT_CODE_PATTERN,
     MAX_FAULT_CODE,
     MAX_FAULT_DETAIL,
     GpuFault,
 )
+from synapse_ha.core.health.prestart import MAX_PRESTART_TIMEOUT_MS, Prestart
+from synapse_ha.core.health.progress import SOURCE_LOG as PROGRESS_SOURCE_LOG
+from synapse_ha.core.health.progress import SOURCES as PROGRESS_SOURCES
+from synapse_ha.core.health.progress import Progress
+from synapse_ha.core.identity import access
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
-from synapse_ha.core.prestart import MAX_PRESTART_TIMEOUT_MS, Prestart
-from synapse_ha.core.progress import SOURCE_LOG as PROGRESS_SOURCE_LOG
-from synapse_ha.core.progress import SOURCES as PROGRESS_SOURCES
-from synapse_ha.core.progress import Progress
-from synapse_ha.core.spec_rules import more_problems
+from synapse_ha.core.spec.field_rules import more_problems
 
 # ------------------------------------------------------------------------- limits
 
@@ -490,7 +490,7 @@ def check_timeouts(t: Timeouts) -> list[Violation]:
 
 def check_cluster_config(config: ClusterConfig) -> list[Violation]:
     """Every rule ``config`` breaks on its own (the per-identity limits are
-    :func:`synapse_ha.core.admission.check_limits`; a change that would orphan an
+    :func:`synapse_ha.core.identity.admission.check_limits`; a change that would orphan an
     unfinished job's topology level is the state machine's to refuse)."""
     out = check_timeouts(config.timeouts)
     levels = config.topology_levels

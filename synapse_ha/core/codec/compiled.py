@@ -1,4 +1,4 @@
-"""Compiled decoders: the fast path of :mod:`synapse_ha.core.codec_from_plain`.
+"""Compiled decoders: the fast path of :mod:`synapse_ha.core.codec.from_plain`.
 
 A large state holds hundreds of thousands of records, and a replica that catches up
 decodes all of them before it serves. For each dataclass and each layout it meets (the
@@ -32,8 +32,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.codec_to_plain import init_fields
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.to_plain import init_fields
 
 Fast = Callable[[Any], Any]  # a compiled decoder: the value, or it raises
 Generic = Callable[[Any], Callable[[Any, str], Any]]  # a type's generic decoder

@@ -1,8 +1,8 @@
 """Job-spec fields that are one value each, declared once: the document's key, the spec's
 field, how the document writes the value and the rule the spec's value keeps.
 
-:func:`synapse_ha.core.spec.parse_job_spec` reads each of :data:`SPEC_FIELDS` from a
-document, and :func:`synapse_ha.core.validation.check_job_spec` checks each rule, on a
+:func:`synapse_ha.core.spec.document.parse_job_spec` reads each of :data:`SPEC_FIELDS` from a
+document, and :func:`synapse_ha.core.spec.validation.check_job_spec` checks each rule, on a
 spec from a document and on one from the API alike. A field whose value is a single
 scalar is added here, not to the parser and the rule set apart.
 """
@@ -20,7 +20,7 @@ MAX_STOP_GRACE_MS = 3600 * 1000
 class SpecField:
     key: str  # the document's key
     attr: str  # the field of JobSpec
-    # How the document writes it (synapse_ha.core.spec reads each kind): "duration" (10s,
+    # How the document writes it (synapse_ha.core.spec.document reads each kind): "duration" (10s,
     # 5m; milliseconds in the spec).
     kind: Literal["duration"]
     rule: Callable[[Any], str]  # the spec's value: "" when it keeps the rule, else the rule

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synapse_ha.core.access import Role
+from synapse_ha.core.identity.access import Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +19,7 @@ class Token:
     for the first admin token, made by a replica itself). ``priority_classes``: the
     classes that preempt its user may use (in queues that list them);
     ``max_priority``: the highest priority it allows above a queue's own ceiling
-    (:func:`synapse_ha.core.access.priority_refusal`)."""
+    (:func:`synapse_ha.core.identity.access.priority_refusal`)."""
 
     token_id: str
     user: str

@@ -3,7 +3,7 @@
 Version 1 wrote reasons and attempt outcomes as sentences and kept no attempt state nor
 requeue count; version 2 writes :class:`~synapse_ha.core.reasons.Reason` values. These
 functions turn a version 1 command body or state, as plain values, into the version 2
-layout, which :func:`~synapse_ha.core.codec_from_plain.from_plain` then checks and
+layout, which :func:`~synapse_ha.core.codec.from_plain.from_plain` then checks and
 rebuilds. Anything malformed is passed on as it is, for that check to judge.
 """
 

@@ -1,7 +1,7 @@
 """Who may be a preemption victim, and what preempting it costs (DESIGN §8). Pure.
 
 **Cost.** A victim loses the work done since the point its whole gang can resume from:
-its attempt's checkpoint mark (:func:`synapse_ha.core.checkpoints.attempt_mark`, the
+its attempt's checkpoint mark (:func:`synapse_ha.core.workflows.checkpoints.attempt_mark`, the
 oldest of its members' newest marks) or, without one, the bind of its attempt. The cost
 of preempting it now is its GPUs x that time (:func:`lost_gpu_ms`), so the victim search
 prefers gangs that have just checkpointed; a gang whose every member marks a checkpoint
@@ -28,10 +28,10 @@ than the plan's: a protection that had ended when the plan was made has ended at
 
 from __future__ import annotations
 
-from synapse_ha.core.checkpoints import attempt_mark
 from synapse_ha.core.cluster_config import PreemptionKind
 from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec
-from synapse_ha.core.quota import priority_class
+from synapse_ha.core.queues.quota import priority_class
+from synapse_ha.core.workflows.checkpoints import attempt_mark
 
 
 def resume_point_ms(attempt: Attempt) -> int:

@@ -3,12 +3,12 @@
 :func:`parse_job_spec` turns a plain mapping (parsed YAML or JSON, with human quantities
 such as ``"500m"``, ``"256Gi"`` or ``"12h"``) into a :class:`ParsedJob`. This module owns
 only the document's shape: which fields exist and their types; how quantities and
-durations are written is :mod:`synapse_ha.core.spec_values`. Every rule on the values,
-and every limit, belongs to :mod:`synapse_ha.core.validation`, which the parser calls on
+durations are written is :mod:`synapse_ha.core.spec.values`. Every rule on the values,
+and every limit, belongs to :mod:`synapse_ha.core.spec.validation`, which the parser calls on
 the spec it built.
 
 Errors are :class:`SpecError`, carrying every
-:class:`~synapse_ha.core.validation.Violation` the document has (each names the offending
+:class:`~synapse_ha.core.spec.validation.Violation` the document has (each names the offending
 field and the rule it broke; an unknown field or value the closest allowed one), so that
 one reading reports them all and nothing invalid ever reaches the replicated log.
 """
@@ -24,25 +24,25 @@ from functools import partial
 from typing import Any, TypeVar
 
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
-from synapse_ha.core.dependencies import Dependencies, DependencyKind
+from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
+from synapse_ha.core.health.progress import SOURCE_FILE, Progress
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
-from synapse_ha.core.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
-from synapse_ha.core.progress import SOURCE_FILE, Progress
-from synapse_ha.core.spec_fields import SPEC_FIELDS
-from synapse_ha.core.spec_values import SpecError as SpecError
-from synapse_ha.core.spec_values import is_int as _is_int
-from synapse_ha.core.spec_values import kind as _kind
-from synapse_ha.core.spec_values import parse_cpu as parse_cpu
-from synapse_ha.core.spec_values import parse_duration as parse_duration
-from synapse_ha.core.spec_values import parse_memory as parse_memory
-from synapse_ha.core.validation import (
+from synapse_ha.core.spec.fields import SPEC_FIELDS
+from synapse_ha.core.spec.validation import (
     Violation,
     ViolationCode,
     check_job_spec,
     check_request_id,
     did_you_mean,
 )
-from synapse_ha.core.windows import parse_time
+from synapse_ha.core.spec.values import SpecError as SpecError
+from synapse_ha.core.spec.values import is_int as _is_int
+from synapse_ha.core.spec.values import kind as _kind
+from synapse_ha.core.spec.values import parse_cpu as parse_cpu
+from synapse_ha.core.spec.values import parse_duration as parse_duration
+from synapse_ha.core.spec.values import parse_memory as parse_memory
+from synapse_ha.core.workflows.dependencies import Dependencies, DependencyKind
+from synapse_ha.core.workflows.windows import parse_time
 
 _TOP_FIELDS = frozenset(
     {

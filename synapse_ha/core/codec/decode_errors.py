@@ -1,7 +1,7 @@
 """The codec's errors: bytes that are not a valid encoding, and those of a newer release.
 
 A replica refuses what it cannot read rather than guess; the replicated entry point turns
-either error into an error result (:mod:`synapse_ha.core.codec` on rolling upgrades).
+either error into an error result (:mod:`synapse_ha.core.codec.versioned` on rolling upgrades).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synapse_ha.core.admission import LimitName
 from synapse_ha.core.cluster_config import Queue
+from synapse_ha.core.identity.admission import LimitName
 from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.model import ClusterState, Job, Resources
 from synapse_ha.core.reasons import Reason, ReasonCode, reason

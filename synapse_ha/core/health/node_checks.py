@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from synapse_ha.core.health import (
+from synapse_ha.core.health.fitness import (
     CHECK_NAME_PATTERN,
     MAX_CHECK_MESSAGE,
     MAX_CHECK_NAME,
     NodeCheck,
 )
-from synapse_ha.core.validation import Violation, invalid
+from synapse_ha.core.spec.validation import Violation, invalid
 
 
 def check_node_checks(checks: Sequence[NodeCheck]) -> list[Violation]:

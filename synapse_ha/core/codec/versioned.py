@@ -6,17 +6,17 @@ gives the same bytes, so replicas and snapshots can be compared byte for byte.
 ``decode(encode(x)) == x`` holds for every command and state.
 
 This module is the envelope (format version, command type) and the entry points; the
-values inside are written by :mod:`synapse_ha.core.codec_to_plain` and read back by
-:mod:`synapse_ha.core.codec_from_plain`, version 1 layouts through
-:mod:`synapse_ha.core.codec_v1`. Decoding checks every field's type against the dataclass
-and raises :class:`~synapse_ha.core.codec_errors.CodecError` naming the path of the
+values inside are written by :mod:`synapse_ha.core.codec.to_plain` and read back by
+:mod:`synapse_ha.core.codec.from_plain`, version 1 layouts through
+:mod:`synapse_ha.core.codec.v1`. Decoding checks every field's type against the dataclass
+and raises :class:`~synapse_ha.core.codec.decode_errors.CodecError` naming the path of the
 offending field; nothing malformed reaches ``apply``.
 
 Format versions and rolling upgrades. Commands and the state carry a format version
 (``"v"``). A replica reads every version in ``READABLE_VERSIONS`` and writes the newest.
 What it cannot read — a newer version, a command type it does not know, a field it does
 not know (written by a newer release) — it refuses with ``UnreadableFormat``
-(:mod:`synapse_ha.core.codec_errors`), and the replicated entry point turns that into an
+(:mod:`synapse_ha.core.codec.decode_errors`), and the replicated entry point turns that into an
 error result (never an exception: that would wedge the log). Such a replica then lacks
 that change while the others have it, so the rule for upgrades is: **upgrade every
 replica before anything uses a new command, a new field or a new version**. A release
@@ -24,7 +24,7 @@ keeps writing what the previous release reads until then (deploy/README.md, "Rol
 upgrade"). ``synctl cluster -o json`` shows each replica's ``format_version`` to check.
 
 "Keeps writing what the previous release reads" is mechanical for added fields: a field
-listed in ``ADDED_FIELDS`` (:mod:`synapse_ha.core.formats`) is written only when it
+listed in ``ADDED_FIELDS`` (:mod:`synapse_ha.core.codec.formats`) is written only when it
 differs from its default. A command or state that does not use a new feature (a job in
 the ``default`` queue, no preemption) therefore encodes exactly as the previous release
 wrote it, and a replica of that release applies it; one that uses a new feature carries
@@ -48,10 +48,10 @@ from collections.abc import Callable
 from typing import Any
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.codec_errors import CodecError, UnreadableFormat
-from synapse_ha.core.codec_from_plain import from_plain
-from synapse_ha.core.codec_to_plain import to_plain, to_plain_compact
-from synapse_ha.core.codec_v1 import upgrade_command_v1, upgrade_state_v1
+from synapse_ha.core.codec.decode_errors import CodecError, UnreadableFormat
+from synapse_ha.core.codec.from_plain import from_plain
+from synapse_ha.core.codec.to_plain import to_plain, to_plain_compact
+from synapse_ha.core.codec.v1 import upgrade_command_v1, upgrade_state_v1
 from synapse_ha.core.collector import collector_paused
 from synapse_ha.core.model import ClusterState
 

@@ -13,7 +13,7 @@ applies them before it proposes anything, so a refused submission changes nothin
   it *and* a credential allowed to use it (role admin or operator, or a token naming the
   class); a priority above the queue's ``max_priority`` (a number, or a class's value)
   needs role admin or operator, or a token whose ``max_priority`` reaches it.
-* **Members** (:mod:`synapse_ha.core.member_limits`): the floor and supervisor's share a
+* **Members** (:mod:`synapse_ha.core.spec.member_limits`): the floor and supervisor's share a
   node reserves per member, and the caps on one owner's running members, which the
   scheduler and the state machine apply to every owner.
 * **Request ids** (:func:`scoped_request_id`): a user's idempotency key is stored as
@@ -33,7 +33,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from synapse_ha.core import commands as cmd
-from synapse_ha.core.access import (
+from synapse_ha.core.cluster_config import Limits, PriorityClass, Queue
+from synapse_ha.core.codec.versioned import encode_command
+from synapse_ha.core.identity.access import (
     AccessRefusal,
     AccessRefusalCode,
     Identity,
@@ -41,10 +43,8 @@ from synapse_ha.core.access import (
     Role,
     describe_caller,
 )
-from synapse_ha.core.cluster_config import Limits, PriorityClass, Queue
-from synapse_ha.core.codec import encode_command
 from synapse_ha.core.model import ClusterState, JobSpec, JobState
-from synapse_ha.core.validation import MAX_NAME, MAX_PRIORITY, NAME_PATTERN, Violation, invalid
+from synapse_ha.core.spec.validation import MAX_NAME, MAX_PRIORITY, NAME_PATTERN, Violation, invalid
 
 REQUEST_SCOPE_SEPARATOR = "/"
 
@@ -209,7 +209,7 @@ def priority_refusal(
 ) -> AccessRefusal | None:
     """None when ``identity`` may submit ``spec`` at its priority to ``queue``, else a
     PERMISSION_DENIED naming the class or the figure and the rule. The class is assumed to
-    exist (:func:`synapse_ha.core.queue_rules.check_job_queue` says when it does not)."""
+    exist (:func:`synapse_ha.core.queues.job_rules.check_job_queue` says when it does not)."""
     trusted = identity.kind is Kind.USER and identity.role in (Role.ADMIN, Role.OPERATOR)
     who = describe_caller(identity)
     cls = next((c for c in classes if c.name == spec.priority_class), None)

@@ -1,14 +1,14 @@
 """Rules of the job spec fields that live in modules of their own (dependencies, the
-window, arrays, the one-value fields of :mod:`synapse_ha.core.spec_fields`), gathered for
-:func:`synapse_ha.core.validation.check_job_spec`."""
+window, arrays, the one-value fields of :mod:`synapse_ha.core.spec.fields`), gathered for
+:func:`synapse_ha.core.spec.validation.check_job_spec`."""
 
 from __future__ import annotations
 
-from synapse_ha.core.arrays import array_problems
-from synapse_ha.core.dependencies import dependency_problems
 from synapse_ha.core.model import JobSpec
-from synapse_ha.core.spec_fields import spec_field_problems
-from synapse_ha.core.windows import window_problems
+from synapse_ha.core.spec.fields import spec_field_problems
+from synapse_ha.core.workflows.arrays import array_problems
+from synapse_ha.core.workflows.dependencies import dependency_problems
+from synapse_ha.core.workflows.windows import window_problems
 
 
 def more_problems(spec: JobSpec) -> list[tuple[str, str]]:

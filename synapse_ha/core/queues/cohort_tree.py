@@ -7,7 +7,7 @@ the queues with a GPU quota in a cohort. Every node has a nominal, a usage and t
 figures, computed from the leaves up:
 
 * a queue **lends** ``min(lending_limit, max(0, nominal - used))`` and **borrows**
-  ``max(0, used - nominal)`` (as :mod:`synapse_ha.core.quota` counts a flat cohort);
+  ``max(0, used - nominal)`` (as :mod:`synapse_ha.core.queues.quota` counts a flat cohort);
 * a cohort's **pool** is its own nominal plus what its children lend; its **demand** is
   what its children borrow. It borrows from its parent ``max(0, demand - pool)`` and
   lends to it ``min(lending_limit, max(0, pool - demand))``.
@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from synapse_ha.core.cluster_config import Cohort, Queue
-from synapse_ha.core.validation import MAX_QUEUE_GPUS, Violation, invalid, name_problem
+from synapse_ha.core.spec.validation import MAX_QUEUE_GPUS, Violation, invalid, name_problem
 
 MAX_COHORT_DEPTH = 6  # cohorts on the way from a queue's cohort to its root, at most
 MAX_COHORTS = 1_000

@@ -5,7 +5,7 @@ A backup is made by ``synctl cluster snapshot save FILE`` from the leader and re
 
     {"format":"synapse-backup","v":1,"raft_index":..,"raft_term":..,"replica_id":..,
      "size":..,"sha256":".."}\\n
-    <the canonical state encoding of synapse_ha.core.codec>
+    <the canonical state encoding of synapse_ha.core.codec.versioned>
 
 The header is one JSON line; ``size`` and ``sha256`` are those of the state bytes that
 follow it, so a truncated or altered file is refused before anything is restored. Pure
@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from synapse_ha.core.codec import decode_state
-from synapse_ha.core.codec_errors import CodecError
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.core.model import ClusterState
 
 BACKUP_FORMAT = "synapse-backup"

@@ -51,7 +51,7 @@ FORMAT = 11  # the newest format this release reads
 _DECLARED: dict[type, dict[str, int]] = {
     # Format 3: resources of an ended attempt held until its members are confirmed
     # stopped; GPU faults cleared by a reboot. Format 6: how long a reclaim waits before
-    # it overrides a minimum run time (core/victim_rules.py).
+    # it overrides a minimum run time (core/queues/victim_rules.py).
     ClusterConfig: {
         "priority_classes": 2,
         "fair_share_half_life_ms": 2,
@@ -67,9 +67,9 @@ _DECLARED: dict[type, dict[str, int]] = {
         # Format 8: followers relay workers' heartbeats (rpc/relay.py).
         "relay_heartbeats": 8,
     },
-    # Format 6: minimum run time of a priority class and a queue (core/victim_rules.py).
+    # Format 6: minimum run time of a priority class and a queue (core/queues/victim_rules.py).
     PriorityClass: {"min_runtime_ms": 6},
-    # Format 10: floors and caps on members (core/member_limits.py) and a queue's own caps;
+    # Format 10: floors and caps on members (core/spec/member_limits.py) and a queue's own caps;
     # per-identity limits and authorised priority (DESIGN §8).
     Limits: {
         "member_min_cpu_milli": 10,
@@ -86,7 +86,7 @@ _DECLARED: dict[type, dict[str, int]] = {
     },
     Token: {"priority_classes": 2, "max_priority": 2},
     CreateToken: {"priority_classes": 2, "max_priority": 2},
-    # Format 5: checkpoint marks (core/checkpoints.py): a mark's step and number.
+    # Format 5: checkpoint marks (core/workflows/checkpoints.py): a mark's step and number.
     MemberEvent: {"step": 5, "mark_seq": 5},
 }
 
@@ -104,7 +104,7 @@ def _declared_in_model() -> dict[type, dict[str, int]]:
 
 
 # Every field added since the first format, with the format that added it, by owning type:
-# the codec's fields written only away from their defaults (core/codec_to_plain.py).
+# the codec's fields written only away from their defaults (core/codec/to_plain.py).
 ADDED_FIELDS: dict[type, dict[str, int]] = {**_DECLARED, **_declared_in_model()}
 # Of those, the fields a command may only set at their format (above BASE_FORMAT).
 NEW_FIELDS: dict[type, dict[str, int]] = {
@@ -120,7 +120,7 @@ NEW_COMMANDS: dict[type, int] = {
     ReportNodeChecks: 3,
     # A pending job cancelled at its deadline.
     ExpireDeadline: 4,
-    # The cohort tree (core/cohort_tree.py): cohort records.
+    # The cohort tree (core/queues/cohort_tree.py): cohort records.
     SetCohort: 7,
     DeleteCohort: 7,
 }
@@ -130,15 +130,15 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ExitCause.HUNG: 3,
     # A task of an array waiting for a slot of its throttle (a BindPlan's reason).
     ReasonCode.ARRAY_THROTTLE: 5,
-    # A member's checkpoint mark (core/checkpoints.py).
+    # A member's checkpoint mark (core/workflows/checkpoints.py).
     MemberEventKind.CHECKPOINT: 5,
-    # A gang whose possible victims are within their minimum run time (core/victim_rules.py;
+    # A gang whose possible victims are within their minimum run time (core/queues/victim_rules.py;
     # only a cluster whose minimum run times are set, which needs format 6, gives it).
     ReasonCode.WAITING_MIN_RUNTIME: 6,
     # A gang no set of the cluster's nodes could ever hold waits for nodes to join
     # (core/feasibility.py).
     ReasonCode.WAITING_FOR_NODES: 9,
-    # A gang one owner's member caps hold back (core/member_limits.py).
+    # A gang one owner's member caps hold back (core/spec/member_limits.py).
     ReasonCode.WAITING_MEMBER_CAP: 10,
 }
 

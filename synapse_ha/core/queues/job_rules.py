@@ -1,5 +1,5 @@
 """The rules a job spec obeys against the cluster's queues and priority classes (the
-rest of a spec's rules are :mod:`synapse_ha.core.validation`'s)."""
+rest of a spec's rules are :mod:`synapse_ha.core.spec.validation`'s)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from synapse_ha.core.cluster_config import PriorityClass, Queue
 from synapse_ha.core.model import JobSpec
-from synapse_ha.core.validation import Violation, invalid
+from synapse_ha.core.spec.validation import Violation, invalid
 
 
 def check_job_queue(

@@ -36,7 +36,7 @@ class DependencyKind(enum.StrEnum):
 
 # Dependencies of one job, of every kind together.
 MAX_DEPENDENCIES = 100
-# A job, an array, or a task of an array (core/arrays.py).
+# A job, an array, or a task of an array (core/workflows/arrays.py).
 JOB_ID_PATTERN = re.compile(r"^job-[0-9]{6,12}(_[0-9]{1,7})?$")
 
 

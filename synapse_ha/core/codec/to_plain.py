@@ -3,11 +3,11 @@
 :func:`to_plain` writes each dataclass as an object of named fields (commands, results
 and the full state); :func:`to_plain_compact` as a list of its field values in
 declaration order, without the trailing ones that hold their defaults (the compact state,
-:mod:`synapse_ha.core.codec`). Either way the fields added since the first format
-(:data:`synapse_ha.core.formats.ADDED_FIELDS`) are left out while they hold their
+:mod:`synapse_ha.core.codec.versioned`). Either way the fields added since the first format
+(:data:`synapse_ha.core.codec.formats.ADDED_FIELDS`) are left out while they hold their
 defaults, so what uses no new feature encodes as an older release wrote it. The same
 value always gives the same plain value;
-:func:`synapse_ha.core.codec_from_plain.from_plain` reads it back.
+:func:`synapse_ha.core.codec.from_plain.from_plain` reads it back.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import typing
 from functools import cache
 from typing import Any
 
-from synapse_ha.core.codec_errors import CodecError
-from synapse_ha.core.formats import ADDED_FIELDS
+from synapse_ha.core.codec.decode_errors import CodecError
+from synapse_ha.core.codec.formats import ADDED_FIELDS
 
 _ALWAYS = object()  # a field written whatever its value
 

@@ -8,7 +8,7 @@ its start and that file's modification time) is older than ``timeout`` is hung: 
 worker stops its process group and reports the exit with cause ``hung``, a failure of the
 program that counts against ``retries.max`` (:mod:`synapse_ha.core.machine.reports`).
 
-The limits are rules of :mod:`synapse_ha.core.validation`; this module holds the value.
+The limits are rules of :mod:`synapse_ha.core.spec.validation`; this module holds the value.
 """
 
 from __future__ import annotations

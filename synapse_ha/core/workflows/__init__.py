@@ -1,0 +1,1 @@
+"""Jobs tied to other jobs or to time: arrays, dependencies, windows, checkpoints."""
