@@ -47,7 +47,8 @@ UNIT_PARALLEL := \
     leader_loss journal restart_election_delay raft_channel journal_disk_full \
     snapshot_background replica_membership appendentries membership_pieces prevote_rules \
     raft_settings wire)) \
-  $(addprefix tests/integration/test_,$(addsuffix .py,checkpoints workflows arrays)) \
+  $(addprefix tests/integration/test_,$(addsuffix .py,history checkpoints workflows arrays \
+    node_fitness)) \
   tests/fuzz tests/test_leftovers.py tests/bench/test_compare.py \
   tests/core tests/sim tests/chaos tests/history tests/leader tests/rpc \
   tests/test_layout.py tests/test_design_citations.py
