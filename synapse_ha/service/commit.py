@@ -96,11 +96,19 @@ async def settled(
     waiting."""
     deadline = time.monotonic() + timeout_s
     for future in proposed:
+        waiting = asyncio.wrap_future(future)
         with contextlib.suppress(TimeoutError, ProposalError):  # read just below
-            await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(future)), max(0.0, deadline - time.monotonic())
-            )
+            await asyncio.wait_for(asyncio.shield(waiting), max(0.0, deadline - time.monotonic()))
+        if not waiting.done():
+            # Its outcome comes after the deadline: read it then, or the event loop logs
+            # a proposal that fails late as an exception never retrieved.
+            waiting.add_done_callback(_read_late)
         refusal = _verdict(future, 0.0, not_found)
         if refusal is not None:
             return refusal
     return None
+
+
+def _read_late(waiting: asyncio.Future[cmd.Result]) -> None:
+    if not waiting.cancelled():
+        waiting.exception()

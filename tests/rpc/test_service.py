@@ -6,6 +6,7 @@ shapes read alike, embedded or in an earlier release's flat fields."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from concurrent import futures
 
@@ -239,3 +240,20 @@ def test_the_unary_heartbeat_reads_the_embedded_message_and_checks_its_node() ->
             with pytest.raises(grpc.RpcError) as refused:
                 replica.agent.Heartbeat(pb.HeartbeatRequest(heartbeat=wrong), metadata=worker)
             assert failure_of(refused.value).reason is reason
+
+
+def test_an_awaited_proposal_that_fails_after_its_deadline_is_not_logged_as_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def late_failure() -> Refusal | None:
+        pending: futures.Future[cmd.Result] = futures.Future()
+        pending.set_running_or_notify_cancel()  # as the proposer marks it
+        refused = await commit.settled([pending], 0.01, node_not_found("n1"))
+        pending.set_exception(ProposalError("leadership lost", committed_unknown=True))
+        await asyncio.sleep(0.05)  # the failure reaches the loop's copy of the future
+        return refused
+
+    refused = asyncio.run(late_failure())
+    gc.collect()  # the loop's copy is gone: unread, it would log here
+    assert refused is not None and refused.code is ErrorReason.OUTCOME_UNKNOWN
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
