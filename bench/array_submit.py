@@ -56,8 +56,8 @@ from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, NodeInfo, Resources
 from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.snapshot import AppliedCommand
 from synapse_ha.history.recorder import HistoryRecorder
-from synapse_ha.history.tracker import AppliedCommand
 from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from synapse_ha.core import commands as cmd
@@ -269,3 +269,18 @@ class SnapshotBuilder:
         changes.shared = True
         self._last = snap
         return snap
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AppliedCommand:
+    """``command``, applied to ``state`` with ``result``. ``job_ids``/``node_ids``: the
+    records it may have touched (None: any, and every record is compared); ``encoded``:
+    the bytes the replica decoded it from, when known (a submission's is kept until its
+    job's record is made)."""
+
+    command: cmd.Command
+    result: cmd.Result
+    state: ClusterState
+    job_ids: Collection[str] | None = None
+    node_ids: Collection[str] | None = None
+    encoded: bytes = b""

@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.snapshot import AppliedCommand
 from synapse_ha.history.events import DEFAULT_CAPACITY, EventRing
 from synapse_ha.history.store import FILE_NAME, HistoryStore
-from synapse_ha.history.tracker import AppliedCommand, AttemptRecord, Event, JobRecord, Tracker
+from synapse_ha.history.tracker import AttemptRecord, Event, JobRecord, Tracker
 
 log = logging.getLogger(__name__)
 

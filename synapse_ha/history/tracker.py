@@ -21,7 +21,7 @@ are not contiguous.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -36,6 +36,7 @@ from synapse_ha.core.model import (
     NodeStatus,
 )
 from synapse_ha.core.reasons import Reason, render
+from synapse_ha.core.snapshot import AppliedCommand
 from synapse_ha.history.submissions import Submissions
 
 INDEX_SHIFT = 16
@@ -261,21 +262,6 @@ _ENDED_KIND = {
     AttemptState.REQUEUED: EventKind.REQUEUED,
     AttemptState.STOPPED: EventKind.FAILED,  # a time limit; a cancel is told apart below
 }
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedCommand:
-    """``command``, applied to ``state`` with ``result``. ``job_ids``/``node_ids``: the
-    records it may have touched (None: any, and every record is compared); ``encoded``:
-    the bytes the replica decoded it from, when known (a submission's is kept until its
-    job's record is made)."""
-
-    command: cmd.Command
-    result: cmd.Result
-    state: ClusterState
-    job_ids: Collection[str] | None = None
-    node_ids: Collection[str] | None = None
-    encoded: bytes = b""
 
 
 class Tracker:

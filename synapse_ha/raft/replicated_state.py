@@ -27,8 +27,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec.decode_errors import CodecError, UnreadableFormat
 from synapse_ha.core.codec.versioned import decode_command
 from synapse_ha.core.model import ClusterState
-from synapse_ha.core.snapshot import Changes, SnapshotBuilder, apply_tracked
-from synapse_ha.history.tracker import AppliedCommand
+from synapse_ha.core.snapshot import AppliedCommand, Changes, SnapshotBuilder, apply_tracked
 from synapse_ha.raft.batch import FrameError, unframe
 from synapse_ha.raft.membership import member_of, tcp_node
 from synapse_ha.raft.snapshot_file import (

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.snapshot import AppliedCommand
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import DAY_MS, FILE_NAME, HistoryFilter, HistoryStore
-from synapse_ha.history.tracker import AppliedCommand, AttemptRecord, Tracker
+from synapse_ha.history.tracker import AttemptRecord, Tracker
 from tests.core.harness import job, node
 from tests.history.observed import ObservedCluster
 
