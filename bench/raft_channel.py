@@ -71,7 +71,8 @@ def member(spec: dict[str, Any]) -> None:
             if leads and go.exists() and not done.exists():
                 failed = _propose(node, spec["entries"], spec["in_flight"], payload)
                 report = {"index": node.status().commit_index, "failed": failed}
-                done.write_text(json.dumps(report))
+                done.with_suffix(".new").write_text(json.dumps(report))
+                os.replace(done.with_suffix(".new"), done)  # never read half-written
             time.sleep(0.05)
     finally:
         node.stop()

@@ -7,8 +7,10 @@ acknowledgement (the node's status, its timeouts, its desired members)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from synapse_ha.core import commands as cmd
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.spec.document import SpecError
@@ -36,18 +38,28 @@ def heartbeat_in(message: pb.Heartbeat | Shape, node_id: str = "") -> HeartbeatI
     node_id = node_id or message.node_id
     if not node_id:
         return required("node_id")
-    events: tuple[Any, ...] = ()
-    if message.reports:
-        try:
-            events = from_proto.member_events_from_proto(list(message.reports))
-        except SpecError as exc:
-            return invalid(exc.violations)
+    events = heartbeat_events(message.reports)
+    if isinstance(events, Refusal):
+        return events
     return HeartbeatIn(
         node_id,
         events,
         from_proto.gpu_faults_from_proto(message.gpu_faults) if message.gpu_faults else (),
         from_proto.checks_from_proto(message.checks) if message.checks else (),
     )
+
+
+def heartbeat_events(
+    reports: Sequence[pb.MemberReport],
+) -> tuple[cmd.MemberEvent, ...] | Refusal:
+    """A heartbeat's (or a registration's) member reports as events, or the rule one
+    breaks."""
+    if not reports:
+        return ()
+    try:
+        return from_proto.member_events_from_proto(list(reports))
+    except SpecError as exc:
+        return invalid(exc.violations)
 
 
 def answer_fields(state: ClusterState, node_id: str) -> dict[str, Any]:

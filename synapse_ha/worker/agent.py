@@ -13,6 +13,8 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   keep at least ``MIN_REPORT_GAP_S`` between them.
 * Reports (STARTED, EXITED) are kept, in order, until a reply acknowledges them, and are
   resent until then; an acknowledged exit is marked on disk and never reported again.
+  A registration carries them too, committed before it: a node back from dead has its
+  members' exits counted before anything new is placed on it.
 * Desired state is applied idempotently by (job_id, fencing_token, rank): a key that ever
   started on this node is never started again (also after an agent restart); a member not
   in the desired list, or one whose token is lower than the highest seen for its job, is
@@ -383,11 +385,20 @@ class Agent:
         return f"{detail}; killed {len(exits)} member(s)"
 
     def _register(self) -> tuple[bool, str]:
+        reports = list(self.pending)
+        request = self.registration
+        if reports:
+            # Committed before the registration: a late exit 0 is counted before the
+            # node, back from dead, can be given a new attempt of the same job.
+            request = pb.RegisterNodeRequest()
+            request.CopyFrom(self.registration)
+            request.reports.extend(to_proto.member_event_to_proto(r) for r in reports)
         try:
-            answer = self.control.register(self.registration)
+            answer = self.control.register(request)
         except ControlPlaneUnreachable as exc:
             self.next_register_at = self.clock() + REGISTER_RETRY_S
             return False, f"could not register: {exc}"
+        self._acknowledged(reports, answer.acked_reports)
         self.registered = True
         if answer.heartbeat_interval_ms > 0:
             self.interval_s = answer.heartbeat_interval_ms / 1000
@@ -425,13 +436,7 @@ class Agent:
             return f"{exc}; registering again"
         # A push received before this reply is older than the reply's list: drop it.
         self._pushed = None
-        acked = max(0, min(answer.acked_reports, len(reports)))
-        for report in reports[:acked]:
-            if report.kind is MemberEventKind.EXITED:
-                self.executor.mark_reported(
-                    MemberKey(report.job_id, report.fencing_token, report.rank)
-                )
-        del self.pending[:acked]
+        self._acknowledged(reports, answer.acked_reports)
         if answer.heartbeat_interval_ms > 0:
             self.interval_s = answer.heartbeat_interval_ms / 1000
         if states.lease_status(answer) is NodeStatus.DEAD:
@@ -449,6 +454,18 @@ class Agent:
             from_proto.desired_list_from_proto(answer.desired), may_start=not unwritten
         )
         return "; ".join(s for s in (said, unwritten, applied) if s)
+
+    def _acknowledged(self, reports: list[MemberEvent], acked: int) -> None:
+        """The first ``acked`` of ``reports`` (the head of :attr:`pending` when they were
+        sent) were committed: an acknowledged exit is marked on disk, never reported
+        again."""
+        acked = max(0, min(acked, len(reports)))
+        for report in reports[:acked]:
+            if report.kind is MemberEventKind.EXITED:
+                self.executor.mark_reported(
+                    MemberKey(report.job_id, report.fencing_token, report.rank)
+                )
+        del self.pending[:acked]
 
     def _forgotten(self, why: str) -> str:
         """The leader forgot this node or declared it dead: kill every member and register

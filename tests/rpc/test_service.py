@@ -19,7 +19,7 @@ from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.identity.access import Identity, Kind, Role
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterState, JobState
+from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, failure_of, refusal_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -27,8 +27,10 @@ from synapse_ha.rpc.heartbeat import heartbeat_in, heartbeat_message
 from synapse_ha.service import commit
 from synapse_ha.service.heartbeat import HeartbeatIn, HeartbeatOut, heartbeat
 from synapse_ha.service.jobs import cancel
+from synapse_ha.service.nodes import Registered, register_node
 from synapse_ha.service.refusal import ErrorReason, Refusal, node_not_found
 from tests.core.harness import job, node
+from tests.core.test_late_success import exit_event, gang_on_two_nodes, rank0_done_then_n2_dies
 from tests.rpc.authed import PEER_KEY, serving_replica
 
 STARTED = cmd.MemberEvent("job-000001", 1, 0, cmd.MemberEventKind.STARTED)
@@ -221,6 +223,25 @@ def test_cancel_refuses_another_users_job_and_cancels_ones_own() -> None:
     elsewhere = StandIn(replica.state, Refusal(ErrorReason.NO_LEADER, "no leader"))
     refused = cancel(elsewhere, ann, "job-000001", "", 1.0)
     assert isinstance(refused, Refusal) and refused.code is ErrorReason.NO_LEADER
+
+
+def test_a_node_back_from_dead_has_its_late_exit_counted_before_it_is_ready() -> None:
+    cl, j, token = gang_on_two_nodes()
+    rank0_done_then_n2_dies(cl, j, token)
+    replica = StandIn(cl.state)
+    worker = Identity(Kind.WORKER, "n2", Role.USER)
+    late = exit_event(j, token, 1)
+    back = register_node(replica, worker, node("n2", gpus=8), 1.0, (late,))
+    assert isinstance(back, Registered) and back.acked_reports == 1
+    # The exit is committed first: the job ended while n2 was still dead.
+    assert [type(c) for c in replica.proposed] == [cmd.ReportMembers, cmd.RegisterNode]
+    assert back.state.jobs[j].state is JobState.SUCCEEDED
+    assert back.state.nodes["n2"].status is NodeStatus.READY
+    # A node the state does not know registers; its reports are not acknowledged.
+    fresh = StandIn(ClusterState())
+    first = register_node(fresh, Identity(Kind.WORKER, "n9", Role.USER), node("n9"), 1.0, (late,))
+    assert isinstance(first, Registered) and first.acked_reports == 0
+    assert [type(c) for c in fresh.proposed] == [cmd.RegisterNode]
 
 
 def test_the_unary_heartbeat_reads_the_embedded_message_and_checks_its_node() -> None:

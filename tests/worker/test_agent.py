@@ -18,6 +18,7 @@ from synapse_ha.worker.agent import (
     AgentTimings,
     ControlPlaneUnreachable,
     NotRegistered,
+    StreamEnded,
 )
 from synapse_ha.worker.lease import Lease, LeaseFile, LeaseState
 from synapse_ha.worker.member_dirs import MemberExit
@@ -93,6 +94,8 @@ class FakeControl:
         self.node_status = NodeStatus.READY
         self.call_takes_s = 0.0
         self.registrations = 0
+        self.registered_with: list[pb.RegisterNodeRequest] = []
+        self.acks_registration_reports = False
         self.heartbeats: list[pb.HeartbeatRequest] = []
         self.on_heartbeat: Callable[[], None] | None = None
 
@@ -100,10 +103,12 @@ class FakeControl:
         if isinstance(self.fail, ControlPlaneUnreachable):
             raise self.fail
         self.registrations += 1
+        self.registered_with.append(request)
         return pb.RegisterNodeResponse(
             **states.node_status_fields(NodeStatus.READY),
             heartbeat_interval_ms=1000,
             lease_ttl_ms=4000,
+            acked_reports=len(request.reports) if self.acks_registration_reports else 0,
         )
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout_s: float) -> pb.HeartbeatResponse:
@@ -365,6 +370,31 @@ def test_a_node_declared_dead_kills_its_members_and_registers_again(setup: Setup
     agent.step()
     assert len(executor.kill_all_calls) == 1
     assert not agent.registered
+
+
+def test_a_node_back_from_dead_registers_with_the_exits_it_has_not_reported(
+    setup: Setup,
+) -> None:
+    agent, control, executor, clock = setup
+    control.desired = [desired("j", 5, 0)]
+    agent.step()
+    clock.advance(0.05)
+    agent.step()  # the start is acknowledged
+    assert list(control.registered_with[0].reports) == []
+    # The member exits while the node is declared dead; the leader ended its stream.
+    executor.exit(MemberKey("j", 5, 0), 0)
+    control.fail = StreamEnded("the heartbeat stream to the leader ended")
+    clock.advance(1.0)
+    assert "registering again" in agent.step()
+    control.fail = None
+    control.heartbeats.clear()
+    control.acks_registration_reports = True
+    clock.advance(0.01)
+    assert "registered" in agent.step()
+    sent = reports(pb.HeartbeatRequest(reports=control.registered_with[-1].reports))
+    assert sent == [("j", 5, 0, EXITED)]
+    assert executor.reported == [MemberKey("j", 5, 0)]
+    assert all(("j", 5, 0, EXITED) not in reports(h) for h in control.heartbeats)
 
 
 def test_registration_retries_until_a_scheduler_answers(setup: Setup) -> None:

@@ -12,7 +12,13 @@ from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason, abort
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
-from synapse_ha.rpc.heartbeat import answer_fields, desired_message, heartbeat_in, heartbeat_message
+from synapse_ha.rpc.heartbeat import (
+    answer_fields,
+    desired_message,
+    heartbeat_events,
+    heartbeat_in,
+    heartbeat_message,
+)
 from synapse_ha.rpc.relay import MAX_RELAYED, relay_heartbeats
 from synapse_ha.rpc.server.context import ReplicaContext, Servicer, abort_required
 from synapse_ha.service.heartbeat import DesiredMembers, heartbeat
@@ -41,11 +47,17 @@ class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
                 {"field": "unreachable_streams"},
             )
         info = from_proto.node_info_from_proto(request)
+        events = heartbeat_events(request.reports)
+        if isinstance(events, Refusal):
+            self._fail(context, events, caller(context))
         identity = caller(context)
-        state = register_node(self.replica, identity, info, self._write_timeout_s(context))
-        if isinstance(state, Refusal):
-            self._fail(context, state, identity)
+        registered = register_node(
+            self.replica, identity, info, self._write_timeout_s(context), events
+        )
+        if isinstance(registered, Refusal):
+            self._fail(context, registered, identity)
         self._send_index(context)
+        state = registered.state
         timeouts = state.config.timeouts
         node = state.nodes.get(info.node_id)
         relay = ""
@@ -58,6 +70,7 @@ class NodeAgentServicer(Servicer, pb_grpc.NodeAgentServiceServicer):
             lease_ttl_ms=timeouts.lease_ttl_ms,
             stream_address=relay or self.ctx.stream_address,
             relayed=bool(relay),
+            acked_reports=registered.acked_reports,
         )
 
     def RelayHeartbeats(

@@ -1195,7 +1195,7 @@ class LimitValue(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as", "boot_id", "unreachable_streams", "member_isolation")
+    __slots__ = ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology", "features", "members_run_as", "boot_id", "unreachable_streams", "member_isolation", "reports")
     class GpuIsland(_message.Message):
         __slots__ = ("gpus",)
         GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -1212,6 +1212,7 @@ class RegisterNodeRequest(_message.Message):
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity: Resources
@@ -1223,23 +1224,26 @@ class RegisterNodeRequest(_message.Message):
     boot_id: str
     unreachable_streams: _containers.RepeatedScalarFieldContainer[str]
     member_isolation: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ..., boot_id: _Optional[str] = ..., unreachable_streams: _Optional[_Iterable[str]] = ..., member_isolation: _Optional[str] = ...) -> None: ...
+    reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., gpu_islands: _Optional[_Iterable[_Union[RegisterNodeRequest.GpuIsland, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., features: _Optional[_Iterable[str]] = ..., members_run_as: _Optional[str] = ..., boot_id: _Optional[str] = ..., unreachable_streams: _Optional[_Iterable[str]] = ..., member_isolation: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address", "node_status", "relayed")
+    __slots__ = ("status", "heartbeat_interval_ms", "lease_ttl_ms", "stream_address", "node_status", "relayed", "acked_reports")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     STREAM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
+    ACKED_REPORTS_FIELD_NUMBER: _ClassVar[int]
     status: str
     heartbeat_interval_ms: int
     lease_ttl_ms: int
     stream_address: str
     node_status: NodeStatus
     relayed: bool
-    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., relayed: _Optional[bool] = ...) -> None: ...
+    acked_reports: int
+    def __init__(self, status: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., stream_address: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., relayed: _Optional[bool] = ..., acked_reports: _Optional[int] = ...) -> None: ...
 
 class MemberReport(_message.Message):
     __slots__ = ("job_id", "fencing_token", "rank", "kind", "exit_code", "detail", "cause", "checkpoint_step", "checkpoint_seq")
