@@ -18,10 +18,16 @@ Fencing is unchanged (DESIGN §4, and the contract above ``WorkerMessage`` in
   renews nothing.
 * Each heartbeat is answered only while this replica is the serving leader (checked per
   message, as the unary handler does), and every stream is ended as soon as this replica
-  stops serving or its term changes (a watcher checks every ``watch_period_s``), so a
-  worker never keeps talking to a deposed leader: its stream ends, it registers again
-  (leader discovery), and until a new leader acknowledges it, ``lease_ttl`` runs out and
-  it fences itself, as with unary heartbeats.
+  no longer leads, its term changes, or it has not served for longer than a heartbeat
+  interval (a watcher checks every ``watch_period_s``), so a worker never keeps talking
+  to a deposed leader: its stream ends, it registers again (leader discovery), and until
+  a new leader acknowledges it, ``lease_ttl`` runs out and it fences itself, as with
+  unary heartbeats. A lapse shorter than that (a leader so busy that its last majority
+  contact looks older than the serving window for a moment) ends nothing: a heartbeat
+  that arrives during it waits for the leader to serve again in the same term, at most
+  that interval (which the worker waits for an acknowledgement anyway), and is answered
+  then; every stream dropped at once would cost each worker a registration and the
+  leader a storm of them just when it is busiest.
 * A pushed list comes from the same serving leader in the same term as the stream's
   acknowledgements and is built from a state in which the command is committed; the
   worker applies it only while it holds its lease, as it would apply a reply.
@@ -136,6 +142,8 @@ class StreamServer:
         self._error: BaseException | None = None
         self._stopped: asyncio.Event | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        self._serves: asyncio.Event | None = None  # set while the watcher saw it serve
+        self._lapse_since: float | None = None  # loop time the current lapse began
 
     # ------------------------------------------------------------- lifecycle
 
@@ -198,6 +206,7 @@ class StreamServer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        self._serves = asyncio.Event()
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_NodeStreamServiceServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
         self.port = self._add_port(server, self.address)
@@ -216,28 +225,67 @@ class StreamServer:
         await server.stop(grace=0.5)
 
     async def _watch(self) -> None:
-        """End every stream to the leader when this replica stops serving or its term
-        changes; end relayed streams when this replica neither serves nor relays. On a
-        follower, push a relayed stream's new desired list once its state changed it."""
+        """End every stream to the leader when this replica no longer leads, its term
+        changed or it has not served for longer than a heartbeat interval; end relayed
+        streams when this replica neither serves nor relays. On a follower, push a
+        relayed stream's new desired list once its state changed it."""
         pushed_at = -1
         while True:
             await asyncio.sleep(self.watch_period_s)
             if not self._streams:
                 continue
             serving = self.ctx.serving()
-            term = self.ctx.backend.term() if serving else -1
+            lapsed = self._lapsed(serving)
+            term = self.ctx.backend.term() if not lapsed else -1
             relaying = not serving and self.relay.may_relay()
             for stream in list(self._streams.values()):
                 if stream.relayed:
                     if not serving and not relaying:
                         self._spawn(self._end(stream, "this replica stopped relaying heartbeats"))
-                elif not serving or stream.term != term:
+                elif lapsed or stream.term != term:
                     self._spawn(self._end(stream, "this replica stopped serving as leader"))
             if relaying:
                 state = self.ctx.backend.snapshot()
                 if state.applied_commands != pushed_at:
                     pushed_at = state.applied_commands
                     self._push_now(self._changed_lists(state))
+
+    def _lapsed(self, serving: bool) -> bool:
+        """Whether this replica stopped serving as leader for good (it no longer leads)
+        or for longer than the grace (:meth:`_grace_s`); keeps the lapse's start and
+        wakes the heartbeats waiting for it to end."""
+        assert self._serves is not None and self._loop is not None
+        if serving:
+            self._lapse_since = None
+            self._serves.set()
+            return False
+        self._serves.clear()
+        if not self.ctx.backend.is_leader():
+            self._lapse_since = None
+            return True
+        now = self._loop.time()
+        if self._lapse_since is None:
+            self._lapse_since = now
+        return now - self._lapse_since > self._grace_s()
+
+    def _grace_s(self) -> float:
+        """How long a leader may not serve, in the same term, before its streams end: a
+        heartbeat interval (a worker waits that long for an acknowledgement)."""
+        return self.ctx.backend.cluster_config().timeouts.heartbeat_interval_ms / 1000
+
+    async def _serving_again(self, stream: _Stream) -> bool:
+        """Wait, at most the grace, for this replica to serve again as the leader of the
+        term ``stream`` was acknowledged in; whether it does."""
+        assert self._serves is not None and self._loop is not None
+        deadline = self._loop.time() + self._grace_s()
+        while not self.ctx.serving():
+            left = deadline - self._loop.time()
+            if left <= 0 or not self.ctx.backend.is_leader():
+                return False
+            self._serves.clear()  # set again by the watcher once it serves
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._serves.wait(), left)
+        return self.ctx.backend.term() == stream.term
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -385,10 +433,11 @@ class StreamServer:
         if isinstance(beat, Refusal):
             raise _Refused(beat)
         if not ctx.serving():
-            if not stream.relayed:
+            if stream.relayed:
+                await self._answer_relayed(stream, request.seq, message)
+                return
+            if not await self._serving_again(stream):
                 raise self._not_serving()
-            await self._answer_relayed(stream, request.seq, message)
-            return
         now = ctx.clock_ms()
         if stream.relayed:  # opened while this replica followed; it leads now
             stream.term = ctx.backend.term()

@@ -48,6 +48,8 @@ class FakeBackend:
     lock: threading.Lock = field(default_factory=threading.Lock)
     hold: bool = False
     pending: list[tuple[cmd.Command, Future[cmd.Result]]] = field(default_factory=list)
+    leads: bool = True  # whether it says it leads (serving is the context's to say)
+    leader_term: int = 1
 
     def propose(self, command: cmd.Command) -> Future[cmd.Result]:
         future: Future[cmd.Result] = Future()
@@ -75,10 +77,10 @@ class FakeBackend:
         return self.state.config
 
     def status(self) -> FakeRaft:
-        return FakeRaft(last_applied=self.state.applied_commands)
+        return FakeRaft(last_applied=self.state.applied_commands, term=self.leader_term)
 
     def is_leader(self) -> bool:
-        return True
+        return self.leads
 
     def leader_address(self) -> str:
         return "127.0.0.1:1"

@@ -4,6 +4,8 @@ metadata stand in for certificates, as in the access tests)."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -105,12 +107,72 @@ def test_a_committed_bind_is_pushed_at_once_and_only_when_it_changed_the_list(
 
 
 def test_streams_end_when_the_replica_stops_serving(clients: list[Client]) -> None:
-    with stream_server() as (_, server, serving):
+    with stream_server() as (replica, server, serving):
         c = connect(server, "n1", clients)
         c.send(1, "n1")
         assert c.receive().ack_seq == 1
         serving[0] = False
+        replica.backend.leads = False
         assert c.ended().code() is grpc.StatusCode.FAILED_PRECONDITION
         late = connect(server, "n2", clients)
         late.send(1, "n2")
         assert late.ended().code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def lapse_grace(replica: Replica, interval_ms: int) -> None:
+    """Make the heartbeat interval (the grace of a lapse) ``interval_ms``."""
+    config = replica.backend.state.config
+    timeouts = dataclasses.replace(config.timeouts, heartbeat_interval_ms=interval_ms)
+    replica.backend.state.config = dataclasses.replace(config, timeouts=timeouts)
+
+
+def test_a_short_lapse_in_the_same_term_keeps_the_stream_and_answers_after_it(
+    clients: list[Client],
+) -> None:
+    with stream_server() as (replica, server, serving):
+        lapse_grace(replica, 3_000)
+        c = connect(server, "n1", clients)
+        c.send(1, "n1")
+        assert c.receive().ack_seq == 1
+        serving[0] = False  # still the leader of term 1, its quorum contact stale
+        time.sleep(0.2)  # ten watch periods: the stream stays open
+        c.send(2, "n1")
+        time.sleep(0.2)
+        assert c.inbox.empty()  # nothing is acknowledged while it does not serve
+        serving[0] = True
+        assert c.receive().ack_seq == 2
+        c.send(3, "n1")
+        assert c.receive().ack_seq == 3
+        assert server.connected() == 1
+
+
+def test_a_lapse_longer_than_a_heartbeat_interval_or_a_new_term_ends_the_stream(
+    clients: list[Client],
+) -> None:
+    with stream_server() as (replica, server, serving):
+        lapse_grace(replica, 300)
+        c = connect(server, "n1", clients)
+        c.send(1, "n1")
+        assert c.receive().ack_seq == 1
+        serving[0] = False
+        started = time.monotonic()
+        assert c.ended().code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert time.monotonic() - started >= 0.3
+        # Serving again, but in a later term: a stream of the old term ends.
+        serving[0] = True
+        d = connect(server, "n2", clients)
+        d.send(1, "n2")
+        assert d.receive().ack_seq == 1
+        replica.backend.leader_term = 2
+        assert d.ended().code() is grpc.StatusCode.FAILED_PRECONDITION
+        # A heartbeat waiting out a lapse when the term changes is not answered.
+        e = connect(server, "n1", clients)
+        e.send(1, "n1")
+        assert e.receive().ack_seq == 1
+        lapse_grace(replica, 3_000)
+        serving[0] = False
+        e.send(2, "n1")
+        time.sleep(0.1)
+        replica.backend.leader_term = 3
+        serving[0] = True
+        assert e.ended().code() is grpc.StatusCode.FAILED_PRECONDITION
