@@ -34,6 +34,7 @@ from synapse_ha.cli import (
     queues,
     render,
     sbatch,
+    scontrol,
     tokens,
 )
 from synapse_ha.cli.app import (
@@ -171,6 +172,7 @@ def cli(
 for _command in (
     *jobs.COMMANDS,
     *sbatch.COMMANDS,
+    *scontrol.COMMANDS,
     *nodes.COMMANDS,
     *cluster_commands.COMMANDS,
     *tokens.COMMANDS,

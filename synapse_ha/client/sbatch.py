@@ -13,7 +13,9 @@ The script becomes the members' command, run by the interpreter its ``#!`` line 
 script reads from the rank environment every member gets: ``SLURM_JOB_ID``,
 ``SLURM_JOB_NAME``, ``SLURM_NNODES``, ``SLURM_NODEID``, ``SLURM_PROCID``,
 ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_JOB_NODELIST`` and
-``SLURM_CPUS_PER_TASK``.
+``SLURM_CPUS_PER_TASK``; and ``scontrol`` as a shell function running
+:mod:`synapse_ha.cli.scontrol` (``show hostnames``, ``show hostlist``) with the worker's
+interpreter (``$SYNAPSE_PYTHON``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ PREAMBLE = (
     'SLURM_NNODES="$NNODES" SLURM_NODEID="$NODE_RANK" SLURM_PROCID="$RANK" '
     'SLURM_NTASKS="$WORLD_SIZE" SLURM_LOCALID="$LOCAL_RANK" '
     'SLURM_JOB_NODELIST="$SYNAPSE_MEMBER_HOSTS" SLURM_CPUS_PER_TASK="$SYNAPSE_SBATCH_CPUS"\n'
+    # scontrol show hostnames|hostlist, with the worker's interpreter (synctl scontrol).
+    'scontrol() { "${SYNAPSE_PYTHON:-python3}" -m synapse_ha.cli.scontrol "$@"; }\n'
 )
 NAME_ENV = "SYNAPSE_SBATCH_NAME"
 CPUS_ENV = "SYNAPSE_SBATCH_CPUS"

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping, Sequence
 
 from synapse_ha.core.desired import DesiredMember
@@ -41,6 +42,7 @@ __all__ = [
 
 # The file a member of a job with hang detection touches to show progress (docs/cli.md).
 PROGRESS_FILE_ENV = "SYNAPSE_PROGRESS_FILE"
+PYTHON_ENV = "SYNAPSE_PYTHON"
 
 
 def member_environment(
@@ -70,6 +72,8 @@ def member_environment(
             "SYNAPSE_ATTEMPT": str(member.attempt),
             "SYNAPSE_FENCING_TOKEN": str(member.fencing_token),
             "SYNAPSE_MEMBER_HOSTS": ",".join(member.member_hosts),
+            # The worker's interpreter: the Slurm commands of an sbatch job run with it.
+            PYTHON_ENV: sys.executable,
         }
     )
     if member.resume_step is not None:

@@ -104,8 +104,10 @@ SBATCH_SCRIPT = """#!/bin/sh
 #SBATCH -c 1 --mem=64M
 #SBATCH -t 5
 #SBATCH -o ignored-%j.log
+first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 echo "proc=$SLURM_PROCID node=$SLURM_NODEID of=$SLURM_NNODES job=$SLURM_JOB_ID" \\
-  "name=$SLURM_JOB_NAME list=$SLURM_JOB_NODELIST arg=$1"
+  "name=$SLURM_JOB_NAME list=$SLURM_JOB_NODELIST arg=$1 first=$first" \\
+  "hosts=$(scontrol show hostnames | wc -l)"
 """
 
 
@@ -129,7 +131,7 @@ def test_a_batch_script_runs_unchanged_with_the_slurm_variables(
     for rank, line in enumerate(lines):  # one worker: both members' host is loopback
         assert line == (
             f"proc={rank} node={rank} of=2 job={job_id} name=slurm-env "
-            "list=127.0.0.1,127.0.0.1 arg=first"
+            "list=127.0.0.1,127.0.0.1 arg=first first=127.0.0.1 hosts=2"
         )
 
 

@@ -1,0 +1,91 @@
+"""``synctl scontrol``: the parts of Slurm's ``scontrol`` batch scripts call
+(docs/slurm.md).
+
+``show hostnames [LIST]`` prints each host of a Slurm host list on its own line (``LIST``
+defaults to ``$SLURM_JOB_NODELIST``, as scontrol's does); ``show hostlist HOSTS`` writes
+hosts as one compressed list. Inside an sbatch job, ``scontrol`` runs this (the script's
+preamble names it), so ``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1``
+works unmodified. ``python -m synapse_ha.cli.scontrol`` is the same program.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import click
+
+from synapse_ha.cli.app import CommandFailed
+from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.client.hostlist import HostListError, compress, expand_all
+
+NODELIST_ENV = "SLURM_JOB_NODELIST"
+
+
+@click.group(name="scontrol")
+def scontrol() -> None:
+    """Slurm's scontrol, the subcommands batch scripts call: show hostnames, show
+    hostlist.
+
+    \b
+    Examples:
+      synctl scontrol show hostnames 'gpu[01-03],login'
+      synctl scontrol show hostlist gpu01,gpu02,gpu03
+    """
+
+
+@scontrol.group(name="show")
+def show() -> None:
+    """Show a host list's hosts, or hosts as a host list."""
+
+
+@show.command(name="hostnames")
+@click.argument("lists", nargs=-1, metavar="[LIST]...")
+def hostnames(lists: tuple[str, ...]) -> None:
+    """Print every host LIST names (Slurm's form: node[01-04,07],login), one per line;
+    without LIST, those of $SLURM_JOB_NODELIST."""
+    if not lists:
+        given = os.environ.get(NODELIST_ENV, "")
+        if not given:
+            raise CommandFailed(
+                ExitCode.USAGE, f"no host list given and ${NODELIST_ENV} is not set", "USAGE"
+            )
+        lists = (given,)
+    for host in _expand(lists):
+        click.echo(host)
+
+
+@show.command(name="hostlist")
+@click.argument("hosts", nargs=-1, required=True, metavar="HOSTS...")
+def hostlist(hosts: tuple[str, ...]) -> None:
+    """Print HOSTS (comma-separated, or several arguments) as one host list, in their
+    order: gpu01,gpu02,gpu03 is gpu[01-03]."""
+    click.echo(compress(_expand(hosts)))
+
+
+def _expand(lists: Sequence[str]) -> list[str]:
+    try:
+        return expand_all(lists)
+    except HostListError as exc:
+        raise CommandFailed(ExitCode.USAGE, f"host list {exc}", "USAGE") from exc
+
+
+COMMANDS: list[click.Command] = [scontrol]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``scontrol`` on its own (no cluster is asked): errors as one line on stderr."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    try:
+        scontrol.main(args=args, prog_name="scontrol", standalone_mode=False)
+    except CommandFailed as exc:
+        click.echo(f"scontrol: error: {exc}", err=True)
+        sys.exit(int(exc.code))
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()
