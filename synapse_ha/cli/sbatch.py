@@ -28,7 +28,13 @@ MAX_SCRIPT_BYTES = 48 * 1024  # the script is the members' command (at most 64 K
     context_settings={"ignore_unknown_options": True},
     options_metavar="[SBATCH OPTIONS]",
 )
-@click.option("--dry-run", is_flag=True, help="Print the job spec it builds; submit nothing.")
+@click.option(
+    "--dry-run",
+    "--test-only",
+    "dry_run",
+    is_flag=True,
+    help="Print the job spec it builds; submit nothing.",
+)
 @click.option("--parsable", is_flag=True, help="Print only the job id.")
 @click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @with_settings

@@ -37,14 +37,26 @@ def scontrol() -> None:
 
 @scontrol.group(name="show")
 def show() -> None:
-    """Show a host list's hosts, or hosts as a host list."""
+    """Show a host list's hosts, or hosts as a host list.
+
+    \b
+    Examples:
+      synctl scontrol show hostnames 'gpu[01-03]'
+      synctl scontrol show hostlist gpu01,gpu02,gpu03
+    """
 
 
 @show.command(name="hostnames")
 @click.argument("lists", nargs=-1, metavar="[LIST]...")
 def hostnames(lists: tuple[str, ...]) -> None:
     """Print every host LIST names (Slurm's form: node[01-04,07],login), one per line;
-    without LIST, those of $SLURM_JOB_NODELIST."""
+    without LIST, those of $SLURM_JOB_NODELIST.
+
+    \b
+    Examples:
+      synctl scontrol show hostnames 'gpu[01-03],login'
+      synctl scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1
+    """
     if not lists:
         given = os.environ.get(NODELIST_ENV, "")
         if not given:
@@ -60,7 +72,13 @@ def hostnames(lists: tuple[str, ...]) -> None:
 @click.argument("hosts", nargs=-1, required=True, metavar="HOSTS...")
 def hostlist(hosts: tuple[str, ...]) -> None:
     """Print HOSTS (comma-separated, or several arguments) as one host list, in their
-    order: gpu01,gpu02,gpu03 is gpu[01-03]."""
+    order: gpu01,gpu02,gpu03 is gpu[01-03].
+
+    \b
+    Examples:
+      synctl scontrol show hostlist gpu01,gpu02,gpu03
+      synctl scontrol show hostlist gpu01 gpu02 login
+    """
     click.echo(compress(_expand(hosts)))
 
 

@@ -28,6 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["SbatchError", "Translation", "script_position", "split_options", "translate"]
+
+from synapse_ha.client.sbatch_options import SbatchError, script_position, split_options
 from synapse_ha.core.spec.document import DEFAULT_CPU, DEFAULT_MEMORY
 from synapse_ha.core.workflows.arrays import array_problems
 
@@ -52,17 +55,6 @@ _DEPENDENCY_KINDS = {"afterok": "afterok", "afterany": "afterany", "afternotok":
                      "after": "after"}  # fmt: skip
 
 
-class SbatchError(ValueError):
-    """An option that cannot be translated; ``where`` names the script line or "command
-    line", ``option`` the option as written."""
-
-    def __init__(self, where: str, option: str, rule: str) -> None:
-        super().__init__(f"{where}: {option}: {rule}")
-        self.where = where
-        self.option = option
-        self.rule = rule
-
-
 @dataclass
 class Translation:
     """The job spec document built from a script, and notes for the user."""
@@ -71,64 +63,18 @@ class Translation:
     notes: list[str] = field(default_factory=list)
 
 
-# Option names, long form, with the short forms sbatch knows for them.
-_SHORT = {"J": "job-name", "N": "nodes", "c": "cpus-per-task", "t": "time", "d": "dependency",
-          "p": "partition", "o": "output", "e": "error", "D": "chdir", "a": "array",
-          "n": "ntasks", "G": "gpus", "w": "nodelist", "x": "exclude", "A": "account",
-          "q": "qos", "C": "constraint", "s": "oversubscribe"}  # fmt: skip
 _NOTED = {
     "output": "output is kept with each member on its node (synctl logs JOB); ignored",
     "error": "output is kept with each member on its node (synctl logs JOB); ignored",
+    "open-mode": "output is kept with each member on its node (synctl logs JOB); ignored",
     "requeue": "gangs are always requeued after a disruption (a node's death); nothing to do",
+    "wait-all-nodes": "a gang's members always start together; nothing to do",
+    "mail-type": "no mail is sent (synctl status --wait, or the dashboard); ignored",
+    "mail-user": "no mail is sent (synctl status --wait, or the dashboard); ignored",
+    "comment": "not kept; ignored",
+    "hint": "members are placed by what they ask for; ignored",
+    "parsable": "give it on synctl sbatch's command line; ignored here",
 }
-# Options that take no value (sbatch's; only those a script is likely to carry).
-_FLAGS = {"requeue", "no-requeue", "exclusive", "hold", "wait", "parsable", "test-only",
-          "overcommit", "contiguous", "spread-job", "use-min-nodes", "ignore-pbs",
-          "wait-for-nodes"}  # fmt: skip
-
-
-def split_options(words: Sequence[str], where: str) -> list[tuple[str, str | None, str]]:
-    """``(name, value, as_written)`` for every option of ``words`` (sbatch's syntax:
-    ``--name=value``, ``--name value``, ``-X value``, ``-Xvalue``)."""
-    out: list[tuple[str, str | None, str]] = []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        i += 1
-        if word.startswith("--"):
-            name, eq, value = word[2:].partition("=")
-            if not eq and name not in _FLAGS:
-                if i >= len(words):
-                    raise SbatchError(where, word, "needs a value")
-                value, i = words[i], i + 1
-            out.append((name, value if eq or name not in _FLAGS else None, word))
-        elif word.startswith("-") and len(word) >= 2:
-            letter, rest = word[1], word[2:]
-            name = _SHORT.get(letter, f"-{letter}")
-            if not rest:
-                if i >= len(words):
-                    raise SbatchError(where, word, "needs a value")
-                rest, i = words[i], i + 1
-            out.append((name, rest, word))
-        else:
-            raise SbatchError(where, word, "not an option (the script's arguments follow it)")
-    return out
-
-
-def script_position(words: Sequence[str]) -> int:
-    """Where the script's name is in ``sbatch [options] script [args]``: the first word
-    that is neither an option nor an option's value (``len(words)`` when none is)."""
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word.startswith("--"):
-            name, eq, _value = word[2:].partition("=")
-            i += 1 if eq or name in _FLAGS else 2
-        elif word.startswith("-") and len(word) >= 2:
-            i += 1 if len(word) > 2 else 2
-        else:
-            return i
-    return len(words)
 
 
 def directives(script: str) -> list[tuple[int, list[str]]]:
@@ -169,6 +115,8 @@ def translate(
     # A job spec's own defaults (none reserved), written out for --dry-run.
     resources: dict[str, Any] = {"gpu": 0, "cpu": DEFAULT_CPU, "memory": DEFAULT_MEMORY}
     env_vars: dict[str, str] = {}
+    # Read against the node count, once every other option is.
+    counted = {name: options.pop(name) for name in list(options) if name in _COUNTED}
     for name, (value, written, where) in options.items():
         handler = _HANDLERS.get(name)
         if name in _NOTED:
@@ -178,6 +126,11 @@ def translate(
             raise SbatchError(where, written, "not supported (see docs/slurm.md)")
         try:
             handler(value or "", spec, resources, env_vars, env)
+        except ValueError as exc:
+            raise SbatchError(where, written, str(exc)) from None
+    for name, (value, written, where) in counted.items():
+        try:
+            _COUNTED[name](value or "", spec["replicas"], resources)
         except ValueError as exc:
             raise SbatchError(where, written, str(exc)) from None
     spec["resources"] = resources
@@ -368,6 +321,39 @@ def _export(
         else:
             raise ValueError(f"{name} is not set here")
 
+
+def _ntasks(value: str, nodes: int, resources: dict[str, Any]) -> None:
+    if not value.isdigit() or int(value) != nodes:
+        raise ValueError(
+            f"give as many tasks as nodes ({nodes}): one member runs per node and starts "
+            "its own processes (torchrun --nproc-per-node)"
+        )
+
+
+def _gpus_per_task(value: str, nodes: int, resources: dict[str, Any]) -> None:
+    """One task per node: a task's GPUs are its node's."""
+    match = _GPUS_PER_NODE.match(value)
+    if not match:
+        raise ValueError("give N or TYPE:N")
+    resources["gpu"] = int(match.group(1))
+
+
+def _gpus(value: str, nodes: int, resources: dict[str, Any]) -> None:
+    """The job's GPUs in all, spread evenly over its nodes."""
+    match = _GPUS_PER_NODE.match(value)
+    if not match or int(match.group(1)) % nodes:
+        raise ValueError(
+            f"give N or TYPE:N, a multiple of the node count ({nodes}): each node gets an "
+            "equal share"
+        )
+    resources["gpu"] = int(match.group(1)) // nodes
+
+
+_COUNTED: dict[str, Callable[[str, int, dict[str, Any]], None]] = {
+    "ntasks": _ntasks,
+    "gpus-per-task": _gpus_per_task,
+    "gpus": _gpus,
+}
 
 _HANDLERS: dict[str, Handler] = {
     "job-name": _job_name,

@@ -12,6 +12,7 @@ from synapse_ha.client.sbatch import (
     SbatchError,
     begin_text,
     script_position,
+    split_options,
     time_seconds,
     translate,
 )
@@ -81,7 +82,14 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH --array=0-9%0", "s.sh:2", "the throttle after % must be"),
         ("#SBATCH --array=9-0", "s.sh:2", "a range ends at or after its start"),
         ("#SBATCH --exclusive", "s.sh:2", "--exclusive: not supported"),
-        ("#SBATCH -n 8", "s.sh:2", "-n: not supported"),
+        ("#SBATCH -n 8", "s.sh:2", "-n: give as many tasks as nodes (1)"),
+        ("#SBATCH -N 2 --gpus=3", "s.sh:2", "a multiple of the node count (2)"),
+        ("#SBATCH --ti=5", "s.sh:2", "ambiguous: it may be any of --time, --time-min"),
+        ("#SBATCH --frobnicate=1", "s.sh:2", "--frobnicate: not an sbatch option"),
+        ("#SBATCH -Z", "s.sh:2", "-Z: not an sbatch option"),
+        ("#SBATCH --requeue=yes", "s.sh:2", "takes no value"),
+        ("#SBATCH --exclusive", "s.sh:2", "--exclusive: not supported"),
+        ("#SBATCH --account=proj", "s.sh:2", "--account=proj: not supported"),
         ("#SBATCH --ntasks-per-node=8", "s.sh:2", "only 1 is supported"),
         ("#SBATCH -N 2-4", "s.sh:2", "a range min-max is not supported"),
         ("#SBATCH --gres=nvme:1", "s.sh:2", "only gpu:N or gpu:TYPE:N"),
@@ -140,3 +148,38 @@ def test_begin_times_are_read_in_the_submitting_machines_zone() -> None:
     assert begin_text("14:00", now) == "2026-11-28T12:00:00Z"  # past: tomorrow
     assert begin_text("now+90", now) == "+90s"
     assert begin_text("now+2days", now) == "+172800s"
+
+
+def test_options_as_real_scripts_write_them() -> None:
+    """Prefixes, aliases, several options and a comment on one line, grouped flags, an
+    optional value, and the counts read against the node count."""
+    script = """#!/bin/bash
+#SBATCH --nodes 2 --tasks-per-node=1   # one launcher per node
+#SBATCH --ntasks=2
+#SBATCH --gpus-per-task=8
+#SBATCH --err=logs/%x-%j.err --out logs/%x-%j.out
+#SBATCH --open-mode=append --mail-type=END,FAIL --mail-user=me@example.org
+#SBATCH --hint=nomultithread --comment "llama sweep"
+#SBATCH --job=sweep --time=30
+#SBATCH --wait-all-nodes=1
+srun torchrun train.py
+"""
+    out = translate(script, "sweep.sh")
+    spec = out.spec
+    assert spec["replicas"] == 2 and spec["resources"]["gpu"] == 8
+    assert spec["name"] == "sweep" and spec["time_limit"] == "1800s"
+    noted = {line.split(": ")[1] for line in out.notes}
+    assert noted == {
+        "--err=logs/%x-%j.err", "--out", "--open-mode=append", "--mail-type=END,FAIL",
+        "--mail-user=me@example.org", "--hint=nomultithread", "--comment",
+        "--wait-all-nodes=1",
+    }  # fmt: skip
+    parse_job_spec(spec, topology_levels=None)
+    total = translate("#!/bin/sh\n#SBATCH -N 4 --gpus=h100:32\necho\n", "s.sh").spec
+    assert total["resources"]["gpu"] == 8
+    flags = split_options(["-HQ", "-k", "--exclusive=user", "-N2"], "command line")
+    assert flags == [
+        ("hold", None, "-HQ"), ("quiet", None, "-Q"), ("no-kill", None, "-k"),
+        ("exclusive", "user", "--exclusive=user"), ("nodes", "2", "-N2"),
+    ]  # fmt: skip
+    assert script_position(["--exclusive", "--err", "e.log", "run.sh"]) == 3
