@@ -88,7 +88,6 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH --frobnicate=1", "s.sh:2", "--frobnicate: not an sbatch option"),
         ("#SBATCH -Z", "s.sh:2", "-Z: not an sbatch option"),
         ("#SBATCH --requeue=yes", "s.sh:2", "takes no value"),
-        ("#SBATCH --exclusive", "s.sh:2", "--exclusive: not supported"),
         ("#SBATCH --account=proj", "s.sh:2", "--account=proj: not supported"),
         ("#SBATCH --ntasks-per-node=8", "s.sh:2", "only 1 is supported"),
         ("#SBATCH -N 2-4", "s.sh:2", "a range min-max is not supported"),
