@@ -35,6 +35,7 @@ from synapse_ha.cli import (
     render,
     sbatch,
     scontrol,
+    slurm,
     tokens,
 )
 from synapse_ha.cli.app import (
@@ -173,6 +174,7 @@ for _command in (
     *jobs.COMMANDS,
     *sbatch.COMMANDS,
     *scontrol.COMMANDS,
+    *slurm.COMMANDS,
     *nodes.COMMANDS,
     *cluster_commands.COMMANDS,
     *tokens.COMMANDS,

@@ -3,8 +3,9 @@
 
 ``show hostnames [LIST]`` prints each host of a Slurm host list on its own line (``LIST``
 defaults to ``$SLURM_JOB_NODELIST``, as scontrol's does); ``show hostlist HOSTS`` writes
-hosts as one compressed list. Inside an sbatch job, ``scontrol`` runs this (the script's
-preamble names it), so ``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1``
+hosts as one compressed list; ``show job [ID]`` shows jobs in scontrol's ``Key=Value``
+form (:func:`synapse_ha.cli.slurm.show_job`). Inside an sbatch job, ``scontrol`` runs this
+(the script's preamble names it), so ``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1``
 works unmodified. ``python -m synapse_ha.cli.scontrol`` is the same program.
 """
 
@@ -16,8 +17,9 @@ from collections.abc import Sequence
 
 import click
 
-from synapse_ha.cli.app import CommandFailed
-from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.cli.app import CommandFailed, Settings, discover, with_settings
+from synapse_ha.cli.defaults import DEFAULT_TIMEOUT_S, ExitCode
+from synapse_ha.cli.slurm import show_jobs
 from synapse_ha.client.hostlist import HostListError, compress, expand_all
 
 NODELIST_ENV = "SLURM_JOB_NODELIST"
@@ -26,7 +28,7 @@ NODELIST_ENV = "SLURM_JOB_NODELIST"
 @click.group(name="scontrol")
 def scontrol() -> None:
     """Slurm's scontrol, the subcommands batch scripts call: show hostnames, show
-    hostlist.
+    hostlist, show job.
 
     \b
     Examples:
@@ -37,13 +39,28 @@ def scontrol() -> None:
 
 @scontrol.group(name="show")
 def show() -> None:
-    """Show a host list's hosts, or hosts as a host list.
+    """Show jobs, a host list's hosts, or hosts as a host list.
 
     \b
     Examples:
       synctl scontrol show hostnames 'gpu[01-03]'
       synctl scontrol show hostlist gpu01,gpu02,gpu03
     """
+
+
+@show.command(name="job")
+@click.argument("ids", nargs=-1, metavar="[JOBID]...")
+@with_settings
+def job(settings: Settings, ids: tuple[str, ...]) -> None:
+    """Show jobs as Slurm's scontrol does (Key=Value: JobId, JobState, NodeList,
+    NumNodes, BatchHost, WorkDir, ...); without JOBID, every pending and running job.
+
+    \b
+    Examples:
+      synctl scontrol show job 42
+      synctl scontrol show job "$SLURM_JOB_ID" | grep -o 'NodeList=[^ ]*'
+    """
+    show_jobs(settings, ids)
 
 
 @show.command(name="hostnames")
@@ -95,14 +112,22 @@ COMMANDS: list[click.Command] = [scontrol]
 def main(argv: Sequence[str] | None = None) -> None:
     """``scontrol`` on its own (no cluster is asked): errors as one line on stderr."""
     args = list(argv) if argv is not None else sys.argv[1:]
+    settings = Settings(addresses=[], output="table", timeout=DEFAULT_TIMEOUT_S)
     try:
-        scontrol.main(args=args, prog_name="scontrol", standalone_mode=False)
+        found = discover(None, token_file=None, ca=None, cert=None, key=None)
+        settings.addresses, settings.token, settings.tls = found.addresses, found.token, found.tls
+    except CommandFailed:
+        pass  # no cluster settings here: show job says so, the host lists need none
+    try:
+        scontrol.main(args=args, prog_name="scontrol", standalone_mode=False, obj=settings)
     except CommandFailed as exc:
         click.echo(f"scontrol: error: {exc}", err=True)
         sys.exit(int(exc.code))
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
+    finally:
+        settings.close()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from tests.integration.cluster import (
     python_client_cluster,
     small_spec,
     synctl,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -162,3 +163,42 @@ def test_sbatch_submits_an_array_whose_tasks_see_their_slurm_index(
         assert task.wait(timeout_s=60).state is JobState.SUCCEEDED
         logs = synctl(local, "logs", array_id, "--task", str(index))
         assert f"task={index} of={array_id} job={array_id}_{index}" in logs.output
+
+
+def test_slurms_query_and_cancel_commands_speak_slurms_ids_states_and_formats(
+    local: LocalCluster, cluster: Cluster
+) -> None:
+    running = cluster.submit(small_spec("slurm-view", "sleep 60"))
+    number = running.id.removeprefix("job-").lstrip("0")
+
+    def started() -> bool:
+        return cluster.job(running.id).info().state is JobState.RUNNING
+
+    wait_for("the job running", started, timeout_s=60)
+    listed = synctl(local, "squeue", "-h", "-o", "%i|%j|%T|%t|%D|%P")
+    assert listed.exit_code == 0, listed.output
+    assert f"{number}|slurm-view|RUNNING|R|1|default" in listed.output.splitlines()
+    header = synctl(local, "squeue", "-j", number).output.splitlines()[0].split()
+    assert header == [
+        "JOBID",
+        "PARTITION",
+        "NAME",
+        "USER",
+        "ST",
+        "TIME",
+        "NODES",
+        "NODELIST(REASON)",
+    ]
+    shown = synctl(local, "scontrol", "show", "job", number)
+    assert shown.exit_code == 0, shown.output
+    fields = dict(word.split("=", 1) for word in shown.output.split())
+    assert (fields["JobId"], fields["JobState"], fields["NumNodes"]) == (number, "RUNNING", "1")
+    assert fields["NodeList"] == fields["BatchHost"] != "(null)"
+    assert synctl(local, "scancel", number).exit_code == 0
+    cluster.job(running.id).wait(timeout_s=30)
+    accounted = synctl(local, "sacct", "-j", number, "-o", "JobID,State,NNodes", "-P", "-n")
+    assert accounted.output.strip() == f"{number}|CANCELLED|1", accounted.output
+    unknown = synctl(local, "scancel", "999999")
+    assert unknown.exit_code == 4 and "Invalid job id 999999" in unknown.output
+    bad = synctl(local, "squeue", "-o", "%i %Q")
+    assert bad.exit_code == 2 and "%Q is not a squeue field" in bad.output
