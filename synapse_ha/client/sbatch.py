@@ -98,9 +98,11 @@ def translate(
     command_line: Sequence[str] = (),
     args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
+    submit_dir: str | None = None,
 ) -> Translation:
     """The job spec document for ``script`` (its options, then ``command_line``'s, which
-    win), run with ``args``. Raises :class:`SbatchError` naming the line and option."""
+    win), run with ``args``; a relative ``--chdir`` is ``submit_dir``'s (default: this
+    process's directory). Raises :class:`SbatchError` naming the line and option."""
     env = os.environ if environ is None else environ
     options: dict[str, tuple[str | None, str, str]] = {}
     for number, words in directives(script):
@@ -110,6 +112,7 @@ def translate(
         options[name] = (value, written, "command line")
     out = Translation(spec={})
     spec = out.spec
+    handlers = {**_HANDLERS, "chdir": _chdir(os.getcwd() if submit_dir is None else submit_dir)}
     spec["name"] = _name(os.path.basename(script_name))
     spec["replicas"] = 1
     # A job spec's own defaults (none reserved), written out for --dry-run.
@@ -118,7 +121,7 @@ def translate(
     # Read against the node count, once every other option is.
     counted = {name: options.pop(name) for name in list(options) if name in _COUNTED}
     for name, (value, written, where) in options.items():
-        handler = _HANDLERS.get(name)
+        handler = handlers.get(name)
         if name in _NOTED:
             out.notes.append(f"{where}: {written}: {_NOTED[name]}")
             continue
@@ -296,8 +299,14 @@ def _qos(value: str, spec: dict[str, Any], *_: Any) -> None:
     spec["priority"] = value
 
 
-def _chdir(value: str, spec: dict[str, Any], *_: Any) -> None:
-    spec["workdir"] = value
+def _chdir(submit_dir: str) -> Handler:
+    """``--chdir``: a relative directory is the submission directory's (as sbatch reads
+    it)."""
+
+    def handle(value: str, spec: dict[str, Any], *_: Any) -> None:
+        spec["workdir"] = os.path.normpath(os.path.join(submit_dir, value))
+
+    return handle
 
 
 def _export(
@@ -367,7 +376,6 @@ _HANDLERS: dict[str, Handler] = {
     "dependency": _dependency,
     "partition": _partition,
     "qos": _qos,
-    "chdir": _chdir,
     "export": _export,
     "array": _array,
     "begin": _begin,

@@ -182,3 +182,11 @@ srun torchrun train.py
         ("exclusive", "user", "--exclusive=user"), ("nodes", "2", "-N2"),
     ]  # fmt: skip
     assert script_position(["--exclusive", "--err", "e.log", "run.sh"]) == 3
+
+
+def test_a_relative_working_directory_is_the_submission_directorys() -> None:
+    script = "#!/bin/sh\n#SBATCH -D .\necho\n"
+    assert translate(script, "s.sh", submit_dir="/home/ann/run").spec["workdir"] == "/home/ann/run"
+    deeper = translate(script, "s.sh", ["--chdir=../out"], submit_dir="/home/ann/run").spec
+    assert deeper["workdir"] == "/home/ann/out"
+    assert translate("#SBATCH -D /data\n", "s.sh", submit_dir="/x").spec["workdir"] == "/data"
