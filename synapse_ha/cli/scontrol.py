@@ -20,7 +20,7 @@ import click
 from synapse_ha.cli.app import CommandFailed, Settings, discover, with_settings
 from synapse_ha.cli.defaults import DEFAULT_TIMEOUT_S, ExitCode
 from synapse_ha.cli.slurm import show_jobs
-from synapse_ha.client.hostlist import HostListError, compress, expand_all
+from synapse_ha.slurm.hostlist import HostListError, compress, expand_all
 
 NODELIST_ENV = "SLURM_JOB_NODELIST"
 

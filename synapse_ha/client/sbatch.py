@@ -8,14 +8,13 @@ common subset of options is translated; every other option is refused with its l
 but do no harm (``-o``/``-e``: a member's output lives with it on its node) are accepted
 with a note (:attr:`Translation.notes`).
 
-The script becomes the members' command, run by the interpreter its ``#!`` line names
-(``/bin/sh`` without one), after a preamble that sets the Slurm variables an ``srun``-free
-script reads from the rank environment every member gets: ``SLURM_JOB_ID``,
-``SLURM_JOB_NAME``, ``SLURM_NNODES``, ``SLURM_NODEID``, ``SLURM_PROCID``,
-``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_JOB_NODELIST`` and
-``SLURM_CPUS_PER_TASK``; and ``scontrol`` as a shell function running
-:mod:`synapse_ha.cli.scontrol` (``show hostnames``, ``show hostlist``) with the worker's
-interpreter (``$SYNAPSE_PYTHON``).
+The job is an allocation (docs/slurm.md, "The allocation model"): one member per node,
+each running the step daemon (:mod:`synapse_ha.slurm.stepd`) with the worker's
+interpreter. The first node's runs the script once, under the interpreter its ``#!``
+line names (``/bin/sh`` without one), with the batch step's ``SLURM_*`` variables and
+``srun``/``scontrol`` on its ``PATH``; ``srun`` starts job steps on the allocation's
+nodes. ``--ntasks``, ``--ntasks-per-node``, ``--cpus-per-task`` and ``--gpus-per-task``
+size each node's member for its share of the tasks.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import secrets
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,17 +34,12 @@ from synapse_ha.client.sbatch_options import SbatchError, script_position, split
 from synapse_ha.core.spec.document import DEFAULT_CPU, DEFAULT_MEMORY
 from synapse_ha.core.workflows.arrays import array_problems
 
-# What each member runs before the script: Slurm's names for the rank environment.
-PREAMBLE = (
-    'export SLURM_JOB_ID="$SYNAPSE_JOB_ID" SLURM_JOB_NAME="$SYNAPSE_SBATCH_NAME" '
-    'SLURM_NNODES="$NNODES" SLURM_NODEID="$NODE_RANK" SLURM_PROCID="$RANK" '
-    'SLURM_NTASKS="$WORLD_SIZE" SLURM_LOCALID="$LOCAL_RANK" '
-    'SLURM_JOB_NODELIST="$SYNAPSE_MEMBER_HOSTS" SLURM_CPUS_PER_TASK="$SYNAPSE_SBATCH_CPUS"\n'
-    # scontrol show hostnames|hostlist, with the worker's interpreter (synctl scontrol).
-    'scontrol() { "${SYNAPSE_PYTHON:-python3}" -m synapse_ha.cli.scontrol "$@"; }\n'
-)
+# Every member runs the step daemon, with the interpreter of the worker that starts it.
+STEPD = 'exec "${SYNAPSE_PYTHON:-python3}" -m synapse_ha.slurm.stepd "$@"'
 NAME_ENV = "SYNAPSE_SBATCH_NAME"
 CPUS_ENV = "SYNAPSE_SBATCH_CPUS"
+SUBMIT_DIR_ENV = "SYNAPSE_SBATCH_SUBMIT_DIR"
+SECRET_ENV = "SYNAPSE_STEP_SECRET"  # proves a step daemon or srun belongs to the job
 _DIRECTIVE = re.compile(r"^#SBATCH\s+(.*)$")
 _INVALID_NAME = re.compile(r"[^a-z0-9-]+")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -112,7 +107,8 @@ def translate(
         options[name] = (value, written, "command line")
     out = Translation(spec={})
     spec = out.spec
-    handlers = {**_HANDLERS, "chdir": _chdir(os.getcwd() if submit_dir is None else submit_dir)}
+    submitted_in = os.getcwd() if submit_dir is None else submit_dir
+    handlers = {**_HANDLERS, "chdir": _chdir(submitted_in)}
     spec["name"] = _name(os.path.basename(script_name))
     spec["replicas"] = 1
     # A job spec's own defaults (none reserved), written out for --dry-run.
@@ -131,27 +127,91 @@ def translate(
             handler(value or "", spec, resources, env_vars, env)
         except ValueError as exc:
             raise SbatchError(where, written, str(exc)) from None
-    for name, (value, written, where) in counted.items():
-        try:
-            _COUNTED[name](value or "", spec["replicas"], resources)
-        except ValueError as exc:
-            raise SbatchError(where, written, str(exc)) from None
+    tasks = _tasks(counted, spec["replicas"], resources)
     spec["resources"] = resources
     env_vars[NAME_ENV] = spec["name"]
-    env_vars[CPUS_ENV] = str(resources["cpu"])
+    env_vars[CPUS_ENV] = str(cpus_per_task(options))
+    env_vars[SUBMIT_DIR_ENV] = submitted_in
+    env_vars[SECRET_ENV] = secrets.token_hex(32)
     spec["env"] = env_vars
-    spec["command"] = _command(script, script_name, args)
+    spec["command"] = _command(script, script_name, args, tasks)
     return out
 
 
-def _command(script: str, script_name: str, args: Sequence[str]) -> list[str]:
-    """The interpreter of the ``#!`` line (``/bin/sh`` without one) running the preamble
-    and the script, with the script's name as ``$0`` and ``args`` after it."""
+@dataclass(frozen=True, slots=True)
+class Tasks:
+    """The allocation's tasks: in all, and the most on one node."""
+
+    total: int
+    per_node: int
+
+
+def _tasks(
+    counted: Mapping[str, tuple[str | None, str, str]], nodes: int, resources: dict[str, Any]
+) -> Tasks:
+    """Slurm's task counts read against the node count; each node's member is sized
+    for its share: ``--cpus-per-task`` and ``--gpus-per-task`` times its tasks."""
+
+    def number(name: str) -> int | None:
+        if name not in counted:
+            return None
+        value, written, where = counted[name]
+        if not (value or "").isdigit() or int(value or "0") < 1:
+            raise SbatchError(where, written, "give a whole number of 1 or more")
+        return int(value or "0")
+
+    def refuse(name: str, rule: str) -> SbatchError:
+        _value, written, where = counted[name]
+        return SbatchError(where, written, rule)
+
+    total, per_node = number("ntasks"), number("ntasks-per-node")
+    if total is not None and total < nodes:
+        raise refuse("ntasks", f"fewer tasks than nodes ({nodes})")
+    if total is not None and per_node is not None and total > per_node * nodes:
+        raise refuse("ntasks", f"more than --ntasks-per-node {per_node} on {nodes} node(s)")
+    if per_node is None:
+        per_node = -(-total // nodes) if total is not None else 1
+    if total is None:
+        total = per_node * nodes
+    if resources["cpu"] != DEFAULT_CPU:
+        resources["cpu"] = int(resources["cpu"]) * per_node
+    for name in ("gpus-per-task", "gpus"):
+        if name not in counted:
+            continue
+        value, written, where = counted[name]
+        match = _GPUS_PER_NODE.match(value or "")
+        if not match:
+            raise SbatchError(where, written, "give N or TYPE:N")
+        gpus = int(match.group(1))
+        if name == "gpus-per-task":
+            resources["gpu"] = gpus * per_node
+        elif gpus % nodes:
+            raise SbatchError(
+                where,
+                written,
+                f"a multiple of the node count ({nodes}): each node gets an equal share",
+            )
+        else:
+            resources["gpu"] = gpus // nodes
+    return Tasks(total, per_node)
+
+
+def cpus_per_task(options: Mapping[str, tuple[str | None, str, str]]) -> int:
+    value = (options.get("cpus-per-task") or ("0",))[0] or "0"
+    return int(value) if value.isdigit() else 0
+
+
+def _command(script: str, script_name: str, args: Sequence[str], tasks: Tasks) -> list[str]:
+    """The step daemon on every member; on the first node it runs the script under the
+    interpreter of its ``#!`` line (``/bin/sh`` without one), with the script's name as
+    ``$0`` and ``args`` after it."""
     first = script.split("\n", 1)[0]
     interpreter = shlex.split(first[2:]) if first.startswith("#!") else ["/bin/sh"]
     if not interpreter:
         interpreter = ["/bin/sh"]
-    return [*interpreter, "-c", PREAMBLE + script, os.path.basename(script_name), *args]
+    batch = [*interpreter, "-c", script, os.path.basename(script_name), *args]
+    counts = ["--ntasks", str(tasks.total), "--tasks-per-node", str(tasks.per_node)]
+    return ["/bin/sh", "-c", STEPD, "stepd", *counts, "--", *batch]
 
 
 def _name(text: str) -> str:
@@ -171,14 +231,6 @@ def _nodes(value: str, spec: dict[str, Any], *_: Any) -> None:
     if not value.isdigit() or int(value) < 1:
         raise ValueError("give a whole number of nodes (a range min-max is not supported)")
     spec["replicas"] = int(value)
-
-
-def _tasks_per_node(value: str, *_: Any) -> None:
-    if value != "1":
-        raise ValueError(
-            "only 1 is supported: one member runs per node and starts its own processes "
-            "(torchrun --nproc-per-node)"
-        )
 
 
 def _gres(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
@@ -331,43 +383,12 @@ def _export(
             raise ValueError(f"{name} is not set here")
 
 
-def _ntasks(value: str, nodes: int, resources: dict[str, Any]) -> None:
-    if not value.isdigit() or int(value) != nodes:
-        raise ValueError(
-            f"give as many tasks as nodes ({nodes}): one member runs per node and starts "
-            "its own processes (torchrun --nproc-per-node)"
-        )
-
-
-def _gpus_per_task(value: str, nodes: int, resources: dict[str, Any]) -> None:
-    """One task per node: a task's GPUs are its node's."""
-    match = _GPUS_PER_NODE.match(value)
-    if not match:
-        raise ValueError("give N or TYPE:N")
-    resources["gpu"] = int(match.group(1))
-
-
-def _gpus(value: str, nodes: int, resources: dict[str, Any]) -> None:
-    """The job's GPUs in all, spread evenly over its nodes."""
-    match = _GPUS_PER_NODE.match(value)
-    if not match or int(match.group(1)) % nodes:
-        raise ValueError(
-            f"give N or TYPE:N, a multiple of the node count ({nodes}): each node gets an "
-            "equal share"
-        )
-    resources["gpu"] = int(match.group(1)) // nodes
-
-
-_COUNTED: dict[str, Callable[[str, int, dict[str, Any]], None]] = {
-    "ntasks": _ntasks,
-    "gpus-per-task": _gpus_per_task,
-    "gpus": _gpus,
-}
+# Read against the node count, once every other option is (:func:`_tasks`).
+_COUNTED = frozenset({"ntasks", "ntasks-per-node", "gpus-per-task", "gpus"})
 
 _HANDLERS: dict[str, Handler] = {
     "job-name": _job_name,
     "nodes": _nodes,
-    "ntasks-per-node": _tasks_per_node,
     "gres": _gres,
     "gpus-per-node": _gpus_per_node,
     "cpus-per-task": _cpus,

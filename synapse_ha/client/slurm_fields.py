@@ -16,8 +16,8 @@ import datetime
 import re
 from collections.abc import Callable
 
-from synapse_ha.client.hostlist import compress
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.slurm.hostlist import compress
 
 _OURS = re.compile(r"^job-0*(\d+)(?:_(\d+))?$")
 _SLURMS = re.compile(r"^(\d+)(?:_(\d+))?$")

@@ -20,6 +20,7 @@ srun torchrun --nnodes 2 --rdzv-endpoint "$head:29500" train.py
     "plain.sh": "#!/bin/sh\n#SBATCH -N 2\ntorchrun train.py\n",
     "account.sh": "#!/bin/sh\n#SBATCH -N 2 -A proj\nsrun python train.py\n",
     "tasks.sh": "#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=8\nsrun python train.py\n",
+    "exclusive.sh": "#!/bin/sh\n#SBATCH -N 2 --exclusive\nsrun python train.py\n",
 }
 
 
@@ -32,11 +33,12 @@ def test_the_corpus_benchmark_counts_each_verdict(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    assert (report["scripts"], report["accepted"]) == (4, 2)
-    assert report["refused_by_option"] == {"-A": 1, "--ntasks-per-node": 1}
+    assert (report["scripts"], report["accepted"]) == (5, 3)
+    assert report["refused_by_option"] == {"-A": 1, "--exclusive": 1}
     rows = {r["script"]: r for r in report["rows"]}
     assert rows["torchrun.sh"]["accepted"] and rows["torchrun.sh"]["replicas"] == 2
     assert rows["torchrun.sh"]["calls_srun"] and rows["torchrun.sh"]["expands_hostnames"]
     assert not rows["plain.sh"]["calls_srun"]
-    assert (report["calling_srun"], report["accepted_without_srun"]) == (3, 1)
-    assert "only 1 is supported" in rows["tasks.sh"]["rule"]
+    assert (report["calling_srun"], report["accepted_without_srun"]) == (4, 1)
+    assert rows["tasks.sh"]["accepted"] and rows["tasks.sh"]["replicas"] == 2
+    assert "not supported" in rows["exclusive.sh"]["rule"]

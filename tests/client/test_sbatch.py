@@ -8,7 +8,7 @@ import datetime
 import pytest
 
 from synapse_ha.client.sbatch import (
-    PREAMBLE,
+    STEPD,
     SbatchError,
     begin_text,
     script_position,
@@ -54,9 +54,14 @@ def test_every_supported_option_is_translated() -> None:
         "afterany": ["job-000014"],
     }
     assert spec["env"]["HF_HOME"] == "/data/hf" and spec["env"]["WANDB_PROJECT"] == "p"
-    interpreter, flag, body, name, *args = spec["command"]
+    # Every member runs the step daemon; the first node's runs the script once.
+    sh, flag, stepd, zero, *counts, dashes = spec["command"][:9]
+    assert (sh, flag, stepd, zero, dashes) == ("/bin/sh", "-c", STEPD, "stepd", "--")
+    assert counts == ["--ntasks", "4", "--tasks-per-node", "1"]
+    interpreter, flag, body, name, *args = spec["command"][9:]
     assert (interpreter, flag, name, args) == ("/bin/bash", "-c", "pretrain.sh", ["--lr", "3e-4"])
-    assert body == PREAMBLE + SCRIPT
+    assert body == SCRIPT
+    assert len(spec["env"]["SYNAPSE_STEP_SECRET"]) == 64
     assert [n.split(": ")[1] for n in out.notes] == ["--requeue", "-o", "-e"]
     parsed = parse_job_spec(spec, topology_levels=None)  # a valid job spec
     assert parsed.spec.replicas == 4 and parsed.spec.resources.gpu == 8
@@ -71,7 +76,7 @@ def test_command_line_options_win_over_the_script() -> None:
 
 def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
     spec = translate("echo hi\n", "hello.sh").spec
-    assert spec["command"][:2] == ["/bin/sh", "-c"] and spec["replicas"] == 1
+    assert spec["command"][9:11] == ["/bin/sh", "-c"] and spec["replicas"] == 1
     assert spec["resources"] == {"gpu": 0, "cpu": 0, "memory": 0}
     parse_job_spec(spec, topology_levels=None)
 
@@ -82,14 +87,15 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH --array=0-9%0", "s.sh:2", "the throttle after % must be"),
         ("#SBATCH --array=9-0", "s.sh:2", "a range ends at or after its start"),
         ("#SBATCH --exclusive", "s.sh:2", "--exclusive: not supported"),
-        ("#SBATCH -n 8", "s.sh:2", "-n: give as many tasks as nodes (1)"),
+        ("#SBATCH -N 2 -n 1", "s.sh:2", "-n: fewer tasks than nodes (2)"),
+        ("#SBATCH -N 2 -n 9 --ntasks-per-node=4", "s.sh:2", "more than --ntasks-per-node 4"),
+        ("#SBATCH --ntasks-per-node=0", "s.sh:2", "give a whole number of 1 or more"),
         ("#SBATCH -N 2 --gpus=3", "s.sh:2", "a multiple of the node count (2)"),
         ("#SBATCH --ti=5", "s.sh:2", "ambiguous: it may be any of --time, --time-min"),
         ("#SBATCH --frobnicate=1", "s.sh:2", "--frobnicate: not an sbatch option"),
         ("#SBATCH -Z", "s.sh:2", "-Z: not an sbatch option"),
         ("#SBATCH --requeue=yes", "s.sh:2", "takes no value"),
         ("#SBATCH --account=proj", "s.sh:2", "--account=proj: not supported"),
-        ("#SBATCH --ntasks-per-node=8", "s.sh:2", "only 1 is supported"),
         ("#SBATCH -N 2-4", "s.sh:2", "a range min-max is not supported"),
         ("#SBATCH --gres=nvme:1", "s.sh:2", "only gpu:N or gpu:TYPE:N"),
         ("#SBATCH --mem=0", "s.sh:2", "0 (all of a node) is not supported"),
@@ -190,3 +196,22 @@ def test_a_relative_working_directory_is_the_submission_directorys() -> None:
     deeper = translate(script, "s.sh", ["--chdir=../out"], submit_dir="/home/ann/run").spec
     assert deeper["workdir"] == "/home/ann/out"
     assert translate("#SBATCH -D /data\n", "s.sh", submit_dir="/x").spec["workdir"] == "/data"
+
+
+@pytest.mark.parametrize(
+    ("options", "replicas", "gpu", "cpu", "counts"),
+    [
+        ("--ntasks=4 --gpus-per-task=1", 1, 4, 0, ["4", "4"]),
+        ("-N 2 --ntasks-per-node=8 -c 4 --gres=gpu:8", 2, 8, 32, ["16", "8"]),
+        ("-N 2 -n 3", 2, 0, 0, ["3", "2"]),
+        ("-N 2 --tasks-per-node=1 --gpus-per-task=8", 2, 8, 0, ["2", "1"]),
+    ],
+)
+def test_tasks_size_each_nodes_member_and_reach_the_step_daemon(
+    options: str, replicas: int, gpu: int, cpu: int, counts: list[str]
+) -> None:
+    spec = translate(f"#!/bin/sh\n#SBATCH {options}\necho\n", "s.sh").spec
+    assert spec["replicas"] == replicas
+    assert (spec["resources"]["gpu"], spec["resources"]["cpu"]) == (gpu, cpu)
+    assert spec["command"][4:8] == ["--ntasks", counts[0], "--tasks-per-node", counts[1]]
+    parse_job_spec(spec, topology_levels=None)

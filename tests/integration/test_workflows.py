@@ -101,18 +101,22 @@ def test_synctl_submits_with_after_options_and_shows_the_wait(
 SBATCH_SCRIPT = """#!/bin/sh
 #SBATCH -J slurm_env
 #SBATCH -N 2
-#SBATCH --ntasks-per-node=1
-#SBATCH -c 1 --mem=64M
+#SBATCH --ntasks-per-node=2   # two tasks on each node's member
+#SBATCH --mem=64M
 #SBATCH -t 5
 #SBATCH -o ignored-%j.log
 first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-echo "proc=$SLURM_PROCID node=$SLURM_NODEID of=$SLURM_NNODES job=$SLURM_JOB_ID" \\
-  "name=$SLURM_JOB_NAME list=$SLURM_JOB_NODELIST arg=$1 first=$first" \\
-  "hosts=$(scontrol show hostnames | wc -l)"
+echo "batch proc=$SLURM_PROCID nodes=$SLURM_NNODES tasks=$SLURM_NTASKS job=$SLURM_JOB_ID" \\
+  "name=$SLURM_JOB_NAME arg=$1 first=$first hosts=$(scontrol show hostnames | wc -l)"
+srun -l sh -c 'echo "task $SLURM_PROCID local=$SLURM_LOCALID node=$SLURM_NODEID of=$SLURM_NTASKS"'
+for node in $(scontrol show hostnames); do
+  srun -w "$node" -N 1 -n 1 sh -c 'echo "background step $SLURM_STEP_ID"' &
+done
+wait
 """
 
 
-def test_a_batch_script_runs_unchanged_with_the_slurm_variables(
+def test_a_batch_script_runs_once_and_srun_runs_its_steps_on_the_allocation(
     local: LocalCluster, cluster: Cluster, tmp_path: Path
 ) -> None:
     script = tmp_path / "env.sh"
@@ -124,16 +128,25 @@ def test_a_batch_script_runs_unchanged_with_the_slurm_variables(
     assert submitted.exit_code == 0, submitted.output
     job_id = submitted.output.strip().splitlines()[-1]
     job = cluster.job(job_id)
-    info = job.wait(timeout_s=60)
+    info = job.wait(timeout_s=90)
     assert info.succeeded, info.reason
     assert info.raw.spec.time_limit_ms == 300_000
-    lines = sorted(line.text for line in job.logs())
-    assert len(lines) == 2
-    for rank, line in enumerate(lines):  # one worker: both members' host is loopback
-        assert line == (
-            f"proc={rank} node={rank} of=2 job={job_id} name=slurm-env "
-            "list=127.0.0.1,127.0.0.1 arg=first first=127.0.0.1 hosts=2"
-        )
+    logs = list(job.logs())
+    assert {line.rank for line in logs} == {0}, logs  # the other member only holds its node
+    lines = sorted(line.text for line in logs)
+    # One worker holds both members: both nodes' host is loopback.
+    assert lines == sorted(
+        [
+            f"batch proc=0 nodes=2 tasks=4 job={job_id} name=slurm-env arg=first "
+            "first=127.0.0.1 hosts=2",
+            "0: task 0 local=0 node=0 of=4",
+            "1: task 1 local=1 node=0 of=4",
+            "2: task 2 local=0 node=1 of=4",
+            "3: task 3 local=1 node=1 of=4",
+            "background step 1",
+            "background step 2",
+        ]
+    ), "\n".join(str(line) for line in logs)
 
 
 def test_sbatch_refuses_what_it_cannot_translate_naming_the_line(

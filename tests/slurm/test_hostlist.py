@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synapse_ha.client.hostlist import MAX_HOSTS, HostListError, compress, expand, expand_all
+from synapse_ha.slurm.hostlist import MAX_HOSTS, HostListError, compress, expand, expand_all
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,165 @@
+"""Job steps with real processes and sockets, without a cluster: the step daemons of a
+two-node allocation (rank 0 with the batch script and the hub, rank 1 a holder) started
+as a worker starts members, and srun from the batch script. Checked: the batch script
+runs once with the batch step's variables; srun's tasks get Slurm's ranks, node ids and
+their GPUs; output and exit statuses come back; steps run in the background and at
+once; a process without the secret or of another attempt is turned away; holders exit
+0 once the script ends, and the job's status is the script's."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from synapse_ha.slurm.wire import STEP_PORT_OFFSET
+
+SECRET = "ab" * 32
+TOKEN = 7
+
+
+@dataclass
+class Ran:
+    codes: list[int]
+    outputs: list[str]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def allocation(tmp_path: Path) -> Iterator[object]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(
+        script: str,
+        *,
+        nodes: int = 2,
+        tasks_per_node: int = 1,
+        gpus: Sequence[str] = ("0,1", "2,3"),
+        timeout_s: float = 60.0,
+    ) -> Ran:
+        hub_port = free_port()
+        logs = [tmp_path / f"member-{r}.log" for r in range(nodes)]
+        for rank in range(nodes):
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(tmp_path),
+                "SYNAPSE_JOB_ID": "job-000042",
+                "RANK": str(rank),
+                "WORLD_SIZE": str(nodes),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(hub_port - STEP_PORT_OFFSET),
+                "SYNAPSE_FENCING_TOKEN": str(TOKEN),
+                "SYNAPSE_MEMBER_HOSTS": ",".join(["127.0.0.1"] * nodes),
+                "SYNAPSE_STEP_SECRET": SECRET,
+                "SYNAPSE_SBATCH_NAME": "steps",
+                "CUDA_VISIBLE_DEVICES": gpus[rank % len(gpus)],
+            }
+            command = [
+                sys.executable, "-m", "synapse_ha.slurm.stepd",
+                "--tasks-per-node", str(tasks_per_node), "--",
+                "/bin/sh", "-c", script, "steps.sh",
+            ]  # fmt: skip
+            with open(logs[rank], "wb") as log:
+                started.append(
+                    subprocess.Popen(
+                        command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT
+                    )
+                )
+        codes = [p.wait(timeout_s) for p in started[-nodes:]]
+        return Ran(codes, [log.read_text() for log in logs])
+
+    try:
+        yield run
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_the_batch_script_runs_once_and_srun_runs_tasks_on_every_node(allocation) -> None:  # type: ignore[no-untyped-def]
+    script = r"""
+echo "batch $SLURM_PROCID of $SLURM_NNODES nodes, $SLURM_NTASKS tasks, job $SLURM_JOB_ID"
+echo "hosts $(scontrol show hostnames | wc -l)"
+srun -l --gpus-per-task=1 sh -c 'echo "$SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID" \
+  "$SLURM_NTASKS $SLURM_STEP_ID $CUDA_VISIBLE_DEVICES"'
+echo "second step"
+srun -N 1 sh -c 'echo "one $SLURM_STEP_ID $SLURM_NTASKS $SLURM_STEP_NUM_NODES"'
+echo "tasks see scontrol: $(srun -n 2 -N 2 sh -c 'scontrol show hostnames | wc -l' | tr '\n' ' ')"
+"""
+    ran = allocation(script, tasks_per_node=2)
+    assert ran.codes == [0, 0], ran.outputs
+    batch = ran.outputs[0]
+    assert "batch 0 of 2 nodes, 4 tasks, job job-000042" in batch
+    assert "hosts 2" in batch
+    lines = sorted(line for line in batch.splitlines() if line[:1].isdigit() and ": " in line)
+    assert lines == [
+        "0: 0 0 0 4 0 0",
+        "1: 1 1 0 4 0 1",
+        "2: 2 0 1 4 0 2",
+        "3: 3 1 1 4 0 3",
+    ], batch
+    assert "one 1 2 1" in batch  # step 1: -N 1 runs the allocation's 2 tasks per node
+    assert "tasks see scontrol: 2 2" in batch  # on every node, from the tasks' PATH
+    assert ran.outputs[1] == ""  # the script ran on the first node only; holders are quiet
+    assert "Traceback" not in batch
+
+
+def test_statuses_background_steps_and_kill_on_bad_exit(allocation) -> None:  # type: ignore[no-untyped-def]
+    script = r"""
+srun -w 127.0.0.1 -N 1 sh -c 'sleep 0.5; echo first done' &
+srun -N 1 -x 127.0.0.1 sh -c 'echo cannot' 2>&1 | sed 's/^/excluded: /'
+srun -N 2 sh -c 'echo second done' &
+wait
+srun -n 2 sh -c 'exit $((SLURM_PROCID + 4))'
+echo "status $?"
+srun -K -n 2 sh -c 'if [ "$SLURM_PROCID" = 0 ]; then exit 9; fi; sleep 30; echo not killed'
+echo "killed status $?"
+exit 3
+"""
+    ran = allocation(script)
+    assert ran.codes == [3, 0], ran.outputs  # the job's status is the script's
+    out = ran.outputs[0]
+    assert "first done" in out and out.count("second done") == 2
+    assert "excluded: srun: error: -N 1: the allocation has 0 node(s)" in out
+    assert "status 5" in out
+    assert "killed status 137" in out and "not killed" not in out
+
+
+def test_a_process_without_the_secret_or_of_another_attempt_is_turned_away(allocation) -> None:  # type: ignore[no-untyped-def]
+    script = r"""
+SYNAPSE_STEP_SECRET=guessed srun true; echo "secret $?"
+SYNAPSE_FENCING_TOKEN=6 srun true; echo "token $?"
+srun true; echo "own $?"
+"""
+    ran = allocation(script, nodes=1)
+    out = ran.outputs[0]
+    assert ran.codes == [0], out
+    assert "secret 1" in out and "wrong proof of the step secret" in out
+    assert "token 1" in out and "attempt token 7, not this attempt's 6" in out
+    assert "own 0" in out
+
+
+def test_srun_outside_an_allocation_says_so() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SYNAPSE_", "SLURM_"))}
+    ran = subprocess.run(
+        [sys.executable, "-m", "synapse_ha.slurm.srun", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 1 and "not inside an sbatch job's allocation" in ran.stderr
