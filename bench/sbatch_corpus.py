@@ -7,9 +7,9 @@ project commits none) is read as ``synctl sbatch --test-only FILE`` reads it: it
 ``#SBATCH`` options translated (:func:`synapse_ha.client.sbatch.translate`) and the job
 spec checked (:func:`synapse_ha.core.spec.document.parse_job_spec`). A variable that
 ``--export`` names is taken as set in the submitting shell. Prints JSON: how many were
-accepted, each refusal's option and rule, the refusals counted by option, and what the
-scripts call that a translation does not see (``srun``, ``scontrol show hostnames``), so
-that "accepted" and "would run as written" are told apart.
+accepted, each refusal's option and rule, the refusals counted by option, and how many
+call ``srun`` or expand host lists with ``scontrol show hostnames`` (both run inside an
+sbatch job: docs/slurm.md).
 """
 
 from __future__ import annotations

@@ -9,87 +9,28 @@ once; a process without the secret or of another attempt is turned away; holders
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from synapse_ha.slurm.wire import STEP_PORT_OFFSET
+from synapse_ha.local.allocation import LocalAllocation, Ran
 
-SECRET = "ab" * 32
-TOKEN = 7
-
-
-@dataclass
-class Ran:
-    codes: list[int]
-    outputs: list[str]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+Run = Callable[..., Ran]
 
 
 @pytest.fixture
-def allocation(tmp_path: Path) -> Iterator[object]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def run(
-        script: str,
-        *,
-        nodes: int = 2,
-        tasks_per_node: int = 1,
-        gpus: Sequence[str] = ("0,1", "2,3"),
-        timeout_s: float = 60.0,
-    ) -> Ran:
-        hub_port = free_port()
-        logs = [tmp_path / f"member-{r}.log" for r in range(nodes)]
-        for rank in range(nodes):
-            env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "HOME": str(tmp_path),
-                "SYNAPSE_JOB_ID": "job-000042",
-                "RANK": str(rank),
-                "WORLD_SIZE": str(nodes),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(hub_port - STEP_PORT_OFFSET),
-                "SYNAPSE_FENCING_TOKEN": str(TOKEN),
-                "SYNAPSE_MEMBER_HOSTS": ",".join(["127.0.0.1"] * nodes),
-                "SYNAPSE_STEP_SECRET": SECRET,
-                "SYNAPSE_SBATCH_NAME": "steps",
-                "CUDA_VISIBLE_DEVICES": gpus[rank % len(gpus)],
-            }
-            command = [
-                sys.executable, "-m", "synapse_ha.slurm.stepd",
-                "--tasks-per-node", str(tasks_per_node), "--",
-                "/bin/sh", "-c", script, "steps.sh",
-            ]  # fmt: skip
-            with open(logs[rank], "wb") as log:
-                started.append(
-                    subprocess.Popen(
-                        command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT
-                    )
-                )
-        codes = [p.wait(timeout_s) for p in started[-nodes:]]
-        return Ran(codes, [log.read_text() for log in logs])
-
+def allocation(tmp_path: Path) -> Iterator[Run]:
+    local = LocalAllocation(tmp_path)
     try:
-        yield run
+        yield local.run
     finally:
-        for p in started:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        local.close()
 
 
-def test_the_batch_script_runs_once_and_srun_runs_tasks_on_every_node(allocation) -> None:  # type: ignore[no-untyped-def]
+def test_the_batch_script_runs_once_and_srun_runs_tasks_on_every_node(allocation: Run) -> None:
     script = r"""
 echo "batch $SLURM_PROCID of $SLURM_NNODES nodes, $SLURM_NTASKS tasks, job $SLURM_JOB_ID"
 echo "hosts $(scontrol show hostnames | wc -l)"
@@ -117,7 +58,7 @@ echo "tasks see scontrol: $(srun -n 2 -N 2 sh -c 'scontrol show hostnames | wc -
     assert "Traceback" not in batch
 
 
-def test_statuses_background_steps_and_kill_on_bad_exit(allocation) -> None:  # type: ignore[no-untyped-def]
+def test_statuses_background_steps_and_kill_on_bad_exit(allocation: Run) -> None:
     script = r"""
 srun -w 127.0.0.1 -N 1 sh -c 'sleep 0.5; echo first done' &
 srun -N 1 -x 127.0.0.1 sh -c 'echo cannot' 2>&1 | sed 's/^/excluded: /'
@@ -138,7 +79,7 @@ exit 3
     assert "killed status 137" in out and "not killed" not in out
 
 
-def test_a_process_without_the_secret_or_of_another_attempt_is_turned_away(allocation) -> None:  # type: ignore[no-untyped-def]
+def test_a_process_without_the_secret_or_of_another_attempt_is_turned_away(allocation: Run) -> None:
     script = r"""
 SYNAPSE_STEP_SECRET=guessed srun true; echo "secret $?"
 SYNAPSE_FENCING_TOKEN=6 srun true; echo "token $?"
