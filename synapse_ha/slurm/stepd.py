@@ -143,8 +143,8 @@ class Hub:
                 await self._holder(channel, peer.rank)
             elif peer.role == "srun":
                 await self._srun(channel)
-        except (wire.WireError, TimeoutError, OSError):
-            pass
+        except (wire.WireError, TimeoutError, OSError, KeyError, TypeError, ValueError):
+            pass  # a peer that broke the protocol, or went away: its connection ends
         finally:
             self.channels.discard(channel)
             channel.close()
@@ -333,7 +333,7 @@ class Holder:
                 )
                 if await self._serve(channel):
                     return
-            except (wire.WireError, TimeoutError, OSError) as exc:
+            except (wire.WireError, TimeoutError, OSError, KeyError, TypeError, ValueError) as exc:
                 print(f"stepd: the connection to the step hub ended: {exc}", file=sys.stderr)
             finally:
                 channel.close()
@@ -510,7 +510,11 @@ def write_commands(bin_dir: Path, python: str) -> None:
 
 async def _batch(member: Member, command: Sequence[str], ntasks: int, tasks_per_node: int) -> int:
     hub = Hub(member, tasks_per_node)
-    await hub.start()
+    try:
+        await hub.start()
+    except OSError as exc:
+        print(f"stepd: cannot listen for job steps on port {member.hub[1]}: {exc}", file=sys.stderr)
+        return 1
     holder = asyncio.ensure_future(Holder(member).run())
     with tempfile.TemporaryDirectory(prefix="synapse-slurm-") as bin_dir:
         write_commands(Path(bin_dir), sys.executable)
