@@ -59,9 +59,6 @@ class Translation:
 
 
 _NOTED = {
-    "output": "output is kept with each member on its node (synctl logs JOB); ignored",
-    "error": "output is kept with each member on its node (synctl logs JOB); ignored",
-    "open-mode": "output is kept with each member on its node (synctl logs JOB); ignored",
     "requeue": "gangs are always requeued after a disruption (a node's death); nothing to do",
     "wait-all-nodes": "a gang's members always start together; nothing to do",
     "mail-type": "no mail is sent (synctl status --wait, or the dashboard); ignored",
@@ -116,6 +113,7 @@ def translate(
     env_vars: dict[str, str] = {}
     # Read against the node count, once every other option is.
     counted = {name: options.pop(name) for name in list(options) if name in _COUNTED}
+    files = _output_files({name: options.pop(name) for name in list(options) if name in _FILES})
     for name, (value, written, where) in options.items():
         handler = handlers.get(name)
         if name in _NOTED:
@@ -134,7 +132,29 @@ def translate(
     env_vars[SUBMIT_DIR_ENV] = submitted_in
     env_vars[SECRET_ENV] = secrets.token_hex(32)
     spec["env"] = env_vars
-    spec["command"] = _command(script, script_name, args, tasks)
+    spec.setdefault("workdir", submitted_in)  # sbatch runs the script where it was run
+    spec["command"] = _command(script, script_name, args, [*tasks.stepd_args(), *files])
+    return out
+
+
+_FILES = frozenset({"output", "error", "open-mode"})
+
+
+def _output_files(given: Mapping[str, tuple[str | None, str, str]]) -> list[str]:
+    """The step daemon's options for the batch script's output files: ``-o``/``-e``
+    patterns as given (stepd expands them on the first node), ``--open-mode``."""
+    out = []
+    for name in ("output", "error"):
+        if name in given:
+            value, written, where = given[name]
+            if not value:
+                raise SbatchError(where, written, "give a file name pattern")
+            out += [f"--{name}", value]
+    if "open-mode" in given:
+        value, written, where = given["open-mode"]
+        if value not in ("append", "truncate"):
+            raise SbatchError(where, written, "give append or truncate")
+        out += ["--open-mode", value]
     return out
 
 
@@ -144,6 +164,9 @@ class Tasks:
 
     total: int
     per_node: int
+
+    def stepd_args(self) -> list[str]:
+        return ["--ntasks", str(self.total), "--tasks-per-node", str(self.per_node)]
 
 
 def _tasks(
@@ -201,7 +224,7 @@ def cpus_per_task(options: Mapping[str, tuple[str | None, str, str]]) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def _command(script: str, script_name: str, args: Sequence[str], tasks: Tasks) -> list[str]:
+def _command(script: str, script_name: str, args: Sequence[str], stepd: Sequence[str]) -> list[str]:
     """The step daemon on every member; on the first node it runs the script under the
     interpreter of its ``#!`` line (``/bin/sh`` without one), with the script's name as
     ``$0`` and ``args`` after it."""
@@ -210,8 +233,7 @@ def _command(script: str, script_name: str, args: Sequence[str], tasks: Tasks) -
     if not interpreter:
         interpreter = ["/bin/sh"]
     batch = [*interpreter, "-c", script, os.path.basename(script_name), *args]
-    counts = ["--ntasks", str(tasks.total), "--tasks-per-node", str(tasks.per_node)]
-    return ["/bin/sh", "-c", STEPD, "stepd", *counts, "--", *batch]
+    return ["/bin/sh", "-c", STEPD, "stepd", *stepd, "--", *batch]
 
 
 def _name(text: str) -> str:

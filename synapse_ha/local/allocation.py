@@ -12,7 +12,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +20,9 @@ from synapse_ha.slurm.wire import STEP_PORT_OFFSET
 
 SECRET = "ab" * 32
 TOKEN = 7
+# How long the other members get to exit after the first (the hub releases them when the
+# batch script ends); then they are stopped, as the cluster stops a failed attempt's.
+RELEASE_S = 10.0
 
 
 @dataclass
@@ -52,13 +55,18 @@ class LocalAllocation:
         tasks_per_node: int = 1,
         gpus: Sequence[str] = ("0,1", "2,3"),
         timeout_s: float = 60.0,
+        stepd: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> Ran:
         """Run ``script`` (``/bin/sh``) as the batch script of a ``nodes``-node
-        allocation; wait (bounded) for every member to exit."""
+        allocation, with the step daemon's options ``stepd`` and the variables ``env``
+        besides the members'; wait (bounded) for the first member to exit, then for the
+        others (stopped after :data:`RELEASE_S`: their code is then -15)."""
         hub_port = _free_port()
         logs = [self.root / f"member-{len(self.started) + r}.log" for r in range(nodes)]
         for rank in range(nodes):
-            env = {
+            member_env = {
+                **(env or {}),
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": str(self.root),
                 "SYNAPSE_JOB_ID": "job-000042",
@@ -74,16 +82,27 @@ class LocalAllocation:
             }
             command = [
                 sys.executable, "-m", "synapse_ha.slurm.stepd",
-                "--tasks-per-node", str(tasks_per_node), "--",
+                "--tasks-per-node", str(tasks_per_node), *stepd, "--",
                 "/bin/sh", "-c", script, "steps.sh",
             ]  # fmt: skip
             with open(logs[rank], "wb") as log:
                 self.started.append(
                     subprocess.Popen(
-                        command, env=env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT
+                        command,
+                        env=member_env,
+                        cwd=self.root,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
                     )
                 )
-        codes = [p.wait(timeout_s) for p in self.started[-nodes:]]
+        members = self.started[-nodes:]
+        codes = [members[0].wait(timeout_s)]
+        for p in members[1:]:  # released by the hub; or stopped, as the cluster would
+            try:
+                codes.append(p.wait(RELEASE_S))
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                codes.append(p.wait(10))
         return Ran(codes, [log.read_text() for log in logs])
 
     def close(self) -> None:

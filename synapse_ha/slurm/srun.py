@@ -27,8 +27,6 @@ from typing import IO, Any
 from synapse_ha.slurm import wire
 from synapse_ha.slurm.hostlist import HostListError, expand_all
 
-HUB_ENV = "SYNAPSE_STEP_HUB"
-
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="srun", allow_abbrev=True, add_help=True)
@@ -170,7 +168,7 @@ class _Output:
 
 
 async def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    hub = env.get(HUB_ENV, "")
+    hub = env.get(wire.HUB_ENV, "")
     secret = env.get(wire.SECRET_ENV, "")
     token = env.get("SYNAPSE_FENCING_TOKEN", "")
     if not hub or not secret or not token.isdigit():

@@ -27,6 +27,7 @@ from typing import Any
 MAX_LINE = 4 * 1024 * 1024  # a message: a task's environment, or an output chunk
 HELLO_TIMEOUT_S = 10.0
 SECRET_ENV = "SYNAPSE_STEP_SECRET"
+HUB_ENV = "SYNAPSE_STEP_HUB"  # host:port of the first node's hub, for srun
 STEP_PORT_OFFSET = 10_000  # the hub's port: the attempt's MASTER_PORT + this
 
 

@@ -55,14 +55,19 @@ def test_every_supported_option_is_translated() -> None:
     }
     assert spec["env"]["HF_HOME"] == "/data/hf" and spec["env"]["WANDB_PROJECT"] == "p"
     # Every member runs the step daemon; the first node's runs the script once.
-    sh, flag, stepd, zero, *counts, dashes = spec["command"][:9]
-    assert (sh, flag, stepd, zero, dashes) == ("/bin/sh", "-c", STEPD, "stepd", "--")
-    assert counts == ["--ntasks", "4", "--tasks-per-node", "1"]
-    interpreter, flag, body, name, *args = spec["command"][9:]
+    command = spec["command"]
+    at = command.index("--")
+    assert command[:4] == ["/bin/sh", "-c", STEPD, "stepd"]
+    assert command[4:at] == [
+        "--ntasks", "4", "--tasks-per-node", "1", "--output", "logs/%j.out",
+        "--error", "logs/%j.err",
+    ]  # fmt: skip
+    interpreter, flag, body, name, *args = command[at + 1 :]
     assert (interpreter, flag, name, args) == ("/bin/bash", "-c", "pretrain.sh", ["--lr", "3e-4"])
     assert body == SCRIPT
     assert len(spec["env"]["SYNAPSE_STEP_SECRET"]) == 64
-    assert [n.split(": ")[1] for n in out.notes] == ["--requeue", "-o", "-e"]
+    assert [n.split(": ")[1] for n in out.notes] == ["--requeue"]
+    assert spec["workdir"] == "/data/run1"
     parsed = parse_job_spec(spec, topology_levels=None)  # a valid job spec
     assert parsed.spec.replicas == 4 and parsed.spec.resources.gpu == 8
 
@@ -175,10 +180,13 @@ srun torchrun train.py
     assert spec["name"] == "sweep" and spec["time_limit"] == "1800s"
     noted = {line.split(": ")[1] for line in out.notes}
     assert noted == {
-        "--err=logs/%x-%j.err", "--out", "--open-mode=append", "--mail-type=END,FAIL",
-        "--mail-user=me@example.org", "--hint=nomultithread", "--comment",
-        "--wait-all-nodes=1",
+        "--mail-type=END,FAIL", "--mail-user=me@example.org", "--hint=nomultithread",
+        "--comment", "--wait-all-nodes=1",
     }  # fmt: skip
+    files = spec["command"][spec["command"].index("--output") : spec["command"].index("--")]
+    assert files == [
+        "--output", "logs/%x-%j.out", "--error", "logs/%x-%j.err", "--open-mode", "append",
+    ]  # fmt: skip
     parse_job_spec(spec, topology_levels=None)
     total = translate("#!/bin/sh\n#SBATCH -N 4 --gpus=h100:32\necho\n", "s.sh").spec
     assert total["resources"]["gpu"] == 8

@@ -104,7 +104,7 @@ SBATCH_SCRIPT = """#!/bin/sh
 #SBATCH --ntasks-per-node=2   # two tasks on each node's member
 #SBATCH --mem=64M
 #SBATCH -t 5
-#SBATCH -o ignored-%j.log
+#SBATCH -o batch-%j.log
 first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 echo "batch proc=$SLURM_PROCID nodes=$SLURM_NNODES tasks=$SLURM_NTASKS job=$SLURM_JOB_ID" \\
   "name=$SLURM_JOB_NAME arg=$1 first=$first hosts=$(scontrol show hostnames | wc -l)"
@@ -124,7 +124,7 @@ def test_a_batch_script_runs_once_and_srun_runs_its_steps_on_the_allocation(
     dry = synctl(local, "sbatch", "--dry-run", str(script), "first")
     assert dry.exit_code == 0, dry.output
     assert "replicas: 2" in dry.output and "name: slurm-env" in dry.output
-    submitted = synctl(local, "sbatch", "--parsable", str(script), "first")
+    submitted = synctl(local, "sbatch", "--parsable", "-D", str(tmp_path), str(script), "first")
     assert submitted.exit_code == 0, submitted.output
     job_id = submitted.output.strip().splitlines()[-1]
     job = cluster.job(job_id)
@@ -147,6 +147,9 @@ def test_a_batch_script_runs_once_and_srun_runs_its_steps_on_the_allocation(
             "background step 2",
         ]
     ), "\n".join(str(line) for line in logs)
+    # -o batch-%j.log: the batch script's output, also in that file.
+    written = (tmp_path / f"batch-{job_id}.log").read_text().splitlines()
+    assert sorted(written) == lines
 
 
 def test_sbatch_refuses_what_it_cannot_translate_naming_the_line(
@@ -167,7 +170,7 @@ def test_sbatch_submits_an_array_whose_tasks_see_their_slurm_index(
         "#!/bin/sh\n#SBATCH -J sweep\n#SBATCH --array=1,3%1\n#SBATCH --mem=64M\n"
         'echo "task=$SLURM_ARRAY_TASK_ID of=$SLURM_ARRAY_JOB_ID job=$SLURM_JOB_ID"\n'
     )
-    submitted = synctl(local, "sbatch", "--parsable", str(script))
+    submitted = synctl(local, "sbatch", "--parsable", "-D", str(tmp_path), str(script))
     assert submitted.exit_code == 0, submitted.output
     array_id = submitted.output.strip()  # its tasks are the jobs ARRAY_1 and ARRAY_3
     assert cluster.jobs("all", array=array_id)[0].id == f"{array_id}_1"
@@ -175,7 +178,10 @@ def test_sbatch_submits_an_array_whose_tasks_see_their_slurm_index(
         task = cluster.job(f"{array_id}_{index}")
         assert task.wait(timeout_s=60).state is JobState.SUCCEEDED
         logs = synctl(local, "logs", array_id, "--task", str(index))
-        assert f"task={index} of={array_id} job={array_id}_{index}" in logs.output
+        said = f"task={index} of={array_id} job={array_id}_{index}"
+        assert said in logs.output
+        # Slurm's default file of an array task, in the working directory.
+        assert (tmp_path / f"slurm-{array_id}_{index}.out").read_text() == said + "\n"
 
 
 def test_slurms_query_and_cancel_commands_speak_slurms_ids_states_and_formats(

@@ -104,3 +104,28 @@ def test_srun_outside_an_allocation_says_so() -> None:
         check=False,
     )
     assert ran.returncode == 1 and "not inside an sbatch job's allocation" in ran.stderr
+
+
+def test_the_batch_scripts_output_is_also_written_where_slurm_writes_it(
+    allocation: Run, tmp_path: Path
+) -> None:
+    ran = allocation("echo out; echo err >&2", nodes=1)
+    assert ran.codes == [0]
+    assert (tmp_path / "slurm-job-000042.out").read_text() == "out\nerr\n"  # default
+    array = {"SLURM_ARRAY_JOB_ID": "job-000040", "SLURM_ARRAY_TASK_ID": "3"}
+    patterns = ["--output", "logs-%x-%A_%4a.out", "--error", "%j.err", "--open-mode", "append"]
+    for _ in range(2):
+        assert allocation("echo o; echo e >&2", nodes=1, stepd=patterns, env=array).codes == [0]
+    assert (tmp_path / "logs-steps-job-000040_0003.out").read_text() == "o\no\n"
+    assert (tmp_path / "job-000042.err").read_text() == "e\ne\n"
+    assert allocation("true", nodes=1, env=array).codes == [0]
+    assert (tmp_path / "slurm-job-000040_3.out").exists()  # an array task's default
+
+
+def test_an_output_file_the_owner_cannot_write_fails_the_job_naming_it(
+    allocation: Run, tmp_path: Path
+) -> None:
+    ran = allocation("echo never", nodes=2, stepd=["--output", "/proc/no/such/%j.out"])
+    assert ran.codes[0] == 1
+    assert "cannot open /proc/no/such/job-000042.out" in ran.outputs[0]
+    assert "never" not in ran.outputs[0]
