@@ -13,14 +13,14 @@ zone's ``YYYY-MM-DDTHH:MM:SS`` (Slurm's default), ``Unknown`` when not yet; dura
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Callable
 
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.slurm.hostlist import compress
+from synapse_ha.slurm.ids import job_id_of, slurm_id
 
-_OURS = re.compile(r"^job-0*(\d+)(?:_(\d+))?$")
-_SLURMS = re.compile(r"^(\d+)(?:_(\d+))?$")
+__all__ = ["FIELDS", "SHORT_STATES", "field", "job_id_of", "slurm_id", "state"]
+
 
 _STATES = {
     "PENDING": "PENDING",
@@ -47,26 +47,6 @@ _PENDING_REASONS = {
     "waiting_for_victims": "Resources", "preempting": "Resources",
     "waiting_stop_confirmed": "Resources", "waiting_min_runtime": "Resources",
 }  # fmt: skip
-
-
-def slurm_id(job_id: str) -> str:
-    """``job-000042`` as ``42``, ``job-000042_7`` as ``42_7``; any other id as it is."""
-    match = _OURS.match(job_id)
-    if match is None:
-        return job_id
-    number, task = match.groups()
-    return f"{number}_{task}" if task is not None else number
-
-
-def job_id_of(text: str) -> str:
-    """A job id as a Slurm command is given it: ``42`` and ``42_7`` in Slurm's form,
-    or ours as it is."""
-    match = _SLURMS.match(text.strip())
-    if match is None:
-        return text.strip()
-    number, task = match.groups()
-    ours = f"job-{int(number):06d}"
-    return f"{ours}_{int(task)}" if task is not None else ours
 
 
 def state(job: pb.Job) -> str:

@@ -21,6 +21,7 @@ from synapse_ha.slurm import wire
 from synapse_ha.slurm.commands import write_commands
 from synapse_ha.slurm.holder import Holder, status
 from synapse_ha.slurm.hub import Hub
+from synapse_ha.slurm.ids import slurm_id
 from synapse_ha.slurm.member import Member
 
 
@@ -33,8 +34,8 @@ def batch_environment(
     nodes = len(member.hosts)
     out.update(
         {
-            "SLURM_JOB_ID": member.job_id,
-            "SLURM_JOBID": member.job_id,
+            "SLURM_JOB_ID": slurm_id(member.job_id),
+            "SLURM_JOBID": slurm_id(member.job_id),
             "SLURM_JOB_NAME": env.get("SYNAPSE_SBATCH_NAME", ""),
             "SLURM_JOB_NODELIST": ",".join(member.hosts),
             "SLURM_NODELIST": ",".join(member.hosts),
@@ -58,6 +59,8 @@ def batch_environment(
             "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
         }
     )
+    if "SLURM_ARRAY_JOB_ID" in env:
+        out["SLURM_ARRAY_JOB_ID"] = slurm_id(env["SLURM_ARRAY_JOB_ID"])
     return out
 
 
@@ -84,8 +87,8 @@ def file_name(pattern: str, env: Mapping[str, str], member: Member) -> str:
     task = env.get("SLURM_ARRAY_TASK_ID")
     values = {
         "%": "%",
-        "j": member.job_id,
-        "A": env.get("SLURM_ARRAY_JOB_ID") or member.job_id,
+        "j": slurm_id(member.job_id),
+        "A": slurm_id(env.get("SLURM_ARRAY_JOB_ID") or member.job_id),
         "a": task if task is not None else NOT_AN_ARRAY,
         "x": env.get("SYNAPSE_SBATCH_NAME", ""),
         "u": env.get("USER", ""),

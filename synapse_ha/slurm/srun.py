@@ -6,7 +6,7 @@ daemons (:mod:`synapse_ha.slurm.stepd`), never ssh.
 
 The tasks' output comes back here (so into the batch script's output), ``-l`` prefixing
 each line with its task's rank; ``-o``/``-e`` write it to files instead (Slurm's ``%j``
-``%t`` ``%s`` ``%n`` ``%N`` ``%%`` patterns). The exit status is the highest of the
+``%A`` ``%a`` ``%s`` ``%t`` ``%%`` patterns, :func:`output_path`). The exit status is the highest of the
 tasks' (128+N for one killed by signal N). SIGINT and SIGTERM are passed to the tasks.
 Options that change only how Slurm binds CPUs or GPUs (``--cpu-bind``, ``--gpu-bind``,
 ``--accel-bind``, ``--mpi=none``, ``-u``, ``--overlap``, ``-c``) are accepted. Outside
@@ -102,16 +102,18 @@ def request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def output_path(pattern: str, job_id: str, step: int, task: int, node: int, host: str) -> str:
-    """srun's ``-o``/``-e`` file name for one task."""
+def output_path(pattern: str, env: Mapping[str, str], step: int, task: int) -> str:
+    """srun's ``-o``/``-e`` file name for one task: ``%j`` the job, ``%A`` its array
+    (else the job), ``%a`` its index, ``%s`` the step, ``%t`` the task, ``%%``."""
     out, i = [], 0
+    job_id = env.get("SLURM_JOB_ID", "")
     values = {
         "j": job_id,
         "J": job_id,
+        "A": env.get("SLURM_ARRAY_JOB_ID", job_id),
+        "a": env.get("SLURM_ARRAY_TASK_ID", "4294967294"),
         "s": str(step),
         "t": str(task),
-        "n": str(node),
-        "N": host,
         "%": "%",
     }
     while i < len(pattern):
@@ -130,17 +132,15 @@ class _Output:
     def __init__(self, args: argparse.Namespace, env: Mapping[str, str]) -> None:
         self.label = args.label
         self.patterns = {1: args.output, 2: args.error or args.output}
-        self.job_id = env.get("SLURM_JOB_ID", "")
+        self.env = env
         self.partial: dict[tuple[int, int], bytes] = {}
         self.files: dict[str, IO[bytes]] = {}
         self.step = 0
-        self.nodes: list[int] = []
-        self.hosts = env.get("SLURM_JOB_NODELIST", "").split(",")
 
     def write(self, task: int, fd: int, data: bytes) -> None:
         pattern = self.patterns[fd]
         if pattern:
-            name = output_path(pattern, self.job_id, self.step, task, 0, "")
+            name = output_path(pattern, self.env, self.step, task)
             if name not in self.files:
                 self.files[name] = open(name, "ab")  # noqa: SIM115 (closed at the end)
             self.files[name].write(data)

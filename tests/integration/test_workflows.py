@@ -131,13 +131,14 @@ def test_a_batch_script_runs_once_and_srun_runs_its_steps_on_the_allocation(
     info = job.wait(timeout_s=90)
     assert info.succeeded, info.reason
     assert info.raw.spec.time_limit_ms == 300_000
+    number = job_id.removeprefix("job-").lstrip("0")  # Slurm's form of the id
     logs = list(job.logs())
     assert {line.rank for line in logs} == {0}, logs  # the other member only holds its node
     lines = sorted(line.text for line in logs)
     # One worker holds both members: both nodes' host is loopback.
     assert lines == sorted(
         [
-            f"batch proc=0 nodes=2 tasks=4 job={job_id} name=slurm-env arg=first "
+            f"batch proc=0 nodes=2 tasks=4 job={number} name=slurm-env arg=first "
             "first=127.0.0.1 hosts=2",
             "0: task 0 local=0 node=0 of=4",
             "1: task 1 local=1 node=0 of=4",
@@ -148,7 +149,7 @@ def test_a_batch_script_runs_once_and_srun_runs_its_steps_on_the_allocation(
         ]
     ), "\n".join(str(line) for line in logs)
     # -o batch-%j.log: the batch script's output, also in that file.
-    written = (tmp_path / f"batch-{job_id}.log").read_text().splitlines()
+    written = (tmp_path / f"batch-{number}.log").read_text().splitlines()
     assert sorted(written) == lines
 
 
@@ -178,10 +179,11 @@ def test_sbatch_submits_an_array_whose_tasks_see_their_slurm_index(
         task = cluster.job(f"{array_id}_{index}")
         assert task.wait(timeout_s=60).state is JobState.SUCCEEDED
         logs = synctl(local, "logs", array_id, "--task", str(index))
-        said = f"task={index} of={array_id} job={array_id}_{index}"
+        number = array_id.removeprefix("job-").lstrip("0")  # Slurm's form of the id
+        said = f"task={index} of={number} job={number}_{index}"
         assert said in logs.output
         # Slurm's default file of an array task, in the working directory.
-        assert (tmp_path / f"slurm-{array_id}_{index}.out").read_text() == said + "\n"
+        assert (tmp_path / f"slurm-{number}_{index}.out").read_text() == said + "\n"
 
 
 def test_slurms_query_and_cancel_commands_speak_slurms_ids_states_and_formats(

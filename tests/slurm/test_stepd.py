@@ -43,7 +43,7 @@ echo "tasks see scontrol: $(srun -n 2 -N 2 sh -c 'scontrol show hostnames | wc -
     ran = allocation(script, tasks_per_node=2)
     assert ran.codes == [0, 0], ran.outputs
     batch = ran.outputs[0]
-    assert "batch 0 of 2 nodes, 4 tasks, job job-000042" in batch
+    assert "batch 0 of 2 nodes, 4 tasks, job 42" in batch
     assert "hosts 2" in batch
     lines = sorted(line for line in batch.splitlines() if line[:1].isdigit() and ": " in line)
     assert lines == [
@@ -111,15 +111,15 @@ def test_the_batch_scripts_output_is_also_written_where_slurm_writes_it(
 ) -> None:
     ran = allocation("echo out; echo err >&2", nodes=1)
     assert ran.codes == [0]
-    assert (tmp_path / "slurm-job-000042.out").read_text() == "out\nerr\n"  # default
+    assert (tmp_path / "slurm-42.out").read_text() == "out\nerr\n"  # default
     array = {"SLURM_ARRAY_JOB_ID": "job-000040", "SLURM_ARRAY_TASK_ID": "3"}
     patterns = ["--output", "logs-%x-%A_%4a.out", "--error", "%j.err", "--open-mode", "append"]
     for _ in range(2):
         assert allocation("echo o; echo e >&2", nodes=1, stepd=patterns, env=array).codes == [0]
-    assert (tmp_path / "logs-steps-job-000040_0003.out").read_text() == "o\no\n"
-    assert (tmp_path / "job-000042.err").read_text() == "e\ne\n"
+    assert (tmp_path / "logs-steps-40_0003.out").read_text() == "o\no\n"
+    assert (tmp_path / "42.err").read_text() == "e\ne\n"
     assert allocation("true", nodes=1, env=array).codes == [0]
-    assert (tmp_path / "slurm-job-000040_3.out").exists()  # an array task's default
+    assert (tmp_path / "slurm-40_3.out").exists()  # an array task's default
 
 
 def test_an_output_file_the_owner_cannot_write_fails_the_job_naming_it(
@@ -127,5 +127,5 @@ def test_an_output_file_the_owner_cannot_write_fails_the_job_naming_it(
 ) -> None:
     ran = allocation("echo never", nodes=2, stepd=["--output", "/proc/no/such/%j.out"])
     assert ran.codes[0] == 1
-    assert "cannot open /proc/no/such/job-000042.out" in ran.outputs[0]
+    assert "cannot open /proc/no/such/42.out" in ran.outputs[0]
     assert "never" not in ran.outputs[0]
