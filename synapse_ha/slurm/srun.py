@@ -8,9 +8,10 @@ The tasks' output comes back here (so into the batch script's output), ``-l`` pr
 each line with its task's rank; ``-o``/``-e`` write it to files instead (Slurm's ``%j``
 ``%A`` ``%a`` ``%s`` ``%t`` ``%%`` patterns, :func:`output_path`). The exit status is
 the highest of the tasks' (128+N for one killed by signal N). SIGINT and SIGTERM are
-passed to the tasks. Options that change only how Slurm binds CPUs or GPUs (``--cpu-bind``, ``--gpu-bind``,
-``--accel-bind``, ``--mpi=none``, ``-u``, ``--overlap``, ``-c``) are accepted. Outside
-an sbatch job (no ``$SYNAPSE_STEP_HUB``) it says so and exits 1.
+passed to the tasks. Options that only change how Slurm binds CPUs or GPUs
+(``--cpu-bind``, ``--gpu-bind``, ``--accel-bind``, ``--mpi=none``, ``-u``,
+``--overlap``, ``-c``) are accepted. Outside an sbatch job (no ``$SYNAPSE_STEP_HUB``) it
+says so and exits 1.
 """
 
 from __future__ import annotations
