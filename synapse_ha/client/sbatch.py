@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import shlex
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,7 @@ _NOTED = {
     "comment": "not kept; ignored",
     "hint": "members are placed by what they ask for; ignored",
     "parsable": "give it on synctl sbatch's command line; ignored here",
+    "wckey": "no workload keys here; ignored",
 }
 
 
@@ -133,16 +135,30 @@ def translate(
     env_vars[SECRET_ENV] = secrets.token_hex(32)
     spec["env"] = env_vars
     spec.setdefault("workdir", submitted_in)  # sbatch runs the script where it was run
-    spec["command"] = _command(script, script_name, args, [*tasks.stepd_args(), *files])
+    limit = []  # the --signal's clock
+    if "--signal" in files and "time_limit" in spec:
+        limit = [f"--time-limit={spec['time_limit'][:-1]}"]
+    spec["command"] = _command(script, script_name, args, [*tasks.stepd_args(), *files, *limit])
     return out
 
 
-_FILES = frozenset({"output", "error", "open-mode"})
+_FILES = frozenset({"output", "error", "open-mode", "signal"})
+_SIGNAL = re.compile(r"^(B:)?([A-Z0-9]+)(?:@(\d+))?$")
+
+
+def _signal_number(name: str) -> int:
+    """A signal's number from Slurm's forms (``USR1``, ``SIGUSR1``, ``10``); 0 if none."""
+    if name.isdigit():
+        return int(name) if 0 < int(name) < signal.NSIG else 0
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    member = getattr(signal.Signals, name, None)
+    return int(member) if member is not None else 0
 
 
 def _output_files(given: Mapping[str, tuple[str | None, str, str]]) -> list[str]:
-    """The step daemon's options for the batch script's output files: ``-o``/``-e``
-    patterns as given (stepd expands them on the first node), ``--open-mode``."""
+    """The step daemon's options for the batch script's output files (``-o``/``-e``
+    patterns as given: stepd expands them on the first node, ``--open-mode``) and its
+    ``--signal`` (as ``[B:]NUMBER@SECONDS``)."""
     out = []
     for name in ("output", "error"):
         if name in given:
@@ -150,6 +166,13 @@ def _output_files(given: Mapping[str, tuple[str | None, str, str]]) -> list[str]
             if not value:
                 raise SbatchError(where, written, "give a file name pattern")
             out += [f"--{name}", value]
+    if "signal" in given:
+        value, written, where = given["signal"]
+        match = _SIGNAL.match((value or "").upper())
+        if not match or not _signal_number(match.group(2)):
+            raise SbatchError(where, written, "give [B:]SIGNAL[@SECONDS], e.g. B:USR1@90")
+        batch, name, seconds = match.groups()
+        out += ["--signal", f"{batch or ''}{_signal_number(match.group(2))}@{seconds or 60}"]
     if "open-mode" in given:
         value, written, where = given["open-mode"]
         if value not in ("append", "truncate"):

@@ -73,6 +73,26 @@ class OutputFiles:
     append: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class LimitSignal:
+    """sbatch's ``--signal=[B:]SIG@SECONDS``: ``signum`` that long before the time limit
+    (``limit_s`` from the script's start), to the batch script (``batch``) or else to
+    every running step's tasks."""
+
+    signum: int
+    before_s: int
+    limit_s: int
+    batch: bool
+
+    @classmethod
+    def parse(cls, text: str | None, limit_s: int | None) -> LimitSignal | None:
+        if not text or not limit_s:
+            return None
+        batch = text.startswith("B:")
+        number, _, seconds = text.removeprefix("B:").partition("@")
+        return cls(int(number), int(seconds or 60), limit_s, batch)
+
+
 DEFAULT_OUTPUT = "slurm-%j.out"
 DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
 NOT_AN_ARRAY = "4294967294"  # Slurm's %a of a job that is not an array task
@@ -136,6 +156,7 @@ async def run_batch(
     ntasks: int,
     tasks_per_node: int,
     files: OutputFiles = OutputFiles(),
+    warning: LimitSignal | None = None,
 ) -> int:
     """Run the batch script (``command``) with the hub and this node's holder; its
     status. Its output goes to its output files and to the member's own."""
@@ -164,6 +185,12 @@ async def run_batch(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
             loop.add_signal_handler(signum, _forward, process, signum)
+        if warning is not None:
+            at = max(0, warning.limit_s - warning.before_s)
+            if warning.batch:
+                loop.call_later(at, _forward, process, warning.signum)
+            else:
+                loop.call_later(at, lambda: asyncio.ensure_future(hub.signal_steps(warning.signum)))
         assert process.stdout is not None and process.stderr is not None
         await asyncio.gather(
             _copy(process.stdout, out, sys.stdout.buffer),

@@ -159,6 +159,11 @@ class Hub:
         except wire.WireError:  # srun went away: its step ends with it
             await self._signal(step, signal.SIGKILL)
 
+    async def signal_steps(self, signum: int) -> None:
+        """Signal every running step's tasks (sbatch ``--signal`` without ``B:``)."""
+        for step in list(self.steps.values()):
+            await self._signal(step, signum)
+
     async def _signal(self, step: _Step, signum: int) -> None:
         for node in {t.node for t in step.tasks}:
             holder = self.holders.get(node)

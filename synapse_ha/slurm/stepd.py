@@ -20,7 +20,8 @@ program as its command, as the job's owner, under the member's supervision and f
   the member exits with the script's status: the job's result.
 
     python -m synapse_ha.slurm.stepd [--ntasks N] [--tasks-per-node K] [--output PATTERN]
-        [--error PATTERN] [--open-mode append|truncate] -- COMMAND...
+        [--error PATTERN] [--open-mode append|truncate] [--signal [B:]N@S --time-limit S]
+        -- COMMAND...
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from synapse_ha.slurm.batch import OutputFiles, run_batch
+from synapse_ha.slurm.batch import LimitSignal, OutputFiles, run_batch
 from synapse_ha.slurm.holder import Holder
 from synapse_ha.slurm.member import Member
 
@@ -43,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--output", help="the batch script's output file (sbatch -o)")
     parser.add_argument("--error", help="its error file (sbatch -e; default: --output)")
     parser.add_argument("--open-mode", choices=("append", "truncate"), default="truncate")
+    parser.add_argument("--signal", help="[B:]NUMBER@SECONDS before --time-limit (sbatch's)")
+    parser.add_argument("--time-limit", type=int, help="the job's time limit in seconds")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -54,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("the batch command is missing after --")
     ntasks = args.ntasks or args.tasks_per_node * len(member.hosts)
     files = OutputFiles(args.output, args.error, args.open_mode == "append")
-    sys.exit(asyncio.run(run_batch(member, command, ntasks, args.tasks_per_node, files)))
+    warning = LimitSignal.parse(args.signal, args.time_limit)
+    code = asyncio.run(run_batch(member, command, ntasks, args.tasks_per_node, files, warning))
+    sys.exit(code)
 
 
 if __name__ == "__main__":

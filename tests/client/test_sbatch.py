@@ -223,3 +223,14 @@ def test_tasks_size_each_nodes_member_and_reach_the_step_daemon(
     assert (spec["resources"]["gpu"], spec["resources"]["cpu"]) == (gpu, cpu)
     assert spec["command"][4:8] == ["--ntasks", counts[0], "--tasks-per-node", counts[1]]
     parse_job_spec(spec, topology_levels=None)
+
+
+def test_a_signal_before_the_time_limit_reaches_the_step_daemon() -> None:
+    spec = translate("#!/bin/sh\n#SBATCH -t 10 --signal=B:USR1@90 --wckey=x\necho\n", "s.sh").spec
+    command = spec["command"]
+    assert command[command.index("--signal") + 1] == "B:10@90"
+    assert "--time-limit=600" in command
+    plain = translate("#!/bin/sh\n#SBATCH --signal=SIGUSR2\necho\n", "s.sh").spec["command"]
+    assert plain[plain.index("--signal") + 1] == "12@60"
+    with pytest.raises(SbatchError, match="give \\[B:\\]SIGNAL"):
+        translate("#SBATCH --signal=NOPE@9\n", "s.sh")

@@ -129,3 +129,22 @@ def test_an_output_file_the_owner_cannot_write_fails_the_job_naming_it(
     assert ran.codes[0] == 1
     assert "cannot open /proc/no/such/42.out" in ran.outputs[0]
     assert "never" not in ran.outputs[0]
+
+
+def test_a_signal_before_the_time_limit_reaches_the_script_or_the_steps(
+    allocation: Run,
+) -> None:
+    script = r"""
+trap 'echo "script got USR1"; exit 0' USR1
+sleep 10 & wait
+"""
+    ran = allocation(script, nodes=1, stepd=["--signal=B:10@59", "--time-limit=60"])
+    assert ran.codes == [0] and "script got USR1" in ran.outputs[0]
+    script = r"""
+trap 'echo "script got USR2"' USR2
+srun sh -c 'trap "echo task got USR2; exit 0" USR2; sleep 10 & wait'
+"""
+    ran = allocation(script, nodes=2, stepd=["--signal=12@59", "--time-limit=60"])
+    out = ran.outputs[0]
+    assert ran.codes == [0, 0] and out.count("task got USR2") == 2, out
+    assert "script got USR2" not in out
