@@ -43,7 +43,7 @@ ALL_STATES = tuple(str(s) for s in (*ACTIVE_STATES, *sorted(FINISHED_JOB_STATES)
 FOLLOW_DRAIN_S = 5.0
 
 # Commands that never call the cluster: they read no token or TLS settings.
-LOCAL_COMMANDS = frozenset({"ca", "dev"})
+LOCAL_COMMANDS = frozenset({"ca", "dev", "slurm-commands"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -20,6 +20,7 @@ from synapse_ha.client.sbatch import SbatchError, script_position, translate
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.to_proto import spec_to_proto
+from synapse_ha.slurm.ids import slurm_id
 
 MAX_SCRIPT_BYTES = 48 * 1024  # the script is the members' command (at most 64 KiB in all)
 
@@ -36,9 +37,12 @@ MAX_SCRIPT_BYTES = 48 * 1024  # the script is the members' command (at most 64 K
     help="Print the job spec it builds; submit nothing.",
 )
 @click.option("--parsable", is_flag=True, help="Print only the job id.")
+@click.option("--slurm-ids", is_flag=True, hidden=True, help="Print Slurm's form of the id (42).")
 @click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT [ARGS]...")
 @with_settings
-def sbatch(settings: Settings, words: tuple[str, ...], dry_run: bool, parsable: bool) -> None:
+def sbatch(
+    settings: Settings, words: tuple[str, ...], dry_run: bool, parsable: bool, slurm_ids: bool
+) -> None:
     """Submit a Slurm batch SCRIPT, as sbatch does: its #SBATCH options, and those given
     before it (which win), become a job spec; the script runs as each member's command,
     with ARGS, and with the SLURM_* variables set.
@@ -85,7 +89,7 @@ def sbatch(settings: Settings, words: tuple[str, ...], dry_run: bool, parsable: 
         ]
         message = "; ".join(f"{script}: {b} (the cluster's rule)" for b in broken)
         raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
-    job_id = answer.job_id
+    job_id = slurm_id(answer.job_id) if slurm_ids else answer.job_id  # as Slurm's sbatch
     if parsable:
         click.echo(job_id)
         return

@@ -9,8 +9,11 @@ Job ids print in Slurm's form (``42``, ``42_7``) and are read in either form
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import click
 import grpc
@@ -49,17 +52,20 @@ def _split(values: Sequence[str]) -> list[str]:
 
 
 def _jobs(settings: Settings, ids: Sequence[str], every: bool) -> list[pb.Job]:
-    """The jobs named by ``ids`` (Slurm's or our form), or every active one (``every``:
-    finished ones too), in submission order."""
+    """The jobs named by ``ids`` (Slurm's or our form; an array's id names its tasks), or
+    every active one (``every``: finished ones too), in submission order."""
     client = settings.client()
     if ids:
         found = []
         for text in ids:
+            job_id = sf.job_id_of(text)
             try:
-                found.append(client.get_job(sf.job_id_of(text)))
+                found.append(client.get_job(job_id))
             except grpc.RpcError as exc:
                 if failure_of(exc).reason is not Reason.JOB_NOT_FOUND:
                     raise
+                if "_" not in job_id:  # an array: its tasks
+                    found.extend(client.list_jobs(array_id=job_id))
         return found
     return client.list_jobs(states=[] if every else list(_ACTIVE))
 
@@ -288,4 +294,38 @@ def show_jobs(settings: Settings, ids: Sequence[str]) -> None:
     click.echo("\n\n".join(show_job(job, now_ms) for job in jobs))
 
 
-COMMANDS: list[click.Command] = [squeue, sacct, scancel]
+# Each Slurm command and what runs it: synctl's (with Slurm's ids) or srun's module.
+PROGRAMS = {
+    "sbatch": ("synapse_ha.cli", "sbatch", "--slurm-ids"),
+    "squeue": ("synapse_ha.cli", "squeue"),
+    "sacct": ("synapse_ha.cli", "sacct"),
+    "scancel": ("synapse_ha.cli", "scancel"),
+    "scontrol": ("synapse_ha.cli", "scontrol"),
+    "srun": ("synapse_ha.slurm.srun",),
+}
+
+
+@click.command(name="slurm-commands")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+def slurm_commands(folder: Path) -> None:
+    """Write Slurm's commands (sbatch, squeue, sacct, scancel, scontrol, srun) into
+    FOLDER, each running synctl's with this Python, for tools that call Slurm's by name
+    (submitit, Hydra's launcher). Put FOLDER first on PATH where no real Slurm is wanted;
+    they find the cluster as synctl does (SYNAPSE_CLUSTER and the credential variables,
+    or the configuration files).
+
+    \b
+    Examples:
+      synctl slurm-commands ~/.local/synapse-slurm/bin
+      PATH=~/.local/synapse-slurm/bin:$PATH python train_with_submitit.py
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (module, *args) in PROGRAMS.items():
+        words = " ".join(shlex.quote(w) for w in (sys.executable, "-m", module, *args))
+        path = folder / name
+        path.write_text(f'#!/bin/sh\nexec {words} "$@"\n')
+        path.chmod(0o755)
+    click.echo(f"wrote {', '.join(PROGRAMS)} to {folder}")
+
+
+COMMANDS: list[click.Command] = [squeue, sacct, scancel, slurm_commands]

@@ -128,17 +128,31 @@ def file_name(pattern: str, env: Mapping[str, str], member: Member) -> str:
 
 def _open(files: OutputFiles, env: Mapping[str, str], member: Member) -> tuple[Any, Any]:
     """The batch script's output and error files, opened as the job's owner (this
-    process): where ``-o`` and ``-e`` say, else Slurm's default in the working directory;
-    errors go to the output file without ``-e``. Raises OSError naming the file."""
+    process): where ``-o`` and ``-e`` say (their folders made when missing), else Slurm's
+    default in the working directory; errors go to the output file without ``-e``.
+    Raises OSError naming the file."""
     default = DEFAULT_ARRAY_OUTPUT if "SLURM_ARRAY_TASK_ID" in env else DEFAULT_OUTPUT
     mode = "ab" if files.append else "wb"
     out_name = file_name(files.output or default, env, member)
+    out = _open_one(out_name, mode)
+    if not files.error:
+        return out, out
     try:
-        out = open(out_name, mode)  # noqa: SIM115 (closed by run_batch)
-        err = open(file_name(files.error, env, member), mode) if files.error else out  # noqa: SIM115
+        return out, _open_one(file_name(files.error, env, member), mode)
+    except OSError:
+        out.close()
+        raise
+
+
+def _open_one(name: str, mode: str) -> Any:
+    """``name`` opened, its folder made when missing (a pattern's ``%j/``); an OSError
+    naming it."""
+    try:
+        if os.path.dirname(name):
+            os.makedirs(os.path.dirname(name), exist_ok=True)
+        return open(name, mode)
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot open {exc.filename}: {exc.strerror}") from None
-    return out, err
+        raise OSError(exc.errno, f"cannot open {name}: {exc.strerror}") from None
 
 
 async def _copy(stream: asyncio.StreamReader, file: Any, mine: Any) -> None:

@@ -132,7 +132,7 @@ class _Output:
 
     def __init__(self, args: argparse.Namespace, env: Mapping[str, str]) -> None:
         self.label = args.label
-        self.patterns = {1: args.output, 2: args.error or args.output}
+        self.patterns: dict[int, str | None] = {1: args.output, 2: args.error or args.output}
         self.env = env
         self.partial: dict[tuple[int, int], bytes] = {}
         self.files: dict[str, IO[bytes]] = {}
@@ -143,7 +143,15 @@ class _Output:
         if pattern:
             name = output_path(pattern, self.env, self.step, task)
             if name not in self.files:
-                self.files[name] = open(name, "ab")  # noqa: SIM115 (closed at the end)
+                try:
+                    if os.path.dirname(name):
+                        os.makedirs(os.path.dirname(name), exist_ok=True)
+                    self.files[name] = open(name, "ab")  # noqa: SIM115 (closed at the end)
+                except OSError as exc:
+                    print(f"srun: error: cannot open {name}: {exc.strerror}", file=sys.stderr)
+                    self.patterns[fd] = None  # here instead
+                    self.write(task, fd, data)
+                    return
             self.files[name].write(data)
             self.files[name].flush()
             return
