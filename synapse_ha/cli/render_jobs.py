@@ -113,6 +113,7 @@ def job_document(job: JobView, now_ms: int | None = None) -> Document:
         else None,
         "resume_step": job.resume_step,
         "stop_grace_ms": spec.stop_grace_ms,
+        "account": spec.account,
     }
     return {**with_iso(doc, *_TIMES), **times_document(job, now_ms)}
 
@@ -280,6 +281,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("REPLICAS", doc["replicas"]),
         ("RESOURCES", f"{resources_text(doc['resources'])} per member"),
         ("QUEUE", doc["queue"]),
+        ("ACCOUNT", doc["account"] or None),
         ("PRIORITY", doc["priority_class"] or doc["priority"]),
         ("PREEMPTED", preemption_text(doc["preemption"])),
         ("TOPOLOGY", topology),

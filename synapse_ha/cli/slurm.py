@@ -21,6 +21,8 @@ import grpc
 from synapse_ha.cli.app import CommandFailed, Settings, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client import slurm_fields as sf
+from synapse_ha.core.model import JobState
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
@@ -44,7 +46,7 @@ _HEADERS = {
     "reasonlist": "NODELIST(REASON)",
     "arrayjobid": "ARRAY_JOB_ID", "arraytaskid": "ARRAY_TASK_ID", "workdir": "WORK_DIR",
 }  # fmt: skip
-_ACTIVE = ("PENDING", "SCHEDULED", "RUNNING")
+_ACTIVE_STATES = (JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING)
 
 
 def _split(values: Sequence[str]) -> list[str]:
@@ -67,7 +69,9 @@ def _jobs(settings: Settings, ids: Sequence[str], every: bool) -> list[pb.Job]:
                 if "_" not in job_id:  # an array: its tasks
                     found.extend(client.list_jobs(array_id=job_id))
         return found
-    return client.list_jobs(states=[] if every else list(_ACTIVE))
+    if every:
+        return client.list_jobs()
+    return client.list_jobs(**states.job_state_filter(_ACTIVE_STATES))
 
 
 def _cell(text: str, width: int | None, right: bool) -> str:
@@ -115,7 +119,7 @@ def _render(fmt: str, value: Callable[[str], str]) -> str:
 @click.option("-u", "--user", "users", multiple=True, help="Only these users' jobs.")
 @click.option("-n", "--name", "names", multiple=True, help="Only jobs of these names.")
 @click.option(
-    "-t", "--states", "states", multiple=True, help="Only these states (Slurm's words; all)."
+    "-t", "--states", "wanted", multiple=True, help="Only these states (Slurm's words; all)."
 )
 @click.option("-p", "--partition", "partitions", multiple=True, help="Only these queues.")
 @click.option("-o", "--format", "fmt", default=SQUEUE_FORMAT, show_default=True, help="Fields.")
@@ -131,7 +135,7 @@ def squeue(
     ids: tuple[str, ...],
     users: tuple[str, ...],
     names: tuple[str, ...],
-    states: tuple[str, ...],
+    wanted: tuple[str, ...],
     partitions: tuple[str, ...],
     fmt: str,
     noheader: bool,
@@ -147,7 +151,7 @@ def squeue(
       synctl squeue -j 42,43 -h -o '%i %T %R'
       synctl squeue -u alice -t running
     """
-    wanted_states = {s.upper() for s in _split(states)}
+    wanted_states = {s.upper() for s in _split(wanted)}
     jobs = _jobs(settings, _split(ids), every="ALL" in wanted_states)
     now_ms = int(time.time() * 1000)
     lines = [] if noheader else [squeue_header(fmt)]
@@ -162,7 +166,7 @@ def squeue(
         short = sf.SHORT_STATES.get(slurm_state, slurm_state)
         if wanted_states - {"ALL"} and not {slurm_state, short} & wanted_states:
             continue
-        if not wanted_states and job.state not in _ACTIVE:
+        if not wanted_states and states.job_state(job) not in _ACTIVE_STATES:
             continue
         lines.append(squeue_line(job, fmt, now_ms))
     for line in lines:

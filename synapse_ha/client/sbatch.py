@@ -388,6 +388,10 @@ def begin_text(value: str, now: datetime.datetime) -> str:
     return at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _account(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["account"] = value
+
+
 def _partition(value: str, spec: dict[str, Any], *_: Any) -> None:
     spec["queue"] = value
 
@@ -441,6 +445,7 @@ _HANDLERS: dict[str, Handler] = {
     "time": _time,
     "dependency": _dependency,
     "partition": _partition,
+    "account": _account,
     "qos": _qos,
     "export": _export,
     "array": _array,

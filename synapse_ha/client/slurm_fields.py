@@ -15,6 +15,8 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable
 
+from synapse_ha.core.model import JobState
+from synapse_ha.rpc import states
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.slurm.hostlist import compress
 from synapse_ha.slurm.ids import job_id_of, slurm_id
@@ -23,12 +25,12 @@ __all__ = ["FIELDS", "SHORT_STATES", "field", "job_id_of", "slurm_id", "state"]
 
 
 _STATES = {
-    "PENDING": "PENDING",
-    "SCHEDULED": "CONFIGURING",
-    "RUNNING": "RUNNING",
-    "SUCCEEDED": "COMPLETED",
-    "FAILED": "FAILED",
-    "CANCELLED": "CANCELLED",
+    JobState.PENDING: "PENDING",
+    JobState.SCHEDULED: "CONFIGURING",
+    JobState.RUNNING: "RUNNING",
+    JobState.SUCCEEDED: "COMPLETED",
+    JobState.FAILED: "FAILED",
+    JobState.CANCELLED: "CANCELLED",
 }
 _FAILED_AS = {"failed_time_limit": "TIMEOUT", "failed_max_requeues": "NODE_FAIL"}
 SHORT_STATES = {
@@ -51,14 +53,19 @@ _PENDING_REASONS = {
 
 def state(job: pb.Job) -> str:
     """The job's state in Slurm's words."""
-    if job.state == "FAILED" and job.reason_code in _FAILED_AS:
+    ours = states.job_state(job)
+    if ours is JobState.FAILED and job.reason_code in _FAILED_AS:
         return _FAILED_AS[job.reason_code]
-    return _STATES.get(job.state, job.state)
+    return _STATES.get(ours, str(ours))
+
+
+def pending(job: pb.Job) -> bool:
+    return states.job_state(job) is JobState.PENDING
 
 
 def reason(job: pb.Job) -> str:
     """squeue's ``%R``: why a pending job waits, or the nodes of one that runs."""
-    if job.state == "PENDING":
+    if pending(job):
         return f"({_PENDING_REASONS.get(job.reason_code, 'None')})"
     return node_list(job) or "(None)"
 
@@ -147,8 +154,8 @@ FIELDS: dict[str, Field] = {
     "user": lambda j, now: j.owner,
     "state": lambda j, now: state(j),
     "statecompact": lambda j, now: SHORT_STATES.get(state(j), state(j)),
-    "reason": lambda j, now: reason(j).strip("()") if j.state == "PENDING" else "None",
-    "nodelist": lambda j, now: node_list(j) or ("None assigned" if j.state == "PENDING" else ""),
+    "reason": lambda j, now: reason(j).strip("()") if pending(j) else "None",
+    "nodelist": lambda j, now: node_list(j) or ("None assigned" if pending(j) else ""),
     "nnodes": lambda j, now: nodes_count(j),
     "numnodes": lambda j, now: nodes_count(j),
     "partition": lambda j, now: partition(j),

@@ -263,6 +263,8 @@ class JobSpec:
     wait_for_nodes: bool = field(default=False, metadata=added_in(9))
     # A stopped member's SIGTERM to SIGKILL (core/spec/fields.py); 0: its node's.
     stop_grace_ms: int = field(default=0, metadata=added_in(11))
+    # An accounting label (core/spec/fields.py; sbatch --account); "" for none.
+    account: str = field(default="", metadata=added_in(12))
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ JOB_SPEC: tuple[str, ...] = (
     "array",
     "wait_for_nodes",
     "stop_grace_ms",
+    "account",
 )
 # pb.DesiredMember and core.desired.DesiredMember (the member's place in its gang).
 MEMBER: tuple[str, ...] = (

@@ -16,7 +16,7 @@ from synapse_ha.client.sbatch import (
     time_seconds,
     translate,
 )
-from synapse_ha.core.spec.document import parse_job_spec
+from synapse_ha.core.spec.document import SpecError, parse_job_spec
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=LLaMA_pretrain.v2
@@ -100,7 +100,7 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH --frobnicate=1", "s.sh:2", "--frobnicate: not an sbatch option"),
         ("#SBATCH -Z", "s.sh:2", "-Z: not an sbatch option"),
         ("#SBATCH --requeue=yes", "s.sh:2", "takes no value"),
-        ("#SBATCH --account=proj", "s.sh:2", "--account=proj: not supported"),
+        ("#SBATCH --reservation=r1", "s.sh:2", "--reservation=r1: not supported"),
         ("#SBATCH -N 2-4", "s.sh:2", "a range min-max is not supported"),
         ("#SBATCH --gres=nvme:1", "s.sh:2", "only gpu:N or gpu:TYPE:N"),
         ("#SBATCH --mem=0", "s.sh:2", "0 (all of a node) is not supported"),
@@ -234,3 +234,13 @@ def test_a_signal_before_the_time_limit_reaches_the_step_daemon() -> None:
     assert plain[plain.index("--signal") + 1] == "12@60"
     with pytest.raises(SbatchError, match="give \\[B:\\]SIGNAL"):
         translate("#SBATCH --signal=NOPE@9\n", "s.sh")
+
+
+def test_an_account_is_a_label_on_the_job_and_keeps_its_rule() -> None:
+    spec = translate("#!/bin/sh\n#SBATCH -A proj-42.a\necho\n", "s.sh").spec
+    assert spec["account"] == "proj-42.a"
+    assert parse_job_spec(spec, topology_levels=None).spec.account == "proj-42.a"
+    bad = translate("#!/bin/sh\n#SBATCH --account='a b'\necho\n", "s.sh").spec
+    with pytest.raises(SpecError) as refused:
+        parse_job_spec(bad, topology_levels=None)
+    assert [v.field for v in refused.value.violations] == ["account"]

@@ -79,7 +79,10 @@ _PROGRESS_FIELDS = frozenset({"timeout", "source"})
 _T = TypeVar("_T")
 _PLAIN = JobSpec("", 1, Resources(), ())  # the defaults of the fields a document leaves out
 # How each kind of spec_fields.SPEC_FIELDS is read.
-_READERS: dict[str, Callable[[object, str], Any]] = {"duration": parse_duration}
+_READERS: dict[str, Callable[[object, str], Any]] = {
+    "duration": parse_duration,
+    "text": lambda value, field: _string(value, field),
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,13 @@ scalar is added here, not to the parser and the rule set apart.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 MAX_STOP_GRACE_MS = 3600 * 1000
+_ACCOUNT = re.compile(r"[A-Za-z0-9_.-]{0,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,8 +23,8 @@ class SpecField:
     key: str  # the document's key
     attr: str  # the field of JobSpec
     # How the document writes it (synapse_ha.core.spec.document reads each kind): "duration" (10s,
-    # 5m; milliseconds in the spec).
-    kind: Literal["duration"]
+    # 5m; milliseconds in the spec), "text" (a string as it is).
+    kind: Literal["duration", "text"]
     rule: Callable[[Any], str]  # the spec's value: "" when it keeps the rule, else the rule
 
 
@@ -30,11 +32,19 @@ def _stop_grace_rule(ms: int) -> str:
     return "" if 0 <= ms <= MAX_STOP_GRACE_MS else "must be between 0 (the node's) and 1h"
 
 
+def _account_rule(text: str) -> str:
+    if _ACCOUNT.fullmatch(text):
+        return ""
+    return "letters, digits, '_', '.' and '-', at most 64 characters"
+
+
 SPEC_FIELDS: tuple[SpecField, ...] = (
     # How long a member has between SIGTERM and SIGKILL when it is stopped (cancelled, no
     # longer desired, at its time limit); 0: the node's ``stop_grace``. Preemption gives
     # its priority class's grace, and a node that lost its lease its fence grace.
     SpecField("stop_grace", "stop_grace_ms", "duration", _stop_grace_rule),
+    # An accounting label (sbatch --account), shown with the job; it changes no placement.
+    SpecField("account", "account", "text", _account_rule),
 )
 
 
