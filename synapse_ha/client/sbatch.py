@@ -68,6 +68,7 @@ _NOTED = {
     "hint": "members are placed by what they ask for; ignored",
     "parsable": "give it on synctl sbatch's command line; ignored here",
     "wckey": "no workload keys here; ignored",
+    "time-min": "the job keeps its --time; ignored",
 }
 
 
@@ -196,7 +197,8 @@ def _tasks(
     counted: Mapping[str, tuple[str | None, str, str]], nodes: int, resources: dict[str, Any]
 ) -> Tasks:
     """Slurm's task counts read against the node count; each node's member is sized
-    for its share: ``--cpus-per-task`` and ``--gpus-per-task`` times its tasks."""
+    for its share: ``--cpus-per-task`` and ``--gpus-per-task`` times its tasks, and
+    ``--mem-per-gpu``/``--mem-per-cpu`` times its GPUs or CPUs."""
 
     def number(name: str) -> int | None:
         if name not in counted:
@@ -239,6 +241,18 @@ def _tasks(
             )
         else:
             resources["gpu"] = gpus // nodes
+    for name, per in (("mem-per-gpu", resources["gpu"]), ("mem-per-cpu", resources["cpu"])):
+        if name not in counted:
+            continue
+        value, written, where = counted[name]
+        match = _MEMORY.match(value or "")
+        if not match or not int(match.group(1)) or not per:
+            what = "GPUs" if name == "mem-per-gpu" else "CPUs (--cpus-per-task)"
+            raise SbatchError(
+                where, written, f"give a size such as 16G, with {what} asked for each node"
+            )
+        unit = (match.group(2) or "M").upper()
+        resources["memory"] = f"{int(match.group(1)) * int(per)}{unit}i"
     return Tasks(total, per_node)
 
 
@@ -433,7 +447,9 @@ def _export(
 
 
 # Read against the node count, once every other option is (:func:`_tasks`).
-_COUNTED = frozenset({"ntasks", "ntasks-per-node", "gpus-per-task", "gpus"})
+_COUNTED = frozenset(
+    {"ntasks", "ntasks-per-node", "gpus-per-task", "gpus", "mem-per-gpu", "mem-per-cpu"}
+)
 
 _HANDLERS: dict[str, Handler] = {
     "job-name": _job_name,

@@ -244,3 +244,14 @@ def test_an_account_is_a_label_on_the_job_and_keeps_its_rule() -> None:
     with pytest.raises(SpecError) as refused:
         parse_job_spec(bad, topology_levels=None)
     assert [v.field for v in refused.value.violations] == ["account"]
+
+
+def test_memory_per_gpu_or_cpu_sizes_each_nodes_member() -> None:
+    per_gpu = translate("#SBATCH -N 2 --gres=gpu:4 --mem-per-gpu=16G\n", "s.sh").spec
+    assert per_gpu["resources"]["memory"] == "64Gi"
+    per_cpu = translate("#SBATCH --ntasks-per-node=2 -c 4 --mem-per-cpu=2000\n", "s.sh").spec
+    assert per_cpu["resources"]["memory"] == "16000Mi"
+    with pytest.raises(SbatchError, match="with GPUs asked for each node"):
+        translate("#SBATCH --mem-per-gpu=16G\n", "s.sh")
+    noted = translate("#SBATCH -t 60 --time-min=30\n", "s.sh")
+    assert noted.spec["time_limit"] == "3600s" and "--time-min=30" in noted.notes[0]
