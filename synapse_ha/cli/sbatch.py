@@ -16,8 +16,10 @@ import yaml
 from synapse_ha.cli.app import CommandFailed, Settings, note, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client.cluster import new_request_id
-from synapse_ha.client.sbatch import SbatchError, script_position, translate
+from synapse_ha.client.sbatch import NodeShape, SbatchError, script_position, translate
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.to_proto import spec_to_proto
 from synapse_ha.slurm.ids import slurm_id
@@ -64,7 +66,9 @@ def sbatch(
     options, script, args = list(words[:at]), Path(words[at]), list(words[at + 1 :])
     text = _read(script)
     try:
-        translation = translate(text, str(script), options, args)
+        translation = translate(
+            text, str(script), options, args, node_shape=lambda: node_shape(settings)
+        )
     except SbatchError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
     for line in translation.notes:
@@ -84,9 +88,9 @@ def sbatch(
         failure = failure_of(exc)
         if failure.reason is not Reason.INVALID_FIELD:
             raise
-        broken = [f"{v.field}: {v.rule}" for v in failure.violations] or [
-            f"{failure.field}: {failure.rule}"
-        ]
+        broken = [f"{v.field}: {v.rule}" for v in failure.violations]
+        if not broken:  # one rule, or only the refusal's own words
+            broken = [f"{failure.field}: {failure.rule}" if failure.field else exc.details() or ""]
         message = "; ".join(f"{script}: {b} (the cluster's rule)" for b in broken)
         raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
     job_id = slurm_id(answer.job_id) if slurm_ids else answer.job_id  # as Slurm's sbatch
@@ -94,6 +98,33 @@ def sbatch(
         click.echo(job_id)
         return
     click.echo(f"Submitted batch job {job_id}")
+
+
+def node_shape(settings: Settings) -> NodeShape:
+    """The one shape of the cluster's live nodes (``--exclusive`` takes a whole node),
+    less the memory the cluster adds to each member for its supervisor; ValueError
+    saying the shapes when there is not exactly one."""
+    client = settings.client()
+    overhead = client.get_limits().member_overhead_memory_mib
+    shapes: dict[NodeShape, int] = {}
+    for node in client.list_nodes():
+        if states.node_status(node) is NodeStatus.DEAD:
+            continue
+        c = node.capacity
+        shape = NodeShape(c.gpu, c.cpu_milli, max(0, c.memory_mib - overhead))
+        shapes[shape] = shapes.get(shape, 0) + 1
+    if len(shapes) == 1:
+        return next(iter(shapes))
+    if not shapes:
+        raise ValueError("the cluster has no live node yet to take whole")
+    said = "; ".join(
+        f"{n} nodes of {s.gpu} GPU, {s.cpu_milli / 1000:g} CPU, {s.memory_mib} MiB"
+        for s, n in sorted(shapes.items(), key=lambda kv: -kv[1])
+    )
+    raise ValueError(
+        f"the nodes are not of one shape ({said}): ask for a node's resources instead "
+        "(--gres, -c, --mem)"
+    )
 
 
 class _Dumper(yaml.SafeDumper):

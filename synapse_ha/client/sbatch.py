@@ -94,10 +94,13 @@ def translate(
     args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     submit_dir: str | None = None,
+    node_shape: Callable[[], NodeShape] | None = None,
 ) -> Translation:
     """The job spec document for ``script`` (its options, then ``command_line``'s, which
     win), run with ``args``; a relative ``--chdir`` is ``submit_dir``'s (default: this
-    process's directory). Raises :class:`SbatchError` naming the line and option."""
+    process's directory). ``node_shape``: the cluster's one node shape, asked only for
+    ``--exclusive`` or ``--mem=0`` (whole nodes; raises ValueError when there is none).
+    Raises :class:`SbatchError` naming the line and option."""
     env = os.environ if environ is None else environ
     options: dict[str, tuple[str | None, str, str]] = {}
     for number, words in directives(script):
@@ -116,6 +119,7 @@ def translate(
     env_vars: dict[str, str] = {}
     # Read against the node count, once every other option is.
     counted = {name: options.pop(name) for name in list(options) if name in _COUNTED}
+    whole = {name: options.pop(name) for name in list(options) if _whole(name, options[name][0])}
     files = _output_files({name: options.pop(name) for name in list(options) if name in _FILES})
     for name, (value, written, where) in options.items():
         handler = handlers.get(name)
@@ -129,6 +133,7 @@ def translate(
         except ValueError as exc:
             raise SbatchError(where, written, str(exc)) from None
     tasks = _tasks(counted, spec["replicas"], resources)
+    _whole_nodes(whole, resources, node_shape)
     spec["resources"] = resources
     env_vars[NAME_ENV] = spec["name"]
     env_vars[CPUS_ENV] = str(cpus_per_task(options))
@@ -180,6 +185,44 @@ def _output_files(given: Mapping[str, tuple[str | None, str, str]]) -> list[str]
             raise SbatchError(where, written, "give append or truncate")
         out += ["--open-mode", value]
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """What every node of the cluster holds (``--exclusive`` asks for all of it)."""
+
+    gpu: int
+    cpu_milli: int
+    memory_mib: int
+
+
+def _whole(name: str, value: str | None) -> bool:
+    """``--exclusive`` (whole nodes: ``user`` and ``mcs`` change nothing here), or
+    ``--mem=0`` (all of a node's memory)."""
+    return name == "exclusive" or (name == "mem" and (value or "").rstrip("KMGTkmgtBb") == "0")
+
+
+def _whole_nodes(
+    whole: Mapping[str, tuple[str | None, str, str]],
+    resources: dict[str, Any],
+    node_shape: Callable[[], NodeShape] | None,
+) -> None:
+    """Each member takes its node whole (``--exclusive``: every GPU, CPU and byte, so
+    nothing else fits beside it) or its memory (``--mem=0``): the cluster's node shape."""
+    if not whole:
+        return
+    name = "exclusive" if "exclusive" in whole else "mem"
+    _value, written, where = whole[name]
+    try:
+        if node_shape is None:
+            raise ValueError("needs the cluster's node shape (synctl sbatch asks the cluster)")
+        shape = node_shape()
+    except ValueError as exc:
+        raise SbatchError(where, written, str(exc)) from None
+    resources["memory"] = f"{shape.memory_mib}Mi"
+    if name == "exclusive":
+        resources["gpu"] = shape.gpu
+        resources["cpu"] = f"{shape.cpu_milli}m"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,12 +33,26 @@ def test_the_corpus_benchmark_counts_each_verdict(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    assert (report["scripts"], report["accepted"]) == (5, 3)
-    assert report["refused_by_option"] == {"-A": 1, "--exclusive": 1}
+    assert (report["scripts"], report["accepted"]) == (5, 4)
+    assert report["refused_by_option"] == {"--exclusive": 1}
     rows = {r["script"]: r for r in report["rows"]}
     assert rows["torchrun.sh"]["accepted"] and rows["torchrun.sh"]["replicas"] == 2
     assert rows["torchrun.sh"]["calls_srun"] and rows["torchrun.sh"]["expands_hostnames"]
     assert not rows["plain.sh"]["calls_srun"]
     assert (report["calling_srun"], report["accepted_without_srun"]) == (4, 1)
+    assert rows["account.sh"]["accepted"]
     assert rows["tasks.sh"]["accepted"] and rows["tasks.sh"]["replicas"] == 2
-    assert "not supported" in rows["exclusive.sh"]["rule"]
+    assert "needs the cluster's node shape" in rows["exclusive.sh"]["rule"]
+
+
+def test_a_node_shape_lets_exclusive_take_whole_nodes(tmp_path: Path) -> None:
+    (tmp_path / "exclusive.sh").write_text(SCRIPTS["exclusive.sh"])
+    out = subprocess.run(
+        [sys.executable, str(BENCH), str(tmp_path), "--node-shape", "8,96000,1048576"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert (report["accepted"], report["node_shape"]) == (1, "8,96000,1048576")

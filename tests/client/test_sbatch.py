@@ -8,6 +8,7 @@ import datetime
 import pytest
 
 from synapse_ha.client.sbatch import (
+    NodeShape,
     STEPD,
     SbatchError,
     begin_text,
@@ -91,7 +92,6 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
     [
         ("#SBATCH --array=0-9%0", "s.sh:2", "the throttle after % must be"),
         ("#SBATCH --array=9-0", "s.sh:2", "a range ends at or after its start"),
-        ("#SBATCH --exclusive", "s.sh:2", "--exclusive: not supported"),
         ("#SBATCH -N 2 -n 1", "s.sh:2", "-n: fewer tasks than nodes (2)"),
         ("#SBATCH -N 2 -n 9 --ntasks-per-node=4", "s.sh:2", "more than --ntasks-per-node 4"),
         ("#SBATCH --ntasks-per-node=0", "s.sh:2", "give a whole number of 1 or more"),
@@ -103,7 +103,8 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH --reservation=r1", "s.sh:2", "--reservation=r1: not supported"),
         ("#SBATCH -N 2-4", "s.sh:2", "a range min-max is not supported"),
         ("#SBATCH --gres=nvme:1", "s.sh:2", "only gpu:N or gpu:TYPE:N"),
-        ("#SBATCH --mem=0", "s.sh:2", "0 (all of a node) is not supported"),
+        ("#SBATCH --mem=0", "s.sh:2", "--mem=0: needs the cluster's node shape"),
+        ("#SBATCH --exclusive", "s.sh:2", "--exclusive: needs the cluster's node shape"),
         ("#SBATCH -t soon", "s.sh:2", "give a time limit"),
         ("#SBATCH -d singleton", "s.sh:2", "supported are afterok"),
         ("#SBATCH -d afterok:1?afterany:2", "s.sh:2", "'?' (any of) is not supported"),
@@ -255,3 +256,20 @@ def test_memory_per_gpu_or_cpu_sizes_each_nodes_member() -> None:
         translate("#SBATCH --mem-per-gpu=16G\n", "s.sh")
     noted = translate("#SBATCH -t 60 --time-min=30\n", "s.sh")
     assert noted.spec["time_limit"] == "3600s" and "--time-min=30" in noted.notes[0]
+
+
+def test_exclusive_takes_the_clusters_node_shape_whole() -> None:
+    shape = NodeShape(gpu=8, cpu_milli=64_000, memory_mib=1_048_576)
+    spec = translate(
+        "#SBATCH -N 2 --exclusive --gres=gpu:4\n", "s.sh", node_shape=lambda: shape
+    ).spec
+    assert spec["resources"] == {"gpu": 8, "cpu": "64000m", "memory": "1048576Mi"}
+    parse_job_spec(spec, topology_levels=None)
+    memory = translate("#SBATCH --gres=gpu:2 --mem=0\n", "s.sh", node_shape=lambda: shape)
+    assert memory.spec["resources"] == {"gpu": 2, "cpu": 0, "memory": "1048576Mi"}
+
+    def mixed() -> NodeShape:
+        raise ValueError("the nodes are not of one shape")
+
+    with pytest.raises(SbatchError, match="--exclusive: the nodes are not of one shape"):
+        translate("#SBATCH --exclusive\n", "s.sh", node_shape=mixed)

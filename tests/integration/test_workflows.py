@@ -223,3 +223,25 @@ def test_slurms_query_and_cancel_commands_speak_slurms_ids_states_and_formats(
     assert unknown.exit_code == 4 and "Invalid job id 999999" in unknown.output
     bad = synctl(local, "squeue", "-o", "%i %Q")
     assert bad.exit_code == 2 and "%Q is not a squeue field" in bad.output
+
+
+def test_an_exclusive_batch_job_takes_its_node_whole(
+    local: LocalCluster, cluster: Cluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "whole.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -N 1 --exclusive\necho whole\n")
+    with local.client() as client:
+        nodes = client.list_nodes()
+        overhead = client.get_limits().member_overhead_memory_mib  # the supervisor's
+    assert len(nodes) == 1
+    capacity = nodes[0].capacity
+    dry = synctl(local, "sbatch", "--dry-run", "-D", str(tmp_path), str(script))
+    assert dry.exit_code == 0, dry.output
+    assert f"gpu: {capacity.gpu}" in dry.output
+    assert f"cpu: {capacity.cpu_milli}m" in dry.output
+    assert f"memory: {capacity.memory_mib - overhead}Mi" in dry.output
+    submitted = synctl(local, "sbatch", "--parsable", "-D", str(tmp_path), str(script))
+    assert submitted.exit_code == 0, submitted.output
+    job = cluster.job(submitted.output.strip().splitlines()[-1])
+    assert job.wait(timeout_s=60).succeeded
+    assert [line.text for line in job.logs()] == ["whole"]
