@@ -8,8 +8,8 @@ import datetime
 import pytest
 
 from synapse_ha.client.sbatch import (
-    NodeShape,
     STEPD,
+    NodeShape,
     SbatchError,
     begin_text,
     script_position,
