@@ -28,7 +28,8 @@ JOB_KEYS = [
     "submitted_at_ms", "submitted_at", "finished_at_ms", "finished_at", "attempt_outcome",
     "members", "queue", "priority_class", "preemption", "progress", "prestart",
     "dependencies", "waiting_for", "begin_ms", "deadline_ms", "checkpoint", "resume_step",
-    "stop_grace_ms", "started_at_ms", "started_at", "wait_ms", "elapsed_ms", "time_left_ms",
+    "stop_grace_ms", "account", "started_at_ms", "started_at", "wait_ms", "elapsed_ms",
+    "time_left_ms",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
