@@ -72,10 +72,10 @@ def member_environment(
             "SYNAPSE_ATTEMPT": str(member.attempt),
             "SYNAPSE_FENCING_TOKEN": str(member.fencing_token),
             "SYNAPSE_MEMBER_HOSTS": ",".join(member.member_hosts),
-            # The worker's interpreter: the Slurm commands of an sbatch job run with it.
-            PYTHON_ENV: sys.executable,
         }
     )
+    if not member.spec.image:  # the worker's interpreter, for an sbatch job's step daemon
+        env[PYTHON_ENV] = sys.executable
     if member.resume_step is not None:
         env[RESUME_STEP_ENV] = str(member.resume_step)
     task = task_of(member.job_id)
