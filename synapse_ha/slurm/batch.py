@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import socket
 import sys
@@ -21,7 +20,7 @@ from synapse_ha.slurm import wire
 from synapse_ha.slurm.commands import write_commands
 from synapse_ha.slurm.holder import Holder, status
 from synapse_ha.slurm.hub import Hub
-from synapse_ha.slurm.ids import slurm_id
+from synapse_ha.slurm.ids import NOT_AN_ARRAY, fill_pattern, slurm_id
 from synapse_ha.slurm.member import Member
 
 
@@ -95,8 +94,6 @@ class LimitSignal:
 
 DEFAULT_OUTPUT = "slurm-%j.out"
 DEFAULT_ARRAY_OUTPUT = "slurm-%A_%a.out"
-NOT_AN_ARRAY = "4294967294"  # Slurm's %a of a job that is not an array task
-_PATTERN = re.compile(r"%(\d*)([%AajxuNnts])")
 
 
 def file_name(pattern: str, env: Mapping[str, str], member: Member) -> str:
@@ -106,7 +103,6 @@ def file_name(pattern: str, env: Mapping[str, str], member: Member) -> str:
     a width (``%4a``) pads a number with zeros."""
     task = env.get("SLURM_ARRAY_TASK_ID")
     values = {
-        "%": "%",
         "j": slurm_id(member.job_id),
         "A": slurm_id(env.get("SLURM_ARRAY_JOB_ID") or member.job_id),
         "a": task if task is not None else NOT_AN_ARRAY,
@@ -118,12 +114,7 @@ def file_name(pattern: str, env: Mapping[str, str], member: Member) -> str:
         "s": "batch",
     }
 
-    def one(match: re.Match[str]) -> str:
-        width, letter = match.groups()
-        value = values[letter]
-        return value.zfill(int(width)) if width and value.isdigit() else value
-
-    return _PATTERN.sub(one, pattern)
+    return fill_pattern(pattern, values)
 
 
 def _open(files: OutputFiles, env: Mapping[str, str], member: Member) -> tuple[Any, Any]:

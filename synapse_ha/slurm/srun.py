@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from synapse_ha.slurm import wire
 from synapse_ha.slurm.hostlist import HostListError, expand_all
+from synapse_ha.slurm.ids import NOT_AN_ARRAY, fill_pattern
 
 
 def parser() -> argparse.ArgumentParser:
@@ -106,25 +107,16 @@ def request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
 def output_path(pattern: str, env: Mapping[str, str], step: int, task: int) -> str:
     """srun's ``-o``/``-e`` file name for one task: ``%j`` the job, ``%A`` its array
     (else the job), ``%a`` its index, ``%s`` the step, ``%t`` the task, ``%%``."""
-    out, i = [], 0
     job_id = env.get("SLURM_JOB_ID", "")
     values = {
         "j": job_id,
         "J": job_id,
         "A": env.get("SLURM_ARRAY_JOB_ID", job_id),
-        "a": env.get("SLURM_ARRAY_TASK_ID", "4294967294"),
+        "a": env.get("SLURM_ARRAY_TASK_ID", NOT_AN_ARRAY),
         "s": str(step),
         "t": str(task),
-        "%": "%",
     }
-    while i < len(pattern):
-        if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in values:
-            out.append(values[pattern[i + 1]])
-            i += 2
-        else:
-            out.append(pattern[i])
-            i += 1
-    return "".join(out)
+    return fill_pattern(pattern, values)
 
 
 class _Output:
