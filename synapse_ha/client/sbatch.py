@@ -43,6 +43,7 @@ SUBMIT_DIR_ENV = "SYNAPSE_SBATCH_SUBMIT_DIR"
 SECRET_ENV = "SYNAPSE_STEP_SECRET"  # proves a step daemon or srun belongs to the job
 _DIRECTIVE = re.compile(r"^#SBATCH\s+(.*)$")
 _INVALID_NAME = re.compile(r"[^a-z0-9-]+")
+_PARTITION_CHARS = re.compile(r"[_.]")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEMORY = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 _GRES_GPU = re.compile(r"^gpu(?::[A-Za-z0-9_.-]+)?:(\d+)$")
@@ -264,7 +265,9 @@ def _tasks(
         per_node = -(-total // nodes) if total is not None else 1
     if total is None:
         total = per_node * nodes
-    if resources["cpu"] != DEFAULT_CPU:
+    if "overcommit" in counted:  # one CPU per node, whatever the tasks ask (as Slurm)
+        resources["cpu"] = 1
+    elif resources["cpu"] != DEFAULT_CPU:
         resources["cpu"] = int(resources["cpu"]) * per_node
     for name in ("gpus-per-task", "gpus"):
         if name not in counted:
@@ -450,7 +453,11 @@ def _account(value: str, spec: dict[str, Any], *_: Any) -> None:
 
 
 def _partition(value: str, spec: dict[str, Any], *_: Any) -> None:
-    spec["queue"] = value
+    """The queue of the partition's name: Slurm's names may hold capitals, ``_`` and
+    ``.``, a queue's are lowercase with ``-`` (``gpu_long`` is queue ``gpu-long``)."""
+    if "," in value:
+        raise ValueError("one partition: a job here waits in one queue")
+    spec["queue"] = _PARTITION_CHARS.sub("-", value.lower())
 
 
 def _qos(value: str, spec: dict[str, Any], *_: Any) -> None:
@@ -491,7 +498,15 @@ def _export(
 
 # Read against the node count, once every other option is (:func:`_tasks`).
 _COUNTED = frozenset(
-    {"ntasks", "ntasks-per-node", "gpus-per-task", "gpus", "mem-per-gpu", "mem-per-cpu"}
+    {
+        "ntasks",
+        "ntasks-per-node",
+        "gpus-per-task",
+        "gpus",
+        "mem-per-gpu",
+        "mem-per-cpu",
+        "overcommit",
+    }
 )
 
 _HANDLERS: dict[str, Handler] = {

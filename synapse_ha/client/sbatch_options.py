@@ -62,6 +62,15 @@ LONG: dict[str, Arg] = {
     "wait-for-nodes": _N,  # synapse_ha's own (docs/slurm.md)
 }  # fmt: skip
 
+# Options of site plugins (SPANK), not sbatch's own: refused with what they are.
+_SHIFTER = "a Shifter plugin option, not sbatch's (a job's container is its spec's image)"
+_PYXIS = "a pyxis plugin option, not sbatch's (a job's container is its spec's image)"
+PLUGIN_OPTIONS = {
+    "image": _SHIFTER, "module": _SHIFTER, "volume": _SHIFTER,
+    "container-image": _PYXIS, "container-mounts": _PYXIS, "container-workdir": _PYXIS,
+    "container-name": _PYXIS, "container-writable": _PYXIS,
+}  # fmt: skip
+
 # Other names sbatch accepts for an option.
 ALIASES = {"tasks-per-node": "ntasks-per-node", "mem_bind": "mem-bind"}
 
@@ -86,6 +95,8 @@ def long_name(written: str, where: str) -> str:
     matches = sorted(
         {ALIASES.get(n, n) for n in (*LONG, *ALIASES) if n.startswith(written)} & set(LONG)
     )
+    if written in PLUGIN_OPTIONS:
+        raise SbatchError(where, f"--{written}", PLUGIN_OPTIONS[written])
     if not written or not matches:
         raise SbatchError(where, f"--{written}", "not an sbatch option")
     if len(matches) > 1:

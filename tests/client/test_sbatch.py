@@ -273,3 +273,35 @@ def test_exclusive_takes_the_clusters_node_shape_whole() -> None:
 
     with pytest.raises(SbatchError, match="--exclusive: the nodes are not of one shape"):
         translate("#SBATCH --exclusive\n", "s.sh", node_shape=mixed)
+
+
+@pytest.mark.parametrize(
+    ("partition", "queue"),
+    [("research", "research"), ("kempner_project", "kempner-project"), ("GPU.long", "gpu-long")],
+)
+def test_a_partition_name_is_the_queue_of_that_name(partition: str, queue: str) -> None:
+    spec = translate(f"#!/bin/sh\n#SBATCH -p {partition}\ntrue\n", "p.sh").spec
+    assert spec["queue"] == queue
+    parse_job_spec(spec)  # a valid queue name
+
+
+def test_several_partitions_are_refused_naming_the_rule() -> None:
+    with pytest.raises(SbatchError, match=r"p\.sh:2: --partition=a,b: one partition"):
+        translate("#!/bin/sh\n#SBATCH --partition=a,b\ntrue\n", "p.sh")
+
+
+def test_overcommit_asks_one_cpu_per_node_whatever_the_tasks() -> None:
+    script = "#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=8 -c 4 --overcommit\nsrun true\n"
+    spec = translate(script, "o.sh").spec
+    assert spec["resources"]["cpu"] == 1
+    without = translate(script.replace(" --overcommit", ""), "o.sh").spec
+    assert without["resources"]["cpu"] == 32  # 8 tasks of 4 CPUs
+
+
+@pytest.mark.parametrize(
+    ("option", "plugin"),
+    [("--image=nersc/pytorch:23", "Shifter"), ("--container-image=nvcr.io/x", "pyxis")],
+)
+def test_a_site_plugin_option_is_refused_as_what_it_is(option: str, plugin: str) -> None:
+    with pytest.raises(SbatchError, match=f"{plugin} plugin option, not sbatch's"):
+        translate(f"#!/bin/sh\n#SBATCH {option}\ntrue\n", "c.sh")
