@@ -101,6 +101,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     than its throttle, and every acknowledged array has exactly its tasks
     ``<array>_<index>``. A task is a job for every other rule; an array's submission is
     acknowledged with the array's id, so exactly-once and ``lost`` hold for each task.
+``batch-twice`` / ``step-outlived`` / ``step-task-twice``
+    sbatch jobs (:mod:`chaos.step_rules`): the batch script ran at most once per attempt,
+    no step task outlived its attempt's lease, no two copies of a (step, task) at once.
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ from chaos import (
     leader_rules,
     node_rules,
     rejoin_rules,
+    step_rules,
 )
 from chaos.history import (
     THAW_KILL_BOUND_MS,
@@ -186,6 +190,7 @@ def check_history(history: History) -> list[Violation]:
     out += node_rules.check_unfit_binds(history, state)
     out += dependency_rules.check_dependency_order(history, state)
     out += array_rules.check_arrays(history, state)
+    out += step_rules.check_steps(history)
     out += leader_rules.check_leader_fault_gangs(history, state)
     out += _check_stalls(history, state)
     return out

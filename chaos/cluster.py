@@ -59,6 +59,9 @@ DEPENDENCY_SHARE = 0.2
 # The share of submissions that are job arrays of small gangs (chaos/workload.py), some
 # throttled: the throttle must hold through the faults (chaos/array_rules.py).
 ARRAY_SHARE = 0.15
+# The share of submissions that are sbatch jobs with background job steps, in place of as
+# many gangs (chaos/workload.py, chaos/step_rules.py).
+SBATCH_SHARE = 0.15
 
 # holding their GPUs long when a fault stops them from exiting.
 PRIORITY_CLASSES = (
@@ -99,6 +102,7 @@ class ScenarioConfig:
     timeouts: FaultTimeouts = field(default_factory=FaultTimeouts)
     replicas: int = 3  # five for the membership scenario (chaos/membership.py)
     array_share: float = ARRAY_SHARE
+    sbatch_share: float = SBATCH_SHARE
     # Followers terminate the workers' heartbeat streams (docs/relay.md).
     relay_heartbeats: bool = False
 
@@ -358,6 +362,8 @@ class ChaosCluster:
                 queue_gpus=self.cfg.workers * WORKER_GPUS // 2,
                 dependency_share=DEPENDENCY_SHARE,
                 array_share=self.cfg.array_share,
+                sbatch_share=self.cfg.sbatch_share,
+                steps=str(self.dir / ledger.STEPS),
             ),
             self.dir / "workload.json",
         )

@@ -47,6 +47,29 @@ class MemberRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A record of an sbatch job's batch script or of one task of its job steps
+    (``steps.jsonl``, :mod:`chaos.steptask`)."""
+
+    type: str  # task-start | task-heartbeat | task-end | task-term | batch-start | batch-end
+    job: str
+    attempt: int
+    token: int
+    node: str
+    mono_ns: int
+    pid: int
+    step: int = -1  # the job step (SLURM_STEP_ID); -1: the batch script
+    task: int = -1  # the task's rank in its step (SLURM_PROCID); -1: the batch script
+    pid_ns: int = 0
+    start_ticks: int = 0
+
+    @property
+    def process(self) -> tuple[int, int, int]:
+        """The process that wrote it: PID namespace, start time, pid."""
+        return (self.pid_ns, self.start_ticks, self.pid)
+
+
+@dataclass(frozen=True, slots=True)
 class EffectRecord:
     job: str
     token: int
@@ -64,6 +87,7 @@ class Submission:
     job_id: str = ""  # an array's id for an array (its tasks are ``<job_id>_<index>``)
     array: str = ""  # the ``array:`` text submitted ("" for a single job)
     throttle: int = 0  # the array's throttle (0: none)
+    sbatch: bool = False  # an sbatch job (chaos.workload.batch_script)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +173,7 @@ THAW_KILL_BOUND_MS = 1_000
 @dataclass(slots=True)
 class History:
     members: list[MemberRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)  # sbatch scripts and step tasks
     effects: list[EffectRecord] = field(default_factory=list)  # in the sink's order
     submissions: list[Submission] = field(default_factory=list)
     replica_states: dict[str, bytes] = field(default_factory=dict)  # replica id -> encoding
@@ -234,6 +259,7 @@ def load_history(run_dir: Path) -> History:
                 start_ticks=int(r.get("start_ticks", 0)),
             )
         )
+    history.steps = load_steps(run_dir / ledger.STEPS)
     for r in ledger.read_records(run_dir / ledger.EFFECTS):
         if r.get("type", "effect") != "effect":
             continue  # a member's claim of its token (chaos.sink)
@@ -252,11 +278,12 @@ def load_history(run_dir: Path) -> History:
     for r in ledger.read_records(run_dir / ledger.SUBMISSIONS):
         rid = str(r["request_id"])
         array, throttle = str(r.get("array", "")), int(r.get("throttle", 0))
+        sbatch = bool(r.get("sbatch", False))
         if r["type"] == "begin":
-            outcomes.setdefault(rid, Submission(rid, "unknown", "", array, throttle))
+            outcomes.setdefault(rid, Submission(rid, "unknown", "", array, throttle, sbatch))
         else:
             job_id = str(r.get("job_id", ""))
-            outcomes[rid] = Submission(rid, str(r["type"]), job_id, array, throttle)
+            outcomes[rid] = Submission(rid, str(r["type"]), job_id, array, throttle, sbatch)
     history.submissions = list(outcomes.values())
     for r in ledger.read_records(run_dir / ledger.FAULTS):
         history.faults.append(
@@ -295,6 +322,25 @@ def load_history(run_dir: Path) -> History:
     history.job_history = load_job_history(run_dir / JOB_HISTORY)
     history.unfit = load_unfit_spans(run_dir)
     return history
+
+
+def load_steps(path: Path) -> list[StepRecord]:
+    return [
+        StepRecord(
+            type=str(r["type"]),
+            job=str(r["job"]),
+            attempt=int(r["attempt"]),
+            token=int(r["token"]),
+            node=str(r.get("node", "")),
+            mono_ns=int(r["mono_ns"]),
+            pid=int(r.get("pid", 0)),
+            step=int(r.get("step", -1)),
+            task=int(r.get("task", -1)),
+            pid_ns=int(r.get("pid_ns", 0)),
+            start_ticks=int(r.get("start_ticks", 0)),
+        )
+        for r in ledger.read_records(path)
+    ]
 
 
 def load_unfit_spans(run_dir: Path) -> list[UnfitSpan]:

@@ -10,12 +10,17 @@ Record kinds (field ``type``):
 
 * member records (``ledger.jsonl``): ``start``, ``heartbeat``, ``effect``, ``end``,
   ``term`` with ``job``, ``attempt``, ``token``, ``rank``, ``node``, ``mono_ns``, ``pid``;
+* step records (``steps.jsonl``, :mod:`chaos.steptask`): ``task-start``,
+  ``task-heartbeat``, ``task-end``, ``task-term`` of a job step's task with ``job``,
+  ``attempt``, ``token``, ``step``, ``task``, ``node``, ``pid``, ``pid_ns``,
+  ``start_ticks``, ``mono_ns``; ``batch-start`` and ``batch-end`` (with ``statuses``) of an
+  sbatch job's batch script, without ``step`` and ``task``;
 * sink decisions (``effects.jsonl``): ``effect`` with ``job``, ``token``, ``rank``,
   ``attempt``, ``node``, ``pid``, ``accepted``, ``highest_before``, ``mono_ns``;
 * submissions (``submissions.jsonl``): ``begin``, then one of ``ok``, ``failed``,
   ``unknown`` with ``request_id``, ``name``, ``job_id``, ``detail``, ``mono_ns``; an
   array's records also carry ``array`` (its text) and ``throttle`` (0: none), and its
-  ``job_id`` is the array's id;
+  ``job_id`` is the array's id; an sbatch job's carry ``sbatch: true``;
 * faults (``faults.jsonl``): ``fault`` with ``kind``, ``step``, ``targets``, ``hit``,
   ``start_ns``, ``end_ns``, ``detail``;
 * observations (``leaders.jsonl``): ``role`` with ``replica``, ``role``, ``term``,
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 LEDGER = "ledger.jsonl"
+STEPS = "steps.jsonl"
 EFFECTS = "effects.jsonl"
 SUBMISSIONS = "submissions.jsonl"
 FAULTS = "faults.jsonl"

@@ -25,6 +25,14 @@ milliseconds. With ``array_share`` set, that share of the submissions are job ar
 running for a duration from the lower half of the range; about half of them are
 throttled to 1 or 2 tasks at once. An array's records carry its text and throttle, and
 its acknowledged ``job_id`` is the array's id (its tasks are ``<id>_<index>``).
+
+With ``sbatch_share`` set, that share of the submissions are Slurm batch scripts
+(:func:`batch_script`) translated as ``synctl sbatch`` does
+(:func:`synapse_ha.client.sbatch.translate`): two-node allocations whose script starts
+two job steps in the background with ``srun ... &`` (tasks of :mod:`chaos.steptask`
+recording themselves in ``steps.jsonl``), ``wait``s for them and then commits through a
+third step of :mod:`chaos.member` tasks, one per node, so exactly-once holds for these jobs
+as for gangs. An sbatch job's records carry ``sbatch: true``.
 """
 
 from __future__ import annotations
@@ -40,8 +48,11 @@ import grpc
 
 from chaos.ledger import Appender, now_ns
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable, new_request_id
+from synapse_ha.client.sbatch import translate
+from synapse_ha.core.spec.document import parse_job_spec
 from synapse_ha.core.workflows.arrays import parse_array
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.to_proto import spec_to_proto
 from synapse_ha.security.tls import TlsFiles, Transport
 
 # Statuses by which a replica refused a submission outright (nothing was committed).
@@ -84,6 +95,10 @@ class WorkloadConfig:
     # so a seed makes the same jobs as without the field). A job that waits for the newest
     # acknowledged submission may thus wait for an array.
     array_share: float = 0.0
+    # The share of submissions that are sbatch jobs with background steps (0: none; as
+    # for arrays, nothing else is drawn then).
+    sbatch_share: float = 0.0
+    steps: str = ""  # path of steps.jsonl (for the steps' tasks and the batch scripts)
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -165,13 +180,77 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
     )
 
 
+SBATCH_NODES = 2
+RETRIES = {"max": 100, "backoff": "200ms", "max_backoff": "1s"}
+
+
+def batch_script(
+    cfg: WorkloadConfig, name: str, queue: str, priority_class: str, ms: tuple[int, int, int]
+) -> str:
+    """A chaos sbatch job's script: two job steps in the background (4 tasks, then 2,
+    running ``ms[0]`` and ``ms[1]`` milliseconds), ``wait``, then the commit step (one
+    :mod:`chaos.member` per node for ``ms[2]`` ms), whose status is the script's."""
+    directives = [
+        f"--job-name={name}",
+        f"--nodes={SBATCH_NODES}",
+        "--gpus-per-node=1",
+        f"--export=PYTHONPATH={cfg.pythonpath}",
+        *([f"--partition={queue}"] if queue else []),
+        *([f"--qos={priority_class}"] if priority_class else []),
+    ]
+    member = f'"$py" -m chaos.member {cfg.ledger} {cfg.sink} {ms[2]}'
+    lines = [
+        "#!/bin/sh",
+        *(f"#SBATCH {d}" for d in directives),
+        f"py={cfg.python}",
+        f"steps={cfg.steps}",
+        '"$py" -m chaos.steptask batch start "$steps"',
+        f'srun --nodes=2 --ntasks-per-node=2 "$py" -m chaos.steptask task "$steps" {ms[0]} &',
+        "first=$!",
+        f'srun --nodes=2 --ntasks-per-node=1 "$py" -m chaos.steptask task "$steps" {ms[1]} &',
+        "second=$!",
+        'wait "$first"; a=$?',
+        'wait "$second"; b=$?',
+        f"srun --nodes={SBATCH_NODES} --ntasks-per-node=1 {member}",
+        "status=$?",
+        '"$py" -m chaos.steptask batch end "$steps" "$a" "$b" "$status"',
+        'exit "$status"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_spec(cfg: WorkloadConfig, rng: random.Random, index: int) -> pb.JobSpec:
+    """The ``index``-th job as an sbatch job: :func:`batch_script` translated as
+    ``synctl sbatch`` translates it, with the workload's retries. Its steps run from the
+    lower half of the member range, the commit a third of the shortest, so that an sbatch
+    job takes about as long as a gang."""
+    low, high = cfg.member_ms
+    half = (low + high) // 2
+    ms = (rng.randint(low, half), rng.randint(low, half), low // 3)
+    queue, priority_class = queue_and_class(cfg, rng)
+    name = f"chaos-{cfg.seed}-{index}"
+    script = batch_script(cfg, name, queue, priority_class, ms)
+    run_dir = str(Path(cfg.submissions).parent)
+    document = translate(script, f"{name}.sh", environ={}, submit_dir=run_dir).spec
+    document["retries"] = RETRIES
+    return spec_to_proto(parse_job_spec(document, topology_levels=None).spec)
+
+
+def is_sbatch(cfg: WorkloadConfig, rng: random.Random) -> bool:
+    """Whether the next submission is an sbatch job (drawn at ``sbatch_share``; nothing is
+    drawn when it is 0)."""
+    return bool(cfg.sbatch_share) and rng.random() < cfg.sbatch_share
+
+
 def submit_one(
-    client: ClusterClient, spec: pb.JobSpec, out: Appender, timeout_s: float
+    client: ClusterClient, spec: pb.JobSpec, out: Appender, timeout_s: float, sbatch: bool = False
 ) -> tuple[str, str]:
     """The outcome (ok, failed or unknown) and, when ok, the job id (an array's id for an
     array)."""
     request_id = new_request_id()
     base: dict[str, object] = {"request_id": request_id, "name": spec.name}
+    if sbatch:
+        base["sbatch"] = True
     if spec.array:
         base.update(array=spec.array, throttle=parse_array(spec.array).throttle)
     out.append({"type": "begin", **base, "mono_ns": now_ns()})
@@ -208,8 +287,9 @@ def run(cfg: WorkloadConfig) -> int:
         index = 0
         newest = ""  # the newest job acknowledged
         while not stop.exists():
-            spec = job_spec(cfg, rng, index, newest)
-            outcome, job_id = submit_one(client, spec, out, cfg.submit_timeout_s)
+            sbatch = is_sbatch(cfg, rng)
+            spec = sbatch_spec(cfg, rng, index) if sbatch else job_spec(cfg, rng, index, newest)
+            outcome, job_id = submit_one(client, spec, out, cfg.submit_timeout_s, sbatch)
             newest = job_id or newest
             counts[outcome] = counts.get(outcome, 0) + 1
             index += 1

@@ -1,0 +1,119 @@
+"""What a chaos sbatch job runs besides its commit (:mod:`chaos.member`):
+
+    python -m chaos.steptask task STEPS_LEDGER MS     # a task of a job step (srun)
+    python -m chaos.steptask batch start|end STEPS_LEDGER [STATUS...]
+
+A **task** reads its identity from the step's environment (``SYNAPSE_JOB_ID``,
+``SYNAPSE_ATTEMPT``, ``SYNAPSE_FENCING_TOKEN`` exported by the batch script,
+``SLURM_STEP_ID``, ``SLURM_PROCID``, ``SLURM_NODEID`` and ``SLURM_STEP_NODELIST``), appends
+``task-start``, a ``task-heartbeat`` every 100 ms for MS milliseconds and ``task-end`` to
+the steps ledger, and exits 0; SIGTERM writes ``task-term`` and exits 143.
+
+The **batch script** records itself with ``batch start`` first and ``batch end STATUS...``
+last (the exit statuses of its steps): the recorder names the script by its parent's
+pid, PID namespace and start time, so two runs of the script within one attempt are two
+processes. Records carry ``job``, ``attempt``, ``token``, ``node``, ``pid``, ``pid_ns``,
+``start_ticks`` and ``mono_ns``; a task's also ``step`` and ``task``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos.ledger import Appender, now_ns
+from chaos.member import HEARTBEAT_S, pid_namespace
+
+USAGE = (
+    "usage: python -m chaos.steptask task STEPS_LEDGER MS\n"
+    "       python -m chaos.steptask batch start|end STEPS_LEDGER [STATUS...]"
+)
+
+
+def start_ticks(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (0: unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
+
+
+def attempt_identity(pid: int) -> dict[str, Any]:
+    """The attempt's fields and the process ``pid`` as the records name it."""
+    return {
+        "job": os.environ["SYNAPSE_JOB_ID"],
+        "attempt": int(os.environ["SYNAPSE_ATTEMPT"]),
+        "token": int(os.environ["SYNAPSE_FENCING_TOKEN"]),
+        "pid": pid,
+        "pid_ns": pid_namespace(),
+        "start_ticks": start_ticks(pid),
+    }
+
+
+def task_identity() -> dict[str, Any]:
+    nodes = os.environ.get("SLURM_STEP_NODELIST", "").split(",")
+    index = int(os.environ.get("SLURM_NODEID", "0"))
+    return {
+        **attempt_identity(os.getpid()),
+        "step": int(os.environ["SLURM_STEP_ID"]),
+        "task": int(os.environ["SLURM_PROCID"]),
+        "node": nodes[index] if index < len(nodes) else "",
+    }
+
+
+def run_task(path: Path, duration_ms: int) -> int:
+    me = task_identity()
+    out = Appender(path)
+
+    def record(kind: str) -> None:
+        out.append({"type": kind, **me, "mono_ns": now_ns()})
+
+    def on_term(signum: int, frame: object) -> None:
+        record("task-term")
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    record("task-start")
+    end_at = time.monotonic() + duration_ms / 1000
+    while time.monotonic() < end_at:
+        time.sleep(min(HEARTBEAT_S, max(0.0, end_at - time.monotonic())))
+        record("task-heartbeat")
+    record("task-end")
+    return 0
+
+
+def record_batch(path: Path, kind: str, statuses: list[str]) -> int:
+    """A ``batch-start`` or ``batch-end`` record of the batch script (this process's
+    parent)."""
+    hosts = os.environ.get("SYNAPSE_MEMBER_HOSTS", "").split(",")
+    record: dict[str, Any] = {
+        "type": f"batch-{kind}",
+        **attempt_identity(os.getppid()),
+        "node": hosts[0],
+        "mono_ns": now_ns(),
+    }
+    if kind == "end":
+        record["statuses"] = [int(s) for s in statuses if s.lstrip("-").isdigit()]
+    with Appender(path) as out:
+        out.append(record)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "task" and args[2].isdigit():
+        return run_task(Path(args[1]), int(args[2]))
+    if len(args) >= 3 and args[0] == "batch" and args[1] in ("start", "end"):
+        return record_batch(Path(args[2]), args[1], args[3:])
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
