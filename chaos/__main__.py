@@ -9,15 +9,16 @@
     python -m chaos check RUN_DIR
     python -m chaos summary OUT_DIR [OUT_DIR ...]
 
-``run`` prints one line per scenario and then the summary
-``chaos: <faults> faults, <kinds> kinds, <jobs> jobs, <violations> violations, <skipped>
-skipped; <scenario>=<faults> ...; <seconds> s``; it exits non-zero when a scenario has a
-violation or aborts, and when the broken build (self-fencing disabled) is NOT caught.
-Each failure prints the line that reproduces it. ``soak`` runs the random scenario with
-one seed after another (and the targeted one every tenth seed) until ``--minutes`` have
-passed, and prints the same summary line. ``--kinds`` plays only the kinds named (``run``
-too); with ``--faults N`` the soak also stops once its scenarios have played N faults of
-those kinds (``make soak-health``: the two node-health kinds until 100 faults).
+``run`` prints one line per scenario and then the summary ``chaos: <faults> faults,
+<kinds> kinds, <jobs> jobs (<n> sbatch: <steps> steps, <tasks> tasks), <violations>
+violations, <skipped> skipped; <scenario>=<faults> ...; <seconds> s``; it exits non-zero
+when a scenario has a violation or aborts, and when the broken build (self-fencing
+disabled) is NOT caught. Each failure prints the line that reproduces it. ``soak`` runs
+the random scenario with one seed after another (and the targeted one every tenth seed)
+until ``--minutes`` have passed, and prints the same summary line. ``--kinds`` plays only
+the kinds named (``run`` too); with ``--faults N`` the soak also stops once its scenarios
+have played N faults of those kinds (``make soak-health``: the two node-health kinds until
+100 faults).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from chaos import hosts, ledger, membership, nemesis, net
-from chaos.checker import Violation, check_run
+from chaos.checker import History, Violation, check_run
 from chaos.cluster import REPO, SUBMIT_INTERVAL_S, ScenarioConfig
+from chaos.history import load_steps
 from chaos.report import write_report
 from chaos.run import ScenarioResult, lane_load, run_scenario
+from chaos.step_rules import step_counts
 
 SCENARIOS = ("targeted", "random", "broken-build", membership.SCENARIO)
 
@@ -290,18 +293,27 @@ def fault_kinds(run_dir: Path) -> Counter[str]:
     return Counter(str(r["kind"]) for r in ledger.read_records(run_dir / ledger.FAULTS))
 
 
+def sbatch_counts(run_dir: Path) -> Counter[str]:
+    """The sbatch jobs, job steps and tasks a scenario's ``steps.jsonl`` records."""
+    return Counter(step_counts(History(steps=load_steps(run_dir / ledger.STEPS))))
+
+
 def summary_line(results: list[ScenarioResult], skipped: list[str], seconds: float) -> str:
     """The one line CI and the soak print: faults, kinds, jobs, violations, skipped kinds,
     faults per scenario, and the time the scenarios took."""
     real = [r for r in results if not r.expect_violations]
     kinds: Counter[str] = Counter()
     per_scenario: Counter[str] = Counter()
+    sbatch: Counter[str] = Counter()
     for r in results:
         kinds.update(fault_kinds(r.run_dir))
         per_scenario[r.name] += r.faults
+    for r in real:
+        sbatch.update(sbatch_counts(r.run_dir))
     return (
         f"chaos: {sum(r.faults for r in results)} faults, {len(kinds)} kinds, "
-        f"{sum(r.jobs for r in real)} jobs, {sum(len(r.violations) for r in real)} violations, "
+        f"{sum(r.jobs for r in real)} jobs ({sbatch['jobs']} sbatch: {sbatch['steps']} steps, "
+        f"{sbatch['tasks']} tasks), {sum(len(r.violations) for r in real)} violations, "
         f"{len(skipped)} kinds skipped"
         + (f" ({'; '.join(skipped)})" if skipped else "")
         + "; "

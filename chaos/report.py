@@ -23,6 +23,7 @@ from chaos.checker import (
     reruns_after_unfinished,
     thaw_writes,
 )
+from chaos.step_rules import step_counts
 from synapse_ha.core.codec.decode_errors import CodecError
 from synapse_ha.core.codec.versioned import decode_state
 
@@ -33,11 +34,14 @@ def write_report(
     meta: dict[str, Any] = json.loads((run_dir / "meta.json").read_text(encoding="utf-8"))
     submissions: dict[str, int] = defaultdict(int)
     arrays: dict[str, int] = defaultdict(int)  # array submissions by outcome
+    sbatch: dict[str, int] = defaultdict(int)  # sbatch submissions by outcome
     for r in ledger.read_records(run_dir / ledger.SUBMISSIONS):
         if r["type"] != "begin":
             submissions[str(r["type"])] += 1
             if r.get("array"):
                 arrays[str(r["type"])] += 1
+            if r.get("sbatch"):
+                sbatch[str(r["type"])] += 1
     effects = [
         e
         for e in ledger.read_records(run_dir / ledger.EFFECTS)
@@ -58,6 +62,8 @@ def write_report(
         "jobs": jobs,
         "submissions": dict(submissions),
         "array_submissions": dict(arrays),
+        "sbatch_submissions": dict(sbatch),
+        "sbatch": step_counts(load_history(run_dir)),
         "effects": {
             "accepted": sum(1 for e in effects if e["accepted"]),
             "rejected_stale_token": sum(

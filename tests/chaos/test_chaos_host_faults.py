@@ -311,7 +311,8 @@ def test_the_summary_line_names_faults_kinds_jobs_violations_scenarios_and_time(
         results.append(ScenarioResult(name, 1, run_dir, len(kinds_run), 5, [], False))
     line = summary_line(results, ["freeze-host: no freezer"], 123.4)
     assert line == (
-        "chaos: 3 faults, 3 kinds, 10 jobs, 0 violations, 1 kinds skipped "
+        "chaos: 3 faults, 3 kinds, 10 jobs (0 sbatch: 0 steps, 0 tasks), 0 violations, "
+        "1 kinds skipped "
         "(freeze-host: no freezer); random=1 targeted=2; 123 s"
     )
 

@@ -167,7 +167,7 @@ def test_saved_runs_sum_into_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 
     assert cmd_summary(Args()) == 1  # type: ignore[arg-type]
     out = capsys.readouterr().out
-    assert "chaos: 42 faults, 2 kinds, 20 jobs, 1 violations" in out
+    assert "chaos: 42 faults, 2 kinds, 20 jobs (0 sbatch: 0 steps, 0 tasks), 1 violations" in out
     assert "random=42; 18 s" in out
     assert "random seed 1001: 1 violations" in out
     Args.out_dirs = [tmp_path / "day1"]
