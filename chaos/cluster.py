@@ -138,6 +138,11 @@ def _duration_flag(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
+# The records that start a process of an attempt on a host: a member's, an sbatch job's
+# batch script's and a step task's (chaos.steptask).
+STARTS = ("start", "batch-start", "task-start")
+
+
 class LedgerTail:
     """New complete records of an append-only file since the last call."""
 
@@ -288,6 +293,8 @@ class ChaosCluster:
         self.leader = ""
         self.leaders_out = ledger.Appender(run_dir / ledger.LEADERS)
         self.ledger_tail = LedgerTail(run_dir / ledger.LEDGER)
+        # sbatch jobs' scripts and step tasks: they run on the hosts as members do.
+        self.steps_tail = LedgerTail(run_dir / ledger.STEPS)
         self.last_beat: dict[str, int] = {}  # worker name -> newest member record time
         self.last_start: dict[str, int] = {}  # worker name -> newest member start time
         # (job, token, worker) -> newest record time: which gangs run where.
@@ -440,14 +447,14 @@ class ChaosCluster:
             self._read_ledger()
 
     def _read_ledger(self) -> None:
-        for record in self.ledger_tail.read():
+        for record in [*self.ledger_tail.read(), *self.steps_tail.read()]:
             node = self.node_by_address.get(str(record.get("node", "")).rpartition(":")[0])
             if node is None:
                 node = self.node_by_address.get(str(record.get("node", "")), "")
             if node:
                 at = int(str(record["mono_ns"]))
                 self.last_beat[node] = max(self.last_beat.get(node, 0), at)
-                if record.get("type") == "start":
+                if record.get("type") in STARTS:
                     self.last_start[node] = max(self.last_start.get(node, 0), at)
                     job, token = str(record["job"]), int(str(record["token"]))
                     self.newest_token[job] = max(self.newest_token.get(job, 0), token)

@@ -13,8 +13,8 @@ Record kinds (field ``type``):
 * step records (``steps.jsonl``, :mod:`chaos.steptask`): ``task-start``,
   ``task-heartbeat``, ``task-end``, ``task-term`` of a job step's task with ``job``,
   ``attempt``, ``token``, ``step``, ``task``, ``node``, ``pid``, ``pid_ns``,
-  ``start_ticks``, ``mono_ns``; ``batch-start`` and ``batch-end`` (with ``statuses``) of an
-  sbatch job's batch script, without ``step`` and ``task``;
+  ``start_ticks``, ``gpus``, ``mono_ns``; ``batch-start`` and ``batch-end`` (with
+  ``statuses``) of an sbatch job's batch script, without ``step`` and ``task``;
 * sink decisions (``effects.jsonl``): ``effect`` with ``job``, ``token``, ``rank``,
   ``attempt``, ``node``, ``pid``, ``accepted``, ``highest_before``, ``mono_ns``;
 * submissions (``submissions.jsonl``): ``begin``, then one of ``ok``, ``failed``,

@@ -13,7 +13,9 @@ The **batch script** records itself with ``batch start`` first and ``batch end S
 last (the exit statuses of its steps): the recorder names the script by its parent's
 pid, PID namespace and start time, so two runs of the script within one attempt are two
 processes. Records carry ``job``, ``attempt``, ``token``, ``node``, ``pid``, ``pid_ns``,
-``start_ticks`` and ``mono_ns``; a task's also ``step`` and ``task``.
+``start_ticks``, ``gpus`` and ``mono_ns``; a task's also ``step`` and ``task``. The suite's
+observer reads them as it reads the members' (which hosts run which attempts, on which
+GPUs), so faults aimed at busy hosts hit sbatch jobs too.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def attempt_identity(pid: int) -> dict[str, Any]:
         "pid": pid,
         "pid_ns": pid_namespace(),
         "start_ticks": start_ticks(pid),
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from chaos import ledger
 from chaos.checker import check_history
-from chaos.cluster import REPO
+from chaos.cluster import REPO, ChaosCluster, LedgerTail
 from chaos.history import FaultRecord, History, MemberRecord, StepRecord, load_history
 from chaos.step_rules import check_steps, step_counts
 from chaos.workload import WorkloadConfig, batch_script, is_sbatch, sbatch_spec
@@ -213,3 +213,23 @@ def test_the_batch_script_runs_as_an_allocation_and_every_task_records_itself(
     assert [e["statuses"] for e in ends] == [[0, 0, 0]]
     committed = {(e.rank, e.accepted) for e in history.effects}
     assert committed == {(0, True), (1, True)}
+
+
+def test_the_observer_sees_sbatch_attempts_on_their_hosts(tmp_path: Path) -> None:
+    """The nemesis picks busy hosts, their GPUs and the gangs a freeze must see fenced from
+    the observer's tail of the ledgers: step tasks and batch scripts count as members."""
+    cluster = ChaosCluster.__new__(ChaosCluster)
+    cluster.ledger_tail = LedgerTail(tmp_path / ledger.LEDGER)
+    cluster.steps_tail = LedgerTail(tmp_path / ledger.STEPS)
+    cluster.node_by_address = {"10.0.0.21": "w1", "10.0.0.22": "w2"}
+    cluster.last_beat, cluster.last_start, cluster.newest_token = {}, {}, {}
+    cluster.gpus_seen, cluster.last_seen = {}, {}
+    now = ledger.now_ns()
+    with ledger.Appender(tmp_path / ledger.STEPS) as out:
+        base = {"job": "j1", "attempt": 2, "token": 5, "mono_ns": now}
+        out.append({"type": "batch-start", **base, "node": "10.0.0.21", "gpus": "1"})
+        out.append({"type": "task-start", **base, "node": "10.0.0.22", "gpus": "3", "step": 0})
+    cluster._read_ledger()
+    assert cluster.newest_token == {"j1": 5}
+    assert cluster.running_gangs() == ["j1/t5@w1", "j1/t5@w2"]
+    assert (cluster.held_gpus("w1"), cluster.held_gpus("w2")) == ({1}, {3})
