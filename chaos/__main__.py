@@ -237,6 +237,7 @@ def configs(
                 gpus_per_member=(1,),
                 unsafe_no_self_fencing=True,
                 array_share=0.0,  # no array's tasks to crowd out the cut gang's next attempt
+                sbatch_share=0.0,  # nor allocations
             )
         )
     return out
