@@ -433,6 +433,7 @@ class RejectCode(enum.StrEnum):
     OVER_QUOTA = "over_quota"
     ARRAY_THROTTLE = "array_throttle"
     MEMBER_CAP = "member_cap"
+    NODE_SELECTOR = "node_selector"  # a node the job's selector does not allow
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,9 @@
 
 A gang fits the cluster *ever* when, with nothing else running, some set of its nodes
 could hold every member at once: each member's GPUs, CPU and memory on one node, only
-nodes that run container images for a job that names one, and, with
+nodes that run container images for a job that names one, only nodes its node selector
+matches (core/node_selector.py: a feature, GPU model or name no node has is said first),
+and, with
 ``topology.required``, every member inside one domain of that level. That is exactly
 when the scheduler could place it on an empty cluster of those nodes (the gang fits when
 some domain at its widest allowed level has room for every member,
@@ -42,6 +44,15 @@ from synapse_ha.core.model import (
     NodeInfo,
     Resources,
 )
+from synapse_ha.core.node_selector import (
+    NodeSelector,
+    compiled,
+    describe,
+    feature_names,
+    gpu_model_matches,
+    matches,
+    node_names,
+)
 from synapse_ha.core.spec.member_limits import rules_in_force
 from synapse_ha.core.topology import CLUSTER
 
@@ -80,7 +91,7 @@ class NodeSummary:
     topology level (``levels``, outermost first) each domain's shapes. Never changed once
     made (:meth:`changed` makes a new one), but for the answers it keeps."""
 
-    __slots__ = ("answers", "domains", "levels", "shapes")
+    __slots__ = ("answers", "domains", "levels", "selected", "shapes")
 
     def __init__(
         self,
@@ -92,12 +103,14 @@ class NodeSummary:
         self.shapes = shapes
         self.domains = domains
         self.answers: dict[tuple[object, ...], Shortfall | None] = {}
+        # Per node selector, what no node has or the nodes of each alternative (_selected).
+        self.selected: dict[NodeSelector, Shortfall | list[NodeSummary]] = {}
 
     @classmethod
-    def build(cls, nodes: Iterable[Node], levels: tuple[str, ...]) -> NodeSummary:
+    def build(cls, nodes: Iterable[Node | NodeInfo], levels: tuple[str, ...]) -> NodeSummary:
         summary = cls(levels, {}, tuple({} for _ in levels))
         for node in nodes:
-            summary._count(node.info, +1)
+            summary._count(node.info if isinstance(node, Node) else node, +1)
         return summary
 
     def _count(self, info: NodeInfo, sign: int) -> None:
@@ -186,6 +199,13 @@ def shortfall(state: ClusterState, spec: JobSpec) -> Shortfall | None:
     if not state.nodes:
         return None
     summary = summary_of(state)
+    if spec.nodes is not None:
+        return _selected(state, summary, spec, spec.nodes)
+    return _against(state, summary, spec)
+
+
+def _against(state: ClusterState, summary: NodeSummary, spec: JobSpec) -> Shortfall | None:
+    """:func:`shortfall` on the nodes ``summary`` counts."""
     found = check(summary, spec)
     reserved = rules_in_force(state).reserved(spec.resources)
     if found is not None or reserved is spec.resources:
@@ -199,6 +219,73 @@ def shortfall(state: ClusterState, spec: JobSpec) -> Shortfall | None:
         "floor and the member's supervisor)",
         found.have,
     )
+
+
+def _selected(
+    state: ClusterState, summary: NodeSummary, spec: JobSpec, selector: NodeSelector
+) -> Shortfall | None:
+    """:func:`shortfall` of a gang with a node selector: what no node has (a feature, a GPU
+    model, a name), else the gang against the nodes of each alternative of its feature
+    expression (None once one could hold it; else the first's shortfall). The nodes each
+    alternative selects are counted once per summary and selector."""
+    found = summary.selected.get(selector)
+    if found is None:
+        found = summary.selected[selector] = _select(state, summary.levels, selector)
+    if isinstance(found, Shortfall):
+        return found
+    first: Shortfall | None = None
+    for counted in found:
+        short = _against(state, counted, spec)
+        if short is None:
+            return None
+        first = first or short
+    assert first is not None
+    return Shortfall(first.field, first.missing, f"{first.have}, of the nodes it selects")
+
+
+def _select(
+    state: ClusterState, levels: tuple[str, ...], selector: NodeSelector
+) -> Shortfall | list[NodeSummary]:
+    """What no node has for ``selector``, or the summary of the nodes of each alternative."""
+    infos = [node.info for node in state.nodes.values()]
+    c = compiled(selector)
+    have = sorted({f for info in infos for f in info.features})
+    for name in (n for alt in c.alternatives for n in feature_names(alt)):
+        if name not in have:
+            listed = ", ".join(have[:12]) + (", ..." if len(have) > 12 else "")
+            return Shortfall(
+                "nodes.features",
+                f"no node has feature {name}",
+                f"the nodes have {listed}" if have else "no node advertises a feature",
+            )
+    if selector.gpu_model and not any(
+        gpu_model_matches(selector.gpu_model, i.gpu_model) for i in infos
+    ):
+        models = sorted({i.gpu_model for i in infos if i.gpu_model})
+        return Shortfall(
+            "nodes.gpu_model",
+            f"no node has a GPU model matching {selector.gpu_model}",
+            f"the nodes have {', '.join(models[:8])}" if models else "no node reports a GPU model",
+        )
+    answering = [node_names(i.node_id, i.address) for i in infos]
+    for name in selector.names:
+        if not any(name in names for names in answering):
+            return Shortfall("nodes.names", f"no node is named {name}", "see synctl nodes")
+    counted = []
+    for alternative in range(len(c.alternatives)):
+        chosen = [i for i in infos if matches(c, alternative, i)]
+        named = all(
+            any(name in node_names(i.node_id, i.address) for i in chosen) for name in selector.names
+        )
+        if chosen and named:
+            counted.append(NodeSummary.build(chosen, levels))
+    if not counted:
+        return Shortfall(
+            "nodes",
+            f"no node matches {describe(selector)}",
+            "the nodes named must match the rest too" if selector.names else "see synctl nodes",
+        )
+    return counted
 
 
 def check(

@@ -28,6 +28,7 @@ from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.identity.tokens import Token as Token  # re-exported: the state holds tokens
 from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.node_index import NodeIndex
+from synapse_ha.core.node_selector import NodeSelector
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
 from synapse_ha.core.workflows.checkpoints import AttemptMark, CheckpointMark, attempt_mark
 from synapse_ha.core.workflows.dependencies import Dependencies
@@ -250,14 +251,12 @@ class JobSpec:
     # None: starts as soon as it fits (core/workflows/dependencies.py).
     dependencies: Dependencies | None = field(default=None, metadata=added_in(4))
     # Its window (core/workflows/windows.py): not considered before ``begin``, cancelled if still
-    # pending at ``deadline``; each a time (ms since the epoch) or a delay after the
-    # submission (ms), 0 when not given.
+    # pending at ``deadline``; each a time (ms since the epoch) or a delay (ms), 0: not given.
     begin_at_ms: int = field(default=0, metadata=added_in(4))
     begin_delay_ms: int = field(default=0, metadata=added_in(4))
     deadline_at_ms: int = field(default=0, metadata=added_in(4))
     deadline_delay_ms: int = field(default=0, metadata=added_in(4))
-    # ``array:`` as given (core/workflows/arrays.py): one submission makes a task per index; "" is
-    # a single job.
+    # ``array:`` as given (core/workflows/arrays.py): a task per index; "" is a single job.
     array: str = field(default="", metadata=added_in(5))
     # Accepted though no node could hold it yet (core/feasibility.py).
     wait_for_nodes: bool = field(default=False, metadata=added_in(9))
@@ -265,6 +264,8 @@ class JobSpec:
     stop_grace_ms: int = field(default=0, metadata=added_in(11))
     # An accounting label (core/spec/fields.py; sbatch --account); "" for none.
     account: str = field(default="", metadata=added_in(12))
+    # Where its members may run (core/node_selector.py); None: on any node.
+    nodes: NodeSelector | None = field(default=None, metadata=added_in(13))
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ class ReasonCode(enum.StrEnum):
 
     # -- pending
     PENDING_FIRST_PASS = "pending_first_pass"
-    # members, request, level?, room, domain?, images?, unhealthy?
+    # members, request, level?, nodes?, room, domain?, images?, unhealthy?
     WAITING_CAPACITY = "waiting_capacity"
     WAITING_SHAPE = "waiting_shape"  # as WAITING_CAPACITY
     WAITING_LOCALITY = "waiting_locality"  # members, request, level, room?, domain?, wait_ms
@@ -256,6 +256,8 @@ def _duration(ms: int) -> str:
 def _need(r: Reason) -> str:
     level = r.text("level")
     where = f" in one {level}" if level else ""
+    if r.has("nodes"):  # its node selector (core/node_selector.py)
+        where += f" on nodes with {r.text('nodes')}"
     reserved = f"; a node reserves {r.text('reserved')} each" if r.has("reserved") else ""
     return f"needs {r.num('members')} member(s) x ({r.text('request')}{reserved}){where}"
 
@@ -269,6 +271,8 @@ def _have(r: Reason) -> str:
     )
     if r.has("images"):
         have += " (only nodes that run container images qualify)"
+    if r.has("nodes"):
+        have += " (only the nodes it selects qualify)"
     if r.has("unhealthy"):
         have += (
             f"; {r.num('unhealthy')} unhealthy GPU(s) are left out until repaired "

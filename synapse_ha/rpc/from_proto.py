@@ -20,6 +20,7 @@ from synapse_ha.core.health.fitness import GpuFault, NodeCheck
 from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.health.progress import SOURCE_FILE, Progress
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources, RetryPolicy
+from synapse_ha.core.node_selector import NodeSelector
 from synapse_ha.core.spec.document import SpecError
 from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc import fields
@@ -71,6 +72,9 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         prestart=prestart_from_proto(msg.prestart) if msg.HasField("prestart") else None,
         dependencies=dependencies_from_proto(msg.dependencies)
         if msg.HasField("dependencies")
+        else None,
+        nodes=(fields.from_message(NodeSelector, msg.nodes) or None)
+        if msg.HasField("nodes")
         else None,
     )
     return spec

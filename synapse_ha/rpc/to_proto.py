@@ -75,6 +75,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         )
     if spec.dependencies is not None:
         msg.dependencies.CopyFrom(dependencies_to_proto(spec.dependencies))
+    if spec.nodes is not None:
+        msg.nodes.CopyFrom(fields.to_message(pb.NodeSelector, spec.nodes))
     if spec.shell:
         msg.shell_command = spec.command[0] if spec.command else ""
     else:

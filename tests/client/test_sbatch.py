@@ -305,3 +305,53 @@ def test_overcommit_asks_one_cpu_per_node_whatever_the_tasks() -> None:
 def test_a_site_plugin_option_is_refused_as_what_it_is(option: str, plugin: str) -> None:
     with pytest.raises(SbatchError, match=f"{plugin} plugin option, not sbatch's"):
         translate(f"#!/bin/sh\n#SBATCH {option}\ntrue\n", "c.sh")
+
+
+@pytest.mark.parametrize(
+    ("options", "nodes"),
+    [
+        ("--constraint=a100", {"features": "a100"}),
+        ("-C 'volta32gb&ib'", {"features": "volta32gb&ib"}),
+        ("-C [rack1|rack2]", {"features": "[rack1|rack2]"}),
+        ("--gres=gpu:a100:8", {"gpu_model": "a100"}),
+        ("--gpus-per-node=h100:8", {"gpu_model": "h100"}),
+        ("-N 2 --gpus=h100:16", {"gpu_model": "h100"}),
+        ("--gpus-per-task=v100:1", {"gpu_model": "v100"}),
+        ("--exclude=ip-26-0-134-66,ip-26-0-140-150", {"exclude": ["ip-26-0-134-66",
+                                                                  "ip-26-0-140-150"]}),
+        ("-x gpu[07-08]", {"exclude": ["gpu07", "gpu08"]}),
+        ("-N 2 -w node[01-02]", {"names": ["node01", "node02"]}),
+    ],
+)  # fmt: skip
+def test_node_selection_options_become_the_specs_nodes(
+    options: str, nodes: dict[str, object]
+) -> None:
+    spec = translate(f"#!/bin/sh\n#SBATCH {options}\ntrue\n", "n.sh").spec
+    assert spec["nodes"] == nodes
+    parsed = parse_job_spec(spec, topology_levels=None).spec.nodes  # a valid job spec
+    assert parsed is not None and parsed.features == nodes.get("features", "")
+
+
+def test_a_node_list_asks_for_at_least_its_nodes_and_prefer_is_noted() -> None:
+    out = translate("#!/bin/sh\n#SBATCH -w gpu[01-03] --prefer=a100\ntrue\n", "w.sh")
+    assert out.spec["replicas"] == 3
+    assert out.spec["nodes"] == {"names": ["gpu01", "gpu02", "gpu03"]}
+    assert any("--prefer=a100: a soft constraint" in note for note in out.notes)
+    later = translate("#!/bin/sh\n#SBATCH -w gpu[01-03] -N 1\ntrue\n", "w.sh").spec
+    assert later["replicas"] == 3
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("#SBATCH --constraint=a100*2", "--constraint=a100*2: counts (feature*N) are not"),
+        ("#SBATCH -C 'a|[b|c]'", "joined to the rest with '&'"),
+        ("#SBATCH -w gpu[02-01]", "-w: not a host list: 'gpu[02-01]'"),
+        ("#SBATCH -x ./hosts.txt", "a file of host names is not supported"),
+    ],
+)
+def test_node_selection_that_cannot_be_read_is_refused_with_its_line(line: str, says: str) -> None:
+    with pytest.raises(SbatchError) as refused:
+        translate(f"#!/bin/sh\n{line}\ntrue\n", "s.sh")
+    assert refused.value.where == "s.sh:2"
+    assert says in str(refused.value)

@@ -24,6 +24,7 @@ from synapse_ha.core.health.fitness import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.health.prestart import Prestart
 from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.node_selector import NodeSelector
 from synapse_ha.core.workflows.checkpoints import CheckpointMark
 from synapse_ha.core.workflows.dependencies import Dependencies
 from tests.core.harness import Cluster
@@ -73,6 +74,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     NodeCondition: ("name", "message", "since_ms"),
     Prestart: ("command", "shell", "timeout_ms"),
     Dependencies: ("after_ok", "after_any", "after_not_ok", "after"),
+    NodeSelector: ("features", "gpu_model", "names", "exclude"),
     model.NodeInfo: ("node_id", "address", "capacity", "gpu_islands", "gpu_model", "topology",
                      "features", "members_run_as", "boot_id", "member_isolation"),
     cluster_config.PriorityClass: ("name", "value", "preempts", "grace_ms", "min_runtime_ms"),

@@ -41,7 +41,7 @@ from synapse_ha.core.model import ADDED_IN, Token
 from synapse_ha.core.reasons import ReasonCode
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 12  # the newest format this release reads
+FORMAT = 13  # the newest format this release reads
 
 # The format that added each field of a type declared outside core/model.py (a field of
 # core/model.py says its own: ``since(format, default)``), by owning type. Such a field is

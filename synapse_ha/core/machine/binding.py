@@ -27,6 +27,7 @@ from synapse_ha.core.model import (
     topology_path,
     unconfirmed_members,
 )
+from synapse_ha.core.node_selector import NodeSelector, placement_problem
 from synapse_ha.core.queues.quota import QueueUsage, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spec.member_limits import (
@@ -104,6 +105,8 @@ def verify_placement(
         problem = _members_problem(state, job.spec, reserved, p) or _unfit_problem(
             state, job, p, now
         )
+        if problem is None and job.spec.nodes is not None:
+            problem = _selector_problem(state, job.spec.nodes, p)
     return Rejection(p.job_id, *problem) if problem is not None else None
 
 
@@ -158,6 +161,16 @@ def _unfit_problem(state: ClusterState, job: Job, p: cmd.GangPlacement, now: int
                 f"{job.owner or 'this owner'} lately",
             )
     return None
+
+
+def _selector_problem(
+    state: ClusterState, selector: NodeSelector, p: cmd.GangPlacement
+) -> Problem | None:
+    """A gang goes only to nodes its selector matches, and holds every node it names
+    (core/node_selector.py)."""
+    nodes = [state.nodes[node_id].info for node_id in dict.fromkeys(m.node_id for m in p.members)]
+    problem = placement_problem(selector, nodes)
+    return (RejectCode.NODE_SELECTOR, problem) if problem else None
 
 
 def _members_problem(

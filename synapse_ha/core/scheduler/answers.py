@@ -48,6 +48,7 @@ class Answers:
             gang.n,
             bool(gang.spec.image),
             gang.avoid,
+            gang.must,
             gang.room,
             tuple(depths),
             view,

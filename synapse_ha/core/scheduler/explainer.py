@@ -15,6 +15,7 @@ from synapse_ha.core.model import (
     Resources,
     topology_path,
 )
+from synapse_ha.core.node_selector import describe
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from synapse_ha.core.scheduler.capacity import UNLIMITED, Domain, View
 from synapse_ha.core.scheduler.placement import Gang
@@ -94,6 +95,7 @@ class Explainer:
             spec.topology_required,
             bool(spec.image),
             gang.avoid,
+            spec.nodes,
             gang.room,
             min(depths) if spec.topology_required else 0,
             view,
@@ -183,15 +185,17 @@ class Explainer:
 
 
 def _need(gang: Gang) -> dict[str, int | str | None]:
-    """The fields every wait reason carries: the gang's size, request and required level,
-    and what a node reserves per member when that is more than the request (the floor and
-    the supervisor's share, core/spec/member_limits.py)."""
+    """The fields every wait reason carries: the gang's size, request, required level and
+    node selector, and what a node reserves per member when that is more than the request
+    (the floor and the supervisor's share, core/spec/member_limits.py)."""
     asked = gang.spec.resources
+    selector = gang.spec.nodes
     return {
         "members": gang.n,
         "request": asked.describe(),
         "reserved": gang.req.describe() if gang.req != asked else None,
         "level": gang.spec.topology_required or None,
+        "nodes": describe(selector) if selector is not None else None,
     }
 
 

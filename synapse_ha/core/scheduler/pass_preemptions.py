@@ -175,6 +175,7 @@ class Preempting:
             spec.priority_class,
             bool(spec.image),
             gang.avoid,
+            gang.must,
             gang.room,
         )
         self.waiting_on = self.protected.get(key)

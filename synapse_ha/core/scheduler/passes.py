@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from synapse_ha.core.cluster_config import PreemptionMode
 from synapse_ha.core.collector import collector_paused
 from synapse_ha.core.commands import GangPlacement
-from synapse_ha.core.model import ClusterState, Job, JobSpec, Resources, unconfirmed_members
+from synapse_ha.core.model import ClusterState, Job, JobSpec, unconfirmed_members
 from synapse_ha.core.queues.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
 from synapse_ha.core.queues.victim_rules import pending_since
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
@@ -29,7 +29,6 @@ from synapse_ha.core.scheduler.placement import (
     NO_CAP,
     NONE,
     Gang,
-    NodeRoom,
     commit,
     fits,
     members_for,
@@ -37,6 +36,7 @@ from synapse_ha.core.scheduler.placement import (
 )
 from synapse_ha.core.scheduler.plan import Plan, Reservation
 from synapse_ha.core.scheduler.reservation import Running, running_gangs
+from synapse_ha.core.scheduler.selection import Selections
 from synapse_ha.core.scheduler.victim_search import Candidate
 from synapse_ha.core.workflows.arrays import throttle_reason
 
@@ -99,7 +99,7 @@ class Recalled:
     restricted: View | None
     answers: Answers
     explainer: Explainer
-    fits_local: dict[tuple[Resources, int, bool, frozenset[str], NodeRoom, int], bool]
+    fits_local: dict[tuple[object, ...], bool]
     uses: int = 0
 
     def usable(self, view: View) -> bool:
@@ -279,6 +279,7 @@ class _Pass:
         "preempt",
         "restricted",
         "running",
+        "selections",
         "state",
         "table",
         "unfit",
@@ -315,8 +316,9 @@ class _Pass:
         self.placed: dict[str, Running] = {}  # gangs placed by this pass
         self.wait_ms = state.config.locality_wait_ms
         # Whether a shape fits its locality on an empty cluster.
-        self.fits_local: dict[tuple[Resources, int, bool, frozenset[str], NodeRoom, int], bool] = {}
+        self.fits_local: dict[tuple[object, ...], bool] = {}
         self.running: dict[str, Running] | None = None  # every gang holding capacity
+        self.selections = Selections(state)
         self.usage = QueueUsage.of(state) if has_quotas(state) else None
         self.caps = PassCaps(state)
         self.claims = claimants(state) if claims is None else claims
@@ -399,6 +401,8 @@ class _Pass:
         )
         answers = self.answers
         depths, local_depths = answers.depths(self.state, spec, self.levels)
+        if spec.nodes is not None:  # kept to the nodes it selects (core/scheduler/selection.py)
+            gang = self.selections.narrow(gang, lambda g: answers.fits(g, self.view, depths))
         usage = self.usage
         short = usage.shortfall(spec.queue, gang_request(spec)) if usage is not None else None
         victims_left = self.claims.get(job.job_id)
@@ -500,7 +504,8 @@ class _Pass:
         wait = self.wait_ms and gang.n > 1 and gang.job.job_id not in self.claims
         if not wait or local_depths is None or self.now_ms >= deadline:
             return None
-        key = (gang.req, gang.n, bool(gang.spec.image), gang.avoid, gang.room, local_depths[-1])
+        key = (gang.req, gang.n, bool(gang.spec.image), gang.avoid, gang.must, gang.room,
+               local_depths[-1])  # fmt: skip
         possible = self.fits_local.get(key)
         if possible is None:
             possible = self.fits_local[key] = fits(gang, self.empty_view(self.state), local_depths)

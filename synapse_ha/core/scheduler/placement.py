@@ -62,6 +62,9 @@ class Gang:
     avoid: frozenset[str] = frozenset()
     # How many of its members each node may take under its owner's per-node cap.
     room: NodeRoom = NO_CAP
+    # Per name its node selector requires (core/node_selector.py), the nodes answering to
+    # it: one of them holds a member (:func:`place_including`).
+    must: tuple[tuple[str, ...], ...] = ()
 
 
 NONE: frozenset[str] = frozenset()
@@ -135,6 +138,8 @@ def place(
         return None
     if req.gpu and view.gpu_slots(within, req.gpu) < n:
         return None
+    if gang.must:
+        return place_including(gang, view, depths, within)
     k = len(within)
     for depth in depths:
         if depth == view.levels + 1:
@@ -184,6 +189,8 @@ def fits(gang: Gang, view: View, depths: list[int]) -> bool:
     """
     req, n = gang.req, gang.n
     widest = min(depths)
+    if gang.must:
+        return place_including(gang, view, [widest]) is not None
     if widest > view.levels:
         return _best_single_host(gang, view) is not None
     for domain in view.domains_at(widest):
@@ -321,6 +328,66 @@ def _fill_domain(gang: Gang, view: View, domain: Domain) -> list[tuple[str, int]
         chosen.append((node_id, s))
         remaining -= s
     return None
+
+
+def place_including(
+    gang: Gang, view: View, depths: list[int], within: Domain = ()
+) -> list[tuple[str, int]] | None:
+    """:func:`place` for a gang that names nodes it must include (``gang.must``): for each
+    name, the first of its nodes (in path order) with room for a member takes one; the
+    rest go first to those nodes, then to the roomiest others of the tightest domain of
+    ``depths`` that holds them all, or None."""
+    chosen: list[NodeFree] = []
+    for answering in gang.must:
+        if any(node.node_id in answering for node in chosen):
+            continue
+        found = [
+            node
+            for node_id in answering
+            if node_id not in view.excluded
+            and (node := view.nodes.get(node_id)) is not None
+            and node.path[: len(within)] == within
+            and _slots(node, gang, 1)
+        ]
+        if not found:
+            return None
+        chosen.append(min(found, key=lambda node: node.pos))
+    if len(chosen) > gang.n:
+        return None
+    for depth in depths:
+        domain = chosen[0].path[:depth]
+        if any(node.path[:depth] != domain for node in chosen):
+            continue
+        hosts = _fill_including(gang, view, domain, chosen)
+        if hosts is not None:
+            return hosts
+    return None
+
+
+def _fill_including(
+    gang: Gang, view: View, domain: Domain, chosen: list[NodeFree]
+) -> list[tuple[str, int]] | None:
+    counts = {node.node_id: 1 for node in chosen}
+    left = gang.n - len(chosen)
+    for node in sorted(chosen, key=lambda node: node.pos):
+        extra = min(left, _slots(node, gang, gang.n) - 1)
+        counts[node.node_id] += extra
+        left -= extra
+    if left and len(domain) < view.levels + 1:
+        others = sorted(
+            (-slots, node.pos, node.node_id, slots)
+            for node in _candidates(view, domain, gang.req)
+            if node.node_id not in counts and (slots := _slots(node, gang, gang.n))
+        )
+        for _, _, node_id, slots in others:
+            take = min(left, slots)
+            counts[node_id] = take
+            left -= take
+            if not left:
+                break
+    if left:
+        return None
+    return sorted(counts.items(), key=lambda item: view.nodes[item[0]].pos)
 
 
 def _pick_gpus(islands: list[list[int]], count: int) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVEL
 from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.health.progress import SOURCE_FILE, Progress
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
+from synapse_ha.core.node_selector import NodeSelector
 from synapse_ha.core.spec.fields import SPEC_FIELDS
 from synapse_ha.core.spec.validation import (
     Violation,
@@ -66,6 +67,7 @@ _TOP_FIELDS = frozenset(
         "begin",
         "deadline",
         "wait_for_nodes",
+        "nodes",
         *(f.key for f in SPEC_FIELDS),
     }
 )
@@ -75,6 +77,7 @@ _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
 _TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
 _RETRY_FIELDS = frozenset({"max", "backoff", "max_backoff"})
 _PROGRESS_FIELDS = frozenset({"timeout", "source"})
+_NODES_FIELDS = frozenset({"features", "gpu_model", "names", "exclude"})
 
 _T = TypeVar("_T")
 _PLAIN = JobSpec("", 1, Resources(), ())  # the defaults of the fields a document leaves out
@@ -109,6 +112,7 @@ _NESTED_FIELDS = {
     "retries": _RETRY_FIELDS,
     "progress": _PROGRESS_FIELDS,
     "prestart": _PRESTART_FIELDS,
+    "nodes": _NODES_FIELDS,
 }
 
 
@@ -187,6 +191,7 @@ def parse_job_spec(
         dependencies=optional("dependencies", lambda v: _dependencies(v, problems), None),
         array=optional("array", _array, ""),
         wait_for_nodes=optional("wait_for_nodes", _flag, False),
+        nodes=optional("nodes", lambda v: _nodes(v, problems), None),
         **{
             f.attr: take(partial(_READERS[f.kind], doc[f.key], f.key), getattr(_PLAIN, f.attr))
             for f in SPEC_FIELDS
@@ -425,6 +430,31 @@ def _dependencies(value: object, problems: _Problems) -> Dependencies | None:
         after=ids.get(DependencyKind.AFTER, ()),
     )
     return deps if deps.pairs() else None
+
+
+def _nodes(value: object, problems: _Problems) -> NodeSelector | None:
+    """``nodes:``, ``{features: "a100&ib", gpu_model: a100, names: [gpu01], exclude:
+    [gpu07]}`` (core/node_selector.py): a name list may be one string; None when the
+    mapping selects every node."""
+    doc = _mapping(value, "nodes", _NODES_FIELDS, problems)
+    lists: dict[str, tuple[str, ...]] = {}
+    for key in ("names", "exclude"):
+        given = doc.get(key, [])
+        items = given if isinstance(given, list) else [given]
+        texts = []
+        for item in items:
+            try:
+                texts.append(_string(item, f"nodes.{key}"))
+            except SpecError as exc:
+                problems.found.extend(exc.violations)
+        lists[key] = tuple(texts)
+    selector = NodeSelector(
+        features=_string(doc.get("features", ""), "nodes.features"),
+        gpu_model=_string(doc.get("gpu_model", ""), "nodes.gpu_model"),
+        names=lists["names"],
+        exclude=lists["exclude"],
+    )
+    return selector if selector else None
 
 
 def _flag(value: object) -> bool:

@@ -1,10 +1,12 @@
 """Rules of the job spec fields that live in modules of their own (dependencies, the
-window, arrays, the one-value fields of :mod:`synapse_ha.core.spec.fields`), gathered for
+window, arrays, the node selector, the one-value fields of
+:mod:`synapse_ha.core.spec.fields`), gathered for
 :func:`synapse_ha.core.spec.validation.check_job_spec`."""
 
 from __future__ import annotations
 
 from synapse_ha.core.model import JobSpec
+from synapse_ha.core.node_selector import selector_problems
 from synapse_ha.core.spec.fields import spec_field_problems
 from synapse_ha.core.workflows.arrays import array_problems
 from synapse_ha.core.workflows.dependencies import dependency_problems
@@ -19,5 +21,6 @@ def more_problems(spec: JobSpec) -> list[tuple[str, str]]:
             spec.begin_at_ms, spec.begin_delay_ms, spec.deadline_at_ms, spec.deadline_delay_ms
         )
         + array_problems(spec.array)
+        + selector_problems(spec.nodes, spec.replicas)
         + spec_field_problems(spec)
     )

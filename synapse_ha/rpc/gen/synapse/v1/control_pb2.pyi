@@ -126,7 +126,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms", "array", "wait_for_nodes", "stop_grace_ms", "account")
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms", "array", "wait_for_nodes", "stop_grace_ms", "account", "nodes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class JobSpec(_message.Message):
     WAIT_FOR_NODES_FIELD_NUMBER: _ClassVar[int]
     STOP_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     name: str
     replicas: int
     resources: Resources
@@ -179,7 +180,20 @@ class JobSpec(_message.Message):
     wait_for_nodes: bool
     stop_grace_ms: int
     account: str
-    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ..., array: _Optional[str] = ..., wait_for_nodes: _Optional[bool] = ..., stop_grace_ms: _Optional[int] = ..., account: _Optional[str] = ...) -> None: ...
+    nodes: NodeSelector
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ..., array: _Optional[str] = ..., wait_for_nodes: _Optional[bool] = ..., stop_grace_ms: _Optional[int] = ..., account: _Optional[str] = ..., nodes: _Optional[_Union[NodeSelector, _Mapping]] = ...) -> None: ...
+
+class NodeSelector(_message.Message):
+    __slots__ = ("features", "gpu_model", "names", "exclude")
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    features: str
+    gpu_model: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, features: _Optional[str] = ..., gpu_model: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Dependencies(_message.Message):
     __slots__ = ("after_ok", "after_any", "after_not_ok", "after")
