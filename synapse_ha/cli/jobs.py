@@ -48,6 +48,7 @@ from synapse_ha.core.model import JobState
 from synapse_ha.core.spec.document import ParsedJob
 from synapse_ha.core.workflows.arrays import task_id
 from synapse_ha.core.workflows.dependencies import Dependencies, dependency_problems, merged
+from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 
 # -------------------------------------------------------------------------- submit
@@ -483,16 +484,29 @@ def explain(settings: Settings, job_id: str) -> None:
 @click.command()
 @click.argument("job_id", metavar="JOB", shell_complete=complete_job_ids)
 @click.option("--reason", default="", help="Recorded with the cancellation.")
+@click.option(
+    "--requeue",
+    is_flag=True,
+    help="Stop its running attempt and queue it again in its place instead (scontrol requeue).",
+)
 @output_option
 @with_settings
-def cancel(settings: Settings, job_id: str, reason: str) -> None:
+def cancel(settings: Settings, job_id: str, reason: str, requeue: bool) -> None:
     """Cancel a job: a pending one never starts, a running one's members are stopped.
+    With --requeue, a running job's members are stopped and it waits again in its place
+    for a new attempt (a job that holds no nodes is refused, exit 1).
 
     \b
-    Example:
+    Examples:
       synctl cancel 42 --reason "wrong dataset"
+      synctl cancel 42 --requeue --reason "resume from the checkpoint"
     """
     client = settings.client()
+    if requeue:
+        answer = client.requeue_job(job_id, reason)
+        document = {"id": job_id, "state": str(states.job_state(answer)), "message": answer.message}
+        emit(settings, document, lambda: f"job {job_id}: {document['message']}")
+        return
     try:
         cancelled, message = client_jobs.cancel_job(client, job_id, reason)
         document = {"id": job_id, "state": str(cancelled), "message": message}

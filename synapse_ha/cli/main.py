@@ -35,6 +35,7 @@ from synapse_ha.cli import (
     render,
     sbatch,
     scontrol,
+    sinfo,
     slurm,
     tokens,
 )
@@ -175,6 +176,7 @@ for _command in (
     *sbatch.COMMANDS,
     *scontrol.COMMANDS,
     *slurm.COMMANDS,
+    *sinfo.COMMANDS,
     *nodes.COMMANDS,
     *cluster_commands.COMMANDS,
     *tokens.COMMANDS,

@@ -7,6 +7,7 @@ submitted as ``synctl submit`` does (``--dry-run`` prints it instead).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -15,9 +16,12 @@ import yaml
 
 from synapse_ha.cli.app import CommandFailed, Settings, note, with_settings
 from synapse_ha.cli.defaults import ExitCode
+from synapse_ha.cli.jobs import wait_for_job
 from synapse_ha.client.cluster import new_request_id
+from synapse_ha.client.credentials import CA_ENV, CERT_ENV, CLUSTER_ENV, KEY_ENV, TOKEN_FILE_ENV
+from synapse_ha.client.jobs import JobView
 from synapse_ha.client.sbatch import NodeShape, SbatchError, script_position, translate
-from synapse_ha.core.model import NodeStatus
+from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
@@ -74,6 +78,8 @@ def sbatch(
     for line in translation.notes:
         note(line)
     document = translation.spec
+    for name, value in cluster_env(settings).items():  # --export's own values win
+        document["env"].setdefault(name, value)
     try:
         parsed = parse_job_spec(document, topology_levels=None)
     except SpecError as exc:
@@ -94,10 +100,37 @@ def sbatch(
         message = "; ".join(f"{script}: {b} (the cluster's rule)" for b in broken)
         raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
     job_id = slurm_id(answer.job_id) if slurm_ids else answer.job_id  # as Slurm's sbatch
-    if parsable:
-        click.echo(job_id)
-        return
-    click.echo(f"Submitted batch job {job_id}")
+    click.echo(job_id if parsable else f"Submitted batch job {job_id}")
+    if translation.wait:
+        code = exit_status(wait_for_job(settings, answer.job_id))
+        if code:
+            raise click.exceptions.Exit(code)
+
+
+def exit_status(job: JobView) -> int:
+    """sbatch -W's status: 0 when the job succeeded, else its batch script's exit code
+    (1 when it has none: cancelled, or never started)."""
+    if job.job_state is JobState.SUCCEEDED:
+        return 0
+    first = [m for m in (job.attempt.members if job.attempt else ()) if m.rank == 0]
+    return (first[0].exit_code if first and first[0].exit_code else 0) or int(ExitCode.JOB_FAILED)
+
+
+def cluster_env(settings: Settings) -> dict[str, str]:
+    """How the job's own ``sbatch``, ``squeue``, ``scancel`` and ``scontrol`` reach the
+    cluster: the addresses this synctl used, and the paths (never the contents) of its
+    TLS files and token file. A token given as text (``$SYNAPSE_TOKEN``) is not passed
+    on: inside the job the owner's configuration directory is read, as synctl reads it."""
+    env = {CLUSTER_ENV: ",".join(settings.addresses)}
+    if settings.tls is not None:
+        tls = settings.tls
+        for name, path in ((CA_ENV, tls.ca), (CERT_ENV, tls.cert), (KEY_ENV, tls.key)):
+            env[name] = str(Path(path).resolve())
+    root = click.get_current_context().find_root().params
+    token_file = root.get("token_file") or os.environ.get(TOKEN_FILE_ENV)
+    if token_file:
+        env[TOKEN_FILE_ENV] = str(Path(token_file).resolve())
+    return env
 
 
 def node_shape(settings: Settings) -> NodeShape:

@@ -16,10 +16,13 @@ import sys
 from collections.abc import Sequence
 
 import click
+import grpc
 
 from synapse_ha.cli.app import CommandFailed, Settings, discover, with_settings
 from synapse_ha.cli.defaults import DEFAULT_TIMEOUT_S, ExitCode
-from synapse_ha.cli.slurm import show_jobs
+from synapse_ha.cli.slurm import show_jobs, split_ids
+from synapse_ha.client import slurm_fields as sf
+from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.slurm.hostlist import HostListError, compress, expand_all
 
 NODELIST_ENV = "SLURM_JOB_NODELIST"
@@ -28,12 +31,13 @@ NODELIST_ENV = "SLURM_JOB_NODELIST"
 @click.group(name="scontrol")
 def scontrol() -> None:
     """Slurm's scontrol, the subcommands batch scripts call: show hostnames, show
-    hostlist, show job.
+    hostlist, show job, requeue.
 
     \b
     Examples:
       synctl scontrol show hostnames 'gpu[01-03],login'
       synctl scontrol show hostlist gpu01,gpu02,gpu03
+      synctl scontrol requeue "$SLURM_JOB_ID"
     """
 
 
@@ -97,6 +101,34 @@ def hostlist(hosts: tuple[str, ...]) -> None:
       synctl scontrol show hostlist gpu01 gpu02 login
     """
     click.echo(compress(_expand(hosts)))
+
+
+@scontrol.command(name="requeue")
+@click.argument("ids", nargs=-1, required=True, metavar="JOBID[,JOBID]...")
+@with_settings
+def requeue(settings: Settings, ids: tuple[str, ...]) -> None:
+    """Stop running jobs and queue them again in their place, as Slurm's scontrol
+    requeue: each waits for a new attempt (an array's id: its running tasks). A job
+    that holds no nodes is refused (exit 1); silent when every one was requeued.
+
+    \b
+    Examples:
+      synctl scontrol requeue 42
+      scontrol requeue "$SLURM_JOB_ID"      # from inside the job, e.g. on its --signal
+    """
+    client = settings.client()
+    failed = []
+    for text in split_ids(ids):
+        try:
+            client.requeue_job(sf.job_id_of(text), "scontrol requeue")
+        except grpc.RpcError as exc:
+            failure = failure_of(exc)
+            if failure.reason not in (Reason.CONFLICT, Reason.JOB_NOT_FOUND):
+                raise
+            click.echo(f"scontrol: error: job {text}: {failure.message}", err=True)
+            failed.append(text)
+    if failed:
+        raise CommandFailed(ExitCode.JOB_FAILED, f"not requeued: {', '.join(failed)}", "CONFLICT")
 
 
 def _expand(lists: Sequence[str]) -> list[str]:

@@ -9,10 +9,9 @@ Job ids print in Slurm's form (``42``, ``42_7``) and are read in either form
 from __future__ import annotations
 
 import re
-import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import click
@@ -25,6 +24,7 @@ from synapse_ha.core.model import JobState
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.slurm.commands import PROGRAMS, write_commands
 
 # squeue's default format, as Slurm's.
 SQUEUE_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
@@ -49,7 +49,7 @@ _HEADERS = {
 _ACTIVE_STATES = (JobState.PENDING, JobState.SCHEDULED, JobState.RUNNING)
 
 
-def _split(values: Sequence[str]) -> list[str]:
+def split_ids(values: Sequence[str]) -> list[str]:
     return [v for value in values for v in value.split(",") if v]
 
 
@@ -74,7 +74,7 @@ def _jobs(settings: Settings, ids: Sequence[str], every: bool) -> list[pb.Job]:
     return client.list_jobs(**states.job_state_filter(_ACTIVE_STATES))
 
 
-def _cell(text: str, width: int | None, right: bool) -> str:
+def cell(text: str, width: int | None, right: bool) -> str:
     if width is None:
         return text
     text = text[:width]
@@ -84,11 +84,11 @@ def _cell(text: str, width: int | None, right: bool) -> str:
 def squeue_line(job: pb.Job, fmt: str, now_ms: int) -> str:
     """One job as squeue's ``-o`` format ``fmt`` prints it (``%[.][width]letter``; ``.``
     right-justifies; ``%%`` is ``%``)."""
-    return _render(fmt, lambda name: _squeue_value(job, name, now_ms))
+    return render_format(fmt, _LETTERS, lambda name: _squeue_value(job, name, now_ms), "squeue")
 
 
 def squeue_header(fmt: str) -> str:
-    return _render(fmt, lambda name: _HEADERS[name])
+    return render_format(fmt, _LETTERS, lambda name: _HEADERS[name], "squeue")
 
 
 def _squeue_value(job: pb.Job, name: str, now_ms: int) -> str:
@@ -97,18 +97,22 @@ def _squeue_value(job: pb.Job, name: str, now_ms: int) -> str:
     return sf.field(job, name, now_ms)
 
 
-def _render(fmt: str, value: Callable[[str], str]) -> str:
+def render_format(
+    fmt: str, letters: Mapping[str, str], value: Callable[[str], str], command: str
+) -> str:
+    """``fmt`` with each ``%[.][width]letter`` replaced by ``value`` of the field
+    ``letters`` names for it; a letter not there is refused naming ``command``."""
     out: list[str] = []
     at = 0
     for match in _SPEC.finditer(fmt):
         out.append(fmt[at : match.start()].replace("%%", "%"))
         dot, width, letter = match.groups()
-        name = _LETTERS.get(letter)
+        name = letters.get(letter)
         if name is None:
             raise CommandFailed(
-                ExitCode.USAGE, f"-o: %{letter} is not a squeue field here", "USAGE"
+                ExitCode.USAGE, f"-o: %{letter} is not a {command} field here", "USAGE"
             )
-        out.append(_cell(value(name), int(width) if width else None, bool(dot)))
+        out.append(cell(value(name), int(width) if width else None, bool(dot)))
         at = match.end()
     out.append(fmt[at:].replace("%%", "%"))
     return "".join(out)
@@ -151,16 +155,16 @@ def squeue(
       synctl squeue -j 42,43 -h -o '%i %T %R'
       synctl squeue -u alice -t running
     """
-    wanted_states = {s.upper() for s in _split(wanted)}
-    jobs = _jobs(settings, _split(ids), every="ALL" in wanted_states)
+    wanted_states = {s.upper() for s in split_ids(wanted)}
+    jobs = _jobs(settings, split_ids(ids), every="ALL" in wanted_states)
     now_ms = int(time.time() * 1000)
     lines = [] if noheader else [squeue_header(fmt)]
     for job in jobs:
-        if users and job.owner not in _split(users):
+        if users and job.owner not in split_ids(users):
             continue
-        if names and job.spec.name not in _split(names):
+        if names and job.spec.name not in split_ids(names):
             continue
-        if partitions and sf.partition(job) not in _split(partitions):
+        if partitions and sf.partition(job) not in split_ids(partitions):
             continue
         slurm_state = sf.state(job)
         short = sf.SHORT_STATES.get(slurm_state, slurm_state)
@@ -206,16 +210,16 @@ def sacct(
       synctl sacct -o JobID,State,NodeList --parsable2 -n -j 42,43
     """
     columns: list[tuple[str, int]] = []
-    for item in _split([fields]):
+    for item in split_ids([fields]):
         name, _, width = item.partition("%")
         if name.lower() not in sf.FIELDS:
             raise CommandFailed(
                 ExitCode.USAGE, f"--format: {name} is not a sacct field here", "USAGE"
             )
         columns.append((name, int(width) if width.isdigit() else 10))
-    jobs = _jobs(settings, _split(ids), every=True)
+    jobs = _jobs(settings, split_ids(ids), every=True)
     if users:
-        jobs = [j for j in jobs if j.owner in _split(users)]
+        jobs = [j for j in jobs if j.owner in split_ids(users)]
     now_ms = int(time.time() * 1000)
     rows = [[sf.field(job, name, now_ms) for name, _ in columns] for job in jobs]
     header = [name for name, _ in columns]
@@ -225,10 +229,10 @@ def sacct(
             click.echo("|".join(row) + end)
         return
     if not noheader:
-        click.echo(" ".join(_cell(h, w, False) for h, (_, w) in zip(header, columns, strict=True)))
+        click.echo(" ".join(cell(h, w, False) for h, (_, w) in zip(header, columns, strict=True)))
         click.echo(" ".join("-" * w for _, w in columns))
     for row in rows:
-        click.echo(" ".join(_cell(v, w, True) for v, (_, w) in zip(row, columns, strict=True)))
+        click.echo(" ".join(cell(v, w, True) for v, (_, w) in zip(row, columns, strict=True)))
 
 
 @click.command()
@@ -245,7 +249,7 @@ def scancel(settings: Settings, ids: tuple[str, ...], quiet: bool) -> None:
     """
     client = settings.client()
     failed = False
-    for text in _split(ids):
+    for text in split_ids(ids):
         job_id = sf.job_id_of(text)
         try:
             client.cancel_job(job_id)
@@ -298,21 +302,10 @@ def show_jobs(settings: Settings, ids: Sequence[str]) -> None:
     click.echo("\n\n".join(show_job(job, now_ms) for job in jobs))
 
 
-# Each Slurm command and what runs it: synctl's (with Slurm's ids) or srun's module.
-PROGRAMS = {
-    "sbatch": ("synapse_ha.cli", "sbatch", "--slurm-ids"),
-    "squeue": ("synapse_ha.cli", "squeue"),
-    "sacct": ("synapse_ha.cli", "sacct"),
-    "scancel": ("synapse_ha.cli", "scancel"),
-    "scontrol": ("synapse_ha.cli", "scontrol"),
-    "srun": ("synapse_ha.slurm.srun",),
-}
-
-
 @click.command(name="slurm-commands")
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
 def slurm_commands(folder: Path) -> None:
-    """Write Slurm's commands (sbatch, squeue, sacct, scancel, scontrol, srun) into
+    """Write Slurm's commands (sbatch, squeue, sacct, scancel, sinfo, scontrol, srun) into
     FOLDER, each running synctl's with this Python, for tools that call Slurm's by name
     (submitit, Hydra's launcher). Put FOLDER first on PATH where no real Slurm is wanted;
     they find the cluster as synctl does (SYNAPSE_CLUSTER and the credential variables,
@@ -324,11 +317,7 @@ def slurm_commands(folder: Path) -> None:
       PATH=~/.local/synapse-slurm/bin:$PATH python train_with_submitit.py
     """
     folder.mkdir(parents=True, exist_ok=True)
-    for name, (module, *args) in PROGRAMS.items():
-        words = " ".join(shlex.quote(w) for w in (sys.executable, "-m", module, *args))
-        path = folder / name
-        path.write_text(f'#!/bin/sh\nexec {words} "$@"\n')
-        path.chmod(0o755)
+    write_commands(folder, sys.executable, mode=0o755)
     click.echo(f"wrote {', '.join(PROGRAMS)} to {folder}")
 
 

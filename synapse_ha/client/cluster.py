@@ -347,6 +347,13 @@ class ClusterClient:
         )
         return response
 
+    def requeue_job(self, job_id: str, reason: str = "") -> pb.RequeueJobResponse:
+        """Stop the job's live attempt and queue it again in its place."""
+        response: pb.RequeueJobResponse = self.ask(
+            "RequeueJob", pb.RequeueJobRequest(job_id=job_id, reason=reason)
+        )
+        return response
+
     def explain_job(self, job_id: str) -> pb.ExplainJobResponse:
         response: pb.ExplainJobResponse = self.ask(
             "ExplainJob", pb.ExplainJobRequest(job_id=job_id)

@@ -60,6 +60,7 @@ class Translation:
 
     spec: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    wait: bool = False  # -W/--wait: sbatch returns once the job has ended, with its status
 
 
 _NOTED = {
@@ -127,6 +128,9 @@ def translate(
     files = _output_files({name: options.pop(name) for name in list(options) if name in _FILES})
     for name, (value, written, where) in options.items():
         handler = handlers.get(name)
+        if name == "wait":
+            out.wait = True
+            continue
         if name in _NOTED:
             out.notes.append(f"{where}: {written}: {_NOTED[name]}")
             continue

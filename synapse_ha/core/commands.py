@@ -131,6 +131,19 @@ class CancelJob:
 
 
 @dataclass(frozen=True, slots=True)
+class RequeueJob:
+    """Stop the live attempt of ``job_id`` (every live task of an array) and queue the
+    job again, keeping its place in line (``scontrol requeue``): the next attempt binds
+    once every member of this one is confirmed stopped, as after a disruption; it uses
+    neither a retry nor one of ``max_requeues``."""
+
+    job_id: str
+    reason: str = "requeued by user"
+    now_ms: int = 0
+    actor: str = ""  # who asked (audit)
+
+
+@dataclass(frozen=True, slots=True)
 class GangPlacement:
     """One gang's whole placement: every member of ``job_id`` with its node and GPUs.
 
@@ -367,6 +380,7 @@ Command = (
     | ReportNodeChecks
     | SubmitJob
     | CancelJob
+    | RequeueJob
     | BindPlan
     | ReportMembers
     | FailAttempt
@@ -394,6 +408,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     ReportNodeChecks,
     SubmitJob,
     CancelJob,
+    RequeueJob,
     BindPlan,
     ReportMembers,
     FailAttempt,

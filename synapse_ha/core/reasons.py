@@ -45,6 +45,7 @@ class ReasonCode(enum.StrEnum):
     TIME_LIMIT = "time_limit"  # limit_ms
     CANCELLED_BY = "cancelled_by"  # text
     PREEMPTED = "preempted"  # preemptor, kind
+    REQUEUE_REQUESTED = "requeue_requested"  # text: a requeue its owner or an operator asked
 
     # -- pending
     PENDING_FIRST_PASS = "pending_first_pass"
@@ -64,6 +65,7 @@ class ReasonCode(enum.StrEnum):
     REQUEUED_NODE_CANNOT_RUN = "requeued_node_cannot_run"  # as REQUEUED_NODE_DEAD
     # -- queues and preemption (DESIGN §8)
     REQUEUED_PREEMPTED = "requeued_preempted"  # attempt, preemptor, kind; cause
+    REQUEUED_BY_REQUEST = "requeued_by_request"  # attempt; cause (a REQUEUE_REQUESTED)
     WAITING_QUOTA = "waiting_quota"  # queue, used, nominal, borrowing_limit?, borrowable, need
     WAITING_FOR_VICTIMS = "waiting_for_victims"  # count, kind, victims
     PREEMPTING = "preempting"  # preemptor, kind, grace_ms, deadline_ms (a live job's reason)
@@ -197,6 +199,7 @@ _JOB_TEXT: dict[ReasonCode, str] = {
     ReasonCode.MEMBER_HUNG: "detail",
     ReasonCode.CANCELLED_BY: "text",
     ReasonCode.CANCELLED: "text",
+    ReasonCode.REQUEUE_REQUESTED: "text",
 }
 WITHHELD = "withheld"  # a parameter set on a reason whose job text was withheld
 
@@ -381,6 +384,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ),
     ReasonCode.TIME_LIMIT: _time_limit,
     ReasonCode.CANCELLED_BY: lambda r: f"cancelled: {r.text('text')}",
+    ReasonCode.REQUEUE_REQUESTED: lambda r: f"requeued on request: {r.text('text')}",
     ReasonCode.PENDING_FIRST_PASS: lambda r: "waiting for the next scheduling pass",
     ReasonCode.WAITING_CAPACITY: lambda r: (
         f"{_need(r)}; {_have(r)}; it waits for capacity to free or for nodes to join"
@@ -440,6 +444,10 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ),
     ReasonCode.CANCELLED: _text,
     ReasonCode.PREEMPTED: lambda r: f"preempted by {r.text('preemptor')} ({_kind(r)})",
+    ReasonCode.REQUEUED_BY_REQUEST: lambda r: (
+        f"attempt {r.num('attempt')} was stopped to be requeued ({_cause(r)}); "
+        f"not counted against retries or max_requeues; the gang keeps its place in line"
+    ),
     ReasonCode.REQUEUED_PREEMPTED: lambda r: (
         f"attempt {r.num('attempt')} was preempted by {r.text('preemptor')} ({_kind(r)}); "
         f"requeued, not counted against retries or max_requeues; "

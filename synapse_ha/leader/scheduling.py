@@ -30,6 +30,7 @@ class SchedulingSettings:
     clear_gpu_faults_on_reboot: bool | None = None
     reclaim_wait_max_ms: int | None = None
     relay_heartbeats: bool | None = None
+    master_port_base: int | None = None
 
     @property
     def pinned_limits(self) -> frozenset[str]:

@@ -11,6 +11,7 @@ replica for its own status.
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import threading
 from collections.abc import Sequence
@@ -61,6 +62,11 @@ class LocalReplicas:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.extra_args = list(extra_args)
+        if not any(a.startswith("--master-port-base") for a in self.extra_args):
+            # Each local cluster its own range: clusters side by side on one machine (tests,
+            # several users' dev clusters) do not hand their jobs the same ports.
+            base = random.SystemRandom().randrange(20_000, 45_000, 100)  # at most 45,536
+            self.extra_args += ["--master-port-base", str(base)]
         # The cluster format a serving leader is waited for: every replica here runs this
         # release, so its leader raises the format at once (None: some run an older one).
         self.expect_format: int | None = FORMAT

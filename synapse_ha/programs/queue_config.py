@@ -18,6 +18,7 @@ from synapse_ha.core.cluster_config import (
     MAX_REQUEUES_LIMIT,
     MAX_START_TIMEOUT_MS,
     MIN_START_TIMEOUT_MS,
+    ClusterConfig,
     Limits,
     PreemptionMode,
     PriorityClass,
@@ -54,6 +55,20 @@ def _half_life_ms(raw: object) -> int:
 def _max_requeues(raw: object) -> int:
     if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= MAX_REQUEUES_LIMIT:
         raise ConfigError(f"max_requeues must be an integer from 0 to {MAX_REQUEUES_LIMIT}")
+    return raw
+
+
+# A job's rendezvous port and its step port (10,000 above) must both be valid ports.
+MASTER_PORT_SPAN = ClusterConfig().master_port_span
+MAX_MASTER_PORT_BASE = 65_535 - 10_000 - MASTER_PORT_SPAN + 1
+
+
+def _master_port_base(raw: object) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 1024 <= raw <= MAX_MASTER_PORT_BASE:
+        raise ConfigError(
+            f"master_port_base must be an integer from 1024 to {MAX_MASTER_PORT_BASE} "
+            f"(jobs' ports are the {MASTER_PORT_SPAN} from it, and those 10000 above)"
+        )
     return raw
 
 
@@ -155,6 +170,15 @@ RECLAIM_WAIT_MAX = setting(
     help="how long a gang reclaiming its queue's nominal quota waits before it may preempt "
     "gangs within their minimum run time (replicated; default 10m)",
 )
+MASTER_PORT_BASE = setting(
+    "--master-port-base",
+    "scheduling.master_port_base",
+    check=_master_port_base,
+    type=int,
+    help="the first of the ports jobs' rank 0 members listen on (MASTER_PORT; sbatch jobs' "
+    "step ports are 10000 above): keep the range free on every node (replicated; "
+    "default 29500)",
+)
 # Node health and fitness (DESIGN §4).
 GPU_DRAIN_THRESHOLD = _count_setting(
     "gpu_drain_threshold",
@@ -201,6 +225,7 @@ SCHEDULING = (
     MAX_REQUEUES,
     START_TIMEOUT,
     RECLAIM_WAIT_MAX,
+    MASTER_PORT_BASE,
     GPU_DRAIN_THRESHOLD,
     UNFIT_BACKOFF,
     CORDON_AFTER_START_FAILURES,
@@ -227,6 +252,7 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         clear_gpu_faults_on_reboot=inputs.value(CLEAR_GPU_FAULTS_ON_REBOOT),
         reclaim_wait_max_ms=inputs.value(RECLAIM_WAIT_MAX),
         relay_heartbeats=inputs.value(RELAY_HEARTBEATS),
+        master_port_base=inputs.value(MASTER_PORT_BASE),
     )
 
 

@@ -103,8 +103,8 @@ class JobStateFilter(TypedDict):
 
 
 def job_state_fields(state: JobState) -> JobStateFields:
-    """``state`` and ``job_state`` of a Job, CancelJobResponse, ExplainJobResponse or
-    HistoryJob."""
+    """``state`` and ``job_state`` of a Job, CancelJobResponse, RequeueJobResponse,
+    ExplainJobResponse or HistoryJob."""
     return {"state": str(state), "job_state": _JOB.to_wire[state]}
 
 
@@ -160,7 +160,11 @@ def job_state_filter(wanted: Iterable[JobState]) -> JobStateFilter:
 
 
 def job_state(
-    msg: pb.Job | pb.CancelJobResponse | pb.ExplainJobResponse | pb.HistoryJob,
+    msg: pb.Job
+    | pb.CancelJobResponse
+    | pb.RequeueJobResponse
+    | pb.ExplainJobResponse
+    | pb.HistoryJob,
 ) -> JobState:
     return _JOB.read(msg.job_state, msg.state)
 
@@ -190,7 +194,11 @@ def replica_role(msg: pb.ReplicaStatus) -> ReplicaRole | None:
 
 
 def shown_job_state(
-    msg: pb.Job | pb.CancelJobResponse | pb.ExplainJobResponse | pb.HistoryJob,
+    msg: pb.Job
+    | pb.CancelJobResponse
+    | pb.RequeueJobResponse
+    | pb.ExplainJobResponse
+    | pb.HistoryJob,
 ) -> str:
     """The job's state for display: never raises on an answer this release cannot read."""
     return _JOB.shown(msg.job_state, msg.state)

@@ -1,4 +1,4 @@
-"""A job's cancellation by its owner (or an operator)."""
+"""A job's cancellation or requeue by its owner (or an operator)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,15 @@ def job_not_found(job_id: str) -> Refusal:
 
 
 def cancel(
-    replica: Replica, identity: Identity, job_id: str, reason: str, timeout_s: float
+    replica: Replica,
+    identity: Identity,
+    job_id: str,
+    reason: str,
+    timeout_s: float,
+    requeue: bool = False,
 ) -> Cancelled | Refusal:
-    """Cancel ``job_id`` (a job or an array) as ``identity``, who must manage it."""
+    """Cancel ``job_id`` (a job or an array) as ``identity``, who must manage it; with
+    ``requeue``, stop its live attempt and queue it again instead (``RequeueJob``)."""
     if not job_id:
         return required("job_id")
     elsewhere = replica.leader_refusal()
@@ -46,9 +52,10 @@ def cancel(
     refusal = access.job_refusal(identity, job_id, known.owner)
     if refusal is not None:
         return denied(refusal, identity)
-    command = cmd.CancelJob(
+    kind = cmd.RequeueJob if requeue else cmd.CancelJob
+    command = kind(
         job_id=job_id,
-        reason=reason[:MAX_REASON] or "cancelled by user",
+        reason=reason[:MAX_REASON] or ("requeued" if requeue else "cancelled") + " by user",
         now_ms=replica.clock_ms(),
         actor=str(identity),
     )
@@ -58,6 +65,6 @@ def cancel(
     failed = commit.refused(results[0], job_not_found(job_id))
     if failed is not None:
         return failed
-    audit.info("%s %s %s", identity, "CancelJob", job_id)
+    audit.info("%s %s %s", identity, kind.__name__, job_id)
     job = replica.snapshot().jobs.get(job_id)
     return Cancelled(results[0].message, job.state if job is not None else JobState.CANCELLED)

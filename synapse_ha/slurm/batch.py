@@ -50,6 +50,7 @@ def batch_environment(
             "SLURM_LOCALID": "0",
             "SLURM_NODEID": "0",
             "SLURM_SUBMIT_DIR": env.get("SYNAPSE_SBATCH_SUBMIT_DIR", os.getcwd()),
+            "SLURM_RESTART_COUNT": str(_restarts(env)),
             "SLURM_CPUS_PER_TASK": env.get("SYNAPSE_SBATCH_CPUS", "0"),
             "SLURM_GPUS_ON_NODE": str(
                 len([g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g])
@@ -61,6 +62,12 @@ def batch_environment(
     if "SLURM_ARRAY_JOB_ID" in env:
         out["SLURM_ARRAY_JOB_ID"] = slurm_id(env["SLURM_ARRAY_JOB_ID"])
     return out
+
+
+def _restarts(env: Mapping[str, str]) -> int:
+    """Attempts before this one (requeues and retries alike): Slurm's restart count."""
+    attempt = env.get("SYNAPSE_ATTEMPT", "1")
+    return max(0, int(attempt) - 1) if attempt.isdigit() else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ EXAMPLES: list[c.Command] = [
     c.ReportNodeChecks("n1", (NodeCheck("health-check", True, "disk full"),), 6),
     c.SubmitJob(job("x", replicas=3, gpu=2, required="rack", time_limit_s=60, retries=2), "r", 6),
     c.CancelJob("job-000001", "user asked", 7),
+    c.RequeueJob("job-000001", "checkpointed", 7, "user:alice"),
     c.BindPlan(
         (c.GangPlacement("job-000001", 0, (MemberPlacement(0, "n1", (0, 1)),)),),
         (

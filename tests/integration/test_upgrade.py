@@ -92,7 +92,12 @@ def _run_release(replica: Replica, previous: Path | None) -> None:
         # when it forked a snapshot writer under load (see synapse_ha.programs).
         env["GRPC_ENABLE_FORK_SUPPORT"] = "false"
         # Flags newer than that release are left out (it would refuse to start).
-        for flag in ("--metrics-address", "--agent-address", "--raft-transport"):
+        for flag in (
+            "--metrics-address",
+            "--agent-address",
+            "--raft-transport",
+            "--master-port-base",
+        ):
             if flag in replica.argv:
                 i = replica.argv.index(flag)
                 replica.argv = replica.argv[:i] + replica.argv[i + 2 :]

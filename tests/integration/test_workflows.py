@@ -245,3 +245,45 @@ def test_an_exclusive_batch_job_takes_its_node_whole(
     job = cluster.job(submitted.output.strip().splitlines()[-1])
     assert job.wait(timeout_s=60).succeeded
     assert [line.text for line in job.logs()] == ["whole"]
+
+
+SELF_REQUEUE = """#!/bin/sh
+#SBATCH -J requeue-me
+#SBATCH --mem=64M
+echo "$SLURM_RESTART_COUNT" >> restarts.txt
+if [ "$SLURM_RESTART_COUNT" = 0 ]; then
+  scontrol requeue "$SLURM_JOB_ID" || exit 9
+  sleep 60
+  exit 3
+fi
+sbatch --parsable -D "$SLURM_SUBMIT_DIR" child.sh > child.id
+"""
+
+
+def test_a_job_requeues_itself_and_submits_another_from_inside(
+    local: LocalCluster, cluster: Cluster, tmp_path: Path
+) -> None:
+    """``scontrol requeue`` and ``sbatch`` inside the job reach the cluster as the
+    submitting synctl did; the second attempt sees Slurm's restart count."""
+    (tmp_path / "requeue.sh").write_text(SELF_REQUEUE)
+    (tmp_path / "child.sh").write_text("#!/bin/sh\n#SBATCH --mem=64M\necho child\n")
+    submitted = synctl(  # -W: back once the job has ended, with its status
+        local, "sbatch", "--parsable", "-W", "-D", str(tmp_path), str(tmp_path / "requeue.sh")
+    )
+    assert submitted.exit_code == 0, submitted.output
+    job = cluster.job(submitted.output.strip().splitlines()[0])
+    info = job.info()
+    assert info.succeeded, (info.reason, [line.text for line in job.logs()])
+    assert (info.attempt, info.raw.retries_used) == (2, 0)
+    assert (tmp_path / "restarts.txt").read_text().split() == ["0", "1"]
+    child = (tmp_path / "child.id").read_text().strip()  # Slurm's form, as sbatch prints it
+    assert child.isdigit()
+    assert cluster.job(f"job-{int(child):06d}").wait(timeout_s=60).succeeded
+    nodes = synctl(local, "sinfo", "-h", "-o", "%P|%D|%a")
+    assert nodes.exit_code == 0, nodes.output
+    assert nodes.output.splitlines()[0] == "default*|1|up"
+    finished = synctl(local, "scontrol", "requeue", child)
+    assert finished.exit_code == 1 and "already finished as SUCCEEDED" in finished.output
+    (tmp_path / "fails.sh").write_text("#!/bin/sh\n#SBATCH --mem=64M\nexit 3\n")
+    failed = synctl(local, "sbatch", "-W", "-D", str(tmp_path), str(tmp_path / "fails.sh"))
+    assert failed.exit_code == 3, failed.output

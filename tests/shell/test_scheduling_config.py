@@ -94,6 +94,8 @@ def test_flags_replace_the_files_classes(tmp_path: Path) -> None:
         (("--priority-class", "x=1,min-runtime=8d"), "min_runtime_ms: must be 0 to 7 days"),
         (("--priority-class", "x=1,min-runtime=soon"), "min_runtime"),
         (("--reclaim-wait-max", "2d"), "reclaim_wait_max must be from 0s to 24h, got '2d'"),
+        (("--master-port-base", "80"), "master_port_base must be an integer from 1024 to 45536"),
+        (("--master-port-base", "50000"), "and those 10000 above"),
     ],
 )
 def test_bad_settings_are_refused_naming_them(
@@ -111,6 +113,14 @@ def test_max_requeues_from_toml_or_flag(tmp_path: Path) -> None:
     assert from_flag.scheduling.applied_to(ClusterConfig()).max_requeues == 7
     with pytest.raises(scheduler_main.ConfigError, match="max_requeues"):
         load(tmp_path, '[scheduling]\nmax_requeues = "many"\n')
+
+
+def test_master_port_base_from_toml_or_flag(tmp_path: Path) -> None:
+    assert load(tmp_path, "").scheduling.applied_to(ClusterConfig()).master_port_base == 29_500
+    from_file = load(tmp_path, "[scheduling]\nmaster_port_base = 31000\n").scheduling
+    assert from_file.applied_to(ClusterConfig()).master_port_base == 31_000
+    from_flag = load(tmp_path, "", "--master-port-base", "20000").scheduling
+    assert from_flag.applied_to(ClusterConfig()).master_port_base == 20_000
 
 
 def test_start_timeout_from_toml_or_flag(tmp_path: Path) -> None:

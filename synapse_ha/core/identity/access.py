@@ -143,6 +143,7 @@ POLICY: dict[str, frozenset[Audience]] = {
     _scheduler("ListJobs"): _READERS,
     _scheduler("GetArray"): _READERS,
     _scheduler("CancelJob"): _PEOPLE,
+    _scheduler("RequeueJob"): _PEOPLE,
     _scheduler("ExplainJob"): _PEOPLE,
     _scheduler("GrantLogAccess"): _PEOPLE,
     _scheduler("ListNodes"): _READERS,

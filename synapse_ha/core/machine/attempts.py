@@ -217,6 +217,21 @@ def end_preempted(state: ClusterState, job: Job, now: int) -> None:
     )
 
 
+def requeue_on_request(state: ClusterState, job: Job, text: str, now: int) -> None:
+    """Stop the live attempt of ``job`` because its owner or an operator asked for a
+    requeue, and queue the job again keeping its submission order: counted against
+    neither ``retries.max`` nor ``max_requeues`` (a job that requeues itself before its
+    time limit may do so any number of times). The next attempt binds once every member
+    of this one is confirmed stopped, as after any requeue."""
+    attempt = job.attempt
+    assert attempt is not None
+    outcome = reason(ReasonCode.REQUEUE_REQUESTED, text=text)
+    end_attempt(state, job, lc.AttemptEvent.REQUEUE, outcome, now)
+    move_job(state, job, lc.JobEvent.REQUEUE)
+    job.retry_not_before_ms = now
+    job.reason = reason(ReasonCode.REQUEUED_BY_REQUEST, outcome, attempt=attempt.number)
+
+
 def fail_attempt_and_retry(state: ClusterState, job: Job, why: Reason, seed: int, now: int) -> None:
     """Stop the whole gang; retry it as a new attempt later, or fail the job for good."""
     end_attempt(state, job, lc.AttemptEvent.FAIL, why, now)

@@ -17,6 +17,7 @@ from synapse_ha.core.machine.attempts import (
     end_attempt_for,
     end_preempted,
     finish,
+    requeue_on_request,
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes, one_job
@@ -237,6 +238,41 @@ def _cancel(state: ClusterState, job: Job, c: cmd.CancelJob, now: int) -> None:
         settle_drained(state, sorted({m.node_id for m in attempt.members}))
 
 
+def _requeue_job(state: ClusterState, c: cmd.RequeueJob, now: int) -> Result:
+    """Requeue a job that holds nodes, or every task of an array that does."""
+    array = state.arrays.get(c.job_id)
+    if array is not None:
+        live = [
+            state.jobs[task]
+            for task in array.task_ids()
+            if task in state.jobs and state.jobs[task].live_attempt() is not None
+        ]
+        for task in live:
+            _requeue(state, task, c, now)
+        return ok(f"{c.job_id}: {len(live)} running task(s) requeued", job_id=c.job_id)
+    job = state.jobs.get(c.job_id)
+    if job is None:
+        return error(ResultCode.NOT_FOUND, f"no job {c.job_id!r}")
+    if job.state.finished:
+        return error(
+            ResultCode.CONFLICT,
+            f"{c.job_id} already finished as {job.state.value}: submit it again to rerun it",
+        )
+    if job.live_attempt() is None:
+        return error(
+            ResultCode.CONFLICT, f"{c.job_id} is {job.state.value}: it holds no nodes to requeue"
+        )
+    _requeue(state, job, c, now)
+    return ok(f"{c.job_id} requeued", job_id=c.job_id)
+
+
+def _requeue(state: ClusterState, job: Job, c: cmd.RequeueJob, now: int) -> None:
+    attempt = job.live_attempt()
+    assert attempt is not None
+    requeue_on_request(state, job, c.reason, now)
+    settle_drained(state, sorted({m.node_id for m in attempt.members}))
+
+
 def _holding(state: ClusterState, job_id: str, token: int) -> tuple[Job, Attempt] | Result:
     """Job ``job_id`` and its live attempt when that attempt holds fencing ``token``;
     otherwise the error (NOT_FOUND without the job, CONFLICT for another token)."""
@@ -330,7 +366,9 @@ def _touches_submission(state: ClusterState, c: cmd.SubmitJob, changes: Changes)
             changes.jobs.update(array.task_ids())
 
 
-def _touches_cancel(state: ClusterState, c: cmd.CancelJob, changes: Changes) -> None:
+def _touches_cancel(
+    state: ClusterState, c: cmd.CancelJob | cmd.RequeueJob, changes: Changes
+) -> None:
     """The job and its nodes, or, for an array, every task and its nodes."""
     array = state.arrays.get(c.job_id)
     for job_id in array.task_ids() if array is not None else (c.job_id,):
@@ -345,6 +383,7 @@ def _touches_purge(state: ClusterState, c: cmd.PurgeFinished, changes: Changes) 
 HANDLERS: dict[type, Handling] = {
     cmd.SubmitJob: Handling(_submit_job, _touches_submission),
     cmd.CancelJob: Handling(_cancel_job, _touches_cancel),
+    cmd.RequeueJob: Handling(_requeue_job, _touches_cancel),
     cmd.FailAttempt: Handling(_fail_attempt, one_job),
     cmd.ExpireTimeLimit: Handling(_expire_time_limit, one_job),
     cmd.ExpireDeadline: Handling(_expire_deadline, one_job),

@@ -68,7 +68,7 @@ def _page_start(context: grpc.ServicerContext, token: str) -> tuple[int, int]:
 
 
 class JobService(SubmitService):
-    """SubmitJob(s) (:class:`SubmitService`), CancelJob, GetJob, GetArray, ListJobs,
+    """SubmitJob(s) (:class:`SubmitService`), CancelJob, RequeueJob, GetJob, GetArray, ListJobs,
     ExplainJob and GrantLogAccess."""
 
     def CancelJob(
@@ -82,6 +82,19 @@ class JobService(SubmitService):
             self._fail(context, done, identity)
         self._send_index(context)  # the state now holds the write: a read token for it
         return pb.CancelJobResponse(message=done.message, **states.job_state_fields(done.state))
+
+    def RequeueJob(
+        self, request: pb.RequeueJobRequest, context: grpc.ServicerContext
+    ) -> pb.RequeueJobResponse:
+        identity = caller(context)
+        timeout_s = self._write_timeout_s(context)
+        done = cancel(
+            self.replica, identity, request.job_id, request.reason, timeout_s, requeue=True
+        )
+        if isinstance(done, Refusal):
+            self._fail(context, done, identity)
+        self._send_index(context)
+        return pb.RequeueJobResponse(message=done.message, **states.job_state_fields(done.state))
 
     # -------------------------------------------------------------------- reads
 

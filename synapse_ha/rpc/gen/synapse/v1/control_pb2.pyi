@@ -478,6 +478,24 @@ class CancelJobResponse(_message.Message):
     job_state: JobState
     def __init__(self, state: _Optional[str] = ..., message: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
+class RequeueJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RequeueJobResponse(_message.Message):
+    __slots__ = ("state", "message", "job_state")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    message: str
+    job_state: JobState
+    def __init__(self, state: _Optional[str] = ..., message: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+
 class ExplainJobRequest(_message.Message):
     __slots__ = ("job_id", "allow_stale")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
