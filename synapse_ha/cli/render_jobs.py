@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from synapse_ha.client.jobs import AttemptView, Checkpoint, Explained, JobView, 
 from synapse_ha.client.nodes import NodeView
 from synapse_ha.core.health.progress import SOURCE_LOG
 from synapse_ha.core.model import JobSpec, JobState
+from synapse_ha.core.node_selector import NodeSelector, describe
 from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.core.workflows.windows import resolved
 from synapse_ha.rpc.readable import (
@@ -114,11 +116,17 @@ def job_document(job: JobView, now_ms: int | None = None) -> Document:
         "resume_step": job.resume_step,
         "stop_grace_ms": spec.stop_grace_ms,
         "account": spec.account,
+        "nodes": nodes_document(spec.nodes) if spec.nodes is not None else None,
     }
     return {**with_iso(doc, *_TIMES), **times_document(job, now_ms)}
 
 
 _TIMES = ("submitted_at_ms", "finished_at_ms")
+
+
+def nodes_document(nodes: NodeSelector) -> Document:
+    """``{features, gpu_model, names, exclude}``: where the job's members may run."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(nodes).items()}
 
 
 def times_document(job: JobView, now_ms: int | None) -> Document:
@@ -285,6 +293,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("PRIORITY", doc["priority_class"] or doc["priority"]),
         ("PREEMPTED", preemption_text(doc["preemption"])),
         ("TOPOLOGY", topology),
+        ("NODES", describe(NodeSelector(**doc["nodes"])) if doc["nodes"] else None),
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
         ("STOP GRACE", duration_text(doc["stop_grace_ms"]) if doc["stop_grace_ms"] else None),
         ("HANG AFTER", progress_text(doc["progress"])),

@@ -28,7 +28,7 @@ JOB_KEYS = [
     "submitted_at_ms", "submitted_at", "finished_at_ms", "finished_at", "attempt_outcome",
     "members", "queue", "priority_class", "preemption", "progress", "prestart",
     "dependencies", "waiting_for", "begin_ms", "deadline_ms", "checkpoint", "resume_step",
-    "stop_grace_ms", "account", "started_at_ms", "started_at", "wait_ms", "elapsed_ms",
+    "stop_grace_ms", "account", "nodes", "started_at_ms", "started_at", "wait_ms", "elapsed_ms",
     "time_left_ms",
 ]  # fmt: skip
 NODE_KEYS = [
@@ -298,3 +298,14 @@ def test_the_replica_members_after_a_change_are_listed_with_their_liveness() -> 
     lines = cluster_ops.members_table(doc).splitlines()
     assert lines[0].split() == ["REPLICA", "RAFT", "GRPC", "LIVE"]
     assert lines[1].split() == ["r1", "h:1", "h:2", "yes"] and lines[2].split()[-1] == "no"
+
+
+def test_a_jobs_node_selector_in_the_document_and_the_table() -> None:
+    job = running_job()
+    job.spec.nodes.CopyFrom(pb.NodeSelector(features="a100&ib", names=["gpu01"]))
+    doc = render_jobs.job_document(job_from_proto(job))
+    assert doc["nodes"] == {"features": "a100&ib", "gpu_model": "", "names": ["gpu01"],
+                            "exclude": []}  # fmt: skip
+    assert json.loads(render.structured(doc, "json")) == doc
+    assert "NODES:         features a100&ib, nodes gpu01" in render_jobs.job_table(doc, 0)
+    assert render_jobs.job_document(job_from_proto(running_job()))["nodes"] is None
