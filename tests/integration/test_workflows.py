@@ -256,7 +256,7 @@ if [ "$SLURM_RESTART_COUNT" = 0 ]; then
   sleep 60
   exit 3
 fi
-sbatch --parsable -D "$SLURM_SUBMIT_DIR" child.sh > child.id
+sbatch --parsable -D "$PWD" child.sh > child.id
 """
 
 
