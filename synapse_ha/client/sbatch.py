@@ -77,6 +77,15 @@ _NOTED = {
 }
 
 
+# Options refused, with why (every other one: "not supported").
+_NOT_HONOURED = {
+    "reservation": "no advance reservations here: nodes are not set aside by name",
+    "licenses": "no licenses are counted here",
+    "nodefile": "name the nodes with -w",
+    "clusters": "one cluster: synctl --cluster chooses it",
+}
+
+
 def directives(script: str) -> list[tuple[int, list[str]]]:
     """``(line number, words)`` of each ``#SBATCH`` line before the first command."""
     out = []
@@ -135,7 +144,8 @@ def translate(
             out.notes.append(f"{where}: {written}: {_NOTED[name]}")
             continue
         if handler is None:
-            raise SbatchError(where, written, "not supported (see docs/slurm.md)")
+            why = _NOT_HONOURED.get(name, "not supported")
+            raise SbatchError(where, written, f"{why} (see docs/slurm.md)")
         try:
             handler(value or "", spec, resources, env_vars, env)
         except ValueError as exc:

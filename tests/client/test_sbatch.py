@@ -100,7 +100,7 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH --frobnicate=1", "s.sh:2", "--frobnicate: not an sbatch option"),
         ("#SBATCH -Z", "s.sh:2", "-Z: not an sbatch option"),
         ("#SBATCH --requeue=yes", "s.sh:2", "takes no value"),
-        ("#SBATCH --reservation=r1", "s.sh:2", "--reservation=r1: not supported"),
+        ("#SBATCH --switches=1", "s.sh:2", "--switches=1: not supported"),
         ("#SBATCH -N 2-4", "s.sh:2", "a range min-max is not supported"),
         ("#SBATCH --gres=nvme:1", "s.sh:2", "only gpu:N or gpu:TYPE:N"),
         ("#SBATCH --mem=0", "s.sh:2", "--mem=0: needs the cluster's node shape"),
@@ -355,3 +355,8 @@ def test_node_selection_that_cannot_be_read_is_refused_with_its_line(line: str, 
         translate(f"#!/bin/sh\n{line}\ntrue\n", "s.sh")
     assert refused.value.where == "s.sh:2"
     assert says in str(refused.value)
+
+
+def test_an_option_with_no_meaning_here_is_refused_saying_why() -> None:
+    with pytest.raises(SbatchError, match=r"r\.sh:2: --reservation=hug: no advance reservations"):
+        translate("#!/bin/sh\n#SBATCH --reservation=hug\ntrue\n", "r.sh")

@@ -16,9 +16,10 @@ DOC = {"name": "train", "replicas": 1, "command": "true"}
 
 
 def test_a_document_states_it_and_the_rule_bounds_it() -> None:
-    assert parse_job_spec({**DOC, "account": "proj_1.a-b"}).spec.account == "proj_1.a-b"
+    for good in ("proj_1.a-b", "six@v100"):
+        assert parse_job_spec({**DOC, "account": good}).spec.account == good
     assert parse_job_spec(DOC).spec.account == ""
-    for bad in ("a b", "x" * 65, "é"):
+    for bad in ("a b", "x" * 65, "é", "a;b"):
         with pytest.raises(SpecError, match="account: letters, digits"):
             parse_job_spec({**DOC, "account": bad})
     with pytest.raises(SpecError, match="account: expected a string"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 MAX_STOP_GRACE_MS = 3600 * 1000
-_ACCOUNT = re.compile(r"[A-Za-z0-9_.-]{0,64}")
+_ACCOUNT = re.compile(r"[A-Za-z0-9_.@+-]{0,64}")  # six@v100: sites write accounts so
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ def _stop_grace_rule(ms: int) -> str:
 def _account_rule(text: str) -> str:
     if _ACCOUNT.fullmatch(text):
         return ""
-    return "letters, digits, '_', '.' and '-', at most 64 characters"
+    return "letters, digits, '_', '.', '@', '+' and '-', at most 64 characters"
 
 
 SPEC_FIELDS: tuple[SpecField, ...] = (
