@@ -225,6 +225,21 @@ def test_cancel_refuses_another_users_job_and_cancels_ones_own() -> None:
     assert isinstance(refused, Refusal) and refused.code is ErrorReason.NO_LEADER
 
 
+def test_requeue_refuses_another_users_job_and_what_holds_no_nodes() -> None:
+    replica = registered()
+    assert apply(replica.state, cmd.SubmitJob(job("j", replicas=1), "r1", 2, owner="ann")).ok
+    bob = Identity(Kind.USER, "bob", Role.USER)
+    refused = cancel(replica, bob, "job-000001", "", 1.0, requeue=True)
+    assert isinstance(refused, Refusal) and refused.code is ErrorReason.PERMISSION_DENIED
+    assert replica.proposed == []
+    ann = Identity(Kind.USER, "ann", Role.USER)
+    pending = cancel(replica, ann, "job-000001", "", 1.0, requeue=True)
+    assert isinstance(pending, Refusal) and pending.code is ErrorReason.CONFLICT
+    assert "holds no nodes" in pending.words
+    assert [type(c) for c in replica.proposed] == [cmd.RequeueJob]
+    assert replica.state.jobs["job-000001"].state is JobState.PENDING
+
+
 def test_a_node_back_from_dead_has_its_late_exit_counted_before_it_is_ready() -> None:
     cl, j, token = gang_on_two_nodes()
     rank0_done_then_n2_dies(cl, j, token)
