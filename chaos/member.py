@@ -27,32 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from chaos.ledger import Appender, now_ns
+from chaos.steptask import HEARTBEAT_S, pid_namespace, start_ticks
 
-HEARTBEAT_S = 0.1
 PREEMPT_DRAIN_S = 0.3
-
-
-def pid_namespace() -> int:
-    """The inode number of this process's PID namespace (0: unknown). With the pid and
-    its start time it names the process on its machine: a worker may start each member in
-    a PID namespace of its own, where every member's pid is 2 (and a namespace's number is
-    used again once it is gone)."""
-    try:
-        link = os.readlink("/proc/self/ns/pid")  # pid:[4026532281]
-    except OSError:
-        return 0
-    inode = link.partition("[")[2].rstrip("]")
-    return int(inode) if inode.isdigit() else 0
-
-
-def start_ticks() -> int:
-    """When this process started, in clock ticks since boot (0: unknown)."""
-    try:
-        stat = Path("/proc/self/stat").read_text()
-    except OSError:
-        return 0
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
 
 
 def identity() -> dict[str, Any]:
@@ -68,7 +45,7 @@ def identity() -> dict[str, Any]:
         "node": node,
         "pid": os.getpid(),
         "pid_ns": pid_namespace(),
-        "start_ticks": start_ticks(),
+        "start_ticks": start_ticks(os.getpid()),
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     }
 

@@ -1,7 +1,12 @@
 """What a chaos sbatch job runs besides its commit (:mod:`chaos.member`):
 
-    python -m chaos.steptask task STEPS_LEDGER MS     # a task of a job step (srun)
-    python -m chaos.steptask batch start|end STEPS_LEDGER [STATUS...]
+    python -P chaos/steptask.py task STEPS_LEDGER MS     # a task of a job step (srun)
+    python -P chaos/steptask.py batch start|end STEPS_LEDGER [STATUS...]
+
+Standard library only, and started by its path: a job runs eight of these, and the
+``chaos`` package's import of gRPC (:mod:`chaos`) would cost each of them about 0.2 s of
+CPU on the suite's two cores. Each record is one ``os.write`` to a file opened with
+``O_APPEND``, as :class:`chaos.ledger.Appender` writes.
 
 A **task** reads its identity from the step's environment (``SYNAPSE_JOB_ID``,
 ``SYNAPSE_ATTEMPT``, ``SYNAPSE_FENCING_TOKEN`` exported by the batch script,
@@ -20,6 +25,7 @@ GPUs), so faults aimed at busy hosts hit sbatch jobs too.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -27,13 +33,35 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos.ledger import Appender, now_ns
-from chaos.member import HEARTBEAT_S, pid_namespace
-
+HEARTBEAT_S = 0.1
 USAGE = (
-    "usage: python -m chaos.steptask task STEPS_LEDGER MS\n"
-    "       python -m chaos.steptask batch start|end STEPS_LEDGER [STATUS...]"
+    "usage: python -P chaos/steptask.py task STEPS_LEDGER MS\n"
+    "       python -P chaos/steptask.py batch start|end STEPS_LEDGER [STATUS...]"
 )
+
+
+def append(fd: int, record: dict[str, Any]) -> None:
+    """One record, one write (chaos.ledger's format)."""
+    data = (json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n").encode()
+    if os.write(fd, data) != len(data):
+        raise OSError("short append to the steps ledger")
+
+
+def open_ledger(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+
+def pid_namespace() -> int:
+    """The inode number of this process's PID namespace (0: unknown). With the pid and
+    its start time it names the process on its machine: a worker may start each member in
+    a PID namespace of its own, where every member's pid is 2 (and a namespace's number is
+    used again once it is gone)."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # pid:[4026532281]
+    except OSError:
+        return 0
+    inode = link.partition("[")[2].rstrip("]")
+    return int(inode) if inode.isdigit() else 0
 
 
 def start_ticks(pid: int) -> int:
@@ -72,10 +100,10 @@ def task_identity() -> dict[str, Any]:
 
 def run_task(path: Path, duration_ms: int) -> int:
     me = task_identity()
-    out = Appender(path)
+    fd = open_ledger(path)
 
     def record(kind: str) -> None:
-        out.append({"type": kind, **me, "mono_ns": now_ns()})
+        append(fd, {"type": kind, **me, "mono_ns": time.monotonic_ns()})
 
     def on_term(signum: int, frame: object) -> None:
         record("task-term")
@@ -99,12 +127,15 @@ def record_batch(path: Path, kind: str, statuses: list[str]) -> int:
         "type": f"batch-{kind}",
         **attempt_identity(os.getppid()),
         "node": hosts[0],
-        "mono_ns": now_ns(),
+        "mono_ns": time.monotonic_ns(),
     }
     if kind == "end":
         record["statuses"] = [int(s) for s in statuses if s.lstrip("-").isdigit()]
-    with Appender(path) as out:
-        out.append(record)
+    fd = open_ledger(path)
+    try:
+        append(fd, record)
+    finally:
+        os.close(fd)
     return 0
 
 
