@@ -156,11 +156,18 @@ def test_a_batch_script_runs_once_and_srun_runs_its_steps_on_the_allocation(
 def test_sbatch_refuses_what_it_cannot_translate_naming_the_line(
     local: LocalCluster, tmp_path: Path
 ) -> None:
-    script = tmp_path / "reserved.sh"
-    script.write_text("#!/bin/sh\n#SBATCH -N 1\n#SBATCH --reservation=r1\necho $SLURM_JOB_ID\n")
+    script = tmp_path / "scratch.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -N 1\n#SBATCH --tmp=10G\necho $SLURM_JOB_ID\n")
     refused = synctl(local, "sbatch", "-D", str(tmp_path), str(script))
     assert refused.exit_code == 2
-    assert f"{script}:3: --reservation=r1: not supported" in refused.output
+    assert f"{script}:3: --tmp=10G: not supported" in refused.output
+    # A feature no node advertises reaches the cluster, which refuses the job saying so.
+    script.write_text("#!/bin/sh\n#SBATCH -N 1\n#SBATCH -C 'volta32gb&ib'\necho\n")
+    refused = synctl(local, "sbatch", "-D", str(tmp_path), str(script))
+    assert refused.exit_code != 0
+    assert "nodes.features: the job can never fit this cluster: no node has feature" in (
+        refused.output
+    ), refused.output
 
 
 def test_sbatch_submits_an_array_whose_tasks_see_their_slurm_index(
