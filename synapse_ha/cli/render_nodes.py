@@ -89,6 +89,7 @@ def node_document(node: NodeView, now_ms: int = 0) -> Document:
         "free_gpus": max(0, node.capacity.gpu - len(unusable)),
         "allocated_gpus": list(node.allocated_gpus),
         "gpu_model": node.gpu_model,
+        "features": list(node.features),
         "registered_at_ms": node.registered_at_ms,
         "last_heartbeat_age_ms": node.last_heartbeat_age_ms,
         "members_run_as": node.members_run_as,

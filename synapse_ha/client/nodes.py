@@ -42,6 +42,7 @@ class NodeView:
     gpu_faults: tuple[GpuFault, ...]
     unfit: tuple[Unfit, ...]
     conditions: tuple[NodeCondition, ...]
+    features: tuple[str, ...] = ()  # what a job's nodes.features selects
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ def node_from_proto(msg: pb.Node) -> NodeView:
         ),
         members_run_as=msg.members_run_as,
         member_isolation=msg.member_isolation,
+        features=tuple(msg.features),
         gpu_faults=faults_from_proto(msg.gpu_faults),
         unfit=tuple(Unfit(u.owner, u.detail, u.until_ms) for u in msg.unfit),
         conditions=tuple(NodeCondition(k.name, k.message, k.since_ms) for k in msg.conditions),

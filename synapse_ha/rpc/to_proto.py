@@ -185,6 +185,7 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
         allocated_gpus=sorted(node.allocated_gpus),
         topology=[pb.TopologyLabel(level=k, value=v) for k, v in node.info.topology],
         gpu_model=node.info.gpu_model,
+        features=sorted(node.info.features),
         registered_at_ms=node.registered_at_ms,
         last_heartbeat_age_ms=heartbeat_age_ms,
         members_run_as=node.info.members_run_as,

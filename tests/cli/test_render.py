@@ -18,7 +18,8 @@ from synapse_ha.client.jobs import explained_from_proto, job_from_proto
 from synapse_ha.client.nodes import node_from_proto
 from synapse_ha.client.replicas import members_from_proto, status_from_proto
 from synapse_ha.client.tokens import token_from_proto
-from synapse_ha.rpc import readable
+from synapse_ha.core.model import Node, NodeInfo, NodeStatus, Resources
+from synapse_ha.rpc import readable, to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 JOB_KEYS = [
@@ -33,7 +34,7 @@ JOB_KEYS = [
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
-    "allocated", "free_gpus", "allocated_gpus", "gpu_model", "registered_at_ms",
+    "allocated", "free_gpus", "allocated_gpus", "gpu_model", "features", "registered_at_ms",
     "last_heartbeat_age_ms", "members_run_as", "member_isolation", "gpu_faults", "unfit",
     "conditions",
 ]  # fmt: skip
@@ -309,3 +310,10 @@ def test_a_jobs_node_selector_in_the_document_and_the_table() -> None:
     assert json.loads(render.structured(doc, "json")) == doc
     assert "NODES:         features a100&ib, nodes gpu01" in render_jobs.job_table(doc, 0)
     assert render_jobs.job_document(job_from_proto(running_job()))["nodes"] is None
+
+
+def test_a_nodes_features_reach_its_document_through_the_wire() -> None:
+    info = NodeInfo("w9", "127.0.0.1:9", Resources(1000, 1024, 4), features=("ib", "a100"))
+    node = Node(info=info, status=NodeStatus.READY, registered_at_ms=0)
+    doc = render_nodes.node_document(node_from_proto(to_proto.node_to_proto(node, 5)))
+    assert doc["features"] == ["a100", "ib"]
