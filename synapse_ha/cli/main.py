@@ -37,6 +37,7 @@ from synapse_ha.cli import (
     scontrol,
     sinfo,
     slurm,
+    srun,
     tokens,
 )
 from synapse_ha.cli.app import (
@@ -177,6 +178,7 @@ for _command in (
     *scontrol.COMMANDS,
     *slurm.COMMANDS,
     *sinfo.COMMANDS,
+    *srun.COMMANDS,
     *nodes.COMMANDS,
     *cluster_commands.COMMANDS,
     *tokens.COMMANDS,

@@ -20,9 +20,15 @@ from synapse_ha.cli.jobs import wait_for_job
 from synapse_ha.client.cluster import new_request_id
 from synapse_ha.client.credentials import CA_ENV, CERT_ENV, CLUSTER_ENV, KEY_ENV, TOKEN_FILE_ENV
 from synapse_ha.client.jobs import JobView
-from synapse_ha.client.sbatch import NodeShape, SbatchError, script_position, translate
+from synapse_ha.client.sbatch import (
+    NodeShape,
+    SbatchError,
+    Translation,
+    script_position,
+    translate,
+)
 from synapse_ha.core.model import JobState, NodeStatus
-from synapse_ha.core.spec.document import SpecError, parse_job_spec
+from synapse_ha.core.spec.document import ParsedJob, SpecError, parse_job_spec
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
 from synapse_ha.rpc.to_proto import spec_to_proto
@@ -68,10 +74,29 @@ def sbatch(
             ExitCode.USAGE, "no script given: synctl sbatch [OPTIONS] SCRIPT", "USAGE"
         )
     options, script, args = list(words[:at]), Path(words[at]), list(words[at + 1 :])
-    text = _read(script)
+    translation, parsed = prepare(settings, _read(script), str(script), options, args)
+    if dry_run:
+        click.echo(
+            yaml.dump(translation.spec, Dumper=_Dumper, sort_keys=False, width=100), nl=False
+        )
+        return
+    job_id = submit(settings, parsed, str(script))
+    shown = slurm_id(job_id) if slurm_ids else job_id  # as Slurm's sbatch
+    click.echo(shown if parsable else f"Submitted batch job {shown}")
+    if translation.wait:
+        code = exit_status(wait_for_job(settings, job_id))
+        if code:
+            raise click.exceptions.Exit(code)
+
+
+def prepare(
+    settings: Settings, text: str, script: str, options: list[str], args: list[str]
+) -> tuple[Translation, ParsedJob]:
+    """The job of batch script ``text`` with sbatch ``options`` and ``args``, checked as a
+    job spec file is; its notes are said on stderr. Raises CommandFailed (exit 2)."""
     try:
         translation = translate(
-            text, str(script), options, args, node_shape=lambda: node_shape(settings)
+            text, script, options, args, node_shape=lambda: node_shape(settings)
         )
     except SbatchError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
@@ -85,9 +110,11 @@ def sbatch(
     except SpecError as exc:
         message = "; ".join(f"{script}: {v}" for v in exc.violations)
         raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
-    if dry_run:
-        click.echo(yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=100), nl=False)
-        return
+    return translation, parsed
+
+
+def submit(settings: Settings, parsed: ParsedJob, script: str) -> str:
+    """Submit the job; its id. A spec the cluster refuses is exit 2, naming its rule."""
     try:
         answer = settings.client().submit_job(spec_to_proto(parsed.spec), new_request_id())
     except grpc.RpcError as exc:
@@ -99,12 +126,8 @@ def sbatch(
             broken = [f"{failure.field}: {failure.rule}" if failure.field else exc.details() or ""]
         message = "; ".join(f"{script}: {b} (the cluster's rule)" for b in broken)
         raise CommandFailed(ExitCode.USAGE, message, str(Reason.INVALID_FIELD)) from exc
-    job_id = slurm_id(answer.job_id) if slurm_ids else answer.job_id  # as Slurm's sbatch
-    click.echo(job_id if parsable else f"Submitted batch job {job_id}")
-    if translation.wait:
-        code = exit_status(wait_for_job(settings, answer.job_id))
-        if code:
-            raise click.exceptions.Exit(code)
+    job_id: str = answer.job_id
+    return job_id
 
 
 def exit_status(job: JobView) -> int:

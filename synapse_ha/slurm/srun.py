@@ -10,8 +10,11 @@ each line with its task's rank; ``-o``/``-e`` write it to files instead (Slurm's
 the highest of the tasks' (128+N for one killed by signal N). SIGINT and SIGTERM are
 passed to the tasks. Options that only change how Slurm binds CPUs or GPUs
 (``--cpu-bind``, ``--gpu-bind``, ``--accel-bind``, ``--mpi=none``, ``-u``,
-``--overlap``, ``-c``) are accepted. Outside an sbatch job (no ``$SYNAPSE_STEP_HUB``) it
-says so and exits 1.
+``--overlap``, ``-c``) are accepted, and so are those that size an allocation (``-t``,
+``--gres``, ``--mem``, ...: the step runs within what its allocation holds). Outside an
+sbatch job (no ``$SYNAPSE_STEP_HUB``) it runs ``synctl srun``, which makes an allocation
+of its own (:func:`allocation_options`) whose batch script is this ``srun`` and streams
+its output back.
 """
 
 from __future__ import annotations
@@ -53,8 +56,58 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(flag, action="store_true")
     for option in ("--cpu-bind", "--cpu_bind", "--gpu-bind", "--accel-bind", "--mem-bind"):
         p.add_argument(option)
+    # What an allocation asks for: used when srun makes its own (outside an sbatch job),
+    # accepted inside one (the step runs within what the allocation holds).
+    for flags, _sbatch in ALLOCATION:
+        p.add_argument(*flags)
+    p.add_argument("--exclusive", nargs="?", const="")
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
+
+
+# srun's options that size an allocation, with the sbatch option each one is.
+ALLOCATION: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("-t", "--time"), "--time"),
+    (("-p", "--partition"), "--partition"),
+    (("--gres",), "--gres"),
+    (("--gpus-per-node",), "--gpus-per-node"),
+    (("-G", "--gpus"), "--gpus"),
+    (("--mem",), "--mem"),
+    (("--mem-per-cpu",), "--mem-per-cpu"),
+    (("--mem-per-gpu",), "--mem-per-gpu"),
+    (("-A", "--account"), "--account"),
+    (("-C", "--constraint"), "--constraint"),
+    (("-q", "--qos"), "--qos"),
+)
+_SIZES = (
+    ("nodes", "--nodes"),
+    ("ntasks", "--ntasks"),
+    ("ntasks_per_node", "--ntasks-per-node"),
+    ("cpus_per_task", "--cpus-per-task"),
+    ("gpus_per_task", "--gpus-per-task"),
+    ("job_name", "--job-name"),
+    ("chdir", "--chdir"),
+)
+
+
+def allocation_options(args: argparse.Namespace) -> list[str]:
+    """The sbatch options of the allocation ``srun`` makes outside an sbatch job: those
+    its own options ask for (``-N``, ``-n``, ``-c``, ``-t``, ``--gres``, ``-w``, ...); the
+    job is named after the command unless ``-J`` names it."""
+    out = [f"{sbatch}={getattr(args, name)}" for name, sbatch in _SIZES if getattr(args, name)]
+    for flags, sbatch in ALLOCATION:
+        value = getattr(args, flags[-1].lstrip("-").replace("-", "_"))
+        if value:
+            out.append(f"{sbatch}={value}")
+    for name in ("nodelist", "exclude"):
+        if getattr(args, name):
+            out.append(f"--{name}={','.join(getattr(args, name))}")
+    if args.exclusive is not None:
+        out.append(f"--exclusive={args.exclusive}" if args.exclusive else "--exclusive")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not args.job_name and command:
+        out.append(f"--job-name={os.path.basename(command[0])}")
+    return out
 
 
 def exported(value: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -244,7 +297,11 @@ async def _relay(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    if wire.HUB_ENV not in os.environ:  # no allocation: synctl's srun makes one
+        python = sys.executable
+        os.execv(python, [python, "-m", "synapse_ha.cli", "srun", *words])
+    args = parser().parse_args(words)
     with contextlib.suppress(KeyboardInterrupt):
         sys.exit(asyncio.run(run(args, os.environ)))
     sys.exit(130)

@@ -294,3 +294,16 @@ def test_a_job_requeues_itself_and_submits_another_from_inside(
     (tmp_path / "fails.sh").write_text("#!/bin/sh\n#SBATCH --mem=64M\nexit 3\n")
     failed = synctl(local, "sbatch", "-W", "-D", str(tmp_path), str(tmp_path / "fails.sh"))
     assert failed.exit_code == 3, failed.output
+
+
+def test_srun_outside_an_allocation_makes_one_and_streams_the_step(
+    local: LocalCluster, tmp_path: Path
+) -> None:
+    ran = synctl(
+        local, "srun", "-n", "2", "--mem=64M", "-D", str(tmp_path), "-l",
+        "sh", "-c", 'echo "task $SLURM_PROCID of $SLURM_NTASKS"',
+    )  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    assert {"0: task 0 of 2", "1: task 1 of 2"} <= set(ran.output.splitlines()), ran.output
+    failed = synctl(local, "srun", "--mem=64M", "-D", str(tmp_path), "sh", "-c", "exit 4")
+    assert failed.exit_code == 4, failed.output

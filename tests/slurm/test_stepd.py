@@ -93,17 +93,19 @@ srun true; echo "own $?"
     assert "own 0" in out
 
 
-def test_srun_outside_an_allocation_says_so() -> None:
+def test_srun_outside_an_allocation_makes_one_and_names_the_cluster_it_tried() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SYNAPSE_", "SLURM_"))}
+    env["SYNAPSE_CLUSTER"] = "127.0.0.1:1"  # nothing listens there
     ran = subprocess.run(
-        [sys.executable, "-m", "synapse_ha.slurm.srun", "true"],
+        [sys.executable, "-m", "synapse_ha.slurm.srun", "-N", "2", "true"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert ran.returncode == 1 and "not inside an sbatch job's allocation" in ran.stderr
+    assert ran.returncode == 3, ran.stderr  # synctl's: the cluster is unreachable
+    assert "cannot reach the cluster; tried 127.0.0.1:1" in ran.stderr
 
 
 def test_the_batch_scripts_output_is_also_written_where_slurm_writes_it(
