@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.codec.formats import format_needed
 from synapse_ha.core.codec.from_plain import from_plain
 from synapse_ha.core.codec.to_plain import to_plain
-from synapse_ha.core.model import JobSpec, JobState, MemberPlacement, NodeInfo
+from synapse_ha.core.model import ClusterState, JobSpec, JobState, MemberPlacement, NodeInfo
 from synapse_ha.core.node_selector import (
     FeatureError,
     NodeSelector,
@@ -27,6 +28,8 @@ from synapse_ha.core.node_selector import (
     selector_problems,
 )
 from synapse_ha.core.reasons import render as render_reason
+from synapse_ha.core.scheduler.capacity import Table, View
+from synapse_ha.core.scheduler.placement import Gang, fits, place, search_depths
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from synapse_ha.core.views import host_of as views_host_of
 from tests.core.harness import Cluster, job, node
@@ -320,3 +323,39 @@ def test_a_node_info_has_what_matching_reads() -> None:
     assert NodeSelector(features="x", gpu_model="a100", names=("h",))
     assert not NodeSelector()
     assert info.features == ("x",)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 8), min_size=1, max_size=6),  # each node's free GPUs
+    st.sets(st.integers(0, 5), min_size=1, max_size=3),  # the nodes named
+    st.integers(1, 6),  # members
+    st.sampled_from([1, 2, 4]),  # GPUs each
+    st.sampled_from(["", "rack", "host"]),  # topology.required
+)
+def test_a_gang_naming_nodes_is_placed_on_them_when_it_fits_and_fits_when_placed(
+    free: list[int], named: set[int], members: int, gpus: int, required: str
+) -> None:
+    cl = Cluster(ClusterState(ClusterConfig(locality_wait_ms=0)))  # binds what fits now
+    cl.add(*(node(f"n{i}", gpus=8, rack=f"r{i % 2}") for i in range(len(free))))
+    for i, left in enumerate(free):  # take GPUs so that node i has ``left`` free
+        if left < 8:
+            cl.submit(_selecting(f"fill{i}", NodeSelector(names=(f"n{i}",)), gpu=8 - left))
+            cl.run_pass()
+    names = tuple(f"n{i}" for i in sorted(named) if i < len(free)) or ("n0",)
+    spec = _selecting("w", NodeSelector(names=names), gpu=gpus, replicas=max(members, len(names)))
+    spec = dataclasses.replace(spec, topology_required=required, wait_for_nodes=True)
+    job_id = cl.submit(spec)
+    view = View(Table.build(cl.state))
+    depths = search_depths(cl.state, spec, len(cl.state.config.topology_levels))
+    must = tuple((name,) for name in names)
+    gang = Gang(cl.state.jobs[job_id], spec, spec.resources, spec.replicas, must=must)
+    hosts = place(gang, view, depths)
+    assert (hosts is not None) is fits(gang, view, depths)
+    if hosts is None:
+        return
+    assert set(names) <= {node_id for node_id, _ in hosts}
+    assert sum(count for _, count in hosts) == spec.replicas
+    assert all(count * gpus <= view.nodes[node_id].gpu for node_id, count in hosts)
+    cl.run_pass()  # apply accepts what the scheduler plans
+    assert set(names) <= set(cl.nodes_of(job_id))
