@@ -61,7 +61,7 @@ def check(path: Path, shape: NodeShape | None = None) -> dict[str, Any]:
             text,
             path.name,
             environ=_EveryVariable(),
-            node_shape=(lambda: shape) if shape is not None else None,
+            node_shape=(lambda _selected: shape) if shape is not None else None,
         )
         parse_job_spec(out.spec, topology_levels=None)
     except SbatchError as exc:

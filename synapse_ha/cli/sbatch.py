@@ -7,8 +7,11 @@ submitted as ``synctl submit`` does (``--dry-run`` prints it instead).
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 import grpc
@@ -26,8 +29,10 @@ from synapse_ha.client.sbatch import (
     Translation,
     script_position,
     translate,
+    whole_node_shape,
 )
 from synapse_ha.core.model import JobState, NodeStatus
+from synapse_ha.core.node_selector import NodeSelector, compiled
 from synapse_ha.core.spec.document import ParsedJob, SpecError, parse_job_spec
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
@@ -96,7 +101,7 @@ def prepare(
     job spec file is; its notes are said on stderr. Raises CommandFailed (exit 2)."""
     try:
         translation = translate(
-            text, script, options, args, node_shape=lambda: node_shape(settings)
+            text, script, options, args, node_shape=functools.partial(node_shape, settings)
         )
     except SbatchError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
@@ -156,31 +161,28 @@ def cluster_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def node_shape(settings: Settings) -> NodeShape:
-    """The one shape of the cluster's live nodes (``--exclusive`` takes a whole node),
-    less the memory the cluster adds to each member for its supervisor; ValueError
-    saying the shapes when there is not exactly one."""
+def node_shape(settings: Settings, selected: Mapping[str, Any]) -> NodeShape:
+    """The shape whole-node jobs take (:func:`whole_node_shape`) among the cluster's live
+    nodes that the job's ``nodes`` selector (``selected``, as the job spec writes it)
+    allows, less the memory the cluster adds to each member for its supervisor."""
     client = settings.client()
     overhead = client.get_limits().member_overhead_memory_mib
-    shapes: dict[NodeShape, int] = {}
-    for node in client.list_nodes():
-        if states.node_status(node) is NodeStatus.DEAD:
+    selector = NodeSelector(
+        features=str(selected.get("features", "")),
+        gpu_model=str(selected.get("gpu_model", "")),
+        exclude=tuple(selected.get("exclude", ())),
+    )
+    rules = compiled(selector)
+    nodes = []
+    for n in client.list_nodes():
+        alternatives = range(len(rules.alternatives))
+        if states.node_status(n) is NodeStatus.DEAD or not any(
+            rules.allows(a, n.node_id, n.address, n.features, n.gpu_model) for a in alternatives
+        ):
             continue
-        c = node.capacity
-        shape = NodeShape(c.gpu, c.cpu_milli, max(0, c.memory_mib - overhead))
-        shapes[shape] = shapes.get(shape, 0) + 1
-    if len(shapes) == 1:
-        return next(iter(shapes))
-    if not shapes:
-        raise ValueError("the cluster has no live node yet to take whole")
-    said = "; ".join(
-        f"{n} nodes of {s.gpu} GPU, {s.cpu_milli / 1000:g} CPU, {s.memory_mib} MiB"
-        for s, n in sorted(shapes.items(), key=lambda kv: -kv[1])
-    )
-    raise ValueError(
-        f"the nodes are not of one shape ({said}): ask for a node's resources instead "
-        "(--gres, -c, --mem)"
-    )
+        c = n.capacity
+        nodes.append((n.node_id, NodeShape(c.gpu, c.cpu_milli, max(0, c.memory_mib - overhead))))
+    return whole_node_shape(nodes)
 
 
 class _Dumper(yaml.SafeDumper):

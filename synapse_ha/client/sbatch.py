@@ -19,6 +19,8 @@ size each node's member for its share of the tasks.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import datetime
 import os
 import re
@@ -108,11 +110,12 @@ def translate(
     args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     submit_dir: str | None = None,
-    node_shape: Callable[[], NodeShape] | None = None,
+    node_shape: Callable[[Mapping[str, Any]], NodeShape] | None = None,
 ) -> Translation:
     """The job spec document for ``script`` (its options, then ``command_line``'s, which
     win), run with ``args``; a relative ``--chdir`` is ``submit_dir``'s (default: this
-    process's directory). ``node_shape``: the cluster's one node shape, asked only for
+    process's directory). ``node_shape``: the shape of the cluster's nodes that the job's
+    ``nodes`` selector (given) allows (:func:`whole_node_shape`), asked only for
     ``--exclusive`` or ``--mem=0`` (whole nodes; raises ValueError when there is none).
     Raises :class:`SbatchError` naming the line and option."""
     env = os.environ if environ is None else environ
@@ -151,7 +154,7 @@ def translate(
         except ValueError as exc:
             raise SbatchError(where, written, str(exc)) from None
     tasks = _tasks(counted, spec["replicas"], resources, spec)
-    _whole_nodes(whole, resources, node_shape)
+    _whole_nodes(whole, out, resources, node_shape)
     spec["resources"] = resources
     env_vars[NAME_ENV] = spec["name"]
     env_vars[CPUS_ENV] = str(cpus_per_task(options))
@@ -207,11 +210,24 @@ def _output_files(given: Mapping[str, tuple[str | None, str, str]]) -> list[str]
 
 @dataclass(frozen=True, slots=True)
 class NodeShape:
-    """What every node of the cluster holds (``--exclusive`` asks for all of it)."""
+    """What a node holds (``--exclusive`` asks for all of it); ``others``: the live nodes
+    of other shapes, which a job taking whole nodes of this one leaves out."""
 
     gpu: int
     cpu_milli: int
     memory_mib: int
+    others: tuple[str, ...] = ()
+
+
+def whole_node_shape(nodes: Sequence[tuple[str, NodeShape]]) -> NodeShape:
+    """The shape whole-node jobs take among ``nodes`` (node id, shape): their one shape,
+    or, when they differ, the most common (then the most GPUs, CPUs, memory), with the
+    nodes of the others in ``others``. ValueError when there is no node."""
+    if not nodes:
+        raise ValueError("the cluster has no live node yet to take whole")
+    counts = collections.Counter(shape for _, shape in nodes)
+    best = max(counts, key=lambda s: (counts[s], s.gpu, s.cpu_milli, s.memory_mib))
+    return dataclasses.replace(best, others=tuple(sorted(n for n, s in nodes if s != best)))
 
 
 def _whole(name: str, value: str | None) -> bool:
@@ -222,11 +238,13 @@ def _whole(name: str, value: str | None) -> bool:
 
 def _whole_nodes(
     whole: Mapping[str, tuple[str | None, str, str]],
+    out: Translation,
     resources: dict[str, Any],
-    node_shape: Callable[[], NodeShape] | None,
+    node_shape: Callable[[Mapping[str, Any]], NodeShape] | None,
 ) -> None:
     """Each member takes its node whole (``--exclusive``: every GPU, CPU and byte, so
-    nothing else fits beside it) or its memory (``--mem=0``): the cluster's node shape."""
+    nothing else fits beside it) or its memory (``--mem=0``): the node shape of the
+    cluster, or of the most common one when its nodes differ (the others excluded)."""
     if not whole:
         return
     name = "exclusive" if "exclusive" in whole else "mem"
@@ -234,9 +252,17 @@ def _whole_nodes(
     try:
         if node_shape is None:
             raise ValueError("needs the cluster's node shape (synctl sbatch asks the cluster)")
-        shape = node_shape()
+        shape = node_shape(out.spec.get("nodes", {}))
     except ValueError as exc:
         raise SbatchError(where, written, str(exc)) from None
+    if shape.others:
+        nodes = out.spec.setdefault("nodes", {})
+        nodes["exclude"] = sorted({*nodes.get("exclude", ()), *shape.others})
+        out.notes.append(
+            f"{where}: {written}: the nodes are of several shapes; whole nodes of the most "
+            f"common one ({shape.gpu} GPU, {shape.cpu_milli / 1000:g} CPU, "
+            f"{shape.memory_mib} MiB), the {len(shape.others)} other(s) excluded"
+        )
     resources["memory"] = f"{shape.memory_mib}Mi"
     if name == "exclusive":
         resources["gpu"] = shape.gpu

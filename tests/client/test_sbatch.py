@@ -4,6 +4,7 @@ option, command-line options over #SBATCH lines, and each refusal naming its lin
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 
 import pytest
 
@@ -16,6 +17,7 @@ from synapse_ha.client.sbatch import (
     split_options,
     time_seconds,
     translate,
+    whole_node_shape,
 )
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
 
@@ -261,18 +263,41 @@ def test_memory_per_gpu_or_cpu_sizes_each_nodes_member() -> None:
 def test_exclusive_takes_the_clusters_node_shape_whole() -> None:
     shape = NodeShape(gpu=8, cpu_milli=64_000, memory_mib=1_048_576)
     spec = translate(
-        "#SBATCH -N 2 --exclusive --gres=gpu:4\n", "s.sh", node_shape=lambda: shape
+        "#SBATCH -N 2 --exclusive --gres=gpu:4\n", "s.sh", node_shape=lambda _selected: shape
     ).spec
     assert spec["resources"] == {"gpu": 8, "cpu": "64000m", "memory": "1048576Mi"}
+    assert "nodes" not in spec
     parse_job_spec(spec, topology_levels=None)
-    memory = translate("#SBATCH --gres=gpu:2 --mem=0\n", "s.sh", node_shape=lambda: shape)
+    memory = translate("#SBATCH --gres=gpu:2 --mem=0\n", "s.sh", node_shape=lambda _s: shape)
     assert memory.spec["resources"] == {"gpu": 2, "cpu": 0, "memory": "1048576Mi"}
 
-    def mixed() -> NodeShape:
-        raise ValueError("the nodes are not of one shape")
+    def none(_selected: object) -> NodeShape:
+        raise ValueError("the cluster has no live node yet to take whole")
 
-    with pytest.raises(SbatchError, match="--exclusive: the nodes are not of one shape"):
-        translate("#SBATCH --exclusive\n", "s.sh", node_shape=mixed)
+    with pytest.raises(SbatchError, match="--exclusive: the cluster has no live node yet"):
+        translate("#SBATCH --exclusive\n", "s.sh", node_shape=none)
+
+
+def test_on_mixed_nodes_whole_nodes_are_of_the_most_common_shape_the_others_excluded() -> None:
+    big, small = NodeShape(8, 96_000, 1_000_000), NodeShape(4, 32_000, 256_000)
+    nodes = [("a1", small), ("b1", big), ("b2", big), ("a2", small), ("b3", big)]
+    chosen = whole_node_shape(nodes)
+    assert (chosen.gpu, chosen.others) == (8, ("a1", "a2"))
+    assert whole_node_shape(nodes[:2]).gpu == 8  # a tie: the larger
+    asked: list[object] = []
+
+    def shape_of(selected: Mapping[str, object]) -> NodeShape:
+        asked.append(dict(selected))
+        return chosen
+
+    out = translate("#SBATCH -N 2 --exclusive -x a2,c9 -C ib\n", "s.sh", node_shape=shape_of)
+    assert asked == [{"exclude": ["a2", "c9"], "features": "ib"}]  # it asks with the selector
+    assert out.spec["nodes"]["exclude"] == ["a1", "a2", "c9"]
+    assert out.spec["resources"]["gpu"] == 8
+    assert "whole nodes of the most common one (8 GPU, 96 CPU, 1000000 MiB)" in out.notes[-1]
+    parse_job_spec(out.spec, topology_levels=None)
+    with pytest.raises(ValueError, match="no live node"):
+        whole_node_shape([])
 
 
 @pytest.mark.parametrize(
