@@ -24,6 +24,7 @@ from synapse_ha.core.node_selector import (
     host_of,
     node_names,
     parse_features,
+    placement_problem,
     render,
     selector_problems,
 )
@@ -359,3 +360,35 @@ def test_a_gang_naming_nodes_is_placed_on_them_when_it_fits_and_fits_when_placed
     assert all(count * gpus <= view.nodes[node_id].gpu for node_id, count in hosts)
     cl.run_pass()  # apply accepts what the scheduler plans
     assert set(names) <= set(cl.nodes_of(job_id))
+
+
+_SELECTORS = st.builds(
+    NodeSelector,
+    features=st.sampled_from(["", "a", "a&b", "a|c", "[a|b]", "c&[a|b]", "(a|b)&c"]),
+    gpu_model=st.sampled_from(["", "a100", "h100"]),
+    exclude=st.sampled_from([(), ("n0",), ("n1", "n2")]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sets(st.sampled_from(["a", "b", "c"])), min_size=1, max_size=6),
+    st.lists(st.tuples(_SELECTORS, st.integers(1, 3), st.sampled_from([2, 4, 8])), max_size=6),
+)
+def test_every_gang_the_scheduler_binds_runs_on_nodes_its_selector_allows(
+    features: list[set[str]], gangs: list[tuple[NodeSelector, int, int]]
+) -> None:
+    cl = Cluster()
+    for i, own in enumerate(features):
+        info = node(f"n{i}", rack=f"r{i % 2}", features=tuple(sorted(own)))
+        cl.add(dataclasses.replace(info, gpu_model="NVIDIA A100-SXM4" if i % 2 else "H100 PCIe"))
+    for k, (selector, members, gpus) in enumerate(gangs):
+        spec = _selecting(f"g{k}", selector, gpu=gpus, replicas=members, wait_for_nodes=True)
+        cl.submit(spec)
+    for _ in range(2):
+        cl.run_pass()  # the harness asserts that apply accepts every placement
+    infos = {node_id: n.info for node_id, n in cl.state.nodes.items()}
+    for held in cl.state.jobs.values():
+        if held.attempt is not None and held.spec.nodes is not None:
+            nodes = [infos[node_id] for node_id in dict.fromkeys(cl.nodes_of(held.job_id))]
+            assert placement_problem(held.spec.nodes, nodes) == ""
