@@ -253,10 +253,10 @@ def history(
 @click.command()
 @click.option(
     "--by",
-    type=click.Choice(["user", "queue"]),
+    type=click.Choice(["user", "queue", "account"]),
     default="user",
     show_default=True,
-    help="Sum per user or per queue.",
+    help="Sum per user, queue or account (sbatch --account).",
 )
 @click.option(
     "--since",

@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     outcome_code TEXT NOT NULL,
     outcome TEXT NOT NULL,
     applied_index INTEGER NOT NULL,
+    account TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (job_id, number)
 );
 CREATE INDEX IF NOT EXISTS attempts_by_end ON attempts (ended_at_ms);
@@ -96,7 +97,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_by_finish ON jobs (finished_at_ms);
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, finished_at_ms);
 """
-# Columns of ``jobs`` added since its first release: added to an older file on opening.
+# Columns added since a table's first release: added to an older file on opening.
+_ADDED_ATTEMPT_COLUMNS = (("account", "TEXT NOT NULL DEFAULT ''"),)
 _ADDED_JOB_COLUMNS = (
     ("checkpoint_at_ms", "INTEGER NOT NULL DEFAULT 0"),
     ("checkpoint_step", "INTEGER"),
@@ -170,13 +172,13 @@ class HistoryFilter:
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    key: str  # the user or queue
+    key: str  # the user, queue or account
     day: str  # YYYY-MM-DD (UTC)
     gpu_ms: int
     attempts: int  # attempts that held GPUs on that day
 
 
-USAGE_KEYS = ("user", "queue")
+USAGE_KEYS = ("user", "queue", "account")
 
 
 class HistoryStore:
@@ -191,10 +193,11 @@ class HistoryStore:
         # (Tracker.reset), so the write ahead log need not be synced on every commit.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        for name, kind in _ADDED_JOB_COLUMNS:
-            if name not in have:
-                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+        for table, added in (("attempts", _ADDED_ATTEMPT_COLUMNS), ("jobs", _ADDED_JOB_COLUMNS)):
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in added:
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -208,7 +211,7 @@ class HistoryStore:
         try:
             db.executemany(
                 "INSERT OR IGNORE INTO attempts VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         a.job_id,
@@ -227,6 +230,7 @@ class HistoryStore:
                         a.outcome_code,
                         render(a.outcome),
                         a.applied_index,
+                        a.account,
                     )
                     for a in attempts
                 ],
@@ -322,13 +326,13 @@ class HistoryStore:
         return [_job(r, attempts.get(r[0], ())) for r in rows]
 
     def usage(self, by: str, since_ms: int, until_ms: int, owner: str = "") -> list[UsageRow]:
-        """GPU-milliseconds per ``by`` (``user`` or ``queue``) and UTC day, over ended
+        """GPU-milliseconds per ``by`` (``user``, ``queue`` or ``account``) and UTC day, over ended
         attempts that held GPUs between ``since_ms`` and ``until_ms``; an attempt that
         spans days is split at midnight. ``owner`` limits it to one user's attempts.
         Sorted by day, then key."""
         if by not in USAGE_KEYS:
             raise ValueError(f"by must be one of {', '.join(USAGE_KEYS)}, got {by!r}")
-        column = "owner" if by == "user" else "queue"
+        column = {"user": "owner", "queue": "queue", "account": "account"}[by]
         where = ["gpus > 0", "ended_at_ms > ?", "bound_at_ms < ?"]
         args: list[Any] = [since_ms, until_ms]
         if owner:

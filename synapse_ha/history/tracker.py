@@ -110,6 +110,7 @@ class AttemptRecord:
     outcome_code: str
     outcome: Reason | None  # rendered by the writer, off the apply thread
     applied_index: int  # the state's applied_commands after the command that ended it
+    account: str = ""  # the job's accounting label (sbatch --account)
 
     @property
     def gpu_ms(self) -> int:
@@ -220,6 +221,7 @@ def attempt_record(job: Job, applied_index: int) -> AttemptRecord | None:
         outcome_code=str(outcome.code) if outcome is not None else "",
         outcome=outcome,
         applied_index=applied_index,
+        account=job.spec.account,
     )
 
 

@@ -261,7 +261,7 @@ def render_history(
 
 # ------------------------------------------------------------------------- usage
 
-USAGE_BY = ("user", "queue")
+USAGE_BY = ("user", "queue", "account")
 
 
 @dataclass(frozen=True, slots=True)

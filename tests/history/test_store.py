@@ -86,7 +86,9 @@ def test_filters(tmp_path: Path) -> None:
     assert ids(limit=1) == ["job-000002"]
 
 
-def attempt(owner: str, queue: str, gpus: int, start: int, end: int, n: int = 1) -> AttemptRecord:
+def attempt(
+    owner: str, queue: str, gpus: int, start: int, end: int, n: int = 1, account: str = ""
+) -> AttemptRecord:
     return AttemptRecord(
         job_id=f"job-{owner}-{n}",
         number=1,
@@ -103,6 +105,7 @@ def attempt(owner: str, queue: str, gpus: int, start: int, end: int, n: int = 1)
         outcome_code="all_exited_zero",
         outcome=None,
         applied_index=n,
+        account=account,
     )
 
 
@@ -112,8 +115,8 @@ def test_usage_is_split_at_midnight_and_bounded_by_the_period(tmp_path: Path) ->
     hour = 3_600_000
     store.write(
         [
-            attempt("alice", "q1", 4, day0 + 22 * hour, day0 + 26 * hour, 1),  # 2h + 2h
-            attempt("bob", "q1", 1, day0 + 1 * hour, day0 + 2 * hour, 2),
+            attempt("alice", "q1", 4, day0 + 22 * hour, day0 + 26 * hour, 1, "six@v100"),
+            attempt("bob", "q1", 1, day0 + 1 * hour, day0 + 2 * hour, 2, "six@v100"),
             attempt("bob", "q2", 0, day0, day0 + hour, 3),  # no GPUs: not counted
         ],
         [],
@@ -127,6 +130,8 @@ def test_usage_is_split_at_midnight_and_bounded_by_the_period(tmp_path: Path) ->
     by_queue = store.usage("queue", day0 + 23 * hour, day0 + 2 * DAY_MS)
     assert [(r.key, r.gpu_ms) for r in by_queue] == [("q1", 4 * hour), ("q1", 4 * 2 * hour)]
     assert [r.key for r in store.usage("user", day0, day0 + DAY_MS, owner="bob")] == ["bob"]
+    by_account = store.usage("account", day0, day0 + DAY_MS)
+    assert [(r.key, r.gpu_ms) for r in by_account] == [("six@v100", 4 * 2 * hour + hour)]
     with pytest.raises(ValueError, match="by must be"):
         store.usage("node", day0, day0 + 1)
 
@@ -213,3 +218,27 @@ def test_an_older_history_file_gets_the_checkpoint_columns(tmp_path: Path) -> No
     rows = {j.job_id: j for j in store.jobs(HistoryFilter())}
     assert (rows["job-000009"].checkpoint_at_ms, rows["job-000009"].checkpoint_step) == (0, None)
     assert rows["job-000001"].checkpoint_at_ms == 0 and len(rows) == 3
+
+
+def test_an_older_history_file_gets_the_account_column(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE attempts (job_id TEXT NOT NULL, number INTEGER NOT NULL,"
+        " fencing_token INTEGER NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,"
+        " queue TEXT NOT NULL, state TEXT NOT NULL, nodes TEXT NOT NULL,"
+        " gpus INTEGER NOT NULL, bound_at_ms INTEGER NOT NULL,"
+        " started_at_ms INTEGER NOT NULL, ended_at_ms INTEGER NOT NULL,"
+        " gpu_ms INTEGER NOT NULL, outcome_code TEXT NOT NULL, outcome TEXT NOT NULL,"
+        " applied_index INTEGER NOT NULL, PRIMARY KEY (job_id, number))"
+    )
+    db.execute(
+        "INSERT INTO attempts VALUES ('job-000009', 1, 1, 'old', 'bob', 'default', "
+        "'succeeded', '[]', 2, 0, 0, 3600000, 7200000, 'all_exited_zero', 'done', 4)"
+    )
+    db.commit()
+    db.close()
+    store = HistoryStore(path)
+    store.write([attempt("ann", "default", 1, 0, 3_600_000, 5, "proj")], [])
+    rows = store.usage("account", 0, DAY_MS)
+    assert [(r.key, r.gpu_ms) for r in rows] == [("", 2 * 3_600_000), ("proj", 3_600_000)]
