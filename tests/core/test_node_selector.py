@@ -211,6 +211,8 @@ def test_a_gang_whose_nodes_are_full_waits_and_says_which_selector_keeps_it() ->
     assert cl.state_of(waiting) is JobState.PENDING
     text = render_reason(cl.state.jobs[waiting].reason)
     assert "on nodes with features a100" in text, text
+    # An H100 node is free, but the room said is on the nodes it selects.
+    assert "the cluster has room for 0 (only the nodes it selects qualify)" in text, text
 
 
 def test_named_nodes_each_hold_a_member() -> None:

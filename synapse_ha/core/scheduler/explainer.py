@@ -129,7 +129,12 @@ class Explainer:
                 start_in_ms=_start_in(behind, now_ms),
                 **need,
             )
-        room, domain = self.best_room(view, gang.req, min(depths) if spec.topology_required else 0)
+        depth = min(depths) if spec.topology_required else 0
+        room, domain = (
+            self.best_room(view, gang.req, depth)
+            if spec.nodes is None
+            else _selected_room(view, gang.req, depth, gang.avoid)
+        )
         have: dict[str, int | str | None] = {
             "room": room,
             "domain": describe_domain(domain, self.names) if domain else None,
@@ -197,6 +202,21 @@ def _need(gang: Gang) -> dict[str, int | str | None]:
         "level": gang.spec.topology_required or None,
         "nodes": describe(selector) if selector is not None else None,
     }
+
+
+def _selected_room(
+    view: View, req: Resources, depth: int, avoid: frozenset[str]
+) -> tuple[int, Domain]:
+    """:meth:`Explainer.best_room` of a gang with a node selector, on the nodes it may use
+    (not in ``avoid``): exact per node, summed per domain (the first in path order of the
+    roomiest)."""
+    rooms: dict[Domain, int] = {}
+    for n in view.table.at:
+        if n.node_id not in view.excluded and n.node_id not in avoid:
+            domain = n.path[:depth]
+            rooms[domain] = rooms.get(domain, 0) + n.slots(req, UNLIMITED)
+    best = min(rooms.items(), key=lambda item: (-item[1], item[0]), default=((), 0))
+    return best[1], best[0]
 
 
 def _bound(total: list[int] | None, req: Resources) -> int:
