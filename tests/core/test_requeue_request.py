@@ -64,3 +64,10 @@ def test_what_holds_no_nodes_is_refused_and_left_as_it_was() -> None:
     refused = cl.do(c.RequeueJob(done, now_ms=cl.now))
     assert refused.code is c.ResultCode.CONFLICT and "submit it again" in refused.message
     assert decode_command(before) == c.RequeueJob(pending)
+
+
+def test_a_requeue_needs_the_format_every_replica_of_this_release_reads() -> None:
+    from synapse_ha.core.codec.formats import format_needed
+
+    assert format_needed(c.RequeueJob("job-000001")) == 13  # an older replica cannot apply it
+    assert format_needed(c.CancelJob("job-000001")) < 13

@@ -35,6 +35,7 @@ from synapse_ha.core.commands import (
     MemberEvent,
     MemberEventKind,
     ReportNodeChecks,
+    RequeueJob,
     SetCohort,
 )
 from synapse_ha.core.model import ADDED_IN, Token
@@ -123,6 +124,8 @@ NEW_COMMANDS: dict[type, int] = {
     # The cohort tree (core/queues/cohort_tree.py): cohort records.
     SetCohort: 7,
     DeleteCohort: 7,
+    # A requeue its owner asks for (scontrol requeue).
+    RequeueJob: 13,
 }
 # Enum values each format added (an older release cannot decode them).
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {
@@ -140,6 +143,9 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ReasonCode.WAITING_FOR_NODES: 9,
     # A gang one owner's member caps hold back (core/spec/member_limits.py).
     ReasonCode.WAITING_MEMBER_CAP: 10,
+    # A requeue its owner asked for (RequeueJob, itself format 13).
+    ReasonCode.REQUEUE_REQUESTED: 13,
+    ReasonCode.REQUEUED_BY_REQUEST: 13,
 }
 
 
