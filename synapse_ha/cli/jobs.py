@@ -138,7 +138,9 @@ def submit(
     """
     # The topology level names are the cluster's configuration: the cluster checks them.
     parsed = load_job_file(file, topology_levels=None)
-    extra = Dependencies(*(_job_ids(given) for given in (after_ok, after_any, after_not_ok, after)))
+    extra = Dependencies(
+        _job_ids(after_ok), _job_ids(after_any), _job_ids(after_not_ok), _job_ids(after)
+    )
     if extra.pairs():
         parsed = _with_dependencies(parsed, extra)
     if array is not None or parsed.spec.array:

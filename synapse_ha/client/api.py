@@ -488,7 +488,7 @@ class Cluster:
         except SpecError as exc:
             problems = [(None, v.field, v.rule) for v in exc.violations]
             raise InvalidSpec(exc.field, exc.rule, problems=problems) from exc
-        extra = Dependencies(*(_ids(jobs) for jobs in (after_ok, after_any, after_not_ok, after)))
+        extra = Dependencies(_ids(after_ok), _ids(after_any), _ids(after_not_ok), _ids(after))
         if extra.pairs():
             deps = merged(parsed.spec.dependencies, extra)
             for field, rule in dependency_problems(deps):

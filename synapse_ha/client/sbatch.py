@@ -477,13 +477,16 @@ def time_seconds(value: str) -> int:
 def _dependency(value: str, spec: dict[str, Any], *_: Any) -> None:
     if "?" in value:
         raise ValueError("'?' (any of) is not supported: dependencies are all required")
-    deps: dict[str, list[str]] = {}
+    deps: dict[str, Any] = {}
     for part in value.split(","):
         kind, _sep, ids = part.partition(":")
+        if part == "singleton":
+            deps["singleton"] = True
+            continue
         if kind not in _DEPENDENCY_KINDS or not ids:
             raise ValueError(
                 f"{part!r}: supported are afterok, afterany, afternotok and after, each "
-                "with job ids (afterok:job-000012:job-000013)"
+                "with job ids (afterok:job-000012:job-000013), and singleton"
             )
         for job_id in ids.split(":"):
             deps.setdefault(_DEPENDENCY_KINDS[kind], []).append(

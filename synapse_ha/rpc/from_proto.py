@@ -87,8 +87,9 @@ def dependencies_from_proto(msg: pb.Dependencies) -> Dependencies | None:
         after_any=tuple(msg.after_any),
         after_not_ok=tuple(msg.after_not_ok),
         after=tuple(msg.after),
+        singleton=msg.singleton,
     )
-    return deps if deps.pairs() else None
+    return deps if deps.pairs() or deps.singleton else None
 
 
 def prestart_from_proto(msg: pb.Prestart) -> Prestart:

@@ -49,6 +49,7 @@ def dependencies_to_proto(deps: Dependencies) -> pb.Dependencies:
         after_any=list(deps.after_any),
         after_not_ok=list(deps.after_not_ok),
         after=list(deps.after),
+        singleton=deps.singleton,
     )
 
 

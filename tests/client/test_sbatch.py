@@ -108,7 +108,7 @@ def test_a_script_without_options_runs_under_sh_as_one_member() -> None:
         ("#SBATCH --mem=0", "s.sh:2", "--mem=0: needs the cluster's node shape"),
         ("#SBATCH --exclusive", "s.sh:2", "--exclusive: needs the cluster's node shape"),
         ("#SBATCH -t soon", "s.sh:2", "give a time limit"),
-        ("#SBATCH -d singleton", "s.sh:2", "supported are afterok"),
+        ("#SBATCH -d aftercorr:12", "s.sh:2", "supported are afterok"),
         ("#SBATCH -d afterok:1?afterany:2", "s.sh:2", "'?' (any of) is not supported"),
         ("#SBATCH --export=NOT_SET_HERE", "s.sh:2", "NOT_SET_HERE is not set here"),
         ("#SBATCH --begin=teatime", "s.sh:2", "teatime and MMDDYY are not supported"),
@@ -385,3 +385,9 @@ def test_node_selection_that_cannot_be_read_is_refused_with_its_line(line: str, 
 def test_an_option_with_no_meaning_here_is_refused_saying_why() -> None:
     with pytest.raises(SbatchError, match=r"r\.sh:2: --reservation=hug: no advance reservations"):
         translate("#!/bin/sh\n#SBATCH --reservation=hug\ntrue\n", "r.sh")
+
+
+def test_dependency_singleton_is_the_specs_singleton() -> None:
+    spec = translate("#!/bin/sh\n#SBATCH -d singleton,afterok:12\ntrue\n", "s.sh").spec
+    assert spec["dependencies"] == {"singleton": True, "afterok": ["job-000012"]}
+    assert parse_job_spec(spec).spec.dependencies is not None

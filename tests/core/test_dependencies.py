@@ -227,3 +227,33 @@ def test_spec_documents_take_one_id_or_a_list_and_empty_lists_mean_none() -> Non
     assert parsed.spec.dependencies == Dependencies(after_ok=("job-000012",))
     for empty in ({}, {"afterok": [], "afterany": []}):
         assert parse_job_spec({**doc, "dependencies": empty}).spec.dependencies is None
+
+
+def test_a_singleton_waits_for_every_earlier_unfinished_job_of_its_owner_and_name() -> None:
+    k = cluster()
+    first = submit(k, "nightly")
+    other_name = submit(k, "eval")
+    bobs = k.do(c.SubmitJob(job("nightly", gpu=8), "bob-1", k.now, owner="bob"))
+    assert bobs.ok
+    lone = Dependencies(singleton=True)
+    second = submit(k, "nightly", lone)
+    waiting = k.state.jobs[second]
+    # Only the same owner's job of that name; the spec keeps what it waits for.
+    assert waiting.waiting_for == (("afterany", first),)
+    assert waiting.spec.dependencies == Dependencies(after_any=(first,), singleton=True)
+    assert other_name not in waiting.spec.dependencies.after_any
+    run_to(k, first, 3)  # a failure releases it too: afterany
+    assert k.state.jobs[second].waiting_for == ()
+    third = submit(k, "nightly", lone)  # the second is still pending: the third waits
+    assert k.state.jobs[third].waiting_for == (("afterany", second),)
+    alone = submit(k, "weekly", lone)  # none of its name: nothing to wait for
+    assert k.state.jobs[alone].waiting_for == ()
+    assert format_needed(c.SubmitJob(k.state.jobs[alone].spec, "r", 0)) == 13
+
+
+def test_singleton_reads_from_a_document_and_alone_is_a_dependency() -> None:
+    doc = {"name": "n", "replicas": 1, "command": "true"}
+    spec = parse_job_spec({**doc, "dependencies": {"singleton": True}}).spec
+    assert spec.dependencies == Dependencies(singleton=True)
+    with pytest.raises(SpecError, match=r"dependencies\.singleton: expected true or false"):
+        parse_job_spec({**doc, "dependencies": {"singleton": "yes"}})

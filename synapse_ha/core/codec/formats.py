@@ -40,6 +40,7 @@ from synapse_ha.core.commands import (
 )
 from synapse_ha.core.model import ADDED_IN, Token
 from synapse_ha.core.reasons import ReasonCode
+from synapse_ha.core.workflows.dependencies import Dependencies
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
 FORMAT = 13  # the newest format this release reads
@@ -87,6 +88,8 @@ _DECLARED: dict[type, dict[str, int]] = {
     },
     Token: {"priority_classes": 2, "max_priority": 2},
     CreateToken: {"priority_classes": 2, "max_priority": 2},
+    # Format 13: Slurm's singleton dependency (core/workflows/dependencies.py).
+    Dependencies: {"singleton": 13},
     # Format 5: checkpoint marks (core/workflows/checkpoints.py): a mark's step and number.
     MemberEvent: {"step": 5, "mark_seq": 5},
 }

@@ -52,6 +52,7 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     spec, problems = _resolve_queue_and_class(state, c.spec)
     if problems:
         return error(ResultCode.INVALID, describe(problems))
+    spec = _singleton(state, spec, c.owner)
     problem = (
         dependency_problem(state, spec)
         or _window_problem(spec, now)
@@ -78,6 +79,28 @@ def _submit_job(state: ClusterState, c: cmd.SubmitJob, now: int) -> Result:
     _open_window(job)
     register_dependencies(state, [job])
     return ok(f"submitted {job_id}", job_id=job_id, created=True)
+
+
+def _singleton(state: ClusterState, spec: JobSpec, owner: str) -> JobSpec:
+    """A singleton job's spec with every earlier unfinished job of its owner and name
+    (array tasks one by one) added to its ``afterany`` (Slurm's ``--dependency=singleton``).
+    Every job is looked at, which only singleton submissions pay for."""
+    deps = spec.dependencies
+    if deps is None or not deps.singleton:
+        return spec
+    named = {job_id for _, job_id in deps.pairs()}
+    earlier = sorted(
+        (job.seq, job.job_id)
+        for job in state.jobs.values()
+        if job.owner == owner
+        and job.spec.name == spec.name
+        and not job.state.finished
+        and job.job_id not in named
+    )
+    more = tuple(job_id for _, job_id in earlier)
+    return dataclasses.replace(
+        spec, dependencies=dataclasses.replace(deps, after_any=(*deps.after_any, *more))
+    )
 
 
 def _submit_array(

@@ -71,7 +71,7 @@ _TOP_FIELDS = frozenset(
         *(f.key for f in SPEC_FIELDS),
     }
 )
-_DEPENDENCY_FIELDS = frozenset(str(kind) for kind in DependencyKind)
+_DEPENDENCY_FIELDS = frozenset({*(str(kind) for kind in DependencyKind), "singleton"})
 _PRESTART_FIELDS = frozenset({"command", "timeout"})
 _RESOURCE_FIELDS = frozenset({"gpu", "cpu", "memory"})
 _TOPOLOGY_FIELDS = frozenset({"required", "preferred"})
@@ -409,9 +409,14 @@ def _moment(value: object, field: str) -> tuple[int, int]:
 
 
 def _dependencies(value: object, problems: _Problems) -> Dependencies | None:
-    """``dependencies:``, ``{afterok: [job-000012], after: job-000013}``: per kind a job
-    id or a list of them; None when every list is empty."""
-    doc = _mapping(value, "dependencies", _DEPENDENCY_FIELDS, problems)
+    """``dependencies:``, ``{afterok: [job-000012], after: job-000013, singleton: true}``:
+    per kind a job id or a list of them; None when every list is empty and it is no
+    singleton."""
+    doc = dict(_mapping(value, "dependencies", _DEPENDENCY_FIELDS, problems))
+    singleton = doc.pop("singleton", False)
+    if not isinstance(singleton, bool):
+        problems.add("dependencies.singleton", f"expected true or false, got {_kind(singleton)}")
+        singleton = False
     ids: dict[str, tuple[str, ...]] = {}
     for kind, given in doc.items():
         field = f"dependencies.{kind}"
@@ -428,8 +433,9 @@ def _dependencies(value: object, problems: _Problems) -> Dependencies | None:
         after_any=ids.get(DependencyKind.AFTER_ANY, ()),
         after_not_ok=ids.get(DependencyKind.AFTER_NOT_OK, ()),
         after=ids.get(DependencyKind.AFTER, ()),
+        singleton=singleton,
     )
-    return deps if deps.pairs() else None
+    return deps if deps.pairs() or singleton else None
 
 
 def _nodes(value: object, problems: _Problems) -> NodeSelector | None:

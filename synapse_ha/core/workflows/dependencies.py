@@ -22,6 +22,7 @@ names existing jobs, and a job is never given dependencies later.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class Dependencies:
     after_any: tuple[str, ...] = ()
     after_not_ok: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
+    # Slurm's singleton: also after every earlier unfinished job of the same owner and
+    # name, which the state machine adds to ``after_any`` when the job is submitted.
+    singleton: bool = False
 
     def pairs(self) -> tuple[tuple[str, str], ...]:
         """Every dependency as ``(kind, job_id)``, in kind then given order."""
@@ -77,9 +81,12 @@ class Dependencies:
 
 def merged(given: Dependencies | None, more: Dependencies) -> Dependencies | None:
     """``given`` with ``more`` added after it, kind by kind (a job named twice for one
-    kind once); None when both name nothing."""
+    kind once), a singleton if either is; None when both name nothing."""
     pairs = dict.fromkeys((*(given.pairs() if given else ()), *more.pairs()))
-    return Dependencies.of_pairs(tuple(pairs)) if pairs else given
+    singleton = more.singleton or (given is not None and given.singleton)
+    if not pairs and not singleton:
+        return given
+    return dataclasses.replace(Dependencies.of_pairs(tuple(pairs)), singleton=singleton)
 
 
 FIELD = "dependencies"
@@ -92,8 +99,10 @@ def dependency_problems(deps: Dependencies | None) -> list[tuple[str, str]]:
         return []
     out: list[tuple[str, str]] = []
     pairs = deps.pairs()
-    if not pairs:
-        out.append((FIELD, "names no job: give at least one, or leave dependencies out"))
+    if not pairs and not deps.singleton:
+        out.append(
+            (FIELD, "names no job: give at least one (or singleton), or leave dependencies out")
+        )
     if len(pairs) > MAX_DEPENDENCIES:
         out.append((FIELD, f"at most {MAX_DEPENDENCIES} dependencies, got {len(pairs)}"))
     seen: set[str] = set()

@@ -196,16 +196,18 @@ class NodeSelector(_message.Message):
     def __init__(self, features: _Optional[str] = ..., gpu_model: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Dependencies(_message.Message):
-    __slots__ = ("after_ok", "after_any", "after_not_ok", "after")
+    __slots__ = ("after_ok", "after_any", "after_not_ok", "after", "singleton")
     AFTER_OK_FIELD_NUMBER: _ClassVar[int]
     AFTER_ANY_FIELD_NUMBER: _ClassVar[int]
     AFTER_NOT_OK_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
+    SINGLETON_FIELD_NUMBER: _ClassVar[int]
     after_ok: _containers.RepeatedScalarFieldContainer[str]
     after_any: _containers.RepeatedScalarFieldContainer[str]
     after_not_ok: _containers.RepeatedScalarFieldContainer[str]
     after: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, after_ok: _Optional[_Iterable[str]] = ..., after_any: _Optional[_Iterable[str]] = ..., after_not_ok: _Optional[_Iterable[str]] = ..., after: _Optional[_Iterable[str]] = ...) -> None: ...
+    singleton: bool
+    def __init__(self, after_ok: _Optional[_Iterable[str]] = ..., after_any: _Optional[_Iterable[str]] = ..., after_not_ok: _Optional[_Iterable[str]] = ..., after: _Optional[_Iterable[str]] = ..., singleton: _Optional[bool] = ...) -> None: ...
 
 class Prestart(_message.Message):
     __slots__ = ("command", "shell", "timeout_ms")
