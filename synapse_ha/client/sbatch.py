@@ -553,7 +553,24 @@ def _partition(value: str, spec: dict[str, Any], *_: Any) -> None:
 
 
 def _qos(value: str, spec: dict[str, Any], *_: Any) -> None:
+    if isinstance(spec.get("priority"), int):
+        raise ValueError("with --nice: a job has one priority, a class's or a number")
     spec["priority"] = value
+
+
+def _nice(value: str, spec: dict[str, Any], *_: Any) -> None:
+    """``--nice[=N]``: the priority lowered by N (Slurm's default 100); a negative N
+    raises it, within what the submitter's credential allows."""
+    if isinstance(spec.get("priority"), str):
+        raise ValueError("with --qos: a job has one priority, a class's or a number")
+    try:
+        spec["priority"] = -int(value) if value else -100
+    except ValueError:
+        raise ValueError("give a whole number (--nice=10)") from None
+
+
+def _deadline(value: str, spec: dict[str, Any], *_: Any) -> None:
+    spec["deadline"] = begin_text(value, datetime.datetime.now().astimezone())
 
 
 def _chdir(submit_dir: str) -> Handler:
@@ -619,5 +636,7 @@ _HANDLERS: dict[str, Handler] = {
     "export": _export,
     "array": _array,
     "begin": _begin,
+    "deadline": _deadline,
+    "nice": _nice,
     "wait-for-nodes": lambda _value, spec, *_: spec.update(wait_for_nodes=True),
 }

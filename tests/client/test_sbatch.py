@@ -391,3 +391,14 @@ def test_dependency_singleton_is_the_specs_singleton() -> None:
     spec = translate("#!/bin/sh\n#SBATCH -d singleton,afterok:12\ntrue\n", "s.sh").spec
     assert spec["dependencies"] == {"singleton": True, "afterok": ["job-000012"]}
     assert parse_job_spec(spec).spec.dependencies is not None
+
+
+def test_nice_lowers_the_priority_and_deadline_bounds_the_wait() -> None:
+    spec = translate("#!/bin/sh\n#SBATCH --nice=20 --deadline=now+2hours\ntrue\n", "n.sh").spec
+    assert (spec["priority"], spec["deadline"]) == (-20, "+7200s")
+    assert translate("#!/bin/sh\n#SBATCH --nice\ntrue\n", "n.sh").spec["priority"] == -100
+    parsed = parse_job_spec(spec).spec
+    assert (parsed.priority, parsed.deadline_delay_ms) == (-20, 7_200_000)
+    for both in ("--qos=high --nice=5", "--nice=5 --qos=high"):
+        with pytest.raises(SbatchError, match="a job has one priority"):
+            translate(f"#!/bin/sh\n#SBATCH {both}\ntrue\n", "n.sh")
