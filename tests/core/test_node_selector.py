@@ -108,7 +108,7 @@ def _written(expr: object) -> str:
     return f"({_written(left)}{op}{_written(right)})"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(_exprs(), st.frozensets(_names))
 def test_a_written_expression_parses_to_one_that_holds_where_it_does(
     expr: object, features: frozenset[str]
@@ -328,7 +328,7 @@ def test_a_node_info_has_what_matching_reads() -> None:
     assert info.features == ("x",)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.integers(0, 8), min_size=1, max_size=6),  # each node's free GPUs
     st.sets(st.integers(0, 5), min_size=1, max_size=3),  # the nodes named
@@ -372,7 +372,7 @@ _SELECTORS = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     st.lists(st.sets(st.sampled_from(["a", "b", "c"])), min_size=1, max_size=6),
     st.lists(st.tuples(_SELECTORS, st.integers(1, 3), st.sampled_from([2, 4, 8])), max_size=6),
