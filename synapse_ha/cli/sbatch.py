@@ -28,6 +28,7 @@ from synapse_ha.client.sbatch import (
     SbatchError,
     Translation,
     script_position,
+    split_options,
     translate,
     whole_node_shape,
 )
@@ -72,14 +73,20 @@ def sbatch(
       synctl sbatch train.sh
       synctl sbatch -N 4 --gres=gpu:8 -t 12:00:00 train.sh --lr 3e-4
       synctl sbatch --dependency=afterok:job-000012 --dry-run eval.sh
+      synctl sbatch -N 2 --wrap "srun hostname"
     """
     at = script_position(words)
-    if at >= len(words):
+    options, args = list(words[:at]), list(words[at + 1 :])
+    wrapped = _wrapped(options)
+    if wrapped is not None and at < len(words):
+        raise CommandFailed(ExitCode.USAGE, "give a script or --wrap, not both", "USAGE")
+    if wrapped is None and at >= len(words):
         raise CommandFailed(
             ExitCode.USAGE, "no script given: synctl sbatch [OPTIONS] SCRIPT", "USAGE"
         )
-    options, script, args = list(words[:at]), Path(words[at]), list(words[at + 1 :])
-    translation, parsed = prepare(settings, _read(script), str(script), options, args)
+    script = Path("wrap") if wrapped is not None else Path(words[at])
+    text = f"#!/bin/sh\n{wrapped}\n" if wrapped is not None else _read(script)
+    translation, parsed = prepare(settings, text, str(script), options, args)
     if dry_run:
         click.echo(
             yaml.dump(translation.spec, Dumper=_Dumper, sort_keys=False, width=100), nl=False
@@ -92,6 +99,16 @@ def sbatch(
         code = exit_status(wait_for_job(settings, job_id))
         if code:
             raise click.exceptions.Exit(code)
+
+
+def _wrapped(options: list[str]) -> str | None:
+    """The command ``--wrap`` gives (sbatch makes it a ``/bin/sh`` script), if any."""
+    try:
+        given = split_options(options, "command line")
+    except SbatchError:
+        return None  # said with its line by the translation
+    found = [value for name, value, _written in given if name == "wrap"]
+    return found[-1] if found else None
 
 
 def prepare(

@@ -76,11 +76,26 @@ _NOTED = {
     "wckey": "no workload keys here; ignored",
     "time-min": "the job keeps its --time; ignored",
     "prefer": "a soft constraint: members go where they fit (--constraint holds); ignored",
-}
+    # How Slurm binds or clocks what a job has: a member has its GPUs and CPU limit.
+    **dict.fromkeys(
+        ("gpu-bind", "mem-bind", "distribution", "cpu-freq", "gpu-freq", "spread-job",
+         "use-min-nodes", "ntasks-per-core", "ntasks-per-socket"),
+        "binding and frequencies are the node's; ignored",
+    ),
+    **dict.fromkeys(
+        ("acctg-freq", "profile", "propagate", "get-user-env"),
+        "accounting, profiling and limits are the cluster's; ignored",
+    ),
+    "quiet": "ignored",
+    "verbose": "ignored",
+}  # fmt: skip
 
 
 # Options refused, with why (every other one: "not supported").
 _NOT_HONOURED = {
+    "no-requeue": "a gang is always requeued after a disruption it did not cause (a node's "
+    "death), without using a retry",
+    "hold": "no holds here: submit it when it may run, or give --begin",
     "reservation": "no advance reservations here: nodes are not set aside by name",
     "licenses": "no licenses are counted here",
     "nodefile": "name the nodes with -w",
@@ -143,6 +158,16 @@ def translate(
         if name == "wait":
             out.wait = True
             continue
+        if name == "wrap":  # the script itself (synctl sbatch --wrap)
+            continue
+        if name == "kill-on-invalid-dep" and (value or "").lower() == "yes":
+            continue  # what a dependency that can never be met does here
+        if name == "kill-on-invalid-dep":
+            raise SbatchError(
+                where,
+                written,
+                "a job whose dependency can never be met is always cancelled here (yes)",
+            )
         if name in _NOTED:
             out.notes.append(f"{where}: {written}: {_NOTED[name]}")
             continue

@@ -402,3 +402,16 @@ def test_nice_lowers_the_priority_and_deadline_bounds_the_wait() -> None:
     for both in ("--qos=high --nice=5", "--nice=5 --qos=high"):
         with pytest.raises(SbatchError, match="a job has one priority"):
             translate(f"#!/bin/sh\n#SBATCH {both}\ntrue\n", "n.sh")
+
+
+def test_binding_hints_are_noted_and_what_differs_is_refused_saying_why() -> None:
+    out = translate("#!/bin/sh\n#SBATCH --gpu-bind=closest --distribution=block\ntrue\n", "b.sh")
+    assert len(out.notes) == 2 and "binding and frequencies are the node's" in out.notes[0]
+    for option, why in (
+        ("--no-requeue", "always requeued after a disruption"),
+        ("--hold", "no holds here"),
+        ("--kill-on-invalid-dep=no", "always cancelled here"),
+    ):
+        with pytest.raises(SbatchError, match=why):
+            translate(f"#!/bin/sh\n#SBATCH {option}\ntrue\n", "b.sh")
+    assert translate("#!/bin/sh\n#SBATCH --kill-on-invalid-dep=yes\ntrue\n", "b.sh").notes == []
