@@ -33,11 +33,11 @@ from typing import Any
 
 __all__ = ["SbatchError", "Translation", "script_position", "split_options", "translate"]
 
+from synapse_ha.client.sbatch_nodes import GPUS_PER_NODE, gpu_type
+from synapse_ha.client.sbatch_nodes import HANDLERS as NODE_HANDLERS
 from synapse_ha.client.sbatch_options import SbatchError, script_position, split_options
-from synapse_ha.core.node_selector import FeatureError, parse_features
 from synapse_ha.core.spec.document import DEFAULT_CPU, DEFAULT_MEMORY
 from synapse_ha.core.workflows.arrays import array_problems
-from synapse_ha.slurm.hostlist import HostListError, expand
 
 # Every member runs the step daemon, with the interpreter of the worker that starts it.
 STEPD = 'exec "${SYNAPSE_PYTHON:-python3}" -m synapse_ha.slurm.stepd "$@"'
@@ -50,8 +50,6 @@ _INVALID_NAME = re.compile(r"[^a-z0-9-]+")
 _PARTITION_CHARS = re.compile(r"[_.]")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEMORY = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
-_GRES_GPU = re.compile(r"^gpu(?::([A-Za-z0-9_.-]+))?:(\d+)$")
-_GPUS_PER_NODE = re.compile(r"^(?:([A-Za-z0-9_.-]+):)?(\d+)$")  # [TYPE:]N
 _DEPENDENCY_KINDS = {"afterok": "afterok", "afterany": "afterany", "afternotok": "afternotok",
                      "after": "after"}  # fmt: skip
 
@@ -345,10 +343,10 @@ def _tasks(
         if name not in counted:
             continue
         value, written, where = counted[name]
-        match = _GPUS_PER_NODE.match(value or "")
+        match = GPUS_PER_NODE.match(value or "")
         if not match:
             raise SbatchError(where, written, "give N or TYPE:N")
-        _gpu_type(match.group(1), spec)
+        gpu_type(match.group(1), spec)
         gpus = int(match.group(2))
         if name == "gpus-per-task":
             resources["gpu"] = gpus * per_node
@@ -403,67 +401,6 @@ Handler = Callable[[str, dict[str, Any], dict[str, Any], dict[str, str], Mapping
 
 def _job_name(value: str, spec: dict[str, Any], *_: Any) -> None:
     spec["name"] = _name(value)
-
-
-def _nodes(value: str, spec: dict[str, Any], *_: Any) -> None:
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError("give a whole number of nodes (a range min-max is not supported)")
-    spec["replicas"] = max(int(value), len(spec.get("nodes", {}).get("names", ())))
-
-
-def _gres(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
-    match = _GRES_GPU.match(value)
-    if not match:
-        raise ValueError("only gpu:N or gpu:TYPE:N is supported")
-    _gpu_type(match.group(1), spec)
-    resources["gpu"] = int(match.group(2))
-
-
-def _gpus_per_node(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
-    match = _GPUS_PER_NODE.match(value)
-    if not match:
-        raise ValueError("give N or TYPE:N")
-    _gpu_type(match.group(1), spec)
-    resources["gpu"] = int(match.group(2))
-
-
-def _gpu_type(gpu_type: str | None, spec: dict[str, Any]) -> None:
-    """A GPU type (``a100`` of ``gpu:a100:8``): ``nodes.gpu_model``, matched against the
-    model each node reports (core/node_selector.py); the last option read wins, as its
-    GPU count does (the command line's over the script's)."""
-    if gpu_type:
-        spec.setdefault("nodes", {})["gpu_model"] = gpu_type
-
-
-def _constraint(value: str, spec: dict[str, Any], *_: Any) -> None:
-    """``--constraint``: node features, ``a&b``, ``a|b``, ``[a|b]`` (``nodes.features``)."""
-    try:
-        parse_features(value)
-    except FeatureError as exc:
-        raise ValueError(f"{exc} (docs/slurm.md)") from None
-    spec.setdefault("nodes", {})["features"] = value.strip()
-
-
-def _hosts(value: str) -> list[str]:
-    """A Slurm host list (``gpu[01-02],gpu07``) as names, each once."""
-    if "/" in value:
-        raise ValueError("a file of host names is not supported: list the hosts")
-    try:
-        return list(dict.fromkeys(expand(value)))
-    except HostListError as exc:
-        raise ValueError(f"not a host list: {exc}") from None
-
-
-def _nodelist(value: str, spec: dict[str, Any], *_: Any) -> None:
-    """``-w``: nodes that must each hold a member of the job (``nodes.names``); the job
-    has at least as many nodes as it names."""
-    names = _hosts(value)
-    spec.setdefault("nodes", {})["names"] = names
-    spec["replicas"] = max(spec["replicas"], len(names))
-
-
-def _exclude(value: str, spec: dict[str, Any], *_: Any) -> None:
-    spec.setdefault("nodes", {})["exclude"] = _hosts(value)
 
 
 def _cpus(value: str, spec: dict[str, Any], resources: dict[str, Any], *_: Any) -> None:
@@ -645,12 +582,7 @@ _COUNTED = frozenset(
 
 _HANDLERS: dict[str, Handler] = {
     "job-name": _job_name,
-    "nodes": _nodes,
-    "gres": _gres,
-    "gpus-per-node": _gpus_per_node,
-    "constraint": _constraint,
-    "nodelist": _nodelist,
-    "exclude": _exclude,
+    **NODE_HANDLERS,
     "cpus-per-task": _cpus,
     "mem": _memory,
     "time": _time,
