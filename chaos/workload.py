@@ -29,10 +29,10 @@ its acknowledged ``job_id`` is the array's id (its tasks are ``<id>_<index>``).
 With ``sbatch_share`` set, that share of the submissions are Slurm batch scripts
 (:func:`batch_script`) translated as ``synctl sbatch`` does
 (:func:`synapse_ha.client.sbatch.translate`): two-node allocations whose script starts
-two job steps in the background with ``srun ... &`` (tasks of :mod:`chaos.steptask`
-recording themselves in ``steps.jsonl``), ``wait``s for them and then commits through a
-third step of :mod:`chaos.member` tasks, one per node, so exactly-once holds for these jobs
-as for gangs. An sbatch job's records carry ``sbatch: true``.
+three job steps in the background with ``srun ... &`` and ``wait``s for them: two of
+tasks of :mod:`chaos.steptask` recording themselves in ``steps.jsonl``, and the commit,
+one :mod:`chaos.member` task per node, so exactly-once holds for these jobs as for gangs.
+An sbatch job's records carry ``sbatch: true``.
 """
 
 from __future__ import annotations
@@ -187,9 +187,11 @@ RETRIES = {"max": 100, "backoff": "200ms", "max_backoff": "1s"}
 def batch_script(
     cfg: WorkloadConfig, name: str, queue: str, priority_class: str, ms: tuple[int, int, int]
 ) -> str:
-    """A chaos sbatch job's script: two job steps in the background (4 tasks, then 2,
-    running ``ms[0]`` and ``ms[1]`` milliseconds), ``wait``, then the commit step (one
-    :mod:`chaos.member` per node for ``ms[2]`` ms), whose status is the script's."""
+    """A chaos sbatch job's script: three job steps in the background, ``wait``ed for:
+    4 tasks and 2 tasks recording themselves for ``ms[0]`` and ``ms[1]`` milliseconds, and
+    the commit step (one :mod:`chaos.member` per node for ``ms[2]`` ms), whose status is
+    the script's. At once rather than one after the other, so that an sbatch job pays
+    ``srun``'s start-up once and lasts about as long as a gang."""
     directives = [
         f"--job-name={name}",
         f"--nodes={SBATCH_NODES}",
@@ -210,10 +212,11 @@ def batch_script(
         "first=$!",
         f'srun --nodes=2 --ntasks-per-node=1 "$py" -P "$task" task "$steps" {ms[1]} &',
         "second=$!",
+        f"srun --nodes={SBATCH_NODES} --ntasks-per-node=1 {member} &",
+        "commit=$!",
         'wait "$first"; a=$?',
         'wait "$second"; b=$?',
-        f"srun --nodes={SBATCH_NODES} --ntasks-per-node=1 {member}",
-        "status=$?",
+        'wait "$commit"; status=$?',
         '"$py" -P "$task" batch end "$steps" "$a" "$b" "$status"',
         'exit "$status"',
     ]
@@ -222,12 +225,12 @@ def batch_script(
 
 def sbatch_spec(cfg: WorkloadConfig, rng: random.Random, index: int) -> pb.JobSpec:
     """The ``index``-th job as an sbatch job: :func:`batch_script` translated as
-    ``synctl sbatch`` translates it, with the workload's retries. Its steps run from the
-    lower half of the member range, the commit a third of the shortest, so that an sbatch
-    job takes about as long as a gang."""
+    ``synctl sbatch`` translates it, with the workload's retries. Its steps run for
+    durations from the lower half of the member range, the commit as long as the longer."""
     low, high = cfg.member_ms
     half = (low + high) // 2
-    ms = (rng.randint(low, half), rng.randint(low, half), low // 3)
+    first, second = rng.randint(low, half), rng.randint(low, half)
+    ms = (first, second, max(first, second))
     queue, priority_class = queue_and_class(cfg, rng)
     name = f"chaos-{cfg.seed}-{index}"
     script = batch_script(cfg, name, queue, priority_class, ms)
