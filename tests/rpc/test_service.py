@@ -16,6 +16,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.identity.access import Identity, Kind, Role
 from synapse_ha.core.machine import apply
@@ -233,10 +234,13 @@ def test_requeue_refuses_another_users_job_and_what_holds_no_nodes() -> None:
     assert isinstance(refused, Refusal) and refused.code is ErrorReason.PERMISSION_DENIED
     assert replica.proposed == []
     ann = Identity(Kind.USER, "ann", Role.USER)
+    older = cancel(replica, ann, "job-000001", "", 1.0, requeue=True)  # a cluster at format 2
+    assert isinstance(older, Refusal) and "this change needs format 13" in older.words
+    replica.state.format_floor = FORMAT  # every replica runs this release
     pending = cancel(replica, ann, "job-000001", "", 1.0, requeue=True)
     assert isinstance(pending, Refusal) and pending.code is ErrorReason.CONFLICT
     assert "holds no nodes" in pending.words
-    assert [type(c) for c in replica.proposed] == [cmd.RequeueJob]
+    assert [type(c) for c in replica.proposed] == [cmd.RequeueJob, cmd.RequeueJob]
     assert replica.state.jobs["job-000001"].state is JobState.PENDING
 
 
