@@ -27,13 +27,13 @@ SUMMARY_FORMAT = "%9P %.5a %.10l %.16F %N"
 _LETTERS = {
     "P": "partition", "R": "partitionname", "a": "avail", "l": "timelimit", "D": "nodes",
     "t": "statecompact", "T": "state", "N": "nodelist", "n": "hostnames", "c": "cpus",
-    "m": "memory", "G": "gres", "F": "nodes_aiot",
+    "m": "memory", "G": "gres", "F": "nodes_aiot", "f": "features",
 }  # fmt: skip
 _HEADERS = {
     "partition": "PARTITION", "partitionname": "PARTITION", "avail": "AVAIL",
     "timelimit": "TIMELIMIT", "nodes": "NODES", "statecompact": "STATE", "state": "STATE",
     "nodelist": "NODELIST", "hostnames": "HOSTNAMES", "cpus": "CPUS", "memory": "MEMORY",
-    "gres": "GRES", "nodes_aiot": "NODES(A/I/O/T)",
+    "gres": "GRES", "nodes_aiot": "NODES(A/I/O/T)", "features": "AVAIL_FEATURES",
 }  # fmt: skip
 _LONG = {"idle": "idle", "mix": "mixed", "alloc": "allocated", "drng": "draining",
          "drain": "drained", "down": "down"}  # fmt: skip
@@ -79,6 +79,7 @@ def row(partition: str, nodes: Sequence[pb.Node], name: str) -> str:
         "memory": _spread([n.capacity.memory_mib for n in nodes]),
         "gres": ",".join(sorted({f"gpu:{n.capacity.gpu}" for n in nodes if n.capacity.gpu}))
         or "(null)",
+        "features": ",".join(sorted({f for n in nodes for f in n.features})) or "(null)",
     }
     if name == "nodes_aiot":
         counts = [node_state(n) for n in nodes]
