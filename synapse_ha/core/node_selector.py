@@ -62,6 +62,15 @@ class NodeSelector:
 Expr = str | tuple[str, ...] | tuple[object, ...]
 
 
+def feature_name_problem(name: str) -> str:
+    """Why ``name`` cannot be a node feature a selector names ("" when it can)."""
+    if _FEATURE.fullmatch(name):
+        return ""
+    return (
+        f"{name!r}: a feature is letters, digits, '_', '.', ':', '+' and '-', at most 64 characters"
+    )
+
+
 class FeatureError(ValueError):
     """A feature expression that does not parse; the message names the rule."""
 
@@ -90,11 +99,8 @@ def _tokens(text: str) -> list[str]:
             raise FeatureError(
                 "counts (feature*N) are not supported: every member's node must match"
             )
-        if name is not None and not _FEATURE.fullmatch(name):
-            raise FeatureError(
-                f"{name!r}: a feature is letters, digits, '_', '.', ':', '+' and '-', "
-                "at most 64 characters"
-            )
+        if name is not None and (problem := feature_name_problem(name)):
+            raise FeatureError(problem)
         out.append(op if op is not None else name)
         pos = match.end()
     return out

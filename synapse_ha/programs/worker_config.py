@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from synapse_ha.core.node_selector import feature_name_problem
 from synapse_ha.core.spec.document import SpecError, parse_cpu, parse_memory
 from synapse_ha.programs.config_file import ConfigError, address, duration_ms
 from synapse_ha.programs.health_check_config import HEALTH_CHECK_SETTINGS, health_check_settings
@@ -433,7 +434,10 @@ def load_config(
     cpu_milli, memory_mib = inputs.value(CPU), inputs.value(MEMORY)
     mock = _mock_gpus(inputs)
     options = image_options(inputs)
-    features = inputs.value(FEATURES)
+    features = [str(f) for f in inputs.value(FEATURES)]
+    for feature in features:  # what a job's nodes.features can name
+        if problem := feature_name_problem(feature):
+            raise ConfigError(f"features: {problem}")
     heartbeat, lease = inputs.value(HEARTBEAT_INTERVAL), inputs.value(LEASE_TTL)
     if lease <= heartbeat:
         raise ConfigError("--lease-ttl must exceed --heartbeat-interval")
@@ -462,7 +466,7 @@ def load_config(
         mock_gpu_model=inputs.value(MOCK_GPU_MODEL),
         image_runtime=options.runtime,
         image_run_args=options.run_args,
-        features=tuple(sorted({str(f) for f in features})),
+        features=tuple(sorted(set(features))),
         heartbeat_interval_s=heartbeat,
         lease_ttl_s=lease,
         stop_grace_s=inputs.value(STOP_GRACE),

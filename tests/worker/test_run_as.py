@@ -352,3 +352,13 @@ def test_synctl_nodes_shows_whose_account_members_run_under() -> None:
     # The last columns: RUNS AS, then UNFIT FOR ("-": none).
     assert header.split()[-4:] == ["RUNS", "AS", "UNFIT", "FOR"]
     assert row.split()[-2:] == ["agent:svc", "-"]
+
+
+def test_a_feature_a_selector_could_not_name_is_refused(tmp_path: Path) -> None:
+    args = [*BASE, "--data-dir", str(tmp_path), "--mock-gpus", "0"]
+    assert load_config([*args, "--feature", "a100", "--feature", "ib"], {}).features == (
+        "a100",
+        "ib",
+    )
+    with pytest.raises(ConfigError, match="features: 'two words': a feature is letters"):
+        load_config([*args, "--feature", "two words"], {})
