@@ -89,6 +89,11 @@ _NOTED = {
 }  # fmt: skip
 
 
+_UNEXPANDED = (
+    "#SBATCH lines are not read by a shell (as with sbatch): write the value, or give the "
+    "option on the command line, where your shell expands it"
+)
+
 # Options refused, with why (every other one: "not supported").
 _NOT_HONOURED = {
     "no-requeue": "a gang is always requeued after a disruption it did not cause (a node's "
@@ -134,8 +139,11 @@ def translate(
     env = os.environ if environ is None else environ
     options: dict[str, tuple[str | None, str, str]] = {}
     for number, words in directives(script):
-        for name, value, written in split_options(words, f"{script_name}:{number}"):
-            options[name] = (value, written, f"{script_name}:{number}")
+        where = f"{script_name}:{number}"
+        for name, value, written in split_options(words, where):
+            if "$" in (value or ""):
+                raise SbatchError(where, written, _UNEXPANDED)
+            options[name] = (value, written, where)
     for name, value, written in split_options(list(command_line), "command line"):
         options[name] = (value, written, "command line")
     out = Translation(spec={})

@@ -415,3 +415,10 @@ def test_binding_hints_are_noted_and_what_differs_is_refused_saying_why() -> Non
         with pytest.raises(SbatchError, match=why):
             translate(f"#!/bin/sh\n#SBATCH {option}\ntrue\n", "b.sh")
     assert translate("#!/bin/sh\n#SBATCH --kill-on-invalid-dep=yes\ntrue\n", "b.sh").notes == []
+
+
+def test_a_shell_variable_on_an_sbatch_line_is_refused_saying_no_shell_reads_it() -> None:
+    with pytest.raises(SbatchError, match=r"v\.sh:2: --nodes=\$NUM_NODES: #SBATCH lines are not"):
+        translate("#!/bin/sh\n#SBATCH --nodes=$NUM_NODES\ntrue\n", "v.sh")
+    spec = translate("#!/bin/sh\ntrue\n", "v.sh", ["--output=$HOME/x.log"]).spec  # a shell's
+    assert "$HOME/x.log" in spec["command"]
