@@ -32,7 +32,8 @@ With ``sbatch_share`` set, that share of the submissions are Slurm batch scripts
 three job steps in the background with ``srun ... &`` and ``wait``s for them: two of
 tasks of :mod:`chaos.steptask` recording themselves in ``steps.jsonl``, and the commit,
 one :mod:`chaos.member` task per node, so exactly-once holds for these jobs as for gangs.
-An sbatch job's records carry ``sbatch: true``.
+An sbatch job takes the submission slots of ``SBATCH_SLOTS`` gangs (the wait after it is
+that many intervals). An sbatch job's records carry ``sbatch: true``.
 """
 
 from __future__ import annotations
@@ -181,6 +182,10 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
 
 
 SBATCH_NODES = 2
+# An sbatch job takes the submission slots of this many gangs: its step daemons, sruns and
+# tasks cost the suite's two cores about as much CPU as two gangs' members, and the load a
+# run offers sets how long its cluster takes to drain after the heal.
+SBATCH_SLOTS = 2
 RETRIES = {"max": 100, "backoff": "200ms", "max_backoff": "1s"}
 
 
@@ -297,7 +302,8 @@ def run(cfg: WorkloadConfig) -> int:
             newest = job_id or newest
             counts[outcome] = counts.get(outcome, 0) + 1
             index += 1
-            deadline = time.monotonic() + cfg.interval_s * rng.uniform(0.5, 1.5)
+            slots = SBATCH_SLOTS if sbatch else 1
+            deadline = time.monotonic() + cfg.interval_s * rng.uniform(0.5, 1.5) * slots
             while time.monotonic() < deadline and not stop.exists():
                 time.sleep(0.05)
     print(json.dumps({"submissions": counts}), flush=True)
