@@ -457,7 +457,11 @@ class ChaosCluster:
                 if record.get("type") in STARTS:
                     self.last_start[node] = max(self.last_start.get(node, 0), at)
                     job, token = str(record["job"]), int(str(record["token"]))
-                    self.newest_token[job] = max(self.newest_token.get(job, 0), token)
+                    if record.get("type") == "start":
+                        # A member claims its token at the sink as it starts; an sbatch
+                        # job's script and tasks claim nothing (its commit step's members
+                        # do): a freeze waits for a newer attempt that has claimed.
+                        self.newest_token[job] = max(self.newest_token.get(job, 0), token)
                     gpus = str(record.get("gpus", "")).split(",")
                     held = self.gpus_seen.setdefault((job, token, node), set())
                     held.update(int(g) for g in gpus if g.strip().isdigit())

@@ -232,6 +232,13 @@ def test_the_observer_sees_sbatch_attempts_on_their_hosts(tmp_path: Path) -> Non
         out.append({"type": "batch-start", **base, "node": "10.0.0.21", "gpus": "1"})
         out.append({"type": "task-start", **base, "node": "10.0.0.22", "gpus": "3", "step": 0})
     cluster._read_ledger()
-    assert cluster.newest_token == {"j1": 5}
     assert cluster.running_gangs() == ["j1/t5@w1", "j1/t5@w2"]
     assert (cluster.held_gpus("w1"), cluster.held_gpus("w2")) == ({1}, {3})
+    # The attempt counts as newer for a freeze's wait once a member of its commit step has
+    # started (and claimed its token at the sink), not at its script's start: a member
+    # frozen and thawed before the claim would find the sink still taking its token.
+    assert cluster.newest_token == {}
+    with ledger.Appender(tmp_path / ledger.LEDGER) as out:
+        out.append({"type": "start", **base, "node": "10.0.0.21", "gpus": "1", "rank": 0})
+    cluster._read_ledger()
+    assert cluster.newest_token == {"j1": 5}
