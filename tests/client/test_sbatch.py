@@ -12,13 +12,12 @@ from synapse_ha.client.sbatch import (
     STEPD,
     NodeShape,
     SbatchError,
-    begin_text,
     script_position,
     split_options,
-    time_seconds,
     translate,
     whole_node_shape,
 )
+from synapse_ha.client.slurm_times import begin_text, time_seconds
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
 
 SCRIPT = """#!/bin/bash
