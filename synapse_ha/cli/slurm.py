@@ -20,6 +20,7 @@ import grpc
 from synapse_ha.cli.app import CommandFailed, Settings, with_settings
 from synapse_ha.cli.defaults import ExitCode
 from synapse_ha.client import slurm_fields as sf
+from synapse_ha.client.sbatch import RECORDED
 from synapse_ha.core.model import JobState
 from synapse_ha.rpc import states
 from synapse_ha.rpc.errors import Reason, failure_of
@@ -284,6 +285,10 @@ def show_job(job: pb.Job, now_ms: int) -> str:
         [("WorkDir", job.spec.workdir or "(null)")],
         [("StdOut", "(null)")],  # a member's output stays on its node: synctl logs
     ]
+    env = {e.name: e.value for e in job.spec.env}  # withheld from those who may not see it
+    kept = [(key, env[name]) for name, key in RECORDED.values() if name in env]
+    if kept:
+        pairs.append(kept)
     return "\n".join(" ".join(f"{k}={v}" for k, v in line) for line in pairs)
 
 

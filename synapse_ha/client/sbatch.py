@@ -63,12 +63,17 @@ class Translation:
     wait: bool = False  # -W/--wait: sbatch returns once the job has ended, with its status
 
 
+# Options kept with the job, in its environment, and shown by scontrol show job.
+RECORDED = {
+    "comment": ("SYNAPSE_SBATCH_COMMENT", "Comment"),
+    "mail-type": ("SYNAPSE_SBATCH_MAIL_TYPE", "MailType"),
+    "mail-user": ("SYNAPSE_SBATCH_MAIL_USER", "MailUser"),
+}
 _NOTED = {
     "requeue": "gangs are always requeued after a disruption (a node's death); nothing to do",
     "wait-all-nodes": "a gang's members always start together; nothing to do",
-    "mail-type": "no mail is sent (synctl status --wait, or the dashboard); ignored",
-    "mail-user": "no mail is sent (synctl status --wait, or the dashboard); ignored",
-    "comment": "not kept; ignored",
+    "mail-type": "recorded, but no mail is sent (synctl status --wait, or the dashboard)",
+    "mail-user": "recorded, but no mail is sent (synctl status --wait, or the dashboard)",
     "hint": "members are placed by what they ask for; ignored",
     "parsable": "give it on synctl sbatch's command line; ignored here",
     "wckey": "no workload keys here; ignored",
@@ -174,8 +179,12 @@ def translate(
                 written,
                 "a job whose dependency can never be met is always cancelled here (yes)",
             )
+        if name in RECORDED:
+            env_vars[RECORDED[name][0]] = value or ""
         if name in _NOTED:
             out.notes.append(f"{where}: {written}: {_NOTED[name]}")
+            continue
+        if name in RECORDED:
             continue
         if handler is None:
             why = _NOT_HONOURED.get(name, "not supported")

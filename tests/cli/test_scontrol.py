@@ -11,6 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from synapse_ha.cli.main import cli
+from synapse_ha.cli.slurm import show_job
+from synapse_ha.core.model import JobState
+from synapse_ha.rpc import states
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 
 def synctl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -62,3 +66,13 @@ def test_the_program_on_its_own_prints_the_hosts() -> None:
         check=False,
     )
     assert (ran.returncode, ran.stdout.split()) == (0, ["r1n1", "r2n1"])
+
+
+def test_show_job_shows_the_comment_and_mail_options_kept_with_the_job() -> None:
+
+    pending = states.job_state_fields(JobState.PENDING)
+    env = [pb.EnvVar(name="SYNAPSE_SBATCH_COMMENT", value="ablation 3")]
+    job = pb.Job(job_id="job-000042", spec=pb.JobSpec(name="x", env=env), **pending)
+    shown = show_job(job, 0).splitlines()
+    assert shown[-1] == "Comment=ablation 3"
+    assert "Comment" not in show_job(pb.Job(job_id="job-000042", **pending), 0)

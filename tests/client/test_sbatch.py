@@ -183,8 +183,9 @@ srun torchrun train.py
     noted = {line.split(": ")[1] for line in out.notes}
     assert noted == {
         "--mail-type=END,FAIL", "--mail-user=me@example.org", "--hint=nomultithread",
-        "--comment", "--wait-all-nodes=1",
+        "--wait-all-nodes=1",
     }  # fmt: skip
+    assert spec["env"]["SYNAPSE_SBATCH_COMMENT"] == "llama sweep"  # kept, not noted
     files = spec["command"][spec["command"].index("--output") : spec["command"].index("--")]
     assert files == [
         "--output", "logs/%x-%j.out", "--error", "logs/%x-%j.err", "--open-mode", "append",
@@ -421,3 +422,15 @@ def test_a_shell_variable_on_an_sbatch_line_is_refused_saying_no_shell_reads_it(
         translate("#!/bin/sh\n#SBATCH --nodes=$NUM_NODES\ntrue\n", "v.sh")
     spec = translate("#!/bin/sh\ntrue\n", "v.sh", ["--output=$HOME/x.log"]).spec  # a shell's
     assert "$HOME/x.log" in spec["command"]
+
+
+def test_comment_and_mail_options_are_kept_with_the_job() -> None:
+    script = "#!/bin/sh\n#SBATCH --comment='ablation 3' --mail-user=ann@lab.org --mail-type=END\n"
+    out = translate(script + "true\n", "m.sh")
+    env = out.spec["env"]
+    assert env["SYNAPSE_SBATCH_COMMENT"] == "ablation 3"
+    assert (env["SYNAPSE_SBATCH_MAIL_USER"], env["SYNAPSE_SBATCH_MAIL_TYPE"]) == (
+        "ann@lab.org",
+        "END",
+    )
+    assert sum("no mail is sent" in note for note in out.notes) == 2
