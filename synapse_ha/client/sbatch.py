@@ -142,15 +142,7 @@ def translate(
     ``--exclusive`` or ``--mem=0`` (whole nodes; raises ValueError when there is none).
     Raises :class:`SbatchError` naming the line and option."""
     env = os.environ if environ is None else environ
-    options: dict[str, tuple[str | None, str, str]] = {}
-    for number, words in directives(script):
-        where = f"{script_name}:{number}"
-        for name, value, written in split_options(words, where):
-            if "$" in (value or ""):
-                raise SbatchError(where, written, _UNEXPANDED)
-            options[name] = (value, written, where)
-    for name, value, written in split_options(list(command_line), "command line"):
-        options[name] = (value, written, "command line")
+    options = _options(script, script_name, command_line)
     out = Translation(spec={})
     spec = out.spec
     submitted_in = os.getcwd() if submit_dir is None else submit_dir
@@ -166,25 +158,7 @@ def translate(
     files = _output_files({name: options.pop(name) for name in list(options) if name in _FILES})
     for name, (value, written, where) in options.items():
         handler = handlers.get(name)
-        if name == "wait":
-            out.wait = True
-            continue
-        if name == "wrap":  # the script itself (synctl sbatch --wrap)
-            continue
-        if name == "kill-on-invalid-dep" and (value or "").lower() == "yes":
-            continue  # what a dependency that can never be met does here
-        if name == "kill-on-invalid-dep":
-            raise SbatchError(
-                where,
-                written,
-                "a job whose dependency can never be met is always cancelled here (yes)",
-            )
-        if name in RECORDED:
-            env_vars[RECORDED[name][0]] = value or ""
-        if name in _NOTED:
-            out.notes.append(f"{where}: {written}: {_NOTED[name]}")
-            continue
-        if name in RECORDED:
+        if _kept_or_noted(name, value, written, where, out, env_vars):
             continue
         if handler is None:
             why = _NOT_HONOURED.get(name, "not supported")
@@ -207,6 +181,50 @@ def translate(
         limit = [f"--time-limit={spec['time_limit'][:-1]}"]
     spec["command"] = _command(script, script_name, args, [*tasks.stepd_args(), *files, *limit])
     return out
+
+
+def _options(
+    script: str, script_name: str, command_line: Sequence[str]
+) -> dict[str, tuple[str | None, str, str]]:
+    """Every option by its full name: ``(value, as written, where)``, the script's
+    ``#SBATCH`` lines' first, then the command line's, which win."""
+    options: dict[str, tuple[str | None, str, str]] = {}
+    for number, words in directives(script):
+        where = f"{script_name}:{number}"
+        for name, value, written in split_options(words, where):
+            if "$" in (value or ""):
+                raise SbatchError(where, written, _UNEXPANDED)
+            options[name] = (value, written, where)
+    for name, value, written in split_options(list(command_line), "command line"):
+        options[name] = (value, written, "command line")
+    return options
+
+
+def _kept_or_noted(
+    name: str,
+    value: str | None,
+    written: str,
+    where: str,
+    out: Translation,
+    env_vars: dict[str, str],
+) -> bool:
+    """Whether option ``name`` is taken care of without a handler: ``--wait`` and
+    ``--wrap`` (synctl sbatch's), kept with the job (:data:`RECORDED`), or accepted with a
+    note. Raises for ``--kill-on-invalid-dep=no``."""
+    if name == "wait":
+        out.wait = True
+        return True
+    if name == "wrap" or (name == "kill-on-invalid-dep" and (value or "").lower() == "yes"):
+        return True  # the script itself; what a dependency never met does here
+    if name == "kill-on-invalid-dep":
+        raise SbatchError(
+            where, written, "a job whose dependency can never be met is always cancelled here (yes)"
+        )
+    if name in RECORDED:
+        env_vars[RECORDED[name][0]] = value or ""
+    if name in _NOTED:
+        out.notes.append(f"{where}: {written}: {_NOTED[name]}")
+    return name in RECORDED or name in _NOTED
 
 
 _FILES = frozenset({"output", "error", "open-mode", "signal"})
