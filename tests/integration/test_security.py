@@ -23,7 +23,9 @@ Codes: ``OK``; ``UNAUTH`` (UNAUTHENTICATED, reason UNAUTHENTICATED); ``DENIED``
 (PERMISSION_DENIED, reason PERMISSION_DENIED); ``NOTFOUND`` (NOT_FOUND: the call passed
 the access check and names a node, token or queue that does not exist: the node methods
 name ``no-such-node``, RevokeToken an unknown token id, DeleteQueue ``no-such-queue``).
-The job methods target a job of alice's (CancelJob a fresh pending one per call). Token
+``CONFLICT`` (FAILED_PRECONDITION, reason CONFLICT: the call passed the access check and
+RequeueJob's job, pending, holds no nodes). The job methods target a job of alice's
+(CancelJob and RequeueJob a fresh pending one per call). Token
 holders connect with the transport-only client certificate, as ``synctl`` does.
 
 The worker's log service (ReadLog of alice's finished member on worker ``w1``), as
@@ -100,6 +102,7 @@ GetJob           OK       OK       OK       OK       DENIED   OK       UNAUTH   
 ListJobs         OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 GetArray         OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
 CancelJob        OK       OK       OK       DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
+RequeueJob       CONFLICT CONFLICT CONFLICT DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 ExplainJob       OK       OK       OK       DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 GrantLogAccess   OK       OK       OK       DENIED   DENIED   DENIED   UNAUTH   UNAUTH   UNAUTH
 ListNodes        OK       OK       OK       OK       DENIED   OK       UNAUTH   UNAUTH   UNAUTH
@@ -135,6 +138,8 @@ CODES: dict[str, tuple[grpc.StatusCode, set[Reason]]] = {
     "OK": (grpc.StatusCode.OK, set()),
     "UNAUTH": (grpc.StatusCode.UNAUTHENTICATED, {Reason.UNAUTHENTICATED}),
     "DENIED": (grpc.StatusCode.PERMISSION_DENIED, {Reason.PERMISSION_DENIED}),
+    # Past the access check, refused by the job's state (RequeueJob of a pending job).
+    "CONFLICT": (grpc.StatusCode.FAILED_PRECONDITION, {Reason.CONFLICT}),
     "NOTFOUND": (
         grpc.StatusCode.NOT_FOUND,
         {
@@ -446,6 +451,10 @@ def _matrix_call(world: World, method: str, who: str, cleanup: list[str]) -> Cal
         target = world.submit("alice", pending_job("matrix-target"))
         cleanup.append(target)
         return lambda: stub.CancelJob(pb.CancelJobRequest(job_id=target), **kw)
+    if method == "RequeueJob":  # a pending job holds no nodes: refused past the access check
+        target = world.submit("alice", pending_job("matrix-requeue"))
+        cleanup.append(target)
+        return lambda: stub.RequeueJob(pb.RequeueJobRequest(job_id=target), **kw)
     if method == "GetArray":
         spec = pending_job("matrix-array")
         spec.array = "0-1"
