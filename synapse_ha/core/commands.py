@@ -216,6 +216,9 @@ class MemberEvent:
     # among that member's marks on its worker (1, 2, ...).
     step: int | None = None
     mark_seq: int = 0
+    # The member's generation (core/desired.MemberKey): a report of an earlier
+    # generation of a rank that was placed again is stale.
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,15 +20,19 @@ from synapse_ha.core.model import JobSpec, Resources
 
 
 class MemberKey(NamedTuple):
-    """The identity of one gang member on a node: a (job, fencing token, rank) starts at
-    most once, ever."""
+    """The identity of one gang member on a node: a (job, fencing token, rank,
+    generation) starts at most once, ever. ``generation`` is 0 for the member bound with
+    its attempt and grows by one each time the rank is placed again on another node
+    while the rest of the gang runs on (``replace:`` in the job spec)."""
 
     job_id: str
     fencing_token: int
     rank: int
+    generation: int = 0
 
     def __str__(self) -> str:
-        return f"{self.job_id}/token {self.fencing_token}/rank {self.rank}"
+        base = f"{self.job_id}/token {self.fencing_token}/rank {self.rank}"
+        return f"{base}/generation {self.generation}" if self.generation else base
 
 
 class Preempting(NamedTuple):
@@ -114,7 +118,17 @@ class DesiredMember:
     # The step the gang resumes from (its job's newest attempt mark with a step,
     # core/workflows/checkpoints.py): the members get it as $SYNAPSE_RESUME_STEP. None: none.
     resume_step: int | None = None
+    # The rank's generation: 0 as bound with its attempt, one more each time the rank was
+    # placed again while the gang ran on (DESIGN §4, member replacement).
+    generation: int = 0
+    # How many times the gang's membership changed since the attempt was bound (a rank
+    # placed again): a running member whose record shows a higher number than it was
+    # started with is told of the new hosts (``$SYNAPSE_MEMBERSHIP_FILE``).
+    membership: int = 0
+    # The signal a running member gets after a membership line is written ("SIGUSR1";
+    # "": none, the member reads the file when it wants).
+    membership_signal: str = ""
 
     @property
     def key(self) -> MemberKey:
-        return MemberKey(self.job_id, self.fencing_token, self.rank)
+        return MemberKey(self.job_id, self.fencing_token, self.rank, self.generation)

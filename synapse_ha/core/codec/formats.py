@@ -43,7 +43,7 @@ from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.workflows.dependencies import Dependencies
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 13  # the newest format this release reads
+FORMAT = 14  # the newest format this release reads
 
 # The format that added each field of a type declared outside core/model.py (a field of
 # core/model.py says its own: ``since(format, default)``), by owning type. Such a field is
@@ -91,7 +91,8 @@ _DECLARED: dict[type, dict[str, int]] = {
     # Format 13: Slurm's singleton dependency (core/workflows/dependencies.py).
     Dependencies: {"singleton": 13},
     # Format 5: checkpoint marks (core/workflows/checkpoints.py): a mark's step and number.
-    MemberEvent: {"step": 5, "mark_seq": 5},
+    # Format 14: a member's generation (a rank placed again while its gang ran on).
+    MemberEvent: {"step": 5, "mark_seq": 5, "generation": 14},
 }
 
 
