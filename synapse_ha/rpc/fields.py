@@ -61,6 +61,9 @@ MEMBER: tuple[str, ...] = (
     "local_world_size",
     "master_port",
     "owner",
+    "generation",
+    "membership",
+    "membership_signal",
 )
 # pb.DesiredMember and core.desired.LaunchSpec (what the member is launched with).
 LAUNCH: tuple[str, ...] = (

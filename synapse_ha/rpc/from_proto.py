@@ -139,6 +139,8 @@ def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.Member
             raise SpecError(f"reports[{i}].job_id", "is required")
         if report.rank < 0 or report.fencing_token <= 0:
             raise SpecError(f"reports[{i}]", "rank must be >= 0 and fencing_token > 0")
+        if report.generation < 0:
+            raise SpecError(f"reports[{i}].generation", "must be >= 0")
         step = report.checkpoint_step if report.HasField("checkpoint_step") else None
         if kind is cmd.MemberEventKind.CHECKPOINT and (
             report.checkpoint_seq <= 0 or (step is not None and step < 0)
@@ -155,6 +157,7 @@ def member_events_from_proto(reports: list[pb.MemberReport]) -> tuple[cmd.Member
                 exit_code=report.exit_code,
                 detail=report.detail[:1024],
                 cause=_EXIT_CAUSES.get(report.cause, cmd.ExitCause.PROGRAM),
+                generation=report.generation,
                 **_mark_fields(kind, step, report.checkpoint_seq),
             )
         )

@@ -77,7 +77,7 @@ log = logging.getLogger("synapse.rpc.stream")
 _EOF: Any = getattr(aio, "EOF")  # noqa: B009  (not in grpc's stubs)
 CONNECT_METHOD = f"/{access.NODE_STREAM_SERVICE}/Connect"
 
-Digest = tuple[tuple[str, int, int, int], ...]
+Digest = tuple[tuple[str, int, int, int, int, int], ...]
 
 
 class _Refused(Exception):
@@ -90,8 +90,12 @@ class _Refused(Exception):
 
 def _digest(members: Iterable[DesiredMember]) -> Digest:
     """What identifies a node's desired list: a member's launch data never changes for a
-    given (job, token, rank); only its preemption deadline can."""
-    return tuple((d.job_id, d.fencing_token, d.rank, d.preempt_deadline_ms) for d in members)
+    given (job, token, rank, generation); only its preemption deadline can, and the
+    gang's membership (hosts and master address), whose count grows at each change."""
+    return tuple(
+        (d.job_id, d.fencing_token, d.rank, d.generation, d.membership, d.preempt_deadline_ms)
+        for d in members
+    )
 
 
 class _Stream:

@@ -230,6 +230,7 @@ def member_event_to_proto(e: cmd.MemberEvent) -> pb.MemberReport:
         exit_code=e.exit_code,
         detail=e.detail,
         cause=_REPORT_CAUSES[e.cause],  # type: ignore[arg-type]
+        generation=e.generation,
     )
     if e.kind is cmd.MemberEventKind.CHECKPOINT:
         msg.checkpoint_seq = e.mark_seq
