@@ -8,12 +8,16 @@ Examples::
     synapse-sim --workload trace --trace-file jobs.csv --nodes 64
     synapse-sim --workload openb --write-trace openb.csv   # convert, then stop
     synapse-sim --workload training --nodes 64 --days 3 --gpu-failures --failure-scale 20
+    synapse-sim --workload training --nodes 256 --gpu-failures --checkpoint-minutes 30 \
+        --recovery requeue,replace,replace+spares
 
 A workload with queues (multi-tenant, or a trace) runs the real scheduler under each
 preemption mode instead of comparing policies; docs/simulator.md has the trace format.
 With --gpu-failures, GPUs fail (a Poisson process per GPU, default the Llama 3 rate of
 0.25 per 1,000 GPU-days) and the real scheduler runs once per failure policy
-(health-aware, health-blind) on the same failures.
+(health-aware, health-blind) on the same failures; with --recovery, once per way of
+coming back from a failure (requeue the gang, replace the lost rank, replace it on a hot
+spare first).
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ from synapse_ha.sim.pipelines import MODES as PIPELINE_MODES
 from synapse_ha.sim.pipelines import pipeline_workload, run_pipelines
 from synapse_ha.sim.plots import write_plots
 from synapse_ha.sim.policies import POLICIES
+from synapse_ha.sim.recovery import RESTART_OVERHEAD_MS, RecoveryModel
+from synapse_ha.sim.recovery_report import parse_recoveries, run_recoveries
+from synapse_ha.sim.recovery_report import report as recovery_report
+from synapse_ha.sim.recovery_report import table as recovery_table
 from synapse_ha.sim.tables import Column, results_table
 from synapse_ha.sim.tenancy import MODES, PASS_INTERVAL_MS, run_modes
 from synapse_ha.sim.tenancy import report as tenancy_report
@@ -147,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     if model is not None:
         if any(j.after_ok for j in workload.jobs):
             parser.error("--gpu-failures: the failure runs do not replay after_ok dependencies")
-        _failure_runs(workload, model, config, args)
+        if args.recovery is not None:
+            _recovery_runs(workload, model, _recovery_model(args, parser), config, args)
+        else:
+            _failure_runs(workload, model, config, args)
         return 0
     if args.workload == "pipelines":
         _compare_pipelines(workload, config, args)
@@ -316,8 +327,28 @@ def _failure_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--failure-policies",
-        default="health-aware,health-blind",
-        help="comma-separated, from health-aware, health-blind",
+        default=None,
+        help="comma-separated, from health-aware, health-blind (default: both)",
+    )
+    group.add_argument(
+        "--recovery",
+        default=None,
+        metavar="POLICIES",
+        help="compare ways of coming back from a failure instead, comma-separated, from "
+        "requeue, replace, replace+spares (the core learns of every failure)",
+    )
+    group.add_argument(
+        "--restart-overhead-s",
+        type=float,
+        default=RESTART_OVERHEAD_MS / 1000,
+        help="--recovery: a gang's restart after a failure, until useful work (default "
+        "%(default)g)",
+    )
+    group.add_argument(
+        "--spares-per-rack",
+        type=int,
+        default=1,
+        help="--recovery replace+spares: hot spare nodes per rack (default %(default)s)",
     )
     group.add_argument(
         "--failure-seed", type=int, default=None, help="seed of the failures (default --seed)"
@@ -341,8 +372,14 @@ def _failure_model(
     ):
         if not least <= value < float("inf"):
             parser.error(f"{flag}: a number of at least {least:g}, got {value}")
+    if args.recovery is not None and args.failure_policies is not None:
+        parser.error("--recovery and --failure-policies: choose one comparison")
+    if args.failure_policies is None:
+        args.failure_policies = "health-aware,health-blind"
     try:
         parse_policies(args.failure_policies)
+        if args.recovery is not None:
+            parse_recoveries(args.recovery)
         model = FailureModel(
             per_1000_gpu_days=args.gpu_failures * args.failure_scale,
             repair_ms=round(args.repair_hours * 3_600_000),
@@ -365,6 +402,40 @@ def _failure_runs(
     results = run_policies(workload, model, parse_policies(args.failure_policies), config)
     report = failure_report(workload, model, results)
     print(failure_table(results), file=sys.stderr)
+    _emit(report, results, args.out)
+
+
+def _recovery_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RecoveryModel:
+    """The recovery options as a model; a bad value stops the program naming the option."""
+    if not 0 <= args.restart_overhead_s <= 86_400:
+        parser.error(f"--restart-overhead-s: between 0 and 86400 s, got {args.restart_overhead_s}")
+    if not 0 <= args.spares_per_rack <= 64:
+        parser.error(f"--spares-per-rack: between 0 and 64, got {args.spares_per_rack}")
+    return RecoveryModel(
+        restart_overhead_ms=round(args.restart_overhead_s * 1000),
+        spares_per_rack=args.spares_per_rack,
+    )
+
+
+def _recovery_runs(
+    workload: Workload,
+    model: FailureModel,
+    recovery_model: RecoveryModel,
+    config: ClusterConfig,
+    args: argparse.Namespace,
+) -> None:
+    """Run ``workload`` under ``model`` once per recovery policy; print the table and
+    the JSON report, and with ``--out`` write the report and the plots there."""
+    results = run_recoveries(
+        workload,
+        model,
+        parse_recoveries(args.recovery),
+        recovery_model,
+        config,
+        pass_interval_ms=_interval_ms(args),
+    )
+    report = recovery_report(workload, model, recovery_model, results)
+    print(recovery_table(results), file=sys.stderr)
     _emit(report, results, args.out)
 
 

@@ -124,8 +124,9 @@ class Run:
     ignored, a WAKE's is empty. A mark alone is no reason to plan.
 
     A subclass adds kinds of its own (above LAST_KIND) through :meth:`_other_event`, and
-    may extend :meth:`_more_to_do`, :meth:`_run_ms`, :meth:`_after_start`,
-    :meth:`_marks_every` and :meth:`_extra_metrics`; as defined here they change nothing.
+    may extend :meth:`_more_to_do`, :meth:`_wants_pass`, :meth:`_run_ms`,
+    :meth:`_after_start`, :meth:`_marks_every` and :meth:`_extra_metrics`; as defined here
+    they change nothing.
     """
 
     def __init__(
@@ -178,7 +179,7 @@ class Run:
             pending_count = len(self.pending)
             self._advance(now, pending_count)
             self._apply_events()
-            if self.pending:
+            if self.pending or self._wants_pass():
                 self._pass_or_wait(pending_count)
             if self.applied % self.pacing.purge_every == 0:
                 apply(self.state, c.PurgeFinished(now))
@@ -227,6 +228,10 @@ class Run:
     def _more_to_do(self) -> bool:
         """Whether the events left still matter (here: always, while there are any)."""
         return True
+
+    def _wants_pass(self) -> bool:
+        """Whether to plan although no job waits (here: never)."""
+        return False
 
     def _other_event(self, kind: int, key: str) -> bool:
         """Apply an event of a kind a subclass added; False when it changed nothing."""

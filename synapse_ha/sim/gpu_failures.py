@@ -263,10 +263,15 @@ class FaultRun(Run):
         if not result.ok:
             raise ValueError(f"ReportGpuHealth refused: {result.message}")
         for job_id, token in sorted(tokens.items()):
-            report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now, SIGTERM_EXIT)
-            self._count_loss(job_id, losses[job_id], crashed=False)
-            self._released(job_id)
+            self._lost_to_fault(job_id, token, losses[job_id])
         self._push(self.now + self.model.repair_ms, REPAIR, f"{node_id}:{index}")
+
+    def _lost_to_fault(self, job_id: str, token: int, loss_ms: int) -> None:
+        """Health-aware: the core ended the attempt ``token`` of the gang that held the
+        failed GPU (a requeue); its members are confirmed stopped."""
+        report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now, SIGTERM_EXIT)
+        self._count_loss(job_id, loss_ms, crashed=False)
+        self._released(job_id)
 
     def _notice(self, gpu: Gpu) -> None:
         """Health-blind: the operator sees the failure and cordons its node."""

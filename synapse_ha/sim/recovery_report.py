@@ -1,0 +1,152 @@
+"""One workload under GPU failures, once per failure policy (requeue, replace,
+replace+spares), on the same failures: the figures side by side and the targets.
+
+Targets (judged on ``replace+spares``, every policy's figure shown beside it): ETTR of
+gangs of 64+ GPUs at least :data:`ETTR_TARGET` (mean over those gangs), and restart
+delay p50 at most :data:`RESTART_P50_TARGET_S`. A target missed is reported with its
+numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.sim.engine import Result
+from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS, FailureModel
+from synapse_ha.sim.recovery import Recovery, RecoveryModel, recovery_run
+from synapse_ha.sim.tables import Column, results_table
+from synapse_ha.sim.workload import Workload
+
+ETTR_TARGET = 0.97
+RESTART_P50_TARGET_S = 60.0
+JUDGED_ON = Recovery.REPLACE_SPARES
+PASS_INTERVAL_MS = 500  # the leader's scheduling period
+
+
+def parse_recoveries(text: str) -> tuple[Recovery, ...]:
+    """``requeue,replace,replace+spares`` as failure policies, in the order given;
+    ValueError naming the unknown."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    known = {str(p): p for p in Recovery}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(
+            f"--recovery: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(known)}"
+        )
+    return tuple(dict.fromkeys(known[n] for n in names))
+
+
+def run_recoveries(
+    workload: Workload,
+    model: FailureModel,
+    recoveries: tuple[Recovery, ...] = tuple(Recovery),
+    recovery_model: RecoveryModel | None = None,
+    config: ClusterConfig | None = None,
+    pass_interval_ms: int = PASS_INTERVAL_MS,
+) -> list[Result]:
+    """``workload`` under ``model``'s failures once per failure policy, the planner
+    passing every ``pass_interval_ms`` (the leader's period by default)."""
+    out = []
+    for recovery in recoveries:
+        run = recovery_run(
+            workload,
+            model,
+            recovery,
+            recovery_model,
+            config=config,
+            pass_interval_ms=pass_interval_ms,
+        )
+        run.run()
+        result = run.result(0.0)
+        result.policy = str(recovery)
+        out.append(result)
+    return out
+
+
+def report(
+    workload: Workload,
+    model: FailureModel,
+    recovery_model: RecoveryModel,
+    results: list[Result],
+) -> dict[str, Any]:
+    """The figures per policy and the targets, as JSON-ready data."""
+    by_policy = {r.policy: r.metrics for r in results}
+    return {
+        "workload": workload.notes,
+        "failure_model": {
+            **model.describe(),
+            "llama3_rate_per_1000_gpu_days": LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS,
+        },
+        "recovery_model": recovery_model.describe(),
+        "not_simulated": "elastic gangs (the core does not shrink or grow a gang)",
+        "figures": {p: m["recovery"] for p, m in by_policy.items()},
+        "targets": targets({p: m["recovery"] for p, m in by_policy.items()}),
+        "results": by_policy,
+    }
+
+
+def targets(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The targets, judged on ``replace+spares`` (None when it did not run), with every
+    policy's figure beside."""
+    judged = figures.get(str(JUDGED_ON))
+    ettr = {p: f["ettr"]["gangs_64_plus"]["mean"] for p, f in figures.items()}
+    p50 = {p: f["restart_delay_s"]["p50"] for p, f in figures.items()}
+    ettr_met = p50_met = None
+    if judged is not None:
+        value = judged["ettr"]["gangs_64_plus"]["mean"]
+        ettr_met = value is not None and value >= ETTR_TARGET
+        delay = judged["restart_delay_s"]["p50"]
+        p50_met = delay is None or delay <= RESTART_P50_TARGET_S
+    return {
+        "ettr_gangs_64_plus": {
+            "rule": f"mean ETTR of gangs of 64+ GPUs >= {ETTR_TARGET:.0%} with {JUDGED_ON}",
+            "by_policy": ettr,
+            "met": ettr_met,
+        },
+        "restart_delay_p50": {
+            "rule": f"restart delay p50 <= {RESTART_P50_TARGET_S:g} s with {JUDGED_ON}",
+            "by_policy_s": p50,
+            "met": p50_met,
+        },
+    }
+
+
+def _r(result: Result) -> dict[str, Any]:
+    figures: dict[str, Any] = result.metrics["recovery"]
+    return figures
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2%}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}s"
+
+
+_COLUMNS: tuple[Column, ...] = (
+    ("policy", lambda r: r.policy),
+    ("failures", lambda r: str(_r(r)["gpu_failures"])),
+    ("hit", lambda r: str(_r(r)["gangs_hit"])),
+    ("ETTR 64+", lambda r: _share(_r(r)["ettr"]["gangs_64_plus"]["mean"])),
+    ("p50", lambda r: _share(_r(r)["ettr"]["gangs_64_plus"]["p50"])),
+    ("ETTR all", lambda r: _share(_r(r)["ettr"]["all"]["mean"])),
+    ("ETTR hit", lambda r: _share(_r(r)["ettr"]["hit"]["mean"])),
+    ("goodput GPU-h", lambda r: f"{_r(r)['goodput_gpu_hours']:.0f}"),
+    ("lost GPU-h", lambda r: f"{_r(r)['gpu_hours_lost']:.1f}"),
+    ("restart p50", lambda r: _seconds(_r(r)["restart_delay_s"]["p50"])),
+    ("p99", lambda r: _seconds(_r(r)["restart_delay_s"]["p99"])),
+)
+
+
+def table(results: list[Result]) -> str:
+    """The headline figures, one line per policy."""
+    lines = results_table(_COLUMNS, results)
+    lines.append(
+        "ETTR: useful run time / wall time from first start to end, mean (and p50) per job; "
+        "hit: gangs a failure hit; restart: failure until the gang runs at full size again"
+    )
+    lines.append("elastic gangs: not simulated (the core does not shrink or grow a gang)")
+    return "\n".join(lines)
