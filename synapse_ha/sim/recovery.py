@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
@@ -190,66 +190,102 @@ class RecoveryRun(FaultRun):
         metrics["recovery"] = recovery_figures(self)
 
 
+@dataclass(slots=True)
+class Outcome:
+    """What one or more runs of a policy measured, merged over seeds by :meth:`add`.
+
+    ``jobs``: per job that ran, (GPUs, whether a failure hit it, its useful run time,
+    its wall time from its first start to its end), in ms; ``delays_s``: restart delays."""
+
+    policy: str
+    jobs: list[tuple[int, bool, int, int]] = field(default_factory=list)
+    delays_s: list[float] = field(default_factory=list)
+    lost: LossTally = field(default_factory=LossTally)
+    failures: int = 0
+    goodput_gpu_ms: int = 0
+    held_gpu_ms: int = 0
+    jobs_failed: int = 0
+    runs: int = 0
+
+    def add(self, other: Outcome) -> None:
+        """Merge ``other`` (the same policy, another seed) into this one."""
+        self.jobs += other.jobs
+        self.delays_s += other.delays_s
+        for name in ("work", "overhead", "waiting"):
+            setattr(self.lost, name, getattr(self.lost, name) + getattr(other.lost, name))
+        self.failures += other.failures
+        self.goodput_gpu_ms += other.goodput_gpu_ms
+        self.held_gpu_ms += other.held_gpu_ms
+        self.jobs_failed += other.jobs_failed
+        self.runs += other.runs
+
+
+def outcome(run: RecoveryRun) -> Outcome:
+    """The outcome of a finished run: a job's useful run time is its duration when it
+    succeeded, nothing otherwise."""
+    out = Outcome(str(run.recovery), runs=1)
+    for job_id, rec in run.records.items():
+        if rec.start_ms is None or rec.end_ms is None:
+            continue
+        succeeded = run.final_states.get(job_id) is JobState.SUCCEEDED
+        useful = rec.duration_ms if succeeded else 0
+        out.jobs.append((rec.gpus, run.hits[job_id] > 0, useful, rec.end_ms - rec.start_ms))
+        out.goodput_gpu_ms += rec.gpus * useful
+    out.delays_s = list(run.restart_delays_s)
+    out.lost = replace(run.lost)
+    out.failures = run.faults.failures
+    out.held_gpu_ms = sum(run.held_gpu_ms.values())
+    out.jobs_failed = len(run.failed_jobs)
+    return out
+
+
 def recovery_figures(run: RecoveryRun) -> dict[str, Any]:
-    """The failure policy's figures of a finished run.
+    """The failure policy's figures of a finished run (:func:`figures`)."""
+    return figures(outcome(run))
+
+
+def figures(o: Outcome) -> dict[str, Any]:
+    """The figures of an outcome, JSON-ready.
 
     * ``ettr``: effective training time ratio of each job that ran, its useful run time
-      (its duration, when it succeeded; nothing otherwise) over its wall time from its
-      first start to its end; mean, p50 and min over gangs of :data:`BIG_GANG_GPUS`+
-      GPUs (``gangs_64_plus``), over every job (``all``) and over the jobs a failure hit
-      (``hit``), and weighted by GPUs x wall time (``gpu_weighted``).
+      over its wall time from its first start to its end; n, mean, p50 and min over
+      gangs of :data:`BIG_GANG_GPUS`+ GPUs (``gangs_64_plus``), over every job
+      (``all``) and over the jobs a failure hit (``hit``), and weighted by GPUs x wall
+      time (``gpu_weighted``).
     * ``goodput_gpu_hours``: GPUs x run time of the jobs that succeeded;
       ``gpu_hours_held``: GPUs x time held by every job; ``goodput_share_of_held``.
-    * ``gpu_hours_lost``: held, not counted, by cause (``..._work`` since the last
-      checkpoint, ``..._restart_overhead``, ``..._waiting_for_replacement``).
+    * ``gpu_hours_lost``: held, not counted (held less goodput), by cause (``..._work``
+      since the last checkpoint, ``..._restart_overhead``,
+      ``..._waiting_for_replacement``).
     * ``restart_delay_s``: from a failure ending or interrupting a gang until it runs
       again at full size (its next bind, or its lost rank placed again), n, mean, p50,
       p99 and max; the restart overhead comes after it.
     """
-    ettr_big: list[float] = []
-    ettr_all: list[float] = []
-    ettr_hit: list[float] = []
-    useful_area = wall_area = 0
-    for job_id, rec in run.records.items():
-        if rec.start_ms is None or rec.end_ms is None:
-            continue
-        wall = rec.end_ms - rec.start_ms
-        succeeded = run.final_states.get(job_id) is JobState.SUCCEEDED
-        useful = rec.duration_ms if succeeded else 0
-        ratio = min(useful / wall, 1.0) if wall > 0 else 1.0
-        ettr_all.append(ratio)
-        if rec.gpus >= BIG_GANG_GPUS:
-            ettr_big.append(ratio)
-        if run.hits[job_id]:
-            ettr_hit.append(ratio)
-        useful_area += rec.gpus * useful
-        wall_area += rec.gpus * wall
-    goodput = sum(
-        run.records[j].gpus * run.records[j].duration_ms
-        for j, s in run.final_states.items()
-        if s is JobState.SUCCEEDED
-    )
-    held = sum(run.held_gpu_ms.values())
-    lost = run.lost
+    ratios = [(g, hit, min(u / w, 1.0) if w > 0 else 1.0) for g, hit, u, w in o.jobs]
+    wall_area = sum(g * w for g, _, _, w in o.jobs)
+    lost = o.lost
     return {
-        "policy": str(run.recovery),
-        "gpu_failures": run.faults.failures,
-        "gangs_hit": sum(1 for n in run.hits.values() if n),
+        "policy": o.policy,
+        "runs": o.runs,
+        "gpu_failures": o.failures,
+        "gangs_hit": sum(1 for _, hit, _ in ratios if hit),
         "ettr": {
-            "gangs_64_plus": _ratios(ettr_big),
-            "all": _ratios(ettr_all),
-            "hit": _ratios(ettr_hit),
-            "gpu_weighted": round(useful_area / wall_area, 5) if wall_area else None,
+            "gangs_64_plus": _ratios([r for g, _, r in ratios if g >= BIG_GANG_GPUS]),
+            "all": _ratios([r for _, _, r in ratios]),
+            "hit": _ratios([r for _, hit, r in ratios if hit]),
+            "gpu_weighted": round(o.goodput_gpu_ms / wall_area, 5) if wall_area else None,
         },
-        "goodput_gpu_hours": _hours(goodput),
-        "gpu_hours_held": _hours(held),
-        "goodput_share_of_held": round(goodput / held, 5) if held else None,
+        "goodput_gpu_hours": _hours(o.goodput_gpu_ms),
+        "gpu_hours_held": _hours(o.held_gpu_ms),
+        "goodput_share_of_held": (
+            round(o.goodput_gpu_ms / o.held_gpu_ms, 5) if o.held_gpu_ms else None
+        ),
         "gpu_hours_lost": _hours(lost.total),
         "gpu_hours_lost_work": _hours(lost.work),
         "gpu_hours_lost_restart_overhead": _hours(lost.overhead),
         "gpu_hours_lost_waiting_for_replacement": _hours(lost.waiting),
-        "restart_delay_s": _delays(run.restart_delays_s),
-        "jobs_failed_by_faults": len(run.failed_jobs),
+        "restart_delay_s": _delays(o.delays_s),
+        "jobs_failed_by_faults": o.jobs_failed,
     }
 
 
