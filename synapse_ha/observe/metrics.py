@@ -320,6 +320,7 @@ class ExecutorLike(Protocol):
     def gpus_held(self) -> dict[Any, tuple[int, ...]]: ...
     def kill_all(self, detail: str) -> Sequence[tuple[Any, Any]]: ...
     def mark_reported(self, key: Any) -> None: ...
+    def tell_membership(self, desired: Any) -> bool: ...
 
 
 def exit_outcome(exit_: MemberExitLike) -> str:
@@ -389,6 +390,9 @@ class MeteredExecutor:
 
     def mark_reported(self, key: Any) -> None:
         self._inner.mark_reported(key)
+
+    def tell_membership(self, desired: Any) -> bool:
+        return self._inner.tell_membership(desired)
 
     def _update_running(self) -> None:
         self._metrics.members_running.set(len(self._inner.running()))

@@ -15,11 +15,15 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   resent until then; an acknowledged exit is marked on disk and never reported again.
   A registration carries them too, committed before it: a node back from dead has its
   members' exits counted before anything new is placed on it.
-* Desired state is applied idempotently by (job_id, fencing_token, rank): a key that ever
-  started on this node is never started again (also after an agent restart); a member not
-  in the desired list, or one whose token is lower than the highest seen for its job, is
-  stopped; a member whose token is lower than one seen for its job is never started, and
-  a newer attempt's member starts only once this node runs nothing of an older one.
+* Desired state is applied idempotently by (job_id, fencing_token, rank, generation): a
+  key that ever started on this node is never started again (also after an agent
+  restart); a member not in the desired list, or one whose token is lower than the
+  highest seen for its job, is stopped; a member whose token is lower than one seen for
+  its job is never started, and a newer attempt's member starts only once this node runs
+  nothing of an older one. Likewise a rank placed here again (a higher generation) starts
+  only once its lower generation is gone from this node: never two at once.
+* A running member whose desired record shows a higher membership count than it was
+  told of is told (:meth:`Executor.tell_membership`): never stopped or restarted for it.
 * Self-fencing: when no reply from a leader has arrived for ``lease_ttl`` (measured from
   when the last acknowledged request was sent) every member is killed and nothing starts
   until a reply to a later request arrives; the fenced exits are reported then. The
@@ -114,6 +118,7 @@ class Executor(Protocol):
     def gpus_held(self) -> dict[MemberKey, tuple[int, ...]]: ...
     def kill_all(self, detail: str) -> list[tuple[MemberKey, MemberExit]]: ...
     def mark_reported(self, key: MemberKey) -> None: ...
+    def tell_membership(self, desired: DesiredMember) -> bool: ...
 
 
 class GrpcControlPlane:
@@ -155,7 +160,7 @@ def _report(
     retries."""
     cause = ExitCause.PROGRAM
     if exit_ is None:
-        return MemberEvent(key.job_id, key.fencing_token, key.rank, kind)
+        return MemberEvent(key.job_id, key.fencing_token, key.rank, kind, generation=key.generation)
     if fenced:
         cause = ExitCause.FENCED
     elif exit_.node_fault:
@@ -165,7 +170,14 @@ def _report(
     elif exit_.hung:
         cause = ExitCause.HUNG
     return MemberEvent(
-        key.job_id, key.fencing_token, key.rank, kind, exit_.exit_code, exit_.detail, cause
+        key.job_id,
+        key.fencing_token,
+        key.rank,
+        kind,
+        exit_.exit_code,
+        exit_.detail,
+        cause,
+        generation=key.generation,
     )
 
 
@@ -178,7 +190,12 @@ def _mark_report(key: MemberKey, mark: Mark) -> MemberEvent:
         MemberEventKind.CHECKPOINT,
         step=mark.step,
         mark_seq=mark.seq,
+        generation=key.generation,
     )
+
+
+def _key_of(report: MemberEvent) -> MemberKey:
+    return MemberKey(report.job_id, report.fencing_token, report.rank, report.generation)
 
 
 def _no_marks(keys: Sequence[MemberKey]) -> Sequence[tuple[MemberKey, Mark]]:
@@ -345,8 +362,7 @@ class Agent:
         self.pending = [
             r
             for r in self.pending
-            if r.kind is not MemberEventKind.CHECKPOINT
-            or MemberKey(r.job_id, r.fencing_token, r.rank) not in replaced
+            if r.kind is not MemberEventKind.CHECKPOINT or _key_of(r) not in replaced
         ]
         self.pending.extend(_mark_report(key, mark) for key, mark in marks)
 
@@ -462,9 +478,7 @@ class Agent:
         acked = max(0, min(acked, len(reports)))
         for report in reports[:acked]:
             if report.kind is MemberEventKind.EXITED:
-                self.executor.mark_reported(
-                    MemberKey(report.job_id, report.fencing_token, report.rank)
-                )
+                self.executor.mark_reported(_key_of(report))
         del self.pending[:acked]
 
     def _forgotten(self, why: str) -> str:
@@ -497,6 +511,7 @@ class Agent:
                 wanted[d.key] = (d, preempting)
         stopped = 0
         preempted = 0
+        told = 0
         for key in self.executor.running():
             if key not in wanted:
                 self.executor.stop(key)
@@ -504,8 +519,11 @@ class Agent:
             elif (preempting := wanted[key][1]) is not None:
                 self.executor.preempt(key, PreemptNotice(*preempting))
                 preempted += 1
+            elif wanted[key][0].membership and self.executor.tell_membership(wanted[key][0]):
+                told += 1
         started = 0
         waiting = 0
+        rank_held = 0
         refused = 0
         running = self.executor.running()
         # GPUs of every member still running here, also those being stopped: a GPU is
@@ -528,6 +546,12 @@ class Agent:
             if any(r.job_id == key.job_id and r.fencing_token < key.fencing_token for r in running):
                 # An older attempt of this job is still stopping here; start the new
                 # member once it is gone, never alongside it.
+                continue
+            if any(r[:3] == key[:3] for r in running):
+                # Another generation of this rank is still stopping here (its GPUs failed
+                # and the rank was placed again on others of this node): start this one
+                # once it is gone, never alongside it.
+                rank_held += 1
                 continue
             if busy_gpus.intersection(d.gpus):
                 # The leader released these GPUs when the attempt holding them ended, but
@@ -553,8 +577,12 @@ class Agent:
             parts.append(f"stopped {stopped} member(s) no longer desired")
         if preempted:
             parts.append(f"{preempted} member(s) being preempted")
+        if told:
+            parts.append(f"told {told} member(s) of a new membership")
         if waiting:
             parts.append(f"{waiting} member(s) waiting for GPUs a stopping member still holds")
+        if rank_held:
+            parts.append(f"{rank_held} member(s) waiting for their rank's other generation to end")
         if refused:
             parts.append(f"could not start {refused} member(s) (the node's fault)")
         return ", ".join(parts)

@@ -29,7 +29,9 @@ from synapse_ha.worker.accounts import Account, owner_environment
 
 __all__ = [
     "CHECKPOINT_FILE_ENV",
+    "MEMBERSHIP_FILE_ENV",
     "MEMBER_BASE_NAMES",
+    "MEMBER_GENERATION_ENV",
     "PREEMPT_FILE_ENV",
     "PROGRESS_FILE_ENV",
     "RESUME_STEP_ENV",
@@ -42,6 +44,11 @@ __all__ = [
 
 # The file a member of a job with hang detection touches to show progress (docs/cli.md).
 PROGRESS_FILE_ENV = "SYNAPSE_PROGRESS_FILE"
+# The member's generation (0 as bound with its attempt, one more each time its rank was
+# placed again), and the file its gang's membership changes are written to
+# (synapse_ha.worker.membership).
+MEMBER_GENERATION_ENV = "SYNAPSE_MEMBER_GENERATION"
+MEMBERSHIP_FILE_ENV = "SYNAPSE_MEMBERSHIP_FILE"
 PYTHON_ENV = "SYNAPSE_PYTHON"
 
 
@@ -72,6 +79,7 @@ def member_environment(
             "SYNAPSE_ATTEMPT": str(member.attempt),
             "SYNAPSE_FENCING_TOKEN": str(member.fencing_token),
             "SYNAPSE_MEMBER_HOSTS": ",".join(member.member_hosts),
+            MEMBER_GENERATION_ENV: str(member.generation),
         }
     )
     if not member.spec.image:  # the worker's interpreter, for an sbatch job's step daemon

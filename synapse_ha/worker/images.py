@@ -290,7 +290,8 @@ class ImageRuntime:
 
     @staticmethod
     def container_name(key: MemberKey) -> str:
-        return f"synapse-{key.job_id}-{key.fencing_token}-{key.rank}"
+        name = f"synapse-{key.job_id}-{key.fencing_token}-{key.rank}"
+        return f"{name}-g{key.generation}" if key.generation else name
 
     def client_environment(self, account: Account | None, home: str) -> dict[str, str]:
         """The runtime client's whole environment: fixed, whatever the job says. ``home``

@@ -25,6 +25,7 @@ from synapse_ha.worker.accounts import Account
 from synapse_ha.worker.checkpoint_files import CHECKPOINT_FILE
 from synapse_ha.worker.environment import (
     CHECKPOINT_FILE_ENV,
+    MEMBERSHIP_FILE_ENV,
     PREEMPT_FILE_ENV,
     PROGRESS_FILE_ENV,
     member_environment,
@@ -35,6 +36,7 @@ from synapse_ha.worker.images import (
     NoImageRuntime,
     container_environment,
 )
+from synapse_ha.worker.membership import MEMBERSHIP_FILE
 from synapse_ha.worker.progress import PROGRESS_FILE
 
 
@@ -164,12 +166,13 @@ def host_process(
     """A member on the host: its environment over ``base_env`` (the minimal base of
     :func:`~synapse_ha.worker.environment.member_base_environment`), with the file a
     preemption notice is written to (before the SIGTERM, only when the gang is
-    preempted), the file it writes a line to to mark a checkpoint and, when its job has
-    hang detection, the file it touches to show progress, run as ``account`` in the
-    job's working directory."""
+    preempted), the file it writes a line to to mark a checkpoint, the file its gang's
+    membership changes are written to and, when its job has hang detection, the file it
+    touches to show progress, run as ``account`` in the job's working directory."""
     env = member_environment(member, base_env, account)
     env[PREEMPT_FILE_ENV] = str(member_dir / shim.PREEMPT_FILE)
     env[CHECKPOINT_FILE_ENV] = str(member_dir / CHECKPOINT_FILE)
+    env[MEMBERSHIP_FILE_ENV] = str(member_dir / MEMBERSHIP_FILE)
     progress = progress_file(member, member_dir)
     if progress is not None:
         env[PROGRESS_FILE_ENV] = str(progress)

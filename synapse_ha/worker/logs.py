@@ -54,19 +54,20 @@ MAX_CHUNK = 1024 * 1024
 
 
 def find_member_dir(members_root: Path, job_id: str, attempt: int, rank: int) -> Path | None:
-    """The member directory for (job, attempt, rank); attempt 0 means the newest."""
+    """The member directory for (job, attempt, rank); attempt 0 means the newest. Of a
+    rank placed here again (member replacement), the newest generation."""
     job_dir = members_root / job_id
     try:
         if "/" in job_id or job_id in ("", ".", "..") or not job_dir.is_dir():
             return None
     except OSError:  # no directory can have that name (too long, for one): no such job
         return None
-    best: tuple[tuple[int, int], Path] | None = None
+    best: tuple[tuple[int, int, int], Path] | None = None
     for entry in job_dir.iterdir():
         parsed = parse_member_dir_name(entry.name)
         if parsed is None or parsed[2] != rank or (attempt and parsed[0] != attempt):
             continue
-        order = (parsed[0], parsed[1])
+        order = (parsed[0], parsed[1], parsed[3])
         if best is None or order > best[0]:
             best = (order, entry)
     return best[1] if best else None

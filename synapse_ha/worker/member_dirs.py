@@ -1,6 +1,7 @@
 """A member's directory on this node and the exit records in it.
 
-Each member has ``DATA_DIR/members/JOB_ID/aATTEMPT.tTOKEN.rRANK`` (:func:`member_dir_name`).
+Each member has ``DATA_DIR/members/JOB_ID/aATTEMPT.tTOKEN.rRANK``, with ``.gGENERATION``
+after it for a generation above 0 (:func:`member_dir_name`).
 Its supervisor writes ``member.json`` (the member's pid, group and start time) and
 ``exit.json`` when the member is gone; the agent writes ``launch.json``, ``shim.json``
 (the supervisor's pid record), the exit of a member that got no supervisor or whose
@@ -29,7 +30,7 @@ log = logging.getLogger("synapse.worker.members")
 
 EXIT_LOST = 137
 
-_DIR_PATTERN = re.compile(r"^a(\d+)\.t(\d+)\.r(\d+)$")
+_DIR_PATTERN = re.compile(r"^a(\d+)\.t(\d+)\.r(\d+)(?:\.g([1-9]\d*))?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +62,19 @@ class MemberExit:
         )
 
 
-def member_dir_name(attempt: int, fencing_token: int, rank: int) -> str:
-    return f"a{attempt}.t{fencing_token}.r{rank}"
+def member_dir_name(attempt: int, fencing_token: int, rank: int, generation: int = 0) -> str:
+    """The directory name of a member; generation 0 has the name it had before members
+    had generations, so directories written by earlier releases read as generation 0."""
+    name = f"a{attempt}.t{fencing_token}.r{rank}"
+    return f"{name}.g{generation}" if generation else name
 
 
-def parse_member_dir_name(name: str) -> tuple[int, int, int] | None:
-    """(attempt, fencing token, rank) from a member directory name."""
+def parse_member_dir_name(name: str) -> tuple[int, int, int, int] | None:
+    """(attempt, fencing token, rank, generation) from a member directory name."""
     m = _DIR_PATTERN.match(name)
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 0)
 
 
 def tolerate_full_disk(write: Callable[[], object], where: Path) -> None:

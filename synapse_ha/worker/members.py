@@ -25,7 +25,12 @@ interpreter (:mod:`synapse_ha.worker.supervisors`). This module is the agent's s
   of the agent is killed (never re-adopted) and reported as lost.
 
 A member is what the leader wants run (:class:`~synapse_ha.core.desired.DesiredMember`);
-its identity is (job_id, fencing_token, rank): :class:`~synapse_ha.core.desired.MemberKey`.
+its identity is (job_id, fencing_token, rank, generation):
+:class:`~synapse_ha.core.desired.MemberKey`. A rank placed again on this node (a higher
+generation) is another member, with a directory, records and reports of its own. While a
+member runs, a higher membership count in its desired record is written to its
+``$SYNAPSE_MEMBERSHIP_FILE`` and signalled (:meth:`MemberExecutor.tell_membership`,
+:mod:`synapse_ha.worker.membership`).
 """
 
 from __future__ import annotations
@@ -36,18 +41,16 @@ import pwd
 import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from synapse_ha.core.desired import DesiredMember, LaunchSpec, MemberKey
+from synapse_ha.core.desired import DesiredMember, MemberKey
 from synapse_ha.worker.accounts import (
     Account,
     AccountLookup,
-    RunAsPolicy,
     RunAsRefusal,
     agent_user_name,
     local_account,
@@ -76,6 +79,18 @@ from synapse_ha.worker.member_dirs import (
     tolerate_full_disk,
     write_exit_record,
 )
+from synapse_ha.worker.member_types import (
+    ExecutorSettings,
+    Member,
+    PreemptNotice,
+    cgroup_name,
+    known_only,
+)
+from synapse_ha.worker.membership import (
+    append_membership,
+    create_membership_file,
+    membership_signal,
+)
 from synapse_ha.worker.procgroup import (
     group_alive,
     process_start_ticks,
@@ -84,7 +99,15 @@ from synapse_ha.worker.procgroup import (
 )
 from synapse_ha.worker.records import read_json, write_json_atomic
 from synapse_ha.worker.shim import PREEMPT_FILE
-from synapse_ha.worker.supervisors import Supervisor, SupervisorStarter
+from synapse_ha.worker.supervisors import SupervisorStarter
+
+__all__ = [
+    "EXIT_REFUSED",
+    "ExecutorSettings",
+    "Member",
+    "MemberExecutor",
+    "PreemptNotice",
+]
 
 log = logging.getLogger("synapse.worker.members")
 
@@ -94,80 +117,6 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 # The members root and each job's directory: entered by every member on the way to its
 # own directory, listed and changed by the agent alone.
 PASSAGE_MODE = 0o711
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptNotice:
-    """The leader is preempting this member's gang: why (``reclaim`` | ``priority``), for
-    which job, and the grace left before SIGKILL (ms, counted from when it arrived)."""
-
-    kind: str
-    preemptor: str
-    grace_ms: int
-
-    def not_started_detail(self) -> str:
-        """The exit detail of a member preempted before it started here."""
-        if not self.preemptor:
-            return f"not started: {self.kind}"
-        return f"preempted ({self.kind}) for job {self.preemptor} before it started"
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorSettings:
-    stop_grace_s: float = 5.0  # SIGTERM → SIGKILL on a graceful stop and at the time limit
-    fence_grace_s: float = 0.5  # SIGTERM → SIGKILL when the lease is lost
-    python: str = sys.executable  # interpreter that runs the supervisor
-    # The agent's environment: members get only its variables named in
-    # member_env_passthrough (and, running as the agent's account, its PATH, HOME, ...).
-    base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    member_env_passthrough: tuple[str, ...] = ()
-    # Each member on the host (and its pre-start check) in a PID namespace of its own.
-    pid_namespace: bool = False
-    # False only in the deliberately broken test build (synapse_ha.programs.worker): the
-    # supervisors then ignore the lease file and the agent's disappearance.
-    self_fencing: bool = True
-    # Whose account members run under; None: the agent's own, whoever owns the job.
-    run_as: RunAsPolicy | None = None
-    # Fork supervisors from one pre-started fork server (synapse_ha.worker.forkserver)
-    # instead of starting an interpreter per member; the executor must then be closed.
-    fork_server: bool = False
-
-
-@dataclass(slots=True)
-class Member:
-    desired: DesiredMember
-    dir: Path
-    shim: Supervisor | None
-    started_at_ms: int
-    exit: MemberExit | None = None
-    stop_sent: bool = False
-
-    @property
-    def key(self) -> MemberKey:
-        return self.desired.key
-
-
-def _known_only(key: MemberKey, attempt: int) -> DesiredMember:
-    """A member known only from its directory, at agent start: its identity, and nothing
-    to launch (it is never started again)."""
-    return DesiredMember(
-        job_id=key.job_id,
-        attempt=attempt,
-        fencing_token=key.fencing_token,
-        rank=key.rank,
-        world_size=0,
-        local_rank=0,
-        local_world_size=0,
-        gpus=(),
-        master_addr="",
-        master_port=0,
-        member_hosts=(),
-        spec=LaunchSpec(command=()),
-    )
-
-
-def _cgroup_name(key: MemberKey) -> str:
-    return f"{key.job_id}.t{key.fencing_token}.r{key.rank}"
 
 
 class MemberExecutor:
@@ -212,7 +161,8 @@ class MemberExecutor:
     # ------------------------------------------------------------- lifecycle
 
     def member_dir(self, key: MemberKey, attempt: int) -> Path:
-        return self.root / key.job_id / member_dir_name(attempt, key.fencing_token, key.rank)
+        name = member_dir_name(attempt, key.fencing_token, key.rank, key.generation)
+        return self.root / key.job_id / name
 
     def start(self, desired: DesiredMember, preempted: PreemptNotice | None = None) -> Member:
         """Start one member under its supervisor. Never raises for a bad command or an
@@ -257,7 +207,13 @@ class MemberExecutor:
         mdir.parent.chmod(PASSAGE_MODE)
         mdir.mkdir(mode=0o700, exist_ok=False)
         self._remember(key)
-        member = Member(desired=desired, dir=mdir, shim=None, started_at_ms=self.wall_clock_ms())
+        member = Member(
+            desired=desired,
+            dir=mdir,
+            shim=None,
+            started_at_ms=self.wall_clock_ms(),
+            membership=desired.membership,
+        )
         self.members[key] = member
         log_path = mdir / "output.log"
         os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -298,6 +254,7 @@ class MemberExecutor:
         log_path = mdir / "output.log"
         progress_path = create_progress_file(desired, mdir)
         checkpoint_path = create_checkpoint_file(mdir)
+        create_membership_file(mdir, desired)
         self.checkpoints.watch(member.key, checkpoint_path)
         if account is not None:
             try:
@@ -323,7 +280,7 @@ class MemberExecutor:
             if self.cgroups is not None:
                 resources = desired.spec.resources
                 cgroup_dir = self.cgroups.create(
-                    _cgroup_name(member.key), resources.cpu_milli, resources.memory_mib
+                    cgroup_name(member.key), resources.cpu_milli, resources.memory_mib
                 )
         return {
             "key": list(member.key),
@@ -413,6 +370,31 @@ class MemberExecutor:
             notice.grace_ms,
         )
         self.stop(key)
+
+    def tell_membership(self, desired: DesiredMember) -> bool:
+        """Tell a running member that its gang's membership changed, when ``desired`` (its
+        record now) shows a higher count than it was last told of: append the new line to
+        its ``$SYNAPSE_MEMBERSHIP_FILE`` (on disk first), then send the job's membership
+        signal, if any, to its process group. The member is not stopped or restarted.
+        Returns whether a line was written; a line that could not be (a full disk) is
+        tried again with the next record. Costs one comparison when nothing changed."""
+        member = self.members.get(desired.key)
+        if member is None or desired.membership <= member.membership:
+            return False
+        if member.exit is not None or member.stop_sent:
+            return False
+        try:
+            append_membership(member.dir, desired)
+        except OSError as exc:
+            log.error("could not tell %s of membership %d: %s", member.key, desired.membership, exc)
+            return False
+        member.membership = desired.membership
+        member.desired = desired
+        sig = membership_signal(desired.membership_signal)
+        if sig is not None:
+            self._signal_member_group(member, sig)
+        log.info("told %s of membership %d", desired.key, desired.membership)
+        return True
 
     def poll(self) -> list[tuple[MemberKey, MemberExit]]:
         """Members whose supervisor has finished since the last call, with their exit."""
@@ -523,13 +505,13 @@ class MemberExecutor:
         parsed = parse_member_dir_name(mdir.name)
         if parsed is None:
             return None
-        attempt, token, rank = parsed
-        key = MemberKey(job_id, token, rank)
+        attempt, token, rank, generation = parsed
+        key = MemberKey(job_id, token, rank, generation)
         self._remember(key)
         exit_ = recover_exit(mdir, self.wall_clock_ms, killed_groups)
         if exit_ is None:
             return None
-        member = Member(_known_only(key, attempt), dir=mdir, shim=None, started_at_ms=0, exit=exit_)
+        member = Member(known_only(key, attempt), dir=mdir, shim=None, started_at_ms=0, exit=exit_)
         self._write_exit_record(member)
         self.members[key] = member
         return key, exit_
@@ -544,7 +526,7 @@ class MemberExecutor:
             # again: reports are at-least-once.
             tolerate_full_disk(lambda: (member.dir / "reported").touch(0o600), member.dir)
             if self.cgroups is not None:
-                self.cgroups.remove(_cgroup_name(key))
+                self.cgroups.remove(cgroup_name(key))
 
     # ---------------------------------------------------------------- helpers
 

@@ -68,11 +68,19 @@ MS_REC = 0x4000
 MS_SLAVE = 0x80000
 PR_SET_PDEATHSIG = 1
 EXIT_FAILED = 127  # the member never ran (the report says why)
-# Signals the keeper ignores (the member gets each one itself, through the group), and
-# that the member gets back at their defaults: Python ignores SIGPIPE and SIGXFSZ, the
-# fork server SIGINT, and the supervisor handles SIGTERM and SIGUSR1.
-_POLITE = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
-_RESET = (*_POLITE, signal.SIGUSR2, signal.SIGPIPE, signal.SIGXFSZ)
+# Signals the keeper ignores (the member gets each one itself, through the group: a stop,
+# or a membership change, synapse_ha.worker.membership), and that the member gets back at
+# their defaults: Python ignores SIGPIPE and SIGXFSZ, the fork server SIGINT, and the
+# supervisor handles SIGTERM and SIGUSR1.
+_POLITE = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+_RESET = (*_POLITE, signal.SIGPIPE, signal.SIGXFSZ)
 
 
 class NamespaceError(subprocess.SubprocessError):

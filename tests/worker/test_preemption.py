@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.desired import DesiredMember, MemberKey
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker import members as members_module
 from synapse_ha.worker.agent import Agent
@@ -159,7 +159,7 @@ def test_the_agent_preempts_running_members_and_never_starts_preempted_ones() ->
     control.desired = [desired("job-1", 5, 0)]
     agent.step()
     agent.step()
-    assert executor.started == [("job-1", 5, 0)]
+    assert executor.started == [MemberKey("job-1", 5, 0)]
     control.desired = [
         _preempted(desired("job-1", 5, 0), 4_000),
         _preempted(desired("job-2", 7, 0), 4_000),
@@ -169,8 +169,10 @@ def test_the_agent_preempts_running_members_and_never_starts_preempted_ones() ->
     assert "1 member(s) being preempted" in said
     assert executor.preempted == [("job-1", 5, 0, PreemptNotice("reclaim", "job-9", 4_000))]
     # Preempted before it ever started here: never run, but recorded with an exit.
-    assert ("job-2", 7, 0) not in executor.started
-    assert executor.never_run == [(("job-2", 7, 0), PreemptNotice("reclaim", "job-9", 4_000))]
+    assert MemberKey("job-2", 7, 0) not in executor.started
+    assert executor.never_run == [
+        (MemberKey("job-2", 7, 0), PreemptNotice("reclaim", "job-9", 4_000))
+    ]
     assert executor.stopped == []  # still desired: stopped through the preemption only
     clock.advance(1.0)
     agent.step()
