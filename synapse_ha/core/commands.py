@@ -170,6 +170,27 @@ class BindPlan:
     now_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class MemberReplacement:
+    """One lost rank of a live attempt placed again: ``member`` carries the rank, its new
+    node and GPUs, and the next generation (core/replacement.py)."""
+
+    job_id: str
+    fencing_token: int
+    member: MemberPlacement
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceMembers:
+    """Place lost ranks of running gangs again (the leader's replacement plan). Each is
+    verified at apply like a gang's placement (node, GPUs, room, topology, selector) and
+    needs its rank's old member known stopped; a refused one changes nothing and the
+    others still apply."""
+
+    replacements: tuple[MemberReplacement, ...]
+    now_ms: int = 0
+
+
 class MemberEventKind(enum.StrEnum):
     STARTED = "started"
     EXITED = "exited"
@@ -397,6 +418,7 @@ Command = (
     | Preempt
     | SetCohort
     | DeleteCohort
+    | ReplaceMembers
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
@@ -425,6 +447,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     Preempt,
     SetCohort,
     DeleteCohort,
+    ReplaceMembers,
 )
 
 
@@ -452,6 +475,7 @@ class RejectCode(enum.StrEnum):
     ARRAY_THROTTLE = "array_throttle"
     MEMBER_CAP = "member_cap"
     NODE_SELECTOR = "node_selector"  # a node the job's selector does not allow
+    SPARE_NODE = "spare_node"  # a node kept as a hot spare (core/spares.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +510,9 @@ class Result:
     rejected: tuple[Rejection, ...] = ()
     # MarkNodeDead: jobs whose attempt it stopped. PurgeFinished: jobs removed.
     stopped: tuple[str, ...] = ()
+    # MarkNodeDead, ReportGpuHealth: gangs kept running with ranks to place again.
+    # ReplaceMembers: "<job id> rank <r>" of each rank placed again.
+    replacing: tuple[str, ...] = ()
     purged: tuple[str, ...] = ()
     accepted_events: int = 0
     stale_events: int = 0

@@ -209,8 +209,11 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
         problems.append(f"{job_id}: member status does not match members")
     if attempt.members and attempt.members[0].node_id in held.master_ports:
         held.master_ports[attempt.members[0].node_id].append(attempt.master_port)
+    freed = {v.rank for v in attempt.vacancies if v.stopped}
     for member in attempt.members:
-        problems += _book(state, job_id, job, member, held, "rank")
+        if member.rank not in freed:  # a lost rank known stopped holds nothing
+            problems += _book(state, job_id, job, member, held, "rank")
+    problems += _vacancy_problems(job_id, job)
     if attempt.preempted_by and (attempt.preemption is None or attempt.preempt_deadline_ms <= 0):
         problems.append(f"{job_id}: preempted without a kind or a deadline")
     # Members of a preempted attempt may stop before any started.
@@ -220,6 +223,29 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
         and any(s.state is not MemberState.BOUND for s in attempt.member_status)
     ):
         problems.append(f"{job_id}: SCHEDULED but a member already started")
+    return problems
+
+
+def _vacancy_problems(job_id: str, job: Job) -> list[str]:
+    """Lost ranks of a live attempt: only with ``replace:``, sorted and distinct, ranks of
+    the attempt; one known stopped has no member running."""
+    attempt = job.attempt
+    assert attempt is not None
+    vacancies = attempt.vacancies
+    if not vacancies:
+        return []
+    problems = []
+    ranks = [v.rank for v in vacancies]
+    if job.spec.replace is None:
+        problems.append(f"{job_id}: ranks {ranks} being placed again without replace:")
+    if ranks != sorted(set(ranks)) or not all(0 <= r < len(attempt.members) for r in ranks):
+        problems.append(f"{job_id}: lost ranks {ranks} not sorted, distinct ranks of the gang")
+        return problems
+    for v in vacancies:
+        if v.stopped and attempt.member_status[v.rank].state is not MemberState.EXITED:
+            problems.append(f"{job_id}: rank {v.rank} known stopped but not exited")
+    if len(vacancies) == len(attempt.members):
+        problems.append(f"{job_id}: every rank lost, yet the attempt is live")
     return problems
 
 

@@ -30,6 +30,7 @@ from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.node_index import NodeIndex
 from synapse_ha.core.node_selector import NodeSelector
 from synapse_ha.core.reasons import PENDING_FIRST_PASS, Reason
+from synapse_ha.core.replacement import ReplacePolicy, Vacancy
 from synapse_ha.core.workflows.checkpoints import AttemptMark, CheckpointMark, attempt_mark
 from synapse_ha.core.workflows.dependencies import Dependencies
 
@@ -266,6 +267,8 @@ class JobSpec:
     account: str = field(default="", metadata=added_in(12))
     # Where its members may run (core/node_selector.py); None: on any node.
     nodes: NodeSelector | None = field(default=None, metadata=added_in(13))
+    # A lost member is placed again while the gang runs on (core/replacement.py); None: requeue.
+    replace: ReplacePolicy | None = field(default=None, metadata=added_in(14))
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +276,7 @@ class MemberPlacement:
     rank: int
     node_id: str
     gpus: tuple[int, ...]
+    generation: int = field(default=0, metadata=added_in(14))  # placed again this many times
 
 
 @dataclass(slots=True)
@@ -281,6 +285,7 @@ class MemberStatus:
     exit_code: int | None = None
     started_at_ms: int | None = None
     finished_at_ms: int | None = None
+    bound_at_ms: int | None = field(default=None, metadata=added_in(14))  # a replacement's bind
 
 
 @dataclass(slots=True)
@@ -309,6 +314,10 @@ class Attempt:
     # What each member's node reserves for it: its request raised to the cluster's floor,
     # plus its supervisor (core/spec/member_limits.py); None: the request as it is.
     reserved: Resources | None = field(default=None, metadata=added_in(10))
+    # Ranks lost and waiting to be placed again, in rank order, and how many times a rank
+    # was placed again (core/replacement.py).
+    vacancies: tuple[Vacancy, ...] = field(default=(), metadata=added_in(14))
+    membership: int = field(default=0, metadata=added_in(14))
 
     def mark(self) -> AttemptMark | None:
         """The point the whole gang can resume from: None until every member marked."""
@@ -589,12 +598,3 @@ def occupies_slot(job: Job) -> bool:
         and attempt.ended_at_ms is not None
         and any(s.state is not MemberState.EXITED for s in attempt.member_status)
     )
-
-
-def time_limit_deadline(job: Job) -> int | None:
-    """When the live attempt of ``job`` must be stopped, or None without a limit."""
-    attempt = job.live_attempt()
-    if attempt is None or job.spec.time_limit_ms <= 0:
-        return None
-    start = attempt.bound_at_ms if attempt.started_at_ms is None else attempt.started_at_ms
-    return start + job.spec.time_limit_ms

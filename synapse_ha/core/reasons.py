@@ -46,10 +46,12 @@ class ReasonCode(enum.StrEnum):
     CANCELLED_BY = "cancelled_by"  # text
     PREEMPTED = "preempted"  # preemptor, kind
     REQUEUE_REQUESTED = "requeue_requested"  # text: a requeue its owner or an operator asked
+    # ranks, timeout_ms; cause: lost ranks not placed again within replace.timeout
+    REPLACE_TIMEOUT = "replace_timeout"
 
     # -- pending
     PENDING_FIRST_PASS = "pending_first_pass"
-    # members, request, level?, nodes?, room, domain?, images?, unhealthy?
+    # members, request, level?, nodes?, room, domain?, images?, unhealthy?, spares?
     WAITING_CAPACITY = "waiting_capacity"
     WAITING_SHAPE = "waiting_shape"  # as WAITING_CAPACITY
     WAITING_LOCALITY = "waiting_locality"  # members, request, level, room?, domain?, wait_ms
@@ -63,6 +65,7 @@ class ReasonCode(enum.StrEnum):
     REQUEUED_LOST = "requeued_lost"  # as REQUEUED_NODE_DEAD
     REQUEUED_GPU_UNHEALTHY = "requeued_gpu_unhealthy"  # as REQUEUED_NODE_DEAD
     REQUEUED_NODE_CANNOT_RUN = "requeued_node_cannot_run"  # as REQUEUED_NODE_DEAD
+    REQUEUED_REPLACE_TIMEOUT = "requeued_replace_timeout"  # as REQUEUED_NODE_DEAD
     # -- queues and preemption (DESIGN §8)
     REQUEUED_PREEMPTED = "requeued_preempted"  # attempt, preemptor, kind; cause
     REQUEUED_BY_REQUEST = "requeued_by_request"  # attempt; cause (a REQUEUE_REQUESTED)
@@ -88,7 +91,8 @@ class ReasonCode(enum.StrEnum):
 
     # -- holding resources
     BOUND = "bound"  # attempt, hosts
-    RUNNING = "running"  # attempt
+    RUNNING = "running"  # attempt, replaced? (ranks placed again so far)
+    REPLACING = "replacing"  # attempt, ranks; cause: lost ranks being placed again
 
     # -- finished
     SUCCEEDED = "succeeded"  # members
@@ -116,6 +120,7 @@ REQUEUE_CODES: dict[ReasonCode, ReasonCode] = {
     ReasonCode.NODE_CANNOT_RUN: ReasonCode.REQUEUED_NODE_CANNOT_RUN,
     ReasonCode.MEMBER_FENCED: ReasonCode.REQUEUED_FENCED,
     ReasonCode.MEMBER_LOST: ReasonCode.REQUEUED_LOST,
+    ReasonCode.REPLACE_TIMEOUT: ReasonCode.REQUEUED_REPLACE_TIMEOUT,
     ReasonCode.PREEMPTED: ReasonCode.REQUEUED_PREEMPTED,
 }
 
@@ -281,6 +286,11 @@ def _have(r: Reason) -> str:
             f"; {r.num('unhealthy')} unhealthy GPU(s) are left out until repaired "
             "(synctl nodes, column UNHEALTHY)"
         )
+    if r.has("spares"):
+        have += (
+            f"; {r.num('spares')} idle node(s) are kept as spares for member replacements "
+            "(synctl nodes, column SPARE)"
+        )
     return have
 
 
@@ -425,7 +435,18 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"attempt {r.num('attempt')} bound to {r.num('hosts')} node(s); "
         f"waiting for members to start"
     ),
-    ReasonCode.RUNNING: lambda r: f"attempt {r.num('attempt')} running",
+    ReasonCode.RUNNING: lambda r: (
+        f"attempt {r.num('attempt')} running"
+        + (f" ({r.num('replaced')} member(s) placed again)" if r.has("replaced") else "")
+    ),
+    ReasonCode.REPLACING: lambda r: (
+        f"attempt {r.num('attempt')} running; rank(s) {_ranks(r)} lost ({_cause(r)}), "
+        f"being placed again while the other members run on"
+    ),
+    ReasonCode.REPLACE_TIMEOUT: lambda r: (
+        f"rank(s) {_ranks(r)} not placed again within {_seconds(r.num('timeout_ms'))} "
+        f"(replace.timeout) after they were lost ({_cause(r)})"
+    ),
     ReasonCode.SUCCEEDED: _all_exited_zero,
     ReasonCode.FAILED_EXIT: _failed,
     ReasonCode.FAILED_START_TIMEOUT: lambda r: (

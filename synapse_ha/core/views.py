@@ -7,24 +7,37 @@ from operator import attrgetter
 
 from synapse_ha.core.commands import ExpireDeadline, ExpireTimeLimit, FailAttempt
 from synapse_ha.core.desired import DesiredMember, LaunchSpec
+from synapse_ha.core.job_predicates import time_limit_deadline
 from synapse_ha.core.model import (
     ClusterState,
     Job,
     JobState,
     MemberState,
-    time_limit_deadline,
     unconfirmed_members,
 )
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.workflows.windows import resolved
 
 
-def not_started_members(job: Job) -> list[int]:
-    """Ranks of the job's live attempt not reported running (nor exited) yet."""
+def not_started_members(job: Job, now_ms: int | None = None, timeout_ms: int = 0) -> list[int]:
+    """Ranks of the job's live attempt not reported running (nor exited) yet, leaving out
+    ranks being placed again; with ``now_ms``, only those bound ``timeout_ms`` or more
+    before it (a rank placed again counts from its own bind)."""
     attempt = job.live_attempt()
     if attempt is None:
         return []
-    return [r for r, s in enumerate(attempt.member_status) if s.state is MemberState.BOUND]
+    vacant = {v.rank for v in attempt.vacancies} if attempt.vacancies else ()
+    return [
+        r
+        for r, s in enumerate(attempt.member_status)
+        if s.state is MemberState.BOUND
+        and r not in vacant
+        and (
+            now_ms is None
+            or now_ms
+            >= (attempt.bound_at_ms if s.bound_at_ms is None else s.bound_at_ms) + timeout_ms
+        )
+    ]
 
 
 def start_timeout_reason(state: ClusterState, job: Job) -> Reason:
@@ -92,6 +105,9 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
     else:
         assert attempt is not None
         picked = list(range(len(attempt.members)))
+        if attempt.vacancies:  # a lost member is no longer wanted where it was
+            vacant = {v.rank for v in attempt.vacancies}
+            picked = [r for r in picked if r not in vacant]
     members = attempt.members
     if node_id is not None:
         picked = [r for r in picked if members[r].node_id == node_id]
@@ -102,6 +118,7 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
         nodes[m.node_id].info.address if m.node_id in nodes else m.node_id for m in members
     )
     launch = LaunchSpec.of(job.spec)  # shared by every member of the gang
+    replace = job.spec.replace
     per_node: dict[str, int] = {}
     local_rank_of: list[int] = []
     for member in members:
@@ -131,6 +148,9 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
                     preempt_deadline_ms=0 if ended else attempt.preempt_deadline_ms,
                     resume_step=None if ended else job.resume_step,
                     ended=ended,
+                    generation=member.generation,
+                    membership=attempt.membership,
+                    membership_signal=replace.signal if replace is not None else "",
                 ),
             )
         )
@@ -145,6 +165,38 @@ def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:
         if deadline is not None and now_ms >= deadline:
             due.append(ExpireTimeLimit(job.job_id, job.fencing_token, now_ms))
     return due
+
+
+def due_replacement_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
+    """Commands requeueing every live attempt with a rank lost longer ago than its
+    ``replace.timeout`` and still not placed again, in job id order (``jitter_seed`` 0)."""
+    due = []
+    for job in state.live_jobs():  # in job id order
+        attempt = job.attempt
+        if attempt is None or not attempt.vacancies or job.spec.replace is None:
+            continue
+        late = replace_timeout_reason(job, now_ms)
+        if late is not None:
+            due.append(FailAttempt(job.job_id, attempt.fencing_token, late, 0, now_ms))
+    return due
+
+
+def replace_timeout_reason(job: Job, now_ms: int) -> Reason | None:
+    """The ``REPLACE_TIMEOUT`` outcome for the live attempt's ranks lost at least
+    ``replace.timeout`` before ``now_ms``, or None when there is none."""
+    attempt = job.live_attempt()
+    policy = job.spec.replace
+    if attempt is None or policy is None:
+        return None
+    late = [v for v in attempt.vacancies if now_ms >= v.since_ms + policy.timeout_ms]
+    if not late:
+        return None
+    return reason(
+        ReasonCode.REPLACE_TIMEOUT,
+        late[0].cause,
+        ranks=ranks_text([v.rank for v in late]),
+        timeout_ms=policy.timeout_ms,
+    )
 
 
 def due_deadlines(state: ClusterState, now_ms: int) -> list[ExpireDeadline]:
@@ -169,7 +221,7 @@ def due_start_timeouts(state: ClusterState, now_ms: int) -> list[FailAttempt]:
         attempt = job.attempt
         if attempt is None or now_ms < attempt.bound_at_ms + timeout or attempt.preempted_by:
             continue  # a preempted attempt stops within its grace period instead
-        if not not_started_members(job):
+        if not not_started_members(job, now_ms, timeout):
             continue
         due.append(
             FailAttempt(

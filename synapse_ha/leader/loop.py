@@ -53,6 +53,7 @@ from synapse_ha.core.scheduler import CapacityCache, IncrementalPlanner, Plan, s
 from synapse_ha.core.views import due_deadlines, due_start_timeouts, due_time_limits
 from synapse_ha.leader.in_flight import InFlight, propose_per_job
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
+from synapse_ha.leader.replacing import Replacing
 from synapse_ha.leader.scheduling import DesiredSettings
 from synapse_ha.leader.silence import DEFAULT_SILENCE_HOLD, SilenceHold, hold_reason
 
@@ -191,6 +192,7 @@ class LeaderLoop:
         self._deadlines: dict[str, InFlight] = {}
         self._next_deadline_scan_ms = 0
         self._start_timeouts: dict[str, InFlight] = {}
+        self._replacing = Replacing(self._start, self._rng)
         self._purge: InFlight | None = None
         self._preempts: dict[str, tuple[InFlight, tuple[str, ...]]] = {}
         self._dirty = True
@@ -297,6 +299,7 @@ class LeaderLoop:
             sentences += self._expire_time_limits(state, now_ms)
             sentences += self._expire_deadlines(state, now_ms)
             sentences += self._fail_unstarted(state, now_ms)
+            sentences += self._replace_lost(state, now_ms)
         sentences += [self._schedule(state, now_ms), self._purge_finished(now_ms)]
         said = [s for s in sentences if s]
         return "; ".join(said) if said else "leader: nothing to do"
@@ -439,6 +442,14 @@ class LeaderLoop:
             self._start,
             lambda c: f"failing {c.job_id}: {render(c.reason)}",
         )
+
+    def _replace_lost(self, state: ClusterState, now_ms: int) -> list[str]:
+        """Lost members of running gangs placed again (leader/replacing.py)."""
+        said, nudge = self._replacing.step(state, now_ms)
+        if nudge and self._nudger is not None:
+            targets = [(n, state.nodes[n].info.address) for n in nudge if n in state.nodes]
+            self._nudger.nudge(targets)
+        return [self._note(s) for s in said]
 
     # -------------------------------------------------------------- scheduling
 

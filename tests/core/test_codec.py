@@ -44,6 +44,9 @@ EXAMPLES: list[c.Command] = [
     c.SubmitJob(job("x", replicas=3, gpu=2, required="rack", time_limit_s=60, retries=2), "r", 6),
     c.CancelJob("job-000001", "user asked", 7),
     c.RequeueJob("job-000001", "checkpointed", 7, "user:alice"),
+    c.ReplaceMembers(
+        (c.MemberReplacement("job-000001", 4, MemberPlacement(1, "n2", (2, 3), generation=1)),), 8
+    ),
     c.BindPlan(
         (c.GangPlacement("job-000001", 0, (MemberPlacement(0, "n1", (0, 1)),)),),
         (

@@ -25,6 +25,7 @@ from synapse_ha.core.health.prestart import Prestart
 from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.node_selector import NodeSelector
+from synapse_ha.core.replacement import ReplacePolicy, Vacancy
 from synapse_ha.core.workflows.checkpoints import CheckpointMark
 from synapse_ha.core.workflows.dependencies import Dependencies
 from tests.core.harness import Cluster
@@ -34,7 +35,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.Attempt: ("number", "fencing_token", "members", "master_port", "bound_at_ms",
                     "member_status", "started_at_ms", "ended_at_ms", "state", "outcome",
                     "preempted_by", "preemption", "preempt_deadline_ms", "held", "marks",
-                    "reserved"),
+                    "reserved", "vacancies", "membership"),
     cluster_config.ClusterConfig: ("topology_levels", "timeouts", "retention_ms",
                                    "master_port_base", "master_port_span", "locality_wait_ms",
                                    "max_requeues", "start_timeout_ms", "priority_classes",
@@ -64,8 +65,10 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.ArrayJob: ("array_id", "spec", "request_id", "seq", "submitted_at_ms", "indices",
                      "throttle", "owner", "dependants"),
     model.LostAttempt: ("number", "fencing_token", "node_id", "nodes", "exited_zero"),
-    model.MemberPlacement: ("rank", "node_id", "gpus"),
-    model.MemberStatus: ("state", "exit_code", "started_at_ms", "finished_at_ms"),
+    model.MemberPlacement: ("rank", "node_id", "gpus", "generation"),
+    model.MemberStatus: ("state", "exit_code", "started_at_ms", "finished_at_ms", "bound_at_ms"),
+    ReplacePolicy: ("timeout_ms", "signal"),
+    Vacancy: ("rank", "node_id", "since_ms", "cause", "stopped"),
     model.Node: ("info", "status", "registered_at_ms", "allocated", "allocated_gpus",
                  "master_ports", "status_reason", "status_by", "gpu_faults", "unfit",
                  "start_failures", "conditions"),

@@ -34,6 +34,7 @@ from synapse_ha.core.commands import (
     ExpireDeadline,
     MemberEvent,
     MemberEventKind,
+    ReplaceMembers,
     ReportNodeChecks,
     RequeueJob,
     SetCohort,
@@ -130,6 +131,8 @@ NEW_COMMANDS: dict[type, int] = {
     DeleteCohort: 7,
     # A requeue its owner asks for (scontrol requeue).
     RequeueJob: 13,
+    # Lost ranks of running gangs placed again (core/replacement.py).
+    ReplaceMembers: 14,
 }
 # Enum values each format added (an older release cannot decode them).
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {
@@ -150,6 +153,10 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     # A requeue its owner asked for (RequeueJob, itself format 13).
     ReasonCode.REQUEUE_REQUESTED: 13,
     ReasonCode.REQUEUED_BY_REQUEST: 13,
+    # Member replacement (core/replacement.py, ReplaceMembers itself format 14).
+    ReasonCode.REPLACE_TIMEOUT: 14,
+    ReasonCode.REQUEUED_REPLACE_TIMEOUT: 14,
+    ReasonCode.REPLACING: 14,
 }
 
 

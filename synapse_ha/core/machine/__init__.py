@@ -34,6 +34,7 @@ from synapse_ha.core.machine import (
     config,
     jobs,
     nodes,
+    replacement,
     reports,
     tokens_queues,
 )
@@ -60,6 +61,7 @@ HANDLERS: dict[type, Handling] = {
     **jobs.HANDLERS,
     **binding.HANDLERS,
     **reports.HANDLERS,
+    **replacement.HANDLERS,
     **tokens_queues.HANDLERS,
     **apply_preemption.HANDLERS,
     **apply_health.HANDLERS,

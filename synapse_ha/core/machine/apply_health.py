@@ -17,8 +17,9 @@ from synapse_ha.core.health.fitness import GpuFault, Unfit, describe_faults, unh
 from synapse_ha.core.lifecycle import NODE, transition
 from synapse_ha.core.machine.attempts import end_attempt_for, settle_drained
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
+from synapse_ha.core.machine.replacement import replaceable, vacate
 from synapse_ha.core.model import ClusterState, Job, Node, NodeStatus
-from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spec.validation import check_gpu_faults, describe
 
 
@@ -66,10 +67,24 @@ def _requeue_holders(
             gpus=",".join(str(g) for g in held),
             code=",".join(codes),
         )
+        if _vacated(state, job, node.node_id, sick, outcome, now):
+            continue  # its other members run on; the lost ones are placed again
         end_attempt_for(state, job, outcome, seed, now)
         stopped.append(job.job_id)
     settle_drained(state, (node.node_id,))
     return stopped
+
+
+def _vacated(
+    state: ClusterState, job: Job, node_id: str, sick: frozenset[int], outcome: Reason, now: int
+) -> bool:
+    """A gang with ``replace:`` loses only its members on the faulty GPUs; their worker,
+    no longer asked to run them, stops them and reports it before they are placed again."""
+    attempt = replaceable(job)
+    if attempt is None:
+        return False
+    ranks = [m.rank for m in attempt.members if m.node_id == node_id and sick.intersection(m.gpus)]
+    return vacate(state, job, ranks, outcome, now, stopped=False)
 
 
 def _holders(state: ClusterState, node_id: str, gpus: frozenset[int]) -> list[Job]:

@@ -67,9 +67,11 @@ def end_attempt(
     hold = state.config.hold_until_stopped
     reserved = reserved_of(job)
     held: list[int] = []
+    # Ranks lost and known stopped freed their share already (core/machine/replacement.py).
+    freed = {v.rank for v in attempt.vacancies if v.stopped} if attempt.vacancies else ()
     for member, status in zip(attempt.members, attempt.member_status, strict=True):
         node = state.nodes.get(member.node_id)
-        if node is None:
+        if node is None or member.rank in freed:
             continue
         if hold and status.state is not MemberState.EXITED and node.status is not NodeStatus.DEAD:
             held.append(member.rank)  # still reserved until confirmed stopped

@@ -30,6 +30,7 @@ from synapse_ha.core.model import (
 from synapse_ha.core.node_selector import NodeSelector, placement_problem
 from synapse_ha.core.queues.quota import QueueUsage, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
+from synapse_ha.core.spares import NONE, spare_nodes
 from synapse_ha.core.spec.member_limits import (
     NO_RULES,
     MemberRules,
@@ -46,8 +47,12 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
     usage = QueueUsage.of(state) if c.placements and has_quotas(state) else None
     slots = state.array_slots() if c.placements and state.arrays else {}
     rules = rules_in_force(state)
+    # Binding a gang off the spares leaves them spares: one set serves the whole plan.
+    spares = spare_nodes(state) if c.placements else NONE
     for placement in c.placements:
         problem = verify_placement(state, placement, now, rules)
+        if problem is None and spares:
+            problem = _verify_spares(spares, placement)
         if problem is None:
             problem = _verify_caps(state, rules, placement)
         if problem is None and usage is not None:
@@ -89,6 +94,20 @@ def _verify_throttle(
             RejectCode.ARRAY_THROTTLE,
             f"array {array_id} already runs {throttle} task(s), its throttle",
         )
+    return None
+
+
+def _verify_spares(spares: frozenset[str], p: cmd.GangPlacement) -> Rejection | None:
+    """A gang is not bound to a node kept as a hot spare (core/spares.py): those are
+    for member replacements. A plan made before the node became one is refused."""
+    for member in p.members:
+        if member.node_id in spares:
+            return Rejection(
+                p.job_id,
+                RejectCode.SPARE_NODE,
+                f"rank {member.rank}: node {member.node_id} is kept as a spare for "
+                f"member replacements",
+            )
     return None
 
 
@@ -182,7 +201,7 @@ def _members_problem(
     per_node: dict[str, Resources] = {}
     gpus_taken: dict[str, set[int]] = {}
     for rank, member in enumerate(p.members):
-        problem = _member_problem(state, spec, rank, member, gpus_taken)
+        problem = member_problem(state, spec, rank, member, gpus_taken)
         if problem is not None:
             return problem
         per_node[member.node_id] = per_node.get(member.node_id, Resources()) + reserved
@@ -194,24 +213,28 @@ def _members_problem(
                 f"node {node_id} no longer fits: needs {request.describe()}, "
                 f"has {node.free.describe()} free",
             )
-    level = spec.topology_required
-    if level:
-        levels = state.config.levels_with_host()
-        domains = {
-            domain_at(
-                topology_path(state.nodes[n].info, state.config.topology_levels), levels, level
-            )
-            for n in per_node
-        }
-        if len(domains) > 1:
-            return (
-                RejectCode.TOPOLOGY_SPAN,
-                f"members span {len(domains)} {level}s; the job requires one",
-            )
+    return topology_problem(state, spec.topology_required, list(per_node))
+
+
+def topology_problem(state: ClusterState, level: str, node_ids: list[str]) -> Problem | None:
+    """Why members on ``node_ids`` break a required topology ``level`` (they span more
+    than one of its domains), or None."""
+    if not level:
+        return None
+    levels = state.config.levels_with_host()
+    domains = {
+        domain_at(topology_path(state.nodes[n].info, state.config.topology_levels), levels, level)
+        for n in node_ids
+    }
+    if len(domains) > 1:
+        return (
+            RejectCode.TOPOLOGY_SPAN,
+            f"members span {len(domains)} {level}s; the job requires one",
+        )
     return None
 
 
-def _member_problem(
+def member_problem(
     state: ClusterState,
     spec: JobSpec,
     rank: int,
@@ -285,7 +308,7 @@ def _bind(state: ClusterState, p: cmd.GangPlacement, now: int, rules: MemberRule
         node.allocated_gpus.update(member.gpus)
     job.attempts_made += 1
     master = state.nodes[p.members[0].node_id]
-    master_port = _choose_master_port(state.config, master, token)
+    master_port = choose_master_port(state.config, master, token)
     bisect.insort(master.master_ports, master_port)
     job.attempt = Attempt(
         number=job.attempts_made,
@@ -301,7 +324,7 @@ def _bind(state: ClusterState, p: cmd.GangPlacement, now: int, rules: MemberRule
     job.reason = reason(ReasonCode.BOUND, attempt=job.attempts_made, hosts=hosts)
 
 
-def _choose_master_port(config: ClusterConfig, master: Node, token: int) -> int:
+def choose_master_port(config: ClusterConfig, master: Node, token: int) -> int:
     """A port for the rendezvous, not used by another live attempt on the same master node.
 
     Probing starts at the token's own slot, which is almost always free because tokens

@@ -10,6 +10,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.feasibility import REFUSES_AT_FORMAT, shortfall
+from synapse_ha.core.job_predicates import time_limit_deadline
 from synapse_ha.core.machine.apply_dependencies import register as register_dependencies
 from synapse_ha.core.machine.apply_dependencies import submission_problem as dependency_problem
 from synapse_ha.core.machine.attempts import (
@@ -28,14 +29,13 @@ from synapse_ha.core.model import (
     Job,
     JobSpec,
     JobState,
-    time_limit_deadline,
 )
 from synapse_ha.core.queues.job_rules import check_job_queue
 from synapse_ha.core.queues.quota import priority_class
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.spec.member_limits import NO_RULES, rules_in_force
 from synapse_ha.core.spec.validation import Violation, check_job_spec, describe
-from synapse_ha.core.views import not_started_members
+from synapse_ha.core.views import not_started_members, replace_timeout_reason
 from synapse_ha.core.workflows.arrays import parse_array, task_id, throttle_reason
 from synapse_ha.core.workflows.windows import resolved
 
@@ -324,11 +324,14 @@ def _fail_attempt(state: ClusterState, c: cmd.FailAttempt, now: int) -> Result:
         settle_drained(state, sorted({m.node_id for m in attempt.members}))
         return ok(f"{c.job_id} attempt {attempt.number} ended (preempted)", job_id=c.job_id)
     if c.reason.code is ReasonCode.START_TIMEOUT:
-        late = not_started_members(job)
-        if not late:
+        if not not_started_members(job):
             return error(ResultCode.CONFLICT, f"{c.job_id}: every member has started")
-        if now < attempt.bound_at_ms + state.config.start_timeout_ms:
+        if not not_started_members(job, now, state.config.start_timeout_ms):
             return error(ResultCode.CONFLICT, f"{c.job_id} has not reached its start timeout")
+    if c.reason.code is ReasonCode.REPLACE_TIMEOUT and replace_timeout_reason(job, now) is None:
+        return error(
+            ResultCode.CONFLICT, f"{c.job_id} has no lost rank waiting past its replace.timeout"
+        )
     end_attempt_for(state, job, c.reason, c.jitter_seed, now)
     settle_drained(state, sorted({m.node_id for m in attempt.members}))
     return ok(f"{c.job_id} attempt {attempt.number} failed", job_id=c.job_id)

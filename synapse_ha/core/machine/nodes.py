@@ -19,8 +19,9 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.model import ClusterState, MemberState, Node, NodeInfo, NodeStatus
-from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.machine.replacement import confirm_on_dead_node, replaceable, vacate
+from synapse_ha.core.model import ClusterState, Job, MemberState, Node, NodeInfo, NodeStatus
+from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spec.validation import check_node_info, describe
 
 
@@ -113,11 +114,14 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
     ]
     outcome = reason(ReasonCode.NODE_DEAD, node=c.node_id, detail=node.status_reason)
     touched: set[str] = set()
+    kept: list[str] = []
     for job_id in affected:
         job = state.jobs[job_id]
         if job.attempt is not None:
             touched.update(m.node_id for m in job.attempt.members)
-        if job.attempt is not None and job.attempt.preempted_by:
+        if _vacated(state, job, c.node_id, outcome, now):
+            kept.append(job_id)  # its other members run on; the lost ones are placed again
+        elif job.attempt is not None and job.attempt.preempted_by:
             # Its node's death confirms those members stopped; the gang was leaving anyway.
             # But they may have exited 0 by themselves first, reported late: kept as for
             # any attempt a node's death ends, unless a member is already known stopped.
@@ -148,7 +152,24 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
                 touched.update(m.node_id for m in attempt.members)
         state.job_state_changed(job)
     settle_drained(state, sorted(touched))
-    return ok(f"node {c.node_id} is dead; {len(affected)} gang(s) stopped", stopped=tuple(affected))
+    ended = tuple(j for j in affected if j not in kept)
+    said = f"node {c.node_id} is dead; {len(ended)} gang(s) stopped"
+    if kept:
+        said += f", {len(kept)} kept running with members to place again"
+    return ok(said, stopped=ended, replacing=tuple(kept))
+
+
+def _vacated(state: ClusterState, job: Job, node_id: str, outcome: Reason, now: int) -> bool:
+    """A gang with ``replace:`` loses only its members on the dead node, known stopped
+    (the node's worker fenced itself before it was declared dead)."""
+    attempt = replaceable(job)
+    if attempt is None:
+        return False
+    ranks = [m.rank for m in attempt.members if m.node_id == node_id]
+    if not vacate(state, job, ranks, outcome, now, stopped=True):
+        return False
+    confirm_on_dead_node(state, job, node_id, now)
+    return True
 
 
 def _touches_registration(state: ClusterState, c: cmd.RegisterNode, changes: Changes) -> None:

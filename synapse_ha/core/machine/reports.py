@@ -23,6 +23,7 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
+from synapse_ha.core.machine.replacement import confirm_vacated
 from synapse_ha.core.model import (
     Attempt,
     AttemptState,
@@ -50,6 +51,10 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
                 accepted += 1
             else:
                 stale += 1
+            continue
+        if job is not None and confirm_vacated(state, job, c.node_id, event, now):
+            accepted += 1  # the old member of a rank being placed again
+            touched.add(c.node_id)
             continue
         late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
         if job is not None and (_confirm_stopped(state, job, c.node_id, event, now) or late):
@@ -148,6 +153,7 @@ def _is_member_of(attempt: Attempt, event: cmd.MemberEvent, node_id: str) -> boo
         attempt.fencing_token == event.fencing_token
         and 0 <= event.rank < len(attempt.members)
         and attempt.members[event.rank].node_id == node_id
+        and attempt.members[event.rank].generation == event.generation
     )
 
 

@@ -390,7 +390,7 @@ def _fill_including(
     return sorted(counts.items(), key=lambda item: view.nodes[item[0]].pos)
 
 
-def _pick_gpus(islands: list[list[int]], count: int) -> tuple[int, ...]:
+def pick_gpus(islands: list[list[int]], count: int) -> tuple[int, ...]:
     """``count`` free GPUs, from one NVLink island when possible (the tightest that fits)."""
     if count == 0:
         return ()
@@ -415,7 +415,7 @@ def members_for(
     for node_id, count in hosts:
         islands = [list(island) for island in view.nodes[node_id].islands]
         for _ in range(count):
-            gpus = _pick_gpus(islands, gang.req.gpu)
+            gpus = pick_gpus(islands, gang.req.gpu)
             members.append(MemberPlacement(rank=len(members), node_id=node_id, gpus=gpus))
             taken = set(gpus)
             for island in islands:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse_ha.core.model import ClusterState, MemberPlacement, Resources, time_limit_deadline
+from synapse_ha.core.job_predicates import time_limit_deadline
+from synapse_ha.core.model import ClusterState, MemberPlacement, Resources
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
 from synapse_ha.core.scheduler.placement import Gang, fits_totals, place
 from synapse_ha.core.scheduler.plan import Reservation
