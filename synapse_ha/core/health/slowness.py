@@ -1,0 +1,234 @@
+"""Slow nodes: a node consistently slower than the rest of its gangs, found from the
+members' own pace before it costs many gangs their speed.
+
+What is measured. A gang trains in lockstep: every step ends in a collective (an
+all-reduce), so every member finishes every step at the same moment and the gang runs at
+the pace of its slowest member. Step numbers and step times seen from outside are the
+same for every member and cannot say which one is slow. What differs is each member's
+*own* time per step: the time of its work up to the collective (forward and backward,
+or the kernels of a timed section), without the time it waits for the others. A window
+(:class:`GangWindow`, one per gang every few minutes) carries, per member, the median of
+that time over the window's steps (:class:`MemberPace`): the median, so that a stall of
+less than half the window (a data-loader hiccup, a checkpoint upload, a short throttle)
+does not move it. Members compare only with members doing the same work: all of them in
+data parallelism, the members of one pipeline stage otherwise (:attr:`MemberPace.peers`).
+
+The rule (:class:`SlownessRule`). In a window, each member is compared with the median
+of the *other* members of its peer group (so a slow member does not pull its own
+reference). A member is a *strike* against its node when it is the slowest of its peer
+group and at least ``threshold_pct`` (15 %) slower than that median. A node is marked
+slow when ``strikes`` (3) of its last ``span`` (5) verdicts are strikes: it was the
+slowest in at least 3 windows, of one gang or of several. A slowdown has to last about
+three windows to be marked, so the window's length sets the shortest slowdown worth a
+mark (10-minute windows: about half an hour); a blip of one or two windows never is.
+
+Why 15 %: a node 20 % slower (the slowdown worth finding) still clears it with 5 points
+of margin, above one standard deviation of the noise of a window's median time per step
+(a few percent, of which about 2 % is the lasting difference between two healthy GPUs of
+one model, Sinha et al., SC '22); and a healthy node is 15 % slower than its peers'
+median for a whole window only in a rare stall. docs/slow-nodes.md gives the figures of
+the simulator (:mod:`synapse_ha.sim.slow_nodes`) for this rule and its neighbours.
+
+Cost: :class:`SlownessLedger` keeps at most ``span`` verdicts per node, so a window
+costs what its members are, whatever the history.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+from itertools import groupby
+
+MAX_THRESHOLD_PCT = 1000
+MAX_SPAN = 100
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MemberPace:
+    """One member's pace in one window: its node, its rank, the median of its own time
+    per step over the window (``step_us``, microseconds, at least 1), and the key of the
+    members doing the same work (``peers``; one group when all do, as in data
+    parallelism)."""
+
+    node_id: str
+    rank: int
+    step_us: int
+    peers: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GangWindow:
+    """The paces of one gang's members over one window: ``window`` counts the windows of
+    the gang's attempt (0, 1, ...), so ``(job_id, window)`` names it in the evidence."""
+
+    job_id: str
+    window: int
+    members: tuple[MemberPace, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SlownessRule:
+    """When a node is marked slow: it was a strike (the slowest of its peers and at least
+    ``threshold_pct`` percent slower than the median of the others) in ``strikes`` of its
+    last ``span`` verdicts. A peer group of fewer than ``min_peers`` members is not
+    judged (with one member there is no one to compare with)."""
+
+    threshold_pct: int = 15
+    strikes: int = 3
+    span: int = 5
+    min_peers: int = 2
+
+    def error(self) -> str | None:
+        """The first field out of its range, as a sentence naming it and the rule."""
+        if not 1 <= self.threshold_pct <= MAX_THRESHOLD_PCT:
+            return f"threshold_pct: between 1 and {MAX_THRESHOLD_PCT}, got {self.threshold_pct}"
+        if not 1 <= self.span <= MAX_SPAN:
+            return f"span: between 1 and {MAX_SPAN}, got {self.span}"
+        if not 1 <= self.strikes <= self.span:
+            return f"strikes: between 1 and span ({self.span}), got {self.strikes}"
+        if self.min_peers < 2:
+            return f"min_peers: at least 2, got {self.min_peers}"
+        return None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Verdict:
+    """How one member's window judged its node: ``slower_pct`` is how much slower than
+    the median of its other peers it was (whole percent, rounded down; negative when
+    faster), ``strike`` whether it was the slowest of them by at least the threshold."""
+
+    node_id: str
+    job_id: str
+    window: int
+    rank: int
+    slower_pct: int
+    strike: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SlowNode:
+    """A node the rule marks slow, with its evidence: the strikes, out of how many
+    verdicts weighed (``weighed``)."""
+
+    node_id: str
+    strikes: tuple[Verdict, ...]
+    weighed: int
+
+    @property
+    def slower_pct(self) -> int:
+        """The median of the strikes' slowdowns (the lower middle one of an even count)."""
+        pcts = sorted(v.slower_pct for v in self.strikes)
+        return pcts[(len(pcts) - 1) // 2]
+
+    @property
+    def gangs(self) -> tuple[str, ...]:
+        """The gangs of the strikes, each once, in the order of the strikes."""
+        return tuple(dict.fromkeys(v.job_id for v in self.strikes))
+
+    def evidence(self) -> str:
+        """A sentence a person can act on: ``node n7: 23% slower than the median of its
+        gang in 3 of its last 4 windows (2 gangs): job-12 window 4 (rank 3, 21%), ...``."""
+        gangs = len(self.gangs)
+        where = "1 gang" if gangs == 1 else f"{gangs} gangs"
+        cases = ", ".join(
+            f"{v.job_id} window {v.window} (rank {v.rank}, {v.slower_pct}%)" for v in self.strikes
+        )
+        return (
+            f"node {self.node_id}: {self.slower_pct}% slower than the median of its gang in "
+            f"{len(self.strikes)} of its last {self.weighed} windows ({where}), the slowest "
+            f"member each time: {cases}"
+        )
+
+
+def _peer_key(pace: MemberPace) -> str:
+    return pace.peers
+
+
+def judge_window(window: GangWindow, rule: SlownessRule) -> tuple[Verdict, ...]:
+    """One verdict per member of ``window`` whose peer group has at least
+    ``rule.min_peers`` members, in (peers, rank, node) order. A pace below 1 us counts
+    as 1 us. Pure: the same window gives the same verdicts in any member order."""
+    verdicts: list[Verdict] = []
+    paces = sorted(window.members, key=lambda p: (p.peers, p.rank, p.node_id, p.step_us))
+    for _, group in groupby(paces, key=_peer_key):
+        members = list(group)
+        if len(members) < rule.min_peers:
+            continue
+        times = sorted(max(p.step_us, 1) for p in members)
+        slowest = times[-1]
+        for pace in members:
+            step = max(pace.step_us, 1)
+            median2 = _twice_median_without(times, step)
+            # (step - median) / median, in whole percent, on integers: median2 is twice it.
+            excess = 100 * (2 * step - median2)
+            verdicts.append(
+                Verdict(
+                    pace.node_id,
+                    window.job_id,
+                    window.window,
+                    pace.rank,
+                    excess // median2,
+                    step == slowest and excess >= rule.threshold_pct * median2,
+                )
+            )
+    return tuple(verdicts)
+
+
+def _twice_median_without(times: list[int], step: int) -> int:
+    """Twice the median of the sorted ``times`` with one copy of ``step`` left out (an
+    integer even when the count left is even), without copying ``times``."""
+    gone = bisect.bisect_left(times, step)
+
+    def rest(k: int) -> int:
+        return times[k] if k < gone else times[k + 1]
+
+    middle, odd = divmod(len(times) - 1, 2)
+    return 2 * rest(middle) if odd else rest(middle - 1) + rest(middle)
+
+
+class SlownessLedger:
+    """The recent verdicts of every node and the nodes marked slow.
+
+    Feed it every gang's windows in the order they end (:meth:`observe`); it returns the
+    nodes each window marks, once each. A marked node is no longer weighed, nor a peer
+    of anyone, until :meth:`clear` (its repair, or an operator's word) forgets its mark
+    and its history.
+    Deterministic: the same windows in the same order give the same marks."""
+
+    def __init__(self, rule: SlownessRule | None = None) -> None:
+        self.rule = rule or SlownessRule()
+        problem = self.rule.error()
+        if problem is not None:
+            raise ValueError(problem)
+        self.recent: dict[str, deque[Verdict]] = {}
+        self.marked: dict[str, SlowNode] = {}
+
+    def observe(self, window: GangWindow) -> tuple[SlowNode, ...]:
+        """Weigh one window; the nodes it marks slow, in the order of their verdicts."""
+        marks: list[SlowNode] = []
+        if any(p.node_id in self.marked for p in window.members):
+            # A marked node is known slow: as a peer it would stay the slowest and hide
+            # the next slowest of its gang, so its members are left out.
+            members = tuple(p for p in window.members if p.node_id not in self.marked)
+            window = GangWindow(window.job_id, window.window, members)
+        for verdict in judge_window(window, self.rule):
+            node_id = verdict.node_id
+            recent = self.recent.get(node_id)
+            if recent is None:
+                recent = self.recent[node_id] = deque(maxlen=self.rule.span)
+            recent.append(verdict)
+            if not verdict.strike:
+                continue
+            strikes = tuple(v for v in recent if v.strike)
+            if len(strikes) >= self.rule.strikes:
+                mark = SlowNode(node_id, strikes, len(recent))
+                self.marked[node_id] = mark
+                del self.recent[node_id]
+                marks.append(mark)
+        return tuple(marks)
+
+    def clear(self, node_id: str) -> None:
+        """Forget the node's mark and verdicts: it is weighed afresh from its next window."""
+        self.marked.pop(node_id, None)
+        self.recent.pop(node_id, None)
