@@ -562,7 +562,7 @@ def report_all(
     by_node: dict[str, list[c.MemberEvent]] = {}
     for m in attempt.members:
         by_node.setdefault(m.node_id, []).append(
-            c.MemberEvent(job_id, token, m.rank, kind, exit_code)
+            c.MemberEvent(job_id, token, m.rank, kind, exit_code, generation=m.generation)
         )
     for node_id, events in sorted(by_node.items()):
         apply(state, c.ReportMembers(node_id, tuple(events), now_ms=now))

@@ -70,6 +70,7 @@ def report_marks(state: ClusterState, job_id: str, seq: int, step: int, now: int
                 c.MemberEventKind.CHECKPOINT,
                 step=step,
                 mark_seq=seq,
+                generation=m.generation,
             )
         )
     for node_id, events in sorted(by_node.items()):
