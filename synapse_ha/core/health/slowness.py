@@ -18,16 +18,21 @@ of the *other* members of its peer group (so a slow member does not pull its own
 reference). A member is a *strike* against its node when it is the slowest of its peer
 group and at least ``threshold_pct`` (15 %) slower than that median. A node is marked
 slow when ``strikes`` (3) of its last ``span`` (5) verdicts are strikes: it was the
-slowest in at least 3 windows, of one gang or of several. A slowdown has to last about
-three windows to be marked, so the window's length sets the shortest slowdown worth a
-mark (10-minute windows: about half an hour); a blip of one or two windows never is.
+slowest in at least 3 windows, of one gang or of several.
 
-Why 15 %: a node 20 % slower (the slowdown worth finding) still clears it with 5 points
-of margin, above one standard deviation of the noise of a window's median time per step
-(a few percent, of which about 2 % is the lasting difference between two healthy GPUs of
-one model, Sinha et al., SC '22); and a healthy node is 15 % slower than its peers'
-median for a whole window only in a rare stall. docs/slow-nodes.md gives the figures of
-the simulator (:mod:`synapse_ha.sim.slow_nodes`) for this rule and its neighbours.
+The window's length sets the shortest slowdown worth a mark: a stall moves the median of
+a window only when it covers more than half of it, so with windows at least as long as
+the longest stall to ignore (15 minutes is the length the simulator is judged with), one
+stall makes at most one strike and a mark needs three stalls within five windows, while
+a node slow for good is marked at its third window (45 minutes).
+
+Why 15 %: a node 20 % slower (the slowdown worth finding) still clears it by 5 points,
+about one and a half standard deviations of the noise the simulator gives a healthy
+member's window median (a lasting 2 % per node: GPUs of one model differ for good, by 8 %
+on average between the GPUs of one cluster in Sinha et al., SC '22; and 3 % per window);
+a healthy node is 15 % slower than its peers' median for a whole window only in a stall.
+docs/slow-nodes.md gives the simulator's figures (:mod:`synapse_ha.sim.slow_nodes`) for
+this rule and its neighbours.
 
 Cost: :class:`SlownessLedger` keeps at most ``span`` verdicts per node, so a window
 costs what its members are, whatever the history.
