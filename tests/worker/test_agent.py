@@ -44,6 +44,7 @@ class FakeExecutor:
         self.reported: list[MemberKey] = []
         self.kill_all_calls: list[str] = []
         self.refuse: dict[str, str] = {}  # job id -> why this node cannot start its members
+        self.told: list[tuple[MemberKey, int]] = []  # (member, membership) it was told of
 
     def start(self, spec: DesiredMember) -> Started:
         self.known.add(spec.key)
@@ -82,6 +83,13 @@ class FakeExecutor:
 
     def mark_reported(self, key: MemberKey) -> None:
         self.reported.append(key)
+
+    def tell_membership(self, desired: DesiredMember) -> bool:
+        told = [n for k, n in self.told if k == desired.key]
+        if desired.membership <= max(told, default=0):
+            return False
+        self.told.append((desired.key, desired.membership))
+        return True
 
 
 class FakeControl:
