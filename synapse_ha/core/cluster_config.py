@@ -25,6 +25,7 @@ DEFAULT_GRACE_MS = 30_000  # see PriorityClass.grace_ms
 MAX_MIN_RUNTIME_MS = 7 * 86_400_000  # see PriorityClass.min_runtime_ms, Queue.min_runtime_ms
 RECLAIM_WAIT_MAX_MS = 600_000  # see ClusterConfig.reclaim_wait_max_ms
 MAX_RECLAIM_WAIT_MS = 86_400_000
+MAX_SPARES = 1_000  # see ClusterConfig.spares
 DEFAULT_QUEUE = DEFAULT_QUEUE_NAME  # the built-in queue without a quota
 
 
@@ -252,6 +253,11 @@ class ClusterConfig:
     # Relayed heartbeats: followers terminate workers' heartbeat streams and forward them
     # to the leader in batches (synapse_ha/rpc/relay.py); needs format 8 on every replica.
     relay_heartbeats: bool = False
+    # Hot spares (core/spares.py): this many idle nodes of each domain at ``spare_level``
+    # ("": the level named "rack" when the cluster has one, else the whole cluster) are
+    # kept out of normal placement, for member replacements. Needs format 14.
+    spares: int = 0
+    spare_level: str = ""
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

@@ -31,6 +31,8 @@ class SchedulingSettings:
     reclaim_wait_max_ms: int | None = None
     relay_heartbeats: bool | None = None
     master_port_base: int | None = None
+    spares: int | None = None
+    spare_level: str | None = None
 
     @property
     def pinned_limits(self) -> frozenset[str]:

@@ -12,10 +12,12 @@ from typing import Any
 
 from synapse_ha.core.cluster_config import (
     DEFAULT_GRACE_MS,
+    DEFAULT_TOPOLOGY_LEVELS,
     LOCALITY_WAIT_MS,
     MAX_LOCALITY_WAIT_MS,
     MAX_RECLAIM_WAIT_MS,
     MAX_REQUEUES_LIMIT,
+    MAX_SPARES,
     MAX_START_TIMEOUT_MS,
     MIN_START_TIMEOUT_MS,
     ClusterConfig,
@@ -25,6 +27,7 @@ from synapse_ha.core.cluster_config import (
 )
 from synapse_ha.core.identity.admission import check_limits
 from synapse_ha.core.spec.validation import check_priority_classes
+from synapse_ha.core.topology import CLUSTER
 from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.programs.config_file import ConfigError, duration_ms
 from synapse_ha.programs.settings import Inputs, Setting, setting, switch
@@ -115,6 +118,13 @@ def _reclaim_wait_max_ms(raw: object) -> int:
     return wait
 
 
+def _spare_level(raw: object) -> str:
+    allowed = (*DEFAULT_TOPOLOGY_LEVELS, CLUSTER)
+    if raw not in allowed:
+        raise ConfigError(f"spare_level must be one of {', '.join(allowed)}, got {raw!r}")
+    return str(raw)
+
+
 LOCALITY_WAIT = setting(
     "--locality-wait",
     "scheduling.locality_wait",
@@ -198,6 +208,22 @@ CORDON_AFTER_START_FAILURES = _count_setting(
     1000,
     "cordon a node after this many members in a row it could not start (default 3; 0: never)",
 )
+# Hot spares (docs/spares.md).
+SPARES = _count_setting(
+    "spares",
+    MAX_SPARES,
+    "keep this many idle nodes of each rack (see --spare-level) out of normal placement, "
+    "for member replacements (replicated; applied once every replica reads format 14; "
+    "default 0)",
+)
+SPARE_LEVEL = setting(
+    "--spare-level",
+    "scheduling.spare_level",
+    merge="truthy",
+    check=_spare_level,
+    help="the topology level whose domains each keep --spares spares: zone, block, rack or "
+    "cluster (default: rack)",
+)
 
 
 HOLD_UNTIL_STOPPED = switch(
@@ -229,6 +255,8 @@ SCHEDULING = (
     GPU_DRAIN_THRESHOLD,
     UNFIT_BACKOFF,
     CORDON_AFTER_START_FAILURES,
+    SPARES,
+    SPARE_LEVEL,
     HOLD_UNTIL_STOPPED,
     CLEAR_GPU_FAULTS_ON_REBOOT,
     RELAY_HEARTBEATS,
@@ -253,6 +281,8 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         reclaim_wait_max_ms=inputs.value(RECLAIM_WAIT_MAX),
         relay_heartbeats=inputs.value(RELAY_HEARTBEATS),
         master_port_base=inputs.value(MASTER_PORT_BASE),
+        spares=inputs.value(SPARES),
+        spare_level=inputs.value(SPARE_LEVEL),
     )
 
 

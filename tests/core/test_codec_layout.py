@@ -43,7 +43,7 @@ PINNED: dict[type, tuple[str, ...]] = {
                                    "limits", "gpu_drain_threshold", "unfit_backoff_ms",
                                    "cordon_after_start_failures", "hold_until_stopped",
                                    "clear_gpu_faults_on_reboot", "reclaim_wait_max_ms",
-                                   "relay_heartbeats"),
+                                   "relay_heartbeats", "spares", "spare_level"),
     model.ClusterState: ("config", "nodes", "jobs", "request_ids", "next_job_seq",
                          "last_fencing_token", "applied_commands", "last_time_ms", "tokens",
                          "queues", "queue_history", "format_floor", "arrays", "cohorts"),

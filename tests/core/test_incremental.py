@@ -92,10 +92,13 @@ class PlainQueueMachine(_Compared, RuleBasedStateMachine):
             [["r1"], ["r1", "r2"], ["r1", "r1", "r2", "r2"], ["r1", "r1", "r2", "r2"]]
         ),
         wait=st.sampled_from([0, 20_000, 20_000]),
+        spares=st.sampled_from([0, 0, 1]),
     )
-    def cluster(self, racks: list[str], wait: int) -> None:
+    def cluster(self, racks: list[str], wait: int, spares: int = 0) -> None:
         config = self.state.config
-        self.do(c.Configure(type(config)(locality_wait_ms=wait), self.now))
+        if spares:  # hot spares (core/spares.py) need format 14
+            self.do(c.RaiseFormat(14, (), self.now))
+        self.do(c.Configure(type(config)(locality_wait_ms=wait, spares=spares), self.now))
         for i, rack in enumerate(racks):
             self.do(c.RegisterNode(node(NODES[i], gpus=8, cpu=16, rack=rack), self.now))
 

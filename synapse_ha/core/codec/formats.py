@@ -69,6 +69,9 @@ _DECLARED: dict[type, dict[str, int]] = {
         "reclaim_wait_max_ms": 6,
         # Format 8: followers relay workers' heartbeats (rpc/relay.py).
         "relay_heartbeats": 8,
+        # Format 14: hot spares kept out of normal placement (core/spares.py).
+        "spares": 14,
+        "spare_level": 14,
     },
     # Format 6: minimum run time of a priority class and a queue (core/queues/victim_rules.py).
     PriorityClass: {"min_runtime_ms": 6},

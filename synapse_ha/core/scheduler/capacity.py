@@ -22,6 +22,7 @@ from itertools import compress
 
 from synapse_ha.core.health.fitness import unhealthy_gpus
 from synapse_ha.core.model import FEATURE_IMAGES, ClusterState, Node, Resources, topology_path
+from synapse_ha.core.spares import NONE, spare_nodes
 
 Domain = tuple[str, ...]
 UNLIMITED = 1 << 40
@@ -83,7 +84,8 @@ def _node_free(node: Node, path: Domain, pos: int, empty: bool = False) -> NodeF
 
 
 class Table:
-    """Free capacity of every schedulable node, shared by the views of one pass.
+    """Free capacity of every schedulable node but the hot spares (``spares``, left out
+    of normal placement: core/spares.py), shared by the views of one pass.
 
     Its indexes (nodes in path order, domain membership, nodes by free GPU count in path
     order) depend only on the nodes' current free capacity, never on the order in which
@@ -109,17 +111,21 @@ class Table:
         self.journal: list[tuple[str, Resources, tuple[int, ...], int, int]] = []
         self.version = 0
         self._versions = itertools.count(1)
+        self.spares: frozenset[str] = NONE  # the spares left out
 
     @classmethod
-    def build(cls, state: ClusterState, empty: bool = False) -> Table:
-        """The table of ``state``'s schedulable nodes; with ``empty``, as if no gang held
-        any capacity."""
+    def build(
+        cls, state: ClusterState, empty: bool = False, spares: frozenset[str] = NONE
+    ) -> Table:
+        """The table of ``state``'s schedulable nodes but ``spares``; with ``empty``, as
+        if no gang held any capacity."""
         levels = state.config.topology_levels
         table = cls(len(levels))
+        table.spares = spares
         ready = [
             (topology_path(node.info, levels), node)
             for node in state.nodes.values()
-            if node.schedulable()
+            if node.schedulable() and node.node_id not in spares
         ]
         ready.sort(key=lambda item: item[0])
         for pos, (path, node) in enumerate(ready):
@@ -304,14 +310,16 @@ class CachedTable:
     allocated resources) and a copy of its allocated GPUs. Holding them keeps their
     identities unique, so an identity match proves the value is unchanged; a node whose
     capacity changed is updated in place; any other change (a node added, removed,
-    re-registered or changing status, or new topology levels) rebuilds the table. The
-    refreshed table therefore always equals ``Table.build(state)``. Snapshots
+    re-registered or changing status, new topology levels, or another set of hot spares)
+    rebuilds the table. The refreshed table therefore always equals
+    ``Table.build(state, spares=spare_nodes(state))``. Snapshots
     (:mod:`synapse_ha.core.snapshot`) copy changed node records but share these values.
     """
 
     def __init__(self, state: ClusterState) -> None:
         self.levels = state.config.topology_levels
-        self.table = Table.build(state)
+        self.spares = spare_nodes(state)
+        self.table = Table.build(state, spares=self.spares)
         self.view = View(self.table)
         self.node_ids = list(state.nodes)
         self.node_list = list(state.nodes.values())
@@ -325,7 +333,7 @@ class CachedTable:
     def empty_view(self, state: ClusterState) -> View:
         """The schedulable nodes as if no gang held anything (rebuilt with the table)."""
         if self._empty is None:
-            self._empty = View(Table.build(state, empty=True))
+            self._empty = View(Table.build(state, empty=True, spares=self.spares))
         return self._empty
 
     def refresh(self, state: ClusterState) -> bool:
@@ -338,6 +346,7 @@ class CachedTable:
             or not all(map(operator.is_, [n.info for n in nodes], self.infos))
             or not all(map(operator.is_, [n.status for n in nodes], self.statuses))
             or not all(map(operator.is_, [n.gpu_faults for n in nodes], self.faults))
+            or spare_nodes(state) != self.spares
         ):
             return False
         allocated = [n.allocated for n in nodes]

@@ -142,6 +142,8 @@ class Explainer:
         }
         if spec.resources.gpu:
             have["unhealthy"] = self.unhealthy_gpus() or None
+        if view.table.spares:  # left out of the table: say so (core/spares.py)
+            have["spares"] = len(view.table.spares)
         if reservation is not None:
             return reason(
                 ReasonCode.FIRST_IN_LINE_RESERVED,

@@ -24,6 +24,7 @@ from synapse_ha.core.cluster_config import (
     MAX_MIN_RUNTIME_MS,
     MAX_RECLAIM_WAIT_MS,
     MAX_REQUEUES_LIMIT,
+    MAX_SPARES,
     MAX_START_TIMEOUT_MS,
     MIN_START_TIMEOUT_MS,
     ClusterConfig,
@@ -520,6 +521,16 @@ def check_cluster_config(config: ClusterConfig) -> list[Violation]:
         out.append(invalid("fair_share_half_life_ms", "must be >= 1"))
     if not 0 <= config.reclaim_wait_max_ms <= MAX_RECLAIM_WAIT_MS:
         out.append(invalid("reclaim_wait_max_ms", f"must be between 0 and {MAX_RECLAIM_WAIT_MS}"))
+    if not 0 <= config.spares <= MAX_SPARES:
+        out.append(invalid("spares", f"must be between 0 and {MAX_SPARES} (nodes per domain)"))
+    if config.spare_level and config.spare_level not in (*levels, "cluster"):
+        out.append(
+            invalid(
+                "spare_level",
+                f"must be one of the topology levels ({', '.join(levels) or 'none'}) or "
+                f"'cluster', got {config.spare_level!r}",
+            )
+        )
     return out
 
 
