@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import grp
+import json
 import os
 import secrets
 import shutil
@@ -174,6 +175,18 @@ def test_a_member_running_as_its_owner_marks_checkpoints_the_agent_reads(
         0o600,
     )
     assert executor.marks([member.key]) == [(member.key, Mark(1, 12))]
+
+
+def test_a_member_running_as_its_owner_reads_its_membership_file_and_cannot_write_it(
+    owner_executor: MakeOwnerExecutor, account: TempAccount
+) -> None:
+    executor = owner_executor()
+    command = 'cat "$SYNAPSE_MEMBERSHIP_FILE"; echo forged >> "$SYNAPSE_MEMBERSHIP_FILE"'
+    member = executor.start(spec(command, job_id="j-membership", owner=account.name))
+    assert wait_exit(executor, member.key, 20.0)[0] != 0  # the append was refused
+    (line, refusal) = (member.dir / "output.log").read_text().splitlines()[:2]
+    assert json.loads(line)["membership"] == 0 and "ermission denied" in refusal
+    assert len((member.dir / "membership").read_text().splitlines()) == 1
 
 
 def test_a_mapped_owner_runs_as_the_mapped_account(
