@@ -25,6 +25,7 @@ from synapse_ha.client.nodes import NodeView
 from synapse_ha.core.health.progress import SOURCE_LOG
 from synapse_ha.core.model import JobSpec, JobState
 from synapse_ha.core.node_selector import NodeSelector, describe
+from synapse_ha.core.replacement import ReplacePolicy
 from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.core.workflows.windows import resolved
 from synapse_ha.rpc.readable import (
@@ -45,6 +46,8 @@ def member_document(m: MemberView) -> Document:
         "state": m.state,
         "exit_code": m.exit_code,
         "checkpoint": checkpoint_document(m.checkpoint) if m.checkpoint else None,
+        "generation": m.generation,
+        "lost": m.lost,
     }
 
 
@@ -117,11 +120,28 @@ def job_document(job: JobView, now_ms: int | None = None) -> Document:
         "stop_grace_ms": spec.stop_grace_ms,
         "account": spec.account,
         "nodes": nodes_document(spec.nodes) if spec.nodes is not None else None,
+        "on_node_failure": replace_document(spec.replace),
     }
     return {**with_iso(doc, *_TIMES), **times_document(job, now_ms)}
 
 
 _TIMES = ("submitted_at_ms", "finished_at_ms")
+
+
+def replace_document(policy: ReplacePolicy | None) -> Document:
+    """``{policy, timeout_ms, signal}``: what a lost member costs the gang (requeue: the
+    whole gang; replace: that member, placed again)."""
+    if policy is None:
+        return {"policy": "requeue", "timeout_ms": None, "signal": None}
+    return {"policy": "replace", "timeout_ms": policy.timeout_ms, "signal": policy.signal}
+
+
+def replace_text(doc: Mapping[str, Any]) -> str | None:
+    """``replace (within 5m, then requeue; members told with SIGUSR1)``; None for requeue."""
+    if doc["policy"] != "replace":
+        return None
+    told = f"members told with {doc['signal']}" if doc["signal"] else "members not signalled"
+    return f"replace (within {duration_text(doc['timeout_ms'])}, then requeue; {told})"
 
 
 def nodes_document(nodes: NodeSelector) -> Document:
@@ -254,6 +274,9 @@ def members_table(
 ) -> str:
     """The members, with each one's newest checkpoint mark once one of them has marked."""
     headers = ["RANK", "NODE", "GPUS", "STATE", "EXIT"]
+    replaced = any(m.get("generation") for m in members)
+    if replaced:
+        headers.insert(1, "GEN")
     if with_topology:
         headers[3:3] = ["RACK", "TOPOLOGY"]
     marked = any(m["checkpoint"] for m in members)
@@ -265,9 +288,11 @@ def members_table(
             m["rank"],
             m["node"],
             ",".join(map(str, m["gpus"])),
-            m["state"],
+            "lost" if m.get("lost") else m["state"],
             m["exit_code"],
         ]
+        if replaced:
+            row.insert(1, m["generation"])
         if with_topology:
             row[3:3] = [m["rack"], m["topology_path"]]
         if marked:
@@ -294,6 +319,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("PREEMPTED", preemption_text(doc["preemption"])),
         ("TOPOLOGY", topology),
         ("NODES", describe(NodeSelector(**doc["nodes"])) if doc["nodes"] else None),
+        ("ON NODE FAIL", replace_text(doc["on_node_failure"])),
         ("TIME LIMIT", duration_text(doc["time_limit_ms"]) if doc["time_limit_ms"] else None),
         ("STOP GRACE", duration_text(doc["stop_grace_ms"]) if doc["stop_grace_ms"] else None),
         ("HANG AFTER", progress_text(doc["progress"])),

@@ -38,6 +38,8 @@ class MemberView:
     state: str
     exit_code: int | None
     checkpoint: Checkpoint | None
+    generation: int = 0  # placed again this many times while its gang ran on
+    lost: bool = False  # lost with its node, waiting to be placed again
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from synapse_ha.core.reasons import Reason
 
+# The job document's keys: ``on_node_failure: replace`` (or ``requeue``, the default),
+# ``replace_timeout`` and ``membership_signal``.
+REPLACE_KEYS = ("on_node_failure", "replace_timeout", "membership_signal")
 DEFAULT_REPLACE_TIMEOUT_MS = 300_000  # 5 minutes
 DEFAULT_MEMBERSHIP_SIGNAL = "SIGUSR1"
 # The signals a member may ask to be told of a membership change with; "" means none.
@@ -47,3 +50,24 @@ class Vacancy:
     since_ms: int
     cause: Reason
     stopped: bool = False
+
+
+MIN_REPLACE_TIMEOUT_MS = 1_000
+MAX_REPLACE_TIMEOUT_MS = 24 * 3600 * 1000
+
+
+def replace_problems(policy: ReplacePolicy | None, replicas: int) -> list[tuple[str, str]]:
+    """``(field, rule)`` for each rule ``policy`` breaks (None: no replacement)."""
+    if policy is None:
+        return []
+    problems = []
+    if replicas < 2:
+        problems.append(
+            ("on_node_failure", "replace needs a gang of 2 or more members (one is requeued)")
+        )
+    if not MIN_REPLACE_TIMEOUT_MS <= policy.timeout_ms <= MAX_REPLACE_TIMEOUT_MS:
+        problems.append(("replace_timeout", "must be between 1s and 24h"))
+    if policy.signal not in MEMBERSHIP_SIGNALS:
+        named = ", ".join(s for s in MEMBERSHIP_SIGNALS if s)
+        problems.append(("membership_signal", f"must be one of {named} or none"))
+    return problems

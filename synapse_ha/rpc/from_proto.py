@@ -21,6 +21,7 @@ from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestar
 from synapse_ha.core.health.progress import SOURCE_FILE, Progress
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources, RetryPolicy
 from synapse_ha.core.node_selector import NodeSelector
+from synapse_ha.core.replacement import ReplacePolicy
 from synapse_ha.core.spec.document import SpecError
 from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc import fields
@@ -75,6 +76,9 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         else None,
         nodes=(fields.from_message(NodeSelector, msg.nodes) or None)
         if msg.HasField("nodes")
+        else None,
+        replace=fields.from_message(ReplacePolicy, msg.replace)
+        if msg.HasField("replace")
         else None,
     )
     return spec

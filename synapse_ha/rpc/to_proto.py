@@ -78,6 +78,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         msg.dependencies.CopyFrom(dependencies_to_proto(spec.dependencies))
     if spec.nodes is not None:
         msg.nodes.CopyFrom(fields.to_message(pb.NodeSelector, spec.nodes))
+    if spec.replace is not None:
+        msg.replace.CopyFrom(fields.to_message(pb.ReplacePolicy, spec.replace))
     if spec.shell:
         msg.shell_command = spec.command[0] if spec.command else ""
     else:
@@ -92,6 +94,7 @@ def resources_to_proto(r: Resources) -> pb.Resources:
 def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
     members = []
     marks = {m.rank: m for m in a.marks}
+    lost = {v.rank for v in a.vacancies}
     for placement, status in zip(a.members, a.member_status, strict=False):
         member = pb.Member(
             rank=placement.rank,
@@ -100,6 +103,8 @@ def attempt_to_proto(a: Attempt, redacted: bool = False) -> pb.Attempt:
             **states.member_state_fields(status.state),
             has_exit_code=status.exit_code is not None,
             exit_code=status.exit_code or 0,
+            generation=placement.generation,
+            lost=placement.rank in lost,
         )
         mark = marks.get(placement.rank)
         if mark is not None:
@@ -175,7 +180,8 @@ def array_to_proto(array: ArrayJob, tasks: list[Job], redacted: bool = False) ->
     )
 
 
-def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
+def node_to_proto(node: Node, heartbeat_age_ms: int, spare: bool = False) -> pb.Node:
+    """``spare``: the node is kept as a hot spare (core/spares.py)."""
     return pb.Node(
         node_id=node.node_id,
         address=node.info.address,
@@ -196,6 +202,7 @@ def node_to_proto(node: Node, heartbeat_age_ms: int) -> pb.Node:
             pb.NodeUnfit(owner=u.owner, detail=u.detail, until_ms=u.until_ms) for u in node.unfit
         ],
         conditions=conditions_to_proto(node.conditions),
+        spare=spare,
     )
 
 

@@ -29,14 +29,15 @@ JOB_KEYS = [
     "submitted_at_ms", "submitted_at", "finished_at_ms", "finished_at", "attempt_outcome",
     "members", "queue", "priority_class", "preemption", "progress", "prestart",
     "dependencies", "waiting_for", "begin_ms", "deadline_ms", "checkpoint", "resume_step",
-    "stop_grace_ms", "account", "nodes", "started_at_ms", "started_at", "wait_ms", "elapsed_ms",
+    "stop_grace_ms", "account", "nodes", "on_node_failure", "started_at_ms", "started_at",
+    "wait_ms", "elapsed_ms",
     "time_left_ms",
 ]  # fmt: skip
 NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
     "allocated", "free_gpus", "allocated_gpus", "gpu_model", "features", "registered_at_ms",
     "last_heartbeat_age_ms", "members_run_as", "member_isolation", "gpu_faults", "unfit",
-    "conditions",
+    "conditions", "spare",
 ]  # fmt: skip
 
 
@@ -103,14 +104,15 @@ def test_a_job_document_has_every_documented_field() -> None:
     assert doc["members"] == [
         {
             "rank": 0, "node": "w1", "gpus": [0, 1, 2, 3], "state": "running",
-            "exit_code": None, "checkpoint": None,
+            "exit_code": None, "checkpoint": None, "generation": 0, "lost": False,
         },
         {
             "rank": 1, "node": "w2", "gpus": [4, 5, 6, 7], "state": "exited",
-            "exit_code": 0, "checkpoint": None,
+            "exit_code": 0, "checkpoint": None, "generation": 0, "lost": False,
         },
     ]  # fmt: skip
     assert (doc["checkpoint"], doc["resume_step"]) == (None, None)
+    assert doc["on_node_failure"] == {"policy": "requeue", "timeout_ms": None, "signal": None}
     assert json.loads(render.structured(doc, "json")) == doc
     assert yaml.safe_load(render.structured(doc, "yaml")) == doc
 

@@ -28,6 +28,12 @@ from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestar
 from synapse_ha.core.health.progress import SOURCE_FILE, Progress
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
 from synapse_ha.core.node_selector import NodeSelector
+from synapse_ha.core.replacement import (
+    DEFAULT_MEMBERSHIP_SIGNAL,
+    DEFAULT_REPLACE_TIMEOUT_MS,
+    REPLACE_KEYS,
+    ReplacePolicy,
+)
 from synapse_ha.core.spec.fields import SPEC_FIELDS
 from synapse_ha.core.spec.validation import (
     Violation,
@@ -68,6 +74,7 @@ _TOP_FIELDS = frozenset(
         "deadline",
         "wait_for_nodes",
         "nodes",
+        *REPLACE_KEYS,
         *(f.key for f in SPEC_FIELDS),
     }
 )
@@ -192,6 +199,7 @@ def parse_job_spec(
         array=optional("array", _array, ""),
         wait_for_nodes=optional("wait_for_nodes", _flag, False),
         nodes=optional("nodes", lambda v: _nodes(v, problems), None),
+        replace=_replace(doc, problems),
         **{
             f.attr: take(partial(_READERS[f.kind], doc[f.key], f.key), getattr(_PLAIN, f.attr))
             for f in SPEC_FIELDS
@@ -461,6 +469,35 @@ def _nodes(value: object, problems: _Problems) -> NodeSelector | None:
         exclude=lists["exclude"],
     )
     return selector if selector else None
+
+
+def _replace(doc: Mapping[str, Any], problems: _Problems) -> ReplacePolicy | None:
+    """``on_node_failure: replace`` (or ``requeue``, the default), with its optional
+    ``replace_timeout`` (a duration) and ``membership_signal`` (``SIGUSR1``, ``none``...),
+    which only a replacing job may give."""
+    policy = problems.take(
+        lambda: _string(doc.get("on_node_failure", "requeue"), REPLACE_KEYS[0]), ""
+    )
+    if policy not in ("requeue", "replace"):
+        problems.add(REPLACE_KEYS[0], "must be requeue (the default) or replace")
+        return None
+    if policy == "requeue":
+        for key in REPLACE_KEYS[1:]:
+            if key in doc:
+                problems.add(key, "needs on_node_failure: replace")
+        return None
+    timeout = DEFAULT_REPLACE_TIMEOUT_MS
+    if "replace_timeout" in doc:
+        timeout = problems.take(
+            lambda: parse_duration(doc["replace_timeout"], "replace_timeout"), 0
+        )
+    signal = DEFAULT_MEMBERSHIP_SIGNAL
+    if "membership_signal" in doc:
+        text = problems.take(lambda: _string(doc["membership_signal"], "membership_signal"), "")
+        signal = "" if text.lower() == "none" else text.upper()
+        if signal and not signal.startswith("SIG"):
+            signal = "SIG" + signal
+    return ReplacePolicy(timeout, signal)
 
 
 def _flag(value: object) -> bool:

@@ -126,7 +126,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms", "array", "wait_for_nodes", "stop_grace_ms", "account", "nodes")
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms", "array", "wait_for_nodes", "stop_grace_ms", "account", "nodes", "replace")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class JobSpec(_message.Message):
     STOP_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     name: str
     replicas: int
     resources: Resources
@@ -181,7 +182,16 @@ class JobSpec(_message.Message):
     stop_grace_ms: int
     account: str
     nodes: NodeSelector
-    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ..., array: _Optional[str] = ..., wait_for_nodes: _Optional[bool] = ..., stop_grace_ms: _Optional[int] = ..., account: _Optional[str] = ..., nodes: _Optional[_Union[NodeSelector, _Mapping]] = ...) -> None: ...
+    replace: ReplacePolicy
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ..., array: _Optional[str] = ..., wait_for_nodes: _Optional[bool] = ..., stop_grace_ms: _Optional[int] = ..., account: _Optional[str] = ..., nodes: _Optional[_Union[NodeSelector, _Mapping]] = ..., replace: _Optional[_Union[ReplacePolicy, _Mapping]] = ...) -> None: ...
+
+class ReplacePolicy(_message.Message):
+    __slots__ = ("timeout_ms", "signal")
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    timeout_ms: int
+    signal: str
+    def __init__(self, timeout_ms: _Optional[int] = ..., signal: _Optional[str] = ...) -> None: ...
 
 class NodeSelector(_message.Message):
     __slots__ = ("features", "gpu_model", "names", "exclude")
@@ -242,7 +252,7 @@ class Checkpoint(_message.Message):
     def __init__(self, at_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("rank", "node_id", "gpus", "state", "has_exit_code", "exit_code", "member_state", "checkpoint")
+    __slots__ = ("rank", "node_id", "gpus", "state", "has_exit_code", "exit_code", "member_state", "checkpoint", "generation", "lost")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +261,8 @@ class Member(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     MEMBER_STATE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node_id: str
     gpus: _containers.RepeatedScalarFieldContainer[int]
@@ -259,7 +271,9 @@ class Member(_message.Message):
     exit_code: int
     member_state: MemberState
     checkpoint: Checkpoint
-    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., member_state: _Optional[_Union[MemberState, str]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+    generation: int
+    lost: bool
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., member_state: _Optional[_Union[MemberState, str]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., generation: _Optional[int] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class Attempt(_message.Message):
     __slots__ = ("number", "fencing_token", "master_port", "bound_at_ms", "started_at_ms", "ended_at_ms", "outcome", "members", "preempted_by", "preemption", "preempt_deadline_ms", "checkpoint")
@@ -523,7 +537,7 @@ class ExplainJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., explanation: _Optional[str] = ..., stale: _Optional[bool] = ..., reason_code: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status", "gpu_faults", "unfit", "conditions", "member_isolation", "features")
+    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status", "gpu_faults", "unfit", "conditions", "member_isolation", "features", "spare")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -542,6 +556,7 @@ class Node(_message.Message):
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ISOLATION_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     status: str
@@ -560,7 +575,8 @@ class Node(_message.Message):
     conditions: _containers.RepeatedCompositeFieldContainer[NodeCondition]
     member_isolation: str
     features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., unfit: _Optional[_Iterable[_Union[NodeUnfit, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[NodeCondition, _Mapping]]] = ..., member_isolation: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
+    spare: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., unfit: _Optional[_Iterable[_Union[NodeUnfit, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[NodeCondition, _Mapping]]] = ..., member_isolation: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class NodeCondition(_message.Message):
     __slots__ = ("name", "message", "since_ms")
