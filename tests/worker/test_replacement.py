@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,18 +30,19 @@ from tests.worker.test_agent import FakeControl, FakeExecutor
 
 Parts = tuple[Agent, FakeControl, FakeExecutor, FakeClock]
 
-# A member that says what it started with, then, at each SIGUSR1, the membership file's
-# last line; it never exits by itself.
+# A member that says what it started with, then, at each signal it is given (SIGUSR1 by
+# default), the membership file's last line; it never exits by itself.
 LISTENER = """
 import os, signal, sys
 fifo, path = sys.argv[1], os.environ["SYNAPSE_MEMBERSHIP_FILE"]
+told_by = getattr(signal, sys.argv[2] if len(sys.argv) > 2 else "SIGUSR1")
 def say(text):
     with open(fifo, "w") as f:
         f.write(text + "\\n")
 def last_line():
     with open(path) as f:
         return f.read().splitlines()[-1]
-signal.signal(signal.SIGUSR1, lambda *_: say(f"told {os.getpid()} {last_line()}"))
+signal.signal(told_by, lambda *_: say(f"told {os.getpid()} {last_line()}"))
 say(f"started {os.getpid()} {os.environ['SYNAPSE_MEMBER_GENERATION']} {last_line()}")
 while True:
     signal.pause()
@@ -108,6 +110,23 @@ def test_a_membership_change_is_appended_and_signalled_and_the_member_runs_on(
     assert executor.poll() == [] and executor.running() == [first.key]
     assert (member.dir / "member.json").exists() and member.exit is None
     assert json.loads((member.dir / "member.json").read_text())["pid"] == pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces need root")
+def test_a_member_in_a_pid_namespace_gets_the_signal_and_its_keeper_lives_on(
+    make_executor: MakeExecutor, fifo: Fifo
+) -> None:
+    executor = make_executor(pid_namespace=True)
+    first = spec(
+        (sys.executable, "-c", LISTENER, str(fifo.path), "SIGUSR2"), membership_signal="SIGUSR2"
+    )
+    member = executor.start(first)
+    assert said(fifo)[0] == "started"
+    wait_recorded(member.dir)
+    assert executor.tell_membership(dataclasses.replace(first, membership=1))
+    assert said(fifo)[0] == "told"
+    time.sleep(0.1)  # a keeper the signal ended would have ended the member with it
+    assert executor.poll() == [] and executor.running() == [first.key]
 
 
 def test_a_generation_is_a_member_of_its_own(make_executor: MakeExecutor) -> None:
