@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synapse_ha.core import commands as c
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.machine import apply
@@ -19,6 +20,7 @@ from synapse_ha.core.model import ClusterState, JobSpec, JobState, MemberPlaceme
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.replacement import ReplacePolicy
 from synapse_ha.core.scheduler.replacement import plan_replacements
+from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from synapse_ha.core.views import desired_members, due_replacement_timeouts, due_start_timeouts
 from tests.core.harness import Cluster, job, node
@@ -339,3 +341,16 @@ def test_random_losses_never_run_two_generations_of_a_rank(steps: list[tuple[str
             for d in desired_members(cluster.state, node_id):
                 assert (d.job_id, d.rank) not in wanted, "a rank wanted on two nodes"
                 wanted[d.job_id, d.rank] = node_id
+
+
+def test_a_lost_rank_takes_a_hot_spare_of_its_rack_first() -> None:
+    cluster = Cluster(state=ClusterState(config=ClusterConfig(spares=1)))
+    # n0..n4 in r1 (one of them idle becomes r1's spare), and a tighter node that is not
+    # a spare: without spares first, the tighter fit would win.
+    cluster.add(*(node(f"n{i}", rack="r1") for i in range(5)))
+    job_id = running_gang(cluster)
+    (spare,) = spare_nodes(cluster.state)
+    cluster.add(node("tight", rack="r1", gpus=8, cpu=9))
+    cluster.do(c.MarkNodeDead(cluster.nodes_of(job_id)[1], "silent", 1, cluster.now))
+    replace_now(cluster)
+    assert cluster.nodes_of(job_id)[1] == spare

@@ -8,9 +8,9 @@ A pure function of the state; :class:`~synapse_ha.core.commands.ReplaceMembers` 
 verified again at apply. Replacements come before the scheduling pass: a gang that is
 running with a hole in it holds its other nodes idle until the hole is filled.
 
-The node chosen is, in this order: in the gang's preferred topology domain (the one most
-of its members are in), the tightest fit by GPUs then CPU (what a spare or a nearly full
-node offers), then node id, so the same state always gives the same plan."""
+The node chosen is, in this order: a hot spare (core/spares.py), in the gang's preferred
+topology domain (the one most of its members are in), the tightest fit by GPUs then CPU,
+then node id, so the same state always gives the same plan."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from synapse_ha.core.model import (
 )
 from synapse_ha.core.node_selector import placement_problem
 from synapse_ha.core.scheduler.placement import pick_gpus
+from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.spec.member_limits import reserved_of
 from synapse_ha.core.topology import domain_at
 
@@ -37,6 +38,7 @@ def plan_replacements(state: ClusterState, now_ms: int) -> cmd.ReplaceMembers | 
     """Every lost rank that can be placed again now, or None when none can."""
     taken: dict[str, tuple[Resources, set[int]]] = {}  # what this plan took per node
     out: list[cmd.MemberReplacement] = []
+    spares: frozenset[str] | None = None  # read once, when a rank is to be placed
     for job in state.live_jobs():  # in job id order
         attempt = job.attempt
         if attempt is None or not attempt.vacancies or job.spec.replace is None:
@@ -47,7 +49,9 @@ def plan_replacements(state: ClusterState, now_ms: int) -> cmd.ReplaceMembers | 
         for vacancy in attempt.vacancies:
             if not vacancy.stopped:
                 continue
-            placed = _place_one(state, job, members, vacancy.rank, taken, now_ms)
+            if spares is None:
+                spares = spare_nodes(state)
+            placed = _place_one(state, job, members, vacancy.rank, taken, spares, now_ms)
             if placed is None:
                 continue
             members[vacancy.rank] = placed
@@ -61,6 +65,7 @@ def _place_one(
     members: list[MemberPlacement],
     rank: int,
     taken: dict[str, tuple[Resources, set[int]]],
+    spares: frozenset[str],
     now_ms: int,
 ) -> MemberPlacement | None:
     """A node and GPUs for ``rank`` of ``job`` (its other members at ``members``), taken
@@ -91,7 +96,13 @@ def _place_one(
             domain_at(path, levels, spec.topology_preferred) == preferred
         )
         free = node.free - taken.get(node_id, (Resources(), set()))[0]
-        key = (not in_preferred, free.gpu - need.gpu, free.cpu_milli - need.cpu_milli, node_id)
+        key = (
+            node_id not in spares,
+            not in_preferred,
+            free.gpu - need.gpu,
+            free.cpu_milli - need.cpu_milli,
+            node_id,
+        )
         if best is None or key < best[0]:
             best = (key, node_id, gpus)
     if best is None:
