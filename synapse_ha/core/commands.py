@@ -476,7 +476,6 @@ class RejectCode(enum.StrEnum):
     MEMBER_CAP = "member_cap"
     NODE_SELECTOR = "node_selector"  # a node the job's selector does not allow
     SPARE_NODE = "spare_node"  # a node kept as a hot spare (core/spares.py)
-    SPARE_NODE = "spare_node"  # a node kept as a hot spare (core/spares.py)
 
 
 @dataclass(frozen=True, slots=True)

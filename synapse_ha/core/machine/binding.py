@@ -31,7 +31,6 @@ from synapse_ha.core.node_selector import NodeSelector, placement_problem
 from synapse_ha.core.queues.quota import QueueUsage, gang_request, has_quotas
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spares import NONE, spare_nodes
-from synapse_ha.core.spares import NONE, spare_nodes
 from synapse_ha.core.spec.member_limits import (
     NO_RULES,
     MemberRules,
@@ -95,20 +94,6 @@ def _verify_throttle(
             RejectCode.ARRAY_THROTTLE,
             f"array {array_id} already runs {throttle} task(s), its throttle",
         )
-    return None
-
-
-def _verify_spares(spares: frozenset[str], p: cmd.GangPlacement) -> Rejection | None:
-    """A gang is not bound to a node kept as a hot spare (core/spares.py): those are
-    for member replacements. A plan made before the node became one is refused."""
-    for member in p.members:
-        if member.node_id in spares:
-            return Rejection(
-                p.job_id,
-                RejectCode.SPARE_NODE,
-                f"rank {member.rank}: node {member.node_id} is kept as a spare for "
-                f"member replacements",
-            )
     return None
 
 
