@@ -435,7 +435,7 @@ def _recovery_runs(
         pass_interval_ms=_interval_ms(args),
     )
     report = recovery_report(workload, model, recovery_model, results)
-    print(recovery_table(results), file=sys.stderr)
+    print(recovery_table([r.metrics["recovery"] for r in results]), file=sys.stderr)
     _emit(report, results, args.out)
 
 

@@ -26,22 +26,28 @@ same for every policy: processes, NCCL set-up, checkpoint load) once it runs aga
 full size. Checkpoints are every :attr:`FailureModel.checkpoint_ms` of useful run time
 from the moment that useful work began.
 
-Figures (``metrics["recovery"]``): see :func:`recovery_figures`.
+Figures (``metrics["recovery"]``): see :func:`synapse_ha.sim.recovery_figures.figures`.
 """
 
 from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig
-from synapse_ha.core.model import ClusterState, Job, JobState
-from synapse_ha.sim.engine import FINISH, GRACE_MS, Pacing, build_cluster
+from synapse_ha.core.machine import apply
+from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState
+from synapse_ha.core.replacement import ReplacePolicy
+from synapse_ha.core.scheduler.replacement import plan_replacements
+from synapse_ha.core.spares import spare_nodes
+from synapse_ha.core.views import due_replacement_timeouts
+from synapse_ha.sim.engine import FINISH, GRACE_MS, SIGTERM_EXIT, Pacing, build_cluster, report_all
 from synapse_ha.sim.gpu_failures import MS_PER_HOUR, FailureModel, FaultPolicy, FaultRun
-from synapse_ha.sim.metrics import BIG_GANG_GPUS, _pct
 from synapse_ha.sim.policies import Ours
+from synapse_ha.sim.recovery_figures import LossTally, Outcome, figures
 from synapse_ha.sim.workload import Workload
 
 RESTART_OVERHEAD_MS = 60_000
@@ -84,19 +90,6 @@ class RecoveryModel:
         }
 
 
-@dataclass(slots=True)
-class LossTally:
-    """GPU x ms held by gangs that did not count, by cause."""
-
-    work: int = 0  # run since the last checkpoint, thrown away by a failure
-    overhead: int = 0  # restart overhead after a failure
-    waiting: int = 0  # survivors' GPUs while their lost rank waited to be placed again
-
-    @property
-    def total(self) -> int:
-        return self.work + self.overhead + self.waiting
-
-
 class RecoveryRun(FaultRun):
     """A health-aware :class:`~synapse_ha.sim.gpu_failures.FaultRun` that lives with the
     failures as ``recovery`` says, and measures each job's effective training time.
@@ -124,6 +117,12 @@ class RecoveryRun(FaultRun):
         self.hits: Counter[str] = Counter()  # job -> failures that hit it
         self.run_end: dict[str, int] = {}  # job -> when its current run ends
         self.lost = LossTally()
+        self.waiting: set[str] = set()  # jobs running with a lost rank not placed again
+        self.replaced = 0  # ranks placed again
+        self.replaced_on_spares = 0
+        self.replace_timeouts = 0  # gangs requeued whole because a rank was not placed in time
+        self.spare_gpus = 0  # GPUs of the spare nodes, since the last instant
+        self.spare_gpu_ms = 0
 
     # ------------------------------------------------------------- what a job holds
 
@@ -131,7 +130,10 @@ class RecoveryRun(FaultRun):
         """From now on ``job_id`` holds ``gpus`` GPUs: settle what it held until now."""
         held = self.holding.pop(job_id, None)
         if held is not None:
-            self.held_gpu_ms[job_id] += held[0] * (self.now - held[1])
+            gpu_ms = held[0] * (self.now - held[1])
+            self.held_gpu_ms[job_id] += gpu_ms
+            if job_id in self.waiting:
+                self.lost.waiting += gpu_ms
         if gpus:
             self.holding[job_id] = (gpus, self.now)
 
@@ -160,7 +162,12 @@ class RecoveryRun(FaultRun):
     def _released(self, job_id: str) -> None:
         if job_id in self.segment:
             self._close_segment(job_id)
+        rec = self.records[job_id]
+        held = self.holding.get(job_id, (rec.gpus, 0))[0]
+        self.allocated += rec.gpus - held  # the engine frees the whole gang's GPUs
+        self.usage[rec.queue] += rec.gpus - held
         self._hold(job_id, 0)
+        self.waiting.discard(job_id)
         self.run_end.pop(job_id, None)
         super()._released(job_id)
 
@@ -176,48 +183,153 @@ class RecoveryRun(FaultRun):
         lost (the rest is kept as progress), and so is the overhead it spent since its
         segment began. The run time of the segment that no checkpoint kept."""
         job_id = job.job_id
+        self.hits[job_id] += 1
+        if job_id not in self.segment:
+            return 0  # it was already waiting for a lost rank: nothing ran since
         held_from, useful_from = self._close_segment(job_id)
         now, every = self.now, self.model.checkpoint_ms
         ran = max(0, now - useful_from)
         kept = ran - ran % every if every else 0
         self.progress[job_id] = self.progress.get(job_id, 0) + kept
         self.lost.work += self.records[job_id].gpus * (ran - kept)
-        self.hits[job_id] += 1
         return now - held_from - kept
+
+    # ------------------------------------------------------------- replacement
+
+    def _arrive(self, index: int, spec: JobSpec | None = None) -> None:
+        """Under ``replace`` and ``replace+spares`` every gang of two or more members asks
+        for replacement (a one-member job is requeued: it has no member to keep)."""
+        spec = spec or self.workload.jobs[index].spec
+        if self.recovery is not Recovery.REQUEUE and spec.replicas > 1:
+            timeout = self.recovery_model.replace_timeout_ms
+            spec = replace(spec, replace=ReplacePolicy(timeout_ms=timeout))
+        super()._arrive(index, spec)
+
+    def _lost_to_fault(self, job_id: str, token: int, loss_ms: int) -> None:
+        """The core either requeued the gang (as without ``replace``), or made its
+        members on the failed GPU vacancies and kept it running: then those members
+        exit (their worker reports it), the others wait for the lost ranks to be placed
+        again, holding their GPUs."""
+        job = self.state.jobs[job_id]
+        attempt = job.live_attempt()
+        if attempt is None or attempt.fencing_token != token or not attempt.vacancies:
+            super()._lost_to_fault(job_id, token, loss_ms)
+            return
+        vacant = [v.rank for v in attempt.vacancies if not v.stopped]
+        by_node: dict[str, list[c.MemberEvent]] = {}
+        for rank in vacant:
+            m = attempt.members[rank]
+            event = c.MemberEvent(
+                job_id, token, rank, c.MemberEventKind.EXITED, SIGTERM_EXIT, generation=m.generation
+            )
+            by_node.setdefault(m.node_id, []).append(event)
+        for node_id, events in sorted(by_node.items()):
+            apply(self.state, c.ReportMembers(node_id, tuple(events), now_ms=self.now))
+        self._count_loss(job_id, loss_ms, crashed=False)
+        self.run_end.pop(job_id, None)
+        self._holding_changed(job)
+        self.waiting.add(job_id)
+        self._wake_at(self.now + job.spec.replace.timeout_ms if job.spec.replace else self.now)
+
+    def _holding_changed(self, job: Job) -> None:
+        """The GPUs the job's members hold changed (a rank lost or placed again)."""
+        attempt = job.attempt
+        assert attempt is not None
+        vacant = {v.rank for v in attempt.vacancies}
+        per_member = job.spec.resources.gpu
+        gpus = per_member * sum(1 for m in attempt.members if m.rank not in vacant)
+        held = self.holding.get(job.job_id, (0, 0))[0]
+        self.allocated += gpus - held
+        self.usage[self.records[job.job_id].queue] += gpus - held
+        self._hold(job.job_id, gpus)
+        self.free.update(self.state, job)
+
+    def _wants_pass(self) -> bool:
+        return bool(self.waiting)
+
+    def _schedule_pass(self, pending_count: int) -> None:
+        """Before the pass: requeue the gangs whose lost rank waited too long, then
+        place lost ranks again (the leader's order)."""
+        if self.waiting:
+            self._replacement_timeouts()
+            self._replace_lost_ranks()
+        if self.pending:
+            super()._schedule_pass(pending_count)
+
+    def _replacement_timeouts(self) -> None:
+        for command in due_replacement_timeouts(self.state, self.now):
+            if not apply(self.state, command).ok:
+                continue
+            self.replace_timeouts += 1
+            # The gang is requeued whole: its other members are confirmed stopped at once.
+            report_all(
+                self.state,
+                command.job_id,
+                command.fencing_token,
+                c.MemberEventKind.EXITED,
+                self.now,
+                SIGTERM_EXIT,
+            )
+            self._released(command.job_id)
+
+    def _replace_lost_ranks(self) -> None:
+        """Apply the leader's replacement plan; a gang whose every lost rank is placed
+        again runs at full size: its members restart from its checkpoint."""
+        plan = plan_replacements(self.state, self.now)
+        if plan is None:
+            return
+        spares = spare_nodes(self.state)
+        before = {r.job_id: r.member.rank for r in plan.replacements}
+        apply(self.state, plan)
+        for r in plan.replacements:
+            job = self.state.jobs[r.job_id]
+            attempt = job.attempt
+            assert attempt is not None
+            if attempt.members[r.member.rank] != r.member:
+                continue  # refused at apply
+            self.replaced += 1
+            self.replaced_on_spares += r.member.node_id in spares
+            event = c.MemberEvent(
+                r.job_id,
+                r.fencing_token,
+                r.member.rank,
+                c.MemberEventKind.STARTED,
+                generation=r.member.generation,
+            )
+            apply(self.state, c.ReportMembers(r.member.node_id, (event,), now_ms=self.now))
+        for job_id in sorted(before):
+            job = self.state.jobs[job_id]
+            self._holding_changed(job)
+            attempt = job.attempt
+            if attempt is not None and not attempt.vacancies:
+                self._restart(job_id)
+
+    def _restart(self, job_id: str) -> None:
+        """Every lost rank of the gang is placed again: it runs at full size from now,
+        its useful work from its checkpoint the restart overhead later."""
+        self.waiting.discard(job_id)
+        self.restart_delays_s.append((self.now - self.killed_at.pop(job_id)) / 1000)
+        overhead = self.recovery_model.restart_overhead_ms
+        self.segment[job_id] = (self.now, self.now + overhead)
+        run = self._run_ms(job_id)
+        self.run_end[job_id] = self.now + run
+        attempt = self.state.jobs[job_id].attempt
+        assert attempt is not None
+        self._push(self.now + run, FINISH, f"{job_id}@{attempt.fencing_token}")
+
+    def _advance(self, now: int, pending_count: int) -> None:
+        self.spare_gpu_ms += self.spare_gpus * (now - self.last_t)
+        super()._advance(now, pending_count)
+
+    def _observe(self, pending_count: int) -> None:
+        super()._observe(pending_count)
+        if self.state.config.spares:
+            nodes = self.state.nodes
+            self.spare_gpus = sum(nodes[n].info.capacity.gpu for n in spare_nodes(self.state))
 
     def _extra_metrics(self, metrics: dict[str, Any]) -> None:
         super()._extra_metrics(metrics)
         metrics["recovery"] = recovery_figures(self)
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What one or more runs of a policy measured, merged over seeds by :meth:`add`.
-
-    ``jobs``: per job that ran, (GPUs, whether a failure hit it, its useful run time,
-    its wall time from its first start to its end), in ms; ``delays_s``: restart delays."""
-
-    policy: str
-    jobs: list[tuple[int, bool, int, int]] = field(default_factory=list)
-    delays_s: list[float] = field(default_factory=list)
-    lost: LossTally = field(default_factory=LossTally)
-    failures: int = 0
-    goodput_gpu_ms: int = 0
-    held_gpu_ms: int = 0
-    jobs_failed: int = 0
-    runs: int = 0
-
-    def add(self, other: Outcome) -> None:
-        """Merge ``other`` (the same policy, another seed) into this one."""
-        self.jobs += other.jobs
-        self.delays_s += other.delays_s
-        for name in ("work", "overhead", "waiting"):
-            setattr(self.lost, name, getattr(self.lost, name) + getattr(other.lost, name))
-        self.failures += other.failures
-        self.goodput_gpu_ms += other.goodput_gpu_ms
-        self.held_gpu_ms += other.held_gpu_ms
-        self.jobs_failed += other.jobs_failed
-        self.runs += other.runs
 
 
 def outcome(run: RecoveryRun) -> Outcome:
@@ -230,90 +342,22 @@ def outcome(run: RecoveryRun) -> Outcome:
         succeeded = run.final_states.get(job_id) is JobState.SUCCEEDED
         useful = rec.duration_ms if succeeded else 0
         out.jobs.append((rec.gpus, run.hits[job_id] > 0, useful, rec.end_ms - rec.start_ms))
-        out.goodput_gpu_ms += rec.gpus * useful
     out.delays_s = list(run.restart_delays_s)
     out.lost = replace(run.lost)
+    out.lost.abandoned = sum(run.progress.get(j, 0) * run.records[j].gpus for j in run.failed_jobs)
     out.failures = run.faults.failures
     out.held_gpu_ms = sum(run.held_gpu_ms.values())
     out.jobs_failed = len(run.failed_jobs)
+    out.replaced = run.replaced
+    out.replaced_on_spares = run.replaced_on_spares
+    out.replace_timeouts = run.replace_timeouts
+    out.spare_gpu_ms = run.spare_gpu_ms
     return out
 
 
 def recovery_figures(run: RecoveryRun) -> dict[str, Any]:
     """The failure policy's figures of a finished run (:func:`figures`)."""
     return figures(outcome(run))
-
-
-def figures(o: Outcome) -> dict[str, Any]:
-    """The figures of an outcome, JSON-ready.
-
-    * ``ettr``: effective training time ratio of each job that ran, its useful run time
-      over its wall time from its first start to its end; n, mean, p50 and min over
-      gangs of :data:`BIG_GANG_GPUS`+ GPUs (``gangs_64_plus``), over every job
-      (``all``) and over the jobs a failure hit (``hit``), and weighted by GPUs x wall
-      time (``gpu_weighted``).
-    * ``goodput_gpu_hours``: GPUs x run time of the jobs that succeeded;
-      ``gpu_hours_held``: GPUs x time held by every job; ``goodput_share_of_held``.
-    * ``gpu_hours_lost``: held, not counted (held less goodput), by cause (``..._work``
-      since the last checkpoint, ``..._restart_overhead``,
-      ``..._waiting_for_replacement``).
-    * ``restart_delay_s``: from a failure ending or interrupting a gang until it runs
-      again at full size (its next bind, or its lost rank placed again), n, mean, p50,
-      p99 and max; the restart overhead comes after it.
-    """
-    ratios = [(g, hit, min(u / w, 1.0) if w > 0 else 1.0) for g, hit, u, w in o.jobs]
-    wall_area = sum(g * w for g, _, _, w in o.jobs)
-    lost = o.lost
-    return {
-        "policy": o.policy,
-        "runs": o.runs,
-        "gpu_failures": o.failures,
-        "gangs_hit": sum(1 for _, hit, _ in ratios if hit),
-        "ettr": {
-            "gangs_64_plus": _ratios([r for g, _, r in ratios if g >= BIG_GANG_GPUS]),
-            "all": _ratios([r for _, _, r in ratios]),
-            "hit": _ratios([r for _, hit, r in ratios if hit]),
-            "gpu_weighted": round(o.goodput_gpu_ms / wall_area, 5) if wall_area else None,
-        },
-        "goodput_gpu_hours": _hours(o.goodput_gpu_ms),
-        "gpu_hours_held": _hours(o.held_gpu_ms),
-        "goodput_share_of_held": (
-            round(o.goodput_gpu_ms / o.held_gpu_ms, 5) if o.held_gpu_ms else None
-        ),
-        "gpu_hours_lost": _hours(lost.total),
-        "gpu_hours_lost_work": _hours(lost.work),
-        "gpu_hours_lost_restart_overhead": _hours(lost.overhead),
-        "gpu_hours_lost_waiting_for_replacement": _hours(lost.waiting),
-        "restart_delay_s": _delays(o.delays_s),
-        "jobs_failed_by_faults": o.jobs_failed,
-    }
-
-
-def _hours(gpu_ms: float) -> float:
-    return round(gpu_ms / MS_PER_HOUR, 3)
-
-
-def _ratios(values: list[float]) -> dict[str, float | int | None]:
-    if not values:
-        return {"n": 0, "mean": None, "p50": None, "min": None}
-    return {
-        "n": len(values),
-        "mean": round(sum(values) / len(values), 5),
-        "p50": round(_pct(values, 0.5), 5),
-        "min": round(min(values), 5),
-    }
-
-
-def _delays(values: list[float]) -> dict[str, float | int | None]:
-    if not values:
-        return {"n": 0, "mean": None, "p50": None, "p99": None, "max": None}
-    return {
-        "n": len(values),
-        "mean": round(sum(values) / len(values), 1),
-        "p50": round(_pct(values, 0.5), 1),
-        "p99": round(_pct(values, 0.99), 1),
-        "max": round(max(values), 1),
-    }
 
 
 def recovery_run(
@@ -331,6 +375,9 @@ def recovery_run(
     model.check()
     recovery_model = recovery_model or RecoveryModel()
     recovery_model.check()
-    state = build_cluster(workload, config or ClusterConfig(retention_ms=0))
+    config = config or ClusterConfig(retention_ms=0)
+    if recovery is Recovery.REPLACE_SPARES:
+        config = replace(config, spares=recovery_model.spares_per_rack)
+    state = build_cluster(workload, config)
     pacing = Pacing(grace_ms, pass_interval_ms)
     return RecoveryRun(workload, state, model, recovery, recovery_model, pacing, scripted)

@@ -9,13 +9,14 @@ numbers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.engine import Result
 from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS, FailureModel
 from synapse_ha.sim.recovery import Recovery, RecoveryModel, recovery_run
-from synapse_ha.sim.tables import Column, results_table
+from synapse_ha.sim.tables import results_table
 from synapse_ha.sim.workload import Workload
 
 ETTR_TARGET = 0.97
@@ -113,11 +114,6 @@ def targets(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _r(result: Result) -> dict[str, Any]:
-    figures: dict[str, Any] = result.metrics["recovery"]
-    return figures
-
-
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.2%}"
 
@@ -126,27 +122,32 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}s"
 
 
-_COLUMNS: tuple[Column, ...] = (
-    ("policy", lambda r: r.policy),
-    ("failures", lambda r: str(_r(r)["gpu_failures"])),
-    ("hit", lambda r: str(_r(r)["gangs_hit"])),
-    ("ETTR 64+", lambda r: _share(_r(r)["ettr"]["gangs_64_plus"]["mean"])),
-    ("p50", lambda r: _share(_r(r)["ettr"]["gangs_64_plus"]["p50"])),
-    ("ETTR all", lambda r: _share(_r(r)["ettr"]["all"]["mean"])),
-    ("ETTR hit", lambda r: _share(_r(r)["ettr"]["hit"]["mean"])),
-    ("goodput GPU-h", lambda r: f"{_r(r)['goodput_gpu_hours']:.0f}"),
-    ("lost GPU-h", lambda r: f"{_r(r)['gpu_hours_lost']:.1f}"),
-    ("restart p50", lambda r: _seconds(_r(r)["restart_delay_s"]["p50"])),
-    ("p99", lambda r: _seconds(_r(r)["restart_delay_s"]["p99"])),
+Figures = dict[str, Any]
+_COLUMNS: tuple[tuple[str, Callable[[Figures], str]], ...] = (
+    ("policy", lambda f: str(f["policy"])),
+    ("failures", lambda f: str(f["gpu_failures"])),
+    ("hit", lambda f: str(f["gangs_hit"])),
+    ("ETTR 64+", lambda f: _share(f["ettr"]["gangs_64_plus"]["mean"])),
+    ("p50", lambda f: _share(f["ettr"]["gangs_64_plus"]["p50"])),
+    ("ETTR all", lambda f: _share(f["ettr"]["all"]["mean"])),
+    ("ETTR hit", lambda f: _share(f["ettr"]["hit"]["mean"])),
+    ("goodput GPU-h", lambda f: f"{f['goodput_gpu_hours']:.0f}"),
+    ("lost GPU-h", lambda f: f"{f['gpu_hours_lost']:.1f}"),
+    ("restart p50", lambda f: _seconds(f["restart_delay_s"]["p50"])),
+    ("p99", lambda f: _seconds(f["restart_delay_s"]["p99"])),
+    ("replaced", lambda f: f"{f['ranks_replaced']} ({f['ranks_replaced_on_spares']} spares)"),
+    ("timeouts", lambda f: str(f["replace_timeouts"])),
+    ("spares idle GPU-h", lambda f: f"{f['spares_idle_gpu_hours']:.0f}"),
 )
 
 
-def table(results: list[Result]) -> str:
-    """The headline figures, one line per policy."""
-    lines = results_table(_COLUMNS, results)
+def table(figures: list[Figures]) -> str:
+    """The headline figures (:func:`~synapse_ha.sim.recovery.figures`), one line per
+    policy."""
+    lines = results_table(_COLUMNS, figures)
     lines.append(
         "ETTR: useful run time / wall time from first start to end, mean (and p50) per job; "
-        "hit: gangs a failure hit; restart: failure until the gang runs at full size again"
+        "hit: jobs a failure hit; restart: failure until the gang runs at full size again"
     )
     lines.append("elastic gangs: not simulated (the core does not shrink or grow a gang)")
     return "\n".join(lines)
