@@ -61,6 +61,8 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
     conditions         [{name, message, since_ms}]   checks failing on the node (its
                                          health-check program: name "health-check");
                                          [] when all pass
+    spare              bool              kept idle as a hot spare: out of normal
+                                         placement, for member replacements
 
 A job also has ``queue`` (str), ``priority_class`` (str, "" for a plain number) and
 ``preemption``: null, or ``{preempted_by, kind, deadline_ms}`` while its attempt is being

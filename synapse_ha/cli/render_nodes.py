@@ -97,6 +97,7 @@ def node_document(node: NodeView, now_ms: int = 0) -> Document:
         "gpu_faults": gpu_faults_document(node.gpu_faults),
         "unfit": unfit_document(node.unfit, now_ms),
         "conditions": conditions_document(node.conditions),
+        "spare": node.spare,
     }
 
 
@@ -112,6 +113,7 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
         [
             d["id"],
             d["status"],
+            "spare" if d.get("spare") else None,
             d["topology_path"],
             f"{d['free_gpus']}/{d['capacity']['gpu']}",
             faults_text(d["gpu_faults"]) or None,
@@ -128,8 +130,9 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
         ]
         for d in docs
     ]
-    headers = ["NODE", "STATUS", "TOPOLOGY", "FREE GPU", "UNHEALTHY", "FAILING", "CPU USED"]
-    return table(rows, [*headers, "MEMORY USED", "HEARTBEAT", "ADDRESS", "RUNS AS", "UNFIT FOR"])
+    headers = ["NODE", "STATUS", "SPARE", "TOPOLOGY", "FREE GPU", "UNHEALTHY", "FAILING"]
+    more = ["CPU USED", "MEMORY USED", "HEARTBEAT", "ADDRESS", "RUNS AS", "UNFIT FOR"]
+    return table(rows, [*headers, *more])
 
 
 def repair_document(node_id: str, answer: Repaired) -> Document:

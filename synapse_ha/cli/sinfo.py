@@ -4,7 +4,8 @@ A partition is a queue (``default`` is Slurm's default partition, marked ``*``);
 hold quotas, not nodes, so every partition lists every node. A node's state is Slurm's:
 ``idle``, ``mix`` (some of it allocated), ``alloc`` (all of its GPUs, or of its CPUs for
 a node without GPUs), ``drng``/``drain`` (cordoned or draining, with or without members
-still on it), ``down`` (dead).
+still on it), ``down`` (dead), ``resv`` (kept idle as a hot spare, for member replacements:
+counted idle by ``%F``, as Slurm counts an idle node of a reservation).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _HEADERS = {
     "gres": "GRES", "nodes_aiot": "NODES(A/I/O/T)", "features": "AVAIL_FEATURES",
 }  # fmt: skip
 _LONG = {"idle": "idle", "mix": "mixed", "alloc": "allocated", "drng": "draining",
-         "drain": "drained", "down": "down"}  # fmt: skip
+         "drain": "drained", "down": "down", "resv": "reserved"}  # fmt: skip
 
 
 def node_state(node: pb.Node) -> str:
@@ -48,7 +49,7 @@ def node_state(node: pb.Node) -> str:
     if status is not NodeStatus.READY:
         return "drng" if used else "drain"
     if not used:
-        return "idle"
+        return "resv" if node.spare else "idle"
     full = (
         node.allocated.gpu >= node.capacity.gpu
         if node.capacity.gpu
@@ -84,7 +85,7 @@ def row(partition: str, nodes: Sequence[pb.Node], name: str) -> str:
     if name == "nodes_aiot":
         counts = [node_state(n) for n in nodes]
         busy = sum(s in ("alloc", "mix") for s in counts)
-        idle = counts.count("idle")
+        idle = counts.count("idle") + counts.count("resv")
         return f"{busy}/{idle}/{len(counts) - busy - idle}/{len(counts)}"
     return values[name]
 

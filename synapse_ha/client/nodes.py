@@ -43,6 +43,7 @@ class NodeView:
     unfit: tuple[Unfit, ...]
     conditions: tuple[NodeCondition, ...]
     features: tuple[str, ...] = ()  # what a job's nodes.features selects
+    spare: bool = False  # kept idle as a hot spare, for member replacements
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,7 @@ def node_from_proto(msg: pb.Node) -> NodeView:
         gpu_faults=faults_from_proto(msg.gpu_faults),
         unfit=tuple(Unfit(u.owner, u.detail, u.until_ms) for u in msg.unfit),
         conditions=tuple(NodeCondition(k.name, k.message, k.since_ms) for k in msg.conditions),
+        spare=msg.spare,
     )
 
 

@@ -1,8 +1,8 @@
 """The dashboard's list pages, pure functions of the API's messages:
 
-* ``/nodes`` (:func:`render_nodes`) — each node: status and why, labels (topology),
-  each GPU with the job holding it, unhealthy GPUs, failing checks (conditions), CPU
-  and memory in use, the last heartbeat;
+* ``/nodes`` (:func:`render_nodes`) — each node: status and why (and whether it is kept
+  as a hot spare), labels (topology), each GPU with the job holding it, unhealthy GPUs,
+  failing checks (conditions), CPU and memory in use, the last heartbeat;
 * ``/queues`` (:func:`render_queues`) — each queue in the order the scheduler considers
   them (the API's fair-share position): its fair share (decayed past usage and what it
   holds, against its nominal quota) and its cohorts' shares, cohort, nominal quota, used,
@@ -68,6 +68,9 @@ def _health(n: pb.Node, now_ms: int) -> str:
     return '<span class="bad">' + esc("; ".join(parts)) + "</span>" if parts else "ok"
 
 
+_SPARE = '<span class="muted" title="kept idle for member replacements">spare</span>'
+
+
 def render_nodes(
     nodes: Sequence[pb.Node],
     holders: Mapping[tuple[str, int], str],
@@ -85,10 +88,11 @@ def render_nodes(
         heartbeat = (
             f"{duration_html(n.last_heartbeat_age_ms)} ago" if n.last_heartbeat_age_ms else "-"
         )
+        spare = f" {_SPARE}" if n.spare else ""
         rows.append(
             f'<tr id="node-{esc(n.node_id)}" data-node="{esc(n.node_id)}" '
-            f'data-status="{esc(status)}"><td>{esc(n.node_id)}</td>'
-            f"<td>{esc(status + reason)}</td><td>{esc(_labels(n))}</td>"
+            f'data-status="{esc(status)}" data-spare="{int(n.spare)}"><td>{esc(n.node_id)}</td>'
+            f"<td>{esc(status + reason)}{spare}</td><td>{esc(_labels(n))}</td>"
             f'<td class="gpus">{_gpus(n, holders)}</td>'
             f'<td class="health">{_health(n, now_ms)}</td>'
             f"<td>{cpu_text(n.allocated.cpu_milli)}/{cpu_text(n.capacity.cpu_milli)}</td>"

@@ -64,6 +64,7 @@ th{background:#f3f3f3}.leader{font-weight:bold;color:#075}
 .g{display:inline-block;width:7px;height:7px;margin:0 1px 0 0}
 .g.u{background:#2a7}.g.f{background:#ddd}
 .g.x{background:#c22;outline:1px solid #600}.node.sick{border-color:#c22}
+.node.spare{border-style:dashed;border-color:#48c}
 .bar{display:block}.bar .track{fill:#eee}.bar .run{fill:#48c}
 .bar .axis,.bar .tick{stroke:#888}.bar .tick-label{font-size:10px;fill:#555}
 pre{background:#f7f7f7;padding:6px;max-height:20em;overflow:auto}
@@ -238,7 +239,10 @@ def _node_cell(n: pb.Node, holders: GpuHolders) -> str:
         )
     if n.conditions:
         title += "; failing: " + ", ".join(f"{k.name}: {k.message}" for k in n.conditions)
+    if n.spare:
+        title += "; kept idle as a spare for member replacements"
     sick = " sick" if faults else ""
+    sick += " spare" if n.spare else ""
     return (
         f'<span class="node {_e(status)}{sick}" data-node="{_e(n.node_id)}" '
         f'data-used="{len(allocated)}" data-unhealthy="{len(faults)}" title="{_e(title)}">'

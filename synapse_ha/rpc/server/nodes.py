@@ -9,6 +9,7 @@ import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import NodeStatus
+from synapse_ha.core.spares import spare_nodes
 from synapse_ha.rpc import states, to_proto
 from synapse_ha.rpc.auth import caller
 from synapse_ha.rpc.errors import ErrorReason
@@ -89,8 +90,10 @@ class NodeService(Servicer):
         out = []
         state = self.ctx.backend.snapshot()
         with self._heavy_read(context):
+            spares = spare_nodes(state)
             for node_id in sorted(state.nodes):
                 heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
                 age = -1 if heard is None else max(0, now - heard)
-                out.append(to_proto.node_to_proto(state.nodes[node_id], age))
+                node = state.nodes[node_id]
+                out.append(to_proto.node_to_proto(node, age, spare=node_id in spares))
         return pb.ListNodesResponse(nodes=out, stale=stale)
