@@ -345,10 +345,18 @@ def _failure_options(parser: argparse.ArgumentParser) -> None:
         "%(default)g)",
     )
     group.add_argument(
-        "--spares-per-rack",
+        "--spares",
         type=int,
         default=1,
-        help="--recovery replace+spares: hot spare nodes per rack (default %(default)s)",
+        help="--recovery replace+spares: hot spare nodes per domain of --spare-level "
+        "(default %(default)s)",
+    )
+    group.add_argument(
+        "--spare-level",
+        default="rack",
+        choices=("zone", "block", "rack"),
+        help="--recovery replace+spares: the topology level whose domains each keep "
+        "--spares spares (default %(default)s)",
     )
     group.add_argument(
         "--failure-seed", type=int, default=None, help="seed of the failures (default --seed)"
@@ -409,11 +417,12 @@ def _recovery_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     """The recovery options as a model; a bad value stops the program naming the option."""
     if not 0 <= args.restart_overhead_s <= 86_400:
         parser.error(f"--restart-overhead-s: between 0 and 86400 s, got {args.restart_overhead_s}")
-    if not 0 <= args.spares_per_rack <= 64:
-        parser.error(f"--spares-per-rack: between 0 and 64, got {args.spares_per_rack}")
+    if not 0 <= args.spares <= 64:
+        parser.error(f"--spares: between 0 and 64, got {args.spares}")
     return RecoveryModel(
         restart_overhead_ms=round(args.restart_overhead_s * 1000),
-        spares_per_rack=args.spares_per_rack,
+        spares=args.spares,
+        spare_level=args.spare_level,
     )
 
 

@@ -16,8 +16,9 @@ rest. The policies (:class:`Recovery`):
   scheduling pass) places the rank again on another node, and the other members keep
   their nodes. A vacancy not filled within the policy's timeout requeues the gang whole
   (``due_replacement_timeouts``).
-* ``replace+spares``: the same, with :attr:`RecoveryModel.spares_per_rack` nodes of each
-  rack kept as hot spares, out of normal placement, which replacements take first.
+* ``replace+spares``: the same, with :attr:`RecoveryModel.spares` nodes of each domain
+  at :attr:`RecoveryModel.spare_level` (a rack by default) kept as hot spares, out of
+  normal placement, which replacements take first (``ClusterConfig.spares``).
 
 A gang a failure hits loses the work since its last checkpoint under every policy (a
 distributed job restarts every worker from the checkpoint when a peer dies, as
@@ -64,19 +65,20 @@ class Recovery(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class RecoveryModel:
     """How a gang comes back from a failure. ``restart_overhead_ms``: from running at
-    full size again to useful work (every policy); ``spares_per_rack``: hot spares of
-    each rack under ``replace+spares``; ``replace_timeout_ms``: a vacancy's wait before
-    the gang is requeued whole."""
+    full size again to useful work (every policy); ``spares``: hot spares of each
+    domain at ``spare_level`` under ``replace+spares``; ``replace_timeout_ms``: a
+    vacancy's wait before the gang is requeued whole."""
 
     restart_overhead_ms: int = RESTART_OVERHEAD_MS
-    spares_per_rack: int = 1
+    spares: int = 1
+    spare_level: str = "rack"
     replace_timeout_ms: int = REPLACE_TIMEOUT_MS
 
     def check(self) -> None:
         """Raise ValueError naming the first field out of its range."""
         for name, value, least, most in (
             ("restart_overhead_ms", self.restart_overhead_ms, 0, MAX_OVERHEAD_MS),
-            ("spares_per_rack", self.spares_per_rack, 0, 64),
+            ("spares", self.spares, 0, 64),
             ("replace_timeout_ms", self.replace_timeout_ms, 1_000, MAX_OVERHEAD_MS),
         ):
             if not least <= value <= most:
@@ -85,7 +87,8 @@ class RecoveryModel:
     def describe(self) -> dict[str, Any]:
         return {
             "restart_overhead_s": self.restart_overhead_ms / 1000,
-            "spares_per_rack": self.spares_per_rack,
+            "spares": self.spares,
+            "spare_level": self.spare_level,
             "replace_timeout_s": self.replace_timeout_ms / 1000,
         }
 
@@ -341,6 +344,7 @@ def outcome(run: RecoveryRun) -> Outcome:
             continue
         succeeded = run.final_states.get(job_id) is JobState.SUCCEEDED
         useful = rec.duration_ms if succeeded else 0
+        out.waits_s.append((rec.start_ms - rec.arrival_ms) / 1000)
         out.jobs.append((rec.gpus, run.hits[job_id] > 0, useful, rec.end_ms - rec.start_ms))
     out.delays_s = list(run.restart_delays_s)
     out.lost = replace(run.lost)
@@ -377,7 +381,9 @@ def recovery_run(
     recovery_model.check()
     config = config or ClusterConfig(retention_ms=0)
     if recovery is Recovery.REPLACE_SPARES:
-        config = replace(config, spares=recovery_model.spares_per_rack)
+        config = replace(
+            config, spares=recovery_model.spares, spare_level=recovery_model.spare_level
+        )
     state = build_cluster(workload, config)
     pacing = Pacing(grace_ms, pass_interval_ms)
     return RecoveryRun(workload, state, model, recovery, recovery_model, pacing, scripted)

@@ -37,6 +37,7 @@ class Outcome:
     policy: str
     jobs: list[tuple[int, bool, int, int]] = field(default_factory=list)
     delays_s: list[float] = field(default_factory=list)
+    waits_s: list[float] = field(default_factory=list)  # each job's submission to first bind
     lost: LossTally = field(default_factory=LossTally)
     failures: int = 0
     held_gpu_ms: int = 0
@@ -51,6 +52,7 @@ class Outcome:
         """Merge ``other`` (the same policy, another seed) into this one."""
         self.jobs += other.jobs
         self.delays_s += other.delays_s
+        self.waits_s += other.waits_s
         for name in ("work", "overhead", "waiting", "abandoned"):
             setattr(self.lost, name, getattr(self.lost, name) + getattr(other.lost, name))
         self.failures += other.failures
@@ -79,7 +81,8 @@ def figures(o: Outcome) -> dict[str, Any]:
       kept by jobs a failure then ended for good, ``max_requeues`` reached).
     * ``restart_delay_s``: from a failure ending or interrupting a gang until it runs
       again at full size (its next bind, or its lost rank placed again), n, mean, p50,
-      p99 and max; the restart overhead comes after it.
+      p99 and max; the restart overhead comes after it. ``queue_delay_s``: each job's
+      submission to its first bind (what spares cost the jobs that may not use them).
     * ``ranks_replaced`` (``..._on_spares``: onto a node that was a spare),
       ``replace_timeouts``: gangs requeued whole because a lost rank was not placed
       again within the timeout; ``spares_idle_gpu_hours``: GPUs of the nodes kept as
@@ -109,6 +112,7 @@ def figures(o: Outcome) -> dict[str, Any]:
         "gpu_hours_lost_waiting_for_replacement": _hours(lost.waiting),
         "gpu_hours_lost_checkpointed_in_failed_jobs": _hours(lost.abandoned),
         "restart_delay_s": _delays(o.delays_s),
+        "queue_delay_s": _delays(o.waits_s),
         "ranks_replaced": o.replaced,
         "ranks_replaced_on_spares": o.replaced_on_spares,
         "replace_timeouts": o.replace_timeouts,

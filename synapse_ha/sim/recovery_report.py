@@ -138,6 +138,7 @@ _COLUMNS: tuple[tuple[str, Callable[[Figures], str]], ...] = (
     ("replaced", lambda f: f"{f['ranks_replaced']} ({f['ranks_replaced_on_spares']} spares)"),
     ("timeouts", lambda f: str(f["replace_timeouts"])),
     ("spares idle GPU-h", lambda f: f"{f['spares_idle_gpu_hours']:.0f}"),
+    ("queue delay mean", lambda f: _seconds(f["queue_delay_s"]["mean"])),
 )
 
 

@@ -178,13 +178,14 @@ def test_policy_names_are_checked() -> None:
 def test_the_cli_runs_the_policies_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--workload", "training", "--nodes", "16", "--days", "0.3", "--seed", "2"]
     args += ["--gpu-failures", "--failure-scale", "2000", "--checkpoint-minutes", "30"]
-    assert main([*args, "--recovery", "requeue,replace+spares", "--spares-per-rack", "1"]) == 0
+    assert main([*args, "--recovery", "requeue,replace+spares", "--spare-level", "block"]) == 0
     out = capsys.readouterr()
     report = json.loads(out.out)
     assert list(report["figures"]) == ["requeue", "replace+spares"]
     assert report["recovery_model"] == {
         "restart_overhead_s": 60.0,
-        "spares_per_rack": 1,
+        "spares": 1,
+        "spare_level": "block",
         "replace_timeout_s": 300.0,
     }
     assert report["figures"]["requeue"]["gpu_failures"] > 0
