@@ -209,7 +209,7 @@ def test_tables_for_people() -> None:
         [render_nodes.node_document(node_from_proto(node("w1", "r1", [0, 1], 1500)))]
     )
     assert nodes.splitlines()[1].split() == [
-        "w1", "ready", "z1/b1/r1", "6/8", "-", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
+        "w1", "ready", "-", "z1/b1/r1", "6/8", "-", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
         "w1.example:7070", "-", "-",
     ]  # fmt: skip
     status = render_jobs.job_table(render_jobs.job_document(job_from_proto(running_job())), now)
