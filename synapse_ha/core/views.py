@@ -9,6 +9,7 @@ from synapse_ha.core.commands import ExpireDeadline, ExpireTimeLimit, FailAttemp
 from synapse_ha.core.desired import DesiredMember, LaunchSpec
 from synapse_ha.core.job_predicates import time_limit_deadline
 from synapse_ha.core.model import (
+    Attempt,
     ClusterState,
     Job,
     JobState,
@@ -146,7 +147,7 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
                     spec=launch,
                     owner=job.owner,
                     preempt_deadline_ms=0 if ended else attempt.preempt_deadline_ms,
-                    resume_step=None if ended else job.resume_step,
+                    resume_step=None if ended else _resume_step(job, attempt, member.generation),
                     ended=ended,
                     generation=member.generation,
                     membership=attempt.membership,
@@ -155,6 +156,16 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
             )
         )
     return out
+
+
+def _resume_step(job: Job, attempt: Attempt, generation: int) -> int | None:
+    """The step a member resumes from: a rank placed again, from its gang's newest mark
+    of this attempt when there is one; any other, from its job's newest attempt mark."""
+    if generation:
+        mark = attempt.mark()
+        if mark is not None and mark.step is not None:
+            return mark.step
+    return job.resume_step
 
 
 def due_time_limits(state: ClusterState, now_ms: int) -> list[ExpireTimeLimit]:

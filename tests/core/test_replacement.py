@@ -354,3 +354,26 @@ def test_a_lost_rank_takes_a_hot_spare_of_its_rack_first() -> None:
     cluster.do(c.MarkNodeDead(cluster.nodes_of(job_id)[1], "silent", 1, cluster.now))
     replace_now(cluster)
     assert cluster.nodes_of(job_id)[1] == spare
+
+
+def test_a_member_placed_again_resumes_from_its_gangs_newest_checkpoint() -> None:
+    cluster = five_nodes()
+    job_id = running_gang(cluster)
+    attempt = cluster.state.jobs[job_id].attempt
+    assert attempt is not None
+    for m in attempt.members:
+        mark = c.MemberEvent(
+            job_id,
+            attempt.fencing_token,
+            m.rank,
+            c.MemberEventKind.CHECKPOINT,
+            step=1200,
+            mark_seq=1,
+        )
+        cluster.do(c.ReportMembers(m.node_id, (mark,), 1, cluster.now))
+    cluster.do(c.MarkNodeDead(attempt.members[1].node_id, "silent", 1, cluster.now))
+    replace_now(cluster)
+    (new,) = desired_members(cluster.state, attempt.members[1].node_id)
+    assert new.resume_step == 1200
+    survivor = desired_members(cluster.state, attempt.members[0].node_id)[0]
+    assert survivor.resume_step is None  # it started before any mark, and keeps running
