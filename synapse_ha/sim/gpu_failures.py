@@ -499,14 +499,19 @@ def fault_run(
 
 
 def _holders(state: ClusterState, gpu: Gpu) -> list[Job]:
-    """Live attempts holding ``gpu`` that are not being preempted, by job id."""
+    """Live attempts holding ``gpu`` that are not being preempted, by job id (a rank
+    lost and waiting to be placed again holds nothing)."""
     node_id, index = gpu
     out = []
     for job in state.jobs.values():
         attempt = job.live_attempt()
         if attempt is None or attempt.preempted_by:
             continue
-        if any(m.node_id == node_id and index in m.gpus for m in attempt.members):
+        vacant = {v.rank for v in attempt.vacancies}
+        if any(
+            m.node_id == node_id and index in m.gpus and m.rank not in vacant
+            for m in attempt.members
+        ):
             out.append(job)
     return sorted(out, key=lambda j: j.job_id)
 

@@ -105,6 +105,18 @@ def test_replace_without_room_holds_the_survivor_until_the_timeout_then_requeues
     assert a.state is JobState.SUCCEEDED
 
 
+def test_a_failure_on_the_host_a_lost_rank_left_does_not_hit_the_gang_again() -> None:
+    model = FailureModel(repair_ms=REPAIR_MS, checkpoint_ms=30 * MIN)
+    script = ((FAILURE_AT, "node-00000", 0), (FAILURE_AT + MIN, "node-00000", 1))
+    run = recovery_run(_workload(), model, Recovery.REPLACE, scripted=script)
+    run.run()
+    a = _job(run, "a")
+    # The second GPU fails while rank 0 waits to be placed again: nothing of A is there.
+    assert run.faults.failures == 2
+    assert run.faults.gangs_killed == 1 and run.hits[a.job_id] == 1
+    assert _figures(run)["gpu_hours_lost_work"] == _gpu_hours(16, LOST_SINCE_CHECKPOINT_MS)
+
+
 def test_replace_places_the_lost_rank_on_a_free_host_and_keeps_the_survivor() -> None:
     run = _run(Recovery.REPLACE, with_c=False)
     f = _figures(run)
