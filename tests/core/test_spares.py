@@ -23,6 +23,7 @@ from synapse_ha.core.scheduler import capacity as capacity_module
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.core.spares import NONE, spare_key, spare_level, spare_nodes, spares_by_domain
 from tests.core.harness import Cluster, job, node
+from tests.core.test_replacement import replace_now, running_gang
 
 RACKS = ("r1", "r2")
 
@@ -95,6 +96,21 @@ def test_a_node_with_a_member_still_stopping_is_no_spare() -> None:
     assert spare_nodes(cluster.state) == {"b"}  # a's member has not stopped yet
     cluster.exit_member(job_id, 0, 143)
     assert spare_nodes(cluster.state) == {"a"}
+
+
+def test_a_spare_that_takes_a_replacement_hands_the_role_to_the_next_idle_node() -> None:
+    cluster = Cluster()
+    cluster.add(*(node(f"n{i}", rack="r1") for i in range(6)))
+    assert cluster.do(c.Configure(ClusterConfig(spares=1))).ok
+    job_id = running_gang(cluster)
+    assert cluster.nodes_of(job_id) == ["n1", "n2", "n3", "n4"]  # n0 is the spare
+    assert spare_nodes(cluster.state) == {"n0"}
+    cluster.do(c.MarkNodeDead("n2", "silent", 1, cluster.now))
+    replace_now(cluster)
+    assert cluster.nodes_of(job_id) == ["n1", "n0", "n3", "n4"]
+    assert spare_nodes(cluster.state) == {"n5"}
+    waiting = cluster.submit(job("one", gpu=8))
+    assert cluster.run_pass().reasons[waiting].get("spares") == 1
 
 
 @given(order=st.permutations(range(6)), count=st.integers(0, 3))
