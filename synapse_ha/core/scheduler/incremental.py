@@ -31,7 +31,10 @@ plan when that is provably the plan a full pass would make, and otherwise runs o
   that took no capacity (no placement, preemption or claim).
 
 Anything else (a bind, a release, a node's change, a cancel, a purge, a new queue) runs
-a full pass. Pure: the caller passes the time; the planner keeps only values.
+a full pass. The hot spares (:mod:`synapse_ha.core.spares`) are a function of what is
+compared here (the configuration, the nodes, the jobs' attempts and members) and a job
+added since has no member anywhere, so a plan is never kept, nor extended, across a change
+of the spares. Pure: the caller passes the time; the planner keeps only values.
 """
 
 from __future__ import annotations
