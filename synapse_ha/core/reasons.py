@@ -38,6 +38,7 @@ class ReasonCode(enum.StrEnum):
     MEMBER_FENCED = "member_fenced"  # rank, node, exit_code, detail
     MEMBER_LOST = "member_lost"  # rank, node, exit_code, detail
     NODE_DEAD = "node_dead"  # node, detail
+    NODE_DRAINED = "node_drained"  # node, detail: an operator drained it (a lost member's cause)
     GPU_UNHEALTHY = "gpu_unhealthy"  # node, gpus, code: a GPU the attempt held failed
     NODE_CANNOT_RUN = "node_cannot_run"  # rank, node, exit_code, detail
     MEMBER_HUNG = "member_hung"  # rank, node, exit_code, timeout_ms, detail
@@ -383,6 +384,10 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ReasonCode.MEMBER_HUNG: lambda r: _hung(r),
     ReasonCode.NODE_DEAD: lambda r: (
         f"node {r.text('node')} was declared dead"
+        + (f" ({r.text('detail')})" if r.text("detail") else "")
+    ),
+    ReasonCode.NODE_DRAINED: lambda r: (
+        f"node {r.text('node')} was drained"
         + (f" ({r.text('detail')})" if r.text("detail") else "")
     ),
     ReasonCode.GPU_UNHEALTHY: lambda r: (

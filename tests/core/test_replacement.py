@@ -16,7 +16,14 @@ from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.health.fitness import GpuFault
 from synapse_ha.core.machine import apply
-from synapse_ha.core.model import ClusterState, JobSpec, JobState, MemberPlacement, MemberState
+from synapse_ha.core.model import (
+    ClusterState,
+    JobSpec,
+    JobState,
+    MemberPlacement,
+    MemberState,
+    NodeStatus,
+)
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.replacement import ReplacePolicy
 from synapse_ha.core.scheduler.replacement import plan_replacements
@@ -377,3 +384,22 @@ def test_a_member_placed_again_resumes_from_its_gangs_newest_checkpoint() -> Non
     assert new.resume_step == 1200
     survivor = desired_members(cluster.state, attempt.members[0].node_id)[0]
     assert survivor.resume_step is None  # it started before any mark, and keeps running
+
+
+def test_a_drain_moves_a_replacing_gangs_member_off_the_node() -> None:
+    cluster = five_nodes()
+    job_id = running_gang(cluster)
+    attempt = cluster.state.jobs[job_id].attempt
+    assert attempt is not None
+    drained = attempt.members[3].node_id
+    result = cluster.do(c.SetNodeStatus(drained, NodeStatus.DRAINING, "bios update", cluster.now))
+    assert result.replacing == (job_id,)
+    assert [(v.rank, v.stopped) for v in attempt.vacancies] == [(3, False)]
+    assert "node " + drained + " was drained (bios update)" in render(
+        cluster.state.jobs[job_id].reason
+    )
+    assert desired_members(cluster.state, drained) == []  # its worker stops it
+    report(cluster, job_id, 3, c.MemberEventKind.EXITED, code=143, fenced=1)
+    assert cluster.state.nodes[drained].status is NodeStatus.CORDONED  # the drain is done
+    replace_now(cluster)
+    assert attempt.members[3].node_id != drained and cluster.state_of(job_id) is JobState.RUNNING

@@ -160,6 +160,7 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ReasonCode.REPLACE_TIMEOUT: 14,
     ReasonCode.REQUEUED_REPLACE_TIMEOUT: 14,
     ReasonCode.REPLACING: 14,
+    ReasonCode.NODE_DRAINED: 14,
 }
 
 

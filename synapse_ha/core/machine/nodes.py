@@ -93,8 +93,29 @@ def _set_node_status(state: ClusterState, c: cmd.SetNodeStatus, now: int) -> Res
     node.status = after
     node.status_reason = c.reason
     node.status_by = c.actor
+    moving = _drain_replaced(state, c, now) if after is NodeStatus.DRAINING else ()
     settle_drained(state, (c.node_id,))
-    return ok(f"node {c.node_id} is {node.status.value}")
+    said = f"node {c.node_id} is {node.status.value}"
+    if moving:
+        said += f"; {len(moving)} gang(s) will have their members here placed elsewhere"
+    return ok(said, replacing=moving)
+
+
+def _drain_replaced(state: ClusterState, c: cmd.SetNodeStatus, now: int) -> tuple[str, ...]:
+    """A drain moves the members of gangs with ``replace:`` off the node: they are lost
+    there (their worker stops them and reports it) and placed again elsewhere, so the
+    drain ends without waiting for those gangs to finish."""
+    cause = reason(ReasonCode.NODE_DRAINED, node=c.node_id, detail=c.reason)
+    moving = []
+    for job_id in state.jobs_on_node(c.node_id):
+        job = state.jobs[job_id]
+        attempt = replaceable(job)
+        if attempt is None:
+            continue
+        ranks = [m.rank for m in attempt.members if m.node_id == c.node_id]
+        if vacate(state, job, ranks, cause, now, stopped=False):
+            moving.append(job_id)
+    return tuple(moving)
 
 
 def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Result:
@@ -178,6 +199,9 @@ def _touches_registration(state: ClusterState, c: cmd.RegisterNode, changes: Cha
 
 def _touches_node(state: ClusterState, c: cmd.SetNodeStatus, changes: Changes) -> None:
     changes.nodes.add(c.node_id)
+    if c.status is NodeStatus.DRAINING:  # gangs with replace: lose their members there
+        for job_id in state.jobs_on_node(c.node_id):
+            job_and_its_nodes(state, job_id, changes)
 
 
 def _touches_death(state: ClusterState, c: cmd.MarkNodeDead, changes: Changes) -> None:
