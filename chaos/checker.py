@@ -60,7 +60,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     before anything killed it. A gang with no newer attempt at the thaw is *unfenced*:
     until a newer attempt claims its token, a resource fencing by token cannot refuse the
     resumed member's first writes, and the model allows them (they are bounded by
-    ``thaw-overlap``, and exactly-once still holds at completion).
+    ``thaw-overlap``, and exactly-once still holds at completion). An attempt that lived
+    on by replacement after the freeze began (a lost rank placed again) was superseded
+    only in the members that ran on the frozen host; its other members' writes stand.
 ``thaw-overlap``
     A member of an attempt frozen with its whole host (``freeze-host``) and superseded
     while frozen wrote a record more than ``THAW_KILL_BOUND_MS`` after the thaw: its
@@ -101,6 +103,11 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     than its throttle, and every acknowledged array has exactly its tasks
     ``<array>_<index>``. A task is a job for every other rule; an array's submission is
     acknowledged with the array's id, so exactly-once and ``lost`` hold for each task.
+``rank-twice`` / ``replaced-before-fenced``
+    Member replacement (:mod:`chaos.replace_rules`): no rank ran in two generations at
+    once, and the sink took no write of a replaced member once its replacement started.
+    A member is (job, token, rank, generation) for ``gpu-reuse``, ``duplicate-member``
+    and ``duplicate-effect``; a replacement is the same attempt for every other rule.
 ``batch-twice`` / ``step-outlived`` / ``step-task-twice``
     sbatch jobs (:mod:`chaos.step_rules`): the batch script ran at most once per attempt,
     no step task outlived its attempt's lease, no two copies of a (step, task) at once.
@@ -118,8 +125,10 @@ from chaos import (
     dependency_rules,
     gpu_rules,
     leader_rules,
+    member_rules,
     node_rules,
     rejoin_rules,
+    replace_rules,
     step_rules,
 )
 from chaos.history import (
@@ -143,6 +152,8 @@ from synapse_ha.core.codec.versioned import decode_state
 from synapse_ha.core.identity.admission import shown_request_id
 from synapse_ha.core.model import ClusterState, JobState
 from synapse_ha.core.reasons import ReasonCode, render
+
+Member = replace_rules.Member  # (job, token, rank, generation)
 
 # The records live in chaos.history; callers keep importing them from here.
 __all__ = [
@@ -176,8 +187,9 @@ def check_history(history: History) -> list[Violation]:
     state, state_problems = _final_state(history)
     out += state_problems
     out += _check_overlap(history)
-    out += _check_gpu_reuse(history)
-    out += _check_duplicate_members(history)
+    out += member_rules.check_gpu_reuse(history)
+    out += member_rules.check_duplicate_members(history)
+    out += replace_rules.check_replacements(history)
     out += _check_tokens(history)
     out += _check_sink_fencing(history)
     out += _check_stale_writes(history)
@@ -301,72 +313,6 @@ def _check_overlap(history: History) -> list[Violation]:
     return out
 
 
-def _check_gpu_reuse(history: History) -> list[Violation]:
-    """``gpu-reuse``: on each (node, GPU), members of different attempts never run at the
-    same time; a member runs from its ``start`` record to its last record."""
-    lives: dict[tuple[str, int, int], list[int]] = {}  # (job, token, rank) -> [start, last]
-    where: dict[tuple[str, int, int], tuple[str, tuple[int, ...]]] = {}
-    preempted: set[tuple[str, int, int]] = set()
-    for r in history.members:
-        key = (r.job, r.token, r.rank)
-        if r.type == "start":
-            where[key] = (r.node, r.gpus)
-            life = lives.setdefault(key, [r.mono_ns, r.mono_ns])
-            life[0] = min(life[0], r.mono_ns)
-        elif r.type == "preempted":
-            preempted.add(key)
-        life = lives.setdefault(key, [r.mono_ns, r.mono_ns])
-        life[1] = max(life[1], r.mono_ns)
-    holders: dict[tuple[str, int], list[tuple[str, int, int]]] = defaultdict(list)
-    for key, (node, gpus) in where.items():
-        for gpu in gpus:
-            holders[(node, gpu)].append(key)
-    out: list[Violation] = []
-    reported: set[tuple[tuple[str, int, int], tuple[str, int, int]]] = set()
-    for (node, gpu), keys in sorted(holders.items()):
-        keys.sort(key=lambda k: lives[k][0])
-        for i, older in enumerate(keys):
-            for newer in keys[i + 1 :]:
-                if older[:2] == newer[:2] or (older, newer) in reported:
-                    continue
-                started = lives[newer][0]
-                last = lives[older][1]
-                if last <= started:
-                    continue
-                reported.add((older, newer))
-                what = "a preempted member" if older in preempted else "a member"
-                out.append(
-                    Violation(
-                        "gpu-reuse",
-                        older[0],
-                        f"GPU {gpu} of {node}: {what} (rank {older[2]}, token {older[1]}) "
-                        f"wrote a record {(last - started) / 1e6:.0f} ms after rank "
-                        f"{newer[2]} of {newer[0]} (token {newer[1]}) started on it",
-                    )
-                )
-    return out
-
-
-def _check_duplicate_members(history: History) -> list[Violation]:
-    # A process is its pid in its PID namespace, started when it started: members of a
-    # worker that gives each one a namespace of its own all have pid 2, and a namespace's
-    # number is used again once it is gone.
-    pids: dict[tuple[str, int, int], set[tuple[int, int, int]]] = defaultdict(set)
-    for r in history.members:
-        if r.type == "start":
-            pids[(r.job, r.token, r.rank)].add((r.pid_ns, r.start_ticks, r.pid))
-    return [
-        Violation(
-            "duplicate-member",
-            job,
-            f"rank {rank} of token {token} started by pids {sorted(pid for *_, pid in p)} "
-            f"(PID namespaces {sorted({ns for ns, *_ in p})})",
-        )
-        for (job, token, rank), p in sorted(pids.items())
-        if len(p) > 1
-    ]
-
-
 def _check_tokens(history: History) -> list[Violation]:
     out: list[Violation] = []
     owner: dict[int, tuple[str, int]] = {}
@@ -421,14 +367,16 @@ def _check_sink_fencing(history: History) -> list[Violation]:
 
 def _check_stale_writes(history: History) -> list[Violation]:
     starts = _attempt_starts(history)
-    # (job, token) frozen on a node declared dead during the freeze -> the thaw.
+    # (job, token) frozen on a node declared dead during the freeze -> the freeze.
     superseded = {
-        (job, token): f.end_ns
+        (job, token): f
         for f in history.faults
         if f.kind == "freeze-host" and f.declared_dead_ns
         for job, token in f.frozen
         if (job, token) not in f.unfenced
     }
+    # An attempt that lived on by replacement was superseded only in its frozen members.
+    went_on, ran_on = replace_rules.went_on_after(history), replace_rules.nodes_of(history)
     out: list[Violation] = []
     for e in history.effects:
         if not e.accepted:
@@ -436,8 +384,12 @@ def _check_stale_writes(history: History) -> list[Violation]:
         newer = sorted(
             t for t, at in starts.get(e.job, {}).items() if t > e.token and at < e.mono_ns
         )
-        thawed = superseded.get((e.job, e.token))
-        if not newer and thawed is not None and e.mono_ns >= thawed:
+        freeze = superseded.get((e.job, e.token))
+        replaced = went_on.get((e.job, e.token), ())
+        if freeze is not None and any(at > freeze.start_ns for at in replaced):
+            member = (e.job, e.token, e.rank, e.generation)
+            freeze = freeze if freeze.frozen_node in ran_on.get(member, ()) else None
+        if not newer and freeze is not None and e.mono_ns >= freeze.end_ns:
             out.append(
                 Violation(
                     "stale-write",
@@ -483,22 +435,25 @@ def _check_early_dead(history: History) -> list[Violation]:
 def _check_exactly_once(history: History, state: ClusterState | None) -> list[Violation]:
     out: list[Violation] = []
     accepted: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
+    # A rank placed again (generation 1 and up) re-runs and commits again: one acceptance
+    # per generation.
+    per_member: dict[Member, int] = defaultdict(int)
     for e in history.effects:
         if not e.accepted:
             continue
         ranks = accepted[e.job][e.token]
         ranks[e.rank] = ranks.get(e.rank, 0) + 1
-    for job_id, by_token in sorted(accepted.items()):
-        for token, ranks in sorted(by_token.items()):
-            for rank, count in sorted(ranks.items()):
-                if count > 1:
-                    out.append(
-                        Violation(
-                            "duplicate-effect",
-                            job_id,
-                            f"rank {rank} under token {token} was accepted {count} times",
-                        )
-                    )
+        per_member[(e.job, e.token, e.rank, e.generation)] += 1
+    for (job_id, token, rank, gen), count in sorted(per_member.items()):
+        if count > 1:
+            of = f" generation {gen}" if gen else ""
+            out.append(
+                Violation(
+                    "duplicate-effect",
+                    job_id,
+                    f"rank {rank} under token {token}{of} was accepted {count} times",
+                )
+            )
     if state is None:
         return out
 

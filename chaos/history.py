@@ -44,6 +44,14 @@ class MemberRecord:
     world: int = 0  # the gang's size (0: not recorded)
     pid_ns: int = 0  # the inode of the member's PID namespace (0: not recorded)
     start_ticks: int = 0  # when its process started, in clock ticks since boot (0: not recorded)
+    # Its rank's generation ($SYNAPSE_MEMBER_GENERATION): 0 as bound with its attempt, one
+    # more each time the rank was placed again (on_node_failure: replace).
+    generation: int = 0
+
+    @property
+    def member(self) -> tuple[str, int, int, int]:
+        """Who wrote it: (job, fencing token, rank, generation)."""
+        return (self.job, self.token, self.rank, self.generation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,7 @@ class EffectRecord:
     mono_ns: int
     highest_before: int = 0
     done: bool = False  # refused because the job's output was already committed
+    generation: int = 0  # the asking member's generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +266,7 @@ def load_history(run_dir: Path) -> History:
                 world=int(r.get("world", 0)),
                 pid_ns=int(r.get("pid_ns", 0)),
                 start_ticks=int(r.get("start_ticks", 0)),
+                generation=int(r.get("generation", 0)),
             )
         )
     history.steps = load_steps(run_dir / ledger.STEPS)
@@ -272,6 +282,7 @@ def load_history(run_dir: Path) -> History:
                 mono_ns=int(r["mono_ns"]),
                 highest_before=int(r.get("highest_before", 0)),
                 done=bool(r.get("done", False)),
+                generation=int(r.get("generation", 0)),
             )
         )
     outcomes: dict[str, Submission] = {}
