@@ -23,8 +23,9 @@ default) :func:`spare_nodes` answers after one test, without reading any node.
 
 from __future__ import annotations
 
-from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.cluster_config import MAX_SPARES, ClusterConfig
 from synapse_ha.core.model import ZERO, ClusterState, MemberState, Node, NodeStatus, topology_path
+from synapse_ha.core.spec.validation import Violation, invalid
 from synapse_ha.core.topology import CLUSTER, domain_at
 
 NONE: frozenset[str] = frozenset()
@@ -37,6 +38,25 @@ def spare_level(config: ClusterConfig) -> str:
     if config.spare_level:
         return config.spare_level
     return DEFAULT_SPARE_LEVEL if DEFAULT_SPARE_LEVEL in config.topology_levels else CLUSTER
+
+
+def check_spare_settings(config: ClusterConfig) -> list[Violation]:
+    """Every rule the spare settings of ``config`` break: a count from 0 to
+    :data:`~synapse_ha.core.cluster_config.MAX_SPARES`, and a level the cluster has (or
+    ``cluster``; "" for the default)."""
+    out: list[Violation] = []
+    if not 0 <= config.spares <= MAX_SPARES:
+        out.append(invalid("spares", f"must be between 0 and {MAX_SPARES} (nodes per domain)"))
+    levels = config.topology_levels
+    if config.spare_level and config.spare_level not in (*levels, CLUSTER):
+        out.append(
+            invalid(
+                "spare_level",
+                f"must be one of the topology levels ({', '.join(levels) or 'none'}) or "
+                f"{CLUSTER!r}, got {config.spare_level!r}",
+            )
+        )
+    return out
 
 
 def spare_key(node: Node) -> tuple[int, int, int, str]:

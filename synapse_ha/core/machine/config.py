@@ -1,6 +1,7 @@
 """Cluster configuration commands: ``Configure`` (the configuration's rules, stated in
-:func:`~synapse_ha.core.spec.validation.check_cluster_config` and
-:func:`~synapse_ha.core.identity.admission.check_limits`, and no change that would orphan an
+:func:`~synapse_ha.core.spec.validation.check_cluster_config`,
+:func:`~synapse_ha.core.identity.admission.check_limits` and
+:func:`~synapse_ha.core.spares.check_spare_settings`, and no change that would orphan an
 unfinished job's topology level), ``RaiseFormat`` (core/codec/formats.py) and ``Barrier``."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.identity.admission import check_limits
 from synapse_ha.core.machine.changes import Handling, nothing
 from synapse_ha.core.model import ClusterState
+from synapse_ha.core.spares import check_spare_settings
 from synapse_ha.core.spec.validation import check_cluster_config
 from synapse_ha.core.topology import CLUSTER
 
@@ -19,6 +21,7 @@ from synapse_ha.core.topology import CLUSTER
 def _configure(state: ClusterState, c: cmd.Configure, now: int) -> Result:
     problems = [str(v) for v in check_cluster_config(c.config)]
     problems.extend(str(v) for v in check_limits(c.config.limits))
+    problems.extend(str(v) for v in check_spare_settings(c.config))
     if problems:
         return error(ResultCode.INVALID, "; ".join(problems))
     orphaned = orphaned_levels(state, c.config)

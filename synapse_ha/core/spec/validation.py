@@ -24,7 +24,6 @@ from synapse_ha.core.cluster_config import (
     MAX_MIN_RUNTIME_MS,
     MAX_RECLAIM_WAIT_MS,
     MAX_REQUEUES_LIMIT,
-    MAX_SPARES,
     MAX_START_TIMEOUT_MS,
     MIN_START_TIMEOUT_MS,
     ClusterConfig,
@@ -491,7 +490,8 @@ def check_timeouts(t: Timeouts) -> list[Violation]:
 
 def check_cluster_config(config: ClusterConfig) -> list[Violation]:
     """Every rule ``config`` breaks on its own (the per-identity limits are
-    :func:`synapse_ha.core.identity.admission.check_limits`; a change that would orphan an
+    :func:`synapse_ha.core.identity.admission.check_limits`, the hot spares
+    :func:`synapse_ha.core.spares.check_spare_settings`; a change that would orphan an
     unfinished job's topology level is the state machine's to refuse)."""
     out = check_timeouts(config.timeouts)
     levels = config.topology_levels
@@ -521,16 +521,6 @@ def check_cluster_config(config: ClusterConfig) -> list[Violation]:
         out.append(invalid("fair_share_half_life_ms", "must be >= 1"))
     if not 0 <= config.reclaim_wait_max_ms <= MAX_RECLAIM_WAIT_MS:
         out.append(invalid("reclaim_wait_max_ms", f"must be between 0 and {MAX_RECLAIM_WAIT_MS}"))
-    if not 0 <= config.spares <= MAX_SPARES:
-        out.append(invalid("spares", f"must be between 0 and {MAX_SPARES} (nodes per domain)"))
-    if config.spare_level and config.spare_level not in (*levels, "cluster"):
-        out.append(
-            invalid(
-                "spare_level",
-                f"must be one of the topology levels ({', '.join(levels) or 'none'}) or "
-                f"'cluster', got {config.spare_level!r}",
-            )
-        )
     return out
 
 
