@@ -48,6 +48,7 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -509,22 +510,8 @@ class Agent:
         for d, preempting in desired:
             if d.fencing_token >= highest.get(d.job_id, 0):
                 wanted[d.key] = (d, preempting)
-        stopped = 0
-        preempted = 0
-        told = 0
-        for key in self.executor.running():
-            if key not in wanted:
-                self.executor.stop(key)
-                stopped += 1
-            elif (preempting := wanted[key][1]) is not None:
-                self.executor.preempt(key, PreemptNotice(*preempting))
-                preempted += 1
-            elif wanted[key][0].membership and self.executor.tell_membership(wanted[key][0]):
-                told += 1
-        started = 0
-        waiting = 0
-        rank_held = 0
-        refused = 0
+        counts: Counter[str] = Counter()
+        self._reconcile_running(wanted, counts)
         running = self.executor.running()
         # GPUs of every member still running here, also those being stopped: a GPU is
         # given to a new member only once its holder's whole process tree is gone.
@@ -551,13 +538,13 @@ class Agent:
                 # Another generation of this rank is still stopping here (its GPUs failed
                 # and the rank was placed again on others of this node): start this one
                 # once it is gone, never alongside it.
-                rank_held += 1
+                counts["rank_held"] += 1
                 continue
             if busy_gpus.intersection(d.gpus):
                 # The leader released these GPUs when the attempt holding them ended, but
                 # its member here is still stopping: start once it is gone (its exit is
                 # reported at once, and the next reply repeats this member).
-                waiting += 1
+                counts["waiting"] += 1
                 continue
             try:
                 member = self.executor.start(d)
@@ -566,23 +553,34 @@ class Agent:
                 continue
             self.fresh_reports = True
             if member.exit is not None and member.exit.node_fault:
-                refused += 1  # never started: its exit (the node's fault) is all it reports
+                counts["refused"] += 1  # never started: its exit (the node's fault) says so
                 continue
             self.pending.append(_report(key, MemberEventKind.STARTED))
-            started += 1
-        parts = []
-        if started:
-            parts.append(f"started {started} member(s)")
-        if stopped:
-            parts.append(f"stopped {stopped} member(s) no longer desired")
-        if preempted:
-            parts.append(f"{preempted} member(s) being preempted")
-        if told:
-            parts.append(f"told {told} member(s) of a new membership")
-        if waiting:
-            parts.append(f"{waiting} member(s) waiting for GPUs a stopping member still holds")
-        if rank_held:
-            parts.append(f"{rank_held} member(s) waiting for their rank's other generation to end")
-        if refused:
-            parts.append(f"could not start {refused} member(s) (the node's fault)")
-        return ", ".join(parts)
+            counts["started"] += 1
+        return ", ".join(text.format(counts[name]) for name, text in _APPLIED if counts[name])
+
+    def _reconcile_running(self, wanted: dict[MemberKey, Wanted], counts: Counter[str]) -> None:
+        """Stop the running members no longer wanted, preempt those whose gang is being
+        preempted, and tell the others of a new membership (a record with membership 0,
+        every job without member replacement, costs nothing)."""
+        for key in self.executor.running():
+            if key not in wanted:
+                self.executor.stop(key)
+                counts["stopped"] += 1
+            elif (preempting := wanted[key][1]) is not None:
+                self.executor.preempt(key, PreemptNotice(*preempting))
+                counts["preempted"] += 1
+            elif wanted[key][0].membership and self.executor.tell_membership(wanted[key][0]):
+                counts["told"] += 1
+
+
+# What :meth:`Agent._apply` says it did, in this order.
+_APPLIED = (
+    ("started", "started {} member(s)"),
+    ("stopped", "stopped {} member(s) no longer desired"),
+    ("preempted", "{} member(s) being preempted"),
+    ("told", "told {} member(s) of a new membership"),
+    ("waiting", "{} member(s) waiting for GPUs a stopping member still holds"),
+    ("rank_held", "{} member(s) waiting for their rank's other generation to end"),
+    ("refused", "could not start {} member(s) (the node's fault)"),
+)
