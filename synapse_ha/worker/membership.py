@@ -26,12 +26,13 @@ import signal
 from pathlib import Path
 
 from synapse_ha.core.desired import DesiredMember
+from synapse_ha.core.replacement import MEMBERSHIP_SIGNALS
 
 MEMBERSHIP_FILE = "membership"  # in the member directory; see $SYNAPSE_MEMBERSHIP_FILE
-# The signals a membership change may be announced with: those whose default action
-# ends no process, or that a member's keeper (synapse_ha.worker.pidns) ignores, so that
-# only the member itself acts on them.
-SIGNALS = frozenset({"SIGHUP", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGWINCH", "SIGCONT"})
+# The signals a membership change may be announced with (those a job may name): each
+# one's default action ends no process, or a member's keeper (synapse_ha.worker.pidns)
+# ignores it, so that only the member itself acts on it.
+SIGNALS = frozenset(name for name in MEMBERSHIP_SIGNALS if name)
 
 
 def membership_line(member: DesiredMember) -> bytes:

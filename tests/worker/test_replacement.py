@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,12 +19,13 @@ import pytest
 from synapse_ha.core.commands import MemberEventKind
 from synapse_ha.core.desired import DesiredMember, MemberKey
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.worker import pidns
 from synapse_ha.worker.agent import Agent, AgentTimings, _report
 from synapse_ha.worker.images import ImageRuntime
 from synapse_ha.worker.logs import find_member_dir
 from synapse_ha.worker.member_dirs import MemberExit, parse_member_dir_name, write_exit_record
 from synapse_ha.worker.member_types import cgroup_name
-from synapse_ha.worker.membership import MEMBERSHIP_FILE
+from synapse_ha.worker.membership import MEMBERSHIP_FILE, SIGNALS, membership_signal
 from tests.worker.conftest import MakeExecutor
 from tests.worker.helpers import FakeClock, Fifo, spec
 from tests.worker.test_agent import FakeControl, FakeExecutor
@@ -127,6 +129,14 @@ def test_a_member_in_a_pid_namespace_gets_the_signal_and_its_keeper_lives_on(
     assert said(fifo)[0] == "told"
     time.sleep(0.1)  # a keeper the signal ended would have ended the member with it
     assert executor.poll() == [] and executor.running() == [first.key]
+
+
+def test_every_signal_a_job_may_name_leaves_a_members_keeper_alive() -> None:
+    """A keeper ends with the member it keeps: a job's membership signal must be one the
+    keeper ignores, or one whose default action ends nothing."""
+    harmless = {signal.SIGWINCH, signal.SIGCONT}
+    assert {membership_signal(name) for name in SIGNALS} <= set(pidns._POLITE) | harmless
+    assert membership_signal("") is None and membership_signal("SIGKILL") is None
 
 
 def test_a_generation_is_a_member_of_its_own(make_executor: MakeExecutor) -> None:
