@@ -238,6 +238,7 @@ def configs(
                 unsafe_no_self_fencing=True,
                 array_share=0.0,  # no array's tasks to crowd out the cut gang's next attempt
                 sbatch_share=0.0,  # nor allocations
+                replace_share=0.0,  # every gang requeued whole, as the rules it proves expect
             )
         )
     return out

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from chaos import hosts, ledger, net
+from chaos.members_seen import SeenMembers
 from chaos.nemesis import FaultTimeouts, Step
 from chaos.workload import WorkloadConfig, write_config
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
@@ -62,6 +63,10 @@ ARRAY_SHARE = 0.15
 # The share of submissions that are sbatch jobs with background job steps, in place of as
 # many gangs (chaos/workload.py, chaos/step_rules.py).
 SBATCH_SHARE = 0.15
+# The share of single gangs submitted with on_node_failure: replace (chaos/workload.py):
+# the replacement kinds aim at them (chaos/replacefaults.py), and every other fault that
+# hits one has its lost member placed again (chaos/replace_rules.py).
+REPLACE_SHARE = 0.2
 
 # holding their GPUs long when a fault stops them from exiting.
 PRIORITY_CLASSES = (
@@ -103,6 +108,7 @@ class ScenarioConfig:
     replicas: int = 3  # five for the membership scenario (chaos/membership.py)
     array_share: float = ARRAY_SHARE
     sbatch_share: float = SBATCH_SHARE
+    replace_share: float = REPLACE_SHARE
     # Followers terminate the workers' heartbeat streams (docs/relay.md).
     relay_heartbeats: bool = False
 
@@ -303,6 +309,8 @@ class ChaosCluster:
         # (job, token, worker) -> the GPUs its members there started on.
         self.gpus_seen: dict[tuple[str, int, str], set[int]] = {}
         self.node_by_address = {h.address: h.name for h in self.worker_hosts}
+        # Members by (job, token, rank, generation): ranks placed again (replacement).
+        self.members_seen = SeenMembers()
         self._stop_observer = threading.Event()
         self._observer = threading.Thread(target=self._observe, name="observer", daemon=True)
 
@@ -370,6 +378,7 @@ class ChaosCluster:
                 dependency_share=DEPENDENCY_SHARE,
                 array_share=self.cfg.array_share,
                 sbatch_share=self.cfg.sbatch_share,
+                replace_share=self.cfg.replace_share,
                 steps=str(self.dir / ledger.STEPS),
             ),
             self.dir / "workload.json",
@@ -467,6 +476,8 @@ class ChaosCluster:
                     held.update(int(g) for g in gpus if g.strip().isdigit())
                 key = (str(record["job"]), int(str(record["token"])), node)
                 self.last_seen[key] = max(self.last_seen.get(key, 0), at)
+                if "rank" in record:
+                    self.members_seen.saw(record, node, at)
 
     def _serving_leader(self) -> bool:
         if not self.leader:

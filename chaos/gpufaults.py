@@ -143,11 +143,16 @@ def restart_worker(c: ChaosCluster, worker: str) -> None:
 
 
 def play_gpu_xid(
-    c: ChaosCluster, worker: str, rng: random.Random, extra: dict[str, object]
+    c: ChaosCluster,
+    worker: str,
+    rng: random.Random,
+    extra: dict[str, object],
+    held: set[int] | None = None,
 ) -> tuple[str, Callable[[], None], Callable[[], None]]:
     """Inject the fault on ``worker``: a sentence, what to poll while it lasts, and the
-    heal (restart the worker, repair the GPU). Fills ``extra`` with the record."""
-    held = c.held_gpus(worker)
+    heal (restart the worker, repair the GPU). Fills ``extra`` with the record. The GPU
+    is one of ``held`` (default: every GPU the worker's running gangs hold)."""
+    held = c.held_gpus(worker) if held is None else held
     gpu = choose_gpu(held, unhealthy_now(c, worker), WORKER_GPUS, rng)
     xid = rng.choice(FATAL_XIDS)
     spans = UnhealthySpans()

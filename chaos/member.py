@@ -1,8 +1,9 @@
 """The gang member the chaos workload runs: ``python -m chaos.member LEDGER SINK MS``.
 
 It reads its identity from the DESIGN §5 environment (``SYNAPSE_JOB_ID``,
-``SYNAPSE_ATTEMPT``, ``SYNAPSE_FENCING_TOKEN``, ``RANK``, ``SYNAPSE_MEMBER_HOSTS``),
-appends a ``start`` record to the ledger, claims its token at the sink, writes a
+``SYNAPSE_ATTEMPT``, ``SYNAPSE_FENCING_TOKEN``, ``RANK``, ``SYNAPSE_MEMBER_HOSTS``,
+``SYNAPSE_MEMBER_GENERATION``: a rank placed again runs in the next generation of the same
+attempt), appends a ``start`` record to the ledger, claims its token at the sink, writes a
 ``heartbeat`` every 100 ms while it "trains" for MS milliseconds, then performs its
 effect by asking the sink (HOST:PORT) to accept (job, token, rank, world size), and ends
 with an ``end`` record naming the answer. It exits 0 when the sink accepted, or answered
@@ -12,7 +13,11 @@ member (its ``$SYNAPSE_PREEMPT_FILE`` exists when SIGTERM arrives) first writes
 ``preempted`` with the notice's kind and preemptor and keeps "checkpointing"
 (heartbeats) for ``PREEMPT_DRAIN_S`` before it exits, as a real program would within its
 grace: the checker then sees whether its GPUs were given to another attempt while it
-still ran.
+still ran. A member of a gang with ``on_node_failure: replace`` (the workload sets
+``CHAOS_REPLACE=1``) says so in its records; when its gang's membership changes it gets
+``SIGUSR1`` and writes a ``membership`` record with the last line of
+``$SYNAPSE_MEMBERSHIP_FILE`` (how many times the gang changed, its hosts) at its next
+heartbeat.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ from chaos.ledger import Appender, now_ns
 from chaos.steptask import HEARTBEAT_S, pid_namespace, start_ticks
 
 PREEMPT_DRAIN_S = 0.3
+# The worker's names (synapse_ha.worker.environment), spelled out: the member imports
+# nothing of the package, so that it starts fast.
+GENERATION_ENV = "SYNAPSE_MEMBER_GENERATION"
+MEMBERSHIP_FILE_ENV = "SYNAPSE_MEMBERSHIP_FILE"
+# Set by the workload for the gangs it submits with on_node_failure: replace.
+REPLACE_ENV = "CHAOS_REPLACE"
 
 
 def identity() -> dict[str, Any]:
@@ -47,7 +58,23 @@ def identity() -> dict[str, Any]:
         "pid_ns": pid_namespace(),
         "start_ticks": start_ticks(os.getpid()),
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "generation": int(os.environ.get(GENERATION_ENV, "") or 0),
+        "replace": os.environ.get(REPLACE_ENV, "") == "1",
     }
+
+
+def membership_now() -> dict[str, Any]:
+    """The last line of ``$SYNAPSE_MEMBERSHIP_FILE``: the gang as the worker last told it
+    (``membership``, ``member_hosts``); empty when there is none to read."""
+    path = os.environ.get(MEMBERSHIP_FILE_ENV, "")
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines() if path else []
+        doc = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {"membership": doc.get("membership", 0), "member_hosts": doc.get("member_hosts", [])}
 
 
 def ask_sink(address: str, request: dict[str, Any], timeout_s: float = 2.0) -> dict[str, Any]:
@@ -81,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 3:
         print("usage: python -m chaos.member LEDGER SINK_HOST:PORT DURATION_MS", file=sys.stderr)
         return 2
+    # First of all: a membership signal before its handler would end the member.
+    told: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: told.append(now_ns()))
     ledger_path, sink, duration_ms = args[0], args[1], int(args[2])
     me = identity()
     out = Appender(Path(ledger_path))
@@ -117,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     while time.monotonic() < end_at:
         time.sleep(min(HEARTBEAT_S, max(0.0, end_at - time.monotonic())))
         record("heartbeat")
+        if told:
+            record("membership", told_ns=told[-1], **membership_now())
+            told.clear()
     record("effect")
     answer: dict[str, Any] | None = None
     for _ in range(5):

@@ -47,6 +47,12 @@ REJOIN = "rejoin"
 # it): with relayed heartbeats, the workers whose streams it holds must move to another
 # replica within their lease (docs/relay.md; chaos/leader_rules.py judges it).
 CUT_RELAY = "cut-relay"
+# Member replacement (chaos/replacefaults.py): the agent of a worker holding a member of a
+# running gang with on_node_failure: replace is killed past the dead timeout, or a GPU
+# under such a member reports a fatal Xid; the rank is placed again while its gang runs on.
+KILL_REPLACE_WORKER = "kill-replace-worker"
+GPU_XID_REPLACE = "gpu-xid-replace"
+REPLACE_FAULTS = (KILL_REPLACE_WORKER, GPU_XID_REPLACE)
 # The kinds of node health, which ``soak --kinds`` can play alone.
 HEALTH_FAULTS = (GPU_XID, NODE_CANNOT_RUN)
 HOST_FAULTS = (
@@ -82,6 +88,7 @@ ALL_FAULTS = (
     NODE_CANNOT_RUN,
     REJOIN,
     CUT_RELAY,
+    *REPLACE_FAULTS,
 )
 
 # Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
@@ -97,6 +104,7 @@ WORKER_FAULTS = (
     DISK_FULL_WORKER,
     GPU_XID,
     NODE_CANNOT_RUN,
+    *REPLACE_FAULTS,
 )
 CONTROL_FAULTS = tuple(k for k in ALL_FAULTS if k not in WORKER_FAULTS)
 MAX_LANES = 5
@@ -158,6 +166,12 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         REJOIN: (4 * t.election_max_s, 4 * t.election_max_s + 2.0),
         # Past the lease: a worker left on the cut follower would fence itself.
         CUT_RELAY: (2 * t.lease_ttl_s, 2 * t.lease_ttl_s + 1.5),
+        # Down past the dead timeout, so that the node is declared dead and its members'
+        # ranks placed again (the fault then waits for their replacements, bounded).
+        KILL_REPLACE_WORKER: (t.dead_timeout_s + 0.5, t.dead_timeout_s + 1.5),
+        # The worker reads the Xid within a second, the leader makes the rank a vacancy,
+        # the worker stops the member and reports it; then the rank is placed again.
+        GPU_XID_REPLACE: (3.0, 5.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

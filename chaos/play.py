@@ -14,7 +14,17 @@ from collections.abc import Callable
 
 import grpc
 
-from chaos import gpufaults, hosts, ledger, membership, nemesis, net, nodefaults, rejoin_rules
+from chaos import (
+    gpufaults,
+    hosts,
+    ledger,
+    membership,
+    nemesis,
+    net,
+    nodefaults,
+    rejoin_rules,
+    replacefaults,
+)
 from chaos.cluster import ChaosCluster
 from chaos.nemesis import Step
 from synapse_ha.client.cluster import ClusterUnavailable
@@ -77,6 +87,7 @@ class Nemesis:
             nemesis.DISK_FULL_WORKER,
             nemesis.GPU_XID,
             nemesis.NODE_CANNOT_RUN,
+            *nemesis.REPLACE_FAULTS,
         )
         busy = self.wait_for_gangs(worker_fault)
         leader = c.fresh_leader()
@@ -160,6 +171,9 @@ class Nemesis:
             targets = [busy[step.pick % len(busy)]]
             play = nodefaults.play_node_cannot_run
             detail, self._watch, heal = play(c, targets[0], rng, extra)
+        elif step.kind in nemesis.REPLACE_FAULTS:
+            found = replacefaults.play(c, step.kind, self.pool, busy, step.pick, extra)
+            targets, detail, self._watch, heal, hold = found
         elif step.kind == nemesis.REJOIN:
             targets, detail, heal = rejoin_rules.play_rejoin(c, rng, self.owner)
         elif step.kind in nemesis.HOST_FAULTS:
@@ -317,6 +331,9 @@ class Nemesis:
             for (job, token, node), at in list(c.last_seen.items())
             if node == target and at >= horizon
         }
+        # The members frozen there: a gang with member replacement is fenced once each of
+        # them has a newer generation started elsewhere (the gang runs on).
+        frozen_members = sorted(c.members_seen.on(target, horizon))
         extra["frozen"] = sorted([job, token] for job, token in frozen_gangs.items())
         extra["frozen_node"] = c.address(target)  # as the members' records name it
         cgroup = hosts.host_cgroup(target)
@@ -339,11 +356,15 @@ class Nemesis:
             # their token at the sink as they start, so the sink can refuse a resumed
             # member of the old one), bounded. A gang with no newer attempt by then is
             # "unfenced": nothing can refuse its resumed members' first writes.
+            def fenced(job: str, token: int) -> bool:
+                if c.newest_token.get(job, 0) > token:
+                    return True
+                ranks = [k for k in frozen_members if k[:2] == (job, token)]
+                return bool(ranks) and all(c.members_seen.newer_generation(k) for k in ranks)
+
             def unfenced() -> list[list[str | int]]:
                 return sorted(
-                    [job, token]
-                    for job, token in frozen_gangs.items()
-                    if c.newest_token.get(job, 0) <= token
+                    [job, token] for job, token in frozen_gangs.items() if not fenced(job, token)
                 )
 
             deadline = started + nemesis.FREEZE_MAX_S
@@ -364,10 +385,14 @@ class Nemesis:
                 f"{job}/t{c.newest_token[job]}"
                 for job, token in sorted(frozen_gangs.items())
                 if c.newest_token.get(job, 0) > token
+            ] + [
+                f"{job}/t{token} rank {rank} g{gen + 1}"
+                for job, token, rank, gen in frozen_members
+                if c.members_seen.newer_generation((job, token, rank, gen))
             ]
             text = f"thawed {waited:.1f} s in"
             if newer:
-                text += f", after newer attempts started: {', '.join(newer)}"
+                text += f", after newer attempts or generations started: {', '.join(newer)}"
             if left:
                 text += "; no newer attempt of: " + ", ".join(f"{j}/t{t}" for j, t in left)
             return text

@@ -12,6 +12,11 @@ frozen host thawed) is refused even before the newer attempt asks to commit anyt
 the way a storage service learns a new lock holder's fencing token on its first request.
 Claims are logged as ``claim`` records.
 
+A member also names its generation (a rank placed again while its gang runs on is the
+next generation of the same attempt, with the same token): the sink keeps the highest
+generation claimed or accepted for each (job, token, rank) and refuses an effect of a
+lower one, so a replaced member that resumes after its replacement claimed is refused.
+
 Once every rank 0..world-1 of one token has been accepted, the job's output is committed
 and the sink answers any later request for that job with ``done`` (not accepted): the
 commit is idempotent, as real output commits are, so an attempt that re-runs a job whose
@@ -39,18 +44,24 @@ class FencingSink:
         self.highest: dict[str, int] = {}
         self.accepted_ranks: dict[tuple[str, int], set[int]] = {}
         self.committed: dict[str, int] = {}  # job -> token whose ranks all committed
+        # (job, token, rank) -> the highest generation claimed or accepted
+        self.generations: dict[tuple[str, int, int], int] = {}
 
     def claim(self, request: dict[str, Any]) -> dict[str, Any]:
         job, token = str(request["job"]), int(request["token"])
+        rank, generation = int(request.get("rank", 0)), int(request.get("generation", 0))
         with self.lock:
             before = self.highest.get(job, 0)
             self.highest[job] = max(before, token)
+            key = (job, token, rank)
+            self.generations[key] = max(self.generations.get(key, 0), generation)
             self.effects.append(
                 {
                     "type": "claim",
                     "job": job,
                     "token": token,
-                    "rank": int(request.get("rank", 0)),
+                    "rank": rank,
+                    "generation": generation,
                     "highest_before": before,
                     "mono_ns": now_ns(),
                 }
@@ -61,13 +72,15 @@ class FencingSink:
         if request.get("op") == "claim":
             return self.claim(request)
         job, token, rank = str(request["job"]), int(request["token"]), int(request["rank"])
-        world = int(request.get("world", 0))
+        world, generation = int(request.get("world", 0)), int(request.get("generation", 0))
         with self.lock:
             before = self.highest.get(job, 0)
             done = job in self.committed
-            accepted = not done and token >= before
+            replaced = generation < self.generations.get((job, token, rank), 0)
+            accepted = not done and token >= before and not replaced
             if accepted:
                 self.highest[job] = token
+                self.generations[(job, token, rank)] = generation
                 ranks = self.accepted_ranks.setdefault((job, token), set())
                 ranks.add(rank)
                 if world > 0 and len(ranks) >= world:
@@ -78,6 +91,7 @@ class FencingSink:
                     "job": job,
                     "token": token,
                     "rank": rank,
+                    "generation": generation,
                     "world": world,
                     "done": done,
                     "attempt": int(request.get("attempt", 0)),

@@ -34,6 +34,13 @@ tasks of :mod:`chaos.steptask` recording themselves in ``steps.jsonl``, and the 
 one :mod:`chaos.member` task per node, so exactly-once holds for these jobs as for gangs.
 An sbatch job takes the submission slots of ``SBATCH_SLOTS`` gangs (the wait after it is
 that many intervals). An sbatch job's records carry ``sbatch: true``.
+
+With ``replace_share`` set, that share of the single gangs (not arrays, not sbatch jobs)
+ask for member replacement (``on_node_failure: replace``, a ``replace_timeout`` of
+:data:`REPLACE_TIMEOUT_MS` and ``SIGUSR1`` as the membership signal): a member lost to its
+node or a GPU fault is placed again while the rest of the gang runs on. Their members get
+``CHAOS_REPLACE=1`` (so their records say so), and their submission records carry
+``replace: true``.
 """
 
 from __future__ import annotations
@@ -100,6 +107,9 @@ class WorkloadConfig:
     # for arrays, nothing else is drawn then).
     sbatch_share: float = 0.0
     steps: str = ""  # path of steps.jsonl (for the steps' tasks and the batch scripts)
+    # The share of single gangs submitted with on_node_failure: replace (0: none; as for
+    # arrays, nothing is drawn then).
+    replace_share: float = 0.0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -155,9 +165,25 @@ def array_text(cfg: WorkloadConfig, rng: random.Random) -> str:
     return f"0-{last}%{rng.choice(ARRAY_THROTTLES)}" if throttled else f"0-{last}"
 
 
+# How long a lost member may wait to be placed again before its gang is requeued whole:
+# past the dead timeout and a pass or two, short enough that a gang waiting for room
+# never holds its other members' GPUs for long.
+REPLACE_TIMEOUT_MS = 10_000
+REPLACE_SIGNAL = "SIGUSR1"
+
+
+def replace_policy(cfg: WorkloadConfig, rng: random.Random) -> pb.ReplacePolicy | None:
+    """``on_node_failure: replace`` for the next single gang, at ``replace_share``
+    (nothing is drawn when it is 0)."""
+    if not cfg.replace_share or rng.random() >= cfg.replace_share:
+        return None
+    return pb.ReplacePolicy(timeout_ms=REPLACE_TIMEOUT_MS, signal=REPLACE_SIGNAL)
+
+
 def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "") -> pb.JobSpec:
     """The ``index``-th job (or array, see :func:`array_text`); with ``after`` (a job or
-    array id), one that waits for it (afterok) at ``dependency_share``."""
+    array id), one that waits for it (afterok) at ``dependency_share``; a single gang asks
+    for member replacement at ``replace_share``."""
     array = array_text(cfg, rng)
     low, high = cfg.member_ms
     duration = rng.randint(low, (low + high) // 2) if array else rng.randint(low, high)
@@ -165,6 +191,10 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
     waits = after and rng.random() < cfg.dependency_share
     replicas = min(cfg.gang_sizes) if array else rng.choice(cfg.gang_sizes)
     gpu = min(cfg.gpus_per_member) if array else rng.choice(cfg.gpus_per_member)
+    replacing = None if array or replicas < 2 else replace_policy(cfg, rng)
+    env = [pb.EnvVar(name="PYTHONPATH", value=cfg.pythonpath)]
+    if replacing is not None:
+        env.append(pb.EnvVar(name="CHAOS_REPLACE", value="1"))
     return pb.JobSpec(
         dependencies=pb.Dependencies(after_ok=[after]) if waits else None,
         queue=queue,
@@ -175,9 +205,10 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
         argv=pb.CommandArgs(
             args=[cfg.python, "-m", "chaos.member", cfg.ledger, cfg.sink, str(duration)]
         ),
-        env=[pb.EnvVar(name="PYTHONPATH", value=cfg.pythonpath)],
+        env=env,
         retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
         array=array,
+        replace=replacing,
     )
 
 
@@ -262,6 +293,8 @@ def submit_one(
         base["sbatch"] = True
     if spec.array:
         base.update(array=spec.array, throttle=parse_array(spec.array).throttle)
+    if spec.HasField("replace"):
+        base["replace"] = True
     out.append({"type": "begin", **base, "mono_ns": now_ns()})
     try:
         answer = client.submit_job(spec, request_id=request_id, timeout_s=timeout_s)

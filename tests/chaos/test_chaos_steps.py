@@ -15,6 +15,7 @@ from chaos import ledger
 from chaos.checker import check_history
 from chaos.cluster import REPO, ChaosCluster, LedgerTail
 from chaos.history import FaultRecord, History, MemberRecord, StepRecord, load_history
+from chaos.members_seen import SeenMembers
 from chaos.step_rules import check_steps, step_counts
 from chaos.workload import WorkloadConfig, batch_script, is_sbatch, sbatch_spec
 from synapse_ha.local.allocation import LocalAllocation
@@ -226,6 +227,7 @@ def test_the_observer_sees_sbatch_attempts_on_their_hosts(tmp_path: Path) -> Non
     cluster.node_by_address = {"10.0.0.21": "w1", "10.0.0.22": "w2"}
     cluster.last_beat, cluster.last_start, cluster.newest_token = {}, {}, {}
     cluster.gpus_seen, cluster.last_seen = {}, {}
+    cluster.members_seen = SeenMembers()
     now = ledger.now_ns()
     with ledger.Appender(tmp_path / ledger.STEPS) as out:
         base = {"job": "j1", "attempt": 2, "token": 5, "mono_ns": now}

@@ -1,0 +1,65 @@
+"""What the observer knows of each member from the ledger as it is written: where it runs,
+its GPUs, whether its gang asked for member replacement, and which ranks were placed
+again (a newer generation started). The replacement kinds aim with it
+(:mod:`chaos.replacefaults`), and a freeze waits with it for a frozen rank's replacement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Member = tuple[str, int, int, int]  # (job, fencing token, rank, generation)
+
+
+@dataclass(slots=True)
+class SeenMember:
+    """A member as its ledger records show it."""
+
+    node: str  # the worker's name
+    last_ns: int  # its newest record
+    gpus: frozenset[int] = frozenset()
+    replace: bool = False  # its gang asked for member replacement
+
+
+@dataclass(slots=True)
+class SeenMembers:
+    members: dict[Member, SeenMember] = field(default_factory=dict)
+    # (job, token, rank) -> the newest generation with a start record
+    newest_generation: dict[tuple[str, int, int], int] = field(default_factory=dict)
+
+    def saw(self, record: dict[str, object], node: str, at: int) -> None:
+        """Note a member record (``job``, ``token``, ``rank``, ``generation``) written on
+        worker ``node`` at ``at``."""
+        job, token = str(record["job"]), int(str(record["token"]))
+        rank, gen = int(str(record["rank"])), int(str(record.get("generation", 0)))
+        seen = self.members.setdefault((job, token, rank, gen), SeenMember(node, at))
+        seen.last_ns = max(seen.last_ns, at)
+        if record.get("type") == "start":
+            gpus = str(record.get("gpus", "")).split(",")
+            seen.gpus = frozenset(int(g) for g in gpus if g.strip().isdigit())
+            seen.replace = bool(record.get("replace"))
+            key = (job, token, rank)
+            self.newest_generation[key] = max(self.newest_generation.get(key, 0), gen)
+
+    def newer_generation(self, member: Member) -> bool:
+        """Whether a newer generation of the member's rank has started."""
+        job, token, rank, gen = member
+        return self.newest_generation.get((job, token, rank), 0) > gen
+
+    def on(self, worker: str, since_ns: int) -> dict[Member, SeenMember]:
+        """The members with a record on ``worker`` at or after ``since_ns``."""
+        return {k: m for k, m in self.members.items() if m.node == worker and m.last_ns >= since_ns}
+
+    def replace_members(self, worker: str, since_ns: int) -> list[tuple[Member, SeenMember]]:
+        """Members on ``worker`` with a record since ``since_ns``, of gangs with member
+        replacement, each the newest generation of its rank, whose gang also wrote a
+        record on another worker since then (losing ``worker`` leaves the gang running)."""
+        live = {k: m for k, m in self.members.items() if m.last_ns >= since_ns}
+        return [
+            (key, m)
+            for key, m in sorted(live.items())
+            if m.node == worker
+            and m.replace
+            and not self.newer_generation(key)
+            and any(k[:2] == key[:2] and o.node != worker for k, o in live.items())
+        ]
