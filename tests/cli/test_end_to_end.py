@@ -214,10 +214,11 @@ def test_nodes_render_capacity_topology_and_heartbeat(synctl: Synctl) -> None:
     assert w1["free_gpus"] == 8 - len(w1["allocated_gpus"])
     assert w1["address"].startswith("127.0.0.1:")
     assert isinstance(w1["last_heartbeat_age_ms"], int)
+    assert w1["spare"] is False  # the cluster keeps no hot spares
     table = synctl("nodes")
     assert table.exit_code == 0
     header = table.stdout.splitlines()[0].split()
-    assert header[:3] == ["NODE", "STATUS", "TOPOLOGY"]
+    assert header[:4] == ["NODE", "STATUS", "SPARE", "TOPOLOGY"]
     assert "z1/b1/r2" in table.stdout and " ago" in table.stdout
 
 
