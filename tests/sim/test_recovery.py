@@ -8,12 +8,15 @@ from typing import Any
 
 import pytest
 
+from synapse_ha.core import invariants
 from synapse_ha.core.model import JobState
 from synapse_ha.sim.cli import main
+from synapse_ha.sim.gpu_failures import LLAMA3_GPU_FAILURES_PER_1000_GPU_DAYS as LLAMA3
 from synapse_ha.sim.gpu_failures import FailureModel
 from synapse_ha.sim.recovery import Recovery, RecoveryModel, RecoveryRun, recovery_run
 from synapse_ha.sim.recovery_figures import LossTally, Outcome, figures
 from synapse_ha.sim.recovery_report import parse_recoveries, targets
+from synapse_ha.sim.training import training
 from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
 from tests.core.harness import job
 
@@ -143,6 +146,22 @@ def test_replace_with_spares_takes_the_spare_at_once_and_counts_its_idle_time() 
     # idled until the failure at least.
     assert run.records[c.job_id].start_ms == run.records[a.job_id].end_ms
     assert f["spares_idle_gpu_hours"] >= 8 * FAILURE_AT / H
+
+
+def test_many_failures_leave_every_job_ended_and_the_state_consistent() -> None:
+    # Seed 4 at 2,000 x the Llama 3 rate on 16 hosts: ranks placed again, and gangs
+    # requeued after the timeout, some hit again while a rank waits.
+    workload = training(seed=4, nodes=16, days=0.5, load=0.95)
+    model = FailureModel(per_1000_gpu_days=2_000 * LLAMA3, checkpoint_ms=30 * MIN, seed=4)
+    run = recovery_run(workload, model, Recovery.REPLACE, pass_interval_ms=500)
+    run.run()
+    assert run.replaced > 0 and run.replace_timeouts > 0
+    assert all(j.state.finished for j in run.state.jobs.values())
+    assert invariants.check(run.state) == []
+    assert run.allocated == 0 and run.waiting == set() and run.holding == {}
+    f = _figures(run)
+    not_counted = f["gpu_hours_held"] - f["goodput_gpu_hours"]
+    assert not_counted == pytest.approx(f["gpu_hours_lost"], abs=0.01)
 
 
 def test_outcomes_merge_over_seeds_and_give_the_figures() -> None:
