@@ -7,8 +7,11 @@ and the final replicated state.
     bind time. A member's node and GPUs come from its ``start`` record; its attempt's
     bind time (leader clock) from the replicas' history of finished jobs
     (``job_history.json``, every ended attempt) or the final state (each job's last
-    attempt). The GPU was unhealthy from the fault's ``since_ms`` (leader clock, as the
-    nemesis read it from the node list) until its repair; the repair's own stamp is not
+    attempt). A member placed again (member replacement, generation 1 and up) was bound
+    on its own: its bind is its ``bound_at_ms`` in the final state's attempt while it is
+    still that rank's member there, and unknown (not judged) otherwise. The GPU was
+    unhealthy from the fault's ``since_ms`` (leader clock, as the nemesis read it from
+    the node list) until its repair; the repair's own stamp is not
     returned, so the span ends :data:`REPAIR_SLACK_MS` before the suite sent the repair
     (the replicas' steady clock and the suite's wall clock are the same machine's clock,
     apart from drift since the replica started). A fault still in the final state has no
@@ -62,6 +65,20 @@ def bind_times(history: History, state: ClusterState | None) -> dict[tuple[str, 
     return binds
 
 
+def member_binds(state: ClusterState | None) -> dict[tuple[str, int, int, int], int]:
+    """(job, token, rank, generation) -> the bind of each member placed again that the
+    final state's last attempts still hold."""
+    out: dict[tuple[str, int, int, int], int] = {}
+    for job in state.jobs.values() if state is not None else ():
+        a = job.attempt
+        if a is None:
+            continue
+        for m, status in zip(a.members, a.member_status, strict=True):
+            if m.generation and status.bound_at_ms is not None:
+                out[(job.job_id, a.fencing_token, m.rank, m.generation)] = status.bound_at_ms
+    return out
+
+
 def _unhealthy_at(span: GpuUnhealthy, at_ms: int) -> bool:
     end = span.repair_sent_ms - REPAIR_SLACK_MS if span.repair_sent_ms else None
     return span.since_ms <= at_ms and (end is None or at_ms < end)
@@ -74,11 +91,11 @@ def check_unhealthy_starts(history: History, state: ClusterState | None) -> list
         by_gpu[(span.node, span.gpu)].append(span)
     if not by_gpu:
         return []
-    binds = bind_times(history, state)
+    binds, replaced = bind_times(history, state), member_binds(state)
     out: list[Violation] = []
     reported: set[tuple[str, int, int, int]] = set()
     for r in sorted(history.members, key=lambda r: r.mono_ns):
-        bound = binds.get((r.job, r.token))
+        bound = replaced.get(r.member) if r.generation else binds.get((r.job, r.token))
         if r.type != "start" or bound is None:
             continue
         host = host_of(r.node)

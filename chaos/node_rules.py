@@ -19,7 +19,10 @@ pure functions of a :class:`~chaos.history.History` and the final replicated sta
     at the bind (``bound_at_ms`` is the bind's stamp), so no slack is needed; a bind
     stamped at the very millisecond of the failure was applied before it. Binds come
     from the job history (each ended attempt with its nodes and the job's owner) and
-    the final state (each job's last attempt).
+    the final state (each job's last attempt). A member placed again (member
+    replacement, generation 1 and up) was bound later than its attempt: in the final
+    state its own ``bound_at_ms`` is its bind; an ended attempt's node that held only
+    such members (by the members' start records) has no known bind and is not judged.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections import defaultdict
 from chaos.history import History, JobHistory, UnfitSpan, Violation
 from synapse_ha.core.model import AttemptState, ClusterState, Job, JobState
 from synapse_ha.core.reasons import Reason, ReasonCode
+from synapse_ha.core.views import host_of
 
 NODE_CANNOT_RUN = ReasonCode.NODE_CANNOT_RUN.value
 NODE_FAULT_CODES = frozenset(
@@ -107,18 +111,38 @@ def unfit_spans(history: History, state: ClusterState | None) -> list[UnfitSpan]
     return spans
 
 
+def replacements_only(history: History, state: ClusterState | None) -> set[tuple[str, int, str]]:
+    """(job, token, node) where the attempt's members that started were all placed again
+    (generation 1 and up): bound there after the attempt was."""
+    if state is None:
+        return set()
+    node_of = {host_of(n.info.address): n.node_id for n in state.nodes.values()}
+    generations: dict[tuple[str, int, str], set[int]] = defaultdict(set)
+    for r in history.members:
+        if r.type == "start" and host_of(r.node) in node_of:
+            generations[(r.job, r.token, node_of[host_of(r.node)])].add(r.generation)
+    return {key for key, gens in generations.items() if min(gens) > 0}
+
+
 def binds(history: History, state: ClusterState | None) -> list[tuple[str, int, str, int, str]]:
-    """(job, fencing token, owner, bind time, node) of every attempt known, once each."""
+    """(job, fencing token, owner, bind time, node) of every attempt known, once each; a
+    member placed again has its own bind."""
     out: dict[tuple[str, int, str], tuple[str, int]] = {}
+    later = replacements_only(history, state)
     for j in history.job_history:
         for a in j.attempts:
             for node in a.nodes:
-                out[(j.job, a.token, node)] = (j.owner, a.bound_at_ms)
+                if (j.job, a.token, node) not in later:
+                    out[(j.job, a.token, node)] = (j.owner, a.bound_at_ms)
     for job in state.jobs.values() if state is not None else ():
         if job.attempt is not None:
-            for m in job.attempt.members:
+            for m, status in zip(job.attempt.members, job.attempt.member_status, strict=True):
                 key = (job.job_id, job.attempt.fencing_token, m.node_id)
-                out[key] = (job.owner, job.attempt.bound_at_ms)
+                bound = job.attempt.bound_at_ms
+                if m.generation and status.bound_at_ms is not None:
+                    bound = status.bound_at_ms
+                if key not in out or m.generation == 0:
+                    out[key] = (job.owner, bound)
     return sorted((job, token, owner, at, node) for (job, token, node), (owner, at) in out.items())
 
 

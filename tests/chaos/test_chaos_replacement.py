@@ -9,9 +9,29 @@ from __future__ import annotations
 from dataclasses import replace
 
 from chaos.checker import EffectRecord, History, MemberRecord, check_history
-from chaos.history import THAW_KILL_BOUND_MS, FaultRecord
+from chaos.history import (
+    THAW_KILL_BOUND_MS,
+    AttemptHistory,
+    FaultRecord,
+    GpuUnhealthy,
+    JobHistory,
+    UnfitSpan,
+)
 from chaos.replace_rules import check_replacements, replaced_ranks
-from tests.chaos.test_chaos_checker import MS, clean_history
+from synapse_ha.core.codec.versioned import encode_state
+from synapse_ha.core.model import (
+    AttemptState,
+    ClusterState,
+    JobState,
+    MemberPlacement,
+    Node,
+    NodeInfo,
+    NodeStatus,
+    Resources,
+)
+from tests.chaos.test_chaos_checker import HEAL_WALL_MS, MS, clean_history, final_state
+
+BOUND = HEAL_WALL_MS - 5_000  # every attempt of final_state() was bound then
 
 JOB, TOKEN = "j1", 3
 
@@ -201,3 +221,57 @@ def test_a_frozen_rank_replaced_while_the_rest_of_its_gang_ran_on() -> None:
     history.members.append(MemberRecord("effect", JOB, 1, TOKEN, 1, "w2", 6_050 * MS, 12))
     history.effects.insert(-1, accepted(1, 0, 6_100))
     assert kinds(history) == ["replaced-before-fenced", "stale-write"]
+
+
+# ------------------------------------- binds: a replacement is bound on its own
+
+
+def replaced_state(member_bound_ms: int) -> ClusterState:
+    """The final state of j1 (token 3, bound at BOUND) after rank 1 was placed again on
+    w3 (GPU 1) at ``member_bound_ms``, as generation 1; j2 as in the clean history."""
+    state = final_state(
+        ("j1", "req-1", TOKEN, 1, JobState.SUCCEEDED), ("j2", "req-2", 6, 2, JobState.SUCCEEDED)
+    )
+    attempt = state.jobs[JOB].attempt
+    assert attempt is not None
+    attempt.members = (attempt.members[0], MemberPlacement(1, "w3", (1,), generation=1))
+    attempt.member_status[1].bound_at_ms = member_bound_ms
+    state.jobs[JOB].owner = "admin"
+    for name in ("w1", "w2", "w3"):
+        info = NodeInfo(name, f"{name}:7070", Resources(8000, 16384, 4), ((0, 1, 2, 3),))
+        state.nodes[name] = Node(info, NodeStatus.READY, 0)
+    return state
+
+
+def with_state(history: History, state: ClusterState) -> History:
+    history.replica_states = {r: encode_state(state) for r in ("r1", "r2", "r3")}
+    return history
+
+
+def test_a_replacement_is_judged_at_its_own_bind_for_gpu_health() -> None:
+    # GPU 1 of w3 was unhealthy when the attempt was bound, and repaired before rank 1
+    # was placed there again: no violation.
+    span = GpuUnhealthy("w3", 1, BOUND - 1_000, BOUND + 3_000)
+    history = with_state(replaced_history(), replaced_state(BOUND + 4_000))
+    history.gpu_unhealthy = [span]
+    assert check_history(history) == []
+    # Placed there while it was unhealthy: flagged.
+    history = with_state(replaced_history(), replaced_state(BOUND + 1_000))
+    history.gpu_unhealthy = [span]
+    found = check_history(history)
+    assert [(v.kind, v.job) for v in found] == [("unhealthy-start", JOB)]
+    assert f"bound at {BOUND + 1_000}" in found[0].detail
+
+
+def test_a_replacement_is_judged_at_its_own_bind_for_node_fitness() -> None:
+    # w3 was unfit for admin when the attempt was bound, fit again when rank 1 came.
+    unfit = UnfitSpan("w3", "admin", BOUND + 2_000, 3_000)
+    history = with_state(replaced_history(), replaced_state(BOUND + 4_000))
+    history.unfit = [unfit]
+    # The replicas' history of the attempt names w3 among its nodes, bound at BOUND.
+    attempt = AttemptHistory(1, TOKEN, AttemptState.SUCCEEDED, BOUND, "", ("w1", "w2", "w3"))
+    history.job_history = [JobHistory(JOB, JobState.SUCCEEDED, "", 0, 0, (attempt,), "admin")]
+    assert check_history(history) == []
+    history = with_state(replaced_history(), replaced_state(BOUND + 1_000))
+    history.unfit = [unfit]
+    assert kinds(history) == ["unfit-bind"]
