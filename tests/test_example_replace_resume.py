@@ -31,9 +31,7 @@ def test_a_member_told_of_a_new_membership_goes_back_to_the_gangs_checkpoint(
         "SYNAPSE_CHECKPOINT_FILE": str(tmp_path / "marks"),
     }
     argv = [sys.executable, str(EXAMPLE), "--steps", "60", "--every", "10", "--step-s", "0.02"]
-    proc = subprocess.Popen(
-        [*argv, "--dir", str(ckpt)], env=env, stdout=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([*argv, "--dir", str(ckpt)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while not (ckpt / "rank-0.step-30").exists():
