@@ -29,7 +29,8 @@ detector does not care which: the real planner's rack packing changes who the pe
 not how many). A gang trains in lockstep: each window it progresses at the pace of its
 slowest member, so a slow member costs every GPU of the gang. Every window of every
 running gang goes to the detector; a node it marks takes no new gang until repaired (the
-gang it is in keeps it: replacing it is ``on_node_failure: replace``'s business).
+gang it is in keeps it: replacing it is ``on_node_failure: replace``'s business, and
+``gpu_hours_lost_after_the_mark`` is what such gangs lose meanwhile).
 
 Each :func:`evaluate` runs twice on the same slow spells and blips: with the detector,
 and without it (the GPU-hours slow nodes cost when nobody finds them).
@@ -254,6 +255,7 @@ class SlowNodeRun:
     gangs_run: int = 0
     gpu_ms: float = 0.0
     lost_gpu_ms: float = 0.0
+    lost_after_mark_gpu_ms: float = 0.0  # of it, gangs that kept a marked member
 
 
 class _Cluster:
@@ -324,7 +326,7 @@ class _Cluster:
             self.run.gangs_run += 1
 
     def _run_window(self, gang: _Gang, now: int) -> None:
-        paces, worst = [], 0.0
+        paces, worst, worst_marked = [], 0.0, False
         longest = self.noise.blip_max_ms
         for rank, node_id in enumerate(gang.nodes):
             factor = self.factor[node_id] * self.jitter.lognormvariate(0, self.noise.window_sigma)
@@ -334,12 +336,16 @@ class _Cluster:
                 self.model.duty >= 1 or self.jitter.random() < self.model.duty
             ):
                 factor *= 1 + tally.spell.slowdown
-                worst = max(worst, tally.spell.slowdown)
+                if tally.spell.slowdown > worst:
+                    worst, worst_marked = tally.spell.slowdown, node_id in self.repair_at
             paces.append(MemberPace(node_id, rank, max(int(gang.base_us * factor), 1)))
         gpus = 8 * len(gang.nodes)
         self.run.gang_windows += 1
         self.run.gpu_ms += gpus * self.window_ms
-        self.run.lost_gpu_ms += gpus * self.window_ms * (1 - 1 / (1 + worst))
+        lost = gpus * self.window_ms * (1 - 1 / (1 + worst))
+        self.run.lost_gpu_ms += lost
+        if worst_marked:
+            self.run.lost_after_mark_gpu_ms += lost
         gang.work_left_ms -= self.window_ms / (1 + worst)
         self._judge(GangWindow(gang.job_id, gang.windows, tuple(paces)), now)
         gang.windows += 1
@@ -428,6 +434,9 @@ def figures(runs: Sequence[SlowNodeRun], baselines: Sequence[SlowNodeRun] = ()) 
         "gang_windows": sum(run.gang_windows for run in runs),
         "gpu_hours_run": round(sum(run.gpu_ms for run in runs) / MS_PER_HOUR, 1),
         "gpu_hours_lost_to_slow_nodes": _hours(runs),
+        "gpu_hours_lost_after_the_mark": round(
+            sum(run.lost_after_mark_gpu_ms for run in runs) / MS_PER_HOUR, 1
+        ),
     }
     if baselines:
         out["gpu_hours_lost_without_detector"] = _hours(baselines)

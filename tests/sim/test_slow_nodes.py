@@ -108,6 +108,7 @@ def test_slow_nodes_are_marked_within_three_gangs_and_cost_less_than_undetected(
     assert fig["windows_at_mark_p50"] == 3
     assert fig["false_marks"] == 0
     assert fig["gpu_hours_lost_to_slow_nodes"] < fig["gpu_hours_lost_without_detector"]
+    assert 0 < fig["gpu_hours_lost_after_the_mark"] < fig["gpu_hours_lost_to_slow_nodes"]
     assert all(t["met"] for t in result["targets"].values())
     # Seeded: the same run gives the same figures.
     assert _evaluated(2)["figures"] == fig
