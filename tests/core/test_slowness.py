@@ -203,7 +203,7 @@ def test_a_healthy_cluster_with_noise_under_the_threshold_never_marks(
             assert ledger.observe(GangWindow(f"job-{job}", window, paces)) == ()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(_GANGS, st.randoms(use_true_random=False), st.integers(min_value=25, max_value=200))
 def test_a_slow_node_is_found_after_three_windows_and_no_other_node(
     gangs: list[list[int]], rng: random.Random, slower_pct: int
