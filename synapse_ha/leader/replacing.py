@@ -44,6 +44,8 @@ class Replacing:
             result = proposal.result()
             if result is not None and result.replacing:
                 nudge = self._nodes
+        if not _any_vacancy(state):
+            return said, nudge  # the usual case: one look at each live job, no sort
         due = (
             replace(c, jitter_seed=self._rng.getrandbits(63))
             for c in due_replacement_timeouts(state, now_ms)
@@ -66,6 +68,16 @@ class Replacing:
             )
             said.append(f"placing lost members again: {ranks}")
         return said, nudge
+
+
+def _any_vacancy(state: ClusterState) -> bool:
+    """Whether a live job has a lost rank."""
+    jobs = state.jobs
+    for job_id in state.live_ids():
+        attempt = jobs[job_id].attempt
+        if attempt is not None and attempt.vacancies:
+            return True
+    return False
 
 
 def _nodes_of(state: ClusterState, command: cmd.ReplaceMembers) -> tuple[str, ...]:

@@ -52,7 +52,12 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
             else:
                 stale += 1
             continue
-        if job is not None and confirm_vacated(state, job, c.node_id, event, now):
+        if (
+            job is not None
+            and job.attempt is not None
+            and job.attempt.vacancies
+            and confirm_vacated(state, job, c.node_id, event, now)
+        ):
             accepted += 1  # the old member of a rank being placed again
             touched.add(c.node_id)
             continue
