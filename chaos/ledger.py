@@ -9,14 +9,17 @@ nanoseconds, which all network namespaces share.
 Record kinds (field ``type``):
 
 * member records (``ledger.jsonl``): ``start``, ``heartbeat``, ``effect``, ``end``,
-  ``term`` with ``job``, ``attempt``, ``token``, ``rank``, ``node``, ``mono_ns``, ``pid``;
+  ``term``, ``preempted`` and ``membership`` (told of a new membership of its gang) with
+  ``job``, ``attempt``, ``token``, ``rank``, ``generation``, ``replace``, ``node``,
+  ``mono_ns``, ``pid``;
 * step records (``steps.jsonl``, :mod:`chaos.steptask`): ``task-start``,
   ``task-heartbeat``, ``task-end``, ``task-term`` of a job step's task with ``job``,
   ``attempt``, ``token``, ``step``, ``task``, ``node``, ``pid``, ``pid_ns``,
   ``start_ticks``, ``gpus``, ``mono_ns``; ``batch-start`` and ``batch-end`` (with
   ``statuses``) of an sbatch job's batch script, without ``step`` and ``task``;
 * sink decisions (``effects.jsonl``): ``effect`` with ``job``, ``token``, ``rank``,
-  ``attempt``, ``node``, ``pid``, ``accepted``, ``highest_before``, ``mono_ns``;
+  ``generation``, ``attempt``, ``node``, ``pid``, ``accepted``, ``highest_before``,
+  ``mono_ns``, and ``claim`` (a member's token and generation claimed as it starts);
 * submissions (``submissions.jsonl``): ``begin``, then one of ``ok``, ``failed``,
   ``unknown`` with ``request_id``, ``name``, ``job_id``, ``detail``, ``mono_ns``; an
   array's records also carry ``array`` (its text) and ``throttle`` (0: none), and its

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Member = tuple[str, int, int, int]  # (job, fencing token, rank, generation)
+# The records of a member that is done with its work or stopped.
+ENDING = ("effect", "end", "term", "preempted")
 
 
 @dataclass(slots=True)
@@ -19,6 +21,7 @@ class SeenMember:
     last_ns: int  # its newest record
     gpus: frozenset[int] = frozenset()
     replace: bool = False  # its gang asked for member replacement
+    ended: bool = False  # it committed its effect or was stopped (effect, end, term)
 
 
 @dataclass(slots=True)
@@ -34,6 +37,7 @@ class SeenMembers:
         rank, gen = int(str(record["rank"])), int(str(record.get("generation", 0)))
         seen = self.members.setdefault((job, token, rank, gen), SeenMember(node, at))
         seen.last_ns = max(seen.last_ns, at)
+        seen.ended = seen.ended or record.get("type") in ENDING
         if record.get("type") == "start":
             gpus = str(record.get("gpus", "")).split(",")
             seen.gpus = frozenset(int(g) for g in gpus if g.strip().isdigit())
@@ -51,10 +55,11 @@ class SeenMembers:
         return {k: m for k, m in self.members.items() if m.node == worker and m.last_ns >= since_ns}
 
     def replace_members(self, worker: str, since_ns: int) -> list[tuple[Member, SeenMember]]:
-        """Members on ``worker`` with a record since ``since_ns``, of gangs with member
-        replacement, each the newest generation of its rank, whose gang also wrote a
-        record on another worker since then (losing ``worker`` leaves the gang running)."""
-        live = {k: m for k, m in self.members.items() if m.last_ns >= since_ns}
+        """Members on ``worker`` with a record since ``since_ns`` and still at work, of
+        gangs with member replacement, each the newest generation of its rank, whose gang
+        also has a member at work on another worker (losing ``worker`` leaves the gang
+        running; a gang whose only members left run there is requeued whole)."""
+        live = {k: m for k, m in self.members.items() if m.last_ns >= since_ns and not m.ended}
         return [
             (key, m)
             for key, m in sorted(live.items())

@@ -12,8 +12,9 @@ lost rank must be placed again while the rest of the gang runs on.
   and reports its exit, and the rank is placed again. The heal restarts the worker and
   repairs the GPU, as ``gpu-xid``'s does.
 
-The target is a worker of the lane's pool holding a member of such a gang that also runs
-on another worker (losing the target leaves the gang running), waited for up to
+The target is a worker of the lane's pool holding a member at work of such a gang that
+also has a member at work on another worker (losing the target leaves the gang running;
+the last members of a gang lost together requeue it whole), waited for up to
 :data:`TARGET_WAIT_S`; without one the fault falls on a busy worker all the same and says
 so. After the duration the fault waits (at most :data:`REPLACED_WAIT_S`) until each
 member hit has a successor: a newer generation of its rank, or a newer attempt of its
@@ -34,7 +35,7 @@ from chaos.cluster import ChaosCluster
 from chaos.members_seen import Member
 
 KINDS = nemesis.REPLACE_FAULTS
-TARGET_WAIT_S = 20.0
+TARGET_WAIT_S = 12.0
 REPLACED_WAIT_S = 10.0
 RUNNING_S = 0.6  # a member with a record this recent is running
 POLL_S = 0.05

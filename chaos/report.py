@@ -23,6 +23,7 @@ from chaos.checker import (
     reruns_after_unfinished,
     thaw_writes,
 )
+from chaos.replace_rules import replaced_ranks
 from chaos.step_rules import step_counts
 from synapse_ha.core.codec.decode_errors import CodecError
 from synapse_ha.core.codec.versioned import decode_state
@@ -76,6 +77,15 @@ def write_report(
         "preempted_attempts": preemptions(load_history(run_dir)),
         "writes_after_thaw_within_bound": thaw_writes(load_history(run_dir)),
         "most_attempts": most_attempts(load_history(run_dir)),
+        "replace_submissions": sum(
+            1
+            for r in ledger.read_records(run_dir / ledger.SUBMISSIONS)
+            if r.get("replace") and r["type"] == "ok"
+        ),
+        "replaced_ranks": replaced_ranks(load_history(run_dir)),
+        "memberships_told": sum(
+            1 for r in ledger.read_records(run_dir / ledger.LEDGER) if r["type"] == "membership"
+        ),
         "quiesce": meta.get("quiesce", ""),
         "error": meta.get("error", ""),
         "violations": [str(v) for v in violations],

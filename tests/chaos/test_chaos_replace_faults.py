@@ -245,3 +245,14 @@ def test_without_a_replace_gang_the_fault_falls_on_a_busy_worker(tmp_path: Path)
     assert hold() == "no member of a replace gang was hit"
     heal()
     assert os.path.isdir(tmp_path)
+
+
+def test_a_gang_whose_other_members_are_done_is_no_target() -> None:
+    seen = SeenMembers()
+    now = ledger.now_ns()
+    seen.saw(start("j1", 3, 0, 0, "0"), "w1", now)
+    seen.saw(start("j1", 3, 1, 0, "1"), "w2", now)
+    assert [k for k, _ in seen.replace_members("w2", now)] == [("j1", 3, 1, 0)]
+    # Rank 0 committed its effect: losing w2 would leave no member at work.
+    seen.saw({"type": "effect", "job": "j1", "token": 3, "rank": 0}, "w1", now + 1)
+    assert seen.replace_members("w2", now) == []
