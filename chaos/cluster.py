@@ -54,6 +54,7 @@ RAFT_PORT = 7001
 GRPC_PORT = 7101
 WORKER_PORT = 7070
 WORKER_GPUS = 4
+WORKER_CPUS = 8
 SUBMIT_INTERVAL_S = 1.2  # between the client's submissions (one lane)
 # The share of submissions that wait (afterok) for the job acknowledged before them.
 DEPENDENCY_SHARE = 0.2
@@ -67,6 +68,10 @@ SBATCH_SHARE = 0.15
 # the replacement kinds aim at them (chaos/replacefaults.py), and every other fault that
 # hits one has its lost member placed again (chaos/replace_rules.py).
 REPLACE_SHARE = 0.2
+# What each member of such a gang asks of a worker's CPUs: more than half, so that no two
+# of them share a node (the scheduler would pack a gang onto one node, and a node lost
+# with every member of its gang requeues the gang whole: nothing is left to replace).
+REPLACE_CPU_MILLI = WORKER_CPUS * 1000 // 2 + 500
 
 # holding their GPUs long when a fault stops them from exiting.
 PRIORITY_CLASSES = (
@@ -257,7 +262,7 @@ class ChaosCluster:
                 run_dir / h.name,
                 listen=f"{h.address}:{WORKER_PORT}",
                 extra=[
-                    "--cpu=8",
+                    f"--cpu={WORKER_CPUS}",
                     "--memory=16Gi",
                     f"--mock-gpus={WORKER_GPUS}",
                     f"--topology=rack=rack{1 + i % 2}",
@@ -379,6 +384,7 @@ class ChaosCluster:
                 array_share=self.cfg.array_share,
                 sbatch_share=self.cfg.sbatch_share,
                 replace_share=self.cfg.replace_share,
+                replace_cpu_milli=REPLACE_CPU_MILLI,
                 steps=str(self.dir / ledger.STEPS),
             ),
             self.dir / "workload.json",

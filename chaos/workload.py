@@ -39,8 +39,9 @@ With ``replace_share`` set, that share of the single gangs (not arrays, not sbat
 ask for member replacement (``on_node_failure: replace``, a ``replace_timeout`` of
 :data:`REPLACE_TIMEOUT_MS` and ``SIGUSR1`` as the membership signal): a member lost to its
 node or a GPU fault is placed again while the rest of the gang runs on. Their members get
-``CHAOS_REPLACE=1`` (so their records say so), and their submission records carry
-``replace: true``.
+``CHAOS_REPLACE=1`` (so their records say so), ask ``replace_cpu_milli`` of a node's CPUs
+(more than half a worker's, so that no two of their members share a node and a node lost
+costs such a gang one member), and their submission records carry ``replace: true``.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ class WorkloadConfig:
     # The share of single gangs submitted with on_node_failure: replace (0: none; as for
     # arrays, nothing is drawn then).
     replace_share: float = 0.0
+    # What each member of those gangs asks of a node's CPUs (0: as every member): the
+    # cluster asks for more than half a worker's, so that they never share a node.
+    replace_cpu_milli: int = 0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -201,7 +205,11 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
         priority_class=priority_class,
         name=f"chaos-{cfg.seed}-{index}",
         replicas=replicas,
-        resources=pb.Resources(cpu_milli=500, memory_mib=256, gpu=gpu),
+        resources=pb.Resources(
+            cpu_milli=cfg.replace_cpu_milli if replacing and cfg.replace_cpu_milli else 500,
+            memory_mib=256,
+            gpu=gpu,
+        ),
         argv=pb.CommandArgs(
             args=[cfg.python, "-m", "chaos.member", cfg.ledger, cfg.sink, str(duration)]
         ),

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from chaos import ledger, member, nemesis, replacefaults
+from chaos.cluster import REPLACE_CPU_MILLI, WORKER_CPUS
 from chaos.members_seen import SeenMembers
 from chaos.sink import FencingSink
 from chaos.workload import REPLACE_TIMEOUT_MS, job_spec
@@ -37,7 +38,7 @@ def test_the_kinds_are_worker_kinds_played_once_in_the_targeted_scenario() -> No
 
 
 def test_a_share_of_the_single_gangs_ask_for_replacement() -> None:
-    cfg = config(replace_share=0.3, array_share=0.2)
+    cfg = config(replace_share=0.3, array_share=0.2, replace_cpu_milli=4_500)
     rng = random.Random(4)
     specs = [job_spec(cfg, rng, i) for i in range(300)]
     replacing = [s for s in specs if s.HasField("replace")]
@@ -47,8 +48,12 @@ def test_a_share_of_the_single_gangs_ask_for_replacement() -> None:
     for s in replacing:
         assert s.replicas >= 2
         assert (s.replace.timeout_ms, s.replace.signal) == (REPLACE_TIMEOUT_MS, "SIGUSR1")
+        assert s.resources.cpu_milli == 4_500  # never two of their members on one node
         assert {(e.name, e.value) for e in s.env} >= {("CHAOS_REPLACE", "1")}
-    assert not any(e.name == "CHAOS_REPLACE" for s in singles if s not in replacing for e in s.env)
+    others = [s for s in specs if not s.HasField("replace")]
+    assert not any(e.name == "CHAOS_REPLACE" for s in others for e in s.env)
+    assert {s.resources.cpu_milli for s in others} == {500}
+    assert REPLACE_CPU_MILLI * 2 > WORKER_CPUS * 1000  # the cluster's share: one a node
     assert not any(s.HasField("replace") for s in (job_spec(config(), rng, i) for i in range(50)))
 
 
