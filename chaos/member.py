@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(143)
 
     signal.signal(signal.SIGTERM, on_term)
-    record("start")
+    record("start", until_ns=now_ns() + duration_ms * 1_000_000)  # when it plans to end
     # Claim the token at the sink first, so that an older attempt resuming later (its host
     # frozen and thawed) is refused there. Best effort: the effect is fenced anyway.
     for _ in range(3):

@@ -22,6 +22,7 @@ class SeenMember:
     gpus: frozenset[int] = frozenset()
     replace: bool = False  # its gang asked for member replacement
     ended: bool = False  # it committed its effect or was stopped (effect, end, term)
+    until_ns: int = 0  # when it planned to end its work, as its start record said
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class SeenMembers:
             gpus = str(record.get("gpus", "")).split(",")
             seen.gpus = frozenset(int(g) for g in gpus if g.strip().isdigit())
             seen.replace = bool(record.get("replace"))
+            seen.until_ns = int(str(record.get("until_ns", 0)))
             key = (job, token, rank)
             self.newest_generation[key] = max(self.newest_generation.get(key, 0), gen)
 
@@ -54,11 +56,15 @@ class SeenMembers:
         """The members with a record on ``worker`` at or after ``since_ns``."""
         return {k: m for k, m in self.members.items() if m.node == worker and m.last_ns >= since_ns}
 
-    def replace_members(self, worker: str, since_ns: int) -> list[tuple[Member, SeenMember]]:
+    def replace_members(
+        self, worker: str, since_ns: int, lasting_ns: int = 0
+    ) -> list[tuple[Member, SeenMember]]:
         """Members on ``worker`` with a record since ``since_ns`` and still at work, of
         gangs with member replacement, each the newest generation of its rank, whose gang
-        also has a member at work on another worker (losing ``worker`` leaves the gang
-        running; a gang whose only members left run there is requeued whole)."""
+        also has a member at work on another worker that plans to work on until
+        ``lasting_ns`` at least (losing ``worker`` leaves the gang running until its lost
+        ranks can be placed again; a gang whose members left all ran there, or all ended
+        meanwhile, is requeued whole)."""
         live = {k: m for k, m in self.members.items() if m.last_ns >= since_ns and not m.ended}
         return [
             (key, m)
@@ -66,5 +72,8 @@ class SeenMembers:
             if m.node == worker
             and m.replace
             and not self.newer_generation(key)
-            and any(k[:2] == key[:2] and o.node != worker for k, o in live.items())
+            and any(
+                k[:2] == key[:2] and o.node != worker and o.until_ns >= lasting_ns
+                for k, o in live.items()
+            )
         ]

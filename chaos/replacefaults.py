@@ -13,8 +13,10 @@ lost rank must be placed again while the rest of the gang runs on.
   repairs the GPU, as ``gpu-xid``'s does.
 
 The target is a worker of the lane's pool holding a member at work of such a gang that
-also has a member at work on another worker (losing the target leaves the gang running;
-the last members of a gang lost together requeue it whole), waited for up to
+also has a member at work on another worker, planning (its ``start`` record says until
+when) to work on for :data:`LASTING_S` at least: losing the target leaves the gang running
+until the lost rank can be placed again (a gang whose members left are all lost, or all
+ended, is requeued whole). It is waited for up to
 :data:`TARGET_WAIT_S`; without one the fault falls on a busy worker all the same and says
 so. After the duration the fault waits (at most :data:`REPLACED_WAIT_S`) until each
 member hit has a successor: a newer generation of its rank, or a newer attempt of its
@@ -36,6 +38,10 @@ from chaos.members_seen import Member
 
 KINDS = nemesis.REPLACE_FAULTS
 TARGET_WAIT_S = 12.0
+# How long the rest of the gang must still plan to work when the fault comes, so that it
+# still runs when the lost rank can be placed again: the dead timeout (4 s in the chaos
+# cluster) and a pass for a killed agent, the Xid's report and the member's stop for a GPU.
+LASTING_S = {nemesis.KILL_REPLACE_WORKER: 7.0, nemesis.GPU_XID_REPLACE: 3.0}
 REPLACED_WAIT_S = 10.0
 RUNNING_S = 0.6  # a member with a record this recent is running
 POLL_S = 0.05
@@ -48,26 +54,29 @@ def label(member: Member) -> str:
     return f"{job}/t{token} rank {rank} g{gen}"
 
 
-def targets(c: ChaosCluster, pool: list[str]) -> dict[str, list[Member]]:
-    """Workers of ``pool`` holding running members of replace gangs -> those members."""
-    since = ledger.now_ns() - int(RUNNING_S * 1e9)
+def targets(c: ChaosCluster, pool: list[str], lasting_s: float) -> dict[str, list[Member]]:
+    """Workers of ``pool`` holding running members of replace gangs whose gang works on
+    elsewhere for ``lasting_s`` at least -> those members."""
+    now = ledger.now_ns()
+    since, lasting = now - int(RUNNING_S * 1e9), now + int(lasting_s * 1e9)
     out: dict[str, list[Member]] = {}
     for worker in pool:
         if c.workers[worker].alive:
-            hits = [key for key, _ in c.members_seen.replace_members(worker, since)]
+            found = c.members_seen.replace_members(worker, since, lasting)
+            hits = [key for key, _ in found]
             if hits:
                 out[worker] = hits
     return out
 
 
 def choose(
-    c: ChaosCluster, pool: list[str], busy: list[str], pick: int
+    c: ChaosCluster, kind: str, pool: list[str], busy: list[str], pick: int
 ) -> tuple[str, list[Member]]:
     """The worker to fault and the replace members on it, waiting for one (bounded); a
     busy worker and no member when none came."""
     deadline = time.monotonic() + TARGET_WAIT_S
     while True:
-        found = targets(c, pool)
+        found = targets(c, pool, LASTING_S[kind])
         if found:
             worker = sorted(found)[pick % len(found)]
             return worker, found[worker]
@@ -121,7 +130,7 @@ def play(
 ) -> tuple[list[str], str, Callable[[], None] | None, Heal, Callable[[], str]]:
     """Start a replacement fault: its targets, a sentence, what to poll while it lasts
     (or None), the heal, and the hold (wait for the successors)."""
-    worker, hits = choose(c, pool, busy, pick)
+    worker, hits = choose(c, kind, pool, busy, pick)
     watch: Callable[[], None] | None = None
     if kind == nemesis.GPU_XID_REPLACE and hits:
         hits = hits[pick % len(hits) : pick % len(hits) + 1]  # the member whose GPU faults

@@ -18,7 +18,7 @@ from chaos import ledger, member, nemesis, replacefaults
 from chaos.cluster import REPLACE_CPU_MILLI, WORKER_CPUS
 from chaos.members_seen import SeenMembers
 from chaos.sink import FencingSink
-from chaos.workload import REPLACE_TIMEOUT_MS, job_spec
+from chaos.workload import REPLACE_EXTRA_MS, REPLACE_TIMEOUT_MS, job_spec
 from tests.chaos.test_chaos_arrays import config
 
 # ------------------------------------------------------------------- the schedule
@@ -46,9 +46,11 @@ def test_a_share_of_the_single_gangs_ask_for_replacement() -> None:
     assert 0.2 < len(replacing) / len(singles) < 0.4
     assert not any(s.array for s in replacing)
     for s in replacing:
-        assert s.replicas >= 2
+        assert s.replicas == 2  # of gang sizes 2 and 3: a node left to place a rank on
         assert (s.replace.timeout_ms, s.replace.signal) == (REPLACE_TIMEOUT_MS, "SIGUSR1")
         assert s.resources.cpu_milli == 4_500  # never two of their members on one node
+        low, high = cfg.member_ms
+        assert low + REPLACE_EXTRA_MS <= int(s.argv.args[-1]) <= high + REPLACE_EXTRA_MS
         assert {(e.name, e.value) for e in s.env} >= {("CHAOS_REPLACE", "1")}
     others = [s for s in specs if not s.HasField("replace")]
     assert not any(e.name == "CHAOS_REPLACE" for s in others for e in s.env)
@@ -107,9 +109,13 @@ def test_the_sink_refuses_a_replaced_generation_once_its_successor_claimed(
 # ------------------------------------------------------------------- the observer
 
 
-def start(job: str, token: int, rank: int, gen: int, gpus: str, replace: bool = True) -> dict:  # type: ignore[type-arg]
+def start(
+    job: str, token: int, rank: int, gen: int, gpus: str, replace: bool = True, for_s: float = 60
+) -> dict[str, object]:
+    """A member's start record: it plans to work for ``for_s``."""
     return {"type": "start", "job": job, "token": token, "rank": rank, "generation": gen,
-            "gpus": gpus, "replace": replace}  # fmt: skip
+            "gpus": gpus, "replace": replace,
+            "until_ns": ledger.now_ns() + int(for_s * 1e9)}  # fmt: skip
 
 
 def test_the_observer_finds_replace_members_and_their_successors() -> None:
@@ -255,9 +261,11 @@ def test_without_a_replace_gang_the_fault_falls_on_a_busy_worker(tmp_path: Path)
 def test_a_gang_whose_other_members_are_done_is_no_target() -> None:
     seen = SeenMembers()
     now = ledger.now_ns()
-    seen.saw(start("j1", 3, 0, 0, "0"), "w1", now)
+    seen.saw(start("j1", 3, 0, 0, "0", for_s=1.5), "w1", now)
     seen.saw(start("j1", 3, 1, 0, "1"), "w2", now)
     assert [k for k, _ in seen.replace_members("w2", now)] == [("j1", 3, 1, 0)]
+    # Rank 0 ends within 2 s: w2 killed, its rank could not be placed again in time.
+    assert seen.replace_members("w2", now, lasting_ns=now + int(2e9)) == []
     # Rank 0 committed its effect: losing w2 would leave no member at work.
     seen.saw({"type": "effect", "job": "j1", "token": 3, "rank": 0}, "w1", now + 1)
     assert seen.replace_members("w2", now) == []
