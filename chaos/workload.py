@@ -41,8 +41,9 @@ ask for member replacement (``on_node_failure: replace``, a ``replace_timeout`` 
 node or a GPU fault is placed again while the rest of the gang runs on. Their members get
 ``CHAOS_REPLACE=1`` (so their records say so), ask ``replace_cpu_milli`` of a node's CPUs
 (more than half a worker's, so that no two of their members share a node and a node lost
-costs such a gang one member), are of the smallest gang size of two or more (so that a
-node is left to place a lost rank on), run :data:`REPLACE_EXTRA_MS` longer (so that the
+costs such a gang one member), are of the smallest gang size of two or more and the
+fewest GPUs (so that they are placed about as easily as other gangs, and a node is left to
+place a lost rank on), run :data:`REPLACE_EXTRA_MS` longer (so that the
 rest of the gang still runs once a lost rank may be placed again) and take the submission
 slots of :data:`REPLACE_SLOTS` gangs, and their submission records carry
 ``replace: true``.
@@ -181,7 +182,7 @@ REPLACE_SIGNAL = "SIGUSR1"
 # How much longer than other gangs' the members of replace gangs run: a node is declared
 # dead only after the dead timeout, and a member lost then is placed again only while
 # another member of its gang still runs (a gang with none left is requeued whole).
-REPLACE_EXTRA_MS = 5_000
+REPLACE_EXTRA_MS = 4_000
 # A replace gang takes the submission slots of this many gangs (the wait after it is that
 # many intervals): its members run longer and never share a node, and the load a run
 # offers sets how long its cluster takes to drain after the heal.
@@ -209,9 +210,12 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
     gpu = min(cfg.gpus_per_member) if array else rng.choice(cfg.gpus_per_member)
     replacing = None if array or replicas < 2 else replace_policy(cfg, rng)
     if replacing is not None:
-        # The smallest gang of two or more: with its members on nodes of their own
-        # (replace_cpu_milli), a node lost must leave a node free to place the rank on.
+        # The smallest gang of two or more, of the fewest GPUs: its members need nodes of
+        # their own (replace_cpu_milli), so it is the hardest gang to place, and a gang
+        # waiting for room holds back those behind it; and a node lost must leave a node
+        # free to place the rank on.
         replicas = min(n for n in cfg.gang_sizes if n >= 2)
+        gpu = min(cfg.gpus_per_member)
         duration += REPLACE_EXTRA_MS
     env = [pb.EnvVar(name="PYTHONPATH", value=cfg.pythonpath)]
     if replacing is not None:

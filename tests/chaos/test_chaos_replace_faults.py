@@ -46,7 +46,7 @@ def test_a_share_of_the_single_gangs_ask_for_replacement() -> None:
     assert 0.2 < len(replacing) / len(singles) < 0.4
     assert not any(s.array for s in replacing)
     for s in replacing:
-        assert s.replicas == 2  # of gang sizes 2 and 3: a node left to place a rank on
+        assert (s.replicas, s.resources.gpu) == (2, 1)  # of 2-3 members, 1-2 GPUs each
         assert (s.replace.timeout_ms, s.replace.signal) == (REPLACE_TIMEOUT_MS, "SIGUSR1")
         assert s.resources.cpu_milli == 4_500  # never two of their members on one node
         low, high = cfg.member_ms
