@@ -164,7 +164,7 @@ def _replace_members(state: ClusterState, c: cmd.ReplaceMembers, now: int) -> Re
     placed: list[str] = []
     rejected: list[Rejection] = []
     for replacement in c.replacements:
-        problem = _problem(state, replacement)
+        problem = _problem(state, replacement, now)
         if problem is not None:
             rejected.append(Rejection(replacement.job_id, *problem))
             continue
@@ -180,7 +180,7 @@ def _replace_members(state: ClusterState, c: cmd.ReplaceMembers, now: int) -> Re
 Problem = tuple[RejectCode, str]
 
 
-def _problem(state: ClusterState, r: cmd.MemberReplacement) -> Problem | None:
+def _problem(state: ClusterState, r: cmd.MemberReplacement, now: int) -> Problem | None:
     """Why ``r`` may not be applied now, or None."""
     job = state.jobs.get(r.job_id)
     if job is None:
@@ -211,7 +211,7 @@ def _problem(state: ClusterState, r: cmd.MemberReplacement) -> Problem | None:
             f"node {node.node_id} no longer fits: needs {need.describe()}, "
             f"has {node.free.describe()} free",
         )
-    if node.unfit and job.owner in unfit_owners(node.unfit, state.last_time_ms):
+    if node.unfit and job.owner in unfit_owners(node.unfit, now):
         return RejectCode.NODE_UNFIT, f"node {node.node_id} could not start this owner's members"
     members = _with(attempt.members, r.member)
     nodes = list(dict.fromkeys(m.node_id for m in members))
