@@ -113,6 +113,20 @@ class ReportNodeChecks:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkNodeDegraded:
+    """The leader found a node consistently slower than the other members of its gangs
+    (:mod:`synapse_ha.core.health.slowness`, from the pace its workers report). Recorded
+    as the node's ``degraded`` condition with ``evidence`` (which gangs, how much slower),
+    which cordons a ready node as a failing check does; every gang with
+    ``on_node_failure: replace`` that has members there has them placed elsewhere, as a
+    drain does. A node already degraded keeps its condition and moves nothing again."""
+
+    node_id: str
+    evidence: str
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitJob:
     """Add a job. Idempotent: the same ``request_id`` returns the existing job."""
 
@@ -402,6 +416,7 @@ Command = (
     | RepairGpus
     | RaiseFormat
     | ReportNodeChecks
+    | MarkNodeDegraded
     | SubmitJob
     | CancelJob
     | RequeueJob
@@ -431,6 +446,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     RepairGpus,
     RaiseFormat,
     ReportNodeChecks,
+    MarkNodeDegraded,
     SubmitJob,
     CancelJob,
     RequeueJob,

@@ -39,6 +39,7 @@ class ReasonCode(enum.StrEnum):
     MEMBER_LOST = "member_lost"  # rank, node, exit_code, detail
     NODE_DEAD = "node_dead"  # node, detail
     NODE_DRAINED = "node_drained"  # node, detail: an operator drained it (a lost member's cause)
+    NODE_DEGRADED = "node_degraded"  # node, detail: found slow (a lost member's cause)
     GPU_UNHEALTHY = "gpu_unhealthy"  # node, gpus, code: a GPU the attempt held failed
     NODE_CANNOT_RUN = "node_cannot_run"  # rank, node, exit_code, detail
     MEMBER_HUNG = "member_hung"  # rank, node, exit_code, timeout_ms, detail
@@ -388,6 +389,10 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ),
     ReasonCode.NODE_DRAINED: lambda r: (
         f"node {r.text('node')} was drained"
+        + (f" ({r.text('detail')})" if r.text("detail") else "")
+    ),
+    ReasonCode.NODE_DEGRADED: lambda r: (
+        f"node {r.text('node')} was found slow"
         + (f" ({r.text('detail')})" if r.text("detail") else "")
     ),
     ReasonCode.GPU_UNHEALTHY: lambda r: (

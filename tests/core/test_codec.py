@@ -41,6 +41,7 @@ EXAMPLES: list[c.Command] = [
     c.RepairGpus("n1", (3,), 6, "user:ops"),
     c.RaiseFormat(3, ("r1", "r2", "r3"), 8),
     c.ReportNodeChecks("n1", (NodeCheck("health-check", True, "disk full"),), 6),
+    c.MarkNodeDegraded("n1", "node n1: 23% slower than the median of its gang", 6),
     c.SubmitJob(job("x", replicas=3, gpu=2, required="rack", time_limit_s=60, retries=2), "r", 6),
     c.CancelJob("job-000001", "user asked", 7),
     c.RequeueJob("job-000001", "checkpointed", 7, "user:alice"),

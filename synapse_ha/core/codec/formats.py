@@ -32,6 +32,7 @@ from synapse_ha.core.commands import (
     DeleteCohort,
     ExitCause,
     ExpireDeadline,
+    MarkNodeDegraded,
     MemberEvent,
     MemberEventKind,
     ReplaceMembers,
@@ -136,6 +137,8 @@ NEW_COMMANDS: dict[type, int] = {
     RequeueJob: 13,
     # Lost ranks of running gangs placed again (core/replacement.py).
     ReplaceMembers: 14,
+    # A node the leader finds slow from its members' pace (core/health/slowness.py).
+    MarkNodeDegraded: 15,
 }
 # Enum values each format added (an older release cannot decode them).
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {
@@ -161,6 +164,8 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ReasonCode.REQUEUED_REPLACE_TIMEOUT: 14,
     ReasonCode.REPLACING: 14,
     ReasonCode.NODE_DRAINED: 14,
+    # A member moved off a node found slow (MarkNodeDegraded, itself format 15).
+    ReasonCode.NODE_DEGRADED: 15,
 }
 
 

@@ -36,6 +36,12 @@ this rule and its neighbours.
 
 Cost: :class:`SlownessLedger` keeps at most ``span`` verdicts per node, so a window
 costs what its members are, whatever the history.
+
+On a real cluster, a member's pace comes with its worker's heartbeat
+(:class:`PaceReport`: the median of the member's own step time over the worker's recent
+window), the leader builds the windows (:mod:`synapse_ha.leader.slow_nodes`) and a node
+it marks gets the condition :data:`DEGRADED` with the evidence
+(:class:`~synapse_ha.core.commands.MarkNodeDegraded`).
 """
 
 from __future__ import annotations
@@ -45,8 +51,46 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import groupby
 
+from synapse_ha.core.health.fitness import MAX_CHECK_MESSAGE, NodeCondition
+
 MAX_THRESHOLD_PCT = 1000
 MAX_SPAN = 100
+# The condition a node marked slow gets (a node check's name; see MarkNodeDegraded).
+DEGRADED = "degraded"
+# A pace report's bounds: a step of at most an hour, a peer group's key of 32 characters.
+MAX_STEP_US = 3_600_000_000
+MAX_PEERS = 32
+
+
+def is_degraded(conditions: tuple[NodeCondition, ...]) -> bool:
+    """Whether a node with ``conditions`` is marked slow."""
+    return any(k.name == DEGRADED for k in conditions)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PaceReport:
+    """What a worker says of one member's pace in a heartbeat: the member (job, fencing
+    token, rank), the median of its own time per step over the worker's window
+    (``step_us``, microseconds), how many steps that window held, and its peer group."""
+
+    job_id: str
+    fencing_token: int
+    rank: int
+    step_us: int
+    steps: int
+    peers: str = ""
+
+    def error(self) -> str | None:
+        """The first field out of its range, as a sentence naming it and the rule."""
+        if self.rank < 0:
+            return f"paces.rank: at least 0, got {self.rank}"
+        if not 1 <= self.step_us <= MAX_STEP_US:
+            return f"paces.step_us: between 1 and {MAX_STEP_US}, got {self.step_us}"
+        if self.steps < 1:
+            return f"paces.steps: at least 1, got {self.steps}"
+        if len(self.peers) > MAX_PEERS or not self.peers.isprintable():
+            return f"paces.peers: at most {MAX_PEERS} printable characters"
+        return None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -131,19 +175,31 @@ class SlowNode:
         """The gangs of the strikes, each once, in the order of the strikes."""
         return tuple(dict.fromkeys(v.job_id for v in self.strikes))
 
-    def evidence(self) -> str:
+    def evidence(self, limit: int = 0) -> str:
         """A sentence a person can act on: ``node n7: 23% slower than the median of its
-        gang in 3 of its last 4 windows (2 gangs): job-12 window 4 (rank 3, 21%), ...``."""
+        gang in 3 of its last 4 windows (2 gangs): job-12 window 4 (rank 3, 21%), ...``.
+        ``limit`` > 0: at most that many characters, the newest strikes left out first
+        (``and 2 more``)."""
         gangs = len(self.gangs)
         where = "1 gang" if gangs == 1 else f"{gangs} gangs"
-        cases = ", ".join(
+        cases = [
             f"{v.job_id} window {v.window} (rank {v.rank}, {v.slower_pct}%)" for v in self.strikes
-        )
-        return (
+        ]
+        head = (
             f"node {self.node_id}: {self.slower_pct}% slower than the median of its gang in "
             f"{len(self.strikes)} of its last {self.weighed} windows ({where}), the slowest "
-            f"member each time: {cases}"
+            f"member each time: "
         )
+        shown = len(cases)
+        text = head + ", ".join(cases)
+        while limit > 0 and len(text) > limit and shown > 0:
+            shown -= 1
+            text = head + ", ".join([*cases[:shown], f"and {len(cases) - shown} more"])
+        return text[:limit] if limit > 0 else text
+
+    def condition_message(self) -> str:
+        """The evidence as a node condition's message (bounded as a check's message)."""
+        return self.evidence(MAX_CHECK_MESSAGE)
 
 
 def _peer_key(pace: MemberPace) -> str:

@@ -10,10 +10,11 @@ command becomes an error :class:`Result`, and an unexpected exception becomes an
 One module per aggregate, each with the handlers of its commands (``HANDLERS``):
 :mod:`.config`, :mod:`.nodes`, :mod:`.jobs`, :mod:`.binding` (plan verification),
 :mod:`.reports` (member reports), :mod:`.apply_preemption`, :mod:`.apply_health`,
-:mod:`.apply_node_checks`, :mod:`.tokens_queues`; and :mod:`.attempts`, how an attempt
-ends, which they share. An ``apply_`` module is the state-machine side of the rules
-module of the same subject in :mod:`synapse_ha.core` (``apply_health`` applies
-:mod:`synapse_ha.core.health.fitness`, ``apply_dependencies``
+:mod:`.apply_node_checks`, :mod:`.apply_degraded` (a node found slow),
+:mod:`.tokens_queues`; and :mod:`.attempts`, how an attempt ends, which they share. An
+``apply_`` module is the state-machine side of the rules module of the same subject in
+:mod:`synapse_ha.core` (``apply_health`` applies :mod:`synapse_ha.core.health.fitness`,
+``apply_degraded`` :mod:`synapse_ha.core.health.slowness`, ``apply_dependencies``
 :mod:`synapse_ha.core.workflows.dependencies`, ``apply_checkpoints``
 :mod:`synapse_ha.core.workflows.checkpoints`, ``apply_node_checks``
 :mod:`synapse_ha.core.health.node_checks`, ``apply_preemption``
@@ -27,6 +28,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec.formats import format_needed, format_refusal
 from synapse_ha.core.commands import Result, ResultCode, error
 from synapse_ha.core.machine import (
+    apply_degraded,
     apply_health,
     apply_node_checks,
     apply_preemption,
@@ -66,6 +68,7 @@ HANDLERS: dict[type, Handling] = {
     **apply_preemption.HANDLERS,
     **apply_health.HANDLERS,
     **apply_node_checks.HANDLERS,
+    **apply_degraded.HANDLERS,
 }
 
 

@@ -35,10 +35,10 @@ def _report_node_checks(state: ClusterState, c: cmd.ReportNodeChecks, now: int) 
     if conditions == node.conditions:
         return ok(f"node {c.node_id}: checks unchanged")
     node.conditions = conditions
-    return ok(f"node {c.node_id}: {_follow(node)}")
+    return ok(f"node {c.node_id}: {follow_conditions(node)}")
 
 
-def _follow(node: Node) -> str:
+def follow_conditions(node: Node) -> str:
     """Cordon a ready node with a condition; uncordon a node without any whose cordon
     the checks set; keep the cordon's reason current. Says what the node now is."""
     ours = node.status is NodeStatus.CORDONED and node.status_by == CHECK_ACTOR
