@@ -56,6 +56,7 @@ from synapse_ha.leader.ports import Nudger, Proposer, StateReader
 from synapse_ha.leader.replacing import Replacing
 from synapse_ha.leader.scheduling import DesiredSettings
 from synapse_ha.leader.silence import DEFAULT_SILENCE_HOLD, SilenceHold, hold_reason
+from synapse_ha.leader.slow_nodes import SlowNodes
 
 
 def _marked(state: ClusterState, preemptor: str) -> bool:
@@ -159,8 +160,11 @@ class LeaderLoop:
         timer: Callable[[], float] = time.perf_counter,
         nudger: Nudger | None = None,
         wake: Callable[[], None] | None = None,
+        slow_nodes: SlowNodes | None = None,
     ) -> None:
-        """``wake`` is called (on another thread) when one of this loop's proposals
+        """``slow_nodes``: the collector of the members' pace that marks slow nodes
+        (leader/slow_nodes.py), weighed at housekeeping; None: no such marks.
+        ``wake`` is called (on another thread) when one of this loop's proposals
         settles, so the driver can step at once instead of at its next tick.
         ``desired``: the timeouts, locality wait and scheduling settings this replica is
         configured with, replicated when the cluster's configuration differs (dropped once
@@ -176,6 +180,7 @@ class LeaderLoop:
         self._timer = timer
         self._nudger = nudger
         self._wake = wake
+        self._slow_nodes = slow_nodes
         self._bind_nodes: tuple[str, ...] = ()
         self._next_pass_ms: int | None = None
         self._pass_cost_ms = 0.0
@@ -234,6 +239,8 @@ class LeaderLoop:
         self._last_purge_ms = now_ms
         self._last_plan = None
         self._planner.reset()
+        if self._slow_nodes is not None:
+            self._slow_nodes.reset()
         self._set_ready(False)
         if is_leader:
             self._liveness.reset(now_ms)
@@ -300,6 +307,9 @@ class LeaderLoop:
             sentences += self._expire_deadlines(state, now_ms)
             sentences += self._fail_unstarted(state, now_ms)
             sentences += self._replace_lost(state, now_ms)
+            if self._slow_nodes is not None:
+                found = self._slow_nodes.step(state, now_ms, self._start)
+                sentences += [self._note(s) for s in found]
         sentences += [self._schedule(state, now_ms), self._purge_finished(now_ms)]
         said = [s for s in sentences if s]
         return "; ".join(said) if said else "leader: nothing to do"
