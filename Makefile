@@ -174,6 +174,8 @@ bench: $(STAMP)
 	  --out bench/results/sim > bench/results/simulator.json
 	$(BIN)/python bench/tenancy.py > /dev/null
 	cat bench/results/tenancy.json
+	$(BIN)/python bench/quality.py --parts synthetic,multi-tenant > /dev/null
+	cat bench/results/quality.md
 	$(BIN)/python bench/vs_ray.py > bench/results/vs_ray.json
 	cat bench/results/vs_ray.json
 	$(BIN)/python bench/throughput.py > /dev/null
