@@ -205,6 +205,40 @@ class ReplaceMembers:
     now_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class MemberGrowth:
+    """New top ranks for a running elastic gang (core/elastic.py): ``members`` continue
+    its ranks in order, each generation 0, on free nodes of its required domain."""
+
+    job_id: str
+    fencing_token: int
+    members: tuple[MemberPlacement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GrowMembers:
+    """Grow running elastic gangs (the leader's growth plan). Each growth is verified at
+    apply like a replacement, all its members or none; a refused one changes nothing and
+    the others still apply."""
+
+    growths: tuple[MemberGrowth, ...]
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkMembers:
+    """Shrink a running elastic gang to ``size`` members (never below its min): its
+    ranks from ``size`` up stop, and each one's share of its node is freed once it is
+    confirmed stopped. ``for_job``: the waiting gang the room is taken back for ("" for
+    none)."""
+
+    job_id: str
+    fencing_token: int
+    size: int
+    for_job: str = ""
+    now_ms: int = 0
+
+
 class MemberEventKind(enum.StrEnum):
     STARTED = "started"
     EXITED = "exited"
@@ -434,6 +468,8 @@ Command = (
     | SetCohort
     | DeleteCohort
     | ReplaceMembers
+    | GrowMembers
+    | ShrinkMembers
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
@@ -464,6 +500,8 @@ COMMAND_TYPES: tuple[type, ...] = (
     SetCohort,
     DeleteCohort,
     ReplaceMembers,
+    GrowMembers,
+    ShrinkMembers,
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from synapse_ha.core.job_predicates import gang_sizes
 from synapse_ha.core.machine.apply_dependencies import Outcome, outcome_of
 from synapse_ha.core.member_counts import MemberCounts
 from synapse_ha.core.model import (
@@ -23,6 +24,7 @@ from synapse_ha.core.model import (
     occupies_slot,
 )
 from synapse_ha.core.queues.cohort_tree import MAX_COHORT_DEPTH, ancestors
+from synapse_ha.core.replacement import leaving
 from synapse_ha.core.spec.member_limits import reserved_of
 from synapse_ha.core.workflows.arrays import task_id
 from synapse_ha.core.workflows.checkpoints import mark_problems
@@ -188,7 +190,7 @@ def _lost_attempt_problems(job_id: str, job: Job, lost: LostAttempt) -> list[str
         ranks != sorted(set(ranks))
         or any(not 0 <= r < len(lost.nodes) for r in ranks)
         or len(ranks) >= len(lost.nodes)
-        or len(lost.nodes) != job.spec.replicas
+        or not _size_ok(job, len(lost.nodes))
     ):
         problems.append(f"{job_id}: lost attempt ranks {ranks} of {len(lost.nodes)}")
     return problems
@@ -201,7 +203,7 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
     if attempt is None:
         return [f"{job_id}: {job.state.value} without an attempt"]
     problems = []
-    if len(attempt.members) != job.spec.replicas:
+    if not _size_ok(job, len(attempt.members)):
         problems.append(
             f"{job_id}: partial gang, {len(attempt.members)} of {job.spec.replicas} bound"
         )
@@ -226,6 +228,12 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
     return problems
 
 
+def _size_ok(job: Job, members: int) -> bool:
+    """Whether an attempt of ``job`` may have ``members`` members (core/elastic.py)."""
+    fewest, most = gang_sizes(job.spec)
+    return fewest <= members <= most
+
+
 def _vacancy_problems(job_id: str, job: Job) -> list[str]:
     """Lost ranks of a live attempt: only with ``replace:``, sorted and distinct, ranks of
     the attempt; one known stopped has no member running."""
@@ -236,8 +244,11 @@ def _vacancy_problems(job_id: str, job: Job) -> list[str]:
         return []
     problems = []
     ranks = [v.rank for v in vacancies]
-    if job.spec.replace is None:
+    gone = [v.rank for v in vacancies if leaving(v)]
+    if job.spec.replace is None and len(gone) < len(ranks):
         problems.append(f"{job_id}: ranks {ranks} being placed again without replace:")
+    if gone and (job.spec.elastic is None or gone != list(range(gone[0], len(attempt.members)))):
+        problems.append(f"{job_id}: ranks {gone} given back, not the top ranks of an elastic gang")
     if ranks != sorted(set(ranks)) or not all(0 <= r < len(attempt.members) for r in ranks):
         problems.append(f"{job_id}: lost ranks {ranks} not sorted, distinct ranks of the gang")
         return problems

@@ -22,6 +22,7 @@ from synapse_ha.core.cluster_config import (
     Queue,
     QueueHistory,
 )
+from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.health.fitness import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.health.prestart import Prestart
 from synapse_ha.core.health.progress import Progress
@@ -269,6 +270,8 @@ class JobSpec:
     nodes: NodeSelector | None = field(default=None, metadata=added_in(13))
     # A lost member is placed again while the gang runs on (core/replacement.py); None: requeue.
     replace: ReplacePolicy | None = field(default=None, metadata=added_in(14))
+    # An elastic gang's fewest members (core/elastic.py; ``replicas`` is its most); None: fixed.
+    elastic: ElasticPolicy | None = field(default=None, metadata=added_in(15))
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,8 @@ class ReasonCode(enum.StrEnum):
     BOUND = "bound"  # attempt, hosts
     RUNNING = "running"  # attempt, replaced? (ranks placed again so far)
     REPLACING = "replacing"  # attempt, ranks; cause: lost ranks being placed again
+    # attempt, members, size, for_job?: an elastic gang giving back its top ranks
+    SHRINKING = "shrinking"
 
     # -- finished
     SUCCEEDED = "succeeded"  # members
@@ -447,7 +449,13 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
     ),
     ReasonCode.RUNNING: lambda r: (
         f"attempt {r.num('attempt')} running"
+        + (f" with {r.num('members')} of {r.num('most')} members" if r.has("most") else "")
         + (f" ({r.num('replaced')} member(s) placed again)" if r.has("replaced") else "")
+    ),
+    ReasonCode.SHRINKING: lambda r: (
+        f"attempt {r.num('attempt')} running; shrinking from {r.num('members')} to "
+        f"{r.num('size')} members"
+        + (f" to make room for {r.text('for_job')}" if r.has("for_job") else "")
     ),
     ReasonCode.REPLACING: lambda r: (
         f"attempt {r.num('attempt')} running; rank(s) {_ranks(r)} lost ({_cause(r)}), "

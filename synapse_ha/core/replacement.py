@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synapse_ha.core.reasons import Reason
+from synapse_ha.core.reasons import Reason, ReasonCode
 
 # The job document's keys: ``on_node_failure: replace`` (or ``requeue``, the default),
 # ``replace_timeout`` and ``membership_signal``.
@@ -50,6 +50,12 @@ class Vacancy:
     since_ms: int
     cause: Reason
     stopped: bool = False
+
+
+def leaving(vacancy: Vacancy) -> bool:
+    """Whether ``vacancy`` is a rank an elastic gang gives back (core/elastic.py): it is
+    never placed again, and the attempt drops it once it is known stopped."""
+    return vacancy.cause.code is ReasonCode.SHRINKING
 
 
 MIN_REPLACE_TIMEOUT_MS = 1_000

@@ -7,7 +7,7 @@ from operator import attrgetter
 
 from synapse_ha.core.commands import ExpireDeadline, ExpireTimeLimit, FailAttempt
 from synapse_ha.core.desired import DesiredMember, LaunchSpec
-from synapse_ha.core.job_predicates import time_limit_deadline
+from synapse_ha.core.job_predicates import membership_signal, time_limit_deadline
 from synapse_ha.core.model import (
     Attempt,
     ClusterState,
@@ -17,6 +17,7 @@ from synapse_ha.core.model import (
     unconfirmed_members,
 )
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
+from synapse_ha.core.replacement import leaving
 from synapse_ha.core.workflows.windows import resolved
 
 
@@ -119,7 +120,7 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
         nodes[m.node_id].info.address if m.node_id in nodes else m.node_id for m in members
     )
     launch = LaunchSpec.of(job.spec)  # shared by every member of the gang
-    replace = job.spec.replace
+    signal = membership_signal(job.spec)
     per_node: dict[str, int] = {}
     local_rank_of: list[int] = []
     for member in members:
@@ -147,21 +148,22 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
                     spec=launch,
                     owner=job.owner,
                     preempt_deadline_ms=0 if ended else attempt.preempt_deadline_ms,
-                    resume_step=None if ended else _resume_step(job, attempt, member.generation),
+                    resume_step=None if ended else _resume_step(job, attempt, rank),
                     ended=ended,
                     generation=member.generation,
                     membership=attempt.membership,
-                    membership_signal=replace.signal if replace is not None else "",
+                    membership_signal=signal,
                 ),
             )
         )
     return out
 
 
-def _resume_step(job: Job, attempt: Attempt, generation: int) -> int | None:
-    """The step a member resumes from: a rank placed again, from its gang's newest mark
-    of this attempt when there is one; any other, from its job's newest attempt mark."""
-    if generation:
+def _resume_step(job: Job, attempt: Attempt, rank: int) -> int | None:
+    """The step a member resumes from: a rank placed again or added to a running elastic
+    gang (bound after its gang), from its gang's newest mark of this attempt when there is
+    one; any other, from its job's newest attempt mark."""
+    if attempt.member_status[rank].bound_at_ms is not None:
         mark = attempt.mark()
         if mark is not None and mark.step is not None:
             return mark.step
@@ -199,7 +201,9 @@ def replace_timeout_reason(job: Job, now_ms: int) -> Reason | None:
     policy = job.spec.replace
     if attempt is None or policy is None:
         return None
-    late = [v for v in attempt.vacancies if now_ms >= v.since_ms + policy.timeout_ms]
+    late = [
+        v for v in attempt.vacancies if now_ms >= v.since_ms + policy.timeout_ms and not leaving(v)
+    ]
     if not late:
         return None
     return reason(

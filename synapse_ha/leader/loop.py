@@ -51,6 +51,7 @@ from synapse_ha.core.model import ClusterState, JobState, NodeStatus
 from synapse_ha.core.reasons import render
 from synapse_ha.core.scheduler import CapacityCache, IncrementalPlanner, Plan, schedule
 from synapse_ha.core.views import due_deadlines, due_start_timeouts, due_time_limits
+from synapse_ha.leader.elastic import Elasticity
 from synapse_ha.leader.in_flight import InFlight, propose_per_job
 from synapse_ha.leader.ports import Nudger, Proposer, StateReader
 from synapse_ha.leader.replacing import Replacing
@@ -198,6 +199,7 @@ class LeaderLoop:
         self._next_deadline_scan_ms = 0
         self._start_timeouts: dict[str, InFlight] = {}
         self._replacing = Replacing(self._start, self._rng)
+        self._elasticity = Elasticity(self._start)
         self._purge: InFlight | None = None
         self._preempts: dict[str, tuple[InFlight, tuple[str, ...]]] = {}
         self._dirty = True
@@ -454,8 +456,11 @@ class LeaderLoop:
         )
 
     def _replace_lost(self, state: ClusterState, now_ms: int) -> list[str]:
-        """Lost members of running gangs placed again (leader/replacing.py)."""
+        """Lost members of running gangs placed again (leader/replacing.py), elastic
+        gangs grown and shrunk (leader/elastic.py)."""
         said, nudge = self._replacing.step(state, now_ms)
+        resized, grown = self._elasticity.step(state, now_ms)
+        said, nudge = said + resized, nudge + grown
         if nudge and self._nudger is not None:
             targets = [(n, state.nodes[n].info.address) for n in nudge if n in state.nodes]
             self._nudger.nudge(targets)

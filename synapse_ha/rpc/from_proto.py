@@ -16,9 +16,11 @@ from typing import Any
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, Cohort, Limits, Queue
 from synapse_ha.core.desired import DesiredMember, LaunchSpec, Preempting
+from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.health.fitness import GpuFault, NodeCheck
 from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.health.progress import SOURCE_FILE, Progress
+from synapse_ha.core.health.slowness import PaceReport
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources, RetryPolicy
 from synapse_ha.core.node_selector import NodeSelector
 from synapse_ha.core.replacement import ReplacePolicy
@@ -80,6 +82,9 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         replace=fields.from_message(ReplacePolicy, msg.replace)
         if msg.HasField("replace")
         else None,
+        elastic=fields.from_message(ElasticPolicy, msg.elastic)
+        if msg.HasField("elastic")
+        else None,
     )
     return spec
 
@@ -104,6 +109,13 @@ def prestart_from_proto(msg: pb.Prestart) -> Prestart:
 def checks_from_proto(msgs: Iterable[pb.NodeCheck]) -> tuple[NodeCheck, ...]:
     """A worker's node checks (not yet checked: :func:`node_checks.check_node_checks`)."""
     return tuple(NodeCheck(m.name, m.failing, m.message) for m in msgs)
+
+
+def paces_from_proto(msgs: Iterable[pb.MemberPace]) -> tuple[PaceReport, ...]:
+    """A worker's members' paces (not yet checked: :meth:`PaceReport.error`)."""
+    return tuple(
+        PaceReport(m.job_id, m.fencing_token, m.rank, m.step_us, m.steps, m.peers) for m in msgs
+    )
 
 
 def gpu_faults_from_proto(msgs: Iterable[pb.GpuFault]) -> tuple[GpuFault, ...]:

@@ -15,6 +15,7 @@ from synapse_ha.core.cluster_config import Cohort, Limits, PriorityClass, Queue
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.health.fitness import GpuFault, NodeCheck, NodeCondition
 from synapse_ha.core.health.prestart import Prestart
+from synapse_ha.core.health.slowness import PaceReport
 from synapse_ha.core.identity.admission import shown_request_id
 from synapse_ha.core.model import (
     ArrayJob,
@@ -80,6 +81,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         msg.nodes.CopyFrom(fields.to_message(pb.NodeSelector, spec.nodes))
     if spec.replace is not None:
         msg.replace.CopyFrom(fields.to_message(pb.ReplacePolicy, spec.replace))
+    if spec.elastic is not None:
+        msg.elastic.CopyFrom(fields.to_message(pb.ElasticPolicy, spec.elastic))
     if spec.shell:
         msg.shell_command = spec.command[0] if spec.command else ""
     else:
@@ -252,15 +255,42 @@ def heartbeat_to_proto(
     running: Iterable[cmd.MemberEvent],
     faults: Iterable[GpuFault],
     checks: Iterable[NodeCheck],
+    paces: Iterable[PaceReport] = (),
 ) -> pb.HeartbeatRequest:
     """A worker's heartbeat: its reports not yet acknowledged, its running members, its
-    unhealthy GPUs and its checks' latest results."""
+    unhealthy GPUs, its checks' latest results and its members' paces. With paces, in the
+    embedded form (the only one that has them), which every replica reads first."""
+    reported = [member_event_to_proto(r) for r in reports]
+    members = [member_event_to_proto(r) for r in running]
+    paced = [pace_to_proto(p) for p in paces]
+    if paced:
+        return pb.HeartbeatRequest(
+            heartbeat=pb.Heartbeat(
+                node_id=node_id,
+                reports=reported,
+                running=members,
+                gpu_faults=gpu_faults_to_proto(faults),
+                checks=checks_to_proto(checks),
+                paces=paced,
+            )
+        )
     return pb.HeartbeatRequest(
         node_id=node_id,
-        reports=[member_event_to_proto(r) for r in reports],
-        running=[member_event_to_proto(r) for r in running],
+        reports=reported,
+        running=members,
         gpu_faults=gpu_faults_to_proto(faults),
         checks=checks_to_proto(checks),
+    )
+
+
+def pace_to_proto(p: PaceReport) -> pb.MemberPace:
+    return pb.MemberPace(
+        job_id=p.job_id,
+        fencing_token=p.fencing_token,
+        rank=p.rank,
+        step_us=p.step_us,
+        steps=p.steps,
+        peers=p.peers,
     )
 
 

@@ -48,6 +48,8 @@ EXAMPLES: list[c.Command] = [
     c.ReplaceMembers(
         (c.MemberReplacement("job-000001", 4, MemberPlacement(1, "n2", (2, 3), generation=1)),), 8
     ),
+    c.GrowMembers((c.MemberGrowth("job-000001", 4, (MemberPlacement(2, "n3", (0, 1)),)),), 8),
+    c.ShrinkMembers("job-000001", 4, 2, "job-000002", 8),
     c.BindPlan(
         (c.GangPlacement("job-000001", 0, (MemberPlacement(0, "n1", (0, 1)),)),),
         (

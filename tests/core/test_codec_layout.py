@@ -20,6 +20,7 @@ import pytest
 from synapse_ha.core import cluster_config, model, reasons
 from synapse_ha.core.codec.decode_errors import CodecError, UnreadableFormat
 from synapse_ha.core.codec.versioned import decode_state, encode_state
+from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.health.fitness import GpuFault, NodeCondition, Unfit
 from synapse_ha.core.health.prestart import Prestart
 from synapse_ha.core.health.progress import Progress
@@ -68,6 +69,7 @@ PINNED: dict[type, tuple[str, ...]] = {
     model.MemberPlacement: ("rank", "node_id", "gpus", "generation"),
     model.MemberStatus: ("state", "exit_code", "started_at_ms", "finished_at_ms", "bound_at_ms"),
     ReplacePolicy: ("timeout_ms", "signal"),
+    ElasticPolicy: ("min_replicas", "signal"),
     Vacancy: ("rank", "node_id", "since_ms", "cause", "stopped"),
     model.Node: ("info", "status", "registered_at_ms", "allocated", "allocated_gpus",
                  "master_ports", "status_reason", "status_by", "gpu_faults", "unfit",

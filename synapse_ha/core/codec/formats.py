@@ -32,6 +32,7 @@ from synapse_ha.core.commands import (
     DeleteCohort,
     ExitCause,
     ExpireDeadline,
+    GrowMembers,
     MarkNodeDegraded,
     MemberEvent,
     MemberEventKind,
@@ -39,6 +40,7 @@ from synapse_ha.core.commands import (
     ReportNodeChecks,
     RequeueJob,
     SetCohort,
+    ShrinkMembers,
 )
 from synapse_ha.core.model import ADDED_IN, Token
 from synapse_ha.core.reasons import ReasonCode
@@ -139,6 +141,9 @@ NEW_COMMANDS: dict[type, int] = {
     ReplaceMembers: 14,
     # A node the leader finds slow from its members' pace (core/health/slowness.py).
     MarkNodeDegraded: 15,
+    # Elastic gangs (core/elastic.py): grown and shrunk while they run.
+    GrowMembers: 15,
+    ShrinkMembers: 15,
 }
 # Enum values each format added (an older release cannot decode them).
 NEW_ENUM_VALUES: dict[enum.Enum, int] = {
@@ -166,6 +171,8 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ReasonCode.NODE_DRAINED: 14,
     # A member moved off a node found slow (MarkNodeDegraded, itself format 15).
     ReasonCode.NODE_DEGRADED: 15,
+    # An elastic gang giving back its top ranks (ShrinkMembers, itself format 15).
+    ReasonCode.SHRINKING: 15,
 }
 
 

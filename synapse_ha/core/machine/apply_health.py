@@ -17,7 +17,7 @@ from synapse_ha.core.health.fitness import GpuFault, Unfit, describe_faults, unh
 from synapse_ha.core.lifecycle import NODE, transition
 from synapse_ha.core.machine.attempts import end_attempt_for, settle_drained
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.machine.replacement import replaceable, vacate
+from synapse_ha.core.machine.replacement import loses_only_leaving, replaceable, vacate
 from synapse_ha.core.model import ClusterState, Job, Node, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spec.validation import check_gpu_faults, describe
@@ -80,10 +80,13 @@ def _vacated(
 ) -> bool:
     """A gang with ``replace:`` loses only its members on the faulty GPUs; their worker,
     no longer asked to run them, stops them and reports it before they are placed again."""
-    attempt = replaceable(job)
+    attempt = job.live_attempt()
     if attempt is None:
         return False
     ranks = [m.rank for m in attempt.members if m.node_id == node_id and sick.intersection(m.gpus)]
+    if replaceable(job) is None:
+        # An elastic gang giving back only these ranks runs on: they are stopping anyway.
+        return loses_only_leaving(job, ranks) is not None
     return vacate(state, job, ranks, outcome, now, stopped=False)
 
 

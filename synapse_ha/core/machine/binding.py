@@ -11,6 +11,7 @@ from synapse_ha.core import lifecycle as lc
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import RejectCode, Rejection, Result, ok
 from synapse_ha.core.health.fitness import fault_of, unfit_owners
+from synapse_ha.core.job_predicates import gang_sizes
 from synapse_ha.core.lifecycle import move_job
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import (
@@ -160,10 +161,12 @@ def _job_problem(job: Job | None, p: cmd.GangPlacement, now: int) -> Problem | N
             RejectCode.UNCONFIRMED_MEMBERS,
             "members of the previous attempt have not been confirmed stopped",
         )
-    if len(p.members) != job.spec.replicas:
+    fewest, most = gang_sizes(job.spec)
+    if not fewest <= len(p.members) <= most:
+        needs = f"{fewest} to {most}" if fewest < most else str(most)
         return (
             RejectCode.WRONG_SIZE,
-            f"plan has {len(p.members)} members, job needs {job.spec.replicas}",
+            f"plan has {len(p.members)} members, job needs {needs}",
         )
     return None
 

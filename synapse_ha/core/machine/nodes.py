@@ -19,7 +19,12 @@ from synapse_ha.core.machine.attempts import (
     settle_drained,
 )
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.machine.replacement import confirm_on_dead_node, replaceable, vacate
+from synapse_ha.core.machine.replacement import (
+    confirm_on_dead_node,
+    loses_only_leaving,
+    replaceable,
+    vacate,
+)
 from synapse_ha.core.model import ClusterState, Job, MemberState, Node, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spec.validation import check_node_info, describe
@@ -183,11 +188,14 @@ def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Resul
 def _vacated(state: ClusterState, job: Job, node_id: str, outcome: Reason, now: int) -> bool:
     """A gang with ``replace:`` loses only its members on the dead node, known stopped
     (the node's worker fenced itself before it was declared dead)."""
-    attempt = replaceable(job)
-    if attempt is None:
+    live = job.live_attempt()
+    if live is None:
         return False
-    ranks = [m.rank for m in attempt.members if m.node_id == node_id]
-    if not vacate(state, job, ranks, outcome, now, stopped=True):
+    ranks = [m.rank for m in live.members if m.node_id == node_id]
+    if replaceable(job) is None:
+        if loses_only_leaving(job, ranks) is None:
+            return False  # an elastic gang giving back only these ranks runs on
+    elif not vacate(state, job, ranks, outcome, now, stopped=True):
         return False
     confirm_on_dead_node(state, job, node_id, now)
     return True

@@ -32,7 +32,7 @@ from synapse_ha.core.model import (
 )
 from synapse_ha.core.node_selector import placement_problem
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
-from synapse_ha.core.replacement import Vacancy
+from synapse_ha.core.replacement import Vacancy, leaving
 from synapse_ha.core.spec.member_limits import reserved_of
 
 
@@ -73,14 +73,46 @@ def vacate(
     ]
     if not left:
         return False
+    if not lost:
+        return True
     added = tuple(Vacancy(r, attempt.members[r].node_id, now, cause, stopped) for r in lost)
     attempt.vacancies = tuple(sorted((*attempt.vacancies, *added), key=lambda v: v.rank))
     for rank in lost:
         if stopped:
             _stopped(state, job, attempt, rank, now)
+    if stopped:
+        drop_shrunk(job, attempt)
     job.reason = _replacing(attempt, cause)
     state.job_state_changed(job)
     return True
+
+
+def loses_only_leaving(job: Job, ranks: list[int]) -> Attempt | None:
+    """The live attempt of ``job`` when every one of ``ranks`` is a rank it is already
+    giving back (an elastic gang shrinking): losing them costs the gang nothing."""
+    attempt = job.live_attempt()
+    if attempt is None or not attempt.vacancies or not ranks:
+        return None
+    gone = {v.rank for v in attempt.vacancies if leaving(v)}
+    return attempt if gone.issuperset(ranks) else None
+
+
+def drop_shrunk(job: Job, attempt: Attempt) -> None:
+    """Once every rank an elastic gang gives back is known stopped, the attempt drops
+    them (they are its top ranks) and its members are told the smaller membership."""
+    if not attempt.vacancies or not all(v.stopped for v in attempt.vacancies if leaving(v)):
+        return
+    gone = [v.rank for v in attempt.vacancies if leaving(v)]
+    if not gone:
+        return
+    size = min(gone)
+    attempt.members = attempt.members[:size]
+    del attempt.member_status[size:]
+    attempt.marks = tuple(m for m in attempt.marks if m.rank < size)
+    attempt.vacancies = tuple(v for v in attempt.vacancies if not leaving(v))
+    attempt.membership += 1
+    if not attempt.vacancies:
+        job.reason = running_reason(job, attempt)
 
 
 def _running_or_bound(attempt: Attempt, rank: int) -> bool:
@@ -101,7 +133,7 @@ def _stopped(state: ClusterState, job: Job, attempt: Attempt, rank: int, now: in
 
 
 def _replacing(attempt: Attempt, cause: Reason) -> Reason:
-    ranks = [v.rank for v in attempt.vacancies]
+    ranks = [v.rank for v in attempt.vacancies if not leaving(v)]
     return reason(ReasonCode.REPLACING, cause, attempt=attempt.number, ranks=ranks_text(ranks))
 
 
@@ -134,6 +166,7 @@ def confirm_vacated(
         vacancies = list(attempt.vacancies)
         vacancies[at] = dataclasses.replace(vacancy, stopped=True)
         attempt.vacancies = tuple(vacancies)
+        drop_shrunk(job, attempt)
         state.job_state_changed(job)
         settle_drained(state, (node_id,))
     return True
@@ -154,6 +187,7 @@ def confirm_on_dead_node(state: ClusterState, job: Job, node_id: str, now: int) 
             v = dataclasses.replace(v, stopped=True)
         vacancies.append(v)
     attempt.vacancies = tuple(vacancies)
+    drop_shrunk(job, attempt)
     state.job_state_changed(job)
 
 
@@ -245,13 +279,27 @@ def _place(state: ClusterState, r: cmd.MemberReplacement, now: int) -> None:
     attempt.membership += 1
     if attempt.vacancies:
         job.reason = _replacing(attempt, attempt.vacancies[0].cause)
-    elif job.state is JobState.RUNNING:
-        job.reason = reason(ReasonCode.RUNNING, attempt=attempt.number, replaced=attempt.membership)
     else:
-        hosts = len({m.node_id for m in attempt.members})
-        job.reason = reason(ReasonCode.BOUND, attempt=attempt.number, hosts=hosts)
+        job.reason = running_reason(job, attempt)
     state.job_state_changed(job)
     settle_drained(state, (old.node_id,))
+
+
+def running_reason(job: Job, attempt: Attempt) -> Reason:
+    """The reason of a gang whose membership just changed and that has no lost rank:
+    running (with how many of its most members, when elastic; with how many were placed
+    again), or still bound."""
+    if job.state is not JobState.RUNNING:
+        hosts = len({m.node_id for m in attempt.members})
+        return reason(ReasonCode.BOUND, attempt=attempt.number, hosts=hosts)
+    elastic = job.spec.elastic is not None
+    return reason(
+        ReasonCode.RUNNING,
+        attempt=attempt.number,
+        members=len(attempt.members) if elastic else None,
+        most=job.spec.replicas if elastic else None,
+        replaced=sum(m.generation for m in attempt.members) or None,
+    )
 
 
 def _move_master_port(state: ClusterState, attempt: Attempt, old: str, new: str) -> None:

@@ -422,6 +422,13 @@ class _Pass:
         deadline = pending_since(job) + self.wait_ms
         local = self._locality(gang, local_depths, deadline)
         hosts = answers.place(gang, target, local if local is not None else depths)
+        if hosts is None and spec.elastic is not None:
+            # An elastic gang starts with its fewest members rather than wait (it grows
+            # once running, core/elastic.py).
+            fewest = replace(gang, n=spec.elastic.min_replicas)
+            hosts = answers.place(fewest, target, local if local is not None else depths)
+            if hosts is not None:
+                gang = fewest
         if hosts is None and local is not None and answers.fits(gang, target, depths):
             plan.reasons[job.job_id] = self.explainer.why_waiting_for_locality(
                 gang, target, local, self.wait_ms

@@ -28,6 +28,7 @@ from synapse_ha.core.model import (
     topology_path,
 )
 from synapse_ha.core.node_selector import placement_problem
+from synapse_ha.core.replacement import leaving
 from synapse_ha.core.scheduler.placement import pick_gpus
 from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.spec.member_limits import reserved_of
@@ -46,12 +47,18 @@ def plan_replacements(state: ClusterState, now_ms: int) -> cmd.ReplaceMembers | 
         if attempt.preempted_by:
             continue
         members = list(attempt.members)
+        vacant = {v.rank for v in attempt.vacancies}
         for vacancy in attempt.vacancies:
-            if not vacancy.stopped:
+            if not vacancy.stopped or leaving(vacancy):
                 continue
             if spares is None:
                 spares = spare_nodes(state)
-            placed = _place_one(state, job, members, vacancy.rank, taken, spares, now_ms)
+            others = [m for m in members if m.rank != vacancy.rank]
+            running = [m for m in others if m.rank not in vacant]
+            generation = members[vacancy.rank].generation + 1
+            placed = place_member(
+                state, job, (others, running), (vacancy.rank, generation), taken, spares, now_ms
+            )
             if placed is None:
                 continue
             members[vacancy.rank] = placed
@@ -59,29 +66,34 @@ def plan_replacements(state: ClusterState, now_ms: int) -> cmd.ReplaceMembers | 
     return cmd.ReplaceMembers(tuple(out), now_ms) if out else None
 
 
-def _place_one(
+def place_member(
     state: ClusterState,
     job: Job,
-    members: list[MemberPlacement],
-    rank: int,
+    gang: tuple[list[MemberPlacement], list[MemberPlacement]],
+    member: tuple[int, int],
     taken: dict[str, tuple[Resources, set[int]]],
-    spares: frozenset[str],
+    spares: frozenset[str] | None,
     now_ms: int,
 ) -> MemberPlacement | None:
-    """A node and GPUs for ``rank`` of ``job`` (its other members at ``members``), taken
-    from ``taken``; None when no node can hold it now."""
+    """A node and GPUs for a member of ``job`` (``member``: its rank and generation),
+    taken from ``taken``; None when no node can hold it now. ``gang``: the job's other
+    members, and of those the ones running (their domains are the gang's). ``spares``:
+    the hot spares, taken first; None: the spares may not be taken at all."""
+    rank, generation = member
     spec = job.spec
     need = reserved_of(job)
-    others = [m.node_id for m in members if m.rank != rank]
-    vacant = {v.rank for v in job.attempt.vacancies} if job.attempt is not None else set()
-    survivors = [m.node_id for m in members if m.rank not in vacant]
+    others = [m.node_id for m in gang[0]]
+    survivors = [m.node_id for m in gang[1]]
     levels = state.config.levels_with_host()
     required = spec.topology_required
     domain = _domain_of(state, survivors, required, levels) if required else None
     preferred = _majority_domain(state, survivors, spec.topology_preferred, levels)
+    kept = spare_nodes(state) if spares is None else frozenset()
     best: tuple[tuple[object, ...], str, tuple[int, ...]] | None = None
     for node_id in sorted(state.nodes):
         node = state.nodes[node_id]
+        if spares is None and node_id in kept:
+            continue
         gpus = _fit(state, job, node, need, taken, now_ms)
         if gpus is None:
             continue
@@ -97,7 +109,7 @@ def _place_one(
         )
         free = node.free - taken.get(node_id, (Resources(), set()))[0]
         key = (
-            node_id not in spares,
+            spares is None or node_id not in spares,
             not in_preferred,
             free.gpu - need.gpu,
             free.cpu_milli - need.cpu_milli,
@@ -110,7 +122,7 @@ def _place_one(
     _, node_id, gpus = best
     used, gpus_used = taken.get(node_id, (Resources(), set()))
     taken[node_id] = (used + need, gpus_used | set(gpus))
-    return MemberPlacement(rank, node_id, gpus, members[rank].generation + 1)
+    return MemberPlacement(rank, node_id, gpus, generation)
 
 
 def _fit(

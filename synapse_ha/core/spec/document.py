@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from synapse_ha.core.cluster_config import DEFAULT_QUEUE, DEFAULT_TOPOLOGY_LEVELS
+from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.health.prestart import DEFAULT_PRESTART_TIMEOUT_MS, Prestart
 from synapse_ha.core.health.progress import SOURCE_FILE, Progress
 from synapse_ha.core.model import JobSpec, Resources, RetryPolicy
@@ -168,7 +169,8 @@ def parse_job_spec(
         no_topology,
     )
     retries = take(lambda: _retries(doc.get("retries", {}), problems), RetryPolicy())
-    replicas = take(lambda: _integer(doc.get("replicas", 1), "replicas"), 1)
+    fixed: tuple[int, int | None] = (1, None)
+    replicas, min_replicas = take(lambda: _replicas(doc.get("replicas", 1), problems), fixed)
     priority, priority_class = take(lambda: _priority(doc.get("priority", 0)), (0, ""))
 
     def string(field: str, value: object) -> str:
@@ -199,7 +201,8 @@ def parse_job_spec(
         array=optional("array", _array, ""),
         wait_for_nodes=optional("wait_for_nodes", _flag, False),
         nodes=optional("nodes", lambda v: _nodes(v, problems), None),
-        replace=_replace(doc, problems),
+        replace=_replace(doc, problems, elastic=min_replicas is not None),
+        elastic=_elastic(doc, min_replicas, problems),
         **{
             f.attr: take(partial(_READERS[f.kind], doc[f.key], f.key), getattr(_PLAIN, f.attr))
             for f in SPEC_FIELDS
@@ -471,10 +474,49 @@ def _nodes(value: object, problems: _Problems) -> NodeSelector | None:
     return selector if selector else None
 
 
-def _replace(doc: Mapping[str, Any], problems: _Problems) -> ReplacePolicy | None:
+def _replicas(value: object, problems: _Problems) -> tuple[int, int | None]:
+    """``replicas: 8`` (a fixed gang: ``(8, None)``) or ``replicas: {min: 4, max: 8}`` (an
+    elastic gang, core/elastic.py: ``(8, 4)``)."""
+    if not isinstance(value, Mapping):
+        return _integer(value, "replicas"), None
+    for key in value:
+        if key not in ("min", "max"):
+            problems.add(f"replicas.{key}", "unknown field; replicas takes min and max")
+    missing = [key for key in ("min", "max") if key not in value]
+    for key in missing:
+        problems.add(f"replicas.{key}", "is required", ViolationCode.REQUIRED)
+    if missing:
+        return 1, None
+    most = problems.take(lambda: _integer(value["max"], "replicas.max"), 1)
+    fewest = problems.take(lambda: _integer(value["min"], "replicas.min"), None)
+    return most, fewest
+
+
+def _elastic(
+    doc: Mapping[str, Any], min_replicas: int | None, problems: _Problems
+) -> ElasticPolicy | None:
+    """An elastic gang's policy: its ``min`` and the ``membership_signal`` its members
+    get when it grows or shrinks; None for a fixed gang."""
+    if min_replicas is None:
+        return None
+    return ElasticPolicy(min_replicas, _signal(doc, problems))
+
+
+def _signal(doc: Mapping[str, Any], problems: _Problems) -> str:
+    """``membership_signal``: ``SIGUSR1`` (the default), ``usr2``, ``none``..."""
+    if "membership_signal" not in doc:
+        return DEFAULT_MEMBERSHIP_SIGNAL
+    text = problems.take(lambda: _string(doc["membership_signal"], "membership_signal"), "")
+    signal = "" if text.lower() == "none" else text.upper()
+    if signal and not signal.startswith("SIG"):
+        signal = "SIG" + signal
+    return signal
+
+
+def _replace(doc: Mapping[str, Any], problems: _Problems, *, elastic: bool) -> ReplacePolicy | None:
     """``on_node_failure: replace`` (or ``requeue``, the default), with its optional
     ``replace_timeout`` (a duration) and ``membership_signal`` (``SIGUSR1``, ``none``...),
-    which only a replacing job may give."""
+    which only a replacing or an elastic job may give."""
     policy = problems.take(
         lambda: _string(doc.get("on_node_failure", "requeue"), REPLACE_KEYS[0]), ""
     )
@@ -483,7 +525,7 @@ def _replace(doc: Mapping[str, Any], problems: _Problems) -> ReplacePolicy | Non
         return None
     if policy == "requeue":
         for key in REPLACE_KEYS[1:]:
-            if key in doc:
+            if key in doc and not (elastic and key == "membership_signal"):
                 problems.add(key, "needs on_node_failure: replace")
         return None
     timeout = DEFAULT_REPLACE_TIMEOUT_MS
@@ -491,13 +533,7 @@ def _replace(doc: Mapping[str, Any], problems: _Problems) -> ReplacePolicy | Non
         timeout = problems.take(
             lambda: parse_duration(doc["replace_timeout"], "replace_timeout"), 0
         )
-    signal = DEFAULT_MEMBERSHIP_SIGNAL
-    if "membership_signal" in doc:
-        text = problems.take(lambda: _string(doc["membership_signal"], "membership_signal"), "")
-        signal = "" if text.lower() == "none" else text.upper()
-        if signal and not signal.startswith("SIG"):
-            signal = "SIG" + signal
-    return ReplacePolicy(timeout, signal)
+    return ReplacePolicy(timeout, _signal(doc, problems))
 
 
 def _flag(value: object) -> bool:

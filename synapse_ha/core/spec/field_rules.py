@@ -1,10 +1,11 @@
 """Rules of the job spec fields that live in modules of their own (dependencies, the
-window, arrays, the node selector, member replacement, the one-value fields of
+window, arrays, the node selector, member replacement, elastic gangs, the one-value fields of
 :mod:`synapse_ha.core.spec.fields`), gathered for
 :func:`synapse_ha.core.spec.validation.check_job_spec`."""
 
 from __future__ import annotations
 
+from synapse_ha.core.elastic import elastic_problems
 from synapse_ha.core.model import JobSpec
 from synapse_ha.core.node_selector import selector_problems
 from synapse_ha.core.replacement import replace_problems
@@ -24,5 +25,6 @@ def more_problems(spec: JobSpec) -> list[tuple[str, str]]:
         + array_problems(spec.array)
         + selector_problems(spec.nodes, spec.replicas)
         + replace_problems(spec.replace, spec.replicas)
+        + elastic_problems(spec.elastic, spec.replicas)
         + spec_field_problems(spec)
     )

@@ -126,7 +126,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., max_backoff_ms: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms", "array", "wait_for_nodes", "stop_grace_ms", "account", "nodes", "replace")
+    __slots__ = ("name", "replicas", "resources", "shell_command", "argv", "env", "workdir", "priority", "topology_required", "topology_preferred", "time_limit_ms", "retries", "image", "queue", "priority_class", "prestart", "progress", "dependencies", "begin_at_ms", "begin_delay_ms", "deadline_at_ms", "deadline_delay_ms", "array", "wait_for_nodes", "stop_grace_ms", "account", "nodes", "replace", "elastic")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class JobSpec(_message.Message):
     ACCOUNT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     replicas: int
     resources: Resources
@@ -183,7 +184,16 @@ class JobSpec(_message.Message):
     account: str
     nodes: NodeSelector
     replace: ReplacePolicy
-    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ..., array: _Optional[str] = ..., wait_for_nodes: _Optional[bool] = ..., stop_grace_ms: _Optional[int] = ..., account: _Optional[str] = ..., nodes: _Optional[_Union[NodeSelector, _Mapping]] = ..., replace: _Optional[_Union[ReplacePolicy, _Mapping]] = ...) -> None: ...
+    elastic: ElasticPolicy
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., shell_command: _Optional[str] = ..., argv: _Optional[_Union[CommandArgs, _Mapping]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., priority: _Optional[int] = ..., topology_required: _Optional[str] = ..., topology_preferred: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., image: _Optional[str] = ..., queue: _Optional[str] = ..., priority_class: _Optional[str] = ..., prestart: _Optional[_Union[Prestart, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., dependencies: _Optional[_Union[Dependencies, _Mapping]] = ..., begin_at_ms: _Optional[int] = ..., begin_delay_ms: _Optional[int] = ..., deadline_at_ms: _Optional[int] = ..., deadline_delay_ms: _Optional[int] = ..., array: _Optional[str] = ..., wait_for_nodes: _Optional[bool] = ..., stop_grace_ms: _Optional[int] = ..., account: _Optional[str] = ..., nodes: _Optional[_Union[NodeSelector, _Mapping]] = ..., replace: _Optional[_Union[ReplacePolicy, _Mapping]] = ..., elastic: _Optional[_Union[ElasticPolicy, _Mapping]] = ...) -> None: ...
+
+class ElasticPolicy(_message.Message):
+    __slots__ = ("min_replicas", "signal")
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    min_replicas: int
+    signal: str
+    def __init__(self, min_replicas: _Optional[int] = ..., signal: _Optional[str] = ...) -> None: ...
 
 class ReplacePolicy(_message.Message):
     __slots__ = ("timeout_ms", "signal")
@@ -1416,18 +1426,36 @@ class DesiredMember(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., member_hosts: _Optional[_Iterable[str]] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[bool] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., workdir: _Optional[str] = ..., time_limit_ms: _Optional[int] = ..., image: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., owner: _Optional[str] = ..., preemption: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempt_grace_ms: _Optional[int] = ..., prestart_command: _Optional[_Iterable[str]] = ..., prestart_shell: _Optional[bool] = ..., prestart_timeout_ms: _Optional[int] = ..., progress_timeout_ms: _Optional[int] = ..., progress_source: _Optional[str] = ..., resume_step: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., generation: _Optional[int] = ..., membership: _Optional[int] = ..., membership_signal: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "reports", "running", "gpu_faults", "checks")
+    __slots__ = ("node_id", "reports", "running", "gpu_faults", "checks", "paces")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
+    PACES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reports: _containers.RepeatedCompositeFieldContainer[MemberReport]
     running: _containers.RepeatedCompositeFieldContainer[MemberReport]
     gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
     checks: _containers.RepeatedCompositeFieldContainer[NodeCheck]
-    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ...) -> None: ...
+    paces: _containers.RepeatedCompositeFieldContainer[MemberPace]
+    def __init__(self, node_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., checks: _Optional[_Iterable[_Union[NodeCheck, _Mapping]]] = ..., paces: _Optional[_Iterable[_Union[MemberPace, _Mapping]]] = ...) -> None: ...
+
+class MemberPace(_message.Message):
+    __slots__ = ("job_id", "fencing_token", "rank", "step_us", "steps", "peers")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_US_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    fencing_token: int
+    rank: int
+    step_us: int
+    steps: int
+    peers: str
+    def __init__(self, job_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., rank: _Optional[int] = ..., step_us: _Optional[int] = ..., steps: _Optional[int] = ..., peers: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "reports", "running", "gpu_faults", "checks", "heartbeat")

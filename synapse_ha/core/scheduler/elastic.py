@@ -1,0 +1,144 @@
+"""The leader's plans for elastic gangs (core/elastic.py): growth onto room nobody waits
+for, and the shrink that gives a waiting gang its room back. Pure functions of the state;
+:class:`~synapse_ha.core.commands.GrowMembers` and
+:class:`~synapse_ha.core.commands.ShrinkMembers` are verified again at apply.
+
+Growth. While no pending gang waits for room (its reason says it waits for capacity, a
+reservation or locality, or no pass has looked at it yet), each running elastic gang below
+its ``max`` gets new top ranks, one node at a time, by the replacement's rule
+(:func:`~synapse_ha.core.scheduler.replacement.place_member`: its required domain, its
+preferred domain first, the tightest fit), never on a hot spare. Gangs in job id order.
+
+Shrink. For the first gang (in queue order: priority, then submission) that waits for room
+and could be placed if elastic gangs of no higher priority gave back their members above
+``min``, those gangs are shrunk to their ``min``, lowest priority and newest first, as few
+of them as make the room. Whether the room suffices is the scheduling pass's own question
+(:func:`~synapse_ha.core.scheduler.placement.fits`) asked of the free capacity with their
+members above ``min`` given back.
+"""
+
+from __future__ import annotations
+
+from synapse_ha.core import commands as cmd
+from synapse_ha.core.model import ClusterState, Job, JobState, Resources
+from synapse_ha.core.reasons import ReasonCode
+from synapse_ha.core.scheduler.capacity import Table, View
+from synapse_ha.core.scheduler.placement import Gang, fits, search_depths
+from synapse_ha.core.scheduler.replacement import place_member
+from synapse_ha.core.spares import spare_nodes
+from synapse_ha.core.spec.member_limits import reserved_of
+
+MAX_LOOKED_AT = 32  # waiting gangs a shrink plan considers, first in queue order
+
+# The reasons of a pending gang that waits for room (or has not been looked at yet).
+WAITS_FOR_ROOM = frozenset(
+    {
+        ReasonCode.PENDING_FIRST_PASS,
+        ReasonCode.WAITING_CAPACITY,
+        ReasonCode.WAITING_SHAPE,
+        ReasonCode.WAITING_LOCALITY,
+        ReasonCode.FIRST_IN_LINE_RESERVED,
+    }
+)
+
+
+def growable(state: ClusterState) -> list[Job]:
+    """Running elastic gangs below their most members, with no rank lost or leaving and
+    not being preempted, in job id order."""
+    out = []
+    for job in state.live_jobs():
+        attempt = job.attempt
+        if (
+            job.spec.elastic is not None
+            and job.state is JobState.RUNNING
+            and attempt is not None
+            and not attempt.vacancies
+            and not attempt.preempted_by
+            and len(attempt.members) < job.spec.replicas
+        ):
+            out.append(job)
+    return out
+
+
+def waiting_for_room(state: ClusterState) -> list[Job]:
+    """Pending gangs that wait for room, in queue order (priority, then submission)."""
+    waiting = [
+        j
+        for j in state.jobs.values()
+        if j.state is JobState.PENDING and j.reason is not None and j.reason.code in WAITS_FOR_ROOM
+    ]
+    waiting.sort(key=lambda j: (-j.spec.priority, j.seq, j.job_id))
+    return waiting
+
+
+def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
+    """New top ranks for every elastic gang that can grow now, or None."""
+    jobs = growable(state)
+    if not jobs or waiting_for_room(state):
+        return None
+    taken: dict[str, tuple[Resources, set[int]]] = {}
+    growths = []
+    for job in jobs:
+        attempt = job.attempt
+        assert attempt is not None
+        members = list(attempt.members)
+        added = []
+        for rank in range(len(members), job.spec.replicas):
+            placed = place_member(state, job, (members, members), (rank, 0), taken, None, now_ms)
+            if placed is None:
+                break
+            members.append(placed)
+            added.append(placed)
+        if added:
+            growths.append(cmd.MemberGrowth(job.job_id, attempt.fencing_token, tuple(added)))
+    return cmd.GrowMembers(tuple(growths), now_ms) if growths else None
+
+
+def plan_shrink(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
+    """The shrinks that make room for the first waiting gang they can make room for."""
+    surplus = [
+        j
+        for j in state.live_jobs()
+        if j.spec.elastic is not None
+        and j.attempt is not None
+        and not j.attempt.vacancies
+        and not j.attempt.preempted_by
+        and len(j.attempt.members) > j.spec.elastic.min_replicas
+    ]
+    if not surplus:
+        return []
+    waiting = waiting_for_room(state)
+    if not waiting:
+        return []
+    table = Table.build(state, spares=spare_nodes(state))
+    view = View(table)
+    levels = len(state.config.topology_levels)
+    for job in waiting[:MAX_LOOKED_AT]:
+        givers = sorted(
+            (g for g in surplus if g.spec.priority <= job.spec.priority),
+            key=lambda g: (g.spec.priority, -g.seq, g.job_id),
+        )
+        if not givers:
+            continue
+        spec = job.spec
+        fewest = spec.elastic.min_replicas if spec.elastic is not None else spec.replicas
+        gang = Gang(job, spec, reserved_of(job), fewest)
+        depths = search_depths(state, spec, levels)
+        if fits(gang, view, depths):
+            continue  # it has room already: the next pass places it
+        mark = table.mark()
+        chosen = []
+        for giver in givers:
+            attempt = giver.attempt
+            assert attempt is not None and giver.spec.elastic is not None
+            keep = giver.spec.elastic.min_replicas
+            need = reserved_of(giver)
+            for member in attempt.members[keep:]:
+                table.adjust(member.node_id, need, member.gpus, +1)
+            chosen.append(
+                cmd.ShrinkMembers(giver.job_id, attempt.fencing_token, keep, job.job_id, now_ms)
+            )
+            if fits(gang, view, depths):
+                return chosen
+        table.undo(mark)
+    return []
