@@ -121,6 +121,13 @@ def job_document(job: JobView, now_ms: int | None = None) -> Document:
         "account": spec.account,
         "nodes": nodes_document(spec.nodes) if spec.nodes is not None else None,
         "on_node_failure": replace_document(spec.replace),
+        "elastic": {
+            "min": spec.elastic.min_replicas,
+            "max": spec.replicas,
+            "signal": spec.elastic.signal,
+        }
+        if spec.elastic is not None
+        else None,
     }
     return {**with_iso(doc, *_TIMES), **times_document(job, now_ms)}
 
@@ -301,6 +308,17 @@ def members_table(
     return table(rows, headers)
 
 
+def replicas_text(doc: Mapping[str, Any]) -> object:
+    """``4``, or of an elastic gang ``2 to 4, elastic (3 now)``."""
+    elastic = doc.get("elastic")
+    if not elastic:
+        return doc["replicas"]
+    text = f"{elastic['min']} to {elastic['max']}, elastic"
+    if doc["members"]:
+        text += f" ({len(doc['members'])} now)"
+    return text
+
+
 def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
     topology = ", ".join(f"{k}: {v}" for k, v in doc["topology"].items() if v)
     fields: list[tuple[str, object]] = [
@@ -311,7 +329,7 @@ def job_table(doc: Mapping[str, Any], now_ms: int) -> str:
         ("REASON", doc["reason"]),
         ("ATTEMPT", doc["attempt"] or None),
         ("FENCING TOKEN", doc["fencing_token"]),
-        ("REPLICAS", doc["replicas"]),
+        ("REPLICAS", replicas_text(doc)),
         ("RESOURCES", f"{resources_text(doc['resources'])} per member"),
         ("QUEUE", doc["queue"]),
         ("ACCOUNT", doc["account"] or None),
@@ -384,13 +402,22 @@ JOBS_HEADERS = [
 ]
 
 
+def members_text(d: Mapping[str, Any]) -> object:
+    """``4``, or of an elastic gang its range and, while it runs, its size: ``3 (2-4)``."""
+    elastic = d.get("elastic")
+    if not elastic:
+        return d["replicas"]
+    sizes = f"{elastic['min']}-{elastic['max']}"
+    return f"{len(d['members'])} ({sizes})" if d["members"] else sizes
+
+
 def job_row(d: Mapping[str, Any], now_ms: int) -> list[object]:
     """The job's line in ``synctl jobs`` (:data:`JOBS_HEADERS`)."""
     return [
         d["id"],
         d["name"],
         d["state"],
-        d["replicas"],
+        members_text(d),
         d["resources"]["gpu"],
         d["attempt"] or None,
         short_time(d["submitted_at_ms"], now_ms),

@@ -29,7 +29,8 @@ JOB_KEYS = [
     "submitted_at_ms", "submitted_at", "finished_at_ms", "finished_at", "attempt_outcome",
     "members", "queue", "priority_class", "preemption", "progress", "prestart",
     "dependencies", "waiting_for", "begin_ms", "deadline_ms", "checkpoint", "resume_step",
-    "stop_grace_ms", "account", "nodes", "on_node_failure", "started_at_ms", "started_at",
+    "stop_grace_ms", "account", "nodes", "on_node_failure", "elastic", "started_at_ms",
+    "started_at",
     "wait_ms", "elapsed_ms",
     "time_left_ms",
 ]  # fmt: skip
@@ -113,6 +114,7 @@ def test_a_job_document_has_every_documented_field() -> None:
     ]  # fmt: skip
     assert (doc["checkpoint"], doc["resume_step"]) == (None, None)
     assert doc["on_node_failure"] == {"policy": "requeue", "timeout_ms": None, "signal": None}
+    assert doc["elastic"] is None
     assert json.loads(render.structured(doc, "json")) == doc
     assert yaml.safe_load(render.structured(doc, "yaml")) == doc
 
@@ -319,3 +321,17 @@ def test_a_nodes_features_reach_its_document_through_the_wire() -> None:
     node = Node(info=info, status=NodeStatus.READY, registered_at_ms=0)
     doc = render_nodes.node_document(node_from_proto(to_proto.node_to_proto(node, 5)))
     assert doc["features"] == ["a100", "ib"]
+
+
+def test_an_elastic_gang_shows_its_range_and_its_size() -> None:
+    msg = running_job()
+    msg.spec.replicas = 4
+    msg.spec.elastic.min_replicas = 2
+    msg.spec.elastic.signal = "SIGUSR2"
+    doc = render_jobs.job_document(job_from_proto(msg))
+    assert doc["elastic"] == {"min": 2, "max": 4, "signal": "SIGUSR2"}
+    assert render_jobs.members_text(doc) == "2 (2-4)"
+    assert "2 to 4, elastic (2 now)" in render_jobs.job_table(doc, 0)
+    assert render_jobs.members_text({**doc, "members": []}) == "2-4"
+    fixed = render_jobs.job_document(job_from_proto(running_job()))
+    assert render_jobs.members_text(fixed) == 2 and render_jobs.replicas_text(fixed) == 2
