@@ -28,6 +28,7 @@ from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
 from synapse_ha.history.store import HistoryStore
 from synapse_ha.leader.loop import STALL_MS, LeaderLoop, Liveness, LoopSettings
 from synapse_ha.leader.scheduling import DesiredSettings
+from synapse_ha.leader.slow_nodes import SlowNodes
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
@@ -123,6 +124,7 @@ class Replica:
         self._wake = threading.Event()
         self._roles: queue.SimpleQueue[tuple[bool, int, int]] = queue.SimpleQueue()
         self.liveness = Liveness()
+        self.slow_nodes = SlowNodes()  # the leader's evidence of slow nodes, never replicated
         self.transport = Transport(config.tls)
         self.nudger = WorkerNudger(
             channel_factory=self.transport.channel, credentials_version=self.transport.version
@@ -187,6 +189,7 @@ class Replica:
             desired=DesiredSettings(config.timeouts, config.locality_wait_ms, config.scheduling),
             nudger=self.stream_nudger,
             wake=self._wake.set,
+            slow_nodes=self.slow_nodes,
         )
 
     def _replica_context(self) -> ReplicaContext:
@@ -208,6 +211,7 @@ class Replica:
             events=self.history.ring if self.history else None,
             pinned_limits=config.scheduling.pinned_limits,
             follows_live_leader=self.raft.follows_live_leader,
+            paces=self.slow_nodes,
         )
 
     def _auth(self) -> AuthInterceptor | None:

@@ -388,6 +388,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         gpu_faults=gpu_health.faults,
         node_checks=health_check.checks,
         checkpoint_marks=executor.marks,
+        member_paces=executor.paces,
     )
     if not config.self_fencing:
         log.critical(

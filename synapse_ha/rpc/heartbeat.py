@@ -41,11 +41,14 @@ def heartbeat_in(message: pb.Heartbeat | Shape, node_id: str = "") -> HeartbeatI
     events = heartbeat_events(message.reports)
     if isinstance(events, Refusal):
         return events
+    # Only the embedded form has paces (a flat shape is an earlier release's sender).
+    paces = message.paces if isinstance(message, pb.Heartbeat) else ()
     return HeartbeatIn(
         node_id,
         events,
         from_proto.gpu_faults_from_proto(message.gpu_faults) if message.gpu_faults else (),
         from_proto.checks_from_proto(message.checks) if message.checks else (),
+        from_proto.paces_from_proto(paces) if paces else (),
     )
 
 

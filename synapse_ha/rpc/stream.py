@@ -473,6 +473,7 @@ class StreamServer:
                 reports=message.reports,
                 gpu_faults=message.gpu_faults,
                 checks=message.checks,
+                paces=message.paces if isinstance(message, pb.Heartbeat) else (),
             )
         )
         try:

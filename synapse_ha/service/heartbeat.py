@@ -19,6 +19,7 @@ from synapse_ha.core.codec.formats import format_needed
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.health.fitness import GpuFault, NodeCheck, conditions_differ, unhealthy_gpus
 from synapse_ha.core.health.node_checks import check_node_checks
+from synapse_ha.core.health.slowness import PaceReport
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.spec import validation
 from synapse_ha.core.views import desired_members
@@ -29,12 +30,13 @@ from synapse_ha.service.replica import Replica
 @dataclass(frozen=True, slots=True)
 class HeartbeatIn:
     """What a worker says in a heartbeat: its node, the member events to record, the
-    GPUs it finds unhealthy and the latest results of its checks."""
+    GPUs it finds unhealthy, the latest results of its checks and its members' paces."""
 
     node_id: str
     events: tuple[cmd.MemberEvent, ...] = ()
     faults: tuple[GpuFault, ...] = ()
     checks: tuple[NodeCheck, ...] = ()
+    paces: tuple[PaceReport, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ def heartbeat(
     node = state.nodes.get(node_id)
     if node is None:
         return node_not_found(node_id)
+    if beat.paces:  # evidence for the leader's slow-node collector, never a command
+        replica.note_paces(node_id, beat.paces, now_ms)
     if not (beat.events or beat.faults or beat.checks or node.conditions):
         # "Alive" and nothing more, the common case: no command to make.
         replica.heard(node_id, now_ms if heard_ms is None else heard_ms)

@@ -4,11 +4,13 @@ in tests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent import futures
 from typing import Protocol
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.health.slowness import PaceReport
 from synapse_ha.core.model import ClusterState
 from synapse_ha.service.refusal import Refusal
 
@@ -31,6 +33,11 @@ class Replica(Protocol):
 
     def heard(self, node_id: str, now_ms: int) -> None:
         """Record that ``node_id``'s worker was heard at ``now_ms`` (liveness)."""
+        ...
+
+    def note_paces(self, node_id: str, paces: Sequence[PaceReport], now_ms: int) -> None:
+        """Give the paces ``node_id``'s worker reported to the leader's slow-node
+        collector (:mod:`synapse_ha.leader.slow_nodes`)."""
         ...
 
     def clock_ms(self) -> int: ...

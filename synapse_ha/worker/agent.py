@@ -38,6 +38,9 @@ Rules it keeps (DESIGN §4 and the heartbeat contract in ``control.proto``):
   when that list changed, so the leader requeues the gang on a failed GPU at once.
 * Every heartbeat carries the latest result of each node check (``checks``: the
   health-check program, :mod:`synapse_ha.worker.health_check`), early when one changed.
+* Members' paces (:mod:`synapse_ha.worker.pace`): every heartbeat carries the median time
+  per step of each running member that writes its pace to ``$SYNAPSE_PROGRESS_FILE``,
+  which the leader weighs to find slow nodes.
 * Checkpoint marks (:mod:`synapse_ha.worker.checkpoint_files`): when a heartbeat goes out, a
   running member whose ``$SYNAPSE_CHECKPOINT_FILE`` changed gets a CHECKPOINT report (its
   newest mark; an older one not yet acknowledged is replaced), and a member that exited
@@ -59,6 +62,7 @@ from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.commands import ExitCause, MemberEvent, MemberEventKind
 from synapse_ha.core.desired import DesiredMember, MemberKey
 from synapse_ha.core.health.fitness import GpuFault, NodeCheck
+from synapse_ha.core.health.slowness import PaceReport
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc import from_proto, states, to_proto
 from synapse_ha.rpc.errors import Reason, failure_of
@@ -203,6 +207,10 @@ def _no_marks(keys: Sequence[MemberKey]) -> Sequence[tuple[MemberKey, Mark]]:
     return ()
 
 
+def _no_paces(keys: Sequence[MemberKey]) -> Sequence[PaceReport]:
+    return ()
+
+
 @dataclass(frozen=True, slots=True)
 class AgentTimings:
     """Used until the leader says otherwise (its replies carry the cluster's values)."""
@@ -227,6 +235,7 @@ class Agent:
         checkpoint_marks: Callable[
             [Sequence[MemberKey]], Sequence[tuple[MemberKey, Mark]]
         ] = _no_marks,
+        member_paces: Callable[[Sequence[MemberKey]], Sequence[PaceReport]] = _no_paces,
     ) -> None:
         """``self_fencing=False`` exists only so the chaos suite can prove it catches a
         build without self-fencing (see ``synapse_ha.programs.worker``); never in production.
@@ -234,8 +243,11 @@ class Agent:
         it must not block); ``node_checks`` the latest result of each node check (the
         health-check program, :mod:`synapse_ha.worker.health_check`), likewise;
         ``checkpoint_marks`` the new checkpoint mark of each of the members it is given
-        whose file changed since it was last asked (the executor's ``marks``)."""
+        whose file changed since it was last asked (the executor's ``marks``);
+        ``member_paces`` the pace each member it is given reported lately (the executor's
+        ``paces``, :mod:`synapse_ha.worker.pace`)."""
         self.checkpoint_marks = checkpoint_marks
+        self.member_paces = member_paces
         self.self_fencing = self_fencing
         self.gpu_faults = gpu_faults
         self.faults_sent: tuple[GpuFault, ...] = ()
@@ -432,7 +444,8 @@ class Agent:
         running = [_report(k, MemberEventKind.STARTED) for k in self.executor.running()]
         faults = tuple(self.gpu_faults())
         checks = tuple(self.node_checks())
-        request = to_proto.heartbeat_to_proto(self.node_id, reports, running, faults, checks)
+        paces = self.member_paces(self.executor.running())
+        request = to_proto.heartbeat_to_proto(self.node_id, reports, running, faults, checks, paces)
         self.faults_sent = faults
         self.checks_sent = checks
         sent_at = self.clock()

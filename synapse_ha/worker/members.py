@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from synapse_ha.core.desired import DesiredMember, MemberKey
+from synapse_ha.core.health.slowness import PaceReport
 from synapse_ha.worker.accounts import (
     Account,
     AccountLookup,
@@ -91,6 +92,7 @@ from synapse_ha.worker.membership import (
     create_membership_file,
     membership_signal,
 )
+from synapse_ha.worker.pace import PaceWatches
 from synapse_ha.worker.procgroup import (
     group_alive,
     process_start_ticks,
@@ -157,6 +159,7 @@ class MemberExecutor:
             self.settings.python, self.settings.fork_server, self.settings.fence_grace_s
         )
         self.checkpoints = CheckpointWatches()  # the members' $SYNAPSE_CHECKPOINT_FILE
+        self.pace_watches = PaceWatches(time.monotonic)  # their $SYNAPSE_PROGRESS_FILE
 
     # ------------------------------------------------------------- lifecycle
 
@@ -256,6 +259,8 @@ class MemberExecutor:
         checkpoint_path = create_checkpoint_file(mdir)
         create_membership_file(mdir, desired)
         self.checkpoints.watch(member.key, checkpoint_path)
+        if progress_path is not None:
+            self.pace_watches.watch(member.key, progress_path)
         if account is not None:
             try:
                 give_to_owner(mdir, log_path, account, progress_path, checkpoint_path)
@@ -415,6 +420,10 @@ class MemberExecutor:
         call (:mod:`synapse_ha.worker.checkpoint_files`)."""
         return self.checkpoints.poll(keys)
 
+    def paces(self, keys: Iterable[MemberKey]) -> list[PaceReport]:
+        """The pace each of ``keys`` reported in the window (:mod:`synapse_ha.worker.pace`)."""
+        return self.pace_watches.poll(keys)
+
     def gpus_held(self) -> dict[MemberKey, tuple[int, ...]]:
         """The GPUs of each running member (one whose supervisor has not yet recorded
         that its whole process group is gone)."""
@@ -521,6 +530,7 @@ class MemberExecutor:
         again, also after an agent restart."""
         member = self.members.pop(key, None)
         self.checkpoints.forget(key)
+        self.pace_watches.forget(key)
         if member is not None:
             # Without the mark (a full disk) an agent restarted later reports the exit
             # again: reports are at-least-once.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from concurrent import futures
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.health.slowness import PaceReport
 from synapse_ha.core.identity import access
 from synapse_ha.core.identity.access import Identity, Role
 from synapse_ha.core.membership import MembershipRefusal, MemberView
@@ -56,6 +57,12 @@ class HeardFrom(Protocol):
     def heard(self, node_id: str, now_ms: int) -> None: ...
 
     def heard_since_election(self, node_id: str) -> int | None: ...
+
+
+class PaceSink(Protocol):
+    """Where workers' member paces go (the leader's slow-node collector)."""
+
+    def note(self, node_id: str, paces: Iterable[PaceReport], now_ms: int) -> None: ...
 
 
 class RaftStatusView(RaftFigures, Protocol):
@@ -147,6 +154,8 @@ class ReplicaContext:
     # lately, and how long a read carrying a token waits for this replica to catch up.
     follows_live_leader: Callable[[], bool] = lambda: False
     follower_read_wait_s: float = 0.5
+    # The leader's collector of members' paces (leader/slow_nodes.py); None: not kept.
+    paces: PaceSink | None = None
 
     def by_raft(self, raft_address: str) -> ReplicaAddress | None:
         for r in self.replicas:
@@ -178,6 +187,10 @@ class ReplicaPort:
 
     def heard(self, node_id: str, now_ms: int) -> None:
         self.ctx.liveness.heard(node_id, now_ms)
+
+    def note_paces(self, node_id: str, paces: Sequence[PaceReport], now_ms: int) -> None:
+        if self.ctx.paces is not None:
+            self.ctx.paces.note(node_id, paces, now_ms)
 
     def clock_ms(self) -> int:
         return self.ctx.clock_ms()
