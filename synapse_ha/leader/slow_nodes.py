@@ -45,7 +45,7 @@ from synapse_ha.core.model import Attempt, ClusterState, NodeStatus
 from synapse_ha.leader.in_flight import InFlight
 
 FORMAT_DEGRADED = 15  # the format that reads MarkNodeDegraded (core/codec/formats.py)
-DEFAULT_WINDOW_MS = 300_000
+DEFAULT_WINDOW_MS = 900_000  # the windows the rule was judged with (docs/slow-nodes.md)
 # How often the nodes are looked over for a degraded one made ready again (a scan).
 SCAN_MS = 1_000
 

@@ -40,7 +40,7 @@ from synapse_ha.core.health.slowness import MAX_PEERS, MAX_STEP_US, PaceReport
 
 READ_BYTES = 65_536  # read per member per look, at most
 MAX_LINE = 1_024
-WINDOW_S = 300.0  # as long as the leader's window (leader/slow_nodes.py)
+WINDOW_S = 900.0  # as long as the leader's window (leader/slow_nodes.py)
 MAX_SAMPLES = 4_096
 
 
