@@ -148,6 +148,12 @@ class SlowNodes:
                 ranks = self._heard.setdefault(report.job_id, {})
                 ranks[report.rank] = Heard(node_id, report, now_ms)
 
+    def newest(self, job_id: str) -> tuple[Heard, ...]:
+        """The newest report of each member of ``job_id`` kept, in rank order."""
+        with self._lock:
+            ranks = self._heard.get(job_id, {})
+            return tuple(ranks[r] for r in sorted(ranks))
+
     def reset(self) -> None:
         """Forget everything: leadership moved (a new term starts with no evidence)."""
         with self._lock:

@@ -12,7 +12,7 @@ from pathlib import Path
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.desired import MemberKey
-from synapse_ha.core.health.slowness import DEGRADED
+from synapse_ha.core.health.slowness import DEGRADED, PaceReport
 from synapse_ha.core.identity import access
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import NodeStatus
@@ -25,6 +25,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.pace import PaceWatches
 from tests.core.harness import job, node
 from tests.rpc.authed import PEER_KEY, Replica, serving_replica
+from tests.rpc.stream_client import Client, connect
+from tests.rpc.test_relay import relaying
 
 WINDOW_MS = 2_000
 NODES = ("p1", "p2", "p3")
@@ -139,3 +141,21 @@ def test_a_slow_member_gets_its_node_marked_degraded_after_three_windows(tmp_pat
         assert [v.rank for v in state.jobs[job_id].attempt.vacancies] == [slow_rank]  # type: ignore[union-attr]
         others = [n for n in NODES if n != slow_node]
         assert all(state.nodes[n].conditions == () for n in others)
+
+
+def test_paces_reach_the_leaders_collector_through_a_relaying_follower(
+    clients: list[Client],
+) -> None:
+    with relaying() as pair:
+        slow = SlowNodes()
+        pair.leader.ctx.paces = slow
+        c = connect(pair.streams, "n1", clients)
+        pace = pb.MemberPace(
+            job_id="job-000001", fencing_token=4, rank=0, step_us=812_500, steps=9, peers="s1"
+        )
+        beat = pb.Heartbeat(node_id="n1", paces=[pace])
+        c.outbox.put(pb.WorkerMessage(seq=1, node_id="n1", heartbeat=beat))
+        assert c.receive().ack_seq == 1
+        (heard,) = slow.newest("job-000001")
+        assert heard.node_id == "n1"
+        assert heard.report == PaceReport("job-000001", 4, 0, 812_500, 9, "s1")
