@@ -119,6 +119,7 @@ class SlowNodes:
             raise ValueError(f"window_ms: at least 1, got {self.settings.window_ms}")
         self._lock = threading.Lock()
         self._heard: dict[str, dict[int, Heard]] = {}  # job id -> rank -> newest report
+        self._new: set[str] = set()  # jobs first heard since the last step
         self._clocks: dict[str, _GangClock] = {}
         self._ledger = SlownessLedger(self.settings.rule)
         self._found: dict[str, SlowNode] = {}  # marked here, not yet seen in the state
@@ -126,6 +127,7 @@ class SlowNodes:
         self._clearing: dict[str, InFlight] = {}
         self._held = False
         self._next_scan_ms = 0
+        self._next_weigh_ms = 0
         self.ignored = 0  # reports that broke a rule (PaceReport.error), since the start
 
     @property
@@ -145,7 +147,10 @@ class SlowNodes:
                 if report.error() is not None:
                     self.ignored += 1
                     continue
-                ranks = self._heard.setdefault(report.job_id, {})
+                ranks = self._heard.get(report.job_id)
+                if ranks is None:
+                    ranks = self._heard[report.job_id] = {}
+                    self._new.add(report.job_id)
                 ranks[report.rank] = Heard(node_id, report, now_ms)
 
     def newest(self, job_id: str) -> tuple[Heard, ...]:
@@ -158,6 +163,7 @@ class SlowNodes:
         """Forget everything: leadership moved (a new term starts with no evidence)."""
         with self._lock:
             self._heard.clear()
+            self._new.clear()
         self._clocks.clear()
         self._ledger = SlownessLedger(self.settings.rule)
         self._found.clear()
@@ -165,6 +171,7 @@ class SlowNodes:
         self._clearing.clear()
         self._held = False
         self._next_scan_ms = 0
+        self._next_weigh_ms = 0
 
     # ------------------------------------------------------------------ step
 
@@ -181,25 +188,33 @@ class SlowNodes:
         return said
 
     def _weigh_due(self, state: ClusterState, now_ms: int) -> list[SlowNode]:
+        """Weigh the windows that are due, in job id order; a step costs the gangs, and
+        the members of the gangs whose window closes."""
+        if now_ms < self._next_weigh_ms:
+            return []
+        self._next_weigh_ms = now_ms + min(SCAN_MS, self.settings.window_ms // 10)
         with self._lock:
-            for job_id in [j for j in self._heard if _live(state, j) is None]:
-                del self._heard[job_id]
-            heard = {job_id: tuple(ranks.values()) for job_id, ranks in self._heard.items()}
-        for job_id in [j for j in self._clocks if j not in heard]:
-            del self._clocks[job_id]
+            new, self._new = self._new, set()
+        for job_id in new:
+            self._clocks.setdefault(job_id, _GangClock(-1, 0, now_ms - self.settings.window_ms))
+        window_ms = self.settings.window_ms
         marks: list[SlowNode] = []
-        for job_id in sorted(heard):
+        for job_id in sorted(
+            j for j, c in self._clocks.items() if now_ms - c.opened_ms >= window_ms
+        ):
+            clock = self._clocks[job_id]
             attempt = _live(state, job_id)
-            assert attempt is not None
-            clock = self._clocks.get(job_id)
-            if clock is None or clock.fencing_token != attempt.fencing_token:
+            if attempt is None:  # ended (or never was): its reports go with it
+                del self._clocks[job_id]
+                with self._lock:
+                    self._heard.pop(job_id, None)
+                continue
+            if clock.fencing_token != attempt.fencing_token:  # its first window opens now
                 self._clocks[job_id] = _GangClock(attempt.fencing_token, 0, now_ms)
                 continue
-            if now_ms - clock.opened_ms < self.settings.window_ms:
-                continue
-            window = gang_window(
-                state, job_id, attempt, heard[job_id], clock.window, clock.opened_ms
-            )
+            with self._lock:
+                heard = tuple(self._heard.get(job_id, {}).values())
+            window = gang_window(state, job_id, attempt, heard, clock.window, clock.opened_ms)
             clock.window += 1
             clock.opened_ms = now_ms
             marks += self._ledger.observe(window)
