@@ -38,7 +38,7 @@ from pathlib import Path
 from synapse_ha.core.desired import MemberKey
 from synapse_ha.core.health.slowness import MAX_PEERS, MAX_STEP_US, PaceReport
 
-READ_BYTES = 65_536  # read per member per look, at most
+READ_BYTES = 16_384  # read per member per look, at most
 MAX_LINE = 1_024
 WINDOW_S = 900.0  # as long as the leader's window (leader/slow_nodes.py)
 MAX_SAMPLES = 4_096
@@ -76,6 +76,7 @@ class _Watch:
     seen: tuple[int, int] = (0, 0)  # (modification time in ns, size) at the last look
     samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
     peers: str = ""
+    report: PaceReport | None = None  # the last answer, while no sample came or went
 
 
 def _read_new(watch: _Watch, size: int) -> bytes | None:
@@ -128,36 +129,42 @@ class PaceWatches:
             watch = self._watches.get(key)
             if watch is None:
                 continue
-            self._look(watch, now)
+            fresh = self._look(watch, now)
             samples = watch.samples
             while samples and samples[0][0] < now - self._window_s:
                 samples.popleft()
+                fresh = True
             if not samples:
+                watch.report = None
                 continue
-            times = sorted(us for _, us in samples)
-            median = times[(len(times) - 1) // 2]
-            out.append(
-                PaceReport(key.job_id, key.fencing_token, key.rank, median, len(times), watch.peers)
-            )
+            if fresh or watch.report is None:  # else the last answer stands, unsorted again
+                times = sorted(us for _, us in samples)
+                median = times[(len(times) - 1) // 2]
+                watch.report = PaceReport(
+                    key.job_id, key.fencing_token, key.rank, median, len(times), watch.peers
+                )
+            out.append(watch.report)
         return out
 
-    def _look(self, watch: _Watch, now: float) -> None:
+    def _look(self, watch: _Watch, now: float) -> bool:
+        """Read what the member appended; whether it gave a pace."""
         try:
             info = os.lstat(watch.path)
         except OSError:
-            return
+            return False
         if (info.st_mtime_ns, info.st_size) == watch.seen:
-            return  # the common case: one lstat, nothing opened
+            return False  # the common case: one lstat, nothing opened
         data = _read_new(watch, info.st_size)
         if data is None:
-            return
+            return False
         watch.seen = (info.st_mtime_ns, info.st_size)
         end = data.rfind(b"\n")
         if end < 0:
             if len(data) > MAX_LINE:  # a line too long to ever be a pace: skip it
                 watch.offset += len(data)
-            return
+            return False
         watch.offset += end + 1  # an unfinished last line is read again next time
+        paced = False
         for line in data[:end].split(b"\n"):
             if len(line) > MAX_LINE:
                 continue
@@ -165,3 +172,5 @@ class PaceWatches:
             if parsed is not None:
                 watch.samples.append((now, parsed[0]))
                 watch.peers = parsed[1]
+                paced = True
+        return paced
