@@ -12,13 +12,14 @@
 ``run`` prints one line per scenario and then the summary ``chaos: <faults> faults,
 <kinds> kinds, <jobs> jobs (<n> sbatch: <steps> steps, <tasks> tasks), <violations>
 violations, <skipped> skipped; <scenario>=<faults> ...; <seconds> s``; it exits non-zero
-when a scenario has a violation or aborts, and when the broken build (self-fencing
-disabled) is NOT caught. Each failure prints the line that reproduces it. ``soak`` runs
-the random scenario with one seed after another (and the targeted one every tenth seed)
-until ``--minutes`` have passed, and prints the same summary line. ``--kinds`` plays only
-the kinds named (``run`` too); with ``--faults N`` the soak also stops once its scenarios
-have played N faults of those kinds (``make soak-health``: the two node-health kinds until
-100 faults).
+when a scenario has a violation or aborts, when the broken build (self-fencing
+disabled) is NOT caught, and when an elastic kind was played but never made a gang grow
+or shrink (``elastic-grow``, ``elastic-shrink``; chaos/elasticfaults.py). Each failure
+prints the line that reproduces it. ``soak`` runs the random scenario with one seed after
+another (and the targeted one every tenth seed) until ``--minutes`` have passed, and
+prints the same summary line. ``--kinds`` plays only the kinds named (``run`` too); with
+``--faults N`` the soak also stops once its scenarios have played N faults of those kinds
+(``make soak-health``: the two node-health kinds until 100 faults).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from chaos import hosts, ledger, membership, nemesis, net
+from chaos import elasticfaults, hosts, ledger, membership, nemesis, net
 from chaos.checker import History, Violation, check_run
 from chaos.cluster import REPO, SUBMIT_INTERVAL_S, ScenarioConfig
 from chaos.history import load_steps
@@ -239,6 +240,7 @@ def configs(
                 array_share=0.0,  # no array's tasks to crowd out the cut gang's next attempt
                 sbatch_share=0.0,  # nor allocations
                 replace_share=0.0,  # every gang requeued whole, as the rules it proves expect
+                elastic_share=0.0,  # every gang of one size
             )
         )
     return out
@@ -381,11 +383,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(summary_line(results, skipped, time.monotonic() - began), flush=True)
     line = summary_line(results, skipped, time.monotonic() - began)
     real = [r for r in results if not r.expect_violations]
+    # An elastic kind that never made a gang grow or shrink tested nothing: the run fails.
+    unchanged = elasticfaults.unchanged_kinds([r.run_dir / ledger.FAULTS for r in results])
     summary = {
         "faults": sum(r.faults for r in results),
         "jobs": sum(r.jobs for r in real),
         "violations": sum(len(r.violations) for r in real),
         "skipped_kinds": skipped,
+        "elastic_unchanged": unchanged,
         "line": line,
     }
     (out / "summary.json").write_text(
@@ -396,7 +401,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         encoding="utf-8",
     )
     print(line, flush=True)
-    return 1 if failed else 0
+    for text in unchanged:
+        print(f"chaos: {text}: the kind never made an elastic gang resize", file=sys.stderr)
+    return 1 if failed or unchanged else 0
 
 
 def saved_result(run_dir: Path) -> ScenarioResult:

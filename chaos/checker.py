@@ -108,6 +108,10 @@ directory, or by hand in tests) and reports every broken promise. The rules:
     once, and the sink took no write of a replaced member once its replacement started.
     A member is (job, token, rank, generation) for ``gpu-reuse``, ``duplicate-member``
     and ``duplicate-effect``; a replacement is the same attempt for every other rule.
+``elastic-over-max`` / ``elastic-below-min`` (and ``rank-twice``)
+    Elastic gangs (:mod:`chaos.elastic_rules`): an attempt never ran more than ``max``
+    members at once, a succeeded one never fewer than ``min`` before its first commit,
+    and no two processes of one rank ran at once (a rank given back and grown again).
 ``batch-twice`` / ``step-outlived`` / ``step-task-twice``
     sbatch jobs (:mod:`chaos.step_rules`): the batch script ran at most once per attempt,
     no step task outlived its attempt's lease, no two copies of a (step, task) at once.
@@ -123,6 +127,7 @@ from pathlib import Path
 from chaos import (
     array_rules,
     dependency_rules,
+    elastic_rules,
     gpu_rules,
     leader_rules,
     member_rules,
@@ -190,6 +195,7 @@ def check_history(history: History) -> list[Violation]:
     out += member_rules.check_gpu_reuse(history)
     out += member_rules.check_duplicate_members(history)
     out += replace_rules.check_replacements(history)
+    out += elastic_rules.check_elastic(history, state)
     out += _check_tokens(history)
     out += _check_sink_fencing(history)
     out += _check_stale_writes(history)
@@ -468,7 +474,10 @@ def _check_exactly_once(history: History, state: ClusterState | None) -> list[Vi
     for job in sorted(state.jobs.values(), key=lambda j: j.seq):
         # The cluster keeps a request id scoped by its owner; the ledger has it as given.
         submission = by_request.get(shown_request_id(job.owner, job.request_id))
-        done = completions(job.job_id, job.spec.replicas)
+        # An elastic gang's output is whole once its ranks 0..min-1 committed (its members
+        # commit with a world of min, chaos/member.py), whatever it grew to.
+        world = job.spec.replicas if job.spec.elastic is None else job.spec.elastic.min_replicas
+        done = completions(job.job_id, world)
         if submission is None:
             out.append(
                 Violation("phantom", job.job_id, f"request {job.request_id} was never submitted")
@@ -519,7 +528,7 @@ def _check_exactly_once(history: History, state: ClusterState | None) -> list[Vi
         told_done = {
             e.rank for e in history.effects if e.job == job.job_id and e.token == token and e.done
         }
-        rerun_ok = len(done) == 1 and done[0] < token and told_done >= set(range(job.spec.replicas))
+        rerun_ok = len(done) == 1 and done[0] < token and told_done >= set(range(world))
         if done != [token] and not rerun_ok:
             out.append(
                 Violation(

@@ -68,6 +68,10 @@ SBATCH_SHARE = 0.15
 # the replacement kinds aim at them (chaos/replacefaults.py), and every other fault that
 # hits one has its lost member placed again (chaos/replace_rules.py).
 REPLACE_SHARE = 0.2
+# The share of the other single gangs submitted elastic, replicas: {min, max}
+# (chaos/workload.py): the elastic kinds grow and shrink them (chaos/elasticfaults.py),
+# and the leader shrinks them for gangs that wait for room all through a run.
+ELASTIC_SHARE = 0.25
 # What each member of such a gang asks of a worker's CPUs: more than half, so that no two
 # of them share a node (the scheduler would pack a gang onto one node, and a node lost
 # with every member of its gang requeues the gang whole: nothing is left to replace).
@@ -114,6 +118,7 @@ class ScenarioConfig:
     array_share: float = ARRAY_SHARE
     sbatch_share: float = SBATCH_SHARE
     replace_share: float = REPLACE_SHARE
+    elastic_share: float = ELASTIC_SHARE
     # Followers terminate the workers' heartbeat streams (docs/relay.md).
     relay_heartbeats: bool = False
 
@@ -384,6 +389,7 @@ class ChaosCluster:
                 array_share=self.cfg.array_share,
                 sbatch_share=self.cfg.sbatch_share,
                 replace_share=self.cfg.replace_share,
+                elastic_share=self.cfg.elastic_share,
                 replace_cpu_milli=REPLACE_CPU_MILLI,
                 steps=str(self.dir / ledger.STEPS),
             ),

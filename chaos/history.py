@@ -47,6 +47,8 @@ class MemberRecord:
     # Its rank's generation ($SYNAPSE_MEMBER_GENERATION): 0 as bound with its attempt, one
     # more each time the rank was placed again (on_node_failure: replace).
     generation: int = 0
+    # An elastic gang's member: its gang's ``<min>:<max>`` ("" for a fixed gang).
+    elastic: str = ""
 
     @property
     def member(self) -> tuple[str, int, int, int]:
@@ -267,6 +269,7 @@ def load_history(run_dir: Path) -> History:
                 pid_ns=int(r.get("pid_ns", 0)),
                 start_ticks=int(r.get("start_ticks", 0)),
                 generation=int(r.get("generation", 0)),
+                elastic=str(r.get("elastic", "")),
             )
         )
     history.steps = load_steps(run_dir / ledger.STEPS)

@@ -16,8 +16,10 @@ grace: the checker then sees whether its GPUs were given to another attempt whil
 still ran. A member of a gang with ``on_node_failure: replace`` (the workload sets
 ``CHAOS_REPLACE=1``) says so in its records; when its gang's membership changes it gets
 ``SIGUSR1`` and writes a ``membership`` record with the last line of
-``$SYNAPSE_MEMBERSHIP_FILE`` (how many times the gang changed, its hosts) at its next
-heartbeat.
+``$SYNAPSE_MEMBERSHIP_FILE`` (how many times the gang changed, its size, its hosts) at
+its next heartbeat. A member of an elastic gang (``CHAOS_ELASTIC=<min>:<max>``) names
+its gang's range in its records (``elastic``) and commits with a world of ``min``: the
+gang's output is whole once its ranks ``0..min-1`` committed, whatever it grew to.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ GENERATION_ENV = "SYNAPSE_MEMBER_GENERATION"
 MEMBERSHIP_FILE_ENV = "SYNAPSE_MEMBERSHIP_FILE"
 # Set by the workload for the gangs it submits with on_node_failure: replace.
 REPLACE_ENV = "CHAOS_REPLACE"
+# Set by the workload for its elastic gangs: ``<min>:<max>``.
+ELASTIC_ENV = "CHAOS_ELASTIC"
 
 
 def identity() -> dict[str, Any]:
@@ -60,12 +64,20 @@ def identity() -> dict[str, Any]:
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "generation": int(os.environ.get(GENERATION_ENV, "") or 0),
         "replace": os.environ.get(REPLACE_ENV, "") == "1",
+        **({"elastic": os.environ[ELASTIC_ENV]} if os.environ.get(ELASTIC_ENV) else {}),
     }
+
+
+def commit_world(me: dict[str, Any]) -> int:
+    """The world size the member commits with: its gang's size, or an elastic gang's
+    ``min``."""
+    elastic = str(me.get("elastic", ""))
+    return int(elastic.partition(":")[0]) if elastic else int(me["world"])
 
 
 def membership_now() -> dict[str, Any]:
     """The last line of ``$SYNAPSE_MEMBERSHIP_FILE``: the gang as the worker last told it
-    (``membership``, ``member_hosts``); empty when there is none to read."""
+    (``membership``, ``world_size``, ``member_hosts``); empty when there is none to read."""
     path = os.environ.get(MEMBERSHIP_FILE_ENV, "")
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines() if path else []
@@ -74,7 +86,12 @@ def membership_now() -> dict[str, Any]:
         return {}
     if not isinstance(doc, dict):
         return {}
-    return {"membership": doc.get("membership", 0), "member_hosts": doc.get("member_hosts", [])}
+    sized = {"world_size": doc["world_size"]} if "world_size" in doc else {}
+    return {
+        "membership": doc.get("membership", 0),
+        **sized,
+        "member_hosts": doc.get("member_hosts", []),
+    }
 
 
 def ask_sink(address: str, request: dict[str, Any], timeout_s: float = 2.0) -> dict[str, Any]:
@@ -154,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     answer: dict[str, Any] | None = None
     for _ in range(5):
         try:
-            answer = ask_sink(sink, me)
+            answer = ask_sink(sink, {**me, "world": commit_world(me)})
             break
         except (OSError, ValueError):
             time.sleep(0.2)

@@ -13,17 +13,22 @@ from collections import defaultdict
 from chaos.history import History, Violation
 from chaos.replace_rules import Member
 
+# A member's process: (job, token, rank, generation, PID namespace, start ticks, pid).
+Life = tuple[str, int, int, int, int, int, int]
+
 
 def check_gpu_reuse(history: History) -> list[Violation]:
     """``gpu-reuse``: on each (node, GPU), members of different attempts (or generations)
     never run at the same time; a member runs from its ``start`` record to its last
     record."""
-    # A member is (job, token, rank, generation): a rank placed again is a member of its own.
-    lives: dict[Member, list[int]] = {}  # member -> [start, last]
-    where: dict[Member, tuple[str, tuple[int, ...]]] = {}
-    preempted: set[Member] = set()
+    # A member is (job, token, rank, generation): a rank placed again is a member of its own;
+    # and each process of it (a rank of an elastic gang given back and grown again) is a
+    # life of its own.
+    lives: dict[Life, list[int]] = {}  # member process -> [start, last]
+    where: dict[Life, tuple[str, tuple[int, ...]]] = {}
+    preempted: set[Life] = set()
     for r in history.members:
-        key = r.member
+        key = (*r.member, r.pid_ns, r.start_ticks, r.pid)
         if r.type == "start":
             where[key] = (r.node, r.gpus)
             life = lives.setdefault(key, [r.mono_ns, r.mono_ns])
@@ -32,12 +37,12 @@ def check_gpu_reuse(history: History) -> list[Violation]:
             preempted.add(key)
         life = lives.setdefault(key, [r.mono_ns, r.mono_ns])
         life[1] = max(life[1], r.mono_ns)
-    holders: dict[tuple[str, int], list[Member]] = defaultdict(list)
+    holders: dict[tuple[str, int], list[Life]] = defaultdict(list)
     for key, (node, gpus) in where.items():
         for gpu in gpus:
             holders[(node, gpu)].append(key)
     out: list[Violation] = []
-    reported: set[tuple[Member, Member]] = set()
+    reported: set[tuple[Life, Life]] = set()
     for (node, gpu), keys in sorted(holders.items()):
         keys.sort(key=lambda k: lives[k][0])
         for i, older in enumerate(keys):
@@ -65,14 +70,16 @@ def check_gpu_reuse(history: History) -> list[Violation]:
 
 
 def check_duplicate_members(history: History) -> list[Violation]:
-    """``duplicate-member``: one member (job, token, rank, generation) started by two
-    processes."""
+    """``duplicate-member``: one member (job, token, rank, generation) of a fixed gang
+    started by two processes."""
     # A process is its pid in its PID namespace, started when it started: members of a
     # worker that gives each one a namespace of its own all have pid 2, and a namespace's
     # number is used again once it is gone.
     pids: dict[Member, set[tuple[int, int, int]]] = defaultdict(set)
     for r in history.members:
-        if r.type == "start":
+        # A rank of an elastic gang given back and grown again is a second process by
+        # design; two of them at once are rank-twice (chaos/elastic_rules.py).
+        if r.type == "start" and not r.elastic:
             pids[r.member].add((r.pid_ns, r.start_ticks, r.pid))
     return [
         Violation(

@@ -1,7 +1,8 @@
 """What the observer knows of each member from the ledger as it is written: where it runs,
-its GPUs, whether its gang asked for member replacement, and which ranks were placed
-again (a newer generation started). The replacement kinds aim with it
-(:mod:`chaos.replacefaults`), and a freeze waits with it for a frozen rank's replacement.
+its GPUs, whether its gang asked for member replacement or is elastic, and which ranks
+were placed again (a newer generation started). The replacement and elastic kinds aim
+with it (:mod:`chaos.replacefaults`, :mod:`chaos.elasticfaults`), and a freeze waits with
+it for a frozen rank's replacement.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class SeenMember:
     replace: bool = False  # its gang asked for member replacement
     ended: bool = False  # it committed its effect or was stopped (effect, end, term)
     until_ns: int = 0  # when it planned to end its work, as its start record said
+    elastic: str = ""  # its gang's "<min>:<max>" when elastic (chaos/elasticfaults.py)
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class SeenMembers:
             seen.gpus = frozenset(int(g) for g in gpus if g.strip().isdigit())
             seen.replace = bool(record.get("replace"))
             seen.until_ns = int(str(record.get("until_ns", 0)))
+            seen.elastic = str(record.get("elastic", ""))
             key = (job, token, rank)
             self.newest_generation[key] = max(self.newest_generation.get(key, 0), gen)
 

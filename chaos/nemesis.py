@@ -53,6 +53,12 @@ CUT_RELAY = "cut-relay"
 KILL_REPLACE_WORKER = "kill-replace-worker"
 GPU_XID_REPLACE = "gpu-xid-replace"
 REPLACE_FAULTS = (KILL_REPLACE_WORKER, GPU_XID_REPLACE)
+# Elastic gangs (chaos/elasticfaults.py): the submitter is stopped so that room appears
+# and nobody waits for it (a gang below its max grows), or a gang that fits only in the
+# room an elastic gang holds above its min is submitted (the gang shrinks).
+ELASTIC_GROW = "elastic-grow"
+ELASTIC_SHRINK = "elastic-shrink"
+ELASTIC_FAULTS = (ELASTIC_GROW, ELASTIC_SHRINK)
 # The kinds of node health, which ``soak --kinds`` can play alone.
 HEALTH_FAULTS = (GPU_XID, NODE_CANNOT_RUN)
 HOST_FAULTS = (
@@ -89,6 +95,7 @@ ALL_FAULTS = (
     REJOIN,
     CUT_RELAY,
     *REPLACE_FAULTS,
+    *ELASTIC_FAULTS,
 )
 
 # Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
@@ -172,6 +179,10 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         # The worker reads the Xid within a second, the leader makes the rank a vacancy,
         # the worker stops the member and reports it; then the rank is placed again.
         GPU_XID_REPLACE: (3.0, 5.0),
+        # Then the fault waits for the resize (bounded): the leader plans growth and
+        # shrinks once a second; the submitter stays stopped through the wait.
+        ELASTIC_GROW: (1.0, 2.0),
+        ELASTIC_SHRINK: (1.0, 2.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import grpc
 
 from chaos import (
+    elasticfaults,
     gpufaults,
     hosts,
     ledger,
@@ -174,6 +175,9 @@ class Nemesis:
         elif step.kind in nemesis.REPLACE_FAULTS:
             found = replacefaults.play(c, step.kind, self.pool, busy, step.pick, extra)
             targets, detail, self._watch, heal, hold = found
+        elif step.kind in nemesis.ELASTIC_FAULTS:
+            found_elastic = elasticfaults.play(c, step.kind, step.index, step.pick, extra)
+            targets, detail, self._watch, heal, hold = found_elastic
         elif step.kind == nemesis.REJOIN:
             targets, detail, heal = rejoin_rules.play_rejoin(c, rng, self.owner)
         elif step.kind in nemesis.HOST_FAULTS:
@@ -411,6 +415,7 @@ class Nemesis:
                 hosts.freeze(hosts.host_cgroup(name), False)
         for h in [*self.c.replica_hosts, *self.c.worker_hosts]:
             hosts.unfill(self.c.dir / h.name)
+        self.c.submitter.resume()  # elastic-grow stops it
         for p in [*self.c.replicas.values(), *self.c.workers.values()]:
             p.resume()
             if not p.alive:

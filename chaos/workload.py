@@ -47,6 +47,15 @@ place a lost rank on), run :data:`REPLACE_EXTRA_MS` longer (so that the
 rest of the gang still runs once a lost rank may be placed again) and take the submission
 slots of :data:`REPLACE_SLOTS` gangs, and their submission records carry
 ``replace: true``.
+
+With ``elastic_share`` set, that share of the other single gangs are elastic
+(``replicas: {min, max}``, core/elastic.py): at most :data:`ELASTIC_MAX` members of one
+GPU each and at least one fewer (``ELASTIC_MIN``), of class ``low`` in their queue, and
+``SIGUSR1`` as the membership signal.
+Their members get ``CHAOS_ELASTIC=<min>:<max>`` (so their records say so, and the
+elastic kinds aim with it, chaos/elasticfaults.py) and commit with a world of ``min``:
+the output of an elastic gang is whole once ranks ``0..min-1`` of one attempt committed,
+whatever it grew to. Their submission records carry ``elastic: [min, max]``.
 """
 
 from __future__ import annotations
@@ -119,6 +128,9 @@ class WorkloadConfig:
     # What each member of those gangs asks of a node's CPUs (0: as every member): the
     # cluster asks for more than half a worker's, so that they never share a node.
     replace_cpu_milli: int = 0
+    # The share of the other single gangs (not replace gangs) submitted elastic (0: none;
+    # as for arrays, nothing is drawn then).
+    elastic_share: float = 0.0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -197,10 +209,27 @@ def replace_policy(cfg: WorkloadConfig, rng: random.Random) -> pb.ReplacePolicy 
     return pb.ReplacePolicy(timeout_ms=REPLACE_TIMEOUT_MS, signal=REPLACE_SIGNAL)
 
 
+# An elastic gang's most members (drawn) and its fewest (drawn below the most): small
+# enough that its growth and its shrink fit the chaos cluster's four workers of four GPUs.
+ELASTIC_MAX = (2, 3)
+ELASTIC_MIN = (1, 2)
+ELASTIC_SIGNAL = "SIGUSR1"
+ELASTIC_ENV = "CHAOS_ELASTIC"  # <min>:<max>, for the members' records (chaos/member.py)
+
+
+def elastic_policy(cfg: WorkloadConfig, rng: random.Random) -> tuple[int, int] | None:
+    """``(min, max)`` for the next single gang when it is elastic, at ``elastic_share``
+    (nothing is drawn when it is 0)."""
+    if not cfg.elastic_share or rng.random() >= cfg.elastic_share:
+        return None
+    most = rng.choice(ELASTIC_MAX)
+    return rng.choice([m for m in ELASTIC_MIN if m < most]), most
+
+
 def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "") -> pb.JobSpec:
     """The ``index``-th job (or array, see :func:`array_text`); with ``after`` (a job or
     array id), one that waits for it (afterok) at ``dependency_share``; a single gang asks
-    for member replacement at ``replace_share``."""
+    for member replacement at ``replace_share``, or else is elastic at ``elastic_share``."""
     array = array_text(cfg, rng)
     low, high = cfg.member_ms
     duration = rng.randint(low, (low + high) // 2) if array else rng.randint(low, high)
@@ -217,9 +246,16 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
         replicas = min(n for n in cfg.gang_sizes if n >= 2)
         gpu = min(cfg.gpus_per_member)
         duration += REPLACE_EXTRA_MS
+    sizes = None if array or replacing is not None else elastic_policy(cfg, rng)
     env = [pb.EnvVar(name="PYTHONPATH", value=cfg.pythonpath)]
     if replacing is not None:
         env.append(pb.EnvVar(name="CHAOS_REPLACE", value="1"))
+    if sizes is not None:
+        # Of the lowest class, so that any gang waiting for room may take its members
+        # above min back (a shrink gives only to a gang of the same or a higher priority).
+        replicas, gpu = sizes[1], 1
+        priority_class = "low" if priority_class else ""
+        env.append(pb.EnvVar(name=ELASTIC_ENV, value=f"{sizes[0]}:{sizes[1]}"))
     return pb.JobSpec(
         dependencies=pb.Dependencies(after_ok=[after]) if waits else None,
         queue=queue,
@@ -238,6 +274,7 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
         retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
         array=array,
         replace=replacing,
+        elastic=(pb.ElasticPolicy(min_replicas=sizes[0], signal=ELASTIC_SIGNAL) if sizes else None),
     )
 
 
@@ -324,6 +361,8 @@ def submit_one(
         base.update(array=spec.array, throttle=parse_array(spec.array).throttle)
     if spec.HasField("replace"):
         base["replace"] = True
+    if spec.HasField("elastic"):
+        base["elastic"] = [spec.elastic.min_replicas, spec.replicas]
     out.append({"type": "begin", **base, "mono_ns": now_ns()})
     try:
         answer = client.submit_job(spec, request_id=request_id, timeout_s=timeout_s)
