@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from synapse_ha.client.cluster import ClusterClient
+from synapse_ha.client.specfile import load_job_spec_file
 from synapse_ha.core.spec.document import parse_job_spec
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.to_proto import spec_to_proto
@@ -25,7 +26,8 @@ from tests.worker.workers import LocalWorkers
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elastic_train.py"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE = EXAMPLES / "elastic_train.py"
 # One GPU per member and per node: every member has a node of its own.
 MEMBER = {"gpu": 1, "cpu": "100m", "memory": "64Mi"}
 HOSTS = "['127.0.0.1', '127.0.0.1', '127.0.0.1']"
@@ -141,3 +143,14 @@ def test_an_elastic_gang_grows_into_a_freed_node_and_gives_it_back_to_a_waiting_
         ]
     for job_id in (gang, needy):
         client.cancel_job(job_id)
+
+
+def test_the_torchrun_example_lets_its_rendezvous_admit_the_gangs_min_to_max() -> None:
+    spec = load_job_spec_file(EXAMPLES / "elastic.yaml")
+    assert spec.elastic is not None
+    (command,) = spec.command
+    assert f"--nnodes={spec.elastic.min_replicas}:{spec.replicas} " in command
+    for flag in ("--rdzv-backend=c10d", "--rdzv-id=$SYNAPSE_JOB_ID", "--max-restarts="):
+        assert flag in command
+    # torchrun follows its peers by itself: a signal it does not handle would end it.
+    assert spec.elastic.signal == ""
