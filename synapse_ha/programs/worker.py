@@ -40,6 +40,7 @@ from synapse_ha.worker import discovery
 from synapse_ha.worker.accounts import RunAsMode, RunAsPolicy, agent_user_name
 from synapse_ha.worker.agent import Agent, AgentTimings, GrpcControlPlane
 from synapse_ha.worker.cgroups import CgroupLimiter, probe_cgroups
+from synapse_ha.worker.gpu_clocks import ClocksProbe
 from synapse_ha.worker.gpu_health import GpuHealthMonitor, health_monitor
 from synapse_ha.worker.health_check import HealthCheck
 from synapse_ha.worker.isolation import (
@@ -332,6 +333,15 @@ def _gpu_health_monitor(config: WorkerConfig, request: pb.RegisterNodeRequest) -
     return monitor
 
 
+def _gpu_clocks_probe(config: WorkerConfig, changed: Callable[[], None]) -> ClocksProbe:
+    """The probe of GPU clocks held down by the hardware (the ``gpu-clocks`` check),
+    started; none with mock GPUs or with GPU health watching turned off."""
+    real = config.mock_gpus is None and config.gpu_health.enabled
+    probe = ClocksProbe(discovery.load_nvml() if real else None, changed=changed)
+    probe.start()
+    return probe
+
+
 def _step_until(stop: threading.Event, agent: Agent, wake: threading.Event) -> None:
     """The agent's loop: a step, then a wait until its next wake-up, a nudge or a push;
     each new sentence the agent says is logged once."""
@@ -377,6 +387,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
     # Its first result reaches the leader in the heartbeat after it ends.
     health_check = HealthCheck(config.health_check, changed=box.wake.set)
     health_check.start()
+    clocks = _gpu_clocks_probe(config, box.wake.set)
     agent = Agent(
         request,
         MeteredControlPlane(control, metrics),
@@ -386,7 +397,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         timings=AgentTimings(config.heartbeat_interval_s, config.lease_ttl_s),
         self_fencing=config.self_fencing,
         gpu_faults=gpu_health.faults,
-        node_checks=health_check.checks,
+        node_checks=lambda: (*health_check.checks(), *clocks.checks()),
         checkpoint_marks=executor.marks,
         member_paces=executor.paces,
     )
@@ -402,6 +413,7 @@ def run(config: WorkerConfig, stop: threading.Event) -> int:
         log.info("stopping: %s", agent.shutdown(lambda: executor.stop_all(config.stop_grace_s)))
         gpu_health.stop()
         health_check.stop()
+        clocks.stop()
         executor.close()
         with contextlib.suppress(OSError):  # a full disk: the supervisors are gone anyway
             lease_file.revoke()
