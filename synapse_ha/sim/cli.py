@@ -9,7 +9,7 @@ Examples::
     synapse-sim --workload openb --write-trace openb.csv   # convert, then stop
     synapse-sim --workload training --nodes 64 --days 3 --gpu-failures --failure-scale 20
     synapse-sim --workload training --nodes 256 --gpu-failures --checkpoint-minutes 30 \
-        --recovery requeue,replace,replace+spares
+        --recovery requeue,replace,replace+spares,elastic
 
 A workload with queues (multi-tenant, or a trace) runs the real scheduler under each
 preemption mode instead of comparing policies; docs/simulator.md has the trace format.
@@ -17,7 +17,7 @@ With --gpu-failures, GPUs fail (a Poisson process per GPU, default the Llama 3 r
 0.25 per 1,000 GPU-days) and the real scheduler runs once per failure policy
 (health-aware, health-blind) on the same failures; with --recovery, once per way of
 coming back from a failure (requeue the gang, replace the lost rank, replace it on a hot
-spare first).
+spare first, or run the gangs elastic).
 """
 
 from __future__ import annotations
@@ -335,7 +335,8 @@ def _failure_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="POLICIES",
         help="compare ways of coming back from a failure instead, comma-separated, from "
-        "requeue, replace, replace+spares (the core learns of every failure)",
+        "requeue, replace, replace+spares, elastic, elastic+spares (the core learns of "
+        "every failure)",
     )
     group.add_argument(
         "--restart-overhead-s",
@@ -348,15 +349,22 @@ def _failure_options(parser: argparse.ArgumentParser) -> None:
         "--spares",
         type=int,
         default=1,
-        help="--recovery replace+spares: hot spare nodes per domain of --spare-level "
-        "(default %(default)s)",
+        help="--recovery replace+spares, elastic+spares: hot spare nodes per domain of "
+        "--spare-level (default %(default)s)",
     )
     group.add_argument(
         "--spare-level",
         default="rack",
         choices=("zone", "block", "rack"),
-        help="--recovery replace+spares: the topology level whose domains each keep "
-        "--spares spares (default %(default)s)",
+        help="--recovery replace+spares, elastic+spares: the topology level whose domains "
+        "each keep --spares spares (default %(default)s)",
+    )
+    group.add_argument(
+        "--elastic-min-share",
+        type=float,
+        default=0.5,
+        help="--recovery elastic: an elastic gang's min, as a share of its members "
+        "(rounded down, at least one; default %(default)g)",
     )
     group.add_argument(
         "--failure-seed", type=int, default=None, help="seed of the failures (default --seed)"
@@ -419,11 +427,17 @@ def _recovery_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--restart-overhead-s: between 0 and 86400 s, got {args.restart_overhead_s}")
     if not 0 <= args.spares <= 64:
         parser.error(f"--spares: between 0 and 64, got {args.spares}")
-    return RecoveryModel(
+    model = RecoveryModel(
         restart_overhead_ms=round(args.restart_overhead_s * 1000),
         spares=args.spares,
         spare_level=args.spare_level,
+        elastic_min_share=args.elastic_min_share,
     )
+    try:
+        model.check()
+    except ValueError as exc:
+        parser.error(f"--elastic-min-share: {exc}")
+    return model
 
 
 def _recovery_runs(

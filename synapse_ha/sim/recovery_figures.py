@@ -1,7 +1,7 @@
 """The failure policies' figures (:mod:`synapse_ha.sim.recovery`): what each job's
 effective training time ratio was, the work that counted and the work lost by cause, the
-restart delays, replacements and the spares' idle time, from one run or merged over
-seeds (:class:`Outcome`)."""
+restart delays, replacements, elastic gangs' resizes and the spares' idle time, from one
+run or merged over seeds (:class:`Outcome`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ class LossTally:
     overhead: int = 0  # restart overhead after a failure
     waiting: int = 0  # survivors' GPUs while their lost rank waited to be placed again
     abandoned: int = 0  # checkpointed work of jobs a failure ended for good
+    # Of work and overhead: what elastic gangs' resizes cost (not a failure); not in total.
+    resizing: int = 0
 
     @property
     def total(self) -> int:
@@ -46,6 +48,11 @@ class Outcome:
     replaced_on_spares: int = 0
     replace_timeouts: int = 0  # gangs requeued whole: a lost rank not placed in time
     spare_gpu_ms: int = 0  # GPUs of the nodes kept as spares x time
+    grown: int = 0  # elastic gangs' growths
+    shrunk: int = 0  # elastic gangs' shrinks
+    members_added: int = 0
+    members_given_back: int = 0
+    started_small: int = 0  # binds of an elastic gang with fewer members than its max
     runs: int = 0
 
     def add(self, other: Outcome) -> None:
@@ -53,7 +60,7 @@ class Outcome:
         self.jobs += other.jobs
         self.delays_s += other.delays_s
         self.waits_s += other.waits_s
-        for name in ("work", "overhead", "waiting", "abandoned"):
+        for name in ("work", "overhead", "waiting", "abandoned", "resizing"):
             setattr(self.lost, name, getattr(self.lost, name) + getattr(other.lost, name))
         self.failures += other.failures
         self.held_gpu_ms += other.held_gpu_ms
@@ -62,6 +69,11 @@ class Outcome:
         self.replaced_on_spares += other.replaced_on_spares
         self.replace_timeouts += other.replace_timeouts
         self.spare_gpu_ms += other.spare_gpu_ms
+        self.grown += other.grown
+        self.shrunk += other.shrunk
+        self.members_added += other.members_added
+        self.members_given_back += other.members_given_back
+        self.started_small += other.started_small
         self.runs += other.runs
 
 
@@ -87,6 +99,10 @@ def figures(o: Outcome) -> dict[str, Any]:
       ``replace_timeouts``: gangs requeued whole because a lost rank was not placed
       again within the timeout; ``spares_idle_gpu_hours``: GPUs of the nodes kept as
       spares x time (the price of spares: nothing else may run there).
+    * ``elastic``: elastic gangs' binds with fewer members than their max
+      (``starts_below_max``), their growths and shrinks, the members they added and gave
+      back; ``gpu_hours_lost_to_resizes``: of the work and overhead lost, what those
+      resizes cost (each restarts the gang from its checkpoint), not a failure.
     """
     ratios = [(g, hit, min(u / w, 1.0) if w > 0 else 1.0) for g, hit, u, w in o.jobs]
     wall_area = sum(g * w for g, _, _, w in o.jobs)
@@ -117,6 +133,14 @@ def figures(o: Outcome) -> dict[str, Any]:
         "ranks_replaced_on_spares": o.replaced_on_spares,
         "replace_timeouts": o.replace_timeouts,
         "spares_idle_gpu_hours": _hours(o.spare_gpu_ms),
+        "elastic": {
+            "starts_below_max": o.started_small,
+            "grows": o.grown,
+            "shrinks": o.shrunk,
+            "members_added": o.members_added,
+            "members_given_back": o.members_given_back,
+        },
+        "gpu_hours_lost_to_resizes": _hours(lost.resizing),
         "jobs_failed_by_faults": o.jobs_failed,
     }
 

@@ -1,5 +1,6 @@
 """The failure policies in the simulator (requeue, replace, replace+spares) on a scenario
-small enough to check by hand, their figures, and the CLI that runs them side by side."""
+small enough to check by hand, their figures, and the CLI that runs them side by side
+(the elastic ones: test_recovery_elastic.py)."""
 
 from __future__ import annotations
 
@@ -200,8 +201,16 @@ def test_policy_names_are_checked() -> None:
         Recovery.REPLACE_SPARES,
         Recovery.REQUEUE,
     )
-    with pytest.raises(ValueError, match="unknown elastic; choose from requeue, replace"):
-        parse_recoveries("requeue,elastic")
+    assert parse_recoveries("elastic,elastic+spares") == (
+        Recovery.ELASTIC,
+        Recovery.ELASTIC_SPARES,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"unknown shrink; choose from requeue, replace, replace\+spares, elastic, "
+        r"elastic\+spares",
+    ):
+        parse_recoveries("requeue,shrink")
     with pytest.raises(ValueError, match="restart_overhead_ms: between 0"):
         RecoveryModel(restart_overhead_ms=-1).check()
 
@@ -209,26 +218,31 @@ def test_policy_names_are_checked() -> None:
 def test_the_cli_runs_the_policies_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--workload", "training", "--nodes", "16", "--days", "0.3", "--seed", "2"]
     args += ["--gpu-failures", "--failure-scale", "2000", "--checkpoint-minutes", "30"]
-    assert main([*args, "--recovery", "requeue,replace+spares", "--spare-level", "block"]) == 0
+    recoveries = ["--recovery", "requeue,replace+spares,elastic", "--spare-level", "block"]
+    assert main([*args, *recoveries, "--elastic-min-share", "0.25"]) == 0
     out = capsys.readouterr()
     report = json.loads(out.out)
-    assert list(report["figures"]) == ["requeue", "replace+spares"]
+    assert list(report["figures"]) == ["requeue", "replace+spares", "elastic"]
     assert report["recovery_model"] == {
         "restart_overhead_s": 60.0,
         "spares": 1,
         "spare_level": "block",
         "replace_timeout_s": 300.0,
+        "elastic_min_share": 0.25,
     }
     assert report["figures"]["requeue"]["gpu_failures"] > 0
     assert report["figures"]["replace+spares"]["spares_idle_gpu_hours"] > 0
     assert report["targets"]["ettr_gangs_64_plus"]["met"] in (True, False)
-    assert "replace+spares" in out.err and "elastic gangs: not simulated" in out.err
+    assert report["figures"]["elastic"]["elastic"]["starts_below_max"] > 0
+    assert report["figures"]["requeue"]["elastic"]["grows"] == 0
+    assert "replace+spares" in out.err and "resizes up/down" in out.err
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--recovery", "elastic"], "--recovery: unknown elastic"),
+        (["--recovery", "shrink"], "--recovery: unknown shrink"),
+        (["--recovery", "elastic", "--elastic-min-share", "1"], "--elastic-min-share: "),
         (["--recovery", "replace", "--failure-policies", "health-aware"], "choose one"),
         (["--recovery", "replace", "--restart-overhead-s", "-1"], "--restart-overhead-s"),
     ],
