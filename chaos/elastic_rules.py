@@ -22,7 +22,7 @@ host acts before the thaw; the cluster may have moved on meanwhile).
     between the moment ``min`` of them first ran at once and its first commit (a member's
     ``effect`` record): a shrink never takes a gang below its ``min``. An attempt that
     did not succeed (a member lost: node dead, fenced, GPU fault, preempted) is not
-    judged; it ends.
+    judged, it ends; nor one frozen with a host (its members' spans stop at the freeze).
 
 ``duplicate-member`` leaves elastic gangs to ``rank-twice``: a rank given back and grown
 again is started by a second process by design.
@@ -157,6 +157,7 @@ def check_below_min(history: History, state: ClusterState | None) -> list[Violat
     """``elastic-below-min`` (see the module docstring)."""
     spans, ranges = elastic_spans(history)
     done = succeeded(history, state)
+    frozen = frozen_attempts(history)
     commits: dict[Attempt, int] = {}
     for r in history.members:
         key = (r.job, r.token)
@@ -164,7 +165,7 @@ def check_below_min(history: History, state: ClusterState | None) -> list[Violat
             commits[key] = min(commits.get(key, r.mono_ns), r.mono_ns)
     out: list[Violation] = []
     for key, lives in sorted(by_attempt(spans).items()):
-        if key not in done or key not in commits:
+        if key not in done or key not in commits or key in frozen:
             continue
         fewest = ranges[key][0]
         full = False

@@ -1,0 +1,326 @@
+"""Elastic gangs in the chaos suite: the workload's elastic share, the member's commit
+world, the elastic kinds' aim and verdict (chaos/elasticfaults.py) and the checker's rules
+(chaos/elastic_rules.py): records in, violations out. A grown rank, a rank given back and
+a rank grown again in the same attempt must pass; more than max members at once, two
+processes of one rank at once and a succeeded attempt below its min must not."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from chaos import elasticfaults, member, nemesis
+from chaos.checker import EffectRecord, History, MemberRecord, check_history
+from chaos.cluster import ChaosCluster
+from chaos.elastic_rules import (
+    check_below_min,
+    check_elastic,
+    check_over_max,
+    check_rank_regrown,
+    grown_and_shrunk,
+)
+from chaos.history import FaultRecord
+from chaos.member_rules import check_duplicate_members, check_gpu_reuse
+from chaos.members_seen import SeenMembers
+from chaos.workload import ELASTIC_ENV, WorkloadConfig, job_spec
+from synapse_ha.core.codec.versioned import encode_state
+from synapse_ha.core.elastic import ElasticPolicy
+from synapse_ha.core.model import AttemptState, ClusterState, JobState
+from tests.chaos.test_chaos_checker import MS, clean_history, final_state
+
+JOB, TOKEN = "j1", 3
+
+
+def process(
+    rank: int,
+    start_ms: int,
+    last_ms: int,
+    *,
+    pid: int,
+    world: int = 2,
+    gang: str = "1:3",
+    node: str = "w1",
+    gpus: tuple[int, ...] = (),
+    last: str = "term",
+) -> list[MemberRecord]:
+    """One process of a rank of elastic j1 (token 3): start, a heartbeat every 100 ms, and
+    its last record at ``last_ms`` (``term``: it was stopped; ``effect``: it committed)."""
+
+    def rec(kind: str, at_ms: int) -> MemberRecord:
+        return MemberRecord(
+            kind, JOB, 1, TOKEN, rank, node, at_ms * MS, pid, gpus=gpus, world=world, elastic=gang
+        )
+
+    beats = [rec("heartbeat", t) for t in range(start_ms + 100, last_ms, 100)]
+    ending = (
+        [rec("effect", last_ms), rec("end", last_ms)] if last == "effect" else [rec(last, last_ms)]
+    )
+    return [rec("start", start_ms), *beats, *ending]
+
+
+def elastic_state(fewest: int = 1, most: int = 3) -> ClusterState:
+    """The clean history's final state with j1 elastic, ``fewest`` to ``most``."""
+    done = JobState.SUCCEEDED
+    state = final_state(("j1", "req-1", 3, 1, done), ("j2", "req-2", 6, 2, done))
+    job = state.jobs[JOB]
+    job.spec = dataclasses.replace(job.spec, replicas=most, elastic=ElasticPolicy(fewest))
+    return state
+
+
+def elastic_history(fewest: int = 1, most: int = 3) -> History:
+    """j1 (token 3) elastic: ranks 0 and 1 from 0 ms to their commit at 4,000 ms; rank 2
+    grown at 500 ms, given back at 1,200 ms, grown again (a new process) at 1,500 ms and
+    committed at 4,000 ms. The members commit with a world of min: rank 0's effect
+    completes the job, the others are told done. j2 as in the clean history."""
+    history = clean_history()
+    history.members = [r for r in history.members if r.job != JOB]
+    history.effects = [e for e in history.effects if e.job != JOB]
+    gang = f"{fewest}:{most}"
+    history.members += [
+        *process(0, 0, 4_000, pid=10, gang=gang, last="effect"),
+        *process(1, 0, 4_000, pid=11, gang=gang, last="effect"),
+        *process(2, 500, 1_200, pid=12, world=3, gang=gang),
+        *process(2, 1_500, 4_000, pid=13, world=3, gang=gang, last="effect"),
+    ]
+    history.effects += [
+        EffectRecord(JOB, TOKEN, 0, True, 4_000 * MS),
+        EffectRecord(JOB, TOKEN, 1, False, 4_000 * MS + 1, done=True),
+        EffectRecord(JOB, TOKEN, 2, False, 4_000 * MS + 2, done=True),
+    ]
+    state = elastic_state(fewest, most)
+    history.replica_states = {r: encode_state(state) for r in ("r1", "r2", "r3")}
+    return history
+
+
+def kinds(history: History) -> list[str]:
+    return sorted(v.kind for v in check_history(history))
+
+
+# ------------------------------------------------------------------------- rules
+
+
+def test_a_gang_grown_given_back_and_grown_again_is_clean_and_reported() -> None:
+    history = elastic_history()
+    assert check_history(history) == []
+    assert grown_and_shrunk(history) == (["j1/3 rank 2"], ["j1/3 rank 2"])
+    # Its output is whole with ranks 0..min-1: for a fixed gang of three, it is not.
+    fixed = [replace(r, elastic="") for r in history.members]
+    state = elastic_state()
+    state.jobs[JOB].spec = dataclasses.replace(state.jobs[JOB].spec, elastic=None)
+    history = replace(
+        history,
+        members=fixed,
+        replica_states={r: encode_state(state) for r in ("r1", "r2", "r3")},
+    )
+    assert "not-completed" in kinds(history)
+
+
+def test_more_members_than_max_at_once_is_elastic_over_max() -> None:
+    history = elastic_history(1, 2)  # rank 2 grown past a max of 2
+    found = check_over_max(history)
+    assert [v.kind for v in found] == ["elastic-over-max"]
+    assert "token 3: 3 members ran at once (max 2) at mono 0.500 s" in found[0].detail
+    assert check_over_max(elastic_history(1, 3)) == []
+    # A member's last record at the very instant another starts is not "at once".
+    history = elastic_history(1, 2)
+    history.members = [r for r in history.members if r.rank != 1]
+    history.members += process(1, 0, 500, pid=11, gang="1:2")
+    assert check_over_max(history) == []
+
+
+def test_a_rank_grown_again_while_its_old_process_runs_is_rank_twice() -> None:
+    history = elastic_history()
+    # The given-back process of rank 2 heartbeats on after the new one started.
+    history.members += process(2, 1_200, 1_600, pid=12, world=3)[1:]
+    found = check_rank_regrown(history)
+    assert [v.kind for v in found] == ["rank-twice"]
+    assert "rank 2 of token 3 generation 0: pid 12 wrote a record 100 ms after pid 13" in (
+        found[0].detail
+    )
+    assert "rank-twice" in kinds(history)
+
+
+def test_a_rank_grown_again_is_neither_a_duplicate_member_nor_a_gpu_reuse() -> None:
+    history = elastic_history()
+    history.members = [r for r in history.members if r.rank != 2]
+    history.members += [
+        *process(2, 500, 1_200, pid=12, world=3, node="w3", gpus=(1,)),
+        *process(2, 1_500, 4_000, pid=13, world=3, node="w3", gpus=(1,), last="effect"),
+        # Another job's member on the same GPU between the two processes.
+        MemberRecord("start", "j9", 1, 9, 0, "w3", 1_300 * MS, 90, gpus=(1,)),
+        MemberRecord("term", "j9", 1, 9, 0, "w3", 1_400 * MS, 90, gpus=(1,)),
+    ]
+    assert check_duplicate_members(history) == []
+    assert check_gpu_reuse(history) == []
+    # A fixed gang's member started twice still is a duplicate.
+    fixed = replace(history, members=[replace(r, elastic="") for r in history.members])
+    assert [v.kind for v in check_duplicate_members(fixed)] == ["duplicate-member"]
+
+
+def test_a_succeeded_attempt_below_its_min_before_its_commit_is_elastic_below_min() -> None:
+    history = elastic_history(2, 3)
+    state = elastic_state(2, 3)
+    assert check_below_min(history, state) == []  # rank 2 given back: two remain
+    # Rank 1 stopped at 1,000 ms while rank 0 worked on to its commit at 4,000 ms: once
+    # rank 2 is given back at 1,200 ms, one member is left.
+    history.members = [r for r in history.members if r.rank != 1]
+    history.members += process(1, 0, 1_000, pid=11, gang="2:3")
+    found = check_below_min(history, state)
+    assert [v.kind for v in found] == ["elastic-below-min"]
+    assert "token 3: 1 members ran (min 2) at mono 1.200 s" in found[0].detail
+    # An attempt that did not succeed lost a member: it is not judged.
+    attempt = state.jobs[JOB].attempt
+    assert attempt is not None
+    attempt.state = AttemptState.REQUEUED
+    assert check_below_min(history, state) == []
+    # Nor the members before min of them first ran at once.
+    history = elastic_history(2, 3)
+    history.members = [r for r in history.members if r.rank != 1]
+    history.members += process(1, 400, 4_000, pid=11, gang="2:3", last="effect")
+    assert check_below_min(history, elastic_state(2, 3)) == []
+
+
+def test_records_of_a_frozen_attempt_within_the_thaw_bound_do_not_count() -> None:
+    history = elastic_history(1, 2)
+    history.members = [r for r in history.members if r.pid != 13]  # rank 2 grown once
+    assert [v.kind for v in check_elastic(history, elastic_state(1, 2))] == ["elastic-over-max"]
+    history.faults.append(
+        FaultRecord(
+            "freeze-host", ("w1",), 400 * MS, 1_100 * MS, frozen=((JOB, TOKEN),), frozen_node="w1"
+        )
+    )
+    # Every member ran on w1: its third member, 500 to 1,200 ms, falls in the window.
+    assert check_elastic(history, elastic_state(1, 2)) == []
+
+
+# ---------------------------------------------------------------- workload and member
+
+
+def config(share: float) -> WorkloadConfig:
+    return WorkloadConfig(
+        seed=1,
+        replicas=[],
+        submissions="",
+        ledger="l",
+        sink="s:1",
+        stop_file="",
+        python="py",
+        pythonpath="/repo",
+        queue_gpus=8,
+        array_share=0.15,
+        replace_share=0.2,
+        elastic_share=share,
+    )
+
+
+def test_the_workload_draws_small_elastic_gangs_of_the_lowest_class() -> None:
+    rng = random.Random(7)
+    specs = [job_spec(config(0.5), rng, i) for i in range(300)]
+    elastic = [s for s in specs if s.HasField("elastic")]
+    assert len(elastic) > 30
+    for s in elastic:
+        assert 1 <= s.elastic.min_replicas < s.replicas <= 3
+        assert s.resources.gpu == 1 and s.elastic.signal == "SIGUSR1"
+        assert s.priority_class == "low" and not s.array and not s.HasField("replace")
+        env = {e.name: e.value for e in s.env}
+        assert env[ELASTIC_ENV] == f"{s.elastic.min_replicas}:{s.replicas}"
+    assert {(s.elastic.min_replicas, s.replicas) for s in elastic} == {(1, 2), (1, 3), (2, 3)}
+    rng = random.Random(7)
+    assert not any(job_spec(config(0.0), rng, i).HasField("elastic") for i in range(300))
+
+
+def test_an_elastic_member_commits_with_a_world_of_min(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {
+        "SYNAPSE_JOB_ID": "j1",
+        "SYNAPSE_ATTEMPT": "1",
+        "SYNAPSE_FENCING_TOKEN": "3",
+        "RANK": "2",
+        "WORLD_SIZE": "3",
+        "SYNAPSE_MEMBER_HOSTS": "a,b,c",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    me = member.identity()
+    assert "elastic" not in me and member.commit_world(me) == 3
+    monkeypatch.setenv("CHAOS_ELASTIC", "2:3")
+    me = member.identity()
+    assert me["elastic"] == "2:3" and member.commit_world(me) == 2
+
+
+# --------------------------------------------------------------------- the kinds
+
+
+def seen(records: list[dict[str, Any]]) -> SeenMembers:
+    out = SeenMembers()
+    for r in records:
+        out.saw(r, str(r["node"]), int(r["at"]))
+    return out
+
+
+def test_the_kinds_aim_at_running_gangs_below_max_or_above_min(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = 10**12
+    monkeypatch.setattr(elasticfaults.ledger, "now_ns", lambda: now)
+    monkeypatch.setattr(elasticfaults, "TARGET_WAIT_S", 0.0)
+    late = now + 9 * 10**9
+
+    def start(job: str, rank: int, gang: str, until: int = late) -> dict[str, Any]:
+        base = {"job": job, "token": 1, "rank": rank, "node": "w1", "at": now}
+        return {**base, "type": "start", "elastic": gang, "until_ns": until}
+
+    members = seen(
+        [
+            start("a", 0, "1:2"),  # one of 1-2: may grow
+            start("b", 0, "1:3"),  # two of 1-3: may grow or shrink
+            start("b", 1, "1:3"),
+            start("c", 0, "1:2", until=now + 10**9),  # ends too soon for either
+            start("c", 1, "1:2", until=now + 10**9),
+            {"job": "d", "token": 1, "rank": 0, "node": "w1", "at": now, "type": "start"},
+        ]
+    )
+    c = cast(ChaosCluster, SimpleNamespace(members_seen=members))
+    assert elasticfaults.running_elastic(c, 4.0) == {("a", 1): (1, 2, 1), ("b", 1): (1, 3, 2)}
+    assert elasticfaults.choose(c, nemesis.ELASTIC_GROW, 0) == (("a", 1), (1, 2, 1))
+    assert elasticfaults.choose(c, nemesis.ELASTIC_GROW, 1) == (("b", 1), (1, 3, 2))
+    assert elasticfaults.choose(c, nemesis.ELASTIC_SHRINK, 5) == (("b", 1), (1, 3, 2))
+    members.saw({"job": "b", "token": 1, "rank": 1, "type": "end"}, "w1", now)
+    assert elasticfaults.choose(c, nemesis.ELASTIC_SHRINK, 0) is None
+
+
+def test_a_resize_is_seen_in_the_state_and_a_kind_that_never_made_one_fails_the_run(
+    tmp_path: Path,
+) -> None:
+    def job(job_id: str, token: int, members: int) -> Any:
+        attempt = SimpleNamespace(fencing_token=token, members=[0] * members)
+        spec = SimpleNamespace(HasField=lambda name: name == "elastic")
+        return SimpleNamespace(job_id=job_id, attempt=attempt, spec=spec, HasField=lambda n: True)
+
+    answers = [[job("a", 1, 1), job("b", 1, 3)], [job("a", 1, 2), job("b", 1, 2)]]
+    observer = SimpleNamespace(list_jobs=lambda **filters: answers.pop(0))
+    resizes = elasticfaults.Resizes(cast(ChaosCluster, SimpleNamespace(observer=observer)))
+    resizes.look()
+    assert resizes.changed(nemesis.ELASTIC_GROW) == []
+    resizes.look()
+    assert resizes.changed(nemesis.ELASTIC_GROW) == ["a/t1 1 -> 2"]
+    assert resizes.changed(nemesis.ELASTIC_SHRINK) == ["b/t1 3 -> 2"]
+
+    def faults(path: Path, *records: dict[str, Any]) -> Path:
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return path
+
+    grew = {"kind": "elastic-grow", "elastic_changed": True}
+    still = {"kind": "elastic-shrink", "elastic_changed": False}
+    one = faults(tmp_path / "one.jsonl", grew, still, {"kind": "kill-leader"})
+    assert elasticfaults.unchanged_kinds([one]) == [
+        "elastic-shrink: played 1 times, no gang resized"
+    ]
+    two = faults(tmp_path / "two.jsonl", {**still, "elastic_changed": True})
+    assert elasticfaults.unchanged_kinds([one, two, tmp_path / "absent.jsonl"]) == []
