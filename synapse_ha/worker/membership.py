@@ -1,5 +1,6 @@
 """A member's view of its gang while ranks are placed again (member replacement,
-DESIGN §4): ``$SYNAPSE_MEMBERSHIP_FILE`` and the signal that says it grew.
+DESIGN §4) or the gang grows and shrinks (elastic gangs, core/elastic.py):
+``$SYNAPSE_MEMBERSHIP_FILE`` and the signal that says it changed.
 
 Every member gets the file, in its member directory: the agent's (mode 0644, so that the
 member's account, which may enter the directory, reads it and nothing of the member's
@@ -10,7 +11,8 @@ last told of, the agent appends one line, flushed to disk, and then sends the jo
 keys: ``membership`` (how many times the gang changed since its attempt was bound),
 ``world_size``, ``member_hosts`` (in rank order), ``master_addr``, ``master_port``,
 ``rank`` and ``generation`` (the reader's own). The member is never stopped or restarted
-for a change; it reads the last line when told, or whenever it wants.
+for a change; it reads the last line when told, or whenever it wants. A member its
+elastic gang gives back is not told: it is no longer desired, and the agent stops it.
 
 A member that asks for a signal should install its handler before it reads the file: a
 change that arrives before the member's process is recorded (``member.json``) is written
