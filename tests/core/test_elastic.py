@@ -258,3 +258,24 @@ def test_the_state_with_an_elastic_gang_round_trips() -> None:
     copy = decode_state(encode_state(cluster.state))
     assert copy.jobs[job_id].spec.elastic == ElasticPolicy(3, "")
     assert encode_state(copy) == encode_state(cluster.state)
+
+
+def test_a_higher_priority_gang_shrinks_an_elastic_one_rather_than_preempt_it_whole() -> None:
+    cluster = racks()
+    job_id = start(cluster, elastic(job(replicas=8, gpu=8), 3))
+    urgent = cluster.submit(job("urgent", replicas=4, gpu=8, priority_class="high"))
+    plan = cluster.run_pass()
+    assert not plan.preemptions  # shrinking makes the room: no one is preempted whole
+    assert cluster.state.jobs[job_id].attempt.preempted_by == ""  # type: ignore[union-attr]
+    (shrink,) = plan_shrink(cluster.state, cluster.now)
+    assert (shrink.job_id, shrink.size, shrink.for_job) == (job_id, 3, urgent)
+    assert cluster.do(shrink).ok
+    for rank in range(3, 8):
+        report(cluster, job_id, rank, c.MemberEventKind.EXITED)
+    cluster.run_pass()
+    assert cluster.state_of(urgent) is JobState.SCHEDULED
+    assert cluster.state_of(job_id) is JobState.RUNNING and size(cluster, job_id) == 3
+    # A gang the shrink cannot make room for still preempts as before.
+    big = cluster.submit(job("big", replicas=4, gpu=8, priority_class="high"))
+    assert [v.job_id for p in cluster.run_pass().preemptions for v in p.victims] == [job_id]
+    assert cluster.state_of(big) is JobState.PENDING

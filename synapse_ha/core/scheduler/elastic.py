@@ -19,6 +19,8 @@ members above ``min`` given back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.reasons import ReasonCode
@@ -71,6 +73,51 @@ def waiting_for_room(state: ClusterState) -> list[Job]:
     return waiting
 
 
+def surplus_gangs(state: ClusterState) -> list[Job]:
+    """Live elastic gangs above their min, with no rank lost or leaving and not being
+    preempted: those a shrink may take members from, in job id order."""
+    jobs = state.jobs
+    surplus = [
+        j
+        for j in (jobs[job_id] for job_id in state.live_ids())  # sorted below, when any
+        if j.spec.elastic is not None
+        and j.attempt is not None
+        and not j.attempt.vacancies
+        and not j.attempt.preempted_by
+        and len(j.attempt.members) > j.spec.elastic.min_replicas
+    ]
+    surplus.sort(key=lambda j: j.job_id)
+    return surplus
+
+
+def shrinking_makes_room(
+    surplus: list[Job],
+    gang: Gang,
+    view: View,
+    fits_in: Callable[[View, list[int]], bool],
+    depths: list[int],
+) -> bool:
+    """Whether ``gang`` (which has no room in ``view``) would fit if every elastic gang
+    of ``surplus`` (:func:`surplus_gangs`) of no higher priority gave back its members
+    above its min: then it waits for those shrinks rather than preempt anyone whole.
+    ``view``'s table is left as it was."""
+    givers = [g for g in surplus if g.spec.priority <= gang.spec.priority]
+    if not givers:
+        return False
+    table = view.table
+    mark = table.mark()
+    try:
+        for giver in givers:
+            attempt = giver.attempt
+            assert attempt is not None and giver.spec.elastic is not None
+            need = reserved_of(giver)
+            for member in attempt.members[giver.spec.elastic.min_replicas :]:
+                table.adjust(member.node_id, need, member.gpus, +1)
+        return fits_in(view, depths)
+    finally:
+        table.undo(mark)
+
+
 def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
     """New top ranks for every elastic gang that can grow now, or None."""
     jobs = growable(state)
@@ -96,15 +143,7 @@ def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
 
 def plan_shrink(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
     """The shrinks that make room for the first waiting gang they can make room for."""
-    surplus = [
-        j
-        for j in state.live_jobs()
-        if j.spec.elastic is not None
-        and j.attempt is not None
-        and not j.attempt.vacancies
-        and not j.attempt.preempted_by
-        and len(j.attempt.members) > j.spec.elastic.min_replicas
-    ]
+    surplus = surplus_gangs(state)
     if not surplus:
         return []
     waiting = waiting_for_room(state)

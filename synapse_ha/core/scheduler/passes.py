@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from synapse_ha.core.cluster_config import PreemptionMode
 from synapse_ha.core.collector import collector_paused
@@ -15,6 +16,7 @@ from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.scheduler.answers import Answers
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
 from synapse_ha.core.scheduler.caps import PassCaps
+from synapse_ha.core.scheduler.elastic import shrinking_makes_room, surplus_gangs
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
 from synapse_ha.core.scheduler.pass_preemptions import (
@@ -34,7 +36,7 @@ from synapse_ha.core.scheduler.placement import (
     members_for,
     unfit_nodes,
 )
-from synapse_ha.core.scheduler.plan import Plan, Reservation
+from synapse_ha.core.scheduler.plan import Plan, Reservation, with_causes
 from synapse_ha.core.scheduler.reservation import Running, running_gangs
 from synapse_ha.core.scheduler.selection import Selections
 from synapse_ha.core.scheduler.victim_search import Candidate
@@ -175,7 +177,7 @@ def _plan(
     backoffs = [j.retry_not_before_ms for j in (*pending, *throttled)]
     later = [ms for ms in backoffs if ms > now_ms] if max(backoffs, default=0) > now_ms else []
     return work.end(
-        _with_causes(state, work.plan),
+        with_causes(state, work.plan),
         pending[-1] if pending else None,
         frozenset(job.spec.queue for job in pending),
         whys,
@@ -281,6 +283,7 @@ class _Pass:
         "running",
         "selections",
         "state",
+        "surplus",
         "table",
         "unfit",
         "usage",
@@ -318,6 +321,7 @@ class _Pass:
         # Whether a shape fits its locality on an empty cluster.
         self.fits_local: dict[tuple[object, ...], bool] = {}
         self.running: dict[str, Running] | None = None  # every gang holding capacity
+        self.surplus: list[Job] | None = None  # elastic gangs above their min
         self.selections = Selections(state)
         self.usage = QueueUsage.of(state) if has_quotas(state) else None
         self.caps = PassCaps(state)
@@ -441,11 +445,19 @@ class _Pass:
         if room is not NO_CAP and answers.fits(replace(gang, room=NO_CAP), target, depths):
             plan.reasons[job.job_id] = caps.over_node_cap(job, room)
             return False
-        if self.preempt is not None and self._preempt(gang, depths):
+        preempt = self.preempt is not None and not self._elastic_room(gang, depths)
+        if preempt and self._preempt(gang, depths):
             return False
         self._wait(gang, depths)
         self._waiting_on_min_runtime(job)
         return False
+
+    def _elastic_room(self, gang: Gang, depths: list[int]) -> bool:
+        """Shrinking elastic gangs would make room (core/elastic.py): preempt no one."""
+        if self.surplus is None:  # gathered once per pass, as the running gangs are
+            self.surplus = surplus_gangs(self.state)
+        fits_in = partial(self.answers.fits, gang)
+        return shrinking_makes_room(self.surplus, gang, self.view, fits_in, depths)
 
     def _waiting_on_min_runtime(self, job: Job) -> None:
         """A gang without room whose possible victims are within their minimum run time
@@ -573,19 +585,3 @@ class _Pass:
 _NO_ROOM = frozenset(
     {ReasonCode.WAITING_CAPACITY, ReasonCode.FIRST_IN_LINE_RESERVED, ReasonCode.WAITING_QUOTA}
 )
-
-
-def _with_causes(state: ClusterState, plan: Plan) -> Plan:
-    """The plan with its reasons' causes and the reasons that changed. A gang queued
-    again after an attempt ended says how that attempt ended (a disruption that requeued
-    it, or a failure being retried)."""
-    for job_id, why in plan.reasons.items():
-        last = state.jobs[job_id].attempt
-        if why.cause is None and last is not None and last.outcome is not None:
-            plan.reasons[job_id] = Reason(why.code, why.params, last.outcome)
-    plan.changed_reasons = [
-        (job_id, why)
-        for job_id, why in sorted(plan.reasons.items())
-        if state.jobs[job_id].reason != why
-    ]
-    return plan

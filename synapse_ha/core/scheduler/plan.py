@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from synapse_ha.core.cluster_config import PreemptionKind
 from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt, Victim
+from synapse_ha.core.model import ClusterState
 from synapse_ha.core.reasons import Reason
 
 
@@ -57,3 +58,19 @@ class Plan:
             reasons=tuple(self.changed_reasons),
             now_ms=now_ms,
         )
+
+
+def with_causes(state: ClusterState, plan: Plan) -> Plan:
+    """The plan with its reasons' causes and the reasons that changed. A gang queued
+    again after an attempt ended says how that attempt ended (a disruption that requeued
+    it, or a failure being retried)."""
+    for job_id, why in plan.reasons.items():
+        last = state.jobs[job_id].attempt
+        if why.cause is None and last is not None and last.outcome is not None:
+            plan.reasons[job_id] = Reason(why.code, why.params, last.outcome)
+    plan.changed_reasons = [
+        (job_id, why)
+        for job_id, why in sorted(plan.reasons.items())
+        if state.jobs[job_id].reason != why
+    ]
+    return plan
