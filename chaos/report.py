@@ -23,6 +23,7 @@ from chaos.checker import (
     reruns_after_unfinished,
     thaw_writes,
 )
+from chaos.elastic_rules import grown_and_shrunk
 from chaos.replace_rules import replaced_ranks
 from chaos.step_rules import step_counts
 from synapse_ha.core.codec.decode_errors import CodecError
@@ -83,6 +84,15 @@ def write_report(
             if r.get("replace") and r["type"] == "ok"
         ),
         "replaced_ranks": replaced_ranks(load_history(run_dir)),
+        "elastic_submissions": sum(
+            1
+            for r in ledger.read_records(run_dir / ledger.SUBMISSIONS)
+            if r.get("elastic") and r["type"] == "ok"
+        ),
+        # Ranks of elastic gangs that started after their attempt's first members, and
+        # members above min stopped while their attempt worked on.
+        "elastic_grown_ranks": grown_and_shrunk(load_history(run_dir))[0],
+        "elastic_given_back_ranks": grown_and_shrunk(load_history(run_dir))[1],
         "memberships_told": sum(
             1 for r in ledger.read_records(run_dir / ledger.LEDGER) if r["type"] == "membership"
         ),
