@@ -324,3 +324,86 @@ def test_a_resize_is_seen_in_the_state_and_a_kind_that_never_made_one_fails_the_
     ]
     two = faults(tmp_path / "two.jsonl", {**still, "elastic_changed": True})
     assert elasticfaults.unchanged_kinds([one, two, tmp_path / "absent.jsonl"]) == []
+
+
+class FakeObserver:
+    """The observer's calls the elastic kinds make: running jobs (one elastic gang of
+    ``sizes[i]`` members at the i-th look, the last size after), nodes and submissions."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.submitted: list[Any] = []
+
+    def list_jobs(self, **filters: Any) -> list[Any]:
+        n = self.sizes.pop(0) if len(self.sizes) > 1 else self.sizes[0]
+        attempt = SimpleNamespace(fencing_token=1, members=[0] * n)
+        spec = SimpleNamespace(HasField=lambda name: name == "elastic")
+        return [SimpleNamespace(job_id="b", attempt=attempt, spec=spec, HasField=lambda _: True)]
+
+    def list_nodes(self) -> list[Any]:
+        def node(name: str, used: int) -> Any:
+            capacity = SimpleNamespace(gpu=4)
+            return SimpleNamespace(node_id=name, capacity=capacity, allocated_gpus=[0] * used)
+
+        return [node("10.0.0.21", 3), node("10.0.0.22", 2)]
+
+    def submit_job(self, spec: Any, request_id: str, timeout_s: float) -> Any:
+        self.submitted.append(spec)
+        return SimpleNamespace(job_id="job-000900")
+
+
+@pytest.mark.parametrize(
+    ("kind", "sizes", "changed"),
+    [
+        (nemesis.ELASTIC_GROW, [2, 2, 3], True),
+        (nemesis.ELASTIC_GROW, [2], False),
+        (nemesis.ELASTIC_SHRINK, [3, 3, 1], True),
+    ],
+)
+def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, sizes: list[int], changed: bool
+) -> None:
+    now = 10**12
+    monkeypatch.setattr(elasticfaults.ledger, "now_ns", lambda: now)
+    monkeypatch.setattr(elasticfaults, "RESIZED_WAIT_S", 0.5)
+    monkeypatch.setattr(elasticfaults, "POLL_S", 0.01)
+    members = SeenMembers()
+    for rank in range(sizes[0]):
+        start = {"job": "b", "token": 1, "rank": rank, "type": "start", "gpus": str(rank)}
+        members.saw({**start, "elastic": "1:3", "until_ns": now + 9 * 10**9}, "10.0.0.21", now)
+    paused: list[str] = []
+    submitter = SimpleNamespace(
+        pause=lambda: paused.append("pause"), resume=lambda: paused.append("resume")
+    )
+    observer = FakeObserver(list(sizes))
+    c = SimpleNamespace(
+        members_seen=members,
+        observer=observer,
+        submitter=submitter,
+        dir=tmp_path,
+        cfg=SimpleNamespace(seed=1),
+        sink_address="10.0.0.1:7900",
+    )
+    extra: dict[str, object] = {}
+    targets, detail, watch, heal, hold = elasticfaults.play(
+        cast(ChaosCluster, c), kind, 4, 0, extra
+    )
+    assert targets == ["b"] and extra["elastic_gang"] == "b/t1"
+    watch()
+    said = hold()
+    heal()
+    assert extra["elastic_changed"] is changed
+    if kind == nemesis.ELASTIC_GROW:
+        assert paused == ["pause", "resume"] and "submitter stopped" in detail
+        assert said.endswith("b/t1 2 -> 3") if changed else said.endswith("no gang resized")
+    else:
+        assert paused == [] and extra["elastic_waiting"] == "job-000900"
+        # One GPU more than any node has free (2), or the target's node's free GPU plus
+        # its two members above min there (3): 3.
+        (spec,) = observer.submitted
+        assert (spec.replicas, spec.resources.gpu, spec.priority_class) == (1, 3, "normal")
+        assert spec.name == "chaos-1-elastic-shrink-4"
+        lines = (tmp_path / "submissions.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        assert [r["type"] for r in records] == ["begin", "ok"]
+        assert said.endswith("b/t1 3 -> 1")
