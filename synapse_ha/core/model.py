@@ -39,9 +39,8 @@ ADDED_IN = "format"  # the metadata key of a field's format (core/codec/formats.
 
 
 def added_in(version: int) -> dict[str, int]:
-    """The metadata of a field added in format ``version`` (core/codec/formats.py): the codec
-    leaves it out while it holds its default, and a command that sets it needs that
-    format (format 2, the oldest the format gate knows, is never refused)."""
+    """The metadata of a field added in format ``version`` (core/codec/formats.py): left out
+    while at its default; a command setting it needs that format (2 is never refused)."""
     return {ADDED_IN: version}
 
 
@@ -270,8 +269,7 @@ class JobSpec:
     nodes: NodeSelector | None = field(default=None, metadata=added_in(13))
     # A lost member is placed again while the gang runs on (core/replacement.py); None: requeue.
     replace: ReplacePolicy | None = field(default=None, metadata=added_in(14))
-    # An elastic gang's fewest members (core/elastic.py; ``replicas`` is its most); None: fixed.
-    elastic: ElasticPolicy | None = field(default=None, metadata=added_in(15))
+    elastic: ElasticPolicy | None = field(default=None, metadata=added_in(15))  # core/elastic.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,8 +315,7 @@ class Attempt:
     # What each member's node reserves for it: its request raised to the cluster's floor,
     # plus its supervisor (core/spec/member_limits.py); None: the request as it is.
     reserved: Resources | None = field(default=None, metadata=added_in(10))
-    # Ranks lost and waiting to be placed again, in rank order, and how many times a rank
-    # was placed again (core/replacement.py).
+    # Lost ranks, or ranks an elastic gang gives back, and membership changes (core/elastic.py).
     vacancies: tuple[Vacancy, ...] = field(default=(), metadata=added_in(14))
     membership: int = field(default=0, metadata=added_in(14))
 

@@ -425,14 +425,7 @@ class _Pass:
         target = self._target(spec)
         deadline = pending_since(job) + self.wait_ms
         local = self._locality(gang, local_depths, deadline)
-        hosts = answers.place(gang, target, local if local is not None else depths)
-        if hosts is None and spec.elastic is not None:
-            # An elastic gang starts with its fewest members rather than wait (it grows
-            # once running, core/elastic.py).
-            fewest = replace(gang, n=spec.elastic.min_replicas)
-            hosts = answers.place(fewest, target, local if local is not None else depths)
-            if hosts is not None:
-                gang = fewest
+        gang, hosts = self._place(gang, target, local if local is not None else depths)
         if hosts is None and local is not None and answers.fits(gang, target, depths):
             plan.reasons[job.job_id] = self.explainer.why_waiting_for_locality(
                 gang, target, local, self.wait_ms
@@ -451,6 +444,20 @@ class _Pass:
         self._wait(gang, depths)
         self._waiting_on_min_runtime(job)
         return False
+
+    def _place(
+        self, gang: Gang, target: View, depths: list[int]
+    ) -> tuple[Gang, list[tuple[str, int]] | None]:
+        """Hosts for the whole gang; an elastic one that does not fit whole starts with
+        its fewest members rather than wait (it grows once running, core/elastic.py)."""
+        hosts = self.answers.place(gang, target, depths)
+        elastic = gang.spec.elastic
+        if hosts is None and elastic is not None:
+            fewest = replace(gang, n=elastic.min_replicas)
+            hosts = self.answers.place(fewest, target, depths)
+            if hosts is not None:
+                return fewest, hosts
+        return gang, hosts
 
     def _elastic_room(self, gang: Gang, depths: list[int]) -> bool:
         """Shrinking elastic gangs would make room (core/elastic.py): preempt no one."""
