@@ -208,7 +208,9 @@ class ReplaceMembers:
 @dataclass(frozen=True, slots=True)
 class MemberGrowth:
     """New top ranks for a running elastic gang (core/elastic.py): ``members`` continue
-    its ranks in order, each generation 0, on free nodes of its required domain."""
+    its ranks in order, on free nodes of its required domain, each with the generation
+    the attempt's ``membership`` will have once they join, above any generation a rank of
+    the attempt ever had (a rank given back and grown again is a member of its own)."""
 
     job_id: str
     fencing_token: int

@@ -209,6 +209,8 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
         )
     if len(attempt.member_status) != len(attempt.members):
         problems.append(f"{job_id}: member status does not match members")
+    if any(m.generation > attempt.membership for m in attempt.members):
+        problems.append(f"{job_id}: a member's generation is above the attempt's membership")
     if attempt.members and attempt.members[0].node_id in held.master_ports:
         held.master_ports[attempt.members[0].node_id].append(attempt.master_port)
     freed = {v.rank for v in attempt.vacancies if v.stopped}

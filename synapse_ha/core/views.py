@@ -97,6 +97,7 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
     would wait for it forever."""
     attempt = job.live_attempt()
     ended = attempt is None
+    ending: set[int] = set()  # ranks wanted only to be confirmed stopped
     if ended:
         attempt = job.attempt
         ranks = unconfirmed_members(job)
@@ -109,7 +110,15 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
         picked = list(range(len(attempt.members)))
         if attempt.vacancies:  # a lost member is no longer wanted where it was
             vacant = {v.rank for v in attempt.vacancies}
-            picked = [r for r in picked if r not in vacant]
+            # ... but one never reported running stays, marked ended: its worker may
+            # never have seen it, and must report it stopped (as for an ended attempt).
+            status = attempt.member_status
+            ending = {
+                v.rank
+                for v in attempt.vacancies
+                if not v.stopped and status[v.rank].state is MemberState.BOUND
+            }
+            picked = [r for r in picked if r not in vacant or r in ending]
     members = attempt.members
     if node_id is not None:
         picked = [r for r in picked if members[r].node_id == node_id]
@@ -130,6 +139,7 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
     out = []
     for rank in picked:
         member = members[rank]
+        gone = ended or rank in ending
         out.append(
             Placed(
                 member.node_id,
@@ -139,17 +149,17 @@ def job_desired(state: ClusterState, job: Job, node_id: str | None = None) -> li
                     fencing_token=attempt.fencing_token,
                     rank=member.rank,
                     world_size=len(members),
-                    local_rank=0 if ended else local_rank_of[rank],
-                    local_world_size=1 if ended else per_node[member.node_id],
+                    local_rank=0 if gone else local_rank_of[rank],
+                    local_world_size=1 if gone else per_node[member.node_id],
                     gpus=member.gpus,
                     master_addr=hosts[0],
                     master_port=attempt.master_port,
                     member_hosts=hosts,
                     spec=launch,
                     owner=job.owner,
-                    preempt_deadline_ms=0 if ended else attempt.preempt_deadline_ms,
-                    resume_step=None if ended else _resume_step(job, attempt, rank),
-                    ended=ended,
+                    preempt_deadline_ms=0 if gone else attempt.preempt_deadline_ms,
+                    resume_step=None if gone else _resume_step(job, attempt, rank),
+                    ended=gone,
                     generation=member.generation,
                     membership=attempt.membership,
                     membership_signal=signal,

@@ -119,7 +119,7 @@ def test_it_grows_when_room_appears_and_its_members_are_told() -> None:
     assert growth is not None
     (g,) = growth.growths
     assert [m.rank for m in g.members] == list(range(before, 4))
-    assert all(m.generation == 0 for m in g.members)
+    assert all(m.generation == 1 for m in g.members)  # membership + 1
     result = cluster.do(growth)
     assert result.ok and result.bound == (job_id,) and not result.rejected
     assert size(cluster, job_id) == 4 and len(cluster.racks_of(job_id)) == 1
@@ -279,3 +279,46 @@ def test_a_higher_priority_gang_shrinks_an_elastic_one_rather_than_preempt_it_wh
     big = cluster.submit(job("big", replicas=4, gpu=8, priority_class="high"))
     assert [v.job_id for p in cluster.run_pass().preemptions for v in p.victims] == [job_id]
     assert cluster.state_of(big) is JobState.PENDING
+
+
+def test_a_rank_given_back_and_grown_again_is_a_member_of_its_own() -> None:
+    cluster = racks(nodes_per_rack=2)
+    job_id = start(cluster, elastic(job(replicas=4, gpu=8), 2))
+    attempt = cluster.state.jobs[job_id].attempt
+    assert attempt is not None and size(cluster, job_id) == 4
+    first = attempt.members[3]
+    assert cluster.do(c.ShrinkMembers(job_id, attempt.fencing_token, 2, "", cluster.now)).ok
+    for rank in (2, 3):
+        report(cluster, job_id, rank, c.MemberEventKind.EXITED)
+    assert size(cluster, job_id) == 2
+    growth = plan_growth(cluster.state, cluster.now)
+    assert growth is not None and cluster.do(growth).ok
+    again = attempt.members[3]
+    assert again.node_id == first.node_id and again.generation > first.generation
+    assert all(m.generation <= attempt.membership for m in attempt.members)
+    # A late report of the member given back does not count for the new one.
+    late = c.MemberEvent(
+        job_id, attempt.fencing_token, 3, c.MemberEventKind.STARTED, generation=first.generation
+    )
+    cluster.do(c.ReportMembers(first.node_id, (late,), 7, cluster.now))
+    assert attempt.member_status[3].state is MemberState.BOUND
+
+
+def test_a_rank_given_back_before_its_worker_saw_it_is_asked_to_report_itself_stopped() -> None:
+    cluster = racks(nodes_per_rack=2)
+    blocker = start(cluster, job("big", replicas=2, gpu=8))
+    job_id = start(cluster, elastic(job(replicas=4, gpu=8), 2))
+    attempt = cluster.state.jobs[job_id].attempt
+    assert attempt is not None and size(cluster, job_id) == 2
+    for rank in range(2):
+        cluster.exit_member(blocker, rank, 0)
+    growth = plan_growth(cluster.state, cluster.now)
+    assert growth is not None and cluster.do(growth).ok
+    fresh = attempt.members[3]
+    assert attempt.member_status[3].state is MemberState.BOUND  # never reported started
+    assert cluster.do(c.ShrinkMembers(job_id, attempt.fencing_token, 2, "", cluster.now)).ok
+    (wanted,) = desired_members(cluster.state, fresh.node_id)
+    assert (wanted.rank, wanted.ended, wanted.generation) == (3, True, fresh.generation)
+    for rank in (2, 3):
+        report(cluster, job_id, rank, c.MemberEventKind.EXITED)
+    assert size(cluster, job_id) == 2 and desired_members(cluster.state, fresh.node_id) == []

@@ -38,6 +38,7 @@ from synapse_ha.core.codec.versioned import (
     encode_command,
     encode_state,
 )
+from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.identity.access import Role
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import (
@@ -50,6 +51,7 @@ from synapse_ha.core.model import (
 from synapse_ha.core.queues.quota import gang_request
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.scheduler.elastic import plan_growth, plan_shrink
 from synapse_ha.core.spec.member_limits import MEMBER_LIMITS_FORMAT, member_counts, rules_in_force
 from synapse_ha.core.views import (
     desired_by_node,
@@ -443,6 +445,7 @@ class ClusterMachine(DependentSubmissions):
         request=st.integers(0, 30),
         queue=st.sampled_from(QUEUES),
         priority_class=st.sampled_from(["", "", "low", "normal", "high"]),
+        fewest=st.sampled_from([0, 0, 0, 1, 2]),
     )
     def submit(
         self,
@@ -456,6 +459,7 @@ class ClusterMachine(DependentSubmissions):
         request: int,
         queue: str,
         priority_class: str,
+        fewest: int,
     ) -> None:
         spec = job(
             replicas=replicas,
@@ -469,7 +473,26 @@ class ClusterMachine(DependentSubmissions):
             queue=queue,
             priority_class=priority_class,
         )
+        if 0 < fewest < replicas:  # an elastic gang (core/elastic.py)
+            spec = replace(spec, elastic=ElasticPolicy(fewest))
         self.do(c.SubmitJob(spec, f"req-{request}", self.now))
+
+    @rule()
+    def resize_elastic_gangs(self) -> None:
+        """The leader's shrinks and growth, as it proposes them: a fresh plan applies."""
+        for shrink in plan_shrink(self.state, self.now):
+            result = self.do(shrink)
+            assert result.ok, result.message
+            event("an elastic gang shrank")
+        growth = plan_growth(self.state, self.now)
+        if growth is not None:
+            result = self.do(growth)
+            assert result.ok and not result.rejected, result
+            event("an elastic gang grew")
+        for held in self.state.jobs.values():
+            attempt, spec = held.live_attempt(), held.spec
+            if attempt is not None and spec.elastic is not None:
+                assert spec.elastic.min_replicas <= len(attempt.members) <= spec.replicas
 
     @rule()
     def scheduling_pass(self) -> None:

@@ -64,9 +64,14 @@ def _growth_problem(state: ClusterState, g: cmd.MemberGrowth, now: int) -> Probl
     taken: dict[str, set[int]] = {}
     per_node: dict[str, Resources] = {}
     need = reserved_of(job)
+    generation = attempt.membership + 1
     for i, member in enumerate(g.members):
-        if member.generation != 0:
-            return RejectCode.STALE_PLAN, f"rank {member.rank}: a new rank starts at generation 0"
+        if member.generation != generation:
+            return (
+                RejectCode.STALE_PLAN,
+                f"rank {member.rank}: a grown rank's generation is {generation}, "
+                f"one above any its rank had in the attempt",
+            )
         problem = member_problem(state, spec, size + i, member, taken)
         if problem is not None:
             return problem

@@ -298,7 +298,7 @@ def running_reason(job: Job, attempt: Attempt) -> Reason:
         attempt=attempt.number,
         members=len(attempt.members) if elastic else None,
         most=job.spec.replicas if elastic else None,
-        replaced=sum(m.generation for m in attempt.members) or None,
+        replaced=None if elastic else attempt.membership or None,
     )
 
 

@@ -131,7 +131,8 @@ def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
         members = list(attempt.members)
         added = []
         for rank in range(len(members), job.spec.replicas):
-            placed = place_member(state, job, (members, members), (rank, 0), taken, None, now_ms)
+            member = (rank, attempt.membership + 1)
+            placed = place_member(state, job, (members, members), member, taken, None, now_ms)
             if placed is None:
                 break
             members.append(placed)
