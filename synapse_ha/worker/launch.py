@@ -80,14 +80,15 @@ def member_argv(
 
 
 def progress_file(member: DesiredMember, member_dir: Path) -> Path | None:
-    """The member's ``$SYNAPSE_PROGRESS_FILE`` when its job has hang detection, else None."""
-    return member_dir / PROGRESS_FILE if member.spec.progress_timeout_ms > 0 else None
+    """The member's ``$SYNAPSE_PROGRESS_FILE``: every member on the host has one, which
+    hang detection watches when its job has ``progress:`` and where the member may report
+    its pace (worker/pace.py) in any case."""
+    return member_dir / PROGRESS_FILE
 
 
 def create_progress_file(member: DesiredMember, member_dir: Path) -> Path | None:
     """Create the member's ``$SYNAPSE_PROGRESS_FILE`` empty (its modification time is
-    the member's start until the member touches it) when its job has hang detection;
-    its path, or None."""
+    the member's start until the member touches it); its path, or None."""
     path = progress_file(member, member_dir)
     if path is not None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -167,8 +168,8 @@ def host_process(
     :func:`~synapse_ha.worker.environment.member_base_environment`), with the file a
     preemption notice is written to (before the SIGTERM, only when the gang is
     preempted), the file it writes a line to to mark a checkpoint, the file its gang's
-    membership changes are written to and, when its job has hang detection, the file it
-    touches to show progress, run as ``account`` in the job's working directory."""
+    membership changes are written to and the file it touches to show progress (and
+    writes its pace to), run as ``account`` in the job's working directory."""
     env = member_environment(member, base_env, account)
     env[PREEMPT_FILE_ENV] = str(member_dir / shim.PREEMPT_FILE)
     env[CHECKPOINT_FILE_ENV] = str(member_dir / CHECKPOINT_FILE)

@@ -1,6 +1,7 @@
 """The pace of the members on this node, as they report it (docs/slow-nodes.md).
 
-A member with ``$SYNAPSE_PROGRESS_FILE`` (a job with ``progress:``) may append to it, once
+A member on the host (it has ``$SYNAPSE_PROGRESS_FILE``, watched for hangs only in a job
+with ``progress:``) may append to it, once
 per step or every few steps, a JSON line with the step and its *own* time per step: the
 time of its work up to the collective that ends the step, without the time it waits for
 the other members::

@@ -4,6 +4,7 @@ one that keeps making progress runs on."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -83,7 +84,7 @@ def test_with_source_log_a_member_whose_log_stops_growing_is_hung(
     assert "step 3" in (member.dir / "output.log").read_text()
 
 
-def test_the_progress_file_is_in_the_environment_only_with_hang_detection(
+def test_every_member_has_a_progress_file_watched_only_with_hang_detection(
     make_executor: MakeExecutor, tmp_path: Path
 ) -> None:
     executor = make_executor()
@@ -98,10 +99,12 @@ def test_the_progress_file_is_in_the_environment_only_with_hang_detection(
     path, size = out.read_text().split()
     assert Path(path) == watched.dir / "progress"
     assert size == "0"  # created empty at start
+    # Without hang detection the file is there too (for the member's pace), unwatched.
     plain = executor.start(spec(command, rank=1))
     finish(executor, plain)
-    assert out.read_text().split() == ["none"]
-    assert not (plain.dir / "progress").exists()
+    path, size = out.read_text().split()
+    assert Path(path) == plain.dir / "progress" and size == "0"
+    assert "progress_path" not in json.loads((plain.dir / "launch.json").read_text())
 
 
 # ----------------------------------------------------------- the watch itself
