@@ -19,7 +19,7 @@ from synapse_ha.core.codec.formats import format_needed
 from synapse_ha.core.desired import DesiredMember
 from synapse_ha.core.health.fitness import GpuFault, NodeCheck, conditions_differ, unhealthy_gpus
 from synapse_ha.core.health.node_checks import check_node_checks
-from synapse_ha.core.health.slowness import PaceReport
+from synapse_ha.core.health.slowness import DEGRADED, PaceReport
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.spec import validation
 from synapse_ha.core.views import desired_members
@@ -139,7 +139,10 @@ def checks_command(
     """The command that records the results of ``node_id``'s checks, when they differ
     from the node's conditions (None otherwise: a worker reports them in every
     heartbeat), and once every replica reads it (until then the checks wait: the
-    heartbeat itself must not be refused)."""
+    heartbeat itself must not be refused). A check a worker names ``degraded`` is left
+    out: that condition is the leader's slow-node mark (leader/slow_nodes.py), which no
+    worker may set or clear."""
+    checks = [k for k in checks if k.name != DEGRADED]
     node = state.nodes.get(node_id)
     if node is None or not conditions_differ(node.conditions, tuple(checks)):
         return None

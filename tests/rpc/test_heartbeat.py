@@ -117,6 +117,19 @@ def test_node_checks_become_a_command_only_when_they_change_the_conditions() -> 
     assert [p.field for p in problems] == ["checks[0].name"]
 
 
+def test_no_worker_sets_or_clears_the_leaders_degraded_mark() -> None:
+    state = ClusterState()
+    assert apply(state, cmd.RegisterNode(node("n1", gpus=2), 1)).ok
+    assert apply(state, cmd.RaiseFormat(FORMAT)).ok
+    assert apply(state, cmd.MarkNodeDegraded("n1", "23% slower than its gangs", 2)).ok
+    assert [k.name for k in state.nodes["n1"].conditions] == ["degraded"]
+    assert checks_command(state, "n1", [NodeCheck("degraded", False)], 3) is None
+    forged = checks_command(
+        state, "n1", [NodeCheck("degraded", True, "x"), NodeCheck("disk", True, "full")], 3
+    )
+    assert forged is not None and [k.name for k in forged.checks] == ["disk"]
+
+
 def test_checkpoint_reports_become_mark_events_and_bad_ones_are_refused() -> None:
     kind = pb.MemberReport.CHECKPOINT
     marked = pb.MemberReport(
