@@ -87,8 +87,8 @@ class Recovery(enum.StrEnum):
     ELASTIC_SPARES = "elastic+spares"
 
 
-ELASTIC = frozenset({Recovery.ELASTIC, Recovery.ELASTIC_SPARES})
-WITH_SPARES = frozenset({Recovery.REPLACE_SPARES, Recovery.ELASTIC_SPARES})
+ELASTIC_POLICIES = frozenset({Recovery.ELASTIC, Recovery.ELASTIC_SPARES})
+SPARE_POLICIES = frozenset({Recovery.REPLACE_SPARES, Recovery.ELASTIC_SPARES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +152,7 @@ class RecoveryRun(FaultRun):
         super().__init__(workload, Ours(), state, model, FaultPolicy.HEALTH_AWARE, pacing, scripted)
         self.recovery = recovery
         self.recovery_model = recovery_model
-        self.elastic = recovery in ELASTIC
+        self.elastic = recovery in ELASTIC_POLICIES
         # job -> (held from, useful from, GPUs it runs on)
         self.segment: dict[str, tuple[int, int, int]] = {}
         self.holding: dict[str, tuple[int, int]] = {}  # job -> (GPUs held, since)
@@ -509,7 +509,7 @@ def recovery_run(
     recovery_model = recovery_model or RecoveryModel()
     recovery_model.check()
     config = config or ClusterConfig(retention_ms=0)
-    if recovery in WITH_SPARES:
+    if recovery in SPARE_POLICIES:
         config = replace(
             config, spares=recovery_model.spares, spare_level=recovery_model.spare_level
         )
