@@ -25,7 +25,7 @@ from synapse_ha.core.health.slowness import DEGRADED, is_degraded
 from synapse_ha.core.machine.apply_node_checks import follow_conditions
 from synapse_ha.core.machine.attempts import settle_drained
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.machine.replacement import replaceable, vacate
+from synapse_ha.core.machine.replacement import move_off
 from synapse_ha.core.model import ClusterState, NodeStatus
 from synapse_ha.core.reasons import ReasonCode, reason
 
@@ -53,16 +53,7 @@ def _mark_node_degraded(state: ClusterState, c: cmd.MarkNodeDegraded, now: int) 
 def _moved_off(state: ClusterState, c: cmd.MarkNodeDegraded, now: int) -> tuple[str, ...]:
     """The gangs with ``replace:`` that lose their members on the node, in job id order."""
     cause = reason(ReasonCode.NODE_DEGRADED, node=c.node_id, detail=c.evidence)
-    moving = []
-    for job_id in state.jobs_on_node(c.node_id):
-        job = state.jobs[job_id]
-        attempt = replaceable(job)
-        if attempt is None:
-            continue
-        ranks = [m.rank for m in attempt.members if m.node_id == c.node_id]
-        if vacate(state, job, ranks, cause, now, stopped=False):
-            moving.append(job_id)
-    return tuple(moving)
+    return move_off(state, c.node_id, cause, now)
 
 
 def _touches(state: ClusterState, c: cmd.MarkNodeDegraded, changes: Changes) -> None:

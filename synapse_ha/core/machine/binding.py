@@ -208,6 +208,13 @@ def _members_problem(
         if problem is not None:
             return problem
         per_node[member.node_id] = per_node.get(member.node_id, Resources()) + reserved
+    return room_problem(state, per_node) or topology_problem(
+        state, spec.topology_required, list(per_node)
+    )
+
+
+def room_problem(state: ClusterState, per_node: dict[str, Resources]) -> Problem | None:
+    """A node without room for what new members put there (``per_node``), or None."""
     for node_id, request in sorted(per_node.items()):
         node = state.nodes[node_id]
         if not request.fits_in(node.free):
@@ -216,7 +223,7 @@ def _members_problem(
                 f"node {node_id} no longer fits: needs {request.describe()}, "
                 f"has {node.free.describe()} free",
             )
-    return topology_problem(state, spec.topology_required, list(per_node))
+    return None
 
 
 def topology_problem(state: ClusterState, level: str, node_ids: list[str]) -> Problem | None:

@@ -12,7 +12,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import RejectCode, Rejection, Result, error, ok
 from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.health.fitness import unfit_owners
-from synapse_ha.core.machine.binding import member_problem, topology_problem
+from synapse_ha.core.machine.binding import member_problem, room_problem, topology_problem
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.machine.replacement import running_reason, vacate
 from synapse_ha.core.model import Attempt, ClusterState, MemberStatus, Resources
@@ -84,14 +84,9 @@ def _growth_problem(state: ClusterState, g: cmd.MemberGrowth, now: int) -> Probl
                 f"node {node.node_id} could not start this owner's members",
             )
         per_node[member.node_id] = per_node.get(member.node_id, Resources()) + need
-    for node_id, request in sorted(per_node.items()):
-        node = state.nodes[node_id]
-        if not request.fits_in(node.free):
-            return (
-                RejectCode.NO_ROOM,
-                f"node {node_id} no longer fits: needs {request.describe()}, "
-                f"has {node.free.describe()} free",
-            )
+    problem = room_problem(state, per_node)
+    if problem is not None:
+        return problem
     nodes = list(dict.fromkeys(m.node_id for m in (*attempt.members, *g.members)))
     problem = topology_problem(state, spec.topology_required, nodes)
     if problem is None and spec.nodes is not None:

@@ -22,6 +22,7 @@ from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.machine.replacement import (
     confirm_on_dead_node,
     loses_only_leaving,
+    move_off,
     replaceable,
     vacate,
 )
@@ -107,20 +108,10 @@ def _set_node_status(state: ClusterState, c: cmd.SetNodeStatus, now: int) -> Res
 
 
 def _drain_replaced(state: ClusterState, c: cmd.SetNodeStatus, now: int) -> tuple[str, ...]:
-    """A drain moves the members of gangs with ``replace:`` off the node: they are lost
-    there (their worker stops them and reports it) and placed again elsewhere, so the
-    drain ends without waiting for those gangs to finish."""
+    """A drain moves the members of gangs with ``replace:`` off the node, so the drain
+    ends without waiting for those gangs to finish."""
     cause = reason(ReasonCode.NODE_DRAINED, node=c.node_id, detail=c.reason)
-    moving = []
-    for job_id in state.jobs_on_node(c.node_id):
-        job = state.jobs[job_id]
-        attempt = replaceable(job)
-        if attempt is None:
-            continue
-        ranks = [m.rank for m in attempt.members if m.node_id == c.node_id]
-        if vacate(state, job, ranks, cause, now, stopped=False):
-            moving.append(job_id)
-    return tuple(moving)
+    return move_off(state, c.node_id, cause, now)
 
 
 def _mark_node_dead(state: ClusterState, c: cmd.MarkNodeDead, now: int) -> Result:

@@ -87,6 +87,22 @@ def vacate(
     return True
 
 
+def move_off(state: ClusterState, node_id: str, cause: Reason, now: int) -> tuple[str, ...]:
+    """The gangs with ``replace:`` that lose their members on ``node_id`` (drained, found
+    slow), in job id order: they are lost there (their worker stops them and reports it)
+    and placed again elsewhere, while the others run on."""
+    moving = []
+    for job_id in state.jobs_on_node(node_id):
+        job = state.jobs[job_id]
+        attempt = replaceable(job)
+        if attempt is None:
+            continue
+        ranks = [m.rank for m in attempt.members if m.node_id == node_id]
+        if vacate(state, job, ranks, cause, now, stopped=False):
+            moving.append(job_id)
+    return tuple(moving)
+
+
 def loses_only_leaving(job: Job, ranks: list[int]) -> Attempt | None:
     """The live attempt of ``job`` when every one of ``ranks`` is a rank it is already
     giving back (an elastic gang shrinking): losing them costs the gang nothing."""
