@@ -64,7 +64,12 @@ def test_a_trace_file_runs_on_the_hosts_given(tmp_path: Path) -> None:
         "10,team-b,1,8,300\n"
         "20,team-b,1,8,300\n"
     )
-    report = _report("--parts", "trace", "--trace-file", str(trace), "--trace-hosts", "2")
+    out = tmp_path / "out"
+    report = _report(
+        "--parts", "trace", "--trace-file", str(trace), "--trace-hosts", "2", "--out", str(out)
+    )
+    table = (out / "quality.md").read_text().splitlines()
+    assert sum(1 for line in table if line.startswith("| trace |")) == 5
     part = report["workloads"]["trace"]
     assert part["workload"].startswith("jobs.csv: 3 jobs on 2 nodes, queues team-a, team-b")
     ours = part["policies"]["ours/off"]
