@@ -115,6 +115,19 @@ def _classes(value: str) -> list[str]:
     "At most this many members of one user's live gangs on one node, for gangs of "
     "this queue (default: the cluster's limits.members_per_node_per_user).",
 )
+@click.option(
+    "--default-time-limit",
+    default=None,
+    help="How long its jobs without a time_limit are expected to run, e.g. 4h (Slurm's "
+    "DefaultTime): an estimate for reservations and backfill, never a limit they are "
+    "stopped at (default: unknown).",
+)
+@click.option(
+    "--learned-estimates",
+    is_flag=True,
+    help="Expect such jobs to run as long as the 90th percentile of the finished runs of "
+    "the same user and name here (or of the user here), from 5 runs on.",
+)
 @output_option
 @with_settings
 def queue_set(
@@ -131,17 +144,23 @@ def queue_set(
     min_runtime: str | None,
     user_running_members: int | None,
     user_members_per_node: int | None,
+    default_time_limit: str | None,
+    learned_estimates: bool,
 ) -> None:
     """Create queue NAME, or replace all of its settings (unset options become unset).
 
     \b
     Example:
       synctl queue set team-a --gpu 64 --cohort research --classes normal,high
+      synctl queue set batch --default-time-limit 4h --learned-estimates
     """
     try:
         cpu_milli = parse_cpu(cpu, "--cpu") if cpu is not None else None
         memory_mib = parse_memory(memory, "--memory") if memory is not None else None
         min_runtime_ms = parse_duration(min_runtime, "--min-runtime") if min_runtime else 0
+        default_time_limit_ms = (
+            parse_duration(default_time_limit, "--default-time-limit") if default_time_limit else 0
+        )
     except SpecError as exc:
         raise CommandFailed(ExitCode.USAGE, str(exc), str(Reason.INVALID_FIELD)) from exc
     record = Queue(
@@ -157,6 +176,8 @@ def queue_set(
         min_runtime_ms=min_runtime_ms,
         running_members_per_user=user_running_members,
         members_per_node_per_user=user_members_per_node,
+        default_time_limit_ms=default_time_limit_ms,
+        learned_estimates=learned_estimates,
     )
     emit_put(settings, "queue", name, client_queues.set_queue(settings.client(), record))
 

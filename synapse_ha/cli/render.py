@@ -80,8 +80,9 @@ explanation's code) where each member also has ``rack``, ``topology`` and
 ``queues``: ``{queues: [{name, cohort, nominal: {gpu, cpu_milli, memory_mib} (null:
 no quota), borrowing_limit_gpu, lending_limit_gpu (null: no limit), priority_classes,
 min_runtime_ms, running_members_per_user, members_per_node_per_user (null: the cluster's
-limits), used: {gpu, cpu_milli, memory_mib}, borrowed_gpu, lent_gpu, running_jobs,
-pending_jobs, pending_gpu, preempting_jobs}], priority_classes: [{name, value, preempts,
+limits), default_time_limit_ms (0: none), learned_estimates, used: {gpu, cpu_milli,
+memory_mib}, borrowed_gpu, lent_gpu, running_jobs, pending_jobs, pending_gpu,
+preempting_jobs}], priority_classes: [{name, value, preempts,
 grace_ms, min_runtime_ms}], preemption, reclaim_wait_max_ms}``. ``queue set``: ``{name,
 created}``; ``queue delete``: ``{name, deleted}``.
 ``cluster``: ``{healthy, leader, leader_address, answered_by, nodes, jobs, pending_jobs,

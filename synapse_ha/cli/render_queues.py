@@ -33,6 +33,8 @@ def queue_document(status: QueueStatus) -> Document:
         "min_runtime_ms": q.min_runtime_ms,
         "running_members_per_user": q.running_members_per_user,
         "members_per_node_per_user": q.members_per_node_per_user,
+        "default_time_limit_ms": q.default_time_limit_ms,
+        "learned_estimates": q.learned_estimates,
         "used": {"gpu": u.used_gpu, "cpu_milli": u.used_cpu_milli, "memory_mib": u.used_memory_mib},
         "borrowed_gpu": u.borrowed_gpu,
         "lent_gpu": u.lent_gpu,
@@ -82,6 +84,16 @@ def _user_caps(q: Mapping[str, Any]) -> str:
     )
 
 
+def _estimate(q: Mapping[str, Any]) -> str:
+    """``4h``, ``learned,4h``, ``learned`` or ``-``: how long a job without a time limit
+    is expected to run, for backfill (one word: the table splits on spaces)."""
+    default = q["default_time_limit_ms"]
+    shown = duration_text(default) if default else ""
+    if q["learned_estimates"]:
+        return f"learned,{shown}" if shown else "learned"
+    return shown or "-"
+
+
 def queues_table(doc: Mapping[str, Any]) -> str:
     """One row per queue (GPUs), then the priority classes and the preemption mode."""
     rows = []
@@ -103,13 +115,14 @@ def queues_table(doc: Mapping[str, Any]) -> str:
                 f"{q['fair_share']['share']:.0%}" if nominal is not None else "-",
                 q["fair_share"]["order"],
                 ",".join(q["priority_classes"]) or "any",
+                _estimate(q),
                 duration_text(q["min_runtime_ms"]) if q["min_runtime_ms"] else "-",
                 _user_caps(q),
             ]
         )
     headers = ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "MAY BORROW"]
-    headers += ["MAY LEND", "RUNNING", "PENDING", "SHARE", "ORDER", "CLASSES", "MIN RUN"]
-    headers += ["USER CAPS"]
+    headers += ["MAY LEND", "RUNNING", "PENDING", "SHARE", "ORDER", "CLASSES", "ESTIMATE"]
+    headers += ["MIN RUN", "USER CAPS"]
     out = table(rows, headers)
     classes = ", ".join(
         f"{c['name']} {c['value']}{' (preempts)' if c['preempts'] else ''}"
@@ -125,6 +138,9 @@ def queues_table(doc: Mapping[str, Any]) -> str:
         f"its nominal quota; the shares of its cohorts are compared first)\n"
         f"USER CAPS: a queue's own caps on one user's members (running in the cluster, on "
         f"one node); 'limits': the cluster's (synctl config show)\n"
+        f"ESTIMATE: how long a job without a time limit is expected to run, for backfill "
+        f"only (never a limit it is stopped at); 'learned': the p90 of alike finished "
+        f"runs, from 5 on\n"
         f"priority classes: {classes or 'none'}\npreemption: {doc['preemption']}"
         f" (a reclaim overrides minimum run times after {wait})"
     )

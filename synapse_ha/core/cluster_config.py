@@ -23,6 +23,7 @@ MAX_START_TIMEOUT_MS = 86_400_000
 FAIR_SHARE_HALF_LIFE_MS = 7 * 86_400_000  # see ClusterConfig.fair_share_half_life_ms
 DEFAULT_GRACE_MS = 30_000  # see PriorityClass.grace_ms
 MAX_MIN_RUNTIME_MS = 7 * 86_400_000  # see PriorityClass.min_runtime_ms, Queue.min_runtime_ms
+MAX_DEFAULT_TIME_LIMIT_MS = 366 * 86_400_000  # see Queue.default_time_limit_ms
 RECLAIM_WAIT_MAX_MS = 600_000  # see ClusterConfig.reclaim_wait_max_ms
 MAX_RECLAIM_WAIT_MS = 86_400_000
 MAX_SPARES = 1_000  # see ClusterConfig.spares
@@ -93,6 +94,11 @@ class Queue:
     its class's ``min_runtime_ms`` holds (:mod:`synapse_ha.core.queues.victim_rules`).
     ``running_members_per_user`` / ``members_per_node_per_user``: the member caps of
     :class:`Limits` for this queue's gangs (None: the cluster's).
+    ``default_time_limit_ms``: how long a job of this queue without a ``time_limit`` is
+    expected to run (Slurm's DefaultTime; 0: unknown); ``learned_estimates``: expect
+    instead what the history of alike jobs says. Both are estimates for reservations and
+    backfill only, never a limit a job is stopped at
+    (:mod:`synapse_ha.core.queues.estimates`).
     """
 
     name: str
@@ -107,6 +113,8 @@ class Queue:
     min_runtime_ms: int = 0
     running_members_per_user: int | None = None
     members_per_node_per_user: int | None = None
+    default_time_limit_ms: int = 0
+    learned_estimates: bool = False
 
 
 @dataclass(frozen=True, slots=True)

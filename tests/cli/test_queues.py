@@ -81,9 +81,10 @@ def test_an_admin_sets_a_queue_and_queues_shows_it(replica: Replica) -> None:
     assert lines[0].split()[:6] == ["QUEUE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT"]
     team_a = next(line for line in lines if line.startswith("team-a"))
     assert team_a.split()[:6] == ["team-a", "lab", "3", "0", "0", "0"]
-    assert lines[0].split()[-7:] == ["SHARE", "ORDER", "CLASSES", "MIN", "RUN", "USER", "CAPS"]
+    tail = ["SHARE", "ORDER", "CLASSES", "ESTIMATE", "MIN", "RUN", "USER", "CAPS"]
+    assert lines[0].split()[-8:] == tail
     team_b = next(line for line in lines if line.startswith("team-b")).split()
-    assert team_b[-5:] == ["50%", "3", "any", "-", "limits"]
+    assert team_b[-6:] == ["50%", "3", "any", "-", "-", "limits"]
     assert "lowest SHARE first (past usage decayed with half-life 7d" in table.stdout
     assert "preemption: topology" in table.stdout
     assert "high 100 (preempts)" in table.stdout

@@ -92,6 +92,9 @@ _DECLARED: dict[type, dict[str, int]] = {
         "min_runtime_ms": 6,
         "running_members_per_user": 10,
         "members_per_node_per_user": 10,
+        # Format 15: run-time estimates for backfill (core/queues/estimates.py).
+        "default_time_limit_ms": 15,
+        "learned_estimates": 15,
     },
     Token: {"priority_classes": 2, "max_priority": 2},
     CreateToken: {"priority_classes": 2, "max_priority": 2},

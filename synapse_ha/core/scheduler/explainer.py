@@ -16,6 +16,7 @@ from synapse_ha.core.model import (
     topology_path,
 )
 from synapse_ha.core.node_selector import describe
+from synapse_ha.core.queues import estimates as run_estimates
 from synapse_ha.core.reasons import Reason, ReasonCode, reason, render
 from synapse_ha.core.scheduler.capacity import UNLIMITED, Domain, View
 from synapse_ha.core.scheduler.placement import Gang
@@ -39,6 +40,9 @@ class Explainer:
         # capacity (its version) and the reservation stay the same. Off with ``recall``.
         self.recall = recall
         self.reasons: dict[tuple[object, ...], Reason] = {}
+        # How long the pass's jobs are expected to run, learned ones worked out once,
+        # when first needed (core/queues/estimates.py).
+        self.estimates = run_estimates.Estimates(state if state is not None else ClusterState())
 
     def best_room(self, view: View, req: Resources, depth: int) -> tuple[int, Domain]:
         """Roughly how many members of ``req`` the roomiest domain at ``depth`` holds now.
@@ -267,12 +271,18 @@ def why_pending(
 
 def explain(state: ClusterState, job_id: str, now_ms: int, last_plan: Plan | None = None) -> str:
     """Why a job is where it is, for people: its wait reason (see :func:`why_pending`),
-    or where each member runs."""
+    or where each member runs. A pending job without a time limit whose queue gives it
+    an estimate says so (``backfill estimate: 2h10m (p90 of 12 runs of alice/train in
+    gpu)``): what backfill and reservations count on, never a limit."""
     job = state.jobs.get(job_id)
     if job is None:
         return f"no job {job_id!r}"
     if job.state is JobState.PENDING:
-        return render(why_pending(state, job_id, now_ms, last_plan))
+        said = render(why_pending(state, job_id, now_ms, last_plan))
+        guess = run_estimates.estimate_of(state, job)
+        if guess is None or guess.trusted_past_end:
+            return said
+        return f"{said}\nbackfill estimate: {run_estimates.describe(guess, job)}"
     attempt = job.attempt
     if attempt is None or job.state.finished:
         return f"{job.state.value}: {render(job.reason)}"

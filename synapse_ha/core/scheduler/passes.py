@@ -9,7 +9,7 @@ from functools import partial
 from synapse_ha.core.cluster_config import PreemptionMode
 from synapse_ha.core.collector import collector_paused
 from synapse_ha.core.commands import GangPlacement
-from synapse_ha.core.model import ClusterState, Job, JobSpec, unconfirmed_members
+from synapse_ha.core.model import ClusterState, Job, unconfirmed_members
 from synapse_ha.core.queues.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
 from synapse_ha.core.queues.victim_rules import pending_since
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
@@ -36,8 +36,13 @@ from synapse_ha.core.scheduler.placement import (
     members_for,
     unfit_nodes,
 )
-from synapse_ha.core.scheduler.plan import Plan, Reservation, with_causes
-from synapse_ha.core.scheduler.reservation import Running, running_gangs
+from synapse_ha.core.scheduler.plan import Plan, with_causes
+from synapse_ha.core.scheduler.reservation import (
+    Running,
+    backfill_ends,
+    may_backfill,
+    running_gangs,
+)
 from synapse_ha.core.scheduler.selection import Selections
 from synapse_ha.core.scheduler.victim_search import Candidate
 from synapse_ha.core.workflows.arrays import throttle_reason
@@ -182,23 +187,7 @@ def _plan(
         frozenset(job.spec.queue for job in pending),
         whys,
         min(later, default=None),
-        backfill_ends(work.plan.reservation, pending, now_ms),
-    )
-
-
-def backfill_ends(made: Reservation | None, jobs: list[Job], now_ms: int) -> int | None:
-    """The first time after ``now_ms`` at which one of ``jobs`` that may backfill before
-    the timed reservation ``made`` (it ends before it starts) may no longer."""
-    if made is None or made.start_ms is None:
-        return None
-    start = made.start_ms
-    return min(
-        (
-            start - limit + 1
-            for job in jobs
-            if (limit := job.spec.time_limit_ms) > 0 and now_ms + limit <= start
-        ),
-        default=None,
+        backfill_ends(work.explainer.estimates, work.plan.reservation, pending, now_ms),
     )
 
 
@@ -254,7 +243,7 @@ def extend(
         base.queues | {job.spec.queue for job in jobs},
         base.throttled,
         min(later, default=None),
-        backfill_ends(work.plan.reservation, jobs, now_ms),
+        backfill_ends(work.explainer.estimates, work.plan.reservation, jobs, now_ms),
     )
     if end.recalled is not None:
         end.recalled.version = table.version
@@ -422,7 +411,7 @@ class _Pass:
         if short is not None:
             self._preempt_over_quota(gang, depths, short)
             return False
-        target = self._target(spec)
+        target = self._target(job)
         deadline = pending_since(job) + self.wait_ms
         local = self._locality(gang, local_depths, deadline)
         gang, hosts = self._place(gang, target, local if local is not None else depths)
@@ -508,15 +497,11 @@ class _Pass:
             self.plan.reasons[job.job_id] = short.reason()
             self._waiting_on_min_runtime(job)
 
-    def _target(self, spec: JobSpec) -> View:
-        """The view a gang is placed on: without the reserved nodes, unless it ends
-        before the reservation starts (backfill)."""
-        reservation = self.plan.reservation
-        backfill_ok = (
-            reservation is not None
-            and reservation.start_ms is not None
-            and spec.time_limit_ms > 0
-            and self.now_ms + spec.time_limit_ms <= reservation.start_ms
+    def _target(self, job: Job) -> View:
+        """The view a gang is placed on: without the reserved nodes, unless it is expected
+        to end before the reservation starts (backfill)."""
+        backfill_ok = may_backfill(
+            self.explainer.estimates, job, self.plan.reservation, self.now_ms
         )
         restricted = self.restricted
         return restricted if restricted is not None and not backfill_ok else self.view

@@ -1,9 +1,11 @@
 """Reservation and backfill for the first gang that cannot be placed.
 
 The first gang that cannot be placed gets a reservation: the earliest time enough
-capacity frees, from running jobs' time limits (jobs without one never end, for this
-purpose), and the nodes it would use then. Later gangs may use those nodes only if their
-own time limit ends before the reservation starts.
+capacity frees, from running jobs' estimated ends (jobs without an estimate, or past
+one, never end, for this purpose), and the nodes it would use then. Later gangs may use
+those nodes only if their own estimate ends before the reservation starts. An estimate
+is a job's time limit, else its queue's learned or default one
+(:mod:`synapse_ha.core.queues.estimates`); only a time limit stops a job.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synapse_ha.core.job_predicates import time_limit_deadline
-from synapse_ha.core.model import ClusterState, MemberPlacement, Resources
+from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Resources
+from synapse_ha.core.queues.estimates import Estimates
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
 from synapse_ha.core.scheduler.placement import Gang, fits_totals, place
 from synapse_ha.core.scheduler.plan import Reservation
@@ -23,20 +25,50 @@ from synapse_ha.core.spec.member_limits import reserved_of
 class Running:
     """A gang that holds capacity during this pass: its end time and what it holds."""
 
-    end_ms: int | None  # None: no time limit
+    end_ms: int | None  # None: no estimate, or past it
     req: Resources
     members: tuple[MemberPlacement, ...]
 
 
 def running_gangs(state: ClusterState, placed: dict[str, Running]) -> dict[str, Running]:
-    """Every gang holding capacity: live attempts, and gangs placed earlier this pass."""
+    """Every gang holding capacity: live attempts, with their estimated ends
+    (:meth:`Estimates.end`), and gangs placed earlier this pass."""
+    estimates = Estimates(state)
     running = {
-        job.job_id: Running(time_limit_deadline(job), reserved_of(job), attempt.members)
+        job.job_id: Running(estimates.end(job), reserved_of(job), attempt.members)
         for job in state.live_jobs()
         if (attempt := job.attempt) is not None
     }
     running.update(placed)
     return running
+
+
+def may_backfill(estimates: Estimates, job: Job, made: Reservation | None, now_ms: int) -> bool:
+    """Whether ``job`` may use the nodes of the timed reservation ``made``: its estimate
+    (a time limit, or its queue's learned or default one) ends before the reservation
+    starts. A job without an estimate never may."""
+    if made is None or made.start_ms is None:
+        return False
+    guess = estimates.of(job)
+    return guess is not None and now_ms + guess.ms <= made.start_ms
+
+
+def backfill_ends(
+    estimates: Estimates, made: Reservation | None, jobs: list[Job], now_ms: int
+) -> int | None:
+    """The first time after ``now_ms`` at which one of ``jobs`` that may backfill before
+    the timed reservation ``made`` (:func:`may_backfill`) may no longer."""
+    if made is None or made.start_ms is None:
+        return None
+    start = made.start_ms
+    return min(
+        (
+            start - guess.ms + 1
+            for job in jobs
+            if (guess := estimates.of(job)) is not None and now_ms + guess.ms <= start
+        ),
+        default=None,
+    )
 
 
 def reserve(

@@ -43,6 +43,7 @@ from synapse_ha.core.health.progress import SOURCES as PROGRESS_SOURCES
 from synapse_ha.core.health.progress import Progress
 from synapse_ha.core.identity import access
 from synapse_ha.core.model import JobSpec, NodeInfo, Resources
+from synapse_ha.core.queues.estimates import estimate_problems
 from synapse_ha.core.spec.field_rules import more_problems
 
 # ------------------------------------------------------------------------- limits
@@ -569,7 +570,7 @@ def check_queue(queue: Queue, classes: Sequence[PriorityClass]) -> list[Violatio
             out.append(invalid(f"priority_classes[{i}]", f"no such class ({allowed})"))
     if len(set(queue.priority_classes)) != len(queue.priority_classes):
         out.append(invalid("priority_classes", "a class appears twice"))
-    return out
+    return out + [invalid(field, rule) for field, rule in estimate_problems(queue)]
 
 
 def check_priority_classes(classes: Sequence[PriorityClass]) -> list[Violation]:

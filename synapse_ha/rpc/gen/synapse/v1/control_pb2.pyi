@@ -1029,7 +1029,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, since_index: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes", "max_priority", "min_runtime_ms", "running_members_per_user", "members_per_node_per_user")
+    __slots__ = ("name", "gpu", "cpu_milli", "memory_mib", "cohort", "borrowing_limit_gpu", "lending_limit_gpu", "priority_classes", "max_priority", "min_runtime_ms", "running_members_per_user", "members_per_node_per_user", "default_time_limit_ms", "learned_estimates")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
@@ -1042,6 +1042,8 @@ class Queue(_message.Message):
     MIN_RUNTIME_MS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_MEMBERS_PER_USER_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_PER_NODE_PER_USER_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TIME_LIMIT_MS_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_ESTIMATES_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu: int
     cpu_milli: int
@@ -1054,7 +1056,9 @@ class Queue(_message.Message):
     min_runtime_ms: int
     running_members_per_user: int
     members_per_node_per_user: int
-    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ..., min_runtime_ms: _Optional[int] = ..., running_members_per_user: _Optional[int] = ..., members_per_node_per_user: _Optional[int] = ...) -> None: ...
+    default_time_limit_ms: int
+    learned_estimates: bool
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., cohort: _Optional[str] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., priority_classes: _Optional[_Iterable[str]] = ..., max_priority: _Optional[int] = ..., min_runtime_ms: _Optional[int] = ..., running_members_per_user: _Optional[int] = ..., members_per_node_per_user: _Optional[int] = ..., default_time_limit_ms: _Optional[int] = ..., learned_estimates: _Optional[bool] = ...) -> None: ...
 
 class QueueUsage(_message.Message):
     __slots__ = ("used_gpu", "used_cpu_milli", "used_memory_mib", "borrowed_gpu", "lent_gpu", "running_jobs", "pending_jobs", "pending_gpu", "preempting_jobs")
