@@ -5,6 +5,7 @@ Examples::
     synapse-sim --workload synthetic --jobs 2000 --nodes 512 --out bench/results/sim
     synapse-sim --workload openb --trace DIR --limit 3000   # the Alibaba trace: docs/simulator.md
     synapse-sim --workload multi-tenant --hours 6          # preemption off/blind/topology
+    synapse-sim --workload multi-tenant --estimates        # run-time estimates none/default/learned
     synapse-sim --workload trace --trace-file jobs.csv --nodes 64
     synapse-sim --workload openb --write-trace openb.csv   # convert, then stop
     synapse-sim --workload training --nodes 64 --days 3 --gpu-failures --failure-scale 20
@@ -30,11 +31,15 @@ from typing import Any
 
 from synapse_ha.core.cluster_config import (
     LOCALITY_WAIT_MS,
+    MAX_DEFAULT_TIME_LIMIT_MS,
     MAX_LOCALITY_WAIT_MS,
     ClusterConfig,
     PreemptionMode,
 )
 from synapse_ha.sim.engine import Result, simulate
+from synapse_ha.sim.estimates import DEFAULT_TIME_LIMIT_MS, run_estimates
+from synapse_ha.sim.estimates import report as estimates_report
+from synapse_ha.sim.estimates import table as estimates_table
 from synapse_ha.sim.failure_report import parse_policies, run_policies
 from synapse_ha.sim.failure_report import report as failure_report
 from synapse_ha.sim.failure_report import table as failure_table
@@ -137,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pass-interval: seconds between 0 and 3600")
     if not 0 <= args.locality_wait * 1000 <= MAX_LOCALITY_WAIT_MS:
         parser.error(f"--locality-wait: seconds between 0 and {MAX_LOCALITY_WAIT_MS // 1000}")
+    if not 0 <= args.default_time_limit * 1000 <= MAX_DEFAULT_TIME_LIMIT_MS:
+        parser.error("--default-time-limit: seconds between 0 and 366 days")
     config = ClusterConfig(retention_ms=0, locality_wait_ms=round(args.locality_wait * 1000))
     if args.write_trace:
         if args.workload != "openb":
@@ -162,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.workload == "pipelines":
         _compare_pipelines(workload, config, args)
+        return 0
+    if workload.queues and args.estimates:
+        _compare_estimates(workload, _modes(args.modes, parser)[-1], config, args)
         return 0
     if workload.queues:
         _compare_modes(workload, _modes(args.modes, parser), config, args)
@@ -226,6 +236,24 @@ def _compare_modes(
     _emit(report, results, args.out)
 
 
+def _compare_estimates(
+    workload: Workload, mode: PreemptionMode, config: ClusterConfig, args: argparse.Namespace
+) -> None:
+    """Run a workload with queues without run-time estimates, with a queue default time
+    limit and with learned estimates (synapse_ha.sim.estimates), in preemption ``mode``;
+    print the delays side by side and the JSON report."""
+    interval_ms = _interval_ms(args)
+    default_ms = round(args.default_time_limit * 1000)
+    results = run_estimates(
+        workload, default_ms=default_ms, mode=mode, config=config, pass_interval_ms=interval_ms
+    )
+    report = estimates_report(results, default_ms, mode)
+    report["workload"] = workload.notes
+    report["results"] = {r.policy: r.metrics for r in results}
+    print(estimates_table(results), file=sys.stderr)
+    _emit(report, results, args.out)
+
+
 def _parser() -> argparse.ArgumentParser:
     """The program's options (``--help`` shows the module's docstring)."""
     parser = argparse.ArgumentParser(
@@ -283,6 +311,18 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(str(m) for m in MODES),
         help="workloads with queues: the preemption modes to run, comma-separated "
         "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--estimates",
+        action="store_true",
+        help="workloads with queues: compare run-time estimates for backfill (none, the "
+        "queues' --default-time-limit, learned from finished runs) in the last of --modes",
+    )
+    parser.add_argument(
+        "--default-time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_MS / 1000,
+        help="--estimates: the queues' default time limit in seconds (default %(default)g)",
     )
     parser.add_argument("--days", type=float, default=3.0, help="training: days of arrivals")
     parser.add_argument("--max-retries", type=int, default=3, help="training: retries per job")
