@@ -1,28 +1,30 @@
 """The elastic kinds: faults that make an elastic gang (``replicas: {min, max}``, a share
 of the workload's gangs, chaos/workload.py) grow or shrink while it runs.
 
+* ``elastic-shrink``: a gang waits for room an elastic gang holds. The target is a
+  running elastic gang above its ``min`` whose members plan (their ``start`` records say
+  until when) to work on for :data:`LASTING_S` at least, waited for up to
+  :data:`TARGET_WAIT_S`. The nemesis submits, as the workload does (recorded in
+  ``submissions.jsonl``), a one-member gang of class ``normal`` in the default queue (no
+  quota) pinned (``nodes.names``) to the node of the target's top rank and asking one GPU
+  more than that node has free: it fits there only once the target gives that rank back,
+  and the leader shrinks it (the workload's elastic gangs are of class ``low``). The gang
+  then runs, and must complete, as every other.
 * ``elastic-grow``: room appears and nobody waits for it. The submitter is stopped
   (SIGSTOP) so that the queue drains; the leader grows every running elastic gang below
-  its ``max`` onto the free room once no pending gang waits for room. The target is such a
-  gang whose members plan (their ``start`` records say until when) to work on for
-  :data:`LASTING_S` at least, waited for up to :data:`TARGET_WAIT_S` while the submitter
-  is stopped. The heal resumes the submitter.
-* ``elastic-shrink``: a gang waits for room an elastic gang holds. The target is a
-  running elastic gang above its ``min`` whose members work on for :data:`LASTING_S` at
-  least; the nemesis submits (as the workload does, recorded in ``submissions.jsonl``) a
-  one-member gang of class ``normal`` in the default queue (no quota) asking one GPU more
-  than the node with the most free GPUs has, as much as the target's node has free plus
-  its members above ``min`` there when that is more: it does not fit now, and the leader
-  shrinks an elastic gang of a lower priority (the workload's are ``low``) to make room.
-  The gang runs, and must complete, as every other.
+  its ``max`` onto free room once no pending gang waits for room. The target is such a
+  gang working on for :data:`LASTING_S` at least, looked for during :data:`GROW_FIND_S`;
+  without one, a gang above its ``min`` is shrunk first as ``elastic-shrink`` does (once
+  the waiting gang has its room and the queue has drained, it grows back). The heal
+  resumes the submitter.
 
 After the duration each fault waits (at most :data:`RESIZED_WAIT_S`) until the replicated
 state shows an elastic gang resized the way the kind means (its attempt's members, same
 fencing token, more or fewer than when the fault first saw it). The record
-(``faults.jsonl``) holds the target (``elastic_gang``), every resize seen
-(``elastic_resized``: ``job/tN a -> b``) and whether the kind's own one happened
-(``elastic_changed``); a run whose faults of a kind never changed a gang fails
-(:func:`unchanged_kinds`).
+(``faults.jsonl``) holds the target (``elastic_gang``), the gang submitted
+(``elastic_waiting``), every resize seen (``elastic_resized``: ``job/tN a -> b``) and
+whether the kind's own one happened (``elastic_changed``); a run whose faults of a kind
+never changed a gang fails (:func:`unchanged_kinds`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 
 KINDS = nemesis.ELASTIC_FAULTS
 TARGET_WAIT_S = 12.0
+# How long elastic-grow looks for a gang below max before it shrinks one first.
+GROW_FIND_S = 3.0
 # How long the target's members must still plan to work: a resize is planned at most once
 # a second by the leader, committed, and told to the workers at their next heartbeat.
 LASTING_S = 4.0
@@ -75,10 +79,12 @@ def running_elastic(c: ChaosCluster, lasting_s: float) -> dict[Attempt, tuple[in
     return {k: (*ranges[k], len(r)) for k, r in ranks.items() if k not in short}
 
 
-def choose(c: ChaosCluster, kind: str, pick: int) -> tuple[Attempt, tuple[int, int, int]] | None:
-    """The gang to resize (below max to grow, above min to shrink), waiting for one
-    (bounded); None when none came."""
-    deadline = time.monotonic() + TARGET_WAIT_S
+def choose(
+    c: ChaosCluster, kind: str, pick: int, wait_s: float
+) -> tuple[Attempt, tuple[int, int, int]] | None:
+    """The gang to resize (below max to grow, above min to shrink), waiting for one up to
+    ``wait_s``; None when none came."""
+    deadline = time.monotonic() + wait_s
     while True:
         found = {
             key: sizes
@@ -94,54 +100,79 @@ def choose(c: ChaosCluster, kind: str, pick: int) -> tuple[Attempt, tuple[int, i
 
 
 class Resizes:
-    """Every running elastic gang's size in the replicated state, from the first look at
-    it, and each change seen (same attempt, more or fewer members)."""
+    """Every running elastic gang's size in the replicated state, look after look, and
+    each change seen (same attempt, more or fewer members than at the look before)."""
 
     def __init__(self, c: ChaosCluster) -> None:
         self.c = c
-        self.first: dict[Attempt, int] = {}
         self.last: dict[Attempt, int] = {}
+        self.steps: list[tuple[Attempt, int, int]] = []  # (attempt, from, to)
 
     def look(self) -> None:
         for job in self.c.observer.list_jobs(states=["RUNNING"], allow_stale=True):
             if job.spec.HasField("elastic") and job.HasField("attempt"):
                 key = (job.job_id, job.attempt.fencing_token)
-                self.first.setdefault(key, len(job.attempt.members))
-                self.last[key] = len(job.attempt.members)
+                size = len(job.attempt.members)
+                before = self.last.setdefault(key, size)
+                if size != before:
+                    self.steps.append((key, before, size))
+                self.last[key] = size
 
     def changed(self, kind: str) -> list[str]:
-        """``job/tN a -> b`` for each gang resized as ``kind`` means."""
+        """``job/tN a -> b`` for each resize seen as ``kind`` means."""
         grow = kind == nemesis.ELASTIC_GROW
         return [
-            f"{job}/t{token} {self.first[(job, token)]} -> {n}"
-            for (job, token), n in sorted(self.last.items())
-            if (n > self.first[(job, token)] if grow else n < self.first[(job, token)])
+            f"{job}/t{token} {a} -> {b}"
+            for (job, token), a, b in self.steps
+            if (b > a if grow else b < a)
         ]
 
 
-def waiting_gang(c: ChaosCluster, target: Attempt | None, index: int) -> pb.JobSpec:
-    """The gang ``elastic-shrink`` submits: one member asking one GPU more than any node
-    has free, or what the target's node has free plus its members above ``min`` there."""
-    free: dict[str, int] = {}
-    for n in c.observer.list_nodes():
-        free[n.node_id] = n.capacity.gpu - len(n.allocated_gpus)
-    gpu = max(free.values(), default=0) + 1
-    if target is not None:
-        surplus: dict[str, int] = {}
-        for (job, token, rank, _), m in list(c.members_seen.members.items()):
-            fewest = int(m.elastic.partition(":")[0] or 0) if m.elastic else 0
-            if (job, token) == target and rank >= fewest and not m.ended:
-                surplus[m.node] = surplus.get(m.node, 0) + len(m.gpus)
-        gpu = max([gpu, *(free.get(node, 0) + n for node, n in surplus.items())])
+def top_member_node(c: ChaosCluster, target: Attempt) -> str:
+    """The node (its id) of ``target``'s highest rank above its ``min`` still at work."""
+    found = sorted(
+        (rank, m.node)
+        for (job, token, rank, _), m in list(c.members_seen.members.items())
+        if (job, token) == target
+        and m.elastic
+        and not m.ended
+        and rank >= int(m.elastic.partition(":")[0])
+    )
+    node = found[-1][1] if found else ""
+    return c.node_by_address.get(node, node)
+
+
+def waiting_gang(c: ChaosCluster, target: Attempt, index: int) -> pb.JobSpec:
+    """The gang that waits for the room ``target`` holds above its ``min``: one member on
+    the node of its top rank (``nodes.names``) asking one GPU more than that node has
+    free, so that it fits there only once the gang gives that rank back."""
+    node = top_member_node(c, target)
+    free = {n.node_id: n.capacity.gpu - len(n.allocated_gpus) for n in c.observer.list_nodes()}
     member = [sys.executable, "-m", "chaos.member", str(c.dir / ledger.LEDGER)]
     return pb.JobSpec(
-        name=f"chaos-{c.cfg.seed}-elastic-shrink-{index}",
+        name=f"chaos-{c.cfg.seed}-elastic-{index}",
         priority_class=WAITING_CLASS,
         replicas=1,
-        resources=pb.Resources(cpu_milli=500, memory_mib=256, gpu=min(gpu, WORKER_GPUS)),
+        resources=pb.Resources(
+            cpu_milli=500, memory_mib=256, gpu=min(free.get(node, 0) + 1, WORKER_GPUS)
+        ),
+        nodes=pb.NodeSelector(names=[node]),
         argv=pb.CommandArgs(args=[*member, c.sink_address, str(WAITING_MS)]),
         env=[pb.EnvVar(name="PYTHONPATH", value=str(REPO))],
         retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
+    )
+
+
+def submit_waiting(c: ChaosCluster, target: Attempt, index: int, extra: dict[str, object]) -> str:
+    """Submit :func:`waiting_gang` as the workload submits (``submissions.jsonl``); a
+    sentence."""
+    spec = waiting_gang(c, target, index)
+    with ledger.Appender(c.dir / ledger.SUBMISSIONS) as out:
+        outcome, job_id = submit_one(c.observer, spec, out, 5.0)
+    extra["elastic_waiting"] = job_id or outcome
+    return (
+        f"submitted {job_id or outcome} ({spec.resources.gpu} GPU(s) on "
+        f"{spec.nodes.names[0]}, class {WAITING_CLASS}) to wait for {target[0]}/t{target[1]}"
     )
 
 
@@ -154,25 +185,30 @@ def play(
     with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
         resizes.look()
     heal: Heal = lambda: None  # noqa: E731
-    if kind == nemesis.ELASTIC_GROW:
+    grow = kind == nemesis.ELASTIC_GROW
+    if grow:
         c.submitter.pause()
         heal = c.submitter.resume
-    chosen = choose(c, kind, pick)
+    chosen = choose(c, kind, pick, GROW_FIND_S if grow else TARGET_WAIT_S)
+    parts = ["submitter stopped"] if grow else []
+    if chosen is None and grow:
+        # None below max: shrink one first (it grows back once its rank's room is free
+        # again and nobody waits).
+        chosen = choose(c, nemesis.ELASTIC_SHRINK, pick, TARGET_WAIT_S)
+        if chosen is not None:
+            parts.append("no elastic gang below max, shrinking one first")
+            with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+                parts.append(submit_waiting(c, chosen[0], index, extra))
+    elif chosen is not None and not grow:
+        with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+            parts.append(submit_waiting(c, chosen[0], index, extra))
     target = chosen[0] if chosen else None
     extra["elastic_gang"] = f"{target[0]}/t{target[1]}" if target else ""
     if chosen is None:
-        detail = f"no elastic gang {'below max' if kind == nemesis.ELASTIC_GROW else 'above min'}"
+        parts.insert(0, f"no elastic gang {'below max' if grow else 'above min'}")
     else:
         (job, token), (fewest, most, running) = chosen
-        detail = f"{job}/t{token} runs {running} of {fewest}-{most} members"
-    if kind == nemesis.ELASTIC_GROW:
-        detail += "; submitter stopped"
-    else:
-        spec = waiting_gang(c, target, index)
-        with ledger.Appender(c.dir / ledger.SUBMISSIONS) as out:
-            outcome, job_id = submit_one(c.observer, spec, out, 5.0)
-        extra["elastic_waiting"] = job_id or outcome
-        detail += f"; submitted {job_id or outcome}, {spec.resources.gpu} GPU(s), class normal"
+        parts.insert(0, f"{job}/t{token} runs {running} of {fewest}-{most} members")
 
     def hold() -> str:
         started = time.monotonic()
@@ -180,13 +216,13 @@ def play(
             with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
                 resizes.look()
             time.sleep(POLL_S)
-        seen = resizes.changed(nemesis.ELASTIC_GROW) + resizes.changed(nemesis.ELASTIC_SHRINK)
+        seen = [f"{j}/t{t} {a} -> {b}" for (j, t), a, b in resizes.steps]
         extra["elastic_resized"] = seen
         extra["elastic_changed"] = bool(resizes.changed(kind))
         waited = f"waited {time.monotonic() - started:.1f} s"
         return f"{waited}: {', '.join(seen)}" if seen else f"{waited}: no gang resized"
 
-    return [target[0] if target else "none"], detail, resizes.look, heal, hold
+    return [target[0] if target else "none"], "; ".join(parts), resizes.look, heal, hold
 
 
 def unchanged_kinds(fault_files: list[Path]) -> list[str]:

@@ -83,7 +83,9 @@ class FencingSink:
                 self.generations[(job, token, rank)] = generation
                 ranks = self.accepted_ranks.setdefault((job, token), set())
                 ranks.add(rank)
-                if world > 0 and len(ranks) >= world:
+                # Ranks 0..world-1: an elastic gang's members above its min (the world its
+                # members commit with) may commit first; they do not complete it.
+                if world > 0 and ranks.issuperset(range(world)):
                     self.committed[job] = token
             self.effects.append(
                 {

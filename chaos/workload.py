@@ -51,7 +51,8 @@ slots of :data:`REPLACE_SLOTS` gangs, and their submission records carry
 With ``elastic_share`` set, that share of the other single gangs are elastic
 (``replicas: {min, max}``, core/elastic.py): at most :data:`ELASTIC_MAX` members of one
 GPU each and at least one fewer (``ELASTIC_MIN``), of class ``low`` in their queue, and
-``SIGUSR1`` as the membership signal.
+``SIGUSR1`` as the membership signal; they run :data:`ELASTIC_EXTRA_MS` longer (long
+enough to be resized and resized back) and take :data:`ELASTIC_SLOTS` submission slots.
 Their members get ``CHAOS_ELASTIC=<min>:<max>`` (so their records say so, and the
 elastic kinds aim with it, chaos/elasticfaults.py) and commit with a world of ``min``:
 the output of an elastic gang is whole once ranks ``0..min-1`` of one attempt committed,
@@ -215,6 +216,13 @@ ELASTIC_MAX = (2, 3)
 ELASTIC_MIN = (1, 2)
 ELASTIC_SIGNAL = "SIGUSR1"
 ELASTIC_ENV = "CHAOS_ELASTIC"  # <min>:<max>, for the members' records (chaos/member.py)
+# How much longer than other gangs' the members of elastic gangs run, and how many
+# submission slots such a gang takes (as replace gangs do): a resize takes a leader
+# period (1 s), the stop of the ranks given back or the start of the new ones and the
+# heartbeat that tells the rest, so a gang must run long enough to be resized and
+# resized back; two slots keep the load a run offers about the same.
+ELASTIC_EXTRA_MS = 4_000
+ELASTIC_SLOTS = 2
 
 
 def elastic_policy(cfg: WorkloadConfig, rng: random.Random) -> tuple[int, int] | None:
@@ -255,6 +263,7 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
         # above min back (a shrink gives only to a gang of the same or a higher priority).
         replicas, gpu = sizes[1], 1
         priority_class = "low" if priority_class else ""
+        duration += ELASTIC_EXTRA_MS
         env.append(pb.EnvVar(name=ELASTIC_ENV, value=f"{sizes[0]}:{sizes[1]}"))
     return pb.JobSpec(
         dependencies=pb.Dependencies(after_ok=[after]) if waits else None,
@@ -403,7 +412,15 @@ def run(cfg: WorkloadConfig) -> int:
             newest = job_id or newest
             counts[outcome] = counts.get(outcome, 0) + 1
             index += 1
-            slots = SBATCH_SLOTS if sbatch else REPLACE_SLOTS if spec.HasField("replace") else 1
+            slots = (
+                SBATCH_SLOTS
+                if sbatch
+                else REPLACE_SLOTS
+                if spec.HasField("replace")
+                else ELASTIC_SLOTS
+                if spec.HasField("elastic")
+                else 1
+            )
             deadline = time.monotonic() + cfg.interval_s * rng.uniform(0.5, 1.5) * slots
             while time.monotonic() < deadline and not stop.exists():
                 time.sleep(0.05)

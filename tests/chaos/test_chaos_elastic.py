@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from chaos import elasticfaults, member, nemesis
+from chaos import elasticfaults, ledger, member, nemesis
 from chaos.checker import EffectRecord, History, MemberRecord, check_history
 from chaos.cluster import ChaosCluster
 from chaos.elastic_rules import (
@@ -29,6 +29,7 @@ from chaos.elastic_rules import (
 from chaos.history import FaultRecord
 from chaos.member_rules import check_duplicate_members, check_gpu_reuse
 from chaos.members_seen import SeenMembers
+from chaos.sink import FencingSink
 from chaos.workload import ELASTIC_ENV, WorkloadConfig, job_spec
 from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.elastic import ElasticPolicy
@@ -254,6 +255,16 @@ def test_an_elastic_member_commits_with_a_world_of_min(monkeypatch: pytest.Monke
     assert me["elastic"] == "2:3" and member.commit_world(me) == 2
 
 
+def test_the_sink_commits_an_elastic_gang_once_its_ranks_below_min_did(tmp_path: Path) -> None:
+    with ledger.Appender(tmp_path / "effects.jsonl") as out:
+        sink = FencingSink(out)
+        ask: dict[str, Any] = {"job": "j1", "token": 3, "world": 1}
+        # Rank 1, above a min of 1, commits first: the output is not whole yet.
+        assert sink.decide({**ask, "rank": 1}) == {"accepted": True, "done": False, "highest": 3}
+        assert sink.decide({**ask, "rank": 0})["accepted"]
+        assert sink.decide({**ask, "rank": 2})["done"]
+
+
 # --------------------------------------------------------------------- the kinds
 
 
@@ -269,7 +280,6 @@ def test_the_kinds_aim_at_running_gangs_below_max_or_above_min(
 ) -> None:
     now = 10**12
     monkeypatch.setattr(elasticfaults.ledger, "now_ns", lambda: now)
-    monkeypatch.setattr(elasticfaults, "TARGET_WAIT_S", 0.0)
     late = now + 9 * 10**9
 
     def start(job: str, rank: int, gang: str, until: int = late) -> dict[str, Any]:
@@ -288,11 +298,11 @@ def test_the_kinds_aim_at_running_gangs_below_max_or_above_min(
     )
     c = cast(ChaosCluster, SimpleNamespace(members_seen=members))
     assert elasticfaults.running_elastic(c, 4.0) == {("a", 1): (1, 2, 1), ("b", 1): (1, 3, 2)}
-    assert elasticfaults.choose(c, nemesis.ELASTIC_GROW, 0) == (("a", 1), (1, 2, 1))
-    assert elasticfaults.choose(c, nemesis.ELASTIC_GROW, 1) == (("b", 1), (1, 3, 2))
-    assert elasticfaults.choose(c, nemesis.ELASTIC_SHRINK, 5) == (("b", 1), (1, 3, 2))
+    assert elasticfaults.choose(c, nemesis.ELASTIC_GROW, 0, 0.0) == (("a", 1), (1, 2, 1))
+    assert elasticfaults.choose(c, nemesis.ELASTIC_GROW, 1, 0.0) == (("b", 1), (1, 3, 2))
+    assert elasticfaults.choose(c, nemesis.ELASTIC_SHRINK, 5, 0.0) == (("b", 1), (1, 3, 2))
     members.saw({"job": "b", "token": 1, "rank": 1, "type": "end"}, "w1", now)
-    assert elasticfaults.choose(c, nemesis.ELASTIC_SHRINK, 0) is None
+    assert elasticfaults.choose(c, nemesis.ELASTIC_SHRINK, 0, 0.0) is None
 
 
 def test_a_resize_is_seen_in_the_state_and_a_kind_that_never_made_one_fails_the_run(
@@ -345,7 +355,7 @@ class FakeObserver:
             capacity = SimpleNamespace(gpu=4)
             return SimpleNamespace(node_id=name, capacity=capacity, allocated_gpus=[0] * used)
 
-        return [node("10.0.0.21", 3), node("10.0.0.22", 2)]
+        return [node("w1", 3), node("w2", 2)]
 
     def submit_job(self, spec: Any, request_id: str, timeout_s: float) -> Any:
         self.submitted.append(spec)
@@ -355,8 +365,9 @@ class FakeObserver:
 @pytest.mark.parametrize(
     ("kind", "sizes", "changed"),
     [
-        (nemesis.ELASTIC_GROW, [2, 2, 3], True),
+        (nemesis.ELASTIC_GROW, [2, 2, 3], True),  # below max of 3: grows
         (nemesis.ELASTIC_GROW, [2], False),
+        (nemesis.ELASTIC_GROW, [3, 3, 2, 3], True),  # at max: shrunk first, grows back
         (nemesis.ELASTIC_SHRINK, [3, 3, 1], True),
     ],
 )
@@ -366,11 +377,13 @@ def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
     now = 10**12
     monkeypatch.setattr(elasticfaults.ledger, "now_ns", lambda: now)
     monkeypatch.setattr(elasticfaults, "RESIZED_WAIT_S", 0.5)
+    monkeypatch.setattr(elasticfaults, "GROW_FIND_S", 0.0)
     monkeypatch.setattr(elasticfaults, "POLL_S", 0.01)
     members = SeenMembers()
     for rank in range(sizes[0]):
         start = {"job": "b", "token": 1, "rank": rank, "type": "start", "gpus": str(rank)}
-        members.saw({**start, "elastic": "1:3", "until_ns": now + 9 * 10**9}, "10.0.0.21", now)
+        node = "10.0.0.21" if rank < 2 else "10.0.0.22"
+        members.saw({**start, "elastic": "1:3", "until_ns": now + 9 * 10**9}, node, now)
     paused: list[str] = []
     submitter = SimpleNamespace(
         pause=lambda: paused.append("pause"), resume=lambda: paused.append("resume")
@@ -383,6 +396,7 @@ def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
         dir=tmp_path,
         cfg=SimpleNamespace(seed=1),
         sink_address="10.0.0.1:7900",
+        node_by_address={"10.0.0.21": "w1", "10.0.0.22": "w2"},
     )
     extra: dict[str, object] = {}
     targets, detail, watch, heal, hold = elasticfaults.play(
@@ -397,13 +411,15 @@ def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
         assert paused == ["pause", "resume"] and "submitter stopped" in detail
         assert said.endswith("b/t1 2 -> 3") if changed else said.endswith("no gang resized")
     else:
-        assert paused == [] and extra["elastic_waiting"] == "job-000900"
-        # One GPU more than any node has free (2), or the target's node's free GPU plus
-        # its two members above min there (3): 3.
-        (spec,) = observer.submitted
-        assert (spec.replicas, spec.resources.gpu, spec.priority_class) == (1, 3, "normal")
-        assert spec.name == "chaos-1-elastic-shrink-4"
-        lines = (tmp_path / "submissions.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines]
-        assert [r["type"] for r in records] == ["begin", "ok"]
-        assert said.endswith("b/t1 3 -> 1")
+        assert paused == [] and said.endswith("b/t1 3 -> 1")
+    if sizes[0] < 3:
+        assert observer.submitted == [] and "elastic_waiting" not in extra
+        return
+    # The gang waits on the node of the top rank (rank 2 on w2: 2 GPUs free), asking
+    # one GPU more than it has free.
+    (spec,) = observer.submitted
+    assert (spec.replicas, spec.resources.gpu, spec.priority_class) == (1, 3, "normal")
+    assert list(spec.nodes.names) == ["w2"] and spec.name == "chaos-1-elastic-4"
+    assert extra["elastic_waiting"] == "job-000900"
+    lines = (tmp_path / "submissions.jsonl").read_text().splitlines()
+    assert [json.loads(line)["type"] for line in lines] == ["begin", "ok"]
