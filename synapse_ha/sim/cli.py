@@ -316,7 +316,8 @@ def _parser() -> argparse.ArgumentParser:
         "--estimates",
         action="store_true",
         help="workloads with queues: compare run-time estimates for backfill (none, the "
-        "queues' --default-time-limit, learned from finished runs) in the last of --modes",
+        "queues' --default-time-limit, learned from finished runs, and the oracle bound: "
+        "every job's own run time) in the last of --modes",
     )
     parser.add_argument(
         "--default-time-limit",

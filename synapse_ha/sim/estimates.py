@@ -1,11 +1,13 @@
 """One workload with queues under three run-time estimates, side by side: ``none`` (only
 a job's ``time_limit`` counts, as before), ``default`` (every queue's
 ``default_time_limit_ms``, Slurm's DefaultTime) and ``learned`` (every queue's
-``learned_estimates``, the default when a job has fewer than 5 alike runs). Estimates
-feed reservations and backfill only (:mod:`synapse_ha.core.queues.estimates`); a job is
-never stopped at one. Every variant runs the real scheduler and ``apply``; only the
-queues differ, and for ``learned`` the finished jobs are kept a day (its history) rather
-than purged at once.
+``learned_estimates``, the default when a job has fewer than 5 alike runs), and
+``oracle``, the bound: every job without a time limit given one a second past its own
+run time, as if each user knew it. Estimates feed reservations and backfill only
+(:mod:`synapse_ha.core.queues.estimates`); a job is never stopped at one. Every variant
+runs the real scheduler and ``apply``; only the queues (or, for ``oracle``, the limits)
+differ, and for ``learned`` the finished jobs are kept a day (its history) rather than
+purged at once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from synapse_ha.sim.tables import Column, results_table
 from synapse_ha.sim.tenancy import PASS_INTERVAL_MS
 from synapse_ha.sim.workload import Workload
 
-VARIANTS = ("none", "default", "learned")
+VARIANTS = ("none", "default", "learned", "oracle")
 DEFAULT_TIME_LIMIT_MS = 4 * 3_600_000  # the multi-tenant workload's longest run
 HISTORY_RETENTION_MS = 24 * 3_600_000  # how long ``learned`` keeps finished jobs
 
@@ -31,6 +33,14 @@ def with_estimates(workload: Workload, variant: str, default_ms: int) -> Workloa
         raise ValueError(f"unknown estimate variant {variant!r}; choose from {VARIANTS}")
     if variant == "none":
         return workload
+    if variant == "oracle":
+        jobs = tuple(
+            j
+            if j.spec.time_limit_ms
+            else replace(j, spec=replace(j.spec, time_limit_ms=j.duration_ms + 1_000))
+            for j in workload.jobs
+        )
+        return replace(workload, jobs=jobs)
     learned = variant == "learned"
     queues = tuple(
         replace(q, default_time_limit_ms=default_ms, learned_estimates=learned)

@@ -67,11 +67,20 @@ def test_the_estimates_flag_prints_the_variants_side_by_side(
     assert main([*args, "--default-time-limit", "3600"]) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
-    assert list(doc["variants"]) == ["none", "default", "learned"]
+    assert list(doc["variants"]) == ["none", "default", "learned", "oracle"]
     assert doc["default_time_limit_s"] == 3600 and doc["preemption"] == "topology"
     assert err.splitlines()[0].split()[:3] == ["estimates", "alloc", "delay"]
     with pytest.raises(SystemExit):
         main([*args, "--default-time-limit", "-1"])
+
+
+def test_the_oracle_gives_every_job_without_a_limit_its_own_run_time() -> None:
+    w = _workload()
+    limits = [j.spec.time_limit_ms for j in with_estimates(w, "oracle", 1).jobs]
+    assert limits == [1_000_000, 501_000, 101_000, 101_000]
+    (result,) = run_estimates(w, ("oracle",))
+    assert result.metrics["jobs_started"] == 4
+    assert sorted(result.delays_s) == [0.0, 0.0, 0.0, 999.0]  # only big waits
 
 
 def test_a_workload_without_queues_has_nothing_to_estimate() -> None:
