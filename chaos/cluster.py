@@ -72,6 +72,11 @@ REPLACE_SHARE = 0.2
 # (chaos/workload.py): the elastic kinds grow and shrink them (chaos/elasticfaults.py),
 # and the leader shrinks them for gangs that wait for room all through a run.
 ELASTIC_SHARE = 0.25
+# What each member of such a gang asks of a worker's memory (16 GiB): more than half, so
+# that no two share a node and a node holds at most one rank of one elastic gang; what is
+# left beside it is what elastic-shrink's waiting gang cannot have (chaos/elasticfaults.py).
+WORKER_MEMORY_MIB = 16 * 1024
+ELASTIC_MEMORY_MIB = WORKER_MEMORY_MIB // 2 + 1024
 # What each member of such a gang asks of a worker's CPUs: more than half, so that no two
 # of them share a node (the scheduler would pack a gang onto one node, and a node lost
 # with every member of its gang requeues the gang whole: nothing is left to replace).
@@ -268,7 +273,7 @@ class ChaosCluster:
                 listen=f"{h.address}:{WORKER_PORT}",
                 extra=[
                     f"--cpu={WORKER_CPUS}",
-                    "--memory=16Gi",
+                    "--memory=16Gi",  # WORKER_MEMORY_MIB
                     f"--mock-gpus={WORKER_GPUS}",
                     f"--topology=rack=rack{1 + i % 2}",
                     f"--heartbeat-interval={_duration_flag(t.heartbeat_s)}",
@@ -390,6 +395,7 @@ class ChaosCluster:
                 sbatch_share=self.cfg.sbatch_share,
                 replace_share=self.cfg.replace_share,
                 elastic_share=self.cfg.elastic_share,
+                elastic_memory_mib=ELASTIC_MEMORY_MIB,
                 replace_cpu_milli=REPLACE_CPU_MILLI,
                 steps=str(self.dir / ledger.STEPS),
             ),

@@ -38,7 +38,7 @@ from pathlib import Path
 import grpc
 
 from chaos import ledger, nemesis
-from chaos.cluster import REPO, WORKER_GPUS, ChaosCluster
+from chaos.cluster import ELASTIC_MEMORY_MIB, REPO, WORKER_MEMORY_MIB, ChaosCluster
 from chaos.workload import submit_one
 from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
@@ -144,18 +144,19 @@ def top_member_node(c: ChaosCluster, target: Attempt) -> str:
 
 def waiting_gang(c: ChaosCluster, target: Attempt, index: int) -> pb.JobSpec:
     """The gang that waits for the room ``target`` holds above its ``min``: one member on
-    the node of its top rank (``nodes.names``) asking one GPU more than that node has
-    free, so that it fits there only once the gang gives that rank back."""
+    the node of its top rank (``nodes.names``) asking 1 GiB more memory than is left there
+    beside an elastic member (they ask more than half a worker's, ``ELASTIC_MEMORY_MIB``,
+    and no GPU), so that it fits there only once the gang gives that rank back, whatever
+    other gangs come and go on the node."""
     node = top_member_node(c, target)
-    free = {n.node_id: n.capacity.gpu - len(n.allocated_gpus) for n in c.observer.list_nodes()}
+    memory = {n.node_id: n.capacity.memory_mib for n in c.observer.list_nodes()}
+    left = memory.get(node, WORKER_MEMORY_MIB) - ELASTIC_MEMORY_MIB
     member = [sys.executable, "-m", "chaos.member", str(c.dir / ledger.LEDGER)]
     return pb.JobSpec(
         name=f"chaos-{c.cfg.seed}-elastic-{index}",
         priority_class=WAITING_CLASS,
         replicas=1,
-        resources=pb.Resources(
-            cpu_milli=500, memory_mib=256, gpu=min(free.get(node, 0) + 1, WORKER_GPUS)
-        ),
+        resources=pb.Resources(cpu_milli=500, memory_mib=left + 1024, gpu=0),
         nodes=pb.NodeSelector(names=[node]),
         argv=pb.CommandArgs(args=[*member, c.sink_address, str(WAITING_MS)]),
         env=[pb.EnvVar(name="PYTHONPATH", value=str(REPO))],
@@ -171,7 +172,7 @@ def submit_waiting(c: ChaosCluster, target: Attempt, index: int, extra: dict[str
         outcome, job_id = submit_one(c.observer, spec, out, 5.0)
     extra["elastic_waiting"] = job_id or outcome
     return (
-        f"submitted {job_id or outcome} ({spec.resources.gpu} GPU(s) on "
+        f"submitted {job_id or outcome} ({spec.resources.memory_mib} MiB on "
         f"{spec.nodes.names[0]}, class {WAITING_CLASS}) to wait for {target[0]}/t{target[1]}"
     )
 
@@ -186,22 +187,24 @@ def play(
         resizes.look()
     heal: Heal = lambda: None  # noqa: E731
     grow = kind == nemesis.ELASTIC_GROW
-    if grow:
-        c.submitter.pause()
-        heal = c.submitter.resume
     chosen = choose(c, kind, pick, GROW_FIND_S if grow else TARGET_WAIT_S)
-    parts = ["submitter stopped"] if grow else []
+    parts = []
+    shrink = not grow
     if chosen is None and grow:
         # None below max: shrink one first (it grows back once its rank's room is free
         # again and nobody waits).
         chosen = choose(c, nemesis.ELASTIC_SHRINK, pick, TARGET_WAIT_S)
-        if chosen is not None:
-            parts.append("no elastic gang below max, shrinking one first")
-            with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
-                parts.append(submit_waiting(c, chosen[0], index, extra))
-    elif chosen is not None and not grow:
+        shrink = chosen is not None
+        if shrink:
+            parts.append("none below max, shrinking it first")
+    if chosen is not None and shrink:
         with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
             parts.append(submit_waiting(c, chosen[0], index, extra))
+    if grow:
+        # Once the target is chosen: new gangs could have been it.
+        c.submitter.pause()
+        heal = c.submitter.resume
+        parts.append("submitter stopped")
     target = chosen[0] if chosen else None
     extra["elastic_gang"] = f"{target[0]}/t{target[1]}" if target else ""
     if chosen is None:

@@ -51,7 +51,10 @@ slots of :data:`REPLACE_SLOTS` gangs, and their submission records carry
 With ``elastic_share`` set, that share of the other single gangs are elastic
 (``replicas: {min, max}``, core/elastic.py): at most :data:`ELASTIC_MAX` members of one
 GPU each and at least one fewer (``ELASTIC_MIN``), of class ``low`` in their queue, and
-``SIGUSR1`` as the membership signal; they run :data:`ELASTIC_EXTRA_MS` longer (long
+``SIGUSR1`` as the membership signal. Each member asks ``elastic_memory_mib`` of a node's
+memory (more than half a worker's, so that no two share a node and the node of a rank
+above ``min`` has room for a gang that needs it only once that rank is given back,
+chaos/elasticfaults.py); they run :data:`ELASTIC_EXTRA_MS` longer (long
 enough to be resized and resized back) and take :data:`ELASTIC_SLOTS` submission slots.
 Their members get ``CHAOS_ELASTIC=<min>:<max>`` (so their records say so, and the
 elastic kinds aim with it, chaos/elasticfaults.py) and commit with a world of ``min``:
@@ -132,6 +135,9 @@ class WorkloadConfig:
     # The share of the other single gangs (not replace gangs) submitted elastic (0: none;
     # as for arrays, nothing is drawn then).
     elastic_share: float = 0.0
+    # What each member of those gangs asks of a node's memory (0: as every member): the
+    # cluster asks for more than half a worker's, so that no two share a node.
+    elastic_memory_mib: int = 0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -273,7 +279,7 @@ def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "
         replicas=replicas,
         resources=pb.Resources(
             cpu_milli=cfg.replace_cpu_milli if replacing and cfg.replace_cpu_milli else 500,
-            memory_mib=256,
+            memory_mib=cfg.elastic_memory_mib if sizes and cfg.elastic_memory_mib else 256,
             gpu=gpu,
         ),
         argv=pb.CommandArgs(

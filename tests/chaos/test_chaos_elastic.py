@@ -218,6 +218,7 @@ def config(share: float) -> WorkloadConfig:
         array_share=0.15,
         replace_share=0.2,
         elastic_share=share,
+        elastic_memory_mib=9 * 1024,
     )
 
 
@@ -229,10 +230,12 @@ def test_the_workload_draws_small_elastic_gangs_of_the_lowest_class() -> None:
     for s in elastic:
         assert 1 <= s.elastic.min_replicas < s.replicas <= 3
         assert s.resources.gpu == 1 and s.elastic.signal == "SIGUSR1"
+        assert s.resources.memory_mib == 9 * 1024
         assert s.priority_class == "low" and not s.array and not s.HasField("replace")
         env = {e.name: e.value for e in s.env}
         assert env[ELASTIC_ENV] == f"{s.elastic.min_replicas}:{s.replicas}"
     assert {(s.elastic.min_replicas, s.replicas) for s in elastic} == {(1, 2), (1, 3), (2, 3)}
+    assert {s.resources.memory_mib for s in specs if not s.HasField("elastic")} == {256}
     rng = random.Random(7)
     assert not any(job_spec(config(0.0), rng, i).HasField("elastic") for i in range(300))
 
@@ -352,7 +355,7 @@ class FakeObserver:
 
     def list_nodes(self) -> list[Any]:
         def node(name: str, used: int) -> Any:
-            capacity = SimpleNamespace(gpu=4)
+            capacity = SimpleNamespace(gpu=4, memory_mib=16 * 1024)
             return SimpleNamespace(node_id=name, capacity=capacity, allocated_gpus=[0] * used)
 
         return [node("w1", 3), node("w2", 2)]
@@ -415,10 +418,11 @@ def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
     if sizes[0] < 3:
         assert observer.submitted == [] and "elastic_waiting" not in extra
         return
-    # The gang waits on the node of the top rank (rank 2 on w2: 2 GPUs free), asking
-    # one GPU more than it has free.
+    # The gang waits on the node of the top rank (rank 2 on w2), asking 1 GiB more than is
+    # left there beside an elastic member (16 GiB - 9 GiB).
     (spec,) = observer.submitted
-    assert (spec.replicas, spec.resources.gpu, spec.priority_class) == (1, 3, "normal")
+    resources = (spec.resources.memory_mib, spec.resources.gpu)
+    assert (spec.replicas, resources, spec.priority_class) == (1, (8 * 1024, 0), "normal")
     assert list(spec.nodes.names) == ["w2"] and spec.name == "chaos-1-elastic-4"
     assert extra["elastic_waiting"] == "job-000900"
     lines = (tmp_path / "submissions.jsonl").read_text().splitlines()
