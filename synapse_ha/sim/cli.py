@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workload == "pipelines":
         _compare_pipelines(workload, config, args)
         return 0
-    if workload.queues and args.estimates:
+    if args.estimates:
         _compare_estimates(workload, _modes(args.modes, parser)[-1], config, args)
         return 0
     if workload.queues:
@@ -239,10 +239,10 @@ def _compare_modes(
 def _compare_estimates(
     workload: Workload, mode: PreemptionMode, config: ClusterConfig, args: argparse.Namespace
 ) -> None:
-    """Run a workload with queues without run-time estimates, with a queue default time
-    limit and with learned estimates (synapse_ha.sim.estimates), in preemption ``mode``;
-    print the delays side by side and the JSON report."""
-    interval_ms = _interval_ms(args)
+    """Run a workload without run-time estimates, with a queue default time limit, with
+    learned estimates and with the oracle's (synapse_ha.sim.estimates), in preemption
+    ``mode``; print the delays side by side and the JSON report."""
+    interval_ms = _interval_ms(args, PASS_INTERVAL_MS if workload.queues else 0)
     default_ms = round(args.default_time_limit * 1000)
     results = run_estimates(
         workload, default_ms=default_ms, mode=mode, config=config, pass_interval_ms=interval_ms
@@ -315,7 +315,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--estimates",
         action="store_true",
-        help="workloads with queues: compare run-time estimates for backfill (none, the "
+        help="compare run-time estimates for backfill (none, the "
         "queues' --default-time-limit, learned from finished runs, and the oracle bound: "
         "every job's own run time) in the last of --modes",
     )

@@ -1,4 +1,4 @@
-"""One workload with queues under three run-time estimates, side by side: ``none`` (only
+"""One workload under three run-time estimates, side by side: ``none`` (only
 a job's ``time_limit`` counts, as before), ``default`` (every queue's
 ``default_time_limit_ms``, Slurm's DefaultTime) and ``learned`` (every queue's
 ``learned_estimates``, the default when a job has fewer than 5 alike runs), and
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
+from synapse_ha.core.cluster_config import DEFAULT_QUEUE, ClusterConfig, PreemptionMode, Queue
 from synapse_ha.sim.engine import Result, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tables import Column, results_table
@@ -28,7 +28,8 @@ HISTORY_RETENTION_MS = 24 * 3_600_000  # how long ``learned`` keeps finished job
 
 
 def with_estimates(workload: Workload, variant: str, default_ms: int) -> Workload:
-    """``workload`` with every queue set for ``variant`` (module doc)."""
+    """``workload`` with every queue set for ``variant`` (module doc); a workload without
+    queues gets the built-in ``default`` queue so set."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown estimate variant {variant!r}; choose from {VARIANTS}")
     if variant == "none":
@@ -44,7 +45,7 @@ def with_estimates(workload: Workload, variant: str, default_ms: int) -> Workloa
     learned = variant == "learned"
     queues = tuple(
         replace(q, default_time_limit_ms=default_ms, learned_estimates=learned)
-        for q in workload.queues
+        for q in workload.queues or (Queue(DEFAULT_QUEUE),)  # none: the built-in one
     )
     return replace(workload, queues=queues)
 

@@ -83,6 +83,10 @@ def test_the_oracle_gives_every_job_without_a_limit_its_own_run_time() -> None:
     assert sorted(result.delays_s) == [0.0, 0.0, 0.0, 999.0]  # only big waits
 
 
-def test_a_workload_without_queues_has_nothing_to_estimate() -> None:
-    w = replace(_workload(), queues=())
-    assert with_estimates(w, "default", 1).queues == ()
+def test_a_workload_without_queues_sets_the_built_in_one() -> None:
+    w = replace(_workload(), jobs=tuple(replace(j, spec=replace(j.spec, queue="default"))
+                                        for j in _workload().jobs), queues=())  # fmt: skip
+    assert with_estimates(w, "default", 1).queues == (Queue("default", default_time_limit_ms=1),)
+    none, default = run_estimates(w, ("none", "default"), default_ms=600_000)
+    assert sorted(default.delays_s) == [0.0, 0.0, 0.0, 999.0]
+    assert _delay(default.metrics) < _delay(none.metrics) - 250
