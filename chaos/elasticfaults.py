@@ -22,7 +22,8 @@ After the duration each fault waits (at most :data:`RESIZED_WAIT_S`) until the r
 state shows an elastic gang resized the way the kind means (its attempt's members, same
 fencing token, more or fewer than when the fault first saw it). The record
 (``faults.jsonl``) holds the target (``elastic_gang``), the gang submitted
-(``elastic_waiting``), every resize seen (``elastic_resized``: ``job/tN a -> b``) and
+(``elastic_waiting``) and its reasons while it waited (``elastic_waiting_reasons``), every
+resize seen (``elastic_resized``: ``job/tN a -> b``) and
 whether the kind's own one happened (``elastic_changed``); a run whose faults of a kind
 never changed a gang fails (:func:`unchanged_kinds`).
 """
@@ -213,11 +214,22 @@ def play(
         (job, token), (fewest, most, running) = chosen
         parts.insert(0, f"{job}/t{token} runs {running} of {fewest}-{most} members")
 
+    reasons: list[str] = []  # the waiting gang's reasons while the fault waits, in order
+
+    def note_waiting() -> None:
+        resizes.look()
+        waiting = str(extra.get("elastic_waiting", ""))
+        if waiting.startswith("job-"):
+            code = c.observer.get_job(waiting, allow_stale=True).reason_code
+            if not reasons or reasons[-1] != code:
+                reasons.append(code)
+                extra["elastic_waiting_reasons"] = list(reasons)
+
     def hold() -> str:
         started = time.monotonic()
         while time.monotonic() - started < RESIZED_WAIT_S and not resizes.changed(kind):
             with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
-                resizes.look()
+                note_waiting()
             time.sleep(POLL_S)
         seen = [f"{j}/t{t} {a} -> {b}" for (j, t), a, b in resizes.steps]
         extra["elastic_resized"] = seen
@@ -225,7 +237,7 @@ def play(
         waited = f"waited {time.monotonic() - started:.1f} s"
         return f"{waited}: {', '.join(seen)}" if seen else f"{waited}: no gang resized"
 
-    return [target[0] if target else "none"], "; ".join(parts), resizes.look, heal, hold
+    return [target[0] if target else "none"], "; ".join(parts), note_waiting, heal, hold
 
 
 def unchanged_kinds(fault_files: list[Path]) -> list[str]:

@@ -360,6 +360,9 @@ class FakeObserver:
 
         return [node("w1", 3), node("w2", 2)]
 
+    def get_job(self, job_id: str, allow_stale: bool = False) -> Any:
+        return SimpleNamespace(reason_code="first_in_line_reserved")
+
     def submit_job(self, spec: Any, request_id: str, timeout_s: float) -> Any:
         self.submitted.append(spec)
         return SimpleNamespace(job_id="job-000900")
@@ -425,5 +428,6 @@ def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
     assert (spec.replicas, resources, spec.priority_class) == (1, (8 * 1024, 0), "normal")
     assert list(spec.nodes.names) == ["w2"] and spec.name == "chaos-1-elastic-4"
     assert extra["elastic_waiting"] == "job-000900"
+    assert extra["elastic_waiting_reasons"] == ["first_in_line_reserved"]
     lines = (tmp_path / "submissions.jsonl").read_text().splitlines()
     assert [json.loads(line)["type"] for line in lines] == ["begin", "ok"]
