@@ -14,7 +14,9 @@ from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.model import JobSpec, JobState, MemberPlacement, MemberState
 from synapse_ha.core.reasons import ReasonCode, render
-from synapse_ha.core.scheduler.elastic import plan_growth, plan_shrink
+from synapse_ha.core.replacement import ReplacePolicy
+from synapse_ha.core.scheduler.elastic import WAITS_FOR_ROOM, plan_growth, plan_shrink
+from synapse_ha.core.scheduler.replacement import plan_replacements
 from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.spec.document import SpecError, parse_job_spec
 from synapse_ha.core.views import desired_members
@@ -81,11 +83,11 @@ def test_the_spec_takes_min_and_max_and_names_what_is_wrong() -> None:
         parse_job_spec({**doc, "replicas": 3, "membership_signal": "usr1"})
 
 
-def test_an_elastic_gang_starts_with_its_min_when_its_max_does_not_fit() -> None:
+def test_an_elastic_gang_starts_with_as_many_as_fit_when_its_max_does_not() -> None:
     cluster = racks()
     blocker = start(cluster, job("big", replicas=5, gpu=8))
     job_id = start(cluster, elastic(job(replicas=4, gpu=8, required="rack"), 2))
-    assert size(cluster, job_id) == 2  # 3 nodes free, no rack has 4 of them: the min fits
+    assert size(cluster, job_id) == 3  # 3 nodes free in one rack: between min and max
     assert len(cluster.racks_of(job_id)) == 1
     # A fixed gang of the same shape waits.
     fixed = cluster.submit(job(replicas=4, gpu=8, required="rack"))
@@ -143,19 +145,25 @@ def test_it_does_not_grow_while_a_gang_waits_for_room_nor_onto_a_spare() -> None
     cluster.do(c.Configure(dataclasses.replace(cluster.state.config, spares=1)))
     spares = spare_nodes(cluster.state)
     assert len(spares) == 2  # one per rack
-    job_id = start(cluster, elastic(job(replicas=8, gpu=8), 2))
-    assert size(cluster, job_id) == 2  # 6 nodes are not spares: the min
+    blocker = start(cluster, job("big", replicas=4, gpu=8))
+    job_id = start(cluster, elastic(job(replicas=8, gpu=8), 1))
+    assert size(cluster, job_id) == 2  # 6 nodes are not spares, 4 are taken
     # A gang waiting for room keeps the elastic one from growing into it.
-    waiting = cluster.submit(job("wants", replicas=6, gpu=8))
+    waiting = cluster.submit(job("wants", replicas=3, gpu=8))
+    for rank in range(4):
+        cluster.exit_member(blocker, rank, 0)
     assert plan_growth(cluster.state, cluster.now) is None  # not looked at yet
     cluster.run_pass()
-    assert cluster.state.jobs[waiting].reason.code is ReasonCode.FIRST_IN_LINE_RESERVED
-    assert plan_growth(cluster.state, cluster.now) is None
-    assert cluster.do(c.CancelJob(waiting, now_ms=cluster.now)).ok
+    assert cluster.state_of(waiting) is JobState.SCHEDULED
     growth = plan_growth(cluster.state, cluster.now)
     assert growth is not None and cluster.do(growth).ok
-    assert size(cluster, job_id) == 6 and not spares & set(cluster.nodes_of(job_id))
+    assert size(cluster, job_id) == 3 and not spares & set(cluster.nodes_of(job_id))
     assert plan_growth(cluster.state, cluster.now) is None  # only spares are left
+    big = cluster.submit(job("big2", replicas=4, gpu=8))
+    cluster.run_pass()
+    assert cluster.state.jobs[big].reason.code in WAITS_FOR_ROOM
+    assert cluster.do(c.CancelJob(waiting, now_ms=cluster.now)).ok
+    assert plan_growth(cluster.state, cluster.now) is None  # big2 waits for the room
 
 
 def test_a_growth_that_went_stale_is_refused_and_changes_nothing() -> None:
@@ -179,7 +187,7 @@ def test_a_growth_that_went_stale_is_refused_and_changes_nothing() -> None:
 
 def test_it_shrinks_to_give_a_waiting_gang_its_room_and_drops_the_ranks_once_stopped() -> None:
     cluster = racks()
-    job_id = start(cluster, elastic(job(replicas=8, gpu=8), 3))
+    job_id = start(cluster, elastic(job(replicas=8, gpu=8), 2))
     attempt = cluster.state.jobs[job_id].attempt
     assert attempt is not None and size(cluster, job_id) == 8
     waiting = cluster.submit(job("wants", replicas=4, gpu=8))
@@ -187,28 +195,29 @@ def test_it_shrinks_to_give_a_waiting_gang_its_room_and_drops_the_ranks_once_sto
     assert cluster.state_of(waiting) is JobState.PENDING
     assert plan_growth(cluster.state, cluster.now) is None
     shrinks = plan_shrink(cluster.state, cluster.now)
-    assert [(s.job_id, s.size, s.for_job) for s in shrinks] == [(job_id, 3, waiting)]
+    # Only as many members as the waiting gang needs.
+    assert [(s.job_id, s.size, s.for_job) for s in shrinks] == [(job_id, 4, waiting)]
     result = cluster.do(shrinks[0])
     assert result.ok, result.message
     job_ = cluster.state.jobs[job_id]
     assert job_.reason.code is ReasonCode.SHRINKING
     assert render(job_.reason) == (
-        f"attempt 1 running; shrinking from 8 to 3 members to make room for {waiting}"
+        f"attempt 1 running; shrinking from 8 to 4 members to make room for {waiting}"
     )
     # The leaving members are no longer wanted; the others are, unchanged.
-    leaving_nodes = [m.node_id for m in attempt.members[3:]]
+    leaving_nodes = [m.node_id for m in attempt.members[4:]]
     assert all(desired_members(cluster.state, n) == [] for n in leaving_nodes)
     assert desired_members(cluster.state, attempt.members[0].node_id)[0].world_size == 8
     # Not freed until each is confirmed stopped: the waiting gang still waits.
     cluster.run_pass()
     assert cluster.state_of(waiting) is JobState.PENDING
-    for rank in range(3, 8):
+    for rank in range(4, 8):
         report(cluster, job_id, rank, c.MemberEventKind.EXITED)
-    assert size(cluster, job_id) == 3 and not attempt.vacancies
+    assert size(cluster, job_id) == 4 and not attempt.vacancies
     assert attempt.membership == 1 and job_.state is JobState.RUNNING
-    assert render(job_.reason) == "attempt 1 running with 3 of 8 members"
+    assert render(job_.reason) == "attempt 1 running with 4 of 8 members"
     kept = desired_members(cluster.state, attempt.members[0].node_id)[0]
-    assert kept.world_size == 3 and kept.membership == 1
+    assert kept.world_size == 4 and kept.membership == 1
     cluster.run_pass()
     assert cluster.state_of(waiting) is JobState.SCHEDULED
 
@@ -268,13 +277,13 @@ def test_a_higher_priority_gang_shrinks_an_elastic_one_rather_than_preempt_it_wh
     assert not plan.preemptions  # shrinking makes the room: no one is preempted whole
     assert cluster.state.jobs[job_id].attempt.preempted_by == ""  # type: ignore[union-attr]
     (shrink,) = plan_shrink(cluster.state, cluster.now)
-    assert (shrink.job_id, shrink.size, shrink.for_job) == (job_id, 3, urgent)
+    assert (shrink.job_id, shrink.size, shrink.for_job) == (job_id, 4, urgent)
     assert cluster.do(shrink).ok
-    for rank in range(3, 8):
+    for rank in range(4, 8):
         report(cluster, job_id, rank, c.MemberEventKind.EXITED)
     cluster.run_pass()
     assert cluster.state_of(urgent) is JobState.SCHEDULED
-    assert cluster.state_of(job_id) is JobState.RUNNING and size(cluster, job_id) == 3
+    assert cluster.state_of(job_id) is JobState.RUNNING and size(cluster, job_id) == 4
     # A gang the shrink cannot make room for still preempts as before.
     big = cluster.submit(job("big", replicas=4, gpu=8, priority_class="high"))
     assert [v.job_id for p in cluster.run_pass().preemptions for v in p.victims] == [job_id]
@@ -322,3 +331,36 @@ def test_a_rank_given_back_before_its_worker_saw_it_is_asked_to_report_itself_st
     for rank in (2, 3):
         report(cluster, job_id, rank, c.MemberEventKind.EXITED)
     assert size(cluster, job_id) == 2 and desired_members(cluster.state, fresh.node_id) == []
+
+
+def elastic_replacing(spec: JobSpec, fewest: int) -> JobSpec:
+    return dataclasses.replace(elastic(spec, fewest), replace=ReplacePolicy())
+
+
+@pytest.mark.parametrize("lost_rank", [3, 1])
+def test_an_elastic_gang_with_a_lost_rank_no_node_can_hold_carries_on_smaller(
+    lost_rank: int,
+) -> None:
+    cluster = racks(nodes_per_rack=2)
+    job_id = start(cluster, elastic_replacing(job(replicas=4, gpu=8), 2))
+    attempt = cluster.state.jobs[job_id].attempt
+    assert attempt is not None and size(cluster, job_id) == 4
+    lost = attempt.members[lost_rank]
+    cluster.now += 20_000
+    assert cluster.do(c.MarkNodeDead(lost.node_id, "silent", 1, cluster.now)).replacing
+    assert plan_replacements(cluster.state, cluster.now) is None  # no free node
+    (shrink,) = plan_shrink(cluster.state, cluster.now)
+    assert (shrink.job_id, shrink.size, shrink.for_job) == (job_id, 3, "")
+    assert cluster.do(shrink).ok
+    if lost_rank == 3:  # the lost rank was the top one: dropped at once
+        assert size(cluster, job_id) == 3 and not attempt.vacancies
+        assert render(cluster.state.jobs[job_id].reason) == "attempt 1 running with 3 of 4 members"
+        return
+    # A running top rank is given back; once it stopped, its node takes the lost rank.
+    top = attempt.members[3]
+    report(cluster, job_id, 3, c.MemberEventKind.EXITED)
+    assert size(cluster, job_id) == 3 and [v.rank for v in attempt.vacancies] == [1]
+    replacement = plan_replacements(cluster.state, cluster.now)
+    assert replacement is not None and cluster.do(replacement).ok
+    assert attempt.members[1].node_id == top.node_id and not attempt.vacancies
+    assert cluster.state.jobs[job_id].requeues == 0

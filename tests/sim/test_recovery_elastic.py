@@ -98,23 +98,25 @@ def test_a_gang_starts_at_its_min_when_its_max_does_not_fit_and_grows_as_room_ap
 
 
 def test_a_gang_gives_its_members_above_min_to_a_waiting_gang_and_takes_them_back() -> None:
-    # A runs on all four hosts; W (2 x 8 GPUs, 1 h) arrives at 1 h: A shrinks to its
-    # min, its top ranks exit, W takes their hosts; once W ends A grows back.
+    # A runs on all four hosts; W (elastic too: 1 to 2 x 8 GPUs, 1 h of work) arrives at
+    # 1 h: A gives back only what W's min needs (its top rank), W starts on that host at
+    # half its size (so its hour takes two); once W ends A grows back.
     jobs = [
         SimJob(0, job("a", gpu=8, replicas=4), 10 * H),
         SimJob(H, job("w", gpu=8, replicas=2), H),
     ]
     run = _run(jobs)
     a, w = _job_id(run, "a"), _job_id(run, "w")
-    assert run.resizes == [Resize(H, a, 4, 2, w), Resize(2 * H, a, 2, 4)]
-    assert run.records[w].start_ms == H and run.records[w].end_ms == 2 * H
+    assert run.resizes == [Resize(H, a, 4, 3, w), Resize(3 * H, a, 3, 4)]
+    assert run.records[w].start_ms == H and run.records[w].end_ms == 3 * H
     attempt = run.state.jobs[a].attempt
     assert attempt is not None and attempt.number == 1 and attempt.membership == 2
-    # The first hour at full size is checkpointed whole; of the second, at half the
-    # rate from 1 h + the overhead, one checkpoint: 15 min at full size.
-    assert run.records[a].end_ms == 2 * H + OVERHEAD_MS + 10 * H - H - CHECKPOINT_MS // 2
+    # The first hour at full size is checkpointed whole; of the next two, at three
+    # quarters of the rate from 1 h + the overhead, three checkpoints (90 min of running).
+    done = H + 3 * CHECKPOINT_MS * 3 // 4
+    assert run.records[a].end_ms == 3 * H + OVERHEAD_MS + 10 * H - done
     f = _figures(run)
-    assert f["elastic"]["shrinks"] == 1 and f["elastic"]["members_given_back"] == 2
+    assert f["elastic"]["shrinks"] == 1 and f["elastic"]["members_given_back"] == 1
     assert f["queue_delay_s"]["max"] == 0
     assert run.allocated == 0 and run.holding == {}
 
@@ -142,16 +144,16 @@ def test_a_run_of_the_training_workload_gives_the_same_figures_for_a_seed() -> N
     assert not_counted == pytest.approx(f["gpu_hours_lost"], abs=0.01)
 
 
-def test_elastic_with_spares_grows_a_gang_a_second_after_its_start_but_not_onto_a_spare() -> None:
-    # One host of four is a spare: A's max does not fit, the pass places its min (2),
-    # and the leader's next step grows it onto the one other host left, never the spare.
+def test_elastic_with_spares_starts_a_gang_on_what_fits_but_not_on_a_spare() -> None:
+    # One host of four is a spare: A's max does not fit, the pass places as many members
+    # as fit (3), never on the spare, and nothing grows it later.
     jobs = [SimJob(0, job("a", gpu=8, replicas=4), 2 * H)]
     run = _run(jobs, Recovery.ELASTIC_SPARES)
     a = _job_id(run, "a")
-    assert run.resizes == [Resize(1_000, a, 2, 3)]
-    assert run.records[a].end_ms == 1_000 + OVERHEAD_MS + 2 * H * 4 // 3
+    assert run.resizes == []
+    assert run.records[a].end_ms == 2 * H * 4 // 3
     attempt = run.state.jobs[a].attempt
-    assert attempt is not None
+    assert attempt is not None and len(attempt.members) == 3
     assert not {m.node_id for m in attempt.members} & spare_nodes(run.state)
 
 

@@ -8,16 +8,19 @@ attempt drops them and its members are told the new, smaller membership."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.commands import RejectCode, Rejection, Result, error, ok
 from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.health.fitness import unfit_owners
 from synapse_ha.core.machine.binding import member_problem, room_problem, topology_problem
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
-from synapse_ha.core.machine.replacement import running_reason, vacate
+from synapse_ha.core.machine.replacement import drop_shrunk, running_reason, vacate
 from synapse_ha.core.model import Attempt, ClusterState, MemberStatus, Resources
 from synapse_ha.core.node_selector import placement_problem
 from synapse_ha.core.reasons import ReasonCode, reason
+from synapse_ha.core.replacement import leaving
 from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.spec.member_limits import reserved_of
 
@@ -128,8 +131,13 @@ def _shrink_members(state: ClusterState, c: cmd.ShrinkMembers, now: int) -> Resu
         size=c.size,
         for_job=c.for_job or None,
     )
+    # A lost rank among those given back is given back as it is (stopped or not).
+    attempt.vacancies = tuple(
+        dataclasses.replace(v, cause=cause) if v.rank >= c.size else v for v in attempt.vacancies
+    )
     vacate(state, job, list(range(c.size, size)), cause, now, stopped=False)
-    job.reason = cause
+    drop_shrunk(job, attempt)
+    job.reason = cause if any(leaving(v) for v in attempt.vacancies) else job.reason
     state.job_state_changed(job)
     return ok(f"{c.job_id}: shrinking from {size} to {c.size} members", stopped=(c.job_id,))
 
@@ -141,14 +149,16 @@ def _shrink_problem(
         return f"{c.job_id} is not elastic"
     if attempt is None or attempt.fencing_token != c.fencing_token:
         return f"{c.job_id}: the attempt is no longer live (or not this one)"
-    if attempt.preempted_by or attempt.vacancies:
-        return f"{c.job_id}: the gang is being preempted, replaced or shrunk"
+    if attempt.preempted_by or any(leaving(v) for v in attempt.vacancies):
+        return f"{c.job_id}: the gang is being preempted or shrunk"
     fewest = elastic.min_replicas
     if not fewest <= c.size < len(attempt.members):
         return (
             f"{c.job_id}: cannot shrink from {len(attempt.members)} to {c.size} members "
             f"(its min is {fewest})"
         )
+    if {v.rank for v in attempt.vacancies}.issuperset(range(c.size)):
+        return f"{c.job_id}: none of its first {c.size} members runs"
     return None
 
 

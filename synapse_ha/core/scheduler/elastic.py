@@ -9,12 +9,14 @@ its ``max`` gets new top ranks, one node at a time, by the replacement's rule
 (:func:`~synapse_ha.core.scheduler.replacement.place_member`: its required domain, its
 preferred domain first, the tightest fit), never on a hot spare. Gangs in job id order.
 
-Shrink. For the first gang (in queue order: priority, then submission) that waits for room
-and could be placed if elastic gangs of no higher priority gave back their members above
-``min``, those gangs are shrunk to their ``min``, lowest priority and newest first, as few
-of them as make the room. Whether the room suffices is the scheduling pass's own question
-(:func:`~synapse_ha.core.scheduler.placement.fits`) asked of the free capacity with their
-members above ``min`` given back.
+Shrink. An elastic gang with a lost rank no node can hold carries on one member smaller
+(:func:`lost_rank_shrinks`) rather than wait for a node. For the first gang (in queue
+order: priority, then submission) that waits for room and could be placed if elastic
+gangs of no higher priority gave back their members above ``min``, those gangs give back
+their top ranks, lowest priority and newest first, as few members as make the room.
+Whether the room suffices is the scheduling pass's own question
+(:func:`~synapse_ha.core.scheduler.placement.fits`) asked of the free capacity with those
+members given back.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from collections.abc import Callable
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.reasons import ReasonCode
+from synapse_ha.core.replacement import leaving
 from synapse_ha.core.scheduler.capacity import Table, View
 from synapse_ha.core.scheduler.placement import Gang, fits, search_depths
-from synapse_ha.core.scheduler.replacement import place_member
+from synapse_ha.core.scheduler.replacement import place_member, plan_replacements
 from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.spec.member_limits import reserved_of
 
@@ -143,6 +146,41 @@ def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
 
 
 def plan_shrink(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
+    """The shrinks of elastic gangs with a lost rank no node can hold now
+    (:func:`lost_rank_shrinks`), and those that make room for the first waiting gang they
+    can make room for."""
+    return lost_rank_shrinks(state, now_ms) + _room_shrinks(state, now_ms)
+
+
+def lost_rank_shrinks(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
+    """An elastic gang above its min with a lost rank (known stopped) that no node can
+    hold now carries on one member smaller rather than wait for a node: it gives back its
+    top rank (the lost one itself, or a running member whose node then takes the lost
+    rank). In job id order."""
+    out = []
+    placeable: set[tuple[str, int]] | None = None
+    for job in state.live_jobs():
+        attempt, elastic = job.attempt, job.spec.elastic
+        if elastic is None or attempt is None or not attempt.vacancies:
+            continue
+        if attempt.preempted_by or any(leaving(v) for v in attempt.vacancies):
+            continue
+        size = len(attempt.members)
+        if size - 1 < elastic.min_replicas:
+            continue
+        if placeable is None:
+            planned = plan_replacements(state, now_ms)
+            replaced = planned.replacements if planned is not None else ()
+            placeable = {(r.job_id, r.member.rank) for r in replaced}
+        stuck = [
+            v for v in attempt.vacancies if v.stopped and (job.job_id, v.rank) not in placeable
+        ]
+        if stuck:
+            out.append(cmd.ShrinkMembers(job.job_id, attempt.fencing_token, size - 1, "", now_ms))
+    return out
+
+
+def _room_shrinks(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
     """The shrinks that make room for the first waiting gang they can make room for."""
     surplus = surplus_gangs(state)
     if not surplus:
@@ -171,13 +209,16 @@ def plan_shrink(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
         for giver in givers:
             attempt = giver.attempt
             assert attempt is not None and giver.spec.elastic is not None
-            keep = giver.spec.elastic.min_replicas
             need = reserved_of(giver)
-            for member in attempt.members[keep:]:
+            size = len(attempt.members)
+            while size > giver.spec.elastic.min_replicas:  # top ranks first, only as many as needed
+                size -= 1
+                member = attempt.members[size]
                 table.adjust(member.node_id, need, member.gpus, +1)
-            chosen.append(
-                cmd.ShrinkMembers(giver.job_id, attempt.fencing_token, keep, job.job_id, now_ms)
-            )
+                if fits(gang, view, depths):
+                    break
+            token = attempt.fencing_token
+            chosen.append(cmd.ShrinkMembers(giver.job_id, token, size, job.job_id, now_ms))
             if fits(gang, view, depths):
                 return chosen
         table.undo(mark)

@@ -437,15 +437,23 @@ class _Pass:
     def _place(
         self, gang: Gang, target: View, depths: list[int]
     ) -> tuple[Gang, list[tuple[str, int]] | None]:
-        """Hosts for the whole gang; an elastic one that does not fit whole starts with
-        its fewest members rather than wait (it grows once running, core/elastic.py)."""
+        """Hosts for the whole gang; an elastic one that does not fit whole starts with as
+        many members as fit, at least its min, rather than wait (core/elastic.py)."""
         hosts = self.answers.place(gang, target, depths)
         elastic = gang.spec.elastic
         if hosts is None and elastic is not None:
-            fewest = replace(gang, n=elastic.min_replicas)
-            hosts = self.answers.place(fewest, target, depths)
-            if hosts is not None:
-                return fewest, hosts
+            low, high = elastic.min_replicas, gang.n  # high does not fit
+            while low < high:  # the largest size that fits, by halving: low, then between
+                size = replace(gang, n=low if hosts is None else (low + high) // 2)
+                found = self.answers.place(size, target, depths)
+                if found is not None:
+                    gang, hosts, low = size, found, size.n
+                elif hosts is None:
+                    break  # not even the min fits
+                else:
+                    high = size.n
+                if high - low <= 1:
+                    break
         return gang, hosts
 
     def _elastic_room(self, gang: Gang, depths: list[int]) -> bool:
