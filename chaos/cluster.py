@@ -73,8 +73,8 @@ REPLACE_SHARE = 0.2
 # and the leader shrinks them for gangs that wait for room all through a run.
 ELASTIC_SHARE = 0.25
 # What each member of such a gang asks of a worker's memory (16 GiB): more than half, so
-# that no two share a node and a node holds at most one rank of one elastic gang; what is
-# left beside it is what elastic-shrink's waiting gang cannot have (chaos/elasticfaults.py).
+# that a node holds one elastic member at most; elastic-shrink's waiting gang asks as much
+# per member, one more than the nodes have room for (chaos/elasticfaults.py).
 WORKER_MEMORY_MIB = 16 * 1024
 ELASTIC_MEMORY_MIB = WORKER_MEMORY_MIB // 2 + 1024
 # What each member of such a gang asks of a worker's CPUs: more than half, so that no two

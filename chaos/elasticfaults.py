@@ -1,15 +1,16 @@
 """The elastic kinds: faults that make an elastic gang (``replicas: {min, max}``, a share
 of the workload's gangs, chaos/workload.py) grow or shrink while it runs.
 
-* ``elastic-shrink``: a gang waits for room an elastic gang holds. The target is a
-  running elastic gang above its ``min`` whose members plan (their ``start`` records say
-  until when) to work on for :data:`LASTING_S` at least, waited for up to
+* ``elastic-shrink``: a gang waits for room elastic gangs hold. The target is a running
+  elastic gang above its ``min`` whose members plan (their ``start`` records say until
+  when) to work on for :data:`LASTING_S` at least, waited for up to
   :data:`TARGET_WAIT_S`. The nemesis submits, as the workload does (recorded in
-  ``submissions.jsonl``), a one-member gang of class ``normal`` in the default queue (no
-  quota) pinned (``nodes.names``) to the node of the target's top rank and asking one GPU
-  more than that node has free: it fits there only once the target gives that rank back,
-  and the leader shrinks it (the workload's elastic gangs are of class ``low``). The gang
-  then runs, and must complete, as every other.
+  ``submissions.jsonl``), a gang of class ``normal`` in the default queue (no quota)
+  whose members ask an elastic member's memory (more than half a worker's) and no GPU,
+  one member more than the ready nodes have room for (:func:`waiting_gang`): only a node
+  holding an elastic member can gain that room, so the leader shrinks an elastic gang
+  for it (the workload's are of class ``low``). The gang then runs, and must complete,
+  as every other.
 * ``elastic-grow``: room appears and nobody waits for it. The submitter is stopped
   (SIGSTOP) so that the queue drains; the leader grows every running elastic gang below
   its ``max`` onto free room once no pending gang waits for room. The target is such a
@@ -39,10 +40,12 @@ from pathlib import Path
 import grpc
 
 from chaos import ledger, nemesis
-from chaos.cluster import ELASTIC_MEMORY_MIB, REPO, WORKER_MEMORY_MIB, ChaosCluster
+from chaos.cluster import ELASTIC_MEMORY_MIB, REPO, ChaosCluster
 from chaos.workload import submit_one
 from synapse_ha.client.cluster import ClusterUnavailable
+from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import node_status
 
 KINDS = nemesis.ELASTIC_FAULTS
 TARGET_WAIT_S = 12.0
@@ -56,6 +59,7 @@ RUNNING_S = 0.6  # a member with a record this recent is running
 POLL_S = 0.2
 WAITING_MS = 1_500  # how long the shrink's gang works once placed
 WAITING_CLASS = "normal"  # above the workload's elastic gangs (low)
+RESERVE_MIB = 64  # more than a worker reserves per member beside what it asks
 
 Attempt = tuple[str, int]  # (job, fencing token)
 Heal = Callable[[], None]
@@ -129,52 +133,41 @@ class Resizes:
         ]
 
 
-def top_member_node(c: ChaosCluster, target: Attempt) -> str:
-    """The node (its id) of ``target``'s highest rank above its ``min`` still at work."""
-    found = sorted(
-        (rank, m.node)
-        for (job, token, rank, _), m in list(c.members_seen.members.items())
-        if (job, token) == target
-        and m.elastic
-        and not m.ended
-        and rank >= int(m.elastic.partition(":")[0])
-    )
-    node = found[-1][1] if found else ""
-    return c.node_by_address.get(node, node)
-
-
-def waiting_gang(c: ChaosCluster, target: Attempt, index: int) -> pb.JobSpec:
-    """The gang that waits for the room ``target`` holds above its ``min``: one member on
-    the node of its top rank (``nodes.names``) asking 1 GiB more memory than is left there
-    beside an elastic member (they ask more than half a worker's, ``ELASTIC_MEMORY_MIB``,
-    and no GPU), so that it fits there only once the gang gives that rank back, whatever
-    other gangs come and go on the node."""
-    node = top_member_node(c, target)
-    memory = {n.node_id: n.capacity.memory_mib for n in c.observer.list_nodes()}
-    left = memory.get(node, WORKER_MEMORY_MIB) - ELASTIC_MEMORY_MIB
+def waiting_gang(c: ChaosCluster, index: int) -> pb.JobSpec:
+    """The gang that waits for room elastic gangs hold above their ``min``: members that
+    ask an elastic member's memory (more than half a worker's, so one a node) and no GPU,
+    one more than the ready nodes have room for now. Only a node that holds an elastic
+    member can gain that room, whatever other gangs come and go, so it fits once an
+    elastic gang gives a rank back (the leader shrinks one for it: the workload's are of
+    class ``low``) or one ends. Not pinned with ``nodes.names``: the leader's shrink plan
+    does not narrow a gang to its node selector, so it would take a gang that fits
+    elsewhere only for one it can place now and never shrink for it."""
+    room = 0
+    for n in c.observer.list_nodes():
+        free = n.capacity.memory_mib - n.allocated.memory_mib
+        room += node_status(n) is NodeStatus.READY and free >= ELASTIC_MEMORY_MIB + RESERVE_MIB
     member = [sys.executable, "-m", "chaos.member", str(c.dir / ledger.LEDGER)]
     return pb.JobSpec(
         name=f"chaos-{c.cfg.seed}-elastic-{index}",
         priority_class=WAITING_CLASS,
-        replicas=1,
-        resources=pb.Resources(cpu_milli=500, memory_mib=left + 1024, gpu=0),
-        nodes=pb.NodeSelector(names=[node]),
+        replicas=room + 1,
+        resources=pb.Resources(cpu_milli=500, memory_mib=ELASTIC_MEMORY_MIB, gpu=0),
         argv=pb.CommandArgs(args=[*member, c.sink_address, str(WAITING_MS)]),
         env=[pb.EnvVar(name="PYTHONPATH", value=str(REPO))],
         retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
     )
 
 
-def submit_waiting(c: ChaosCluster, target: Attempt, index: int, extra: dict[str, object]) -> str:
+def submit_waiting(c: ChaosCluster, index: int, extra: dict[str, object]) -> str:
     """Submit :func:`waiting_gang` as the workload submits (``submissions.jsonl``); a
     sentence."""
-    spec = waiting_gang(c, target, index)
+    spec = waiting_gang(c, index)
     with ledger.Appender(c.dir / ledger.SUBMISSIONS) as out:
         outcome, job_id = submit_one(c.observer, spec, out, 5.0)
     extra["elastic_waiting"] = job_id or outcome
     return (
-        f"submitted {job_id or outcome} ({spec.resources.memory_mib} MiB on "
-        f"{spec.nodes.names[0]}, class {WAITING_CLASS}) to wait for {target[0]}/t{target[1]}"
+        f"submitted {job_id or outcome} ({spec.replicas} members of "
+        f"{spec.resources.memory_mib} MiB, class {WAITING_CLASS})"
     )
 
 
@@ -200,7 +193,7 @@ def play(
             parts.append("none below max, shrinking it first")
     if chosen is not None and shrink:
         with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
-            parts.append(submit_waiting(c, chosen[0], index, extra))
+            parts.append(submit_waiting(c, index, extra))
     if grow:
         # Once the target is chosen: new gangs could have been it.
         c.submitter.pause()

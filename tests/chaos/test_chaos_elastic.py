@@ -18,7 +18,7 @@ import pytest
 
 from chaos import elasticfaults, ledger, member, nemesis
 from chaos.checker import EffectRecord, History, MemberRecord, check_history
-from chaos.cluster import ChaosCluster
+from chaos.cluster import ELASTIC_MEMORY_MIB, ChaosCluster
 from chaos.elastic_rules import (
     check_below_min,
     check_elastic,
@@ -33,7 +33,9 @@ from chaos.sink import FencingSink
 from chaos.workload import ELASTIC_ENV, WorkloadConfig, job_spec
 from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.elastic import ElasticPolicy
-from synapse_ha.core.model import AttemptState, ClusterState, JobState
+from synapse_ha.core.model import AttemptState, ClusterState, JobState, NodeStatus
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
+from synapse_ha.rpc.states import node_status_fields
 from tests.chaos.test_chaos_checker import MS, clean_history, final_state
 
 JOB, TOKEN = "j1", 3
@@ -354,11 +356,16 @@ class FakeObserver:
         return [SimpleNamespace(job_id="b", attempt=attempt, spec=spec, HasField=lambda _: True)]
 
     def list_nodes(self) -> list[Any]:
-        def node(name: str, used: int) -> Any:
-            capacity = SimpleNamespace(gpu=4, memory_mib=16 * 1024)
-            return SimpleNamespace(node_id=name, capacity=capacity, allocated_gpus=[0] * used)
+        def node(name: str, used_mib: int, status: NodeStatus = NodeStatus.READY) -> Any:
+            return pb.Node(
+                node_id=name,
+                capacity=pb.Resources(gpu=4, memory_mib=16 * 1024),
+                allocated=pb.Resources(memory_mib=used_mib),
+                **node_status_fields(status),
+            )
 
-        return [node("w1", 3), node("w2", 2)]
+        # w1 holds an elastic member, w2 room for one more, w3 room but dead.
+        return [node("w1", 9 * 1024 + 4 + 260), node("w2", 520), node("w3", 0, NodeStatus.DEAD)]
 
     def get_job(self, job_id: str, allow_stale: bool = False) -> Any:
         return SimpleNamespace(reason_code="first_in_line_reserved")
@@ -421,12 +428,12 @@ def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
     if sizes[0] < 3:
         assert observer.submitted == [] and "elastic_waiting" not in extra
         return
-    # The gang waits on the node of the top rank (rank 2 on w2), asking 1 GiB more than is
-    # left there beside an elastic member (16 GiB - 9 GiB).
+    # One member more than the ready nodes have room for (w2), each of an elastic member's
+    # memory and no GPU.
     (spec,) = observer.submitted
     resources = (spec.resources.memory_mib, spec.resources.gpu)
-    assert (spec.replicas, resources, spec.priority_class) == (1, (8 * 1024, 0), "normal")
-    assert list(spec.nodes.names) == ["w2"] and spec.name == "chaos-1-elastic-4"
+    assert (spec.replicas, resources, spec.priority_class) == (2, (ELASTIC_MEMORY_MIB, 0), "normal")
+    assert not spec.HasField("nodes") and spec.name == "chaos-1-elastic-4"
     assert extra["elastic_waiting"] == "job-000900"
     assert extra["elastic_waiting_reasons"] == ["first_in_line_reserved"]
     lines = (tmp_path / "submissions.jsonl").read_text().splitlines()
