@@ -17,7 +17,8 @@ def test_failure_policies_benchmark_smoke_run_reports_every_policy_and_the_targe
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     run = report["smoke"]
-    assert list(run["figures"]) == ["requeue", "replace", "replace+spares"]
+    policies = ["requeue", "replace", "replace+spares", "elastic", "elastic+spares"]
+    assert list(run["figures"]) == policies
     for figures in run["figures"].values():
         assert figures["gpu_failures"] > 0 and figures["gangs_hit"] > 0
         assert figures["ettr"]["all"]["n"] > 0
@@ -25,4 +26,6 @@ def test_failure_policies_benchmark_smoke_run_reports_every_policy_and_the_targe
     assert run["figures"]["replace+spares"]["spares_idle_gpu_hours"] > 0
     assert set(run["targets"]) == {"ettr_gangs_64_plus", "restart_delay_p50"}
     assert all(isinstance(t["met"], bool) for t in run["targets"].values())
-    assert "elastic" in report["not_simulated"]
+    elastic = run["figures"]["elastic"]["elastic"]
+    assert elastic["grows"] > 0 and elastic["shrinks"] > 0
+    assert run["figures"]["requeue"]["elastic"]["grows"] == 0
