@@ -19,8 +19,10 @@ of the workload's gangs, chaos/workload.py) grow or shrink while it runs.
   the waiting gang has its room and the queue has drained, it grows back). The heal
   resumes the submitter.
 
-After the duration each fault waits (at most :data:`RESIZED_WAIT_S`) until the replicated
-state shows an elastic gang resized the way the kind means (its attempt's members, same
+While the fault lasts (its duration, long enough for the leader to plan, commit and carry
+out a resize, so that the schedule's time counts it) and after it for at most
+:data:`RESIZED_WAIT_S`, the fault watches until the replicated state shows an elastic
+gang resized the way the kind means (its attempt's members, same
 fencing token, more or fewer than when the fault first saw it). The record
 (``faults.jsonl``) holds the target (``elastic_gang``), the gang submitted
 (``elastic_waiting``) and its reasons while it waited (``elastic_waiting_reasons``), every
@@ -48,13 +50,13 @@ from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import node_status
 
 KINDS = nemesis.ELASTIC_FAULTS
-TARGET_WAIT_S = 12.0
+TARGET_WAIT_S = 4.0
 # How long elastic-grow looks for a gang below max before it shrinks one first.
-GROW_FIND_S = 3.0
+GROW_FIND_S = 2.0
 # How long the target's members must still plan to work: a resize is planned at most once
 # a second by the leader, committed, and told to the workers at their next heartbeat.
 LASTING_S = 4.0
-RESIZED_WAIT_S = 10.0
+RESIZED_WAIT_S = 3.0
 RUNNING_S = 0.6  # a member with a record this recent is running
 POLL_S = 0.2
 WAITING_MS = 1_500  # how long the shrink's gang works once placed
