@@ -1,14 +1,15 @@
 """The checker's rules for elastic gangs (``replicas: {min, max}``, core/elastic.py), pure
 functions of a :class:`~chaos.history.History` and the final state.
 
-An elastic gang's attempt keeps its fencing token while it grows (new top ranks, each
-generation 0) and shrinks (its top ranks stopped and dropped); a rank given back may be
-grown again later in the same attempt, as a new process of the same (job, token, rank,
-generation). Its members name the gang's range in their records (``elastic``:
-``<min>:<max>``, chaos/member.py). A member process runs from its first record to its
-last; as for ``overlap``, a record of an attempt frozen with its host, written while
-frozen or within ``THAW_KILL_BOUND_MS`` after the thaw, is left out (nothing on a frozen
-host acts before the thaw; the cluster may have moved on meanwhile).
+An elastic gang's attempt keeps its fencing token while it grows (new top ranks) and
+shrinks (its top ranks stopped and dropped); a rank given back may be grown again later in
+the same attempt. The cluster starts it in a newer generation (``rank-twice`` of
+:mod:`chaos.replace_rules` compares generations); these rules also hold a second process
+of the same (job, token, rank, generation) to them. Its members name the gang's range in
+their records (``elastic``: ``<min>:<max>``, chaos/member.py). A member process runs from
+its first record to its last; as for ``overlap``, a record of an attempt frozen with its
+host, written while frozen or within ``THAW_KILL_BOUND_MS`` after the thaw, is left out
+(nothing on a frozen host acts before the thaw; the cluster may have moved on meanwhile).
 
 ``elastic-over-max``
     An elastic gang's attempt (job, token) never had more than ``max`` member processes
