@@ -561,7 +561,8 @@ class Result:
     # SubmitJob: True when this command added the job, False when its request id was
     # already known (the existing job's id is returned).
     created: bool = False
-    # BindPlan: job ids bound, and the gangs rejected. ReportMembers: counts.
+    # BindPlan: job ids bound, and the gangs rejected (GrowMembers: gangs grown, growths
+    # rejected). ReportMembers: counts.
     bound: tuple[str, ...] = ()
     rejected: tuple[Rejection, ...] = ()
     # MarkNodeDead: jobs whose attempt it stopped. PurgeFinished: jobs removed.

@@ -139,7 +139,7 @@ def _shrink_members(state: ClusterState, c: cmd.ShrinkMembers, now: int) -> Resu
     drop_shrunk(job, attempt)
     job.reason = cause if any(leaving(v) for v in attempt.vacancies) else job.reason
     state.job_state_changed(job)
-    return ok(f"{c.job_id}: shrinking from {size} to {c.size} members", stopped=(c.job_id,))
+    return ok(f"{c.job_id}: shrinking from {size} to {c.size} members")
 
 
 def _shrink_problem(
