@@ -13,6 +13,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.codec.versioned import decode_state, encode_state
 from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.model import JobSpec, JobState, MemberPlacement, MemberState
+from synapse_ha.core.node_selector import NodeSelector
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.replacement import ReplacePolicy
 from synapse_ha.core.scheduler.elastic import WAITS_FOR_ROOM, plan_growth, plan_shrink
@@ -364,3 +365,22 @@ def test_an_elastic_gang_with_a_lost_rank_no_node_can_hold_carries_on_smaller(
     assert replacement is not None and cluster.do(replacement).ok
     assert attempt.members[1].node_id == top.node_id and not attempt.vacancies
     assert cluster.state.jobs[job_id].requeues == 0
+
+
+def test_a_shrink_frees_the_node_a_waiting_gangs_selector_asks_for() -> None:
+    cluster = racks(nodes_per_rack=2)
+    job_id = start(cluster, elastic(job(replicas=4, gpu=8), 1))
+    attempt = cluster.state.jobs[job_id].attempt
+    assert attempt is not None
+    pinned_to = attempt.members[2].node_id
+    spec = dataclasses.replace(job("pinned", gpu=8), nodes=NodeSelector(names=(pinned_to,)))
+    pinned = cluster.submit(spec)
+    cluster.run_pass()
+    (shrink,) = plan_shrink(cluster.state, cluster.now)
+    # Rank 3's node is no use to it: ranks 3 and 2 are given back, no fewer.
+    assert (shrink.job_id, shrink.size, shrink.for_job) == (job_id, 2, pinned)
+    assert cluster.do(shrink).ok
+    for rank in (2, 3):
+        report(cluster, job_id, rank, c.MemberEventKind.EXITED)
+    cluster.run_pass()
+    assert cluster.nodes_of(pinned) == [pinned_to]

@@ -22,14 +22,17 @@ members given back.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.replacement import leaving
 from synapse_ha.core.scheduler.capacity import Table, View
-from synapse_ha.core.scheduler.placement import Gang, fits, search_depths
+from synapse_ha.core.scheduler.placement import NONE, Gang, search_depths
+from synapse_ha.core.scheduler.placement import fits as fits_gang
 from synapse_ha.core.scheduler.replacement import place_member, plan_replacements
+from synapse_ha.core.scheduler.selection import Selections
 from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.spec.member_limits import reserved_of
 
@@ -191,6 +194,7 @@ def _room_shrinks(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
     table = Table.build(state, spares=spare_nodes(state))
     view = View(table)
     levels = len(state.config.topology_levels)
+    selections = Selections(state)
     for job in waiting[:MAX_LOOKED_AT]:
         givers = sorted(
             (g for g in surplus if g.spec.priority <= job.spec.priority),
@@ -200,9 +204,13 @@ def _room_shrinks(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
             continue
         spec = job.spec
         fewest = spec.elastic.min_replicas if spec.elastic is not None else spec.replicas
-        gang = Gang(job, spec, reserved_of(job), fewest)
         depths = search_depths(state, spec, levels)
-        if fits(gang, view, depths):
+        gangs = _kept_to_selector(Gang(job, spec, reserved_of(job), fewest), selections)
+
+        def fits(view: View, gangs: list[Gang] = gangs, depths: list[int] = depths) -> bool:
+            return any(fits_gang(g, view, depths) for g in gangs)
+
+        if fits(view):
             continue  # it has room already: the next pass places it
         mark = table.mark()
         chosen = []
@@ -215,11 +223,21 @@ def _room_shrinks(state: ClusterState, now_ms: int) -> list[cmd.ShrinkMembers]:
                 size -= 1
                 member = attempt.members[size]
                 table.adjust(member.node_id, need, member.gpus, +1)
-                if fits(gang, view, depths):
+                if fits(view):
                     break
             token = attempt.fencing_token
             chosen.append(cmd.ShrinkMembers(giver.job_id, token, size, job.job_id, now_ms))
-            if fits(gang, view, depths):
+            if fits(view):
                 return chosen
         table.undo(mark)
     return []
+
+
+def _kept_to_selector(gang: Gang, selections: Selections) -> list[Gang]:
+    """``gang`` as the pass places it: kept to the nodes its node selector allows, one
+    variant per alternative of its ``[...]`` group (core/scheduler/selection.py)."""
+    selector = gang.spec.nodes
+    if selector is None:
+        return [gang]
+    must = selections.of(selector).must
+    return [replace(gang, avoid=avoid, must=must) for avoid in selections.avoid(NONE, selector)]
