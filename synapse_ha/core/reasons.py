@@ -266,36 +266,41 @@ def _duration(ms: int) -> str:
 
 
 def _need(r: Reason) -> str:
-    level = r.text("level")
+    p = dict(r.params)  # one look per parameter: waiting reasons are rendered in every list
+    level = p.get("level", "")
     where = f" in one {level}" if level else ""
-    if r.has("nodes"):  # its node selector (core/node_selector.py)
-        where += f" on nodes with {r.text('nodes')}"
-    reserved = f"; a node reserves {r.text('reserved')} each" if r.has("reserved") else ""
-    return f"needs {r.num('members')} member(s) x ({r.text('request')}{reserved}){where}"
+    if "nodes" in p:  # its node selector (core/node_selector.py)
+        where += f" on nodes with {p['nodes']}"
+    reserved = f"; a node reserves {p['reserved']} each" if "reserved" in p else ""
+    return f"needs {_num(p, 'members')} member(s) x ({p.get('request', '')}{reserved}){where}"
 
 
 def _have(r: Reason) -> str:
-    domain = r.text("domain")
-    have = (
-        f"best {domain} has room for {r.num('room')}"
-        if domain
-        else f"the cluster has room for {r.num('room')}"
-    )
-    if r.has("images"):
+    p = dict(r.params)
+    domain = p.get("domain", "")
+    room = _num(p, "room")
+    have = f"best {domain} has room for {room}" if domain else f"the cluster has room for {room}"
+    if "images" in p:
         have += " (only nodes that run container images qualify)"
-    if r.has("nodes"):
+    if "nodes" in p:
         have += " (only the nodes it selects qualify)"
-    if r.has("unhealthy"):
+    if "unhealthy" in p:
         have += (
-            f"; {r.num('unhealthy')} unhealthy GPU(s) are left out until repaired "
+            f"; {_num(p, 'unhealthy')} unhealthy GPU(s) are left out until repaired "
             "(synctl nodes, column UNHEALTHY)"
         )
-    if r.has("spares"):
+    if "spares" in p:
         have += (
-            f"; {r.num('spares')} idle node(s) are kept as spares for member replacements "
+            f"; {_num(p, 'spares')} idle node(s) are kept as spares for member replacements "
             "(synctl nodes, column SPARE)"
         )
     return have
+
+
+def _num(params: dict[str, int | str], name: str) -> int:
+    """A parameter as :meth:`Reason.num` reads it: an int, else 0."""
+    value = params.get(name, 0)
+    return value if isinstance(value, int) else 0
 
 
 def _when(r: Reason) -> str:
