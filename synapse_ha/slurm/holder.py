@@ -38,6 +38,9 @@ class Holder:
     def __init__(self, member: Member) -> None:
         self.member = member
         self.tasks: dict[tuple[int, int], asyncio.subprocess.Process] = {}
+        # Steps killed (srun -K, a cancel): a task of one that starts after the kill is
+        # killed as it starts, not left to run.
+        self.killed: set[int] = set()
         self.bin_dir = ""  # this node's srun and scontrol, first on its tasks' PATH
 
     async def run(self) -> None:
@@ -111,6 +114,8 @@ class Holder:
             await ended(127 if exc.errno == 2 else 126, f"{run['argv'][0]}: {exc.strerror}")
             return
         self.tasks[(step, task)] = process
+        if step in self.killed:  # the kill came while it was being started
+            signal_tree(process.pid, signal.SIGKILL)
         assert process.stdout is not None and process.stderr is not None
         await asyncio.gather(
             _pump(channel, process.stdout, step, task, 1),
@@ -121,6 +126,8 @@ class Holder:
         await ended(status(code))
 
     def _signal(self, step: int, signum: int) -> None:
+        if signum == signal.SIGKILL:
+            self.killed.add(step)
         for (s, _task), process in list(self.tasks.items()):
             if s == step:
                 signal_tree(process.pid, signum)
