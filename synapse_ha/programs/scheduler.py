@@ -28,7 +28,7 @@ from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
 from synapse_ha.history.store import HistoryStore
 from synapse_ha.leader.loop import STALL_MS, LeaderLoop, Liveness, LoopSettings
 from synapse_ha.leader.scheduling import DesiredSettings
-from synapse_ha.leader.slow_nodes import SlowNodes
+from synapse_ha.leader.slow_nodes import SlowNodes, SlowNodeSettings
 from synapse_ha.observe.dashboard import Dashboard
 from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
@@ -124,7 +124,8 @@ class Replica:
         self._wake = threading.Event()
         self._roles: queue.SimpleQueue[tuple[bool, int, int]] = queue.SimpleQueue()
         self.liveness = Liveness()
-        self.slow_nodes = SlowNodes()  # the leader's evidence of slow nodes, never replicated
+        # The leader's evidence of slow nodes, never replicated.
+        self.slow_nodes = SlowNodes(SlowNodeSettings(window_ms=config.slow_node_window_ms))
         self.transport = Transport(config.tls)
         self.nudger = WorkerNudger(
             channel_factory=self.transport.channel, credentials_version=self.transport.version

@@ -32,6 +32,8 @@ checked whole before the replica starts (:func:`load_config`)::
     address = "10.0.0.1:9101"
     [limits]                 # per-identity limits this replica puts back when it leads;
     submit_per_s = 50        # the others are `synctl config set limits.NAME=VALUE`
+    [slow_nodes]
+    window = "15m"           # how long each gang's window of member paces (1s to 24h)
 
 Membership and backup: ``--join`` (``join = true``) for a replica added to a running
 cluster with ``synctl cluster add-replica``; ``--restore FILE`` (``restore = "FILE"``) to
@@ -52,6 +54,7 @@ from synapse_ha.core.identity.access import split_token
 from synapse_ha.core.spec.validation import check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY
 from synapse_ha.leader.scheduling import SchedulingSettings
+from synapse_ha.leader.slow_nodes import DEFAULT_WINDOW_MS
 from synapse_ha.programs.config_file import ConfigError, address, duration_ms
 from synapse_ha.programs.queue_config import LOCALITY_WAIT, SCHEDULING, scheduling_settings
 from synapse_ha.programs.settings import (
@@ -108,6 +111,7 @@ class SchedulerConfig:
     # Heartbeat streams: where NodeStreamService listens; "" serves none.
     agent_address: str = ""
     raft_transport: str = PASSWORD_CHANNEL  # the Raft channel (synapse_ha.raft.channel)
+    slow_node_window_ms: int = DEFAULT_WINDOW_MS  # the leader's pace windows (docs/slow-nodes.md)
 
     @property
     def me(self) -> ReplicaAddress:
@@ -159,6 +163,14 @@ def _heavy_read_cpu_share(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
         raise ConfigError(f"heavy read CPU share must be in (0, 1], got {value!r}")
     return float(value)
+
+
+def _slow_node_window(value: Any) -> int:
+    what = "slow_nodes.window (--slow-node-window)"
+    window_ms = duration_ms(value, what)
+    if not 1_000 <= window_ms <= 86_400_000:
+        raise ConfigError(f"{what} must be between 1s and 24h, got {value!r}")
+    return window_ms
 
 
 def _event_ring(value: Any) -> int:
@@ -342,6 +354,14 @@ LOG_LEVEL = setting(
     check=str.upper,
     help="DEBUG, INFO, WARNING (default INFO)",
 )
+SLOW_NODE_WINDOW = setting(
+    "--slow-node-window",
+    "slow_nodes.window",
+    default=DEFAULT_WINDOW_MS,
+    check=_slow_node_window,
+    help="how long each window of a gang's member paces the leader weighs for slow nodes, "
+    "1s to 24h (default 15m; docs/slow-nodes.md)",
+)
 SERVICES = (BOOTSTRAP_TOKEN_FILE, NO_HISTORY, EVENT_RING, METRICS_ADDRESS, AGENT_ADDRESS)
 
 # Membership and backup
@@ -377,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve without TLS and without authentication (every caller is an admin); "
         "logs a warning at every start",
     )
-    add_settings(p, SERVICES, (LOG_LEVEL,), MEMBERSHIP)
+    add_settings(p, SERVICES, (SLOW_NODE_WINDOW, LOG_LEVEL), MEMBERSHIP)
     return p
 
 
@@ -402,6 +422,7 @@ _FILE_TYPES: dict[str, type] = {
     "history": dict,
     "tls": dict,
     "metrics": dict,
+    "slow_nodes": dict,
 }
 
 
@@ -454,6 +475,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         scheduling=replace(scheduling, compact_state=compact_state),
         raft_fsync=raft_fsync,
         raft_transport=transport,
+        slow_node_window_ms=inputs.value(SLOW_NODE_WINDOW),
     )
 
 
