@@ -48,7 +48,7 @@ from synapse_ha.core.model import (
     NodeStatus,
     unconfirmed_members,
 )
-from synapse_ha.core.queues.quota import gang_request
+from synapse_ha.core.queues.quota import QueueUsage
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.scheduler.elastic import plan_growth, plan_shrink
@@ -68,11 +68,14 @@ QUEUES = ["default", "qa", "qb", "qc"]  # qc is never created: submissions to it
 
 
 def queue_gpus(state: ClusterState) -> dict[str, int]:
-    """GPUs each queue's live attempts hold (preempted ones until they stop)."""
+    """GPUs each queue's live attempts hold (preempted ones until they stop): their
+    members' (an elastic gang's members it gives back until they are dropped)."""
     used: dict[str, int] = {}
     for j in state.jobs.values():
-        if j.live_attempt() is not None:
-            used[j.spec.queue] = used.get(j.spec.queue, 0) + gang_request(j.spec).gpu
+        attempt = j.live_attempt()
+        if attempt is not None:
+            held = len(attempt.members) * j.spec.resources.gpu
+            used[j.spec.queue] = used.get(j.spec.queue, 0) + held
     return used
 
 
@@ -87,7 +90,7 @@ def quota_breaches(state: ClusterState, bind: c.BindPlan) -> list[str]:
     for placement in bind.placements:
         spec = state.jobs[placement.job_id].spec
         queue = state.queues.get(spec.queue)
-        need = gang_request(spec).gpu
+        need = len(placement.members) * spec.resources.gpu
         if queue is not None and queue.gpu is not None:
             lendable = 0
             for other in state.queues.values():
@@ -295,6 +298,12 @@ class DependentSubmissions(RuleBasedStateMachine):
         result = self.do(c.SubmitJob(spec, f"dep-{request}", self.now))
         if result.ok and self.state.jobs[result.job_id].waiting_for:
             self.saw_dependency_wait = True
+
+    @invariant()
+    def a_queues_charged_gpus_are_its_attempts_members(self) -> None:
+        charged = QueueUsage.of(self.state)
+        for name, gpus in queue_gpus(self.state).items():
+            assert charged.used(name).gpu == gpus, name
 
     @invariant()
     def the_live_index_is_the_jobs_holding_resources(self) -> None:

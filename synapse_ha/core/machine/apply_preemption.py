@@ -9,7 +9,13 @@ from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, JobState
 from synapse_ha.core.queues.cohort_tree import root_of
-from synapse_ha.core.queues.quota import QueueUsage, gang_request, grace_ms, priority_class
+from synapse_ha.core.queues.quota import (
+    QueueUsage,
+    gang_request,
+    grace_ms,
+    held_request,
+    priority_class,
+)
 from synapse_ha.core.queues.victim_rules import protection_problem
 from synapse_ha.core.reasons import ReasonCode, reason
 
@@ -161,7 +167,9 @@ def _reclaim_problem(state: ClusterState, preemptor: Job, victims: list[Job]) ->
             or root_of(other.cohort, state.cohorts) != tree
         ):
             return f"victim {job.job_id} is not in another queue of the cohort tree of {tree}"
-        keeps.remove(job.spec.queue, gang_request(job.spec))
+        attempt = job.live_attempt()
+        if attempt is not None:  # what the victim's queue is charged for until it stops
+            keeps.remove(job.spec.queue, held_request(job, attempt, counting_leaving=False))
     for name in sorted({job.spec.queue for job in victims}):
         nominal = state.queues[name].gpu
         if nominal is None or keeps.used(name).gpu < nominal:

@@ -19,6 +19,7 @@ from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.machine.replacement import drop_shrunk, running_reason, vacate
 from synapse_ha.core.model import Attempt, ClusterState, MemberStatus, Resources
 from synapse_ha.core.node_selector import placement_problem
+from synapse_ha.core.queues.quota import QueueUsage, growth_usage, members_request
 from synapse_ha.core.reasons import ReasonCode, reason
 from synapse_ha.core.replacement import leaving
 from synapse_ha.core.spares import spare_nodes
@@ -30,13 +31,22 @@ Problem = tuple[RejectCode, str]
 def _grow_members(state: ClusterState, c: cmd.GrowMembers, now: int) -> Result:
     grown: list[str] = []
     rejected: list[Rejection] = []
+    # A growth is charged to its gang's queue and must fit its quota, judged as the plan
+    # judged it (growth_usage). GrowMembers exists only at format 15, the format that
+    # charges an elastic gang for its members: no replica of an older format applies it.
+    usage = growth_usage(state)
     for growth in c.growths:
         problem = _growth_problem(state, growth, now)
+        if problem is None and usage is not None:
+            problem = _quota_problem(state, usage, growth)
         if problem is not None:
             rejected.append(Rejection(growth.job_id, *problem))
             continue
         _grow(state, growth, now)
         grown.append(growth.job_id)
+        if usage is not None:
+            spec = state.jobs[growth.job_id].spec
+            usage.add(spec.queue, members_request(spec, len(growth.members)))
     return ok(
         f"grew {len(grown)} elastic gang(s), rejected {len(rejected)}",
         bound=tuple(grown),
@@ -96,6 +106,19 @@ def _growth_problem(state: ClusterState, g: cmd.MemberGrowth, now: int) -> Probl
         found = placement_problem(spec.nodes, [state.nodes[n].info for n in nodes])
         problem = (RejectCode.NODE_SELECTOR, found) if found else None
     return problem
+
+
+def _quota_problem(state: ClusterState, usage: QueueUsage, g: cmd.MemberGrowth) -> Problem | None:
+    """Why ``g`` would take its queue over its quota, or None."""
+    spec = state.jobs[g.job_id].spec
+    short = usage.shortfall(spec.queue, members_request(spec, len(g.members)))
+    if short is None:
+        return None
+    return (
+        RejectCode.OVER_QUOTA,
+        f"members: queue {short.queue} uses {short.used}/{short.nominal} {short.resource}, "
+        f"{short.borrowable} borrowable; {len(g.members)} more member(s) need {short.need}",
+    )
 
 
 def _grow(state: ClusterState, g: cmd.MemberGrowth, now: int) -> None:

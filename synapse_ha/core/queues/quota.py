@@ -4,8 +4,13 @@ Rules, stated once here and used by the scheduler (admission) and by ``apply``
 (verification of a bind and of a reclaim):
 
 * A queue's **usage** is the resources of its live attempts (an attempt being preempted
-  still counts until its members are confirmed stopped). The ``default`` queue and any
-  queue without a GPU quota (``gpu`` None) has no limit.
+  still counts until its members are confirmed stopped). A fixed gang counts whole; an
+  elastic gang (core/elastic.py) counts the members its attempt holds, those it gives
+  back included until the attempt drops them (:func:`held_request`). The ``default``
+  queue and any queue without a GPU quota (``gpu`` None) has no limit.
+* A pending gang is **admitted** when its :func:`admission_request` fits: the whole gang,
+  or an elastic gang's ``min`` (it starts with no more members than the quota allows,
+  :func:`members_within`, and grows only within it).
 * A queue **borrows** what it uses beyond its nominal GPUs; it **lends** at most
   ``min(lending_limit, max(0, nominal - usage))``.
 * What a queue may still take: its idle nominal, plus what it may borrow: in a cohort
@@ -30,7 +35,7 @@ from synapse_ha.core.cluster_config import (
     PriorityClass,
     Queue,
 )
-from synapse_ha.core.model import ClusterState, Job, JobSpec, JobState, Resources
+from synapse_ha.core.model import Attempt, ClusterState, Job, JobSpec, JobState, Resources
 from synapse_ha.core.queues.cohort_tree import CohortTree
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 
@@ -42,16 +47,64 @@ def gang_request(spec: JobSpec) -> Resources:
     return spec.resources.times(spec.replicas)
 
 
+def members_request(spec: JobSpec, members: int) -> Resources:
+    """What ``members`` members of a gang of ``spec`` hold."""
+    return spec.resources.times(members)
+
+
+def admission_request(spec: JobSpec) -> Resources:
+    """What a pending gang of ``spec`` must fit its queue's quota to start: the whole
+    gang, or an elastic gang's ``min`` (it starts with as many members as fit within
+    the quota, :func:`members_within`)."""
+    elastic = spec.elastic
+    return gang_request(spec) if elastic is None else members_request(spec, elastic.min_replicas)
+
+
+def held_request(job: Job, attempt: Attempt, *, counting_leaving: bool = True) -> Resources:
+    """What ``attempt`` of ``job`` is charged for: a fixed gang's whole size; an elastic
+    gang's members, those it gives back (SHRINKING) included until the attempt drops them
+    (``counting_leaving=False``: without them, what its queue keeps once they stop)."""
+    spec = job.spec
+    if spec.elastic is None:
+        return gang_request(spec)
+    members = len(attempt.members)
+    if not counting_leaving:
+        members -= sum(1 for v in attempt.vacancies if v.cause.code is ReasonCode.SHRINKING)
+    return members_request(spec, members)
+
+
+def shrinking_for(attempt: Attempt) -> str:
+    """The gang ``attempt``'s members are being given back to ("" for none)."""
+    for v in attempt.vacancies:
+        if v.cause.code is ReasonCode.SHRINKING and v.cause.text("for_job"):
+            return v.cause.text("for_job")
+    return ""
+
+
 def count_held(usage: dict[str, Resources], job: Job, *, counting_preempted: bool = True) -> None:
-    """Add what ``job``'s live attempt holds to its queue's entry of ``usage`` (nothing
-    without a live attempt; with ``counting_preempted=False``, nothing for an attempt
-    being preempted): the one rule of what counts against a quota, for
+    """Add what ``job``'s live attempt holds (:func:`held_request`) to its queue's entry
+    of ``usage`` (nothing without a live attempt; with ``counting_preempted=False``,
+    nothing for an attempt being preempted and nothing for the members an elastic gang
+    is giving back): the one rule of what counts against a quota, for
     :meth:`QueueUsage.of` and for callers that read every job once for more than usage."""
     attempt = job.live_attempt()
     if attempt is None or (attempt.preempted_by and not counting_preempted):
         return
     q = job.spec.queue
-    usage[q] = usage.get(q, ZERO) + gang_request(job.spec)
+    held = held_request(job, attempt, counting_leaving=counting_preempted)
+    usage[q] = usage.get(q, ZERO) + held
+
+
+def members_within(usage: QueueUsage | None, spec: JobSpec) -> int:
+    """The most members of a gang of ``spec`` its queue's quota admits now: ``replicas``
+    for a fixed gang or without a limit; for an elastic gang, down to its ``min``."""
+    elastic = spec.elastic
+    n = spec.replicas
+    if usage is None or elastic is None:
+        return n
+    while n > elastic.min_replicas and usage.shortfall(spec.queue, members_request(spec, n)):
+        n -= 1
+    return n
 
 
 def priority_class(config: ClusterConfig, name: str) -> PriorityClass | None:
@@ -71,15 +124,27 @@ def grace_ms(config: ClusterConfig, spec: JobSpec) -> int:
 
 
 def waiting_preemptors(state: ClusterState) -> set[str]:
-    """Pending gangs that preempted others whose attempts are still live (stopping)."""
+    """Pending gangs that preempted others whose attempts are still live (stopping), or
+    that elastic gangs are giving members back to."""
     waiting: set[str] = set()
     for job in state.jobs.values():
         attempt = job.live_attempt()
-        if attempt is not None and attempt.preempted_by:
-            preemptor = state.jobs.get(attempt.preempted_by)
+        if attempt is None:
+            continue
+        for_job = attempt.preempted_by or (shrinking_for(attempt) if attempt.vacancies else "")
+        if for_job:
+            preemptor = state.jobs.get(for_job)
             if preemptor is not None and preemptor.state is JobState.PENDING:
                 waiting.add(preemptor.job_id)
     return waiting
+
+
+def growth_usage(state: ClusterState) -> QueueUsage | None:
+    """The usage an elastic gang's growth must fit its queue's quota in (None: no queue
+    limits anything), for the plan and for apply: what each queue keeps once the gangs
+    being preempted or shrunk have stopped, plus the claims of the gangs waiting for them,
+    so no growth takes the quota a reclaim is taking back."""
+    return QueueUsage.kept_after_reclaims(state) if has_quotas(state) else None
 
 
 def has_quotas(state: ClusterState) -> bool:

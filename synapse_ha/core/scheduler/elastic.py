@@ -4,10 +4,13 @@ for, and the shrink that gives a waiting gang its room back. Pure functions of t
 :class:`~synapse_ha.core.commands.ShrinkMembers` are verified again at apply.
 
 Growth. While no pending gang waits for room (its reason says it waits for capacity, a
-reservation or locality, or no pass has looked at it yet), each running elastic gang below
-its ``max`` gets new top ranks, one node at a time, by the replacement's rule
+reservation or locality, or no pass has looked at it yet) or for gangs being preempted or
+shrunk for it, each running elastic gang below its ``max`` gets new top ranks, one node at
+a time, by the replacement's rule
 (:func:`~synapse_ha.core.scheduler.replacement.place_member`: its required domain, its
-preferred domain first, the tightest fit), never on a hot spare. Gangs in job id order.
+preferred domain first, the tightest fit), never on a hot spare, and never beyond what its
+queue's quota admits (:func:`growth_usage`, the usage apply checks a growth against too).
+Gangs in job id order.
 
 Shrink. An elastic gang with a lost rank no node can hold carries on one member smaller
 (:func:`lost_rank_shrinks`) rather than wait for a node. For the first gang (in queue
@@ -26,6 +29,7 @@ from dataclasses import replace
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
+from synapse_ha.core.queues.quota import growth_usage, waiting_preemptors
 from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.replacement import leaving
 from synapse_ha.core.scheduler.capacity import Table, View
@@ -127,8 +131,9 @@ def shrinking_makes_room(
 def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
     """New top ranks for every elastic gang that can grow now, or None."""
     jobs = growable(state)
-    if not jobs or waiting_for_room(state):
+    if not jobs or waiting_for_room(state) or waiting_preemptors(state):
         return None
+    usage = growth_usage(state)
     taken: dict[str, tuple[Resources, set[int]]] = {}
     growths = []
     for job in jobs:
@@ -137,12 +142,16 @@ def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
         members = list(attempt.members)
         added = []
         for rank in range(len(members), job.spec.replicas):
+            if usage is not None and usage.shortfall(job.spec.queue, job.spec.resources):
+                break  # its queue's quota admits no more members
             member = (rank, attempt.membership + 1)
             placed = place_member(state, job, (members, members), member, taken, None, now_ms)
             if placed is None:
                 break
             members.append(placed)
             added.append(placed)
+            if usage is not None:
+                usage.add(job.spec.queue, job.spec.resources)
         if added:
             growths.append(cmd.MemberGrowth(job.job_id, attempt.fencing_token, tuple(added)))
     return cmd.GrowMembers(tuple(growths), now_ms) if growths else None

@@ -10,7 +10,8 @@ from synapse_ha.core.cluster_config import PreemptionMode
 from synapse_ha.core.collector import collector_paused
 from synapse_ha.core.commands import GangPlacement
 from synapse_ha.core.model import ClusterState, Job, unconfirmed_members
-from synapse_ha.core.queues.quota import QueueUsage, QuotaShortfall, gang_request, has_quotas
+from synapse_ha.core.queues import quota
+from synapse_ha.core.queues.quota import QueueUsage, QuotaShortfall, has_quotas
 from synapse_ha.core.queues.victim_rules import pending_since
 from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.scheduler.answers import Answers
@@ -397,7 +398,7 @@ class _Pass:
         if spec.nodes is not None:  # kept to the nodes it selects (core/scheduler/selection.py)
             gang = self.selections.narrow(gang, lambda g: answers.fits(g, self.view, depths))
         usage = self.usage
-        short = usage.shortfall(spec.queue, gang_request(spec)) if usage is not None else None
+        short = usage.shortfall(spec.queue, quota.admission_request(spec)) if usage else None
         victims_left = self.claims.get(job.job_id)
         if victims_left:
             # Its victims are still stopping: keep what it needs from everyone else.
@@ -438,9 +439,12 @@ class _Pass:
         self, gang: Gang, target: View, depths: list[int]
     ) -> tuple[Gang, list[tuple[str, int]] | None]:
         """Hosts for the whole gang; an elastic one that does not fit whole starts with as
-        many members as fit, at least its min, rather than wait (core/elastic.py)."""
-        hosts = self.answers.place(gang, target, depths)
+        many members as fit, at least its min, rather than wait (core/elastic.py), and no
+        more than its queue's quota admits."""
         elastic = gang.spec.elastic
+        if elastic is not None:
+            gang = replace(gang, n=quota.members_within(self.usage, gang.spec))
+        hosts = self.answers.place(gang, target, depths)
         if hosts is None and elastic is not None:
             low, high = elastic.min_replicas, gang.n  # high does not fit
             while low < high:  # the largest size that fits, by halving: low, then between
@@ -538,9 +542,9 @@ class _Pass:
         self.caps.placed(job.owner, members)
         self.plan.placements.append(GangPlacement(job.job_id, job.attempts_made, members))
         if self.usage is not None:
-            self.usage.add(spec.queue, gang_request(spec))
+            self.usage.add(spec.queue, quota.members_request(spec, gang.n))
         if self.preempt is not None:
-            self.preempt.placed(spec.queue, gang_request(spec))
+            self.preempt.placed(spec.queue, quota.members_request(spec, gang.n))
         end = self.now_ms + spec.time_limit_ms if spec.time_limit_ms else None
         running = self.placed[job.job_id] = Running(end, gang.req, members)
         if self.running is not None:
