@@ -47,10 +47,13 @@ class PreemptionMode(enum.StrEnum):
 class PreemptionKind(enum.StrEnum):
     """Why a gang is preempted: ``RECLAIM`` gives a queue below its nominal quota back
     what a borrowing queue of its cohort holds; ``PRIORITY`` lets a higher priority class
-    evict a lower one within one queue, when its class allows."""
+    evict a lower one within one queue, when its class allows; ``FAIR_SHARE`` lets a queue
+    below its fair share take what a borrowing queue above it holds, where the cohort they
+    meet in has ``fair_sharing_preemption`` on (:mod:`synapse_ha.core.queues.fair_preemption`)."""
 
     RECLAIM = "reclaim"
     PRIORITY = "priority"
+    FAIR_SHARE = "fair_share"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +129,11 @@ class Cohort:
     ``borrowing_limit_gpu``: how many GPUs its subtree may take from its parent's pool
     beyond what the subtree itself has (None: any). ``lending_limit_gpu``: how many of
     its subtree's idle GPUs its parent's other children may borrow (None: all of them).
+    ``fair_sharing_preemption``: a queue below its fair share may preempt gangs of a
+    borrowing queue above it when this is the cohort where the two queues meet (their
+    nearest common cohort; :mod:`synapse_ha.core.queues.fair_preemption`). Off by default.
     A queue's ``cohort`` names the cohort it sits in; a name no record defines is a root
-    cohort of its own, with no quota or limits of its own.
+    cohort of its own, with no quota, limits or switches of its own.
     """
 
     name: str
@@ -135,6 +141,7 @@ class Cohort:
     gpu: int | None = None
     borrowing_limit_gpu: int | None = None
     lending_limit_gpu: int | None = None
+    fair_sharing_preemption: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,8 @@ EXAMPLES: list[c.Command] = [
     c.SetCohort(Cohort("team", "org", gpu=4, borrowing_limit_gpu=2), 17, "user:root"),
     c.DeleteCohort("team", 18, "user:root"),
     c.Preempt("job-2", 0, (c.Victim("job-1", 3),), PreemptionKind.RECLAIM, 17),
+    c.SetCohort(Cohort("lab", fair_sharing_preemption=True), 19, "user:root"),
+    c.Preempt("job-2", 0, (c.Victim("job-1", 3),), PreemptionKind.FAIR_SHARE, 20),
 ]
 
 

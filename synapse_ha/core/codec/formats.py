@@ -26,7 +26,14 @@ import typing
 from typing import Any
 
 from synapse_ha.core import model
-from synapse_ha.core.cluster_config import ClusterConfig, Limits, PriorityClass, Queue
+from synapse_ha.core.cluster_config import (
+    ClusterConfig,
+    Cohort,
+    Limits,
+    PreemptionKind,
+    PriorityClass,
+    Queue,
+)
 from synapse_ha.core.commands import (
     CreateToken,
     DeleteCohort,
@@ -96,6 +103,8 @@ _DECLARED: dict[type, dict[str, int]] = {
         "default_time_limit_ms": 15,
         "learned_estimates": 15,
     },
+    # Format 15: fair-sharing preemption in a cohort (core/queues/fair_preemption.py).
+    Cohort: {"fair_sharing_preemption": 15},
     Token: {"priority_classes": 2, "max_priority": 2},
     CreateToken: {"priority_classes": 2, "max_priority": 2},
     # Format 13: Slurm's singleton dependency (core/workflows/dependencies.py).
@@ -176,6 +185,11 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     ReasonCode.NODE_DEGRADED: 15,
     # An elastic gang giving back its top ranks (ShrinkMembers, itself format 15).
     ReasonCode.SHRINKING: 15,
+    # A gang that starts as soon without preempting as with it (scheduler/pass_preemptions.py).
+    ReasonCode.STARTS_WITHOUT_PREEMPTING: 15,
+    # A queue below its fair share preempting a borrower above it (core/queues/fair_preemption.py;
+    # only a cohort with fair_sharing_preemption, itself format 15, gives it).
+    PreemptionKind.FAIR_SHARE: 15,
 }
 
 

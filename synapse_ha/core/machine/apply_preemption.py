@@ -9,6 +9,7 @@ from synapse_ha.core.commands import Result, ResultCode, error, ok
 from synapse_ha.core.machine.changes import Changes, Handling, job_and_its_nodes
 from synapse_ha.core.model import ClusterState, Job, JobState
 from synapse_ha.core.queues.cohort_tree import root_of
+from synapse_ha.core.queues.fair_preemption import fair_share_problem
 from synapse_ha.core.queues.quota import (
     QueueUsage,
     gang_request,
@@ -34,6 +35,9 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
       victim is of another queue of that cohort or of a cohort of the same cohort tree
       (:mod:`synapse_ha.core.queues.cohort_tree`), which is above its nominal and stays at or
       above it once every victim of this command and earlier ones has stopped.
+    * ``FAIR_SHARE``: the rules of :mod:`synapse_ha.core.queues.fair_preemption` (a cohort
+      with the switch on where the queues meet, borrowing victims kept at or above their
+      nominal and at or above the preemptor's share, the gang within its quota after).
 
     And no victim is within its minimum run time at the command's time, unless the
     command is a reclaim whose preemptor has waited past ``reclaim_wait_max_ms``
@@ -50,6 +54,8 @@ def _preempt(state: ClusterState, c: cmd.Preempt, now: int) -> Result:
     preemptor, victims = found
     if c.kind is PreemptionKind.PRIORITY:
         problem = _priority_problem(state, preemptor, victims)
+    elif c.kind is PreemptionKind.FAIR_SHARE:
+        problem = fair_share_problem(state, preemptor, victims, now)
     else:
         problem = _reclaim_problem(state, preemptor, victims)
     problem = problem or protection_problem(state, preemptor, c.kind, victims, now)

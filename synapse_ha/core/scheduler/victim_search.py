@@ -12,6 +12,9 @@ Who may be a victim (the kinds; ``apply`` verifies the same rules again):
   queue is taken below its nominal. The nearest first: the queues of its own cohort
   (siblings), and only if they do not do, those of the cohorts one level up (cousins,
   whose branch of the tree borrows too), and so on (:mod:`synapse_ha.core.queues.cohort_tree`).
+* ``FAIR_SHARE``: where a cohort has ``fair_sharing_preemption`` on, live gangs of borrowing
+  queues that stay at or above the gang's queue's share, and their nominal, once they have
+  lost them (:mod:`synapse_ha.core.queues.fair_preemption`); tried after a reclaim.
 
 Victims are whole gangs, never already being preempted, never placed by this pass, and
 never within their minimum run time, unless the gang reclaims and has waited past
@@ -38,9 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from synapse_ha.core.cluster_config import PreemptionKind, PreemptionMode
-from synapse_ha.core.model import Attempt, ClusterState, Job
+from synapse_ha.core.model import Attempt, ClusterState, Job, Resources
 from synapse_ha.core.queues.cohort_tree import branch
 from synapse_ha.core.queues.cohort_tree import distance as tree_distance
+from synapse_ha.core.queues.fair_preemption import FairShares
 from synapse_ha.core.queues.quota import QueueUsage, gang_request
 from synapse_ha.core.queues.victim_rules import lost_gpu_ms, protected_until_ms, reclaim_overdue
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
@@ -122,6 +126,7 @@ class Rules:
         room: dict[str, int],
         quota_gap: int,
         distance: dict[str, int] | None = None,
+        fair: FairShares | None = None,
     ) -> None:
         self.kind = kind
         self.allowed = allowed
@@ -131,19 +136,29 @@ class Rules:
         self.quota_gap = quota_gap
         # RECLAIM: each victim queue's distance in the cohort tree (0: a sibling).
         self.distance = distance or {}
+        # FAIR_SHARE: the share, nominal and quota rules every victim set must pass.
+        self.fair = fair
 
     def key(self, c: Candidate) -> tuple[int, int, int, str]:
         """Candidates nearest in the cohort tree first, then cheapest first."""
         return (self.distance.get(c.queue, 0), *_sort_key(c))
 
     def admits(self, chosen: list[Candidate], extra: Candidate) -> bool:
+        if self.fair is not None:
+            return not self.fair.problem(_taken([*chosen, extra]))
         if extra.queue not in self.room:
             return True
         taken = sum(v.gpus for v in chosen if v.queue == extra.queue) + extra.gpus
         return taken <= self.room[extra.queue]
 
     def quota_met(self, chosen: list[Candidate]) -> bool:
+        if self.fair is not None:
+            return not self.fair.quota_problem(_taken(chosen))
         return sum(v.gpus for v in chosen) >= self.quota_gap
+
+
+def _taken(victims: list[Candidate]) -> list[tuple[str, Resources]]:
+    return [(v.queue, gang_request(v.job.spec)) for v in victims]
 
 
 def rules_for(
@@ -194,6 +209,18 @@ def rules_for(
         for level in sorted({distance[c.queue] for c in allowed}):
             near = [c for c in allowed if distance[c.queue] <= level]
             out.append(Rules(PreemptionKind.RECLAIM, near, room, 0, distance))
+    fair = FairShares.for_gang(state, keeps, now_ms, spec.queue, gang_request(spec))
+    if fair is not None:
+        allowed = [
+            c
+            for c in candidates
+            if c.job_id not in claimed
+            and c.gpus > 0
+            and c.protected_until_ms <= now_ms  # a reclaim's overdue exception is not its
+            and not fair.open_to(c.queue)
+        ]
+        if allowed:
+            out.append(Rules(PreemptionKind.FAIR_SHARE, allowed, {}, 0, fair=fair))
     return out
 
 
