@@ -115,6 +115,9 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``batch-twice`` / ``step-outlived`` / ``step-task-twice``
     sbatch jobs (:mod:`chaos.step_rules`): the batch script ran at most once per attempt,
     no step task outlived its attempt's lease, no two copies of a (step, task) at once.
+``slow-node-unmarked`` / ``healthy-node-degraded`` / ``degraded-bind``
+    Slow nodes (:mod:`chaos.slow_rules`, read from the run directory): a throttled node
+    was marked ``degraded``, no other node was, and nothing was bound to a marked node.
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ from chaos import (
     node_rules,
     rejoin_rules,
     replace_rules,
+    slow_rules,
     step_rules,
 )
 from chaos.history import (
@@ -180,7 +184,9 @@ __all__ = [
 
 
 def check_run(run_dir: Path) -> list[Violation]:
-    return check_history(load_history(run_dir)) + rejoin_rules.check_run_dir(run_dir)
+    history = load_history(run_dir)
+    slow = slow_rules.check_run_dir(run_dir, history, _final_state(history)[0])
+    return check_history(history) + rejoin_rules.check_run_dir(run_dir) + slow
 
 
 # --------------------------------------------------------------------- checking

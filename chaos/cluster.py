@@ -24,8 +24,8 @@ import grpc
 
 from chaos import hosts, ledger, net
 from chaos.members_seen import SeenMembers
-from chaos.nemesis import FaultTimeouts, Step
-from chaos.workload import WorkloadConfig, write_config
+from chaos.nemesis import SLOW_NODE_WINDOW_S, FaultTimeouts, Step
+from chaos.workload import PACED_SHARE, WorkloadConfig, write_config
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.cluster_config import MAX_REQUEUES_LIMIT
 from synapse_ha.core.membership import ReplicaRole
@@ -124,6 +124,7 @@ class ScenarioConfig:
     sbatch_share: float = SBATCH_SHARE
     replace_share: float = REPLACE_SHARE
     elastic_share: float = ELASTIC_SHARE
+    paced_share: float = PACED_SHARE  # paced gangs (chaos/workload.py, chaos/slowfaults.py)
     # Followers terminate the workers' heartbeat streams (docs/relay.md).
     relay_heartbeats: bool = False
 
@@ -247,6 +248,7 @@ class ChaosCluster:
                     *PRIORITY_CLASSES,
                     f"--max-requeues={max_requeues(cfg.steps)}",
                     f"--unfit-backoff={_duration_flag(UNFIT_BACKOFF_S)}",
+                    f"--slow-node-window={_duration_flag(SLOW_NODE_WINDOW_S)}",
                     *(["--relay-heartbeats"] if cfg.relay_heartbeats else []),
                 ],
                 log_path=run_dir / f"{h.name}.log",
@@ -396,6 +398,7 @@ class ChaosCluster:
                 replace_share=self.cfg.replace_share,
                 elastic_share=self.cfg.elastic_share,
                 elastic_memory_mib=ELASTIC_MEMORY_MIB,
+                paced_share=self.cfg.paced_share,
                 replace_cpu_milli=REPLACE_CPU_MILLI,
                 steps=str(self.dir / ledger.STEPS),
             ),

@@ -20,6 +20,12 @@ still ran. A member of a gang with ``on_node_failure: replace`` (the workload se
 its next heartbeat. A member of an elastic gang (``CHAOS_ELASTIC=<min>:<max>``) names
 its gang's range in its records (``elastic``) and commits with a world of ``min``: the
 gang's output is whole once its ranks ``0..min-1`` committed, whatever it grew to.
+
+A member of a paced gang (``CHAOS_PACE=1``, chaos/slowfaults.py) "trains" in steps, each
+a fixed amount of CPU work (:data:`PACE_WORK`) and a rest (the wait for the others at the
+collective), and appends a pace line to ``$SYNAPSE_PROGRESS_FILE`` every
+:data:`PACE_LINE_S`: the median of its own time per step (the work, timed on the wall
+clock) since the line before (docs/slow-nodes.md). Its records say ``paced``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,16 @@ MEMBERSHIP_FILE_ENV = "SYNAPSE_MEMBERSHIP_FILE"
 REPLACE_ENV = "CHAOS_REPLACE"
 # Set by the workload for its elastic gangs: ``<min>:<max>``.
 ELASTIC_ENV = "CHAOS_ELASTIC"
+# Set by the workload (and the slow-node kind) for its paced gangs.
+PACE_ENV = "CHAOS_PACE"
+# A paced step: this many iterations of arithmetic (about 2 ms of one of the suite's
+# cores), then a rest, so that a member takes a few percent of a core; a pace line with
+# the median of the steps' own times this often (by time, not by steps: a throttled
+# member writes about as many lines as the others, so the worker's median over the
+# member's lines turns once it has been slow for as long as it was fast).
+PACE_WORK = 40_000
+PACE_REST_S = 0.038
+PACE_LINE_S = 0.25
 
 
 def identity() -> dict[str, Any]:
@@ -65,6 +81,7 @@ def identity() -> dict[str, Any]:
         "generation": int(os.environ.get(GENERATION_ENV, "") or 0),
         "replace": os.environ.get(REPLACE_ENV, "") == "1",
         **({"elastic": os.environ[ELASTIC_ENV]} if os.environ.get(ELASTIC_ENV) else {}),
+        **({"paced": True} if os.environ.get(PACE_ENV) == "1" else {}),
     }
 
 
@@ -108,6 +125,42 @@ def ask_sink(address: str, request: dict[str, Any], timeout_s: float = 2.0) -> d
     if not isinstance(answer, dict):
         raise ValueError("bad sink answer")
     return answer
+
+
+class Pacer:
+    """A paced member's steps and pace lines (see the module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.step = 0
+        self.times: list[float] = []  # own times (ms) since the last line
+        self.next_line = time.monotonic() + PACE_LINE_S
+
+    def run_until(self, until: float) -> None:
+        """Step until ``until`` (monotonic seconds)."""
+        while time.monotonic() < until:
+            started = time.perf_counter()
+            total = 0
+            for i in range(PACE_WORK):
+                total += i * i
+            self.times.append((time.perf_counter() - started) * 1000)
+            self.step += 1
+            if time.monotonic() >= self.next_line:
+                self.write_line()
+            time.sleep(max(0.0, min(PACE_REST_S, until - time.monotonic())))
+
+    def write_line(self) -> None:
+        times = sorted(self.times)
+        line = {"step": self.step, "step_ms": round(max(times[(len(times) - 1) // 2], 0.001), 3)}
+        self.times.clear()
+        self.next_line = time.monotonic() + PACE_LINE_S
+        if not self.path:
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
 
 
 def preempt_notice() -> dict[str, Any] | None:
@@ -161,8 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError):
             time.sleep(0.1)
     end_at = time.monotonic() + duration_ms / 1000
+    paced = os.environ.get(PACE_ENV) == "1"
+    pacer = Pacer(os.environ.get("SYNAPSE_PROGRESS_FILE", "")) if paced else None
     while time.monotonic() < end_at:
-        time.sleep(min(HEARTBEAT_S, max(0.0, end_at - time.monotonic())))
+        if pacer is None:
+            time.sleep(min(HEARTBEAT_S, max(0.0, end_at - time.monotonic())))
+        else:
+            pacer.run_until(min(end_at, time.monotonic() + HEARTBEAT_S))
         record("heartbeat")
         if told:
             record("membership", told_ns=told[-1], **membership_now())

@@ -1,8 +1,8 @@
 """What the observer knows of each member from the ledger as it is written: where it runs,
-its GPUs, whether its gang asked for member replacement or is elastic, and which ranks
-were placed again (a newer generation started). The replacement and elastic kinds aim
-with it (:mod:`chaos.replacefaults`, :mod:`chaos.elasticfaults`), and a freeze waits with
-it for a frozen rank's replacement.
+its GPUs, whether its gang asked for member replacement, is elastic or paced, its process,
+and which ranks were placed again (a newer generation started). The replacement, elastic
+and slow-node kinds aim with it (:mod:`chaos.replacefaults`, :mod:`chaos.elasticfaults`,
+:mod:`chaos.slowfaults`), and a freeze waits with it for a frozen rank's replacement.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ class SeenMember:
     ended: bool = False  # it committed its effect or was stopped (effect, end, term)
     until_ns: int = 0  # when it planned to end its work, as its start record said
     elastic: str = ""  # its gang's "<min>:<max>" when elastic (chaos/elasticfaults.py)
+    paced: bool = False  # it reports its pace (chaos/slowfaults.py)
+    started_ns: int = 0  # its start record's time
+    process: tuple[int, int, int] = (0, 0, 0)  # its pid, PID namespace and start ticks
 
 
 @dataclass(slots=True)
@@ -47,6 +50,13 @@ class SeenMembers:
             seen.replace = bool(record.get("replace"))
             seen.until_ns = int(str(record.get("until_ns", 0)))
             seen.elastic = str(record.get("elastic", ""))
+            seen.paced = bool(record.get("paced"))
+            seen.started_ns = at
+            seen.process = (
+                int(str(record.get("pid", 0))),
+                int(str(record.get("pid_ns", 0))),
+                int(str(record.get("start_ticks", 0))),
+            )
             key = (job, token, rank)
             self.newest_generation[key] = max(self.newest_generation.get(key, 0), gen)
 

@@ -59,6 +59,13 @@ REPLACE_FAULTS = (KILL_REPLACE_WORKER, GPU_XID_REPLACE)
 ELASTIC_GROW = "elastic-grow"
 ELASTIC_SHRINK = "elastic-shrink"
 ELASTIC_FAULTS = (ELASTIC_GROW, ELASTIC_SHRINK)
+# A slow node (chaos/slowfaults.py): the CPU of one member of a paced gang is throttled
+# until the leader marks its node degraded; then it is let go and the node uncordoned.
+SLOW_NODE = "slow-node"
+# The chaos cluster's slow-node window (synapse-scheduler --slow-node-window): a few
+# seconds, so that a node slow from its gang's start is marked (three windows) within
+# about ten.
+SLOW_NODE_WINDOW_S = 2.0
 # The kinds of node health, which ``soak --kinds`` can play alone.
 HEALTH_FAULTS = (GPU_XID, NODE_CANNOT_RUN)
 HOST_FAULTS = (
@@ -96,6 +103,7 @@ ALL_FAULTS = (
     CUT_RELAY,
     *REPLACE_FAULTS,
     *ELASTIC_FAULTS,
+    SLOW_NODE,
 )
 
 # Lanes: a soak can play several schedules at once (Jepsen's composed nemeses), one per
@@ -184,6 +192,9 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         # schedule's time counts it (the fault then waits a little more, bounded).
         ELASTIC_GROW: (5.0, 7.0),
         ELASTIC_SHRINK: (5.0, 7.0),
+        # The throttle lasts at least this long; the fault then waits for the mark
+        # (bounded, chaos/slowfaults.py), so that the schedule's time counts most of it.
+        SLOW_NODE: (6.0, 7.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

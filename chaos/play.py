@@ -25,6 +25,7 @@ from chaos import (
     nodefaults,
     rejoin_rules,
     replacefaults,
+    slowfaults,
 )
 from chaos.cluster import ChaosCluster
 from chaos.nemesis import Step
@@ -178,6 +179,9 @@ class Nemesis:
         elif step.kind in nemesis.ELASTIC_FAULTS:
             found_elastic = elasticfaults.play(c, step.kind, step.index, step.pick, extra)
             targets, detail, self._watch, heal, hold = found_elastic
+        elif step.kind == nemesis.SLOW_NODE:
+            found_slow = slowfaults.play(c, step.index, step.pick, extra)
+            targets, detail, self._watch, heal, hold = found_slow
         elif step.kind == nemesis.REJOIN:
             targets, detail, heal = rejoin_rules.play_rejoin(c, rng, self.owner)
         elif step.kind in nemesis.HOST_FAULTS:

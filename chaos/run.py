@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from chaos import gpufaults, hosts, ledger, nemesis, net, nodefaults
+from chaos import gpufaults, hosts, ledger, nemesis, net, nodefaults, slowfaults
 from chaos.checker import Violation, check_run
 from chaos.cluster import ChaosCluster, InsecureCluster, ScenarioConfig, SinkFailed
 from chaos.history import JOB_HISTORY
@@ -101,8 +101,11 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
     meta["lanes"] = lanes
     players = [Nemesis(cluster, lane, lanes) for lane in range(lanes)]
     played = [0] * lanes
+    marks: slowfaults.MarkWatch | None = None  # every degraded mark, for the checker
     try:
         cluster.start()
+        marks = slowfaults.MarkWatch(cluster)
+        marks.start()
         meta["start_ns"] = ledger.now_ns()
         play_lanes(players, cfg.steps, played)
         (run_dir / "stop-workload").touch()
@@ -127,11 +130,14 @@ def run_scenario(cfg: ScenarioConfig, out_dir: Path, backends: net.Backends) -> 
         log.error("scenario %s seed %d aborted: %s", cfg.name, cfg.seed, error)
     finally:
         faults = sum(played)
+        if marks is not None:
+            marks.stop()
         for player in players:
             player.close()
         cluster.close()
         net.sweep()
         hosts.sweep_cgroups()
+        slowfaults.sweep()
         hosts.sweep_disks(run_dir)
     meta["end_ns"] = ledger.now_ns()
     meta["error"] = error

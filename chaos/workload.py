@@ -60,6 +60,13 @@ Their members get ``CHAOS_ELASTIC=<min>:<max>`` (so their records say so, and th
 elastic kinds aim with it, chaos/elasticfaults.py) and commit with a world of ``min``:
 the output of an elastic gang is whole once ranks ``0..min-1`` of one attempt committed,
 whatever it grew to. Their submission records carry ``elastic: [min, max]``.
+
+With ``paced_share`` set, that share of the remaining single gangs are paced
+(:func:`paced_spec`): :data:`PACED_SIZE` members of one GPU each, each asking
+``replace_cpu_milli`` of a node's CPUs (so that they run on different nodes), running for
+:data:`PACED_MS` and reporting their pace (``CHAOS_PACE=1``, chaos/member.py): the
+``slow-node`` kind throttles one of them (chaos/slowfaults.py), and the others are the
+healthy nodes no slow-node mark may name. They take :data:`PACED_SLOTS` submission slots.
 """
 
 from __future__ import annotations
@@ -138,6 +145,9 @@ class WorkloadConfig:
     # What each member of those gangs asks of a node's memory (0: as every member): the
     # cluster asks for more than half a worker's, so that no two share a node.
     elastic_memory_mib: int = 0
+    # The share of the other single gangs (not replace, not elastic) that are paced (0:
+    # none; as for arrays, nothing is drawn then).
+    paced_share: float = 0.0
 
     def transport(self) -> Transport:
         if not (self.tls_ca and self.tls_cert and self.tls_key):
@@ -238,6 +248,38 @@ def elastic_policy(cfg: WorkloadConfig, rng: random.Random) -> tuple[int, int] |
         return None
     most = rng.choice(ELASTIC_MAX)
     return rng.choice([m for m in ELASTIC_MIN if m < most]), most
+
+
+# The share of the other single gangs the chaos cluster's workload paces.
+PACED_SHARE = 0.1
+# A paced gang: its members run on different nodes and long enough for the leader to
+# weigh three windows of their pace (the chaos cluster's are a few seconds, see
+# chaos.nemesis.SLOW_NODE_WINDOW_S) and mark the node of a throttled one.
+PACED_SIZE = 2
+PACED_MS = 13_000
+PACED_SLOTS = 3
+PACE_ENV = "CHAOS_PACE"  # chaos/member.py
+
+
+def paced_spec(
+    name: str, python: str, pythonpath: str, ledger: str, sink: str, cpu_milli: int
+) -> pb.JobSpec:
+    """A paced gang (see the module docstring), of the default queue and class."""
+    member = [python, "-m", "chaos.member", ledger, sink, str(PACED_MS)]
+    return pb.JobSpec(
+        name=name,
+        replicas=PACED_SIZE,
+        resources=pb.Resources(cpu_milli=cpu_milli or 500, memory_mib=256, gpu=1),
+        argv=pb.CommandArgs(args=member),
+        env=[pb.EnvVar(name="PYTHONPATH", value=pythonpath), pb.EnvVar(name=PACE_ENV, value="1")],
+        retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
+    )
+
+
+def is_paced(cfg: WorkloadConfig, rng: random.Random) -> bool:
+    """Whether the next single gang is paced (drawn at ``paced_share``; nothing is drawn
+    when it is 0)."""
+    return bool(cfg.paced_share) and rng.random() < cfg.paced_share
 
 
 def job_spec(cfg: WorkloadConfig, rng: random.Random, index: int, after: str = "") -> pb.JobSpec:
@@ -378,6 +420,8 @@ def submit_one(
         base["replace"] = True
     if spec.HasField("elastic"):
         base["elastic"] = [spec.elastic.min_replicas, spec.replicas]
+    if any(e.name == PACE_ENV and e.value == "1" for e in spec.env):
+        base["paced"] = True
     out.append({"type": "begin", **base, "mono_ns": now_ns()})
     try:
         answer = client.submit_job(spec, request_id=request_id, timeout_s=timeout_s)
@@ -413,13 +457,23 @@ def run(cfg: WorkloadConfig) -> int:
         newest = ""  # the newest job acknowledged
         while not stop.exists():
             sbatch = is_sbatch(cfg, rng)
-            spec = sbatch_spec(cfg, rng, index) if sbatch else job_spec(cfg, rng, index, newest)
+            paced = not sbatch and is_paced(cfg, rng)
+            if paced:
+                name = f"chaos-{cfg.seed}-{index}"
+                args = (cfg.python, cfg.pythonpath, cfg.ledger, cfg.sink, cfg.replace_cpu_milli)
+                spec = paced_spec(name, *args)
+            elif sbatch:
+                spec = sbatch_spec(cfg, rng, index)
+            else:
+                spec = job_spec(cfg, rng, index, newest)
             outcome, job_id = submit_one(client, spec, out, cfg.submit_timeout_s, sbatch)
             newest = job_id or newest
             counts[outcome] = counts.get(outcome, 0) + 1
             index += 1
             slots = (
-                SBATCH_SLOTS
+                PACED_SLOTS
+                if paced
+                else SBATCH_SLOTS
                 if sbatch
                 else REPLACE_SLOTS
                 if spec.HasField("replace")
