@@ -48,6 +48,7 @@ _PENDING_REASONS = {
     "array_throttle": "JobArrayTaskLimit", "waiting_for_nodes": "ReqNodeNotAvail",
     "waiting_for_victims": "Resources", "preempting": "Resources",
     "waiting_stop_confirmed": "Resources", "waiting_min_runtime": "Resources",
+    "starts_without_preempting": "Resources",
 }  # fmt: skip
 
 

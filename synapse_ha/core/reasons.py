@@ -77,6 +77,9 @@ class ReasonCode(enum.StrEnum):
     WAITING_FOR_PREEMPTOR = "waiting_for_preemptor"  # preemptor, until_ms
     # count, kind, until_ms: from when it may preempt them (core/queues/victim_rules.py)
     WAITING_MIN_RUNTIME = "waiting_min_runtime"
+    # start_ms, jobs, count, grace_ms, until_ms: it starts by then without preempting
+    # (core/scheduler/pass_preemptions.py), and may preempt from until_ms on
+    STARTS_WITHOUT_PREEMPTING = "starts_without_preempting"
     # -- dependencies (core/workflows/dependencies.py)
     DEPENDENCY = "dependency"  # waiting (what it waits for, as text), count
     DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"  # job, kind, state
@@ -142,6 +145,7 @@ WAIT_CODES = frozenset(
         ReasonCode.WAITING_FOR_VICTIMS,
         ReasonCode.WAITING_FOR_PREEMPTOR,
         ReasonCode.WAITING_MIN_RUNTIME,
+        ReasonCode.STARTS_WITHOUT_PREEMPTING,
         ReasonCode.WAITING_FOR_NODES,
         ReasonCode.WAITING_MEMBER_CAP,
     }
@@ -519,6 +523,12 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"no room yet: {r.num('count')} gang(s) it may preempt ({_kind(r)}) are within "
         f"their minimum run time; it may preempt from {time_text(r.num('until_ms'))} on, "
         "if it still needs to"
+    ),
+    ReasonCode.STARTS_WITHOUT_PREEMPTING: lambda r: (
+        f"no room yet; it starts by ~{time_text(r.num('start_ms'))}, when {r.text('jobs')} "
+        f"end(s) (their time limits or estimates), which is no later than gangs preempted "
+        f"for it would stop (a grace of {_seconds(r.num('grace_ms'))}), so it preempts "
+        f"nobody; should they run on, it may preempt from {time_text(r.num('until_ms'))}"
     ),
     ReasonCode.DEPENDENCY: lambda r: f"waiting for {r.text('waiting')}",
     ReasonCode.BEGIN_TIME: lambda r: f"not considered before {time_text(r.num('at_ms'))} (begin)",

@@ -4,19 +4,28 @@ A gang that preempted others keeps a claim until it is placed: the free GPUs it 
 are held from later gangs while its victims stop (:func:`hold`), and each victim leaves
 what it freed to it for :data:`CLAIM_WINDOW_MS`. :class:`Preempting` chooses the victims
 of one pass (the rules and the search are :mod:`.victim_search`'s), bounded per pass.
+
+A gang that waits for room only (its queue's quota admits it) preempts only when that
+makes it start sooner: when the gangs estimated to end (time limits, learned or default
+estimates: :func:`.reservation.start_by`) free its room no later than its victims would
+stop, the longest of their graces from now, it preempts nobody and says so
+(``STARTS_WITHOUT_PREEMPTING``), and may preempt once that start has passed. Such a start
+counts only on nodes no other gang of the pass has a reservation or such a start on.
 """
 
 from __future__ import annotations
 
 from synapse_ha.core.cluster_config import PreemptionKind
+from synapse_ha.core.codec.formats import NEW_ENUM_VALUES
 from synapse_ha.core.commands import Victim
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
-from synapse_ha.core.queues.quota import QueueUsage, gang_request
+from synapse_ha.core.queues.quota import QueueUsage, gang_request, grace_ms
 from synapse_ha.core.queues.victim_rules import reclaim_due_ms
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.scheduler.capacity import Table, View
 from synapse_ha.core.scheduler.placement import Gang, members_for
-from synapse_ha.core.scheduler.plan import Preemption
+from synapse_ha.core.scheduler.plan import Preemption, Reservation
+from synapse_ha.core.scheduler.reservation import Running, running_gangs, start_by
 from synapse_ha.core.scheduler.victim_search import (
     MAX_TRIALS_PER_PASS,
     Budget,
@@ -108,6 +117,9 @@ def hold(
 # its last member stopped; past it the gang may be placed anywhere again.
 CLAIM_WINDOW_MS = 60_000
 MAX_SEARCHES = 32  # preemption searches per pass; the rest wait for the next pass
+# From this format on every replica reads the reason of a gang that starts without
+# preempting; below it, gangs preempt as they did.
+STARTS_FORMAT = NEW_ENUM_VALUES[ReasonCode.STARTS_WITHOUT_PREEMPTING]
 
 
 class Preempting:
@@ -133,6 +145,8 @@ class Preempting:
         # are what it waits for. ``waiting_on``: that reason for the gang just tried.
         self.protected: dict[tuple[object, ...], Reason | None] = {}
         self.waiting_on: Reason | None = None
+        self.running: dict[str, Running] | None = None  # live gangs, with estimated ends
+        self.promised: list[Reservation] = []  # starts without preempting, this pass
 
     def _keeps(self) -> QueueUsage:
         if self.keeps is None:
@@ -159,8 +173,13 @@ class Preempting:
         view: View,
         depths: list[int],
         usage: QueueUsage | None,
+        *,
+        room: bool = False,
+        reserved: Reservation | None = None,
     ) -> Preemption | None:
-        """Choose victims for ``gang`` and keep its claim, or None."""
+        """Choose victims for ``gang`` and keep its claim, or None. ``room``: the gang
+        waits for room only, so it preempts only if that makes it start sooner (module
+        doc); ``reserved``: the pass's reservation, whose nodes it does not count on."""
         spec = gang.spec
         req = spec.resources
         key = (  # plain ints rather than the Resources value: no Python code to hash
@@ -202,6 +221,8 @@ class Preempting:
             if choice is None:
                 continue
             victims = list(choice.victims)
+            if room and self._starts_anyway(gang, view, depths, victims, reserved):
+                return None
             self.claimed.update(v.job_id for v in victims)
             self.victims[gang.job.job_id] = victims
             # As apply sees the next preemption: these victims leave, this gang takes.
@@ -223,6 +244,47 @@ class Preempting:
             )
         self._fail(key, gang, usage)
         return None
+
+    def _starts_anyway(
+        self,
+        gang: Gang,
+        view: View,
+        depths: list[int],
+        victims: list[Candidate],
+        reserved: Reservation | None,
+    ) -> bool:
+        """Whether ``gang`` starts without preempting ``victims`` no later than they
+        would stop; if so, its start is kept from later gangs of the pass (its nodes,
+        and the gangs it waits for as victims), and ``waiting_on`` says why it waits,
+        naming the last of those to end, until just after that start."""
+        state = self.state
+        if state.format_floor < STARTS_FORMAT:
+            return False
+        grace = max(grace_ms(state.config, v.job.spec) for v in victims)
+        if self.running is None:
+            # Gangs placed by this pass are left out: they keep their capacity here.
+            self.running = running_gangs(state, {})
+        found = start_by(gang, view, depths, self.running, self.now_ms, self.now_ms + grace)
+        if found is None:
+            return False
+        made, waits = found
+        if any(r.nodes & made.nodes for r in (reserved, *self.promised) if r is not None):
+            return False
+        assert made.start_ms is not None
+        self.promised.append(made)
+        self.claimed.update(waits)  # what it waits for is no later gang's victim
+        last = max(waits.values())
+        named = sorted(job_id for job_id, end in waits.items() if end == last)
+        shown = ", ".join(named[:_NAMED]) + (", ..." if len(named) > _NAMED else "")
+        self.waiting_on = reason(
+            ReasonCode.STARTS_WITHOUT_PREEMPTING,
+            start_ms=made.start_ms,
+            jobs=shown,
+            count=len(named),
+            grace_ms=grace,
+            until_ms=made.start_ms + 1,
+        )
+        return True
 
     def _rules(self, gang: Gang, usage: QueueUsage | None, at_ms: int) -> list[Rules]:
         """The kinds of preemption open to ``gang`` at ``at_ms`` (:func:`rules_for`)."""
@@ -250,6 +312,9 @@ class Preempting:
             kind=kind.value if kind is not None else None,
             until_ms=until,
         )
+
+
+_NAMED = 3  # gangs a reason names; it counts them all
 
 
 def victims_of(preempt: Preempting | None, chosen: Preemption) -> list[Candidate]:

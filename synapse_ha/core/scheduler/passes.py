@@ -553,7 +553,10 @@ class _Pass:
     def _preempt(self, gang: Gang, depths: list[int]) -> bool:
         """Victims for a gang that found no room; whether there were."""
         assert self.preempt is not None
-        chosen = self.preempt.try_for(gang, self.table, self.view, depths, self.usage)
+        made = self.plan.reservation  # its nodes are not counted on to start without victims
+        chosen = self.preempt.try_for(
+            gang, self.table, self.view, depths, self.usage, room=True, reserved=made
+        )
         if chosen is None:
             return False
         self.plan.preemptions.append(chosen)

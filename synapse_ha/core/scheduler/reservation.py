@@ -151,6 +151,40 @@ def reserve(
     return Reservation(gang.job.job_id, None, frozenset(h for h, _ in hosts))
 
 
+def start_by(
+    gang: Gang,
+    view: View,
+    depths: list[int],
+    running: dict[str, Running],
+    now_ms: int,
+    by_ms: int,
+) -> tuple[Reservation, dict[str, int]] | None:
+    """When ``gang`` starts without preempting anyone, if that is by ``by_ms``: the
+    reservation :func:`reserve` makes counting only the gangs estimated to end from
+    ``now_ms`` to ``by_ms`` (an end already past is not counted on: that gang runs late),
+    and the gangs it waits for, with their ends: those on its nodes that end by its
+    start (else those ending at its start). None when the estimates say it does not
+    start by then. The table is left unchanged."""
+    ends = {
+        job_id: end
+        for job_id, r in running.items()
+        if (end := r.end_ms) is not None and now_ms <= end <= by_ms
+    }
+    if not ends:
+        return None
+    # Every gang counted has an end, so reserve never asks for the empty cluster.
+    made = reserve(gang, view, depths, {j: running[j] for j in ends}, lambda: view)
+    if made is None or made.start_ms is None:
+        return None
+    start = made.start_ms
+    waits = {
+        job_id: end
+        for job_id, end in ends.items()
+        if end <= start and any(m.node_id in made.nodes for m in running[job_id].members)
+    }
+    return made, waits or {job_id: end for job_id, end in ends.items() if end == start}
+
+
 def _domain_bound(view: View, node: NodeFree, domain: Domain, req: Resources) -> list[int]:
     """[gpu, cpu, mem, members of ``req`` its free GPUs could hold] for ``domain``."""
     if len(domain) > view.levels:  # a single host
