@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from chaos import elasticfaults, hosts, ledger, membership, nemesis, net
+from chaos import elasticfaults, hosts, ledger, membership, nemesis, net, slowfaults
 from chaos.checker import History, Violation, check_run
 from chaos.cluster import REPO, SUBMIT_INTERVAL_S, ScenarioConfig
 from chaos.history import load_steps
@@ -326,6 +326,39 @@ def summary_line(results: list[ScenarioResult], skipped: list[str], seconds: flo
     )
 
 
+def write_summary(
+    out: Path, results: list[ScenarioResult], skipped: list[str], line: str, duration_s: float
+) -> None:
+    """``summary.json`` of a run or soak, and its summary line; what kinds found nothing
+    to act on, on stderr."""
+    real = [r for r in results if not r.expect_violations]
+    # An elastic kind that never made a gang grow or shrink tested nothing of it: said and
+    # recorded. Not a failure: whether a fault finds a gang to resize depends on what the
+    # random workload runs then (one of three elastic-shrink faults resized one, in CI).
+    unchanged = elasticfaults.unchanged_kinds([r.run_dir / ledger.FAULTS for r in results])
+    # Likewise a slow-node fault that found no paced gang to throttle (chaos/slowfaults.py).
+    unfound = slowfaults.unfound([r.run_dir / ledger.FAULTS for r in results])
+    summary = {
+        "faults": sum(r.faults for r in results),
+        "jobs": sum(r.jobs for r in real),
+        "violations": sum(len(r.violations) for r in real),
+        "skipped_kinds": skipped,
+        "elastic_unchanged": unchanged,
+        "slow_unfound": unfound,
+        "line": line,
+    }
+    (out / "summary.json").write_text(
+        json.dumps({**summary, "scenarios": [describe(r, duration_s) for r in results]}, indent=2)
+        + "\n",
+        encoding="utf-8",
+    )
+    print(line, flush=True)
+    for text in unchanged:
+        print(f"chaos: {text}: the kind never made an elastic gang resize", file=sys.stderr)
+    for text in unfound:
+        print(f"chaos: {text}: nothing throttled, nothing marked", file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """The machine lock is taken per scenario, so that a long soak lets other runs take
     turns with it instead of making them wait for hours."""
@@ -382,29 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.command == "soak":
             print(summary_line(results, skipped, time.monotonic() - began), flush=True)
     line = summary_line(results, skipped, time.monotonic() - began)
-    real = [r for r in results if not r.expect_violations]
-    # An elastic kind that never made a gang grow or shrink tested nothing of it: said and
-    # recorded. Not a failure: whether a fault finds a gang to resize depends on what the
-    # random workload runs then (one of three elastic-shrink faults resized one, in CI).
-    unchanged = elasticfaults.unchanged_kinds([r.run_dir / ledger.FAULTS for r in results])
-    summary = {
-        "faults": sum(r.faults for r in results),
-        "jobs": sum(r.jobs for r in real),
-        "violations": sum(len(r.violations) for r in real),
-        "skipped_kinds": skipped,
-        "elastic_unchanged": unchanged,
-        "line": line,
-    }
-    (out / "summary.json").write_text(
-        json.dumps(
-            {**summary, "scenarios": [describe(r, args.duration) for r in results]}, indent=2
-        )
-        + "\n",
-        encoding="utf-8",
-    )
-    print(line, flush=True)
-    for text in unchanged:
-        print(f"chaos: {text}: the kind never made an elastic gang resize", file=sys.stderr)
+    write_summary(out, results, skipped, line, args.duration)
     return 1 if failed else 0
 
 

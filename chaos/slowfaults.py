@@ -393,3 +393,17 @@ class MarkWatch:
         with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
             self.look()
         self.out.close()
+
+
+def unfound(fault_files: list[Path]) -> list[str]:
+    """A sentence when ``slow-node`` faults of these ``faults.jsonl`` files found no paced
+    gang to throttle (said and recorded, as an elastic kind that resized nothing is)."""
+    played = found = 0
+    for path in fault_files:
+        for r in ledger.read_records(path) if path.exists() else []:
+            if r.get("kind") == KIND:
+                played += 1
+                found += bool(r.get("slow_found"))
+    if played == found:
+        return []
+    return [f"{KIND}: {played - found} of {played} faults found no paced gang"]

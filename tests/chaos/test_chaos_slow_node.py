@@ -218,3 +218,13 @@ def test_the_rules_over_a_saved_run(tmp_path: Path) -> None:
 def test_a_clean_run_breaks_no_rule(marks: list[Mark]) -> None:
     assert check_marks(marks, [THROTTLE]) == []
     assert check_binds(marks, [THROTTLE], [("job-1", 3, "admin", 49_000, "w1")]) == []
+
+
+def test_faults_that_found_no_paced_gang_are_said(tmp_path: Path) -> None:
+    with ledger.Appender(tmp_path / ledger.FAULTS) as out:
+        out.append({"kind": nemesis.SLOW_NODE, "slow_found": True})
+        out.append({"kind": nemesis.SLOW_NODE, "slow_found": False})
+        out.append({"kind": nemesis.KILL_WORKER})
+    said = slowfaults.unfound([tmp_path / ledger.FAULTS, tmp_path / "absent.jsonl"])
+    assert said == ["slow-node: 1 of 2 faults found no paced gang"]
+    assert slowfaults.unfound([tmp_path / "absent.jsonl"]) == []
