@@ -8,7 +8,8 @@ Parts (``--parts``, all three by default):
   instant something happens; one workload per seed.
 * ``multi-tenant``: ``synapse_ha.sim.tenants.multi_tenant`` (``--hours`` of arrivals on
   ``--hosts`` 8-GPU hosts, four queues of 64 GPUs) under ours with preemption off,
-  blind and topology, and the two baselines, a pass every 0.5 s; one workload per seed.
+  blind and topology, topology with fair-sharing preemption on in the cohort (``fair``),
+  and the two baselines, a pass every 0.5 s; one workload per seed.
 * ``trace``: ``--trace-file``, a trace in the simulator's format, on ``--trace-hosts``
   8-GPU hosts; without it, the Alibaba openb v2023 trace (``--openb``) converted as
   ``synapse-sim --workload openb --write-trace`` converts it, on one in ``--openb-every``
@@ -17,9 +18,10 @@ Parts (``--parts``, all three by default):
 
 Per workload and policy, the table holds the queueing delay (mean, p50, p95), the
 longest wait of a gang of 64 GPUs or more, Jain's index among backlogged queues, the
-GPU-hours lost to preemption, the quota-back p95, the share of preemptors with a topology
-placed in one rack, and the GPU allocation: the mean over ``--seeds`` seeds (1..N, default
-5) with the range. The JSON adds each policy's delay CDF, every seed's jobs pooled.
+GPU-hours lost to preemption (in all and per preemptor placed), the quota-back p95, the
+share of preemptors with a topology placed in one rack, and the GPU allocation: the mean
+over ``--seeds`` seeds (1..N, default 5) with the range. The JSON adds each policy's delay
+CDF, every seed's jobs pooled.
 
 Writes ``quality.json`` and ``quality.md`` to ``--out`` (default bench/results) and, per
 workload, seed 1's plots (``delay_cdf.png``, ``allocation.png``, ``queue.png``) to

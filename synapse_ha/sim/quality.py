@@ -3,10 +3,11 @@ headline figures of each run in one table, spread over seeds, and the delay CDFs
 
 A workload without queues runs under the simulator's policies (``ours``, ``naive``,
 ``fifo-first-fit``), planning at every instant something happens. A workload with queues
-runs ours under each preemption mode (``ours/off``, ``ours/blind``, ``ours/topology``)
-and the two baselines, which know nothing of quotas, every pass 0.5 s apart as the
-leader plans. Every figure is the simulator's own (:mod:`synapse_ha.sim.metrics`,
-:mod:`synapse_ha.sim.fairness`); this module only picks, gathers and lays them out.
+runs ours under each preemption mode (``ours/off``, ``ours/blind``, ``ours/topology``),
+with fair-sharing preemption on (``ours/fair``), and the two baselines, which know
+nothing of quotas, every pass 0.5 s apart as the leader plans. Every figure is the
+simulator's own (:mod:`synapse_ha.sim.metrics`, :mod:`synapse_ha.sim.fairness`); this
+module only picks, gathers and lays them out.
 
 The Alibaba openb v2023 trace runs as the simulator converts it
 (:func:`synapse_ha.sim.trace.openb_to_trace`: a pod is a one-member job, its queue its
@@ -66,6 +67,7 @@ FIGURES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "big_gang_max_delay_s": _big_gang_max,
     "jain_backlogged": _path("tenancy", "jain_backlogged"),
     "gpu_hours_lost": _path("tenancy", "gpu_hours_lost"),
+    "gpu_hours_lost_per_preemptor_placed": _path("tenancy", "gpu_hours_lost_per_preemptor_placed"),
     "quota_back_p95_s": _path("tenancy", "quota_back_s", "p95"),
     "preemptors_with_topology_in_one_rack": _path(
         "tenancy", "preemptors_with_topology_in_one_rack"
@@ -80,7 +82,7 @@ def run_policies(workload: Workload, config: ClusterConfig | None = None) -> lis
     base = config or ClusterConfig(retention_ms=0)
     if not workload.queues:
         return [simulate(workload, POLICIES[name](), config=base) for name in POLICIES]
-    results = run_modes(workload, config=base, pass_interval_ms=PASS_INTERVAL_MS)
+    results = run_modes(workload, config=base, pass_interval_ms=PASS_INTERVAL_MS, fair=True)
     for result in results:
         result.policy = f"ours/{result.policy}"
     for name in BASELINES:
@@ -151,6 +153,7 @@ _COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("big-gang max (s)", "big_gang_max_delay_s", lambda v: f"{v:,.0f}"),
     ("Jain", "jain_backlogged", lambda v: f"{v:.3f}"),
     ("GPU-h lost", "gpu_hours_lost", lambda v: f"{v:,.1f}"),
+    ("lost/placed", "gpu_hours_lost_per_preemptor_placed", lambda v: f"{v:,.2f}"),
     ("quota back p95 (s)", "quota_back_p95_s", lambda v: f"{v:,.0f}"),
     ("preemptors in 1 rack", "preemptors_with_topology_in_one_rack", lambda v: f"{v:.0%}"),
     ("alloc", "gpu_allocation", lambda v: f"{v:.1%}"),

@@ -4,8 +4,10 @@ targets of the preemption design evaluated on the figures.
 Modes (``ClusterConfig.preemption``): ``off`` (quotas and fair share, never preempt),
 ``blind`` (whole gangs, lowest priority and newest first until enough GPUs are free
 anywhere: the Kueue/Volcano way) and ``topology`` (the cheapest set of whole gangs that
-gives the preemptor a placement satisfying its topology). Every mode runs the real
-scheduler and ``apply``; only the configuration differs.
+gives the preemptor a placement satisfying its topology). ``fair`` is ``topology`` with
+fair-sharing preemption on in every cohort of the workload (a queue below its fair share
+takes gangs of a borrowing queue above it: :mod:`synapse_ha.core.queues.fair_preemption`).
+Every mode runs the real scheduler and ``apply``; only the configuration differs.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
+from synapse_ha.core.cluster_config import ClusterConfig, Cohort, PreemptionMode
 from synapse_ha.sim.engine import GRACE_MS, Result, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tables import Column, results_table
 from synapse_ha.sim.workload import Workload
 
 MODES = (PreemptionMode.OFF, PreemptionMode.BLIND, PreemptionMode.TOPOLOGY)
+FAIR = "fair"  # topology, with fair-sharing preemption on in every cohort
 PASS_INTERVAL_MS = 500  # the leader's scheduling period (leader.loop schedule_period_ms)
 LOSS_REDUCTION_TARGET = 0.30  # lost GPU-hours per preemptor placed, below blind's
 JAIN_TARGET = 0.95
@@ -34,21 +37,37 @@ def run_modes(
     config: ClusterConfig | None = None,
     grace_ms: int = GRACE_MS,
     pass_interval_ms: int = PASS_INTERVAL_MS,
+    fair: bool = False,
 ) -> list[Result]:
-    """``workload`` under each of ``modes``; each result's policy is the mode's name."""
+    """``workload`` under each of ``modes``, and with ``fair`` under :data:`FAIR` last;
+    each result's policy is the mode's name."""
     base = config or ClusterConfig(retention_ms=0)
+    runs: list[tuple[str, Workload, PreemptionMode]] = [(str(m), workload, m) for m in modes]
+    if fair:
+        runs.append((FAIR, with_fair_sharing(workload), PreemptionMode.TOPOLOGY))
     results = []
-    for mode in modes:
+    for name, load, mode in runs:
         result = simulate(
-            workload,
+            load,
             Ours(),
             config=replace(base, preemption=mode),
             grace_ms=grace_ms,
             pass_interval_ms=pass_interval_ms,
         )
-        result.policy = str(mode)
+        result.policy = name
         results.append(result)
     return results
+
+
+def with_fair_sharing(workload: Workload) -> Workload:
+    """``workload`` with ``fair_sharing_preemption`` on in every cohort: its records, and
+    a record of its own for each cohort its queues name that has none (a root, as
+    before)."""
+    records = {r.name for r in workload.cohorts}
+    named = sorted({q.cohort for q in workload.queues if q.cohort} - records)
+    cohorts = tuple(replace(r, fair_sharing_preemption=True) for r in workload.cohorts)
+    cohorts += tuple(Cohort(name, fair_sharing_preemption=True) for name in named)
+    return replace(workload, cohorts=cohorts)
 
 
 def report(
@@ -146,6 +165,15 @@ def targets(
     }
     if "off" in modes:
         out["queue_delay_vs_off"] = _delay_target(modes["off"], ours)
+    if FAIR in modes:
+        fair = modes[FAIR]
+        out["jain_fair_sharing"] = {
+            "target": f"Jain's index among backlogged queues >= {JAIN_TARGET} with "
+            f"fair-sharing preemption on",
+            "jain_topology": ours["jain_backlogged"],
+            "jain_fair": fair["jain_backlogged"],
+            "met": fair["jain_backlogged"] is not None and fair["jain_backlogged"] >= JAIN_TARGET,
+        }
     return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "quality.py"
-MODES = {"ours/off", "ours/blind", "ours/topology"}
+MODES = {"ours/off", "ours/blind", "ours/topology", "ours/fair"}
 BASELINES = {"naive", "fifo-first-fit"}
 
 
