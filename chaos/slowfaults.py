@@ -209,22 +209,44 @@ def fresh_paced(c: ChaosCluster) -> list[tuple[Member, SeenMember]]:
     )
 
 
-def visible(m: SeenMember) -> bool:
-    """Whether the member's process is the one this suite sees under its pid."""
+def host_pid(m: SeenMember, proc: Path = Path("/proc")) -> int:
+    """The member's process as this suite sees it (0: not found). A worker may start each
+    member in a PID namespace of its own (where its pid is 2): the process is the one in
+    that namespace (``ns/pid``) whose innermost pid (``NSpid``) is the member's and that
+    started when it did."""
     pid, ns, ticks = m.process
-    return pid > 0 and ns == pid_namespace() and ticks == start_ticks(pid)
+    if pid <= 0:
+        return 0
+    if ns == pid_namespace():
+        return pid if start_ticks(pid) == ticks else 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") != f"pid:[{ns}]":
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = next((x.split()[1:] for x in status.splitlines() if x.startswith("NSpid:")), [])
+        if nspid and nspid[-1] == str(pid) and start_ticks(int(entry.name)) == ticks:
+            return int(entry.name)
+    return 0
 
 
 def choose(
     c: ChaosCluster, pick: int, wait_s: float, job: str = ""
-) -> tuple[Member, SeenMember] | None:
-    """A fresh paced member (of ``job`` when given) whose process is visible here, waiting
+) -> tuple[Member, SeenMember, int] | None:
+    """A fresh paced member (of ``job`` when given) and its process as seen here, waiting
     for one up to ``wait_s``; None when none came."""
     deadline = time.monotonic() + wait_s
     while True:
-        found = [(k, m) for k, m in fresh_paced(c) if (not job or k[0] == job) and visible(m)]
+        found = [(k, m) for k, m in fresh_paced(c) if not job or k[0] == job]
         if found:
-            return found[pick % len(found)]
+            key, m = found[pick % len(found)]
+            pid = host_pid(m)
+            if pid:
+                return key, m, pid
         if time.monotonic() >= deadline:
             return None
         time.sleep(POLL_S)
@@ -275,12 +297,12 @@ def play(
         parts.insert(0, "found no paced gang")
         extra["slow_node"] = ""
         return ["none"], "; ".join(parts), lambda: None, lambda: None, lambda: "nothing to mark"
-    key, member = chosen
+    key, member, pid = chosen
     job, token, rank, _ = key
     worker = member.node
     backend: type[CpuQuota] | type[DutyCycle] = CpuQuota if not cgroup_problem() else DutyCycle
     try:
-        throttle = backend(member.process[0], f"{c.cfg.seed}-{index}")
+        throttle = backend(pid, f"{c.cfg.seed}-{index}")
     except OSError as exc:  # the member ended meanwhile
         extra.update(slow_found=False, slow_node="")
         text = f"{job}/t{token} rank {rank} could not be throttled: {exc}"
@@ -289,6 +311,7 @@ def play(
     extra.update(
         slow_node=worker,
         slow_member=f"{job}/t{token} rank {rank}",
+        slow_pid=pid,
         slow_throttle=backend.name,
         slow_started_ns=ledger.now_ns(),
         slow_marked_ns=0,

@@ -6,6 +6,7 @@ history that breaks it and passes on one that keeps it."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ import pytest
 
 from chaos import ledger, member, nemesis, slow_rules, slowfaults, workload
 from chaos.history import History
+from chaos.members_seen import SeenMember
 from chaos.slow_rules import NEVER, Mark, Throttle, check_binds, check_marks, check_unmarked
+from chaos.steptask import pid_namespace, start_ticks
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.pace import parse_pace
 
@@ -228,3 +231,20 @@ def test_faults_that_found_no_paced_gang_are_said(tmp_path: Path) -> None:
     said = slowfaults.unfound([tmp_path / ledger.FAULTS, tmp_path / "absent.jsonl"])
     assert said == ["slow-node: 1 of 2 faults found no paced gang"]
     assert slowfaults.unfound([tmp_path / "absent.jsonl"]) == []
+
+
+def test_a_members_process_is_found_in_its_own_pid_namespace(tmp_path: Path) -> None:
+    me = os.getpid()
+    ticks = start_ticks(me)
+    here = SeenMember("w1", 0, process=(me, pid_namespace(), ticks))
+    assert slowfaults.host_pid(here) == me
+    assert slowfaults.host_pid(SeenMember("w1", 0, process=(me, pid_namespace(), ticks + 1))) == 0
+    # Started by a worker in a PID namespace of its own, where it is pid 2.
+    (tmp_path / str(me) / "ns").mkdir(parents=True)
+    (tmp_path / str(me) / "ns" / "pid").symlink_to("pid:[77]")
+    (tmp_path / str(me) / "status").write_text(f"Name:\tpython\nNSpid:\t{me}\t2\n")
+    (tmp_path / "self").mkdir()
+    inside = SeenMember("w1", 0, process=(2, 77, ticks))
+    assert slowfaults.host_pid(inside, tmp_path) == me
+    assert slowfaults.host_pid(SeenMember("w1", 0, process=(2, 78, ticks)), tmp_path) == 0
+    assert slowfaults.host_pid(SeenMember("w1", 0, process=(3, 77, ticks)), tmp_path) == 0
