@@ -3,8 +3,10 @@ proposes the shrinks that give a waiting gang its room back
 (:func:`~synapse_ha.core.scheduler.elastic.plan_shrink`) or, when nobody waits for room,
 the growth of running elastic gangs
 (:func:`~synapse_ha.core.scheduler.elastic.plan_growth`); one proposal in flight at a
-time. The nodes of a gang whose membership changed are nudged to heartbeat at once, so
-its new members start and the others hear of it without waiting a heartbeat."""
+time. It also proposes the shrinks a scheduling pass chose as a preemptor's victims
+(:meth:`Elasticity.shrink_for_preemptors`). The nodes of a gang whose membership changed
+are nudged to heartbeat at once, so its new members start and the others hear of it
+without waiting a heartbeat."""
 
 from __future__ import annotations
 
@@ -55,6 +57,18 @@ class Elasticity:
         self._proposals = [self._start(growth, now_ms)]
         self._nodes = _nodes_of(state, [g.job_id for g in growth.growths], growth)
         return [f"growing {g.job_id} by {len(g.members)} member(s)" for g in growth.growths], nudge
+
+    def shrink_for_preemptors(
+        self, state: ClusterState, shrinks: list[cmd.ShrinkMembers], now_ms: int
+    ) -> list[str]:
+        """Propose the shrinks a scheduling pass chose as victims for its preemptors
+        (core/scheduler/shrink_victims.py), unless a proposal is in flight; what was
+        proposed (sentences). Their nodes are nudged once they commit."""
+        if not shrinks or self._proposals:
+            return []
+        self._proposals = [self._start(c, now_ms) for c in shrinks]
+        self._nodes = _nodes_of(state, [c.job_id for c in shrinks])
+        return [f"{c.for_job} shrinks {c.job_id} to {c.size} members" for c in shrinks]
 
 
 def _nodes_of(

@@ -538,7 +538,8 @@ class LeaderLoop:
                 self._nudger.nudge(
                     [(n, state.nodes[n].info.address) for n in nodes if n in state.nodes]
                 )
-        proposed: list[str] = []
+        # Shrinks first: apply then judges the whole victims with them taken.
+        proposed = self._elasticity.shrink_for_preemptors(state, plan.shrink_commands(), now_ms)
         for command in plan.preempt_commands(now_ms):
             if command.preemptor in self._preempts:
                 continue

@@ -133,6 +133,9 @@ def plan_growth(state: ClusterState, now_ms: int) -> cmd.GrowMembers | None:
     jobs = growable(state)
     if not jobs or waiting_for_room(state) or waiting_preemptors(state):
         return None
+    if any(j.reason is not None and j.reason.code is ReasonCode.WAITING_FOR_VICTIMS
+           for j in state.jobs.values() if j.state is JobState.PENDING):  # fmt: skip
+        return None  # its victims have stopped: the next pass places it
     usage = growth_usage(state)
     taken: dict[str, tuple[Resources, set[int]]] = {}
     growths = []

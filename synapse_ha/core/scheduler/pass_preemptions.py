@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from synapse_ha.core.cluster_config import PreemptionKind
 from synapse_ha.core.codec.formats import NEW_ENUM_VALUES
-from synapse_ha.core.commands import Victim
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.queues.quota import QueueUsage, gang_request, grace_ms
 from synapse_ha.core.queues.victim_rules import reclaim_due_ms
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
+from synapse_ha.core.scheduler import shrink_victims
 from synapse_ha.core.scheduler.capacity import Table, View
 from synapse_ha.core.scheduler.placement import Gang, members_for
 from synapse_ha.core.scheduler.plan import Preemption, Reservation
@@ -31,7 +31,6 @@ from synapse_ha.core.scheduler.victim_search import (
     Budget,
     Candidate,
     Rules,
-    choose,
     fits_with,
     live_candidates,
     protected_blockers,
@@ -68,6 +67,9 @@ def claimants(state: ClusterState) -> dict[str, list[Candidate]]:
             )
         elif job.state is JobState.PENDING:
             out.setdefault(preemptor.job_id, [])
+    # Members elastic gangs give back to a preemptor are waited for as victims are.
+    for preemptor_id, shrinking in shrink_victims.shrink_claims(state).items():
+        out.setdefault(preemptor_id, []).extend(shrinking)
     return out
 
 
@@ -134,6 +136,7 @@ class Preempting:
         self.now_ms = now_ms
         self.claims = claims
         self.candidates: list[Candidate] | None = None
+        self.shrinks: dict[str, Candidate] = {}  # elastic gangs above min, as shrinks
         self.keeps: QueueUsage | None = None
         self.claimed: set[str] = set()
         self.searches = 0
@@ -202,21 +205,15 @@ class Preempting:
             return None
         if self.candidates is None:
             self.candidates = live_candidates(self.state, self.now_ms)
+            self.shrinks = shrink_victims.shrink_candidates(self.state, self.now_ms)
         options = self._rules(gang, usage, self.now_ms)
         if not options:
             self._fail(key, gang, usage)
             return None
         self.searches += 1
         for rules in options:
-            choice = choose(
-                self.state,
-                gang,
-                table,
-                view,
-                depths,
-                rules,
-                self.state.config.preemption,
-                self.budget,
+            choice = shrink_victims.choose_with_shrinks(
+                self.state, gang, table, view, depths, rules, self.budget, self.shrinks, self.now_ms
             )
             if choice is None:
                 continue
@@ -229,19 +226,15 @@ class Preempting:
             keeps = self._keeps()
             keeps.add(spec.queue, gang_request(spec))
             for v in victims:
-                keeps.remove(v.queue, gang_request(v.job.spec))
+                keeps.remove(v.queue, shrink_victims.given_back(v))
             if usage is not None:
                 # The victims count until they stop (apply verifies binds so) and the
                 # preemptor has first claim on its queue's quota: later gangs of the
                 # pass see both.
                 usage.add(spec.queue, gang_request(spec))
             hold(table, gang, view, depths, victims, choice.hosts)
-            return Preemption(
-                gang.job.job_id,
-                gang.job.attempts_made,
-                tuple(Victim(v.job_id, v.attempt.fencing_token) for v in victims),
-                choice.kind,
-            )
+            whole, shrunk = shrink_victims.commands(gang.job.job_id, victims, self.now_ms)
+            return Preemption(gang.job.job_id, gang.job.attempts_made, whole, choice.kind, shrunk)
         self._fail(key, gang, usage)
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from synapse_ha.core.cluster_config import PreemptionKind
-from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt, Victim
+from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt, ShrinkMembers, Victim
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.reasons import Reason
 
@@ -20,12 +20,14 @@ class Reservation:
 @dataclass(frozen=True, slots=True)
 class Preemption:
     """One preemption a pass decided: ``victims`` (whole gangs, each with the fencing
-    token of its live attempt) stop so that ``preemptor`` can be placed."""
+    token of its live attempt) stop and the elastic gangs of ``shrinks`` give back their
+    top ranks so that ``preemptor`` can be placed."""
 
     preemptor: str
     attempts_made: int  # the preemptor's, as the planner saw it
     victims: tuple[Victim, ...]
     kind: PreemptionKind
+    shrinks: tuple[ShrinkMembers, ...] = ()
 
     def command(self, now_ms: int) -> Preempt:
         return Preempt(self.preemptor, self.attempts_made, self.victims, self.kind, now_ms)
@@ -46,8 +48,13 @@ class Plan:
     preemptions: list[Preemption] = field(default_factory=list)
 
     def preempt_commands(self, now_ms: int) -> list[Preempt]:
-        """One :class:`Preempt` per preemption of this plan, to propose after the bind."""
-        return [p.command(now_ms) for p in self.preemptions]
+        """One :class:`Preempt` per preemption of this plan with whole victims, to propose
+        after the bind (and after :meth:`shrink_commands`)."""
+        return [p.command(now_ms) for p in self.preemptions if p.victims]
+
+    def shrink_commands(self) -> list[ShrinkMembers]:
+        """The shrinks of this plan's preemptions, to propose after the bind."""
+        return [s for p in self.preemptions for s in p.shrinks]
 
     def command(self, now_ms: int) -> BindPlan | None:
         """The command to propose, or None when the pass changes nothing."""

@@ -66,6 +66,9 @@ class Candidate:
     queue: str
     nodes: frozenset[str]
     protected_until_ms: int = 0  # its minimum run time ends then
+    # A shrink (core/scheduler/shrink_victims.py): the members it keeps; its attempt here
+    # holds only the top ranks it gives back. 0: the whole gang.
+    shrink_to: int = 0
 
     @property
     def job_id(self) -> str:
