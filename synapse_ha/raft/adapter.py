@@ -218,9 +218,10 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         """Whether a leadership transfer (pysyncobj's ``timeout_now``) is running."""
         return bool(self.__dict__.get("_SyncObj__transferInProgress"))
 
-    def send_to(self, node: Any, message: dict[str, Any]) -> None:
-        """Send ``message`` to ``node`` over this replica's Raft transport."""
-        self.__dict__["_SyncObj__transport"].send(node, message)
+    def send_to(self, node: Any, message: dict[str, Any]) -> bool:
+        """Send ``message`` to ``node`` over this replica's Raft transport; False when
+        there is no connection to it to send on."""
+        return bool(self.__dict__["_SyncObj__transport"].send(node, message))
 
     def raft_poller(self) -> Any:
         """The poller the Raft thread waits on (a transport subscribes its descriptors)."""

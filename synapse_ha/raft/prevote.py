@@ -9,8 +9,10 @@ leader, has not heard from a leader within the shortest election timeout, the pr
 term is not below its own and the candidate's log is at least as up to date as its own
 (:func:`grant_pre_vote`); answering changes nothing on the member (term, vote, state,
 deadline). With a majority of grants, itself included, the replica's deadline is set to
-now and pysyncobj starts the real election (term + 1, ``request_vote``). Without one, the
-round lapses with the deadline: the next one is a new round, and replies to an older
+now and pysyncobj starts the real election (term + 1, ``request_vote``). A member the
+request cannot be sent to (no connection: a leader whose process ended) counts as
+refusing, so a round is lost as soon as the members it reached refuse. Without a
+majority, the round lapses with the deadline: the next one is a new round, and replies to an older
 round are ignored. A replica restarted after a long snapshot load, or a follower
 rejoining after a partition, therefore no longer deposes a healthy leader: the others
 still hear the leader and refuse.
@@ -170,6 +172,21 @@ class PreVoteState:
         outcome = current.record(
             voter, int(message["round"]), int(message["term"]), bool(message["granted"])
         )
+        return self._settle(current, outcome)
+
+    def unreachable(self, voters: list[Any]) -> str:
+        """Count ``voters`` the open round's request could not be sent to (no connection
+        to them) as refusals: they cannot answer this round. The round's outcome, or
+        :data:`STALE` without a round."""
+        current = self.round
+        if current is None:
+            return STALE
+        outcome = current.outcome()
+        for voter in voters:
+            outcome = current.record(voter, current.number, current.term, False)
+        return self._settle(current, outcome)
+
+    def _settle(self, current: PreVoteRound, outcome: str) -> str:
         if outcome == WON:
             self.won_term = current.term
             self.round = None
@@ -223,7 +240,7 @@ class PreVoteMixin:
             return  # a single voter
         sync.set_election_deadline(now + sync.fresh_election_timeout())
         last_index, last_term = sync.last_log_entry()
-        self._send_all(
+        unsent = self._send_all(
             others,
             {
                 "type": PRE_VOTE,
@@ -233,11 +250,23 @@ class PreVoteMixin:
                 "last_log_term": last_term,
             },
         )
+        # A member this replica has no connection to (the leader whose process just
+        # ended) never answers: counted as a refusal, a round the others refuse is lost
+        # now and retried soon, instead of lapsing with a whole election timeout.
+        if unsent and state.unreachable(unsent) == LOST:
+            self._retry_soon(state, now)
 
-    def _send_all(self, nodes: list[Any], message: dict[str, Any]) -> None:
+    def _send_all(self, nodes: list[Any], message: dict[str, Any]) -> list[Any]:
+        """Send ``message`` to each of ``nodes``; the nodes it could not be sent to."""
         sync: Any = self
-        for node in nodes:
-            sync.send_to(node, dict(message))
+        return [node for node in nodes if not sync.send_to(node, dict(message))]
+
+    def _retry_soon(self, state: PreVoteState, now: float) -> None:
+        """After a lost round, shortly after losing the leader: the next round in a
+        quarter of the leader-loss stagger (module docstring)."""
+        if state.retries_soon(now) and self.leader_loss_stagger_s is not None:
+            sync: Any = self
+            sync.set_election_deadline(now + self.leader_loss_stagger_s / 4)
 
     def _pre_vote_message(self, node: Any, message: Any) -> bool:
         """Handle the pre-vote messages and stickiness; True: ``message`` is consumed
@@ -294,5 +323,5 @@ class PreVoteMixin:
         if outcome == WON:
             sync.set_election_deadline(0.0)
             log.info("pre-vote for term %s won: standing for election", message["term"])
-        elif outcome == LOST and state.retries_soon(now) and self.leader_loss_stagger_s is not None:
-            sync.set_election_deadline(now + self.leader_loss_stagger_s / 4)
+        elif outcome == LOST:
+            self._retry_soon(state, now)

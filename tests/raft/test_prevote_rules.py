@@ -4,12 +4,15 @@ round counts replies, and which vote requests a follower ignores."""
 from __future__ import annotations
 
 import pytest
+from pysyncobj.monotonic import monotonic as raft_clock
 
 from synapse_ha.raft.prevote import (
     LOST,
     OPEN,
+    PRE_VOTE_REPLY,
     STALE,
     WON,
+    PreVoteMixin,
     PreVoteRound,
     PreVoteState,
     grant_pre_vote,
@@ -148,3 +151,76 @@ def test_an_announced_transfer_election_is_accepted() -> None:
     assert not state.ignores_request_vote("a", 6, 5, now=100.1)
     assert state.ignores_request_vote("b", 6, 5, now=100.1)
     assert state.ignores_request_vote("a", 7, 5, now=100.1)
+
+
+def test_an_unreachable_voter_counts_as_refusing() -> None:
+    state = PreVoteState(window_s=0.4)
+    state.start_round(term=5, voters=3)
+    assert state.unreachable(["dead"]) == OPEN  # the third member may still grant
+    number = state.round.number if state.round is not None else -1
+    assert state.reply("b", {"round": number, "term": 5, "granted": False}) == LOST
+    assert state.round is None
+    assert state.unreachable(["dead"]) == STALE  # no round open
+
+
+class _Member(PreVoteMixin):
+    """A follower whose Raft state the mixin reads and sets through the adapter's public
+    methods; ``reachable`` are the members a message can be sent to."""
+
+    def __init__(self, reachable: set[str]) -> None:
+        self.reachable = reachable
+        self.sent: list[tuple[str, dict[str, object]]] = []
+        self.deadline = 0.0
+        self.enable_pre_vote(window_s=0.4)
+        self.leader_loss_stagger_s = 0.1
+
+    def self_node(self) -> str:
+        return "me"
+
+    def role(self) -> str:
+        return "follower"
+
+    def election_deadline(self) -> float:
+        return self.deadline
+
+    def set_election_deadline(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def fresh_election_timeout(self) -> float:
+        return 60.0
+
+    def connected_to_anyone(self) -> bool:
+        return bool(self.reachable)
+
+    def term(self) -> int:
+        return 4
+
+    def other_nodes(self) -> list[str]:
+        return ["leader", "peer"]
+
+    def transfer_in_progress(self) -> bool:
+        return False
+
+    def last_log_entry(self) -> tuple[int, int]:
+        return (10, 4)
+
+    def send_to(self, node: str, message: dict[str, object]) -> bool:
+        if node not in self.reachable:
+            return False
+        self.sent.append((node, message))
+        return True
+
+
+def test_after_losing_the_leader_a_refused_round_is_retried_soon() -> None:
+    member = _Member(reachable={"peer"})
+    assert member.pre_vote is not None
+    member.pre_vote.lost_leader(raft_clock())
+    member._pre_vote_tick()
+    assert [node for node, _ in member.sent] == ["peer"]
+    assert member.deadline > raft_clock() + 30  # waiting out a fresh election timeout
+    (_, request), reply = member.sent[0], {"type": PRE_VOTE_REPLY, "granted": False}
+    reply.update(term=request["term"], round=request["round"])
+    # The peer had not yet seen the leader's connection close: it refuses. The leader
+    # never answers; counted as refusing, the round is lost and retried in 25 ms.
+    assert member._pre_vote_message("peer", reply)
+    assert member.deadline < raft_clock() + 0.1
