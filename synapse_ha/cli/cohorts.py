@@ -28,6 +28,7 @@ def cohort() -> None:
     Examples:
       synctl cohort set org --gpu 8
       synctl cohort set research --parent org --borrowing-limit 16 --lending-limit 8
+      synctl cohort set lab --fair-sharing-preemption
       synctl queue set team-a --gpu 32 --cohort research
       synctl queues --tree
       synctl cohort delete research
@@ -45,6 +46,12 @@ def cohort() -> None:
     "--lending-limit",
     "Of its subtree's idle GPUs, how many its parent's other children may borrow (default: all).",
 )
+@click.option(
+    "--fair-sharing-preemption/--no-fair-sharing-preemption",
+    default=False,
+    help="A queue below its fair share may preempt gangs of a borrowing queue above it "
+    "where the two meet in this cohort (default: off; needs format 15).",
+)
 @output_option
 @with_settings
 def cohort_set(
@@ -54,6 +61,7 @@ def cohort_set(
     gpu: int | None,
     borrowing_limit: int | None,
     lending_limit: int | None,
+    fair_sharing_preemption: bool,
 ) -> None:
     """Create cohort NAME, or replace all of its settings (unset options become unset).
     Needs every replica at format 7 (``synctl cluster -o json``).
@@ -68,6 +76,7 @@ def cohort_set(
         gpu=gpu,
         borrowing_limit_gpu=borrowing_limit,
         lending_limit_gpu=lending_limit,
+        fair_sharing_preemption=fair_sharing_preemption,
     )
     emit_put(settings, "cohort", name, client_queues.set_cohort(settings.client(), record))
 

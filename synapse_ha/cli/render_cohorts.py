@@ -21,6 +21,7 @@ def _cohort_node(status: CohortUsage) -> Document:
         "gpu": c.gpu,
         "borrowing_limit_gpu": c.borrowing_limit_gpu,
         "lending_limit_gpu": c.lending_limit_gpu,
+        "fair_sharing_preemption": c.fair_sharing_preemption,
         "nominal_gpu": status.nominal_gpu,
         "used_gpu": status.used_gpu,
         "borrowed_gpu": status.borrowed_gpu,
@@ -70,6 +71,8 @@ def _rows(node: Mapping[str, Any], lead: str, last: bool, top: bool) -> list[lis
     name = node["name"] + ("" if node["kind"] == "cohort" else " (queue)")
     if node["kind"] == "cohort" and not node["defined"]:
         name += " (no record)"
+    if node.get("fair_sharing_preemption"):
+        name += " (fair-sharing preemption)"
     nominal = node["nominal_gpu"]
     limits = nominal is not None and not (top and node["kind"] == "cohort")
     rows: list[list[object]] = [

@@ -1135,18 +1135,20 @@ class ListQueuesResponse(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., stale: _Optional[bool] = ..., priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ..., preemption: _Optional[str] = ..., reclaim_wait_max_ms: _Optional[int] = ..., cohorts: _Optional[_Iterable[_Union[CohortStatus, _Mapping]]] = ..., fair_share_half_life_ms: _Optional[int] = ...) -> None: ...
 
 class Cohort(_message.Message):
-    __slots__ = ("name", "parent", "gpu", "borrowing_limit_gpu", "lending_limit_gpu")
+    __slots__ = ("name", "parent", "gpu", "borrowing_limit_gpu", "lending_limit_gpu", "fair_sharing_preemption")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     BORROWING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
     LENDING_LIMIT_GPU_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARING_PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     name: str
     parent: str
     gpu: int
     borrowing_limit_gpu: int
     lending_limit_gpu: int
-    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., gpu: _Optional[int] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ...) -> None: ...
+    fair_sharing_preemption: bool
+    def __init__(self, name: _Optional[str] = ..., parent: _Optional[str] = ..., gpu: _Optional[int] = ..., borrowing_limit_gpu: _Optional[int] = ..., lending_limit_gpu: _Optional[int] = ..., fair_sharing_preemption: _Optional[bool] = ...) -> None: ...
 
 class CohortStatus(_message.Message):
     __slots__ = ("cohort", "defined", "nominal_gpu", "used_gpu", "borrowed_gpu", "lendable_gpu")
