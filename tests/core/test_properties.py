@@ -518,7 +518,12 @@ class ClusterMachine(DependentSubmissions):
             # A fresh plan on the current state is never stale.
             assert result.rejected == (), result.rejected
             assert not breaches, breaches
-        # The leader proposes the pass's preemptions after its bind: each is accepted.
+        # The leader proposes the pass's shrinks, then its preemptions, after its bind:
+        # each is accepted.
+        for shrink in plan.shrink_commands():
+            result = self.do(shrink)
+            assert result.ok, result.message
+            event("a preemptor shrank an elastic gang")
         for preempt in plan.preempt_commands(self.now):
             protected = protected_victims(self.state, preempt, self.now)
             result = self.do(preempt)
