@@ -570,6 +570,8 @@ def _kind(r: Reason) -> str:
     return {
         "reclaim": "reclaim: its queue takes back quota lent to a borrowing queue",
         "priority": "priority: a higher priority class of the same queue",
+        "fair_share": "fair share: a queue below its fair share takes from a borrowing "
+        "queue above it",
     }.get(kind, kind)
 
 

@@ -22,7 +22,7 @@ from synapse_ha.core.codec.formats import format_needed
 from synapse_ha.core.model import ClusterState, JobState, Resources
 from synapse_ha.core.queues.fairshare import share
 from synapse_ha.core.queues.quota import gang_request
-from synapse_ha.core.reasons import ReasonCode
+from synapse_ha.core.reasons import ReasonCode, render
 from tests.core.harness import Cluster, job, node
 from tests.core.test_queues import run
 
@@ -70,6 +70,7 @@ def test_a_queue_below_its_share_preempts_a_borrower_that_stays_at_or_above_it()
     assert all(cl.do(p).ok for p in plan.preempt_commands(cl.now))  # apply agrees
     attempt = cl.state.jobs[victim.job_id].attempt
     assert attempt is not None and attempt.preemption is PreemptionKind.FAIR_SHARE
+    assert "fair share: a queue below its fair share" in render(cl.state.jobs[victim.job_id].reason)
 
 
 def test_the_anti_thrash_rule_keeps_the_victim_at_or_above_the_preemptors_share() -> None:
