@@ -137,3 +137,17 @@ def test_a_shrink_that_costs_less_is_preferred_to_a_whole_gang() -> None:
     (p,) = cl.plan().preemptions
     assert p.preemptor == mine and p.victims == ()
     assert [(s.job_id, s.size) for s in p.shrinks] == [(grow, 1)] and size(cl, fixed) == 2
+
+
+def test_an_elastic_gang_is_preempted_whole_when_its_shrink_needs_a_costlier_victim_too() -> None:
+    cl = lab(16, 16)
+    old = [start(cl, job(f"old{i}", queue="b", gpu=8, replicas=1, priority=5)) for i in (1, 2)]
+    cl.now += HOUR
+    grow = start(cl, elastic(job("grow", queue="b", gpu=8, replicas=2, priority=5), 1))
+    cl.now += 60_000
+    mine = cl.submit(job("mine", queue="a", gpu=8, replicas=2))
+    # Its shrink (one member, a minute's work) and an old gang (an hour's) cost more than
+    # the young elastic gang whole (two members, a minute's work).
+    (p,) = cl.plan().preemptions
+    assert p.preemptor == mine and [v.job_id for v in p.victims] == [grow]
+    assert p.shrinks == () and all(size(cl, j) == 1 for j in old)
