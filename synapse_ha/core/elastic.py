@@ -14,13 +14,20 @@ members, ranks ``0..n-1`` with no gap:
   the first a waiting gang of the same or a higher priority takes back: the leader asks
   for the gang's top ranks (:class:`~synapse_ha.core.commands.ShrinkMembers`); the worker
   stops them, and once each is reported stopped (or its node declared dead) its share of
-  the node is freed and the gang's size falls.
+  the node is freed and the gang's size falls. A reclaim, or a higher class of its
+  queue, that may preempt it whole shrinks it instead when that costs no more GPU-time
+  (:mod:`synapse_ha.core.scheduler.shrink_victims`).
 
 The surviving members are told of every change as of a replacement: a line in their
 ``$SYNAPSE_MEMBERSHIP_FILE`` (with ``world_size`` and the hosts) and the policy's signal.
-A new member's ``WORLD_SIZE`` is the gang's size when it starts. The queue's quota is
-charged for ``max`` members from the start, so growing never goes over a quota and
-shrinking gives none back.
+A new member's ``WORLD_SIZE`` is the gang's size when it starts.
+
+The queue's quota is charged for the members the attempt holds (those given back count
+until the attempt drops them), not ``max``
+(:func:`~synapse_ha.core.queues.quota.held_request`): a pending elastic gang is admitted at
+its ``min`` and starts with no more members than the quota admits; growth stays within
+the quota (planned and verified at apply). Elastic gangs exist only from format 15, so no
+replica of an older format charges them otherwise.
 
 A lost member follows ``on_node_failure`` as in a fixed gang (requeue, or replace the
 rank).

@@ -16,7 +16,8 @@ Who may be a victim (the kinds; ``apply`` verifies the same rules again):
   queues that stay at or above the gang's queue's share, and their nominal, once they have
   lost them (:mod:`synapse_ha.core.queues.fair_preemption`); tried after a reclaim.
 
-Victims are whole gangs, never already being preempted, never placed by this pass, and
+Victims are whole gangs (an elastic gang above its ``min`` may be offered as its top ranks
+instead: :mod:`.shrink_victims`), never already being preempted, never placed by this pass, and
 never within their minimum run time, unless the gang reclaims and has waited past
 ``reclaim_wait_max_ms`` (:mod:`synapse_ha.core.queues.victim_rules`, which also states the cost).
 
