@@ -151,3 +151,17 @@ def test_an_elastic_gang_is_preempted_whole_when_its_shrink_needs_a_costlier_vic
     (p,) = cl.plan().preemptions
     assert p.preemptor == mine and [v.job_id for v in p.victims] == [grow]
     assert p.shrinks == () and all(size(cl, j) == 1 for j in old)
+
+
+def test_an_elastic_victim_taken_whole_gives_back_only_the_members_it_holds() -> None:
+    cl = lab(16, 16)
+    old = start(cl, job("old", queue="b", gpu=8, replicas=2, priority=5))
+    cl.now += HOUR
+    grow = start(cl, elastic(job("grow", queue="b", gpu=8, replicas=4, priority=5), 1))
+    assert size(cl, grow) == 2  # b borrows 16: its two members, not its max of 4
+    cl.now += 60_000
+    mine = cl.submit(job("mine", queue="a", gpu=8, replicas=2))
+    # The young elastic gang whole takes b back to its nominal and no further.
+    (p,) = cl.plan().preemptions
+    assert p.preemptor == mine and [v.job_id for v in p.victims] == [grow]
+    assert p.shrinks == () and size(cl, old) == 2

@@ -46,7 +46,7 @@ from synapse_ha.core.model import Attempt, ClusterState, Job, Resources
 from synapse_ha.core.queues.cohort_tree import branch
 from synapse_ha.core.queues.cohort_tree import distance as tree_distance
 from synapse_ha.core.queues.fair_preemption import FairShares
-from synapse_ha.core.queues.quota import QueueUsage, gang_request
+from synapse_ha.core.queues.quota import QueueUsage, gang_request, held_request
 from synapse_ha.core.queues.victim_rules import lost_gpu_ms, protected_until_ms, reclaim_overdue
 from synapse_ha.core.scheduler.capacity import Domain, Table, View
 from synapse_ha.core.scheduler.placement import Gang, place
@@ -84,7 +84,7 @@ def live_candidates(state: ClusterState, now_ms: int) -> list[Candidate]:
         attempt = job.live_attempt()
         if attempt is None or attempt.preempted_by:
             continue
-        gpus = gang_request(job.spec).gpu
+        gpus = held_request(job, attempt, counting_leaving=False).gpu  # what its queue keeps
         out.append(
             Candidate(
                 job,
