@@ -256,7 +256,7 @@ PACED_SHARE = 0.1
 # weigh three windows of their pace (the chaos cluster's are a few seconds, see
 # chaos.nemesis.SLOW_NODE_WINDOW_S) and mark the node of a throttled one.
 PACED_SIZE = 2
-PACED_MS = 13_000
+PACED_MS = 14_000
 PACED_SLOTS = 3
 PACE_ENV = "CHAOS_PACE"  # chaos/member.py
 
