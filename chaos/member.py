@@ -25,7 +25,9 @@ A member of a paced gang (``CHAOS_PACE=1``, chaos/slowfaults.py) "trains" in ste
 a fixed amount of CPU work (:data:`PACE_WORK`) and a rest (the wait for the others at the
 collective), and appends a pace line to ``$SYNAPSE_PROGRESS_FILE`` every
 :data:`PACE_LINE_S`: the median of its own time per step (the work, timed on the wall
-clock) since the line before (docs/slow-nodes.md). Its records say ``paced``.
+clock) since the line before (docs/slow-nodes.md). Its records say ``paced``. SIGUSR2
+ends its work early: it commits at once (the slow-node kind's heal, so that its slow
+median does not mark its node again once the node is made ready).
 """
 
 from __future__ import annotations
@@ -183,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     # First of all: a membership signal before its handler would end the member.
     told: list[int] = []
     signal.signal(signal.SIGUSR1, lambda signum, frame: told.append(now_ns()))
+    # A paced member finishes its work early on SIGUSR2 (the slow-node kind's heal).
+    finish: list[int] = []
+    signal.signal(signal.SIGUSR2, lambda signum, frame: finish.append(now_ns()))
     ledger_path, sink, duration_ms = args[0], args[1], int(args[2])
     me = identity()
     out = Appender(Path(ledger_path))
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     end_at = time.monotonic() + duration_ms / 1000
     paced = os.environ.get(PACE_ENV) == "1"
     pacer = Pacer(os.environ.get("SYNAPSE_PROGRESS_FILE", "")) if paced else None
-    while time.monotonic() < end_at:
+    while time.monotonic() < end_at and not finish:
         if pacer is None:
             time.sleep(min(HEARTBEAT_S, max(0.0, end_at - time.monotonic())))
         else:

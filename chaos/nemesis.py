@@ -192,11 +192,9 @@ def duration_for(kind: str, rng: random.Random, t: FaultTimeouts) -> float:
         # schedule's time counts it (the fault then waits a little more, bounded).
         ELASTIC_GROW: (5.0, 7.0),
         ELASTIC_SHRINK: (5.0, 7.0),
-        # About as long as the throttled member of a fresh paced gang runs (it is marked
-        # within 7-11 s: three windows of 2 s once its median turned): the schedule's
-        # time counts most of the fault, which then waits for the mark (bounded) and for
-        # the member's end.
-        SLOW_NODE: (12.0, 13.0),
+        # The fault then waits for the mark (bounded), which comes 7-11 s after the
+        # throttle (three windows of 2 s once the member's median turned).
+        SLOW_NODE: (6.0, 7.0),
     }
     low, high = ranges[kind]
     return round(rng.uniform(low, high), 3)

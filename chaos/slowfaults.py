@@ -22,10 +22,10 @@ How it plays (:func:`play`):
   :data:`DUTY_STOP_S`, SIGCONT for :data:`DUTY_RUN_S`); ``slow_throttle`` says which;
 * the fault lasts its duration and then waits for the node's ``degraded`` condition, at
   most :data:`MARK_WAIT_S` from the throttle (``slow_marked_ns``, ``slow_mark``);
-* the heal lets the member go, waits for the throttled member to end (bounded by its
-  planned end: its median stays slow for as long as it runs, and would mark the node
-  again once uncordoned), and uncordons the node until the leader has cleared its mark
-  (``slow_uncordon_ns``, ``slow_cleared``).
+* the heal lets the member go and tells it to finish its work (SIGUSR2: it commits at
+  once), waits for it to end (at most :data:`END_WAIT_S`: its median stays slow for as
+  long as it runs, and would mark the node again once uncordoned), and uncordons the node
+  until the leader has cleared its mark (``slow_uncordon_ns``, ``slow_cleared``).
 
 The record (``faults.jsonl``) also carries ``slow_node`` (the worker), ``slow_member``
 (``job/tN rank r``) and ``slow_started_ns``. A fault that throttled a member and saw no
@@ -70,11 +70,11 @@ QUOTA_US = 1_000
 DUTY_STOP_S = 0.09
 DUTY_RUN_S = 0.01
 FRESH_S = 1.5
-LASTING_S = 11.0
+LASTING_S = 12.0
 FIND_S = 2.0
 START_WAIT_S = 8.0
 MARK_WAIT_S = 16.0
-END_WAIT_S = 10.0
+END_WAIT_S = 5.0
 UNCORDON_WAIT_S = 10.0
 POLL_S = 0.1
 LOOK_S = 0.3  # how often the fault lists the nodes for its mark
@@ -342,7 +342,9 @@ def play(
 
     def heal() -> None:
         throttle.stop()
-        # Until the member ends (its planned end, a little late at most), or goes silent.
+        with contextlib.suppress(OSError):  # it finishes its work and commits at once
+            os.kill(pid, signal.SIGUSR2)
+        # Until the member ends, or goes silent.
         deadline = time.monotonic() + END_WAIT_S
         while time.monotonic() < deadline:
             seen = c.members_seen.members.get(key)

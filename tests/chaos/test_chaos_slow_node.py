@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -248,3 +251,30 @@ def test_a_members_process_is_found_in_its_own_pid_namespace(tmp_path: Path) -> 
     assert slowfaults.host_pid(inside, tmp_path) == me
     assert slowfaults.host_pid(SeenMember("w1", 0, process=(2, 78, ticks)), tmp_path) == 0
     assert slowfaults.host_pid(SeenMember("w1", 0, process=(3, 77, ticks)), tmp_path) == 0
+
+
+def test_a_paced_member_finishes_its_work_on_sigusr2(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "SYNAPSE_JOB_ID": "job-1",
+        "SYNAPSE_ATTEMPT": "1",
+        "SYNAPSE_FENCING_TOKEN": "3",
+        "RANK": "0",
+        member.PACE_ENV: "1",
+        "SYNAPSE_PROGRESS_FILE": str(tmp_path / "progress"),
+        "PYTHONPATH": str(Path(member.__file__).resolve().parent.parent),
+    }
+    ledger_path = tmp_path / "ledger.jsonl"
+    argv = [sys.executable, "-m", "chaos.member", str(ledger_path), "127.0.0.1:9", "600000"]
+    process = subprocess.Popen(argv, env=env)
+    try:
+        while not any(r["type"] == "heartbeat" for r in ledger.read_records(ledger_path)):
+            assert process.poll() is None
+            time.sleep(0.05)
+        process.send_signal(signal.SIGUSR2)
+        assert process.wait(timeout=60) == 4  # its commit found no sink here
+    finally:
+        process.kill()
+    types = [r["type"] for r in ledger.read_records(ledger_path)]
+    assert types[0] == "start" and types[-2:] == ["effect", "end"]
+    assert all(r.get("paced") for r in ledger.read_records(ledger_path))
