@@ -50,7 +50,7 @@ def test_the_smoke_run_tables_every_workload_under_every_policy(tmp_path: Path) 
             assert mean["min"] <= mean["mean"] <= mean["max"]
     assert json.loads((tmp_path / "quality.json").read_text()) == report
     table = (tmp_path / "quality.md").read_text().splitlines()
-    assert len([line for line in table if line.startswith("| ")]) == 1 + 3 + 5 + 5
+    assert len([line for line in table if line.startswith("| ")]) == 1 + 3 + 6 + 6
     if importlib.util.find_spec("matplotlib") is not None:
         for part in parts:
             assert (tmp_path / "quality" / part / "delay_cdf.png").stat().st_size > 0
@@ -69,7 +69,7 @@ def test_a_trace_file_runs_on_the_hosts_given(tmp_path: Path) -> None:
         "--parts", "trace", "--trace-file", str(trace), "--trace-hosts", "2", "--out", str(out)
     )
     table = (out / "quality.md").read_text().splitlines()
-    assert sum(1 for line in table if line.startswith("| trace |")) == 5
+    assert sum(1 for line in table if line.startswith("| trace |")) == 6
     part = report["workloads"]["trace"]
     assert part["workload"].startswith("jobs.csv: 3 jobs on 2 nodes, queues team-a, team-b")
     ours = part["policies"]["ours/off"]
