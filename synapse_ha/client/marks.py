@@ -55,7 +55,7 @@ def resume_step(*, environ: Mapping[str, str] | None = None) -> int | None:
 
 def preempt_notice(*, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The notice of this member's preemption, or None while it is not preempted (and
-    outside a gang member): ``{"kind": "reclaim" | "priority", "preemptor": job id,
+    outside a gang member): ``{"kind": "reclaim" | "priority" | "fair_share", "preemptor": job id,
     "grace_ms": time left before SIGKILL when it was written, "checkpoint": True}``. Its
     worker writes it before SIGTERM, so a SIGTERM handler that finds it knows the gang is
     being preempted (not cancelled), is asked to save and mark a checkpoint, and will be
