@@ -201,6 +201,18 @@ def test_apply_refuses_a_fair_share_preemption_where_the_switch_is_off() -> None
     assert "no cohort with fair_sharing_preemption on" in result.message
 
 
+def test_apply_refuses_victims_the_preemptors_quota_would_not_let_it_use() -> None:
+    cl = lab(replace(A, borrowing_limit_gpu=4), B)
+    run(cl, "a", 8)
+    theirs = [run(cl, "b", 8) for _ in range(3)]
+    mine = cl.submit(job(queue="a", gpu=8))
+    token = cl.state.jobs[theirs[0]].attempt.fencing_token  # type: ignore[union-attr]
+    victims = (c.Victim(theirs[0], token),)
+    result = cl.do(c.Preempt(mine, 0, victims, PreemptionKind.FAIR_SHARE, cl.now))
+    assert result.code is c.ResultCode.CONFLICT
+    assert "queue a would still not fit the gang's 8 gpu" in result.message
+
+
 def test_the_switch_and_the_kind_need_format_15() -> None:
     assert format_needed(c.SetCohort(Cohort("lab", fair_sharing_preemption=True))) == 15
     assert format_needed(c.SetCohort(Cohort("lab"))) == 7
@@ -220,7 +232,7 @@ def _tenancy(draw: st.DrawFn) -> tuple[list[int], list[list[int]], list[int], in
     return nominals, gangs, past, draw(st.integers(0, 2)), draw(st.sampled_from([2, 4, 8]))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_tenancy())
 def test_the_fair_rule_never_takes_a_queue_below_the_preemptors_share(
     drawn: tuple[list[int], list[list[int]], list[int], int, int],

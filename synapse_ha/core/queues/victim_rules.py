@@ -19,7 +19,7 @@ The one exception is a reclaim that has waited too long: a gang reclaiming its q
 nominal quota that has been queued for ``ClusterConfig.reclaim_wait_max_ms`` (10 min by
 default) may preempt gangs still within their minimum (:func:`reclaim_overdue`), so a
 queue is never kept below its nominal quota for longer than that by protected
-borrowers. A priority preemption never overrides the minimum.
+borrowers. A priority or fair-share preemption never overrides the minimum.
 
 The scheduler applies these rules when it searches for victims, and ``apply`` verifies
 them again (:func:`protection_problem`) at the command's time, which is never earlier
