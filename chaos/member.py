@@ -55,15 +55,16 @@ REPLACE_ENV = "CHAOS_REPLACE"
 ELASTIC_ENV = "CHAOS_ELASTIC"
 # Set by the workload (and the slow-node kind) for its paced gangs.
 PACE_ENV = "CHAOS_PACE"
-# A paced step: this many iterations of arithmetic (about 3 ms of one of the suite's busy
-# cores, more than the slow-node kind's CPU quota of 1 ms a period, so that a throttled
-# step always waits out a period), then a rest, so that a member takes a few percent of
-# a core. A pace line with the median of the steps' own times this often: by time, not
-# by steps, so that a throttled member (a step of 100-400 ms) still writes a line every
-# step or two, and the worker's median over the member's lines turns soon after it was
-# throttled at its start.
-PACE_WORK = 60_000
-PACE_REST_S = 0.038
+# A paced step: this many iterations of arithmetic (about 4 ms of one of the suite's busy
+# cores, more than twice the slow-node kind's CPU quota of 1 ms a period: a step that
+# straddles a period's end uses the quota of two periods, and a step of less could end
+# without waiting, fast under the throttle), then a rest, so that a member takes about 5 %
+# of a core. A pace line with the median of the steps' own times this often: by time,
+# not by steps, so that a throttled member (a step of 300-700 ms) writes a line every
+# step, and the worker's median over the member's lines turns soon after it was throttled
+# at its start.
+PACE_WORK = 120_000
+PACE_REST_S = 0.075
 PACE_LINE_S = 0.25
 
 

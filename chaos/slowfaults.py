@@ -16,8 +16,8 @@ How it plays (:func:`play`):
   once they start (within :data:`START_WAIT_S`); without that either, the kind *found no
   paced gang*: said and recorded (``slow_found: false``), nothing throttled;
 * the member's process is throttled: moved into a cgroup (v1 ``cpu`` controller) with a
-  CPU quota of :data:`QUOTA_US` per :data:`PERIOD_US` (1 % of a core: a step's work, more than
-  one quota, then always waits out at least one period), or, where that
+  CPU quota of :data:`QUOTA_US` per :data:`PERIOD_US` (1 % of a core: a paced step's work, more
+  than two quotas, then always waits out at least one period), or, where that
   controller is not writable, stopped and continued in a duty cycle (SIGSTOP for
   :data:`DUTY_STOP_S`, SIGCONT for :data:`DUTY_RUN_S`); ``slow_throttle`` says which;
 * the fault lasts its duration and then waits for the node's ``degraded`` condition, at
@@ -67,8 +67,8 @@ CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # the cgroup v1 cpu controller
 CGROUP = "synapse-chaos-slow"
 PERIOD_US = 100_000
 QUOTA_US = 1_000
-DUTY_STOP_S = 0.09
-DUTY_RUN_S = 0.01
+DUTY_STOP_S = 0.098
+DUTY_RUN_S = 0.002  # less than a paced step's work: every step waits out a stop
 FRESH_S = 1.5
 LASTING_S = 12.0
 FIND_S = 2.0
