@@ -39,6 +39,7 @@ def render_cohort_tree(answer: pb.ListQueuesResponse) -> str:
             f"used {s.used_gpu}, borrowed {s.borrowed_gpu}"
             f" (may borrow {_limit(s.cohort, 'borrowing_limit_gpu')}, "
             f"may lend {_limit(s.cohort, 'lending_limit_gpu')})"
+            + (", fair-sharing preemption" if s.cohort.fair_sharing_preemption else "")
         )
         inner = [item(child, depth + 1) for child in below.get(name, ()) if depth < 16]
         inner += [
