@@ -183,11 +183,17 @@ def shrink_claims(state: ClusterState) -> dict[str, list[Candidate]]:
     """Pending gangs that elastic gangs are giving members back to, each with those
     members still stopping (as candidates holding only them)."""
     out: dict[str, list[Candidate]] = {}
-    for job_id in sorted(state.live_ids()):  # the pass reads live_jobs() once, elsewhere
-        job = state.jobs[job_id]
+    jobs = state.jobs
+    # Only attempts with vacancies can be giving members back: sorted once found.
+    vacant = sorted(
+        job_id
+        for job_id in state.live_ids()
+        if (a := jobs[job_id].attempt) is not None and a.vacancies
+    )
+    for job_id in vacant:
+        job = jobs[job_id]
         attempt = job.attempt
-        if attempt is None or not attempt.vacancies:
-            continue
+        assert attempt is not None
         for_job = shrinking_for(attempt)
         preemptor = state.jobs.get(for_job)
         if preemptor is None or preemptor.state is not JobState.PENDING:
