@@ -19,6 +19,7 @@ from synapse_ha.core.cluster_config import (
     QueueHistory,
 )
 from synapse_ha.core.codec.formats import format_needed
+from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.model import ClusterState, JobState, Resources
 from synapse_ha.core.queues.fairshare import share
 from synapse_ha.core.queues.quota import gang_request
@@ -282,3 +283,27 @@ def _share(cl: Cluster, name: str, held: Resources) -> int:
     half_life = cl.state.config.fair_share_half_life_ms
     history = cl.state.queue_history.get(name)
     return share(cl.state.queues[name], history, held, cl.now, half_life)
+
+
+def test_an_elastic_victim_gives_up_what_it_runs_not_its_max() -> None:
+    # 48 GPUs: a holds its 8; b holds 40: three old 8-GPU gangs and an elastic gang of 2
+    # of at most 4 members, started a minute ago (the cheapest victim). Taking the
+    # elastic gang whole leaves b 24 GPUs (3.0), above a's 16 (2.0): allowed. Counted at
+    # its max of 32, b would fall to 8 (1.0), and an old gang would be preempted instead.
+    cl = lab(A, B, cohorts=(Cohort("lab", gpu=32, fair_sharing_preemption=True),), hosts=6)
+    run(cl, "a", 8)
+    for _ in range(3):
+        run(cl, "b", 8)
+    cl.now += 6_000_000
+    spec = replace(job(queue="b", gpu=8, replicas=4), elastic=ElasticPolicy(1, "SIGUSR1"))
+    flexible = cl.submit(spec)
+    cl.run_pass()
+    cl.start_all(flexible)
+    attempt = cl.state.jobs[flexible].attempt
+    assert attempt is not None and len(attempt.members) == 2
+    cl.now += 60_000
+    cl.submit(job(queue="a", gpu=8))
+    plan = cl.run_pass()
+    assert [p.kind for p in plan.preemptions] == [PreemptionKind.FAIR_SHARE]
+    assert [v.job_id for v in plan.preemptions[0].victims] == [flexible]
+    assert all(cl.do(p).ok for p in plan.preempt_commands(cl.now))  # apply agrees

@@ -43,7 +43,7 @@ from synapse_ha.core.cluster_config import Queue
 from synapse_ha.core.model import ClusterState, Job, Resources
 from synapse_ha.core.queues.cohort_tree import ancestors
 from synapse_ha.core.queues.fairshare import SHARE_SCALE, decayed, share, subtree_share
-from synapse_ha.core.queues.quota import ZERO, QueueUsage, gang_request
+from synapse_ha.core.queues.quota import ZERO, QueueUsage, gang_request, held_request
 
 # A victim as the rules see it: its queue and what its whole gang holds.
 Taken = tuple[str, Resources]
@@ -231,5 +231,13 @@ def fair_share_problem(state: ClusterState, preemptor: Job, victims: list[Job], 
         why = fair.open_to(job.spec.queue)
         if why:
             return f"victim {job.job_id}: {why}"
-    taken = [(job.spec.queue, gang_request(job.spec)) for job in victims]
+    taken = [
+        (
+            job.spec.queue,
+            gang_request(job.spec)
+            if job.attempt is None
+            else held_request(job, job.attempt, counting_leaving=False),
+        )
+        for job in victims
+    ]
     return fair.problem(taken) or fair.quota_problem(taken)

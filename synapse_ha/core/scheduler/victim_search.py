@@ -162,7 +162,9 @@ class Rules:
 
 
 def _taken(victims: list[Candidate]) -> list[tuple[str, Resources]]:
-    return [(v.queue, gang_request(v.job.spec)) for v in victims]
+    """What each victim's queue gives up: what its attempt is charged for (an elastic
+    gang's members, or a shrink's members given back), as apply counts it."""
+    return [(v.queue, held_request(v.job, v.attempt, counting_leaving=False)) for v in victims]
 
 
 def rules_for(
