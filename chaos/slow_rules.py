@@ -16,15 +16,17 @@ marks seen during the run (``degraded.jsonl``, :class:`chaos.slowfaults.MarkWatc
     node while it was marked: from the mark's stamp (``since_ms``, leader clock; plus
     :data:`BIND_SLACK_MS`, as a pass planned on the state just before the mark commits
     binds with a later stamp) for as long as the suite saw the mark held before the node
-    was made ready again (the heal's uncordon, or the mark seen gone; the mark is seen
-    up to a watch period late, so the span is, if anything, short). A mark the run never
-    saw lifted holds to the end. The binds are those of the ``unfit-bind`` rule
+    was made ready again (the heal's uncordon; else the node seen ready while marked, less
+    a watch period, or the mark seen gone, less a watch period and the leader's scan:
+    another fault's heal or the end of the run may uncordon it). The mark is seen up to a
+    watch period late, so the span is, if anything, short. A mark the run never saw
+    lifted holds to the end. The binds are those of the ``unfit-bind`` rule
     (:func:`chaos.node_rules.binds`: the job history and the final state).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chaos import ledger
@@ -35,6 +37,9 @@ from chaos.slowfaults import MARK_WAIT_S, MARKS, WATCH_S
 from synapse_ha.core.model import ClusterState
 
 WATCH_SLACK_NS = int((WATCH_S + 0.5) * 1e9)
+# A mark seen gone was lifted (its node made ready) up to this long before: the watch's
+# period and the leader's scan for nodes made ready (1 s) with its commit.
+CLEAR_LAG_NS = int((WATCH_S + 1.5) * 1e9)
 BIND_SLACK_MS = 1_000
 NEVER = 1 << 62
 
@@ -47,6 +52,7 @@ class Mark:
     since_ms: int  # the mark's stamp (leader clock)
     seen_ns: int  # first seen
     cleared_ns: int = NEVER  # first seen gone
+    ready_ns: int = NEVER  # its node first seen ready while marked (made ready again)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +116,12 @@ def check_binds(
     out: list[Violation] = []
     for m in marks:
         fault = throttled_then(m, throttles)
-        lifted = min(m.cleared_ns, fault.uncordon_ns if fault is not None else NEVER)
-        held_ms = NEVER if lifted == NEVER else (lifted - m.seen_ns) // 1_000_000
+        lifted = min(
+            m.cleared_ns - CLEAR_LAG_NS,
+            m.ready_ns - int(WATCH_S * 1e9),
+            fault.uncordon_ns if fault is not None else NEVER,
+        )
+        held_ms = NEVER if lifted >= NEVER // 2 else (lifted - m.seen_ns) // 1_000_000
         for job, token, _, at, node in bound:
             if node == m.node and m.since_ms + BIND_SLACK_MS < at <= m.since_ms + held_ms:
                 out.append(
@@ -137,8 +147,9 @@ def load_marks(path: Path) -> list[Mark]:
         if r.get("type") == "degraded" and key not in marks:
             marks[key] = Mark(key[0], key[1], int(r["seen_ns"]))
         elif r.get("type") == "cleared" and key in marks:
-            m = marks[key]
-            marks[key] = Mark(m.node, m.since_ms, m.seen_ns, int(r["seen_ns"]))
+            marks[key] = replace(marks[key], cleared_ns=int(r["seen_ns"]))
+        elif r.get("type") == "ready" and key in marks:
+            marks[key] = replace(marks[key], ready_ns=int(r["seen_ns"]))
     return sorted(marks.values(), key=lambda m: (m.seen_ns, m.node))
 
 

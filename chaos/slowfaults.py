@@ -381,12 +381,15 @@ def uncordon(c: ChaosCluster, worker: str, extra: dict[str, object]) -> bool:
 class MarkWatch:
     """Every node's ``degraded`` condition, looked at every :data:`WATCH_S` for the whole
     scenario: ``degraded.jsonl`` gets a ``degraded`` record (node, ``since_ms``, message,
-    ``seen_ns``) when a mark is first seen and a ``cleared`` record when it is seen gone."""
+    ``seen_ns``) when a mark is first seen, a ``ready`` record when its node is first seen
+    ready while marked (made ready again: the mark is about to be cleared) and a
+    ``cleared`` record when it is seen gone."""
 
     def __init__(self, c: ChaosCluster) -> None:
         self.c = c
         self.out = ledger.Appender(c.dir / MARKS)
         self.marked: dict[str, int] = {}  # node -> since_ms of the mark it holds
+        self.ready: set[tuple[str, int]] = set()  # marks whose node was seen ready
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mark-watch", daemon=True)
 
@@ -397,6 +400,7 @@ class MarkWatch:
         now = ledger.now_ns()
         nodes = self.c.observer.list_nodes()
         held = {n.node_id: k for n in nodes if (k := degraded(n)) is not None}
+        ready = {n.node_id for n in nodes if node_status(n) is NodeStatus.READY}
         for node_id, k in sorted(held.items()):
             if self.marked.get(node_id) != k.since_ms:
                 self.marked[node_id] = k.since_ms
@@ -408,6 +412,11 @@ class MarkWatch:
                         "message": k.message[:300],
                         "seen_ns": now,
                     }
+                )
+            if node_id in ready and (node_id, k.since_ms) not in self.ready:
+                self.ready.add((node_id, k.since_ms))
+                self.out.append(
+                    {"type": "ready", "node": node_id, "since_ms": k.since_ms, "seen_ns": now}
                 )
         for node_id in sorted(set(self.marked) - set(held)):
             since = self.marked.pop(node_id)
