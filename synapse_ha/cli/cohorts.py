@@ -50,7 +50,7 @@ def cohort() -> None:
     "--fair-sharing-preemption/--no-fair-sharing-preemption",
     default=False,
     help="A queue below its fair share may preempt gangs of a borrowing queue above it "
-    "where the two meet in this cohort (default: off; needs format 15).",
+    "where the two meet in this cohort (default: off; needs format 16).",
 )
 @output_option
 @with_settings

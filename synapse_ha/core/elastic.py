@@ -26,8 +26,9 @@ The queue's quota is charged for the members the attempt holds (those given back
 until the attempt drops them), not ``max``
 (:func:`~synapse_ha.core.queues.quota.held_request`): a pending elastic gang is admitted at
 its ``min`` and starts with no more members than the quota admits; growth stays within
-the quota (planned and verified at apply). Elastic gangs exist only from format 15, so no
-replica of an older format charges them otherwise.
+the quota (planned and verified at apply). That is from format 16 on
+(:data:`~synapse_ha.core.queues.quota.MEMBERS_CHARGED_FORMAT`); a cluster whose floor is
+15 charges an elastic gang for its ``max`` from the start, as releases of format 15 do.
 
 A lost member follows ``on_node_failure`` as in a fixed gang (requeue, or replace the
 rank).

@@ -11,7 +11,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import Queue
 from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.model import JobSpec, JobState, MemberPlacement
-from synapse_ha.core.queues.quota import QueueUsage
+from synapse_ha.core.queues.quota import MEMBERS_CHARGED_FORMAT, QueueUsage, charges_members
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.elastic import plan_growth
 from tests.core.harness import Cluster, job
@@ -102,12 +102,13 @@ def test_growth_stops_at_the_quota_in_the_plan_and_at_apply() -> None:
     free = sorted(n for n in cl.state.nodes if n not in used)
     grown = (MemberPlacement(2, free[0], tuple(range(8)), attempt.membership + 1),)
     before = repr(cl.state.jobs), repr(cl.state.nodes)
-    result = cl.do(
-        c.GrowMembers((c.MemberGrowth(j, attempt.fencing_token, grown),), now_ms=cl.now)
-    )
+    result = cl.do(c.GrowMembers((c.MemberGrowth(j, attempt.fencing_token, grown),), now_ms=cl.now))
     assert result.ok and not result.bound
     assert [r.code for r in result.rejected] == [c.RejectCode.OVER_QUOTA]
-    assert "members: queue a uses 16/16 gpu, 0 borrowable; 1 more member(s) need 8" in result.rejected[0].message
+    assert (
+        "members: queue a uses 16/16 gpu, 0 borrowable; 1 more member(s) need 8"
+        in result.rejected[0].message
+    )
     assert (repr(cl.state.jobs), repr(cl.state.nodes)) == before
 
 
@@ -120,3 +121,26 @@ def test_growth_takes_what_the_queue_may_borrow_and_no_more() -> None:
     assert plan_growth(cl.state, cl.now) is None  # room on a node, none in the quota
     assert charged(cl, "a") == 24
 
+
+def test_below_format_16_an_elastic_gang_is_charged_its_max_as_format_15_releases_do() -> None:
+    # A cluster in the middle of an upgrade from a release of format 15: its floor is 15,
+    # and every replica must charge the same. The gang's max (32 GPUs) is over a's 16:
+    # admitted and bound only as a whole gang would be, so it waits.
+    cl = lab()
+    cl.state = dataclasses.replace(cl.state, format_floor=MEMBERS_CHARGED_FORMAT - 1)
+    assert not charges_members(cl.state)
+    waiting = cl.submit(elastic(job(queue="a", gpu=8, replicas=4), 1))
+    cl.run_pass()
+    assert cl.state_of(waiting) is JobState.PENDING
+    assert cl.state.jobs[waiting].reason.code is ReasonCode.WAITING_QUOTA
+    # Apply agrees: two of its members (16 GPUs, within a's quota by members) are
+    # charged its max, over the quota.
+    members = (
+        MemberPlacement(0, "r0h0", tuple(range(8))),
+        MemberPlacement(1, "r0h1", tuple(range(8))),
+    )
+    bind = c.BindPlan((c.GangPlacement(waiting, 0, members),), (), cl.now)
+    assert not cl.do(bind).bound
+    # A gang of at most 2 members (16 GPUs at its max) starts, and is charged 16.
+    start(cl, elastic(job(queue="a", gpu=8, replicas=2), 1))
+    assert charged(cl, "a") == 16

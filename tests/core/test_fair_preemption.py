@@ -214,10 +214,10 @@ def test_apply_refuses_victims_the_preemptors_quota_would_not_let_it_use() -> No
     assert "queue a would still not fit the gang's 8 gpu" in result.message
 
 
-def test_the_switch_and_the_kind_need_format_15() -> None:
-    assert format_needed(c.SetCohort(Cohort("lab", fair_sharing_preemption=True))) == 15
+def test_the_switch_and_the_kind_need_format_16() -> None:
+    assert format_needed(c.SetCohort(Cohort("lab", fair_sharing_preemption=True))) == 16
     assert format_needed(c.SetCohort(Cohort("lab"))) == 7
-    assert format_needed(c.Preempt("j", 0, (c.Victim("v", 1),), PreemptionKind.FAIR_SHARE)) == 15
+    assert format_needed(c.Preempt("j", 0, (c.Victim("v", 1),), PreemptionKind.FAIR_SHARE)) == 16
 
 
 # --------------------------------------------------------------------- property

@@ -119,7 +119,7 @@ def test_a_gang_short_of_its_quota_is_not_held_back_by_estimated_ends() -> None:
 
 
 def test_below_the_format_that_reads_its_reason_a_gang_preempts_as_before() -> None:
-    assert STARTS_FORMAT == format_needed(ReasonCode.STARTS_WITHOUT_PREEMPTING) == 15
+    assert STARTS_FORMAT == format_needed(ReasonCode.STARTS_WITHOUT_PREEMPTING) == 16
     cl, ending, _ = full_rack(limit_s=600)
     cl.now = cl.state.jobs[ending].attempt.bound_at_ms + 590 * SECOND  # type: ignore[union-attr]
     cl.submit(job(queue="q", gpu=8, priority_class="high"))

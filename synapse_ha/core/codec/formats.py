@@ -54,7 +54,7 @@ from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.workflows.dependencies import Dependencies
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 15  # the newest format this release reads
+FORMAT = 16  # the newest format this release reads
 
 # The format that added each field of a type declared outside core/model.py (a field of
 # core/model.py says its own: ``since(format, default)``), by owning type. Such a field is
@@ -103,8 +103,8 @@ _DECLARED: dict[type, dict[str, int]] = {
         "default_time_limit_ms": 15,
         "learned_estimates": 15,
     },
-    # Format 15: fair-sharing preemption in a cohort (core/queues/fair_preemption.py).
-    Cohort: {"fair_sharing_preemption": 15},
+    # Format 16: fair-sharing preemption in a cohort (core/queues/fair_preemption.py).
+    Cohort: {"fair_sharing_preemption": 16},
     Token: {"priority_classes": 2, "max_priority": 2},
     CreateToken: {"priority_classes": 2, "max_priority": 2},
     # Format 13: Slurm's singleton dependency (core/workflows/dependencies.py).
@@ -186,10 +186,10 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     # An elastic gang giving back its top ranks (ShrinkMembers, itself format 15).
     ReasonCode.SHRINKING: 15,
     # A gang that starts as soon without preempting as with it (scheduler/pass_preemptions.py).
-    ReasonCode.STARTS_WITHOUT_PREEMPTING: 15,
+    ReasonCode.STARTS_WITHOUT_PREEMPTING: 16,
     # A queue below its fair share preempting a borrower above it (core/queues/fair_preemption.py;
-    # only a cohort with fair_sharing_preemption, itself format 15, gives it).
-    PreemptionKind.FAIR_SHARE: 15,
+    # only a cohort with fair_sharing_preemption, itself format 16, gives it).
+    PreemptionKind.FAIR_SHARE: 16,
 }
 
 

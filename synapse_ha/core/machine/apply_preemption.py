@@ -12,6 +12,7 @@ from synapse_ha.core.queues.cohort_tree import root_of
 from synapse_ha.core.queues.fair_preemption import fair_share_problem
 from synapse_ha.core.queues.quota import (
     QueueUsage,
+    charges_members,
     gang_request,
     grace_ms,
     held_request,
@@ -175,7 +176,10 @@ def _reclaim_problem(state: ClusterState, preemptor: Job, victims: list[Job]) ->
             return f"victim {job.job_id} is not in another queue of the cohort tree of {tree}"
         attempt = job.live_attempt()
         if attempt is not None:  # what the victim's queue is charged for until it stops
-            keeps.remove(job.spec.queue, held_request(job, attempt, counting_leaving=False))
+            held = held_request(
+                job, attempt, counting_leaving=False, by_members=charges_members(state)
+            )
+            keeps.remove(job.spec.queue, held)
     for name in sorted({job.spec.queue for job in victims}):
         nominal = state.queues[name].gpu
         if nominal is None or keeps.used(name).gpu < nominal:

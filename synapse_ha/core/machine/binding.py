@@ -29,7 +29,7 @@ from synapse_ha.core.model import (
     unconfirmed_members,
 )
 from synapse_ha.core.node_selector import NodeSelector, placement_problem
-from synapse_ha.core.queues.quota import QueueUsage, has_quotas, members_request
+from synapse_ha.core.queues.quota import QueueUsage, has_quotas, placed_request
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spares import NONE, spare_nodes
 from synapse_ha.core.spec.member_limits import (
@@ -70,7 +70,7 @@ def _bind_plan(state: ClusterState, c: cmd.BindPlan, now: int) -> Result:
                 slots[array_id] -= 1
             if usage is not None:
                 spec = state.jobs[placement.job_id].spec
-                usage.add(spec.queue, members_request(spec, len(placement.members)))
+                usage.add(spec.queue, placed_request(state, spec, len(placement.members)))
     shared: dict[Reason, Reason] = {}  # equal reasons kept once (an array's waiting tasks)
     for job_id, why in c.reasons:
         job = state.jobs.get(job_id)
@@ -294,11 +294,11 @@ def member_problem(
 
 def _verify_quota(state: ClusterState, usage: QueueUsage, p: cmd.GangPlacement) -> Rejection | None:
     """A gang is bound only within what its queue may use now (nominal plus what it may
-    borrow from idle cohort quota): the planner's decision, checked again. The gang is
-    charged for the members placed (an elastic gang may start below its max; elastic
-    gangs exist only at format 15, so no replica of an older format binds one)."""
+    borrow from idle cohort quota): the planner's decision, checked again. An elastic
+    gang is charged for the members placed, from the format that charges members on
+    (quota.placed_request)."""
     spec = state.jobs[p.job_id].spec
-    short = usage.shortfall(spec.queue, members_request(spec, len(p.members)))
+    short = usage.shortfall(spec.queue, placed_request(state, spec, len(p.members)))
     if short is None:
         return None
     return Rejection(

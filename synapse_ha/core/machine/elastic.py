@@ -32,8 +32,8 @@ def _grow_members(state: ClusterState, c: cmd.GrowMembers, now: int) -> Result:
     grown: list[str] = []
     rejected: list[Rejection] = []
     # A growth is charged to its gang's queue and must fit its quota, judged as the plan
-    # judged it (growth_usage). GrowMembers exists only at format 15, the format that
-    # charges an elastic gang for its members: no replica of an older format applies it.
+    # judged it (growth_usage), from the format that charges an elastic gang for its
+    # members on (below it the gang is charged for its max and grows within it).
     usage = growth_usage(state)
     for growth in c.growths:
         problem = _growth_problem(state, growth, now)

@@ -52,20 +52,44 @@ def members_request(spec: JobSpec, members: int) -> Resources:
     return spec.resources.times(members)
 
 
-def admission_request(spec: JobSpec) -> Resources:
+# From this format on an elastic gang is charged for the members its attempt holds.
+# Below it (a release that reads format 15 runs elastic gangs too) it is charged for its
+# max from the start, so a cluster in the middle of an upgrade applies one rule.
+MEMBERS_CHARGED_FORMAT = 16
+
+
+def charges_members(state: ClusterState) -> bool:
+    """Whether ``state``'s replicas all charge an elastic gang for its members."""
+    return state.format_floor >= MEMBERS_CHARGED_FORMAT
+
+
+def admission_request(spec: JobSpec, *, by_members: bool = True) -> Resources:
     """What a pending gang of ``spec`` must fit its queue's quota to start: the whole
     gang, or an elastic gang's ``min`` (it starts with as many members as fit within
-    the quota, :func:`members_within`)."""
+    the quota, :func:`members_within`). ``by_members`` False: the whole gang (below
+    :data:`MEMBERS_CHARGED_FORMAT`)."""
     elastic = spec.elastic
-    return gang_request(spec) if elastic is None else members_request(spec, elastic.min_replicas)
+    if elastic is None or not by_members:
+        return gang_request(spec)
+    return members_request(spec, elastic.min_replicas)
 
 
-def held_request(job: Job, attempt: Attempt, *, counting_leaving: bool = True) -> Resources:
+def placed_request(state: ClusterState, spec: JobSpec, members: int) -> Resources:
+    """What ``members`` members of a gang of ``spec`` just placed are charged for."""
+    if spec.elastic is None or not charges_members(state):
+        return gang_request(spec)
+    return members_request(spec, members)
+
+
+def held_request(
+    job: Job, attempt: Attempt, *, counting_leaving: bool = True, by_members: bool = True
+) -> Resources:
     """What ``attempt`` of ``job`` is charged for: a fixed gang's whole size; an elastic
     gang's members, those it gives back (SHRINKING) included until the attempt drops them
-    (``counting_leaving=False``: without them, what its queue keeps once they stop)."""
+    (``counting_leaving=False``: without them, what its queue keeps once they stop).
+    ``by_members`` False: an elastic gang's max (below :data:`MEMBERS_CHARGED_FORMAT`)."""
     spec = job.spec
-    if spec.elastic is None:
+    if spec.elastic is None or not by_members:
         return gang_request(spec)
     members = len(attempt.members)
     if not counting_leaving:
@@ -81,7 +105,13 @@ def shrinking_for(attempt: Attempt) -> str:
     return ""
 
 
-def count_held(usage: dict[str, Resources], job: Job, *, counting_preempted: bool = True) -> None:
+def count_held(
+    usage: dict[str, Resources],
+    job: Job,
+    *,
+    counting_preempted: bool = True,
+    by_members: bool = True,
+) -> None:
     """Add what ``job``'s live attempt holds (:func:`held_request`) to its queue's entry
     of ``usage`` (nothing without a live attempt; with ``counting_preempted=False``,
     nothing for an attempt being preempted and nothing for the members an elastic gang
@@ -91,16 +121,17 @@ def count_held(usage: dict[str, Resources], job: Job, *, counting_preempted: boo
     if attempt is None or (attempt.preempted_by and not counting_preempted):
         return
     q = job.spec.queue
-    held = held_request(job, attempt, counting_leaving=counting_preempted)
+    held = held_request(job, attempt, counting_leaving=counting_preempted, by_members=by_members)
     usage[q] = usage.get(q, ZERO) + held
 
 
-def members_within(usage: QueueUsage | None, spec: JobSpec) -> int:
+def members_within(usage: QueueUsage | None, spec: JobSpec, *, by_members: bool = True) -> int:
     """The most members of a gang of ``spec`` its queue's quota admits now: ``replicas``
-    for a fixed gang or without a limit; for an elastic gang, down to its ``min``."""
+    for a fixed gang or without a limit; for an elastic gang, down to its ``min``
+    (``by_members`` False: ``replicas``, the gang being charged for its max)."""
     elastic = spec.elastic
     n = spec.replicas
-    if usage is None or elastic is None:
+    if usage is None or elastic is None or not by_members:
         return n
     while n > elastic.min_replicas and usage.shortfall(spec.queue, members_request(spec, n)):
         n -= 1
@@ -144,7 +175,9 @@ def growth_usage(state: ClusterState) -> QueueUsage | None:
     limits anything), for the plan and for apply: what each queue keeps once the gangs
     being preempted or shrunk have stopped, plus the claims of the gangs waiting for them,
     so no growth takes the quota a reclaim is taking back."""
-    return QueueUsage.kept_after_reclaims(state) if has_quotas(state) else None
+    if not has_quotas(state) or not charges_members(state):
+        return None  # charged for its max, an elastic gang grows within what it holds
+    return QueueUsage.kept_after_reclaims(state)
 
 
 def has_quotas(state: ClusterState) -> bool:
@@ -201,8 +234,9 @@ class QueueUsage:
         """Usage of every queue in ``state``. ``counting_preempted=False`` leaves out
         attempts already being preempted (what a queue keeps once they stop)."""
         usage: dict[str, Resources] = {}
+        by_members = charges_members(state)
         for job in state.jobs.values():
-            count_held(usage, job, counting_preempted=counting_preempted)
+            count_held(usage, job, counting_preempted=counting_preempted, by_members=by_members)
         return cls(state.queues, usage, state.cohorts)
 
     @classmethod

@@ -33,7 +33,7 @@ from synapse_ha.core.cluster_config import Cohort
 from synapse_ha.core.model import ClusterState, Job, JobState, Resources
 from synapse_ha.core.queues.ordering import QueueStanding, queue_standings
 from synapse_ha.core.queues.quota import QueueUsage as QuotaUsage
-from synapse_ha.core.queues.quota import count_held, gang_request
+from synapse_ha.core.queues.quota import charges_members, count_held, gang_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +73,9 @@ def queues_now(state: ClusterState, now_ms: int) -> QueuesNow:
     held: dict[str, Resources] = {}
     tallies = {name: _Tally() for name in sorted(state.queues)}
     heads: dict[str, Job] = {}
+    by_members = charges_members(state)
     for job in state.jobs.values():
-        count_held(held, job)
+        count_held(held, job, by_members=by_members)
         _tally(tallies, heads, job)
     quota = QuotaUsage(state.queues, held, state.cohorts)
     return QueuesNow(

@@ -259,6 +259,7 @@ class _Pass:
 
     __slots__ = (
         "answers",
+        "by_members",
         "caps",
         "claims",
         "empty_view",
@@ -314,6 +315,7 @@ class _Pass:
         self.surplus: list[Job] | None = None  # elastic gangs above their min
         self.selections = Selections(state)
         self.usage = QueueUsage.of(state) if has_quotas(state) else None
+        self.by_members = quota.charges_members(state)  # how elastic gangs are charged
         self.caps = PassCaps(state)
         self.claims = claimants(state) if claims is None else claims
         self.unfit = unfit_nodes(state, now_ms) if unfit is None else unfit
@@ -398,7 +400,8 @@ class _Pass:
         if spec.nodes is not None:  # kept to the nodes it selects (core/scheduler/selection.py)
             gang = self.selections.narrow(gang, lambda g: answers.fits(g, self.view, depths))
         usage = self.usage
-        short = usage.shortfall(spec.queue, quota.admission_request(spec)) if usage else None
+        asked = quota.admission_request(spec, by_members=self.by_members)
+        short = usage.shortfall(spec.queue, asked) if usage else None
         victims_left = self.claims.get(job.job_id)
         if victims_left:
             # Its victims are still stopping: keep what it needs from everyone else.
@@ -443,7 +446,8 @@ class _Pass:
         more than its queue's quota admits."""
         elastic = gang.spec.elastic
         if elastic is not None:
-            gang = replace(gang, n=quota.members_within(self.usage, gang.spec))
+            n = quota.members_within(self.usage, gang.spec, by_members=self.by_members)
+            gang = replace(gang, n=n)
         hosts = self.answers.place(gang, target, depths)
         if hosts is None and elastic is not None:
             low, high = elastic.min_replicas, gang.n  # high does not fit
