@@ -32,6 +32,7 @@ median does not mark its node again once the node is made ready).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,11 +62,11 @@ PACE_ENV = "CHAOS_PACE"
 # without waiting, fast under the throttle), then a rest, so that a member takes about 5 %
 # of a core. A pace line with the fastest of the steps' own times this often: the suite's
 # "nodes" share two cores with everything else, and a step preempted by another process
-# is slow for no fault of its node (with the median, two healthy members of a gang were
-# 50 % apart for a few 2-second windows, and one node was marked); a throttled step is
-# never fast. By time, not by steps, so that a throttled member (a step of 300-700 ms)
-# writes a line every step or so, and the worker's median over the member's lines turns
-# soon after it was throttled at its start.
+# is slow for no fault of its node (with the median, and members on either core, two
+# healthy members of a gang were 15 % to 130 % apart for windows on end, and nodes were
+# marked); a throttled step is never fast. By time, not by steps, so that a throttled
+# member (a step of 300-700 ms) writes a line every step or so, and the worker's median
+# over the member's lines turns soon after it was throttled at its start.
 PACE_WORK = 120_000
 PACE_REST_S = 0.075
 PACE_LINE_S = 0.5
@@ -143,6 +144,11 @@ class Pacer:
         self.step = 0
         self.times: list[float] = []  # own times (ms) since the last line
         self.next_line = time.monotonic() + PACE_LINE_S
+        # Every paced member on the same core (the highest this process may use): the
+        # suite's "nodes" share the machine's cores, and a member on a core busy with
+        # other work would be slower than its peers for no fault of its node.
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 
     def run_until(self, until: float) -> None:
         """Step until ``until`` (monotonic seconds)."""
