@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -68,7 +69,7 @@ PACE_ENV = "CHAOS_PACE"
 # member (a step of 300-700 ms) writes a line every step or so, and the worker's median
 # over the member's lines turns soon after it was throttled at its start.
 PACE_WORK = 120_000
-PACE_REST_S = 0.075
+PACE_REST_S = (0.05, 0.1)  # drawn for each step: peers on one core never fall in step
 PACE_LINE_S = 0.5
 
 
@@ -146,7 +147,9 @@ class Pacer:
         self.next_line = time.monotonic() + PACE_LINE_S
         # Every paced member on the same core (the highest this process may use): the
         # suite's "nodes" share the machine's cores, and a member on a core busy with
-        # other work would be slower than its peers for no fault of its node.
+        # other work would be slower than its peers for no fault of its node. Its rest is
+        # drawn for each step: with a fixed one, two members started together woke in
+        # lockstep, one always waiting for the other's step (40 % slower throughout).
         with contextlib.suppress(OSError, AttributeError):
             os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 
@@ -161,7 +164,8 @@ class Pacer:
             self.step += 1
             if time.monotonic() >= self.next_line:
                 self.write_line()
-            time.sleep(max(0.0, min(PACE_REST_S, until - time.monotonic())))
+            rest = random.uniform(*PACE_REST_S)
+            time.sleep(max(0.0, min(rest, until - time.monotonic())))
 
     def write_line(self) -> None:
         line = {"step": self.step, "step_ms": round(max(min(self.times), 0.001), 3)}
