@@ -241,6 +241,7 @@ def configs(
                 sbatch_share=0.0,  # nor allocations
                 replace_share=0.0,  # every gang requeued whole, as the rules it proves expect
                 elastic_share=0.0,  # every gang of one size
+                paced_share=0.0,  # nor gangs of members on nodes of their own
             )
         )
     return out
