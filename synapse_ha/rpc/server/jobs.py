@@ -157,8 +157,12 @@ class JobService(SubmitService):
                     arrays.append(to_proto.array_to_proto(item, _tasks(state, item), redacted))
                 else:
                     out.append(self.ctx.job_messages.of(item, redacted))
-        next_token = _page_token(page[-1]) if more else ""
-        return pb.ListJobsResponse(jobs=out, arrays=arrays, stale=stale, next_page_token=next_token)
+            next_token = _page_token(page[-1]) if more else ""
+            # Built within the gate: copying the messages in is most of a listing's cost
+            # now that each job is converted once, and the gate must count it.
+            return pb.ListJobsResponse(
+                jobs=out, arrays=arrays, stale=stale, next_page_token=next_token
+            )
 
     def GetArray(
         self, request: pb.GetArrayRequest, context: grpc.ServicerContext
