@@ -22,6 +22,7 @@ from chaos.history import History
 from chaos.members_seen import SeenMember
 from chaos.slow_rules import NEVER, Mark, Throttle, check_binds, check_marks, check_unmarked
 from chaos.steptask import pid_namespace, start_ticks
+from synapse_ha.local.waiting import wait_until
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.worker.pace import parse_pace
 
@@ -277,9 +278,12 @@ def test_a_paced_member_finishes_its_work_on_sigusr2(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "chaos.member", str(ledger_path), "127.0.0.1:9", "600000"]
     process = subprocess.Popen(argv, env=env)
     try:
-        while not any(r["type"] == "heartbeat" for r in ledger.read_records(ledger_path)):
+
+        def beat() -> bool | None:
             assert process.poll() is None
-            time.sleep(0.05)
+            return any(r["type"] == "heartbeat" for r in ledger.read_records(ledger_path)) or None
+
+        wait_until("the member's first heartbeat record", beat, 30.0, every_s=0.05)
         process.send_signal(signal.SIGUSR2)
         assert process.wait(timeout=60) == 4  # its commit found no sink here
     finally:
