@@ -13,8 +13,15 @@ Parts (``--parts``, all three by default):
 * ``trace``: ``--trace-file``, a trace in the simulator's format, on ``--trace-hosts``
   8-GPU hosts; without it, the Alibaba openb v2023 trace (``--openb``) converted as
   ``synapse-sim --workload openb --write-trace`` converts it, on one in ``--openb-every``
-  of each of its node shapes. Arrivals ``--trace-speedup`` times the trace's pace. The
-  trace is not drawn: it runs once, whatever ``--seeds``.
+  of each of its node shapes. Arrivals ``--trace-speedup`` times the trace's pace;
+  ``--trace-checkpoint-interval S`` has every job without an interval of its own mark a
+  checkpoint every S seconds of run time. The trace is not drawn: it runs once, whatever
+  ``--seeds``.
+
+In a workload whose jobs mark checkpoints, victims save on notice: a victim marks a
+checkpoint 5-20 s after its notice (drawn, seeded) and exits, ending its grace then
+(``synapse_ha.sim.quality.saving_on_notice``); ``--no-save-on-notice`` lets every victim
+run out its grace instead.
 
 Per workload and policy, the table holds the queueing delay (mean, p50, p95), the
 longest wait of a gang of 64 GPUs or more, Jain's index among backlogged queues, the
@@ -45,9 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from synapse_ha.sim.engine import Result
 from synapse_ha.sim.plots import write_plots
 from synapse_ha.sim.quality import (
+    SAVE_ON_NOTICE_MS,
     markdown,
     openb_workload,
     run_policies,
+    saving_on_notice,
     summarise,
     trace_file_workload,
 )
@@ -90,25 +99,33 @@ def run_part(
 
 
 def _makers(args: argparse.Namespace) -> dict[str, Callable[[int], Workload]]:
-    """Each part's workload of a seed (the trace's is the same for every seed)."""
+    """Each part's workload of a seed (the trace's is the same for every seed), its
+    victims saving on notice unless ``--no-save-on-notice``."""
+    every_s = args.trace_checkpoint_interval
     if args.trace_file:
         trace = Path(args.trace_file)
         speedup = args.trace_speedup
         hosts = args.trace_hosts
 
         def traced(_: int) -> Workload:
-            return trace_file_workload(trace, hosts, speedup)
+            return trace_file_workload(trace, hosts, speedup, every_s)
     else:
         folder, every, limit = Path(args.openb), args.openb_every, args.openb_limit
 
         def traced(_: int) -> Workload:
-            return openb_workload(folder, every, args.trace_speedup, limit)
+            return openb_workload(folder, every, args.trace_speedup, limit, every_s)
 
-    return {
+    bounds = None if args.no_save_on_notice else SAVE_ON_NOTICE_MS
+    makers: dict[str, Callable[[int], Workload]] = {
         "synthetic": lambda seed: synthetic(seed=seed, jobs=args.jobs, nodes=args.nodes),
         "multi-tenant": lambda seed: multi_tenant(seed=seed, hours=args.hours, hosts=args.hosts),
         "trace": traced,
     }
+
+    def saving(make: Callable[[int], Workload]) -> Callable[[int], Workload]:
+        return lambda seed: saving_on_notice(make(seed), bounds)
+
+    return {part: saving(make) for part, make in makers.items()}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,6 +147,18 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="trace: arrivals this many times the trace's pace (default 1)",
+    )
+    parser.add_argument(
+        "--trace-checkpoint-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="trace: every job without an interval marks a checkpoint every S s (>= 1)",
+    )
+    parser.add_argument(
+        "--no-save-on-notice",
+        action="store_true",
+        help="victims never mark a checkpoint after their notice: each runs out its grace",
     )
     parser.add_argument("--openb", default=str(OPENB), help="folder of the openb CSV files")
     parser.add_argument(
@@ -164,6 +193,9 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[st
         parser.error(f"--hours: a number above 0, got {args.hours}")
     if not 0 < args.trace_speedup < float("inf"):
         parser.error(f"--trace-speedup: a number above 0, got {args.trace_speedup}")
+    interval = args.trace_checkpoint_interval
+    if interval is not None and not 1 <= interval < float("inf"):
+        parser.error(f"--trace-checkpoint-interval: at least 1 second, got {interval}")
     if args.smoke:
         args.jobs, args.nodes = SMOKE["jobs"], SMOKE["nodes"]
         args.hours, args.hosts = SMOKE["hours"], SMOKE["hosts"]

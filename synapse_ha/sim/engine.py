@@ -24,16 +24,23 @@ from synapse_ha.core.queues.cohort_tree import root_of
 from synapse_ha.core.workflows.dependencies import Dependencies, DependencyKind
 from synapse_ha.sim.capacity import FreeGpus, RackLayout
 from synapse_ha.sim.fairness import Loss, TenancyMeter
-from synapse_ha.sim.marks import Marking, kept_ms, lost_since, report_marks
+from synapse_ha.sim.marks import (
+    Marking,
+    check_save_bounds,
+    kept_ms,
+    lost_since,
+    report_marks,
+    save_delay_ms,
+)
+from synapse_ha.sim.members import SIGTERM_EXIT, report_all, shrink_gang
 from synapse_ha.sim.metrics import JobRecord, Tally, queue_delays, run_metrics, tenancy_metrics
 from synapse_ha.sim.policies import Policy
 from synapse_ha.sim.workload import Workload
 
-ARRIVE, FINISH, EXPIRE, WAKE, STOP, MARK = 0, 1, 2, 3, 4, 5
-LAST_KIND = MARK  # the kinds a subclass adds are above this
-ATTEMPT_ENDS = frozenset({FINISH, EXPIRE, STOP})
+ARRIVE, FINISH, EXPIRE, WAKE, STOP, MARK, SAVE = 0, 1, 2, 3, 4, 5, 6
+LAST_KIND = SAVE  # the kinds a subclass adds are above this
+ATTEMPT_ENDS = frozenset({FINISH, EXPIRE, STOP, SAVE})
 GRACE_MS = 30_000  # how long a preempted gang takes to stop (its whole grace period)
-SIGTERM_EXIT = 143  # the exit code a member stopped by SIGTERM reports
 MS_PER_HOUR = 3_600_000
 
 
@@ -73,13 +80,16 @@ def simulate(
     The workload's cohort records and queues are set through ``apply`` first (one refused
     raises ValueError).
 
-    Preemption: the policy's ``Preempt`` commands are applied after its bind; every
+    Preemption: the policy's shrinks (elastic gangs giving back members) are applied
+    after its bind, then its ``Preempt`` commands, as the leader proposes them; every
     member of a victim exits (code 143, as after SIGTERM) ``grace_ms`` later, which
-    confirms it stopped, unless its own end comes first. It loses its GPUs x the time
-    from its attempt's checkpoint mark (or its bind) to its stop. A job with a checkpoint
-    interval marks through the real state machine while it runs
-    (:mod:`synapse_ha.sim.marks`); requeued, it runs again from its resume step, any
-    other job its whole duration.
+    confirms it stopped, unless its own end comes first or it saves on notice
+    (``Workload.save_on_notice_ms``: it marks a checkpoint and exits after its save). It
+    loses its GPUs x the time from its attempt's checkpoint mark (or its bind) to its
+    stop. A job with a checkpoint interval marks through the real state machine while it
+    runs (:mod:`synapse_ha.sim.marks`); requeued, it runs again from its resume step, any
+    other job its whole duration. A ``save_on_notice_ms`` that is not two ms bounds,
+    0 <= low <= high, raises ValueError.
 
     ``pass_interval_ms``: 0 plans at every instant something happened (and at the
     policy's wake time); otherwise passes run only at multiples of it, as a leader
@@ -88,6 +98,7 @@ def simulate(
     Jobs with ``after_ok`` wait for those jobs through the real dependencies
     (:class:`AfterOkRun`); an array job's tasks each run the job's duration.
     """
+    check_save_bounds(workload.save_on_notice_ms)
     if not policy.topology_aware:
         workload = workload.without_topology()
     state = build_cluster(workload, config or ClusterConfig(retention_ms=0))
@@ -119,9 +130,10 @@ class Run:
     waiting and holding GPUs, and the running sums the figures are made of.
 
     Events are ``(time, sequence, kind, key)``: an arrival's key is the job's index in
-    the workload, an end's (FINISH, EXPIRE, STOP) and a checkpoint mark's (MARK) is
-    ``job_id@fencing_token`` so one of an attempt that no longer holds resources is
-    ignored, a WAKE's is empty. A mark alone is no reason to plan.
+    the workload, an end's (FINISH, EXPIRE, STOP, SAVE: a victim's save on notice done)
+    and a checkpoint mark's (MARK) is ``job_id@fencing_token`` so one of an attempt that
+    no longer holds resources is ignored, a WAKE's is empty. A mark alone is no reason
+    to plan.
 
     A subclass adds kinds of its own (above LAST_KIND) through :meth:`_other_event`, and
     may extend :meth:`_more_to_do`, :meth:`_wants_pass`, :meth:`_run_ms`,
@@ -164,6 +176,8 @@ class Run:
         self.series_alloc: list[tuple[float, float]] = []
         self.series_queue: list[tuple[float, float]] = []
         self.marking: dict[str, Marking] = {}  # job -> its live attempt's marks
+        self.noticed: dict[str, int] = {}  # job@token saving on notice -> the notice's time
+        self.given_back: Counter[str] = Counter()  # job -> GPUs its live attempt shrank by
 
     def run(self) -> None:
         """Every instant with events, in time order: account for the time since the
@@ -273,9 +287,11 @@ class Run:
             return False
         if kind == EXPIRE:
             apply(self.state, c.ExpireTimeLimit(job_id, token, self.now))
-        elif kind == STOP:
+        elif kind in (STOP, SAVE):
             attempt = record.attempt
             assert attempt is not None
+            if kind == SAVE and not self._saved(key, attempt.fencing_token):
+                return False
             gpus, since = self.records[job_id].gpus, lost_since(attempt)
             ran = self.now - attempt.bound_at_ms
             self.tally.losses.append(Loss(gpus, self.now - since, ran))
@@ -290,8 +306,9 @@ class Run:
         """The job's attempt stopped holding resources: free them; a requeued job waits
         again, any other has ended."""
         rec = self.records[job_id]
-        self.allocated -= rec.gpus
-        self.usage[rec.queue] -= rec.gpus
+        held = rec.gpus - self.given_back.pop(job_id, 0)
+        self.allocated -= held
+        self.usage[rec.queue] -= held
         self.marking.pop(job_id, None)
         job = self.state.jobs[job_id]
         self.free.update(self.state, job)
@@ -311,8 +328,9 @@ class Run:
             self._schedule_pass(pending_count)
 
     def _schedule_pass(self, pending_count: int) -> None:
-        """One pass of the policy: bind its placements, then apply its preemptions (as
-        the leader proposes them), then ask for the wake time it wants."""
+        """One pass of the policy: bind its placements, then apply its shrinks and then
+        its preemptions (as the leader proposes them), then ask for the wake time it
+        wants."""
         tally = self.tally
         t0 = time.process_time()
         command = self.policy.plan(self.state, self.now)
@@ -322,6 +340,8 @@ class Run:
         if command is not None:
             for job_id in self._bind(command):
                 self._started(job_id)
+        for shrink in self.policy.shrinks:
+            self._shrink(shrink)
         for preempt in self.policy.preempts:
             self._preempt(preempt)
         wake = self.policy.wake_ms
@@ -416,8 +436,32 @@ class Run:
         self.tally.marks += 1
         self._next_mark(job_id, marking)
 
+    def _saved(self, key: str, token: int) -> bool:
+        """The victim ``key`` (``job@token``) saved after its notice: every member marks
+        the step it had reached at the notice (through the real ``ReportMembers``).
+        False when it was not saving."""
+        job_id = key.rsplit("@", 1)[0]
+        notice, marking = self.noticed.pop(key, None), self.marking.get(job_id)
+        if notice is None or marking is None or marking.token != token:
+            return False
+        seq, step = marking.mark_at(notice)
+        report_marks(self.state, job_id, seq, step, self.now)
+        self.tally.marks += 1
+        return True
+
     def _after_start(self, job_id: str) -> None:
         """A subclass's look at an attempt just started (here: nothing)."""
+
+    def _shrink(self, shrink: c.ShrinkMembers) -> None:
+        """Apply one of the policy's shrinks: the ranks it gives back exit at once, their
+        GPUs are free, and the next pass may place the gang it was for."""
+        gpus = shrink_gang(self.state, shrink, self.now)
+        if gpus:
+            self._wake_at(self.now + max(self.pacing.pass_interval_ms, 1))
+            self.allocated -= gpus
+            self.usage[self.records[shrink.job_id].queue] -= gpus
+            self.given_back[shrink.job_id] += gpus
+            self.free.update(self.state, self.state.jobs[shrink.job_id])
 
     def _preempt(self, preempt: c.Preempt) -> None:
         """Apply one of the policy's preemptions; each victim's members stop a grace
@@ -431,9 +475,17 @@ class Run:
         rec = self.records[preempt.preemptor]
         if rec.preempting_since_ms is None:
             rec.preempting_since_ms = now
+        bounds = self.workload.save_on_notice_ms
         for victim in victims:
             tally.victims_by_kind[str(preempt.kind)] += 1
-            self._push(now + self.pacing.grace_ms, STOP, f"{victim.job_id}@{victim.fencing_token}")
+            tag = f"{victim.job_id}@{victim.fencing_token}"
+            self._push(now + self.pacing.grace_ms, STOP, tag)
+            marking = self.marking.get(victim.job_id)
+            if bounds is not None and marking is not None and marking.token == victim.fencing_token:
+                save = save_delay_ms(bounds, self.workload.name, victim.job_id, marking.token)
+                if save < self.pacing.grace_ms:  # a longer save is cut short by the grace
+                    self.noticed[tag] = now
+                    self._push(now + save, SAVE, tag)
 
     def _observe(self, pending_count: int) -> None:
         """Record the instant's allocation and queue length, and the queues' shares."""
@@ -545,24 +597,3 @@ class AfterOkRun(Run):
             "cancelled_waiting": self.cancelled_waiting,
             "never_submitted": len(self.never_submitted),
         }
-
-
-def report_all(
-    state: ClusterState,
-    job_id: str,
-    token: int,
-    kind: c.MemberEventKind,
-    now: int,
-    exit_code: int = 0,
-) -> None:
-    """Report every member of the attempt started (or exited with ``exit_code``), node
-    by node."""
-    attempt = state.jobs[job_id].attempt
-    assert attempt is not None
-    by_node: dict[str, list[c.MemberEvent]] = {}
-    for m in attempt.members:
-        by_node.setdefault(m.node_id, []).append(
-            c.MemberEvent(job_id, token, m.rank, kind, exit_code, generation=m.generation)
-        )
-    for node_id, events in sorted(by_node.items()):
-        apply(state, c.ReportMembers(node_id, tuple(events), now_ms=now))

@@ -60,9 +60,9 @@ from synapse_ha.sim.engine import (
     Result,
     Run,
     build_cluster,
-    report_all,
 )
 from synapse_ha.sim.fairness import summary
+from synapse_ha.sim.members import report_all
 from synapse_ha.sim.policies import Ours, Policy
 from synapse_ha.sim.workload import Workload
 

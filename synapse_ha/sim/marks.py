@@ -14,10 +14,21 @@ requeued job resumes: its next attempt runs its duration less that.
 Marks are scheduled lazily: an attempt has one mark event in the queue at a time, the
 next pushed when one is applied, so the queue holds at most one per live attempt however
 long the job and short its interval.
+
+**Saving on notice** (``Workload.save_on_notice_ms``): a victim with a checkpoint interval
+does what a program reading its preemption notice does (docs/queues.md): it stops
+training at the notice, saves, marks a checkpoint of the step it had reached and exits.
+The save takes a time drawn uniformly within the workload's bounds for each preemption
+(:func:`save_delay_ms`, seeded by the workload, the job and the attempt, so every policy
+draws the same for the same attempt). The mark is the same ``ReportMembers`` its workers
+would send; its members' exits, reported at once after it, end the grace then, and the
+next attempt resumes from the step reached at the notice. A save that would outlast the
+grace is never finished: the victim stops when its grace ends, as without the option.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from synapse_ha.core import commands as c
@@ -48,6 +59,29 @@ class Marking:
         """Count one more mark: its number and its step (seconds of run time)."""
         self.made += 1
         return self.made, (self.kept_ms + self.made * self.every_ms) // MS_PER_STEP
+
+    def mark_at(self, at_ms: int) -> tuple[int, int]:
+        """Count a mark of the work done by ``at_ms`` (a save after a notice, the
+        attempt's last): its number and its step."""
+        self.made += 1
+        return self.made, (self.kept_ms + max(at_ms - self.bound_ms, 0)) // MS_PER_STEP
+
+
+def check_save_bounds(bounds: tuple[int, int] | None) -> None:
+    """Raise ValueError naming ``save_on_notice_ms`` unless it is None or two whole
+    milliseconds, 0 <= low <= high."""
+    if bounds is None:
+        return
+    if len(bounds) != 2 or not 0 <= bounds[0] <= bounds[1]:
+        raise ValueError(
+            f"save_on_notice_ms: must be (low, high) with 0 <= low <= high ms, got {bounds!r}"
+        )
+
+
+def save_delay_ms(bounds: tuple[int, int], workload: str, job_id: str, token: int) -> int:
+    """How long the victim ``job_id`` (attempt ``token``) of ``workload`` takes to save
+    after its notice: drawn uniformly within ``bounds``, ms."""
+    return random.Random(f"save:{workload}:{job_id}:{token}").randint(*bounds)
 
 
 def kept_ms(job: Job) -> int:

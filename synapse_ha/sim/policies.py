@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt
+from synapse_ha.core.commands import BindPlan, GangPlacement, Preempt, ShrinkMembers
 from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Node, Resources
 from synapse_ha.core.scheduler import CapacityCache, schedule
 
@@ -18,6 +18,9 @@ class Policy(Protocol):
     wake_ms: int | None
     # After ``plan``: the preemptions it decided, applied after its bind.
     preempts: tuple[Preempt, ...]
+    # After ``plan``: the elastic gangs' shrinks its preemptions take, applied after its
+    # bind and before its preemptions (as the leader proposes them).
+    shrinks: tuple[ShrinkMembers, ...]
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None: ...
 
@@ -31,12 +34,14 @@ class Ours:
     def __init__(self) -> None:
         self.wake_ms: int | None = None
         self.preempts: tuple[Preempt, ...] = ()
+        self.shrinks: tuple[ShrinkMembers, ...] = ()
         self.cache = CapacityCache()
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         result = schedule(state, now_ms, cache=self.cache)
         self.wake_ms = result.wake_ms
         self.preempts = tuple(result.preempt_commands(now_ms))
+        self.shrinks = tuple(result.shrink_commands())
         return result.command(now_ms)
 
 
@@ -71,6 +76,7 @@ class NaiveHeadOfLine:
     topology_aware = False
     wake_ms: int | None = None
     preempts: tuple[Preempt, ...] = ()
+    shrinks: tuple[ShrinkMembers, ...] = ()
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         queue = _fifo_queue(state, now_ms)
@@ -94,6 +100,7 @@ class FifoFirstFit:
     topology_aware = False
     wake_ms: int | None = None
     preempts: tuple[Preempt, ...] = ()
+    shrinks: tuple[ShrinkMembers, ...] = ()
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         nodes = sorted(

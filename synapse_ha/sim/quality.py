@@ -9,6 +9,10 @@ nothing of quotas, every pass 0.5 s apart as the leader plans. Every figure is t
 simulator's own (:mod:`synapse_ha.sim.metrics`, :mod:`synapse_ha.sim.fairness`); this
 module only picks, gathers and lays them out.
 
+Victims save on notice (``Workload.save_on_notice_ms``, :mod:`synapse_ha.sim.marks`) in a
+workload whose jobs mark checkpoints: a victim marks a checkpoint
+:data:`SAVE_ON_NOTICE_MS` after its notice and exits (:func:`saving_on_notice`).
+
 The Alibaba openb v2023 trace runs as the simulator converts it
 (:func:`synapse_ha.sim.trace.openb_to_trace`: a pod is a one-member job, its queue its
 QoS class) on a sample of the trace's own GPU nodes (:func:`openb_sample`): its pods ask
@@ -34,6 +38,10 @@ from synapse_ha.sim.trace import TraceJob, load_trace, openb_to_trace
 from synapse_ha.sim.workload import Workload, load_openb, synthetic_cluster
 
 BASELINES = ("naive", "fifo-first-fit")
+# A job bound within this many seconds of its arrival was bound at once.
+AT_ONCE_S = 1.0
+# A victim's save after its notice: drawn uniformly between these, ms.
+SAVE_ON_NOTICE_MS = (5_000, 20_000)
 # Delay quantiles of the CDF reported per policy (the delays of every seed pooled).
 CDF_POINTS = (0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
 
@@ -76,6 +84,16 @@ FIGURES: dict[str, Callable[[dict[str, Any]], Any]] = {
 }
 
 
+def saving_on_notice(
+    workload: Workload, bounds: tuple[int, int] | None = SAVE_ON_NOTICE_MS
+) -> Workload:
+    """``workload`` with its victims saving on notice within ``bounds`` when some of its
+    jobs mark checkpoints (None: never); as it is otherwise."""
+    if not any(j.checkpoint_ms for j in workload.jobs):
+        return workload
+    return dataclasses.replace(workload, save_on_notice_ms=bounds)
+
+
 def run_policies(workload: Workload, config: ClusterConfig | None = None) -> list[Result]:
     """``workload`` under every policy (see the module docstring); each result's policy
     is the row's name."""
@@ -93,8 +111,13 @@ def run_policies(workload: Workload, config: ClusterConfig | None = None) -> lis
 
 
 def figures(result: Result) -> dict[str, Any]:
-    """The table's figures of one run."""
-    return {name: read(result.metrics) for name, read in FIGURES.items()}
+    """The table's figures of one run, and the share of its jobs bound at once (within
+    :data:`AT_ONCE_S` of their arrival: at the next pass)."""
+    out = {name: read(result.metrics) for name, read in FIGURES.items()}
+    delays = result.delays_s
+    at_once = sum(1 for d in delays if d <= AT_ONCE_S)
+    out["bound_at_once"] = at_once / len(delays) if delays else None
+    return out
 
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
@@ -128,8 +151,8 @@ def delay_cdf(delays_s: Sequence[float]) -> dict[str, Any]:
 
 
 def summarise(per_seed: Sequence[Sequence[Result]]) -> dict[str, Any]:
-    """Per policy, in the order run: each figure's spread over the seeds, and the delay
-    CDF of every seed's jobs pooled."""
+    """Per policy, in the order run: each figure's spread over the seeds, each seed's
+    figures, and the delay CDF of every seed's jobs pooled."""
     names = [r.policy for r in per_seed[0]]
     out: dict[str, Any] = {}
     for name in names:
@@ -138,8 +161,9 @@ def summarise(per_seed: Sequence[Sequence[Result]]) -> dict[str, Any]:
         out[name] = {
             "figures": {
                 figure: spread([row[figure] for row in rows if row[figure] is not None])
-                for figure in FIGURES
+                for figure in rows[0]
             },
+            "per_seed": rows,
             "delay_cdf_s": delay_cdf([d for r in runs for d in r.delays_s]),
         }
     return out
@@ -198,27 +222,47 @@ def openb_sample(folder: Path, every: int) -> tuple[NodeInfo, ...]:
 
 
 def openb_workload(
-    folder: Path, every: int, speedup: float = 1.0, limit: int | None = None
+    folder: Path,
+    every: int,
+    speedup: float = 1.0,
+    limit: int | None = None,
+    checkpoint_s: float | None = None,
 ) -> Workload:
     """The openb pods (the first ``limit``) converted to trace jobs, arriving ``speedup``
     times faster than in the trace, on :func:`openb_sample` of its nodes; every QoS class
-    a queue with an equal share of the sample's GPUs."""
+    a queue with an equal share of the sample's GPUs. With ``checkpoint_s``, every pod
+    marks a checkpoint that often (the trace has none)."""
     nodes = openb_sample(folder, every)
-    jobs = _faster(openb_to_trace(folder, limit=limit), speedup)
+    jobs = _checkpointing(_faster(openb_to_trace(folder, limit=limit), speedup), checkpoint_s)
     workload = from_trace(jobs, nodes, name="openb")
+    marks = f"; checkpoints every {checkpoint_s:g} s" if checkpoint_s else "; no checkpoints"
     notes = (
         f"{workload.notes} (one in {every} of each node shape of the trace's, "
         f"{workload.total_gpus} GPUs); pods sharing a GPU get a whole one; "
-        f"arrivals {speedup:g}x the trace's pace"
+        f"arrivals {speedup:g}x the trace's pace{marks}"
     )
     return dataclasses.replace(workload, notes=notes)
 
 
-def trace_file_workload(path: Path, hosts: int, speedup: float = 1.0) -> Workload:
+def trace_file_workload(
+    path: Path, hosts: int, speedup: float = 1.0, checkpoint_s: float | None = None
+) -> Workload:
     """A trace file in the simulator's format on ``hosts`` 8-GPU hosts (8 to a rack, 4
-    racks to a block), as ``synapse-sim --workload trace`` runs it."""
-    jobs = _faster(load_trace(path), speedup)
+    racks to a block), as ``synapse-sim --workload trace`` runs it; with ``checkpoint_s``,
+    every job without a ``checkpoint_s`` of its own marks a checkpoint that often."""
+    jobs = _checkpointing(_faster(load_trace(path), speedup), checkpoint_s)
     return from_trace(jobs, synthetic_cluster(hosts), name=path.name)
+
+
+def _checkpointing(jobs: list[TraceJob], checkpoint_s: float | None) -> list[TraceJob]:
+    """``jobs`` with those without a checkpoint interval marking every ``checkpoint_s``
+    seconds of run time (None: as they are); at least 1 s."""
+    if checkpoint_s is None:
+        return jobs
+    if not 1 <= checkpoint_s < math.inf:
+        raise ValueError(f"checkpoint interval: at least 1 second, got {checkpoint_s}")
+    every = round(checkpoint_s * 1000)
+    return [j if j.checkpoint_ms else dataclasses.replace(j, checkpoint_ms=every) for j in jobs]
 
 
 def _faster(jobs: list[TraceJob], speedup: float) -> list[TraceJob]:

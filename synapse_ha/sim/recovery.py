@@ -67,10 +67,17 @@ from synapse_ha.core.replacement import ReplacePolicy
 from synapse_ha.core.scheduler.replacement import plan_replacements
 from synapse_ha.core.spares import spare_nodes
 from synapse_ha.core.views import due_replacement_timeouts
-from synapse_ha.sim.engine import FINISH, GRACE_MS, SIGTERM_EXIT, Pacing, build_cluster, report_all
+from synapse_ha.sim.engine import FINISH, GRACE_MS, Pacing, build_cluster
 from synapse_ha.sim.gpu_failures import MS_PER_HOUR, FailureModel, FaultPolicy, FaultRun
+from synapse_ha.sim.members import SIGTERM_EXIT, report_all
 from synapse_ha.sim.policies import Ours
-from synapse_ha.sim.recovery_elastic import ELASTIC_PERIOD_MS, Resize, elastic_spec, resize_gangs
+from synapse_ha.sim.recovery_elastic import (
+    ELASTIC_PERIOD_MS,
+    Resize,
+    apply_shrink,
+    elastic_spec,
+    resize_gangs,
+)
 from synapse_ha.sim.recovery_figures import LossTally, Outcome, figures
 from synapse_ha.sim.workload import Workload
 
@@ -431,6 +438,12 @@ class RecoveryRun(FaultRun):
             self._resized(resize)
         if resizes:
             self._resize_soon()
+
+    def _shrink(self, shrink: c.ShrinkMembers) -> None:
+        """A shrink a preemption of the plan takes: as one of the elastic loop's."""
+        resize = apply_shrink(self.state, shrink, self.now)
+        if resize is not None:
+            self._resized(resize)
 
     def _resized(self, resize: Resize) -> None:
         """An elastic gang's membership changed: the work since its checkpoint is lost

@@ -20,7 +20,7 @@ from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState, JobSpec, MemberPlacement
 from synapse_ha.core.scheduler.elastic import plan_growth, plan_shrink
-from synapse_ha.sim.engine import SIGTERM_EXIT
+from synapse_ha.sim.members import SIGTERM_EXIT
 
 ELASTIC_PERIOD_MS = 1_000  # how often the leader plans growth and shrinks (leader/elastic.py)
 
@@ -58,7 +58,7 @@ def resize_gangs(state: ClusterState, now_ms: int) -> list[Resize]:
     order applied (a command ``apply`` refuses changes nothing and is left out)."""
     shrinks = plan_shrink(state, now_ms)
     if shrinks:
-        return [r for r in (_shrink(state, s, now_ms) for s in shrinks) if r is not None]
+        return [r for r in (apply_shrink(state, s, now_ms) for s in shrinks) if r is not None]
     growth = plan_growth(state, now_ms)
     if growth is None:
         return []
@@ -75,7 +75,7 @@ def resize_gangs(state: ClusterState, now_ms: int) -> list[Resize]:
     return out
 
 
-def _shrink(state: ClusterState, shrink: c.ShrinkMembers, now_ms: int) -> Resize | None:
+def apply_shrink(state: ClusterState, shrink: c.ShrinkMembers, now_ms: int) -> Resize | None:
     """Apply ``shrink``; the ranks it gives back exit at once, and the attempt drops
     them."""
     size = _size(state, shrink.job_id)

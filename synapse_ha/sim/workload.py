@@ -41,6 +41,11 @@ class Workload:
     # Cohort records, parents first, set through apply before the queues (none: every
     # cohort a queue names is a flat one).
     cohorts: tuple[Cohort, ...] = ()
+    # Victims that save on notice: a preempted job with a checkpoint interval saves and
+    # marks a checkpoint this long after its notice (ms, drawn uniformly between the two
+    # for each preemption, seeded), then its members exit, ending its grace at once.
+    # None: victims never mark after the notice and stop when their grace ends.
+    save_on_notice_ms: tuple[int, int] | None = None
 
     @property
     def total_gpus(self) -> int:
