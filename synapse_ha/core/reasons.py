@@ -80,6 +80,9 @@ class ReasonCode(enum.StrEnum):
     # start_ms, jobs, count, grace_ms, until_ms: it starts by then without preempting
     # (core/scheduler/pass_preemptions.py), and may preempt from until_ms on
     STARTS_WITHOUT_PREEMPTING = "starts_without_preempting"
+    # hosts drained for it (core/scheduler/defrag.py): as WAITING_CAPACITY, jobs, until_ms?
+    DEFRAGMENTING = "defragmenting"
+    DRAINING_FOR = "draining_for"  # job, until_ms?: a node's reason: held for that gang
     # -- dependencies (core/workflows/dependencies.py)
     DEPENDENCY = "dependency"  # waiting (what it waits for, as text), count
     DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"  # job, kind, state
@@ -146,6 +149,7 @@ WAIT_CODES = frozenset(
         ReasonCode.WAITING_FOR_PREEMPTOR,
         ReasonCode.WAITING_MIN_RUNTIME,
         ReasonCode.STARTS_WITHOUT_PREEMPTING,
+        ReasonCode.DEFRAGMENTING,
         ReasonCode.WAITING_FOR_NODES,
         ReasonCode.WAITING_MEMBER_CAP,
     }
@@ -530,6 +534,15 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"for it would stop (a grace of {_seconds(r.num('grace_ms'))}), so it preempts "
         f"nobody; should they run on, it may preempt from {time_text(r.num('until_ms'))}"
     ),
+    ReasonCode.DEFRAGMENTING: lambda r: (
+        f"{_need(r)}; the free GPUs add up to enough but are scattered: waiting for "
+        f"{r.num('count')} host(s) to drain ({r.text('hosts')}): {_drained_when(r)}; "
+        "only gangs that end before then start there"
+    ),
+    ReasonCode.DRAINING_FOR: lambda r: (
+        f"draining for {r.text('job')} (defragmentation): no new gangs here but those that "
+        + (f"end before ~{time_text(r.num('until_ms'))}" if r.has("until_ms") else "none")
+    ),
     ReasonCode.DEPENDENCY: lambda r: f"waiting for {r.text('waiting')}",
     ReasonCode.BEGIN_TIME: lambda r: f"not considered before {time_text(r.num('at_ms'))} (begin)",
     ReasonCode.DEADLINE: lambda r: (
@@ -563,6 +576,11 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"were reported after it was decided, so the job succeeded and is not requeued"
     ),
 }
+
+
+def _drained_when(r: Reason) -> str:
+    known = f"end(s) ~{time_text(r.num('until_ms'))}" if r.has("until_ms") else "have no estimate"
+    return f"{r.text('jobs')} {known}"
 
 
 def _kind(r: Reason) -> str:

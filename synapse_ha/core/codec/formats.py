@@ -54,7 +54,7 @@ from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.workflows.dependencies import Dependencies
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 16  # the newest format this release reads
+FORMAT = 17  # the newest format this release reads
 
 # The format that added each field of a type declared outside core/model.py (a field of
 # core/model.py says its own: ``since(format, default)``), by owning type. Such a field is
@@ -82,6 +82,8 @@ _DECLARED: dict[type, dict[str, int]] = {
         # Format 14: hot spares kept out of normal placement (core/spares.py).
         "spares": 14,
         "spare_level": 14,
+        # Format 17: drains for gangs short only of contiguous room (core/scheduler/defrag.py).
+        "defrag_share_pct": 17,
     },
     # Format 6: minimum run time of a priority class and a queue (core/queues/victim_rules.py).
     PriorityClass: {"min_runtime_ms": 6},
@@ -190,6 +192,9 @@ NEW_ENUM_VALUES: dict[enum.Enum, int] = {
     # A queue below its fair share preempting a borrower above it (core/queues/fair_preemption.py;
     # only a cohort with fair_sharing_preemption, itself format 16, gives it).
     PreemptionKind.FAIR_SHARE: 16,
+    # A gang waiting for nodes drained for it (core/scheduler/defrag.py).
+    ReasonCode.DEFRAGMENTING: 17,
+    ReasonCode.DRAINING_FOR: 17,
 }
 
 

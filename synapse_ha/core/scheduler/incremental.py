@@ -93,6 +93,7 @@ def _plan_stands_until(now_ms: int, end: PassEnd) -> int:
     if (
         plan.placements
         or plan.preemptions
+        or plan.drains  # their costs read the clock (core/scheduler/defrag.py)
         or end.searches
         or (end.quotas and len(end.queues) > 1)
         or (plan.wake_ms is not None and plan.wake_ms <= now_ms)
@@ -292,6 +293,8 @@ def _appendable(end: PassEnd, added: list[Job]) -> str | None:
     plan = end.plan
     if plan.placements or plan.preemptions or end.claims or end.searches:
         return "took-capacity"
+    if plan.drains:  # held hosts a new gang's pass would not know of
+        return "drains"
     for job in added:
         if job.state is not JobState.PENDING or job.waiting_for or job.array_id:
             return "added-not-plain"
@@ -328,6 +331,7 @@ def _merged(state: ClusterState, end: PassEnd, more: PassEnd) -> PassEnd:
         reservation=extra.reservation,
         wake_ms=wake,
         preemptions=[*plan.preemptions, *extra.preemptions],
+        drains=[*plan.drains, *extra.drains],
     )
     return _with_plan(more, merged)
 

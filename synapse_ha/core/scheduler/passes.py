@@ -17,6 +17,7 @@ from synapse_ha.core.reasons import Reason, ReasonCode, ranks_text, reason
 from synapse_ha.core.scheduler.answers import Answers
 from synapse_ha.core.scheduler.capacity import CachedTable, CapacityCache, View
 from synapse_ha.core.scheduler.caps import PassCaps
+from synapse_ha.core.scheduler.defrag import Defrag
 from synapse_ha.core.scheduler.elastic import shrinking_makes_room, surplus_gangs
 from synapse_ha.core.scheduler.explainer import Explainer
 from synapse_ha.core.scheduler.order import ordered_pending
@@ -262,6 +263,7 @@ class _Pass:
         "by_members",
         "caps",
         "claims",
+        "defrag",
         "empty_view",
         "explainer",
         "fits_local",
@@ -319,11 +321,9 @@ class _Pass:
         self.caps = PassCaps(state)
         self.claims = claimants(state) if claims is None else claims
         self.unfit = unfit_nodes(state, now_ms) if unfit is None else unfit
-        self.preempt = (
-            Preempting(state, now_ms, self.claims)
-            if state.config.preemption is not (PreemptionMode.OFF)
-            else None
-        )
+        preempting = state.config.preemption is not PreemptionMode.OFF
+        self.preempt = Preempting(state, now_ms, self.claims) if preempting else None
+        self.defrag = Defrag(state, now_ms, self.explainer.estimates, self.placed)
 
     def end(
         self,
@@ -515,12 +515,13 @@ class _Pass:
 
     def _target(self, job: Job) -> View:
         """The view a gang is placed on: without the reserved nodes, unless it is expected
-        to end before the reservation starts (backfill)."""
+        to end before the reservation starts (backfill), and the drained ones likewise."""
         backfill_ok = may_backfill(
             self.explainer.estimates, job, self.plan.reservation, self.now_ms
         )
         restricted = self.restricted
-        return restricted if restricted is not None and not backfill_ok else self.view
+        view = restricted if restricted is not None and not backfill_ok else self.view
+        return self.defrag.target(job, view)
 
     def _locality(
         self, gang: Gang, local_depths: list[int] | None, deadline: int
@@ -589,6 +590,7 @@ class _Pass:
             plan.reasons[job_id] = self.explainer.why_waiting(
                 gang, view, depths, None, self.now_ms, behind=reservation if blocked else None
             )
+        self.defrag.consider(gang, depths, self.restricted or view, plan)
 
 
 # Reasons a gang gives when nothing else explains its wait better than the minimum run

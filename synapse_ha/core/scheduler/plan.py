@@ -18,6 +18,19 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    """Nodes a pass holds for ``job_id``, whose free GPUs are scattered
+    (:mod:`synapse_ha.core.scheduler.defrag`): they take no new gang but one estimated to
+    end by ``done_ms``, when the last gang on them (``waits_for``) is estimated to end
+    (None: a gang there has no estimate; then none)."""
+
+    job_id: str
+    nodes: frozenset[str]
+    done_ms: int | None
+    waits_for: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Preemption:
     """One preemption a pass decided: ``victims`` (whole gangs, each with the fencing
     token of its live attempt) stop and the elastic gangs of ``shrinks`` give back their
@@ -46,6 +59,8 @@ class Plan:
     wake_ms: int | None = None
     # Preemptions to begin, in the order the pass decided them (DESIGN §8).
     preemptions: list[Preemption] = field(default_factory=list)
+    # Nodes held for gangs whose free GPUs are scattered, in the order decided.
+    drains: list[Drain] = field(default_factory=list)
 
     def preempt_commands(self, now_ms: int) -> list[Preempt]:
         """One :class:`Preempt` per preemption of this plan with whole victims, to propose

@@ -511,17 +511,15 @@ def check_cluster_config(config: ClusterConfig) -> list[Violation]:
     if not 0 <= config.max_requeues <= MAX_REQUEUES_LIMIT:
         out.append(invalid("max_requeues", f"must be between 0 and {MAX_REQUEUES_LIMIT}"))
     if not MIN_START_TIMEOUT_MS <= config.start_timeout_ms <= MAX_START_TIMEOUT_MS:
-        out.append(
-            invalid(
-                "start_timeout_ms",
-                f"must be between {MIN_START_TIMEOUT_MS} and {MAX_START_TIMEOUT_MS}",
-            )
-        )
+        rule = f"must be between {MIN_START_TIMEOUT_MS} and {MAX_START_TIMEOUT_MS}"
+        out.append(invalid("start_timeout_ms", rule))
     out.extend(check_priority_classes(config.priority_classes))
     if config.fair_share_half_life_ms < 1:
         out.append(invalid("fair_share_half_life_ms", "must be >= 1"))
     if not 0 <= config.reclaim_wait_max_ms <= MAX_RECLAIM_WAIT_MS:
         out.append(invalid("reclaim_wait_max_ms", f"must be between 0 and {MAX_RECLAIM_WAIT_MS}"))
+    if not 0 <= config.defrag_share_pct <= 100:
+        out.append(invalid("defrag_share_pct", "must be between 0 and 100 (percent of nodes)"))
     return out
 
 
