@@ -13,9 +13,11 @@
 <kinds> kinds, <jobs> jobs (<n> sbatch: <steps> steps, <tasks> tasks), <violations>
 violations, <skipped> skipped; <scenario>=<faults> ...; <seconds> s``; it exits non-zero
 when a scenario has a violation or aborts, when the broken build (self-fencing
-disabled) is NOT caught, and when an elastic kind was played but never made a gang grow
-or shrink (``elastic-grow``, ``elastic-shrink``; chaos/elasticfaults.py). Each failure
-prints the line that reproduces it. ``soak`` runs the random scenario with one seed after
+disabled) is NOT caught, and when no scenario but the broken build had a fair-share
+preemption (the workload did not exercise it; chaos/fair_rules.py). It says when an
+elastic kind was played but never made a gang grow or shrink (``elastic-grow``,
+``elastic-shrink``; chaos/elasticfaults.py). Each failure prints the line that
+reproduces it. ``soak`` runs the random scenario with one seed after
 another (and the targeted one every tenth seed) until ``--minutes`` have passed, and
 prints the same summary line. ``--kinds`` plays only the kinds named (``run`` too); with
 ``--faults N`` the soak also stops once its scenarios have played N faults of those kinds
@@ -34,7 +36,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from chaos import elasticfaults, hosts, ledger, membership, nemesis, net, slowfaults
+from chaos import elasticfaults, fair_rules, hosts, ledger, membership, nemesis, net, slowfaults
 from chaos.checker import History, Violation, check_run
 from chaos.cluster import REPO, SUBMIT_INTERVAL_S, ScenarioConfig
 from chaos.history import load_steps
@@ -339,6 +341,7 @@ def write_summary(
     unchanged = elasticfaults.unchanged_kinds([r.run_dir / ledger.FAULTS for r in results])
     # Likewise a slow-node fault that found no paced gang to throttle (chaos/slowfaults.py).
     unfound = slowfaults.unfound([r.run_dir / ledger.FAULTS for r in results])
+    preempted = preemption_kinds(results)
     summary = {
         "faults": sum(r.faults for r in results),
         "jobs": sum(r.jobs for r in real),
@@ -346,6 +349,7 @@ def write_summary(
         "skipped_kinds": skipped,
         "elastic_unchanged": unchanged,
         "slow_unfound": unfound,
+        "preemptions": preempted,
         "line": line,
     }
     (out / "summary.json").write_text(
@@ -354,10 +358,38 @@ def write_summary(
         encoding="utf-8",
     )
     print(line, flush=True)
+    kinds = " ".join(f"{k}={n}" for k, n in preempted.items())
+    print(f"chaos: preempted attempts: {kinds}", flush=True)
     for text in unchanged:
         print(f"chaos: {text}: the kind never made an elastic gang resize", file=sys.stderr)
     for text in unfound:
         print(f"chaos: {text}: nothing throttled, nothing marked", file=sys.stderr)
+
+
+def preemption_kinds(results: list[ScenarioResult]) -> dict[str, int]:
+    """Preempted attempts of each kind in the scenarios but the broken build (from their
+    ``report.json``)."""
+    total = dict.fromkeys(fair_rules.KINDS, 0)
+    for r in results:
+        path = r.run_dir / "report.json"
+        if r.expect_violations or not path.exists():
+            continue
+        for kind, n in json.loads(path.read_text(encoding="utf-8")).get("preemptions", {}).items():
+            total[kind] = total.get(kind, 0) + int(n)
+    return total
+
+
+def fair_share_unexercised(results: list[ScenarioResult]) -> str:
+    """Why the run fails for want of a fair-share preemption; "" when one happened, or
+    when no scenario but the broken build ran."""
+    real = [r for r in results if not r.expect_violations]
+    if not real or preemption_kinds(results)[fair_rules.FAIR_SHARE]:
+        return ""
+    names = ", ".join(f"{r.name} seed {r.seed}" for r in real)
+    return (
+        f"no fair-share preemption in {names}: the workload did not exercise fair-sharing "
+        f"preemption (report.json: preemptions)"
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -417,7 +449,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(summary_line(results, skipped, time.monotonic() - began), flush=True)
     line = summary_line(results, skipped, time.monotonic() - began)
     write_summary(out, results, skipped, line, args.duration)
-    return 1 if failed else 0
+    unexercised = fair_share_unexercised(results)
+    if unexercised:
+        print(f"chaos: FAILED: {unexercised}", file=sys.stderr, flush=True)
+    return 1 if failed or unexercised else 0
 
 
 def saved_result(run_dir: Path) -> ScenarioResult:

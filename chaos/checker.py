@@ -118,6 +118,10 @@ directory, or by hand in tests) and reports every broken promise. The rules:
 ``slow-node-unmarked`` / ``healthy-node-degraded`` / ``degraded-bind``
     Slow nodes (:mod:`chaos.slow_rules`, read from the run directory): a throttled node
     was marked ``degraded``, no other node was, and nothing was bound to a marked node.
+``preemption-notice`` / ``fair-share-queue`` / ``fair-share-unborrowed``
+    Preemption (:mod:`chaos.fair_rules`): a victim's notice names what the state
+    recorded, and a fair-share preemption is between queues meeting in a cohort with the
+    switch on and takes only what its victim's queue borrows.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ from chaos import (
     array_rules,
     dependency_rules,
     elastic_rules,
+    fair_rules,
     gpu_rules,
     leader_rules,
     member_rules,
@@ -216,6 +221,7 @@ def check_history(history: History) -> list[Violation]:
     out += array_rules.check_arrays(history, state)
     out += step_rules.check_steps(history)
     out += leader_rules.check_leader_fault_gangs(history, state)
+    out += fair_rules.check_preemptions(history, state)
     out += _check_stalls(history, state)
     return out
 

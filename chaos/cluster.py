@@ -391,7 +391,7 @@ class ChaosCluster:
                 tls_ca=str(self.admin_tls.ca),
                 tls_cert=str(self.admin_tls.cert),
                 tls_key=str(self.admin_tls.key),
-                queue_gpus=self.cfg.workers * WORKER_GPUS // 2,
+                queue_gpus=self.cfg.workers * WORKER_GPUS,
                 dependency_share=DEPENDENCY_SHARE,
                 array_share=self.cfg.array_share,
                 sbatch_share=self.cfg.sbatch_share,

@@ -49,6 +49,10 @@ class MemberRecord:
     generation: int = 0
     # An elastic gang's member: its gang's ``<min>:<max>`` ("" for a fixed gang).
     elastic: str = ""
+    # A ``preempted`` record's notice: the kind (reclaim | priority | fair_share) and the
+    # preemptor's job id.
+    preemption: str = ""
+    preemptor: str = ""
 
     @property
     def member(self) -> tuple[str, int, int, int]:
@@ -161,6 +165,8 @@ class AttemptHistory:
     bound_at_ms: int
     outcome_code: str  # a ReasonCode value ("gpu_unhealthy", ...)
     nodes: tuple[str, ...] = ()  # the nodes it was bound to (empty: not recorded)
+    ended_at_ms: int = 0  # leader clock (0: not recorded)
+    outcome: str = ""  # the outcome's sentence ("preempted by job-000012 (fair share: ...)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +180,10 @@ class JobHistory:
     retries_used: int
     attempts: tuple[AttemptHistory, ...] = ()
     owner: str = ""
+    queue: str = ""
+    submitted_at_ms: int = 0  # leader clock
+    gpus: int = 0  # what the gang asks at most (an elastic gang's max; 0: not recorded)
+    min_gpus: int = 0  # at least (an elastic gang's min)
 
 
 # A thawed supervisor must stop a superseded member within this bound (it finds its lease
@@ -270,6 +280,8 @@ def load_history(run_dir: Path) -> History:
                 start_ticks=int(r.get("start_ticks", 0)),
                 generation=int(r.get("generation", 0)),
                 elastic=str(r.get("elastic", "")),
+                preemption=str(r.get("preemption", "")),
+                preemptor=str(r.get("preemptor", "")),
             )
         )
     history.steps = load_steps(run_dir / ledger.STEPS)
@@ -406,10 +418,16 @@ def load_job_history(path: Path) -> list[JobHistory]:
                     int(a["bound_at_ms"]),
                     str(a["outcome_code"]),
                     tuple(str(n) for n in a.get("nodes", [])),
+                    int(a.get("ended_at_ms", 0)),
+                    str(a.get("outcome", "")),
                 )
                 for a in j["attempts"]
             ),
             owner=str(j.get("owner", "")),
+            queue=str(j.get("queue", "")),
+            submitted_at_ms=int(j.get("submitted_at_ms", 0)),
+            gpus=int(j.get("gpus", 0)),
+            min_gpus=int(j.get("min_gpus", 0)),
         )
         for j in json.loads(path.read_text(encoding="utf-8"))
     ]

@@ -24,6 +24,7 @@ from chaos.checker import (
     thaw_writes,
 )
 from chaos.elastic_rules import grown_and_shrunk
+from chaos.fair_rules import preemption_counts
 from chaos.replace_rules import replaced_ranks
 from chaos.step_rules import step_counts
 from synapse_ha.core.codec.decode_errors import CodecError
@@ -76,6 +77,8 @@ def write_report(
         "reruns_after_lost_success_reports": reruns(load_history(run_dir)),
         "reruns_after_unfinished_attempts": reruns_after_unfinished(load_history(run_dir)),
         "preempted_attempts": preemptions(load_history(run_dir)),
+        # Preempted attempts of each kind, as the state recorded them (chaos/fair_rules.py).
+        "preemptions": preemption_counts(load_history(run_dir)),
         "writes_after_thaw_within_bound": thaw_writes(load_history(run_dir)),
         "most_attempts": most_attempts(load_history(run_dir)),
         "replace_submissions": sum(

@@ -261,14 +261,19 @@ def quiesce(cluster: ChaosCluster, meta: dict[str, object]) -> None:
 
 def save_job_history(cluster: ChaosCluster, path: Path) -> None:
     """Every finished job's attempts as the replicas' history holds them (the final state
-    keeps only each job's last attempt): owners, bind times, nodes and outcomes for the
-    checker."""
+    keeps only each job's last attempt): owners, queues, GPUs, bind and end times, nodes
+    and outcomes for the checker. ``gpus``: what the gang asks at most (an elastic gang's
+    ``max``); ``min_gpus``: at least (its ``min``)."""
     jobs = cluster.observer.list_history(limit=HISTORY_LIMIT)
     doc = [
         {
             "job": j.job_id,
             "state": job_state(j).value,
             "owner": j.owner,
+            "queue": j.queue,
+            "submitted_at_ms": j.submitted_at_ms,
+            "gpus": j.spec.replicas * j.spec.resources.gpu,
+            "min_gpus": (j.spec.elastic.min_replicas or j.spec.replicas) * j.spec.resources.gpu,
             "reason_code": j.reason_code,
             "requeues": j.requeues,
             "retries_used": j.retries_used,
@@ -278,7 +283,9 @@ def save_job_history(cluster: ChaosCluster, path: Path) -> None:
                     "token": a.fencing_token,
                     "state": attempt_state(a).value,
                     "bound_at_ms": a.bound_at_ms,
+                    "ended_at_ms": a.ended_at_ms,
                     "outcome_code": a.outcome_code,
+                    "outcome": a.outcome,
                     "nodes": list(a.nodes),
                 }
                 for a in j.attempt_list

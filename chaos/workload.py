@@ -13,11 +13,15 @@ config); with none given it speaks plaintext to an ``--insecure`` cluster.
 
 Unknown submissions are not retried, so the checker can verify "at most once" for them.
 
-With ``queue_gpus`` set, the submitter first creates two queues of that nominal GPU quota
-in one cohort, ``team-a`` and ``team-b``, and submits to both: team-b (most jobs, class
-``low``) borrows team-a's idle quota, and team-a's jobs reclaim it; a quarter of team-a's
-jobs are of class ``high``, which preempts team-a's own ``low`` gangs. So preemptions
-happen while the faults run.
+With ``queue_gpus`` set (the cluster's GPUs), the submitter first creates the cohort
+``chaos`` with fair-sharing preemption on and three queues in it that share those GPUs
+(:func:`queue_nominals`): ``team-a`` (3/8), ``team-b`` (1/4) and ``team-c`` (the rest),
+and submits to the first two. team-c submits nothing: its idle quota is what the others
+borrow. team-b (most jobs, class ``low``) borrows far beyond its small nominal; team-a's
+jobs reclaim what team-b borrows while team-a is below its nominal, and once team-a is at
+or above it they preempt team-b's gangs by fair share (team-b's share, held over nominal,
+stays the higher); a quarter of team-a's jobs are of class ``high``, which preempts
+team-a's own ``low`` gangs. So every kind of preemption happens while the faults run.
 Jobs are drawn from a seeded random generator: gangs of 2-3 members of 1-2 mock GPUs each
 (configurable), each member running :mod:`chaos.member` for a drawn number of
 milliseconds. With ``array_share`` set, that share of the submissions are job arrays
@@ -119,8 +123,8 @@ class WorkloadConfig:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
-    # Queues and preemption: the nominal GPUs of each of team-a and team-b (0: no queues,
-    # every job in the default queue).
+    # Queues and preemption: the GPUs the cohort's queues share (queue_nominals; 0: no
+    # queues, every job in the default queue).
     queue_gpus: int = 0
     # The share of jobs that wait (afterok) for the newest job acknowledged before them,
     # so that dependency chains run through the faults (0: none).
@@ -157,8 +161,19 @@ class WorkloadConfig:
         )
 
 
-QUEUES = ("team-a", "team-b")
+QUEUES = ("team-a", "team-b", "team-c")
 COHORT = "chaos"
+# Each queue's nominal, in eighths of the cohort's GPUs (team-c: the rest). team-b's is the
+# smallest, so that its share (what it holds over its nominal) stays above team-a's while
+# it borrows: team-a, at or above its nominal, may then take team-b's borrowed gangs by
+# fair share (the preemption must leave team-b at or above team-a's share).
+NOMINAL_EIGHTHS = {"team-a": 3, "team-b": 2}
+
+
+def queue_nominals(gpus: int) -> dict[str, int]:
+    """Each queue's nominal GPUs of the cohort's ``gpus``; they add up to ``gpus``."""
+    out = {name: gpus * eighths // 8 for name, eighths in NOMINAL_EIGHTHS.items()}
+    return {**out, "team-c": gpus - sum(out.values())}
 
 
 def queue_and_class(cfg: WorkloadConfig, rng: random.Random) -> tuple[str, str]:
@@ -170,19 +185,21 @@ def queue_and_class(cfg: WorkloadConfig, rng: random.Random) -> tuple[str, str]:
 
 
 def set_up_queues(client: ClusterClient, cfg: WorkloadConfig, stop: Path) -> None:
-    """Create the queues (idempotent), retrying until the cluster takes them."""
-    for name in QUEUES:
+    """Create the cohort with fair-sharing preemption on and its queues (idempotent),
+    retrying each until the cluster takes it."""
+    cohort = pb.Cohort(name=COHORT, fair_sharing_preemption=True)
+    calls: list[tuple[str, object]] = [("SetCohort", pb.SetCohortRequest(cohort=cohort))]
+    for name, nominal in queue_nominals(cfg.queue_gpus).items():
         # A class that preempts must be listed by the queue (DESIGN §8): team-a's "high"
         # gangs preempt within it.
         queue = pb.Queue(
-            name=name,
-            gpu=cfg.queue_gpus,
-            cohort=COHORT,
-            priority_classes=["low", "normal", "high"],
+            name=name, gpu=nominal, cohort=COHORT, priority_classes=["low", "normal", "high"]
         )
+        calls.append(("SetQueue", pb.SetQueueRequest(queue=queue)))
+    for method, request in calls:
         while not stop.exists():
             try:
-                client.set_queue(queue)
+                client.ask(method, request)
                 break
             except (ClusterUnavailable, grpc.RpcError):
                 time.sleep(0.2)
