@@ -290,9 +290,11 @@ class Run:
         elif kind in (STOP, SAVE):
             attempt = record.attempt
             assert attempt is not None
-            if kind == SAVE and not self._saved(key, attempt.fencing_token):
+            # A victim that saved loses its save: its step is the notice's.
+            since = self._saved(key, token) if kind == SAVE else lost_since(attempt)
+            if since is None:
                 return False
-            gpus, since = self.records[job_id].gpus, lost_since(attempt)
+            gpus = self.records[job_id].gpus
             ran = self.now - attempt.bound_at_ms
             self.tally.losses.append(Loss(gpus, self.now - since, ran))
             report_all(self.state, job_id, token, c.MemberEventKind.EXITED, self.now, SIGTERM_EXIT)
@@ -436,18 +438,17 @@ class Run:
         self.tally.marks += 1
         self._next_mark(job_id, marking)
 
-    def _saved(self, key: str, token: int) -> bool:
-        """The victim ``key`` (``job@token``) saved after its notice: every member marks
-        the step it had reached at the notice (through the real ``ReportMembers``).
-        False when it was not saving."""
+    def _saved(self, key: str, token: int) -> int | None:
+        """The victim ``key`` saved after its notice: every member marks the step reached
+        at the notice (the real ``ReportMembers``). The notice's time; None: not saving."""
         job_id = key.rsplit("@", 1)[0]
         notice, marking = self.noticed.pop(key, None), self.marking.get(job_id)
         if notice is None or marking is None or marking.token != token:
-            return False
+            return None
         seq, step = marking.mark_at(notice)
         report_marks(self.state, job_id, seq, step, self.now)
         self.tally.marks += 1
-        return True
+        return notice
 
     def _after_start(self, job_id: str) -> None:
         """A subclass's look at an attempt just started (here: nothing)."""
