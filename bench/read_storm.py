@@ -4,7 +4,10 @@ Three real replicas on loopback; ``nodes`` simulated nodes (8 GPUs each) registe
 heartbeat once a second from this process; ``running`` gangs are bound to them and a long
 queue of ``pending`` gangs that cannot fit waits. Then, for ``seconds``, ``threads`` client
 threads call ExplainJob, GetJob and ListJobs (the full list) round-robin against every
-replica (stale reads on followers, as a dashboard would).
+replica (stale reads on followers, as a dashboard would). Each reader sends ExplainJob to
+the first address, GetJob to the second and ListJobs to the third; ``--lists-on leader``
+orders the addresses so that the leader serves the ListJobs storm (the case that weighs
+most on its heartbeats), ``--lists-on follower`` so that a follower does.
 
 Reads are served from snapshots, so they must not stall the log or the heartbeats. Prints
 JSON: read calls served, heartbeat round trip p50/p99/max before and during the storm
@@ -52,6 +55,7 @@ from synapse_ha.security.tls import Transport
 # cancelled) leave the channel as it is: closing it would cancel every call in flight.
 _LEADER_MOVED = frozenset({"UNAVAILABLE", "FAILED_PRECONDITION"})
 LEASE_TTL_S = 4.0  # the default lease_ttl: a longer silence fences a node's members
+READS = ("ExplainJob", "GetJob", "ListJobs")  # by the position of the address they go to
 
 
 def waiting_spec(name: str, replicas: int) -> pb.JobSpec:
@@ -157,7 +161,7 @@ class Reader(threading.Thread):
         i = 0
         while not self.stop.is_set():
             stub = self.stubs[i % len(self.stubs)]
-            kind = ("ExplainJob", "GetJob", "ListJobs")[i % 3]
+            kind = READS[i % 3]
             job_id = self.rng.choice(self.job_ids)
             try:
                 if kind == "ExplainJob":
@@ -220,6 +224,18 @@ def read_storm(
     )
 
 
+def storm_addresses(addresses: list[str], leader: str, lists_on: str) -> list[str]:
+    """The replicas' addresses in the order the readers use them (:data:`READS`):
+    ``leader`` last for ``lists_on="leader"``, first for ``"follower"``, as given for
+    ``"any"``."""
+    others = [a for a in addresses if a != leader]
+    if lists_on == "leader":
+        return [*others, leader]
+    if lists_on == "follower":
+        return [leader, *others]
+    return list(addresses)
+
+
 def _rtt_summary(values: list[float]) -> dict[str, float]:
     if not values:
         return {"count": 0}
@@ -239,6 +255,7 @@ def run(
     threads: int,
     seconds: float,
     replica_args: tuple[str, ...] = (),
+    lists_on: str = "any",
 ) -> Any:
     cluster = LocalReplicas(root / "storm", extra_args=replica_args)
     heartbeats: Heartbeats | None = None
@@ -283,6 +300,7 @@ def run(
         # The storm starts from a settled cluster: the leader as it is now.
         leader = cluster.serving_leader()
         term_before = cluster.local_status(leader).term
+        addresses = storm_addresses(cluster.grpc_addresses, leader.grpc, lists_on)
         with cluster.channel(leader.grpc) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
             quiet_start = time.monotonic()
@@ -292,7 +310,7 @@ def run(
             storm = spawn.Process(
                 target=read_storm,
                 args=(
-                    cluster.grpc_addresses,
+                    addresses,
                     job_ids,
                     threads,
                     seconds,
@@ -322,6 +340,8 @@ def run(
             "pending_gangs": pending,
             "reader_threads": threads,
             "replica_args": list(replica_args),
+            "lists_on": lists_on,
+            "leader_serves": READS[addresses.index(leader.grpc)],
             "storm_seconds": seconds,
             "read_calls": calls,
             "read_calls_per_s": round(sum(calls.values()) / (storm_end - storm_start), 1),
@@ -363,6 +383,12 @@ def main() -> None:
     parser.add_argument(
         "--heavy-read-cpu-share", type=float, help="the replicas' --heavy-read-cpu-share"
     )
+    parser.add_argument(
+        "--lists-on",
+        choices=("any", "leader", "follower"),
+        default="any",
+        help="which replica serves the ListJobs storm (any: the addresses' own order)",
+    )
     args = parser.parse_args()
     replica_args: tuple[str, ...] = ()
     if args.heavy_reads is not None:
@@ -381,6 +407,7 @@ def main() -> None:
                 threads=args.threads,
                 seconds=args.seconds,
                 replica_args=replica_args,
+                lists_on=args.lists_on,
             )
     print(json.dumps(result, indent=2))
 

@@ -13,7 +13,9 @@ lease). A storm of full ``ListJobs`` calls from dashboards once cost a leader it
 * **concurrency**: at most ``concurrency`` run at once; the rest wait their turn;
 * **CPU share**: a token bucket of CPU seconds that refills at ``cpu_share`` seconds per
   wall-clock second (burst ``burst_s``); each admitted read pays the CPU time its thread
-  actually used. While the bucket is empty, new reads wait.
+  actually used, and then what encoding its answer cost (:meth:`ReadGate.metered`: gRPC
+  encodes an answer after its handler returns, and a listing's encoding costs half as
+  much again as building it). While the bucket is empty, new reads wait.
 
 A read that cannot start within ``max_wait_s`` is refused with OVERLOADED
 (RESOURCE_EXHAUSTED), which clients retry after a back-off. Cheap reads (one job, the
@@ -28,6 +30,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Overloaded(Exception):
@@ -132,6 +137,25 @@ class ReadGate:
                 self._refill(self._clock())
                 self._credit -= used
                 self._cond.notify_all()
+
+    def charge(self, cpu_s: float) -> None:
+        """Take ``cpu_s`` seconds of CPU spent on a heavy read after it left the gate."""
+        with self._cond:
+            self._refill(self._clock())
+            self._credit -= max(0.0, cpu_s)
+
+    def metered(self, encode: Callable[[T], bytes]) -> Callable[[T], bytes]:
+        """``encode`` (a heavy read's answer serializer), charging its CPU time to the
+        share (:meth:`charge`)."""
+
+        def run(message: T) -> bytes:
+            before = self._cpu_clock()
+            try:
+                return encode(message)
+            finally:
+                self.charge(self._cpu_clock() - before)
+
+        return run
 
     def stats(self) -> GateStats:
         with self._cond:

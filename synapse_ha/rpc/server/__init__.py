@@ -29,10 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent import futures
+from typing import Any
 
 import grpc
 
 from synapse_ha.rpc.auth import AuthInterceptor
+from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.server.admin import AdminService
 from synapse_ha.rpc.server.agent import NodeAgentServicer
@@ -76,6 +78,40 @@ class SchedulerServicer(
     """``SchedulerService``: the methods of every concern, on one servicer."""
 
 
+SERVICE = "synapse.v1.SchedulerService"
+# The unary reads the read gate admits (``_heavy_read``): their answers are encoded with
+# the encoding's CPU charged to the gate.
+HEAVY_READS = (
+    "ListJobs",
+    "ExplainJob",
+    "ListNodes",
+    "ListQueues",
+    "GetReplicaState",
+    "ListHistory",
+    "GetUsage",
+)
+
+
+def heavy_read_handlers(
+    servicer: SchedulerServicer, ctx: ReplicaContext
+) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """The :data:`HEAVY_READS` handlers, each answer encoded by the replica's read gate
+    (:meth:`~synapse_ha.rpc.load_gates.ReadGate.metered`), so that the CPU share bounds
+    a listing's whole cost, not only what its handler spends."""
+    methods = pb.DESCRIPTOR.services_by_name["SchedulerService"].methods_by_name
+    handlers = {}
+    for name in HEAVY_READS:
+        method = methods[name]
+        request = getattr(pb, method.input_type.name)
+        response = getattr(pb, method.output_type.name)
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=request.FromString,
+            response_serializer=ctx.read_gate.metered(response.SerializeToString),
+        )
+    return handlers
+
+
 def build_server(
     ctx: ReplicaContext,
     address: str,
@@ -104,7 +140,13 @@ def build_server(
         interceptors=[auth],
         options=[("grpc.so_reuseport", 0)],
     )
-    pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(ctx), server)  # type: ignore[no-untyped-call]
+    servicer = SchedulerServicer(ctx)
+    # The heavy reads' own handlers come first (the generic handlers are asked in the
+    # order they were added) and replace the generated ones among the registered methods.
+    heavy = heavy_read_handlers(servicer, ctx)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, heavy),))
+    pb_grpc.add_SchedulerServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    server.add_registered_method_handlers(SERVICE, heavy)  # type: ignore[attr-defined]
     pb_grpc.add_NodeAgentServiceServicer_to_server(NodeAgentServicer(ctx), server)  # type: ignore[no-untyped-call]
     port = add_port(server, address) if add_port is not None else server.add_insecure_port(address)
     if port == 0:
