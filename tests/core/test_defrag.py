@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
 
 from synapse_ha.core import commands as c
-from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.cluster_config import ClusterConfig, Queue
 from synapse_ha.core.codec.formats import format_needed, held_back_config
 from synapse_ha.core.model import FEATURE_IMAGES, ClusterState, JobSpec, MemberPlacement
 from synapse_ha.core.reasons import ReasonCode, render
@@ -68,6 +68,18 @@ def test_a_scattered_gang_drains_the_cheapest_hosts_and_says_so() -> None:
     assert node_why is not None and node_why.text("job") == big
     assert big in render(node_why)
     assert draining_for(plan, "n2") is None
+
+
+def test_only_a_gang_within_its_queues_nominal_quota_gets_a_drain() -> None:
+    cluster = _scattered()
+    for name, gpu in (("lender", 40), ("small", 8)):
+        assert cluster.do(c.SetQueue(Queue(name, gpu=gpu, cohort="all"), cluster.now)).ok
+    borrower = cluster.submit(job("big", replicas=2, gpu=8, queue="small"))
+    assert cluster.run_pass().drains == []  # 16 GPUs of a queue of 8: it would borrow
+    assert cluster.state.jobs[borrower].reason.code is not ReasonCode.DEFRAGMENTING  # type: ignore[union-attr]
+    starved = cluster.submit(job("big", replicas=2, gpu=8, queue="lender"))
+    (drain,) = cluster.run_pass().drains
+    assert drain.job_id == starved
 
 
 def test_without_defragmentation_the_gang_only_waits() -> None:

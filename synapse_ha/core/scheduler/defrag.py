@@ -1,6 +1,7 @@
 """Defragmentation: hosts drained for a gang whose free GPUs are scattered.
 
-A pending gang that its queue's quota admits, that found neither a placement nor victims,
+A pending gang of a starved queue (one that stays within its nominal GPU quota with the
+gang; any gang where there are no quotas), that found neither a placement nor victims,
 while the free GPUs of the nodes it may use add up to what it needs, waits only because
 they are scattered. A pass then holds for it the cheapest set of hosts, inside one domain,
 whose draining would give it room (Slurm's reservation for a maintenance drain, without
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from synapse_ha.core.codec.formats import NEW_ENUM_VALUES
 from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Resources
 from synapse_ha.core.queues.estimates import Estimates
+from synapse_ha.core.queues.quota import QueueUsage
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
 from synapse_ha.core.scheduler.placement import NO_CAP, Gang, fits
@@ -82,15 +84,21 @@ class _Load:
 class Defrag:
     """One pass's drains: which hosts are held, for whom, and which view a gang is placed
     on because of them. ``placed`` is the pass's own dict of the gangs it placed (read as
-    it grows); ``estimates`` the pass's."""
+    it grows); ``estimates`` and ``usage`` (None: no quotas) the pass's."""
 
     __slots__ = ("_loads", "_seen", "_tried", "_views", "budget", "estimates", "held", "now_ms",
-                 "on", "placed", "share", "state")  # fmt: skip
+                 "on", "placed", "share", "state", "usage")  # fmt: skip
 
     def __init__(
-        self, state: ClusterState, now_ms: int, estimates: Estimates, placed: dict[str, Running]
+        self,
+        state: ClusterState,
+        now_ms: int,
+        estimates: Estimates,
+        placed: dict[str, Running],
+        usage: QueueUsage | None,
     ) -> None:
         self.state = state
+        self.usage = usage
         self.now_ms = now_ms
         self.estimates = estimates
         self.placed = placed
@@ -137,6 +145,9 @@ class Defrag:
             return False
         if made is not None and made.job_id == job.job_id:
             return False
+        usage = self.usage
+        if usage is not None and not usage.within_nominal(gang.spec.queue, gang.req.gpu * gang.n):
+            return False  # a borrower: draining for it would starve others
         if self.budget is None:
             self.budget = len(view.table.nodes) * self.share // 100
         left = self.budget - len(self.held)

@@ -323,7 +323,7 @@ class _Pass:
         self.unfit = unfit_nodes(state, now_ms) if unfit is None else unfit
         preempting = state.config.preemption is not PreemptionMode.OFF
         self.preempt = Preempting(state, now_ms, self.claims) if preempting else None
-        self.defrag = Defrag(state, now_ms, self.explainer.estimates, self.placed)
+        self.defrag = Defrag(state, now_ms, self.explainer.estimates, self.placed, self.usage)
 
     def end(
         self,
