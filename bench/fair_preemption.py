@@ -9,7 +9,12 @@ preemptions by kind. For ``fair``, where the rest of Jain's shortfall lies, spli
 ``bench/jain_gaps.py`` splits it (its categories: a queue below its nominal that reclaim
 could serve, one it could not, one whose every pending gang is bigger than what it
 misses to its nominal, and unequal borrowing). ``summary`` gives each figure's mean and
-range over the seeds, and each seed's ``fair`` Jain against the 0.95 target.
+range over the seeds, and each seed's ``fair`` Jain against the 0.95 target; the same
+shortfall split by phase (while jobs arrive, after the last arrival) and, for a gang too
+big, by cause (the cohort full, or no room: ``bench/jain_gaps.py``).
+
+``--half-life-h`` sets ``fair_share_half_life_ms`` for every policy (the default is the
+cluster's, 7 days: over a 12-hour workload the shares are then what queues hold now).
 
 Prints JSON (``--out`` also writes it); ``--smoke`` runs one seed of one hour on 16 hosts.
 """
@@ -21,13 +26,18 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.jain_gaps import CATEGORIES, DiagnosedRun
-from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
+from bench.jain_gaps import CATEGORIES, PHASES, TOO_BIG_CAUSES, DiagnosedRun
+from synapse_ha.core.cluster_config import (
+    FAIR_SHARE_HALF_LIFE_MS,
+    ClusterConfig,
+    PreemptionMode,
+)
 from synapse_ha.sim.engine import GRACE_MS, Pacing, Result, build_cluster, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import FAIR, JAIN_TARGET, PASS_INTERVAL_MS, with_fair_sharing
@@ -56,25 +66,26 @@ def _figures(result: Result) -> dict[str, Any]:
 def _fair(workload: Workload, config: ClusterConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """The fair run's figures and the split of its Jain shortfall."""
     fair = with_fair_sharing(workload)
-    state = build_cluster(fair, config)
+    state = build_cluster(fair, replace(config, preemption=PreemptionMode.TOPOLOGY))
     run = DiagnosedRun(fair, Ours(), state, Pacing(GRACE_MS, PASS_INTERVAL_MS))
     started = time.perf_counter()
     run.run()
     figures = _figures(run.result(time.perf_counter() - started))
-    diagnosis = run.diagnosis()["categories"]
-    split = {cat: diagnosis[cat]["share_of_shortfall"] for cat in CATEGORIES}
+    diagnosis = run.diagnosis()
+    split = {cat: diagnosis["categories"][cat]["share_of_shortfall"] for cat in CATEGORIES}
+    split |= diagnosis["by_phase"] | diagnosis["gang_too_big_by_cause"]
     return figures, split
 
 
-def one_seed(seed: int, hours: float, hosts: int) -> dict[str, Any]:
+def one_seed(seed: int, hours: float, hosts: int, half_life_ms: int) -> dict[str, Any]:
     workload = multi_tenant(seed=seed, hours=hours, hosts=hosts)
-    config = ClusterConfig(retention_ms=0)
+    config = ClusterConfig(retention_ms=0, fair_share_half_life_ms=half_life_ms)
     out: dict[str, Any] = {"seed": seed, "jobs": len(workload.jobs), "policies": {}}
     for mode in MODES:
         result = simulate(
             workload,
             Ours(),
-            config=ClusterConfig(retention_ms=0, preemption=mode),
+            config=replace(config, preemption=mode),
             pass_interval_ms=PASS_INTERVAL_MS,
         )
         out["policies"][str(mode)] = _figures(result)
@@ -114,7 +125,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     out["fair_jain_shortfall_split"] = {
         cat: round(statistics.fmean(r["fair_jain_shortfall_split"][cat] for r in runs), 4)
-        for cat in CATEGORIES
+        for cat in (*CATEGORIES, *PHASES, *TOO_BIG_CAUSES)
     }
     return out
 
@@ -124,6 +135,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--hours", type=float, default=12.0)
     parser.add_argument("--hosts", type=int, default=32)
+    parser.add_argument(
+        "--half-life-h",
+        type=float,
+        default=FAIR_SHARE_HALF_LIFE_MS / 3_600_000,
+        help="fair_share_half_life for every policy, hours (default: the cluster's)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--smoke", action="store_true", help="one seed, one hour, 16 hosts")
     args = parser.parse_args()
@@ -132,14 +149,19 @@ def main() -> None:
     for flag, value in (("--seeds", args.seeds), ("--hosts", args.hosts)):
         if value < 1:
             parser.error(f"{flag}: at least 1, got {value}")
-    if not args.hours > 0:
-        parser.error(f"--hours: a number above 0, got {args.hours}")
+    for flag, number in (("--hours", args.hours), ("--half-life-h", args.half_life_h)):
+        if not number > 0:
+            parser.error(f"{flag}: a number above 0, got {number}")
+    half_life_ms = max(round(args.half_life_h * 3_600_000), 1)
     started = time.perf_counter()
-    runs = [one_seed(seed, args.hours, args.hosts) for seed in range(1, args.seeds + 1)]
+    runs = [
+        one_seed(seed, args.hours, args.hosts, half_life_ms) for seed in range(1, args.seeds + 1)
+    ]
     result = {
         "bench": "fair_preemption",
         "hours": args.hours,
         "hosts": args.hosts,
+        "fair_share_half_life_h": round(half_life_ms / 3_600_000, 3),
         "summary": summary(runs),
         "runs": runs,
         "wall_s": round(time.perf_counter() - started, 1),

@@ -19,6 +19,13 @@ the backlogged queues looked like at the instant:
   than others. Quotas and reclaim are satisfied; only preempting borrowers above their
   nominal to level the shares (fair-sharing preemption) would raise the index.
 
+Two further splits of the same shortfall: ``by_phase`` (while jobs still arrive, and
+after the last arrival, when the queues drain what is left), and ``gang_too_big_by_cause``
+for the ``below_nominal_gang_too_big`` instants: ``cohort_full`` (the cohort's unused
+nominal GPUs are fewer than what the smallest such gang would borrow beyond its queue's
+nominal: only preempting borrowers can serve it) or ``no_room`` (the quota would admit it:
+it waits for a place, a whole rack for a whole-rack gang).
+
 For each category, the gangs of queues above the backlogged queues' mean share that
 held the most GPU-time while it applied (job id, queue, GPUs, topology, when bound), and
 the queues below that mean the longest, each with its smallest pending gang and the GPUs
@@ -49,14 +56,17 @@ from synapse_ha.sim.tenancy import PASS_INTERVAL_MS
 from synapse_ha.sim.tenants import multi_tenant
 
 # An instant's start, index, category, the gangs of queues above the mean share (job
-# id, GPUs) and the queues below it (name, smallest pending gang, GPUs to nominal).
-_Open = tuple[int, float, str, list[tuple[str, int]], list[tuple[str, int, int]]]
+# id, GPUs), the queues below it (name, smallest pending gang, GPUs to nominal), its
+# phase and, for a gang too big, its cause.
+_Open = tuple[int, float, str, list[tuple[str, int]], list[tuple[str, int, int]], str, str]
 CATEGORIES = (
     "below_nominal_reclaimable",
     "below_nominal_unreclaimable",
     "below_nominal_gang_too_big",
     "unequal_borrowing",
 )
+PHASES = ("while_arriving", "after_the_last_arrival")
+TOO_BIG_CAUSES = ("cohort_full", "no_room")
 SERIES_EVERY_MS = 600_000
 TOP_GANGS = 8
 
@@ -75,6 +85,9 @@ class DiagnosedRun(Run):
         # category -> (queue, its smallest pending gang, GPUs it misses to nominal) -> ms
         self.waiting: dict[str, Counter[tuple[str, int, int]]] = defaultdict(Counter)
         self.series: list[dict[str, Any]] = []
+        self.by_phase: defaultdict[str, float] = defaultdict(float)  # phase -> (1 - index) x ms
+        self.too_big: defaultdict[str, float] = defaultdict(float)  # cause -> (1 - index) x ms
+        self.arrivals_end_ms = max((j.arrival_ms for j in self.workload.jobs), default=0)
         self._next_sample = 0
         self._open: _Open | None = None
 
@@ -131,7 +144,9 @@ class DiagnosedRun(Run):
                     "bound_h": round(attempt.bound_at_ms / 3_600_000, 3),
                     "priority_class": job.spec.priority_class,
                 }
-        self._open = (now, index, category, gangs, under)
+        phase = PHASES[0] if now < self.arrivals_end_ms else PHASES[1]
+        cause = self._too_big_cause(smallest, shares) if category == CATEGORIES[2] else ""
+        self._open = (now, index, category, gangs, under, phase, cause)
 
     def _category(self, smallest: dict[str, int], shares: dict[str, float]) -> str:
         below = [q for q in sorted(smallest) if shares[q] < 1.0]
@@ -146,9 +161,18 @@ class DiagnosedRun(Run):
             else "below_nominal_unreclaimable"
         )
 
+    def _too_big_cause(self, smallest: dict[str, int], shares: dict[str, float]) -> str:
+        """Whether the cohort's unused nominal GPUs are fewer than what the smallest gang
+        of every queue below its nominal would borrow (``cohort_full``), or not."""
+        unused = sum(self.nominal.values()) - sum(self.usage[q] for q in self.nominal)
+        beyond = [
+            self.usage[q] + smallest[q] - self.nominal[q] for q in smallest if shares[q] < 1.0
+        ]
+        return TOO_BIG_CAUSES[0] if all(b > unused for b in beyond) else TOO_BIG_CAUSES[1]
+
     def _close(self, now: int) -> None:
         assert self._open is not None
-        since, index, category, gangs, under = self._open
+        since, index, category, gangs, under, phase, cause = self._open
         dt = now - since
         self._open = None
         if dt <= 0:
@@ -157,6 +181,9 @@ class DiagnosedRun(Run):
         self.index_ms += dt
         self.shortfall[category] += (1.0 - index) * dt
         self.time_in[category] += dt
+        self.by_phase[phase] += (1.0 - index) * dt
+        if cause:
+            self.too_big[cause] += (1.0 - index) * dt
         excess = self.gang_excess[category]
         for job_id, gpus in gangs:
             excess[job_id] += gpus * dt
@@ -172,6 +199,8 @@ class DiagnosedRun(Run):
         out: dict[str, Any] = {
             "jain_backlogged": round(index, 4) if index is not None else None,
             "hours_with_two_backlogged": round(self.index_ms / 3_600_000, 2),
+            "by_phase": {p: round(self.by_phase[p] / total, 4) for p in PHASES},
+            "gang_too_big_by_cause": {c: round(self.too_big[c] / total, 4) for c in TOO_BIG_CAUSES},
             "categories": {},
         }
         for cat in CATEGORIES:

@@ -26,6 +26,10 @@ def test_the_smoke_run_reports_every_seed_under_blind_topology_and_fair() -> Non
         "below_nominal_unreclaimable",
         "below_nominal_gang_too_big",
         "unequal_borrowing",
+        "while_arriving",
+        "after_the_last_arrival",
+        "cohort_full",
+        "no_room",
     }
     target = report["summary"]["fair_jain_target"]
     assert len(target["per_seed"]) == 1 and isinstance(target["met"], bool)
@@ -36,3 +40,10 @@ def test_bad_options_are_refused_naming_them() -> None:
         [sys.executable, str(BENCH), "--seeds", "0"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2 and "--seeds: at least 1, got 0" in out.stderr
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--half-life-h", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--half-life-h: a number above 0, got 0.0" in out.stderr

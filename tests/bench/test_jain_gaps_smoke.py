@@ -26,3 +26,7 @@ def test_the_shortfall_is_split_into_categories_that_add_up_to_the_index() -> No
         if c["share_of_shortfall"] > 0:
             assert c["gangs_over_the_mean"] and c["queues_under_the_mean"], c
     assert run["series"] and all("shares" in point for point in run["series"])
+    # The phases split the whole shortfall; the causes split the gang-too-big part.
+    assert abs(sum(run["by_phase"].values()) - 1) < 0.01
+    too_big = run["categories"]["below_nominal_gang_too_big"]["share_of_shortfall"]
+    assert abs(sum(run["gang_too_big_by_cause"].values()) - too_big) < 0.01
