@@ -6,7 +6,8 @@ it last found to be the leader, and branches on the error's reason
 
 * NOT_LEADER sends it straight to the leader named in the ErrorInfo metadata;
 * LEADER_NOT_READY (a new leader committing its barrier) and OVERLOADED (heavy reads are
-  rationed there) wait and ask it again;
+  rationed there) wait and ask it again, except an OVERLOADED that names followers
+  (``read_from``: the leader hands reads a follower can serve to them), which moves on;
 * NO_LEADER, NOT_COMMITTED and a replica that does not answer at all (UNAVAILABLE without
   a reason) move it to the next address;
 * OUTCOME_UNKNOWN (or a deadline with no answer) is retried only when ``idempotent`` is

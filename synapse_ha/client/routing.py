@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 # Reasons after which the same call is sent again (to the next replica, or the leader).
 MOVE_ON = frozenset({Reason.NO_LEADER, Reason.NOT_COMMITTED})
-# Reasons after which the same replica is asked again after a back-off.
+# Reasons after which the same replica is asked again after a back-off; but a leader
+# that names followers (``read_from``) for a read one of them can serve is left for them.
 WAIT_HERE = frozenset({Reason.LEADER_NOT_READY, Reason.OVERLOADED, Reason.LEADER_STEPPING_DOWN})
 # Reasons that say a leader is being elected or is committing its barrier right now.
 ELECTING = frozenset({Reason.NO_LEADER, Reason.LEADER_NOT_READY})
@@ -113,7 +114,7 @@ class Route:
             return None, 0.0
         self.failures_in_round += 1
         free = [a for a in self.client.addresses if a not in busy]
-        if failure.reason in WAIT_HERE:
+        if failure.reason in WAIT_HERE and not failure.metadata.get("read_from"):
             self.failures_in_round = max(1, len(free))  # back off, then ask it again
             following: str | None = address
         else:

@@ -34,13 +34,13 @@ from synapse_ha.observe.http import ObserveServer
 from synapse_ha.observe.metrics import ReplicaMetrics
 from synapse_ha.programs.config_file import ConfigError, load_program_config, stop_on_signals
 from synapse_ha.programs.log_queue import queued_logging, stop_queued_logging
+from synapse_ha.programs.read_config import read_gates
 from synapse_ha.programs.scheduler_config import SchedulerConfig, load_config
 from synapse_ha.raft.channel import TLS_CHANNEL
 from synapse_ha.raft.replica import RaftReplica
 from synapse_ha.raft.restore import RestoreError, seed_restored_state
 from synapse_ha.raft.snapshot_file import SnapshotMember
 from synapse_ha.rpc.auth import AuthInterceptor, identify_token, token_hash
-from synapse_ha.rpc.load_gates import ReadGate, ReadLimits
 from synapse_ha.rpc.nudge import WorkerNudger
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from synapse_ha.rpc.server.format_gate import FormatGate
@@ -196,6 +196,9 @@ class Replica:
     def _replica_context(self) -> ReplicaContext:
         """What the gRPC services serve from."""
         config = self.config
+        read_gate, leader_read_gate = read_gates(
+            config.heavy_reads, config.heavy_read_cpu_share, config.leader_read_cpu_share
+        )
         return ReplicaContext(
             self_id=config.replica_id,
             replicas=MemberDirectory(self.raft, config.me),
@@ -204,7 +207,8 @@ class Replica:
             serving=lambda: self.loop.ready and self.raft.leads_with_quorum(),
             clock_ms=_now_ms,
             last_plan=lambda: self.loop.last_plan,
-            read_gate=ReadGate(ReadLimits(config.heavy_reads, config.heavy_read_cpu_share)),
+            read_gate=read_gate,
+            leader_read_gate=leader_read_gate,
             peer_channel=self.transport.channel,
             grant_signer=self._sign_grant if config.tls is not None else None,
             membership=self.raft,

@@ -28,6 +28,7 @@ checked whole before the replica starts (:func:`load_config`)::
     [reads]                  # heavy reads (lists, explanations) may not starve Raft
     heavy_concurrency = 2    # at most this many at once
     heavy_cpu_share = 0.3    # and this share of one core; beyond it: OVERLOADED
+    leader_cpu_share = 0.05  # the leader's, for reads a follower can serve (read_config)
     [metrics]                # /metrics and the web dashboard, over HTTPS with [tls]
     address = "10.0.0.1:9101"
     [limits]                 # per-identity limits this replica puts back when it leads;
@@ -57,6 +58,12 @@ from synapse_ha.leader.scheduling import SchedulingSettings
 from synapse_ha.leader.slow_nodes import DEFAULT_WINDOW_MS
 from synapse_ha.programs.config_file import ConfigError, address, duration_ms
 from synapse_ha.programs.queue_config import LOCALITY_WAIT, SCHEDULING, scheduling_settings
+from synapse_ha.programs.read_config import (
+    HEAVY_READ_CPU_SHARE,
+    HEAVY_READS,
+    LEADER_READ_CPU_SHARE,
+    READS,
+)
 from synapse_ha.programs.settings import (
     Inputs,
     Setting,
@@ -99,6 +106,7 @@ class SchedulerConfig:
     locality_wait_ms: int = LOCALITY_WAIT_MS
     heavy_reads: int = 2
     heavy_read_cpu_share: float = 0.3
+    leader_read_cpu_share: float = 0.05  # 0: the leader serves follower reads as others
     tls: TlsFiles | None = None  # None: --insecure
     bootstrap_token: str = ""  # the first admin's token text
     join: bool = False  # new to a running cluster: no election before hearing a leader
@@ -151,18 +159,6 @@ def _compaction_entries(value: Any) -> int:
     if not isinstance(value, int) or value < 10:
         raise ConfigError("compaction_entries must be an integer >= 10")
     return value
-
-
-def _heavy_reads(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
-        raise ConfigError(f"heavy reads at once must be an integer in 1..64, got {value!r}")
-    return value
-
-
-def _heavy_read_cpu_share(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise ConfigError(f"heavy read CPU share must be in (0, 1], got {value!r}")
-    return float(value)
 
 
 def _slow_node_window(value: Any) -> int:
@@ -288,24 +284,6 @@ RAFT_TRANSPORT = setting(
 )
 RAFT = (ELECTION_MIN, ELECTION_MAX, RAFT_FSYNC, COMPACT_STATE, COMPACTION_ENTRIES, RAFT_TRANSPORT)
 
-HEAVY_READS = setting(
-    "--heavy-reads",
-    "reads.heavy_concurrency",
-    default=2,
-    check=_heavy_reads,
-    type=int,
-    help="heavy reads (ListJobs, ListNodes, ExplainJob) served at once (default 2)",
-)
-HEAVY_READ_CPU_SHARE = setting(
-    "--heavy-read-cpu-share",
-    "reads.heavy_cpu_share",
-    default=0.3,
-    check=_heavy_read_cpu_share,
-    type=float,
-    help="share of one core heavy reads may use, 0-1 (default 0.3); past it they wait "
-    "and then get OVERLOADED, so they cannot starve Raft and heartbeats",
-)
-READS = (HEAVY_READS, HEAVY_READ_CPU_SHARE)
 
 BOOTSTRAP_TOKEN_FILE = setting(
     "--bootstrap-token-file",
@@ -466,6 +444,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         locality_wait_ms=locality_wait_ms,
         heavy_reads=heavy_reads,
         heavy_read_cpu_share=share,
+        leader_read_cpu_share=inputs.value(LEADER_READ_CPU_SHARE),
         tls=tls,
         bootstrap_token=bootstrap_token,
         join=join,

@@ -13,7 +13,7 @@ lease). A storm of full ``ListJobs`` calls from dashboards once cost a leader it
 * **concurrency**: at most ``concurrency`` run at once; the rest wait their turn;
 * **CPU share**: a token bucket of CPU seconds that refills at ``cpu_share`` seconds per
   wall-clock second (burst ``burst_s``); each admitted read pays the CPU time its thread
-  actually used, and then what encoding its answer cost (:meth:`ReadGate.metered`: gRPC
+  actually used, and then what encoding its answer cost (:func:`metered`: gRPC
   encodes an answer after its handler returns, and a listing's encoding costs half as
   much again as building it). While the bucket is empty, new reads wait.
 
@@ -137,6 +137,7 @@ class ReadGate:
                 self._refill(self._clock())
                 self._credit -= used
                 self._cond.notify_all()
+            _admitted.gate = self  # the answer's encoding, next on this thread, pays here
 
     def charge(self, cpu_s: float) -> None:
         """Take ``cpu_s`` seconds of CPU spent on a heavy read after it left the gate."""
@@ -144,23 +145,34 @@ class ReadGate:
             self._refill(self._clock())
             self._credit -= max(0.0, cpu_s)
 
-    def metered(self, encode: Callable[[T], bytes]) -> Callable[[T], bytes]:
-        """``encode`` (a heavy read's answer serializer), charging its CPU time to the
-        share (:meth:`charge`)."""
-
-        def run(message: T) -> bytes:
-            before = self._cpu_clock()
-            try:
-                return encode(message)
-            finally:
-                self.charge(self._cpu_clock() - before)
-
-        return run
-
     def stats(self) -> GateStats:
         with self._cond:
             self._refill(self._clock())
             return GateStats(self._admitted, self._refused, self._running, self._credit)
+
+
+# The gate that admitted the last heavy read of each thread: gRPC encodes a handler's
+# answer on the handler's thread, right after it returns.
+_admitted = threading.local()
+
+
+def metered(encode: Callable[[T], bytes]) -> Callable[[T], bytes]:
+    """``encode`` (a heavy read's answer serializer), its CPU time charged to the gate
+    that admitted the read on this thread (:meth:`ReadGate.charge`); an answer no gate
+    admitted (a refusal's) is encoded as it is."""
+
+    def run(message: T) -> bytes:
+        gate: ReadGate | None = getattr(_admitted, "gate", None)
+        _admitted.gate = None
+        if gate is None:
+            return encode(message)
+        before = gate._cpu_clock()
+        try:
+            return encode(message)
+        finally:
+            gate.charge(gate._cpu_clock() - before)
+
+    return run
 
 
 # ------------------------------------------------------- per-identity streams (DESIGN §8)

@@ -310,21 +310,25 @@ def test_heavy_read_limits_come_from_flags_or_the_file_and_are_bounded(
 ) -> None:
     default = load_replica(secrets, "a")
     assert (default.heavy_reads, default.heavy_read_cpu_share) == (2, 0.3)
+    assert default.leader_read_cpu_share == 0.05
     tuned = load_replica(secrets, "a", "--heavy-reads", "1", "--heavy-read-cpu-share", "0.15")
     assert (tuned.heavy_reads, tuned.heavy_read_cpu_share) == (1, 0.15)
+    assert load_replica(secrets, "a", "--leader-read-cpu-share", "0").leader_read_cpu_share == 0
     in_file = tmp_path / "reads.toml"
     in_file.write_text(
         (DEPLOY / "scheduler-a.toml").read_text()
-        + "\n[reads]\nheavy_concurrency = 4\nheavy_cpu_share = 0.5\n"
+        + "\n[reads]\nheavy_concurrency = 4\nheavy_cpu_share = 0.5\nleader_cpu_share = 0.1\n"
     )
     from_file = scheduler_main.load_config(
         ["--config", str(in_file), *secrets.replica_flags("a")], environ={}
     )
     assert (from_file.heavy_reads, from_file.heavy_read_cpu_share) == (4, 0.5)
+    assert from_file.leader_read_cpu_share == 0.1
     for flag, bad, words in (
         ("--heavy-reads", "0", "heavy reads at once"),
         ("--heavy-read-cpu-share", "0", "CPU share"),
         ("--heavy-read-cpu-share", "1.5", "CPU share"),
+        ("--leader-read-cpu-share", "-0.1", r"leader read CPU share must be in \[0, 1\]"),
     ):
         with pytest.raises(scheduler_main.ConfigError, match=words):
             load_replica(secrets, "a", flag, bad)

@@ -36,6 +36,7 @@ import grpc
 from synapse_ha.rpc.auth import AuthInterceptor
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
+from synapse_ha.rpc.load_gates import metered
 from synapse_ha.rpc.server.admin import AdminService
 from synapse_ha.rpc.server.agent import NodeAgentServicer
 from synapse_ha.rpc.server.cluster import ClusterService
@@ -93,11 +94,11 @@ HEAVY_READS = (
 
 
 def heavy_read_handlers(
-    servicer: SchedulerServicer, ctx: ReplicaContext
+    servicer: SchedulerServicer,
 ) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-    """The :data:`HEAVY_READS` handlers, each answer encoded by the replica's read gate
-    (:meth:`~synapse_ha.rpc.load_gates.ReadGate.metered`), so that the CPU share bounds
-    a listing's whole cost, not only what its handler spends."""
+    """The :data:`HEAVY_READS` handlers, each answer's encoding charged to the read gate
+    that admitted it (:func:`~synapse_ha.rpc.load_gates.metered`), so that the CPU share
+    bounds a listing's whole cost, not only what its handler spends."""
     methods = pb.DESCRIPTOR.services_by_name["SchedulerService"].methods_by_name
     handlers = {}
     for name in HEAVY_READS:
@@ -107,7 +108,7 @@ def heavy_read_handlers(
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
             request_deserializer=request.FromString,
-            response_serializer=ctx.read_gate.metered(response.SerializeToString),
+            response_serializer=metered(response.SerializeToString),
         )
     return handlers
 
@@ -143,7 +144,7 @@ def build_server(
     servicer = SchedulerServicer(ctx)
     # The heavy reads' own handlers come first (the generic handlers are asked in the
     # order they were added) and replace the generated ones among the registered methods.
-    heavy = heavy_read_handlers(servicer, ctx)
+    heavy = heavy_read_handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, heavy),))
     pb_grpc.add_SchedulerServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     server.add_registered_method_handlers(SERVICE, heavy)  # type: ignore[attr-defined]

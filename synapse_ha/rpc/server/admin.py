@@ -130,7 +130,7 @@ class AdminService(Servicer):
         tree."""
         stale = self._read_mode(context, request.allow_stale)
         state = self.ctx.backend.snapshot()
-        with self._heavy_read(context):
+        with self._heavy_read(context, request.allow_stale):
             now = queues_now(state, self.ctx.clock_ms())
         return pb.ListQueuesResponse(
             queues=[

@@ -126,6 +126,10 @@ class ReplicaContext:
     last_plan: Callable[[], Plan | None] = lambda: None
     # Rations heavy reads so they cannot starve Raft and heartbeats (rpc/load_gates.py).
     read_gate: ReadGate = field(default_factory=ReadGate)
+    # The serving leader's smaller ration for heavy reads a follower could serve (stale,
+    # or with a read token), past which it sends them to the followers; None: the leader
+    # serves them from ``read_gate`` like any other.
+    leader_read_gate: ReadGate | None = None
     grant_signer: GrantSigner | None = None
     # Where handlers report the refusals they make themselves (another user's job, a
     # worker speaking for another node), to be logged and counted with the rest.
@@ -298,18 +302,54 @@ class Servicer:
         context.set_trailing_metadata(((INDEX_KEY, str(applied)),))
 
     @contextmanager
-    def _heavy_read(self, context: grpc.ServicerContext) -> Iterator[None]:
+    def _heavy_read(
+        self, context: grpc.ServicerContext, allow_stale: bool = False, follower: bool = True
+    ) -> Iterator[None]:
         """Run the body as a heavy read admitted by the replica's read gate, or abort
-        with OVERLOADED."""
-        admission = self.ctx.read_gate.admit()
+        with OVERLOADED.
+
+        The serving leader answers heartbeats and drives the log with the same
+        interpreter: a read a follower could serve as well (``allow_stale``, or a read
+        token where ``follower`` reads are allowed, as for :meth:`_read_mode`) is
+        admitted by its smaller ``leader_read_gate``, and past that ration refused at
+        once with the followers' addresses (ErrorInfo ``read_from``), where clients
+        send it instead."""
+        gate, followers = self.ctx.read_gate, ""
+        leader_gate = self._leader_gate(context, allow_stale, follower)
+        if leader_gate is not None:
+            gate = leader_gate
+            followers = ",".join(
+                r.grpc for r in self.ctx.replicas if r.replica_id != self.ctx.self_id
+            )
+        admission = gate.admit()
         try:
             admission.__enter__()
         except Overloaded as exc:
+            if followers:
+                abort(
+                    context,
+                    ErrorReason.OVERLOADED,
+                    f"the leader keeps its CPU for the log and the heartbeats ({exc}); "
+                    f"read from a follower: {followers}",
+                    {"read_from": followers},
+                )
             abort(context, ErrorReason.OVERLOADED, f"{exc}; retry after a pause")
         try:
             yield
         finally:
             admission.__exit__(None, None, None)
+
+    def _leader_gate(
+        self, context: grpc.ServicerContext, allow_stale: bool, follower: bool
+    ) -> ReadGate | None:
+        """The leader's own gate when this heavy read is one the serving leader hands to
+        its followers past its ration (see :meth:`_heavy_read`); else None."""
+        gate = self.ctx.leader_read_gate
+        if gate is None or len(self.ctx.replicas) < 2:
+            return None
+        if not (allow_stale or (follower and _read_token(context) is not None)):
+            return None
+        return gate if self.ctx.serving() else None
 
     def _propose(self, context: grpc.ServicerContext, command: cmd.Command) -> cmd.Result:
         """Commit ``command`` and return its result; abort on any failure."""

@@ -127,7 +127,7 @@ class JobService(SubmitService):
         page_size = min(request.limit or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         stale = self._read_mode(context, request.allow_stale)
         identity = caller(context)
-        with self._heavy_read(context):
+        with self._heavy_read(context, request.allow_stale):
             state = self.ctx.backend.snapshot()
             page: list[Job | ArrayJob] = []
             more = False
@@ -190,7 +190,7 @@ class JobService(SubmitService):
             abort_job_not_found(context, request.job_id, state)
         self._may_manage(context, caller(context), job.job_id, job.owner)
         last_plan = None if stale else self.ctx.last_plan()
-        with self._heavy_read(context):
+        with self._heavy_read(context, request.allow_stale, follower=False):
             waiting = why_pending(state, job.job_id, now, last_plan)
             explanation = explain(state, job.job_id, now, last_plan)
         return pb.ExplainJobResponse(

@@ -89,7 +89,7 @@ class NodeService(Servicer):
         now = self.ctx.clock_ms()
         out = []
         state = self.ctx.backend.snapshot()
-        with self._heavy_read(context):
+        with self._heavy_read(context, request.allow_stale):
             spares = spare_nodes(state)
             for node_id in sorted(state.nodes):
                 heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
