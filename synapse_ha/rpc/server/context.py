@@ -32,6 +32,7 @@ from synapse_ha.rpc.auth import AUTHORIZATION_KEY, BEARER, AuthInterceptor, call
 from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid, refusal_status
 from synapse_ha.rpc.load_gates import Overloaded, ReadGate, StreamSlots
 from synapse_ha.rpc.relay_table import RelayTable
+from synapse_ha.rpc.server.job_messages import JobMessages
 from synapse_ha.service import commit
 from synapse_ha.service.limits import PendingInFlight, SubmitRate
 from synapse_ha.service.refusal import Refusal, denied
@@ -130,6 +131,8 @@ class ReplicaContext:
     # or with a read token), past which it sends them to the followers; None: the leader
     # serves them from ``read_gate`` like any other.
     leader_read_gate: ReadGate | None = None
+    # Each job version's API message, converted once (GetJob, ListJobs).
+    job_messages: JobMessages = field(default_factory=JobMessages)
     grant_signer: GrantSigner | None = None
     # Where handlers report the refusals they make themselves (another user's job, a
     # worker speaking for another node), to be logged and counted with the rest.

@@ -106,7 +106,7 @@ class JobService(SubmitService):
         job = state.jobs.get(request.job_id)
         if job is not None:
             redacted = not access.may_manage_job(caller(context), job.owner)
-            return pb.GetJobResponse(job=to_proto.job_to_proto(job, redacted), stale=stale)
+            return pb.GetJobResponse(job=self.ctx.job_messages.of(job, redacted), stale=stale)
         abort_job_not_found(context, request.job_id, state)
 
     def ListJobs(
@@ -156,9 +156,10 @@ class JobService(SubmitService):
                 if isinstance(item, ArrayJob):
                     arrays.append(to_proto.array_to_proto(item, _tasks(state, item), redacted))
                 else:
-                    out.append(to_proto.job_to_proto(item, redacted))
+                    out.append(self.ctx.job_messages.of(item, redacted))
             next_token = _page_token(page[-1]) if more else ""
-            # Built within the gate, which must count what the listing costs.
+            # Built within the gate: copying the messages in is most of a listing's cost
+            # now that each job is converted once, and the gate must count it.
             return pb.ListJobsResponse(
                 jobs=out, arrays=arrays, stale=stale, next_page_token=next_token
             )
