@@ -49,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.engine import Result
 from synapse_ha.sim.plots import write_plots
 from synapse_ha.sim.quality import (
@@ -73,17 +74,21 @@ SMOKE = {"jobs": 150, "nodes": 32, "hours": 1.0, "hosts": 16, "openb_limit": 400
 
 
 def run_part(
-    name: str, make: Callable[[int], Workload], seeds: int, plots: Path | None
+    name: str,
+    make: Callable[[int], Workload],
+    seeds: int,
+    plots: Path | None,
+    config: ClusterConfig | None = None,
 ) -> dict[str, Any]:
-    """The workload ``make(seed)`` of each seed under every policy: the notes of seed 1's
-    workload, the summary per policy, and seed 1's plots under ``plots``."""
+    """The workload ``make(seed)`` of each seed under every policy (on ``config``): the
+    notes of seed 1's workload, the summary per policy, and seed 1's plots under ``plots``."""
     per_seed: list[list[Result]] = []
     notes = ""
     started = time.perf_counter()
     for seed in range(1, seeds + 1):
         workload = make(seed)
         notes = notes or workload.notes
-        results = run_policies(workload)
+        results = run_policies(workload, config)
         print(f"{name} seed {seed}: {len(workload.jobs)} jobs", file=sys.stderr)
         per_seed.append(results)
         if plots is not None and seed == 1:
@@ -170,6 +175,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--openb-limit", type=int, default=None, help="openb: first N pods")
     parser.add_argument("--out", default=None, help="folder for the report (default bench/results)")
     parser.add_argument("--smoke", action="store_true", help="a small, quick run")
+    parser.add_argument(
+        "--defrag-share",
+        type=int,
+        default=0,
+        metavar="PCT",
+        help="drain up to PCT %% of the nodes for scattered gangs of starved queues "
+        "(ClusterConfig.defrag_share_pct; default 0: off)",
+    )
     return parser
 
 
@@ -201,7 +214,16 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[st
         args.hours, args.hosts = SMOKE["hours"], SMOKE["hosts"]
         if args.openb_limit is None:
             args.openb_limit = SMOKE["openb_limit"]
+    if not 0 <= args.defrag_share <= 100:
+        parser.error(f"--defrag-share must be between 0 and 100 (percent), got {args.defrag_share}")
     return parts
+
+
+def _config(args: argparse.Namespace) -> ClusterConfig | None:
+    """The cluster configuration the policies run on (None: the simulator's default)."""
+    if not args.defrag_share:
+        return None
+    return ClusterConfig(retention_ms=0, defrag_share_pct=args.defrag_share)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         drawn = seeds if part != "trace" else 1
         plots = out / "quality" / part if out is not None else None
         try:
-            workloads[part] = run_part(part, makers[part], drawn, plots)
+            workloads[part] = run_part(part, makers[part], drawn, plots, _config(args))
         except (OSError, TraceError, ValueError) as exc:
             parser.error(f"cannot run the {part} workload: {exc}")
     report = {

@@ -27,7 +27,6 @@ MAX_DEFAULT_TIME_LIMIT_MS = 366 * 86_400_000  # see Queue.default_time_limit_ms
 RECLAIM_WAIT_MAX_MS = 600_000  # see ClusterConfig.reclaim_wait_max_ms
 MAX_RECLAIM_WAIT_MS = 86_400_000
 MAX_SPARES = 1_000  # see ClusterConfig.spares
-DEFRAG_SHARE_PCT = 10  # see ClusterConfig.defrag_share_pct
 DEFAULT_QUEUE = DEFAULT_QUEUE_NAME  # the built-in queue without a quota
 
 
@@ -275,9 +274,9 @@ class ClusterConfig:
     spares: int = 0
     spare_level: str = ""
     # Defragmentation (core/scheduler/defrag.py): at most this percentage of the schedulable
-    # nodes (rounded down) is held at once for gangs that wait only because free GPUs are
-    # scattered (0: never). Needs format 17.
-    defrag_share_pct: int = DEFRAG_SHARE_PCT
+    # nodes (rounded down) is held at once for gangs of starved queues that wait only
+    # because free GPUs are scattered (0, the default: never). Needs format 17.
+    defrag_share_pct: int = 0
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

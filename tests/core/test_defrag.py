@@ -164,6 +164,7 @@ def test_below_its_format_no_drain_is_made() -> None:
 
 
 def test_the_share_is_validated_and_gated_at_its_format() -> None:
+    assert ClusterConfig().defrag_share_pct == 0  # off unless configured
     for bad in (-1, 101):
         problems = check_cluster_config(ClusterConfig(defrag_share_pct=bad))
         assert [p.field for p in problems] == ["defrag_share_pct"], problems
@@ -172,7 +173,7 @@ def test_the_share_is_validated_and_gated_at_its_format() -> None:
     assert format_needed(c.Configure(ClusterConfig(defrag_share_pct=20))) == 17
     assert format_needed(ReasonCode.DEFRAGMENTING) == 17
     wanted = ClusterConfig(defrag_share_pct=20)
-    assert held_back_config(wanted, ClusterConfig(), 16).defrag_share_pct == 10
+    assert held_back_config(wanted, ClusterConfig(), 16).defrag_share_pct == 0
     assert held_back_config(wanted, ClusterConfig(), 17).defrag_share_pct == 20
 
 

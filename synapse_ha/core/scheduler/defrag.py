@@ -22,7 +22,7 @@ an operator):
   on its drained hosts once they are free.
 * **Bound.** At most ``ClusterConfig.defrag_share_pct`` percent of the schedulable nodes
   (rounded down) are held in one pass; a gang whose cheapest set would go past that gets
-  none. 0 turns drains off, and so does a cluster whose format floor is below
+  none. 0 (the default) turns drains off, and so does a cluster whose format floor is below
   :data:`DEFRAG_FORMAT` (a replica of an older release could not read the gang's reason).
   The head-of-line gang's reservation (:mod:`.reservation`) already holds its nodes: it
   gets no drain, and no drain takes its nodes.
