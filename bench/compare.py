@@ -176,6 +176,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         timeout_s=900,
     ),
     Benchmark(
+        # The leader serving the ListJobs storm: the case that weighs most on its heartbeats.
+        "read-storm-leader",
+        "bench/read_storm.py",
+        args=(("--seconds", "25", "--lists-on", "leader"),),
+        smoke=(("--smoke", "--lists-on", "leader"),),
+        timeout_s=900,
+    ),
+    Benchmark(
         "incremental", "bench/incremental.py", args=((),), smoke=(("--smoke",),), timeout_s=900
     ),
     Benchmark(
@@ -246,6 +254,16 @@ FIGURES: tuple[Figure, ...] = (
     Figure("ExplainJob calls", "read-storm", "read_calls.ExplainJob", HIGHER),
     Figure("heartbeat p99 ms in storm", "read-storm", "heartbeat_rtt_during_storm.p99_ms", LOWER),
     Figure("leader kept its term", "read-storm", "leader_kept_its_term", HIGHER),
+    Figure("leader lists: ExplainJob calls", "read-storm-leader", "read_calls.ExplainJob", HIGHER),
+    Figure(
+        "leader lists: heartbeat p99 ms",
+        "read-storm-leader",
+        "heartbeat_rtt_during_storm.p99_ms",
+        LOWER,
+    ),
+    Figure(
+        "leader lists: nodes past lease_ttl", "read-storm-leader", "nodes_past_lease_ttl", LOWER
+    ),
     Figure("cold pass s", "incremental", "cold_pass_s", LOWER),
     Figure("unchanged pass ms", "incremental", "unchanged_ms", LOWER),
     Figure("one-submission pass ms", "incremental", "one_submission_ms", LOWER),
