@@ -46,6 +46,7 @@ from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.membership import ReplicaRole
 from synapse_ha.core.model import JobState
 from synapse_ha.local.replicas import LocalReplicas
+from synapse_ha.rpc.errors import failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import job_state, replica_role
@@ -141,12 +142,14 @@ class Heartbeats(threading.Thread):
 class Reader(threading.Thread):
     """Calls ExplainJob, GetJob and ListJobs (every page, as a dashboard listing all jobs
     does) round-robin on every replica until stopped. A call the replica refuses as
-    OVERLOADED (heavy reads are rationed) is counted and retried after a short pause."""
+    OVERLOADED (heavy reads are rationed) is counted and, unless the refusal names a
+    follower to ask instead, the reader pauses briefly before its next call."""
 
     def __init__(
         self, addresses: list[str], job_ids: list[str], seed: int, transport: Transport
     ) -> None:
         super().__init__(daemon=True)
+        self.addresses = addresses
         self.channels = [transport.channel(a) for a in addresses]
         self.stubs = [pb_grpc.SchedulerServiceStub(c) for c in self.channels]  # type: ignore[no-untyped-call]
         self.job_ids = job_ids
@@ -155,31 +158,54 @@ class Reader(threading.Thread):
         self.calls = {"ExplainJob": 0, "GetJob": 0, "ListJobs": 0}
         self.jobs_listed = 0
         self.overloaded = 0
+        self.redirected = 0  # asked again at the follower a leader named
         self.errors = 0
+
+    def _ask(self, at: int, call: Callable[[Any], Any]) -> Any:
+        """``call(stub)`` at the replica ``at``; a leader that refuses it as OVERLOADED
+        naming followers (``read_from``) is left for the first of them, as
+        :class:`ClusterClient` does."""
+        try:
+            return call(self.stubs[at])
+        except grpc.RpcError as exc:
+            named = self._named_follower(exc)
+            if named is None:
+                raise
+            self.overloaded += 1
+            self.redirected += 1
+            return call(self.stubs[named])
+
+    def _named_follower(self, exc: grpc.RpcError) -> int | None:
+        if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return None
+        for address in failure_of(exc).metadata.get("read_from", "").split(","):
+            if address in self.addresses:
+                return self.addresses.index(address)
+        return None
+
+    def _read(self, at: int, kind: str, job_id: str) -> None:
+        if kind == "ExplainJob":
+            request: Any = pb.ExplainJobRequest(job_id=job_id, allow_stale=True)
+            self._ask(at, lambda stub: stub.ExplainJob(request, timeout=10))
+        elif kind == "GetJob":
+            request = pb.GetJobRequest(job_id=job_id, allow_stale=True)
+            self._ask(at, lambda stub: stub.GetJob(request, timeout=10))
+        else:
+            token = ""
+            while True:
+                request = pb.ListJobsRequest(allow_stale=True, page_token=token)
+                page = self._ask(at, lambda stub, r=request: stub.ListJobs(r, timeout=30))
+                self.jobs_listed += len(page.jobs)
+                token = page.next_page_token
+                if not token:
+                    break
 
     def run(self) -> None:
         i = 0
         while not self.stop.is_set():
-            stub = self.stubs[i % len(self.stubs)]
             kind = READS[i % 3]
-            job_id = self.rng.choice(self.job_ids)
             try:
-                if kind == "ExplainJob":
-                    stub.ExplainJob(
-                        pb.ExplainJobRequest(job_id=job_id, allow_stale=True), timeout=10
-                    )
-                elif kind == "GetJob":
-                    stub.GetJob(pb.GetJobRequest(job_id=job_id, allow_stale=True), timeout=10)
-                else:
-                    token = ""
-                    while True:
-                        page = stub.ListJobs(
-                            pb.ListJobsRequest(allow_stale=True, page_token=token), timeout=30
-                        )
-                        self.jobs_listed += len(page.jobs)
-                        token = page.next_page_token
-                        if not token:
-                            break
+                self._read(i % len(self.stubs), kind, self.rng.choice(self.job_ids))
                 self.calls[kind] += 1
             except grpc.RpcError as exc:
                 if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -217,6 +243,7 @@ def read_storm(
             "calls": {k: sum(r.calls[k] for r in readers) for k in readers[0].calls},
             "jobs_listed": sum(r.jobs_listed for r in readers),
             "overloaded": sum(r.overloaded for r in readers),
+            "redirected": sum(r.redirected for r in readers),
             "errors": sum(r.errors for r in readers),
             "started": started,
             "stopped": stopped,
@@ -347,6 +374,7 @@ def run(
             "read_calls_per_s": round(sum(calls.values()) / (storm_end - storm_start), 1),
             "jobs_listed": readers_done["jobs_listed"],
             "reads_refused_overloaded": readers_done["overloaded"],
+            "reads_sent_to_a_named_follower": readers_done["redirected"],
             "read_errors": readers_done["errors"],
             "heartbeat_rtt_before_storm": _rtt_summary(heartbeats.window(quiet_start, storm_start)),
             "heartbeat_rtt_during_storm": _rtt_summary(heartbeats.window(storm_start, storm_end)),
@@ -397,7 +425,7 @@ def main() -> None:
         replica_args += ("--heavy-read-cpu-share", str(args.heavy_read_cpu_share))
     with tempfile.TemporaryDirectory(prefix="synapse-storm-") as tmp:
         if args.smoke:
-            result = run(Path(tmp), nodes=20, running=2, pending=20, threads=2, seconds=2.0)
+            result = run(Path(tmp), 20, 2, 20, threads=2, seconds=2.0, lists_on=args.lists_on)
         else:
             result = run(
                 Path(tmp),
