@@ -130,10 +130,9 @@ class Run:
     waiting and holding GPUs, and the running sums the figures are made of.
 
     Events are ``(time, sequence, kind, key)``: an arrival's key is the job's index in
-    the workload, an end's (FINISH, EXPIRE, STOP, SAVE: a victim's save on notice done)
-    and a checkpoint mark's (MARK) is ``job_id@fencing_token`` so one of an attempt that
-    no longer holds resources is ignored, a WAKE's is empty. A mark alone is no reason
-    to plan.
+    the workload, an end's (FINISH, EXPIRE, STOP, SAVE: a victim's save done) and a mark's
+    (MARK) is ``job_id@fencing_token`` so one of an attempt that no longer holds resources
+    is ignored, a WAKE's is empty. A mark alone is no reason to plan.
 
     A subclass adds kinds of its own (above LAST_KIND) through :meth:`_other_event`, and
     may extend :meth:`_more_to_do`, :meth:`_wants_pass`, :meth:`_run_ms`,
@@ -483,7 +482,8 @@ class Run:
             self._push(now + self.pacing.grace_ms, STOP, tag)
             marking = self.marking.get(victim.job_id)
             if bounds is not None and marking is not None and marking.token == victim.fencing_token:
-                save = save_delay_ms(bounds, self.workload.name, victim.job_id, marking.token)
+                attempt = state.jobs[victim.job_id].attempts_made
+                save = save_delay_ms(bounds, self.workload.name, victim.job_id, attempt)
                 if save < self.pacing.grace_ms:  # a longer save is cut short by the grace
                     self.noticed[tag] = now
                     self._push(now + save, SAVE, tag)

@@ -19,11 +19,12 @@ long the job and short its interval.
 does what a program reading its preemption notice does (docs/queues.md): it stops
 training at the notice, saves, marks a checkpoint of the step it had reached and exits.
 The save takes a time drawn uniformly within the workload's bounds for each preemption
-(:func:`save_delay_ms`, seeded by the workload, the job and the attempt, so every policy
-draws the same for the same attempt). The mark is the same ``ReportMembers`` its workers
-would send; its members' exits, reported at once after it, end the grace then, and the
-next attempt resumes from the step reached at the notice. A save that would outlast the
-grace is never finished: the victim stops when its grace ends, as without the option.
+(:func:`save_delay_ms`, seeded by the workload, the job and the attempt's number, so
+every policy draws the same for the same attempt). The mark is the same
+``ReportMembers`` its workers would send; its members' exits, reported at once after
+it, end the grace then, and the next attempt resumes from the step reached at the
+notice. A save that would outlast the grace is never finished: the victim stops when
+its grace ends, as without the option.
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ def check_save_bounds(bounds: tuple[int, int] | None) -> None:
         )
 
 
-def save_delay_ms(bounds: tuple[int, int], workload: str, job_id: str, token: int) -> int:
-    """How long the victim ``job_id`` (attempt ``token``) of ``workload`` takes to save
-    after its notice: drawn uniformly within ``bounds``, ms."""
-    return random.Random(f"save:{workload}:{job_id}:{token}").randint(*bounds)
+def save_delay_ms(bounds: tuple[int, int], workload: str, job_id: str, attempt: int) -> int:
+    """How long the victim ``job_id`` (its attempt number ``attempt``) of ``workload``
+    takes to save after its notice: drawn uniformly within ``bounds``, ms."""
+    return random.Random(f"save:{workload}:{job_id}:{attempt}").randint(*bounds)
 
 
 def kept_ms(job: Job) -> int:
