@@ -82,6 +82,26 @@ def test_only_a_gang_within_its_queues_nominal_quota_gets_a_drain() -> None:
     assert drain.job_id == starved
 
 
+def test_a_reservation_without_a_start_is_placed_on_the_cheapest_hosts() -> None:
+    """The head's reservation, when a gang it needs gone has no estimate, is the drain
+    of the hosts that cost least (here: whose gangs, none with an estimate, ran least)
+    rather than the best fit on an empty cluster (n1 and n2)."""
+    config = ClusterConfig(locality_wait_ms=0, defrag_share_pct=50)
+    cluster = Cluster(ClusterState(config=config))
+    cluster.add(*(node(f"n{i}") for i in range(1, 7)))
+    for i in (1, 2, 3, 4, 5, 6):
+        _bind(cluster, job(f"on-n{i}", gpu=4), f"n{i}")
+        cluster.now += MIN * (7 - i)  # n1's gang ran longest
+    head = cluster.submit(job("head", replicas=2, gpu=8))
+    plan = cluster.run_pass()
+    assert plan.reservation is not None and plan.reservation.nodes == {"n5", "n6"}
+    assert plan.reservation.start_ms is None
+    assert [(d.job_id, d.nodes) for d in plan.drains] == [(head, frozenset({"n5", "n6"}))]
+    later = cluster.submit(job("later", gpu=4))  # not on the held hosts, though they have room
+    placed = {p.job_id: {m.node_id for m in p.members} for p in cluster.run_pass().placements}
+    assert later in placed and placed[later].isdisjoint({"n5", "n6"})
+
+
 def test_without_defragmentation_the_gang_only_waits() -> None:
     cluster = _scattered(share=0)
     big = cluster.submit(job("big", replicas=2, gpu=8))

@@ -24,8 +24,11 @@ an operator):
   (rounded down) are held in one pass; a gang whose cheapest set would go past that gets
   none. 0 (the default) turns drains off, and so does a cluster whose format floor is below
   :data:`DEFRAG_FORMAT` (a replica of an older release could not read the gang's reason).
-  The head-of-line gang's reservation (:mod:`.reservation`) already holds its nodes: it
-  gets no drain, and no drain takes its nodes.
+  No drain takes the head-of-line reservation's nodes (:mod:`.reservation`). A head gang
+  whose reservation has no start (a gang it needs gone has no estimate: the reservation
+  is the best fit on the empty cluster, whatever runs there) gets its reservation placed
+  as a drain instead, on the cheapest hosts, and a start when every gang there has an
+  estimate; a timed reservation is kept as it is.
 
 **Recomputed by every pass, not replicated** (as the reservation is): a drain is a
 function of the replicated state and the pass's time, so every leader makes the same one,
@@ -48,7 +51,7 @@ from synapse_ha.core.queues.quota import QueueUsage
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
 from synapse_ha.core.scheduler.placement import NO_CAP, Gang, fits
-from synapse_ha.core.scheduler.plan import Drain, Plan
+from synapse_ha.core.scheduler.plan import Drain, Plan, Reservation
 from synapse_ha.core.scheduler.reservation import Running
 from synapse_ha.core.spec.member_limits import reserved_of
 from synapse_ha.core.topology import describe_domain
@@ -134,37 +137,43 @@ class Defrag:
             hit = self._views[key] = (view, view.without(barred))
         return hit[1]
 
-    def consider(self, gang: Gang, depths: list[int], view: View, plan: Plan) -> bool:
-        """Hold hosts for ``gang``, which found no room on ``view`` (the pass's view
-        without the reservation's nodes), when its free GPUs are scattered (module doc):
-        the drain goes to ``plan.drains`` and its reason to ``plan.reasons``. Whether it
-        got one."""
+    def consider(
+        self, gang: Gang, depths: list[int], restricted: View | None, view: View, plan: Plan
+    ) -> View | None:
+        """Hold hosts for ``gang``, which found no room on ``view`` (the pass's view) nor
+        on ``restricted`` (``view`` without the reservation's nodes), when its free GPUs
+        are scattered, or in place of its own reservation when that has no start (module
+        doc): the drain goes to ``plan.drains`` and its reason to ``plan.reasons``. The
+        view without the reservation's nodes, as it is then."""
         job = gang.job
         made = plan.reservation
         if not self.on or not gang.req.gpu or gang.spec.nodes is not None or gang.must:
-            return False
-        if made is not None and made.job_id == job.job_id:
-            return False
+            return restricted
+        own = made is not None and made.job_id == job.job_id
+        if made is not None and own and made.start_ms is not None:
+            return restricted  # it starts at a known time there
         usage = self.usage
         if usage is not None and not usage.within_nominal(gang.spec.queue, gang.req.gpu * gang.n):
-            return False  # a borrower: draining for it would starve others
+            return restricted  # a borrower: draining for it would starve others
         if self.budget is None:
             self.budget = len(view.table.nodes) * self.share // 100
         left = self.budget - len(self.held)
         if left <= 0:
-            return False
-        base = self._without(view, "", None)  # every held host out
+            return restricted
+        base = self._without(view if own or restricted is None else restricted, "", None)
         free = base.totals.get(())
-        if free is None or free[0] < gang.req.gpu * gang.n or fits(gang, base, depths):
-            return False  # short of GPUs, not of where they are; or only held out
+        if not own and (
+            free is None or free[0] < gang.req.gpu * gang.n or fits(gang, base, depths)
+        ):
+            return restricted  # short of GPUs, not of where they are; or only held out
         key = (gang.req, gang.n, min(depths), gang.avoid, gang.room, bool(gang.spec.image),
                gang.spec.priority, len(self.held), base.version)  # fmt: skip
         if key in self._tried:
-            return False
+            return restricted
         found = self._cheapest(gang, depths, base, left)
         if found is None:
             self._tried.add(key)
-            return False
+            return restricted
         domain, hosts = found
         loads = self._loads_now()
         ends = {j: e for h in hosts for j, e in (loads[h].jobs or {}).items()}
@@ -176,7 +185,10 @@ class Defrag:
         for h in hosts:
             self.held[h] = drain
         plan.reasons[job.job_id] = self._reason(gang, domain, sorted(hosts), drain)
-        return True
+        if not own:
+            return restricted
+        plan.reservation = Reservation(job.job_id, done, drain.nodes)
+        return view.without(drain.nodes)
 
     def _reason(self, gang: Gang, domain: Domain, hosts: list[str], drain: Drain) -> Reason:
         names = self.state.config.levels_with_host()

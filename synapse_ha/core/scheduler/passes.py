@@ -590,7 +590,7 @@ class _Pass:
             plan.reasons[job_id] = self.explainer.why_waiting(
                 gang, view, depths, None, self.now_ms, behind=reservation if blocked else None
             )
-        self.defrag.consider(gang, depths, self.restricted or view, plan)
+        self.restricted = self.defrag.consider(gang, depths, self.restricted, view, plan)
 
 
 # Reasons a gang gives when nothing else explains its wait better than the minimum run
