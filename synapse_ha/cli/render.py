@@ -63,6 +63,10 @@ A **node** (``nodes`` → ``{"nodes": [...]}``)::
                                          [] when all pass
     spare              bool              kept idle as a hot spare: out of normal
                                          placement, for member replacements
+    draining_for       str|null          the job whose gang the node is held draining
+                                         for (defragmentation); null when none, or read
+                                         from a follower
+    draining_until_ms  int|null          when that drain is estimated to complete
 
 A job also has ``queue`` (str), ``priority_class`` (str, "" for a plain number) and
 ``preemption``: null, or ``{preempted_by, kind, deadline_ms}`` while its attempt is being

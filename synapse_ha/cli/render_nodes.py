@@ -98,6 +98,8 @@ def node_document(node: NodeView, now_ms: int = 0) -> Document:
         "unfit": unfit_document(node.unfit, now_ms),
         "conditions": conditions_document(node.conditions),
         "spare": node.spare,
+        "draining_for": node.draining_for or None,
+        "draining_until_ms": node.draining_until_ms or None,
     }
 
 
@@ -127,11 +129,13 @@ def nodes_table(docs: Sequence[Mapping[str, Any]]) -> str:
             d["address"],
             runs_as_text(d) or None,
             ",".join(u["owner"] for u in d["unfit"]) or None,
+            d.get("draining_for"),
         ]
         for d in docs
     ]
     headers = ["NODE", "STATUS", "SPARE", "TOPOLOGY", "FREE GPU", "UNHEALTHY", "FAILING"]
     more = ["CPU USED", "MEMORY USED", "HEARTBEAT", "ADDRESS", "RUNS AS", "UNFIT FOR"]
+    more.append("DRAINING FOR")
     return table(rows, [*headers, *more])
 
 

@@ -44,6 +44,8 @@ class NodeView:
     conditions: tuple[NodeCondition, ...]
     features: tuple[str, ...] = ()  # what a job's nodes.features selects
     spare: bool = False  # kept idle as a hot spare, for member replacements
+    draining_for: str = ""  # the job whose gang a drain holds the node for ("": none)
+    draining_until_ms: int = 0  # when that drain is estimated to complete (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,8 @@ def node_from_proto(msg: pb.Node) -> NodeView:
         unfit=tuple(Unfit(u.owner, u.detail, u.until_ms) for u in msg.unfit),
         conditions=tuple(NodeCondition(k.name, k.message, k.since_ms) for k in msg.conditions),
         spare=msg.spare,
+        draining_for=msg.draining_for,
+        draining_until_ms=msg.draining_until_ms,
     )
 
 

@@ -33,6 +33,7 @@ class SchedulingSettings:
     master_port_base: int | None = None
     spares: int | None = None
     spare_level: str | None = None
+    defrag_share_pct: int | None = None
 
     @property
     def pinned_limits(self) -> frozenset[str]:

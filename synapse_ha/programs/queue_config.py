@@ -216,6 +216,14 @@ SPARES = _count_setting(
     "for member replacements (replicated; applied once every replica reads format 14; "
     "default 0)",
 )
+# Defragmentation (docs/queues.md).
+DEFRAG_SHARE_PCT = _count_setting(
+    "defrag_share_pct",
+    100,
+    "hold at most this percentage of the schedulable nodes draining for gangs of starved "
+    "queues whose free GPUs are scattered (replicated; applied once every replica reads "
+    "format 17; default 0: never)",
+)
 SPARE_LEVEL = setting(
     "--spare-level",
     "scheduling.spare_level",
@@ -257,6 +265,7 @@ SCHEDULING = (
     CORDON_AFTER_START_FAILURES,
     SPARES,
     SPARE_LEVEL,
+    DEFRAG_SHARE_PCT,
     HOLD_UNTIL_STOPPED,
     CLEAR_GPU_FAULTS_ON_REBOOT,
     RELAY_HEARTBEATS,
@@ -283,6 +292,7 @@ def scheduling_settings(inputs: Inputs) -> SchedulingSettings:
         master_port_base=inputs.value(MASTER_PORT_BASE),
         spares=inputs.value(SPARES),
         spare_level=inputs.value(SPARE_LEVEL),
+        defrag_share_pct=inputs.value(DEFRAG_SHARE_PCT),
     )
 
 

@@ -29,7 +29,7 @@ from synapse_ha.core.model import (
     Token,
 )
 from synapse_ha.core.queues.usage import CohortUsage, QueueUsage
-from synapse_ha.core.reasons import render, withheld
+from synapse_ha.core.reasons import Reason, render, withheld
 from synapse_ha.core.views import host_of
 from synapse_ha.core.workflows.dependencies import Dependencies
 from synapse_ha.rpc import fields, states
@@ -183,8 +183,11 @@ def array_to_proto(array: ArrayJob, tasks: list[Job], redacted: bool = False) ->
     )
 
 
-def node_to_proto(node: Node, heartbeat_age_ms: int, spare: bool = False) -> pb.Node:
-    """``spare``: the node is kept as a hot spare (core/spares.py)."""
+def node_to_proto(
+    node: Node, heartbeat_age_ms: int, spare: bool = False, drain: Reason | None = None
+) -> pb.Node:
+    """``spare``: the node is kept as a hot spare (core/spares.py); ``drain``: the
+    ``draining_for`` reason of a node a drain holds (core/scheduler/defrag.py)."""
     return pb.Node(
         node_id=node.node_id,
         address=node.info.address,
@@ -206,6 +209,8 @@ def node_to_proto(node: Node, heartbeat_age_ms: int, spare: bool = False) -> pb.
         ],
         conditions=conditions_to_proto(node.conditions),
         spare=spare,
+        draining_for=str(drain.get("job")) if drain is not None else "",
+        draining_until_ms=int(drain.get("until_ms", 0)) if drain is not None else 0,
     )
 
 

@@ -38,7 +38,7 @@ NODE_KEYS = [
     "id", "address", "status", "status_reason", "topology", "topology_path", "capacity",
     "allocated", "free_gpus", "allocated_gpus", "gpu_model", "features", "registered_at_ms",
     "last_heartbeat_age_ms", "members_run_as", "member_isolation", "gpu_faults", "unfit",
-    "conditions", "spare",
+    "conditions", "spare", "draining_for", "draining_until_ms",
 ]  # fmt: skip
 
 
@@ -212,8 +212,16 @@ def test_tables_for_people() -> None:
     )
     assert nodes.splitlines()[1].split() == [
         "w1", "ready", "-", "z1/b1/r1", "6/8", "-", "-", "1.5/64", "1Gi/512Gi", "1.5s", "ago",
-        "w1.example:7070", "-", "-",
+        "w1.example:7070", "-", "-", "-",
     ]  # fmt: skip
+    held = node("w2", "r1", [], 0)
+    held.draining_for, held.draining_until_ms = "job-000009", 1_700_000_000_000
+    drained = render_nodes.node_document(node_from_proto(held))
+    assert (drained["draining_for"], drained["draining_until_ms"]) == (
+        "job-000009",
+        1_700_000_000_000,
+    )
+    assert render_nodes.nodes_table([drained]).splitlines()[1].split()[-1] == "job-000009"
     status = render_jobs.job_table(render_jobs.job_document(job_from_proto(running_job())), now)
     assert "RESOURCES:     4 GPU, 1.5 CPU, 256Gi per member" in status
     assert "FENCING TOKEN: 41" in status

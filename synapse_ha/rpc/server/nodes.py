@@ -9,6 +9,7 @@ import grpc
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.model import NodeStatus
+from synapse_ha.core.scheduler.defrag import draining_for
 from synapse_ha.core.spares import spare_nodes
 from synapse_ha.rpc import states, to_proto
 from synapse_ha.rpc.auth import caller
@@ -89,11 +90,13 @@ class NodeService(Servicer):
         now = self.ctx.clock_ms()
         out = []
         state = self.ctx.backend.snapshot()
+        plan = None if stale else self.ctx.last_plan()
         with self._heavy_read(context, request.allow_stale):
             spares = spare_nodes(state)
             for node_id in sorted(state.nodes):
                 heard = None if stale else self.ctx.liveness.heard_since_election(node_id)
                 age = -1 if heard is None else max(0, now - heard)
                 node = state.nodes[node_id]
-                out.append(to_proto.node_to_proto(node, age, spare=node_id in spares))
+                drain = draining_for(plan, node_id)
+                out.append(to_proto.node_to_proto(node, age, node_id in spares, drain))
         return pb.ListNodesResponse(nodes=out, stale=stale)

@@ -547,7 +547,7 @@ class ExplainJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., explanation: _Optional[str] = ..., stale: _Optional[bool] = ..., reason_code: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status", "gpu_faults", "unfit", "conditions", "member_isolation", "features", "spare")
+    __slots__ = ("node_id", "address", "status", "status_reason", "capacity", "allocated", "allocated_gpus", "topology", "gpu_model", "registered_at_ms", "last_heartbeat_age_ms", "members_run_as", "node_status", "gpu_faults", "unfit", "conditions", "member_isolation", "features", "spare", "draining_for", "draining_until_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -567,6 +567,8 @@ class Node(_message.Message):
     MEMBER_ISOLATION_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     SPARE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FOR_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     status: str
@@ -586,7 +588,9 @@ class Node(_message.Message):
     member_isolation: str
     features: _containers.RepeatedScalarFieldContainer[str]
     spare: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., unfit: _Optional[_Iterable[_Union[NodeUnfit, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[NodeCondition, _Mapping]]] = ..., member_isolation: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ...) -> None: ...
+    draining_for: str
+    draining_until_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., allocated_gpus: _Optional[_Iterable[int]] = ..., topology: _Optional[_Iterable[_Union[TopologyLabel, _Mapping]]] = ..., gpu_model: _Optional[str] = ..., registered_at_ms: _Optional[int] = ..., last_heartbeat_age_ms: _Optional[int] = ..., members_run_as: _Optional[str] = ..., node_status: _Optional[_Union[NodeStatus, str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., unfit: _Optional[_Iterable[_Union[NodeUnfit, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[NodeCondition, _Mapping]]] = ..., member_isolation: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ..., draining_for: _Optional[str] = ..., draining_until_ms: _Optional[int] = ...) -> None: ...
 
 class NodeCondition(_message.Message):
     __slots__ = ("name", "message", "since_ms")
