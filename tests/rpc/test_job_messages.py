@@ -9,7 +9,7 @@ from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import SnapshotBuilder, apply_tracked
 from synapse_ha.rpc import to_proto
-from synapse_ha.rpc.server.job_messages import JobMessages
+from synapse_ha.rpc.server.job_messages import JobMessages, JobOrder
 from tests.core.harness import job, node
 
 
@@ -90,3 +90,28 @@ def test_memory_is_bounded_by_two_generations() -> None:
 def test_a_generation_must_hold_a_message() -> None:
     with pytest.raises(ValueError, match="generation: at least 1, got 0"):
         JobMessages(generation=0)
+
+
+def test_a_snapshot_s_jobs_are_sorted_once_and_again_for_the_next_snapshot() -> None:
+    live = Live()
+    for i in range(3):
+        live.do(c.SubmitJob(job(f"j{i}", gpu=1), f"r{i}", live.now))
+    order = JobOrder()
+    snap = live.snapshot()
+    first = order.of(snap)
+    assert [j.spec.name for j in first] == ["j0", "j1", "j2"]
+    assert order.of(live.snapshot()) is first  # the same snapshot: sorted once
+    live.do(c.SubmitJob(job("j3", gpu=1), "r3", live.now))
+    again = order.of(live.snapshot())
+    assert again is not first
+    assert [j.spec.name for j in again] == ["j0", "j1", "j2", "j3"]
+
+
+def test_the_order_is_submission_order_whatever_the_dictionary_s() -> None:
+    live = Live()
+    for i in range(3):
+        live.do(c.SubmitJob(job(f"j{i}", gpu=1), f"r{i}", live.now))
+    snap = live.snapshot()
+    reordered = ClusterState(jobs=dict(reversed(list(snap.jobs.items()))))
+    names = [j.spec.name for j in JobOrder().of(reordered)]
+    assert names == ["j0", "j1", "j2"]

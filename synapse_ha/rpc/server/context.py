@@ -32,7 +32,7 @@ from synapse_ha.rpc.auth import AUTHORIZATION_KEY, BEARER, AuthInterceptor, call
 from synapse_ha.rpc.errors import ErrorReason, abort, abort_invalid, refusal_status
 from synapse_ha.rpc.load_gates import Overloaded, ReadGate, StreamSlots
 from synapse_ha.rpc.relay_table import RelayTable
-from synapse_ha.rpc.server.job_messages import JobMessages
+from synapse_ha.rpc.server.job_messages import JobMessages, JobOrder
 from synapse_ha.service import commit
 from synapse_ha.service.limits import PendingInFlight, SubmitRate
 from synapse_ha.service.refusal import Refusal, denied
@@ -133,6 +133,8 @@ class ReplicaContext:
     leader_read_gate: ReadGate | None = None
     # Each job version's API message, converted once (GetJob, ListJobs).
     job_messages: JobMessages = field(default_factory=JobMessages)
+    # The newest listed snapshot's jobs in submission order (ListJobs pages through it).
+    job_order: JobOrder = field(default_factory=JobOrder)
     grant_signer: GrantSigner | None = None
     # Where handlers report the refusals they make themselves (another user's job, a
     # worker speaking for another node), to be logged and counted with the rest.

@@ -3,7 +3,8 @@ read, list, explain, and the grants that let a caller read a member's log."""
 
 from __future__ import annotations
 
-from operator import attrgetter
+from bisect import bisect_right
+from itertools import islice
 
 import grpc
 
@@ -22,11 +23,10 @@ from synapse_ha.rpc.server.context import (
     abort_required,
     abort_spec_error,
 )
+from synapse_ha.rpc.server.job_messages import SUBMISSION_ORDER
 from synapse_ha.rpc.server.submit import SubmitService
 from synapse_ha.service.jobs import cancel
 from synapse_ha.service.refusal import Refusal
-
-_SUBMISSION_ORDER = attrgetter("seq", "array_index")
 
 
 def _listed(job: Job, wanted_states: set[JobState], request: pb.ListJobsRequest) -> bool:
@@ -132,10 +132,10 @@ class JobService(SubmitService):
             page: list[Job | ArrayJob] = []
             more = False
             shown: set[str] = set()  # arrays already on the page
-            # Apply keeps the jobs in submission order, so this sort finds one run:
-            # linear, with the keys read in C.
-            for job in sorted(state.jobs.values(), key=_SUBMISSION_ORDER):
-                if (job.seq, job.array_index) <= after or job.array_id in shown:
+            ordered = self.ctx.job_order.of(state)
+            start = bisect_right(ordered, after, key=SUBMISSION_ORDER)
+            for job in islice(ordered, start, None):
+                if job.array_id in shown:
                     continue
                 if request.array_id and job.array_id != request.array_id:
                     continue
