@@ -6,6 +6,7 @@ shrink a preemption takes is applied before the preemptions, its GPUs freed at o
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from synapse_ha.core.workflows.checkpoints import AttemptMark
 from synapse_ha.sim.engine import Pacing, Run, build_cluster, simulate
 from synapse_ha.sim.marks import save_delay_ms
 from synapse_ha.sim.policies import Ours
-from synapse_ha.sim.quality import SAVE_ON_NOTICE_MS, saving_on_notice
+from synapse_ha.sim.quality import SAVE_ON_NOTICE_MS, saving_on_notice, trace_file_workload
 from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
 from tests.core.harness import job
 from tests.sim.test_tenancy import _job_id, _marking_reclaim, _reclaim_workload, _ReclaimAt, _run
@@ -131,3 +132,18 @@ def test_a_plans_shrink_gives_its_gpus_back_at_once_and_the_taker_starts() -> No
     # Every GPU is accounted for: the gang's released share is what it still held.
     assert run.allocated == 0 and all(v == 0 for v in run.usage.values())
     assert run.result(0.0).metrics["never_started"] == []
+
+
+def test_a_trace_checkpoint_interval_is_given_to_jobs_without_one(tmp_path: Path) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(
+        "submit_s,queue,members,gpus_per_member,duration_s,checkpoint_s\n"
+        "0,team-a,1,8,600,\n"
+        "0,team-b,1,8,600,120\n"
+    )
+    w = trace_file_workload(trace, 2, checkpoint_s=300)
+    assert [j.checkpoint_ms for j in w.jobs] == [300_000, 120_000]
+    assert [j.checkpoint_ms for j in trace_file_workload(trace, 2).jobs] == [0, 120_000]
+    assert saving_on_notice(w).save_on_notice_ms == SAVE_ON_NOTICE_MS
+    with pytest.raises(ValueError, match=r"checkpoint interval: at least 1 second, got 0\.5"):
+        trace_file_workload(trace, 2, checkpoint_s=0.5)
