@@ -349,9 +349,9 @@ def test_synctl_nodes_shows_whose_account_members_run_under() -> None:
     doc = render_nodes.node_document(node_from_proto(to_proto.node_to_proto(node, 1500)))
     assert doc["members_run_as"] == "agent:svc"
     header, row = render_nodes.nodes_table([doc]).splitlines()
-    # The last columns: RUNS AS, then UNFIT FOR ("-": none).
-    assert header.split()[-4:] == ["RUNS", "AS", "UNFIT", "FOR"]
-    assert row.split()[-2:] == ["agent:svc", "-"]
+    # The last columns: RUNS AS, then UNFIT FOR and DRAINING FOR ("-": none).
+    assert header.split()[-6:] == ["RUNS", "AS", "UNFIT", "FOR", "DRAINING", "FOR"]
+    assert row.split()[-3:] == ["agent:svc", "-", "-"]
 
 
 def test_a_feature_a_selector_could_not_name_is_refused(tmp_path: Path) -> None:
