@@ -220,11 +220,16 @@ def _holding_problems(state: ClusterState, job_id: str, job: Job, held: _Holding
     problems += _vacancy_problems(job_id, job)
     if attempt.preempted_by and (attempt.preemption is None or attempt.preempt_deadline_ms <= 0):
         problems.append(f"{job_id}: preempted without a kind or a deadline")
-    # Members of a preempted attempt may stop before any started.
+    # Members of a preempted attempt may stop before any started, and so may the old
+    # member of a rank given back or lost (a vacancy known stopped).
     if (
         job.state is JobState.SCHEDULED
         and not attempt.preempted_by
-        and any(s.state is not MemberState.BOUND for s in attempt.member_status)
+        and any(
+            s.state is not MemberState.BOUND
+            for rank, s in enumerate(attempt.member_status)
+            if rank not in freed
+        )
     ):
         problems.append(f"{job_id}: SCHEDULED but a member already started")
     return problems

@@ -26,6 +26,7 @@ from synapse_ha.core.machine.replacement import (
     replaceable,
     vacate,
 )
+from synapse_ha.core.machine.reports import succeed_when_shrunk
 from synapse_ha.core.model import ClusterState, Job, MemberState, Node, NodeInfo, NodeStatus
 from synapse_ha.core.reasons import Reason, ReasonCode, reason
 from synapse_ha.core.spec.validation import check_node_info, describe
@@ -189,6 +190,7 @@ def _vacated(state: ClusterState, job: Job, node_id: str, outcome: Reason, now: 
     elif not vacate(state, job, ranks, outcome, now, stopped=True):
         return False
     confirm_on_dead_node(state, job, node_id, now)
+    succeed_when_shrunk(state, job, now)
     return True
 
 

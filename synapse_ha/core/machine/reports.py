@@ -58,8 +58,10 @@ def _report_members(state: ClusterState, c: cmd.ReportMembers, now: int) -> Resu
             and job.attempt.vacancies
             and confirm_vacated(state, job, c.node_id, event, now)
         ):
-            accepted += 1  # the old member of a rank being placed again
+            accepted += 1  # the old member of a rank being placed again, or given back
             touched.add(c.node_id)
+            if succeed_when_shrunk(state, job, now):
+                touched.update(m.node_id for m in job.attempt.members)
             continue
         late = job is not None and _count_late_exit(state, job, c.node_id, event, now, touched)
         if job is not None and (_confirm_stopped(state, job, c.node_id, event, now) or late):
@@ -176,6 +178,34 @@ def _succeed(state: ClusterState, job: Job, attempt: Attempt, why: Reason, now: 
     end_attempt(state, job, lc.AttemptEvent.SUCCEED, outcome, now)
     finish(state, job, lc.JobEvent.SUCCEED, why, now)
 
+
+def succeed_when_shrunk(state: ClusterState, job: Job, now: int) -> bool:
+    """An elastic gang whose members left after it gave back its top ranks all exited 0
+    (they did while the ranks given back still ran, and the last of those just stopped):
+    the attempt succeeds, as it would have had they exited after. From format
+    :data:`SHRUNK_SUCCEEDS_FORMAT`; before, such an attempt stayed running. Whether it
+    ended."""
+    attempt = job.live_attempt()
+    if (
+        state.format_floor < SHRUNK_SUCCEEDS_FORMAT
+        or attempt is None
+        or attempt.preempted_by
+        or attempt.vacancies
+        or attempt.state is not AttemptState.RUNNING
+        or not attempt.member_status
+        or not all(
+            s.state is MemberState.EXITED and s.exit_code == 0 for s in attempt.member_status
+        )
+    ):
+        return False
+    _succeed(state, job, attempt, reason(ReasonCode.SUCCEEDED, members=len(attempt.members)), now)
+    return True
+
+
+# An elastic gang whose remaining members all exited 0 while the ranks it gave back still
+# ran succeeds once the last of those stops; before this format it stayed running. The
+# rule changes what replicas apply, so it waits for every replica to read the format.
+SHRUNK_SUCCEEDS_FORMAT = 17
 
 # From format 3 a node's run of start failures ends when a member's program ran there to
 # its exit (a member reported started may still fail its node's pre-start check); before,
