@@ -117,6 +117,30 @@ class Liveness:
             baseline = self._baseline_ms
             return {n: now_ms - max(heard(n, 0), baseline) for n in node_ids}
 
+    def overdue(
+        self, node_ids: Iterable[str], now_ms: int, late_after_ms: int, dead_after_ms: int
+    ) -> tuple[int, list[tuple[str, int]]]:
+        """In one pass under one lock: how many of ``node_ids`` have been silent longer
+        than ``late_after_ms`` at ``now_ms``, and those silent longer than
+        ``dead_after_ms``, each with its silence, in the order given (silences counted as
+        :meth:`silences` counts them). The reaper asks at every step about every node:
+        this builds no dictionary of all silences and sorts none."""
+        late = 0
+        dead: list[tuple[str, int]] = []
+        late_before, dead_before = now_ms - late_after_ms, now_ms - dead_after_ms
+        with self._lock:
+            baseline = self._baseline_ms
+            if baseline >= late_before and baseline >= dead_before:
+                return late, dead  # every node counts as heard since the baseline
+            heard = self._heard.get
+            for node_id in node_ids:
+                last = max(heard(node_id, 0), baseline)
+                if last < late_before:
+                    late += 1
+                if last < dead_before:
+                    dead.append((node_id, now_ms - last))
+        return late, dead
+
 
 @dataclass(frozen=True, slots=True)
 class LoopSettings:
@@ -386,19 +410,16 @@ class LeaderLoop:
         for node_id in list(self._node_deaths):
             if self._node_deaths[node_id].settled(now_ms):
                 del self._node_deaths[node_id]
-        silences = self._liveness.silences(
-            (n for n, node in state.nodes.items() if node.status is not NodeStatus.DEAD), now_ms
-        )
-        late = sum(1 for silent in silences.values() if silent > dead_after // 2)
-        held = hold_reason(late, len(silences), dead_after, self._settings.silence_hold)
+        alive = [n for n, node in state.nodes.items() if node.status is not NodeStatus.DEAD]
+        late, overdue = self._liveness.overdue(alive, now_ms, dead_after // 2, dead_after)
+        held = hold_reason(late, len(alive), dead_after, self._settings.silence_hold)
         if bool(held) != self._held:  # said when a hold starts or ends, not at every step
             self._held = bool(held)
             said.append(self._note(held or "node deaths no longer held: most nodes are heard"))
         if held:
             return said
-        for node_id in sorted(silences):
-            silent = silences[node_id]
-            if silent <= dead_after or node_id in self._node_deaths:
+        for node_id, silent in sorted(overdue):
+            if node_id in self._node_deaths:
                 continue
             command = cmd.MarkNodeDead(
                 node_id=node_id,

@@ -477,3 +477,25 @@ def test_silences_count_from_the_last_heartbeat_or_the_baseline_whichever_is_lat
     assert liveness.silences(["a", "b", "never"], 3_000) == {"a": 1_500, "b": 2_000, "never": 2_000}
     liveness.raise_baseline(2_500)  # a stall of the leader
     assert liveness.silences(iter(["a", "b"]), 3_000) == {"a": 500, "b": 500}
+
+
+def test_overdue_counts_the_late_and_names_the_dead_as_silences_says() -> None:
+    liveness = Liveness()
+    liveness.reset(1_000)
+    for node_id, at in (("a", 9_000), ("b", 6_000), ("c", 3_000), ("d", 800)):
+        liveness.heard(node_id, at)
+    ids = ["d", "c", "b", "a", "never"]
+    silences = liveness.silences(ids, 10_000)  # a 1,000; b 4,000; c 7,000; d, never 9,000
+    late = sum(1 for s in silences.values() if s > 3_000)
+    dead = [(n, s) for n, s in silences.items() if s > 6_000]
+    assert liveness.overdue(iter(ids), 10_000, 3_000, 6_000) == (late, dead)
+    assert liveness.overdue(ids, 10_000, 3_000, 6_000) == (
+        4,
+        [("d", 9_000), ("c", 7_000), ("never", 9_000)],
+    )
+    assert liveness.overdue(ids, 10_000, 4_000, 4_000) == (
+        3,
+        [("d", 9_000), ("c", 7_000), ("never", 9_000)],
+    )
+    liveness.raise_baseline(9_500)  # a stall: nobody is late right after it
+    assert liveness.overdue(ids, 10_000, 3_000, 6_000) == (0, [])
