@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -170,4 +171,31 @@ def serving_replica() -> Iterator[Replica]:
         yield Replica(f"127.0.0.1:{port}", backend, auth, ctx, clock, tokens, jobs, channel)
     finally:
         channel.close()
+        server.stop(grace=None)
+
+
+def lone_context(backend: FakeBackend, serving: bool = True, **fields: Any) -> ReplicaContext:
+    """A context of replica r1 serving ``backend`` without credentials (``serving``: as
+    the serving leader or not); ``fields`` set the others (``replicas``, gates, plan)."""
+    fields.setdefault("replicas", [ReplicaAddress("r1", "127.0.0.1:1", "127.0.0.1:0")])
+    return ReplicaContext(
+        self_id="r1",
+        backend=backend,
+        liveness=Liveness(),
+        serving=lambda: serving,
+        clock_ms=lambda: NOW,
+        **fields,
+    )
+
+
+@contextmanager
+def served(ctx: ReplicaContext) -> Iterator[str]:
+    """``ctx`` served in process on a loopback port, in insecure mode; its address. The
+    server is stopped on exit."""
+    server = build_server(ctx, "127.0.0.1:0", max_workers=2)
+    port = server.add_insecure_port("127.0.0.1:0")  # build_server's own port is unknown
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
         server.stop(grace=None)

@@ -13,14 +13,13 @@ import pytest
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import apply
-from synapse_ha.leader.loop import Liveness
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.load_gates import ReadGate
-from synapse_ha.rpc.server import HEAVY_READS, ReplicaAddress, ReplicaContext, build_server
+from synapse_ha.rpc.server import HEAVY_READS
 from synapse_ha.rpc.server.context import DEFAULT_PAGE_SIZE
 from tests.core.harness import job
-from tests.rpc.authed import NOW, FakeBackend
+from tests.rpc.authed import NOW, FakeBackend, lone_context, served
 
 
 class RecordingGate(ReadGate):
@@ -42,23 +41,11 @@ def replica(jobs: int) -> Iterator[tuple[ClusterClient, RecordingGate, str]]:
         spec = job(f"j{i}", replicas=1, gpu=1)
         assert apply(backend.state, cmd.SubmitJob(spec, f"req-{i}", NOW, owner="alice")).ok
     gate = RecordingGate()
-    ctx = ReplicaContext(
-        self_id="r1",
-        replicas=[ReplicaAddress("r1", "127.0.0.1:1", "127.0.0.1:0")],
-        backend=backend,
-        liveness=Liveness(),
-        serving=lambda: True,
-        clock_ms=lambda: NOW,
-        read_gate=gate,
-    )
-    server = build_server(ctx, "127.0.0.1:0", max_workers=2)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with ClusterClient([f"127.0.0.1:{port}"], timeout_s=5) as client:
-            yield client, gate, f"127.0.0.1:{port}"
-    finally:
-        server.stop(grace=None)
+    with (
+        served(lone_context(backend, read_gate=gate)) as address,
+        ClusterClient([address], timeout_s=5) as client,
+    ):
+        yield client, gate, address
 
 
 def test_each_page_of_a_listing_is_encoded_through_the_gate() -> None:

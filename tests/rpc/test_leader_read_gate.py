@@ -15,16 +15,15 @@ import pytest
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import apply
-from synapse_ha.leader.loop import Liveness
 from synapse_ha.programs.read_config import read_gates
 from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.load_gates import ReadGate, ReadLimits
-from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
+from synapse_ha.rpc.server import ReplicaAddress
 from synapse_ha.rpc.server.context import MIN_INDEX_KEY
 from tests.core.harness import job
-from tests.rpc.authed import NOW, FakeBackend
+from tests.rpc.authed import NOW, FakeBackend, lone_context, served
 
 FOLLOWER = "127.0.0.1:7"  # the follower the leader names (no replica listens there)
 
@@ -53,26 +52,12 @@ def replica(
     leader_gate = ReadGate(ReadLimits(1, 0.05, burst_s=0.1, max_wait_s=0.0))
     if used_up:
         leader_gate.charge(60.0)  # for twenty minutes
-    ctx = ReplicaContext(
-        self_id="r1",
-        replicas=replicas,
-        backend=backend,
-        liveness=Liveness(),
-        serving=lambda: serving,
-        clock_ms=lambda: NOW,
-        read_gate=gate,
-        leader_read_gate=leader_gate,
+    ctx = lone_context(
+        backend, serving, replicas=replicas, read_gate=gate, leader_read_gate=leader_gate
     )
-    server = build_server(ctx, "127.0.0.1:0", max_workers=2)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    address = f"127.0.0.1:{port}"
-    try:
-        with grpc.insecure_channel(address) as channel:
-            stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
-            yield Served(address, stub, gate, leader_gate)
-    finally:
-        server.stop(grace=None)
+    with served(ctx) as address, grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)  # type: ignore[no-untyped-call]
+        yield Served(address, stub, gate, leader_gate)
 
 
 def refused(call: object) -> dict[str, str]:

@@ -12,11 +12,9 @@ from synapse_ha.client.nodes import list_nodes, node_from_proto
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.machine import apply
 from synapse_ha.core.scheduler.plan import Drain, Plan
-from synapse_ha.leader.loop import Liveness
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
-from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server
 from tests.core.harness import node
-from tests.rpc.authed import NOW, FakeBackend
+from tests.rpc.authed import NOW, FakeBackend, lone_context, served
 
 DONE_MS = NOW + 600_000
 
@@ -26,23 +24,11 @@ def replica(serving: bool, plan: Plan) -> Iterator[ClusterClient]:
     backend = FakeBackend()
     for node_id in ("n1", "n2", "n3"):
         assert apply(backend.state, cmd.RegisterNode(node(node_id, gpus=8), NOW)).ok
-    ctx = ReplicaContext(
-        self_id="r1",
-        replicas=[ReplicaAddress("r1", "127.0.0.1:1", "127.0.0.1:0")],
-        backend=backend,
-        liveness=Liveness(),
-        serving=lambda: serving,
-        clock_ms=lambda: NOW,
-        last_plan=lambda: plan,
-    )
-    server = build_server(ctx, "127.0.0.1:0", max_workers=2)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with ClusterClient([f"127.0.0.1:{port}"], timeout_s=5) as client:
-            yield client
-    finally:
-        server.stop(grace=None)
+    with (
+        served(lone_context(backend, serving, last_plan=lambda: plan)) as address,
+        ClusterClient([address], timeout_s=5) as client,
+    ):
+        yield client
 
 
 PLAN = Plan(
