@@ -26,7 +26,8 @@ from synapse_ha.history.events import EventRing
 from synapse_ha.history.recorder import HistoryRecorder
 from synapse_ha.history.store import FILE_NAME as HISTORY_FILE
 from synapse_ha.history.store import HistoryStore
-from synapse_ha.leader.loop import STALL_MS, LeaderLoop, Liveness, LoopSettings
+from synapse_ha.leader.liveness import Liveness
+from synapse_ha.leader.loop import STALL_MS, LeaderLoop, LoopSettings
 from synapse_ha.leader.scheduling import DesiredSettings
 from synapse_ha.leader.slow_nodes import SlowNodes, SlowNodeSettings
 from synapse_ha.observe.dashboard import Dashboard

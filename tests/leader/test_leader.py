@@ -11,7 +11,8 @@ from synapse_ha.core.cluster_config import ClusterConfig, Timeouts
 from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.model import JobState, NodeStatus
 from synapse_ha.core.reasons import ReasonCode
-from synapse_ha.leader.loop import LeaderLoop, Liveness, LoopSettings
+from synapse_ha.leader.liveness import Liveness
+from synapse_ha.leader.loop import LeaderLoop, LoopSettings
 from synapse_ha.leader.scheduling import DesiredSettings
 from tests.core.harness import job, node
 from tests.leader.fakes import FakeLog

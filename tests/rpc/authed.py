@@ -21,7 +21,7 @@ from synapse_ha.core.identity.access import Identity, Role
 from synapse_ha.core.machine import apply
 from synapse_ha.core.model import ClusterState
 from synapse_ha.core.snapshot import full_copy
-from synapse_ha.leader.loop import Liveness
+from synapse_ha.leader.liveness import Liveness
 from synapse_ha.rpc.auth import AuthInterceptor, new_token
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext, build_server

@@ -17,7 +17,7 @@ from synapse_ha.core import commands as cmd
 from synapse_ha.core.identity import access
 from synapse_ha.core.identity.access import Role
 from synapse_ha.core.machine import apply
-from synapse_ha.leader.loop import Liveness
+from synapse_ha.leader.liveness import Liveness
 from synapse_ha.rpc.auth import new_token
 from synapse_ha.rpc.errors import ErrorReason, failure_of
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb

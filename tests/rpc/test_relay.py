@@ -22,7 +22,7 @@ from synapse_ha.core.model import ClusterState
 from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.snapshot import full_copy
 from synapse_ha.core.views import desired_by_node
-from synapse_ha.leader.loop import Liveness
+from synapse_ha.leader.liveness import Liveness
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.relay_table import RELAY_FRESH_S, RelayTable
 from synapse_ha.rpc.server import ReplicaAddress, ReplicaContext

@@ -18,7 +18,8 @@ from synapse_ha.core.machine import apply
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.core.replacement import ReplacePolicy
 from synapse_ha.core.scheduler import schedule
-from synapse_ha.leader.loop import LeaderLoop, Liveness, LoopSettings
+from synapse_ha.leader.liveness import Liveness
+from synapse_ha.leader.loop import LeaderLoop, LoopSettings
 from synapse_ha.leader.slow_nodes import SlowNodes, SlowNodeSettings
 from synapse_ha.rpc import to_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
