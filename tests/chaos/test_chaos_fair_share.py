@@ -212,7 +212,7 @@ def result(
     return ScenarioResult(name, 1, run_dir, 3, 10, [], expect_violations=broken)
 
 
-def test_a_run_without_a_fair_share_preemption_fails(tmp_path: Path) -> None:
+def test_a_run_without_a_fair_share_preemption_is_named(tmp_path: Path) -> None:
     none = {"reclaim": 4, "priority": 2, "fair_share": 0}
     results = [
         result(tmp_path, "targeted", none),
