@@ -24,7 +24,7 @@ import grpc
 
 from chaos import hosts, ledger, net
 from chaos.members_seen import SeenMembers
-from chaos.nemesis import SLOW_NODE_WINDOW_S, FaultTimeouts, Step
+from chaos.nemesis import SLOW_NODE_THRESHOLD_PCT, SLOW_NODE_WINDOW_S, FaultTimeouts, Step
 from chaos.workload import PACED_SHARE, WorkloadConfig, write_config
 from synapse_ha.client.cluster import ClusterClient, ClusterUnavailable
 from synapse_ha.core.cluster_config import MAX_REQUEUES_LIMIT
@@ -249,6 +249,7 @@ class ChaosCluster:
                     f"--max-requeues={max_requeues(cfg.steps)}",
                     f"--unfit-backoff={_duration_flag(UNFIT_BACKOFF_S)}",
                     f"--slow-node-window={_duration_flag(SLOW_NODE_WINDOW_S)}",
+                    f"--slow-node-threshold={SLOW_NODE_THRESHOLD_PCT}",
                     *(["--relay-heartbeats"] if cfg.relay_heartbeats else []),
                 ],
                 log_path=run_dir / f"{h.name}.log",

@@ -53,6 +53,7 @@ class Mark:
     seen_ns: int  # first seen
     cleared_ns: int = NEVER  # first seen gone
     ready_ns: int = NEVER  # its node first seen ready while marked (made ready again)
+    message: str = ""  # the mark's evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ def check_marks(marks: list[Mark], throttles: list[Throttle]) -> list[Violation]
             "healthy-node-degraded",
             "",
             f"node {m.node} marked degraded (stamp {m.since_ms}) while no slow-node fault "
-            f"throttled it",
+            f"throttled it: {m.message or 'no evidence recorded'}",
         )
         for m in marks
         if throttled_then(m, throttles) is None
@@ -145,7 +146,7 @@ def load_marks(path: Path) -> list[Mark]:
     for r in ledger.read_records(path):
         key = (str(r["node"]), int(r["since_ms"]))
         if r.get("type") == "degraded" and key not in marks:
-            marks[key] = Mark(key[0], key[1], int(r["seen_ns"]))
+            marks[key] = Mark(key[0], key[1], int(r["seen_ns"]), message=str(r.get("message", "")))
         elif r.get("type") == "cleared" and key in marks:
             marks[key] = replace(marks[key], cleared_ns=int(r["seen_ns"]))
         elif r.get("type") == "ready" and key in marks:

@@ -21,6 +21,7 @@ from typing import overload
 
 from synapse_ha.core import commands as cmd
 from synapse_ha.core.codec.backup import BackupError, decode_backup
+from synapse_ha.core.health.slowness import SlownessRule
 from synapse_ha.core.identity.access import Role, split_token
 from synapse_ha.history.events import EventRing
 from synapse_ha.history.recorder import HistoryRecorder
@@ -78,6 +79,14 @@ def tune_gc(collect: bool = True) -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def slow_node_settings(config: SchedulerConfig) -> SlowNodeSettings:
+    """How this replica, when it leads, weighs its members' paces (docs/slow-nodes.md)."""
+    return SlowNodeSettings(
+        window_ms=config.slow_node_window_ms,
+        rule=SlownessRule(threshold_pct=config.slow_node_threshold_pct),
+    )
+
+
 class SteadyClock:
     """Wall-clock milliseconds that a step of the system clock does not move.
 
@@ -126,7 +135,7 @@ class Replica:
         self._roles: queue.SimpleQueue[tuple[bool, int, int]] = queue.SimpleQueue()
         self.liveness = Liveness()
         # The leader's evidence of slow nodes, never replicated.
-        self.slow_nodes = SlowNodes(SlowNodeSettings(window_ms=config.slow_node_window_ms))
+        self.slow_nodes = SlowNodes(slow_node_settings(config))
         self.transport = Transport(config.tls)
         self.nudger = WorkerNudger(
             channel_factory=self.transport.channel, credentials_version=self.transport.version

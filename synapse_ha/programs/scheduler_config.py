@@ -35,6 +35,7 @@ checked whole before the replica starts (:func:`load_config`)::
     submit_per_s = 50        # the others are `synctl config set limits.NAME=VALUE`
     [slow_nodes]
     window = "15m"           # how long each gang's window of member paces (1s to 24h)
+    threshold = 15           # a strike: the slowest of its peers by this percent (1-1000)
 
 Membership and backup: ``--join`` (``join = true``) for a replica added to a running
 cluster with ``synctl cluster add-replica``; ``--restore FILE`` (``restore = "FILE"``) to
@@ -51,6 +52,7 @@ from functools import partial
 from typing import Any
 
 from synapse_ha.core.cluster_config import LOCALITY_WAIT_MS, Timeouts
+from synapse_ha.core.health.slowness import MAX_THRESHOLD_PCT, SlownessRule
 from synapse_ha.core.identity.access import split_token
 from synapse_ha.core.spec.validation import check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY
@@ -120,6 +122,7 @@ class SchedulerConfig:
     agent_address: str = ""
     raft_transport: str = PASSWORD_CHANNEL  # the Raft channel (synapse_ha.raft.channel)
     slow_node_window_ms: int = DEFAULT_WINDOW_MS  # the leader's pace windows (docs/slow-nodes.md)
+    slow_node_threshold_pct: int = SlownessRule().threshold_pct  # a strike's margin
 
     @property
     def me(self) -> ReplicaAddress:
@@ -167,6 +170,17 @@ def _slow_node_window(value: Any) -> int:
     if not 1_000 <= window_ms <= 86_400_000:
         raise ConfigError(f"{what} must be between 1s and 24h, got {value!r}")
     return window_ms
+
+
+def _slow_node_threshold(value: Any) -> int:
+    what = "slow_nodes.threshold (--slow-node-threshold)"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what} must be a whole percent, got {value!r}")
+    if not 1 <= value <= MAX_THRESHOLD_PCT:
+        raise ConfigError(f"{what} must be between 1 and {MAX_THRESHOLD_PCT}, got {value!r}")
+    return value
 
 
 def _event_ring(value: Any) -> int:
@@ -340,6 +354,14 @@ SLOW_NODE_WINDOW = setting(
     help="how long each window of a gang's member paces the leader weighs for slow nodes, "
     "1s to 24h (default 15m; docs/slow-nodes.md)",
 )
+SLOW_NODE_THRESHOLD = setting(
+    "--slow-node-threshold",
+    "slow_nodes.threshold",
+    default=SlownessRule().threshold_pct,
+    check=_slow_node_threshold,
+    help="PCT: a member is a strike against its node when it is the slowest of its peers "
+    "by at least this percent, 1 to 1000 (default 15; docs/slow-nodes.md)",
+)
 SERVICES = (BOOTSTRAP_TOKEN_FILE, NO_HISTORY, EVENT_RING, METRICS_ADDRESS, AGENT_ADDRESS)
 
 # Membership and backup
@@ -375,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve without TLS and without authentication (every caller is an admin); "
         "logs a warning at every start",
     )
-    add_settings(p, SERVICES, (SLOW_NODE_WINDOW, LOG_LEVEL), MEMBERSHIP)
+    add_settings(p, SERVICES, (SLOW_NODE_WINDOW, SLOW_NODE_THRESHOLD, LOG_LEVEL), MEMBERSHIP)
     return p
 
 
@@ -455,6 +477,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> S
         raft_fsync=raft_fsync,
         raft_transport=transport,
         slow_node_window_ms=inputs.value(SLOW_NODE_WINDOW),
+        slow_node_threshold_pct=inputs.value(SLOW_NODE_THRESHOLD),
     )
 
 

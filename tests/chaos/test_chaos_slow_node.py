@@ -41,6 +41,9 @@ def test_the_kind_is_in_every_schedule_and_lasts_past_a_few_windows() -> None:
     assert low >= 2 * nemesis.SLOW_NODE_WINDOW_S
     # Three windows (three strikes) fit well within the wait for the mark.
     assert 3 * nemesis.SLOW_NODE_WINDOW_S < slowfaults.MARK_WAIT_S / 2
+    # A throttled step (1 % of a core) is far past the cluster's threshold.
+    throttled = slowfaults.PERIOD_US / slowfaults.QUOTA_US
+    assert throttled > 10 * (1 + nemesis.SLOW_NODE_THRESHOLD_PCT / 100)
 
 
 # ------------------------------------------------------------------- the member
@@ -168,6 +171,9 @@ def test_a_mark_names_a_node_throttled_at_the_time() -> None:
     assert [v.kind for v in found] == ["healthy-node-degraded"] * 3
     assert [v.detail.split()[1] for v in found] == ["w2", "w1", "w1"]
     assert check_marks([healthy], []) != []
+    evidence = Mark("w2", 50_000, 108 * S, message="slower than its peers by 31 %")
+    (v,) = check_marks([evidence], [THROTTLE])
+    assert v.detail.endswith(": slower than its peers by 31 %")
 
 
 def test_nothing_is_bound_to_a_node_while_it_is_marked() -> None:

@@ -53,3 +53,35 @@ def test_a_bad_window_is_refused_naming_the_option(
     with pytest.raises(scheduler_main.ConfigError, match="slow_nodes") as refused:
         load(tmp_path, toml, *flags)
     assert says in str(refused.value)
+
+
+def test_the_threshold_is_fifteen_percent_unless_set(tmp_path: Path) -> None:
+    assert load(tmp_path).slow_node_threshold_pct == 15
+    assert load(tmp_path, "[slow_nodes]\nthreshold = 40\n").slow_node_threshold_pct == 40
+    flagged = load(tmp_path, "[slow_nodes]\nthreshold = 40\n", "--slow-node-threshold=100")
+    assert flagged.slow_node_threshold_pct == 100
+
+
+def test_the_replica_weighs_paces_with_the_threshold(tmp_path: Path) -> None:
+    config = load(tmp_path, "", "--slow-node-threshold=100", "--slow-node-window=2s")
+    rule = scheduler_main.slow_node_settings(config).rule
+    assert (rule.threshold_pct, rule.strikes, rule.span) == (100, 3, 5)
+    assert scheduler_main.slow_node_settings(config).window_ms == 2_000
+
+
+@pytest.mark.parametrize(
+    ("toml", "flags", "says"),
+    [
+        ("", ("--slow-node-threshold=0",), "between 1 and 1000, got 0"),
+        ("", ("--slow-node-threshold=1001",), "between 1 and 1000"),
+        ("", ("--slow-node-threshold=15%",), "whole percent, got '15%'"),
+        ("[slow_nodes]\nthreshold = 15.5\n", (), "whole percent, got 15.5"),
+        ("[slow_nodes]\nthreshold = true\n", (), "whole percent"),
+    ],
+)
+def test_a_bad_threshold_is_refused_naming_the_option(
+    tmp_path: Path, toml: str, flags: tuple[str, ...], says: str
+) -> None:
+    with pytest.raises(scheduler_main.ConfigError, match="--slow-node-threshold") as refused:
+        load(tmp_path, toml, *flags)
+    assert says in str(refused.value)
