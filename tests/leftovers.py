@@ -32,6 +32,13 @@ SESSION_VARIABLE = "SYNAPSE_TEST_SESSION"
 SETTLE_S = float(os.environ.get("SYNAPSE_TEST_SETTLE_S", "5"))
 _POLL_S = 0.05
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+# A program being exec'd shows an empty environment for a moment: the kernel lets the
+# parent of a vfork (subprocess.Popen) go on before it lays out the new environment. A
+# young process without one is read again for this long, so that a test that starts a
+# process and ends at once is still found at its own teardown on a loaded machine.
+_EXEC_WAIT_S = 0.25
+_YOUNG_S = 5.0
+_PF_KTHREAD = 0x00200000  # stat's flags: a kernel thread (never has an environment)
 
 
 def join_session(session: str) -> str:
@@ -77,6 +84,30 @@ def _read(path: str) -> bytes | None:
         return None
 
 
+def _stat_fields(pid: str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command (state first)."""
+    stat = _read(f"/proc/{pid}/stat")
+    return None if stat is None else stat[stat.rfind(b")") + 2 :].split()
+
+
+def _environ(pid: str) -> bytes | None:
+    """``/proc/<pid>/environ``; for a young user process that shows none yet (in the
+    middle of exec), read again until it does, for :data:`_EXEC_WAIT_S` at most."""
+    environ = _read(f"/proc/{pid}/environ")
+    if environ != b"":
+        return environ
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_KTHREAD:
+        return environ
+    if boot_seconds() - int(fields[19]) / _TICKS_PER_S > _YOUNG_S:
+        return environ
+    deadline = time.monotonic() + _EXEC_WAIT_S
+    while environ == b"" and time.monotonic() < deadline:
+        time.sleep(0.005)
+        environ = _read(f"/proc/{pid}/environ")
+    return environ
+
+
 def session_processes(session: str) -> dict[int, float]:
     """Live (non-zombie) processes other than this one whose session variable holds
     ``session``: pid → start time in seconds since boot."""
@@ -87,17 +118,14 @@ def session_processes(session: str) -> dict[int, float]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
-        environ = _read(f"/proc/{entry.name}/environ")
+        environ = _environ(entry.name)
         if environ is None or prefix not in environ:
             continue
         values = [v[len(prefix) :] for v in environ.split(b"\0") if v.startswith(prefix)]
         if not values or wanted not in values[0].split(b":"):
             continue
-        stat = _read(f"/proc/{entry.name}/stat")
-        if stat is None:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] in (b"Z", b"X"):
+        fields = _stat_fields(entry.name)
+        if fields is None or fields[0] in (b"Z", b"X"):
             continue
         # Field 22 of stat, the 20th after the command: start time in clock ticks.
         found[int(entry.name)] = int(fields[19]) / _TICKS_PER_S

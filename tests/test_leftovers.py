@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import leftovers
 from tests.leftovers import SESSION_VARIABLE, session_processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,3 +183,40 @@ def test_under_xdist_each_worker_checks_only_its_own_processes(pytester: pytest.
     assert "2 workers [4 items]" in out, out
     assert "4 passed" in out, out
     assert "left running" not in out, out
+
+
+def test_a_young_process_in_the_middle_of_exec_is_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process just exec'd shows an empty environment until the kernel lays out the new
+    # one: read once, it would be missed, and the test that started it would pass.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        environ = f"{SESSION_VARIABLE}=leftover-probe\0".encode()
+        reads: list[str] = []
+        real = leftovers._read
+
+        def laid_out_late(path: str) -> bytes | None:
+            if path == f"/proc/{child.pid}/environ":
+                reads.append(path)
+                return b"" if len(reads) < 3 else environ
+            return real(path)
+
+        monkeypatch.setattr(leftovers, "_read", laid_out_late)
+        found = session_processes("leftover-probe")
+        assert list(found) == [child.pid]
+        assert len(reads) == 3
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_without_an_environment_is_given_up_on_soon() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={})
+    try:
+        # Read again for a moment only: a program may run with an empty environment.
+        assert leftovers._environ(str(child.pid)) == b""
+        assert child.pid not in session_processes("leftover-probe")
+    finally:
+        child.kill()
+        child.wait()
