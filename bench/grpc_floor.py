@@ -14,6 +14,14 @@ one-call-per-submission design can acknowledge with the load generated on the sa
 machine, whatever the scheduler does: ``cores / (server + client CPU per call)``. It
 prints that bound too (``calls_per_s_bound_on_this_machine``). Prints one JSON object
 (``--out`` writes it; ``--smoke`` makes a tiny run).
+
+``--commit-ms MS`` makes each call wait, as a write does, for a commit: a committer
+thread settles every waiting call once each ``MS`` milliseconds (a group commit). The
+thread-pool server's handler blocks its thread on a ``concurrent.futures.Future``, as the
+scheduler's handlers do; the asyncio server's handler awaits an asyncio future and the
+committer wakes the event loop once a commit for all of them. The difference is what
+keeping a thread per waiting call costs (its wake-up and its turn for the interpreter
+lock), against an event loop.
 """
 
 from __future__ import annotations
@@ -43,16 +51,62 @@ SERVICE, METHOD = "bench.Echo", "Call"
 PAYLOAD = b"x" * 300  # about a small job spec's SubmitJobRequest
 
 
-def _echo(request: bytes, _context: Any) -> bytes:
-    return request
+class Committer:
+    """Settles the calls waiting for a commit, all at once, every ``period_s``."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self.lock = threading.Lock()
+        self.waiting: list[futures.Future[bool]] = []
+        self.waiting_async: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="committer", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.period_s):
+            with self.lock:
+                waiting, self.waiting = self.waiting, []
+                waiting_async, self.waiting_async = self.waiting_async, []
+            for future in waiting:
+                future.set_result(True)
+            if waiting_async:
+                loop = waiting_async[0][0]
+                loop.call_soon_threadsafe(_settle_all, [f for _, f in waiting_async])
+
+    def wait(self) -> None:
+        future: futures.Future[bool] = futures.Future()
+        with self.lock:
+            self.waiting.append(future)
+        future.result(timeout=60)
+
+    async def wait_async(self) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        with self.lock:
+            self.waiting_async.append((loop, future))
+        await future
 
 
-async def _echo_async(request: bytes, _context: Any) -> bytes:
-    return request
+def _settle_all(waiting: list[asyncio.Future[bool]]) -> None:
+    for future in waiting:
+        if not future.done():
+            future.set_result(True)
 
 
-def _handlers(asynchronous: bool) -> tuple[grpc.GenericRpcHandler[Any, Any], ...]:
-    method = grpc.unary_unary_rpc_method_handler(_echo_async if asynchronous else _echo)
+def _handlers(
+    asynchronous: bool, committer: Committer | None
+) -> tuple[grpc.GenericRpcHandler[Any, Any], ...]:
+    def echo(request: bytes, _context: Any) -> bytes:
+        if committer is not None:
+            committer.wait()
+        return request
+
+    async def echo_async(request: bytes, _context: Any) -> bytes:
+        if committer is not None:
+            await committer.wait_async()
+        return request
+
+    method = grpc.unary_unary_rpc_method_handler(echo_async if asynchronous else echo)
     return (grpc.method_handlers_generic_handler(SERVICE, {METHOD: method}),)
 
 
@@ -60,13 +114,18 @@ def _transport(files: TlsFiles | None) -> Transport:
     return Transport(files) if files is not None else Transport.insecure()
 
 
-def _serve(kind: str, files: TlsFiles | None, out: Any, go: Any, stop: Any) -> None:
+def _serve(
+    kind: str, files: TlsFiles | None, commit_ms: float, out: Any, go: Any, stop: Any
+) -> None:
     """Serve echoes until ``stop``; put the port, then the process's CPU seconds from
     ``go`` to ``stop`` (every thread: the measured calls)."""
     transport = _transport(files)
+    committer = Committer(commit_ms / 1000) if commit_ms > 0 else None
+    if committer is not None:
+        committer.thread.start()
     if kind == "sync":
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=128))
-        server.add_generic_rpc_handlers(_handlers(False))
+        server.add_generic_rpc_handlers(_handlers(False, committer))
         out.put(transport.add_port(server, "127.0.0.1:0"))
         server.start()
         go.wait(120)
@@ -78,7 +137,7 @@ def _serve(kind: str, files: TlsFiles | None, out: Any, go: Any, stop: Any) -> N
 
     async def main() -> None:
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers(_handlers(True))
+        server.add_generic_rpc_handlers(_handlers(True, committer))
         out.put(transport.add_port(server, "127.0.0.1:0"))  # type: ignore[arg-type]
         await server.start()
         while not go.is_set():
@@ -130,12 +189,15 @@ def measure(
     calls: int,
     processes: int,
     window: int,
+    commit_ms: float = 0.0,
 ) -> dict[str, Any]:
     """One way of serving; ``files``: the server's and the clients' TLS files, or None."""
     ctx = mp.get_context("fork")  # the parent opens no gRPC channel or server
     served_out, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
     served, used = files if files is not None else (None, None)
-    server = ctx.Process(target=_serve, args=(kind, served, served_out, go, stop), daemon=True)
+    server = ctx.Process(
+        target=_serve, args=(kind, served, commit_ms, served_out, go, stop), daemon=True
+    )
     clients: list[Any] = []
     try:
         server.start()
@@ -186,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=3, help="client processes")
     parser.add_argument("--window", type=int, default=64, help="calls in flight per process")
     parser.add_argument("--kinds", default="sync,aio", help="servers: sync, aio")
+    parser.add_argument(
+        "--commit-ms",
+        type=float,
+        default=0.0,
+        help="each call waits for a group commit every MS milliseconds (0: none)",
+    )
     parser.add_argument("--out", type=Path, help=f"where the JSON goes (default {RESULTS})")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -196,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "payload_bytes": len(PAYLOAD),
         "processes": args.processes,
         "in_flight_per_process": args.window,
+        "commit_ms": args.commit_ms,
     }
     with tempfile.TemporaryDirectory(prefix="synapse-grpc-floor-") as tmp:
         credentials = ClusterCredentials.ensure(Path(tmp))
@@ -203,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             tls = (credentials.replica_tls("echo"), credentials.admin_tls())
             for security, files in (("plaintext", None), ("tls", tls)):
                 report[f"{kind}_{security}"] = measure(
-                    kind, files, args.calls, args.processes, args.window
+                    kind, files, args.calls, args.processes, args.window, args.commit_ms
                 )
     text = json.dumps(report, indent=2)
     print(text)

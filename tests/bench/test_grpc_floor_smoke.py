@@ -31,3 +31,17 @@ def test_grpc_floor_smoke_run_reports_every_way_of_serving_it_was_asked_for() ->
             / (figures["server_cpu_us_per_call"] + figures["client_cpu_us_per_call"])
         )
         assert abs(figures["calls_per_s_bound_on_this_machine"] - bound) <= 0.01 * bound
+
+
+def test_with_a_group_commit_every_call_waits_for_one_and_is_answered() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--kinds", "sync,aio", "--commit-ms", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["commit_ms"] == 2.0
+    for way in ("sync_plaintext", "sync_tls", "aio_plaintext", "aio_tls"):
+        assert report[way]["calls"] == 40 and report[way]["calls_per_s"] > 0
