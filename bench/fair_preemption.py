@@ -15,6 +15,8 @@ big, by cause (the cohort full, or no room: ``bench/jain_gaps.py``).
 
 ``--half-life-h`` sets ``fair_share_half_life_ms`` for every policy (the default is the
 cluster's, 7 days: over a 12-hour workload the shares are then what queues hold now).
+``--format N`` runs every policy on a cluster that reads format N (default: this
+release's newest), to compare the rules of a format with those of the one before.
 
 Prints JSON (``--out`` also writes it); ``--smoke`` runs one seed of one hour on 16 hosts.
 """
@@ -38,7 +40,9 @@ from synapse_ha.core.cluster_config import (
     ClusterConfig,
     PreemptionMode,
 )
-from synapse_ha.sim.engine import GRACE_MS, Pacing, Result, build_cluster, simulate
+from synapse_ha.core.codec.formats import FORMAT
+from synapse_ha.core.model import ClusterState
+from synapse_ha.sim.engine import GRACE_MS, Pacing, Result, Run, build_cluster
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import FAIR, JAIN_TARGET, PASS_INTERVAL_MS, with_fair_sharing
 from synapse_ha.sim.tenants import multi_tenant
@@ -63,10 +67,28 @@ def _figures(result: Result) -> dict[str, Any]:
     }
 
 
-def _fair(workload: Workload, config: ClusterConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+def _state(workload: Workload, config: ClusterConfig, floor: int | None) -> ClusterState:
+    """The cluster of ``workload`` on ``config``, reading format ``floor`` when given."""
+    state = build_cluster(workload, config)
+    if floor is not None:
+        state.format_floor = floor
+    return state
+
+
+def _mode(workload: Workload, config: ClusterConfig, floor: int | None) -> Result:
+    """One mode's run, as ``simulate`` runs it, on a cluster reading format ``floor``."""
+    run = Run(workload, Ours(), _state(workload, config, floor), Pacing(GRACE_MS, PASS_INTERVAL_MS))
+    started = time.perf_counter()
+    run.run()
+    return run.result(time.perf_counter() - started)
+
+
+def _fair(
+    workload: Workload, config: ClusterConfig, floor: int | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The fair run's figures and the split of its Jain shortfall."""
     fair = with_fair_sharing(workload)
-    state = build_cluster(fair, replace(config, preemption=PreemptionMode.TOPOLOGY))
+    state = _state(fair, replace(config, preemption=PreemptionMode.TOPOLOGY), floor)
     run = DiagnosedRun(fair, Ours(), state, Pacing(GRACE_MS, PASS_INTERVAL_MS))
     started = time.perf_counter()
     run.run()
@@ -77,19 +99,16 @@ def _fair(workload: Workload, config: ClusterConfig) -> tuple[dict[str, Any], di
     return figures, split
 
 
-def one_seed(seed: int, hours: float, hosts: int, half_life_ms: int) -> dict[str, Any]:
+def one_seed(
+    seed: int, hours: float, hosts: int, half_life_ms: int, floor: int | None = None
+) -> dict[str, Any]:
     workload = multi_tenant(seed=seed, hours=hours, hosts=hosts)
     config = ClusterConfig(retention_ms=0, fair_share_half_life_ms=half_life_ms)
     out: dict[str, Any] = {"seed": seed, "jobs": len(workload.jobs), "policies": {}}
     for mode in MODES:
-        result = simulate(
-            workload,
-            Ours(),
-            config=replace(config, preemption=mode),
-            pass_interval_ms=PASS_INTERVAL_MS,
-        )
+        result = _mode(workload, replace(config, preemption=mode), floor)
         out["policies"][str(mode)] = _figures(result)
-    fair, split = _fair(workload, config)
+    fair, split = _fair(workload, config, floor)
     out["policies"][FAIR] = fair
     out["fair_jain_shortfall_split"] = split
     return out
@@ -141,6 +160,9 @@ def main() -> None:
         default=FAIR_SHARE_HALF_LIFE_MS / 3_600_000,
         help="fair_share_half_life for every policy, hours (default: the cluster's)",
     )
+    parser.add_argument(
+        "--format", type=int, default=None, help="the format the cluster reads (default: newest)"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--smoke", action="store_true", help="one seed, one hour, 16 hosts")
     args = parser.parse_args()
@@ -155,13 +177,15 @@ def main() -> None:
     half_life_ms = max(round(args.half_life_h * 3_600_000), 1)
     started = time.perf_counter()
     runs = [
-        one_seed(seed, args.hours, args.hosts, half_life_ms) for seed in range(1, args.seeds + 1)
+        one_seed(seed, args.hours, args.hosts, half_life_ms, args.format)
+        for seed in range(1, args.seeds + 1)
     ]
     result = {
         "bench": "fair_preemption",
         "hours": args.hours,
         "hosts": args.hosts,
         "fair_share_half_life_h": round(half_life_ms / 3_600_000, 3),
+        "format": args.format or FORMAT,
         "summary": summary(runs),
         "runs": runs,
         "wall_s": round(time.perf_counter() - started, 1),

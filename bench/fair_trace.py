@@ -54,6 +54,18 @@ class TracedRun(Run):
         self.preemptions: list[dict[str, Any]] = []
         self.times_preempted: Counter[str] = Counter()
         self.history: defaultdict[str, list[tuple[float, str, str, float]]] = defaultdict(list)
+        # (queue, first wait or after a preemption, reason code) -> pending job-seconds
+        self.waits: Counter[tuple[str, str, str]] = Counter()
+
+    def _advance(self, now: int, pending_count: int) -> None:
+        dt = (now - self.last_t) / 1000
+        if dt > 0:
+            for job_id in self.pending:
+                job = self.state.jobs[job_id]
+                again = "requeued" if job.attempts_made else "first"
+                size = f"{gang_request(job.spec).gpu}gpu"
+                self.waits[(f"{job.spec.queue} {size}", again, str(job.reason.code))] += dt
+        super()._advance(now, pending_count)
 
     def _preempt(self, preempt: c.Preempt) -> None:
         state, now = self.state, self.now
@@ -172,11 +184,17 @@ def breakdown(run: TracedRun, result_metrics: dict[str, Any]) -> dict[str, Any]:
     delays: defaultdict[str, list[float]] = defaultdict(list)
     for rec in records.values():
         if rec.start_ms is not None:
-            delays[rec.queue].append((rec.start_ms - rec.arrival_ms) / 1000)
+            delays[f"{rec.queue} {rec.gpus}gpu"].append((rec.start_ms - rec.arrival_ms) / 1000)
     again = [n for n in run.times_preempted.values() if n > 1]
+    waits = {
+        f"{q} {a}: {r}": round(t / 3600, 1)
+        for (q, a, r), t in sorted(run.waits.items(), key=lambda kv: -kv[1])
+        if t >= 3600
+    }
     tenancy = result_metrics.get("tenancy", {})
     return {
         "delay_s": _quantiles([d for ds in delays.values() for d in ds]),
+        "pending_job_hours_by_queue_and_reason": waits,
         "delay_s_by_queue": {q: _quantiles(ds) for q, ds in sorted(delays.items())},
         "jain_backlogged": tenancy.get("jain_backlogged"),
         "gpu_hours_lost": tenancy.get("gpu_hours_lost"),
@@ -197,10 +215,13 @@ def breakdown(run: TracedRun, result_metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_policy(workload: Workload, policy: str) -> dict[str, Any]:
+def run_policy(workload: Workload, policy: str, floor: int | None = None) -> dict[str, Any]:
+    """One traced run; ``floor``: the format the cluster reads (default: this release's)."""
     mode = PreemptionMode.OFF if policy == "off" else PreemptionMode.TOPOLOGY
     load = with_fair_sharing(workload) if policy == FAIR else workload
     state = build_cluster(load, ClusterConfig(retention_ms=0, preemption=mode))
+    if floor is not None:
+        state.format_floor = floor
     run = TracedRun(load, Ours(), state, Pacing(GRACE_MS, PASS_INTERVAL_MS))
     started = time.perf_counter()
     run.run()
@@ -220,6 +241,9 @@ def main() -> None:
     )
     parser.add_argument("--checkpoint-interval", type=float, default=None, metavar="S")
     parser.add_argument("--policies", default=",".join(POLICIES), help="of %(default)s")
+    parser.add_argument(
+        "--format", type=int, default=None, help="the format the cluster reads (default: newest)"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -237,7 +261,8 @@ def main() -> None:
     result = {
         "bench": "fair_trace",
         "workload": workload.notes,
-        "policies": {p: run_policy(workload, p) for p in policies},
+        "format": args.format,
+        "policies": {p: run_policy(workload, p, args.format) for p in policies},
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -28,6 +28,13 @@ other queues of its cohort tree, the preemption is allowed when:
   back at once).
 * **Quota.** The gang fits its queue's quota, borrowing included, once the victims have
   stopped: no gang is stopped for a preemptor that still could not be admitted.
+* **Quota only** (from format 18, :data:`QUOTA_ONLY_FORMAT`). The gang does not fit its
+  queue's quota while the victims run: fair-sharing preemption divides the cohort's
+  quota, as Kueue's does (it preempts only for a workload the cohort's free quota cannot
+  admit). A gang its quota admits already waits only for room, as any borrowing gang
+  does: stopping another queue's gangs for room alone would take running work to serve
+  a queue that is owed no quota, and the victims' queue, requeued behind its own victims,
+  would wait for a place the cohort still has quota for.
 
 The minimum run time always holds (:mod:`synapse_ha.core.queues.victim_rules`; the
 overdue exception is a reclaim's alone). The scheduler searches victims with these rules
@@ -44,6 +51,9 @@ from synapse_ha.core.model import ClusterState, Job, Resources
 from synapse_ha.core.queues.cohort_tree import ancestors
 from synapse_ha.core.queues.fairshare import SHARE_SCALE, decayed, share, subtree_share
 from synapse_ha.core.queues.quota import ZERO, QueueUsage, gang_request, held_request
+
+# From this format a gang its queue's quota admits already preempts nothing by fair share.
+QUOTA_ONLY_FORMAT = 18
 
 # A victim as the rules see it: its queue and what its whole gang holds.
 Taken = tuple[str, Resources]
@@ -150,6 +160,19 @@ class FairShares:
                 )
         return ""
 
+    def admitted_now(self) -> str:
+        """Why the gang may not preempt by fair share at all because its queue's quota
+        admits it already, the victims still running (from :data:`QUOTA_ONLY_FORMAT`);
+        "" if the quota refuses it (or the cluster reads an older format)."""
+        if self.state.format_floor < QUOTA_ONLY_FORMAT:
+            return ""
+        if self.keeps.shortfall(self.queue, self.request) is not None:
+            return ""
+        return (
+            f"queue {self.queue}'s quota admits the gang without victims (it waits for room, "
+            f"not quota): fair-sharing preemption takes back only quota"
+        )
+
     def quota_problem(self, victims: Sequence[Taken]) -> str:
         """Why the gang would still not fit its queue's quota once ``victims`` have
         stopped; "" if it would."""
@@ -227,6 +250,9 @@ def fair_share_problem(state: ClusterState, preemptor: Job, victims: list[Job], 
             f"queue {spec.queue} is in no cohort with fair_sharing_preemption on: it cannot "
             f"preempt by fair share"
         )
+    admitted = fair.admitted_now()
+    if admitted:
+        return admitted
     for job in victims:
         why = fair.open_to(job.spec.queue)
         if why:
