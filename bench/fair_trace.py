@@ -10,8 +10,12 @@ before and after (as the fair-sharing rule counts them, decayed usage included, 
 what they hold now alone, GPUs over nominal). Summed up: preemptions and victims by kind
 and by (victim queue, preemptor queue), the victims' run time at their notice, GPU-hours
 lost, victims preempted more than once (thrash), preemptors placed, how often a victim's
-queue ends below the preemptor's by what they hold, and each queue's mean and p50 delay
-(who waits behind the preemptions). ``--limit`` keeps only the first pods of the trace.
+queue ends below the preemptor's by what they hold, how many preemptors' quota admitted
+them already (they waited for room, not quota), each queue's delay by gang size, and
+its pending job-hours by reason (the code a pending gang gives, its first wait apart
+from its waits after a preemption): who waits behind the preemptions, and why.
+``--limit`` keeps only the first pods of the trace; ``--format N`` runs on a cluster
+that reads format N (17: the rules before fair-sharing preemption took quota only).
 
 Prints JSON (``--out`` also writes it).
 """
