@@ -189,8 +189,13 @@ class DesiredMembers:
         self._known: dict[str, tuple[int, tuple[object, ...], list[DesiredMember]]] = {}
 
     def of(self, state: ClusterState, node_id: str) -> list[DesiredMember]:
-        jobs, nodes = state.jobs, state.nodes
         version = state.applied_commands
+        known = self._known.get(node_id)
+        if known is not None and version <= known[0]:
+            # Answered from this very state (or a newer one) already: the steady case,
+            # a node heartbeating while nothing changed.
+            return known[2]
+        jobs, nodes = state.jobs, state.nodes
         key: list[object] = []
         for job_id in state.jobs_on_node(node_id):
             job = jobs[job_id]

@@ -66,3 +66,26 @@ def test_an_answer_is_kept_until_a_record_it_came_from_changes() -> None:
     assert desired.of(snap, placed[0]) == []
     # A fresh cache answers an old snapshot from that snapshot.
     assert DesiredMembers().of(snap, placed[0]) == on_node[placed[0]]
+
+
+def test_a_node_answered_from_the_same_state_again_costs_no_walk(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cl = Tracked()
+    cl.add(node("n1"), node("n2"))
+    cl.submit(job(replicas=2, gpu=8))
+    cl.run_pass()
+    snap = cl.builder.take(cl.state)
+    walks: list[str] = []
+    real = type(snap).jobs_on_node
+
+    def counted(self, node_id: str) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
+        walks.append(node_id)
+        return real(self, node_id)
+
+    monkeypatch.setattr(type(snap), "jobs_on_node", counted)
+    desired = DesiredMembers()
+    first = desired.of(snap, "n1")
+    assert walks and set(walks) == {"n1"} and len(first) == 1
+    walked = len(walks)
+    # The steady case: heartbeats while nothing changed.
+    assert desired.of(snap, "n1") is first
+    assert len(walks) == walked
