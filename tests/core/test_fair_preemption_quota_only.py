@@ -1,5 +1,6 @@
-"""Fair-sharing preemption takes back quota only: a gang its queue's quota admits already
-waits for room like any borrowing gang, and preempts nobody by fair share (format 18,
+"""Fair-sharing preemption for room is for a queue owed it: a gang its queue's quota admits
+already preempts by fair share only while the queue holds less than its nominal; at or
+above it, the gang waits for room like any borrowing gang (format 18,
 synapse_ha/core/queues/fair_preemption.py)."""
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ def _started(cl: Cluster, queue: str, gpu: int, cpu: float = 1) -> str:
     return j
 
 
-def room_not_quota(floor: int = FORMAT) -> tuple[Cluster, str, list[str]]:
-    """Four 8-GPU hosts of 64 CPUs, cohort lab lending 16: a holds its 8, b its 8 and two
-    one-GPU gangs that each take a whole host's CPUs (b borrows 2), with a long past that
-    keeps b's share far above a's. a's gang of 8 fits a's quota (14 GPUs of the cohort's
-    are free to borrow) but no host: only b's CPU-bound gangs stand in its way. The
-    cluster reads format ``floor``."""
+def room_not_quota(floor: int = FORMAT, a_holds: int = 8) -> tuple[Cluster, str, list[str]]:
+    """Four 8-GPU hosts of 64 CPUs, cohort lab lending 16: a holds ``a_holds`` of its
+    nominal 8, b its 8 and two one-GPU gangs that each take a whole host's CPUs (b borrows
+    2), with a long past that keeps b's share far above a's. a's gang of 8 fits a's quota
+    (14 GPUs of the cohort's are free to borrow) but no host: only b's CPU-bound gangs
+    stand in its way. The cluster reads format ``floor``."""
     cl = lab(A, B)
     cl.state.format_floor = floor
-    _started(cl, "a", 8)
+    _started(cl, "a", a_holds)
     _started(cl, "b", 8)
     hogs = [_started(cl, "b", 1, cpu=64) for _ in range(2)]
     cl.now += 60_000
@@ -44,13 +45,23 @@ def room_not_quota(floor: int = FORMAT) -> tuple[Cluster, str, list[str]]:
     return cl, mine, hogs
 
 
-def test_a_gang_its_quota_admits_preempts_nobody_by_fair_share() -> None:
+def test_a_gang_its_quota_admits_preempts_nobody_while_its_queue_holds_its_nominal() -> None:
     cl, mine, _ = room_not_quota()
     keeps = QueueUsage.kept_after_reclaims(cl.state, besides=mine)
     assert keeps.shortfall("a", gang_request(cl.state.jobs[mine].spec)) is None
     plan = cl.run_pass()
     assert plan.preemptions == []
     assert cl.state_of(mine) is JobState.PENDING
+
+
+def test_a_queue_below_its_nominal_still_preempts_for_room() -> None:
+    # a holds 4 of its 8: its gang of 8 is bigger than what it misses (no reclaim), and
+    # it is owed room: the fair-share preemption stands.
+    cl, _, hogs = room_not_quota(a_holds=4)
+    plan = cl.run_pass()
+    assert [p.kind for p in plan.preemptions] == [PreemptionKind.FAIR_SHARE]
+    assert plan.preemptions[0].victims[0].job_id in hogs
+    assert all(cl.do(p).ok for p in plan.preempt_commands(cl.now))
 
 
 def test_before_format_18_the_same_gang_preempted_for_room() -> None:
@@ -61,13 +72,15 @@ def test_before_format_18_the_same_gang_preempted_for_room() -> None:
     assert all(cl.do(p).ok for p in plan.preempt_commands(cl.now))  # apply agreed then
 
 
-def test_apply_refuses_a_fair_share_preemption_for_a_gang_its_quota_admits() -> None:
+def test_apply_refuses_a_fair_share_preemption_for_room_of_a_queue_at_its_nominal() -> None:
     cl, mine, hogs = room_not_quota()
     token = cl.state.jobs[hogs[0]].attempt.fencing_token  # type: ignore[union-attr]
     victims = (c.Victim(hogs[0], token),)
     result = cl.do(c.Preempt(mine, 0, victims, PreemptionKind.FAIR_SHARE, cl.now))
     assert result.code is c.ResultCode.CONFLICT
-    assert "queue a's quota admits the gang without victims" in result.message
+    assert "queue a's quota admits the gang without victims and it holds 8 GPUs of its " in (
+        result.message
+    )
     assert cl.state.jobs[hogs[0]].attempt.preempted_by == ""  # type: ignore[union-attr]
 
 
@@ -106,7 +119,7 @@ def _tenancy(draw: st.DrawFn) -> tuple[list[int], list[list[tuple[int, int]]], l
 
 @settings(max_examples=100, deadline=None)
 @given(_tenancy(), st.sampled_from([2, 4, 8]))
-def test_every_fair_share_preemption_is_for_a_gang_its_quota_refused(
+def test_a_queue_at_its_nominal_preempts_by_fair_share_only_for_quota(
     drawn: tuple[list[int], list[list[tuple[int, int]]], list[int], int], size: int
 ) -> None:
     nominals, gangs, past, who = drawn
@@ -130,9 +143,10 @@ def test_every_fair_share_preemption_is_for_a_gang_its_quota_refused(
     mine = cl.submit(job(queue=names[who], gpu=size))
     keeps = QueueUsage.kept_after_reclaims(cl.state, besides=mine)
     admitted = keeps.shortfall(names[who], gang_request(cl.state.jobs[mine].spec)) is None
+    owed_room = keeps.used(names[who]).gpu < nominals[who]
     plan = cl.run_pass()
     fair = [p for p in plan.preemptions if p.kind is PreemptionKind.FAIR_SHARE]
-    if admitted:
+    if admitted and not owed_room:
         assert fair == []
     for p in fair:
         assert p.preemptor == mine

@@ -28,13 +28,15 @@ other queues of its cohort tree, the preemption is allowed when:
   back at once).
 * **Quota.** The gang fits its queue's quota, borrowing included, once the victims have
   stopped: no gang is stopped for a preemptor that still could not be admitted.
-* **Quota only** (from format 18, :data:`QUOTA_ONLY_FORMAT`). The gang does not fit its
-  queue's quota while the victims run: fair-sharing preemption divides the cohort's
-  quota, as Kueue's does (it preempts only for a workload the cohort's free quota cannot
-  admit). A gang its quota admits already waits only for room, as any borrowing gang
-  does: stopping another queue's gangs for room alone would take running work to serve
-  a queue that is owed no quota, and the victims' queue, requeued behind its own victims,
-  would wait for a place the cohort still has quota for.
+* **Room for a queue owed it** (from format 18, :data:`QUOTA_ONLY_FORMAT`). A gang its
+  queue's quota admits already, the victims still running, preempts by fair share only
+  while its queue holds less than its nominal: that queue is owed room (its gang is
+  bigger than what it misses to its nominal, which reclaim alone would serve). A queue
+  holding its nominal or more preempts by fair share only for quota, as Kueue's
+  preempts only for a workload the cohort's free quota cannot admit; with quota free,
+  its gang waits for room like any borrowing gang. Preempting for room alone there took
+  running work from the victim's queue to serve a queue owed nothing, while the victim's
+  own gangs, admitted by the same free quota, waited for the hosts it took.
 
 The minimum run time always holds (:mod:`synapse_ha.core.queues.victim_rules`; the
 overdue exception is a reclaim's alone). The scheduler searches victims with these rules
@@ -161,16 +163,22 @@ class FairShares:
         return ""
 
     def admitted_now(self) -> str:
-        """Why the gang may not preempt by fair share at all because its queue's quota
-        admits it already, the victims still running (from :data:`QUOTA_ONLY_FORMAT`);
-        "" if the quota refuses it (or the cluster reads an older format)."""
+        """Why the gang may not preempt by fair share at all (from
+        :data:`QUOTA_ONLY_FORMAT`): its queue's quota admits it already, the victims still
+        running, and the queue holds at least its nominal GPUs. "" if the quota refuses
+        it, the queue holds less than its nominal, or the cluster reads an older format."""
         if self.state.format_floor < QUOTA_ONLY_FORMAT:
             return ""
         if self.keeps.shortfall(self.queue, self.request) is not None:
             return ""
+        held = self.keeps.used(self.queue).gpu
+        nominal = self.state.queues[self.queue].gpu or 0
+        if held < nominal:
+            return ""
         return (
-            f"queue {self.queue}'s quota admits the gang without victims (it waits for room, "
-            f"not quota): fair-sharing preemption takes back only quota"
+            f"queue {self.queue}'s quota admits the gang without victims and it holds "
+            f"{held} GPUs of its nominal {nominal}: it waits for room; fair-sharing "
+            f"preemption takes back quota, or room for a queue below its nominal"
         )
 
     def quota_problem(self, victims: Sequence[Taken]) -> str:
