@@ -15,7 +15,8 @@ them already (they waited for room, not quota), each queue's delay by gang size,
 its pending job-hours by reason (the code a pending gang gives, its first wait apart
 from its waits after a preemption): who waits behind the preemptions, and why.
 ``--limit`` keeps only the first pods of the trace; ``--format N`` runs on a cluster
-that reads format N (17: the rules before fair-sharing preemption took quota only).
+that reads format N (default: this release's newest), to compare a format's rules with
+the one before.
 
 Prints JSON (``--out`` also writes it).
 """

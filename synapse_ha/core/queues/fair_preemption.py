@@ -28,15 +28,6 @@ other queues of its cohort tree, the preemption is allowed when:
   back at once).
 * **Quota.** The gang fits its queue's quota, borrowing included, once the victims have
   stopped: no gang is stopped for a preemptor that still could not be admitted.
-* **Room for a queue owed it** (from format 18, :data:`QUOTA_ONLY_FORMAT`). A gang its
-  queue's quota admits already, the victims still running, preempts by fair share only
-  while its queue holds less than its nominal: that queue is owed room (its gang is
-  bigger than what it misses to its nominal, which reclaim alone would serve). A queue
-  holding its nominal or more preempts by fair share only for quota, as Kueue's
-  preempts only for a workload the cohort's free quota cannot admit; with quota free,
-  its gang waits for room like any borrowing gang. Preempting for room alone there took
-  running work from the victim's queue to serve a queue owed nothing, while the victim's
-  own gangs, admitted by the same free quota, waited for the hosts it took.
 
 The minimum run time always holds (:mod:`synapse_ha.core.queues.victim_rules`; the
 overdue exception is a reclaim's alone). The scheduler searches victims with these rules
@@ -53,9 +44,6 @@ from synapse_ha.core.model import ClusterState, Job, Resources
 from synapse_ha.core.queues.cohort_tree import ancestors
 from synapse_ha.core.queues.fairshare import SHARE_SCALE, decayed, share, subtree_share
 from synapse_ha.core.queues.quota import ZERO, QueueUsage, gang_request, held_request
-
-# From this format a gang its queue's quota admits already preempts nothing by fair share.
-QUOTA_ONLY_FORMAT = 18
 
 # A victim as the rules see it: its queue and what its whole gang holds.
 Taken = tuple[str, Resources]
@@ -162,25 +150,6 @@ class FairShares:
                 )
         return ""
 
-    def admitted_now(self) -> str:
-        """Why the gang may not preempt by fair share at all (from
-        :data:`QUOTA_ONLY_FORMAT`): its queue's quota admits it already, the victims still
-        running, and the queue holds at least its nominal GPUs. "" if the quota refuses
-        it, the queue holds less than its nominal, or the cluster reads an older format."""
-        if self.state.format_floor < QUOTA_ONLY_FORMAT:
-            return ""
-        if self.keeps.shortfall(self.queue, self.request) is not None:
-            return ""
-        held = self.keeps.used(self.queue).gpu
-        nominal = self.state.queues[self.queue].gpu or 0
-        if held < nominal:
-            return ""
-        return (
-            f"queue {self.queue}'s quota admits the gang without victims and it holds "
-            f"{held} GPUs of its nominal {nominal}: it waits for room; fair-sharing "
-            f"preemption takes back quota, or room for a queue below its nominal"
-        )
-
     def quota_problem(self, victims: Sequence[Taken]) -> str:
         """Why the gang would still not fit its queue's quota once ``victims`` have
         stopped; "" if it would."""
@@ -258,9 +227,6 @@ def fair_share_problem(state: ClusterState, preemptor: Job, victims: list[Job], 
             f"queue {spec.queue} is in no cohort with fair_sharing_preemption on: it cannot "
             f"preempt by fair share"
         )
-    admitted = fair.admitted_now()
-    if admitted:
-        return admitted
     for job in victims:
         why = fair.open_to(job.spec.queue)
         if why:

@@ -14,8 +14,7 @@ Who may be a victim (the kinds; ``apply`` verifies the same rules again):
   whose branch of the tree borrows too), and so on (:mod:`synapse_ha.core.queues.cohort_tree`).
 * ``FAIR_SHARE``: where a cohort has ``fair_sharing_preemption`` on, live gangs of borrowing
   queues that stay at or above the gang's queue's share, and their nominal, once they have
-  lost them, for a gang its queue's quota does not admit yet, or of a queue below its
-  nominal (:mod:`synapse_ha.core.queues.fair_preemption`); tried after a reclaim.
+  lost them (:mod:`synapse_ha.core.queues.fair_preemption`); tried after a reclaim.
 
 Victims are whole gangs (an elastic gang above its ``min`` may be offered as its top ranks
 instead: :mod:`.shrink_victims`), never already being preempted, never placed by this pass, and
@@ -217,7 +216,7 @@ def rules_for(
             near = [c for c in allowed if distance[c.queue] <= level]
             out.append(Rules(PreemptionKind.RECLAIM, near, room, 0, distance))
     fair = FairShares.for_gang(state, keeps, now_ms, spec.queue, gang_request(spec))
-    if fair is not None and not fair.admitted_now():
+    if fair is not None:
         allowed = [
             c
             for c in candidates
