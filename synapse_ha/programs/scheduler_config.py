@@ -52,7 +52,7 @@ from functools import partial
 from typing import Any
 
 from synapse_ha.core.cluster_config import LOCALITY_WAIT_MS, Timeouts
-from synapse_ha.core.health.slowness import MAX_THRESHOLD_PCT, SlownessRule
+from synapse_ha.core.health.slowness import SlownessRule
 from synapse_ha.core.identity.access import split_token
 from synapse_ha.core.spec.validation import check_timeouts
 from synapse_ha.history.events import DEFAULT_CAPACITY
@@ -174,12 +174,11 @@ def _slow_node_window(value: Any) -> int:
 
 def _slow_node_threshold(value: Any) -> int:
     what = "slow_nodes.threshold (--slow-node-threshold)"
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{what} must be a whole percent, got {value!r}")
-    if not 1 <= value <= MAX_THRESHOLD_PCT:
-        raise ConfigError(f"{what} must be between 1 and {MAX_THRESHOLD_PCT}, got {value!r}")
+    problem = SlownessRule(threshold_pct=value).error()  # the rule's own range
+    if problem is not None:
+        raise ConfigError(f"{what} must be {problem.partition(': ')[2]}")
     return value
 
 
@@ -359,6 +358,7 @@ SLOW_NODE_THRESHOLD = setting(
     "slow_nodes.threshold",
     default=SlownessRule().threshold_pct,
     check=_slow_node_threshold,
+    type=int,
     help="PCT: a member is a strike against its node when it is the slowest of its peers "
     "by at least this percent, 1 to 1000 (default 15; docs/slow-nodes.md)",
 )
