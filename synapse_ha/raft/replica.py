@@ -307,7 +307,10 @@ class RaftReplica:
     def reading(self) -> Iterator[ClusterState]:
         """The live local state, locked against applies for the duration of the block.
         Only for work that must see one exact applied state and is O(1) or a single
-        encode (a state digest); everything else reads a :meth:`snapshot`."""
+        encode (a state digest), or that reads a few records on a hot path (the applied
+        index a write answers with, a submission's admission checks), where a snapshot's
+        copy of the record dictionaries (O(jobs) after every commit) costs more than the
+        read; everything else reads a :meth:`snapshot`."""
         with self.machine.lock:
             yield self.machine.state
 

@@ -122,9 +122,11 @@ def relay_heartbeats(
         refused = settle(proposed, deadline, node_not_found(node_id))
         if refused is not None:
             refusals.append(_refusal(index, refused))
+    with ctx.backend.reading() as now_state:  # the index alone: no snapshot's copy
+        applied = now_state.applied_commands
     return pb.RelayHeartbeatsResponse(
         leader_term=term,
-        applied_commands=ctx.backend.snapshot().applied_commands,
+        applied_commands=applied,
         acked_reports=acked,
         refusals=refusals,
         relay=True,
@@ -185,7 +187,7 @@ class RelayClient:
 
     def switched_on(self) -> bool:
         """The switch is on in this replica's state, and it serves streams."""
-        return bool(self.ctx.stream_address and self.ctx.backend.snapshot().config.relay_heartbeats)
+        return bool(self.ctx.stream_address and self.ctx.backend.cluster_config().relay_heartbeats)
 
     def may_relay(self) -> bool:
         """Whether this replica should hold relayed streams now: switched on, and the

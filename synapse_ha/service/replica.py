@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent import futures
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from synapse_ha.core import commands as cmd
@@ -18,6 +19,12 @@ from synapse_ha.service.refusal import Refusal
 class Replica(Protocol):
     def snapshot(self) -> ClusterState:
         """The newest applied state (an immutable snapshot)."""
+        ...
+
+    def reading(self) -> AbstractContextManager[ClusterState]:
+        """The newest applied state, held still (applies wait) for the block: for O(1)
+        reads on a hot path, where a snapshot's copy of the record dictionaries costs
+        more than the read."""
         ...
 
     def cluster_config(self) -> ClusterConfig: ...

@@ -117,19 +117,21 @@ def admit(
     elsewhere = replica.leader_refusal()
     if elsewhere is not None:
         return elsewhere
-    state = replica.snapshot()
-    refusal = _queue_refusal(state, identity, spec, presented(state))
-    if refusal is not None:
-        return refusal
-    problem = dependency_problem(state, spec)
-    if problem is not None:  # apply checks it again, on the state it applies to
-        return invalid(SpecError(*problem).violations)
     owner = identity.name
-    key = admission.request_key(state, owner, request_id or f"srv-{uuid.uuid4().hex}")
-    existing = state.request_ids.get(key)
+    # Each check reads a few records: under the apply lock, without a snapshot's copy.
+    with replica.reading() as state:
+        refusal = _queue_refusal(state, identity, spec, presented(state))
+        if refusal is not None:
+            return refusal
+        problem = dependency_problem(state, spec)
+        if problem is not None:  # apply checks it again, on the state it applies to
+            return invalid(SpecError(*problem).violations)
+        key = admission.request_key(state, owner, request_id or f"srv-{uuid.uuid4().hex}")
+        existing = state.request_ids.get(key)
+        floor = state.format_floor
     if existing is not None:
         return Admitted(existing=existing)
-    if spec.wait_for_nodes and state.format_floor < REFUSES_AT_FORMAT:
+    if spec.wait_for_nodes and floor < REFUSES_AT_FORMAT:
         # Below that format nothing is refused for never fitting: the flag is moot,
         # and a replica of an older release could not read it.
         spec = dataclasses.replace(spec, wait_for_nodes=False)

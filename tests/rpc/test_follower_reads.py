@@ -5,6 +5,7 @@ the client's :class:`ReadToken` keeps the newest and sends it."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import grpc
@@ -57,6 +58,9 @@ class Follower:
         state = ClusterState(applied_commands=self.applied)
         self.applied += self.step
         return state
+
+    def reading(self) -> AbstractContextManager[ClusterState]:
+        return nullcontext(self.snapshot())
 
     def is_leader(self) -> bool:
         return False

@@ -9,6 +9,7 @@ import asyncio
 import gc
 import time
 from concurrent import futures
+from contextlib import AbstractContextManager, nullcontext
 
 import grpc
 import pytest
@@ -25,9 +26,10 @@ from synapse_ha.leader.ports import ProposalError
 from synapse_ha.rpc.errors import LEADER_METADATA_KEY, failure_of, refusal_status
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.heartbeat import heartbeat_in, heartbeat_message
-from synapse_ha.service import commit
+from synapse_ha.service import commit, submit
 from synapse_ha.service.heartbeat import HeartbeatIn, HeartbeatOut, heartbeat
 from synapse_ha.service.jobs import cancel
+from synapse_ha.service.limits import PendingInFlight
 from synapse_ha.service.nodes import Registered, register_node
 from synapse_ha.service.refusal import ErrorReason, Refusal, node_not_found
 from tests.core.harness import job, node
@@ -48,6 +50,9 @@ class StandIn:
 
     def snapshot(self) -> ClusterState:
         return self.state
+
+    def reading(self) -> AbstractContextManager[ClusterState]:
+        return nullcontext(self.state)
 
     def cluster_config(self) -> ClusterConfig:
         return self.state.config
@@ -297,3 +302,35 @@ def test_an_awaited_proposal_that_fails_after_its_deadline_is_not_logged_as_unre
     gc.collect()  # the loop's copy is gone: unread, it would log here
     assert refused is not None and refused.code is ErrorReason.OUTCOME_UNKNOWN
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+class NoSnapshots(StandIn):
+    """A replica whose snapshots fail the test: a snapshot copies the record
+    dictionaries (O(jobs), after every commit), too much for a path run per call."""
+
+    def snapshot(self) -> ClusterState:
+        raise AssertionError("a snapshot taken on a per-submission path")
+
+
+def test_a_submissions_admission_reads_the_state_in_place_and_takes_no_snapshot() -> None:
+    replica = NoSnapshots(registered().state)
+    ann = Identity(Kind.USER, "ann", Role.USER)
+
+    def admit(request_id: str) -> submit.Admitted | Refusal:
+        return submit.admit(
+            replica,
+            ann,
+            job("j", replicas=1),
+            request_id,
+            limits=replica.state.config.limits,
+            limited=False,
+            presented=lambda state: None,
+            pending=PendingInFlight(),
+        )
+
+    first = admit("r1")
+    assert isinstance(first, submit.Admitted) and first.command is not None
+    assert replica.propose(first.command).result().ok
+    again = admit("r1")  # the same request id names the job it made
+    assert isinstance(again, submit.Admitted) and again.existing == "job-000001"
+    assert again.command is None
