@@ -3,28 +3,34 @@ of the workload's gangs, chaos/workload.py) grow or shrink while it runs.
 
 * ``elastic-shrink``: a gang waits for room elastic gangs hold. The target is a running
   elastic gang above its ``min`` whose members plan (their ``start`` records say until
-  when) to work on for :data:`LASTING_S` at least, waited for up to
-  :data:`TARGET_WAIT_S`. The nemesis submits, as the workload does (recorded in
+  when) to work on for :data:`LASTING_S` at least, looked for during :data:`FIND_S`.
+  Without one, the nemesis submits an elastic gang of its own (:func:`own_gang`: as the
+  workload's, of class ``low``, :data:`OWN_RANGE` members working :data:`OWN_MS`) and
+  takes it once it runs above its ``min``, waited for up to :data:`OWN_START_WAIT_S`.
+  The nemesis then submits, as the workload does (recorded in
   ``submissions.jsonl``), a gang of class ``normal`` in the default queue (no quota)
   whose members ask an elastic member's memory (more than half a worker's) and no GPU,
   one member more than the ready nodes have room for (:func:`waiting_gang`): only a node
   holding an elastic member can gain that room, so the leader shrinks an elastic gang
-  for it (the workload's are of class ``low``). The gang then runs, and must complete,
+  for it (the workload's are of class ``low``). Both gangs then run, and must complete,
   as every other.
 * ``elastic-grow``: room appears and nobody waits for it. The submitter is stopped
   (SIGSTOP) so that the queue drains; the leader grows every running elastic gang below
   its ``max`` onto free room once no pending gang waits for room. The target is such a
   gang working on for :data:`LASTING_S` at least, looked for during :data:`GROW_FIND_S`;
-  without one, a gang above its ``min`` is shrunk first as ``elastic-shrink`` does (once
-  the waiting gang has its room and the queue has drained, it grows back). The heal
-  resumes the submitter.
+  without one, a gang above its ``min`` (looked for during :data:`FIND_S`) is shrunk
+  first as ``elastic-shrink`` does (once the waiting gang has its room and the queue has
+  drained, it grows back); without either, the nemesis submits its own gang as
+  ``elastic-shrink`` does and takes it once it runs, shrunk first when it runs at its
+  ``max``. The heal resumes the submitter.
 
 While the fault lasts (its duration, long enough for the leader to plan, commit and carry
 out a resize, so that the schedule's time counts it) and after it for at most
 :data:`RESIZED_WAIT_S`, the fault watches until the replicated state shows an elastic
 gang resized the way the kind means (its attempt's members, same
 fencing token, more or fewer than when the fault first saw it). The record
-(``faults.jsonl``) holds the target (``elastic_gang``), the gang submitted
+(``faults.jsonl``) holds the target (``elastic_gang``), the fault's own gang
+(``elastic_own``: its job id, or the submission's outcome), the gang submitted to wait
 (``elastic_waiting``) and its reasons while it waited (``elastic_waiting_reasons``), every
 resize seen (``elastic_resized``: ``job/tN a -> b``) and
 whether the kind's own one happened (``elastic_changed``); a run whose faults of a kind
@@ -43,16 +49,26 @@ import grpc
 
 from chaos import ledger, nemesis
 from chaos.cluster import ELASTIC_MEMORY_MIB, REPO, ChaosCluster
-from chaos.workload import submit_one
+from chaos.workload import ELASTIC_ENV, ELASTIC_SIGNAL, submit_one
 from synapse_ha.client.cluster import ClusterUnavailable
 from synapse_ha.core.model import NodeStatus
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import node_status
 
 KINDS = nemesis.ELASTIC_FAULTS
-TARGET_WAIT_S = 4.0
-# How long elastic-grow looks for a gang below max before it shrinks one first.
+# How long elastic-shrink looks for a workload's gang above min (and elastic-grow, after
+# none below max) before it submits one of its own.
+FIND_S = 1.0
+# How long elastic-grow looks for a gang below max before it looks for one to shrink first.
 GROW_FIND_S = 2.0
+# How long the fault waits for its own gang to run: a leader pass, the workers' next
+# heartbeat and the members' start.
+OWN_START_WAIT_S = 6.0
+OWN_RANGE = (1, 3)  # its min and max: placed above min wherever two nodes have room
+# How long its members work: placed, shrunk for the waiting gang and grown back once that
+# one ran, within a fault.
+OWN_MS = 8_000
+OWN_CLASS = "low"  # as the workload's elastic gangs
 # How long the target's members must still plan to work: a resize is planned at most once
 # a second by the leader, committed, and told to the workers at their next heartbeat.
 LASTING_S = 4.0
@@ -86,17 +102,28 @@ def running_elastic(c: ChaosCluster, lasting_s: float) -> dict[Attempt, tuple[in
     return {k: (*ranges[k], len(r)) for k, r in ranks.items() if k not in short}
 
 
+def resizable(kind: str, sizes: tuple[int, int, int]) -> bool:
+    """Whether a gang of (min, max, members running) can be resized as ``kind`` means:
+    grown (below max), shrunk (above min), or either (any other ``kind``, "")."""
+    fewest, most, running = sizes
+    if kind == nemesis.ELASTIC_GROW:
+        return running < most
+    if kind == nemesis.ELASTIC_SHRINK:
+        return running > fewest
+    return fewest < most
+
+
 def choose(
-    c: ChaosCluster, kind: str, pick: int, wait_s: float
+    c: ChaosCluster, kind: str, pick: int, wait_s: float, job: str = ""
 ) -> tuple[Attempt, tuple[int, int, int]] | None:
-    """The gang to resize (below max to grow, above min to shrink), waiting for one up to
-    ``wait_s``; None when none came."""
+    """The gang (``job`` when given) to resize as ``kind`` means (:func:`resizable`),
+    waiting for one up to ``wait_s``; None when none came."""
     deadline = time.monotonic() + wait_s
     while True:
         found = {
             key: sizes
             for key, sizes in running_elastic(c, LASTING_S).items()
-            if (sizes[2] < sizes[1] if kind == nemesis.ELASTIC_GROW else sizes[2] > sizes[0])
+            if resizable(kind, sizes) and (not job or key[0] == job)
         }
         if found:
             key = sorted(found)[pick % len(found)]
@@ -173,6 +200,98 @@ def submit_waiting(c: ChaosCluster, index: int, extra: dict[str, object]) -> str
     )
 
 
+def own_gang(c: ChaosCluster, index: int) -> pb.JobSpec:
+    """The fault's own elastic gang, for when the workload runs none to resize: as the
+    workload's (chaos/workload.py), :data:`OWN_RANGE` members of one mock GPU and an
+    elastic member's memory (so one a node), of class ``low``, ``SIGUSR1`` as the
+    membership signal and ``CHAOS_ELASTIC`` in their environment, working for
+    :data:`OWN_MS`; in the default queue (no quota: only room decides where it runs)."""
+    fewest, most = OWN_RANGE
+    ledger_path = str(c.dir / ledger.LEDGER)
+    member = [sys.executable, "-m", "chaos.member", ledger_path, c.sink_address, str(OWN_MS)]
+    return pb.JobSpec(
+        name=f"chaos-{c.cfg.seed}-elastic-{index}-own",
+        priority_class=OWN_CLASS,
+        replicas=most,
+        resources=pb.Resources(cpu_milli=500, memory_mib=ELASTIC_MEMORY_MIB, gpu=1),
+        argv=pb.CommandArgs(args=member),
+        env=[
+            pb.EnvVar(name="PYTHONPATH", value=str(REPO)),
+            pb.EnvVar(name=ELASTIC_ENV, value=f"{fewest}:{most}"),
+        ],
+        retries=pb.RetryPolicy(max=100, backoff_ms=200, max_backoff_ms=1000),
+        elastic=pb.ElasticPolicy(min_replicas=fewest, signal=ELASTIC_SIGNAL),
+    )
+
+
+def submit_own(c: ChaosCluster, index: int, extra: dict[str, object]) -> str:
+    """Submit :func:`own_gang` as the workload submits (``submissions.jsonl``, so the
+    checker holds it to every rule); its job id ("" when not acknowledged)."""
+    spec = own_gang(c, index)
+    with ledger.Appender(c.dir / ledger.SUBMISSIONS) as out:
+        outcome, job_id = submit_one(c.observer, spec, out, 5.0)
+    extra["elastic_own"] = job_id or outcome
+    return job_id
+
+
+Chosen = tuple[Attempt, tuple[int, int, int]]
+
+
+def find_target(
+    c: ChaosCluster, kind: str, index: int, pick: int, extra: dict[str, object], parts: list[str]
+) -> tuple[Chosen | None, bool]:
+    """The gang to resize and whether to shrink it, each step of the search said in
+    ``parts``. A workload's gang first (elastic-grow: one below max, else one above min
+    to shrink first; it grows back once its rank's room is free again and nobody waits);
+    without one, the fault's own (:func:`submit_own`) once it runs (above min to shrink;
+    to grow, at any size, shrunk first when at max), waited for up to
+    :data:`OWN_START_WAIT_S`."""
+    grow = kind == nemesis.ELASTIC_GROW
+    chosen = choose(c, kind, pick, GROW_FIND_S if grow else FIND_S)
+    if grow and chosen is None:
+        chosen = choose(c, nemesis.ELASTIC_SHRINK, pick, FIND_S)
+        if chosen is not None:
+            parts.append("none below max")
+            return say(chosen, True, parts), True
+    if chosen is not None:
+        return say(chosen, False, parts), not grow
+    job = ""
+    with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+        job = submit_own(c, index, extra)
+    fewest, most = OWN_RANGE
+    parts.append(
+        f"no elastic gang {'to grow or shrink' if grow else 'above min'}: submitted "
+        f"{job or extra.get('elastic_own', 'nothing')} ({most} members of 1 GPU, min "
+        f"{fewest}, class {OWN_CLASS})"
+    )
+    chosen = choose(c, "" if grow else kind, pick, OWN_START_WAIT_S, job) if job else None
+    if chosen is None:
+        above = "" if grow else " above min"
+        parts.append(f"not running{above} within {OWN_START_WAIT_S:.0f} s")
+        return None, False
+    # To grow, shrunk first when the state gives it max members (some may not run yet).
+    at_max = grow and placed(c, job, chosen[1][2]) >= chosen[1][1]
+    return say(chosen, at_max, parts), at_max or not grow
+
+
+def placed(c: ChaosCluster, job: str, running: int) -> int:
+    """How many members the replicated state gives ``job``'s attempt (``running``, the
+    members seen running, when the cluster cannot say)."""
+    with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+        found = c.observer.get_job(job, allow_stale=True)
+        if found.HasField("attempt"):
+            return max(running, len(found.attempt.members))
+    return running
+
+
+def say(chosen: Chosen, first: bool, parts: list[str]) -> Chosen:
+    """``chosen``, its size said in ``parts`` (``first``: shrunk before it grows)."""
+    (job, token), (fewest, most, running) = chosen
+    then = ", shrinking it first" if first else ""
+    parts.append(f"{job}/t{token} runs {running} of {fewest}-{most} members{then}")
+    return chosen
+
+
 def play(
     c: ChaosCluster, kind: str, index: int, pick: int, extra: dict[str, object]
 ) -> tuple[list[str], str, Callable[[], None], Heal, Callable[[], str]]:
@@ -183,16 +302,10 @@ def play(
         resizes.look()
     heal: Heal = lambda: None  # noqa: E731
     grow = kind == nemesis.ELASTIC_GROW
-    chosen = choose(c, kind, pick, GROW_FIND_S if grow else TARGET_WAIT_S)
-    parts = []
-    shrink = not grow
-    if chosen is None and grow:
-        # None below max: shrink one first (it grows back once its rank's room is free
-        # again and nobody waits).
-        chosen = choose(c, nemesis.ELASTIC_SHRINK, pick, TARGET_WAIT_S)
-        shrink = chosen is not None
-        if shrink:
-            parts.append("none below max, shrinking it first")
+    parts: list[str] = []
+    chosen, shrink = find_target(c, kind, index, pick, extra, parts)
+    with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+        resizes.look()  # the size of a gang the fault submitted, before the waiting gang
     if chosen is not None and shrink:
         with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
             parts.append(submit_waiting(c, index, extra))
@@ -203,11 +316,6 @@ def play(
         parts.append("submitter stopped")
     target = chosen[0] if chosen else None
     extra["elastic_gang"] = f"{target[0]}/t{target[1]}" if target else ""
-    if chosen is None:
-        parts.insert(0, f"no elastic gang {'below max' if grow else 'above min'}")
-    else:
-        (job, token), (fewest, most, running) = chosen
-        parts.insert(0, f"{job}/t{token} runs {running} of {fewest}-{most} members")
 
     reasons: list[str] = []  # the waiting gang's reasons while the fault waits, in order
 

@@ -34,6 +34,8 @@ from chaos.workload import ELASTIC_ENV, WorkloadConfig, job_spec
 from synapse_ha.core.codec.versioned import encode_state
 from synapse_ha.core.elastic import ElasticPolicy
 from synapse_ha.core.model import AttemptState, ClusterState, JobState, NodeStatus
+from synapse_ha.core.spec.validation import check_job_spec
+from synapse_ha.rpc.from_proto import spec_from_proto
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.states import node_status_fields
 from tests.chaos.test_chaos_checker import MS, clean_history, final_state
@@ -345,15 +347,17 @@ class FakeObserver:
     """The observer's calls the elastic kinds make: running jobs (one elastic gang of
     ``sizes[i]`` members at the i-th look, the last size after), nodes and submissions."""
 
-    def __init__(self, sizes: list[int]) -> None:
+    def __init__(self, sizes: list[int], job_id: str = "b") -> None:
         self.sizes = sizes
+        self.job_id = job_id
         self.submitted: list[Any] = []
 
     def list_jobs(self, **filters: Any) -> list[Any]:
         n = self.sizes.pop(0) if len(self.sizes) > 1 else self.sizes[0]
         attempt = SimpleNamespace(fencing_token=1, members=[0] * n)
         spec = SimpleNamespace(HasField=lambda name: name == "elastic")
-        return [SimpleNamespace(job_id="b", attempt=attempt, spec=spec, HasField=lambda _: True)]
+        has = lambda _: True  # noqa: E731
+        return [SimpleNamespace(job_id=self.job_id, attempt=attempt, spec=spec, HasField=has)]
 
     def list_nodes(self) -> list[Any]:
         def node(name: str, used_mib: int, status: NodeStatus = NodeStatus.READY) -> Any:
@@ -438,3 +442,145 @@ def test_a_kind_plays_on_a_fake_cluster_and_says_whether_its_gang_resized(
     assert extra["elastic_waiting_reasons"] == ["first_in_line_reserved"]
     lines = (tmp_path / "submissions.jsonl").read_text().splitlines()
     assert [json.loads(line)["type"] for line in lines] == ["begin", "ok"]
+
+
+# ------------------------------------------------------------- the fault's own gang
+
+
+def test_the_kinds_resize_gangs_below_max_above_min_or_either() -> None:
+    assert elasticfaults.resizable(nemesis.ELASTIC_GROW, (1, 3, 2))
+    assert not elasticfaults.resizable(nemesis.ELASTIC_GROW, (1, 3, 3))
+    assert elasticfaults.resizable(nemesis.ELASTIC_SHRINK, (1, 3, 2))
+    assert not elasticfaults.resizable(nemesis.ELASTIC_SHRINK, (1, 3, 1))
+    assert elasticfaults.resizable("", (1, 3, 1)) and elasticfaults.resizable("", (1, 3, 3))
+
+
+def own_cluster(tmp_path: Path, observer: Any, members: SeenMembers) -> ChaosCluster:
+    submitter = SimpleNamespace(pause=lambda: None, resume=lambda: None)
+    c = SimpleNamespace(
+        members_seen=members,
+        observer=observer,
+        submitter=submitter,
+        dir=tmp_path,
+        cfg=SimpleNamespace(seed=1),
+        sink_address="10.0.0.1:7900",
+    )
+    return cast(ChaosCluster, c)
+
+
+def test_the_own_gang_is_an_elastic_gang_as_the_workloads_of_class_low(tmp_path: Path) -> None:
+    spec = elasticfaults.own_gang(own_cluster(tmp_path, None, SeenMembers()), 4)
+    assert (spec.elastic.min_replicas, spec.replicas) == (1, 3)
+    assert spec.elastic.signal == "SIGUSR1" and spec.priority_class == "low"
+    assert (spec.resources.gpu, spec.resources.memory_mib) == (1, ELASTIC_MEMORY_MIB)
+    assert spec.name == "chaos-1-elastic-4-own" and not spec.queue
+    env = {e.name: e.value for e in spec.env}
+    assert env[ELASTIC_ENV] == "1:3"
+    assert spec.argv.args[-3:] == [str(tmp_path / ledger.LEDGER), "10.0.0.1:7900", "8000"]
+    # Long enough to be chosen once it runs, shrunk and grown back.
+    assert elasticfaults.OWN_MS > elasticfaults.LASTING_S * 1000
+    # A job spec the cluster takes.
+    assert check_job_spec(spec_from_proto(spec), topology_levels=None) == []
+
+
+class OwnGangObserver(FakeObserver):
+    """A cluster whose workload runs no elastic gang: the fault's own gang (the first
+    submission, job-000800) starts ``started`` members at once, the state giving it
+    ``placed``; the waiting gang is job-000900."""
+
+    def __init__(self, sizes: list[int], members: SeenMembers, started: int, placed: int):
+        super().__init__(sizes, job_id="job-000800")
+        self.members, self.started, self.placed = members, started, placed
+
+    def submit_job(self, spec: Any, request_id: str, timeout_s: float) -> Any:
+        self.submitted.append(spec)
+        if not spec.HasField("elastic"):
+            return SimpleNamespace(job_id="job-000900")
+        now = elasticfaults.ledger.now_ns()
+        for rank in range(self.started):
+            start = {"job": "job-000800", "token": 1, "rank": rank, "type": "start"}
+            record = {**start, "elastic": "1:3", "until_ns": now + 8 * 10**9}
+            self.members.saw(record, f"w{rank + 1}", now)
+        return SimpleNamespace(job_id="job-000800")
+
+    def get_job(self, job_id: str, allow_stale: bool = False) -> Any:
+        attempt = SimpleNamespace(members=[0] * self.placed)
+        has = lambda name: name == "attempt"  # noqa: E731
+        return SimpleNamespace(reason_code="pending_first_pass", attempt=attempt, HasField=has)
+
+
+@pytest.mark.parametrize(
+    ("kind", "started", "placed", "sizes", "waiting", "said"),
+    [
+        # No gang above min: its own runs 3 of 1-3, shrunk for the waiting gang.
+        (nemesis.ELASTIC_SHRINK, 3, 3, [3, 3, 2], True, "job-000800/t1 3 -> 2"),
+        # No gang at all to grow: its own at max (two of three running yet) shrunk first.
+        (nemesis.ELASTIC_GROW, 2, 3, [3, 3, 2, 3], True, "job-000800/t1 2 -> 3"),
+        # Its own placed below max: grown, no waiting gang.
+        (nemesis.ELASTIC_GROW, 2, 2, [2, 2, 3], False, "job-000800/t1 2 -> 3"),
+    ],
+)
+def test_without_a_gang_to_resize_the_kind_submits_its_own_and_resizes_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    started: int,
+    placed: int,
+    sizes: list[int],
+    waiting: bool,
+    said: str,
+) -> None:
+    monkeypatch.setattr(elasticfaults, "FIND_S", 0.0)
+    monkeypatch.setattr(elasticfaults, "GROW_FIND_S", 0.0)
+    monkeypatch.setattr(elasticfaults, "RESIZED_WAIT_S", 0.5)
+    monkeypatch.setattr(elasticfaults, "POLL_S", 0.01)
+    members = SeenMembers()
+    observer = OwnGangObserver(list(sizes), members, started, placed)
+    extra: dict[str, object] = {}
+    c = own_cluster(tmp_path, observer, members)
+    targets, detail, watch, heal, hold = elasticfaults.play(c, kind, 4, 0, extra)
+    assert targets == ["job-000800"] and extra["elastic_gang"] == "job-000800/t1"
+    assert extra["elastic_own"] == "job-000800"
+    assert f"job-000800/t1 runs {started} of 1-3 members" in detail
+    watch()
+    assert hold().endswith(said)
+    heal()
+    assert extra["elastic_changed"] is True
+    own, *rest = observer.submitted
+    assert own.name == "chaos-1-elastic-4-own" and own.HasField("elastic")
+    assert [s.name for s in rest] == (["chaos-1-elastic-4"] if waiting else [])
+    assert ("shrinking it first" in detail) is (waiting and kind == nemesis.ELASTIC_GROW)
+    # Recorded as the workload's are, so that the checker holds it to every rule.
+    records = [
+        json.loads(line) for line in (tmp_path / ledger.SUBMISSIONS).read_text().splitlines()
+    ]
+    ok = [r for r in records if r["type"] == "ok"]
+    assert ok[0] == {**ok[0], "job_id": "job-000800", "elastic": [1, 3]}
+    assert len(ok) == 1 + waiting
+
+
+def test_an_own_gang_that_never_runs_above_min_is_said_and_nothing_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(elasticfaults, "FIND_S", 0.0)
+    monkeypatch.setattr(elasticfaults, "OWN_START_WAIT_S", 0.05)
+    monkeypatch.setattr(elasticfaults, "POLL_S", 0.01)
+    members = SeenMembers()
+    observer = OwnGangObserver([1], members, started=1, placed=1)
+    c = own_cluster(tmp_path, observer, members)
+    parts: list[str] = []
+    chosen = elasticfaults.find_target(c, nemesis.ELASTIC_SHRINK, 4, 0, {}, parts)
+    assert chosen == (None, False) and len(observer.submitted) == 1
+    assert parts == [
+        "no elastic gang above min: submitted job-000800 (3 members of 1 GPU, min 1, class low)",
+        "not running above min within 0 s",
+    ]
+    # A workload's gang above min is taken first: nothing more is submitted.
+    now = elasticfaults.ledger.now_ns()
+    for rank in (0, 1):
+        start = {"job": "w", "token": 2, "rank": rank, "type": "start", "elastic": "1:2"}
+        members.saw({**start, "until_ns": now + 9 * 10**9}, f"w{rank + 1}", now)
+    parts = []
+    chosen = elasticfaults.find_target(c, nemesis.ELASTIC_SHRINK, 5, 0, {}, parts)
+    assert chosen == ((("w", 2), (1, 2, 2)), True) and len(observer.submitted) == 1
+    assert parts == ["w/t2 runs 2 of 1-2 members"]
