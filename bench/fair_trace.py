@@ -14,9 +14,17 @@ queue ends below the preemptor's by what they hold, how many preemptors' quota a
 them already (they waited for room, not quota), each queue's delay by gang size, and
 its pending job-hours by reason (the code a pending gang gives, its first wait apart
 from its waits after a preemption): who waits behind the preemptions, and why.
+Per policy, too, the pass's reservation for its first gang that cannot be placed: how
+many passes held one and with a start (``untimed``: no start, the gangs it waits for
+have no estimated end), how often it moved (the same gang reserved other nodes than at
+the pass before), and what the pass placed on its nodes and why it could (backfill: its
+estimate ends before the start; a preemptor taking what its victims freed; others:
+gangs ahead of it in the pass's order), and the victims preempted from them.
+
 ``--limit`` keeps only the first pods of the trace; ``--format N`` runs on a cluster
 that reads format N (default: this release's newest), to compare a format's rules with
-the one before.
+the one before; ``--estimates`` gives the trace's queues run-time estimates
+(``bench/quality.py --trace-estimates``: none, learned, learned:S, default:S).
 
 Prints JSON (``--out`` also writes it).
 """
@@ -36,12 +44,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
+from synapse_ha.core.commands import BindPlan
 from synapse_ha.core.model import ZERO as ZERO_RESOURCES
-from synapse_ha.core.model import Resources
+from synapse_ha.core.model import ClusterState, Resources
+from synapse_ha.core.queues.estimates import Estimates
 from synapse_ha.core.queues.fair_preemption import FairShares
 from synapse_ha.core.queues.fairshare import SHARE_SCALE
 from synapse_ha.core.queues.quota import QueueUsage, gang_request, held_request
+from synapse_ha.core.scheduler import schedule
+from synapse_ha.core.scheduler.plan import Plan
+from synapse_ha.core.scheduler.reservation import may_backfill
 from synapse_ha.sim.engine import GRACE_MS, Pacing, Run, build_cluster
+from synapse_ha.sim.estimates import keeping_history, parse_estimates, with_estimates
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.quality import SAVE_ON_NOTICE_MS, openb_workload, saving_on_notice
 from synapse_ha.sim.tenancy import FAIR, PASS_INTERVAL_MS, with_fair_sharing
@@ -49,6 +63,71 @@ from synapse_ha.sim.workload import Workload
 
 OPENB = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "alibaba-openb-v2023"
 POLICIES = ("off", "topology", FAIR)
+
+
+class Watching(Ours):
+    """Ours, keeping what each pass did with its reservation's nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        self.last: tuple[str, frozenset[str]] | None = None  # the holder and its nodes
+        self.holders: dict[str, int] = {}  # holder -> GPUs it asks for
+        self.moved_by_holder: Counter[str] = Counter()
+
+    def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
+        result = schedule(state, now_ms, cache=self.cache)
+        self.wake_ms = result.wake_ms
+        self.preempts = tuple(result.preempt_commands(now_ms))
+        self.shrinks = tuple(result.shrink_commands())
+        self._watch(state, now_ms, result)
+        return result.command(now_ms)
+
+    def _watch(self, state: ClusterState, now_ms: int, plan: Plan) -> None:
+        made, counts = plan.reservation, self.counts
+        if made is None:
+            self.last = None
+            return
+        counts["passes_with_a_reservation"] += 1
+        counts["untimed" if made.start_ms is None else "timed"] += 1
+        holder = state.jobs[made.job_id]
+        self.holders[made.job_id] = gang_request(holder.spec).gpu
+        if self.last is not None and self.last[0] == made.job_id and self.last[1] != made.nodes:
+            counts["moved"] += 1
+            self.moved_by_holder[made.job_id] += 1
+        self.last = (made.job_id, made.nodes)
+        estimates = Estimates(state)
+        preemptors = {
+            v.attempt.preempted_by
+            for v in state.jobs.values()
+            if v.attempt is not None and v.attempt.preempted_by
+        }
+        for placement in plan.placements:
+            if not any(m.node_id in made.nodes for m in placement.members):
+                continue
+            job = state.jobs[placement.job_id]
+            if placement.job_id in preemptors:
+                why = "preemptor"
+            elif may_backfill(estimates, job, made, now_ms):
+                why = "backfill"
+            else:
+                why = "ahead_in_order"
+            counts[f"placed_on_reserved_nodes: {why}"] += 1
+        for p in plan.preemptions:
+            for v in p.victims:
+                attempt = state.jobs[v.job_id].attempt
+                if attempt is not None and any(m.node_id in made.nodes for m in attempt.members):
+                    counts[f"victims_on_reserved_nodes: {p.kind}"] += 1
+
+    def summary(self) -> dict[str, Any]:
+        moved = self.moved_by_holder
+        return {
+            **dict(sorted(self.counts.items())),
+            "holders": len(self.holders),
+            "holders_by_gpus": dict(sorted(Counter(self.holders.values()).items())),
+            "holders_that_moved": len(moved),
+            "most_moves_of_one_holder": max(moved.values(), default=0),
+        }
 
 
 class TracedRun(Run):
@@ -197,7 +276,9 @@ def breakdown(run: TracedRun, result_metrics: dict[str, Any]) -> dict[str, Any]:
         if t >= 3600
     }
     tenancy = result_metrics.get("tenancy", {})
+    policy = run.policy
     return {
+        "reservation": policy.summary() if isinstance(policy, Watching) else None,
         "delay_s": _quantiles([d for ds in delays.values() for d in ds]),
         "pending_job_hours_by_queue_and_reason": waits,
         "delay_s_by_queue": {q: _quantiles(ds) for q, ds in sorted(delays.items())},
@@ -220,14 +301,18 @@ def breakdown(run: TracedRun, result_metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_policy(workload: Workload, policy: str, floor: int | None = None) -> dict[str, Any]:
-    """One traced run; ``floor``: the format the cluster reads (default: this release's)."""
+def run_policy(
+    workload: Workload, policy: str, floor: int | None = None, variant: str = "none"
+) -> dict[str, Any]:
+    """One traced run; ``floor``: the format the cluster reads (default: this release's);
+    ``variant``: the workload's estimates (``learned`` keeps finished jobs a day)."""
     mode = PreemptionMode.OFF if policy == "off" else PreemptionMode.TOPOLOGY
     load = with_fair_sharing(workload) if policy == FAIR else workload
-    state = build_cluster(load, ClusterConfig(retention_ms=0, preemption=mode))
+    config = keeping_history(ClusterConfig(retention_ms=0, preemption=mode), variant)
+    state = build_cluster(load, config)
     if floor is not None:
         state.format_floor = floor
-    run = TracedRun(load, Ours(), state, Pacing(GRACE_MS, PASS_INTERVAL_MS))
+    run = TracedRun(load, Watching(), state, Pacing(GRACE_MS, PASS_INTERVAL_MS))
     started = time.perf_counter()
     run.run()
     wall = time.perf_counter() - started
@@ -249,6 +334,11 @@ def main() -> None:
     parser.add_argument(
         "--format", type=int, default=None, help="the format the cluster reads (default: newest)"
     )
+    parser.add_argument(
+        "--estimates",
+        default="none",
+        help="run-time estimates of the trace's queues: none, learned, learned:S, default:S",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -259,15 +349,21 @@ def main() -> None:
         parser.error(f"--limit: at least 1, got {args.limit}")
     if not 0 < args.speedup < float("inf"):
         parser.error(f"--speedup: a number above 0, got {args.speedup}")
+    try:
+        variant, default_ms = parse_estimates(args.estimates)
+    except ValueError as exc:
+        parser.error(f"--estimates: {exc}")
     workload = saving_on_notice(
         openb_workload(args.openb, args.every, args.speedup, args.limit, args.checkpoint_interval),
         SAVE_ON_NOTICE_MS,
     )
+    workload = with_estimates(workload, variant, default_ms)
     result = {
         "bench": "fair_trace",
         "workload": workload.notes,
         "format": args.format,
-        "policies": {p: run_policy(workload, p, args.format) for p in policies},
+        "estimates": args.estimates,
+        "policies": {p: run_policy(workload, p, args.format, variant) for p in policies},
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -15,8 +15,11 @@ Parts (``--parts``, all three by default):
   ``synapse-sim --workload openb --write-trace`` converts it, on one in ``--openb-every``
   of each of its node shapes. Arrivals ``--trace-speedup`` times the trace's pace;
   ``--trace-checkpoint-interval S`` has every job without an interval of its own mark a
-  checkpoint every S seconds of run time. The trace is not drawn: it runs once, whatever
-  ``--seeds``.
+  checkpoint every S seconds of run time; ``--trace-estimates`` gives its queues run-time
+  estimates for backfill (``none``; ``learned``: each queue's ``learned_estimates``, the
+  finished jobs kept a day; ``learned:S``: learned, else a default of S seconds;
+  ``default:S``: each queue's ``default_time_limit_ms``, :mod:`synapse_ha.sim.estimates`).
+  The trace is not drawn: it runs once, whatever ``--seeds``.
 
 In a workload whose jobs mark checkpoints, victims save on notice: a victim marks a
 checkpoint 5-20 s after its notice (drawn, seeded) and exits, ending its grace then
@@ -40,6 +43,7 @@ only where ``--out`` says.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -51,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.engine import Result
+from synapse_ha.sim.estimates import keeping_history, parse_estimates, with_estimates
 from synapse_ha.sim.plots import write_plots
 from synapse_ha.sim.quality import (
     SAVE_ON_NOTICE_MS,
@@ -107,18 +112,26 @@ def _makers(args: argparse.Namespace) -> dict[str, Callable[[int], Workload]]:
     """Each part's workload of a seed (the trace's is the same for every seed), its
     victims saving on notice unless ``--no-save-on-notice``."""
     every_s = args.trace_checkpoint_interval
+    variant, default_ms = args.estimates
     if args.trace_file:
         trace = Path(args.trace_file)
         speedup = args.trace_speedup
         hosts = args.trace_hosts
 
-        def traced(_: int) -> Workload:
+        def loaded(_: int) -> Workload:
             return trace_file_workload(trace, hosts, speedup, every_s)
     else:
         folder, every, limit = Path(args.openb), args.openb_every, args.openb_limit
 
-        def traced(_: int) -> Workload:
+        def loaded(_: int) -> Workload:
             return openb_workload(folder, every, args.trace_speedup, limit, every_s)
+
+    def traced(seed: int) -> Workload:
+        workload = with_estimates(loaded(seed), variant, default_ms)
+        if variant == "none":
+            return workload
+        notes = f"{workload.notes}; estimates {args.trace_estimates}"
+        return dataclasses.replace(workload, notes=notes)
 
     bounds = None if args.no_save_on_notice else SAVE_ON_NOTICE_MS
     makers: dict[str, Callable[[int], Workload]] = {
@@ -159,6 +172,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="trace: every job without an interval marks a checkpoint every S s (>= 1)",
+    )
+    parser.add_argument(
+        "--trace-estimates",
+        default="none",
+        metavar="E",
+        help="trace: run-time estimates of its queues: none, learned, learned:S or "
+        "default:S (S seconds; default %(default)s)",
     )
     parser.add_argument(
         "--no-save-on-notice",
@@ -209,6 +229,10 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[st
     interval = args.trace_checkpoint_interval
     if interval is not None and not 1 <= interval < float("inf"):
         parser.error(f"--trace-checkpoint-interval: at least 1 second, got {interval}")
+    try:
+        args.estimates = parse_estimates(args.trace_estimates)
+    except ValueError as exc:
+        parser.error(f"--trace-estimates: {exc}")
     if args.smoke:
         args.jobs, args.nodes = SMOKE["jobs"], SMOKE["nodes"]
         args.hours, args.hosts = SMOKE["hours"], SMOKE["hosts"]
@@ -219,11 +243,14 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[st
     return parts
 
 
-def _config(args: argparse.Namespace) -> ClusterConfig | None:
-    """The cluster configuration the policies run on (None: the simulator's default)."""
-    if not args.defrag_share:
+def _config(args: argparse.Namespace, part: str) -> ClusterConfig | None:
+    """The cluster configuration the policies of ``part`` run on (None: the simulator's
+    default); the trace's keeps finished jobs for learned estimates."""
+    learned = part == "trace" and args.estimates[0] == "learned"
+    if not args.defrag_share and not learned:
         return None
-    return ClusterConfig(retention_ms=0, defrag_share_pct=args.defrag_share)
+    config = ClusterConfig(retention_ms=0, defrag_share_pct=args.defrag_share)
+    return keeping_history(config, args.estimates[0]) if part == "trace" else config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         drawn = seeds if part != "trace" else 1
         plots = out / "quality" / part if out is not None else None
         try:
-            workloads[part] = run_part(part, makers[part], drawn, plots, _config(args))
+            workloads[part] = run_part(part, makers[part], drawn, plots, _config(args, part))
         except (OSError, TraceError, ValueError) as exc:
             parser.error(f"cannot run the {part} workload: {exc}")
     report = {

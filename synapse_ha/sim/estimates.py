@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from synapse_ha.core.cluster_config import DEFAULT_QUEUE, ClusterConfig, PreemptionMode, Queue
+from synapse_ha.core.cluster_config import (
+    DEFAULT_QUEUE,
+    MAX_DEFAULT_TIME_LIMIT_MS,
+    ClusterConfig,
+    PreemptionMode,
+    Queue,
+)
 from synapse_ha.sim.engine import Result, simulate
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tables import Column, results_table
@@ -50,6 +56,36 @@ def with_estimates(workload: Workload, variant: str, default_ms: int) -> Workloa
     return replace(workload, queues=queues)
 
 
+def parse_estimates(text: str) -> tuple[str, int]:
+    """A workload option's estimates as ``(variant, default_ms)``: ``none``, ``learned``
+    (learned only, no default), ``learned:S`` (learned, else a default of S seconds) or
+    ``default:S``; ValueError naming the rule otherwise."""
+    variant, _, seconds = text.strip().partition(":")
+    if variant == "none" and not seconds:
+        return "none", 0
+    if variant == "learned" and not seconds:
+        return "learned", 0
+    if variant in ("learned", "default") and seconds:
+        try:
+            ms = round(float(seconds) * 1000)
+        except ValueError:
+            ms = -1
+        if 1_000 <= ms <= MAX_DEFAULT_TIME_LIMIT_MS:
+            return variant, ms
+        raise ValueError(
+            f"estimates: S in {variant}:S must be seconds from 1 to 366 days, got {seconds!r}"
+        )
+    raise ValueError(f"estimates: none, learned, learned:S or default:S, got {text!r}")
+
+
+def keeping_history(config: ClusterConfig, variant: str) -> ClusterConfig:
+    """``config`` keeping finished jobs :data:`HISTORY_RETENTION_MS` (or its own retention
+    when longer) for ``learned``, whose estimates are made from them; as it is else."""
+    if variant != "learned":
+        return config
+    return replace(config, retention_ms=max(config.retention_ms, HISTORY_RETENTION_MS))
+
+
 def run_estimates(
     workload: Workload,
     variants: tuple[str, ...] = VARIANTS,
@@ -63,11 +99,10 @@ def run_estimates(
     base = replace(config or ClusterConfig(retention_ms=0), preemption=mode)
     results = []
     for variant in variants:
-        kept = replace(base, retention_ms=max(base.retention_ms, HISTORY_RETENTION_MS))
         result = simulate(
             with_estimates(workload, variant, default_ms),
             Ours(),
-            config=kept if variant == "learned" else base,
+            config=keeping_history(base, variant),
             pass_interval_ms=pass_interval_ms,
         )
         result.policy = variant

@@ -36,6 +36,9 @@ def test_a_small_run_records_the_fair_share_preemptions_and_the_waits() -> None:
             assert example["shares_after"][victim["queue"]]["rule"] >= ours
     assert fair["pending_job_hours_by_queue_and_reason"] is not None
     assert sum(q["n"] for q in fair["delay_s_by_queue"].values()) == 300
+    reserved = fair["reservation"]
+    assert reserved["passes_with_a_reservation"] == reserved.get("timed", 0) + reserved["untimed"]
+    assert sum(reserved["holders_by_gpus"].values()) == reserved["holders"] > 0
 
 
 def test_bad_options_are_refused_naming_them() -> None:
@@ -46,3 +49,10 @@ def test_bad_options_are_refused_naming_them() -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--policies: unknown nope" in out.stderr
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--estimates", "default:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--estimates: estimates: S in default:S" in out.stderr

@@ -78,11 +78,39 @@ def test_a_trace_file_runs_on_the_hosts_given(tmp_path: Path) -> None:
     assert ours["delay_cdf_s"]["max"] >= 580
 
 
+def test_trace_estimates_let_a_short_job_backfill_before_a_reservation(tmp_path: Path) -> None:
+    trace = tmp_path / "jobs.csv"
+    # Two hosts, the built-in queue (no quota): ``big`` (2 x 8 GPUs) waits for the two
+    # limited jobs and reserves both hosts from 1,000 s; ``small`` (4 GPUs, no limit) fits
+    # beside ``half`` but may use a reserved host only if its estimate ends by then.
+    trace.write_text(
+        "submit_s,queue,members,gpus_per_member,duration_s,time_limit_s,name\n"
+        "0,default,1,8,1000,1000,hold\n"
+        "0,default,1,4,500,600,half\n"
+        "10,default,2,8,100,,big\n"
+        "20,default,1,4,100,,small\n"
+    )
+    waits = {}
+    for estimates in ("none", "default:500"):
+        report = _report(
+            "--parts", "trace", "--trace-file", str(trace), "--trace-hosts", "2",
+            "--trace-estimates", estimates, "--out", str(tmp_path / estimates),
+        )  # fmt: skip
+        part = report["workloads"]["trace"]
+        assert ("estimates default:500" in part["workload"]) == (estimates != "none")
+        ours = next(iter(part["policies"].values()))  # ours (none), ours/off (a queue set)
+        waits[estimates] = ours["delay_cdf_s"]["max"]
+    assert waits["none"] == 1_080  # small waits for big (990 s) and its 100 s run
+    assert waits["default:500"] == 990  # big's wait; small backfilled at once
+
+
 def test_bad_options_are_refused_naming_the_option(tmp_path: Path) -> None:
     for flags, message in (
         (("--parts", "synthetic,nope"), "--parts: unknown nope"),
         (("--trace-speedup", "0"), "--trace-speedup: a number above 0"),
         (("--seeds", "0"), "--seeds: at least 1"),
+        (("--trace-estimates", "psychic"), "--trace-estimates: estimates: none, learned"),
+        (("--trace-estimates", "default:0"), "S in default:S must be seconds"),
         (("--parts", "trace", "--trace-file", str(tmp_path / "none.csv")), "none.csv"),
     ):
         out = _run(*flags, "--out", str(tmp_path))

@@ -8,9 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from synapse_ha.core.cluster_config import PreemptionMode, Queue
+from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode, Queue
 from synapse_ha.sim.cli import main
-from synapse_ha.sim.estimates import report, run_estimates, table, with_estimates
+from synapse_ha.sim.estimates import (
+    HISTORY_RETENTION_MS,
+    keeping_history,
+    parse_estimates,
+    report,
+    run_estimates,
+    table,
+    with_estimates,
+)
 from synapse_ha.sim.workload import SimJob, Workload, synthetic_cluster
 from tests.core.harness import job
 
@@ -90,3 +98,29 @@ def test_a_workload_without_queues_sets_the_built_in_one() -> None:
     none, default = run_estimates(w, ("none", "default"), default_ms=600_000)
     assert sorted(default.delays_s) == [0.0, 0.0, 0.0, 999.0]
     assert _delay(default.metrics) < _delay(none.metrics) - 250
+
+
+def test_an_estimates_option_is_parsed_and_a_bad_one_names_the_rule() -> None:
+    assert parse_estimates("none") == ("none", 0)
+    assert parse_estimates("learned") == ("learned", 0)
+    assert parse_estimates("learned:3600") == ("learned", 3_600_000)
+    assert parse_estimates("default:485") == ("default", 485_000)
+    for bad, rule in (
+        ("psychic", "none, learned, learned:S or default:S"),
+        ("none:5", "none, learned, learned:S or default:S"),
+        ("default", "none, learned, learned:S or default:S"),
+        ("default:0", "S in default:S must be seconds from 1 to 366 days"),
+        ("default:x", "S in default:S must be seconds"),
+        ("learned:400d", "S in learned:S must be seconds"),
+        ("default:40000000", "from 1 to 366 days"),
+    ):
+        with pytest.raises(ValueError, match=rule):
+            parse_estimates(bad)
+
+
+def test_learned_estimates_keep_finished_jobs_and_the_others_do_not() -> None:
+    base = ClusterConfig(retention_ms=0)
+    assert keeping_history(base, "learned").retention_ms == HISTORY_RETENTION_MS
+    assert keeping_history(base, "default") is base
+    longer = ClusterConfig(retention_ms=2 * HISTORY_RETENTION_MS)
+    assert keeping_history(longer, "learned").retention_ms == 2 * HISTORY_RETENTION_MS
