@@ -61,6 +61,8 @@ KINDS = nemesis.ELASTIC_FAULTS
 FIND_S = 1.0
 # How long elastic-grow looks for a gang below max before it looks for one to shrink first.
 GROW_FIND_S = 2.0
+# How long the fault waits for room for more than its own gang's min before it submits it.
+ROOM_WAIT_S = 2.0
 # How long the fault waits for its own gang to run: a leader pass, the workers' next
 # heartbeat and the members' start.
 OWN_START_WAIT_S = 6.0
@@ -162,6 +164,32 @@ class Resizes:
         ]
 
 
+def elastic_room(nodes: list[pb.Node], gpu: int) -> int:
+    """How many of ``nodes`` are ready with room for an elastic member (its memory, more
+    than half a worker's) and ``gpu`` GPUs."""
+    room = 0
+    for n in nodes:
+        free = n.capacity.memory_mib - n.allocated.memory_mib
+        gpus = n.capacity.gpu - n.allocated.gpu
+        ready = node_status(n) is NodeStatus.READY
+        room += ready and free >= ELASTIC_MEMORY_MIB + RESERVE_MIB and gpus >= gpu
+    return room
+
+
+def wait_for_room(c: ChaosCluster, wait_s: float) -> int:
+    """Wait up to ``wait_s`` until the nodes have room for more than :data:`OWN_RANGE`'s
+    min of the fault's own gang's members (placed with fewer, it would run at its min and
+    could not be shrunk); the nodes with room last seen."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        room = 0
+        with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
+            room = elastic_room(list(c.observer.list_nodes()), gpu=1)
+        if room > OWN_RANGE[0] or time.monotonic() >= deadline:
+            return room
+        time.sleep(POLL_S)
+
+
 def waiting_gang(c: ChaosCluster, index: int) -> pb.JobSpec:
     """The gang that waits for room elastic gangs hold above their ``min``: members that
     ask an elastic member's memory (more than half a worker's, so one a node) and no GPU,
@@ -171,10 +199,7 @@ def waiting_gang(c: ChaosCluster, index: int) -> pb.JobSpec:
     class ``low``) or one ends. Not pinned with ``nodes.names``: the leader's shrink plan
     does not narrow a gang to its node selector, so it would take a gang that fits
     elsewhere only for one it can place now and never shrink for it."""
-    room = 0
-    for n in c.observer.list_nodes():
-        free = n.capacity.memory_mib - n.allocated.memory_mib
-        room += node_status(n) is NodeStatus.READY and free >= ELASTIC_MEMORY_MIB + RESERVE_MIB
+    room = elastic_room(c.observer.list_nodes(), gpu=0)
     member = [sys.executable, "-m", "chaos.member", str(c.dir / ledger.LEDGER)]
     return pb.JobSpec(
         name=f"chaos-{c.cfg.seed}-elastic-{index}",
@@ -255,6 +280,7 @@ def find_target(
             return say(chosen, True, parts), True
     if chosen is not None:
         return say(chosen, False, parts), not grow
+    room = wait_for_room(c, ROOM_WAIT_S)
     job = ""
     with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
         job = submit_own(c, index, extra)
@@ -262,15 +288,16 @@ def find_target(
     parts.append(
         f"no elastic gang {'to grow or shrink' if grow else 'above min'}: submitted "
         f"{job or extra.get('elastic_own', 'nothing')} ({most} members of 1 GPU, min "
-        f"{fewest}, class {OWN_CLASS})"
+        f"{fewest}, class {OWN_CLASS}; {room} nodes with room)"
     )
-    chosen = choose(c, "" if grow else kind, pick, OWN_START_WAIT_S, job) if job else None
+    # Its own gang, or one of the workload's meanwhile.
+    chosen = choose(c, "" if grow else kind, pick, OWN_START_WAIT_S) if job else None
     if chosen is None:
         above = "" if grow else " above min"
-        parts.append(f"not running{above} within {OWN_START_WAIT_S:.0f} s")
+        parts.append(f"none running{above} within {OWN_START_WAIT_S:.0f} s")
         return None, False
     # To grow, shrunk first when the state gives it max members (some may not run yet).
-    at_max = grow and placed(c, job, chosen[1][2]) >= chosen[1][1]
+    at_max = grow and placed(c, chosen[0][0], chosen[1][2]) >= chosen[1][1]
     return say(chosen, at_max, parts), at_max or not grow
 
 

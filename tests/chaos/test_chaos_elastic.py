@@ -532,6 +532,7 @@ def test_without_a_gang_to_resize_the_kind_submits_its_own_and_resizes_it(
 ) -> None:
     monkeypatch.setattr(elasticfaults, "FIND_S", 0.0)
     monkeypatch.setattr(elasticfaults, "GROW_FIND_S", 0.0)
+    monkeypatch.setattr(elasticfaults, "ROOM_WAIT_S", 0.0)
     monkeypatch.setattr(elasticfaults, "RESIZED_WAIT_S", 0.5)
     monkeypatch.setattr(elasticfaults, "POLL_S", 0.01)
     members = SeenMembers()
@@ -563,6 +564,7 @@ def test_an_own_gang_that_never_runs_above_min_is_said_and_nothing_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(elasticfaults, "FIND_S", 0.0)
+    monkeypatch.setattr(elasticfaults, "ROOM_WAIT_S", 0.05)
     monkeypatch.setattr(elasticfaults, "OWN_START_WAIT_S", 0.05)
     monkeypatch.setattr(elasticfaults, "POLL_S", 0.01)
     members = SeenMembers()
@@ -571,9 +573,11 @@ def test_an_own_gang_that_never_runs_above_min_is_said_and_nothing_waits(
     parts: list[str] = []
     chosen = elasticfaults.find_target(c, nemesis.ELASTIC_SHRINK, 4, 0, {}, parts)
     assert chosen == (None, False) and len(observer.submitted) == 1
+    # Submitted after the wait for room for two members: the nodes have room for one (w2).
     assert parts == [
-        "no elastic gang above min: submitted job-000800 (3 members of 1 GPU, min 1, class low)",
-        "not running above min within 0 s",
+        "no elastic gang above min: submitted job-000800 (3 members of 1 GPU, min 1, class low; "
+        "1 nodes with room)",
+        "none running above min within 0 s",
     ]
     # A workload's gang above min is taken first: nothing more is submitted.
     now = elasticfaults.ledger.now_ns()
@@ -584,3 +588,18 @@ def test_an_own_gang_that_never_runs_above_min_is_said_and_nothing_waits(
     chosen = elasticfaults.find_target(c, nemesis.ELASTIC_SHRINK, 5, 0, {}, parts)
     assert chosen == ((("w", 2), (1, 2, 2)), True) and len(observer.submitted) == 1
     assert parts == ["w/t2 runs 2 of 1-2 members"]
+
+
+def test_a_node_has_room_for_an_elastic_member_when_ready_with_its_memory_and_gpus() -> None:
+    def node(used_mib: int, used_gpus: int, status: NodeStatus = NodeStatus.READY) -> pb.Node:
+        return pb.Node(
+            capacity=pb.Resources(gpu=4, memory_mib=16 * 1024),
+            allocated=pb.Resources(memory_mib=used_mib, gpu=used_gpus),
+            **node_status_fields(status),
+        )
+
+    free = 16 * 1024 - ELASTIC_MEMORY_MIB - elasticfaults.RESERVE_MIB  # what may be used
+    nodes = [node(free, 3), node(free + 1, 0), node(0, 4), node(0, 0, NodeStatus.CORDONED)]
+    assert elasticfaults.elastic_room(nodes, gpu=1) == 1
+    assert elasticfaults.elastic_room(nodes, gpu=0) == 2
+    assert elasticfaults.elastic_room([*nodes, node(0, 0)], gpu=1) == 2
