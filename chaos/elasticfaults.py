@@ -5,8 +5,10 @@ of the workload's gangs, chaos/workload.py) grow or shrink while it runs.
   elastic gang above its ``min`` whose members plan (their ``start`` records say until
   when) to work on for :data:`LASTING_S` at least, looked for during :data:`FIND_S`.
   Without one, the nemesis submits an elastic gang of its own (:func:`own_gang`: as the
-  workload's, of class ``low``, :data:`OWN_RANGE` members working :data:`OWN_MS`) and
-  takes it once it runs above its ``min``, waited for up to :data:`OWN_START_WAIT_S`.
+  workload's, of class ``low``, :data:`OWN_RANGE` members working :data:`OWN_MS`) once
+  the nodes have room for more than its ``min`` (:func:`wait_for_room`, at most
+  :data:`ROOM_WAIT_S`), and takes it, or any elastic gang, once it runs above its
+  ``min``, waited for up to :data:`OWN_START_WAIT_S`.
   The nemesis then submits, as the workload does (recorded in
   ``submissions.jsonl``), a gang of class ``normal`` in the default queue (no quota)
   whose members ask an elastic member's memory (more than half a worker's) and no GPU,
