@@ -11,6 +11,10 @@ estimates: :func:`.reservation.start_by`) free its room no later than its victim
 stop, the longest of their graces from now, it preempts nobody and says so
 (``STARTS_WITHOUT_PREEMPTING``), and may preempt once that start has passed. Such a start
 counts only on nodes no other gang of the pass has a reservation or such a start on.
+
+A gang seeks its victims where it may be placed (the pass's view for it): a gang after
+the pass's reservation in queue order takes none on the reserved nodes unless it may
+backfill there, so a preemptor never takes the host kept for the first gang in line.
 """
 
 from __future__ import annotations
@@ -199,6 +203,7 @@ class Preempting:
             gang.avoid,
             gang.must,
             gang.room,
+            view.excluded,  # a gang after a reservation seeks victims off its nodes
         )
         self.waiting_on = self.protected.get(key)
         if self.searches >= MAX_SEARCHES or key in self.failed:

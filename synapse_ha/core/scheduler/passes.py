@@ -499,13 +499,12 @@ class _Pass:
     def _preempt_over_quota(self, gang: Gang, depths: list[int], short: QuotaShortfall) -> None:
         """A gang its queue's quota does not admit now: victims within the quota's rules,
         or the shortfall as its reason."""
-        preempt = self.preempt
-        chosen = (
-            preempt.try_for(gang, self.table, self.view, depths, self.usage)
+        preempt, job = self.preempt, gang.job
+        chosen = (  # its victims are where it may be placed: not on reserved nodes
+            preempt.try_for(gang, self.table, self._target(job), depths, self.usage)
             if preempt is not None
             else None
         )
-        job = gang.job
         if chosen is not None:
             self.plan.preemptions.append(chosen)
             self.plan.reasons[job.job_id] = waiting_for(victims_of(preempt, chosen), job)
@@ -560,7 +559,7 @@ class _Pass:
         assert self.preempt is not None
         made = self.plan.reservation  # its nodes are not counted on to start without victims
         chosen = self.preempt.try_for(
-            gang, self.table, self.view, depths, self.usage, room=True, reserved=made
+            gang, self.table, self._target(gang.job), depths, self.usage, room=True, reserved=made
         )
         if chosen is None:
             return False

@@ -3,7 +3,8 @@
 The first gang that cannot be placed gets a reservation: the earliest time enough
 capacity frees, from running jobs' estimated ends (jobs without an estimate, or past
 one, never end, for this purpose), and the nodes it would use then. Later gangs may use
-those nodes only if their own estimate ends before the reservation starts. An estimate
+those nodes, or preempt gangs on them, only if their own estimate ends before the
+reservation starts. An estimate
 is a job's time limit, else its queue's learned or default one
 (:mod:`synapse_ha.core.queues.estimates`); only a time limit stops a job.
 """
