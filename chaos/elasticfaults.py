@@ -23,8 +23,8 @@ of the workload's gangs, chaos/workload.py) grow or shrink while it runs.
   without one, a gang above its ``min`` (looked for during :data:`FIND_S`) is shrunk
   first as ``elastic-shrink`` does (once the waiting gang has its room and the queue has
   drained, it grows back); without either, the nemesis submits its own gang as
-  ``elastic-shrink`` does and takes it once it runs, shrunk first when it runs at its
-  ``max``. The heal resumes the submitter.
+  ``elastic-shrink`` does and takes it (or any elastic gang) once it runs, shrunk first
+  when the state gives it its ``max``. The heal resumes the submitter.
 
 While the fault lasts (its duration, long enough for the leader to plan, commit and carry
 out a resize, so that the schedule's time counts it) and after it for at most
@@ -118,16 +118,16 @@ def resizable(kind: str, sizes: tuple[int, int, int]) -> bool:
 
 
 def choose(
-    c: ChaosCluster, kind: str, pick: int, wait_s: float, job: str = ""
+    c: ChaosCluster, kind: str, pick: int, wait_s: float
 ) -> tuple[Attempt, tuple[int, int, int]] | None:
-    """The gang (``job`` when given) to resize as ``kind`` means (:func:`resizable`),
-    waiting for one up to ``wait_s``; None when none came."""
+    """The gang to resize as ``kind`` means (:func:`resizable`), waiting for one up to
+    ``wait_s``; None when none came."""
     deadline = time.monotonic() + wait_s
     while True:
         found = {
             key: sizes
             for key, sizes in running_elastic(c, LASTING_S).items()
-            if resizable(kind, sizes) and (not job or key[0] == job)
+            if resizable(kind, sizes)
         }
         if found:
             key = sorted(found)[pick % len(found)]
