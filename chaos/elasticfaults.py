@@ -64,7 +64,7 @@ FIND_S = 1.0
 # How long elastic-grow looks for a gang below max before it looks for one to shrink first.
 GROW_FIND_S = 2.0
 # How long the fault waits for room for more than its own gang's min before it submits it.
-ROOM_WAIT_S = 2.0
+ROOM_WAIT_S = 4.0
 # How long the fault waits for its own gang to run: a leader pass, the workers' next
 # heartbeat and the members' start.
 OWN_START_WAIT_S = 6.0
@@ -282,7 +282,9 @@ def find_target(
             return say(chosen, True, parts), True
     if chosen is not None:
         return say(chosen, False, parts), not grow
+    looked = time.monotonic()
     room = wait_for_room(c, ROOM_WAIT_S)
+    looked = time.monotonic() - looked
     job = ""
     with contextlib.suppress(grpc.RpcError, ClusterUnavailable):
         job = submit_own(c, index, extra)
@@ -290,7 +292,7 @@ def find_target(
     parts.append(
         f"no elastic gang {'to grow or shrink' if grow else 'above min'}: submitted "
         f"{job or extra.get('elastic_own', 'nothing')} ({most} members of 1 GPU, min "
-        f"{fewest}, class {OWN_CLASS}; {room} nodes with room)"
+        f"{fewest}, class {OWN_CLASS}; {room} nodes with room after {looked:.1f} s)"
     )
     # Its own gang, or one of the workload's meanwhile.
     chosen = choose(c, "" if grow else kind, pick, OWN_START_WAIT_S) if job else None

@@ -564,7 +564,7 @@ def test_an_own_gang_that_never_runs_above_min_is_said_and_nothing_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(elasticfaults, "FIND_S", 0.0)
-    monkeypatch.setattr(elasticfaults, "ROOM_WAIT_S", 0.05)
+    monkeypatch.setattr(elasticfaults, "ROOM_WAIT_S", 0.0)
     monkeypatch.setattr(elasticfaults, "OWN_START_WAIT_S", 0.05)
     monkeypatch.setattr(elasticfaults, "POLL_S", 0.01)
     members = SeenMembers()
@@ -576,7 +576,7 @@ def test_an_own_gang_that_never_runs_above_min_is_said_and_nothing_waits(
     # Submitted after the wait for room for two members: the nodes have room for one (w2).
     assert parts == [
         "no elastic gang above min: submitted job-000800 (3 members of 1 GPU, min 1, class low; "
-        "1 nodes with room)",
+        "1 nodes with room after 0.0 s)",
         "none running above min within 0 s",
     ]
     # A workload's gang above min is taken first: nothing more is submitted.
@@ -603,3 +603,12 @@ def test_a_node_has_room_for_an_elastic_member_when_ready_with_its_memory_and_gp
     assert elasticfaults.elastic_room(nodes, gpu=1) == 1
     assert elasticfaults.elastic_room(nodes, gpu=0) == 2
     assert elasticfaults.elastic_room([*nodes, node(0, 0)], gpu=1) == 2
+    # The fault submits its own gang as soon as two nodes have room: one look, no wait.
+    looks: list[int] = []
+
+    def list_nodes() -> list[pb.Node]:
+        looks.append(1)
+        return [*nodes, node(0, 0)]
+
+    c = own_cluster(Path("."), SimpleNamespace(list_nodes=list_nodes), SeenMembers())
+    assert elasticfaults.wait_for_room(c, 0.5) == 2 and len(looks) == 1
