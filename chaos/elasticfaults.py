@@ -36,7 +36,7 @@ fencing token, more or fewer than when the fault first saw it). The record
 (``elastic_waiting``) and its reasons while it waited (``elastic_waiting_reasons``), every
 resize seen (``elastic_resized``: ``job/tN a -> b``) and
 whether the kind's own one happened (``elastic_changed``); a run whose faults of a kind
-never changed a gang fails (:func:`unchanged_kinds`).
+never changed a gang says so (:func:`unchanged_kinds`).
 """
 
 from __future__ import annotations
