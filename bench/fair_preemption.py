@@ -15,6 +15,8 @@ big, by cause (the cohort full, or no room: ``bench/jain_gaps.py``).
 
 ``--half-life-h`` sets ``fair_share_half_life_ms`` for every policy (the default is the
 cluster's, 7 days: over a 12-hour workload the shares are then what queues hold now).
+``--reservations K`` keeps a reservation for each of the first K gangs of a pass that
+cannot be placed (``ClusterConfig.reservations_per_pass``, default 1) for every policy.
 ``--format N`` runs every policy on a cluster that reads format N (default: this
 release's newest), to compare the rules of a format with those of the one before.
 
@@ -43,6 +45,7 @@ from synapse_ha.core.cluster_config import (
 from synapse_ha.core.codec.formats import FORMAT
 from synapse_ha.core.model import ClusterState
 from synapse_ha.sim.engine import GRACE_MS, Pacing, Result, Run, build_cluster
+from synapse_ha.sim.estimates import with_reservations
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.tenancy import FAIR, JAIN_TARGET, PASS_INTERVAL_MS, with_fair_sharing
 from synapse_ha.sim.tenants import multi_tenant
@@ -100,10 +103,16 @@ def _fair(
 
 
 def one_seed(
-    seed: int, hours: float, hosts: int, half_life_ms: int, floor: int | None = None
+    seed: int,
+    hours: float,
+    hosts: int,
+    half_life_ms: int,
+    floor: int | None = None,
+    reservations: int = 1,
 ) -> dict[str, Any]:
     workload = multi_tenant(seed=seed, hours=hours, hosts=hosts)
     config = ClusterConfig(retention_ms=0, fair_share_half_life_ms=half_life_ms)
+    config = with_reservations(config, reservations)
     out: dict[str, Any] = {"seed": seed, "jobs": len(workload.jobs), "policies": {}}
     for mode in MODES:
         result = _mode(workload, replace(config, preemption=mode), floor)
@@ -163,6 +172,9 @@ def main() -> None:
     parser.add_argument(
         "--format", type=int, default=None, help="the format the cluster reads (default: newest)"
     )
+    parser.add_argument(
+        "--reservations", type=int, default=1, metavar="K", help="reservations per pass"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--smoke", action="store_true", help="one seed, one hour, 16 hosts")
     args = parser.parse_args()
@@ -174,10 +186,14 @@ def main() -> None:
     for flag, number in (("--hours", args.hours), ("--half-life-h", args.half_life_h)):
         if not number > 0:
             parser.error(f"{flag}: a number above 0, got {number}")
+    try:
+        with_reservations(ClusterConfig(), args.reservations)
+    except ValueError as exc:
+        parser.error(f"--reservations: {exc}")
     half_life_ms = max(round(args.half_life_h * 3_600_000), 1)
     started = time.perf_counter()
     runs = [
-        one_seed(seed, args.hours, args.hosts, half_life_ms, args.format)
+        one_seed(seed, args.hours, args.hosts, half_life_ms, args.format, args.reservations)
         for seed in range(1, args.seeds + 1)
     ]
     result = {
@@ -186,6 +202,7 @@ def main() -> None:
         "hosts": args.hosts,
         "fair_share_half_life_h": round(half_life_ms / 3_600_000, 3),
         "format": args.format or FORMAT,
+        "reservations": args.reservations,
         "summary": summary(runs),
         "runs": runs,
         "wall_s": round(time.perf_counter() - started, 1),

@@ -21,7 +21,9 @@ the pass before), and what the pass placed on its nodes and why it could (backfi
 estimate ends before the start; a preemptor taking what its victims freed; others:
 gangs ahead of it in the pass's order), and the victims preempted from them.
 
-``--limit`` keeps only the first pods of the trace; ``--format N`` runs on a cluster
+``--reservations K`` keeps a reservation for each of the first K gangs of a pass that
+cannot be placed (``ClusterConfig.reservations_per_pass``; the record above is then of the
+first); ``--limit`` keeps only the first pods of the trace; ``--format N`` runs on a cluster
 that reads format N (default: this release's newest), to compare a format's rules with
 the one before; ``--estimates`` gives the trace's queues run-time estimates
 (``bench/quality.py --trace-estimates``: none, learned, learned:S, default:S).
@@ -55,7 +57,12 @@ from synapse_ha.core.scheduler import schedule
 from synapse_ha.core.scheduler.plan import Plan
 from synapse_ha.core.scheduler.reservation import may_backfill
 from synapse_ha.sim.engine import GRACE_MS, Pacing, Run, build_cluster
-from synapse_ha.sim.estimates import keeping_history, parse_estimates, with_estimates
+from synapse_ha.sim.estimates import (
+    keeping_history,
+    parse_estimates,
+    with_estimates,
+    with_reservations,
+)
 from synapse_ha.sim.policies import Ours
 from synapse_ha.sim.quality import SAVE_ON_NOTICE_MS, openb_workload, saving_on_notice
 from synapse_ha.sim.tenancy import FAIR, PASS_INTERVAL_MS, with_fair_sharing
@@ -302,13 +309,19 @@ def breakdown(run: TracedRun, result_metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_policy(
-    workload: Workload, policy: str, floor: int | None = None, variant: str = "none"
+    workload: Workload,
+    policy: str,
+    floor: int | None = None,
+    variant: str = "none",
+    reservations: int = 1,
 ) -> dict[str, Any]:
     """One traced run; ``floor``: the format the cluster reads (default: this release's);
-    ``variant``: the workload's estimates (``learned`` keeps finished jobs a day)."""
+    ``variant``: the workload's estimates (``learned`` keeps finished jobs a day);
+    ``reservations``: per pass."""
     mode = PreemptionMode.OFF if policy == "off" else PreemptionMode.TOPOLOGY
     load = with_fair_sharing(workload) if policy == FAIR else workload
     config = keeping_history(ClusterConfig(retention_ms=0, preemption=mode), variant)
+    config = with_reservations(config, reservations)
     state = build_cluster(load, config)
     if floor is not None:
         state.format_floor = floor
@@ -339,6 +352,9 @@ def main() -> None:
         default="none",
         help="run-time estimates of the trace's queues: none, learned, learned:S, default:S",
     )
+    parser.add_argument(
+        "--reservations", type=int, default=1, metavar="K", help="reservations per pass"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -353,6 +369,10 @@ def main() -> None:
         variant, default_ms = parse_estimates(args.estimates)
     except ValueError as exc:
         parser.error(f"--estimates: {exc}")
+    try:
+        with_reservations(ClusterConfig(), args.reservations)
+    except ValueError as exc:
+        parser.error(f"--reservations: {exc}")
     workload = saving_on_notice(
         openb_workload(args.openb, args.every, args.speedup, args.limit, args.checkpoint_interval),
         SAVE_ON_NOTICE_MS,
@@ -363,7 +383,10 @@ def main() -> None:
         "workload": workload.notes,
         "format": args.format,
         "estimates": args.estimates,
-        "policies": {p: run_policy(workload, p, args.format, variant) for p in policies},
+        "reservations": args.reservations,
+        "policies": {
+            p: run_policy(workload, p, args.format, variant, args.reservations) for p in policies
+        },
     }
     text = json.dumps(result, indent=2)
     print(text)

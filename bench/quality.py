@@ -21,6 +21,9 @@ Parts (``--parts``, all three by default):
   ``default:S``: each queue's ``default_time_limit_ms``, :mod:`synapse_ha.sim.estimates`).
   The trace is not drawn: it runs once, whatever ``--seeds``.
 
+``--reservations K`` has every policy of ours keep a reservation for each of the first K
+gangs of a pass that cannot be placed (``ClusterConfig.reservations_per_pass``, default 1).
+
 In a workload whose jobs mark checkpoints, victims save on notice: a victim marks a
 checkpoint 5-20 s after its notice (drawn, seeded) and exits, ending its grace then
 (``synapse_ha.sim.quality.saving_on_notice``); ``--no-save-on-notice`` lets every victim
@@ -55,7 +58,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.sim.engine import Result
-from synapse_ha.sim.estimates import keeping_history, parse_estimates, with_estimates
+from synapse_ha.sim.estimates import (
+    keeping_history,
+    parse_estimates,
+    with_estimates,
+    with_reservations,
+)
 from synapse_ha.sim.plots import write_plots
 from synapse_ha.sim.quality import (
     SAVE_ON_NOTICE_MS,
@@ -196,6 +204,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, help="folder for the report (default bench/results)")
     parser.add_argument("--smoke", action="store_true", help="a small, quick run")
     parser.add_argument(
+        "--reservations",
+        type=int,
+        default=1,
+        metavar="K",
+        help="reservations per pass, for the first K gangs that cannot be placed "
+        "(ClusterConfig.reservations_per_pass; default 1)",
+    )
+    parser.add_argument(
         "--defrag-share",
         type=int,
         default=0,
@@ -240,6 +256,10 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[st
             args.openb_limit = SMOKE["openb_limit"]
     if not 0 <= args.defrag_share <= 100:
         parser.error(f"--defrag-share must be between 0 and 100 (percent), got {args.defrag_share}")
+    try:
+        with_reservations(ClusterConfig(), args.reservations)
+    except ValueError as exc:
+        parser.error(f"--reservations: {exc}")
     return parts
 
 
@@ -247,9 +267,10 @@ def _config(args: argparse.Namespace, part: str) -> ClusterConfig | None:
     """The cluster configuration the policies of ``part`` run on (None: the simulator's
     default); the trace's keeps finished jobs for learned estimates."""
     learned = part == "trace" and args.estimates[0] == "learned"
-    if not args.defrag_share and not learned:
+    if not args.defrag_share and not learned and args.reservations == 1:
         return None
     config = ClusterConfig(retention_ms=0, defrag_share_pct=args.defrag_share)
+    config = with_reservations(config, args.reservations)
     return keeping_history(config, args.estimates[0]) if part == "trace" else config
 
 

@@ -27,6 +27,7 @@ MAX_DEFAULT_TIME_LIMIT_MS = 366 * 86_400_000  # see Queue.default_time_limit_ms
 RECLAIM_WAIT_MAX_MS = 600_000  # see ClusterConfig.reclaim_wait_max_ms
 MAX_RECLAIM_WAIT_MS = 86_400_000
 MAX_SPARES = 1_000  # see ClusterConfig.spares
+MAX_RESERVATIONS_PER_PASS = 16  # see ClusterConfig.reservations_per_pass
 DEFAULT_QUEUE = DEFAULT_QUEUE_NAME  # the built-in queue without a quota
 
 
@@ -277,6 +278,17 @@ class ClusterConfig:
     # nodes (rounded down) is held at once for gangs of starved queues that wait only
     # because free GPUs are scattered (0, the default: never). Needs format 17.
     defrag_share_pct: int = 0
+    # Reservations per pass (core/scheduler/reservation.py): the first this many gangs that
+    # cannot be placed each reserve nodes where they will start, and a later gang may use
+    # reserved nodes only if it ends before every reservation holding them (Slurm's
+    # ``bf_max_job_test``). 1, the default: the first gang only. Needs format 18.
+    reservations_per_pass: int = 1
+
+    def reservations_rule(self) -> str | None:
+        """The rule ``reservations_per_pass`` breaks, or None."""
+        if 1 <= self.reservations_per_pass <= MAX_RESERVATIONS_PER_PASS:
+            return None
+        return f"must be between 1 and {MAX_RESERVATIONS_PER_PASS}"
 
     def levels_with_host(self) -> tuple[str, ...]:
         return (*self.topology_levels, "host")

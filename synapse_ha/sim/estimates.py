@@ -18,6 +18,7 @@ from typing import Any
 from synapse_ha.core.cluster_config import (
     DEFAULT_QUEUE,
     MAX_DEFAULT_TIME_LIMIT_MS,
+    MAX_RESERVATIONS_PER_PASS,
     ClusterConfig,
     PreemptionMode,
     Queue,
@@ -84,6 +85,15 @@ def keeping_history(config: ClusterConfig, variant: str) -> ClusterConfig:
     if variant != "learned":
         return config
     return replace(config, retention_ms=max(config.retention_ms, HISTORY_RETENTION_MS))
+
+
+def with_reservations(config: ClusterConfig, count: int) -> ClusterConfig:
+    """``config`` keeping ``count`` reservations per pass (``--reservations``:
+    ``ClusterConfig.reservations_per_pass``, which backfill is judged against); a
+    ValueError naming the rule when it is out of range."""
+    if not 1 <= count <= MAX_RESERVATIONS_PER_PASS:
+        raise ValueError(f"from 1 to {MAX_RESERVATIONS_PER_PASS} per pass, got {count}")
+    return replace(config, reservations_per_pass=count)
 
 
 def run_estimates(

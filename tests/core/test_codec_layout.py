@@ -45,7 +45,7 @@ PINNED: dict[type, tuple[str, ...]] = {
                                    "cordon_after_start_failures", "hold_until_stopped",
                                    "clear_gpu_faults_on_reboot", "reclaim_wait_max_ms",
                                    "relay_heartbeats", "spares", "spare_level",
-                                   "defrag_share_pct"),
+                                   "defrag_share_pct", "reservations_per_pass"),
     model.ClusterState: ("config", "nodes", "jobs", "request_ids", "next_job_seq",
                          "last_fencing_token", "applied_commands", "last_time_ms", "tokens",
                          "queues", "queue_history", "format_floor", "arrays", "cohorts"),

@@ -17,6 +17,7 @@ from synapse_ha.core.codec.formats import format_needed, held_back_config
 from synapse_ha.core.model import FEATURE_IMAGES, ClusterState, JobSpec, MemberPlacement
 from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler.defrag import DEFRAG_FORMAT, draining_for
+from synapse_ha.core.scheduler.reservation import RESERVATIONS_FORMAT
 from synapse_ha.core.spec.validation import check_cluster_config
 from tests.core.harness import Cluster, job, node
 from tests.core.test_incremental import NODES, PlainQueueMachine
@@ -208,15 +209,23 @@ class DefragQueueMachine(PlainQueueMachine):
         racks=st.sampled_from([["r1"] * 6, ["r1", "r1", "r1", "r2", "r2", "r2"]]),
         wait=st.sampled_from([0, 20_000]),
         spares=st.just(0),
+        reservations=st.sampled_from([1, 3]),
         halves=st.lists(
             st.tuples(st.sampled_from(HOSTS), st.sampled_from([0, 10, 20])), max_size=8
         ),
     )
     def cluster(
-        self, racks: list[str], wait: int, spares: int = 0, halves: list[tuple[str, int]] = ()
+        self,
+        racks: list[str],
+        wait: int,
+        spares: int = 0,
+        reservations: int = 1,
+        halves: list[tuple[str, int]] = (),
     ) -> None:
-        self.do(c.RaiseFormat(DEFRAG_FORMAT, (), self.now))
-        config = ClusterConfig(locality_wait_ms=wait, defrag_share_pct=50)
+        self.do(c.RaiseFormat(RESERVATIONS_FORMAT, (), self.now))
+        config = ClusterConfig(
+            locality_wait_ms=wait, defrag_share_pct=50, reservations_per_pass=reservations
+        )
         self.do(c.Configure(config, self.now))
         for i, rack in enumerate(racks):
             self.do(c.RegisterNode(node(HOSTS[i], gpus=8, cpu=16, rack=rack), self.now))

@@ -93,12 +93,18 @@ class PlainQueueMachine(_Compared, RuleBasedStateMachine):
         ),
         wait=st.sampled_from([0, 20_000, 20_000]),
         spares=st.sampled_from([0, 0, 1]),
+        reservations=st.sampled_from([1, 1, 2, 3]),
     )
-    def cluster(self, racks: list[str], wait: int, spares: int = 0) -> None:
+    def cluster(self, racks: list[str], wait: int, spares: int = 0, reservations: int = 1) -> None:
         config = self.state.config
-        if spares:  # hot spares (core/spares.py) need format 14
+        if reservations > 1:  # more than one per pass (core/scheduler/reservation.py): 18
+            self.do(c.RaiseFormat(18, (), self.now))
+        elif spares:  # hot spares (core/spares.py) need format 14
             self.do(c.RaiseFormat(14, (), self.now))
-        self.do(c.Configure(type(config)(locality_wait_ms=wait, spares=spares), self.now))
+        wanted = type(config)(
+            locality_wait_ms=wait, spares=spares, reservations_per_pass=reservations
+        )
+        self.do(c.Configure(wanted, self.now))
         for i, rack in enumerate(racks):
             self.do(c.RegisterNode(node(NODES[i], gpus=8, cpu=16, rack=rack), self.now))
 

@@ -54,7 +54,7 @@ from synapse_ha.core.reasons import ReasonCode
 from synapse_ha.core.workflows.dependencies import Dependencies
 
 BASE_FORMAT = 2  # the format of a state that has no floor, and of a fresh replica's state
-FORMAT = 17  # the newest format this release reads
+FORMAT = 18  # the newest format this release reads
 
 # The format that added each field of a type declared outside core/model.py (a field of
 # core/model.py says its own: ``since(format, default)``), by owning type. Such a field is
@@ -84,6 +84,8 @@ _DECLARED: dict[type, dict[str, int]] = {
         "spare_level": 14,
         # Format 17: drains for gangs short only of contiguous room (core/scheduler/defrag.py).
         "defrag_share_pct": 17,
+        # Format 18: more than one reservation per pass (core/scheduler/reservation.py).
+        "reservations_per_pass": 18,
     },
     # Format 6: minimum run time of a priority class and a queue (core/queues/victim_rules.py).
     PriorityClass: {"min_runtime_ms": 6},

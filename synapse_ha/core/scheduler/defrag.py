@@ -24,7 +24,7 @@ an operator):
   (rounded down) are held in one pass; a gang whose cheapest set would go past that gets
   none. 0 (the default) turns drains off, and so does a cluster whose format floor is below
   :data:`DEFRAG_FORMAT` (a replica of an older release could not read the gang's reason).
-  No drain takes the head-of-line reservation's nodes (:mod:`.reservation`). A head gang
+  No drain takes a reservation's nodes (:mod:`.reservation`). A gang
   whose reservation has no start (a gang it needs gone has no estimate: the reservation
   is the best fit on the empty cluster, whatever runs there) gets its reservation placed
   as a drain instead, on the cheapest hosts, and a start when every gang there has an
@@ -139,41 +139,42 @@ class Defrag:
 
     def consider(
         self, gang: Gang, depths: list[int], restricted: View | None, view: View, plan: Plan
-    ) -> View | None:
-        """Hold hosts for ``gang``, which found no room on ``view`` (the pass's view) nor
-        on ``restricted`` (``view`` without the reservation's nodes), when its free GPUs
-        are scattered, or in place of its own reservation when that has no start (module
-        doc): the drain goes to ``plan.drains`` and its reason to ``plan.reasons``. The
-        view without the reservation's nodes, as it is then."""
+    ) -> None:
+        """Hold hosts for ``gang``, which found no room, when its free GPUs are scattered
+        on ``restricted`` (the pass's view without every reserved node), or in place of its
+        own reservation (the plan's last) when that has no start, on ``view`` (the pass's
+        view without the nodes of the reservations before it) (module doc): the drain goes
+        to ``plan.drains``, its reason to ``plan.reasons``, and its hosts to the
+        reservation it replaces."""
         job = gang.job
-        made = plan.reservation
+        made = plan.reservations[-1] if plan.reservations else None
         if not self.on or not gang.req.gpu or gang.spec.nodes is not None or gang.must:
-            return restricted
+            return
         own = made is not None and made.job_id == job.job_id
         if made is not None and own and made.start_ms is not None:
-            return restricted  # it starts at a known time there
+            return  # it starts at a known time there
         usage = self.usage
         if usage is not None and not usage.within_nominal(gang.spec.queue, gang.req.gpu * gang.n):
-            return restricted  # a borrower: draining for it would starve others
+            return  # a borrower: draining for it would starve others
         if self.budget is None:
             self.budget = len(view.table.nodes) * self.share // 100
         left = self.budget - len(self.held)
         if left <= 0:
-            return restricted
+            return
         base = self._without(view if own or restricted is None else restricted, "", None)
         free = base.totals.get(())
         if not own and (
             free is None or free[0] < gang.req.gpu * gang.n or fits(gang, base, depths)
         ):
-            return restricted  # short of GPUs, not of where they are; or only held out
+            return  # short of GPUs, not of where they are; or only held out
         key = (gang.req, gang.n, min(depths), gang.avoid, gang.room, bool(gang.spec.image),
                gang.spec.priority, len(self.held), base.version)  # fmt: skip
         if key in self._tried:
-            return restricted
+            return
         found = self._cheapest(gang, depths, base, left)
         if found is None:
             self._tried.add(key)
-            return restricted
+            return
         domain, hosts = found
         loads = self._loads_now()
         ends = {j: e for h in hosts for j, e in (loads[h].jobs or {}).items()}
@@ -185,10 +186,8 @@ class Defrag:
         for h in hosts:
             self.held[h] = drain
         plan.reasons[job.job_id] = self._reason(gang, domain, sorted(hosts), drain)
-        if not own:
-            return restricted
-        plan.reservation = Reservation(job.job_id, done, drain.nodes)
-        return view.without(drain.nodes)
+        if own:
+            plan.reservations[-1] = Reservation(job.job_id, done, drain.nodes)
 
     def _reason(self, gang: Gang, domain: Domain, hosts: list[str], drain: Drain) -> Reason:
         names = self.state.config.levels_with_host()

@@ -16,8 +16,8 @@ plan when that is provably the plan a full pass would make, and otherwise runs o
   earliest time the clock alone may change any decision in it (:func:`stands_until`):
   its ``wake_ms`` (locality waits, claim windows, minimum run times), a back-off ending,
   a node's unfit back-off ending, a timed reservation's start, the moment a gang that
-  may backfill before it no longer may. Meanwhile the only part of the plan that moves
-  with the clock is how far off the timed reservation starts, which the reasons of the
+  may backfill before one no longer may. Meanwhile the only part of the plan that moves
+  with the clock is how far off each timed reservation starts, which the reasons of the
   gangs waiting for it say: those reasons are brought up to date. A plan stands only at
   the time it was made when it reads the clock otherwise: the fair-share order between
   queues (usage decays), a preemption search that had candidates (their cost is the
@@ -89,7 +89,6 @@ def stands_until(state: ClusterState, now_ms: int, end: PassEnd) -> int:
 def _plan_stands_until(now_ms: int, end: PassEnd) -> int:
     """:func:`stands_until` but for the nodes' unfit back-offs."""
     plan = end.plan
-    made = plan.reservation
     if (
         plan.placements
         or plan.preemptions
@@ -102,7 +101,8 @@ def _plan_stands_until(now_ms: int, end: PassEnd) -> int:
     until = _NEVER
     if plan.wake_ms is not None:
         until = plan.wake_ms
-    for at in (end.next_retry_ms, end.backfill_ends_ms, made.start_ms if made else None):
+    starts = [made.start_ms for made in plan.reservations]
+    for at in (end.next_retry_ms, end.backfill_ends_ms, *starts):
         if at is not None:
             until = _sooner(until, at, now_ms)
     return until
@@ -123,7 +123,7 @@ class _Base:
     now_ms: int
     end: PassEnd
     until_ms: int
-    # The reasons that say how far off the timed reservation starts, and the time they
+    # The reasons that say how far off a timed reservation starts, and the time they
     # were worked out for.
     timed: tuple[str, ...] = ()
     timed_at_ms: int = 0
@@ -190,29 +190,48 @@ class IncrementalPlanner:
 
 
 def _timed(plan: Plan, now_ms: int) -> tuple[str, ...]:
-    """The jobs whose reasons say how far off the plan's reservation starts (none once
-    it is due: they say it starts now)."""
-    made = plan.reservation
-    if made is None or made.start_ms is None or made.start_ms <= now_ms:
+    """The jobs whose reasons say how far off one of the plan's reservations starts (none
+    of one that is due: they say it starts now)."""
+    starts = _starts(plan)
+    if not any(start is not None and start > now_ms for start in starts.values()):
         return ()
-    return tuple(job_id for job_id, why in plan.reasons.items() if why.has(_START_IN))
+    return tuple(
+        job_id
+        for job_id, why in plan.reasons.items()
+        if why.has(_START_IN) and (start := starts.get(_holder(job_id, why))) and start > now_ms
+    )
 
 
 _START_IN = "start_in_ms"
 
 
+def _starts(plan: Plan) -> dict[str, int | None]:
+    """The start of each reservation of ``plan``, by the job that holds it."""
+    return {made.job_id: made.start_ms for made in plan.reservations}
+
+
+def _holder(job_id: str, why: Reason) -> str:
+    """The job holding the reservation that ``job_id``'s reason says it waits for: the one
+    it names, else its own."""
+    return why.text(_HOLDER) if why.has(_HOLDER) else job_id
+
+
+_HOLDER = "holder"
+
+
 def _retimed(state: ClusterState, end: PassEnd, job_ids: tuple[str, ...], now_ms: int) -> PassEnd:
-    """``end`` at ``now_ms``, before its timed reservation starts: the reasons of
-    ``job_ids`` say how far off it is then (the only part of such a plan that moves with
-    the clock while it stands)."""
+    """``end`` at ``now_ms``, before its timed reservations start: the reasons of
+    ``job_ids`` say how far off theirs is then (the only part of such a plan that moves
+    with the clock while it stands)."""
     plan = end.plan
-    made = plan.reservation
-    assert made is not None and made.start_ms is not None and made.start_ms > now_ms
-    start_in = made.start_ms - now_ms
+    starts = _starts(plan)
     reasons = dict(plan.reasons)
     changed = dict(plan.changed_reasons)
     for job_id in job_ids:
         why = reasons[job_id]
+        start = starts[_holder(job_id, why)]
+        assert start is not None and start > now_ms
+        start_in = start - now_ms
         params = tuple((k, start_in if k == _START_IN else v) for k, v in why.params)
         why = reasons[job_id] = Reason(why.code, params, why.cause)
         if state.jobs[job_id].reason != why:
@@ -328,7 +347,7 @@ def _merged(state: ClusterState, end: PassEnd, more: PassEnd) -> PassEnd:
         placements=[*plan.placements, *extra.placements],
         reasons=reasons,
         changed_reasons=sorted(changed.items()),
-        reservation=extra.reservation,
+        reservations=extra.reservations,
         wake_ms=wake,
         preemptions=[*plan.preemptions, *extra.preemptions],
         drains=[*plan.drains, *extra.drains],

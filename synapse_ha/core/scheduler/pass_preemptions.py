@@ -13,8 +13,8 @@ stop, the longest of their graces from now, it preempts nobody and says so
 counts only on nodes no other gang of the pass has a reservation or such a start on.
 
 A gang seeks its victims where it may be placed (the pass's view for it): a gang after
-the pass's reservation in queue order takes none on the reserved nodes unless it may
-backfill there, so a preemptor never takes the host kept for the first gang in line.
+the pass's reservations in queue order takes none on a reservation's nodes unless it may
+backfill before it, so a preemptor never takes a host kept for a gang ahead of it in line.
 """
 
 from __future__ import annotations
@@ -182,11 +182,11 @@ class Preempting:
         usage: QueueUsage | None,
         *,
         room: bool = False,
-        reserved: Reservation | None = None,
+        reserved: tuple[Reservation, ...] = (),
     ) -> Preemption | None:
         """Choose victims for ``gang`` and keep its claim, or None. ``room``: the gang
         waits for room only, so it preempts only if that makes it start sooner (module
-        doc); ``reserved``: the pass's reservation, whose nodes it does not count on."""
+        doc); ``reserved``: the pass's reservations, whose nodes it does not count on."""
         spec = gang.spec
         req = spec.resources
         key = (  # plain ints rather than the Resources value: no Python code to hash
@@ -249,7 +249,7 @@ class Preempting:
         view: View,
         depths: list[int],
         victims: list[Candidate],
-        reserved: Reservation | None,
+        reserved: tuple[Reservation, ...],
     ) -> bool:
         """Whether ``gang`` starts without preempting ``victims`` no later than they
         would stop; if so, its start is kept from later gangs of the pass (its nodes,
@@ -266,7 +266,7 @@ class Preempting:
         if found is None:
             return False
         made, waits = found
-        if any(r.nodes & made.nodes for r in (reserved, *self.promised) if r is not None):
+        if any(r.nodes & made.nodes for r in (*reserved, *self.promised)):
             return False
         assert made.start_ms is not None
         self.promised.append(made)

@@ -39,12 +39,7 @@ from synapse_ha.core.scheduler.placement import (
     unfit_nodes,
 )
 from synapse_ha.core.scheduler.plan import Plan, with_causes
-from synapse_ha.core.scheduler.reservation import (
-    Running,
-    backfill_ends,
-    may_backfill,
-    running_gangs,
-)
+from synapse_ha.core.scheduler.reservation import Reserved, Running, backfill_ends, running_gangs
 from synapse_ha.core.scheduler.selection import Selections
 from synapse_ha.core.scheduler.victim_search import Candidate
 from synapse_ha.core.workflows.arrays import throttle_reason
@@ -100,12 +95,12 @@ class PassEnd:
 @dataclass(slots=True)
 class Recalled:
     """What a pass worked out per gang shape (answers, reasons, whether it fits its
-    locality) and its view without the reserved nodes, all on the table as the pass
+    locality) and its views without reserved nodes, all on the table as the pass
     left it: good for another pass on the same table while it keeps ``version``."""
 
     view: View
     version: int
-    restricted: View | None
+    views: dict[frozenset[str], View]
     answers: Answers
     explainer: Explainer
     fits_local: dict[tuple[object, ...], bool]
@@ -189,7 +184,7 @@ def _plan(
         frozenset(job.spec.queue for job in pending),
         whys,
         min(later, default=None),
-        backfill_ends(work.explainer.estimates, work.plan.reservation, pending, now_ms),
+        backfill_ends(work.explainer.estimates, work.plan.reservations, pending, now_ms),
     )
 
 
@@ -211,14 +206,12 @@ def extend(
     work = _Pass(
         state, now_ms, cached.view, cached.empty_view, answers, claims=base.claims, unfit=base.unfit
     )
-    made = base.plan.reservation
-    if made is not None:
-        work.plan.reservation = made
-        if recalled is not None and recalled.restricted is not None:
-            table.views.append(recalled.restricted)  # kept in step again
-            work.restricted = recalled.restricted
-        else:
-            work.restricted = work.view.without(made.nodes)
+    made = base.plan.reservations
+    if made:
+        work.reserved.made.extend(made)
+        if recalled is not None:
+            table.views.extend(recalled.views.values())  # kept in step again
+            work.reserved.views.update(recalled.views)
     if recalled is not None:
         work.explainer, work.fits_local = recalled.explainer, recalled.fits_local
     if work.preempt is not None:
@@ -245,7 +238,7 @@ def extend(
         base.queues | {job.spec.queue for job in jobs},
         base.throttled,
         min(later, default=None),
-        backfill_ends(work.explainer.estimates, work.plan.reservation, jobs, now_ms),
+        backfill_ends(work.explainer.estimates, work.plan.reservations, jobs, now_ms),
     )
     if end.recalled is not None:
         end.recalled.version = table.version
@@ -272,7 +265,7 @@ class _Pass:
         "placed",
         "plan",
         "preempt",
-        "restricted",
+        "reserved",
         "running",
         "selections",
         "state",
@@ -303,12 +296,12 @@ class _Pass:
         self.table = view.table
         self.empty_view = empty_view
         self.answers = answers
-        self.plan = Plan()
-        self.restricted: View | None = None  # the view without the reserved nodes
         self.levels = len(state.config.topology_levels)
         self.explainer = Explainer(
             state.config.levels_with_host(), recall=answers.enabled, state=state
         )
+        self.reserved = Reserved(state, now_ms, view, self.explainer.estimates)
+        self.plan = Plan(reservations=self.reserved.made)
         self.placed: dict[str, Running] = {}  # gangs placed by this pass
         self.wait_ms = state.config.locality_wait_ms
         # Whether a shape fits its locality on an empty cluster.
@@ -352,7 +345,7 @@ class _Pass:
             recalled=Recalled(
                 self.view,
                 -1,  # set once the table is as the pass found it
-                self.restricted,
+                self.reserved.views,
                 self.answers,
                 self.explainer,
                 self.fits_local,
@@ -513,14 +506,9 @@ class _Pass:
             self._waiting_on_min_runtime(job)
 
     def _target(self, job: Job) -> View:
-        """The view a gang is placed on: without the reserved nodes, unless it is expected
-        to end before the reservation starts (backfill), and the drained ones likewise."""
-        backfill_ok = may_backfill(
-            self.explainer.estimates, job, self.plan.reservation, self.now_ms
-        )
-        restricted = self.restricted
-        view = restricted if restricted is not None and not backfill_ok else self.view
-        return self.defrag.target(job, view)
+        """The view a gang is placed on: without the nodes of each reservation it is not
+        expected to end before (backfill), and the drained ones likewise."""
+        return self.defrag.target(job, self.reserved.target(job))
 
     def _locality(
         self, gang: Gang, local_depths: list[int] | None, deadline: int
@@ -557,7 +545,7 @@ class _Pass:
     def _preempt(self, gang: Gang, depths: list[int]) -> bool:
         """Victims for a gang that found no room; whether there were."""
         assert self.preempt is not None
-        made = self.plan.reservation  # its nodes are not counted on to start without victims
+        made = tuple(self.plan.reservations)  # not counted on to start without victims
         chosen = self.preempt.try_for(
             gang, self.table, self._target(gang.job), depths, self.usage, room=True, reserved=made
         )
@@ -569,27 +557,28 @@ class _Pass:
         return True
 
     def _wait(self, gang: Gang, depths: list[int]) -> None:
-        """A gang that waits: the pass's first one reserves where it will start; the
-        others say why they wait (behind the reservation when they would fit)."""
-        plan, view, state = self.plan, self.view, self.state
+        """A gang that waits: the pass's first ones (up to its limit) reserve where they
+        will start, each off the nodes reserved before it; the others say why they wait
+        (behind a reservation when they would fit but for it)."""
+        plan, view, state, held = self.plan, self.view, self.state, self.reserved
         job_id = gang.job.job_id
-        reservation = plan.reservation
-        if reservation is None:
+        unreserved = held.unreserved() or view
+        made = None
+        if not held.full():
             if self.running is None:
                 self.running = running_gangs(state, self.placed)
-            made = self.answers.reserve(
-                gang, view, depths, self.running, lambda: self.empty_view(state)
-            )
-            if made is not None:
-                plan.reservation = made
-                self.restricted = view.without(made.nodes)
+            empty = lambda: held.empty_unreserved(self.empty_view(state))  # noqa: E731
+            made = self.answers.reserve(gang, unreserved, depths, self.running, empty)
+        if made is not None or not held.made:
             plan.reasons[job_id] = self.explainer.why_waiting(gang, view, depths, made, self.now_ms)
         else:
-            blocked = self.answers.fits(gang, view, depths)
+            behind = held.behind(gang.job, lambda v: self.answers.fits(gang, v, depths))
             plan.reasons[job_id] = self.explainer.why_waiting(
-                gang, view, depths, None, self.now_ms, behind=reservation if blocked else None
+                gang, view, depths, None, self.now_ms, behind=behind
             )
-        self.restricted = self.defrag.consider(gang, depths, self.restricted, view, plan)
+        if made is not None:
+            held.made.append(made)
+        self.defrag.consider(gang, depths, held.unreserved(), unreserved, plan)
 
 
 # Reasons a gang gives when nothing else explains its wait better than the minimum run

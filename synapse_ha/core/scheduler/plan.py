@@ -1,4 +1,4 @@
-"""What a scheduling pass decides: the plan and the head-of-line reservation."""
+"""What a scheduling pass decides: the plan and the reservations of the first gangs in line."""
 
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ class Plan:
     placements: list[GangPlacement] = field(default_factory=list)
     reasons: dict[str, Reason] = field(default_factory=dict)  # every unplaced pending job
     changed_reasons: list[tuple[str, Reason]] = field(default_factory=list)
-    reservation: Reservation | None = None
+    # The reservations of the pass's first gangs that cannot be placed, in queue order
+    # (core/scheduler/reservation.py): at most ``ClusterConfig.reservations_per_pass``.
+    reservations: list[Reservation] = field(default_factory=list)
     # The earliest later time at which time alone may change a decision (a locality
     # wait ending); a caller that plans only on events should plan again then.
     wake_ms: int | None = None
@@ -61,6 +63,11 @@ class Plan:
     preemptions: list[Preemption] = field(default_factory=list)
     # Nodes held for gangs whose free GPUs are scattered, in the order decided.
     drains: list[Drain] = field(default_factory=list)
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The first reservation of the pass: its first gang in line that cannot be placed."""
+        return self.reservations[0] if self.reservations else None
 
     def preempt_commands(self, now_ms: int) -> list[Preempt]:
         """One :class:`Preempt` per preemption of this plan with whole victims, to propose

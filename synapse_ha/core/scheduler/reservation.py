@@ -1,4 +1,4 @@
-"""Reservation and backfill for the first gang that cannot be placed.
+"""Reservations and backfill for the first gangs that cannot be placed.
 
 The first gang that cannot be placed gets a reservation: the earliest time enough
 capacity frees, from running jobs' estimated ends (jobs without an estimate, or past
@@ -7,19 +7,34 @@ those nodes, or preempt gangs on them, only if their own estimate ends before th
 reservation starts. An estimate
 is a job's time limit, else its queue's learned or default one
 (:mod:`synapse_ha.core.queues.estimates`); only a time limit stops a job.
+
+With ``ClusterConfig.reservations_per_pass`` above 1 (Slurm's ``bf_max_job_test``), the
+first that many gangs that cannot be placed each get one (:class:`Reserved`), each on
+nodes no earlier reservation of the pass holds, so a small gang that waits for a host
+with CPU beside a free GPU does not leave the big gang behind it without one. A later
+gang may use reserved nodes only if it ends before every reservation holding the nodes
+it uses: it is placed on the pass's view without the nodes of each reservation it may
+not backfill before. A gang that would fit but for reservations waits behind the first
+of them whose nodes alone would let it fit (else the first it may not backfill before).
+Below :data:`RESERVATIONS_FORMAT` a pass keeps one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from synapse_ha.core.cluster_config import ClusterConfig
+from synapse_ha.core.codec.formats import NEW_FIELDS
 from synapse_ha.core.model import ClusterState, Job, MemberPlacement, Resources
 from synapse_ha.core.queues.estimates import Estimates
 from synapse_ha.core.scheduler.capacity import Domain, NodeFree, View
 from synapse_ha.core.scheduler.placement import Gang, fits_totals, place
 from synapse_ha.core.scheduler.plan import Reservation
 from synapse_ha.core.spec.member_limits import reserved_of
+
+# From this format on a pass keeps up to ``reservations_per_pass`` reservations; below it, one.
+RESERVATIONS_FORMAT = NEW_FIELDS[ClusterConfig]["reservations_per_pass"]
 
 
 @dataclass(slots=True)
@@ -55,19 +70,16 @@ def may_backfill(estimates: Estimates, job: Job, made: Reservation | None, now_m
 
 
 def backfill_ends(
-    estimates: Estimates, made: Reservation | None, jobs: list[Job], now_ms: int
+    estimates: Estimates, made: Sequence[Reservation], jobs: list[Job], now_ms: int
 ) -> int | None:
     """The first time after ``now_ms`` at which one of ``jobs`` that may backfill before
-    the timed reservation ``made`` (:func:`may_backfill`) may no longer."""
-    if made is None or made.start_ms is None:
+    one of the timed reservations ``made`` (:func:`may_backfill`) may no longer."""
+    starts = sorted({r.start_ms for r in made if r.start_ms is not None})
+    if not starts:
         return None
-    start = made.start_ms
+    guesses = [guess.ms for job in jobs if (guess := estimates.of(job)) is not None]
     return min(
-        (
-            start - guess.ms + 1
-            for job in jobs
-            if (guess := estimates.of(job)) is not None and now_ms + guess.ms <= start
-        ),
+        (start - ms + 1 for start in starts for ms in guesses if now_ms + ms <= start),
         default=None,
     )
 
@@ -108,8 +120,8 @@ def reserve(
         for i, (end, _, gone) in enumerate(limited):
             for m in gone.members:
                 node = table.nodes.get(m.node_id)
-                if node is None:
-                    continue
+                if node is None or m.node_id in view.excluded:
+                    continue  # gone, or not the view's (another reservation's): no room here
                 domain = node.path[:widest]
                 free = light.get(m.node_id)
                 if free is None:
@@ -193,3 +205,88 @@ def _domain_bound(view: View, node: NodeFree, domain: Domain, req: Resources) ->
         return [node.gpu, node.cpu, node.mem, slots]
     t = view.totals[domain]
     return [t[0], t[1], t[2], view.gpu_slots(domain, req.gpu) if req.gpu else 0]
+
+
+def per_pass(state: ClusterState) -> int:
+    """How many reservations a pass over ``state`` keeps (module doc)."""
+    if state.format_floor < RESERVATIONS_FORMAT:
+        return 1
+    return state.config.reservations_per_pass
+
+
+class Reserved:
+    """One pass's reservations, in the order made (``made``: the plan's own list), and
+    the views of the pass's view (``view``) without the nodes of some of them, made once
+    per set of nodes and kept in step with the table (``views``)."""
+
+    __slots__ = ("_empty", "estimates", "limit", "made", "now_ms", "view", "views")
+
+    def __init__(self, state: ClusterState, now_ms: int, view: View, estimates: Estimates) -> None:
+        self.limit = per_pass(state)
+        self.now_ms = now_ms
+        self.view = view
+        self.estimates = estimates
+        self.made: list[Reservation] = []
+        self.views: dict[frozenset[str], View] = {}
+        self._empty: tuple[View, dict[frozenset[str], View]] | None = None
+
+    def full(self) -> bool:
+        return len(self.made) >= self.limit
+
+    def without(self, nodes: frozenset[str]) -> View:
+        """The pass's view without ``nodes`` (itself when there are none)."""
+        if not nodes:
+            return self.view
+        hit = self.views.get(nodes)
+        if hit is None:
+            hit = self.views[nodes] = self.view.without(nodes)
+        return hit
+
+    def barring(self, job: Job) -> list[Reservation]:
+        """The reservations ``job`` may not backfill before (:func:`may_backfill`)."""
+        estimates, now_ms = self.estimates, self.now_ms
+        return [r for r in self.made if not may_backfill(estimates, job, r, now_ms)]
+
+    def target(self, job: Job) -> View:
+        """The view ``job`` is placed on: without the nodes of each reservation it may not
+        backfill before."""
+        if not self.made:
+            return self.view
+        return self.without(_nodes(self.barring(job)))
+
+    def unreserved(self) -> View | None:
+        """The pass's view without every reserved node; None while there is no reservation."""
+        return self.without(_nodes(self.made)) if self.made else None
+
+    def empty_unreserved(self, empty: View) -> View:
+        """The empty cluster's view ``empty`` without every reserved node. The empty table
+        never changes, so the view is detached from it at once."""
+        nodes = _nodes(self.made)
+        if not nodes:
+            return empty
+        if self._empty is None or self._empty[0] is not empty:
+            self._empty = (empty, {})
+        hit = self._empty[1].get(nodes)
+        if hit is None:
+            hit = self._empty[1][nodes] = empty.without(nodes)
+            hit.detach()
+        return hit
+
+    def behind(self, job: Job, fits_on: Callable[[View], bool]) -> Reservation | None:
+        """The reservation ``job``'s gang waits behind, when it fits the pass's view
+        (``fits_on``: whether it fits a view): with more than one it may not backfill
+        before, the first whose nodes alone keep it out, else the first of them."""
+        if not self.made or not fits_on(self.view):
+            return None
+        barring = self.barring(job)
+        if len(barring) > 1:
+            for r in barring:
+                if fits_on(self.without(_nodes([o for o in barring if o is not r]))):
+                    return r
+        return barring[0] if barring else self.made[0]
+
+
+def _nodes(made: Sequence[Reservation]) -> frozenset[str]:
+    if len(made) == 1:
+        return made[0].nodes
+    return frozenset().union(*(r.nodes for r in made))

@@ -520,6 +520,8 @@ def check_cluster_config(config: ClusterConfig) -> list[Violation]:
         out.append(invalid("reclaim_wait_max_ms", f"must be between 0 and {MAX_RECLAIM_WAIT_MS}"))
     if not 0 <= config.defrag_share_pct <= 100:
         out.append(invalid("defrag_share_pct", "must be between 0 and 100 (percent of nodes)"))
+    if (bound := config.reservations_rule()) is not None:
+        out.append(invalid("reservations_per_pass", bound))
     return out
 
 
