@@ -37,7 +37,7 @@ from synapse_ha.core.cluster_config import (
     PreemptionMode,
 )
 from synapse_ha.sim.engine import Result, simulate
-from synapse_ha.sim.estimates import DEFAULT_TIME_LIMIT_MS, run_estimates
+from synapse_ha.sim.estimates import DEFAULT_TIME_LIMIT_MS, run_estimates, with_reservations
 from synapse_ha.sim.estimates import report as estimates_report
 from synapse_ha.sim.estimates import table as estimates_table
 from synapse_ha.sim.failure_report import parse_policies, run_policies
@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.default_time_limit * 1000 <= MAX_DEFAULT_TIME_LIMIT_MS:
         parser.error("--default-time-limit: seconds between 0 and 366 days")
     config = ClusterConfig(retention_ms=0, locality_wait_ms=round(args.locality_wait * 1000))
+    try:
+        config = with_reservations(config, args.reservations)
+    except ValueError as exc:
+        parser.error(f"--reservations: {exc}")
     if args.write_trace:
         if args.workload != "openb":
             parser.error("--write-trace converts the openb trace: use it with --workload openb")
@@ -324,6 +328,13 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_TIME_LIMIT_MS / 1000,
         help="--estimates: the queues' default time limit in seconds (default %(default)g)",
+    )
+    parser.add_argument(
+        "--reservations",
+        type=int,
+        default=1,
+        metavar="K",
+        help="reservations per pass, for the first K gangs that cannot be placed (default 1)",
     )
     parser.add_argument("--days", type=float, default=3.0, help="training: days of arrivals")
     parser.add_argument("--max-retries", type=int, default=3, help="training: retries per job")

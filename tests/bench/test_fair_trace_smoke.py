@@ -56,3 +56,10 @@ def test_bad_options_are_refused_naming_them() -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--estimates: estimates: S in default:S" in out.stderr
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--reservations", "17"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--reservations: from 1 to 16 per pass, got 17" in out.stderr

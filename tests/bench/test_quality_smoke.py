@@ -111,6 +111,7 @@ def test_bad_options_are_refused_naming_the_option(tmp_path: Path) -> None:
         (("--seeds", "0"), "--seeds: at least 1"),
         (("--trace-estimates", "psychic"), "--trace-estimates: estimates: none, learned"),
         (("--trace-estimates", "default:0"), "S in default:S must be seconds"),
+        (("--reservations", "0"), "--reservations: from 1 to 16 per pass, got 0"),
         (("--parts", "trace", "--trace-file", str(tmp_path / "none.csv")), "none.csv"),
     ):
         out = _run(*flags, "--out", str(tmp_path))

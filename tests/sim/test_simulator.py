@@ -151,3 +151,10 @@ def test_cli_passes_the_locality_wait_to_the_simulated_cluster(
         main(["--locality-wait", "-5"])
     assert exit_info.value.code == 2
     assert "--locality-wait" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_reservation_count_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--reservations", "17"])
+    assert exit_info.value.code == 2
+    assert "--reservations: from 1 to 16 per pass, got 17" in capsys.readouterr().err
