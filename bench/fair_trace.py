@@ -14,7 +14,8 @@ queue ends below the preemptor's by what they hold, how many preemptors' quota a
 them already (they waited for room, not quota), each queue's delay by gang size, and
 its pending job-hours by reason (the code a pending gang gives, its first wait apart
 from its waits after a preemption): who waits behind the preemptions, and why.
-Per policy, too, the pass's reservation for its first gang that cannot be placed: how
+Per policy, too, the pass's reservation for its first gang that cannot be placed (and how
+many reservations the passes kept in all, with the GPUs of every gang that held one): how
 many passes held one and with a start (``untimed``: no start, the gangs it waits for
 have no estimated end), how often it moved (the same gang reserved other nodes than at
 the pass before), and what the pass placed on its nodes and why it could (backfill: its
@@ -81,6 +82,7 @@ class Watching(Ours):
         self.last: tuple[str, frozenset[str]] | None = None  # the holder and its nodes
         self.holders: dict[str, int] = {}  # holder -> GPUs it asks for
         self.moved_by_holder: Counter[str] = Counter()
+        self.all_holders: dict[str, int] = {}  # holder of any reservation -> GPUs
 
     def plan(self, state: ClusterState, now_ms: int) -> BindPlan | None:
         result = schedule(state, now_ms, cache=self.cache)
@@ -92,6 +94,9 @@ class Watching(Ours):
 
     def _watch(self, state: ClusterState, now_ms: int, plan: Plan) -> None:
         made, counts = plan.reservation, self.counts
+        counts["reservations"] += len(plan.reservations)
+        for other in plan.reservations:
+            self.all_holders[other.job_id] = gang_request(state.jobs[other.job_id].spec).gpu
         if made is None:
             self.last = None
             return
@@ -132,6 +137,9 @@ class Watching(Ours):
             **dict(sorted(self.counts.items())),
             "holders": len(self.holders),
             "holders_by_gpus": dict(sorted(Counter(self.holders.values()).items())),
+            "holders_of_any_reservation_by_gpus": dict(
+                sorted(Counter(self.all_holders.values()).items())
+            ),
             "holders_that_moved": len(moved),
             "most_moves_of_one_holder": max(moved.values(), default=0),
         }

@@ -5,7 +5,7 @@ submission order) and places each gang whole or not at all. The package is split
 
 * :mod:`.capacity`: the free-capacity table, its views and the cache kept between passes;
 * :mod:`.placement`: placing one gang (topology, locality wait, best fit, NVLink);
-* :mod:`.reservation`: the head-of-line reservation and backfill;
+* :mod:`.reservation`: the reservations of the first gangs in line, and backfill;
 * :mod:`.explainer`: why a gang waits, ``why_pending`` and ``explain``;
 * :mod:`.plan` and :mod:`.passes`: the plan and the pass that makes it;
 * :mod:`.incremental`: a planner that visits only the gangs whose outcome can have changed.
