@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ import contextlib
 
 import grpc
 
+from bench.front_end import front_ends
 from bench.heartbeat_fanin import Load
 from bench.loopback import wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
@@ -84,10 +85,12 @@ def _generator(
     go: Any,
     out: Any,
     batch: int = 1,
+    via: str | None = None,
 ) -> None:
     """One load generator process: warm up its channel, wait for ``go``, submit its
     share (serialized ``JobSpec`` messages) with ``window`` calls in flight (one job a
-    ``SubmitJob`` call, or with ``batch`` > 1 that many a ``SubmitJobs`` call), report
+    ``SubmitJob`` call, or with ``batch`` > 1 that many a ``SubmitJobs`` call; with
+    ``via``, single-job calls to the front ends there, :mod:`bench.front_end`), report
     ``(index, started, finished, acknowledged, distinct job ids, CPU seconds)``
     (monotonic seconds: one clock for every process on the machine; the CPU time of the
     whole process, every thread, over the measured submissions)."""
@@ -100,12 +103,16 @@ def _generator(
         return client.scheduler(leader).SubmitJob
 
     with client:
-        stub = client.scheduler(client.cluster_status().leader_address or addresses[0])
+        if via is None:
+            stub = client.scheduler(client.cluster_status().leader_address or addresses[0])
+        else:
+            stub = pb_grpc.SchedulerServiceStub(transport.channel(via))
+        following = follow if via is None else None  # front ends follow no leader change
         warm = [
             pb.SubmitJobRequest(spec=small_spec("warm"), request_id=f"{prefix}warm-{index}-{i}")
             for i in range(20)
         ]
-        pipelined(stub.SubmitJob, warm, 8, follow=follow)
+        pipelined(stub.SubmitJob, warm, 8, follow=following)
         requests = [
             pb.SubmitJobRequest(spec=pb.JobSpec.FromString(raw), request_id=f"{prefix}-{index}-{i}")
             for i, raw in enumerate(specs)
@@ -125,7 +132,7 @@ def _generator(
             )
             responses = [job for a in answers if a is not None for job in a.jobs]
         else:
-            responses, _ = pipelined(stub.SubmitJob, calls, window, follow=follow)
+            responses, _ = pipelined(stub.SubmitJob, calls, window, follow=following)
         finished, cpu = time.monotonic(), time.process_time() - cpu
     ids = {r.job_id for r in responses if r is not None}
     out.put((index, started, finished, len(responses), len(ids), cpu))
@@ -185,10 +192,11 @@ def run_generators(
     window: int,
     prefix: str,
     batch: int = 1,
+    via: str | None = None,
 ) -> tuple[float, float, int, int, float]:
     """Submit ``specs`` from ``processes`` generator processes at once (``batch`` jobs a
-    call); the start of the first, the end of the last, the acknowledged and distinct job
-    counts and the generators' CPU seconds."""
+    call; with ``via``, to the front ends there); the start of the first, the end of the
+    last, the acknowledged and distinct job counts and the generators' CPU seconds."""
     files = _admin_files(cluster)
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
@@ -196,7 +204,19 @@ def run_generators(
     procs = [
         ctx.Process(
             target=_generator,
-            args=(i, files, cluster.grpc_addresses, share, prefix, window, ready, go, out, batch),
+            args=(
+                i,
+                files,
+                cluster.grpc_addresses,
+                share,
+                prefix,
+                window,
+                ready,
+                go,
+                out,
+                batch,
+                via,
+            ),
             daemon=True,
         )
         for i, share in enumerate(_split(raw, processes))
@@ -356,8 +376,52 @@ def _context_switches(pid: int | None) -> int:
 # ----------------------------------------------------------------------------- (a)
 
 
+@contextlib.contextmanager
+def _route(cluster: LocalReplicas, leader: Replica, fronts: int) -> Iterator[Route]:
+    """Where the generators send single-job calls: the replicas (``fronts`` 0), or
+    ``fronts`` front end processes in front of ``leader`` (:mod:`bench.front_end`)."""
+    route = Route()
+    if fronts <= 0:
+        yield route
+        return
+    assert cluster.credentials is not None, "the benchmark runs with TLS"
+    server = cluster.credentials.replica_tls("front-end")
+    files = (str(server.ca), str(server.cert), str(server.key))
+    with front_ends(fronts, files, _admin_files(cluster), leader.grpc) as (running, calls):
+        route.via, route.pids = running.address, running.pids
+        yield route
+    route.calls = sum(calls)
+
+
+class Route:
+    """The front ends' address, process ids and (once stopped) calls; none without."""
+
+    def __init__(self) -> None:
+        self.via: str | None = None
+        self.pids: tuple[int, ...] = ()
+        self.calls = 0
+
+    def cpu_s(self) -> float:
+        return sum(_proc_cpu_s(pid) for pid in self.pids)
+
+    def report(self, acked: int, cpu_s: float) -> dict[str, Any]:
+        if not self.pids:
+            return {}
+        return {
+            "front_ends": len(self.pids),
+            "front_end_cpu_us_per_submission": round(1e6 * cpu_s / max(1, acked), 1),
+            "jobs_per_front_end_call": round(acked / max(1, self.calls), 1),
+        }
+
+
 def bench_submissions(
-    root: Path, count: int, processes: int, window: int, profile: Path | None, batch: int = 1
+    root: Path,
+    count: int,
+    processes: int,
+    window: int,
+    profile: Path | None,
+    batch: int = 1,
+    fronts: int = 0,
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "a")
     try:
@@ -366,16 +430,19 @@ def bench_submissions(
         specs = [small_spec(f"s{i}") for i in range(count)]
         term = _terms(cluster)
         followers = [r for r in cluster.replicas if r.pid is not None and r.pid != leader.pid]
-        split_before = _proc_user_system_s(leader.pid)
-        switches_before = _context_switches(leader.pid)
-        followers_before = sum(_proc_cpu_s(r.pid) for r in followers)
-        with (
-            Profiler(profile, "submit", leader) as spy,
-            Profiler(profile, "submit-follower", followers[0]) as follower_spy,
-        ):
-            started, finished, acked, distinct, generators_cpu = run_generators(
-                cluster, specs, processes, window, "s", batch
-            )
+        with _route(cluster, leader, 0 if batch > 1 else fronts) as route:
+            split_before = _proc_user_system_s(leader.pid)
+            switches_before = _context_switches(leader.pid)
+            followers_before = sum(_proc_cpu_s(r.pid) for r in followers)
+            front_before = route.cpu_s()
+            with (
+                Profiler(profile, "submit", leader) as spy,
+                Profiler(profile, "submit-follower", followers[0]) as follower_spy,
+            ):
+                started, finished, acked, distinct, generators_cpu = run_generators(
+                    cluster, specs, processes, window, "s", batch, route.via
+                )
+            front_cpu = route.cpu_s() - front_before
         split = _proc_user_system_s(leader.pid)
         user, system = split[0] - split_before[0], split[1] - split_before[1]
         cpu = user + system
@@ -401,10 +468,14 @@ def bench_submissions(
                 "leader": round(1e6 * cpu / max(1, acked), 1),
                 "followers": round(1e6 * followers_cpu / max(1, acked), 1),
                 "generators": round(1e6 * generators_cpu / max(1, acked), 1),
+                **({"front_ends": round(1e6 * front_cpu / max(1, acked), 1)} if route.pids else {}),
             },
             "machine_cpu_share": round(
-                (cpu + followers_cpu + generators_cpu) / (elapsed * (os.cpu_count() or 1)), 3
+                (cpu + followers_cpu + generators_cpu + front_cpu)
+                / (elapsed * (os.cpu_count() or 1)),
+                3,
             ),
+            **route.report(acked, front_cpu),
         }
         summary = spy.summary(acked)
         if summary is not None:
@@ -434,6 +505,7 @@ def bench_binding(
     profile: Path | None,
     heartbeats: str = "unary",
     batch: int = 1,
+    fronts: int = 0,
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "b")
     ctx = mp.get_context("spawn")
@@ -463,9 +535,13 @@ def bench_binding(
 
             term = _terms(cluster)
             cpu_before = _proc_cpu_s(leader.pid)
-            with Profiler(profile, "bind", leader) as spy:
+            with (
+                _route(cluster, leader, 0 if batch > 1 else fronts) as route,
+                Profiler(profile, "bind", leader) as spy,
+            ):
+                front_before = route.cpu_s()
                 started, submitted, acked, _, _ = run_generators(
-                    cluster, specs, processes, window, "g", batch
+                    cluster, specs, processes, window, "g", batch, route.via
                 )
                 try:
                     wait_for(
@@ -481,6 +557,7 @@ def bench_binding(
                         print(f"node: {node}", file=sys.stderr)
                     raise
                 done = time.monotonic()
+                front_cpu = route.cpu_s() - front_before
             cpu = _proc_cpu_s(leader.pid) - cpu_before
             # A node whose heartbeats the leader cannot answer within its lease is declared
             # dead and its gangs requeued: the run then measures a storm, not binding.
@@ -500,6 +577,7 @@ def bench_binding(
             "seconds_submit_to_all_bound": round(elapsed, 3),
             "members_bound_per_s": round(bound / elapsed, 1),
             "bind_window_after_last_ack_s": round(max(0.0, done - submitted), 3),
+            **route.report(acked, front_cpu),
             "leader_cpu_s": round(cpu, 2),
             "leader_cpu_us_per_member": round(1e6 * cpu / max(1, bound), 1),
             "elections_during_run": _terms(cluster) - term,
@@ -586,6 +664,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="jobs a call: 1 (default) sends one SubmitJob per job; more sends SubmitJobs "
         "calls of that many (synctl's and the client library's way for many jobs)",
     )
+    parser.add_argument(
+        "--front-ends",
+        type=int,
+        default=0,
+        help="single-job calls go to this many front end processes in front of the leader, "
+        "which hand them on in batches (bench/front_end.py); 0 (default): to the replicas",
+    )
     parser.add_argument("--profile", type=Path, help="sample the leader with py-spy into DIR")
     parser.add_argument("--out", type=Path, help=f"where the JSON goes (default {RESULTS})")
     parser.add_argument(
@@ -607,7 +692,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = Path(tmp)
         if args.only in (None, "a"):
             report["submit"] = bench_submissions(
-                root, args.submissions, args.processes, args.window, args.profile, args.batch
+                root,
+                args.submissions,
+                args.processes,
+                args.window,
+                args.profile,
+                args.batch,
+                args.front_ends,
             )
         if args.only in (None, "b"):
             report["bind"] = bench_binding(
@@ -621,6 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.profile,
                 args.heartbeats,
                 args.batch,
+                args.front_ends,
             )
     text = json.dumps(report, indent=2)
     print(text)
