@@ -26,6 +26,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -63,6 +64,7 @@ class Batcher:
         self._in_flight = 0
         self._stopping = False
         self.calls = 0
+        self.call_ms: list[float] = []  # each call's time to its answer
         self._thread = threading.Thread(target=self._send, name="front-batcher", daemon=True)
         self._thread.start()
 
@@ -93,10 +95,12 @@ class Batcher:
             call = self._submit_jobs.future(
                 pb.SubmitJobsRequest(jobs=[r for r, _ in items]), timeout=30
             )
-            call.add_done_callback(lambda c, items=items: self._settle(c, items))
+            sent = time.monotonic()
+            call.add_done_callback(lambda c, items=items, t=sent: self._settle(c, items, t))
 
-    def _settle(self, call: Any, items: list[_Item]) -> None:
+    def _settle(self, call: Any, items: list[_Item], sent: float) -> None:
         with self._cond:
+            self.call_ms.append(1000 * (time.monotonic() - sent))
             self._in_flight -= 1
             self._cond.notify()
         error = call.exception()
@@ -139,7 +143,7 @@ def _front_end(
 ) -> None:
     """One front end process: listen on ``listen`` (``127.0.0.1:0``: a free port; front
     ends on one port share its connections), put the port on ``port``, serve until
-    ``stop`` is set, then put the calls it made."""
+    ``stop`` is set, then put the calls it made and each one's milliseconds."""
     channel = _transport(admin_files).channel(leader)
     batcher = Batcher(pb_grpc.SchedulerServiceStub(channel).SubmitJobs, batch, window)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
@@ -148,7 +152,7 @@ def _front_end(
     server.start()
     port.put((bound, os.getpid()))
     stop.wait(1800)
-    port.put(batcher.calls)
+    port.put((batcher.calls, batcher.call_ms))
     server.stop(grace=1).wait(5)
     batcher.stop()
     channel.close()
@@ -171,14 +175,15 @@ def front_ends(
     batch: int = 100,
     window: int = 2,
     threads: int = 256,
-) -> Iterator[tuple[Running, list[int]]]:
+) -> Iterator[tuple[Running, list[tuple[int, list[float]]]]]:
     """Start ``count`` front end processes in front of ``leader`` on one free loopback
     port; yield them and a list that, once the block ends, holds each one's calls to the
-    leader. Every process is stopped on the way out, also on an error."""
+    leader and their milliseconds each. Every process is stopped on the way out, also on
+    an error."""
     ctx = mp.get_context("spawn")
     port, stop = ctx.Queue(), ctx.Event()
     procs: list[Any] = []
-    calls: list[int] = []
+    calls: list[tuple[int, list[float]]] = []
     try:
         listen, pids = "127.0.0.1:0", []
         for _ in range(count):

@@ -48,12 +48,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import contextlib
+from dataclasses import dataclass
 
 import grpc
 
 from bench.front_end import front_ends
 from bench.heartbeat_fanin import Load
-from bench.loopback import wait_for
+from bench.loopback import percentile, wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
 from synapse_ha.client.cluster import ClusterClient
 from synapse_ha.core.model import NodeStatus
@@ -377,20 +378,40 @@ def _context_switches(pid: int | None) -> int:
 
 
 @contextlib.contextmanager
-def _route(cluster: LocalReplicas, leader: Replica, fronts: int) -> Iterator[Route]:
-    """Where the generators send single-job calls: the replicas (``fronts`` 0), or
-    ``fronts`` front end processes in front of ``leader`` (:mod:`bench.front_end`)."""
+def _route(cluster: LocalReplicas, leader: Replica, fronts: Fronts) -> Iterator[Route]:
+    """Where the generators send single-job calls: the replicas (``fronts.count`` 0), or
+    front end processes in front of ``leader`` (:mod:`bench.front_end`)."""
     route = Route()
-    if fronts <= 0:
+    if fronts.count <= 0:
         yield route
         return
     assert cluster.credentials is not None, "the benchmark runs with TLS"
     server = cluster.credentials.replica_tls("front-end")
     files = (str(server.ca), str(server.cert), str(server.key))
-    with front_ends(fronts, files, _admin_files(cluster), leader.grpc) as (running, calls):
+    with front_ends(
+        fronts.count, files, _admin_files(cluster), leader.grpc, window=fronts.window
+    ) as (running, calls):
         route.via, route.pids = running.address, running.pids
         yield route
-    route.calls = sum(calls)
+    route.calls = sum(n for n, _ in calls)
+    route.call_ms = sorted(ms for _, each in calls for ms in each)
+
+
+@dataclass(frozen=True)
+class Fronts:
+    """How many front ends, and each one's calls in flight to the leader."""
+
+    count: int = 0
+    window: int = 2
+
+    @classmethod
+    def parse(cls, text: str) -> Fronts:
+        """``N`` or ``NxW`` (``2x4``: two front ends, four calls in flight each)."""
+        count, _, window = text.partition("x")
+        return cls(int(count), int(window or 2))
+
+
+NO_FRONTS = Fronts()
 
 
 class Route:
@@ -400,6 +421,7 @@ class Route:
         self.via: str | None = None
         self.pids: tuple[int, ...] = ()
         self.calls = 0
+        self.call_ms: list[float] = []
 
     def cpu_s(self) -> float:
         return sum(_proc_cpu_s(pid) for pid in self.pids)
@@ -411,6 +433,9 @@ class Route:
             "front_ends": len(self.pids),
             "front_end_cpu_us_per_submission": round(1e6 * cpu_s / max(1, acked), 1),
             "jobs_per_front_end_call": round(acked / max(1, self.calls), 1),
+            "front_end_call_ms_p50_p95": [
+                round(percentile(self.call_ms, q), 1) if self.call_ms else None for q in (0.5, 0.95)
+            ],
         }
 
 
@@ -421,7 +446,7 @@ def bench_submissions(
     window: int,
     profile: Path | None,
     batch: int = 1,
-    fronts: int = 0,
+    fronts: Fronts = NO_FRONTS,
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "a")
     try:
@@ -430,7 +455,7 @@ def bench_submissions(
         specs = [small_spec(f"s{i}") for i in range(count)]
         term = _terms(cluster)
         followers = [r for r in cluster.replicas if r.pid is not None and r.pid != leader.pid]
-        with _route(cluster, leader, 0 if batch > 1 else fronts) as route:
+        with _route(cluster, leader, NO_FRONTS if batch > 1 else fronts) as route:
             split_before = _proc_user_system_s(leader.pid)
             switches_before = _context_switches(leader.pid)
             followers_before = sum(_proc_cpu_s(r.pid) for r in followers)
@@ -505,7 +530,7 @@ def bench_binding(
     profile: Path | None,
     heartbeats: str = "unary",
     batch: int = 1,
-    fronts: int = 0,
+    fronts: Fronts = NO_FRONTS,
 ) -> dict[str, Any]:
     cluster = LocalReplicas(root / "b")
     ctx = mp.get_context("spawn")
@@ -536,7 +561,7 @@ def bench_binding(
             term = _terms(cluster)
             cpu_before = _proc_cpu_s(leader.pid)
             with (
-                _route(cluster, leader, 0 if batch > 1 else fronts) as route,
+                _route(cluster, leader, NO_FRONTS if batch > 1 else fronts) as route,
                 Profiler(profile, "bind", leader) as spy,
             ):
                 front_before = route.cpu_s()
@@ -666,10 +691,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--front-ends",
-        type=int,
-        default=0,
-        help="single-job calls go to this many front end processes in front of the leader, "
-        "which hand them on in batches (bench/front_end.py); 0 (default): to the replicas",
+        type=Fronts.parse,
+        default=NO_FRONTS,
+        metavar="N[xW]",
+        help="single-job calls go to N front end processes in front of the leader, which "
+        "hand them on in batches, W calls in flight each (default 2; bench/front_end.py); "
+        "0 (default): to the replicas",
     )
     parser.add_argument("--profile", type=Path, help="sample the leader with py-spy into DIR")
     parser.add_argument("--out", type=Path, help=f"where the JSON goes (default {RESULTS})")
