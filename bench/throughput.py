@@ -36,10 +36,12 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -51,6 +53,7 @@ import contextlib
 from dataclasses import dataclass
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.front_end import front_ends
 from bench.heartbeat_fanin import Load
@@ -254,6 +257,52 @@ def _terms(cluster: LocalReplicas) -> int:
     return max(terms)
 
 
+def raft_ticks(cluster: LocalReplicas) -> dict[str, tuple[float, float]]:
+    """Each replica's Raft tick stalls so far and its longest interval between two ticks
+    (seconds), by its gRPC address, from its ``/metrics`` (mutual TLS with the CLI's
+    certificate); a replica that does not answer, or predates the series, is left out."""
+    assert cluster.credentials is not None, "the benchmark runs with TLS"
+    client = cluster.credentials.client_tls()
+    context = ssl.create_default_context(cafile=str(client.ca))
+    context.load_cert_chain(str(client.cert), str(client.key))
+    out: dict[str, tuple[float, float]] = {}
+    for replica in cluster.replicas:
+        with contextlib.suppress(grpc.RpcError, OSError, ValueError, KeyError):
+            url = cluster.local_status(replica).metrics_url
+            with urllib.request.urlopen(url, context=context, timeout=5) as answer:
+                text = answer.read().decode()
+            got = {
+                s.name: s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+            out[replica.grpc] = (
+                got["synapse_raft_tick_stalls_total"],
+                got["synapse_raft_longest_tick_interval_seconds"],
+            )
+    return out
+
+
+def tick_report(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], leader: str
+) -> dict[str, Any]:
+    """The leader's and the followers' Raft tick stalls during a run, and the longest
+    interval between two ticks each has had (:mod:`synapse_ha.raft.tick_watch`)."""
+    if leader not in after:
+        return {}
+    followers = [a for a in after if a != leader and a in before]
+    return {
+        "raft_tick_stalls": {
+            "leader": int(after[leader][0] - before.get(leader, (0.0, 0.0))[0]),
+            "followers": int(sum(after[a][0] - before[a][0] for a in followers)),
+        },
+        "raft_longest_tick_interval_s": {
+            "leader": round(after[leader][1], 3),
+            "followers": round(max((after[a][1] for a in followers), default=0.0), 3),
+        },
+    }
+
+
 def _admin_files(cluster: LocalReplicas) -> tuple[str, str, str]:
     assert cluster.credentials is not None, "the benchmark runs with TLS"
     files = cluster.credentials.admin_tls()
@@ -455,6 +504,7 @@ def bench_submissions(
         specs = [small_spec(f"s{i}") for i in range(count)]
         term = _terms(cluster)
         followers = [r for r in cluster.replicas if r.pid is not None and r.pid != leader.pid]
+        ticks_before = raft_ticks(cluster)
         with _route(cluster, leader, NO_FRONTS if batch > 1 else fronts) as route:
             split_before = _proc_user_system_s(leader.pid)
             switches_before = _context_switches(leader.pid)
@@ -501,6 +551,7 @@ def bench_submissions(
                 3,
             ),
             **route.report(acked, front_cpu),
+            **tick_report(ticks_before, raft_ticks(cluster), leader.grpc),
         }
         summary = spy.summary(acked)
         if summary is not None:
@@ -559,6 +610,7 @@ def bench_binding(
                 return not watcher.list_jobs(limit=1, states=["PENDING"])
 
             term = _terms(cluster)
+            ticks_before = raft_ticks(cluster)
             cpu_before = _proc_cpu_s(leader.pid)
             with (
                 _route(cluster, leader, NO_FRONTS if batch > 1 else fronts) as route,
@@ -586,6 +638,7 @@ def bench_binding(
             cpu = _proc_cpu_s(leader.pid) - cpu_before
             # A node whose heartbeats the leader cannot answer within its lease is declared
             # dead and its gangs requeued: the run then measures a storm, not binding.
+            ticks = tick_report(ticks_before, raft_ticks(cluster), leader.grpc)
             dead = sum(1 for n in watcher.list_nodes() if node_status(n) is NodeStatus.DEAD)
             requeues = sum(j.requeues for j in watcher.list_jobs())
         bound = acked * members
@@ -608,6 +661,7 @@ def bench_binding(
             "elections_during_run": _terms(cluster) - term,
             "nodes_dead_at_end": dead,
             "gang_requeues": requeues,
+            **ticks,
         }
         summary = spy.summary(bound)
         if summary is not None:

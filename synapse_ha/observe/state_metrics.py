@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from synapse_ha.core.health.fitness import unhealthy_gpus
@@ -48,6 +48,10 @@ class RaftFigures(Protocol):
     def last_applied(self) -> int: ...
     @property
     def has_quorum(self) -> bool: ...
+    @property
+    def tick_stalls(self) -> int: ...
+    @property
+    def longest_tick_interval_s(self) -> float: ...
 
 
 class ReplicaSource(Protocol):
@@ -218,10 +222,23 @@ class ReplicaCollector(Collector):
                 "1 when this replica sees a majority",
                 int(status.has_quorum),
             ),
+            (
+                "synapse_raft_longest_tick_interval_seconds",
+                "the longest time between the starts of two ticks of the Raft thread",
+                status.longest_tick_interval_s,
+            ),
         ):
             family = GaugeMetricFamily(name, doc, labels=["replica"])
             family.add_metric([self._replica_id], float(value))
             yield family
+        stalls = CounterMetricFamily(
+            "synapse_raft_tick_stalls",
+            "ticks of the Raft thread that started over half the shortest election timeout "
+            "after the one before (a leader silent that long risks its term)",
+            labels=["replica"],
+        )
+        stalls.add_metric([self._replica_id], float(status.tick_stalls))
+        yield stalls
 
 
 def _gauge(

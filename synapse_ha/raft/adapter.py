@@ -78,6 +78,7 @@ from synapse_ha.raft.follower_rules import conflict_free, leader_loss_delay
 from synapse_ha.raft.password_transport import TLS_HANDSHAKE_RECORD, PasswordChannelWatch
 from synapse_ha.raft.prevote import PreVoteMixin
 from synapse_ha.raft.safe_pickle import TRUNCATED, chunks_problem
+from synapse_ha.raft.tick_watch import TickWatch
 
 __all__ = [
     "TESTED_PYSYNCOBJ",
@@ -144,6 +145,7 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         check_pysyncobj_version()
         # Read by the transport, which the base constructor builds.
         self.channel_mode = channel_mode
+        self.tick_watch = TickWatch()  # before the base constructor starts the ticks
         kwargs.setdefault("transportClass", KeyCheckingTransport)
         SyncObj.__init__(self, *args, **kwargs)
 
@@ -154,8 +156,18 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         messages wait unread in the socket. A follower whose tick took longer than half
         the shortest election timeout therefore gets a fresh timeout from its end, so it
         reads before it judges the leader silent (Raft's timeout measures the leader's
-        silence, not this replica's own deafness). A leadership transfer is not held."""
+        silence, not this replica's own deafness). A leadership transfer is not held.
+        Ticks that start far apart are counted and logged (:mod:`~synapse_ha.raft.tick_watch`)."""
         started = raft_clock()
+        stall = self.tick_watch.tick(started, self._SyncObj__conf.raftMinTimeout / 2)
+        if stall is not None:
+            log_.warning(
+                "two ticks of the Raft thread (%s) started %.0f ms apart, over half the "
+                "shortest election timeout (%d more such stalls since the last line): a "
+                "long apply or snapshot, a process short of CPU, or other threads holding "
+                "the interpreter lock",
+                self.role(), 1000 * stall.interval_s, stall.unlogged,
+            )  # fmt: skip
         self._pre_vote_tick()
         SyncObj._onTick(self, timeToWait)
         ended = raft_clock()

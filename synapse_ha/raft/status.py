@@ -22,6 +22,9 @@ class RaftStatus:
     leader: str  # raft address of the leader; empty when unknown
     has_quorum: bool
     ready: bool
+    # How regularly the Raft thread runs (:mod:`synapse_ha.raft.tick_watch`).
+    tick_stalls: int = 0
+    longest_tick_interval_s: float = 0.0
 
 
 def raw_status(sync: SafeSyncObj) -> dict[str, Any]:
@@ -47,4 +50,6 @@ def read_status(sync: SafeSyncObj) -> RaftStatus:
         leader=str(leader.address) if leader is not None else "",
         has_quorum=bool(raw["has_quorum"]),
         ready=bool(sync.isReady()),
+        tick_stalls=sync.tick_watch.stalls,
+        longest_tick_interval_s=sync.tick_watch.longest_interval_s,
     )

@@ -30,6 +30,9 @@ def test_throughput_smoke_run_measures_submissions_and_binds(tmp_path: Path) -> 
     assert submit["generator_processes"] == 2
     assert submit["acknowledged"] == submit["distinct_jobs"] == submit["submissions"] == 200
     assert submit["submissions_per_s"] > 0 and submit["leader_cpu_us_per_submission"] > 0
+    # Every replica's /metrics was read: the Raft threads' tick intervals, before and after.
+    assert set(submit["raft_tick_stalls"]) == {"leader", "followers"}
+    assert 0 < submit["raft_longest_tick_interval_s"]["leader"] < 60
     bind = report["bind"]
     assert bind["gangs"] == 40 and bind["members_bound"] == 40 * 4
     assert bind["members_bound_per_s"] > 0 and bind["seconds_submit_to_all_bound"] > 0

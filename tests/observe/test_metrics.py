@@ -33,6 +33,8 @@ class FakeStatus:
     last_applied: int = 37
     leader: str = "127.0.0.1:7001"
     has_quorum: bool = True
+    tick_stalls: int = 2
+    longest_tick_interval_s: float = 0.65
 
 
 @dataclass
@@ -106,6 +108,8 @@ def test_replica_registry_exposes_raft_and_state_gauges() -> None:
     assert got[("synapse_raft_role", (("replica", "r1"), ("role", "follower")))] == 0
     assert got[("synapse_raft_term", (("replica", "r1"),))] == 3
     assert got[("synapse_raft_apply_lag_entries", (("replica", "r1"),))] == 3
+    assert got[("synapse_raft_tick_stalls_total", (("replica", "r1"),))] == 2
+    assert got[("synapse_raft_longest_tick_interval_seconds", (("replica", "r1"),))] == 0.65
     assert got[("synapse_jobs", (("queue", "default"), ("state", "RUNNING")))] == 1
     assert got[("synapse_nodes", (("status", "ready"),))] == 3
     assert got[("synapse_nodes", (("status", "dead"),))] == 0

@@ -38,6 +38,8 @@ class FakeRaft:
     last_applied: int = 0
     leader: str = "127.0.0.1:1"
     has_quorum: bool = True
+    tick_stalls: int = 0
+    longest_tick_interval_s: float = 0.0
 
 
 @dataclass

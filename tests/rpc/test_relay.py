@@ -42,6 +42,8 @@ class FollowerRaft:
     last_applied: int = 0
     leader: str = LEADER_RAFT
     has_quorum: bool = True
+    tick_stalls: int = 0
+    longest_tick_interval_s: float = 0.0
 
 
 class FollowerBackend:
