@@ -163,14 +163,18 @@ class SafeSyncObj(PreVoteMixin, SyncObj):  # type: ignore[misc]
         if stall is not None:
             log_.warning(
                 "two ticks of the Raft thread (%s) started %.0f ms apart, over half the "
-                "shortest election timeout (%d more such stalls since the last line): a "
-                "long apply or snapshot, a process short of CPU, or other threads holding "
-                "the interpreter lock",
-                self.role(), 1000 * stall.interval_s, stall.unlogged,
+                "shortest election timeout: the first took %.0f ms (its work, such as "
+                "applying entries, a snapshot or a disk write, and its waits for the "
+                "interpreter lock), then the thread waited %.0f ms to run again (a process "
+                "short of CPU, threads holding the interpreter lock, a garbage "
+                "collection); %d more such stalls since the last line",
+                self.role(), 1000 * stall.interval_s, 1000 * stall.worked_s,
+                1000 * (stall.interval_s - stall.worked_s), stall.unlogged,
             )  # fmt: skip
         self._pre_vote_tick()
         SyncObj._onTick(self, timeToWait)
         ended = raft_clock()
+        self.tick_watch.ended(ended)
         if ended - started <= self._SyncObj__conf.raftMinTimeout / 2:
             return
         if self.leads() or self.transfer_in_progress():

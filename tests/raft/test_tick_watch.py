@@ -23,7 +23,10 @@ def test_only_intervals_over_the_bound_are_stalls() -> None:
     assert watch.tick(10.02, stall_after_s=0.2) is None
     assert watch.tick(10.2, stall_after_s=0.2) is None  # 180 ms: under the bound
     assert watch.stalls == 0
-    assert watch.tick(10.7, stall_after_s=0.2) == Stall(interval_s=pytest.approx(0.5), unlogged=0)
+    watch.ended(10.25)  # the tick took 50 ms; the next starts 450 ms after its end
+    assert watch.tick(10.7, stall_after_s=0.2) == Stall(
+        interval_s=pytest.approx(0.5), worked_s=pytest.approx(0.05), unlogged=0
+    )
     assert watch.stalls == 1
     assert watch.longest_interval_s == pytest.approx(0.5)
 
@@ -74,6 +77,8 @@ def test_a_long_tick_shows_in_the_status_and_the_log(
         assert 1.0 <= status.longest_tick_interval_s < 5.0
         lines = [r.getMessage() for r in caplog.records if "Raft thread" in r.getMessage()]
         assert len(lines) == 1 and "ms apart" in lines[0]
+        took = int(lines[0].split("the first took ")[1].split(" ms")[0])
+        assert took >= 1000  # the work was in the tick, not a wait between two
     finally:
         replica.stop()
         wait_until("the Raft thread to end", lambda: not replica._sync.tick_thread_alive(), 15.0)
