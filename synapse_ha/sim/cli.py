@@ -329,13 +329,7 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_TIME_LIMIT_MS / 1000,
         help="--estimates: the queues' default time limit in seconds (default %(default)g)",
     )
-    parser.add_argument(
-        "--reservations",
-        type=int,
-        default=1,
-        metavar="K",
-        help="reservations per pass, for the first K gangs that cannot be placed (default 1)",
-    )
+    parser.add_argument("--reservations", type=int, default=1, help="reservations per pass")
     parser.add_argument("--days", type=float, default=3.0, help="training: days of arrivals")
     parser.add_argument("--max-retries", type=int, default=3, help="training: retries per job")
     _failure_options(parser)
