@@ -41,25 +41,16 @@ def test_a_small_run_records_the_fair_share_preemptions_and_the_waits() -> None:
     assert sum(reserved["holders_by_gpus"].values()) == reserved["holders"] > 0
 
 
-def test_bad_options_are_refused_naming_them() -> None:
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (("--policies", "nope"), "--policies: unknown nope"),
+        (("--estimates", "default:0"), "--estimates: estimates: S in default:S"),
+        (("--reservations", "17"), "--reservations: from 1 to 16 per pass, got 17"),
+    ],
+)
+def test_bad_options_are_refused_naming_them(option: tuple[str, str], said: str) -> None:
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--policies", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, str(BENCH), *option], capture_output=True, text=True, timeout=60
     )
-    assert out.returncode == 2 and "--policies: unknown nope" in out.stderr
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--estimates", "default:0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2 and "--estimates: estimates: S in default:S" in out.stderr
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--reservations", "17"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2 and "--reservations: from 1 to 16 per pass, got 17" in out.stderr
+    assert out.returncode == 2 and said in out.stderr
