@@ -60,6 +60,8 @@ class Status:
     last_applied = 100
     leader = "127.0.0.1:7001"
     has_quorum = True
+    tick_stalls = 0
+    longest_tick_interval_s = 0.02
 
 
 class Replica:
