@@ -43,7 +43,8 @@ from synapse_ha.security.tls import TlsFiles, Transport
 Files = tuple[str, str, str]  # CA, certificate, key
 
 
-def _transport(files: Files) -> Transport:
+def tls_transport(files: Files) -> Transport:
+    """The mutual TLS transport of ``files`` (paths as text: they cross processes)."""
     ca, cert, key = files
     return Transport(TlsFiles(ca=Path(ca), cert=Path(cert), key=Path(key)))
 
@@ -144,11 +145,11 @@ def _front_end(
     """One front end process: listen on ``listen`` (``127.0.0.1:0``: a free port; front
     ends on one port share its connections), put the port on ``port``, serve until
     ``stop`` is set, then put the calls it made and each one's milliseconds."""
-    channel = _transport(admin_files).channel(leader)
+    channel = tls_transport(admin_files).channel(leader)
     batcher = Batcher(pb_grpc.SchedulerServiceStub(channel).SubmitJobs, batch, window)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
     pb_grpc.add_SchedulerServiceServicer_to_server(FrontEnd(batcher), server)
-    bound = _transport(server_files).add_port(server, listen)
+    bound = tls_transport(server_files).add_port(server, listen)
     server.start()
     port.put((bound, os.getpid()))
     stop.wait(1800)

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.front_end import front_ends
+from bench.front_end import front_ends, tls_transport
 from bench.heartbeat_fanin import Load
 from bench.loopback import percentile, wait_for
 from bench.quorum import Heartbeater, loopback_host, pipelined, register_request, small_spec
@@ -66,16 +66,10 @@ from synapse_ha.local.replicas import LocalReplicas
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2 as pb
 from synapse_ha.rpc.gen.synapse.v1 import control_pb2_grpc as pb_grpc
 from synapse_ha.rpc.states import node_status
-from synapse_ha.security.tls import TlsFiles, Transport
 
 RESULTS = Path(__file__).resolve().parent / "results" / "throughput.json"
 
 # ------------------------------------------------------------ generator processes
-
-
-def _transport(files: tuple[str, str, str]) -> Transport:
-    ca, cert, key = files
-    return Transport(TlsFiles(ca=Path(ca), cert=Path(cert), key=Path(key)))
 
 
 def _generator(
@@ -98,7 +92,7 @@ def _generator(
     ``(index, started, finished, acknowledged, distinct job ids, CPU seconds)``
     (monotonic seconds: one clock for every process on the machine; the CPU time of the
     whole process, every thread, over the measured submissions)."""
-    transport = _transport(files)
+    transport = tls_transport(files)
     client = ClusterClient(addresses, channel_factory=transport.channel)
 
     def follow() -> Any:
@@ -163,7 +157,7 @@ def _nodes(
     leader), each heartbeating once per ``interval_s`` (following the leader) from its
     registration on, as a worker does, until ``stop`` is set. Puts the number registered
     on ``ready`` once they all heartbeat."""
-    transport = _transport(files)
+    transport = tls_transport(files)
     node_ids = [f"node-{i:05d}" for i in range(count)]
     beat = Heartbeater(addresses, [], interval_s=interval_s, transport=transport)
     beat.start()
