@@ -16,8 +16,10 @@ pure functions of a :class:`~chaos.history.History` and the final replicated sta
     lasted) and the final state's entries: an entry ``(owner, until_ms)`` made by a
     failure at ``until_ms - unfit_backoff`` holds the node unfit strictly after that
     failure and before ``until_ms``. The leader checks the same entry with the same clock
-    at the bind (``bound_at_ms`` is the bind's stamp), so no slack is needed; a bind
-    stamped at the very millisecond of the failure was applied before it. Binds come
+    at the bind (``bound_at_ms`` is the bind's stamp), and its proposal queue keeps the
+    log's times in the log's order (a failure report stamped before a bind but queued
+    after it takes the bind's time: ``synapse_ha/raft/proposals.py``), so no slack is
+    needed; a bind stamped at the very millisecond of the failure was applied before it. Binds come
     from the job history (each ended attempt with its nodes and the job's owner) and
     the final state (each job's last attempt). A member placed again (member
     replacement, generation 1 and up) was bound later than its attempt: in the final
