@@ -58,7 +58,7 @@ class ReasonCode(enum.StrEnum):
     WAITING_SHAPE = "waiting_shape"  # as WAITING_CAPACITY
     WAITING_LOCALITY = "waiting_locality"  # members, request, level, room?, domain?, wait_ms
     RESERVED_FOR_OTHER = "reserved_for_other"  # members, request, holder, start_in_ms?
-    FIRST_IN_LINE_RESERVED = "first_in_line_reserved"  # as WAITING_CAPACITY + start_in_ms?
+    FIRST_IN_LINE_RESERVED = "first_in_line_reserved"  # as WAITING_CAPACITY + start_in_ms?, ahead?
     FITS_NOW = "fits_now"  # nodes
     RETRY_BACKOFF = "retry_backoff"  # attempt, retry, retries, backoff_ms; cause
     WAITING_STOP_CONFIRMED = "waiting_stop_confirmed"  # attempt, count, ranks
@@ -311,6 +311,15 @@ def _num(params: dict[str, int | str], name: str) -> int:
     return value if isinstance(value, int) else 0
 
 
+def _in_line(r: Reason) -> str:
+    ahead = r.num("ahead")  # reservations of the same pass before this one
+    if not ahead:
+        return "first in line"
+    if ahead == 1:
+        return "in line behind 1 gang that also holds a reservation"
+    return f"in line behind {ahead} gangs that also hold reservations"
+
+
 def _when(r: Reason) -> str:
     if not r.has("start_in_ms"):
         return "until jobs without a time limit end"
@@ -441,7 +450,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"{_when(r)}; a time_limit ending before then would let it backfill"
     ),
     ReasonCode.FIRST_IN_LINE_RESERVED: lambda r: (
-        f"{_need(r)}; {_have(r)}; first in line, capacity reserved {_when(r)}"
+        f"{_need(r)}; {_have(r)}; {_in_line(r)}, capacity reserved {_when(r)}"
     ),
     ReasonCode.FITS_NOW: lambda r: (
         f"placed on {r.text('nodes')} by the latest scheduling pass; waiting for the bind to commit"

@@ -65,7 +65,7 @@ class PlanLike(Protocol):
     """The part of a scheduling pass's plan the metrics read."""
 
     @property
-    def reservation(self) -> object | None: ...
+    def reservations(self) -> Sequence[object]: ...
 
 
 def queue_of(spec: object) -> str:
@@ -185,9 +185,9 @@ class ReplicaCollector(Collector):
         plan = self._last_plan()
         reservations = GaugeMetricFamily(
             "synapse_scheduler_reservations",
-            "head-of-line reservations held by the leader's newest pass (0 on followers)",
+            "reservations held by the leader's newest pass, one per gang (0 on followers)",
         )
-        reservations.add_metric([], 1.0 if plan is not None and plan.reservation else 0.0)
+        reservations.add_metric([], float(len(plan.reservations)) if plan is not None else 0.0)
         yield reservations
 
     def _raft_families(self) -> Iterator[Metric]:

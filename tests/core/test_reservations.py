@@ -13,7 +13,7 @@ from synapse_ha.core import commands as c
 from synapse_ha.core.cluster_config import ClusterConfig, PreemptionMode
 from synapse_ha.core.codec.formats import format_needed, held_back_config
 from synapse_ha.core.model import JobState
-from synapse_ha.core.reasons import ReasonCode
+from synapse_ha.core.reasons import ReasonCode, render
 from synapse_ha.core.scheduler import IncrementalPlanner, schedule
 from synapse_ha.core.scheduler.reservation import RESERVATIONS_FORMAT
 from synapse_ha.core.spec.validation import check_cluster_config
@@ -66,6 +66,8 @@ def test_a_small_gang_blocked_first_leaves_the_big_gang_behind_it_a_reservation(
     assert plan.reservation == plan.reservations[0]
     assert plan.reservations[1].start_ms == plan.reservations[0].start_ms + HOUR_S * 1000
     assert plan.reasons[big].code is ReasonCode.FIRST_IN_LINE_RESERVED
+    assert "first in line" in render(plan.reasons[small])
+    assert "in line behind 1 gang that also holds a reservation" in render(plan.reasons[big])
     _same_plan(cl)
 
 

@@ -119,6 +119,14 @@ def test_replica_registry_exposes_raft_and_state_gauges() -> None:
     assert got[("synapse_scheduler_reservations", ())] == 0
 
 
+def test_the_reservations_gauge_counts_every_reservation_of_the_newest_plan() -> None:
+    cluster = busy_cluster()
+    plans = [None, SimpleNamespace(reservations=["huge"]), SimpleNamespace(reservations=[1, 2, 3])]
+    for plan, want in zip(plans, (0, 1, 3), strict=True):
+        metrics = ReplicaMetrics("r1", FakeReplica(cluster.state), last_plan=lambda p=plan: p)
+        assert samples(metrics.registry)[("synapse_scheduler_reservations", ())] == want
+
+
 def test_figures_are_recomputed_only_after_an_apply() -> None:
     cluster = busy_cluster()
     metrics = ReplicaMetrics("r1", FakeReplica(cluster.state))

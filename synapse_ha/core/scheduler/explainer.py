@@ -84,11 +84,14 @@ class Explainer:
         reservation: Reservation | None,
         now_ms: int,
         behind: Reservation | None = None,
+        ahead: int = 0,
     ) -> Reason:
+        """Why ``gang`` waits: ``reservation`` is the one it holds (after ``ahead`` others
+        of the pass), ``behind`` the one it would fit but for."""
         spec = gang.spec
         req, asked = gang.req, spec.resources
         if not self.recall:
-            return self._why_waiting(gang, view, depths, reservation, now_ms, behind)
+            return self._why_waiting(gang, view, depths, reservation, now_ms, behind, ahead)
         key = (  # plain ints rather than the Resources value: no Python code to hash
             req.gpu,
             req.cpu_milli,
@@ -106,12 +109,13 @@ class Explainer:
             view.version,
             reservation,
             behind,
+            ahead,
             now_ms,
         )
         hit = self.reasons.get(key)
         if hit is None:
             hit = self.reasons[key] = self._why_waiting(
-                gang, view, depths, reservation, now_ms, behind
+                gang, view, depths, reservation, now_ms, behind, ahead
             )
         return hit
 
@@ -123,6 +127,7 @@ class Explainer:
         reservation: Reservation | None,
         now_ms: int,
         behind: Reservation | None,
+        ahead: int,
     ) -> Reason:
         spec = gang.spec
         need = _need(gang)
@@ -152,6 +157,7 @@ class Explainer:
             return reason(
                 ReasonCode.FIRST_IN_LINE_RESERVED,
                 start_in_ms=_start_in(reservation, now_ms),
+                ahead=ahead or None,
                 **need,
                 **have,
             )

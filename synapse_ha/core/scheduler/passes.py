@@ -570,7 +570,9 @@ class _Pass:
             empty = lambda: held.empty_unreserved(self.empty_view(state))  # noqa: E731
             made = self.answers.reserve(gang, unreserved, depths, self.running, empty)
         if made is not None or not held.made:
-            plan.reasons[job_id] = self.explainer.why_waiting(gang, view, depths, made, self.now_ms)
+            plan.reasons[job_id] = self.explainer.why_waiting(
+                gang, view, depths, made, self.now_ms, ahead=len(held.made)
+            )
         else:
             behind = held.behind(gang.job, lambda v: self.answers.fits(gang, v, depths))
             plan.reasons[job_id] = self.explainer.why_waiting(
