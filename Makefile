@@ -43,7 +43,7 @@ UNIT_PARALLEL := \
     raft_channel follower_reads gpu_fault dependency_latency submit_batch memory \
     observe_cost snapshot_stall member_start grpc_floor cohort_tree format_gate \
     incremental jain_gaps lock_hold placement snapshot_decode synthetic_gap tenancy \
-    sbatch_corpus srun_latency slow_nodes failure_policies quality)) \
+    sbatch_corpus srun_latency slow_nodes failure_policies quality reservation_variants)) \
   $(addprefix tests/raft/test_,$(addsuffix .py,fork_with_grpc prevote_processes \
     leader_loss journal restart_election_delay raft_channel journal_disk_full \
     snapshot_background replica_membership appendentries membership_pieces prevote_rules \
