@@ -20,6 +20,9 @@ is undone after them); none of them ships:
   fit of the empty cluster; no other drain is made;
 * ``cheapest+after:S``: both.
 
+``--no-topology`` runs the jobs without their topology (as FIFO sees them) and without
+the locality wait, so that what is left between the two is the reservation alone.
+
 Prints JSON (``--out`` also writes it): per seed, FIFO's and each variant's mean delay,
 big-gang maximum, the passes that kept a reservation, and the ratios to FIFO with the
 targets met; a summary per variant. ``--smoke`` runs a tiny version in seconds.
@@ -144,9 +147,13 @@ def figures(
     return out
 
 
-def one_seed(seed: int, jobs: int, nodes: int, variants: list[str]) -> dict[str, Any]:
+def one_seed(
+    seed: int, jobs: int, nodes: int, variants: list[str], topology: bool = True
+) -> dict[str, Any]:
     base = ClusterConfig(retention_ms=0)
     workload = synthetic(seed=seed, jobs=jobs, nodes=nodes)
+    if not topology:
+        workload, base = workload.without_topology(), replace(base, locality_wait_ms=0)
     fifo = figures(workload, FifoFirstFit(), base)
     runs: dict[str, Any] = {}
     for name in variants:
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=512)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    parser.add_argument("--no-topology", action="store_true", help="jobs without topology")
     parser.add_argument("--out", help="where the JSON goes too")
     args = parser.parse_args(argv)
     seeds, jobs, nodes = (2, 120, 32) if args.smoke else (args.seeds, args.jobs, args.nodes)
@@ -193,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in variants:  # an unknown name fails before any run
         with variant(name, ClusterConfig()):
             pass
-    per_seed = {str(s): one_seed(s, jobs, nodes, variants) for s in range(1, seeds + 1)}
+    topology = not args.no_topology
+    per_seed = {str(s): one_seed(s, jobs, nodes, variants, topology) for s in range(1, seeds + 1)}
     emit(
         {
             "benchmark": "reservation_variants",
-            "workload": f"synthetic, {jobs} jobs on {nodes} x 8 GPUs, seeds 1-{seeds}",
+            "workload": f"synthetic, {jobs} jobs on {nodes} x 8 GPUs, seeds 1-{seeds}"
+            + ("" if topology else ", without topology or locality wait"),
             "targets": {
                 "mean": f"<= {TARGET_MEAN_RATIO}x FIFO first-fit",
                 "big_max": "<= FIFO first-fit",

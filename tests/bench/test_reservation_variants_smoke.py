@@ -40,3 +40,11 @@ def test_an_unknown_variant_is_refused_before_any_run() -> None:
     assert out.returncode != 0
     assert "unknown variant 'sometimes'" in out.stderr
     assert out.stdout == ""
+
+
+def test_without_topology_fifo_and_ours_see_the_same_jobs() -> None:
+    out = run("--no-topology", "--variants", "none")
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["workload"].endswith("without topology or locality wait")
+    assert set(report["summary"]) == {"none"}
