@@ -262,15 +262,10 @@ def _duration(ms: int) -> str:
     """``30m``, ``2h``, ``1h30m``, ``45s``: whole units where they divide."""
     if ms % 1000:
         return _seconds(ms)
-    seconds = ms // 1000
-    hours, rest = divmod(seconds, 3600)
+    hours, rest = divmod(ms // 1000, 3600)
     minutes, secs = divmod(rest, 60)
-    parts = [
-        f"{hours}h" if hours else "",
-        f"{minutes}m" if minutes else "",
-        f"{secs}s" if secs else "",
-    ]
-    return "".join(parts) or "0s"
+    units = ((hours, "h"), (minutes, "m"), (secs, "s"))
+    return "".join(f"{v}{unit}" for v, unit in units if v) or "0s"
 
 
 def _need(r: Reason) -> str:
@@ -312,22 +307,16 @@ def _num(params: dict[str, int | str], name: str) -> int:
 
 
 def _in_line(r: Reason) -> str:
-    ahead = r.num("ahead")  # reservations of the same pass before this one
-    if not ahead:
-        return "first in line"
-    if ahead == 1:
-        return "in line behind 1 gang that also holds a reservation"
-    return f"in line behind {ahead} gangs that also hold reservations"
+    n = r.num("ahead")  # reservations of the same pass before this one
+    if n < 2:
+        return "in line behind 1 gang that also holds a reservation" if n else "first in line"
+    return f"in line behind {n} gangs that also hold reservations"
 
 
 def _when(r: Reason) -> str:
     if not r.has("start_in_ms"):
         return "until jobs without a time limit end"
     return f"starting in {_duration(r.num('start_in_ms') // 1000 * 1000)}"
-
-
-def _ranks(r: Reason) -> str:
-    return r.text("ranks")
 
 
 def _member(r: Reason, what: str) -> str:
@@ -423,7 +412,7 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         f"GPU(s) {r.text('gpus')} of node {r.text('node')} turned unhealthy ({r.text('code')})"
     ),
     ReasonCode.START_TIMEOUT: lambda r: (
-        f"rank(s) {_ranks(r)} on {r.text('nodes')} not running "
+        f"rank(s) {r.text('ranks')} on {r.text('nodes')} not running "
         f"{_seconds(r.num('timeout_ms'))} after bind (start_timeout_ms)"
     ),
     ReasonCode.TIME_LIMIT: _time_limit,
@@ -480,11 +469,11 @@ _RENDER: dict[ReasonCode, Callable[[Reason], str]] = {
         + (f" to make room for {r.text('for_job')}" if r.has("for_job") else "")
     ),
     ReasonCode.REPLACING: lambda r: (
-        f"attempt {r.num('attempt')} running; rank(s) {_ranks(r)} lost ({_cause(r)}), "
+        f"attempt {r.num('attempt')} running; rank(s) {r.text('ranks')} lost ({_cause(r)}), "
         f"being placed again while the other members run on"
     ),
     ReasonCode.REPLACE_TIMEOUT: lambda r: (
-        f"rank(s) {_ranks(r)} not placed again within {_seconds(r.num('timeout_ms'))} "
+        f"rank(s) {r.text('ranks')} not placed again within {_seconds(r.num('timeout_ms'))} "
         f"(replace.timeout) after they were lost ({_cause(r)})"
     ),
     ReasonCode.SUCCEEDED: _all_exited_zero,
