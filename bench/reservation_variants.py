@@ -42,6 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import emit
+from bench.synthetic_gap import add_workload_options, workload_sizes
 from synapse_ha.core.cluster_config import ClusterConfig
 from synapse_ha.core.commands import BindPlan
 from synapse_ha.core.model import ClusterState
@@ -188,15 +189,11 @@ def summary(per_seed: dict[str, dict[str, Any]], variants: list[str]) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a tiny run that takes seconds")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--nodes", type=int, default=512)
+    add_workload_options(parser)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument("--no-topology", action="store_true", help="jobs without topology")
-    parser.add_argument("--out", help="where the JSON goes too")
     args = parser.parse_args(argv)
-    seeds, jobs, nodes = (2, 120, 32) if args.smoke else (args.seeds, args.jobs, args.nodes)
+    seeds, jobs, nodes = workload_sizes(args)
     variants = [v for v in args.variants.split(",") if v]
     for name in variants:  # an unknown name fails before any run
         with variant(name, ClusterConfig()):

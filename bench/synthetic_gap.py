@@ -116,15 +116,25 @@ def summary(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_workload_options(parser: argparse.ArgumentParser) -> None:
+    """The options that size the synthetic runs, with ``--out``."""
     parser.add_argument("--smoke", action="store_true", help="a tiny run that takes seconds")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=512)
     parser.add_argument("--out", help="where the JSON goes too")
+
+
+def workload_sizes(args: argparse.Namespace) -> tuple[int, int, int]:
+    """Seeds, jobs and hosts: the options', or the smoke run's."""
+    return (2, 120, 32) if args.smoke else (args.seeds, args.jobs, args.nodes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_options(parser)
     args = parser.parse_args(argv)
-    seeds, jobs, nodes = (2, 120, 32) if args.smoke else (args.seeds, args.jobs, args.nodes)
+    seeds, jobs, nodes = workload_sizes(args)
     per_seed = {str(seed): one_seed(seed, jobs, nodes) for seed in range(1, seeds + 1)}
     report = {
         "benchmark": "synthetic_gap",
