@@ -19,12 +19,13 @@ pure functions of a :class:`~chaos.history.History` and the final replicated sta
     at the bind (``bound_at_ms`` is the bind's stamp), and its proposal queue keeps the
     log's times in the log's order (a failure report stamped before a bind but queued
     after it takes the bind's time: ``synapse_ha/raft/proposals.py``), so no slack is
-    needed; a bind stamped at the very millisecond of the failure was applied before it. Binds come
-    from the job history (each ended attempt with its nodes and the job's owner) and
-    the final state (each job's last attempt). A member placed again (member
-    replacement, generation 1 and up) was bound later than its attempt: in the final
-    state its own ``bound_at_ms`` is its bind; an ended attempt's node that held only
-    such members (by the members' start records) has no known bind and is not judged.
+    needed; a bind stamped at the very millisecond of the failure was applied before
+    it. Binds come from the job history (each ended attempt with its nodes and the
+    job's owner) and the final state (each job's last attempt). A member placed again
+    (member replacement, generation 1 and up) was bound later than its attempt: in the
+    final state its own ``bound_at_ms`` is its bind; an ended attempt's node that held
+    only such members (by the members' start records) has no known bind and is not
+    judged.
 """
 
 from __future__ import annotations
