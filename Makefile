@@ -47,7 +47,7 @@ UNIT_PARALLEL := \
   $(addprefix tests/raft/test_,$(addsuffix .py,fork_with_grpc prevote_processes \
     leader_loss journal restart_election_delay raft_channel journal_disk_full \
     snapshot_background replica_membership appendentries membership_pieces prevote_rules \
-    raft_settings wire proposals)) \
+    raft_settings wire)) \
   $(addprefix tests/integration/test_,$(addsuffix .py,history checkpoints workflows arrays \
     node_fitness)) \
   tests/fuzz tests/test_leftovers.py tests/bench/test_compare.py \

@@ -184,6 +184,13 @@ class JobHistory:
     submitted_at_ms: int = 0  # leader clock
     gpus: int = 0  # what the gang asks at most (an elastic gang's max; 0: not recorded)
     min_gpus: int = 0  # at least (an elastic gang's min)
+    replaces: bool = False  # on_node_failure: replace (lost members are placed again)
+
+    @property
+    def places_later(self) -> bool:
+        """Whether an attempt may get members after its bind: members placed again, or an
+        elastic gang grown."""
+        return self.replaces or 0 < self.min_gpus < self.gpus
 
 
 # A thawed supervisor must stop a superseded member within this bound (it finds its lease
@@ -428,6 +435,7 @@ def load_job_history(path: Path) -> list[JobHistory]:
             submitted_at_ms=int(j.get("submitted_at_ms", 0)),
             gpus=int(j.get("gpus", 0)),
             min_gpus=int(j.get("min_gpus", 0)),
+            replaces=bool(j.get("replaces", False)),
         )
         for j in json.loads(path.read_text(encoding="utf-8"))
     ]

@@ -16,16 +16,17 @@ pure functions of a :class:`~chaos.history.History` and the final replicated sta
     lasted) and the final state's entries: an entry ``(owner, until_ms)`` made by a
     failure at ``until_ms - unfit_backoff`` holds the node unfit strictly after that
     failure and before ``until_ms``. The leader checks the same entry with the same clock
-    at the bind (``bound_at_ms`` is the bind's stamp), and its proposal queue keeps the
-    log's times in the log's order (a failure report stamped before a bind but queued
-    after it takes the bind's time: ``synapse_ha/raft/proposals.py``), so no slack is
-    needed; a bind stamped at the very millisecond of the failure was applied before
-    it. Binds come from the job history (each ended attempt with its nodes and the
-    job's owner) and the final state (each job's last attempt). A member placed again
-    (member replacement, generation 1 and up) was bound later than its attempt: in the
-    final state its own ``bound_at_ms`` is its bind; an ended attempt's node that held
-    only such members (by the members' start records) has no known bind and is not
-    judged.
+    at the bind (``bound_at_ms`` is the bind's stamp), so no slack is needed; a bind
+    stamped at the very millisecond of the failure was applied before it. Binds come
+    from the job history (each ended attempt with its nodes and the job's owner) and
+    the final state (each job's last attempt). A member placed again (member
+    replacement, or an elastic gang's growth: generation 1 and up) was bound later than
+    its attempt: in the final state its own ``bound_at_ms`` is its bind. The history
+    keeps only an ended attempt's nodes, so a node of it has no known bind, and is not
+    judged, when the members that started there were all placed again, or when the gang
+    places members after its bind (it replaces lost members or is elastic) and no member
+    of generation 0 started there: a member placed on a node that refuses to run it
+    never starts.
 """
 
 from __future__ import annotations
@@ -114,29 +115,36 @@ def unfit_spans(history: History, state: ClusterState | None) -> list[UnfitSpan]
     return spans
 
 
-def replacements_only(history: History, state: ClusterState | None) -> set[tuple[str, int, str]]:
-    """(job, token, node) where the attempt's members that started were all placed again
-    (generation 1 and up): bound there after the attempt was."""
+def started_generations(
+    history: History, state: ClusterState | None
+) -> dict[tuple[str, int, str], set[int]]:
+    """(job, token, node) -> the generations of the attempt's members that started there
+    (0: bound with the attempt; 1 and up: placed there later)."""
     if state is None:
-        return set()
+        return {}
     node_of = {host_of(n.info.address): n.node_id for n in state.nodes.values()}
     generations: dict[tuple[str, int, str], set[int]] = defaultdict(set)
     for r in history.members:
         if r.type == "start" and host_of(r.node) in node_of:
             generations[(r.job, r.token, node_of[host_of(r.node)])].add(r.generation)
-    return {key for key, gens in generations.items() if min(gens) > 0}
+    return generations
 
 
 def binds(history: History, state: ClusterState | None) -> list[tuple[str, int, str, int, str]]:
     """(job, fencing token, owner, bind time, node) of every attempt known, once each; a
-    member placed again has its own bind."""
+    member placed again has its own bind. An ended attempt's node is known to have been
+    bound with the attempt unless its members may have come later: those that started
+    there were all placed again, or the gang places members after its bind (it replaces
+    lost members or is elastic) and none of generation 0 started there."""
     out: dict[tuple[str, int, str], tuple[str, int]] = {}
-    later = replacements_only(history, state)
+    started = started_generations(history, state)
     for j in history.job_history:
         for a in j.attempts:
             for node in a.nodes:
-                if (j.job, a.token, node) not in later:
-                    out[(j.job, a.token, node)] = (j.owner, a.bound_at_ms)
+                gens = started.get((j.job, a.token, node), set())
+                if (gens and min(gens) > 0) or (j.places_later and 0 not in gens):
+                    continue
+                out[(j.job, a.token, node)] = (j.owner, a.bound_at_ms)
     for job in state.jobs.values() if state is not None else ():
         if job.attempt is not None:
             for m, status in zip(job.attempt.members, job.attempt.member_status, strict=True):

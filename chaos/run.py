@@ -263,7 +263,8 @@ def save_job_history(cluster: ChaosCluster, path: Path) -> None:
     """Every finished job's attempts as the replicas' history holds them (the final state
     keeps only each job's last attempt): owners, queues, GPUs, bind and end times, nodes
     and outcomes for the checker. ``gpus``: what the gang asks at most (an elastic gang's
-    ``max``); ``min_gpus``: at least (its ``min``)."""
+    ``max``); ``min_gpus``: at least (its ``min``); ``replaces``: whether it places lost
+    members again (``on_node_failure: replace``)."""
     jobs = cluster.observer.list_history(limit=HISTORY_LIMIT)
     doc = [
         {
@@ -274,6 +275,7 @@ def save_job_history(cluster: ChaosCluster, path: Path) -> None:
             "submitted_at_ms": j.submitted_at_ms,
             "gpus": j.spec.replicas * j.spec.resources.gpu,
             "min_gpus": (j.spec.elastic.min_replicas or j.spec.replicas) * j.spec.resources.gpu,
+            "replaces": j.spec.HasField("replace"),
             "reason_code": j.reason_code,
             "requeues": j.requeues,
             "retries_used": j.retries_used,

@@ -1,17 +1,10 @@
 """Proposals to the Raft log, group-committed: commands queue, leave together as one
 framed log entry (:mod:`synapse_ha.raft.batch`) while at most a few entries replicate,
 and each proposal's :class:`~concurrent.futures.Future` settles from its entry's
-outcome.
-
-A command's time (``now_ms``) is never earlier than that of a command queued before it
-here: a command stamped before another but queued after it (a handler thread stamps a
-report, the leader loop stamps and queues a bind in between) is stamped again with the
-later time. So within a leader's term the log's times follow its order, and a rule
-judged "at a command's time" is judged at the state that command is applied to."""
+outcome."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +39,6 @@ class ProposalBatcher:
         self._queue: list[tuple[bytes, Future[cmd.Result]]] = []
         self._in_flight: dict[int, float] = {}
         self._batch_seq = 0
-        self._latest_ms = 0  # the latest time of a command queued here
         self._stopping = False
         self._batcher = threading.Thread(
             target=self._send_batches, name="raft-batcher", daemon=True
@@ -68,10 +60,6 @@ class ProposalBatcher:
         future.set_running_or_notify_cancel()
         encoded = encode_command(command)
         with self._batch_cond:
-            if command.now_ms < self._latest_ms:
-                command = dataclasses.replace(command, now_ms=self._latest_ms)
-                encoded = encode_command(command)
-            self._latest_ms = command.now_ms
             self._queue.append((encoded, future))
             self._batch_cond.notify()
         return future

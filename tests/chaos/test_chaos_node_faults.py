@@ -24,7 +24,14 @@ from chaos.__main__ import (
     skipped_kinds,
 )
 from chaos.checker import History, check_history, check_run
-from chaos.history import AttemptHistory, JobHistory, UnfitSpan, load_history
+from chaos.history import (
+    AttemptHistory,
+    JobHistory,
+    MemberRecord,
+    UnfitSpan,
+    load_history,
+    load_job_history,
+)
 from chaos.net import Backends
 from chaos.run import ScenarioResult
 from synapse_ha.core.codec.versioned import encode_state
@@ -376,6 +383,36 @@ def test_the_final_states_unfit_entries_and_last_attempts_are_used() -> None:
     assert check_history(history) == []
 
 
+def test_a_node_a_gang_may_have_reached_after_its_bind_is_judged_by_a_first_start() -> None:
+    """A gang that places members again (or grows) may have reached a node after its
+    bind; the history keeps only the node, so only a start of generation 0 there says
+    it was bound with the attempt. A fixed gang's nodes are all judged."""
+    state = ClusterState()
+    info = NodeInfo("w1", "10.77.0.21:7070", Resources(8000, 16384, 4), ((0, 1, 2, 3),))
+    state.nodes["w1"] = Node(info, NodeStatus.READY, 0)
+    history = History(unfit=[UnfitSpan("w1", "admin", BOUND + 2_000, 2_000)])
+
+    def start(generation: int) -> MemberRecord:
+        return MemberRecord("start", "j3", 1, 9, 0, info.address, 1, 10, generation=generation)
+
+    def flagged() -> list[str]:
+        return [v.job for v in node_rules.check_unfit_binds(history, state)]
+
+    fixed = bound_on("w1", BOUND + 1_000)
+    for later in (replace(fixed, replaces=True), replace(fixed, gpus=8, min_gpus=4)):
+        assert later.places_later
+        history.job_history = [later]
+        history.members = []
+        assert flagged() == []  # its member there may have come later, and been refused
+        history.members = [start(1)]
+        assert flagged() == []
+        history.members = [start(0), start(1)]
+        assert flagged() == ["j3"]
+    history.job_history, history.members = [fixed], []
+    assert not fixed.places_later
+    assert flagged() == ["j3"]
+
+
 # ------------------------------------------------------------------ the saved run
 
 
@@ -419,11 +456,29 @@ def test_the_run_saves_and_the_checker_reads_owners_nodes_and_unfit_spans(
     history = load_history(tmp_path)
     assert history.unfit == [UnfitSpan("w1", "admin", BOUND + 1, 2_000)]
     (loaded,) = history.job_history
-    assert loaded.owner == "admin"
+    assert loaded.owner == "admin" and not loaded.replaces
     assert loaded.attempts == (
         AttemptHistory(1, 4, AttemptState.REQUEUED, BOUND, CANNOT, ("w1", "w2")),
     )
     assert [v.kind for v in check_run(tmp_path) if v.kind == "unfit-bind"] == ["unfit-bind"]
+
+
+def test_the_saved_history_says_which_gangs_place_lost_members_again(tmp_path: Path) -> None:
+    job = pb.HistoryJob(job_id="j5", owner="admin", state="SUCCEEDED", reason_code="succeeded")
+    job.spec.replicas, job.spec.resources.gpu = 2, 1
+    job.spec.replace.SetInParent()
+
+    class Observer:
+        def list_history(self, limit: int) -> list[pb.HistoryJob]:
+            return [job]
+
+    class Cluster:
+        observer = Observer()
+
+    run.save_job_history(Cluster(), tmp_path / "job_history.json")  # type: ignore[arg-type]
+    (loaded,) = load_job_history(tmp_path / "job_history.json")
+    assert loaded.replaces and loaded.places_later
+    assert (loaded.gpus, loaded.min_gpus) == (2, 2)
 
 
 # ----------------------------------------------------------- the health-only soak
