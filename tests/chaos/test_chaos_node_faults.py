@@ -416,6 +416,19 @@ def test_a_node_a_gang_may_have_reached_after_its_bind_is_judged_by_a_first_star
 # ------------------------------------------------------------------ the saved run
 
 
+def save_history_of(job: pb.HistoryJob, path: Path) -> None:
+    """What ``chaos.run`` saves of a cluster whose history holds ``job`` alone."""
+
+    class Observer:
+        def list_history(self, limit: int) -> list[pb.HistoryJob]:
+            return [job]
+
+    class Cluster:
+        observer = Observer()
+
+    run.save_job_history(Cluster(), path)  # type: ignore[arg-type]
+
+
 def test_the_run_saves_and_the_checker_reads_owners_nodes_and_unfit_spans(
     tmp_path: Path,
 ) -> None:
@@ -438,14 +451,7 @@ def test_the_run_saves_and_the_checker_reads_owners_nodes_and_unfit_spans(
         attempt_list=[attempt],
     )
 
-    class Observer:
-        def list_history(self, limit: int) -> list[pb.HistoryJob]:
-            return [job]
-
-    class Cluster:
-        observer = Observer()
-
-    run.save_job_history(Cluster(), tmp_path / "job_history.json")  # type: ignore[arg-type]
+    save_history_of(job, tmp_path / "job_history.json")
     record = {"unfit_node": "w1", "unfit_backoff_ms": 2_000, "unfit_seen": [["admin", BOUND + 1]]}
     with ledger.Appender(tmp_path / ledger.FAULTS) as out:
         out.append(
@@ -468,14 +474,7 @@ def test_the_saved_history_says_which_gangs_place_lost_members_again(tmp_path: P
     job.spec.replicas, job.spec.resources.gpu = 2, 1
     job.spec.replace.SetInParent()
 
-    class Observer:
-        def list_history(self, limit: int) -> list[pb.HistoryJob]:
-            return [job]
-
-    class Cluster:
-        observer = Observer()
-
-    run.save_job_history(Cluster(), tmp_path / "job_history.json")  # type: ignore[arg-type]
+    save_history_of(job, tmp_path / "job_history.json")
     (loaded,) = load_job_history(tmp_path / "job_history.json")
     assert loaded.replaces and loaded.places_later
     assert (loaded.gpus, loaded.min_gpus) == (2, 2)
